@@ -1,0 +1,125 @@
+"""GPU catalog: device memory per card, and a custom card from a memory size.
+
+Memory sizes are the vendor's marketing figure converted to bytes as the driver reports them
+(``torch.cuda.get_device_properties().total_memory`` is a little less than the label because the
+driver keeps some). ``context_bytes`` is the CUDA context + kernels resident with lazy loading on a
+recent driver, per REFERENCE.md section 1 (0.3-0.6 GiB; older generations and CUDA 11 up to 1.3 GiB).
+Add a card with ``register_gpu(GPU(...))``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memsim_widget.errors import ScenarioError, choice_error
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator model; ``memory_bytes`` is what ``total_memory`` reports."""
+
+    id: str
+    name: str
+    memory_bytes: int
+    generation: str  # volta | turing | ampere | ada | hopper | blackwell | cdna2 | cdna3 | custom
+    context_bytes: int  # CUDA/HIP context + resident kernels, outside the caching allocator
+    cublas_workspace_bytes: int  # per (handle, stream) workspace, allocated through the allocator
+    bf16: bool = True
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GiB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "memory_gib": round(self.memory_gib, 2),
+            "generation": self.generation,
+        }
+
+
+GPUS: dict[str, GPU] = {}
+
+# cuBLAS workspace: 32 MiB per handle/stream on Hopper and newer (CUBLAS_WORKSPACE_CONFIG default
+# :4096:8 = 4 MiB x 8), 4 MiB-ish on older parts (PyTorch's default for pre-Hopper is :4096:2 + :16:8).
+_CTX = {
+    "volta": int(0.8 * GiB),
+    "turing": int(0.45 * GiB),
+    "ampere": int(0.45 * GiB),
+    "ada": int(0.45 * GiB),
+    "hopper": int(0.5 * GiB),
+    "blackwell": int(0.55 * GiB),
+    "cdna2": int(0.5 * GiB),
+    "cdna3": int(0.5 * GiB),
+    "custom": int(0.5 * GiB),
+}
+_WS = {"hopper": 32 * MiB, "blackwell": 32 * MiB}
+
+
+def register_gpu(gpu: GPU) -> GPU:
+    """Add or replace a GPU in the catalog."""
+    GPUS[gpu.id] = gpu
+    return gpu
+
+
+def _gpu(gid: str, name: str, gib: float, gen: str, bf16: bool = True) -> None:
+    register_gpu(GPU(gid, name, int(gib * GiB), gen, _CTX[gen], _WS.get(gen, 8 * MiB), bf16))
+
+
+_gpu("v100-16gb", "NVIDIA V100 16GB", 16, "volta", bf16=False)
+_gpu("v100-32gb", "NVIDIA V100 32GB", 32, "volta", bf16=False)
+_gpu("t4", "NVIDIA T4 16GB", 15, "turing", bf16=False)
+_gpu("a10", "NVIDIA A10 24GB", 24, "ampere")
+_gpu("l4", "NVIDIA L4 24GB", 24, "ada")
+_gpu("l40s", "NVIDIA L40S 48GB", 48, "ada")
+_gpu("a100-40gb", "NVIDIA A100 40GB", 40, "ampere")
+_gpu("a100-80gb", "NVIDIA A100 80GB", 80, "ampere")
+_gpu("h100-pcie-80gb", "NVIDIA H100 PCIe 80GB", 80, "hopper")
+_gpu("h100-sxm-80gb", "NVIDIA H100 SXM 80GB", 80, "hopper")
+_gpu("h200", "NVIDIA H200 141GB", 141, "hopper")
+_gpu("b200", "NVIDIA B200 180GB", 180, "blackwell")
+_gpu("rtx-3090", "NVIDIA GeForce RTX 3090 24GB", 24, "ampere")
+_gpu("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 24, "ada")
+_gpu("rtx-5090", "NVIDIA GeForce RTX 5090 32GB", 32, "blackwell")
+_gpu("rtx-a6000", "NVIDIA RTX A6000 48GB", 48, "ampere")
+_gpu("mi250x", "AMD Instinct MI250X (one GCD, 64GB)", 64, "cdna2")
+_gpu("mi300x", "AMD Instinct MI300X 192GB", 192, "cdna3")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g)\s*$", re.IGNORECASE)
+
+
+def custom_gpu(memory_gib: float, name: str | None = None) -> GPU:
+    """A card known only by its memory size (GiB), with Hopper-like context and workspace."""
+    if not isinstance(memory_gib, (int, float)) or isinstance(memory_gib, bool) or memory_gib <= 0:
+        raise ScenarioError("gpu.memory_gib", f"must be a positive number of GiB, got {memory_gib!r}")
+    label = name or f"custom {memory_gib:g} GiB"
+    return GPU("custom", label, int(memory_gib * GiB), "custom", _CTX["custom"], 32 * MiB)
+
+
+def resolve_gpu(spec: str | dict[str, Any] | GPU) -> GPU:
+    """A catalog id, a size string like ``"24GiB"``, or ``{"memory_gib": 24, "name": ...}``."""
+    if isinstance(spec, GPU):
+        return spec
+    if isinstance(spec, dict):
+        unknown = set(spec) - {"memory_gib", "name", "id"}
+        if unknown:
+            raise ScenarioError("gpu", f"unknown keys {sorted(unknown)}; allowed: memory_gib, name")
+        if "memory_gib" not in spec:
+            if spec.get("id") in GPUS:
+                return GPUS[spec["id"]]
+            raise ScenarioError("gpu.memory_gib", "a custom GPU needs memory_gib")
+        return custom_gpu(spec["memory_gib"], spec.get("name"))
+    if not isinstance(spec, str):
+        raise ScenarioError("gpu", f"must be a GPU id or {{'memory_gib': N}}, got {spec!r}")
+    if spec in GPUS:
+        return GPUS[spec]
+    m = _SIZE.match(spec)
+    if m:
+        return custom_gpu(float(m.group(1)))
+    raise choice_error("gpu", spec, list(GPUS) + ["<N>GiB"])
