@@ -1,0 +1,154 @@
+"""Resolve a scenario once into the objects the engine formulas read, and check model-dependent limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from memsim_widget.architecture import Architecture, ParamGroup
+from memsim_widget.catalog.gpus import GPU, resolve_gpu
+from memsim_widget.catalog.models import architecture_for
+from memsim_widget.errors import ScenarioError
+from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
+from memsim_widget.precision import PRECISIONS, PrecisionRecipe
+from memsim_widget.scenario import Scenario
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: Linear modules PEFT's "all-linear" skips: the output head.
+_HEAD_MODULES = {"lm_head", "classifier", "cls", "decoder", "head"}
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One LoRA adapter pair on ``count`` copies of a targeted Linear (``A``: r x in, ``B``: out x r)."""
+
+    base: ParamGroup
+    in_features: int
+    out_features: int
+    rank: int
+
+    @property
+    def numel(self) -> int:
+        return (self.in_features + self.out_features) * self.rank * self.base.count
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage (rank position along pp): which layers and ends it holds."""
+
+    index: int
+    num_stages: int
+    layers: int
+    first: bool
+    last: bool
+
+    @property
+    def label(self) -> str:
+        return f"stage {self.index}" if self.num_stages > 1 else "rank 0"
+
+
+class Context:
+    """A scenario resolved against the catalogs: architecture, recipe, optimizer, GPU, stages."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.arch: Architecture = architecture_for(scenario.model)
+        self.recipe: PrecisionRecipe = PRECISIONS[scenario.precision]
+        self.opt: OptimizerSpec = OPTIMIZERS[scenario.optimizer]
+        self.gpu: GPU = resolve_gpu(scenario.gpu)
+        self.par = scenario.parallel
+        self._validate()
+
+    # ----- checks that need the architecture ---------------------------------------------------
+    def _validate(self) -> None:
+        a, p, s = self.arch, self.par, self.scenario
+        if a.num_heads % p.tp:
+            raise ScenarioError("parallel.tp", f"{a.num_heads} attention heads are not divisible by tp={p.tp}")
+        if p.tp > 1 and a.num_kv_heads % p.tp and p.tp % a.num_kv_heads:
+            raise ScenarioError(
+                "parallel.tp", f"{a.num_kv_heads} key/value heads and tp={p.tp}: one must divide the other"
+            )
+        chunks = p.pp * p.virtual_stages
+        if a.num_layers % chunks:
+            raise ScenarioError(
+                "parallel.pp",
+                f"{a.num_layers} layers are not divisible by pp*virtual_stages = {chunks}",
+            )
+        if p.ep > 1 and (not a.is_moe or a.num_experts % p.ep):
+            raise ScenarioError("parallel.ep", f"ep={p.ep} needs an MoE model with experts divisible by ep "
+                                f"(this model has {a.num_experts} experts)")
+        if a.fixed_seq_len is None and s.seq_len % p.cp:
+            raise ScenarioError("parallel.cp", f"seq_len={s.seq_len} is not divisible by cp={p.cp}")
+        if self.opt.impls and s.optimizer_impl not in self.opt.impls and s.optimizer != "none":
+            raise ScenarioError(
+                "optimizer_impl",
+                f"{s.optimizer} has no {s.optimizer_impl!r} implementation; allowed: {', '.join(self.opt.impls)}",
+            )
+        if s.method != "full" and not self.adapters:
+            raise ScenarioError("lora.targets", f"{list(s.lora.targets)} match no Linear module of this model; "
+                                f"modules: {', '.join(self.linear_modules)}")
+        if p.pp_microbatches < p.pp and p.pp > 1 and p.pp_schedule == "interleaved":
+            raise ScenarioError("parallel.pp_microbatches", "the interleaved schedule needs pp_microbatches >= pp")
+
+    # ----- derived facts -----------------------------------------------------------------------
+    @property
+    def seq_len(self) -> int:
+        """The sequence the model sees (ViT: fixed by patches)."""
+        return self.arch.fixed_seq_len or self.scenario.seq_len
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch on one rank before tp/cp division (b * s)."""
+        return self.scenario.micro_batch_size * self.seq_len
+
+    @property
+    def full_training(self) -> bool:
+        return self.scenario.method == "full"
+
+    @cached_property
+    def linear_modules(self) -> list[str]:
+        return sorted({g.module for g in self.arch.params if g.module})
+
+    @cached_property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """LoRA adapters implied by the targets (``all-linear`` = every Linear but the head)."""
+        if self.scenario.method == "full":
+            return ()
+        targets = set(self.scenario.lora.targets)
+        out = []
+        for g in self.arch.params:
+            if not g.module or len(g.shape) != 2 or g.kind == "embedding":
+                continue
+            hit = g.module in targets or ("all-linear" in targets and g.module not in _HEAD_MODULES
+                                          and g.kind != "head")
+            if not hit:
+                continue
+            if self.arch.extra.get("conv1d"):
+                fan_in, fan_out = g.shape
+            else:
+                fan_out, fan_in = g.shape
+            out.append(Adapter(g, fan_in, fan_out, self.scenario.lora.rank))
+        return tuple(out)
+
+    @property
+    def adapter_bytes(self) -> int:
+        return DTYPE_BYTES[self.scenario.lora.adapter_dtype]
+
+    @cached_property
+    def stages(self) -> tuple[Stage, ...]:
+        p = self.par.pp
+        per = self.arch.num_layers // p
+        return tuple(Stage(i, p, per, i == 0, i == p - 1) for i in range(p))
+
+    def in_flight(self, stage: Stage) -> float:
+        """Micro-batches whose activations a stage holds at once (REFERENCE.md section 4)."""
+        p, m = self.par.pp, self.par.pp_microbatches
+        if p == 1:
+            return 1.0
+        if self.par.pp_schedule == "gpipe":
+            return float(m)
+        inflight = float(min(m, p - stage.index))
+        if self.par.pp_schedule == "interleaved":
+            v = self.par.virtual_stages
+            inflight *= 1 + (p - 1) / (p * v)
+        return inflight

@@ -1,0 +1,56 @@
+"""The engine entry point: a scenario in, an ``Estimate`` out. Pure Python, no torch or Jupyter."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from memsim_widget.engine.activations import activations
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.overhead import device_items, reserved_item, workspace_items
+from memsim_widget.engine.states import model_states
+from memsim_widget.engine.timeline import moments
+from memsim_widget.estimate import Estimate, RankEstimate
+from memsim_widget.scenario import Scenario
+
+
+def estimate(scenario: Scenario | dict) -> Estimate:
+    """Simulate the per-GPU memory of one training step for every pipeline stage."""
+    if not isinstance(scenario, Scenario):
+        scenario = Scenario.from_dict(scenario)
+    return _estimate(scenario)
+
+
+@lru_cache(maxsize=4096)
+def _estimate(scenario: Scenario) -> Estimate:
+    ctx = Context(scenario)
+    acts = activations(ctx)
+    ws = workspace_items(ctx)
+    dev = device_items(ctx)
+    ranks = []
+    for stage in ctx.stages:
+        states = model_states(ctx, stage)
+        steady = moments(ctx, stage, states, acts, ws)
+        first = moments(ctx, stage, states, acts, ws, steady=False)
+        peak = max(steady, key=lambda m: m.allocated_bytes)
+        persistent = sum(i.bytes for i in peak.items if i.category in ("parameters", "optimizer_states"))
+        transient = peak.tensor_bytes - persistent
+        frag = reserved_item(persistent, transient)
+        ranks.append(RankEstimate(
+            stage=stage,
+            moments=tuple(steady),
+            peak=peak,
+            reserved=frag,
+            device=tuple(dev),
+            host=tuple(states.host),
+            step1_peak_allocated_bytes=max(m.allocated_bytes for m in first),
+            params_local=states.params_local,
+            trainable_local=states.trainable_local,
+        ))
+    return Estimate(scenario=scenario, arch=ctx.arch, gpu=ctx.gpu, ranks=tuple(ranks),
+                    trainable_parameters=_trainable(ctx))
+
+
+def _trainable(ctx: Context) -> int:
+    if ctx.full_training:
+        return ctx.arch.parameters
+    return sum(ad.numel for ad in ctx.adapters)

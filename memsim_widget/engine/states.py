@@ -1,0 +1,250 @@
+"""Model states on one rank: weights, gradients, master copy, optimizer states, and their sharding.
+
+Bytes per parameter per recipe follow REFERENCE.md section 2; ZeRO (Rajbhandari et al. 2020,
+arXiv 1910.02054) shards optimizer states over dp at stage 1, gradients too at stage 2, and the
+weights at stage 3, where the unit being computed is gathered in full (plus the prefetched next one).
+QLoRA storage follows Dettmers et al. 2023 (arXiv 2305.14314): NF4 0.5 B/param plus block absmax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from memsim_widget.architecture import ParamGroup
+from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.items import Item, fmt_int
+
+#: NF4 storage per element with double quantisation: 4 bits + int8 absmax per 64 + fp32 per 256 absmaxes.
+NF4_BLOCK = 64
+NF4_DQ_BLOCK = 256
+
+
+def nf4_bytes(numel: int) -> int:
+    """Bytes of one NF4-quantised weight with double-quantised absmax (bitsandbytes Params4bit)."""
+    blocks = math.ceil(numel / NF4_BLOCK)
+    return math.ceil(numel / 2) + blocks + 4 * math.ceil(blocks / NF4_DQ_BLOCK) + 4
+
+
+@dataclass
+class LocalGroup:
+    """A parameter group as it sits on one rank: tensor count and per-tensor elements after tp/ep."""
+
+    group: ParamGroup
+    count: int
+    numel_each: int
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.count * self.numel_each
+
+
+@dataclass
+class StateBudget:
+    """Model-state items of one rank, sorted by when they are alive."""
+
+    persistent: list[Item] = field(default_factory=list)  # weights, master, optimizer states
+    grads: list[Item] = field(default_factory=list)  # all gradients of the step on this rank
+    gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
+    gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
+    step_temps: list[Item] = field(default_factory=list)
+    host: list[Item] = field(default_factory=list)
+    grad_bytes_per_layer: float = 0.0
+    pre_post_grad_bytes: int = 0
+    largest_grad_bytes: int = 0
+    trainable_local: int = 0
+    params_local: int = 0
+
+
+def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
+    """The parameter groups held by ``stage``, split by tensor and expert parallelism."""
+    arch, par = ctx.arch, ctx.par
+    out: list[LocalGroup] = []
+    for g in arch.params:
+        if g.scope == "layer":
+            count = g.count * stage.layers // arch.num_layers
+        elif g.scope == "pre":
+            count = g.count if stage.first else 0
+        else:
+            count = g.count if stage.last else 0
+        if g.expert and par.ep > 1:
+            count //= par.ep
+        shape = list(g.shape)
+        if g.tp_dim is not None and par.tp > 1:
+            shape[g.tp_dim] = -(-shape[g.tp_dim] // par.tp)
+        if count:
+            out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))
+    # Tied input/output embeddings with pp > 1: the last stage keeps its own copy for the head.
+    if arch.tied_embeddings and ctx.par.pp > 1 and stage.last and not stage.first:
+        emb = max((g for g in arch.params if g.kind == "embedding"), key=lambda g: g.numel)
+        shape = list(emb.shape)
+        if emb.tp_dim is not None and par.tp > 1:
+            shape[emb.tp_dim] = -(-shape[emb.tp_dim] // par.tp)
+        out.append(LocalGroup(ParamGroup("lm_head.weight (tied copy)", "head", emb.shape, 1, "post", emb.tp_dim,
+                                         "lm_head"), 1, math.prod(shape), tuple(shape)))
+    return out
+
+
+def _shard_note(divisor: int, why: str) -> str:
+    return f" / {divisor} ({why})" if divisor > 1 else ""
+
+
+def model_states(ctx: Context, stage: Stage) -> StateBudget:
+    """Weights, gradients, master weights and optimizer states of one rank of ``stage``."""
+    sc, par, recipe, opt = ctx.scenario, ctx.par, ctx.recipe, ctx.opt
+    dp = par.dp * par.cp  # ZeRO/FSDP shard over the data-parallel (and context-parallel) group
+    z = par.zero
+    groups = local_groups(ctx, stage)
+    b = StateBudget()
+    b.params_local = sum(g.numel for g in groups)
+    w_div = dp if z >= 3 else 1
+    w_note = _shard_note(w_div, "ZeRO-3 dp shard")
+    on_host_params = par.offload == "optimizer+params"
+    on_host_opt = par.offload != "none"
+    weight_level = "host" if on_host_params else "tensor"
+    tp_note = f" (tp={par.tp} split)" if par.tp > 1 else ""
+
+    # ----- weights ---------------------------------------------------------------------------
+    quantised = sc.method == "qlora"
+    by_kind: dict[str, list[LocalGroup]] = defaultdict(list)
+    for g in groups:
+        by_kind[g.group.kind].append(g)
+    for kind, gs in by_kind.items():
+        n = sum(g.numel for g in gs)
+        tensors = sum(g.count for g in gs)
+        if quantised and kind not in ("embedding", "head", "norm", "position") and any(g.group.module for g in gs):
+            q = [g for g in gs if g.group.module and len(g.shape) >= 2]
+            rest = [g for g in gs if g not in q]
+            qbytes = sum(nf4_bytes(g.numel_each) * g.count for g in q)
+            nq = sum(g.numel for g in q)
+            b.persistent.append(Item("parameters", f"{kind} weights (NF4)", qbytes // w_div,
+                                     f"{fmt_int(nq)} x (0.5 B + 1 B/64 absmax + 4 B/16384){tp_note}{w_note}",
+                                     weight_level, sum(g.count for g in q) * 2))
+            if rest:
+                nr = sum(g.numel for g in rest)
+                b.persistent.append(Item("parameters", f"{kind} weights", nr * recipe.weight_bytes // w_div,
+                                         f"{fmt_int(nr)} x {recipe.weight_bytes} B{w_note}", weight_level,
+                                         sum(g.count for g in rest)))
+            continue
+        b.persistent.append(Item("parameters", f"{kind} weights", n * recipe.weight_bytes // w_div,
+                                 f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}", weight_level,
+                                 tensors))
+
+    # ----- what is trained ---------------------------------------------------------------------
+    if ctx.full_training:
+        trainable = [(g.shape, g.count, g.numel_each) for g in groups]
+        grad_b, state_b, master_b = recipe.grad_bytes, recipe.state_bytes, recipe.master_bytes
+        what = "params"
+    else:
+        a_bytes = ctx.adapter_bytes
+        frac = stage.layers / ctx.arch.num_layers
+        trainable = []
+        for ad in ctx.adapters:
+            cnt = max(1, round(ad.base.count * frac)) if ad.base.scope == "layer" else ad.base.count
+            trainable.append(((ad.rank, ad.in_features), cnt, ad.rank * ad.in_features))
+            trainable.append(((ad.out_features, ad.rank), cnt, ad.rank * ad.out_features))
+        n_ad = sum(c * e for _, c, e in trainable)
+        b.persistent.append(Item("parameters", "LoRA adapter weights", n_ad * a_bytes,
+                                 f"{fmt_int(n_ad)} adapter params x {a_bytes} B "
+                                 f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})",
+                                 "tensor", sum(c for _, c, _ in trainable)))
+        grad_b = a_bytes
+        state_b = 4 if recipe.master_bytes else a_bytes
+        master_b = 0
+        what = "adapter params"
+    n_train = sum(c * e for _, c, e in trainable)
+    b.trainable_local = n_train
+    tensors_train = sum(c for _, c, _ in trainable)
+
+    # ----- gradients ---------------------------------------------------------------------------
+    g_div = dp if z >= 2 else 1
+    grad_total = n_train * grad_b // g_div
+    if sc.optimizer_in_backward:
+        largest = max(e for _, _, e in trainable)
+        b.grads.append(Item("gradients", "gradient of the parameter being updated (optimizer in backward)",
+                            largest * grad_b, f"largest param {fmt_int(largest)} x {grad_b} B", "tensor", 1))
+    else:
+        b.grads.append(Item("gradients", "gradients", grad_total,
+                            f"{fmt_int(n_train)} {what} x {grad_b} B{_shard_note(g_div, 'ZeRO-2 dp shard')}",
+                            "tensor", tensors_train))
+    if par.dp > 1 and z == 0 and sc.framework == "hf" and not sc.optimizer_in_backward:
+        b.grads.append(Item("gradients", "DDP gradient buckets", n_train * grad_b,
+                            f"{fmt_int(n_train)} x {grad_b} B (DDP flat buckets, gradient_as_bucket_view=False)",
+                            "tensor", max(1, n_train * grad_b // (25 * 1024**2))))
+    layer_train = sum(c * e for (_, c, e), g in zip(trainable, _trainable_scopes(ctx, groups), strict=False)
+                      if g == "layer")
+    b.grad_bytes_per_layer = layer_train * grad_b / g_div / max(stage.layers, 1)
+    b.pre_post_grad_bytes = max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
+    b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
+
+    # ----- master weights and optimizer states -------------------------------------------------
+    o_div = dp if z >= 1 else 1
+    o_note = _shard_note(o_div, f"ZeRO-{z} dp shard")
+    level = "host" if on_host_opt else "tensor"
+    if master_b:
+        b.persistent.append(Item("optimizer_states", "fp32 master weights", n_train * master_b // o_div,
+                                 f"{fmt_int(n_train)} x {master_b} B{o_note}", level, tensors_train))
+    if opt.states:
+        sbytes = sum(opt.state_bytes(shape, state_b) * c for shape, c, _ in trainable) // o_div
+        item = Item("optimizer_states", f"{opt.name} states", sbytes,
+                    f"{fmt_int(n_train)} {what} x {opt.state_formula(state_b)}{o_note}"
+                    + (" (paged: can spill to host)" if opt.paged else ""), level, tensors_train * opt.states)
+        b.persistent.append(item)
+
+    # ----- optimizer step temporaries -----------------------------------------------------------
+    impl = "fused" if opt.impls == ("fused",) else sc.optimizer_impl
+    if sc.optimizer != "none":
+        largest = max(e for _, _, e in trainable)
+        if sc.optimizer_in_backward:
+            factor = {"foreach": 1.0, "fused": 0.0, "for-loop": opt.temp_for_loop}.get(impl, 1.0)
+            if opt.temp_foreach == 0 and impl == "foreach":
+                factor = 0.0
+            tbytes = int(factor * largest * state_b)
+            formula = f"{factor:g} x largest param {fmt_int(largest)} x {state_b} B (per-parameter step)"
+        elif impl == "foreach":
+            tbytes = int(opt.temp_foreach * n_train * state_b // o_div)
+            formula = f"{opt.temp_foreach:g} x {fmt_int(n_train)} x {state_b} B (foreach buffer of the group){o_note}"
+        elif impl == "for-loop":
+            tbytes = int(opt.temp_for_loop * -(-largest // o_div) * state_b)
+            formula = f"{opt.temp_for_loop:g} x largest param {fmt_int(largest)} x {state_b} B (per-tensor step)"
+        else:
+            tbytes = int(opt.temp_fused * n_train * state_b // o_div)
+            formula = "fused kernel: no temporaries"
+        if tbytes:
+            b.step_temps.append(Item("temporaries", f"optimizer step ({impl})", tbytes, formula,
+                                     level if not sc.optimizer_in_backward else "tensor",
+                                     1 if impl != "foreach" else tensors_train))
+
+    # ----- ZeRO-3 / FSDP gathered units ---------------------------------------------------------
+    if z >= 3 and dp > 1:
+        per_layer = sum(g.numel for g in groups if g.group.scope == "layer") // max(stage.layers, 1)
+        root = sum(g.numel for g in groups if g.group.scope != "layer")
+        wb = recipe.weight_bytes
+        gath = 2 * per_layer * wb
+        b.gathered.append(Item("parameters", "ZeRO-3 gathered layers (current + prefetched)", gath,
+                               f"2 x {fmt_int(per_layer)} params/layer x {wb} B", "tensor", 2))
+        if root:
+            b.gathered.append(Item("parameters", "ZeRO-3 gathered root unit (embeddings, head)",
+                                   root * wb - root * wb // dp,
+                                   f"{fmt_int(root)} x {wb} B x (1 - 1/{dp})", "tensor", 2))
+        if ctx.full_training:
+            b.gathered_grads.append(Item("gradients", "ZeRO-3 unsharded gradients of one layer",
+                                         per_layer * grad_b, f"{fmt_int(per_layer)} x {grad_b} B", "tensor",
+                                         1))
+
+    # ----- host memory --------------------------------------------------------------------------
+    if on_host_opt:
+        b.host.extend(i for i in b.persistent + b.step_temps if i.level == "host")
+    return b
+
+
+def _trainable_scopes(ctx: Context, groups: list[LocalGroup]) -> list[str]:
+    """Scope of each trainable entry, aligned with the trainable list built in ``model_states``."""
+    if ctx.full_training:
+        return [g.group.scope for g in groups]
+    out: list[str] = []
+    for ad in ctx.adapters:
+        out += [ad.base.scope, ad.base.scope]
+    return out

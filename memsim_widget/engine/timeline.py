@@ -1,0 +1,86 @@
+"""The step timeline: evaluate each candidate moment of a training step and find the peak.
+
+REFERENCE.md section 3: with small T and foreach AdamW the peak is in ``optimizer.step``; with large T
+at the start of backward. Optimizer state is created lazily at the first step, so step 1 peaks lower
+than every later step; the steady state (step 2 on) is what we report as the peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memsim_widget.engine.activations import ActivationBudget, Term
+from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.states import StateBudget
+
+MOMENTS = ("forward_end", "backward_start", "backward_end", "optimizer_step")
+
+
+@dataclass(frozen=True)
+class Moment:
+    """The items alive at one instant of the step on one rank."""
+
+    name: str
+    items: tuple[Item, ...]
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(i.bytes for i in self.items if i.level == "tensor")
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(i.allocated_bytes for i in self.items)
+
+
+def _scaled(terms: list[Term], factor: float, label: str, category: str = "activations") -> list[Item]:
+    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items."""
+    if factor <= 0:
+        return []
+    items = []
+    for t in terms:
+        note = f"{label} x ({t.formula})" if label else t.formula
+        items.append(Item(category, t.name, int(t.bytes * factor), note, t.level,
+                          max(1, int(t.tensors * max(factor, 1)))))
+    return items
+
+
+def moments(ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBudget,
+            overhead: list[Item], *, steady: bool = True) -> list[Moment]:
+    """Every candidate peak moment of one rank's training step."""
+    sc = ctx.scenario
+    f = ctx.in_flight(stage)
+    Ls = stage.layers
+    ckpt = sc.activation_checkpointing == "full"
+    persistent = [i for i in states.persistent if i.level == "tensor"]
+    step_persistent = persistent
+    if not steady:  # step 1: optimizer states do not exist before the first optimizer.step
+        persistent = [i for i in persistent if not (i.category == "optimizer_states" and "master" not in i.item)]
+    grads_carried = sc.grad_accum_steps > 1 or (ctx.par.pp > 1 and ctx.par.pp_microbatches > 1)
+    grads_in_fwd = states.grads if grads_carried and not sc.optimizer_in_backward else []
+
+    fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
+    mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
+    kept = acts.checkpointed_layer if ckpt else acts.per_layer
+    saved_all = _scaled(kept, Ls * f, mult)
+    pre = _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, "")
+    post = _scaled(acts.post, 1 if stage.last else 0, "")
+    recompute = _scaled(acts.per_layer, 1, "1 recomputed layer") if ckpt else []
+    layer_bwd = _scaled(acts.layer_backward, 1, "", "temporaries")
+    loss_bwd = _scaled(acts.loss_backward, 1 if stage.last else 0, "", "temporaries")
+    common = persistent + overhead
+    out = [
+        Moment("forward_end", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post)),
+        Moment("backward_start", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_bwd)),
+    ]
+    # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations
+    # remain; of this micro-batch only the layer in backward (recomputed under checkpointing).
+    rest = _scaled(kept, Ls * (f - 1), f"{Ls} layers x {f - 1:g} other micro-batches") if f > 1 else []
+    own = recompute if ckpt else _scaled(acts.per_layer, 1, "1 layer")
+    end_grads = states.grads if not sc.optimizer_in_backward else states.grads + states.step_temps
+    out.append(Moment("backward_end", tuple(common + end_grads + states.gathered + states.gathered_grads + pre
+                                            + rest + own + layer_bwd)))
+    if sc.optimizer != "none" and not sc.optimizer_in_backward:
+        step_temps = [i for i in states.step_temps if i.level == "tensor"]
+        out.append(Moment("optimizer_step", tuple(step_persistent + overhead + states.grads + step_temps)))
+    return out

@@ -1,0 +1,241 @@
+"""The result of a simulation: per-rank peaks, the breakdown at the peak, the verdict, and a tidy frame."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from memsim_widget.architecture import Architecture
+from memsim_widget.catalog.gpus import GPU, resolve_gpu
+from memsim_widget.engine.context import Stage
+from memsim_widget.engine.items import CATEGORIES, Item, fmt_bytes
+from memsim_widget.engine.timeline import Moment
+from memsim_widget.scenario import Scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GiB = 1024**3
+#: Default share of device memory kept free: allocator variance between versions and runs
+#: (REFERENCE.md: 454 Megatron runs below 80% never ran out of memory; 10% covers most reports).
+DEFAULT_HEADROOM = 0.10
+
+COUNTERS = {
+    "peak_tensor_bytes": "live tensor bytes (PyTorch dispatch level, a fake-tensor trace)",
+    "peak_allocated_bytes": "torch.cuda.max_memory_allocated()",
+    "peak_reserved_bytes": "torch.cuda.max_memory_reserved()",
+    "device_total_bytes": "what nvidia-smi shows for the process",
+}
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """One rank (one per pipeline stage; ranks within a stage are symmetric)."""
+
+    stage: Stage
+    moments: tuple[Moment, ...]
+    peak: Moment
+    reserved: Item
+    device: tuple[Item, ...]
+    host: tuple[Item, ...]
+    step1_peak_allocated_bytes: int
+    params_local: int
+    trainable_local: int
+
+    @property
+    def label(self) -> str:
+        return self.stage.label
+
+    @property
+    def peak_phase(self) -> str:
+        return self.peak.name
+
+    @property
+    def peak_tensor_bytes(self) -> int:
+        return max(m.tensor_bytes for m in self.moments)
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self.peak.allocated_bytes
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return self.peak_allocated_bytes + self.reserved.bytes
+
+    @property
+    def device_total_bytes(self) -> int:
+        return self.peak_reserved_bytes + sum(i.bytes for i in self.device)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(i.bytes for i in self.host)
+
+    @property
+    def items(self) -> tuple[Item, ...]:
+        """Everything on the device at the peak, including reserved and outside-PyTorch memory."""
+        return self.peak.items + (self.reserved,) + self.device
+
+    def components(self) -> dict[str, int]:
+        """Bytes per category at the peak (device total split; temporaries kept apart)."""
+        out = dict.fromkeys(CATEGORIES, 0)
+        for i in self.items:
+            out[i.category] += i.allocated_bytes if i.level in ("tensor", "allocator") else i.bytes
+        return out
+
+    def moment_totals(self) -> dict[str, int]:
+        return {m.name: m.allocated_bytes for m in self.moments}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The simulated memory of one training step, per rank, with the peak and its breakdown."""
+
+    scenario: Scenario
+    arch: Architecture
+    gpu: GPU
+    ranks: tuple[RankEstimate, ...]
+    trainable_parameters: int
+
+    # ----- headline numbers (worst rank) --------------------------------------------------------
+    @cached_property
+    def worst(self) -> RankEstimate:
+        return max(self.ranks, key=lambda r: r.device_total_bytes)
+
+    @property
+    def peak_tensor_bytes(self) -> int:
+        return self.worst.peak_tensor_bytes
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self.worst.peak_allocated_bytes
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return self.worst.peak_reserved_bytes
+
+    @property
+    def device_total_bytes(self) -> int:
+        return self.worst.device_total_bytes
+
+    @property
+    def peak_phase(self) -> str:
+        return self.worst.peak_phase
+
+    @property
+    def parameters(self) -> int:
+        return self.arch.parameters
+
+    def components(self) -> dict[str, int]:
+        return self.worst.components()
+
+    # ----- verdict ------------------------------------------------------------------------------
+    def fits(self, gpu: GPU | str | dict | None = None, headroom: float = DEFAULT_HEADROOM) -> bool:
+        """True if the worst rank's nvidia-smi total stays under (1 - headroom) of the GPU's memory."""
+        card = self.gpu if gpu is None else resolve_gpu(gpu)
+        return self.device_total_bytes <= card.memory_bytes * (1 - headroom)
+
+    def verdict(self, headroom: float = DEFAULT_HEADROOM) -> str:
+        """``fits``, ``tight`` (inside the card but within the headroom band) or ``does not fit``."""
+        if self.fits(headroom=headroom):
+            return "fits"
+        return "tight" if self.device_total_bytes <= self.gpu.memory_bytes else "does not fit"
+
+    def recommended_memory_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
+        """Smallest device memory that holds the peak with ``headroom`` to spare."""
+        return int(self.device_total_bytes / (1 - headroom))
+
+    def bottleneck(self, top: int = 3) -> dict[str, Any]:
+        """The category and the items that dominate the worst rank at its peak, and the moment."""
+        comps = self.components()
+        cat = max(comps, key=comps.get)  # type: ignore[arg-type]
+        items = sorted((i for i in self.worst.items if i.category == cat), key=lambda i: -i.bytes)[:top]
+        return {
+            "rank": self.worst.label,
+            "moment": self.peak_phase,
+            "category": cat,
+            "bytes": comps[cat],
+            "share": comps[cat] / max(self.device_total_bytes, 1),
+            "items": [{"item": i.item, "bytes": i.bytes, "formula": i.formula} for i in items],
+        }
+
+    # ----- tables -------------------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """Tidy rows: one per rank, category and item at that rank's peak."""
+        out = []
+        for r in self.ranks:
+            for i in r.items:
+                counted = i.allocated_bytes if i.level in ("tensor", "allocator") else i.bytes
+                out.append({
+                    "rank": r.label,
+                    "stage": r.stage.index,
+                    "moment": r.peak_phase,
+                    "category": i.category,
+                    "item": i.item,
+                    "bytes": counted,
+                    "gib": counted / GiB,
+                    "counter": i.level,
+                    "formula": i.formula,
+                })
+        return out
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The breakdown as a pandas DataFrame (rank, stage, moment, category, item, bytes, gib, counter, formula)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows(), columns=["rank", "stage", "moment", "category", "item", "bytes", "gib",
+                                                   "counter", "formula"])
+
+    def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
+        """The JSON form the CLI prints (``memsim estimate --json``)."""
+        by_kind = self.arch.parameters_by_kind()
+        return {
+            "scenario": self.scenario.to_dict(),
+            "model": {
+                "family": self.arch.family,
+                "parameters": self.parameters,
+                "trainable_parameters": self.trainable_parameters,
+                "parameters_by_kind": {k: v for k, v in by_kind.items() if v},
+            },
+            "peak_tensor_bytes": self.peak_tensor_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "device_total_bytes": self.device_total_bytes,
+            "counters": COUNTERS,
+            "peak_phase": self.peak_phase,
+            "peak_rank": self.worst.label,
+            "step1_peak_allocated_bytes": self.worst.step1_peak_allocated_bytes,
+            "components": self.components(),
+            "per_rank": [
+                {
+                    "rank": r.label,
+                    "stage": r.stage.index,
+                    "layers": r.stage.layers,
+                    "peak_phase": r.peak_phase,
+                    "peak_tensor_bytes": r.peak_tensor_bytes,
+                    "peak_allocated_bytes": r.peak_allocated_bytes,
+                    "peak_reserved_bytes": r.peak_reserved_bytes,
+                    "device_total_bytes": r.device_total_bytes,
+                    "host_bytes": r.host_bytes,
+                    "moments": r.moment_totals(),
+                    "components": r.components(),
+                }
+                for r in self.ranks
+            ],
+            "breakdown": [{k: v for k, v in row.items() if k != "gib"} for row in self.rows()],
+            "gpu": self.gpu.to_dict(),
+            "gpu_memory_bytes": self.gpu.memory_bytes,
+            "headroom": headroom,
+            "fits": self.fits(headroom=headroom),
+            "verdict": self.verdict(headroom),
+            "recommended_memory_bytes": self.recommended_memory_bytes(headroom),
+            "host_bytes": max((r.host_bytes for r in self.ranks), default=0),
+            "bottleneck": self.bottleneck(),
+        }
+
+    def summary(self) -> str:
+        """One line: peak, moment, counter and verdict."""
+        return (f"{self.arch.family} peak {fmt_bytes(self.device_total_bytes)} (nvidia-smi) / "
+                f"{fmt_bytes(self.peak_allocated_bytes)} allocated at {self.peak_phase} on {self.gpu.name}: "
+                f"{self.verdict()}")
