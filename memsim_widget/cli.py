@@ -1,0 +1,184 @@
+"""The ``memsim`` command line: estimate a scenario, list presets and GPUs.
+
+Bad input exits with status 2 and one line naming the field; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from memsim_widget.errors import ScenarioError
+
+GiB = 1024**3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
+        self.exit(2, f"memsim: error: {message}\n")
+
+
+#: CLI flag -> (scenario key path, type)
+OVERRIDES: dict[str, tuple[str, type]] = {
+    "model": ("model", str),
+    "gpu": ("gpu", str),
+    "method": ("method", str),
+    "precision": ("precision", str),
+    "optimizer": ("optimizer", str),
+    "optimizer_impl": ("optimizer_impl", str),
+    "micro_batch_size": ("micro_batch_size", int),
+    "seq_len": ("seq_len", int),
+    "grad_accum_steps": ("grad_accum_steps", int),
+    "activation_checkpointing": ("activation_checkpointing", str),
+    "attention": ("attention", str),
+    "loss": ("loss", str),
+    "framework": ("framework", str),
+    "lora_rank": ("lora.rank", int),
+    "dp": ("parallel.dp", int),
+    "tp": ("parallel.tp", int),
+    "pp": ("parallel.pp", int),
+    "cp": ("parallel.cp", int),
+    "ep": ("parallel.ep", int),
+    "zero": ("parallel.zero", int),
+    "offload": ("parallel.offload", str),
+}
+
+
+def _read_scenario(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise ScenarioError("scenario", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError("scenario", f"malformed JSON in {path} at line {exc.lineno} column {exc.colno}: "
+                                        f"{exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario", f"{path} must hold a JSON object")
+    return data
+
+
+def _apply_overrides(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    for flag, (key, _) in OVERRIDES.items():
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            target = target.setdefault(p, {})
+            if not isinstance(target, dict):
+                raise ScenarioError(p, "must be a JSON object")
+        target[leaf] = value
+    return data
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.2f}"
+
+
+def _table(est: Any) -> str:
+    """A plain-text report: headline counters, then the worst rank's breakdown with formulas."""
+    r = est.worst
+    lines = [
+        f"model     {est.scenario.to_dict()['model'] if isinstance(est.scenario.model, str) else 'custom'}"
+        f" ({est.arch.family}, {est.parameters:,} parameters, {est.trainable_parameters:,} trainable)",
+        f"gpu       {est.gpu.name} ({_gib(est.gpu.memory_bytes)} GiB) x {est.scenario.parallel.world_size}",
+        f"peak      {est.peak_phase} on {r.label}",
+        f"  tensors    {_gib(est.peak_tensor_bytes):>10} GiB  (live tensors, as a fake-tensor trace sees them)",
+        f"  allocated  {_gib(est.peak_allocated_bytes):>10} GiB  (torch.cuda.max_memory_allocated)",
+        f"  reserved   {_gib(est.peak_reserved_bytes):>10} GiB  (torch.cuda.max_memory_reserved)",
+        f"  device     {_gib(est.device_total_bytes):>10} GiB  (nvidia-smi)",
+        f"verdict   {est.verdict()} (10% headroom; recommended >= {_gib(est.recommended_memory_bytes())} GiB)",
+        "",
+        f"{'category':<17} {'GiB':>9}  item / formula",
+    ]
+    for row in sorted(est.rows(), key=lambda x: (x["stage"], x["category"], -x["bytes"])):
+        if row["stage"] != r.stage.index or row["bytes"] == 0:
+            continue
+        lines.append(f"{row['category']:<17} {row['gib']:>9.3f}  {row['item']}: {row['formula']}")
+    if len(est.ranks) > 1:
+        lines.append("")
+        lines.append("per stage: " + ", ".join(f"{x.label} {_gib(x.device_total_bytes)} GiB at {x.peak_phase}"
+                                               for x in est.ranks))
+    return "\n".join(lines)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.scenario import Scenario
+
+    data = _apply_overrides(_read_scenario(args.scenario), args)
+    est = estimate(Scenario.from_dict(data))
+    if args.json:
+        print(json.dumps(est.to_dict(headroom=args.headroom), indent=2))
+    else:
+        print(_table(est))
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
+
+    rows = []
+    for pid in preset_ids():
+        arch = architecture_for(pid)
+        info = PRESET_INFO.get(pid, {})
+        rows.append({"id": pid, "family": arch.family, "parameters": arch.parameters,
+                     "description": info.get("description", "")})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            print(f"{row['id']:<26} {row['family']:<8} {row['parameters']:>16,}  {row['description']}")
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from memsim_widget.catalog.gpus import GPUS
+
+    if args.json:
+        print(json.dumps([g.to_dict() for g in GPUS.values()], indent=2))
+    else:
+        for g in GPUS.values():
+            print(f"{g.id:<16} {g.memory_gib:>7.1f} GiB  {g.name}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="memsim", description="Simulate the GPU memory of a training step.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    est = sub.add_parser("estimate", help="estimate one scenario (JSON file, '-' for stdin, or defaults)")
+    est.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
+    est.add_argument("--json", action="store_true", help="print one JSON object")
+    est.add_argument("--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)")
+    for flag, (key, typ) in OVERRIDES.items():
+        est.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
+    est.set_defaults(func=cmd_estimate)
+    for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``memsim`` script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ScenarioError as exc:
+        print(f"memsim: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
