@@ -49,7 +49,9 @@ class OptimizerSpec:
                 cols = n // shape[-2]
                 return (rows + cols) * param_state_bytes
             return n * param_state_bytes
-        if self.state_dtype in ("int8", "int4") and n >= self.min_quant_numel:
+        if self.state_dtype in ("int8", "int4"):
+            if n < self.min_quant_numel:  # small tensors keep 32-bit state (bitsandbytes min_8bit_size)
+                return self.states * n * 4
             per = 1.0 if self.state_dtype == "int8" else 0.5
             blocks = math.ceil(n / self.block_size)
             return self.states * (math.ceil(n * per) + 4 * blocks)

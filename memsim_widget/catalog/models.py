@@ -1,0 +1,616 @@
+"""Model presets: published HF ``config.json`` values per preset id, and how a ``model`` input resolves.
+
+A scenario's ``model`` is a preset id (``"llama-3.1-8b"``), a path to a local HF ``config.json`` (or a
+folder holding one), or an inline HF config dict with a ``model_type``. Preset dicts carry the keys of
+the published configs that shape the model; purely runtime keys (torch_dtype, transformers_version,
+use_cache, task_specific_params) are left out. Classification ViTs carry ``num_labels`` instead of the
+1000-entry ``id2label`` map. ``vit-huge-patch14-224`` is the ImageNet-21k checkpoint (published without
+a classifier); the preset gives it a 1000-label ImageNet-1k head like the other two ViTs, i.e. it models
+fine-tuning it for classification.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..architecture import Architecture, build_architecture
+from ..errors import ScenarioError, choice_error
+
+# ----------------------------------------------------------------------------- shared key sets
+
+_GPT2_BASE: dict[str, Any] = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "activation_function": "gelu_new",
+    "attn_pdrop": 0.1,
+    "embd_pdrop": 0.1,
+    "resid_pdrop": 0.1,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+    "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05,
+    "n_ctx": 1024,
+    "n_positions": 1024,
+    "vocab_size": 50257,
+}
+_BERT_BASE: dict[str, Any] = {
+    "model_type": "bert",
+    "architectures": ["BertForMaskedLM"],
+    "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "initializer_range": 0.02,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "pad_token_id": 0,
+    "position_embedding_type": "absolute",
+    "type_vocab_size": 2,
+    "vocab_size": 30522,
+}
+_LLAMA2_BASE: dict[str, Any] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 4096,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
+}
+_LLAMA3_BASE: dict[str, Any] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "vocab_size": 128256,
+}
+_LLAMA31_ROPE = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+_LLAMA32_ROPE = {**_LLAMA31_ROPE, "factor": 32.0}
+_QWEN25_BASE: dict[str, Any] = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "use_mrope": False,
+    "use_sliding_window": False,
+}
+_GEMMA2_BASE: dict[str, Any] = {
+    "model_type": "gemma2",
+    "architectures": ["Gemma2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2,
+    "cache_implementation": "hybrid",
+    "eos_token_id": 1,
+    "final_logit_softcapping": 30.0,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 8192,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "vocab_size": 256000,
+}
+_PHI3_BASE: dict[str, Any] = {
+    "model_type": "phi3",
+    "architectures": ["Phi3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "embd_pdrop": 0.0,
+    "eos_token_id": 32000,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 4096,
+    "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000,
+    "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "sliding_window": 2047,
+    "tie_word_embeddings": False,
+    "vocab_size": 32064,
+}
+_T5_BASE: dict[str, Any] = {
+    "model_type": "t5",
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_kv": 64,
+    "decoder_start_token_id": 0,
+    "dropout_rate": 0.1,
+    "eos_token_id": 1,
+    "initializer_factor": 1.0,
+    "is_encoder_decoder": True,
+    "layer_norm_epsilon": 1e-06,
+    "n_positions": 512,
+    "pad_token_id": 0,
+    "relative_attention_num_buckets": 32,
+    "vocab_size": 32128,
+}
+_VIT_BASE: dict[str, Any] = {
+    "model_type": "vit",
+    "architectures": ["ViTForImageClassification"],
+    "attention_probs_dropout_prob": 0.0,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.0,
+    "image_size": 224,
+    "initializer_range": 0.02,
+    "layer_norm_eps": 1e-12,
+    "num_channels": 3,
+    "num_labels": 1000,
+    "patch_size": 16,
+    "qkv_bias": True,
+}
+
+
+def _llama2(h: int, inter: int, heads: int, layers: int, kv: int) -> dict[str, Any]:
+    """A Llama 2 config.json."""
+    return {
+        **_LLAMA2_BASE,
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+    }
+
+
+def _llama3(h: int, inter: int, heads: int, layers: int, **more: Any) -> dict[str, Any]:
+    """A Llama 3.x config.json (8 KV heads throughout)."""
+    base = {"rope_scaling": _LLAMA31_ROPE, "tie_word_embeddings": False}
+    return {
+        **_LLAMA3_BASE,
+        **base,
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 8,
+        **more,
+    }
+
+
+def _qwen25(
+    h: int,
+    inter: int,
+    heads: int,
+    layers: int,
+    kv: int,
+    *,
+    tie: bool,
+    vocab: int,
+    ctx: int,
+    window_layers: int,
+) -> dict[str, Any]:
+    """A Qwen2.5 base-model config.json."""
+    return {
+        **_QWEN25_BASE,
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "max_position_embeddings": ctx,
+        "sliding_window": ctx,
+        "max_window_layers": window_layers,
+        "rms_norm_eps": 1e-06 if h < 5120 else 1e-05,
+        "tie_word_embeddings": tie,
+        "vocab_size": vocab,
+    }
+
+
+def _gemma2(
+    h: int, inter: int, heads: int, layers: int, kv: int, head_dim: int, scalar: int
+) -> dict[str, Any]:
+    """A Gemma 2 config.json."""
+    return {
+        **_GEMMA2_BASE,
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": scalar,
+    }
+
+
+def _vit(h: int, heads: int, layers: int, inter: int, patch: int) -> dict[str, Any]:
+    """A ViT image-classification config.json (1000 ImageNet labels)."""
+    return {
+        **_VIT_BASE,
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "intermediate_size": inter,
+        "patch_size": patch,
+        "encoder_stride": patch,
+    }
+
+
+#: Preset id -> full HF config dict (the published config.json values that shape the model).
+PRESETS: dict[str, dict[str, Any]] = {
+    "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
+    "gpt2-medium": {**_GPT2_BASE, "n_embd": 1024, "n_head": 16, "n_layer": 24},
+    "gpt2-large": {**_GPT2_BASE, "n_embd": 1280, "n_head": 20, "n_layer": 36},
+    "gpt2-xl": {**_GPT2_BASE, "n_embd": 1600, "n_head": 25, "n_layer": 48},
+    "bert-base-uncased": {
+        **_BERT_BASE,
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+    },
+    "bert-large-uncased": {
+        **_BERT_BASE,
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+    },
+    "llama-2-7b": _llama2(4096, 11008, 32, 32, 32),
+    "llama-2-13b": _llama2(5120, 13824, 40, 40, 40),
+    "llama-2-70b": _llama2(8192, 28672, 64, 80, 8),
+    "llama-3.1-8b": _llama3(4096, 14336, 32, 32),
+    "llama-3.1-70b": _llama3(8192, 28672, 64, 80),
+    "llama-3.1-405b": _llama3(16384, 53248, 128, 126),
+    "llama-3.2-1b": _llama3(
+        2048, 8192, 32, 16, head_dim=64, rope_scaling=_LLAMA32_ROPE, tie_word_embeddings=True
+    ),
+    "llama-3.2-3b": _llama3(
+        3072, 8192, 24, 28, head_dim=128, rope_scaling=_LLAMA32_ROPE, tie_word_embeddings=True
+    ),
+    "mistral-7b": {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "vocab_size": 32768,
+    },
+    "mixtral-8x7b": {
+        "model_type": "mixtral",
+        "architectures": ["MixtralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "vocab_size": 32000,
+    },
+    "qwen2.5-0.5b": _qwen25(896, 4864, 14, 24, 2, tie=True, vocab=151936, ctx=32768, window_layers=24),
+    "qwen2.5-1.5b": _qwen25(1536, 8960, 12, 28, 2, tie=True, vocab=151936, ctx=131072, window_layers=28),
+    "qwen2.5-3b": _qwen25(2048, 11008, 16, 36, 2, tie=True, vocab=151936, ctx=32768, window_layers=36),
+    "qwen2.5-7b": _qwen25(3584, 18944, 28, 28, 4, tie=False, vocab=152064, ctx=131072, window_layers=28),
+    "qwen2.5-14b": _qwen25(5120, 13824, 40, 48, 8, tie=False, vocab=152064, ctx=131072, window_layers=48),
+    "qwen2.5-32b": _qwen25(5120, 27648, 40, 64, 8, tie=False, vocab=152064, ctx=131072, window_layers=64),
+    "qwen2.5-72b": _qwen25(8192, 29568, 64, 80, 8, tie=False, vocab=152064, ctx=131072, window_layers=80),
+    "gemma-2-2b": _gemma2(2304, 9216, 8, 26, 4, head_dim=256, scalar=256),
+    "gemma-2-9b": _gemma2(3584, 14336, 16, 42, 8, head_dim=256, scalar=256),
+    "gemma-2-27b": _gemma2(4608, 36864, 32, 46, 16, head_dim=128, scalar=144),
+    "phi-3-mini": {
+        **_PHI3_BASE,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 32,
+    },
+    "phi-3-medium": {
+        **_PHI3_BASE,
+        "hidden_size": 5120,
+        "intermediate_size": 17920,
+        "num_attention_heads": 40,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 10,
+    },
+    "t5-base": {
+        **_T5_BASE,
+        "d_ff": 3072,
+        "d_model": 768,
+        "num_heads": 12,
+        "num_layers": 12,
+    },
+    "flan-t5-large": {
+        **_T5_BASE,
+        "d_ff": 2816,
+        "d_model": 1024,
+        "dense_act_fn": "gelu_new",
+        "feed_forward_proj": "gated-gelu",
+        "is_gated_act": True,
+        "num_decoder_layers": 24,
+        "num_heads": 16,
+        "num_layers": 24,
+        "relative_attention_max_distance": 128,
+        "tie_word_embeddings": False,
+    },
+    "vit-base-patch16-224": _vit(768, 12, 12, 3072, 16),
+    "vit-large-patch16-224": _vit(1024, 16, 24, 4096, 16),
+    "vit-huge-patch14-224": _vit(1280, 16, 32, 5120, 14),
+}
+
+#: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
+PRESET_INFO: dict[str, dict[str, str]] = {
+    "gpt2": {
+        "description": "GPT-2 small, 12 layers",
+        "params_label": "124M",
+        "hf_repo": "openai-community/gpt2",
+    },
+    "gpt2-medium": {
+        "description": "GPT-2 medium, 24 layers",
+        "params_label": "355M",
+        "hf_repo": "openai-community/gpt2-medium",
+    },
+    "gpt2-large": {
+        "description": "GPT-2 large, 36 layers",
+        "params_label": "774M",
+        "hf_repo": "openai-community/gpt2-large",
+    },
+    "gpt2-xl": {
+        "description": "GPT-2 XL, 48 layers",
+        "params_label": "1.5B",
+        "hf_repo": "openai-community/gpt2-xl",
+    },
+    "bert-base-uncased": {
+        "description": "BERT base encoder, masked-LM head",
+        "params_label": "110M",
+        "hf_repo": "google-bert/bert-base-uncased",
+    },
+    "bert-large-uncased": {
+        "description": "BERT large encoder, masked-LM head",
+        "params_label": "340M",
+        "hf_repo": "google-bert/bert-large-uncased",
+    },
+    "llama-2-7b": {
+        "description": "Llama 2 7B, MHA",
+        "params_label": "7B",
+        "hf_repo": "meta-llama/Llama-2-7b-hf",
+    },
+    "llama-2-13b": {
+        "description": "Llama 2 13B, MHA",
+        "params_label": "13B",
+        "hf_repo": "meta-llama/Llama-2-13b-hf",
+    },
+    "llama-2-70b": {
+        "description": "Llama 2 70B, GQA (8 KV heads)",
+        "params_label": "70B",
+        "hf_repo": "meta-llama/Llama-2-70b-hf",
+    },
+    "llama-3.1-8b": {
+        "description": "Llama 3.1 8B, 128k vocab, GQA",
+        "params_label": "8B",
+        "hf_repo": "meta-llama/Llama-3.1-8B",
+    },
+    "llama-3.1-70b": {
+        "description": "Llama 3.1 70B, GQA",
+        "params_label": "70B",
+        "hf_repo": "meta-llama/Llama-3.1-70B",
+    },
+    "llama-3.1-405b": {
+        "description": "Llama 3.1 405B, 126 layers",
+        "params_label": "405B",
+        "hf_repo": "meta-llama/Llama-3.1-405B",
+    },
+    "llama-3.2-1b": {
+        "description": "Llama 3.2 1B, tied embeddings",
+        "params_label": "1B",
+        "hf_repo": "meta-llama/Llama-3.2-1B",
+    },
+    "llama-3.2-3b": {
+        "description": "Llama 3.2 3B, tied embeddings",
+        "params_label": "3B",
+        "hf_repo": "meta-llama/Llama-3.2-3B",
+    },
+    "mistral-7b": {
+        "description": "Mistral 7B v0.3, 32k vocab, GQA",
+        "params_label": "7B",
+        "hf_repo": "mistralai/Mistral-7B-v0.3",
+    },
+    "mixtral-8x7b": {
+        "description": "Mixtral 8x7B MoE, 2 of 8 experts per token (~13B active)",
+        "params_label": "47B",
+        "hf_repo": "mistralai/Mixtral-8x7B-v0.1",
+    },
+    "qwen2.5-0.5b": {
+        "description": "Qwen2.5 0.5B, tied embeddings",
+        "params_label": "0.5B",
+        "hf_repo": "Qwen/Qwen2.5-0.5B",
+    },
+    "qwen2.5-1.5b": {
+        "description": "Qwen2.5 1.5B, tied embeddings",
+        "params_label": "1.5B",
+        "hf_repo": "Qwen/Qwen2.5-1.5B",
+    },
+    "qwen2.5-3b": {
+        "description": "Qwen2.5 3B, tied embeddings",
+        "params_label": "3B",
+        "hf_repo": "Qwen/Qwen2.5-3B",
+    },
+    "qwen2.5-7b": {"description": "Qwen2.5 7B", "params_label": "7B", "hf_repo": "Qwen/Qwen2.5-7B"},
+    "qwen2.5-14b": {"description": "Qwen2.5 14B", "params_label": "14B", "hf_repo": "Qwen/Qwen2.5-14B"},
+    "qwen2.5-32b": {"description": "Qwen2.5 32B", "params_label": "32B", "hf_repo": "Qwen/Qwen2.5-32B"},
+    "qwen2.5-72b": {"description": "Qwen2.5 72B", "params_label": "72B", "hf_repo": "Qwen/Qwen2.5-72B"},
+    "gemma-2-2b": {
+        "description": "Gemma 2 2B, 256k vocab, tied embeddings",
+        "params_label": "2B",
+        "hf_repo": "google/gemma-2-2b",
+    },
+    "gemma-2-9b": {
+        "description": "Gemma 2 9B, sliding/global attention",
+        "params_label": "9B",
+        "hf_repo": "google/gemma-2-9b",
+    },
+    "gemma-2-27b": {
+        "description": "Gemma 2 27B, sliding/global attention",
+        "params_label": "27B",
+        "hf_repo": "google/gemma-2-27b",
+    },
+    "phi-3-mini": {
+        "description": "Phi-3 mini 4k, fused qkv / gate_up",
+        "params_label": "3.8B",
+        "hf_repo": "microsoft/Phi-3-mini-4k-instruct",
+    },
+    "phi-3-medium": {
+        "description": "Phi-3 medium 4k, GQA",
+        "params_label": "14B",
+        "hf_repo": "microsoft/Phi-3-medium-4k-instruct",
+    },
+    "t5-base": {
+        "description": "T5 base encoder-decoder, ReLU MLP",
+        "params_label": "220M",
+        "hf_repo": "google-t5/t5-base",
+    },
+    "flan-t5-large": {
+        "description": "Flan-T5 large encoder-decoder, gated-GELU, untied lm_head",
+        "params_label": "780M",
+        "hf_repo": "google/flan-t5-large",
+    },
+    "vit-base-patch16-224": {
+        "description": "ViT-B/16 at 224px, 1000-class head",
+        "params_label": "86M",
+        "hf_repo": "google/vit-base-patch16-224",
+    },
+    "vit-large-patch16-224": {
+        "description": "ViT-L/16 at 224px, 1000-class head",
+        "params_label": "304M",
+        "hf_repo": "google/vit-large-patch16-224",
+    },
+    "vit-huge-patch14-224": {
+        "description": "ViT-H/14 at 224px (ImageNet-21k weights), given a 1000-class head",
+        "params_label": "632M",
+        "hf_repo": "google/vit-huge-patch14-224-in21k",
+    },
+}
+
+
+def preset_ids() -> list[str]:
+    """All preset ids, in catalog order (grouped by family, small to large)."""
+    return list(PRESETS)
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """Read an HF config.json (or a folder's config.json) as plain JSON; never executes code."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError("model", f"cannot read config file {str(file)!r}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(
+            "model", f"{str(file)!r} is not valid JSON: {exc.msg} (line {exc.lineno})"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ScenarioError("model", f"{str(file)!r} must hold a JSON object, got {type(data).__name__}")
+    if not isinstance(data.get("model_type"), str):
+        raise ScenarioError("model", f"{str(file)!r} has no 'model_type'; is it an HF config.json?")
+    return data
+
+
+def _looks_like_path(model: str) -> bool:
+    """True if a model string names a file or folder rather than a preset id."""
+    return model.endswith(".json") or "/" in model or "\\" in model or Path(model).exists()
+
+
+def resolve_model_config(model: str | Mapping[str, Any]) -> dict[str, Any]:
+    """Turn a preset id, a config.json path or an inline HF config dict into a fresh HF config dict."""
+    if isinstance(model, Mapping):
+        if not isinstance(model.get("model_type"), str):
+            raise ScenarioError(
+                "model.model_type", "an inline model config needs a 'model_type' (e.g. 'llama')"
+            )
+        return copy.deepcopy(dict(model))
+    if not isinstance(model, str):
+        raise ScenarioError(
+            "model", f"must be a preset id, a config.json path or a config dict, got {type(model).__name__}"
+        )
+    if model in PRESETS:
+        return copy.deepcopy(PRESETS[model])
+    if _looks_like_path(model):
+        return _read_config_file(Path(model).expanduser())
+    raise choice_error("model", model, preset_ids())
+
+
+@functools.lru_cache(maxsize=128)
+def _preset_architecture(preset: str) -> Architecture:
+    """Architecture of a preset, built once (presets never change)."""
+    return build_architecture(PRESETS[preset])
+
+
+@functools.lru_cache(maxsize=256)
+def _json_architecture(canonical: str) -> Architecture:
+    """Architecture of an inline config, cached by its canonical JSON text."""
+    return build_architecture(json.loads(canonical))
+
+
+def architecture_for(model: str | Mapping[str, Any]) -> Architecture:
+    """The Architecture of a preset id, config.json path or inline config (presets and dicts cached)."""
+    if isinstance(model, str) and model in PRESETS:
+        return _preset_architecture(model)
+    config = resolve_model_config(model)
+    if isinstance(model, str):  # a file: read each time, it may have changed
+        return build_architecture(config)
+    try:
+        canonical = json.dumps(config, sort_keys=True)
+    except (TypeError, ValueError):
+        return build_architecture(config)
+    return _json_architecture(canonical)

@@ -1,0 +1,164 @@
+"""Trace training steps of Hugging Face transformers models built from config dicts (never downloads)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .run import TraceResult, _precision_dtypes, trace_training
+
+SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
+
+
+def _family(model_type: str) -> str:
+    """Which head/input recipe a model type uses: decoder, bert, vit or seq2seq."""
+    if model_type in ("bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "modernbert"):
+        return "bert"
+    if model_type in ("vit", "deit", "beit"):
+        return "vit"
+    if model_type in SEQ2SEQ:
+        return "seq2seq"
+    return "decoder"
+
+
+def build_hf_config(config: dict[str, Any], attention: str) -> Any:
+    """An HF config object from a dict holding ``model_type`` (plus overrides)."""
+    from transformers import AutoConfig
+
+    kw = dict(config)
+    model_type = kw.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **kw)
+    cfg._attn_implementation = attention
+    return cfg
+
+
+def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Module:
+    """Instantiate the training head for ``cfg`` with weights in ``dtype`` (call inside FakeTensorMode)."""
+    import transformers
+
+    fam = _family(cfg.model_type)
+    if fam == "bert":
+        cls = transformers.AutoModelForMaskedLM
+    elif fam == "vit":
+        cls = transformers.AutoModelForImageClassification
+    elif fam == "seq2seq":
+        cls = transformers.AutoModelForSeq2SeqLM
+    else:
+        cls = transformers.AutoModelForCausalLM
+    return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
+
+
+def _input_factory(cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype) -> Callable[[], dict]:
+    """A function making one training batch for ``cfg`` (call inside the trace)."""
+    fam = _family(cfg.model_type)
+    b, s = micro_batch_size, seq_len
+    vocab = getattr(cfg, "vocab_size", None)
+
+    def make() -> dict[str, torch.Tensor]:
+        if fam == "vit":
+            size = cfg.image_size
+            return {
+                "pixel_values": torch.randn(b, cfg.num_channels, size, size, dtype=float_dtype),
+                "labels": torch.randint(0, cfg.num_labels, (b,)),
+            }
+        ids = torch.randint(0, vocab, (b, s))
+        if fam == "seq2seq":
+            return {"input_ids": ids, "labels": torch.randint(0, vocab, (b, s))}
+        return {"input_ids": ids, "labels": ids}
+
+    return make
+
+
+def _loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module whose forward ends the 'forward' phase (LM head / classifier)."""
+    try:
+        m = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        m = None
+    if m is None:
+        m = getattr(model, "classifier", None)
+    return m
+
+
+def trace_hf(
+    config: dict[str, Any],
+    *,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    optimizer_impl: str = "foreach",
+    attention: str = "sdpa",
+    gradient_checkpointing: bool = False,
+    lora: dict[str, Any] | None = None,
+    qlora: bool = False,
+    steps: int = 2,
+    fake: bool = True,
+    **kwargs: Any,
+) -> TraceResult:
+    """Trace HF-style training of a transformers model built from ``config`` (a dict with ``model_type``).
+
+    ``lora``: {"r", "lora_alpha", "target_modules", "adapter_dtype": "fp32"|"bf16", "lora_dropout"}; fp32 is peft's
+    default (``autocast_adapter_dtype=True`` upcasts 16-bit adapters). Extra keyword arguments go to
+    :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``).
+    """
+    notes: list[str] = []
+    if qlora:
+        raise NotImplementedError(
+            "qlora: bitsandbytes 4-bit layers need CUDA kernels and do not run on CPU fake tensors; not traced"
+        )
+    wdtype, _amp = _precision_dtypes(precision)
+    cfg = build_hf_config(config, attention)
+    input_dtype = wdtype
+
+    def model_factory() -> torch.nn.Module:
+        model = build_hf_model(cfg, wdtype, attention)
+        if lora:
+            model = _apply_lora(model, lora, notes)
+        return model
+
+    fam = _family(cfg.model_type)
+    if gradient_checkpointing and lora:
+        notes.append("gradient checkpointing with LoRA: HF enable_input_require_grads makes embeddings require grad")
+    if fam == "decoder" and getattr(cfg, "use_cache", False) and not gradient_checkpointing:
+        notes.append("config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output")
+    return trace_training(
+        model_factory,
+        _input_factory(cfg, micro_batch_size, seq_len, input_dtype),
+        precision=precision,
+        optimizer=optimizer,
+        optimizer_impl=optimizer_impl,
+        steps=steps,
+        gradient_checkpointing=gradient_checkpointing,
+        fake=fake,
+        loss_module=_loss_module,
+        notes=notes,
+        **kwargs,
+    )
+
+
+def _apply_lora(model: torch.nn.Module, lora: dict[str, Any], notes: list[str]) -> torch.nn.Module:
+    """Wrap ``model`` with peft LoRA adapters as described by ``lora``."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter_dtype = lora.get("adapter_dtype", "fp32")
+    lcfg = LoraConfig(
+        r=lora.get("r", 8),
+        lora_alpha=lora.get("lora_alpha", 16),
+        target_modules=lora.get("target_modules", ["q_proj", "v_proj"]),
+        lora_dropout=lora.get("lora_dropout", 0.0),
+        task_type=lora.get("task_type"),
+    )
+    model = get_peft_model(model, lcfg, autocast_adapter_dtype=(adapter_dtype == "fp32"))
+    dts: set[str] = set()
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            if adapter_dtype == "bf16":
+                p.data = p.data.to(torch.bfloat16)
+            elif adapter_dtype == "fp16":
+                p.data = p.data.to(torch.float16)
+            dts.add(str(p.dtype).removeprefix("torch."))
+    notes.append(f"lora adapters dtype: {sorted(dts)}")
+    return model

@@ -1,0 +1,295 @@
+"""Run training steps under FakeTensorMode (or for real) with a MemoryTracker and summarise the memory."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .tracker import ROLES, MemoryTracker
+
+PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
+
+
+@dataclass
+class TraceResult:
+    """Memory measured by a traced training run. Peak fields describe the steady state (step 2 on)."""
+
+    peak_bytes: int
+    peak_phase: str
+    peak_step: int
+    peak_op: str
+    by_role: dict[str, int]
+    step1_peak_bytes: int
+    timeline: list[dict[str, Any]]
+    top: list[dict[str, Any]]
+    parameters: int
+    trainable_parameters: int
+    notes: list[str] = field(default_factory=list)
+    peak_module: str = ""
+    step1_peak_phase: str = ""
+    step1_peak_op: str = ""
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+    marks: list[dict[str, Any]] = field(default_factory=list)
+    model_state_bytes: dict[str, int] = field(default_factory=dict)
+    optimizer_impl_used: str = ""
+    ops: int = 0
+    seconds: float = 0.0
+    tracker: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data (JSON-able) view without the tracker."""
+        return {k: v for k, v in self.__dict__.items() if k != "tracker"}
+
+
+def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
+    """(weight dtype, autocast dtype or None) for a precision name."""
+    table = {
+        "fp32": (torch.float32, None),
+        "bf16": (torch.bfloat16, None),
+        "fp16": (torch.float16, None),
+        "amp-bf16": (torch.float32, torch.bfloat16),
+        "amp-fp16": (torch.float32, torch.float16),
+    }
+    if precision not in table:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+    return table[precision]
+
+
+def _make_optimizer(name: str, impl: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """Build the optimizer the way HF Trainer / plain PyTorch would."""
+    kw: dict[str, Any] = {}
+    if name in ("adamw", "adam", "sgd", "sgd-momentum"):
+        if impl == "foreach":
+            kw["foreach"] = True
+        elif impl == "fused":
+            kw["fused"] = True
+        elif impl == "for-loop":
+            kw["foreach"] = False
+        else:
+            raise ValueError(f"unknown optimizer_impl {impl!r}; expected one of {OPTIMIZER_IMPLS}")
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, **kw)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, **kw)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, **kw)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    if name == "lion":
+        raise ValueError("lion is not part of torch; not traced")
+    raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")
+
+
+def _probe_optimizer(name: str, impl: str, dtype: torch.dtype, lr: float) -> str | None:
+    """Try one step of the optimizer on two small tensors (current mode); return the error text if it fails."""
+    try:
+        ps = [torch.nn.Parameter(torch.zeros(4, 3, dtype=dtype)), torch.nn.Parameter(torch.zeros(3, dtype=dtype))]
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        opt = _make_optimizer(name, impl, ps, lr)
+        opt.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    except Exception as e:  # noqa: BLE001 - any failure means the impl is unusable here
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+def _tensors_in(obj: Any) -> list[torch.Tensor]:
+    """All tensors inside a (nested) container."""
+    from torch.utils._pytree import tree_flatten
+
+    if hasattr(obj, "items") and not isinstance(obj, dict):
+        obj = dict(obj.items())
+    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+
+
+def _extract_loss(out: Any) -> torch.Tensor:
+    """The loss from a model output (HF ModelOutput .loss, dict['loss'], tuple[0] or a scalar tensor)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None and isinstance(out, (tuple, list)):
+        loss = out[0]
+    if loss is None:
+        raise ValueError("model output has no loss; pass loss_fn")
+    return loss
+
+
+def trace_training(
+    model_factory: Callable[[], torch.nn.Module],
+    input_factory: Callable[[], Any],
+    *,
+    precision: str = "fp32",
+    optimizer: str = "adamw",
+    optimizer_impl: str = "foreach",
+    steps: int = 2,
+    gradient_checkpointing: bool = False,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    fake: bool = True,
+    lr: float = 1e-3,
+    top_n: int = 20,
+    output_lifetime: str = "trainer",
+    loss_module: Callable[[torch.nn.Module], torch.nn.Module | None] | None = None,
+    mark_saved: bool = False,
+    progress: bool = True,
+    timeline_points: int = 2000,
+    notes: list[str] | None = None,
+) -> TraceResult:
+    """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
+
+    The model and inputs are built inside FakeTensorMode (device cpu) unless ``fake=False``. ``output_lifetime``:
+    "trainer" drops the model output before backward (HF Trainer keeps only the loss), "backward" keeps it until
+    after backward, "step" until after the optimizer step. ``loss_module(model)`` may name the module after whose
+    forward the phase becomes "loss".
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.perf_counter()
+    notes = list(notes or [])
+    wdtype, amp_dtype = _precision_dtypes(precision)
+    if output_lifetime not in ("trainer", "backward", "step"):
+        raise ValueError("output_lifetime must be 'trainer', 'backward' or 'step'")
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    with mode:
+        model = model_factory()
+        fdts = {p.dtype for p in model.parameters() if p.is_floating_point()}
+        if fdts and fdts != {wdtype} and precision in ("bf16", "fp16"):
+            model.to(wdtype)
+        elif fdts and precision.startswith("amp") and fdts != {torch.float32}:
+            notes.append(f"amp: model parameters are {sorted(map(str, fdts))}, not all fp32")
+        model.train()
+        if gradient_checkpointing:
+            if hasattr(model, "gradient_checkpointing_enable"):
+                model.gradient_checkpointing_enable()
+            else:
+                notes.append("gradient_checkpointing requested but the model has no gradient_checkpointing_enable")
+        params = list(dict.fromkeys(model.parameters()))
+        trainable = [p for p in params if p.requires_grad]
+        n_params = sum(p.numel() for p in params)
+        n_trainable = sum(p.numel() for p in trainable)
+
+        impl_used = optimizer_impl
+        if optimizer in ("adamw", "adam", "sgd", "sgd-momentum"):
+            tdts = sorted({p.dtype for p in trainable}, key=str) or [wdtype]
+            for dt in tdts:
+                err = _probe_optimizer(optimizer, impl_used, dt, lr)
+                if err is None:
+                    continue
+                fallback = "foreach" if impl_used == "fused" else "for-loop"
+                notes.append(
+                    f"optimizer_impl={impl_used} failed on {'fake ' if fake else ''}cpu {dt}: {err}; "
+                    f"fell back to {fallback}"
+                )
+                impl_used = fallback
+                if _probe_optimizer(optimizer, impl_used, dt, lr) is not None and impl_used != "for-loop":
+                    notes.append("foreach also failed; using for-loop")
+                    impl_used = "for-loop"
+        elif optimizer_impl != "foreach":
+            notes.append(f"optimizer_impl ignored for {optimizer}")
+            impl_used = "n/a"
+        opt = _make_optimizer(optimizer, impl_used if impl_used != "n/a" else "foreach", trainable, lr)
+
+        tracker = MemoryTracker(model, mark_saved=mark_saved, progress=progress)
+        hooks: list[Any] = []
+        for p in trainable:
+            hooks.append(p.register_post_accumulate_grad_hook(lambda q: tracker.relabel(q.grad, "gradient")))
+        lm = loss_module(model) if loss_module is not None else None
+        if lm is not None:
+
+            def _to_loss(_m: Any, _a: Any, _o: Any) -> None:
+                if tracker.phase == "forward":
+                    tracker.set_phase("loss")
+
+            hooks.append(lm.register_forward_hook(_to_loss))
+        autocast = (
+            (lambda: torch.autocast("cpu", dtype=amp_dtype)) if amp_dtype is not None else contextlib.nullcontext
+        )
+        try:
+            with tracker:
+                tracker.register(params, "parameter")
+                tracker.register(list(model.buffers()), "buffer")
+                for step in range(1, steps + 1):
+                    tracker.set_phase("forward", step)
+                    batch = input_factory()
+                    tracker.relabel(_tensors_in(batch), "input")
+                    with autocast():
+                        out = model(**batch) if isinstance(batch, dict) else model(*batch)
+                    if loss_fn is not None:
+                        tracker.set_phase("loss")
+                        loss = loss_fn(out, batch)
+                    else:
+                        loss = _extract_loss(out)
+                    if output_lifetime == "trainer":
+                        del out
+                    tracker.set_phase("backward")
+                    loss.backward()
+                    del loss
+                    if output_lifetime == "backward":
+                        del out
+                    tracker.relabel([p.grad for p in trainable if p.grad is not None], "gradient")
+                    tracker.set_phase("optimizer_step")
+                    opt.step()
+                    tracker.relabel(_tensors_in(list(opt.state.values())), "optimizer_state")
+                    if output_lifetime == "step":
+                        del out
+                    tracker.set_phase("zero_grad")
+                    opt.zero_grad(set_to_none=True)
+                    del batch
+                tracker.set_phase("end")
+        finally:
+            for h in hooks:
+                h.remove()
+        state_seq = tracker.mark_seq(steps, "zero_grad")
+        model_state = tracker.by_role_at(state_seq - 1) if state_seq else {}
+        model_state = {k: model_state.get(k, 0) for k in ("parameter", "buffer", "gradient", "optimizer_state")}
+        tracker.close()
+        del opt, model, params, trainable
+
+    steady_steps = [s for s in tracker.step_peaks if s >= 2] or [1]
+    s_best = max(steady_steps, key=lambda s: tracker.step_peaks[s]["bytes"])
+    sp = tracker.step_peaks[s_best]
+    s1 = tracker.step_peaks.get(1, sp)
+    by_role = tracker.by_role_at(sp["seq"])
+    if sum(by_role.values()) != sp["bytes"]:
+        notes.append(f"internal: by_role sum {sum(by_role.values())} != peak {sp['bytes']}")
+    if tracker.untracked_inputs:
+        notes.append(f"{tracker.untracked_inputs} storages were first seen as op inputs (counted from first use)")
+    if amp_dtype is not None:
+        notes.append("autocast traced with CPU autocast op lists (CUDA lists differ for norms/softmax/losses)")
+    return TraceResult(
+        peak_bytes=sp["bytes"],
+        peak_phase=sp["phase"],
+        peak_step=s_best,
+        peak_op=sp["op"],
+        peak_module=sp["module"],
+        by_role={k: by_role.get(k, 0) for k in ROLES},
+        step1_peak_bytes=s1["bytes"],
+        step1_peak_phase=s1["phase"],
+        step1_peak_op=s1["op"],
+        timeline=tracker.timeline(timeline_points),
+        top=tracker.top_at(sp["seq"], top_n),
+        parameters=n_params,
+        trainable_parameters=n_trainable,
+        notes=notes,
+        phase_peaks={f"{s}/{p}": v for (s, p), v in tracker.phase_peaks.items() if p not in ("setup", "end")},
+        marks=tracker.marks,
+        model_state_bytes=model_state,
+        optimizer_impl_used=impl_used,
+        ops=tracker.op_count,
+        seconds=round(time.perf_counter() - t0, 3),
+        tracker=tracker,
+    )

@@ -1,0 +1,371 @@
+"""Dispatch-mode tracker of live tensor storage bytes during a (fake or real) training step."""
+
+from __future__ import annotations
+
+import re
+import sys
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "temporary", "input")
+PHASES = ("setup", "forward", "loss", "backward", "optimizer_step", "zero_grad")
+_EXPLICIT = frozenset(("parameter", "buffer", "gradient", "optimizer_state", "input"))
+_PRIM_DEVICE = torch.ops.prim.device.default
+_LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
+
+
+class StorageRecord:
+    """One tensor storage seen by the tracker, with its lifetime in tracker sequence numbers."""
+
+    __slots__ = (
+        "nbytes",
+        "shape",
+        "dtype",
+        "op",
+        "module",
+        "phase",
+        "step",
+        "alloc_seq",
+        "free_seq",
+        "role",
+        "saved",
+        "ref",
+        "__weakref__",
+    )
+
+    def __init__(self, nbytes: int, shape: tuple, dtype: str, op: str, module: str, phase: str, step: int, seq: int):
+        """Create a record for a storage allocated at sequence number ``seq``."""
+        self.nbytes = nbytes
+        self.shape = shape
+        self.dtype = dtype
+        self.op = op
+        self.module = module
+        self.phase = phase
+        self.step = step
+        self.alloc_seq = seq
+        self.free_seq: int | None = None
+        self.role: str | None = None
+        self.saved = False
+        self.ref: Any = None
+
+    def alive_at(self, seq: int) -> bool:
+        """Whether the storage was live right after event ``seq``."""
+        return self.alloc_seq <= seq and (self.free_seq is None or self.free_seq > seq)
+
+    @property
+    def layer(self) -> int | None:
+        """Index of the repeated block (decoder layer) the storage was created in, if any."""
+        m = _LAYER_RE.search("." + self.module)
+        return int(m.group(1)) if m else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view of the record."""
+        return {
+            "bytes": self.nbytes,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "role": self.role,
+            "op": self.op,
+            "module": self.module,
+            "phase": self.phase,
+            "step": self.step,
+            "saved_for_backward": self.saved,
+        }
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """Short dtype name, e.g. 'bfloat16'."""
+    return str(dtype).removeprefix("torch.")
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Counts bytes of live tensor storages created by aten ops, deduplicated by storage identity.
+
+    Every op output's untyped storage is registered once (views share it) and released when the storage object is
+    garbage collected (weakref callback). Events get a global sequence number so that the set of live storages at
+    any moment (in particular the peak) can be rebuilt afterwards from the records.
+    """
+
+    def __init__(
+        self,
+        root: torch.nn.Module | None = None,
+        *,
+        track_modules: bool = True,
+        mark_saved: bool = False,
+        progress: bool = False,
+    ):
+        """Create a tracker; ``root`` names modules, ``mark_saved`` flags storages autograd saves for backward."""
+        super().__init__()
+        self._mark_saved = mark_saved
+        self.records: list[StorageRecord] = []
+        self._live: dict[int, StorageRecord] = {}
+        self.live_bytes = 0
+        self.seq = 0
+        self.op_count = 0
+        self.phase = "setup"
+        self.step = 0
+        self.peak_bytes = 0
+        self.peak_seq = -1
+        self.peak_info: dict[str, Any] = {}
+        self.step_peaks: dict[int, dict[str, Any]] = {}
+        self.phase_peaks: dict[tuple[int, str], int] = {}
+        self.marks: list[dict[str, Any]] = []
+        self.events: list[tuple[int, int, int, str, int]] = []  # (seq, op index, step, phase, live bytes)
+        self.untracked_inputs = 0
+        self._closed = False
+        self._names: dict[int, str] = {}
+        self._module_stack: list[str] = []
+        self._hook_handles: list[Any] = []
+        self._track_modules = track_modules
+        if root is not None:
+            self._names = {id(m): n for n, m in root.named_modules()}
+        self._saved_hooks: Any = None
+        self._bar: Any = None
+        if progress and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(desc="trace", unit="op", mininterval=0.5)
+            except ImportError:  # pragma: no cover - tqdm is optional
+                self._bar = None
+
+    # ------------------------------------------------------------------ registration
+    def _register(self, t: torch.Tensor, op: str, role: str | None = None) -> StorageRecord | None:
+        """Register the storage of ``t`` if unseen; return its record."""
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+        key = id(st)
+        rec = self._live.get(key)
+        if rec is not None:
+            nb = st.nbytes()
+            if nb != rec.nbytes:  # resized in place
+                self.live_bytes += nb - rec.nbytes
+                rec.nbytes = nb
+            if role is not None:
+                rec.role = role
+            return rec
+        module = self._module_stack[-1] if self._module_stack else ""
+        rec = StorageRecord(
+            st.nbytes(), tuple(t.shape), _dtype_name(t.dtype), op, module, self.phase, self.step, self.seq
+        )
+        rec.role = role
+        rec.ref = weakref.ref(st, self._make_free_cb(key, rec))
+        self._live[key] = rec
+        self.records.append(rec)
+        self.live_bytes += rec.nbytes
+        return rec
+
+    def _make_free_cb(self, key: int, rec: StorageRecord):  # noqa: ANN202
+        """Build the weakref callback that releases ``rec``."""
+
+        def _cb(_ref: Any) -> None:
+            if self._closed or rec.free_seq is not None:
+                return
+            if self._live.get(key) is rec:
+                del self._live[key]
+            self.seq += 1
+            rec.free_seq = self.seq
+            self.live_bytes -= rec.nbytes
+            self.events.append((self.seq, self.op_count, self.step, self.phase, self.live_bytes))
+
+        return _cb
+
+    def register(self, tensors: Iterable[torch.Tensor] | torch.Tensor, role: str, op: str | None = None) -> None:
+        """Register (or re-label) the storages of ``tensors`` with an explicit role."""
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        self.seq += 1
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._register(t, op or f"<{role}>", role)
+        self._after_alloc(op or f"<{role}>")
+
+    def relabel(self, tensors: Iterable[torch.Tensor] | torch.Tensor, role: str) -> None:
+        """Set the role of already tracked storages (unknown ones are registered)."""
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._register(t, f"<{role}>", role)
+
+    def mark_saved(self, t: torch.Tensor) -> None:
+        """Flag the storage of ``t`` as saved for backward by autograd."""
+        rec = self._register(t, "<saved>")
+        if rec is not None:
+            rec.saved = True
+
+    # ------------------------------------------------------------------ phases
+    def set_phase(self, phase: str, step: int | None = None) -> None:
+        """Enter a new phase (and optionally a new step); records a mark with the live bytes."""
+        self.phase = phase
+        if step is not None:
+            self.step = step
+        self.seq += 1
+        self.marks.append(
+            {"seq": self.seq, "op_index": self.op_count, "step": self.step, "phase": phase, "live": self.live_bytes}
+        )
+        self.events.append((self.seq, self.op_count, self.step, self.phase, self.live_bytes))
+
+    def mark_seq(self, step: int, phase: str) -> int | None:
+        """Sequence number at which ``phase`` of ``step`` started (None if it never did)."""
+        for m in self.marks:
+            if m["step"] == step and m["phase"] == phase:
+                return m["seq"]
+        return None
+
+    # ------------------------------------------------------------------ dispatch
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        """Run the op, then register the storages of its tensor outputs."""
+        kwargs = kwargs or {}
+        if func is _PRIM_DEVICE:
+            return func(*args, **kwargs)
+        self.op_count += 1
+        live = self._live
+        for a in tree_flatten((args, kwargs))[0]:
+            if isinstance(a, torch.Tensor):
+                try:
+                    k = id(a.untyped_storage())
+                except (RuntimeError, NotImplementedError):
+                    continue
+                if k not in live:
+                    self.untracked_inputs += 1
+                    self.seq += 1
+                    self._register(a, "<untracked input>", "input")
+        out = func(*args, **kwargs)
+        name = func.__name__ if hasattr(func, "__name__") else str(func)
+        opname = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else name
+        self.seq += 1
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._register(t, opname)
+        self._after_alloc(opname)
+        if self._bar is not None and not self.op_count & 255:
+            self._bar.update(256)
+            self._bar.set_postfix_str(f"step {self.step} {self.phase} {self.live_bytes / 2**20:.0f} MiB", False)
+        return out
+
+    def _after_alloc(self, opname: str) -> None:
+        """Update peak bookkeeping after an allocation event."""
+        live = self.live_bytes
+        self.events.append((self.seq, self.op_count, self.step, self.phase, live))
+        key = (self.step, self.phase)
+        if live > self.phase_peaks.get(key, -1):
+            self.phase_peaks[key] = live
+        sp = self.step_peaks.get(self.step)
+        if sp is None or live > sp["bytes"]:
+            self.step_peaks[self.step] = {
+                "bytes": live,
+                "seq": self.seq,
+                "op": opname,
+                "phase": self.phase,
+                "module": self._module_stack[-1] if self._module_stack else "",
+            }
+        if live > self.peak_bytes:
+            self.peak_bytes = live
+            self.peak_seq = self.seq
+
+    # ------------------------------------------------------------------ module tracking
+    def _pre_hook(self, module: torch.nn.Module, _args: Any) -> None:
+        """Push the module name on the module stack."""
+        self._module_stack.append(self._names.get(id(module), type(module).__name__))
+
+    def _post_hook(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        """Pop the module stack."""
+        if self._module_stack:
+            self._module_stack.pop()
+
+    def __enter__(self):  # noqa: ANN204
+        """Enter dispatch mode, install module hooks and the saved-tensor hook."""
+        if self._track_modules:
+            from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+            self._hook_handles = [
+                register_module_forward_pre_hook(self._pre_hook),
+                register_module_forward_hook(self._post_hook, always_call=True),
+            ]
+
+        if self._mark_saved:
+
+            def _pack(t: torch.Tensor) -> torch.Tensor:
+                self.mark_saved(t)
+                return t.detach()  # no grad_fn: avoids a reference cycle that would delay frees
+
+            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(_pack, lambda t: t)
+            self._saved_hooks.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        """Leave dispatch mode and remove hooks."""
+        super().__exit__(*exc)
+        if self._saved_hooks is not None:
+            self._saved_hooks.__exit__(*exc)
+            self._saved_hooks = None
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles = []
+        self._module_stack.clear()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def close(self) -> None:
+        """Stop reacting to later frees (records stay readable)."""
+        self._closed = True
+
+    # ------------------------------------------------------------------ analysis
+    def final_role(self, rec: StorageRecord) -> str:
+        """Role of a record: explicit role, else activation if made in forward/loss and alive into backward."""
+        if rec.role in _EXPLICIT:
+            return rec.role
+        if rec.phase in ("forward", "loss"):
+            bwd = self.mark_seq(rec.step, "backward")
+            if bwd is not None and (rec.free_seq is None or rec.free_seq > bwd):
+                return "activation"
+            if bwd is None and rec.free_seq is None:
+                return "activation"
+        return "temporary"
+
+    def alive_at(self, seq: int) -> list[StorageRecord]:
+        """Records live right after event ``seq``."""
+        return [r for r in self.records if r.alloc_seq <= seq and (r.free_seq is None or r.free_seq > seq)]
+
+    def by_role_at(self, seq: int) -> dict[str, int]:
+        """Bytes per role live right after event ``seq``."""
+        out = dict.fromkeys(ROLES, 0)
+        for r in self.alive_at(seq):
+            role = self.final_role(r)
+            out[role] = out.get(role, 0) + r.nbytes
+        return out
+
+    def top_at(self, seq: int, n: int = 20) -> list[dict[str, Any]]:
+        """The ``n`` largest storages live right after event ``seq``."""
+        recs = sorted(self.alive_at(seq), key=lambda r: r.nbytes, reverse=True)[:n]
+        out = []
+        for r in recs:
+            d = r.to_dict()
+            d["role"] = self.final_role(r)
+            out.append(d)
+        return out
+
+    def live_bytes_at(self, seq: int) -> int:
+        """Total live bytes right after event ``seq``."""
+        return sum(r.nbytes for r in self.alive_at(seq))
+
+    def timeline(self, max_points: int = 2000) -> list[dict[str, Any]]:
+        """Down-sampled timeline keeping the maximum of each bucket (so the peak survives)."""
+        ev = self.events
+        if not ev:
+            return []
+        if len(ev) <= max_points:
+            picked = ev
+        else:
+            size = -(-len(ev) // max_points)
+            picked = [max(ev[i : i + size], key=lambda e: e[4]) for i in range(0, len(ev), size)]
+        return [{"seq": e[0], "op_index": e[1], "step": e[2], "phase": e[3], "live_bytes": e[4]} for e in picked]

@@ -1,0 +1,21 @@
+"""Shared fixtures: small models whose arithmetic is easy to check by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture
+def tiny_llama() -> dict:
+    return dict(TINY_LLAMA)

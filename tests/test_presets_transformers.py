@@ -1,0 +1,232 @@
+"""Every preset's Architecture matches the transformers model it describes, tensor for tensor.
+
+Models are built on the meta device (no memory, no download) from the preset config dicts. The class
+per family is the one each builder documents: ``*ForCausalLM`` for decoders, ``BertForMaskedLM``,
+``T5ForConditionalGeneration`` and ``ViTForImageClassification``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from memsim_widget.architecture import Architecture, build_architecture  # noqa: E402
+from memsim_widget.catalog.models import PRESETS, architecture_for, preset_ids  # noqa: E402
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _model_class(model_type: str) -> Any:
+    """The transformers class used for training a family (see each builder's docstring)."""
+    if model_type == "bert":
+        return transformers.BertForMaskedLM
+    if model_type == "t5":
+        return transformers.T5ForConditionalGeneration
+    if model_type == "vit":
+        return transformers.ViTForImageClassification
+    return transformers.AutoModelForCausalLM
+
+
+def _build_meta(cfg: dict[str, Any]) -> torch.nn.Module:
+    """Instantiate the transformers model of an HF config dict on the meta device."""
+    hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    cls = _model_class(cfg["model_type"])
+    with torch.device("meta"):
+        if cls is transformers.AutoModelForCausalLM:
+            return cls.from_config(hf_cfg)
+        return cls(hf_cfg)
+
+
+def _kind(name: str) -> str:
+    """Classify a transformers parameter name into the Architecture's kinds, by simple name rules."""
+    n = name.lower()
+    if ".experts." in n:
+        return "experts"
+    if n.endswith("mlp.gate.weight"):
+        return "router"
+    if "norm" in n or ".ln_" in n or n.startswith("transformer.ln_f"):
+        return "norm"
+    if any(k in n for k in ("wpe.", "position_embeddings", "relative_attention_bias")):
+        return "position"
+    if any(k in n for k in ("embed_tokens", "wte.", "word_embeddings", "token_type_embeddings", "cls_token")):
+        return "embedding"
+    if n.startswith("shared.") or "patch_embeddings" in n:
+        return "embedding"
+    if n.startswith(("lm_head", "classifier", "cls.predictions")):
+        return "head"
+    if any(k in n for k in ("attn", "attention")):
+        return "attention"
+    if any(k in n for k in ("mlp", "densereludense", "intermediate", ".output.dense")):
+        return "mlp"
+    return "other"
+
+
+def _untied_lm_head_quirk(model: torch.nn.Module, arch: Architecture) -> int:
+    """Elements of an lm_head that transformers tied although the config says untied (T5 in transformers 5).
+
+    transformers 5's T5Config turns ``tie_word_embeddings: false`` (Flan-T5) into
+    ``scale_decoder_outputs=False`` and forces the tie on, so ``lm_head.weight is shared.weight``;
+    the published Flan-T5 checkpoints (and transformers 4) have a separate lm_head, which the
+    Architecture keeps. Returns 0 whenever transformers agrees with the config.
+    """
+    head = getattr(model, "lm_head", None)
+    emb = model.get_input_embeddings()
+    if arch.tied_embeddings or head is None or head.weight is not emb.weight:
+        return 0
+    return head.weight.numel()
+
+
+def _torch_counts(model: torch.nn.Module) -> tuple[int, dict[str, int]]:
+    """Total parameters (shared tensors once) and per-kind sums of a transformers model."""
+    kinds: Counter[str] = Counter()
+    for name, p in model.named_parameters():
+        kinds[_kind(name)] += p.numel()
+    return sum(p.numel() for p in model.parameters()), dict(kinds)
+
+
+@pytest.mark.parametrize("preset", preset_ids())
+def test_preset_parameter_count_matches_transformers(preset: str) -> None:
+    """Total and per-kind parameter counts equal those of the meta-device transformers model."""
+    arch = architecture_for(preset)
+    model = _build_meta(PRESETS[preset])
+    total, kinds = _torch_counts(model)
+    quirk = _untied_lm_head_quirk(model, arch)
+    assert arch.parameters == total + quirk
+    mine = {k: v for k, v in arch.parameters_by_kind().items() if v}
+    expected = {k: v for k, v in kinds.items() if v}
+    if quirk:
+        expected["head"] = expected.get("head", 0) + quirk
+    assert mine == expected
+    assert "other" not in mine
+
+
+def test_flan_t5_lm_head_is_counted_untied() -> None:
+    """Flan-T5 keeps its separate lm_head (published checkpoint), whatever transformers 5 ties."""
+    arch = architecture_for("flan-t5-large")
+    assert not arch.tied_embeddings
+    heads = [g for g in arch.params if g.module == "lm_head"]
+    assert [(g.shape, g.count) for g in heads] == [((32128, 1024), 1)]
+    assert arch.parameters == 783_150_080
+
+
+def _small(model_type: str) -> dict[str, Any]:
+    """A tiny but complete config per family, exercising biases, GQA, untied heads and odd sizes."""
+    dec = {
+        "hidden_size": 64,
+        "intermediate_size": 88,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 101,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    configs: dict[str, dict[str, Any]] = {
+        "llama": {**dec, "attention_bias": True, "mlp_bias": True},
+        "mistral": dec,
+        "qwen2": {**dec, "tie_word_embeddings": True},
+        "mixtral": {**dec, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "gemma": {**dec, "head_dim": 24},
+        "gemma2": {**dec, "head_dim": 24, "tie_word_embeddings": False},
+        "phi3": dec,
+        "gpt2": {
+            "n_embd": 64,
+            "n_layer": 3,
+            "n_head": 4,
+            "n_positions": 40,
+            "n_inner": 100,
+            "vocab_size": 101,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "tie_word_embeddings": False,
+        },
+        "bert": {
+            "hidden_size": 64,
+            "intermediate_size": 88,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "vocab_size": 101,
+            "max_position_embeddings": 40,
+            "type_vocab_size": 3,
+        },
+        "t5": {
+            "d_model": 64,
+            "d_kv": 20,
+            "d_ff": 88,
+            "num_layers": 2,
+            "num_decoder_layers": 3,
+            "num_heads": 4,
+            "vocab_size": 101,
+            "feed_forward_proj": "gated-gelu",
+            "relative_attention_num_buckets": 16,
+        },
+        "vit": {
+            "hidden_size": 64,
+            "intermediate_size": 88,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "image_size": 32,
+            "patch_size": 8,
+            "num_channels": 2,
+            "num_labels": 7,
+        },
+    }
+    return {"model_type": model_type, **configs[model_type]}
+
+
+SMALL_FAMILIES = ["llama", "mistral", "qwen2", "mixtral", "gemma", "gemma2", "phi3", "gpt2", "bert", "t5", "vit"]
+
+
+def _torch_shapes(model: torch.nn.Module, arch: Architecture) -> Counter[tuple[int, ...]]:
+    """Multiset of parameter shapes, with transformers 5's fused expert tensors split per expert."""
+    shapes: Counter[tuple[int, ...]] = Counter()
+    for name, p in model.named_parameters():
+        shape = tuple(p.shape)
+        if name.endswith("experts.gate_up_proj"):  # [E, 2I, h] -> 2E x [I, h] (w1 and w3)
+            e, two_i, h = shape
+            shapes[(two_i // 2, h)] += 2 * e
+        elif name.endswith("experts.down_proj"):  # [E, h, I] -> E x [h, I] (w2)
+            e, h, i = shape
+            shapes[(h, i)] += e
+        else:
+            shapes[shape] += 1
+    if _untied_lm_head_quirk(model, arch):
+        shapes[tuple(model.lm_head.weight.shape)] += 1
+    return shapes
+
+
+@pytest.mark.parametrize("family", SMALL_FAMILIES)
+def test_param_group_shapes_match_transformers(family: str) -> None:
+    """Each ParamGroup's shape x count matches the transformers parameters one for one."""
+    cfg = _small(family)
+    arch = build_architecture(cfg)
+    model = _build_meta(cfg)
+    mine: Counter[tuple[int, ...]] = Counter()
+    for g in arch.params:
+        mine[g.shape] += g.count
+    assert mine == _torch_shapes(model, arch)
+    total, kinds = _torch_counts(model)
+    assert arch.parameters == total + _untied_lm_head_quirk(model, arch)
+
+
+@pytest.mark.parametrize("family", SMALL_FAMILIES)
+def test_linear_module_names_match_transformers(family: str) -> None:
+    """Every nn.Linear leaf name in the transformers model is a ``module`` of some ParamGroup."""
+    cfg = _small(family)
+    arch = build_architecture(cfg)
+    model = _build_meta(cfg)
+    modules = {g.module for g in arch.params if g.module}
+    emb = getattr(model.get_input_embeddings(), "weight", None)
+    leaves = {
+        name.rsplit(".", 1)[-1]
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and m.weight is not emb  # a tied head is the embedding
+    }
+    assert leaves <= modules
