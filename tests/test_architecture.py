@@ -81,7 +81,13 @@ def test_small_llama_fields() -> None:
     """Shape facts come straight from the config; defaults are LlamaConfig's."""
     arch = build_architecture(SMALL_LLAMA)
     assert (arch.family, arch.model_type) == ("llama", "llama")
-    assert (arch.hidden_size, arch.num_layers, arch.num_heads, arch.num_kv_heads, arch.head_dim) == (64, 3, 8, 2, 8)
+    assert (arch.hidden_size, arch.num_layers, arch.num_heads, arch.num_kv_heads, arch.head_dim) == (
+        64,
+        3,
+        8,
+        2,
+        8,
+    )
     assert (arch.intermediate_size, arch.vocab_size, arch.tied_embeddings) == (160, 1000, False)
     assert (arch.mlp_activation, arch.norm, arch.position, arch.causal) == ("swiglu", "rmsnorm", "rope", True)
     assert (arch.num_experts, arch.is_moe, arch.fixed_seq_len) == (0, False, None)
@@ -119,7 +125,11 @@ def test_gpt2_count_is_the_closed_form() -> None:
 def test_gpt2_accepts_generic_key_aliases() -> None:
     """hidden_size/num_hidden_layers/num_attention_heads work like n_embd/n_layer/n_head."""
     generic = dict(PRESETS["gpt2"])
-    for old, new in (("n_embd", "hidden_size"), ("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads")):
+    for old, new in (
+        ("n_embd", "hidden_size"),
+        ("n_layer", "num_hidden_layers"),
+        ("n_head", "num_attention_heads"),
+    ):
         generic[new] = generic.pop(old)
     assert build_architecture(generic) == architecture_for("gpt2")
 
@@ -182,7 +192,13 @@ def test_family_specific_facts() -> None:
     mixtral = architecture_for("mixtral-8x7b")
     assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.is_moe) == (8, 2, True)
     w1 = group(mixtral, "experts.*.w1.weight")
-    assert (w1.shape, w1.count, w1.expert, w1.kind, w1.module) == ((14336, 4096), 32 * 8, True, "experts", "w1")
+    assert (w1.shape, w1.count, w1.expert, w1.kind, w1.module) == (
+        (14336, 4096),
+        32 * 8,
+        True,
+        "experts",
+        "w1",
+    )
     router = group(mixtral, "block_sparse_moe.gate.weight")
     assert (router.kind, router.shape, router.tp_dim) == ("router", (8, 4096), None)
 
@@ -228,10 +244,7 @@ def test_grouping_invariants(preset: str) -> None:
     assert sum(g.numel for g in arch.params) == arch.parameters
     assert sum(arch.parameters_by_kind().values()) == arch.parameters
     assert len({g.name for g in arch.params}) == len(arch.params)
-    stack_layers = {
-        "encoder": arch.encoder_layers or (arch.num_layers if not arch.causal else 0),
-        "decoder": arch.decoder_layers,
-    }
+    stack_layers = {"encoder": arch.encoder_layers, "decoder": arch.decoder_layers}
     assert arch.num_layers == (arch.encoder_layers + arch.decoder_layers)
     for g in arch.params:
         assert g.kind in PARAM_KINDS and g.kind != "other"
@@ -371,7 +384,9 @@ def test_inconsistent_heads_are_rejected() -> None:
     with pytest.raises(ScenarioError) as err:
         build_architecture({**SMALL_LLAMA, "num_attention_heads": 6, "num_key_value_heads": 6})
     assert err.value.field == "model.num_attention_heads"
-    fine = build_architecture({**SMALL_LLAMA, "num_attention_heads": 6, "num_key_value_heads": 6, "head_dim": 10})
+    fine = build_architecture(
+        {**SMALL_LLAMA, "num_attention_heads": 6, "num_key_value_heads": 6, "head_dim": 10}
+    )
     assert fine.head_dim == 10
 
 
@@ -388,7 +403,19 @@ def test_unknown_model_type_lists_families() -> None:
 
 def test_every_required_family_is_registered() -> None:
     """All ten families (plus the gemma alias) have a builder."""
-    families = {"llama", "mistral", "qwen2", "mixtral", "gemma", "gemma2", "phi3", "gpt2", "bert", "t5", "vit"}
+    families = {
+        "llama",
+        "mistral",
+        "qwen2",
+        "mixtral",
+        "gemma",
+        "gemma2",
+        "phi3",
+        "gpt2",
+        "bert",
+        "t5",
+        "vit",
+    }
     assert families <= set(FAMILIES)
 
 
@@ -470,3 +497,17 @@ def test_presets_resolve_to_fresh_copies_and_cached_architectures() -> None:
     cfg["rope_scaling"]["factor"] = 1.0
     assert PRESETS["llama-3.1-8b"]["rope_scaling"]["factor"] == 8.0
     assert architecture_for("llama-3.1-8b") is architecture_for("llama-3.1-8b")
+
+
+@pytest.mark.parametrize("preset", preset_ids())
+def test_extra_facts_the_engine_reads(preset: str) -> None:
+    """Every architecture says its norms per block and HF class; only GPT-2 has [in, out] Conv1D weights."""
+    arch = architecture_for(preset)
+    norms_in_layers = sum(g.count for g in arch.params if g.kind == "norm" and g.scope == "layer")
+    per_block = (
+        arch.extra["norms_per_layer"] + (1 if arch.norm == "layernorm" else 0) * arch.extra["norms_per_layer"]
+    )
+    if arch.family != "t5":
+        assert norms_in_layers == per_block * arch.num_layers
+    assert arch.extra["hf_class"]
+    assert bool(arch.extra.get("conv1d")) == (arch.family == "gpt2")

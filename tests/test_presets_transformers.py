@@ -181,7 +181,19 @@ def _small(model_type: str) -> dict[str, Any]:
     return {"model_type": model_type, **configs[model_type]}
 
 
-SMALL_FAMILIES = ["llama", "mistral", "qwen2", "mixtral", "gemma", "gemma2", "phi3", "gpt2", "bert", "t5", "vit"]
+SMALL_FAMILIES = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "mixtral",
+    "gemma",
+    "gemma2",
+    "phi3",
+    "gpt2",
+    "bert",
+    "t5",
+    "vit",
+]
 
 
 def _torch_shapes(model: torch.nn.Module, arch: Architecture) -> Counter[tuple[int, ...]]:
