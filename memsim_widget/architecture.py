@@ -781,7 +781,8 @@ def build_gpt2(cfg: Mapping[str, Any]) -> Architecture:
             "n_positions": n_pos,
             "max_position_embeddings": n_pos,
             "embd_pdrop": _float(cfg, "embd_pdrop", d["embd_pdrop"]),
-            "conv1d_weights": True,
+            "conv1d": True,
+            "norms_per_layer": 2,
         },
     )
 
@@ -917,6 +918,7 @@ def build_bert(cfg: Mapping[str, Any]) -> Architecture:
         causal=False,
         extra={
             "hf_class": "BertForMaskedLM",
+            "norms_per_layer": 2,
             "max_position_embeddings": n_pos,
             "type_vocab_size": n_types,
             "objective": "masked_lm",
@@ -1053,6 +1055,8 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
         causal=True,
         extra={
             "hf_class": "T5ForConditionalGeneration",
+            "norms_per_layer": 2,
+            "decoder_norms_per_layer": 3,
             "feed_forward_proj": proj,
             "relative_attention_num_buckets": buckets,
             "relative_attention_max_distance": cfg.get(
@@ -1194,6 +1198,7 @@ def build_vit(cfg: Mapping[str, Any]) -> Architecture:
         fixed_seq_len=n_patches + 1,
         extra={
             "hf_class": "ViTForImageClassification",
+            "norms_per_layer": 2,
             "image_size": image,
             "patch_size": patch,
             "num_channels": channels,

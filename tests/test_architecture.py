@@ -503,11 +503,19 @@ def test_presets_resolve_to_fresh_copies_and_cached_architectures() -> None:
 def test_extra_facts_the_engine_reads(preset: str) -> None:
     """Every architecture says its norms per block and HF class; only GPT-2 has [in, out] Conv1D weights."""
     arch = architecture_for(preset)
-    norms_in_layers = sum(g.count for g in arch.params if g.kind == "norm" and g.scope == "layer")
-    per_block = (
-        arch.extra["norms_per_layer"] + (1 if arch.norm == "layernorm" else 0) * arch.extra["norms_per_layer"]
-    )
-    if arch.family != "t5":
-        assert norms_in_layers == per_block * arch.num_layers
+    tensors_per_norm = 2 if arch.norm == "layernorm" else 1  # LayerNorm has weight and bias
+
+    def norm_tensors(stack: str) -> int:
+        """Norm tensors inside the blocks of one stack."""
+        return sum(
+            g.count for g in arch.params if g.kind == "norm" and g.scope == "layer" and g.stack == stack
+        )
+
+    per_block = arch.extra["norms_per_layer"] * tensors_per_norm
+    if arch.family == "t5":
+        assert norm_tensors("encoder") == per_block * arch.encoder_layers
+        assert norm_tensors("decoder") == arch.extra["decoder_norms_per_layer"] * arch.decoder_layers
+    else:
+        assert norm_tensors("encoder") + norm_tensors("decoder") == per_block * arch.num_layers
     assert arch.extra["hf_class"]
     assert bool(arch.extra.get("conv1d")) == (arch.family == "gpt2")

@@ -1,0 +1,368 @@
+"""Charts of an estimate: pure functions from an ``Estimate`` (or its frame) to Vega-Lite specs and Altair charts.
+
+The ``*_spec`` functions build plain Vega-Lite dicts (fast: the widget calls them on every change); the
+``*_chart`` functions wrap the same specs as Altair charts for notebooks (``chart.save("x.png")``).
+Sizes are GiB (2**30 bytes), the unit ``nvidia-smi`` and PyTorch's memory summaries use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from memsim_widget.engine.core import estimate as run_estimate
+from memsim_widget.engine.items import CATEGORIES, fmt_bytes
+from memsim_widget.errors import ScenarioError
+from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
+from memsim_widget.scenario import Scenario
+
+if TYPE_CHECKING:
+    import altair as alt
+    import pandas as pd
+
+GiB = 1024**3
+SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"
+#: One color per category, in ``CATEGORIES`` order (the GPU capacity line is red, so no category is).
+CATEGORY_COLORS = ("#4c78a8", "#72b7b2", "#54a24b", "#f58518", "#eeca3b", "#9d755d")
+CAPACITY_COLOR = "#d62728"
+#: Log-scale stops of the two "how it scales" axes.
+MICRO_BATCH_STOPS = tuple(2**i for i in range(11))
+SEQ_LEN_STOPS = tuple(128 * 2**i for i in range(11))
+AXIS_TITLES = {"micro_batch_size": "micro-batch size", "seq_len": "sequence length"}
+
+
+def _color_scale() -> dict[str, Any]:
+    """The shared category color scale."""
+    return {"domain": list(CATEGORIES), "range": list(CATEGORY_COLORS)}
+
+
+def _gib(nbytes: float) -> float:
+    """Bytes to GiB, rounded for compact JSON."""
+    return round(nbytes / GiB, 4)
+
+
+def model_label(model: Any) -> str:
+    """A short name for a scenario's model: the preset id, or ``custom <model_type>``."""
+    if isinstance(model, Mapping):
+        return f"custom {model.get('model_type', 'model')}"
+    return str(model)
+
+
+def gpu_label(gpu: Any) -> str:
+    """A short name for a scenario's GPU: the catalog id, or ``custom <N> GiB``."""
+    if isinstance(gpu, Mapping):
+        return f"custom {gpu.get('memory_gib', '?'):g} GiB" if isinstance(gpu.get("memory_gib"), int | float) \
+            else "custom GPU"
+    return str(gpu)
+
+
+# ----- breakdown per rank --------------------------------------------------------------------------------
+def breakdown_records(source: Estimate | pd.DataFrame | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (rank, item) with bytes > 0: GiB, human size, share of the rank's total, formula."""
+    if isinstance(source, Estimate):
+        rows: Iterable[Mapping[str, Any]] = source.rows()
+    elif hasattr(source, "to_dict") and hasattr(source, "columns"):
+        rows = source.to_dict("records")  # type: ignore[union-attr]
+    else:
+        rows = source
+    rows = [r for r in rows if r["bytes"] > 0]
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[r["rank"]] = totals.get(r["rank"], 0) + int(r["bytes"])
+    out = []
+    for r in rows:
+        nbytes = int(r["bytes"])
+        size = fmt_bytes(nbytes)
+        out.append({
+            "rank": r["rank"],
+            "stage": int(r["stage"]),
+            "category": r["category"],
+            "order": CATEGORIES.index(r["category"]) if r["category"] in CATEGORIES else len(CATEGORIES),
+            "item": r["item"],
+            "bytes": nbytes,
+            "gib": _gib(nbytes),
+            "size": size,
+            "share": round(nbytes / max(totals[r["rank"]], 1), 4),
+            "formula": f"{r['formula']} = {size}",
+            "counter": r["counter"],
+            "moment": r["moment"],
+        })
+    return out
+
+
+def _capacity_layers(capacity_bytes: int, headroom: float, label: str) -> list[dict[str, Any]]:
+    """The headroom band, the capacity rule and its label (shared by every chart)."""
+    cap = _gib(capacity_bytes)
+    usable = _gib(capacity_bytes * (1 - headroom))
+    band = {"lo": usable, "hi": cap, "note": f"headroom {headroom:.0%}: above {usable:.1f} GiB is 'tight'"}
+    rule = {"gib": cap, "label": f"{label}: {cap:.1f} GiB", "note": "GPU capacity (total_memory)"}
+    return [
+        {
+            "data": {"values": [band]},
+            "mark": {"type": "rect", "color": CAPACITY_COLOR, "opacity": 0.12},
+            "encoding": {
+                "x": {"value": 0},
+                "x2": {"value": "width"},
+                "y": {"field": "lo", "type": "quantitative"},
+                "y2": {"field": "hi"},
+                "tooltip": [{"field": "note", "type": "nominal", "title": "headroom"}],
+            },
+        },
+        {
+            "data": {"values": [rule]},
+            "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeWidth": 2},
+            "encoding": {
+                "y": {"field": "gib", "type": "quantitative"},
+                "tooltip": [
+                    {"field": "label", "type": "nominal", "title": "GPU"},
+                    {"field": "note", "type": "nominal", "title": "line"},
+                ],
+            },
+        },
+        {
+            "data": {"values": [rule]},
+            "mark": {"type": "text", "align": "left", "baseline": "bottom", "dx": 3, "dy": -3,
+                     "color": CAPACITY_COLOR, "fontWeight": "bold"},
+            "encoding": {"x": {"value": 0}, "y": {"field": "gib", "type": "quantitative"},
+                         "text": {"field": "label"}},
+        },
+    ]
+
+
+def breakdown_spec(
+    source: Estimate | pd.DataFrame,
+    headroom: float = DEFAULT_HEADROOM,
+    *,
+    capacity_bytes: int | None = None,
+    gpu_name: str | None = None,
+    title: str | None = None,
+) -> dict[str, Any]:
+    """Vega-Lite spec: one stacked bar per rank (pipeline stage) against the GPU capacity and headroom band."""
+    records = breakdown_records(source)
+    if isinstance(source, Estimate):
+        capacity_bytes = source.gpu.memory_bytes if capacity_bytes is None else capacity_bytes
+        gpu_name = gpu_name or source.gpu.name
+        if title is None:
+            title = f"{model_label(source.scenario.model)}: memory per GPU at each rank's peak"
+    if capacity_bytes is None:
+        raise ValueError("capacity_bytes is needed to chart a frame")
+    ranks = sorted({(r["stage"], r["rank"]) for r in records})
+    totals = []
+    for stage, rank in ranks:
+        nbytes = sum(r["bytes"] for r in records if r["rank"] == rank)
+        totals.append({"rank": rank, "stage": stage, "gib": _gib(nbytes), "label": f"{nbytes / GiB:.1f} GiB"})
+    x = {"field": "rank", "type": "nominal", "title": None, "sort": [r for _, r in ranks],
+         "axis": {"labelAngle": 0}}
+    bars = {
+        "data": {"values": records},
+        "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
+        "encoding": {
+            "x": x,
+            "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU"},
+            "color": {"field": "category", "type": "nominal", "scale": _color_scale(),
+                      "legend": {"title": "category", "orient": "right"}},
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [
+                {"field": "rank", "type": "nominal"},
+                {"field": "category", "type": "nominal"},
+                {"field": "item", "type": "nominal"},
+                {"field": "size", "type": "nominal", "title": "bytes"},
+                {"field": "share", "type": "quantitative", "format": ".1%", "title": "share of rank"},
+                {"field": "formula", "type": "nominal"},
+                {"field": "counter", "type": "nominal", "title": "counted by"},
+                {"field": "moment", "type": "nominal", "title": "peak moment"},
+            ],
+        },
+    }
+    labels = {
+        "data": {"values": totals},
+        "mark": {"type": "text", "baseline": "bottom", "dy": -3, "fontSize": 11},
+        "encoding": {"x": x, "y": {"field": "gib", "type": "quantitative"}, "text": {"field": "label"}},
+    }
+    return {
+        "$schema": SCHEMA,
+        "title": title or "memory per GPU",
+        "width": max(220, 70 * len(ranks)),
+        "height": 300,
+        "layer": [*_capacity_layers(capacity_bytes, headroom, gpu_name or "GPU")[:2], bars, labels,
+                  _capacity_layers(capacity_bytes, headroom, gpu_name or "GPU")[2]],
+    }
+
+
+# ----- how it scales ------------------------------------------------------------------------------------
+def scaling_points(scenario: Scenario, axis: str, stops: Sequence[int]) -> dict[str, Any]:
+    """Estimate ``scenario`` with ``axis`` at each stop: per-category GiB, totals, and skipped invalid stops."""
+    points: list[dict[str, Any]] = []
+    totals: list[dict[str, Any]] = []
+    invalid: list[dict[str, Any]] = []
+    capacity = None
+    for value in stops:
+        try:
+            est = run_estimate(scenario.replace(**{axis: value}))
+        except ScenarioError as exc:
+            invalid.append({"value": value, "error": str(exc)})
+            continue
+        capacity = est.gpu.memory_bytes
+        total = est.device_total_bytes
+        for cat, nbytes in est.components().items():
+            points.append({"x": value, "category": cat, "order": CATEGORIES.index(cat), "gib": _gib(nbytes),
+                           "size": fmt_bytes(nbytes), "total": fmt_bytes(total)})
+        totals.append({"x": value, "bytes": total, "gib": _gib(total)})
+    return {"axis": axis, "stops": list(stops), "points": points, "totals": totals, "invalid": invalid,
+            "capacity_bytes": capacity}
+
+
+def crossing(totals: Sequence[Mapping[str, Any]], limit_bytes: float) -> dict[str, Any]:
+    """Where a total-vs-stop curve crosses ``limit_bytes``: last stop under it, first over, interpolated x."""
+    under = over = None
+    for t in sorted(totals, key=lambda t: t["x"]):
+        if t["bytes"] <= limit_bytes:
+            if over is None:
+                under = t
+        elif over is None:
+            over = t
+    out: dict[str, Any] = {"max_fit": under["x"] if under else None, "first_over": over["x"] if over else None,
+                           "at": None}
+    if under and over:
+        span = over["bytes"] - under["bytes"]
+        frac = (limit_bytes - under["bytes"]) / span if span else 0.0
+        out["at"] = round(under["x"] + frac * (over["x"] - under["x"]), 1)
+    elif over:
+        out["at"] = over["x"]
+    return out
+
+
+def scaling_data(
+    est: Estimate, headroom: float = DEFAULT_HEADROOM, axes: Sequence[str] = ("micro_batch_size", "seq_len")
+) -> dict[str, Any]:
+    """The "how it scales" data of an estimate along each axis, with the current point and capacity crossings."""
+    out: dict[str, Any] = {}
+    cap = est.gpu.memory_bytes
+    for axis in axes:
+        if axis == "seq_len" and est.arch.fixed_seq_len:
+            out[axis] = {"axis": axis, "fixed": est.arch.fixed_seq_len}
+            continue
+        stops = MICRO_BATCH_STOPS if axis == "micro_batch_size" else SEQ_LEN_STOPS
+        data = scaling_points(est.scenario, axis, stops)
+        data["current"] = {"x": getattr(est.scenario, axis), "gib": _gib(est.device_total_bytes),
+                           "bytes": est.device_total_bytes}
+        data["capacity_bytes"] = cap
+        data["crosses_capacity"] = crossing(data["totals"], cap)
+        data["crosses_headroom"] = crossing(data["totals"], cap * (1 - headroom))
+        out[axis] = data
+    return out
+
+
+def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> dict[str, Any]:
+    """One layered panel: stacked areas per category vs a log axis, capacity, current point, crossing."""
+    axis = data["axis"]
+    title = AXIS_TITLES.get(axis, axis)
+    stops = data["stops"]
+    x = {"field": "x", "type": "quantitative", "title": title,
+         "scale": {"type": "log", "base": 2, "domain": [stops[0], stops[-1]]},
+         "axis": {"values": stops, "labelAngle": -40 if axis == "seq_len" else 0, "grid": False}}
+    layers: list[dict[str, Any]] = _capacity_layers(data["capacity_bytes"], headroom, gpu_name)[:2]
+    layers.append({
+        "data": {"values": data["points"]},
+        "mark": {"type": "area", "opacity": 0.85, "line": {"strokeWidth": 0.5}},
+        "encoding": {
+            "x": x,
+            "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU (worst rank)"},
+            "color": {"field": "category", "type": "nominal", "scale": _color_scale(),
+                      "legend": {"title": "category"}},
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [
+                {"field": "x", "type": "quantitative", "title": title},
+                {"field": "category", "type": "nominal"},
+                {"field": "size", "type": "nominal", "title": "bytes"},
+                {"field": "total", "type": "nominal", "title": "total (nvidia-smi)"},
+            ],
+        },
+    })
+    layers.append({
+        "data": {"values": data["totals"]},
+        "mark": {"type": "point", "filled": True, "size": 18, "color": "#333"},
+        "encoding": {"x": x, "y": {"field": "gib", "type": "quantitative"},
+                     "tooltip": [{"field": "x", "type": "quantitative", "title": title},
+                                 {"field": "gib", "type": "quantitative", "format": ".2f", "title": "total GiB"}]},
+    })
+    cur = dict(data["current"], label=f"current: {data['current']['x']}")
+    layers.append({
+        "data": {"values": [cur]},
+        "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#111"},
+        "encoding": {"x": {"field": "x", "type": "quantitative"}},
+    })
+    layers.append({
+        "data": {"values": [cur]},
+        "mark": {"type": "point", "shape": "diamond", "size": 120, "filled": True, "color": "#111"},
+        "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "gib", "type": "quantitative"},
+                     "tooltip": [{"field": "label", "type": "nominal", "title": "current"},
+                                 {"field": "gib", "type": "quantitative", "format": ".2f", "title": "GiB"}]},
+    })
+    cross = data["crosses_capacity"]
+    if cross["at"] is not None:
+        mark = {"x": cross["at"], "label": f"exceeds the GPU at ≈{cross['at']:g}"}
+        layers.append({
+            "data": {"values": [mark]},
+            "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeDash": [2, 2], "strokeWidth": 2},
+            "encoding": {"x": {"field": "x", "type": "quantitative"},
+                         "tooltip": [{"field": "label", "type": "nominal", "title": "crossing"}]},
+        })
+        layers.append({
+            "data": {"values": [mark]},
+            "mark": {"type": "text", "align": "right", "baseline": "top", "dx": -3, "dy": 3, "angle": 0,
+                     "color": CAPACITY_COLOR},
+            "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"value": 0},
+                         "text": {"field": "label"}},
+        })
+    layers.append(_capacity_layers(data["capacity_bytes"], headroom, gpu_name)[2])
+    return {"title": f"memory vs {title}", "width": 300, "height": 240, "layer": layers}
+
+
+def scaling_spec(
+    data: Mapping[str, Any], headroom: float = DEFAULT_HEADROOM, gpu_name: str = "GPU"
+) -> dict[str, Any]:
+    """Vega-Lite spec: side-by-side panels of memory against micro-batch and sequence length."""
+    panels = []
+    notes = []
+    for axis in ("micro_batch_size", "seq_len"):
+        d = data.get(axis)
+        if not d:
+            continue
+        if d.get("fixed"):
+            notes.append(f"sequence length is fixed by the model ({d['fixed']} tokens)")
+            continue
+        if not d["totals"]:
+            notes.append(f"no valid {AXIS_TITLES[axis]} stop")
+            continue
+        panels.append(_scaling_panel(d, headroom, gpu_name))
+    spec: dict[str, Any] = {"$schema": SCHEMA, "hconcat": panels, "resolve": {"scale": {"color": "shared"}}}
+    if notes:
+        spec["title"] = {"text": "how it scales", "subtitle": notes}
+    return spec
+
+
+# ----- Altair wrappers -----------------------------------------------------------------------------------
+def to_altair(spec: Mapping[str, Any]) -> alt.TopLevelMixin:
+    """Wrap a Vega-Lite dict as the matching Altair chart class (no schema validation: fast)."""
+    import altair as alt
+
+    if "layer" in spec:
+        cls: Any = alt.LayerChart
+    elif "hconcat" in spec:
+        cls = alt.HConcatChart
+    elif "vconcat" in spec:
+        cls = alt.VConcatChart
+    else:
+        cls = alt.Chart
+    return cls.from_dict(dict(spec), validate=False)
+
+
+def breakdown_chart(est: Estimate, headroom: float = DEFAULT_HEADROOM) -> alt.LayerChart:
+    """Altair chart: stacked category bars per rank against the GPU capacity line and headroom band."""
+    return to_altair(breakdown_spec(est, headroom))  # type: ignore[return-value]
+
+
+def scaling_chart(est: Estimate, headroom: float = DEFAULT_HEADROOM) -> alt.HConcatChart:
+    """Altair chart: memory against micro-batch and sequence length, current point and crossing marked."""
+    return to_altair(scaling_spec(scaling_data(est, headroom), headroom, est.gpu.name))  # type: ignore[return-value]
