@@ -179,13 +179,13 @@ def breakdown_spec(
         "mark": {"type": "text", "baseline": "bottom", "dy": -3, "fontSize": 11},
         "encoding": {"x": x, "y": {"field": "gib", "type": "quantitative"}, "text": {"field": "label"}},
     }
+    band, rule, rule_label = _capacity_layers(capacity_bytes, headroom, gpu_name or "GPU")
     return {
         "$schema": SCHEMA,
         "title": title or "memory per GPU",
         "width": max(220, 70 * len(ranks)),
         "height": 300,
-        "layer": [*_capacity_layers(capacity_bytes, headroom, gpu_name or "GPU")[:2], bars, labels,
-                  _capacity_layers(capacity_bytes, headroom, gpu_name or "GPU")[2]],
+        "layer": [band, rule, bars, labels, rule_label],
     }
 
 
@@ -261,13 +261,20 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
     x = {"field": "x", "type": "quantitative", "title": title,
          "scale": {"type": "log", "base": 2, "domain": [stops[0], stops[-1]]},
          "axis": {"values": stops, "labelAngle": -40 if axis == "seq_len" else 0, "grid": False}}
-    layers: list[dict[str, Any]] = _capacity_layers(data["capacity_bytes"], headroom, gpu_name)[:2]
+    cap_gib = data["capacity_bytes"] / GiB
+    top = max((t["gib"] for t in data["totals"]), default=cap_gib)
+    # Zoom on the capacity: curves far above it are clipped so the crossing stays readable.
+    y_max = round(max(cap_gib * 1.5, data["current"]["gib"] * 1.15), 1) if top > cap_gib * 1.5 else None
+    y_scale = {"domain": [0, y_max]} if y_max else {}
+    band, rule, rule_label = _capacity_layers(data["capacity_bytes"], headroom, gpu_name)
+    layers: list[dict[str, Any]] = [band, rule]
     layers.append({
         "data": {"values": data["points"]},
-        "mark": {"type": "area", "opacity": 0.85, "line": {"strokeWidth": 0.5}},
+        "mark": {"type": "area", "opacity": 0.85, "line": {"strokeWidth": 0.5}, "clip": True},
         "encoding": {
             "x": x,
-            "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU (worst rank)"},
+            "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU (worst rank)",
+                  "scale": y_scale},
             "color": {"field": "category", "type": "nominal", "scale": _color_scale(),
                       "legend": {"title": "category"}},
             "order": {"field": "order", "type": "quantitative"},
@@ -281,7 +288,7 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
     })
     layers.append({
         "data": {"values": data["totals"]},
-        "mark": {"type": "point", "filled": True, "size": 18, "color": "#333"},
+        "mark": {"type": "point", "filled": True, "size": 18, "color": "#333", "clip": True},
         "encoding": {"x": x, "y": {"field": "gib", "type": "quantitative"},
                      "tooltip": [{"field": "x", "type": "quantitative", "title": title},
                                  {"field": "gib", "type": "quantitative", "format": ".2f", "title": "total GiB"}]},
@@ -301,7 +308,8 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
     })
     cross = data["crosses_capacity"]
     if cross["at"] is not None:
-        mark = {"x": cross["at"], "label": f"exceeds the GPU at ≈{cross['at']:g}"}
+        at = cross["at"]
+        mark = {"x": at, "label": f"exceeds the GPU at ≈{at:,.0f}" if at >= 10 else f"exceeds the GPU at ≈{at:g}"}
         layers.append({
             "data": {"values": [mark]},
             "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeDash": [2, 2], "strokeWidth": 2},
@@ -315,7 +323,7 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
             "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"value": 0},
                          "text": {"field": "label"}},
         })
-    layers.append(_capacity_layers(data["capacity_bytes"], headroom, gpu_name)[2])
+    layers.append(rule_label)
     return {"title": f"memory vs {title}", "width": 300, "height": 240, "layer": layers}
 
 

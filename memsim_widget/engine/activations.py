@@ -36,7 +36,8 @@ class ActivationBudget:
     per_layer: list[Term] = field(default_factory=list)  # saved by each layer (one micro-batch)
     checkpointed_layer: list[Term] = field(default_factory=list)  # kept per layer under checkpointing
     pre: list[Term] = field(default_factory=list)  # before the layers (first stage)
-    post: list[Term] = field(default_factory=list)  # final norm, logits, loss (last stage)
+    post: list[Term] = field(default_factory=list)  # final norm, loss's saved log-softmax (last stage)
+    loss_forward: list[Term] = field(default_factory=list)  # logits and their fp32 copy, alive in the loss
     loss_backward: list[Term] = field(default_factory=list)  # transients at the start of backward
     layer_backward: list[Term] = field(default_factory=list)  # transients while one layer runs backward
     inputs: list[Term] = field(default_factory=list)
@@ -186,7 +187,11 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.loss_backward.append(Term(f"one loss chunk's logits and fp32 log-softmax (1/{LOSS_CHUNKS})",
                                           (le + 8) * chunk, f"({le} + 2 x 4) B x T x V / {LOSS_CHUNKS}", 3))
         else:
-            out.post.append(Term("logits", le * T * V, f"{le} B x T x V, V={V}", 1))
+            # HF: logits = lm_head(h) in the compute dtype; the loss upcasts them (.float()) and
+            # log_softmax saves its fp32 output. The trainer drops the logits before backward.
+            out.loss_forward.append(Term("logits" + (" and their fp32 upcast" if le != 4 else ""),
+                                         (le + (4 if le != 4 else 0)) * T * V,
+                                         f"({le}{' + 4' if le != 4 else ''}) B x T x V, V={V}", 1 if le == 4 else 2))
             out.post.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))
             out.loss_backward.append(Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V,
                                           "2 x 4 B x T x V", 2))

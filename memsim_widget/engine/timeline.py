@@ -68,9 +68,10 @@ def moments(ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBud
     recompute = _scaled(acts.per_layer, 1, "1 recomputed layer") if ckpt else []
     layer_bwd = _scaled(acts.layer_backward, 1, "", "temporaries")
     loss_bwd = _scaled(acts.loss_backward, 1 if stage.last else 0, "", "temporaries")
+    loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "")
     common = persistent + overhead
     out = [
-        Moment("forward_end", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post)),
+        Moment("forward_end", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_fwd)),
         Moment("backward_start", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_bwd)),
     ]
     # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -114,9 +115,12 @@ def trace_hf(
     input_dtype = wdtype
 
     def model_factory() -> torch.nn.Module:
-        model = build_hf_model(cfg, wdtype, attention)
-        if lora:
-            model = _apply_lora(model, lora, notes)
+        # Under fake mode, build on the meta device (Module.to cannot swap fake parameters, which peft needs);
+        # trace_training then swaps in fake cpu tensors.
+        with torch.device("meta") if fake else contextlib.nullcontext():
+            model = build_hf_model(cfg, wdtype, attention)
+            if lora:
+                model = _apply_lora(model, lora, notes)
         return model
 
     fam = _family(cfg.model_type)
@@ -135,6 +139,7 @@ def trace_hf(
         fake=fake,
         loss_module=_loss_module,
         notes=notes,
+        cast_model=False,
         **kwargs,
     )
 
@@ -152,13 +157,13 @@ def _apply_lora(model: torch.nn.Module, lora: dict[str, Any], notes: list[str]) 
         task_type=lora.get("task_type"),
     )
     model = get_peft_model(model, lcfg, autocast_adapter_dtype=(adapter_dtype == "fp32"))
+    target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[adapter_dtype]
     dts: set[str] = set()
-    for name, p in model.named_parameters():
-        if "lora_" in name:
-            if adapter_dtype == "bf16":
-                p.data = p.data.to(torch.bfloat16)
-            elif adapter_dtype == "fp16":
-                p.data = p.data.to(torch.float16)
-            dts.add(str(p.dtype).removeprefix("torch."))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                if p.dtype != target:
+                    p.data = p.data.to(target)
+                dts.add(str(p.dtype).removeprefix("torch."))
     notes.append(f"lora adapters dtype: {sorted(dts)}")
     return model

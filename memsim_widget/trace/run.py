@@ -106,6 +106,34 @@ def _probe_optimizer(name: str, impl: str, dtype: torch.dtype, lr: float) -> str
     return None
 
 
+def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating parameters and buffers in place via ``.data`` (``Module.to`` cannot swap fake parameters)."""
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point() and t.dtype != dtype:
+                t.data = t.data.to(dtype)
+
+
+def fakeify_meta(model: torch.nn.Module, device: str = "cpu") -> None:
+    """Replace meta parameters/buffers by empty tensors on ``device`` (call inside FakeTensorMode); keeps ties."""
+    memo: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None or p.device.type != "meta":
+                continue
+            if id(p) not in memo:
+                memo[id(p)] = torch.nn.Parameter(
+                    torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad
+                )
+            mod._parameters[name] = memo[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is None or b.device.type != "meta":
+                continue
+            if id(b) not in memo:
+                memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device=device)
+            mod._buffers[name] = memo[id(b)]
+
+
 def _tensors_in(obj: Any) -> list[torch.Tensor]:
     """All tensors inside a (nested) container."""
     from torch.utils._pytree import tree_flatten
@@ -148,13 +176,16 @@ def trace_training(
     progress: bool = True,
     timeline_points: int = 2000,
     notes: list[str] | None = None,
+    cast_model: bool = True,
 ) -> TraceResult:
     """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
 
-    The model and inputs are built inside FakeTensorMode (device cpu) unless ``fake=False``. ``output_lifetime``:
+    The model and inputs are built inside FakeTensorMode (device cpu) unless ``fake=False``; a factory may also
+    return a model on the meta device, whose tensors are then replaced by fake cpu ones. ``output_lifetime``:
     "trainer" drops the model output before backward (HF Trainer keeps only the loss), "backward" keeps it until
     after backward, "step" until after the optimizer step. ``loss_module(model)`` may name the module after whose
-    forward the phase becomes "loss".
+    forward the phase becomes "loss". ``cast_model=False`` keeps the factory's dtypes for bf16/fp16 (default: cast
+    all floating tensors to the precision's dtype).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -166,9 +197,11 @@ def trace_training(
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode:
         model = model_factory()
+        if fake and any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
+            fakeify_meta(model)
         fdts = {p.dtype for p in model.parameters() if p.is_floating_point()}
-        if fdts and fdts != {wdtype} and precision in ("bf16", "fp16"):
-            model.to(wdtype)
+        if cast_model and fdts and fdts != {wdtype} and precision in ("bf16", "fp16"):
+            cast_floating(model, wdtype)
         elif fdts and precision.startswith("amp") and fdts != {torch.float32}:
             notes.append(f"amp: model parameters are {sorted(map(str, fdts))}, not all fp32")
         model.train()
