@@ -352,18 +352,19 @@ def scaling_spec(
 
 # ----- Altair wrappers -----------------------------------------------------------------------------------
 def to_altair(spec: Mapping[str, Any]) -> alt.TopLevelMixin:
-    """Wrap a Vega-Lite dict as the matching Altair chart class (no schema validation: fast)."""
+    """Wrap a Vega-Lite dict as Altair chart objects without Altair's slow ``from_dict`` (no validation here)."""
     import altair as alt
 
+    rest = {k: v for k, v in spec.items() if k not in ("$schema", "layer", "hconcat", "vconcat")}
     if "layer" in spec:
-        cls: Any = alt.LayerChart
-    elif "hconcat" in spec:
-        cls = alt.HConcatChart
-    elif "vconcat" in spec:
-        cls = alt.VConcatChart
-    else:
-        cls = alt.Chart
-    return cls.from_dict(dict(spec), validate=False)
+        return alt.LayerChart(layer=[to_altair(s) for s in spec["layer"]], **rest)
+    if "hconcat" in spec:
+        return alt.HConcatChart(hconcat=[to_altair(s) for s in spec["hconcat"]], **rest)
+    if "vconcat" in spec:
+        return alt.VConcatChart(vconcat=[to_altair(s) for s in spec["vconcat"]], **rest)
+    if isinstance(rest.get("encoding"), Mapping):
+        rest["encoding"] = alt.FacetedEncoding(**rest["encoding"])
+    return alt.Chart(**rest)
 
 
 def breakdown_chart(est: Estimate, headroom: float = DEFAULT_HEADROOM) -> alt.LayerChart:

@@ -27,6 +27,8 @@ class Term:
     formula: str
     tensors: int = 1
     level: str = "tensor"
+    skip_first: bool = False  # absent in layer 0 (e.g. the first norm when embeddings are frozen)
+    first_bytes: float = 0.0  # bytes layer 0 does not hold when ``skip_first``
 
 
 @dataclass
@@ -35,6 +37,7 @@ class ActivationBudget:
 
     per_layer: list[Term] = field(default_factory=list)  # saved by each layer (one micro-batch)
     checkpointed_layer: list[Term] = field(default_factory=list)  # kept per layer under checkpointing
+    cache_per_layer: list[Term] = field(default_factory=list)  # held by the output's KV cache until the loss
     pre: list[Term] = field(default_factory=list)  # before the layers (first stage)
     post: list[Term] = field(default_factory=list)  # final norm, loss's saved log-softmax (last stage)
     loss_forward: list[Term] = field(default_factory=list)  # logits and their fp32 copy, alive in the loss
@@ -76,116 +79,188 @@ def activations(ctx: Context) -> ActivationBudget:
     return _hf(ctx)
 
 
+#: Leaf Linear names by the tensor they read, across families (peft matches targets by leaf name).
+ATTN_IN = frozenset({"q_proj", "k_proj", "v_proj", "c_attn", "qkv_proj", "query", "key", "value", "q", "k", "v"})
+ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o"})
+MLP_IN = frozenset({"gate_proj", "up_proj", "c_fc", "gate_up_proj", "fc1", "wi", "wi_0", "wi_1", "w1", "w3"})
+MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2"})
+#: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
+#: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
+ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1}
+
+
 def _hf(ctx: Context) -> ActivationBudget:
-    """HF transformers eager modules trained with the usual loop (and torchtune/torchtitan alike)."""
+    """HF transformers modules trained with the usual loop (torchtune/torchtitan modules save alike).
+
+    Rules (each checked against a fake-tensor trace, see docs/fidelity.md): a Linear saves its input only
+    if its weight is trained or it carries a LoRA adapter (the adapter saves its own cast copy when the
+    adapter dtype differs); under autocast every trained Linear saves its own 16-bit input copy and a
+    16-bit copy of its weight; HF RMSNorm saves its fp32 input, rsqrt and (if its weight is trained) the
+    normalised tensor; SDPA saves q, k, v (k, v at kv width), the output and an fp32 logsumexp.
+    """
     arch, sc, recipe = ctx.arch, ctx.scenario, ctx.recipe
     D = _Dims(ctx)
-    T, Tout, h, I, hq, hkv = D.T, D.Tout, D.h, D.I, D.hq, D.hkv
+    T, Tout, h, I, hq, hkv, b, s = D.T, D.Tout, D.h, D.I, D.hq, D.hkv, D.b, D.s
     amp = recipe.autocast
-    e = recipe.act_bytes  # compute dtype bytes
-    r = 4 if amp else e  # residual stream dtype (autocast keeps it fp32)
-    lora = not ctx.full_training
+    ec = recipe.act_bytes  # bytes of a compute-dtype element (16-bit under autocast)
+    r = 4 if amp else ec  # residual stream dtype: autocast keeps it fp32
+    full = ctx.full_training
+    ab = ctx.adapter_bytes
+    targets = {ad.base.module for ad in ctx.adapters}
+    modules = set(ctx.linear_modules)
     out = ActivationBudget()
     L = out.per_layer
 
-    def add(name: str, nbytes: float, formula: str, tensors: int = 1, level: str = "tensor") -> None:
+    def add(name: str, nbytes: float, formula: str, tensors: int = 1, level: str = "tensor",
+            skip_first: bool = False) -> None:
         if nbytes > 0:
-            L.append(Term(name, nbytes, formula, tensors, level))
+            L.append(Term(name, nbytes, formula, tensors, level, skip_first))
+
+    def consumers(role: frozenset[str], width: int, rows: int, dtype: int, label: str,
+                  already_saved: bool = False) -> None:
+        """What the Linears reading one tensor (rows x width, ``dtype`` bytes) keep of it."""
+        present = sorted(role & modules)
+        if full:
+            if amp and dtype == 4:
+                n = len(present)
+                add(f"{label}: autocast 16-bit input copies", n * 2 * rows * width,
+                    f"{n} Linears x 2 B x T x {width}", n)
+            elif not already_saved:
+                add(f"{label}: Linear input", dtype * rows * width, f"{dtype} B x T x {width}", 1)
+            return
+        hit = [m for m in present if m in targets]
+        if not hit:
+            return
+        if amp or ab != dtype:
+            cb = 2 if amp else ab
+            add(f"{label}: LoRA input copies", len(hit) * cb * rows * width,
+                f"{len(hit)} adapters x {cb} B x T x {width}", len(hit))
+        elif not already_saved:
+            add(f"{label}: LoRA input", dtype * rows * width, f"{dtype} B x T x {width}", 1)
 
     # ----- norms ---------------------------------------------------------------------------------
     norms = arch.extra.get("norms_per_layer", 2)
+    frozen_first = not full and sc.activation_checkpointing == "none"
+    gemma = arch.family.startswith("gemma")
     if arch.norm == "rmsnorm":
-        # x.float() (or the fp32 residual itself), x*rsqrt, the cast back, the output the Linears read
-        per = 4 * Tout * h + r * Tout * h + r * Tout * h + 4 * Tout
-        add("RMSNorm inputs and outputs", norms * per,
-            f"{norms} norms x (4 B x T x h fp32 copy + 2 x {r} B x T x h + 4 B x T rsqrt), T={fmt_int(Tout)}, "
-            f"h={h}", 4 * norms)
+        add("RMSNorm fp32 inputs and rsqrt", norms * (4 * Tout * h + 4 * Tout),
+            f"{norms} norms x (4 B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}", 2 * norms)
+        if frozen_first:  # nothing before the first adapter needs a gradient
+            L[-1] = Term(L[-1].name, L[-1].bytes, L[-1].formula + "; layer 0's first norm saves nothing "
+                         "(frozen embeddings)", L[-1].tensors, "tensor", skip_first=True,
+                         first_bytes=(4 * Tout * h + 4 * Tout))
+        nb = 4 if gemma else r
+        if full or gemma:
+            add("RMSNorm normalised tensors", norms * nb * Tout * h, f"{norms} norms x {nb} B x T x h", norms)
     else:
-        per = r * Tout * h + r * Tout * h + 8 * Tout
-        add("LayerNorm inputs and outputs", norms * per,
-            f"{norms} norms x (2 x {r} B x T x h + 8 B x T mean/rstd), T={fmt_int(Tout)}, h={h}", 4 * norms)
-    if amp:
-        # every Linear reading an fp32 tensor under autocast gets its own 16-bit copy
-        n_in = 3 + (2 if arch.mlp_activation in ("swiglu", "geglu") else 1)
-        add("autocast 16-bit input copies", n_in * 2 * T * h,
-            f"{n_in} Linear inputs x 2 B x T x h", n_in)
+        add("LayerNorm inputs, mean and rstd", norms * (r * Tout * h + 8 * Tout),
+            f"{norms} norms x ({r} B x T x h + 8 B x T)", 3 * norms)
+        if frozen_first:
+            L[-1] = Term(L[-1].name, L[-1].bytes, L[-1].formula + "; layer 0's first norm saves nothing "
+                         "(frozen embeddings)", L[-1].tensors, "tensor", skip_first=True,
+                         first_bytes=r * Tout * h + 8 * Tout)
+    nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
+    consumers(ATTN_IN, h, Tout, nout, "attention input")
+    consumers(MLP_IN, h, Tout, nout, "MLP input")
 
     # ----- attention -----------------------------------------------------------------------------
     eager = sc.attention == "eager"
-    a_loc, s = D.a, D.s
+    a_loc = D.a
+    fused_no_rope = "c_attn" in modules and arch.position != "rope"
     if eager:
-        add("attention q, k, v (k, v repeated to all heads)", 3 * e * T * hq,
-            f"3 x {e} B x T x a*d, a*d={hq}", 3)
-        sel = sc.activation_checkpointing == "selective"
-        if not sel:
-            probs = 4 * D.b * a_loc * s * D.s_full + (e * D.b * a_loc * s * D.s_full if e != 4 else 0)
-            add("attention scores softmax (fp32) and its cast", probs,
-                f"b x a x s x s x ({4} + {e if e != 4 else 0}) B, b={D.b} a={a_loc} s={s}", 2)
+        add("attention q, k, v (k, v repeated to all heads)", 3 * ec * T * hq, f"3 x {ec} B x T x a*d, a*d={hq}", 3)
+        if sc.activation_checkpointing != "selective":
+            scores = b * a_loc * s * D.s_full
             if arch.attention_dropout > 0:
-                add("attention dropout mask and output", D.b * a_loc * s * D.s_full * (1 + e),
-                    "b x a x s x s x (1 B mask + e B output)", 2)
-        add("attention output (o_proj input)", e * T * hq, f"{e} B x T x a*d", 1)
+                add("attention softmax (fp32), dropout mask and output", scores * (4 + 1 + ec),
+                    f"b x a x s x s x (4 + 1 + {ec}) B, b={b} a={a_loc} s={s}", 3)
+            else:
+                extra = ec if ec != 4 else 0
+                add("attention softmax (fp32) and its 16-bit cast", scores * (4 + extra),
+                    f"b x a x s x s x (4 + {extra}) B, b={b} a={a_loc} s={s}", 2 if extra else 1)
+        consumers(ATTN_OUT, hq, T, ec, "attention output")
     else:
-        add("attention q, k, v saved by SDPA", e * T * (hq + 2 * hkv),
-            f"{e} B x T x (a*d + 2 x kv*d) = {e} x {fmt_int(T)} x ({hq} + 2 x {hkv})", 3)
-        add("attention output and logsumexp", e * T * hq + 4 * D.b * a_loc * s,
-            f"{e} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)", 2)
+        add("attention q, k, v saved by SDPA", ec * T * (hq + 2 * hkv),
+            f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})", 3)
+        if fused_no_rope:
+            add("fused qkv output kept alive by the q view", ec * T * 2 * hkv,
+                f"{ec} B x T x 2 x kv*d (k, v copied into the cache)", 1)
+        add("attention output and logsumexp", ec * T * hq + 4 * b * a_loc * s,
+            f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)", 2)
+        consumers(ATTN_OUT, hq, T, ec, "attention output", already_saved=True)
 
     # ----- MLP ------------------------------------------------------------------------------------
     moe = arch.is_moe
     k = arch.experts_per_token if moe else 1
     Tm = T * k
-    if arch.mlp_activation in ("swiglu", "geglu"):
-        add("MLP gate, up, act(gate), product" + (" (top-k routed)" if moe else ""), 4 * e * Tm * I,
-            f"4 x {e} B x {'k x ' if moe else ''}T x I, I={I}" + (f", k={k}" if moe else ""), 4)
-    else:
-        add("MLP fc1 output, activation internals, fc2 input", 5 * e * Tm * I if arch.mlp_activation ==
-            "gelu_tanh" else 2 * e * Tm * I, f"{5 if arch.mlp_activation == 'gelu_tanh' else 2} x {e} B x T x I",
-            2)
+    n_act = ACT_SAVED.get(arch.mlp_activation, 3)
+    kf = f"k x T x I, k={k}" if moe else "T x I"
+    add(f"MLP activation internals ({arch.mlp_activation})", n_act * ec * Tm * I,
+        f"{n_act} x {ec} B x {kf}, I={I}", n_act)
+    consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
     if moe:
         E = arch.num_experts
-        add("MoE router logits, probabilities and routed token copies",
-            (e + 4) * T * E + 2 * e * Tm * h,
-            f"({e} + 4) B x T x E + 2 x {e} B x k x T x h, E={E}", 3)
+        add("MoE router logits, probabilities and routed token copies", (ec + 4) * T * E + 2 * ec * Tm * h,
+            f"({ec} + 4) B x T x E + 2 x {ec} B x k x T x h, E={E}", 3)
     if arch.hidden_dropout > 0:
-        add("residual dropout masks and outputs", 2 * (1 + e) * Tout * h, f"2 x (1 + {e}) B x T x h", 4)
+        add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
+    if amp and full:
+        wl = sum(g.numel for g in ctx.arch.params if g.scope == "layer" and g.module) // max(arch.num_layers, 1)
+        wl //= D.tp
+        add("autocast 16-bit weight copies", 2 * wl, f"2 B x {fmt_int(wl)} Linear weights per layer", 7)
 
-    # ----- LoRA adapters --------------------------------------------------------------------------
-    if lora:
-        ab = ctx.adapter_bytes
+    # ----- LoRA adapter internals -------------------------------------------------------------------
+    if not full:
         per_layer = [ad for ad in ctx.adapters if ad.base.scope == "layer"]
         layers = max(arch.num_layers, 1)
-        in_copy = sum(ad.in_features * ad.base.count for ad in per_layer) / layers
         mid = sum(ad.rank * ad.base.count for ad in per_layer) / layers
-        cast = ab != e or amp
-        add("LoRA adapter inputs" + (" (cast copies)" if cast else ""), (ab if cast else 0) * T * in_copy,
-            f"{ab} B x T x sum(in_features)={fmt_int(in_copy)} per layer", len(per_layer))
-        add("LoRA A outputs", ab * T * mid, f"{ab} B x T x sum(rank)={fmt_int(mid)}", len(per_layer))
-        if sc.method == "qlora":
-            pass
+        add("LoRA A outputs (saved by B)", ab * Tout * mid, f"{ab} B x T x sum(rank)={fmt_int(mid)}",
+            len(per_layer))
+
+    # ----- the KV cache HF builds in training (use_cache defaults to true; off under checkpointing) ----------
+    # It holds each layer's k and v (after RoPE) until the outputs are dropped. Under SDPA these are the
+    # tensors SDPA saves anyway, except autocast's fp32 k (SDPA saves a 16-bit cast); eager saves
+    # repeated copies instead, so the cache is extra.
+    if arch.causal and arch.extra.get("use_cache", True) and sc.activation_checkpointing != "full":
+        kb = 4 if amp and arch.position == "rope" else ec
+        extra = (kb + ec) * T * hkv if eager else (4 * T * hkv if amp and arch.position == "rope" else 0)
+        if extra:
+            out.cache_per_layer.append(Term("KV cache held by the model output (forward only)", extra,
+                                            f"({kb} + {ec}) B x T x kv*d" if eager else "4 B x T x kv*d (fp32 k)",
+                                            2))
+    if amp and V_final_fp32(arch):
+        out.loss_forward.append(Term("final hidden states (fp32) held by the model output", 4 * Tout * h,
+                                     "4 B x T x h", 1))
 
     # ----- checkpointing ----------------------------------------------------------------------------
     if sc.activation_checkpointing == "full":
-        out.checkpointed_layer = [Term("checkpointed layer inputs", r * Tout * h,
-                                       f"{r} B x T x h per layer", 1)]
+        out.checkpointed_layer = [Term("checkpointed layer inputs", r * Tout * h, f"{r} B x T x h per layer", 1)]
 
     # ----- model-level terms ------------------------------------------------------------------------
     V = D.V
     if arch.position == "rope":
-        out.pre.append(Term("rotary cos/sin", 2 * e * D.b * s * D.d, f"2 x {e} B x b x s x d", 2))
-    out.inputs.append(Term("input ids and labels", 16 * D.b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
+        cb = 4 if amp else ec
+        out.pre.append(Term("rotary cos/sin", 2 * cb * s * D.d, f"2 x {cb} B x s x d", 2))
+    out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
     if arch.norm == "rmsnorm":
-        out.post.append(Term("final norm", 4 * Tout * h + 2 * r * Tout * h + 4 * Tout,
-                             f"4 B x T x h + 2 x {r} B x T x h + 4 B x T", 4))
+        fn = 4 * Tout * h + 4 * Tout + ((4 if gemma else r) * Tout * h if full or gemma else 0)
+        out.post.append(Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {r} B x T x h" if full else ""), 3))
     else:
-        out.post.append(Term("final norm", 2 * r * Tout * h + 8 * Tout, f"2 x {r} B x T x h + 8 B x T", 3))
+        out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
+    if V and full:  # the head reads the final norm's output
+        if amp:
+            out.post.append(Term("head: autocast input and weight copies", 2 * T * h + 2 * V * h,
+                                 "2 B x T x h + 2 B x V x h", 2))
+        else:
+            out.post.append(Term("head input", nout * T * h, f"{nout} B x T x h", 1))
     if V:
         le = 4 if recipe.fp32_compute else 2
         if sc.loss == "chunked":
             chunk = T * V / LOSS_CHUNKS
-            out.post.append(Term("head input kept by the fused chunked loss", le * T * h, f"{le} B x T x h", 1))
             out.loss_backward.append(Term(f"one loss chunk's logits and fp32 log-softmax (1/{LOSS_CHUNKS})",
                                           (le + 8) * chunk, f"({le} + 2 x 4) B x T x V / {LOSS_CHUNKS}", 3))
+            out.loss_forward.append(Term(f"one loss chunk's logits (1/{LOSS_CHUNKS})", (le + 4) * chunk,
+                                         f"({le} + 4) B x T x V / {LOSS_CHUNKS}", 2))
         else:
             # HF: logits = lm_head(h) in the compute dtype; the loss upcasts them (.float()) and
             # log_softmax saves its fp32 output. The trainer drops the logits before backward.
@@ -197,19 +272,22 @@ def _hf(ctx: Context) -> ActivationBudget:
                                           "2 x 4 B x T x V", 2))
 
     # ----- backward transients of one layer --------------------------------------------------------
-    out.layer_backward.append(Term("activation gradients of the layer in backward", 2 * e * T * I + 3 * e * T * h,
-                                   f"2 x {e} B x T x I + 3 x {e} B x T x h", 5))
+    out.layer_backward.append(Term("activation gradients of the layer in backward", 2 * ec * T * I + 3 * ec * T * h,
+                                   f"2 x {ec} B x T x I + 3 x {ec} B x T x h", 5))
     if not eager:
         out.layer_backward.append(Term("flash-attention backward dq accumulator (fp32)", 4 * T * hq,
                                        "4 B x T x a*d (CUDA kernel scratch)", 1, "allocator"))
     if sc.method == "qlora":
-        big = max((ad.base for ad in ctx.adapters), key=lambda g: g.numel_each, default=None)
         biggest = max((g.numel_each for g in arch.params if g.module and g.kind not in ("head", "embedding")),
                       default=0)
-        if big is not None:
-            out.layer_backward.append(Term("QLoRA dequantised weight of the layer in use", e * biggest,
-                                           f"{e} B x largest Linear {fmt_int(biggest)}", 1))
+        out.layer_backward.append(Term("QLoRA dequantised weight of the layer in use", ec * biggest // D.tp,
+                                       f"{ec} B x largest Linear {fmt_int(biggest)}", 1))
     return out
+
+
+def V_final_fp32(arch: object) -> bool:  # noqa: N802
+    """Autocast models whose final hidden state stays fp32 while the loss runs (all HF decoders)."""
+    return bool(getattr(arch, "vocab_size", 0))
 
 
 def _megatron(ctx: Context) -> ActivationBudget:

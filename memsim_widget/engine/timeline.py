@@ -33,15 +33,17 @@ class Moment:
         return sum(i.allocated_bytes for i in self.items)
 
 
-def _scaled(terms: list[Term], factor: float, label: str, category: str = "activations") -> list[Item]:
-    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items."""
+def _scaled(terms: list[Term], factor: float, label: str, category: str = "activations",
+            first: float = 0) -> list[Item]:
+    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items;
+    ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""
     if factor <= 0:
         return []
     items = []
     for t in terms:
         note = f"{label} x ({t.formula})" if label else t.formula
-        items.append(Item(category, t.name, int(t.bytes * factor), note, t.level,
-                          max(1, int(t.tensors * max(factor, 1)))))
+        nbytes = t.bytes * factor - (t.first_bytes * first if t.skip_first else 0)
+        items.append(Item(category, t.name, int(nbytes), note, t.level, max(1, int(t.tensors * max(factor, 1)))))
     return items
 
 
@@ -62,13 +64,15 @@ def moments(ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBud
     fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
-    saved_all = _scaled(kept, Ls * f, mult)
+    first = f if stage.first else 0
+    saved_all = _scaled(kept, Ls * f, mult, first=first)
     pre = _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, "")
     post = _scaled(acts.post, 1 if stage.last else 0, "")
     recompute = _scaled(acts.per_layer, 1, "1 recomputed layer") if ckpt else []
     layer_bwd = _scaled(acts.layer_backward, 1, "", "temporaries")
     loss_bwd = _scaled(acts.loss_backward, 1 if stage.last else 0, "", "temporaries")
-    loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "")
+    loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "") + _scaled(acts.cache_per_layer, Ls,
+                                                                               f"{Ls} layers")
     common = persistent + overhead
     out = [
         Moment("forward_end", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_fwd)),
@@ -76,8 +80,9 @@ def moments(ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBud
     ]
     # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations
     # remain; of this micro-batch only the layer in backward (recomputed under checkpointing).
-    rest = _scaled(kept, Ls * (f - 1), f"{Ls} layers x {f - 1:g} other micro-batches") if f > 1 else []
-    own = recompute if ckpt else _scaled(acts.per_layer, 1, "1 layer")
+    rest = _scaled(kept, Ls * (f - 1), f"{Ls} layers x {f - 1:g} other micro-batches",
+                   first=first - 1 if first else 0) if f > 1 else []
+    own = recompute if ckpt else _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
     end_grads = states.grads if not sc.optimizer_in_backward else states.grads + states.step_temps
     out.append(Moment("backward_end", tuple(common + end_grads + states.gathered + states.gathered_grads + pre
                                             + rest + own + layer_bwd)))

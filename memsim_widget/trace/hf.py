@@ -15,7 +15,16 @@ SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
 
 def _family(model_type: str) -> str:
     """Which head/input recipe a model type uses: decoder, bert, vit or seq2seq."""
-    if model_type in ("bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "modernbert"):
+    if model_type in (
+        "bert",
+        "roberta",
+        "distilbert",
+        "albert",
+        "electra",
+        "deberta",
+        "deberta-v2",
+        "modernbert",
+    ):
         return "bert"
     if model_type in ("vit", "deit", "beit"):
         return "vit"
@@ -51,7 +60,9 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
     return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
 
 
-def _input_factory(cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype) -> Callable[[], dict]:
+def _input_factory(
+    cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype
+) -> Callable[[], dict]:
     """A function making one training batch for ``cfg`` (call inside the trace)."""
     fam = _family(cfg.model_type)
     b, s = micro_batch_size, seq_len
@@ -70,6 +81,40 @@ def _input_factory(cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: t
         return {"input_ids": ids, "labels": ids}
 
     return make
+
+
+@contextlib.contextmanager
+def _real_mode_shims(enabled: bool, notes: list[str]) -> Any:
+    """Make transformers take the branches it takes on real tensors where it special-cases fake tensors.
+
+    ``masking_utils.find_packed_sequence_indices`` treats fake tensors as "tracing" and then always returns a
+    packed-sequence mask, which materialises a (b, 1, s, s) mask whenever no cache is used (e.g. with gradient
+    checkpointing). On real, unpacked inputs (our batches: position_ids = arange) it returns None.
+    """
+    if not enabled:
+        yield
+        return
+    try:
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    orig = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if orig is None:
+        yield
+        return
+
+    def _unpacked(position_ids: torch.Tensor) -> None:
+        return None
+
+    masking_utils.find_packed_sequence_indices = _unpacked
+    notes.append(
+        "shim: masking_utils.find_packed_sequence_indices -> None (inputs are unpacked, as on real tensors)"
+    )
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = orig
 
 
 def _loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -124,24 +169,32 @@ def trace_hf(
         return model
 
     fam = _family(cfg.model_type)
+    if fam == "seq2seq" and getattr(cfg, "decoder_start_token_id", None) is None:
+        cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
+        notes.append(f"decoder_start_token_id unset; using {cfg.decoder_start_token_id}")
     if gradient_checkpointing and lora:
-        notes.append("gradient checkpointing with LoRA: HF enable_input_require_grads makes embeddings require grad")
+        notes.append(
+            "gradient checkpointing with LoRA: HF enable_input_require_grads makes embeddings require grad"
+        )
     if fam == "decoder" and getattr(cfg, "use_cache", False) and not gradient_checkpointing:
-        notes.append("config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output")
-    return trace_training(
-        model_factory,
-        _input_factory(cfg, micro_batch_size, seq_len, input_dtype),
-        precision=precision,
-        optimizer=optimizer,
-        optimizer_impl=optimizer_impl,
-        steps=steps,
-        gradient_checkpointing=gradient_checkpointing,
-        fake=fake,
-        loss_module=_loss_module,
-        notes=notes,
-        cast_model=False,
-        **kwargs,
-    )
+        notes.append(
+            "config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output"
+        )
+    with _real_mode_shims(fake, notes):
+        return trace_training(
+            model_factory,
+            _input_factory(cfg, micro_batch_size, seq_len, input_dtype),
+            precision=precision,
+            optimizer=optimizer,
+            optimizer_impl=optimizer_impl,
+            steps=steps,
+            gradient_checkpointing=gradient_checkpointing,
+            fake=fake,
+            loss_module=_loss_module,
+            notes=notes,
+            cast_model=False,
+            **kwargs,
+        )
 
 
 def _apply_lora(model: torch.nn.Module, lora: dict[str, Any], notes: list[str]) -> torch.nn.Module:

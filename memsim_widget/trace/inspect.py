@@ -95,8 +95,10 @@ def report(res: TraceResult, step: int | None = None, *, first_backward: int = 1
         print(*a, file=file)
 
     bwd = tr.mark_seq(step, "backward")
-    p(f"== step {step}: alive at start of backward = {tr.live_bytes_at(bwd):,d} B; peak {res.peak_bytes:,d} B "
-      f"({res.peak_phase} / {res.peak_op} / {res.peak_module})")
+    p(
+        f"== step {step}: alive at start of backward = {tr.live_bytes_at(bwd):,d} B; peak {res.peak_bytes:,d} B "
+        f"({res.peak_phase} / {res.peak_op} / {res.peak_module})"
+    )
     p("   columns: bytes, S = saved for backward by autograd, dtype, shape, creating op, module")
     for layer in sorted(out["layers"]):
         recs = sorted(out["layers"][layer], key=lambda r: r.alloc_seq)
@@ -109,7 +111,9 @@ def report(res: TraceResult, step: int | None = None, *, first_backward: int = 1
     for r in recs:
         p("   " + _fmt(r))
     # first allocations of backward
-    bw = sorted((r for r in tr.records if r.step == step and r.phase == "backward"), key=lambda r: r.alloc_seq)
+    bw = sorted(
+        (r for r in tr.records if r.step == step and r.phase == "backward"), key=lambda r: r.alloc_seq
+    )
     p(f"-- first {first_backward} backward allocations (live bytes right after each):")
     for r in bw[:first_backward]:
         p(f"   live {tr.live_bytes_at(r.alloc_seq):>12,d} " + _fmt(r))
@@ -120,10 +124,16 @@ def report(res: TraceResult, step: int | None = None, *, first_backward: int = 1
     if o0 is not None and o1 is not None:
         start = tr.live_bytes_at(o0)
         top = max((e[4] for e in tr.events if o0 <= e[0] < o1), default=start)
-        temps = [r for r in tr.records if r.step == step and r.phase == "optimizer_step" and tr.final_role(r) == "temporary"]
+        temps = [
+            r
+            for r in tr.records
+            if r.step == step and r.phase == "optimizer_step" and tr.final_role(r) == "temporary"
+        ]
         big = sorted(temps, key=lambda r: r.nbytes, reverse=True)[:6]
         out["optimizer"] = {"start": start, "max": top, "extra": top - start, "temps": big}
-        p(f"-- optimizer step: live at start {start:,d}, max {top:,d}, extra {top - start:,d} B; largest temps:")
+        p(
+            f"-- optimizer step: live at start {start:,d}, max {top:,d}, extra {top - start:,d} B; largest temps:"
+        )
         for r in big:
             p("   " + _fmt(r))
     p("-- phase peaks: " + json.dumps(res.phase_peaks))

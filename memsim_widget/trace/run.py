@@ -62,7 +62,9 @@ def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
     return table[precision]
 
 
-def _make_optimizer(name: str, impl: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def _make_optimizer(
+    name: str, impl: str, params: list[torch.nn.Parameter], lr: float
+) -> torch.optim.Optimizer:
     """Build the optimizer the way HF Trainer / plain PyTorch would."""
     kw: dict[str, Any] = {}
     if name in ("adamw", "adam", "sgd", "sgd-momentum"):
@@ -94,7 +96,10 @@ def _make_optimizer(name: str, impl: str, params: list[torch.nn.Parameter], lr: 
 def _probe_optimizer(name: str, impl: str, dtype: torch.dtype, lr: float) -> str | None:
     """Try one step of the optimizer on two small tensors (current mode); return the error text if it fails."""
     try:
-        ps = [torch.nn.Parameter(torch.zeros(4, 3, dtype=dtype)), torch.nn.Parameter(torch.zeros(3, dtype=dtype))]
+        ps = [
+            torch.nn.Parameter(torch.zeros(4, 3, dtype=dtype)),
+            torch.nn.Parameter(torch.zeros(3, dtype=dtype)),
+        ]
         for p in ps:
             p.grad = torch.zeros_like(p)
         opt = _make_optimizer(name, impl, ps, lr)
@@ -209,7 +214,9 @@ def trace_training(
             if hasattr(model, "gradient_checkpointing_enable"):
                 model.gradient_checkpointing_enable()
             else:
-                notes.append("gradient_checkpointing requested but the model has no gradient_checkpointing_enable")
+                notes.append(
+                    "gradient_checkpointing requested but the model has no gradient_checkpointing_enable"
+                )
         params = list(dict.fromkeys(model.parameters()))
         trainable = [p for p in params if p.requires_grad]
         n_params = sum(p.numel() for p in params)
@@ -249,7 +256,9 @@ def trace_training(
 
             hooks.append(lm.register_forward_hook(_to_loss))
         autocast = (
-            (lambda: torch.autocast("cpu", dtype=amp_dtype)) if amp_dtype is not None else contextlib.nullcontext
+            (lambda: torch.autocast("cpu", dtype=amp_dtype))
+            if amp_dtype is not None
+            else contextlib.nullcontext
         )
         try:
             with tracker:
@@ -288,7 +297,9 @@ def trace_training(
                 h.remove()
         state_seq = tracker.mark_seq(steps, "zero_grad")
         model_state = tracker.by_role_at(state_seq - 1) if state_seq else {}
-        model_state = {k: model_state.get(k, 0) for k in ("parameter", "buffer", "gradient", "optimizer_state")}
+        model_state = {
+            k: model_state.get(k, 0) for k in ("parameter", "buffer", "gradient", "optimizer_state")
+        }
         tracker.close()
         del opt, model, params, trainable
 
@@ -300,9 +311,13 @@ def trace_training(
     if sum(by_role.values()) != sp["bytes"]:
         notes.append(f"internal: by_role sum {sum(by_role.values())} != peak {sp['bytes']}")
     if tracker.untracked_inputs:
-        notes.append(f"{tracker.untracked_inputs} storages were first seen as op inputs (counted from first use)")
+        notes.append(
+            f"{tracker.untracked_inputs} storages were first seen as op inputs (counted from first use)"
+        )
     if amp_dtype is not None:
-        notes.append("autocast traced with CPU autocast op lists (CUDA lists differ for norms/softmax/losses)")
+        notes.append(
+            "autocast traced with CPU autocast op lists (CUDA lists differ for norms/softmax/losses)"
+        )
     return TraceResult(
         peak_bytes=sp["bytes"],
         peak_phase=sp["phase"],

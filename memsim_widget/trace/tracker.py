@@ -38,7 +38,9 @@ class StorageRecord:
         "__weakref__",
     )
 
-    def __init__(self, nbytes: int, shape: tuple, dtype: str, op: str, module: str, phase: str, step: int, seq: int):
+    def __init__(
+        self, nbytes: int, shape: tuple, dtype: str, op: str, module: str, phase: str, step: int, seq: int
+    ):
         """Create a record for a storage allocated at sequence number ``seq``."""
         self.nbytes = nbytes
         self.shape = shape
@@ -177,7 +179,9 @@ class MemoryTracker(TorchDispatchMode):
 
         return _cb
 
-    def register(self, tensors: Iterable[torch.Tensor] | torch.Tensor, role: str, op: str | None = None) -> None:
+    def register(
+        self, tensors: Iterable[torch.Tensor] | torch.Tensor, role: str, op: str | None = None
+    ) -> None:
         """Register (or re-label) the storages of ``tensors`` with an explicit role."""
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
@@ -209,7 +213,13 @@ class MemoryTracker(TorchDispatchMode):
             self.step = step
         self.seq += 1
         self.marks.append(
-            {"seq": self.seq, "op_index": self.op_count, "step": self.step, "phase": phase, "live": self.live_bytes}
+            {
+                "seq": self.seq,
+                "op_index": self.op_count,
+                "step": self.step,
+                "phase": phase,
+                "live": self.live_bytes,
+            }
         )
         self.events.append((self.seq, self.op_count, self.step, self.phase, self.live_bytes))
 
@@ -248,7 +258,9 @@ class MemoryTracker(TorchDispatchMode):
         self._after_alloc(opname)
         if self._bar is not None and not self.op_count & 255:
             self._bar.update(256)
-            self._bar.set_postfix_str(f"step {self.step} {self.phase} {self.live_bytes / 2**20:.0f} MiB", False)
+            self._bar.set_postfix_str(
+                f"step {self.step} {self.phase} {self.live_bytes / 2**20:.0f} MiB", False
+            )
         return out
 
     def _after_alloc(self, opname: str) -> None:
@@ -368,4 +380,6 @@ class MemoryTracker(TorchDispatchMode):
         else:
             size = -(-len(ev) // max_points)
             picked = [max(ev[i : i + size], key=lambda e: e[4]) for i in range(0, len(ev), size)]
-        return [{"seq": e[0], "op_index": e[1], "step": e[2], "phase": e[3], "live_bytes": e[4]} for e in picked]
+        return [
+            {"seq": e[0], "op_index": e[1], "step": e[2], "phase": e[3], "live_bytes": e[4]} for e in picked
+        ]

@@ -1,0 +1,598 @@
+// MemSim front end: plain ES module for anywidget. Python owns every derived value; this file draws the
+// controls from `options`, writes `scenario_data` / `headroom` back, and shows `result`, `error` and `charts`.
+// Logic lives in small exported functions so `node --test tests/js/` can check it without a browser.
+
+/** Every control: scenario key (dotted for nested keys), label, kind, fieldset. */
+export const CONTROLS = [
+  { key: "model", label: "model", kind: "model", group: "Model" },
+  { key: "model.hidden_size", label: "hidden size", kind: "dim", group: "Model" },
+  { key: "model.num_hidden_layers", label: "layers", kind: "dim", group: "Model" },
+  { key: "model.num_attention_heads", label: "heads", kind: "dim", group: "Model" },
+  { key: "model.num_key_value_heads", label: "kv heads", kind: "dim", group: "Model" },
+  { key: "model.intermediate_size", label: "intermediate", kind: "dim", group: "Model" },
+  { key: "model.vocab_size", label: "vocab", kind: "dim", group: "Model" },
+  { key: "gpu", label: "GPU", kind: "gpu", group: "Hardware" },
+  { key: "gpu.memory_gib", label: "memory (GiB)", kind: "number", group: "Hardware" },
+  { key: "headroom", label: "headroom", kind: "headroom", group: "Hardware" },
+  { key: "micro_batch_size", label: "micro-batch", kind: "log", group: "Batch" },
+  { key: "seq_len", label: "sequence length", kind: "log", group: "Batch" },
+  { key: "grad_accum_steps", label: "grad accumulation", kind: "int", group: "Batch" },
+  { key: "precision", label: "precision", kind: "select", group: "Training" },
+  { key: "optimizer", label: "optimizer", kind: "select", group: "Training" },
+  { key: "optimizer_impl", label: "implementation", kind: "select", group: "Training" },
+  { key: "optimizer_in_backward", label: "optimizer in backward", kind: "bool", group: "Training" },
+  { key: "activation_checkpointing", label: "checkpointing", kind: "select", group: "Training" },
+  { key: "attention", label: "attention", kind: "select", group: "Training" },
+  { key: "loss", label: "loss", kind: "select", group: "Training" },
+  { key: "framework", label: "framework", kind: "select", group: "Training" },
+  { key: "method", label: "method", kind: "select", group: "Method" },
+  { key: "lora.rank", label: "LoRA rank", kind: "int", group: "Method" },
+  { key: "lora.alpha", label: "LoRA alpha", kind: "number", group: "Method" },
+  { key: "lora.adapter_dtype", label: "adapter dtype", kind: "select", group: "Method" },
+  { key: "lora.targets", label: "LoRA targets", kind: "targets", group: "Method" },
+  { key: "parallel.dp", label: "dp", kind: "int", group: "Parallel" },
+  { key: "parallel.tp", label: "tp", kind: "int", group: "Parallel" },
+  { key: "parallel.pp", label: "pp", kind: "int", group: "Parallel" },
+  { key: "parallel.cp", label: "cp", kind: "int", group: "Parallel" },
+  { key: "parallel.ep", label: "ep", kind: "int", group: "Parallel" },
+  { key: "parallel.zero", label: "ZeRO stage", kind: "select", group: "Parallel" },
+  { key: "parallel.sequence_parallel", label: "sequence parallel", kind: "bool", group: "Parallel" },
+  { key: "parallel.offload", label: "offload", kind: "select", group: "Parallel" },
+  { key: "parallel.pp_schedule", label: "pp schedule", kind: "select", group: "Parallel" },
+  { key: "parallel.pp_microbatches", label: "pp micro-batches", kind: "int", group: "Parallel" },
+  { key: "parallel.virtual_stages", label: "virtual stages", kind: "int", group: "Parallel" },
+];
+
+const CONTROL_KEYS = new Set(CONTROLS.map((c) => c.key));
+const CSV_COLUMNS = ["rank", "stage", "moment", "category", "item", "bytes", "gib", "counter", "formula"];
+let uid = 0;
+
+/** Stable class name of a control: `memsim-ctl-<key>` with dots as dashes (`memsim-ctl-parallel-tp`). */
+export function ctlClass(key) {
+  return "memsim-ctl-" + key.replace(/\./g, "-");
+}
+
+/** Value at a dotted key (`parallel.tp`, `model.hidden_size`); undefined when absent. */
+export function getPath(obj, key) {
+  let cur = obj;
+  for (const part of key.split(".")) {
+    if (cur === null || typeof cur !== "object") return undefined;
+    cur = cur[part];
+  }
+  return cur;
+}
+
+/** A deep copy of `obj` with the dotted `key` set to `value` (objects are created on the way). */
+export function setPath(obj, key, value) {
+  const out = structuredClone(obj ?? {});
+  const parts = key.split(".");
+  let cur = out;
+  for (const part of parts.slice(0, -1)) {
+    if (cur[part] === null || typeof cur[part] !== "object") cur[part] = {};
+    cur = cur[part];
+  }
+  cur[parts[parts.length - 1]] = value;
+  return out;
+}
+
+/** Index of the largest stop <= value (0 when below every stop). */
+export function logIndex(stops, value) {
+  let idx = 0;
+  stops.forEach((s, i) => {
+    if (s <= value) idx = i;
+  });
+  return idx;
+}
+
+/** Human-readable binary size, like Python's `fmt_bytes` (`14.96 GiB`). */
+export function fmtBytes(n) {
+  const units = [["GiB", 1024 ** 3], ["MiB", 1024 ** 2], ["KiB", 1024]];
+  for (const [unit, size] of units) {
+    if (Math.abs(n) >= size) return `${(n / size).toFixed(2)} ${unit}`;
+  }
+  return `${Math.trunc(n)} B`;
+}
+
+/** The control a ScenarioError field points at (`model.n_head` -> `model`, `num_gpus` -> `parallel.dp`). */
+export function controlForField(field) {
+  if (!field) return null;
+  if (field === "num_gpus") return "parallel.dp";
+  const parts = field.split(".");
+  while (parts.length) {
+    const key = parts.join(".");
+    if (CONTROL_KEYS.has(key)) return key;
+    parts.pop();
+  }
+  return null;
+}
+
+/** The scenario after a control moved to `raw` (already parsed for its kind); never mutates `scenario`. */
+export function applyControl(scenario, key, raw, options = {}) {
+  if (key === "model") {
+    const text = String(raw).trim();
+    if (text === "custom") {
+      const current = scenario.model;
+      if (current && typeof current === "object") return structuredClone(scenario);
+      return { ...structuredClone(scenario), model: { model_type: "llama", ...(options.model_dims ?? {}) } };
+    }
+    return { ...structuredClone(scenario), model: text };
+  }
+  if (key === "gpu") {
+    if (raw === "custom") {
+      const current = scenario.gpu;
+      if (current && typeof current === "object") return structuredClone(scenario);
+      const known = (options.gpus ?? []).find((g) => g.id === current);
+      return { ...structuredClone(scenario), gpu: { memory_gib: known ? known.memory_gib : 80 } };
+    }
+    return { ...structuredClone(scenario), gpu: raw };
+  }
+  return setPath(scenario, key, raw);
+}
+
+/** Parse an element's value for a control kind (numbers for numeric choices, stops for log sliders). */
+export function readControl(ctl, el, options = {}) {
+  switch (ctl.kind) {
+    case "bool":
+      return el.checked;
+    case "int":
+    case "dim":
+      return Number.parseInt(el.value, 10);
+    case "number":
+      return Number.parseFloat(el.value);
+    case "log": {
+      const stops = options.stops?.[ctl.key] ?? [];
+      return stops[Number.parseInt(el.value, 10)] ?? stops[0];
+    }
+    case "select": {
+      const choices = options.choices?.[ctl.key] ?? [];
+      return typeof choices[0] === "number" ? Number(el.value) : el.value;
+    }
+    default:
+      return el.value;
+  }
+}
+
+/** The breakdown rows as CSV (header + one line per row, RFC 4180 quoting). */
+export function rowsToCsv(rows, columns = CSV_COLUMNS) {
+  const cell = (v) => {
+    const s = v === null || v === undefined ? "" : String(v);
+    return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+  };
+  return [columns.join(","), ...rows.map((r) => columns.map((c) => cell(r[c])).join(","))].join("\n") + "\n";
+}
+
+function h(doc, tag, attrs = {}, children = []) {
+  const el = doc.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "text") el.textContent = v;
+    else if (k === "class") el.className = v;
+    else el.setAttribute(k, v);
+  }
+  for (const c of children) el.append(c);
+  if (["INPUT", "SELECT", "TEXTAREA", "BUTTON"].includes(el.tagName)) {
+    el.setAttribute("data-lm-suppress-shortcuts", "true");
+  }
+  return el;
+}
+
+function fillSelect(doc, select, values, labels = {}) {
+  select.replaceChildren(
+    ...values.map((v) => h(doc, "option", { value: String(v), text: labels[v] ?? String(v) })),
+  );
+}
+
+/** Build every control from `options`; returns {root, controls: Map key -> {ctl, el, wrap, out}}. */
+export function createControls(doc, options) {
+  const root = h(doc, "div", { class: "memsim-controls" });
+  const controls = new Map();
+  const groups = new Map();
+  const listId = `memsim-presets-${++uid}`;
+  for (const ctl of CONTROLS) {
+    if (!groups.has(ctl.group)) {
+      const fs = h(doc, "fieldset", { class: `memsim-group memsim-group-${ctl.group.toLowerCase()}` }, [
+        h(doc, "legend", { text: ctl.group }),
+      ]);
+      groups.set(ctl.group, fs);
+      root.append(fs);
+    }
+    const cls = `memsim-ctl ${ctlClass(ctl.key)}`;
+    let el;
+    let out = null;
+    if (ctl.kind === "model") {
+      el = h(doc, "input", { type: "text", list: listId, class: cls, spellcheck: "false" });
+      const list = h(doc, "datalist", { id: listId, class: "memsim-presets" });
+      const presets = (options.presets ?? []).map((p) => h(doc, "option", { value: p.id, label: p.label }));
+      list.replaceChildren(...presets, h(doc, "option", { value: "custom", label: "custom llama-style dimensions" }));
+      groups.get(ctl.group).append(list);
+    } else if (ctl.kind === "gpu") {
+      el = h(doc, "select", { class: cls });
+      const ids = [...(options.gpus ?? []).map((g) => g.id), "custom"];
+      const labels = Object.fromEntries((options.gpus ?? []).map((g) => [g.id, `${g.name}`]));
+      fillSelect(doc, el, ids, { ...labels, custom: "custom memory size" });
+    } else if (ctl.kind === "select") {
+      el = h(doc, "select", { class: cls });
+      fillSelect(doc, el, options.choices?.[ctl.key] ?? []);
+    } else if (ctl.kind === "bool") {
+      el = h(doc, "input", { type: "checkbox", class: cls });
+    } else if (ctl.kind === "log") {
+      const stops = options.stops?.[ctl.key] ?? [1];
+      el = h(doc, "input", { type: "range", min: "0", max: String(stops.length - 1), step: "1", class: cls });
+      out = h(doc, "output", { class: "memsim-value" });
+    } else if (ctl.kind === "headroom") {
+      el = h(doc, "input", { type: "range", min: "0", max: "50", step: "1", class: cls });
+      out = h(doc, "output", { class: "memsim-value" });
+    } else if (ctl.kind === "targets") {
+      el = h(doc, "div", { class: `${cls} memsim-targets`, role: "group" });
+    } else {
+      el = h(doc, "input", { type: "number", class: cls, min: ctl.kind === "number" ? "0" : "1",
+        step: ctl.kind === "number" ? "any" : "1" });
+    }
+    const label = h(doc, "span", { class: "memsim-label", text: ctl.label });
+    const wrap = h(doc, "label", { class: `memsim-field memsim-field-${ctl.kind}` }, [label, el]);
+    if (out) wrap.append(out);
+    groups.get(ctl.group).append(wrap);
+    controls.set(ctl.key, { ctl, el, wrap, out });
+  }
+  return { root, controls };
+}
+
+function syncTargets(doc, el, scenario, options) {
+  const chosen = getPath(scenario, "lora.targets") ?? [];
+  const names = [...new Set([...(options.lora_targets ?? []), ...chosen])];
+  const have = [...el.querySelectorAll("input")].map((i) => i.value).join("|");
+  if (have !== names.join("|")) {
+    el.replaceChildren(
+      ...names.map((n) =>
+        h(doc, "label", { class: "memsim-target" }, [h(doc, "input", { type: "checkbox", value: n }), ` ${n}`]),
+      ),
+    );
+  }
+  for (const box of el.querySelectorAll("input")) box.checked = chosen.includes(box.value);
+}
+
+/** Put scenario values, headroom, disabled state and the error mark onto the controls. */
+export function syncControls(doc, controls, scenario, options, headroom = 0.1, errorField = "") {
+  const disabled = options.disabled ?? {};
+  const disabledValues = options.disabled_values ?? {};
+  const bad = controlForField(errorField);
+  for (const [key, { ctl, el, wrap, out }] of controls) {
+    let value = key === "headroom" ? headroom : getPath(scenario, key);
+    switch (ctl.kind) {
+      case "model":
+        el.value = value && typeof value === "object" ? "custom" : (value ?? "");
+        break;
+      case "dim":
+        if (value === undefined) value = options.model_dims?.[key.split(".")[1]];
+        el.value = value ?? "";
+        break;
+      case "gpu":
+        el.value = scenario.gpu && typeof scenario.gpu === "object" ? "custom" : (scenario.gpu ?? "");
+        break;
+      case "bool":
+        el.checked = Boolean(value);
+        break;
+      case "log": {
+        const stops = options.stops?.[key] ?? [];
+        el.value = String(logIndex(stops, value ?? stops[0]));
+        out.textContent = String(value ?? "");
+        break;
+      }
+      case "headroom":
+        el.value = String(Math.round(headroom * 100));
+        out.textContent = `${Math.round(headroom * 100)}%`;
+        break;
+      case "targets":
+        syncTargets(doc, el, scenario, options);
+        break;
+      default:
+        if (key === "gpu.memory_gib" && value === undefined) {
+          value = (options.gpus ?? []).find((g) => g.id === scenario.gpu)?.memory_gib;
+        }
+        el.value = value === undefined || value === null ? "" : String(value);
+    }
+    const reason = disabled[key];
+    const off = Boolean(reason);
+    if (ctl.kind === "targets") {
+      for (const box of el.querySelectorAll("input")) box.disabled = off;
+      el.setAttribute("aria-disabled", String(off));
+    } else {
+      el.disabled = off;
+    }
+    wrap.classList.toggle("memsim-disabled", off);
+    wrap.title = reason ?? "";
+    if (el.tagName === "SELECT") {
+      const blocked = (disabledValues[key] ?? []).map(String);
+      for (const opt of el.options) opt.disabled = blocked.includes(opt.value);
+    }
+    const invalid = key === bad;
+    wrap.classList.toggle("memsim-invalid", invalid);
+    if (ctl.kind !== "targets") el.setAttribute("aria-invalid", String(invalid));
+  }
+}
+
+/** Fill the verdict panel from `result` (verdict, peaks with their counters, bottleneck, scaling summary). */
+export function renderVerdict(doc, el, result) {
+  if (!result || !result.verdict) {
+    el.replaceChildren();
+    return;
+  }
+  const v = result.verdict;
+  const total = result.peaks?.[0];
+  const head = h(doc, "div", { class: "memsim-verdict-head" }, [
+    h(doc, "span", { class: "memsim-verdict-word", text: v }),
+    h(doc, "span", {
+      class: "memsim-verdict-peak",
+      text: ` peak ${total ? total.size : "?"} (${total ? total.label : ""}) at ${result.peak_moment} on ` +
+        `${result.peak_rank}; ${result.gpu?.name} holds ${result.gpu?.memory_gib} GiB, ` +
+        `${Math.round(result.headroom * 100)}% headroom leaves ${fmtBytes(result.usable_bytes)}`,
+    }),
+  ]);
+  const peaks = h(
+    doc,
+    "ul",
+    { class: "memsim-peaks" },
+    (result.peaks ?? []).map((p) =>
+      h(doc, "li", { class: `memsim-peak memsim-peak-${p.label}` }, [
+        h(doc, "b", { text: `${p.label} ${p.size}` }),
+        ` predicts ${p.counter}`,
+      ]),
+    ),
+  );
+  const extra = [h(doc, "div", { class: "memsim-bottleneck", text: result.bottleneck?.text ?? "" })];
+  const s = result.scaling ?? {};
+  const parts = [];
+  if (s.micro_batch_size) {
+    parts.push(`largest micro-batch that fits: ${s.micro_batch_size.max_fit ?? "none"}` +
+      (s.micro_batch_size.exceeds_at !== null && s.micro_batch_size.exceeds_at !== undefined
+        ? ` (exceeds the GPU at ≈${s.micro_batch_size.exceeds_at})` : ""));
+  }
+  if (s.seq_len?.fixed) parts.push(`sequence fixed at ${s.seq_len.fixed}`);
+  else if (s.seq_len) parts.push(`longest sequence that fits: ${s.seq_len.max_fit ?? "none"}`);
+  if (parts.length) extra.push(h(doc, "div", { class: "memsim-scaling-summary", text: parts.join("; ") }));
+  el.className = `memsim-verdict memsim-verdict-${v.replace(/ /g, "-")}`;
+  el.replaceChildren(head, peaks, ...extra);
+}
+
+/** The breakdown rows as an HTML table (rank, moment, category, item, size, counter, formula). */
+export function buildTable(doc, rows) {
+  const cols = [["rank", "rank"], ["moment", "moment"], ["category", "category"], ["item", "item"],
+    ["size", "size"], ["counter", "counted by"], ["formula", "formula"]];
+  const thead = h(doc, "thead", {}, [h(doc, "tr", {}, cols.map(([, t]) => h(doc, "th", { text: t })))]);
+  const body = h(doc, "tbody");
+  for (const r of rows ?? []) {
+    const tr = h(doc, "tr", { class: `memsim-row memsim-cat-${r.category}` });
+    for (const [c] of cols) {
+      const text = c === "size" ? fmtBytes(r.bytes) : String(r[c] ?? "");
+      tr.append(h(doc, "td", { class: `memsim-col-${c}`, text }));
+    }
+    body.append(tr);
+  }
+  return h(doc, "table", { class: "memsim-table" }, [thead, body]);
+}
+
+const bundles = new Map();
+
+/** Import an ES module given as source text (a blob: URL in browsers, a data: URL elsewhere). */
+export async function importFromSource(src) {
+  if (!bundles.has(src)) {
+    let url;
+    let revoke = () => {};
+    if (typeof Blob !== "undefined" && typeof URL?.createObjectURL === "function" && typeof window !== "undefined") {
+      url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
+      revoke = () => URL.revokeObjectURL(url);
+    } else {
+      url = "data:text/javascript;charset=utf-8," + encodeURIComponent(src);
+    }
+    bundles.set(src, import(/* webpackIgnore: true */ url).finally(revoke));
+  }
+  return bundles.get(src);
+}
+
+/** Dependencies tests can replace: how vega-embed is obtained from the `_vega_js` bundle. */
+export const deps = {
+  async loadVegaEmbed(src) {
+    if (!src) return null;
+    const mod = await importFromSource(src);
+    return mod.vegaEmbed ?? mod.default ?? null;
+  },
+};
+
+function download(doc, href, name) {
+  const a = h(doc, "a", { href, download: name });
+  doc.body.append(a);
+  a.click();
+  a.remove();
+}
+
+/** anywidget entry point: draw the widget into `el`; returns the cleanup function. */
+export function render({ model, el }) {
+  const doc = el.ownerDocument;
+  const disposers = [];
+  const listen = (target, type, fn) => {
+    target.addEventListener(type, fn);
+    disposers.push(() => target.removeEventListener(type, fn));
+  };
+  const onModel = (name, fn) => {
+    model.on(`change:${name}`, fn);
+    disposers.push(() => model.off(`change:${name}`, fn));
+  };
+
+  let options = model.get("options") ?? {};
+  let { root: controlsEl, controls } = createControls(doc, options);
+  const errorEl = h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" });
+  const verdictEl = h(doc, "div", { class: "memsim-verdict" });
+  const chartEls = {};
+  const chartViews = {};
+  const chartBlocks = ["breakdown", "scaling"].map((name) => {
+    chartEls[name] = h(doc, "div", { class: `memsim-chart memsim-chart-${name}` });
+    const png = h(doc, "button", { type: "button", class: `memsim-export memsim-png-${name}`, text: "PNG" });
+    const svg = h(doc, "button", { type: "button", class: `memsim-export memsim-svg-${name}`, text: "SVG" });
+    for (const [btn, fmt] of [[png, "png"], [svg, "svg"]]) {
+      listen(btn, "click", async () => {
+        const view = chartViews[name];
+        if (!view) return;
+        const url = await view.toImageURL(fmt, fmt === "png" ? 2 : 1);
+        download(doc, url, `memsim-${name}.${fmt}`);
+      });
+    }
+    return h(doc, "div", { class: "memsim-chart-block" }, [chartEls[name], h(doc, "div", { class: "memsim-tools" }, [png, svg])]);
+  });
+  const tableHolder = h(doc, "div", { class: "memsim-table-holder" });
+  const csvLink = h(doc, "a", { class: "memsim-csv", download: "memsim-breakdown.csv", text: "download CSV" });
+  const jsonArea = h(doc, "textarea", { class: "memsim-json", rows: "14", spellcheck: "false" });
+  const copyBtn = h(doc, "button", { type: "button", class: "memsim-copy", text: "copy" });
+  const applyBtn = h(doc, "button", { type: "button", class: "memsim-apply", text: "apply JSON" });
+  const output = h(doc, "div", { class: "memsim-output" }, [
+    errorEl,
+    verdictEl,
+    ...chartBlocks,
+    h(doc, "details", { class: "memsim-details-table" }, [h(doc, "summary", { text: "breakdown table" }), csvLink, tableHolder]),
+    h(doc, "details", { class: "memsim-details-json" }, [
+      h(doc, "summary", { text: "scenario JSON" }), jsonArea, h(doc, "div", { class: "memsim-tools" }, [copyBtn, applyBtn]),
+    ]),
+  ]);
+  const root = h(doc, "div", { class: "memsim" }, [controlsEl, output]);
+  el.replaceChildren(root);
+
+  const commit = (key, value) => {
+    if (key === "headroom") {
+      model.set("headroom", value);
+    } else {
+      model.set("scenario_data", applyControl(model.get("scenario_data") ?? {}, key, value, options));
+    }
+    model.save_changes();
+  };
+
+  const wireControls = () => {
+    for (const [key, { ctl, el: input, out }] of controls) {
+      if (ctl.kind === "targets") {
+        listen(input, "change", () => {
+          const chosen = [...input.querySelectorAll("input")].filter((b) => b.checked).map((b) => b.value);
+          commit(key, chosen);
+        });
+        continue;
+      }
+      if (ctl.kind === "log" || ctl.kind === "headroom") {
+        listen(input, "input", () => {
+          out.textContent = ctl.kind === "log" ? String(readControl(ctl, input, options)) : `${input.value}%`;
+        });
+      }
+      listen(input, "change", () => {
+        const value = ctl.kind === "headroom" ? Number(input.value) / 100 : readControl(ctl, input, options);
+        if (typeof value === "number" && Number.isNaN(value)) return;
+        commit(key, value);
+      });
+    }
+  };
+
+  const syncAll = () => {
+    syncControls(doc, controls, model.get("scenario_data") ?? {}, options, model.get("headroom") ?? 0.1,
+      model.get("error_field") ?? "");
+    if (doc.activeElement !== jsonArea) jsonArea.value = JSON.stringify(model.get("scenario_data") ?? {}, null, 2);
+  };
+  const showError = () => {
+    const msg = model.get("error") ?? "";
+    errorEl.textContent = msg ? `${msg}. Showing the last valid result.` : "";
+    errorEl.hidden = !msg;
+    output.classList.toggle("memsim-stale", Boolean(msg));
+    syncAll();
+  };
+  const showResult = () => {
+    const result = model.get("result") ?? {};
+    renderVerdict(doc, verdictEl, result);
+    tableHolder.replaceChildren(buildTable(doc, result.rows ?? []));
+    csvLink.href = "data:text/csv;charset=utf-8," + encodeURIComponent(rowsToCsv(result.rows ?? []));
+  };
+  let drawToken = 0;
+  const drawCharts = async () => {
+    const token = ++drawToken;
+    const specs = model.get("charts") ?? {};
+    let embed;
+    try {
+      embed = await deps.loadVegaEmbed(model.get("_vega_js") ?? "");
+    } catch (err) {
+      for (const name of Object.keys(chartEls)) chartEls[name].textContent = `charts unavailable: ${err.message}`;
+      return;
+    }
+    if (token !== drawToken) return;
+    for (const name of Object.keys(chartEls)) {
+      const spec = specs[name];
+      if (!embed || !spec) {
+        chartEls[name].textContent = embed ? "" : "charts need vl-convert-python in the kernel";
+        continue;
+      }
+      try {
+        const res = await embed(chartEls[name], structuredClone(spec), { actions: false, renderer: "svg" });
+        if (token !== drawToken) {
+          res.finalize?.();
+          return;
+        }
+        chartViews[`_finalize_${name}`]?.();
+        chartViews[name] = res.view;
+        chartViews[`_finalize_${name}`] = () => res.finalize?.();
+      } catch (err) {
+        chartEls[name].textContent = `chart error: ${err.message}`;
+      }
+    }
+  };
+  disposers.push(() => {
+    drawToken++;
+    for (const name of Object.keys(chartEls)) chartViews[`_finalize_${name}`]?.();
+  });
+
+  listen(copyBtn, "click", async () => {
+    jsonArea.select();
+    try {
+      await navigator.clipboard.writeText(jsonArea.value);
+    } catch {
+      doc.execCommand?.("copy");
+    }
+  });
+  listen(applyBtn, "click", () => {
+    let parsed;
+    try {
+      parsed = JSON.parse(jsonArea.value);
+    } catch (err) {
+      errorEl.textContent = `scenario JSON: ${err.message}`;
+      errorEl.hidden = false;
+      return;
+    }
+    model.set("scenario_data", parsed);
+    model.save_changes();
+  });
+
+  onModel("scenario_data", syncAll);
+  onModel("headroom", syncAll);
+  onModel("error", showError);
+  onModel("error_field", syncAll);
+  onModel("result", showResult);
+  onModel("charts", drawCharts);
+  onModel("_vega_js", drawCharts);
+  onModel("options", () => {
+    const next = model.get("options") ?? {};
+    const rebuild = JSON.stringify([next.presets, next.gpus, next.choices, next.stops]) !==
+      JSON.stringify([options.presets, options.gpus, options.choices, options.stops]);
+    options = next;
+    if (rebuild) {
+      // Catalogs changed (rare): rebuild the controls and their listeners.
+      const fresh = createControls(doc, options);
+      controlsEl.replaceWith(fresh.root);
+      controlsEl = fresh.root;
+      controls = fresh.controls;
+      wireControls();
+    }
+    syncAll();
+  });
+
+  wireControls();
+  showError();
+  showResult();
+  drawCharts();
+
+  return () => {
+    for (const dispose of disposers.splice(0)) dispose();
+    el.replaceChildren();
+  };
+}
+
+export default { render };

@@ -1,0 +1,587 @@
+"""The ``MemSim`` Jupyter widget: scenario controls synced to Python, which recomputes estimate, table and charts.
+
+Architecture: one ``anywidget.AnyWidget``. The front end (``js/widget.js`` + ``js/widget.css``, shipped in the
+wheel as ``memsim_widget/static/``) draws the controls, the verdict, the breakdown table and the charts; the
+charts are Vega-Lite specs rendered by vega-embed, which Python hands over once per widget as an ES-module
+string bundled by ``vl_convert.javascript_bundle`` (no CDN, no network request). Python is the single source
+of truth: the front end only writes ``scenario_data`` (and ``headroom``); every derived trait is recomputed here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from memsim_widget import charts as charts_mod
+from memsim_widget.catalog.gpus import GPUS
+from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
+from memsim_widget.engine.core import estimate as run_estimate
+from memsim_widget.engine.items import CATEGORIES, fmt_bytes
+from memsim_widget.errors import ScenarioError
+from memsim_widget.estimate import COUNTERS, DEFAULT_HEADROOM, Estimate
+from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.precision import PRECISIONS
+from memsim_widget.scenario import (
+    ADAPTER_DTYPES,
+    ATTENTIONS,
+    CHECKPOINTING,
+    FRAMEWORKS,
+    LOSSES,
+    METHODS,
+    OFFLOADS,
+    OPTIMIZER_IMPLS,
+    PP_SCHEDULES,
+    ZERO_STAGES,
+    Scenario,
+)
+
+GiB = 1024**3
+#: Keys of a llama-style inline model config that the "custom" model controls edit.
+CUSTOM_DIMS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+_NESTED = ("parallel", "lora")
+#: Vega-Lite version of the bundled vega-embed (matches ``charts.SCHEMA``).
+VL_CONVERT_VERSION = "v6_4"
+
+
+def _asset(name: str) -> Path:
+    """A front-end file: the packaged copy (wheel) first, else the repository's ``js/`` (editable install)."""
+    packaged = Path(__file__).parent / "static" / name
+    if packaged.exists():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "js" / name
+
+
+@functools.cache
+def vega_bundle() -> str:
+    """vega-embed + vega + vega-lite as one ES module exporting ``vegaEmbed`` ('' without vl-convert).
+
+    Bundling takes a few seconds, so the result is cached on disk (``$MEMSIM_CACHE_DIR`` or
+    ``~/.cache/memsim-widget``) per vl-convert version.
+    """
+    try:
+        import vl_convert as vlc
+    except ImportError:
+        return ""
+    root = os.environ.get("MEMSIM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "memsim-widget"
+    )
+    path = Path(root) / f"vega-embed-{vlc.__version__}-{VL_CONVERT_VERSION}.js"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        pass
+    try:
+        src = vlc.javascript_bundle("export { vegaEmbed };\n", vl_version=VL_CONVERT_VERSION)
+    except Exception:  # an older vl-convert without this Vega-Lite version: its default one
+        src = vlc.javascript_bundle("export { vegaEmbed };\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(src, encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
+    return src
+
+
+# ----- pure helpers: diffing, normalising, options --------------------------------------------------------
+def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Scenario dict to dotted keys (``parallel.tp``); ``model`` and ``gpu`` stay whole values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _NESTED and isinstance(value, Mapping):
+            for sub, v in value.items():
+                out[f"{key}.{sub}"] = v
+        else:
+            out[key] = value
+    return out
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """Dotted keys whose value differs between two scenario dicts (keys missing from ``new`` are unchanged)."""
+    before, after = flatten(old), flatten(new)
+    return {k for k, v in after.items() if k not in before or before[k] != v}
+
+
+def merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``changes``; ``parallel`` and ``lora`` merge key by key, other keys replace."""
+    out = {k: (dict(v) if isinstance(v, Mapping) and k in _NESTED else v) for k, v in base.items()}
+    for key, value in changes.items():
+        if key in _NESTED and isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _arch(model: Any) -> Any:
+    """The architecture of a model input, or None when it cannot be resolved."""
+    try:
+        return architecture_for(model)
+    except Exception:  # any unresolvable input: the scenario check reports it
+        return None
+
+
+def _linear_modules(arch: Any) -> list[str]:
+    """Names of the Linear modules of an architecture (LoRA targets)."""
+    return sorted({g.module for g in arch.params if g.module}) if arch is not None else []
+
+
+def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
+    """Reset controls that a change made inapplicable to their neutral value, unless they changed themselves.
+
+    E.g. tp back to 1 turns sequence parallelism off; ZeRO 0 turns offload off; an optimizer without the
+    current implementation switches to one it has. A value set explicitly in the same change is kept, so an
+    impossible combination typed on purpose still reports its error.
+    """
+    out = merge(data, {})
+    par = out.get("parallel") if isinstance(out.get("parallel"), dict) else {}
+    lora = out.get("lora") if isinstance(out.get("lora"), dict) else {}
+
+    def fix(key: str, ok: bool, value: Any) -> None:
+        if ok or key in changed:
+            return
+        section, _, sub = key.partition(".")
+        if sub:
+            {"parallel": par, "lora": lora}[section][sub] = value
+        else:
+            out[key] = value
+
+    tp, zero, pp = par.get("tp", 1), par.get("zero", 0), par.get("pp", 1)
+    fix("parallel.sequence_parallel", tp != 1 or not par.get("sequence_parallel"), False)
+    offload = par.get("offload", "none")
+    fix("parallel.offload", zero != 0 or offload == "none", "none")
+    offload = par.get("offload", "none")
+    fix("parallel.offload", zero in (0, 3) or offload != "optimizer+params", "optimizer")
+    schedule = par.get("pp_schedule", "1f1b")
+    fix("parallel.pp_schedule", pp != 1 or schedule == "1f1b", "1f1b")
+    schedule = par.get("pp_schedule", "1f1b")
+    vs = par.get("virtual_stages", 1)
+    if schedule == "interleaved":
+        fix("parallel.virtual_stages", not isinstance(vs, int) or vs >= 2, 2)
+    else:
+        fix("parallel.virtual_stages", vs == 1, 1)
+    spec = OPTIMIZERS.get(out.get("optimizer"))  # type: ignore[arg-type]
+    if spec is not None and spec.impls and out.get("optimizer") != "none":
+        fix("optimizer_impl", out.get("optimizer_impl") in spec.impls, spec.impls[0])
+    gas = out.get("grad_accum_steps", 1)
+    fix("optimizer_in_backward",
+        not out.get("optimizer_in_backward") or (gas == 1 and out.get("optimizer") != "none"), False)
+    arch = _arch(out.get("model"))
+    if arch is not None:
+        fix("parallel.ep", arch.is_moe or par.get("ep", 1) == 1, 1)
+        modules = _linear_modules(arch)
+        targets = lora.get("targets")
+        if out.get("method") != "full" and isinstance(targets, list | tuple) and targets:
+            kept = [t for t in targets if t in modules or t == "all-linear"]
+            fix("lora.targets", kept == list(targets), kept or ["all-linear"])
+    return out
+
+
+def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, list[Any]]]:
+    """Controls that do not apply to ``data`` (key -> reason) and per-control values that are not offered."""
+    par = data.get("parallel") if isinstance(data.get("parallel"), Mapping) else {}
+    off: dict[str, str] = {}
+    values: dict[str, list[Any]] = {}
+    model = data.get("model")
+    if not isinstance(model, Mapping):
+        for dim in CUSTOM_DIMS:
+            off[f"model.{dim}"] = "pick 'custom' as the model to edit its dimensions"
+    if not isinstance(data.get("gpu"), Mapping):
+        off["gpu.memory_gib"] = "pick 'custom' as the GPU to set its memory"
+    if data.get("method", "full") == "full":
+        for key in ("lora.rank", "lora.alpha", "lora.targets", "lora.adapter_dtype"):
+            off[key] = "LoRA settings apply to method lora or qlora"
+    if par.get("tp", 1) == 1:
+        off["parallel.sequence_parallel"] = "sequence parallelism needs tp > 1"
+    if par.get("zero", 0) == 0:
+        off["parallel.offload"] = "offload needs ZeRO stage >= 1"
+    elif par.get("zero") != 3:
+        values["parallel.offload"] = ["optimizer+params"]
+    if par.get("pp", 1) == 1:
+        for key in ("parallel.pp_schedule", "parallel.pp_microbatches", "parallel.virtual_stages"):
+            off[key] = "pipeline settings need pp > 1"
+    elif par.get("pp_schedule") != "interleaved":
+        off["parallel.virtual_stages"] = "virtual stages need the interleaved schedule"
+    optimizer = data.get("optimizer")
+    spec = OPTIMIZERS.get(optimizer)  # type: ignore[arg-type]
+    if optimizer == "none":
+        off["optimizer_impl"] = "no optimizer step"
+        off["optimizer_in_backward"] = "no optimizer step"
+    elif spec is not None:
+        missing = [impl for impl in OPTIMIZER_IMPLS if impl not in spec.impls]
+        if missing:
+            values["optimizer_impl"] = missing
+    if data.get("grad_accum_steps", 1) != 1:
+        off["optimizer_in_backward"] = "stepping in backward cannot accumulate gradients"
+    arch = _arch(model)
+    if arch is not None:
+        if not arch.is_moe:
+            off["parallel.ep"] = "expert parallelism needs a mixture-of-experts model"
+        if arch.fixed_seq_len:
+            off["seq_len"] = f"the model's sequence is fixed ({arch.fixed_seq_len} tokens)"
+    return off, values
+
+
+@functools.cache
+def _static_options() -> dict[str, Any]:
+    """The parts of ``options`` that never change: presets, GPUs, choices, slider stops, descriptions."""
+    presets = []
+    for pid in preset_ids():
+        info = PRESET_INFO.get(pid, {})
+        presets.append({
+            "id": pid,
+            "params": info.get("params_label", ""),
+            "description": info.get("description", ""),
+            "label": f"{pid} ({info.get('params_label', '?')}): {info.get('description', '')}",
+        })
+    return {
+        "presets": presets,
+        "gpus": [{"id": g.id, "name": g.name, "memory_gib": round(g.memory_gib, 2)} for g in GPUS.values()],
+        "choices": {
+            "method": list(METHODS),
+            "precision": list(PRECISIONS),
+            "optimizer": list(OPTIMIZERS),
+            "optimizer_impl": list(OPTIMIZER_IMPLS),
+            "activation_checkpointing": list(CHECKPOINTING),
+            "attention": list(ATTENTIONS),
+            "loss": list(LOSSES),
+            "framework": list(FRAMEWORKS),
+            "lora.adapter_dtype": list(ADAPTER_DTYPES),
+            "parallel.zero": list(ZERO_STAGES),
+            "parallel.pp_schedule": list(PP_SCHEDULES),
+            "parallel.offload": list(OFFLOADS),
+        },
+        "descriptions": {
+            "precision": {k: v.description for k, v in PRECISIONS.items()},
+            "optimizer": {k: v.description for k, v in OPTIMIZERS.items()},
+        },
+        "stops": {
+            "micro_batch_size": list(charts_mod.MICRO_BATCH_STOPS),
+            "seq_len": list(charts_mod.SEQ_LEN_STOPS),
+        },
+        "custom_dims": list(CUSTOM_DIMS),
+        "categories": list(CATEGORIES),
+    }
+
+
+def build_options(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``options`` trait for a (possibly invalid) scenario dict: choices plus what is disabled now."""
+    disabled, disabled_values = disabled_controls(data)
+    arch = _arch(data.get("model"))
+    dims = {}
+    if arch is not None:
+        dims = {
+            "hidden_size": arch.hidden_size,
+            "num_hidden_layers": arch.num_layers,
+            "num_attention_heads": arch.num_heads,
+            "num_key_value_heads": arch.num_kv_heads,
+            "intermediate_size": arch.intermediate_size,
+            "vocab_size": arch.vocab_size,
+        }
+    return {
+        **_static_options(),
+        "disabled": disabled,
+        "disabled_values": disabled_values,
+        "model_dims": dims,
+        "lora_targets": ["all-linear", *_linear_modules(arch)],
+        "num_experts": arch.num_experts if arch is not None else 0,
+        "fixed_seq_len": arch.fixed_seq_len if arch is not None else None,
+    }
+
+
+def _peak(key: str, label: str, nbytes: int) -> dict[str, Any]:
+    """One headline peak with the counter it predicts."""
+    return {"key": key, "label": label, "bytes": nbytes, "gib": round(nbytes / GiB, 3), "size": fmt_bytes(nbytes),
+            "counter": COUNTERS[key]}
+
+
+def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``result`` trait: verdict, peaks with their counters, bottleneck, per-rank bytes and the breakdown."""
+    cap = est.gpu.memory_bytes
+    b = est.bottleneck()
+    top = b["items"][0] if b["items"] else None
+    bottleneck_text = (
+        f"{b['category']} dominate {b['rank']} at {b['moment']}: {fmt_bytes(b['bytes'])} ({b['share']:.0%})"
+        + (f"; largest item {top['item']} = {top['formula']}" if top else "")
+    )
+    summary_scaling = {}
+    for axis, d in (scaling or {}).items():
+        if "crosses_capacity" in d:
+            summary_scaling[axis] = {
+                "max_fit": d["crosses_headroom"]["max_fit"],
+                "exceeds_at": d["crosses_capacity"]["at"],
+                "invalid": [i["value"] for i in d["invalid"]],
+            }
+        elif d.get("fixed"):
+            summary_scaling[axis] = {"fixed": d["fixed"]}
+    return {
+        "verdict": est.verdict(headroom),
+        "headroom": headroom,
+        "model": charts_mod.model_label(est.scenario.model),
+        "family": est.arch.family,
+        "parameters": est.parameters,
+        "trainable_parameters": est.trainable_parameters,
+        "gpu": {"id": est.gpu.id, "name": est.gpu.name, "memory_bytes": cap, "memory_gib": round(cap / GiB, 2)},
+        "usable_bytes": int(cap * (1 - headroom)),
+        "peak_moment": est.peak_phase,
+        "peak_rank": est.worst.label,
+        "peaks": [
+            _peak("device_total_bytes", "nvidia-smi", est.device_total_bytes),
+            _peak("peak_reserved_bytes", "reserved", est.peak_reserved_bytes),
+            _peak("peak_allocated_bytes", "allocated", est.peak_allocated_bytes),
+            _peak("peak_tensor_bytes", "tensors", est.peak_tensor_bytes),
+        ],
+        "recommended_bytes": est.recommended_memory_bytes(headroom),
+        "host_bytes": max((r.host_bytes for r in est.ranks), default=0),
+        "bottleneck": {**b, "text": bottleneck_text},
+        "per_rank": [
+            {"rank": r.label, "stage": r.stage.index, "peak_moment": r.peak_phase,
+             "device_total_bytes": r.device_total_bytes, "components": r.components()}
+            for r in est.ranks
+        ],
+        "rows": [{**row, "gib": round(row["gib"], 4)} for row in est.rows()],
+        "scaling": summary_scaling,
+        "summary": est.summary(),
+    }
+
+
+@functools.cache
+def _default_dict() -> dict[str, Any]:
+    """The default scenario as a dict, ``num_gpus`` left to the layout."""
+    return {**Scenario().to_dict(), "num_gpus": None}
+
+
+def _defaults() -> dict[str, Any]:
+    """A fresh copy of the default scenario dict (nested sections copied)."""
+    return merge(_default_dict(), {})
+
+
+# ----- the widget -----------------------------------------------------------------------------------------
+class MemSim(anywidget.AnyWidget):
+    """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table."""
+
+    _esm = _asset("widget.js")
+    _css = _asset("widget.css")
+
+    #: The scenario as JSON (every key resolved when valid): the single source of truth for the controls.
+    scenario_data = traitlets.Dict().tag(sync=True)
+    #: Allowed values per control, presets, GPUs, slider stops, and which controls/values are disabled.
+    options = traitlets.Dict().tag(sync=True)
+    #: The last valid result: verdict, peaks with counters, bottleneck, per-rank bytes, breakdown rows.
+    result = traitlets.Dict().tag(sync=True)
+    #: Vega-Lite specs: ``breakdown`` and ``scaling``.
+    charts = traitlets.Dict().tag(sync=True)
+    #: ``"<field>: <message>"`` of the last rejected scenario, '' when the scenario is valid.
+    error = traitlets.Unicode("").tag(sync=True)
+    #: The dotted field the error names (e.g. ``parallel.tp``).
+    error_field = traitlets.Unicode("").tag(sync=True)
+    #: Share of GPU memory kept free for the verdict (0.10 = 10 %).
+    headroom = traitlets.Float(DEFAULT_HEADROOM).tag(sync=True)
+    #: vega-embed as an ES-module string ('' if vl-convert is missing: the charts then don't draw).
+    _vega_js = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(
+        self,
+        scenario: Scenario | Mapping[str, Any] | None = None,
+        *,
+        headroom: float = DEFAULT_HEADROOM,
+        charts_js: bool = True,
+        **changes: Any,
+    ) -> None:
+        """Start from a ``Scenario`` or dict (default scenario if None), with keyword changes on top."""
+        base = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario or {})
+        if changes:
+            data = merge(base.to_dict(), changes)
+            if "num_gpus" not in changes:
+                data.pop("num_gpus")
+            base = Scenario.from_dict(data)
+        est = run_estimate(base)  # raises ScenarioError: there is no previous result to fall back on
+        self._scenario: Scenario = base
+        self._estimate: Estimate = est
+        self._valid: dict[str, Any] = base.to_dict()
+        self._busy = True  # no observer runs while the traits get their first values
+        self._last_exc: ScenarioError | None = None
+        self.last_update_ms = 0.0
+        headroom = self._check_headroom({"value": headroom})
+        super().__init__(
+            scenario_data=self._valid,
+            options=build_options(self._valid),
+            headroom=headroom,
+            _vega_js=vega_bundle() if charts_js else "",
+            **self._derived(est, headroom),
+        )
+        self._busy = False
+
+    # ----- trait observers ------------------------------------------------------------------------------
+    @traitlets.validate("headroom")
+    def _check_headroom(self, proposal: Mapping[str, Any]) -> float:
+        """Headroom is a share in [0, 0.9]."""
+        value = float(proposal["value"])
+        if not 0 <= value <= 0.9:
+            raise traitlets.TraitError(f"headroom must be between 0 and 0.9, got {value}")
+        return value
+
+    @traitlets.observe("headroom")
+    def _on_headroom(self, change: Any) -> None:
+        """A new headroom changes the verdict and the charts' band."""
+        if not self._busy and hasattr(self, "_estimate"):
+            with self.hold_sync():
+                self._refresh()
+
+    @traitlets.observe("scenario_data")
+    def _on_scenario_data(self, change: Any) -> None:
+        """The front end (or Python) wrote a scenario: validate, recompute, or show the error."""
+        if self._busy:
+            return
+        self._submit(change["new"])
+
+    # ----- core update ----------------------------------------------------------------------------------
+    def _submit(self, data: Mapping[str, Any], relative: bool = True) -> ScenarioError | None:
+        """Apply a scenario dict; returns the ScenarioError that rejected it (None when it was valid).
+
+        ``relative``: the dict is the previous scenario with some controls moved, so controls the move made
+        inapplicable are reset (``normalize``) and an unchanged ``num_gpus`` follows the new layout.
+        Omitted keys take their defaults, as in ``Scenario.from_dict``.
+        """
+        t0 = time.perf_counter()
+        data = merge(_defaults(), data)
+        if relative:
+            changed = changed_keys(self._valid, data)
+            if "num_gpus" not in changed:
+                data["num_gpus"] = None  # derived from the layout unless set on purpose
+            data = normalize(data, changed)
+        self._busy = True
+        try:
+            try:
+                sc = Scenario.from_dict(data)
+                est = run_estimate(sc)
+            except ScenarioError as exc:
+                self._reject(data, exc)
+                return exc
+            except Exception as exc:  # an engine bug must not freeze the widget silently
+                self._reject(data, ScenarioError("scenario", f"internal error {type(exc).__name__}: {exc}"))
+                return self._last_exc
+            self._scenario, self._estimate, self._valid = sc, est, sc.to_dict()
+            self._last_exc = None
+            with self.hold_sync():
+                self.scenario_data = self._valid
+                self.error = ""
+                self.error_field = ""
+                self.options = build_options(self._valid)
+                self._refresh()
+            return None
+        finally:
+            self._busy = False
+            self.last_update_ms = (time.perf_counter() - t0) * 1000
+
+    def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:
+        """Keep the previous result; show the input as typed (completed from the last valid one) and the error."""
+        self._last_exc = exc
+        shown = merge(self._valid, data)
+        if shown.get("num_gpus") is None:
+            shown["num_gpus"] = self._valid["num_gpus"]
+        with self.hold_sync():
+            self.scenario_data = shown
+            self.error = str(exc)
+            self.error_field = exc.field
+            self.options = build_options(shown)
+
+    @staticmethod
+    def _derived(est: Estimate, headroom: float) -> dict[str, Any]:
+        """``result`` and ``charts`` of an estimate at a headroom."""
+        scaling = charts_mod.scaling_data(est, headroom)
+        return {
+            "result": build_result(est, headroom, scaling),
+            "charts": {
+                "breakdown": charts_mod.breakdown_spec(est, headroom),
+                "scaling": charts_mod.scaling_spec(scaling, headroom, est.gpu.name),
+            },
+        }
+
+    def _refresh(self) -> None:
+        """Recompute result and charts from the current estimate and headroom."""
+        for name, value in self._derived(self._estimate, self.headroom).items():
+            setattr(self, name, value)
+
+    # ----- Python API -----------------------------------------------------------------------------------
+    @property
+    def scenario(self) -> Scenario:
+        """The last valid scenario."""
+        return self._scenario
+
+    @scenario.setter
+    def scenario(self, value: Scenario | Mapping[str, Any]) -> None:
+        """Replace the whole scenario (raises ScenarioError if it is invalid; the widget shows it too)."""
+        data = value.to_dict() if isinstance(value, Scenario) else dict(value)
+        exc = self._submit(data, relative=False)
+        if exc is not None:
+            raise exc
+
+    @property
+    def estimate(self) -> Estimate:
+        """The estimate of the last valid scenario."""
+        return self._estimate
+
+    @property
+    def frame(self) -> Any:
+        """The breakdown as a pandas DataFrame (rank, stage, moment, category, item, bytes, gib, counter, formula)."""
+        return self._estimate.frame
+
+    def set(self, **changes: Any) -> MemSim:
+        """Change scenario keys like the controls do (``parallel``/``lora`` accept partial dicts); raises if invalid."""
+        exc = self._submit(merge(self.scenario_data, changes))
+        if exc is not None:
+            raise exc
+        return self
+
+    def chart(self) -> Any:
+        """The breakdown chart (Altair): stacked categories per rank, capacity line and headroom band."""
+        return charts_mod.breakdown_chart(self._estimate, self.headroom)
+
+    def scaling_chart(self) -> Any:
+        """The "how it scales" chart (Altair): memory against micro-batch and sequence length."""
+        return charts_mod.scaling_chart(self._estimate, self.headroom)
+
+    def save_chart(self, path: str | Path, which: str = "breakdown", scale_factor: float = 2.0) -> Path:
+        """Save a chart (``breakdown`` or ``scaling``) as .png, .svg, .pdf, .html or .json (vl-convert)."""
+        charts = {"breakdown": self.chart, "scaling": self.scaling_chart}
+        if which not in charts:
+            raise ValueError(f"which must be one of {', '.join(charts)}, got {which!r}")
+        path = Path(path)
+        kwargs = {"scale_factor": scale_factor} if path.suffix.lower() == ".png" else {}
+        charts[which]().save(str(path), **kwargs)
+        return path
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The last valid scenario as JSON (``MemSim.from_json`` reads it back)."""
+        return self._scenario.to_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path, **kwargs: Any) -> MemSim:
+        """A widget for a scenario JSON file or text."""
+        return cls(Scenario.from_json(text_or_path), **kwargs)
+
+    def __repr__(self) -> str:
+        """Deterministic one-liner: model, GPU, verdict, peak and its moment (no memory address)."""
+        est = self._estimate
+        text = (f"MemSim({charts_mod.model_label(self._scenario.model)} on "
+                f"{charts_mod.gpu_label(self._scenario.gpu)}: {est.verdict(self.headroom)}, "
+                f"peak {est.device_total_bytes / GiB:.1f} GiB at {est.peak_phase}")
+        if self.error:
+            text += f"; rejected {self.error_field or 'input'}"
+        return text + ")"

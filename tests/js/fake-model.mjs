@@ -1,0 +1,45 @@
+// A minimal stand-in for anywidget's model: get/set with change:<key> events, on/off, save_changes.
+import { readFileSync } from "node:fs";
+import { JSDOM } from "jsdom";
+
+export function fakeModel(initial) {
+  const state = structuredClone(initial);
+  const handlers = new Map();
+  const model = {
+    saves: 0,
+    get: (key) => state[key],
+    set(key, value) {
+      state[key] = value;
+      for (const fn of [...(handlers.get(`change:${key}`) ?? [])]) fn({}, value);
+    },
+    on(event, fn) {
+      if (!handlers.has(event)) handlers.set(event, new Set());
+      handlers.get(event).add(fn);
+    },
+    off(event, fn) {
+      handlers.get(event)?.delete(fn);
+    },
+    save_changes() {
+      model.saves += 1;
+    },
+    listenerCount: () => [...handlers.values()].reduce((n, set) => n + set.size, 0),
+  };
+  return model;
+}
+
+/** The widget's traits as Python sends them (tests/js/fixtures/state.json, written by tests/test_widget.py). */
+export function fixtureState() {
+  return JSON.parse(readFileSync(new URL("./fixtures/state.json", import.meta.url), "utf8"));
+}
+
+/** A fresh jsdom document with an element to render into. */
+export function makeDom() {
+  const dom = new JSDOM("<!doctype html><html><body><div id=host></div></body></html>");
+  const doc = dom.window.document;
+  return { dom, doc, el: doc.getElementById("host"), window: dom.window };
+}
+
+/** Fire a DOM event of `type` on `el`. */
+export function fire(window, el, type) {
+  el.dispatchEvent(new window.Event(type, { bubbles: true }));
+}

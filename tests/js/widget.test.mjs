@@ -1,0 +1,315 @@
+import assert from "node:assert/strict";
+import { afterEach, beforeEach, describe, test } from "node:test";
+
+import {
+  CONTROLS,
+  applyControl,
+  controlForField,
+  ctlClass,
+  deps,
+  fmtBytes,
+  getPath,
+  logIndex,
+  render,
+  rowsToCsv,
+  setPath,
+} from "../../js/widget.js";
+import { fakeModel, fire, fixtureState, makeDom } from "./fake-model.mjs";
+
+const realLoad = deps.loadVegaEmbed;
+let env;
+
+function mount(overrides = {}) {
+  const { doc, el, window } = makeDom();
+  const model = fakeModel({ ...fixtureState(), ...overrides });
+  const cleanup = render({ model, el });
+  const q = (sel) => el.querySelector(sel);
+  const ctl = (key) => q(`.${ctlClass(key)}`);
+  env = { doc, el, window, model, cleanup, q, ctl };
+  return env;
+}
+
+beforeEach(() => {
+  deps.loadVegaEmbed = async () => null;
+});
+
+afterEach(() => {
+  deps.loadVegaEmbed = realLoad;
+  env = undefined;
+});
+
+describe("pure helpers", () => {
+  test("getPath/setPath read and copy dotted keys without mutating", () => {
+    const s = { parallel: { tp: 1, dp: 2 }, model: "gpt2" };
+    const t = setPath(s, "parallel.tp", 4);
+    assert.equal(getPath(t, "parallel.tp"), 4);
+    assert.equal(s.parallel.tp, 1);
+    assert.equal(getPath(s, "model.hidden_size"), undefined);
+    assert.deepEqual(setPath({}, "lora.rank", 8), { lora: { rank: 8 } });
+  });
+
+  test("logIndex picks the largest stop not above the value", () => {
+    const stops = [1, 2, 4, 8, 16];
+    assert.equal(logIndex(stops, 1), 0);
+    assert.equal(logIndex(stops, 8), 3);
+    assert.equal(logIndex(stops, 12), 3);
+    assert.equal(logIndex(stops, 4096), 4);
+    assert.equal(logIndex(stops, 0), 0);
+  });
+
+  test("fmtBytes matches Python's fmt_bytes", () => {
+    assert.equal(fmtBytes(1024 ** 3 * 14.96), "14.96 GiB");
+    assert.equal(fmtBytes(3 * 1024 ** 2), "3.00 MiB");
+    assert.equal(fmtBytes(512), "512 B");
+  });
+
+  test("controlForField maps error fields to controls", () => {
+    assert.equal(controlForField("parallel.tp"), "parallel.tp");
+    assert.equal(controlForField("model.n_head"), "model");
+    assert.equal(controlForField("model.hidden_size"), "model.hidden_size");
+    assert.equal(controlForField("num_gpus"), "parallel.dp");
+    assert.equal(controlForField("lora.targets"), "lora.targets");
+    assert.equal(controlForField("scenario"), null);
+    assert.equal(controlForField(""), null);
+  });
+
+  test("rowsToCsv quotes commas and quotes", () => {
+    const csv = rowsToCsv([{ rank: "rank 0", item: 'a "b"', formula: "1,024 x 2 B", bytes: 5 }], ["rank", "item", "formula", "bytes"]);
+    assert.equal(csv, 'rank,item,formula,bytes\nrank 0,"a ""b""","1,024 x 2 B",5\n');
+  });
+
+  test("applyControl builds custom model and GPU dicts", () => {
+    const { scenario_data: s, options } = fixtureState();
+    const custom = applyControl(s, "model", "custom", options);
+    assert.equal(custom.model.model_type, "llama");
+    assert.equal(custom.model.hidden_size, options.model_dims.hidden_size);
+    assert.equal(typeof s.model, "string", "input not mutated");
+    const gpu = applyControl(s, "gpu", "custom", options);
+    assert.deepEqual(gpu.gpu, { memory_gib: 80 });
+    assert.equal(applyControl(s, "model", " gpt2 ", options).model, "gpt2");
+    const dim = applyControl(custom, "model.num_hidden_layers", 4, options);
+    assert.equal(dim.model.num_hidden_layers, 4);
+    assert.equal(dim.model.hidden_size, options.model_dims.hidden_size);
+  });
+});
+
+describe("render", () => {
+  test("creates every control with its class and suppresses JupyterLab shortcuts", () => {
+    const { el, ctl, cleanup } = mount();
+    for (const { key } of CONTROLS) assert.ok(ctl(key), `control ${key}`);
+    const focusables = el.querySelectorAll("input, select, textarea, button");
+    assert.ok(focusables.length > CONTROLS.length);
+    for (const f of focusables) assert.equal(f.getAttribute("data-lm-suppress-shortcuts"), "true", f.className);
+    assert.ok(el.querySelectorAll("datalist option").length > 10, "preset datalist");
+    assert.equal(ctl("model").value, "llama-3.1-8b");
+    assert.equal(ctl("gpu").value, "h100-sxm-80gb");
+    cleanup();
+  });
+
+  test("shows scenario values, log sliders and the verdict", () => {
+    const { q, ctl, model, cleanup } = mount();
+    const stops = model.get("options").stops.seq_len;
+    assert.equal(ctl("seq_len").value, String(stops.indexOf(2048)));
+    assert.equal(ctl("seq_len").parentElement.querySelector("output").textContent, "2048");
+    assert.equal(ctl("micro_batch_size").value, "0");
+    assert.equal(ctl("headroom").value, "10");
+    assert.match(q(".memsim-verdict-word").textContent, /fits|tight|does not fit/);
+    assert.ok(q(".memsim-peak-allocated").textContent.includes("torch.cuda.max_memory_allocated()"));
+    assert.equal(q(".memsim-table tbody").children.length, model.get("result").rows.length);
+    assert.match(decodeURIComponent(q(".memsim-csv").href), /rank,stage,moment,category,item,bytes,gib,counter,formula/);
+    assert.ok(JSON.parse(q(".memsim-json").value).model, "scenario JSON shown");
+    cleanup();
+  });
+
+  test("moving a slider writes the scenario back and saves", () => {
+    const { window, ctl, model, cleanup } = mount();
+    const before = model.get("scenario_data");
+    const slider = ctl("micro_batch_size");
+    slider.value = "3";
+    fire(window, slider, "input");
+    assert.equal(slider.parentElement.querySelector("output").textContent, "8");
+    assert.equal(model.saves, 0, "input only updates the label");
+    fire(window, slider, "change");
+    assert.equal(model.saves, 1);
+    const after = model.get("scenario_data");
+    assert.equal(after.micro_batch_size, 8);
+    assert.notEqual(after, before, "a new object, so the change is seen");
+    assert.equal(before.micro_batch_size, 1, "old state not mutated");
+    assert.deepEqual({ ...after, micro_batch_size: 1 }, before);
+    cleanup();
+  });
+
+  test("number, select, checkbox and headroom controls write their values", () => {
+    const { window, ctl, model, cleanup } = mount();
+    const tp = ctl("parallel.tp");
+    tp.value = "2";
+    fire(window, tp, "change");
+    assert.equal(model.get("scenario_data").parallel.tp, 2);
+    const zero = ctl("parallel.zero");
+    zero.value = "3";
+    fire(window, zero, "change");
+    assert.strictEqual(model.get("scenario_data").parallel.zero, 3, "numeric choice stays a number");
+    const opt = ctl("optimizer");
+    opt.value = "sgd";
+    fire(window, opt, "change");
+    assert.equal(model.get("scenario_data").optimizer, "sgd");
+    const head = ctl("headroom");
+    head.value = "20";
+    fire(window, head, "change");
+    assert.equal(model.get("headroom"), 0.2);
+    const bad = ctl("grad_accum_steps");
+    bad.value = "";
+    fire(window, bad, "change");
+    assert.equal(model.saves, 4, "an empty number is not sent");
+    cleanup();
+  });
+
+  test("custom model and GPU enable their dimension inputs through options", () => {
+    const { window, ctl, model, cleanup } = mount();
+    assert.equal(ctl("model.hidden_size").disabled, true);
+    assert.equal(ctl("model.hidden_size").value, String(model.get("options").model_dims.hidden_size));
+    const m = ctl("model");
+    m.value = "custom";
+    fire(window, m, "change");
+    assert.equal(model.get("scenario_data").model.model_type, "llama");
+    const opts = structuredClone(model.get("options"));
+    for (const k of Object.keys(opts.disabled)) if (k.startsWith("model.")) delete opts.disabled[k];
+    model.set("options", opts);
+    assert.equal(ctl("model.hidden_size").disabled, false);
+    assert.equal(ctl("model").value, "custom");
+    const layers = ctl("model.num_hidden_layers");
+    layers.value = "6";
+    fire(window, layers, "change");
+    assert.equal(model.get("scenario_data").model.num_hidden_layers, 6);
+    const gpu = ctl("gpu");
+    gpu.value = "custom";
+    fire(window, gpu, "change");
+    assert.equal(model.get("scenario_data").gpu.memory_gib, 80);
+    cleanup();
+  });
+
+  test("disabled state and disabled values follow options", () => {
+    const { window, ctl, model, cleanup } = mount();
+    const rank = ctl("lora.rank");
+    assert.equal(rank.disabled, true);
+    assert.match(rank.closest("label").title, /lora or qlora/);
+    assert.ok(rank.closest("label").classList.contains("memsim-disabled"));
+    for (const box of ctl("lora.targets").querySelectorAll("input")) assert.equal(box.disabled, true);
+    assert.equal(ctl("parallel.sequence_parallel").disabled, true);
+    assert.equal(ctl("parallel.offload").disabled, true);
+    assert.equal(ctl("micro_batch_size").disabled, false);
+
+    const opts = structuredClone(model.get("options"));
+    delete opts.disabled["lora.rank"];
+    delete opts.disabled["lora.targets"];
+    opts.disabled_values = { optimizer_impl: ["foreach", "for-loop"] };
+    model.set("options", opts);
+    assert.equal(rank.disabled, false);
+    assert.equal(rank.closest("label").title, "");
+    for (const box of ctl("lora.targets").querySelectorAll("input")) assert.equal(box.disabled, false);
+    const impl = [...ctl("optimizer_impl").options];
+    assert.deepEqual(impl.filter((o) => o.disabled).map((o) => o.value), ["foreach", "for-loop"]);
+    assert.equal(impl.find((o) => o.value === "fused").disabled, false);
+
+    const box = [...ctl("lora.targets").querySelectorAll("input")].find((b) => b.value === "k_proj");
+    box.checked = true;
+    fire(window, box, "change");
+    assert.deepEqual(model.get("scenario_data").lora.targets, ["k_proj", "q_proj", "v_proj"]);
+    cleanup();
+  });
+
+  test("an error shows in place, marks the field, and keeps the last result", () => {
+    const { q, ctl, model, cleanup } = mount();
+    const verdictBefore = q(".memsim-verdict").textContent;
+    assert.equal(q(".memsim-error").hidden, true);
+    model.set("scenario_data", setPath(model.get("scenario_data"), "parallel.tp", 3));
+    model.set("error_field", "parallel.tp");
+    model.set("error", "parallel.tp: 32 attention heads are not divisible by tp=3");
+    const err = q(".memsim-error");
+    assert.equal(err.hidden, false);
+    assert.match(err.textContent, /parallel\.tp: 32 attention heads/);
+    assert.ok(ctl("parallel.tp").closest("label").classList.contains("memsim-invalid"));
+    assert.equal(ctl("parallel.tp").getAttribute("aria-invalid"), "true");
+    assert.equal(ctl("parallel.tp").value, "3", "the typed value stays visible");
+    assert.ok(q(".memsim-output").classList.contains("memsim-stale"));
+    assert.equal(q(".memsim-verdict").textContent, verdictBefore, "previous result still shown");
+    model.set("error_field", "");
+    model.set("error", "");
+    assert.equal(q(".memsim-error").hidden, true);
+    assert.equal(ctl("parallel.tp").closest("label").classList.contains("memsim-invalid"), false);
+    cleanup();
+  });
+
+  test("apply JSON sends the parsed scenario; bad JSON shows an error", () => {
+    const { window, q, model, cleanup } = mount();
+    const area = q(".memsim-json");
+    area.value = JSON.stringify({ model: "gpt2" });
+    fire(window, q(".memsim-apply"), "click");
+    assert.deepEqual(model.get("scenario_data"), { model: "gpt2" });
+    assert.equal(model.saves, 1);
+    area.value = "{ nope";
+    fire(window, q(".memsim-apply"), "click");
+    assert.equal(q(".memsim-error").hidden, false);
+    assert.match(q(".memsim-error").textContent, /scenario JSON/);
+    assert.equal(model.saves, 1);
+    cleanup();
+  });
+
+  test("charts are embedded with vega-embed and re-embedded on change", async () => {
+    const calls = [];
+    let finalized = 0;
+    deps.loadVegaEmbed = async (src) => {
+      assert.equal(src, "bundle");
+      return async (el, spec, opts) => {
+        calls.push({ cls: el.className, spec, opts });
+        el.textContent = "drawn";
+        return { view: { toImageURL: async () => "data:," }, finalize: () => finalized++ };
+      };
+    };
+    const { q, model, cleanup } = mount({ _vega_js: "bundle" });
+    await new Promise((r) => setTimeout(r, 10));
+    assert.equal(calls.length, 2);
+    assert.ok(calls[0].cls.includes("memsim-chart-breakdown"));
+    assert.deepEqual(calls[0].spec, model.get("charts").breakdown);
+    assert.equal(calls[0].opts.actions, false);
+    assert.equal(q(".memsim-chart-scaling").textContent, "drawn");
+    model.set("charts", { breakdown: { mark: "bar" }, scaling: { mark: "area" } });
+    await new Promise((r) => setTimeout(r, 10));
+    assert.equal(calls.length, 4);
+    assert.equal(finalized, 2, "previous views finalized");
+    cleanup();
+    assert.equal(finalized, 4, "cleanup finalizes the views");
+  });
+
+  test("without the vega bundle the charts say why", async () => {
+    const { q, cleanup } = mount();
+    await new Promise((r) => setTimeout(r, 5));
+    assert.match(q(".memsim-chart-breakdown").textContent, /vl-convert/);
+    cleanup();
+  });
+
+  test("cleanup removes every listener", () => {
+    const { window, el, ctl, model, cleanup } = mount();
+    assert.ok(model.listenerCount() > 0);
+    const slider = ctl("micro_batch_size");
+    cleanup();
+    assert.equal(model.listenerCount(), 0);
+    assert.equal(el.children.length, 0);
+    slider.value = "2";
+    fire(window, slider, "change");
+    assert.equal(model.saves, 0, "detached controls do nothing");
+  });
+});
+
+describe("module loading", () => {
+  test("importFromSource imports ES module text (data: URL outside browsers) and caches it", async () => {
+    const { importFromSource } = await import("../../js/widget.js");
+    const src = "export const vegaEmbed = (x) => x * 2;";
+    const mod = await importFromSource(src);
+    assert.equal(mod.vegaEmbed(21), 42);
+    assert.equal(await importFromSource(src), mod);
+    const embed = await realLoad(src);
+    assert.equal(embed(2), 4);
+    assert.equal(await realLoad(""), null);
+  });
+});
