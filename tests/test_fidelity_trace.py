@@ -1,0 +1,34 @@
+"""The engine's peak live tensor bytes stay within 3% of a fake-tensor trace of the same training step.
+
+A fast subset of ``memsim_widget.fidelity.CASES`` (HF Llama, Mistral, Qwen2, Mixtral, GPT-2; bf16, fp32,
+autocast; SDPA and eager; LoRA; optimizers); the benchmark runs all of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from memsim_widget.fidelity import CASES, compare  # noqa: E402
+
+FAST = [
+    "llama bf16 sdpa b2 s512",
+    "llama bf16 sdpa b1 s64",
+    "llama fp32 sdpa b2 s512",
+    "llama amp-bf16 sdpa b2 s512",
+    "llama bf16 eager b2 s256",
+    "llama bf16 lora qv fp32 b2 s512",
+    "mistral bf16 sdpa b2 s512",
+    "qwen2 bf16 sdpa b2 s512",
+    "mixtral bf16 sdpa b2 s512",
+    "gpt2 bf16 sdpa b2 s512",
+]
+TOLERANCE = 0.03
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_engine_peak_within_three_percent_of_trace(name):
+    r = compare(name, dict(CASES)[name])
+    assert abs(r["error"]) < TOLERANCE, r
