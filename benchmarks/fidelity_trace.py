@@ -23,17 +23,25 @@ def main(argv: list[str] | None = None) -> int:
     for name, data in cases:
         r = compare(name, data)
         rows.append(r)
-        print(f"{name:<34} engine {r['engine']:>12,} trace {r['trace']:>12,} error {r['error']:+7.2%}  "
-              f"engine@{r['engine_moment']} trace@{r['trace_phase']}:{r['trace_op']}", flush=True)
+        print(
+            f"{name:<34} engine {r['engine']:>12,} trace {r['trace']:>12,} error {r['error']:+7.2%}  "
+            f"engine@{r['engine_moment']} trace@{r['trace_phase']}:{r['trace_op']}",
+            flush=True,
+        )
         if args.v:
             print("   ", r["by_role"], r["phase_peaks"])
     errs = [abs(r["error"]) for r in rows]
     print(f"median |error| {statistics.median(errs):.2%}, worst {max(errs):.2%}")
     if args.write:
-        lines = ["| scenario | engine bytes | trace bytes | error | engine moment | trace phase (op) |",
-                 "|---|---:|---:|---:|---|---|"]
-        lines += [f"| {r['name']} | {r['engine']:,} | {r['trace']:,} | {r['error']:+.2%} | {r['engine_moment']} | "
-                  f"{r['trace_phase']} ({r['trace_op']}) |" for r in rows]
+        lines = [
+            "| scenario | engine bytes | trace bytes | error | engine moment | trace phase (op) |",
+            "|---|---:|---:|---:|---|---|",
+        ]
+        lines += [
+            f"| {r['name']} | {r['engine']:,} | {r['trace']:,} | {r['error']:+.2%} | {r['engine_moment']} | "
+            f"{r['trace_phase']} ({r['trace_op']}) |"
+            for r in rows
+        ]
         lines.append(f"\nMedian absolute error {statistics.median(errs):.2%}; worst {max(errs):.2%}.")
         with open(args.write, "w") as fh:
             fh.write("\n".join(lines) + "\n")

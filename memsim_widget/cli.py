@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from memsim_widget.errors import ScenarioError
@@ -51,14 +52,15 @@ def _read_scenario(path: str | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError("scenario", f"cannot read {path}: {exc.strerror}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ScenarioError("scenario", f"malformed JSON in {path} at line {exc.lineno} column {exc.colno}: "
-                                        f"{exc.msg}") from None
+        raise ScenarioError(
+            "scenario", f"malformed JSON in {path} at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     if not isinstance(data, dict):
         raise ScenarioError("scenario", f"{path} must hold a JSON object")
     return data
@@ -105,8 +107,10 @@ def _table(est: Any) -> str:
         lines.append(f"{row['category']:<17} {row['gib']:>9.3f}  {row['item']}: {row['formula']}")
     if len(est.ranks) > 1:
         lines.append("")
-        lines.append("per stage: " + ", ".join(f"{x.label} {_gib(x.device_total_bytes)} GiB at {x.peak_phase}"
-                                               for x in est.ranks))
+        lines.append(
+            "per stage: "
+            + ", ".join(f"{x.label} {_gib(x.device_total_bytes)} GiB at {x.peak_phase}" for x in est.ranks)
+        )
     return "\n".join(lines)
 
 
@@ -130,8 +134,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
     for pid in preset_ids():
         arch = architecture_for(pid)
         info = PRESET_INFO.get(pid, {})
-        rows.append({"id": pid, "family": arch.family, "parameters": arch.parameters,
-                     "description": info.get("description", "")})
+        rows.append(
+            {
+                "id": pid,
+                "family": arch.family,
+                "parameters": arch.parameters,
+                "description": info.get("description", ""),
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -157,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="estimate one scenario (JSON file, '-' for stdin, or defaults)")
     est.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
     est.add_argument("--json", action="store_true", help="print one JSON object")
-    est.add_argument("--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)")
+    est.add_argument(
+        "--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)"
+    )
     for flag, (key, typ) in OVERRIDES.items():
         est.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
     est.set_defaults(func=cmd_estimate)

@@ -166,17 +166,19 @@ class Estimate:
         for r in self.ranks:
             for i in r.items:
                 counted = i.allocated_bytes if i.level in ("tensor", "allocator") else i.bytes
-                out.append({
-                    "rank": r.label,
-                    "stage": r.stage.index,
-                    "moment": r.peak_phase,
-                    "category": i.category,
-                    "item": i.item,
-                    "bytes": counted,
-                    "gib": counted / GiB,
-                    "counter": i.level,
-                    "formula": i.formula,
-                })
+                out.append(
+                    {
+                        "rank": r.label,
+                        "stage": r.stage.index,
+                        "moment": r.peak_phase,
+                        "category": i.category,
+                        "item": i.item,
+                        "bytes": counted,
+                        "gib": counted / GiB,
+                        "counter": i.level,
+                        "formula": i.formula,
+                    }
+                )
         return out
 
     @property
@@ -184,8 +186,10 @@ class Estimate:
         """The breakdown as a pandas DataFrame (rank, stage, moment, category, item, bytes, gib, counter, formula)."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows(), columns=["rank", "stage", "moment", "category", "item", "bytes", "gib",
-                                                   "counter", "formula"])
+        return pd.DataFrame(
+            self.rows(),
+            columns=["rank", "stage", "moment", "category", "item", "bytes", "gib", "counter", "formula"],
+        )
 
     def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
         """The JSON form the CLI prints (``memsim estimate --json``)."""
@@ -236,6 +240,8 @@ class Estimate:
 
     def summary(self) -> str:
         """One line: peak, moment, counter and verdict."""
-        return (f"{self.arch.family} peak {fmt_bytes(self.device_total_bytes)} (nvidia-smi) / "
-                f"{fmt_bytes(self.peak_allocated_bytes)} allocated at {self.peak_phase} on {self.gpu.name}: "
-                f"{self.verdict()}")
+        return (
+            f"{self.arch.family} peak {fmt_bytes(self.device_total_bytes)} (nvidia-smi) / "
+            f"{fmt_bytes(self.peak_allocated_bytes)} allocated at {self.peak_phase} on {self.gpu.name}: "
+            f"{self.verdict()}"
+        )

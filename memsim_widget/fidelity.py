@@ -13,14 +13,30 @@ from memsim_widget.catalog.models import resolve_model_config
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
 
-SMALL = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
-         "num_key_value_heads": 4, "vocab_size": 1000, "tie_word_embeddings": False}
+SMALL = {
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+}
 LLAMA = {"model_type": "llama", **SMALL}
 MISTRAL = {"model_type": "mistral", **SMALL, "sliding_window": None}
 QWEN2 = {"model_type": "qwen2", **SMALL, "tie_word_embeddings": True}
 MIXTRAL = {"model_type": "mixtral", **SMALL, "num_local_experts": 4, "num_experts_per_tok": 2}
-GPT2 = {"model_type": "gpt2", "n_embd": 256, "n_layer": 4, "n_head": 8, "vocab_size": 1000, "n_positions": 2048,
-        "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+GPT2 = {
+    "model_type": "gpt2",
+    "n_embd": 256,
+    "n_layer": 4,
+    "n_head": 8,
+    "vocab_size": 1000,
+    "n_positions": 2048,
+    "attn_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+}
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -28,16 +44,33 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama bf16 sdpa b1 s64", {"model": LLAMA, "micro_batch_size": 1, "seq_len": 64}),
     ("llama bf16 sdpa b4 s1024", {"model": LLAMA, "micro_batch_size": 4, "seq_len": 1024}),
     ("llama fp32 sdpa b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32"}),
-    ("llama amp-bf16 sdpa b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512,
-                                     "precision": "amp-bf16"}),
-    ("llama bf16 eager b2 s256", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"}),
-    ("llama bf16 ckpt b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512,
-                                 "activation_checkpointing": "full"}),
-    ("llama bf16 lora qv fp32 b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "method": "lora",
-                                         "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}),
+    (
+        "llama amp-bf16 sdpa b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"},
+    ),
+    (
+        "llama bf16 eager b2 s256",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"},
+    ),
+    (
+        "llama bf16 ckpt b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "activation_checkpointing": "full"},
+    ),
+    (
+        "llama bf16 lora qv fp32 b2 s512",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
     ("llama bf16 sgd b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "optimizer": "sgd"}),
-    ("llama bf16 fused b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512,
-                                  "optimizer_impl": "fused"}),
+    (
+        "llama bf16 fused b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "optimizer_impl": "fused"},
+    ),
     ("mistral bf16 sdpa b2 s512", {"model": MISTRAL, "micro_batch_size": 2, "seq_len": 512}),
     ("qwen2 bf16 sdpa b2 s512", {"model": QWEN2, "micro_batch_size": 2, "seq_len": 512}),
     ("mixtral bf16 sdpa b2 s512", {"model": MIXTRAL, "micro_batch_size": 2, "seq_len": 512}),
@@ -49,13 +82,21 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 def trace_kwargs(sc: Scenario) -> dict[str, Any]:
     """The tracer's arguments for the same training step as ``sc``."""
     kw: dict[str, Any] = {
-        "micro_batch_size": sc.micro_batch_size, "seq_len": sc.seq_len, "precision": sc.precision,
-        "optimizer": sc.optimizer, "optimizer_impl": sc.optimizer_impl, "attention": sc.attention,
+        "micro_batch_size": sc.micro_batch_size,
+        "seq_len": sc.seq_len,
+        "precision": sc.precision,
+        "optimizer": sc.optimizer,
+        "optimizer_impl": sc.optimizer_impl,
+        "attention": sc.attention,
         "gradient_checkpointing": sc.activation_checkpointing == "full",
     }
     if sc.method != "full":
-        kw["lora"] = {"r": sc.lora.rank, "lora_alpha": sc.lora.alpha, "target_modules": list(sc.lora.targets),
-                      "adapter_dtype": sc.lora.adapter_dtype}
+        kw["lora"] = {
+            "r": sc.lora.rank,
+            "lora_alpha": sc.lora.alpha,
+            "target_modules": list(sc.lora.targets),
+            "adapter_dtype": sc.lora.adapter_dtype,
+        }
     return kw
 
 
@@ -71,8 +112,15 @@ def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     secs = time.perf_counter() - t0
     err = (est.peak_tensor_bytes - tr.peak_bytes) / tr.peak_bytes
     moment = max(est.worst.moments, key=lambda m: m.tensor_bytes).name
-    return {"name": name, "engine": est.peak_tensor_bytes, "trace": tr.peak_bytes, "error": err,
-            "engine_moment": moment, "trace_phase": tr.peak_phase, "trace_op": tr.peak_op, "seconds": secs,
-            "by_role": tr.by_role, "phase_peaks": tr.phase_peaks}
-
-
+    return {
+        "name": name,
+        "engine": est.peak_tensor_bytes,
+        "trace": tr.peak_bytes,
+        "error": err,
+        "engine_moment": moment,
+        "trace_phase": tr.peak_phase,
+        "trace_op": tr.peak_op,
+        "seconds": secs,
+        "by_role": tr.by_role,
+        "phase_peaks": tr.phase_peaks,
+    }

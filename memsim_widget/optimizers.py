@@ -136,5 +136,8 @@ register_optimizer(
         impls=("fused", "for-loop"),
     )
 )
-register_optimizer(OptimizerSpec("none", 0, "no optimizer step (forward + backward only)", temp_foreach=0.0,
-                                 temp_for_loop=0.0))
+register_optimizer(
+    OptimizerSpec(
+        "none", 0, "no optimizer step (forward + backward only)", temp_foreach=0.0, temp_for_loop=0.0
+    )
+)

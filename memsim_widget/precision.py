@@ -46,40 +46,67 @@ def register_precision(recipe: PrecisionRecipe) -> PrecisionRecipe:
 
 
 register_precision(PrecisionRecipe("fp32", "full fp32: weights, grads, states fp32", 4, 4, 0, 4, 4))
-register_precision(PrecisionRecipe("bf16", "pure bf16: weights, grads, states bf16 (torchtune)", 2, 2, 0, 2, 2))
+register_precision(
+    PrecisionRecipe("bf16", "pure bf16: weights, grads, states bf16 (torchtune)", 2, 2, 0, 2, 2)
+)
 register_precision(PrecisionRecipe("fp16", "pure fp16: weights, grads, states fp16", 2, 2, 0, 2, 2))
 register_precision(
     PrecisionRecipe(
         "amp-bf16",
         "PyTorch autocast bf16: fp32 weights/grads/states, bf16 compute copies (HF Trainer bf16=True)",
-        4, 4, 0, 4, 2, autocast=True, weight_copy_bytes=2,
+        4,
+        4,
+        0,
+        4,
+        2,
+        autocast=True,
+        weight_copy_bytes=2,
     )
 )
 register_precision(
     PrecisionRecipe(
         "amp-fp16",
         "PyTorch autocast fp16: fp32 weights/grads/states, fp16 compute copies (HF Trainer fp16=True)",
-        4, 4, 0, 4, 2, autocast=True, weight_copy_bytes=2,
+        4,
+        4,
+        0,
+        4,
+        2,
+        autocast=True,
+        weight_copy_bytes=2,
     )
 )
 register_precision(
     PrecisionRecipe(
         "mixed-bf16",
         "Megatron/DeepSpeed: bf16 weights, fp32 main grads, fp32 master copy and states",
-        2, 4, 4, 4, 2,
+        2,
+        4,
+        4,
+        4,
+        2,
     )
 )
 register_precision(
     PrecisionRecipe(
         "mixed-fp16",
         "Megatron/DeepSpeed: fp16 weights, fp32 main grads, fp32 master copy and states",
-        2, 4, 4, 4, 2,
+        2,
+        4,
+        4,
+        4,
+        2,
     )
 )
 register_precision(
     PrecisionRecipe(
         "fp8",
         "fp8 compute (TransformerEngine): bf16 weights, fp8 weight cache, fp32 main grads/master/states",
-        2, 4, 4, 4, 2, weight_copy_bytes=1,
+        2,
+        4,
+        4,
+        4,
+        2,
+        weight_copy_bytes=1,
     )
 )

@@ -96,14 +96,22 @@ class LoraConfig:
         targets = self.targets
         if isinstance(targets, str):
             targets = (targets,)
-        if not isinstance(targets, tuple | list) or not targets or not all(isinstance(t, str) for t in targets):
+        if (
+            not isinstance(targets, tuple | list)
+            or not targets
+            or not all(isinstance(t, str) for t in targets)
+        ):
             raise ScenarioError("lora.targets", f"must be a non-empty list of module names, got {targets!r}")
         object.__setattr__(self, "targets", tuple(targets))
         _choice("lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "alpha": self.alpha, "targets": list(self.targets),
-                "adapter_dtype": self.adapter_dtype}
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "targets": list(self.targets),
+            "adapter_dtype": self.adapter_dtype,
+        }
 
 
 @dataclass(frozen=True)
@@ -135,11 +143,17 @@ class ParallelConfig:
         if self.ep > 1 and (self.dp * self.cp) % self.ep:
             raise ScenarioError("parallel.ep", f"must divide dp*cp = {self.dp * self.cp}, got {self.ep}")
         if self.pp_schedule == "interleaved" and self.virtual_stages < 2:
-            raise ScenarioError("parallel.virtual_stages", "the interleaved schedule needs virtual_stages >= 2")
+            raise ScenarioError(
+                "parallel.virtual_stages", "the interleaved schedule needs virtual_stages >= 2"
+            )
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved":
-            raise ScenarioError("parallel.virtual_stages", "virtual_stages > 1 needs pp_schedule 'interleaved'")
+            raise ScenarioError(
+                "parallel.virtual_stages", "virtual_stages > 1 needs pp_schedule 'interleaved'"
+            )
         if self.offload != "none" and self.zero == 0:
-            raise ScenarioError("parallel.offload", "offload needs ZeRO stage >= 1 (DeepSpeed ZeRO-Offload / FSDP)")
+            raise ScenarioError(
+                "parallel.offload", "offload needs ZeRO stage >= 1 (DeepSpeed ZeRO-Offload / FSDP)"
+            )
         if self.offload == "optimizer+params" and self.zero != 3:
             raise ScenarioError("parallel.offload", "offloading parameters needs zero 3")
 
@@ -200,7 +214,9 @@ class Scenario:
                 raise ScenarioError("model.model_type", "an inline model config needs 'model_type'")
             object.__setattr__(self, "model", _freeze(self.model))
         elif not isinstance(self.model, str) or not self.model:
-            raise ScenarioError("model", f"must be a preset id, a config.json path or a dict, got {self.model!r}")
+            raise ScenarioError(
+                "model", f"must be a preset id, a config.json path or a dict, got {self.model!r}"
+            )
         if isinstance(self.lora, Mapping):
             object.__setattr__(self, "lora", _lora_from(self.lora))
         if isinstance(self.parallel, Mapping):
@@ -285,8 +301,9 @@ class Scenario:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ScenarioError("scenario", f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")\
-                from None
+            raise ScenarioError(
+                "scenario", f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> Scenario:

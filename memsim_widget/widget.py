@@ -360,6 +360,15 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
     }
 
 
+def _known(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them."""
+    out = {k: v for k, v in data.items() if k in _default_dict()}
+    for section in _NESTED:
+        if isinstance(out.get(section), Mapping):
+            out[section] = {k: v for k, v in out[section].items() if k in _default_dict()[section]}
+    return out
+
+
 @functools.cache
 def _default_dict() -> dict[str, Any]:
     """The default scenario as a dict, ``num_gpus`` left to the layout."""
@@ -492,7 +501,7 @@ class MemSim(anywidget.AnyWidget):
     def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:
         """Keep the previous result; show the input as typed (completed from the last valid one) and the error."""
         self._last_exc = exc
-        shown = merge(self._valid, data)
+        shown = merge(self._valid, _known(data))
         if shown.get("num_gpus") is None:
             shown["num_gpus"] = self._valid["num_gpus"]
         with self.hold_sync():

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
 
-MODELS = st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "gpt2", "mistral-7b", "mixtral-8x7b", "llama-3.1-8b"])
+MODELS = st.sampled_from(
+    ["llama-3.2-1b", "qwen2.5-0.5b", "gpt2", "mistral-7b", "mixtral-8x7b", "llama-3.1-8b"]
+)
 PRECISION = st.sampled_from(["fp32", "bf16", "amp-bf16", "mixed-bf16"])
 OPT = st.sampled_from(["adamw", "sgd", "adafactor", "adamw-8bit", "lion"])
 CKPT = st.sampled_from(["none", "selective", "full"])
@@ -17,8 +19,15 @@ ATTN = st.sampled_from(["sdpa", "eager"])
 
 def base(model, precision, optimizer, ckpt, attn, **kw) -> dict:
     impl = {"adafactor": "for-loop", "adamw-8bit": "fused"}.get(optimizer, "foreach")
-    return {"model": model, "precision": precision, "optimizer": optimizer, "optimizer_impl": impl,
-            "activation_checkpointing": ckpt, "attention": attn, **kw}
+    return {
+        "model": model,
+        "precision": precision,
+        "optimizer": optimizer,
+        "optimizer_impl": impl,
+        "activation_checkpointing": ckpt,
+        "attention": attn,
+        **kw,
+    }
 
 
 def total(d: dict) -> int:
@@ -31,9 +40,11 @@ def test_memory_never_decreases_with_micro_batch_or_sequence(model, prec, opt, c
     s = 2**log_s
     lo, hi = sorted((b1, b2))
     assert total(base(model, prec, opt, ckpt, attn, micro_batch_size=lo, seq_len=s)) <= total(
-        base(model, prec, opt, ckpt, attn, micro_batch_size=hi, seq_len=s))
+        base(model, prec, opt, ckpt, attn, micro_batch_size=hi, seq_len=s)
+    )
     assert total(base(model, prec, opt, ckpt, attn, micro_batch_size=lo, seq_len=s)) <= total(
-        base(model, prec, opt, ckpt, attn, micro_batch_size=lo, seq_len=2 * s))
+        base(model, prec, opt, ckpt, attn, micro_batch_size=lo, seq_len=2 * s)
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -60,8 +71,15 @@ def test_tensor_parallel_never_allocates_more(model, prec, ckpt, attn, tp):
 
 
 @settings(max_examples=60, deadline=None)
-@given(MODELS, PRECISION, st.sampled_from(["adamw", "adamw-8bit", "lion"]), CKPT, ATTN,
-       st.sampled_from([4, 16, 64]), st.integers(7, 12))
+@given(
+    MODELS,
+    PRECISION,
+    st.sampled_from(["adamw", "adamw-8bit", "lion"]),
+    CKPT,
+    ATTN,
+    st.sampled_from([4, 16, 64]),
+    st.integers(7, 12),
+)
 def test_lora_never_needs_more_than_full_training(model, prec, opt, ckpt, attn, rank, log_s):
     """With an optimizer whose state scales with N and adapters in the compute dtype.
 
@@ -88,7 +106,9 @@ def test_checkpointing_never_needs_more_than_none(model, prec, opt, attn, b, log
 @settings(max_examples=40, deadline=None)
 @given(MODELS, PRECISION, OPT, CKPT, ATTN, st.integers(1, 8), st.integers(7, 13))
 def test_counters_are_ordered(model, prec, opt, ckpt, attn, b, log_s):
-    est = estimate(Scenario.from_dict(base(model, prec, opt, ckpt, attn, micro_batch_size=b, seq_len=2**log_s)))
+    est = estimate(
+        Scenario.from_dict(base(model, prec, opt, ckpt, attn, micro_batch_size=b, seq_len=2**log_s))
+    )
     assert 0 < est.peak_tensor_bytes <= est.peak_allocated_bytes + 512 * 10_000
     assert est.peak_allocated_bytes <= est.peak_reserved_bytes <= est.device_total_bytes
     assert sum(est.components().values()) == est.device_total_bytes

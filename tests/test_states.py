@@ -57,11 +57,20 @@ def test_seven_billion_pure_bf16_adamw_is_about_64_gib_at_the_step():
     assert est.peak_phase == "optimizer_step"
 
 
-@pytest.mark.parametrize(("zero", "w_div", "g_div", "o_div"), [(0, 1, 1, 1), (1, 1, 1, 8), (2, 1, 8, 8),
-                                                                 (3, 8, 8, 8)])
+@pytest.mark.parametrize(
+    ("zero", "w_div", "g_div", "o_div"), [(0, 1, 1, 1), (1, 1, 1, 8), (2, 1, 8, 8), (3, 8, 8, 8)]
+)
 def test_zero_stages_divide_the_right_states_by_dp(zero, w_div, g_div, o_div):
-    est = estimate(Scenario.from_dict({"model": "llama-2-7b", "seq_len": 128, "precision": "mixed-bf16",
-                                       "parallel": {"dp": 8, "zero": zero}}))
+    est = estimate(
+        Scenario.from_dict(
+            {
+                "model": "llama-2-7b",
+                "seq_len": 128,
+                "precision": "mixed-bf16",
+                "parallel": {"dp": 8, "zero": zero},
+            }
+        )
+    )
     n = est.parameters
     step = at(est, "optimizer_step")
     assert step["optimizer_states"] == 12 * n // o_div
@@ -74,8 +83,12 @@ def test_zero_stages_divide_the_right_states_by_dp(zero, w_div, g_div, o_div):
 
 def test_zero3_over_eight_gpus_holds_an_eighth_of_the_states():
     one = at(estimate(Scenario(model="llama-3.1-8b", seq_len=128)), "optimizer_step")
-    eight = at(estimate(Scenario.from_dict({"model": "llama-3.1-8b", "seq_len": 128,
-                                            "parallel": {"dp": 8, "zero": 3}})), "optimizer_step")
+    eight = at(
+        estimate(
+            Scenario.from_dict({"model": "llama-3.1-8b", "seq_len": 128, "parallel": {"dp": 8, "zero": 3}})
+        ),
+        "optimizer_step",
+    )
     for cat in ("parameters", "gradients", "optimizer_states"):
         assert eight[cat] * 8 == one[cat]
 
@@ -99,8 +112,9 @@ def test_tensor_parallel_splits_matrices_and_keeps_norms(tiny_llama):
     assert est.ranks[0].params_local == (full.parameters - norms) // 2 + norms
 
 
-@pytest.mark.parametrize(("optimizer", "per_param"), [("sgd", 0), ("sgd-momentum", 2), ("lion", 2),
-                                                      ("adamw", 4), ("adam", 4)])
+@pytest.mark.parametrize(
+    ("optimizer", "per_param"), [("sgd", 0), ("sgd-momentum", 2), ("lion", 2), ("adamw", 4), ("adam", 4)]
+)
 def test_optimizer_state_sizes_in_pure_bf16(tiny_llama, optimizer, per_param):
     n = architecture_for(tiny_llama).parameters
     step = at(run(tiny_llama, optimizer=optimizer), "optimizer_step")
@@ -158,7 +172,9 @@ def test_lora_trains_only_adapters(tiny_llama):
 def test_qlora_stores_linear_weights_in_nf4(tiny_llama):
     arch = architecture_for(tiny_llama)
     est = run(tiny_llama, method="qlora", lora={"targets": ["all-linear"]})
-    linear = [g for g in arch.params if g.module and g.kind not in ("head", "embedding") and len(g.shape) == 2]
+    linear = [
+        g for g in arch.params if g.module and g.kind not in ("head", "embedding") and len(g.shape) == 2
+    ]
     nf4 = sum(nf4_bytes(math.prod(g.shape)) * g.count for g in linear)
     other = sum(g.numel for g in arch.params if g not in linear)
     adapters = est.trainable_parameters
@@ -181,7 +197,10 @@ def test_first_step_peaks_lower_than_steady_state(tiny_llama):
 
 
 def test_offload_moves_optimizer_states_to_host():
-    est = estimate(Scenario.from_dict({"model": "llama-2-7b", "seq_len": 128,
-                                       "parallel": {"dp": 2, "zero": 2, "offload": "optimizer"}}))
+    est = estimate(
+        Scenario.from_dict(
+            {"model": "llama-2-7b", "seq_len": 128, "parallel": {"dp": 2, "zero": 2, "offload": "optimizer"}}
+        )
+    )
     assert "optimizer_states" not in at(est, "optimizer_step")
     assert est.ranks[0].host_bytes >= 4 * est.parameters // 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.items import fmt_int
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
 LOSS_CHUNKS = 8
@@ -80,7 +80,9 @@ def activations(ctx: Context) -> ActivationBudget:
 
 
 #: Leaf Linear names by the tensor they read, across families (peft matches targets by leaf name).
-ATTN_IN = frozenset({"q_proj", "k_proj", "v_proj", "c_attn", "qkv_proj", "query", "key", "value", "q", "k", "v"})
+ATTN_IN = frozenset(
+    {"q_proj", "k_proj", "v_proj", "c_attn", "qkv_proj", "query", "key", "value", "q", "k", "v"}
+)
 ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o"})
 MLP_IN = frozenset({"gate_proj", "up_proj", "c_fc", "gate_up_proj", "fc1", "wi", "wi_0", "wi_1", "w1", "w3"})
 MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2"})
@@ -111,20 +113,31 @@ def _hf(ctx: Context) -> ActivationBudget:
     out = ActivationBudget()
     L = out.per_layer
 
-    def add(name: str, nbytes: float, formula: str, tensors: int = 1, level: str = "tensor",
-            skip_first: bool = False) -> None:
+    def add(
+        name: str,
+        nbytes: float,
+        formula: str,
+        tensors: int = 1,
+        level: str = "tensor",
+        skip_first: bool = False,
+    ) -> None:
         if nbytes > 0:
             L.append(Term(name, nbytes, formula, tensors, level, skip_first))
 
-    def consumers(role: frozenset[str], width: int, rows: int, dtype: int, label: str,
-                  already_saved: bool = False) -> None:
+    def consumers(
+        role: frozenset[str], width: int, rows: int, dtype: int, label: str, already_saved: bool = False
+    ) -> None:
         """What the Linears reading one tensor (rows x width, ``dtype`` bytes) keep of it."""
         present = sorted(role & modules)
         if full:
             if amp and dtype == 4:
                 n = len(present)
-                add(f"{label}: autocast 16-bit input copies", n * 2 * rows * width,
-                    f"{n} Linears x 2 B x T x {width}", n)
+                add(
+                    f"{label}: autocast 16-bit input copies",
+                    n * 2 * rows * width,
+                    f"{n} Linears x 2 B x T x {width}",
+                    n,
+                )
             elif not already_saved:
                 add(f"{label}: Linear input", dtype * rows * width, f"{dtype} B x T x {width}", 1)
             return
@@ -133,8 +146,12 @@ def _hf(ctx: Context) -> ActivationBudget:
             return
         if amp or ab != dtype:
             cb = 2 if amp else ab
-            add(f"{label}: LoRA input copies", len(hit) * cb * rows * width,
-                f"{len(hit)} adapters x {cb} B x T x {width}", len(hit))
+            add(
+                f"{label}: LoRA input copies",
+                len(hit) * cb * rows * width,
+                f"{len(hit)} adapters x {cb} B x T x {width}",
+                len(hit),
+            )
         elif not already_saved:
             add(f"{label}: LoRA input", dtype * rows * width, f"{dtype} B x T x {width}", 1)
 
@@ -143,22 +160,42 @@ def _hf(ctx: Context) -> ActivationBudget:
     frozen_first = not full and sc.activation_checkpointing == "none"
     gemma = arch.family.startswith("gemma")
     if arch.norm == "rmsnorm":
-        add("RMSNorm fp32 inputs and rsqrt", norms * (4 * Tout * h + 4 * Tout),
-            f"{norms} norms x (4 B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}", 2 * norms)
+        add(
+            "RMSNorm fp32 inputs and rsqrt",
+            norms * (4 * Tout * h + 4 * Tout),
+            f"{norms} norms x (4 B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}",
+            2 * norms,
+        )
         if frozen_first:  # nothing before the first adapter needs a gradient
-            L[-1] = Term(L[-1].name, L[-1].bytes, L[-1].formula + "; layer 0's first norm saves nothing "
-                         "(frozen embeddings)", L[-1].tensors, "tensor", skip_first=True,
-                         first_bytes=(4 * Tout * h + 4 * Tout))
+            L[-1] = Term(
+                L[-1].name,
+                L[-1].bytes,
+                L[-1].formula + "; layer 0's first norm saves nothing (frozen embeddings)",
+                L[-1].tensors,
+                "tensor",
+                skip_first=True,
+                first_bytes=(4 * Tout * h + 4 * Tout),
+            )
         nb = 4 if gemma else r
         if full or gemma:
             add("RMSNorm normalised tensors", norms * nb * Tout * h, f"{norms} norms x {nb} B x T x h", norms)
     else:
-        add("LayerNorm inputs, mean and rstd", norms * (r * Tout * h + 8 * Tout),
-            f"{norms} norms x ({r} B x T x h + 8 B x T)", 3 * norms)
+        add(
+            "LayerNorm inputs, mean and rstd",
+            norms * (r * Tout * h + 8 * Tout),
+            f"{norms} norms x ({r} B x T x h + 8 B x T)",
+            3 * norms,
+        )
         if frozen_first:
-            L[-1] = Term(L[-1].name, L[-1].bytes, L[-1].formula + "; layer 0's first norm saves nothing "
-                         "(frozen embeddings)", L[-1].tensors, "tensor", skip_first=True,
-                         first_bytes=r * Tout * h + 8 * Tout)
+            L[-1] = Term(
+                L[-1].name,
+                L[-1].bytes,
+                L[-1].formula + "; layer 0's first norm saves nothing (frozen embeddings)",
+                L[-1].tensors,
+                "tensor",
+                skip_first=True,
+                first_bytes=r * Tout * h + 8 * Tout,
+            )
     nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
     consumers(ATTN_IN, h, Tout, nout, "attention input")
     consumers(MLP_IN, h, Tout, nout, "MLP input")
@@ -168,25 +205,50 @@ def _hf(ctx: Context) -> ActivationBudget:
     a_loc = D.a
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
     if eager:
-        add("attention q, k, v (k, v repeated to all heads)", 3 * ec * T * hq, f"3 x {ec} B x T x a*d, a*d={hq}", 3)
+        add(
+            "attention q, k, v (k, v repeated to all heads)",
+            3 * ec * T * hq,
+            f"3 x {ec} B x T x a*d, a*d={hq}",
+            3,
+        )
         if sc.activation_checkpointing != "selective":
             scores = b * a_loc * s * D.s_full
             if arch.attention_dropout > 0:
-                add("attention softmax (fp32), dropout mask and output", scores * (4 + 1 + ec),
-                    f"b x a x s x s x (4 + 1 + {ec}) B, b={b} a={a_loc} s={s}", 3)
+                add(
+                    "attention softmax (fp32), dropout mask and output",
+                    scores * (4 + 1 + ec),
+                    f"b x a x s x s x (4 + 1 + {ec}) B, b={b} a={a_loc} s={s}",
+                    3,
+                )
             else:
                 extra = ec if ec != 4 else 0
-                add("attention softmax (fp32) and its 16-bit cast", scores * (4 + extra),
-                    f"b x a x s x s x (4 + {extra}) B, b={b} a={a_loc} s={s}", 2 if extra else 1)
+                add(
+                    "attention softmax (fp32) and its 16-bit cast",
+                    scores * (4 + extra),
+                    f"b x a x s x s x (4 + {extra}) B, b={b} a={a_loc} s={s}",
+                    2 if extra else 1,
+                )
         consumers(ATTN_OUT, hq, T, ec, "attention output")
     else:
-        add("attention q, k, v saved by SDPA", ec * T * (hq + 2 * hkv),
-            f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})", 3)
+        add(
+            "attention q, k, v saved by SDPA",
+            ec * T * (hq + 2 * hkv),
+            f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})",
+            3,
+        )
         if fused_no_rope:
-            add("fused qkv output kept alive by the q view", ec * T * 2 * hkv,
-                f"{ec} B x T x 2 x kv*d (k, v copied into the cache)", 1)
-        add("attention output and logsumexp", ec * T * hq + 4 * b * a_loc * s,
-            f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)", 2)
+            add(
+                "fused qkv output kept alive by the q view",
+                ec * T * 2 * hkv,
+                f"{ec} B x T x 2 x kv*d (k, v copied into the cache)",
+                1,
+            )
+        add(
+            "attention output and logsumexp",
+            ec * T * hq + 4 * b * a_loc * s,
+            f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)",
+            2,
+        )
         consumers(ATTN_OUT, hq, T, ec, "attention output", already_saved=True)
 
     # ----- MLP ------------------------------------------------------------------------------------
@@ -195,17 +257,27 @@ def _hf(ctx: Context) -> ActivationBudget:
     Tm = T * k
     n_act = ACT_SAVED.get(arch.mlp_activation, 3)
     kf = f"k x T x I, k={k}" if moe else "T x I"
-    add(f"MLP activation internals ({arch.mlp_activation})", n_act * ec * Tm * I,
-        f"{n_act} x {ec} B x {kf}, I={I}", n_act)
+    add(
+        f"MLP activation internals ({arch.mlp_activation})",
+        n_act * ec * Tm * I,
+        f"{n_act} x {ec} B x {kf}, I={I}",
+        n_act,
+    )
     consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
     if moe:
         E = arch.num_experts
-        add("MoE router logits, probabilities and routed token copies", (ec + 4) * T * E + 2 * ec * Tm * h,
-            f"({ec} + 4) B x T x E + 2 x {ec} B x k x T x h, E={E}", 3)
+        add(
+            "MoE router logits, probabilities and routed token copies",
+            (ec + 4) * T * E + 2 * ec * Tm * h,
+            f"({ec} + 4) B x T x E + 2 x {ec} B x k x T x h, E={E}",
+            3,
+        )
     if arch.hidden_dropout > 0:
         add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
     if amp and full:
-        wl = sum(g.numel for g in ctx.arch.params if g.scope == "layer" and g.module) // max(arch.num_layers, 1)
+        wl = sum(g.numel for g in ctx.arch.params if g.scope == "layer" and g.module) // max(
+            arch.num_layers, 1
+        )
         wl //= D.tp
         add("autocast 16-bit weight copies", 2 * wl, f"2 B x {fmt_int(wl)} Linear weights per layer", 7)
 
@@ -214,8 +286,12 @@ def _hf(ctx: Context) -> ActivationBudget:
         per_layer = [ad for ad in ctx.adapters if ad.base.scope == "layer"]
         layers = max(arch.num_layers, 1)
         mid = sum(ad.rank * ad.base.count for ad in per_layer) / layers
-        add("LoRA A outputs (saved by B)", ab * Tout * mid, f"{ab} B x T x sum(rank)={fmt_int(mid)}",
-            len(per_layer))
+        add(
+            "LoRA A outputs (saved by B)",
+            ab * Tout * mid,
+            f"{ab} B x T x sum(rank)={fmt_int(mid)}",
+            len(per_layer),
+        )
 
     # ----- the KV cache HF builds in training (use_cache defaults to true; off under checkpointing) ----------
     # It holds each layer's k and v (after RoPE) until the outputs are dropped. Under SDPA these are the
@@ -225,16 +301,24 @@ def _hf(ctx: Context) -> ActivationBudget:
         kb = 4 if amp and arch.position == "rope" else ec
         extra = (kb + ec) * T * hkv if eager else (4 * T * hkv if amp and arch.position == "rope" else 0)
         if extra:
-            out.cache_per_layer.append(Term("KV cache held by the model output (forward only)", extra,
-                                            f"({kb} + {ec}) B x T x kv*d" if eager else "4 B x T x kv*d (fp32 k)",
-                                            2))
+            out.cache_per_layer.append(
+                Term(
+                    "KV cache held by the model output (forward only)",
+                    extra,
+                    f"({kb} + {ec}) B x T x kv*d" if eager else "4 B x T x kv*d (fp32 k)",
+                    2,
+                )
+            )
     if amp and V_final_fp32(arch):
-        out.loss_forward.append(Term("final hidden states (fp32) held by the model output", 4 * Tout * h,
-                                     "4 B x T x h", 1))
+        out.loss_forward.append(
+            Term("final hidden states (fp32) held by the model output", 4 * Tout * h, "4 B x T x h", 1)
+        )
 
     # ----- checkpointing ----------------------------------------------------------------------------
     if sc.activation_checkpointing == "full":
-        out.checkpointed_layer = [Term("checkpointed layer inputs", r * Tout * h, f"{r} B x T x h per layer", 1)]
+        out.checkpointed_layer = [
+            Term("checkpointed layer inputs", r * Tout * h, f"{r} B x T x h per layer", 1)
+        ]
 
     # ----- model-level terms ------------------------------------------------------------------------
     V = D.V
@@ -244,44 +328,90 @@ def _hf(ctx: Context) -> ActivationBudget:
     out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
     if arch.norm == "rmsnorm":
         fn = 4 * Tout * h + 4 * Tout + ((4 if gemma else r) * Tout * h if full or gemma else 0)
-        out.post.append(Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {r} B x T x h" if full else ""), 3))
+        out.post.append(
+            Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {r} B x T x h" if full else ""), 3)
+        )
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
     if V and full:  # the head reads the final norm's output
         if amp:
-            out.post.append(Term("head: autocast input and weight copies", 2 * T * h + 2 * V * h,
-                                 "2 B x T x h + 2 B x V x h", 2))
+            out.post.append(
+                Term(
+                    "head: autocast input and weight copies",
+                    2 * T * h + 2 * V * h,
+                    "2 B x T x h + 2 B x V x h",
+                    2,
+                )
+            )
         else:
             out.post.append(Term("head input", nout * T * h, f"{nout} B x T x h", 1))
     if V:
         le = 4 if recipe.fp32_compute else 2
         if sc.loss == "chunked":
             chunk = T * V / LOSS_CHUNKS
-            out.loss_backward.append(Term(f"one loss chunk's logits and fp32 log-softmax (1/{LOSS_CHUNKS})",
-                                          (le + 8) * chunk, f"({le} + 2 x 4) B x T x V / {LOSS_CHUNKS}", 3))
-            out.loss_forward.append(Term(f"one loss chunk's logits (1/{LOSS_CHUNKS})", (le + 4) * chunk,
-                                         f"({le} + 4) B x T x V / {LOSS_CHUNKS}", 2))
+            out.loss_backward.append(
+                Term(
+                    f"one loss chunk's logits and fp32 log-softmax (1/{LOSS_CHUNKS})",
+                    (le + 8) * chunk,
+                    f"({le} + 2 x 4) B x T x V / {LOSS_CHUNKS}",
+                    3,
+                )
+            )
+            out.loss_forward.append(
+                Term(
+                    f"one loss chunk's logits (1/{LOSS_CHUNKS})",
+                    (le + 4) * chunk,
+                    f"({le} + 4) B x T x V / {LOSS_CHUNKS}",
+                    2,
+                )
+            )
         else:
             # HF: logits = lm_head(h) in the compute dtype; the loss upcasts them (.float()) and
             # log_softmax saves its fp32 output. The trainer drops the logits before backward.
-            out.loss_forward.append(Term("logits" + (" and their fp32 upcast" if le != 4 else ""),
-                                         (le + (4 if le != 4 else 0)) * T * V,
-                                         f"({le}{' + 4' if le != 4 else ''}) B x T x V, V={V}", 1 if le == 4 else 2))
+            out.loss_forward.append(
+                Term(
+                    "logits" + (" and their fp32 upcast" if le != 4 else ""),
+                    (le + (4 if le != 4 else 0)) * T * V,
+                    f"({le}{' + 4' if le != 4 else ''}) B x T x V, V={V}",
+                    1 if le == 4 else 2,
+                )
+            )
             out.post.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))
-            out.loss_backward.append(Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V,
-                                          "2 x 4 B x T x V", 2))
+            out.loss_backward.append(
+                Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
+            )
 
     # ----- backward transients of one layer --------------------------------------------------------
-    out.layer_backward.append(Term("activation gradients of the layer in backward", 2 * ec * T * I + 3 * ec * T * h,
-                                   f"2 x {ec} B x T x I + 3 x {ec} B x T x h", 5))
+    out.layer_backward.append(
+        Term(
+            "activation gradients of the layer in backward",
+            2 * ec * T * I + 3 * ec * T * h,
+            f"2 x {ec} B x T x I + 3 x {ec} B x T x h",
+            5,
+        )
+    )
     if not eager:
-        out.layer_backward.append(Term("flash-attention backward dq accumulator (fp32)", 4 * T * hq,
-                                       "4 B x T x a*d (CUDA kernel scratch)", 1, "allocator"))
+        out.layer_backward.append(
+            Term(
+                "flash-attention backward dq accumulator (fp32)",
+                4 * T * hq,
+                "4 B x T x a*d (CUDA kernel scratch)",
+                1,
+                "allocator",
+            )
+        )
     if sc.method == "qlora":
-        biggest = max((g.numel_each for g in arch.params if g.module and g.kind not in ("head", "embedding")),
-                      default=0)
-        out.layer_backward.append(Term("QLoRA dequantised weight of the layer in use", ec * biggest // D.tp,
-                                       f"{ec} B x largest Linear {fmt_int(biggest)}", 1))
+        biggest = max(
+            (g.numel_each for g in arch.params if g.module and g.kind not in ("head", "embedding")), default=0
+        )
+        out.layer_backward.append(
+            Term(
+                "QLoRA dequantised weight of the layer in use",
+                ec * biggest // D.tp,
+                f"{ec} B x largest Linear {fmt_int(biggest)}",
+                1,
+            )
+        )
     return out
 
 
@@ -296,8 +426,11 @@ def _megatron(ctx: Context) -> ActivationBudget:
     D = _Dims(ctx)
     t = D.tp
     s, b, h = D.s, D.b, arch.hidden_size
-    mlp = 18 + 4 * arch.intermediate_size / h if arch.mlp_activation not in ("swiglu", "geglu") else \
-        10 + 6 * arch.intermediate_size / h + 2
+    mlp = (
+        18 + 4 * arch.intermediate_size / h
+        if arch.mlp_activation not in ("swiglu", "geglu")
+        else 10 + 6 * arch.intermediate_size / h + 2
+    )
     out = ActivationBudget()
     sel = sc.activation_checkpointing in ("selective", "full") or sc.attention == "sdpa"
     if D.sp:
@@ -311,12 +444,19 @@ def _megatron(ctx: Context) -> ActivationBudget:
         att = 5 * arch.num_heads * s * s * b / t
         out.per_layer.append(Term("attention scores, softmax, dropout", att, "5 x a x s^2 x b / t", 3))
     if sc.activation_checkpointing == "full":
-        out.checkpointed_layer = [Term("checkpointed layer inputs", 2 * s * b * h / (t if D.sp else 1),
-                                       "2 B x s x b x h", 1)]
+        out.checkpointed_layer = [
+            Term("checkpointed layer inputs", 2 * s * b * h / (t if D.sp else 1), "2 B x s x b x h", 1)
+        ]
     out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s", 2))
     V = D.V
     out.post.append(Term("logits (fp32, vocab-parallel cross-entropy)", 4 * D.T * V, "4 B x T x V/t", 1))
     out.loss_backward.append(Term("cross-entropy backward buffer", 4 * D.T * V, "4 B x T x V/t", 1))
-    out.layer_backward.append(Term("activation gradients of the layer in backward", 4 * D.T * h + 2 * D.T * D.I,
-                                   "4 B x T x h + 2 B x T x I", 3))
+    out.layer_backward.append(
+        Term(
+            "activation gradients of the layer in backward",
+            4 * D.T * h + 2 * D.T * D.I,
+            "4 B x T x h + 2 B x T x I",
+            3,
+        )
+    )
     return out

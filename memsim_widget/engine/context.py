@@ -63,7 +63,9 @@ class Context:
     def _validate(self) -> None:
         a, p, s = self.arch, self.par, self.scenario
         if a.num_heads % p.tp:
-            raise ScenarioError("parallel.tp", f"{a.num_heads} attention heads are not divisible by tp={p.tp}")
+            raise ScenarioError(
+                "parallel.tp", f"{a.num_heads} attention heads are not divisible by tp={p.tp}"
+            )
         if p.tp > 1 and a.num_kv_heads % p.tp and p.tp % a.num_kv_heads:
             raise ScenarioError(
                 "parallel.tp", f"{a.num_kv_heads} key/value heads and tp={p.tp}: one must divide the other"
@@ -75,8 +77,11 @@ class Context:
                 f"{a.num_layers} layers are not divisible by pp*virtual_stages = {chunks}",
             )
         if p.ep > 1 and (not a.is_moe or a.num_experts % p.ep):
-            raise ScenarioError("parallel.ep", f"ep={p.ep} needs an MoE model with experts divisible by ep "
-                                f"(this model has {a.num_experts} experts)")
+            raise ScenarioError(
+                "parallel.ep",
+                f"ep={p.ep} needs an MoE model with experts divisible by ep "
+                f"(this model has {a.num_experts} experts)",
+            )
         if a.fixed_seq_len is None and s.seq_len % p.cp:
             raise ScenarioError("parallel.cp", f"seq_len={s.seq_len} is not divisible by cp={p.cp}")
         if self.opt.impls and s.optimizer_impl not in self.opt.impls and s.optimizer != "none":
@@ -85,10 +90,15 @@ class Context:
                 f"{s.optimizer} has no {s.optimizer_impl!r} implementation; allowed: {', '.join(self.opt.impls)}",
             )
         if s.method != "full" and not self.adapters:
-            raise ScenarioError("lora.targets", f"{list(s.lora.targets)} match no Linear module of this model; "
-                                f"modules: {', '.join(self.linear_modules)}")
+            raise ScenarioError(
+                "lora.targets",
+                f"{list(s.lora.targets)} match no Linear module of this model; "
+                f"modules: {', '.join(self.linear_modules)}",
+            )
         if p.pp_microbatches < p.pp and p.pp > 1 and p.pp_schedule == "interleaved":
-            raise ScenarioError("parallel.pp_microbatches", "the interleaved schedule needs pp_microbatches >= pp")
+            raise ScenarioError(
+                "parallel.pp_microbatches", "the interleaved schedule needs pp_microbatches >= pp"
+            )
 
     # ----- derived facts -----------------------------------------------------------------------
     @property
@@ -119,8 +129,9 @@ class Context:
         for g in self.arch.params:
             if not g.module or len(g.shape) != 2 or g.kind == "embedding":
                 continue
-            hit = g.module in targets or ("all-linear" in targets and g.module not in _HEAD_MODULES
-                                          and g.kind != "head")
+            hit = g.module in targets or (
+                "all-linear" in targets and g.module not in _HEAD_MODULES and g.kind != "head"
+            )
             if not hit:
                 continue
             if self.arch.extra.get("conv1d"):

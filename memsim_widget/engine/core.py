@@ -35,19 +35,26 @@ def _estimate(scenario: Scenario) -> Estimate:
         persistent = sum(i.bytes for i in peak.items if i.category in ("parameters", "optimizer_states"))
         transient = peak.tensor_bytes - persistent
         frag = reserved_item(persistent, transient)
-        ranks.append(RankEstimate(
-            stage=stage,
-            moments=tuple(steady),
-            peak=peak,
-            reserved=frag,
-            device=tuple(dev),
-            host=tuple(states.host),
-            step1_peak_allocated_bytes=max(m.allocated_bytes for m in first),
-            params_local=states.params_local,
-            trainable_local=states.trainable_local,
-        ))
-    return Estimate(scenario=scenario, arch=ctx.arch, gpu=ctx.gpu, ranks=tuple(ranks),
-                    trainable_parameters=_trainable(ctx))
+        ranks.append(
+            RankEstimate(
+                stage=stage,
+                moments=tuple(steady),
+                peak=peak,
+                reserved=frag,
+                device=tuple(dev),
+                host=tuple(states.host),
+                step1_peak_allocated_bytes=max(m.allocated_bytes for m in first),
+                params_local=states.params_local,
+                trainable_local=states.trainable_local,
+            )
+        )
+    return Estimate(
+        scenario=scenario,
+        arch=ctx.arch,
+        gpu=ctx.gpu,
+        ranks=tuple(ranks),
+        trainable_parameters=_trainable(ctx),
+    )
 
 
 def _trainable(ctx: Context) -> int:

@@ -82,8 +82,14 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
         shape = list(emb.shape)
         if emb.tp_dim is not None and par.tp > 1:
             shape[emb.tp_dim] = -(-shape[emb.tp_dim] // par.tp)
-        out.append(LocalGroup(ParamGroup("lm_head.weight (tied copy)", "head", emb.shape, 1, "post", emb.tp_dim,
-                                         "lm_head"), 1, math.prod(shape), tuple(shape)))
+        out.append(
+            LocalGroup(
+                ParamGroup("lm_head.weight (tied copy)", "head", emb.shape, 1, "post", emb.tp_dim, "lm_head"),
+                1,
+                math.prod(shape),
+                tuple(shape),
+            )
+        )
     return out
 
 
@@ -114,23 +120,48 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     for kind, gs in by_kind.items():
         n = sum(g.numel for g in gs)
         tensors = sum(g.count for g in gs)
-        if quantised and kind not in ("embedding", "head", "norm", "position") and any(g.group.module for g in gs):
+        if (
+            quantised
+            and kind not in ("embedding", "head", "norm", "position")
+            and any(g.group.module for g in gs)
+        ):
             q = [g for g in gs if g.group.module and len(g.shape) >= 2]
             rest = [g for g in gs if g not in q]
             qbytes = sum(nf4_bytes(g.numel_each) * g.count for g in q)
             nq = sum(g.numel for g in q)
-            b.persistent.append(Item("parameters", f"{kind} weights (NF4)", qbytes // w_div,
-                                     f"{fmt_int(nq)} x (0.5 B + 1 B/64 absmax + 4 B/16384){tp_note}{w_note}",
-                                     weight_level, sum(g.count for g in q) * 2))
+            b.persistent.append(
+                Item(
+                    "parameters",
+                    f"{kind} weights (NF4)",
+                    qbytes // w_div,
+                    f"{fmt_int(nq)} x (0.5 B + 1 B/64 absmax + 4 B/16384){tp_note}{w_note}",
+                    weight_level,
+                    sum(g.count for g in q) * 2,
+                )
+            )
             if rest:
                 nr = sum(g.numel for g in rest)
-                b.persistent.append(Item("parameters", f"{kind} weights", nr * recipe.weight_bytes // w_div,
-                                         f"{fmt_int(nr)} x {recipe.weight_bytes} B{w_note}", weight_level,
-                                         sum(g.count for g in rest)))
+                b.persistent.append(
+                    Item(
+                        "parameters",
+                        f"{kind} weights",
+                        nr * recipe.weight_bytes // w_div,
+                        f"{fmt_int(nr)} x {recipe.weight_bytes} B{w_note}",
+                        weight_level,
+                        sum(g.count for g in rest),
+                    )
+                )
             continue
-        b.persistent.append(Item("parameters", f"{kind} weights", n * recipe.weight_bytes // w_div,
-                                 f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}", weight_level,
-                                 tensors))
+        b.persistent.append(
+            Item(
+                "parameters",
+                f"{kind} weights",
+                n * recipe.weight_bytes // w_div,
+                f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}",
+                weight_level,
+                tensors,
+            )
+        )
 
     # ----- what is trained ---------------------------------------------------------------------
     if ctx.full_training:
@@ -146,10 +177,17 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
             trainable.append(((ad.rank, ad.in_features), cnt, ad.rank * ad.in_features))
             trainable.append(((ad.out_features, ad.rank), cnt, ad.rank * ad.out_features))
         n_ad = sum(c * e for _, c, e in trainable)
-        b.persistent.append(Item("parameters", "LoRA adapter weights", n_ad * a_bytes,
-                                 f"{fmt_int(n_ad)} adapter params x {a_bytes} B "
-                                 f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})",
-                                 "tensor", sum(c for _, c, _ in trainable)))
+        b.persistent.append(
+            Item(
+                "parameters",
+                "LoRA adapter weights",
+                n_ad * a_bytes,
+                f"{fmt_int(n_ad)} adapter params x {a_bytes} B "
+                f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})",
+                "tensor",
+                sum(c for _, c, _ in trainable),
+            )
+        )
         grad_b = a_bytes
         state_b = 4 if recipe.master_bytes else a_bytes
         master_b = 0
@@ -163,18 +201,41 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     grad_total = n_train * grad_b // g_div
     if sc.optimizer_in_backward:
         largest = max(e for _, _, e in trainable)
-        b.grads.append(Item("gradients", "gradient of the parameter being updated (optimizer in backward)",
-                            largest * grad_b, f"largest param {fmt_int(largest)} x {grad_b} B", "tensor", 1))
+        b.grads.append(
+            Item(
+                "gradients",
+                "gradient of the parameter being updated (optimizer in backward)",
+                largest * grad_b,
+                f"largest param {fmt_int(largest)} x {grad_b} B",
+                "tensor",
+                1,
+            )
+        )
     else:
-        b.grads.append(Item("gradients", "gradients", grad_total,
-                            f"{fmt_int(n_train)} {what} x {grad_b} B{_shard_note(g_div, 'ZeRO-2 dp shard')}",
-                            "tensor", tensors_train))
+        b.grads.append(
+            Item(
+                "gradients",
+                "gradients",
+                grad_total,
+                f"{fmt_int(n_train)} {what} x {grad_b} B{_shard_note(g_div, 'ZeRO-2 dp shard')}",
+                "tensor",
+                tensors_train,
+            )
+        )
     if par.dp > 1 and z == 0 and sc.framework == "hf" and not sc.optimizer_in_backward:
-        b.grads.append(Item("gradients", "DDP gradient buckets", n_train * grad_b,
-                            f"{fmt_int(n_train)} x {grad_b} B (DDP flat buckets, gradient_as_bucket_view=False)",
-                            "tensor", max(1, n_train * grad_b // (25 * 1024**2))))
-    layer_train = sum(c * e for (_, c, e), g in zip(trainable, _trainable_scopes(ctx, groups), strict=False)
-                      if g == "layer")
+        b.grads.append(
+            Item(
+                "gradients",
+                "DDP gradient buckets",
+                n_train * grad_b,
+                f"{fmt_int(n_train)} x {grad_b} B (DDP flat buckets, gradient_as_bucket_view=False)",
+                "tensor",
+                max(1, n_train * grad_b // (25 * 1024**2)),
+            )
+        )
+    layer_train = sum(
+        c * e for (_, c, e), g in zip(trainable, _trainable_scopes(ctx, groups), strict=False) if g == "layer"
+    )
     b.grad_bytes_per_layer = layer_train * grad_b / g_div / max(stage.layers, 1)
     b.pre_post_grad_bytes = max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
@@ -184,13 +245,27 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     o_note = _shard_note(o_div, f"ZeRO-{z} dp shard")
     level = "host" if on_host_opt else "tensor"
     if master_b:
-        b.persistent.append(Item("optimizer_states", "fp32 master weights", n_train * master_b // o_div,
-                                 f"{fmt_int(n_train)} x {master_b} B{o_note}", level, tensors_train))
+        b.persistent.append(
+            Item(
+                "optimizer_states",
+                "fp32 master weights",
+                n_train * master_b // o_div,
+                f"{fmt_int(n_train)} x {master_b} B{o_note}",
+                level,
+                tensors_train,
+            )
+        )
     if opt.states:
         sbytes = sum(opt.state_bytes(shape, state_b) * c for shape, c, _ in trainable) // o_div
-        item = Item("optimizer_states", f"{opt.name} states", sbytes,
-                    f"{fmt_int(n_train)} {what} x {opt.state_formula(state_b)}{o_note}"
-                    + (" (paged: can spill to host)" if opt.paged else ""), level, tensors_train * opt.states)
+        item = Item(
+            "optimizer_states",
+            f"{opt.name} states",
+            sbytes,
+            f"{fmt_int(n_train)} {what} x {opt.state_formula(state_b)}{o_note}"
+            + (" (paged: can spill to host)" if opt.paged else ""),
+            level,
+            tensors_train * opt.states,
+        )
         b.persistent.append(item)
 
     # ----- optimizer step temporaries -----------------------------------------------------------
@@ -208,14 +283,23 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
             formula = f"{opt.temp_foreach:g} x {fmt_int(n_train)} x {state_b} B (foreach buffer of the group){o_note}"
         elif impl == "for-loop":
             tbytes = int(opt.temp_for_loop * -(-largest // o_div) * state_b)
-            formula = f"{opt.temp_for_loop:g} x largest param {fmt_int(largest)} x {state_b} B (per-tensor step)"
+            formula = (
+                f"{opt.temp_for_loop:g} x largest param {fmt_int(largest)} x {state_b} B (per-tensor step)"
+            )
         else:
             tbytes = int(opt.temp_fused * n_train * state_b // o_div)
             formula = "fused kernel: no temporaries"
         if tbytes:
-            b.step_temps.append(Item("temporaries", f"optimizer step ({impl})", tbytes, formula,
-                                     level if not sc.optimizer_in_backward else "tensor",
-                                     1 if impl != "foreach" else tensors_train))
+            b.step_temps.append(
+                Item(
+                    "temporaries",
+                    f"optimizer step ({impl})",
+                    tbytes,
+                    formula,
+                    level if not sc.optimizer_in_backward else "tensor",
+                    1 if impl != "foreach" else tensors_train,
+                )
+            )
 
     # ----- ZeRO-3 / FSDP gathered units ---------------------------------------------------------
     if z >= 3 and dp > 1:
@@ -223,16 +307,38 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
         root = sum(g.numel for g in groups if g.group.scope != "layer")
         wb = recipe.weight_bytes
         gath = 2 * per_layer * wb
-        b.gathered.append(Item("parameters", "ZeRO-3 gathered layers (current + prefetched)", gath,
-                               f"2 x {fmt_int(per_layer)} params/layer x {wb} B", "tensor", 2))
+        b.gathered.append(
+            Item(
+                "parameters",
+                "ZeRO-3 gathered layers (current + prefetched)",
+                gath,
+                f"2 x {fmt_int(per_layer)} params/layer x {wb} B",
+                "tensor",
+                2,
+            )
+        )
         if root:
-            b.gathered.append(Item("parameters", "ZeRO-3 gathered root unit (embeddings, head)",
-                                   root * wb - root * wb // dp,
-                                   f"{fmt_int(root)} x {wb} B x (1 - 1/{dp})", "tensor", 2))
+            b.gathered.append(
+                Item(
+                    "parameters",
+                    "ZeRO-3 gathered root unit (embeddings, head)",
+                    root * wb - root * wb // dp,
+                    f"{fmt_int(root)} x {wb} B x (1 - 1/{dp})",
+                    "tensor",
+                    2,
+                )
+            )
         if ctx.full_training:
-            b.gathered_grads.append(Item("gradients", "ZeRO-3 unsharded gradients of one layer",
-                                         per_layer * grad_b, f"{fmt_int(per_layer)} x {grad_b} B", "tensor",
-                                         1))
+            b.gathered_grads.append(
+                Item(
+                    "gradients",
+                    "ZeRO-3 unsharded gradients of one layer",
+                    per_layer * grad_b,
+                    f"{fmt_int(per_layer)} x {grad_b} B",
+                    "tensor",
+                    1,
+                )
+            )
 
     # ----- host memory --------------------------------------------------------------------------
     if on_host_opt:

@@ -33,8 +33,9 @@ class Moment:
         return sum(i.allocated_bytes for i in self.items)
 
 
-def _scaled(terms: list[Term], factor: float, label: str, category: str = "activations",
-            first: float = 0) -> list[Item]:
+def _scaled(
+    terms: list[Term], factor: float, label: str, category: str = "activations", first: float = 0
+) -> list[Item]:
     """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items;
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""
     if factor <= 0:
@@ -43,12 +44,21 @@ def _scaled(terms: list[Term], factor: float, label: str, category: str = "activ
     for t in terms:
         note = f"{label} x ({t.formula})" if label else t.formula
         nbytes = t.bytes * factor - (t.first_bytes * first if t.skip_first else 0)
-        items.append(Item(category, t.name, int(nbytes), note, t.level, max(1, int(t.tensors * max(factor, 1)))))
+        items.append(
+            Item(category, t.name, int(nbytes), note, t.level, max(1, int(t.tensors * max(factor, 1))))
+        )
     return items
 
 
-def moments(ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBudget,
-            overhead: list[Item], *, steady: bool = True) -> list[Moment]:
+def moments(
+    ctx: Context,
+    stage: Stage,
+    states: StateBudget,
+    acts: ActivationBudget,
+    overhead: list[Item],
+    *,
+    steady: bool = True,
+) -> list[Moment]:
     """Every candidate peak moment of one rank's training step."""
     sc = ctx.scenario
     f = ctx.in_flight(stage)
@@ -57,7 +67,9 @@ def moments(ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBud
     persistent = [i for i in states.persistent if i.level == "tensor"]
     step_persistent = persistent
     if not steady:  # step 1: optimizer states do not exist before the first optimizer.step
-        persistent = [i for i in persistent if not (i.category == "optimizer_states" and "master" not in i.item)]
+        persistent = [
+            i for i in persistent if not (i.category == "optimizer_states" and "master" not in i.item)
+        ]
     grads_carried = sc.grad_accum_steps > 1 or (ctx.par.pp > 1 and ctx.par.pp_microbatches > 1)
     grads_in_fwd = states.grads if grads_carried and not sc.optimizer_in_backward else []
 
@@ -71,21 +83,41 @@ def moments(ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBud
     recompute = _scaled(acts.per_layer, 1, "1 recomputed layer") if ckpt else []
     layer_bwd = _scaled(acts.layer_backward, 1, "", "temporaries")
     loss_bwd = _scaled(acts.loss_backward, 1 if stage.last else 0, "", "temporaries")
-    loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "") + _scaled(acts.cache_per_layer, Ls,
-                                                                               f"{Ls} layers")
+    loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "") + _scaled(
+        acts.cache_per_layer, Ls, f"{Ls} layers"
+    )
     common = persistent + overhead
     out = [
-        Moment("forward_end", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_fwd)),
-        Moment("backward_start", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_bwd)),
+        Moment(
+            "forward_end", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_fwd)
+        ),
+        Moment(
+            "backward_start",
+            tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_bwd),
+        ),
     ]
     # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations
     # remain; of this micro-batch only the layer in backward (recomputed under checkpointing).
-    rest = _scaled(kept, Ls * (f - 1), f"{Ls} layers x {f - 1:g} other micro-batches",
-                   first=first - 1 if first else 0) if f > 1 else []
+    rest = (
+        _scaled(
+            kept,
+            Ls * (f - 1),
+            f"{Ls} layers x {f - 1:g} other micro-batches",
+            first=first - 1 if first else 0,
+        )
+        if f > 1
+        else []
+    )
     own = recompute if ckpt else _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
     end_grads = states.grads if not sc.optimizer_in_backward else states.grads + states.step_temps
-    out.append(Moment("backward_end", tuple(common + end_grads + states.gathered + states.gathered_grads + pre
-                                            + rest + own + layer_bwd)))
+    out.append(
+        Moment(
+            "backward_end",
+            tuple(
+                common + end_grads + states.gathered + states.gathered_grads + pre + rest + own + layer_bwd
+            ),
+        )
+    )
     if sc.optimizer != "none" and not sc.optimizer_in_backward:
         step_temps = [i for i in states.step_temps if i.level == "tensor"]
         out.append(Moment("optimizer_step", tuple(step_persistent + overhead + states.grads + step_temps)))
