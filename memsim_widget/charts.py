@@ -51,8 +51,11 @@ def model_label(model: Any) -> str:
 def gpu_label(gpu: Any) -> str:
     """A short name for a scenario's GPU: the catalog id, or ``custom <N> GiB``."""
     if isinstance(gpu, Mapping):
-        return f"custom {gpu.get('memory_gib', '?'):g} GiB" if isinstance(gpu.get("memory_gib"), int | float) \
+        return (
+            f"custom {gpu.get('memory_gib', '?'):g} GiB"
+            if isinstance(gpu.get("memory_gib"), int | float)
             else "custom GPU"
+        )
     return str(gpu)
 
 
@@ -73,20 +76,22 @@ def breakdown_records(source: Estimate | pd.DataFrame | Iterable[Mapping[str, An
     for r in rows:
         nbytes = int(r["bytes"])
         size = fmt_bytes(nbytes)
-        out.append({
-            "rank": r["rank"],
-            "stage": int(r["stage"]),
-            "category": r["category"],
-            "order": CATEGORIES.index(r["category"]) if r["category"] in CATEGORIES else len(CATEGORIES),
-            "item": r["item"],
-            "bytes": nbytes,
-            "gib": _gib(nbytes),
-            "size": size,
-            "share": round(nbytes / max(totals[r["rank"]], 1), 4),
-            "formula": f"{r['formula']} = {size}",
-            "counter": r["counter"],
-            "moment": r["moment"],
-        })
+        out.append(
+            {
+                "rank": r["rank"],
+                "stage": int(r["stage"]),
+                "category": r["category"],
+                "order": CATEGORIES.index(r["category"]) if r["category"] in CATEGORIES else len(CATEGORIES),
+                "item": r["item"],
+                "bytes": nbytes,
+                "gib": _gib(nbytes),
+                "size": size,
+                "share": round(nbytes / max(totals[r["rank"]], 1), 4),
+                "formula": f"{r['formula']} = {size}",
+                "counter": r["counter"],
+                "moment": r["moment"],
+            }
+        )
     return out
 
 
@@ -121,10 +126,20 @@ def _capacity_layers(capacity_bytes: int, headroom: float, label: str) -> list[d
         },
         {
             "data": {"values": [rule]},
-            "mark": {"type": "text", "align": "left", "baseline": "bottom", "dx": 3, "dy": -3,
-                     "color": CAPACITY_COLOR, "fontWeight": "bold"},
-            "encoding": {"x": {"value": 0}, "y": {"field": "gib", "type": "quantitative"},
-                         "text": {"field": "label"}},
+            "mark": {
+                "type": "text",
+                "align": "left",
+                "baseline": "bottom",
+                "dx": 3,
+                "dy": -3,
+                "color": CAPACITY_COLOR,
+                "fontWeight": "bold",
+            },
+            "encoding": {
+                "x": {"value": 0},
+                "y": {"field": "gib", "type": "quantitative"},
+                "text": {"field": "label"},
+            },
         },
     ]
 
@@ -151,16 +166,25 @@ def breakdown_spec(
     for stage, rank in ranks:
         nbytes = sum(r["bytes"] for r in records if r["rank"] == rank)
         totals.append({"rank": rank, "stage": stage, "gib": _gib(nbytes), "label": f"{nbytes / GiB:.1f} GiB"})
-    x = {"field": "rank", "type": "nominal", "title": None, "sort": [r for _, r in ranks],
-         "axis": {"labelAngle": 0}}
+    x = {
+        "field": "rank",
+        "type": "nominal",
+        "title": None,
+        "sort": [r for _, r in ranks],
+        "axis": {"labelAngle": 0},
+    }
     bars = {
         "data": {"values": records},
         "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
             "x": x,
             "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU"},
-            "color": {"field": "category", "type": "nominal", "scale": _color_scale(),
-                      "legend": {"title": "category", "orient": "right"}},
+            "color": {
+                "field": "category",
+                "type": "nominal",
+                "scale": _color_scale(),
+                "legend": {"title": "category", "orient": "right"},
+            },
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
                 {"field": "rank", "type": "nominal"},
@@ -205,11 +229,25 @@ def scaling_points(scenario: Scenario, axis: str, stops: Sequence[int]) -> dict[
         capacity = est.gpu.memory_bytes
         total = est.device_total_bytes
         for cat, nbytes in est.components().items():
-            points.append({"x": value, "category": cat, "order": CATEGORIES.index(cat), "gib": _gib(nbytes),
-                           "size": fmt_bytes(nbytes), "total": fmt_bytes(total)})
+            points.append(
+                {
+                    "x": value,
+                    "category": cat,
+                    "order": CATEGORIES.index(cat),
+                    "gib": _gib(nbytes),
+                    "size": fmt_bytes(nbytes),
+                    "total": fmt_bytes(total),
+                }
+            )
         totals.append({"x": value, "bytes": total, "gib": _gib(total)})
-    return {"axis": axis, "stops": list(stops), "points": points, "totals": totals, "invalid": invalid,
-            "capacity_bytes": capacity}
+    return {
+        "axis": axis,
+        "stops": list(stops),
+        "points": points,
+        "totals": totals,
+        "invalid": invalid,
+        "capacity_bytes": capacity,
+    }
 
 
 def crossing(totals: Sequence[Mapping[str, Any]], limit_bytes: float) -> dict[str, Any]:
@@ -221,8 +259,11 @@ def crossing(totals: Sequence[Mapping[str, Any]], limit_bytes: float) -> dict[st
                 under = t
         elif over is None:
             over = t
-    out: dict[str, Any] = {"max_fit": under["x"] if under else None, "first_over": over["x"] if over else None,
-                           "at": None}
+    out: dict[str, Any] = {
+        "max_fit": under["x"] if under else None,
+        "first_over": over["x"] if over else None,
+        "at": None,
+    }
     if under and over:
         span = over["bytes"] - under["bytes"]
         frac = (limit_bytes - under["bytes"]) / span if span else 0.0
@@ -244,8 +285,11 @@ def scaling_data(
             continue
         stops = MICRO_BATCH_STOPS if axis == "micro_batch_size" else SEQ_LEN_STOPS
         data = scaling_points(est.scenario, axis, stops)
-        data["current"] = {"x": getattr(est.scenario, axis), "gib": _gib(est.device_total_bytes),
-                           "bytes": est.device_total_bytes}
+        data["current"] = {
+            "x": getattr(est.scenario, axis),
+            "gib": _gib(est.device_total_bytes),
+            "bytes": est.device_total_bytes,
+        }
         data["capacity_bytes"] = cap
         data["crosses_capacity"] = crossing(data["totals"], cap)
         data["crosses_headroom"] = crossing(data["totals"], cap * (1 - headroom))
@@ -258,9 +302,13 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
     axis = data["axis"]
     title = AXIS_TITLES.get(axis, axis)
     stops = data["stops"]
-    x = {"field": "x", "type": "quantitative", "title": title,
-         "scale": {"type": "log", "base": 2, "domain": [stops[0], stops[-1]]},
-         "axis": {"values": stops, "labelAngle": -40 if axis == "seq_len" else 0, "grid": False}}
+    x = {
+        "field": "x",
+        "type": "quantitative",
+        "title": title,
+        "scale": {"type": "log", "base": 2, "domain": [stops[0], stops[-1]]},
+        "axis": {"values": stops, "labelAngle": -40 if axis == "seq_len" else 0, "grid": False},
+    }
     cap_gib = data["capacity_bytes"] / GiB
     top = max((t["gib"] for t in data["totals"]), default=cap_gib)
     # Zoom on the capacity: curves far above it are clipped so the crossing stays readable.
@@ -268,61 +316,107 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
     y_scale = {"domain": [0, y_max]} if y_max else {}
     band, rule, rule_label = _capacity_layers(data["capacity_bytes"], headroom, gpu_name)
     layers: list[dict[str, Any]] = [band, rule]
-    layers.append({
-        "data": {"values": data["points"]},
-        "mark": {"type": "area", "opacity": 0.85, "line": {"strokeWidth": 0.5}, "clip": True},
-        "encoding": {
-            "x": x,
-            "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU (worst rank)",
-                  "scale": y_scale},
-            "color": {"field": "category", "type": "nominal", "scale": _color_scale(),
-                      "legend": {"title": "category"}},
-            "order": {"field": "order", "type": "quantitative"},
-            "tooltip": [
-                {"field": "x", "type": "quantitative", "title": title},
-                {"field": "category", "type": "nominal"},
-                {"field": "size", "type": "nominal", "title": "bytes"},
-                {"field": "total", "type": "nominal", "title": "total (nvidia-smi)"},
-            ],
-        },
-    })
-    layers.append({
-        "data": {"values": data["totals"]},
-        "mark": {"type": "point", "filled": True, "size": 18, "color": "#333", "clip": True},
-        "encoding": {"x": x, "y": {"field": "gib", "type": "quantitative"},
-                     "tooltip": [{"field": "x", "type": "quantitative", "title": title},
-                                 {"field": "gib", "type": "quantitative", "format": ".2f", "title": "total GiB"}]},
-    })
+    layers.append(
+        {
+            "data": {"values": data["points"]},
+            "mark": {"type": "area", "opacity": 0.85, "line": {"strokeWidth": 0.5}, "clip": True},
+            "encoding": {
+                "x": x,
+                "y": {
+                    "field": "gib",
+                    "type": "quantitative",
+                    "stack": "zero",
+                    "title": "GiB per GPU (worst rank)",
+                    "scale": y_scale,
+                },
+                "color": {
+                    "field": "category",
+                    "type": "nominal",
+                    "scale": _color_scale(),
+                    "legend": {"title": "category"},
+                },
+                "order": {"field": "order", "type": "quantitative"},
+                "tooltip": [
+                    {"field": "x", "type": "quantitative", "title": title},
+                    {"field": "category", "type": "nominal"},
+                    {"field": "size", "type": "nominal", "title": "bytes"},
+                    {"field": "total", "type": "nominal", "title": "total (nvidia-smi)"},
+                ],
+            },
+        }
+    )
+    layers.append(
+        {
+            "data": {"values": data["totals"]},
+            "mark": {"type": "point", "filled": True, "size": 18, "color": "#333", "clip": True},
+            "encoding": {
+                "x": x,
+                "y": {"field": "gib", "type": "quantitative"},
+                "tooltip": [
+                    {"field": "x", "type": "quantitative", "title": title},
+                    {"field": "gib", "type": "quantitative", "format": ".2f", "title": "total GiB"},
+                ],
+            },
+        }
+    )
     cur = dict(data["current"], label=f"current: {data['current']['x']}")
-    layers.append({
-        "data": {"values": [cur]},
-        "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#111"},
-        "encoding": {"x": {"field": "x", "type": "quantitative"}},
-    })
-    layers.append({
-        "data": {"values": [cur]},
-        "mark": {"type": "point", "shape": "diamond", "size": 120, "filled": True, "color": "#111"},
-        "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "gib", "type": "quantitative"},
-                     "tooltip": [{"field": "label", "type": "nominal", "title": "current"},
-                                 {"field": "gib", "type": "quantitative", "format": ".2f", "title": "GiB"}]},
-    })
+    layers.append(
+        {
+            "data": {"values": [cur]},
+            "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#111"},
+            "encoding": {"x": {"field": "x", "type": "quantitative"}},
+        }
+    )
+    layers.append(
+        {
+            "data": {"values": [cur]},
+            "mark": {"type": "point", "shape": "diamond", "size": 120, "filled": True, "color": "#111"},
+            "encoding": {
+                "x": {"field": "x", "type": "quantitative"},
+                "y": {"field": "gib", "type": "quantitative"},
+                "tooltip": [
+                    {"field": "label", "type": "nominal", "title": "current"},
+                    {"field": "gib", "type": "quantitative", "format": ".2f", "title": "GiB"},
+                ],
+            },
+        }
+    )
     cross = data["crosses_capacity"]
     if cross["at"] is not None:
         at = cross["at"]
-        mark = {"x": at, "label": f"exceeds the GPU at ≈{at:,.0f}" if at >= 10 else f"exceeds the GPU at ≈{at:g}"}
-        layers.append({
-            "data": {"values": [mark]},
-            "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeDash": [2, 2], "strokeWidth": 2},
-            "encoding": {"x": {"field": "x", "type": "quantitative"},
-                         "tooltip": [{"field": "label", "type": "nominal", "title": "crossing"}]},
-        })
-        layers.append({
-            "data": {"values": [mark]},
-            "mark": {"type": "text", "align": "right", "baseline": "top", "dx": -3, "dy": 3, "angle": 0,
-                     "color": CAPACITY_COLOR},
-            "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"value": 0},
-                         "text": {"field": "label"}},
-        })
+        mark = {
+            "x": at,
+            "label": f"exceeds the GPU at ≈{at:,.0f}" if at >= 10 else f"exceeds the GPU at ≈{at:g}",
+        }
+        layers.append(
+            {
+                "data": {"values": [mark]},
+                "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeDash": [2, 2], "strokeWidth": 2},
+                "encoding": {
+                    "x": {"field": "x", "type": "quantitative"},
+                    "tooltip": [{"field": "label", "type": "nominal", "title": "crossing"}],
+                },
+            }
+        )
+        layers.append(
+            {
+                "data": {"values": [mark]},
+                "mark": {
+                    "type": "text",
+                    "align": "right",
+                    "baseline": "top",
+                    "dx": -3,
+                    "dy": 3,
+                    "angle": 0,
+                    "color": CAPACITY_COLOR,
+                },
+                "encoding": {
+                    "x": {"field": "x", "type": "quantitative"},
+                    "y": {"value": 0},
+                    "text": {"field": "label"},
+                },
+            }
+        )
     layers.append(rule_label)
     return {"title": f"memory vs {title}", "width": 300, "height": 240, "layer": layers}
 

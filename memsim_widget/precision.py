@@ -101,12 +101,12 @@ register_precision(
 register_precision(
     PrecisionRecipe(
         "fp8",
-        "fp8 compute (TransformerEngine): bf16 weights, fp8 weight cache, fp32 main grads/master/states",
+        "fp8 compute (TransformerEngine): bf16 weights, fp8 weight + transpose cache, fp32 main grads/master/states",
         2,
         4,
         4,
         4,
         2,
-        weight_copy_bytes=1,
+        weight_copy_bytes=2,
     )
 )

@@ -179,8 +179,11 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
     if spec is not None and spec.impls and out.get("optimizer") != "none":
         fix("optimizer_impl", out.get("optimizer_impl") in spec.impls, spec.impls[0])
     gas = out.get("grad_accum_steps", 1)
-    fix("optimizer_in_backward",
-        not out.get("optimizer_in_backward") or (gas == 1 and out.get("optimizer") != "none"), False)
+    fix(
+        "optimizer_in_backward",
+        not out.get("optimizer_in_backward") or (gas == 1 and out.get("optimizer") != "none"),
+        False,
+    )
     arch = _arch(out.get("model"))
     if arch is not None:
         fix("parallel.ep", arch.is_moe or par.get("ep", 1) == 1, 1)
@@ -243,12 +246,14 @@ def _static_options() -> dict[str, Any]:
     presets = []
     for pid in preset_ids():
         info = PRESET_INFO.get(pid, {})
-        presets.append({
-            "id": pid,
-            "params": info.get("params_label", ""),
-            "description": info.get("description", ""),
-            "label": f"{pid} ({info.get('params_label', '?')}): {info.get('description', '')}",
-        })
+        presets.append(
+            {
+                "id": pid,
+                "params": info.get("params_label", ""),
+                "description": info.get("description", ""),
+                "label": f"{pid} ({info.get('params_label', '?')}): {info.get('description', '')}",
+            }
+        )
     return {
         "presets": presets,
         "gpus": [{"id": g.id, "name": g.name, "memory_gib": round(g.memory_gib, 2)} for g in GPUS.values()],
@@ -306,8 +311,14 @@ def build_options(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def _peak(key: str, label: str, nbytes: int) -> dict[str, Any]:
     """One headline peak with the counter it predicts."""
-    return {"key": key, "label": label, "bytes": nbytes, "gib": round(nbytes / GiB, 3), "size": fmt_bytes(nbytes),
-            "counter": COUNTERS[key]}
+    return {
+        "key": key,
+        "label": label,
+        "bytes": nbytes,
+        "gib": round(nbytes / GiB, 3),
+        "size": fmt_bytes(nbytes),
+        "counter": COUNTERS[key],
+    }
 
 
 def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -336,7 +347,12 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
         "family": est.arch.family,
         "parameters": est.parameters,
         "trainable_parameters": est.trainable_parameters,
-        "gpu": {"id": est.gpu.id, "name": est.gpu.name, "memory_bytes": cap, "memory_gib": round(cap / GiB, 2)},
+        "gpu": {
+            "id": est.gpu.id,
+            "name": est.gpu.name,
+            "memory_bytes": cap,
+            "memory_gib": round(cap / GiB, 2),
+        },
         "usable_bytes": int(cap * (1 - headroom)),
         "peak_moment": est.peak_phase,
         "peak_rank": est.worst.label,
@@ -350,8 +366,13 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
         "host_bytes": max((r.host_bytes for r in est.ranks), default=0),
         "bottleneck": {**b, "text": bottleneck_text},
         "per_rank": [
-            {"rank": r.label, "stage": r.stage.index, "peak_moment": r.peak_phase,
-             "device_total_bytes": r.device_total_bytes, "components": r.components()}
+            {
+                "rank": r.label,
+                "stage": r.stage.index,
+                "peak_moment": r.peak_phase,
+                "device_total_bytes": r.device_total_bytes,
+                "components": r.components(),
+            }
             for r in est.ranks
         ],
         "rows": [{**row, "gib": round(row["gib"], 4)} for row in est.rows()],
@@ -460,17 +481,20 @@ class MemSim(anywidget.AnyWidget):
         self._submit(change["new"])
 
     # ----- core update ----------------------------------------------------------------------------------
-    def _submit(self, data: Mapping[str, Any], relative: bool = True) -> ScenarioError | None:
+    def _submit(
+        self, data: Mapping[str, Any], relative: bool = True, explicit: frozenset[str] = frozenset()
+    ) -> ScenarioError | None:
         """Apply a scenario dict; returns the ScenarioError that rejected it (None when it was valid).
 
         ``relative``: the dict is the previous scenario with some controls moved, so controls the move made
-        inapplicable are reset (``normalize``) and an unchanged ``num_gpus`` follows the new layout.
+        inapplicable are reset (``normalize``) and an unchanged ``num_gpus`` follows the new layout; ``explicit``
+        keys count as changed even when their value stays (``set(parallel={"tp": 1, "sequence_parallel": True})``).
         Omitted keys take their defaults, as in ``Scenario.from_dict``.
         """
         t0 = time.perf_counter()
         data = merge(_defaults(), data)
         if relative:
-            changed = changed_keys(self._valid, data)
+            changed = changed_keys(self._valid, data) | explicit
             if "num_gpus" not in changed:
                 data["num_gpus"] = None  # derived from the layout unless set on purpose
             data = normalize(data, changed)
@@ -553,7 +577,7 @@ class MemSim(anywidget.AnyWidget):
 
     def set(self, **changes: Any) -> MemSim:
         """Change scenario keys like the controls do (``parallel``/``lora`` accept partial dicts); raises if invalid."""
-        exc = self._submit(merge(self.scenario_data, changes))
+        exc = self._submit(merge(self.scenario_data, changes), explicit=frozenset(flatten(changes)))
         if exc is not None:
             raise exc
         return self
@@ -588,9 +612,11 @@ class MemSim(anywidget.AnyWidget):
     def __repr__(self) -> str:
         """Deterministic one-liner: model, GPU, verdict, peak and its moment (no memory address)."""
         est = self._estimate
-        text = (f"MemSim({charts_mod.model_label(self._scenario.model)} on "
-                f"{charts_mod.gpu_label(self._scenario.gpu)}: {est.verdict(self.headroom)}, "
-                f"peak {est.device_total_bytes / GiB:.1f} GiB at {est.peak_phase}")
+        text = (
+            f"MemSim({charts_mod.model_label(self._scenario.model)} on "
+            f"{charts_mod.gpu_label(self._scenario.gpu)}: {est.verdict(self.headroom)}, "
+            f"peak {est.device_total_bytes / GiB:.1f} GiB at {est.peak_phase}"
+        )
         if self.error:
             text += f"; rejected {self.error_field or 'input'}"
         return text + ")"

@@ -35,7 +35,6 @@ def run(model, **kw) -> object:
         ("fp16", 2, 2, 4),
         ("amp-bf16", 4, 4, 8),  # autocast keeps fp32 weights, grads and states
         ("mixed-bf16", 2, 4, 4 + 8),  # Megatron: bf16 weights, fp32 main grads, fp32 master + m + v = 18 B
-        ("fp8", 2, 4, 4 + 8),
     ],
 )
 def test_bytes_per_parameter_per_recipe(tiny_llama, precision, weights, grads, states):
@@ -44,6 +43,15 @@ def test_bytes_per_parameter_per_recipe(tiny_llama, precision, weights, grads, s
     assert step["parameters"] == weights * n
     assert step["gradients"] == grads * n
     assert step["optimizer_states"] == states * n
+
+
+def test_fp8_keeps_a_weight_and_transpose_cache_of_the_linears(tiny_llama):
+    arch = architecture_for(tiny_llama)
+    n = arch.parameters
+    linear = sum(g.numel for g in arch.params if g.module and g.kind not in ("embedding", "head"))
+    step = at(run(tiny_llama, precision="fp8"), "optimizer_step")
+    assert step["parameters"] == 2 * n + 2 * linear
+    assert step["gradients"] == 4 * n and step["optimizer_states"] == 12 * n
 
 
 def test_seven_billion_pure_bf16_adamw_is_about_64_gib_at_the_step():

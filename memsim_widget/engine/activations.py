@@ -421,16 +421,19 @@ def V_final_fp32(arch: object) -> bool:  # noqa: N802
 
 
 def _megatron(ctx: Context) -> ActivationBudget:
-    """Megatron-LM with fused kernels: Korthikanti et al. 2022 Table 2, generalised to any MLP width."""
+    """Megatron-LM with fused kernels: Korthikanti et al. 2022 Table 2, generalised to any MLP width.
+
+    Per layer s*b*h*(18 + 4*I/h) for a GELU MLP (34 at I = 4h); a gated MLP (SwiGLU) keeps one more
+    T x I tensor of 2 bytes, hence 18 + 6*I/h. Without sequence parallelism 10*s*b*h (norm inputs,
+    dropout masks) stay outside the tensor-parallel regions. Flash attention and selective
+    recomputation drop the 5*a*s^2*b/t attention-score term.
+    """
     arch, sc = ctx.arch, ctx.scenario
     D = _Dims(ctx)
     t = D.tp
     s, b, h = D.s, D.b, arch.hidden_size
-    mlp = (
-        18 + 4 * arch.intermediate_size / h
-        if arch.mlp_activation not in ("swiglu", "geglu")
-        else 10 + 6 * arch.intermediate_size / h + 2
-    )
+    gated = arch.mlp_activation in ("swiglu", "geglu")
+    mlp = 18 + (6 if gated else 4) * arch.intermediate_size / h
     out = ActivationBudget()
     sel = sc.activation_checkpointing in ("selective", "full") or sc.attention == "sdpa"
     if D.sp:

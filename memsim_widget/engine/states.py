@@ -163,6 +163,19 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
             )
         )
 
+    if recipe.weight_copy_bytes and not recipe.autocast:
+        nl = sum(g.numel for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
+        b.persistent.append(
+            Item(
+                "parameters",
+                "fp8 weight and transpose cache",
+                nl * recipe.weight_copy_bytes,
+                f"{fmt_int(nl)} Linear weights x {recipe.weight_copy_bytes} B (fp8 + transpose)",
+                "tensor",
+                2,
+            )
+        )
+
     # ----- what is trained ---------------------------------------------------------------------
     if ctx.full_training:
         trainable = [(g.shape, g.count, g.numel_each) for g in groups]
