@@ -2,4 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from memsim_widget.engine.core import estimate
+from memsim_widget.errors import ScenarioError
+from memsim_widget.estimate import Estimate
+from memsim_widget.scenario import Scenario
+
 __version__ = "0.1.0"
+__all__ = ["Estimate", "MemSim", "Scenario", "ScenarioError", "estimate"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the widget lazily so the engine and CLI never load Jupyter or Altair."""
+    if name == "MemSim":
+        from memsim_widget.widget import MemSim
+
+        return MemSim
+    raise AttributeError(f"module 'memsim_widget' has no attribute {name!r}")

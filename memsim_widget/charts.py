@@ -7,6 +7,7 @@ Sizes are GiB (2**30 bytes), the unit ``nvidia-smi`` and PyTorch's memory summar
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -215,7 +216,17 @@ def breakdown_spec(
 
 # ----- how it scales ------------------------------------------------------------------------------------
 def scaling_points(scenario: Scenario, axis: str, stops: Sequence[int]) -> dict[str, Any]:
-    """Estimate ``scenario`` with ``axis`` at each stop: per-category GiB, totals, and skipped invalid stops."""
+    """Estimate ``scenario`` with ``axis`` at each stop: per-category GiB, totals, and skipped invalid stops.
+
+    Memoised on the scenario with ``axis`` factored out, so moving the slider of that axis reuses the curve.
+    The returned dict is shared: copy before changing it.
+    """
+    return _scaling_points(scenario.replace(**{axis: stops[0]}), axis, tuple(stops))
+
+
+@functools.lru_cache(maxsize=512)
+def _scaling_points(scenario: Scenario, axis: str, stops: tuple[int, ...]) -> dict[str, Any]:
+    """``scaling_points`` for a scenario whose ``axis`` sits at the first stop (the cache key)."""
     points: list[dict[str, Any]] = []
     totals: list[dict[str, Any]] = []
     invalid: list[dict[str, Any]] = []
@@ -227,8 +238,9 @@ def scaling_points(scenario: Scenario, axis: str, stops: Sequence[int]) -> dict[
             invalid.append({"value": value, "error": str(exc)})
             continue
         capacity = est.gpu.memory_bytes
-        total = est.device_total_bytes
-        for cat, nbytes in est.components().items():
+        comps = est.components()
+        total = sum(comps.values())  # == device_total_bytes, without recomputing the rank totals
+        for cat, nbytes in comps.items():
             points.append(
                 {
                     "x": value,
@@ -284,7 +296,7 @@ def scaling_data(
             out[axis] = {"axis": axis, "fixed": est.arch.fixed_seq_len}
             continue
         stops = MICRO_BATCH_STOPS if axis == "micro_batch_size" else SEQ_LEN_STOPS
-        data = scaling_points(est.scenario, axis, stops)
+        data = dict(scaling_points(est.scenario, axis, stops))
         data["current"] = {
             "x": getattr(est.scenario, axis),
             "gib": _gib(est.device_total_bytes),

@@ -10,6 +10,7 @@ of truth: the front end only writes ``scenario_data`` (and ``headroom``); every 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -401,6 +402,11 @@ def _defaults() -> dict[str, Any]:
     return merge(_default_dict(), {})
 
 
+def _json_text(value: Any, widget: Any) -> str:
+    """Send a large derived trait as JSON text: ipywidgets then skips walking it for binary buffers (~4 ms)."""
+    return json.dumps(value, separators=(",", ":"))
+
+
 # ----- the widget -----------------------------------------------------------------------------------------
 class MemSim(anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table."""
@@ -411,11 +417,12 @@ class MemSim(anywidget.AnyWidget):
     #: The scenario as JSON (every key resolved when valid): the single source of truth for the controls.
     scenario_data = traitlets.Dict().tag(sync=True)
     #: Allowed values per control, presets, GPUs, slider stops, and which controls/values are disabled.
-    options = traitlets.Dict().tag(sync=True)
+    #: (``options``, ``result`` and ``charts`` are dicts in Python and reach the browser as JSON text.)
+    options = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: The last valid result: verdict, peaks with counters, bottleneck, per-rank bytes, breakdown rows.
-    result = traitlets.Dict().tag(sync=True)
+    result = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: Vega-Lite specs: ``breakdown`` and ``scaling``.
-    charts = traitlets.Dict().tag(sync=True)
+    charts = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: ``"<field>: <message>"`` of the last rejected scenario, '' when the scenario is valid.
     error = traitlets.Unicode("").tag(sync=True)
     #: The dotted field the error names (e.g. ``parallel.tp``).

@@ -492,7 +492,7 @@ def test_wheel_ships_the_front_end(tmp_path: Path) -> None:
             "s = w.MemSim(charts_js=False); assert 'export function render' in s._esm; "
             "assert str(w._asset('widget.js')).endswith('memsim_widget/static/widget.js'); print(repr(s))" % site)
     run = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True)
+                         cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("MemSim(")
 
