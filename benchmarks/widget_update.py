@@ -2,8 +2,9 @@
 
 Usage: ``python benchmarks/widget_update.py [--n 50] [--model llama-3.1-8b] [--json]``. Prints medians (ms):
 
-* ``update (cold)``: a front-end write of ``scenario_data`` with the engine's cache cleared first, so every
-  estimate (the scenario and the 22 scaling stops) is recomputed: the worst case of moving a control;
+* ``update (cold)``: a front-end write of ``scenario_data`` with the caches cleared first, so every
+  estimate (the scenario and the 22 scaling stops) is recomputed: the worst case of moving a control
+  (moving the micro-batch or sequence slider reuses that axis' curve: about half of it);
 * ``update (warm)``: the same writes again, estimates cached (moving back to a value seen before);
 * ``scaling view (cold)``: ``charts.scaling_data`` + ``scaling_spec`` alone, cache cleared;
 * ``breakdown + result``: ``breakdown_spec`` + ``build_result`` for one estimate;
@@ -26,10 +27,11 @@ from memsim_widget.widget import MemSim, build_result, merge
 
 
 def _clear_cache() -> None:
-    """Forget cached estimates (the engine memoises them per scenario)."""
-    clear = getattr(getattr(core, "_estimate", None), "cache_clear", None)
-    if clear is not None:
-        clear()
+    """Forget cached estimates (the engine memoises them per scenario) and cached scaling curves."""
+    for fn in (getattr(core, "_estimate", None), getattr(charts, "_scaling_points", None)):
+        clear = getattr(fn, "cache_clear", None)
+        if clear is not None:
+            clear()
 
 
 def _median_ms(fn: Callable[[int], Any], n: int, cold: bool) -> float:

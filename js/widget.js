@@ -84,6 +84,21 @@ export function logIndex(stops, value) {
   return idx;
 }
 
+const parsed = new WeakMap();
+
+/** A trait that Python may send as JSON text (options, result, charts): parsed once per new value. */
+export function readTrait(model, key) {
+  const value = model.get(key);
+  if (typeof value !== "string") return value;
+  let cache = parsed.get(model);
+  if (!cache) parsed.set(model, (cache = new Map()));
+  const hit = cache.get(key);
+  if (hit && hit.text === value) return hit.value;
+  const out = value ? JSON.parse(value) : {};
+  cache.set(key, { text: value, value: out });
+  return out;
+}
+
 /** Human-readable binary size, like Python's `fmt_bytes` (`14.96 GiB`). */
 export function fmtBytes(n) {
   const units = [["GiB", 1024 ** 3], ["MiB", 1024 ** 2], ["KiB", 1024]];
@@ -417,7 +432,7 @@ export function render({ model, el }) {
     disposers.push(() => model.off(`change:${name}`, fn));
   };
 
-  let options = model.get("options") ?? {};
+  let options = readTrait(model, "options") ?? {};
   let { root: controlsEl, controls } = createControls(doc, options);
   const errorEl = h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" });
   const verdictEl = h(doc, "div", { class: "memsim-verdict" });
@@ -498,7 +513,7 @@ export function render({ model, el }) {
     syncAll();
   };
   const showResult = () => {
-    const result = model.get("result") ?? {};
+    const result = readTrait(model, "result") ?? {};
     renderVerdict(doc, verdictEl, result);
     tableHolder.replaceChildren(buildTable(doc, result.rows ?? []));
     csvLink.href = "data:text/csv;charset=utf-8," + encodeURIComponent(rowsToCsv(result.rows ?? []));
@@ -506,7 +521,7 @@ export function render({ model, el }) {
   let drawToken = 0;
   const drawCharts = async () => {
     const token = ++drawToken;
-    const specs = model.get("charts") ?? {};
+    const specs = readTrait(model, "charts") ?? {};
     let embed;
     try {
       embed = await deps.loadVegaEmbed(model.get("_vega_js") ?? "");
@@ -569,7 +584,7 @@ export function render({ model, el }) {
   onModel("charts", drawCharts);
   onModel("_vega_js", drawCharts);
   onModel("options", () => {
-    const next = model.get("options") ?? {};
+    const next = readTrait(model, "options") ?? {};
     const rebuild = JSON.stringify([next.presets, next.gpus, next.choices, next.stops]) !==
       JSON.stringify([options.presets, options.gpus, options.choices, options.stops]);
     options = next;

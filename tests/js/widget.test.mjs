@@ -288,6 +288,30 @@ describe("render", () => {
     cleanup();
   });
 
+  test("options, result and charts also arrive as JSON text (how Python sends them)", async () => {
+    const state = fixtureState();
+    const embedded = [];
+    deps.loadVegaEmbed = async () => async (el, spec) => {
+      embedded.push(spec);
+      return { view: {}, finalize() {} };
+    };
+    const { q, ctl, model, cleanup } = mount({
+      options: JSON.stringify(state.options),
+      result: JSON.stringify(state.result),
+      charts: JSON.stringify(state.charts),
+      _vega_js: "bundle",
+    });
+    assert.equal(ctl("lora.rank").disabled, true);
+    assert.equal(q(".memsim-table tbody").children.length, state.result.rows.length);
+    await new Promise((r) => setTimeout(r, 10));
+    assert.deepEqual(embedded[0], state.charts.breakdown);
+    const opts = structuredClone(state.options);
+    delete opts.disabled["lora.rank"];
+    model.set("options", JSON.stringify(opts));
+    assert.equal(ctl("lora.rank").disabled, false);
+    cleanup();
+  });
+
   test("cleanup removes every listener", () => {
     const { window, el, ctl, model, cleanup } = mount();
     assert.ok(model.listenerCount() > 0);

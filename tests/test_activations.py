@@ -1,0 +1,122 @@
+"""Saved activations per layer: the formulas of REFERENCE.md section 3, exact for the arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsim_widget.engine.activations import activations
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.core import estimate
+from memsim_widget.scenario import Scenario
+
+MHA = {
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+}
+
+
+def per_layer(**kw) -> float:
+    sc = Scenario.from_dict({"model": MHA, **kw})
+    return activations(Context(sc)).layer_bytes()
+
+
+def test_bf16_mha_sdpa_layer_is_24Th_plus_8TI():
+    b, s, h, I, a = 2, 1024, 512, 1376, 8
+    T = b * s
+    # norms 2 x (4 + 2 + 2)Th + 2 x 4T rsqrt; q, k, v, out 4 x 2Th; SwiGLU 4 x 2TI; fp32 logsumexp 4bas
+    assert per_layer(micro_batch_size=b, seq_len=s) == 24 * T * h + 8 * T * I + 8 * T + 4 * b * a * s
+
+
+def test_fp32_mha_sdpa_layer_is_40Th_plus_16TI():
+    b, s, h, I, a = 1, 2048, 512, 1376, 8
+    T = b * s
+    assert (
+        per_layer(micro_batch_size=b, seq_len=s, precision="fp32")
+        == 40 * T * h + 16 * T * I + 8 * T + 4 * b * a * s
+    )
+
+
+def test_gqa_saves_k_and_v_at_kv_width():
+    gqa = {**MHA, "num_key_value_heads": 2}
+    T, h = 2048, 512
+    mha = activations(Context(Scenario(model=MHA))).layer_bytes()
+    small = activations(Context(Scenario(model=gqa))).layer_bytes()
+    assert mha - small == 2 * 2 * T * (h - h // 4)
+
+
+def test_eager_attention_adds_an_exact_s_squared_term():
+    b, s, a = 2, 512, 8
+    T, h = b * s, 512
+    eager = per_layer(micro_batch_size=b, seq_len=s, attention="eager")
+    sdpa = per_layer(micro_batch_size=b, seq_len=s)
+    # eager keeps the fp32 softmax and its bf16 cast (6 B x b a s^2) and no logsumexp; q, k, v, out the same
+    assert eager - sdpa == 6 * b * a * s * s - 4 * b * a * s + 0 * T * h
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 16), st.sampled_from([64, 256, 1024, 4096]), st.sampled_from(["bf16", "fp32", "amp-bf16"])
+)
+def test_activations_are_exactly_linear_in_micro_batch(b, s, precision):
+    """Linear in b; under autocast plus a constant: the 16-bit weight copies saved for backward."""
+    sc = Scenario.from_dict({"model": MHA, "seq_len": s, "precision": precision})
+    const = sum(t.bytes for t in activations(Context(sc)).per_layer if "weight copies" in t.name)
+    one = per_layer(micro_batch_size=1, seq_len=s, precision=precision) - const
+    assert per_layer(micro_batch_size=b, seq_len=s, precision=precision) - const == b * one
+    assert (const > 0) == (precision == "amp-bf16")
+
+
+def test_full_checkpointing_keeps_one_input_per_layer():
+    sc = Scenario.from_dict({"model": MHA, "seq_len": 4096, "activation_checkpointing": "full"})
+    acts = activations(Context(sc))
+    assert sum(t.bytes for t in acts.checkpointed_layer) == 2 * 4096 * 512
+
+
+def test_tensor_and_sequence_parallel_divide_the_layer():
+    base = per_layer(seq_len=4096)
+    split = per_layer(seq_len=4096, parallel={"tp": 2, "sequence_parallel": True})
+    assert split == base / 2
+
+
+def test_context_parallel_divides_the_sequence():
+    assert per_layer(seq_len=4096, parallel={"cp": 4, "dp": 1}) == per_layer(seq_len=1024)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(4, 8), (2, 2), (4, 2)])
+def test_1f1b_stage_i_holds_min(pp, m):
+    """Stage i of a 1F1B pipeline keeps min(m, p - i) micro-batches in flight (REFERENCE.md section 4)."""
+    est = estimate(
+        Scenario.from_dict({"model": MHA, "seq_len": 1024, "parallel": {"pp": pp, "pp_microbatches": m}})
+    )
+    one = per_layer(seq_len=1024) * (8 // pp)
+    for r in est.ranks:
+        m_items = next(x for x in r.moments if x.name == "forward_end").items
+        layer_names = {t.name for t in activations(Context(Scenario(model=MHA))).per_layer}
+        saved = sum(i.bytes for i in m_items if i.category == "activations" and i.item in layer_names)
+        assert saved == pytest.approx(one * min(m, pp - r.stage.index), rel=1e-9)
+
+
+def test_lora_frozen_layers_save_less_than_full_training():
+    full = per_layer(seq_len=2048)
+    lora = per_layer(
+        seq_len=2048, method="lora", lora={"targets": ["q_proj", "v_proj"], "adapter_dtype": "bf16"}
+    )
+    assert lora < full
+
+
+def test_loss_path_holds_fp32_vocab_sized_buffers():
+    est = estimate(Scenario.from_dict({"model": MHA, "seq_len": 4096}))
+    m = {x.name: x for x in est.ranks[0].moments}
+    T, V = 4096, 32000
+    bwd = {i.item: i.bytes for i in m["backward_start"].items}
+    assert bwd["fp32 log-softmax saved by the loss"] == 4 * T * V
+    assert bwd["loss backward: two fp32 T x V gradient buffers"] == 8 * T * V
+    fwd = {i.item: i.bytes for i in m["forward_end"].items}
+    assert fwd["logits and their fp32 upcast"] == (2 + 4) * T * V
