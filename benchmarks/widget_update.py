@@ -57,8 +57,10 @@ def main() -> None:
     sim = MemSim(model=args.model, charts_js=False)
     mbs = [1, 2, 4, 8, 16]
     seqs = [1024, 2048, 4096, 8192]
-    moves = [{"micro_batch_size": mbs[i % len(mbs)], "seq_len": seqs[(i // len(mbs)) % len(seqs)]}
-             for i in range(args.n)]
+    moves = [
+        {"micro_batch_size": mbs[i % len(mbs)], "seq_len": seqs[(i // len(mbs)) % len(seqs)]}
+        for i in range(args.n)
+    ]
 
     def ui_update(i: int) -> None:
         sim.scenario_data = merge(sim.scenario_data, moves[i])
@@ -78,7 +80,9 @@ def main() -> None:
 
     scale_cold = _median_ms(scaling, args.n, cold=True)
     bd = _median_ms(breakdown, args.n, cold=False)
-    sizes = {name: len(json.dumps(getattr(sim, name))) for name in ("scenario_data", "options", "result", "charts")}
+    sizes = {
+        name: len(json.dumps(getattr(sim, name))) for name in ("scenario_data", "options", "result", "charts")
+    }
     out = {
         "model": args.model,
         "n": args.n,

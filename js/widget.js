@@ -387,19 +387,23 @@ export function buildTable(doc, rows) {
 
 const bundles = new Map();
 
-/** Import an ES module given as source text (a blob: URL in browsers, a data: URL elsewhere). */
-export async function importFromSource(src) {
-  if (!bundles.has(src)) {
-    let url;
-    let revoke = () => {};
-    if (typeof Blob !== "undefined" && typeof URL?.createObjectURL === "function" && typeof window !== "undefined") {
-      url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
-      revoke = () => URL.revokeObjectURL(url);
-    } else {
-      url = "data:text/javascript;charset=utf-8," + encodeURIComponent(src);
+async function importText(src) {
+  if (typeof Blob !== "undefined" && typeof URL?.createObjectURL === "function") {
+    const url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
+    try {
+      return await import(/* webpackIgnore: true */ url);
+    } catch {
+      // runtimes without blob: module URLs (node): fall through to a data: URL
+    } finally {
+      URL.revokeObjectURL(url);
     }
-    bundles.set(src, import(/* webpackIgnore: true */ url).finally(revoke));
   }
+  return import(/* webpackIgnore: true */ "data:text/javascript;charset=utf-8," + encodeURIComponent(src));
+}
+
+/** Import an ES module given as source text (a blob: URL, else a data: URL); cached per source text. */
+export function importFromSource(src) {
+  if (!bundles.has(src)) bundles.set(src, importText(src));
   return bundles.get(src);
 }
 
@@ -569,6 +573,11 @@ export function render({ model, el }) {
       parsed = JSON.parse(jsonArea.value);
     } catch (err) {
       errorEl.textContent = `scenario JSON: ${err.message}`;
+      errorEl.hidden = false;
+      return;
+    }
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+      errorEl.textContent = "scenario JSON: must be an object ({...})";
       errorEl.hidden = false;
       return;
     }

@@ -8,6 +8,7 @@ Sizes are GiB (2**30 bytes), the unit ``nvidia-smi`` and PyTorch's memory summar
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -345,7 +346,7 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
                     "field": "category",
                     "type": "nominal",
                     "scale": _color_scale(),
-                    "legend": {"title": "category"},
+                    "legend": {"title": None, "orient": "bottom", "direction": "horizontal", "columns": 6},
                 },
                 "order": {"field": "order", "type": "quantitative"},
                 "tooltip": [
@@ -396,6 +397,8 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
     cross = data["crosses_capacity"]
     if cross["at"] is not None:
         at = cross["at"]
+        # Label on the roomier side of the line (the x axis is log-scale).
+        left_half = math.log(max(at, stops[0]) / stops[0]) < 0.5 * math.log(stops[-1] / stops[0])
         mark = {
             "x": at,
             "label": f"exceeds the GPU at ≈{at:,.0f}" if at >= 10 else f"exceeds the GPU at ≈{at:g}",
@@ -415,9 +418,9 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
                 "data": {"values": [mark]},
                 "mark": {
                     "type": "text",
-                    "align": "right",
+                    "align": "left" if left_half else "right",
                     "baseline": "top",
-                    "dx": -3,
+                    "dx": 3 if left_half else -3,
                     "dy": 3,
                     "angle": 0,
                     "color": CAPACITY_COLOR,
@@ -430,7 +433,7 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
             }
         )
     layers.append(rule_label)
-    return {"title": f"memory vs {title}", "width": 300, "height": 240, "layer": layers}
+    return {"title": f"memory vs {title}", "width": 260, "height": 220, "layer": layers}
 
 
 def scaling_spec(

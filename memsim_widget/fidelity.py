@@ -76,6 +76,95 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("mixtral bf16 sdpa b2 s512", {"model": MIXTRAL, "micro_batch_size": 2, "seq_len": 512}),
     ("gpt2 bf16 sdpa b2 s512", {"model": GPT2, "micro_batch_size": 2, "seq_len": 512}),
     ("gpt2 fp32 sdpa b2 s512", {"model": GPT2, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32"}),
+    ("gpt2 bf16 eager b2 s256", {"model": GPT2, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"}),
+    ("llama V64 bf16 b4 s512", {"model": {**LLAMA, "vocab_size": 64}, "micro_batch_size": 4, "seq_len": 512}),
+    (
+        "llama V64 fp32 b4 s512",
+        {"model": {**LLAMA, "vocab_size": 64}, "micro_batch_size": 4, "seq_len": 512, "precision": "fp32"},
+    ),
+    (
+        "llama V64 bf16 ckpt b4 s512",
+        {
+            "model": {**LLAMA, "vocab_size": 64},
+            "micro_batch_size": 4,
+            "seq_len": 512,
+            "activation_checkpointing": "full",
+        },
+    ),
+    (
+        "llama bf16 for-loop b1 s64",
+        {"model": LLAMA, "micro_batch_size": 1, "seq_len": 64, "optimizer_impl": "for-loop"},
+    ),
+    (
+        "llama bf16 adafactor b1 s64",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 1,
+            "seq_len": 64,
+            "optimizer": "adafactor",
+            "optimizer_impl": "for-loop",
+        },
+    ),
+    (
+        "llama fp32 adafactor b1 s64",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 1,
+            "seq_len": 64,
+            "precision": "fp32",
+            "optimizer": "adafactor",
+            "optimizer_impl": "for-loop",
+        },
+    ),
+    (
+        "llama bf16 sgd-momentum b1 s64",
+        {"model": LLAMA, "micro_batch_size": 1, "seq_len": 64, "optimizer": "sgd-momentum"},
+    ),
+    (
+        "llama bf16 lora all-linear bf16 b2 s512",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 16, "targets": ["all-linear"], "adapter_dtype": "bf16"},
+        },
+    ),
+    (
+        "llama bf16 lora all-linear fp32 b2 s512",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 16, "targets": ["all-linear"]},
+        },
+    ),
+    (
+        "llama bf16 lora qv ckpt b2 s512",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "activation_checkpointing": "full",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
+    (
+        "llama amp-bf16 eager b2 s256",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "precision": "amp-bf16",
+            "attention": "eager",
+        },
+    ),
+    (
+        "qwen2 fp32 eager b2 s256",
+        {"model": QWEN2, "micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+    ),
 ]
 
 
@@ -94,7 +183,7 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         kw["lora"] = {
             "r": sc.lora.rank,
             "lora_alpha": sc.lora.alpha,
-            "target_modules": list(sc.lora.targets),
+            "target_modules": "all-linear" if "all-linear" in sc.lora.targets else list(sc.lora.targets),
             "adapter_dtype": sc.lora.adapter_dtype,
         }
     return kw

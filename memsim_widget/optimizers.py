@@ -21,7 +21,10 @@ class OptimizerSpec:
     block-quantised with one fp32 absmax per ``block_size`` elements, tensors under ``min_quant_numel``
     elements keeping ``"param"`` state. ``factored``: Adafactor's row and column vectors for matrices.
     Step temporaries: ``temp_foreach`` gradient-sized buffers for the foreach path (``_foreach_sqrt`` of
-    a whole group), ``temp_for_loop`` times the largest parameter for the per-tensor path,
+    a whole group), ``temp_for_loop`` times the largest parameter for the per-tensor path (the previous
+    parameter's last temporary is still alive when the next starts: measured max(P[i-1] + 2 P[i])),
+    ``temp_fp32_copies`` fp32 copies of the parameter being updated when the step upcasts 16-bit
+    parameters (HF Adafactor: grad, param, grad^2 + eps, update),
     ``temp_fused`` gradient-sized buffers for fused kernels (none).
     """
 
@@ -35,6 +38,7 @@ class OptimizerSpec:
     paged: bool = False
     temp_foreach: float = 1.0
     temp_for_loop: float = 2.0
+    temp_fp32_copies: int = 0
     temp_fused: float = 0.0
     impls: tuple[str, ...] = ("foreach", "fused", "for-loop")
 
@@ -91,7 +95,8 @@ register_optimizer(
         "Adafactor (HF transformers, no first moment): row and column second-moment vectors",
         factored=True,
         temp_foreach=0.0,
-        temp_for_loop=3.0,
+        temp_for_loop=2.0,
+        temp_fp32_copies=4,
         impls=("for-loop",),
     )
 )

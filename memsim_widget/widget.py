@@ -440,7 +440,11 @@ class MemSim(anywidget.AnyWidget):
         charts_js: bool = True,
         **changes: Any,
     ) -> None:
-        """Start from a ``Scenario`` or dict (default scenario if None), with keyword changes on top."""
+        """Start from a ``Scenario`` or dict (default scenario if None), with keyword changes on top.
+
+        ``charts_js=False`` leaves out the vega-embed bundle (0.9 MB): the browser then draws no charts
+        (headless use, tests). An invalid starting scenario raises ``ScenarioError``.
+        """
         base = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario or {})
         if changes:
             data = merge(base.to_dict(), changes)
@@ -499,6 +503,10 @@ class MemSim(anywidget.AnyWidget):
         Omitted keys take their defaults, as in ``Scenario.from_dict``.
         """
         t0 = time.perf_counter()
+        if not isinstance(data, Mapping):
+            exc = ScenarioError("scenario", f"must be a JSON object, got {type(data).__name__}")
+            self._reject({}, exc)
+            return exc
         data = merge(_defaults(), data)
         if relative:
             changed = changed_keys(self._valid, data) | explicit

@@ -78,7 +78,10 @@ def test_breakdown_tooltips_carry_bytes_share_and_formula(est_pp4: Any) -> None:
 def test_breakdown_from_frame_matches_estimate(est_pp4: Any) -> None:
     from_est = charts.breakdown_spec(est_pp4)
     from_frame = charts.breakdown_spec(
-        est_pp4.frame, capacity_bytes=est_pp4.gpu.memory_bytes, gpu_name=est_pp4.gpu.name, title=from_est["title"]
+        est_pp4.frame,
+        capacity_bytes=est_pp4.gpu.memory_bytes,
+        gpu_name=est_pp4.gpu.name,
+        title=from_est["title"],
     )
     assert _layer(from_frame, "bar")[0]["data"] == _layer(from_est, "bar")[0]["data"]
     with pytest.raises(ValueError, match="capacity"):
@@ -129,8 +132,11 @@ def test_scaling_points_cover_stops_and_mark_current_point() -> None:
     (area,) = _layer(panel, "area")
     assert area["encoding"]["x"]["scale"]["type"] == "log"
     assert area["encoding"]["color"]["scale"]["domain"] == list(CATEGORIES)
-    (cap_rule,) = [lay for lay in _layer(panel, "rule") if "gib" in lay["data"]["values"][0]
-                   and "note" in lay["data"]["values"][0]]
+    (cap_rule,) = [
+        lay
+        for lay in _layer(panel, "rule")
+        if "gib" in lay["data"]["values"][0] and "note" in lay["data"]["values"][0]
+    ]
     assert cap_rule["data"]["values"][0]["gib"] == pytest.approx(est.gpu.memory_bytes / GiB, abs=1e-3)
     current = [lay for lay in _layer(panel, "point") if lay["mark"].get("shape") == "diamond"]
     assert current[0]["data"]["values"][0]["x"] == 4

@@ -156,12 +156,21 @@ def test_optimizer_step_temporaries_by_implementation(tiny_llama):
     arch = architecture_for(tiny_llama)
     n = arch.parameters
     largest = max(math.prod(g.shape) for g in arch.params)
+    repeated = max(math.prod(g.shape) for g in arch.params if g.count >= 2)
     foreach = at(run(tiny_llama, optimizer_impl="foreach"), "optimizer_step")
     loop = at(run(tiny_llama, optimizer_impl="for-loop"), "optimizer_step")
     fused = at(run(tiny_llama, optimizer_impl="fused"), "optimizer_step")
     assert foreach["temporaries"] == 2 * n
-    assert loop["temporaries"] == 2 * largest * 2
+    # per-tensor AdamW: 2 buffers of the tensor being updated, while the previous one's is still alive
+    assert loop["temporaries"] == max(2 * largest, 3 * repeated) * 2
     assert "temporaries" not in fused
+
+
+def test_adafactor_upcasts_the_tensor_being_updated(tiny_llama):
+    arch = architecture_for(tiny_llama)
+    largest = max(math.prod(g.shape) for g in arch.params)
+    step = at(run(tiny_llama, optimizer="adafactor", optimizer_impl="for-loop"), "optimizer_step")
+    assert step["temporaries"] == 4 * 4 * largest  # grad, param, grad^2 + eps, update in fp32
 
 
 def test_lora_trains_only_adapters(tiny_llama):

@@ -74,7 +74,9 @@ def test_mlp_hand_count_adamw_foreach() -> None:
     steps_scalars = 4 * 4  # one fp32 'step' scalar per parameter tensor
     x = f * B * D_IN
     expected = params * 5 + steps_scalars + x  # p + g + exp_avg + exp_avg_sq + _foreach_sqrt(exp_avg_sq)
-    r = trace_training(_mlp, _mlp_batch, optimizer="adamw", optimizer_impl="foreach", loss_fn=_mse, progress=False)
+    r = trace_training(
+        _mlp, _mlp_batch, optimizer="adamw", optimizer_impl="foreach", loss_fn=_mse, progress=False
+    )
     assert r.peak_bytes == expected
     assert (r.peak_phase, r.peak_op) == ("optimizer_step", "_foreach_sqrt")
     assert r.by_role["optimizer_state"] == 2 * params + steps_scalars
@@ -108,11 +110,20 @@ def test_fake_equals_real(kw: dict) -> None:
 
 def test_mlp_fake_equals_real() -> None:
     """Same check for the toy MLP with every optimizer implementation."""
-    for opt, impl in [("adamw", "foreach"), ("adamw", "fused"), ("adamw", "for-loop"), ("sgd-momentum", "foreach")]:
+    for opt, impl in [
+        ("adamw", "foreach"),
+        ("adamw", "fused"),
+        ("adamw", "for-loop"),
+        ("sgd-momentum", "foreach"),
+    ]:
         kw = dict(optimizer=opt, optimizer_impl=impl, loss_fn=_mse, progress=False)
         a = trace_training(_mlp, _mlp_batch, **kw)
         b = trace_training(_mlp, _mlp_batch, fake=False, **kw)
-        assert (a.peak_bytes, a.step1_peak_bytes, a.phase_peaks) == (b.peak_bytes, b.step1_peak_bytes, b.phase_peaks)
+        assert (a.peak_bytes, a.step1_peak_bytes, a.phase_peaks) == (
+            b.peak_bytes,
+            b.step1_peak_bytes,
+            b.phase_peaks,
+        )
 
 
 def test_against_pytorch_mem_tracker() -> None:

@@ -36,7 +36,10 @@ from memsim_widget.widget import (
 GiB = 1024**3
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "js" / "fixtures" / "state.json"
-REPR = re.compile(r"^MemSim\([\w.\- ]+ on [\w.\- ]+: (fits|tight|does not fit), peak \d+\.\d GiB at \w+(; rejected [\w.]+)?\)$")
+CHARTS_FIXTURE = ROOT / "tests" / "js" / "fixtures" / "charts.json"
+REPR = re.compile(
+    r"^MemSim\([\w.\- ]+ on [\w.\- ]+: (fits|tight|does not fit), peak \d+\.\d GiB at \w+(; rejected [\w.]+)?\)$"
+)
 
 
 def make(*args: Any, **kwargs: Any) -> MemSim:
@@ -90,8 +93,13 @@ def test_constructors_accept_scenario_dict_and_changes(tmp_path: Path) -> None:
 
 
 def test_json_round_trip_through_the_widget(tmp_path: Path) -> None:
-    sim = make(model="llama-3.2-1b", method="lora", lora={"rank": 8, "targets": ["q_proj", "k_proj"]},
-               parallel={"dp": 4, "zero": 2}, headroom=0.2)
+    sim = make(
+        model="llama-3.2-1b",
+        method="lora",
+        lora={"rank": 8, "targets": ["q_proj", "k_proj"]},
+        parallel={"dp": 4, "zero": 2},
+        headroom=0.2,
+    )
     text = sim.to_json()
     again = MemSim.from_json(text, charts_js=False, headroom=0.2)
     assert again.scenario == sim.scenario
@@ -106,9 +114,19 @@ def test_repr_is_deterministic_and_displays_as_widget() -> None:
     assert REPR.match(repr(a)), repr(a)
     assert "0x" not in repr(a)
     assert repr(a).startswith("MemSim(llama-3.1-8b on h100-sxm-80gb: ")
-    assert repr(make(model={"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
-                            "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000},
-                     gpu={"memory_gib": 24})).startswith("MemSim(custom llama on custom 24 GiB: ")
+    assert repr(
+        make(
+            model={
+                "model_type": "llama",
+                "hidden_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 512,
+                "vocab_size": 1000,
+            },
+            gpu={"memory_gib": 24},
+        )
+    ).startswith("MemSim(custom llama on custom 24 GiB: ")
     bundle = a._repr_mimebundle_()
     data = bundle[0] if isinstance(bundle, tuple) else bundle
     assert "application/vnd.jupyter.widget-view+json" in data
@@ -119,8 +137,17 @@ def test_python_api_estimate_frame_charts(tmp_path: Path) -> None:
     import altair as alt
 
     sim = make(model="gpt2")
-    assert list(sim.frame.columns) == ["rank", "stage", "moment", "category", "item", "bytes", "gib", "counter",
-                                       "formula"]
+    assert list(sim.frame.columns) == [
+        "rank",
+        "stage",
+        "moment",
+        "category",
+        "item",
+        "bytes",
+        "gib",
+        "counter",
+        "formula",
+    ]
     assert isinstance(sim.chart(), alt.LayerChart)
     assert isinstance(sim.scaling_chart(), alt.HConcatChart)
     out = sim.save_chart(tmp_path / "b.svg")
@@ -223,15 +250,35 @@ def test_options_list_catalogs_and_stops() -> None:
 @pytest.mark.parametrize(
     ("changes", "off", "on"),
     [
-        ({}, ["lora.rank", "lora.targets", "parallel.sequence_parallel", "parallel.offload", "parallel.ep",
-              "model.hidden_size", "gpu.memory_gib", "parallel.pp_schedule"], ["micro_batch_size", "seq_len"]),
+        (
+            {},
+            [
+                "lora.rank",
+                "lora.targets",
+                "parallel.sequence_parallel",
+                "parallel.offload",
+                "parallel.ep",
+                "model.hidden_size",
+                "gpu.memory_gib",
+                "parallel.pp_schedule",
+            ],
+            ["micro_batch_size", "seq_len"],
+        ),
         ({"method": "lora"}, [], ["lora.rank", "lora.targets", "lora.alpha"]),
         ({"parallel": {"tp": 2}}, [], ["parallel.sequence_parallel"]),
         ({"parallel": {"zero": 1}}, [], ["parallel.offload"]),
         ({"model": "mixtral-8x7b"}, [], ["parallel.ep"]),
         ({"model": "vit-base-patch16-224"}, ["seq_len"], []),
-        ({"parallel": {"pp": 2}}, ["parallel.virtual_stages"], ["parallel.pp_schedule", "parallel.pp_microbatches"]),
-        ({"parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2}}, [], ["parallel.virtual_stages"]),
+        (
+            {"parallel": {"pp": 2}},
+            ["parallel.virtual_stages"],
+            ["parallel.pp_schedule", "parallel.pp_microbatches"],
+        ),
+        (
+            {"parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2}},
+            [],
+            ["parallel.virtual_stages"],
+        ),
         ({"optimizer": "none"}, ["optimizer_impl", "optimizer_in_backward"], []),
         ({"grad_accum_steps": 4}, ["optimizer_in_backward"], []),
         ({"model": {"model_type": "llama"}}, [], ["model.hidden_size", "model.vocab_size"]),
@@ -248,7 +295,9 @@ def test_disabled_controls(changes: dict[str, Any], off: list[str], on: list[str
 
 
 def test_disabled_values() -> None:
-    _, values = disabled_controls(merge(Scenario().to_dict(), {"optimizer": "adamw-8bit", "parallel": {"zero": 2}}))
+    _, values = disabled_controls(
+        merge(Scenario().to_dict(), {"optimizer": "adamw-8bit", "parallel": {"zero": 2}})
+    )
     assert values["optimizer_impl"] == ["foreach", "for-loop"]
     assert values["parallel.offload"] == ["optimizer+params"]
     _, values = disabled_controls(merge(Scenario().to_dict(), {"parallel": {"zero": 3}}))
@@ -258,30 +307,57 @@ def test_disabled_values() -> None:
 @pytest.mark.parametrize(
     ("start", "change", "expect"),
     [
-        ({"parallel": {"tp": 2, "sequence_parallel": True}}, {"parallel": {"tp": 1}},
-         {"parallel.sequence_parallel": False}),
-        ({"parallel": {"dp": 2, "zero": 3, "offload": "optimizer+params"}}, {"parallel": {"zero": 0}},
-         {"parallel.offload": "none"}),
-        ({"parallel": {"dp": 2, "zero": 3, "offload": "optimizer+params"}}, {"parallel": {"zero": 2}},
-         {"parallel.offload": "optimizer"}),
+        (
+            {"parallel": {"tp": 2, "sequence_parallel": True}},
+            {"parallel": {"tp": 1}},
+            {"parallel.sequence_parallel": False},
+        ),
+        (
+            {"parallel": {"dp": 2, "zero": 3, "offload": "optimizer+params"}},
+            {"parallel": {"zero": 0}},
+            {"parallel.offload": "none"},
+        ),
+        (
+            {"parallel": {"dp": 2, "zero": 3, "offload": "optimizer+params"}},
+            {"parallel": {"zero": 2}},
+            {"parallel.offload": "optimizer"},
+        ),
         ({}, {"optimizer": "adamw-8bit"}, {"optimizer_impl": "fused"}),
         ({}, {"optimizer": "adafactor"}, {"optimizer_impl": "for-loop"}),
         ({"optimizer_in_backward": True}, {"grad_accum_steps": 4}, {"optimizer_in_backward": False}),
-        ({"model": "mixtral-8x7b", "parallel": {"dp": 8, "ep": 8}}, {"model": "mistral-7b"}, {"parallel.ep": 1}),
+        (
+            {"model": "mixtral-8x7b", "parallel": {"dp": 8, "ep": 8}},
+            {"model": "mistral-7b"},
+            {"parallel.ep": 1},
+        ),
         ({"method": "lora"}, {"model": "gpt2"}, {"lora.targets": ["all-linear"]}),
-        ({"method": "lora", "lora": {"targets": ["q_proj", "up_proj"]}}, {"model": "vit-base-patch16-224"},
-         {"lora.targets": ["q_proj"]}),
-        ({"parallel": {"pp": 2, "pp_microbatches": 4}}, {"parallel": {"pp_schedule": "interleaved"}},
-         {"parallel.virtual_stages": 2}),
-        ({"parallel": {"pp": 2, "pp_microbatches": 4, "pp_schedule": "interleaved", "virtual_stages": 2}},
-         {"parallel": {"pp": 1}}, {"parallel.pp_schedule": "1f1b", "parallel.virtual_stages": 1}),
+        (
+            {"method": "lora", "lora": {"targets": ["q_proj", "up_proj"]}},
+            {"model": "vit-base-patch16-224"},
+            {"lora.targets": ["q_proj"]},
+        ),
+        (
+            {"parallel": {"pp": 2, "pp_microbatches": 4}},
+            {"parallel": {"pp_schedule": "interleaved"}},
+            {"parallel.virtual_stages": 2},
+        ),
+        (
+            {"parallel": {"pp": 2, "pp_microbatches": 4, "pp_schedule": "interleaved", "virtual_stages": 2}},
+            {"parallel": {"pp": 1}},
+            {"parallel.pp_schedule": "1f1b", "parallel.virtual_stages": 1},
+        ),
     ],
 )
-def test_dependent_controls_reset(start: dict[str, Any], change: dict[str, Any], expect: dict[str, Any]) -> None:
+def test_dependent_controls_reset(
+    start: dict[str, Any], change: dict[str, Any], expect: dict[str, Any]
+) -> None:
     sim = make(**start)
     sim.set(**change)
     assert sim.error == ""
-    flat = {**sim.scenario_data, **{f"{s}.{k}": v for s in ("parallel", "lora") for k, v in sim.scenario_data[s].items()}}
+    flat = {
+        **sim.scenario_data,
+        **{f"{s}.{k}": v for s in ("parallel", "lora") for k, v in sim.scenario_data[s].items()},
+    }
     for key, value in expect.items():
         assert flat[key] == value, key
     check_consistent(sim)
@@ -305,9 +381,23 @@ def test_changed_keys_and_normalize_are_pure() -> None:
 
 
 # ----- a state machine over the traits ----------------------------------------------------------------------
-MODELS = ["gpt2", "llama-3.2-1b", "mixtral-8x7b", "vit-base-patch16-224", "t5-base", "qwen2.5-0.5b",
-          {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
-           "num_key_value_heads": 2, "intermediate_size": 1024, "vocab_size": 32000}]
+MODELS = [
+    "gpt2",
+    "llama-3.2-1b",
+    "mixtral-8x7b",
+    "vit-base-patch16-224",
+    "t5-base",
+    "qwen2.5-0.5b",
+    {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 32000,
+    },
+]
 CHOICES = {
     "method": ["full", "lora", "qlora"],
     "precision": ["bf16", "fp32", "amp-bf16", "mixed-bf16", "fp8"],
@@ -321,9 +411,16 @@ CHOICES = {
     "optimizer_in_backward": [False, True],
     "gpu": ["a10", "h100-sxm-80gb", {"memory_gib": 24}],
 }
-PARALLEL = {"dp": [1, 2, 4], "tp": [1, 2, 3, 4], "pp": [1, 2, 4], "cp": [1, 2], "ep": [1, 2, 4],
-            "zero": [0, 1, 2, 3], "sequence_parallel": [False, True],
-            "offload": ["none", "optimizer", "optimizer+params"]}
+PARALLEL = {
+    "dp": [1, 2, 4],
+    "tp": [1, 2, 3, 4],
+    "pp": [1, 2, 4],
+    "cp": [1, 2],
+    "ep": [1, 2, 4],
+    "zero": [0, 1, 2, 3],
+    "sequence_parallel": [False, True],
+    "offload": ["none", "optimizer", "optimizer+params"],
+}
 
 
 class WidgetMachine(RuleBasedStateMachine):
@@ -373,7 +470,10 @@ class WidgetMachine(RuleBasedStateMachine):
         """Pick a preset or a custom model."""
         (self._ui_write if via_ui else self._py_set)({"model": model})
 
-    @rule(rank=st.sampled_from([4, 16, 64]), modules=st.sampled_from([["q_proj", "v_proj"], ["all-linear"], ["c_attn"]]))
+    @rule(
+        rank=st.sampled_from([4, 16, 64]),
+        modules=st.sampled_from([["q_proj", "v_proj"], ["all-linear"], ["c_attn"]]),
+    )
     def move_lora(self, rank: int, modules: list[str]) -> None:
         """Set LoRA rank and targets."""
         self._py_set({"lora": {"rank": rank, "targets": modules}})
@@ -458,10 +558,17 @@ def _js_fixture_state() -> dict[str, Any]:
         "headroom": sim.headroom,
         "error": "",
         "error_field": "",
-        "charts": {"breakdown": {"mark": "bar", "data": {"values": []}},
-                   "scaling": {"mark": "line", "data": {"values": []}}},
+        "charts": {
+            "breakdown": {"mark": "bar", "data": {"values": []}},
+            "scaling": {"mark": "line", "data": {"values": []}},
+        },
         "_vega_js": "",
     }
+
+
+def _js_fixture_charts() -> dict[str, Any]:
+    """Real chart specs (a 2-stage pipeline) for the node test that draws them with the real vega bundle."""
+    return make(model="llama-3.2-1b", parallel={"pp": 2, "pp_microbatches": 2}).charts
 
 
 def test_js_fixture_has_the_current_trait_layout() -> None:
@@ -469,8 +576,12 @@ def test_js_fixture_has_the_current_trait_layout() -> None:
     fresh = json.loads(json.dumps(_js_fixture_state()))
     assert set(fixture) == set(fresh)
     for key in ("scenario_data", "options", "result"):
-        assert set(fixture[key]) == set(fresh[key]), f"{key}: run python tests/test_widget.py --write-js-fixture"
+        assert set(fixture[key]) == set(fresh[key]), (
+            f"{key}: run python tests/test_widget.py --write-js-fixture"
+        )
     assert set(fixture["options"]["choices"]) == set(fresh["options"]["choices"])
+    charts = json.loads(CHARTS_FIXTURE.read_text())
+    assert set(charts) == set(_js_fixture_charts())
 
 
 def test_wheel_ships_the_front_end(tmp_path: Path) -> None:
@@ -478,25 +589,39 @@ def test_wheel_ships_the_front_end(tmp_path: Path) -> None:
     pytest.importorskip("hatchling")
     text = (ROOT / "pyproject.toml").read_text()
     if "force-include" not in text or "js/widget.js" not in text:
-        pytest.skip("pyproject.toml does not map js/ into the wheel yet ([tool.hatch.build.targets.wheel.force-include])")
+        pytest.skip(
+            "pyproject.toml does not map js/ into the wheel yet ([tool.hatch.build.targets.wheel.force-include])"
+        )
     out = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=ROOT,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = out.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "memsim_widget/static/widget.js" in names and "memsim_widget/static/widget.css" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = ("import memsim_widget.widget as w, pathlib; "
-            "assert pathlib.Path(w.__file__).is_relative_to(pathlib.Path(r'%s')), w.__file__; "
-            "s = w.MemSim(charts_js=False); assert 'export function render' in s._esm; "
-            "assert str(w._asset('widget.js')).endswith('memsim_widget/static/widget.js'); print(repr(s))" % site)
-    run = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-                         cwd=tmp_path, capture_output=True, text=True)
+    code = (
+        "import memsim_widget.widget as w, pathlib, sys; "
+        "assert pathlib.Path(w.__file__).is_relative_to(pathlib.Path(sys.argv[1])), w.__file__; "
+        "s = w.MemSim(charts_js=False); assert 'export function render' in s._esm; "
+        "assert str(w._asset('widget.js')).endswith('memsim_widget/static/widget.js'); print(repr(s))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(site)],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("MemSim(")
 
 
 if __name__ == "__main__" and "--write-js-fixture" in sys.argv:
     FIXTURE.write_text(json.dumps(_js_fixture_state(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {FIXTURE}")
+    CHARTS_FIXTURE.write_text(json.dumps(_js_fixture_charts(), separators=(",", ":")) + "\n")
+    print(f"wrote {FIXTURE} and {CHARTS_FIXTURE}")

@@ -41,8 +41,10 @@ class ActivationBudget:
     pre: list[Term] = field(default_factory=list)  # before the layers (first stage)
     post: list[Term] = field(default_factory=list)  # final norm, loss's saved log-softmax (last stage)
     loss_forward: list[Term] = field(default_factory=list)  # logits and their fp32 copy, alive in the loss
+    loss_saved: list[Term] = field(default_factory=list)  # saved by the loss until its backward
     loss_backward: list[Term] = field(default_factory=list)  # transients at the start of backward
     layer_backward: list[Term] = field(default_factory=list)  # transients while one layer runs backward
+    top_backward: list[Term] = field(default_factory=list)  # transients of the final norm's backward
     inputs: list[Term] = field(default_factory=list)
 
     def layer_bytes(self) -> float:
@@ -204,6 +206,9 @@ def _hf(ctx: Context) -> ActivationBudget:
     eager = sc.attention == "eager"
     a_loc = D.a
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
+    # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT and ViT stay in the
+    # compute dtype (the fp32 softmax is then the saved tensor itself)
+    softmax_fp32 = arch.family not in ("gpt2", "bert", "vit")
     if eager:
         add(
             "attention q, k, v (k, v repeated to all heads)",
@@ -213,19 +218,20 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
         if sc.activation_checkpointing != "selective":
             scores = b * a_loc * s * D.s_full
+            sm = 4 if softmax_fp32 else ec
             if arch.attention_dropout > 0:
                 add(
-                    "attention softmax (fp32), dropout mask and output",
-                    scores * (4 + 1 + ec),
-                    f"b x a x s x s x (4 + 1 + {ec}) B, b={b} a={a_loc} s={s}",
+                    "attention softmax, dropout mask and output",
+                    scores * (sm + 1 + ec),
+                    f"b x a x s x s x ({sm} + 1 + {ec}) B, b={b} a={a_loc} s={s}",
                     3,
                 )
             else:
-                extra = ec if ec != 4 else 0
+                extra = ec if sm != ec else 0
                 add(
-                    "attention softmax (fp32) and its 16-bit cast",
-                    scores * (4 + extra),
-                    f"b x a x s x s x (4 + {extra}) B, b={b} a={a_loc} s={s}",
+                    "attention softmax" + (" (fp32) and its 16-bit cast" if extra else ""),
+                    scores * (sm + extra),
+                    f"b x a x s x s x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                     2 if extra else 1,
                 )
         consumers(ATTN_OUT, hq, T, ec, "attention output")
@@ -299,7 +305,12 @@ def _hf(ctx: Context) -> ActivationBudget:
     # repeated copies instead, so the cache is extra.
     if arch.causal and arch.extra.get("use_cache", True) and sc.activation_checkpointing != "full":
         kb = 4 if amp and arch.position == "rope" else ec
-        extra = (kb + ec) * T * hkv if eager else (4 * T * hkv if amp and arch.position == "rope" else 0)
+        gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
+        extra = (
+            ((kb + ec) * T * hkv if gqa else 0)
+            if eager
+            else (4 * T * hkv if amp and arch.position == "rope" else 0)
+        )
         if extra:
             out.cache_per_layer.append(
                 Term(
@@ -376,20 +387,39 @@ def _hf(ctx: Context) -> ActivationBudget:
                     1 if le == 4 else 2,
                 )
             )
-            out.post.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))
+            out.loss_saved.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))
             out.loss_backward.append(
                 Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
             )
 
-    # ----- backward transients of one layer --------------------------------------------------------
-    out.layer_backward.append(
-        Term(
-            "activation gradients of the layer in backward",
-            2 * ec * T * I + 3 * ec * T * h,
-            f"2 x {ec} B x T x I + 3 x {ec} B x T x h",
-            5,
+    # ----- backward transients ---------------------------------------------------------------------
+    # Fitted on traces (docs/fidelity.md): the layer in backward holds its MLP gradients (dgate, dup and
+    # dproduct, about 2 T x I) and the residual gradient; with checkpointing, the recomputed layer's
+    # backward holds max(6 B x T x h, 3.9 B x T x I) in bf16 (twice in fp32). The final RMSNorm's backward
+    # works in fp32: about 24 B x T x h at the top of backward.
+    if sc.activation_checkpointing == "full":
+        tau = ec / 2 * max(6 * T * h, 3.9 * Tm * I)
+        out.layer_backward.append(
+            Term(
+                "gradients inside the recomputed layer's backward",
+                tau,
+                f"{ec}/2 x max(6 B x T x h, 3.9 B x T x I)",
+                4,
+            )
         )
-    )
+    else:
+        out.layer_backward.append(
+            Term(
+                "activation gradients of the layer in backward",
+                2 * ec * Tm * I + r * T * h,
+                f"2 x {ec} B x T x I + {r} B x T x h",
+                4,
+            )
+        )
+    if arch.norm == "rmsnorm":
+        out.top_backward.append(Term("final RMSNorm backward (fp32)", 24 * Tout * h, "24 B x T x h", 4))
+    else:
+        out.top_backward.append(Term("final LayerNorm backward", 3 * r * Tout * h, f"3 x {r} B x T x h", 3))
     if not eager:
         out.layer_backward.append(
             Term(

@@ -47,6 +47,7 @@ class StateBudget:
 
     persistent: list[Item] = field(default_factory=list)  # weights, master, optimizer states
     grads: list[Item] = field(default_factory=list)  # all gradients of the step on this rank
+    post_grads: list[Item] = field(default_factory=list)  # gradients of the head and final norm
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
     gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
     step_temps: list[Item] = field(default_factory=list)
@@ -251,6 +252,19 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     )
     b.grad_bytes_per_layer = layer_train * grad_b / g_div / max(stage.layers, 1)
     b.pre_post_grad_bytes = max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
+    if ctx.full_training and not sc.optimizer_in_backward:
+        n_post = sum(g.numel for g in groups if g.group.scope == "post")
+        if n_post:
+            b.post_grads.append(
+                Item(
+                    "gradients",
+                    "gradients of the head and final norm",
+                    n_post * grad_b // g_div,
+                    f"{fmt_int(n_post)} params x {grad_b} B",
+                    "tensor",
+                    2,
+                )
+            )
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
 
     # ----- master weights and optimizer states -------------------------------------------------
@@ -295,10 +309,18 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
             tbytes = int(opt.temp_foreach * n_train * state_b // o_div)
             formula = f"{opt.temp_foreach:g} x {fmt_int(n_train)} x {state_b} B (foreach buffer of the group){o_note}"
         elif impl == "for-loop":
-            tbytes = int(opt.temp_for_loop * -(-largest // o_div) * state_b)
-            formula = (
-                f"{opt.temp_for_loop:g} x largest param {fmt_int(largest)} x {state_b} B (per-tensor step)"
-            )
+            repeated = max((e for _, c, e in trainable if c >= 2), default=0)
+            if opt.temp_fp32_copies and state_b < 4:
+                tbytes = opt.temp_fp32_copies * 4 * -(-largest // o_div)
+                formula = f"{opt.temp_fp32_copies} fp32 copies x largest param {fmt_int(largest)} x 4 B"
+            else:
+                elems = max(opt.temp_for_loop * largest, (opt.temp_for_loop + 1) * repeated)
+                tbytes = int(-(-elems // o_div) * state_b)
+                formula = (
+                    f"max({opt.temp_for_loop:g} x largest param {fmt_int(largest)}, "
+                    f"{opt.temp_for_loop + 1:g} x largest repeated {fmt_int(repeated)}) x {state_b} B "
+                    "(per-tensor step; the previous tensor's buffer still alive)"
+                )
         else:
             tbytes = int(opt.temp_fused * n_train * state_b // o_div)
             formula = "fused kernel: no temporaries"

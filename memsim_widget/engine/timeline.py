@@ -14,7 +14,7 @@ from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Item, fmt_int
 from memsim_widget.engine.states import StateBudget
 
-MOMENTS = ("forward_end", "backward_start", "backward_end", "optimizer_step")
+MOMENTS = ("forward_end", "backward_start", "backward_top", "backward_end", "optimizer_step")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ def moments(
     saved_all = _scaled(kept, Ls * f, mult, first=first)
     pre = _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, "")
     post = _scaled(acts.post, 1 if stage.last else 0, "")
+    loss_saved = _scaled(acts.loss_saved, 1 if stage.last else 0, "")
     recompute = _scaled(acts.per_layer, 1, "1 recomputed layer") if ckpt else []
     layer_bwd = _scaled(acts.layer_backward, 1, "", "temporaries")
     loss_bwd = _scaled(acts.loss_backward, 1 if stage.last else 0, "", "temporaries")
@@ -89,13 +90,24 @@ def moments(
     common = persistent + overhead
     out = [
         Moment(
-            "forward_end", tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_fwd)
+            "forward_end",
+            tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_saved + loss_fwd),
         ),
         Moment(
             "backward_start",
-            tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_bwd),
+            tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_saved + loss_bwd),
         ),
     ]
+    # The top of backward: the loss is done; first the final norm runs backward (its fp32 transients),
+    # then the last layer (recomputed first under checkpointing), with every other saved activation alive
+    # and only the head's gradients accumulated so far. The larger of the two is the candidate.
+    head_grads = (grads_in_fwd or states.post_grads) if stage.last else grads_in_fwd
+    base = common + head_grads + states.gathered + states.gathered_grads + pre + saved_all
+    norm_bwd = base + _scaled(acts.top_backward, 1 if stage.last else 0, "", "temporaries")
+    last_layer = base + recompute + layer_bwd
+    out.append(
+        Moment("backward_top", tuple(max(norm_bwd, last_layer, key=lambda x: sum(i.bytes for i in x))))
+    )
     # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations
     # remain; of this micro-batch only the layer in backward (recomputed under checkpointing).
     rest = (
@@ -108,7 +120,11 @@ def moments(
         if f > 1
         else []
     )
-    own = recompute if ckpt else _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
+    own = (
+        (_scaled(kept, 1, "1 layer") + recompute)
+        if ckpt
+        else _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
+    )
     end_grads = states.grads if not sc.optimizer_in_backward else states.grads + states.step_temps
     out.append(
         Moment(

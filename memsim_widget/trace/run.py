@@ -211,8 +211,11 @@ def trace_training(
             notes.append(f"amp: model parameters are {sorted(map(str, fdts))}, not all fp32")
         model.train()
         if gradient_checkpointing:
-            if hasattr(model, "gradient_checkpointing_enable"):
-                model.gradient_checkpointing_enable()
+            enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+                model, "gradient_checkpointing_enable", None
+            )
+            if enable is not None:
+                enable()  # HF default: torch.utils.checkpoint with use_reentrant=False, one checkpoint per layer
             else:
                 notes.append(
                     "gradient_checkpointing requested but the model has no gradient_checkpointing_enable"
@@ -310,10 +313,17 @@ def trace_training(
     by_role = tracker.by_role_at(sp["seq"])
     if sum(by_role.values()) != sp["bytes"]:
         notes.append(f"internal: by_role sum {sum(by_role.values())} != peak {sp['bytes']}")
-    if tracker.untracked_inputs:
+    untracked = [r for r in tracker.records if r.op == "<untracked input>" and r.nbytes]
+    if untracked:
         notes.append(
-            f"{tracker.untracked_inputs} storages were first seen as op inputs (counted from first use)"
+            f"{len(untracked)} storages ({sum(r.nbytes for r in untracked)} B) were first seen as op inputs "
+            "(e.g. torch.tensor scalars); counted from first use"
         )
+    if optimizer in ("adam", "adamw") and impl_used != "fused":
+        notes.append(
+            "Adam 'step' counters (4 B fp32 scalars per tensor) are counted as optimizer_state; on CUDA they"
+        )
+        notes[-1] += " live on the host unless fused/capturable"
     if amp_dtype is not None:
         notes.append(
             "autocast traced with CPU autocast op lists (CUDA lists differ for norms/softmax/losses)"
