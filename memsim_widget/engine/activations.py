@@ -393,29 +393,21 @@ def _hf(ctx: Context) -> ActivationBudget:
             )
 
     # ----- backward transients ---------------------------------------------------------------------
-    # Fitted on traces (docs/fidelity.md): the layer in backward holds its MLP gradients (dgate, dup and
-    # dproduct, about 2 T x I) and the residual gradient; with checkpointing, the recomputed layer's
-    # backward holds max(6 B x T x h, 3.9 B x T x I) in bf16 (twice in fp32). The final RMSNorm's backward
-    # works in fp32: about 24 B x T x h at the top of backward.
-    if sc.activation_checkpointing == "full":
-        tau = ec / 2 * max(6 * T * h, 3.9 * Tm * I)
-        out.layer_backward.append(
-            Term(
-                "gradients inside the recomputed layer's backward",
-                tau,
-                f"{ec}/2 x max(6 B x T x h, 3.9 B x T x I)",
-                4,
-            )
+    # Checked on traces (docs/fidelity.md): in the MLP's backward the layer holds the gradient of the
+    # product and the two gradients the product's backward makes (d act(gate), d up), each T x I, while
+    # the down-projection input, if it was saved, has just been released; plus the residual gradient.
+    # Under checkpointing the same happens inside the recomputed layer. The final RMSNorm's backward works
+    # in fp32: about 24 B x T x h at the top of backward.
+    down_saved = bool(full or (MLP_OUT & modules & targets))
+    n_ti = 2 if down_saved else 3
+    out.layer_backward.append(
+        Term(
+            "activation gradients of the layer in backward",
+            n_ti * ec * Tm * I + r * T * h,
+            f"{n_ti} x {ec} B x T x I + {r} B x T x h",
+            n_ti + 1,
         )
-    else:
-        out.layer_backward.append(
-            Term(
-                "activation gradients of the layer in backward",
-                2 * ec * Tm * I + r * T * h,
-                f"2 x {ec} B x T x I + {r} B x T x h",
-                4,
-            )
-        )
+    )
     if arch.norm == "rmsnorm":
         out.top_backward.append(Term("final RMSNorm backward (fp32)", 24 * Tout * h, "24 B x T x h", 4))
     else:

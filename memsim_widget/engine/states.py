@@ -48,6 +48,7 @@ class StateBudget:
     persistent: list[Item] = field(default_factory=list)  # weights, master, optimizer states
     grads: list[Item] = field(default_factory=list)  # all gradients of the step on this rank
     post_grads: list[Item] = field(default_factory=list)  # gradients of the head and final norm
+    grads_but_bottom: list[Item] = field(default_factory=list)  # all but layer 0's and the embeddings'
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
     gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
     step_temps: list[Item] = field(default_factory=list)
@@ -252,6 +253,23 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     )
     b.grad_bytes_per_layer = layer_train * grad_b / g_div / max(stage.layers, 1)
     b.pre_post_grad_bytes = max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
+    if not sc.optimizer_in_backward and ctx.full_training:
+        n_pre = sum(g.numel for g in groups if g.group.scope == "pre")
+        missing = int(b.grad_bytes_per_layer) + n_pre * grad_b // g_div
+        b.grads_but_bottom = [
+            *b.grads[1:],
+            Item(
+                "gradients",
+                "gradients (all but the bottom layer's and the embeddings', still to come)",
+                max(0, grad_total - missing),
+                f"{fmt_int(n_train)} params x {grad_b} B - 1 layer - embeddings"
+                f"{_shard_note(g_div, 'ZeRO-2 dp shard')}",
+                "tensor",
+                max(1, tensors_train - 10),
+            ),
+        ]
+    else:
+        b.grads_but_bottom = list(b.grads)
     if ctx.full_training and not sc.optimizer_in_backward:
         n_post = sum(g.numel for g in groups if g.group.scope == "post")
         if n_post:

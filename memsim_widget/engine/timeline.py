@@ -125,15 +125,13 @@ def moments(
         if ckpt
         else _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
     )
-    end_grads = states.grads if not sc.optimizer_in_backward else states.grads + states.step_temps
-    out.append(
-        Moment(
-            "backward_end",
-            tuple(
-                common + end_grads + states.gathered + states.gathered_grads + pre + rest + own + layer_bwd
-            ),
-        )
-    )
+    # The bottom of backward, two instants: (a) layer 0's backward, its own gradients and the embeddings'
+    # not yet made; (b) the embedding's backward, every gradient made and no layer activation left.
+    opt_bwd = states.step_temps if sc.optimizer_in_backward else []
+    common_end = common + states.gathered + states.gathered_grads + opt_bwd + pre + rest
+    layer0 = common_end + states.grads_but_bottom + own + layer_bwd
+    embed = common_end + states.grads
+    out.append(Moment("backward_end", tuple(max(layer0, embed, key=lambda x: sum(i.bytes for i in x)))))
     if sc.optimizer != "none" and not sc.optimizer_in_backward:
         step_temps = [i for i in states.step_temps if i.level == "tensor"]
         out.append(Moment("optimizer_step", tuple(step_persistent + overhead + states.grads + step_temps)))
