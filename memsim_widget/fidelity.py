@@ -165,6 +165,18 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         "qwen2 fp32 eager b2 s256",
         {"model": QWEN2, "micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
     ),
+    (
+        "llama-2-7b bf16 b1 s2048 (real shape)",
+        {"model": "llama-2-7b", "micro_batch_size": 1, "seq_len": 2048},
+    ),
+    (
+        "qwen2.5-0.5b bf16 b2 s1024 (real shape)",
+        {"model": "qwen2.5-0.5b", "micro_batch_size": 2, "seq_len": 1024},
+    ),
+    (
+        "llama-3.2-1b amp-bf16 b1 s1024 (real shape)",
+        {"model": "llama-3.2-1b", "micro_batch_size": 1, "seq_len": 1024, "precision": "amp-bf16"},
+    ),
 ]
 
 
