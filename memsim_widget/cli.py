@@ -127,6 +127,55 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Trace the scenario's training step on fake tensors and print measured next to simulated."""
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.scenario import Scenario
+    from memsim_widget.trace.api import check_traceable, trace_report, trace_scenario
+
+    sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
+    check_traceable(sc)
+    result = trace_scenario(sc, progress=sys.stderr.isatty() and not args.json)
+    report = trace_report(sc, result)
+    est = estimate(sc)
+    report["simulated"] = {
+        "peak_tensor_bytes": est.peak_tensor_bytes,
+        "peak_phase": est.peak_phase,
+        "components": {k: v for k, v in _tensor_components(est).items() if v},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    err = (est.peak_tensor_bytes - result.peak_bytes) / max(result.peak_bytes, 1)
+    print(
+        f"traced    {_gib(result.peak_bytes)} GiB live tensors at {result.peak_phase} ({result.peak_op}), "
+        f"step {result.peak_step}; step 1 peaked at {_gib(result.step1_peak_bytes)} GiB"
+    )
+    print(f"simulated {_gib(est.peak_tensor_bytes)} GiB at {est.peak_phase} (error {err:+.2%})")
+    print(f"\n{'category':<17} {'traced GiB':>11} {'simulated GiB':>14}")
+    sim = _tensor_components(est)
+    for cat in sorted(set(report["components"]) | set(sim)):
+        print(f"{cat:<17} {report['components'].get(cat, 0) / GiB:>11.3f} {sim.get(cat, 0) / GiB:>14.3f}")
+    print("\nlargest tensors alive at the peak:")
+    for t in result.top[:8]:
+        print(
+            f"  {t['bytes'] / GiB:>8.3f} GiB  {t['role']:<16} {t['dtype']:<9} {t['shape']}  {t['op']} {t['module']}"
+        )
+    for note in result.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _tensor_components(est: Any) -> dict[str, int]:
+    """Live tensor bytes per category at the simulated moment with the most tensor bytes."""
+    moment = max(est.worst.moments, key=lambda m: m.tensor_bytes)
+    out: dict[str, int] = {}
+    for i in moment.items:
+        if i.level == "tensor":
+            out[i.category] = out.get(i.category, 0) + i.bytes
+    return out
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 
@@ -173,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (key, typ) in OVERRIDES.items():
         est.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
     est.set_defaults(func=cmd_estimate)
+    tr = sub.add_parser("trace", help="trace the training step on fake tensors (needs the [trace] extra)")
+    tr.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
+    tr.add_argument(
+        "--json", action="store_true", help="print one JSON object (with timeline and top tensors)"
+    )
+    for flag, (key, typ) in OVERRIDES.items():
+        tr.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
+    tr.set_defaults(func=cmd_trace)
     for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--json", action="store_true")

@@ -12,6 +12,7 @@ from typing import Any
 from memsim_widget.catalog.models import resolve_model_config
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
+from memsim_widget.trace.api import trace_kwargs
 
 SMALL = {
     "hidden_size": 256,
@@ -178,27 +179,6 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         {"model": "llama-3.2-1b", "micro_batch_size": 1, "seq_len": 1024, "precision": "amp-bf16"},
     ),
 ]
-
-
-def trace_kwargs(sc: Scenario) -> dict[str, Any]:
-    """The tracer's arguments for the same training step as ``sc``."""
-    kw: dict[str, Any] = {
-        "micro_batch_size": sc.micro_batch_size,
-        "seq_len": sc.seq_len,
-        "precision": sc.precision,
-        "optimizer": sc.optimizer,
-        "optimizer_impl": sc.optimizer_impl,
-        "attention": sc.attention,
-        "gradient_checkpointing": sc.activation_checkpointing == "full",
-    }
-    if sc.method != "full":
-        kw["lora"] = {
-            "r": sc.lora.rank,
-            "lora_alpha": sc.lora.alpha,
-            "target_modules": "all-linear" if "all-linear" in sc.lora.targets else list(sc.lora.targets),
-            "adapter_dtype": sc.lora.adapter_dtype,
-        }
-    return kw
 
 
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""`memsim trace`: the same step on fake tensors, with the estimate's keys; a clear exit 2 without torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import TINY_LLAMA
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def test_trace_json_has_the_estimate_keys_and_agrees_with_the_engine(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": TINY_LLAMA, "micro_batch_size": 2, "seq_len": 128}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "memsim_widget.cli", "trace", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    for key in ("scenario", "model", "peak_tensor_bytes", "peak_phase", "components", "timeline", "top"):
+        assert key in data
+    assert data["model"]["parameters"] > 0
+    assert sum(data["components"].values()) == data["peak_tensor_bytes"]
+    sim = data["simulated"]["peak_tensor_bytes"]
+    assert abs(sim - data["peak_tensor_bytes"]) / data["peak_tensor_bytes"] < 0.03
+    assert len(data["timeline"]) > 10 and data["top"][0]["bytes"] >= data["top"][-1]["bytes"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [(["--method", "qlora"], "method"), (["--tp", "2"], "parallel"), (["--optimizer", "lion"], "optimizer")],
+)
+def test_untraceable_scenarios_exit_2_naming_the_field(flags, field):
+    proc = subprocess.run(
+        [sys.executable, "-m", "memsim_widget.cli", "trace", *flags],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and field in proc.stderr
+
+
+def test_without_torch_it_says_which_extra_to_install():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from memsim_widget.cli import main\n"
+        "sys.exit(main(['trace', '--model', 'gpt2']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert "memsim-widget[trace]" in proc.stderr and "Traceback" not in proc.stderr
