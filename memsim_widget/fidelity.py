@@ -39,6 +39,29 @@ GPT2 = {
     "embd_pdrop": 0.0,
 }
 
+BERT = {
+    "model_type": "bert",
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+VIT = {
+    "model_type": "vit",
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "intermediate_size": 1024,
+    "image_size": 224,
+    "patch_size": 16,
+    "num_labels": 10,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama bf16 sdpa b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512}),
@@ -177,6 +200,62 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "llama-3.2-1b amp-bf16 b1 s1024 (real shape)",
         {"model": "llama-3.2-1b", "micro_batch_size": 1, "seq_len": 1024, "precision": "amp-bf16"},
+    ),
+    ("bert bf16 sdpa b4 s256 (no dropout)", {"model": BERT, "micro_batch_size": 4, "seq_len": 256}),
+    (
+        "bert fp32 eager b2 s256 (no dropout)",
+        {"model": BERT, "micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+    ),
+    ("vit bf16 sdpa b8 (no dropout)", {"model": VIT, "micro_batch_size": 8, "seq_len": 197}),
+    (
+        "vit amp-bf16 sdpa b8 (no dropout)",
+        {"model": VIT, "micro_batch_size": 8, "seq_len": 197, "precision": "amp-bf16"},
+    ),
+    ("llama bf16 sdpa b8 s256 (batch sweep)", {"model": LLAMA, "micro_batch_size": 8, "seq_len": 256}),
+    ("llama bf16 sdpa b1 s2048 (sequence sweep)", {"model": LLAMA, "micro_batch_size": 1, "seq_len": 2048}),
+    ("llama bf16 sdpa b1 s4096 (sequence sweep)", {"model": LLAMA, "micro_batch_size": 1, "seq_len": 4096}),
+    (
+        "llama bf16 eager b1 s1024 (sequence sweep)",
+        {"model": LLAMA, "micro_batch_size": 1, "seq_len": 1024, "attention": "eager"},
+    ),
+    ("llama fp16 sdpa b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "precision": "fp16"}),
+    (
+        "llama fp32 fused b2 s128",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 128,
+            "precision": "fp32",
+            "optimizer_impl": "fused",
+        },
+    ),
+    (
+        "llama bf16 lora qv bf16 b2 s512",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"], "adapter_dtype": "bf16"},
+        },
+    ),
+    (
+        "mistral bf16 lora all-linear b2 s512",
+        {
+            "model": MISTRAL,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 16, "targets": ["all-linear"]},
+        },
+    ),
+    (
+        "qwen2 bf16 ckpt b2 s1024",
+        {"model": QWEN2, "micro_batch_size": 2, "seq_len": 1024, "activation_checkpointing": "full"},
+    ),
+    (
+        "mixtral bf16 eager b2 s256",
+        {"model": MIXTRAL, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"},
     ),
 ]
 

@@ -45,6 +45,7 @@ class ActivationBudget:
     loss_backward: list[Term] = field(default_factory=list)  # transients at the start of backward
     layer_backward: list[Term] = field(default_factory=list)  # transients while one layer runs backward
     top_backward: list[Term] = field(default_factory=list)  # transients of the final norm's backward
+    attention_backward: list[Term] = field(default_factory=list)  # transients of the attention's backward
     inputs: list[Term] = field(default_factory=list)
 
     def layer_bytes(self) -> float:
@@ -336,7 +337,20 @@ def _hf(ctx: Context) -> ActivationBudget:
     if arch.position == "rope":
         cb = 4 if amp else ec
         out.pre.append(Term("rotary cos/sin", 2 * cb * s * D.d, f"2 x {cb} B x s x d", 2))
-    out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
+    if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
+        C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
+        px = b * C * img * img
+        pb = recipe.weight_bytes
+        out.inputs.append(
+            Term(
+                "pixel values and labels" + (" (+ autocast 16-bit copy)" if amp else ""),
+                px * pb + (2 * px if amp else 0) + 8 * b,
+                f"b x {C} x {img} x {img} x ({pb}{' + 2' if amp else ''}) B + 8 B x b",
+                2,
+            )
+        )
+    else:
+        out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
     if arch.norm == "rmsnorm":
         fn = 4 * Tout * h + 4 * Tout + ((4 if gemma else r) * Tout * h if full or gemma else 0)
         out.post.append(
@@ -344,6 +358,23 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
+    if arch.family == "bert":  # embeddings' LayerNorm input; the MLM head's dense -> gelu -> LayerNorm
+        out.pre.append(
+            Term(
+                "embeddings LayerNorm input, mean and rstd",
+                r * Tout * h + 8 * Tout,
+                f"{r} B x T x h + 8 B x T",
+                3,
+            )
+        )
+        out.post.append(
+            Term(
+                "MLM head transform: dense output and LayerNorm output",
+                2 * ec * T * h,
+                f"2 x {ec} B x T x h",
+                2,
+            )
+        )
     if V and full:  # the head reads the final norm's output
         if amp:
             out.post.append(
@@ -358,6 +389,7 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.post.append(Term("head input", nout * T * h, f"{nout} B x T x h", 1))
     if V:
         le = 4 if recipe.fp32_compute else 2
+        upcast_loss = arch.family not in ("bert", "t5", "vit")
         if sc.loss == "chunked":
             chunk = T * V / LOSS_CHUNKS
             out.loss_backward.append(
@@ -376,9 +408,9 @@ def _hf(ctx: Context) -> ActivationBudget:
                     2,
                 )
             )
-        else:
-            # HF: logits = lm_head(h) in the compute dtype; the loss upcasts them (.float()) and
-            # log_softmax saves its fp32 output. The trainer drops the logits before backward.
+        elif upcast_loss:
+            # HF causal LMs (ForCausalLMLoss): logits = lm_head(h) in the compute dtype; the loss upcasts them
+            # (.float()) and log_softmax saves its fp32 output. The trainer drops the logits before backward.
             out.loss_forward.append(
                 Term(
                     "logits" + (" and their fp32 upcast" if le != 4 else ""),
@@ -391,6 +423,13 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.loss_backward.append(
                 Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
             )
+        else:
+            # BERT, T5, ViT: nn.CrossEntropyLoss straight on the logits, in the compute dtype
+            out.loss_forward.append(Term("logits", le * T * V, f"{le} B x T x V, V={V}", 1))
+            out.loss_saved.append(Term("log-softmax saved by the loss", le * T * V, f"{le} B x T x V", 1))
+            out.loss_backward.append(
+                Term("loss backward: two T x V gradient buffers", 2 * le * T * V, f"2 x {le} B x T x V", 2)
+            )
 
     # ----- backward transients ---------------------------------------------------------------------
     # Checked on traces (docs/fidelity.md): in the MLP's backward the layer holds the gradient of the
@@ -398,8 +437,21 @@ def _hf(ctx: Context) -> ActivationBudget:
     # the down-projection input, if it was saved, has just been released; plus the residual gradient.
     # Under checkpointing the same happens inside the recomputed layer. The final RMSNorm's backward works
     # in fp32: about 24 B x T x h at the top of backward.
+    if eager and sc.activation_checkpointing != "selective":
+        # softmax backward: the gradient of the probabilities and of the scores, s x s per head (measured:
+        # about 6 B x b a s^2 in bf16 with the fp32 softmax)
+        sm_b = 4 if softmax_fp32 else ec
+        tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full
+        out.attention_backward.append(
+            Term(
+                "attention softmax backward (s x s gradients)",
+                tau_attn,
+                f"({sm_b} + {ec}) B x b x a x s x s",
+                2,
+            )
+        )
     down_saved = bool(full or (MLP_OUT & modules & targets))
-    n_ti = 2 if down_saved else 3
+    n_ti = (3 if arch.mlp_activation in ("swiglu", "geglu") else 2) - (1 if down_saved else 0)
     out.layer_backward.append(
         Term(
             "activation gradients of the layer in backward",

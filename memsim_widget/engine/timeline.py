@@ -82,7 +82,12 @@ def moments(
     post = _scaled(acts.post, 1 if stage.last else 0, "")
     loss_saved = _scaled(acts.loss_saved, 1 if stage.last else 0, "")
     recompute = _scaled(acts.per_layer, 1, "1 recomputed layer") if ckpt else []
-    layer_bwd = _scaled(acts.layer_backward, 1, "", "temporaries")
+    # a layer in backward: the larger of its MLP and its attention transients
+    layer_bwd = max(
+        _scaled(acts.layer_backward, 1, "", "temporaries"),
+        _scaled(acts.attention_backward, 1, "", "temporaries"),
+        key=lambda x: sum(i.bytes for i in x),
+    )
     loss_bwd = _scaled(acts.loss_backward, 1 if stage.last else 0, "", "temporaries")
     loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "") + _scaled(
         acts.cache_per_layer, Ls, f"{Ls} layers"
