@@ -138,11 +138,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
     result = trace_scenario(sc, progress=sys.stderr.isatty() and not args.json)
     report = trace_report(sc, result)
     est = estimate(sc)
-    report["simulated"] = {
-        "peak_tensor_bytes": est.peak_tensor_bytes,
-        "peak_phase": est.peak_phase,
-        "components": {k: v for k, v in _tensor_components(est).items() if v},
-    }
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -153,7 +148,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     )
     print(f"simulated {_gib(est.peak_tensor_bytes)} GiB at {est.peak_phase} (error {err:+.2%})")
     print(f"\n{'category':<17} {'traced GiB':>11} {'simulated GiB':>14}")
-    sim = _tensor_components(est)
+    sim = report["simulated"]["components"]
     for cat in sorted(set(report["components"]) | set(sim)):
         print(f"{cat:<17} {report['components'].get(cat, 0) / GiB:>11.3f} {sim.get(cat, 0) / GiB:>14.3f}")
     print("\nlargest tensors alive at the peak:")
@@ -164,16 +159,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}")
     return 0
-
-
-def _tensor_components(est: Any) -> dict[str, int]:
-    """Live tensor bytes per category at the simulated moment with the most tensor bytes."""
-    moment = max(est.worst.moments, key=lambda m: m.tensor_bytes)
-    out: dict[str, int] = {}
-    for i in moment.items:
-        if i.level == "tensor":
-            out[i.category] = out.get(i.category, 0) + i.bytes
-    return out
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

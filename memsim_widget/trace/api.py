@@ -113,8 +113,26 @@ def trace_scenario(
     return trace_hf(dict(resolve_model_config(sc.model)), progress=progress, top_n=top_n, **kw)
 
 
+def simulated_components(sc: Scenario) -> dict[str, Any]:
+    """The engine's live tensor bytes for the same scenario, at its moment with the most tensor bytes."""
+    from memsim_widget.engine.core import estimate
+
+    est = estimate(sc)
+    moment = max(est.worst.moments, key=lambda m: m.tensor_bytes)
+    comps: dict[str, int] = {}
+    for i in moment.items:
+        if i.level == "tensor":
+            comps[i.category] = comps.get(i.category, 0) + i.bytes
+    return {
+        "peak_tensor_bytes": est.peak_tensor_bytes,
+        "peak_phase": moment.name,
+        "components": {k: v for k, v in comps.items() if v},
+    }
+
+
 def trace_report(sc: Scenario, result: Any) -> dict[str, Any]:
-    """The JSON form of a trace, with the keys ``memsim estimate --json`` uses where they apply."""
+    """The JSON form of a trace, with the keys ``memsim estimate --json`` uses where they apply, and the
+    engine's simulation of the same step under ``simulated``."""
     components: dict[str, int] = {}
     for role, nbytes in result.by_role.items():
         cat = ROLE_CATEGORY.get(role, "temporaries")
@@ -133,4 +151,5 @@ def trace_report(sc: Scenario, result: Any) -> dict[str, Any]:
         "top": result.top,
         "notes": result.notes,
         "counter": "live tensor bytes on fake tensors (compare with peak_tensor_bytes of memsim estimate)",
+        "simulated": simulated_components(sc),
     }
