@@ -9,10 +9,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 from memsim_widget.errors import ScenarioError
+from memsim_widget.jsonio import read_json_object
 
 GiB = 1024**3
 
@@ -49,21 +49,8 @@ OVERRIDES: dict[str, tuple[str, type]] = {
 
 
 def _read_scenario(path: str | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError("scenario", f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(
-            "scenario", f"malformed JSON in {path} at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ScenarioError("scenario", f"{path} must hold a JSON object")
-    return data
+    """The scenario file (or stdin for ``-``) as a dict; no file means all defaults."""
+    return {} if path is None else read_json_object(path, "scenario")
 
 
 def _apply_overrides(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memsim_widget.errors import ScenarioError, choice_error
+from memsim_widget.jsonio import parse_json_object, read_json_object
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
 
@@ -294,16 +295,9 @@ class Scenario:
         """Parse JSON text, or read it from a file path."""
         text = str(text_or_path)
         if isinstance(text_or_path, Path) or not text.lstrip().startswith("{"):
-            try:
-                text = Path(text).read_text()
-            except OSError as exc:
-                raise ScenarioError("scenario", f"cannot read {text_or_path}: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScenarioError(
-                "scenario", f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from None
+            data = read_json_object(text_or_path, "scenario")
+        else:
+            data = parse_json_object(text, "scenario", "the scenario text")
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> Scenario:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..architecture import Architecture, build_architecture
 from ..errors import ScenarioError, choice_error
+from ..jsonio import read_json_object
 
 # ----------------------------------------------------------------------------- shared key sets
 
@@ -549,18 +550,7 @@ def preset_ids() -> list[str]:
 def _read_config_file(path: Path) -> dict[str, Any]:
     """Read an HF config.json (or a folder's config.json) as plain JSON; never executes code."""
     file = path / "config.json" if path.is_dir() else path
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError("model", f"cannot read config file {str(file)!r}: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(
-            "model", f"{str(file)!r} is not valid JSON: {exc.msg} (line {exc.lineno})"
-        ) from exc
-    if not isinstance(data, dict):
-        raise ScenarioError("model", f"{str(file)!r} must hold a JSON object, got {type(data).__name__}")
+    data = read_json_object(file, "model")
     if not isinstance(data.get("model_type"), str):
         raise ScenarioError("model", f"{str(file)!r} has no 'model_type'; is it an HF config.json?")
     return data
