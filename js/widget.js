@@ -385,6 +385,26 @@ export function buildTable(doc, rows) {
   return h(doc, "table", { class: "memsim-table" }, [thead, body]);
 }
 
+/** Resolve once the browser has painted (next frame, then a task); right away where no frames run (node).
+ * Hidden tabs run no frames, so a timer resolves it too. */
+export function afterPaint(win) {
+  return new Promise((resolve) => {
+    let done = false;
+    const go = () => {
+      if (!done) {
+        done = true;
+        setTimeout(resolve, 0);
+      }
+    };
+    if (typeof win?.requestAnimationFrame === "function") {
+      win.requestAnimationFrame(go);
+      setTimeout(go, 50);
+    } else {
+      go();
+    }
+  });
+}
+
 const bundles = new Map();
 
 async function importText(src) {
@@ -523,6 +543,9 @@ export function render({ model, el }) {
     csvLink.href = "data:text/csv;charset=utf-8," + encodeURIComponent(rowsToCsv(result.rows ?? []));
   };
   let drawToken = 0;
+  const drawnSpecs = {};
+  // Charts draw after the verdict and table are painted, one per frame: embedding a chart takes tens of
+  // milliseconds (the scaling view over a hundred), and the new result should not wait for it on screen.
   const drawCharts = async () => {
     const token = ++drawToken;
     const specs = readTrait(model, "charts") ?? {};
@@ -538,8 +561,13 @@ export function render({ model, el }) {
       const spec = specs[name];
       if (!embed || !spec) {
         chartEls[name].textContent = embed ? "" : "charts need vl-convert-python in the kernel";
+        delete drawnSpecs[name];
         continue;
       }
+      const text = JSON.stringify(spec);
+      if (drawnSpecs[name] === text && chartViews[name]) continue; // unchanged: keep the drawn view
+      await afterPaint(doc.defaultView);
+      if (token !== drawToken) return;
       try {
         const res = await embed(chartEls[name], structuredClone(spec), { actions: false, renderer: "svg" });
         if (token !== drawToken) {
@@ -549,8 +577,10 @@ export function render({ model, el }) {
         chartViews[`_finalize_${name}`]?.();
         chartViews[name] = res.view;
         chartViews[`_finalize_${name}`] = () => res.finalize?.();
+        drawnSpecs[name] = text;
       } catch (err) {
         chartEls[name].textContent = `chart error: ${err.message}`;
+        delete drawnSpecs[name];
       }
     }
   };
@@ -591,7 +621,10 @@ export function render({ model, el }) {
   onModel("error_field", syncAll);
   onModel("result", showResult);
   onModel("charts", drawCharts);
-  onModel("_vega_js", drawCharts);
+  onModel("_vega_js", () => {
+    for (const name of Object.keys(drawnSpecs)) delete drawnSpecs[name];
+    drawCharts();
+  });
   onModel("options", () => {
     const next = readTrait(model, "options") ?? {};
     const rebuild = JSON.stringify([next.presets, next.gpus, next.choices, next.stops]) !==

@@ -3,6 +3,7 @@ import { afterEach, beforeEach, describe, test } from "node:test";
 
 import {
   CONTROLS,
+  afterPaint,
   applyControl,
   controlForField,
   ctlClass,
@@ -27,6 +28,11 @@ function mount(overrides = {}) {
   const ctl = (key) => q(`.${ctlClass(key)}`);
   env = { doc, el, window, model, cleanup, q, ctl };
   return env;
+}
+
+/** Wait (up to 2 s) until `cond()` holds: charts are drawn asynchronously, one per frame. */
+async function until(cond) {
+  for (let i = 0; i < 200 && !cond(); i++) await new Promise((r) => setTimeout(r, 10));
 }
 
 beforeEach(() => {
@@ -267,18 +273,23 @@ describe("render", () => {
       };
     };
     const { q, model, cleanup } = mount({ _vega_js: "bundle" });
-    await new Promise((r) => setTimeout(r, 10));
+    await until(() => calls.length >= 2);
     assert.equal(calls.length, 2);
     assert.ok(calls[0].cls.includes("memsim-chart-breakdown"));
     assert.deepEqual(calls[0].spec, model.get("charts").breakdown);
     assert.equal(calls[0].opts.actions, false);
     assert.equal(q(".memsim-chart-scaling").textContent, "drawn");
     model.set("charts", { breakdown: { mark: "bar" }, scaling: { mark: "area" } });
-    await new Promise((r) => setTimeout(r, 10));
+    await until(() => calls.length >= 4);
     assert.equal(calls.length, 4);
     assert.equal(finalized, 2, "previous views finalized");
+    model.set("charts", { breakdown: { mark: "bar" }, scaling: { mark: "line" } });
+    await until(() => calls.length >= 5);
+    await new Promise((r) => setTimeout(r, 20));
+    assert.equal(calls.length, 5, "an unchanged chart is not embedded again");
+    assert.equal(calls[4].spec.mark, "line");
     cleanup();
-    assert.equal(finalized, 4, "cleanup finalizes the views");
+    assert.equal(finalized, 5, "cleanup finalizes the views");
   });
 
   test("without the vega bundle the charts say why", async () => {
@@ -303,7 +314,7 @@ describe("render", () => {
     });
     assert.equal(ctl("lora.rank").disabled, true);
     assert.equal(q(".memsim-table tbody").children.length, state.result.rows.length);
-    await new Promise((r) => setTimeout(r, 10));
+    await until(() => embedded.length >= 1);
     assert.deepEqual(embedded[0], state.charts.breakdown);
     const opts = structuredClone(state.options);
     delete opts.disabled["lora.rank"];
@@ -335,5 +346,21 @@ describe("module loading", () => {
     const embed = await realLoad(src);
     assert.equal(embed(2), 4);
     assert.equal(await realLoad(""), null);
+  });
+});
+
+describe("afterPaint", () => {
+  test("waits for the next frame, then a task; resolves without frames (node) or when none come (hidden tab)", async () => {
+    const frames = [];
+    const win = { requestAnimationFrame: (fn) => frames.push(fn) };
+    let done = false;
+    const p = afterPaint(win).then(() => (done = true));
+    await new Promise((r) => setTimeout(r, 5));
+    assert.equal(done, false, "not before the frame");
+    frames.shift()();
+    await p;
+    assert.equal(done, true);
+    await afterPaint(undefined);
+    await afterPaint({ requestAnimationFrame: () => {} }); // a hidden tab: the timer resolves it
   });
 });

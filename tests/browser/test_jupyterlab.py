@@ -1,0 +1,162 @@
+"""The quickstart in a real JupyterLab, driven by headless Chromium with the keyboard, fully offline.
+
+Starts ``jupyter lab`` on 127.0.0.1, opens a fresh copy of ``notebooks/quickstart.ipynb``, runs every cell
+with the app's command, waits for the widget and its Vega charts (SVG marks), then moves the micro-batch
+slider and the precision dropdown with arrow keys and checks that the kernel received both values, that the
+verdict and the chart were redrawn from the new result, that JupyterLab did not steal the keys, and that no
+request left 127.0.0.1. Screenshots and the server log go to ``artifacts/browser/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from jlab import (
+    ROOT,
+    chromium_available,
+    chromium_page,
+    jupyter_lab,
+    kernel_json,
+    open_notebook,
+    run_all_cells,
+)
+
+ARTIFACTS = ROOT / "artifacts" / "browser"
+QUICKSTART = ROOT / "notebooks" / "quickstart.ipynb"
+
+SKIP = chromium_available()
+
+#: The breakdown chart's bars and the scaling chart's areas, as vega's SVG renderer draws them.
+BARS = ".memsim-chart-breakdown svg .mark-rect path"
+AREAS = ".memsim-chart-scaling svg .mark-area path"
+#: Kernel helper: the nvidia-smi peak of the widget's scenario with some keys changed (None if invalid).
+PEAK_WITH = """
+def _peak_with(**changes):
+    from memsim_widget import estimate
+    try:
+        return estimate(sim.scenario.replace(**changes)).device_total_bytes
+    except Exception:
+        return None
+"""
+#: A fingerprint of a chart's drawing: the geometry of every path.
+CHART_JS = """(sel) => [...document.querySelectorAll(sel)].map((p) => p.getAttribute('d')).join('|')"""
+
+
+def _wait_changed(page, js: str, arg: str, before: str, what: str, timeout_ms: int = 30_000) -> str:
+    """Wait until ``js(arg)`` evaluated in the page differs from ``before`` (and is not empty)."""
+    page.wait_for_function(
+        f"([arg, before]) => {{ const now = ({js})(arg); return now && now !== before; }}",
+        arg=[arg, before],
+        timeout=timeout_ms,
+        polling=100,
+    )
+    now = page.evaluate(js, arg)
+    assert now != before, what
+    return now
+
+
+@pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+def test_quickstart_widget_in_jupyterlab_with_the_keyboard() -> None:
+    if not QUICKSTART.exists():
+        pytest.skip("notebooks/quickstart.ipynb is missing")
+    t0 = time.monotonic()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    name = f"quickstart-{int(time.time() * 1000)}.ipynb"  # a fresh path: no kernel or layout to reuse
+    with jupyter_lab({name: QUICKSTART}, keep=ARTIFACTS) as lab, chromium_page() as (page, outside, errors):
+        open_notebook(page, lab, name)
+        assert lab.api("/api/kernels")[0]["connections"] > 0
+        cell_errors = run_all_cells(page)
+        assert cell_errors == [], f"cells raised: {cell_errors}"
+        n_cells = page.evaluate("window.__memsimPanel.content.widgets.length")
+
+        # The widget and both charts are drawn (Vega SVG marks, rendered from the offline bundle).
+        page.wait_for_selector(BARS, timeout=60_000)
+        page.wait_for_selector(AREAS, timeout=60_000)
+        widget = page.locator(".memsim")
+        assert widget.count() == 1, "the quickstart displays one widget"
+        widget.scroll_into_view_if_needed()
+        page.locator(".memsim").screenshot(path=str(ARTIFACTS / "quickstart-widget-before.png"))
+
+        state = kernel_json(
+            page,
+            "{'mb': sim.scenario.micro_batch_size, 'precision': sim.scenario.precision,"
+            " 'stops': sim.options['stops']['micro_batch_size'], 'verdict': sim.result['verdict']}",
+        )
+        precisions = page.eval_on_selector_all(".memsim-ctl-precision option", "os => os.map(o => o.value)")
+        assert page.input_value(".memsim-ctl-precision") == state["precision"]
+        assert page.inner_text(".memsim-verdict-word").strip().lower() == state["verdict"]
+        verdict0 = page.inner_text(".memsim-verdict")
+        chart0 = page.evaluate(CHART_JS, BARS)
+
+        # Micro-batch slider: focus it, one arrow key (towards a larger batch unless at the last stop).
+        stops, i = state["stops"], state["stops"].index(state["mb"])
+        key, want_mb = ("ArrowRight", stops[i + 1]) if i + 1 < len(stops) else ("ArrowLeft", stops[i - 1])
+        slider = page.locator(".memsim-ctl-micro_batch_size")
+        slider.focus()
+        page.keyboard.press(key)
+        verdict1 = _wait_changed(
+            page,
+            "() => document.querySelector('.memsim-verdict').innerText",
+            "",
+            verdict0,
+            "verdict redrawn after the slider moved",
+        )
+        assert page.inner_text(".memsim-ctl-micro_batch_size ~ output") == str(want_mb)
+        chart1 = _wait_changed(page, CHART_JS, BARS, chart0, "breakdown chart redrawn after the slider moved")
+        assert kernel_json(page, "sim.scenario.micro_batch_size") == want_mb
+
+        # Precision dropdown: focus it, one arrow key to a neighbouring option whose memory differs (bf16 and
+        # fp16 weigh the same, so the verdict would not change).
+        j = precisions.index(state["precision"])
+        moves = [("ArrowDown", j + 1), ("ArrowUp", j - 1)]
+        moves = [(k, precisions[n]) for k, n in moves if 0 <= n < len(precisions)]
+        names = [state["precision"], *(p for _, p in moves)]
+        peaks = kernel_json(page, f"{{p: _peak_with(precision=p) for p in {names!r}}}", PEAK_WITH)
+        key, want_precision = next(
+            (k, p) for k, p in moves if peaks[p] not in (None, peaks[state["precision"]])
+        )
+        page.locator(".memsim-ctl-precision").focus()
+        page.keyboard.press(key)
+        _wait_changed(
+            page,
+            "() => document.querySelector('.memsim-verdict').innerText",
+            "",
+            verdict1,
+            "verdict redrawn after the precision changed",
+        )
+        _wait_changed(page, CHART_JS, BARS, chart1, "breakdown chart redrawn after the precision changed")
+        page.wait_for_selector(AREAS, timeout=30_000)
+
+        # Python received both values, and the page shows Python's result for them.
+        after = kernel_json(
+            page,
+            "{'mb': sim.scenario.micro_batch_size, 'precision': sim.scenario.precision, 'error': sim.error,"
+            " 'verdict': sim.result['verdict'], 'peak': sim.result['peaks'][0]['size']}",
+        )
+        assert (after["mb"], after["precision"], after["error"]) == (want_mb, want_precision, "")
+        assert page.input_value(".memsim-ctl-precision") == want_precision
+        assert page.inner_text(".memsim-verdict-word").strip().lower() == after["verdict"]
+        assert after["peak"] in page.inner_text(".memsim-verdict-peak")
+
+        # JupyterLab did not treat the arrow keys as notebook shortcuts (no cell added, moved or run).
+        assert page.evaluate("window.__memsimPanel.content.widgets.length") == n_cells
+        page.locator(".memsim").screenshot(path=str(ARTIFACTS / "quickstart-widget-after.png"))
+        page.screenshot(path=str(ARTIFACTS / "quickstart-jupyterlab.png"))
+        assert errors == [], f"uncaught page errors: {errors}"
+        assert outside == [], f"requests left 127.0.0.1: {outside}"
+    elapsed = time.monotonic() - t0
+    (ARTIFACTS / "timing.txt").write_text(
+        f"test_quickstart_widget_in_jupyterlab_with_the_keyboard {elapsed:.1f} s\n"
+    )
+    assert elapsed < 120, f"browser test took {elapsed:.0f} s"
+
+
+def test_chromium_skip_reason_is_explicit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without /usr/bin/chromium the browser test skips with a reason instead of failing."""
+    import jlab
+
+    monkeypatch.setattr(jlab, "CHROMIUM", str(tmp_path / "no-chromium"))
+    reason = jlab.chromium_available()
+    assert reason and "chromium" in reason
