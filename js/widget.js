@@ -1,5 +1,6 @@
 // MemSim front end: plain ES module for anywidget. Python owns every derived value; this file draws the
 // controls from `options`, writes `scenario_data` / `headroom` back, and shows `result`, `error` and `charts`.
+// "Verify with trace" sends {type: "verify"} / {type: "cancel"} messages and shows `trace` and `trace_view`.
 // Logic lives in small exported functions so `node --test tests/js/` can check it without a browser.
 
 /** Every control: scenario key (dotted for nested keys), label, kind, fieldset. */
@@ -385,6 +386,208 @@ export function buildTable(doc, rows) {
   return h(doc, "table", { class: "memsim-table" }, [thead, body]);
 }
 
+const TRACE_HINT = "Trace two training steps of this scenario on fake tensors (CPU, nothing allocated) " +
+  "and compare the measured live tensor bytes with the simulation";
+
+/** A signed percentage with two decimals (`+1.25%`); `n/a` when there is none. */
+export function fmtPct(x) {
+  if (x === null || x === undefined || Number.isNaN(x)) return "n/a";
+  return `${x > 0 ? "+" : ""}${Number(x).toFixed(2)}%`;
+}
+
+/** One line for a running trace: stage (until the tracker runs), step and phase, ops, bytes, elapsed time. */
+export function traceProgressText(p = {}) {
+  const parts = [];
+  if (p.step === undefined) {
+    parts.push(p.stage ?? "starting");
+  } else {
+    parts.push(p.step >= 1 ? `step ${p.step}/${p.steps ?? 2}: ${p.phase ?? ""}` : String(p.phase ?? p.stage));
+    parts.push(`${Number(p.ops ?? 0).toLocaleString("en-US")} ops`);
+    if (p.live_bytes !== undefined) parts.push(`${fmtBytes(p.live_bytes)} live`);
+    if (p.peak_bytes) parts.push(`peak so far ${fmtBytes(p.peak_bytes)}`);
+  }
+  if (p.elapsed_s !== undefined) parts.push(`${Number(p.elapsed_s).toFixed(1)} s`);
+  return parts.join(" · ");
+}
+
+/** How far off the simulation is: `memsim-err-ok` (within 2%), `memsim-err-warn` (5%) or `memsim-err-bad`. */
+export function errorClass(pct) {
+  if (pct === null || pct === undefined) return "memsim-err-none";
+  const a = Math.abs(pct);
+  return a <= 2 ? "memsim-err-ok" : a <= 5 ? "memsim-err-warn" : "memsim-err-bad";
+}
+
+/** The "Verify with trace" panel: button, status, reason, progress, and the result with its two charts. */
+export function createTracePanel(doc) {
+  const button = h(doc, "button", { type: "button", class: "memsim-verify memsim-ctl-verify", text: "Verify with trace" });
+  const status = h(doc, "span", { class: "memsim-trace-status", role: "status" });
+  const reason = h(doc, "div", { class: "memsim-trace-reason", hidden: "" });
+  const bar = h(doc, "progress", { class: "memsim-trace-progress", max: "1" });
+  const progressText = h(doc, "span", { class: "memsim-trace-progress-text" });
+  const progress = h(doc, "div", { class: "memsim-trace-running", hidden: "" }, [bar, progressText]);
+  const stale = h(doc, "div", { class: "memsim-trace-stale-label", hidden: "" });
+  const headline = h(doc, "div", { class: "memsim-trace-headline" });
+  const tableHolder = h(doc, "div", { class: "memsim-trace-table-holder" });
+  const charts = {
+    comparison: h(doc, "div", { class: "memsim-chart memsim-chart-trace-comparison" }),
+    timeline: h(doc, "div", { class: "memsim-chart memsim-chart-trace-timeline" }),
+  };
+  const notes = h(doc, "details", { class: "memsim-trace-notes", hidden: "" });
+  const result = h(doc, "div", { class: "memsim-trace-result", hidden: "" }, [
+    stale, headline, tableHolder, h(doc, "div", { class: "memsim-trace-charts" }, [charts.comparison, charts.timeline]),
+    notes,
+  ]);
+  const root = h(doc, "section", { class: "memsim-trace" }, [
+    h(doc, "div", { class: "memsim-trace-bar" }, [button, status]), reason, progress, result,
+  ]);
+  return { root, button, status, reason, progress, bar, progressText, result, stale, headline, tableHolder, charts, notes };
+}
+
+function traceTable(doc, categories) {
+  const cols = [["category", "category"], ["traced", "traced"], ["simulated", "simulated"], ["error", "error"]];
+  const thead = h(doc, "thead", {}, [h(doc, "tr", {}, cols.map(([, t]) => h(doc, "th", { text: t })))]);
+  const body = h(doc, "tbody");
+  for (const c of categories ?? []) {
+    body.append(h(doc, "tr", { class: `memsim-trace-row memsim-cat-${c.category}` }, [
+      h(doc, "td", { class: "memsim-col-category", text: c.category }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.traced) }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.simulated) }),
+      h(doc, "td", { class: `memsim-col-error ${errorClass(c.error_pct)}`, text: fmtPct(c.error_pct) }),
+    ]));
+  }
+  return h(doc, "table", { class: "memsim-table memsim-trace-table" }, [thead, body]);
+}
+
+/** Draw the trace panel from the `trace` trait (state, availability, progress, staleness) and `trace_view`. */
+export function renderTrace(doc, panel, trace = {}, view = {}) {
+  const state = trace.state ?? "idle";
+  const running = state === "running";
+  const cancelling = state === "cancelling";
+  const available = trace.available !== false;
+  const { button } = panel;
+  button.textContent = running ? "Cancel trace" : cancelling ? "Cancelling…" : "Verify with trace";
+  button.disabled = cancelling || (!running && !available);
+  button.title = running ? "Stop the trace (it stops at its next module call)" : available ? TRACE_HINT : (trace.reason ?? "");
+  button.setAttribute("data-state", state);
+  const off = !available && !running && !cancelling;
+  panel.root.classList.toggle("memsim-trace-off", off);
+  panel.reason.hidden = !off;
+  panel.reason.textContent = off ? `Verify with trace is off: ${trace.reason ?? ""}` : "";
+
+  const p = trace.progress ?? {};
+  let status = "";
+  if (running) status = trace.running_stale ? "tracing the scenario as it was when you clicked" : "tracing…";
+  else if (cancelling) status = "cancelling…";
+  else if (state === "done") status = `traced in ${Number(p.elapsed_s ?? 0).toFixed(1)} s (${Number(p.ops ?? 0).toLocaleString("en-US")} ops)`;
+  else if (state === "error") status = `trace failed: ${trace.error ?? ""}`;
+  else if (state === "cancelled") status = "trace cancelled";
+  panel.status.textContent = status;
+  panel.status.className = `memsim-trace-status memsim-trace-status-${state}`;
+  panel.progress.hidden = !(running || cancelling);
+  if (typeof p.fraction === "number") panel.bar.value = p.fraction;
+  else panel.bar.removeAttribute("value"); // indeterminate until step 2 gives a measure
+  panel.progressText.textContent = running || cancelling ? traceProgressText(p) : "";
+
+  const summary = view?.summary;
+  panel.result.hidden = !summary;
+  const stale = Boolean(summary && trace.stale);
+  panel.result.classList.toggle("memsim-trace-stale", stale);
+  panel.stale.hidden = !stale;
+  const keys = trace.stale_keys ?? [];
+  panel.stale.textContent = stale
+    ? `Stale: traced for another scenario${keys.length ? ` (${keys.join(", ")} changed since)` : ""}. ` +
+      "Verify again to trace the current one."
+    : "";
+  if (!summary) {
+    panel.headline.replaceChildren();
+    panel.tableHolder.replaceChildren();
+    panel.notes.replaceChildren();
+    panel.notes.hidden = true;
+    return;
+  }
+  const t = summary.traced ?? {};
+  const s = summary.simulated ?? {};
+  panel.headline.replaceChildren(
+    "traced peak ",
+    h(doc, "b", { class: "memsim-trace-traced", text: fmtBytes(t.bytes ?? 0) }),
+    ` at ${t.phase ?? "?"} (step ${t.step ?? "?"}${t.op ? `, ${t.op}` : ""}); simulated `,
+    h(doc, "b", { class: "memsim-trace-simulated", text: fmtBytes(s.bytes ?? 0) }),
+    ` at ${s.phase ?? "?"}; simulation error `,
+    h(doc, "b", { class: `memsim-trace-error ${errorClass(summary.error_pct)}`, text: fmtPct(summary.error_pct) }),
+    ` (${summary.model ?? "model"}, live tensor bytes)`,
+  );
+  panel.tableHolder.replaceChildren(traceTable(doc, summary.categories));
+  const notes = summary.notes ?? [];
+  panel.notes.hidden = notes.length === 0;
+  panel.notes.replaceChildren(
+    h(doc, "summary", { text: `trace notes (${notes.length})` }),
+    h(doc, "ul", {}, notes.map((n) => h(doc, "li", { text: n }))),
+  );
+}
+
+/** Draws named Vega-Lite specs into elements, one per frame, skipping unchanged ones. Returns `draw()`,
+ * with `draw.views` (name -> vega view), `draw.forget()` (redraw all next time) and `draw.dispose()`. */
+function chartDrawer(doc, els, getSpecs, getBundle) {
+  let token = 0;
+  const views = {};
+  const finalizers = {};
+  const drawn = {};
+  const drop = (name) => {
+    finalizers[name]?.();
+    delete finalizers[name];
+    delete views[name];
+    delete drawn[name];
+  };
+  const draw = async () => {
+    const mine = ++token;
+    const specs = getSpecs() ?? {};
+    let embed;
+    try {
+      embed = await deps.loadVegaEmbed(getBundle());
+    } catch (err) {
+      for (const name of Object.keys(els)) els[name].textContent = `charts unavailable: ${err.message}`;
+      return;
+    }
+    if (mine !== token) return;
+    for (const name of Object.keys(els)) {
+      const spec = specs[name];
+      if (!embed || !spec) {
+        if (!spec) drop(name);
+        else delete drawn[name];
+        els[name].textContent = embed || !spec ? "" : "charts need vl-convert-python in the kernel";
+        continue;
+      }
+      const text = JSON.stringify(spec);
+      if (drawn[name] === text && views[name]) continue; // unchanged: keep the drawn view
+      await afterPaint(doc.defaultView);
+      if (mine !== token) return;
+      try {
+        const res = await embed(els[name], structuredClone(spec), { actions: false, renderer: "svg" });
+        if (mine !== token) {
+          res.finalize?.();
+          return;
+        }
+        finalizers[name]?.();
+        views[name] = res.view;
+        finalizers[name] = () => res.finalize?.();
+        drawn[name] = text;
+      } catch (err) {
+        els[name].textContent = `chart error: ${err.message}`;
+        delete drawn[name];
+      }
+    }
+  };
+  draw.views = views;
+  draw.forget = () => {
+    for (const name of Object.keys(drawn)) delete drawn[name];
+  };
+  draw.dispose = () => {
+    token++;
+    for (const name of Object.keys(finalizers)) finalizers[name]?.();
+  };
+  return draw;
+}
+
 /** Resolve once the browser has painted (next frame, then a task); right away where no frames run (node).
  * Hidden tabs run no frames, so a timer resolves it too. */
 export function afterPaint(win) {
@@ -461,14 +664,13 @@ export function render({ model, el }) {
   const errorEl = h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" });
   const verdictEl = h(doc, "div", { class: "memsim-verdict" });
   const chartEls = {};
-  const chartViews = {};
   const chartBlocks = ["breakdown", "scaling"].map((name) => {
     chartEls[name] = h(doc, "div", { class: `memsim-chart memsim-chart-${name}` });
     const png = h(doc, "button", { type: "button", class: `memsim-export memsim-png-${name}`, text: "PNG" });
     const svg = h(doc, "button", { type: "button", class: `memsim-export memsim-svg-${name}`, text: "SVG" });
     for (const [btn, fmt] of [[png, "png"], [svg, "svg"]]) {
       listen(btn, "click", async () => {
-        const view = chartViews[name];
+        const view = drawCharts.views[name];
         if (!view) return;
         const url = await view.toImageURL(fmt, fmt === "png" ? 2 : 1);
         download(doc, url, `memsim-${name}.${fmt}`);
@@ -476,6 +678,7 @@ export function render({ model, el }) {
     }
     return h(doc, "div", { class: "memsim-chart-block" }, [chartEls[name], h(doc, "div", { class: "memsim-tools" }, [png, svg])]);
   });
+  const trace = createTracePanel(doc);
   const tableHolder = h(doc, "div", { class: "memsim-table-holder" });
   const csvLink = h(doc, "a", { class: "memsim-csv", download: "memsim-breakdown.csv", text: "download CSV" });
   const jsonArea = h(doc, "textarea", { class: "memsim-json", rows: "14", spellcheck: "false" });
@@ -485,6 +688,7 @@ export function render({ model, el }) {
     errorEl,
     verdictEl,
     ...chartBlocks,
+    trace.root,
     h(doc, "details", { class: "memsim-details-table" }, [h(doc, "summary", { text: "breakdown table" }), csvLink, tableHolder]),
     h(doc, "details", { class: "memsim-details-json" }, [
       h(doc, "summary", { text: "scenario JSON" }), jsonArea, h(doc, "div", { class: "memsim-tools" }, [copyBtn, applyBtn]),
@@ -542,51 +746,20 @@ export function render({ model, el }) {
     tableHolder.replaceChildren(buildTable(doc, result.rows ?? []));
     csvLink.href = "data:text/csv;charset=utf-8," + encodeURIComponent(rowsToCsv(result.rows ?? []));
   };
-  let drawToken = 0;
-  const drawnSpecs = {};
   // Charts draw after the verdict and table are painted, one per frame: embedding a chart takes tens of
   // milliseconds (the scaling view over a hundred), and the new result should not wait for it on screen.
-  const drawCharts = async () => {
-    const token = ++drawToken;
-    const specs = readTrait(model, "charts") ?? {};
-    let embed;
-    try {
-      embed = await deps.loadVegaEmbed(model.get("_vega_js") ?? "");
-    } catch (err) {
-      for (const name of Object.keys(chartEls)) chartEls[name].textContent = `charts unavailable: ${err.message}`;
-      return;
-    }
-    if (token !== drawToken) return;
-    for (const name of Object.keys(chartEls)) {
-      const spec = specs[name];
-      if (!embed || !spec) {
-        chartEls[name].textContent = embed ? "" : "charts need vl-convert-python in the kernel";
-        delete drawnSpecs[name];
-        continue;
-      }
-      const text = JSON.stringify(spec);
-      if (drawnSpecs[name] === text && chartViews[name]) continue; // unchanged: keep the drawn view
-      await afterPaint(doc.defaultView);
-      if (token !== drawToken) return;
-      try {
-        const res = await embed(chartEls[name], structuredClone(spec), { actions: false, renderer: "svg" });
-        if (token !== drawToken) {
-          res.finalize?.();
-          return;
-        }
-        chartViews[`_finalize_${name}`]?.();
-        chartViews[name] = res.view;
-        chartViews[`_finalize_${name}`] = () => res.finalize?.();
-        drawnSpecs[name] = text;
-      } catch (err) {
-        chartEls[name].textContent = `chart error: ${err.message}`;
-        delete drawnSpecs[name];
-      }
-    }
-  };
+  const bundle = () => model.get("_vega_js") ?? "";
+  const drawCharts = chartDrawer(doc, chartEls, () => readTrait(model, "charts"), bundle);
+  const drawTraceCharts = chartDrawer(doc, trace.charts, () => readTrait(model, "trace_view")?.charts, bundle);
   disposers.push(() => {
-    drawToken++;
-    for (const name of Object.keys(chartEls)) chartViews[`_finalize_${name}`]?.();
+    drawCharts.dispose();
+    drawTraceCharts.dispose();
+  });
+  const showTrace = () => renderTrace(doc, trace, model.get("trace") ?? {}, readTrait(model, "trace_view") ?? {});
+  listen(trace.button, "click", () => {
+    // While a trace runs the button cancels it. Python ignores requests it cannot serve anyway.
+    if (trace.button.disabled) return;
+    model.send({ type: model.get("trace")?.state === "running" ? "cancel" : "verify" });
   });
 
   listen(copyBtn, "click", async () => {
@@ -621,9 +794,16 @@ export function render({ model, el }) {
   onModel("error_field", syncAll);
   onModel("result", showResult);
   onModel("charts", drawCharts);
+  onModel("trace", showTrace);
+  onModel("trace_view", () => {
+    showTrace();
+    drawTraceCharts();
+  });
   onModel("_vega_js", () => {
-    for (const name of Object.keys(drawnSpecs)) delete drawnSpecs[name];
+    drawCharts.forget();
+    drawTraceCharts.forget();
     drawCharts();
+    drawTraceCharts();
   });
   onModel("options", () => {
     const next = readTrait(model, "options") ?? {};
@@ -644,7 +824,9 @@ export function render({ model, el }) {
   wireControls();
   showError();
   showResult();
+  showTrace();
   drawCharts();
+  drawTraceCharts();
 
   return () => {
     for (const dispose of disposers.splice(0)) dispose();

@@ -42,6 +42,8 @@ class RankEstimate:
     step1_peak_allocated_bytes: int
     params_local: int
     trainable_local: int
+    #: (counter, (low, high)) uncertainty bands of the three GPU counters (engine/overhead.counter_bands)
+    bands: tuple[tuple[str, tuple[int, int]], ...] = ()
 
     @property
     def label(self) -> str:
@@ -86,6 +88,10 @@ class RankEstimate:
     def moment_totals(self) -> dict[str, int]:
         return {m.name: m.allocated_bytes for m in self.moments}
 
+    def uncertainty(self) -> dict[str, dict[str, int]]:
+        """Low and high bytes per GPU counter (what runs of this configuration can plausibly show)."""
+        return {name: {"low": lo, "high": hi} for name, (lo, hi) in self.bands}
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -128,6 +134,11 @@ class Estimate:
 
     def components(self) -> dict[str, int]:
         return self.worst.components()
+
+    def uncertainty(self) -> dict[str, dict[str, int]]:
+        """Low and high bytes of ``peak_allocated_bytes``, ``peak_reserved_bytes`` and ``device_total_bytes``
+        on the worst rank (engine/overhead.counter_bands says how each band is made)."""
+        return self.worst.uncertainty()
 
     # ----- verdict ------------------------------------------------------------------------------
     def fits(self, gpu: GPU | str | dict | None = None, headroom: float = DEFAULT_HEADROOM) -> bool:
@@ -207,6 +218,7 @@ class Estimate:
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "device_total_bytes": self.device_total_bytes,
             "counters": COUNTERS,
+            "uncertainty": self.uncertainty(),
             "peak_phase": self.peak_phase,
             "peak_rank": self.worst.label,
             "step1_peak_allocated_bytes": self.worst.step1_peak_allocated_bytes,
@@ -221,6 +233,7 @@ class Estimate:
                     "peak_allocated_bytes": r.peak_allocated_bytes,
                     "peak_reserved_bytes": r.peak_reserved_bytes,
                     "device_total_bytes": r.device_total_bytes,
+                    "uncertainty": r.uncertainty(),
                     "host_bytes": r.host_bytes,
                     "moments": r.moment_totals(),
                     "components": r.components(),

@@ -27,6 +27,9 @@ FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
 ADAPTER_DTYPES = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+#: How batches are shaped: padded to ``seq_len`` (or packed to it: same shapes every step), or padded to the
+#: longest sample of each batch (shapes change every step; ``seq_len`` is then the longest batch).
+PADDINGS = ("max_length", "packed", "longest")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -182,6 +185,10 @@ DEFAULTS: dict[str, Any] = {
     "attention": "sdpa",
     "loss": "standard",
     "framework": "hf",
+    "compile": False,
+    "activation_offloading": False,
+    "padding": "max_length",
+    "cuda_lazy_loading": True,
     "parallel": ParallelConfig().to_dict(),
     "gpu": "h100-sxm-80gb",
     "num_gpus": None,
@@ -190,7 +197,15 @@ DEFAULTS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Scenario:
-    """A training run to simulate. Build with ``Scenario.from_dict`` / ``from_json`` or keywords."""
+    """A training run to simulate. Build with ``Scenario.from_dict`` / ``from_json`` or keywords.
+
+    Runtime keys (defaults reproduce the plain eager HF loop): ``compile`` -- the step runs under
+    ``torch.compile`` (recorded; no memory rule yet, see docs/accuracy.md); ``activation_offloading`` --
+    saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
+    ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
+    shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
+    CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB.
+    """
 
     model: str | FrozenDict = "llama-3.1-8b"
     method: str = "full"
@@ -206,6 +221,10 @@ class Scenario:
     attention: str = "sdpa"
     loss: str = "standard"
     framework: str = "hf"
+    compile: bool = False
+    activation_offloading: bool = False
+    padding: str = "max_length"
+    cuda_lazy_loading: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
 
@@ -238,6 +257,10 @@ class Scenario:
         _choice("attention", self.attention, ATTENTIONS)
         _choice("loss", self.loss, LOSSES)
         _choice("framework", self.framework, FRAMEWORKS)
+        _bool("compile", self.compile)
+        _bool("activation_offloading", self.activation_offloading)
+        _choice("padding", self.padding, PADDINGS)
+        _bool("cuda_lazy_loading", self.cuda_lazy_loading)
         if self.method == "qlora" and self.precision in ("fp32", "amp-bf16", "amp-fp16"):
             pass  # QLoRA computes in the precision's compute dtype; all recipes are allowed
         if self.optimizer_in_backward and self.grad_accum_steps > 1:
@@ -261,6 +284,10 @@ class Scenario:
             "attention": self.attention,
             "loss": self.loss,
             "framework": self.framework,
+            "compile": self.compile,
+            "activation_offloading": self.activation_offloading,
+            "padding": self.padding,
+            "cuda_lazy_loading": self.cuda_lazy_loading,
             "parallel": self.parallel.to_dict(),
             "gpu": _thaw(self.gpu),
             "num_gpus": self.parallel.world_size,

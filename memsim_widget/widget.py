@@ -5,15 +5,23 @@ wheel as ``memsim_widget/static/``) draws the controls, the verdict, the breakdo
 charts are Vega-Lite specs rendered by vega-embed, which Python hands over once per widget as an ES-module
 string bundled by ``vl_convert.javascript_bundle`` (no CDN, no network request). Python is the single source
 of truth: the front end only writes ``scenario_data`` (and ``headroom``); every derived trait is recomputed here.
+
+"Verify with trace" (``MemSim.verify`` or the button, which sends a ``{"type": "verify"}`` message) traces the
+current scenario in a background thread (``memsim_widget.trace``: two training steps on fake tensors), publishes
+its progress in the ``trace`` trait, then shows traced against simulated bytes and the timeline (``trace_view``).
+A later scenario change marks that result stale; it never runs on an ordinary update.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import importlib.util
 import json
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,8 @@ from memsim_widget.scenario import (
     ZERO_STAGES,
     Scenario,
 )
+from memsim_widget.trace import charts as trace_charts
+from memsim_widget.trace.api import check_traceable
 
 GiB = 1024**3
 #: Keys of a llama-style inline model config that the "custom" model controls edit.
@@ -56,6 +66,12 @@ CUSTOM_DIMS = (
 _NESTED = ("parallel", "lora")
 #: Vega-Lite version of the bundled vega-embed (matches ``charts.SCHEMA``).
 VL_CONVERT_VERSION = "v6_4"
+#: What to install for "Verify with trace".
+TRACE_EXTRA = "pip install 'memsim-widget[trace]'"
+#: Seconds between two progress updates of a running trace.
+TRACE_POLL_S = 0.25
+#: Training steps a trace runs (the peak is step 2's, the steady state).
+TRACE_STEPS = 2
 
 
 def _asset(name: str) -> Path:
@@ -407,6 +423,195 @@ def _json_text(value: Any, widget: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+# ----- verify with trace: availability, progress, the runner and the view ---------------------------------
+class TraceCancelled(Exception):
+    """A trace stopped because it was cancelled (raised in the trace's thread, or by ``verify``)."""
+
+
+@functools.cache
+def _missing_trace_modules() -> tuple[str, ...]:
+    """Modules of the trace extra that are not installed (looked up once, without importing them)."""
+    return tuple(name for name in ("torch", "transformers", "peft") if importlib.util.find_spec(name) is None)
+
+
+def trace_check(sc: Scenario) -> ScenarioError | None:
+    """Why ``sc`` cannot be traced here (a missing extra, or ``check_traceable``'s error); None when it can."""
+    missing = [m for m in _missing_trace_modules() if m != "peft" or sc.method != "full"]
+    if missing:
+        return ScenarioError("trace", f"needs {' and '.join(missing)}: {TRACE_EXTRA}")
+    try:
+        check_traceable(sc)
+    except ScenarioError as exc:
+        return exc
+    return None
+
+
+class TraceProbe:
+    """A running trace seen from outside: its stage, the tracker's counters, and a cancel flag.
+
+    ``hook`` is installed as a global module forward pre-hook while the trace runs: in the trace's thread it
+    finds the ``MemoryTracker`` on the dispatch-mode stack (so ``snapshot`` can read ops, step, phase and
+    bytes from another thread) and raises ``TraceCancelled`` once ``cancel`` is set.
+    """
+
+    def __init__(self) -> None:
+        """A probe for a trace that has not started yet."""
+        self.cancel = threading.Event()
+        self.thread_id: int | None = None
+        self.stage = "starting"
+        self.tracker: Any = None
+        self.ops: int | None = None
+        self.on_found: Callable[[], None] | None = None
+        self.started = time.monotonic()
+        self.ended: float | None = None
+
+    def hook(self, module: Any, args: Any) -> None:
+        """Forward pre-hook: in the trace's thread, stop if cancelled and find the tracker once."""
+        if threading.get_ident() != self.thread_id:
+            return
+        if self.cancel.is_set():
+            raise TraceCancelled("trace cancelled")
+        if self.tracker is None:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+            for mode in reversed(_get_current_dispatch_mode_stack()):
+                if hasattr(mode, "op_count") and hasattr(mode, "marks") and hasattr(mode, "live_bytes"):
+                    self.tracker = mode
+                    self.stage = "tracing"
+                    if self.on_found is not None:
+                        self.on_found()
+                    break
+
+    def check(self) -> None:
+        """Raise ``TraceCancelled`` if the trace was cancelled."""
+        if self.cancel.is_set():
+            raise TraceCancelled("trace cancelled")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Progress as plain data: stage, elapsed seconds and, once tracing, step, phase, ops, bytes, fraction."""
+        end = self.ended if self.ended is not None else time.monotonic()
+        out: dict[str, Any] = {
+            "stage": self.stage,
+            "elapsed_s": round(end - self.started, 1),
+            "steps": TRACE_STEPS,
+        }
+        t = self.tracker
+        if t is None:
+            if self.ops is not None:
+                out["ops"] = self.ops
+            return out
+        ops = int(t.op_count) if self.ops is None else self.ops
+        step = int(t.step)
+        out.update(
+            ops=ops,
+            step=step,
+            phase=str(t.phase),
+            live_bytes=int(t.live_bytes),
+            peak_bytes=int(t.peak_bytes),
+        )
+        # Step 2 runs the ops of step 1 again: its share of them is the progress of the second half.
+        starts = {m["step"]: m["op_index"] for m in list(t.marks) if m["phase"] == "forward"}
+        if step >= 2 and 1 in starts and 2 in starts and starts[2] > starts[1]:
+            out["fraction"] = round(min(0.99, 0.5 + 0.5 * (ops - starts[2]) / (starts[2] - starts[1])), 3)
+        return out
+
+
+def run_trace(scenario: Scenario, probe: TraceProbe) -> dict[str, Any]:
+    """Trace ``scenario`` (two training steps on fake tensors) and return its ``trace_report``.
+
+    Runs in the widget's trace thread; ``probe`` follows it and can cancel it. Tests replace this function.
+    """
+    probe.stage = "importing torch"
+    import torch
+
+    from memsim_widget.trace.api import trace_report, trace_scenario
+
+    probe.check()
+    probe.stage = "building the model"
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(probe.hook)
+    try:
+        result = trace_scenario(scenario, progress=False)
+    finally:
+        handle.remove()
+    probe.check()
+    probe.ops = int(result.ops)
+    probe.stage = "comparing with the simulation"
+    report = trace_report(scenario, result)
+    del result
+    return report
+
+
+def _pct(value: int, reference: int) -> float | None:
+    """``value`` relative to ``reference`` in percent (None when the reference is 0)."""
+    return round((value - reference) / reference * 100, 2) + 0.0 if reference else None  # + 0.0: no -0.0
+
+
+def build_trace_view(report: Mapping[str, Any], seconds: float | None = None) -> dict[str, Any]:
+    """The ``trace_view`` trait of a trace report: traced vs simulated peak and per category, and chart specs.
+
+    The error is the simulation's, relative to the trace: ``(simulated - traced) / traced`` in percent.
+    """
+    traced = int(report["peak_tensor_bytes"])
+    sim = report.get("simulated") or {}
+    simulated = int(sim.get("peak_tensor_bytes", 0))
+    comps, sim_comps = report.get("components") or {}, sim.get("components") or {}
+    names = [c for c in CATEGORIES if c in comps or c in sim_comps]
+    names += sorted((set(comps) | set(sim_comps)) - set(names))
+    categories = []
+    for name in names:
+        t, s = int(comps.get(name, 0)), int(sim_comps.get(name, 0))
+        if t or s:
+            categories.append(
+                {
+                    "category": name,
+                    "traced": t,
+                    "simulated": s,
+                    "traced_size": fmt_bytes(t),
+                    "simulated_size": fmt_bytes(s),
+                    "error_pct": _pct(s, t),
+                }
+            )
+    scenario = report.get("scenario") or {}
+    summary = {
+        "model": charts_mod.model_label(scenario.get("model")),
+        "scenario": scenario,
+        "traced": {
+            "bytes": traced,
+            "size": fmt_bytes(traced),
+            "phase": report.get("peak_phase", ""),
+            "op": report.get("peak_op", ""),
+            "step": report.get("peak_step"),
+        },
+        "simulated": {"bytes": simulated, "size": fmt_bytes(simulated), "phase": sim.get("peak_phase", "")},
+        "error_pct": _pct(simulated, traced),
+        "step1_bytes": report.get("step1_peak_tensor_bytes"),
+        "parameters": (report.get("model") or {}).get("parameters"),
+        "categories": categories,
+        "notes": list(report.get("notes") or []),
+        "seconds": seconds,
+        "counter": report.get("counter", ""),
+    }
+    return {"summary": summary, "charts": trace_charts.verify_specs(dict(report), schema=charts_mod.SCHEMA)}
+
+
+class _TraceJob:
+    """One trace run: the scenario, its probe and thread, and the future of its report."""
+
+    def __init__(self, scenario: Scenario, previous: _TraceJob | None = None) -> None:
+        """A job for ``scenario``; it starts after ``previous`` (cancelled) has stopped."""
+        self.scenario = scenario
+        self.data = scenario.to_dict()
+        self.previous = previous
+        self.probe = TraceProbe()
+        self.future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def running(self) -> bool:
+        """True until the job's thread has finished."""
+        return not self.done.is_set()
+
+
 # ----- the widget -----------------------------------------------------------------------------------------
 class MemSim(anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table."""
@@ -431,6 +636,14 @@ class MemSim(anywidget.AnyWidget):
     headroom = traitlets.Float(DEFAULT_HEADROOM).tag(sync=True)
     #: vega-embed as an ES-module string ('' if vl-convert is missing: the charts then don't draw).
     _vega_js = traitlets.Unicode("").tag(sync=True)
+    #: "Verify with trace": ``state`` (idle, running, cancelling, done, error, cancelled), ``available`` and
+    #: ``reason`` (why the button is disabled), ``progress`` (stage, elapsed_s, step, phase, ops, live/peak
+    #: bytes, fraction), ``error``, ``stale`` with ``stale_keys`` (the shown trace is of another scenario)
+    #: and ``running_stale`` (the running trace is of another scenario).
+    trace = traitlets.Dict().tag(sync=True)
+    #: The last finished trace: ``summary`` (traced vs simulated peak and per category, error in percent)
+    #: and ``charts`` (``comparison`` and ``timeline`` Vega-Lite specs); {} before the first trace.
+    trace_view = traitlets.Dict().tag(sync=True, to_json=_json_text)
 
     def __init__(
         self,
@@ -457,6 +670,10 @@ class MemSim(anywidget.AnyWidget):
         self._valid: dict[str, Any] = base.to_dict()
         self._busy = True  # no observer runs while the traits get their first values
         self._last_exc: ScenarioError | None = None
+        # The trace thread writes traits too: every trait write of the widget happens under this lock.
+        self._lock = threading.RLock()
+        self._trace_job: _TraceJob | None = None
+        self._trace_report: dict[str, Any] | None = None
         self.last_update_ms = 0.0
         headroom = self._check_headroom({"value": headroom})
         super().__init__(
@@ -464,8 +681,10 @@ class MemSim(anywidget.AnyWidget):
             options=build_options(self._valid),
             headroom=headroom,
             _vega_js=vega_bundle() if charts_js else "",
+            trace={"state": "idle", "progress": {}, "error": "", **self._trace_flags()},
             **self._derived(est, headroom),
         )
+        self.on_msg(self._on_front_msg)
         self._busy = False
 
     # ----- trait observers ------------------------------------------------------------------------------
@@ -481,7 +700,7 @@ class MemSim(anywidget.AnyWidget):
     def _on_headroom(self, change: Any) -> None:
         """A new headroom changes the verdict and the charts' band."""
         if not self._busy and hasattr(self, "_estimate"):
-            with self.hold_sync():
+            with self._lock, self.hold_sync():
                 self._refresh()
 
     @traitlets.observe("scenario_data")
@@ -490,6 +709,11 @@ class MemSim(anywidget.AnyWidget):
         if self._busy:
             return
         self._submit(change["new"])
+
+    def set_state(self, sync_data: dict[str, Any]) -> None:
+        """Front-end writes apply under the widget's lock (the trace thread writes traits too)."""
+        with self._lock:
+            super().set_state(sync_data)
 
     # ----- core update ----------------------------------------------------------------------------------
     def _submit(
@@ -502,6 +726,13 @@ class MemSim(anywidget.AnyWidget):
         keys count as changed even when their value stays (``set(parallel={"tp": 1, "sequence_parallel": True})``).
         Omitted keys take their defaults, as in ``Scenario.from_dict``.
         """
+        with self._lock:
+            return self._apply(data, relative, explicit)
+
+    def _apply(
+        self, data: Mapping[str, Any], relative: bool, explicit: frozenset[str]
+    ) -> ScenarioError | None:
+        """``_submit`` without the lock."""
         t0 = time.perf_counter()
         if not isinstance(data, Mapping):
             exc = ScenarioError("scenario", f"must be a JSON object, got {type(data).__name__}")
@@ -532,6 +763,7 @@ class MemSim(anywidget.AnyWidget):
                 self.error_field = ""
                 self.options = build_options(self._valid)
                 self._refresh()
+                self._set_trace()
             return None
         finally:
             self._busy = False
@@ -548,6 +780,7 @@ class MemSim(anywidget.AnyWidget):
             self.error = str(exc)
             self.error_field = exc.field
             self.options = build_options(shown)
+            self._set_trace()
 
     @staticmethod
     def _derived(est: Estimate, headroom: float) -> dict[str, Any]:
@@ -565,6 +798,184 @@ class MemSim(anywidget.AnyWidget):
         """Recompute result and charts from the current estimate and headroom."""
         for name, value in self._derived(self._estimate, self.headroom).items():
             setattr(self, name, value)
+
+    # ----- verify with trace ------------------------------------------------------------------------------
+    def _trace_flags(self, state: str = "idle") -> dict[str, Any]:
+        """The parts of ``trace`` that follow the scenario: available/reason, stale/stale_keys, running_stale."""
+        if self._last_exc is not None:
+            reason = "fix the rejected input first (a trace runs the scenario shown)"
+        else:
+            exc = trace_check(self._scenario)
+            reason = "" if exc is None else str(exc)
+        shown = (self._trace_report or {}).get("scenario")
+        stale_keys = (
+            sorted(changed_keys(shown, self._valid) | changed_keys(self._valid, shown)) if shown else []
+        )
+        job = self._trace_job
+        return {
+            "available": not reason,
+            "reason": reason,
+            "stale": bool(stale_keys),
+            "stale_keys": stale_keys,
+            "running_stale": state in ("running", "cancelling")
+            and job is not None
+            and job.data != self._valid,
+        }
+
+    def _set_trace(self, **changes: Any) -> None:
+        """Update the ``trace`` trait (call under the lock); sends nothing when nothing changed."""
+        new = {**self.trace, **changes}
+        new.update(self._trace_flags(new.get("state", "idle")))
+        if new != self.trace:
+            self.trace = new
+
+    def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """Messages from the front end: ``{"type": "verify"}`` and ``{"type": "cancel"}``."""
+        if not isinstance(content, Mapping):
+            return
+        kind = content.get("type")
+        if kind == "verify":
+            self._start_trace(strict=False)
+        elif kind == "cancel":
+            self.cancel_verify()
+
+    def _start_trace(self, strict: bool) -> _TraceJob | None:
+        """Start tracing the current scenario in a thread; the running job if it already traces it.
+
+        ``strict`` (the Python API): raise when the scenario cannot be traced, and cancel a running trace of
+        another scenario first. Otherwise (a click) such requests are ignored and return None.
+        """
+        with self._lock:
+            flags = self._trace_flags()
+            if not flags["available"]:
+                if strict:
+                    raise trace_check(self._scenario) or ScenarioError("trace", flags["reason"])
+                return None
+            previous = self._trace_job
+            if previous is not None and previous.running():
+                if previous.data == self._valid and not previous.probe.cancel.is_set():
+                    return previous
+                if not strict:
+                    return None
+                previous.probe.cancel.set()
+            else:
+                previous = None
+            job = _TraceJob(self._scenario, previous)
+            self._trace_job = job
+            job.thread = threading.Thread(
+                target=self._trace_worker, args=(job,), name="memsim-trace", daemon=True
+            )
+            self._set_trace(state="running", progress=job.probe.snapshot(), error="")
+            job.thread.start()
+            return job
+
+    def _publish_progress(self, job: _TraceJob) -> None:
+        """Copy the job's progress into ``trace`` while it is the running one."""
+        with self._lock:
+            if self._trace_job is job and self.trace.get("state") in ("running", "cancelling"):
+                self._set_trace(progress=job.probe.snapshot())
+
+    def _trace_worker(self, job: _TraceJob) -> None:
+        """The trace thread: wait for a cancelled predecessor, trace, publish the outcome, resolve the future."""
+        probe = job.probe
+        probe.thread_id = threading.get_ident()
+        probe.on_found = lambda: self._publish_progress(job)
+        poller = threading.Thread(
+            target=self._poll_progress, args=(job,), name="memsim-trace-progress", daemon=True
+        )
+        poller.start()
+        report: dict[str, Any] | None = None
+        error: BaseException | None = None
+        try:
+            if job.previous is not None:
+                probe.stage = "stopping the previous trace"
+                job.previous.done.wait()
+                job.previous = None
+            probe.check()
+            report = run_trace(job.scenario, probe)
+            probe.check()
+        except (
+            BaseException
+        ) as exc:  # anything the trace raises is shown in the widget and kept in the future
+            error, report = exc, None
+        finally:
+            probe.ended = time.monotonic()
+        try:
+            self._finish_trace(job, report, error)
+        finally:
+            job.done.set()
+            if error is None:
+                job.future.set_result(report)  # type: ignore[arg-type]
+            else:
+                job.future.set_exception(error)
+            poller.join()
+
+    def _poll_progress(self, job: _TraceJob) -> None:
+        """Publish the job's progress every ``TRACE_POLL_S`` seconds until it is done."""
+        while not job.done.wait(TRACE_POLL_S):
+            self._publish_progress(job)
+
+    def _finish_trace(
+        self, job: _TraceJob, report: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
+        """Show a finished job's report (or why it stopped) unless a newer job replaced it."""
+        with self._lock:
+            if self._trace_job is not job:
+                return
+            progress = {**job.probe.snapshot(), "stage": "finished"}
+            if isinstance(error, TraceCancelled) or (error is None and job.probe.cancel.is_set()):
+                self._set_trace(state="cancelled", progress=progress, error="")
+            elif error is not None:
+                text = str(error) if isinstance(error, ScenarioError) else f"{type(error).__name__}: {error}"
+                self._set_trace(state="error", progress=progress, error=text)
+            else:
+                assert report is not None
+                with self.hold_sync():
+                    self._trace_report = report
+                    self.trace_view = build_trace_view(report, seconds=progress["elapsed_s"])
+                    self._set_trace(state="done", progress={**progress, "fraction": 1.0}, error="")
+
+    def verify(self, wait: bool = True, timeout: float | None = None) -> Any:
+        """Trace the current scenario in the background and show traced vs simulated bytes in the widget.
+
+        ``wait=True`` blocks until the trace is done and returns its report (``memsim_widget.trace.api.
+        trace_report``: ``peak_tensor_bytes``, ``components``, ``timeline``, ``top``, ``simulated``, ...), also
+        kept as ``trace_report``; ``wait=False`` returns a ``concurrent.futures.Future`` of it. Raises
+        ``ScenarioError`` when the scenario cannot be traced here (the reason the button shows), the trace's
+        own error if it fails, and ``TraceCancelled`` if it was cancelled. Interrupting the wait cancels it.
+        A trace of the same scenario already running is reused; one of another scenario is cancelled first.
+        """
+        job = self._start_trace(strict=True)
+        assert job is not None
+        if not wait:
+            return job.future
+        try:
+            return job.future.result(timeout)
+        except KeyboardInterrupt:
+            self.cancel_verify()
+            raise
+
+    def cancel_verify(self) -> bool:
+        """Cancel the running trace (it stops at its next module call); False when none is running."""
+        with self._lock:
+            job = self._trace_job
+            if job is None or not job.running() or job.probe.cancel.is_set():
+                return False
+            job.probe.cancel.set()
+            self._set_trace(state="cancelling", progress=job.probe.snapshot())
+            return True
+
+    @property
+    def trace_report(self) -> dict[str, Any] | None:
+        """The report of the last finished trace (None before the first); ``trace["stale"]`` says if it is
+        of another scenario than the current one."""
+        return self._trace_report
+
+    def close(self) -> None:
+        """Close the widget (a running trace is cancelled)."""
+        if "_lock" in self.__dict__:
+            self.cancel_verify()
+        super().close()
 
     # ----- Python API -----------------------------------------------------------------------------------
     @property

@@ -10,8 +10,12 @@ import json
 import re
 import subprocess
 import sys
+import threading
+import time
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,23 +24,41 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from memsim_widget import charts as charts_mod
+from memsim_widget import widget as widget_mod
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.scenario import Scenario
 from memsim_widget.widget import (
+    TRACE_EXTRA,
     MemSim,
+    TraceCancelled,
+    TraceProbe,
     build_options,
+    build_trace_view,
     changed_keys,
     disabled_controls,
     merge,
     normalize,
+    trace_check,
 )
 
 GiB = 1024**3
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "js" / "fixtures" / "state.json"
 CHARTS_FIXTURE = ROOT / "tests" / "js" / "fixtures" / "charts.json"
+TRACE_FIXTURE = ROOT / "tests" / "js" / "fixtures" / "trace.json"
+#: A llama small enough that a real trace takes about a second (after torch and transformers are imported).
+MICRO_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+}
 REPR = re.compile(
     r"^MemSim\([\w.\- ]+ on [\w.\- ]+: (fits|tight|does not fit), peak \d+\.\d GiB at \w+(; rejected [\w.]+)?\)$"
 )
@@ -505,6 +527,14 @@ class WidgetMachine(RuleBasedStateMachine):
             assert sim.scenario_data == sim.scenario.to_dict()
 
     @invariant()
+    def trace_flags_follow_scenario(self) -> None:
+        """Verify is offered exactly when the scenario shown is valid and traceable here."""
+        trace = self.sim.trace
+        assert trace["state"] == "idle" and not trace["stale"]
+        assert trace["available"] == (not self.sim.error and trace_check(self.sim.scenario) is None)
+        assert trace["available"] == (trace["reason"] == "")
+
+    @invariant()
     def options_follow_scenario(self) -> None:
         """Disabled controls are computed from what the controls show, and hold neutral values when valid."""
         sim = self.sim
@@ -528,6 +558,341 @@ WidgetMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_widget_state_machine = WidgetMachine.TestCase
+
+
+# ----- verify with trace ----------------------------------------------------------------------------------
+def fake_report(sc: Scenario, peak: int = 3_000_000) -> dict[str, Any]:
+    """A trace report shaped like ``trace_report``'s (the peak in step 2's backward)."""
+    timeline = []
+    for i in range(120):
+        step, k = 1 + i // 60, i % 60
+        phase = "forward" if k < 25 else "backward" if k < 50 else "optimizer_step"
+        live = 1_000_000 + (k * 30_000 if k < 25 else (50 - k) * 40_000 if k < 50 else 200_000)
+        timeline.append({"seq": i, "op_index": i * 10, "step": step, "phase": phase, "live_bytes": live})
+    timeline[85]["live_bytes"] = peak
+    return {
+        "scenario": sc.to_dict(),
+        "model": {"parameters": 250_000, "trainable_parameters": 250_000},
+        "peak_tensor_bytes": peak,
+        "peak_phase": "backward",
+        "peak_op": "mm",
+        "peak_step": 2,
+        "step1_peak_tensor_bytes": peak - 500_000,
+        "components": {"parameters": 1_000_000, "optimizer_states": 1_200_000, "activations": 800_000},
+        "by_role": {},
+        "timeline": timeline,
+        "top": [],
+        "notes": ["a fake trace"],
+        "counter": "live tensor bytes on fake tensors",
+        "simulated": {
+            "peak_tensor_bytes": peak + 60_000,
+            "peak_phase": "backward_start",
+            "components": {"parameters": 1_000_000, "optimizer_states": 1_200_000, "activations": 860_000},
+        },
+    }
+
+
+class FakeTracer:
+    """Stands in for ``widget.run_trace``: shows progress through the probe, waits for ``release``."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        """A tracer that raises ``fail`` (if given) once released."""
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.calls: list[Scenario] = []
+        self.fail = fail
+
+    def __call__(self, sc: Scenario, probe: TraceProbe) -> dict[str, Any]:
+        """Pose as a tracker in step 1, wait (cancellable) for ``release``, then return a fake report."""
+        self.calls.append(sc)
+        marks = [{"step": 1, "phase": "forward", "op_index": 0}]
+        probe.tracker = SimpleNamespace(
+            op_count=10, step=1, phase="forward", live_bytes=123, peak_bytes=456, marks=marks
+        )
+        probe.stage = "tracing"
+        if probe.on_found is not None:
+            probe.on_found()
+        self.started.set()
+        while not self.release.wait(0.005):
+            probe.check()  # what the real probe's hook does at every module call
+        if self.fail is not None:
+            raise self.fail
+        probe.tracker.op_count, probe.tracker.step, probe.tracker.phase = 25, 2, "backward"
+        marks.append({"step": 2, "phase": "forward", "op_index": 20})
+        return fake_report(sc)
+
+
+@pytest.fixture
+def tracer(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTracer]:
+    """Replace the real trace by a ``FakeTracer``; progress is published every 10 ms."""
+    fake = FakeTracer()
+    monkeypatch.setattr(widget_mod, "run_trace", fake)
+    monkeypatch.setattr(widget_mod, "TRACE_POLL_S", 0.01)
+    yield fake
+    fake.release.set()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10) -> None:
+    """Poll until ``cond()`` holds (fails after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def click(sim: MemSim, kind: str = "verify") -> None:
+    """What the front end's button sends."""
+    sim._handle_custom_msg({"type": kind}, [])
+
+
+def record(sim: MemSim) -> list[dict[str, Any]]:
+    """Every value the ``trace`` trait takes from now on."""
+    seen: list[dict[str, Any]] = []
+    sim.observe(lambda change: seen.append(change["new"]), "trace")
+    return seen
+
+
+def states(seen: list[dict[str, Any]]) -> list[str]:
+    """The sequence of trace states, repeats collapsed."""
+    out: list[str] = []
+    for t in seen:
+        if not out or out[-1] != t["state"]:
+            out.append(t["state"])
+    return out
+
+
+def test_verify_goes_running_progress_done_then_stale_after_a_change(tracer: FakeTracer) -> None:
+    sim = make(model="gpt2")
+    seen = record(sim)
+    assert sim.trace["state"] == "idle" and sim.trace["available"] and sim.trace_view == {}
+    assert sim.trace_report is None
+    click(sim)
+    assert tracer.started.wait(5)
+    assert sim.trace["state"] == "running"
+    wait_for(lambda: sim.trace["progress"].get("ops") == 10)
+    progress = sim.trace["progress"]
+    assert progress["stage"] == "tracing" and progress["phase"] == "forward" and progress["live_bytes"] == 123
+    assert progress["elapsed_s"] >= 0 and progress["steps"] == 2
+    click(sim)  # a second click while running: ignored (the button sends "cancel" instead)
+    assert len(tracer.calls) == 1
+    tracer.release.set()
+    report = sim._trace_job.future.result(5)
+    assert states(seen) == ["running", "done"]
+    assert sim.trace["progress"]["fraction"] == 1.0 and sim.trace["progress"]["ops"] == 25
+    assert sim.trace_report is report and report["scenario"] == sim.scenario.to_dict()
+    summary = sim.trace_view["summary"]
+    assert summary["traced"]["bytes"] == 3_000_000 and summary["simulated"]["bytes"] == 3_060_000
+    assert summary["error_pct"] == 2.0
+    assert set(sim.trace_view["charts"]) == {"comparison", "timeline"}
+    assert not sim.trace["stale"] and sim.trace["stale_keys"] == []
+
+    view = sim.trace_view
+    sim.set(seq_len=4096)
+    assert sim.trace["stale"] and sim.trace["stale_keys"] == ["seq_len"]
+    assert sim.trace_view == view and sim.trace["state"] == "done", "kept, but marked stale"
+    sim.headroom = 0.2
+    assert sim.trace["stale_keys"] == ["seq_len"], "headroom is not part of the traced step"
+    sim.set(seq_len=2048, model="gpt2-medium")
+    assert sim.trace["stale_keys"] == ["model"]
+    sim.set(model="gpt2")
+    assert not sim.trace["stale"], "back at the traced scenario"
+    assert len(tracer.calls) == 1, "the normal update path never traces"
+
+
+def test_a_scenario_change_while_running_makes_the_result_stale(tracer: FakeTracer) -> None:
+    sim = make(model="gpt2")
+    future = sim.verify(wait=False)
+    assert tracer.started.wait(5)
+    sim.set(micro_batch_size=2)
+    assert sim.trace["running_stale"] and sim.trace["state"] == "running"
+    tracer.release.set()
+    report = future.result(5)
+    assert report["scenario"]["micro_batch_size"] == 1
+    assert (
+        sim.trace["state"] == "done"
+        and sim.trace["stale"]
+        and sim.trace["stale_keys"] == ["micro_batch_size"]
+    )
+    assert not sim.trace["running_stale"]
+
+
+def test_cancel_keeps_the_previous_result(tracer: FakeTracer) -> None:
+    sim = make(model="gpt2")
+    tracer.release.set()
+    first = sim.verify()
+    view = sim.trace_view
+    tracer.release.clear()
+    tracer.started.clear()
+    sim.set(micro_batch_size=4)
+    seen = record(sim)
+    click(sim)
+    assert tracer.started.wait(5)
+    click(sim, "cancel")
+    future = sim._trace_job.future
+    with pytest.raises(TraceCancelled):
+        future.result(5)
+    assert states(seen) == ["running", "cancelling", "cancelled"]
+    assert sim.trace_report is first and sim.trace_view == view and sim.trace["stale"]
+    assert sim.cancel_verify() is False, "nothing left to cancel"
+    tracer.release.set()
+    assert sim.verify()["scenario"]["micro_batch_size"] == 4 and not sim.trace["stale"]
+
+
+def test_python_verify_of_another_scenario_replaces_a_running_trace(tracer: FakeTracer) -> None:
+    sim = make(model="gpt2")
+    old = sim.verify(wait=False)
+    assert tracer.started.wait(5)
+    assert sim.verify(wait=False) is old, "the same scenario: the running trace is reused"
+    sim.set(seq_len=512)
+    new = sim.verify(wait=False)
+    assert new is not old
+    with pytest.raises(TraceCancelled):
+        old.result(5)
+    tracer.release.set()
+    assert new.result(5)["scenario"]["seq_len"] == 512
+    assert sim.trace["state"] == "done" and not sim.trace["stale"]
+    assert [c.seq_len for c in tracer.calls] == [2048, 512]
+
+
+def test_a_failing_trace_shows_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeTracer(fail=RuntimeError("boom"))
+    fake.release.set()
+    monkeypatch.setattr(widget_mod, "run_trace", fake)
+    sim = make(model="gpt2")
+    with pytest.raises(RuntimeError, match="boom"):
+        sim.verify()
+    assert sim.trace["state"] == "error" and sim.trace["error"] == "RuntimeError: boom"
+    assert sim.trace_view == {} and sim.trace_report is None
+    assert sim.trace["available"], "it may be tried again"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"method": "qlora"}, "method", "CUDA"),
+        ({"parallel": {"tp": 2}}, "parallel", "one process"),
+        ({"precision": "fp8"}, "precision", "cannot be traced"),
+        ({"optimizer": "adamw-8bit", "optimizer_impl": "fused"}, "optimizer", "torch.optim"),
+        ({"grad_accum_steps": 4}, "grad_accum_steps", "single micro-batch"),
+    ],
+)
+def test_verify_is_disabled_for_untraceable_scenarios(
+    tracer: FakeTracer, changes: dict[str, Any], field: str, words: str
+) -> None:
+    sim = make(model="llama-3.2-1b", **changes)
+    assert sim.trace["available"] is False
+    assert sim.trace["reason"].startswith(f"{field}: ") and words in sim.trace["reason"]
+    click(sim)
+    assert sim.trace["state"] == "idle" and sim._trace_job is None, (
+        "a click on a disabled button does nothing"
+    )
+    with pytest.raises(ScenarioError) as info:
+        sim.verify()
+    assert info.value.field == field
+    assert tracer.calls == []
+
+
+def test_verify_says_which_extra_to_install(tracer: FakeTracer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(widget_mod, "_missing_trace_modules", lambda: ("torch", "transformers", "peft"))
+    sim = make(model="gpt2")
+    assert not sim.trace["available"]
+    assert sim.trace["reason"] == f"trace: needs torch and transformers: {TRACE_EXTRA}"
+    sim.set(method="lora")
+    assert "torch and transformers and peft" in sim.trace["reason"]
+    with pytest.raises(ScenarioError, match=re.escape(TRACE_EXTRA)):
+        sim.verify()
+    assert tracer.calls == []
+
+
+def test_verify_is_disabled_while_an_input_is_rejected(tracer: FakeTracer) -> None:
+    sim = make(model="gpt2")
+    with pytest.raises(ScenarioError):
+        sim.set(parallel={"tp": 5})
+    assert not sim.trace["available"] and "rejected input" in sim.trace["reason"]
+    sim.set(parallel={"tp": 1})
+    assert sim.trace["available"]
+
+
+def test_closing_the_widget_cancels_its_trace(tracer: FakeTracer) -> None:
+    sim = make(model="gpt2")
+    future = sim.verify(wait=False)
+    assert tracer.started.wait(5)
+    sim.close()
+    with pytest.raises(TraceCancelled):
+        future.result(5)
+
+
+def test_build_trace_view_is_pure_and_signs_the_error() -> None:
+    report = fake_report(Scenario(model="gpt2"), peak=2_000_000)
+    view = build_trace_view(report, seconds=2.0)
+    assert json.loads(json.dumps(view)) == view
+    s = view["summary"]
+    assert s["error_pct"] == 3.0, "(simulated - traced) / traced"
+    assert [c["category"] for c in s["categories"]] == ["parameters", "optimizer_states", "activations"]
+    act = s["categories"][-1]
+    assert (act["traced"], act["simulated"], act["error_pct"]) == (800_000, 860_000, 7.5)
+    assert s["model"] == "gpt2" and s["seconds"] == 2.0 and s["notes"] == ["a fake trace"]
+    charts = view["charts"]
+    assert charts["timeline"]["$schema"] == charts["comparison"]["$schema"] == charts_mod.SCHEMA
+    peak_layer = charts["timeline"]["layer"][-1]
+    (peak,) = peak_layer["data"]["values"]
+    assert peak["op"] == 850 and peak["gib"] == round(2_000_000 / GiB, 6) and "peak" in peak["label"]
+    assert build_trace_view(report, seconds=2.0) == view
+
+
+def test_trace_timeline_is_one_unstacked_area_over_phase_bands() -> None:
+    report = fake_report(Scenario(model="gpt2"))
+    bands, area, rule, _ = build_trace_view(report)["charts"]["timeline"]["layer"]
+    spans = bands["data"]["values"]
+    assert [(s["step"], s["phase"]) for s in spans] == [
+        (step, phase) for step in (1, 2) for phase in ("forward", "backward", "optimizer_step")
+    ]
+    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:], strict=False)), "contiguous bands"
+    assert area["mark"]["type"] == "area" and "color" not in area["encoding"]
+    assert area["encoding"]["y"]["stack"] is None, "live bytes are not summed across phases"
+    assert rule["data"]["values"][0]["gib"] == 3_000_000 / GiB
+    assert max(v["gib"] for v in area["data"]["values"]) == pytest.approx(3_000_000 / GiB, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def torch_trace() -> None:
+    """Skip without the trace extra."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+
+def test_verify_traces_a_tiny_llama_for_real(torch_trace: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real tracer in the widget's thread: progress from the tracker, then traced next to simulated."""
+    import torch
+
+    monkeypatch.setattr(widget_mod, "TRACE_POLL_S", 0.05)
+    sim = make(model=MICRO_LLAMA, seq_len=128)
+    seen = record(sim)
+    report = sim.verify()
+    assert states(seen) == ["running", "done"]
+    tracing = [t["progress"] for t in seen if t["progress"].get("stage") == "tracing"]
+    assert tracing and all("phase" in p and "step" in p for p in tracing), "progress read from the tracker"
+    final = sim.trace["progress"]
+    assert final["ops"] > 500 and final["step"] == 2 and final["fraction"] == 1.0
+    assert sim.trace_report is report and report["peak_phase"] == "backward"
+    summary = sim.trace_view["summary"]
+    assert summary["traced"]["bytes"] == report["peak_tensor_bytes"]
+    assert summary["simulated"]["bytes"] == sim.estimate.peak_tensor_bytes
+    assert abs(summary["error_pct"]) < 5
+    timeline = sim.trace_view["charts"]["timeline"]
+    assert max(v["gib"] for v in timeline["layer"][1]["data"]["values"]) == pytest.approx(
+        report["peak_tensor_bytes"] / GiB, abs=1e-6
+    )
+    assert not torch.nn.modules.module._global_forward_pre_hooks, "the probe's hook is removed"
+
+    # Cancel a second trace once it runs: the first result stays, now stale.
+    sim.set(micro_batch_size=2)
+    future = sim.verify(wait=False)
+    wait_for(lambda: sim.trace["progress"].get("stage") == "tracing", timeout=60)
+    assert sim.cancel_verify()
+    assert isinstance(future.exception(60), TraceCancelled)
+    assert sim.trace["state"] == "cancelled" and sim.trace["stale"] and sim.trace_report is report
+    assert not torch.nn.modules.module._global_forward_pre_hooks
 
 
 # ----- front-end files, packaging, JS fixture -------------------------------------------------------------
@@ -563,6 +928,21 @@ def _js_fixture_state() -> dict[str, Any]:
             "scaling": {"mark": "line", "data": {"values": []}},
         },
         "_vega_js": "",
+        "trace": sim.trace,
+        "trace_view": {},
+    }
+
+
+def _js_fixture_trace() -> dict[str, Any]:
+    """A finished trace as the node tests render it: the ``trace`` trait and a ``trace_view`` of a fake report."""
+    sim = make()
+    return {
+        "trace": {
+            **sim.trace,
+            "state": "done",
+            "progress": {"stage": "finished", "elapsed_s": 1.5, "ops": 1231},
+        },
+        "trace_view": build_trace_view(fake_report(sim.scenario), seconds=1.5),
     }
 
 
@@ -582,6 +962,10 @@ def test_js_fixture_has_the_current_trait_layout() -> None:
     assert set(fixture["options"]["choices"]) == set(fresh["options"]["choices"])
     charts = json.loads(CHARTS_FIXTURE.read_text())
     assert set(charts) == set(_js_fixture_charts())
+    trace, fresh_trace = json.loads(TRACE_FIXTURE.read_text()), json.loads(json.dumps(_js_fixture_trace()))
+    assert set(trace["trace"]) == set(fresh_trace["trace"]) == set(fresh["trace"])
+    assert set(trace["trace_view"]["summary"]) == set(fresh_trace["trace_view"]["summary"])
+    assert set(trace["trace_view"]["charts"]) == {"comparison", "timeline"}
 
 
 def test_wheel_ships_the_front_end(tmp_path: Path) -> None:
@@ -624,4 +1008,5 @@ def test_wheel_ships_the_front_end(tmp_path: Path) -> None:
 if __name__ == "__main__" and "--write-js-fixture" in sys.argv:
     FIXTURE.write_text(json.dumps(_js_fixture_state(), indent=1, sort_keys=True) + "\n")
     CHARTS_FIXTURE.write_text(json.dumps(_js_fixture_charts(), separators=(",", ":")) + "\n")
-    print(f"wrote {FIXTURE} and {CHARTS_FIXTURE}")
+    TRACE_FIXTURE.write_text(json.dumps(_js_fixture_trace(), separators=(",", ":")) + "\n")
+    print(f"wrote {FIXTURE}, {CHARTS_FIXTURE} and {TRACE_FIXTURE}")

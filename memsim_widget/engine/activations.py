@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import profile, uses_autocast
 from memsim_widget.engine.items import fmt_int
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
@@ -78,7 +79,7 @@ class _Dims:
 
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
-    if ctx.scenario.framework == "megatron":
+    if profile(ctx).activation_model == "megatron":
         return _megatron(ctx)
     return _hf(ctx)
 
@@ -105,9 +106,10 @@ def _hf(ctx: Context) -> ActivationBudget:
     normalised tensor; SDPA saves q, k, v (k, v at kv width), the output and an fp32 logsumexp.
     """
     arch, sc, recipe = ctx.arch, ctx.scenario, ctx.recipe
+    prof = profile(ctx)
     D = _Dims(ctx)
     T, Tout, h, I, hq, hkv, b, s = D.T, D.Tout, D.h, D.I, D.hq, D.hkv, D.b, D.s
-    amp = recipe.autocast
+    amp = uses_autocast(ctx)  # FSDP2 mixed precision (torchtitan) computes in bf16 without autocast
     ec = recipe.act_bytes  # bytes of a compute-dtype element (16-bit under autocast)
     r = 4 if amp else ec  # residual stream dtype: autocast keeps it fp32
     full = ctx.full_training
@@ -209,8 +211,10 @@ def _hf(ctx: Context) -> ActivationBudget:
     a_loc = D.a
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
     # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT and ViT stay in the
-    # compute dtype (the fp32 softmax is then the saved tensor itself)
-    softmax_fp32 = arch.family not in ("gpt2", "bert", "vit")
+    # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
+    # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
+    # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
+    softmax_fp32 = arch.family not in ("gpt2", "bert", "vit") or amp
     if eager:
         add(
             "attention q, k, v (k, v repeated to all heads)",
@@ -305,7 +309,12 @@ def _hf(ctx: Context) -> ActivationBudget:
     # It holds each layer's k and v (after RoPE) until the outputs are dropped. Under SDPA these are the
     # tensors SDPA saves anyway, except autocast's fp32 k (SDPA saves a 16-bit cast); eager saves
     # repeated copies instead, so the cache is extra.
-    if arch.causal and arch.extra.get("use_cache", True) and sc.activation_checkpointing != "full":
+    if (
+        prof.training_kv_cache
+        and arch.causal
+        and arch.extra.get("use_cache", True)
+        and sc.activation_checkpointing != "full"
+    ):
         kb = 4 if amp and arch.position == "rope" else ec
         gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
         extra = (
@@ -411,6 +420,34 @@ def _hf(ctx: Context) -> ActivationBudget:
                     2,
                 )
             )
+        elif upcast_loss and prof.fp32_logits_output:
+            # torchtune (2024): the model returns fp32 logits (output(h).float(): the 16-bit matmul output
+            # dies at once); the recipe shifts them with .contiguous() (a second fp32 T x V, which replaces
+            # the first) and keeps that copy referenced through loss.backward().
+            shift = " (shifted .contiguous() copy)" if prof.shift_copy else ""
+            out.loss_forward.append(
+                Term(
+                    "fp32 logits returned by the model" + shift,
+                    4 * T * V,
+                    "4 B x T x V (the copy and the original never both meet the log-softmax)"
+                    if prof.shift_copy
+                    else "4 B x T x V",
+                    1,
+                )
+            )
+            out.loss_saved.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))
+            out.loss_backward.append(
+                Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
+            )
+            if prof.logits_kept_in_backward:
+                out.loss_backward.append(
+                    Term(
+                        "fp32 logits still referenced by the recipe during backward",
+                        4 * T * V,
+                        "4 B x T x V",
+                        1,
+                    )
+                )
         elif upcast_loss:
             # HF causal LMs (ForCausalLMLoss): logits = lm_head(h) in the compute dtype; the loss upcasts them
             # (.float()) and log_softmax saves its fp32 output. The trainer drops the logits before backward.

@@ -6,9 +6,9 @@ from functools import lru_cache
 
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.overhead import device_items, reserved_item, workspace_items
+from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import moments
+from memsim_widget.engine.timeline import moments, offloaded_activations
 from memsim_widget.estimate import Estimate, RankEstimate
 from memsim_widget.scenario import Scenario
 
@@ -32,20 +32,23 @@ def _estimate(scenario: Scenario) -> Estimate:
         steady = moments(ctx, stage, states, acts, ws)
         first = moments(ctx, stage, states, acts, ws, steady=False)
         peak = max(steady, key=lambda m: m.allocated_bytes)
-        persistent = sum(i.bytes for i in peak.items if i.category in ("parameters", "optimizer_states"))
-        transient = peak.tensor_bytes - persistent
-        frag = reserved_item(persistent, transient)
+        # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
+        device = (*dev, *(i for i in states.persistent if i.level == "device"))
+        outside = sum(i.bytes for i in device)
+        frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
+        reserved = peak.allocated_bytes + frag.bytes
         ranks.append(
             RankEstimate(
                 stage=stage,
                 moments=tuple(steady),
                 peak=peak,
                 reserved=frag,
-                device=tuple(dev),
-                host=tuple(states.host),
+                device=device,
+                host=(*states.host, *offloaded_activations(ctx, stage, acts)),
                 step1_peak_allocated_bytes=max(m.allocated_bytes for m in first),
                 params_local=states.params_local,
                 trainable_local=states.trainable_local,
+                bands=tuple(counter_bands(ctx, peak.allocated_bytes, reserved, outside).items()),
             )
         )
     return Estimate(

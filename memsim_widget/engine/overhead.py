@@ -1,24 +1,66 @@
-"""Memory outside the model's tensors: allocator rounding and fragmentation, workspaces, CUDA context, NCCL.
+"""Memory outside the model's tensors -- workspaces, allocator fragmentation, CUDA context, NCCL -- and the
+three GPU counters with their uncertainty bands.
 
-Facts from REFERENCE.md section 1. The two fragmentation constants are provisional, named here,
-and to be fitted on part of the measured data (the accuracy issue) while the rest measures error.
+The counters (README "Which counter"): ``allocated`` = live tensors rounded to 512 B + cuBLAS workspaces +
+kernel scratch; ``reserved`` = allocated + what the caching allocator holds unused; ``device`` (nvidia-smi)
+= reserved + CUDA context + NCCL buffers + memory allocated outside PyTorch (bitsandbytes' paged states).
+Facts from REFERENCE.md section 1.
+
+Constants come in two kinds. *Stated* ones are read from a source and never tuned. *Fitted* ones -- only
+``FRAGMENTATION_TRANSIENT`` and ``FRAGMENTATION_VARIABLE`` -- were fitted on the odd-id rows of
+``data/measured/published.csv`` that measure ``reserved`` or ``nvidia-smi`` (the median of each row's
+implied value; ``python benchmarks/fidelity_measured.py --fit`` reproduces them) while every other row
+measures the error (docs/accuracy.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from memsim_widget.engine.activations import ActivationBudget
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import expandable_segments
 from memsim_widget.engine.items import Item, fmt_bytes
 
 GiB = 1024**3
-#: Reserved-but-unallocated share of memory that churns during the step (activations, temporaries,
-#: gradients). REFERENCE.md: reserved is typically 5-30% above allocated in training.
-FRAGMENTATION_TRANSIENT = 0.12
-#: Reserved-but-unallocated share of long-lived memory (weights, states): segments rounded to 2 MiB.
+MiB = 1024**2
+
+# ----- stated constants ----------------------------------------------------------------------------------
+#: Reserved-but-unallocated share of long-lived memory (weights, states): 2 MiB segment rounding.
 FRAGMENTATION_PERSISTENT = 0.01
+#: Reserved-but-unallocated share of churning memory with ``expandable_segments:True`` (REFERENCE.md
+#: section 1: "near 0-5%"); also removes the variable-shape term.
+FRAGMENTATION_EXPANDABLE = 0.02
 #: NCCL buffers and proxy state per communicator, outside the caching allocator (nccl#864: 0.5-1.6 GB).
 NCCL_PER_COMMUNICATOR = int(0.5 * GiB)
+#: The band of NCCL memory per communicator (nccl#864: about 0.5 GB each, 1.6 GB seen with one).
+NCCL_BAND_PER_COMMUNICATOR = (int(0.5e9), int(1.6e9))
 #: Workspaces: one per (cuBLAS handle, stream); forward and the autograd thread use separate ones.
 CUBLAS_HANDLES = 2
+#: CUDA context with eager module loading (CUDA 11, or CUDA_MODULE_LOADING=EAGER): 1343 MiB measured on a
+#: V100 after ``torch.ones(1).cuda()`` (transformers docs, model_memory_anatomy.md, 2022).
+EAGER_CONTEXT_BYTES = 1343 * MiB
+#: Context bands: 0.3-0.6 GiB with lazy loading on recent CUDA; about 1.3 GiB seen eager (REFERENCE.md).
+CONTEXT_BAND_LAZY = (int(0.3 * GiB), int(0.6 * GiB))
+CONTEXT_BAND_EAGER = (int(1.0 * GiB), int(1.5 * GiB))
+#: Spread of the same configuration between software versions, hardware and runs, applied to the
+#: allocated and reserved bands: 10% (PR #961 of torchtune: 20.2 GB vs 22.3 GB for one setup; REFERENCE.md
+#: section 7 reports 10-30% between versions).
+VERSION_SPREAD = 0.10
+
+# ----- fitted constants (docs/accuracy.md, "Fitted constants") --------------------------------------------
+#: Reserved-but-unallocated share of the memory that churns during a step (activations, gradients,
+#: temporaries) when every batch has the same shape. Fitted: median implied value over the odd-id
+#: fixed-shape rows that measure reserved or nvidia-smi (BERT-large, transformers docs 2022: ids 81, 83, 85,
+#: 87, 89). REFERENCE.md section 1 expects 5-30% of allocated.
+FRAGMENTATION_TRANSIENT = 0.44
+#: Extra reserved memory, as a multiple of the loss's T x V buffers, when batches are padded to their
+#: longest sample (``padding: "longest"``): those buffers are the largest blocks of a step (GBs) and change
+#: size every step, so segments cached for one batch cannot serve a longer one. Fitted: median implied
+#: value over the odd-id variable-shape rows (ms-swift, ids 107-121 odd).
+FRAGMENTATION_VARIABLE = 2.1
+
+PERSISTENT_CATEGORIES = ("parameters", "optimizer_states")
 
 
 def workspace_items(ctx: Context) -> list[Item]:
@@ -46,28 +88,25 @@ def communicators(ctx: Context) -> list[str]:
     ]
 
 
-def reserved_item(persistent: int, transient: int) -> Item:
-    """Caching-allocator fragmentation: reserved minus allocated at the peak."""
-    nbytes = int(FRAGMENTATION_PERSISTENT * persistent + FRAGMENTATION_TRANSIENT * transient)
-    return Item(
-        "overhead",
-        "allocator fragmentation (reserved - allocated)",
-        nbytes,
-        f"{FRAGMENTATION_PERSISTENT:g} x {fmt_bytes(persistent)} long-lived + "
-        f"{FRAGMENTATION_TRANSIENT:g} x {fmt_bytes(transient)} transient",
-        "reserved",
-        0,
-    )
+def context_bytes(ctx: Context) -> int:
+    """CUDA context and resident kernels: the GPU generation's figure with lazy module loading, else the
+    eager-loading measurement."""
+    if ctx.scenario.cuda_lazy_loading:
+        return ctx.gpu.context_bytes
+    return max(ctx.gpu.context_bytes, EAGER_CONTEXT_BYTES)
 
 
 def device_items(ctx: Context) -> list[Item]:
     """CUDA context and NCCL communicators: in nvidia-smi, outside PyTorch's counters."""
+    lazy = ctx.scenario.cuda_lazy_loading
+    cb = context_bytes(ctx)
     items = [
         Item(
             "overhead",
             "CUDA context and kernels",
-            ctx.gpu.context_bytes,
-            f"{fmt_bytes(ctx.gpu.context_bytes)} ({ctx.gpu.generation}, lazy module loading)",
+            cb,
+            f"{fmt_bytes(cb)} ({ctx.gpu.generation}, "
+            + ("lazy module loading)" if lazy else "eager module loading, measured on CUDA 11)"),
             "device",
             0,
         )
@@ -86,3 +125,100 @@ def device_items(ctx: Context) -> list[Item]:
             )
         )
     return items
+
+
+def _waste_rates(ctx: Context) -> tuple[float, float]:
+    """(share of churning memory, multiple of the loss buffers) the allocator holds unused."""
+    if expandable_segments(ctx):
+        return FRAGMENTATION_EXPANDABLE, 0.0
+    variable = FRAGMENTATION_VARIABLE if ctx.scenario.padding == "longest" else 0.0
+    return FRAGMENTATION_TRANSIENT, variable
+
+
+def pool_bytes(ctx: Context, items: Iterable[Item], loss_names: set[str]) -> tuple[int, int]:
+    """(allocated, unused-but-reserved) bytes of the caching allocator's pool at one moment."""
+    alloc = persistent = loss = 0
+    for i in items:  # one pass: this runs for every moment of every estimate
+        n = i.allocated_bytes
+        alloc += n
+        if i.category in PERSISTENT_CATEGORIES:
+            persistent += n
+        elif i.item in loss_names:
+            loss += n
+    f_transient, f_variable = _waste_rates(ctx)
+    waste = FRAGMENTATION_PERSISTENT * persistent + f_transient * (alloc - persistent) + f_variable * loss
+    return alloc, int(waste)
+
+
+def reserved_cap(ctx: Context, outside: int) -> int:
+    """The most the allocator can reserve: the card minus what lives outside it (context, NCCL, paged).
+    When a cudaMalloc fails the allocator frees its cached blocks and retries, so reserved stops there."""
+    return ctx.gpu.memory_bytes - outside
+
+
+def reserved_item(
+    ctx: Context, moments: Iterable[object], peak_allocated: int, acts: ActivationBudget, outside: int
+) -> Item:
+    """Caching-allocator fragmentation: the largest pool over the step's moments, minus the peak allocated.
+
+    Each moment's pool is its allocated bytes plus ``FRAGMENTATION_PERSISTENT`` of weights and states,
+    ``FRAGMENTATION_TRANSIENT`` of everything else (``FRAGMENTATION_EXPANDABLE`` with expandable segments)
+    and, with variable batch shapes, ``FRAGMENTATION_VARIABLE`` x the loss's T x V buffers; capped by the card.
+    """
+    loss_names = {t.name for t in acts.loss_forward + acts.loss_saved + acts.loss_backward}
+    best_alloc, best_waste, best_name = peak_allocated, 0, ""
+    for m in moments:
+        alloc, waste = pool_bytes(ctx, m.items, loss_names)  # type: ignore[attr-defined]
+        if alloc + waste > best_alloc + best_waste:
+            best_alloc, best_waste, best_name = alloc, waste, m.name  # type: ignore[attr-defined]
+    pool = best_alloc + best_waste
+    cap = reserved_cap(ctx, outside)
+    reserved = max(peak_allocated, min(pool, cap))
+    f_transient, f_variable = _waste_rates(ctx)
+    formula = (
+        f"largest pool at {best_name}: {fmt_bytes(best_alloc)} allocated + {fmt_bytes(best_waste)} unused "
+        f"({FRAGMENTATION_PERSISTENT:g} x weights and states + {f_transient:g} x the rest"
+        + (f" + {f_variable:g} x loss T x V buffers, variable batch shapes" if f_variable else "")
+        + ")"
+        + (
+            f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)"
+            if pool > cap
+            else ""
+        )
+    )
+    return Item(
+        "overhead",
+        "allocator fragmentation (reserved - allocated)",
+        reserved - peak_allocated,
+        formula,
+        "reserved",
+        0,
+    )
+
+
+def counter_bands(ctx: Context, allocated: int, reserved: int, outside: int) -> dict[str, tuple[int, int]]:
+    """(low, high) bytes per counter: what runs of the same configuration can plausibly show.
+
+    allocated: +-``VERSION_SPREAD``. reserved: from no fragmentation at all (expandable segments, lucky
+    reuse) to twice the modelled fragmentation, with the same spread, at most the card. device: the reserved
+    band plus the context band of the loading mode and the NCCL band per communicator; memory allocated
+    outside PyTorch (paged optimizer states) is carried as predicted.
+    """
+    s = VERSION_SPREAD
+    a_lo, a_hi = int(allocated * (1 - s)), int(allocated * (1 + s))
+    waste = reserved - allocated
+    cap = reserved_cap(ctx, outside)
+    r_lo = a_lo
+    r_hi = max(reserved, min(int((allocated + 2 * waste) * (1 + s)), cap))
+    lazy = ctx.scenario.cuda_lazy_loading
+    c_lo, c_hi = CONTEXT_BAND_LAZY if lazy else CONTEXT_BAND_EAGER
+    cb = context_bytes(ctx)
+    c_lo, c_hi = min(c_lo, cb), max(c_hi, cb)
+    n = len(communicators(ctx))
+    n_lo, n_hi = (n * x for x in NCCL_BAND_PER_COMMUNICATOR)
+    other = outside - cb - n * NCCL_PER_COMMUNICATOR  # paged optimizer states and the like
+    return {
+        "peak_allocated_bytes": (a_lo, a_hi),
+        "peak_reserved_bytes": (r_lo, r_hi),
+        "device_total_bytes": (r_lo + c_lo + n_lo + other, r_hi + c_hi + n_hi + other),
+    }

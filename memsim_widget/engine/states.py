@@ -14,6 +14,13 @@ from dataclasses import dataclass, field
 
 from memsim_widget.architecture import ParamGroup
 from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.frameworks import (
+    gathered_weight_bytes,
+    parameters_fetched_from_host,
+    profile,
+    quantises_module,
+    reduce_bucket_elements,
+)
 from memsim_widget.engine.items import Item, fmt_int
 
 #: NF4 storage per element with double quantisation: 4 bits + int8 absmax per 64 + fp32 per 256 absmaxes.
@@ -127,7 +134,7 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
             and kind not in ("embedding", "head", "norm", "position")
             and any(g.group.module for g in gs)
         ):
-            q = [g for g in gs if g.group.module and len(g.shape) >= 2]
+            q = [g for g in gs if quantises_module(ctx, g.group.module) and len(g.shape) >= 2]
             rest = [g for g in gs if g not in q]
             qbytes = sum(nf4_bytes(g.numel_each) * g.count for g in q)
             nq = sum(g.numel for g in q)
@@ -141,6 +148,18 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
                     sum(g.count for g in q) * 2,
                 )
             )
+            if not q:  # nothing of this kind is quantised (torchtune: only LoRA-wrapped Linears)
+                b.persistent.append(
+                    Item(
+                        "parameters",
+                        f"{kind} weights",
+                        n * recipe.weight_bytes // w_div,
+                        f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}",
+                        weight_level,
+                        tensors,
+                    )
+                )
+                continue
             if rest:
                 nr = sum(g.numel for g in rest)
                 b.persistent.append(
@@ -237,7 +256,7 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
                 tensors_train,
             )
         )
-    if par.dp > 1 and z == 0 and sc.framework == "hf" and not sc.optimizer_in_backward:
+    if par.dp > 1 and z == 0 and profile(ctx).ddp_buckets and not sc.optimizer_in_backward:
         b.grads.append(
             Item(
                 "gradients",
@@ -289,6 +308,9 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     o_div = dp if z >= 1 else 1
     o_note = _shard_note(o_div, f"ZeRO-{z} dp shard")
     level = "host" if on_host_opt else "tensor"
+    # bitsandbytes' paged optimizers allocate their state with cudaMallocManaged (torch.frombuffer over
+    # unified memory): outside PyTorch's caching allocator, resident on the device until it is paged out
+    state_level = "device" if opt.paged and not on_host_opt else level
     if master_b:
         b.persistent.append(
             Item(
@@ -307,8 +329,12 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
             f"{opt.name} states",
             sbytes,
             f"{fmt_int(n_train)} {what} x {opt.state_formula(state_b)}{o_note}"
-            + (" (paged: can spill to host)" if opt.paged else ""),
-            level,
+            + (
+                " (paged: unified memory outside the caching allocator, can spill to host)"
+                if opt.paged
+                else ""
+            ),
+            state_level,
             tensors_train * opt.states,
         )
         b.persistent.append(item)
@@ -354,11 +380,26 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
                 )
             )
 
+    # ----- DeepSpeed ZeRO-1/2 gradient reduce buffer ------------------------------------------------
+    bucket = min(reduce_bucket_elements(ctx), n_train)
+    if bucket and not sc.optimizer_in_backward:
+        b.persistent.append(
+            Item(
+                "gradients",
+                "DeepSpeed gradient reduce bucket (reduce_bucket_size)",
+                bucket * recipe.weight_bytes,
+                f"min(5e8, {fmt_int(n_train)}) elements x {recipe.weight_bytes} B (ipg_buffer)",
+                "tensor",
+                1,
+            )
+        )
+
     # ----- ZeRO-3 / FSDP gathered units ---------------------------------------------------------
-    if z >= 3 and dp > 1:
+    fetched = parameters_fetched_from_host(ctx)
+    if z >= 3 and (dp > 1 or fetched):
         per_layer = sum(g.numel for g in groups if g.group.scope == "layer") // max(stage.layers, 1)
         root = sum(g.numel for g in groups if g.group.scope != "layer")
-        wb = recipe.weight_bytes
+        wb = gathered_weight_bytes(ctx)
         gath = 2 * per_layer * wb
         b.gathered.append(
             Item(
@@ -375,8 +416,13 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
                 Item(
                     "parameters",
                     "ZeRO-3 gathered root unit (embeddings, head)",
-                    root * wb - root * wb // dp,
-                    f"{fmt_int(root)} x {wb} B x (1 - 1/{dp})",
+                    root * wb - (0 if fetched or wb != recipe.weight_bytes else root * wb // dp),
+                    f"{fmt_int(root)} x {wb} B"
+                    + (
+                        " (fetched from host)"
+                        if fetched
+                        else (f" x (1 - 1/{dp})" if wb == recipe.weight_bytes else " (bf16 copy)")
+                    ),
                     "tensor",
                     2,
                 )

@@ -15,6 +15,37 @@ from memsim_widget.engine.items import Item, fmt_int
 from memsim_widget.engine.states import StateBudget
 
 MOMENTS = ("forward_end", "backward_start", "backward_top", "backward_end", "optimizer_step")
+#: Layers whose saved activations stay on the GPU under activation offloading: the layer computing and the
+#: one being copied on the side stream (torchtune ``OffloadActivations``: every saved tensor goes to pinned
+#: host memory as forward proceeds and comes back just ahead of its layer's backward).
+OFFLOAD_LAYERS_ON_GPU = 2
+
+
+def resident_layers(ctx: Context, stage: Stage) -> float:
+    """Layer x micro-batch activation sets a stage keeps on the GPU (all of them unless offloading)."""
+    full = stage.layers * ctx.in_flight(stage)
+    return min(full, OFFLOAD_LAYERS_ON_GPU) if ctx.scenario.activation_offloading else full
+
+
+def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
+    """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
+    full = stage.layers * ctx.in_flight(stage)
+    moved = full - resident_layers(ctx, stage)
+    if moved <= 0:
+        return []
+    kept = acts.checkpointed_layer if ctx.scenario.activation_checkpointing == "full" else acts.per_layer
+    return [
+        Item(
+            "activations",
+            f"{t.name} (offloaded to host)",
+            int(t.bytes * moved),
+            f"{moved:g} layers x ({t.formula})",
+            "host",
+            0,
+        )
+        for t in kept
+        if t.level == "tensor"
+    ]
 
 
 @dataclass(frozen=True)
@@ -77,7 +108,11 @@ def moments(
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
     first = f if stage.first else 0
-    saved_all = _scaled(kept, Ls * f, mult, first=first)
+    resident = resident_layers(ctx, stage)
+    if resident < Ls * f:  # activation offloading: the rest sits in host memory
+        mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
+        first = 0  # the resident ones are the last layers run
+    saved_all = _scaled(kept, resident, mult, first=first)
     pre = _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, "")
     post = _scaled(acts.post, 1 if stage.last else 0, "")
     loss_saved = _scaled(acts.loss_saved, 1 if stage.last else 0, "")
@@ -116,7 +151,9 @@ def moments(
     # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations
     # remain; of this micro-batch only the layer in backward (recomputed under checkpointing).
     rest = (
-        _scaled(
+        []
+        if sc.activation_offloading
+        else _scaled(
             kept,
             Ls * (f - 1),
             f"{Ls} layers x {f - 1:g} other micro-batches",

@@ -1,4 +1,5 @@
-// A minimal stand-in for anywidget's model: get/set with change:<key> events, on/off, save_changes.
+// A minimal stand-in for anywidget's model: get/set with change:<key> events, on/off, save_changes, and send
+// (custom messages to Python, recorded in `sent`).
 import { readFileSync } from "node:fs";
 import { JSDOM } from "jsdom";
 
@@ -22,6 +23,10 @@ export function fakeModel(initial) {
     save_changes() {
       model.saves += 1;
     },
+    sent: [],
+    send(content) {
+      model.sent.push(content);
+    },
     listenerCount: () => [...handlers.values()].reduce((n, set) => n + set.size, 0),
   };
   return model;
@@ -30,6 +35,11 @@ export function fakeModel(initial) {
 /** The widget's traits as Python sends them (tests/js/fixtures/state.json, written by tests/test_widget.py). */
 export function fixtureState() {
   return JSON.parse(readFileSync(new URL("./fixtures/state.json", import.meta.url), "utf8"));
+}
+
+/** A finished trace as Python sends it: `trace` and `trace_view` (tests/js/fixtures/trace.json). */
+export function traceFixture() {
+  return JSON.parse(readFileSync(new URL("./fixtures/trace.json", import.meta.url), "utf8"));
 }
 
 /** A fresh jsdom document with an element to render into. */

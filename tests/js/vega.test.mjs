@@ -7,7 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { test } from "node:test";
 
-import { fakeModel, fixtureState, makeDom } from "./fake-model.mjs";
+import { fakeModel, fixtureState, makeDom, traceFixture } from "./fake-model.mjs";
 
 function findBundle() {
   if (process.env.MEMSIM_VEGA_BUNDLE) return process.env.MEMSIM_VEGA_BUNDLE;
@@ -20,7 +20,7 @@ function findBundle() {
 
 const bundlePath = findBundle();
 
-test("render draws both charts with the real vega-embed bundle", { skip: !bundlePath && "no vega bundle cached" }, async () => {
+test("render draws the estimate's and the trace's charts with the real vega-embed bundle", { skip: !bundlePath && "no vega bundle cached" }, async () => {
   const { window, el } = makeDom();
   // vega-embed reads browser globals; node --test runs each file in its own process.
   for (const key of ["window", "document", "navigator", "ShadowRoot", "HTMLElement", "SVGElement", "Element",
@@ -34,7 +34,14 @@ test("render draws both charts with the real vega-embed bundle", { skip: !bundle
   window.HTMLCanvasElement.prototype.getContext = () => null; // vega then estimates text widths
   const { render } = await import("../../js/widget.js");
   const charts = JSON.parse(readFileSync(new URL("./fixtures/charts.json", import.meta.url), "utf8"));
-  const model = fakeModel({ ...fixtureState(), charts: JSON.stringify(charts), _vega_js: readFileSync(bundlePath, "utf8") });
+  const { trace, trace_view: view } = traceFixture();
+  const model = fakeModel({
+    ...fixtureState(),
+    charts: JSON.stringify(charts),
+    trace,
+    trace_view: JSON.stringify(view),
+    _vega_js: readFileSync(bundlePath, "utf8"),
+  });
   const cleanup = render({ model, el });
   const drawn = async (sel) => {
     for (let i = 0; i < 200; i++) {
@@ -52,6 +59,16 @@ test("render draws both charts with the real vega-embed bundle", { skip: !bundle
   const scaling = await drawn(".memsim-chart-scaling");
   const stext = [...scaling.querySelectorAll("text")].map((t) => t.textContent);
   assert.ok(stext.includes("memory vs micro-batch size") && stext.includes("memory vs sequence length"));
+  const timeline = await drawn(".memsim-chart-trace-timeline");
+  const ttext = [...timeline.querySelectorAll("text")].map((t) => t.textContent);
+  assert.ok(ttext.some((t) => t.startsWith("Live tensor memory through two training steps")), "timeline title");
+  assert.ok(ttext.some((t) => /^peak \d+\.\d{3} GiB \(backward, step 2\)$/.test(t)), "the peak is labelled");
+  assert.ok(timeline.querySelector(".mark-area path"), "live bytes as an area");
+  assert.ok(timeline.querySelector(".mark-rule line"), "the peak as a rule");
+  const comparison = await drawn(".memsim-chart-trace-comparison");
+  const ctext = [...comparison.querySelectorAll("text")].map((t) => t.textContent);
+  assert.ok(ctext.includes("traced") && ctext.includes("simulated") && ctext.includes("activations"));
+  assert.equal(comparison.querySelectorAll(".mark-rect path").length, 6, "3 categories x traced/simulated");
   cleanup();
   assert.equal(model.listenerCount(), 0);
 });

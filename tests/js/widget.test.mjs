@@ -8,14 +8,17 @@ import {
   controlForField,
   ctlClass,
   deps,
+  errorClass,
   fmtBytes,
+  fmtPct,
   getPath,
   logIndex,
   render,
   rowsToCsv,
   setPath,
+  traceProgressText,
 } from "../../js/widget.js";
-import { fakeModel, fire, fixtureState, makeDom } from "./fake-model.mjs";
+import { fakeModel, fire, fixtureState, makeDom, traceFixture } from "./fake-model.mjs";
 
 const realLoad = deps.loadVegaEmbed;
 let env;
@@ -333,6 +336,144 @@ describe("render", () => {
     slider.value = "2";
     fire(window, slider, "change");
     assert.equal(model.saves, 0, "detached controls do nothing");
+  });
+});
+
+describe("verify with trace", () => {
+  const traceState = (changes = {}) => ({ ...fixtureState().trace, ...changes });
+
+  test("pure helpers: progress line, signed percent, error class", () => {
+    assert.equal(traceProgressText({ stage: "importing torch", elapsed_s: 1.25 }), "importing torch · 1.3 s");
+    assert.equal(
+      traceProgressText({ stage: "tracing", step: 2, steps: 2, phase: "backward", ops: 12345, live_bytes: 3 * 1024 ** 2,
+        peak_bytes: 4 * 1024 ** 2, elapsed_s: 7 }),
+      "step 2/2: backward · 12,345 ops · 3.00 MiB live · peak so far 4.00 MiB · 7.0 s",
+    );
+    assert.equal(traceProgressText({ stage: "tracing", step: 0, phase: "setup", ops: 0 }), "setup · 0 ops");
+    assert.equal(fmtPct(1.234), "+1.23%");
+    assert.equal(fmtPct(-0.5), "-0.50%");
+    assert.equal(fmtPct(null), "n/a");
+    assert.equal(errorClass(1.9), "memsim-err-ok");
+    assert.equal(errorClass(-4), "memsim-err-warn");
+    assert.equal(errorClass(7.5), "memsim-err-bad");
+  });
+
+  test("the button sends verify; while running it shows progress and sends cancel", () => {
+    const { window, q, model, cleanup } = mount();
+    const btn = q(".memsim-ctl-verify");
+    assert.equal(btn.tagName, "BUTTON");
+    assert.equal(btn.textContent, "Verify with trace");
+    assert.equal(btn.disabled, false);
+    assert.match(btn.title, /fake tensors/);
+    assert.equal(btn.getAttribute("data-lm-suppress-shortcuts"), "true");
+    assert.equal(q(".memsim-trace-result").hidden, true, "nothing traced yet");
+    assert.equal(q(".memsim-trace-running").hidden, true);
+    fire(window, btn, "click");
+    assert.deepEqual(model.sent, [{ type: "verify" }]);
+    assert.equal(model.saves, 0, "a message, not a trait write");
+
+    model.set("trace", traceState({ state: "running", progress: { stage: "importing torch", elapsed_s: 0.5, steps: 2 } }));
+    assert.equal(btn.textContent, "Cancel trace");
+    assert.equal(btn.disabled, false);
+    assert.equal(q(".memsim-trace-running").hidden, false);
+    assert.equal(q(".memsim-trace-progress").hasAttribute("value"), false, "indeterminate before step 2");
+    assert.match(q(".memsim-trace-progress-text").textContent, /importing torch · 0\.5 s/);
+    assert.equal(q(".memsim-trace-status").textContent, "tracing…");
+    model.set("trace", traceState({ state: "running", progress: { stage: "tracing", step: 2, steps: 2, phase: "backward",
+      ops: 900, live_bytes: 1024 ** 3, peak_bytes: 2 * 1024 ** 3, elapsed_s: 3.2, fraction: 0.75 } }));
+    assert.equal(q(".memsim-trace-progress").value, 0.75);
+    assert.match(q(".memsim-trace-progress-text").textContent, /step 2\/2: backward · 900 ops · 1\.00 GiB live/);
+    fire(window, btn, "click");
+    assert.deepEqual(model.sent.at(-1), { type: "cancel" });
+
+    model.set("trace", traceState({ state: "cancelling", progress: { stage: "tracing", elapsed_s: 3.4 } }));
+    assert.equal(btn.disabled, true);
+    assert.equal(btn.textContent, "Cancelling…");
+    model.set("trace", traceState({ state: "cancelled", progress: { stage: "finished", elapsed_s: 3.5 } }));
+    assert.equal(btn.disabled, false);
+    assert.equal(btn.textContent, "Verify with trace");
+    assert.equal(q(".memsim-trace-running").hidden, true);
+    assert.equal(q(".memsim-trace-status").textContent, "trace cancelled");
+    model.set("trace", traceState({ state: "error", error: "RuntimeError: boom" }));
+    assert.match(q(".memsim-trace-status").textContent, /trace failed: RuntimeError: boom/);
+    cleanup();
+  });
+
+  test("disabled, not hidden, with the reason as tooltip and text", () => {
+    const reason = "method: qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA";
+    const { window, q, model, cleanup } = mount({ trace: traceState({ available: false, reason }) });
+    const btn = q(".memsim-ctl-verify");
+    assert.equal(btn.disabled, true);
+    assert.equal(btn.hidden, false);
+    assert.equal(btn.title, reason);
+    assert.equal(q(".memsim-trace-reason").hidden, false);
+    assert.match(q(".memsim-trace-reason").textContent, /qlora cannot be traced/);
+    assert.ok(q(".memsim-trace").classList.contains("memsim-trace-off"));
+    fire(window, btn, "click");
+    assert.deepEqual(model.sent, [], "a disabled button sends nothing");
+    model.set("trace", traceState({ available: false, reason: "trace: needs torch: pip install 'memsim-widget[trace]'" }));
+    assert.match(btn.title, /pip install 'memsim-widget\[trace\]'/);
+    model.set("trace", traceState());
+    assert.equal(btn.disabled, false);
+    assert.equal(q(".memsim-trace-reason").hidden, true);
+    cleanup();
+  });
+
+  test("a finished trace shows traced vs simulated, per category and both charts", async () => {
+    const embedded = [];
+    deps.loadVegaEmbed = async () => async (el, spec) => {
+      embedded.push({ cls: el.className, spec });
+      el.textContent = "drawn";
+      return { view: {}, finalize() {} };
+    };
+    const { trace, trace_view: view } = traceFixture();
+    const { q, model, cleanup } = mount({ _vega_js: "bundle" });
+    await until(() => embedded.length >= 2);
+    assert.equal(embedded.length, 2, "only the estimate's charts before a trace");
+    model.set("trace", trace);
+    model.set("trace_view", JSON.stringify(view));
+    assert.equal(q(".memsim-trace-result").hidden, false);
+    const head = q(".memsim-trace-headline").textContent;
+    assert.match(head, /traced peak 2\.86 MiB at backward \(step 2, mm\)/);
+    assert.match(head, /simulated 2\.92 MiB at backward_start/);
+    assert.equal(q(".memsim-trace-error").textContent, "+2.00%");
+    assert.ok(q(".memsim-trace-error").classList.contains("memsim-err-ok"));
+    const rows = [...q(".memsim-trace-table tbody").children].map((tr) => [...tr.children].map((td) => td.textContent));
+    assert.deepEqual(rows.map((r) => r[0]), ["parameters", "optimizer_states", "activations"]);
+    assert.deepEqual(rows[2].slice(3), ["+7.50%"]);
+    assert.match(q(".memsim-trace-status").textContent, /traced in 1\.5 s \(1,231 ops\)/);
+    assert.equal(q(".memsim-trace-stale-label").hidden, true);
+    await until(() => embedded.length >= 4);
+    const drawn = embedded.slice(2);
+    assert.ok(drawn[0].cls.includes("memsim-chart-trace-comparison"));
+    assert.ok(drawn[1].cls.includes("memsim-chart-trace-timeline"));
+    assert.deepEqual(drawn[1].spec, view.charts.timeline);
+    assert.match(q(".memsim-trace-notes summary").textContent, /trace notes \(1\)/);
+    model.set("trace", { ...trace, progress: { ...trace.progress, elapsed_s: 1.6 } });
+    await new Promise((r) => setTimeout(r, 20));
+    assert.equal(embedded.length, 4, "a trace update without a new view redraws no chart");
+    cleanup();
+  });
+
+  test("a trace of another scenario stays visible, dimmed and labelled stale", () => {
+    const { trace, trace_view: view } = traceFixture();
+    const { q, model, cleanup } = mount({ trace, trace_view: view });
+    const result = q(".memsim-trace-result");
+    assert.equal(result.classList.contains("memsim-trace-stale"), false);
+    model.set("trace", { ...trace, stale: true, stale_keys: ["micro_batch_size", "seq_len"] });
+    assert.equal(result.hidden, false, "kept visible");
+    assert.ok(result.classList.contains("memsim-trace-stale"));
+    const label = q(".memsim-trace-stale-label");
+    assert.equal(label.hidden, false);
+    assert.match(label.textContent, /^Stale: traced for another scenario \(micro_batch_size, seq_len changed since\)/);
+    assert.match(q(".memsim-trace-headline").textContent, /traced peak/, "the numbers stay readable");
+    model.set("trace", { ...trace, state: "running", stale: true, stale_keys: ["seq_len"], running_stale: true,
+      progress: { stage: "tracing", step: 1, phase: "forward", ops: 3 } });
+    assert.match(q(".memsim-trace-status").textContent, /as it was when you clicked/);
+    model.set("trace", { ...trace, stale: false, stale_keys: [] });
+    assert.equal(result.classList.contains("memsim-trace-stale"), false);
+    assert.equal(label.hidden, true);
+    cleanup();
   });
 });
 

@@ -1,0 +1,269 @@
+"""Framework profiles: how each training framework holds memory beyond what the model's maths needs.
+
+The scenario's ``framework`` key picks one profile. A profile is a handful of facts, each a field below
+with the source it comes from; the engine's formulas read them through the small rule functions at the
+end of this module (one docstring per rule). ``hf`` is the engine's reference behaviour, checked against
+fake-tensor traces (docs/fidelity.md); the others differ from it only where a field says so.
+
+``suggested`` holds what a recipe of that framework typically sets (precision, optimizer, checkpointing,
+sharding): documentation and a starting point for a front end, never applied behind the user's back --
+the scenario's own keys always win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from memsim_widget.engine.context import Context
+from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec, register_optimizer
+
+#: DeepSpeed's default ``reduce_bucket_size`` / ``allreduce_bucket_size`` (elements): ZeRO-1/2 flatten
+#: gradients into a buffer this size before reducing (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buffer).
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """The memory-relevant habits of one training framework (see the module docstring).
+
+    ``activation_model``: ``"hf"`` (the tensors HF-style modules save, traced) or ``"megatron"``
+    (Korthikanti et al. 2022, Table 2, for Megatron's fused kernels).
+    ``training_kv_cache``: the model builds a KV cache in training and returns it with the outputs
+    (transformers: ``use_cache`` defaults to true unless gradient checkpointing is on).
+    ``fp32_logits_output``: the model itself returns fp32 logits (torchtune ``TransformerDecoder``:
+    ``output = self.output(h).float()``), instead of compute-dtype logits upcast inside the loss.
+    ``shift_copy``: the recipe shifts the logits with ``logits[..., :-1, :].contiguous()``, a copy of
+    T x V (torchtune recipes up to mid-2024; transformers 5 shifts the labels instead).
+    ``logits_kept_in_backward``: the recipe still references the logits while ``loss.backward()`` runs
+    (torchtune added ``del logits`` in mid-2024; HF Trainer and torchtitan drop the outputs first).
+    ``ddp_buckets``: data parallelism is DDP with ``gradient_as_bucket_view=False`` (HF Trainer/Accelerate
+    default): a second, flat copy of the gradients in 25 MB buckets.
+    ``qlora_quantises``: which Linears QLoRA stores in NF4: ``"all-linear"`` (bitsandbytes via
+    transformers quantises every Linear but the head) or ``"targets"`` (torchtune quantises only the
+    LoRA-wrapped ones, REFERENCE.md section 5).
+    ``fsdp_mixed_precision``: an ``amp-*`` precision means FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`` rather than autocast: fp32 sharded parameters, gradients and states, the
+    gathered unit in bf16, and the modules compute in bf16 throughout (no autocast copies, no fp32
+    residual stream) -- torchtitan's ``apply_fsdp``.
+    ``expandable_segments``: the launcher sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+    (torchtitan's ``run_train.sh``), so reserved stays within a few percent of allocated.
+    ``bucket_elements``: a persistent gradient reduce buffer of this many elements (weight dtype) under
+    ZeRO-1/2 with dp > 1 (DeepSpeed's ``reduce_bucket_size``, default 5e8).
+    """
+
+    name: str
+    description: str
+    activation_model: str = "hf"
+    training_kv_cache: bool = False
+    fp32_logits_output: bool = False
+    shift_copy: bool = False
+    logits_kept_in_backward: bool = False
+    ddp_buckets: bool = False
+    qlora_quantises: str = "all-linear"
+    fsdp_mixed_precision: bool = False
+    expandable_segments: bool = False
+    bucket_elements: int = 0
+    sources: tuple[str, ...] = ()
+    suggested: Mapping[str, Any] = field(default_factory=dict)
+
+
+PROFILES: dict[str, FrameworkProfile] = {}
+
+
+def register_profile(profile: FrameworkProfile) -> FrameworkProfile:
+    """Add or replace a framework profile."""
+    PROFILES[profile.name] = profile
+    return profile
+
+
+register_profile(
+    FrameworkProfile(
+        "hf",
+        "transformers model, the usual loop (HF Trainer / Accelerate): forward and loss, outputs dropped, "
+        "backward, step, zero_grad(set_to_none=True)",
+        training_kv_cache=True,
+        ddp_buckets=True,
+        sources=(
+            "docs/fidelity.md: every activation rule checked on fake-tensor traces of transformers 5",
+            "transformers Trainer.compute_loss returns the loss only; the outputs die before backward",
+        ),
+        suggested=MappingProxyType(
+            {"precision": "amp-bf16", "optimizer": "adamw", "optimizer_impl": "foreach", "padding": "longest"}
+        ),
+    )
+)
+register_profile(
+    FrameworkProfile(
+        "torchtune",
+        "torchtune recipes (2024): pure bf16, its own Llama modules, fp32 logits shifted by a copy",
+        fp32_logits_output=True,
+        shift_copy=True,
+        logits_kept_in_backward=True,
+        qlora_quantises="targets",
+        sources=(
+            "torchtune/modules/transformer.py TransformerDecoder.forward: output = self.output(h).float()",
+            "recipes/full_finetune_single_device.py (2024-05): logits[..., :-1, :].contiguous(), "
+            "loss.backward() with logits still in scope (del logits came later)",
+            "torchtune QLoRA: only LoRALinear modules hold NF4 weights (REFERENCE.md section 5)",
+        ),
+        suggested=MappingProxyType(
+            {
+                "precision": "bf16",
+                "optimizer": "adamw",
+                "optimizer_impl": "fused",
+                "activation_checkpointing": "full",
+                "loss": "chunked",
+                "padding": "packed",
+            }
+        ),
+    )
+)
+register_profile(
+    FrameworkProfile(
+        "torchtitan",
+        "torchtitan: FSDP2 with bf16 compute and fp32 sharded master state, per-op selective checkpointing, "
+        "expandable allocator segments",
+        fsdp_mixed_precision=True,
+        expandable_segments=True,
+        sources=(
+            "torchtitan parallelize_llama.apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
+            "torchtitan run_train.sh: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            "torchtitan train.py: pred = model(...); loss = loss_fn(pred.float(), labels); del pred",
+        ),
+        suggested=MappingProxyType(
+            {
+                "precision": "amp-bf16",
+                "optimizer": "adamw",
+                "optimizer_impl": "fused",
+                "activation_checkpointing": "selective",
+                "parallel": {"zero": 3},
+                "padding": "packed",
+            }
+        ),
+    )
+)
+register_profile(
+    FrameworkProfile(
+        "megatron",
+        "Megatron-LM with TransformerEngine fused kernels: Korthikanti et al. activations, fp32 main "
+        "gradients, distributed optimizer as ZeRO-1",
+        activation_model="megatron",
+        sources=(
+            "Korthikanti et al. 2022, arXiv 2205.05198, Table 2 (activations per layer)",
+            "Megatron-LM --use-distributed-optimizer: 6 + 12/d_p bytes per parameter (REFERENCE.md section 2)",
+        ),
+        suggested=MappingProxyType(
+            {
+                "precision": "mixed-bf16",
+                "optimizer": "adam",
+                "optimizer_impl": "fused",
+                "activation_checkpointing": "selective",
+                "parallel": {"zero": 1},
+                "padding": "packed",
+            }
+        ),
+    )
+)
+register_profile(
+    FrameworkProfile(
+        "deepspeed",
+        "DeepSpeed ZeRO with HF models: mixed precision with fp32 master weights, gradient reduce buckets",
+        bucket_elements=DEEPSPEED_BUCKET_ELEMENTS,
+        sources=(
+            "deepspeed/runtime/zero/stage_1_and_2.py: ipg_buffer of reduce_bucket_size elements (default 5e8)",
+            "DeepSpeed ZeRO-3 fetches each submodule's parameters to the GPU before it runs, also from "
+            "CPU with offload_param (stage3 parameter coordinator)",
+        ),
+        suggested=MappingProxyType(
+            {
+                "precision": "mixed-bf16",
+                "optimizer": "adamw",
+                "optimizer_impl": "fused",
+                "parallel": {"zero": 2},
+            }
+        ),
+    )
+)
+
+
+#: bitsandbytes PagedAdamW with 32-bit states (torchtune's low-memory recipe). The 8-bit variant is in
+#: the optimizer catalog; the 32-bit one keeps fp32 states whatever the parameter dtype (bitsandbytes
+#: Optimizer2State with optim_bits=32) and, like every paged optimizer, allocates them in CUDA unified
+#: memory outside PyTorch's caching allocator.
+@dataclass(frozen=True)
+class Fp32StateOptimizerSpec(OptimizerSpec):
+    """An optimizer whose states are fp32 whatever the parameter dtype (bitsandbytes 32-bit optimizers)."""
+
+    def state_bytes(self, shape: tuple[int, ...], param_state_bytes: int) -> int:
+        """Bytes of the fp32 states of one parameter tensor of ``shape``."""
+        return super().state_bytes(shape, 4)
+
+    def state_formula(self, param_state_bytes: int) -> str:
+        """The bytes-per-element formula, always 4 B per state."""
+        return super().state_formula(4)
+
+
+PAGED_ADAMW = Fp32StateOptimizerSpec(
+    "paged-adamw",
+    2,
+    "bitsandbytes PagedAdamW (32-bit): fp32 states in unified memory that can spill to the host",
+    paged=True,
+    temp_foreach=0.0,
+    temp_for_loop=0.0,
+    impls=("fused",),
+)
+if PAGED_ADAMW.name not in OPTIMIZERS:
+    register_optimizer(PAGED_ADAMW)
+
+
+# ----- rules the engine reads ---------------------------------------------------------------------------
+def profile(ctx: Context) -> FrameworkProfile:
+    """The profile of the scenario's framework."""
+    return PROFILES[ctx.scenario.framework]
+
+
+def uses_autocast(ctx: Context) -> bool:
+    """Autocast is on: an ``amp-*`` recipe, unless the framework means FSDP2 mixed precision by it.
+
+    Source: torchtitan casts parameters to bf16 when FSDP2 gathers them (``MixedPrecisionPolicy``) and
+    runs no autocast, so no 16-bit weight or input copies are cached and the residual stream is bf16.
+    """
+    return ctx.recipe.autocast and not profile(ctx).fsdp_mixed_precision
+
+
+def gathered_weight_bytes(ctx: Context) -> int:
+    """Bytes per element of a ZeRO-3/FSDP unit while gathered: bf16 under FSDP2 mixed precision (torchtitan's
+    ``param_dtype=bf16``), else the weight dtype of the recipe."""
+    return 2 if ctx.recipe.autocast and profile(ctx).fsdp_mixed_precision else ctx.recipe.weight_bytes
+
+
+def quantises_module(ctx: Context, module: str | None) -> bool:
+    """Whether QLoRA stores this Linear in NF4: every Linear (bitsandbytes through transformers) or only
+    LoRA-wrapped ones (torchtune, REFERENCE.md section 5)."""
+    if not module:
+        return False
+    if profile(ctx).qlora_quantises == "all-linear":
+        return True
+    return module in {ad.base.module for ad in ctx.adapters}
+
+
+def expandable_segments(ctx: Context) -> bool:
+    """The caching allocator maps memory in expandable segments (torchtitan's launcher default)."""
+    return profile(ctx).expandable_segments
+
+
+def reduce_bucket_elements(ctx: Context) -> int:
+    """Elements of DeepSpeed's persistent ZeRO-1/2 gradient reduce buffer on this rank (0 if none)."""
+    par = ctx.par
+    if par.zero not in (1, 2) or par.dp * par.cp == 1:
+        return 0
+    return profile(ctx).bucket_elements
+
+
+def parameters_fetched_from_host(ctx: Context) -> bool:
+    """ZeRO-3 with parameter offload copies each unit to the GPU to compute it, even on a single rank
+    (DeepSpeed offload_param, FSDP CPUOffload)."""
+    return ctx.par.zero >= 3 and ctx.par.offload == "optimizer+params"
