@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 #: Breakdown categories in display order. "temporaries" are short-lived buffers of one moment.
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporaries", "overhead")
@@ -32,7 +33,7 @@ class Item:
     level: str = "tensor"
     tensors: int = 1
 
-    @property
+    @cached_property
     def allocated_bytes(self) -> int:
         """Bytes as ``torch.cuda.memory_allocated`` counts them (each tensor rounded up to 512 B)."""
         if self.level not in ("tensor", "allocator") or self.bytes <= 0:

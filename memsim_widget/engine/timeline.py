@@ -8,6 +8,7 @@ than every later step; the steady state (step 2 on) is what we report as the pea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
@@ -55,11 +56,11 @@ class Moment:
     name: str
     items: tuple[Item, ...]
 
-    @property
+    @cached_property
     def tensor_bytes(self) -> int:
         return sum(i.bytes for i in self.items if i.level == "tensor")
 
-    @property
+    @cached_property
     def allocated_bytes(self) -> int:
         return sum(i.allocated_bytes for i in self.items)
 
