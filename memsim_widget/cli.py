@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from memsim_widget.errors import ScenarioError
@@ -114,6 +115,31 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_factory(spec: str, flag: str) -> Any:
+    """Import ``path/to/file.py:name`` or ``package.module:name`` (the user's own local code)."""
+    import importlib
+    import importlib.util
+
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise ScenarioError(flag, f"expected FILE.py:NAME or MODULE:NAME, got {spec!r}")
+    try:
+        if target.endswith(".py"):
+            loader = importlib.util.spec_from_file_location(Path(target).stem, target)
+            if loader is None or loader.loader is None:
+                raise ImportError(target)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+        factory = getattr(module, name)
+    except (ImportError, OSError, AttributeError) as exc:
+        raise ScenarioError(flag, f"cannot load {spec!r}: {exc}") from None
+    if not callable(factory):
+        raise ScenarioError(flag, f"{spec!r} is not callable")
+    return factory
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     """Trace the scenario's training step on fake tensors and print measured next to simulated."""
     from memsim_widget.engine.core import estimate
@@ -122,7 +148,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
     check_traceable(sc)
-    result = trace_scenario(sc, progress=sys.stderr.isatty() and not args.json)
+    model_factory = _load_factory(args.module, "--module") if args.module else None
+    input_factory = _load_factory(args.inputs, "--inputs") if args.inputs else None
+    if (model_factory is None) != (input_factory is None):
+        raise ScenarioError("--module", "a user module needs both --module and --inputs")
+    result = trace_scenario(sc, model_factory, input_factory, progress=sys.stderr.isatty() and not args.json)
     report = trace_report(sc, result)
     est = estimate(sc)
     if args.json:
@@ -196,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     est.set_defaults(func=cmd_estimate)
     tr = sub.add_parser("trace", help="trace the training step on fake tensors (needs the [trace] extra)")
     tr.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
+    tr.add_argument(
+        "--module", help="your own model: FILE.py:NAME or MODULE:NAME, a factory returning an nn.Module"
+    )
+    tr.add_argument("--inputs", help="its inputs: FILE.py:NAME, a factory returning the forward's arguments")
     tr.add_argument(
         "--json", action="store_true", help="print one JSON object (with timeline and top tensors)"
     )

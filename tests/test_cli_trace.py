@@ -58,3 +58,61 @@ def test_without_torch_it_says_which_extra_to_install():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert "memsim-widget[trace]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_trace_a_user_module_from_a_file(tmp_path):
+    user = tmp_path / "mine.py"
+    user.write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a = torch.nn.Linear(256, 1024)\n"
+        "        self.b = torch.nn.Linear(1024, 256)\n"
+        "    def forward(self, x):\n"
+        "        return self.b(torch.relu(self.a(x))).pow(2).mean()\n"
+        "def inputs():\n"
+        "    return (torch.randn(32, 256),)\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memsim_widget.cli",
+            "trace",
+            "--precision",
+            "fp32",
+            "--module",
+            f"{user}:Net",
+            "--inputs",
+            f"{user}:inputs",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    n = 256 * 1024 + 1024 + 1024 * 256 + 256
+    assert data["model"]["parameters"] == n
+    assert data["components"]["parameters"] == 4 * n and data["components"]["optimizer_states"] >= 8 * n
+
+
+def test_a_bad_module_spec_is_one_line():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memsim_widget.cli",
+            "trace",
+            "--module",
+            "nope.py:Net",
+            "--inputs",
+            "nope.py:x",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--module" in proc.stderr and "Traceback" not in proc.stderr
