@@ -121,6 +121,17 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     weight_level = "host" if on_host_params else "tensor"
     tp_note = f" (tp={par.tp} split)" if par.tp > 1 else ""
 
+    def plain_weights(kind: str, n: int, tensors: int) -> Item:
+        """Unquantised weights of one kind on this rank."""
+        return Item(
+            "parameters",
+            f"{kind} weights",
+            n * recipe.weight_bytes // w_div,
+            f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}",
+            weight_level,
+            tensors,
+        )
+
     # ----- weights ---------------------------------------------------------------------------
     quantised = sc.method == "qlora"
     by_kind: dict[str, list[LocalGroup]] = defaultdict(list)
@@ -149,40 +160,14 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
                 )
             )
             if not q:  # nothing of this kind is quantised (torchtune: only LoRA-wrapped Linears)
-                b.persistent.append(
-                    Item(
-                        "parameters",
-                        f"{kind} weights",
-                        n * recipe.weight_bytes // w_div,
-                        f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}",
-                        weight_level,
-                        tensors,
-                    )
-                )
+                b.persistent.append(plain_weights(kind, n, tensors))
                 continue
             if rest:
-                nr = sum(g.numel for g in rest)
                 b.persistent.append(
-                    Item(
-                        "parameters",
-                        f"{kind} weights",
-                        nr * recipe.weight_bytes // w_div,
-                        f"{fmt_int(nr)} x {recipe.weight_bytes} B{w_note}",
-                        weight_level,
-                        sum(g.count for g in rest),
-                    )
+                    plain_weights(kind, sum(g.numel for g in rest), sum(g.count for g in rest))
                 )
             continue
-        b.persistent.append(
-            Item(
-                "parameters",
-                f"{kind} weights",
-                n * recipe.weight_bytes // w_div,
-                f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}",
-                weight_level,
-                tensors,
-            )
-        )
+        b.persistent.append(plain_weights(kind, n, tensors))
 
     if recipe.weight_copy_bytes and not recipe.autocast:
         nl = sum(g.numel for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))

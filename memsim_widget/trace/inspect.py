@@ -14,46 +14,20 @@ from typing import Any
 from .run import TraceResult
 from .tracker import MemoryTracker, StorageRecord
 
+_SMALL: dict[str, Any] = dict(
+    hidden_size=256,
+    intermediate_size=688,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=2,
+    vocab_size=1000,
+)
 PRESETS: dict[str, dict[str, Any]] = {
-    "llama": dict(
-        model_type="llama",
-        hidden_size=256,
-        intermediate_size=688,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        vocab_size=1000,
-    ),
-    "mistral": dict(
-        model_type="mistral",
-        hidden_size=256,
-        intermediate_size=688,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        vocab_size=1000,
-        sliding_window=None,
-    ),
-    "qwen2": dict(
-        model_type="qwen2",
-        hidden_size=256,
-        intermediate_size=688,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        vocab_size=1000,
-    ),
+    "llama": dict(model_type="llama", **_SMALL),
+    "mistral": dict(model_type="mistral", **_SMALL, sliding_window=None),
+    "qwen2": dict(model_type="qwen2", **_SMALL),
     "mixtral": dict(
-        model_type="mixtral",
-        hidden_size=256,
-        intermediate_size=688,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        vocab_size=1000,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=None,
+        model_type="mixtral", **_SMALL, num_local_experts=4, num_experts_per_tok=2, sliding_window=None
     ),
     "gpt2": dict(model_type="gpt2", n_embd=256, n_layer=2, n_head=4, vocab_size=1000, n_positions=256),
 }
