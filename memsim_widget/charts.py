@@ -33,6 +33,16 @@ SEQ_LEN_STOPS = tuple(128 * 2**i for i in range(11))
 AXIS_TITLES = {"micro_batch_size": "micro-batch size", "seq_len": "sequence length"}
 
 
+def _category_color(columns: int) -> dict[str, Any]:
+    """Colour by breakdown category, in the fixed category palette, legend below the plot."""
+    return {
+        "field": "category",
+        "type": "nominal",
+        "scale": _color_scale(),
+        "legend": {"title": None, "orient": "bottom", "direction": "horizontal", "columns": columns},
+    }
+
+
 def _color_scale() -> dict[str, Any]:
     """The shared category color scale."""
     return {"domain": list(CATEGORIES), "range": list(CATEGORY_COLORS)}
@@ -181,12 +191,7 @@ def breakdown_spec(
         "encoding": {
             "x": x,
             "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU"},
-            "color": {
-                "field": "category",
-                "type": "nominal",
-                "scale": _color_scale(),
-                "legend": {"title": None, "orient": "bottom", "direction": "horizontal", "columns": 3},
-            },
+            "color": _category_color(3),
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
                 {"field": "rank", "type": "nominal"},
@@ -350,12 +355,7 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
                     "title": "GiB per GPU (worst rank)",
                     "scale": y_scale,
                 },
-                "color": {
-                    "field": "category",
-                    "type": "nominal",
-                    "scale": _color_scale(),
-                    "legend": {"title": None, "orient": "bottom", "direction": "horizontal", "columns": 6},
-                },
+                "color": _category_color(6),
                 "order": {"field": "order", "type": "quantitative"},
                 "tooltip": [
                     {"field": "x", "type": "quantitative", "title": title},

@@ -125,10 +125,11 @@ def _hf(ctx: Context) -> ActivationBudget:
         formula: str,
         tensors: int = 1,
         level: str = "tensor",
-        skip_first: bool = False,
+        first_bytes: float = 0.0,
     ) -> None:
+        """Append a per-layer term; ``first_bytes`` of it are absent in layer 0."""
         if nbytes > 0:
-            L.append(Term(name, nbytes, formula, tensors, level, skip_first))
+            L.append(Term(name, nbytes, formula, tensors, level, first_bytes > 0, first_bytes))
 
     def consumers(
         role: frozenset[str], width: int, rows: int, dtype: int, label: str, already_saved: bool = False
@@ -165,43 +166,29 @@ def _hf(ctx: Context) -> ActivationBudget:
     norms = arch.extra.get("norms_per_layer", 2)
     frozen_first = not full and sc.activation_checkpointing == "none"
     gemma = arch.family.startswith("gemma")
+    # under LoRA nothing before the first adapter needs a gradient: layer 0's first norm saves nothing
+    frozen = "; layer 0's first norm saves nothing (frozen embeddings)" if frozen_first else ""
     if arch.norm == "rmsnorm":
+        per_norm = 4 * Tout * h + 4 * Tout
         add(
             "RMSNorm fp32 inputs and rsqrt",
-            norms * (4 * Tout * h + 4 * Tout),
-            f"{norms} norms x (4 B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}",
+            norms * per_norm,
+            f"{norms} norms x (4 B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}{frozen}",
             2 * norms,
+            first_bytes=per_norm if frozen_first else 0,
         )
-        if frozen_first:  # nothing before the first adapter needs a gradient
-            L[-1] = Term(
-                L[-1].name,
-                L[-1].bytes,
-                L[-1].formula + "; layer 0's first norm saves nothing (frozen embeddings)",
-                L[-1].tensors,
-                "tensor",
-                skip_first=True,
-                first_bytes=(4 * Tout * h + 4 * Tout),
-            )
         nb = 4 if gemma else r
         if full or gemma:
             add("RMSNorm normalised tensors", norms * nb * Tout * h, f"{norms} norms x {nb} B x T x h", norms)
     else:
+        per_norm = r * Tout * h + 8 * Tout
         add(
             "LayerNorm inputs, mean and rstd",
-            norms * (r * Tout * h + 8 * Tout),
-            f"{norms} norms x ({r} B x T x h + 8 B x T)",
+            norms * per_norm,
+            f"{norms} norms x ({r} B x T x h + 8 B x T){frozen}",
             3 * norms,
+            first_bytes=per_norm if frozen_first else 0,
         )
-        if frozen_first:
-            L[-1] = Term(
-                L[-1].name,
-                L[-1].bytes,
-                L[-1].formula + "; layer 0's first norm saves nothing (frozen embeddings)",
-                L[-1].tensors,
-                "tensor",
-                skip_first=True,
-                first_bytes=r * Tout * h + 8 * Tout,
-            )
     nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
     consumers(ATTN_IN, h, Tout, nout, "attention input")
     consumers(MLP_IN, h, Tout, nout, "MLP input")
