@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from memsim_widget.engine.overhead import (
 )
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import MOMENTS, OFFLOAD_LAYERS_ON_GPU
+from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.scenario import Scenario
 
 #: The knobs a candidate may set, as integer-coded columns (strings index the tuples below).
@@ -86,9 +88,47 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
         st.step_temps,
         [i for i in st.step_temps if i.level == "tensor"],
     )
-    stats = np.stack([_item_stats(g) for g in groups])
+    stats = np.zeros((len(groups), NSTAT), dtype=np.int64)
+    for j, g in enumerate(groups):
+        stats[j] = _item_stats(g)
     outside = sum(i.bytes for i in st.persistent if i.level == "device")
     return StateRow(stats, outside)
+
+
+#: State-side parts of the moments, per distinct state key (see ``evaluate``).
+S_PARTS = ("fwd", "top", "end", "grads", "grads_but_bottom", "step")
+
+
+@lru_cache(maxsize=65536)
+def _state_parts(
+    base: Scenario, optimizers: tuple[str, ...], key: tuple[int, ...], ws_raw: bytes, num_layers: int
+) -> StateRow:
+    """The state side of each moment for one state key: (tp, ep, dp, cp, zero, optimizer, offload, pp,
+    first, last, gradients carried between micro-batches)."""
+    tp, ep, sdp, scp, z, o, off, pk, fk, lk, carried = key
+    sc = candidate_scenario(base, optimizers, {
+        "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
+        "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
+        "offload": off}, validate=False)  # fmt: skip
+    row = state_row(sc, num_layers // pk, bool(fk), bool(lk))
+    g = dict(zip(STATE_GROUPS, row.stats, strict=True))
+    ws = np.frombuffer(ws_raw, dtype=np.int64)
+    common = g["persistent"] + ws
+    oib = base.optimizer_in_backward
+    gif = g["grads"] if carried else 0
+    head = gif if carried else (g["post_grads"] if lk else 0)
+    parts = {
+        "fwd": common + gif + g["gathered"],
+        "top": common + head + g["gathered"] + g["gathered_grads"],
+        "end": common + g["gathered"] + g["gathered_grads"] + (g["step_temps_all"] if oib else 0),
+        "grads": g["grads"],
+        "grads_but_bottom": g["grads_but_bottom"],
+        "step": common + g["grads"] + g["step_temps"],
+    }
+    stats = np.zeros((len(S_PARTS), NSTAT), dtype=np.int64)
+    for j, k in enumerate(S_PARTS):
+        stats[j] = parts[k]
+    return StateRow(stats, row.outside)
 
 
 # ----- activations: one engine call per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------
@@ -167,41 +207,106 @@ class Evaluation:
         return np.array(MOMENTS, dtype=object)[self.peak_moment]
 
 
-def candidate_scenario(base: Scenario, optimizers: Sequence[str], row: Mapping[str, int]) -> Scenario:
-    """The scenario of one candidate: ``base`` with the candidate's knobs (integer-coded) applied."""
+def _unchecked(obj: Any, **changes: Any) -> Any:
+    """A copy of a frozen dataclass with fields changed, skipping validation (planner-internal keys
+    whose values the search space already made valid)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
+def candidate_scenario(
+    base: Scenario, optimizers: Sequence[str], row: Mapping[str, int], *, validate: bool = True
+) -> Scenario:
+    """The scenario of one candidate: ``base`` with the candidate's knobs (integer-coded) applied.
+    ``validate=False`` skips the checks (the planner's internal state keys)."""
     opt = optimizers[int(row["optimizer"])]
     impl = base.optimizer_impl
-    from memsim_widget.optimizers import OPTIMIZERS
-
     impls = OPTIMIZERS[opt].impls
     if impls and impl not in impls:
         impl = "fused" if "fused" in impls else impls[0]
-    return base.replace(
-        micro_batch_size=int(row["micro_batch"]),
-        grad_accum_steps=int(row["grad_accum"]),
-        activation_checkpointing=CHECKPOINTING[int(row["checkpointing"])],
-        loss=LOSSES[int(row["loss"])],
-        optimizer=opt,
-        optimizer_impl=impl,
-        parallel={
-            "dp": int(row["dp"]),
-            "tp": int(row["tp"]),
-            "pp": int(row["pp"]),
-            "cp": int(row["cp"]),
-            "ep": int(row["ep"]),
-            "zero": int(row["zero"]),
-            "sequence_parallel": bool(row["sp"]),
-            "pp_microbatches": int(row["pp_microbatches"]),
-            "offload": OFFLOADS[int(row["offload"])],
-        },
-    )
+    keys: dict[str, Any] = {
+        "micro_batch_size": int(row["micro_batch"]),
+        "grad_accum_steps": int(row["grad_accum"]),
+        "activation_checkpointing": CHECKPOINTING[int(row["checkpointing"])],
+        "loss": LOSSES[int(row["loss"])],
+        "optimizer": opt,
+        "optimizer_impl": impl,
+    }
+    par = {
+        "dp": int(row["dp"]),
+        "tp": int(row["tp"]),
+        "pp": int(row["pp"]),
+        "cp": int(row["cp"]),
+        "ep": int(row["ep"]),
+        "zero": int(row["zero"]),
+        "sequence_parallel": bool(row["sp"]),
+        "pp_microbatches": int(row["pp_microbatches"]),
+        "offload": OFFLOADS[int(row["offload"])],
+    }
+    if not validate:
+        return _unchecked(base, parallel=_unchecked(base.parallel, **par), **keys)
+    return base.replace(parallel=par, **keys)
 
 
-def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows of integer columns and the index of each row's distinct value."""
-    stacked = np.stack(cols, axis=1)
-    uniq, inverse = np.unique(stacked, axis=0, return_inverse=True)
-    return uniq, inverse.reshape(-1)
+def _unique_codes(cols: Sequence[np.ndarray], bits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of small non-negative integer columns (packed into one int64 with ``bits`` per
+    column, most significant first) as a (distinct, columns) array, and each row's distinct index."""
+    code = np.zeros(cols[0].shape[0], dtype=np.int64)
+    for col, nb in zip(cols, bits, strict=True):
+        if col.size and (col.min() < 0 or col.max() >= 1 << nb):
+            raise ValueError(f"planner key column out of range for {nb} bits")
+        code = (code << nb) | col
+    uniq, inverse = np.unique(code, return_inverse=True)
+    out = np.zeros((uniq.shape[0], len(bits)), dtype=np.int64)
+    rest = uniq.copy()
+    for j in range(len(bits) - 1, -1, -1):
+        out[:, j] = rest & ((1 << bits[j]) - 1)
+        rest >>= bits[j]
+    return out, inverse.reshape(-1)
+
+
+def _padded(tables: list[np.ndarray]) -> np.ndarray:
+    """Term tables of several keys stacked as (keys, max terms, TERM_COLS), padded with zero terms."""
+    width = max((t.shape[0] for t in tables), default=0)
+    out = np.zeros((len(tables), max(width, 1), TERM_COLS), dtype=np.float64)
+    for k, t in enumerate(tables):
+        out[k, : t.shape[0]] = t
+    return out
+
+
+def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """``_scaled`` where each row has its own term table: ``table`` is (rows, terms, TERM_COLS)."""
+    n = factor.shape[0]
+    out = np.zeros((n, NSTAT), dtype=np.int64)
+    if n == 0:
+        return out
+    f = factor[:, None]
+    tb, fb, skip, tens, counted, loss = (table[:, :, j] for j in range(TERM_COLS))
+    nbytes = np.trunc(tb * f - np.where(skip > 0, fb * first[:, None], 0.0)).astype(np.int64)
+    tensors = np.maximum(1, np.trunc(tens * np.maximum(f, 1.0))).astype(np.int64)
+    per = -(-nbytes // tensors)
+    alloc = np.where((counted > 0) & (nbytes > 0), -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors, 0)
+    live = f > 0
+    out[:, 0] = np.where(live, nbytes, 0).sum(axis=1)
+    out[:, 1] = np.where(live, alloc, 0).sum(axis=1)
+    out[:, 3] = np.where(live & (loss > 0), alloc, 0).sum(axis=1)
+    return out
+
+
+def _stage_rows(pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(candidate, stage) of the stages that can be a candidate's worst rank: the first, the second and
+    the last. Middle stages hold the same states and no more micro-batches in flight than the second
+    (1F1B: min(m, pp - i)), so none of them can exceed it; ties go to the lower stage, as ``max`` does."""
+    n = pp.shape[0]
+    k = np.minimum(pp, 3)
+    cand = np.repeat(np.arange(n), k)
+    starts = np.concatenate(([0], np.cumsum(k)[:-1]))
+    j = np.arange(cand.shape[0]) - starts[cand]
+    p = pp[cand]
+    stage = np.where((j == 2) | ((j == 1) & (p == 2)), p - 1, j)
+    return cand, stage
 
 
 def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
@@ -212,101 +317,78 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
                                           "offload": "none", "sequence_parallel": False}))  # fmt: skip
     arch, gpu = ctx0.arch, ctx0.gpu
     par0 = base.parallel
-    # ----- one row per (candidate, pipeline stage) -------------------------------------------------------
-    pp = c["pp"]
-    cand = np.repeat(np.arange(n), pp)
-    starts = np.concatenate(([0], np.cumsum(pp)[:-1]))
-    stage = np.arange(cand.shape[0]) - starts[cand]
-    p = pp[cand]
-    layers = arch.num_layers // p
-    first = stage == 0
-    last = stage == p - 1
-    m = c["pp_microbatches"][cand]
-    if par0.pp_schedule == "gpipe":
-        f = np.where(p == 1, 1.0, m.astype(np.float64))
-    else:
-        f = np.minimum(m, p - stage).astype(np.float64)
-        if par0.pp_schedule == "interleaved":
-            v = par0.virtual_stages
-            f = f * (1 + (p - 1) / (p * v))
-        f = np.where(p == 1, 1.0, f)
-    ckpt = c["checkpointing"][cand] == 2
     oib = base.optimizer_in_backward
 
-    # ----- model states per distinct key ---------------------------------------------------------------
-    zero = c["zero"][cand]
-    dpcp = (c["dp"] * c["cp"])[cand]
-    # ZeRO-0 states see dp only through "dp > 1" (DDP buckets); ZeRO >= 1 only through dp * cp
-    # (with ep > 1 and ZeRO-0 the key keeps dp and cp as they are: ep must divide dp * cp)
-    plain = (zero == 0) & (c["ep"][cand] == 1)
-    s_dp = np.where(plain, np.minimum(c["dp"][cand], 2), np.where(zero == 0, c["dp"][cand], dpcp))
-    s_cp = np.where((zero == 0) & ~plain, c["cp"][cand], 1)
-    skey, s_idx = _unique_rows(
-        c["tp"][cand], c["ep"][cand], s_dp, s_cp, zero, c["optimizer"][cand], c["offload"][cand], p,
-        layers, first.astype(np.int64), last.astype(np.int64)
-    )  # fmt: skip
-    s_stats = np.zeros((len(skey), len(STATE_GROUPS), NSTAT), dtype=np.int64)
-    s_out = np.zeros(len(skey), dtype=np.int64)
-    for k, (tp, ep, sdp, scp, z, o, off, pk, lk, fk, lastk) in enumerate(skey.tolist()):
-        sc = candidate_scenario(base, optimizers, {
-            "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
-            "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
-            "offload": off})  # fmt: skip
-        row = state_row(sc, lk, bool(fk), bool(lastk))
-        s_stats[k] = row.stats
-        s_out[k] = row.outside
-    S = {g: s_stats[s_idx, j] for j, g in enumerate(STATE_GROUPS)}
-
-    # ----- activation terms per distinct key -----------------------------------------------------------
-    akey, a_idx = _unique_rows(
-        c["micro_batch"][cand], c["tp"][cand], c["cp"][cand], c["sp"][cand], c["checkpointing"][cand],
-        c["loss"][cand]
-    )  # fmt: skip
+    # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
+    akey, a_cand = _unique_codes(
+        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]], [20, 10, 10, 1, 2, 1]
+    )
     arows = []
     for b, tp, cp, sp, ck, lo in akey.tolist():
-        sc = base.replace(
+        sc = _unchecked(
+            base,
             micro_batch_size=b,
             activation_checkpointing=CHECKPOINTING[ck],
             loss=LOSSES[lo],
-            parallel={"dp": 1, "tp": tp, "pp": 1, "cp": cp, "ep": 1, "zero": 0, "offload": "none",
-                      "sequence_parallel": bool(sp), "pp_microbatches": 1},
+            parallel=_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=1, zero=0, offload="none",
+                                sequence_parallel=bool(sp), pp_microbatches=1),
         )  # fmt: skip
         arows.append(act_row(sc))
-    nrows = cand.shape[0]
+    T = {g: _padded([ar.tables[g] for ar in arows]) for g in TERM_GROUPS}
+    T["kept"] = np.where(
+        (akey[:, 4] == 2)[:, None, None],
+        _padded([ar.tables["checkpointed_layer"] for ar in arows] + [ar.tables["per_layer"] for ar in arows])[
+            : len(arows)
+        ],
+        _padded([ar.tables["per_layer"] for ar in arows] + [ar.tables["checkpointed_layer"] for ar in arows])[
+            : len(arows)
+        ],
+    )
+    shared_k = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)
 
-    def scaled(group: str | tuple[str, str], factor: np.ndarray, first_n: np.ndarray) -> np.ndarray:
-        """Group sums of a term group per row (``group`` may pick per row by checkpointing)."""
-        out = np.zeros((nrows, NSTAT), dtype=np.int64)
-        factor = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nrows,))
-        first_n = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nrows,))
-        for k, ar in enumerate(arows):
-            sel = a_idx == k
-            if not sel.any():
-                continue
-            if isinstance(group, tuple):  # (full-checkpointing group, otherwise group)
-                g = group[0] if akey[k, 4] == 2 else group[1]
-            else:
-                g = group
-            out[sel] = _scaled(ar.tables[g], factor[sel], first_n[sel])
-        return out
+    # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
+    cand, stage = _stage_rows(c["pp"])
+    p = c["pp"][cand]
+    m = c["pp_microbatches"][cand]
+    last = stage == p - 1
+    first = stage == 0
 
-    zeros = np.zeros(nrows)
-    kept = ("checkpointed_layer", "per_layer")
+    # ----- activation side per distinct (activation key, pp, stage, micro-batches) ----------------------
+    kind = np.where(first, 0, np.where(last, 2, 1))
+    xkey, x_row = _unique_codes([a_cand[cand], p, kind, m], [28, 8, 2, 26])
+    xa, xp, xkind, xm = xkey[:, 0], xkey[:, 1], xkey[:, 2], xkey[:, 3]
+    xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, 1))
+    xfirst, xlast = xstage == 0, xstage == xp - 1
+    layers = arch.num_layers // xp
+    if par0.pp_schedule == "gpipe":
+        f = np.where(xp == 1, 1.0, xm.astype(np.float64))
+    else:
+        f = np.minimum(xm, xp - xstage).astype(np.float64)
+        if par0.pp_schedule == "interleaved":
+            v = par0.virtual_stages
+            f = f * (1 + (xp - 1) / (xp * v))
+        f = np.where(xp == 1, 1.0, f)
+    nx = xkey.shape[0]
+    ckpt = akey[xa, 4] == 2
+
+    def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float) -> np.ndarray:
+        fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
+        fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
+        return _scaled_rows(T[group][xa], fac, fst)
+
+    zeros, ones = np.zeros(nx), np.ones(nx)
     full_resident = layers * f
     resident = (
         np.minimum(full_resident, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else full_resident
     )
-    first_n = np.where(first, f, 0.0)
+    first_n = np.where(xfirst, f, 0.0)
     if base.activation_offloading:
         first_n = np.where(resident < layers * f, 0.0, first_n)
-    ones = np.ones(nrows)
-    last1 = last.astype(np.float64)
-    saved_all = scaled(kept, resident, first_n)
-    pre = scaled("pre", np.where(first, f, 0.0), zeros) + scaled("inputs", f, zeros)
-    post = scaled("post", last1, zeros)
-    loss_saved = scaled("loss_saved", last1, zeros)
-    per_layer_1 = scaled("per_layer", ones, zeros)
-    recompute = np.where(ckpt[:, None], per_layer_1, 0)
+    last1 = xlast.astype(np.float64)
+    saved_all = scaled("kept", resident, first_n)
+    pre = scaled("pre", np.where(xfirst, f, 0.0), zeros) + scaled("inputs", f, zeros)
+    post = scaled("post", last1, zeros) + scaled("loss_saved", last1, zeros)
+    recompute = np.where(ckpt[:, None], scaled("per_layer", ones, zeros), 0)
     lb = scaled("layer_backward", ones, zeros)
     ab = scaled("attention_backward", ones, zeros)
     layer_bwd = np.where((ab[:, 0] > lb[:, 0])[:, None], ab, lb)
@@ -315,47 +397,71 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         "cache_per_layer", layers.astype(np.float64), zeros
     )
     top_bwd = scaled("top_backward", last1, zeros)
+    tail = recompute + layer_bwd
     if base.activation_offloading:
-        rest = np.zeros((nrows, NSTAT), dtype=np.int64)
+        rest = np.zeros((nx, NSTAT), dtype=np.int64)
     else:
         rest_first = np.where(first_n > 0, first_n - 1, 0.0)
-        rest = np.where((f > 1)[:, None], scaled(kept, layers * (f - 1), rest_first), 0)
-    shared = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)[a_idx]
-    own_ckpt = recompute + np.where(shared[:, None], 0, scaled(kept, ones, zeros))
-    own_plain = scaled("per_layer", ones, first.astype(np.float64))
+        rest = np.where((f > 1)[:, None], scaled("kept", layers * (f - 1), rest_first), 0)
+    own_ckpt = recompute + np.where(shared_k[xa][:, None], 0, scaled("kept", ones, zeros))
+    own_plain = scaled("per_layer", ones, xfirst.astype(np.float64))
     own = np.where(ckpt[:, None], own_ckpt, own_plain)
+    # backward_top: the larger of the final norm's backward and the last layer's (the rest is shared)
+    held = pre + saved_all
+    A = {
+        "m1": held + post + loss_fwd,
+        "m2": held + post + loss_bwd,
+        "m3": held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd),
+        "end": pre + rest,
+        "l0": own + layer_bwd,
+    }
+    A = {k: v[x_row] for k, v in A.items()}
+    nrows = cand.shape[0]
 
-    # ----- the moments (engine/timeline.moments) --------------------------------------------------------
-    ws = _item_stats(workspace_items(ctx0))[None, :]
+    # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
+    zero = c["zero"][cand]
+    dpcp = (c["dp"] * c["cp"])[cand]
+    # ZeRO-0 states see dp only through "dp > 1" (DDP buckets); ZeRO >= 1 only through dp * cp
+    # (with ep > 1 and ZeRO-0 the key keeps dp and cp as they are: ep must divide dp * cp)
+    plain = (zero == 0) & (c["ep"][cand] == 1)
+    s_dp = np.where(plain, np.minimum(c["dp"][cand], 2), np.where(zero == 0, c["dp"][cand], dpcp))
+    s_cp = np.where((zero == 0) & ~plain, c["cp"][cand], 1)
     ga = c["grad_accum"][cand]
-    carried = (ga > 1) | ((p > 1) & (m > 1))
-    gif = np.where((carried & (not oib))[:, None], S["grads"], 0)
-    common = S["persistent"] + ws
-    with_fwd = common + gif + S["gathered"] + pre + saved_all + post + loss_saved
-    m1 = with_fwd + loss_fwd
-    m2 = with_fwd + loss_bwd
-    has_gif = carried & (not oib)
-    head_grads = np.where(has_gif[:, None], gif, np.where(last[:, None], S["post_grads"], 0))
-    base_top = common + head_grads + S["gathered"] + S["gathered_grads"] + pre + saved_all
-    tail = recompute + layer_bwd
-    m3 = base_top + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd)
-    opt_bwd = S["step_temps_all"] if oib else 0
-    common_end = common + S["gathered"] + S["gathered_grads"] + opt_bwd + pre + rest
-    l0 = S["grads_but_bottom"] + own + layer_bwd
-    m4 = common_end + np.where((S["grads"][:, 0] > l0[:, 0])[:, None], S["grads"], l0)
-    moments = [m1, m2, m3, m4]
+    carried = ((ga > 1) | ((p > 1) & (m > 1))) & (not oib)
+    skey, s_idx = _unique_codes(
+        [c["tp"][cand], c["ep"][cand], s_dp, s_cp, zero, c["optimizer"][cand], c["offload"][cand], p,
+         first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64)],
+        [10, 10, 20, 10, 2, 4, 2, 8, 1, 1, 1],
+    )  # fmt: skip
+    s_stats = np.zeros((len(skey), len(S_PARTS), NSTAT), dtype=np.int64)
+    s_out = np.zeros(len(skey), dtype=np.int64)
+    ws = _item_stats(workspace_items(ctx0))
+    for k, key in enumerate(skey.tolist()):
+        row = _state_parts(base, tuple(optimizers), tuple(key), ws.tobytes(), arch.num_layers)
+        s_stats[k] = row.stats
+        s_out[k] = row.outside
+    S = {g: s_stats[s_idx, j] for j, g in enumerate(S_PARTS)}
+
+    # ----- the moments (engine/timeline.moments): state part + activation part per moment ----------------
+    l0 = S["grads_but_bottom"] + A["l0"]
+    m4 = S["end"] + A["end"] + np.where((S["grads"][:, 0] > l0[:, 0])[:, None], S["grads"], l0)
+    moments = [S["fwd"] + A["m1"], S["fwd"] + A["m2"], S["top"] + A["m3"], m4]
     if base.optimizer != "none" and not oib:
-        moments.append(S["persistent"] + ws + S["grads"] + S["step_temps"])
-    M = np.stack(moments, axis=1)  # (rows, moments, NSTAT)
+        moments.append(S["step"])
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
-    alloc = M[:, :, 1]
-    peak_m = np.argmax(alloc, axis=1)
-    peak_alloc = alloc[np.arange(nrows), peak_m]
     f_t, f_v = _waste_rates(ctx0)
-    pers, loss = M[:, :, 2], M[:, :, 3]
-    waste = np.trunc(FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers) + f_v * loss).astype(np.int64)
-    pool = np.maximum(peak_alloc, (alloc + waste).max(axis=1))
+    peak_alloc = moments[0][:, 1].copy()
+    peak_m = np.zeros(nrows, dtype=np.int64)
+    pool = peak_alloc.copy()
+    for k, mo in enumerate(moments):
+        alloc, pers, loss = mo[:, 1], mo[:, 2], mo[:, 3]
+        if k:
+            higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
+            peak_m[higher] = k
+            np.maximum(peak_alloc, alloc, out=peak_alloc)
+        waste = np.trunc(FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers) + f_v * loss).astype(np.int64)
+        np.maximum(pool, alloc + waste, out=pool)
     comms = sum(
         (x > 1).astype(np.int64)
         for x in ((c["dp"] * c["cp"])[cand], c["tp"][cand], p, c["cp"][cand], c["ep"][cand])
@@ -366,12 +472,10 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     device = reserved + outside
 
     # ----- the worst rank of each candidate (first of equals, as max() picks) ---------------------------
-    best = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(best, cand, device)
-    is_best = device == best[cand]
-    order = np.where(is_best, np.arange(nrows), nrows)
-    pick = np.full(n, nrows, dtype=np.int64)
-    np.minimum.at(pick, cand, order)
+    starts = np.flatnonzero(np.r_[True, cand[1:] != cand[:-1]])
+    best = np.maximum.reduceat(device, starts)
+    order = np.where(device == best[cand], np.arange(nrows), nrows)
+    pick = np.minimum.reduceat(order, starts)
     return Evaluation(
         peak_allocated_bytes=peak_alloc[pick],
         peak_reserved_bytes=reserved[pick],

@@ -1,0 +1,278 @@
+"""``plan``: search layouts and knobs for a model on a GPU type, keep what fits, rank by the proxy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.core import estimate
+from memsim_widget.errors import ScenarioError
+from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
+from memsim_widget.plan import proxy
+from memsim_widget.plan.space import SearchSpace, candidates, gpu_counts, layouts
+from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, candidate_scenario, evaluate
+from memsim_widget.scenario import Scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GiB = 1024**3
+
+#: Frame columns, in order.
+FRAME_COLUMNS = ("candidate", "num_gpus", "dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel",
+                 "micro_batch_size", "grad_accum_steps", "pp_microbatches", "global_batch_tokens",
+                 "activation_checkpointing", "loss", "optimizer", "offload", "peak_allocated_gib",
+                 "peak_reserved_gib", "device_total_gib", "peak_phase", "worst_stage", "fits", "free_gib",
+                 "tokens_per_gpu_s", "step_time_s", "bubble", "recompute", "communication_s")  # fmt: skip
+
+
+def base_scenario(base: Scenario | Mapping[str, Any] | None = None, **keys: Any) -> Scenario:
+    """The fixed choices of a plan: ``base`` (a scenario or dict, default all defaults) with ``keys`` set."""
+    if base is None:
+        data: dict[str, Any] = {}
+    elif isinstance(base, Scenario):
+        data = base.to_dict()
+    else:
+        data = dict(base)
+    data.update({k: v for k, v in keys.items() if v is not None})
+    data.pop("num_gpus", None)
+    return Scenario.from_dict(data)
+
+
+@dataclass
+class Plan:
+    """Every candidate evaluated, with the ones that fit ranked by the throughput proxy."""
+
+    base: Scenario
+    gpu_counts: tuple[int, ...]
+    space: SearchSpace
+    headroom: float
+    columns: dict[str, np.ndarray]  # one array per candidate column, figure and proxy part
+    seconds: float
+    global_batch_tokens: int | None = None
+    top: int | None = 50
+    _estimates: dict[int, Estimate] = field(default_factory=dict, repr=False)
+
+    @property
+    def evaluated(self) -> int:
+        """Candidates evaluated."""
+        return int(self.columns["dp"].shape[0])
+
+    @property
+    def candidates_per_second(self) -> float:
+        return self.evaluated / max(self.seconds, 1e-9)
+
+    @cached_property
+    def ranking(self) -> np.ndarray:
+        """Indices of the fitting candidates, best first (proxy down, then memory up)."""
+        fits = np.nonzero(self.columns["fits"])[0]
+        order = np.lexsort(
+            (self.columns["device_total_bytes"][fits], -self.columns["tokens_per_gpu_s"][fits])
+        )
+        return fits[order]
+
+    @property
+    def fitting(self) -> int:
+        return int(self.ranking.shape[0])
+
+    def scenario(self, candidate: int) -> Scenario:
+        """The full scenario of candidate number ``candidate`` (the frame's ``candidate`` column)."""
+        row = {k: int(self.columns[k][candidate]) for k in COLUMNS}
+        return candidate_scenario(self.base, self.space.optimizers, row)
+
+    def estimate(self, candidate: int) -> Estimate:
+        """``estimate`` of one candidate (equal to the planner's figures, see tests/test_plan_vector.py)."""
+        if candidate not in self._estimates:
+            self._estimates[candidate] = estimate(self.scenario(candidate))
+        return self._estimates[candidate]
+
+    def _frame(self, idx: np.ndarray) -> pd.DataFrame:
+        import pandas as pd
+
+        c = self.columns
+        seq = Context(self.base).seq_len
+        accum = np.maximum(c["grad_accum"], c["pp_microbatches"])
+        data = {
+            "candidate": idx,
+            "num_gpus": c["num_gpus"][idx],
+            "dp": c["dp"][idx],
+            "tp": c["tp"][idx],
+            "pp": c["pp"][idx],
+            "cp": c["cp"][idx],
+            "ep": c["ep"][idx],
+            "zero": c["zero"][idx],
+            "sequence_parallel": c["sp"][idx].astype(bool),
+            "micro_batch_size": c["micro_batch"][idx],
+            "grad_accum_steps": c["grad_accum"][idx],
+            "pp_microbatches": c["pp_microbatches"][idx],
+            "global_batch_tokens": (c["dp"] * c["micro_batch"] * accum)[idx] * seq,
+            "activation_checkpointing": np.array(CHECKPOINTING, dtype=object)[c["checkpointing"][idx]],
+            "loss": np.array(LOSSES, dtype=object)[c["loss"][idx]],
+            "optimizer": np.array(self.space.optimizers, dtype=object)[c["optimizer"][idx]],
+            "offload": np.array(OFFLOADS, dtype=object)[c["offload"][idx]],
+            "peak_allocated_gib": c["peak_allocated_bytes"][idx] / GiB,
+            "peak_reserved_gib": c["peak_reserved_bytes"][idx] / GiB,
+            "device_total_gib": c["device_total_bytes"][idx] / GiB,
+            "peak_phase": c["peak_phase"][idx],
+            "worst_stage": c["worst_stage"][idx],
+            "fits": c["fits"][idx],
+            "free_gib": (c["gpu_memory_bytes"] * (1 - self.headroom) - c["device_total_bytes"][idx]) / GiB,
+            "tokens_per_gpu_s": c["tokens_per_gpu_s"][idx],
+            "step_time_s": c["step_time_s"][idx],
+            "bubble": c["bubble"][idx],
+            "recompute": c["recompute"][idx],
+            "communication_s": c["communication_s"][idx],
+        }
+        return pd.DataFrame(data, columns=list(FRAME_COLUMNS))
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The fitting candidates, best first (at most ``top`` rows; ``None`` keeps all)."""
+        idx = self.ranking if self.top is None else self.ranking[: self.top]
+        return self._frame(idx).reset_index(drop=True)
+
+    def all_frame(self, limit: int | None = None, seed: int = 0) -> pd.DataFrame:
+        """Every candidate, fitting or not (a reproducible sample of ``limit`` rows if given)."""
+        idx = np.arange(self.evaluated)
+        if limit is not None and idx.shape[0] > limit:
+            idx = np.sort(np.random.default_rng(seed).choice(idx, size=limit, replace=False))
+        return self._frame(idx)
+
+    def best(self) -> Scenario | None:
+        """The top-ranked scenario, or None when nothing fits."""
+        return self.scenario(int(self.ranking[0])) if self.fitting else None
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        """The JSON form (``memsim plan --json``): the search, and the best candidates each with its full
+        scenario, its estimate and its proxy figures."""
+        n = self.top if top is None else top
+        idx = self.ranking if n is None else self.ranking[:n]
+        frame = self._frame(idx)
+        out = []
+        for rank, (i, row) in enumerate(zip(idx.tolist(), frame.to_dict("records"), strict=True), start=1):
+            est = self.estimate(i)
+            out.append(
+                {
+                    "rank": rank,
+                    "candidate": i,
+                    "scenario": est.scenario.to_dict(),
+                    "estimate": est.to_dict(self.headroom),
+                    "throughput": {
+                        k: float(row[k])
+                        for k in ("tokens_per_gpu_s", "step_time_s", "bubble", "recompute", "communication_s")
+                    },
+                }
+            )
+        return {
+            "base": self.base.to_dict(),
+            "gpu_counts": list(self.gpu_counts),
+            "global_batch_tokens": self.global_batch_tokens,
+            "headroom": self.headroom,
+            "evaluated": self.evaluated,
+            "fitting": self.fitting,
+            "seconds": round(self.seconds, 4),
+            "ranked_by": "tokens_per_gpu_s: modelled tokens per second per GPU (memsim_widget.plan.proxy)",
+            "candidates": out,
+        }
+
+    def summary(self) -> str:
+        """One line: what was searched and the best candidate."""
+        head = (
+            f"{self.evaluated:,} candidates over {', '.join(map(str, self.gpu_counts))} GPUs in "
+            f"{self.seconds * 1000:.0f} ms; {self.fitting:,} fit"
+        )
+        if not self.fitting:
+            return head + " (none: see recommend() or allow more GPUs, LoRA/QLoRA or offload)"
+        r = self.frame.iloc[0]
+        return (
+            f"{head}; best: dp={r.dp} tp={r.tp} pp={r.pp} cp={r.cp} zero={r.zero} b={r.micro_batch_size} "
+            f"ckpt={r.activation_checkpointing} {r.optimizer} -> {r.device_total_gib:.1f} GiB per GPU, "
+            f"{r.tokens_per_gpu_s:,.0f} tokens/s/GPU (proxy)"
+        )
+
+
+def _evaluated(
+    base: Scenario, cols: dict[str, np.ndarray], optimizers: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """Candidate columns with the vector engine's figures added."""
+    if cols["dp"].shape[0]:
+        ev = evaluate(base, cols, optimizers)
+        cols.update(
+            peak_allocated_bytes=ev.peak_allocated_bytes,
+            peak_reserved_bytes=ev.peak_reserved_bytes,
+            device_total_bytes=ev.device_total_bytes,
+            peak_phase=ev.peak_phase,
+            worst_stage=ev.worst_stage,
+        )
+    else:
+        for k in ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "worst_stage"):
+            cols[k] = np.zeros(0, dtype=np.int64)
+        cols["peak_phase"] = np.zeros(0, dtype=object)
+    return cols
+
+
+def plan(
+    model: str | Mapping[str, Any] | None = None,
+    gpu: str | Mapping[str, Any] | None = None,
+    gpus: int | tuple[int, int] | Sequence[int] = 1,
+    *,
+    base: Scenario | Mapping[str, Any] | None = None,
+    global_batch_tokens: int | None = None,
+    space: SearchSpace | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+    top: int | None = 50,
+    **fixed: Any,
+) -> Plan:
+    """Search the layouts and memory knobs of a training job; keep those that fit with ``headroom``.
+
+    ``model``, ``gpu`` and any scenario key in ``fixed`` (``method="qlora"``, ``seq_len=8192``,
+    ``precision=...``, ``framework=...``, ``lora={...}``) are the fixed choices; ``gpus`` is one count, a
+    list, or a ``(low, high)`` range; ``global_batch_tokens`` keeps the global batch (micro-batch x
+    accumulation x dp) at that many tokens. ``space`` narrows the knobs tried.
+    """
+    t0 = time.perf_counter()
+    if not 0 <= headroom < 1:
+        raise ScenarioError("headroom", f"must be in [0, 1), got {headroom!r}")
+    fixed.pop("parallel", None)
+    b = base_scenario(base, model=model, gpu=gpu, **fixed)
+    space = space or SearchSpace()
+    counts = gpu_counts(gpus)
+    seq = Context(b).seq_len
+    g_seq = None
+    if global_batch_tokens is not None:
+        if isinstance(global_batch_tokens, bool) or not isinstance(global_batch_tokens, int):
+            raise ScenarioError(
+                "global_batch_tokens", f"must be a positive integer, got {global_batch_tokens!r}"
+            )
+        if global_batch_tokens < seq:
+            raise ScenarioError(
+                "global_batch_tokens",
+                f"must be at least one sequence ({seq} tokens), got {global_batch_tokens}",
+            )
+        g_seq = global_batch_tokens // seq
+    ctx = Context(b)
+    limit = ctx.gpu.memory_bytes * (1 - headroom)
+    lays = layouts(b, counts, space)
+    # Offload costs step time (PCIe and a CPU optimizer step): it is tried only for the GPU counts where
+    # nothing fits without it.
+    staged = "none" in space.offload and len(space.offload) > 1
+    first = replace(space, offload=("none",)) if staged else space
+    cols = _evaluated(b, candidates(b, lays, first, g_seq), space.optimizers)
+    if staged:
+        fit_counts = set(cols["num_gpus"][cols["device_total_bytes"] <= limit].tolist())
+        rest = [lay for lay in lays if lay.num_gpus not in fit_counts]
+        if rest:
+            more = replace(space, offload=tuple(o for o in space.offload if o != "none"))
+            extra = _evaluated(b, candidates(b, rest, more, g_seq), space.optimizers)
+            cols = {k: np.concatenate([cols[k], extra[k]]) for k in cols}
+    trainable = ctx.arch.parameters if ctx.full_training else sum(ad.numel for ad in ctx.adapters)
+    cols.update(proxy.throughput(b, ctx.arch, ctx.gpu, trainable, cols))
+    cols["gpu_memory_bytes"] = np.int64(ctx.gpu.memory_bytes)
+    cols["fits"] = cols["device_total_bytes"] <= limit
+    return Plan(b, counts, space, headroom, cols, time.perf_counter() - t0, global_batch_tokens, top)

@@ -1,0 +1,222 @@
+"""The planner's search space: which layouts and knobs are tried, and the candidate arrays they make.
+
+A *layout* is one factorisation ``num_gpus = dp x tp x pp x cp`` (plus ``ep`` inside dp x cp for MoE)
+that the engine accepts for the model (heads and kv heads divisible by tp, layers by pp, the sequence by
+cp, experts by ep; ``Context`` itself is the judge). *Knobs* are the memory levers tried on every layout:
+ZeRO stage, sequence parallel, micro-batch with the gradient accumulation that keeps the global batch,
+activation checkpointing, chunked loss, optimizer and optimizer offload. Candidates are integer-coded
+columns (``plan.vector.COLUMNS``) so that a million of them are a few numpy arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memsim_widget.engine.context import Context
+from memsim_widget.errors import ScenarioError
+from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, _unchecked
+from memsim_widget.scenario import Scenario
+
+#: GPUs that share a fast intra-node link (NVLink / Infinity Fabric): tensor parallelism stays inside one.
+GPUS_PER_NODE = 8
+
+
+def _choices(field_name: str, values: Iterable[object], allowed: Sequence[object]) -> tuple:
+    out = tuple(values)
+    bad = [v for v in out if v not in allowed]
+    if not out or bad:
+        shown = ", ".join(map(str, allowed))
+        raise ScenarioError(field_name, f"got {bad or 'nothing'}; allowed values: {shown}")
+    return out
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The values the planner tries; narrow any of them to fix a choice (e.g. ``checkpointing=("full",)``).
+
+    ``tp``/``pp``/``cp``/``ep`` are upper sets: each layout uses the values that divide its GPU count and
+    the model. ``micro_batch`` are the micro-batch sizes tried (with a global batch, only divisors of the
+    sequences per data-parallel replica). ``max_tp`` keeps tensor parallelism within one node.
+    """
+
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    pp: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    cp: tuple[int, ...] = (1, 2, 4, 8)
+    ep: tuple[int, ...] = (1, 2, 4, 8)
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    micro_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    checkpointing: tuple[str, ...] = CHECKPOINTING
+    loss: tuple[str, ...] = LOSSES
+    optimizers: tuple[str, ...] = ("adamw", "adamw-8bit")
+    offload: tuple[str, ...] = ("none", "optimizer")
+    max_tp: int = GPUS_PER_NODE
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp", "ep", "micro_batch"):
+            vals = tuple(getattr(self, name))
+            if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
+                raise ScenarioError(f"space.{name}", f"must be positive integers, got {vals!r}")
+            object.__setattr__(self, name, vals)
+        object.__setattr__(self, "zero", _choices("space.zero", self.zero, (0, 1, 2, 3)))
+        object.__setattr__(
+            self,
+            "sequence_parallel",
+            _choices("space.sequence_parallel", self.sequence_parallel, (False, True)),
+        )
+        object.__setattr__(
+            self, "checkpointing", _choices("space.checkpointing", self.checkpointing, CHECKPOINTING)
+        )
+        object.__setattr__(self, "loss", _choices("space.loss", self.loss, LOSSES))
+        object.__setattr__(
+            self, "optimizers", _choices("space.optimizers", self.optimizers, list(OPTIMIZERS))
+        )
+        object.__setattr__(self, "offload", _choices("space.offload", self.offload, OFFLOADS))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One factorisation of the GPUs."""
+
+    num_gpus: int
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int = 1
+
+
+def gpu_counts(gpus: int | tuple[int, int] | Sequence[int]) -> tuple[int, ...]:
+    """GPU counts to plan for: one count, an explicit list, or a ``(low, high)`` range (powers of two
+    within it, and both ends)."""
+    if isinstance(gpus, bool):
+        raise ScenarioError(
+            "gpus", f"must be a positive integer, a list or a (low, high) range, got {gpus!r}"
+        )
+    if isinstance(gpus, int):
+        counts: tuple[int, ...] = (gpus,)
+    elif isinstance(gpus, tuple) and len(gpus) == 2:
+        lo, hi = gpus
+        if not (isinstance(lo, int) and isinstance(hi, int)) or lo < 1 or hi < lo:
+            raise ScenarioError("gpus", f"a range must be (low, high) with 1 <= low <= high, got {gpus!r}")
+        pows = {1 << k for k in range(hi.bit_length() + 1) if lo <= 1 << k <= hi}
+        counts = tuple(sorted(pows | {lo, hi}))
+    else:
+        counts = tuple(sorted(set(gpus)))
+    if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+        raise ScenarioError("gpus", f"must be positive integers, got {gpus!r}")
+    return counts
+
+
+def _divisors_in(n: int, values: Iterable[int]) -> list[int]:
+    return [v for v in values if n % v == 0]
+
+
+def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[Layout]:
+    """Every layout of every GPU count that the engine accepts for ``base``'s model."""
+    out: list[Layout] = []
+    par = base.parallel
+    for n in counts:
+        for tp in _divisors_in(n, (t for t in space.tp if t <= space.max_tp)):
+            for pp in _divisors_in(n // tp, space.pp):
+                for cp in _divisors_in(n // (tp * pp), space.cp):
+                    dp = n // (tp * pp * cp)
+                    for ep in _divisors_in(dp * cp, space.ep):
+                        trial = _unchecked(
+                            base,
+                            parallel=_unchecked(
+                                base.parallel,
+                                dp=dp,
+                                tp=tp,
+                                pp=pp,
+                                cp=cp,
+                                ep=ep,
+                                zero=0,
+                                offload="none",
+                                sequence_parallel=False,
+                                pp_microbatches=max(pp, par.pp_microbatches),
+                            ),
+                        )
+                        try:
+                            Context(trial)
+                        except ScenarioError:
+                            continue
+                        out.append(Layout(n, dp, tp, pp, cp, ep))
+    return out
+
+
+def _knob_grid(space: SearchSpace) -> dict[str, np.ndarray]:
+    """Every combination of the knobs (integer-coded), before per-layout filtering."""
+    axes = {
+        "zero": list(space.zero),
+        "sp": [int(x) for x in space.sequence_parallel],
+        "micro_batch": list(space.micro_batch),
+        "checkpointing": [CHECKPOINTING.index(x) for x in space.checkpointing],
+        "loss": [LOSSES.index(x) for x in space.loss],
+        "optimizer": list(range(len(space.optimizers))),
+        "offload": [OFFLOADS.index(x) for x in space.offload],
+    }
+    combos = np.array(list(itertools.product(*axes.values())), dtype=np.int64)
+    return {k: combos[:, j] for j, k in enumerate(axes)}
+
+
+def candidates(
+    base: Scenario,
+    layout_list: Sequence[Layout],
+    space: SearchSpace,
+    global_batch_sequences: int | None,
+) -> dict[str, np.ndarray]:
+    """Candidate columns (``COLUMNS`` plus ``num_gpus``) for every valid knob setting of every layout.
+
+    With a global batch of G sequences, a layout needs dp | G; the micro-batch b divides G/dp and the
+    rest is gradient accumulation (pipeline micro-batches when pp > 1). Without one, each replica runs
+    one micro-batch per step (pp > 1: pp micro-batches, the fewest that fill the pipeline).
+    """
+    grid = _knob_grid(space)
+    parts: list[dict[str, np.ndarray]] = []
+    for lay in layout_list:
+        shard = lay.dp * lay.cp
+        ok = np.ones(grid["zero"].shape[0], dtype=bool)
+        ok &= (grid["zero"] == 0) | (shard > 1)  # ZeRO with one replica is ZeRO-0
+        ok &= (grid["sp"] == 0) | (lay.tp > 1)
+        ok &= (grid["offload"] == 0) | (grid["zero"] >= 1)
+        ok &= (grid["offload"] != 2) | (grid["zero"] == 3)
+        b = grid["micro_batch"]
+        if global_batch_sequences is not None:
+            if global_batch_sequences % lay.dp:
+                continue
+            per_replica = global_batch_sequences // lay.dp
+            ok &= per_replica % b == 0
+            accum = np.where(ok, per_replica // b, 1)
+        else:
+            accum = np.where(lay.pp > 1, lay.pp, 1) * np.ones_like(b)
+        if base.parallel.pp_schedule == "interleaved" and lay.pp > 1:
+            ok &= accum >= lay.pp
+        if base.optimizer_in_backward:
+            ok &= (accum == 1) | (lay.pp > 1)
+        idx = np.nonzero(ok)[0]
+        if idx.size == 0:
+            continue
+        k = idx.size
+        part = {name: grid[name][idx] for name in grid}
+        acc = accum[idx]
+        part.update(
+            num_gpus=np.full(k, lay.num_gpus),
+            dp=np.full(k, lay.dp),
+            tp=np.full(k, lay.tp),
+            pp=np.full(k, lay.pp),
+            cp=np.full(k, lay.cp),
+            ep=np.full(k, lay.ep),
+            grad_accum=np.where(lay.pp > 1, 1, acc),
+            pp_microbatches=np.where(lay.pp > 1, acc, 1),
+        )
+        parts.append(part)
+    names = (*COLUMNS, "num_gpus")
+    if not parts:
+        return {k: np.zeros(0, dtype=np.int64) for k in names}
+    return {k: np.concatenate([p[k] for p in parts]).astype(np.int64) for k in names}
