@@ -5,7 +5,8 @@
 ``plan.vector``, the engine's timeline on numpy arrays, which agrees with ``estimate`` to the byte.
 """
 
+from memsim_widget.plan.recommend import Change, Recommendation, recommend
 from memsim_widget.plan.search import Plan, plan
 from memsim_widget.plan.space import SearchSpace
 
-__all__ = ["Plan", "SearchSpace", "plan"]
+__all__ = ["Change", "Plan", "Recommendation", "SearchSpace", "plan", "recommend"]

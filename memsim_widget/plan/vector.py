@@ -312,7 +312,6 @@ def _stage_rows(pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
     """Evaluate every candidate (one per index of the ``COLUMNS`` arrays) on ``base``'s other keys."""
     c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS}
-    n = c["dp"].shape[0]
     ctx0 = Context(base.replace(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
                                           "offload": "none", "sequence_parallel": False}))  # fmt: skip
     arch, gpu = ctx0.arch, ctx0.gpu

@@ -1,0 +1,493 @@
+"""``recommend``: the smallest changes that make a scenario fit, and how far it can be pushed.
+
+Each *lever* is one scenario key a user can turn, with its options and what it costs in words
+(the same facts the throughput proxy uses, ``plan.proxy``). Combinations are tried by size: every
+single lever first, then pairs, then triples; the first size with a fitting combination is returned,
+ranked by the proxy's modelled slowdown. Every figure comes from ``estimate`` itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.core import estimate
+from memsim_widget.errors import ScenarioError
+from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
+from memsim_widget.plan import proxy
+from memsim_widget.plan.vector import CHECKPOINTING, LOSSES, OFFLOADS
+from memsim_widget.scenario import Scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GiB = 1024**3
+#: Largest number of levers combined in one recommendation.
+MAX_LEVERS = 3
+#: Upper bounds of the "how far" searches.
+MAX_MICRO_BATCH = 4096
+MAX_SEQ_LEN = 1 << 20
+MAX_DP = 4096
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a lever: the scenario keys it changes, a label and its cost in words."""
+
+    lever: str
+    label: str
+    changes: Mapping[str, Any]
+    cost: str
+    #: Changes what is trained (LoRA/QLoRA instead of full training): listed after every other fix.
+    changes_the_job: bool = False
+
+
+@dataclass
+class Change:
+    """A set of options applied together, with the estimate before and after."""
+
+    options: tuple[Option, ...]
+    scenario: Scenario
+    before: Estimate
+    after: Estimate
+    headroom: float
+    slowdown: float  # modelled step time per token relative to the original (proxy)
+
+    @property
+    def label(self) -> str:
+        return " + ".join(o.label for o in self.options)
+
+    @property
+    def cost(self) -> str:
+        return "; ".join(o.cost for o in self.options)
+
+    @property
+    def changes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for o in self.options:
+            out.update(o.changes)
+        return out
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.before.device_total_bytes - self.after.device_total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.after.fits(headroom=self.headroom)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "change": self.label,
+            "changes": self.changes,
+            "cost": self.cost,
+            "changes_the_job": any(o.changes_the_job for o in self.options),
+            "saved_bytes": self.saved_bytes,
+            "device_total_bytes_before": self.before.device_total_bytes,
+            "device_total_bytes_after": self.after.device_total_bytes,
+            "fits": self.fits,
+            "verdict": self.after.verdict(self.headroom),
+            "slowdown": round(self.slowdown, 4),
+            "components_before": self.before.components(),
+            "components_after": self.after.components(),
+            "scenario": self.scenario.to_dict(),
+        }
+
+
+def _set(scenario: Scenario, changes: Mapping[str, Any]) -> Scenario:
+    """``scenario`` with dotted keys (``parallel.zero``) changed."""
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        if "." in key:
+            head, tail = key.split(".", 1)
+            nested.setdefault(head, {})[tail] = value
+        else:
+            top[key] = value
+    return scenario.replace(**top, **nested)
+
+
+def levers(scenario: Scenario) -> dict[str, list[Option]]:
+    """The options of each lever that differ from ``scenario`` and apply to it."""
+    s, par = scenario, scenario.parallel
+    out: dict[str, list[Option]] = {}
+    ck = []
+    if s.activation_checkpointing == "none":
+        ck.append(
+            Option(
+                "checkpointing",
+                "selective activation checkpointing",
+                {"activation_checkpointing": "selective"},
+                "a few % more compute (attention recomputed in backward)",
+            )
+        )
+    if s.activation_checkpointing != "full":
+        ck.append(
+            Option(
+                "checkpointing",
+                "full activation checkpointing",
+                {"activation_checkpointing": "full"},
+                "about 33% more compute (the forward pass runs again in backward)",
+            )
+        )
+    out["checkpointing"] = ck
+    if s.loss != "chunked":
+        out["loss"] = [
+            Option(
+                "loss",
+                "chunked cross-entropy loss",
+                {"loss": "chunked"},
+                "about 1-2% more compute (the head recomputed per chunk); needs a fused/chunked loss",
+            )
+        ]
+    if s.optimizer in ("adamw", "adam"):
+        out["optimizer"] = [
+            Option(
+                "optimizer",
+                "8-bit AdamW (bitsandbytes)",
+                {"optimizer": "adamw-8bit", "optimizer_impl": "fused"},
+                "optimizer states in 8 bits: usually the same quality, a new dependency",
+            )
+        ]
+    shard = par.dp * par.cp
+    if shard > 1:
+        zs = []
+        words = {
+            1: "no extra communication (optimizer states sharded)",
+            2: "no extra communication (gradients reduce-scattered instead of all-reduced)",
+            3: "about 50% more data-parallel communication (weights gathered in forward and backward)",
+        }
+        for z in (1, 2, 3):
+            if z > par.zero:
+                zs.append(Option("zero", f"ZeRO-{z} / FSDP sharding over {shard} ranks", {"parallel.zero": z},
+                                 words[z]))  # fmt: skip
+        out["zero"] = zs
+    if par.offload == "none":
+        change: dict[str, Any] = {"parallel.offload": "optimizer"}
+        if par.zero == 0:
+            change["parallel.zero"] = 1
+        out["offload"] = [
+            Option(
+                "offload",
+                "optimizer offload to CPU" + (" (with ZeRO-1)" if par.zero == 0 else ""),
+                change,
+                "optimizer step on the CPU and PCIe traffic every step: often 1.5-3x slower steps",
+            )
+        ]
+    if par.tp > 1 and not par.sequence_parallel:
+        out["sequence_parallel"] = [
+            Option(
+                "sequence_parallel",
+                "sequence parallelism",
+                {"parallel.sequence_parallel": True},
+                "no extra communication volume (reduce-scatter + all-gather replace all-reduce)",
+            )
+        ]
+    if not s.activation_offloading:
+        out["activation_offloading"] = [
+            Option(
+                "activation_offloading",
+                "activation offloading to CPU",
+                {"activation_offloading": True},
+                "saved activations copied to host and back: 5-15% slower when overlap is imperfect",
+            )
+        ]
+    if s.micro_batch_size > 1:
+        b = s.micro_batch_size
+        mb = []
+        for nb in sorted({b // 2, 1}, reverse=True):
+            if nb >= 1 and b % nb == 0 and nb < b:
+                mb.append(
+                    Option(
+                        "micro_batch",
+                        f"micro-batch {nb} with {b // nb}x gradient accumulation",
+                        {"micro_batch_size": nb, "grad_accum_steps": s.grad_accum_steps * (b // nb)},
+                        "same global batch; smaller matmuls use the GPU less well",
+                    )
+                )
+        out["micro_batch"] = mb
+    if par.dp % 2 == 0 and par.tp * 2 <= 8:
+        out["layout"] = [
+            Option(
+                "layout",
+                f"tensor parallel tp={par.tp * 2} (dp={par.dp // 2})",
+                {"parallel.tp": par.tp * 2, "parallel.dp": par.dp // 2},
+                "weights and activations split over twice the GPUs; tensor-parallel all-reduces every layer",
+            )
+        ]
+    if s.method == "full":
+        out["method"] = [
+            Option(
+                "method",
+                "LoRA instead of full fine-tuning",
+                {"method": "lora"},
+                "trains low-rank adapters only: a different fine-tune, far less state",
+                changes_the_job=True,
+            ),
+            Option(
+                "method",
+                "QLoRA (4-bit base weights) instead of full fine-tuning",
+                {"method": "qlora"},
+                "trains adapters on a 4-bit base: a different fine-tune, slower matmuls (dequantisation)",
+                changes_the_job=True,
+            ),
+        ]
+    elif s.method == "lora":
+        out["method"] = [
+            Option(
+                "method",
+                "QLoRA: 4-bit base weights",
+                {"method": "qlora"},
+                "base weights in NF4: slower matmuls (dequantisation), slightly different results",
+            )
+        ]
+    return {k: v for k, v in out.items() if v}
+
+
+def _step_time(scenario: Scenario) -> float:
+    """Modelled step time per token (``plan.proxy``) of one scenario."""
+    ctx = Context(scenario)
+    p = scenario.parallel
+    cols = {
+        "dp": p.dp,
+        "tp": p.tp,
+        "pp": p.pp,
+        "cp": p.cp,
+        "micro_batch": scenario.micro_batch_size,
+        "grad_accum": scenario.grad_accum_steps,
+        "pp_microbatches": p.pp_microbatches if p.pp > 1 else 1,
+        "checkpointing": CHECKPOINTING.index(scenario.activation_checkpointing),
+        "loss": LOSSES.index(scenario.loss),
+        "zero": p.zero,
+        "offload": OFFLOADS.index(p.offload),
+    }
+    arr = {k: np.array([v]) for k, v in cols.items()}
+    trainable = ctx.arch.parameters if ctx.full_training else sum(ad.numel for ad in ctx.adapters)
+    out = proxy.throughput(scenario, ctx.arch, ctx.gpu, trainable, arr)
+    slow = 1.0 / float(out["tokens_per_gpu_s"][0])
+    if scenario.activation_offloading:
+        slow *= 1.10
+    if scenario.method == "qlora":
+        slow *= 1.3  # dequantising NF4 weights for every matmul (Dettmers et al. 2023 report ~30-40%)
+    return slow
+
+
+def _combos(groups: dict[str, list[Option]], size: int) -> Iterator[tuple[Option, ...]]:
+    for names in itertools.combinations(sorted(groups), size):
+        yield from itertools.product(*(groups[n] for n in names))
+
+
+@dataclass
+class Recommendation:
+    """What makes ``scenario`` fit, and how far it can be pushed on its GPU."""
+
+    scenario: Scenario
+    estimate: Estimate
+    headroom: float
+    changes: list[Change] = field(default_factory=list)
+    singles: list[Change] = field(default_factory=list)
+    max_micro_batch: int | None = None
+    max_seq_len: int | None = None
+    min_gpus: dict[str, Any] | None = None
+    #: With the first recommended change applied: its label and the largest micro-batch that then fits.
+    with_first_fix: dict[str, Any] | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.fits(headroom=self.headroom)
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """One row per recommended change (or, when the scenario fits, per single lever)."""
+        import pandas as pd
+
+        rows = [
+            {
+                "change": c.label,
+                "fits": c.fits,
+                "saved_gib": c.saved_bytes / GiB,
+                "device_total_gib": c.after.device_total_bytes / GiB,
+                "slowdown": c.slowdown,
+                "cost": c.cost,
+            }
+            for c in (self.changes or self.singles)
+        ]
+        return pd.DataFrame(
+            rows, columns=["change", "fits", "saved_gib", "device_total_gib", "slowdown", "cost"]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``memsim recommend --json``)."""
+        return {
+            "scenario": self.scenario.to_dict(),
+            "device_total_bytes": self.estimate.device_total_bytes,
+            "gpu_memory_bytes": self.estimate.gpu.memory_bytes,
+            "headroom": self.headroom,
+            "fits": self.fits,
+            "verdict": self.estimate.verdict(self.headroom),
+            "recommendations": [c.to_dict() for c in self.changes],
+            "levers": [c.to_dict() for c in self.singles],
+            "max_micro_batch": self.max_micro_batch,
+            "max_seq_len": self.max_seq_len,
+            "min_gpus": self.min_gpus,
+            "with_first_fix": self.with_first_fix,
+        }
+
+    def summary(self) -> str:
+        head = f"{self.estimate.summary()}"
+        if self.fits:
+            return head + f"; max micro-batch {self.max_micro_batch}, max sequence {self.max_seq_len}"
+        if not self.changes:
+            return head + "; no combination of up to three levers fits"
+        best = self.changes[0]
+        return head + f"; smallest fix: {best.label} (saves {best.saved_bytes / GiB:.1f} GiB; {best.cost})"
+
+
+def _largest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
+    """The largest n in [lo, hi] with fits(n), assuming memory grows with n (doubling, then bisection)."""
+    if not fits(lo):
+        return None
+    good, n = lo, lo
+    while n < hi:
+        n = min(n * 2, hi)
+        if not fits(n):
+            bad = n
+            break
+        good = n
+    else:
+        return good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _fits(scenario: Scenario, headroom: float) -> bool:
+    try:
+        return estimate(scenario).fits(headroom=headroom)
+    except ScenarioError:
+        return False
+
+
+def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_HEADROOM) -> Recommendation:
+    """The smallest sets of changes that make ``scenario`` fit its GPU with ``headroom`` (fewest levers
+    first, then the least modelled slowdown, changes of the job itself last), the largest micro-batch
+    and sequence that fit as it is, and the fewest GPUs (data-parallel replicas, sharded) that fit."""
+    if not isinstance(scenario, Scenario):
+        scenario = Scenario.from_dict(scenario)
+    if not 0 <= headroom < 1:
+        raise ScenarioError("headroom", f"must be in [0, 1), got {headroom!r}")
+    before = estimate(scenario)
+    base_time = _step_time(scenario)
+    groups = levers(scenario)
+    rec = Recommendation(scenario, before, headroom)
+
+    def change(opts: tuple[Option, ...]) -> Change | None:
+        if any(o.lever == "zero" for o in opts):  # offload rides on the chosen ZeRO stage
+            opts = tuple(
+                Option(o.lever, "optimizer offload to CPU", {"parallel.offload": "optimizer"}, o.cost)
+                if o.lever == "offload"
+                else o
+                for o in opts
+            )
+        merged: dict[str, Any] = {}
+        for o in opts:
+            merged.update(o.changes)
+        try:
+            sc = _set(scenario, merged)
+            after = estimate(sc)
+        except ScenarioError:
+            return None
+        return Change(opts, sc, before, after, headroom, _step_time(sc) / base_time)
+
+    def order(c: Change) -> tuple:
+        return (any(o.changes_the_job for o in c.options), c.slowdown, -c.saved_bytes)
+
+    singles = [c for opts in _combos(groups, 1) if (c := change(opts)) is not None]
+    rec.singles = sorted(singles, key=lambda c: -c.saved_bytes)
+
+    def smallest(levers_: dict[str, list[Option]]) -> list[Change]:
+        for size in range(1, min(MAX_LEVERS, len(levers_)) + 1):
+            found = [c for opts in _combos(levers_, size) if (c := change(opts)) is not None and c.fits]
+            if found:
+                return sorted(found, key=order)
+        return []
+
+    if not rec.fits:
+        # fixes that keep the job (full training stays full training) first; then, if changing the
+        # method fits with fewer levers or nothing else does, the smallest fixes that change it
+        same_job = smallest({k: v for k, v in groups.items() if k != "method"})
+        other = smallest(groups) if "method" in groups else []
+        other = [c for c in other if any(o.changes_the_job for o in c.options)]
+        if same_job and other and len(other[0].options) >= len(same_job[0].options):
+            other = other[:3]
+        rec.changes = same_job[:10] + other[:5]
+        if rec.changes:
+            fixed = rec.changes[0].scenario
+            rec.with_first_fix = {
+                "change": rec.changes[0].label,
+                "max_micro_batch": _largest(
+                    lambda b: _fits(fixed.replace(micro_batch_size=b), headroom), 1, MAX_MICRO_BATCH
+                ),
+            }
+
+    ctx = Context(scenario)
+    rec.max_micro_batch = _largest(
+        lambda b: _fits(scenario.replace(micro_batch_size=b), headroom), 1, MAX_MICRO_BATCH
+    )
+    if ctx.arch.fixed_seq_len is None:
+        step = max(scenario.parallel.cp, 1) * 128
+        best = _largest(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), 1, MAX_SEQ_LEN // step)
+        rec.max_seq_len = best * step if best else None
+    rec.min_gpus = _min_gpus(scenario, headroom)
+    return rec
+
+
+def _min_gpus(scenario: Scenario, headroom: float) -> dict[str, Any] | None:
+    """The fewest GPUs that fit: the layout kept, data parallelism grown (ZeRO-3 when it was ZeRO-0,
+    since unsharded replicas never get smaller)."""
+    par = scenario.parallel
+    zero = par.zero if par.zero else 3
+    other = par.tp * par.pp * par.cp
+
+    def at(dp: int) -> Scenario:
+        z = zero if dp * par.cp > 1 else 0
+        off = par.offload if z else "none"
+        if off == "optimizer+params" and z != 3:
+            off = "optimizer"
+        ep = par.ep if (dp * par.cp) % par.ep == 0 else 1
+        return scenario.replace(parallel={"dp": dp, "zero": z, "offload": off, "ep": ep})
+
+    def found(d: int) -> dict[str, Any]:
+        cand = at(d)
+        return {
+            "num_gpus": d * other,
+            "dp": d,
+            "zero": cand.parallel.zero,
+            "device_total_bytes": estimate(cand).device_total_bytes,
+            "scenario": cand.to_dict(),
+        }
+
+    if _fits(at(1), headroom):
+        return found(1)
+    dp = 2
+    while dp <= MAX_DP:
+        if _fits(at(dp), headroom):
+            bad, good = dp // 2, dp  # bisect between the last power of two that failed and this one
+            while good - bad > 1:
+                mid = (good + bad) // 2
+                if _fits(at(mid), headroom):
+                    good = mid
+                else:
+                    bad = mid
+            return found(good)
+        dp *= 2
+    return None
