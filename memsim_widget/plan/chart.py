@@ -67,7 +67,8 @@ def candidates_spec(plan: Plan, limit: int = MAX_POINTS, best: int = 10) -> dict
             "y": {
                 "field": "device_total_gib",
                 "type": "quantitative",
-                "title": "memory per GPU (GiB, nvidia-smi)",
+                "title": "memory per GPU (GiB, nvidia-smi, log scale)",
+                "scale": {"type": "log"},
             },
             "color": {
                 "field": "status",
@@ -85,7 +86,7 @@ def candidates_spec(plan: Plan, limit: int = MAX_POINTS, best: int = 10) -> dict
         },
         "mark": {"type": "rule", "color": CAPACITY_COLOR},
         "encoding": {
-            "y": {"field": "y", "type": "quantitative"},
+            "y": {"field": "y", "type": "quantitative", "scale": {"type": "log"}},
             "strokeDash": {
                 "field": "what",
                 "type": "nominal",
