@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from memsim_widget.engine.activations import ActivationBudget, Term, activations
+from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import ALLOC_ROUND, Item
 from memsim_widget.engine.overhead import (
@@ -47,16 +47,16 @@ COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accu
 NSTAT = 4
 
 
-def _item_stats(items: Sequence[Item]) -> np.ndarray:
+def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
     """The four sums of a list of engine items."""
-    out = np.zeros(NSTAT, dtype=np.int64)
+    raw = alloc = persistent = 0
     for i in items:
         a = i.allocated_bytes
-        out[0] += i.bytes
-        out[1] += a
+        raw += i.bytes
+        alloc += a
         if i.category in PERSISTENT_CATEGORIES:
-            out[2] += a
-    return out
+            persistent += a
+    return raw, alloc, persistent, 0
 
 
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
@@ -88,9 +88,7 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
         st.step_temps,
         [i for i in st.step_temps if i.level == "tensor"],
     )
-    stats = np.zeros((len(groups), NSTAT), dtype=np.int64)
-    for j, g in enumerate(groups):
-        stats[j] = _item_stats(g)
+    stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
     outside = sum(i.bytes for i in st.persistent if i.level == "device")
     return StateRow(stats, outside)
 
@@ -147,27 +145,28 @@ class ActRow:
     ckpt_input_shared: bool
 
 
-def _term_table(terms: list[Term], loss_names: set[str]) -> np.ndarray:
-    rows = [
-        (
-            t.bytes,
-            t.first_bytes,
-            float(t.skip_first),
-            float(t.tensors),
-            float(t.level in ("tensor", "allocator")),
-            float(t.name in loss_names),
-        )
-        for t in terms
-    ]
-    return np.array(rows, dtype=np.float64).reshape(len(rows), TERM_COLS)
-
-
 @lru_cache(maxsize=16384)
 def act_row(scenario: Scenario) -> ActRow:
     """``activations`` of one micro-batch of ``scenario`` as term tables."""
     acts: ActivationBudget = activations(Context(scenario))
     loss_names = {t.name for t in acts.loss_forward + acts.loss_saved + acts.loss_backward}
-    tables = {g: _term_table(getattr(acts, g), loss_names) for g in TERM_GROUPS}
+    rows: list[tuple[float, ...]] = []
+    bounds = [0]
+    for g in TERM_GROUPS:
+        for t in getattr(acts, g):
+            rows.append(
+                (
+                    t.bytes,
+                    t.first_bytes,
+                    float(t.skip_first),
+                    float(t.tensors),
+                    float(t.level in ("tensor", "allocator")),
+                    float(t.name in loss_names),
+                )
+            )
+        bounds.append(len(rows))
+    table = np.array(rows, dtype=np.float64).reshape(len(rows), TERM_COLS)
+    tables = {g: table[bounds[j] : bounds[j + 1]] for j, g in enumerate(TERM_GROUPS)}
     return ActRow(tables, acts.ckpt_input_shared)
 
 
@@ -434,7 +433,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     )  # fmt: skip
     s_stats = np.zeros((len(skey), len(S_PARTS), NSTAT), dtype=np.int64)
     s_out = np.zeros(len(skey), dtype=np.int64)
-    ws = _item_stats(workspace_items(ctx0))
+    ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     for k, key in enumerate(skey.tolist()):
         row = _state_parts(base, tuple(optimizers), tuple(key), ws.tobytes(), arch.num_layers)
         s_stats[k] = row.stats
