@@ -23,7 +23,8 @@ with these facts (each a stated assumption, nothing fitted):
 * data parallel: gradients all-reduced, 2 (d - 1) / d x bytes, ZeRO-3 adds the parameter all-gathers of
   forward and backward, 3 (d - 1) / d (Rajbhandari et al. 2020, arXiv 1910.02054); half of it is assumed
   hidden behind backward;
-* optimizer offload: gradients down and weights up over PCIe, and a CPU Adam at ``CPU_ADAM_PARAMS_PER_S``.
+* optimizer offload: gradients down and weights up over PCIe, and a CPU Adam at ``CPU_ADAM_PARAMS_PER_S``;
+* QLoRA's dequantisation and activation offloading's copies: ``QLORA_COMPUTE``, ``ACTIVATION_OFFLOAD_COMPUTE``.
 
 Links: intra-node (NVLink) when the group fits in one node, else the per-GPU network; figures are vendor
 datasheet numbers in ``GPU_SPECS``.
@@ -53,6 +54,12 @@ PCIE_BYTES_PER_S = 25e9
 CPU_ADAM_PARAMS_PER_S = 1e9
 #: Share of data-parallel communication hidden behind backward.
 DP_OVERLAP = 0.5
+#: QLoRA dequantises each NF4 weight to 16 bits for every matmul, forward and backward: about 30% more
+#: step time than LoRA (Dettmers et al. 2023, arXiv 2305.14314, and common reports of 30-40%).
+QLORA_COMPUTE = 1.3
+#: Activation offloading: copies to and from pinned host memory overlap with compute, not entirely
+#: (torchtune reports single-digit to ~15% slowdowns).
+ACTIVATION_OFFLOAD_COMPUTE = 1.1
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,10 @@ def throughput(
     eff = MFU * t_local / (t_local + MB_HALF_TOKENS)
     peak = spec.tflops * 1e12
     compute = accum * tokens_mb * flops_token / (tp * pp * cp) / (peak * eff) * recompute
+    if base.method == "qlora":
+        compute = compute * QLORA_COMPUTE
+    if base.activation_offloading:
+        compute = compute * ACTIVATION_OFFLOAD_COMPUTE
 
     intra = spec.link_gb_s * 1e9
     e = 2.0  # bytes of a 16-bit activation

@@ -269,12 +269,7 @@ def _step_time(scenario: Scenario) -> float:
     arr = {k: np.array([v]) for k, v in cols.items()}
     trainable = ctx.arch.parameters if ctx.full_training else sum(ad.numel for ad in ctx.adapters)
     out = proxy.throughput(scenario, ctx.arch, ctx.gpu, trainable, arr)
-    slow = 1.0 / float(out["tokens_per_gpu_s"][0])
-    if scenario.activation_offloading:
-        slow *= 1.10
-    if scenario.method == "qlora":
-        slow *= 1.3  # dequantising NF4 weights for every matmul (Dettmers et al. 2023 report ~30-40%)
-    return slow
+    return 1.0 / float(out["tokens_per_gpu_s"][0])
 
 
 def _combos(groups: dict[str, list[Option]], size: int) -> Iterator[tuple[Option, ...]]:

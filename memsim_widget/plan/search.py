@@ -15,9 +15,9 @@ from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.plan import proxy
-from memsim_widget.plan.space import SearchSpace, candidates, gpu_counts, layouts
+from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
 from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, candidate_scenario, evaluate
-from memsim_widget.scenario import Scenario
+from memsim_widget.scenario import METHODS, Scenario
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 GiB = 1024**3
 
 #: Frame columns, in order.
-FRAME_COLUMNS = ("candidate", "num_gpus", "dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel",
+FRAME_COLUMNS = ("candidate", "method", "num_gpus", "dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel",
                  "micro_batch_size", "grad_accum_steps", "pp_microbatches", "global_batch_tokens",
                  "activation_checkpointing", "loss", "optimizer", "offload", "peak_allocated_gib",
                  "peak_reserved_gib", "device_total_gib", "peak_phase", "worst_stage", "fits", "free_gib",
@@ -57,6 +57,8 @@ class Plan:
     seconds: float
     global_batch_tokens: int | None = None
     top: int | None = 50
+    #: One base per training method searched (``base`` is the first); the ``method`` column indexes it.
+    bases: tuple[Scenario, ...] = ()
     _estimates: dict[int, Estimate] = field(default_factory=dict, repr=False)
 
     @property
@@ -84,7 +86,9 @@ class Plan:
     def scenario(self, candidate: int) -> Scenario:
         """The full scenario of candidate number ``candidate`` (the frame's ``candidate`` column)."""
         row = {k: int(self.columns[k][candidate]) for k in COLUMNS}
-        return candidate_scenario(self.base, self.space.optimizers, row)
+        bases = self.bases or (self.base,)
+        base = bases[int(self.columns["method"][candidate])] if "method" in self.columns else self.base
+        return candidate_scenario(base, self.space.optimizers, row)
 
     def estimate(self, candidate: int) -> Estimate:
         """``estimate`` of one candidate (equal to the planner's figures, see tests/test_plan_vector.py)."""
@@ -100,6 +104,9 @@ class Plan:
         accum = np.maximum(c["grad_accum"], c["pp_microbatches"])
         data = {
             "candidate": idx,
+            "method": np.array([b.method for b in (self.bases or (self.base,))], dtype=object)[
+                c["method"][idx] if "method" in c else np.zeros(len(idx), dtype=np.int64)
+            ],
             "num_gpus": c["num_gpus"][idx],
             "dp": c["dp"][idx],
             "tp": c["tp"][idx],
@@ -171,6 +178,7 @@ class Plan:
             )
         return {
             "base": self.base.to_dict(),
+            "methods": [b.method for b in (self.bases or (self.base,))],
             "gpu_counts": list(self.gpu_counts),
             "global_batch_tokens": self.global_batch_tokens,
             "headroom": self.headroom,
@@ -227,6 +235,7 @@ def plan(
     space: SearchSpace | None = None,
     headroom: float = DEFAULT_HEADROOM,
     top: int | None = 50,
+    methods: Sequence[str] | None = None,
     **fixed: Any,
 ) -> Plan:
     """Search the layouts and memory knobs of a training job; keep those that fit with ``headroom``.
@@ -234,7 +243,8 @@ def plan(
     ``model``, ``gpu`` and any scenario key in ``fixed`` (``method="qlora"``, ``seq_len=8192``,
     ``precision=...``, ``framework=...``, ``lora={...}``) are the fixed choices; ``gpus`` is one count, a
     list, or a ``(low, high)`` range; ``global_batch_tokens`` keeps the global batch (micro-batch x
-    accumulation x dp) at that many tokens. ``space`` narrows the knobs tried.
+    accumulation x dp) at that many tokens. ``space`` narrows the knobs tried. ``methods`` (e.g.
+    ``("full", "lora", "qlora")``) lets the search change the training method too; by default it is fixed.
     """
     t0 = time.perf_counter()
     if not 0 <= headroom < 1:
@@ -259,8 +269,39 @@ def plan(
     ctx = Context(b)
     limit = ctx.gpu.memory_bytes * (1 - headroom)
     lays = layouts(b, counts, space)
-    # Offload costs step time (PCIe and a CPU optimizer step): it is tried only for the GPU counts where
-    # nothing fits without it.
+    names = tuple(methods) if methods is not None else (b.method,)
+    if not names or any(m not in METHODS for m in names):
+        raise ScenarioError("methods", f"got {list(names)}; allowed values: {', '.join(METHODS)}")
+    bases = tuple(b.replace(method=m) for m in dict.fromkeys(names))
+    parts = []
+    for k, bm in enumerate(bases):
+        cols = _search(bm, lays, space, g_seq, limit)
+        cm = Context(bm)
+        trainable = cm.arch.parameters if cm.full_training else sum(ad.numel for ad in cm.adapters)
+        cols.update(proxy.throughput(bm, cm.arch, cm.gpu, trainable, cols))
+        cols["method"] = np.full(cols["dp"].shape[0], k, dtype=np.int64)
+        parts.append(cols)
+    cols = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
+    cols["gpu_memory_bytes"] = np.int64(ctx.gpu.memory_bytes)
+    cols["fits"] = cols["device_total_bytes"] <= limit
+    return Plan(
+        bases[0],
+        counts,
+        space,
+        headroom,
+        cols,
+        time.perf_counter() - t0,
+        global_batch_tokens,
+        top,
+        bases=bases,
+    )
+
+
+def _search(
+    b: Scenario, lays: list[Layout], space: SearchSpace, g_seq: int | None, limit: float
+) -> dict[str, np.ndarray]:
+    """Every candidate of one base evaluated. Offload costs step time (PCIe traffic and a CPU optimizer
+    step), so it is tried only for the GPU counts where nothing fits without it."""
     staged = "none" in space.offload and len(space.offload) > 1
     first = replace(space, offload=("none",)) if staged else space
     cols = _evaluated(b, candidates(b, lays, first, g_seq), space.optimizers)
@@ -271,8 +312,4 @@ def plan(
             more = replace(space, offload=tuple(o for o in space.offload if o != "none"))
             extra = _evaluated(b, candidates(b, rest, more, g_seq), space.optimizers)
             cols = {k: np.concatenate([cols[k], extra[k]]) for k in cols}
-    trainable = ctx.arch.parameters if ctx.full_training else sum(ad.numel for ad in ctx.adapters)
-    cols.update(proxy.throughput(b, ctx.arch, ctx.gpu, trainable, cols))
-    cols["gpu_memory_bytes"] = np.int64(ctx.gpu.memory_bytes)
-    cols["fits"] = cols["device_total_bytes"] <= limit
-    return Plan(b, counts, space, headroom, cols, time.perf_counter() - t0, global_batch_tokens, top)
+    return cols

@@ -11,6 +11,7 @@ columns (``plan.vector.COLUMNS``) so that a million of them are a few numpy arra
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -77,6 +78,8 @@ class SearchSpace:
             self, "optimizers", _choices("space.optimizers", self.optimizers, list(OPTIMIZERS))
         )
         object.__setattr__(self, "offload", _choices("space.offload", self.offload, OFFLOADS))
+        if isinstance(self.max_tp, bool) or not isinstance(self.max_tp, int) or self.max_tp < 1:
+            raise ScenarioError("space.max_tp", f"must be a positive integer, got {self.max_tp!r}")
 
 
 @dataclass(frozen=True)
@@ -94,23 +97,28 @@ class Layout:
 def gpu_counts(gpus: int | tuple[int, int] | Sequence[int]) -> tuple[int, ...]:
     """GPU counts to plan for: one count, an explicit list, or a ``(low, high)`` range (powers of two
     within it, and both ends)."""
-    if isinstance(gpus, bool):
+    if isinstance(gpus, bool) or not isinstance(gpus, (numbers.Integral, Iterable)) or isinstance(gpus, str):
         raise ScenarioError(
             "gpus", f"must be a positive integer, a list or a (low, high) range, got {gpus!r}"
         )
-    if isinstance(gpus, int):
-        counts: tuple[int, ...] = (gpus,)
+    if isinstance(gpus, numbers.Integral):
+        values: tuple[object, ...] = (gpus,)
     elif isinstance(gpus, tuple) and len(gpus) == 2:
         lo, hi = gpus
-        if not (isinstance(lo, int) and isinstance(hi, int)) or lo < 1 or hi < lo:
+        if not (_is_int(lo) and _is_int(hi)) or lo < 1 or hi < lo:
             raise ScenarioError("gpus", f"a range must be (low, high) with 1 <= low <= high, got {gpus!r}")
-        pows = {1 << k for k in range(hi.bit_length() + 1) if lo <= 1 << k <= hi}
-        counts = tuple(sorted(pows | {lo, hi}))
+        lo, hi = int(lo), int(hi)
+        values = (*{1 << k for k in range(hi.bit_length() + 1) if lo <= 1 << k <= hi}, lo, hi)
     else:
-        counts = tuple(sorted(set(gpus)))
-    if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+        values = tuple(gpus)
+    if not values or any(not _is_int(n) or n < 1 for n in values):
         raise ScenarioError("gpus", f"must be positive integers, got {gpus!r}")
-    return counts
+    return tuple(sorted({int(n) for n in values}))
+
+
+def _is_int(n: object) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(n, numbers.Integral) and not isinstance(n, (bool, np.bool_))
 
 
 def _divisors_in(n: int, values: Iterable[int]) -> list[int]:
