@@ -36,7 +36,6 @@ def clear_caches() -> None:
     """Forget every engine part the vectorised path caches (the model architecture stays parsed)."""
     vector.state_row.cache_clear()
     vector.act_row.cache_clear()
-    vector._state_parts.cache_clear()
     _estimate.cache_clear()
 
 

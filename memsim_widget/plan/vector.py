@@ -93,40 +93,38 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
     return StateRow(stats, outside)
 
 
-#: State-side parts of the moments, per distinct state key (see ``evaluate``).
-S_PARTS = ("fwd", "top", "end", "grads", "grads_but_bottom", "step")
-
-
-@lru_cache(maxsize=65536)
-def _state_parts(
-    base: Scenario, optimizers: tuple[str, ...], key: tuple[int, ...], ws_raw: bytes, num_layers: int
-) -> StateRow:
-    """The state side of each moment for one state key: (tp, ep, dp, cp, zero, optimizer, offload, pp,
-    first, last, gradients carried between micro-batches)."""
-    tp, ep, sdp, scp, z, o, off, pk, fk, lk, carried = key
-    sc = candidate_scenario(base, optimizers, {
-        "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
-        "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
-        "offload": off}, validate=False)  # fmt: skip
-    row = state_row(sc, num_layers // pk, bool(fk), bool(lk))
-    g = dict(zip(STATE_GROUPS, row.stats, strict=True))
-    ws = np.frombuffer(ws_raw, dtype=np.int64)
-    common = g["persistent"] + ws
-    oib = base.optimizer_in_backward
-    gif = g["grads"] if carried else 0
-    head = gif if carried else (g["post_grads"] if lk else 0)
+def _state_side(
+    base: Scenario, optimizers: tuple[str, ...], skey: np.ndarray, num_layers: int, ws: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The state side of each moment per distinct state key (tp, ep, dp, cp, zero, optimizer, offload, pp,
+    first, last, gradients carried between micro-batches), and the bytes held outside the allocator."""
+    k10, inv = _unique_codes([skey[:, j] for j in range(10)], [10, 10, 20, 10, 2, 4, 2, 8, 1, 1])
+    stats = np.zeros((k10.shape[0], len(STATE_GROUPS), NSTAT), dtype=np.int64)
+    outside = np.zeros(k10.shape[0], dtype=np.int64)
+    for k, (tp, ep, sdp, scp, z, o, off, pk, fk, lk) in enumerate(k10.tolist()):
+        sc = candidate_scenario(base, optimizers, {
+            "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
+            "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
+            "offload": off}, validate=False)  # fmt: skip
+        row = state_row(sc, num_layers // pk, bool(fk), bool(lk))
+        stats[k] = row.stats
+        outside[k] = row.outside
+    g = {name: stats[inv, j] for j, name in enumerate(STATE_GROUPS)}
+    carried = (skey[:, 10] == 1)[:, None]
+    last = (skey[:, 9] == 1)[:, None]
+    common = g["persistent"] + ws[None, :]
+    gif = np.where(carried, g["grads"], 0)
+    head = np.where(carried, gif, np.where(last, g["post_grads"], 0))
+    both = g["gathered"] + g["gathered_grads"]
     parts = {
         "fwd": common + gif + g["gathered"],
-        "top": common + head + g["gathered"] + g["gathered_grads"],
-        "end": common + g["gathered"] + g["gathered_grads"] + (g["step_temps_all"] if oib else 0),
+        "top": common + head + both,
+        "end": common + both + (g["step_temps_all"] if base.optimizer_in_backward else 0),
         "grads": g["grads"],
         "grads_but_bottom": g["grads_but_bottom"],
         "step": common + g["grads"] + g["step_temps"],
     }
-    stats = np.zeros((len(S_PARTS), NSTAT), dtype=np.int64)
-    for j, k in enumerate(S_PARTS):
-        stats[j] = parts[k]
-    return StateRow(stats, row.outside)
+    return parts, outside[inv]
 
 
 # ----- activations: one engine call per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------
@@ -431,14 +429,10 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
          first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64)],
         [10, 10, 20, 10, 2, 4, 2, 8, 1, 1, 1],
     )  # fmt: skip
-    s_stats = np.zeros((len(skey), len(S_PARTS), NSTAT), dtype=np.int64)
-    s_out = np.zeros(len(skey), dtype=np.int64)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
-    for k, key in enumerate(skey.tolist()):
-        row = _state_parts(base, tuple(optimizers), tuple(key), ws.tobytes(), arch.num_layers)
-        s_stats[k] = row.stats
-        s_out[k] = row.outside
-    S = {g: s_stats[s_idx, j] for j, g in enumerate(S_PARTS)}
+    S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
+    S = {g: v[s_idx] for g, v in S.items()}
+    s_out = s_out[s_idx]
 
     # ----- the moments (engine/timeline.moments): state part + activation part per moment ----------------
     l0 = S["grads_but_bottom"] + A["l0"]
@@ -464,7 +458,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         (x > 1).astype(np.int64)
         for x in ((c["dp"] * c["cp"])[cand], c["tp"][cand], p, c["cp"][cand], c["ep"][cand])
     )
-    outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
+    outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out
     cap = gpu.memory_bytes - outside
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))
     device = reserved + outside
