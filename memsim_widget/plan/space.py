@@ -190,7 +190,14 @@ def candidates(
     for lay in layout_list:
         shard = lay.dp * lay.cp
         ok = np.ones(grid["zero"].shape[0], dtype=bool)
-        ok &= (grid["zero"] == 0) | (shard > 1)  # ZeRO with one replica is ZeRO-0
+        if shard == 1:  # ZeRO with one replica is ZeRO-0, except as the carrier of an offload (ZeRO-Offload
+            # on one GPU): the lowest stage in the space for the optimizer, ZeRO-3 for optimizer+params
+            z_opt = min((z for z in space.zero if z >= 1), default=-1)
+            ok &= (
+                (grid["zero"] == 0)
+                | ((grid["offload"] == 1) & (grid["zero"] == z_opt))
+                | (grid["offload"] == 2)
+            )
         ok &= (grid["sp"] == 0) | (lay.tp > 1)
         ok &= (grid["offload"] == 0) | (grid["zero"] >= 1)
         ok &= (grid["offload"] != 2) | (grid["zero"] == 3)
