@@ -1,4 +1,4 @@
-"""The ``memsim`` command line: estimate a scenario, list presets and GPUs.
+"""The ``memsim`` command line: estimate a scenario, plan layouts, recommend fixes, list presets and GPUs.
 
 Bad input exits with status 2 and one line naming the field; never a traceback.
 """
@@ -54,8 +54,11 @@ def _read_scenario(path: str | None) -> dict[str, Any]:
     return {} if path is None else read_json_object(path, "scenario")
 
 
-def _apply_overrides(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    for flag, (key, _) in OVERRIDES.items():
+def _apply_overrides(
+    data: dict[str, Any], args: argparse.Namespace, flags: dict[str, tuple[str, type]] = OVERRIDES
+) -> dict[str, Any]:
+    """``data`` with the scenario keys of the given flags set (dotted keys make nested objects)."""
+    for flag, (key, _) in flags.items():
         value = getattr(args, flag, None)
         if value is None:
             continue
@@ -178,6 +181,246 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----- memsim plan / memsim recommend --------------------------------------------------------------------
+#: ``memsim plan`` flags that narrow the search space: flag -> (SearchSpace field, item type).
+SPACE_FLAGS: dict[str, tuple[str, type]] = {
+    "tp": ("tp", int),
+    "pp": ("pp", int),
+    "cp": ("cp", int),
+    "ep": ("ep", int),
+    "zero": ("zero", int),
+    "sequence_parallel": ("sequence_parallel", bool),
+    "micro_batch": ("micro_batch", int),
+    "checkpointing": ("checkpointing", str),
+    "loss": ("loss", str),
+    "optimizer": ("optimizers", str),
+    "offload": ("offload", str),
+}
+#: ``memsim plan`` flags that fix a scenario key of the job (the rest of the scenario comes from the file).
+PLAN_FIXED: dict[str, tuple[str, type]] = {
+    "model": ("model", str),
+    "gpu": ("gpu", str),
+    "method": ("method", str),
+    "precision": ("precision", str),
+    "seq_len": ("seq_len", int),
+    "framework": ("framework", str),
+    "attention": ("attention", str),
+    "lora_rank": ("lora.rank", int),
+}
+_BOOLS = {
+    "true": True,
+    "on": True,
+    "yes": True,
+    "1": True,
+    "false": False,
+    "off": False,
+    "no": False,
+    "0": False,
+}
+
+
+def parse_gpus(text: str) -> int | tuple[int, int] | list[int]:
+    """``--gpus``: ``N``, a range ``LOW-HIGH`` (powers of two within it and both ends) or a list ``A,B,C``."""
+    t = text.strip()
+    try:
+        if "-" in t:
+            lo, hi = t.split("-")
+            return (int(lo), int(hi))
+        if "," in t:
+            return [int(x) for x in t.split(",")]
+        return int(t)
+    except ValueError:
+        raise ScenarioError(
+            "gpus", f"expected N, LOW-HIGH or a comma list like 8,16,32, got {text!r}"
+        ) from None
+
+
+def _list(text: str, field: str, typ: type) -> tuple[Any, ...]:
+    """A comma list of one SearchSpace field (``space.<field>`` names it in errors)."""
+    items = [x.strip() for x in text.split(",")]
+    try:
+        if typ is bool:
+            return tuple(_BOOLS[x.lower()] for x in items)
+        return tuple(typ(x) for x in items)
+    except (KeyError, ValueError):
+        kind = "true/false" if typ is bool else typ.__name__
+        raise ScenarioError(
+            f"space.{field}", f"expected a comma list of {kind} values, got {text!r}"
+        ) from None
+
+
+def _plan_space(args: argparse.Namespace, base: dict[str, Any]) -> Any:
+    """The SearchSpace of ``memsim plan``: defaults narrowed by the flags (and the file's optimizer)."""
+    from memsim_widget.plan import SearchSpace
+
+    keys: dict[str, Any] = {}
+    for flag, (name, typ) in SPACE_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            keys[name] = _list(value, name, typ)
+    if "optimizers" not in keys and isinstance(base.get("optimizer"), str):
+        keys["optimizers"] = (base["optimizer"],)  # a file that names its optimizer fixes it
+    if args.max_tp is not None:
+        keys["max_tp"] = args.max_tp
+    return SearchSpace(**keys)
+
+
+def _plan_table(p: Any, top: int) -> str:
+    """The best candidates of a plan, one line each, then the summary line."""
+    frame = p.frame.head(top)
+    several = len(getattr(p, "bases", ())) > 1  # the search tried several methods: show which
+    head = (
+        f"{'#':>3} {'method ' if several else ''}{'gpus':>5} {'dp':>4} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'zero':>4} {'sp':>3} "
+        f"{'b':>3} {'accum':>5} {'ckpt':<9} {'loss':<8} {'optimizer':<16} {'offload':<9} "
+        f"{'GiB/GPU':>8} {'tok/s/GPU':>10}  peak"
+    )
+    lines = [head]
+    for rank, r in enumerate(frame.itertuples(index=False), start=1):
+        accum = max(r.grad_accum_steps, r.pp_microbatches)
+        lines.append(
+            f"{rank:>3} {f'{r.method:<6} ' if several else ''}{r.num_gpus:>5} {r.dp:>4} {r.tp:>3} {r.pp:>3} {r.cp:>3} {r.ep:>3} {r.zero:>4} "
+            f"{'on' if r.sequence_parallel else '-':>3} {r.micro_batch_size:>3} {accum:>5} "
+            f"{r.activation_checkpointing:<9} {r.loss:<8} {r.optimizer:<16} {r.offload:<9} "
+            f"{r.device_total_gib:>8.2f} {r.tokens_per_gpu_s:>10,.0f}  {r.peak_phase}"
+        )
+    lines.append("")
+    lines.append(p.summary())
+    return "\n".join(lines)
+
+
+def _no_fit_hint(p: Any, args: argparse.Namespace) -> str:
+    """What to run when nothing fits: the closest candidate, and ``memsim recommend`` on the job."""
+    import numpy as np
+
+    c = p.columns
+    lines = []
+    if p.evaluated:
+        i = int(np.argmin(c["device_total_bytes"]))
+        usable = int(c["gpu_memory_bytes"]) * (1 - p.headroom)
+        n = int(c["num_gpus"][i])
+        offload = f" offload={p.scenario(i).parallel.offload}" if int(c["offload"][i]) else ""
+        method = f"{p.scenario(i).method}, " if len(getattr(p, "bases", ())) > 1 else ""
+        lines.append(
+            f"closest: {method}{n} GPU{'s' if n > 1 else ''} as dp={int(c['dp'][i])} tp={int(c['tp'][i])} "
+            f"pp={int(c['pp'][i])} cp={int(c['cp'][i])} zero={int(c['zero'][i])}{offload}: "
+            f"{_gib(int(c['device_total_bytes'][i]))} GiB per GPU of {_gib(usable)} GiB usable"
+        )
+    cmd = ["memsim", "recommend"]
+    if args.scenario or args.base:
+        cmd.append(args.scenario or args.base)
+    for flag in PLAN_FIXED:  # the same flags as memsim estimate/recommend
+        value = getattr(args, flag, None)
+        if value is not None:
+            cmd += ["--" + flag.replace("_", "-"), str(value)]
+    cmd += ["--dp", str(max(p.gpu_counts))]
+    lines.append(
+        f"hint: nothing fits with {p.headroom:.0%} headroom; to see the smallest changes that would "
+        f"(and the fewest GPUs), run: {' '.join(cmd)}"
+    )
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Search layouts and memory knobs, print the candidates that fit, best first."""
+    from memsim_widget.plan import plan
+
+    if args.scenario and args.base:
+        raise ScenarioError("--base", "give the fixed choices once: a SCENARIO.json or --base FILE")
+    if args.top < 1:
+        raise ScenarioError("top", f"must be a positive integer, got {args.top}")
+    methods = None
+    if args.method is not None and "," in args.method:  # a list: the search tries each method
+        methods = [m.strip() for m in args.method.split(",")]
+        args.method = methods[0]
+    base = _read_scenario(args.scenario or args.base)
+    data = _apply_overrides(json.loads(json.dumps(base)), args, PLAN_FIXED)
+    space = _plan_space(args, base)
+    p = plan(
+        base=data,
+        gpus=parse_gpus(args.gpus),
+        global_batch_tokens=args.global_batch_tokens,
+        space=space,
+        headroom=args.headroom,
+        top=args.top,
+        methods=methods,
+    )
+    if args.json:
+        print(json.dumps(p.to_dict(args.top), indent=2))
+    else:
+        print(_plan_table(p, args.top) if p.fitting else p.summary())
+    if not p.fitting:
+        print(_no_fit_hint(p, args), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _recommend_text(rec: Any) -> str:
+    """A readable recommendation: verdict, the changes that fit, how far the scenario goes."""
+    est = rec.estimate
+    usable = est.gpu.memory_bytes * (1 - rec.headroom)
+    sc = rec.scenario
+    model = sc.model if isinstance(sc.model, str) else "custom model"
+    lines = [
+        f"scenario  {model}, {sc.method}, {sc.precision}, micro-batch {sc.micro_batch_size} x "
+        f"{sc.seq_len} tokens, on {est.gpu.name} x {sc.parallel.world_size}",
+        f"memory    {_gib(est.device_total_bytes)} GiB per GPU (nvidia-smi) at {est.peak_phase}; "
+        f"{_gib(usable)} GiB usable with {rec.headroom:.0%} headroom",
+        f"verdict   {est.verdict(rec.headroom)}",
+        "",
+    ]
+
+    def change_lines(changes: list[Any]) -> None:
+        for n, c in enumerate(changes, start=1):
+            tag = "  [changes the job]" if any(o.changes_the_job for o in c.options) else ""
+            lines.append(
+                f"{n:>3}. {c.label}{tag}\n"
+                f"     saves {_gib(c.saved_bytes)} GiB -> {_gib(c.after.device_total_bytes)} GiB per GPU "
+                f"({c.after.verdict(rec.headroom)}), modelled step time x{c.slowdown:.2f}\n"
+                f"     cost: {c.cost}"
+            )
+
+    if not rec.fits:
+        if rec.changes:
+            lines.append(
+                "changes that fit (fewest levers first, least slowdown first; changes of the job last):"
+            )
+            change_lines(rec.changes)
+        else:
+            lines.append("no combination of up to three levers fits; more GPUs (below) or a larger card")
+    elif rec.singles:
+        lines.append("it fits; what each lever would save:")
+        change_lines(rec.singles)
+    lines.append("")
+    mb = rec.max_micro_batch
+    lines.append(f"max micro-batch   {mb if mb is not None else 'none fits'}")
+    if rec.with_first_fix is not None:
+        wf = rec.with_first_fix
+        lines.append(
+            f"  with change 1    {wf['max_micro_batch'] if wf['max_micro_batch'] is not None else 'none fits'}"
+        )
+    if rec.max_seq_len is not None or not rec.fits:
+        lines.append(f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'}")
+    mg = rec.min_gpus
+    if mg is None:
+        lines.append("min GPUs          none (data parallelism alone does not make it fit)")
+    else:
+        lines.append(
+            f"min GPUs          {mg['num_gpus']} (dp={mg['dp']}, ZeRO-{mg['zero']}, rest of the layout kept): "
+            f"{_gib(mg['device_total_bytes'])} GiB per GPU"
+        )
+    return "\n".join(lines)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """The smallest changes that make a scenario fit, and how far it can be pushed."""
+    from memsim_widget.plan import recommend
+    from memsim_widget.scenario import Scenario
+
+    sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
+    rec = recommend(sc, headroom=args.headroom)
+    print(json.dumps(rec.to_dict(), indent=2) if args.json else _recommend_text(rec))
+    return 0
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 
@@ -236,6 +479,56 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (key, typ) in OVERRIDES.items():
         tr.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
     tr.set_defaults(func=cmd_trace)
+    pl = sub.add_parser(
+        "plan",
+        help="search parallel layouts and memory knobs for a model on a GPU type; rank what fits",
+        description="Search layouts (dp/tp/pp/cp/ep) and memory knobs (ZeRO, sequence parallel, micro-batch, "
+        "checkpointing, loss, optimizer, offload) for the GPU counts given; keep the candidates that fit "
+        "with the headroom and rank them by a modelled tokens/s per GPU (a ranking aid, not a speed "
+        "prediction). The scenario file gives the fixed choices (method, precision, framework, lora, ...); "
+        "the searched knobs are taken from the space, narrowed by the flags below (a file that names its "
+        "optimizer fixes it). Nothing fitting is an answer: exit status 0 and a hint to run recommend.",
+    )
+    pl.add_argument("scenario", nargs="?", help="scenario JSON with the fixed choices, or '-' to read stdin")
+    pl.add_argument("--base", metavar="FILE", help="the same as the SCENARIO argument")
+    pl.add_argument(
+        "--gpus", default="1", help="GPU counts: N, a range LOW-HIGH (powers of two and both ends), or A,B,C"
+    )
+    for flag, (key, typ) in PLAN_FIXED.items():
+        text = f"fix {key}" + (
+            " (a comma list, e.g. full,lora,qlora, searches them)" if flag == "method" else ""
+        )
+        pl.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=text)
+    pl.add_argument(
+        "--global-batch-tokens",
+        type=int,
+        help="keep dp x micro-batch x accumulation x seq_len at this many tokens (default: one micro-batch "
+        "per replica, pp of them with pipelining)",
+    )
+    for flag, (name, typ) in SPACE_FLAGS.items():
+        kind = "true/false" if typ is bool else ("names" if typ is str else "integers")
+        pl.add_argument(
+            "--" + flag.replace("_", "-"), dest=flag, metavar="A,B", help=f"try only these {kind} ({name})"
+        )
+    pl.add_argument("--max-tp", type=int, help="largest tensor-parallel group (default 8, one node)")
+    pl.add_argument(
+        "--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)"
+    )
+    pl.add_argument("--top", type=int, default=20, help="candidates shown (default 20)")
+    pl.add_argument("--json", action="store_true", help="print one JSON object with the top candidates")
+    pl.set_defaults(func=cmd_plan)
+    rc = sub.add_parser(
+        "recommend",
+        help="the smallest changes that make a scenario fit; max micro-batch, sequence, min GPUs",
+    )
+    rc.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
+    rc.add_argument("--json", action="store_true", help="print one JSON object")
+    rc.add_argument(
+        "--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)"
+    )
+    for flag, (key, typ) in OVERRIDES.items():
+        rc.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
+    rc.set_defaults(func=cmd_recommend)
     for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--json", action="store_true")
