@@ -1,6 +1,8 @@
 // MemSim front end: plain ES module for anywidget. Python owns every derived value; this file draws the
 // controls from `options`, writes `scenario_data` / `headroom` back, and shows `result`, `error` and `charts`.
 // "Verify with trace" sends {type: "verify"} / {type: "cancel"} messages and shows `trace` and `trace_view`.
+// "Make it fit" writes `fit_open`, shows `fit` and `layouts`, and sends {type: "fit_apply"}, {type: "layouts"} and
+// {type: "layout_apply"} messages; Python applies them like an edit.
 // Logic lives in small exported functions so `node --test tests/js/` can check it without a browser.
 
 /** Every control: scenario key (dotted for nested keys), label, kind, fieldset. */
@@ -525,6 +527,227 @@ export function renderTrace(doc, panel, trace = {}, view = {}) {
   );
 }
 
+/** GiB with two decimals (`12.34 GiB`): how "Make it fit" states the memory a change saves. */
+export function fmtGiB(gib) {
+  return `${Number(gib ?? 0).toFixed(2)} GiB`;
+}
+
+/** Keys of a candidate layout row and where the scenario keeps them (to mark the layout in use). */
+const LAYOUT_KEYS = [
+  ["dp", "parallel.dp"], ["tp", "parallel.tp"], ["pp", "parallel.pp"], ["cp", "parallel.cp"], ["ep", "parallel.ep"],
+  ["zero", "parallel.zero"], ["sequence_parallel", "parallel.sequence_parallel"], ["offload", "parallel.offload"],
+  ["micro_batch_size", "micro_batch_size"], ["grad_accum_steps", "grad_accum_steps"],
+  ["activation_checkpointing", "activation_checkpointing"], ["loss", "loss"], ["optimizer", "optimizer"],
+];
+
+/** True when the scenario already uses a candidate layout row (every searched key equal). */
+export function isCurrentLayout(row, scenario) {
+  return LAYOUT_KEYS.every(([k, path]) => getPath(scenario ?? {}, path) === row[k]);
+}
+
+/** The "Make it fit" panel: a toggle, the recommendations (or headroom facts) and the "Layouts" search. */
+export function createFitPanel(doc) {
+  const toggle = h(doc, "button", {
+    type: "button", class: "memsim-fit-toggle memsim-ctl-fit", "aria-expanded": "false", text: "Make it fit",
+    title: "What to change so that this scenario fits the GPU, or how far it can be pushed when it does",
+  });
+  const status = h(doc, "span", { class: "memsim-fit-status", role: "status" });
+  const error = h(doc, "div", { class: "memsim-fit-error", role: "alert", hidden: "" });
+  const stale = h(doc, "div", { class: "memsim-fit-stale-label", hidden: "" });
+  const headline = h(doc, "div", { class: "memsim-fit-headline" });
+  const list = h(doc, "div", { class: "memsim-fit-list" });
+  const facts = h(doc, "ul", { class: "memsim-fit-facts" });
+  const levers = h(doc, "div", { class: "memsim-fit-levers" });
+  const result = h(doc, "div", { class: "memsim-fit-result" }, [stale, headline, list, facts, levers]);
+
+  const run = h(doc, "button", {
+    type: "button", class: "memsim-layouts-run", text: "Search layouts",
+    title: "Try every dp/tp/pp/cp layout and memory knob on this GPU type and rank what fits (throughput proxy)",
+  });
+  const gpus = h(doc, "input", { type: "number", class: "memsim-layouts-gpus", min: "1", step: "1",
+    "aria-label": "GPUs to search" });
+  const layoutStatus = h(doc, "span", { class: "memsim-layouts-status", role: "status" });
+  const layoutError = h(doc, "div", { class: "memsim-layouts-error", role: "alert", hidden: "" });
+  const layoutStale = h(doc, "div", { class: "memsim-layouts-stale-label", hidden: "" });
+  const summary = h(doc, "div", { class: "memsim-layouts-summary" });
+  const table = h(doc, "div", { class: "memsim-layouts-table-holder" });
+  const chart = h(doc, "div", { class: "memsim-chart memsim-chart-candidates" });
+  const layoutResult = h(doc, "div", { class: "memsim-layouts-result", hidden: "" }, [layoutStale, summary, table, chart]);
+  const layouts = h(doc, "div", { class: "memsim-layouts" }, [
+    h(doc, "div", { class: "memsim-layouts-bar" }, [
+      h(doc, "b", { text: "Layouts" }), run, h(doc, "span", { text: "on" }), gpus, h(doc, "span", { text: "GPUs" }),
+      layoutStatus,
+    ]),
+    layoutError, layoutResult,
+  ]);
+  const body = h(doc, "div", { class: "memsim-fit-body", hidden: "" }, [error, result, layouts]);
+  const root = h(doc, "section", { class: "memsim-fit" }, [
+    h(doc, "div", { class: "memsim-fit-bar" }, [toggle, status]), body,
+  ]);
+  return {
+    root, toggle, status, body, error, result, stale, headline, list, facts, levers,
+    layouts: { root: layouts, run, gpus, status: layoutStatus, error: layoutError, result: layoutResult,
+      stale: layoutStale, summary, table, charts: { candidates: chart } },
+  };
+}
+
+function applyButton(doc, attrs, enabled, text = "Apply") {
+  const b = h(doc, "button", { type: "button", ...attrs, text });
+  b.disabled = !enabled;
+  return b;
+}
+
+function changesTable(doc, items, kind, enabled) {
+  const cols = ["change", "saves", "then", "fits", "cost", ""];
+  const thead = h(doc, "thead", {}, [h(doc, "tr", {}, cols.map((t) => h(doc, "th", { text: t })))]);
+  const body = h(doc, "tbody");
+  for (const c of items) {
+    const label = h(doc, "td", { class: "memsim-col-change", text: c.label });
+    if (c.changes_the_job) label.append(" ", h(doc, "span", { class: "memsim-fit-tag", text: "changes the job" }));
+    body.append(h(doc, "tr", { class: `memsim-fit-row memsim-fit-${c.fits ? "yes" : "no"}` }, [
+      label,
+      h(doc, "td", { class: "memsim-col-size memsim-col-saved", text: fmtGiB(c.saved_gib) }),
+      h(doc, "td", { class: "memsim-col-size", text: c.after, title: c.verdict }),
+      h(doc, "td", { class: "memsim-col-fits", text: c.fits ? "yes" : "no" }),
+      h(doc, "td", { class: "memsim-col-cost", text: c.cost }),
+      h(doc, "td", {}, [applyButton(doc, { class: "memsim-fit-apply", "data-apply": kind, "data-index": String(c.index),
+        title: `Set the scenario to: ${c.label}` }, enabled)]),
+    ]));
+  }
+  return h(doc, "table", { class: `memsim-table memsim-fit-table memsim-fit-table-${kind}` }, [thead, body]);
+}
+
+function fact(doc, text, kind, enabled) {
+  const li = h(doc, "li", { class: `memsim-fit-fact memsim-fit-fact-${kind || "note"}` }, [text]);
+  if (kind) li.append(" ", applyButton(doc, { class: "memsim-fit-apply", "data-apply": kind, "data-index": "0" }, enabled));
+  return li;
+}
+
+/** Draw the "Make it fit" panel from `fit_open` and the `fit` trait (state, error, stale, view). */
+export function renderFit(doc, panel, open, fit = {}) {
+  panel.toggle.setAttribute("aria-expanded", String(Boolean(open)));
+  panel.root.classList.toggle("memsim-fit-open", Boolean(open));
+  panel.body.hidden = !open;
+  const state = fit.state ?? "idle";
+  const v = fit.view;
+  panel.status.textContent = !open ? "" : state === "running" ? "finding what fits…"
+    : state === "done" && typeof fit.ms === "number" ? `computed in ${fit.ms.toFixed(0)} ms` : "";
+  panel.error.hidden = !fit.error;
+  panel.error.textContent = fit.error ? `Make it fit: ${fit.error}` : "";
+  panel.result.hidden = !v;
+  panel.result.classList.toggle("memsim-fit-stale", Boolean(v && fit.stale));
+  panel.stale.hidden = !(v && (fit.stale || fit.rejected));
+  panel.stale.textContent = fit.stale ? "For the previous scenario: updating…"
+    : fit.rejected ? "For the last valid scenario (the input shown is rejected)." : "";
+  if (!v) {
+    for (const el of [panel.headline, panel.list, panel.facts, panel.levers]) el.replaceChildren();
+    return;
+  }
+  const enabled = state === "done" && !fit.stale;
+  const need = `${fmtBytes(v.device_total_bytes)} per GPU, ${fmtBytes(v.usable_bytes)} usable on ${v.gpu} ` +
+    `(${Math.round((v.headroom ?? 0) * 100)}% headroom)`;
+  const facts = [];
+  const mg = v.min_gpus;
+  if (v.fits) {
+    panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: "fits" }),
+      `: ${need}, ${fmtBytes(v.spare_bytes)} to spare. How far it goes:`);
+    panel.list.replaceChildren();
+    if (v.max_micro_batch !== null && v.max_micro_batch !== undefined) {
+      facts.push(fact(doc, `largest micro-batch that fits: ${v.max_micro_batch} (now ${v.micro_batch_size})`,
+        "max_micro_batch", enabled && v.max_micro_batch !== v.micro_batch_size));
+    }
+    if (v.max_seq_len !== null && v.max_seq_len !== undefined) {
+      facts.push(fact(doc, `longest sequence that fits: ${v.max_seq_len} (now ${v.seq_len})`, "max_seq_len",
+        enabled && v.max_seq_len !== v.seq_len));
+    }
+  } else {
+    const changes = v.changes ?? [];
+    panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: v.verdict }), `: ${need}. ` +
+      (changes.length ? "Smallest changes that fit:" : "No combination of up to three changes fits."));
+    panel.list.replaceChildren(...(changes.length ? [changesTable(doc, changes, "change", enabled)] : []));
+    const first = v.with_first_fix;
+    if (first && first.max_micro_batch) {
+      facts.push(fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false));
+    }
+  }
+  if (mg) {
+    facts.push(fact(doc, `fewest GPUs that fit, layout kept: ${mg.num_gpus} (dp=${mg.dp}, ZeRO-${mg.zero}; ` +
+      `${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus", enabled && mg.num_gpus !== v.num_gpus));
+  } else {
+    facts.push(fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096)", "", false));
+  }
+  panel.facts.replaceChildren(...facts);
+  const levers = v.levers ?? [];
+  const leverTable = levers.length ? changesTable(doc, levers, "lever", enabled) : h(doc, "span", { text: "none applies" });
+  if (v.fits) {
+    panel.levers.replaceChildren(h(doc, "div", { class: "memsim-fit-subhead", text: "What each single change would save:" }),
+      leverTable);
+  } else {
+    panel.levers.replaceChildren(h(doc, "details", { class: "memsim-fit-levers-all" }, [
+      h(doc, "summary", { text: `each single change alone (${levers.length})` }), leverTable,
+    ]));
+  }
+}
+
+/** Draw the "Layouts" part from the `layouts` trait; `scenario` marks the layout already in use. */
+export function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
+  const state = layouts.state ?? "idle";
+  const running = state === "running";
+  panel.run.disabled = running;
+  panel.run.textContent = running ? "Searching…" : "Search layouts";
+  panel.gpus.placeholder = String(scenario.num_gpus ?? 1);
+  panel.status.textContent = running ? "searching layouts…" : "";
+  panel.error.hidden = !layouts.error;
+  panel.error.textContent = layouts.error ? `Layouts: ${layouts.error}` : "";
+  const v = layouts.view;
+  panel.result.hidden = !v;
+  if (!v) {
+    panel.summary.replaceChildren();
+    panel.table.replaceChildren();
+    return;
+  }
+  const stale = Boolean(layouts.stale);
+  panel.result.classList.toggle("memsim-layouts-stale", stale);
+  panel.stale.hidden = !stale;
+  const keys = layouts.stale_keys ?? [];
+  panel.stale.textContent = stale
+    ? `Searched for another scenario${keys.length ? ` (${keys.join(", ")} changed since)` : ""}. Search again.` : "";
+  const counts = (v.gpu_counts ?? []).join(", ");
+  panel.summary.textContent = `${Number(v.evaluated ?? 0).toLocaleString("en-US")} candidates for ${v.model} on ` +
+    `${counts} × ${v.gpu}: ${Number(v.fitting ?? 0).toLocaleString("en-US")} fit` +
+    (typeof layouts.ms === "number" ? ` (searched in ${layouts.ms.toFixed(0)} ms)` : "") +
+    (v.fitting ? ". Best by modelled tokens/s per GPU:" : ". Nothing fits: try more GPUs, or a change above.");
+  const rows = v.top ?? [];
+  if (!rows.length) {
+    panel.table.replaceChildren();
+    return;
+  }
+  const cols = ["#", "layout", "ZeRO", "micro-batch", "checkpointing", "loss", "optimizer", "offload", "memory",
+    "tokens/s/GPU", ""];
+  const thead = h(doc, "thead", {}, [h(doc, "tr", {}, cols.map((t) => h(doc, "th", { text: t })))]);
+  const body = h(doc, "tbody");
+  const ok = state !== "running" && !stale;
+  for (const r of rows) {
+    const current = isCurrentLayout(r, scenario);
+    body.append(h(doc, "tr", { class: `memsim-layout-row${current ? " memsim-layout-current" : ""}` }, [
+      h(doc, "td", { text: String(r.rank) }),
+      h(doc, "td", { class: "memsim-col-layout", text: r.layout + (r.sequence_parallel ? " +sp" : "") }),
+      h(doc, "td", { text: String(r.zero) }),
+      h(doc, "td", { text: `${r.micro_batch_size} × ${r.grad_accum_steps}` }),
+      h(doc, "td", { text: r.activation_checkpointing }),
+      h(doc, "td", { text: r.loss }),
+      h(doc, "td", { text: r.optimizer }),
+      h(doc, "td", { text: r.offload }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(r.device_total_bytes) }),
+      h(doc, "td", { class: "memsim-col-size", text: Number(r.tokens_per_gpu_s).toLocaleString("en-US", { maximumFractionDigits: 0 }) }),
+      h(doc, "td", {}, [applyButton(doc, { class: "memsim-layout-apply", "data-candidate": String(r.candidate),
+        title: current ? "the scenario uses this layout" : "Set the scenario to this layout" }, ok && !current,
+      current ? "current" : "Apply")]),
+    ]));
+  }
+  panel.table.replaceChildren(h(doc, "table", { class: "memsim-table memsim-layouts-table" }, [thead, body]));
+}
+
 /** Draws named Vega-Lite specs into elements, one per frame, skipping unchanged ones. Returns `draw()`,
  * with `draw.views` (name -> vega view), `draw.forget()` (redraw all next time) and `draw.dispose()`. */
 function chartDrawer(doc, els, getSpecs, getBundle) {
@@ -679,6 +902,7 @@ export function render({ model, el }) {
     return h(doc, "div", { class: "memsim-chart-block" }, [chartEls[name], h(doc, "div", { class: "memsim-tools" }, [png, svg])]);
   });
   const trace = createTracePanel(doc);
+  const fit = createFitPanel(doc);
   const tableHolder = h(doc, "div", { class: "memsim-table-holder" });
   const csvLink = h(doc, "a", { class: "memsim-csv", download: "memsim-breakdown.csv", text: "download CSV" });
   const jsonArea = h(doc, "textarea", { class: "memsim-json", rows: "14", spellcheck: "false" });
@@ -687,6 +911,7 @@ export function render({ model, el }) {
   const output = h(doc, "div", { class: "memsim-output" }, [
     errorEl,
     verdictEl,
+    fit.root,
     ...chartBlocks,
     trace.root,
     h(doc, "details", { class: "memsim-details-table" }, [h(doc, "summary", { text: "breakdown table" }), csvLink, tableHolder]),
@@ -751,9 +976,40 @@ export function render({ model, el }) {
   const bundle = () => model.get("_vega_js") ?? "";
   const drawCharts = chartDrawer(doc, chartEls, () => readTrait(model, "charts"), bundle);
   const drawTraceCharts = chartDrawer(doc, trace.charts, () => readTrait(model, "trace_view")?.charts, bundle);
+  const drawLayoutCharts = chartDrawer(doc, fit.layouts.charts, () => {
+    const chart = readTrait(model, "layouts")?.view?.chart;
+    return chart ? { candidates: chart } : {};
+  }, bundle);
   disposers.push(() => {
     drawCharts.dispose();
     drawTraceCharts.dispose();
+    drawLayoutCharts.dispose();
+  });
+  const showFit = () => renderFit(doc, fit, model.get("fit_open"), readTrait(model, "fit") ?? {});
+  const showLayouts = () => renderLayouts(doc, fit.layouts, readTrait(model, "layouts") ?? {},
+    model.get("scenario_data") ?? {});
+  listen(fit.toggle, "click", () => {
+    model.set("fit_open", !model.get("fit_open"));
+    model.save_changes();
+  });
+  // One listener for every "Apply" button (they are redrawn with each result): Python applies the entry of
+  // the result it showed (`id`), through the same path as an edit.
+  listen(fit.root, "click", (event) => {
+    const button = event.target?.closest?.("button[data-apply], button[data-candidate]");
+    if (!button || button.disabled) return;
+    if (button.hasAttribute("data-apply")) {
+      model.send({ type: "fit_apply", kind: button.getAttribute("data-apply"),
+        index: Number(button.getAttribute("data-index")), id: readTrait(model, "fit")?.id });
+    } else {
+      model.send({ type: "layout_apply", candidate: Number(button.getAttribute("data-candidate")),
+        id: readTrait(model, "layouts")?.id });
+    }
+    button.disabled = true;
+    button.textContent = "Applying…";
+  });
+  listen(fit.layouts.run, "click", () => {
+    const n = Number.parseInt(fit.layouts.gpus.value, 10);
+    model.send({ type: "layouts", gpus: Number.isFinite(n) && n > 0 ? n : null });
   });
   const showTrace = () => renderTrace(doc, trace, model.get("trace") ?? {}, readTrait(model, "trace_view") ?? {});
   listen(trace.button, "click", () => {
@@ -788,7 +1044,16 @@ export function render({ model, el }) {
     model.save_changes();
   });
 
-  onModel("scenario_data", syncAll);
+  onModel("scenario_data", () => {
+    syncAll();
+    showLayouts();
+  });
+  onModel("fit_open", showFit);
+  onModel("fit", showFit);
+  onModel("layouts", () => {
+    showLayouts();
+    drawLayoutCharts();
+  });
   onModel("headroom", syncAll);
   onModel("error", showError);
   onModel("error_field", syncAll);
@@ -802,8 +1067,10 @@ export function render({ model, el }) {
   onModel("_vega_js", () => {
     drawCharts.forget();
     drawTraceCharts.forget();
+    drawLayoutCharts.forget();
     drawCharts();
     drawTraceCharts();
+    drawLayoutCharts();
   });
   onModel("options", () => {
     const next = readTrait(model, "options") ?? {};
@@ -825,8 +1092,11 @@ export function render({ model, el }) {
   showError();
   showResult();
   showTrace();
+  showFit();
+  showLayouts();
   drawCharts();
   drawTraceCharts();
+  drawLayoutCharts();
 
   return () => {
     for (const dispose of disposers.splice(0)) dispose();

@@ -10,6 +10,13 @@ of truth: the front end only writes ``scenario_data`` (and ``headroom``); every 
 current scenario in a background thread (``memsim_widget.trace``: two training steps on fake tensors), publishes
 its progress in the ``trace`` trait, then shows traced against simulated bytes and the timeline (``trace_view``).
 A later scenario change marks that result stale; it never runs on an ordinary update.
+
+"Make it fit" (``fit_open``, ``fit``; ``MemSim.recommend`` / ``apply_recommendation``) shows the planner's
+smallest fixing changes (``memsim_widget.plan.recommend``) or, when the scenario fits, how far it can be pushed.
+They are computed in a background thread only while the panel is open (on every change then, cached per
+scenario), so the ordinary update stays fast. Its "Layouts" part (``layouts``; ``MemSim.plan_layouts`` /
+``apply_layout``) runs ``memsim_widget.plan.plan`` on request. Applying either replaces the scenario through
+``_submit``, the path of every edit, so controls, verdict and charts follow.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import json
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,10 @@ from memsim_widget.engine.items import CATEGORIES, fmt_bytes
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import COUNTERS, DEFAULT_HEADROOM, Estimate
 from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.plan import Change, Plan, Recommendation
+from memsim_widget.plan import plan as plan_search
+from memsim_widget.plan import recommend as plan_recommend
+from memsim_widget.plan.chart import candidates_spec
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.scenario import (
     ADAPTER_DTYPES,
@@ -72,6 +84,20 @@ TRACE_EXTRA = "pip install 'memsim-widget[trace]'"
 TRACE_POLL_S = 0.25
 #: Training steps a trace runs (the peak is step 2's, the steady state).
 TRACE_STEPS = 2
+#: Recommendations kept per widget (scenario and headroom -> ``Recommendation``), so moving a control back
+#: and forth with the panel open does not compute them again.
+FIT_CACHE = 16
+#: Candidate layouts listed with an "Apply" button, and points the candidates chart draws at most.
+LAYOUT_ROWS = 5
+LAYOUT_POINTS = 600
+#: Scenario keys the layout search chooses itself: changing them does not make a search result stale.
+LAYOUT_SEARCHED = frozenset(
+    {"micro_batch_size", "grad_accum_steps", "activation_checkpointing", "loss", "optimizer", "optimizer_impl",
+     "num_gpus", "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.zero",
+     "parallel.sequence_parallel", "parallel.pp_microbatches", "parallel.offload"}
+)  # fmt: skip
+#: What "Apply" can apply from a recommendation (``MemSim.apply_recommendation``'s ``kind``).
+FIT_KINDS = ("change", "lever", "max_micro_batch", "max_seq_len", "min_gpus")
 
 
 def _asset(name: str) -> Path:
@@ -418,6 +444,11 @@ def _defaults() -> dict[str, Any]:
     return merge(_default_dict(), {})
 
 
+def _error_text(exc: BaseException | None) -> str:
+    """An exception as the panels show it: a ScenarioError's own text, else its type and message."""
+    return str(exc) if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
+
+
 def _json_text(value: Any, widget: Any) -> str:
     """Send a large derived trait as JSON text: ipywidgets then skips walking it for binary buffers (~4 ms)."""
     return json.dumps(value, separators=(",", ":"))
@@ -612,6 +643,138 @@ class _TraceJob:
         return not self.done.is_set()
 
 
+# ----- make it fit: recommendations and candidate layouts as trait data ------------------------------------
+def _change_view(c: Change, index: int) -> dict[str, Any]:
+    """One recommended change (or single lever) as the panel lists it: label, GiB saved, fits, cost in words."""
+    return {
+        "index": index,
+        "label": c.label,
+        "cost": c.cost,
+        "changes": dict(c.changes),
+        "changes_the_job": any(o.changes_the_job for o in c.options),
+        "saved_bytes": int(c.saved_bytes),
+        "saved_gib": round(c.saved_bytes / GiB, 3),
+        "after_bytes": int(c.after.device_total_bytes),
+        "after": fmt_bytes(c.after.device_total_bytes),
+        "fits": bool(c.fits),
+        "verdict": c.after.verdict(c.headroom),
+        "slowdown": round(float(c.slowdown), 3),
+    }
+
+
+def build_fit_view(rec: Recommendation) -> dict[str, Any]:
+    """The ``view`` of the ``fit`` trait: what fixes ``rec``'s scenario, or how far it can be pushed when it fits.
+
+    Carries no scenarios (Python keeps the ``Recommendation``; "Apply" names an entry by kind and index).
+    """
+    est, headroom = rec.estimate, rec.headroom
+    cap = est.gpu.memory_bytes
+    usable = int(cap * (1 - headroom))
+    mg = rec.min_gpus
+    return {
+        "scenario": rec.scenario.to_dict(),
+        "headroom": headroom,
+        "verdict": est.verdict(headroom),
+        "fits": bool(rec.fits),
+        "gpu": est.gpu.name,
+        "device_total_bytes": int(est.device_total_bytes),
+        "gpu_memory_bytes": int(cap),
+        "usable_bytes": usable,
+        "spare_bytes": usable - int(est.device_total_bytes),
+        "changes": [_change_view(c, i) for i, c in enumerate(rec.changes)],
+        "levers": [_change_view(c, i) for i, c in enumerate(rec.singles)],
+        "micro_batch_size": rec.scenario.micro_batch_size,
+        "seq_len": rec.scenario.seq_len,
+        "num_gpus": rec.scenario.parallel.world_size,
+        "max_micro_batch": rec.max_micro_batch,
+        "max_seq_len": rec.max_seq_len,
+        "min_gpus": None
+        if mg is None
+        else {k: mg[k] for k in ("num_gpus", "dp", "zero", "device_total_bytes") if k in mg},
+        "with_first_fix": rec.with_first_fix,
+        "summary": rec.summary(),
+    }
+
+
+def fit_target(rec: Recommendation, kind: str = "change", index: int = 0) -> Scenario:
+    """The scenario "Apply" sets for one entry of a recommendation (``kind`` one of ``FIT_KINDS``).
+
+    ``change``/``lever``: the ``index``-th fixing change / single lever; ``max_micro_batch``, ``max_seq_len``:
+    the scenario with the largest micro-batch / sequence that fits; ``min_gpus``: the fewest GPUs that fit.
+    Raises ``ScenarioError`` (field ``recommendation``) when there is no such entry.
+    """
+
+    def missing(what: str) -> ScenarioError:
+        return ScenarioError("recommendation", what)
+
+    if kind in ("change", "lever"):
+        items = rec.changes if kind == "change" else rec.singles
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(items):
+            raise missing(f"no {kind} number {index!r} (there are {len(items)})")
+        return items[index].scenario
+    if kind == "max_micro_batch":
+        if rec.max_micro_batch is None:
+            raise missing("no micro-batch fits")
+        return rec.scenario.replace(micro_batch_size=rec.max_micro_batch)
+    if kind == "max_seq_len":
+        if rec.max_seq_len is None:
+            raise missing("no sequence length fits (or the model's sequence is fixed)")
+        return rec.scenario.replace(seq_len=rec.max_seq_len)
+    if kind == "min_gpus":
+        if rec.min_gpus is None:
+            raise missing("no number of GPUs fits")
+        return Scenario.from_dict(rec.min_gpus["scenario"])
+    raise missing(f"kind must be one of {', '.join(FIT_KINDS)}, got {kind!r}")
+
+
+def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_POINTS) -> dict[str, Any]:
+    """The ``view`` of the ``layouts`` trait: the search in numbers, the best ``rows`` candidates, the chart."""
+    top = []
+    for rank, r in enumerate(p.frame.head(rows).itertuples(index=False), start=1):
+        top.append(
+            {
+                "rank": rank,
+                "candidate": int(r.candidate),
+                "layout": f"dp={r.dp} tp={r.tp} pp={r.pp} cp={r.cp}" + (f" ep={r.ep}" if r.ep > 1 else ""),
+                "num_gpus": int(r.num_gpus),
+                "dp": int(r.dp),
+                "tp": int(r.tp),
+                "pp": int(r.pp),
+                "cp": int(r.cp),
+                "ep": int(r.ep),
+                "zero": int(r.zero),
+                "sequence_parallel": bool(r.sequence_parallel),
+                "micro_batch_size": int(r.micro_batch_size),
+                "grad_accum_steps": int(r.grad_accum_steps),
+                "pp_microbatches": int(r.pp_microbatches),
+                "activation_checkpointing": str(r.activation_checkpointing),
+                "loss": str(r.loss),
+                "optimizer": str(r.optimizer),
+                "offload": str(r.offload),
+                "device_total_bytes": int(p.columns["device_total_bytes"][int(r.candidate)]),
+                "device_total_gib": round(float(r.device_total_gib), 2),
+                "tokens_per_gpu_s": round(float(r.tokens_per_gpu_s), 1),
+            }
+        )
+    return {
+        "gpu_counts": list(p.gpu_counts),
+        "evaluated": p.evaluated,
+        "fitting": p.fitting,
+        "seconds": round(p.seconds, 4),
+        "summary": p.summary(),
+        "model": charts_mod.model_label(p.base.model),
+        "gpu": charts_mod.gpu_label(p.base.gpu),
+        "top": top,
+        "chart": candidates_spec(p, limit=points),
+    }
+
+
+def layouts_stale_keys(shown: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Keys that differ between the scenario a layout search ran for and ``current``, except the searched ones."""
+    keys = changed_keys(shown, current) | changed_keys(current, shown)
+    return sorted(k for k in keys if k not in LAYOUT_SEARCHED)
+
+
 # ----- the widget -----------------------------------------------------------------------------------------
 class MemSim(anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table."""
@@ -644,6 +807,18 @@ class MemSim(anywidget.AnyWidget):
     #: The last finished trace: ``summary`` (traced vs simulated peak and per category, error in percent)
     #: and ``charts`` (``comparison`` and ``timeline`` Vega-Lite specs); {} before the first trace.
     trace_view = traitlets.Dict().tag(sync=True, to_json=_json_text)
+    #: Whether the "Make it fit" panel is open (the front end writes it): only then do recommendations follow
+    #: every scenario change.
+    fit_open = traitlets.Bool(False).tag(sync=True)
+    #: "Make it fit": ``state`` (idle, running, done, error), ``error``, ``id`` (of the shown ``view``; "Apply"
+    #: names it), ``ms`` (time to compute), ``stale`` (the view is of another scenario or headroom),
+    #: ``rejected`` (the input shown is rejected: the view is of the last valid scenario) and ``view``
+    #: (``build_fit_view``: changes that fit, single levers, max micro-batch/sequence, min GPUs; None before).
+    fit = traitlets.Dict().tag(sync=True, to_json=_json_text)
+    #: Candidate layouts (``plan``, on request): ``state`` (idle, running, done, error), ``error``, ``id``, ``ms``,
+    #: ``gpus`` (the GPU count searched), ``stale`` with ``stale_keys`` (non-searched keys changed since), and
+    #: ``view`` (``build_layouts_view``: counts, summary, the top candidates, the chart's Vega-Lite spec).
+    layouts = traitlets.Dict().tag(sync=True, to_json=_json_text)
 
     def __init__(
         self,
@@ -674,6 +849,19 @@ class MemSim(anywidget.AnyWidget):
         self._lock = threading.RLock()
         self._trace_job: _TraceJob | None = None
         self._trace_report: dict[str, Any] | None = None
+        self._closed = False
+        # "Make it fit": the shown recommendation, its key, a small cache and the background worker.
+        self._fit_rec: Recommendation | None = None
+        self._fit_key_shown: str | None = None  # key of the shown view (None: nothing shown)
+        self._fit_key_done: str | None = None  # key last computed, shown or failed: not computed again
+        self._fit_cache: OrderedDict[str, Recommendation] = OrderedDict()
+        self._fit_thread: threading.Thread | None = None
+        self._fit_id = 0
+        # Candidate layouts: the shown plan, the scenario it ran for, and the running search.
+        self._plan: Plan | None = None
+        self._plan_data: tuple[dict[str, Any], float] | None = None
+        self._plan_thread: threading.Thread | None = None
+        self._plan_id = 0
         self.last_update_ms = 0.0
         headroom = self._check_headroom({"value": headroom})
         super().__init__(
@@ -682,6 +870,25 @@ class MemSim(anywidget.AnyWidget):
             headroom=headroom,
             _vega_js=vega_bundle() if charts_js else "",
             trace={"state": "idle", "progress": {}, "error": "", **self._trace_flags()},
+            fit={
+                "state": "idle",
+                "error": "",
+                "id": 0,
+                "ms": None,
+                "stale": False,
+                "rejected": False,
+                "view": None,
+            },
+            layouts={
+                "state": "idle",
+                "error": "",
+                "id": 0,
+                "ms": None,
+                "gpus": None,
+                "stale": False,
+                "stale_keys": [],
+                "view": None,
+            },  # fmt: skip
             **self._derived(est, headroom),
         )
         self.on_msg(self._on_front_msg)
@@ -702,6 +909,14 @@ class MemSim(anywidget.AnyWidget):
         if not self._busy and hasattr(self, "_estimate"):
             with self._lock, self.hold_sync():
                 self._refresh()
+                self._follow_plan()
+
+    @traitlets.observe("fit_open")
+    def _on_fit_open(self, change: Any) -> None:
+        """Opening the panel computes the recommendations of the current scenario unless they are shown."""
+        if not self._busy and hasattr(self, "_estimate"):
+            with self._lock:
+                self._follow_plan()
 
     @traitlets.observe("scenario_data")
     def _on_scenario_data(self, change: Any) -> None:
@@ -764,6 +979,7 @@ class MemSim(anywidget.AnyWidget):
                 self.options = build_options(self._valid)
                 self._refresh()
                 self._set_trace()
+                self._follow_plan()
             return None
         finally:
             self._busy = False
@@ -781,6 +997,7 @@ class MemSim(anywidget.AnyWidget):
             self.error_field = exc.field
             self.options = build_options(shown)
             self._set_trace()
+            self._set_fit()
 
     @staticmethod
     def _derived(est: Estimate, headroom: float) -> dict[str, Any]:
@@ -830,7 +1047,8 @@ class MemSim(anywidget.AnyWidget):
             self.trace = new
 
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        """Messages from the front end: ``{"type": "verify"}`` and ``{"type": "cancel"}``."""
+        """Messages from the front end: ``verify``, ``cancel`` (trace); ``fit_apply`` (kind, index, id),
+        ``layouts`` (gpus) and ``layout_apply`` (candidate, id) for "Make it fit"."""
         if not isinstance(content, Mapping):
             return
         kind = content.get("type")
@@ -838,6 +1056,12 @@ class MemSim(anywidget.AnyWidget):
             self._start_trace(strict=False)
         elif kind == "cancel":
             self.cancel_verify()
+        elif kind == "fit_apply":
+            self._fit_apply_msg(content)
+        elif kind == "layouts":
+            self._start_layouts(content.get("gpus"))
+        elif kind == "layout_apply":
+            self._layout_apply_msg(content)
 
     def _start_trace(self, strict: bool) -> _TraceJob | None:
         """Start tracing the current scenario in a thread; the running job if it already traces it.
@@ -971,10 +1195,255 @@ class MemSim(anywidget.AnyWidget):
         of another scenario than the current one."""
         return self._trace_report
 
+    # ----- make it fit: recommendations -------------------------------------------------------------------
+    def _fit_key(self) -> str:
+        """What a recommendation depends on, as a cache key: the last valid scenario and the headroom."""
+        return json.dumps([self._valid, self.headroom], sort_keys=True)
+
+    def _set_fit(self, **changes: Any) -> None:
+        """Update the ``fit`` trait (under the lock) with ``stale``/``rejected`` recomputed; sends nothing when
+        nothing changed (the ordinary update path calls it on every change)."""
+        new = {**self.fit, **changes}
+        new["stale"] = self._fit_key_shown is not None and self._fit_key_shown != self._fit_key()
+        new["rejected"] = self._last_exc is not None
+        if new != self.fit:
+            self.fit = new
+
+    def _follow_plan(self) -> None:
+        """After a change (under the lock): refresh both panels' stale flags; recompute recommendations if open."""
+        self._set_fit()
+        self._set_layouts()
+        if self.fit_open and not self._closed:
+            self._schedule_fit()
+
+    def _cache_fit(self, key: str, rec: Recommendation) -> None:
+        """Keep a recommendation for ``key``, dropping the least recently used beyond ``FIT_CACHE``."""
+        self._fit_cache[key] = rec
+        self._fit_cache.move_to_end(key)
+        while len(self._fit_cache) > FIT_CACHE:
+            self._fit_cache.popitem(last=False)
+
+    def _publish_fit(self, key: str, rec: Recommendation, ms: float) -> None:
+        """Show a recommendation (under the lock); a failure to lay it out shows as the panel's error."""
+        self._fit_id += 1
+        try:
+            view = build_fit_view(rec)
+        except Exception as exc:  # a bug in the view must not break the widget: shown in place
+            self._fit_rec, self._fit_key_shown, self._fit_key_done = None, None, key
+            self._set_fit(state="error", error=_error_text(exc), id=self._fit_id, view=None)
+            return
+        self._fit_rec, self._fit_key_shown, self._fit_key_done = rec, key, key
+        self._set_fit(state="done", error="", id=self._fit_id, ms=round(ms, 1), view=view)
+
+    def _schedule_fit(self) -> None:
+        """Show the current scenario's recommendations (under the lock): at once from the cache, else from the
+        background worker, which is started unless it runs (it always finishes on the newest scenario)."""
+        key = self._fit_key()
+        if key == self._fit_key_done:
+            return
+        rec = self._fit_cache.get(key)
+        if rec is not None:
+            self._fit_cache.move_to_end(key)
+            self._publish_fit(key, rec, 0.0)
+            return
+        self._fit_key_done = None  # whatever was computed last, the current scenario's is not
+        self._set_fit(state="running", error="")
+        if self._fit_thread is None:
+            self._fit_thread = threading.Thread(target=self._fit_worker, name="memsim-recommend", daemon=True)
+            self._fit_thread.start()
+
+    def _fit_worker(self) -> None:
+        """Background thread: compute recommendations until the newest scenario's are shown or the panel closes."""
+        while True:
+            with self._lock:
+                key = self._fit_key()
+                if self._closed or not self.fit_open or key == self._fit_key_done:
+                    self._fit_thread = None
+                    if self.fit.get("state") == "running" and key != self._fit_key_done and not self._closed:
+                        self._set_fit(state="idle")  # closed before the newest was computed
+                    return
+                sc, headroom = self._scenario, self.headroom
+            t0 = time.perf_counter()
+            rec: Recommendation | None = None
+            error: Exception | None = None
+            try:
+                rec = plan_recommend(sc, headroom=headroom)
+            except Exception as exc:  # shown in the panel; the widget keeps working
+                error = exc
+            ms = (time.perf_counter() - t0) * 1000
+            with self._lock:
+                if rec is not None:
+                    self._cache_fit(key, rec)
+                if self._closed or key != self._fit_key():
+                    continue  # the scenario moved on meanwhile: the next round computes the newest
+                if rec is not None:
+                    self._publish_fit(key, rec, ms)
+                else:
+                    self._fit_id += 1
+                    self._fit_rec, self._fit_key_shown, self._fit_key_done = None, None, key
+                    self._set_fit(state="error", error=_error_text(error), id=self._fit_id, view=None)
+
+    def _fit_apply_msg(self, content: Mapping[str, Any]) -> None:
+        """ "Apply" in the panel: set the scenario of the named entry of the shown (current) recommendation."""
+        with self._lock:
+            rec = self._fit_rec
+            if rec is None or content.get("id") != self.fit.get("id") or self.fit.get("stale"):
+                self._set_fit(error="the recommendations changed since: pick again")
+                return
+            try:
+                target = fit_target(rec, str(content.get("kind", "change")), content.get("index"))  # type: ignore[arg-type]
+            except ScenarioError as exc:
+                self._set_fit(error=str(exc))
+                return
+            exc = self._submit(target.to_dict(), relative=False)
+            if exc is not None:
+                self._set_fit(error=f"could not apply it: {exc}")
+
+    def recommend(self) -> Recommendation:
+        """What makes the current scenario fit at the widget's headroom (``memsim_widget.plan.recommend``).
+
+        Blocks (10-150 ms; cached per scenario and headroom) and shows the result in the "Make it fit" panel
+        too. ``.changes`` are the smallest fixing changes, ``.singles`` each lever alone, ``.max_micro_batch``,
+        ``.max_seq_len`` and ``.min_gpus`` how far the scenario goes. Raises what ``recommend`` raises.
+        """
+        with self._lock:
+            key, sc, headroom = self._fit_key(), self._scenario, self.headroom
+            rec = self._fit_cache.get(key)
+        ms = 0.0
+        if rec is None:
+            t0 = time.perf_counter()
+            rec = plan_recommend(sc, headroom=headroom)
+            ms = (time.perf_counter() - t0) * 1000
+        with self._lock:
+            self._cache_fit(key, rec)
+            if key == self._fit_key() and key != self._fit_key_shown:
+                self._publish_fit(key, rec, ms)
+        return rec
+
+    def apply_recommendation(self, index: int = 0, kind: str = "change") -> MemSim:
+        """Apply entry ``index`` of ``recommend()`` as an edit would (controls, verdict and charts follow).
+
+        ``kind``: ``change`` (a fixing change, 0 = the recommended one), ``lever`` (a single lever),
+        ``max_micro_batch``, ``max_seq_len`` or ``min_gpus``. Raises ``ScenarioError`` when there is no such
+        entry (e.g. no change fits).
+        """
+        self.scenario = fit_target(self.recommend(), kind, index)
+        return self
+
+    # ----- make it fit: candidate layouts ------------------------------------------------------------------
+    def _set_layouts(self, **changes: Any) -> None:
+        """Update the ``layouts`` trait (under the lock) with ``stale``/``stale_keys`` recomputed."""
+        new = {**self.layouts, **changes}
+        keys: list[str] = []
+        if self._plan_data is not None:
+            data, headroom = self._plan_data
+            keys = layouts_stale_keys(data, self._valid) + (["headroom"] if headroom != self.headroom else [])
+        new["stale_keys"], new["stale"] = keys, bool(keys)
+        if new != self.layouts:
+            self.layouts = new
+
+    def _run_plan(
+        self, sc: Scenario, headroom: float, gpus: Any, kwargs: Mapping[str, Any]
+    ) -> tuple[Plan, dict[str, Any], float]:
+        """Run the layout search for ``sc`` (outside the lock) and lay it out: the plan, its view, milliseconds."""
+        t0 = time.perf_counter()
+        p = plan_search(
+            base=sc, gpus=sc.parallel.world_size if gpus is None else gpus, headroom=headroom, **kwargs
+        )
+        view = build_layouts_view(p)
+        return p, view, (time.perf_counter() - t0) * 1000
+
+    def _publish_layouts(
+        self, data: dict[str, Any], headroom: float, p: Plan, view: dict[str, Any], ms: float
+    ) -> None:
+        """Show a finished layout search (under the lock)."""
+        self._plan, self._plan_data = p, (data, headroom)
+        self._plan_id += 1
+        self._set_layouts(
+            state="done", error="", id=self._plan_id, ms=round(ms, 1), gpus=list(p.gpu_counts), view=view
+        )
+
+    def _start_layouts(self, gpus: Any = None) -> None:
+        """The "Search layouts" button: search in a background thread (ignored while one runs)."""
+        with self._lock:
+            if self._plan_thread is not None or self._closed:
+                return
+            if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+                self._set_layouts(state="error", error=f"GPUs: must be a positive whole number, got {gpus!r}")
+                return
+            args = (self._scenario, self._valid, self.headroom, gpus)
+            self._set_layouts(state="running", error="")
+            self._plan_thread = threading.Thread(
+                target=self._layouts_worker, args=args, name="memsim-layouts", daemon=True
+            )
+            self._plan_thread.start()
+
+    def _layouts_worker(self, sc: Scenario, data: dict[str, Any], headroom: float, gpus: int | None) -> None:
+        """Background thread of one layout search: run it and show the result or its error."""
+        result: tuple[Plan, dict[str, Any], float] | None = None
+        error: Exception | None = None
+        try:
+            result = self._run_plan(sc, headroom, gpus, {})
+        except Exception as exc:  # shown in the panel; the widget keeps working
+            error = exc
+        with self._lock:
+            self._plan_thread = None
+            if self._closed:
+                return
+            if result is None:
+                self._set_layouts(state="error", error=_error_text(error))
+            else:
+                self._publish_layouts(data, headroom, *result)
+
+    def _layout_apply_msg(self, content: Mapping[str, Any]) -> None:
+        """ "Apply" on a candidate layout: set that candidate's scenario (of the shown, current search)."""
+        with self._lock:
+            p = self._plan
+            cand = content.get("candidate")
+            if p is None or content.get("id") != self.layouts.get("id") or self.layouts.get("stale"):
+                self._set_layouts(error="the search is of another scenario: search again")
+                return
+            if isinstance(cand, bool) or not isinstance(cand, int) or not 0 <= cand < p.evaluated:
+                self._set_layouts(error=f"no candidate {cand!r}")
+                return
+            exc = self._submit(p.scenario(cand).to_dict(), relative=False)
+            self._set_layouts(error=f"could not apply it: {exc}" if exc is not None else "")
+
+    def plan_layouts(self, gpus: int | tuple[int, int] | list[int] | None = None, **kwargs: Any) -> Plan:
+        """Search layouts and memory knobs for the current model and GPU type (``memsim_widget.plan.plan``).
+
+        ``gpus``: a count, list or ``(low, high)`` range (default: the scenario's GPU count). ``kwargs`` go to
+        ``plan`` (``global_batch_tokens``, ``space``, ``top``). Blocks (0.1-0.5 s typically), shows the best
+        candidates and the candidates chart in the panel, and returns the ``Plan`` (``.frame``, ``.summary()``).
+        """
+        with self._lock:
+            sc, data, headroom = self._scenario, self._valid, self.headroom
+        result = self._run_plan(sc, headroom, gpus, kwargs)
+        with self._lock:
+            self._publish_layouts(data, headroom, *result)
+        return result[0]
+
+    def apply_layout(self, rank: int = 0) -> MemSim:
+        """Apply the ``rank``-th best candidate (0 = best) of the last layout search as an edit would.
+
+        Searches first (same GPU counts as last time) when there was no search or it is stale. Raises
+        ``ScenarioError`` when no candidate has that rank (e.g. nothing fits).
+        """
+        with self._lock:
+            p, stale, gpus = self._plan, self.layouts.get("stale"), self.layouts.get("gpus")
+        if p is None or stale:
+            p = self.plan_layouts(gpus)
+        frame = p.frame
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(frame):
+            raise ScenarioError("layout", f"no candidate ranked {rank!r} ({p.fitting} fit)")
+        self.scenario = p.scenario(int(frame.candidate.iloc[rank]))
+        return self
+
     def close(self) -> None:
         """Close the widget (a running trace is cancelled)."""
         if "_lock" in self.__dict__:
             self.cancel_verify()
+            self._closed = True
         super().close()
 
     # ----- Python API -----------------------------------------------------------------------------------

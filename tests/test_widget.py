@@ -930,6 +930,9 @@ def _js_fixture_state() -> dict[str, Any]:
         "_vega_js": "",
         "trace": sim.trace,
         "trace_view": {},
+        "fit_open": False,
+        "fit": sim.fit,
+        "layouts": sim.layouts,
     }
 
 
