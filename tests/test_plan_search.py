@@ -246,16 +246,46 @@ def test_only_fitting_candidates_are_ranked(plan_70b):
     limit = c["gpu_memory_bytes"] * (1 - p.headroom)
     assert p.fitting == int(np.count_nonzero(c["device_total_bytes"] <= limit)) > 0
     assert np.all(c["device_total_bytes"][p.ranking] <= limit)
-    assert sorted(p.ranking.tolist()) == np.nonzero(c["fits"])[0].tolist()
+    assert set(p.ranking.tolist()) <= set(np.nonzero(c["fits"])[0].tolist())
+    assert p.listed == len(p.ranking) <= p.fitting
 
 
-def test_ranking_is_by_the_proxy_then_by_memory(plan_70b):
+def _group(c, i):
+    return tuple(int(c[k][i]) for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer", "method"))
+
+
+def test_ranked_list_is_each_layouts_memory_throughput_frontier(plan_70b):
+    """A fitting candidate is left out exactly when one of the same layout, method and optimizer is at
+    least as fast and uses less memory (or as little, and came first)."""
+    c, p = plan_70b.columns, plan_70b
+    fits = np.nonzero(c["fits"])[0]
+    ranked = set(p.ranking.tolist())
+    best: dict[tuple, list[tuple[float, int]]] = {}
+    for i in fits.tolist():
+        best.setdefault(_group(c, i), []).append(
+            (float(c["tokens_per_gpu_s"][i]), int(c["device_total_bytes"][i]))
+        )
+    for i in fits.tolist():
+        tok, mem = float(c["tokens_per_gpu_s"][i]), int(c["device_total_bytes"][i])
+        strictly_beaten = any(t >= tok and m < mem for t, m in best[_group(c, i)])
+        if strictly_beaten:
+            assert i not in ranked
+        elif not any(t > tok and m <= mem for t, m in best[_group(c, i)]):
+            # undominated: listed, unless an identical (speed, memory) twin is listed instead
+            twins = [j for j in ranked if _group(c, j) == _group(c, i)
+                     and float(c["tokens_per_gpu_s"][j]) == tok and int(c["device_total_bytes"][j]) == mem]  # fmt: skip
+            assert i in ranked or twins
+
+
+def test_ranking_is_by_the_proxy_then_own_optimizer_then_memory(plan_70b):
     c = plan_70b.columns
     r = plan_70b.ranking
     speed, mem = c["tokens_per_gpu_s"][r], c["device_total_bytes"][r]
+    own = np.array([o != plan_70b.base.optimizer for o in plan_70b.space.optimizers])[c["optimizer"][r]]
     assert np.all(np.diff(speed) <= 0)
     ties = np.diff(speed) == 0
-    assert np.all(np.diff(mem)[ties] >= 0)
+    key = own.astype(np.int64) * 2**62 + mem  # on equal speed: own optimizer first, then less memory
+    assert np.all(np.diff(key)[ties] >= 0)
     frame = plan_70b.frame
     assert frame["tokens_per_gpu_s"].is_monotonic_decreasing
     assert frame["fits"].all() and (frame["free_gib"] >= 0).all()

@@ -176,7 +176,7 @@ def levers(scenario: Scenario) -> dict[str, list[Option]]:
                 "offload",
                 "optimizer offload to CPU" + (" (with ZeRO-1)" if par.zero == 0 else ""),
                 change,
-                "optimizer step on the CPU and PCIe traffic every step: often 1.5-3x slower steps",
+                "optimizer step on the CPU and PCIe traffic every step: costly unless steps are long (large batches)",
             )
         ]
     if par.tp > 1 and not par.sequence_parallel:
@@ -289,6 +289,8 @@ class Recommendation:
     max_micro_batch: int | None = None
     max_seq_len: int | None = None
     min_gpus: dict[str, Any] | None = None
+    #: Why no GPU count fits (what does not shard over data parallelism), when ``min_gpus`` is None.
+    min_gpus_reason: str | None = None
     #: With the first recommended change applied: its label and the largest micro-batch that then fits.
     with_first_fix: dict[str, Any] | None = None
 
@@ -330,6 +332,7 @@ class Recommendation:
             "max_micro_batch": self.max_micro_batch,
             "max_seq_len": self.max_seq_len,
             "min_gpus": self.min_gpus,
+            "min_gpus_reason": self.min_gpus_reason,
             "with_first_fix": self.with_first_fix,
         }
 
@@ -407,7 +410,10 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
         return (any(o.changes_the_job for o in c.options), c.slowdown, -c.saved_bytes)
 
     singles = [c for opts in _combos(groups, 1) if (c := change(opts)) is not None]
-    rec.singles = sorted(singles, key=lambda c: -c.saved_bytes)
+    useless = {id(c.options[0]) for c in singles if c.saved_bytes <= 0}  # saves nothing here: not offered
+    groups = {k: [o for o in v if id(o) not in useless] for k, v in groups.items()}
+    groups = {k: v for k, v in groups.items() if v}
+    rec.singles = sorted((c for c in singles if c.saved_bytes > 0), key=lambda c: -c.saved_bytes)
 
     def smallest(levers_: dict[str, list[Option]]) -> list[Change]:
         for size in range(1, min(MAX_LEVERS, len(levers_)) + 1):
@@ -443,7 +449,21 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
         best = _largest(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), 1, MAX_SEQ_LEN // step)
         rec.max_seq_len = best * step if best else None
     rec.min_gpus = _min_gpus(scenario, headroom)
+    if rec.min_gpus is None:
+        rec.min_gpus_reason = _why_no_gpu_count(scenario, headroom)
     return rec
+
+
+def _why_no_gpu_count(scenario: Scenario, headroom: float) -> str:
+    """Why more data-parallel GPUs cannot make ``scenario`` fit: what stays on every GPU however wide."""
+    wide = estimate(scenario.replace(parallel={"dp": MAX_DP, "zero": 3, "offload": "none", "ep": 1}))
+    comps = wide.components()
+    biggest = max(comps, key=comps.get)  # type: ignore[arg-type]
+    return (
+        f"even sharded over {MAX_DP} data-parallel ranks with ZeRO-3 each GPU needs "
+        f"{wide.device_total_bytes / GiB:.1f} GiB ({biggest}: {comps[biggest] / GiB:.1f} GiB, which does not "
+        f"shard over data parallelism); change a lever first (see the recommendations)"
+    )
 
 
 def _min_gpus(scenario: Scenario, headroom: float) -> dict[str, Any] | None:

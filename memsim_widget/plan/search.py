@@ -72,15 +72,50 @@ class Plan:
 
     @cached_property
     def ranking(self) -> np.ndarray:
-        """Indices of the fitting candidates, best first (proxy down, then memory up)."""
-        fits = np.nonzero(self.columns["fits"])[0]
-        order = np.lexsort(
-            (self.columns["device_total_bytes"][fits], -self.columns["tokens_per_gpu_s"][fits])
+        """Indices of the fitting candidates worth listing, best first.
+
+        Order: modelled tokens/s per GPU down; on a tie the scenario's own optimizer before a substitute
+        (8-bit AdamW costs no step time in the proxy, but changes the numerics), then less memory.
+        Dropped: candidates another one of the same layout, method and optimizer beats on both memory
+        and throughput (e.g. selective checkpointing where it saves nothing), so the list is the
+        memory/throughput frontier of each layout.
+        """
+        c = self.columns
+        fits = np.nonzero(c["fits"])[0]
+        if fits.size == 0:
+            return fits
+        tok = c["tokens_per_gpu_s"][fits]
+        mem = c["device_total_bytes"][fits]
+        method = c["method"][fits] if "method" in c else np.zeros(fits.size, dtype=np.int64)
+        keys = np.stack(
+            [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer")] + [method]
         )
-        return fits[order]
+        _, group = np.unique(keys, axis=1, return_inverse=True)
+        group = group.reshape(-1)
+        order = np.lexsort((mem, -tok, group))
+        g_sorted, m_sorted = group[order], mem[order]
+        new_group = np.r_[True, g_sorted[1:] != g_sorted[:-1]]
+        # running minimum of memory within each group: later groups get smaller offsets, so the
+        # running minimum over the whole array restarts at every group
+        big = int(m_sorted.max()) + 1
+        offset = (int(g_sorted.max()) - g_sorted) * big
+        running = np.minimum.accumulate(m_sorted + offset) - offset
+        prev = np.where(new_group, np.iinfo(np.int64).max, np.r_[0, running[:-1]])
+        keep = np.zeros(fits.size, dtype=bool)
+        keep[order] = m_sorted < prev
+        kept = fits[keep]
+        own = np.array([o != self.base.optimizer for o in self.space.optimizers])[c["optimizer"][kept]]
+        rank = np.lexsort((c["device_total_bytes"][kept], own, -c["tokens_per_gpu_s"][kept]))
+        return kept[rank]
 
     @property
     def fitting(self) -> int:
+        """Candidates that fit with the headroom."""
+        return int(np.count_nonzero(self.columns["fits"]))
+
+    @property
+    def listed(self) -> int:
+        """Fitting candidates on the memory/throughput frontier of their layout (the ranked list)."""
         return int(self.ranking.shape[0])
 
     def scenario(self, candidate: int) -> Scenario:
@@ -184,6 +219,7 @@ class Plan:
             "headroom": self.headroom,
             "evaluated": self.evaluated,
             "fitting": self.fitting,
+            "listed": self.listed,
             "seconds": round(self.seconds, 4),
             "ranked_by": "tokens_per_gpu_s: modelled tokens per second per GPU (memsim_widget.plan.proxy)",
             "candidates": out,
@@ -193,7 +229,8 @@ class Plan:
         """One line: what was searched and the best candidate."""
         head = (
             f"{self.evaluated:,} candidates over {', '.join(map(str, self.gpu_counts))} GPUs in "
-            f"{self.seconds * 1000:.0f} ms; {self.fitting:,} fit"
+            f"{self.seconds * 1000:.0f} ms; {self.fitting:,} fit ({self.listed:,} on their layout's "
+            "memory/throughput frontier)"
         )
         if not self.fitting:
             return head + " (none: see recommend() or allow more GPUs, LoRA/QLoRA or offload)"
@@ -264,6 +301,12 @@ def plan(
             raise ScenarioError(
                 "global_batch_tokens",
                 f"must be at least one sequence ({seq} tokens), got {global_batch_tokens}",
+            )
+        if global_batch_tokens % seq:
+            raise ScenarioError(
+                "global_batch_tokens",
+                f"must be a whole number of sequences of {seq} tokens, got {global_batch_tokens} "
+                f"(nearest: {global_batch_tokens // seq * seq} or {(global_batch_tokens // seq + 1) * seq})",
             )
         g_seq = global_batch_tokens // seq
     ctx = Context(b)
