@@ -21,6 +21,7 @@ import math
 import re
 import statistics
 import sys
+import textwrap
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,13 @@ GiB = 2**30
 #: Accuracy target of issue #5 on the evaluation rows.
 TARGET_MEDIAN = 0.08
 TARGET_WORST_UNDER = -0.15
+#: Scored rows under-predicted beyond ``TARGET_WORST_UNDER`` whose cause was investigated and is written up
+#: under "Known misses" instead of being tuned away (issue #5: "Where a row cannot be reproduced, explain why
+#: in the doc rather than tuning a constant to it"). They stay in the statistics, flagged.
+#: tests/test_accuracy.py fails if any other row crosses the bound, or if one of these no longer does.
+EXPLAINED_UNDER: dict[str, str] = {
+    "121": "bitsandbytes QLoRA run holding about 5 GiB its stated configuration does not account for",
+}
 
 #: Bytes per unit as the sources use them (GB = 1e9, GiB = 2^30).
 UNIT_BYTES = {"B": 1, "MB": 10**6, "GB": 10**9, "MiB": 2**20, "GiB": 2**30}
@@ -745,7 +753,10 @@ def render(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None
         "",
         "Reproduce: `python benchmarks/fidelity_measured.py --write docs/accuracy.md`; the data is rebuilt from",
         "the shared development set with `--normalise` and the two fitted constants with `--fit`.",
-        "`tests/test_accuracy.py` fails if the median error of the evaluation rows rises above 8%.",
+        "`tests/test_accuracy.py` fails if the median error of the evaluation rows or of all reproducible rows",
+        "rises above 8%, if an evaluation row is under-predicted by more than 15%, or if any reproducible row",
+        "other than those explained under *Known misses* is (and if one of those no longer is, so that the",
+        "explanation cannot go stale).",
         "",
         "## Summary",
         "",
@@ -766,17 +777,26 @@ def render(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None
     def verdict(ok: bool) -> str:
         return "**met**" if ok else "**not met**"
 
+    by_id = {r["row"]["id"]: r for r in results}
+    beyond = ", ".join(
+        f"row {rid} ({by_id[rid]['role']}, {_pct(by_id[rid]['error'])}"
+        + (", explained under *Known misses*, not tuned" if rid in EXPLAINED_UNDER else ", not explained")
+        + ")"
+        for rid in al["under_over_15"]
+    )
     lines += [
         "",
-        f"Target (issue #5): median absolute error under {TARGET_MEDIAN:.0%} -- "
-        f"{verdict(bool(ev['n']) and ev['median'] < TARGET_MEDIAN)} on the evaluation rows, "
-        f"{verdict(al['median'] < TARGET_MEDIAN)} on all rows; no under-prediction worse than "
-        f"{abs(TARGET_WORST_UNDER):.0%} -- {verdict(not ev['under_over_15'])} on the evaluation rows, "
+        "Targets of issue #5:",
+        "",
+        f"- median absolute error under {TARGET_MEDIAN:.0%}: "
+        f"{verdict(bool(ev['n']) and ev['median'] < TARGET_MEDIAN)} on the evaluation rows ({ev['median']:.1%}), "
+        f"{verdict(al['median'] < TARGET_MEDIAN)} on all reproducible rows ({al['median']:.1%});",
+        f"- no under-prediction worse than {TARGET_WORST_UNDER:.0%}: "
+        f"{verdict(not ev['under_over_15'])} on the evaluation rows (worst {_pct(ev['worst_under'])}), "
         + (
-            f"{verdict(True)} on all rows."
+            f"{verdict(True)} on all reproducible rows (worst {_pct(al['worst_under'])})."
             if not al["under_over_15"]
-            else f"{verdict(False)} on all rows: fit row(s) {', '.join(al['under_over_15'])} "
-            "(see *Known misses*)."
+            else f"{verdict(False)} on all reproducible rows: {beyond}."
         ),
         "",
         "## Per source (fit and evaluation rows)",
@@ -792,7 +812,8 @@ def render(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None
         "## Rows",
         "",
         "Band: the low and high bytes the engine gives for that counter (`Estimate.uncertainty()`).",
-        "Flags: `UNDER` an under-prediction, `UNDER>15%` one worse than the target allows.",
+        "Flags: `UNDER` an under-prediction, `UNDER>15%` one worse than the target allows (`explained`: see",
+        "*Known misses*).",
         "",
         "| id | role | trust | scenario | counter | measured GiB | predicted GiB | error | band GiB | flag |",
         "|---|---|---|---|---|---:|---:|---:|---|---|",
@@ -802,13 +823,15 @@ def render(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None
             continue
         row, err = r["row"], r["error"]
         flag = "" if err >= 0 else ("UNDER>15%" if err < TARGET_WORST_UNDER else "UNDER")
+        if flag == "UNDER>15%" and row["id"] in EXPLAINED_UNDER:
+            flag += " explained"
         sc = json.loads(row["scenario_json"])
         lines.append(
             f"| {row['id']} | {r['role']} | {row['trust']} | {_scenario_label(sc)} | {row['counter']} | "
             f"{_gib(r['measured'])} | {_gib(r['predicted'])} | {_pct(err)} | "
             f"{_gib(r['low'])}-{_gib(r['high'])} | {flag} |"
         )
-    lines += _misses(results)
+    lines += _misses(results, fits)
     lines += ["", "### What each row assumes", ""]
     seen: dict[str, list[str]] = {}
     for r in sorted(results, key=lambda r: _id_key(r["row"]["id"])):
@@ -851,7 +874,7 @@ def render(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None
     return "\n".join(lines) + "\n"
 
 
-def _misses(results: list[dict[str, Any]]) -> list[str]:
+def _misses(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """What the largest errors say (prose keyed to rows; the numbers are this run's)."""
     by_id = {r["row"]["id"]: r for r in results}
 
@@ -862,12 +885,7 @@ def _misses(results: list[dict[str, Any]]) -> list[str]:
         "",
         "### Known misses",
         "",
-        f"- **Row 121** (ms-swift QLoRA, a fit row, {e('121')}): the measured QLoRA run is only 3.9 GiB below",
-        "  the bf16 LoRA run of row 109, while NF4 storage of the Linear weights alone should save about 9 GiB.",
-        "  Something the row does not state holds the difference; likely candidates are peft's",
-        "  `prepare_model_for_kbit_training` casting the unquantised embeddings and head (1.24B parameters) to",
-        "  fp32, and bitsandbytes' dequantisation buffers. No constant was tuned to it; it is the one row that",
-        "  breaks the 15% under-prediction limit.",
+        *_row_121(by_id, fits),
         f"- **Rows 110, 111, 117** ({e('110')}, {e('111')}, {e('117')}): over-predictions of reserved memory with",
         "  variable-length batches. The variable-shape term is one multiple of the loss's T x V buffers; the",
         "  measured reserved memory grows 7.4 MiB per token from 512 to 1024 tokens but 3.3 MiB per token from",
@@ -879,6 +897,94 @@ def _misses(results: list[dict[str, Any]]) -> list[str]:
         "  same source) is part of every figure; BERT's attention dropout keeps b x a x s x s masks, which the",
         "  engine counts (1 B each).",
     ]
+
+
+def _row_121(by_id: dict[str, dict[str, Any]], fits: dict[str, dict[str, Any]] | None) -> list[str]:
+    """Row 121 (ms-swift, bitsandbytes QLoRA) against its LoRA twin, row 109: what was checked and why the
+    row is explained rather than tuned to. Sources read: ms-swift 1.4.0 and 1.5.0 (``llm/sft.py``,
+    ``llm/utils/model.py``, ``trainers/trainers.py``), transformers 4.36.2 (``modeling_utils.from_pretrained``),
+    peft 0.7.1 (``tuners/lora/bnb.py``) and bitsandbytes 0.41.3 (``MatMul4Bit``, ``Params4bit.cuda``)."""
+    q, lo = by_id.get("121"), by_id.get("109")
+    if not q or not lo or q.get("estimate") is None or lo.get("estimate") is None:
+        return []
+    qe, le = q["estimate"], lo["estimate"]
+    meas_gap = (lo["measured"] - q["measured"]) / GiB
+    pred_gap = (lo["predicted"] - q["predicted"]) / GiB
+    nf4_gap = (le.components()["parameters"] - qe.components()["parameters"]) / GiB
+    unexplained = pred_gap - meas_gap
+    head = 2 * qe.arch.vocab_size * qe.arch.hidden_size  # bf16 copy of the V x h head
+    head_reserved = head * (1 + overhead.FRAGMENTATION_TRANSIENT)
+    with_head = (q["predicted"] + head_reserved) / q["measured"] - 1
+    short = (q["measured"] - q["predicted"] - head_reserved) / GiB
+    fit_note = ""
+    f = (fits or {}).get("FRAGMENTATION_VARIABLE")
+    if f and "121" in f["rows"]:
+        others = [v or 0.0 for k, v in f["rows"].items() if k != "121"]
+        fit_note = (
+            f" `FRAGMENTATION_VARIABLE` does not lean on it: the median of the other fit rows is "
+            f"{statistics.median(others):.2f} ({f['value']:.2f} with it)."
+        )
+    intro = (
+        f"**Row 121** (ms-swift QLoRA, a fit row, {_pct(q['error'])}; kept in the statistics and flagged). "
+        "Qwen-7B-Chat (Qwen v1) in bitsandbytes NF4 with double quantisation (`quantization_bit 4`), LoRA r8 on "
+        "`c_attn` with fp32 adapters, batch 1, max_length 2048 padded to each batch's longest sample, HF "
+        "gradient checkpointing, flash-attn 2, Trainer bf16 autocast with `adamw_torch`, A100 80GB, torch "
+        "2.1.1; counter `max_memory_reserved`. Row 109 is the same run without quantisation (same model, data, "
+        f"batch, length, checkpointing and counter), and the engine matches it ({_pct(lo['error'])}; a fit row "
+        "too, but the LoRA evaluation rows of the same table up to 2048 tokens are at "
+        + ", ".join(_pct(by_id[i]["error"]) for i in ("108", "112", "116", "118") if i in by_id)
+        + "). Measured, "
+        f"the QLoRA run is {meas_gap:.2f} GiB below the LoRA run; in the engine it is {pred_gap:.2f} GiB below, "
+        f"of which {nf4_gap:.2f} GiB is NF4 storage of the 6.48B Linear weights. At the engine's peak (start "
+        "of backward: checkpointed layer inputs, the loss's T x V buffers, the variable-shape term) nothing "
+        f"else differs between the two rows. So the QLoRA run held about {unexplained:.1f} GiB that its stated "
+        "configuration does not account for. Checked against the sources of the software of the time "
+        "(ms-swift 1.4.0 and 1.5.0, the releases around the benchmark; transformers 4.36; peft 0.7.1; "
+        "bitsandbytes 0.41.3):"
+    )
+    checks = [
+        "peft's `prepare_model_for_kbit_training` (fp32 embeddings, norms and head, +2.3 GiB): ms-swift's "
+        "`llm_sft` does not call it in either release. Ruled out.",
+        "bitsandbytes' dequantisation: `MatMul4Bit` dequantises the weight to bf16 in forward and again in "
+        "backward (96 MiB for the largest, `c_attn`) and frees it inside the layer; the engine carries one "
+        "during a layer's backward. It cannot reach the loss peak. Ruled out as the cause.",
+        "loading: `Params4bit.cuda` stages each weight as an fp16 copy (at most 96 MiB), quantises it and frees "
+        "it; the caching allocator reuses the freed staging segment for the next weight, and what stays cached "
+        "is of the order of the staging sizes (96, 86 and 32 MiB) plus partly filled 20 MiB segments holding "
+        "the small quantisation statistics: about 0.2 GiB by the allocator's rules (REFERENCE.md section 1). "
+        "Ruled out.",
+        "a paged optimizer: ms-swift's default is the Trainer's `adamw_torch`; paged states would sit outside "
+        "the caching allocator and lower reserved memory, not raise it. Ruled out.",
+        "checkpointing (ms-swift's default is on), the loss buffers, variable batch shapes, flash attention: "
+        "the same in row 109. Ruled out.",
+        "the software version, partly: ms-swift 1.5.0 loads Qwen v1 with `torch_dtype=None`, which "
+        "transformers 4.36 replaces with fp16 for bitsandbytes models, so the unquantised embeddings, norms and "
+        "head are fp16 under the Trainer's bf16 autocast. The head's Linear then keeps a bf16 copy of its "
+        "weight for backward (a frozen Linear whose weight is not in the autocast dtype saves the cast copy; "
+        f"checked with saved-tensor hooks): {head / GiB:.2f} GiB allocated, {head_reserved / GiB:.2f} GiB "
+        f"reserved with the engine's transient fragmentation, which would bring the row to {_pct(with_head)}, "
+        f"still {short:.1f} GiB short. ms-swift 1.4.0 passes bf16 and has no such copy. The source does not "
+        "say which release ran (its GiB unit and `max_memory_reserved` match 1.5.0; 1.4.0 printed "
+        '`memory_reserved()` after 20 steps in "GB"). The engine has no scenario key for unquantised weights '
+        "in another dtype than the compute dtype; one added for a single row of unknown version would be a "
+        "knob tuned to it, so it is left out.",
+    ]
+    verdict = (
+        "No constant was tuned to the row. It stays in the fit and in *all reproducible rows*: the engine can "
+        "run its configuration as stated; what the row lacks is the software version and whatever the run "
+        f"held beyond its stated configuration.{fit_note} Read it as a warning that the engine can "
+        "under-predict bitsandbytes QLoRA runs of this era by about a fifth of reserved memory, until a QLoRA "
+        "step is measured by the project (bitsandbytes needs CUDA; `benchmarks/gpu_measure.py` has no QLoRA "
+        "scenario yet)."
+    )
+    wrap = textwrap.TextWrapper(width=110, break_long_words=False, break_on_hyphens=False)
+    out = wrap.fill(intro).replace("\n", "\n  ").splitlines()
+    out[0] = "- " + out[0]
+    for c in checks:
+        lines = wrap.fill(c).splitlines()
+        out += ["  - " + lines[0]] + ["    " + x for x in lines[1:]]
+    out += [""] + ["  " + x for x in wrap.fill(verdict).splitlines()]
+    return out
 
 
 def _fit_section(fits: dict[str, dict[str, Any]] | None) -> list[str]:

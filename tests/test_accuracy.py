@@ -47,6 +47,32 @@ def test_no_evaluation_row_is_under_predicted_by_more_than_15_percent(results: l
     assert s["worst_under"] >= fm.TARGET_WORST_UNDER, s
 
 
+def test_only_the_explained_rows_are_under_predicted_by_more_than_15_percent(results: list[dict]) -> None:
+    """On every reproducible row (fit and evaluation), an under-prediction beyond the bound is one that
+    docs/accuracy.md explains under *Known misses*; a new one fails, and so does an explanation gone stale."""
+    beyond = set(fm.summarise(results, ("fit", "eval"))["under_over_15"])
+    assert beyond == set(fm.EXPLAINED_UNDER), (
+        f"unexplained: {sorted(beyond - set(fm.EXPLAINED_UNDER))}, "
+        f"no longer beyond the bound: {sorted(set(fm.EXPLAINED_UNDER) - beyond)}"
+    )
+
+
+def test_the_under_prediction_checks_can_fail(results: list[dict]) -> None:
+    """The bound is live: a row predicted 20% low is caught, by the evaluation check and by the explained set."""
+    scored = [r for r in results if r["role"] == "eval" and r["error"] is not None]
+    low = {**scored[0], "error": -0.20}
+    bad = [low] + [r for r in results if r is not scored[0]]
+    assert fm.summarise(bad)["worst_under"] < fm.TARGET_WORST_UNDER
+    assert set(fm.summarise(bad, ("fit", "eval"))["under_over_15"]) != set(fm.EXPLAINED_UNDER)
+
+
+def test_the_report_states_each_target_on_evaluation_and_all_rows(results: list[dict]) -> None:
+    text = fm.render(results)
+    for rid in fm.EXPLAINED_UNDER:
+        assert f"**Row {rid}**" in text and "explained" in text
+    assert text.count("on the evaluation rows (") == 2 and text.count("on all reproducible rows") >= 2
+
+
 def test_the_fitted_constants_are_what_the_fit_gives() -> None:
     """overhead.py's two fitted constants stay within 10% of a fresh fit on the committed rows."""
     fits = fm.fit(fm.load_rows())
