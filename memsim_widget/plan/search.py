@@ -16,7 +16,15 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.plan import proxy
 from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
-from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, candidate_scenario, evaluate
+from memsim_widget.plan.vector import (
+    CHECKPOINTING,
+    COLUMNS,
+    LOSSES,
+    OFFLOADS,
+    candidate_scenario,
+    evaluate,
+    unique_codes,
+)
 from memsim_widget.scenario import METHODS, Scenario
 
 if TYPE_CHECKING:
@@ -87,11 +95,8 @@ class Plan:
         tok = c["tokens_per_gpu_s"][fits]
         mem = c["device_total_bytes"][fits]
         method = c["method"][fits] if "method" in c else np.zeros(fits.size, dtype=np.int64)
-        keys = np.stack(
-            [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer")] + [method]
-        )
-        _, group = np.unique(keys, axis=1, return_inverse=True)
-        group = group.reshape(-1)
+        cols = [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer")] + [method]
+        _, group = unique_codes(cols, [14, 14, 6, 8, 6, 6, 4, 2])
         order = np.lexsort((mem, -tok, group))
         g_sorted, m_sorted = group[order], mem[order]
         new_group = np.r_[True, g_sorted[1:] != g_sorted[:-1]]

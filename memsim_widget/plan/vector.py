@@ -98,7 +98,7 @@ def _state_side(
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The state side of each moment per distinct state key (tp, ep, dp, cp, zero, optimizer, offload, pp,
     first, last, gradients carried between micro-batches), and the bytes held outside the allocator."""
-    k10, inv = _unique_codes([skey[:, j] for j in range(10)], [10, 10, 20, 10, 2, 4, 2, 8, 1, 1])
+    k10, inv = unique_codes([skey[:, j] for j in range(10)], [10, 10, 20, 10, 2, 4, 2, 8, 1, 1])
     stats = np.zeros((k10.shape[0], len(STATE_GROUPS), NSTAT), dtype=np.int64)
     outside = np.zeros(k10.shape[0], dtype=np.int64)
     for k, (tp, ep, sdp, scp, z, o, off, pk, fk, lk) in enumerate(k10.tolist()):
@@ -247,7 +247,7 @@ def candidate_scenario(
     return base.replace(parallel=par, **keys)
 
 
-def _unique_codes(cols: Sequence[np.ndarray], bits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def unique_codes(cols: Sequence[np.ndarray], bits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of small non-negative integer columns (packed into one int64 with ``bits`` per
     column, most significant first) as a (distinct, columns) array, and each row's distinct index."""
     code = np.zeros(cols[0].shape[0], dtype=np.int64)
@@ -316,7 +316,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     oib = base.optimizer_in_backward
 
     # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
-    akey, a_cand = _unique_codes(
+    akey, a_cand = unique_codes(
         [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]], [20, 10, 10, 1, 2, 1]
     )
     arows = []
@@ -351,7 +351,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- activation side per distinct (activation key, pp, stage, micro-batches) ----------------------
     kind = np.where(first, 0, np.where(last, 2, 1))
-    xkey, x_row = _unique_codes([a_cand[cand], p, kind, m], [28, 8, 2, 26])
+    xkey, x_row = unique_codes([a_cand[cand], p, kind, m], [28, 8, 2, 26])
     xa, xp, xkind, xm = xkey[:, 0], xkey[:, 1], xkey[:, 2], xkey[:, 3]
     xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, 1))
     xfirst, xlast = xstage == 0, xstage == xp - 1
@@ -424,7 +424,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     s_cp = np.where((zero == 0) & ~plain, c["cp"][cand], 1)
     ga = c["grad_accum"][cand]
     carried = ((ga > 1) | ((p > 1) & (m > 1))) & (not oib)
-    skey, s_idx = _unique_codes(
+    skey, s_idx = unique_codes(
         [c["tp"][cand], c["ep"][cand], s_dp, s_cp, zero, c["optimizer"][cand], c["offload"][cand], p,
          first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64)],
         [10, 10, 20, 10, 2, 4, 2, 8, 1, 1, 1],
