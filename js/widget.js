@@ -689,6 +689,19 @@ export function renderFit(doc, panel, open, fit = {}) {
   }
 }
 
+/** A candidate's layout in a few words: `dp=4 tp=2 pp=1 cp=1, ZeRO-1, sp`. */
+export function layoutText(r) {
+  return `${r.layout}, ZeRO-${r.zero}${r.sequence_parallel ? ", sp" : ""}`;
+}
+
+/** A candidate's memory knobs in a few words: `selective ckpt, chunked loss, adamw-8bit, offload optimizer`. */
+export function knobsText(r) {
+  const parts = [r.activation_checkpointing === "none" ? "no ckpt" : `${r.activation_checkpointing} ckpt`,
+    `${r.loss} loss`, r.optimizer];
+  if (r.offload && r.offload !== "none") parts.push(`offload ${r.offload}`);
+  return parts.join(", ");
+}
+
 /** Draw the "Layouts" part from the `layouts` trait; `scenario` marks the layout already in use. */
 export function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
   const state = layouts.state ?? "idle";
@@ -722,8 +735,7 @@ export function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
     panel.table.replaceChildren();
     return;
   }
-  const cols = ["#", "layout", "ZeRO", "micro-batch", "checkpointing", "loss", "optimizer", "offload", "memory",
-    "tokens/s/GPU", ""];
+  const cols = ["#", "layout", "micro-batch", "knobs", "memory", "tokens/s/GPU", ""];
   const thead = h(doc, "thead", {}, [h(doc, "tr", {}, cols.map((t) => h(doc, "th", { text: t })))]);
   const body = h(doc, "tbody");
   const ok = state !== "running" && !stale;
@@ -731,13 +743,10 @@ export function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
     const current = isCurrentLayout(r, scenario);
     body.append(h(doc, "tr", { class: `memsim-layout-row${current ? " memsim-layout-current" : ""}` }, [
       h(doc, "td", { text: String(r.rank) }),
-      h(doc, "td", { class: "memsim-col-layout", text: r.layout + (r.sequence_parallel ? " +sp" : "") }),
-      h(doc, "td", { text: String(r.zero) }),
-      h(doc, "td", { text: `${r.micro_batch_size} × ${r.grad_accum_steps}` }),
-      h(doc, "td", { text: r.activation_checkpointing }),
-      h(doc, "td", { text: r.loss }),
-      h(doc, "td", { text: r.optimizer }),
-      h(doc, "td", { text: r.offload }),
+      h(doc, "td", { class: "memsim-col-layout", text: layoutText(r) }),
+      h(doc, "td", { class: "memsim-col-mb", text: `${r.micro_batch_size} × ${r.grad_accum_steps}`,
+        title: "micro-batch × gradient accumulation steps" }),
+      h(doc, "td", { class: "memsim-col-knobs", text: knobsText(r) }),
       h(doc, "td", { class: "memsim-col-size", text: fmtBytes(r.device_total_bytes) }),
       h(doc, "td", { class: "memsim-col-size", text: Number(r.tokens_per_gpu_s).toLocaleString("en-US", { maximumFractionDigits: 0 }) }),
       h(doc, "td", {}, [applyButton(doc, { class: "memsim-layout-apply", "data-candidate": String(r.candidate),

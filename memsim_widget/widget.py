@@ -37,7 +37,7 @@ import anywidget
 import traitlets
 
 from memsim_widget import charts as charts_mod
-from memsim_widget.catalog.gpus import GPUS
+from memsim_widget.catalog.gpus import GPUS, resolve_gpu
 from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.items import CATEGORIES, fmt_bytes
@@ -763,7 +763,7 @@ def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_PO
         "seconds": round(p.seconds, 4),
         "summary": p.summary(),
         "model": charts_mod.model_label(p.base.model),
-        "gpu": charts_mod.gpu_label(p.base.gpu),
+        "gpu": resolve_gpu(p.base.gpu).name,
         "top": top,
         "chart": candidates_spec(p, limit=points),
     }

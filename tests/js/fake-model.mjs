@@ -53,3 +53,9 @@ export function makeDom() {
 export function fire(window, el, type) {
   el.dispatchEvent(new window.Event(type, { bubbles: true }));
 }
+
+/** "Make it fit" as Python sends it (tests/js/fixtures/plan.json, written by tests/test_widget_plan.py):
+ * `too_big` and `roomy` ({scenario_data, fit}) and `layouts` ({scenario_data, layouts}). */
+export function planFixture() {
+  return JSON.parse(readFileSync(new URL("./fixtures/plan.json", import.meta.url), "utf8"));
+}
