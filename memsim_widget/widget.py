@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
@@ -44,10 +44,6 @@ from memsim_widget.engine.items import CATEGORIES, fmt_bytes
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import COUNTERS, DEFAULT_HEADROOM, Estimate
 from memsim_widget.optimizers import OPTIMIZERS
-from memsim_widget.plan import Change, Plan, Recommendation
-from memsim_widget.plan import plan as plan_search
-from memsim_widget.plan import recommend as plan_recommend
-from memsim_widget.plan.chart import candidates_spec
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.scenario import (
     ADAPTER_DTYPES,
@@ -64,6 +60,9 @@ from memsim_widget.scenario import (
 )
 from memsim_widget.trace import charts as trace_charts
 from memsim_widget.trace.api import check_traceable
+
+if TYPE_CHECKING:  # the planner (and numpy) load on first use of "Make it fit", not with the widget
+    from memsim_widget.plan import Change, Plan, Recommendation
 
 GiB = 1024**3
 #: Keys of a llama-style inline model config that the "custom" model controls edit.
@@ -644,6 +643,20 @@ class _TraceJob:
 
 
 # ----- make it fit: recommendations and candidate layouts as trait data ------------------------------------
+def plan_recommend(scenario: Scenario, headroom: float) -> Recommendation:
+    """``memsim_widget.plan.recommend``, imported on first use (tests replace this function)."""
+    from memsim_widget.plan import recommend
+
+    return recommend(scenario, headroom=headroom)
+
+
+def plan_search(**kwargs: Any) -> Plan:
+    """``memsim_widget.plan.plan``, imported on first use (tests replace this function)."""
+    from memsim_widget.plan import plan
+
+    return plan(**kwargs)
+
+
 def _change_view(c: Change, index: int) -> dict[str, Any]:
     """One recommended change (or single lever) as the panel lists it: label, GiB saved, fits, cost in words."""
     return {
@@ -729,6 +742,8 @@ def fit_target(rec: Recommendation, kind: str = "change", index: int = 0) -> Sce
 
 def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_POINTS) -> dict[str, Any]:
     """The ``view`` of the ``layouts`` trait: the search in numbers, the best ``rows`` candidates, the chart."""
+    from memsim_widget.plan.chart import candidates_spec
+
     top = []
     for rank, r in enumerate(p.frame.head(rows).itertuples(index=False), start=1):
         top.append(
