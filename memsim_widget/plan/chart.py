@@ -95,14 +95,14 @@ def candidates_spec(plan: Plan, limit: int = MAX_POINTS, best: int = 10) -> dict
             },
         },
     }
-    counts = ", ".join(map(str, plan.gpu_counts))
+    counts = ", ".join(map(str, plan.gpu_counts)) + (" GPU" if plan.gpu_counts == (1,) else " GPUs")
     return {
         "$schema": SCHEMA,
         "title": {
-            "text": f"{plan.evaluated:,} candidate layouts on {counts} GPUs: {plan.fitting:,} fit",
+            "text": f"{plan.evaluated:,} candidate layouts on {counts}: {plan.fitting:,} fit",
             "subtitle": "each point one layout and knob setting; red: the best ranked",
         },
-        "width": 520,
+        "width": 460,
         "height": 300,
         "data": {"values": records},
         "layer": [points, rules],
