@@ -90,6 +90,29 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
         },
     ),
+    (
+        "llama amp-bf16 lora qv b2 s512",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "precision": "amp-bf16",
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
+    (
+        "llama amp-bf16 lora qv ckpt b2 s512",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "precision": "amp-bf16",
+            "method": "lora",
+            "activation_checkpointing": "full",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
     ("llama bf16 sgd b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "optimizer": "sgd"}),
     (
         "llama bf16 fused b2 s512",

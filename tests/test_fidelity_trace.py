@@ -20,6 +20,7 @@ FAST = [
     "llama amp-bf16 sdpa b2 s512",
     "llama bf16 eager b2 s256",
     "llama bf16 lora qv fp32 b2 s512",
+    "llama amp-bf16 lora qv b2 s512",
     "mistral bf16 sdpa b2 s512",
     "qwen2 bf16 sdpa b2 s512",
     "mixtral bf16 sdpa b2 s512",

@@ -24,6 +24,7 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit")
 BASES = [
     {"model": "llama-3.1-8b", "seq_len": 4096},
     {"model": "llama-3.1-8b", "method": "lora", "seq_len": 2048},
+    {"model": "llama-3.1-8b", "method": "lora", "precision": "amp-bf16", "seq_len": 2048},
     {
         "model": "llama-3.1-8b",
         "method": "qlora",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import profile, uses_autocast
+from memsim_widget.engine.frameworks import profile, quantises_module, uses_autocast
 from memsim_widget.engine.items import fmt_int
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
@@ -279,6 +279,33 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
         wl //= D.tp
         add("autocast 16-bit weight copies", 2 * wl, f"2 B x {fmt_int(wl)} Linear weights per layer", 7)
+    elif amp and sc.activation_checkpointing != "full":
+        # A frozen Linear gets no autocast cache entry (only trained fp32 leaves are cached), but the matmul
+        # it runs keeps the 16-bit weight it was given for the input's gradient: one copy per frozen Linear
+        # whose input needs a gradient (torch autocast_mode cached_cast; checked with saved-tensor hooks and
+        # against fake-tensor traces, docs/fidelity.md). NF4 Linears dequantise inside bitsandbytes' own
+        # autograd Function, which saves the packed weight only. Layer 0's attention input needs no gradient
+        # without checkpointing (frozen embeddings), so q, k and v keep no copy there. Under full checkpointing
+        # the copies exist only while the recomputed layer's backward runs, freed Linear by Linear; the
+        # layer-backward moment already bounds that (traces of amp LoRA with checkpointing agree without them).
+        frozen_w = [
+            g
+            for g in arch.params
+            if g.scope == "layer"
+            and g.module
+            and not (sc.method == "qlora" and quantises_module(ctx, g.module))
+        ]
+        layers = max(arch.num_layers, 1)
+        wl = sum(g.numel for g in frozen_w) // layers // D.tp
+        w0 = sum(g.numel for g in frozen_w if g.module in ATTN_IN) // layers // D.tp if frozen_first else 0
+        add(
+            "autocast 16-bit copies of frozen Linear weights",
+            2 * wl,
+            f"2 B x {fmt_int(wl)} frozen Linear weights per layer"
+            + ("; none for layer 0's attention input" if w0 else ""),
+            sum(g.count for g in frozen_w) // layers,
+            first_bytes=2 * w0,
+        )
 
     # ----- LoRA adapter internals -------------------------------------------------------------------
     if not full:
@@ -374,6 +401,8 @@ def _hf(ctx: Context) -> ActivationBudget:
                 2,
             )
         )
+    if V and amp and not full:  # a frozen head keeps the 16-bit copy of its weight for the input's gradient
+        out.post.append(Term("head: autocast 16-bit weight copy (frozen head)", 2 * V * h, "2 B x V x h", 1))
     if V and full:  # the head reads the final norm's output
         if amp:
             out.post.append(
