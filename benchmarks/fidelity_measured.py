@@ -965,9 +965,10 @@ def _row_121(by_id: dict[str, dict[str, Any]], fits: dict[str, dict[str, Any]] |
         f"reserved with the engine's transient fragmentation, which would bring the row to {_pct(with_head)}, "
         f"still {short:.1f} GiB short. ms-swift 1.4.0 passes bf16 and has no such copy. The source does not "
         "say which release ran (its GiB unit and `max_memory_reserved` match 1.5.0; 1.4.0 printed "
-        '`memory_reserved()` after 20 steps in "GB"). The engine has no scenario key for unquantised weights '
-        "in another dtype than the compute dtype; one added for a single row of unknown version would be a "
-        "knob tuned to it, so it is left out.",
+        '`memory_reserved()` after 20 steps in "GB"). The engine counts such copies under the `amp-*` '
+        "recipes, whose frozen weights are fp32, but has no scenario key for fp16 unquantised weights under "
+        "bf16 autocast; one added for a single row of unknown version would be a knob tuned to it, so it is "
+        "left out.",
     ]
     verdict = (
         "No constant was tuned to the row. It stays in the fit and in *all reproducible rows*: the engine can "
