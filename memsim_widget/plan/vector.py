@@ -404,14 +404,19 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     own = np.where(ckpt[:, None], own_ckpt, own_plain)
     # backward_top: the larger of the final norm's backward and the last layer's (the rest is shared)
     held = pre + saved_all
-    A = {
-        "m1": held + post + loss_fwd,
-        "m2": held + post + loss_bwd,
-        "m3": held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd),
-        "end": pre + rest,
-        "l0": own + layer_bwd,
-    }
-    A = {k: v[x_row] for k, v in A.items()}
+    m3 = held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd)
+    l0 = own + layer_bwd
+    # per row only what the moments need: activation terms are never long-lived (no persistent column)
+    a_cols = np.stack(
+        [
+            (held + post + loss_fwd)[:, 1], (held + post + loss_fwd)[:, 3],
+            (held + post + loss_bwd)[:, 1], (held + post + loss_bwd)[:, 3],
+            m3[:, 1], m3[:, 3],
+            (pre + rest)[:, 1], (pre + rest)[:, 3],
+            l0[:, 1], l0[:, 3], l0[:, 0],
+        ],
+        axis=1,
+    )[x_row]  # fmt: skip
     nrows = cand.shape[0]
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
@@ -431,23 +436,40 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     )  # fmt: skip
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
-    S = {g: v[s_idx] for g, v in S.items()}
+    # per row only what the moments need: state items are never loss buffers (no loss column)
+    s_cols = np.stack(
+        [
+            S["fwd"][:, 1], S["fwd"][:, 2], S["top"][:, 1], S["top"][:, 2], S["end"][:, 1], S["end"][:, 2],
+            S["step"][:, 1], S["step"][:, 2], S["grads"][:, 1], S["grads"][:, 2],
+            S["grads_but_bottom"][:, 1], S["grads_but_bottom"][:, 2],
+            S["grads"][:, 0] - S["grads_but_bottom"][:, 0],
+        ],
+        axis=1,
+    )[s_idx]  # fmt: skip
     s_out = s_out[s_idx]
 
-    # ----- the moments (engine/timeline.moments): state part + activation part per moment ----------------
-    l0 = S["grads_but_bottom"] + A["l0"]
-    m4 = S["end"] + A["end"] + np.where((S["grads"][:, 0] > l0[:, 0])[:, None], S["grads"], l0)
-    moments = [S["fwd"] + A["m1"], S["fwd"] + A["m2"], S["top"] + A["m3"], m4]
+    # ----- the moments (engine/timeline.moments): (allocated, long-lived, loss buffers) per moment -------
+    # backward_end: the embedding's backward (all gradients) if its gradients outweigh layer 0's instant
+    embed = s_cols[:, 12] > a_cols[:, 10]
+    moments = [
+        (s_cols[:, 0] + a_cols[:, 0], s_cols[:, 1], a_cols[:, 1]),
+        (s_cols[:, 0] + a_cols[:, 2], s_cols[:, 1], a_cols[:, 3]),
+        (s_cols[:, 2] + a_cols[:, 4], s_cols[:, 3], a_cols[:, 5]),
+        (
+            s_cols[:, 4] + a_cols[:, 6] + np.where(embed, s_cols[:, 8], s_cols[:, 10] + a_cols[:, 8]),
+            s_cols[:, 5] + np.where(embed, s_cols[:, 9], s_cols[:, 11]),
+            a_cols[:, 7] + np.where(embed, 0, a_cols[:, 9]),
+        ),
+    ]
     if base.optimizer != "none" and not oib:
-        moments.append(S["step"])
+        moments.append((s_cols[:, 6], s_cols[:, 7], np.zeros(nrows, dtype=np.int64)))
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     f_t, f_v = _waste_rates(ctx0)
-    peak_alloc = moments[0][:, 1].copy()
+    peak_alloc = moments[0][0].copy()
     peak_m = np.zeros(nrows, dtype=np.int64)
     pool = peak_alloc.copy()
-    for k, mo in enumerate(moments):
-        alloc, pers, loss = mo[:, 1], mo[:, 2], mo[:, 3]
+    for k, (alloc, pers, loss) in enumerate(moments):
         if k:
             higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
             peak_m[higher] = k
