@@ -365,14 +365,43 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
             f = f * (1 + (xp - 1) / (xp * v))
         f = np.where(xp == 1, 1.0, f)
     nx = xkey.shape[0]
-    ckpt = akey[xa, 4] == 2
 
     def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float) -> np.ndarray:
         fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
         fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
         return _scaled_rows(T[group][xa], fac, fst)
 
-    zeros, ones = np.zeros(nx), np.ones(nx)
+    # terms whose factor does not depend on the stage: once per activation key, then picked per row
+    na = akey.shape[0]
+    a_ones, a_zeros = np.ones(na), np.zeros(na)
+
+    def per_key(group: str, first_n: np.ndarray = a_zeros) -> np.ndarray:
+        return _scaled_rows(T[group], a_ones, first_n)
+
+    a_ckpt = akey[:, 4] == 2
+    a_recompute = np.where(a_ckpt[:, None], per_key("per_layer"), 0)
+    lb, ab = per_key("layer_backward"), per_key("attention_backward")
+    a_layer_bwd = np.where((ab[:, 0] > lb[:, 0])[:, None], ab, lb)
+    a_own_ckpt = a_recompute + np.where(shared_k[:, None], 0, per_key("kept"))
+    a_own = {
+        True: np.where(a_ckpt[:, None], a_own_ckpt, per_key("per_layer", a_ones)),  # layer 0 of stage 0
+        False: np.where(a_ckpt[:, None], a_own_ckpt, per_key("per_layer")),
+    }
+    a_last = {  # the last stage's loss and head terms (factor 1; other stages hold none)
+        "post": per_key("post") + per_key("loss_saved"),
+        "loss_bwd": per_key("loss_backward"),
+        "loss_fwd": per_key("loss_forward"),
+        "top_bwd": per_key("top_backward"),
+    }
+    on_last = xlast[:, None]
+    post = np.where(on_last, a_last["post"][xa], 0)
+    loss_bwd = np.where(on_last, a_last["loss_bwd"][xa], 0)
+    top_bwd = np.where(on_last, a_last["top_bwd"][xa], 0)
+    recompute = a_recompute[xa]
+    layer_bwd = a_layer_bwd[xa]
+    own = np.where(xfirst[:, None], a_own[True][xa], a_own[False][xa])
+
+    zeros = np.zeros(nx)
     full_resident = layers * f
     resident = (
         np.minimum(full_resident, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else full_resident
@@ -380,28 +409,17 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     first_n = np.where(xfirst, f, 0.0)
     if base.activation_offloading:
         first_n = np.where(resident < layers * f, 0.0, first_n)
-    last1 = xlast.astype(np.float64)
     saved_all = scaled("kept", resident, first_n)
     pre = scaled("pre", np.where(xfirst, f, 0.0), zeros) + scaled("inputs", f, zeros)
-    post = scaled("post", last1, zeros) + scaled("loss_saved", last1, zeros)
-    recompute = np.where(ckpt[:, None], scaled("per_layer", ones, zeros), 0)
-    lb = scaled("layer_backward", ones, zeros)
-    ab = scaled("attention_backward", ones, zeros)
-    layer_bwd = np.where((ab[:, 0] > lb[:, 0])[:, None], ab, lb)
-    loss_bwd = scaled("loss_backward", last1, zeros)
-    loss_fwd = scaled("loss_forward", last1, zeros) + scaled(
+    loss_fwd = np.where(on_last, a_last["loss_fwd"][xa], 0) + scaled(
         "cache_per_layer", layers.astype(np.float64), zeros
     )
-    top_bwd = scaled("top_backward", last1, zeros)
     tail = recompute + layer_bwd
     if base.activation_offloading:
         rest = np.zeros((nx, NSTAT), dtype=np.int64)
     else:
         rest_first = np.where(first_n > 0, first_n - 1, 0.0)
         rest = np.where((f > 1)[:, None], scaled("kept", layers * (f - 1), rest_first), 0)
-    own_ckpt = recompute + np.where(shared_k[xa][:, None], 0, scaled("kept", ones, zeros))
-    own_plain = scaled("per_layer", ones, xfirst.astype(np.float64))
-    own = np.where(ckpt[:, None], own_ckpt, own_plain)
     # backward_top: the larger of the final norm's backward and the last layer's (the rest is shared)
     held = pre + saved_all
     m3 = held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd)
