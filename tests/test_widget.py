@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from memsim_widget import charts as charts_mod
-from memsim_widget import widget as widget_mod
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS
@@ -42,6 +41,8 @@ from memsim_widget.widget import (
     merge,
     normalize,
     trace_check,
+    trace_panel,
+    trace_runner,
 )
 
 GiB = 1024**3
@@ -626,8 +627,8 @@ class FakeTracer:
 def tracer(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTracer]:
     """Replace the real trace by a ``FakeTracer``; progress is published every 10 ms."""
     fake = FakeTracer()
-    monkeypatch.setattr(widget_mod, "run_trace", fake)
-    monkeypatch.setattr(widget_mod, "TRACE_POLL_S", 0.01)
+    monkeypatch.setattr(trace_panel, "run_trace", fake)
+    monkeypatch.setattr(trace_panel, "TRACE_POLL_S", 0.01)
     yield fake
     fake.release.set()
 
@@ -757,7 +758,7 @@ def test_python_verify_of_another_scenario_replaces_a_running_trace(tracer: Fake
 def test_a_failing_trace_shows_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeTracer(fail=RuntimeError("boom"))
     fake.release.set()
-    monkeypatch.setattr(widget_mod, "run_trace", fake)
+    monkeypatch.setattr(trace_panel, "run_trace", fake)
     sim = make(model="gpt2")
     with pytest.raises(RuntimeError, match="boom"):
         sim.verify()
@@ -793,7 +794,7 @@ def test_verify_is_disabled_for_untraceable_scenarios(
 
 
 def test_verify_says_which_extra_to_install(tracer: FakeTracer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(widget_mod, "_missing_trace_modules", lambda: ("torch", "transformers", "peft"))
+    monkeypatch.setattr(trace_runner, "_missing_trace_modules", lambda: ("torch", "transformers", "peft"))
     sim = make(model="gpt2")
     assert not sim.trace["available"]
     assert sim.trace["reason"] == f"trace: needs torch and transformers: {TRACE_EXTRA}"
@@ -865,7 +866,7 @@ def test_verify_traces_a_tiny_llama_for_real(torch_trace: None, monkeypatch: pyt
     """The real tracer in the widget's thread: progress from the tracker, then traced next to simulated."""
     import torch
 
-    monkeypatch.setattr(widget_mod, "TRACE_POLL_S", 0.05)
+    monkeypatch.setattr(trace_panel, "TRACE_POLL_S", 0.05)
     sim = make(model=MICRO_LLAMA, seq_len=128)
     seen = record(sim)
     report = sim.verify()
@@ -995,7 +996,7 @@ def test_wheel_ships_the_front_end(tmp_path: Path) -> None:
         "import memsim_widget.widget as w, pathlib, sys; "
         "assert pathlib.Path(w.__file__).is_relative_to(pathlib.Path(sys.argv[1])), w.__file__; "
         "s = w.MemSim(charts_js=False); assert 'export function render' in s._esm; "
-        "assert str(w._asset('widget.js')).endswith('memsim_widget/static/widget.js'); print(repr(s))"
+        "assert str(w.assets._asset('widget.js')).endswith('memsim_widget/static/widget.js'); print(repr(s))"
     )
     run = subprocess.run(
         [sys.executable, "-c", code, str(site)],

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from memsim_widget import widget as widget_mod
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.plan import Recommendation, plan, recommend
@@ -26,7 +25,9 @@ from memsim_widget.widget import (
     MemSim,
     build_fit_view,
     build_layouts_view,
+    fit_panel,
     fit_target,
+    layouts_panel,
     layouts_stale_keys,
 )
 
@@ -95,7 +96,7 @@ class CountingRecommend:
 def counting(monkeypatch: pytest.MonkeyPatch) -> CountingRecommend:
     """Count the widget's recommendation runs."""
     fake = CountingRecommend()
-    monkeypatch.setattr(widget_mod, "plan_recommend", fake)
+    monkeypatch.setattr(fit_panel, "plan_recommend", fake)
     return fake
 
 
@@ -162,7 +163,7 @@ def test_recommendations_follow_changes_while_open_and_are_cached(counting: Coun
 def test_a_slow_recommendation_does_not_slow_the_update(monkeypatch: pytest.MonkeyPatch) -> None:
     gate = threading.Event()
     slow = CountingRecommend(gate=gate)
-    monkeypatch.setattr(widget_mod, "plan_recommend", slow)
+    monkeypatch.setattr(fit_panel, "plan_recommend", slow)
     sim = make(**TOO_BIG)
     sim.fit_open = True
     wait_for(lambda: sim.fit["state"] == "running")
@@ -195,7 +196,7 @@ def test_apply_of_a_stale_or_unknown_entry_is_refused_in_place(counting: Countin
 def test_a_failing_recommendation_shows_its_error_and_the_widget_keeps_working(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(widget_mod, "plan_recommend", CountingRecommend(fail=RuntimeError("planner broke")))
+    monkeypatch.setattr(fit_panel, "plan_recommend", CountingRecommend(fail=RuntimeError("planner broke")))
     sim = make(**TOO_BIG)
     sim.fit_open = True
     wait_for(lambda: sim.fit["state"] == "error")
@@ -203,7 +204,7 @@ def test_a_failing_recommendation_shows_its_error_and_the_widget_keeps_working(
     sim.set(micro_batch_size=2)
     assert sim.error == "" and sim.scenario.micro_batch_size == 2
     assert sim.result["peaks"][0]["bytes"] == estimate(sim.scenario).device_total_bytes
-    monkeypatch.setattr(widget_mod, "plan_recommend", recommend)
+    monkeypatch.setattr(fit_panel, "plan_recommend", recommend)
     sim.set(micro_batch_size=1)
     wait_for(lambda: fit_ready(sim))
     assert sim.fit["error"] == "" and sim.fit["view"]["changes"]
@@ -296,7 +297,7 @@ def test_layouts_with_a_gpu_count_and_errors_in_place(monkeypatch: pytest.Monkey
     def broken(**kwargs: Any) -> None:
         raise RuntimeError("search broke")
 
-    monkeypatch.setattr(widget_mod, "plan_search", broken)
+    monkeypatch.setattr(layouts_panel, "plan_search", broken)
     send(sim, {"type": "layouts"})
     wait_for(lambda: sim.layouts["state"] == "error")
     assert sim.layouts["error"] == "RuntimeError: search broke"

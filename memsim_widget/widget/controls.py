@@ -1,0 +1,218 @@
+"""Which controls apply to a scenario: resetting inapplicable ones, disabling them, and the ``options`` trait."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget import charts as charts_mod
+from memsim_widget.catalog.gpus import GPUS
+from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
+from memsim_widget.engine.items import CATEGORIES
+from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.precision import PRECISIONS
+from memsim_widget.scenario import (
+    ADAPTER_DTYPES,
+    ATTENTIONS,
+    CHECKPOINTING,
+    FRAMEWORKS,
+    LOSSES,
+    METHODS,
+    OFFLOADS,
+    OPTIMIZER_IMPLS,
+    PP_SCHEDULES,
+    ZERO_STAGES,
+)
+from memsim_widget.widget.scenario_edits import merge
+
+#: Keys of a llama-style inline model config that the "custom" model controls edit.
+CUSTOM_DIMS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+
+
+def _arch(model: Any) -> Any:
+    """The architecture of a model input, or None when it cannot be resolved."""
+    try:
+        return architecture_for(model)
+    except Exception:  # any unresolvable input: the scenario check reports it
+        return None
+
+
+def _linear_modules(arch: Any) -> list[str]:
+    """Names of the Linear modules of an architecture (LoRA targets)."""
+    return sorted({g.module for g in arch.params if g.module}) if arch is not None else []
+
+
+def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
+    """Reset controls that a change made inapplicable to their neutral value, unless they changed themselves.
+
+    E.g. tp back to 1 turns sequence parallelism off; ZeRO 0 turns offload off; an optimizer without the
+    current implementation switches to one it has. A value set explicitly in the same change is kept, so an
+    impossible combination typed on purpose still reports its error.
+    """
+    out = merge(data, {})
+    par = out.get("parallel") if isinstance(out.get("parallel"), dict) else {}
+    lora = out.get("lora") if isinstance(out.get("lora"), dict) else {}
+
+    def fix(key: str, ok: bool, value: Any) -> None:
+        if ok or key in changed:
+            return
+        section, _, sub = key.partition(".")
+        if sub:
+            {"parallel": par, "lora": lora}[section][sub] = value
+        else:
+            out[key] = value
+
+    tp, zero, pp = par.get("tp", 1), par.get("zero", 0), par.get("pp", 1)
+    fix("parallel.sequence_parallel", tp != 1 or not par.get("sequence_parallel"), False)
+    offload = par.get("offload", "none")
+    fix("parallel.offload", zero != 0 or offload == "none", "none")
+    offload = par.get("offload", "none")
+    fix("parallel.offload", zero in (0, 3) or offload != "optimizer+params", "optimizer")
+    schedule = par.get("pp_schedule", "1f1b")
+    fix("parallel.pp_schedule", pp != 1 or schedule == "1f1b", "1f1b")
+    schedule = par.get("pp_schedule", "1f1b")
+    vs = par.get("virtual_stages", 1)
+    if schedule == "interleaved":
+        fix("parallel.virtual_stages", not isinstance(vs, int) or vs >= 2, 2)
+    else:
+        fix("parallel.virtual_stages", vs == 1, 1)
+    spec = OPTIMIZERS.get(out.get("optimizer"))  # type: ignore[arg-type]
+    if spec is not None and spec.impls and out.get("optimizer") != "none":
+        fix("optimizer_impl", out.get("optimizer_impl") in spec.impls, spec.impls[0])
+    gas = out.get("grad_accum_steps", 1)
+    fix(
+        "optimizer_in_backward",
+        not out.get("optimizer_in_backward") or (gas == 1 and out.get("optimizer") != "none"),
+        False,
+    )
+    arch = _arch(out.get("model"))
+    if arch is not None:
+        fix("parallel.ep", arch.is_moe or par.get("ep", 1) == 1, 1)
+        modules = _linear_modules(arch)
+        targets = lora.get("targets")
+        if out.get("method") != "full" and isinstance(targets, list | tuple) and targets:
+            kept = [t for t in targets if t in modules or t == "all-linear"]
+            fix("lora.targets", kept == list(targets), kept or ["all-linear"])
+    return out
+
+
+def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, list[Any]]]:
+    """Controls that do not apply to ``data`` (key -> reason) and per-control values that are not offered."""
+    par = data.get("parallel") if isinstance(data.get("parallel"), Mapping) else {}
+    off: dict[str, str] = {}
+    values: dict[str, list[Any]] = {}
+    model = data.get("model")
+    if not isinstance(model, Mapping):
+        for dim in CUSTOM_DIMS:
+            off[f"model.{dim}"] = "pick 'custom' as the model to edit its dimensions"
+    if not isinstance(data.get("gpu"), Mapping):
+        off["gpu.memory_gib"] = "pick 'custom' as the GPU to set its memory"
+    if data.get("method", "full") == "full":
+        for key in ("lora.rank", "lora.alpha", "lora.targets", "lora.adapter_dtype"):
+            off[key] = "LoRA settings apply to method lora or qlora"
+    if par.get("tp", 1) == 1:
+        off["parallel.sequence_parallel"] = "sequence parallelism needs tp > 1"
+    if par.get("zero", 0) == 0:
+        off["parallel.offload"] = "offload needs ZeRO stage >= 1"
+    elif par.get("zero") != 3:
+        values["parallel.offload"] = ["optimizer+params"]
+    if par.get("pp", 1) == 1:
+        for key in ("parallel.pp_schedule", "parallel.pp_microbatches", "parallel.virtual_stages"):
+            off[key] = "pipeline settings need pp > 1"
+    elif par.get("pp_schedule") != "interleaved":
+        off["parallel.virtual_stages"] = "virtual stages need the interleaved schedule"
+    optimizer = data.get("optimizer")
+    spec = OPTIMIZERS.get(optimizer)  # type: ignore[arg-type]
+    if optimizer == "none":
+        off["optimizer_impl"] = "no optimizer step"
+        off["optimizer_in_backward"] = "no optimizer step"
+    elif spec is not None:
+        missing = [impl for impl in OPTIMIZER_IMPLS if impl not in spec.impls]
+        if missing:
+            values["optimizer_impl"] = missing
+    if data.get("grad_accum_steps", 1) != 1:
+        off["optimizer_in_backward"] = "stepping in backward cannot accumulate gradients"
+    arch = _arch(model)
+    if arch is not None:
+        if not arch.is_moe:
+            off["parallel.ep"] = "expert parallelism needs a mixture-of-experts model"
+        if arch.fixed_seq_len:
+            off["seq_len"] = f"the model's sequence is fixed ({arch.fixed_seq_len} tokens)"
+    return off, values
+
+
+@functools.cache
+def _static_options() -> dict[str, Any]:
+    """The parts of ``options`` that never change: presets, GPUs, choices, slider stops, descriptions."""
+    presets = []
+    for pid in preset_ids():
+        info = PRESET_INFO.get(pid, {})
+        presets.append(
+            {
+                "id": pid,
+                "params": info.get("params_label", ""),
+                "description": info.get("description", ""),
+                "label": f"{pid} ({info.get('params_label', '?')}): {info.get('description', '')}",
+            }
+        )
+    return {
+        "presets": presets,
+        "gpus": [{"id": g.id, "name": g.name, "memory_gib": round(g.memory_gib, 2)} for g in GPUS.values()],
+        "choices": {
+            "method": list(METHODS),
+            "precision": list(PRECISIONS),
+            "optimizer": list(OPTIMIZERS),
+            "optimizer_impl": list(OPTIMIZER_IMPLS),
+            "activation_checkpointing": list(CHECKPOINTING),
+            "attention": list(ATTENTIONS),
+            "loss": list(LOSSES),
+            "framework": list(FRAMEWORKS),
+            "lora.adapter_dtype": list(ADAPTER_DTYPES),
+            "parallel.zero": list(ZERO_STAGES),
+            "parallel.pp_schedule": list(PP_SCHEDULES),
+            "parallel.offload": list(OFFLOADS),
+        },
+        "descriptions": {
+            "precision": {k: v.description for k, v in PRECISIONS.items()},
+            "optimizer": {k: v.description for k, v in OPTIMIZERS.items()},
+        },
+        "stops": {
+            "micro_batch_size": list(charts_mod.MICRO_BATCH_STOPS),
+            "seq_len": list(charts_mod.SEQ_LEN_STOPS),
+        },
+        "custom_dims": list(CUSTOM_DIMS),
+        "categories": list(CATEGORIES),
+    }
+
+
+def build_options(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``options`` trait for a (possibly invalid) scenario dict: choices plus what is disabled now."""
+    disabled, disabled_values = disabled_controls(data)
+    arch = _arch(data.get("model"))
+    dims = {}
+    if arch is not None:
+        dims = {
+            "hidden_size": arch.hidden_size,
+            "num_hidden_layers": arch.num_layers,
+            "num_attention_heads": arch.num_heads,
+            "num_key_value_heads": arch.num_kv_heads,
+            "intermediate_size": arch.intermediate_size,
+            "vocab_size": arch.vocab_size,
+        }
+    return {
+        **_static_options(),
+        "disabled": disabled,
+        "disabled_values": disabled_values,
+        "model_dims": dims,
+        "lora_targets": ["all-linear", *_linear_modules(arch)],
+        "num_experts": arch.num_experts if arch is not None else 0,
+        "fixed_seq_len": arch.fixed_seq_len if arch is not None else None,
+    }

@@ -1,0 +1,212 @@
+"""The "Make it fit" panel's candidate layouts: the view of a layout search and the ``MemSim`` methods.
+
+A search (``memsim_widget.plan.plan``) runs on request: the "Search layouts" button (a background thread) or
+``MemSim.plan_layouts``. Applying a candidate replaces the scenario through ``_submit``, the path of every edit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from memsim_widget import charts as charts_mod
+from memsim_widget.catalog.gpus import resolve_gpu
+from memsim_widget.errors import ScenarioError
+from memsim_widget.scenario import Scenario
+from memsim_widget.widget.fit_panel import _error_text
+from memsim_widget.widget.scenario_edits import changed_keys
+
+if TYPE_CHECKING:  # the planner (and numpy) load on first search, not with the widget
+    from memsim_widget.plan import Plan
+    from memsim_widget.widget.memsim import MemSim
+
+#: Candidate layouts listed with an "Apply" button, and points the candidates chart draws at most.
+LAYOUT_ROWS = 5
+LAYOUT_POINTS = 600
+#: Scenario keys the layout search chooses itself: changing them does not make a search result stale.
+LAYOUT_SEARCHED = frozenset(
+    {"micro_batch_size", "grad_accum_steps", "activation_checkpointing", "loss", "optimizer", "optimizer_impl",
+     "num_gpus", "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.zero",
+     "parallel.sequence_parallel", "parallel.pp_microbatches", "parallel.offload"}
+)  # fmt: skip
+
+
+def plan_search(**kwargs: Any) -> Plan:
+    """``memsim_widget.plan.plan``, imported on first use (tests replace this function)."""
+    from memsim_widget.plan import plan
+
+    return plan(**kwargs)
+
+
+def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_POINTS) -> dict[str, Any]:
+    """The ``view`` of the ``layouts`` trait: the search in numbers, the best ``rows`` candidates, the chart."""
+    from memsim_widget.plan.chart import candidates_spec
+
+    top = []
+    for rank, r in enumerate(p.frame.head(rows).itertuples(index=False), start=1):
+        top.append(
+            {
+                "rank": rank,
+                "candidate": int(r.candidate),
+                "layout": f"dp={r.dp} tp={r.tp} pp={r.pp} cp={r.cp}" + (f" ep={r.ep}" if r.ep > 1 else ""),
+                "num_gpus": int(r.num_gpus),
+                "dp": int(r.dp),
+                "tp": int(r.tp),
+                "pp": int(r.pp),
+                "cp": int(r.cp),
+                "ep": int(r.ep),
+                "zero": int(r.zero),
+                "sequence_parallel": bool(r.sequence_parallel),
+                "micro_batch_size": int(r.micro_batch_size),
+                "grad_accum_steps": int(r.grad_accum_steps),
+                "pp_microbatches": int(r.pp_microbatches),
+                "activation_checkpointing": str(r.activation_checkpointing),
+                "loss": str(r.loss),
+                "optimizer": str(r.optimizer),
+                "offload": str(r.offload),
+                "device_total_bytes": int(p.columns["device_total_bytes"][int(r.candidate)]),
+                "device_total_gib": round(float(r.device_total_gib), 2),
+                "tokens_per_gpu_s": round(float(r.tokens_per_gpu_s), 1),
+            }
+        )
+    return {
+        "gpu_counts": list(p.gpu_counts),
+        "evaluated": p.evaluated,
+        "fitting": p.fitting,
+        "seconds": round(p.seconds, 4),
+        "summary": p.summary(),
+        "model": charts_mod.model_label(p.base.model),
+        "gpu": resolve_gpu(p.base.gpu).name,
+        "top": top,
+        "chart": candidates_spec(p, limit=points),
+    }
+
+
+def layouts_stale_keys(shown: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Keys that differ between the scenario a layout search ran for and ``current``, except the searched ones."""
+    keys = changed_keys(shown, current) | changed_keys(current, shown)
+    return sorted(k for k in keys if k not in LAYOUT_SEARCHED)
+
+
+class LayoutsPanel:
+    """``MemSim``'s candidate-layout methods (a mixin: the traits, ``_lock`` and the scenario are MemSim's).
+
+    Tests replace ``plan_search`` in this module, where the methods look it up.
+    """
+
+    def _init_layouts(self) -> None:
+        """The layout state of a new widget: the shown plan, the scenario it ran for, the running search."""
+        self._plan: Plan | None = None
+        self._plan_data: tuple[dict[str, Any], float] | None = None
+        self._plan_thread: threading.Thread | None = None
+        self._plan_id = 0
+
+    def _set_layouts(self, **changes: Any) -> None:
+        """Update the ``layouts`` trait (under the lock) with ``stale``/``stale_keys`` recomputed."""
+        new = {**self.layouts, **changes}
+        keys: list[str] = []
+        if self._plan_data is not None:
+            data, headroom = self._plan_data
+            keys = layouts_stale_keys(data, self._valid) + (["headroom"] if headroom != self.headroom else [])
+        new["stale_keys"], new["stale"] = keys, bool(keys)
+        if new != self.layouts:
+            self.layouts = new
+
+    def _run_plan(
+        self, sc: Scenario, headroom: float, gpus: Any, kwargs: Mapping[str, Any]
+    ) -> tuple[Plan, dict[str, Any], float]:
+        """Run the layout search for ``sc`` (outside the lock) and lay it out: the plan, its view, milliseconds."""
+        t0 = time.perf_counter()
+        p = plan_search(
+            base=sc, gpus=sc.parallel.world_size if gpus is None else gpus, headroom=headroom, **kwargs
+        )
+        view = build_layouts_view(p)
+        return p, view, (time.perf_counter() - t0) * 1000
+
+    def _publish_layouts(
+        self, data: dict[str, Any], headroom: float, p: Plan, view: dict[str, Any], ms: float
+    ) -> None:
+        """Show a finished layout search (under the lock)."""
+        self._plan, self._plan_data = p, (data, headroom)
+        self._plan_id += 1
+        self._set_layouts(
+            state="done", error="", id=self._plan_id, ms=round(ms, 1), gpus=list(p.gpu_counts), view=view
+        )
+
+    def _start_layouts(self, gpus: Any = None) -> None:
+        """The "Search layouts" button: search in a background thread (ignored while one runs)."""
+        with self._lock:
+            if self._plan_thread is not None or self._closed:
+                return
+            if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+                self._set_layouts(state="error", error=f"GPUs: must be a positive whole number, got {gpus!r}")
+                return
+            args = (self._scenario, self._valid, self.headroom, gpus)
+            self._set_layouts(state="running", error="")
+            self._plan_thread = threading.Thread(
+                target=self._layouts_worker, args=args, name="memsim-layouts", daemon=True
+            )
+            self._plan_thread.start()
+
+    def _layouts_worker(self, sc: Scenario, data: dict[str, Any], headroom: float, gpus: int | None) -> None:
+        """Background thread of one layout search: run it and show the result or its error."""
+        result: tuple[Plan, dict[str, Any], float] | None = None
+        error: Exception | None = None
+        try:
+            result = self._run_plan(sc, headroom, gpus, {})
+        except Exception as exc:  # shown in the panel; the widget keeps working
+            error = exc
+        with self._lock:
+            self._plan_thread = None
+            if self._closed:
+                return
+            if result is None:
+                self._set_layouts(state="error", error=_error_text(error))
+            else:
+                self._publish_layouts(data, headroom, *result)
+
+    def _layout_apply_msg(self, content: Mapping[str, Any]) -> None:
+        """ "Apply" on a candidate layout: set that candidate's scenario (of the shown, current search)."""
+        with self._lock:
+            p = self._plan
+            cand = content.get("candidate")
+            if p is None or content.get("id") != self.layouts.get("id") or self.layouts.get("stale"):
+                self._set_layouts(error="the search is of another scenario: search again")
+                return
+            if isinstance(cand, bool) or not isinstance(cand, int) or not 0 <= cand < p.evaluated:
+                self._set_layouts(error=f"no candidate {cand!r}")
+                return
+            exc = self._submit(p.scenario(cand).to_dict(), relative=False)
+            self._set_layouts(error=f"could not apply it: {exc}" if exc is not None else "")
+
+    def plan_layouts(self, gpus: int | tuple[int, int] | list[int] | None = None, **kwargs: Any) -> Plan:
+        """Search layouts and memory knobs for the current model and GPU type (``memsim_widget.plan.plan``).
+
+        ``gpus``: a count, list or ``(low, high)`` range (default: the scenario's GPU count). ``kwargs`` go to
+        ``plan`` (``global_batch_tokens``, ``space``, ``top``). Blocks (0.1-0.5 s typically), shows the best
+        candidates and the candidates chart in the panel, and returns the ``Plan`` (``.frame``, ``.summary()``).
+        """
+        with self._lock:
+            sc, data, headroom = self._scenario, self._valid, self.headroom
+        result = self._run_plan(sc, headroom, gpus, kwargs)
+        with self._lock:
+            self._publish_layouts(data, headroom, *result)
+        return result[0]
+
+    def apply_layout(self, rank: int = 0) -> MemSim:
+        """Apply the ``rank``-th best candidate (0 = best) of the last layout search as an edit would.
+
+        Searches first (same GPU counts as last time) when there was no search or it is stale. Raises
+        ``ScenarioError`` when no candidate has that rank (e.g. nothing fits).
+        """
+        with self._lock:
+            p, stale, gpus = self._plan, self.layouts.get("stale"), self.layouts.get("gpus")
+        if p is None or stale:
+            p = self.plan_layouts(gpus)
+        frame = p.frame
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(frame):
+            raise ScenarioError("layout", f"no candidate ranked {rank!r} ({p.fitting} fit)")
+        self.scenario = p.scenario(int(frame.candidate.iloc[rank]))
+        return self

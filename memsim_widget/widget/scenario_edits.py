@@ -1,0 +1,60 @@
+"""Scenario dicts as the controls edit them: dotted keys, what changed, merging, defaults."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.scenario import Scenario
+
+_NESTED = ("parallel", "lora")
+
+
+def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Scenario dict to dotted keys (``parallel.tp``); ``model`` and ``gpu`` stay whole values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _NESTED and isinstance(value, Mapping):
+            for sub, v in value.items():
+                out[f"{key}.{sub}"] = v
+        else:
+            out[key] = value
+    return out
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """Dotted keys whose value differs between two scenario dicts (keys missing from ``new`` are unchanged)."""
+    before, after = flatten(old), flatten(new)
+    return {k for k, v in after.items() if k not in before or before[k] != v}
+
+
+def merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``changes``; ``parallel`` and ``lora`` merge key by key, other keys replace."""
+    out = {k: (dict(v) if isinstance(v, Mapping) and k in _NESTED else v) for k, v in base.items()}
+    for key, value in changes.items():
+        if key in _NESTED and isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def _known(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them."""
+    out = {k: v for k, v in data.items() if k in _default_dict()}
+    for section in _NESTED:
+        if isinstance(out.get(section), Mapping):
+            out[section] = {k: v for k, v in out[section].items() if k in _default_dict()[section]}
+    return out
+
+
+@functools.cache
+def _default_dict() -> dict[str, Any]:
+    """The default scenario as a dict, ``num_gpus`` left to the layout."""
+    return {**Scenario().to_dict(), "num_gpus": None}
+
+
+def _defaults() -> dict[str, Any]:
+    """A fresh copy of the default scenario dict (nested sections copied)."""
+    return merge(_default_dict(), {})
