@@ -331,14 +331,12 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         )  # fmt: skip
         arows.append(act_row(sc))
     T = {g: _padded([ar.tables[g] for ar in arows]) for g in TERM_GROUPS}
-    T["kept"] = np.where(
-        (akey[:, 4] == 2)[:, None, None],
-        _padded([ar.tables["checkpointed_layer"] for ar in arows] + [ar.tables["per_layer"] for ar in arows])[
-            : len(arows)
-        ],
-        _padded([ar.tables["per_layer"] for ar in arows] + [ar.tables["checkpointed_layer"] for ar in arows])[
-            : len(arows)
-        ],
+    # what each layer keeps for backward: its checkpointed input under full checkpointing, else every term
+    T["kept"] = _padded(
+        [
+            ar.tables["checkpointed_layer" if ck == 2 else "per_layer"]
+            for ar, ck in zip(arows, akey[:, 4], strict=True)
+        ]
     )
     shared_k = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)
 
