@@ -20,7 +20,7 @@ import numpy as np
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS
-from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, _unchecked
+from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, replace_unchecked
 from memsim_widget.scenario import Scenario
 
 #: GPUs that share a fast intra-node link (NVLink / Infinity Fabric): tensor parallelism stays inside one.
@@ -135,9 +135,9 @@ def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[L
                 for cp in _divisors_in(n // (tp * pp), space.cp):
                     dp = n // (tp * pp * cp)
                     for ep in _divisors_in(dp * cp, space.ep):
-                        trial = _unchecked(
+                        trial = replace_unchecked(
                             base,
-                            parallel=_unchecked(
+                            parallel=replace_unchecked(
                                 base.parallel,
                                 dp=dp,
                                 tp=tp,

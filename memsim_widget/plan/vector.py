@@ -168,25 +168,6 @@ def act_row(scenario: Scenario) -> ActRow:
     return ActRow(tables, acts.ckpt_input_shared)
 
 
-def _scaled(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Group sums of ``timeline._scaled(terms, factor, first=first)`` for arrays of factors: (n, NSTAT)."""
-    n = factor.shape[0]
-    out = np.zeros((n, NSTAT), dtype=np.int64)
-    if table.shape[0] == 0 or n == 0:
-        return out
-    f = factor[:, None]
-    tb, fb, skip, tens, counted, loss = (table[:, j][None, :] for j in range(TERM_COLS))
-    nbytes = np.trunc(tb * f - np.where(skip > 0, fb * first[:, None], 0.0)).astype(np.int64)
-    tensors = np.maximum(1, np.trunc(tens * np.maximum(f, 1.0))).astype(np.int64)
-    per = -(-nbytes // tensors)
-    alloc = np.where((counted > 0) & (nbytes > 0), -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors, 0)
-    live = (f > 0).astype(np.int64)
-    out[:, 0] = (nbytes * live).sum(axis=1)
-    out[:, 1] = (alloc * live).sum(axis=1)
-    out[:, 3] = (alloc * (loss > 0) * live).sum(axis=1)
-    return out
-
-
 # ----- the candidate frame ---------------------------------------------------------------------------------
 @dataclass
 class Evaluation:
@@ -204,7 +185,7 @@ class Evaluation:
         return np.array(MOMENTS, dtype=object)[self.peak_moment]
 
 
-def _unchecked(obj: Any, **changes: Any) -> Any:
+def replace_unchecked(obj: Any, **changes: Any) -> Any:
     """A copy of a frozen dataclass with fields changed, skipping validation (planner-internal keys
     whose values the search space already made valid)."""
     new = object.__new__(type(obj))
@@ -243,7 +224,7 @@ def candidate_scenario(
         "offload": OFFLOADS[int(row["offload"])],
     }
     if not validate:
-        return _unchecked(base, parallel=_unchecked(base.parallel, **par), **keys)
+        return replace_unchecked(base, parallel=replace_unchecked(base.parallel, **par), **keys)
     return base.replace(parallel=par, **keys)
 
 
@@ -321,12 +302,12 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     )
     arows = []
     for b, tp, cp, sp, ck, lo in akey.tolist():
-        sc = _unchecked(
+        sc = replace_unchecked(
             base,
             micro_batch_size=b,
             activation_checkpointing=CHECKPOINTING[ck],
             loss=LOSSES[lo],
-            parallel=_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=1, zero=0, offload="none",
+            parallel=replace_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=1, zero=0, offload="none",
                                 sequence_parallel=bool(sp), pp_microbatches=1),
         )  # fmt: skip
         arows.append(act_row(sc))
