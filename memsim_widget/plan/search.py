@@ -270,7 +270,7 @@ def _evaluated(
 def plan(
     model: str | Mapping[str, Any] | None = None,
     gpu: str | Mapping[str, Any] | None = None,
-    gpus: int | tuple[int, int] | Sequence[int] = 1,
+    gpus: int | tuple[int, int] | Sequence[int] | None = None,
     *,
     base: Scenario | Mapping[str, Any] | None = None,
     global_batch_tokens: int | None = None,
@@ -284,7 +284,7 @@ def plan(
 
     ``model``, ``gpu`` and any scenario key in ``fixed`` (``method="qlora"``, ``seq_len=8192``,
     ``precision=...``, ``framework=...``, ``lora={...}``) are the fixed choices; ``gpus`` is one count, a
-    list, or a ``(low, high)`` range; ``global_batch_tokens`` keeps the global batch (micro-batch x
+    list, or a ``(low, high)`` range (default: the GPUs of ``base``, else 1); ``global_batch_tokens`` keeps the global batch (micro-batch x
     accumulation x dp) at that many tokens. ``space`` narrows the knobs tried. ``methods`` (e.g.
     ``("full", "lora", "qlora")``) lets the search change the training method too; by default it is fixed.
     """
@@ -294,6 +294,8 @@ def plan(
     fixed.pop("parallel", None)
     b = base_scenario(base, model=model, gpu=gpu, **fixed)
     space = space or SearchSpace()
+    if gpus is None:
+        gpus = b.parallel.world_size
     counts = gpu_counts(gpus)
     seq = Context(b).seq_len
     g_seq = None
