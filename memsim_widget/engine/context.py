@@ -115,6 +115,13 @@ class Context:
     def full_training(self) -> bool:
         return self.scenario.method == "full"
 
+    @property
+    def trainable_parameters(self) -> int:
+        """Parameters the optimizer updates: all of them, or the LoRA adapters'."""
+        if self.full_training:
+            return self.arch.parameters
+        return sum(ad.numel for ad in self.adapters)
+
     @cached_property
     def linear_modules(self) -> list[str]:
         return sorted({g.module for g in self.arch.params if g.module})

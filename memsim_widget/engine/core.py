@@ -56,11 +56,5 @@ def _estimate(scenario: Scenario) -> Estimate:
         arch=ctx.arch,
         gpu=ctx.gpu,
         ranks=tuple(ranks),
-        trainable_parameters=_trainable(ctx),
+        trainable_parameters=ctx.trainable_parameters,
     )
-
-
-def _trainable(ctx: Context) -> int:
-    if ctx.full_training:
-        return ctx.arch.parameters
-    return sum(ad.numel for ad in ctx.adapters)

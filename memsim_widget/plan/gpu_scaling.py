@@ -19,7 +19,7 @@ from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM
 from memsim_widget.plan.space import gpu_counts
-from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, evaluate
+from memsim_widget.plan.vector import OFFLOADS, evaluate, scenario_columns
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -65,24 +65,11 @@ def gpu_scaling(
             if par.ep > 1 and (dp * par.cp) % par.ep:
                 continue
             rows.append((n, dp, z, OFFLOADS.index(off)))
-    opt = (scenario.optimizer,)
-    cols = {
-        "dp": np.array([r[1] for r in rows]),
-        "tp": np.full(len(rows), par.tp),
-        "pp": np.full(len(rows), par.pp),
-        "cp": np.full(len(rows), par.cp),
-        "ep": np.full(len(rows), par.ep),
-        "zero": np.array([r[2] for r in rows]),
-        "sp": np.full(len(rows), int(par.sequence_parallel)),
-        "micro_batch": np.full(len(rows), scenario.micro_batch_size),
-        "grad_accum": np.full(len(rows), scenario.grad_accum_steps),
-        "pp_microbatches": np.full(len(rows), par.pp_microbatches),
-        "checkpointing": np.full(len(rows), CHECKPOINTING.index(scenario.activation_checkpointing)),
-        "loss": np.full(len(rows), LOSSES.index(scenario.loss)),
-        "optimizer": np.zeros(len(rows), dtype=np.int64),
-        "offload": np.array([r[3] for r in rows]),
-    }
-    ev = evaluate(scenario, {k: cols[k] for k in COLUMNS}, opt)
+    cols = {k: np.full(len(rows), v) for k, v in scenario_columns(scenario).items()}
+    cols["dp"] = np.array([r[1] for r in rows])
+    cols["zero"] = np.array([r[2] for r in rows])
+    cols["offload"] = np.array([r[3] for r in rows])
+    ev = evaluate(scenario, cols, (scenario.optimizer,))
     card = Context(scenario).gpu.memory_bytes
     return pd.DataFrame(
         {

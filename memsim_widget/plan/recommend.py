@@ -20,7 +20,7 @@ from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.plan import proxy
-from memsim_widget.plan.vector import CHECKPOINTING, LOSSES, OFFLOADS
+from memsim_widget.plan.vector import scenario_columns
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -252,23 +252,8 @@ def levers(scenario: Scenario) -> dict[str, list[Option]]:
 def _step_time(scenario: Scenario) -> float:
     """Modelled step time per token (``plan.proxy``) of one scenario."""
     ctx = Context(scenario)
-    p = scenario.parallel
-    cols = {
-        "dp": p.dp,
-        "tp": p.tp,
-        "pp": p.pp,
-        "cp": p.cp,
-        "micro_batch": scenario.micro_batch_size,
-        "grad_accum": scenario.grad_accum_steps,
-        "pp_microbatches": p.pp_microbatches if p.pp > 1 else 1,
-        "checkpointing": CHECKPOINTING.index(scenario.activation_checkpointing),
-        "loss": LOSSES.index(scenario.loss),
-        "zero": p.zero,
-        "offload": OFFLOADS.index(p.offload),
-    }
-    arr = {k: np.array([v]) for k, v in cols.items()}
-    trainable = ctx.arch.parameters if ctx.full_training else sum(ad.numel for ad in ctx.adapters)
-    out = proxy.throughput(scenario, ctx.arch, ctx.gpu, trainable, arr)
+    cols = {k: np.array([v]) for k, v in scenario_columns(scenario).items()}
+    out = proxy.throughput(scenario, ctx.arch, ctx.gpu, ctx.trainable_parameters, cols)
     return 1.0 / float(out["tokens_per_gpu_s"][0])
 
 

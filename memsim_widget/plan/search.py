@@ -69,6 +69,11 @@ class Plan:
     bases: tuple[Scenario, ...] = ()
     _estimates: dict[int, Estimate] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if not self.bases:
+            self.bases = (self.base,)
+        self.columns.setdefault("method", np.zeros(self.columns["dp"].shape[0], dtype=np.int64))
+
     @property
     def evaluated(self) -> int:
         """Candidates evaluated."""
@@ -94,8 +99,7 @@ class Plan:
             return fits
         tok = c["tokens_per_gpu_s"][fits]
         mem = c["device_total_bytes"][fits]
-        method = c["method"][fits] if "method" in c else np.zeros(fits.size, dtype=np.int64)
-        cols = [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer")] + [method]
+        cols = [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer", "method")]
         _, group = unique_codes(cols, [14, 14, 6, 8, 6, 6, 4, 2])
         order = np.lexsort((mem, -tok, group))
         g_sorted, m_sorted = group[order], mem[order]
@@ -126,8 +130,7 @@ class Plan:
     def scenario(self, candidate: int) -> Scenario:
         """The full scenario of candidate number ``candidate`` (the frame's ``candidate`` column)."""
         row = {k: int(self.columns[k][candidate]) for k in COLUMNS}
-        bases = self.bases or (self.base,)
-        base = bases[int(self.columns["method"][candidate])] if "method" in self.columns else self.base
+        base = self.bases[int(self.columns["method"][candidate])]
         return candidate_scenario(base, self.space.optimizers, row)
 
     def estimate(self, candidate: int) -> Estimate:
@@ -144,9 +147,7 @@ class Plan:
         accum = np.maximum(c["grad_accum"], c["pp_microbatches"])
         data = {
             "candidate": idx,
-            "method": np.array([b.method for b in (self.bases or (self.base,))], dtype=object)[
-                c["method"][idx] if "method" in c else np.zeros(len(idx), dtype=np.int64)
-            ],
+            "method": np.array([b.method for b in self.bases], dtype=object)[c["method"][idx]],
             "num_gpus": c["num_gpus"][idx],
             "dp": c["dp"][idx],
             "tp": c["tp"][idx],
@@ -218,7 +219,7 @@ class Plan:
             )
         return {
             "base": self.base.to_dict(),
-            "methods": [b.method for b in (self.bases or (self.base,))],
+            "methods": [b.method for b in self.bases],
             "gpu_counts": list(self.gpu_counts),
             "global_batch_tokens": self.global_batch_tokens,
             "headroom": self.headroom,
@@ -297,7 +298,8 @@ def plan(
     if gpus is None:
         gpus = b.parallel.world_size
     counts = gpu_counts(gpus)
-    seq = Context(b).seq_len
+    ctx = Context(b)
+    seq = ctx.seq_len
     g_seq = None
     if global_batch_tokens is not None:
         if isinstance(global_batch_tokens, bool) or not isinstance(global_batch_tokens, int):
@@ -316,7 +318,6 @@ def plan(
                 f"(nearest: {global_batch_tokens // seq * seq} or {(global_batch_tokens // seq + 1) * seq})",
             )
         g_seq = global_batch_tokens // seq
-    ctx = Context(b)
     limit = ctx.gpu.memory_bytes * (1 - headroom)
     lays = layouts(b, counts, space)
     names = tuple(methods) if methods is not None else (b.method,)
@@ -327,8 +328,7 @@ def plan(
     for k, bm in enumerate(bases):
         cols = _search(bm, lays, space, g_seq, limit)
         cm = Context(bm)
-        trainable = cm.arch.parameters if cm.full_training else sum(ad.numel for ad in cm.adapters)
-        cols.update(proxy.throughput(bm, cm.arch, cm.gpu, trainable, cols))
+        cols.update(proxy.throughput(bm, cm.arch, cm.gpu, cm.trainable_parameters, cols))
         cols["method"] = np.full(cols["dp"].shape[0], k, dtype=np.int64)
         parts.append(cols)
     cols = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}

@@ -178,7 +178,6 @@ class Evaluation:
     device_total_bytes: np.ndarray
     peak_moment: np.ndarray  # index into timeline.MOMENTS
     worst_stage: np.ndarray
-    gpu_memory_bytes: int
 
     @property
     def peak_phase(self) -> np.ndarray:
@@ -192,6 +191,29 @@ def replace_unchecked(obj: Any, **changes: Any) -> Any:
     new.__dict__.update(obj.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+def scenario_columns(scenario: Scenario, optimizers: Sequence[str] | None = None) -> dict[str, int]:
+    """The knobs of ``scenario`` integer-coded as a candidate (the inverse of ``candidate_scenario``);
+    ``optimizers`` indexes the optimizer (default: the scenario's own, index 0)."""
+    par = scenario.parallel
+    opts = tuple(optimizers) if optimizers is not None else (scenario.optimizer,)
+    return {
+        "dp": par.dp,
+        "tp": par.tp,
+        "pp": par.pp,
+        "cp": par.cp,
+        "ep": par.ep,
+        "zero": par.zero,
+        "sp": int(par.sequence_parallel),
+        "micro_batch": scenario.micro_batch_size,
+        "grad_accum": scenario.grad_accum_steps,
+        "pp_microbatches": par.pp_microbatches if par.pp > 1 else 1,  # unused without a pipeline
+        "checkpointing": CHECKPOINTING.index(scenario.activation_checkpointing),
+        "loss": LOSSES.index(scenario.loss),
+        "optimizer": opts.index(scenario.optimizer),
+        "offload": OFFLOADS.index(par.offload),
+    }
 
 
 def candidate_scenario(
@@ -493,5 +515,4 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         device_total_bytes=device[pick],
         peak_moment=peak_m[pick],
         worst_stage=stage[pick],
-        gpu_memory_bytes=gpu.memory_bytes,
     )
