@@ -17,14 +17,18 @@ def _downsample(points: list[dict[str, Any]], max_points: int) -> list[dict[str,
     return [max(points[i : i + size], key=lambda p: p["live_bytes"]) for i in range(0, len(points), size)]
 
 
-def timeline_spec(
-    report: dict[str, Any], width: int = 560, height: int = 220, max_points: int = 300
-) -> dict[str, Any]:
-    """Vega-Lite spec: live tensor GiB against the op index, coloured by phase, the peak as a rule."""
-    rows = [
+def _timeline_rows(points: list[dict[str, Any]], max_points: int) -> list[dict[str, Any]]:
+    """Timeline points as chart rows (op index, step, phase, GiB), downsampled keeping the peak."""
+    return [
         {"op": p["op_index"], "step": p["step"], "phase": p["phase"], "gib": round(p["live_bytes"] / GiB, 6)}
-        for p in _downsample(report["timeline"], max_points)
+        for p in _downsample(points, max_points)
     ]
+
+
+def _timeline_frame(
+    report: dict[str, Any], width: int, height: int, layers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The top level of both timeline specs: size, the title with the peak, the layers."""
     peak_gib = report["peak_tensor_bytes"] / GiB
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
@@ -32,7 +36,21 @@ def timeline_spec(
         "height": height,
         "title": f"Live tensor memory through two training steps (peak {peak_gib:.3f} GiB at "
         f"{report['peak_phase']})",
-        "layer": [
+        "layer": layers,
+    }
+
+
+def timeline_spec(
+    report: dict[str, Any], width: int = 560, height: int = 220, max_points: int = 300
+) -> dict[str, Any]:
+    """Vega-Lite spec: live tensor GiB against the op index, coloured by phase, the peak as a rule."""
+    rows = _timeline_rows(report["timeline"], max_points)
+    peak_gib = report["peak_tensor_bytes"] / GiB
+    return _timeline_frame(
+        report,
+        width,
+        height,
+        [
             {
                 "data": {"values": rows},
                 "mark": {"type": "area", "interpolate": "step-after", "opacity": 0.75},
@@ -58,7 +76,7 @@ def timeline_spec(
                 "encoding": {"y": {"field": "gib", "type": "quantitative"}},
             },
         ],
-    }
+    )
 
 
 def comparison_spec(report: dict[str, Any], width: int = 360, height: int = 220) -> dict[str, Any]:
@@ -137,10 +155,7 @@ def verify_timeline_spec(
     Unlike ``timeline_spec`` (one area per phase, which Vega-Lite stacks where phases share an op index),
     the line here is exactly the live bytes.
     """
-    rows = [
-        {"op": p["op_index"], "step": p["step"], "phase": p["phase"], "gib": round(p["live_bytes"] / GiB, 6)}
-        for p in _downsample(report.get("timeline") or [], max_points)
-    ]
+    rows = _timeline_rows(report.get("timeline") or [], max_points)
     peak_gib = report["peak_tensor_bytes"] / GiB
     spans = phase_spans(report)
     phases = [p for p in PHASE_ORDER if any(s["phase"] == p for s in spans)]
@@ -200,14 +215,7 @@ def verify_timeline_spec(
                 ],
             }
         )
-    return {
-        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-        "width": width,
-        "height": height,
-        "title": f"Live tensor memory through two training steps (peak {peak_gib:.3f} GiB at "
-        f"{report['peak_phase']})",
-        "layer": layers,
-    }
+    return _timeline_frame(report, width, height, layers)
 
 
 def verify_specs(
