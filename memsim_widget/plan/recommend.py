@@ -353,6 +353,15 @@ def _largest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
     return good
 
 
+def _smallest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
+    """The smallest n in [lo, hi] with fits(n), assuming memory shrinks as n grows: one past the largest
+    that does not fit (the same doubling, then bisection)."""
+    failing = _largest(lambda n: not fits(n), lo, hi)
+    if failing is None:
+        return lo
+    return failing + 1 if failing < hi else None
+
+
 def _fits(scenario: Scenario, headroom: float) -> bool:
     try:
         return estimate(scenario).fits(headroom=headroom)
@@ -476,18 +485,5 @@ def _min_gpus(scenario: Scenario, headroom: float) -> dict[str, Any] | None:
             "scenario": cand.to_dict(),
         }
 
-    if _fits(at(1), headroom):
-        return found(1)
-    dp = 2
-    while dp <= MAX_DP:
-        if _fits(at(dp), headroom):
-            bad, good = dp // 2, dp  # bisect between the last power of two that failed and this one
-            while good - bad > 1:
-                mid = (good + bad) // 2
-                if _fits(at(mid), headroom):
-                    good = mid
-                else:
-                    bad = mid
-            return found(good)
-        dp *= 2
-    return None
+    d = _smallest(lambda dp: _fits(at(dp), headroom), 1, MAX_DP)
+    return None if d is None else found(d)
