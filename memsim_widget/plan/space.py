@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memsim_widget.engine.context import Context
-from memsim_widget.errors import ScenarioError
+from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, replace_unchecked
 from memsim_widget.scenario import Scenario
@@ -28,11 +28,13 @@ GPUS_PER_NODE = 8
 
 
 def _choices(field_name: str, values: Iterable[object], allowed: Sequence[object]) -> tuple:
+    """``values`` as a tuple, each one of ``allowed`` (the error names the field and suggests close ones)."""
     out = tuple(values)
-    bad = [v for v in out if v not in allowed]
-    if not out or bad:
-        shown = ", ".join(map(str, allowed))
-        raise ScenarioError(field_name, f"got {bad or 'nothing'}; allowed values: {shown}")
+    if not out:
+        raise ScenarioError(field_name, f"must name at least one of: {', '.join(map(str, allowed))}")
+    for v in out:
+        if v not in allowed:
+            raise choice_error(field_name, v, [str(a) for a in allowed])
     return out
 
 
