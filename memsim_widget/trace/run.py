@@ -41,6 +41,10 @@ class TraceResult:
     optimizer_impl_used: str = ""
     ops: int = 0
     seconds: float = 0.0
+    rank: int = 0
+    world_size: int = 1
+    rank_role: str = ""
+    layout: dict[str, Any] = field(default_factory=dict)
     tracker: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
