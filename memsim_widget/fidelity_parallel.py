@@ -1,0 +1,185 @@
+"""Hold the engine to a trace of one rank of a multi-GPU job: the same step simulated and traced.
+
+Each case is a scenario with a parallel layout and the pipeline stage whose rank is traced; the trace runs
+PyTorch's own FSDP2, replicate, DTensor tensor-parallel plans and pipelining schedules on fake tensors
+(``memsim_widget.trace.api.trace_scenario``). The benchmark (``benchmarks/fidelity_parallel.py``, every case)
+and the tests (a fast subset) share this matrix. Shapes are the small ones of ``memsim_widget.fidelity``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from memsim_widget.engine.core import estimate
+from memsim_widget.fidelity import LLAMA, MISTRAL, MIXTRAL, QWEN2
+from memsim_widget.scenario import Scenario
+
+#: Llama with as many kv heads as heads, so that tp=8 splits whole heads.
+LLAMA_MHA = {**LLAMA, "num_key_value_heads": 8}
+
+_BASE: dict[str, Any] = {"micro_batch_size": 2, "seq_len": 512}
+
+
+def _case(name: str, model: dict, parallel: dict, stage: int = 0, **keys: Any) -> tuple[str, dict, int]:
+    """One case: a name, the scenario dict and the pipeline stage to trace."""
+    return name, {"model": model, **_BASE, **keys, "parallel": parallel}, stage
+
+
+def _fsdp_cases() -> list[tuple[str, dict, int]]:
+    """FSDP2 (ZeRO-3) data parallelism at world sizes 2-64, several families and precision policies."""
+    z3 = {"zero": 3}
+    return [
+        _case("llama bf16 fsdp dp2", LLAMA, {"dp": 2, **z3}),
+        _case("llama bf16 fsdp dp4", LLAMA, {"dp": 4, **z3}),
+        _case("llama bf16 fsdp dp8", LLAMA, {"dp": 8, **z3}),
+        _case("llama bf16 fsdp dp64", LLAMA, {"dp": 64, **z3}),
+        _case("llama bf16 fsdp dp8 b4 s1024", LLAMA, {"dp": 8, **z3}, micro_batch_size=4, seq_len=1024),
+        _case("llama fp32 fsdp dp4", LLAMA, {"dp": 4, **z3}, precision="fp32"),
+        _case("llama amp-bf16 autocast fsdp dp4", LLAMA, {"dp": 4, **z3}, precision="amp-bf16"),
+        _case(
+            "llama torchtitan fsdp mixed precision dp4",
+            LLAMA,
+            {"dp": 4, **z3},
+            precision="amp-bf16",
+            framework="torchtitan",
+        ),
+        _case(
+            "llama torchtitan fsdp mixed precision dp16",
+            LLAMA,
+            {"dp": 16, **z3},
+            precision="amp-bf16",
+            framework="torchtitan",
+        ),
+        _case("llama bf16 fsdp dp4 ckpt full", LLAMA, {"dp": 4, **z3}, activation_checkpointing="full"),
+        _case(
+            "llama bf16 fsdp dp4 lora qv",
+            LLAMA,
+            {"dp": 4, **z3},
+            method="lora",
+            lora={"rank": 8, "targets": ["q_proj", "v_proj"]},
+        ),
+        _case("qwen2 bf16 fsdp dp2 (tied)", QWEN2, {"dp": 2, **z3}),
+        _case("qwen2 bf16 fsdp dp8 (tied)", QWEN2, {"dp": 8, **z3}),
+        _case("mistral bf16 fsdp dp8", MISTRAL, {"dp": 8, **z3}),
+        _case("mixtral bf16 fsdp dp4", MIXTRAL, {"dp": 4, **z3}),
+    ]
+
+
+def _replicate_cases() -> list[tuple[str, dict, int]]:
+    """DDP-style replication (zero 0), traced with FSDP2-based replicate."""
+    return [
+        _case("llama bf16 ddp dp2", LLAMA, {"dp": 2}),
+        _case("llama bf16 ddp dp8", LLAMA, {"dp": 8}),
+        _case("qwen2 bf16 ddp dp4 (tied)", QWEN2, {"dp": 4}),
+    ]
+
+
+def _tp_cases() -> list[tuple[str, dict, int]]:
+    """DTensor tensor parallelism: the model's own plan, sequence parallel, torchtitan's plan with loss parallel."""
+    sp = {"sequence_parallel": True}
+    return [
+        _case("llama bf16 tp2", LLAMA, {"tp": 2}),
+        _case("llama bf16 tp4", LLAMA, {"tp": 4}),
+        _case("llama-mha bf16 tp8", LLAMA_MHA, {"tp": 8}),
+        _case("llama bf16 tp2 sp", LLAMA, {"tp": 2, **sp}),
+        _case("llama bf16 tp4 sp", LLAMA, {"tp": 4, **sp}),
+        _case("llama-mha bf16 tp8 sp", LLAMA_MHA, {"tp": 8, **sp}),
+        _case("qwen2 bf16 tp2 (tied)", QWEN2, {"tp": 2}),
+        _case("mistral bf16 tp4 sp", MISTRAL, {"tp": 4, **sp}),
+        _case("llama bf16 tp2 ckpt full", LLAMA, {"tp": 2}, activation_checkpointing="full"),
+        _case("llama torchtitan tp2 sp loss-parallel", LLAMA, {"tp": 2, **sp}, framework="torchtitan"),
+        _case("llama torchtitan tp4 sp loss-parallel", LLAMA, {"tp": 4, **sp}, framework="torchtitan"),
+    ]
+
+
+def _two_d_cases() -> list[tuple[str, dict, int]]:
+    """FSDP2 over dp x DTensor TP over tp (torchtitan's order: TP first, then FSDP on the dp dimension)."""
+    z3 = {"zero": 3}
+    return [
+        _case("llama bf16 dp2 x tp2 fsdp", LLAMA, {"dp": 2, "tp": 2, **z3}),
+        _case("llama bf16 dp2 x tp4 fsdp sp", LLAMA, {"dp": 2, "tp": 4, "sequence_parallel": True, **z3}),
+        _case("qwen2 bf16 dp2 x tp2 fsdp (tied)", QWEN2, {"dp": 2, "tp": 2, **z3}),
+        _case(
+            "llama torchtitan dp4 x tp2 sp",
+            LLAMA,
+            {"dp": 4, "tp": 2, "sequence_parallel": True, **z3},
+            precision="amp-bf16",
+            framework="torchtitan",
+        ),
+        _case(
+            "llama-mha torchtitan dp8 x tp8 sp (64 GPUs)",
+            LLAMA_MHA,
+            {"dp": 8, "tp": 8, "sequence_parallel": True, **z3},
+            precision="amp-bf16",
+            framework="torchtitan",
+        ),
+    ]
+
+
+def _pp_cases() -> list[tuple[str, dict, int]]:
+    """Pipeline stages under 1F1B, GPipe and interleaved 1F1B: the first and the last stage of each."""
+    out = []
+    layouts = [
+        ("pp2 1f1b m4", {"pp": 2, "pp_microbatches": 4}),
+        ("pp4 1f1b m8", {"pp": 4, "pp_microbatches": 8}),
+        ("pp2 gpipe m4", {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4}),
+        (
+            "pp2 interleaved v2 m4",
+            {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4},
+        ),
+    ]
+    for label, par in layouts:
+        last = par["pp"] - 1
+        out.append(_case(f"llama bf16 {label} stage 0", LLAMA, par, 0))
+        out.append(_case(f"llama bf16 {label} stage {last} (last)", LLAMA, par, last))
+    out.append(
+        _case("qwen2 bf16 pp2 1f1b m4 stage 1 (tied, last)", QWEN2, {"pp": 2, "pp_microbatches": 4}, 1)
+    )
+    return out
+
+
+#: (name, scenario dict, pipeline stage traced).
+CASES: list[tuple[str, dict[str, Any], int]] = (
+    _fsdp_cases() + _replicate_cases() + _tp_cases() + _two_d_cases() + _pp_cases()
+)
+#: The subset the tests run (one of each layout kind, a few seconds each).
+FAST = (
+    "llama bf16 fsdp dp4",
+    "llama bf16 ddp dp2",
+    "llama bf16 tp2 sp",
+    "llama bf16 dp2 x tp2 fsdp",
+    "llama bf16 pp2 1f1b m4 stage 1 (last)",
+)
+
+
+def rank_of_stage(sc: Scenario, stage: int) -> int:
+    """The first global rank of a pipeline stage (pp is the outermost mesh dimension, as in torchtitan)."""
+    return stage * (sc.parallel.world_size // sc.parallel.pp)
+
+
+def compare(name: str, data: dict[str, Any], stage: int = 0) -> dict[str, Any]:
+    """Trace one rank of the scenario and simulate the same stage."""
+    from memsim_widget.trace.api import trace_scenario
+
+    sc = Scenario.from_dict(data)
+    rank_est = estimate(sc).ranks[stage]
+    t0 = time.perf_counter()
+    tr = trace_scenario(sc, rank=rank_of_stage(sc, stage))
+    secs = time.perf_counter() - t0
+    err = (rank_est.peak_tensor_bytes - tr.peak_bytes) / tr.peak_bytes
+    moment = max(rank_est.moments, key=lambda m: m.tensor_bytes).name
+    return {
+        "name": name,
+        "world": sc.parallel.world_size,
+        "rank": tr.rank,
+        "engine": rank_est.peak_tensor_bytes,
+        "trace": tr.peak_bytes,
+        "error": err,
+        "engine_moment": moment,
+        "trace_phase": tr.peak_phase,
+        "trace_op": tr.peak_op,
+        "seconds": secs,
+        "by_role": tr.by_role,
+        "role": tr.rank_role,
+    }
