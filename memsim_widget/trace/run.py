@@ -66,9 +66,7 @@ def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
     return table[precision]
 
 
-def _make_optimizer(
-    name: str, impl: str, params: list[torch.nn.Parameter], lr: float
-) -> torch.optim.Optimizer:
+def _make_optimizer(name: str, impl: str, params: list[Any], lr: float) -> torch.optim.Optimizer:
     """Build the optimizer the way HF Trainer / plain PyTorch would."""
     kw: dict[str, Any] = {}
     if name in ("adamw", "adam", "sgd", "sgd-momentum"):
@@ -95,6 +93,19 @@ def _make_optimizer(
     if name == "lion":
         raise ValueError("lion is not part of torch; not traced")
     raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")
+
+
+def param_groups(params: list[torch.nn.Parameter]) -> list[Any]:
+    """``params`` as one group of DTensors and one of plain tensors when they mix (else the plain list).
+
+    Foreach optimizers refuse a group that mixes DTensor and plain tensors (REFERENCE.md section 8, pitfall 4).
+    """
+    by_kind: dict[bool, list[torch.nn.Parameter]] = {}
+    for p in params:
+        by_kind.setdefault(hasattr(p, "_local_tensor"), []).append(p)
+    if len(by_kind) <= 1:
+        return params
+    return [{"params": ps} for ps in by_kind.values()]
 
 
 def _probe_optimizer(name: str, impl: str, dtype: torch.dtype, lr: float) -> str | None:
@@ -186,6 +197,7 @@ def trace_training(
     timeline_points: int = 2000,
     notes: list[str] | None = None,
     cast_model: bool = True,
+    instrument: Callable[[MemoryTracker], contextlib.AbstractContextManager] | None = None,
 ) -> TraceResult:
     """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
 
@@ -194,7 +206,8 @@ def trace_training(
     "trainer" drops the model output before backward (HF Trainer keeps only the loss), "backward" keeps it until
     after backward, "step" until after the optimizer step. ``loss_module(model)`` may name the module after whose
     forward the phase becomes "loss". ``cast_model=False`` keeps the factory's dtypes for bf16/fp16 (default: cast
-    all floating tensors to the precision's dtype).
+    all floating tensors to the precision's dtype). ``instrument(tracker)`` is a context entered around the
+    steps, inside the tracker (e.g. to give FSDP's communication buffers their role).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -248,7 +261,9 @@ def trace_training(
         elif optimizer_impl != "foreach":
             notes.append(f"optimizer_impl ignored for {optimizer}")
             impl_used = "n/a"
-        opt = _make_optimizer(optimizer, impl_used if impl_used != "n/a" else "foreach", trainable, lr)
+        opt = _make_optimizer(
+            optimizer, impl_used if impl_used != "n/a" else "foreach", param_groups(trainable), lr
+        )
 
         tracker = MemoryTracker(model, mark_saved=mark_saved, progress=progress)
         hooks: list[Any] = []
@@ -268,7 +283,7 @@ def trace_training(
             else contextlib.nullcontext
         )
         try:
-            with tracker:
+            with tracker, instrument(tracker) if instrument else contextlib.nullcontext():
                 tracker.register(params, "parameter")
                 tracker.register(list(model.buffers()), "buffer")
                 for step in range(1, steps + 1):

@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "temporary", "input")
+#: "unsharded_parameter": a parameter FSDP gathered for its unit's compute; "collective": a communication
+#: buffer (all-gather, reduce-scatter staging) of a multi-GPU trace.
+ROLES = (
+    "parameter",
+    "buffer",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "temporary",
+    "input",
+    "unsharded_parameter",
+    "collective",
+)
 PHASES = ("setup", "forward", "loss", "backward", "optimizer_step", "zero_grad")
-_EXPLICIT = frozenset(("parameter", "buffer", "gradient", "optimizer_state", "input"))
+_EXPLICIT = frozenset(
+    ("parameter", "buffer", "gradient", "optimizer_state", "input", "unsharded_parameter", "collective")
+)
 _PRIM_DEVICE = torch.ops.prim.device.default
 _LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
 
@@ -80,6 +95,12 @@ class StorageRecord:
         }
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding the storage: a DTensor's local shard, else ``t`` itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     """Short dtype name, e.g. 'bfloat16'."""
     return str(dtype).removeprefix("torch.")
@@ -119,6 +140,8 @@ class MemoryTracker(TorchDispatchMode):
         self.marks: list[dict[str, Any]] = []
         self.events: list[tuple[int, int, int, str, int]] = []  # (seq, op index, step, phase, live bytes)
         self.untracked_inputs = 0
+        self.scope_role: str | None = None
+        self._orig_resize: Any = None
         self._closed = False
         self._names: dict[int, str] = {}
         self._module_stack: list[str] = []
@@ -138,7 +161,8 @@ class MemoryTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------------ registration
     def _register(self, t: torch.Tensor, op: str, role: str | None = None) -> StorageRecord | None:
-        """Register the storage of ``t`` if unseen; return its record."""
+        """Register the storage of ``t`` (a DTensor's local shard) if unseen; return its record."""
+        t = _local(t)
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -146,10 +170,8 @@ class MemoryTracker(TorchDispatchMode):
         key = id(st)
         rec = self._live.get(key)
         if rec is not None:
-            nb = st.nbytes()
-            if nb != rec.nbytes:  # resized in place
-                self.live_bytes += nb - rec.nbytes
-                rec.nbytes = nb
+            if st.nbytes() != rec.nbytes:  # resized in place, outside UntypedStorage.resize_
+                rec = self._resized(st, rec)
             if role is not None:
                 rec.role = role
             return rec
@@ -157,12 +179,49 @@ class MemoryTracker(TorchDispatchMode):
         rec = StorageRecord(
             st.nbytes(), tuple(t.shape), _dtype_name(t.dtype), op, module, self.phase, self.step, self.seq
         )
-        rec.role = role
+        rec.role = role if role is not None else self.scope_role
         rec.ref = weakref.ref(st, self._make_free_cb(key, rec))
         self._live[key] = rec
         self.records.append(rec)
         self.live_bytes += rec.nbytes
         return rec
+
+    def _resized(self, st: torch.UntypedStorage, rec: StorageRecord) -> StorageRecord:
+        """Follow a storage whose size changed: end ``rec`` and start a record of the new size.
+
+        FSDP2 frees and re-allocates unsharded parameters with ``UntypedStorage.resize_`` (REFERENCE.md
+        section 8, pitfall 3); one record per size keeps the bytes live at any past moment exact.
+        """
+        self.seq += 1
+        rec.free_seq = self.seq
+        self.live_bytes -= rec.nbytes
+        module = self._module_stack[-1] if self._module_stack else ""
+        new = StorageRecord(
+            st.nbytes(), rec.shape, rec.dtype, rec.op, module, self.phase, self.step, self.seq
+        )
+        new.role, new.saved = rec.role, rec.saved
+        new.ref = weakref.ref(st, self._make_free_cb(id(st), new))
+        rec.ref = None
+        self._live[id(st)] = new
+        self.records.append(new)
+        self.live_bytes += new.nbytes
+        self._after_alloc("resize_")
+        return new
+
+    def _on_resize(self, st: torch.UntypedStorage) -> None:
+        """After ``UntypedStorage.resize_``: follow the new size of a tracked storage."""
+        rec = self._live.get(id(st))
+        if rec is not None and st.nbytes() != rec.nbytes:
+            self._resized(st, rec)
+
+    @contextlib.contextmanager
+    def role_scope(self, role: str) -> Iterator[None]:
+        """Give storages first seen inside the block ``role`` (unless registered with another)."""
+        outer, self.scope_role = self.scope_role, role
+        try:
+            yield
+        finally:
+            self.scope_role = outer
 
     def _make_free_cb(self, key: int, rec: StorageRecord):  # noqa: ANN202
         """Build the weakref callback that releases ``rec``."""
@@ -241,7 +300,7 @@ class MemoryTracker(TorchDispatchMode):
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):
                 try:
-                    k = id(a.untyped_storage())
+                    k = id(_local(a).untyped_storage())
                 except (RuntimeError, NotImplementedError):
                     continue
                 if k not in live:
@@ -311,11 +370,29 @@ class MemoryTracker(TorchDispatchMode):
 
             self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(_pack, lambda t: t)
             self._saved_hooks.__enter__()
+        self._follow_resize()
         return super().__enter__()
+
+    def _follow_resize(self) -> None:
+        """Wrap ``UntypedStorage.resize_`` (not an aten op, so dispatch never sees it) to follow resizes.
+
+        The function in place at enter is kept and restored at exit, so nested trackers unwind in order.
+        """
+        orig = self._orig_resize = torch.UntypedStorage.resize_
+
+        def resize_(st: torch.UntypedStorage, size: int) -> Any:
+            out = orig(st, size)
+            self._on_resize(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
 
     def __exit__(self, *exc: Any) -> None:
         """Leave dispatch mode and remove hooks."""
         super().__exit__(*exc)
+        if self._orig_resize is not None:
+            torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+            self._orig_resize = None
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(*exc)
             self._saved_hooks = None

@@ -1,0 +1,318 @@
+"""Trace one rank of a data-parallel job (FSDP2 / ZeRO-3, DDP-style replicate, x TP) in this CPU process.
+
+PyTorch's own distributed code runs for one rank under FakeTensorMode, on a fake process group and a CPU
+device mesh (``fake_dist``; REFERENCE.md section 8): ``fully_shard`` on each decoder layer and then the root
+(torchtitan's ``apply_fsdp``), or FSDP2-based ``replicate`` for zero 0. Two of the section's pitfalls are
+handled here: DTensor's sharding propagation gets a private FakeTensorMode (pitfall 1), and FSDP's
+communication buffers and gathered units are labelled (the tracker follows ``UntypedStorage.resize_``,
+pitfall 3; foreach optimizers get one param group per tensor kind, pitfall 4). Tensor parallelism is applied
+by ``tp_plan.apply_tensor_parallel`` through ``_apply_tp`` (the seam), pipelines by ``pipeline.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.errors import ScenarioError
+from memsim_widget.scenario import Scenario
+
+from .fake_dist import cpu_mesh, fake_world, mesh_coords
+from .hf import _apply_lora, _input_factory, _loss_module, _real_mode_shims, build_hf_config, build_hf_model
+from .run import TraceResult, _precision_dtypes, fakeify_meta, trace_training
+from .tracker import MemoryTracker
+
+#: Mesh dimensions, outermost first (torchtitan's order: pp, data parallel, cp, tp; the last varies fastest).
+MESH_ORDER = ("pp", "dp", "cp", "tp")
+#: What FSDP2-based replicate misses of DDP (REFERENCE.md section 8, pitfall 7).
+REPLICATE_NOTE = (
+    "zero 0 traced with FSDP2-based replicate (torch.distributed._composable.replicate_with_fsdp), not DDP's "
+    "C++ reducer: it all-reduces each unit's gradients through FSDP's reduce buffers, without DDP's flat "
+    "gradient bucket buffer (25 MB buckets of views into one flat copy) -- that copy is not traced"
+)
+
+
+def layout_shape(sc: Scenario) -> dict[str, int]:
+    """The job's mesh: every dimension of ``MESH_ORDER`` with its size (1 where unused)."""
+    par = sc.parallel
+    return {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+
+
+def default_rank(sc: Scenario) -> int:
+    """The first global rank of the pipeline stage the engine predicts highest (ranks within it are alike)."""
+    from memsim_widget.engine.core import estimate
+
+    stage = estimate(sc).worst.stage.index
+    return stage * (sc.parallel.world_size // sc.parallel.pp)
+
+
+def check_rank(sc: Scenario, rank: int) -> None:
+    """Raise ScenarioError("rank") unless ``rank`` is a global rank of the job."""
+    world = sc.parallel.world_size
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise ScenarioError("rank", f"must be an integer in 0..{world - 1} for {world} GPUs, got {rank!r}")
+
+
+def check_distributed(sc: Scenario) -> None:
+    """Raise ScenarioError naming the field for a multi-GPU layout this process cannot trace."""
+    par = sc.parallel
+    if par.dp > 1 and par.zero in (1, 2):
+        raise ScenarioError(
+            "parallel.zero",
+            f"ZeRO-{par.zero} is DeepSpeed semantics PyTorch cannot trace here; the estimate is formula-only "
+            "(zero 3 traces FSDP2, zero 0 traces replicate)",
+        )
+    if par.offload != "none":
+        raise ScenarioError(
+            "parallel.offload",
+            "not traced: FSDP2's CPUOffloadPolicy would keep host copies on the same cpu device as the fake "
+            "GPU (the mesh is a CPU mesh), so the tracker cannot tell offloaded from resident bytes; set none",
+        )
+    if par.ep > 1:
+        raise ScenarioError(
+            "parallel.ep",
+            "expert parallelism is not traced: PyTorch has no expert-parallel API for transformers' MoE "
+            "layers (torchtitan's is its own code); set ep to 1",
+        )
+    if par.cp > 1:
+        raise ScenarioError("parallel.cp", CP_REFUSAL)
+    if par.tp > 1 and not _has_tp_plan():
+        raise ScenarioError("parallel.tp", "tensor-parallel tracing is not available (no trace/tp_plan.py)")
+
+
+#: Why context parallelism is refused (measured with torch 2.13.0+cpu; docs/fidelity.md says the same).
+CP_REFUSAL = (
+    "context parallelism is not traced: torch.distributed.tensor.experimental.context_parallel only "
+    "dispatches CUDA's flash/efficient/cuDNN SDPA kernels, and on a CPU mesh SDPA runs "
+    "_scaled_dot_product_flash_attention_for_cpu, which it does not shard; set cp to 1"
+)
+
+
+def _has_tp_plan() -> bool:
+    """Whether the TP plan module is present (imported lazily: it lands separately)."""
+    import importlib.util
+
+    return importlib.util.find_spec("memsim_widget.trace.tp_plan") is not None
+
+
+def rank_role(sc: Scenario, rank: int) -> str:
+    """The traced rank in words, e.g. 'rank 0 of 8: FSDP shard 0 of 8, pipeline stage 0 of 1 (...)'."""
+    par, coords = sc.parallel, mesh_coords(rank, layout_shape(sc))
+    parts = []
+    if par.dp > 1:
+        kind = "FSDP shard" if par.zero == 3 else "replica"
+        parts.append(f"{kind} {coords['dp']} of {par.dp}" + (" (replicate)" if par.zero != 3 else ""))
+    if par.cp > 1:
+        parts.append(f"context-parallel rank {coords['cp']} of {par.cp}")
+    if par.tp > 1:
+        parts.append(f"tensor-parallel rank {coords['tp']} of {par.tp}")
+    stage = coords["pp"]
+    ends = ["embeddings" if stage == 0 else "", "head" if stage == par.pp - 1 else ""]
+    span = (
+        " .. ".join(e for e in ends if e) if par.pp == 1 else ", ".join(e for e in ends if e) or "layers only"
+    )
+    parts.append(f"pipeline stage {stage} of {par.pp} ({span})")
+    return f"rank {rank} of {par.world_size}: " + ", ".join(parts)
+
+
+# ----- patches, each undone on exit --------------------------------------------------------------------
+@contextlib.contextmanager
+def private_sharding_fake_mode() -> Iterator[None]:
+    """Give DTensor's sharding propagation its own FakeTensorMode for the block (pitfall 1).
+
+    ``ShardingPropagator`` computes output metadata on global-shape fake tensors made in ``detect_fake_mode()``;
+    reusing the trace's mode makes those shadow tensors visible to the tracker (+633 MiB on a toy).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import _sharding_prop
+
+    orig = _sharding_prop.detect_fake_mode
+    private = FakeTensorMode(allow_non_fake_inputs=True)
+    _sharding_prop.detect_fake_mode = lambda *_a, **_k: private
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = orig
+
+
+#: FSDP2 functions (as ``_fsdp_param_group`` calls them) -> the role of the storages they create.
+_FSDP_ROLES = {
+    "foreach_all_gather": "collective",
+    "foreach_all_gather_copy_out": "unsharded_parameter",
+    "foreach_reduce": "collective",
+}
+
+
+@contextlib.contextmanager
+def fsdp_roles(tracker: MemoryTracker) -> Iterator[None]:
+    """Label the storages FSDP2's all-gather, copy-out and reduce-scatter create while the block runs."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
+
+    origs = {name: getattr(group, name) for name in _FSDP_ROLES}
+    try:
+        for name, role in _FSDP_ROLES.items():
+            setattr(group, name, _in_role(origs[name], tracker, role))
+        yield
+    finally:
+        for name, fn in origs.items():
+            setattr(group, name, fn)
+
+
+def _in_role(fn: Callable[..., Any], tracker: MemoryTracker, role: str) -> Callable[..., Any]:
+    """``fn`` run inside ``tracker.role_scope(role)``."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with tracker.role_scope(role):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+# ----- parallelising the model -----------------------------------------------------------------------
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks (``...layers.N``, ``...h.N``) in order: FSDP's units below the root."""
+    import re
+
+    pat = re.compile(r"(?:^|\.)(?:layers|layer|h|block|blocks)\.\d+$")
+    return [m for name, m in model.named_modules() if pat.search(name)]
+
+
+def _mp_policy(sc: Scenario) -> Any:
+    """FSDP2's MixedPrecisionPolicy for amp-* under a framework that means it (torchtitan), else None."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from memsim_widget.engine.frameworks import PROFILES
+
+    if not sc.precision.startswith("amp") or not PROFILES[sc.framework].fsdp_mixed_precision:
+        return None
+    _w, amp = _precision_dtypes(sc.precision)
+    return MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32)
+
+
+def _apply_tp(model: torch.nn.Module, mesh: Any, sc: Scenario, notes: list[str]) -> None:
+    """The TP seam: ``tp_plan.apply_tensor_parallel`` on the mesh's tp dimension (imported lazily)."""
+    try:
+        from . import tp_plan
+    except ImportError:
+        raise ScenarioError("parallel.tp", "tensor-parallel tracing is not available") from None
+    torchtitan = sc.framework == "torchtitan"
+    notes += tp_plan.apply_tensor_parallel(
+        model,
+        mesh["tp"],
+        sequence_parallel=sc.parallel.sequence_parallel,
+        loss_parallel=torchtitan,
+        style="torchtitan" if torchtitan else "hf",
+    )
+
+
+def parallelize(
+    model: torch.nn.Module, mesh: Any, sc: Scenario, notes: list[str], *, reshard_after_forward: bool = True
+) -> None:
+    """Apply the scenario's layout to ``model`` (inside FakeTensorMode): TP first, then FSDP2 or replicate
+    on the dp dimension (torchtitan's order)."""
+    par = sc.parallel
+    if par.tp > 1:
+        _apply_tp(model, mesh, sc, notes)
+    if par.dp == 1:
+        return
+    dp_mesh = mesh["dp"]
+    if par.zero == 3:
+        from torch.distributed.fsdp import fully_shard
+
+        mp = _mp_policy(sc)
+        kw: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward}
+        if mp is not None:
+            kw["mp_policy"] = mp
+            notes.append(
+                f"FSDP2 MixedPrecisionPolicy(param_dtype={mp.param_dtype}, reduce_dtype=fp32), no autocast"
+            )
+        for layer in decoder_layers(model):
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
+        notes.append(
+            f"FSDP2 fully_shard on each decoder layer then the root over dp={par.dp}, "
+            f"reshard_after_forward={reshard_after_forward}"
+        )
+    else:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for layer in decoder_layers(model):
+            replicate(layer, mesh=dp_mesh)
+        replicate(model, mesh=dp_mesh)
+        notes.append(REPLICATE_NOTE)
+
+
+# ----- the trace -------------------------------------------------------------------------------------
+def _model_factory(
+    sc: Scenario, cfg: Any, mesh: Any, notes: list[str], reshard_after_forward: bool
+) -> Callable[[], torch.nn.Module]:
+    """A factory building the scenario's model as fake cpu tensors, parallelised for this rank."""
+    from .api import trace_kwargs
+
+    lora = trace_kwargs(sc).get("lora")
+    wdtype, _amp = _precision_dtypes(sc.precision)
+
+    def make() -> torch.nn.Module:
+        with torch.device("meta"):
+            model = build_hf_model(cfg, wdtype, sc.attention)
+            if lora:
+                model = _apply_lora(model, lora, notes)
+        fakeify_meta(model)
+        parallelize(model, mesh, sc, notes, reshard_after_forward=reshard_after_forward)
+        return model
+
+    return make
+
+
+def trace_distributed(
+    sc: Scenario,
+    *,
+    rank: int | None = None,
+    progress: bool = False,
+    top_n: int = 20,
+    reshard_after_forward: bool = True,
+) -> TraceResult:
+    """Trace two training steps of one rank (default: the first rank of the stage the engine predicts
+    highest) of the scenario's dp x tp job."""
+    check_distributed(sc)
+    rank = default_rank(sc) if rank is None else rank
+    check_rank(sc, rank)
+    shape = layout_shape(sc)
+    notes: list[str] = []
+    layout_notes: list[str] = []  # filled while the factory parallelises the model
+    cfg = build_hf_config(dict(resolve_model_config(sc.model)), sc.attention)
+    wdtype, _amp = _precision_dtypes(sc.precision)
+    # Under FSDP2 mixed precision the parameters are fp32 and nothing is autocast.
+    precision = "fp32" if _mp_policy(sc) is not None else sc.precision
+    with (
+        fake_world(rank, sc.parallel.world_size),
+        private_sharding_fake_mode(),
+        _real_mode_shims(True, notes),
+    ):
+        mesh = cpu_mesh({k: v for k, v in shape.items() if k != "pp"})
+        result = trace_training(
+            _model_factory(sc, cfg, mesh, layout_notes, reshard_after_forward),
+            _input_factory(cfg, sc.micro_batch_size, sc.seq_len, wdtype),
+            precision=precision,
+            optimizer=sc.optimizer,
+            optimizer_impl=sc.optimizer_impl,
+            gradient_checkpointing=sc.activation_checkpointing == "full",
+            loss_module=_loss_module,
+            notes=notes,
+            cast_model=False,
+            progress=progress,
+            top_n=top_n,
+            instrument=fsdp_roles,
+        )
+    result.notes[:0] = layout_notes
+    result.rank = rank
+    result.world_size = sc.parallel.world_size
+    result.rank_role = rank_role(sc, rank)
+    result.layout = {"mesh": shape, "coords": mesh_coords(rank, shape)}
+    return result
