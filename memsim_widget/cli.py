@@ -145,7 +145,6 @@ def _load_factory(spec: str, flag: str) -> Any:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Trace the scenario's training step on fake tensors and print measured next to simulated."""
-    from memsim_widget.engine.core import estimate
     from memsim_widget.scenario import Scenario
     from memsim_widget.trace.api import check_traceable, trace_report, trace_scenario
 
@@ -155,18 +154,24 @@ def cmd_trace(args: argparse.Namespace) -> int:
     input_factory = _load_factory(args.inputs, "--inputs") if args.inputs else None
     if (model_factory is None) != (input_factory is None):
         raise ScenarioError("--module", "a user module needs both --module and --inputs")
-    result = trace_scenario(sc, model_factory, input_factory, progress=sys.stderr.isatty() and not args.json)
+    result = trace_scenario(
+        sc, model_factory, input_factory, progress=sys.stderr.isatty() and not args.json, rank=args.rank
+    )
     report = trace_report(sc, result)
-    est = estimate(sc)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    err = (est.peak_tensor_bytes - result.peak_bytes) / max(result.peak_bytes, 1)
+    simulated = report["simulated"]
+    err = (simulated["peak_tensor_bytes"] - result.peak_bytes) / max(result.peak_bytes, 1)
+    if result.world_size > 1:
+        print(f"rank      {result.rank_role}")
     print(
         f"traced    {_gib(result.peak_bytes)} GiB live tensors at {result.peak_phase} ({result.peak_op}), "
         f"step {result.peak_step}; step 1 peaked at {_gib(result.step1_peak_bytes)} GiB"
     )
-    print(f"simulated {_gib(est.peak_tensor_bytes)} GiB at {est.peak_phase} (error {err:+.2%})")
+    print(
+        f"simulated {_gib(simulated['peak_tensor_bytes'])} GiB at {simulated['peak_phase']} (error {err:+.2%})"
+    )
     print(f"\n{'category':<17} {'traced GiB':>11} {'simulated GiB':>14}")
     sim = report["simulated"]["components"]
     for cat in sorted(set(report["components"]) | set(sim)):
@@ -475,6 +480,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--inputs", help="its inputs: FILE.py:NAME, a factory returning the forward's arguments")
     tr.add_argument(
         "--json", action="store_true", help="print one JSON object (with timeline and top tensors)"
+    )
+    tr.add_argument(
+        "--rank",
+        type=int,
+        help="the global rank to trace on a multi-GPU layout (default: the highest-memory stage)",
     )
     for flag, (key, typ) in OVERRIDES.items():
         tr.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")

@@ -23,6 +23,8 @@ ROLE_CATEGORY = {
     "activation": "activations",
     "input": "activations",
     "temporary": "temporaries",
+    "unsharded_parameter": "parameters",
+    "collective": "temporaries",
 }
 TRACEABLE_PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 TRACEABLE_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
@@ -43,7 +45,7 @@ def check_traceable(sc: Scenario) -> None:
             f"{', '.join(TRACEABLE_OPTIMIZERS)}",
         )
     if sc.parallel.world_size > 1 or sc.parallel.ep > 1:
-        raise ScenarioError("parallel", "a trace runs one process: set dp, tp, pp, cp and ep to 1")
+        _check_multi_gpu(sc)
     if sc.activation_checkpointing == "selective":
         raise ScenarioError(
             "activation_checkpointing", "HF models have no selective checkpointing to trace; use none or full"
@@ -54,6 +56,17 @@ def check_traceable(sc: Scenario) -> None:
         raise ScenarioError("optimizer_in_backward", "not traced; set it to false")
     if sc.grad_accum_steps > 1:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+
+
+def _check_multi_gpu(sc: Scenario) -> None:
+    """Raise ScenarioError for a multi-GPU layout one traced rank cannot reproduce (pp goes to pipeline.py)."""
+    if sc.parallel.pp > 1:
+        return
+    try:
+        from memsim_widget.trace.distributed import check_distributed
+    except ImportError:  # torch missing: the trace itself says what to install
+        return
+    check_distributed(sc)
 
 
 def trace_kwargs(sc: Scenario) -> dict[str, Any]:
@@ -84,11 +97,21 @@ def trace_scenario(
     *,
     progress: bool = False,
     top_n: int = 20,
+    rank: int | None = None,
 ) -> Any:
     """Trace two training steps of the scenario; a user's ``model_factory``/``input_factory`` replace the
-    preset's transformers model (the factories' model must return a loss, or an output with ``.loss``)."""
+    preset's transformers model (the factories' model must return a loss, or an output with ``.loss``).
+
+    A multi-GPU layout traces one ``rank`` of the job (default: a rank of the stage the engine predicts
+    highest): dp x tp in ``distributed.py``, pp > 1 in ``pipeline.py``."""
     sc = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario)
     check_traceable(sc)
+    if sc.parallel.world_size > 1:
+        if model_factory is not None or input_factory is not None:
+            raise ScenarioError("parallel", "a user module is traced on one GPU: set dp, tp, pp and cp to 1")
+        return _trace_rank(sc, rank, progress=progress, top_n=top_n)
+    if rank not in (None, 0):
+        raise ScenarioError("rank", f"must be 0 for 1 GPU, got {rank!r}")
     try:
         from memsim_widget.trace.hf import trace_hf
         from memsim_widget.trace.run import trace_training
@@ -113,19 +136,48 @@ def trace_scenario(
     return trace_hf(dict(resolve_model_config(sc.model)), progress=progress, top_n=top_n, **kw)
 
 
-def simulated_components(sc: Scenario) -> dict[str, Any]:
-    """The engine's live tensor bytes for the same scenario, at its moment with the most tensor bytes."""
+def _trace_rank(sc: Scenario, rank: int | None, *, progress: bool, top_n: int) -> Any:
+    """Trace one rank of a multi-GPU job: pipelines in ``pipeline.py``, the rest in ``distributed.py``."""
+    try:
+        from memsim_widget.trace import distributed
+    except ImportError as exc:
+        raise ScenarioError(
+            "trace", f"needs the trace extra: pip install 'memsim-widget[trace]' ({exc.name} is missing)"
+        ) from None
+    rank = distributed.default_rank(sc) if rank is None else rank
+    distributed.check_rank(sc, rank)
+    if sc.parallel.pp == 1:
+        return distributed.trace_distributed(sc, rank=rank, progress=progress, top_n=top_n)
+    try:
+        from memsim_widget.trace.pipeline import trace_pipeline
+    except ModuleNotFoundError as exc:
+        if exc.name != "memsim_widget.trace.pipeline":
+            raise
+        raise ScenarioError("parallel.pp", "pipeline tracing not available") from None
+    return trace_pipeline(sc, rank=rank, progress=progress, top_n=top_n)
+
+
+def traced_stage(sc: Scenario, rank: int) -> int:
+    """The pipeline stage of a global rank (pp is the outermost mesh dimension)."""
+    return rank // (sc.parallel.world_size // sc.parallel.pp)
+
+
+def simulated_components(sc: Scenario, rank: int = 0) -> dict[str, Any]:
+    """The engine's live tensor bytes for the same scenario and the traced rank's pipeline stage, at its
+    moment with the most tensor bytes."""
     from memsim_widget.engine.core import estimate
 
     est = estimate(sc)
-    moment = max(est.worst.moments, key=lambda m: m.tensor_bytes)
+    stage = est.ranks[traced_stage(sc, rank)] if len(est.ranks) > 1 else est.ranks[0]
+    moment = max(stage.moments, key=lambda m: m.tensor_bytes)
     comps: dict[str, int] = {}
     for i in moment.items:
         if i.level == "tensor":
             comps[i.category] = comps.get(i.category, 0) + i.bytes
     return {
-        "peak_tensor_bytes": est.peak_tensor_bytes,
+        "peak_tensor_bytes": stage.peak_tensor_bytes,
         "peak_phase": moment.name,
+        "stage": stage.stage.index,
         "components": {k: v for k, v in comps.items() if v},
     }
 
@@ -150,6 +202,10 @@ def trace_report(sc: Scenario, result: Any) -> dict[str, Any]:
         "timeline": result.timeline,
         "top": result.top,
         "notes": result.notes,
+        "rank": result.rank,
+        "world_size": result.world_size,
+        "rank_role": result.rank_role,
+        "layout": result.layout,
         "counter": "live tensor bytes on fake tensors (compare with peak_tensor_bytes of memsim estimate)",
-        "simulated": simulated_components(sc),
+        "simulated": simulated_components(sc, result.rank),
     }
