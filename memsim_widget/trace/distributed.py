@@ -87,9 +87,10 @@ def check_distributed(sc: Scenario) -> None:
 
 #: Why context parallelism is refused (measured with torch 2.13.0+cpu; docs/fidelity.md says the same).
 CP_REFUSAL = (
-    "context parallelism is not traced: torch.distributed.tensor.experimental.context_parallel only "
-    "dispatches CUDA's flash/efficient/cuDNN SDPA kernels, and on a CPU mesh SDPA runs "
-    "_scaled_dot_product_flash_attention_for_cpu, which it does not shard; set cp to 1"
+    "context parallelism is not traced: torch.distributed.tensor.experimental.context_parallel shards only "
+    "CUDA's flash/efficient/cuDNN SDPA ops; on a CPU mesh SDPA runs "
+    "aten._scaled_dot_product_flash_attention_for_cpu, which fails with 'does not have a sharding strategy "
+    "registered'; set cp to 1"
 )
 
 
@@ -140,11 +141,14 @@ def private_sharding_fake_mode() -> Iterator[None]:
         _sharding_prop.detect_fake_mode = orig
 
 
-#: FSDP2 functions (as ``_fsdp_param_group`` calls them) -> the role of the storages they create.
+#: FSDP2 functions (as ``_fsdp_param_group`` calls them, or ``FSDPParamGroup`` methods) -> the role of
+#: the storages they create: the all-gather and reduce-scatter buffers, and the unit's unsharded parameters
+#: (copied out of the all-gather, or out of the local parameters where the shard group has one rank, as
+#: under replicate).
 _FSDP_ROLES = {
     "foreach_all_gather": "collective",
-    "foreach_all_gather_copy_out": "unsharded_parameter",
     "foreach_reduce": "collective",
+    "FSDPParamGroup.wait_for_unshard": "unsharded_parameter",
 }
 
 
@@ -153,14 +157,18 @@ def fsdp_roles(tracker: MemoryTracker) -> Iterator[None]:
     """Label the storages FSDP2's all-gather, copy-out and reduce-scatter create while the block runs."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
 
-    origs = {name: getattr(group, name) for name in _FSDP_ROLES}
+    targets = []
+    for path, role in _FSDP_ROLES.items():
+        owner_name, _, name = path.rpartition(".")
+        owner = getattr(group, owner_name) if owner_name else group
+        targets.append((owner, name, getattr(owner, name), role))
     try:
-        for name, role in _FSDP_ROLES.items():
-            setattr(group, name, _in_role(origs[name], tracker, role))
+        for owner, name, fn, role in targets:
+            setattr(owner, name, _in_role(fn, tracker, role))
         yield
     finally:
-        for name, fn in origs.items():
-            setattr(group, name, fn)
+        for owner, name, fn, _role in targets:
+            setattr(owner, name, fn)
 
 
 def _in_role(fn: Callable[..., Any], tracker: MemoryTracker, role: str) -> Callable[..., Any]:
@@ -201,13 +209,13 @@ def _apply_tp(model: torch.nn.Module, mesh: Any, sc: Scenario, notes: list[str])
         from . import tp_plan
     except ImportError:
         raise ScenarioError("parallel.tp", "tensor-parallel tracing is not available") from None
-    torchtitan = sc.framework == "torchtitan"
+    style, loss_parallel = tp_plan.tp_style_for(sc)
     notes += tp_plan.apply_tensor_parallel(
         model,
         mesh["tp"],
         sequence_parallel=sc.parallel.sequence_parallel,
-        loss_parallel=torchtitan,
-        style="torchtitan" if torchtitan else "hf",
+        loss_parallel=loss_parallel,
+        style=style,
     )
 
 
@@ -290,15 +298,23 @@ def trace_distributed(
     wdtype, _amp = _precision_dtypes(sc.precision)
     # Under FSDP2 mixed precision the parameters are fp32 and nothing is autocast.
     precision = "fp32" if _mp_policy(sc) is not None else sc.precision
+    inputs = _input_factory(cfg, sc.micro_batch_size, sc.seq_len, wdtype)
+    loss_fn, tp_context = None, contextlib.nullcontext()
+    if sc.parallel.tp > 1:  # global position_ids under SP; loss_fn and loss_parallel() under loss parallel
+        from . import tp_plan
+
+        inputs, loss_fn, tp_context = tp_plan.trace_hooks(sc, inputs)
     with (
         fake_world(rank, sc.parallel.world_size),
         private_sharding_fake_mode(),
         _real_mode_shims(True, notes),
+        tp_context,
     ):
         mesh = cpu_mesh({k: v for k, v in shape.items() if k != "pp"})
         result = trace_training(
             _model_factory(sc, cfg, mesh, layout_notes, reshard_after_forward),
-            _input_factory(cfg, sc.micro_batch_size, sc.seq_len, wdtype),
+            inputs,
+            loss_fn=loss_fn,
             precision=precision,
             optimizer=sc.optimizer,
             optimizer_impl=sc.optimizer_impl,
