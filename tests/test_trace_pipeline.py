@@ -126,3 +126,22 @@ def test_no_process_group_is_left_behind_when_the_trace_fails(monkeypatch: pytes
     with pytest.raises(RuntimeError, match="boom"):
         trace_pipeline(scenario(2), rank=0)
     assert not dist.is_initialized()
+
+
+def test_lora_stage_trains_only_the_adapters_of_its_layers() -> None:
+    sc = scenario(2, method="lora", lora={"rank": 8, "targets": ["q_proj", "v_proj"]})
+    r = trace_pipeline(sc, rank=1)
+    per_layer = (H + HEADS * D) * 8 + (H + KV * D) * 8  # A (r x in) + B (out x r) on q_proj and v_proj
+    assert r.trainable_parameters == 2 * per_layer
+    assert r.model_state_bytes["gradient"] == 2 * per_layer * 4  # peft keeps adapters in fp32
+    assert r.model_state_bytes["parameter"] == (2 * LAYER + FINAL_NORM + HEAD) * BF16 + 2 * per_layer * 4
+
+
+def test_amp_stage_keeps_fp32_weights() -> None:
+    r = trace_pipeline(scenario(2, precision="amp-bf16"), rank=0)
+    assert r.model_state_bytes["parameter"] == (EMBED + 2 * LAYER) * 4
+
+
+def test_full_checkpointing_keeps_fewer_activations_on_the_first_stage() -> None:
+    ckpt = trace_pipeline(scenario(2, seq_len=256, activation_checkpointing="full"), rank=0)
+    assert ckpt.by_role["activation"] < traced(2, "1f1b", 0, None, 256).by_role["activation"]
