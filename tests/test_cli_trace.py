@@ -116,3 +116,31 @@ def test_a_bad_module_spec_is_one_line():
         check=False,
     )
     assert proc.returncode == 2 and "--module" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_rank_outside_the_job_exits_2_with_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "memsim_widget.cli", "trace", "--dp", "8", "--zero", "3", "--rank", "9"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("memsim: error: rank: ") and "0..7" in proc.stderr
+
+
+def test_a_multi_gpu_trace_names_the_traced_rank_and_its_role(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": TINY_LLAMA, "micro_batch_size": 1, "seq_len": 128}))
+    flags = ["--dp", "2", "--zero", "3", "--rank", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "memsim_widget.cli", "trace", str(path), *flags],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == (
+        "rank      rank 1 of 2: FSDP shard 1 of 2, pipeline stage 0 of 1 (embeddings .. head)"
+    )

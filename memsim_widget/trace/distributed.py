@@ -288,6 +288,8 @@ def trace_distributed(
 ) -> TraceResult:
     """Trace two training steps of one rank (default: the first rank of the stage the engine predicts
     highest) of the scenario's dp x tp job."""
+    from .api import trace_kwargs
+
     check_distributed(sc)
     rank = default_rank(sc) if rank is None else rank
     check_rank(sc, rank)
@@ -319,6 +321,7 @@ def trace_distributed(
             optimizer=sc.optimizer,
             optimizer_impl=sc.optimizer_impl,
             gradient_checkpointing=sc.activation_checkpointing == "full",
+            output_lifetime=trace_kwargs(sc).get("output_lifetime", "trainer"),
             loss_module=_loss_module,
             notes=notes,
             cast_model=False,
