@@ -1,6 +1,6 @@
 """Engine vs fake-tensor trace: peak live tensor bytes of the same HF training step, per scenario.
 
-Run: python benchmarks/fidelity_trace.py [--quick] [--write docs/fidelity.md]
+Run: python benchmarks/fidelity_trace.py [--quick] [-k TEXT] [--write docs/fidelity.md]
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write", help="write a markdown table here")
     ap.add_argument("-v", action="store_true")
+    ap.add_argument("-k", metavar="TEXT", help="only the cases whose name contains TEXT")
     args = ap.parse_args(argv)
     cases = CASES[:5] if args.quick else CASES
+    if args.k:
+        cases = [(name, data) for name, data in cases if args.k in name]
     rows = []
     for name, data in cases:
         r = compare(name, data)

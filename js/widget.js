@@ -28,6 +28,7 @@ export const CONTROLS = [
   { key: "attention", label: "attention", kind: "select", group: "Training" },
   { key: "loss", label: "loss", kind: "select", group: "Training" },
   { key: "framework", label: "framework", kind: "select", group: "Training" },
+  { key: "output_lifetime", label: "outputs kept", kind: "select", group: "Training" },
   { key: "method", label: "method", kind: "select", group: "Method" },
   { key: "lora.rank", label: "LoRA rank", kind: "int", group: "Method" },
   { key: "lora.alpha", label: "LoRA alpha", kind: "number", group: "Method" },
@@ -163,6 +164,7 @@ export function readControl(ctl, el, options = {}) {
     }
     case "select": {
       const choices = options.choices?.[ctl.key] ?? [];
+      if (el.value === "" && choices.includes(null)) return null; // the unset choice (a key's default)
       return typeof choices[0] === "number" ? Number(el.value) : el.value;
     }
     default:
@@ -193,9 +195,12 @@ function h(doc, tag, attrs = {}, children = []) {
   return el;
 }
 
+/** Options for `values`; a `null` value (the key left unset) is the option with value "". */
 function fillSelect(doc, select, values, labels = {}) {
   select.replaceChildren(
-    ...values.map((v) => h(doc, "option", { value: String(v), text: labels[v] ?? String(v) })),
+    ...values.map((v) =>
+      h(doc, "option", { value: v === null ? "" : String(v), text: labels[String(v)] ?? String(v) }),
+    ),
   );
 }
 
@@ -229,7 +234,7 @@ export function createControls(doc, options) {
       fillSelect(doc, el, ids, { ...labels, custom: "custom memory size" });
     } else if (ctl.kind === "select") {
       el = h(doc, "select", { class: cls });
-      fillSelect(doc, el, options.choices?.[ctl.key] ?? []);
+      fillSelect(doc, el, options.choices?.[ctl.key] ?? [], options.choice_labels?.[ctl.key]);
     } else if (ctl.kind === "bool") {
       el = h(doc, "input", { type: "checkbox", class: cls });
     } else if (ctl.kind === "log") {

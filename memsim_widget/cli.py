@@ -38,6 +38,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "attention": ("attention", str),
     "loss": ("loss", str),
     "framework": ("framework", str),
+    "output_lifetime": ("output_lifetime", str),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),
@@ -210,6 +211,7 @@ PLAN_FIXED: dict[str, tuple[str, type]] = {
     "seq_len": ("seq_len", int),
     "framework": ("framework", str),
     "attention": ("attention", str),
+    "output_lifetime": ("output_lifetime", str),
     "lora_rank": ("lora.rank", int),
 }
 _BOOLS = {

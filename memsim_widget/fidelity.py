@@ -280,6 +280,28 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         "mixtral bf16 eager b2 s256",
         {"model": MIXTRAL, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"},
     ),
+    # the plain loop: `outputs = model(**batch); outputs.loss.backward(); optimizer.step()` keeps the outputs
+    *(
+        (
+            f"{name} {precision} sdpa b{b} s{s} (outputs kept: {lifetime})",
+            {
+                "model": model,
+                "micro_batch_size": b,
+                "seq_len": s,
+                "precision": precision,
+                "output_lifetime": lifetime,
+            },
+        )  # fmt: skip
+        for name, model, precision, b, s, lifetime in (
+            ("llama", LLAMA, "bf16", 2, 512, "backward"),
+            ("llama", LLAMA, "bf16", 2, 512, "step"),
+            ("llama", LLAMA, "amp-bf16", 2, 512, "backward"),
+            ("llama", LLAMA, "amp-bf16", 2, 512, "step"),
+            ("qwen2", QWEN2, "bf16", 2, 512, "backward"),
+            ("qwen2", QWEN2, "amp-bf16", 2, 512, "step"),
+            ("llama", LLAMA, "bf16", 1, 64, "step"),
+        )
+    ),
 ]
 
 

@@ -1,7 +1,8 @@
 """The scenario: one validated, immutable description of a training run, with a lossless JSON form.
 
 The JSON keys are a public contract (saved files, the CLI, the widget). Omitted keys take the
-defaults in ``DEFAULTS``; ``Scenario.to_dict()`` always echoes every key, resolved.
+defaults in ``DEFAULTS``; ``Scenario.to_dict()`` always echoes every key, resolved, and the
+``OPTIONAL_KEYS`` (unset means another key decides) when they are set.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ CHECKPOINTING = ("none", "selective", "full")
 ATTENTIONS = ("sdpa", "eager")
 LOSSES = ("standard", "chunked")
 FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
+#: How long the training loop holds the model output (logits, any KV cache): dropped before backward (HF
+#: Trainer), until backward ends, or through the optimizer step (a plain ``for`` loop). None: the framework's own.
+OUTPUT_LIFETIMES = ("trainer", "backward", "step")
 ADAPTER_DTYPES = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -193,6 +197,9 @@ DEFAULTS: dict[str, Any] = {
     "gpu": "h100-sxm-80gb",
     "num_gpus": None,
 }
+#: Keys that may stay unset (None: another key decides, e.g. the framework); ``to_dict`` echoes them only
+#: when set, so every scenario saved before such a key existed reads and prints byte for byte the same.
+OPTIONAL_KEYS: dict[str, Any] = {"output_lifetime": None}
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,12 @@ class Scenario:
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
     CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB.
+
+    ``output_lifetime`` -- how long the loop keeps the model output (logits and any KV cache the model
+    returns): ``trainer`` drops it before backward (HF Trainer keeps only the loss), ``backward`` until
+    ``loss.backward()`` returns, ``step`` through ``optimizer.step()`` (``outputs = model(**batch);
+    outputs.loss.backward(); optimizer.step()``); None (the default) means the framework's own
+    (``engine/frameworks.py``: torchtune ``backward``, the others ``trainer``).
     """
 
     model: str | FrozenDict = "llama-3.1-8b"
@@ -221,6 +234,7 @@ class Scenario:
     attention: str = "sdpa"
     loss: str = "standard"
     framework: str = "hf"
+    output_lifetime: str | None = None
     compile: bool = False
     activation_offloading: bool = False
     padding: str = "max_length"
@@ -257,6 +271,8 @@ class Scenario:
         _choice("attention", self.attention, ATTENTIONS)
         _choice("loss", self.loss, LOSSES)
         _choice("framework", self.framework, FRAMEWORKS)
+        if self.output_lifetime is not None:
+            _choice("output_lifetime", self.output_lifetime, OUTPUT_LIFETIMES)
         _bool("compile", self.compile)
         _bool("activation_offloading", self.activation_offloading)
         _choice("padding", self.padding, PADDINGS)
@@ -268,7 +284,8 @@ class Scenario:
 
     # ----- JSON form -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The resolved scenario as plain JSON-ready data, every key present."""
+        """The resolved scenario as plain JSON-ready data: every key of ``DEFAULTS``, and the ``OPTIONAL_KEYS``
+        that are set."""
         return {
             "model": _thaw(self.model),
             "method": self.method,
@@ -284,6 +301,7 @@ class Scenario:
             "attention": self.attention,
             "loss": self.loss,
             "framework": self.framework,
+            **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
             "compile": self.compile,
             "activation_offloading": self.activation_offloading,
             "padding": self.padding,
@@ -301,9 +319,9 @@ class Scenario:
         """Validate a JSON-style mapping; unknown keys and bad values raise ``ScenarioError``."""
         if not isinstance(data, Mapping):
             raise ScenarioError("scenario", f"must be a JSON object, got {type(data).__name__}")
-        unknown = [k for k in data if k not in DEFAULTS]
+        unknown = [k for k in data if k not in DEFAULTS and k not in OPTIONAL_KEYS]
         if unknown:
-            raise _unknown_key(unknown[0], list(DEFAULTS))
+            raise _unknown_key(unknown[0], [*DEFAULTS, *OPTIONAL_KEYS])
         kwargs = {k: v for k, v in data.items() if k != "num_gpus"}
         scenario = cls(**kwargs)
         num_gpus = data.get("num_gpus")

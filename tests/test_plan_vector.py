@@ -40,6 +40,8 @@ BASES = [
     {"model": "mixtral-8x7b", "seq_len": 1024},
     {"model": "qwen2.5-0.5b", "attention": "eager", "seq_len": 1024, "cuda_lazy_loading": False},
     {"model": "gpt2", "precision": "fp32", "seq_len": 1024},
+    {"model": "llama-3.2-1b", "seq_len": 256, "output_lifetime": "step"},
+    {"model": "qwen2.5-0.5b", "precision": "amp-bf16", "attention": "eager", "output_lifetime": "backward"},
 ]
 
 

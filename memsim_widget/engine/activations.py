@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import profile, quantises_module, uses_autocast
+from memsim_widget.engine.frameworks import output_lifetime, profile, quantises_module, uses_autocast
 from memsim_widget.engine.items import fmt_int
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
@@ -49,9 +49,20 @@ class ActivationBudget:
     top_backward: list[Term] = field(default_factory=list)  # transients of the final norm's backward
     attention_backward: list[Term] = field(default_factory=list)  # transients of the attention's backward
     inputs: list[Term] = field(default_factory=list)
+    # the model output the loop still holds after the loss (output_lifetime "backward" or "step"):
+    output_logits: list[Term] = field(default_factory=list)  # its logits (last stage)
+    output_cache: list[Term] = field(default_factory=list)  # per layer: the whole KV cache it references
+    output_cache_extra: list[Term] = field(
+        default_factory=list
+    )  # per layer: the part the layer does not save
+    output_through_step: bool = False  # held through the optimizer step too ("step")
 
     def layer_bytes(self) -> float:
         return sum(t.bytes for t in self.per_layer)
+
+    def loss_buffer_names(self) -> set[str]:
+        """Names of the loss's T x V buffers (the allocator's variable-shape waste is a multiple of them)."""
+        return {t.name for t in self.loss_forward + self.loss_saved + self.loss_backward + self.output_logits}
 
 
 class _Dims:
@@ -323,13 +334,14 @@ def _hf(ctx: Context) -> ActivationBudget:
     # It holds each layer's k and v (after RoPE) until the outputs are dropped. Under SDPA these are the
     # tensors SDPA saves anyway, except autocast's fp32 k (SDPA saves a 16-bit cast); eager saves
     # repeated copies instead, so the cache is extra.
-    if (
+    kb = 4 if amp and arch.position == "rope" else ec  # the cache's k: fp32 after autocast's fp32 RoPE
+    kv_cache = (
         prof.training_kv_cache
         and arch.causal
         and arch.extra.get("use_cache", True)
         and sc.activation_checkpointing != "full"
-    ):
-        kb = 4 if amp and arch.position == "rope" else ec
+    )
+    if kv_cache:
         gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
         extra = (
             ((kb + ec) * T * hkv if gqa else 0)
@@ -455,15 +467,6 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.loss_backward.append(
                 Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
             )
-            if prof.logits_kept_in_backward:
-                out.loss_backward.append(
-                    Term(
-                        "fp32 logits still referenced by the recipe during backward",
-                        4 * T * V,
-                        "4 B x T x V",
-                        1,
-                    )
-                )
         elif upcast_loss:
             # HF causal LMs (ForCausalLMLoss): logits = lm_head(h) in the compute dtype; the loss upcasts them
             # (.float()) and log_softmax saves its fp32 output. The trainer drops the logits before backward.
@@ -485,6 +488,40 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.loss_saved.append(Term("log-softmax saved by the loss", le * T * V, f"{le} B x T x V", 1))
             out.loss_backward.append(
                 Term("loss backward: two T x V gradient buffers", 2 * le * T * V, f"2 x {le} B x T x V", 2)
+            )
+
+    # ----- the model output the loop still holds -------------------------------------------------
+    lifetime = output_lifetime(sc)
+    if lifetime != "trainer":
+        out.output_through_step = lifetime == "step"
+        until = "the optimizer step ends" if out.output_through_step else "backward ends"
+        if V and sc.loss != "chunked":  # the chunked loss fuses the head: the model returns no logits
+            lb = 4 if upcast_loss and prof.fp32_logits_output else le
+            out.output_logits.append(
+                Term(
+                    "logits held by the loop's model output",
+                    lb * T * V,
+                    f"{lb} B x T x V, V={V} (output_lifetime {lifetime!r}: alive until {until})",
+                    1,
+                )
+            )
+        if kv_cache:
+            out.output_cache_extra = [
+                Term(
+                    f"{t.name.removesuffix(' (forward only)')}, kept by the loop",
+                    t.bytes,
+                    t.formula,
+                    t.tensors,
+                )
+                for t in out.cache_per_layer
+            ]
+            out.output_cache.append(
+                Term(
+                    "KV cache held by the loop's model output",
+                    (kb + ec) * T * hkv,
+                    f"({kb} + {ec}) B x T x kv*d per layer, kv*d={hkv}: k and v, alive until {until}",
+                    2,
+                )
             )
 
     # ----- backward transients ---------------------------------------------------------------------

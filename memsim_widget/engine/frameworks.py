@@ -19,6 +19,7 @@ from typing import Any
 
 from memsim_widget.engine.context import Context
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec, register_optimizer
+from memsim_widget.scenario import Scenario
 
 #: DeepSpeed's default ``reduce_bucket_size`` / ``allreduce_bucket_size`` (elements): ZeRO-1/2 flatten
 #: gradients into a buffer this size before reducing (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buffer).
@@ -37,8 +38,10 @@ class FrameworkProfile:
     ``output = self.output(h).float()``), instead of compute-dtype logits upcast inside the loss.
     ``shift_copy``: the recipe shifts the logits with ``logits[..., :-1, :].contiguous()``, a copy of
     T x V (torchtune recipes up to mid-2024; transformers 5 shifts the labels instead).
-    ``logits_kept_in_backward``: the recipe still references the logits while ``loss.backward()`` runs
-    (torchtune added ``del logits`` in mid-2024; HF Trainer and torchtitan drop the outputs first).
+    ``output_lifetime``: how long the loop holds the model output when the scenario leaves
+    ``output_lifetime`` unset: ``"trainer"`` (dropped before backward: HF Trainer's ``compute_loss`` returns
+    the loss only, torchtitan ``del pred``), ``"backward"`` (still referenced while ``loss.backward()`` runs:
+    torchtune recipes until ``del logits`` came in mid-2024) or ``"step"`` (through ``optimizer.step()``).
     ``ddp_buckets``: data parallelism is DDP with ``gradient_as_bucket_view=False`` (HF Trainer/Accelerate
     default): a second, flat copy of the gradients in 25 MB buckets.
     ``qlora_quantises``: which Linears QLoRA stores in NF4: ``"all-linear"`` (bitsandbytes via
@@ -60,7 +63,7 @@ class FrameworkProfile:
     training_kv_cache: bool = False
     fp32_logits_output: bool = False
     shift_copy: bool = False
-    logits_kept_in_backward: bool = False
+    output_lifetime: str = "trainer"
     ddp_buckets: bool = False
     qlora_quantises: str = "all-linear"
     fsdp_mixed_precision: bool = False
@@ -101,7 +104,7 @@ register_profile(
         "torchtune recipes (2024): pure bf16, its own Llama modules, fp32 logits shifted by a copy",
         fp32_logits_output=True,
         shift_copy=True,
-        logits_kept_in_backward=True,
+        output_lifetime="backward",
         qlora_quantises="targets",
         sources=(
             "torchtune/modules/transformer.py TransformerDecoder.forward: output = self.output(h).float()",
@@ -223,6 +226,16 @@ if PAGED_ADAMW.name not in OPTIMIZERS:
 def profile(ctx: Context) -> FrameworkProfile:
     """The profile of the scenario's framework."""
     return PROFILES[ctx.scenario.framework]
+
+
+def output_lifetime(scenario: Scenario) -> str:
+    """How long the loop holds the model output: the scenario's ``output_lifetime``, else the framework's.
+
+    Source: REFERENCE.md section 8 -- HF Trainer drops the outputs before backward; the hand-written loop
+    ``outputs = model(**batch); outputs.loss.backward(); optimizer.step()`` keeps the logits (and any KV
+    cache) alive through backward and the step.
+    """
+    return scenario.output_lifetime or PROFILES[scenario.framework].output_lifetime
 
 
 def uses_autocast(ctx: Context) -> bool:

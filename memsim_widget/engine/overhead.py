@@ -165,7 +165,7 @@ def reserved_item(
     ``FRAGMENTATION_TRANSIENT`` of everything else (``FRAGMENTATION_EXPANDABLE`` with expandable segments)
     and, with variable batch shapes, ``FRAGMENTATION_VARIABLE`` x the loss's T x V buffers; capped by the card.
     """
-    loss_names = {t.name for t in acts.loss_forward + acts.loss_saved + acts.loss_backward}
+    loss_names = acts.loss_buffer_names()
     best_alloc, best_waste, best_name = peak_allocated, 0, ""
     for m in moments:
         alloc, waste = pool_bytes(ctx, m.items, loss_names)  # type: ignore[attr-defined]

@@ -128,6 +128,10 @@ def moments(
     loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "") + _scaled(
         acts.cache_per_layer, Ls, f"{Ls} layers"
     )
+    # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
+    # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
+    held_logits = _scaled(acts.output_logits, 1 if stage.last else 0, "")
+    held_out = held_logits + _scaled(acts.output_cache_extra, Ls, f"{Ls} layers")
     common = persistent + overhead
     out = [
         Moment(
@@ -136,7 +140,17 @@ def moments(
         ),
         Moment(
             "backward_start",
-            tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_saved + loss_bwd),
+            tuple(
+                common
+                + grads_in_fwd
+                + states.gathered
+                + pre
+                + saved_all
+                + post
+                + loss_saved
+                + loss_bwd
+                + held_out
+            ),
         ),
     ]
     # The top of backward: the loss is done; first the final norm runs backward (its fp32 transients),
@@ -146,9 +160,8 @@ def moments(
     base = common + head_grads + states.gathered + states.gathered_grads + pre + saved_all
     norm_bwd = base + _scaled(acts.top_backward, 1 if stage.last else 0, "", "temporaries")
     last_layer = base + recompute + layer_bwd
-    out.append(
-        Moment("backward_top", tuple(max(norm_bwd, last_layer, key=lambda x: sum(i.bytes for i in x))))
-    )
+    top = max(norm_bwd, last_layer, key=lambda x: sum(i.bytes for i in x))
+    out.append(Moment("backward_top", tuple(top + held_out)))
     # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations
     # remain; of this micro-batch only the layer in backward (recomputed under checkpointing).
     rest = (
@@ -171,10 +184,17 @@ def moments(
     # not yet made; (b) the embedding's backward, every gradient made and no layer activation left.
     opt_bwd = states.step_temps if sc.optimizer_in_backward else []
     common_end = common + states.gathered + states.gathered_grads + opt_bwd + pre + rest
-    layer0 = common_end + states.grads_but_bottom + own + layer_bwd
-    embed = common_end + states.grads
+    cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
+    cache_but_own = _scaled(acts.output_cache, Ls - 1, f"{Ls - 1} layers") + _scaled(
+        acts.output_cache_extra, 1, "1 layer"
+    )
+    layer0 = common_end + states.grads_but_bottom + own + layer_bwd + held_logits + cache_but_own
+    embed = common_end + states.grads + held_logits + cache_all
     out.append(Moment("backward_end", tuple(max(layer0, embed, key=lambda x: sum(i.bytes for i in x)))))
     if sc.optimizer != "none" and not sc.optimizer_in_backward:
         step_temps = [i for i in states.step_temps if i.level == "tensor"]
-        out.append(Moment("optimizer_step", tuple(step_persistent + overhead + states.grads + step_temps)))
+        held = held_logits + cache_all if acts.output_through_step else []
+        out.append(
+            Moment("optimizer_step", tuple(step_persistent + overhead + states.grads + step_temps + held))
+        )
     return out

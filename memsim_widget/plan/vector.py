@@ -130,7 +130,7 @@ def _state_side(
 # ----- activations: one engine call per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------
 TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "post", "loss_forward",
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
-               "inputs")  # fmt: skip
+               "inputs", "output_logits", "output_cache", "output_cache_extra")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 
@@ -141,13 +141,14 @@ class ActRow:
 
     tables: dict[str, np.ndarray]  # group -> (terms, TERM_COLS) float64
     ckpt_input_shared: bool
+    output_through_step: bool = False
 
 
 @lru_cache(maxsize=16384)
 def act_row(scenario: Scenario) -> ActRow:
     """``activations`` of one micro-batch of ``scenario`` as term tables."""
     acts: ActivationBudget = activations(Context(scenario))
-    loss_names = {t.name for t in acts.loss_forward + acts.loss_saved + acts.loss_backward}
+    loss_names = acts.loss_buffer_names()
     rows: list[tuple[float, ...]] = []
     bounds = [0]
     for g in TERM_GROUPS:
@@ -165,7 +166,7 @@ def act_row(scenario: Scenario) -> ActRow:
         bounds.append(len(rows))
     table = np.array(rows, dtype=np.float64).reshape(len(rows), TERM_COLS)
     tables = {g: table[bounds[j] : bounds[j + 1]] for j, g in enumerate(TERM_GROUPS)}
-    return ActRow(tables, acts.ckpt_input_shared)
+    return ActRow(tables, acts.ckpt_input_shared, acts.output_through_step)
 
 
 # ----- the candidate frame ---------------------------------------------------------------------------------
@@ -393,9 +394,11 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         "loss_bwd": per_key("loss_backward"),
         "loss_fwd": per_key("loss_forward"),
         "top_bwd": per_key("top_backward"),
+        "held_logits": per_key("output_logits"),
     }
     on_last = xlast[:, None]
     post = np.where(on_last, a_last["post"][xa], 0)
+    held_logits = np.where(on_last, a_last["held_logits"][xa], 0)
     loss_bwd = np.where(on_last, a_last["loss_bwd"][xa], 0)
     top_bwd = np.where(on_last, a_last["top_bwd"][xa], 0)
     recompute = a_recompute[xa]
@@ -416,6 +419,11 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         "cache_per_layer", layers.astype(np.float64), zeros
     )
     tail = recompute + layer_bwd
+    # the model output the loop still holds (engine/timeline: held_out, cache_all, cache_but_own)
+    fl = layers.astype(np.float64)
+    held_out = held_logits + scaled("output_cache_extra", fl, zeros)
+    cache_all = scaled("output_cache", fl, zeros)
+    cache_but_own = scaled("output_cache", fl - 1, zeros) + scaled("output_cache_extra", 1.0, zeros)
     if base.activation_offloading:
         rest = np.zeros((nx, NSTAT), dtype=np.int64)
     else:
@@ -423,16 +431,19 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         rest = np.where((f > 1)[:, None], scaled("kept", layers * (f - 1), rest_first), 0)
     # backward_top: the larger of the final norm's backward and the last layer's (the rest is shared)
     held = pre + saved_all
-    m3 = held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd)
-    l0 = own + layer_bwd
+    m3 = held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd) + held_out
+    l0 = own + layer_bwd + cache_but_own
+    through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
+    step_held = held_logits + cache_all if through_step else np.zeros_like(held_logits)
     # per row only what the moments need: activation terms are never long-lived (no persistent column)
     a_cols = np.stack(
         [
             (held + post + loss_fwd)[:, 1], (held + post + loss_fwd)[:, 3],
-            (held + post + loss_bwd)[:, 1], (held + post + loss_bwd)[:, 3],
+            (held + post + loss_bwd + held_out)[:, 1], (held + post + loss_bwd + held_out)[:, 3],
             m3[:, 1], m3[:, 3],
-            (pre + rest)[:, 1], (pre + rest)[:, 3],
-            l0[:, 1], l0[:, 3], l0[:, 0],
+            (pre + rest + held_logits)[:, 1], (pre + rest + held_logits)[:, 3],
+            l0[:, 1], l0[:, 3], l0[:, 0] - cache_all[:, 0],
+            cache_all[:, 1], cache_all[:, 3], step_held[:, 1], step_held[:, 3],
         ],
         axis=1,
     )[x_row]  # fmt: skip
@@ -468,20 +479,23 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     s_out = s_out[s_idx]
 
     # ----- the moments (engine/timeline.moments): (allocated, long-lived, loss buffers) per moment -------
-    # backward_end: the embedding's backward (all gradients) if its gradients outweigh layer 0's instant
+    # backward_end: the embedding's backward (all gradients, the held output's whole KV cache) if that
+    # outweighs layer 0's instant (a_cols[:, 10] is layer 0's terms less that whole cache)
     embed = s_cols[:, 12] > a_cols[:, 10]
     moments = [
         (s_cols[:, 0] + a_cols[:, 0], s_cols[:, 1], a_cols[:, 1]),
         (s_cols[:, 0] + a_cols[:, 2], s_cols[:, 1], a_cols[:, 3]),
         (s_cols[:, 2] + a_cols[:, 4], s_cols[:, 3], a_cols[:, 5]),
         (
-            s_cols[:, 4] + a_cols[:, 6] + np.where(embed, s_cols[:, 8], s_cols[:, 10] + a_cols[:, 8]),
+            s_cols[:, 4]
+            + a_cols[:, 6]
+            + np.where(embed, s_cols[:, 8] + a_cols[:, 11], s_cols[:, 10] + a_cols[:, 8]),
             s_cols[:, 5] + np.where(embed, s_cols[:, 9], s_cols[:, 11]),
-            a_cols[:, 7] + np.where(embed, 0, a_cols[:, 9]),
+            a_cols[:, 7] + np.where(embed, a_cols[:, 12], a_cols[:, 9]),
         ),
     ]
     if base.optimizer != "none" and not oib:
-        moments.append((s_cols[:, 6], s_cols[:, 7], np.zeros(nrows, dtype=np.int64)))
+        moments.append((s_cols[:, 6] + a_cols[:, 13], s_cols[:, 7], a_cols[:, 14]))
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     f_t, f_v = _waste_rates(ctx0)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
@@ -79,6 +80,7 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         "optimizer_impl": sc.optimizer_impl,
         "attention": sc.attention,
         "gradient_checkpointing": sc.activation_checkpointing == "full",
+        "output_lifetime": output_lifetime(sc),
     }
     if sc.method != "full":
         kw["lora"] = {
@@ -130,6 +132,7 @@ def trace_scenario(
             optimizer=sc.optimizer,
             optimizer_impl=sc.optimizer_impl,
             gradient_checkpointing=kw["gradient_checkpointing"],
+            output_lifetime=kw["output_lifetime"],
             progress=progress,
             top_n=top_n,
         )

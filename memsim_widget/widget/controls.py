@@ -21,6 +21,7 @@ from memsim_widget.scenario import (
     METHODS,
     OFFLOADS,
     OPTIMIZER_IMPLS,
+    OUTPUT_LIFETIMES,
     PP_SCHEDULES,
     ZERO_STAGES,
 )
@@ -138,6 +139,8 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
         missing = [impl for impl in OPTIMIZER_IMPLS if impl not in spec.impls]
         if missing:
             values["optimizer_impl"] = missing
+    if data.get("framework") == "megatron":
+        off["output_lifetime"] = "Megatron's schedule keeps only the loss of the model output"
     if data.get("grad_accum_steps", 1) != 1:
         off["optimizer_in_backward"] = "stepping in backward cannot accumulate gradients"
     arch = _arch(model)
@@ -175,10 +178,19 @@ def _static_options() -> dict[str, Any]:
             "attention": list(ATTENTIONS),
             "loss": list(LOSSES),
             "framework": list(FRAMEWORKS),
+            "output_lifetime": [None, *OUTPUT_LIFETIMES],  # None: unset, the framework's own
             "lora.adapter_dtype": list(ADAPTER_DTYPES),
             "parallel.zero": list(ZERO_STAGES),
             "parallel.pp_schedule": list(PP_SCHEDULES),
             "parallel.offload": list(OFFLOADS),
+        },
+        "choice_labels": {  # the text of a choice where its value alone says too little ("null": None)
+            "output_lifetime": {
+                "null": "framework's own",
+                "trainer": "trainer: dropped before backward",
+                "backward": "backward: kept until backward ends",
+                "step": "step: kept through optimizer.step",
+            }
         },
         "descriptions": {
             "precision": {k: v.description for k, v in PRECISIONS.items()},

@@ -173,6 +173,21 @@ describe("render", () => {
     cleanup();
   });
 
+  test("the output lifetime select offers the unset choice, shown for a scenario without the key", () => {
+    const { window, ctl, model, cleanup } = mount();
+    const sel = ctl("output_lifetime");
+    assert.equal(model.get("scenario_data").output_lifetime, undefined, "the fixture leaves it unset");
+    assert.equal(sel.value, "", "the unset choice is selected");
+    assert.equal(sel.options[0].textContent, "framework's own");
+    sel.value = "step";
+    fire(window, sel, "change");
+    assert.equal(model.get("scenario_data").output_lifetime, "step");
+    sel.value = "";
+    fire(window, sel, "change");
+    assert.strictEqual(model.get("scenario_data").output_lifetime, null, "back to unset: null, not ''");
+    cleanup();
+  });
+
   test("custom model and GPU enable their dimension inputs through options", () => {
     const { window, ctl, model, cleanup } = mount();
     assert.equal(ctl("model.hidden_size").disabled, true);
