@@ -93,8 +93,9 @@ def _layer_linears(model: torch.nn.Module, style: str) -> dict[str, str]:
         if kind not in HF_LINEAR_STYLES:
             raise ScenarioError(
                 "parallel.tp",
-                f"{model.config.model_type}'s tp plan uses {kind!r} for {pattern!r}; "
-                f"traced styles: {', '.join(HF_LINEAR_STYLES)}",
+                f"{model.config.model_type}'s tp plan uses {kind!r} for {pattern!r}; traced styles: "
+                f"{', '.join(HF_LINEAR_STYLES)} (torch's Colwise/RowwiseParallel shard nn.Linear and "
+                "nn.Embedding only; MoE experts held as 3-D parameters need transformers' own local kernels)",
             )
         out[pattern.removeprefix("layers.*.")] = kind
     if not out:
