@@ -145,3 +145,22 @@ def test_amp_stage_keeps_fp32_weights() -> None:
 def test_full_checkpointing_keeps_fewer_activations_on_the_first_stage() -> None:
     ckpt = trace_pipeline(scenario(2, seq_len=256, activation_checkpointing="full"), rank=0)
     assert ckpt.by_role["activation"] < traced(2, "1f1b", 0, None, 256).by_role["activation"]
+
+
+def test_pp_x_dp_fsdp_rank_holds_half_of_its_stage() -> None:
+    # pp=2 x dp=2, zero 3: global rank 3 is stage 1 (pp outermost), dp rank 1; every dim 0 here is even.
+    par = {"pp": 2, "dp": 2, "zero": 3, "pp_microbatches": 2}
+    sc = Scenario.from_dict({"model": LLAMA, "micro_batch_size": 1, "seq_len": 64, "parallel": par})
+    r = trace_pipeline(sc, rank=3)
+    assert r.layout["stages"] == [1]
+    assert r.model_state_bytes["parameter"] == (2 * LAYER + FINAL_NORM + HEAD) * BF16 // 2
+    assert r.rank_role.startswith("rank 3 of 4: pipeline stage 1 of 2")
+    assert not dist.is_initialized()
+
+
+def test_pp_x_tp_is_refused() -> None:
+    par = {"pp": 2, "tp": 2, "pp_microbatches": 2}
+    sc = Scenario.from_dict({"model": LLAMA, "micro_batch_size": 1, "seq_len": 64, "parallel": par})
+    with pytest.raises(ScenarioError) as err:
+        trace_pipeline(sc, rank=0)
+    assert err.value.field == "parallel"

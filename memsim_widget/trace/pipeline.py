@@ -7,6 +7,8 @@ stage is a :class:`StageModule` that computes its own rotary embeddings and runs
 mask travels between stages). PyTorch's ``PipelineStage`` and ``Schedule1F1B`` / ``ScheduleGPipe`` /
 ``ScheduleInterleaved1F1B`` run under the fake process group (``fake_dist.fake_world``), where sends and receives
 are no-ops with correct shapes and their receive buffers are ordinary, counted allocations (REFERENCE.md 8).
+Under pp x dp (pp the outer mesh dimension, as in torchtitan) each stage module is first wrapped by
+``distributed.parallelize`` (FSDP2 for zero 3, FSDP2-based replicate for zero 0) on the dp dimension.
 """
 
 from __future__ import annotations
@@ -75,11 +77,20 @@ def default_rank(sc: Scenario) -> int:
     return best.stage.index * (sc.parallel.world_size // sc.parallel.pp)
 
 
-def rank_role(sc: Scenario, plans: list[StagePlan]) -> str:
+def rank_role(sc: Scenario, plans: list[StagePlan], rank: int) -> str:
     """The rank's part in words, e.g. 'pipeline stage 3 of 4: layers 6-7, final norm, head and loss; 1F1B, 8
-    micro-batches'."""
+    micro-batches' (under pp x dp prefixed by the global rank and followed by its data-parallel place)."""
     par = sc.parallel
     how = f"{SCHEDULE_NAMES[par.pp_schedule]}, {par.pp_microbatches} micro-batches"
+    if par.dp > 1:
+        how += f"; dp rank {rank % par.dp} of {par.dp} ({'FSDP2' if par.zero == 3 else 'replicate'})"
+        return f"rank {rank} of {par.world_size}: " + _stages_role(sc, plans, how)
+    return _stages_role(sc, plans, how)
+
+
+def _stages_role(sc: Scenario, plans: list[StagePlan], how: str) -> str:
+    """The stages of a rank in words, then ``how`` they run."""
+    par = sc.parallel
     if len(plans) == 1:
         p = plans[0]
         return f"pipeline stage {p.index} of {p.num_stages}: {p.describe()}; {how}"
@@ -94,8 +105,12 @@ def check_pipeline(sc: Scenario) -> None:
     par = sc.parallel
     if par.pp < 2:
         raise ScenarioError("parallel.pp", "a pipeline trace needs pp >= 2")
-    if par.dp * par.tp * par.cp * par.ep > 1:
-        raise ScenarioError("parallel", "the pipeline trace runs pure pp: set dp, tp, cp and ep to 1")
+    if par.tp * par.cp * par.ep > 1:
+        raise ScenarioError("parallel", "the pipeline trace runs pp or pp x dp: set tp, cp and ep to 1")
+    if par.dp > 1:
+        from .distributed import check_distributed
+
+        check_distributed(sc)
     check_traceable(sc.replace(parallel={"pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1}))
     if sc.attention != "sdpa":
         raise ScenarioError(
@@ -220,8 +235,11 @@ def _stage_modules(sc: Scenario, cfg: Any, plans: list[StagePlan], notes: list[s
     return mods
 
 
-def _pipeline_stages(sc: Scenario, cfg: Any, mods: list[StageModule], plans: list[StagePlan]) -> list[Any]:
-    """``PipelineStage`` objects with static input/output shapes (one micro-batch), so no metadata is sent."""
+def _pipeline_stages(
+    sc: Scenario, cfg: Any, mods: list[StageModule], plans: list[StagePlan], group: Any
+) -> list[Any]:
+    """``PipelineStage`` objects over the pp ``group`` with static input/output shapes (one micro-batch), so no
+    metadata is sent."""
     from torch.distributed.pipelining import PipelineStage
 
     wdtype, amp = _precision_dtypes(sc.precision)
@@ -239,7 +257,13 @@ def _pipeline_stages(sc: Scenario, cfg: Any, mods: list[StageModule], plans: lis
         )
         out.append(
             PipelineStage(
-                mod, plan.index, plan.num_stages, torch.device("cpu"), input_args=(inp,), output_args=(res,)
+                mod,
+                plan.index,
+                plan.num_stages,
+                torch.device("cpu"),
+                input_args=(inp,),
+                output_args=(res,),
+                group=group,
             )
         )
     return out
@@ -299,6 +323,27 @@ def _recv_buffers(stage: Any) -> list[torch.Tensor]:
     return [i.buffer for i in infos if getattr(i, "buffer", None) is not None]
 
 
+@contextlib.contextmanager
+def _dp_patches(sc: Scenario) -> Iterator[None]:
+    """Under pp x dp, DTensor's sharding propagation in its own FakeTensorMode (REFERENCE.md 8, pitfall 1)."""
+    if sc.parallel.dp == 1:
+        yield
+        return
+    from .distributed import private_sharding_fake_mode
+
+    with private_sharding_fake_mode():
+        yield
+
+
+def _dp_roles(sc: Scenario, tracker: MemoryTracker) -> Any:
+    """Under pp x dp, FSDP2's communication buffers and unsharded units labelled as ``distributed`` does."""
+    if sc.parallel.dp == 1:
+        return contextlib.nullcontext()
+    from .distributed import fsdp_roles
+
+    return fsdp_roles(tracker)
+
+
 def _optimizer(sc: Scenario, trainable: list[torch.nn.Parameter], notes: list[str]) -> tuple[Any, str]:
     """The scenario's optimizer over the rank's trainable parameters, falling back as ``trace_training`` does
     when an implementation fails on fake cpu tensors; returns it and the implementation used."""
@@ -335,7 +380,7 @@ def trace_pipeline(
 
     from memsim_widget.catalog.models import resolve_model_config
 
-    from .fake_dist import fake_world
+    from .fake_dist import cpu_mesh, fake_world
     from .hf import build_hf_config
 
     t0 = time.perf_counter()
@@ -348,14 +393,18 @@ def trace_pipeline(
         )
     notes: list[str] = []
     cfg = build_hf_config(dict(resolve_model_config(sc.model)), "sdpa")
-    plans = stage_plans(sc, rank, cfg.num_hidden_layers)
+    plans = stage_plans(sc, rank // sc.parallel.dp, cfg.num_hidden_layers)
     mods = _stage_modules(sc, cfg, plans, notes)
-    with fake_world(rank, world), FakeTensorMode(allow_non_fake_inputs=False):
-        run = _run_steps(sc, cfg, plans, mods, notes, progress, steps)
+    with fake_world(rank, world), _dp_patches(sc):
+        mesh = cpu_mesh({"pp": sc.parallel.pp, "dp": sc.parallel.dp})
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            run = _run_steps(sc, cfg, plans, mods, mesh, notes, progress, steps)
     result = _summarise(*run, notes, top_n)
-    result.rank, result.world_size, result.rank_role = rank, world, rank_role(sc, plans)
+    result.rank, result.world_size, result.rank_role = rank, world, rank_role(sc, plans, rank)
     result.layout = {
         "pp": sc.parallel.pp,
+        "dp": sc.parallel.dp,
+        "zero": sc.parallel.zero,
         "schedule": sc.parallel.pp_schedule,
         "microbatches": sc.parallel.pp_microbatches,
         "virtual_stages": sc.parallel.virtual_stages,
@@ -371,6 +420,7 @@ def _run_steps(
     cfg: Any,
     plans: list[StagePlan],
     mods: list[StageModule],
+    mesh: Any,
     notes: list[str],
     progress: bool,
     steps: int,
@@ -380,12 +430,16 @@ def _run_steps(
     for mod in mods:
         fakeify_meta(mod)
         mod.train()
+        if sc.parallel.dp > 1:
+            from .distributed import parallelize
+
+            parallelize(mod, mesh, sc, notes if mod is mods[0] else [])
     root = (
         mods[0]
         if len(mods) == 1
         else torch.nn.ModuleDict({f"stage{p.index}": m for p, m in zip(plans, mods, strict=True)})
     )
-    stages = _pipeline_stages(sc, cfg, mods, plans)
+    stages = _pipeline_stages(sc, cfg, mods, plans, mesh["pp"].get_group())
     schedule = _schedule(sc, stages, causal_lm_loss(cfg.vocab_size, _precision_dtypes(sc.precision)[1]))
     params = list(dict.fromkeys(root.parameters()))
     trainable = [p for p in params if p.requires_grad]
@@ -397,7 +451,7 @@ def _run_steps(
     for st in stages:
         hooks += _mark_phases(st, tracker)
     try:
-        with tracker:
+        with tracker, _dp_roles(sc, tracker):
             tracker.register(params, "parameter")
             tracker.register(list(root.buffers()), "buffer")
             for step in range(1, steps + 1):
