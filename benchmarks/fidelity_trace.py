@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             "backward as HF Trainer does). Compared: the steady-state (step 2) peak of live tensor bytes,",
             "`peak_tensor_bytes`. Small model shapes (h=256, I=688, 8 heads, 4 kv heads, 4 layers, V=1000 unless",
             "noted) keep the suite fast; every formula is in T, h, I, V, so the shapes separate the terms.",
+            "Rows marked *outputs kept* trace the hand-written loop instead (`output_lifetime`: the logits and KV",
+            "cache stay alive until backward ends, or through the optimizer step).",
             "",
             f"Reproduce: `python benchmarks/fidelity_trace.py --write docs/fidelity.md` (torch {torch.__version__},",
             f"transformers {transformers.__version__}, Python {platform.python_version()}).",
