@@ -306,13 +306,30 @@ def _mark_phases(stage: Any, tracker: MemoryTracker) -> list[Any]:
 
     def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
         tracker.set_phase("backward")
-        return bwd(*args, **kwargs)
+        out = bwd(*args, **kwargs)
+        tracker.relabel(_unsharded_grads(stage.submod), "gradient")
+        return out
 
     stage.forward_one_chunk = forward_one_chunk  # attributes of this stage object only
     stage.backward_one_chunk = backward_one_chunk
     if not stage.is_last:
         return []
     return [stage.submod.register_forward_hook(lambda *_: tracker.set_phase("loss"))]
+
+
+def _unsharded_grads(module: torch.nn.Module) -> list[torch.Tensor]:
+    """FSDP2's unsharded gradients, which accumulate over the micro-batches until the last one reduce-scatters
+    them (the schedule turns gradient sync off before it); none without FSDP2."""
+    out = []
+    for m in module.modules():
+        state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+        group = getattr(state, "_fsdp_param_group", None)
+        for fp in getattr(group, "fsdp_params", None) or []:
+            unsharded = getattr(fp, "_unsharded_param", None)
+            out += [
+                g for g in (getattr(unsharded, "grad", None), fp.unsharded_accumulated_grad) if g is not None
+            ]
+    return out
 
 
 def _recv_buffers(stage: Any) -> list[torch.Tensor]:
