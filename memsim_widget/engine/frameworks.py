@@ -55,6 +55,8 @@ class FrameworkProfile:
     (torchtitan's ``run_train.sh``), so reserved stays within a few percent of allocated.
     ``bucket_elements``: a persistent gradient reduce buffer of this many elements (weight dtype) under
     ZeRO-1/2 with dp > 1 (DeepSpeed's ``reduce_bucket_size``, default 5e8).
+    ``zero3``: who implements ZeRO-3: ``"fsdp2"`` (PyTorch ``fully_shard``, traced: docs/fidelity-parallel.md)
+    or ``"deepspeed"`` (DeepSpeed's stage-3 parameter coordinator, formula only).
     """
 
     name: str
@@ -69,6 +71,7 @@ class FrameworkProfile:
     fsdp_mixed_precision: bool = False
     expandable_segments: bool = False
     bucket_elements: int = 0
+    zero3: str = "fsdp2"
     sources: tuple[str, ...] = ()
     suggested: Mapping[str, Any] = field(default_factory=dict)
 
@@ -175,6 +178,7 @@ register_profile(
         "deepspeed",
         "DeepSpeed ZeRO with HF models: mixed precision with fp32 master weights, gradient reduce buckets",
         bucket_elements=DEEPSPEED_BUCKET_ELEMENTS,
+        zero3="deepspeed",
         sources=(
             "deepspeed/runtime/zero/stage_1_and_2.py: ipg_buffer of reduce_bucket_size elements (default 5e8)",
             "DeepSpeed ZeRO-3 fetches each submodule's parameters to the GPU before it runs, also from "
