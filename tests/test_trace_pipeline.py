@@ -164,3 +164,13 @@ def test_pp_x_tp_is_refused() -> None:
     with pytest.raises(ScenarioError) as err:
         trace_pipeline(sc, rank=0)
     assert err.value.field == "parallel"
+
+
+def test_output_lifetime_step_keeps_every_micro_batch_logits_through_the_optimizer_step() -> None:
+    # return_outputs=True: the last stage keeps each micro-batch's bf16 logits (b x s x V) until the next step.
+    def live_at_optimizer_step(r: object) -> int:
+        return next(m["live"] for m in r.marks if m["step"] == 2 and m["phase"] == "optimizer_step")
+
+    kept = trace_pipeline(scenario(2, output_lifetime="step"), rank=1)
+    dropped = traced(2, "1f1b", 1)
+    assert live_at_optimizer_step(kept) - live_at_optimizer_step(dropped) == 2 * 1 * 64 * V * BF16

@@ -317,6 +317,17 @@ def _mark_phases(stage: Any, tracker: MemoryTracker) -> list[Any]:
     return [stage.submod.register_forward_hook(lambda *_: tracker.set_phase("loss"))]
 
 
+def _keeps_outputs(sc: Scenario, notes: list[str]) -> bool:
+    """Whether the schedule returns the last stage's outputs (``return_outputs``, PyTorch's default): only for
+    output_lifetime 'step', where every micro-batch's logits stay alive until the next step. Otherwise each is
+    held (in the stage's forward cache) until its own backward, as torchtitan's ``return_outputs=False`` does."""
+    from .api import trace_kwargs
+
+    keep = trace_kwargs(sc).get("output_lifetime") == "step"
+    notes.append(f"schedule.step(return_outputs={keep})")
+    return keep
+
+
 def _unsharded_grads(module: torch.nn.Module) -> list[torch.Tensor]:
     """FSDP2's unsharded gradients, which accumulate over the micro-batches until the last one reduce-scatters
     them (the schedule turns gradient sync off before it); none without FSDP2."""
@@ -462,6 +473,7 @@ def _run_steps(
     trainable = [p for p in params if p.requires_grad]
     opt, impl = _optimizer(sc, trainable, notes)
     tracker = PipelineTracker(root, progress=progress)
+    keep_outputs = _keeps_outputs(sc, notes)
     hooks = [
         p.register_post_accumulate_grad_hook(lambda q: tracker.relabel(q.grad, "gradient")) for p in trainable
     ]
@@ -476,7 +488,7 @@ def _run_steps(
                 args, target = _batch(sc, cfg.vocab_size, plans)
                 tracker.relabel([*args, *([target] if target is not None else [])], "input")
                 losses: list | None = [] if plans[-1].last else None
-                schedule.step(*args, target=target, losses=losses, return_outputs=False)
+                schedule.step(*args, target=target, losses=losses, return_outputs=keep_outputs)
                 del args, target, losses
                 tracker.relabel([b for st in stages for b in _recv_buffers(st)], "input")
                 tracker.relabel([p.grad for p in trainable if p.grad is not None], "gradient")
