@@ -242,12 +242,15 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
             )
         )
     if par.dp > 1 and z == 0 and profile(ctx).ddp_buckets and not sc.optimizer_in_backward:
-        b.grads.append(
+        # allocated when DDP wraps the model and kept for the whole run (the Reducer's bucket tensors), so
+        # alive at every moment; FSDP2-based replicate (traced) keeps an unsharded parameter copy of the same size
+        b.persistent.append(
             Item(
                 "gradients",
                 "DDP gradient buckets",
                 n_train * grad_b,
-                f"{fmt_int(n_train)} x {grad_b} B (DDP flat buckets, gradient_as_bucket_view=False)",
+                f"{fmt_int(n_train)} x {grad_b} B (DDP flat buckets, gradient_as_bucket_view=False; "
+                "allocated at wrap time)",
                 "tensor",
                 max(1, n_train * grad_b // (25 * 1024**2)),
             )
