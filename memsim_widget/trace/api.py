@@ -61,13 +61,10 @@ def check_traceable(sc: Scenario) -> None:
 
 def _check_multi_gpu(sc: Scenario) -> None:
     """Raise ScenarioError for a multi-GPU layout one traced rank cannot reproduce (pp goes to pipeline.py)."""
-    if sc.parallel.pp > 1:
-        return
-    try:
-        from memsim_widget.trace.distributed import check_distributed
-    except ImportError:  # torch missing: the trace itself says what to install
-        return
-    check_distributed(sc)
+    from memsim_widget.trace.rank_layout import check_distributed  # torch-free
+
+    if sc.parallel.pp == 1:
+        check_distributed(sc)
 
 
 def trace_kwargs(sc: Scenario) -> dict[str, Any]:
