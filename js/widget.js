@@ -25,6 +25,7 @@ export const CONTROLS = [
   { key: "optimizer_impl", label: "implementation", kind: "select", group: "Training" },
   { key: "optimizer_in_backward", label: "optimizer in backward", kind: "bool", group: "Training" },
   { key: "activation_checkpointing", label: "checkpointing", kind: "select", group: "Training" },
+  { key: "checkpoint_every", label: "checkpoint every N layers", kind: "int", group: "Training" },
   { key: "attention", label: "attention", kind: "select", group: "Training" },
   { key: "loss", label: "loss", kind: "select", group: "Training" },
   { key: "framework", label: "framework", kind: "select", group: "Training" },

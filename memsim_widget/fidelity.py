@@ -302,6 +302,52 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ("llama", LLAMA, "bf16", 1, 64, "step"),
         )
     ),
+    # torchtitan's checkpointing policies (trace/checkpointing.py wraps each decoder layer)
+    *(
+        (
+            f"{name} {precision} {label} b{b} s{s}",
+            {"model": model, "micro_batch_size": b, "seq_len": s, "precision": precision, **keys},
+        )  # fmt: skip
+        for name, model, precision, b, s, label, keys in (
+            ("llama", LLAMA, "bf16", 2, 512, "selective-op", {"activation_checkpointing": "selective-op"}),
+            (
+                "llama",
+                LLAMA,
+                "amp-bf16",
+                2,
+                512,
+                "selective-op",
+                {"activation_checkpointing": "selective-op"},
+            ),
+            (
+                "llama V64",
+                {**LLAMA, "vocab_size": 64},
+                "bf16",
+                4,
+                512,
+                "selective-op",
+                {"activation_checkpointing": "selective-op"},
+            ),  # fmt: skip
+            (
+                "llama",
+                LLAMA,
+                "bf16",
+                2,
+                512,
+                "ckpt every 2",
+                {"activation_checkpointing": "full", "checkpoint_every": 2},
+            ),
+            (
+                "llama V64",
+                {**LLAMA, "vocab_size": 64},
+                "bf16",
+                4,
+                512,
+                "ckpt every 2",
+                {"activation_checkpointing": "full", "checkpoint_every": 2},
+            ),  # fmt: skip
+        )
+    ),
 ]
 
 

@@ -21,7 +21,10 @@ from memsim_widget.precision import PRECISIONS
 
 METHODS = ("full", "lora", "qlora")
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
-CHECKPOINTING = ("none", "selective", "full")
+#: ``selective``: Megatron's (recompute the attention core, Korthikanti et al. 2022); ``selective-op``: torchtitan's
+#: per-op policy (save the outputs of every other matmul and of attention, recompute the rest); ``full``: one
+#: checkpoint per layer, or per ``checkpoint_every``-th layer (torchtitan's ``selective_ac_option="N"``).
+CHECKPOINTING = ("none", "selective", "full", "selective-op")
 ATTENTIONS = ("sdpa", "eager")
 LOSSES = ("standard", "chunked")
 FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
@@ -199,7 +202,7 @@ DEFAULTS: dict[str, Any] = {
 }
 #: Keys that may stay unset (None: another key decides, e.g. the framework); ``to_dict`` echoes them only
 #: when set, so every scenario saved before such a key existed reads and prints byte for byte the same.
-OPTIONAL_KEYS: dict[str, Any] = {"output_lifetime": None}
+OPTIONAL_KEYS: dict[str, Any] = {"output_lifetime": None, "checkpoint_every": None}
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,12 @@ class Scenario:
     ``loss.backward()`` returns, ``step`` through ``optimizer.step()`` (``outputs = model(**batch);
     outputs.loss.backward(); optimizer.step()``); None (the default) means the framework's own
     (``engine/frameworks.py``: torchtune ``backward``, the others ``trainer``).
+
+    ``activation_checkpointing`` -- ``none``; ``selective`` (Megatron: recompute the attention core);
+    ``selective-op`` (torchtitan's per-op policy: each layer keeps its input, the outputs of its 1st, 3rd, 5th...
+    matmul and of SDPA, and recomputes the rest); ``full`` (each layer keeps only its input). With ``full``,
+    ``checkpoint_every`` N (optional, unset = 1) checkpoints every N-th layer only (layers N, 2N, ... counted
+    from 1, torchtitan's ``selective_ac_option="N"``); the others keep all their activations.
     """
 
     model: str | FrozenDict = "llama-3.1-8b"
@@ -235,6 +244,7 @@ class Scenario:
     loss: str = "standard"
     framework: str = "hf"
     output_lifetime: str | None = None
+    checkpoint_every: int | None = None
     compile: bool = False
     activation_offloading: bool = False
     padding: str = "max_length"
@@ -268,6 +278,13 @@ class Scenario:
         _int("seq_len", self.seq_len)
         _int("grad_accum_steps", self.grad_accum_steps)
         _choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        if self.checkpoint_every is not None:
+            _int("checkpoint_every", self.checkpoint_every)
+            if self.checkpoint_every > 1 and self.activation_checkpointing != "full":
+                raise ScenarioError(
+                    "checkpoint_every",
+                    f"applies to activation_checkpointing 'full' only, got {self.activation_checkpointing!r}",
+                )
         _choice("attention", self.attention, ATTENTIONS)
         _choice("loss", self.loss, LOSSES)
         _choice("framework", self.framework, FRAMEWORKS)
@@ -279,6 +296,10 @@ class Scenario:
         _bool("cuda_lazy_loading", self.cuda_lazy_loading)
         if self.method == "qlora" and self.precision in ("fp32", "amp-bf16", "amp-fp16"):
             pass  # QLoRA computes in the precision's compute dtype; all recipes are allowed
+        if (self.checkpoint_every or 1) > 1 and self.activation_offloading:
+            raise ScenarioError(
+                "checkpoint_every", "every-N checkpointing with activation_offloading is not modelled"
+            )
         if self.optimizer_in_backward and self.grad_accum_steps > 1:
             raise ScenarioError("optimizer_in_backward", "cannot be combined with grad_accum_steps > 1")
 
@@ -298,6 +319,7 @@ class Scenario:
             "seq_len": self.seq_len,
             "grad_accum_steps": self.grad_accum_steps,
             "activation_checkpointing": self.activation_checkpointing,
+            **({"checkpoint_every": self.checkpoint_every} if self.checkpoint_every is not None else {}),
             "attention": self.attention,
             "loss": self.loss,
             "framework": self.framework,

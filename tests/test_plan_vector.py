@@ -68,7 +68,7 @@ def knobs(draw: st.DrawFn, base: Scenario) -> dict[str, int]:
         "micro_batch": draw(st.sampled_from([1, 2, 3, 4])),
         "grad_accum": accum,
         "pp_microbatches": m,
-        "checkpointing": draw(st.sampled_from([0, 1, 2])),
+        "checkpointing": draw(st.sampled_from([0, 1, 2, 3])),
         "loss": draw(st.sampled_from([0, 1])),
         "optimizer": draw(st.sampled_from([0, 1, 2])),
         "offload": offload,

@@ -28,13 +28,35 @@ def resident_layers(ctx: Context, stage: Stage) -> float:
     return min(full, OFFLOAD_LAYERS_ON_GPU) if ctx.scenario.activation_offloading else full
 
 
+def checkpointed_layers(ctx: Context, stage: Stage) -> int:
+    """Layers of the stage that run under a checkpoint: all with ``selective-op`` or ``full``, every N-th with
+    ``checkpoint_every`` N (torchtitan counts a rank's blocks from 1 and wraps those with ``count % N == 0``)."""
+    policy = ctx.scenario.activation_checkpointing
+    if policy == "selective-op":
+        return stage.layers
+    if policy == "full":
+        return stage.layers // (ctx.scenario.checkpoint_every or 1)
+    return 0
+
+
+def _mixed_layers(
+    acts: ActivationBudget, n_ckpt: int, n_other: int, micro: float, first: float
+) -> list[Item]:
+    """Saved activations of ``micro`` micro-batches when ``n_ckpt`` of the layers are checkpointed (their inputs)
+    and ``n_other`` keep everything; layer 0 is one of the others (``first`` of them lack its skip terms)."""
+    fl = f" x {micro:g} micro-batches" if micro != 1 else ""
+    return _scaled(acts.checkpointed_layer, n_ckpt * micro, f"{n_ckpt} checkpointed layers{fl}") + _scaled(
+        acts.per_layer, n_other * micro, f"{n_other} layers not checkpointed{fl}", first=first
+    )
+
+
 def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
     """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
     full = stage.layers * ctx.in_flight(stage)
     moved = full - resident_layers(ctx, stage)
     if moved <= 0:
         return []
-    kept = acts.checkpointed_layer if ctx.scenario.activation_checkpointing == "full" else acts.per_layer
+    kept = acts.checkpointed_layer if checkpointed_layers(ctx, stage) else acts.per_layer
     return [
         Item(
             "activations",
@@ -95,7 +117,11 @@ def moments(
     sc = ctx.scenario
     f = ctx.in_flight(stage)
     Ls = stage.layers
-    ckpt = sc.activation_checkpointing == "full"
+    n_ckpt = checkpointed_layers(ctx, stage)
+    ckpt = n_ckpt > 0 and n_ckpt == Ls  # every layer checkpointed
+    mixed = 0 < n_ckpt < Ls  # every N-th layer (checkpoint_every > 1)
+    every = sc.checkpoint_every or 1
+    rec_terms = acts.recomputed_layer or acts.per_layer
     persistent = [i for i in states.persistent if i.level == "tensor"]
     step_persistent = persistent
     if not steady:  # step 1: optimizer states do not exist before the first optimizer.step
@@ -114,10 +140,14 @@ def moments(
         mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
         first = 0  # the resident ones are the last layers run
     saved_all = _scaled(kept, resident, mult, first=first)
+    if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
+        saved_all = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f, first)
     pre = _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, "")
     post = _scaled(acts.post, 1 if stage.last else 0, "")
     loss_saved = _scaled(acts.loss_saved, 1 if stage.last else 0, "")
-    recompute = _scaled(acts.per_layer, 1, "1 recomputed layer") if ckpt else []
+    # the last layer runs backward first: recomputed if it is checkpointed (with every N, when N divides Ls)
+    last_ckpt = ckpt or (mixed and Ls % every == 0)
+    recompute = _scaled(rec_terms, 1, "1 recomputed layer") if last_ckpt else []
     # a layer in backward: the larger of its MLP and its attention transients
     layer_bwd = max(
         _scaled(acts.layer_backward, 1, "", "temporaries"),
@@ -176,7 +206,9 @@ def moments(
         if f > 1
         else []
     )
-    if ckpt:
+    if mixed and f > 1 and not sc.activation_offloading:
+        rest = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f - 1, first - 1 if first else 0)
+    if ckpt:  # layer 0 is checkpointed only when every layer is
         own = recompute if acts.ckpt_input_shared else _scaled(kept, 1, "1 layer") + recompute
     else:
         own = _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)

@@ -12,7 +12,8 @@ with these facts (each a stated assumption, nothing fitted):
   plus causal attention 6 x layers x s x heads x head_dim per token; LoRA/QLoRA skip the weight
   gradients, 4 x instead of 6 x (Hu et al. 2021 report ~25% higher throughput);
 * recomputation: full checkpointing reruns the forward, +2 of the 6 (one third more compute, Chen et al.
-  2016); selective recomputes attention only (Korthikanti et al. 2022, arXiv 2205.05198: 2-4%);
+  2016); selective recomputes attention only (Korthikanti et al. 2022, arXiv 2205.05198: 2-4%); torchtitan's
+  selective-op saves every other matmul and the attention, so about half the forward matmuls rerun (+1 of the 6);
   the chunked loss recomputes the head in backward (+2 x hidden x vocab per token);
 * micro-batch efficiency: a matmul with T tokens per rank reaches ``MFU x T / (T + MB_HALF_TOKENS)`` of peak;
 * pipeline bubble: (pp - 1) / (m + pp - 1) for m micro-batches (Narayanan et al. 2021, arXiv 2104.04473);
@@ -124,6 +125,7 @@ def throughput(
     ckpt = c["checkpointing"]
     recompute = np.ones_like(b)
     recompute += np.where(ckpt == 2, 2.0 / passes, 0.0)
+    recompute += np.where(ckpt == 3, 1.0 / passes, 0.0)  # selective-op: half the matmuls, no attention core
     recompute += np.where(ckpt == 1, (2.0 * L * s * hq / 2) / flops_token, 0.0)
     recompute += np.where(c["loss"] == 1, 2.0 * h * V / flops_token, 0.0)
     tokens_mb = b * s  # tokens of one micro-batch of one replica

@@ -37,7 +37,9 @@ from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.scenario import Scenario
 
 #: The knobs a candidate may set, as integer-coded columns (strings index the tuples below).
-CHECKPOINTING = ("none", "selective", "full")
+CHECKPOINTING = ("none", "selective", "full", "selective-op")
+#: Codes whose layers keep only ``checkpointed_layer`` and recompute in backward (every layer checkpointed).
+CKPT_CODES = (2, 3)
 LOSSES = ("standard", "chunked")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accum", "pp_microbatches",
@@ -130,7 +132,7 @@ def _state_side(
 # ----- activations: one engine call per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------
 TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "post", "loss_forward",
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
-               "inputs", "output_logits", "output_cache", "output_cache_extra")  # fmt: skip
+               "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 
@@ -231,6 +233,7 @@ def candidate_scenario(
         "micro_batch_size": int(row["micro_batch"]),
         "grad_accum_steps": int(row["grad_accum"]),
         "activation_checkpointing": CHECKPOINTING[int(row["checkpointing"])],
+        "checkpoint_every": None,  # the planner checkpoints every layer (or none)
         "loss": LOSSES[int(row["loss"])],
         "optimizer": opt,
         "optimizer_impl": impl,
@@ -329,6 +332,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
             base,
             micro_batch_size=b,
             activation_checkpointing=CHECKPOINTING[ck],
+            checkpoint_every=None,
             loss=LOSSES[lo],
             parallel=replace_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=1, zero=0, offload="none",
                                 sequence_parallel=bool(sp), pp_microbatches=1),
@@ -338,10 +342,13 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # what each layer keeps for backward: its checkpointed input under full checkpointing, else every term
     T["kept"] = _padded(
         [
-            ar.tables["checkpointed_layer" if ck == 2 else "per_layer"]
+            ar.tables["checkpointed_layer" if ck in CKPT_CODES else "per_layer"]
             for ar, ck in zip(arows, akey[:, 4], strict=True)
         ]
     )
+    # what recomputing a layer adds: ``recomputed_layer`` where the engine sets it, else every per-layer term
+    T["recompute"] = _padded([ar.tables["recomputed_layer"] if ar.tables["recomputed_layer"].shape[0]
+                              else ar.tables["per_layer"] for ar in arows])  # fmt: skip
     shared_k = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)
 
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
@@ -380,8 +387,8 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     def per_key(group: str, first_n: np.ndarray = a_zeros) -> np.ndarray:
         return _scaled_rows(T[group], a_ones, first_n)
 
-    a_ckpt = akey[:, 4] == 2
-    a_recompute = np.where(a_ckpt[:, None], per_key("per_layer"), 0)
+    a_ckpt = np.isin(akey[:, 4], CKPT_CODES)
+    a_recompute = np.where(a_ckpt[:, None], per_key("recompute"), 0)
     lb, ab = per_key("layer_backward"), per_key("attention_backward")
     a_layer_bwd = np.where((ab[:, 0] > lb[:, 0])[:, None], ab, lb)
     a_own_ckpt = a_recompute + np.where(shared_k[:, None], 0, per_key("kept"))

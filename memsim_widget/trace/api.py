@@ -49,7 +49,8 @@ def check_traceable(sc: Scenario) -> None:
         _check_multi_gpu(sc)
     if sc.activation_checkpointing == "selective":
         raise ScenarioError(
-            "activation_checkpointing", "HF models have no selective checkpointing to trace; use none or full"
+            "activation_checkpointing",
+            "HF models have no Megatron selective checkpointing to trace; use none, full or selective-op",
         )
     if sc.loss == "chunked":
         raise ScenarioError("loss", "HF models compute the standard loss; the chunked loss cannot be traced")
@@ -76,9 +77,11 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         "optimizer": sc.optimizer,
         "optimizer_impl": sc.optimizer_impl,
         "attention": sc.attention,
-        "gradient_checkpointing": sc.activation_checkpointing == "full",
+        "gradient_checkpointing": sc.activation_checkpointing == "full" and (sc.checkpoint_every or 1) == 1,
         "output_lifetime": output_lifetime(sc),
     }
+    if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
+        kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
     if sc.method != "full":
         kw["lora"] = {
             "r": sc.lora.rank,
@@ -122,6 +125,10 @@ def trace_scenario(
     if model_factory is not None:
         if input_factory is None:
             raise ScenarioError("trace", "a model_factory needs an input_factory")
+        if "layer_checkpointing" in kw:
+            raise ScenarioError(
+                "activation_checkpointing", "selective-op and checkpoint_every trace HF models only"
+            )
         return trace_training(
             model_factory,
             input_factory,

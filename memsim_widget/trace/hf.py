@@ -140,6 +140,7 @@ def trace_hf(
     gradient_checkpointing: bool = False,
     lora: dict[str, Any] | None = None,
     qlora: bool = False,
+    layer_checkpointing: tuple[str, int] | None = None,
     steps: int = 2,
     fake: bool = True,
     **kwargs: Any,
@@ -147,7 +148,9 @@ def trace_hf(
     """Trace HF-style training of a transformers model built from ``config`` (a dict with ``model_type``).
 
     ``lora``: {"r", "lora_alpha", "target_modules", "adapter_dtype": "fp32"|"bf16", "lora_dropout"}; fp32 is peft's
-    default (``autocast_adapter_dtype=True`` upcasts 16-bit adapters). Extra keyword arguments go to
+    default (``autocast_adapter_dtype=True`` upcasts 16-bit adapters). ``layer_checkpointing``: (policy, every)
+    for :func:`~memsim_widget.trace.checkpointing.apply_layer_checkpointing` (torchtitan's per-op selective
+    or every-N full checkpointing; the KV cache is off, as under HF's own checkpointing). Extra keyword arguments go to
     :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``).
     """
     notes: list[str] = []
@@ -157,6 +160,8 @@ def trace_hf(
         )
     wdtype, _amp = _precision_dtypes(precision)
     cfg = build_hf_config(config, attention)
+    if layer_checkpointing:
+        cfg.use_cache = False
     input_dtype = wdtype
 
     def model_factory() -> torch.nn.Module:
@@ -166,6 +171,11 @@ def trace_hf(
             model = build_hf_model(cfg, wdtype, attention)
             if lora:
                 model = _apply_lora(model, lora, notes)
+            if layer_checkpointing:
+                from .checkpointing import apply_layer_checkpointing
+
+                n = apply_layer_checkpointing(model, *layer_checkpointing)
+                notes.append(f"layer checkpointing {layer_checkpointing}: {n} blocks wrapped")
         return model
 
     fam = _family(cfg.model_type)

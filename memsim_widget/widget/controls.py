@@ -88,6 +88,8 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
     spec = OPTIMIZERS.get(out.get("optimizer"))  # type: ignore[arg-type]
     if spec is not None and spec.impls and out.get("optimizer") != "none":
         fix("optimizer_impl", out.get("optimizer_impl") in spec.impls, spec.impls[0])
+    every = out.get("checkpoint_every")
+    fix("checkpoint_every", out.get("activation_checkpointing") == "full" or every in (None, 1), None)
     gas = out.get("grad_accum_steps", 1)
     fix(
         "optimizer_in_backward",
@@ -139,6 +141,8 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
         missing = [impl for impl in OPTIMIZER_IMPLS if impl not in spec.impls]
         if missing:
             values["optimizer_impl"] = missing
+    if data.get("activation_checkpointing") != "full":
+        off["checkpoint_every"] = "checkpointing every N-th layer applies to full checkpointing"
     if data.get("framework") == "megatron":
         off["output_lifetime"] = "Megatron's schedule keeps only the loss of the model output"
     if data.get("grad_accum_steps", 1) != 1:
