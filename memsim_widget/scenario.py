@@ -278,6 +278,11 @@ class Scenario:
         _int("seq_len", self.seq_len)
         _int("grad_accum_steps", self.grad_accum_steps)
         _choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        if self.activation_checkpointing == "selective-op" and self.framework == "megatron":
+            raise ScenarioError(
+                "activation_checkpointing",
+                "'selective-op' is torchtitan's per-op policy; Megatron's are 'selective' and 'full'",
+            )
         if self.checkpoint_every is not None:
             _int("checkpoint_every", self.checkpoint_every)
             if self.checkpoint_every > 1 and self.activation_checkpointing != "full":

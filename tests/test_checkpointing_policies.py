@@ -99,6 +99,14 @@ def test_planner_tries_selective_op():
     assert p.estimate(0).scenario.activation_checkpointing == "selective-op"
 
 
+def test_megatron_refuses_the_torchtitan_policy_and_its_planner_skips_it():
+    with pytest.raises(ScenarioError) as info:
+        Scenario(framework="megatron", activation_checkpointing="selective-op")
+    assert info.value.field == "activation_checkpointing"
+    p = plan("llama-3.1-8b", "h100-sxm-80gb", 8, seq_len=4096, framework="megatron")
+    assert "selective-op" not in set(p.all_frame().activation_checkpointing)
+
+
 def test_trace_arguments_per_policy():
     assert "layer_checkpointing" not in trace_kwargs(Scenario(activation_checkpointing="full"))
     assert trace_kwargs(Scenario(activation_checkpointing="selective-op"))["layer_checkpointing"] == (

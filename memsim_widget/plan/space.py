@@ -201,6 +201,8 @@ def candidates(
                 | (grid["offload"] == 2)
             )
         ok &= (grid["sp"] == 0) | (lay.tp > 1)
+        if base.framework == "megatron":  # torchtitan's per-op policy is not a Megatron mode (scenario.py)
+            ok &= grid["checkpointing"] != CHECKPOINTING.index("selective-op")
         ok &= (grid["offload"] == 0) | (grid["zero"] >= 1)
         ok &= (grid["offload"] != 2) | (grid["zero"] == 3)
         b = grid["micro_batch"]

@@ -88,6 +88,8 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
     spec = OPTIMIZERS.get(out.get("optimizer"))  # type: ignore[arg-type]
     if spec is not None and spec.impls and out.get("optimizer") != "none":
         fix("optimizer_impl", out.get("optimizer_impl") in spec.impls, spec.impls[0])
+    megatron_op = out.get("framework") == "megatron" and out.get("activation_checkpointing") == "selective-op"
+    fix("activation_checkpointing", not megatron_op, "selective")
     every = out.get("checkpoint_every")
     fix("checkpoint_every", out.get("activation_checkpointing") == "full" or every in (None, 1), None)
     gas = out.get("grad_accum_steps", 1)
@@ -144,6 +146,7 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
     if data.get("activation_checkpointing") != "full":
         off["checkpoint_every"] = "checkpointing every N-th layer applies to full checkpointing"
     if data.get("framework") == "megatron":
+        values["activation_checkpointing"] = ["selective-op"]
         off["output_lifetime"] = "Megatron's schedule keeps only the loss of the model output"
     if data.get("grad_accum_steps", 1) != 1:
         off["optimizer_in_backward"] = "stepping in backward cannot accumulate gradients"
