@@ -36,7 +36,11 @@ def test_trace_json_has_the_estimate_keys_and_agrees_with_the_engine(tmp_path):
 
 @pytest.mark.parametrize(
     ("flags", "field"),
-    [(["--method", "qlora"], "method"), (["--dp", "2", "--zero", "2"], "parallel.zero"), (["--optimizer", "lion"], "optimizer")],
+    [
+        (["--method", "qlora"], "method"),
+        (["--dp", "2", "--zero", "2"], "parallel.zero"),
+        (["--optimizer", "lion"], "optimizer"),
+    ],
 )
 def test_untraceable_scenarios_exit_2_naming_the_field(flags, field):
     proc = subprocess.run(

@@ -59,6 +59,9 @@ class ActivationBudget:
         default_factory=list
     )  # per layer: the part the layer does not save
     output_through_step: bool = False  # held through the optimizer step too ("step")
+    pp_buffer: list[Term] = field(default_factory=list)  # one pipeline receive/send buffer (one micro-batch)
+    pp_output: list[Term] = field(default_factory=list)  # a non-last stage's output kept for its backward
+    pp_logits: list[Term] = field(default_factory=list)  # the last stage's output (logits) kept likewise
 
     def layer_bytes(self) -> float:
         return sum(t.bytes for t in self.per_layer)
@@ -93,9 +96,32 @@ class _Dims:
 
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
-    if profile(ctx).activation_model == "megatron":
-        return _megatron(ctx)
-    return _hf(ctx)
+    out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
+    _stage_io(ctx, out)
+    return out
+
+
+def _stage_io(ctx: Context, out: ActivationBudget) -> None:
+    """The tensors a pipeline stage exchanges, one micro-batch each (engine/pipeline.py says how many live):
+    hidden states in the residual dtype (fp32 under autocast), logits in the compute dtype."""
+    D = _Dims(ctx)
+    amp = uses_autocast(ctx)
+    r = 4 if amp else ctx.recipe.act_bytes
+    hidden = r * D.Tout * D.h
+    what = f"{r} B x T x h, T={fmt_int(D.Tout)}"
+    out.pp_buffer.append(
+        Term("pipeline receive/send buffers (hidden states or their gradient)", hidden, what)
+    )
+    out.pp_output.append(Term("stage outputs kept by the schedule until their backward", hidden, what))
+    if D.V:
+        le = 2 if amp else ctx.recipe.act_bytes
+        out.pp_logits.append(
+            Term(
+                "logits (the last stage's output) kept by the schedule until their backward",
+                le * D.T * D.V,
+                f"{le} B x T x V, V={D.V}",
+            )  # fmt: skip
+        )
 
 
 #: Leaf Linear names by the tensor they read, across families (peft matches targets by leaf name).

@@ -165,8 +165,17 @@ class Context:
             return 1.0
         if self.par.pp_schedule == "gpipe":
             return float(m)
-        inflight = float(min(m, p - stage.index))
         if self.par.pp_schedule == "interleaved":
-            v = self.par.virtual_stages
-            inflight *= 1 + (p - 1) / (p * v)
-        return inflight
+            return interleaved_in_flight(p, self.par.virtual_stages, m, stage.index)
+        return float(min(m, p - stage.index))
+
+
+def interleaved_in_flight(p: int, v: int, m: int, rank: int) -> float:
+    """Micro-batches in flight on ``rank`` of an interleaved 1F1B schedule, in units of the rank's ``v`` model
+    chunks: the warm-up forwards plus the one whose backward comes first, ``min(w + 1, m v) / v`` with
+    ``w = (v - 1) m_r + 2 (p - 1 - rank)`` and ``m_r = m / max(1, m // p)`` micro-batches per round
+    (torch.distributed.pipelining ``ScheduleInterleaved1F1B`` / ``_get_warmup_ops``; Megatron's interleaved
+    schedule warms up alike, Narayanan et al. 2021, arXiv 2104.04473)."""
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    return min(warmup + 1, m * v) / v

@@ -13,6 +13,7 @@ from functools import cached_property
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
 from memsim_widget.engine.states import StateBudget
 
 MOMENTS = ("forward_end", "backward_start", "backward_top", "backward_end", "optimizer_step")
@@ -128,7 +129,10 @@ def moments(
         persistent = [
             i for i in persistent if not (i.category == "optimizer_states" and "master" not in i.item)
         ]
-    grads_carried = sc.grad_accum_steps > 1 or (ctx.par.pp > 1 and ctx.par.pp_microbatches > 1)
+    # gradients accumulate over micro-batches: at the stage's fullest moment only if an earlier micro-batch
+    # already ran backward, i.e. fewer are in flight than there are (never under GPipe: all forwards first)
+    pipelined = ctx.par.pp > 1 and f < ctx.par.pp_microbatches
+    grads_carried = sc.grad_accum_steps > 1 or pipelined
     grads_in_fwd = states.grads if grads_carried and not sc.optimizer_in_backward else []
 
     fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
@@ -143,8 +147,18 @@ def moments(
     if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
         saved_all = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f, first)
     pre = _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, "")
-    post = _scaled(acts.post, 1 if stage.last else 0, "")
-    loss_saved = _scaled(acts.loss_saved, 1 if stage.last else 0, "")
+    n_loss = loss_micro_batches(ctx, stage)
+    loss_label = f"{n_loss} micro-batches" if n_loss > 1 else ""
+    post = _scaled(acts.post, n_loss, loss_label)
+    loss_saved = _scaled(acts.loss_saved, n_loss, loss_label)
+    # a pipeline stage's receive buffers (kept for the run) and its outputs and pending sends (this step)
+    recv = _scaled(acts.pp_buffer, receive_buffers(ctx, stage), "receive buffers: micro-batches x directions")
+    n_out = outputs_held(ctx, stage)
+    stage_io = (
+        recv
+        + _scaled(acts.pp_buffer, pending_sends(ctx, stage), "1 input gradient waiting to be sent")
+        + _scaled(acts.pp_logits if stage.last else acts.pp_output, n_out, f"{n_out:g} micro-batches")
+    )
     # the last layer runs backward first: recomputed if it is checkpointed (with every N, when N divides Ls)
     last_ckpt = ckpt or (mixed and Ls % every == 0)
     recompute = _scaled(rec_terms, 1, "1 recomputed layer") if last_ckpt else []
@@ -162,7 +176,7 @@ def moments(
     # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
     held_logits = _scaled(acts.output_logits, 1 if stage.last else 0, "")
     held_out = held_logits + _scaled(acts.output_cache_extra, Ls, f"{Ls} layers")
-    common = persistent + overhead
+    common = persistent + overhead + stage_io
     out = [
         Moment(
             "forward_end",
@@ -227,6 +241,8 @@ def moments(
         step_temps = [i for i in states.step_temps if i.level == "tensor"]
         held = held_logits + cache_all if acts.output_through_step else []
         out.append(
-            Moment("optimizer_step", tuple(step_persistent + overhead + states.grads + step_temps + held))
+            Moment(
+                "optimizer_step", tuple(step_persistent + overhead + recv + states.grads + step_temps + held)
+            )
         )
     return out

@@ -132,7 +132,8 @@ def _state_side(
 # ----- activations: one engine call per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------
 TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "post", "loss_forward",
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
-               "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer")  # fmt: skip
+               "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer",
+               "pp_buffer", "pp_output", "pp_logits")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 
@@ -365,15 +366,17 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, 1))
     xfirst, xlast = xstage == 0, xstage == xp - 1
     layers = arch.num_layers // xp
+    v = par0.virtual_stages
     if par0.pp_schedule == "gpipe":
         f = np.where(xp == 1, 1.0, xm.astype(np.float64))
+    elif par0.pp_schedule == "interleaved":  # engine/context.interleaved_in_flight
+        per_round = xm // np.maximum(1, xm // xp)
+        warmup = np.minimum((v - 1) * per_round + 2 * (xp - 1 - xstage), xm * v)
+        f = np.where(xp == 1, 1.0, np.minimum(warmup + 1, xm * v) / v)
     else:
-        f = np.minimum(xm, xp - xstage).astype(np.float64)
-        if par0.pp_schedule == "interleaved":
-            v = par0.virtual_stages
-            f = f * (1 + (xp - 1) / (xp * v))
-        f = np.where(xp == 1, 1.0, f)
+        f = np.where(xp == 1, 1.0, np.minimum(xm, xp - xstage).astype(np.float64))
     nx = xkey.shape[0]
+    zeros = np.zeros(nx)
 
     def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float) -> np.ndarray:
         fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
@@ -397,14 +400,25 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         False: np.where(a_ckpt[:, None], a_own_ckpt, per_key("per_layer")),
     }
     a_last = {  # the last stage's loss and head terms (factor 1; other stages hold none)
-        "post": per_key("post") + per_key("loss_saved"),
         "loss_bwd": per_key("loss_backward"),
         "loss_fwd": per_key("loss_forward"),
         "top_bwd": per_key("top_backward"),
         "held_logits": per_key("output_logits"),
     }
     on_last = xlast[:, None]
-    post = np.where(on_last, a_last["post"][xa], 0)
+    # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
+    piped = xp > 1
+    n_loss = np.where(xlast, np.where(piped & (par0.pp_schedule == "gpipe"), xm, 1), 0).astype(np.float64)
+    post = scaled("post", n_loss, zeros) + scaled("loss_saved", n_loss, zeros)
+    n_recv = np.where(piped, xm * (2 * v - xfirst.astype(np.int64) - xlast.astype(np.int64)), 0)
+    n_send = (piped & (xm > 1) & (~xfirst | (v > 1))).astype(np.float64)
+    n_out = np.where(piped, np.where(xlast, n_loss, f), 0.0)
+    recv = scaled("pp_buffer", n_recv.astype(np.float64), zeros)
+    stage_io = (
+        recv
+        + scaled("pp_buffer", n_send, zeros)
+        + np.where(xlast[:, None], scaled("pp_logits", n_out, zeros), scaled("pp_output", n_out, zeros))
+    )
     held_logits = np.where(on_last, a_last["held_logits"][xa], 0)
     loss_bwd = np.where(on_last, a_last["loss_bwd"][xa], 0)
     top_bwd = np.where(on_last, a_last["top_bwd"][xa], 0)
@@ -412,7 +426,6 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     layer_bwd = a_layer_bwd[xa]
     own = np.where(xfirst[:, None], a_own[True][xa], a_own[False][xa])
 
-    zeros = np.zeros(nx)
     full_resident = layers * f
     resident = (
         np.minimum(full_resident, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else full_resident
@@ -437,18 +450,18 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         rest_first = np.where(first_n > 0, first_n - 1, 0.0)
         rest = np.where((f > 1)[:, None], scaled("kept", layers * (f - 1), rest_first), 0)
     # backward_top: the larger of the final norm's backward and the last layer's (the rest is shared)
-    held = pre + saved_all
+    held = pre + saved_all + stage_io
     m3 = held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd) + held_out
     l0 = own + layer_bwd + cache_but_own
     through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
-    step_held = held_logits + cache_all if through_step else np.zeros_like(held_logits)
+    step_held = recv + (held_logits + cache_all if through_step else 0)
     # per row only what the moments need: activation terms are never long-lived (no persistent column)
     a_cols = np.stack(
         [
             (held + post + loss_fwd)[:, 1], (held + post + loss_fwd)[:, 3],
             (held + post + loss_bwd + held_out)[:, 1], (held + post + loss_bwd + held_out)[:, 3],
             m3[:, 1], m3[:, 3],
-            (pre + rest + held_logits)[:, 1], (pre + rest + held_logits)[:, 3],
+            (pre + rest + held_logits + stage_io)[:, 1], (pre + rest + held_logits + stage_io)[:, 3],
             l0[:, 1], l0[:, 3], l0[:, 0] - cache_all[:, 0],
             cache_all[:, 1], cache_all[:, 3], step_held[:, 1], step_held[:, 3],
         ],
@@ -465,7 +478,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     s_dp = np.where(plain, np.minimum(c["dp"][cand], 2), np.where(zero == 0, c["dp"][cand], dpcp))
     s_cp = np.where((zero == 0) & ~plain, c["cp"][cand], 1)
     ga = c["grad_accum"][cand]
-    carried = ((ga > 1) | ((p > 1) & (m > 1))) & (not oib)
+    carried = ((ga > 1) | ((p > 1) & (f[x_row] < m))) & (not oib)  # engine/timeline: grads_carried
     skey, s_idx = unique_codes(
         [c["tp"][cand], c["ep"][cand], s_dp, s_cp, zero, c["optimizer"][cand], c["offload"][cand], p,
          first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64)],
