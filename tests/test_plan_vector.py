@@ -159,3 +159,36 @@ def test_narrowed_space_keeps_only_the_fixed_choices():
     assert set(f.optimizer) == {"adamw"}
     assert set(f.micro_batch_size) == {1}
     assert set(f.zero) <= {0, 3}  # ZeRO-0 only where a layout has a single replica
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "gpipe"])
+def test_first_carrying_stage_is_where_in_flight_first_drops_below_the_micro_batches(schedule):
+    """The planner's extra middle stage is the lowest stage >= 1 whose in-flight count (the engine's own
+    formula) is below the micro-batch count; every such stage can carry gradients, none below it can."""
+    from memsim_widget.engine.context import interleaved_in_flight
+    from memsim_widget.plan.vector import _first_carrying_stage
+
+    v = 2 if schedule == "interleaved" else 1
+    pps, mbs, expected = [], [], []
+    for p in range(2, 17):
+        for m in range(1, 33):
+            if schedule == "interleaved" and m % p:
+                continue
+
+            def f(s: int) -> float:
+                if schedule == "interleaved":
+                    return interleaved_in_flight(p, v, m, s)
+                return float(min(m, p - s))
+
+            below = [s for s in range(1, p) if f(s) < m]
+            pps.append(p)
+            mbs.append(m)
+            expected.append(below[0] if below and schedule != "gpipe" else None)
+            if below:
+                assert below == list(range(below[0], p))  # once below, it stays below
+    got = _first_carrying_stage(np.array(pps), np.array(mbs), schedule, v)
+    for p, m, e, g in zip(pps, mbs, expected, got.tolist(), strict=True):
+        if e is None:
+            assert g < 1 or g >= p, (p, m, g)
+        else:
+            assert g == e, (p, m, g, e)

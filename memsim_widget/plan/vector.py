@@ -300,18 +300,34 @@ def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np
     return out
 
 
-def _stage_rows(pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(candidate, stage) of the stages that can be a candidate's worst rank: the first, the second and
-    the last. Middle stages hold the same states and no more micro-batches in flight than the second
-    (1F1B: min(m, pp - i)), so none of them can exceed it; ties go to the lower stage, as ``max`` does."""
-    n = pp.shape[0]
-    k = np.minimum(pp, 3)
-    cand = np.repeat(np.arange(n), k)
+def _stage_rows(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> tuple[np.ndarray, np.ndarray]:
+    """(candidate, stage) of the stages that can be a candidate's worst rank: the first, the second, the
+    first middle stage that carries gradients (fewer micro-batches in flight than there are, so an earlier
+    one already ran backward: engine/timeline ``grads_carried``) and the last. Middle stages hold the same
+    states and no more micro-batches in flight than a lower one, so within each group (carrying or not) the
+    lowest is the worst; ties go to the lower stage, as ``max`` does."""
+    carry = _first_carrying_stage(pp, mb, schedule, v)
+    extra = (carry > 1) & (carry < pp - 1)
+    k = np.minimum(pp, 3) + extra
+    cand = np.repeat(np.arange(pp.shape[0]), k)
     starts = np.concatenate(([0], np.cumsum(k)[:-1]))
     j = np.arange(cand.shape[0]) - starts[cand]
-    p = pp[cand]
-    stage = np.where((j == 2) | ((j == 1) & (p == 2)), p - 1, j)
+    p, x = pp[cand], extra[cand]
+    stage = np.where(j < 2, j, np.where(x & (j == 2), carry[cand], p - 1))
     return cand, stage
+
+
+def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
+    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/context ``in_flight``) are fewer than
+    ``mb``: 1F1B ``min(m, p - s) < m`` from ``s = p - m + 1``; interleaved ``(w(s) + 1) / v < m`` with
+    ``w(s) = (v - 1) r + 2 (p - 1 - s)`` from ``s > p - 1 - (m v - 1 - (v - 1) r) / 2``; never under GPipe."""
+    if schedule == "gpipe":
+        return np.full(pp.shape, -1, dtype=np.int64)
+    if schedule == "interleaved":
+        per_round = mb // np.maximum(1, mb // pp)
+        room = mb * v - 1 - (v - 1) * per_round
+        return np.maximum(1, np.floor(pp - 1 - room / 2).astype(np.int64) + 1)
+    return np.maximum(1, pp - mb + 1)
 
 
 def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
@@ -353,17 +369,19 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     shared_k = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)
 
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
-    cand, stage = _stage_rows(c["pp"])
+    cand, stage = _stage_rows(c["pp"], c["pp_microbatches"], par0.pp_schedule, par0.virtual_stages)
     p = c["pp"][cand]
     m = c["pp_microbatches"][cand]
     last = stage == p - 1
     first = stage == 0
 
     # ----- activation side per distinct (activation key, pp, stage, micro-batches) ----------------------
-    kind = np.where(first, 0, np.where(last, 2, 1))
+    # kind: 0 the first stage, 1 the second, 2 the last, 3 the first middle one that carries gradients
+    kind = np.where(first, 0, np.where(last, 2, np.where(stage == 1, 1, 3)))
     xkey, x_row = unique_codes([a_cand[cand], p, kind, m], [28, 8, 2, 26])
     xa, xp, xkind, xm = xkey[:, 0], xkey[:, 1], xkey[:, 2], xkey[:, 3]
-    xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, 1))
+    carry = _first_carrying_stage(xp, xm, par0.pp_schedule, par0.virtual_stages)
+    xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, np.where(xkind == 3, carry, 1)))
     xfirst, xlast = xstage == 0, xstage == xp - 1
     layers = arch.num_layers // xp
     v = par0.virtual_stages
