@@ -203,13 +203,23 @@ def _kv_heads(cfg: Mapping[str, Any], heads: int, default: int | None) -> int:
     return kv
 
 
+def _positive(cfg: Mapping[str, Any], key: str, default: float, where: str | None = None) -> float:
+    """Read a positive finite number config key (``rope_theta``, ``rms_norm_eps``); null means the default."""
+    if not _present(cfg, key):
+        return float(default)
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ScenarioError(f"model.{where or key}", f"must be a positive finite number, got {value!r:.60}")
+    return float(value)
+
+
 def _rope_theta(cfg: Mapping[str, Any], default: float) -> float:
     """RoPE base, from ``rope_theta`` (transformers 4 configs) or ``rope_parameters`` (transformers 5)."""
     if _present(cfg, "rope_theta"):
-        return float(cfg["rope_theta"])
+        return _positive(cfg, "rope_theta", default)
     params = cfg.get("rope_parameters")
     if isinstance(params, Mapping) and params.get("rope_theta") is not None:
-        return float(params["rope_theta"])
+        return _positive(params, "rope_theta", default, "rope_parameters.rope_theta")
     return default
 
 
@@ -524,7 +534,7 @@ def _decoder(
         "hf_class": hf_class,
         "max_position_embeddings": _int(cfg, "max_position_embeddings", defaults["max_position_embeddings"]),
         "rope_theta": _rope_theta(cfg, defaults["rope_theta"]),
-        "rms_norm_eps": float(cfg.get("rms_norm_eps") or defaults["rms_norm_eps"]),
+        "rms_norm_eps": _positive(cfg, "rms_norm_eps", defaults["rms_norm_eps"]),
         "norms_per_layer": len(layer_norms),
     }
     if isinstance(cfg.get("rope_scaling"), Mapping):

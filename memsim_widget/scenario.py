@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from memsim_widget.errors import ScenarioError, choice_error
+from memsim_widget.errors import short_repr as _short
 from memsim_widget.jsonio import parse_json_object, read_json_object
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
@@ -38,6 +40,15 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 #: longest sample of each batch (shapes change every step; ``seq_len`` is then the longest batch).
 PADDINGS = ("max_length", "packed", "longest")
 ZERO_STAGES = (0, 1, 2, 3)
+#: Upper bounds that keep every figure a sane 64-bit integer (the planner's numpy columns are int64): a
+#: sequence of 16M tokens (2**24) is beyond any published context window; a million GPUs (2**20) beyond any
+#: cluster; the micro-batch at 2**16 keeps tokens x vocabulary x 4 B far below 2**63.
+MAX_SEQ_LEN = 2**24
+MAX_GPUS = 2**20
+MAX_MICRO_BATCH = 2**16
+MAX_ACCUM_STEPS = 2**20
+#: How deep an inline model config may nest (the HF files nest 3 levels: ``text_config.rope_scaling``).
+MAX_CONFIG_DEPTH = 32
 
 
 class FrozenDict(dict):  # type: ignore[type-arg]
@@ -46,18 +57,43 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     def _readonly(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("scenario model config is immutable; use Scenario.replace(model=...)")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly  # type: ignore[assignment]
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly  # type: ignore[assignment]
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(json.dumps(self, sort_keys=True, default=str))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuild from a plain dict: ``copy``, ``deepcopy`` and ``pickle`` would otherwise create an
+        empty FrozenDict and fill it item by item, which ``__setitem__`` refuses (nested configs such as
+        ``rope_scaling`` or a VLM's ``text_config`` are FrozenDicts inside the frozen model)."""
+        return (type(self), (dict(self),))
 
-def _freeze(value: Any) -> Any:
+    def __copy__(self) -> FrozenDict:
+        return self  # immutable: a copy is the object itself
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
+        return self
+
+
+def _freeze(value: Any, where: str = "model", depth: int = 0) -> Any:
+    """An immutable copy of JSON-like data; anything JSON cannot hold losslessly is a ScenarioError naming
+    the dotted key (non-string keys, NaN/Infinity, other types, nesting deeper than ``MAX_CONFIG_DEPTH``)."""
+    if depth > MAX_CONFIG_DEPTH:
+        raise ScenarioError(where, f"nests deeper than {MAX_CONFIG_DEPTH} levels")
     if isinstance(value, Mapping):
-        return FrozenDict({k: _freeze(v) for k, v in value.items()})
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ScenarioError(where, f"keys must be strings, got {k!r}")
+            out[k] = _freeze(v, f"{where}.{k}", depth + 1)
+        return FrozenDict(out)
     if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
-    return value
+        return tuple(_freeze(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ScenarioError(where, f"must be a finite number, got {value!r}")
+    if value is None or isinstance(value, str | int | float):
+        return value
+    raise ScenarioError(where, f"must be JSON data (object, list, string, number, bool, null), got {value!r}")
 
 
 def _thaw(value: Any) -> Any:
@@ -68,15 +104,25 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-def _int(field_name: str, value: Any, minimum: int = 1) -> int:
+def _int(field_name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer in [minimum, maximum]. A float with an integral value (``2.0``, as JSON writers and
+    sliders may send) is normalised to the int; true/false, fractions, NaN and strings are refused."""
+    span = f"an integer >= {minimum}" + ("" if maximum is None else f" and <= {maximum:,}")
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise ScenarioError(field_name, f"must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ScenarioError(field_name, f"must be an integer >= {minimum}, got {value}")
+            raise ScenarioError(field_name, f"must be {span}, got {_short(value)}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ScenarioError(field_name, f"must be {span}, got {_short(value)}")
     return value
+
+
+def check_headroom(value: Any, field_name: str = "headroom") -> float:
+    """The share of GPU memory kept free: a finite number in [0, 1) (1 would leave nothing usable)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ScenarioError(field_name, f"must be a number in [0, 1), e.g. 0.1, got {_short(value)}")
+    return float(value)
 
 
 def _bool(field_name: str, value: Any) -> bool:
@@ -101,9 +147,10 @@ class LoraConfig:
     adapter_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
-        _int("lora.rank", self.rank)
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or self.alpha <= 0:
-            raise ScenarioError("lora.alpha", f"must be a positive number, got {self.alpha!r}")
+        object.__setattr__(self, "rank", _int("lora.rank", self.rank, maximum=2**16))
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < math.inf:
+            raise ScenarioError("lora.alpha", f"must be a positive finite number, got {_short(alpha)}")
         targets = self.targets
         if isinstance(targets, str):
             targets = (targets,)
@@ -112,7 +159,9 @@ class LoraConfig:
             or not targets
             or not all(isinstance(t, str) for t in targets)
         ):
-            raise ScenarioError("lora.targets", f"must be a non-empty list of module names, got {targets!r}")
+            raise ScenarioError(
+                "lora.targets", f"must be a non-empty list of module names, got {_short(targets)}"
+            )
         object.__setattr__(self, "targets", tuple(targets))
         _choice("lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
 
@@ -142,10 +191,19 @@ class ParallelConfig:
     offload: str = "none"
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep", "pp_microbatches", "virtual_stages"):
-            _int(f"parallel.{name}", getattr(self, name))
-        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
-            raise ScenarioError("parallel.zero", f"must be one of 0, 1, 2, 3, got {self.zero!r}")
+        for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
+            object.__setattr__(self, name, _int(f"parallel.{name}", getattr(self, name), maximum=MAX_GPUS))
+        object.__setattr__(
+            self,
+            "pp_microbatches",
+            _int("parallel.pp_microbatches", self.pp_microbatches, maximum=MAX_ACCUM_STEPS),
+        )
+        zero = self.zero
+        if isinstance(zero, float) and zero.is_integer():
+            zero = int(zero)
+        if isinstance(zero, bool) or not isinstance(zero, int) or zero not in ZERO_STAGES:
+            raise ScenarioError("parallel.zero", f"must be one of 0, 1, 2, 3, got {_short(self.zero)}")
+        object.__setattr__(self, "zero", zero)
         _bool("parallel.sequence_parallel", self.sequence_parallel)
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.offload", self.offload, OFFLOADS)
@@ -167,6 +225,10 @@ class ParallelConfig:
             )
         if self.offload == "optimizer+params" and self.zero != 3:
             raise ScenarioError("parallel.offload", "offloading parameters needs zero 3")
+        if self.world_size > MAX_GPUS:
+            raise ScenarioError(
+                "parallel", f"dp*tp*pp*cp = {self.world_size:,} GPUs is more than {MAX_GPUS:,} (2**20)"
+            )
 
     @property
     def world_size(self) -> int:
@@ -259,24 +321,35 @@ class Scenario:
             object.__setattr__(self, "model", _freeze(self.model))
         elif not isinstance(self.model, str) or not self.model:
             raise ScenarioError(
-                "model", f"must be a preset id, a config.json path or a dict, got {self.model!r}"
+                "model", f"must be a preset id, a config.json path or a dict, got {_short(self.model)}"
             )
         if isinstance(self.lora, Mapping):
             object.__setattr__(self, "lora", _lora_from(self.lora))
+        elif not isinstance(self.lora, LoraConfig):
+            raise ScenarioError(
+                "lora",
+                f'must be an object like {{"rank": 16, "alpha": 32, "targets": ["q_proj"]}}, '
+                f"got {_short(self.lora)}",
+            )
         if isinstance(self.parallel, Mapping):
             object.__setattr__(self, "parallel", _parallel_from(self.parallel))
-        if isinstance(self.gpu, Mapping):
-            object.__setattr__(self, "gpu", _freeze(self.gpu))
-        elif not isinstance(self.gpu, str):
-            raise ScenarioError("gpu", f"must be a GPU id or {{'memory_gib': N}}, got {self.gpu!r}")
+        elif not isinstance(self.parallel, ParallelConfig):
+            raise ScenarioError(
+                "parallel",
+                f'must be an object like {{"dp": 8, "tp": 2, "zero": 3}}, got {_short(self.parallel)}',
+            )
+        object.__setattr__(self, "gpu", _gpu_spec(self.gpu))
         _choice("method", self.method, METHODS)
         _choice("precision", self.precision, list(PRECISIONS))
         _choice("optimizer", self.optimizer, list(OPTIMIZERS))
         _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _bool("optimizer_in_backward", self.optimizer_in_backward)
-        _int("micro_batch_size", self.micro_batch_size)
-        _int("seq_len", self.seq_len)
-        _int("grad_accum_steps", self.grad_accum_steps)
+        for name, top in (
+            ("micro_batch_size", MAX_MICRO_BATCH),
+            ("seq_len", MAX_SEQ_LEN),
+            ("grad_accum_steps", MAX_ACCUM_STEPS),
+        ):
+            object.__setattr__(self, name, _int(name, getattr(self, name), maximum=top))
         _choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
         if self.activation_checkpointing == "selective-op" and self.framework == "megatron":
             raise ScenarioError(
@@ -284,7 +357,7 @@ class Scenario:
                 "'selective-op' is torchtitan's per-op policy; Megatron's are 'selective' and 'full'",
             )
         if self.checkpoint_every is not None:
-            _int("checkpoint_every", self.checkpoint_every)
+            object.__setattr__(self, "checkpoint_every", _int("checkpoint_every", self.checkpoint_every))
             if self.checkpoint_every > 1 and self.activation_checkpointing != "full":
                 raise ScenarioError(
                     "checkpoint_every",
@@ -353,7 +426,7 @@ class Scenario:
         scenario = cls(**kwargs)
         num_gpus = data.get("num_gpus")
         if num_gpus is not None:
-            _int("num_gpus", num_gpus)
+            num_gpus = _int("num_gpus", num_gpus, maximum=MAX_GPUS)
             if num_gpus != scenario.parallel.world_size:
                 p = scenario.parallel
                 raise ScenarioError(
@@ -384,6 +457,21 @@ class Scenario:
     def tokens(self) -> int:
         """Tokens per micro-batch (b * s)."""
         return self.micro_batch_size * self.seq_len
+
+
+def _gpu_spec(spec: Any) -> str | FrozenDict:
+    """The scenario's ``gpu``: a catalog id (a name as nvidia-smi or a cloud prints it becomes the id), a
+    size string, or a custom ``{"memory_gib": N}`` checked now. An unknown string is kept: cards may be
+    registered later, and ``resolve_gpu`` names the field when the scenario is estimated."""
+    from memsim_widget.catalog.gpus import canonical_gpu_id, resolve_gpu
+
+    if isinstance(spec, Mapping):
+        frozen = _freeze(spec, "gpu")
+        resolve_gpu(dict(frozen))
+        return frozen
+    if not isinstance(spec, str) or not spec:
+        raise ScenarioError("gpu", f"must be a GPU id or {{'memory_gib': N}}, got {_short(spec)}")
+    return canonical_gpu_id(spec) or spec
 
 
 def _lora_from(data: Mapping[str, Any]) -> LoraConfig:

@@ -10,10 +10,11 @@ Add a card with ``register_gpu(GPU(...))``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memsim_widget.errors import ScenarioError, choice_error
+from memsim_widget.errors import ScenarioError, choice_error, short_repr
 
 GiB = 1024**3
 MiB = 1024**2
@@ -92,34 +93,131 @@ _gpu("mi250x", "AMD Instinct MI250X (one GCD, 64GB)", 64, "cdna2")
 _gpu("mi300x", "AMD Instinct MI300X 192GB", 192, "cdna3")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g)\s*$", re.IGNORECASE)
+#: A custom card's memory may be at most 1 PiB: every byte figure then stays far inside 64-bit integers.
+MAX_MEMORY_GIB = 2**20
 
 
 def custom_gpu(memory_gib: float, name: str | None = None) -> GPU:
     """A card known only by its memory size (GiB), with Hopper-like context and workspace."""
-    if not isinstance(memory_gib, (int, float)) or isinstance(memory_gib, bool) or memory_gib <= 0:
-        raise ScenarioError("gpu.memory_gib", f"must be a positive number of GiB, got {memory_gib!r}")
+    if (
+        not isinstance(memory_gib, (int, float))
+        or isinstance(memory_gib, bool)
+        or not 0 < memory_gib <= MAX_MEMORY_GIB  # also refuses NaN and infinity
+    ):
+        raise ScenarioError(
+            "gpu.memory_gib",
+            f"must be a positive number of GiB up to {MAX_MEMORY_GIB:,}, got {short_repr(memory_gib)}",
+        )
+    if name is not None and not isinstance(name, str):
+        raise ScenarioError("gpu.name", f"must be a string, got {short_repr(name)}")
     label = name or f"custom {memory_gib:g} GiB"
     return GPU("custom", label, int(memory_gib * GiB), "custom", _CTX["custom"], 32 * MiB)
 
 
+# ----- names as people type them -------------------------------------------------------------------------
+# nvidia-smi, rocm-smi and cloud consoles print names such as "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB",
+# "NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090" or "AMD Instinct MI250X/MI250". A name is reduced to
+# tokens (lower case, vendor and brand words dropped, "SXM4" -> sxm, "80 GB" -> mem:80) and matched to the
+# catalog entries whose own id and name hold every token; a form factor (sxm, pcie) the entry does not
+# distinguish is ignored, and a memory-type word (HBM3, GDDR6X) never decides.
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "amd", "instinct", "radeon", "gpu", "graphics"}
+_MEMORY_TYPE = re.compile(r"^(hbm\d*e?|gddr\d*x?)$")
+_FORM_FACTORS = {"sxm", "pcie"}
+#: Printed names that the tokens alone leave ambiguous: nvidia-smi calls the H100 SXM5 "H100 80GB HBM3"
+#: (the PCIe card prints "H100 PCIe"); rocm-smi prints "MI250X/MI250" for one MI250X GCD.
+_PRINTED_NAMES = {
+    "NVIDIA H100 80GB HBM3": "h100-sxm-80gb",
+    "H100 HBM3": "h100-sxm-80gb",
+    "AMD Instinct MI250X/MI250": "mi250x",
+}
+
+
+def _tokens(text: str) -> frozenset[str]:
+    """The words of a GPU name that identify the card (see the comment above)."""
+    t = text.lower().replace("pci-e", "pcie").replace("pci express", "pcie")
+    words = [w for w in re.split(r"[^a-z0-9.]+", t) if w]
+    out: set[str] = set()
+    i = 0
+    while i < len(words):
+        w = words[i]
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if re.fullmatch(r"\d+(\.\d+)?", w) and nxt in ("gb", "gib", "g"):
+            out.add(f"mem:{float(w):g}")
+            i += 2
+            continue
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)(gb|gib|g)", w)
+        rtx = re.fullmatch(r"rtx(\d{4})", w)
+        if m:
+            out.add(f"mem:{float(m.group(1)):g}")
+        elif rtx:
+            out.update(("rtx", rtx.group(1)))
+        elif re.fullmatch(r"sxm\d*", w):
+            out.add("sxm")
+        elif w not in _VENDOR_WORDS:
+            out.add(w)
+        i += 1
+    return frozenset(out)
+
+
+def _matches(typed: frozenset[str]) -> list[str]:
+    """Catalog ids whose id and name hold every typed token (form factors the entry lacks ignored)."""
+    typed = frozenset(w for w in typed if not _MEMORY_TYPE.match(w))
+    found = []
+    for gid, gpu in GPUS.items():
+        own = _tokens(gid.replace("-", " ")) | _tokens(gpu.name)
+        need = typed if own & _FORM_FACTORS else typed - _FORM_FACTORS
+        if need and need <= own:
+            found.append(gid)
+    return found
+
+
+def canonical_gpu_id(spec: str) -> str | None:
+    """The catalog id a typed GPU name stands for (``"NVIDIA A100-SXM4-80GB"`` -> ``"a100-80gb"``), or None
+    when it names no catalog card or several (``resolve_gpu`` then says which)."""
+    if spec in GPUS:
+        return spec
+    if len(spec) > 200 or _SIZE.match(spec):
+        return None
+    typed = _tokens(spec)
+    for printed, gid in _PRINTED_NAMES.items():
+        if typed == _tokens(printed) and gid in GPUS:
+            return gid
+    found = _matches(typed)
+    return found[0] if len(found) == 1 else None
+
+
 def resolve_gpu(spec: str | dict[str, Any] | GPU) -> GPU:
-    """A catalog id, a size string like ``"24GiB"``, or ``{"memory_gib": 24, "name": ...}``."""
+    """A catalog id or a name as nvidia-smi prints it, a size string like ``"24GiB"``, or
+    ``{"memory_gib": 24, "name": ...}``."""
     if isinstance(spec, GPU):
         return spec
-    if isinstance(spec, dict):
+    if isinstance(spec, Mapping):
         unknown = set(spec) - {"memory_gib", "name", "id"}
         if unknown:
-            raise ScenarioError("gpu", f"unknown keys {sorted(unknown)}; allowed: memory_gib, name")
+            raise ScenarioError(
+                "gpu", f"unknown keys {short_repr(sorted(map(str, unknown)))}; allowed: memory_gib, name"
+            )
         if "memory_gib" not in spec:
-            if spec.get("id") in GPUS:
-                return GPUS[spec["id"]]
+            gid = spec.get("id")
+            if isinstance(gid, str) and gid in GPUS:
+                return GPUS[gid]
             raise ScenarioError("gpu.memory_gib", "a custom GPU needs memory_gib")
         return custom_gpu(spec["memory_gib"], spec.get("name"))
     if not isinstance(spec, str):
-        raise ScenarioError("gpu", f"must be a GPU id or {{'memory_gib': N}}, got {spec!r}")
+        raise ScenarioError("gpu", f"must be a GPU id or {{'memory_gib': N}}, got {short_repr(spec)}")
     if spec in GPUS:
         return GPUS[spec]
     m = _SIZE.match(spec)
     if m:
         return custom_gpu(float(m.group(1)))
+    gid = canonical_gpu_id(spec)
+    if gid is not None:
+        return GPUS[gid]
+    several = _matches(_tokens(spec)) if len(spec) <= 200 else []
+    if len(several) > 1:
+        raise ScenarioError(
+            "gpu",
+            f"{short_repr(spec)} could be any of {', '.join(several)}; did you mean "
+            f"{' or '.join(repr(g) for g in several)}? (give the id, or add SXM/PCIe and the memory size)",
+        )
     raise choice_error("gpu", spec, list(GPUS) + ["<N>GiB"])

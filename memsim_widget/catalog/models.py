@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..architecture import Architecture, build_architecture
-from ..errors import ScenarioError, choice_error
+from ..errors import ScenarioError, choice_error, short_repr
 from ..jsonio import read_json_object
 
 # ----------------------------------------------------------------------------- shared key sets
@@ -549,7 +549,10 @@ def preset_ids() -> list[str]:
 
 def _read_config_file(path: Path) -> dict[str, Any]:
     """Read an HF config.json (or a folder's config.json) as plain JSON; never executes code."""
-    file = path / "config.json" if path.is_dir() else path
+    try:
+        file = path / "config.json" if path.is_dir() else path
+    except (OSError, ValueError) as exc:  # a name too long for the file system, or with a NUL byte
+        raise ScenarioError("model", f"cannot read {short_repr(str(path))}: {exc}") from None
     data = read_json_object(file, "model")
     if not isinstance(data.get("model_type"), str):
         raise ScenarioError("model", f"{str(file)!r} has no 'model_type'; is it an HF config.json?")
@@ -558,7 +561,22 @@ def _read_config_file(path: Path) -> dict[str, Any]:
 
 def _looks_like_path(model: str) -> bool:
     """True if a model string names a file or folder rather than a preset id."""
-    return model.endswith(".json") or "/" in model or "\\" in model or Path(model).exists()
+    if model.endswith(".json") or "/" in model or "\\" in model:
+        return True
+    try:
+        return Path(model).exists()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte: no such file
+        return False
+
+
+def _plain(value: Any) -> Any:
+    """A mutable deep copy of JSON-like data: mappings as dicts, sequences as lists (the scenario holds
+    inline configs frozen; the builders and transformers' config classes read plain HF data)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def resolve_model_config(model: str | Mapping[str, Any]) -> dict[str, Any]:
@@ -568,7 +586,7 @@ def resolve_model_config(model: str | Mapping[str, Any]) -> dict[str, Any]:
             raise ScenarioError(
                 "model.model_type", "an inline model config needs a 'model_type' (e.g. 'llama')"
             )
-        return copy.deepcopy(dict(model))
+        return _plain(model)
     if not isinstance(model, str):
         raise ScenarioError(
             "model", f"must be a preset id, a config.json path or a config dict, got {type(model).__name__}"
