@@ -175,7 +175,7 @@ def test_first_carrying_stage_is_where_in_flight_first_drops_below_the_micro_bat
             if schedule == "interleaved" and m % p:
                 continue
 
-            def f(s: int) -> float:
+            def f(s: int, p: int = p, m: int = m) -> float:
                 if schedule == "interleaved":
                     return interleaved_in_flight(p, v, m, s)
                 return float(min(m, p - s))
