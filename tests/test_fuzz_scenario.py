@@ -35,7 +35,7 @@ SMALL_MODELS = (
     "gpt2",
     "qwen2.5-0.5b",
     "bert-base-uncased",
-    "t5-small",
+    "t5-base",
     "vit-base-patch16-224",
     "llama-3.2-1b",
 )
