@@ -79,10 +79,33 @@ def test_full_checkpointing_keeps_one_input_per_layer():
     assert sum(t.bytes for t in acts.checkpointed_layer) == 2 * 4096 * 512
 
 
-def test_tensor_and_sequence_parallel_divide_the_layer():
+def test_tensor_and_sequence_parallel_divide_the_layer_but_the_gathered_block_inputs():
+    """Under tp + sp every per-layer tensor is split over the two ranks except the attention and MLP inputs,
+    which DTensor all-gathers to the full sequence before the Linears save them (traced)."""
     base = per_layer(seq_len=4096)
+    sc = Scenario.from_dict({"model": MHA, "seq_len": 4096})
+    gathered = sum(
+        t.bytes
+        for t in activations(Context(sc)).per_layer
+        if t.name.startswith(("attention input", "MLP input"))
+    )
+    assert gathered == 2 * (2 * 4096 * 512)  # two Linear inputs of 2 B x T x h, T = 1 x 4096
     split = per_layer(seq_len=4096, parallel={"tp": 2, "sequence_parallel": True})
-    assert split == base / 2
+    assert split == (base - gathered) / 2 + gathered
+
+
+def test_hf_tp_plan_gathers_full_logits_and_loss_parallel_splits_them():
+    """transformers' plan gathers the LM head's output on every rank (full-vocabulary loss); torchtitan's loss
+    parallel keeps V/tp, with one fp32 gradient buffer in the loss backward instead of two."""
+
+    def loss(**kw) -> tuple[int, int]:
+        acts = activations(Context(Scenario.from_dict({"model": MHA, "seq_len": 1024, **kw})))
+        return sum(t.bytes for t in acts.loss_saved), sum(t.bytes for t in acts.loss_backward)
+
+    one_saved, one_bwd = loss()
+    assert loss(parallel={"tp": 2}) == (one_saved, one_bwd)
+    tt_saved, tt_bwd = loss(parallel={"tp": 2}, framework="torchtitan", precision="bf16")
+    assert (tt_saved, tt_bwd) == (one_saved // 2, one_bwd // 4)
 
 
 def test_context_parallel_divides_the_sequence():

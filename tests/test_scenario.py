@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from memsim_widget.errors import ScenarioError
@@ -172,6 +172,7 @@ def test_malformed_json_is_a_scenario_error():
 def test_json_round_trip_is_lossless(
     method, precision, optimizer, ckpt, attention, loss, framework, b, s, dp, zero, rank
 ):
+    assume(not (framework == "megatron" and ckpt == "selective-op"))  # refused: Megatron has no per-op policy
     sc = Scenario.from_dict(
         {
             "method": method,

@@ -114,10 +114,16 @@ def test_pipeline_stages_split_layers_with_embedding_first_and_head_last(tiny_ll
 
 
 def test_tensor_parallel_splits_matrices_and_keeps_norms(tiny_llama):
+    """transformers' plan splits every Linear (the head too) and leaves norms and the untied embedding
+    replicated; torchtitan's plan also splits the embedding on the vocabulary."""
     full = architecture_for(tiny_llama)
-    est = run(tiny_llama, precision="fp32", parallel={"tp": 2})
     norms = sum(g.numel for g in full.params if g.kind == "norm")
-    assert est.ranks[0].params_local == (full.parameters - norms) // 2 + norms
+    embed = sum(g.numel for g in full.params if g.kind == "embedding")
+    assert embed == full.vocab_size * full.hidden_size
+    hf = run(tiny_llama, precision="fp32", parallel={"tp": 2})
+    assert hf.ranks[0].params_local == (full.parameters - norms - embed) // 2 + norms + embed
+    titan = run(tiny_llama, precision="fp32", framework="torchtitan", parallel={"tp": 2})
+    assert titan.ranks[0].params_local == (full.parameters - norms) // 2 + norms
 
 
 @pytest.mark.parametrize(

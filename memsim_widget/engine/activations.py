@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import output_lifetime, profile, quantises_module, uses_autocast
+from memsim_widget.engine.frameworks import (
+    loss_parallel,
+    output_lifetime,
+    profile,
+    quantises_module,
+    uses_autocast,
+    vocab_split,
+)
 from memsim_widget.engine.items import fmt_int
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
@@ -88,7 +95,8 @@ class _Dims:
         self.kv = max(1, a.num_kv_heads // par.tp)
         self.hkv = self.kv * self.d
         self.I = a.intermediate_size // par.tp
-        self.V = a.vocab_size // par.tp if par.tp > 1 else a.vocab_size
+        # the "hf" plan gathers the full logits on every rank; loss parallel keeps V/tp
+        self.V = a.vocab_size // par.tp if vocab_split(ctx) else a.vocab_size
         self.s_full = ctx.seq_len  # keys each query attends to (ring attention passes all)
         # outside tensor-parallel regions tensors are replicated unless sequence parallel
         self.Tout = self.T // self.tp if self.sp else self.T
@@ -230,8 +238,10 @@ def _hf(ctx: Context) -> ActivationBudget:
             first_bytes=per_norm if frozen_first else 0,
         )
     nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
-    consumers(ATTN_IN, h, Tout, nout, "attention input")
-    consumers(MLP_IN, h, Tout, nout, "MLP input")
+    # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
+    # PrepareModuleInput Shard(1) -> Replicate); the Linears save that gathered tensor (traced)
+    consumers(ATTN_IN, h, T, nout, "attention input")
+    consumers(MLP_IN, h, T, nout, "MLP input")
 
     # ----- attention -----------------------------------------------------------------------------
     eager = sc.attention == "eager"
@@ -510,9 +520,19 @@ def _hf(ctx: Context) -> ActivationBudget:
                 )
             )
             out.loss_saved.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))
-            out.loss_backward.append(
-                Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
-            )
+            if loss_parallel(sc):  # DTensor's fused nll + log-softmax backward: one buffer (traced)
+                out.loss_backward.append(
+                    Term(
+                        "loss-parallel backward: one fp32 T x V/tp gradient buffer",
+                        4 * T * V,
+                        "4 B x T x V",
+                        1,
+                    )
+                )
+            else:
+                out.loss_backward.append(
+                    Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
+                )
         else:
             # BERT, T5, ViT: nn.CrossEntropyLoss straight on the logits, in the compute dtype
             out.loss_forward.append(Term("logits", le * T * V, f"{le} B x T x V, V={V}", 1))
@@ -572,6 +592,18 @@ def _hf(ctx: Context) -> ActivationBudget:
                 tau_attn,
                 f"({sm_b} + {ec}) B x b x a x s x s",
                 2,
+            )
+        )
+    if D.sp:
+        # the backward of a sequence-parallel block starts by all-gathering its output gradient (Shard(1) ->
+        # Replicate): the collective's output, its wait and the (b, s, h) cat live together (traced). Kept
+        # beside the eager softmax terms (a different instant: the sum errs high).
+        out.attention_backward.append(
+            Term(
+                "sequence-parallel all-gather of the block's output gradient",
+                3 * ec * T * h,
+                f"3 x {ec} B x T x h (gather, wait, cat)",
+                3,
             )
         )
     down_saved = bool(full or (MLP_OUT & modules & targets))

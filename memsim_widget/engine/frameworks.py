@@ -57,6 +57,11 @@ class FrameworkProfile:
     ZeRO-1/2 with dp > 1 (DeepSpeed's ``reduce_bucket_size``, default 5e8).
     ``zero3``: who implements ZeRO-3: ``"fsdp2"`` (PyTorch ``fully_shard``, traced: docs/fidelity-parallel.md)
     or ``"deepspeed"`` (DeepSpeed's stage-3 parameter coordinator, formula only).
+    ``tp_plan``: the tensor-parallel plan at tp > 1 (what ``trace/tp_plan.tp_style_for`` traces):
+    ``"hf"`` (the model's transformers ``base_model_tp_plan``: an untied embedding stays replicated, the LM
+    head is colwise with its output gathered, so every rank holds the full-vocabulary logits and loss),
+    ``"torchtitan"`` (vocab-sharded embedding, loss parallel: logits and loss at V/tp) or ``"megatron"``
+    (vocab-parallel embedding and cross-entropy).
     """
 
     name: str
@@ -72,6 +77,7 @@ class FrameworkProfile:
     expandable_segments: bool = False
     bucket_elements: int = 0
     zero3: str = "fsdp2"
+    tp_plan: str = "hf"
     sources: tuple[str, ...] = ()
     suggested: Mapping[str, Any] = field(default_factory=dict)
 
@@ -134,6 +140,7 @@ register_profile(
         "expandable allocator segments",
         fsdp_mixed_precision=True,
         expandable_segments=True,
+        tp_plan="torchtitan",
         sources=(
             "torchtitan parallelize_llama.apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
             "torchtitan run_train.sh: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -157,6 +164,7 @@ register_profile(
         "Megatron-LM with TransformerEngine fused kernels: Korthikanti et al. activations, fp32 main "
         "gradients, distributed optimizer as ZeRO-1",
         activation_model="megatron",
+        tp_plan="megatron",
         sources=(
             "Korthikanti et al. 2022, arXiv 2205.05198, Table 2 (activations per layer)",
             "Megatron-LM --use-distributed-optimizer: 6 + 12/d_p bytes per parameter (REFERENCE.md section 2)",
@@ -230,6 +238,32 @@ if PAGED_ADAMW.name not in OPTIMIZERS:
 def profile(ctx: Context) -> FrameworkProfile:
     """The profile of the scenario's framework."""
     return PROFILES[ctx.scenario.framework]
+
+
+def vocab_split(ctx: Context) -> bool:
+    """Whether tensor parallelism splits the vocabulary of the logits and the loss: not under the "hf" plan,
+    whose LM head gathers the full logits on every rank (transformers ``colwise_gather_output``)."""
+    return ctx.par.tp > 1 and profile(ctx).tp_plan != "hf"
+
+
+def embedding_split(ctx: Context) -> bool:
+    """Whether tensor parallelism splits the input embedding's vocabulary: the "hf" plan leaves an untied
+    embedding replicated (it is not in ``base_model_tp_plan``); a tied one is sharded with the head."""
+    return ctx.par.tp > 1 and (profile(ctx).tp_plan != "hf" or bool(ctx.arch.tied_embeddings))
+
+
+def loss_parallel(scenario: Scenario) -> bool:
+    """torchtitan's loss parallel (tp > 1): the loop computes the cross-entropy on the vocab-sharded DTensor
+    logits outside the model (``loss_parallel()`` context, torchtitan ``train.py``)."""
+    return scenario.parallel.tp > 1 and PROFILES[scenario.framework].tp_plan == "torchtitan"
+
+
+def root_resharded_for_loss(scenario: Scenario, last: bool) -> bool:
+    """Whether FSDP2's gathered units are gone while the loss runs and its backward starts: with the loss
+    outside the model (loss parallel, no pipeline), the root's post-forward with ``reshard_after_forward=True``
+    reshards the root unit and frees the last all-gather output before the loss; backward re-gathers the
+    root only when the gradient reaches the logits (torch ``_fsdp_state._post_forward``; traced)."""
+    return last and scenario.parallel.pp == 1 and loss_parallel(scenario)
 
 
 def output_lifetime(scenario: Scenario) -> str:

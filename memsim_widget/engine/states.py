@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from memsim_widget.architecture import ParamGroup
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
+    embedding_split,
     gathered_weight_bytes,
     parameters_fetched_from_host,
     profile,
@@ -81,7 +82,7 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
         if g.expert and par.ep > 1:
             count //= par.ep
         shape = list(g.shape)
-        if g.tp_dim is not None and par.tp > 1:
+        if g.tp_dim is not None and par.tp > 1 and (g.kind != "embedding" or embedding_split(ctx)):
             shape[g.tp_dim] = -(-shape[g.tp_dim] // par.tp)
         if count:
             out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))

@@ -12,6 +12,7 @@ from functools import cached_property
 
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Item, fmt_int
 from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
 from memsim_widget.engine.states import StateBudget
@@ -177,17 +178,19 @@ def moments(
     held_logits = _scaled(acts.output_logits, 1 if stage.last else 0, "")
     held_out = held_logits + _scaled(acts.output_cache_extra, Ls, f"{Ls} layers")
     common = persistent + overhead + stage_io
+    # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
+    loss_gathered = [] if root_resharded_for_loss(ctx.scenario, stage.last) else states.gathered
     out = [
         Moment(
             "forward_end",
-            tuple(common + grads_in_fwd + states.gathered + pre + saved_all + post + loss_saved + loss_fwd),
+            tuple(common + grads_in_fwd + loss_gathered + pre + saved_all + post + loss_saved + loss_fwd),
         ),
         Moment(
             "backward_start",
             tuple(
                 common
                 + grads_in_fwd
-                + states.gathered
+                + loss_gathered
                 + pre
                 + saved_all
                 + post

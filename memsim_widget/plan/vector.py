@@ -22,6 +22,7 @@ import numpy as np
 
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import ALLOC_ROUND, Item
 from memsim_widget.engine.overhead import (
     FRAGMENTATION_PERSISTENT,
@@ -103,6 +104,7 @@ def _state_side(
     k10, inv = unique_codes([skey[:, j] for j in range(10)], [10, 10, 20, 10, 2, 4, 2, 8, 1, 1])
     stats = np.zeros((k10.shape[0], len(STATE_GROUPS), NSTAT), dtype=np.int64)
     outside = np.zeros(k10.shape[0], dtype=np.int64)
+    resharded = np.zeros(k10.shape[0], dtype=bool)  # engine/timeline: no gathered units while the loss runs
     for k, (tp, ep, sdp, scp, z, o, off, pk, fk, lk) in enumerate(k10.tolist()):
         sc = candidate_scenario(base, optimizers, {
             "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
@@ -111,6 +113,7 @@ def _state_side(
         row = state_row(sc, num_layers // pk, bool(fk), bool(lk))
         stats[k] = row.stats
         outside[k] = row.outside
+        resharded[k] = root_resharded_for_loss(sc, bool(lk))
     g = {name: stats[inv, j] for j, name in enumerate(STATE_GROUPS)}
     carried = (skey[:, 10] == 1)[:, None]
     last = (skey[:, 9] == 1)[:, None]
@@ -119,7 +122,7 @@ def _state_side(
     head = np.where(carried, gif, np.where(last, g["post_grads"], 0))
     both = g["gathered"] + g["gathered_grads"]
     parts = {
-        "fwd": common + gif + g["gathered"],
+        "fwd": common + gif + np.where(resharded[inv][:, None], 0, g["gathered"]),
         "top": common + head + both,
         "end": common + both + (g["step_temps_all"] if base.optimizer_in_backward else 0),
         "grads": g["grads"],
