@@ -535,8 +535,18 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
             a_cols[:, 7] + np.where(embed, a_cols[:, 12], a_cols[:, 9]),
         ),
     ]
-    if base.optimizer != "none" and not oib:
-        moments.append((s_cols[:, 6] + a_cols[:, 13], s_cols[:, 7], a_cols[:, 14]))
+    # optimizer_step: per candidate, for the candidate's optimizer (not the base's: a base with optimizer
+    # "none" searched over AdamW still steps); a candidate without one gets a moment that cannot win
+    has_step = np.array([o != "none" for o in optimizers], dtype=bool)[c["optimizer"][cand]]
+    if has_step.any() and not oib:
+        step = s_cols[:, 6] + a_cols[:, 13]
+        moments.append(
+            (
+                np.where(has_step, step, -1),
+                np.where(has_step, s_cols[:, 7], 0),
+                np.where(has_step, a_cols[:, 14], 0),
+            )
+        )
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     f_t, f_v = _waste_rates(ctx0)
