@@ -57,7 +57,52 @@ def _document(rows: list[dict[str, Any]], failed: list[tuple[str, str]]) -> str:
     ]
     if failed:
         summary += ["", "Cases that did not trace:", ""] + [f"- {n}: {e}" for n, e in failed]
-    return "\n".join(head + _table(rows) + summary) + "\n"
+    return "\n".join(head + _table(rows) + summary + LEARNED + UNTRACED) + "\n"
+
+
+#: What the traces showed the engine (each rule lives in the engine module named).
+LEARNED = [
+    "",
+    "## What the traces taught the engine",
+    "",
+    "- **transformers' tp plan** (`base_model_tp_plan`, framework hf/torchtune/deepspeed): the untied embedding "
+    "is not in the plan and stays replicated; the LM head is `colwise_gather_output`, so every rank holds the "
+    "full-vocabulary logits, their fp32 upcast, the log-softmax and the loss backward's two T x V buffers "
+    "(`engine/frameworks.vocab_split`, `embedding_split`). Before: -12% (tp2) to -59% (tp8 sp).",
+    "- **torchtitan's plan with loss parallel**: the embedding is vocab-sharded and the loss works on V/tp; "
+    "its backward (DTensor's fused nll + log-softmax) holds one fp32 T x V/tp buffer, not two. The loss runs "
+    "outside the model, after FSDP2's root post-forward has resharded the root unit and freed the last "
+    "all-gather (`reshard_after_forward=True`), so neither is alive while the loss runs "
+    "(`engine/frameworks.root_resharded_for_loss`).",
+    "- **Sequence parallel under DTensor** is not Megatron's: `PrepareModuleInput` all-gathers a block's input "
+    "to the full sequence and the attention and MLP Linears save that gathered tensor (T x h, not T/tp x h); "
+    "the block's backward starts by all-gathering its output gradient (the collective's output, its wait and "
+    "the cat: 3 x T x h). Norms, the residual stream and checkpointed inputs stay at T/tp. The Megatron "
+    "profile keeps Korthikanti et al.'s model (fused kernels that save the sharded input and re-gather).",
+    "- **Pipeline stages** (`engine/pipeline.py`): receive buffers per micro-batch and direction, pending "
+    "input-gradient sends, stage outputs (logits on the last stage) kept until their backward, GPipe's last "
+    "stage holding every micro-batch's loss, gradients carried only where fewer micro-batches are in flight "
+    "than there are.",
+]
+
+#: What this process cannot trace, and why (the trace refuses these with the same words).
+UNTRACED = [
+    "",
+    "## Formula-only (not traced)",
+    "",
+    "- ZeRO-1 and ZeRO-2 (`parallel.zero` 1/2 with dp > 1): DeepSpeed's partitioned optimizer and gradient "
+    "buckets are not PyTorch modules; the estimate follows DeepSpeed's own arithmetic (REFERENCE.md section 2, "
+    "`reduce_bucket_size` 5e8 elements) and says formula-only.",
+    "- DeepSpeed ZeRO-3 (framework deepspeed): its stage-3 parameter coordinator is not FSDP2; formula-only.",
+    "- Offload (`parallel.offload`): FSDP2's `CPUOffloadPolicy` keeps host copies on the same cpu device as the "
+    "fake GPU here, so resident and offloaded bytes cannot be told apart.",
+    "- Context parallel (`parallel.cp`): torch's `context_parallel` shards only CUDA's SDPA kernels; on a CPU "
+    "mesh `_scaled_dot_product_flash_attention_for_cpu` has no sharding strategy.",
+    "- Expert parallel (`parallel.ep`): PyTorch has no expert-parallel API for transformers' MoE layers.",
+    "- Megatron's fused TP kernels (framework megatron with tp > 1) and MoE experts held as 3-D parameters "
+    "(Mixtral's packed plan in transformers 5.24): not `nn.Linear`/`nn.Embedding`, which torch's "
+    "Colwise/RowwiseParallel shard.",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -516,6 +516,7 @@ export function renderTrace(doc, panel, trace = {}, view = {}) {
   const t = summary.traced ?? {};
   const s = summary.simulated ?? {};
   panel.headline.replaceChildren(
+    ...rankLine(doc, summary.rank),
     "traced peak ",
     h(doc, "b", { class: "memsim-trace-traced", text: fmtBytes(t.bytes ?? 0) }),
     ` at ${t.phase ?? "?"} (step ${t.step ?? "?"}${t.op ? `, ${t.op}` : ""}); simulated `,
@@ -531,6 +532,13 @@ export function renderTrace(doc, panel, trace = {}, view = {}) {
     h(doc, "summary", { text: `trace notes (${notes.length})` }),
     h(doc, "ul", {}, notes.map((n) => h(doc, "li", { text: n }))),
   );
+}
+
+/** The traced rank of a multi-GPU job in words, and the simulated stage it is held to (nothing for 1 GPU). */
+export function rankLine(doc, rank) {
+  if (!rank || Number(rank.world_size ?? 1) <= 1) return [];
+  const sim = rank.simulated_role ? ` (simulated: ${rank.simulated_role})` : "";
+  return [h(doc, "div", { class: "memsim-trace-rank", text: `traced ${rank.role || `rank ${rank.index}`}${sim}` })];
 }
 
 /** GiB with two decimals (`12.34 GiB`): how "Make it fit" states the memory a change saves. */

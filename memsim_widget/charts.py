@@ -167,6 +167,8 @@ def breakdown_spec(
     """Vega-Lite spec: one stacked bar per rank (pipeline stage) against the GPU capacity and headroom band."""
     records = breakdown_records(source)
     if isinstance(source, Estimate):
+        roles = {r.label: source.role(r) for r in source.ranks}
+        records = [{**r, "role": roles.get(r["rank"], "")} for r in records]
         capacity_bytes = source.gpu.memory_bytes if capacity_bytes is None else capacity_bytes
         gpu_name = gpu_name or source.gpu.name
         if title is None:
@@ -185,6 +187,9 @@ def breakdown_spec(
         "sort": [r for _, r in ranks],
         "axis": {"labelAngle": 0},
     }
+    role_tip = (
+        [{"field": "role", "type": "nominal", "title": "holds"}] if records and "role" in records[0] else []
+    )
     bars = {
         "data": {"values": records},
         "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
@@ -195,6 +200,7 @@ def breakdown_spec(
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
                 {"field": "rank", "type": "nominal"},
+                *role_tip,
                 {"field": "category", "type": "nominal"},
                 {"field": "item", "type": "nominal"},
                 {"field": "size", "type": "nominal", "title": "bytes"},

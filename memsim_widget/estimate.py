@@ -170,6 +170,12 @@ class Estimate:
             "items": [{"item": i.item, "bytes": i.bytes, "formula": i.formula} for i in items],
         }
 
+    def role(self, rank: RankEstimate) -> str:
+        """What ``rank`` holds, in words (its stage's layers and ends, how the layout splits them)."""
+        from memsim_widget.rank_roles import rank_role
+
+        return rank_role(self.scenario, rank.stage, self.arch.num_layers)
+
     # ----- tables -------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
         """Tidy rows: one per rank, category and item at that rank's peak."""
@@ -227,6 +233,7 @@ class Estimate:
                 {
                     "rank": r.label,
                     "stage": r.stage.index,
+                    "role": self.role(r),
                     "layers": r.stage.layers,
                     "peak_phase": r.peak_phase,
                     "peak_tensor_bytes": r.peak_tensor_bytes,

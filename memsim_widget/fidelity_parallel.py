@@ -149,6 +149,7 @@ FAST = (
     "llama bf16 ddp dp2",
     "llama bf16 tp2 sp",
     "llama bf16 dp2 x tp2 fsdp",
+    "llama torchtitan tp2 sp loss-parallel",
     "llama bf16 pp2 1f1b m4 stage 1 (last)",
 )
 

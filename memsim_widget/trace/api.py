@@ -185,6 +185,7 @@ def simulated_components(sc: Scenario, rank: int = 0) -> dict[str, Any]:
         "peak_tensor_bytes": stage.peak_tensor_bytes,
         "peak_phase": moment.name,
         "stage": stage.stage.index,
+        "role": est.role(stage),
         "components": {k: v for k, v in comps.items() if v},
     }
 

@@ -86,11 +86,18 @@ def comparison_spec(report: dict[str, Any], width: int = 360, height: int = 220)
     for cat in sorted(set(report["components"]) | set(sim)):
         rows.append({"category": cat, "source": "traced", "gib": report["components"].get(cat, 0) / GiB})
         rows.append({"category": cat, "source": "simulated", "gib": sim.get(cat, 0) / GiB})
+    world = int(report.get("world_size", 1) or 1)
+    title = (
+        f"Rank {report.get('rank', 0)} of {world}: traced vs simulated (stage "
+        f"{report.get('simulated', {}).get('stage', 0)}), per category, at the peak"
+        if world > 1
+        else "Traced vs simulated, per category, at the peak"
+    )
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "width": width,
         "height": height,
-        "title": "Traced vs simulated, per category, at the peak",
+        "title": title,
         "data": {"values": rows},
         "mark": "bar",
         "encoding": {

@@ -73,8 +73,21 @@ def build_trace_view(report: Mapping[str, Any], seconds: float | None = None) ->
         "notes": list(report.get("notes") or []),
         "seconds": seconds,
         "counter": report.get("counter", ""),
+        "rank": _rank_summary(report),
     }
     return {"summary": summary, "charts": trace_charts.verify_specs(dict(report), schema=charts_mod.SCHEMA)}
+
+
+def _rank_summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """Which rank the trace ran, in words, and the engine's stage it is compared with."""
+    sim = report.get("simulated") or {}
+    return {
+        "index": int(report.get("rank", 0) or 0),
+        "world_size": int(report.get("world_size", 1) or 1),
+        "role": report.get("rank_role", "") or "",
+        "simulated_stage": sim.get("stage"),
+        "simulated_role": sim.get("role", ""),
+    }
 
 
 class TracePanel:

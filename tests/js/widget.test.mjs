@@ -13,6 +13,7 @@ import {
   fmtPct,
   getPath,
   logIndex,
+  rankLine,
   render,
   rowsToCsv,
   setPath,
@@ -356,6 +357,26 @@ describe("render", () => {
 
 describe("verify with trace", () => {
   const traceState = (changes = {}) => ({ ...fixtureState().trace, ...changes });
+
+  test("a multi-GPU trace names the traced rank and the simulated stage in the headline", () => {
+    const { trace, trace_view: view } = traceFixture();
+    const rank = { index: 3, world_size: 8, role: "rank 3 of 8: FSDP shard 3 of 8", simulated_stage: 0,
+      simulated_role: "each of 8 GPUs (all 4 layers)" };
+    const { q, model, cleanup } = mount({ trace });
+    model.set("trace_view", JSON.stringify({ ...view, summary: { ...view.summary, rank } }));
+    assert.equal(q(".memsim-trace-rank").textContent,
+      "traced rank 3 of 8: FSDP shard 3 of 8 (simulated: each of 8 GPUs (all 4 layers))");
+    assert.match(q(".memsim-trace-headline").textContent, /traced peak 2\.86 MiB/);
+    model.set("trace_view", JSON.stringify(view));
+    assert.equal(q(".memsim-trace-rank"), null, "a one-GPU trace shows no rank line");
+    cleanup();
+  });
+
+  test("rankLine is empty for one GPU", () => {
+    const { doc } = makeDom();
+    assert.deepEqual(rankLine(doc, { index: 0, world_size: 1, role: "" }), []);
+    assert.deepEqual(rankLine(doc, undefined), []);
+  });
 
   test("pure helpers: progress line, signed percent, error class", () => {
     assert.equal(traceProgressText({ stage: "importing torch", elapsed_s: 1.25 }), "importing torch · 1.3 s");
