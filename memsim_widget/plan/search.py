@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -13,6 +15,7 @@ import numpy as np
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
+from memsim_widget.errors import short_repr as _short
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.plan import proxy
 from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
@@ -25,12 +28,20 @@ from memsim_widget.plan.vector import (
     evaluate,
     unique_codes,
 )
-from memsim_widget.scenario import METHODS, Scenario
+from memsim_widget.scenario import MAX_ACCUM_STEPS, MAX_GPUS, MAX_MICRO_BATCH, METHODS, Scenario
 
 if TYPE_CHECKING:
     import pandas as pd
 
 GiB = 1024**3
+
+#: Set to 1 (or pass ``plan(..., check=True)``) to check every listed candidate against ``estimate``.
+CHECK_ENV = "MEMSIM_PLAN_CHECK"
+
+
+class PlanCheckError(AssertionError):
+    """A listed candidate's figures differ from ``estimate`` of that candidate (a planner bug)."""
+
 
 #: Frame columns, in order.
 FRAME_COLUMNS = ("candidate", "method", "num_gpus", "dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel",
@@ -100,9 +111,11 @@ class Plan:
         tok = c["tokens_per_gpu_s"][fits]
         mem = c["device_total_bytes"][fits]
         cols = [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer", "method")]
-        _, group = unique_codes(cols, [14, 14, 6, 8, 6, 6, 4, 2])
+        _, group = unique_codes(cols)
         order = np.lexsort((mem, -tok, group))
-        g_sorted, m_sorted = group[order], mem[order]
+        g_sorted = group[order]
+        # memory as its rank among the fitting candidates (same order, small numbers: no int64 overflow)
+        m_sorted = np.unique(mem, return_inverse=True)[1].reshape(-1)[order]
         new_group = np.r_[True, g_sorted[1:] != g_sorted[:-1]]
         # running minimum of memory within each group: later groups get smaller offsets, so the
         # running minimum over the whole array restarts at every group
@@ -139,6 +152,52 @@ class Plan:
             self._estimates[candidate] = estimate(self.scenario(candidate))
         return self._estimates[candidate]
 
+    def mismatches(self, idx: Sequence[int] | np.ndarray | None = None) -> list[tuple[int, tuple, tuple]]:
+        """``(candidate, planner's figures, estimate's figures)`` for each of ``idx`` (default: the listed
+        candidates, at most ``top``) where they differ: allocated, reserved and nvidia-smi bytes, the peak
+        moment, the worst stage and whether it fits."""
+        if idx is None:
+            idx = self.ranking if self.top is None else self.ranking[: self.top]
+        c = self.columns
+        out = []
+        for i in np.asarray(idx, dtype=np.int64).tolist():
+            try:
+                est = self.estimate(i)
+            except ScenarioError as e:  # a listed candidate that estimate refuses
+                out.append((i, ("listed",), (f"ScenarioError: {e}",)))
+                continue
+            got = (
+                int(c["peak_allocated_bytes"][i]),
+                int(c["peak_reserved_bytes"][i]),
+                int(c["device_total_bytes"][i]),
+                str(c["peak_phase"][i]),
+                int(c["worst_stage"][i]),
+                bool(c["fits"][i]),
+            )
+            want = (
+                est.peak_allocated_bytes,
+                est.peak_reserved_bytes,
+                est.device_total_bytes,
+                est.peak_phase,
+                est.worst.stage.index,
+                est.fits(headroom=self.headroom),
+            )
+            if got != want:
+                out.append((i, got, want))
+        return out
+
+    def check(self, idx: Sequence[int] | np.ndarray | None = None) -> None:
+        """Raise ``PlanCheckError`` unless every listed candidate (or each of ``idx``) equals ``estimate``
+        of its scenario byte for byte (``plan(..., check=True)`` or ``MEMSIM_PLAN_CHECK=1`` run this)."""
+        bad = self.mismatches(idx)
+        if bad:
+            i, got, want = bad[0]
+            raise PlanCheckError(
+                f"{len(bad)} planner candidates differ from estimate; candidate {i} "
+                f"({self.scenario(i).to_json(indent=None)}): planner (allocated, reserved, device, moment, "
+                f"stage, fits) = {got}, estimate = {want}"
+            )
+
     def _frame(self, idx: np.ndarray) -> pd.DataFrame:
         import pandas as pd
 
@@ -159,7 +218,7 @@ class Plan:
             "micro_batch_size": c["micro_batch"][idx],
             "grad_accum_steps": c["grad_accum"][idx],
             "pp_microbatches": c["pp_microbatches"][idx],
-            "global_batch_tokens": (c["dp"] * c["micro_batch"] * accum)[idx] * seq,
+            "global_batch_tokens": _times((c["dp"] * c["micro_batch"] * accum)[idx], seq),
             "activation_checkpointing": np.array(CHECKPOINTING, dtype=object)[c["checkpointing"][idx]],
             "loss": np.array(LOSSES, dtype=object)[c["loss"][idx]],
             "optimizer": np.array(self.space.optimizers, dtype=object)[c["optimizer"][idx]],
@@ -248,6 +307,13 @@ class Plan:
         )
 
 
+def _times(a: np.ndarray, k: int) -> np.ndarray:
+    """``a * k``, as Python integers where int64 would overflow (2**20 GPUs x 2**16 x 2**20 x 2**24 tokens)."""
+    if a.size and int(a.max()) * k > np.iinfo(np.int64).max:
+        return a.astype(object) * k
+    return a * k
+
+
 def _evaluated(
     base: Scenario, cols: dict[str, np.ndarray], optimizers: tuple[str, ...]
 ) -> dict[str, np.ndarray]:
@@ -260,11 +326,13 @@ def _evaluated(
             device_total_bytes=ev.device_total_bytes,
             peak_phase=ev.peak_phase,
             worst_stage=ev.worst_stage,
+            overflow=ev.overflow,
         )
     else:
         for k in ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "worst_stage"):
             cols[k] = np.zeros(0, dtype=np.int64)
         cols["peak_phase"] = np.zeros(0, dtype=object)
+        cols["overflow"] = np.zeros(0, dtype=bool)
     return cols
 
 
@@ -279,6 +347,7 @@ def plan(
     headroom: float = DEFAULT_HEADROOM,
     top: int | None = 50,
     methods: Sequence[str] | None = None,
+    check: bool | None = None,
     **fixed: Any,
 ) -> Plan:
     """Search the layouts and memory knobs of a training job; keep those that fit with ``headroom``.
@@ -288,10 +357,12 @@ def plan(
     list, or a ``(low, high)`` range (default: the GPUs of ``base``, else 1); ``global_batch_tokens`` keeps the global batch (micro-batch x
     accumulation x dp) at that many tokens. ``space`` narrows the knobs tried. ``methods`` (e.g.
     ``("full", "lora", "qlora")``) lets the search change the training method too; by default it is fixed.
+    ``check=True`` (default: the ``MEMSIM_PLAN_CHECK`` environment variable set to 1) checks every listed
+    candidate against ``estimate`` of its scenario and raises ``PlanCheckError`` on any difference.
     """
     t0 = time.perf_counter()
-    if not 0 <= headroom < 1:
-        raise ScenarioError("headroom", f"must be in [0, 1), got {headroom!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not 0 <= headroom < 1:
+        raise ScenarioError("headroom", f"must be a number in [0, 1), got {_short(headroom)}")
     fixed.pop("parallel", None)
     b = base_scenario(base, model=model, gpu=gpu, **fixed)
     space = space or SearchSpace()
@@ -302,9 +373,17 @@ def plan(
     seq = ctx.seq_len
     g_seq = None
     if global_batch_tokens is not None:
-        if isinstance(global_batch_tokens, bool) or not isinstance(global_batch_tokens, int):
+        if isinstance(global_batch_tokens, bool) or not isinstance(global_batch_tokens, numbers.Integral):
             raise ScenarioError(
-                "global_batch_tokens", f"must be a positive integer, got {global_batch_tokens!r}"
+                "global_batch_tokens", f"must be a positive integer, got {_short(global_batch_tokens)}"
+            )
+        global_batch_tokens = int(global_batch_tokens)
+        most = MAX_GPUS * MAX_MICRO_BATCH * MAX_ACCUM_STEPS  # dp x micro-batch x accumulation at most
+        if global_batch_tokens > most * seq:
+            raise ScenarioError(
+                "global_batch_tokens",
+                f"must be at most {most * seq:,} ({most:,} sequences of {seq} tokens: GPUs x micro-batch x "
+                f"accumulation), got {_short(global_batch_tokens)}",
             )
         if global_batch_tokens < seq:
             raise ScenarioError(
@@ -333,8 +412,9 @@ def plan(
         parts.append(cols)
     cols = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
     cols["gpu_memory_bytes"] = np.int64(ctx.gpu.memory_bytes)
-    cols["fits"] = cols["device_total_bytes"] <= limit
-    return Plan(
+    # a candidate past vector.SATURATION_BYTES (32 PiB) per GPU never fits any card (1 PiB at most)
+    cols["fits"] = (cols["device_total_bytes"] <= limit) & ~cols["overflow"]
+    result = Plan(
         bases[0],
         counts,
         space,
@@ -345,6 +425,9 @@ def plan(
         top,
         bases=bases,
     )
+    if check if check is not None else os.environ.get(CHECK_ENV, "") not in ("", "0"):
+        result.check()
+    return result
 
 
 def _search(

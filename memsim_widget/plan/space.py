@@ -19,9 +19,10 @@ import numpy as np
 
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError, choice_error
+from memsim_widget.errors import short_repr as _short
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, replace_unchecked
-from memsim_widget.scenario import Scenario
+from memsim_widget.scenario import MAX_ACCUM_STEPS, MAX_GPUS, MAX_MICRO_BATCH, Scenario
 
 #: GPUs that share a fast intra-node link (NVLink / Infinity Fabric): tensor parallelism stays inside one.
 GPUS_PER_NODE = 8
@@ -62,10 +63,13 @@ class SearchSpace:
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "cp", "ep", "micro_batch"):
+            top = MAX_MICRO_BATCH if name == "micro_batch" else MAX_GPUS
             vals = tuple(getattr(self, name))
-            if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
-                raise ScenarioError(f"space.{name}", f"must be positive integers, got {vals!r}")
-            object.__setattr__(self, name, vals)
+            if not vals or any(not _is_int(v) or not 1 <= v <= top for v in vals):
+                raise ScenarioError(
+                    f"space.{name}", f"must be integers from 1 to {top:,}, got {_short(vals)}"
+                )
+            object.__setattr__(self, name, tuple(int(v) for v in vals))
         object.__setattr__(self, "zero", _choices("space.zero", self.zero, (0, 1, 2, 3)))
         object.__setattr__(
             self,
@@ -80,8 +84,11 @@ class SearchSpace:
             self, "optimizers", _choices("space.optimizers", self.optimizers, list(OPTIMIZERS))
         )
         object.__setattr__(self, "offload", _choices("space.offload", self.offload, OFFLOADS))
-        if isinstance(self.max_tp, bool) or not isinstance(self.max_tp, int) or self.max_tp < 1:
-            raise ScenarioError("space.max_tp", f"must be a positive integer, got {self.max_tp!r}")
+        if not _is_int(self.max_tp) or not 1 <= self.max_tp <= MAX_GPUS:
+            raise ScenarioError(
+                "space.max_tp", f"must be an integer from 1 to {MAX_GPUS:,}, got {_short(self.max_tp)}"
+            )
+        object.__setattr__(self, "max_tp", int(self.max_tp))
 
 
 @dataclass(frozen=True)
@@ -98,23 +105,28 @@ class Layout:
 
 def gpu_counts(gpus: int | tuple[int, int] | Sequence[int]) -> tuple[int, ...]:
     """GPU counts to plan for: one count, an explicit list, or a ``(low, high)`` range (powers of two
-    within it, and both ends)."""
+    within it, and both ends); each from 1 to ``MAX_GPUS`` (2**20), as the scenario allows."""
+    shape = f"a positive integer up to {MAX_GPUS:,} (2**20), a list of them or a (low, high) range"
     if isinstance(gpus, bool) or not isinstance(gpus, (numbers.Integral, Iterable)) or isinstance(gpus, str):
-        raise ScenarioError(
-            "gpus", f"must be a positive integer, a list or a (low, high) range, got {gpus!r}"
-        )
+        raise ScenarioError("gpus", f"must be {shape}, got {_short(gpus)}")
     if isinstance(gpus, numbers.Integral):
         values: tuple[object, ...] = (gpus,)
     elif isinstance(gpus, tuple) and len(gpus) == 2:
         lo, hi = gpus
         if not (_is_int(lo) and _is_int(hi)) or lo < 1 or hi < lo:
-            raise ScenarioError("gpus", f"a range must be (low, high) with 1 <= low <= high, got {gpus!r}")
+            raise ScenarioError(
+                "gpus", f"a range must be (low, high) with 1 <= low <= high, got {_short(gpus)}"
+            )
+        if hi > MAX_GPUS:
+            raise ScenarioError(
+                "gpus", f"a range must end at most at {MAX_GPUS:,} (2**20) GPUs, got {_short(gpus)}"
+            )
         lo, hi = int(lo), int(hi)
         values = (*{1 << k for k in range(hi.bit_length() + 1) if lo <= 1 << k <= hi}, lo, hi)
     else:
         values = tuple(gpus)
-    if not values or any(not _is_int(n) or n < 1 for n in values):
-        raise ScenarioError("gpus", f"must be positive integers, got {gpus!r}")
+    if not values or any(not _is_int(n) or not 1 <= n <= MAX_GPUS for n in values):
+        raise ScenarioError("gpus", f"must be {shape}, got {_short(gpus)}")
     return tuple(sorted({int(n) for n in values}))
 
 
@@ -214,6 +226,7 @@ def candidates(
             accum = np.where(ok, per_replica // b, 1)
         else:
             accum = np.where(lay.pp > 1, lay.pp, 1) * np.ones_like(b)
+        ok &= accum <= MAX_ACCUM_STEPS  # the scenario's bound on grad_accum_steps and pp_microbatches
         if base.parallel.pp_schedule == "interleaved" and lay.pp > 1:
             ok &= accum >= lay.pp
         if base.optimizer_in_backward:

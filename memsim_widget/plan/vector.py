@@ -49,9 +49,18 @@ COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accu
 #: Group statistics: [raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer allocated bytes].
 NSTAT = 4
 
+#: Byte figures are exact int64 below this bound (32 PiB; a custom card holds at most 1 PiB,
+#: catalog/gpus.MAX_MEMORY_GIB). A term, group or moment that reaches it is clipped to it, so no sum of them
+#: wraps around 2**63, and its candidate is marked ``overflow``: figures ``OVERFLOW_BYTES``, never fitting.
+SATURATION_BYTES = 2**55
+#: The figures reported for a candidate marked ``overflow`` (more than ``SATURATION_BYTES`` per GPU).
+OVERFLOW_BYTES = np.iinfo(np.int64).max
+#: Tensors per term beyond which a term is treated as saturated too (keeps 512 B rounding per tensor small).
+MAX_TENSORS = 2**40
+
 
 def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
-    """The four sums of a list of engine items."""
+    """The four sums of a list of engine items (each clipped to ``SATURATION_BYTES``)."""
     raw = alloc = persistent = 0
     for i in items:
         a = i.allocated_bytes
@@ -59,7 +68,7 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
         alloc += a
         if i.category in PERSISTENT_CATEGORIES:
             persistent += a
-    return raw, alloc, persistent, 0
+    return min(raw, SATURATION_BYTES), min(alloc, SATURATION_BYTES), min(persistent, SATURATION_BYTES), 0
 
 
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
@@ -92,7 +101,7 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
         [i for i in st.step_temps if i.level == "tensor"],
     )
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
-    outside = sum(i.bytes for i in st.persistent if i.level == "device")
+    outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
     return StateRow(stats, outside)
 
 
@@ -101,7 +110,7 @@ def _state_side(
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The state side of each moment per distinct state key (tp, ep, dp, cp, zero, optimizer, offload, pp,
     first, last, gradients carried between micro-batches), and the bytes held outside the allocator."""
-    k10, inv = unique_codes([skey[:, j] for j in range(10)], [10, 10, 20, 10, 2, 4, 2, 8, 1, 1])
+    k10, inv = unique_codes([skey[:, j] for j in range(10)])
     stats = np.zeros((k10.shape[0], len(STATE_GROUPS), NSTAT), dtype=np.int64)
     outside = np.zeros(k10.shape[0], dtype=np.int64)
     resharded = np.zeros(k10.shape[0], dtype=bool)  # engine/timeline: no gathered units while the loss runs
@@ -185,6 +194,10 @@ class Evaluation:
     device_total_bytes: np.ndarray
     peak_moment: np.ndarray  # index into timeline.MOMENTS
     worst_stage: np.ndarray
+    #: Candidates where some term or sum reached ``SATURATION_BYTES`` (they need tens of PiB per GPU, more
+    #: than any card): figures reported as ``OVERFLOW_BYTES``, peak moment and worst stage not meaningful;
+    #: ``estimate`` of the candidate gives the exact figures.
+    overflow: np.ndarray
 
     @property
     def peak_phase(self) -> np.ndarray:
@@ -258,13 +271,23 @@ def candidate_scenario(
     return base.replace(parallel=par, **keys)
 
 
-def unique_codes(cols: Sequence[np.ndarray], bits: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows of small non-negative integer columns (packed into one int64 with ``bits`` per
-    column, most significant first) as a (distinct, columns) array, and each row's distinct index."""
-    code = np.zeros(cols[0].shape[0], dtype=np.int64)
+def unique_codes(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of non-negative integer columns as a (distinct, columns) array in lexicographic order,
+    and each row's distinct index. The columns are packed into one int64 with as many bits per column as
+    its largest value needs (most significant first); rows too wide for 63 bits go through ``np.unique``
+    on the stacked rows (slower, same answer)."""
+    n = cols[0].shape[0] if cols else 0
+    if n == 0:
+        return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    cols = [np.asarray(col, dtype=np.int64) for col in cols]
+    if any(int(col.min()) < 0 for col in cols):
+        raise ValueError("planner key columns must be non-negative")
+    bits = [max(1, int(col.max()).bit_length()) for col in cols]
+    if sum(bits) > 63:
+        uniq, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    code = np.zeros(n, dtype=np.int64)
     for col, nb in zip(cols, bits, strict=True):
-        if col.size and (col.min() < 0 or col.max() >= 1 << nb):
-            raise ValueError(f"planner key column out of range for {nb} bits")
         code = (code << nb) | col
     uniq, inverse = np.unique(code, return_inverse=True)
     out = np.zeros((uniq.shape[0], len(bits)), dtype=np.int64)
@@ -285,21 +308,30 @@ def _padded(tables: list[np.ndarray]) -> np.ndarray:
 
 
 def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """``_scaled`` where each row has its own term table: ``table`` is (rows, terms, TERM_COLS)."""
+    """``_scaled`` where each row has its own term table: ``table`` is (rows, terms, TERM_COLS). A row
+    whose bytes reach ``SATURATION_BYTES`` has every statistic set to it (so the overflow shows in any sum
+    it enters)."""
     n = factor.shape[0]
     out = np.zeros((n, NSTAT), dtype=np.int64)
     if n == 0:
         return out
     f = factor[:, None]
     tb, fb, skip, tens, counted, loss = (table[:, :, j] for j in range(TERM_COLS))
-    nbytes = np.trunc(tb * f - np.where(skip > 0, fb * first[:, None], 0.0)).astype(np.int64)
-    tensors = np.maximum(1, np.trunc(tens * np.maximum(f, 1.0))).astype(np.int64)
+    fbytes = np.trunc(tb * f - np.where(skip > 0, fb * first[:, None], 0.0))
+    ftensors = np.trunc(tens * np.maximum(f, 1.0))
+    big = (fbytes >= SATURATION_BYTES) | (ftensors >= MAX_TENSORS)
+    nbytes = np.where(big, 0, fbytes).astype(np.int64)
+    tensors = np.maximum(1, np.where(big, 1, ftensors)).astype(np.int64)
     per = -(-nbytes // tensors)
     alloc = np.where((counted > 0) & (nbytes > 0), -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors, 0)
     live = f > 0
+    big &= live
     out[:, 0] = np.where(live, nbytes, 0).sum(axis=1)
     out[:, 1] = np.where(live, alloc, 0).sum(axis=1)
     out[:, 3] = np.where(live & (loss > 0), alloc, 0).sum(axis=1)
+    # each term below the bound (allocated: at most 512 B per tensor more), a few dozen terms: no sum wraps
+    over = big.any(axis=1) | (out[:, 0] >= SATURATION_BYTES) | (out[:, 1] >= SATURATION_BYTES)
+    out[over] = SATURATION_BYTES
     return out
 
 
@@ -343,9 +375,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     oib = base.optimizer_in_backward
 
     # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
-    akey, a_cand = unique_codes(
-        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]], [20, 10, 10, 1, 2, 1]
-    )
+    akey, a_cand = unique_codes([c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]])
     arows = []
     for b, tp, cp, sp, ck, lo in akey.tolist():
         sc = replace_unchecked(
@@ -381,7 +411,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- activation side per distinct (activation key, pp, stage, micro-batches) ----------------------
     # kind: 0 the first stage, 1 the second, 2 the last, 3 the first middle one that carries gradients
     kind = np.where(first, 0, np.where(last, 2, np.where(stage == 1, 1, 3)))
-    xkey, x_row = unique_codes([a_cand[cand], p, kind, m], [28, 8, 2, 26])
+    xkey, x_row = unique_codes([a_cand[cand], p, kind, m])
     xa, xp, xkind, xm = xkey[:, 0], xkey[:, 1], xkey[:, 2], xkey[:, 3]
     carry = _first_carrying_stage(xp, xm, par0.pp_schedule, par0.virtual_stages)
     xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, np.where(xkind == 3, carry, 1)))
@@ -399,17 +429,27 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     nx = xkey.shape[0]
     zeros = np.zeros(nx)
 
+    x_over = np.zeros(nx, dtype=bool)  # a term or sum of this row reached SATURATION_BYTES
+
     def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float) -> np.ndarray:
+        nonlocal x_over
         fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
         fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
-        return _scaled_rows(T[group][xa], fac, fst)
+        out = _scaled_rows(T[group][xa], fac, fst)
+        x_over |= (out >= SATURATION_BYTES).any(axis=1)
+        return out
 
     # terms whose factor does not depend on the stage: once per activation key, then picked per row
     na = akey.shape[0]
     a_ones, a_zeros = np.ones(na), np.zeros(na)
 
+    a_over = np.zeros(na, dtype=bool)
+
     def per_key(group: str, first_n: np.ndarray = a_zeros) -> np.ndarray:
-        return _scaled_rows(T[group], a_ones, first_n)
+        nonlocal a_over
+        out = _scaled_rows(T[group], a_ones, first_n)
+        a_over |= (out >= SATURATION_BYTES).any(axis=1)
+        return out
 
     a_ckpt = np.isin(akey[:, 4], CKPT_CODES)
     a_recompute = np.where(a_ckpt[:, None], per_key("recompute"), 0)
@@ -476,6 +516,10 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     l0 = own + layer_bwd + cache_but_own
     through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
     step_held = recv + (held_logits + cache_all if through_step else 0)
+    # the sums the moments compare or add (raw bytes included), for the overflow mark
+    for part in (held, m3, tail, top_bwd, l0, held_out, cache_all, rest, step_held, loss_bwd, post, loss_fwd):
+        x_over |= (np.asarray(part) >= SATURATION_BYTES).any(axis=1)
+    x_over |= a_over[xa]
     # per row only what the moments need: activation terms are never long-lived (no persistent column)
     a_cols = np.stack(
         [
@@ -502,8 +546,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     carried = ((ga > 1) | ((p > 1) & (f[x_row] < m))) & (not oib)  # engine/timeline: grads_carried
     skey, s_idx = unique_codes(
         [c["tp"][cand], c["ep"][cand], s_dp, s_cp, zero, c["optimizer"][cand], c["offload"][cand], p,
-         first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64)],
-        [10, 10, 20, 10, 2, 4, 2, 8, 1, 1, 1],
+         first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64)]
     )  # fmt: skip
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
@@ -517,6 +560,9 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         ],
         axis=1,
     )[s_idx]  # fmt: skip
+    s_over = s_out >= SATURATION_BYTES
+    for part in S.values():
+        s_over |= (part >= SATURATION_BYTES).any(axis=1)
     s_out = s_out[s_idx]
 
     # ----- the moments (engine/timeline.moments): (allocated, long-lived, loss buffers) per moment -------
@@ -569,15 +615,19 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))
     device = reserved + outside
 
+    row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)
+
     # ----- the worst rank of each candidate (first of equals, as max() picks) ---------------------------
     starts = np.flatnonzero(np.r_[True, cand[1:] != cand[:-1]])
     best = np.maximum.reduceat(device, starts)
     order = np.where(device == best[cand], np.arange(nrows), nrows)
     pick = np.minimum.reduceat(order, starts)
+    over = np.maximum.reduceat(row_over.astype(np.int8), starts) > 0
     return Evaluation(
-        peak_allocated_bytes=peak_alloc[pick],
-        peak_reserved_bytes=reserved[pick],
-        device_total_bytes=device[pick],
+        peak_allocated_bytes=np.where(over, OVERFLOW_BYTES, peak_alloc[pick]),
+        peak_reserved_bytes=np.where(over, OVERFLOW_BYTES, reserved[pick]),
+        device_total_bytes=np.where(over, OVERFLOW_BYTES, device[pick]),
         peak_moment=peak_m[pick],
         worst_stage=stage[pick],
+        overflow=over,
     )
