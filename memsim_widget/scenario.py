@@ -491,7 +491,10 @@ def _parallel_from(data: Mapping[str, Any]) -> ParallelConfig:
 
 
 def _unknown_key(dotted: str, allowed: list[str]) -> ScenarioError:
-    key = dotted.rsplit(".", 1)[-1]
+    prefix, _, key = dotted.rpartition(".")
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ScenarioError(dotted, f"unknown key{hint}; allowed keys: {', '.join(allowed)}")
+    if not key.isprintable() or len(key) > 64:  # a key with newlines or 10 kB of junk: named, on one line
+        key = ascii(key)[:64]
+    field = f"{prefix}.{key}" if prefix else key
+    return ScenarioError(field, f"unknown key{hint}; allowed keys: {', '.join(allowed)}")
