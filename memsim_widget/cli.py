@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from memsim_widget.errors import ScenarioError
+from memsim_widget.errors import ScenarioError, short_repr
 from memsim_widget.jsonio import read_json_object
 
 GiB = 1024**3
@@ -50,6 +50,43 @@ OVERRIDES: dict[str, tuple[str, type]] = {
 }
 
 
+def _int_arg(text: str) -> int:
+    """An integer flag (argparse names the flag); a 5,000-digit value is summarised, not echoed."""
+    try:
+        return int(text)
+    except ValueError:
+        digits = text.strip().lstrip("+-")
+        got = f"a number of {len(digits):,} digits" if digits.isdigit() else short_repr(text)
+        raise argparse.ArgumentTypeError(f"expected an integer, got {got}") from None
+
+
+def _headroom_arg(text: str) -> float:
+    """``--headroom``: the scenario's one headroom check, in [0, 1) (1 leaves nothing usable)."""
+    from memsim_widget.scenario import check_headroom
+
+    try:
+        value: Any = float(text)
+    except ValueError:
+        value = text
+    try:
+        return check_headroom(value)
+    except ScenarioError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _gib_arg(text: str) -> float:
+    """``--gpu-memory``: a number of GiB (the custom GPU checks its range)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of GiB, e.g. 48, got {short_repr(text)}"
+        ) from None
+
+
+_ARG_TYPES: dict[type, Any] = {int: _int_arg}
+
+
 def _read_scenario(path: str | None) -> dict[str, Any]:
     """The scenario file (or stdin for ``-``) as a dict; no file means all defaults."""
     return {} if path is None else read_json_object(path, "scenario")
@@ -70,6 +107,16 @@ def _apply_overrides(
             if not isinstance(target, dict):
                 raise ScenarioError(p, "must be a JSON object")
         target[leaf] = value
+    return _custom_gpu(data, args)
+
+
+def _custom_gpu(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``--gpu-memory N``: a card known only by its memory, ``{"memory_gib": N}``, for the scenario's gpu."""
+    gib = getattr(args, "gpu_memory", None)
+    if gib is not None:
+        if getattr(args, "gpu", None) is not None:
+            raise ScenarioError("--gpu-memory", "give --gpu (a catalog card) or --gpu-memory (GiB), not both")
+        data["gpu"] = {"memory_gib": gib}
     return data
 
 
@@ -77,7 +124,7 @@ def _gib(n: float) -> str:
     return f"{n / GiB:,.2f}"
 
 
-def _table(est: Any) -> str:
+def _table(est: Any, headroom: float) -> str:
     """A plain-text report: headline counters, then the worst rank's breakdown with formulas."""
     r = est.worst
     lines = [
@@ -89,7 +136,8 @@ def _table(est: Any) -> str:
         f"  allocated  {_gib(est.peak_allocated_bytes):>10} GiB  (torch.cuda.max_memory_allocated)",
         f"  reserved   {_gib(est.peak_reserved_bytes):>10} GiB  (torch.cuda.max_memory_reserved)",
         f"  device     {_gib(est.device_total_bytes):>10} GiB  (nvidia-smi)",
-        f"verdict   {est.verdict()} (10% headroom; recommended >= {_gib(est.recommended_memory_bytes())} GiB)",
+        f"verdict   {est.verdict(headroom)} ({headroom:.0%} headroom; "
+        f"recommended >= {_gib(est.recommended_memory_bytes(headroom))} GiB)",
         "",
         f"{'category':<17} {'GiB':>9}  item / formula",
     ]
@@ -115,7 +163,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(est.to_dict(headroom=args.headroom), indent=2))
     else:
-        print(_table(est))
+        print(_table(est, args.headroom))
     return 0
 
 
@@ -139,6 +187,8 @@ def _load_factory(spec: str, flag: str) -> Any:
         factory = getattr(module, name)
     except (ImportError, OSError, AttributeError) as exc:
         raise ScenarioError(flag, f"cannot load {spec!r}: {exc}") from None
+    except Exception as exc:  # the user's module failed while importing (SyntaxError, its own raise)
+        raise ScenarioError(flag, f"cannot load {spec!r}: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not callable(factory):
         raise ScenarioError(flag, f"{spec!r} is not callable")
     return factory
@@ -228,18 +278,24 @@ _BOOLS = {
 
 def parse_gpus(text: str) -> int | tuple[int, int] | list[int]:
     """``--gpus``: ``N``, a range ``LOW-HIGH`` (powers of two within it and both ends) or a list ``A,B,C``."""
+    from memsim_widget.scenario import MAX_GPUS
+
     t = text.strip()
     try:
         if "-" in t:
             lo, hi = t.split("-")
-            return (int(lo), int(hi))
-        if "," in t:
-            return [int(x) for x in t.split(",")]
-        return int(t)
+            counts: Any = (int(lo), int(hi))
+        elif "," in t:
+            counts = [int(x) for x in t.split(",")]
+        else:
+            counts = int(t)
     except ValueError:
         raise ScenarioError(
-            "gpus", f"expected N, LOW-HIGH or a comma list like 8,16,32, got {text!r}"
+            "gpus", f"expected N, LOW-HIGH or a comma list like 8,16,32, got {short_repr(text)}"
         ) from None
+    if not all(1 <= n <= MAX_GPUS for n in (counts if isinstance(counts, tuple | list) else [counts])):
+        raise ScenarioError("gpus", f"GPU counts must be from 1 to {MAX_GPUS:,}, got {short_repr(text)}")
+    return counts
 
 
 def _list(text: str, field: str, typ: type) -> tuple[Any, ...]:
@@ -252,7 +308,7 @@ def _list(text: str, field: str, typ: type) -> tuple[Any, ...]:
     except (KeyError, ValueError):
         kind = "true/false" if typ is bool else typ.__name__
         raise ScenarioError(
-            f"space.{field}", f"expected a comma list of {kind} values, got {text!r}"
+            f"space.{field}", f"expected a comma list of {kind} values, got {short_repr(text)}"
         ) from None
 
 
@@ -315,7 +371,7 @@ def _no_fit_hint(p: Any, args: argparse.Namespace) -> str:
     cmd = ["memsim", "recommend"]
     if args.scenario or args.base:
         cmd.append(args.scenario or args.base)
-    for flag in PLAN_FIXED:  # the same flags as memsim estimate/recommend
+    for flag in (*PLAN_FIXED, "gpu_memory"):  # the same flags as memsim estimate/recommend
         value = getattr(args, flag, None)
         if value is not None:
             cmd += ["--" + flag.replace("_", "-"), str(value)]
@@ -462,17 +518,42 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_headroom(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--headroom",
+        type=_headroom_arg,
+        default=0.10,
+        help="share of GPU memory kept free, in [0, 1) (default 0.10)",
+    )
+
+
+def _add_gpu_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu-memory",
+        dest="gpu_memory",
+        type=_gib_arg,
+        metavar="GIB",
+        help="a card not in the catalog, by its memory in GiB (e.g. 48); instead of --gpu",
+    )
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    """The scenario-key flags of estimate, trace and recommend, and --gpu-memory."""
+    for flag, (key, typ) in OVERRIDES.items():
+        p.add_argument(
+            "--" + flag.replace("_", "-"), dest=flag, type=_ARG_TYPES.get(typ, typ), help=f"override {key}"
+        )
+    _add_gpu_memory(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memsim", description="Simulate the GPU memory of a training step.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate one scenario (JSON file, '-' for stdin, or defaults)")
     est.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
     est.add_argument("--json", action="store_true", help="print one JSON object")
-    est.add_argument(
-        "--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)"
-    )
-    for flag, (key, typ) in OVERRIDES.items():
-        est.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
+    _add_headroom(est)
+    _add_overrides(est)
     est.set_defaults(func=cmd_estimate)
     tr = sub.add_parser("trace", help="trace the training step on fake tensors (needs the [trace] extra)")
     tr.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
@@ -485,11 +566,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument(
         "--rank",
-        type=int,
+        type=_int_arg,
         help="the global rank to trace on a multi-GPU layout (default: the highest-memory stage)",
     )
-    for flag, (key, typ) in OVERRIDES.items():
-        tr.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
+    _add_overrides(tr)
     tr.set_defaults(func=cmd_trace)
     pl = sub.add_parser(
         "plan",
@@ -510,10 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
         text = f"fix {key}" + (
             " (a comma list, e.g. full,lora,qlora, searches them)" if flag == "method" else ""
         )
-        pl.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=text)
+        pl.add_argument("--" + flag.replace("_", "-"), dest=flag, type=_ARG_TYPES.get(typ, typ), help=text)
+    _add_gpu_memory(pl)
     pl.add_argument(
         "--global-batch-tokens",
-        type=int,
+        type=_int_arg,
         help="keep dp x micro-batch x accumulation x seq_len at this many tokens (default: one micro-batch "
         "per replica, pp of them with pipelining)",
     )
@@ -522,11 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
         pl.add_argument(
             "--" + flag.replace("_", "-"), dest=flag, metavar="A,B", help=f"try only these {kind} ({name})"
         )
-    pl.add_argument("--max-tp", type=int, help="largest tensor-parallel group (default 8, one node)")
-    pl.add_argument(
-        "--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)"
-    )
-    pl.add_argument("--top", type=int, default=20, help="candidates shown (default 20)")
+    pl.add_argument("--max-tp", type=_int_arg, help="largest tensor-parallel group (default 8, one node)")
+    _add_headroom(pl)
+    pl.add_argument("--top", type=_int_arg, default=20, help="candidates shown (default 20)")
     pl.add_argument("--json", action="store_true", help="print one JSON object with the top candidates")
     pl.set_defaults(func=cmd_plan)
     rc = sub.add_parser(
@@ -535,11 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rc.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
     rc.add_argument("--json", action="store_true", help="print one JSON object")
-    rc.add_argument(
-        "--headroom", type=float, default=0.10, help="share of GPU memory kept free (default 0.10)"
-    )
-    for flag, (key, typ) in OVERRIDES.items():
-        rc.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, help=f"override {key}")
+    _add_headroom(rc)
+    _add_overrides(rc)
     rc.set_defaults(func=cmd_recommend)
     for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
         p = sub.add_parser(name, help=text)
@@ -554,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except ScenarioError as exc:
-        print(f"memsim: error: {exc}", file=sys.stderr)
+        print("memsim: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)  # one line
         return 2
     except BrokenPipeError:
         return 0
