@@ -28,7 +28,14 @@ from memsim_widget.plan.vector import (
     evaluate,
     unique_codes,
 )
-from memsim_widget.scenario import MAX_ACCUM_STEPS, MAX_GPUS, MAX_MICRO_BATCH, METHODS, Scenario
+from memsim_widget.scenario import (
+    MAX_ACCUM_STEPS,
+    MAX_GPUS,
+    MAX_MICRO_BATCH,
+    METHODS,
+    Scenario,
+    check_headroom,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -361,8 +368,7 @@ def plan(
     candidate against ``estimate`` of its scenario and raises ``PlanCheckError`` on any difference.
     """
     t0 = time.perf_counter()
-    if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not 0 <= headroom < 1:
-        raise ScenarioError("headroom", f"must be a number in [0, 1), got {_short(headroom)}")
+    headroom = check_headroom(headroom)
     fixed.pop("parallel", None)
     b = base_scenario(base, model=model, gpu=gpu, **fixed)
     space = space or SearchSpace()
