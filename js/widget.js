@@ -42,6 +42,7 @@ export const CONTROLS = [
   { key: "parallel.ep", label: "ep", kind: "int", group: "Parallel" },
   { key: "parallel.zero", label: "ZeRO stage", kind: "select", group: "Parallel" },
   { key: "parallel.sequence_parallel", label: "sequence parallel", kind: "bool", group: "Parallel" },
+  { key: "parallel.reshard_after_forward", label: "reshard after forward", kind: "bool", group: "Parallel" },
   { key: "parallel.offload", label: "offload", kind: "select", group: "Parallel" },
   { key: "parallel.pp_schedule", label: "pp schedule", kind: "select", group: "Parallel" },
   { key: "parallel.pp_microbatches", label: "pp micro-batches", kind: "int", group: "Parallel" },

@@ -47,7 +47,18 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "ep": ("parallel.ep", int),
     "zero": ("parallel.zero", int),
     "offload": ("parallel.offload", str),
+    "reshard_after_forward": ("parallel.reshard_after_forward", bool),
 }
+
+
+def _bool_arg(text: str) -> bool:
+    """A true/false flag value (``--reshard-after-forward false``)."""
+    low = text.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {short_repr(text)}")
 
 
 def _int_arg(text: str) -> int:
@@ -84,7 +95,7 @@ def _gib_arg(text: str) -> float:
         ) from None
 
 
-_ARG_TYPES: dict[type, Any] = {int: _int_arg}
+_ARG_TYPES: dict[type, Any] = {int: _int_arg, bool: _bool_arg}
 
 
 def _read_scenario(path: str | None) -> dict[str, Any]:

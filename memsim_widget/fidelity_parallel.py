@@ -27,8 +27,10 @@ def _case(name: str, model: dict, parallel: dict, stage: int = 0, **keys: Any) -
 
 
 def _fsdp_cases() -> list[tuple[str, dict, int]]:
-    """FSDP2 (ZeRO-3) data parallelism at world sizes 2-64, several families and precision policies."""
+    """FSDP2 (ZeRO-3) data parallelism at world sizes 2-64, several families and precision policies, and
+    with ``reshard_after_forward=False``."""
     z3 = {"zero": 3}
+    keep = {**z3, "reshard_after_forward": False}
     return [
         _case("llama bf16 fsdp dp2", LLAMA, {"dp": 2, **z3}),
         _case("llama bf16 fsdp dp4", LLAMA, {"dp": 4, **z3}),
@@ -63,6 +65,20 @@ def _fsdp_cases() -> list[tuple[str, dict, int]]:
         _case("qwen2 bf16 fsdp dp8 (tied)", QWEN2, {"dp": 8, **z3}),
         _case("mistral bf16 fsdp dp8", MISTRAL, {"dp": 8, **z3}),
         _case("mixtral bf16 fsdp dp4", MIXTRAL, {"dp": 4, **z3}),
+        _case("llama bf16 fsdp dp4 no reshard", LLAMA, {"dp": 4, **keep}),
+        _case(
+            "llama bf16 fsdp dp4 no reshard ckpt full",
+            LLAMA,
+            {"dp": 4, **keep},
+            activation_checkpointing="full",
+        ),
+        _case(
+            "llama torchtitan fsdp dp8 no reshard",
+            LLAMA,
+            {"dp": 8, **keep},
+            precision="amp-bf16",
+            framework="torchtitan",
+        ),
     ]
 
 
@@ -98,6 +114,11 @@ def _two_d_cases() -> list[tuple[str, dict, int]]:
     z3 = {"zero": 3}
     return [
         _case("llama bf16 dp2 x tp2 fsdp", LLAMA, {"dp": 2, "tp": 2, **z3}),
+        _case(
+            "llama bf16 dp2 x tp2 fsdp no reshard",
+            LLAMA,
+            {"dp": 2, "tp": 2, **z3, "reshard_after_forward": False},
+        ),
         _case("llama bf16 dp2 x tp4 fsdp sp", LLAMA, {"dp": 2, "tp": 4, "sequence_parallel": True, **z3}),
         _case("qwen2 bf16 dp2 x tp2 fsdp (tied)", QWEN2, {"dp": 2, "tp": 2, **z3}),
         _case(

@@ -189,6 +189,9 @@ class ParallelConfig:
     pp_microbatches: int = 1
     virtual_stages: int = 1
     offload: str = "none"
+    #: FSDP2 ``fully_shard(reshard_after_forward=...)``: False keeps every unit unsharded from its forward to
+    #: its backward (no re-gather, more memory); only ZeRO-3 with FSDP2 reads it.
+    reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -205,6 +208,7 @@ class ParallelConfig:
             raise ScenarioError("parallel.zero", f"must be one of 0, 1, 2, 3, got {_short(self.zero)}")
         object.__setattr__(self, "zero", zero)
         _bool("parallel.sequence_parallel", self.sequence_parallel)
+        _bool("parallel.reshard_after_forward", self.reshard_after_forward)
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.offload", self.offload, OFFLOADS)
         if self.sequence_parallel and self.tp == 1:

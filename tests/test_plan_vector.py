@@ -33,6 +33,8 @@ BASES = [
     },
     {"model": "llama-3.1-8b", "framework": "megatron", "seq_len": 4096},
     {"model": "llama-3.1-8b", "framework": "torchtitan", "precision": "amp-bf16"},
+    {"model": "llama-3.1-8b", "framework": "torchtitan", "parallel": {"reshard_after_forward": False}},
+    {"model": "llama-3.2-1b", "parallel": {"reshard_after_forward": False}, "seq_len": 1024},
     {"model": "llama-3.1-8b", "framework": "torchtune", "activation_offloading": True, "padding": "longest"},
     {"model": "llama-3.1-8b", "framework": "deepspeed", "parallel": {"pp_schedule": "gpipe"}},
     {"model": "llama-3.1-8b", "parallel": {"pp_schedule": "interleaved", "virtual_stages": 2}},

@@ -51,6 +51,7 @@ PARALLEL_KEYS = {
     "pp_microbatches",
     "virtual_stages",
     "offload",
+    "reshard_after_forward",
 }
 
 
@@ -94,6 +95,7 @@ def test_issue_example_parses_and_round_trips():
                 "pp_microbatches": 1,
                 "virtual_stages": 1,
                 "offload": "none",
+                "reshard_after_forward": True,
             },
             "gpu": "h100-sxm-80gb",
         }

@@ -263,7 +263,8 @@ def root_resharded_for_loss(scenario: Scenario, last: bool) -> bool:
     outside the model (loss parallel, no pipeline), the root's post-forward with ``reshard_after_forward=True``
     reshards the root unit and frees the last all-gather output before the loss; backward re-gathers the
     root only when the gradient reaches the logits (torch ``_fsdp_state._post_forward``; traced)."""
-    return last and scenario.parallel.pp == 1 and loss_parallel(scenario)
+    par = scenario.parallel
+    return last and par.pp == 1 and par.reshard_after_forward and loss_parallel(scenario)
 
 
 def output_lifetime(scenario: Scenario) -> str:

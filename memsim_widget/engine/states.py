@@ -59,6 +59,10 @@ class StateBudget:
     grads_but_bottom: list[Item] = field(default_factory=list)  # all but layer 0's and the embeddings'
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
     gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
+    # FSDP2 without reshard after forward: the unsharded layers kept from their forward to their backward --
+    # all but the last layer (which becomes the layer in backward) and that last one
+    kept_unsharded: list[Item] = field(default_factory=list)
+    kept_unsharded_last: list[Item] = field(default_factory=list)
     step_temps: list[Item] = field(default_factory=list)
     host: list[Item] = field(default_factory=list)
     grad_bytes_per_layer: float = 0.0
@@ -389,7 +393,7 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
         per_layer = sum(g.numel for g in groups if g.group.scope == "layer") // max(stage.layers, 1)
         root = sum(g.numel for g in groups if g.group.scope != "layer")
         if profile(ctx).zero3 == "fsdp2" and not fetched:
-            _fsdp2_units(ctx, b, per_layer, root, grad_b)
+            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
 
@@ -399,7 +403,35 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     return b
 
 
-def _fsdp2_units(ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b: int) -> None:
+def _kept_unsharded(b: StateBudget, per_layer: int, wb: int, layers: int) -> None:
+    """``reshard_after_forward=False``: each layer's unsharded parameters stay from its forward until its own
+    backward has run (FSDP2 skips the post-forward reshard; the post-backward one frees them)."""
+    if layers > 1:
+        b.kept_unsharded.append(
+            Item(
+                "parameters",
+                "FSDP2 unsharded layers kept for backward (reshard_after_forward=False)",
+                (layers - 1) * per_layer * wb,
+                f"{layers - 1} layers x {fmt_int(per_layer)} params x {wb} B",
+                "tensor",
+                9 * (layers - 1),
+            )
+        )
+    b.kept_unsharded_last.append(
+        Item(
+            "parameters",
+            "FSDP2 unsharded last layer kept for backward (reshard_after_forward=False)",
+            per_layer * wb,
+            f"{fmt_int(per_layer)} params x {wb} B",
+            "tensor",
+            9,
+        )
+    )
+
+
+def _fsdp2_units(
+    ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b: int, stage_layers: int = 1
+) -> None:
     """FSDP2 ``fully_shard`` per layer and on the root (torchtitan's wrapping), as its trace shows.
 
     The unsharded parameters are a separate buffer beside the shard (the root's stay unsharded from the
@@ -419,16 +451,17 @@ def _fsdp2_units(ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b
                 3,
             )
         )
-    b.gathered.append(
-        Item(
-            "parameters",
-            "FSDP2 all-gather output of the last unit (held until the next all-gather)",
-            per_layer * wb,
-            f"{fmt_int(per_layer)} params/layer x {wb} B",
-            "tensor",
-            1,
+    if ctx.par.reshard_after_forward:  # without it no all-gather output outlives its copy-out (traced)
+        b.gathered.append(
+            Item(
+                "parameters",
+                "FSDP2 all-gather output of the last unit (held until the next all-gather)",
+                per_layer * wb,
+                f"{fmt_int(per_layer)} params/layer x {wb} B",
+                "tensor",
+                1,
+            )
         )
-    )
     b.gathered_grads.append(
         Item(
             "parameters",
@@ -439,6 +472,8 @@ def _fsdp2_units(ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b
             9,
         )
     )
+    if not ctx.par.reshard_after_forward:
+        _kept_unsharded(b, per_layer, wb, stage_layers)
     if ctx.full_training:
         b.gathered_grads.append(
             Item(

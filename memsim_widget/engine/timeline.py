@@ -180,10 +180,23 @@ def moments(
     common = persistent + overhead + stage_io
     # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
     loss_gathered = [] if root_resharded_for_loss(ctx.scenario, stage.last) else states.gathered
+    unsharded = (
+        states.kept_unsharded + states.kept_unsharded_last
+    )  # every layer, without reshard after forward
     out = [
         Moment(
             "forward_end",
-            tuple(common + grads_in_fwd + loss_gathered + pre + saved_all + post + loss_saved + loss_fwd),
+            tuple(
+                common
+                + grads_in_fwd
+                + loss_gathered
+                + unsharded
+                + pre
+                + saved_all
+                + post
+                + loss_saved
+                + loss_fwd
+            ),
         ),
         Moment(
             "backward_start",
@@ -191,6 +204,7 @@ def moments(
                 common
                 + grads_in_fwd
                 + loss_gathered
+                + unsharded
                 + pre
                 + saved_all
                 + post
@@ -204,7 +218,15 @@ def moments(
     # then the last layer (recomputed first under checkpointing), with every other saved activation alive
     # and only the head's gradients accumulated so far. The larger of the two is the candidate.
     head_grads = (grads_in_fwd or states.post_grads) if stage.last else grads_in_fwd
-    base = common + head_grads + states.gathered + states.gathered_grads + pre + saved_all
+    base = (
+        common
+        + head_grads
+        + states.gathered
+        + states.kept_unsharded
+        + states.gathered_grads
+        + pre
+        + saved_all
+    )
     norm_bwd = base + _scaled(acts.top_backward, 1 if stage.last else 0, "", "temporaries")
     last_layer = base + recompute + layer_bwd
     top = max(norm_bwd, last_layer, key=lambda x: sum(i.bytes for i in x))

@@ -73,7 +73,7 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
 STATE_GROUPS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
-                "step_temps_all", "step_temps")  # fmt: skip
+                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,8 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
         st.gathered_grads,
         st.step_temps,
         [i for i in st.step_temps if i.level == "tensor"],
+        st.kept_unsharded,
+        st.kept_unsharded_last,
     )
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
     outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
@@ -131,8 +133,13 @@ def _state_side(
     head = np.where(carried, gif, np.where(last, g["post_grads"], 0))
     both = g["gathered"] + g["gathered_grads"]
     parts = {
-        "fwd": common + gif + np.where(resharded[inv][:, None], 0, g["gathered"]),
-        "top": common + head + both,
+        # engine/timeline: without reshard after forward every layer stays unsharded until its backward
+        "fwd": common
+        + gif
+        + np.where(resharded[inv][:, None], 0, g["gathered"])
+        + g["kept_unsharded"]
+        + g["kept_unsharded_last"],
+        "top": common + head + both + g["kept_unsharded"],
         "end": common + both + (g["step_temps_all"] if base.optimizer_in_backward else 0),
         "grads": g["grads"],
         "grads_but_bottom": g["grads_but_bottom"],

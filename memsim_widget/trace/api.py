@@ -154,7 +154,13 @@ def _trace_rank(sc: Scenario, rank: int | None, *, progress: bool, top_n: int) -
     rank = distributed.default_rank(sc) if rank is None else rank
     distributed.check_rank(sc, rank)
     if sc.parallel.pp == 1:
-        return distributed.trace_distributed(sc, rank=rank, progress=progress, top_n=top_n)
+        return distributed.trace_distributed(
+            sc,
+            rank=rank,
+            progress=progress,
+            top_n=top_n,
+            reshard_after_forward=sc.parallel.reshard_after_forward,
+        )
     try:
         from memsim_widget.trace.pipeline import trace_pipeline
     except ModuleNotFoundError as exc:

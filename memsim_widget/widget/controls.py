@@ -125,6 +125,8 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
             off[key] = "LoRA settings apply to method lora or qlora"
     if par.get("tp", 1) == 1:
         off["parallel.sequence_parallel"] = "sequence parallelism needs tp > 1"
+    if par.get("zero", 0) != 3 or par.get("dp", 1) * par.get("cp", 1) == 1:
+        off["parallel.reshard_after_forward"] = "resharding after forward is FSDP's (ZeRO-3 with dp > 1)"
     if par.get("zero", 0) == 0:
         off["parallel.offload"] = "offload needs ZeRO stage >= 1"
     elif par.get("zero") != 3:
