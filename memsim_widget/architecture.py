@@ -1233,3 +1233,7 @@ def build_architecture(config: Mapping[str, Any]) -> Architecture:
     if builder is None:
         raise choice_error("model.model_type", model_type, sorted(FAMILIES))
     return builder(config)
+
+
+# The families written one module each (memsim_widget/families/) register themselves on import.
+from memsim_widget import families as _families  # noqa: E402, F401

@@ -1,0 +1,16 @@
+"""Model families beyond the ones in ``memsim_widget/architecture.py``: one module per family, each registering
+its builders with ``memsim_widget.architecture.register_family`` (HF ``model_type`` -> Architecture).
+
+A new family is one module here plus its name in ``MODULES`` (and one test); ``architecture.py`` imports this
+package at its end, so every registered ``model_type`` is known wherever an Architecture is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: The family modules of this package, imported in order (each registers its model types).
+MODULES: tuple[str, ...] = ()
+
+for _name in MODULES:
+    importlib.import_module(f"{__name__}.{_name}")
