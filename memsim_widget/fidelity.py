@@ -348,6 +348,27 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),  # fmt: skip
         )
     ),
+    # Qwen3: per-head q/k RMSNorm (head_dim left at the config default, 128: a*d = 1024 > h)
+    *(
+        (f"qwen3 {label}", {"model": {"model_type": "qwen3", **SMALL, "tie_word_embeddings": True}, **keys})
+        for label, keys in (
+            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            (
+                "fp32 eager b2 s256",
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+        )
+    ),
 ]
 
 

@@ -261,6 +261,35 @@ def _vit(h: int, heads: int, layers: int, inter: int, patch: int) -> dict[str, A
     }
 
 
+def _qwen3(h: int, inter: int, heads: int, layers: int, *, tie: bool) -> dict[str, Any]:
+    """A Qwen3 dense config.json (Qwen/Qwen3-*: 128-wide heads, 8 KV heads, 40k context)."""
+    return {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "max_position_embeddings": 40960,
+        "max_window_layers": layers,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": tie,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -386,6 +415,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "vit-base-patch16-224": _vit(768, 12, 12, 3072, 16),
     "vit-large-patch16-224": _vit(1024, 16, 24, 4096, 16),
     "vit-huge-patch14-224": _vit(1280, 16, 32, 5120, 14),
+    "qwen3-0.6b": _qwen3(1024, 3072, 16, 28, tie=True),
+    "qwen3-1.7b": _qwen3(2048, 6144, 16, 28, tie=True),
+    "qwen3-4b": _qwen3(2560, 9728, 32, 36, tie=True),
+    "qwen3-8b": _qwen3(4096, 12288, 32, 36, tie=False),
+    "qwen3-14b": _qwen3(5120, 17408, 40, 40, tie=False),
+    "qwen3-32b": _qwen3(5120, 25600, 64, 64, tie=False),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -538,6 +573,36 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "ViT-H/14 at 224px (ImageNet-21k weights), given a 1000-class head",
         "params_label": "632M",
         "hf_repo": "google/vit-huge-patch14-224-in21k",
+    },
+    "qwen3-0.6b": {
+        "description": "Qwen3 0.6B, per-head q/k RMSNorm, tied embeddings",
+        "params_label": "0.6B",
+        "hf_repo": "Qwen/Qwen3-0.6B",
+    },
+    "qwen3-1.7b": {
+        "description": "Qwen3 1.7B, per-head q/k RMSNorm, tied embeddings",
+        "params_label": "1.7B",
+        "hf_repo": "Qwen/Qwen3-1.7B",
+    },
+    "qwen3-4b": {
+        "description": "Qwen3 4B, per-head q/k RMSNorm, tied embeddings",
+        "params_label": "4B",
+        "hf_repo": "Qwen/Qwen3-4B",
+    },
+    "qwen3-8b": {
+        "description": "Qwen3 8B, per-head q/k RMSNorm",
+        "params_label": "8B",
+        "hf_repo": "Qwen/Qwen3-8B",
+    },
+    "qwen3-14b": {
+        "description": "Qwen3 14B, per-head q/k RMSNorm",
+        "params_label": "14B",
+        "hf_repo": "Qwen/Qwen3-14B",
+    },
+    "qwen3-32b": {
+        "description": "Qwen3 32B, per-head q/k RMSNorm",
+        "params_label": "32B",
+        "hf_repo": "Qwen/Qwen3-32B",
     },
 }
 

@@ -244,6 +244,23 @@ def _hf(ctx: Context) -> ActivationBudget:
     consumers(ATTN_IN, h, T, nout, "attention input")
     consumers(MLP_IN, h, T, nout, "MLP input")
 
+    # ----- q/k norms (Qwen3 "head": per head over d; OLMo 2 "full": over the whole projection) ----------------
+    # HF RMSNorm on the q_proj / k_proj outputs (compute dtype): its fp32 input, the rsqrt per row and, if its
+    # weight trains, the normalised tensor in the compute dtype. Nothing when the projection's output needs no
+    # gradient (layer 0 under LoRA unless that projection carries an adapter; traced).
+    qk_norm = arch.extra.get("qk_norm")
+    if qk_norm in ("head", "full"):
+        for label, width, n_heads, proj in (("q", hq, D.a, "q_proj"), ("k", hkv, D.kv, "k_proj")):
+            rows = n_heads if qk_norm == "head" else 1
+            nb = 4 * T * width + 4 * T * rows + (ec * T * width if full else 0)
+            add(
+                f"{label}_norm fp32 input and rsqrt" + (", normalised tensor" if full else ""),
+                nb,
+                f"4 B x T x {width} + 4 B x T x {rows}" + (f" + {ec} B x T x {width}" if full else ""),
+                3 if full else 2,
+                first_bytes=nb if frozen_first and proj not in targets else 0,
+            )
+
     # ----- attention -----------------------------------------------------------------------------
     eager = sc.attention == "eager"
     a_loc = D.a
