@@ -1,0 +1,97 @@
+"""Shared pieces of the mixture-of-experts families (qwen3_moe, deepseek_v2/v3, gpt_oss, llama4).
+
+transformers 5 stores each MoE layer's routed experts fused, as ``experts.gate_up_proj`` [E, 2I, h] and
+``experts.down_proj`` [E, h, I] (plain ``nn.Parameter`` s, not ``nn.Linear``: LoRA cannot target them), and
+the router as a ``weight`` [E, h] parameter. The Architecture lists one tensor per expert (``count = MoE
+layers x E``) so that expert parallelism divides the count, with the same element count as the fused tensors.
+
+``mlp_parts`` describes, for the engine's activations, which MLP each layer runs: a list of dicts with
+``name``, ``layers`` (how many layers run it), ``rows`` (tokens it processes per token: top-k for routed
+experts, 1 otherwise), ``width`` (its intermediate size) and, for routed experts, ``experts`` and ``router``
+(how the router computes its scores, which decides what it saves).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsim_widget.architecture import ParamGroup, _linear
+from memsim_widget.errors import ScenarioError
+
+
+def moe_layer_flags(n_layers: int, is_moe: Any) -> list[bool]:
+    """Which layers are MoE layers, from a predicate on the layer index."""
+    return [bool(is_moe(i)) for i in range(n_layers)]
+
+
+def routed_experts(
+    prefix: str,
+    n_moe_layers: int,
+    n_experts: int,
+    inter: int,
+    h: int,
+    *,
+    bias: bool = False,
+    gate_up: str = "gate_up_proj",
+    down: str = "down_proj",
+) -> list[ParamGroup]:
+    """One layer's fused routed experts, per expert: gate_up [2I, h] (+ bias [2I]) and down [h, I] (+ bias [h])."""
+    if not n_moe_layers or not n_experts:
+        return []
+    count = n_moe_layers * n_experts
+    common = {"kind": "experts", "count": count, "expert": True}
+    groups = [ParamGroup(name=f"{prefix}{gate_up}", shape=(2 * inter, h), tp_dim=0, **common)]
+    if bias:
+        groups.append(ParamGroup(name=f"{prefix}{gate_up}_bias", shape=(2 * inter,), tp_dim=0, **common))
+    groups.append(ParamGroup(name=f"{prefix}{down}", shape=(h, inter), tp_dim=1, **common))
+    if bias:
+        groups.append(ParamGroup(name=f"{prefix}{down}_bias", shape=(h,), **common))
+    return groups
+
+
+def router(name: str, n_moe_layers: int, n_experts: int, h: int, *, bias: bool = False) -> list[ParamGroup]:
+    """The router's weight [E, h] (+ bias [E]) in each MoE layer, replicated under tensor parallelism."""
+    if not n_moe_layers:
+        return []
+    groups = [ParamGroup(name=f"{name}.weight", kind="router", shape=(n_experts, h), count=n_moe_layers)]
+    if bias:
+        groups.append(ParamGroup(name=f"{name}.bias", kind="router", shape=(n_experts,), count=n_moe_layers))
+    return groups
+
+
+def dense_mlp(
+    prefix: str, n_layers: int, inter: int, h: int, *, kind: str = "mlp", bias: bool = False
+) -> list[ParamGroup]:
+    """A SwiGLU MLP (gate_proj, up_proj, down_proj Linears) in ``n_layers`` layers."""
+    if not n_layers:
+        return []
+    groups: list[ParamGroup] = []
+    for name in ("gate_proj", "up_proj"):
+        groups += _linear(
+            prefix + name, kind, inter, h, bias=bias, parallel="col", module=name, count=n_layers
+        )
+    groups += _linear(
+        prefix + "down_proj", kind, h, inter, bias=bias, parallel="row", module="down_proj", count=n_layers
+    )
+    return groups
+
+
+def check_top_k(top_k: int, n_experts: int, key: str = "num_experts_per_tok", of: str = "experts") -> None:
+    """Refuse a router that picks more experts than there are."""
+    if n_experts and top_k > n_experts:
+        raise ScenarioError(f"model.{key}", f"{top_k} exceeds the {n_experts} {of}")
+
+
+def layer_indices(cfg: Any, key: str, n_layers: int) -> list[int]:
+    """A list-of-layer-indices config key (``mlp_only_layers``), each in [0, n_layers)."""
+    value = cfg.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple) or any(
+        isinstance(i, bool) or not isinstance(i, int) for i in value
+    ):
+        raise ScenarioError(f"model.{key}", f"must be a list of layer indices, got {value!r:.60}")
+    bad = [i for i in value if not 0 <= i < n_layers]
+    if bad:
+        raise ScenarioError(f"model.{key}", f"layer indices must be in [0, {n_layers}), got {bad[0]}")
+    return list(value)

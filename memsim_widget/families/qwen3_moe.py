@@ -1,0 +1,169 @@
+"""Qwen3-MoE (``model_type: qwen3_moe``) as transformers 5.24's ``Qwen3MoeForCausalLM``.
+
+Parameter tensors (``model.layers.*.`` per layer):
+
+- ``model.embed_tokens.weight`` [V, h]; ``lm_head.weight`` [V, h] unless ``tie_word_embeddings``
+- ``self_attn.q_proj`` [a d, h], ``k_proj`` / ``v_proj`` [kv d, h], ``o_proj`` [h, a d] (each + bias when
+  ``attention_bias``); ``self_attn.q_norm`` / ``k_norm`` [d] (RMSNorm over each head)
+- MoE layers (``(i + 1) % decoder_sparse_step == 0`` and ``i`` not in ``mlp_only_layers``, when num_experts > 0):
+  ``mlp.gate.weight`` [E, h] (the router), ``mlp.experts.gate_up_proj`` [E, 2 I_moe, h] and
+  ``mlp.experts.down_proj`` [E, h, I_moe]
+- the other layers: ``mlp.gate_proj`` / ``up_proj`` [I, h], ``mlp.down_proj`` [h, I]
+- ``input_layernorm`` / ``post_attention_layernorm`` [h]; ``model.norm.weight`` [h]
+
+The router takes a softmax over all E experts in fp32 and keeps the top k (renormalised when
+``norm_topk_prob``); the experts run token by token groups (``Qwen3MoeExperts.forward``'s loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.architecture import (
+    Architecture,
+    ParamGroup,
+    _activation,
+    _bool,
+    _embedding,
+    _float,
+    _head_dim,
+    _int,
+    _kv_heads,
+    _linear,
+    _lm_head,
+    _norms,
+    _positive,
+    _rope_theta,
+    _str,
+    register_family,
+)
+from memsim_widget.families._moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
+
+#: Qwen3MoeConfig defaults (transformers 5.24.0, configuration_qwen3_moe.py).
+QWEN3_MOE_DEFAULTS: dict[str, Any] = {
+    "intermediate_size": 6144,
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "attention_dropout": 0.0,
+    "decoder_sparse_step": 1,
+    "moe_intermediate_size": 768,
+    "num_experts_per_tok": 8,
+    "num_experts": 128,
+    "norm_topk_prob": False,
+    "router_aux_loss_coef": 0.001,
+}
+
+
+def attention_groups(
+    p: str, L: int, h: int, heads: int, kv: int, d: int, *, bias: bool, o_bias: bool | None = None
+) -> list[ParamGroup]:
+    """q/k/v/o projections of a GQA attention block in ``L`` layers."""
+    groups: list[ParamGroup] = []
+    for name, width in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+        groups += _linear(
+            p + f"self_attn.{name}", "attention", width, h, bias=bias, parallel="col", module=name, count=L
+        )
+    groups += _linear(
+        p + "self_attn.o_proj",
+        "attention",
+        h,
+        heads * d,
+        bias=bias if o_bias is None else o_bias,
+        parallel="row",
+        module="o_proj",
+        count=L,
+    )
+    return groups
+
+
+@register_family("qwen3_moe")
+def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
+    """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) as ``Qwen3MoeForCausalLM``; see the module docstring."""
+    d_ = QWEN3_MOE_DEFAULTS
+    h = _int(cfg, "hidden_size")
+    L = _int(cfg, "num_hidden_layers")
+    heads = _int(cfg, "num_attention_heads")
+    vocab = _int(cfg, "vocab_size")
+    kv = _kv_heads(cfg, heads, d_["num_key_value_heads"])
+    d = _head_dim(cfg, h, heads)
+    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = _str(cfg, "hidden_act", d_["hidden_act"])
+    bias = _bool(cfg, "attention_bias", d_["attention_bias"])
+    E = _int(cfg, "num_experts", d_["num_experts"], minimum=0, aliases=("num_local_experts",))
+    top_k = _int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
+    check_top_k(top_k, E)
+    step = _int(cfg, "decoder_sparse_step", d_["decoder_sparse_step"])
+    i_moe = _int(cfg, "moe_intermediate_size", d_["moe_intermediate_size"])
+    dense_only = set(layer_indices(cfg, "mlp_only_layers", L))
+    moe_flags = [i not in dense_only and E > 0 and (i + 1) % step == 0 for i in range(L)]
+    n_moe = sum(moe_flags)
+    n_dense = L - n_moe
+    inter = _int(cfg, "intermediate_size", d_["intermediate_size"])
+
+    p = "model.layers.*."
+    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
+    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
+    groups += _norms(p + "self_attn.", ("q_norm", "k_norm"), d, L, bias=False, stack="decoder")
+    groups += router(p + "mlp.gate", n_moe, E, h)
+    groups += routed_experts(p + "mlp.experts.", n_moe, E, i_moe, h)
+    groups += dense_mlp(p + "mlp.", n_dense, inter, h)
+    groups += _norms(p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder")
+    groups += _norms("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
+    if not tied:
+        groups.append(_lm_head("lm_head.weight", vocab, h))
+
+    parts: list[dict[str, Any]] = []
+    if n_dense:
+        parts.append({"name": "dense MLP", "layers": n_dense, "rows": 1, "width": inter})
+    if n_moe:
+        parts.append(
+            {"name": "routed experts", "layers": n_moe, "rows": top_k, "width": i_moe, "experts": E,
+             "router": "softmax"}
+        )  # fmt: skip
+    use_window = _bool(cfg, "use_sliding_window", d_["use_sliding_window"])
+    return Architecture(
+        family="qwen3_moe",
+        model_type=str(cfg.get("model_type", "qwen3_moe")),
+        hidden_size=h,
+        num_layers=L,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=d,
+        intermediate_size=i_moe if n_moe else inter,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        params=tuple(groups),
+        mlp_activation=_activation("hidden_act", act, gated=True),
+        norm="rmsnorm",
+        position="rope",
+        num_experts=E if n_moe else 0,
+        experts_per_token=top_k if n_moe else 0,
+        attention_dropout=_float(cfg, "attention_dropout", d_["attention_dropout"]),
+        decoder_layers=L,
+        causal=True,
+        extra={
+            "hf_class": "Qwen3MoeForCausalLM",
+            "max_position_embeddings": _int(cfg, "max_position_embeddings", d_["max_position_embeddings"]),
+            "rope_theta": _rope_theta(cfg, d_["rope_theta"]),
+            "rms_norm_eps": _positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
+            "norms_per_layer": 2,
+            "qk_norm": "head",  # q_norm / k_norm: one RMSNorm per head over d (engine/activations.py)
+            "mlp_parts": tuple(parts),
+            "moe_layers": n_moe,
+            "dense_intermediate_size": inter,
+            "moe_intermediate_size": i_moe,
+            "norm_topk_prob": _bool(cfg, "norm_topk_prob", d_["norm_topk_prob"]),
+            "decoder_sparse_step": step,
+            "mlp_only_layers": sorted(dense_only),
+            "sliding_window": cfg.get("sliding_window", d_["sliding_window"]) if use_window else None,
+            "router_aux_loss_coef": cfg.get("router_aux_loss_coef", d_["router_aux_loss_coef"]),
+        },
+    )
