@@ -56,6 +56,8 @@ def _kind(name: str) -> str:
         return "position"
     if any(k in n for k in ("embed_tokens", "wte.", "word_embeddings", "token_type_embeddings", "cls_token")):
         return "embedding"
+    if ".embed_in." in n:  # GPT-NeoX
+        return "embedding"
     if n.startswith("shared.") or "patch_embeddings" in n:
         return "embedding"
     if n.startswith(("lm_head", "classifier", "cls.predictions")):

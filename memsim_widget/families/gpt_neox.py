@@ -1,0 +1,150 @@
+"""GPT-NeoX / Pythia as ``GPTNeoXForCausalLM`` (transformers 5.24 ``models/gpt_neox``).
+
+Parameter tensors (L layers, h hidden, I = intermediate_size, V vocab):
+
+- ``gpt_neox.embed_in.weight`` [V, h]
+- per layer ``gpt_neox.layers.*.``: ``input_layernorm`` and ``post_attention_layernorm`` (LayerNorm weight and
+  bias [h]); ``attention.query_key_value`` [3h, h] (+ bias [3h] when ``attention_bias``, default true);
+  ``attention.dense`` [h, h] (+ bias [h] likewise); ``mlp.dense_h_to_4h`` [I, h] + bias [I];
+  ``mlp.dense_4h_to_h`` [h, I] + bias [h] (the MLP Linears always carry biases)
+- ``gpt_neox.final_layer_norm`` weight and bias [h]
+- ``lm_head.weight`` [V, h] (the checkpoints' ``embed_out``), untied unless ``tie_word_embeddings``.
+
+The fused ``query_key_value`` output is viewed per head as [q | k | v] slices of ``3 x head_dim``; rotary
+embeddings cover the first ``partial_rotary_factor x head_dim`` channels (``rotary_pct``, default 0.25).
+``use_parallel_residual`` (default true) feeds both norms from the layer input: x + attn(ln1(x)) + mlp(ln2(x)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.architecture import (
+    Architecture,
+    ParamGroup,
+    _activation,
+    _bool,
+    _embedding,
+    _float,
+    _int,
+    _linear,
+    _lm_head,
+    _norms,
+    _positive,
+    _str,
+    register_family,
+)
+from memsim_widget.errors import ScenarioError
+
+#: ``GPTNeoXConfig`` defaults (transformers 5.24).
+_GPT_NEOX_DEFAULTS: dict[str, Any] = {
+    "hidden_act": "gelu",
+    "attention_dropout": 0.0,
+    "hidden_dropout": 0.0,
+    "max_position_embeddings": 2048,
+    "layer_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "use_parallel_residual": True,
+    "attention_bias": True,
+    "rotary_pct": 0.25,
+    "rotary_emb_base": 10000.0,
+}
+
+
+def _rope(cfg: Mapping[str, Any], default_pct: float, default_base: float) -> tuple[float, float]:
+    """(partial rotary factor, rope base) as the config class resolves them: ``rope_parameters`` (or
+    ``rope_scaling``) keys first, then the legacy ``rotary_pct`` / ``rotary_emb_base``."""
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, Mapping):
+        params = cfg.get("rope_scaling")
+    params = params if isinstance(params, Mapping) else {}
+    if params.get("partial_rotary_factor") is not None:
+        pct, where = params["partial_rotary_factor"], "rope_parameters.partial_rotary_factor"
+    elif cfg.get("rotary_pct") is not None:
+        pct, where = cfg["rotary_pct"], "rotary_pct"
+    else:
+        pct, where = default_pct, "rotary_pct"
+    if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0.0 < pct <= 1.0:
+        raise ScenarioError(f"model.{where}", f"must be a number in (0, 1], got {pct!r:.60}")
+    if params.get("rope_theta") is not None:
+        base = _positive(params, "rope_theta", default_base, "rope_parameters.rope_theta")
+    else:
+        base = _positive(cfg, "rotary_emb_base", default_base)
+    return float(pct), base
+
+
+@register_family("gpt_neox")
+def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
+    """GPT-NeoX / Pythia as ``GPTNeoXForCausalLM`` (see the module docstring for every tensor)."""
+    d = _GPT_NEOX_DEFAULTS
+    h = _int(cfg, "hidden_size")
+    L = _int(cfg, "num_hidden_layers")
+    heads = _int(cfg, "num_attention_heads")
+    inter = _int(cfg, "intermediate_size")
+    vocab = _int(cfg, "vocab_size")
+    if h % heads:
+        raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
+    hd = h // heads
+    bias = _bool(cfg, "attention_bias", d["attention_bias"])
+    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    parallel = _bool(cfg, "use_parallel_residual", d["use_parallel_residual"])
+    pct, base = _rope(cfg, d["rotary_pct"], d["rotary_emb_base"])
+    rotary = int(hd * pct)
+    act = _str(cfg, "hidden_act", d["hidden_act"])
+
+    p = "gpt_neox.layers.*."
+    groups: list[ParamGroup] = [_embedding("gpt_neox.embed_in.weight", vocab, h)]
+    groups += _norms(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
+    groups += _linear(
+        p + "attention.query_key_value", "attention", 3 * h, h,
+        bias=bias, parallel="col", module="query_key_value", count=L,
+    )  # fmt: skip
+    groups += _linear(
+        p + "attention.dense", "attention", h, h, bias=bias, parallel="row", module="dense", count=L
+    )
+    groups += _norms(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
+    groups += _linear(
+        p + "mlp.dense_h_to_4h", "mlp", inter, h, bias=True, parallel="col", module="dense_h_to_4h", count=L
+    )
+    groups += _linear(
+        p + "mlp.dense_4h_to_h", "mlp", h, inter, bias=True, parallel="row", module="dense_4h_to_h", count=L
+    )
+    groups += _norms("gpt_neox.", ("final_layer_norm",), h, 1, bias=True, scope="post", stack="decoder")
+    if not tied:
+        groups.append(_lm_head("lm_head.weight", vocab, h))
+    return Architecture(
+        family="gpt_neox",
+        model_type=str(cfg.get("model_type", "gpt_neox")),
+        hidden_size=h,
+        num_layers=L,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hd,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        params=tuple(groups),
+        mlp_activation=_activation("hidden_act", act, gated=False),
+        norm="layernorm",
+        position="rope",
+        attention_dropout=_float(cfg, "attention_dropout", d["attention_dropout"]),
+        hidden_dropout=_float(cfg, "hidden_dropout", d["hidden_dropout"]),
+        decoder_layers=L,
+        causal=True,
+        extra={
+            "hf_class": "GPTNeoXForCausalLM",
+            "norms_per_layer": 2,
+            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "layer_norm_eps": _positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
+            "rope_theta": base,
+            "partial_rotary_factor": pct,
+            "rotary_dim": rotary,
+            "parallel_residual": parallel,
+            # activation rules (engine/activations.py): both norms read the layer input under the parallel
+            # residual; q comes out of torch.cat (partial rotary), so SDPA's output is copied for ``dense``
+            "norm_inputs": 1 if parallel else 2,
+            "sdpa_output_copy": True,
+            "attention_output_modules": ("dense",),
+        },
+    )
