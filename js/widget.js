@@ -772,6 +772,14 @@ export function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
   panel.table.replaceChildren(h(doc, "table", { class: "memsim-table memsim-layouts-table" }, [thead, body]));
 }
 
+/** A User Timing mark `memsim:<name>`, the page's first only (the first widget's render, bundle import and
+ * each chart's first embed): DevTools' timeline and benchmarks/first_chart.py read them. */
+function mark(name) {
+  const perf = globalThis.performance;
+  if (typeof perf?.mark !== "function" || perf.getEntriesByName?.(`memsim:${name}`).length) return;
+  perf.mark(`memsim:${name}`);
+}
+
 /** Draws named Vega-Lite specs into elements, one per frame, skipping unchanged ones. Returns `draw()`,
  * with `draw.views` (name -> vega view), `draw.forget()` (redraw all next time) and `draw.dispose()`. */
 function chartDrawer(doc, els, getSpecs, getBundle) {
@@ -791,6 +799,7 @@ function chartDrawer(doc, els, getSpecs, getBundle) {
     let embed;
     try {
       embed = await deps.loadVegaEmbed(getBundle());
+      if (embed) mark("vega-loaded");
     } catch (err) {
       for (const name of Object.keys(els)) els[name].textContent = `charts unavailable: ${err.message}`;
       return;
@@ -818,6 +827,7 @@ function chartDrawer(doc, els, getSpecs, getBundle) {
         views[name] = res.view;
         finalizers[name] = () => res.finalize?.();
         drawn[name] = text;
+        mark(`drawn-${name}`);
       } catch (err) {
         els[name].textContent = `chart error: ${err.message}`;
         delete drawn[name];
@@ -895,6 +905,7 @@ function download(doc, href, name) {
 
 /** anywidget entry point: draw the widget into `el`; returns the cleanup function. */
 export function render({ model, el }) {
+  mark("render");
   const doc = el.ownerDocument;
   const disposers = [];
   const listen = (target, type, fn) => {
