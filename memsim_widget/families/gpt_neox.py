@@ -52,25 +52,32 @@ _GPT_NEOX_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _rope(cfg: Mapping[str, Any], default_pct: float, default_base: float) -> tuple[float, float]:
-    """(partial rotary factor, rope base) as the config class resolves them: ``rope_parameters`` (or
-    ``rope_scaling``) keys first, then the legacy ``rotary_pct`` / ``rotary_emb_base``."""
+def partial_rope(
+    cfg: Mapping[str, Any],
+    default_pct: float,
+    default_base: float,
+    pct_key: str = "rotary_pct",
+    base_key: str = "rotary_emb_base",
+) -> tuple[float, float]:
+    """(partial rotary factor, rope base) as the config classes resolve them: ``rope_parameters`` (or
+    ``rope_scaling``) keys first, then the top-level ``pct_key`` / ``base_key`` (GPT-NeoX's legacy
+    ``rotary_pct`` / ``rotary_emb_base``; Phi's ``partial_rotary_factor`` / ``rope_theta``)."""
     params = cfg.get("rope_parameters")
     if not isinstance(params, Mapping):
         params = cfg.get("rope_scaling")
     params = params if isinstance(params, Mapping) else {}
     if params.get("partial_rotary_factor") is not None:
         pct, where = params["partial_rotary_factor"], "rope_parameters.partial_rotary_factor"
-    elif cfg.get("rotary_pct") is not None:
-        pct, where = cfg["rotary_pct"], "rotary_pct"
+    elif cfg.get(pct_key) is not None:
+        pct, where = cfg[pct_key], pct_key
     else:
-        pct, where = default_pct, "rotary_pct"
+        pct, where = default_pct, pct_key
     if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0.0 < pct <= 1.0:
         raise ScenarioError(f"model.{where}", f"must be a number in (0, 1], got {pct!r:.60}")
     if params.get("rope_theta") is not None:
         base = _positive(params, "rope_theta", default_base, "rope_parameters.rope_theta")
     else:
-        base = _positive(cfg, "rotary_emb_base", default_base)
+        base = _positive(cfg, base_key, default_base)
     return float(pct), base
 
 
@@ -89,7 +96,7 @@ def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
     bias = _bool(cfg, "attention_bias", d["attention_bias"])
     tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
     parallel = _bool(cfg, "use_parallel_residual", d["use_parallel_residual"])
-    pct, base = _rope(cfg, d["rotary_pct"], d["rotary_emb_base"])
+    pct, base = partial_rope(cfg, d["rotary_pct"], d["rotary_emb_base"])
     rotary = int(hd * pct)
     act = _str(cfg, "hidden_act", d["hidden_act"])
 

@@ -1,0 +1,130 @@
+"""Phi-1 / Phi-1.5 / Phi-2 as ``PhiForCausalLM`` (transformers 5.24 ``models/phi``).
+
+Parameter tensors (L layers, h hidden, I = intermediate_size, V vocab, a heads, kv heads, d head_dim):
+
+- ``model.embed_tokens.weight`` [V, h]
+- per layer ``model.layers.*.``: ``input_layernorm`` (LayerNorm weight and bias [h]); ``self_attn.q_proj``
+  [a d, h], ``k_proj`` and ``v_proj`` [kv d, h], each with a bias; ``self_attn.dense`` [h, a d] + bias [h];
+  with ``qk_layernorm`` also ``self_attn.q_layernorm`` and ``k_layernorm`` (LayerNorm weight and bias
+  [h / a]); ``mlp.fc1`` [I, h] + bias [I]; ``mlp.fc2`` [h, I] + bias [h]
+- ``model.final_layernorm`` weight and bias [h]
+- ``lm_head.weight`` [V, h] (unless ``tie_word_embeddings``) and ``lm_head.bias`` [V] (always).
+
+One LayerNorm feeds both branches: x + attn(ln(x)) + mlp(ln(x)) (the same normalised tensor is the input of
+q, k, v and fc1). Rotary embeddings cover the first ``partial_rotary_factor x d`` channels (default 0.5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.architecture import (
+    Architecture,
+    ParamGroup,
+    _activation,
+    _bool,
+    _embedding,
+    _float,
+    _head_dim,
+    _int,
+    _kv_heads,
+    _linear,
+    _lm_head,
+    _norms,
+    _positive,
+    _str,
+    register_family,
+)
+from memsim_widget.families.gpt_neox import partial_rope
+
+#: ``PhiConfig`` defaults (transformers 5.24).
+_PHI_DEFAULTS: dict[str, Any] = {
+    "num_key_value_heads": None,  # None -> num_attention_heads
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attention_dropout": 0.0,
+    "hidden_act": "gelu_new",
+    "max_position_embeddings": 2048,
+    "layer_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "qk_layernorm": False,
+    "partial_rotary_factor": 0.5,
+    "rope_theta": 10000.0,
+}
+
+
+@register_family("phi")
+def build_phi(cfg: Mapping[str, Any]) -> Architecture:
+    """Phi-1/1.5/2 as ``PhiForCausalLM`` (see the module docstring for every tensor)."""
+    d = _PHI_DEFAULTS
+    h = _int(cfg, "hidden_size")
+    L = _int(cfg, "num_hidden_layers")
+    heads = _int(cfg, "num_attention_heads")
+    inter = _int(cfg, "intermediate_size")
+    vocab = _int(cfg, "vocab_size")
+    kv = _kv_heads(cfg, heads, d["num_key_value_heads"])
+    hd = _head_dim(cfg, h, heads)
+    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    qk_ln = _bool(cfg, "qk_layernorm", d["qk_layernorm"])
+    pct, base = partial_rope(
+        cfg, d["partial_rotary_factor"], d["rope_theta"], "partial_rotary_factor", "rope_theta"
+    )
+    act = _str(cfg, "hidden_act", d["hidden_act"])
+
+    p = "model.layers.*."
+    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
+    groups += _norms(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
+    for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+        groups += _linear(
+            p + f"self_attn.{name}", "attention", width, h, bias=True, parallel="col", module=name, count=L
+        )
+    groups += _linear(
+        p + "self_attn.dense", "attention", h, heads * hd, bias=True, parallel="row", module="dense", count=L
+    )
+    if qk_ln:  # transformers sizes these by hidden_size // num_attention_heads
+        groups += _norms(
+            p + "self_attn.", ("q_layernorm", "k_layernorm"), h // heads, L, bias=True, stack="decoder"
+        )
+    groups += _linear(p + "mlp.fc1", "mlp", inter, h, bias=True, parallel="col", module="fc1", count=L)
+    groups += _linear(p + "mlp.fc2", "mlp", h, inter, bias=True, parallel="row", module="fc2", count=L)
+    groups += _norms("model.", ("final_layernorm",), h, 1, bias=True, scope="post", stack="decoder")
+    if not tied:
+        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups.append(ParamGroup(name="lm_head.bias", kind="head", shape=(vocab,), scope="post", tp_dim=0))
+    return Architecture(
+        family="phi",
+        model_type=str(cfg.get("model_type", "phi")),
+        hidden_size=h,
+        num_layers=L,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        params=tuple(groups),
+        mlp_activation=_activation("hidden_act", act, gated=False),
+        norm="layernorm",
+        position="rope",
+        attention_dropout=_float(cfg, "attention_dropout", d["attention_dropout"]),
+        hidden_dropout=_float(cfg, "resid_pdrop", d["resid_pdrop"]),
+        decoder_layers=L,
+        causal=True,
+        extra={
+            "hf_class": "PhiForCausalLM",
+            "norms_per_layer": 1,
+            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "layer_norm_eps": _positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
+            "embd_pdrop": _float(cfg, "embd_pdrop", d["embd_pdrop"]),
+            "rope_theta": base,
+            "partial_rotary_factor": pct,
+            "rotary_dim": int(hd * pct),
+            "qk_layernorm": qk_ln,
+            # activation rules (engine/activations.py): q, k, v and fc1 read the one norm's output; q comes
+            # out of torch.cat (partial rotary), so SDPA's output is copied for ``dense``
+            "parallel_attn_mlp": True,
+            "sdpa_output_copy": True,
+            "attention_output_modules": ("dense",),
+        },
+    )
