@@ -369,6 +369,27 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),
         )
     ),
+    # OLMo 2: post-norms only, q/k RMSNorm over the whole projection, weights multiplied in fp32
+    *(
+        (f"olmo2 {label}", {"model": {"model_type": "olmo2", **SMALL, "eos_token_id": 2}, **keys})
+        for label, keys in (
+            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            (
+                "fp32 eager b2 s256",
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+        )
+    ),
 ]
 
 

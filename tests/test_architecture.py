@@ -506,11 +506,11 @@ def test_extra_facts_the_engine_reads(preset: str) -> None:
     tensors_per_norm = 2 if arch.norm == "layernorm" else 1  # LayerNorm has weight and bias
 
     def norm_tensors(stack: str) -> int:
-        """Norm tensors over the hidden width inside the blocks of one stack (q/k norms are not counted)."""
+        """Norm tensors of the residual stream inside the blocks of one stack (q/k norms are not counted)."""
         return sum(
             g.count
             for g in arch.params
-            if g.kind == "norm" and g.scope == "layer" and g.stack == stack and g.shape == (arch.hidden_size,)
+            if g.kind == "norm" and g.scope == "layer" and g.stack == stack and ".self_attn." not in g.name
         )
 
     per_block = arch.extra["norms_per_layer"] * tensors_per_norm

@@ -18,7 +18,7 @@ from memsim_widget.engine.core import estimate  # noqa: E402
 from memsim_widget.fidelity import CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
-QWEN3_PRESETS = [p for p in PRESETS if p.startswith("qwen3-")]
+QWEN3_PRESETS = [p for p, cfg in PRESETS.items() if cfg["model_type"] == "qwen3"]
 
 #: Non-default keys on purpose: q/k/v/o biases, an explicit head_dim that is not h / heads, GQA, untied head,
 #: and nested objects (rope_scaling, a dict of lists) that an inline config must accept.

@@ -290,6 +290,31 @@ def _qwen3(h: int, inter: int, heads: int, layers: int, *, tie: bool) -> dict[st
     }
 
 
+def _olmo2(h: int, inter: int, heads: int, layers: int, kv: int) -> dict[str, Any]:
+    """An OLMo 2 config.json (allenai/OLMo-2-*: 100k vocab, 4k context, RoPE base 500k)."""
+    return {
+        "model_type": "olmo2",
+        "architectures": ["Olmo2ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "eos_token_id": 100257,
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "max_position_embeddings": 4096,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "pad_token_id": 100277,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 500000,
+        "tie_word_embeddings": False,
+        "vocab_size": 100352,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -421,6 +446,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-8b": _qwen3(4096, 12288, 32, 36, tie=False),
     "qwen3-14b": _qwen3(5120, 17408, 40, 40, tie=False),
     "qwen3-32b": _qwen3(5120, 25600, 64, 64, tie=False),
+    "olmo-2-1b": _olmo2(2048, 8192, 16, 16, 16),
+    "olmo-2-7b": _olmo2(4096, 11008, 32, 32, 32),
+    "olmo-2-13b": _olmo2(5120, 13824, 40, 40, 40),
+    "olmo-2-32b": _olmo2(5120, 27648, 40, 64, 8),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -603,6 +632,26 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "Qwen3 32B, per-head q/k RMSNorm",
         "params_label": "32B",
         "hf_repo": "Qwen/Qwen3-32B",
+    },
+    "olmo-2-1b": {
+        "description": "OLMo 2 1B, post-norms, q/k RMSNorm over the projection",
+        "params_label": "1B",
+        "hf_repo": "allenai/OLMo-2-0425-1B",
+    },
+    "olmo-2-7b": {
+        "description": "OLMo 2 7B, post-norms, q/k RMSNorm over the projection",
+        "params_label": "7B",
+        "hf_repo": "allenai/OLMo-2-1124-7B",
+    },
+    "olmo-2-13b": {
+        "description": "OLMo 2 13B, post-norms, q/k RMSNorm over the projection",
+        "params_label": "13B",
+        "hf_repo": "allenai/OLMo-2-1124-13B",
+    },
+    "olmo-2-32b": {
+        "description": "OLMo 2 32B, GQA (8 KV heads), post-norms",
+        "params_label": "32B",
+        "hf_repo": "allenai/OLMo-2-0325-32B",
     },
 }
 

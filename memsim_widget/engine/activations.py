@@ -224,9 +224,13 @@ def _hf(ctx: Context) -> ActivationBudget:
             norms * per_norm,
             f"{norms} norms x (4 B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}{frozen}",
             2 * norms,
-            first_bytes=per_norm if frozen_first else 0,
+            # post-norm blocks (OLMo 2): layer 0's first norm reads the attention output, trained under LoRA
+            # as soon as attention carries an adapter (traced)
+            first_bytes=per_norm
+            if frozen_first and not (arch.extra.get("post_norms") and targets & (ATTN_IN | ATTN_OUT))
+            else 0,
         )
-        nb = 4 if gemma else r
+        nb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r  # OLMo 2 multiplies its weight in fp32
         if full or gemma:
             add("RMSNorm normalised tensors", norms * nb * Tout * h, f"{norms} norms x {nb} B x T x h", norms)
     else:
@@ -252,11 +256,12 @@ def _hf(ctx: Context) -> ActivationBudget:
     if qk_norm in ("head", "full"):
         for label, width, n_heads, proj in (("q", hq, D.a, "q_proj"), ("k", hkv, D.kv, "k_proj")):
             rows = n_heads if qk_norm == "head" else 1
-            nb = 4 * T * width + 4 * T * rows + (ec * T * width if full else 0)
+            nn = 4 if arch.extra.get("norm_weight_fp32") else ec
+            nb = 4 * T * width + 4 * T * rows + (nn * T * width if full else 0)
             add(
                 f"{label}_norm fp32 input and rsqrt" + (", normalised tensor" if full else ""),
                 nb,
-                f"4 B x T x {width} + 4 B x T x {rows}" + (f" + {ec} B x T x {width}" if full else ""),
+                f"4 B x T x {width} + 4 B x T x {rows}" + (f" + {nn} B x T x {width}" if full else ""),
                 3 if full else 2,
                 first_bytes=nb if frozen_first and proj not in targets else 0,
             )
@@ -392,6 +397,8 @@ def _hf(ctx: Context) -> ActivationBudget:
     # tensors SDPA saves anyway, except autocast's fp32 k (SDPA saves a 16-bit cast); eager saves
     # repeated copies instead, so the cache is extra.
     kb = 4 if amp and arch.position == "rope" else ec  # the cache's k: fp32 after autocast's fp32 RoPE
+    if arch.extra.get("rope_keeps_dtype"):  # OLMo 2's RoPE casts q and k back to their input dtype
+        kb = ec
     kv_cache = (
         prof.training_kv_cache
         and arch.causal
@@ -400,11 +407,7 @@ def _hf(ctx: Context) -> ActivationBudget:
     )
     if kv_cache:
         gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
-        extra = (
-            ((kb + ec) * T * hkv if gqa else 0)
-            if eager
-            else (4 * T * hkv if amp and arch.position == "rope" else 0)
-        )
+        extra = ((kb + ec) * T * hkv if gqa else 0) if eager else (4 * T * hkv if amp and kb == 4 else 0)
         if extra:
             out.cache_per_layer.append(
                 Term(
@@ -449,9 +452,10 @@ def _hf(ctx: Context) -> ActivationBudget:
     else:
         out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
     if arch.norm == "rmsnorm":
-        fn = 4 * Tout * h + 4 * Tout + ((4 if gemma else r) * Tout * h if full or gemma else 0)
+        fnb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
+        fn = 4 * Tout * h + 4 * Tout + (fnb * Tout * h if full or gemma else 0)
         out.post.append(
-            Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {r} B x T x h" if full else ""), 3)
+            Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {fnb} B x T x h" if full else ""), 3)
         )
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
