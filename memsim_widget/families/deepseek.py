@@ -1,0 +1,255 @@
+"""DeepSeek-V2 and V3 (``deepseek_v2``, ``deepseek_v3``) as transformers 5.24's ``DeepseekV2ForCausalLM`` /
+``DeepseekV3ForCausalLM``: multi-head latent attention (MLA), routed + shared experts, dense first layers.
+
+Parameter tensors (``model.layers.*.``):
+
+- ``model.embed_tokens.weight`` [V, h]; ``lm_head.weight`` [V, h] unless tied; ``model.norm.weight`` [h]
+- MLA: with ``q_lora_rank`` r_q: ``self_attn.q_a_proj`` [r_q, h] (+ bias if ``attention_bias``),
+  ``q_a_layernorm`` [r_q], ``q_b_proj`` [a (d_nope + d_rope), r_q]; without it ``q_proj`` [a (d_nope + d_rope), h];
+  ``kv_a_proj_with_mqa`` [r_kv + d_rope, h] (+ bias), ``kv_a_layernorm`` [r_kv],
+  ``kv_b_proj`` [a (d_nope + d_v), r_kv], ``o_proj`` [h, a d_v] (+ bias)
+- the first ``first_k_dense_replace`` layers: ``mlp.gate_proj`` / ``up_proj`` [I, h], ``down_proj`` [h, I]
+  (V2: + biases when ``mlp_bias``)
+- the other layers: ``mlp.gate.weight`` [E, h] (fp32: ``_keep_in_fp32_modules_strict``; V3 also holds the
+  ``e_score_correction_bias`` buffer), ``mlp.experts.gate_up_proj`` [E, 2 I_moe, h],
+  ``mlp.experts.down_proj`` [E, h, I_moe], ``mlp.shared_experts.{gate,up,down}_proj`` of width
+  I_moe x ``n_shared_experts``
+- ``input_layernorm`` / ``post_attention_layernorm`` [h]
+
+The multi-token-prediction layer of DeepSeek-V3 (``num_nextn_predict_layers`` / ``num_mtp_layers``) is not
+built by ``DeepseekV3ForCausalLM`` (its checkpoint weights, ``model.layers.61.*``, are ignored on load), so it
+is not counted. V3 routes with a sigmoid and the n_group / topk_group group limit, V2 with a softmax
+(``topk_method`` greedy or group_limited_greedy); both run the router in fp32 on an fp32 copy of the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.architecture import (
+    Architecture,
+    ParamGroup,
+    _activation,
+    _bool,
+    _embedding,
+    _float,
+    _int,
+    _linear,
+    _lm_head,
+    _norms,
+    _positive,
+    _rope_theta,
+    _str,
+    register_family,
+)
+from memsim_widget.errors import ScenarioError
+from memsim_widget.families._moe import check_top_k, dense_mlp, routed_experts, router
+
+#: DeepseekV3Config defaults (transformers 5.24.0, configuration_deepseek_v3.py).
+DEEPSEEK_V3_DEFAULTS: dict[str, Any] = {
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "n_routed_experts": 256,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "qk_nope_head_dim": 128,
+    "n_group": 8,
+    "topk_group": 4,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+    "attention_bias": False,
+    "mlp_bias": False,  # V3 has no mlp_bias key: its MLPs never carry biases
+    "attention_dropout": 0.0,
+    "topk_method": "noaux_tc",
+}
+#: DeepseekV2Config defaults (transformers 5.24.0, configuration_deepseek_v2.py).
+DEEPSEEK_V2_DEFAULTS: dict[str, Any] = {
+    **DEEPSEEK_V3_DEFAULTS,
+    "intermediate_size": 11008,
+    "moe_intermediate_size": 1407,
+    "n_shared_experts": 2,
+    "n_routed_experts": 64,
+    "n_group": None,
+    "topk_group": None,
+    "num_experts_per_tok": None,  # required for a MoE layer (HF's None would fail in topk)
+    "first_k_dense_replace": 0,
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0,
+    "max_position_embeddings": 2048,
+    "topk_method": "greedy",
+}
+
+
+def _optional_rank(cfg: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    """``q_lora_rank``: null (or absent with a null default) means no q compression."""
+    if key in cfg and cfg[key] is None:
+        return None
+    if default is None and key not in cfg:
+        return None
+    return _int(cfg, key, default)
+
+
+def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
+    d_ = DEEPSEEK_V3_DEFAULTS if v3 else DEEPSEEK_V2_DEFAULTS
+    family = "deepseek_v3" if v3 else "deepseek_v2"
+    h = _int(cfg, "hidden_size")
+    L = _int(cfg, "num_hidden_layers")
+    heads = _int(cfg, "num_attention_heads")
+    vocab = _int(cfg, "vocab_size")
+    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = _str(cfg, "hidden_act", d_["hidden_act"])
+    attn_bias = _bool(cfg, "attention_bias", d_["attention_bias"])
+    mlp_bias = False if v3 else _bool(cfg, "mlp_bias", d_["mlp_bias"])
+    qr = _optional_rank(cfg, "q_lora_rank", d_["q_lora_rank"])
+    kvr = _int(cfg, "kv_lora_rank", d_["kv_lora_rank"])
+    rope = _int(cfg, "qk_rope_head_dim", d_["qk_rope_head_dim"])
+    nope = _int(cfg, "qk_nope_head_dim", d_["qk_nope_head_dim"])
+    dv = _int(cfg, "v_head_dim", d_["v_head_dim"])
+    dqk = nope + rope
+    inter = _int(cfg, "intermediate_size", d_["intermediate_size"])
+    i_moe = _int(cfg, "moe_intermediate_size", d_["moe_intermediate_size"])
+    E = _int(cfg, "n_routed_experts", d_["n_routed_experts"], aliases=("num_local_experts", "num_experts"))
+    n_shared = _int(cfg, "n_shared_experts", d_["n_shared_experts"], minimum=0)
+    first_dense = min(_int(cfg, "first_k_dense_replace", d_["first_k_dense_replace"], minimum=0), L)
+    n_moe = L - first_dense
+    top_k = _int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"]) if n_moe else 0
+    check_top_k(top_k, E)
+    topk_method = _str(cfg, "topk_method", d_["topk_method"])
+    n_group = cfg.get("n_group", d_["n_group"])
+    topk_group = cfg.get("topk_group", d_["topk_group"])
+    grouped = v3 or topk_method == "group_limited_greedy"
+    if n_moe and grouped:
+        n_group = _int(cfg, "n_group", d_["n_group"])
+        topk_group = _int(cfg, "topk_group", d_["topk_group"])
+        if E % n_group:
+            raise ScenarioError("model.n_group", f"{n_group} does not divide n_routed_experts {E}")
+        if topk_group > n_group:
+            raise ScenarioError("model.topk_group", f"{topk_group} exceeds n_group {n_group}")
+
+    p = "model.layers.*."
+    a = p + "self_attn."
+    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
+    if qr is None:
+        groups += _linear(
+            a + "q_proj", "attention", heads * dqk, h, bias=False, parallel="col", module="q_proj", count=L
+        )
+    else:
+        groups += _linear(
+            a + "q_a_proj", "attention", qr, h, bias=attn_bias, parallel=None, module="q_a_proj", count=L
+        )
+        groups += _norms(a, ("q_a_layernorm",), qr, L, bias=False, stack="decoder")
+        groups += _linear(
+            a + "q_b_proj",
+            "attention",
+            heads * dqk,
+            qr,
+            bias=False,
+            parallel="col",
+            module="q_b_proj",
+            count=L,
+        )
+    groups += _linear(
+        a + "kv_a_proj_with_mqa", "attention", kvr + rope, h,
+        bias=attn_bias, parallel=None, module="kv_a_proj_with_mqa", count=L,
+    )  # fmt: skip
+    groups += _norms(a, ("kv_a_layernorm",), kvr, L, bias=False, stack="decoder")
+    groups += _linear(
+        a + "kv_b_proj", "attention", heads * (nope + dv), kvr,
+        bias=False, parallel="col", module="kv_b_proj", count=L,
+    )  # fmt: skip
+    groups += _linear(
+        a + "o_proj", "attention", h, heads * dv, bias=attn_bias, parallel="row", module="o_proj", count=L
+    )
+    groups += dense_mlp(p + "mlp.", first_dense, inter, h, bias=mlp_bias)
+    groups += router(p + "mlp.gate", n_moe, E, h)
+    groups += routed_experts(p + "mlp.experts.", n_moe, E, i_moe, h)
+    groups += dense_mlp(
+        p + "mlp.shared_experts.", n_moe if n_shared else 0, i_moe * n_shared, h, bias=mlp_bias
+    )
+    groups += _norms(p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder")
+    groups += _norms("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
+    if not tied:
+        groups.append(_lm_head("lm_head.weight", vocab, h))
+
+    parts: list[dict[str, Any]] = []
+    if first_dense:
+        parts.append({"name": "dense MLP (first layers)", "layers": first_dense, "rows": 1, "width": inter})
+    if n_moe:
+        parts.append(
+            {"name": "routed experts", "layers": n_moe, "rows": top_k, "width": i_moe, "experts": E,
+             "router": "sigmoid" if v3 else "softmax-fp32"}
+        )  # fmt: skip
+        if n_shared:
+            parts.append({"name": "shared experts", "layers": n_moe, "rows": 1, "width": i_moe * n_shared})
+    return Architecture(
+        family=family,
+        model_type=str(cfg.get("model_type", family)),
+        hidden_size=h,
+        num_layers=L,
+        num_heads=heads,
+        num_kv_heads=heads,  # MLA expands the latent to k and v for every head
+        head_dim=dqk,
+        intermediate_size=i_moe if n_moe else inter,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        params=tuple(groups),
+        mlp_activation=_activation("hidden_act", act, gated=True),
+        norm="rmsnorm",
+        position="rope",
+        num_experts=E if n_moe else 0,
+        experts_per_token=top_k,
+        attention_dropout=_float(cfg, "attention_dropout", d_["attention_dropout"]),
+        decoder_layers=L,
+        causal=True,
+        extra={
+            "hf_class": "DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM",
+            "max_position_embeddings": _int(cfg, "max_position_embeddings", d_["max_position_embeddings"]),
+            "rope_theta": _rope_theta(cfg, d_["rope_theta"]),
+            "rms_norm_eps": _positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
+            "norms_per_layer": 2,
+            "mla": {
+                "q_lora_rank": qr or 0,
+                "kv_lora_rank": kvr,
+                "qk_rope_head_dim": rope,
+                "qk_nope_head_dim": nope,
+                "v_head_dim": dv,
+            },
+            "rope_head_dim": rope,
+            "mlp_parts": tuple(parts),
+            "moe_layers": n_moe,
+            "first_k_dense_replace": first_dense,
+            "dense_intermediate_size": inter,
+            "moe_intermediate_size": i_moe,
+            "n_shared_experts": n_shared,
+            "n_group": n_group,
+            "topk_group": topk_group,
+            "topk_method": topk_method,
+            "routed_scaling_factor": cfg.get("routed_scaling_factor", d_["routed_scaling_factor"]),
+            "norm_topk_prob": cfg.get("norm_topk_prob", d_["norm_topk_prob"]),
+            "fp32_router": True,
+            "mtp_layers_not_built": cfg.get("num_nextn_predict_layers", cfg.get("num_mtp_layers", 0)) or 0,
+        },
+    )
+
+
+@register_family("deepseek_v3")
+def build_deepseek_v3(cfg: Mapping[str, Any]) -> Architecture:
+    """DeepSeek-V3 / R1 (671B) as ``DeepseekV3ForCausalLM``; see the module docstring."""
+    return _build(cfg, v3=True)
+
+
+@register_family("deepseek_v2")
+def build_deepseek_v2(cfg: Mapping[str, Any]) -> Architecture:
+    """DeepSeek-V2 / V2-Lite as ``DeepseekV2ForCausalLM``; see the module docstring."""
+    return _build(cfg, v3=False)
