@@ -85,7 +85,7 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
         fix("parallel.virtual_stages", not isinstance(vs, int) or vs >= 2, 2)
     else:
         fix("parallel.virtual_stages", vs == 1, 1)
-    spec = OPTIMIZERS.get(out.get("optimizer"))  # type: ignore[arg-type]
+    spec = _optimizer_spec(out.get("optimizer"))
     if spec is not None and spec.impls and out.get("optimizer") != "none":
         fix("optimizer_impl", out.get("optimizer_impl") in spec.impls, spec.impls[0])
     megatron_op = out.get("framework") == "megatron" and out.get("activation_checkpointing") == "selective-op"
@@ -107,6 +107,11 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
             kept = [t for t in targets if t in modules or t == "all-linear"]
             fix("lora.targets", kept == list(targets), kept or ["all-linear"])
     return out
+
+
+def _optimizer_spec(name: Any) -> Any:
+    """The catalog entry of an optimizer name; None for anything else (a list or dict typed into the JSON)."""
+    return OPTIMIZERS.get(name) if isinstance(name, str) else None
 
 
 def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, list[Any]]]:
@@ -137,7 +142,7 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
     elif par.get("pp_schedule") != "interleaved":
         off["parallel.virtual_stages"] = "virtual stages need the interleaved schedule"
     optimizer = data.get("optimizer")
-    spec = OPTIMIZERS.get(optimizer)  # type: ignore[arg-type]
+    spec = _optimizer_spec(optimizer)
     if optimizer == "none":
         off["optimizer_impl"] = "no optimizer step"
         off["optimizer_in_backward"] = "no optimizer step"
