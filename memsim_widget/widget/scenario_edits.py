@@ -6,7 +6,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.scenario import Scenario
+from memsim_widget.scenario import OPTIONAL_KEYS, Scenario
 
 _NESTED = ("parallel", "lora")
 
@@ -42,7 +42,8 @@ def merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]
 
 def _known(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them."""
-    out = {k: v for k, v in data.items() if k in _default_dict()}
+    # optional keys too: a rejected checkpoint_every must stay visible, or the error could not be cleared
+    out = {k: v for k, v in data.items() if k in _default_dict() or k in OPTIONAL_KEYS}
     for section in _NESTED:
         if isinstance(out.get(section), Mapping):
             out[section] = {k: v for k, v in out[section].items() if k in _default_dict()[section]}
