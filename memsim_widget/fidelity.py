@@ -390,6 +390,39 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),
         )
     ),
+    # GLM-4: four norms per block (two read 16-bit projection outputs), fused gate_up_proj, half-width RoPE
+    *(
+        (
+            f"glm4 {label}",
+            {
+                "model": {
+                    "model_type": "glm4",
+                    **SMALL,
+                    "head_dim": 32,
+                    "eos_token_id": 2,
+                    "pad_token_id": 0,
+                },
+                **keys,
+            },
+        )
+        for label, keys in (
+            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            (
+                "fp32 eager b2 s256",
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+        )
+    ),
 ]
 
 

@@ -315,6 +315,32 @@ def _olmo2(h: int, inter: int, heads: int, layers: int, kv: int) -> dict[str, An
     }
 
 
+def _glm4(h: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
+    """A GLM-4-0414 config.json (THUDM/GLM-4-*-0414: 2 KV heads of 128, half-width RoPE, 32k context)."""
+    return {
+        "model_type": "glm4",
+        "architectures": ["Glm4ForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": [151329, 151336, 151338],
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 2,
+        "pad_token_id": 151329,
+        "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "vocab_size": 151552,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -450,6 +476,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "olmo-2-7b": _olmo2(4096, 11008, 32, 32, 32),
     "olmo-2-13b": _olmo2(5120, 13824, 40, 40, 40),
     "olmo-2-32b": _olmo2(5120, 27648, 40, 64, 8),
+    "glm-4-9b": _glm4(4096, 13696, 32, 40),
+    "glm-4-32b": _glm4(6144, 23040, 48, 61),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -652,6 +680,16 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "OLMo 2 32B, GQA (8 KV heads), post-norms",
         "params_label": "32B",
         "hf_repo": "allenai/OLMo-2-0325-32B",
+    },
+    "glm-4-9b": {
+        "description": "GLM-4 9B (0414), four norms per block, half-width RoPE",
+        "params_label": "9B",
+        "hf_repo": "THUDM/GLM-4-9B-0414",
+    },
+    "glm-4-32b": {
+        "description": "GLM-4 32B (0414), four norms per block, half-width RoPE",
+        "params_label": "32B",
+        "hf_repo": "THUDM/GLM-4-32B-Base-0414",
     },
 }
 

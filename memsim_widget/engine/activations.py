@@ -232,7 +232,14 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
         nb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r  # OLMo 2 multiplies its weight in fp32
         if full or gemma:
-            add("RMSNorm normalised tensors", norms * nb * Tout * h, f"{norms} norms x {nb} B x T x h", norms)
+            # GLM-4's post-norms read 16-bit projection outputs: their normalised tensor is cast back to 16 bits
+            n16 = arch.extra.get("post_norms_16bit", 0) if nb == r and not gemma else 0
+            add(
+                "RMSNorm normalised tensors",
+                ((norms - n16) * nb + n16 * ec) * Tout * h,
+                f"{norms} norms x {nb} B x T x h" + (f" ({n16} of them {ec} B)" if n16 and ec != nb else ""),
+                norms,
+            )
     else:
         per_norm = r * Tout * h + 8 * Tout
         add(
