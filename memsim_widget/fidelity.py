@@ -423,6 +423,42 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),
         )
     ),
+    # Cohere: one mean-centred LayerNorm (no bias) feeding attention and MLP in parallel, optional per-head q/k norm
+    *(
+        (
+            f"cohere {label}",
+            {
+                "model": {
+                    "model_type": "cohere",
+                    **SMALL,
+                    "tie_word_embeddings": True,
+                    "eos_token_id": 2,
+                    **qk,
+                },
+                **keys,
+            },
+        )
+        for label, qk, keys in (
+            ("bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            (
+                "fp32 eager b2 s256",
+                {},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+            ("qk-norm bf16 sdpa b2 s512", {"use_qk_norm": True}, {"micro_batch_size": 2, "seq_len": 512}),
+        )
+    ),
 ]
 
 

@@ -341,6 +341,8 @@ def _glm4(h: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
     }
 
 
+def _command_r(
+    h: int, inter: int, heads: int, layers: int, kv: int, *, theta: float, ctx: int, scale: float, qk: bool
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -478,6 +480,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "olmo-2-32b": _olmo2(5120, 27648, 40, 64, 8),
     "glm-4-9b": _glm4(4096, 13696, 32, 40),
     "glm-4-32b": _glm4(6144, 23040, 48, 61),
+    "command-r-35b": _command_r(8192, 22528, 64, 40, 64, theta=8000000.0, ctx=8192, scale=0.0625, qk=False),
+    "command-r-32b": _command_r(8192, 24576, 64, 40, 8, theta=4000000.0, ctx=131072, scale=0.0625, qk=False),
+    "command-r-plus-104b": _command_r(
+        12288, 33792, 96, 64, 8, theta=75000000.0, ctx=131072, scale=0.8333333333333334, qk=True
+    ),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -690,6 +697,21 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "GLM-4 32B (0414), four norms per block, half-width RoPE",
         "params_label": "32B",
         "hf_repo": "THUDM/GLM-4-32B-Base-0414",
+    },
+    "command-r-35b": {
+        "description": "Command-R 35B (v01), MHA, parallel attention + MLP, tied embeddings",
+        "params_label": "35B",
+        "hf_repo": "CohereForAI/c4ai-command-r-v01",
+    },
+    "command-r-32b": {
+        "description": "Command-R 32B (08-2024), GQA, parallel attention + MLP, tied embeddings",
+        "params_label": "32B",
+        "hf_repo": "CohereForAI/c4ai-command-r-08-2024",
+    },
+    "command-r-plus-104b": {
+        "description": "Command R+ 104B (v01), GQA, per-head q/k LayerNorm, tied embeddings",
+        "params_label": "104B",
+        "hf_repo": "CohereForAI/c4ai-command-r-plus",
     },
 }
 

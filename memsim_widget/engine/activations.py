@@ -217,12 +217,14 @@ def _hf(ctx: Context) -> ActivationBudget:
     gemma = arch.family.startswith("gemma")
     # under LoRA nothing before the first adapter needs a gradient: layer 0's first norm saves nothing
     frozen = "; layer 0's first norm saves nothing (frozen embeddings)" if frozen_first else ""
+    # CohereLayerNorm computes x - mean twice: two fp32 centred copies saved (traced)
+    cw = 8 if arch.extra.get("norm_centred_copy") else 4
     if arch.norm == "rmsnorm":
-        per_norm = 4 * Tout * h + 4 * Tout
+        per_norm = cw * Tout * h + 4 * Tout
         add(
             "RMSNorm fp32 inputs and rsqrt",
             norms * per_norm,
-            f"{norms} norms x (4 B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}{frozen}",
+            f"{norms} norms x ({cw} B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}{frozen}",
             2 * norms,
             # post-norm blocks (OLMo 2): layer 0's first norm reads the attention output, trained under LoRA
             # as soon as attention carries an adapter (traced)
@@ -264,7 +266,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         for label, width, n_heads, proj in (("q", hq, D.a, "q_proj"), ("k", hkv, D.kv, "k_proj")):
             rows = n_heads if qk_norm == "head" else 1
             nn = 4 if arch.extra.get("norm_weight_fp32") else ec
-            nb = 4 * T * width + 4 * T * rows + (nn * T * width if full else 0)
+            nb = cw * T * width + 4 * T * rows + (nn * T * width if full else 0)
             add(
                 f"{label}_norm fp32 input and rsqrt" + (", normalised tensor" if full else ""),
                 nb,
@@ -460,7 +462,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
     if arch.norm == "rmsnorm":
         fnb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
-        fn = 4 * Tout * h + 4 * Tout + (fnb * Tout * h if full or gemma else 0)
+        fn = cw * Tout * h + 4 * Tout + (fnb * Tout * h if full or gemma else 0)
         out.post.append(
             Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {fnb} B x T x h" if full else ""), 3)
         )
