@@ -343,6 +343,33 @@ def _glm4(h: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
 
 def _command_r(
     h: int, inter: int, heads: int, layers: int, kv: int, *, theta: float, ctx: int, scale: float, qk: bool
+) -> dict[str, Any]:
+    """A Cohere Command-R config.json (CohereForAI/c4ai-command-r*: 256k vocab, tied embeddings)."""
+    return {
+        "model_type": "cohere",
+        "architectures": ["CohereForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 5,
+        "eos_token_id": 255001,
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "layer_norm_eps": 1e-05,
+        "logit_scale": scale,
+        "max_position_embeddings": ctx,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "pad_token_id": 0,
+        "rope_theta": theta,
+        "tie_word_embeddings": True,
+        "use_qk_norm": qk,
+        "vocab_size": 256000,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
