@@ -459,6 +459,38 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ("qk-norm bf16 sdpa b2 s512", {"use_qk_norm": True}, {"micro_batch_size": 2, "seq_len": 512}),
         )
     ),
+    # StarCoder2: LayerNorms with bias, biased Linears, one-op GELU MLP (c_fc/c_proj); dropouts off (see notes)
+    *(
+        (
+            f"starcoder2 {label}",
+            {
+                "model": {
+                    "model_type": "starcoder2",
+                    **SMALL,
+                    "tie_word_embeddings": True,
+                    "eos_token_id": 2,
+                },
+                **keys,
+            },
+        )
+        for label, keys in (
+            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            (
+                "fp32 eager b2 s256",
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+        )
+    ),
 ]
 
 

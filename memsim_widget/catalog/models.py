@@ -370,6 +370,35 @@ def _command_r(
     }
 
 
+def _starcoder2(
+    h: int, inter: int, heads: int, layers: int, kv: int, theta: float, tie: bool
+) -> dict[str, Any]:
+    """A StarCoder2 config.json (bigcode/starcoder2-*: 49k vocab, 16k context, 4k sliding window, dropout 0.1)."""
+    return {
+        "model_type": "starcoder2",
+        "architectures": ["Starcoder2ForCausalLM"],
+        "attention_dropout": 0.1,
+        "bos_token_id": 0,
+        "embedding_dropout": 0.1,
+        "eos_token_id": 0,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": h,
+        "initializer_range": 0.018042,
+        "intermediate_size": inter,
+        "max_position_embeddings": 16384,
+        "norm_epsilon": 1e-05,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "residual_dropout": 0.1,
+        "rope_theta": theta,
+        "sliding_window": 4096,
+        "tie_word_embeddings": tie,
+        "use_bias": True,
+        "vocab_size": 49152,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -512,6 +541,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "command-r-plus-104b": _command_r(
         12288, 33792, 96, 64, 8, theta=75000000.0, ctx=131072, scale=0.8333333333333334, qk=True
     ),
+    "starcoder2-3b": _starcoder2(3072, 12288, 24, 30, 2, 999999.4420358813, tie=True),
+    "starcoder2-7b": _starcoder2(4608, 18432, 36, 32, 4, 1000000.0, tie=True),
+    "starcoder2-15b": _starcoder2(6144, 24576, 48, 40, 4, 100000.0, tie=False),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -739,6 +771,21 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "Command R+ 104B (v01), GQA, per-head q/k LayerNorm, tied embeddings",
         "params_label": "104B",
         "hf_repo": "CohereForAI/c4ai-command-r-plus",
+    },
+    "starcoder2-3b": {
+        "description": "StarCoder2 3B, LayerNorm + GELU MLP with biases, tied embeddings",
+        "params_label": "3B",
+        "hf_repo": "bigcode/starcoder2-3b",
+    },
+    "starcoder2-7b": {
+        "description": "StarCoder2 7B, LayerNorm + GELU MLP with biases, tied embeddings",
+        "params_label": "7B",
+        "hf_repo": "bigcode/starcoder2-7b",
+    },
+    "starcoder2-15b": {
+        "description": "StarCoder2 15B, LayerNorm + GELU MLP with biases",
+        "params_label": "15B",
+        "hf_repo": "bigcode/starcoder2-15b",
     },
 }
 

@@ -1,0 +1,130 @@
+"""StarCoder2 as ``Starcoder2ForCausalLM`` (transformers 5.24 ``models/starcoder2/modeling_starcoder2.py``).
+
+A pre-norm RoPE decoder with LayerNorms (weight and bias) and a plain GELU MLP. Parameter tensors, per layer
+``model.layers.*.``:
+
+- ``self_attn.q_proj`` [a*d, h], ``k_proj`` / ``v_proj`` [kv*d, h], ``o_proj`` [h, a*d]: weights, and biases
+  when ``use_bias`` (default true);
+- ``mlp.c_fc`` [I, h] and ``mlp.c_proj`` [h, I]: weights (+ biases with ``use_bias``);
+- ``input_layernorm`` / ``post_attention_layernorm``: nn.LayerNorm weight and bias [h];
+
+plus ``model.embed_tokens.weight`` [V, h], ``model.norm`` weight and bias [h] and ``lm_head.weight`` [V, h]
+unless ``tie_word_embeddings`` (default true). ``gelu_pytorch_tanh`` is one fused op (``F.gelu(approximate=
+"tanh")``) that saves only its input, as the exact GELU does, so the engine's activation is ``gelu`` (GPT-2's
+``gelu_new`` is a chain of pointwise ops and stays ``gelu_tanh``). ``residual_dropout`` drops the attention and
+MLP outputs (two masks per layer), ``embedding_dropout`` the embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.architecture import (
+    Architecture,
+    ParamGroup,
+    _activation,
+    _bool,
+    _embedding,
+    _float,
+    _head_dim,
+    _int,
+    _kv_heads,
+    _linear,
+    _lm_head,
+    _norms,
+    _positive,
+    _rope_theta,
+    _str,
+    register_family,
+)
+
+#: transformers 5.24 ``Starcoder2Config`` defaults (rope_theta the library's 10000).
+STARCODER2_DEFAULTS: dict[str, Any] = {
+    "num_key_value_heads": 2,
+    "hidden_act": "gelu_pytorch_tanh",
+    "max_position_embeddings": 4096,
+    "norm_epsilon": 1e-5,
+    "rope_theta": 10000.0,
+    "sliding_window": None,
+    "attention_dropout": 0.0,
+    "residual_dropout": 0.0,
+    "embedding_dropout": 0.0,
+    "use_bias": True,
+    "tie_word_embeddings": True,
+}
+
+#: HF activations that are one op saving only its input (the engine's "gelu" rule).
+_ONE_OP_GELU = ("gelu", "gelu_pytorch_tanh")
+
+
+@register_family("starcoder2")
+def build_starcoder2(cfg: Mapping[str, Any]) -> Architecture:
+    """StarCoder2 as ``Starcoder2ForCausalLM``: LayerNorms with bias, biased Linears, GELU c_fc/c_proj MLP."""
+    d = STARCODER2_DEFAULTS
+    h = _int(cfg, "hidden_size")
+    L = _int(cfg, "num_hidden_layers")
+    heads = _int(cfg, "num_attention_heads")
+    inter = _int(cfg, "intermediate_size")
+    vocab = _int(cfg, "vocab_size")
+    kv = _kv_heads(cfg, heads, d["num_key_value_heads"])
+    hd = _head_dim(cfg, h, heads)
+    bias = _bool(cfg, "use_bias", d["use_bias"])
+    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    act = _str(cfg, "hidden_act", d["hidden_act"])
+    mlp_act = "gelu" if act in _ONE_OP_GELU else _activation("hidden_act", act, gated=False)
+
+    p = "model.layers.*."
+    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
+    groups += _norms(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
+    for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+        groups += _linear(
+            p + f"self_attn.{name}", "attention", width, h, bias=bias, parallel="col", module=name, count=L
+        )
+    groups += _linear(
+        p + "self_attn.o_proj",
+        "attention",
+        h,
+        heads * hd,
+        bias=bias,
+        parallel="row",
+        module="o_proj",
+        count=L,
+    )
+    groups += _norms(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
+    groups += _linear(p + "mlp.c_fc", "mlp", inter, h, bias=bias, parallel="col", module="c_fc", count=L)
+    groups += _linear(p + "mlp.c_proj", "mlp", h, inter, bias=bias, parallel="row", module="c_proj", count=L)
+    groups += _norms("model.", ("norm",), h, 1, bias=True, scope="post", stack="decoder")
+    if not tied:
+        groups.append(_lm_head("lm_head.weight", vocab, h))
+    return Architecture(
+        family="starcoder2",
+        model_type=str(cfg.get("model_type", "starcoder2")),
+        hidden_size=h,
+        num_layers=L,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        params=tuple(groups),
+        mlp_activation=mlp_act,
+        norm="layernorm",
+        position="rope",
+        attention_dropout=_float(cfg, "attention_dropout", d["attention_dropout"]),
+        hidden_dropout=_float(cfg, "residual_dropout", d["residual_dropout"]),
+        decoder_layers=L,
+        causal=True,
+        extra={
+            "hf_class": "Starcoder2ForCausalLM",
+            "norms_per_layer": 2,
+            "hidden_act": act,
+            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "rope_theta": _rope_theta(cfg, d["rope_theta"]),
+            "norm_epsilon": _positive(cfg, "norm_epsilon", d["norm_epsilon"]),
+            "sliding_window": cfg.get("sliding_window", d["sliding_window"]),
+            "embedding_dropout": _float(cfg, "embedding_dropout", d["embedding_dropout"]),
+            "use_bias": bias,
+        },
+    )
