@@ -27,6 +27,42 @@ LLAMA = {"model_type": "llama", **SMALL}
 MISTRAL = {"model_type": "mistral", **SMALL, "sliding_window": None}
 QWEN2 = {"model_type": "qwen2", **SMALL, "tie_word_embeddings": True}
 MIXTRAL = {"model_type": "mixtral", **SMALL, "num_local_experts": 4, "num_experts_per_tok": 2}
+QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    **SMALL,
+    "head_dim": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "norm_topk_prob": True,
+}
+QWEN3_MOE_MIXED = {**QWEN3_MOE, "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 2}
+QWEN3_MOE_MIXED["mlp_only_layers"] = [3]
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    **{k: SMALL[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")},
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "q_lora_rank": 64,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 48,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+}
+DEEPSEEK_V2 = {
+    **DEEPSEEK_V3,
+    "model_type": "deepseek_v2",
+    "q_lora_rank": None,
+    "n_group": None,
+    "topk_group": None,
+}
 GPT2 = {
     "model_type": "gpt2",
     "n_embd": 256,
@@ -61,6 +97,16 @@ VIT = {
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,
 }
+GPT_NEOX = {
+    "model_type": "gpt_neox",
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+}
+SEQ64 = {"vocab_size": 64, "use_parallel_residual": False}
+PHI = {**GPT_NEOX, "model_type": "phi"}
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -280,6 +326,80 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         "mixtral bf16 eager b2 s256",
         {"model": MIXTRAL, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"},
     ),
+    # GPT-NeoX / Pythia: fused query_key_value, partial rotary (q and k out of torch.cat), LayerNorm with bias;
+    # the parallel residual (both norms read the layer input) and the sequential one
+    *(
+        (f"gpt_neox {label}", {"model": {**GPT_NEOX, **more}, **keys})
+        for label, more, keys in (
+            ("bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512}),
+            ("sequential V64 bf16 b2 s512", SEQ64, {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "V64 fp32 sdpa b2 s512",
+                {"vocab_size": 64},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "fp32"},
+            ),
+            (
+                "V64 bf16 eager b2 s256",
+                {"vocab_size": 64},
+                {"micro_batch_size": 2, "seq_len": 256, "attention": "eager"},
+            ),
+            (
+                "sequential V64 bf16 lora qkv b2 s512",
+                SEQ64,
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["query_key_value"]},
+                },
+            ),
+            (
+                "V64 bf16 lora qkv+dense b2 s512",
+                {"vocab_size": 64},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["query_key_value", "dense"]},
+                },
+            ),
+            (
+                "V64 bf16 ckpt b2 s512",
+                {"vocab_size": 64},
+                {"micro_batch_size": 2, "seq_len": 512, "activation_checkpointing": "full"},
+            ),
+        )
+    ),
+    # Phi-1/2: q, k, v and fc1 read one LayerNorm's output; partial rotary; gelu_new; optional q/k LayerNorm
+    *(
+        (f"phi {label}", {"model": {**PHI, **more}, **keys})
+        for label, more, keys in (
+            ("bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512}),
+            ("V64 bf16 sdpa b2 s512", {"vocab_size": 64}, {"micro_batch_size": 2, "seq_len": 512}),
+            (
+                "V64 qk_layernorm gqa bf16 b2 s512",
+                {"vocab_size": 64, "qk_layernorm": True, "num_key_value_heads": 4},
+                {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            ("amp-bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "V64 fp32 eager b2 s256",
+                {"vocab_size": 64},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+            (
+                "V64 bf16 lora qv b2 s512",
+                {"vocab_size": 64},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+        )
+    ),
     # the plain loop: `outputs = model(**batch); outputs.loss.backward(); optimizer.step()` keeps the outputs
     *(
         (
@@ -490,6 +610,31 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
             ),
         )
+    ),
+    # Qwen3-MoE: per-head q/k norms, 8 routed experts (2 per token, renormalised); one dense layer (mlp_only_layers)
+    *(
+        (f"qwen3_moe {label}", {"model": model, "micro_batch_size": 2, "seq_len": 512})
+        for label, model in (
+            ("bf16 sdpa b2 s512", QWEN3_MOE),
+            ("bf16 sdpa b2 s512 (mlp_only_layers, sparse step 2)", QWEN3_MOE_MIXED),
+        )
+    ),
+    # DeepSeek MLA (q/kv latents, rope/nope split), routed + shared experts, one dense first layer. SDPA rows
+    # use v_head_dim = qk_head_dim: with d_v != d_qk the CPU trace falls back to the math kernel (which
+    # keeps the s x s probabilities), where CUDA runs the memory-efficient one; eager keeps the real split
+    ("deepseek_v3 bf16 sdpa b2 s512", {"model": DEEPSEEK_V3, "micro_batch_size": 2, "seq_len": 512}),
+    (
+        "deepseek_v3 bf16 eager b2 s256 (d_v != d_qk)",
+        {
+            "model": {**DEEPSEEK_V3, "v_head_dim": 32},
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "attention": "eager",
+        },
+    ),
+    (
+        "deepseek_v2 bf16 sdpa b2 s512 (no q_lora)",
+        {"model": DEEPSEEK_V2, "micro_batch_size": 2, "seq_len": 512},
     ),
 ]
 

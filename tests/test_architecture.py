@@ -254,7 +254,13 @@ def test_grouping_invariants(preset: str) -> None:
         assert g.tp_dim is None or 0 <= g.tp_dim < len(g.shape)
         if g.scope == "layer":
             per_layer = stack_layers[g.stack] * (arch.num_experts if g.expert else 1)
-            assert g.count == per_layer, g.name
+            mixed = "moe_layers" in arch.extra and arch.extra["moe_layers"] < stack_layers[g.stack]
+            if mixed:  # dense first-k layers (DeepSeek) or mlp_only_layers: a group covers some layers only
+                moe = arch.extra["moe_layers"] * (arch.num_experts if g.expert else 1)
+                dense = stack_layers[g.stack] - arch.extra["moe_layers"]
+                assert g.count in (per_layer, moe, dense) or g.kind == "router", g.name
+            else:
+                assert g.count == per_layer, g.name
         else:
             assert g.count == 1 and not g.expert
         assert g.expert == (g.kind == "experts")

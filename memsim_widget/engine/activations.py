@@ -135,13 +135,24 @@ def _stage_io(ctx: Context, out: ActivationBudget) -> None:
 #: Leaf Linear names by the tensor they read, across families (peft matches targets by leaf name).
 ATTN_IN = frozenset(
     {"q_proj", "k_proj", "v_proj", "c_attn", "qkv_proj", "query", "key", "value", "q", "k", "v"}
+    | {"query_key_value"}
+    | {"q_a_proj", "kv_a_proj_with_mqa"}  # DeepSeek MLA: the projections reading the layer's normed input
 )
-ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o"})
-MLP_IN = frozenset({"gate_proj", "up_proj", "c_fc", "gate_up_proj", "fc1", "wi", "wi_0", "wi_1", "w1", "w3"})
-MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2"})
+ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o"})  # + arch.extra["attention_output_modules"]
+MLP_IN = frozenset(
+    {"gate_proj", "up_proj", "c_fc", "gate_up_proj", "fc1", "wi", "wi_0", "wi_1", "w1", "w3", "dense_h_to_4h"}
+)
+MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2", "dense_4h_to_h"})
 #: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
 #: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
 ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1}
+
+
+def _parallel_mlp(arch: object) -> bool:
+    """The MLP reads a norm of the layer input, beside attention (Phi; GPT-NeoX's parallel residual)."""
+    extra = getattr(arch, "extra", {})
+    norms = extra.get("norms_per_layer", 2)
+    return bool(extra.get("parallel_attn_mlp") or extra.get("norm_inputs", norms) < norms)
 
 
 def _hf(ctx: Context) -> ActivationBudget:
@@ -244,18 +255,27 @@ def _hf(ctx: Context) -> ActivationBudget:
             )
     else:
         per_norm = r * Tout * h + 8 * Tout
+        parallel_branches = _parallel_mlp(arch)
+        # norms reading one tensor save it once (GPT-NeoX's parallel residual: both norms read the layer input)
+        shared = norms - arch.extra.get("norm_inputs", norms)
         add(
             "LayerNorm inputs, mean and rstd",
-            norms * per_norm,
-            f"{norms} norms x ({r} B x T x h + 8 B x T){frozen}",
-            3 * norms,
-            first_bytes=per_norm if frozen_first else 0,
+            norms * per_norm - shared * r * Tout * h,
+            f"{norms} norms x ({r} B x T x h + 8 B x T){frozen}"
+            + (f" - {shared} x {r} B x T x h (one input read by {shared + 1} norms)" if shared else ""),
+            3 * norms - shared,
+            # parallel branches (NeoX, Phi): under LoRA every norm of layer 0 reads the gradient-free embeddings
+            first_bytes=(norms * per_norm - shared * r * Tout * h if parallel_branches else per_norm)
+            if frozen_first
+            else 0,
         )
     nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
     # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
     # PrepareModuleInput Shard(1) -> Replicate); the Linears save that gathered tensor (traced)
     consumers(ATTN_IN, h, T, nout, "attention input")
-    consumers(MLP_IN, h, T, nout, "MLP input")
+    # Phi: one norm's output feeds q, k, v and fc1; saved once when the attention side saved it already
+    shared_in = arch.extra.get("parallel_attn_mlp", False) and (full or bool(ATTN_IN & modules & targets))
+    consumers(MLP_IN, h, T, nout, "MLP input", already_saved=shared_in)
 
     # ----- q/k norms (Qwen3 "head": per head over d; OLMo 2 "full": over the whole projection) ----------------
     # HF RMSNorm on the q_proj / k_proj outputs (compute dtype): its fp32 input, the rsqrt per row and, if its
@@ -275,16 +295,32 @@ def _hf(ctx: Context) -> ActivationBudget:
                 first_bytes=nb if frozen_first and proj not in targets else 0,
             )
 
+    # Phi's qk_layernorm: LayerNorm (with bias) per head on the q and k views; it saves its input and, per
+    # row, mean and rstd (its output feeds RoPE's multiplies, which save cos/sin only)
+    if arch.extra.get("qk_layernorm") and arch.norm == "layernorm":
+        nb = ec * T * (hq + hkv) + 8 * T * (D.a + D.kv)
+        add(
+            "q/k LayerNorm inputs, mean and rstd",
+            nb,
+            f"{ec} B x T x (a*d + kv*d) + 8 B x T x (a + kv)",
+            6,
+            first_bytes=nb if frozen_first and not (targets & {"q_proj", "k_proj"}) else 0,
+        )
+
     # ----- attention -----------------------------------------------------------------------------
     eager = sc.attention == "eager"
     a_loc = D.a
+    attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
     # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT and ViT stay in the
     # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
     # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
     # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
     softmax_fp32 = arch.family not in ("gpt2", "bert", "vit") or amp
-    if eager:
+    mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
+    if mla:
+        _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
+    elif eager:
         add(
             "attention q, k, v (k, v repeated to all heads)",
             3 * ec * T * hq,
@@ -309,7 +345,7 @@ def _hf(ctx: Context) -> ActivationBudget:
                     f"b x a x s x s x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                     2 if extra else 1,
                 )
-        consumers(ATTN_OUT, hq, T, ec, "attention output")
+        consumers(attn_out, hq, T, ec, "attention output")
     else:
         add(
             "attention q, k, v saved by SDPA",
@@ -330,22 +366,35 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)",
             2,
         )
-        consumers(ATTN_OUT, hq, T, ec, "attention output", already_saved=True)
+        # q built by torch.cat (partial rotary) is contiguous per head: SDPA's output is then (b, a, s, d) in memory
+        # and the transpose to (b, s, a*d) is a copy, which the out-projection saves (traced: GPT-NeoX, Phi)
+        copied = bool(arch.extra.get("sdpa_output_copy"))
+        label = "attention output" + (" (b, s, a*d) copy" if copied else "")
+        consumers(attn_out, hq, T, ec, label, already_saved=not copied)
 
     # ----- MLP ------------------------------------------------------------------------------------
     moe = arch.is_moe
-    k = arch.experts_per_token if moe else 1
-    Tm = T * k
-    n_act = ACT_SAVED.get(arch.mlp_activation, 3)
-    kf = f"k x T x I, k={k}" if moe else "T x I"
-    add(
-        f"MLP activation internals ({arch.mlp_activation})",
-        n_act * ec * Tm * I,
-        f"{n_act} x {ec} B x {kf}, I={I}",
-        n_act,
-    )
-    consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
-    if moe:
+    mlp_parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (families/_moe.py)
+    if mlp_parts:
+        Tm, I = _mlp_parts(arch, D, mlp_parts, add, consumers, full, ec)
+    else:
+        k = arch.experts_per_token if moe else 1
+        Tm = T * k
+        n_act = ACT_SAVED.get(arch.mlp_activation, 3)
+        kf = f"k x T x I, k={k}" if moe else "T x I"
+        # a parallel MLP (NeoX, Phi) reads the norm of the layer input: gradient-free in layer 0 under LoRA
+        # unless an MLP-input Linear carries an adapter
+        mlp_free0 = frozen_first and _parallel_mlp(arch) and not (MLP_IN & modules & targets)
+        add(
+            f"MLP activation internals ({arch.mlp_activation})",
+            n_act * ec * Tm * I,
+            f"{n_act} x {ec} B x {kf}, I={I}"
+            + ("; none in layer 0 (frozen embeddings)" if mlp_free0 else ""),
+            n_act,
+            first_bytes=n_act * ec * Tm * I if mlp_free0 else 0,
+        )
+        consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
+    if moe and not mlp_parts:
         E = arch.num_experts
         add(
             "MoE router logits, probabilities and routed token copies",
@@ -445,7 +494,8 @@ def _hf(ctx: Context) -> ActivationBudget:
     V = D.V
     if arch.position == "rope":
         cb = 4 if amp else ec
-        out.pre.append(Term("rotary cos/sin", 2 * cb * s * D.d, f"2 x {cb} B x s x d", 2))
+        rd = arch.extra.get("rotary_dim", D.d)  # partial rotary: cos/sin cover the first rotary_dim channels
+        out.pre.append(Term("rotary cos/sin", 2 * cb * s * rd, f"2 x {cb} B x s x {rd}", 2))
     if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
         C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
         px = b * C * img * img
@@ -639,6 +689,8 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     down_saved = bool(full or (MLP_OUT & modules & targets))
     n_ti = (3 if arch.mlp_activation in ("swiglu", "geglu") else 2) - (1 if down_saved else 0)
+    if arch.mlp_activation == "gelu_tanh" and arch.extra.get("parallel_attn_mlp"):
+        n_ti += 1  # Phi: gelu_new's pointwise chain holds one more T x I gradient in its backward (traced)
     out.layer_backward.append(
         Term(
             "activation gradients of the layer in backward",
@@ -674,6 +726,119 @@ def _hf(ctx: Context) -> ActivationBudget:
             )
         )
     return out
+
+
+def _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec):  # noqa: ANN001, ANN202
+    """DeepSeek-V2/V3 multi-head latent attention (``DeepseekV3Attention.forward``), per layer.
+
+    The compressed latents: q_a_proj's and kv_a_proj_with_mqa's outputs go through their RMSNorms (fp32
+    input, rsqrt, the normalised tensor when the weight trains), whose outputs q_b_proj and kv_b_proj save.
+    Then the up-projected tensors attention keeps: q and k at a x (d_nope + d_rope) (both new tensors: a cat
+    and the key buffer the k_nope / k_rope halves are copied into), and v, a view of kv_b_proj's output, so
+    that whole a x (d_nope + d_v) buffer stays. SDPA adds its output (a x d_v), the fp32 logsumexp and
+    o_proj's input, a contiguous copy of the output; eager the fp32 softmax and its 16-bit cast. Under tensor parallel the latents are replicated."""
+    full, T, b, s = ctx.full_training, D.T, D.b, D.s
+    a = D.a
+    qr, kvr = mla["q_lora_rank"], mla["kv_lora_rank"]
+    dqk = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+    dv, nope = mla["v_head_dim"], mla["qk_nope_head_dim"]
+    lat = 4 if amp else ec  # a norm output under autocast: fp32 weight x 16-bit tensor
+    for label, rank, module in (("q", qr, "q_b_proj"), ("kv", kvr, "kv_b_proj")):
+        if not rank:
+            continue
+        add(
+            f"MLA {label} latent RMSNorm: fp32 input, rsqrt" + (", normalised" if full else ""),
+            4 * T * rank + 4 * T + (ec * T * rank if full else 0),
+            f"4 B x T x {rank} + 4 B x T" + (f" + {ec} B x T x {rank}" if full else ""),
+            3 if full else 2,
+        )
+        consumers(frozenset({module}), rank, T, lat, f"MLA {label} latent ({module} input)")
+    add(
+        "MLA q, k (heads x (nope + rope)) and the up-projected k/v buffer (v's base)",
+        ec * T * a * (2 * dqk + nope + dv),
+        f"{ec} B x T x a x (2 x {dqk} + {nope} + {dv}), a={a}",
+        3,
+    )
+    if eager:
+        if ctx.scenario.activation_checkpointing != "selective":
+            add(
+                "attention softmax (fp32) and its 16-bit cast",
+                b * a * s * D.s_full * (4 + ec),
+                f"b x a x s x s x (4 + {ec}) B, b={b} a={a} s={s}",
+                2,
+            )
+        consumers(attn_out, a * dv, T, ec, "attention output")
+    else:
+        add(
+            "attention output and logsumexp",
+            ec * T * a * dv + 4 * b * a * s,
+            f"{ec} B x T x a x {dv} + 4 B x b x a x s (fp32 logsumexp)",
+            2,
+        )
+        # the output follows q's (b, a, s, d) layout (q is a cat, not a transposed view): o_proj saves the
+        # (b, s, a*d_v) contiguous copy besides it (traced)
+        consumers(attn_out, a * dv, T, ec, "attention output (contiguous copy)")
+
+
+def _mlp_parts(arch, D, parts, add, consumers, full, ec):  # noqa: ANN001, ANN202
+    """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
+    a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, families/_moe.py). Per-layer bytes
+    are the average over the layers; returns (rows, width) of the largest part for the backward transients.
+
+    A routed part runs transformers 5's default ``grouped_mm`` experts (the eager per-expert loop saves
+    alike): the gathered input rows, the gate_up output, act(gate) and the product (saved by down_proj),
+    and the down output kept by the routing-weight multiply -- k rows per token in all. Its router saves, for ``"softmax"`` (Mixtral, Qwen3-MoE)
+    the logits and the fp32 probabilities over E; for ``"sigmoid"`` (DeepSeek-V3) the fp32 copy of its
+    input, the fp32 logits' sigmoid and the group mask; for ``"softmax-fp32"`` (DeepSeek-V2) the fp32 input
+    copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the logits and the
+    top-k softmax; for ``"topk-sigmoid"`` (Llama 4) the logits, the top-k sigmoid scores and the
+    score-weighted input copy the experts read instead of the gathered rows."""
+    T, h = D.T, D.h
+    layers = max(arch.num_layers, 1)
+    n_act = ACT_SAVED.get(arch.mlp_activation, 3)
+    worst = (T, 0)
+    for part in parts:
+        frac = part["layers"] / layers
+        rows = T * part.get("rows", 1)
+        width = part["width"] // D.tp
+        name, share = part["name"], f"{part['layers']}/{layers} layers"
+        add(
+            f"{name}: activation internals ({arch.mlp_activation})",
+            frac * n_act * ec * rows * width,
+            f"{share} x {n_act} x {ec} B x {part.get('rows', 1)} x T x {width}",
+            n_act,
+        )
+        if rows * width > worst[0] * worst[1]:
+            worst = (rows, width)
+        E = part.get("experts", 0)
+        if not E:
+            consumers(MLP_OUT, width, rows * frac, ec, f"{name}: down-projection input")
+            continue
+        if full:
+            add(
+                f"{name}: down-projection input",
+                frac * ec * rows * width,
+                f"{share} x {ec} B x k x T x {width}",
+            )
+        kind = part.get("router", "softmax")
+        # + grouped_mm's bookkeeping per routed row: the top-k indices, the sort permutation, the token
+        # index (perm // k) and the inverse permutation (int64 each), the gathered fp32 weights and a copy
+        routed = 2 * ec * rows * h + 40 * rows
+        k = part.get("rows", 1)
+        router = {
+            "softmax": (ec + 4) * T * E,
+            "sigmoid": 4 * T * h + 5 * T * E,
+            "softmax-fp32": 4 * T * h + 4 * T * E,
+            "topk-softmax": ec * T * E + 4 * T * k,
+            "topk-sigmoid": ec * T * E + 4 * T * E,
+        }[kind]
+        add(
+            f"{name}: router ({kind}) and routed token copies",
+            frac * (router + routed),
+            f"{share} x (router over E={E} + 2 x {ec} B x k x T x h + 40 B x k x T indices)",
+            3,
+        )
+    return worst
 
 
 #: Leaf Linears whose output the layer itself saves for backward when nothing changes it first: SDPA keeps v

@@ -10,7 +10,17 @@ from __future__ import annotations
 import importlib
 
 #: The family modules of this package, imported in order (each registers its model types).
-MODULES: tuple[str, ...] = ("qwen3", "olmo2", "glm4", "cohere", "starcoder2")
+MODULES: tuple[str, ...] = (
+    "gpt_neox",
+    "phi",
+    "qwen3",
+    "qwen3_moe",
+    "olmo2",
+    "deepseek",
+    "glm4",
+    "cohere",
+    "starcoder2",
+)
 
 for _name in MODULES:
     importlib.import_module(f"{__name__}.{_name}")
