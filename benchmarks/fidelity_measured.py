@@ -51,6 +51,16 @@ EXPLAINED_UNDER: dict[str, str] = {
     "121": "bitsandbytes QLoRA run holding about 5 GiB its stated configuration does not account for",
 }
 
+#: Targets on the project's own GPU runs (``benchmarks/gpu_measure.py``, ids ``g-...``): the allocated counter
+#: is what the engine computes exactly, so its median must stay under 1% and every row within 2%, except the
+#: rows below, whose cause is written up under "The project's own GPU runs" (tests/test_accuracy.py).
+GPU_TARGET_ALLOCATED_MEDIAN = 0.01
+GPU_TARGET_ALLOCATED_ROW = 0.02
+GPU_EXPLAINED_ALLOCATED: dict[str, str] = {
+    "g-gpt2m-amp-eager-allocated": "eager attention with dropout on CUDA keeps more than the engine's masks",
+    "g-vitb-amp-compile-allocated": "torch.compile has no memory rule: the figure is eager's",
+}
+
 #: Bytes per unit as the sources use them (GB = 1e9, GiB = 2^30).
 UNIT_BYTES = {"B": 1, "MB": 10**6, "GB": 10**9, "MiB": 2**20, "GiB": 2**30}
 #: The engine counter that predicts each measured counter ("unknown": the lowest, allocated, so that an
@@ -523,9 +533,12 @@ def load_rows(data_dir: Path = DATA_DIR) -> list[dict[str, str]]:
 # ----- prediction and error -------------------------------------------------------------------------------
 def role(row: dict[str, str]) -> str:
     """``fit`` (odd-id published rows that measure reserved or nvidia-smi: the fragmentation constants are
-    fitted on them), ``eval`` (every other reproducible row), or ``excluded``."""
+    fitted on them), ``gpu`` (the project's own runs, ids ``g-...``), ``eval`` (every other reproducible
+    published row), or ``excluded``."""
     if row["reproducible"] != "true":
         return "excluded"
+    if row["id"].startswith("g-"):
+        return "gpu"  # the project's own runs: reported apart, no constant is fitted on them
     if row["id"].isdigit() and int(row["id"]) % 2 == 1 and row["counter"] in ("reserved", "nvidia-smi"):
         return "fit"
     return "eval"
@@ -603,12 +616,12 @@ def per_source(results: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
 def short_source(source: str) -> str:
     """A short label for a source string."""
     for key, label in (
+        ("gpu_measure", "benchmarks/gpu_measure.py"),
         ("torchtune", "torchtune README / PR #961"),
         ("pytorch/ao", "torchao low-bit optimizers"),
         ("transformers", "transformers docs (BERT)"),
         ("peft", "peft README"),
         ("ms-swift", "ms-swift benchmark"),
-        ("gpu_measure", "benchmarks/gpu_measure.py"),
     ):
         if key in source:
             return label
@@ -716,6 +729,8 @@ def _scenario_label(sc: dict[str, Any]) -> str:
         )
     if sc["compile"]:
         bits.append("compile")
+    if sc.get("output_lifetime"):
+        bits.append(f"outputs kept to {sc['output_lifetime']}")
     if sc["padding"] != "max_length":
         bits.append(f"pad {sc['padding']}")
     bits.append(sc["framework"])
@@ -860,18 +875,101 @@ def render(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None
         )
     lines += _fit_section(fits)
     lines += _profiles_section()
+    lines += _gpu_section(results)
+    return "\n".join(lines) + "\n"
+
+
+def gpu_summary(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per counter, the summary of the project's own GPU rows."""
+    gpu = [r for r in results if r["role"] == "gpu"]
+    return {c: summarise([r for r in gpu if r["row"]["counter"] == c], ("gpu",)) for c in GPU_COUNTERS}
+
+
+GPU_COUNTERS = ("allocated", "reserved", "nvidia-smi")
+
+
+def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
+    """The project's own runs: per-counter summary, the rows side by side, and what the misses mean."""
+    gpu = [r for r in results if r["role"] == "gpu"]
+    lines = [
+        "",
+        "## The project's own GPU runs",
+        "",
+        "`python benchmarks/gpu_measure.py --out data/measured/gpu_<card>.csv` trains each scenario below for three",
+        "real steps on CUDA (random weights from the config, HF-style loop, each in a fresh process) and writes",
+        "allocated, reserved and nvidia-smi rows; without CUDA it exits with status 2. These rows are reported",
+        "here, apart from the published ones, and no constant is fitted on them.",
+    ]
+    if not gpu:
+        return lines + ["", "No project-measured rows yet."]
+    lines += [
+        f"Source: {gpu[0]['row']['source']}.",
+        "",
+        "| counter | n | median abs error | worst | under-predictions | worst under-prediction | inside the band |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for counter, s in gpu_summary(results).items():
+        if s["n"]:
+            lines.append(
+                f"| {counter} | {s['n']} | {s['median']:.1%} | {s['worst']:+.1%} ({s['worst_id']}) | "
+                f"{s['under']} | {s['worst_under']:+.1%} | {s['inside_band']}/{s['n']} |"
+            )
     lines += [
         "",
-        "## Measuring on a GPU",
+        f"Targets: allocated median under {GPU_TARGET_ALLOCATED_MEDIAN:.0%} and every allocated row within "
+        f"{GPU_TARGET_ALLOCATED_ROW:.0%} except the explained ones below; no reserved or nvidia-smi row "
+        f"under-predicted by more than {-TARGET_WORST_UNDER:.0%} (tests/test_accuracy.py).",
         "",
-        "`python benchmarks/gpu_measure.py --out data/measured/gpu_<card>.csv` runs a dozen scenarios (Llama-3.2-1B in",
-        "bf16, fp32, autocast, eager, checkpointed, LoRA; Qwen2.5-0.5B with fixed and variable batch lengths; GPT-2",
-        "medium with dropout under autocast; ViT-B eager and compiled) for real on CUDA, each in a fresh process,",
-        "within ten minutes, and writes allocated, reserved and nvidia-smi rows in this format; this report then",
-        "scores them as evaluation rows. Without CUDA it exits with status 2. No GPU was available when this",
-        "report was written, so no project-measured rows are in it yet.",
+        "| run | scenario | allocated: measured / predicted GiB | error | reserved: measured / predicted GiB | "
+        "error | nvidia-smi: measured / predicted GiB | error |",
+        "|---|---|---|---:|---|---:|---|---:|",
     ]
-    return "\n".join(lines) + "\n"
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in gpu:
+        run = (
+            r["row"]["id"].removeprefix("g-").rsplit("-", 1 if r["row"]["counter"] != "nvidia-smi" else 2)[0]
+        )
+        runs.setdefault(run, {})[r["row"]["counter"]] = r
+    for run, by in runs.items():
+        sc = json.loads(next(iter(by.values()))["row"]["scenario_json"])
+        cells = [
+            f"{_gib(by[c]['measured'])} / {_gib(by[c]['predicted'])} | {_pct(by[c]['error'])}"
+            if c in by
+            else " | "
+            for c in GPU_COUNTERS
+        ]
+        lines.append(f"| {run} | {_scenario_label(sc)} | " + " | ".join(cells) + " |")
+    by_id = {r["row"]["id"]: r for r in gpu}
+
+    def e(rid: str) -> str:
+        return _pct(by_id[rid]["error"]) if rid in by_id else "n/a"
+
+    lines += [
+        "",
+        "What they show:",
+        "",
+        "- **Allocated** is what the engine computes from who-saves-what: on every run without dropout or",
+        "  `torch.compile` it is within 0.1% of `torch.cuda.max_memory_allocated` on the decoders (Llama, Qwen2,",
+        "  Qwen3, OLMo 2, Phi; bf16, fp32, autocast, eager, checkpointing, LoRA, the plain loop that keeps its",
+        f"  outputs, an 8B full fine-tune and an 8B LoRA) and {e('g-vitb-amp-allocated')} on ViT-B.",
+        f"- **gpt2m-amp-eager** (allocated {e('g-gpt2m-amp-eager-allocated')}): GPT-2's eager attention with",
+        "  dropout 0.1 under autocast; the CUDA run keeps more per layer than the engine's 1-byte masks and",
+        "  probabilities (the per-kernel dropout question of issue 12). Explained, not tuned.",
+        f"- **vitb-amp-compile** (allocated {e('g-vitb-amp-compile-allocated')}): `compile: true` has no memory",
+        "  rule; the engine gives eager's figure, and the compiled run allocated 15% more than the eager one",
+        "  (`vitb-amp`). Explained, not tuned: one run is no rule.",
+        "- **Reserved** is a model of the caching allocator: weights and states plus 1%, everything else plus",
+        "  44% (fitted on published BERT rows), and with variable batch lengths 2.1 x the loss buffers (fitted on",
+        "  ms-swift rows). On these runs the allocator held between 0.5% and 84% of the churning memory unused,",
+        "  depending on the order of allocations rather than on their size: the fixed 44% over-predicts most runs",
+        "  (safe), and under-predicts the fully checkpointed one "
+        f"({e('g-llama1b-bf16-ckpt-reserved')}), where recomputation",
+        "  in backward leaves the most holes. The variable-length term over-predicts",
+        f"  ({e('g-qwen05b-bf16-longest-reserved')}): PyTorch 2.11 reused the fixed-length run's segments. A",
+        "  replay of the traced allocation sequence through the allocator's rules would replace the constants;",
+        "  until then plan on the allocated figure plus the headroom, and read reserved as a band.",
+    ]
+    return lines
 
 
 def _misses(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None = None) -> list[str]:

@@ -46,7 +46,7 @@ class Measurement:
     name: str
     scenario: dict[str, Any]
     steps: int = 3
-    seconds: int = 30  # budget for the subprocess: CUDA init, model build, the steps
+    seconds: int = 15  # budget for the subprocess: CUDA init, model build, the steps (3x is its timeout)
     note: str = ""
     lengths: tuple[int, ...] = field(
         default=()
@@ -79,7 +79,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "qwen05b-bf16-longest",
         {**_QWEN, "padding": "longest"},
         lengths=_VARIABLE,
-        seconds=40,
+        seconds=20,
         note="batch lengths vary per step (tests FRAGMENTATION_VARIABLE)",
     ),
     Measurement(
@@ -95,6 +95,39 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         note="dropout on; CUDA autocast softmax in fp32",
     ),  # fmt: skip
     Measurement(
+        "llama1b-bf16-loop",
+        {**_LLAMA1B, "output_lifetime": "step"},
+        note="plain loop: outputs = model(**batch) kept through backward and the optimizer step",
+    ),
+    Measurement("qwen3-06b-bf16", {**_QWEN, "model": "qwen3-0.6b"}, note="per-head q/k RMSNorm"),
+    Measurement("olmo2-1b-bf16", {**_LLAMA1B, "model": "olmo-2-1b"}, note="post-norms, q/k norm"),
+    Measurement("phi15-bf16", {**_LLAMA1B, "model": "phi-1_5"}, note="parallel attention + MLP, LayerNorm"),
+    Measurement(
+        "llama8b-bf16-fused",
+        {
+            **_LLAMA1B,
+            "model": "llama-3.1-8b",
+            "micro_batch_size": 1,
+            "seq_len": 2048,
+            "optimizer_impl": "fused",
+        },
+        seconds=35,
+        note="full fine-tune of an 8B in pure bf16 on one card, fused AdamW",
+    ),
+    Measurement(
+        "llama8b-lora",
+        {
+            **_LLAMA1B,
+            "model": "llama-3.1-8b",
+            "micro_batch_size": 2,
+            "seq_len": 2048,
+            "method": "lora",
+            "lora": {"rank": 16, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        },
+        seconds=35,
+        note="peft, fp32 adapters on a bf16 base",
+    ),
+    Measurement(
         "vitb-amp",
         {"model": "vit-base-patch16-224", "gpu": "h200", "precision": "amp-bf16", "micro_batch_size": 64},
     ),
@@ -107,7 +140,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             "micro_batch_size": 64,
             "compile": True,
         },
-        seconds=90,
+        seconds=60,
         note="torch.compile: pairs with vitb-amp",
     ),  # fmt: skip
 )
@@ -211,7 +244,9 @@ def train_steps(m: Measurement, device: str = "cuda") -> None:
     config = transformers.AutoConfig.for_model(**cfg_dict)
     vision = cfg_dict["model_type"] == "vit"
     cls = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
-    model = cls.from_config(config, attn_implementation=attn, dtype=wdtype).to(dev)
+    with dev:  # random init on the device itself: an 8B model initialised on the host takes minutes
+        model = cls.from_config(config, attn_implementation=attn, dtype=wdtype)
+    model.to(dev)
     if sc.activation_checkpointing == "full":
         model.gradient_checkpointing_enable()
     if sc.method == "lora":
@@ -226,6 +261,7 @@ def train_steps(m: Measurement, device: str = "cuda") -> None:
     step_fn = torch.compile(model) if sc.compile else model
     vocab = getattr(config, "vocab_size", 0) or 0
     b = sc.micro_batch_size
+    keep = sc.output_lifetime or "trainer"
     half = torch.bfloat16 if sc.precision == "amp-bf16" else torch.float16
     for length in m.step_lengths():
         if vision:
@@ -240,11 +276,17 @@ def train_steps(m: Measurement, device: str = "cuda") -> None:
         with torch.autocast(dev.type, dtype=half, enabled=amp):
             out = step_fn(**inputs)
         loss = out.loss
-        del out, inputs
+        if keep == "trainer":  # HF Trainer drops the outputs before backward
+            del out
+        del inputs
         loss.backward()
+        if keep == "backward":
+            del out
         opt.step()
         opt.zero_grad(set_to_none=True)
         del loss
+        if keep == "step":  # a plain for-loop rebinds `out` only at the next forward
+            del out
 
 
 def run_one(m: Measurement) -> dict[str, Any]:
@@ -334,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         reading = json.loads(proc.stdout.strip().splitlines()[-1])
         rows += rows_for(m, reading, env)
+        write_csv(rows, Path(args.out))  # after each one: a run cut short keeps what it measured
         print(
             f"{m.name:<24} allocated {reading['allocated'] / GiB:7.2f} reserved {reading['reserved'] / GiB:7.2f} "
             f"device {reading['device'] / GiB:7.2f} GiB  ({time.monotonic() - t0:.0f} s)",
