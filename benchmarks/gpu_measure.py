@@ -46,7 +46,7 @@ class Measurement:
     name: str
     scenario: dict[str, Any]
     steps: int = 3
-    seconds: int = 15  # budget for the subprocess: CUDA init, model build, the steps (3x is its timeout)
+    seconds: int = 11  # budget for the subprocess: CUDA init, model build, the steps (3x is its timeout)
     note: str = ""
     lengths: tuple[int, ...] = field(
         default=()
@@ -59,6 +59,20 @@ class Measurement:
 
 _LLAMA1B = {"model": "llama-3.2-1b", "gpu": "h200", "micro_batch_size": 4, "seq_len": 1024}
 _QWEN = {"model": "qwen2.5-0.5b", "gpu": "h200", "micro_batch_size": 4, "seq_len": 2048}
+_GPT2M_AMP = {
+    "model": "gpt2-medium",
+    "gpu": "h200",
+    "precision": "amp-bf16",
+    "attention": "eager",
+    "micro_batch_size": 8,
+    "seq_len": 1024,
+}
+_GPT2M_NODROP = {
+    **resolve_model_config("gpt2-medium"),
+    "attn_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+}
 #: Variable-length batches, longest 2048: what ``padding: "longest"`` describes.
 _VARIABLE = (512, 2048, 1280, 768, 1792, 1024, 1536, 2048)
 
@@ -82,18 +96,23 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         seconds=20,
         note="batch lengths vary per step (tests FRAGMENTATION_VARIABLE)",
     ),
+    Measurement("gpt2m-amp-eager", _GPT2M_AMP, note="dropout on; CUDA autocast softmax in fp32"),
     Measurement(
-        "gpt2m-amp-eager",
-        {
-            "model": "gpt2-medium",
-            "gpu": "h200",
-            "precision": "amp-bf16",
-            "attention": "eager",
-            "micro_batch_size": 8,
-            "seq_len": 1024,
-        },
-        note="dropout on; CUDA autocast softmax in fp32",
-    ),  # fmt: skip
+        "gpt2m-amp-sdpa",
+        {**_GPT2M_AMP, "attention": "sdpa"},
+        note="dropout on; SDPA on CUDA regenerates its dropout mask in backward",
+    ),
+    Measurement(
+        "gpt2m-amp-eager-nodrop",
+        {**_GPT2M_AMP, "model": _GPT2M_NODROP},
+        note="gpt2m-amp-eager with every dropout at 0: the dropout share of that run",
+    ),
+    Measurement(
+        "llama1b-bf16-compile",
+        {**_LLAMA1B, "compile": True},
+        seconds=45,
+        note="torch.compile: pairs with llama1b-bf16",
+    ),
     Measurement(
         "llama1b-bf16-loop",
         {**_LLAMA1B, "output_lifetime": "step"},
@@ -111,7 +130,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             "seq_len": 2048,
             "optimizer_impl": "fused",
         },
-        seconds=35,
+        seconds=30,
         note="full fine-tune of an 8B in pure bf16 on one card, fused AdamW",
     ),
     Measurement(
@@ -124,7 +143,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             "method": "lora",
             "lora": {"rank": 16, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]},
         },
-        seconds=35,
+        seconds=30,
         note="peft, fp32 adapters on a bf16 base",
     ),
     Measurement(
@@ -140,7 +159,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             "micro_batch_size": 64,
             "compile": True,
         },
-        seconds=60,
+        seconds=45,
         note="torch.compile: pairs with vitb-amp",
     ),  # fmt: skip
 )

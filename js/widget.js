@@ -364,6 +364,7 @@ export function renderVerdict(doc, el, result) {
     ),
   );
   const extra = [h(doc, "div", { class: "memsim-bottleneck", text: result.bottleneck?.text ?? "" })];
+  for (const c of result.caveats ?? []) extra.push(h(doc, "div", { class: "memsim-caveat", text: `caveat: ${c}` }));
   const s = result.scaling ?? {};
   const parts = [];
   if (s.micro_batch_size) {

@@ -149,6 +149,7 @@ def _table(est: Any, headroom: float) -> str:
         f"  device     {_gib(est.device_total_bytes):>10} GiB  (nvidia-smi)",
         f"verdict   {est.verdict(headroom)} ({headroom:.0%} headroom; "
         f"recommended >= {_gib(est.recommended_memory_bytes(headroom))} GiB)",
+        *(f"caveat    {c}" for c in est.caveats),
         "",
         f"{'category':<17} {'GiB':>9}  item / formula",
     ]

@@ -170,6 +170,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("gpt2 bf16 sdpa b2 s512", {"model": GPT2, "micro_batch_size": 2, "seq_len": 512}),
     ("gpt2 fp32 sdpa b2 s512", {"model": GPT2, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32"}),
     ("gpt2 bf16 eager b2 s256", {"model": GPT2, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"}),
+    # gelu_new's pow runs in fp32 under CUDA autocast (trace/cuda_autocast.py; measured on an H200)
+    (
+        "gpt2 amp-bf16 sdpa b2 s512",
+        {"model": GPT2, "micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"},
+    ),
     ("llama V64 bf16 b4 s512", {"model": {**LLAMA, "vocab_size": 64}, "micro_batch_size": 4, "seq_len": 512}),
     (
         "llama V64 fp32 b4 s512",

@@ -128,3 +128,14 @@ def test_bad_input_exits_2_with_one_line(argv, stdin, field):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert field in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_compile_is_labelled_as_unmodelled_in_text_json_and_estimate(capsys, tmp_path):
+    """compile: true has no memory rule: the output says so instead of looking as exact as the rest."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True}))
+    assert main(["estimate", str(path)]) == 0
+    assert "caveat    compile: true has no memory rule" in capsys.readouterr().out
+    assert main(["estimate", str(path), "--json"]) == 0
+    assert any("compile" in c for c in json.loads(capsys.readouterr().out)["caveats"])
+    assert estimate(Scenario.from_dict({"model": "llama-3.2-1b"})).caveats == ()

@@ -25,6 +25,7 @@ FAST = [
     "qwen2 bf16 sdpa b2 s512",
     "mixtral bf16 sdpa b2 s512",
     "gpt2 bf16 sdpa b2 s512",
+    "gpt2 amp-bf16 sdpa b2 s512",
 ]
 TOLERANCE = 0.03
 
@@ -33,3 +34,21 @@ TOLERANCE = 0.03
 def test_engine_peak_within_three_percent_of_trace(name):
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < TOLERANCE, r
+
+
+def test_trace_autocast_runs_pow_in_fp32_as_cuda_does():
+    """CUDA autocast's fp32 list has pow, CPU's has not: the trace follows CUDA (gelu_new's saved chain)."""
+    import torch
+
+    from memsim_widget.trace.cuda_autocast import cuda_like_autocast
+
+    x = torch.ones(4, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.pow(x, 3.0).dtype == torch.bfloat16  # what plain CPU autocast does
+    with cuda_like_autocast(torch.bfloat16):
+        assert torch.pow(x, 3.0).dtype == torch.float32
+        assert (x**3).dtype == torch.float32 and x.pow(3).dtype == torch.float32
+        assert (x * 2).dtype == torch.bfloat16  # ops outside the list are untouched
+    assert torch.pow(x, 3.0).dtype == torch.bfloat16  # and nothing is left behind
+    with cuda_like_autocast(None):
+        assert torch.pow(x, 3.0).dtype == torch.bfloat16

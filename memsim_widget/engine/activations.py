@@ -143,6 +143,20 @@ MLP_IN = frozenset(
     {"gate_proj", "up_proj", "c_fc", "gate_up_proj", "fc1", "wi", "wi_0", "wi_1", "w1", "w3", "dense_h_to_4h"}
 )
 MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2", "dense_4h_to_h"})
+
+
+def gelu_tanh_autocast(ec: int, kf: str, I: int) -> tuple[int, str]:
+    """Bytes per element and formula of gelu_new's saved chain under CUDA autocast.
+
+    CUDA autocast runs ``pow`` in fp32 (torch.amp docs, CUDA fp32 op list), so ``pow(x, 3)`` saves an fp32
+    copy of x and the rest of the chain is promoted: the fp32 tanh output and ``1 + tanh``, beside the
+    16-bit ``0.5 x`` -- 12 + e bytes per element where a 16-bit chain keeps 4 x e. Measured on an H200
+    (docs/accuracy.md, GPT-2 medium under amp-bf16: 6 B per T x I element per layer more than the 16-bit
+    chain); traced with trace/cuda_autocast.py. gelu_fast and gelu_pytorch_tanh have no pow: over-predicted.
+    """
+    return 12 + ec, f"(3 x 4 B + {ec} B) x {kf}, I={I} (fp32 pow chain under CUDA autocast)"
+
+
 #: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
 #: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
 ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1}
@@ -385,13 +399,15 @@ def _hf(ctx: Context) -> ActivationBudget:
         # a parallel MLP (NeoX, Phi) reads the norm of the layer input: gradient-free in layer 0 under LoRA
         # unless an MLP-input Linear carries an adapter
         mlp_free0 = frozen_first and _parallel_mlp(arch) and not (MLP_IN & modules & targets)
+        per_elem, formula = n_act * ec, f"{n_act} x {ec} B x {kf}, I={I}"
+        if amp and arch.mlp_activation == "gelu_tanh":
+            per_elem, formula = gelu_tanh_autocast(ec, kf, I)
         add(
             f"MLP activation internals ({arch.mlp_activation})",
-            n_act * ec * Tm * I,
-            f"{n_act} x {ec} B x {kf}, I={I}"
-            + ("; none in layer 0 (frozen embeddings)" if mlp_free0 else ""),
+            per_elem * Tm * I,
+            formula + ("; none in layer 0 (frozen embeddings)" if mlp_free0 else ""),
             n_act,
-            first_bytes=n_act * ec * Tm * I if mlp_free0 else 0,
+            first_bytes=per_elem * Tm * I if mlp_free0 else 0,
         )
         consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
     if moe and not mlp_parts:

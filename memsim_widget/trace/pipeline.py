@@ -25,6 +25,7 @@ import torch
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
+from .cuda_autocast import cuda_like_autocast
 from .run import ROLES, TraceResult, _make_optimizer, _precision_dtypes, _probe_optimizer, fakeify_meta
 from .tracker import MemoryTracker
 
@@ -128,16 +129,6 @@ def check_pipeline(sc: Scenario) -> None:
         )
 
 
-@contextlib.contextmanager
-def _autocast(dtype: torch.dtype | None) -> Iterator[None]:
-    """CPU autocast to ``dtype``, or nothing when ``dtype`` is None."""
-    if dtype is None:
-        yield
-        return
-    with torch.autocast("cpu", dtype=dtype):
-        yield
-
-
 class StageModule(torch.nn.Module):
     """One stage of an HF decoder: [embeddings ->] its layers [-> final norm -> head].
 
@@ -170,7 +161,7 @@ class StageModule(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (first stage) or hidden states in; hidden states or logits (last stage) out."""
         d = self.model
-        with _autocast(self.autocast_dtype):
+        with cuda_like_autocast(self.autocast_dtype):
             h = d.embed_tokens(x) if d.embed_tokens is not None else x
             pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
             pe = d.rotary_emb(h, position_ids=pos)
@@ -188,7 +179,7 @@ def causal_lm_loss(vocab_size: int, autocast_dtype: torch.dtype | None) -> Calla
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with _autocast(autocast_dtype):
+        with cuda_like_autocast(autocast_dtype):
             return ForCausalLMLoss(logits, labels, vocab_size)
 
     return loss_fn

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .cuda_autocast import cuda_like_autocast
 from .tracker import ROLES, MemoryTracker
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
@@ -277,11 +278,10 @@ def trace_training(
                     tracker.set_phase("loss")
 
             hooks.append(lm.register_forward_hook(_to_loss))
-        autocast = (
-            (lambda: torch.autocast("cpu", dtype=amp_dtype))
-            if amp_dtype is not None
-            else contextlib.nullcontext
-        )
+
+        def autocast() -> contextlib.AbstractContextManager[None]:
+            return cuda_like_autocast(amp_dtype)
+
         try:
             with tracker, instrument(tracker) if instrument else contextlib.nullcontext():
                 tracker.register(params, "parameter")
@@ -345,7 +345,8 @@ def trace_training(
         notes[-1] += " live on the host unless fused/capturable"
     if amp_dtype is not None:
         notes.append(
-            "autocast traced with CPU autocast op lists (CUDA lists differ for norms/softmax/losses)"
+            "autocast traced with CPU autocast op lists, pow in fp32 as on CUDA (CUDA lists also differ "
+            "for norms/softmax/losses)"
         )
     return TraceResult(
         peak_bytes=sp["bytes"],

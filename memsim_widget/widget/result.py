@@ -45,6 +45,7 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
             summary_scaling[axis] = {"fixed": d["fixed"]}
     return {
         "verdict": est.verdict(headroom),
+        "caveats": list(est.caveats),
         "headroom": headroom,
         "model": charts_mod.model_label(est.scenario.model),
         "family": est.arch.family,

@@ -131,6 +131,17 @@ describe("render", () => {
     cleanup();
   });
 
+  test("caveats sent with the result show beside the verdict, none when there are none", () => {
+    const plain = mount();
+    assert.equal(plain.el.querySelectorAll(".memsim-caveat").length, 0);
+    plain.cleanup();
+    const result = { ...fixtureState().result, caveats: ["compile: true has no memory rule"] };
+    const { el, cleanup } = mount({ result });
+    const shown = [...el.querySelectorAll(".memsim-verdict .memsim-caveat")].map((c) => c.textContent);
+    assert.deepEqual(shown, ["caveat: compile: true has no memory rule"]);
+    cleanup();
+  });
+
   test("moving a slider writes the scenario back and saves", () => {
     const { window, ctl, model, cleanup } = mount();
     const before = model.get("scenario_data");
