@@ -95,14 +95,14 @@ def test_lora_exceeds_full_fine_tuning_only_by_its_adapters(data):
 
 
 @SETTINGS
-@given(data=BASE)
-def test_zero3_exceeds_zero2_only_by_fsdp2s_gathered_units(data):
+@given(data=BASE, layout=st.sampled_from([lay for lay in LAYOUTS if "dp" in lay]))
+def test_zero3_exceeds_zero2_only_by_fsdp2s_gathered_units(data, layout):
     """At small dp ZeRO-3 can hold more than ZeRO-2: sharding saves (1 - 1/dp) of the weights, while FSDP2
     keeps the root unit (embeddings, head) unsharded and a layer's all-gather buffers (traced,
     docs/fidelity-parallel.md). The excess is never more than those buffers."""
-    assume("dp" in data["parallel"])
-    two = est({**data, "parallel": {**data["parallel"], "zero": 2}})
-    three = est({**data, "parallel": {**data["parallel"], "zero": 3}})
+    # the layout is drawn among those with dp (an assume() on the shared draw filtered 3 in 5: flaky health check)
+    two = est({**data, "parallel": {**layout, "zero": 2}})
+    three = est({**data, "parallel": {**layout, "zero": 3}})
     gathered = sum(i.bytes for i in three.worst.peak.items if i.item.startswith("FSDP2"))
     assert three.peak_tensor_bytes - two.peak_tensor_bytes <= gathered
 
