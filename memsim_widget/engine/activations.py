@@ -312,11 +312,11 @@ def _hf(ctx: Context) -> ActivationBudget:
     a_loc = D.a
     attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
-    # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT and ViT stay in the
+    # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT, RoBERTa and ViT stay in the
     # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
     # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
     # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
-    softmax_fp32 = arch.family not in ("gpt2", "bert", "vit") or amp
+    softmax_fp32 = not arch.extra.get("softmax_in_compute_dtype") or amp
     mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
     if mla:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
@@ -518,7 +518,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
-    if arch.family == "bert":  # embeddings' LayerNorm input; the MLM head's dense -> gelu -> LayerNorm
+    if arch.extra.get("embedding_norm"):  # BERT-style encoders: the embeddings' LayerNorm input
         out.pre.append(
             Term(
                 "embeddings LayerNorm input, mean and rstd",
@@ -527,6 +527,7 @@ def _hf(ctx: Context) -> ActivationBudget:
                 3,
             )
         )
+    if arch.extra.get("mlm_head"):  # the MLM head's dense -> gelu -> LayerNorm (its input: "final norm")
         out.post.append(
             Term(
                 "MLM head transform: dense output and LayerNorm output",
@@ -551,7 +552,7 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.post.append(Term("head input", nout * T * h, f"{nout} B x T x h", 1))
     if V:
         le = 4 if recipe.fp32_compute else 2
-        upcast_loss = arch.family not in ("bert", "t5", "vit")
+        upcast_loss = arch.extra.get("loss_upcast", True)
         if sc.loss == "chunked":
             chunk = T * V / LOSS_CHUNKS
             out.loss_backward.append(
