@@ -816,10 +816,13 @@ _BERT_DEFAULTS: dict[str, Any] = {
 }
 
 
-#: What a BERT-style encoder's forward saves beyond its layers (engine/activations.py reads these): the
-#: embeddings' LayerNorm, the MLM head's dense -> gelu -> LayerNorm, a softmax in the compute dtype
-#: under eager attention, and a cross-entropy on the logits as they are (no fp32 upcast).
+#: How a BERT-style encoder's forward differs from a pre-norm decoder's (engine/activations.py reads these): the
+#: Linear reading the attention block's norm, post-norm blocks, the embeddings' LayerNorm, the MLM head's dense ->
+#: gelu -> LayerNorm, a softmax in the compute dtype under eager attention, and a cross-entropy on the logits as they
+#: are (no fp32 upcast outside autocast).
 MLM_ENCODER_RULES: dict[str, Any] = {
+    "mlp_input_modules": ("dense",),  # intermediate.dense reads the attention block's LayerNorm output
+    "first_norm_after_attention": True,  # post-norm: a layer's first LayerNorm reads attention output + input
     "embedding_norm": True,
     "mlm_head": True,
     "softmax_in_compute_dtype": True,

@@ -279,9 +279,11 @@ def _hf(ctx: Context) -> ActivationBudget:
             + (f" - {shared} x {r} B x T x h (one input read by {shared + 1} norms)" if shared else ""),
             3 * norms - shared,
             # parallel branches (NeoX, Phi): under LoRA every norm of layer 0 reads the gradient-free embeddings
-            # ModernBERT's layer 0 has no attn_norm (nn.Identity): one norm fewer there in any case
+            # ModernBERT's layer 0 has no attn_norm (nn.Identity): one norm fewer there in any case. A post-norm
+            # block (BERT) norms the attention output first: trained under LoRA once attention has an adapter
             first_bytes=(norms * per_norm - shared * r * Tout * h if parallel_branches else per_norm)
             if frozen_first
+            and not (arch.extra.get("first_norm_after_attention") and targets & (ATTN_IN | ATTN_OUT))
             else (per_norm if arch.extra.get("first_layer_norms", norms) < norms else 0),
         )
     nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
@@ -290,7 +292,9 @@ def _hf(ctx: Context) -> ActivationBudget:
     consumers(ATTN_IN, h, T, nout, "attention input")
     # Phi: one norm's output feeds q, k, v and fc1; saved once when the attention side saved it already
     shared_in = arch.extra.get("parallel_attn_mlp", False) and (full or bool(ATTN_IN & modules & targets))
-    consumers(MLP_IN, h, T, nout, "MLP input", already_saved=shared_in)
+    # BERT-style encoders name three Linears "dense": the one reading the attention block's norm is named by the family
+    mlp_in = MLP_IN | frozenset(arch.extra.get("mlp_input_modules", ()))
+    consumers(mlp_in, h, T, nout, "MLP input", already_saved=shared_in)
 
     # ----- q/k norms (Qwen3 "head": per head over d; OLMo 2 "full": over the whole projection) ----------------
     # HF RMSNorm on the q_proj / k_proj outputs (compute dtype): its fp32 input, the rsqrt per row and, if its
@@ -586,13 +590,17 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     if arch.extra.get("mlm_head"):  # the MLM head's dense -> gelu -> LayerNorm (its input: "final norm")
         # gelu saves the dense output; the decoder saves the LayerNorm output only if its weight trains (traced)
+        # (under autocast the dense keeps a 16-bit copy of its weight, trained or frozen)
         n_mlm = 2 if full else 1
+        wcopy = 2 * h * h if amp else 0
         out.post.append(
             Term(
-                "MLM head transform: dense output" + (" and LayerNorm output" if full else " (frozen decoder)"),
-                n_mlm * ec * T * h,
-                f"{n_mlm} x {ec} B x T x h",
-                n_mlm,
+                "MLM head transform: dense output"
+                + (" and LayerNorm output" if full else " (frozen decoder)")
+                + (", autocast weight copy" if amp else ""),
+                n_mlm * ec * T * h + wcopy,
+                f"{n_mlm} x {ec} B x T x h" + (" + 2 B x h x h" if amp else ""),
+                n_mlm + (1 if amp else 0),
             )
         )
     if V and amp and not full:  # a frozen head keeps the 16-bit copy of its weight for the input's gradient
@@ -611,7 +619,9 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.post.append(Term("head input", nout * T * h, f"{nout} B x T x h", 1))
     if V:
         le = 4 if recipe.fp32_compute else 2
-        upcast_loss = arch.extra.get("loss_upcast", True)
+        # a loss on the logits as they are (BERT, T5, ViT) runs in fp32 under autocast all the same: cross_entropy
+        # and log_softmax are on autocast's fp32 list (torch.amp docs), so it saves and frees as an upcast loss (traced)
+        upcast_loss = arch.extra.get("loss_upcast", True) or amp
         if sc.loss == "chunked":
             chunk = T * V / LOSS_CHUNKS
             out.loss_backward.append(
