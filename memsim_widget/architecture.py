@@ -789,6 +789,7 @@ def build_gpt2(cfg: Mapping[str, Any]) -> Architecture:
         hidden_dropout=_float(cfg, "resid_pdrop", d["resid_pdrop"]),
         decoder_layers=L,
         causal=True,
+        max_seq_len=n_pos,
         extra={
             "hf_class": "GPT2LMHeadModel",
             "n_positions": n_pos,
