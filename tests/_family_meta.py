@@ -20,7 +20,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
 #: Model types trained as ``*ForMaskedLM`` (the class their builders document).
-MASKED_LM_TYPES = frozenset({"bert", "roberta", "modernbert"})
+MASKED_LM_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "modernbert"})
 
 
 def model_class(model_type: str) -> Any:

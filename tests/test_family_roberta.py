@@ -18,7 +18,7 @@ from memsim_widget.errors import ScenarioError  # noqa: E402
 from memsim_widget.fidelity import CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
-ROBERTA_PRESETS = [p for p, cfg in PRESETS.items() if cfg["model_type"] == "roberta"]
+ROBERTA_PRESETS = [p for p, cfg in PRESETS.items() if cfg["model_type"] in ("roberta", "xlm-roberta")]
 
 #: Non-default keys: untied decoder (its own weight and bias), padding index 2 (3 offset rows), 3 token types.
 INLINE = {
@@ -35,15 +35,33 @@ INLINE = {
 }
 
 
-def test_two_presets() -> None:
-    assert ROBERTA_PRESETS == ["roberta-base", "roberta-large"]
+def test_four_presets() -> None:
+    assert ROBERTA_PRESETS == ["roberta-base", "roberta-large", "xlm-roberta-base", "xlm-roberta-large"]
 
 
 @pytest.mark.parametrize("preset", ROBERTA_PRESETS)
 def test_preset_matches_transformers(preset: str) -> None:
     arch = architecture_for(preset)
     assert_matches_transformers(arch, PRESETS[preset])
-    assert type(meta_model(PRESETS[preset])).__name__ == arch.extra["hf_class"] == "RobertaForMaskedLM"
+    assert type(meta_model(PRESETS[preset])).__name__ == arch.extra["hf_class"]
+    assert arch.family == "roberta"
+    assert arch.max_seq_len == 512  # 514 rows less padding_idx 1 and the row before it
+
+
+def test_published_sizes() -> None:
+    """transformers' counts: roberta-large 355,412,057; XLM-R base 278,295,186 and large 560,142,482 (the
+    same model with a 250,002-token vocabulary)."""
+    assert architecture_for("roberta-large").parameters == 355_412_057
+    assert architecture_for("xlm-roberta-base").parameters == 278_295_186
+    assert architecture_for("xlm-roberta-large").parameters == 560_142_482
+
+
+@pytest.mark.parametrize("model_type", ["xlm-roberta", "camembert"])
+def test_roberta_under_other_names_matches_transformers(model_type: str) -> None:
+    cfg = {**INLINE, "model_type": model_type}
+    arch = architecture_for(cfg)
+    assert_matches_transformers(arch, cfg)
+    assert arch.parameters == architecture_for(INLINE).parameters
 
 
 def test_roberta_base_by_hand() -> None:
@@ -56,6 +74,8 @@ def test_roberta_base_by_hand() -> None:
 
 
 def test_inline_untied_matches_transformers_and_offsets_positions() -> None:
+    """A 70-row table with padding_idx 2: positions 3..69, so 67 tokens (the presets: 514 rows, padding_idx 1,
+    512 tokens)."""
     arch = architecture_for(INLINE)
     assert_matches_transformers(arch, INLINE)
     assert arch.max_seq_len == 70 - (2 + 1)  # positions are numbered from pad_token_id + 1
@@ -63,13 +83,6 @@ def test_inline_untied_matches_transformers_and_offsets_positions() -> None:
     with pytest.raises(ScenarioError) as info:
         estimate(Scenario(model=INLINE, seq_len=68))
     assert info.value.field == "seq_len" and "at most 67" in str(info.value)
-
-
-def test_presets_allow_512_tokens() -> None:
-    for preset in ROBERTA_PRESETS:
-        assert (
-            architecture_for(preset).max_seq_len == 512
-        )  # 514 rows less padding_idx 1 and the row before it
 
 
 def test_a_table_no_longer_than_its_offset_is_refused() -> None:

@@ -103,10 +103,12 @@ def _untied_lm_head_quirk(model: torch.nn.Module, arch: Architecture) -> int:
 
 
 def _torch_counts(model: torch.nn.Module) -> tuple[int, dict[str, int]]:
-    """Total parameters (shared tensors once) and per-kind sums of a transformers model."""
+    """Total parameters (shared tensors once) and per-kind sums of a transformers model. A tied embedding is an
+    embedding whichever name ``named_parameters`` meets it by first (XLM-R declares its lm_head first)."""
     kinds: Counter[str] = Counter()
+    emb = getattr(model.get_input_embeddings(), "weight", None)
     for name, p in model.named_parameters():
-        kinds[_kind(name)] += p.numel()
+        kinds["embedding" if p is emb else _kind(name)] += p.numel()
     return sum(p.numel() for p in model.parameters()), dict(kinds)
 
 

@@ -419,11 +419,12 @@ def _command_r(
     }
 
 
-def _roberta(h: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
-    """A RoBERTa config.json (FacebookAI/roberta-*: 514 positions, padding offset 1, one token type)."""
+def _roberta(h: int, inter: int, heads: int, layers: int, xlm: bool = False) -> dict[str, Any]:
+    """A RoBERTa config.json (FacebookAI/roberta-*: 514 positions, padding offset 1, one token type); ``xlm``:
+    FacebookAI/xlm-roberta-* (the same model, a 250,002-token vocabulary)."""
     return {
-        "model_type": "roberta",
-        "architectures": ["RobertaForMaskedLM"],
+        "model_type": "xlm-roberta" if xlm else "roberta",
+        "architectures": ["XLMRobertaForMaskedLM" if xlm else "RobertaForMaskedLM"],
         "attention_probs_dropout_prob": 0.1,
         "bos_token_id": 0,
         "eos_token_id": 2,
@@ -438,7 +439,7 @@ def _roberta(h: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
         "num_hidden_layers": layers,
         "pad_token_id": 1,
         "type_vocab_size": 1,
-        "vocab_size": 50265,
+        "vocab_size": 250002 if xlm else 50265,
     }
 
 
@@ -540,6 +541,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "roberta-base": _roberta(768, 3072, 12, 12),
     "roberta-large": _roberta(1024, 4096, 16, 24),
+    "xlm-roberta-base": _roberta(768, 3072, 12, 12, xlm=True),
+    "xlm-roberta-large": _roberta(1024, 4096, 16, 24, xlm=True),
     "modernbert-base": _modernbert(768, 1152, 12, 22),
     "modernbert-large": _modernbert(1024, 2624, 16, 28),
     "llama-2-7b": _llama2(4096, 11008, 32, 32, 32),
@@ -882,6 +885,16 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "RoBERTa large encoder, masked-LM head tied to the embeddings, 512 tokens",
         "params_label": "355M",
         "hf_repo": "FacebookAI/roberta-large",
+    },
+    "xlm-roberta-base": {
+        "description": "XLM-RoBERTa base: RoBERTa with a 250k multilingual vocabulary, 512 tokens",
+        "params_label": "278M",
+        "hf_repo": "FacebookAI/xlm-roberta-base",
+    },
+    "xlm-roberta-large": {
+        "description": "XLM-RoBERTa large: RoBERTa with a 250k multilingual vocabulary, 512 tokens",
+        "params_label": "560M",
+        "hf_repo": "FacebookAI/xlm-roberta-large",
     },
     "modernbert-base": {
         "description": "ModernBERT base encoder: pre-norm, GeGLU, RoPE, global/local attention, 8k tokens",

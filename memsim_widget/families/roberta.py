@@ -6,7 +6,8 @@ LayerNorm), ``roberta.encoder.layer.*`` exactly as BERT's layers, no pooler, and
 (one [V] tensor). The published checkpoints use ``type_vocab_size`` 1 and ``max_position_embeddings`` 514:
 positions are numbered from ``pad_token_id + 1`` (fairseq's ``make_positions``), so the first
 ``pad_token_id + 1`` rows are never indexed and the longest sequence is 514 - 2 = 512. Activations are
-BERT's: the same modules save the same tensors.
+BERT's: the same modules save the same tensors. XLM-RoBERTa (``xlm-roberta``) and CamemBERT (``camembert``)
+are this model under their own class names (checked tensor for tensor against transformers' meta build).
 """
 
 from __future__ import annotations
@@ -35,14 +36,24 @@ ROBERTA_NAMES = MaskedLMNames(
 )
 
 
-@register_family("roberta")
+#: Model types that are RoBERTa tensor for tensor (same ``roberta.`` / ``lm_head`` names, same config defaults),
+#: with their masked-LM class.
+HF_CLASSES: dict[str, str] = {
+    "roberta": "RobertaForMaskedLM",
+    "xlm-roberta": "XLMRobertaForMaskedLM",
+    "camembert": "CamembertForMaskedLM",
+}
+
+
+@register_family(*HF_CLASSES)
 def build_roberta(cfg: Mapping[str, Any]) -> Architecture:
-    """RoBERTa as ``RobertaForMaskedLM``: BERT's encoder, ``lm_head`` tied, positions offset by pad + 1."""
+    """RoBERTa as ``RobertaForMaskedLM`` (XLM-R, CamemBERT: the same model under their own class): BERT's
+    encoder, ``lm_head`` tied, positions offset by pad + 1."""
     pad = _int(cfg, "pad_token_id", ROBERTA_DEFAULTS["pad_token_id"], minimum=0)
     return bert_encoder(
         cfg,
         family="roberta",
-        hf_class="RobertaForMaskedLM",
+        hf_class=HF_CLASSES.get(str(cfg.get("model_type")), "RobertaForMaskedLM"),
         names=ROBERTA_NAMES,
         defaults=ROBERTA_DEFAULTS,
         position_offset=pad + 1,
