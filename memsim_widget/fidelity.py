@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.catalog.models import PRESETS, resolve_model_config
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace.api import trace_kwargs
@@ -343,6 +343,22 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "modernbert bf16 sdpa b16 s48 (within the half window: no mask)",
         {"model": MODERNBERT, "micro_batch_size": 16, "seq_len": 48},
+    ),
+    (
+        "modernbert-base bf16 sdpa b2 s1024 (real shape)",
+        {"model": "modernbert-base", "micro_batch_size": 2, "seq_len": 1024},
+    ),
+    (
+        "roberta-base bf16 sdpa b8 s512 (real shape, no dropout)",
+        {
+            "model": {
+                **PRESETS["roberta-base"],
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+            },
+            "micro_batch_size": 8,
+            "seq_len": 512,
+        },
     ),
     ("vit bf16 sdpa b8 (no dropout)", {"model": VIT, "micro_batch_size": 8, "seq_len": 197}),
     (
