@@ -402,16 +402,16 @@ def _hf(ctx: Context) -> ActivationBudget:
             1,
         )
     sliding = arch.extra.get("sliding_layers", 0)
-    if sliding and not eager and s >= arch.extra.get("sliding_window", 0):
+    if sliding and not eager and D.s_full >= arch.extra.get("sliding_window", 0):
         # ModernBERT's local layers: HF builds one boolean (b, 1, s, s) sliding-window mask (no skip once s reaches
         # the half window) and SDPA converts it to an additive mask in the query dtype in every local layer, which
-        # the memory-efficient / CPU flash kernel saves for backward (traced); averaged over the layers
-        mb = ec if not amp else 2
+        # the memory-efficient / CPU flash kernel saves for backward (traced); averaged over the layers (the
+        # boolean mask itself is saved by nothing and dies with the forward)
         n = arch.num_layers
         add(
             "sliding-window attention mask converted by SDPA (local layers)",
-            sliding / n * mb * b * s * D.s_full,
-            f"{sliding}/{n} layers x {mb} B x b x s x s",
+            sliding / n * ec * b * s * D.s_full,
+            f"{sliding}/{n} layers x {ec} B x b x s x s",
             1,
         )
 
