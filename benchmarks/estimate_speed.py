@@ -43,6 +43,8 @@ def many(n: int = 10_000) -> tuple[float, int]:
     for model, b, s, prec, ck, zero, dp, method in grid:
         if count >= n:
             break
+        if model == "gpt2" and s > 1024:  # past GPT-2's 1024-row position table: an error, not a scenario
+            continue
         estimate(
             Scenario.from_dict(
                 {

@@ -53,7 +53,9 @@ class Architecture:
     """Everything the engine needs to know about a model's shape.
 
     ``num_layers`` counts all transformer blocks (encoder + decoder for T5). ``fixed_seq_len`` is
-    set for models whose sequence is fixed by the input (ViT: patches + 1), else None.
+    set for models whose sequence is fixed by the input (ViT: patches + 1), else None. ``max_seq_len``
+    is the longest sequence a learned absolute position table can index (BERT, GPT-2: its rows;
+    RoBERTa: its rows less the padding offset), None where positions do not bound it (RoPE, relative).
     """
 
     family: str
@@ -78,6 +80,7 @@ class Architecture:
     decoder_layers: int = 0
     causal: bool = True
     fixed_seq_len: int | None = None
+    max_seq_len: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -786,6 +789,7 @@ def build_gpt2(cfg: Mapping[str, Any]) -> Architecture:
         hidden_dropout=_float(cfg, "resid_pdrop", d["resid_pdrop"]),
         decoder_layers=L,
         causal=True,
+        max_seq_len=n_pos,
         extra={
             "hf_class": "GPT2LMHeadModel",
             "n_positions": n_pos,
@@ -793,6 +797,7 @@ def build_gpt2(cfg: Mapping[str, Any]) -> Architecture:
             "embd_pdrop": _float(cfg, "embd_pdrop", d["embd_pdrop"]),
             "conv1d": True,
             "norms_per_layer": 2,
+            "softmax_in_compute_dtype": True,
         },
     )
 
@@ -812,42 +817,89 @@ _BERT_DEFAULTS: dict[str, Any] = {
 }
 
 
-@register_family("bert")
-def build_bert(cfg: Mapping[str, Any]) -> Architecture:
-    """BERT as ``BertForMaskedLM`` (no pooler): MLM head = dense + LayerNorm + vocab bias.
+#: How a BERT-style encoder's forward differs from a pre-norm decoder's (engine/activations.py reads these): the
+#: Linear reading the attention block's norm, post-norm blocks, the embeddings' LayerNorm, the MLM head's dense ->
+#: gelu -> LayerNorm, a softmax in the compute dtype under eager attention, and a cross-entropy on the logits as they
+#: are (no fp32 upcast outside autocast).
+MLM_ENCODER_RULES: dict[str, Any] = {
+    "mlp_input_modules": ("dense",),  # intermediate.dense reads the attention block's LayerNorm output
+    "first_norm_after_attention": True,  # post-norm: a layer's first LayerNorm reads attention output + input
+    "embedding_norm": True,
+    "mlm_head": True,
+    "softmax_in_compute_dtype": True,
+    "loss_upcast": False,
+}
 
-    The MLM decoder weight is tied to the word embeddings and counted once (as the embedding); its
-    [vocab] bias is counted as head. With ``tie_word_embeddings: false`` the decoder weight is added.
-    """
-    d = _BERT_DEFAULTS
+
+@dataclass(frozen=True)
+class MaskedLMNames:
+    """Where a BERT-shaped ``*ForMaskedLM`` keeps its tensors: the encoder prefix and the MLM head's names."""
+
+    encoder: str  # "bert." / "roberta."
+    head_dense: str  # the head's transform Linear
+    head_norm: str  # its LayerNorm, as "<prefix>.<name>"
+    decoder: str  # the vocab projection (tied to the word embeddings by default)
+    head_bias: str  # the [vocab] output bias
+
+
+BERT_NAMES = MaskedLMNames(
+    encoder="bert.",
+    head_dense="cls.predictions.transform.dense",
+    head_norm="cls.predictions.transform.LayerNorm",
+    decoder="cls.predictions.decoder",
+    head_bias="cls.predictions.bias",
+)
+
+
+def bert_encoder(
+    cfg: Mapping[str, Any],
+    *,
+    family: str,
+    hf_class: str,
+    names: MaskedLMNames,
+    defaults: Mapping[str, Any],
+    position_offset: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> Architecture:
+    """A post-norm BERT encoder with its masked-LM head (BERT, RoBERTa): word, position and token-type
+    embeddings + LayerNorm; per layer biased query/key/value/dense and intermediate/output Linears with two
+    LayerNorms; the head's dense + LayerNorm, its decoder tied to the word embeddings unless
+    ``tie_word_embeddings`` is false, and a [vocab] bias. ``position_offset`` rows of the position table
+    are never indexed (RoBERTa: positions start after ``pad_token_id``)."""
+    d = defaults
     h, L, heads, inter, vocab = (_int(cfg, k) for k in _DECODER_REQUIRED)
     if h % heads:
         raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
     if _bool(cfg, "add_cross_attention", d["add_cross_attention"]):
-        raise ScenarioError("model.add_cross_attention", "BERT with cross-attention is not supported")
+        raise ScenarioError("model.add_cross_attention", f"{hf_class} with cross-attention is not supported")
     n_pos = _int(cfg, "max_position_embeddings", d["max_position_embeddings"])
+    if n_pos <= position_offset:
+        raise ScenarioError(
+            "model.max_position_embeddings",
+            f"{n_pos} leaves no position after the {position_offset} offset rows (pad_token_id + 1)",
+        )
     n_types = _int(cfg, "type_vocab_size", d["type_vocab_size"])
     tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    S = "encoder"
+    S, e = "encoder", names.encoder
     groups: list[ParamGroup] = [
-        _embedding("bert.embeddings.word_embeddings.weight", vocab, h, stack=S),
+        _embedding(f"{e}embeddings.word_embeddings.weight", vocab, h, stack=S),
         ParamGroup(
-            name="bert.embeddings.position_embeddings.weight",
+            name=f"{e}embeddings.position_embeddings.weight",
             kind="position",
             shape=(n_pos, h),
             scope="pre",
             stack=S,
         ),
         ParamGroup(
-            name="bert.embeddings.token_type_embeddings.weight",
+            name=f"{e}embeddings.token_type_embeddings.weight",
             kind="embedding",
             shape=(n_types, h),
             scope="pre",
             stack=S,
         ),
     ]
-    groups += _norms("bert.embeddings.", ("LayerNorm",), h, 1, bias=True, scope="pre", stack=S)
-    p = "bert.encoder.layer.*."
+    groups += _norms(f"{e}embeddings.", ("LayerNorm",), h, 1, bias=True, scope="pre", stack=S)
+    p = f"{e}encoder.layer.*."
     for name in ("query", "key", "value"):
         groups += _linear(
             p + f"attention.self.{name}",
@@ -880,21 +932,14 @@ def build_bert(cfg: Mapping[str, Any]) -> Architecture:
     )
     groups += _norms(p + "output.", ("LayerNorm",), h, L, bias=True, stack=S)
     groups += _linear(
-        "cls.predictions.transform.dense",
-        "head",
-        h,
-        h,
-        bias=True,
-        parallel=None,
-        module="dense",
-        scope="post",
-        stack=S,
+        names.head_dense, "head", h, h, bias=True, parallel=None, module="dense", scope="post", stack=S
     )
-    groups += _norms("cls.predictions.transform.", ("LayerNorm",), h, 1, bias=True, scope="post", stack=S)
-    if not tied:
+    norm_prefix, norm_name = names.head_norm.rsplit(".", 1)
+    groups += _norms(f"{norm_prefix}.", (norm_name,), h, 1, bias=True, scope="post", stack=S)
+    if not tied:  # transformers 5 then ties neither: the decoder keeps its own weight and bias
         groups.append(
             ParamGroup(
-                name="cls.predictions.decoder.weight",
+                name=f"{names.decoder}.weight",
                 kind="head",
                 shape=(vocab, h),
                 scope="post",
@@ -903,13 +948,18 @@ def build_bert(cfg: Mapping[str, Any]) -> Architecture:
                 stack=S,
             )
         )
+        groups.append(
+            ParamGroup(
+                name=f"{names.decoder}.bias", kind="head", shape=(vocab,), scope="post", tp_dim=0, stack=S
+            )
+        )
     groups.append(
-        ParamGroup(name="cls.predictions.bias", kind="head", shape=(vocab,), scope="post", tp_dim=0, stack=S)
+        ParamGroup(name=names.head_bias, kind="head", shape=(vocab,), scope="post", tp_dim=0, stack=S)
     )
     act = _str(cfg, "hidden_act", d["hidden_act"])
     return Architecture(
-        family="bert",
-        model_type=str(cfg.get("model_type", "bert")),
+        family=family,
+        model_type=str(cfg.get("model_type", family)),
         hidden_size=h,
         num_layers=L,
         num_heads=heads,
@@ -926,13 +976,29 @@ def build_bert(cfg: Mapping[str, Any]) -> Architecture:
         hidden_dropout=_float(cfg, "hidden_dropout_prob", d["hidden_dropout_prob"]),
         encoder_layers=L,
         causal=False,
+        max_seq_len=n_pos - position_offset,
         extra={
-            "hf_class": "BertForMaskedLM",
+            "hf_class": hf_class,
             "norms_per_layer": 2,
             "max_position_embeddings": n_pos,
             "type_vocab_size": n_types,
             "objective": "masked_lm",
+            **MLM_ENCODER_RULES,
+            **(extra or {}),
         },
+    )
+
+
+@register_family("bert")
+def build_bert(cfg: Mapping[str, Any]) -> Architecture:
+    """BERT as ``BertForMaskedLM`` (no pooler): MLM head = dense + LayerNorm + vocab bias.
+
+    The MLM decoder weight is tied to the word embeddings and counted once (as the embedding); its
+    [vocab] bias is counted as head. With ``tie_word_embeddings: false`` the decoder's own weight and
+    bias are added (transformers 5 then leaves ``cls.predictions.bias`` a separate, unused tensor).
+    """
+    return bert_encoder(
+        cfg, family="bert", hf_class="BertForMaskedLM", names=BERT_NAMES, defaults=_BERT_DEFAULTS
     )
 
 
@@ -1074,6 +1140,7 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
             ),
             "encoder_causal": False,
             "scale_decoder_outputs": tied,
+            "loss_upcast": False,
         },
     )
 
@@ -1215,6 +1282,8 @@ def build_vit(cfg: Mapping[str, Any]) -> Architecture:
             "num_patches": n_patches,
             "num_labels": labels,
             "qkv_bias": qkv_bias,
+            "softmax_in_compute_dtype": True,
+            "loss_upcast": False,
         },
     )
 

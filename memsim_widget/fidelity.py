@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.catalog.models import PRESETS, resolve_model_config
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace.api import trace_kwargs
@@ -84,6 +84,25 @@ BERT = {
     "vocab_size": 1000,
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,
+}
+ROBERTA = {
+    **BERT,
+    "model_type": "roberta",
+    "max_position_embeddings": 514,  # positions start after pad_token_id 1: 512 usable
+    "type_vocab_size": 1,
+}
+MODERNBERT = {
+    "model_type": "modernbert",
+    "hidden_size": 256,
+    "num_hidden_layers": 4,  # layers 0 and 3 global, 1 and 2 local (every 3rd global)
+    "num_attention_heads": 8,
+    "intermediate_size": 384,
+    "vocab_size": 1000,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "cls_token_id": 1,
+    "sep_token_id": 2,
 }
 VIT = {
     "model_type": "vit",
@@ -279,6 +298,72 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "bert fp32 eager b2 s256 (no dropout)",
         {"model": BERT, "micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+    ),
+    # RoBERTa: BERT's layers under other names, positions offset by the padding index
+    ("roberta bf16 sdpa b4 s256 (no dropout)", {"model": ROBERTA, "micro_batch_size": 4, "seq_len": 256}),
+    (
+        "roberta amp-bf16 sdpa b4 s256 (no dropout)",
+        {"model": ROBERTA, "micro_batch_size": 4, "seq_len": 256, "precision": "amp-bf16"},
+    ),
+    (
+        "roberta fp32 eager b2 s256 (no dropout)",
+        {"model": ROBERTA, "micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+    ),
+    (
+        "roberta bf16 lora qv b4 s256 (no dropout)",
+        {
+            "model": ROBERTA,
+            "micro_batch_size": 4,
+            "seq_len": 256,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["query", "value"]},
+        },
+    ),
+    # ModernBERT: pre-norm without biases, fused Wqkv, GeGLU, global/local layers (SDPA masks the local ones)
+    ("modernbert bf16 sdpa b2 s512", {"model": MODERNBERT, "micro_batch_size": 2, "seq_len": 512}),
+    (
+        "modernbert amp-bf16 sdpa b2 s512",
+        {"model": MODERNBERT, "micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"},
+    ),
+    (
+        "modernbert fp32 eager b2 s256",
+        {
+            "model": MODERNBERT,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "precision": "fp32",
+            "attention": "eager",
+        },
+    ),
+    (
+        "modernbert bf16 lora Wqkv b2 s512",
+        {
+            "model": MODERNBERT,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["Wqkv"]},
+        },
+    ),
+    (
+        "modernbert bf16 sdpa b16 s48 (within the half window: no mask)",
+        {"model": MODERNBERT, "micro_batch_size": 16, "seq_len": 48},
+    ),
+    (
+        "modernbert-base bf16 sdpa b2 s1024 (real shape)",
+        {"model": "modernbert-base", "micro_batch_size": 2, "seq_len": 1024},
+    ),
+    (
+        "roberta-base bf16 sdpa b8 s512 (real shape, no dropout)",
+        {
+            "model": {
+                **PRESETS["roberta-base"],
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+            },
+            "micro_batch_size": 8,
+            "seq_len": 512,
+        },
     ),
     ("vit bf16 sdpa b8 (no dropout)", {"model": VIT, "micro_batch_size": 8, "seq_len": 197}),
     (

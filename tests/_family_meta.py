@@ -1,7 +1,7 @@
 """Shared checks for the family tests (tests/test_family_*.py): transformers' own meta-device build.
 
-``meta_counts`` instantiates ``AutoModelForCausalLM.from_config`` on the meta device (no memory, no download)
-and counts its parameters (shared tensors once) and their shapes; ``assert_matches_transformers`` holds an
+``meta_counts`` instantiates the family's training class (``model_class``: ``AutoModelForMaskedLM`` for the
+masked-LM encoders, else ``AutoModelForCausalLM``) on the meta device (no memory, no download) and counts its parameters (shared tensors once) and their shapes; ``assert_matches_transformers`` holds an
 Architecture to it tensor for tensor. Helper, not a test module (pytest collects only ``test_*.py``).
 """
 
@@ -19,11 +19,22 @@ from memsim_widget.architecture import Architecture
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
+#: Model types trained as ``*ForMaskedLM`` (the class their builders document).
+MASKED_LM_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "modernbert"})
+
+
+def model_class(model_type: str) -> Any:
+    """The transformers auto class a family trains with: masked-LM encoders or causal LMs."""
+    if model_type in MASKED_LM_TYPES:
+        return transformers.AutoModelForMaskedLM
+    return transformers.AutoModelForCausalLM
+
+
 def meta_model(cfg: dict[str, Any]) -> torch.nn.Module:
-    """The causal-LM transformers model of an HF config dict, built on the meta device."""
+    """The training-head transformers model of an HF config dict, built on the meta device."""
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(hf_cfg)
+        return model_class(cfg["model_type"]).from_config(hf_cfg)
 
 
 def meta_counts(cfg: dict[str, Any]) -> tuple[int, Counter[tuple[int, ...]]]:

@@ -259,6 +259,10 @@ def test_grouping_invariants(preset: str) -> None:
                 moe = arch.extra["moe_layers"] * (arch.num_experts if g.expert else 1)
                 dense = stack_layers[g.stack] - arch.extra["moe_layers"]
                 assert g.count in (per_layer, moe, dense) or g.kind == "router", g.name
+            elif (
+                g.kind == "norm" and "first_layer_norms" in arch.extra
+            ):  # ModernBERT: layer 0 has no attn_norm
+                assert g.count in (per_layer, per_layer - 1), g.name
             else:
                 assert g.count == per_layer, g.name
         else:
@@ -509,7 +513,12 @@ def test_presets_resolve_to_fresh_copies_and_cached_architectures() -> None:
 def test_extra_facts_the_engine_reads(preset: str) -> None:
     """Every architecture says its norms per block and HF class; only GPT-2 has [in, out] Conv1D weights."""
     arch = architecture_for(preset)
-    tensors_per_norm = 2 if arch.norm == "layernorm" else 1  # LayerNorm has weight and bias
+    # LayerNorm has weight and bias (ModernBERT's only a weight, without norm_bias)
+    tensors_per_norm = 2 if arch.norm == "layernorm" and arch.extra.get("norm_bias", True) else 1
+    # norms absent from layer 0 (ModernBERT's attn_norm is nn.Identity there)
+    missing = arch.extra["norms_per_layer"] - arch.extra.get(
+        "first_layer_norms", arch.extra["norms_per_layer"]
+    )
 
     def norm_tensors(stack: str) -> int:
         """Norm tensors of the residual stream inside the blocks of one stack (q/k norms are not counted)."""
@@ -524,6 +533,8 @@ def test_extra_facts_the_engine_reads(preset: str) -> None:
         assert norm_tensors("encoder") == per_block * arch.encoder_layers
         assert norm_tensors("decoder") == arch.extra["decoder_norms_per_layer"] * arch.decoder_layers
     else:
-        assert norm_tensors("encoder") + norm_tensors("decoder") == per_block * arch.num_layers
+        assert norm_tensors("encoder") + norm_tensors("decoder") == (
+            per_block * arch.num_layers - missing * tensors_per_norm
+        )
     assert arch.extra["hf_class"]
     assert bool(arch.extra.get("conv1d")) == (arch.family == "gpt2")

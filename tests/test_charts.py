@@ -99,7 +99,7 @@ def test_breakdown_from_frame_matches_estimate(est_pp4: Any) -> None:
         Scenario(model="llama-3.2-1b", parallel={"pp": 4, "pp_microbatches": 4}),
         Scenario(model="vit-base-patch16-224", micro_batch_size=64),
         Scenario(model="mixtral-8x7b", parallel={"dp": 8, "ep": 8, "zero": 3}, gpu={"memory_gib": 24}),
-        Scenario(model="gpt2", method="lora", lora={"targets": ["c_attn"]}),
+        Scenario(model="gpt2", seq_len=1024, method="lora", lora={"targets": ["c_attn"]}),
     ],
     ids=["default", "pp4", "vit", "mixtral-custom-gpu", "gpt2-lora"],
 )

@@ -244,8 +244,8 @@ def estimate_json(capsys, *argv: str, stdin: bytes | None = None) -> dict:
 
 
 def test_headroom_zero_and_half_are_used(capsys):
-    zero = estimate_json(capsys, "--model", "gpt2", "--headroom", "0")
-    half = estimate_json(capsys, "--model", "gpt2", "--headroom", "0.5")
+    zero = estimate_json(capsys, "--model", "gpt2", "--seq-len", "1024", "--headroom", "0")
+    half = estimate_json(capsys, "--model", "gpt2", "--seq-len", "1024", "--headroom", "0.5")
     total = zero["device_total_bytes"]
     assert half["device_total_bytes"] == total
     assert zero["recommended_memory_bytes"] == total
@@ -253,18 +253,22 @@ def test_headroom_zero_and_half_are_used(capsys):
 
 
 def test_gpu_memory_is_a_custom_card_in_gib(capsys):
-    data = estimate_json(capsys, "--model", "gpt2", "--gpu-memory", "48")
+    data = estimate_json(capsys, "--model", "gpt2", "--seq-len", "1024", "--gpu-memory", "48")
     assert data["gpu_memory_bytes"] == 48 * GiB
     assert estimate_json(capsys, "--gpu-memory", "0.5")["gpu_memory_bytes"] == GiB // 2
-    code, out, _ = run(capsys, ["estimate", "--model", "gpt2", "--gpu-memory", "48"])
+    code, out, _ = run(capsys, ["estimate", "--model", "gpt2", "--seq-len", "1024", "--gpu-memory", "48"])
     assert code == 0 and "custom 48 GiB (48.00 GiB)" in out
 
 
 def test_gpu_memory_in_plan_and_recommend(capsys):
-    code, out, err = run(capsys, ["plan", "--model", "gpt2", "--gpu-memory", "24", "--json"])
+    code, out, err = run(
+        capsys, ["plan", "--model", "gpt2", "--seq-len", "1024", "--gpu-memory", "24", "--json"]
+    )
     assert code == 0, err
     assert json.loads(out)["candidates"][0]["estimate"]["gpu_memory_bytes"] == 24 * GiB
-    code, out, err = run(capsys, ["recommend", "--model", "gpt2", "--gpu-memory", "24", "--json"])
+    code, out, err = run(
+        capsys, ["recommend", "--model", "gpt2", "--seq-len", "1024", "--gpu-memory", "24", "--json"]
+    )
     assert code == 0, err
     assert json.loads(out)["gpu_memory_bytes"] == 24 * GiB
 

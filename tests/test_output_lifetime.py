@@ -84,7 +84,7 @@ MONOTONE = [
     {"model": "qwen2.5-0.5b", "attention": "eager", "seq_len": 1024},
     {"model": "llama-3.1-8b", "loss": "chunked", "parallel": {"pp": 2, "pp_microbatches": 4}},
     {"model": "llama-3.1-8b", "framework": "torchtune"},
-    {"model": "gpt2", "precision": "fp32", "optimizer": "sgd-momentum"},
+    {"model": "gpt2", "seq_len": 1024, "precision": "fp32", "optimizer": "sgd-momentum"},
 ]
 
 
@@ -137,10 +137,10 @@ def test_bad_lifetime_names_the_field_and_the_choices():
 
 
 def test_cli_flag_sets_the_lifetime(capsys):
-    code = main(["estimate", "--model", "gpt2", "--output-lifetime", "step", "--json"])
+    code = main(["estimate", "--model", "gpt2", "--seq-len", "1024", "--output-lifetime", "step", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["scenario"]["output_lifetime"] == "step"
-    expected = estimate({"model": "gpt2", "output_lifetime": "step"})
+    expected = estimate({"model": "gpt2", "seq_len": 1024, "output_lifetime": "step"})
     assert out["peak_allocated_bytes"] == expected.peak_allocated_bytes
 
 

@@ -125,7 +125,7 @@ def test_none_searched_as_an_optimizer_has_no_step_moment():
 
 
 def test_check_raises_on_a_figure_that_differs():
-    p = plan("gpt2", "rtx-4090", 2, top=5, check=True)  # passes: the figures agree
+    p = plan("gpt2", "rtx-4090", 2, top=5, check=True, seq_len=1024)  # passes: the figures agree
     i = int(p.ranking[0])
     p.columns["device_total_bytes"][i] += 1
     with pytest.raises(PlanCheckError, match=rf"candidate {i} "):
@@ -135,12 +135,12 @@ def test_check_raises_on_a_figure_that_differs():
 def test_the_environment_variable_turns_the_check_on(monkeypatch):
     calls = []
     monkeypatch.setattr(Plan, "check", lambda self, idx=None: calls.append(self))
-    plan("gpt2", "rtx-4090", 1, top=3)
+    plan("gpt2", "rtx-4090", 1, top=3, seq_len=1024)
     assert calls == []
     monkeypatch.setenv(CHECK_ENV, "1")
-    plan("gpt2", "rtx-4090", 1, top=3)
+    plan("gpt2", "rtx-4090", 1, top=3, seq_len=1024)
     assert len(calls) == 1
-    plan("gpt2", "rtx-4090", 1, top=3, check=False)
+    plan("gpt2", "rtx-4090", 1, top=3, check=False, seq_len=1024)
     assert len(calls) == 1
 
 
@@ -160,7 +160,7 @@ def test_more_gpus_than_the_scenario_allows_is_a_named_error(gpus):
 
 
 def test_the_most_gpus_the_scenario_allows_plan_and_agree():
-    p = plan("gpt2", "h100-sxm-80gb", MAX_GPUS, top=10)  # was "out of range for 20 bits"
+    p = plan("gpt2", "h100-sxm-80gb", MAX_GPUS, top=10, seq_len=1024)  # was "out of range for 20 bits"
     assert set(p.columns["num_gpus"].tolist()) == {MAX_GPUS}
     assert p.listed > 0 and p.mismatches() == []
     assert int(p.frame.dp.max()) == MAX_GPUS  # all data parallel is one of the layouts

@@ -1,8 +1,8 @@
 """Every preset's Architecture matches the transformers model it describes, tensor for tensor.
 
 Models are built on the meta device (no memory, no download) from the preset config dicts. The class
-per family is the one each builder documents: ``*ForCausalLM`` for decoders, ``BertForMaskedLM``,
-``T5ForConditionalGeneration`` and ``ViTForImageClassification``.
+per family is the one each builder documents: ``*ForCausalLM`` for decoders, ``*ForMaskedLM`` for BERT,
+RoBERTa and ModernBERT, ``T5ForConditionalGeneration`` and ``ViTForImageClassification``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+from _family_meta import MASKED_LM_TYPES  # noqa: E402
+
 from memsim_widget.architecture import Architecture, build_architecture  # noqa: E402
 from memsim_widget.catalog.models import PRESETS, architecture_for, preset_ids  # noqa: E402
 
@@ -24,8 +26,8 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 def _model_class(model_type: str) -> Any:
     """The transformers class used for training a family (see each builder's docstring)."""
-    if model_type == "bert":
-        return transformers.BertForMaskedLM
+    if model_type in MASKED_LM_TYPES:  # BertForMaskedLM, RobertaForMaskedLM, ModernBertForMaskedLM
+        return transformers.AutoModelForMaskedLM
     if model_type == "t5":
         return transformers.T5ForConditionalGeneration
     if model_type == "vit":
@@ -38,7 +40,7 @@ def _build_meta(cfg: dict[str, Any]) -> torch.nn.Module:
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
     cls = _model_class(cfg["model_type"])
     with torch.device("meta"):
-        if cls is transformers.AutoModelForCausalLM:
+        if cls in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
             return cls.from_config(hf_cfg)
         return cls(hf_cfg)
 
@@ -54,14 +56,27 @@ def _kind(name: str) -> str:
         return "norm"
     if any(k in n for k in ("wpe.", "position_embeddings", "relative_attention_bias")):
         return "position"
-    if any(k in n for k in ("embed_tokens", "wte.", "word_embeddings", "token_type_embeddings", "cls_token")):
+    if any(
+        k in n
+        for k in (
+            "embed_tokens",
+            "tok_embeddings",
+            "wte.",
+            "word_embeddings",
+            "token_type_embeddings",
+            "cls_token",
+        )
+    ):
         return "embedding"
     if ".embed_in." in n:  # GPT-NeoX
         return "embedding"
     if n.startswith("shared.") or "patch_embeddings" in n:
         return "embedding"
-    if n.startswith(("lm_head", "classifier", "cls.predictions")):
-        return "head"
+    if n.startswith(("lm_head", "classifier", "cls.predictions", "head.")) or n in (
+        "decoder.weight",
+        "decoder.bias",
+    ):
+        return "head"  # ModernBERT: head.dense, head.norm (a norm, above), decoder
     if any(k in n for k in ("attn", "attention")):
         return "attention"
     if any(k in n for k in ("mlp", "densereludense", "intermediate", ".output.dense")):
@@ -78,17 +93,22 @@ def _untied_lm_head_quirk(model: torch.nn.Module, arch: Architecture) -> int:
     Architecture keeps. Returns 0 whenever transformers agrees with the config.
     """
     head = getattr(model, "lm_head", None)
+    weight = getattr(
+        head, "weight", None
+    )  # RoBERTa's lm_head is a module of its own (dense, layer_norm, decoder)
     emb = model.get_input_embeddings()
-    if arch.tied_embeddings or head is None or head.weight is not emb.weight:
+    if arch.tied_embeddings or weight is None or weight is not emb.weight:
         return 0
-    return head.weight.numel()
+    return weight.numel()
 
 
 def _torch_counts(model: torch.nn.Module) -> tuple[int, dict[str, int]]:
-    """Total parameters (shared tensors once) and per-kind sums of a transformers model."""
+    """Total parameters (shared tensors once) and per-kind sums of a transformers model. A tied embedding is an
+    embedding whichever name ``named_parameters`` meets it by first (XLM-R declares its lm_head first)."""
     kinds: Counter[str] = Counter()
+    emb = getattr(model.get_input_embeddings(), "weight", None)
     for name, p in model.named_parameters():
-        kinds[_kind(name)] += p.numel()
+        kinds["embedding" if p is emb else _kind(name)] += p.numel()
     return sum(p.numel() for p in model.parameters()), dict(kinds)
 
 
@@ -157,6 +177,36 @@ def _small(model_type: str) -> dict[str, Any]:
             "vocab_size": 101,
             "max_position_embeddings": 40,
             "type_vocab_size": 3,
+            "tie_word_embeddings": False,
+        },
+        "roberta": {  # untied decoder, padding offset 3
+            "hidden_size": 64,
+            "intermediate_size": 88,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "vocab_size": 101,
+            "max_position_embeddings": 40,
+            "pad_token_id": 2,
+            "type_vocab_size": 1,
+            "tie_word_embeddings": False,
+        },
+        "modernbert": {  # every bias on, untied decoder, global attention every 2nd layer
+            "hidden_size": 64,
+            "intermediate_size": 88,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "vocab_size": 101,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "cls_token_id": 1,
+            "sep_token_id": 2,
+            "norm_bias": True,
+            "attention_bias": True,
+            "mlp_bias": True,
+            "classifier_bias": True,
+            "global_attn_every_n_layers": 2,
+            "tie_word_embeddings": False,
         },
         "t5": {
             "d_model": 64,
@@ -193,6 +243,8 @@ SMALL_FAMILIES = [
     "phi3",
     "gpt2",
     "bert",
+    "roberta",
+    "modernbert",
     "t5",
     "vit",
 ]

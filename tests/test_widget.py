@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "js" / "fixtures" / "state.json"
 CHARTS_FIXTURE = ROOT / "tests" / "js" / "fixtures" / "charts.json"
 TRACE_FIXTURE = ROOT / "tests" / "js" / "fixtures" / "trace.json"
+#: A sequence GPT-2 accepts: its learned position table has 1024 rows (the default 2048 is an error there).
+GPT2_SEQ = 1024
 #: A llama small enough that a real trace takes about a second (after torch and transformers are imported).
 MICRO_LLAMA = {
     "model_type": "llama",
@@ -101,10 +103,10 @@ def test_default_widget_is_consistent_and_has_traits() -> None:
 
 
 def test_constructors_accept_scenario_dict_and_changes(tmp_path: Path) -> None:
-    sc = Scenario(model="gpt2", micro_batch_size=8)
+    sc = Scenario(model="gpt2", micro_batch_size=8, seq_len=GPT2_SEQ)
     assert make(sc).scenario == sc
-    assert make({"model": "gpt2", "micro_batch_size": 8}).scenario == sc
-    assert make(model="gpt2", micro_batch_size=8).scenario == sc
+    assert make({"model": "gpt2", "micro_batch_size": 8, "seq_len": GPT2_SEQ}).scenario == sc
+    assert make(model="gpt2", micro_batch_size=8, seq_len=GPT2_SEQ).scenario == sc
     assert make(sc, parallel={"dp": 2}).scenario.parallel.dp == 2
     with pytest.raises(ScenarioError) as info:
         make(parallel={"tp": 3})
@@ -159,7 +161,7 @@ def test_repr_is_deterministic_and_displays_as_widget() -> None:
 def test_python_api_estimate_frame_charts(tmp_path: Path) -> None:
     import altair as alt
 
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     assert list(sim.frame.columns) == [
         "rank",
         "stage",
@@ -230,13 +232,16 @@ def test_unknown_key_and_num_gpus_mismatch_are_reported() -> None:
 
 def test_scenario_setter_is_strict() -> None:
     sim = make()
-    sim.scenario = Scenario(model="gpt2", parallel={"tp": 2, "sequence_parallel": True})
+    sim.scenario = Scenario(model="gpt2", seq_len=GPT2_SEQ, parallel={"tp": 2, "sequence_parallel": True})
     assert sim.scenario.parallel.sequence_parallel
     with pytest.raises(ScenarioError):
-        sim.scenario = {"model": "gpt2", "parallel": {"sequence_parallel": True}}
+        sim.scenario = {"model": "gpt2", "seq_len": GPT2_SEQ, "parallel": {"sequence_parallel": True}}
     assert sim.error_field == "parallel.sequence_parallel"
-    sim.scenario = {"model": "gpt2"}
-    assert sim.scenario == Scenario(model="gpt2") and sim.error == ""
+    with pytest.raises(ScenarioError):
+        sim.scenario = {"model": "gpt2"}  # 2048 tokens: past GPT-2's 1024-row position table
+    assert sim.error_field == "seq_len"
+    sim.scenario = {"model": "gpt2", "seq_len": GPT2_SEQ}
+    assert sim.scenario == Scenario(model="gpt2", seq_len=GPT2_SEQ) and sim.error == ""
 
 
 def test_headroom_changes_verdict_and_band() -> None:
@@ -353,7 +358,7 @@ def test_disabled_values() -> None:
             {"model": "mistral-7b"},
             {"parallel.ep": 1},
         ),
-        ({"method": "lora"}, {"model": "gpt2"}, {"lora.targets": ["all-linear"]}),
+        ({"method": "lora", "seq_len": 1024}, {"model": "gpt2"}, {"lora.targets": ["all-linear"]}),
         (
             {"method": "lora", "lora": {"targets": ["q_proj", "up_proj"]}},
             {"model": "vit-base-patch16-224"},
@@ -452,7 +457,7 @@ class WidgetMachine(RuleBasedStateMachine):
     @initialize(model=st.sampled_from(MODELS[:3]))
     def start(self, model: Any) -> None:
         """A fresh widget."""
-        self.sim = make(model=model)
+        self.sim = make(model=model, seq_len=GPT2_SEQ)  # a length every start model accepts
         self.last_valid = (self.sim.result, self.sim.charts, self.sim.scenario)
 
     def _after(self, ok: bool) -> None:
@@ -663,7 +668,7 @@ def states(seen: list[dict[str, Any]]) -> list[str]:
 
 
 def test_verify_goes_running_progress_done_then_stale_after_a_change(tracer: FakeTracer) -> None:
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     seen = record(sim)
     assert sim.trace["state"] == "idle" and sim.trace["available"] and sim.trace_view == {}
     assert sim.trace_report is None
@@ -688,12 +693,12 @@ def test_verify_goes_running_progress_done_then_stale_after_a_change(tracer: Fak
     assert not sim.trace["stale"] and sim.trace["stale_keys"] == []
 
     view = sim.trace_view
-    sim.set(seq_len=4096)
+    sim.set(seq_len=512)
     assert sim.trace["stale"] and sim.trace["stale_keys"] == ["seq_len"]
     assert sim.trace_view == view and sim.trace["state"] == "done", "kept, but marked stale"
     sim.headroom = 0.2
     assert sim.trace["stale_keys"] == ["seq_len"], "headroom is not part of the traced step"
-    sim.set(seq_len=2048, model="gpt2-medium")
+    sim.set(seq_len=GPT2_SEQ, model="gpt2-medium")
     assert sim.trace["stale_keys"] == ["model"]
     sim.set(model="gpt2")
     assert not sim.trace["stale"], "back at the traced scenario"
@@ -701,7 +706,7 @@ def test_verify_goes_running_progress_done_then_stale_after_a_change(tracer: Fak
 
 
 def test_a_scenario_change_while_running_makes_the_result_stale(tracer: FakeTracer) -> None:
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     future = sim.verify(wait=False)
     assert tracer.started.wait(5)
     sim.set(micro_batch_size=2)
@@ -718,7 +723,7 @@ def test_a_scenario_change_while_running_makes_the_result_stale(tracer: FakeTrac
 
 
 def test_cancel_keeps_the_previous_result(tracer: FakeTracer) -> None:
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     tracer.release.set()
     first = sim.verify()
     view = sim.trace_view
@@ -740,7 +745,7 @@ def test_cancel_keeps_the_previous_result(tracer: FakeTracer) -> None:
 
 
 def test_python_verify_of_another_scenario_replaces_a_running_trace(tracer: FakeTracer) -> None:
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     old = sim.verify(wait=False)
     assert tracer.started.wait(5)
     assert sim.verify(wait=False) is old, "the same scenario: the running trace is reused"
@@ -752,14 +757,14 @@ def test_python_verify_of_another_scenario_replaces_a_running_trace(tracer: Fake
     tracer.release.set()
     assert new.result(5)["scenario"]["seq_len"] == 512
     assert sim.trace["state"] == "done" and not sim.trace["stale"]
-    assert [c.seq_len for c in tracer.calls] == [2048, 512]
+    assert [c.seq_len for c in tracer.calls] == [GPT2_SEQ, 512]
 
 
 def test_a_failing_trace_shows_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeTracer(fail=RuntimeError("boom"))
     fake.release.set()
     monkeypatch.setattr(trace_panel, "run_trace", fake)
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     with pytest.raises(RuntimeError, match="boom"):
         sim.verify()
     assert sim.trace["state"] == "error" and sim.trace["error"] == "RuntimeError: boom"
@@ -795,7 +800,7 @@ def test_verify_is_disabled_for_untraceable_scenarios(
 
 def test_verify_says_which_extra_to_install(tracer: FakeTracer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace_runner, "_missing_trace_modules", lambda: ("torch", "transformers", "peft"))
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     assert not sim.trace["available"]
     assert sim.trace["reason"] == f"trace: needs torch and transformers: {TRACE_EXTRA}"
     sim.set(method="lora")
@@ -806,7 +811,7 @@ def test_verify_says_which_extra_to_install(tracer: FakeTracer, monkeypatch: pyt
 
 
 def test_verify_is_disabled_while_an_input_is_rejected(tracer: FakeTracer) -> None:
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     with pytest.raises(ScenarioError):
         sim.set(parallel={"tp": 5})
     assert not sim.trace["available"] and "rejected input" in sim.trace["reason"]
@@ -815,7 +820,7 @@ def test_verify_is_disabled_while_an_input_is_rejected(tracer: FakeTracer) -> No
 
 
 def test_closing_the_widget_cancels_its_trace(tracer: FakeTracer) -> None:
-    sim = make(model="gpt2")
+    sim = make(model="gpt2", seq_len=GPT2_SEQ)
     future = sim.verify(wait=False)
     assert tracer.started.wait(5)
     sim.close()

@@ -419,6 +419,71 @@ def _command_r(
     }
 
 
+def _roberta(h: int, inter: int, heads: int, layers: int, xlm: bool = False) -> dict[str, Any]:
+    """A RoBERTa config.json (FacebookAI/roberta-*: 514 positions, padding offset 1, one token type); ``xlm``:
+    FacebookAI/xlm-roberta-* (the same model, a 250,002-token vocabulary)."""
+    return {
+        "model_type": "xlm-roberta" if xlm else "roberta",
+        "architectures": ["XLMRobertaForMaskedLM" if xlm else "RobertaForMaskedLM"],
+        "attention_probs_dropout_prob": 0.1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "layer_norm_eps": 1e-05,
+        "max_position_embeddings": 514,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "pad_token_id": 1,
+        "type_vocab_size": 1,
+        "vocab_size": 250002 if xlm else 50265,
+    }
+
+
+def _modernbert(h: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
+    """A ModernBERT config.json (answerdotai/ModernBERT-*: 8k context, global attention every 3rd layer,
+    128-token local window, no biases but the decoder's)."""
+    return {
+        "model_type": "modernbert",
+        "architectures": ["ModernBertForMaskedLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 50281,
+        "classifier_activation": "gelu",
+        "classifier_bias": False,
+        "classifier_dropout": 0.0,
+        "classifier_pooling": "mean",
+        "cls_token_id": 50281,
+        "decoder_bias": True,
+        "deterministic_flash_attn": False,
+        "embedding_dropout": 0.0,
+        "eos_token_id": 50282,
+        "global_attn_every_n_layers": 3,
+        "global_rope_theta": 160000.0,
+        "hidden_activation": "gelu",
+        "hidden_size": h,
+        "initializer_cutoff_factor": 2.0,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "local_attention": 128,
+        "local_rope_theta": 10000.0,
+        "max_position_embeddings": 8192,
+        "mlp_bias": False,
+        "mlp_dropout": 0.0,
+        "norm_bias": False,
+        "norm_eps": 1e-05,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "pad_token_id": 50283,
+        "sep_token_id": 50282,
+        "tie_word_embeddings": True,
+        "vocab_size": 50368,
+    }
+
+
 def _starcoder2(
     h: int, inter: int, heads: int, layers: int, kv: int, theta: float, tie: bool
 ) -> dict[str, Any]:
@@ -474,6 +539,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 16,
         "num_hidden_layers": 24,
     },
+    "roberta-base": _roberta(768, 3072, 12, 12),
+    "roberta-large": _roberta(1024, 4096, 16, 24),
+    "xlm-roberta-base": _roberta(768, 3072, 12, 12, xlm=True),
+    "xlm-roberta-large": _roberta(1024, 4096, 16, 24, xlm=True),
+    "modernbert-base": _modernbert(768, 1152, 12, 22),
+    "modernbert-large": _modernbert(1024, 2624, 16, 28),
     "llama-2-7b": _llama2(4096, 11008, 32, 32, 32),
     "llama-2-13b": _llama2(5120, 13824, 40, 40, 40),
     "llama-2-70b": _llama2(8192, 28672, 64, 80, 8),
@@ -804,6 +875,36 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "BERT large encoder, masked-LM head",
         "params_label": "340M",
         "hf_repo": "google-bert/bert-large-uncased",
+    },
+    "roberta-base": {
+        "description": "RoBERTa base encoder, masked-LM head tied to the embeddings, 512 tokens",
+        "params_label": "125M",
+        "hf_repo": "FacebookAI/roberta-base",
+    },
+    "roberta-large": {
+        "description": "RoBERTa large encoder, masked-LM head tied to the embeddings, 512 tokens",
+        "params_label": "355M",
+        "hf_repo": "FacebookAI/roberta-large",
+    },
+    "xlm-roberta-base": {
+        "description": "XLM-RoBERTa base: RoBERTa with a 250k multilingual vocabulary, 512 tokens",
+        "params_label": "278M",
+        "hf_repo": "FacebookAI/xlm-roberta-base",
+    },
+    "xlm-roberta-large": {
+        "description": "XLM-RoBERTa large: RoBERTa with a 250k multilingual vocabulary, 512 tokens",
+        "params_label": "560M",
+        "hf_repo": "FacebookAI/xlm-roberta-large",
+    },
+    "modernbert-base": {
+        "description": "ModernBERT base encoder: pre-norm, GeGLU, RoPE, global/local attention, 8k tokens",
+        "params_label": "149M",
+        "hf_repo": "answerdotai/ModernBERT-base",
+    },
+    "modernbert-large": {
+        "description": "ModernBERT large encoder: pre-norm, GeGLU, RoPE, global/local attention, 8k tokens",
+        "params_label": "395M",
+        "hf_repo": "answerdotai/ModernBERT-large",
     },
     "llama-2-7b": {
         "description": "Llama 2 7B, MHA",

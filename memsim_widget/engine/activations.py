@@ -137,12 +137,26 @@ ATTN_IN = frozenset(
     {"q_proj", "k_proj", "v_proj", "c_attn", "qkv_proj", "query", "key", "value", "q", "k", "v"}
     | {"query_key_value"}
     | {"q_a_proj", "kv_a_proj_with_mqa"}  # DeepSeek MLA: the projections reading the layer's normed input
+    | {"Wqkv"}  # ModernBERT
 )
-ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o"})  # + arch.extra["attention_output_modules"]
+ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o", "Wo"})  # + arch.extra["attention_output_modules"]
 MLP_IN = frozenset(
-    {"gate_proj", "up_proj", "c_fc", "gate_up_proj", "fc1", "wi", "wi_0", "wi_1", "w1", "w3", "dense_h_to_4h"}
+    {
+        "gate_proj",
+        "up_proj",
+        "c_fc",
+        "gate_up_proj",
+        "fc1",
+        "wi",
+        "wi_0",
+        "wi_1",
+        "w1",
+        "w3",
+        "dense_h_to_4h",
+        "Wi",
+    }
 )
-MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2", "dense_4h_to_h"})
+MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2", "dense_4h_to_h", "Wo"})  # ModernBERT: Wo twice
 
 
 def gelu_tanh_autocast(ec: int, kf: str, I: int) -> tuple[int, str]:
@@ -279,9 +293,12 @@ def _hf(ctx: Context) -> ActivationBudget:
             + (f" - {shared} x {r} B x T x h (one input read by {shared + 1} norms)" if shared else ""),
             3 * norms - shared,
             # parallel branches (NeoX, Phi): under LoRA every norm of layer 0 reads the gradient-free embeddings
+            # ModernBERT's layer 0 has no attn_norm (nn.Identity): one norm fewer there in any case. A post-norm
+            # block (BERT) norms the attention output first: trained under LoRA once attention has an adapter
             first_bytes=(norms * per_norm - shared * r * Tout * h if parallel_branches else per_norm)
             if frozen_first
-            else 0,
+            and not (arch.extra.get("first_norm_after_attention") and targets & (ATTN_IN | ATTN_OUT))
+            else (per_norm if arch.extra.get("first_layer_norms", norms) < norms else 0),
         )
     nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
     # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
@@ -289,7 +306,9 @@ def _hf(ctx: Context) -> ActivationBudget:
     consumers(ATTN_IN, h, T, nout, "attention input")
     # Phi: one norm's output feeds q, k, v and fc1; saved once when the attention side saved it already
     shared_in = arch.extra.get("parallel_attn_mlp", False) and (full or bool(ATTN_IN & modules & targets))
-    consumers(MLP_IN, h, T, nout, "MLP input", already_saved=shared_in)
+    # BERT-style encoders name three Linears "dense": the one reading the attention block's norm is named by the family
+    mlp_in = MLP_IN | frozenset(arch.extra.get("mlp_input_modules", ()))
+    consumers(mlp_in, h, T, nout, "MLP input", already_saved=shared_in)
 
     # ----- q/k norms (Qwen3 "head": per head over d; OLMo 2 "full": over the whole projection) ----------------
     # HF RMSNorm on the q_proj / k_proj outputs (compute dtype): its fp32 input, the rsqrt per row and, if its
@@ -326,11 +345,11 @@ def _hf(ctx: Context) -> ActivationBudget:
     a_loc = D.a
     attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
-    # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT and ViT stay in the
+    # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT, RoBERTa and ViT stay in the
     # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
     # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
     # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
-    softmax_fp32 = arch.family not in ("gpt2", "bert", "vit") or amp
+    softmax_fp32 = not arch.extra.get("softmax_in_compute_dtype") or amp
     mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
     if mla:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
@@ -385,6 +404,30 @@ def _hf(ctx: Context) -> ActivationBudget:
         copied = bool(arch.extra.get("sdpa_output_copy"))
         label = "attention output" + (" (b, s, a*d) copy" if copied else "")
         consumers(attn_out, hq, T, ec, label, already_saved=not copied)
+
+    if arch.extra.get("fused_qkv_kept") and not mla and not eager:
+        # ModernBERT: q and k leave Wqkv's [q | k | v] output through RoPE (new tensors), but v goes to SDPA as a
+        # view of it, so the whole output stays saved: its q and k thirds on top of the tensors above (traced;
+        # eager's matmul saves a contiguous copy of v instead and the output is freed)
+        add(
+            "fused Wqkv output kept alive by the v view (its q and k parts)",
+            ec * T * (hq + hkv),
+            f"{ec} B x T x (a*d + kv*d)",
+            1,
+        )
+    sliding = arch.extra.get("sliding_layers", 0)
+    if sliding and not eager and D.s_full >= arch.extra.get("sliding_window", 0):
+        # ModernBERT's local layers: HF builds one boolean (b, 1, s, s) sliding-window mask (no skip once s reaches
+        # the half window) and SDPA converts it to an additive mask in the query dtype in every local layer, which
+        # the memory-efficient / CPU flash kernel saves for backward (traced); averaged over the layers (the
+        # boolean mask itself is saved by nothing and dies with the forward)
+        n = arch.num_layers
+        add(
+            "sliding-window attention mask converted by SDPA (local layers)",
+            sliding / n * ec * b * s * D.s_full,
+            f"{sliding}/{n} layers x {ec} B x b x s x s",
+            1,
+        )
 
     # ----- MLP ------------------------------------------------------------------------------------
     moe = arch.is_moe
@@ -511,7 +554,15 @@ def _hf(ctx: Context) -> ActivationBudget:
     if arch.position == "rope":
         cb = 4 if amp else ec
         rd = arch.extra.get("rotary_dim", D.d)  # partial rotary: cos/sin cover the first rotary_dim channels
-        out.pre.append(Term("rotary cos/sin", 2 * cb * s * rd, f"2 x {cb} B x s x {rd}", 2))
+        kinds = arch.extra.get("rope_kinds", 1)  # ModernBERT: global and local layers, one cos/sin pair each
+        out.pre.append(
+            Term(
+                "rotary cos/sin",
+                kinds * 2 * cb * s * rd,
+                f"{kinds} x 2 x {cb} B x s x {rd}" if kinds > 1 else f"2 x {cb} B x s x {rd}",
+                2 * kinds,
+            )
+        )
     if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
         C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
         px = b * C * img * img
@@ -534,7 +585,8 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
-    if arch.family == "bert":  # embeddings' LayerNorm input; the MLM head's dense -> gelu -> LayerNorm
+    # BERT-style encoders: the embeddings' LayerNorm input (nothing under LoRA: the embeddings need no gradient)
+    if arch.extra.get("embedding_norm") and not frozen_first:
         out.pre.append(
             Term(
                 "embeddings LayerNorm input, mean and rstd",
@@ -543,12 +595,28 @@ def _hf(ctx: Context) -> ActivationBudget:
                 3,
             )
         )
+    if arch.extra.get("final_norm"):  # ModernBERT: the encoder's own final LayerNorm before the MLM head's
         out.post.append(
             Term(
-                "MLM head transform: dense output and LayerNorm output",
-                2 * ec * T * h,
-                f"2 x {ec} B x T x h",
-                2,
+                "encoder final LayerNorm input, mean and rstd",
+                r * Tout * h + 8 * Tout,
+                f"{r} B x T x h + 8 B x T",
+                3,
+            )
+        )
+    if arch.extra.get("mlm_head"):  # the MLM head's dense -> gelu -> LayerNorm (its input: "final norm")
+        # gelu saves the dense output; the decoder saves the LayerNorm output only if its weight trains (traced)
+        # (under autocast the dense keeps a 16-bit copy of its weight, trained or frozen)
+        n_mlm = 2 if full else 1
+        wcopy = 2 * h * h if amp else 0
+        out.post.append(
+            Term(
+                "MLM head transform: dense output"
+                + (" and LayerNorm output" if full else " (frozen decoder)")
+                + (", autocast weight copy" if amp else ""),
+                n_mlm * ec * T * h + wcopy,
+                f"{n_mlm} x {ec} B x T x h" + (" + 2 B x h x h" if amp else ""),
+                n_mlm + (1 if amp else 0),
             )
         )
     if V and amp and not full:  # a frozen head keeps the 16-bit copy of its weight for the input's gradient
@@ -567,7 +635,9 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.post.append(Term("head input", nout * T * h, f"{nout} B x T x h", 1))
     if V:
         le = 4 if recipe.fp32_compute else 2
-        upcast_loss = arch.family not in ("bert", "t5", "vit")
+        # a loss on the logits as they are (BERT, T5, ViT) runs in fp32 under autocast all the same: cross_entropy
+        # and log_softmax are on autocast's fp32 list (torch.amp docs), so it saves and frees as an upcast loss (traced)
+        upcast_loss = arch.extra.get("loss_upcast", True) or amp
         if sc.loss == "chunked":
             chunk = T * V / LOSS_CHUNKS
             out.loss_backward.append(

@@ -82,6 +82,12 @@ class Context:
                 f"ep={p.ep} needs an MoE model with experts divisible by ep "
                 f"(this model has {a.num_experts} experts)",
             )
+        if a.fixed_seq_len is None and a.max_seq_len is not None and s.seq_len > a.max_seq_len:
+            raise ScenarioError(
+                "seq_len",
+                f"must be at most {a.max_seq_len} for this model (the longest sequence its learned position "
+                f"table can index), got {s.seq_len}",
+            )
         if a.fixed_seq_len is None and s.seq_len % p.cp:
             raise ScenarioError("parallel.cp", f"seq_len={s.seq_len} is not divisible by cp={p.cp}")
         if self.opt.impls and s.optimizer_impl not in self.opt.impls and s.optimizer != "none":

@@ -20,6 +20,8 @@ MODULES: tuple[str, ...] = (
     "glm4",
     "cohere",
     "starcoder2",
+    "roberta",
+    "modernbert",
 )
 
 for _name in MODULES:

@@ -439,13 +439,23 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
         lambda b: _fits(scenario.replace(micro_batch_size=b), headroom), 1, MAX_MICRO_BATCH
     )
     if ctx.arch.fixed_seq_len is None:
-        step = max(scenario.parallel.cp, 1) * 128
-        best = _largest(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), 1, MAX_SEQ_LEN // step)
-        rec.max_seq_len = best * step if best else None
+        rec.max_seq_len = _max_seq_len(scenario, ctx.arch.max_seq_len, headroom)
     rec.min_gpus = _min_gpus(scenario, headroom)
     if rec.min_gpus is None:
         rec.min_gpus_reason = _why_no_gpu_count(scenario, headroom)
     return rec
+
+
+def _max_seq_len(scenario: Scenario, table: int | None, headroom: float) -> int | None:
+    """The longest sequence that fits: multiples of 128 x cp up to what the model's position table allows
+    (``table``, learned positions; None: no bound but MAX_SEQ_LEN), else that bound itself when it fits."""
+    step = max(scenario.parallel.cp, 1) * 128
+    top = min(MAX_SEQ_LEN, table) if table else MAX_SEQ_LEN
+    best = _largest(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), 1, top // step)
+    longest = best * step if best else None
+    # a bound between two steps (a 200-row table): the bound itself when everything below it fits
+    at_bound = bool(top % step) and top % scenario.parallel.cp == 0 and longest in (None, top // step * step)
+    return top if at_bound and _fits(scenario.replace(seq_len=top), headroom) else longest
 
 
 def _why_no_gpu_count(scenario: Scenario, headroom: float) -> str:

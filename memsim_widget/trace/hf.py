@@ -18,6 +18,8 @@ def _family(model_type: str) -> str:
     if model_type in (
         "bert",
         "roberta",
+        "xlm-roberta",
+        "camembert",
         "distilbert",
         "albert",
         "electra",
