@@ -95,6 +95,11 @@ class Architecture:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    def attention_kernel(self, requested: str) -> str:
+        """The attention transformers runs when ``requested`` is asked for: a model class without an SDPA path
+        (``extra["sdpa"] is False``, Gemma 2) falls back to eager, as ``PreTrainedModel`` does by default."""
+        return "eager" if requested == "sdpa" and self.extra.get("sdpa") is False else requested
+
 
 FamilyBuilder = Callable[[Mapping[str, Any]], Architecture]
 FAMILIES: dict[str, FamilyBuilder] = {}
@@ -679,6 +684,11 @@ def build_gemma2(cfg: Mapping[str, Any]) -> Architecture:
             "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
             "layer_pattern": "sliding,global",
             "embedding_scale": "sqrt(hidden_size)",
+            # Gemma2PreTrainedModel._supports_sdpa = False (SDPA cannot softcap the attention logits): transformers
+            # runs it eager unless flash_attention_2 / flex_attention is asked for, and refuses "sdpa"
+            "sdpa": False,
+            "attention_note": "Gemma2ForCausalLM has no SDPA path in transformers (attention logit softcapping); "
+            "it runs eager",
         },
     )
 

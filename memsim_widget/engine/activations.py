@@ -230,21 +230,26 @@ def _hf(ctx: Context) -> ActivationBudget:
     frozen = "; layer 0's first norm saves nothing (frozen embeddings)" if frozen_first else ""
     # CohereLayerNorm computes x - mean twice: two fp32 centred copies saved (traced)
     cw = 8 if arch.extra.get("norm_centred_copy") else 4
+    # Gemma's RMSNorm returns normed(x) * (1 + w.float()): the product saves the fp32 (1 + w) whenever its input
+    # needs a gradient, and the fp32 normalised tensor only when w trains (traced, Gemma 2 and 3)
+    onep = 4 if gemma else 0
     if arch.norm == "rmsnorm":
-        per_norm = cw * Tout * h + 4 * Tout
+        per_norm = cw * Tout * h + 4 * Tout + onep * h
         add(
-            "RMSNorm fp32 inputs and rsqrt",
+            "RMSNorm fp32 inputs and rsqrt" + (", fp32 (1 + w)" if gemma else ""),
             norms * per_norm,
-            f"{norms} norms x ({cw} B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}{frozen}",
-            2 * norms,
+            f"{norms} norms x ({cw} B x T x h + 4 B x T{' + 4 B x h' if gemma else ''}), T={fmt_int(Tout)}, "
+            f"h={h}{frozen}",
+            (3 if gemma else 2) * norms,
             # post-norm blocks (OLMo 2): layer 0's first norm reads the attention output, trained under LoRA
             # as soon as attention carries an adapter (traced)
             first_bytes=per_norm
             if frozen_first and not (arch.extra.get("post_norms") and targets & (ATTN_IN | ATTN_OUT))
             else 0,
         )
-        nb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r  # OLMo 2 multiplies its weight in fp32
-        if full or gemma:
+        # Gemma and OLMo 2 multiply by the weight in fp32: the normalised tensor they save is fp32
+        nb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
+        if full:
             # GLM-4's post-norms read 16-bit projection outputs: their normalised tensor is cast back to 16 bits
             n16 = arch.extra.get("post_norms_16bit", 0) if nb == r and not gemma else 0
             add(
@@ -285,12 +290,15 @@ def _hf(ctx: Context) -> ActivationBudget:
     if qk_norm in ("head", "full"):
         for label, width, n_heads, proj in (("q", hq, D.a, "q_proj"), ("k", hkv, D.kv, "k_proj")):
             rows = n_heads if qk_norm == "head" else 1
-            nn = 4 if arch.extra.get("norm_weight_fp32") else ec
-            nb = cw * T * width + 4 * T * rows + (nn * T * width if full else 0)
+            nn = 4 if gemma or arch.extra.get("norm_weight_fp32") else ec
+            # Gemma 3: the per-head norm's (1 + w) [d] in fp32 too
+            nb = cw * T * width + 4 * T * rows + (nn * T * width if full else 0) + onep * D.d
             add(
                 f"{label}_norm fp32 input and rsqrt" + (", normalised tensor" if full else ""),
                 nb,
-                f"4 B x T x {width} + 4 B x T x {rows}" + (f" + {nn} B x T x {width}" if full else ""),
+                f"4 B x T x {width} + 4 B x T x {rows}"
+                + (f" + {nn} B x T x {width}" if full else "")
+                + (f" + 4 B x {D.d}" if onep else ""),
                 3 if full else 2,
                 first_bytes=nb if frozen_first and proj not in targets else 0,
             )
@@ -308,7 +316,9 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
 
     # ----- attention -----------------------------------------------------------------------------
-    eager = sc.attention == "eager"
+    eager = arch.attention_kernel(sc.attention) == "eager"
+    # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
+    why = f" (eager: {arch.extra['attention_note']})" if eager and sc.attention != "eager" else ""
     a_loc = D.a
     attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
@@ -322,13 +332,22 @@ def _hf(ctx: Context) -> ActivationBudget:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
     elif eager:
         add(
-            "attention q, k, v (k, v repeated to all heads)",
+            "attention q, k, v (k, v repeated to all heads)" + why,
             3 * ec * T * hq,
             f"3 x {ec} B x T x a*d, a*d={hq}",
             3,
         )
         if sc.activation_checkpointing != "selective":
             scores = b * a_loc * s * D.s_full
+            if arch.extra.get("attn_logit_softcapping"):
+                # Gemma 2: scores / cap -> tanh -> x cap; tanh saves its output for backward (the divisions
+                # and products by a Python scalar save nothing)
+                add(
+                    "attention logit softcapping: tanh output",
+                    ec * scores,
+                    f"{ec} B x b x a x s x s, b={b} a={a_loc} s={s}",
+                    1,
+                )
             sm = 4 if softmax_fp32 else ec
             if arch.attention_dropout > 0:
                 add(
@@ -495,7 +514,15 @@ def _hf(ctx: Context) -> ActivationBudget:
     if arch.position == "rope":
         cb = 4 if amp else ec
         rd = arch.extra.get("rotary_dim", D.d)  # partial rotary: cos/sin cover the first rotary_dim channels
-        out.pre.append(Term("rotary cos/sin", 2 * cb * s * rd, f"2 x {cb} B x s x {rd}", 2))
+        kinds = arch.extra.get("rope_kinds", 1)  # Gemma 3: one cos/sin pair per layer kind (sliding, full)
+        out.pre.append(
+            Term(
+                "rotary cos/sin" + (f" ({kinds} layer kinds, one RoPE base each)" if kinds > 1 else ""),
+                kinds * 2 * cb * s * rd,
+                (f"{kinds} x " if kinds > 1 else "") + f"2 x {cb} B x s x {rd}",
+                2 * kinds,
+            )
+        )
     if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
         C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
         px = b * C * img * img
@@ -512,9 +539,16 @@ def _hf(ctx: Context) -> ActivationBudget:
         out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
     if arch.norm == "rmsnorm":
         fnb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
-        fn = cw * Tout * h + 4 * Tout + (fnb * Tout * h if full or gemma else 0)
+        fn = cw * Tout * h + 4 * Tout + (fnb * Tout * h if full else 0) + onep * h
         out.post.append(
-            Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {fnb} B x T x h" if full else ""), 3)
+            Term(
+                "final norm",
+                fn,
+                "4 B x T x h + 4 B x T"
+                + (f" + {fnb} B x T x h" if full else "")
+                + (" + 4 B x h" if onep else ""),
+                3,
+            )
         )
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
@@ -620,6 +654,13 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.loss_saved.append(Term("log-softmax saved by the loss", le * T * V, f"{le} B x T x V", 1))
             out.loss_backward.append(
                 Term("loss backward: two T x V gradient buffers", 2 * le * T * V, f"2 x {le} B x T x V", 2)
+            )
+        cap = arch.extra.get("final_logit_softcapping")
+        if cap and sc.loss != "chunked":
+            # Gemma 2/3: logits = tanh(logits / cap) x cap; tanh saves its output (compute dtype) until its
+            # backward, right after the loss's (traced); the scalar division and product save nothing
+            out.loss_saved.append(
+                Term(f"final logit softcapping ({cap:g}): tanh output", le * T * V, f"{le} B x T x V", 1)
             )
 
     # ----- the model output the loop still holds -------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from memsim_widget.catalog.models import architecture_for
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
@@ -112,9 +113,15 @@ def check_pipeline(sc: Scenario) -> None:
 
         check_distributed(sc)
     check_traceable(sc.replace(parallel={"pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1}))
-    if sc.attention != "sdpa":
+    if architecture_for(sc.model).attention_kernel(sc.attention) != "sdpa":
         raise ScenarioError(
-            "attention", "pipeline stages run SDPA with is_causal (no mask passes between stages); use sdpa"
+            "attention",
+            "pipeline stages run SDPA with is_causal (no mask passes between stages); use sdpa"
+            + (
+                ""
+                if sc.attention != "sdpa"
+                else f" ({architecture_for(sc.model).extra.get('attention_note')})"
+            ),
         )
     if par.pp_schedule == "1f1b" and par.pp_microbatches < par.pp:
         raise ScenarioError(
