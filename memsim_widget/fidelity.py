@@ -675,6 +675,20 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         )
     ),
     (
+        "gemma3_text bf16 sdpa b2 s512 (sliding_window 128: masked sliding layers, k/v repeated)",
+        {"model": {**GEMMA3, "sliding_window": 128}, "micro_batch_size": 2, "seq_len": 512},
+    ),
+    (
+        "gemma-3-1b bf16 lora qv b1 s1024 (real size: one KV head, 262k vocab, window 512)",
+        {
+            "model": "gemma-3-1b",
+            "micro_batch_size": 1,
+            "seq_len": 1024,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
+    (
         "gemma3_text bf16 sdpa b2 s512 (32k vocab, final logit softcapping 30)",
         {
             "model": {**GEMMA3, "vocab_size": 32000, "final_logit_softcapping": 30.0},

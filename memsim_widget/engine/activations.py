@@ -274,7 +274,9 @@ def _hf(ctx: Context) -> ActivationBudget:
             if frozen_first
             else 0,
         )
-    nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
+    # a norm's output has the residual stream's dtype (Gemma's ``.type_as(x)`` too: fp32 under autocast and in
+    # fp32, where every Linear reading it then keeps its own 16-bit copy under autocast; traced)
+    nout = r
     # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
     # PrepareModuleInput Shard(1) -> Replicate); the Linears save that gathered tensor (traced)
     consumers(ATTN_IN, h, T, nout, "attention input")
@@ -385,6 +387,24 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)",
             2,
         )
+        # Gemma 3's sliding layers once s >= sliding_window: transformers cannot skip their mask (masking_utils
+        # _ignore_causal_mask_sdpa), so it repeats k and v to all heads (use_gqa_in_sdpa needs no mask) and
+        # PyTorch turns the boolean mask into an additive one in the compute dtype, b x 1 x s x s, which SDPA
+        # saves; per layer, the average over the layers (traced). With one KV head the repeat is a view (no copy).
+        kinds, window = arch.extra.get("layer_types"), arch.extra.get("sliding_window")
+        n_sliding = sum(k == "sliding_attention" for k in kinds or ())
+        if n_sliding and window and D.s_full >= window:
+            frac = n_sliding / len(kinds)
+            rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
+            add(
+                "sliding-window layers: SDPA's additive mask"
+                + (", k and v repeated to all heads" if rep else ""),
+                frac * (rep + ec * b * s * D.s_full),
+                f"{n_sliding}/{len(kinds)} layers x ({ec} B x b x s x s"
+                + (f" + 2 x {ec} B x T x (a*d - kv*d)" if rep else "")
+                + f"), s >= sliding_window {window}",
+                3 if rep else 1,
+            )
         # q built by torch.cat (partial rotary) is contiguous per head: SDPA's output is then (b, a, s, d) in memory
         # and the transpose to (b, s, a*d) is a copy, which the out-projection saves (traced: GPT-NeoX, Phi)
         copied = bool(arch.extra.get("sdpa_output_copy"))
