@@ -158,6 +158,7 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
     raise ScenarioError(
         "model.model_type",
         "'gemma3' is Gemma3ForConditionalGeneration, whose SigLIP vision tower and projector are not simulated; "
-        "for the language model alone pass its text_config with model_type 'gemma3_text' (or a preset "
-        "gemma-3-4b-text / gemma-3-12b-text / gemma-3-27b-text)",
+        "for its language model alone use a preset gemma-3-4b-text / gemma-3-12b-text / gemma-3-27b-text, or pass "
+        "its text_config with model_type 'gemma3_text' and the sizes it leaves to Gemma3TextConfig's defaults "
+        "written out (vocab_size 262208, num_attention_heads 8, num_key_value_heads 4)",
     )
