@@ -300,3 +300,12 @@ def test_memsim_trace_runs_on_gemma2_and_gemma3(tmp_path) -> None:
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r
+
+
+def test_a_gemma2_pipeline_trace_is_refused_naming_why() -> None:
+    """Pipeline stages are traced with SDPA (is_causal, no mask between stages); Gemma 2 runs eager."""
+    from memsim_widget.trace.pipeline import check_pipeline
+
+    sc = Scenario(model=GEMMA2, parallel={"pp": 2, "pp_microbatches": 2})
+    with pytest.raises(ScenarioError, match="no SDPA path"):
+        check_pipeline(sc)

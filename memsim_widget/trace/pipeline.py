@@ -113,15 +113,16 @@ def check_pipeline(sc: Scenario) -> None:
 
         check_distributed(sc)
     check_traceable(sc.replace(parallel={"pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1}))
-    if architecture_for(sc.model).attention_kernel(sc.attention) != "sdpa":
+    if sc.attention != "sdpa":
+        raise ScenarioError(
+            "attention", "pipeline stages run SDPA with is_causal (no mask passes between stages); use sdpa"
+        )
+    arch = architecture_for(sc.model)
+    if arch.attention_kernel(sc.attention) != "sdpa":
         raise ScenarioError(
             "attention",
-            "pipeline stages run SDPA with is_causal (no mask passes between stages); use sdpa"
-            + (
-                ""
-                if sc.attention != "sdpa"
-                else f" ({architecture_for(sc.model).extra.get('attention_note')})"
-            ),
+            "pipeline stages run SDPA with is_causal (no mask passes between stages), but "
+            f"{arch.extra.get('attention_note')}: not traced as a pipeline",
         )
     if par.pp_schedule == "1f1b" and par.pp_microbatches < par.pp:
         raise ScenarioError(
