@@ -319,6 +319,7 @@ def _hf(ctx: Context) -> ActivationBudget:
 
     # ----- attention -----------------------------------------------------------------------------
     eager = arch.attention_kernel(sc.attention) == "eager"
+    ao_from = ao_to = 0  # the eager attention-output term(s) in L (freed before the attention's backward)
     # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
     why = f" (eager: {arch.extra['attention_note']})" if eager and sc.attention != "eager" else ""
     a_loc = D.a
@@ -366,7 +367,9 @@ def _hf(ctx: Context) -> ActivationBudget:
                     f"b x a x s x s x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                     2 if extra else 1,
                 )
+        ao_from = len(L)
         consumers(attn_out, hq, T, ec, "attention output")
+        ao_to = len(L)
     else:
         add(
             "attention q, k, v saved by SDPA",
@@ -412,6 +415,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         consumers(attn_out, hq, T, ec, label, already_saved=not copied)
 
     # ----- MLP ------------------------------------------------------------------------------------
+    mlp_from = len(L)
     moe = arch.is_moe
     mlp_parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (families/_moe.py)
     if mlp_parts:
@@ -441,6 +445,7 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"({ec} + 4) B x T x E + 2 x {ec} B x k x T x h, E={E}",
             3,
         )
+    mlp_to = len(L)
     if arch.hidden_dropout > 0:
         add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
     if amp and full:
@@ -728,11 +733,16 @@ def _hf(ctx: Context) -> ActivationBudget:
         # about 6 B x b a s^2 in bf16 with the fp32 softmax)
         sm_b = 4 if softmax_fp32 else ec
         tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full
+        # by then o_proj's input is released and, in a sequential block, the MLP has run its backward: what they
+        # saved is gone (every saved tensor of the layer is still counted at this moment). A parallel MLP (NeoX,
+        # Phi, Cohere) runs its backward after the attention's, so its tensors are still there (traced)
+        mlp_done = L[mlp_from:mlp_to] if not _parallel_mlp(arch) else []
+        freed = sum(t.bytes for t in L[ao_from:ao_to] + mlp_done)
         out.attention_backward.append(
             Term(
-                "attention softmax backward (s x s gradients)",
-                tau_attn,
-                f"({sm_b} + {ec}) B x b x a x s x s",
+                "attention softmax backward (s x s gradients), less the layer's MLP and o_proj input freed",
+                max(tau_attn - freed, 0),
+                f"({sm_b} + {ec}) B x b x a x s x s - {fmt_int(freed)} B",
                 2,
             )
         )
