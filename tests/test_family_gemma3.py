@@ -266,6 +266,15 @@ def test_two_rope_tables_when_both_layer_kinds_exist() -> None:
     assert rope[both] == 2 * 2 * 2 * s * d and rope[one] == 2 * 2 * s * d
 
 
+def test_eager_softmax_backward_counts_what_the_top_layer_freed_before_it() -> None:
+    """At the top layer's softmax backward the fp32 gradients (4 + 2 B x b x a x s x s) are live, while o_proj's input
+    (2 B x T x a*d) and the MLP's saved tensors (GeGLU: 3 x 2 B x T x I, down_proj's input 2 B x T x I) are gone."""
+    b, s, a, hq, I = 2, 256, 8, 256, 512
+    T = b * s
+    bwd = activations(Context(Scenario(model=GEMMA2, micro_batch_size=b, seq_len=s))).attention_backward
+    assert [t.bytes for t in bwd] == [(4 + 2) * b * a * s * s - 2 * T * hq - 4 * 2 * T * I]
+
+
 # ----------------------------------------------------------------------------- the trace
 
 
@@ -290,6 +299,7 @@ def test_memsim_trace_runs_on_gemma2_and_gemma3(tmp_path) -> None:
     "name",
     [
         "gemma2 bf16 default attention (eager) b2 s256",
+        "gemma2 bf16 eager b2 s512",
         "gemma2 bf16 eager b2 s256 (32k vocab: final logit softcapping at the loss)",
         "gemma3_text bf16 sdpa b2 s512",
         "gemma3_text amp-bf16 sdpa b2 s512",
