@@ -105,6 +105,8 @@ GPT_NEOX = {
     "intermediate_size": 1024,
     "vocab_size": 1000,
 }
+#: Gemma 1: tied, GeGLU, head_dim its own key
+GEMMA = {"model_type": "gemma", **SMALL, "head_dim": 32, "tie_word_embeddings": True}
 #: Gemma 2: tied, four norms per block, attention and final logit softcapping (50, 30: the config defaults)
 GEMMA2 = {"model_type": "gemma2", **SMALL, "head_dim": 32, "tie_word_embeddings": True}
 #: Gemma 3 text: as Gemma 2 plus per-head q/k norms; sliding and full layers alternate (two RoPE tables); a*d > h
@@ -627,6 +629,23 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         for label, model in (
             ("bf16 sdpa b2 s512", QWEN3_MOE),
             ("bf16 sdpa b2 s512 (mlp_only_layers, sparse step 2)", QWEN3_MOE_MIXED),
+        )
+    ),
+    # Gemma 1: Gemma's RMSNorm (fp32 (1 + w), normalised tensor only when w trains, output in the input's dtype)
+    *(
+        (f"gemma {label}", {"model": GEMMA, **keys})
+        for label, keys in (
+            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
         )
     ),
     # Gemma 2: transformers has no SDPA path for it (softcapping), so the default "sdpa" scenario runs eager in
