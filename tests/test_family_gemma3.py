@@ -152,6 +152,11 @@ def test_hidden_size_not_a_multiple_of_heads_is_refused_as_transformers_refuses_
         architecture_for(bad)
 
 
+def test_bidirectional_gemma3_is_refused_naming_the_key() -> None:
+    with pytest.raises(ScenarioError, match="use_bidirectional_attention"):
+        architecture_for({**INLINE, "use_bidirectional_attention": True})
+
+
 # ----------------------------------------------------------------------------- what transformers runs
 
 GEMMA2 = {"model_type": "gemma2", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,

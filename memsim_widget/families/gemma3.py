@@ -125,6 +125,11 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
             "post_feedforward_layernorm",
         ),
     )
+    if _bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
+        raise ScenarioError(
+            "model.use_bidirectional_attention",
+            "bidirectional Gemma 3 (EmbeddingGemma) passes a mask to every layer and halves the window; not simulated",
+        )
     kinds = layer_types(cfg, arch.num_layers, d["sliding_window_pattern"])
     bases = rope_bases(cfg)
     window = cfg.get("sliding_window", d["sliding_window"])
@@ -136,9 +141,6 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
         "rope_theta": bases["full_attention"],
         "rope_local_base_freq": bases["sliding_attention"],
         "sliding_window": window,
-        "use_bidirectional_attention": _bool(
-            cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]
-        ),
         "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
         "final_logit_softcapping": cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),
         # read by Gemma3TextConfig but never passed to the attention by Gemma3Attention (no effect)
