@@ -17,7 +17,9 @@ plus ``model.embed_tokens.weight`` [V, h] (scaled by sqrt(h) in forward), ``mode
 kind has its own RoPE base (``rope_parameters`` per layer type, or the older ``rope_theta`` for full layers and
 ``rope_local_base_freq`` for sliding ones), so the model computes one cos/sin pair per kind. Unlike Gemma 2,
 transformers runs Gemma 3 with SDPA and never passes ``attn_logit_softcapping`` to the attention (the key is
-read but has no effect); ``final_logit_softcapping`` (default null) caps the logits with a tanh.
+read but has no effect); ``final_logit_softcapping`` (default null) caps the logits with a tanh. On sliding layers at
+s >= ``sliding_window`` transformers passes a mask to SDPA, with k and v repeated to all heads (engine/activations.py).
+``use_bidirectional_attention`` (EmbeddingGemma) is refused: it masks every layer and halves the window.
 
 A ``gemma3`` config (``Gemma3ForConditionalGeneration``: SigLIP vision tower, projector, and the language model
 in ``text_config``) is refused: the vision side is not simulated, and counting only the language model under
