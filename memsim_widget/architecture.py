@@ -98,6 +98,11 @@ class Architecture:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    def attention_kernel(self, requested: str) -> str:
+        """The attention transformers runs when ``requested`` is asked for: a model class without an SDPA path
+        (``extra["sdpa"] is False``, Gemma 2) falls back to eager, as ``PreTrainedModel`` does by default."""
+        return "eager" if requested == "sdpa" and self.extra.get("sdpa") is False else requested
+
 
 FamilyBuilder = Callable[[Mapping[str, Any]], Architecture]
 FAMILIES: dict[str, FamilyBuilder] = {}
@@ -657,7 +662,8 @@ def build_gemma2(cfg: Mapping[str, Any]) -> Architecture:
     """Gemma 2 as ``Gemma2ForCausalLM``: 4 RMSNorms per layer, GeGLU, tied embeddings, logit softcapping.
 
     ``head_dim`` is its own key (default 256), not hidden_size / heads; layers alternate sliding-window
-    (even) and global (odd) attention.
+    (even) and global (odd) attention. transformers has no SDPA path for it (``extra["sdpa"] = False``): it runs
+    eager, which ``Architecture.attention_kernel`` makes the engine and the tracer follow.
     """
     attn_bias = _bool(cfg, "attention_bias", _GEMMA2_DEFAULTS["attention_bias"])
     d = _GEMMA2_DEFAULTS
@@ -682,6 +688,11 @@ def build_gemma2(cfg: Mapping[str, Any]) -> Architecture:
             "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
             "layer_pattern": "sliding,global",
             "embedding_scale": "sqrt(hidden_size)",
+            # Gemma2PreTrainedModel._supports_sdpa = False (SDPA cannot softcap the attention logits): transformers
+            # runs it eager unless flash_attention_2 / flex_attention is asked for, and refuses "sdpa"
+            "sdpa": False,
+            "attention_note": "Gemma2ForCausalLM has no SDPA path in transformers (attention logit softcapping); "
+            "it runs eager",
         },
     )
 

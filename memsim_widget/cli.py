@@ -141,6 +141,11 @@ def _table(est: Any, headroom: float) -> str:
     lines = [
         f"model     {est.scenario.to_dict()['model'] if isinstance(est.scenario.model, str) else 'custom'}"
         f" ({est.arch.family}, {est.parameters:,} parameters, {est.trainable_parameters:,} trainable)",
+        *(
+            [f"attention {att['used']} (requested {att['requested']}: {att['why']})"]
+            if (att := est.attention)["used"] != att["requested"]
+            else []
+        ),
         f"gpu       {est.gpu.name} ({_gib(est.gpu.memory_bytes)} GiB) x {est.scenario.parallel.world_size}",
         f"peak      {est.peak_phase} on {r.label}",
         f"  tensors    {_gib(est.peak_tensor_bytes):>10} GiB  (live tensors, as a fake-tensor trace sees them)",

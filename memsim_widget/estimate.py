@@ -129,6 +129,17 @@ class Estimate:
         return self.worst.peak_phase
 
     @property
+    def attention(self) -> dict[str, str]:
+        """The attention kernel the numbers assume: the scenario's, or what transformers runs instead (Gemma 2 has
+        no SDPA path and runs eager), with the reason when they differ."""
+        requested = self.scenario.attention
+        used = self.arch.attention_kernel(requested)
+        out = {"requested": requested, "used": used}
+        if used != requested:
+            out["why"] = str(self.arch.extra.get("attention_note", ""))
+        return out
+
+    @property
     def parameters(self) -> int:
         return self.arch.parameters
 
@@ -230,6 +241,7 @@ class Estimate:
                 "trainable_parameters": self.trainable_parameters,
                 "parameters_by_kind": {k: v for k, v in by_kind.items() if v},
             },
+            "attention": self.attention,
             "peak_tensor_bytes": self.peak_tensor_bytes,
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,

@@ -124,6 +124,18 @@ GPT_NEOX = {
     "intermediate_size": 1024,
     "vocab_size": 1000,
 }
+#: Gemma 1: tied, GeGLU, head_dim its own key
+GEMMA = {"model_type": "gemma", **SMALL, "head_dim": 32, "tie_word_embeddings": True}
+#: Gemma 2: tied, four norms per block, attention and final logit softcapping (50, 30: the config defaults)
+GEMMA2 = {"model_type": "gemma2", **SMALL, "head_dim": 32, "tie_word_embeddings": True}
+#: Gemma 3 text: as Gemma 2 plus per-head q/k norms; sliding and full layers alternate (two RoPE tables); a*d > h
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    **SMALL,
+    "head_dim": 64,
+    "sliding_window_pattern": 2,
+    "tie_word_embeddings": True,
+}
 SEQ64 = {"vocab_size": 64, "use_parallel_residual": False}
 PHI = {**GPT_NEOX, "model_type": "phi"}
 
@@ -708,6 +720,90 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ("bf16 sdpa b2 s512", QWEN3_MOE),
             ("bf16 sdpa b2 s512 (mlp_only_layers, sparse step 2)", QWEN3_MOE_MIXED),
         )
+    ),
+    # Gemma 1: Gemma's RMSNorm (fp32 (1 + w), normalised tensor only when w trains, output in the input's dtype)
+    *(
+        (f"gemma {label}", {"model": GEMMA, **keys})
+        for label, keys in (
+            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+        )
+    ),
+    # Gemma 2: transformers has no SDPA path for it (softcapping), so the default "sdpa" scenario runs eager in
+    # both engine and trace; the attention softcap's tanh output is saved per layer (b x a x s x s)
+    *(
+        (f"gemma2 {label}", {"model": GEMMA2, **keys})
+        for label, keys in (
+            ("bf16 default attention (eager) b2 s256", {"micro_batch_size": 2, "seq_len": 256}),
+            ("bf16 eager b2 s512", {"micro_batch_size": 2, "seq_len": 512, "attention": "eager"}),
+            ("amp-bf16 eager b2 s256", {"micro_batch_size": 2, "seq_len": 256, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv eager b2 s256",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 256,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            ("fp32 eager b2 s256", {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32"}),
+        )
+    ),
+    (
+        "gemma2 bf16 eager b2 s256 (32k vocab: final logit softcapping at the loss)",
+        {"model": {**GEMMA2, "vocab_size": 32000}, "micro_batch_size": 2, "seq_len": 256},
+    ),
+    # Gemma 3: per-head q/k Gemma RMSNorms (fp32 normalised tensors), SDPA, no attention softcapping
+    *(
+        (f"gemma3_text {label}", {"model": GEMMA3, **keys})
+        for label, keys in (
+            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "bf16 lora qv b2 s512",
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            (
+                "fp32 eager b2 s256",
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+        )
+    ),
+    (
+        "gemma3_text bf16 sdpa b2 s512 (sliding_window 128: masked sliding layers, k/v repeated)",
+        {"model": {**GEMMA3, "sliding_window": 128}, "micro_batch_size": 2, "seq_len": 512},
+    ),
+    (
+        "gemma-3-1b bf16 lora qv b1 s1024 (real size: one KV head, 262k vocab, window 512)",
+        {
+            "model": "gemma-3-1b",
+            "micro_batch_size": 1,
+            "seq_len": 1024,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
+    (
+        "gemma3_text bf16 sdpa b2 s512 (32k vocab, final logit softcapping 30)",
+        {
+            "model": {**GEMMA3, "vocab_size": 32000, "final_logit_softcapping": 30.0},
+            "micro_batch_size": 2,
+            "seq_len": 512,
+        },
     ),
     # DeepSeek MLA (q/kv latents, rope/nope split), routed + shared experts, one dense first layer. SDPA rows
     # use v_head_dim = qk_head_dim: with d_v != d_qk the CPU trace falls back to the math kernel (which

@@ -157,6 +157,7 @@ def _small(model_type: str) -> dict[str, Any]:
         "mixtral": {**dec, "num_local_experts": 4, "num_experts_per_tok": 2},
         "gemma": {**dec, "head_dim": 24},
         "gemma2": {**dec, "head_dim": 24, "tie_word_embeddings": False},
+        "gemma3_text": {**dec, "head_dim": 24, "tie_word_embeddings": False, "sliding_window_pattern": 2},
         "phi3": dec,
         "gpt2": {
             "n_embd": 64,
@@ -240,6 +241,7 @@ SMALL_FAMILIES = [
     "mixtral",
     "gemma",
     "gemma2",
+    "gemma3_text",
     "phi3",
     "gpt2",
     "bert",

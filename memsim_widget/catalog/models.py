@@ -248,6 +248,52 @@ def _gemma2(
     }
 
 
+def _gemma3_text(
+    h: int,
+    inter: int,
+    heads: int,
+    layers: int,
+    kv: int,
+    *,
+    head_dim: int = 256,
+    scalar: int = 256,
+    **more: Any,
+) -> dict[str, Any]:
+    """A Gemma 3 language-model config: the 1B's config.json, or a multimodal model's text_config written out
+    with the Gemma3TextConfig defaults it leaves implicit (262,208 vocab, 128k context, 8x linear RoPE scaling on
+    the full-attention layers)."""
+    return {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": None,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "final_logit_softcapping": None,
+        "head_dim": head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv,
+        "pad_token_id": 0,
+        "query_pre_attn_scalar": scalar,
+        "rms_norm_eps": 1e-06,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "rope_theta": 1000000.0,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "tie_word_embeddings": True,
+        "vocab_size": 262208,
+        **more,
+    }
+
+
 def _pythia(h: int, heads: int, layers: int, vocab: int) -> dict[str, Any]:
     """An EleutherAI Pythia config.json (GPT-NeoX; I = 4h, rotary on a quarter of each head, parallel residual)."""
     return {
@@ -611,6 +657,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gemma-2-2b": _gemma2(2304, 9216, 8, 26, 4, head_dim=256, scalar=256),
     "gemma-2-9b": _gemma2(3584, 14336, 16, 42, 8, head_dim=256, scalar=256),
     "gemma-2-27b": _gemma2(4608, 36864, 32, 46, 16, head_dim=128, scalar=144),
+    "gemma-3-1b": _gemma3_text(
+        1152,
+        6912,
+        4,
+        26,
+        1,
+        max_position_embeddings=32768,
+        rope_scaling=None,
+        sliding_window=512,
+        vocab_size=262144,
+    ),
+    "gemma-3-4b-text": _gemma3_text(2560, 10240, 8, 34, 4),
+    "gemma-3-12b-text": _gemma3_text(3840, 15360, 16, 48, 8),
+    "gemma-3-27b-text": _gemma3_text(5376, 21504, 32, 62, 16, head_dim=128, scalar=168),
     "phi-3-mini": {
         **_PHI3_BASE,
         "hidden_size": 3072,
@@ -989,6 +1049,29 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "Gemma 2 27B, sliding/global attention",
         "params_label": "27B",
         "hf_repo": "google/gemma-2-27b",
+    },
+    "gemma-3-1b": {
+        "description": "Gemma 3 1B (text-only model), q/k norms, 5 sliding : 1 global layers, tied embeddings",
+        "params_label": "1B",
+        "hf_repo": "google/gemma-3-1b-pt",
+    },
+    "gemma-3-4b-text": {
+        "description": "Gemma 3 4B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
+        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "params_label": "3.9B of 4.3B",
+        "hf_repo": "google/gemma-3-4b-pt",
+    },
+    "gemma-3-12b-text": {
+        "description": "Gemma 3 12B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
+        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "params_label": "11.8B of 12.2B",
+        "hf_repo": "google/gemma-3-12b-pt",
+    },
+    "gemma-3-27b-text": {
+        "description": "Gemma 3 27B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
+        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "params_label": "27.0B of 27.4B",
+        "hf_repo": "google/gemma-3-27b-pt",
     },
     "phi-3-mini": {
         "description": "Phi-3 mini 4k, fused qkv / gate_up",

@@ -258,21 +258,26 @@ def _hf(ctx: Context) -> ActivationBudget:
     frozen = "; layer 0's first norm saves nothing (frozen embeddings)" if frozen_first else ""
     # CohereLayerNorm computes x - mean twice: two fp32 centred copies saved (traced)
     cw = 8 if arch.extra.get("norm_centred_copy") else 4
+    # Gemma's RMSNorm returns normed(x) * (1 + w.float()): the product saves the fp32 (1 + w) whenever its input
+    # needs a gradient, and the fp32 normalised tensor only when w trains (traced, Gemma 2 and 3)
+    onep = 4 if gemma else 0
     if arch.norm == "rmsnorm":
-        per_norm = cw * Tout * h + 4 * Tout
+        per_norm = cw * Tout * h + 4 * Tout + onep * h
         add(
-            "RMSNorm fp32 inputs and rsqrt",
+            "RMSNorm fp32 inputs and rsqrt" + (", fp32 (1 + w)" if gemma else ""),
             norms * per_norm,
-            f"{norms} norms x ({cw} B x T x h + 4 B x T), T={fmt_int(Tout)}, h={h}{frozen}",
-            2 * norms,
+            f"{norms} norms x ({cw} B x T x h + 4 B x T{' + 4 B x h' if gemma else ''}), T={fmt_int(Tout)}, "
+            f"h={h}{frozen}",
+            (3 if gemma else 2) * norms,
             # post-norm blocks (OLMo 2): layer 0's first norm reads the attention output, trained under LoRA
             # as soon as attention carries an adapter (traced)
             first_bytes=per_norm
             if frozen_first and not (arch.extra.get("post_norms") and targets & (ATTN_IN | ATTN_OUT))
             else 0,
         )
-        nb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r  # OLMo 2 multiplies its weight in fp32
-        if full or gemma:
+        # Gemma and OLMo 2 multiply by the weight in fp32: the normalised tensor they save is fp32
+        nb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
+        if full:
             # GLM-4's post-norms read 16-bit projection outputs: their normalised tensor is cast back to 16 bits
             n16 = arch.extra.get("post_norms_16bit", 0) if nb == r and not gemma else 0
             add(
@@ -300,7 +305,9 @@ def _hf(ctx: Context) -> ActivationBudget:
             and not (arch.extra.get("first_norm_after_attention") and targets & (ATTN_IN | ATTN_OUT))
             else (per_norm if arch.extra.get("first_layer_norms", norms) < norms else 0),
         )
-    nout = 2 if gemma else r  # gemma casts its norm output back to the compute dtype
+    # a norm's output has the residual stream's dtype (Gemma's ``.type_as(x)`` too: fp32 under autocast and in
+    # fp32, where every Linear reading it then keeps its own 16-bit copy under autocast; traced)
+    nout = r
     # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
     # PrepareModuleInput Shard(1) -> Replicate); the Linears save that gathered tensor (traced)
     consumers(ATTN_IN, h, T, nout, "attention input")
@@ -318,12 +325,15 @@ def _hf(ctx: Context) -> ActivationBudget:
     if qk_norm in ("head", "full"):
         for label, width, n_heads, proj in (("q", hq, D.a, "q_proj"), ("k", hkv, D.kv, "k_proj")):
             rows = n_heads if qk_norm == "head" else 1
-            nn = 4 if arch.extra.get("norm_weight_fp32") else ec
-            nb = cw * T * width + 4 * T * rows + (nn * T * width if full else 0)
+            nn = 4 if gemma or arch.extra.get("norm_weight_fp32") else ec
+            # Gemma 3: the per-head norm's (1 + w) [d] in fp32 too
+            nb = cw * T * width + 4 * T * rows + (nn * T * width if full else 0) + onep * D.d
             add(
                 f"{label}_norm fp32 input and rsqrt" + (", normalised tensor" if full else ""),
                 nb,
-                f"4 B x T x {width} + 4 B x T x {rows}" + (f" + {nn} B x T x {width}" if full else ""),
+                f"4 B x T x {width} + 4 B x T x {rows}"
+                + (f" + {nn} B x T x {width}" if full else "")
+                + (f" + 4 B x {D.d}" if onep else ""),
                 3 if full else 2,
                 first_bytes=nb if frozen_first and proj not in targets else 0,
             )
@@ -341,7 +351,10 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
 
     # ----- attention -----------------------------------------------------------------------------
-    eager = sc.attention == "eager"
+    eager = arch.attention_kernel(sc.attention) == "eager"
+    ao_from = ao_to = 0  # the eager attention-output term(s) in L (freed before the attention's backward)
+    # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
+    why = f" (eager: {arch.extra['attention_note']})" if eager and sc.attention != "eager" else ""
     a_loc = D.a
     attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
     fused_no_rope = "c_attn" in modules and arch.position != "rope"
@@ -355,13 +368,22 @@ def _hf(ctx: Context) -> ActivationBudget:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
     elif eager:
         add(
-            "attention q, k, v (k, v repeated to all heads)",
+            "attention q, k, v (k, v repeated to all heads)" + why,
             3 * ec * T * hq,
             f"3 x {ec} B x T x a*d, a*d={hq}",
             3,
         )
         if sc.activation_checkpointing != "selective":
             scores = b * a_loc * s * D.s_full
+            if arch.extra.get("attn_logit_softcapping"):
+                # Gemma 2: scores / cap -> tanh -> x cap; tanh saves its output for backward (the divisions
+                # and products by a Python scalar save nothing)
+                add(
+                    "attention logit softcapping: tanh output",
+                    ec * scores,
+                    f"{ec} B x b x a x s x s, b={b} a={a_loc} s={s}",
+                    1,
+                )
             sm = 4 if softmax_fp32 else ec
             if arch.attention_dropout > 0:
                 add(
@@ -378,7 +400,9 @@ def _hf(ctx: Context) -> ActivationBudget:
                     f"b x a x s x s x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                     2 if extra else 1,
                 )
+        ao_from = len(L)
         consumers(attn_out, hq, T, ec, "attention output")
+        ao_to = len(L)
     else:
         add(
             "attention q, k, v saved by SDPA",
@@ -399,6 +423,24 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)",
             2,
         )
+        # Gemma 3's sliding layers once s >= sliding_window: transformers cannot skip their mask (masking_utils
+        # _ignore_causal_mask_sdpa), so it repeats k and v to all heads (use_gqa_in_sdpa needs no mask) and
+        # PyTorch turns the boolean mask into an additive one in the compute dtype, b x 1 x s x s, which SDPA
+        # saves; per layer, the average over the layers (traced). With one KV head the repeat is a view (no copy).
+        kinds, window = arch.extra.get("layer_types"), arch.extra.get("sliding_window")
+        n_sliding = sum(k == "sliding_attention" for k in kinds or ())
+        if n_sliding and window and D.s_full >= window:
+            frac = n_sliding / len(kinds)
+            rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
+            add(
+                "sliding-window layers: SDPA's additive mask"
+                + (", k and v repeated to all heads" if rep else ""),
+                frac * (rep + ec * b * s * D.s_full),
+                f"{n_sliding}/{len(kinds)} layers x ({ec} B x b x s x s"
+                + (f" + 2 x {ec} B x T x (a*d - kv*d)" if rep else "")
+                + f"), s >= sliding_window {window}",
+                3 if rep else 1,
+            )
         # q built by torch.cat (partial rotary) is contiguous per head: SDPA's output is then (b, a, s, d) in memory
         # and the transpose to (b, s, a*d) is a copy, which the out-projection saves (traced: GPT-NeoX, Phi)
         copied = bool(arch.extra.get("sdpa_output_copy"))
@@ -430,6 +472,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
 
     # ----- MLP ------------------------------------------------------------------------------------
+    mlp_from = len(L)
     moe = arch.is_moe
     mlp_parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (families/_moe.py)
     if mlp_parts:
@@ -461,6 +504,7 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"({ec} + 4) B x T x E + 2 x {ec} B x k x T x h, E={E}",
             3,
         )
+    mlp_to = len(L)
     if arch.hidden_dropout > 0:
         add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
     if amp and full:
@@ -554,12 +598,14 @@ def _hf(ctx: Context) -> ActivationBudget:
     if arch.position == "rope":
         cb = 4 if amp else ec
         rd = arch.extra.get("rotary_dim", D.d)  # partial rotary: cos/sin cover the first rotary_dim channels
-        kinds = arch.extra.get("rope_kinds", 1)  # ModernBERT: global and local layers, one cos/sin pair each
+        kinds = arch.extra.get(
+            "rope_kinds", 1
+        )  # one cos/sin pair per layer kind: Gemma 3 (sliding, full), ModernBERT (local, global)
         out.pre.append(
             Term(
-                "rotary cos/sin",
+                "rotary cos/sin" + (f" ({kinds} layer kinds, one RoPE base each)" if kinds > 1 else ""),
                 kinds * 2 * cb * s * rd,
-                f"{kinds} x 2 x {cb} B x s x {rd}" if kinds > 1 else f"2 x {cb} B x s x {rd}",
+                (f"{kinds} x " if kinds > 1 else "") + f"2 x {cb} B x s x {rd}",
                 2 * kinds,
             )
         )
@@ -579,9 +625,16 @@ def _hf(ctx: Context) -> ActivationBudget:
         out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
     if arch.norm == "rmsnorm":
         fnb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
-        fn = cw * Tout * h + 4 * Tout + (fnb * Tout * h if full or gemma else 0)
+        fn = cw * Tout * h + 4 * Tout + (fnb * Tout * h if full else 0) + onep * h
         out.post.append(
-            Term("final norm", fn, "4 B x T x h + 4 B x T" + (f" + {fnb} B x T x h" if full else ""), 3)
+            Term(
+                "final norm",
+                fn,
+                "4 B x T x h + 4 B x T"
+                + (f" + {fnb} B x T x h" if full else "")
+                + (" + 4 B x h" if onep else ""),
+                3,
+            )
         )
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
@@ -707,6 +760,13 @@ def _hf(ctx: Context) -> ActivationBudget:
             out.loss_backward.append(
                 Term("loss backward: two T x V gradient buffers", 2 * le * T * V, f"2 x {le} B x T x V", 2)
             )
+        cap = arch.extra.get("final_logit_softcapping")
+        if cap and sc.loss != "chunked":
+            # Gemma 2/3: logits = tanh(logits / cap) x cap; tanh saves its output (compute dtype) until its
+            # backward, right after the loss's (traced); the scalar division and product save nothing
+            out.loss_saved.append(
+                Term(f"final logit softcapping ({cap:g}): tanh output", le * T * V, f"{le} B x T x V", 1)
+            )
 
     # ----- the model output the loop still holds -------------------------------------------------
     lifetime = output_lifetime(sc)
@@ -753,11 +813,16 @@ def _hf(ctx: Context) -> ActivationBudget:
         # about 6 B x b a s^2 in bf16 with the fp32 softmax)
         sm_b = 4 if softmax_fp32 else ec
         tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full
+        # by then o_proj's input is released and, in a sequential block, the MLP has run its backward: what they
+        # saved is gone (every saved tensor of the layer is still counted at this moment). A parallel MLP (NeoX,
+        # Phi, Cohere) runs its backward after the attention's, so its tensors are still there (traced)
+        mlp_done = L[mlp_from:mlp_to] if not _parallel_mlp(arch) else []
+        freed = sum(t.bytes for t in L[ao_from:ao_to] + mlp_done)
         out.attention_backward.append(
             Term(
-                "attention softmax backward (s x s gradients)",
-                tau_attn,
-                f"({sm_b} + {ec}) B x b x a x s x s",
+                "attention softmax backward (s x s gradients), less the layer's MLP and o_proj input freed",
+                max(tau_attn - freed, 0),
+                f"({sm_b} + {ec}) B x b x a x s x s - {fmt_int(freed)} B",
                 2,
             )
         )

@@ -22,6 +22,7 @@ MODULES: tuple[str, ...] = (
     "starcoder2",
     "roberta",
     "modernbert",
+    "gemma3",
 )
 
 for _name in MODULES:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.catalog.models import architecture_for, resolve_model_config
 from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
@@ -76,7 +76,8 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         "precision": sc.precision,
         "optimizer": sc.optimizer,
         "optimizer_impl": sc.optimizer_impl,
-        "attention": sc.attention,
+        # what transformers runs: Gemma 2 has no SDPA path and runs eager (Architecture.attention_kernel)
+        "attention": architecture_for(sc.model).attention_kernel(sc.attention),
         "gradient_checkpointing": sc.activation_checkpointing == "full" and (sc.checkpoint_every or 1) == 1,
         "output_lifetime": output_lifetime(sc),
     }

@@ -191,7 +191,7 @@ def _model_factory(
 
     def make() -> torch.nn.Module:
         with torch.device("meta"):
-            model = build_hf_model(cfg, wdtype, sc.attention)
+            model = build_hf_model(cfg, wdtype, cfg._attn_implementation)
             if lora:
                 model = _apply_lora(model, lora, notes)
         fakeify_meta(model)
@@ -224,7 +224,7 @@ def trace_distributed(
     shape = layout_shape(sc)
     notes: list[str] = []
     layout_notes: list[str] = []  # filled while the factory parallelises the model
-    cfg = build_hf_config(dict(resolve_model_config(sc.model)), sc.attention)
+    cfg = build_hf_config(dict(resolve_model_config(sc.model)), trace_kwargs(sc)["attention"])
     wdtype, _amp = _precision_dtypes(sc.precision)
     # Under FSDP2 mixed precision the parameters are fp32 and nothing is autocast.
     precision = "fp32" if _mp_policy(sc) is not None else sc.precision

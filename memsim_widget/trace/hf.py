@@ -59,7 +59,15 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         cls = transformers.AutoModelForSeq2SeqLM
     else:
         cls = transformers.AutoModelForCausalLM
-    return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
+    if torch.get_default_device().type != "meta":
+        return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
+    # On the meta device, build outside any FakeTensorMode: a constant made in __init__ (Gemma's
+    # ``nn.Buffer(torch.tensor(embed_scale))``) is otherwise a real meta tensor that fake mode refuses;
+    # ``fakeify_meta`` then swaps every meta tensor for a fake one.
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
 
 
 def _input_factory(

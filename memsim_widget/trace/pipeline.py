@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from memsim_widget.catalog.models import architecture_for
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
@@ -116,6 +117,13 @@ def check_pipeline(sc: Scenario) -> None:
     if sc.attention != "sdpa":
         raise ScenarioError(
             "attention", "pipeline stages run SDPA with is_causal (no mask passes between stages); use sdpa"
+        )
+    arch = architecture_for(sc.model)
+    if arch.attention_kernel(sc.attention) != "sdpa":
+        raise ScenarioError(
+            "attention",
+            "pipeline stages run SDPA with is_causal (no mask passes between stages), but "
+            f"{arch.extra.get('attention_note')}: not traced as a pipeline",
         )
     if par.pp_schedule == "1f1b" and par.pp_microbatches < par.pp:
         raise ScenarioError(

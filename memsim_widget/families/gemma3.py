@@ -1,0 +1,168 @@
+"""Gemma 3 (text) as ``Gemma3ForCausalLM`` (transformers 5.24 ``models/gemma3/modeling_gemma3.py``).
+
+Each block is Gemma 2's: ``h = x + post_attention_layernorm(attn(input_layernorm(x)))``, ``out = h +
+post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``, with Gemma's RMSNorm (fp32, ``x * (1 + w)``).
+Parameter tensors, per layer ``model.layers.*.``:
+
+- ``self_attn.q_proj.weight`` [a*d, h], ``k_proj.weight`` / ``v_proj.weight`` [kv*d, h], ``o_proj.weight``
+  [h, a*d] (each with a bias when ``attention_bias``);
+- ``self_attn.q_norm.weight`` / ``self_attn.k_norm.weight`` [d]: Gemma RMSNorm over each head's d features;
+- ``mlp.gate_proj.weight`` / ``mlp.up_proj.weight`` [I, h], ``mlp.down_proj.weight`` [h, I] (GeGLU);
+- ``input_layernorm``, ``post_attention_layernorm``, ``pre_feedforward_layernorm``,
+  ``post_feedforward_layernorm`` weights [h];
+
+plus ``model.embed_tokens.weight`` [V, h] (scaled by sqrt(h) in forward), ``model.norm.weight`` [h] and
+``lm_head.weight`` [V, h] unless ``tie_word_embeddings`` (default true). Layers are ``sliding_attention`` or
+``full_attention`` (``layer_types``, else every ``sliding_window_pattern``-th layer is full, default 6); each
+kind has its own RoPE base (``rope_parameters`` per layer type, or the older ``rope_theta`` for full layers and
+``rope_local_base_freq`` for sliding ones), so the model computes one cos/sin pair per kind. Unlike Gemma 2,
+transformers runs Gemma 3 with SDPA and never passes ``attn_logit_softcapping`` to the attention (the key is
+read but has no effect); ``final_logit_softcapping`` (default null) caps the logits with a tanh. On sliding layers at
+s >= ``sliding_window`` transformers passes a mask to SDPA, with k and v repeated to all heads (engine/activations.py).
+``use_bidirectional_attention`` (EmbeddingGemma) is refused: it masks every layer and halves the window.
+
+A ``gemma3`` config (``Gemma3ForConditionalGeneration``: SigLIP vision tower, projector, and the language model
+in ``text_config``) is refused: the vision side is not simulated, and counting only the language model under
+the multimodal model's name would be a silently low number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.architecture import (
+    Architecture,
+    _bool,
+    _decoder,
+    _int,
+    _positive,
+    register_family,
+)
+from memsim_widget.errors import ScenarioError
+from memsim_widget.families.qwen3 import qk_norm_groups
+
+#: transformers 5.24 ``Gemma3TextConfig`` defaults (structural keys stay required, see architecture.py).
+GEMMA3_DEFAULTS: dict[str, Any] = {
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "rope_theta": 1_000_000.0,  # full_attention layers ("global")
+    "rope_local_base_freq": 10_000.0,  # sliding_attention layers ("local")
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
+    "use_bidirectional_attention": False,
+}
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def layer_types(cfg: Mapping[str, Any], layers: int, pattern_default: int) -> tuple[str, ...]:
+    """Each layer's attention kind: ``layer_types`` as given, else every ``sliding_window_pattern``-th is full."""
+    given = cfg.get("layer_types")
+    if given is not None:
+        if not isinstance(given, (list, tuple)) or len(given) != layers or not set(given) <= set(LAYER_TYPES):
+            raise ScenarioError(
+                "model.layer_types",
+                f"must list {layers} entries, each 'sliding_attention' or 'full_attention'",
+            )
+        return tuple(given)
+    pattern = _int(cfg, "sliding_window_pattern", pattern_default)
+    return tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers))
+
+
+def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:
+    """RoPE base per layer kind, read as ``Gemma3TextConfig.convert_rope_params_to_dict`` does.
+
+    ``rope_parameters`` ({layer kind: {rope_type, rope_theta, ...}}) wins; a missing theta falls back to
+    ``rope_theta`` (full layers) or ``rope_local_base_freq`` (sliding layers), then to 1e6 / 1e4.
+    """
+    d = GEMMA3_DEFAULTS
+    fallback = {
+        "full_attention": _positive(cfg, "rope_theta", d["rope_theta"]),
+        "sliding_attention": _positive(cfg, "rope_local_base_freq", d["rope_local_base_freq"]),
+    }
+    params = cfg.get("rope_parameters")
+    out = dict(fallback)
+    if isinstance(params, Mapping):
+        for kind in LAYER_TYPES:
+            sub = params.get(kind)
+            if isinstance(sub, Mapping) and sub.get("rope_theta") is not None:
+                out[kind] = _positive(sub, "rope_theta", fallback[kind], f"rope_parameters.{kind}.rope_theta")
+    return out
+
+
+@register_family("gemma3_text")
+def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
+    """Gemma 3 language model as ``Gemma3ForCausalLM``: Gemma 2's block plus per-head q/k RMSNorm."""
+    d = GEMMA3_DEFAULTS
+    bias = _bool(cfg, "attention_bias", d["attention_bias"])
+    h, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
+    if h % heads:  # Gemma3TextConfig.validate_architecture refuses it too
+        raise ScenarioError(
+            "model.num_attention_heads",
+            f"hidden_size {h} is not a multiple of {heads} heads (transformers refuses it)",
+        )
+    arch = _decoder(
+        cfg,
+        family="gemma3",
+        hf_class="Gemma3ForCausalLM",
+        defaults=d,
+        act_key="hidden_activation",
+        qkv_bias=bias,
+        o_bias=bias,
+        layer_norms=(
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ),
+    )
+    if _bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
+        raise ScenarioError(
+            "model.use_bidirectional_attention",
+            "bidirectional Gemma 3 (EmbeddingGemma) passes a mask to every layer and halves the window; not simulated",
+        )
+    kinds = layer_types(cfg, arch.num_layers, d["sliding_window_pattern"])
+    bases = rope_bases(cfg)
+    window = cfg.get("sliding_window", d["sliding_window"])
+    extra = {
+        **arch.extra,
+        "qk_norm": "head",
+        "layer_types": kinds,
+        "rope_kinds": len(set(kinds)),  # one cos/sin pair per layer kind present
+        "rope_theta": bases["full_attention"],
+        "rope_local_base_freq": bases["sliding_attention"],
+        "sliding_window": window,
+        "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
+        "final_logit_softcapping": cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),
+        # read by Gemma3TextConfig but never passed to the attention by Gemma3Attention (no effect)
+        "attn_logit_softcapping": None,
+        "embedding_scale": "sqrt(hidden_size)",
+    }
+    if isinstance(cfg.get("rope_parameters"), Mapping):
+        extra["rope_parameters"] = dict(cfg["rope_parameters"])
+    return dataclasses.replace(
+        arch, params=arch.params + tuple(qk_norm_groups(arch, arch.head_dim)), extra=extra
+    )
+
+
+@register_family("gemma3")
+def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
+    """Refuse the multimodal ``gemma3`` config: its vision tower is not simulated; say what to pass instead."""
+    raise ScenarioError(
+        "model.model_type",
+        "'gemma3' is Gemma3ForConditionalGeneration, whose SigLIP vision tower and projector are not simulated; "
+        "for its language model alone use a preset gemma-3-4b-text / gemma-3-12b-text / gemma-3-27b-text, or pass "
+        "its text_config with model_type 'gemma3_text' and the sizes it leaves to Gemma3TextConfig's defaults "
+        "written out (vocab_size 262208, num_attention_heads 8, num_key_value_heads 4)",
+    )
