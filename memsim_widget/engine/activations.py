@@ -429,7 +429,8 @@ def _hf(ctx: Context) -> ActivationBudget:
         # saves; per layer, the average over the layers (traced). With one KV head the repeat is a view (no copy).
         kinds, window = arch.extra.get("layer_types"), arch.extra.get("sliding_window")
         n_sliding = sum(k == "sliding_attention" for k in kinds or ())
-        if n_sliding and window and D.s_full >= window:
+        own_rule = "sliding_layers" in arch.extra  # ModernBERT's local layers: their own rule below
+        if n_sliding and window and D.s_full >= window and not own_rule:
             frac = n_sliding / len(kinds)
             rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
             add(
