@@ -358,6 +358,14 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "modernbert bf16 ckpt b2 s512",
+        {"model": MODERNBERT, "micro_batch_size": 2, "seq_len": 512, "activation_checkpointing": "full"},
+    ),
+    (
+        "roberta bf16 ckpt b4 s256 (no dropout)",
+        {"model": ROBERTA, "micro_batch_size": 4, "seq_len": 256, "activation_checkpointing": "full"},
+    ),
+    (
         "modernbert bf16 sdpa b16 s48 (within the half window: no mask)",
         {"model": MODERNBERT, "micro_batch_size": 16, "seq_len": 48},
     ),
