@@ -359,6 +359,8 @@ def test_disabled_values() -> None:
             {"parallel.ep": 1},
         ),
         ({"method": "lora", "seq_len": 1024}, {"model": "gpt2"}, {"lora.targets": ["all-linear"]}),
+        ({}, {"model": "gpt2"}, {"seq_len": 1024}),  # the default 2048 is past GPT-2's position table
+        ({"seq_len": 512}, {"model": "bert-base-uncased"}, {"seq_len": 512}),  # within the table: kept
         (
             {"method": "lora", "lora": {"targets": ["q_proj", "up_proj"]}},
             {"model": "vit-base-patch16-224"},
@@ -396,6 +398,13 @@ def test_explicit_conflict_in_one_change_is_an_error() -> None:
     with pytest.raises(ScenarioError) as info:
         sim.set(parallel={"tp": 1, "sequence_parallel": True})
     assert info.value.field == "parallel.sequence_parallel"
+
+
+def test_a_sequence_typed_past_the_position_table_with_the_model_is_an_error() -> None:
+    sim = make()
+    with pytest.raises(ScenarioError) as info:
+        sim.set(model="gpt2", seq_len=2048)
+    assert info.value.field == "seq_len"
 
 
 def test_changed_keys_and_normalize_are_pure() -> None:

@@ -101,6 +101,9 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
     arch = _arch(out.get("model"))
     if arch is not None:
         fix("parallel.ep", arch.is_moe or par.get("ep", 1) == 1, 1)
+        # a model with a learned position table (GPT-2, BERT) picked at a longer sequence: the table's length
+        limit, seq = getattr(arch, "max_seq_len", None), out.get("seq_len")
+        fix("seq_len", limit is None or not isinstance(seq, int) or seq <= limit, limit)
         modules = _linear_modules(arch)
         targets = lora.get("targets")
         if out.get("method") != "full" and isinstance(targets, list | tuple) and targets:
