@@ -20,6 +20,8 @@ MODULES: tuple[str, ...] = (
     "glm4",
     "cohere",
     "starcoder2",
+    "llama4",
+    "gpt_oss",
 )
 
 for _name in MODULES:
