@@ -295,6 +295,22 @@ def _hf(ctx: Context) -> ActivationBudget:
                 first_bytes=nb if frozen_first and proj not in targets else 0,
             )
 
+    # Llama 4's qk_norm: a weightless L2 norm per head on RoPE layers only (``qk_norm_layers`` of them): its
+    # fp32 input copy and rsqrt per row (traced); averaged over the layers like the MoE parts
+    if qk_norm == "l2":
+        n_l2 = arch.extra.get("qk_norm_layers", arch.num_layers)
+        frac = n_l2 / max(arch.num_layers, 1)
+        sizes = {"q_proj": 4 * T * hq + 4 * T * D.a, "k_proj": 4 * T * hkv + 4 * T * D.kv}
+        # layer 0 (a RoPE layer) keeps nothing for a projection whose output needs no gradient (LoRA; traced)
+        free0 = frozen_first and arch.extra.get("rope_layer0", True)
+        add(
+            "q/k L2 norm fp32 inputs and rsqrt",
+            frac * sum(sizes.values()),
+            f"{n_l2}/{arch.num_layers} layers x (4 B x T x (a*d + kv*d) + 4 B x T x (a + kv))",
+            4,
+            first_bytes=sum(nb for proj, nb in sizes.items() if proj not in targets) if free0 else 0,
+        )
+
     # Phi's qk_layernorm: LayerNorm (with bias) per head on the q and k views; it saves its input and, per
     # row, mean and rstd (its output feeds RoPE's multiplies, which save cos/sin only)
     if arch.extra.get("qk_layernorm") and arch.norm == "layernorm":
@@ -316,7 +332,13 @@ def _hf(ctx: Context) -> ActivationBudget:
     # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
     # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
     # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
-    softmax_fp32 = arch.family not in ("gpt2", "bert", "vit") or amp
+    # Llama 4 and GPT-OSS run their eager softmax in the compute dtype too (``eager_softmax_dtype``)
+    softmax_fp32 = (
+        arch.family not in ("gpt2", "bert", "vit") and arch.extra.get("eager_softmax_dtype") != "compute"
+    ) or amp
+    # GPT-OSS appends one sink logit per head: the softmax covers s + 1 columns (the sink column is dropped
+    # after it, a view: the probabilities stay whole), and max-subtraction keeps its int64 argmax per row
+    sinks = bool(arch.extra.get("attention_sinks"))
     mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
     if mla:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
@@ -328,8 +350,14 @@ def _hf(ctx: Context) -> ActivationBudget:
             3,
         )
         if sc.activation_checkpointing != "selective":
-            scores = b * a_loc * s * D.s_full
+            scores = b * a_loc * s * (D.s_full + sinks)
             sm = 4 if softmax_fp32 else ec
+            if sinks:
+                add(
+                    "attention sinks: max indices",
+                    8 * b * a_loc * s,
+                    f"8 B x b x a x s, b={b} a={a_loc} s={s}",
+                )
             if arch.attention_dropout > 0:
                 add(
                     "attention softmax, dropout mask and output",
@@ -376,7 +404,7 @@ def _hf(ctx: Context) -> ActivationBudget:
     moe = arch.is_moe
     mlp_parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (families/_moe.py)
     if mlp_parts:
-        Tm, I = _mlp_parts(arch, D, mlp_parts, add, consumers, full, ec)
+        Tm, I = _mlp_parts(arch, D, mlp_parts, add, consumers, full, ec, r)
     else:
         k = arch.experts_per_token if moe else 1
         Tm = T * k
@@ -405,9 +433,13 @@ def _hf(ctx: Context) -> ActivationBudget:
     if arch.hidden_dropout > 0:
         add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
     if amp and full:
-        wl = sum(g.numel for g in ctx.arch.params if g.scope == "layer" and g.module) // max(
-            arch.num_layers, 1
-        )
+        # Llama 4's bmm experts and nn.Linear router are autocast too: their 16-bit copies are cached alike
+        bmm_experts = arch.extra.get("autocast_expert_copies", False)
+        wl = sum(
+            g.numel
+            for g in ctx.arch.params
+            if g.scope == "layer" and (g.module or (bmm_experts and (g.expert or g.kind == "router")))
+        ) // max(arch.num_layers, 1)
         wl //= D.tp
         add("autocast 16-bit weight copies", 2 * wl, f"2 B x {fmt_int(wl)} Linear weights per layer", 7)
     elif amp and sc.activation_checkpointing != "full":
@@ -780,7 +812,7 @@ def _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec):  # noqa: ANN001
         consumers(attn_out, a * dv, T, ec, "attention output (contiguous copy)")
 
 
-def _mlp_parts(arch, D, parts, add, consumers, full, ec):  # noqa: ANN001, ANN202
+def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001, ANN202
     """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
     a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, families/_moe.py). Per-layer bytes
     are the average over the layers; returns (rows, width) of the largest part for the backward transients.
@@ -791,8 +823,10 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec):  # noqa: ANN001, ANN20
     the logits and the fp32 probabilities over E; for ``"sigmoid"`` (DeepSeek-V3) the fp32 copy of its
     input, the fp32 logits' sigmoid and the group mask; for ``"softmax-fp32"`` (DeepSeek-V2) the fp32 input
     copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the logits and the
-    top-k softmax; for ``"topk-sigmoid"`` (Llama 4) the logits, the top-k sigmoid scores and the
-    score-weighted input copy the experts read instead of the gathered rows."""
+    top-k softmax; for ``"topk-sigmoid"`` (Llama 4) the fp32 sigmoid over all E (non-chosen logits set
+    to -inf) and the top-k indices. A ``dispatch: "dense"`` part (Llama 4: ``rows`` = E, every expert runs every
+    token with ``torch.bmm``) keeps the repeated input, its score-scaled copy and the score column instead of
+    grouped_mm's gathered rows and int64 bookkeeping (traced)."""
     T, h = D.T, D.h
     layers = max(arch.num_layers, 1)
     n_act = ACT_SAVED.get(arch.mlp_activation, 3)
@@ -823,19 +857,31 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec):  # noqa: ANN001, ANN20
         kind = part.get("router", "softmax")
         # + grouped_mm's bookkeeping per routed row: the top-k indices, the sort permutation, the token
         # index (perm // k) and the inverse permutation (int64 each), the gathered fp32 weights and a copy
-        routed = 2 * ec * rows * h + 40 * rows
-        k = part.get("rows", 1)
+        # Llama 4 (``dispatch: dense``): no bookkeeping, but every token's copy scaled by its score column
+        # (rows x 1, compute dtype) besides the repeated input and the scaled copy the experts read
+        dense = part.get("dispatch") == "dense"
+        # (frozen dense experts: bmm with a frozen weight does not save the scaled copy; traced under LoRA)
+        # the repeated input is in the residual dtype (fp32 under autocast, where bmm saves a 16-bit cast of
+        # the scaled copy instead of the copy itself; traced)
+        copies = 2 if full or not dense else 1
+        rb = (r or ec) if dense else ec
+        routed = (rb + (copies - 1) * ec) * rows * h + (ec if dense else 40) * rows
+        k = part.get("top_k", part.get("rows", 1))
         router = {
             "softmax": (ec + 4) * T * E,
             "sigmoid": 4 * T * h + 5 * T * E,
             "softmax-fp32": 4 * T * h + 4 * T * E,
             "topk-softmax": ec * T * E + 4 * T * k,
-            "topk-sigmoid": ec * T * E + 4 * T * E,
+            "topk-sigmoid": 4 * T * E
+            + 8 * T * k,  # the fp32 sigmoid of the -inf-filled logits, top-k indices
         }[kind]
         add(
             f"{name}: router ({kind}) and routed token copies",
             frac * (router + routed),
-            f"{share} x (router over E={E} + 2 x {ec} B x k x T x h + 40 B x k x T indices)",
+            f"{share} x (router over E={E} + ({rb}"
+            + (f" + {ec}" if copies > 1 else "")
+            + ") B x k x T x h + "
+            + (f"{ec} B x E x T scores)" if dense else "40 B x k x T indices)"),
             3,
         )
     return worst

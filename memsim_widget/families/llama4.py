@@ -153,7 +153,7 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
         # every expert runs every token (scores 0 for the experts not chosen): E rows per token
         parts.append(
             {"name": "routed experts (all E run every token)", "layers": n_moe, "rows": E, "width": i_moe,
-             "experts": E, "router": "topk-sigmoid", "dispatch": "dense"}
+             "experts": E, "top_k": top_k, "router": "topk-sigmoid", "dispatch": "dense"}
         )  # fmt: skip
         parts.append({"name": "shared expert", "layers": n_moe, "rows": 1, "width": i_moe})
     return Architecture(
@@ -186,12 +186,15 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
             "mlp_parts": tuple(parts),
             "moe_layers": n_moe,
             "moe_layer_indices": sorted(moe_set),
+            # the experts' torch.bmm and the nn.Linear router run under autocast: 16-bit weight copies cached
+            "autocast_expert_copies": True,
             "dense_intermediate_size": i_mlp,
             "moe_intermediate_size": i_moe,
             "shared_experts": 1 if n_moe else 0,
-            # RoPE layers: q and k rotated as fp32 complex numbers, then (use_qk_norm) an L2 norm in fp32
+            # RoPE layers: q and k rotated as complex numbers (the product saves only freqs_cis), then
+            # (use_qk_norm) a weightless L2 norm over each head in fp32
             "rope_layers": n_rope,
-            "rope_complex_fp32": True,
+            "rope_layer0": rope[0],
             "qk_norm": "l2" if qk_norm and n_rope else None,
             "qk_norm_layers": n_rope if qk_norm else 0,
             "attention_chunk_size": chunk,
