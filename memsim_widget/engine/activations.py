@@ -146,6 +146,9 @@ MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2", "dense_4h_to_h"})
 #: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
 #: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
 ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1}
+#: GPT-OSS experts' clamped SwiGLU ``(clamp(up) + 1) * clamp(gate) * sigmoid(alpha * clamp(gate))`` on the
+#: interleaved gate_up output: that output (2 I), sigmoid, clamp(gate), clamp(up) + 1 and the glu (traced)
+ACT_SAVED_PART = {"clamped-swiglu": 6}
 
 
 def _parallel_mlp(arch: object) -> bool:
@@ -368,9 +371,11 @@ def _hf(ctx: Context) -> ActivationBudget:
             else:
                 extra = ec if sm != ec else 0
                 add(
-                    "attention softmax" + (" (fp32) and its 16-bit cast" if extra else ""),
+                    "attention softmax"
+                    + (" (fp32) and its 16-bit cast" if extra else "")
+                    + (" (+ sink column)" if sinks else ""),
                     scores * (sm + extra),
-                    f"b x a x s x s x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
+                    f"b x a x s x {'(s + 1)' if sinks else 's'} x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                     2 if extra else 1,
                 )
         consumers(attn_out, hq, T, ec, "attention output")
@@ -829,15 +834,16 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN00
     grouped_mm's gathered rows and int64 bookkeeping (traced)."""
     T, h = D.T, D.h
     layers = max(arch.num_layers, 1)
-    n_act = ACT_SAVED.get(arch.mlp_activation, 3)
     worst = (T, 0)
     for part in parts:
         frac = part["layers"] / layers
         rows = T * part.get("rows", 1)
         width = part["width"] // D.tp
         name, share = part["name"], f"{part['layers']}/{layers} layers"
+        act = part.get("activation", arch.mlp_activation)
+        n_act = ACT_SAVED_PART.get(act, ACT_SAVED.get(act, 3))
         add(
-            f"{name}: activation internals ({arch.mlp_activation})",
+            f"{name}: activation internals ({act})",
             frac * n_act * ec * rows * width,
             f"{share} x {n_act} x {ec} B x {part.get('rows', 1)} x T x {width}",
             n_act,
@@ -863,15 +869,17 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN00
         # (frozen dense experts: bmm with a frozen weight does not save the scaled copy; traced under LoRA)
         # the repeated input is in the residual dtype (fp32 under autocast, where bmm saves a 16-bit cast of
         # the scaled copy instead of the copy itself; traced)
-        copies = 2 if full or not dense else 1
+        # frozen experts (LoRA) keep no gathered / scaled input copy, and grouped_mm one int64 index less
+        copies = 2 if full else 1
         rb = (r or ec) if dense else ec
-        routed = (rb + (copies - 1) * ec) * rows * h + (ec if dense else 40) * rows
+        book = ec if dense else (40 if full else 32)
+        routed = (rb + (copies - 1) * ec) * rows * h + book * rows
         k = part.get("top_k", part.get("rows", 1))
         router = {
             "softmax": (ec + 4) * T * E,
             "sigmoid": 4 * T * h + 5 * T * E,
             "softmax-fp32": 4 * T * h + 4 * T * E,
-            "topk-softmax": ec * T * E + 4 * T * k,
+            "topk-softmax": 2 * ec * T * k,  # GPT-OSS: softmax over the k top logits, its gathered copy
             "topk-sigmoid": 4 * T * E
             + 8 * T * k,  # the fp32 sigmoid of the -inf-filled logits, top-k indices
         }[kind]
@@ -881,7 +889,7 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN00
             f"{share} x (router over E={E} + ({rb}"
             + (f" + {ec}" if copies > 1 else "")
             + ") B x k x T x h + "
-            + (f"{ec} B x E x T scores)" if dense else "40 B x k x T indices)"),
+            + (f"{ec} B x E x T scores)" if dense else f"{book} B x k x T indices)"),
             3,
         )
     return worst
