@@ -148,6 +148,18 @@ def test_bad_keys_are_named() -> None:
         build_architecture({**TINY, "no_rope_layers": [1, 0]})
 
 
+def test_lora_all_linear_is_refused() -> None:
+    """peft's all-linear wraps the router (an nn.Linear returning a tuple), which breaks the forward."""
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.scenario import Scenario
+
+    lora = {"model": TINY, "micro_batch_size": 1, "seq_len": 64, "method": "lora"}
+    assert issubclass(transformers.models.llama4.modeling_llama4.Llama4Router, torch.nn.Linear)
+    with pytest.raises(ScenarioError, match=r"lora\.targets.*Llama4Router"):
+        estimate(Scenario.from_dict({**lora, "lora": {"rank": 8, "targets": ["all-linear"]}}))
+    estimate(Scenario.from_dict({**lora, "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}))
+
+
 @pytest.mark.parametrize("name", ["llama4_text bf16 sdpa b2 s512", "llama4_text bf16 lora qv b2 s512"])
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     from memsim_widget.fidelity import CASES, compare

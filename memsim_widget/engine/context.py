@@ -95,6 +95,9 @@ class Context:
                 f"{list(s.lora.targets)} match no Linear module of this model; "
                 f"modules: {', '.join(self.linear_modules)}",
             )
+        broken = a.extra.get("lora_all_linear_error")  # Llama 4: peft's all-linear breaks the model's forward
+        if s.method != "full" and "all-linear" in s.lora.targets and broken:
+            raise ScenarioError("lora.targets", broken)
         if p.pp_microbatches < p.pp and p.pp > 1 and p.pp_schedule == "interleaved":
             raise ScenarioError(
                 "parallel.pp_microbatches", "the interleaved schedule needs pp_microbatches >= pp"

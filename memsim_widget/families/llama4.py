@@ -199,6 +199,8 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
             "qk_norm_layers": n_rope if qk_norm else 0,
             "attention_chunk_size": chunk,
             "attn_temperature_tuning": _bool(cfg, "attn_temperature_tuning", d_["attn_temperature_tuning"]),
+            "lora_all_linear_error": "'all-linear' makes peft wrap Llama4Router (an nn.Linear whose forward "
+            "returns a tuple) and the forward fails; name the target modules (e.g. q_proj, v_proj)",
             "eager_softmax_dtype": "compute",  # Llama 4's eager attention does not upcast its softmax
             "router_aux_loss_coef": cfg.get("router_aux_loss_coef", d_["router_aux_loss_coef"]),
         },
