@@ -676,6 +676,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ("amp-bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
             ("bf16 eager b2 s256", {}, {"micro_batch_size": 2, "seq_len": 256, "attention": "eager"}),
             (
+                "bf16 sdpa b2 s512 (chunk 128: masked chunked layers)",
+                {"attention_chunk_size": 128},
+                {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            (
                 "bf16 sdpa b2 s512 (MoE every layer, no qk norm)",
                 {"interleave_moe_layer_step": 1, "use_qk_norm": False},
                 {"micro_batch_size": 2, "seq_len": 512},

@@ -128,6 +128,8 @@ def test_layer_layout_follows_moe_layers_and_no_rope_layers() -> None:
         hasattr(layer.self_attn, "qk_norm") for layer in model.model.layers
     )
     assert build_architecture({**TINY, "moe_layers": [0, 5]}).extra["moe_layer_indices"] == [0, 5]
+    chunked = [t == "chunked_attention" for t in model.config.layer_types]
+    assert arch.extra["chunked_layers"] == sum(chunked) == 5
 
 
 def test_every_expert_runs_every_token() -> None:
@@ -160,7 +162,25 @@ def test_lora_all_linear_is_refused() -> None:
     estimate(Scenario.from_dict({**lora, "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}))
 
 
-@pytest.mark.parametrize("name", ["llama4_text bf16 sdpa b2 s512", "llama4_text bf16 lora qv b2 s512"])
+def test_expert_parallel_is_refused() -> None:
+    """Llama4TextConfig has no base_model_ep_plan: every expert takes every token, so ep has nothing to split."""
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.scenario import Scenario
+
+    assert not getattr(transformers.Llama4TextConfig, "base_model_ep_plan", None)
+    sc = {"model": {**TINY, "num_local_experts": 4}, "micro_batch_size": 1, "seq_len": 64}
+    with pytest.raises(ScenarioError, match=r"parallel\.ep.*no expert-parallel plan"):
+        estimate(Scenario.from_dict({**sc, "parallel": {"dp": 2, "ep": 2}}))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llama4_text bf16 sdpa b2 s512",
+        "llama4_text bf16 lora qv b2 s512",
+        "llama4_text bf16 sdpa b2 s512 (chunk 128: masked chunked layers)",
+    ],
+)
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     from memsim_widget.fidelity import CASES, compare
 

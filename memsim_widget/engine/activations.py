@@ -386,6 +386,19 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})",
             3,
         )
+        # Llama 4's chunked layers past attention_chunk_size: HF passes SDPA an explicit mask, so k and v are
+        # repeated to every head (no GQA in SDPA with a mask) and SDPA keeps the mask converted to the compute
+        # dtype (b x s x s), per chunked layer (traced with a small chunk)
+        chunk = arch.extra.get("attention_chunk_size")
+        if chunk and D.s_full > chunk and arch.extra.get("chunked_layers"):
+            frac = arch.extra["chunked_layers"] / max(arch.num_layers, 1)
+            add(
+                "chunked attention: SDPA's mask and k, v repeated to all heads",
+                frac * (ec * b * s * D.s_full + 2 * ec * T * (hq - hkv)),
+                f"{arch.extra['chunked_layers']}/{arch.num_layers} layers x ({ec} B x b x s x s"
+                f" + 2 x {ec} B x T x (a*d - kv*d)), s > chunk {chunk}",
+                3,
+            )
         if fused_no_rope:
             add(
                 "fused qkv output kept alive by the q view",

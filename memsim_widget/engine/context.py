@@ -82,6 +82,8 @@ class Context:
                 f"ep={p.ep} needs an MoE model with experts divisible by ep "
                 f"(this model has {a.num_experts} experts)",
             )
+        if p.ep > 1 and a.extra.get("expert_parallel_error"):  # Llama 4: every expert takes every token
+            raise ScenarioError("parallel.ep", a.extra["expert_parallel_error"])
         if a.fixed_seq_len is None and s.seq_len % p.cp:
             raise ScenarioError("parallel.cp", f"seq_len={s.seq_len} is not divisible by cp={p.cp}")
         if self.opt.impls and s.optimizer_impl not in self.opt.impls and s.optimizer != "none":

@@ -75,6 +75,8 @@ LLAMA4_TEXT_DEFAULTS: dict[str, Any] = {
     "router_aux_loss_coef": 0.001,
 }
 
+LAYER_TYPES = ("full_attention", "chunked_attention")
+
 
 def _rope_layers(cfg: Mapping[str, Any], L: int, interval: int) -> list[bool]:
     """Which layers apply RoPE: ``no_rope_layers`` (1 = RoPE), else all but every ``interval``-th layer."""
@@ -133,6 +135,14 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     chunk = cfg.get("attention_chunk_size", d_["attention_chunk_size"])
     if chunk is not None:
         chunk = _int(cfg, "attention_chunk_size", d_["attention_chunk_size"])
+
+    types = cfg.get("layer_types")
+    if types is None:  # HF: chunked attention on the RoPE layers when a chunk size is set
+        types = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
+    elif not isinstance(types, list | tuple) or len(types) < L or any(t not in LAYER_TYPES for t in types):
+        raise ScenarioError(
+            "model.layer_types", f"must list {' or '.join(LAYER_TYPES)} for each of {L} layers"
+        )
 
     p = "model.layers.*."
     groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
@@ -198,7 +208,10 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
             "qk_norm": "l2" if qk_norm and n_rope else None,
             "qk_norm_layers": n_rope if qk_norm else 0,
             "attention_chunk_size": chunk,
+            "chunked_layers": list(types[:L]).count("chunked_attention") if chunk is not None else 0,
             "attn_temperature_tuning": _bool(cfg, "attn_temperature_tuning", d_["attn_temperature_tuning"]),
+            "expert_parallel_error": "transformers' Llama 4 has no expert-parallel plan (its experts take every "
+            "token pre-scaled by its router score; they shard with tensor parallelism): use tp, not ep",
             "lora_all_linear_error": "'all-linear' makes peft wrap Llama4Router (an nn.Linear whose forward "
             "returns a tuple) and the forward fails; name the target modules (e.g. q_proj, v_proj)",
             "eager_softmax_dtype": "compute",  # Llama 4's eager attention does not upcast its softmax
