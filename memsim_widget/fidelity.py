@@ -681,6 +681,16 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"micro_batch_size": 2, "seq_len": 512},
             ),
             (
+                "V64 bf16 sdpa b2 s512 (8 experts I=256 every layer: peak in backward)",
+                {
+                    "interleave_moe_layer_step": 1,
+                    "num_local_experts": 8,
+                    "intermediate_size": 256,
+                    "vocab_size": 64,
+                },
+                {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            (
                 "bf16 sdpa b2 s512 (MoE every layer, no qk norm)",
                 {"interleave_moe_layer_step": 1, "use_qk_norm": False},
                 {"micro_batch_size": 2, "seq_len": 512},
@@ -689,11 +699,17 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     # GPT-OSS: eager attention with sinks (transformers has no SDPA path), clamped-SwiGLU grouped_mm experts
     *(
-        (f"gpt_oss {label}", {"model": GPT_OSS, "attention": "eager", **keys})
-        for label, keys in (
-            ("bf16 eager b2 s256", {"micro_batch_size": 2, "seq_len": 256}),
+        (f"gpt_oss {label}", {"model": {**GPT_OSS, **more}, "attention": "eager", **keys})
+        for label, more, keys in (
+            ("bf16 eager b2 s256", {}, {"micro_batch_size": 2, "seq_len": 256}),
+            (
+                "V64 I512 bf16 eager b2 s256 (peak in backward)",
+                {"vocab_size": 64, "intermediate_size": 512},
+                {"micro_batch_size": 2, "seq_len": 256},
+            ),
             (
                 "bf16 eager lora qv b2 s256",
+                {},
                 {
                     "micro_batch_size": 2,
                     "seq_len": 256,

@@ -837,11 +837,13 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN00
 
     A routed part runs transformers 5's default ``grouped_mm`` experts (the eager per-expert loop saves
     alike): the gathered input rows, the gate_up output, act(gate) and the product (saved by down_proj),
-    and the down output kept by the routing-weight multiply -- k rows per token in all. Its router saves, for ``"softmax"`` (Mixtral, Qwen3-MoE)
+    and the down output kept by the routing-weight multiply -- k rows per token in all (frozen experts under
+    LoRA: no gathered rows, no down_proj input). A part's ``activation`` (GPT-OSS ``"clamped-swiglu"``)
+    overrides the model's for its internals. Its router saves, for ``"softmax"`` (Mixtral, Qwen3-MoE)
     the logits and the fp32 probabilities over E; for ``"sigmoid"`` (DeepSeek-V3) the fp32 copy of its
     input, the fp32 logits' sigmoid and the group mask; for ``"softmax-fp32"`` (DeepSeek-V2) the fp32 input
-    copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the logits and the
-    top-k softmax; for ``"topk-sigmoid"`` (Llama 4) the fp32 sigmoid over all E (non-chosen logits set
+    copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the softmax over its k top logits
+    and the gathered copy; for ``"topk-sigmoid"`` (Llama 4) the fp32 sigmoid over all E (non-chosen logits set
     to -inf) and the top-k indices. A ``dispatch: "dense"`` part (Llama 4: ``rows`` = E, every expert runs every
     token with ``torch.bmm``) keeps the repeated input, its score-scaled copy and the score column instead of
     grouped_mm's gathered rows and int64 bookkeeping (traced)."""
