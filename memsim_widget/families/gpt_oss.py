@@ -66,6 +66,7 @@ GPT_OSS_DEFAULTS: dict[str, Any] = {
     "attention_bias": True,
     "rope_theta": 150000.0,
 }
+#: GptOssConfig.layer_types values (sliding layers attend within sliding_window tokens).
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 

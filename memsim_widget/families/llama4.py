@@ -75,6 +75,7 @@ LLAMA4_TEXT_DEFAULTS: dict[str, Any] = {
     "router_aux_loss_coef": 0.001,
 }
 
+#: Llama4TextConfig.layer_types values (chunked layers attend within attention_chunk_size tokens).
 LAYER_TYPES = ("full_attention", "chunked_attention")
 
 
