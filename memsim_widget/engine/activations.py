@@ -876,15 +876,13 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN00
                 f"{share} x {ec} B x k x T x {width}",
             )
         kind = part.get("router", "softmax")
-        # + grouped_mm's bookkeeping per routed row: the top-k indices, the sort permutation, the token
-        # index (perm // k) and the inverse permutation (int64 each), the gathered fp32 weights and a copy
-        # Llama 4 (``dispatch: dense``): no bookkeeping, but every token's copy scaled by its score column
-        # (rows x 1, compute dtype) besides the repeated input and the scaled copy the experts read
+        # grouped_mm keeps per routed row the gathered input and the down output (2 copies), plus its
+        # bookkeeping: the top-k indices, the sort permutation, the token index (perm // k), the inverse
+        # permutation and routing-weight copies (40 B in all, traced on Qwen3-MoE); frozen experts (LoRA) keep no
+        # gathered input and one int64 index less (32 B; traced on GPT-OSS). Llama 4 (``dispatch: dense``)
+        # keeps the repeated input (residual dtype: fp32 under autocast, where bmm saves a 16-bit cast of the
+        # scaled copy), the score-scaled copy (none when the experts are frozen) and the score column.
         dense = part.get("dispatch") == "dense"
-        # (frozen dense experts: bmm with a frozen weight does not save the scaled copy; traced under LoRA)
-        # the repeated input is in the residual dtype (fp32 under autocast, where bmm saves a 16-bit cast of
-        # the scaled copy instead of the copy itself; traced)
-        # frozen experts (LoRA) keep no gathered / scaled input copy, and grouped_mm one int64 index less
         copies = 2 if full else 1
         rb = (r or ec) if dense else ec
         book = ec if dense else (40 if full else 32)
@@ -895,8 +893,8 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN00
             "sigmoid": 4 * T * h + 5 * T * E,
             "softmax-fp32": 4 * T * h + 4 * T * E,
             "topk-softmax": 2 * ec * T * k,  # GPT-OSS: softmax over the k top logits, its gathered copy
-            "topk-sigmoid": 4 * T * E
-            + 8 * T * k,  # the fp32 sigmoid of the -inf-filled logits, top-k indices
+            # Llama 4: the fp32 sigmoid of the -inf-filled logits and the top-k indices
+            "topk-sigmoid": 4 * T * E + 8 * T * k,
         }[kind]
         add(
             f"{name}: router ({kind}) and routed token copies",
