@@ -639,6 +639,17 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ("bf16 sdpa b2 s512 (mlp_only_layers, sparse step 2)", QWEN3_MOE_MIXED),
         )
     ),
+    # frozen grouped_mm experts under LoRA keep no gathered input rows (traced first on GPT-OSS)
+    (
+        "qwen3_moe bf16 lora qv b2 s512",
+        {
+            "model": QWEN3_MOE,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
     # DeepSeek MLA (q/kv latents, rope/nope split), routed + shared experts, one dense first layer. SDPA rows
     # use v_head_dim = qk_head_dim: with d_v != d_qk the CPU trace falls back to the math kernel (which
     # keeps the s x s probabilities), where CUDA runs the memory-efficient one; eager keeps the real split
