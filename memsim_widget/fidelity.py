@@ -667,6 +667,23 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         "deepseek_v2 bf16 sdpa b2 s512 (no q_lora)",
         {"model": DEEPSEEK_V2, "micro_batch_size": 2, "seq_len": 512},
     ),
+    # under LoRA the frozen fp32 router keeps no fp32 input copy (and grouped_mm no gathered rows)
+    *(
+        (
+            f"{name} bf16 lora {label} b2 s512",
+            {
+                "model": model,
+                "micro_batch_size": 2,
+                "seq_len": 512,
+                "method": "lora",
+                "lora": {"rank": 8, "targets": targets},
+            },
+        )
+        for name, model, label, targets in (
+            ("deepseek_v3", DEEPSEEK_V3, "q_a kv_a", ["q_a_proj", "kv_a_proj_with_mqa"]),
+            ("deepseek_v2", DEEPSEEK_V2, "q kv_a", ["q_proj", "kv_a_proj_with_mqa"]),
+        )
+    ),
     # Llama 4 text: all E experts run every token (torch.bmm, no grouped_mm: fp32 and autocast trace on CPU),
     # L2 q/k norm on RoPE layers, dense MLP on the other layers
     *(

@@ -888,10 +888,12 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN00
         book = ec if dense else (40 if full else 32)
         routed = (rb + (copies - 1) * ec) * rows * h + book * rows
         k = part.get("top_k", part.get("rows", 1))
+        # DeepSeek's fp32 router keeps its fp32 input copy only for its own weight's gradient (none under LoRA)
+        fp32_in = 4 * T * h if full else 0
         router = {
             "softmax": (ec + 4) * T * E,
-            "sigmoid": 4 * T * h + 5 * T * E,
-            "softmax-fp32": 4 * T * h + 4 * T * E,
+            "sigmoid": fp32_in + 5 * T * E,
+            "softmax-fp32": fp32_in + 4 * T * E,
             "topk-softmax": 2 * ec * T * k,  # GPT-OSS: softmax over the k top logits, its gathered copy
             # Llama 4: the fp32 sigmoid of the -inf-filled logits and the top-k indices
             "topk-sigmoid": 4 * T * E + 8 * T * k,
