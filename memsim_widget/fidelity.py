@@ -641,6 +641,16 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     # frozen grouped_mm experts under LoRA keep no gathered input rows (traced first on GPT-OSS)
     (
+        "mixtral bf16 lora qv b2 s512",
+        {
+            "model": MIXTRAL,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
+    (
         "qwen3_moe bf16 lora qv b2 s512",
         {
             "model": QWEN3_MOE,

@@ -442,10 +442,13 @@ def _hf(ctx: Context) -> ActivationBudget:
         consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
     if moe and not mlp_parts:
         E = arch.num_experts
+        # frozen router and experts (LoRA): no logits (the router's input is saved only for its weight) and
+        # no gathered input rows, only the fp32 probabilities and the down output (traced on Mixtral)
+        lg, cp = (ec, 2) if full else (0, 1)
         add(
             "MoE router logits, probabilities and routed token copies",
-            (ec + 4) * T * E + 2 * ec * Tm * h,
-            f"({ec} + 4) B x T x E + 2 x {ec} B x k x T x h, E={E}",
+            (lg + 4) * T * E + cp * ec * Tm * h,
+            f"({lg} + 4) B x T x E + {cp} x {ec} B x k x T x h, E={E}",
             3,
         )
     if arch.hidden_dropout > 0:
