@@ -132,6 +132,9 @@ def test_untraceable_paths_are_refused_by_name() -> None:
     with pytest.raises(ScenarioError, match="precision.*grouped_mm"):
         check_traceable(Scenario.from_dict({**base, "attention": "eager", "precision": "fp32"}))
     check_traceable(Scenario.from_dict({**base, "attention": "eager"}))
+    mixtral = {**base, "model": "mixtral-8x7b", "precision": "amp-bf16"}  # grouped_mm experts too
+    with pytest.raises(ScenarioError, match="precision.*grouped_mm"):
+        check_traceable(Scenario.from_dict(mixtral))
 
 
 @pytest.mark.parametrize("name", ["gpt_oss bf16 eager b2 s256", "gpt_oss bf16 eager lora qv b2 s256"])

@@ -74,7 +74,9 @@ def _check_model_kernels(sc: Scenario) -> None:
             f"{arch.extra['hf_class']} has no SDPA path in transformers (attention sinks): trace it with 'eager' "
             "(the engine's 'sdpa' stands for the flash kernel with sinks used on GPUs)",
         )
-    grouped = any(p.get("experts") and p.get("dispatch") != "dense" for p in arch.extra.get("mlp_parts", ()))
+    parts = arch.extra.get("mlp_parts")
+    # every MoE family of transformers 5 but Llama 4 (torch.bmm) runs its experts with grouped_mm
+    grouped = any(p.get("experts") and p.get("dispatch") != "dense" for p in parts) if parts else arch.is_moe
     if grouped and sc.precision != "bf16":
         raise ScenarioError(
             "precision",
