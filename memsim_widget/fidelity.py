@@ -63,6 +63,26 @@ DEEPSEEK_V2 = {
     "n_group": None,
     "topk_group": None,
 }
+#: Llama 4 text: MoE every 2nd layer (Maverick's interleave) with 4 experts, top-1, a shared expert; layer 3 NoPE
+LLAMA4 = {
+    "model_type": "llama4_text",
+    **SMALL,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "intermediate_size_mlp": 688,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 1,
+    "interleave_moe_layer_step": 2,
+}
+#: GPT-OSS: 8 experts, 2 per token, sinks, sliding/full alternating (no SDPA in transformers: eager rows)
+GPT_OSS = {
+    "model_type": "gpt_oss",
+    **SMALL,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
 GPT2 = {
     "model_type": "gpt2",
     "n_embd": 256,
@@ -813,6 +833,27 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             "seq_len": 512,
         },
     ),
+    # frozen grouped_mm experts under LoRA keep no gathered input rows (traced first on GPT-OSS)
+    (
+        "mixtral bf16 lora qv b2 s512",
+        {
+            "model": MIXTRAL,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
+    (
+        "qwen3_moe bf16 lora qv b2 s512",
+        {
+            "model": QWEN3_MOE,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
     # DeepSeek MLA (q/kv latents, rope/nope split), routed + shared experts, one dense first layer. SDPA rows
     # use v_head_dim = qk_head_dim: with d_v != d_qk the CPU trace falls back to the math kernel (which
     # keeps the s x s probabilities), where CUDA runs the memory-efficient one; eager keeps the real split
@@ -829,6 +870,86 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "deepseek_v2 bf16 sdpa b2 s512 (no q_lora)",
         {"model": DEEPSEEK_V2, "micro_batch_size": 2, "seq_len": 512},
+    ),
+    # under LoRA the frozen fp32 router keeps no fp32 input copy (and grouped_mm no gathered rows)
+    *(
+        (
+            f"{name} bf16 lora {label} b2 s512",
+            {
+                "model": model,
+                "micro_batch_size": 2,
+                "seq_len": 512,
+                "method": "lora",
+                "lora": {"rank": 8, "targets": targets},
+            },
+        )
+        for name, model, label, targets in (
+            ("deepseek_v3", DEEPSEEK_V3, "q_a kv_a", ["q_a_proj", "kv_a_proj_with_mqa"]),
+            ("deepseek_v2", DEEPSEEK_V2, "q kv_a", ["q_proj", "kv_a_proj_with_mqa"]),
+        )
+    ),
+    # Llama 4 text: all E experts run every token (torch.bmm, no grouped_mm: fp32 and autocast trace on CPU),
+    # L2 q/k norm on RoPE layers, dense MLP on the other layers
+    *(
+        (f"llama4_text {label}", {"model": {**LLAMA4, **more}, **keys})
+        for label, more, keys in (
+            ("bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512}),
+            (
+                "bf16 lora qv b2 s512",
+                {},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+            ("fp32 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "fp32"}),
+            ("amp-bf16 sdpa b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            ("bf16 eager b2 s256", {}, {"micro_batch_size": 2, "seq_len": 256, "attention": "eager"}),
+            (
+                "bf16 sdpa b2 s512 (chunk 128: masked chunked layers)",
+                {"attention_chunk_size": 128},
+                {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            (
+                "V64 bf16 sdpa b2 s512 (8 experts I=256 every layer: peak in backward)",
+                {
+                    "interleave_moe_layer_step": 1,
+                    "num_local_experts": 8,
+                    "intermediate_size": 256,
+                    "vocab_size": 64,
+                },
+                {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            (
+                "bf16 sdpa b2 s512 (MoE every layer, no qk norm)",
+                {"interleave_moe_layer_step": 1, "use_qk_norm": False},
+                {"micro_batch_size": 2, "seq_len": 512},
+            ),
+        )
+    ),
+    # GPT-OSS: eager attention with sinks (transformers has no SDPA path), clamped-SwiGLU grouped_mm experts
+    *(
+        (f"gpt_oss {label}", {"model": {**GPT_OSS, **more}, "attention": "eager", **keys})
+        for label, more, keys in (
+            ("bf16 eager b2 s256", {}, {"micro_batch_size": 2, "seq_len": 256}),
+            (
+                "V64 I512 bf16 eager b2 s256 (peak in backward)",
+                {"vocab_size": 64, "intermediate_size": 512},
+                {"micro_batch_size": 2, "seq_len": 256},
+            ),
+            (
+                "bf16 eager lora qv b2 s256",
+                {},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 256,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+                },
+            ),
+        )
     ),
 ]
 

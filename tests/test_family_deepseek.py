@@ -100,7 +100,11 @@ def test_bad_group_settings_are_named() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["deepseek_v3 bf16 sdpa b2 s512", "deepseek_v2 bf16 sdpa b2 s512 (no q_lora)"],
+    [
+        "deepseek_v3 bf16 sdpa b2 s512",
+        "deepseek_v2 bf16 sdpa b2 s512 (no q_lora)",
+        "deepseek_v3 bf16 lora q_a kv_a b2 s512",
+    ],
 )
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     from memsim_widget.fidelity import CASES, compare

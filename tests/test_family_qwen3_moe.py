@@ -93,7 +93,7 @@ def test_bad_keys_are_named() -> None:
         build_architecture({**TINY, "mlp_only_layers": [9]})
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe bf16 sdpa b2 s512"])
+@pytest.mark.parametrize("name", ["qwen3_moe bf16 sdpa b2 s512", "qwen3_moe bf16 lora qv b2 s512"])
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     from memsim_widget.fidelity import CASES, compare
 

@@ -24,6 +24,7 @@ FAST = [
     "mistral bf16 sdpa b2 s512",
     "qwen2 bf16 sdpa b2 s512",
     "mixtral bf16 sdpa b2 s512",
+    "mixtral bf16 lora qv b2 s512",
     "gpt2 bf16 sdpa b2 s512",
     "gpt2 amp-bf16 sdpa b2 s512",
 ]

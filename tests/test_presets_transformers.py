@@ -50,7 +50,7 @@ def _kind(name: str) -> str:
     n = name.lower()
     if ".experts." in n:
         return "experts"
-    if n.endswith("mlp.gate.weight"):
+    if n.endswith("mlp.gate.weight") or ".router." in n:  # Llama 4 feed_forward.router, GPT-OSS mlp.router
         return "router"
     if "norm" in n or ".ln_" in n or n.startswith("transformer.ln_f"):
         return "norm"
@@ -79,7 +79,7 @@ def _kind(name: str) -> str:
         return "head"  # ModernBERT: head.dense, head.norm (a norm, above), decoder
     if any(k in n for k in ("attn", "attention")):
         return "attention"
-    if any(k in n for k in ("mlp", "densereludense", "intermediate", ".output.dense")):
+    if any(k in n for k in ("mlp", "feed_forward", "densereludense", "intermediate", ".output.dense")):
         return "mlp"
     return "other"
 

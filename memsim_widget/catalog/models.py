@@ -559,6 +559,94 @@ def _starcoder2(
     }
 
 
+def _llama4_text(
+    experts: int, step: int, *, qk_norm: bool, rope_scaling: Any, max_pos: int
+) -> dict[str, Any]:
+    """The language model of a Llama 4 checkpoint: the ``text_config`` of meta-llama/Llama-4-*'s config.json,
+    as ``llama4_text`` (the vision tower and projector of the published model are not part of it)."""
+    layers = 48
+    return {
+        "model_type": "llama4_text",
+        "architectures": ["Llama4ForCausalLM"],
+        "attention_bias": False,
+        "attention_chunk_size": 8192,
+        "attention_dropout": 0.0,
+        "attn_scale": 0.1,
+        "attn_temperature_tuning": True,
+        "bos_token_id": 200000,
+        "eos_token_id": [200001, 200007, 200008],
+        "floor_scale": 8192,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "interleave_moe_layer_step": step,
+        "intermediate_size": 8192,
+        "intermediate_size_mlp": 16384,
+        "max_position_embeddings": max_pos,
+        "moe_layers": list(range(step - 1, layers, step)),
+        "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(layers)],
+        "num_attention_heads": 40,
+        "num_experts_per_tok": 1,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 8,
+        "num_local_experts": experts,
+        "output_router_logits": False,
+        "pad_token_id": 200018,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": rope_scaling,
+        "rope_theta": 500000.0,
+        "router_aux_loss_coef": 0.001,
+        "router_jitter_noise": 0.0,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_qk_norm": qk_norm,
+        "vocab_size": 202048,
+    }
+
+
+def _gpt_oss(layers: int, experts: int) -> dict[str, Any]:
+    """An openai/gpt-oss-* config.json without its ``quantization_config`` (MXFP4 experts): the model
+    fine-tuning runs is the bf16 one transformers builds after dequantising."""
+    return {
+        "model_type": "gpt_oss",
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": 200002,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2880,
+        "initializer_range": 0.02,
+        "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 64,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 8,
+        "num_local_experts": experts,
+        "output_router_logits": False,
+        "pad_token_id": 199999,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": 150000,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": 128,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": 201088,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -872,6 +960,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "starcoder2-3b": _starcoder2(3072, 12288, 24, 30, 2, 999999.4420358813, tie=True),
     "starcoder2-7b": _starcoder2(4608, 18432, 36, 32, 4, 1000000.0, tie=True),
     "starcoder2-15b": _starcoder2(6144, 24576, 48, 40, 4, 100000.0, tie=False),
+    # Llama 4 (meta-llama/Llama-4-Scout-17B-16E, meta-llama/Llama-4-Maverick-17B-128E config.json text_config)
+    "llama-4-scout-17b-16e-text-only": _llama4_text(
+        16,
+        1,
+        qk_norm=True,
+        rope_scaling={
+            "factor": 16.0,
+            "high_freq_factor": 1.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        max_pos=10485760,
+    ),
+    "llama-4-maverick-17b-128e-text-only": _llama4_text(
+        128, 2, qk_norm=False, rope_scaling=None, max_pos=1048576
+    ),
+    # GPT-OSS (openai/gpt-oss-20b, openai/gpt-oss-120b config.json)
+    "gpt-oss-20b": _gpt_oss(24, 32),
+    "gpt-oss-120b": _gpt_oss(36, 128),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -1217,6 +1325,30 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "StarCoder2 15B, LayerNorm + GELU MLP with biases",
         "params_label": "15B",
         "hf_repo": "bigcode/starcoder2-15b",
+    },
+    "llama-4-scout-17b-16e-text-only": {
+        "description": "Llama 4 Scout TEXT MODEL ONLY (Llama4ForCausalLM; vision tower and projector NOT counted): "
+        "16 experts + 1 shared in every layer; HF runs all 16 experts on every token",
+        "params_label": "107.8B (text)",
+        "hf_repo": "meta-llama/Llama-4-Scout-17B-16E",
+    },
+    "llama-4-maverick-17b-128e-text-only": {
+        "description": "Llama 4 Maverick TEXT MODEL ONLY (Llama4ForCausalLM; vision tower and projector NOT "
+        "counted): 128 experts + 1 shared every 2nd layer; HF runs all 128 experts on every token",
+        "params_label": "400.7B (text)",
+        "hf_repo": "meta-llama/Llama-4-Maverick-17B-128E",
+    },
+    "gpt-oss-20b": {
+        "description": "gpt-oss-20b as the bf16 model fine-tuning runs (checkpoint experts MXFP4, dequantised): "
+        "32 experts, 4 per token, attention sinks",
+        "params_label": "21B",
+        "hf_repo": "openai/gpt-oss-20b",
+    },
+    "gpt-oss-120b": {
+        "description": "gpt-oss-120b as the bf16 model fine-tuning runs (checkpoint experts MXFP4, dequantised): "
+        "128 experts, 4 per token, attention sinks",
+        "params_label": "117B",
+        "hf_repo": "openai/gpt-oss-120b",
     },
 }
 

@@ -174,6 +174,9 @@ def gelu_tanh_autocast(ec: int, kf: str, I: int) -> tuple[int, str]:
 #: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
 #: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
 ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1}
+#: GPT-OSS experts' clamped SwiGLU ``(clamp(up) + 1) * clamp(gate) * sigmoid(alpha * clamp(gate))`` on the
+#: interleaved gate_up output: that output (2 I), sigmoid, clamp(gate), clamp(up) + 1 and the glu (traced)
+ACT_SAVED_PART = {"clamped-swiglu": 6}
 
 
 def _parallel_mlp(arch: object) -> bool:
@@ -338,6 +341,22 @@ def _hf(ctx: Context) -> ActivationBudget:
                 first_bytes=nb if frozen_first and proj not in targets else 0,
             )
 
+    # Llama 4's qk_norm: a weightless L2 norm per head on RoPE layers only (``qk_norm_layers`` of them): its
+    # fp32 input copy and rsqrt per row (traced); averaged over the layers like the MoE parts
+    if qk_norm == "l2":
+        n_l2 = arch.extra.get("qk_norm_layers", arch.num_layers)
+        frac = n_l2 / max(arch.num_layers, 1)
+        sizes = {"q_proj": 4 * T * hq + 4 * T * D.a, "k_proj": 4 * T * hkv + 4 * T * D.kv}
+        # layer 0 (a RoPE layer) keeps nothing for a projection whose output needs no gradient (LoRA; traced)
+        free0 = frozen_first and arch.extra.get("rope_layer0", True)
+        add(
+            "q/k L2 norm fp32 inputs and rsqrt",
+            frac * sum(sizes.values()),
+            f"{n_l2}/{arch.num_layers} layers x (4 B x T x (a*d + kv*d) + 4 B x T x (a + kv))",
+            4,
+            first_bytes=sum(nb for proj, nb in sizes.items() if proj not in targets) if free0 else 0,
+        )
+
     # Phi's qk_layernorm: LayerNorm (with bias) per head on the q and k views; it saves its input and, per
     # row, mean and rstd (its output feeds RoPE's multiplies, which save cos/sin only)
     if arch.extra.get("qk_layernorm") and arch.norm == "layernorm":
@@ -362,7 +381,14 @@ def _hf(ctx: Context) -> ActivationBudget:
     # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
     # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
     # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
-    softmax_fp32 = not arch.extra.get("softmax_in_compute_dtype") or amp
+    # eager softmax in the compute dtype: GPT-2, BERT, ViT (``softmax_in_compute_dtype``), Llama 4 and GPT-OSS
+    # (``eager_softmax_dtype``); CUDA autocast runs it in fp32 for every model
+    softmax_fp32 = (
+        not arch.extra.get("softmax_in_compute_dtype") and arch.extra.get("eager_softmax_dtype") != "compute"
+    ) or amp
+    # GPT-OSS appends one sink logit per head: the softmax covers s + 1 columns (the sink column is dropped
+    # after it, a view: the probabilities stay whole), and max-subtraction keeps its int64 argmax per row
+    sinks = bool(arch.extra.get("attention_sinks"))
     mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
     if mla:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
@@ -374,7 +400,7 @@ def _hf(ctx: Context) -> ActivationBudget:
             3,
         )
         if sc.activation_checkpointing != "selective":
-            scores = b * a_loc * s * D.s_full
+            scores = b * a_loc * s * (D.s_full + sinks)
             if arch.extra.get("attn_logit_softcapping"):
                 # Gemma 2: scores / cap -> tanh -> x cap; tanh saves its output for backward (the divisions
                 # and products by a Python scalar save nothing)
@@ -385,6 +411,12 @@ def _hf(ctx: Context) -> ActivationBudget:
                     1,
                 )
             sm = 4 if softmax_fp32 else ec
+            if sinks:
+                add(
+                    "attention sinks: max indices",
+                    8 * b * a_loc * s,
+                    f"8 B x b x a x s, b={b} a={a_loc} s={s}",
+                )
             if arch.attention_dropout > 0:
                 add(
                     "attention softmax, dropout mask and output",
@@ -395,9 +427,11 @@ def _hf(ctx: Context) -> ActivationBudget:
             else:
                 extra = ec if sm != ec else 0
                 add(
-                    "attention softmax" + (" (fp32) and its 16-bit cast" if extra else ""),
+                    "attention softmax"
+                    + (" (fp32) and its 16-bit cast" if extra else "")
+                    + (" (+ sink column)" if sinks else ""),
                     scores * (sm + extra),
-                    f"b x a x s x s x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
+                    f"b x a x s x {'(s + 1)' if sinks else 's'} x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                     2 if extra else 1,
                 )
         ao_from = len(L)
@@ -410,6 +444,19 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})",
             3,
         )
+        # Llama 4's chunked layers past attention_chunk_size: HF passes SDPA an explicit mask, so k and v are
+        # repeated to every head (no GQA in SDPA with a mask) and SDPA keeps the mask converted to the compute
+        # dtype (b x s x s), per chunked layer (traced with a small chunk)
+        chunk = arch.extra.get("attention_chunk_size")
+        if chunk and D.s_full > chunk and arch.extra.get("chunked_layers"):
+            frac = arch.extra["chunked_layers"] / max(arch.num_layers, 1)
+            add(
+                "chunked attention: SDPA's mask and k, v repeated to all heads",
+                frac * (ec * b * s * D.s_full + 2 * ec * T * (hq - hkv)),
+                f"{arch.extra['chunked_layers']}/{arch.num_layers} layers x ({ec} B x b x s x s"
+                f" + 2 x {ec} B x T x (a*d - kv*d)), s > chunk {chunk}",
+                3,
+            )
         if fused_no_rope:
             add(
                 "fused qkv output kept alive by the q view",
@@ -477,7 +524,7 @@ def _hf(ctx: Context) -> ActivationBudget:
     moe = arch.is_moe
     mlp_parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (families/_moe.py)
     if mlp_parts:
-        Tm, I = _mlp_parts(arch, D, mlp_parts, add, consumers, full, ec)
+        Tm, I = _mlp_parts(arch, D, mlp_parts, add, consumers, full, ec, r)
     else:
         k = arch.experts_per_token if moe else 1
         Tm = T * k
@@ -499,19 +546,26 @@ def _hf(ctx: Context) -> ActivationBudget:
         consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
     if moe and not mlp_parts:
         E = arch.num_experts
+        # frozen router and experts (LoRA): no logits (the router's input is saved only for its weight) and
+        # no gathered input rows, only the fp32 probabilities and the down output (traced on Mixtral)
+        lg, cp = (ec, 2) if full else (0, 1)
         add(
             "MoE router logits, probabilities and routed token copies",
-            (ec + 4) * T * E + 2 * ec * Tm * h,
-            f"({ec} + 4) B x T x E + 2 x {ec} B x k x T x h, E={E}",
+            (lg + 4) * T * E + cp * ec * Tm * h,
+            f"({lg} + 4) B x T x E + {cp} x {ec} B x k x T x h, E={E}",
             3,
         )
     mlp_to = len(L)
     if arch.hidden_dropout > 0:
         add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
     if amp and full:
-        wl = sum(g.numel for g in ctx.arch.params if g.scope == "layer" and g.module) // max(
-            arch.num_layers, 1
-        )
+        # Llama 4's bmm experts and nn.Linear router are autocast too: their 16-bit copies are cached alike
+        bmm_experts = arch.extra.get("autocast_expert_copies", False)
+        wl = sum(
+            g.numel
+            for g in ctx.arch.params
+            if g.scope == "layer" and (g.module or (bmm_experts and (g.expert or g.kind == "router")))
+        ) // max(arch.num_layers, 1)
         wl //= D.tp
         add("autocast 16-bit weight copies", 2 * wl, f"2 B x {fmt_int(wl)} Linear weights per layer", 7)
     elif amp and sc.activation_checkpointing != "full":
@@ -932,30 +986,35 @@ def _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec):  # noqa: ANN001
         consumers(attn_out, a * dv, T, ec, "attention output (contiguous copy)")
 
 
-def _mlp_parts(arch, D, parts, add, consumers, full, ec):  # noqa: ANN001, ANN202
+def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001, ANN202
     """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
     a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, families/_moe.py). Per-layer bytes
     are the average over the layers; returns (rows, width) of the largest part for the backward transients.
 
     A routed part runs transformers 5's default ``grouped_mm`` experts (the eager per-expert loop saves
     alike): the gathered input rows, the gate_up output, act(gate) and the product (saved by down_proj),
-    and the down output kept by the routing-weight multiply -- k rows per token in all. Its router saves, for ``"softmax"`` (Mixtral, Qwen3-MoE)
+    and the down output kept by the routing-weight multiply -- k rows per token in all (frozen experts under
+    LoRA: no gathered rows, no down_proj input). A part's ``activation`` (GPT-OSS ``"clamped-swiglu"``)
+    overrides the model's for its internals. Its router saves, for ``"softmax"`` (Mixtral, Qwen3-MoE)
     the logits and the fp32 probabilities over E; for ``"sigmoid"`` (DeepSeek-V3) the fp32 copy of its
     input, the fp32 logits' sigmoid and the group mask; for ``"softmax-fp32"`` (DeepSeek-V2) the fp32 input
-    copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the logits and the
-    top-k softmax; for ``"topk-sigmoid"`` (Llama 4) the logits, the top-k sigmoid scores and the
-    score-weighted input copy the experts read instead of the gathered rows."""
+    copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the softmax over its k top logits
+    and the gathered copy; for ``"topk-sigmoid"`` (Llama 4) the fp32 sigmoid over all E (non-chosen logits set
+    to -inf) and the top-k indices. A ``dispatch: "dense"`` part (Llama 4: ``rows`` = E, every expert runs every
+    token with ``torch.bmm``) keeps the repeated input, its score-scaled copy and the score column instead of
+    grouped_mm's gathered rows and int64 bookkeeping (traced)."""
     T, h = D.T, D.h
     layers = max(arch.num_layers, 1)
-    n_act = ACT_SAVED.get(arch.mlp_activation, 3)
     worst = (T, 0)
     for part in parts:
         frac = part["layers"] / layers
         rows = T * part.get("rows", 1)
         width = part["width"] // D.tp
         name, share = part["name"], f"{part['layers']}/{layers} layers"
+        act = part.get("activation", arch.mlp_activation)
+        n_act = ACT_SAVED_PART.get(act, ACT_SAVED.get(act, 3))
         add(
-            f"{name}: activation internals ({arch.mlp_activation})",
+            f"{name}: activation internals ({act})",
             frac * n_act * ec * rows * width,
             f"{share} x {n_act} x {ec} B x {part.get('rows', 1)} x T x {width}",
             n_act,
@@ -973,21 +1032,35 @@ def _mlp_parts(arch, D, parts, add, consumers, full, ec):  # noqa: ANN001, ANN20
                 f"{share} x {ec} B x k x T x {width}",
             )
         kind = part.get("router", "softmax")
-        # + grouped_mm's bookkeeping per routed row: the top-k indices, the sort permutation, the token
-        # index (perm // k) and the inverse permutation (int64 each), the gathered fp32 weights and a copy
-        routed = 2 * ec * rows * h + 40 * rows
-        k = part.get("rows", 1)
+        # grouped_mm keeps per routed row the gathered input and the down output (2 copies), plus its
+        # bookkeeping: the top-k indices, the sort permutation, the token index (perm // k), the inverse
+        # permutation and routing-weight copies (40 B in all, traced on Qwen3-MoE); frozen experts (LoRA) keep no
+        # gathered input and one int64 index less (32 B; traced on GPT-OSS). Llama 4 (``dispatch: dense``)
+        # keeps the repeated input (residual dtype: fp32 under autocast, where bmm saves a 16-bit cast of the
+        # scaled copy), the score-scaled copy (none when the experts are frozen) and the score column.
+        dense = part.get("dispatch") == "dense"
+        copies = 2 if full else 1
+        rb = (r or ec) if dense else ec
+        book = ec if dense else (40 if full else 32)
+        routed = (rb + (copies - 1) * ec) * rows * h + book * rows
+        k = part.get("top_k", part.get("rows", 1))
+        # DeepSeek's fp32 router keeps its fp32 input copy only for its own weight's gradient (none under LoRA)
+        fp32_in = 4 * T * h if full else 0
         router = {
             "softmax": (ec + 4) * T * E,
-            "sigmoid": 4 * T * h + 5 * T * E,
-            "softmax-fp32": 4 * T * h + 4 * T * E,
-            "topk-softmax": ec * T * E + 4 * T * k,
-            "topk-sigmoid": ec * T * E + 4 * T * E,
+            "sigmoid": fp32_in + 5 * T * E,
+            "softmax-fp32": fp32_in + 4 * T * E,
+            "topk-softmax": 2 * ec * T * k,  # GPT-OSS: softmax over the k top logits, its gathered copy
+            # Llama 4: the fp32 sigmoid of the -inf-filled logits and the top-k indices
+            "topk-sigmoid": 4 * T * E + 8 * T * k,
         }[kind]
         add(
             f"{name}: router ({kind}) and routed token copies",
             frac * (router + routed),
-            f"{share} x (router over E={E} + 2 x {ec} B x k x T x h + 40 B x k x T indices)",
+            f"{share} x (router over E={E} + ({rb}"
+            + (f" + {ec}" if copies > 1 else "")
+            + ") B x k x T x h + "
+            + (f"{ec} B x E x T scores)" if dense else f"{book} B x k x T indices)"),
             3,
         )
     return worst

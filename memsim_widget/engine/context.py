@@ -88,6 +88,8 @@ class Context:
                 f"must be at most {a.max_seq_len} for this model (the longest sequence its learned position "
                 f"table can index), got {s.seq_len}",
             )
+        if p.ep > 1 and a.extra.get("expert_parallel_error"):  # Llama 4: every expert takes every token
+            raise ScenarioError("parallel.ep", a.extra["expert_parallel_error"])
         if a.fixed_seq_len is None and s.seq_len % p.cp:
             raise ScenarioError("parallel.cp", f"seq_len={s.seq_len} is not divisible by cp={p.cp}")
         if self.opt.impls and s.optimizer_impl not in self.opt.impls and s.optimizer != "none":
@@ -101,6 +103,9 @@ class Context:
                 f"{list(s.lora.targets)} match no Linear module of this model; "
                 f"modules: {', '.join(self.linear_modules)}",
             )
+        broken = a.extra.get("lora_all_linear_error")  # Llama 4: peft's all-linear breaks the model's forward
+        if s.method != "full" and "all-linear" in s.lora.targets and broken:
+            raise ScenarioError("lora.targets", broken)
         if p.pp_microbatches < p.pp and p.pp > 1 and p.pp_schedule == "interleaved":
             raise ScenarioError(
                 "parallel.pp_microbatches", "the interleaved schedule needs pp_microbatches >= pp"

@@ -23,6 +23,8 @@ MODULES: tuple[str, ...] = (
     "roberta",
     "modernbert",
     "gemma3",
+    "llama4",
+    "gpt_oss",
 )
 
 for _name in MODULES:

@@ -34,16 +34,20 @@ def routed_experts(
     bias: bool = False,
     gate_up: str = "gate_up_proj",
     down: str = "down_proj",
+    transposed: bool = False,
 ) -> list[ParamGroup]:
-    """One layer's fused routed experts, per expert: gate_up [2I, h] (+ bias [2I]) and down [h, I] (+ bias [h])."""
+    """One layer's fused routed experts, per expert: gate_up [2I, h] (+ bias [2I]) and down [h, I] (+ bias [h]);
+    ``transposed`` stores them [h, 2I] and [I, h] as Llama 4 and GPT-OSS do (``x @ W``, not ``W x``)."""
     if not n_moe_layers or not n_experts:
         return []
     count = n_moe_layers * n_experts
     common = {"kind": "experts", "count": count, "expert": True}
-    groups = [ParamGroup(name=f"{prefix}{gate_up}", shape=(2 * inter, h), tp_dim=0, **common)]
+    up_shape, up_dim = ((h, 2 * inter), 1) if transposed else ((2 * inter, h), 0)
+    down_shape, down_dim = ((inter, h), 0) if transposed else ((h, inter), 1)
+    groups = [ParamGroup(name=f"{prefix}{gate_up}", shape=up_shape, tp_dim=up_dim, **common)]
     if bias:
         groups.append(ParamGroup(name=f"{prefix}{gate_up}_bias", shape=(2 * inter,), tp_dim=0, **common))
-    groups.append(ParamGroup(name=f"{prefix}{down}", shape=(h, inter), tp_dim=1, **common))
+    groups.append(ParamGroup(name=f"{prefix}{down}", shape=down_shape, tp_dim=down_dim, **common))
     if bias:
         groups.append(ParamGroup(name=f"{prefix}{down}_bias", shape=(h,), **common))
     return groups

@@ -56,8 +56,33 @@ def check_traceable(sc: Scenario) -> None:
         raise ScenarioError("loss", "HF models compute the standard loss; the chunked loss cannot be traced")
     if sc.optimizer_in_backward:
         raise ScenarioError("optimizer_in_backward", "not traced; set it to false")
+    _check_model_kernels(sc)
     if sc.grad_accum_steps > 1:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+
+
+def _check_model_kernels(sc: Scenario) -> None:
+    """Raise ScenarioError for a model path transformers or torch's CPU kernels cannot run (GPT-OSS has no
+    SDPA path; grouped_mm experts accept bf16 only on CPU)."""
+    try:
+        arch = architecture_for(sc.model)
+    except ScenarioError:  # the engine names a bad model itself; nothing to add here
+        return
+    if sc.attention == "sdpa" and arch.extra.get("attention_sinks"):
+        raise ScenarioError(
+            "attention",
+            f"{arch.extra['hf_class']} has no SDPA path in transformers (attention sinks): trace it with 'eager' "
+            "(the engine's 'sdpa' stands for the flash kernel with sinks used on GPUs)",
+        )
+    parts = arch.extra.get("mlp_parts")
+    # every MoE family of transformers 5 but Llama 4 (torch.bmm) runs its experts with grouped_mm
+    grouped = any(p.get("experts") and p.get("dispatch") != "dense" for p in parts) if parts else arch.is_moe
+    if grouped and sc.precision != "bf16":
+        raise ScenarioError(
+            "precision",
+            f"{sc.precision!r} cannot be traced for {arch.extra['hf_class']}: its grouped_mm experts run in bf16 "
+            "only on CPU; trace bf16",
+        )
 
 
 def _check_multi_gpu(sc: Scenario) -> None:

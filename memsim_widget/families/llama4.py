@@ -1,0 +1,221 @@
+"""Llama 4's language model (``model_type: llama4_text``) as transformers 5.24's ``Llama4ForCausalLM``.
+
+Parameter tensors (``model.layers.*.`` per layer):
+
+- ``model.embed_tokens.weight`` [V, h]; ``lm_head.weight`` [V, h] unless ``tie_word_embeddings``;
+  ``model.norm.weight`` [h]
+- ``self_attn.q_proj`` [a d, h], ``k_proj`` / ``v_proj`` [kv d, h], ``o_proj`` [h, a d] (each + bias when
+  ``attention_bias``); the q/k norm (``use_qk_norm``, RoPE layers only) is an L2 norm without a weight
+- MoE layers (``moe_layers``, else every ``interleave_moe_layer_step``-th layer from step - 1):
+  ``feed_forward.router.weight`` [E, h] (an ``nn.Linear``), ``feed_forward.experts.gate_up_proj`` [E, h, 2 I]
+  and ``down_proj`` [E, I, h] (stored for ``x @ W``), ``feed_forward.shared_expert.{gate,up,down}_proj`` of
+  width I (``intermediate_size``)
+- the other layers: ``feed_forward.{gate,up,down}_proj`` of width ``intermediate_size_mlp``
+- ``input_layernorm`` / ``post_attention_layernorm`` [h]
+
+Forward facts the engine reads: the router keeps the top-k logits, sets the rest to -inf and takes a sigmoid;
+``Llama4TextMoe`` then repeats every token E times, scales each copy by its score (0 for experts not chosen)
+and runs all E experts on all tokens with ``torch.bmm``: the routed activations grow with E, not with top-k.
+RoPE layers (``no_rope_layers[i] == 1``) rotate q and k in fp32 complex numbers and use chunked attention
+(``attention_chunk_size``); NoPE layers scale q by the attention temperature (``attn_temperature_tuning``).
+
+A ``llama4`` config (the vision-language ``Llama4ForConditionalGeneration``) is refused: its vision tower and
+projector are not modelled here; pass its ``text_config`` (``model_type: llama4_text``) to simulate the
+language model alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memsim_widget.architecture import (
+    Architecture,
+    ParamGroup,
+    _activation,
+    _bool,
+    _embedding,
+    _float,
+    _head_dim,
+    _int,
+    _kv_heads,
+    _lm_head,
+    _norms,
+    _positive,
+    _rope_theta,
+    _str,
+    register_family,
+)
+from memsim_widget.errors import ScenarioError
+from memsim_widget.families._moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
+from memsim_widget.families.qwen3_moe import attention_groups
+
+#: Llama4TextConfig defaults (transformers 5.24.0, configuration_llama4.py).
+LLAMA4_TEXT_DEFAULTS: dict[str, Any] = {
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096 * 32,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "attention_dropout": 0.0,
+    "num_experts_per_tok": 1,
+    "num_local_experts": 16,
+    "interleave_moe_layer_step": 1,
+    "use_qk_norm": True,
+    "no_rope_layer_interval": 4,
+    "attention_chunk_size": 8192,
+    "attn_temperature_tuning": True,
+    "floor_scale": 8192,
+    "attn_scale": 0.1,
+    "attention_bias": False,
+    "rope_theta": 500000.0,
+    "router_aux_loss_coef": 0.001,
+}
+
+#: Llama4TextConfig.layer_types values (chunked layers attend within attention_chunk_size tokens).
+LAYER_TYPES = ("full_attention", "chunked_attention")
+
+
+def _rope_layers(cfg: Mapping[str, Any], L: int, interval: int) -> list[bool]:
+    """Which layers apply RoPE: ``no_rope_layers`` (1 = RoPE), else all but every ``interval``-th layer."""
+    value = cfg.get("no_rope_layers")
+    if not value:  # HF: None or [] -> the interval default
+        return [(i + 1) % interval != 0 for i in range(L)]
+    if not isinstance(value, list | tuple) or any(v not in (0, 1) or isinstance(v, float) for v in value):
+        raise ScenarioError("model.no_rope_layers", f"must be a list of 0/1 flags, got {value!r:.60}")
+    if len(value) < L:
+        raise ScenarioError("model.no_rope_layers", f"has {len(value)} flags for {L} layers")
+    return [bool(v) for v in value[:L]]
+
+
+def _moe_layer_set(cfg: Mapping[str, Any], L: int, step: int) -> set[int]:
+    """MoE layer indices: ``moe_layers`` when given, else every ``step``-th layer starting at step - 1."""
+    if cfg.get("moe_layers") is not None:
+        return set(layer_indices(cfg, "moe_layers", L))
+    return set(range(step - 1, L, step))
+
+
+@register_family("llama4")
+def refuse_llama4(cfg: Mapping[str, Any]) -> Architecture:
+    """A ``llama4`` config is the vision-language model: refused, naming the text config to pass instead."""
+    raise ScenarioError(
+        "model.model_type",
+        "'llama4' is the vision-language Llama4ForConditionalGeneration, whose vision tower is not modelled; "
+        "pass its text_config (model_type 'llama4_text') to simulate the language model alone",
+    )
+
+
+@register_family("llama4_text")
+def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
+    """Llama 4 Scout / Maverick language model as ``Llama4ForCausalLM``; see the module docstring."""
+    d_ = LLAMA4_TEXT_DEFAULTS
+    h = _int(cfg, "hidden_size")
+    L = _int(cfg, "num_hidden_layers")
+    heads = _int(cfg, "num_attention_heads")
+    vocab = _int(cfg, "vocab_size")
+    kv = _kv_heads(cfg, heads, d_["num_key_value_heads"])
+    d = _head_dim(cfg, h, heads, d_["head_dim"])  # 128 unless given (not hidden_size / heads)
+    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = _str(cfg, "hidden_act", d_["hidden_act"])
+    bias = _bool(cfg, "attention_bias", d_["attention_bias"])
+    E = _int(cfg, "num_local_experts", d_["num_local_experts"], aliases=("num_experts",))
+    top_k = _int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
+    check_top_k(top_k, E, of="local experts")
+    step = _int(cfg, "interleave_moe_layer_step", d_["interleave_moe_layer_step"])
+    moe_set = _moe_layer_set(cfg, L, step)
+    n_moe = len(moe_set)
+    n_dense = L - n_moe
+    i_moe = _int(cfg, "intermediate_size", d_["intermediate_size"])
+    i_mlp = _int(cfg, "intermediate_size_mlp", d_["intermediate_size_mlp"])
+    rope = _rope_layers(cfg, L, _int(cfg, "no_rope_layer_interval", d_["no_rope_layer_interval"]))
+    n_rope = sum(rope)
+    qk_norm = _bool(cfg, "use_qk_norm", d_["use_qk_norm"])
+    chunk = cfg.get("attention_chunk_size", d_["attention_chunk_size"])
+    if chunk is not None:
+        chunk = _int(cfg, "attention_chunk_size", d_["attention_chunk_size"])
+
+    types = cfg.get("layer_types")
+    if types is None:  # HF: chunked attention on the RoPE layers when a chunk size is set
+        types = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
+    elif not isinstance(types, list | tuple) or len(types) < L or any(t not in LAYER_TYPES for t in types):
+        raise ScenarioError(
+            "model.layer_types", f"must list {' or '.join(LAYER_TYPES)} for each of {L} layers"
+        )
+
+    p = "model.layers.*."
+    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
+    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
+    groups += router(p + "feed_forward.router", n_moe, E, h)
+    groups += routed_experts(p + "feed_forward.experts.", n_moe, E, i_moe, h, transposed=True)
+    groups += dense_mlp(p + "feed_forward.shared_expert.", n_moe, i_moe, h)
+    groups += dense_mlp(p + "feed_forward.", n_dense, i_mlp, h)
+    groups += _norms(p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder")
+    groups += _norms("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
+    if not tied:
+        groups.append(_lm_head("lm_head.weight", vocab, h))
+
+    parts: list[dict[str, Any]] = []
+    if n_dense:
+        parts.append({"name": "dense MLP", "layers": n_dense, "rows": 1, "width": i_mlp})
+    if n_moe:
+        # every expert runs every token (scores 0 for the experts not chosen): E rows per token
+        parts.append(
+            {"name": "routed experts (all E run every token)", "layers": n_moe, "rows": E, "width": i_moe,
+             "experts": E, "top_k": top_k, "router": "topk-sigmoid", "dispatch": "dense"}
+        )  # fmt: skip
+        parts.append({"name": "shared expert", "layers": n_moe, "rows": 1, "width": i_moe})
+    return Architecture(
+        family="llama4_text",
+        model_type=str(cfg.get("model_type", "llama4_text")),
+        hidden_size=h,
+        num_layers=L,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=d,
+        intermediate_size=i_moe if n_moe else i_mlp,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        params=tuple(groups),
+        mlp_activation=_activation("hidden_act", act, gated=True),
+        norm="rmsnorm",
+        position="rope",
+        num_experts=E if n_moe else 0,
+        experts_per_token=top_k if n_moe else 0,
+        attention_dropout=_float(cfg, "attention_dropout", d_["attention_dropout"]),
+        decoder_layers=L,
+        causal=True,
+        extra={
+            "hf_class": "Llama4ForCausalLM",
+            "max_position_embeddings": _int(cfg, "max_position_embeddings", d_["max_position_embeddings"]),
+            "rope_theta": _rope_theta(cfg, d_["rope_theta"]),
+            "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
+            "rms_norm_eps": _positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
+            "norms_per_layer": 2,
+            "mlp_parts": tuple(parts),
+            "moe_layers": n_moe,
+            "moe_layer_indices": sorted(moe_set),
+            # the experts' torch.bmm and the nn.Linear router run under autocast: 16-bit weight copies cached
+            "autocast_expert_copies": True,
+            "dense_intermediate_size": i_mlp,
+            "moe_intermediate_size": i_moe,
+            "shared_experts": 1 if n_moe else 0,
+            # RoPE layers: q and k rotated as complex numbers (the product saves only freqs_cis), then
+            # (use_qk_norm) a weightless L2 norm over each head in fp32
+            "rope_layers": n_rope,
+            "rope_layer0": rope[0],
+            "qk_norm": "l2" if qk_norm and n_rope else None,
+            "qk_norm_layers": n_rope if qk_norm else 0,
+            "attention_chunk_size": chunk,
+            "chunked_layers": list(types[:L]).count("chunked_attention") if chunk is not None else 0,
+            "attn_temperature_tuning": _bool(cfg, "attn_temperature_tuning", d_["attn_temperature_tuning"]),
+            "expert_parallel_error": "transformers' Llama 4 has no expert-parallel plan (its experts take every "
+            "token pre-scaled by its router score; they shard with tensor parallelism): use tp, not ep",
+            "lora_all_linear_error": "'all-linear' makes peft wrap Llama4Router (an nn.Linear whose forward "
+            "returns a tuple) and the forward fails; name the target modules (e.g. q_proj, v_proj)",
+            "eager_softmax_dtype": "compute",  # Llama 4's eager attention does not upcast its softmax
+            "router_aux_loss_coef": cfg.get("router_aux_loss_coef", d_["router_aux_loss_coef"]),
+        },
+    )
