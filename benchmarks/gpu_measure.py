@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity_measured import COLUMNS, write_csv  # noqa: E402
 
-from memsim_widget.catalog.models import resolve_model_config  # noqa: E402
+from memsim_widget.catalog.models import architecture_for, resolve_model_config  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +51,7 @@ class Measurement:
     lengths: tuple[int, ...] = field(
         default=()
     )  # per-step sequence lengths (padding "longest"); else seq_len
+    group: str = "core"  # each group is one run of at most BUDGET_SECONDS (--group)
 
     def step_lengths(self) -> list[int]:
         """The sequence length of every step (the longest is the scenario's seq_len)."""
@@ -165,6 +166,50 @@ MEASUREMENTS: tuple[Measurement, ...] = (
 )
 
 
+FAMILIES = (
+    Measurement("gemma3-1b-bf16", {**_LLAMA1B, "model": "gemma-3-1b"}, group="families"),
+    Measurement(
+        "gemma2-2b-bf16-default",
+        {**_LLAMA1B, "model": "gemma-2-2b", "micro_batch_size": 2},
+        group="families",
+        note="attention left at the default: transformers runs Gemma 2 eager (softcapping)",
+    ),
+    Measurement(
+        "roberta-base-amp",
+        {
+            "model": "roberta-base",
+            "gpu": "h200",
+            "precision": "amp-bf16",
+            "micro_batch_size": 32,
+            "seq_len": 512,
+        },
+        group="families",
+        note="published dropout 0.1, SDPA: CUDA's fused kernels keep no attention mask",
+    ),
+    Measurement(
+        "modernbert-base-bf16",
+        {"model": "modernbert-base", "gpu": "h200", "micro_batch_size": 16, "seq_len": 1024},
+        group="families",
+    ),
+    Measurement(
+        "gpt-oss-20b-lora",
+        {
+            "model": "gpt-oss-20b",
+            "gpu": "h200",
+            "attention": "eager",
+            "micro_batch_size": 1,
+            "seq_len": 1024,
+            "method": "lora",
+            "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
+        },
+        seconds=60,
+        group="families",
+        note="bf16 (the MXFP4 experts dequantised), eager attention with sinks",
+    ),
+)
+MEASUREMENTS = MEASUREMENTS + FAMILIES
+
+
 def budget_seconds(measurements: Iterable[Measurement] = MEASUREMENTS) -> int:
     """Seconds the run may take: the subprocess budgets plus 10 s of start-up each."""
     return sum(m.seconds + 10 for m in measurements)
@@ -259,10 +304,20 @@ def train_steps(m: Measurement, device: str = "cuda") -> None:
     wdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(
         sc.precision, torch.float32
     )
-    attn = "eager" if sc.attention == "eager" else "sdpa"
+    arch = architecture_for(sc.model)
+    attn = arch.attention_kernel("eager" if sc.attention == "eager" else "sdpa")  # Gemma 2 has no SDPA path
     config = transformers.AutoConfig.for_model(**cfg_dict)
     vision = cfg_dict["model_type"] == "vit"
-    cls = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
+    masked = (
+        architecture_for(sc.model).extra.get("objective") == "masked_lm" or cfg_dict["model_type"] == "bert"
+    )
+    cls = (
+        transformers.AutoModelForImageClassification
+        if vision
+        else transformers.AutoModelForMaskedLM
+        if masked
+        else transformers.AutoModelForCausalLM
+    )
     with dev:  # random init on the device itself: an 8B model initialised on the host takes minutes
         model = cls.from_config(config, attn_implementation=attn, dtype=wdtype)
     model.to(dev)
@@ -355,10 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "data" / "measured" / "gpu_measured.csv"))
     ap.add_argument("--only", nargs="*", help="names of the measurements to run")
+    ap.add_argument(
+        "--group", default="core", help="which group to run (core, families); each fits the budget"
+    )
     ap.add_argument("--list", action="store_true", help="list the measurements and their time budget")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    chosen = [m for m in MEASUREMENTS if not args.only or m.name in args.only]
+    chosen = [m for m in MEASUREMENTS if (m.name in args.only if args.only else m.group == args.group)]
     if args.list:
         for m in chosen:
             print(f"{m.name:<24} {m.seconds:>4} s  {json.dumps(m.scenario)}")
