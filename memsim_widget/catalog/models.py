@@ -448,6 +448,36 @@ def _starcoder2(
     }
 
 
+def _falcon(h: int, heads: int, layers: int, kv: int | None) -> dict[str, Any]:
+    """A TII Falcon config.json (model_type falcon, 65k vocab, no biases, rotary, parallel attention + MLP).
+
+    ``kv`` None: Falcon-7B's multi-query layer (one k/v head, one LayerNorm); else ``new_decoder_architecture``
+    with ``kv`` grouped k/v heads and two LayerNorms (Falcon-40B/180B). The published files leave
+    ``tie_word_embeddings`` unset: FalconConfig's default ties the head to the embeddings."""
+    cfg: dict[str, Any] = {
+        "model_type": "falcon",
+        "architectures": ["FalconForCausalLM"],
+        "alibi": False,
+        "attention_dropout": 0.0,
+        "bias": False,
+        "bos_token_id": 11,
+        "eos_token_id": 11,
+        "hidden_dropout": 0.0,
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05,
+        "multi_query": True,
+        "new_decoder_architecture": kv is not None,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "parallel_attn": True,
+        "vocab_size": 65024,
+    }
+    if kv is not None:
+        cfg["num_kv_heads"] = kv
+    return cfg
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -741,6 +771,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "starcoder2-3b": _starcoder2(3072, 12288, 24, 30, 2, 999999.4420358813, tie=True),
     "starcoder2-7b": _starcoder2(4608, 18432, 36, 32, 4, 1000000.0, tie=True),
     "starcoder2-15b": _starcoder2(6144, 24576, 48, 40, 4, 100000.0, tie=False),
+    "falcon-7b": _falcon(4544, 71, 32, None),
+    "falcon-40b": _falcon(8192, 128, 60, 8),
+    "falcon-180b": _falcon(14848, 232, 80, 8),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -1033,6 +1066,26 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "description": "StarCoder2 15B, LayerNorm + GELU MLP with biases",
         "params_label": "15B",
         "hf_repo": "bigcode/starcoder2-15b",
+    },
+    "falcon-7b": {
+        "description": "TII Falcon-7B, 32 layers, multi-query attention (one k/v head), parallel attention + "
+        "MLP under one LayerNorm, tied head",
+        "params_label": "7B",
+        "hf_repo": "tiiuae/falcon-7b",
+    },
+    "falcon-40b": {
+        "description": "TII Falcon-40B, 60 layers, new decoder architecture (8 k/v groups, ln_attn + ln_mlp), "
+        "tied head as FalconConfig's default (the config.json values here are written from the published "
+        "file without an online check)",
+        "params_label": "40B",
+        "hf_repo": "tiiuae/falcon-40b",
+    },
+    "falcon-180b": {
+        "description": "TII Falcon-180B (gated repo), 80 layers, new decoder architecture (8 k/v groups), "
+        "tied head as FalconConfig's default (the config.json values here are written from the published "
+        "file without an online check)",
+        "params_label": "180B",
+        "hf_repo": "tiiuae/falcon-180B",
     },
 }
 

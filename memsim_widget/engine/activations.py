@@ -21,6 +21,7 @@ from memsim_widget.engine.frameworks import (
     vocab_split,
 )
 from memsim_widget.engine.items import fmt_int
+from memsim_widget.errors import ScenarioError
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
 LOSS_CHUNKS = 8
@@ -104,6 +105,12 @@ class _Dims:
 
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
+    if ctx.arch.position == "alibi":  # Falcon's alibi layers: bias and dropout paths not traced yet
+        raise ScenarioError(
+            "model.alibi",
+            "true: the activations of ALiBi attention (a b x a x s x s bias per layer) are not modelled yet; "
+            "parameter counts are exact, set alibi false for a rotary model of the same shape",
+        )
     out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
     _stage_io(ctx, out)
     return out
@@ -316,10 +323,24 @@ def _hf(ctx: Context) -> ActivationBudget:
     # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
     # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
     # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
-    softmax_fp32 = arch.family not in ("gpt2", "bert", "vit") or amp
+    softmax_fp32 = (
+        arch.family not in ("gpt2", "bert", "vit") and not arch.extra.get("softmax_compute_dtype")
+    ) or amp
     mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
     if mla:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
+    elif not eager and arch.extra.get("sdpa_math_fallback"):
+        # Falcon multi-query: k and v keep one head while q has a, which SDPA's fused kernels refuse (CUDA and
+        # CPU alike); the math fallback upcasts to fp32 and its matmuls save q, k and v expanded to all heads,
+        # and the fp32 probabilities; its 16-bit output (b, a, s, d) is copied to (b, s, a*d) for the
+        # out-projection (traced)
+        add("attention q, k, v (fp32, k and v expanded to all heads) saved by SDPA's math fallback",
+            3 * 4 * T * hq, f"3 x 4 B x T x a*d, a*d={hq}", 3)  # fmt: skip
+        if sc.activation_checkpointing != "selective":
+            scores = b * a_loc * s * D.s_full
+            add("attention probabilities (fp32, math SDPA)", 4 * scores,
+                f"4 B x b x a x s x s, b={b} a={a_loc} s={s}", 1)  # fmt: skip
+        consumers(attn_out, hq, T, ec, "attention output (b, s, a*d) copy")
     elif eager:
         add(
             "attention q, k, v (k, v repeated to all heads)",
@@ -366,6 +387,11 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)",
             2,
         )
+        if arch.extra.get("sdpa_float_mask"):
+            # a model passing an explicit boolean mask (Falcon) gets it cast to a float bias per call, which the
+            # fused kernel saves for backward (CPU flash; CUDA's memory-efficient kernel alike)
+            add("attention mask cast to a float bias, saved by SDPA", ec * b * s * D.s_full,
+                f"{ec} B x b x s x s, b={b} s={s}", 1)  # fmt: skip
         # q built by torch.cat (partial rotary) is contiguous per head: SDPA's output is then (b, a, s, d) in memory
         # and the transpose to (b, s, a*d) is a copy, which the out-projection saves (traced: GPT-NeoX, Phi)
         copied = bool(arch.extra.get("sdpa_output_copy"))
@@ -403,7 +429,8 @@ def _hf(ctx: Context) -> ActivationBudget:
             3,
         )
     if arch.hidden_dropout > 0:
-        add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
+        nm = arch.extra.get("residual_dropout_masks", 2)
+        add("residual dropout masks", nm * Tout * h, f"{nm} x 1 B x T x h", nm)
     if amp and full:
         wl = sum(g.numel for g in ctx.arch.params if g.scope == "layer" and g.module) // max(
             arch.num_layers, 1
@@ -675,6 +702,17 @@ def _hf(ctx: Context) -> ActivationBudget:
                 2,
             )
         )
+    math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
+    if math_sdpa and sc.activation_checkpointing != "selective":
+        # the math fallback's softmax backward: fp32 gradients of the probabilities and of the scores (traced)
+        out.attention_backward.append(
+            Term(
+                "math SDPA softmax backward (fp32 s x s gradients)",
+                8 * b * a_loc * s * D.s_full,
+                "(4 + 4) B x b x a x s x s",
+                2,
+            )  # fmt: skip
+        )
     if D.sp:
         # the backward of a sequence-parallel block starts by all-gathering its output gradient (Shard(1) ->
         # Replicate): the collective's output, its wait and the (b, s, h) cat live together (traced). Kept
@@ -703,7 +741,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         out.top_backward.append(Term("final RMSNorm backward (fp32)", 24 * Tout * h, "24 B x T x h", 4))
     else:
         out.top_backward.append(Term("final LayerNorm backward", 3 * r * Tout * h, f"3 x {r} B x T x h", 3))
-    if not eager:
+    if not eager and not math_sdpa:
         out.layer_backward.append(
             Term(
                 "flash-attention backward dq accumulator (fp32)",

@@ -20,6 +20,7 @@ MODULES: tuple[str, ...] = (
     "glm4",
     "cohere",
     "starcoder2",
+    "falcon",
 )
 
 for _name in MODULES:
