@@ -963,8 +963,10 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
 
     Decoder blocks add cross-attention and a third norm; block 0 of each stack owns a relative
     position bias [buckets, heads] (scope "pre", 'position'). ``feed_forward_proj: gated-gelu`` (Flan)
-    gives wi_0/wi_1/wo. The lm_head is separate when ``tie_word_embeddings`` is false (Flan-T5), as
-    in the published checkpoints; note that transformers 5's T5Config forces the tie on regardless.
+    gives wi_0/wi_1/wo. The lm_head is always ``shared.weight``: transformers 5's T5Config reads
+    ``tie_word_embeddings: false`` (T5 v1.1, Flan-T5) only as "do not scale the decoder output by
+    d_model^-0.5" and forces the tie on, so the model trained holds no separate head (the published
+    Flan-T5 checkpoints, made with transformers 4, store one: 32,899,072 more parameters for flan-t5-large).
     """
     d = _T5_DEFAULTS
     h = _int(cfg, "d_model", aliases=("hidden_size",))
@@ -979,7 +981,9 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
     if proj not in _T5_ACTS:
         raise choice_error("model.feed_forward_proj", proj, _T5_ACTS)
     gated = proj.startswith("gated-")
-    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    # transformers 5.24 T5Config.__post_init__: scale_decoder_outputs = tie_word_embeddings is not False;
+    # tie_word_embeddings = True (always)
+    scale_out = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
     inner = heads * d_kv
 
     groups: list[ParamGroup] = [_embedding("shared.weight", vocab, h, stack="encoder")]
@@ -1041,8 +1045,6 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
             p, tuple(f"{i}.layer_norm" for i in range(ff_idx + 1)), h, n, bias=False, stack=stack
         )
         groups += _norms(f"{stack}.", ("final_layer_norm",), h, 1, bias=False, scope="post", stack=stack)
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h, stack="decoder"))
     return Architecture(
         family="t5",
         model_type=str(cfg.get("model_type", "t5")),
@@ -1053,7 +1055,7 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
         head_dim=d_kv,
         intermediate_size=ff,
         vocab_size=vocab,
-        tied_embeddings=tied,
+        tied_embeddings=True,
         params=tuple(groups),
         mlp_activation=_T5_ACTS[proj],
         norm="rmsnorm",
@@ -1073,7 +1075,7 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
                 "relative_attention_max_distance", d["relative_attention_max_distance"]
             ),
             "encoder_causal": False,
-            "scale_decoder_outputs": tied,
+            "scale_decoder_outputs": scale_out,
         },
     )
 

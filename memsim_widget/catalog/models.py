@@ -938,7 +938,8 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "hf_repo": "google-t5/t5-base",
     },
     "flan-t5-large": {
-        "description": "Flan-T5 large encoder-decoder, gated-GELU, untied lm_head",
+        "description": "Flan-T5 large encoder-decoder, gated-GELU; transformers 5 ties its lm_head to the shared "
+        "embedding (the published checkpoint stores its own: 783M)",
         "params_label": "780M",
         "hf_repo": "google/flan-t5-large",
     },
