@@ -115,6 +115,8 @@ FALCON = {
     "vocab_size": 1000,
 }
 FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}
+#: Falcon-RW's layer: ALiBi, classic multi-head (no multi_query), sequential, biases
+FALCON_RW = {**FALCON, "alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -654,6 +656,20 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {**FALCON, "multi_query": False, "parallel_attn": False, "vocab_size": 64},
                 {},
             ),
+            (
+                "new-decoder bias amp-bf16 sdpa b2 s512",
+                {**FALCON_NEW, "bias": True},
+                {"precision": "amp-bf16"},
+            ),
+            ("alibi multi-head sequential bias (RW) bf16 sdpa b2 s512", FALCON_RW, {}),
+            ("alibi multi-head sequential bias (RW) fp32 sdpa b2 s512", FALCON_RW, {"precision": "fp32"}),
+            (
+                "alibi multi-head sequential bias (RW) bf16 lora qkv+dense b2 s512",
+                FALCON_RW,
+                {"method": "lora", "lora": {"rank": 8, "targets": ["query_key_value", "dense"]}},
+            ),
+            ("alibi new-decoder bf16 sdpa b2 s512", {**FALCON_NEW, "alibi": True}, {}),
+            ("alibi multi-query bf16 sdpa b2 s512", {**FALCON, "alibi": True}, {}),
         )
     ),
     # Qwen3-MoE: per-head q/k norms, 8 routed experts (2 per token, renormalised); one dense layer (mlp_only_layers)

@@ -104,12 +104,50 @@ def test_combinations_transformers_cannot_run_are_refused(more: dict[str, Any], 
     assert err.value.field == field
 
 
-def test_alibi_counts_parameters_but_refuses_an_activation_estimate() -> None:
-    """ALiBi's per-layer bias is not modelled: an error naming model.alibi, never a rotary figure."""
-    cfg = {**TINY, "alibi": True}
-    assert build_architecture(cfg).position == "alibi"
-    with pytest.raises(ScenarioError, match=r"model\.alibi"):
-        activations(Context(Scenario(model=cfg, seq_len=64)))
+def test_alibi_saves_one_bias_for_all_layers() -> None:
+    """Falcon-RW's layer (ALiBi, multi-head, biases): no rotary cos/sin, one (b, a, s, s) bias saved by SDPA, and
+    query_key_value's output kept whole by its q/k/v views (2 B x T x 2h beside SDPA's q, k, v)."""
+    cfg = {
+        **TINY,
+        "hidden_size": 256,
+        "alibi": True,
+        "multi_query": False,
+        "parallel_attn": False,
+        "bias": True,
+    }
+    acts = activations(Context(Scenario(model=cfg, micro_batch_size=2, seq_len=512)))
+    pre = {t.name: t.bytes for t in acts.pre}
+    assert pre == {"ALiBi attention bias (b, a, s, s) saved by SDPA": 2 * 2 * 8 * 512 * 512}
+    layer = {t.name: t.bytes for t in acts.per_layer}
+    assert layer["fused query_key_value output kept alive by the v view"] == 2 * 1024 * 2 * 256
+    assert "attention mask cast to a float bias, saved by SDPA" not in layer
+
+
+@pytest.mark.parametrize(
+    ("keys", "field"),
+    [
+        ({"precision": "amp-bf16"}, "precision"),
+        ({"attention": "eager"}, "attention"),
+        ({"model": {**TINY, "alibi": True, "attention_dropout": 0.1}}, "model.attention_dropout"),
+    ],
+)
+def test_untraced_alibi_combinations_are_refused(keys: dict[str, Any], field: str) -> None:
+    """ALiBi under autocast, eager or with attention dropout: an error naming the key, never an untraced figure."""
+    sc = Scenario(**{"model": {**TINY, "alibi": True}, "seq_len": 64, **keys})
+    with pytest.raises(ScenarioError) as err:
+        activations(Context(sc))
+    assert err.value.field == field
+
+
+def test_unfused_bias_under_autocast_keeps_fp32_mlp_activation() -> None:
+    """FalconLinear adds its bias after the matmul: under autocast the fp32 bias promotes the MLP's output, and
+    GELU saves an fp32 input (4 B x T x I instead of 2)."""
+    cfg = {**TINY, "hidden_size": 256, "new_decoder_architecture": True, "num_kv_heads": 2}
+    key = "MLP activation internals (gelu)"
+    T, inter = 1024, 1024
+    assert _layer_terms({**cfg, "bias": True}, precision="amp-bf16")[key] == 4 * T * inter
+    assert _layer_terms(cfg, precision="amp-bf16")[key] == 2 * T * inter
+    assert _layer_terms({**cfg, "bias": True})[key] == 2 * T * inter
 
 
 def _layer_terms(cfg: dict[str, Any], **keys: Any) -> dict[str, float]:
@@ -134,7 +172,11 @@ def test_multi_query_runs_sdpa_math_fallback() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["falcon multi-query bf16 sdpa b2 s512", "falcon new-decoder bf16 sdpa b2 s512"],
+    [
+        "falcon multi-query bf16 sdpa b2 s512",
+        "falcon new-decoder bf16 sdpa b2 s512",
+        "falcon alibi multi-head sequential bias (RW) bf16 sdpa b2 s512",
+    ],
 )
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     from memsim_widget.fidelity import CASES, compare

@@ -105,15 +105,35 @@ class _Dims:
 
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
-    if ctx.arch.position == "alibi":  # Falcon's alibi layers: bias and dropout paths not traced yet
-        raise ScenarioError(
-            "model.alibi",
-            "true: the activations of ALiBi attention (a b x a x s x s bias per layer) are not modelled yet; "
-            "parameter counts are exact, set alibi false for a rotary model of the same shape",
-        )
+    _refuse_untraced(ctx)
     out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
     _stage_io(ctx, out)
     return out
+
+
+def _refuse_untraced(ctx: Context) -> None:
+    """Raise ScenarioError for the Falcon combinations whose saved tensors no trace has checked (never a guess)."""
+    arch, sc = ctx.arch, ctx.scenario
+    if arch.family != "falcon":
+        return
+    amp = uses_autocast(ctx)
+    if arch.position == "alibi" and amp:
+        # traced: the fp32 bias lives through the whole forward beside a 16-bit cast per layer that SDPA saves; the
+        # forward's peak then exceeds the engine's moments by 3-5%
+        raise ScenarioError(
+            "precision", f"{sc.precision} with alibi is not modelled: Falcon's fp32 ALiBi bias and its per-layer "
+            "16-bit casts peak inside the forward; use bf16/fp16/fp32",
+        )  # fmt: skip
+    if arch.position == "alibi" and sc.attention == "eager":
+        raise ScenarioError(
+            "attention", "eager with alibi is not modelled: Falcon's ALiBi eager path keeps several b x a x s x s "
+            "fp32 tensors during the forward; use sdpa",
+        )  # fmt: skip
+    if arch.position == "alibi" and arch.attention_dropout > 0:
+        raise ScenarioError(
+            "model.attention_dropout", f"{arch.attention_dropout} with alibi is not modelled (SDPA drops the "
+            "probabilities; not traced): set it to 0",
+        )  # fmt: skip
 
 
 def _stage_io(ctx: Context, out: ActivationBudget) -> None:
@@ -374,6 +394,11 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})",
             3,
         )
+        if arch.extra.get("sdpa_fused_qkv_view"):
+            # Falcon's classic multi-head ALiBi layer: q, k, v are views of query_key_value's output, which SDPA
+            # keeps whole beside the copies of q and k the CPU kernel saves (traced)
+            add("fused query_key_value output kept alive by the v view", ec * T * 2 * hkv,
+                f"{ec} B x T x 2 x kv*d (the q and k thirds)", 1)  # fmt: skip
         if fused_no_rope:
             add(
                 "fused qkv output kept alive by the q view",
@@ -411,13 +436,16 @@ def _hf(ctx: Context) -> ActivationBudget:
         # a parallel MLP (NeoX, Phi) reads the norm of the layer input: gradient-free in layer 0 under LoRA
         # unless an MLP-input Linear carries an adapter
         mlp_free0 = frozen_first and _parallel_mlp(arch) and not (MLP_IN & modules & targets)
+        # Falcon's Linear adds its bias after the matmul: under autocast the fp32 bias promotes the output, so the
+        # activation works on (and saves) fp32 (traced)
+        ab_ = 4 if amp and arch.extra.get("unfused_bias") else ec
         add(
             f"MLP activation internals ({arch.mlp_activation})",
-            n_act * ec * Tm * I,
-            f"{n_act} x {ec} B x {kf}, I={I}"
+            n_act * ab_ * Tm * I,
+            f"{n_act} x {ab_} B x {kf}, I={I}"
             + ("; none in layer 0 (frozen embeddings)" if mlp_free0 else ""),
             n_act,
-            first_bytes=n_act * ec * Tm * I if mlp_free0 else 0,
+            first_bytes=n_act * ab_ * Tm * I if mlp_free0 else 0,
         )
         consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
     if moe and not mlp_parts:
@@ -492,13 +520,21 @@ def _hf(ctx: Context) -> ActivationBudget:
     )
     if kv_cache:
         gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
-        extra = ((kb + ec) * T * hkv if gqa else 0) if eager else (4 * T * hkv if amp and kb == 4 else 0)
+        # Falcon's unfused bias under autocast makes v fp32 too (the fused projection's output is promoted; traced)
+        fp32_kv = 2 if arch.extra.get("unfused_bias") else 1
+        extra = (
+            ((kb + ec) * T * hkv if gqa else 0)
+            if eager
+            else (fp32_kv * 4 * T * hkv if amp and kb == 4 else 0)
+        )
         if extra:
             out.cache_per_layer.append(
                 Term(
                     "KV cache held by the model output (forward only)",
                     extra,
-                    f"({kb} + {ec}) B x T x kv*d" if eager else "4 B x T x kv*d (fp32 k)",
+                    f"({kb} + {ec}) B x T x kv*d"
+                    if eager
+                    else ("2 x 4 B x T x kv*d (fp32 k and v)" if fp32_kv == 2 else "4 B x T x kv*d (fp32 k)"),
                     2,
                 )
             )
@@ -523,6 +559,17 @@ def _hf(ctx: Context) -> ActivationBudget:
         cb = 4 if amp else ec
         rd = arch.extra.get("rotary_dim", D.d)  # partial rotary: cos/sin cover the first rotary_dim channels
         out.pre.append(Term("rotary cos/sin", 2 * cb * s * rd, f"2 x {cb} B x s x {rd}", 2))
+    if arch.extra.get("alibi_bias_saved") and not eager:
+        # Falcon ALiBi: the model builds one (b, a, s, s) bias in the embeddings' dtype, the attention mask of every
+        # layer, and the fused SDPA kernel saves it (one tensor for all layers; traced)
+        out.pre.append(
+            Term(
+                "ALiBi attention bias (b, a, s, s) saved by SDPA",
+                ec * b * D.a * s * D.s_full,
+                f"{ec} B x b x a x s x s, b={b} a={D.a} s={s}",
+                1,
+            )  # fmt: skip
+        )
     if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
         C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
         px = b * C * img * img

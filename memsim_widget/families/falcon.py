@@ -195,7 +195,13 @@ def build_falcon(cfg: Mapping[str, Any]) -> Architecture:
             "softmax_compute_dtype": True,  # eager softmax(dtype=hidden_states.dtype), no fp32 copy
             # fused SDPA gets the explicit boolean mask (allow_is_causal_skip=False) and saves its float cast;
             # its output is laid out (b, s, a, d), so the out-projection reads a view (traced)
-            "sdpa_float_mask": True,
+            "unfused_bias": bias,  # FalconLinear: matmul, then + bias (fp32 under autocast promotes the output)
+            "sdpa_float_mask": not alibi,
+            # classic multi-head ALiBi: q, k, v stay views of query_key_value's output and SDPA keeps all of it
+            # (with rotary, q and k come out of RoPE and nothing keeps it; traced)
+            "sdpa_fused_qkv_view": alibi and not mq and not new,
+            # ALiBi: one (b, a, s, s) float bias for all layers, saved by fused SDPA (not by the math fallback)
+            "alibi_bias_saved": alibi and not mq_math,
             "attention_output_modules": ("dense",),
         },
     )
