@@ -207,14 +207,16 @@ def test_trace_of_phi3_longrope_runs(tmp_path):
                 "num_attention_heads": 4,
                 "vocab_size": 100,
                 "alibi": True,
+                "attention_dropout": 0.1,
             },
-            "model.alibi",
+            "model.attention_dropout",
         ),  # fmt: skip
     ],
 )
 def test_trace_refuses_what_the_engine_refuses_before_building_anything(tmp_path, model, field):
-    """An unknown model type (or a config the engine cannot simulate) is one line, exit 2, before torch is even
-    imported: with torch made unimportable the error is the model's, not the missing extra's."""
+    """An unknown model type (or a config the engine does not model: Falcon ALiBi with attention dropout) is one
+    line, exit 2, before torch is even imported: with torch made unimportable the error is the model's, not the
+    missing extra's."""
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"model": model, "micro_batch_size": 1, "seq_len": 32}))
     code = (
