@@ -69,7 +69,7 @@ class Architecture:
     params: tuple[ParamGroup, ...]
     mlp_activation: str = "swiglu"  # swiglu | geglu | gelu | gelu_tanh | relu
     norm: str = "rmsnorm"  # rmsnorm | layernorm
-    position: str = "rope"  # rope | learned | relative | none
+    position: str = "rope"  # rope | learned | relative | alibi (Falcon) | none
     num_experts: int = 0
     experts_per_token: int = 0
     attention_dropout: float = 0.0

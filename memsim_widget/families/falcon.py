@@ -16,8 +16,9 @@ How a layer runs: the fused projection is split per head; under ``new_decoder_ar
 broadcast to all a heads (so attention, and the cache, see a full-width k and v); with ``multi_query`` k and v
 keep one head, which SDPA's fused kernels refuse (their head counts differ), so SDPA runs its math fallback:
 fp32 copies of q and of k, v expanded to all heads, and the fp32 a x s x s probabilities. Rotary embeddings
-cover the whole head unless ``alibi``. Parallel attention: x + attn(ln(x)) + mlp(ln'(x)); sequential:
-y = x + attn(ln(x)), y + mlp(ln'(y)).
+cover the whole head unless ``alibi``, where one (b, a, s, s) bias built by the model is every layer's mask.
+Parallel attention: x + attn(ln(x)) + mlp(ln'(x)); sequential: y = x + attn(ln(x)), y + mlp(ln'(y)).
+``FalconLinear`` runs the matmul, then adds the bias: under autocast an fp32 bias makes the output fp32.
 
 transformers' forward fails for some flag combinations its constructor accepts (``new_decoder_architecture``
 without ``parallel_attn``; ``num_ln_in_parallel_attn`` 2 without ``new_decoder_architecture``; ``num_kv_heads``
