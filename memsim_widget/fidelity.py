@@ -670,6 +670,18 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),
             ("alibi new-decoder bf16 sdpa b2 s512", {**FALCON_NEW, "alibi": True}, {}),
             ("alibi multi-query bf16 sdpa b2 s512", {**FALCON, "alibi": True}, {}),
+            ("multi-query bf16 sdpa b1 s1024", FALCON, {"micro_batch_size": 1, "seq_len": 1024}),
+            ("falcon-7b bf16 b1 s2048 (real shape)", "falcon-7b", {"micro_batch_size": 1, "seq_len": 2048}),
+            (
+                "falcon-40b bf16 lora qkv+dense b1 s2048 (real shape)",
+                "falcon-40b",
+                {
+                    "micro_batch_size": 1,
+                    "seq_len": 2048,
+                    "method": "lora",
+                    "lora": {"rank": 16, "targets": ["query_key_value", "dense"]},
+                },
+            ),
         )
     ),
     # Qwen3-MoE: per-head q/k norms, 8 routed experts (2 per token, renormalised); one dense layer (mlp_only_layers)

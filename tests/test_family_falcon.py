@@ -160,10 +160,11 @@ def test_multi_query_runs_sdpa_math_fallback() -> None:
     cfg = {**TINY, "hidden_size": 256}
     terms = _layer_terms(cfg)
     T, hq, b, a, s = 1024, 256, 2, 8, 512
-    assert (
-        terms["attention q, k, v (fp32, k and v expanded to all heads) saved by SDPA's math fallback"]
-        == 12 * T * hq
-    )
+    name = "attention q, k, v (fp32; k and v expanded to all heads when b > 1) saved by SDPA's math fallback"
+    assert terms[name] == 12 * T * hq
+    # with b = 1 the broadcast over (1, a) is a stride-0 view: k and v stay one head wide
+    one = activations(Context(Scenario(model=cfg, micro_batch_size=1, seq_len=512)))
+    assert {t.name: t.bytes for t in one.per_layer}[name] == 4 * 512 * (hq + 2 * 32)
     assert terms["attention probabilities (fp32, math SDPA)"] == 4 * b * a * s * s
     new = _layer_terms({**cfg, "new_decoder_architecture": True, "num_kv_heads": 2})
     assert new["attention q, k, v saved by SDPA"] == 2 * T * 3 * hq  # k, v broadcast to all heads

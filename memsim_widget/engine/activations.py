@@ -354,8 +354,11 @@ def _hf(ctx: Context) -> ActivationBudget:
         # CPU alike); the math fallback upcasts to fp32 and its matmuls save q, k and v expanded to all heads,
         # and the fp32 probabilities; its 16-bit output (b, a, s, d) is copied to (b, s, a*d) for the
         # out-projection (traced)
-        add("attention q, k, v (fp32, k and v expanded to all heads) saved by SDPA's math fallback",
-            3 * 4 * T * hq, f"3 x 4 B x T x a*d, a*d={hq}", 3)  # fmt: skip
+        # its matmuls broadcast k and v over the heads: with b = 1 the (1, a) batch folds into a stride-0 view,
+        # with b > 1 reshaping the expanded tensor copies it (traced: Falcon-7B b1 s2048 and small b2 shapes)
+        kvw = hq if b > 1 else hkv
+        add("attention q, k, v (fp32; k and v expanded to all heads when b > 1) saved by SDPA's math fallback",
+            4 * T * (hq + 2 * kvw), f"4 B x T x (a*d + 2 x {kvw})", 3)  # fmt: skip
         if sc.activation_checkpointing != "selective":
             scores = b * a_loc * s * D.s_full
             add("attention probabilities (fp32, math SDPA)", 4 * scores,
@@ -568,7 +571,7 @@ def _hf(ctx: Context) -> ActivationBudget:
                 ec * b * D.a * s * D.s_full,
                 f"{ec} B x b x a x s x s, b={b} a={D.a} s={s}",
                 1,
-            )  # fmt: skip
+            )
         )
     if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
         C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
@@ -758,7 +761,7 @@ def _hf(ctx: Context) -> ActivationBudget:
                 8 * b * a_loc * s * D.s_full,
                 "(4 + 4) B x b x a x s x s",
                 2,
-            )  # fmt: skip
+            )
         )
     if D.sp:
         # the backward of a sequence-parallel block starts by all-gathering its output gradient (Shard(1) ->
