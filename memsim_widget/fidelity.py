@@ -671,6 +671,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ("alibi new-decoder bf16 sdpa b2 s512", {**FALCON_NEW, "alibi": True}, {}),
             ("alibi multi-query bf16 sdpa b2 s512", {**FALCON, "alibi": True}, {}),
             ("multi-query bf16 sdpa b1 s1024", FALCON, {"micro_batch_size": 1, "seq_len": 1024}),
+            ("multi-query bf16 eager b1 s512", FALCON, {"micro_batch_size": 1, "attention": "eager"}),
+            ("multi-query bf16 ckpt b2 s512", FALCON, {"activation_checkpointing": "full"}),
+            ("new-decoder bf16 ckpt b2 s512", FALCON_NEW, {"activation_checkpointing": "full"}),
             ("falcon-7b bf16 b1 s2048 (real shape)", "falcon-7b", {"micro_batch_size": 1, "seq_len": 2048}),
             (
                 "falcon-40b bf16 lora qkv+dense b1 s2048 (real shape)",

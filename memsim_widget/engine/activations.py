@@ -365,10 +365,12 @@ def _hf(ctx: Context) -> ActivationBudget:
                 f"4 B x b x a x s x s, b={b} a={a_loc} s={s}", 1)  # fmt: skip
         consumers(attn_out, hq, T, ec, "attention output (b, s, a*d) copy")
     elif eager:
+        # Falcon multi-query broadcasts its one k/v head in the matmuls: a stride-0 view when b = 1 (traced)
+        ekv = hkv if arch.extra.get("sdpa_math_fallback") and b == 1 else hq
         add(
             "attention q, k, v (k, v repeated to all heads)",
-            3 * ec * T * hq,
-            f"3 x {ec} B x T x a*d, a*d={hq}",
+            ec * T * (hq + 2 * ekv),
+            f"{ec} B x T x (a*d + 2 x {ekv})",
             3,
         )
         if sc.activation_checkpointing != "selective":
@@ -754,12 +756,24 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
     if math_sdpa and sc.activation_checkpointing != "selective":
-        # the math fallback's softmax backward: fp32 gradients of the probabilities and of the scores (traced)
+        # the math fallback's softmax backward: fp32 gradients of the probabilities and of the scores, while the
+        # layer's MLP and out-projection (run after attention, so differentiated first) have released what they
+        # saved, and the gradients of the layer output, of the MLP's input, of dense's input and of the expanded
+        # v are alive (traced)
+        freed = sum(
+            t.bytes
+            for t in L
+            if t.name.startswith(
+                ("MLP activation internals", "MLP down-projection input", "attention output")
+            )
+        )
+        held = r * T * h + ec * T * h + ec * T * hq + 4 * T * (hq if b > 1 else hkv)
+        sm_bytes = 8 * b * a_loc * s * D.s_full
         out.attention_backward.append(
             Term(
-                "math SDPA softmax backward (fp32 s x s gradients)",
-                8 * b * a_loc * s * D.s_full,
-                "(4 + 4) B x b x a x s x s",
+                "math SDPA softmax backward (fp32 s x s gradients), less the layer's released MLP tensors",
+                max(sm_bytes + held - freed, 0),
+                f"(4 + 4) B x b x a x s x s + {fmt_int(held)} B of gradients - {fmt_int(freed)} B released",
                 2,
             )
         )
