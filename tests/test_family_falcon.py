@@ -129,10 +129,12 @@ def test_alibi_saves_one_bias_for_all_layers() -> None:
         ({"precision": "amp-bf16"}, "precision"),
         ({"attention": "eager"}, "attention"),
         ({"model": {**TINY, "alibi": True, "attention_dropout": 0.1}}, "model.attention_dropout"),
+        ({"model": TINY, "activation_checkpointing": "selective-op"}, "activation_checkpointing"),
     ],
 )
-def test_untraced_alibi_combinations_are_refused(keys: dict[str, Any], field: str) -> None:
-    """ALiBi under autocast, eager or with attention dropout: an error naming the key, never an untraced figure."""
+def test_untraced_combinations_are_refused(keys: dict[str, Any], field: str) -> None:
+    """ALiBi under autocast, eager or with attention dropout, and multi-query under selective-op checkpointing:
+    an error naming the key, never an untraced figure."""
     sc = Scenario(**{"model": {**TINY, "alibi": True}, "seq_len": 64, **keys})
     with pytest.raises(ScenarioError) as err:
         activations(Context(sc))
@@ -184,3 +186,15 @@ def test_engine_within_three_percent_of_trace(name: str) -> None:
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r
+
+
+def test_a_plan_leaves_out_the_checkpointing_mode_the_engine_refuses() -> None:
+    """The planner tries every checkpointing mode; selective-op, refused for Falcon-7B's multi-query attention,
+    is left out of the grid instead of stopping the plan, and every listed candidate equals ``estimate``."""
+    from memsim_widget.plan import plan
+    from memsim_widget.plan.vector import CHECKPOINTING
+
+    p = plan("falcon-7b", "h100-sxm-80gb", 8, seq_len=2048, top=None, check=True)
+    assert p.listed > 0
+    tried = {CHECKPOINTING[int(code)] for code in p.columns["checkpointing"]}
+    assert tried == {"none", "selective", "full"}

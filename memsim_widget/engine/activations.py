@@ -117,6 +117,13 @@ def _refuse_untraced(ctx: Context) -> None:
     if arch.family != "falcon":
         return
     amp = uses_autocast(ctx)
+    if arch.extra.get("sdpa_math_fallback") and sc.activation_checkpointing == "selective-op":
+        # traced +4.5% (b2 s512): the per-op policy finds no SDPA op in the math fallback (bmm, softmax) and the
+        # recomputed layer's transients differ from the rule's llama-shaped layer
+        raise ScenarioError(
+            "activation_checkpointing", "selective-op with Falcon's multi-query attention (SDPA's math fallback) "
+            "is not modelled; use none or full",
+        )  # fmt: skip
     if arch.position == "alibi" and amp:
         # traced: the fp32 bias lives through the whole forward beside a 16-bit cast per layer that SDPA saves; the
         # forward's peak then exceeds the engine's moments by 3-5%
