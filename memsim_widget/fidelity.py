@@ -675,15 +675,18 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ("multi-query bf16 ckpt b2 s512", FALCON, {"activation_checkpointing": "full"}),
             ("new-decoder bf16 ckpt b2 s512", FALCON_NEW, {"activation_checkpointing": "full"}),
             ("falcon-7b bf16 b1 s2048 (real shape)", "falcon-7b", {"micro_batch_size": 1, "seq_len": 2048}),
-            (
-                "falcon-40b bf16 lora qkv+dense b1 s2048 (real shape)",
-                "falcon-40b",
-                {
-                    "micro_batch_size": 1,
-                    "seq_len": 2048,
-                    "method": "lora",
-                    "lora": {"rank": 16, "targets": ["query_key_value", "dense"]},
-                },
+            *(
+                (
+                    f"{preset} bf16 lora qkv+dense b1 s2048 (real shape)",
+                    preset,
+                    {
+                        "micro_batch_size": 1,
+                        "seq_len": 2048,
+                        "method": "lora",
+                        "lora": {"rank": 16, "targets": ["query_key_value", "dense"]},
+                    },
+                )
+                for preset in ("falcon-40b", "falcon-180b")
             ),
         )
     ),
