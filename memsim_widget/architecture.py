@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ScenarioError, choice_error
+from .errors import ScenarioError, choice_error, short_repr
 
 #: Parameter kinds of the breakdown, in display order.
 PARAM_KINDS = ("embedding", "position", "attention", "mlp", "experts", "router", "norm", "head", "other")
@@ -71,7 +71,7 @@ class Architecture:
     params: tuple[ParamGroup, ...]
     mlp_activation: str = "swiglu"  # swiglu | geglu | gelu | gelu_tanh | relu
     norm: str = "rmsnorm"  # rmsnorm | layernorm
-    position: str = "rope"  # rope | learned | relative | none
+    position: str = "rope"  # rope | learned | relative | alibi (Falcon) | none
     num_experts: int = 0
     experts_per_token: int = 0
     attention_dropout: float = 0.0
@@ -1040,8 +1040,10 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
 
     Decoder blocks add cross-attention and a third norm; block 0 of each stack owns a relative
     position bias [buckets, heads] (scope "pre", 'position'). ``feed_forward_proj: gated-gelu`` (Flan)
-    gives wi_0/wi_1/wo. The lm_head is separate when ``tie_word_embeddings`` is false (Flan-T5), as
-    in the published checkpoints; note that transformers 5's T5Config forces the tie on regardless.
+    gives wi_0/wi_1/wo. The lm_head is always ``shared.weight``: transformers 5's T5Config reads
+    ``tie_word_embeddings: false`` (T5 v1.1, Flan-T5) only as "do not scale the decoder output by
+    d_model^-0.5" and forces the tie on, so the model trained holds no separate head (the published
+    Flan-T5 checkpoints, made with transformers 4, store one: 32,899,072 more parameters for flan-t5-large).
     """
     d = _T5_DEFAULTS
     h = _int(cfg, "d_model", aliases=("hidden_size",))
@@ -1056,7 +1058,9 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
     if proj not in _T5_ACTS:
         raise choice_error("model.feed_forward_proj", proj, _T5_ACTS)
     gated = proj.startswith("gated-")
-    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    # transformers 5.24 T5Config.__post_init__: scale_decoder_outputs = tie_word_embeddings is not False;
+    # tie_word_embeddings = True (always)
+    scale_out = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
     inner = heads * d_kv
 
     groups: list[ParamGroup] = [_embedding("shared.weight", vocab, h, stack="encoder")]
@@ -1118,8 +1122,6 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
             p, tuple(f"{i}.layer_norm" for i in range(ff_idx + 1)), h, n, bias=False, stack=stack
         )
         groups += _norms(f"{stack}.", ("final_layer_norm",), h, 1, bias=False, scope="post", stack=stack)
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h, stack="decoder"))
     return Architecture(
         family="t5",
         model_type=str(cfg.get("model_type", "t5")),
@@ -1130,7 +1132,7 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
         head_dim=d_kv,
         intermediate_size=ff,
         vocab_size=vocab,
-        tied_embeddings=tied,
+        tied_embeddings=True,
         params=tuple(groups),
         mlp_activation=_T5_ACTS[proj],
         norm="rmsnorm",
@@ -1150,7 +1152,7 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
                 "relative_attention_max_distance", d["relative_attention_max_distance"]
             ),
             "encoder_causal": False,
-            "scale_decoder_outputs": tied,
+            "scale_decoder_outputs": scale_out,
             "loss_upcast": False,
         },
     )
@@ -1311,8 +1313,50 @@ def build_architecture(config: Mapping[str, Any]) -> Architecture:
         raise ScenarioError("model.model_type", "is required (e.g. 'llama', 'gpt2', 't5')")
     builder = FAMILIES.get(model_type)
     if builder is None:
-        raise choice_error("model.model_type", model_type, sorted(FAMILIES))
+        raise unknown_model_type(model_type)
     return builder(config)
+
+
+def _spelling_key(name: str) -> str:
+    """A model type with case and separators dropped ('GPT-NeoX' and 'gpt_neox' alike)."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def _one_slip(typed: str, known: str) -> bool:
+    """True if ``typed`` is ``known`` with one letter of a doubled pair dropped or added ('lama' / 'llama') or
+    two adjacent letters swapped ('mitsral'), digits untouched. Other one-letter edits change the name into
+    another model's ('llava' / 'llama', 'bart' / 'bert', 'opt' / 'gpt'), so they are no slip."""
+    if len(typed) == len(known):
+        diff = [i for i, (a, b) in enumerate(zip(typed, known, strict=True)) if a != b]
+        return (
+            len(diff) == 2
+            and diff[1] == diff[0] + 1
+            and typed[diff[0]] == known[diff[1]]
+            and typed[diff[1]] == known[diff[0]]
+            and not typed[diff[0]].isdigit()
+            and not typed[diff[1]].isdigit()
+        )
+    short, long_ = sorted((typed, known), key=len)
+    if len(long_) - len(short) != 1:
+        return False
+    i = next((i for i, (a, b) in enumerate(zip(short, long_, strict=False)) if a != b), len(short))
+    extra = long_[i]
+    doubled = (i > 0 and long_[i - 1] == extra) or (i + 1 < len(long_) and long_[i + 1] == extra)
+    return long_[:i] + long_[i + 1 :] == short and doubled and not extra.isdigit()
+
+
+def unknown_model_type(model_type: str) -> ScenarioError:
+    """The one error for an unsupported ``model_type``: every supported type, and a hint only for a spelling
+    slip of one of them (case, separators, a doubled or swapped letter), never for a neighbour name of another
+    structure (jamba -> llama, modernbert -> bert, qwen2_vl -> qwen2: following such a hint gives a wrong count)."""
+    key = _spelling_key(model_type[:200])
+    slips = [mt for mt in sorted(FAMILIES) if key == _spelling_key(mt) or _one_slip(key, _spelling_key(mt))]
+    hint = f" (did you mean {', '.join(repr(mt) for mt in slips)}?)" if slips else ""
+    return ScenarioError(
+        "model.model_type",
+        f"{short_repr(model_type)} is not a supported model type{hint}; supported: {', '.join(sorted(FAMILIES))} "
+        "(no other architecture stands in for one: its parameters and activations differ)",
+    )
 
 
 # The families written one module each (memsim_widget/families/) register themselves on import.

@@ -158,6 +158,16 @@ GEMMA3 = {
 }
 SEQ64 = {"vocab_size": 64, "use_parallel_residual": False}
 PHI = {**GPT_NEOX, "model_type": "phi"}
+FALCON = {
+    "model_type": "falcon",
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "vocab_size": 1000,
+}
+FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}
+#: Falcon-RW's layer: ALiBi, classic multi-head (no multi_query), sequential, biases
+FALCON_RW = {**FALCON, "alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -738,6 +748,75 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             (
                 "fp32 eager b2 s256",
                 {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+            ),
+        )
+    ),
+    # Falcon: fused query_key_value, no biases, tied head. Multi-query (Falcon-7B): SDPA's math fallback (fp32
+    # q and expanded k, v, fp32 probabilities); new decoder architecture (Falcon-40B): k, v broadcast to all
+    # heads, ln_attn + ln_mlp, the explicit mask's float cast saved per layer; the classic sequential layer
+    *(
+        (f"falcon {label}", {"model": model, "micro_batch_size": 2, "seq_len": 512, **keys})
+        for label, model, keys in (
+            ("multi-query bf16 sdpa b2 s512", FALCON, {}),
+            ("multi-query amp-bf16 sdpa b2 s512", FALCON, {"precision": "amp-bf16"}),
+            (
+                "multi-query bf16 lora qkv+dense b2 s512",
+                FALCON,
+                {"method": "lora", "lora": {"rank": 8, "targets": ["query_key_value", "dense"]}},
+            ),
+            (
+                "multi-query fp32 eager b2 s256",
+                FALCON,
+                {"precision": "fp32", "attention": "eager", "seq_len": 256},
+            ),
+            ("new-decoder bf16 sdpa b2 s512", FALCON_NEW, {}),
+            ("new-decoder amp-bf16 sdpa b2 s512", FALCON_NEW, {"precision": "amp-bf16"}),
+            (
+                "new-decoder bf16 lora qkv+dense b2 s512",
+                FALCON_NEW,
+                {"method": "lora", "lora": {"rank": 8, "targets": ["query_key_value", "dense"]}},
+            ),
+            (
+                "new-decoder fp32 eager b2 s256",
+                FALCON_NEW,
+                {"precision": "fp32", "attention": "eager", "seq_len": 256},
+            ),
+            (
+                "sequential multi-head V64 bf16 sdpa b2 s512",
+                {**FALCON, "multi_query": False, "parallel_attn": False, "vocab_size": 64},
+                {},
+            ),
+            (
+                "new-decoder bias amp-bf16 sdpa b2 s512",
+                {**FALCON_NEW, "bias": True},
+                {"precision": "amp-bf16"},
+            ),
+            ("alibi multi-head sequential bias (RW) bf16 sdpa b2 s512", FALCON_RW, {}),
+            ("alibi multi-head sequential bias (RW) fp32 sdpa b2 s512", FALCON_RW, {"precision": "fp32"}),
+            (
+                "alibi multi-head sequential bias (RW) bf16 lora qkv+dense b2 s512",
+                FALCON_RW,
+                {"method": "lora", "lora": {"rank": 8, "targets": ["query_key_value", "dense"]}},
+            ),
+            ("alibi new-decoder bf16 sdpa b2 s512", {**FALCON_NEW, "alibi": True}, {}),
+            ("alibi multi-query bf16 sdpa b2 s512", {**FALCON, "alibi": True}, {}),
+            ("multi-query bf16 sdpa b1 s1024", FALCON, {"micro_batch_size": 1, "seq_len": 1024}),
+            ("multi-query bf16 eager b1 s512", FALCON, {"micro_batch_size": 1, "attention": "eager"}),
+            ("multi-query bf16 ckpt b2 s512", FALCON, {"activation_checkpointing": "full"}),
+            ("new-decoder bf16 ckpt b2 s512", FALCON_NEW, {"activation_checkpointing": "full"}),
+            ("falcon-7b bf16 b1 s2048 (real shape)", "falcon-7b", {"micro_batch_size": 1, "seq_len": 2048}),
+            *(
+                (
+                    f"{preset} bf16 lora qkv+dense b1 s2048 (real shape)",
+                    preset,
+                    {
+                        "micro_batch_size": 1,
+                        "seq_len": 2048,
+                        "method": "lora",
+                        "lora": {"rank": 16, "targets": ["query_key_value", "dense"]},
+                    },
+                )
+                for preset in ("falcon-40b", "falcon-180b")
             ),
         )
     ),

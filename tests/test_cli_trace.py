@@ -148,3 +148,83 @@ def test_a_multi_gpu_trace_names_the_traced_rank_and_its_role(tmp_path):
     assert proc.stdout.splitlines()[0] == (
         "rank      rank 1 of 2: FSDP shard 1 of 2, pipeline stage 0 of 1 (embeddings .. head)"
     )
+
+
+#: A tiny Phi-3 with a longrope ``rope_scaling`` (short and long factors, one per rotary frequency pair).
+PHI3_LONGROPE = {
+    "model_type": "phi3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 100,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.5] * 8},
+}
+
+
+def test_trace_of_phi3_longrope_runs(tmp_path):
+    """Phi-3's longrope init multiplies a torch.tensor of its factors by computed frequencies: under fake mode
+    on the meta device that mixed a plain meta tensor with a fake one and crashed; the model now builds."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": PHI3_LONGROPE, "micro_batch_size": 1, "seq_len": 32}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "memsim_widget.cli", "trace", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    sim = data["simulated"]["peak_tensor_bytes"]
+    assert abs(sim - data["peak_tensor_bytes"]) / data["peak_tensor_bytes"] < 0.03
+
+
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        ({**PHI3_LONGROPE, "model_type": "jamba"}, "model.model_type"),
+        (
+            {
+                "model_type": "falcon",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 7,
+                "vocab_size": 100,
+            },
+            "model.num_attention_heads",
+        ),  # fmt: skip
+        (
+            {
+                "model_type": "falcon",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 100,
+                "alibi": True,
+                "attention_dropout": 0.1,
+            },
+            "model.attention_dropout",
+        ),  # fmt: skip
+    ],
+)
+def test_trace_refuses_what_the_engine_refuses_before_building_anything(tmp_path, model, field):
+    """An unknown model type (or a config the engine does not model: Falcon ALiBi with attention dropout) is one
+    line, exit 2, before torch is even imported: with torch made unimportable the error is the model's, not the
+    missing extra's."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"model": model, "micro_batch_size": 1, "seq_len": 32}))
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from memsim_widget.cli import main\n"
+        f"sys.exit(main(['trace', {str(path)!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(f"memsim: error: {field}: "), proc.stderr

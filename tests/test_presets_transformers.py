@@ -84,24 +84,6 @@ def _kind(name: str) -> str:
     return "other"
 
 
-def _untied_lm_head_quirk(model: torch.nn.Module, arch: Architecture) -> int:
-    """Elements of an lm_head that transformers tied although the config says untied (T5 in transformers 5).
-
-    transformers 5's T5Config turns ``tie_word_embeddings: false`` (Flan-T5) into
-    ``scale_decoder_outputs=False`` and forces the tie on, so ``lm_head.weight is shared.weight``;
-    the published Flan-T5 checkpoints (and transformers 4) have a separate lm_head, which the
-    Architecture keeps. Returns 0 whenever transformers agrees with the config.
-    """
-    head = getattr(model, "lm_head", None)
-    weight = getattr(
-        head, "weight", None
-    )  # RoBERTa's lm_head is a module of its own (dense, layer_norm, decoder)
-    emb = model.get_input_embeddings()
-    if arch.tied_embeddings or weight is None or weight is not emb.weight:
-        return 0
-    return weight.numel()
-
-
 def _torch_counts(model: torch.nn.Module) -> tuple[int, dict[str, int]]:
     """Total parameters (shared tensors once) and per-kind sums of a transformers model. A tied embedding is an
     embedding whichever name ``named_parameters`` meets it by first (XLM-R declares its lm_head first)."""
@@ -118,23 +100,48 @@ def test_preset_parameter_count_matches_transformers(preset: str) -> None:
     arch = architecture_for(preset)
     model = _build_meta(PRESETS[preset])
     total, kinds = _torch_counts(model)
-    quirk = _untied_lm_head_quirk(model, arch)
-    assert arch.parameters == total + quirk
+    assert arch.parameters == total
     mine = {k: v for k, v in arch.parameters_by_kind().items() if v}
     expected = {k: v for k, v in kinds.items() if v}
-    if quirk:
-        expected["head"] = expected.get("head", 0) + quirk
     assert mine == expected
     assert "other" not in mine
 
 
-def test_flan_t5_lm_head_is_counted_untied() -> None:
-    """Flan-T5 keeps its separate lm_head (published checkpoint), whatever transformers 5 ties."""
+def test_flan_t5_head_is_tied_as_transformers_5_builds_it() -> None:
+    """transformers 5.24's T5Config forces tie_word_embeddings on (Flan-T5's false only turns off the decoder
+    output scaling): the model trained has lm_head.weight is shared.weight, no separate head; the count is
+    the meta build's (the transformers 4 checkpoint's separate head, 32128 x 1024, is not in it)."""
     arch = architecture_for("flan-t5-large")
-    assert not arch.tied_embeddings
-    heads = [g for g in arch.params if g.module == "lm_head"]
-    assert [(g.shape, g.count) for g in heads] == [((32128, 1024), 1)]
-    assert arch.parameters == 783_150_080
+    model = _build_meta(PRESETS["flan-t5-large"])
+    assert model.lm_head.weight is model.shared.weight
+    assert arch.tied_embeddings and not [g for g in arch.params if g.module == "lm_head"]
+    assert arch.parameters == _torch_counts(model)[0] == 783_150_080 - 32128 * 1024
+    assert arch.extra["scale_decoder_outputs"] is False and model.config.scale_decoder_outputs is False
+
+
+@pytest.mark.parametrize("tie", [True, False, None])
+@pytest.mark.parametrize("gated", [True, False])
+def test_t5_inline_dicts_equal_the_meta_build_with_either_tying(tie: bool | None, gated: bool) -> None:
+    """An inline T5 dict with tie_word_embeddings true, false or unset (and tie_encoder_decoder, which
+    transformers 5.24 no longer reads) counts what transformers builds."""
+    cfg: dict[str, Any] = {
+        "model_type": "t5",
+        "d_model": 64,
+        "d_ff": 96,
+        "d_kv": 16,
+        "num_heads": 4,
+        "num_layers": 2,
+        "num_decoder_layers": 3,
+        "vocab_size": 100,
+        "feed_forward_proj": "gated-gelu" if gated else "relu",
+        "tie_encoder_decoder": True,
+    }
+    if tie is not None:
+        cfg["tie_word_embeddings"] = tie
+    model = _build_meta(cfg)
+    arch = build_architecture(cfg)
+    assert arch.parameters == _torch_counts(model)[0]
+    assert arch.extra["scale_decoder_outputs"] is model.config.scale_decoder_outputs is (tie is not False)
 
 
 def _small(model_type: str) -> dict[str, Any]:
@@ -265,8 +272,6 @@ def _torch_shapes(model: torch.nn.Module, arch: Architecture) -> Counter[tuple[i
             shapes[(h, i)] += e
         else:
             shapes[shape] += 1
-    if _untied_lm_head_quirk(model, arch):
-        shapes[tuple(model.lm_head.weight.shape)] += 1
     return shapes
 
 
@@ -281,7 +286,7 @@ def test_param_group_shapes_match_transformers(family: str) -> None:
         mine[g.shape] += g.count
     assert mine == _torch_shapes(model, arch)
     total, kinds = _torch_counts(model)
-    assert arch.parameters == total + _untied_lm_head_quirk(model, arch)
+    assert arch.parameters == total
 
 
 @pytest.mark.parametrize("family", SMALL_FAMILIES)

@@ -647,6 +647,36 @@ def _gpt_oss(layers: int, experts: int) -> dict[str, Any]:
     }
 
 
+def _falcon(h: int, heads: int, layers: int, kv: int | None) -> dict[str, Any]:
+    """A TII Falcon config.json (model_type falcon, 65k vocab, no biases, rotary, parallel attention + MLP).
+
+    ``kv`` None: Falcon-7B's multi-query layer (one k/v head, one LayerNorm); else ``new_decoder_architecture``
+    with ``kv`` grouped k/v heads and two LayerNorms (Falcon-40B/180B). The published files leave
+    ``tie_word_embeddings`` unset: FalconConfig's default ties the head to the embeddings."""
+    cfg: dict[str, Any] = {
+        "model_type": "falcon",
+        "architectures": ["FalconForCausalLM"],
+        "alibi": False,
+        "attention_dropout": 0.0,
+        "bias": False,
+        "bos_token_id": 11,
+        "eos_token_id": 11,
+        "hidden_dropout": 0.0,
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05,
+        "multi_query": True,
+        "new_decoder_architecture": kv is not None,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "parallel_attn": True,
+        "vocab_size": 65024,
+    }
+    if kv is not None:
+        cfg["num_kv_heads"] = kv
+    return cfg
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -980,6 +1010,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # GPT-OSS (openai/gpt-oss-20b, openai/gpt-oss-120b config.json)
     "gpt-oss-20b": _gpt_oss(24, 32),
     "gpt-oss-120b": _gpt_oss(36, 128),
+    "falcon-7b": _falcon(4544, 71, 32, None),
+    "falcon-40b": _falcon(8192, 128, 60, 8),
+    "falcon-180b": _falcon(14848, 232, 80, 8),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -1197,7 +1230,8 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "hf_repo": "google-t5/t5-base",
     },
     "flan-t5-large": {
-        "description": "Flan-T5 large encoder-decoder, gated-GELU, untied lm_head",
+        "description": "Flan-T5 large encoder-decoder, gated-GELU; transformers 5 ties its lm_head to the shared "
+        "embedding (the published checkpoint stores its own: 783M)",
         "params_label": "780M",
         "hf_repo": "google/flan-t5-large",
     },
@@ -1349,6 +1383,26 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "128 experts, 4 per token, attention sinks",
         "params_label": "117B",
         "hf_repo": "openai/gpt-oss-120b",
+    },
+    "falcon-7b": {
+        "description": "TII Falcon-7B, 32 layers, multi-query attention (one k/v head), parallel attention + "
+        "MLP under one LayerNorm, tied head",
+        "params_label": "7B",
+        "hf_repo": "tiiuae/falcon-7b",
+    },
+    "falcon-40b": {
+        "description": "TII Falcon-40B, 60 layers, new decoder architecture (8 k/v groups, ln_attn + ln_mlp), "
+        "tied head as FalconConfig's default (the config.json values here are written from the published "
+        "file without an online check)",
+        "params_label": "40B",
+        "hf_repo": "tiiuae/falcon-40b",
+    },
+    "falcon-180b": {
+        "description": "TII Falcon-180B (gated repo), 80 layers, new decoder architecture (8 k/v groups), "
+        "tied head as FalconConfig's default (the config.json values here are written from the published "
+        "file without an online check)",
+        "params_label": "180B",
+        "hf_repo": "tiiuae/falcon-180B",
     },
 }
 

@@ -21,6 +21,7 @@ from memsim_widget.engine.frameworks import (
     vocab_split,
 )
 from memsim_widget.engine.items import fmt_int
+from memsim_widget.errors import ScenarioError
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
 LOSS_CHUNKS = 8
@@ -104,9 +105,42 @@ class _Dims:
 
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
+    _refuse_untraced(ctx)
     out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
     _stage_io(ctx, out)
     return out
+
+
+def _refuse_untraced(ctx: Context) -> None:
+    """Raise ScenarioError for the Falcon combinations whose saved tensors no trace has checked (never a guess)."""
+    arch, sc = ctx.arch, ctx.scenario
+    if arch.family != "falcon":
+        return
+    amp = uses_autocast(ctx)
+    if arch.extra.get("sdpa_math_fallback") and sc.activation_checkpointing == "selective-op":
+        # traced +4.5% (b2 s512): the per-op policy finds no SDPA op in the math fallback (bmm, softmax) and the
+        # recomputed layer's transients differ from the rule's llama-shaped layer
+        raise ScenarioError(
+            "activation_checkpointing", "selective-op with Falcon's multi-query attention (SDPA's math fallback) "
+            "is not modelled; use none or full",
+        )  # fmt: skip
+    if arch.position == "alibi" and amp:
+        # traced: the fp32 bias lives through the whole forward beside a 16-bit cast per layer that SDPA saves; the
+        # forward's peak then exceeds the engine's moments by 3-5%
+        raise ScenarioError(
+            "precision", f"{sc.precision} with alibi is not modelled: Falcon's fp32 ALiBi bias and its per-layer "
+            "16-bit casts peak inside the forward; use bf16/fp16/fp32",
+        )  # fmt: skip
+    if arch.position == "alibi" and sc.attention == "eager":
+        raise ScenarioError(
+            "attention", "eager with alibi is not modelled: Falcon's ALiBi eager path keeps several b x a x s x s "
+            "fp32 tensors during the forward; use sdpa",
+        )  # fmt: skip
+    if arch.position == "alibi" and arch.attention_dropout > 0:
+        raise ScenarioError(
+            "model.attention_dropout", f"{arch.attention_dropout} with alibi is not modelled (SDPA drops the "
+            "probabilities; not traced): set it to 0",
+        )  # fmt: skip
 
 
 def _stage_io(ctx: Context, out: ActivationBudget) -> None:
@@ -384,7 +418,9 @@ def _hf(ctx: Context) -> ActivationBudget:
     # eager softmax in the compute dtype: GPT-2, BERT, ViT (``softmax_in_compute_dtype``), Llama 4 and GPT-OSS
     # (``eager_softmax_dtype``); CUDA autocast runs it in fp32 for every model
     softmax_fp32 = (
-        not arch.extra.get("softmax_in_compute_dtype") and arch.extra.get("eager_softmax_dtype") != "compute"
+        not arch.extra.get("softmax_in_compute_dtype")
+        and not arch.extra.get("softmax_compute_dtype")  # Falcon
+        and arch.extra.get("eager_softmax_dtype") != "compute"
     ) or amp
     # GPT-OSS appends one sink logit per head: the softmax covers s + 1 columns (the sink column is dropped
     # after it, a view: the probabilities stay whole), and max-subtraction keeps its int64 argmax per row
@@ -392,11 +428,28 @@ def _hf(ctx: Context) -> ActivationBudget:
     mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
     if mla:
         _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec)
+    elif not eager and arch.extra.get("sdpa_math_fallback"):
+        # Falcon multi-query: k and v keep one head while q has a, which SDPA's fused kernels refuse (CUDA and
+        # CPU alike); the math fallback upcasts to fp32 and its matmuls save q, k and v expanded to all heads,
+        # and the fp32 probabilities; its 16-bit output (b, a, s, d) is copied to (b, s, a*d) for the
+        # out-projection (traced)
+        # its matmuls broadcast k and v over the heads: with b = 1 the (1, a) batch folds into a stride-0 view,
+        # with b > 1 reshaping the expanded tensor copies it (traced: Falcon-7B b1 s2048 and small b2 shapes)
+        kvw = hq if b > 1 else hkv
+        add("attention q, k, v (fp32; k and v expanded to all heads when b > 1) saved by SDPA's math fallback",
+            4 * T * (hq + 2 * kvw), f"4 B x T x (a*d + 2 x {kvw})", 3)  # fmt: skip
+        if sc.activation_checkpointing != "selective":
+            scores = b * a_loc * s * D.s_full
+            add("attention probabilities (fp32, math SDPA)", 4 * scores,
+                f"4 B x b x a x s x s, b={b} a={a_loc} s={s}", 1)  # fmt: skip
+        consumers(attn_out, hq, T, ec, "attention output (b, s, a*d) copy")
     elif eager:
+        # Falcon multi-query broadcasts its one k/v head in the matmuls: a stride-0 view when b = 1 (traced)
+        ekv = hkv if arch.extra.get("sdpa_math_fallback") and b == 1 else hq
         add(
             "attention q, k, v (k, v repeated to all heads)" + why,
-            3 * ec * T * hq,
-            f"3 x {ec} B x T x a*d, a*d={hq}",
+            ec * T * (hq + 2 * ekv),
+            f"{ec} B x T x (a*d + 2 x {ekv})",
             3,
         )
         if sc.activation_checkpointing != "selective":
@@ -457,6 +510,11 @@ def _hf(ctx: Context) -> ActivationBudget:
                 f" + 2 x {ec} B x T x (a*d - kv*d)), s > chunk {chunk}",
                 3,
             )
+        if arch.extra.get("sdpa_fused_qkv_view"):
+            # Falcon's classic multi-head ALiBi layer: q, k, v are views of query_key_value's output, which SDPA
+            # keeps whole beside the copies of q and k the CPU kernel saves (traced)
+            add("fused query_key_value output kept alive by the v view", ec * T * 2 * hkv,
+                f"{ec} B x T x 2 x kv*d (the q and k thirds)", 1)  # fmt: skip
         if fused_no_rope:
             add(
                 "fused qkv output kept alive by the q view",
@@ -489,6 +547,11 @@ def _hf(ctx: Context) -> ActivationBudget:
                 + f"), s >= sliding_window {window}",
                 3 if rep else 1,
             )
+        if arch.extra.get("sdpa_float_mask"):
+            # a model passing an explicit boolean mask (Falcon) gets it cast to a float bias per call, which the
+            # fused kernel saves for backward (CPU flash; CUDA's memory-efficient kernel alike)
+            add("attention mask cast to a float bias, saved by SDPA", ec * b * s * D.s_full,
+                f"{ec} B x b x s x s, b={b} s={s}", 1)  # fmt: skip
         # q built by torch.cat (partial rotary) is contiguous per head: SDPA's output is then (b, a, s, d) in memory
         # and the transpose to (b, s, a*d) is a copy, which the out-projection saves (traced: GPT-NeoX, Phi)
         copied = bool(arch.extra.get("sdpa_output_copy"))
@@ -533,8 +596,11 @@ def _hf(ctx: Context) -> ActivationBudget:
         # a parallel MLP (NeoX, Phi) reads the norm of the layer input: gradient-free in layer 0 under LoRA
         # unless an MLP-input Linear carries an adapter
         mlp_free0 = frozen_first and _parallel_mlp(arch) and not (MLP_IN & modules & targets)
-        per_elem, formula = n_act * ec, f"{n_act} x {ec} B x {kf}, I={I}"
-        if amp and arch.mlp_activation == "gelu_tanh":
+        # Falcon's Linear adds its bias after the matmul: under autocast the fp32 bias promotes the output, so the
+        # activation works on (and saves) fp32 (traced)
+        ab_ = 4 if amp and arch.extra.get("unfused_bias") else ec
+        per_elem, formula = n_act * ab_, f"{n_act} x {ab_} B x {kf}, I={I}"
+        if amp and arch.mlp_activation == "gelu_tanh" and ab_ == ec:
             per_elem, formula = gelu_tanh_autocast(ec, kf, I)
         add(
             f"MLP activation internals ({arch.mlp_activation})",
@@ -557,7 +623,8 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     mlp_to = len(L)
     if arch.hidden_dropout > 0:
-        add("residual dropout masks", 2 * Tout * h, "2 x 1 B x T x h", 2)
+        nm = arch.extra.get("residual_dropout_masks", 2)
+        add("residual dropout masks", nm * Tout * h, f"{nm} x 1 B x T x h", nm)
     if amp and full:
         # Llama 4's bmm experts and nn.Linear router are autocast too: their 16-bit copies are cached alike
         bmm_experts = arch.extra.get("autocast_expert_copies", False)
@@ -623,13 +690,21 @@ def _hf(ctx: Context) -> ActivationBudget:
     )
     if kv_cache:
         gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
-        extra = ((kb + ec) * T * hkv if gqa else 0) if eager else (4 * T * hkv if amp and kb == 4 else 0)
+        # Falcon's unfused bias under autocast makes v fp32 too (the fused projection's output is promoted; traced)
+        fp32_kv = 2 if arch.extra.get("unfused_bias") else 1
+        extra = (
+            ((kb + ec) * T * hkv if gqa else 0)
+            if eager
+            else (fp32_kv * 4 * T * hkv if amp and kb == 4 else 0)
+        )
         if extra:
             out.cache_per_layer.append(
                 Term(
                     "KV cache held by the model output (forward only)",
                     extra,
-                    f"({kb} + {ec}) B x T x kv*d" if eager else "4 B x T x kv*d (fp32 k)",
+                    f"({kb} + {ec}) B x T x kv*d"
+                    if eager
+                    else ("2 x 4 B x T x kv*d (fp32 k and v)" if fp32_kv == 2 else "4 B x T x kv*d (fp32 k)"),
                     2,
                 )
             )
@@ -662,6 +737,17 @@ def _hf(ctx: Context) -> ActivationBudget:
                 kinds * 2 * cb * s * rd,
                 (f"{kinds} x " if kinds > 1 else "") + f"2 x {cb} B x s x {rd}",
                 2 * kinds,
+            )
+        )
+    if arch.extra.get("alibi_bias_saved") and not eager:
+        # Falcon ALiBi: the model builds one (b, a, s, s) bias in the embeddings' dtype, the attention mask of every
+        # layer, and the fused SDPA kernel saves it (one tensor for all layers; traced)
+        out.pre.append(
+            Term(
+                "ALiBi attention bias (b, a, s, s) saved by SDPA",
+                ec * b * D.a * s * D.s_full,
+                f"{ec} B x b x a x s x s, b={b} a={D.a} s={s}",
+                1,
             )
         )
     if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
@@ -881,6 +967,29 @@ def _hf(ctx: Context) -> ActivationBudget:
                 2,
             )
         )
+    math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
+    if math_sdpa and sc.activation_checkpointing != "selective":
+        # the math fallback's softmax backward: fp32 gradients of the probabilities and of the scores, while the
+        # layer's MLP and out-projection (run after attention, so differentiated first) have released what they
+        # saved, and the gradients of the layer output, of the MLP's input, of dense's input and of the expanded
+        # v are alive (traced)
+        freed = sum(
+            t.bytes
+            for t in L
+            if t.name.startswith(
+                ("MLP activation internals", "MLP down-projection input", "attention output")
+            )
+        )
+        held = r * T * h + ec * T * h + ec * T * hq + 4 * T * (hq if b > 1 else hkv)
+        sm_bytes = 8 * b * a_loc * s * D.s_full
+        out.attention_backward.append(
+            Term(
+                "math SDPA softmax backward (fp32 s x s gradients), less the layer's released MLP tensors",
+                max(sm_bytes + held - freed, 0),
+                f"(4 + 4) B x b x a x s x s + {fmt_int(held)} B of gradients - {fmt_int(freed)} B released",
+                2,
+            )
+        )
     if D.sp:
         # the backward of a sequence-parallel block starts by all-gathering its output gradient (Shard(1) ->
         # Replicate): the collective's output, its wait and the (b, s, h) cat live together (traced). Kept
@@ -909,7 +1018,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         out.top_backward.append(Term("final RMSNorm backward (fp32)", 24 * Tout * h, "24 B x T x h", 4))
     else:
         out.top_backward.append(Term("final LayerNorm backward", 3 * r * Tout * h, f"3 x {r} B x T x h", 3))
-    if not eager:
+    if not eager and not math_sdpa:
         out.layer_backward.append(
             Term(
                 "flash-attention backward dq accumulator (fp32)",

@@ -25,6 +25,7 @@ MODULES: tuple[str, ...] = (
     "gemma3",
     "llama4",
     "gpt_oss",
+    "falcon",
 )
 
 for _name in MODULES:

@@ -187,6 +187,25 @@ def _knob_grid(space: SearchSpace) -> dict[str, np.ndarray]:
     return {k: combos[:, j] for j, k in enumerate(axes)}
 
 
+def refused_checkpointing(base: Scenario) -> list[int]:
+    """``CHECKPOINTING`` codes the engine refuses for ``base``'s model (its activation rules name
+    ``activation_checkpointing``: e.g. selective-op on Falcon's multi-query attention), left out of the grid so
+    that a plan never stops on a mode nobody asked for."""
+    from memsim_widget.engine.activations import activations
+
+    one = replace_unchecked(base.parallel, dp=1, tp=1, pp=1, cp=1, ep=1, zero=0, offload="none",
+                            sequence_parallel=False, pp_microbatches=1)  # fmt: skip
+    out = []
+    for code, mode in enumerate(CHECKPOINTING):
+        sc = replace_unchecked(base, activation_checkpointing=mode, checkpoint_every=None, parallel=one)
+        try:
+            activations(Context(sc))
+        except ScenarioError as exc:
+            if exc.field == "activation_checkpointing":
+                out.append(code)
+    return out
+
+
 def candidates(
     base: Scenario,
     layout_list: Sequence[Layout],
@@ -200,6 +219,7 @@ def candidates(
     one micro-batch per step (pp > 1: pp micro-batches, the fewest that fill the pipeline).
     """
     grid = _knob_grid(space)
+    refused = refused_checkpointing(base)
     parts: list[dict[str, np.ndarray]] = []
     for lay in layout_list:
         shard = lay.dp * lay.cp
@@ -215,6 +235,8 @@ def candidates(
         ok &= (grid["sp"] == 0) | (lay.tp > 1)
         if base.framework == "megatron":  # torchtitan's per-op policy is not a Megatron mode (scenario.py)
             ok &= grid["checkpointing"] != CHECKPOINTING.index("selective-op")
+        for code in refused:
+            ok &= grid["checkpointing"] != code
         ok &= (grid["offload"] == 0) | (grid["zero"] >= 1)
         ok &= (grid["offload"] != 2) | (grid["zero"] == 3)
         b = grid["micro_batch"]

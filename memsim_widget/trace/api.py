@@ -32,7 +32,14 @@ TRACEABLE_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
 
 
 def check_traceable(sc: Scenario) -> None:
-    """Raise ScenarioError for what one CPU process cannot trace (naming the field and why)."""
+    """Raise ScenarioError for what one CPU process cannot trace (naming the field and why).
+
+    First what the engine refuses (an unknown model type, a bad config key, what it does not model): a trace
+    is compared with the engine's estimate, so that is checked before anything is built or run (the engine is
+    pure Python and caches its estimates)."""
+    from memsim_widget.engine.core import estimate
+
+    estimate(sc)
     if sc.method == "qlora":
         raise ScenarioError("method", "qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA")
     if sc.precision not in TRACEABLE_PRECISIONS:

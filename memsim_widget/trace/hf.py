@@ -47,8 +47,14 @@ def build_hf_config(config: dict[str, Any], attention: str) -> Any:
 
 
 def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Module:
-    """Instantiate the training head for ``cfg`` with weights in ``dtype`` (call inside FakeTensorMode)."""
+    """Instantiate the training head for ``cfg`` with weights in ``dtype`` (call inside FakeTensorMode).
+
+    On the meta device (where the fake traces build, to swap in fake tensors later) the model is built with
+    FakeTensorMode suspended, so every tensor its constructor makes is a plain meta tensor: a constructor that
+    mixes a ``torch.tensor`` of config values with a computed one (Phi-3's longrope inverse frequencies, built
+    from its short/long factors) would otherwise multiply a real meta tensor by a fake one and fail."""
     import transformers
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     fam = _family(cfg.model_type)
     if fam == "bert":
@@ -59,14 +65,8 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         cls = transformers.AutoModelForSeq2SeqLM
     else:
         cls = transformers.AutoModelForCausalLM
-    if torch.get_default_device().type != "meta":
-        return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
-    # On the meta device, build outside any FakeTensorMode: a constant made in __init__ (Gemma's
-    # ``nn.Buffer(torch.tensor(embed_scale))``) is otherwise a real meta tensor that fake mode refuses;
-    # ``fakeify_meta`` then swaps every meta tensor for a fake one.
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
+    on_meta = torch.get_default_device().type == "meta"
+    with unset_fake_temporarily() if on_meta else contextlib.nullcontext():
         return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
 
 
