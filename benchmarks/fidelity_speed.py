@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,7 +105,13 @@ def scenario_for(r: dict[str, str]) -> tuple[dict | None, float | None, str, str
             "framework": "hf",
             "parallel": {"dp": n, "zero": 3 if "FULL_SHARD" in r["fsdp"] else 2},
         }
-        return sc, float(r["tokens_per_s_per_gpu"]), "full", "", "MPT as a GPT-2-style config (ALiBi: no position table in MPT; the learned one here adds no FLOPs)"
+        return (
+            sc,
+            float(r["tokens_per_s_per_gpu"]),
+            "full",
+            "",
+            "MPT as a GPT-2-style config (ALiBi: no position table in MPT; the learned one here adds no FLOPs)",
+        )
     if src == "megatron-lm" and r["tp"]:
         n, tp, pp, dp = int(r["gpu_count"]), int(r["tp"]), int(r["pp"]), int(r["dp"])
         m = int(r["global_batch_seqs"]) // dp
@@ -146,7 +151,11 @@ def _torchtune(r: dict[str, str]) -> tuple[dict | None, float | None, str, str, 
     is_3b = r["model"].startswith("Llama 3.2 3B")
     if is_3b and "Packed" not in tech and "LoRA" not in tech:
         return None, None, "excluded", "unpacked batches: tokens/s counts padding of an unknown share", ""
-    dims = LLAMA_32_3B if is_3b else {k: int(r[k]) for k in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab")}
+    dims = (
+        LLAMA_32_3B
+        if is_3b
+        else {k: int(r[k]) for k in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab")}
+    )
     method = "qlora" if "QLoRA" in r["model"] else "lora" if "LoRA" in r["model"] else "full"
     sc: dict[str, Any] = {
         "model": _llama(dims, tied=is_3b),
@@ -220,7 +229,8 @@ def report(comps: list[Comparison], rows: list) -> str:
     s_all, s_full, s_ass = summary(unseen), summary(full), summary(assumed)
     worst = max(unseen, key=lambda c: abs(c.error))
     fit_lines = "\n".join(
-        f"| `MATMUL_EFFICIENCY[{g!r}]` | {MATMUL_EFFICIENCY[g]} | {', '.join(ids)} |" for g, ids in FIT_ROWS.items()
+        f"| `MATMUL_EFFICIENCY[{g!r}]` | {MATMUL_EFFICIENCY[g]} | {', '.join(ids)} |"
+        for g, ids in FIT_ROWS.items()
     )
     head = "| row | model | GPU | GPUs | layout | method | seq | micro-batch | checkpointing | published tok/s/GPU | predicted | error | |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     excluded = [r for r in rows if r.group == "excluded"]
@@ -236,7 +246,11 @@ def report(comps: list[Comparison], rows: list) -> str:
     )  # fmt: skip
 
 
-TEMPLATE = (ROOT / "benchmarks" / "speed_template.md").read_text() if (ROOT / "benchmarks" / "speed_template.md").exists() else ""
+TEMPLATE = (
+    (ROOT / "benchmarks" / "speed_template.md").read_text()
+    if (ROOT / "benchmarks" / "speed_template.md").exists()
+    else ""
+)
 
 
 def main() -> None:

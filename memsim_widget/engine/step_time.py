@@ -146,7 +146,9 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         attention_efficiency=ATTENTION_EFFICIENCY,
         speed=speed,
         attention_backward=ATTENTION_BACKWARD[scenario.attention],
-        schedule_chunks=scenario.parallel.virtual_stages if scenario.parallel.pp_schedule == "interleaved" else 1,
+        schedule_chunks=scenario.parallel.virtual_stages
+        if scenario.parallel.pp_schedule == "interleaved"
+        else 1,
         gathers=2 if scenario.parallel.reshard_after_forward else 1,
         checkpoint_every=scenario.checkpoint_every or 1,
     )
@@ -253,7 +255,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     t_off = w(off >= 1, tr_sh * (k.grad_bytes + 2.0) / pcie + tr_sh / CPU_ADAM_PARAMS_PER_S, 0.0)
     t_off = t_off + w(off == 2, m * k.gathers * p_loc / d * k.act_bytes / pcie, 0.0)
     step = t_pipe * (m + bubble_mbs) + t_p2p + t_dp + t_opt + t_off
-    tokens = c["micro_batch"] * m * k.seq_len / (tp * pp * cp) / step
+    tokens = t * m / (tp * pp) / step  # the replica's tokens per step over its tp x pp x cp GPUs
     mfu = tokens * k.flops.model_flops_per_token(k.seq_len) / k.peak_flops
     return {
         "step_time_s": step,

@@ -71,7 +71,7 @@ def _g(x: float) -> str:
 def _items(k: TimeModel, p: dict) -> tuple[TimeItem, ...]:
     """The breakdown items of ``step_parts``' result, with their formulas."""
     v = p["_"]
-    m, rate = v["m"], v["rate"]
+    m = v["m"]
     eff = f"{_g(k.peak_flops / 1e12)} TFLOP/s x {k.efficiency}"
     mm = v["lin"] + v["ada"] + v["head"]
     att_b = m * v["t_att"] * k.attention_backward
