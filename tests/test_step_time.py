@@ -215,3 +215,13 @@ def test_the_fit_reproduces_the_committed_constants():
     assert effs == MATMUL_EFFICIENCY
     assert att == ATTENTION_EFFICIENCY
     assert set(effs) == set(FIT_ROWS)
+
+
+def test_time_chart_spec_holds_every_item_of_the_frame():
+    from memsim_widget.time_charts import time_spec
+
+    est = estimate(BASE.replace(activation_checkpointing="full"))
+    values = time_spec(est)["data"]["values"]
+    assert [v["item"] for v in values] == list(est.time_frame["item"])
+    assert sum(v["seconds"] for v in values) == pytest.approx(est.step_time_s, rel=1e-12)
+    assert {v["category"] for v in values} <= set(TIME_CATEGORIES)
