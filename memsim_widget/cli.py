@@ -152,6 +152,7 @@ def _table(est: Any, headroom: float) -> str:
         *(f"caveat    {c}" for c in est.caveats),
         f"time      {est.step_time_s:,.3f} s/step, {est.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {est.mfu:.1%} (modelled; " + _time_split(est) + ")",
+        *(f"          time caveat: {c}" for c in est.time_caveats),
         "",
         f"{'category':<17} {'GiB':>9}  item / formula",
     ]
@@ -181,11 +182,32 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     data = _apply_overrides(_read_scenario(args.scenario), args)
     est = estimate(Scenario.from_dict(data))
+    cost = _cost(est, args)
     if args.json:
-        print(json.dumps(est.to_dict(headroom=args.headroom), indent=2))
+        out = est.to_dict(headroom=args.headroom)
+        if cost is not None:
+            out["cost"] = cost.to_dict()
+        print(json.dumps(out, indent=2))
     else:
-        print(_table(est, args.headroom))
+        text = _table(est, args.headroom)
+        if cost is not None:
+            head, _, rest = text.partition("\n\n")
+            line = (f"cost      {cost.tokens:,.0f} tokens: {cost.wall_hours:,.3g} h on {cost.num_gpus} GPUs, "
+                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour")  # fmt: skip
+            text = f"{head}\n{line}\n\n{rest}"
+        print(text)
     return 0
+
+
+def _cost(est: Any, args: argparse.Namespace) -> Any:
+    """Hours and dollars when ``--train-tokens`` or ``--epochs``/``--dataset-tokens`` are given, else None."""
+    tokens = getattr(args, "train_tokens", None)
+    epochs, data = getattr(args, "epochs", None), getattr(args, "dataset_tokens", None)
+    if tokens is None and epochs is None and data is None:
+        return None
+    from memsim_widget.cost import training_cost
+
+    return training_cost(est, tokens, epochs=epochs, dataset_tokens=data, price=getattr(args, "price", None))
 
 
 def _load_factory(spec: str, flag: str) -> Any:
@@ -590,6 +612,12 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--json", action="store_true", help="print one JSON object")
     _add_headroom(est)
     _add_overrides(est)
+    est.add_argument(
+        "--train-tokens", type=float, help="tokens to train: adds wall hours, GPU-hours and dollars"
+    )
+    est.add_argument("--epochs", type=float, help="epochs over --dataset-tokens (instead of --train-tokens)")
+    est.add_argument("--dataset-tokens", type=float, help="tokens in one epoch of the dataset")
+    est.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
     est.set_defaults(func=cmd_estimate)
     tr = sub.add_parser("trace", help="trace the training step on fake tensors (needs the [trace] extra)")
     tr.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")

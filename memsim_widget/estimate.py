@@ -208,6 +208,29 @@ class Estimate:
         """Modelled model FLOPs utilisation (``MFU_CONVENTION``)."""
         return self.time.mfu
 
+    @property
+    def time_caveats(self) -> tuple[str, ...]:
+        """What the step time does not model for this scenario, in words (docs/speed.md, "Where it misses")."""
+        s, out = self.scenario, []
+        if s.compile:
+            out.append(
+                "compile: only its fusion of elementwise ops is modelled, not the eager overheads it removes"
+            )
+        if s.activation_offloading:
+            out.append("activation offloading: its PCIe copies are assumed hidden behind compute")
+        if s.method != "full":
+            out.append("MFU counts full-training FLOPs (6N), as PaLM's convention does, for LoRA/QLoRA too")
+        if self.parallel_overlap_unmodelled:
+            out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
+        if "paged" in s.optimizer:
+            out.append("paged optimizer states moved to and from the host are not modelled")
+        return tuple(out)
+
+    @property
+    def parallel_overlap_unmodelled(self) -> bool:
+        """True when tensor-parallel communication is in the step (and counted as not overlapped)."""
+        return self.scenario.parallel.tp > 1
+
     def time_rows(self) -> list[dict[str, Any]]:
         """Tidy rows of the step time: one per category and item, seconds, share of the step, formula."""
         step = self.step_time_s
@@ -327,6 +350,7 @@ class Estimate:
             "mfu": self.mfu,
             "mfu_convention": MFU_CONVENTION,
             "time_breakdown": self.time.categories(),
+            "time_caveats": list(self.time_caveats),
             "time_items": self.time_rows(),
         }
 

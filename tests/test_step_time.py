@@ -225,3 +225,26 @@ def test_time_chart_spec_holds_every_item_of_the_frame():
     assert [v["item"] for v in values] == list(est.time_frame["item"])
     assert sum(v["seconds"] for v in values) == pytest.approx(est.step_time_s, rel=1e-12)
     assert {v["category"] for v in values} <= set(TIME_CATEGORIES)
+
+
+def test_memsim_estimate_prints_hours_and_dollars_for_the_tokens_to_train():
+    cmd = [
+        sys.executable,
+        "-m",
+        "memsim_widget.cli",
+        "estimate",
+        "--model",
+        "llama-3.2-1b",
+        "--dp",
+        "8",
+        "--json",
+    ]
+    data = json.loads(subprocess.run([*cmd, "--epochs", "3", "--dataset-tokens", "1e8", "--price", "2"],
+                                     capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    cost = data["cost"]
+    assert cost["tokens"] == 3e8 and cost["num_gpus"] == 8 and cost["price_per_gpu_hour"] == 2
+    assert cost["wall_hours"] == pytest.approx(
+        3e8 / (data["tokens_per_second_per_gpu"] * 8) / 3600, rel=1e-12
+    )
+    assert cost["dollars"] == pytest.approx(cost["wall_hours"] * 8 * 2, rel=1e-12)
+    assert "cost" not in json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
