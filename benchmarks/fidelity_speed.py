@@ -234,6 +234,14 @@ def report(comps: list[Comparison], rows: list) -> str:
     )
     head = "| row | model | GPU | GPUs | layout | method | seq | micro-batch | checkpointing | published tok/s/GPU | predicted | error | |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     excluded = [r for r in rows if r.group == "excluded"]
+    groups: dict[tuple[str, str], list[Comparison]] = {}
+    for c in unseen:
+        groups.setdefault((c.row.source, str(c.row.scenario.gpu if c.row.scenario else "")), []).append(c)
+    by_group = "\n".join(
+        f"| {src} | {gpu} | {s['rows']} | {s['median']:.1%} | {s['worst']:.1%} |"
+        for (src, gpu), cs in groups.items()
+        for s in [summary(cs)]
+    )
     return TEMPLATE.format(
         n_unseen=s_all["rows"], med=s_all["median"], worst=s_all["worst"], worst_id=worst.row.row_id,
         worst_model=worst.row.model, n_full=s_full["rows"], med_full=s_full["median"], worst_full=s_full["worst"],
@@ -243,6 +251,7 @@ def report(comps: list[Comparison], rows: list) -> str:
         table_assumed=head + "\n" + "\n".join(_line(c) for c in comps if c.row.group == "assumed"),
         assumptions="\n".join(f"- {c.row.row_id}: {c.row.assumptions}" for c in comps if c.row.group == "assumed"),
         excluded="\n".join(f"- {r.row_id} ({r.model}): {r.reason}" for r in excluded),
+        by_group=by_group,
     )  # fmt: skip
 
 
