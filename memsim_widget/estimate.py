@@ -229,7 +229,9 @@ class Estimate:
     @property
     def parallel_overlap_unmodelled(self) -> bool:
         """True when tensor-parallel communication is in the step (and counted as not overlapped)."""
-        return self.scenario.parallel.tp > 1
+        from memsim_widget.engine.step_time import OVERLAPPING_FRAMEWORKS
+
+        return self.scenario.parallel.tp > 1 and self.scenario.framework not in OVERLAPPING_FRAMEWORKS
 
     def time_rows(self) -> list[dict[str, Any]]:
         """Tidy rows of the step time: one per category and item, seconds, share of the step, formula."""

@@ -248,3 +248,16 @@ def test_memsim_estimate_prints_hours_and_dollars_for_the_tokens_to_train():
     )
     assert cost["dollars"] == pytest.approx(cost["wall_hours"] * 8 * 2, rel=1e-12)
     assert "cost" not in json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
+def test_megatron_hides_tensor_parallel_collectives_behind_the_gemms_they_feed():
+    s = BASE.replace(parallel={"dp": 2, "tp": 4, "zero": 1, "sequence_parallel": True})
+    exposed = parts(s)
+    hidden = parts(s.replace(framework="megatron"))
+    v = hidden["_"]
+    gemms = (
+        v["t_lin"] + (v["lin"] + v["head"]) * 2.0 / v["rate"] + v["io"] / v["hbm"] * 2.0
+    )  # forward + backward
+    assert v["t_tp"] == pytest.approx(max(exposed["_"]["t_tp"] - gemms, 0.0), rel=1e-12)
+    assert v["t_tp"] < exposed["_"]["t_tp"]
+    assert hidden["step_time_s"] < exposed["step_time_s"]

@@ -54,6 +54,12 @@ CPU_ADAM_PARAMS_PER_S = 1e9
 #: torch.compile fuses pointwise chains: the share of elementwise HBM traffic left (assumed).
 COMPILE_ELEMENTWISE = 0.5
 
+#: Frameworks whose performance settings overlap communication with compute: Megatron-LM's published
+#: benchmarks run with ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap`` (Megatron-LM README,
+#: "Performance Benchmarking"): tensor-parallel collectives hide behind the GEMMs they feed (Transformer Engine
+#: userbuffers) and the distributed optimizer's parameter all-gather behind the next forward.
+OVERLAPPING_FRAMEWORKS = ("megatron",)
+
 #: The step's categories, in the order of the breakdown frame and chart.
 TIME_CATEGORIES = ("forward", "backward", "recompute", "memory-bound", "tensor/context parallel",
                    "data parallel", "pipeline bubble", "optimizer step", "offload")  # fmt: skip
@@ -108,6 +114,7 @@ class TimeModel:
     attention_backward: float
     schedule_chunks: int  # virtual stages of the interleaved schedule (1 otherwise)
     gathers: int  # ZeRO-3 all-gathers per micro-batch (2 when resharded after forward)
+    overlap: bool  # TP collectives and ZeRO-1/2 parameter gathers overlap compute (OVERLAPPING_FRAMEWORKS)
     checkpoint_every: int
 
 
@@ -150,6 +157,7 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         if scenario.parallel.pp_schedule == "interleaved"
         else 1,
         gathers=2 if scenario.parallel.reshard_after_forward else 1,
+        overlap=scenario.framework in OVERLAPPING_FRAMEWORKS,
         checkpoint_every=scenario.checkpoint_every or 1,
     )
 
@@ -229,6 +237,8 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     net = sp.net_gb_s * 1e9 * NETWORK_EFFICIENCY
     n_tp = 4.0 + w(ck == 2, 2.0 / every, 0.0) + w(ck == 3, 1.0, 0.0)
     t_tp = n_tp * lst * 2.0 * (tp - 1) / tp * (t * h * k.act_bytes) / w(tp <= GPUS_PER_NODE, link, net)
+    if k.overlap:  # hidden behind the Linear GEMMs of forward, backward and recompute, but for any excess
+        t_tp = mx(t_tp - (t_lin + t_lin_b + w(ck == 2, t_lin / every, 0.0)), 0.0)
     cp_vol = 3.0 * lst * (cp - 1) * (t * 2.0 * k.kv_width / tp * k.act_bytes)
     t_cp = mx(cp_vol / w(tp * cp <= GPUS_PER_NODE, link, net) - t_att * (1.0 + k.attention_backward), 0.0)
     a2a = 4.0 * lst * t * k.moe_top_k * h * k.act_bytes / tp * (ep - 1) / ep
@@ -241,6 +251,8 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     red = w(zero == 0, 2.0, 1.0) * (d - 1) / d * tr_loc * k.grad_bytes / bw_dp
     red_exposed = mx(red - t_bwd, 0.0) + red / lst
     gather = w(zero >= 1, (d - 1) / d * tr_loc * k.act_bytes / bw_dp, 0.0)
+    if k.overlap:  # the parameter all-gather hides behind the next step's first forward
+        gather = mx(gather - t_fwd, 0.0) + gather / lst
     t_dp = w((zero < 3) & (d > 1), red_exposed + gather, 0.0)
     # ----- pipeline -------------------------------------------------------------------------------------------
     t_pipe = t_mb + z3_exposed
