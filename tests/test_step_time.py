@@ -261,3 +261,15 @@ def test_megatron_hides_tensor_parallel_collectives_behind_the_gemms_they_feed()
     assert v["t_tp"] == pytest.approx(max(exposed["_"]["t_tp"] - gemms, 0.0), rel=1e-12)
     assert v["t_tp"] < exposed["_"]["t_tp"]
     assert hidden["step_time_s"] < exposed["step_time_s"]
+
+
+def test_plan_json_carries_hours_and_dollars_for_the_tokens_to_train():
+    p = plan(TINY, "a100-80gb", (1, 2), seq_len=512, rank_by="time", train_tokens=3.6e9, price=2.0, top=3)
+    d = p.to_dict()
+    assert d["train_tokens"] == 3.6e9 and d["price_per_gpu_hour"] == 2.0 and d["ranked_by"].startswith("time")
+    for c in d["candidates"]:
+        gpus, tok = c["scenario"]["num_gpus"], c["throughput"]["tokens_per_gpu_s"]
+        assert c["cost"]["wall_hours"] == pytest.approx(3.6e9 / (tok * gpus) / 3600, rel=1e-12)
+        assert c["cost"]["dollars"] == pytest.approx(c["cost"]["gpu_hours"] * 2.0, rel=1e-12)
+    with pytest.raises(ScenarioError, match="rank_by"):
+        plan(TINY, "a100-80gb", 1, rank_by="speed")

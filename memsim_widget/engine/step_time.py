@@ -187,16 +187,18 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     t = c["micro_batch"] * k.seq_len / cp  # tokens of one micro-batch on one rank
     m = c["grad_accum"] * w(pp > 1, c["pp_microbatches"], 1)
     every = k.checkpoint_every
+    ck1, ck2, ck3 = ck == 1, ck == 2, ck == 3  # selective, full, selective-op
+    tl = t * lst  # token-layers of one micro-batch on this stage
     # ----- matmuls of one micro-batch on this rank: FLOPs at peak x efficiency, plus the bytes each GEMM reads
     # and writes at HBM speed (activations in and out, the weights once per micro-batch: the roofline's
     # memory side, which makes narrow layers and few tokens per rank slower per FLOP) ----------------------
     h = k.hidden
-    lin = t * lst * k.flops.linear_per_layer / tp
-    ada = t * lst * k.adapter_per_layer / tp
-    att = t * lst * k.flops.attention_per_layer(k.seq_len) / tp
+    lin = tl * k.flops.linear_per_layer / tp
+    ada = tl * k.adapter_per_layer / tp if k.adapter_per_layer else 0.0
+    att = tl * k.flops.attention_per_layer(k.seq_len) / tp
     head = t * k.flops.head / tp
     vocab = k.vocab / tp
-    io = t * lst * (k.flops.io_per_layer * (1.0 + 1.0 / tp) / 2.0 + k.adapter_io_per_layer / tp)
+    io = tl * (k.flops.io_per_layer * (1.0 + 1.0 / tp) / 2.0 + k.adapter_io_per_layer / tp)
     io = (io + lst * k.flops.linear_per_layer / 2.0 / tp + t * (h + vocab) + h * vocab) * k.act_bytes
     rate = k.peak_flops * k.efficiency
     hbm = sp.hbm_gb_s * 1e9 * HBM_EFFICIENCY
@@ -206,7 +208,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     t_lin_b = t_lin_b + io / hbm * (2.0 if k.trained_base else 1.0)
     t_fwd = t_lin + t_att
     t_bwd = t_lin_b + t_att * k.attention_backward
-    t_rec = w(ck == 1, t_att, 0.0) + w(ck == 2, t_fwd / every, 0.0) + w(ck == 3, t_lin / 2.0, 0.0)
+    t_rec = w(ck1, t_att, 0.0) + w(ck2, t_fwd / every, 0.0) + w(ck3, t_lin / 2.0, 0.0)
     t_rec = t_rec + w(c["loss"] == 1, head / rate, 0.0)
     # ----- memory-bound ops: elements per token and layer, forward and backward ---------------------------
     i = k.intermediate
@@ -222,30 +224,31 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
         split_b += 4.0 * k.moe_top_k * h
     fuse = (COMPILE_ELEMENTWISE if k.compile else 1.0) * k.act_bytes
     rep_div = w(c["sp"] == 1, tp, 1)
-    el_f = t * lst * (rep_f / rep_div + split_f / tp) * fuse
-    el_b = t * lst * (rep_b / rep_div + split_b / tp) * fuse
-    el_r = w(ck == 2, el_f / every, 0.0) + w(ck == 3, el_f / 2.0, 0.0)
+    el_f = tl * (rep_f / rep_div + split_f / tp) * fuse
+    el_b = tl * (rep_b / rep_div + split_b / tp) * fuse
+    el_r = el_f * (w(ck2, 1.0 / every, 0.0) + w(ck3, 0.5, 0.0))
     loss_b = t * k.vocab / tp * LOSS_BYTES_PER_LOGIT
     p_loc = k.parameters / (tp * pp)
     tr_loc = k.trainable / (tp * pp)
-    cast_b = (p_loc / w(zero == 3, d, 1) * 6.0) if k.autocast else 0.0 * t  # fp32 -> 16-bit weight copies
-    passes = 2.0 + w(ck == 2, 1.0 / every, 0.0) + w(ck == 3, 0.5, 0.0)
-    deq_b = (lst * k.flops.linear_per_layer / 2.0 / tp * passes * DEQUANT_BYTES) if k.qlora else 0.0 * t
+    cast_b = (p_loc / w(zero == 3, d, 1) * 6.0) if k.autocast else 0.0  # fp32 -> 16-bit weight copies
+    passes = 2.0 + w(ck2, 1.0 / every, 0.0) + w(ck3, 0.5, 0.0)
+    deq_b = (lst * k.flops.linear_per_layer / 2.0 / tp * passes * DEQUANT_BYTES) if k.qlora else 0.0
     t_mem = (el_f + el_b + el_r + loss_b + cast_b + deq_b) / hbm
     # ----- tensor, context and expert parallel collectives -------------------------------------------------
     link = sp.link_gb_s * 1e9 * NVLINK_EFFICIENCY
     net = sp.net_gb_s * 1e9 * NETWORK_EFFICIENCY
-    n_tp = 4.0 + w(ck == 2, 2.0 / every, 0.0) + w(ck == 3, 1.0, 0.0)
+    n_tp = 4.0 + w(ck2, 2.0 / every, 0.0) + w(ck3, 1.0, 0.0)
     t_tp = n_tp * lst * 2.0 * (tp - 1) / tp * (t * h * k.act_bytes) / w(tp <= GPUS_PER_NODE, link, net)
     if k.overlap:  # hidden behind the Linear GEMMs of forward, backward and recompute, but for any excess
-        t_tp = mx(t_tp - (t_lin + t_lin_b + w(ck == 2, t_lin / every, 0.0)), 0.0)
+        t_tp = mx(t_tp - (t_lin + t_lin_b + w(ck2, t_lin / every, 0.0)), 0.0)
     cp_vol = 3.0 * lst * (cp - 1) * (t * 2.0 * k.kv_width / tp * k.act_bytes)
     t_cp = mx(cp_vol / w(tp * cp <= GPUS_PER_NODE, link, net) - t_att * (1.0 + k.attention_backward), 0.0)
-    a2a = 4.0 * lst * t * k.moe_top_k * h * k.act_bytes / tp * (ep - 1) / ep
-    t_ep = a2a / w(world <= GPUS_PER_NODE, link, net)
+    bw_dp = w(world <= GPUS_PER_NODE, link, net)  # the job in one node, else across the network
+    t_ep = 0.0
+    if k.moe_top_k:
+        t_ep = 4.0 * tl * k.moe_top_k * h * k.act_bytes / tp * (ep - 1) / ep / bw_dp
     t_mb = t_fwd + t_bwd + t_rec + t_mem + t_tp + t_cp + t_ep
     # ----- data parallel: ZeRO-3 per micro-batch, gradients once per step -----------------------------------
-    bw_dp = w(world <= GPUS_PER_NODE, link, net)
     z3 = (d - 1) / d * (p_loc * k.gathers * k.act_bytes + tr_loc * k.grad_bytes) / bw_dp
     z3_exposed = w((zero == 3) & (d > 1), mx(z3 - t_mb, 0.0) + z3 / lst, 0.0)
     red = w(zero == 0, 2.0, 1.0) * (d - 1) / d * tr_loc * k.grad_bytes / bw_dp
