@@ -2,7 +2,7 @@
 
 Peaks and bandwidths are vendor datasheet figures (dense, no sparsity; per direction for links). The one
 fitted number per GPU generation is ``MATMUL_EFFICIENCY``: the share of peak that the model's matmul and
-attention FLOPs reach on a saturated GPU, fitted by ``memsim_widget.fidelity_speed.fit_efficiency`` on the
+attention FLOPs reach on a saturated GPU, fitted by ``memsim_widget.fidelity_speed.fit_constants`` on the
 rows named in ``FIT_ROWS`` of data/throughput/published.csv (benchmarks/fidelity_speed.py reports the rest).
 """
 
@@ -57,7 +57,7 @@ GPU_SPEEDS: dict[str, GPUSpeed] = {
 #: A card not in the table (custom sizes): an H100 SXM.
 DEFAULT_SPEED = GPU_SPEEDS["h100-sxm-80gb"]
 
-#: Fitted share of peak FLOP/s the matmuls reach per generation (``fidelity_speed.fit_efficiency``, rows in
+#: Fitted share of peak FLOP/s the matmuls reach per generation (``fidelity_speed.fit_constants``, rows in
 #: ``FIT_ROWS``). Generations without published rows borrow the nearest fitted one (``EFFICIENCY_BORROWED``).
 MATMUL_EFFICIENCY: dict[str, float] = {
     "ampere": 0.73,

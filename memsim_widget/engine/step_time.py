@@ -5,12 +5,13 @@ A step of one data-parallel replica on the slowest pipeline stage (the last: it 
     step = t_mb x (m + bubble) + pipeline p2p + exposed data-parallel + optimizer step + offload
 
 ``m`` micro-batches (accumulation x pipeline micro-batches), each taking ``t_mb`` = matmuls forward, backward
-and recomputed at ``peak x efficiency`` + memory-bound ops at HBM bandwidth + tensor/context-parallel
-collectives + ZeRO-3's gathers not hidden behind compute. Every term and constant is in ``StepTime``'s
-docstrings and this module's constants, each with its source; ``MATMUL_EFFICIENCY`` (engine/gpu_speed.py)
-is the only fitted number. ``step_parts`` is written once over scalars or numpy arrays (``ops``): the
-engine calls it with Python numbers, ``plan.vector`` with one array per candidate column, so both give the
-same floats for the same candidate.
+and recomputed at ``peak x efficiency`` plus their GEMM bytes at HBM speed + memory-bound ops at HBM
+bandwidth + tensor/context/expert-parallel collectives + ZeRO-3's gathers not hidden behind compute. Each
+constant below says where its number comes from; ``MATMUL_EFFICIENCY`` (engine/gpu_speed.py, one per GPU
+generation) and ``ATTENTION_EFFICIENCY`` are the only fitted ones (docs/speed.md: on which rows). The
+breakdown with every formula's numbers filled in is ``engine/time_breakdown.py``. ``step_parts`` is written
+once over scalars or numpy arrays (``ops``): the engine calls it with Python numbers, ``plan/timing.py`` with
+one array per candidate column, so both give the same floats for the same candidate.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ NVLINK_EFFICIENCY = 0.75
 NETWORK_EFFICIENCY = 0.9
 #: Share of the PCIe rate pinned-memory copies reach (stated).
 PCIE_EFFICIENCY = 0.8
-#: Attention kernels reach this share of the matmuls' efficiency (fitted with ``MATMUL_EFFICIENCY`` on the
-#: long-sequence rows in ``engine/gpu_speed.FIT_ROWS``; FlashAttention-2 reports 50-73% of A100 peak forward,
+#: Attention kernels reach this share of the matmuls' efficiency (fitted with Ampere's ``MATMUL_EFFICIENCY`` on
+#: the long-sequence row ``fidelity_speed.ATTENTION_FIT_ROWS``; FlashAttention-2 reports 50-73% of A100 peak forward,
 #: less backward, against 80%+ for large GEMMs, Dao 2023).
 ATTENTION_EFFICIENCY = 0.46
 #: FlashAttention's backward runs 5 matmuls for the forward's 2 (it recomputes the scores; Dao 2023,
@@ -176,7 +177,11 @@ def optimizer_step_bytes(recipe: PrecisionRecipe, opt: OptimizerSpec) -> float:
 def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dict[str, Any]:
     """Per-step seconds by category, the step time, tokens/s per GPU and MFU, and the intermediates the
     breakdown's formulas quote. ``c``: dp, tp, pp, cp, ep, zero, sp, micro_batch, grad_accum,
-    pp_microbatches, checkpointing, loss, offload (codes as ``CKPT_CODES`` ...), opt_bytes."""
+    pp_microbatches, checkpointing, loss, offload (codes as ``CKPT_CODES`` ...), opt_bytes.
+
+    Known misses (docs/speed.md): gradient reduction hidden better in Megatron runs than here (9-26% slow);
+    eager-mode overheads that torch.compile removes; paged optimizer states; activation offloading's copies.
+    """
     w, mx = ops.where, ops.maximum
     sp = k.speed
     dp, tp, pp, cp, ep = c["dp"], c["tp"], c["pp"], c["cp"], c["ep"]
