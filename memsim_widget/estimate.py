@@ -220,14 +220,14 @@ class Estimate:
             out.append("activation offloading: its PCIe copies are assumed hidden behind compute")
         if s.method != "full":
             out.append("MFU counts full-training FLOPs (6N), as PaLM's convention does, for LoRA/QLoRA too")
-        if self.parallel_overlap_unmodelled:
+        if self._tp_exposed:
             out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
         if "paged" in s.optimizer:
             out.append("paged optimizer states moved to and from the host are not modelled")
         return tuple(out)
 
     @property
-    def parallel_overlap_unmodelled(self) -> bool:
+    def _tp_exposed(self) -> bool:
         """True when tensor-parallel communication is in the step (and counted as not overlapped)."""
         from memsim_widget.engine.step_time import OVERLAPPING_FRAMEWORKS
 
