@@ -155,6 +155,9 @@ def _table(est: Any, headroom: float) -> str:
         f"verdict   {est.verdict(headroom)} ({headroom:.0%} headroom; "
         f"recommended >= {_gib(est.recommended_memory_bytes(headroom))} GiB)",
         *(f"caveat    {c}" for c in est.caveats),
+        f"time      {est.step_time_s:,.3f} s/step, {est.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
+        f"MFU {est.mfu:.1%} (modelled; " + _time_split(est) + ")",
+        *(f"          time caveat: {c}" for c in est.time_caveats),
         "",
         f"{'category':<17} {'GiB':>9}  item / formula",
     ]
@@ -171,17 +174,45 @@ def _table(est: Any, headroom: float) -> str:
     return "\n".join(lines)
 
 
+def _time_split(est: Any) -> str:
+    """The largest step-time categories, as shares."""
+    cats = sorted(est.time.categories().items(), key=lambda kv: -kv[1])
+    step = est.step_time_s or 1.0
+    return ", ".join(f"{k} {v / step:.0%}" for k, v in cats[:4] if v > 0)
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from memsim_widget.engine.core import estimate
     from memsim_widget.scenario import Scenario
 
     data = _apply_overrides(_read_scenario(args.scenario), args)
     est = estimate(Scenario.from_dict(data))
+    cost = _cost(est, args)
     if args.json:
-        print(json.dumps(est.to_dict(headroom=args.headroom), indent=2))
+        out = est.to_dict(headroom=args.headroom)
+        if cost is not None:
+            out["cost"] = cost.to_dict()
+        print(json.dumps(out, indent=2))
     else:
-        print(_table(est, args.headroom))
+        text = _table(est, args.headroom)
+        if cost is not None:
+            head, _, rest = text.partition("\n\n")
+            line = (f"cost      {cost.tokens:,.0f} tokens: {cost.wall_hours:,.3g} h on {cost.num_gpus} GPUs, "
+                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour")  # fmt: skip
+            text = f"{head}\n{line}\n\n{rest}"
+        print(text)
     return 0
+
+
+def _cost(est: Any, args: argparse.Namespace) -> Any:
+    """Hours and dollars when ``--train-tokens`` or ``--epochs``/``--dataset-tokens`` are given, else None."""
+    tokens = getattr(args, "train_tokens", None)
+    epochs, data = getattr(args, "epochs", None), getattr(args, "dataset_tokens", None)
+    if tokens is None and epochs is None and data is None:
+        return None
+    from memsim_widget.cost import training_cost
+
+    return training_cost(est, tokens, epochs=epochs, dataset_tokens=data, price=getattr(args, "price", None))
 
 
 def _load_factory(spec: str, flag: str) -> Any:
@@ -352,7 +383,7 @@ def _plan_table(p: Any, top: int) -> str:
     head = (
         f"{'#':>3} {'method ' if several else ''}{'gpus':>5} {'dp':>4} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'zero':>4} {'sp':>3} "
         f"{'b':>3} {'accum':>5} {'ckpt':<9} {'loss':<8} {'optimizer':<16} {'offload':<9} "
-        f"{'GiB/GPU':>8} {'tok/s/GPU':>10}  peak"
+        f"{'GiB/GPU':>8} {'tok/s/GPU':>10} {'MFU':>5} {'hours':>9} {'dollars':>10}  peak"
     )
     lines = [head]
     for rank, r in enumerate(frame.itertuples(index=False), start=1):
@@ -361,11 +392,23 @@ def _plan_table(p: Any, top: int) -> str:
             f"{rank:>3} {f'{r.method:<6} ' if several else ''}{r.num_gpus:>5} {r.dp:>4} {r.tp:>3} {r.pp:>3} {r.cp:>3} {r.ep:>3} {r.zero:>4} "
             f"{'on' if r.sequence_parallel else '-':>3} {r.micro_batch_size:>3} {accum:>5} "
             f"{r.activation_checkpointing:<9} {r.loss:<8} {r.optimizer:<16} {r.offload:<9} "
-            f"{r.device_total_gib:>8.2f} {r.tokens_per_gpu_s:>10,.0f}  {r.peak_phase}"
+            f"{r.device_total_gib:>8.2f} {r.tokens_per_gpu_s:>10,.0f} {r.mfu:>5.0%} {r.wall_hours:>9,.3g} "
+            f"{r.dollars:>10,.0f}  {r.peak_phase}"
         )
     lines.append("")
+    lines.append(
+        f"hours and dollars: {_tokens_text(p)} at ${p.price_per_gpu_hour:g} per GPU-hour; ranked by {p.rank_by}"
+    )
     lines.append(p.summary())
     return "\n".join(lines)
+
+
+def _tokens_text(p: Any) -> str:
+    """The tokens the plan's hours and dollars are for, in words."""
+    from memsim_widget.plan.search import DEFAULT_TRAIN_TOKENS
+
+    n = DEFAULT_TRAIN_TOKENS if p.train_tokens is None else p.train_tokens
+    return f"training {n:,.0f} tokens"
 
 
 def _no_fit_hint(p: Any, args: argparse.Namespace) -> str:
@@ -423,6 +466,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         headroom=args.headroom,
         top=args.top,
         methods=methods,
+        rank_by=args.rank_by,
+        train_tokens=args.train_tokens,
+        price=args.price,
     )
     if args.json:
         print(json.dumps(p.to_dict(args.top), indent=2))
@@ -571,6 +617,12 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--json", action="store_true", help="print one JSON object")
     _add_headroom(est)
     _add_overrides(est)
+    est.add_argument(
+        "--train-tokens", type=float, help="tokens to train: adds wall hours, GPU-hours and dollars"
+    )
+    est.add_argument("--epochs", type=float, help="epochs over --dataset-tokens (instead of --train-tokens)")
+    est.add_argument("--dataset-tokens", type=float, help="tokens in one epoch of the dataset")
+    est.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
     est.set_defaults(func=cmd_estimate)
     tr = sub.add_parser("trace", help="trace the training step on fake tensors (needs the [trace] extra)")
     tr.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
@@ -593,8 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="search parallel layouts and memory knobs for a model on a GPU type; rank what fits",
         description="Search layouts (dp/tp/pp/cp/ep) and memory knobs (ZeRO, sequence parallel, micro-batch, "
         "checkpointing, loss, optimizer, offload) for the GPU counts given; keep the candidates that fit "
-        "with the headroom and rank them by a modelled tokens/s per GPU (a ranking aid, not a speed "
-        "prediction). The scenario file gives the fixed choices (method, precision, framework, lora, ...); "
+        "with the headroom and rank them by modelled cost (tokens/s per GPU: GPU-hours and dollars), wall time "
+        "(tokens/s of the whole job) or memory; each line shows both hours and dollars for --train-tokens. "
+        "The scenario file gives the fixed choices (method, precision, framework, lora, ...); "
         "the searched knobs are taken from the space, narrowed by the flags below (a file that names its "
         "optimizer fixes it). Nothing fitting is an answer: exit status 0 and a hint to run recommend.",
     )
@@ -623,6 +676,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--max-tp", type=_int_arg, help="largest tensor-parallel group (default 8, one node)")
     _add_headroom(pl)
     pl.add_argument("--top", type=_int_arg, default=20, help="candidates shown (default 20)")
+    pl.add_argument(
+        "--rank-by", choices=("cost", "time", "memory"), default="cost",
+        help="cost: fewest GPU-hours (default); time: fewest wall hours; memory: least memory per GPU",
+    )  # fmt: skip
+    pl.add_argument(
+        "--train-tokens", type=float, help="tokens to train, for the hours and dollars (default 1e9)"
+    )
+    pl.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
     pl.add_argument("--json", action="store_true", help="print one JSON object with the top candidates")
     pl.set_defaults(func=cmd_plan)
     rc = sub.add_parser(

@@ -10,6 +10,7 @@ from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.engine.context import Stage
 from memsim_widget.engine.items import CATEGORIES, Item, fmt_bytes
+from memsim_widget.engine.time_breakdown import StepTime
 from memsim_widget.engine.timeline import Moment
 from memsim_widget.scenario import Scenario
 
@@ -20,6 +21,13 @@ GiB = 1024**3
 #: Default share of device memory kept free: allocator variance between versions and runs
 #: (REFERENCE.md: 454 Megatron runs below 80% never ran out of memory; 10% covers most reports).
 DEFAULT_HEADROOM = 0.10
+
+#: How ``mfu`` counts: model FLOPs per token over the card's dense peak.
+MFU_CONVENTION = (
+    "model FLOPs per token 6 N + 12 L H Q s (PaLM, arXiv 2204.02311 appendix B: N the matmul parameters a "
+    "token passes through, output head included, embedding lookups not; attention without the causal halving; "
+    "no recomputation; LoRA counted as full training) x tokens/s per GPU / dense 16-bit peak (fp32 peak for fp32)"
+)
 
 COUNTERS = {
     "peak_tensor_bytes": "live tensor bytes (PyTorch dispatch level, a fake-tensor trace)",
@@ -187,6 +195,77 @@ class Estimate:
 
         return rank_role(self.scenario, rank.stage, self.arch.num_layers)
 
+    # ----- time ---------------------------------------------------------------------------------
+    @cached_property
+    def time(self) -> StepTime:
+        """The modelled step time and where it goes (computed on first use, so ``estimate`` stays fast)."""
+        from memsim_widget.engine.context import Context
+        from memsim_widget.engine.time_breakdown import step_time
+
+        return step_time(Context(self.scenario))
+
+    @property
+    def step_time_s(self) -> float:
+        """Modelled seconds per optimizer step (all micro-batches, the slowest pipeline stage)."""
+        return self.time.step_time_s
+
+    @property
+    def tokens_per_second_per_gpu(self) -> float:
+        """Modelled training tokens per second per GPU (global batch tokens / step time / GPUs)."""
+        return self.time.tokens_per_second_per_gpu
+
+    @property
+    def mfu(self) -> float:
+        """Modelled model FLOPs utilisation (``MFU_CONVENTION``)."""
+        return self.time.mfu
+
+    @property
+    def time_caveats(self) -> tuple[str, ...]:
+        """What the step time does not model for this scenario, in words (docs/speed.md, "Where it misses")."""
+        s, out = self.scenario, []
+        if s.compile:
+            out.append(
+                "compile: only its fusion of elementwise ops is modelled, not the eager overheads it removes"
+            )
+        if s.activation_offloading:
+            out.append("activation offloading: its PCIe copies are assumed hidden behind compute")
+        if s.method != "full":
+            out.append("MFU counts full-training FLOPs (6N), as PaLM's convention does, for LoRA/QLoRA too")
+        if self._tp_exposed:
+            out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
+        if "paged" in s.optimizer:
+            out.append("paged optimizer states moved to and from the host are not modelled")
+        return tuple(out)
+
+    @property
+    def _tp_exposed(self) -> bool:
+        """True when tensor-parallel communication is in the step (and counted as not overlapped)."""
+        from memsim_widget.engine.step_time import OVERLAPPING_FRAMEWORKS
+
+        return self.scenario.parallel.tp > 1 and self.scenario.framework not in OVERLAPPING_FRAMEWORKS
+
+    def time_rows(self) -> list[dict[str, Any]]:
+        """Tidy rows of the step time: one per category and item, seconds, share of the step, formula."""
+        step = self.step_time_s
+        return [
+            {
+                "category": i.category,
+                "item": i.item,
+                "seconds": i.seconds,
+                "share": i.seconds / step if step else 0.0,
+                "formula": i.formula,
+            }
+            for i in self.time.items
+            if i.seconds
+        ]
+
+    @property
+    def time_frame(self) -> pd.DataFrame:
+        """Where the step time goes as a pandas DataFrame (category, item, seconds, share, formula)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.time_rows(), columns=["category", "item", "seconds", "share", "formula"])
+
     # ----- tables -------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
         """Tidy rows: one per rank, category and item at that rank's peak."""
@@ -280,6 +359,13 @@ class Estimate:
             "recommended_memory_bytes": self.recommended_memory_bytes(headroom),
             "host_bytes": max((r.host_bytes for r in self.ranks), default=0),
             "bottleneck": self.bottleneck(),
+            "step_time_s": self.step_time_s,
+            "tokens_per_second_per_gpu": self.tokens_per_second_per_gpu,
+            "mfu": self.mfu,
+            "mfu_convention": MFU_CONVENTION,
+            "time_breakdown": self.time.categories(),
+            "time_caveats": list(self.time_caveats),
+            "time_items": self.time_rows(),
         }
 
     def summary(self) -> str:

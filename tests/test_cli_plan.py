@@ -172,7 +172,7 @@ def test_plan_table(capsys):
     lines = out.strip().splitlines()
     assert lines[0].split()[:3] == ["#", "gpus", "dp"] and "GiB/GPU" in lines[0] and "tok/s/GPU" in lines[0]
     assert [ln.split()[0] for ln in lines[1:6]] == ["1", "2", "3", "4", "5"]
-    assert " fit (" in lines[-1] and "; best:" in lines[-1] and "tokens/s/GPU (proxy)" in lines[-1]
+    assert " fit (" in lines[-1] and "; best:" in lines[-1] and "tokens/s/GPU (modelled)" in lines[-1]
 
 
 def test_nothing_fits_is_an_answer_with_a_hint(capsys):

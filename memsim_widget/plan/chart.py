@@ -62,7 +62,7 @@ def candidates_spec(plan: Plan, limit: int = MAX_POINTS, best: int = 10) -> dict
             "x": {
                 "field": "tokens_per_gpu_s",
                 "type": "quantitative",
-                "title": "modelled tokens/s per GPU (proxy)",
+                "title": "modelled tokens/s per GPU",
             },
             "y": {
                 "field": "device_total_gib",

@@ -1,9 +1,9 @@
 """``recommend``: the smallest changes that make a scenario fit, and how far it can be pushed.
 
 Each *lever* is one scenario key a user can turn, with its options and what it costs in words
-(the same facts the throughput proxy uses, ``plan.proxy``). Combinations are tried by size: every
+(the facts the step-time model uses, ``engine/step_time.py``). Combinations are tried by size: every
 single lever first, then pairs, then triples; the first size with a fitting combination is returned,
-ranked by the proxy's modelled slowdown. Every figure comes from ``estimate`` itself.
+ranked by the modelled slowdown. Every figure comes from ``estimate`` itself.
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.time_breakdown import step_time
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.plan import proxy
-from memsim_widget.plan.vector import scenario_columns
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -56,7 +53,7 @@ class Change:
     before: Estimate
     after: Estimate
     headroom: float
-    slowdown: float  # modelled step time per token relative to the original (proxy)
+    slowdown: float  # modelled step time per token relative to the original (engine/step_time.py)
 
     @property
     def label(self) -> str:
@@ -250,11 +247,8 @@ def levers(scenario: Scenario) -> dict[str, list[Option]]:
 
 
 def _step_time(scenario: Scenario) -> float:
-    """Modelled step time per token (``plan.proxy``) of one scenario."""
-    ctx = Context(scenario)
-    cols = {k: np.array([v]) for k, v in scenario_columns(scenario).items()}
-    out = proxy.throughput(scenario, ctx.arch, ctx.gpu, ctx.trainable_parameters, cols)
-    return 1.0 / float(out["tokens_per_gpu_s"][0])
+    """Modelled step time per token (``engine/step_time.py``, as ``estimate``) of one scenario."""
+    return 1.0 / step_time(Context(scenario)).tokens_per_second_per_gpu
 
 
 def _combos(groups: dict[str, list[Option]], size: int) -> Iterator[tuple[Option, ...]]:

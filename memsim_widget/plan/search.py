@@ -1,4 +1,5 @@
-"""``plan``: search layouts and knobs for a model on a GPU type, keep what fits, rank by the proxy."""
+"""``plan``: search layouts and knobs for a model on a GPU type, keep what fits, rank by modelled cost, time
+or memory (the step-time model of ``engine/step_time.py``, the same as ``estimate``'s)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memsim_widget.cost import price_of
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.plan import proxy
 from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
+from memsim_widget.plan.timing import time_columns
 from memsim_widget.plan.vector import (
     CHECKPOINTING,
     COLUMNS,
@@ -55,7 +57,13 @@ FRAME_COLUMNS = ("candidate", "method", "num_gpus", "dp", "tp", "pp", "cp", "ep"
                  "micro_batch_size", "grad_accum_steps", "pp_microbatches", "global_batch_tokens",
                  "activation_checkpointing", "loss", "optimizer", "offload", "peak_allocated_gib",
                  "peak_reserved_gib", "device_total_gib", "peak_phase", "worst_stage", "fits", "free_gib",
-                 "tokens_per_gpu_s", "step_time_s", "bubble", "recompute", "communication_s")  # fmt: skip
+                 "tokens_per_gpu_s", "step_time_s", "mfu", "wall_hours", "gpu_hours", "dollars", "bubble",
+                 "recompute", "communication_s")  # fmt: skip
+#: What ``plan`` can rank by: ``cost`` (dollars = GPU-hours: tokens/s per GPU, higher first), ``time`` (wall
+#: hours: tokens/s of the whole job, higher first) or ``memory`` (memory per GPU, lower first).
+RANK_BY = ("cost", "time", "memory")
+#: Tokens the hours and dollars columns are for when ``train_tokens`` is not given (one billion).
+DEFAULT_TRAIN_TOKENS = 10**9
 
 
 def base_scenario(base: Scenario | Mapping[str, Any] | None = None, **keys: Any) -> Scenario:
@@ -73,18 +81,24 @@ def base_scenario(base: Scenario | Mapping[str, Any] | None = None, **keys: Any)
 
 @dataclass
 class Plan:
-    """Every candidate evaluated, with the ones that fit ranked by the throughput proxy."""
+    """Every candidate evaluated, with the ones that fit ranked by modelled cost, time or memory (``rank_by``)."""
 
     base: Scenario
     gpu_counts: tuple[int, ...]
     space: SearchSpace
     headroom: float
-    columns: dict[str, np.ndarray]  # one array per candidate column, figure and proxy part
+    columns: dict[str, np.ndarray]  # one array per candidate column, memory and time figure
     seconds: float
     global_batch_tokens: int | None = None
     top: int | None = 50
     #: One base per training method searched (``base`` is the first); the ``method`` column indexes it.
     bases: tuple[Scenario, ...] = ()
+    #: ``cost``, ``time`` or ``memory`` (``RANK_BY``).
+    rank_by: str = "cost"
+    #: Tokens the hours and dollars are computed for (``DEFAULT_TRAIN_TOKENS`` if None).
+    train_tokens: float | None = None
+    #: US$ per GPU-hour (None: ``cost.PRICES`` for the card).
+    price: float | None = None
     _estimates: dict[int, Estimate] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,8 +119,9 @@ class Plan:
     def ranking(self) -> np.ndarray:
         """Indices of the fitting candidates worth listing, best first.
 
-        Order: modelled tokens/s per GPU down; on a tie the scenario's own optimizer before a substitute
-        (8-bit AdamW costs no step time in the proxy, but changes the numerics), then less memory.
+        Order (``rank_by``): ``cost`` -- modelled tokens/s per GPU down (fewest GPU-hours, so fewest dollars
+        on one card type); ``time`` -- tokens/s of the whole job down (fewest wall hours); ``memory`` -- memory
+        per GPU up. On a tie the scenario's own optimizer before a substitute, then less memory.
         Dropped: candidates another one of the same layout, method and optimizer beats on both memory
         and throughput (e.g. selective checkpointing where it saves nothing), so the list is the
         memory/throughput frontier of each layout.
@@ -134,8 +149,22 @@ class Plan:
         keep[order] = m_sorted < prev
         kept = fits[keep]
         own = np.array([o != self.base.optimizer for o in self.space.optimizers])[c["optimizer"][kept]]
-        rank = np.lexsort((c["device_total_bytes"][kept], own, -c["tokens_per_gpu_s"][kept]))
+        rank = np.lexsort((c["device_total_bytes"][kept], own, -self._score(kept)))
         return kept[rank]
+
+    def _score(self, idx: np.ndarray) -> np.ndarray:
+        """What ``rank_by`` maximises for candidates ``idx``."""
+        c = self.columns
+        if self.rank_by == "time":
+            return c["tokens_per_gpu_s"][idx] * c["num_gpus"][idx]
+        if self.rank_by == "memory":
+            return -c["device_total_bytes"][idx].astype(np.float64)
+        return c["tokens_per_gpu_s"][idx]
+
+    @property
+    def price_per_gpu_hour(self) -> float:
+        """The price the dollars column uses (US$ per GPU-hour)."""
+        return price_of(Context(self.base).gpu.id) if self.price is None else float(self.price)
 
     @property
     def fitting(self) -> int:
@@ -180,6 +209,7 @@ class Plan:
                 str(c["peak_phase"][i]),
                 int(c["worst_stage"][i]),
                 bool(c["fits"][i]),
+                float(c["step_time_s"][i]),
             )
             want = (
                 est.peak_allocated_bytes,
@@ -188,6 +218,7 @@ class Plan:
                 est.peak_phase,
                 est.worst.stage.index,
                 est.fits(headroom=self.headroom),
+                est.step_time_s,
             )
             if got != want:
                 out.append((i, got, want))
@@ -202,7 +233,7 @@ class Plan:
             raise PlanCheckError(
                 f"{len(bad)} planner candidates differ from estimate; candidate {i} "
                 f"({self.scenario(i).to_json(indent=None)}): planner (allocated, reserved, device, moment, "
-                f"stage, fits) = {got}, estimate = {want}"
+                f"stage, fits, step time) = {got}, estimate = {want}"
             )
 
     def _frame(self, idx: np.ndarray) -> pd.DataFrame:
@@ -211,6 +242,8 @@ class Plan:
         c = self.columns
         seq = Context(self.base).seq_len
         accum = np.maximum(c["grad_accum"], c["pp_microbatches"])
+        tokens = DEFAULT_TRAIN_TOKENS if self.train_tokens is None else self.train_tokens
+        hours = tokens / (c["tokens_per_gpu_s"][idx] * c["num_gpus"][idx]) / 3600.0
         data = {
             "candidate": idx,
             "method": np.array([b.method for b in self.bases], dtype=object)[c["method"][idx]],
@@ -239,6 +272,10 @@ class Plan:
             "free_gib": (c["gpu_memory_bytes"] * (1 - self.headroom) - c["device_total_bytes"][idx]) / GiB,
             "tokens_per_gpu_s": c["tokens_per_gpu_s"][idx],
             "step_time_s": c["step_time_s"][idx],
+            "mfu": c["mfu"][idx],
+            "wall_hours": hours,
+            "gpu_hours": hours * c["num_gpus"][idx],
+            "dollars": hours * c["num_gpus"][idx] * self.price_per_gpu_hour,
             "bubble": c["bubble"][idx],
             "recompute": c["recompute"][idx],
             "communication_s": c["communication_s"][idx],
@@ -264,7 +301,7 @@ class Plan:
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
         """The JSON form (``memsim plan --json``): the search, and the best candidates each with its full
-        scenario, its estimate and its proxy figures."""
+        scenario, its estimate, its modelled time and its hours and dollars."""
         n = self.top if top is None else top
         idx = self.ranking if n is None else self.ranking[:n]
         frame = self._frame(idx)
@@ -279,8 +316,16 @@ class Plan:
                     "estimate": est.to_dict(self.headroom),
                     "throughput": {
                         k: float(row[k])
-                        for k in ("tokens_per_gpu_s", "step_time_s", "bubble", "recompute", "communication_s")
+                        for k in (
+                            "tokens_per_gpu_s",
+                            "step_time_s",
+                            "mfu",
+                            "bubble",
+                            "recompute",
+                            "communication_s",
+                        )
                     },
+                    "cost": {k: float(row[k]) for k in ("wall_hours", "gpu_hours", "dollars")},
                 }
             )
         return {
@@ -293,7 +338,9 @@ class Plan:
             "fitting": self.fitting,
             "listed": self.listed,
             "seconds": round(self.seconds, 4),
-            "ranked_by": "tokens_per_gpu_s: modelled tokens per second per GPU (memsim_widget.plan.proxy)",
+            "ranked_by": RANKED_BY[self.rank_by],
+            "train_tokens": DEFAULT_TRAIN_TOKENS if self.train_tokens is None else self.train_tokens,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
             "candidates": out,
         }
 
@@ -310,8 +357,26 @@ class Plan:
         return (
             f"{head}; best: dp={r.dp} tp={r.tp} pp={r.pp} cp={r.cp} zero={r.zero} b={r.micro_batch_size} "
             f"ckpt={r.activation_checkpointing} {r.optimizer} -> {r.device_total_gib:.1f} GiB per GPU, "
-            f"{r.tokens_per_gpu_s:,.0f} tokens/s/GPU (proxy)"
+            f"{r.tokens_per_gpu_s:,.0f} tokens/s/GPU (modelled), {r.wall_hours:,.3g} h / ${r.dollars:,.0f} "
+            f"per {_tokens_label(self.train_tokens)} tokens"
         )
+
+
+#: How each ``rank_by`` orders, in words (the JSON's ``ranked_by``).
+RANKED_BY = {
+    "cost": "cost: modelled tokens/s per GPU, higher first (fewest GPU-hours; memsim_widget.engine.step_time)",
+    "time": "time: modelled tokens/s of the whole job, higher first (fewest wall hours)",
+    "memory": "memory: memory per GPU (nvidia-smi), lower first",
+}
+
+
+def _tokens_label(tokens: float | None) -> str:
+    """``1B``-style label of the tokens the hours are for."""
+    n = DEFAULT_TRAIN_TOKENS if tokens is None else tokens
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:g}{unit}"
+    return f"{n:g}"
 
 
 def _times(a: np.ndarray, k: int) -> np.ndarray:
@@ -355,6 +420,9 @@ def plan(
     top: int | None = 50,
     methods: Sequence[str] | None = None,
     check: bool | None = None,
+    rank_by: str = "cost",
+    train_tokens: float | None = None,
+    price: float | None = None,
     **fixed: Any,
 ) -> Plan:
     """Search the layouts and memory knobs of a training job; keep those that fit with ``headroom``.
@@ -366,8 +434,17 @@ def plan(
     ``("full", "lora", "qlora")``) lets the search change the training method too; by default it is fixed.
     ``check=True`` (default: the ``MEMSIM_PLAN_CHECK`` environment variable set to 1) checks every listed
     candidate against ``estimate`` of its scenario and raises ``PlanCheckError`` on any difference.
+    ``rank_by`` (``RANK_BY``): ``cost`` (default), ``time`` or ``memory``; ``train_tokens`` (default 1e9) and
+    ``price`` (US$ per GPU-hour, default ``cost.PRICES``) set the hours and dollars columns.
     """
     t0 = time.perf_counter()
+    if rank_by not in RANK_BY:
+        raise ScenarioError("rank_by", f"got {_short(rank_by)}; allowed values: {', '.join(RANK_BY)}")
+    for name, value in (("train_tokens", train_tokens), ("price", price)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
+        ):
+            raise ScenarioError(name, f"must be a positive number, got {_short(value)}")
     headroom = check_headroom(headroom)
     fixed.pop("parallel", None)
     b = base_scenario(base, model=model, gpu=gpu, **fixed)
@@ -412,8 +489,7 @@ def plan(
     parts = []
     for k, bm in enumerate(bases):
         cols = _search(bm, lays, space, g_seq, limit)
-        cm = Context(bm)
-        cols.update(proxy.throughput(bm, cm.arch, cm.gpu, cm.trainable_parameters, cols))
+        cols.update(time_columns(bm, cols, space.optimizers))
         cols["method"] = np.full(cols["dp"].shape[0], k, dtype=np.int64)
         parts.append(cols)
     cols = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
@@ -430,6 +506,9 @@ def plan(
         global_batch_tokens,
         top,
         bases=bases,
+        rank_by=rank_by,
+        train_tokens=train_tokens,
+        price=price,
     )
     if check if check is not None else os.environ.get(CHECK_ENV, "") not in ("", "0"):
         result.check()

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.gpu_speed import GPUS_PER_NODE  # one NVLink domain: tensor parallelism stays inside
 from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, replace_unchecked
 from memsim_widget.scenario import MAX_ACCUM_STEPS, MAX_GPUS, MAX_MICRO_BATCH, Scenario
-
-#: GPUs that share a fast intra-node link (NVLink / Infinity Fabric): tensor parallelism stays inside one.
-GPUS_PER_NODE = 8
 
 
 def _choices(field_name: str, values: Iterable[object], allowed: Sequence[object]) -> tuple:

@@ -325,6 +325,11 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
         """The breakdown as a pandas DataFrame (rank, stage, moment, category, item, bytes, gib, counter, formula)."""
         return self._estimate.frame
 
+    @property
+    def time_frame(self) -> Any:
+        """Where the modelled step time goes as a pandas DataFrame (category, item, seconds, share, formula)."""
+        return self._estimate.time_frame
+
     def set(self, **changes: Any) -> MemSim:
         """Change scenario keys like the controls do (``parallel``/``lora`` accept partial dicts); raises if invalid."""
         exc = self._submit(merge(self.scenario_data, changes), explicit=frozenset(flatten(changes)))
@@ -340,9 +345,15 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
         """The "how it scales" chart (Altair): memory against micro-batch and sequence length."""
         return charts_mod.scaling_chart(self._estimate, self.headroom)
 
+    def time_chart(self) -> Any:
+        """The step-time chart (Altair): one bar of where a step's modelled seconds go, by category."""
+        from memsim_widget.time_charts import time_chart
+
+        return time_chart(self._estimate)
+
     def save_chart(self, path: str | Path, which: str = "breakdown", scale_factor: float = 2.0) -> Path:
-        """Save a chart (``breakdown`` or ``scaling``) as .png, .svg, .pdf, .html or .json (vl-convert)."""
-        charts = {"breakdown": self.chart, "scaling": self.scaling_chart}
+        """Save a chart (``breakdown``, ``scaling`` or ``time``) as .png, .svg, .pdf, .html or .json (vl-convert)."""
+        charts = {"breakdown": self.chart, "scaling": self.scaling_chart, "time": self.time_chart}
         if which not in charts:
             raise ValueError(f"which must be one of {', '.join(charts)}, got {which!r}")
         path = Path(path)

@@ -1,0 +1,295 @@
+"""Modelled step time against published training throughput; writes docs/speed.md.
+
+Run: python benchmarks/fidelity_speed.py              (table, median and worst error, docs/speed.md)
+     python benchmarks/fidelity_speed.py --fit        (refit the efficiency constants on FIT_ROWS, print them)
+     python benchmarks/fidelity_speed.py --normalise  (rebuild data/throughput/published.csv from
+                                                       ../shared/data/throughput-dev.csv and the rules below)
+
+Each shared row becomes a scenario here (``scenario_for``): the model as an inline config from the row's
+columns, the GPU, layout, precision, checkpointing, micro-batch and global batch. What the source leaves out
+is written in the row's ``assumptions`` (group ``assumed``); rows that cannot be run are ``excluded`` with a
+``reason``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from memsim_widget.engine.gpu_speed import FIT_ROWS, MATMUL_EFFICIENCY  # noqa: E402
+from memsim_widget.engine.step_time import ATTENTION_EFFICIENCY  # noqa: E402
+from memsim_widget.fidelity_speed import (  # noqa: E402
+    ATTENTION_FIT_ROWS,
+    DATA,
+    Comparison,
+    compare,
+    fit_constants,
+    load,
+    summary,
+)
+from memsim_widget.scenario import Scenario  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "data" / "throughput-dev.csv"
+DOC = ROOT / "docs" / "speed.md"
+EXTRA = ("published_tokens_per_s_per_gpu", "group", "reason", "assumptions", "scenario_json")
+
+GPU_IDS = {
+    "H100-SXM-80GB": "h100-sxm-80gb",
+    "A100-SXM-40GB (1600Gbps RoCE)": "a100-40gb",
+    "RTX 4090 24GB": "rtx-4090",
+    "RTX A6000 48GB": "rtx-a6000",
+    "A100 (80GB implied by 60 GiB peak)": "a100-80gb",
+}
+#: Llama 3.2 3B's published config.json (the torchtune rows name the model only).
+LLAMA_32_3B = {"hidden": 3072, "layers": 28, "heads": 24, "kv_heads": 8, "ffn": 8192, "vocab": 128256}
+#: torchtune's LoRA recipes adapt every attention projection and the MLP (apply_lora_to_mlp: True).
+TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _gpt(r: dict[str, str], s: int) -> dict[str, Any]:
+    """An MPT / Megatron GPT as an inline GPT-2-style config (4h GELU MLP, tied embeddings, no dropout)."""
+    return {
+        "model_type": "gpt2",
+        "n_embd": int(r["hidden"]),
+        "n_layer": int(r["layers"]),
+        "n_head": int(r["heads"]),
+        "n_inner": int(r["ffn"]),
+        "vocab_size": int(r["vocab"]),
+        "n_positions": s,
+        "activation_function": "gelu",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    }
+
+
+def _llama(d: dict[str, int], tied: bool) -> dict[str, Any]:
+    return {
+        "model_type": "llama",
+        "hidden_size": d["hidden"],
+        "num_hidden_layers": d["layers"],
+        "num_attention_heads": d["heads"],
+        "num_key_value_heads": d["kv_heads"],
+        "intermediate_size": d["ffn"],
+        "vocab_size": d["vocab"],
+        "tie_word_embeddings": tied,
+    }
+
+
+def megatron_tokens(r: dict[str, str]) -> float:
+    """Tokens/s per GPU from Megatron's published TFLOP/s per GPU and its own FLOP count per token
+    (``num_floating_point_operations``: 72 L h^2 + 12 L h s + 6 h V for a 4h MLP, no recomputation)."""
+    L, h, s, V = int(r["layers"]), int(r["hidden"]), int(r["seq_len"]), int(r["vocab"])
+    return float(r["tflops_per_gpu"]) * 1e12 / (72 * L * h * h + 12 * L * h * s + 6 * h * V)
+
+
+def scenario_for(r: dict[str, str]) -> tuple[dict | None, float | None, str, str, str]:
+    """(scenario dict, published tokens/s/GPU, group, reason, assumptions) of one shared row."""
+    src, rid = r["source_id"], r["row_id"]
+    if src == "llm-foundry":
+        s, n, b = int(r["seq_len"]), int(r["gpu_count"]), int(r["micro_batch"])
+        sc = {
+            "model": _gpt(r, s),
+            "gpu": GPU_IDS[r["gpu"]],
+            "precision": "amp-bf16" if r["precision"].startswith("amp") else "bf16",
+            "seq_len": s,
+            "micro_batch_size": b,
+            "grad_accum_steps": int(r["global_batch_seqs"]) // (n * b),
+            "activation_checkpointing": "full" if r["activation_checkpointing"] == "full" else "none",
+            "framework": "hf",
+            "parallel": {"dp": n, "zero": 3 if "FULL_SHARD" in r["fsdp"] else 2},
+        }
+        return (
+            sc,
+            float(r["tokens_per_s_per_gpu"]),
+            "full",
+            "",
+            "MPT as a GPT-2-style config (ALiBi: no position table in MPT; the learned one here adds no FLOPs)",
+        )
+    if src == "megatron-lm" and r["tp"]:
+        n, tp, pp, dp = int(r["gpu_count"]), int(r["tp"]), int(r["pp"]), int(r["dp"])
+        m = int(r["global_batch_seqs"]) // dp
+        par: dict[str, Any] = {"dp": dp, "tp": tp, "pp": pp, "zero": 1, "sequence_parallel": tp > 1}
+        if pp > 1:
+            par["pp_microbatches"] = m
+        sc = {
+            "model": _gpt(r, int(r["seq_len"])),
+            "gpu": GPU_IDS[r["gpu"]],
+            "precision": "mixed-bf16",
+            "seq_len": int(r["seq_len"]),
+            "micro_batch_size": 1,
+            "grad_accum_steps": 1 if pp > 1 else m,
+            "activation_checkpointing": "selective",
+            "framework": "megatron",
+            "parallel": par,
+        }
+        assumed = ("micro-batch 1, selective recomputation, distributed optimizer (ZeRO-1), 1F1B without "
+                   "interleaving, TP communication not overlapped (the run used tp-comm-overlap); "
+                   "tokens/s from TFLOP/s by Megatron's FLOP formula")  # fmt: skip
+        return sc, megatron_tokens(r), "assumed", "", assumed
+    if src == "torchtune" and r["tokens_per_s_per_gpu"] and r["gpu"] in GPU_IDS:
+        return _torchtune(r)
+    reason = {
+        "megatron-lm": "tp/pp/dp at each scale not stated",
+        "megatron-paper": "model dimensions and throughput recalled, not in the stored text (trust low)",
+        "torchtune": "published tokens/s is for the whole 8-GPU job or per GPU: not stated",
+    }.get(src, "not mapped")
+    if rid == "tp0368":
+        reason = "unpacked batches: tokens/s counts padding of an unknown share"
+    return None, None, "excluded", reason, ""
+
+
+def _torchtune(r: dict[str, str]) -> tuple[dict | None, float | None, str, str, str]:
+    """torchtune's README rows: single-device recipes, their defaults where the table is silent."""
+    tech = r["compile_fused"]
+    is_3b = r["model"].startswith("Llama 3.2 3B")
+    if is_3b and "Packed" not in tech and "LoRA" not in tech:
+        return None, None, "excluded", "unpacked batches: tokens/s counts padding of an unknown share", ""
+    dims = (
+        LLAMA_32_3B
+        if is_3b
+        else {k: int(r[k]) for k in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab")}
+    )
+    method = "qlora" if "QLoRA" in r["model"] else "lora" if "LoRA" in r["model"] else "full"
+    sc: dict[str, Any] = {
+        "model": _llama(dims, tied=is_3b),
+        "gpu": GPU_IDS[r["gpu"]],
+        "precision": "bf16",
+        "method": method,
+        "seq_len": int(r["seq_len"]),
+        "micro_batch_size": int(r["micro_batch"]),
+        "framework": "torchtune",
+        "padding": "packed",
+    }
+    if is_3b:
+        sc["compile"] = "Compile" in tech or "LoRA" in tech
+        sc["loss"] = "chunked" if "Chunked" in tech or "LoRA" in tech else "standard"
+        sc["activation_checkpointing"] = "full" if r["activation_checkpointing"] == "yes" else "none"
+        sc["optimizer_in_backward"] = "optimizer step into backward" in tech
+        sc["activation_offloading"] = "Activation Offloading" in tech
+        sc["optimizer"] = "adamw-8bit" if "8-bit" in tech else "adamw"
+        sc["optimizer_impl"] = "fused"
+        assumed = "Llama 3.2 3B dimensions from its config.json; torch AdamW until the 8-bit row"
+    else:
+        sc["compile"] = True
+        sc["activation_checkpointing"] = "full"
+        sc["optimizer"] = "paged-adamw-8bit" if method == "full" else "adamw"
+        sc["optimizer_in_backward"] = method == "full"
+        if method == "full":
+            sc["optimizer_impl"] = "fused"
+        assumed = ("recipe defaults: activation checkpointing on; full: PagedAdamW8bit with the step in "
+                   "backward")  # fmt: skip
+    if method != "full":
+        sc["lora"] = {"rank": 64 if is_3b else 8, "alpha": 128 if is_3b else 16,
+                      "targets": TORCHTUNE_LORA_TARGETS, "adapter_dtype": "bf16"}  # fmt: skip
+        assumed += "; LoRA rank and targets from the recipe's config"
+    return sc, float(r["tokens_per_s_per_gpu"]), "assumed", "", assumed
+
+
+def normalise(src: Path = SHARED, dst: Path = DATA) -> int:
+    """Rebuild the repository's copy of the shared rows with their scenarios; returns the row count."""
+    with open(src, newline="") as fh:
+        reader = csv.DictReader(fh)
+        fields = list(reader.fieldnames or []) + list(EXTRA)
+        rows = list(reader)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            sc, pub, group, reason, assumed = scenario_for(r)
+            text = Scenario.from_dict(sc).to_json(indent=None) if sc else ""
+            w.writerow({**r, "published_tokens_per_s_per_gpu": "" if pub is None else f"{pub:.6g}",
+                        "group": group, "reason": reason, "assumptions": assumed, "scenario_json": text})  # fmt: skip
+    return len(rows)
+
+
+def _line(c: Comparison) -> str:
+    r = c.row
+    sc = r.scenario
+    assert sc is not None
+    p = sc.parallel
+    lay = f"dp{p.dp} tp{p.tp} pp{p.pp} z{p.zero}"
+    return (f"| {r.row_id} | {r.model} | {sc.gpu} | {p.world_size} | {lay} | {sc.method} | {sc.seq_len} | "
+            f"{sc.micro_batch_size} | {sc.activation_checkpointing} | {r.published:,.0f} | {c.predicted:,.0f} | "
+            f"{c.error:+.1%} | {'fit' if c.fitted_on else ''} |")  # fmt: skip
+
+
+def report(comps: list[Comparison], rows: list) -> str:
+    """docs/speed.md's text."""
+    unseen = [c for c in comps if not c.fitted_on]
+    full = [c for c in unseen if c.row.group == "full"]
+    assumed = [c for c in unseen if c.row.group == "assumed"]
+    s_all, s_full, s_ass = summary(unseen), summary(full), summary(assumed)
+    worst = max(unseen, key=lambda c: abs(c.error))
+    fit_lines = "\n".join(
+        f"| `MATMUL_EFFICIENCY[{g!r}]` | {MATMUL_EFFICIENCY[g]} | {', '.join(ids)} |"
+        for g, ids in FIT_ROWS.items()
+    )
+    head = "| row | model | GPU | GPUs | layout | method | seq | micro-batch | checkpointing | published tok/s/GPU | predicted | error | |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    excluded = [r for r in rows if r.group == "excluded"]
+    groups: dict[tuple[str, str], list[Comparison]] = {}
+    for c in unseen:
+        groups.setdefault((c.row.source, str(c.row.scenario.gpu if c.row.scenario else "")), []).append(c)
+    by_group = "\n".join(
+        f"| {src} | {gpu} | {s['rows']} | {s['median']:.1%} | {s['worst']:.1%} |"
+        for (src, gpu), cs in groups.items()
+        for s in [summary(cs)]
+    )
+    return TEMPLATE.format(
+        n_unseen=s_all["rows"], med=s_all["median"], worst=s_all["worst"], worst_id=worst.row.row_id,
+        worst_model=worst.row.model, n_full=s_full["rows"], med_full=s_full["median"], worst_full=s_full["worst"],
+        n_ass=s_ass["rows"], med_ass=s_ass["median"], worst_ass=s_ass["worst"],
+        fit_lines=fit_lines, att=ATTENTION_EFFICIENCY, att_rows=", ".join(ATTENTION_FIT_ROWS),
+        table_full=head + "\n" + "\n".join(_line(c) for c in comps if c.row.group == "full"),
+        table_assumed=head + "\n" + "\n".join(_line(c) for c in comps if c.row.group == "assumed"),
+        assumptions="\n".join(f"- {c.row.row_id}: {c.row.assumptions}" for c in comps if c.row.group == "assumed"),
+        excluded="\n".join(f"- {r.row_id} ({r.model}): {r.reason}" for r in excluded),
+        by_group=by_group,
+    )  # fmt: skip
+
+
+TEMPLATE = (
+    (ROOT / "benchmarks" / "speed_template.md").read_text()
+    if (ROOT / "benchmarks" / "speed_template.md").exists()
+    else ""
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--normalise", action="store_true", help="rebuild data/throughput/published.csv")
+    ap.add_argument("--shared", type=Path, default=SHARED, help="the shared CSV (default ../shared/data/...)")
+    ap.add_argument("--fit", action="store_true", help="refit the constants on FIT_ROWS and print them")
+    ap.add_argument("--no-write", action="store_true", help="print only, do not write docs/speed.md")
+    a = ap.parse_args()
+    if a.normalise:
+        print(f"{normalise(a.shared)} rows -> {DATA.relative_to(ROOT)}")
+    rows = load()
+    if a.fit:
+        effs, att = fit_constants(rows)
+        print(f"MATMUL_EFFICIENCY = {effs}\nATTENTION_EFFICIENCY = {att}")
+        print(f"committed: {MATMUL_EFFICIENCY}, {ATTENTION_EFFICIENCY}")
+        return
+    comps = compare(rows)
+    for c in comps:
+        print(f"{c.row.row_id} {c.row.group:8s} {c.row.model[:26]:26s} pub {c.row.published:10,.0f} "
+              f"pred {c.predicted:10,.0f} {c.error:+7.1%} {'fit' if c.fitted_on else ''}")  # fmt: skip
+    unseen = [c for c in comps if not c.fitted_on]
+    for name, sel in (("unseen, all", unseen), ("unseen, full config", [c for c in unseen if c.row.group == "full"]),
+                      ("unseen, assumed config", [c for c in unseen if c.row.group == "assumed"])):  # fmt: skip
+        s = summary(sel)
+        print(f"{name}: {s['rows']} rows, median |error| {s['median']:.1%}, worst {s['worst']:.1%}")
+    if not a.no_write and TEMPLATE:
+        DOC.write_text(report(comps, rows))
+        print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""FLOPs per token of a model's forward pass, from its architecture, and the MFU convention.
+
+A matmul ``[t, k] x [k, n]`` is ``2 t k n`` FLOPs, so a Linear weight of ``numel`` elements costs ``2 numel``
+FLOPs per token forward (Kaplan et al. 2020, arXiv 2001.08361). MoE layers count the routed experts a token
+visits: ``experts_per_token / num_experts`` of the expert weights. Causal attention scores and the weighted
+sum cost ``2 x heads x (d_qk + d_v)`` FLOPs per token and key position, and a token at position ``i`` sees
+``i`` keys: ``(s + 1) / 2`` on average (FlashAttention skips the masked blocks; Dao 2023, arXiv 2307.08691).
+MLA (DeepSeek-V2) reads ``d_qk = nope + rope`` and ``d_v`` from the architecture; its low-rank projections
+are ordinary Linear weights.
+
+MFU's model FLOPs follow PaLM's appendix B (Chowdhery et al. 2022, arXiv 2204.02311): ``6 N + 12 L H Q s``
+per token, N the matmul parameters a token passes through (embedding lookups excluded, the output head
+included), the attention term counted without the causal halving, and no recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memsim_widget.architecture import Architecture
+
+#: Parameter kinds that are not matmul weights (lookups, norms).
+NON_MATMUL_KINDS = ("embedding", "position", "norm")
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """Forward FLOPs per token: the layers' Linear weights (averaged per layer), the head, attention."""
+
+    layers: int
+    linear_per_layer: float  # 2 x active Linear weights of one (average) layer
+    io_per_layer: float  # sum of (in + out) features over those weights: activation elements per token
+    head: float  # 2 x hidden x vocabulary of the output head (0 for none)
+    heads: int
+    d_qk: int
+    d_v: int
+    causal: bool
+
+    def attention_per_layer(self, seq_len: int) -> float:
+        """Scores and weighted sum, forward, per token: ``2 heads (d_qk + d_v) x keys seen``."""
+        keys = (seq_len + 1) / 2 if self.causal else float(seq_len)
+        return 2.0 * self.heads * (self.d_qk + self.d_v) * keys
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """PaLM's convention: ``6 N + 6 L heads (d_qk + d_v) s`` (= ``6 N + 12 L H Q s`` when d_qk = d_v)."""
+        n = self.layers * self.linear_per_layer / 2 + self.head / 2
+        return 6.0 * n + 6.0 * self.layers * self.heads * (self.d_qk + self.d_v) * seq_len
+
+
+def matmul_weights(arch: Architecture) -> tuple[float, float, int]:
+    """Active Linear weight elements of the blocks (experts scaled by top-k / experts), their summed
+    in + out features (activation elements a token reads and writes), and the head's weight elements."""
+    layer = io = 0.0
+    head = 0
+    share = arch.experts_per_token / arch.num_experts if arch.is_moe else 1.0
+    for g in arch.params:
+        if len(g.shape) != 2 or g.kind in NON_MATMUL_KINDS:
+            continue
+        if g.scope == "layer":
+            layer += g.numel * share if g.expert else g.numel
+            io += sum(g.shape) * g.count * (share if g.expert else 1.0)
+        elif g.kind == "head":
+            head += g.numel
+    if not head and arch.tied_embeddings and arch.causal:
+        head = arch.vocab_size * arch.hidden_size  # the tied embedding is the output head
+    return layer, io, head
+
+
+def model_flops(arch: Architecture) -> ModelFlops:
+    """The forward FLOPs per token of ``arch``."""
+    layer, io, head = matmul_weights(arch)
+    d_qk = arch.head_dim
+    mla = arch.extra.get("mla") if arch.extra else None
+    d_v = int(mla["v_head_dim"]) if mla else arch.head_dim
+    return ModelFlops(
+        layers=arch.num_layers,
+        linear_per_layer=2.0 * layer / max(arch.num_layers, 1),
+        io_per_layer=io / max(arch.num_layers, 1),
+        head=2.0 * head,
+        heads=arch.num_heads,
+        d_qk=d_qk,
+        d_v=d_v,
+        causal=arch.causal,
+    )
