@@ -192,6 +192,12 @@ FAMILIES = (
         group="families",
     ),
     Measurement(
+        "t5-base-bf16",
+        {"model": "t5-base", "gpu": "h200", "micro_batch_size": 8, "seq_len": 512},
+        group="families",
+        note="encoder-decoder, decoder as long as the encoder; dropout 0.1 as published",
+    ),
+    Measurement(
         "gpt-oss-20b-lora",
         {
             "model": "gpt-oss-20b",
@@ -307,17 +313,15 @@ def train_steps(m: Measurement, device: str = "cuda") -> None:
     arch = architecture_for(sc.model)
     attn = arch.attention_kernel("eager" if sc.attention == "eager" else "sdpa")  # Gemma 2 has no SDPA path
     config = transformers.AutoConfig.for_model(**cfg_dict)
-    vision = cfg_dict["model_type"] == "vit"
-    masked = (
-        architecture_for(sc.model).extra.get("objective") == "masked_lm" or cfg_dict["model_type"] == "bert"
-    )
-    cls = (
-        transformers.AutoModelForImageClassification
-        if vision
-        else transformers.AutoModelForMaskedLM
-        if masked
-        else transformers.AutoModelForCausalLM
-    )
+    from memsim_widget.trace.hf import _family  # the trace's own choice of head and inputs per model type
+
+    family = _family(cfg_dict["model_type"])
+    vision, seq2seq = family == "vit", family == "seq2seq"
+    cls = {
+        "vit": transformers.AutoModelForImageClassification,
+        "bert": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+    }.get(family, transformers.AutoModelForCausalLM)
     with dev:  # random init on the device itself: an 8B model initialised on the host takes minutes
         model = cls.from_config(config, attn_implementation=attn, dtype=wdtype)
     model.to(dev)
@@ -346,7 +350,8 @@ def train_steps(m: Measurement, device: str = "cuda") -> None:
             }
         else:
             ids = torch.randint(0, vocab, (b, length), device=dev)
-            inputs = {"input_ids": ids, "labels": ids}
+            labels = torch.randint(0, vocab, (b, length), device=dev) if seq2seq else ids
+            inputs = {"input_ids": ids, "labels": labels}  # a seq2seq decoder as long as the encoder
         with torch.autocast(dev.type, dtype=half, enabled=amp):
             out = step_fn(**inputs)
         loss = out.loss
