@@ -57,7 +57,7 @@ def test_without_torch_it_says_which_extra_to_install():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from memsim_widget.cli import main\n"
-        "sys.exit(main(['trace', '--model', 'gpt2']))\n"
+        "sys.exit(main(['trace', '--model', 'gpt2', '--seq-len', '512']))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 2
