@@ -293,7 +293,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
         # intermediates quoted by the breakdown
         "_": {"t": t, "m": m, "lst": lst, "rate": rate, "hbm": hbm, "lin": lin, "ada": ada, "att": att,
               "head": head, "io": io, "t_lin": t_lin, "t_att": t_att, "el": el_f + el_b + el_r, "loss_b": loss_b, "cast_b": cast_b, "deq_b": deq_b,
-              "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep, "z3": z3, "red": red, "gather": gather,
+              "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep, "z3": z3, "z3x": m * z3_exposed, "red": red, "gather": gather,
               "bubble_mbs": bubble_mbs, "t_pipe": t_pipe, "tr_sh": tr_sh, "d": d, "world": world},
     }  # fmt: skip
 

@@ -106,8 +106,9 @@ def _items(k: TimeModel, p: dict) -> tuple[TimeItem, ...]:
                  p["tensor/context parallel"] - m * (v["t_tp"] + v["t_cp"] + v["t_ep"]),
                  "activations forward and gradients backward between stages, per micro-batch"),
         TimeItem("data parallel", "exposed data-parallel / FSDP communication", p["data parallel"],
-                 f"ZeRO-3 per micro-batch {_g(v['z3'])} s, gradient reduce {_g(v['red'])} s, "
-                 "hidden behind compute but for one layer's share and any excess"),
+                 (f"ZeRO-3 gathers {_g(v['z3'])} s per micro-batch ({_g(v['z3x'])} s exposed), "
+                  if v["z3x"] else "")
+                 + f"gradient reduce {_g(v['red'])} s, hidden behind compute but for one layer's share and any excess"),
         TimeItem("pipeline bubble", "pipeline bubble", p["pipeline bubble"],
                  f"{_g(v['bubble_mbs'])} micro-batch times idle ((pp-1)/virtual stages) x {_g(v['t_pipe'])} s"),
         TimeItem("optimizer step", "optimizer step (memory-bound)", p["optimizer step"],

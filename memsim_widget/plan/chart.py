@@ -1,4 +1,4 @@
-"""The candidate-layouts chart of a plan: memory per GPU against the throughput proxy, fits in colour.
+"""The candidate-layouts chart of a plan: memory per GPU against the modelled throughput (step-time model), fits in colour.
 
 ``candidates_spec`` builds a plain Vega-Lite dict (the widget sends it as is); ``candidates_chart`` wraps
 it as an Altair chart for notebooks. Each point is one candidate; the dashed line is the usable memory
