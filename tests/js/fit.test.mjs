@@ -187,7 +187,7 @@ describe("layouts", () => {
     const { window, q, qa, model, cleanup } = mount({ scenario_data, layouts, fit_open: true, _vega_js: "bundle" });
     const v = layouts.view;
     assert.match(q(".memsim-layouts-summary").textContent,
-      new RegExp(`^${v.evaluated} candidates for llama-3.1-8b on 2 × NVIDIA A100 40GB.*: ${v.fitting} fit \\(searched in 120 ms\\)`));
+      new RegExp(`^${v.evaluated.toLocaleString("en-US")} candidates for llama-3.1-8b on 2 × NVIDIA A100 40GB.*: ${v.fitting} fit \\(searched in 120 ms\\)`));
     const rows = qa(".memsim-layouts-table tbody tr");
     assert.equal(rows.length, v.top.length);
     assert.ok(rows.length <= 5);
