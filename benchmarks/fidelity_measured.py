@@ -59,7 +59,6 @@ GPU_TARGET_ALLOCATED_ROW = 0.02
 GPU_EXPLAINED_ALLOCATED: dict[str, str] = {
     "g-vitb-amp-compile-allocated": "torch.compile has no memory rule: the figure is eager's",
     "g-llama1b-bf16-compile-allocated": "torch.compile has no memory rule: the figure is eager's",
-    "g-t5-base-bf16-allocated": "T5's encoder-decoder attention is not modelled (labelled in the output)",
     "g-roberta-base-amp-allocated": "attention dropout masks counted under SDPA, which CUDA's kernels do not keep",
 }
 
