@@ -381,6 +381,40 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         "t5 bf16 eager b2 s256 (no dropout)",
         {"model": T5, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"},
     ),
+    (
+        "t5 gated-gelu untied (v1.1 / Flan layout) bf16 sdpa b2 s512 (no dropout)",
+        {
+            "model": {**T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+            "micro_batch_size": 2,
+            "seq_len": 512,
+        },
+    ),
+    (
+        "t5 gated-gelu fp32 eager b2 s256 (no dropout)",
+        {
+            "model": {**T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "precision": "fp32",
+            "attention": "eager",
+        },
+    ),
+    (
+        "t5 bf16 ckpt b2 s512 (no dropout)",
+        {"model": T5, "micro_batch_size": 2, "seq_len": 512, "activation_checkpointing": "full"},
+    ),
+    (
+        "t5 amp-bf16 lora q/v b2 s512 (no dropout)",
+        {
+            "model": T5,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "precision": "amp-bf16",
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q", "v"]},
+        },
+    ),
+    ("t5 bf16 sdpa b1 s1024 (no dropout)", {"model": T5, "micro_batch_size": 1, "seq_len": 1024}),
     # RoBERTa: BERT's layers under other names, positions offset by the padding index
     ("roberta bf16 sdpa b4 s256 (no dropout)", {"model": ROBERTA, "micro_batch_size": 4, "seq_len": 256}),
     (

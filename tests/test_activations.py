@@ -199,3 +199,14 @@ def test_t5_norms_are_two_per_encoder_block_three_per_decoder_block():
     # fp32 copy, rsqrt, the bf16 input itself, the bf16 normalised tensor (the weight trains)
     per_norm = 4 * T * h + 4 * T + 2 * T * h + 2 * T * h
     assert _term(_t5_terms(), "T5LayerNorm") == (4 * 2 + 4 * 3) * per_norm / 8
+
+
+def test_t5_feed_forward_saves_relu_once_and_the_gelu_new_chain_when_gated():
+    b, s, I = 2, 512, 1024
+    T = b * s
+    # ReLU: its output is also wo's input, one bf16 T x I tensor
+    assert _term(_t5_terms(), "feed-forward: ReLU output") == 2 * T * I
+    # gated-gelu runs gelu_new: x, tanh, 0.5 x, 1 + tanh, then the product's operands (gelu out, wi_1 out)
+    gated = _t5_terms(model={"feed_forward_proj": "gated-gelu"})
+    assert _term(gated, "feed-forward activation internals") == 6 * 2 * T * I
+    assert _term(gated, "feed-forward wo input") == 2 * T * I

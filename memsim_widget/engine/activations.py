@@ -629,6 +629,16 @@ def _hf(ctx: Context) -> ActivationBudget:
     if arch.family == "t5":  # encoder-decoder blocks: their own rules replace the decoder-only ones above
         del L[:]
         t5_sm = _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager)
+        if sc.activation_checkpointing == "full":
+            # the layer recomputed in backward is a decoder block (the first run backward), not the average
+            kept, scratch = list(L), ActivationBudget()
+            del L[:]
+            _t5_blocks(ctx, D, add, consumers, scratch, r, ec, amp, eager, stacks=(0, 1))
+            dec = sum(t.bytes for t in L)
+            L[:] = kept
+            out.recomputed_layer = [
+                Term("recomputed decoder block", dec, f"{fmt_int(dec)} B (one decoder block)", 1)
+            ]
         mlp_from = ao_from = ao_to = mlp_to = 0
     if amp and full:
         # Llama 4's bmm experts and nn.Linear router are autocast too: their 16-bit copies are cached alike
@@ -1336,7 +1346,7 @@ def _megatron(ctx: Context) -> ActivationBudget:
     return out
 
 
-def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager):  # noqa: ANN001, ANN202
+def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # noqa: ANN001, ANN202
     """T5 (``T5ForConditionalGeneration``, transformers 5.x), per layer averaged over the encoder's and the
     decoder's blocks (``arch.num_layers`` counts both). Returns the extra tensors a decoder block's
     self-attention backward holds (the softmax backward), as (bytes, formula).
@@ -1364,7 +1374,9 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager):  # noqa: ANN001,
     """
     arch, sc = ctx.arch, ctx.scenario
     T, h, b, s, a, hq, I = D.T, D.h, D.b, D.s, D.a, D.hq, D.I
-    ne, nd = arch.encoder_layers, arch.decoder_layers
+    ne, nd = stacks or (arch.encoder_layers, arch.decoder_layers)
+    # under checkpointing T5Attention marks the cross-attention's zero bias as needing a gradient: math path too
+    ckpt = sc.activation_checkpointing == "full"
     n = max(ne + nd, 1)
     full = ctx.full_training
     targets = {ad.base.module for ad in ctx.adapters}
@@ -1412,15 +1424,18 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager):  # noqa: ANN001,
     # ----- attention ---------------------------------------------------------------------------------
     grad_bias = full  # relative_attention_bias trains: position_bias needs a gradient
     if eager:
-        per = ec * T * 3 * hq + ec * bass + (bass * (1 + ec) if p > 0 else 0)
-        f = f"{ec} B x T x 3 x a*d + {ec} B x b x a x s x s" + (
-            f" + (1 + {ec}) B x b x a x s x s" if p else ""
-        )
+        # T5's eager softmax runs in the compute dtype; CUDA autocast runs it in fp32 and the matmul with v saves
+        # a 16-bit cast of the (dropped) probabilities
+        sm = (4 + (1 if p > 0 else 0) + ec) if amp else (ec + ((1 + ec) if p > 0 else 0))
+        per = ec * T * 3 * hq + sm * bass
+        f = f"{ec} B x T x 3 x a*d + {sm} B x b x a x s x s"
         avg("attention (eager): q, k, v copies, softmax" + (", dropout mask and output" if p else ""),
             per, 2 * per, share.format(e=1, d=2) + " x (" + f + ")", 5 if p else 4)  # fmt: skip
     else:
         fused = ec * T * 4 * hq + 4 * b * a * s
         ff = f"{ec} B x T x 4 x a*d + 4 B x b x a x s"
+        math_x = 4 * T * 3 * hq + 4 * bass + ((1 + 4) * bass if p > 0 else 0)
+        fm_x = "4 B x T x 3 x a*d + 4 B x b x a x s x s" + (" + (1 + 4) B x b x a x s x s" if p else "")
         if grad_bias:
             math_ = 4 * T * 3 * hq + 4 * bass + ((1 + 4) * bass if p > 0 else 0)
             fm = "4 B x T x 3 x a*d + 4 B x b x a x s x s" + (" + (1 + 4) B x b x a x s x s" if p else "")
@@ -1441,8 +1456,12 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager):  # noqa: ANN001,
                 f"{ff} + {ec} B x a x s x s",
                 6,
             )
-        avg("cross-attention: fused SDPA q, k, v, output, logsumexp", 0, fused,
-            f"{nd}/{n} layers x ({ff})", 5)  # fmt: skip
+        if ckpt:
+            avg("cross-attention: SDPA math path (its zero bias needs a gradient under checkpointing)", 0,
+                math_x, f"{nd}/{n} layers x ({fm_x})", 4)  # fmt: skip
+        else:
+            avg("cross-attention: fused SDPA q, k, v, output, logsumexp", 0, fused,
+                f"{nd}/{n} layers x ({ff})", 5)  # fmt: skip
         # the zero bias of the cross-attention, and the encoder's bias under LoRA: one per stack
         # the cross-attention's zero bias: one contiguous tensor for the whole decoder, saved by the fused SDPA
         out.pre.append(
@@ -1460,6 +1479,10 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager):  # noqa: ANN001,
                 s * D.s_full,
                 f"{nd}/{n} layers x 1 B x s x s",
             )
+    if ckpt and grad_bias and not eager and not stacks:
+        # each stack's position bias is an input of every checkpointed block that needs a gradient: kept (traced)
+        out.pre.append(Term("position biases (1, a, s, s) kept as checkpointed block inputs, one per stack",
+                            2 * ec * a * s * D.s_full, f"2 x {ec} B x a x s x s", 2))  # fmt: skip
     attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
     consumers(attn_out, hq, T * (ne + 2 * nd) / n, ec, "attention output (b, s, a*d) copy")
     if full:
@@ -1467,23 +1490,34 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager):  # noqa: ANN001,
         out.pre.append(Term("relative position buckets (int64), one per stack", 2 * 8 * s * D.s_full,
                             "2 x 8 B x s x s", 2))  # fmt: skip
     # ----- feed-forward --------------------------------------------------------------------------------
-    relu = arch.mlp_activation == "relu"
+    # T5Config's feed_forward_proj: "relu" saves the ReLU output once (the ReLU backward and wo share it);
+    # otherwise the activation's own tensors, for gated ones the product's two operands, and wo's input.
+    # "gated-gelu" runs gelu_new, a pointwise chain saving x, tanh(.), 0.5 x and 1 + tanh(.) (traced)
+    proj = arch.extra.get("feed_forward_proj", "relu")
+    relu = proj == "relu"
     wo_in = bool(full or (MLP_OUT & set(ctx.linear_modules) & targets))
     wo_cast = 2 if amp else 0  # wo is kept in fp32 under autocast: the .to(fp32) input is cast back for mm
     if relu:
         nb = ec + ((1 + ec) if p > 0 else 0) + (wo_cast if wo_in else 0)
+        ff = nb * T * I
         add(
             "feed-forward: ReLU output (also wo's input)" + (", dropout mask and output" if p else ""),
-            nb * T * I,
+            ff,
             f"({ec}{f' + 1 + {ec}' if p else ''}{f' + {wo_cast}' if wo_cast and wo_in else ''}) B x T x I, I={I}",
             3 if p else 1,
         )
     else:
-        n_act = ACT_SAVED.get(arch.mlp_activation, 3)
-        add(f"feed-forward activation internals ({arch.mlp_activation})", n_act * ec * T * I,
-            f"{n_act} x {ec} B x T x I", n_act)  # fmt: skip
-        if p > 0:
-            add("feed-forward dropout mask", T * I, "1 B x T x I")
+        own = {"gelu": 1, "gated-gelu": 4, "gated-silu": 1, "gated-relu": 1}.get(proj, 1)
+        gated = proj.startswith("gated-")
+        # gated: act(wi_0 x) and wi_1 x saved by their product (ReLU's output is the one it saves itself)
+        n_act = own + (2 if gated else 0) - (1 if proj == "gated-relu" else 0)
+        ff = (n_act + (1 if p > 0 else 0) / ec + (1 if wo_in else 0)) * ec * T * I
+        add(
+            f"feed-forward activation internals ({proj})" + (", dropout mask" if p else ""),
+            (n_act * ec + (1 if p > 0 else 0)) * T * I,
+            f"({n_act} x {ec}{' + 1' if p else ''}) B x T x I, I={I}",
+            n_act + (1 if p else 0),
+        )
         consumers(MLP_OUT, I, T, ec, "feed-forward wo input")
     if p > 0:
         avg("residual dropout masks", 2 * T * h, 3 * T * h, share.format(e=2, d=3) + " x 1 B x T x h", 3)
@@ -1500,7 +1534,6 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager):  # noqa: ANN001,
         # and cross-attention sub-layers (their norms included) and o's input copy have released what they saved;
         # alive: the fp32 gradients of the probabilities and of the scores, the residual gradient (r B x T x h),
         # the fp32 gradient of the attention output and of v
-        ff = (ec + ((1 + ec) if p > 0 else 0) + (wo_cast if wo_in else 0)) * T * I if relu else 0
         ff_in = (ec if full else 0) * T * h
         cross = ec * T * 4 * hq + 4 * b * a * s + (ec if full else 0) * T * h
         freed = ff + ff_in + cross + 2 * per_norm + (ec if full else 0) * T * hq
