@@ -112,8 +112,14 @@ def activations(ctx: Context) -> ActivationBudget:
 
 
 def _refuse_untraced(ctx: Context) -> None:
-    """Raise ScenarioError for the Falcon combinations whose saved tensors no trace has checked (never a guess)."""
+    """Raise ScenarioError for the Falcon and T5 combinations whose saved tensors no trace has checked (never a
+    guess)."""
     arch, sc = ctx.arch, ctx.scenario
+    if arch.family == "t5" and sc.activation_checkpointing == "selective-op":
+        raise ScenarioError(
+            "activation_checkpointing", "selective-op (torchtitan's per-op policy) is not modelled for T5: "
+            "torchtitan has no encoder-decoder model and no trace checks it; use none, selective or full",
+        )  # fmt: skip
     if arch.family != "falcon":
         return
     amp = uses_autocast(ctx)
@@ -1377,6 +1383,7 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # 
     ne, nd = stacks or (arch.encoder_layers, arch.decoder_layers)
     # under checkpointing T5Attention marks the cross-attention's zero bias as needing a gradient: math path too
     ckpt = sc.activation_checkpointing == "full"
+    selective = sc.activation_checkpointing == "selective"
     n = max(ne + nd, 1)
     full = ctx.full_training
     targets = {ad.base.module for ad in ctx.adapters}
@@ -1427,6 +1434,7 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # 
         # T5's eager softmax runs in the compute dtype; CUDA autocast runs it in fp32 and the matmul with v saves
         # a 16-bit cast of the (dropped) probabilities
         sm = (4 + (1 if p > 0 else 0) + ec) if amp else (ec + ((1 + ec) if p > 0 else 0))
+        sm = 0 if selective else sm
         per = ec * T * 3 * hq + sm * bass
         f = f"{ec} B x T x 3 x a*d + {sm} B x b x a x s x s"
         avg("attention (eager): q, k, v copies, softmax" + (", dropout mask and output" if p else ""),
@@ -1434,11 +1442,15 @@ def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # 
     else:
         fused = ec * T * 4 * hq + 4 * b * a * s
         ff = f"{ec} B x T x 4 x a*d + 4 B x b x a x s"
-        math_x = 4 * T * 3 * hq + 4 * bass + ((1 + 4) * bass if p > 0 else 0)
-        fm_x = "4 B x T x 3 x a*d + 4 B x b x a x s x s" + (" + (1 + 4) B x b x a x s x s" if p else "")
+        # Megatron-style "selective" recomputes the attention core: its s x s tensors are not kept
+        math_x = 4 * T * 3 * hq + (0 if selective else 4 * bass + ((1 + 4) * bass if p > 0 else 0))
+        fm_x = "4 B x T x 3 x a*d" + (
+            " (s x s recomputed: selective)"
+            if selective
+            else " + 4 B x b x a x s x s" + (" + (1 + 4) B x b x a x s x s" if p else "")
+        )
         if grad_bias:
-            math_ = 4 * T * 3 * hq + 4 * bass + ((1 + 4) * bass if p > 0 else 0)
-            fm = "4 B x T x 3 x a*d + 4 B x b x a x s x s" + (" + (1 + 4) B x b x a x s x s" if p else "")
+            math_, fm = math_x, fm_x
             avg(
                 "self-attention: SDPA math path (the bias needs a gradient): fp32 q, k, v, probabilities"
                 + (", dropout mask and dropped probabilities" if p else ""),
