@@ -1154,6 +1154,8 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
             "encoder_causal": False,
             "scale_decoder_outputs": scale_out,
             "loss_upcast": False,
+            # eager_attention_forward: softmax in the scores' dtype (no fp32 upcast in transformers 5.x)
+            "softmax_in_compute_dtype": True,
         },
     )
 

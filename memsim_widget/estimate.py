@@ -307,11 +307,6 @@ class Estimate:
                 "compile: true has no memory rule; these are eager's figures (measured on an H200: "
                 "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
             )
-        if self.arch.family == "t5":
-            out.append(
-                "T5's encoder-decoder attention is not fully modelled: on an H200, t5-base measured 11.87 GiB "
-                "allocated where this engine says 5.03 (-58%; docs/accuracy.md); plan with a wide margin"
-            )
         return tuple(out)
 
     def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:

@@ -63,6 +63,21 @@ DEEPSEEK_V2 = {
     "n_group": None,
     "topk_group": None,
 }
+#: T5 (T5ForConditionalGeneration): 4 encoder + 4 decoder blocks, ReLU feed-forward, dropout off (the CPU trace's
+#: dropout masks are not CUDA's 1-byte masks: the dropout rules are checked on the H200 row, docs/accuracy.md)
+T5 = {
+    "model_type": "t5",
+    "d_model": 256,
+    "d_ff": 1024,
+    "num_layers": 4,
+    "num_decoder_layers": 4,
+    "num_heads": 8,
+    "d_kv": 32,
+    "vocab_size": 1000,
+    "dropout_rate": 0.0,
+    "decoder_start_token_id": 0,
+    "pad_token_id": 0,
+}
 #: Llama 4 text: MoE every 2nd layer (Maverick's interleave) with 4 experts, top-1, a shared expert; layer 3 NoPE
 LLAMA4 = {
     "model_type": "llama4_text",
@@ -341,6 +356,65 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         "bert fp32 eager b2 s256 (no dropout)",
         {"model": BERT, "micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
     ),
+    # T5: encoder-decoder; SDPA with the relative position bias as a float mask: the math path (fp32 q, k, v and
+    # probabilities) while the bias trains, the fused kernel when it is frozen (LoRA) and in cross-attention
+    ("t5 bf16 sdpa b2 s512 (no dropout)", {"model": T5, "micro_batch_size": 2, "seq_len": 512}),
+    (
+        "t5 fp32 sdpa b2 s512 (no dropout)",
+        {"model": T5, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32"},
+    ),
+    (
+        "t5 amp-bf16 sdpa b2 s512 (no dropout)",
+        {"model": T5, "micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"},
+    ),
+    (
+        "t5 bf16 lora q/v b2 s512 (no dropout)",
+        {
+            "model": T5,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q", "v"]},
+        },
+    ),
+    (
+        "t5 bf16 eager b2 s256 (no dropout)",
+        {"model": T5, "micro_batch_size": 2, "seq_len": 256, "attention": "eager"},
+    ),
+    (
+        "t5 gated-gelu untied (v1.1 / Flan layout) bf16 sdpa b2 s512 (no dropout)",
+        {
+            "model": {**T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+            "micro_batch_size": 2,
+            "seq_len": 512,
+        },
+    ),
+    (
+        "t5 gated-gelu fp32 eager b2 s256 (no dropout)",
+        {
+            "model": {**T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "precision": "fp32",
+            "attention": "eager",
+        },
+    ),
+    (
+        "t5 bf16 ckpt b2 s512 (no dropout)",
+        {"model": T5, "micro_batch_size": 2, "seq_len": 512, "activation_checkpointing": "full"},
+    ),
+    (
+        "t5 amp-bf16 lora q/v b2 s512 (no dropout)",
+        {
+            "model": T5,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "precision": "amp-bf16",
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q", "v"]},
+        },
+    ),
+    ("t5 bf16 sdpa b1 s1024 (no dropout)", {"model": T5, "micro_batch_size": 1, "seq_len": 1024}),
     # RoBERTa: BERT's layers under other names, positions offset by the padding index
     ("roberta bf16 sdpa b4 s256 (no dropout)", {"model": ROBERTA, "micro_batch_size": 4, "seq_len": 256}),
     (

@@ -143,3 +143,70 @@ def test_loss_path_holds_fp32_vocab_sized_buffers():
     assert bwd["loss backward: two fp32 T x V gradient buffers"] == 8 * T * V
     fwd = {i.item: i.bytes for i in m["forward_end"].items}
     assert fwd["logits and their fp32 upcast"] == (2 + 4) * T * V
+
+
+T5_SMALL = {
+    "model_type": "t5",
+    "d_model": 256,
+    "d_ff": 1024,
+    "num_layers": 4,
+    "num_decoder_layers": 4,
+    "num_heads": 8,
+    "d_kv": 32,
+    "vocab_size": 1000,
+    "dropout_rate": 0.0,
+}
+
+
+def _t5_terms(**kw) -> dict[str, float]:
+    sc = Scenario.from_dict(
+        {"model": {**T5_SMALL, **kw.pop("model", {})}, "micro_batch_size": 2, "seq_len": 512, **kw}
+    )
+    return {t.name: t.bytes for t in activations(Context(sc)).per_layer}
+
+
+def _term(terms: dict[str, float], start: str) -> float:
+    (hit,) = [v for k, v in terms.items() if k.startswith(start)]
+    return hit
+
+
+def test_t5_self_attention_runs_sdpa_math_path_while_the_position_bias_trains():
+    b, s, a, d = 2, 512, 8, 32
+    T, bass = b * s, b * a * s * s
+    # fp32 copies of q, k, v (T x a*d each) and the fp32 probabilities, in every block of both stacks
+    math = 3 * 4 * T * a * d + 4 * bass
+    assert _term(_t5_terms(), "self-attention: SDPA math path") == math
+    # dropout 0.1: CUDA's 1-byte mask and the dropped fp32 probabilities
+    drop = _t5_terms(model={"dropout_rate": 0.1})
+    assert _term(drop, "self-attention: SDPA math path") == math + (1 + 4) * bass
+
+
+def test_t5_frozen_bias_and_cross_attention_use_the_fused_kernel():
+    b, s, a, d = 2, 512, 8, 32
+    T = b * s
+    fused = 4 * 2 * T * a * d + 4 * b * a * s  # q, k, v, output (bf16) and the fp32 logsumexp
+    lora = _t5_terms(method="lora", lora={"rank": 8, "targets": ["q", "v"]})
+    # the self-attention's float mask (1, a, s, s) is a new tensor per layer
+    assert _term(lora, "self-attention: fused SDPA") == fused + 2 * a * s * s
+    # cross-attention only in the 4 decoder blocks of 8: averaged per layer
+    assert _term(lora, "cross-attention: fused SDPA") == fused * 4 / 8
+    assert not any(k.startswith("self-attention: SDPA math path") for k in lora)
+
+
+def test_t5_norms_are_two_per_encoder_block_three_per_decoder_block():
+    b, s, h = 2, 512, 256
+    T = b * s
+    # fp32 copy, rsqrt, the bf16 input itself, the bf16 normalised tensor (the weight trains)
+    per_norm = 4 * T * h + 4 * T + 2 * T * h + 2 * T * h
+    assert _term(_t5_terms(), "T5LayerNorm") == (4 * 2 + 4 * 3) * per_norm / 8
+
+
+def test_t5_feed_forward_saves_relu_once_and_the_gelu_new_chain_when_gated():
+    b, s, I = 2, 512, 1024
+    T = b * s
+    # ReLU: its output is also wo's input, one bf16 T x I tensor
+    assert _term(_t5_terms(), "feed-forward: ReLU output") == 2 * T * I
+    # gated-gelu runs gelu_new: x, tanh, 0.5 x, 1 + tanh, then the product's operands (gelu out, wi_1 out)
+    gated = _t5_terms(model={"feed_forward_proj": "gated-gelu"})
+    assert _term(gated, "feed-forward activation internals") == 6 * 2 * T * I
+    assert _term(gated, "feed-forward wo input") == 2 * T * I

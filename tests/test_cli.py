@@ -139,8 +139,3 @@ def test_compile_is_labelled_as_unmodelled_in_text_json_and_estimate(capsys, tmp
     assert main(["estimate", str(path), "--json"]) == 0
     assert any("compile" in c for c in json.loads(capsys.readouterr().out)["caveats"])
     assert estimate(Scenario.from_dict({"model": "llama-3.2-1b"})).caveats == ()
-
-
-def test_t5_is_labelled_as_under_predicted_until_its_attention_is_modelled():
-    """The H200 run measured t5-base far above the engine: every T5 estimate says so."""
-    assert any("T5" in c for c in estimate(Scenario.from_dict({"model": "t5-base", "seq_len": 512})).caveats)

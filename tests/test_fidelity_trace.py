@@ -27,6 +27,8 @@ FAST = [
     "mixtral bf16 lora qv b2 s512",
     "gpt2 bf16 sdpa b2 s512",
     "gpt2 amp-bf16 sdpa b2 s512",
+    "t5 bf16 sdpa b2 s512 (no dropout)",
+    "t5 bf16 lora q/v b2 s512 (no dropout)",
 ]
 TOLERANCE = 0.03
 

@@ -112,8 +112,14 @@ def activations(ctx: Context) -> ActivationBudget:
 
 
 def _refuse_untraced(ctx: Context) -> None:
-    """Raise ScenarioError for the Falcon combinations whose saved tensors no trace has checked (never a guess)."""
+    """Raise ScenarioError for the Falcon and T5 combinations whose saved tensors no trace has checked (never a
+    guess)."""
     arch, sc = ctx.arch, ctx.scenario
+    if arch.family == "t5" and sc.activation_checkpointing == "selective-op":
+        raise ScenarioError(
+            "activation_checkpointing", "selective-op (torchtitan's per-op policy) is not modelled for T5: "
+            "torchtitan has no encoder-decoder model and no trace checks it; use none, selective or full",
+        )  # fmt: skip
     if arch.family != "falcon":
         return
     amp = uses_autocast(ctx)
@@ -625,6 +631,21 @@ def _hf(ctx: Context) -> ActivationBudget:
     if arch.hidden_dropout > 0:
         nm = arch.extra.get("residual_dropout_masks", 2)
         add("residual dropout masks", nm * Tout * h, f"{nm} x 1 B x T x h", nm)
+    t5_sm: tuple[float, str] = (0, "")
+    if arch.family == "t5":  # encoder-decoder blocks: their own rules replace the decoder-only ones above
+        del L[:]
+        t5_sm = _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager)
+        if sc.activation_checkpointing == "full":
+            # the layer recomputed in backward is a decoder block (the first run backward), not the average
+            kept, scratch = list(L), ActivationBudget()
+            del L[:]
+            _t5_blocks(ctx, D, add, consumers, scratch, r, ec, amp, eager, stacks=(0, 1))
+            dec = sum(t.bytes for t in L)
+            L[:] = kept
+            out.recomputed_layer = [
+                Term("recomputed decoder block", dec, f"{fmt_int(dec)} B (one decoder block)", 1)
+            ]
+        mlp_from = ao_from = ao_to = mlp_to = 0
     if amp and full:
         # Llama 4's bmm experts and nn.Linear router are autocast too: their 16-bit copies are cached alike
         bmm_experts = arch.extra.get("autocast_expert_copies", False)
@@ -967,6 +988,12 @@ def _hf(ctx: Context) -> ActivationBudget:
                 2,
             )
         )
+    if t5_sm[0] and sc.activation_checkpointing != "selective":
+        # T5's math-path softmax backward in the last decoder block (the first one differentiated): the fp32
+        # gradients of the probabilities and scores, while its feed-forward has released what it saved
+        out.attention_backward.append(
+            Term("T5 decoder self-attention softmax backward (math SDPA)", max(t5_sm[0], 0), t5_sm[1], 2)
+        )
     math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
     if math_sdpa and sc.activation_checkpointing != "selective":
         # the math fallback's softmax backward: fp32 gradients of the probabilities and of the scores, while the
@@ -1018,7 +1045,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         out.top_backward.append(Term("final RMSNorm backward (fp32)", 24 * Tout * h, "24 B x T x h", 4))
     else:
         out.top_backward.append(Term("final LayerNorm backward", 3 * r * Tout * h, f"3 x {r} B x T x h", 3))
-    if not eager and not math_sdpa:
+    if not eager and not math_sdpa and not t5_sm[0]:
         out.layer_backward.append(
             Term(
                 "flash-attention backward dq accumulator (fp32)",
@@ -1323,3 +1350,209 @@ def _megatron(ctx: Context) -> ActivationBudget:
         )
     )
     return out
+
+
+def _t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # noqa: ANN001, ANN202
+    """T5 (``T5ForConditionalGeneration``, transformers 5.x), per layer averaged over the encoder's and the
+    decoder's blocks (``arch.num_layers`` counts both). Returns the extra tensors a decoder block's
+    self-attention backward holds (the softmax backward), as (bytes, formula).
+
+    Each block is sub-layers: self-attention, (decoder) cross-attention, feed-forward, each behind a
+    T5LayerNorm: ``x.to(fp32).pow(2)`` saves an fp32 copy of the input, ``x * rsqrt(...)`` saves the input
+    itself (in the residual dtype; the same tensor as the fp32 copy in fp32 and under autocast) and the rsqrt,
+    ``weight * normed`` the normalised tensor when the weight trains.
+
+    Attention runs SDPA with the relative position bias folded into a float mask (1, a, s, s)
+    (transformers' ``create_position_bias_mask``). When the bias needs a gradient (its embedding trains:
+    full training), the fused kernels are not used (traced on CPU; on the H200 the allocated peak agrees only
+    with it): SDPA's math path upcasts to fp32 and saves q, k, v (fp32 copies) and the fp32 probabilities,
+    and with dropout p > 0 the dropout mask (CUDA's 1 B) and the dropped fp32 probabilities. A frozen bias
+    (LoRA) or the cross-attention's zero bias go to a fused kernel: q, k, v, the output, the fp32 logsumexp
+    and the float mask it reads (one per decoder layer for the causal self-attention: ``torch.where`` builds
+    it; the encoder's bias and the cross-attention's zeros are one tensor per stack). The output
+    (b, a, s, d) is copied to (b, s, a*d) for ``o``. The decoder's causal self-attention keeps its
+    boolean (1, 1, s, s) causal mask for ``torch.where``'s backward.
+
+    Cross-attention: q from the decoder, k and v from the encoder output, which every decoder block's k and v
+    Linears read: one tensor kept for them all (16-bit copies per Linear under autocast, LoRA copies per
+    adapter). The ReLU feed-forward saves its output once (the ReLU backward and ``wo`` share it); dropout
+    adds its mask (1 B) and the dropped tensor ``wo`` reads. Residual dropout masks: one per sub-layer.
+    """
+    arch, sc = ctx.arch, ctx.scenario
+    T, h, b, s, a, hq, I = D.T, D.h, D.b, D.s, D.a, D.hq, D.I
+    ne, nd = stacks or (arch.encoder_layers, arch.decoder_layers)
+    # under checkpointing T5Attention marks the cross-attention's zero bias as needing a gradient: math path too
+    ckpt = sc.activation_checkpointing == "full"
+    selective = sc.activation_checkpointing == "selective"
+    n = max(ne + nd, 1)
+    full = ctx.full_training
+    targets = {ad.base.module for ad in ctx.adapters}
+    p = arch.attention_dropout
+    bass = b * a * s * D.s_full
+    frozen0 = not full and sc.activation_checkpointing in ("none", "selective")
+    share = f"({ne} encoder x {{e}} + {nd} decoder x {{d}}) / {n} layers"
+
+    def avg(name: str, enc: float, dec: float, formula: str, tensors: int = 1, first: float = 0.0) -> None:
+        add(name, (ne * enc + nd * dec - first) / n, formula, tensors)
+
+    # ----- norms: 2 per encoder block, 3 per decoder block ------------------------------------------------
+    per_norm = 4 * T * h + 4 * T + (r * T * h if r != 4 else 0) + (r * T * h if full else 0)
+    # under LoRA the first norm of each stack's block 0 reads the frozen embeddings: nothing saved there
+    avg(
+        "T5LayerNorm: fp32 input copy, rsqrt, the input" + (", normalised" if full else ""),
+        2 * per_norm,
+        3 * per_norm,
+        share.format(e=2, d=3)
+        + f" x (4 B x T x h + 4 B x T{f' + {r} B x T x h' if r != 4 else ''}{f' + {r} B x T x h' if full else ''})"
+        + ("; none in block 0's first norm of each stack (frozen embeddings)" if frozen0 else ""),
+        4 if full else 3,
+        first=2 * per_norm if frozen0 else 0,
+    )
+    # ----- Linears reading the norms' outputs ------------------------------------------------------------
+    q_only = frozenset({"q"})
+    consumers(frozenset({"q", "k", "v"}), h, T, r, "self-attention input")
+    consumers(q_only, h, T * nd / n, r, f"cross-attention q input ({nd}/{n} layers)")
+    consumers(MLP_IN, h, T, r, "feed-forward input")
+    # cross-attention k, v read the encoder output: one tensor for all blocks, else copies per block
+    kv = frozenset({"k", "v"}) & set(ctx.linear_modules)
+    hit = kv if full else kv & targets
+    if hit and not amp and (full or ctx.adapter_bytes == ec):
+        out.pre.append(
+            Term("encoder output, read by every cross-attention k/v", ec * T * h, f"{ec} B x T x h", 1)
+        )
+    elif hit:
+        cb = 2 if amp else ctx.adapter_bytes
+        add(
+            "cross-attention k/v: copies of the encoder output",
+            len(hit) * cb * T * h * nd / n,
+            f"{nd}/{n} layers x {len(hit)} x {cb} B x T x h",
+            len(hit),
+        )
+    # ----- attention ---------------------------------------------------------------------------------
+    grad_bias = full  # relative_attention_bias trains: position_bias needs a gradient
+    if eager:
+        # T5's eager softmax runs in the compute dtype; CUDA autocast runs it in fp32 and the matmul with v saves
+        # a 16-bit cast of the (dropped) probabilities
+        sm = (4 + (1 if p > 0 else 0) + ec) if amp else (ec + ((1 + ec) if p > 0 else 0))
+        sm = 0 if selective else sm
+        per = ec * T * 3 * hq + sm * bass
+        f = f"{ec} B x T x 3 x a*d + {sm} B x b x a x s x s"
+        avg("attention (eager): q, k, v copies, softmax" + (", dropout mask and output" if p else ""),
+            per, 2 * per, share.format(e=1, d=2) + " x (" + f + ")", 5 if p else 4)  # fmt: skip
+    else:
+        fused = ec * T * 4 * hq + 4 * b * a * s
+        ff = f"{ec} B x T x 4 x a*d + 4 B x b x a x s"
+        # Megatron-style "selective" recomputes the attention core: its s x s tensors are not kept
+        math_x = 4 * T * 3 * hq + (0 if selective else 4 * bass + ((1 + 4) * bass if p > 0 else 0))
+        fm_x = "4 B x T x 3 x a*d" + (
+            " (s x s recomputed: selective)"
+            if selective
+            else " + 4 B x b x a x s x s" + (" + (1 + 4) B x b x a x s x s" if p else "")
+        )
+        if grad_bias:
+            math_, fm = math_x, fm_x
+            avg(
+                "self-attention: SDPA math path (the bias needs a gradient): fp32 q, k, v, probabilities"
+                + (", dropout mask and dropped probabilities" if p else ""),
+                math_,
+                math_,
+                f"{fm}, b={b} a={a} s={s}",
+                6 if p else 4,
+            )
+        else:
+            # the float mask is a new (1, a, s, s) tensor per layer in both stacks: the encoder's permuted bias
+            # made .contiguous(), the decoder's torch.where with the causal mask (traced)
+            add(
+                "self-attention: fused SDPA q, k, v, output, logsumexp and its float mask",
+                fused + ec * a * s * D.s_full,
+                f"{ff} + {ec} B x a x s x s",
+                6,
+            )
+        if ckpt:
+            avg("cross-attention: SDPA math path (its zero bias needs a gradient under checkpointing)", 0,
+                math_x, f"{nd}/{n} layers x ({fm_x})", 4)  # fmt: skip
+        else:
+            avg("cross-attention: fused SDPA q, k, v, output, logsumexp", 0, fused,
+                f"{nd}/{n} layers x ({ff})", 5)  # fmt: skip
+        # the zero bias of the cross-attention, and the encoder's bias under LoRA: one per stack
+        # the cross-attention's zero bias: one contiguous tensor for the whole decoder, saved by the fused SDPA
+        out.pre.append(
+            Term(
+                "cross-attention zero bias (the float mask its fused SDPA saves)",
+                ec * a * s * D.s_full,
+                f"{ec} B x a x s x s",
+                1,
+            )  # fmt: skip
+        )
+        if grad_bias:
+            avg(
+                "decoder causal mask (bool) kept by torch.where",
+                0,
+                s * D.s_full,
+                f"{nd}/{n} layers x 1 B x s x s",
+            )
+    if ckpt and grad_bias and not eager and not stacks:
+        # each stack's position bias is an input of every checkpointed block that needs a gradient: kept (traced)
+        out.pre.append(Term("position biases (1, a, s, s) kept as checkpointed block inputs, one per stack",
+                            2 * ec * a * s * D.s_full, f"2 x {ec} B x a x s x s", 2))  # fmt: skip
+    attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
+    consumers(attn_out, hq, T * (ne + 2 * nd) / n, ec, "attention output (b, s, a*d) copy")
+    if full:
+        # relative position buckets (int64 s x s) kept by each stack's bias embedding
+        out.pre.append(Term("relative position buckets (int64), one per stack", 2 * 8 * s * D.s_full,
+                            "2 x 8 B x s x s", 2))  # fmt: skip
+    # ----- feed-forward --------------------------------------------------------------------------------
+    # T5Config's feed_forward_proj: "relu" saves the ReLU output once (the ReLU backward and wo share it);
+    # otherwise the activation's own tensors, for gated ones the product's two operands, and wo's input.
+    # "gated-gelu" runs gelu_new, a pointwise chain saving x, tanh(.), 0.5 x and 1 + tanh(.) (traced)
+    proj = arch.extra.get("feed_forward_proj", "relu")
+    relu = proj == "relu"
+    wo_in = bool(full or (MLP_OUT & set(ctx.linear_modules) & targets))
+    wo_cast = 2 if amp else 0  # wo is kept in fp32 under autocast: the .to(fp32) input is cast back for mm
+    if relu:
+        nb = ec + ((1 + ec) if p > 0 else 0) + (wo_cast if wo_in else 0)
+        ff = nb * T * I
+        add(
+            "feed-forward: ReLU output (also wo's input)" + (", dropout mask and output" if p else ""),
+            ff,
+            f"({ec}{f' + 1 + {ec}' if p else ''}{f' + {wo_cast}' if wo_cast and wo_in else ''}) B x T x I, I={I}",
+            3 if p else 1,
+        )
+    else:
+        own = {"gelu": 1, "gated-gelu": 4, "gated-silu": 1, "gated-relu": 1}.get(proj, 1)
+        gated = proj.startswith("gated-")
+        # gated: act(wi_0 x) and wi_1 x saved by their product (ReLU's output is the one it saves itself)
+        n_act = own + (2 if gated else 0) - (1 if proj == "gated-relu" else 0)
+        ff = (n_act + (1 if p > 0 else 0) / ec + (1 if wo_in else 0)) * ec * T * I
+        add(
+            f"feed-forward activation internals ({proj})" + (", dropout mask" if p else ""),
+            (n_act * ec + (1 if p > 0 else 0)) * T * I,
+            f"({n_act} x {ec}{' + 1' if p else ''}) B x T x I, I={I}",
+            n_act + (1 if p else 0),
+        )
+        consumers(MLP_OUT, I, T, ec, "feed-forward wo input")
+    if p > 0:
+        avg("residual dropout masks", 2 * T * h, 3 * T * h, share.format(e=2, d=3) + " x 1 B x T x h", 3)
+        # the embeddings' and the final dropouts of each stack
+        out.pre.append(
+            Term("embedding and final dropout masks (both stacks)", 4 * T * h, "4 x 1 B x T x h", 4)
+        )
+    # the encoder's final norm (the decoder's is the model's final norm)
+    enc_norm = 4 * T * h + 4 * T + (r * T * h if r != 4 else 0) + (r * T * h if full else 0)
+    out.pre.append(Term("encoder final T5LayerNorm", enc_norm, "as a block's norm", 3))
+    # the decoder self-attention's softmax backward (math path): fp32 gradients of the probabilities and scores
+    if grad_bias and not eager:
+        # the last decoder block runs backward first: by its self-attention's softmax backward its feed-forward
+        # and cross-attention sub-layers (their norms included) and o's input copy have released what they saved;
+        # alive: the fp32 gradients of the probabilities and of the scores, the residual gradient (r B x T x h),
+        # the fp32 gradient of the attention output and of v
+        ff_in = (ec if full else 0) * T * h
+        cross = ec * T * 4 * hq + 4 * b * a * s + (ec if full else 0) * T * h
+        freed = ff + ff_in + cross + 2 * per_norm + (ec if full else 0) * T * hq
+        held = r * T * h + 2 * 4 * T * hq
+        return (
+            8 * bass + held - freed,
+            f"(4 + 4) B x b x a x s x s + {fmt_int(held)} B of gradients - {fmt_int(freed)} B released "
+            "(the block's feed-forward, cross-attention, their norms, o's input)",
+        )
+    return 0, ""
