@@ -185,6 +185,26 @@ FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}
 FALCON_RW = {**FALCON, "alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
+#: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
+#: fp32 eager, at micro-batch 2.
+FAMILY_KEYS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
+    ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+    (
+        "bf16 lora qv b2 s512",
+        {
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ),
+    (
+        "fp32 eager b2 s256",
+        {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
+    ),
+)
+
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama bf16 sdpa b2 s512", {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512}),
     ("llama bf16 sdpa b1 s64", {"model": LLAMA, "micro_batch_size": 1, "seq_len": 64}),
@@ -685,44 +705,12 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # Qwen3: per-head q/k RMSNorm (head_dim left at the config default, 128: a*d = 1024 > h)
     *(
         (f"qwen3 {label}", {"model": {"model_type": "qwen3", **SMALL, "tie_word_embeddings": True}, **keys})
-        for label, keys in (
-            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
-            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
-            (
-                "bf16 lora qv b2 s512",
-                {
-                    "micro_batch_size": 2,
-                    "seq_len": 512,
-                    "method": "lora",
-                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
-                },
-            ),
-            (
-                "fp32 eager b2 s256",
-                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
-            ),
-        )
+        for label, keys in FAMILY_KEYS
     ),
     # OLMo 2: post-norms only, q/k RMSNorm over the whole projection, weights multiplied in fp32
     *(
         (f"olmo2 {label}", {"model": {"model_type": "olmo2", **SMALL, "eos_token_id": 2}, **keys})
-        for label, keys in (
-            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
-            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
-            (
-                "bf16 lora qv b2 s512",
-                {
-                    "micro_batch_size": 2,
-                    "seq_len": 512,
-                    "method": "lora",
-                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
-                },
-            ),
-            (
-                "fp32 eager b2 s256",
-                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
-            ),
-        )
+        for label, keys in FAMILY_KEYS
     ),
     # GLM-4: four norms per block (two read 16-bit projection outputs), fused gate_up_proj, half-width RoPE
     *(
@@ -739,23 +727,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 **keys,
             },
         )
-        for label, keys in (
-            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
-            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
-            (
-                "bf16 lora qv b2 s512",
-                {
-                    "micro_batch_size": 2,
-                    "seq_len": 512,
-                    "method": "lora",
-                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
-                },
-            ),
-            (
-                "fp32 eager b2 s256",
-                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
-            ),
-        )
+        for label, keys in FAMILY_KEYS
     ),
     # Cohere: one mean-centred LayerNorm (no bias) feeding attention and MLP in parallel, optional per-head q/k norm
     *(
@@ -807,23 +779,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 **keys,
             },
         )
-        for label, keys in (
-            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
-            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
-            (
-                "bf16 lora qv b2 s512",
-                {
-                    "micro_batch_size": 2,
-                    "seq_len": 512,
-                    "method": "lora",
-                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
-                },
-            ),
-            (
-                "fp32 eager b2 s256",
-                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
-            ),
-        )
+        for label, keys in FAMILY_KEYS
     ),
     # Falcon: fused query_key_value, no biases, tied head. Multi-query (Falcon-7B): SDPA's math fallback (fp32
     # q and expanded k, v, fp32 probabilities); new decoder architecture (Falcon-40B): k, v broadcast to all
@@ -903,22 +859,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         )
     ),
     # Gemma 1: Gemma's RMSNorm (fp32 (1 + w), normalised tensor only when w trains, output in the input's dtype)
-    *(
-        (f"gemma {label}", {"model": GEMMA, **keys})
-        for label, keys in (
-            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
-            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
-            (
-                "bf16 lora qv b2 s512",
-                {
-                    "micro_batch_size": 2,
-                    "seq_len": 512,
-                    "method": "lora",
-                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
-                },
-            ),
-        )
-    ),
+    *((f"gemma {label}", {"model": GEMMA, **keys}) for label, keys in FAMILY_KEYS[:3]),
     # Gemma 2: transformers has no SDPA path for it (softcapping), so the default "sdpa" scenario runs eager in
     # both engine and trace; the attention softcap's tanh output is saved per layer (b x a x s x s)
     *(
@@ -944,26 +885,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
         {"model": {**GEMMA2, "vocab_size": 32000}, "micro_batch_size": 2, "seq_len": 256},
     ),
     # Gemma 3: per-head q/k Gemma RMSNorms (fp32 normalised tensors), SDPA, no attention softcapping
-    *(
-        (f"gemma3_text {label}", {"model": GEMMA3, **keys})
-        for label, keys in (
-            ("bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512}),
-            ("amp-bf16 sdpa b2 s512", {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
-            (
-                "bf16 lora qv b2 s512",
-                {
-                    "micro_batch_size": 2,
-                    "seq_len": 512,
-                    "method": "lora",
-                    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
-                },
-            ),
-            (
-                "fp32 eager b2 s256",
-                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", "attention": "eager"},
-            ),
-        )
-    ),
+    *((f"gemma3_text {label}", {"model": GEMMA3, **keys}) for label, keys in FAMILY_KEYS),
     (
         "gemma3_text bf16 sdpa b2 s512 (sliding_window 128: masked sliding layers, k/v repeated)",
         {"model": {**GEMMA3, "sliding_window": 128}, "micro_batch_size": 2, "seq_len": 512},
