@@ -923,7 +923,7 @@ export function render({ model, el }) {
   const errorEl = h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" });
   const verdictEl = h(doc, "div", { class: "memsim-verdict" });
   const chartEls = {};
-  const chartBlocks = ["breakdown", "scaling"].map((name) => {
+  const chartBlocks = ["breakdown", "scaling", "time"].map((name) => {
     chartEls[name] = h(doc, "div", { class: `memsim-chart memsim-chart-${name}` });
     const png = h(doc, "button", { type: "button", class: `memsim-export memsim-png-${name}`, text: "PNG" });
     const svg = h(doc, "button", { type: "button", class: `memsim-export memsim-svg-${name}`, text: "SVG" });

@@ -95,7 +95,7 @@ def test_default_widget_is_consistent_and_has_traits() -> None:
     assert sim.scenario_data == Scenario().to_dict()
     assert sim.error == "" and sim.error_field == ""
     assert sim.headroom == pytest.approx(0.10)
-    assert set(sim.charts) == {"breakdown", "scaling"}
+    assert set(sim.charts) == {"breakdown", "scaling", "time"}
     assert {p["label"] for p in sim.result["peaks"]} == {"nvidia-smi", "reserved", "allocated", "tensors"}
     assert all(p["counter"] for p in sim.result["peaks"])
     assert sim.result["bottleneck"]["text"]

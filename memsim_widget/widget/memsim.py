@@ -22,6 +22,7 @@ from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.scenario import Scenario
+from memsim_widget.time_charts import time_spec
 from memsim_widget.widget.assets import _asset, vega_bundle
 from memsim_widget.widget.controls import build_options, normalize
 from memsim_widget.widget.fit_panel import FitPanel
@@ -53,7 +54,7 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
     options = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: The last valid result: verdict, peaks with counters, bottleneck, per-rank bytes, breakdown rows.
     result = traitlets.Dict().tag(sync=True, to_json=_json_text)
-    #: Vega-Lite specs: ``breakdown`` and ``scaling``.
+    #: Vega-Lite specs: ``breakdown``, ``scaling`` and ``time`` (where a step's modelled time goes).
     charts = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: ``"<field>: <message>"`` of the last rejected scenario, '' when the scenario is valid.
     error = traitlets.Unicode("").tag(sync=True)
@@ -261,6 +262,7 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
             "charts": {
                 "breakdown": charts_mod.breakdown_spec(est, headroom),
                 "scaling": charts_mod.scaling_spec(scaling, headroom, est.gpu.name),
+                "time": time_spec(est),
             },
         }
 

@@ -59,6 +59,9 @@ test("render draws the estimate's and the trace's charts with the real vega-embe
   const scaling = await drawn(".memsim-chart-scaling");
   const stext = [...scaling.querySelectorAll("text")].map((t) => t.textContent);
   assert.ok(stext.includes("memory vs micro-batch size") && stext.includes("memory vs sequence length"));
+  const stepTime = await drawn(".memsim-chart-time");
+  const steptext = [...stepTime.querySelectorAll("text")].map((t) => t.textContent);
+  assert.ok(steptext.includes("seconds per step"), "the step-time chart beside the memory breakdown");
   const timeline = await drawn(".memsim-chart-trace-timeline");
   const ttext = [...timeline.querySelectorAll("text")].map((t) => t.textContent);
   assert.ok(ttext.some((t) => t.startsWith("Live tensor memory through two training steps")), "timeline title");
