@@ -143,3 +143,12 @@ def test_engine_within_three_percent_of_trace(name: str) -> None:
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r
+
+
+def test_sdpa_estimate_takes_no_other_familys_sliding_mask_rule() -> None:
+    """GPT-OSS lists sliding layers too, but neither Gemma 3's decoder mask rule nor ModernBERT's local-layer
+    one applies to it (a merge once let ModernBERT's fire for any family with ``sliding_layers``)."""
+    from memsim_widget.engine.core import estimate
+
+    est = estimate(Scenario.from_dict({"model": "gpt-oss-20b", "method": "lora", "seq_len": 1024}))
+    assert not [i.item for i in est.worst.peak.items if "sliding" in i.item]

@@ -540,8 +540,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         # saves; per layer, the average over the layers (traced). With one KV head the repeat is a view (no copy).
         kinds, window = arch.extra.get("layer_types"), arch.extra.get("sliding_window")
         n_sliding = sum(k == "sliding_attention" for k in kinds or ())
-        own_rule = "sliding_layers" in arch.extra  # ModernBERT's local layers: their own rule below
-        if n_sliding and window and D.s_full >= window and not own_rule:
+        if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding and window and D.s_full >= window:
             frac = n_sliding / len(kinds)
             rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
             add(
@@ -574,7 +573,7 @@ def _hf(ctx: Context) -> ActivationBudget:
             f"{ec} B x T x (a*d + kv*d)",
             1,
         )
-    sliding = arch.extra.get("sliding_layers", 0)
+    sliding = arch.extra.get("sliding_layers", 0) if arch.extra.get("sdpa_sliding_mask") == "local" else 0
     if sliding and not eager and D.s_full >= arch.extra.get("sliding_window", 0):
         # ModernBERT's local layers: HF builds one boolean (b, 1, s, s) sliding-window mask (no skip once s reaches
         # the half window) and SDPA converts it to an additive mask in the query dtype in every local layer, which

@@ -139,6 +139,7 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
         **arch.extra,
         "qk_norm": "head",
         "layer_types": kinds,
+        "sdpa_sliding_mask": "decoder",  # sliding layers at s >= window: SDPA's mask, k/v repeated (activations)
         "rope_kinds": len(set(kinds)),  # one cos/sin pair per layer kind present
         "rope_theta": bases["full_attention"],
         "rope_local_base_freq": bases["sliding_attention"],
