@@ -221,6 +221,32 @@ def _positive(cfg: Mapping[str, Any], key: str, default: float, where: str | Non
     return float(value)
 
 
+def layer_kinds(
+    cfg: Mapping[str, Any],
+    layers: int,
+    allowed: tuple[str, ...],
+    default: Callable[[int], str],
+    *,
+    longer_ok: bool = False,
+) -> list[str]:
+    """Each layer's attention kind: the config's ``layer_types`` (one of ``allowed`` per layer; ``longer_ok``:
+    a longer list is cut to ``layers``, as GPT-OSS and Llama 4 read it), else ``default(layer index)``."""
+    given = cfg.get("layer_types")
+    if given is None:
+        return [default(i) for i in range(layers)]
+    if (
+        not isinstance(given, list | tuple)
+        or any(t not in allowed for t in given)
+        or len(given) < layers
+        or (len(given) > layers and not longer_ok)
+    ):
+        count = f"at least {layers}" if longer_ok else str(layers)
+        raise ScenarioError(
+            "model.layer_types", f"must list {count} entries, each {' or '.join(map(repr, allowed))}"
+        )
+    return list(given[:layers])
+
+
 def _rope_theta(cfg: Mapping[str, Any], default: float) -> float:
     """RoPE base, from ``rope_theta`` (transformers 4 configs) or ``rope_parameters`` (transformers 5)."""
     if _present(cfg, "rope_theta"):

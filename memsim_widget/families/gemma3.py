@@ -38,6 +38,7 @@ from memsim_widget.architecture import (
     _decoder,
     _int,
     _positive,
+    layer_kinds,
     register_family,
 )
 from memsim_widget.errors import ScenarioError
@@ -68,16 +69,12 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 
 def layer_types(cfg: Mapping[str, Any], layers: int, pattern_default: int) -> tuple[str, ...]:
     """Each layer's attention kind: ``layer_types`` as given, else every ``sliding_window_pattern``-th is full."""
-    given = cfg.get("layer_types")
-    if given is not None:
-        if not isinstance(given, (list, tuple)) or len(given) != layers or not set(given) <= set(LAYER_TYPES):
-            raise ScenarioError(
-                "model.layer_types",
-                f"must list {layers} entries, each 'sliding_attention' or 'full_attention'",
-            )
-        return tuple(given)
-    pattern = _int(cfg, "sliding_window_pattern", pattern_default)
-    return tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers))
+    pattern = _int(cfg, "sliding_window_pattern", pattern_default) if cfg.get("layer_types") is None else 1
+    return tuple(
+        layer_kinds(
+            cfg, layers, LAYER_TYPES, lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention"
+        )
+    )
 
 
 def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:

@@ -41,9 +41,9 @@ from memsim_widget.architecture import (
     _positive,
     _rope_theta,
     _str,
+    layer_kinds,
     register_family,
 )
-from memsim_widget.errors import ScenarioError
 from memsim_widget.families._moe import check_top_k, routed_experts, router
 from memsim_widget.families.qwen3_moe import attention_groups
 
@@ -72,14 +72,7 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 
 def _layer_types(cfg: Mapping[str, Any], L: int) -> list[str]:
     """Per-layer attention kind: ``layer_types``, else sliding on even layers and full on odd ones (HF)."""
-    value = cfg.get("layer_types")
-    if value is None:
-        return [LAYER_TYPES[(i + 1) % 2 == 0] for i in range(L)]
-    if not isinstance(value, list | tuple) or any(t not in LAYER_TYPES for t in value):
-        raise ScenarioError("model.layer_types", f"must list {' or '.join(LAYER_TYPES)} per layer")
-    if len(value) < L:
-        raise ScenarioError("model.layer_types", f"has {len(value)} entries for {L} layers")
-    return list(value[:L])
+    return layer_kinds(cfg, L, LAYER_TYPES, lambda i: LAYER_TYPES[(i + 1) % 2 == 0], longer_ok=True)
 
 
 @register_family("gpt_oss")

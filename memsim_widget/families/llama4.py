@@ -44,6 +44,7 @@ from memsim_widget.architecture import (
     _positive,
     _rope_theta,
     _str,
+    layer_kinds,
     register_family,
 )
 from memsim_widget.errors import ScenarioError
@@ -137,13 +138,11 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     if chunk is not None:
         chunk = _int(cfg, "attention_chunk_size", d_["attention_chunk_size"])
 
-    types = cfg.get("layer_types")
-    if types is None:  # HF: chunked attention on the RoPE layers when a chunk size is set
-        types = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
-    elif not isinstance(types, list | tuple) or len(types) < L or any(t not in LAYER_TYPES for t in types):
-        raise ScenarioError(
-            "model.layer_types", f"must list {' or '.join(LAYER_TYPES)} for each of {L} layers"
-        )
+    # HF: chunked attention on the RoPE layers when a chunk size is set
+    types = layer_kinds(
+        cfg, L, LAYER_TYPES, lambda i: "chunked_attention" if rope[i] and chunk is not None else "full_attention",
+        longer_ok=True,
+    )  # fmt: skip
 
     p = "model.layers.*."
     groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
@@ -209,7 +208,7 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
             "qk_norm": "l2" if qk_norm and n_rope else None,
             "qk_norm_layers": n_rope if qk_norm else 0,
             "attention_chunk_size": chunk,
-            "chunked_layers": list(types[:L]).count("chunked_attention") if chunk is not None else 0,
+            "chunked_layers": types.count("chunked_attention") if chunk is not None else 0,
             "attn_temperature_tuning": _bool(cfg, "attn_temperature_tuning", d_["attn_temperature_tuning"]),
             "expert_parallel_error": "transformers' Llama 4 has no expert-parallel plan (its experts take every "
             "token pre-scaled by its router score; they shard with tensor parallelism): use tp, not ep",

@@ -38,6 +38,7 @@ from memsim_widget.architecture import (
     _norms,
     _positive,
     _str,
+    layer_kinds,
     register_family,
 )
 from memsim_widget.errors import ScenarioError
@@ -69,20 +70,12 @@ _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 def layer_types(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
     """Each layer's attention: ``layer_types`` as given, else global every n-th layer from layer 0."""
-    given = cfg.get("layer_types")
-    if given is not None:
-        if (
-            not isinstance(given, list | tuple)
-            or len(given) != n_layers
-            or any(t not in _LAYER_TYPES for t in given)
-        ):
-            raise ScenarioError(
-                "model.layer_types",
-                f"must list {n_layers} entries of {' or '.join(map(repr, _LAYER_TYPES))}",
-            )
-        return list(given)
-    every = _int(cfg, "global_attn_every_n_layers", MODERNBERT_DEFAULTS["global_attn_every_n_layers"])
-    return ["sliding_attention" if i % every else "full_attention" for i in range(n_layers)]
+    every = 1
+    if cfg.get("layer_types") is None:
+        every = _int(cfg, "global_attn_every_n_layers", MODERNBERT_DEFAULTS["global_attn_every_n_layers"])
+    return layer_kinds(
+        cfg, n_layers, _LAYER_TYPES, lambda i: "sliding_attention" if i % every else "full_attention"
+    )
 
 
 def rope_thetas(cfg: Mapping[str, Any]) -> dict[str, float]:
