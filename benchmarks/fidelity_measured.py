@@ -928,9 +928,7 @@ def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
     ]
     runs: dict[str, dict[str, dict[str, Any]]] = {}
     for r in gpu:
-        run = (
-            r["row"]["id"].removeprefix("g-").rsplit("-", 1 if r["row"]["counter"] != "nvidia-smi" else 2)[0]
-        )
+        run = r["row"]["id"].removeprefix("g-").removesuffix(f"-{r['row']['counter']}")
         runs.setdefault(run, {})[r["row"]["counter"]] = r
     for run, by in runs.items():
         sc = json.loads(next(iter(by.values()))["row"]["scenario_json"])
