@@ -39,6 +39,8 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "loss": ("loss", str),
     "framework": ("framework", str),
     "output_lifetime": ("output_lifetime", str),
+    "images_per_sample": ("images_per_sample", int),
+    "freeze_vision": ("freeze_vision", bool),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),

@@ -268,7 +268,15 @@ DEFAULTS: dict[str, Any] = {
 }
 #: Keys that may stay unset (None: another key decides, e.g. the framework); ``to_dict`` echoes them only
 #: when set, so every scenario saved before such a key existed reads and prints byte for byte the same.
-OPTIONAL_KEYS: dict[str, Any] = {"output_lifetime": None, "checkpoint_every": None}
+OPTIONAL_KEYS: dict[str, Any] = {
+    "output_lifetime": None,
+    "checkpoint_every": None,
+    # multimodal models only (unset: the model's default; engine/context.py checks them against the model)
+    "images_per_sample": None,
+    "freeze_vision": None,
+}
+#: At most this many images per sample (each adds hundreds of tokens to the sequence).
+MAX_IMAGES = 2**10
 
 
 @dataclass(frozen=True)
@@ -293,6 +301,11 @@ class Scenario:
     matmul and of SDPA, and recomputes the rest); ``full`` (each layer keeps only its input). With ``full``,
     ``checkpoint_every`` N (optional, unset = 1) checkpoints every N-th layer only (layers N, 2N, ... counted
     from 1, torchtitan's ``selective_ac_option="N"``); the others keep all their activations.
+
+    Multimodal models (CLIP, LLaVA) only; a text model refuses them: ``images_per_sample`` -- images per sample
+    (unset: 1); LLaVA adds each image's tokens to the ``seq_len`` text tokens, CLIP trains image-text pairs (1).
+    ``freeze_vision`` -- the vision tower is frozen: no gradient, no optimizer state, no LoRA adapter on it, and
+    (its input being pixels) nothing saved for its backward; unset: the model's recipe (LLaVA true, CLIP false).
     """
 
     model: str | FrozenDict = "llama-3.1-8b"
@@ -311,6 +324,8 @@ class Scenario:
     framework: str = "hf"
     output_lifetime: str | None = None
     checkpoint_every: int | None = None
+    images_per_sample: int | None = None
+    freeze_vision: bool | None = None
     compile: bool = False
     activation_offloading: bool = False
     padding: str = "max_length"
@@ -367,6 +382,14 @@ class Scenario:
                     "checkpoint_every",
                     f"applies to activation_checkpointing 'full' only, got {self.activation_checkpointing!r}",
                 )
+        if self.images_per_sample is not None:
+            object.__setattr__(
+                self,
+                "images_per_sample",
+                _int("images_per_sample", self.images_per_sample, minimum=0, maximum=MAX_IMAGES),
+            )
+        if self.freeze_vision is not None:
+            _bool("freeze_vision", self.freeze_vision)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("loss", self.loss, LOSSES)
         _choice("framework", self.framework, FRAMEWORKS)
@@ -406,6 +429,8 @@ class Scenario:
             "loss": self.loss,
             "framework": self.framework,
             **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
+            **({"images_per_sample": self.images_per_sample} if self.images_per_sample is not None else {}),
+            **({"freeze_vision": self.freeze_vision} if self.freeze_vision is not None else {}),
             "compile": self.compile,
             "activation_offloading": self.activation_offloading,
             "padding": self.padding,

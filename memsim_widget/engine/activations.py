@@ -107,6 +107,10 @@ def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
     _refuse_untraced(ctx)
     out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
+    if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
+        from memsim_widget.engine.vision import vision_activations
+
+        vision_activations(ctx, out, _hf)
     _stage_io(ctx, out)
     return out
 
@@ -213,7 +217,7 @@ def gelu_tanh_autocast(ec: int, kf: str, I: int) -> tuple[int, str]:
 
 #: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
 #: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
-ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1}
+ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1, "quick_gelu": 2}
 #: GPT-OSS experts' clamped SwiGLU ``(clamp(up) + 1) * clamp(gate) * sigmoid(alpha * clamp(gate))`` on the
 #: interleaved gate_up output: that output (2 I), sigmoid, clamp(gate), clamp(up) + 1 and the glu (traced)
 ACT_SAVED_PART = {"clamped-swiglu": 6}

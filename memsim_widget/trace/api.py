@@ -113,6 +113,11 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         "gradient_checkpointing": sc.activation_checkpointing == "full" and (sc.checkpoint_every or 1) == 1,
         "output_lifetime": output_lifetime(sc),
     }
+    if architecture_for(sc.model).extra.get("vision"):
+        from memsim_widget.engine.context import Context
+
+        ctx = Context(sc)
+        kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
         kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
     if sc.method != "full":

@@ -1,0 +1,158 @@
+"""The vision side of a multimodal model (CLIP, LLaVA): what its tower and projector save for backward.
+
+The tower is an Architecture of its own (``arch.extra["vision"]["tower"]``, families/clip.py); its layers go
+through the same HF rules as any encoder (engine/activations.py ``_hf``), run on a context whose micro-batch is
+the step's images (b x images_per_sample) and whose sequence is the tower's (patches + CLS). The totals land in
+the language model's ``pre`` terms: they are made before its first layer and live until the tower's backward,
+which runs last. Rules (each held to a fake-tensor trace, docs/fidelity.md):
+
+- a frozen tower (``freeze_vision``) reads pixels that need no gradient, so autograd saves nothing in it; its
+  outputs exist only while the forward uses them;
+- a trained tower saves per layer what a trained encoder layer saves, for the layers whose output is used
+  (LLaVA's ``vision_feature_layer`` -2: the last layer runs, but what it saved is freed with its unused output
+  when ``get_image_features`` returns), plus ``pre_layrnorm``'s input and, under autocast, the patch conv's
+  16-bit pixel copy;
+- LoRA adapters in an unfrozen tower follow the LoRA rules of ``_hf`` (layer 0's first norm saves nothing);
+- LLaVA's projector (linear_1 -> gelu -> linear_2) trains with the language model under full training: linear_1
+  keeps the selected hidden state (a view of the tower's whole hidden state, CLS row included), gelu its input
+  and linear_2 its input, at the image tokens;
+- CLIP's contrastive head (pooled rows, projections, b x b logits) is a few b x h tensors.
+
+Known misses: the tower's own backward transients (the language model's, computed first, are larger in every
+preset); the tower under tensor/pipeline/context parallelism (refused in engine/context.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from memsim_widget.engine.activations import ActivationBudget, Term
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import uses_autocast
+from memsim_widget.engine.items import fmt_int
+
+
+def tower_context(ctx: Context, arch: object, batch: int) -> Context:
+    """``ctx`` seen from a tower: its architecture, ``batch`` samples of its own fixed sequence."""
+    sub = object.__new__(Context)
+    sub.scenario = ctx.scenario.replace(micro_batch_size=batch, images_per_sample=None, freeze_vision=None)
+    sub.arch = arch  # type: ignore[assignment]
+    sub.recipe, sub.opt, sub.gpu, sub.par = ctx.recipe, ctx.opt, ctx.gpu, ctx.par
+    sub.frozen_override = ctx.frozen_stacks  # the tower has no "vision" entry: the parent decides
+    return sub
+
+
+def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Context], ActivationBudget]) -> None:
+    """Add the vision tower's (and projector's) saved tensors and the pixel inputs to ``out``."""
+    v = ctx.arch.extra["vision"]
+    tower = v["tower"]
+    sc, recipe = ctx.scenario, ctx.recipe
+    amp = uses_autocast(ctx)
+    ec = recipe.act_bytes
+    r = 4 if amp else ec
+    b, n_img = sc.micro_batch_size, ctx.images_per_sample
+    bi = b * n_img
+    full = ctx.full_training
+    trained = full and not ctx.freeze_vision
+    ex = tower.extra
+    C, img = ex["num_channels"], ex["image_size"]
+    px = bi * C * img * img
+    pb = recipe.weight_bytes  # pixels come in the weights' dtype (fp32 under autocast)
+
+    # ----- inputs: the pixels (and, for CLIP, input ids without labels) -----------------------------------
+    if v["kind"] == "clip":
+        out.inputs[:] = [Term("input ids", 8 * b * sc.seq_len, "8 B x b x s (int64)", 1)]
+    if n_img:
+        out.inputs.append(
+            Term(
+                "pixel values" + (" (+ autocast 16-bit copy saved by the trained patch conv)" if amp and trained else ""),
+                px * pb + (2 * px if amp and trained else 0),
+                f"b x images={bi} x {C} x {img} x {img} x ({pb}{' + 2' if amp and trained else ''}) B",
+                2 if amp and trained else 1,
+            )
+        )
+    if not n_img:
+        return
+
+    # ----- the tower ------------------------------------------------------------------------------------
+    sub = tower_context(ctx, tower, bi)
+    adapters = bool(sub.adapters) and not full
+    T = bi * tower.fixed_seq_len
+    h = tower.hidden_size
+    if trained or adapters:
+        tb = hf(sub)
+        used = v["layers_used"]
+        if sc.activation_checkpointing == "full":
+            kept = tb.checkpointed_layer
+            what = "checkpointed inputs"
+        else:
+            kept = tb.per_layer
+            what = "saved tensors"
+        per = sum(t.bytes for t in kept)
+        first = sum(t.first_bytes for t in kept if t.skip_first) if kept is tb.per_layer else 0
+        nbytes = per * used - first
+        out.pre.append(
+            Term(
+                f"vision tower: {what} of {used} layers" + ("" if trained else " (LoRA adapters, frozen base)"),
+                nbytes,
+                f"{used} layers x {fmt_int(per)} B (images={bi}, T={fmt_int(T)} tokens, h={h})"
+                + (f" - {fmt_int(first)} B not held by layer 0" if first else ""),
+                used * sum(t.tensors for t in kept),
+            )
+        )
+        if trained:  # pre_layrnorm on the embeddings (b, s, h): input, mean and rstd
+            out.pre.append(
+                Term("vision tower: pre_layrnorm input, mean and rstd", r * T * h + 8 * T, f"{r} B x T x h + 8 B x T", 3)
+            )
+    # ----- LLaVA's projector ----------------------------------------------------------------------------------
+    pj = v.get("projector")
+    if pj:
+        N = bi * v["tokens_per_image"]
+        rows_all = bi * tower.fixed_seq_len  # the hidden state the selected rows are a view of
+        hv, ht = pj["in"], pj["hidden"]
+        pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector"}
+        if full:
+            add_amp = 2 * N * hv if amp else 0
+            w = hv * ht + ht * ht
+            out.pre.append(
+                Term(
+                    "projector: linear_1 input (the tower's hidden state it views), gelu input, linear_2 input"
+                    + (", autocast copies of its input and weights" if amp else ""),
+                    (pb if amp else ec) * rows_all * hv
+                    + 2 * ec * N * ht
+                    + add_amp
+                    + (2 * w if amp else 0),
+                    f"{pb if amp else ec} B x {fmt_int(rows_all)} x {hv} + 2 x {ec} B x N x {ht}, N={fmt_int(N)} image tokens"
+                    + (f" + 2 B x N x {hv} + 2 B x {fmt_int(w)} weights" if amp else ""),
+                    3 + (3 if amp else 0),
+                )
+            )
+        elif pj_targets:
+            ab = ctx.adapter_bytes
+            rank = sc.lora.rank
+            n1 = "linear_1" in pj_targets
+            n2 = "linear_2" in pj_targets
+            cb = 2 if amp else ab
+            nbytes = (cb * N * hv + ab * N * rank if n1 else 0) + (cb * N * ht + ab * N * rank if n2 else 0)
+            nbytes += ec * N * ht  # gelu's input (linear_1's output needs a gradient through an adapter)
+            out.pre.append(
+                Term(
+                    "projector: LoRA input copies and A outputs, gelu input",
+                    nbytes,
+                    f"adapters on {sorted(pj_targets)}: {cb} B x N x width + {ab} B x N x rank; {ec} B x N x {ht}",
+                    3,
+                )
+            )
+    # ----- CLIP's contrastive head --------------------------------------------------------------------------
+    if v["kind"] == "clip":
+        ht = ctx.arch.hidden_size
+        proj = ctx.arch.extra["projection_dim"]
+        nb = (r * b * h + 8 * b if trained else 0) + ec * b * (h + ht) + 3 * ec * b * proj + 3 * 4 * b * b
+        out.post.append(
+            Term(
+                "contrastive head: post_layernorm, projections' inputs, normalised embeddings, b x b logits",
+                nb,
+                f"a few {ec} B x b x (h_v + h_t + proj) rows and 4 B x b x b, b={b}",
+                8,
+            )
+        )
