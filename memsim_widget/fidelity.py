@@ -1028,6 +1028,71 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
 ]
 
+# ----- multimodal (families/clip.py, families/llava.py, engine/vision.py) -----------------------------------------
+#: CLIP: 4-layer text tower (77 tokens) and 4-layer ViT-B/16-shaped vision tower at 224px (196 patches + CLS)
+CLIP = {
+    "model_type": "clip",
+    "projection_dim": 64,
+    "text_config": {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "vocab_size": 1000,
+        "max_position_embeddings": 77,
+        "bos_token_id": 998,
+        "eos_token_id": 999,
+        "pad_token_id": 1,
+    },
+    "vision_config": {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "image_size": 224,
+        "patch_size": 16,
+    },
+}
+#: LLaVA: the same vision tower (feature layer -2, CLS dropped: 196 tokens per image) and the small Llama
+LLAVA = {
+    "model_type": "llava",
+    "image_token_index": 999,
+    "text_config": {**LLAMA, "pad_token_id": 0},
+    "vision_config": {"model_type": "clip_vision_model", **CLIP["vision_config"]},
+}
+_LORA_QV = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
+    *(
+        (f"clip {label} b8 s77", {"model": CLIP, "micro_batch_size": 8, "seq_len": 77, **keys})
+        for label, keys in (
+            ("bf16 sdpa", {}),
+            ("amp-bf16 sdpa", {"precision": "amp-bf16"}),
+            ("bf16 lora qv (both towers)", _LORA_QV),
+            ("fp32 eager", {"precision": "fp32", "attention": "eager"}),
+            ("bf16 ckpt", {"activation_checkpointing": "full"}),
+            ("bf16 sdpa frozen vision tower", {"freeze_vision": True}),
+        )
+    ),
+    *(
+        (f"llava {label} b2 s256+196", {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, **keys})
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
+            ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
+        )
+    ),
+    (
+        "llava bf16 sdpa frozen tower b2 s256+2x196 (2 images per sample)",
+        {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 2},
+    ),
+]
+CASES += MULTIMODAL_CASES
+
 
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run engine and tracer on one scenario."""

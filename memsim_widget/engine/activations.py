@@ -299,7 +299,7 @@ def _hf(ctx: Context) -> ActivationBudget:
     # ----- norms ---------------------------------------------------------------------------------
     norms = arch.extra.get("norms_per_layer", 2)
     # (Megatron-style "selective" recomputes only inside attention: the layer boundary is as without it)
-    frozen_first = not full and sc.activation_checkpointing in ("none", "selective")
+    frozen_first = not full and sc.activation_checkpointing in ("none", "selective") and not ctx.vision_grad
     gemma = arch.family.startswith("gemma")
     # under LoRA nothing before the first adapter needs a gradient: layer 0's first norm saves nothing
     frozen = "; layer 0's first norm saves nothing (frozen embeddings)" if frozen_first else ""

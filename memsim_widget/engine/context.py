@@ -174,7 +174,16 @@ class Context:
         override = getattr(self, "frozen_override", None)  # a tower's context (engine/vision.py)
         if override is not None:
             return override
-        return frozenset({"vision"}) if self.freeze_vision else frozenset()
+        unused = {"vision_unused"} if self.arch.extra.get("vision") else set()  # LLaVA's tower past the layer read
+        return frozenset({"vision", *unused} if self.freeze_vision else unused)
+
+    @property
+    def vision_grad(self) -> bool:
+        """Under LoRA, the image features need a gradient (adapters in the tower or projector): the language
+        model's input then does too, so its first layer saves what every other layer saves."""
+        if self.full_training or not self.images_per_sample:
+            return False
+        return any(ad.base.stack in ("vision", "projector") for ad in self.adapters)
 
     @property
     def image_tokens(self) -> int:

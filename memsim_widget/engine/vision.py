@@ -9,8 +9,8 @@ which runs last. Rules (each held to a fake-tensor trace, docs/fidelity.md):
 - a frozen tower (``freeze_vision``) reads pixels that need no gradient, so autograd saves nothing in it; its
   outputs exist only while the forward uses them;
 - a trained tower saves per layer what a trained encoder layer saves, for the layers whose output is used
-  (LLaVA's ``vision_feature_layer`` -2: the last layer runs, but what it saved is freed with its unused output
-  when ``get_image_features`` returns), plus ``pre_layrnorm``'s input and, under autocast, the patch conv's
+  (LLaVA's ``vision_feature_layer`` -2: the last layer runs, and what it saved lives only as long as the model
+  output, which holds the tower's output: through the loss, freed before backward by HF Trainer), plus ``pre_layrnorm``'s input and, under autocast, the patch conv's
   16-bit pixel copy;
 - LoRA adapters in an unfrozen tower follow the LoRA rules of ``_hf`` (layer 0's first norm saves nothing);
 - LLaVA's projector (linear_1 -> gelu -> linear_2) trains with the language model under full training: linear_1
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import uses_autocast
+from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
 from memsim_widget.engine.items import fmt_int
 
 
@@ -100,6 +100,21 @@ def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Contex
                 used * sum(t.tensors for t in kept),
             )
         )
+        unused = tower.num_layers - used
+        if unused:
+            # the layers past the one read: their output is unused, but the model output holds the tower's output
+            # (``image_outputs``), so what they saved lives while the model output does -- through the loss, and
+            # with output_lifetime "backward"/"step" beyond (traced)
+            t = Term(
+                f"vision tower: saved tensors of the {unused} layer(s) past vision_feature_layer (held by the "
+                "model output's image_outputs)",
+                per * unused,
+                f"{unused} x {fmt_int(per)} B",
+                unused * sum(x.tensors for x in kept),
+            )
+            out.loss_forward.append(t)
+            if output_lifetime(sc) != "trainer":
+                out.output_logits.append(t)
         if trained:  # pre_layrnorm on the embeddings (b, s, h): input, mean and rstd
             out.pre.append(
                 Term("vision tower: pre_layrnorm input, mean and rstd", r * T * h + 8 * T, f"{r} B x T x h + 8 B x T", 3)
@@ -127,7 +142,7 @@ def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Contex
                     3 + (3 if amp else 0),
                 )
             )
-        elif pj_targets:
+        elif pj_targets or adapters:
             ab = ctx.adapter_bytes
             rank = sc.lora.rank
             n1 = "linear_1" in pj_targets

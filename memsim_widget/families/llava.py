@@ -61,6 +61,22 @@ def _feature_layers(cfg: Mapping[str, Any], layers: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _split_unused(groups: list[ParamGroup], used: int, layers: int) -> list[ParamGroup]:
+    out: list[ParamGroup] = []
+    for g in groups:
+        if ".encoder.layers." in g.name and used < layers:
+            each = g.count // layers
+            if used:
+                out.append(dataclasses.replace(g, count=each * used))
+            out.append(dataclasses.replace(g, name=g.name + " (unused layers)", count=each * (layers - used),
+                                           stack="vision_unused"))  # fmt: skip
+        elif "post_layernorm" in g.name:
+            out.append(dataclasses.replace(g, stack="vision_unused"))
+        else:
+            out.append(g)
+    return out
+
+
 @register_family("llava")
 def build_llava(cfg: Mapping[str, Any]) -> Architecture:
     """LLaVA 1.5 as ``LlavaForConditionalGeneration``: CLIP tower + projector + the text_config's decoder."""
@@ -98,6 +114,10 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
         *_linear(pj + "linear_2", "other", h_t, h_t, bias=bias, parallel=None, module="linear_2", scope="pre",
                  stack="projector"),
     ]  # fmt: skip
+    # the layers after the deepest one read, and post_layernorm, run but get no gradient: the optimizer keeps no
+    # state for them (stack "vision_unused", never trained; engine/context.py)
+    used = max(layers)
+    v_groups = _split_unused(v_groups, used, tower.num_layers)
     lm_groups = [
         dataclasses.replace(g, name="model.language_model." + g.name.removeprefix("model."))
         if g.name.startswith("model.")

@@ -159,6 +159,28 @@ def _real_mode_shims(enabled: bool, notes: list[str]) -> Any:
         masking_utils.find_packed_sequence_indices = orig
 
 
+@contextlib.contextmanager
+def _no_data_checks(enabled: bool, notes: list[str]) -> Any:
+    """Skip transformers' ``torch_compilable_check`` (LLaVA's image-token count against the image features):
+    on fake tensors the count has no value to compare; the batches are built with exactly the right count."""
+    import os
+
+    if not enabled:
+        yield
+        return
+    key = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+    old = os.environ.get(key)
+    os.environ[key] = "1"
+    notes.append(f"{key}=1: the image-token count check needs real values (batches carry the right count)")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def _loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward ends the 'forward' phase (LM head / classifier)."""
     try:
@@ -241,7 +263,7 @@ def trace_hf(
         notes.append(
             "config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output"
         )
-    with _real_mode_shims(fake, notes):
+    with _real_mode_shims(fake, notes), _no_data_checks(fake and fam == "llava", notes):
         return trace_training(
             model_factory,
             _input_factory(cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0)),
