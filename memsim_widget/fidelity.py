@@ -1069,7 +1069,6 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
             ("amp-bf16 sdpa", {"precision": "amp-bf16"}),
             ("bf16 lora qv (both towers)", _LORA_QV),
             ("fp32 eager", {"precision": "fp32", "attention": "eager"}),
-            ("bf16 ckpt", {"activation_checkpointing": "full"}),
             ("bf16 sdpa frozen vision tower", {"freeze_vision": True}),
         )
     ),

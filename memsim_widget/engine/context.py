@@ -119,14 +119,16 @@ class Context:
         if v is None:
             if s.images_per_sample:
                 raise ScenarioError(
-                    "images_per_sample", f"{a.model_type!r} is a text model (no vision tower): leave it unset or 0"
+                    "images_per_sample",
+                    f"{a.model_type!r} is a text model (no vision tower): leave it unset or 0",
                 )
             if s.freeze_vision is not None:
                 raise ScenarioError("freeze_vision", f"{a.model_type!r} has no vision tower: leave it unset")
             return
         if v["kind"] == "clip" and self.images_per_sample != 1:
             raise ScenarioError(
-                "images_per_sample", "CLIP trains image-text pairs: one image per sample (leave it unset or 1)"
+                "images_per_sample",
+                "CLIP trains image-text pairs: one image per sample (leave it unset or 1)",
             )
         for key, value in (("parallel.tp", p.tp), ("parallel.pp", p.pp), ("parallel.cp", p.cp)):
             if value > 1:
@@ -140,6 +142,12 @@ class Context:
                 f"{a.model_type!r}: only none and full (HF gradient checkpointing, every layer of both stacks) are "
                 "modelled for multimodal models",
             )
+        if s.activation_checkpointing == "full" and v["kind"] == "clip":
+            # traced: the engine came out 14% low (b8 s77), the checkpointed towers' recompute not modelled yet
+            raise ScenarioError(
+                "activation_checkpointing", "full checkpointing is not modelled for CLIP (its two checkpointed "
+                "towers recompute in an order no rule follows yet; a trace showed the estimate 14% low): use none",
+            )  # fmt: skip
         if s.loss == "chunked" and v["kind"] == "clip":
             raise ScenarioError("loss", "CLIP's contrastive loss has no vocabulary to chunk: use standard")
         if s.framework not in ("hf",):
@@ -147,7 +155,9 @@ class Context:
                 "framework", f"{a.model_type!r} is modelled as transformers runs it (framework 'hf') only"
             )
         if s.method == "qlora":
-            raise ScenarioError("method", f"qlora is not modelled for {a.model_type!r} (no trace can check it)")
+            raise ScenarioError(
+                "method", f"qlora is not modelled for {a.model_type!r} (no trace can check it)"
+            )
 
     # ----- derived facts -----------------------------------------------------------------------
     @property
@@ -174,7 +184,9 @@ class Context:
         override = getattr(self, "frozen_override", None)  # a tower's context (engine/vision.py)
         if override is not None:
             return override
-        unused = {"vision_unused"} if self.arch.extra.get("vision") else set()  # LLaVA's tower past the layer read
+        unused = (
+            {"vision_unused"} if self.arch.extra.get("vision") else set()
+        )  # LLaVA's tower past the layer read
         return frozenset({"vision", *unused} if self.freeze_vision else unused)
 
     @property

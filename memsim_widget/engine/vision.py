@@ -42,7 +42,9 @@ def tower_context(ctx: Context, arch: object, batch: int) -> Context:
     return sub
 
 
-def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Context], ActivationBudget]) -> None:
+def vision_activations(
+    ctx: Context, out: ActivationBudget, hf: Callable[[Context], ActivationBudget]
+) -> None:
     """Add the vision tower's (and projector's) saved tensors and the pixel inputs to ``out``."""
     v = ctx.arch.extra["vision"]
     tower = v["tower"]
@@ -65,7 +67,8 @@ def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Contex
     if n_img:
         out.inputs.append(
             Term(
-                "pixel values" + (" (+ autocast 16-bit copy saved by the trained patch conv)" if amp and trained else ""),
+                "pixel values"
+                + (" (+ autocast 16-bit copy saved by the trained patch conv)" if amp and trained else ""),
                 px * pb + (2 * px if amp and trained else 0),
                 f"b x images={bi} x {C} x {img} x {img} x ({pb}{' + 2' if amp and trained else ''}) B",
                 2 if amp and trained else 1,
@@ -93,7 +96,8 @@ def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Contex
         nbytes = per * used - first
         out.pre.append(
             Term(
-                f"vision tower: {what} of {used} layers" + ("" if trained else " (LoRA adapters, frozen base)"),
+                f"vision tower: {what} of {used} layers"
+                + ("" if trained else " (LoRA adapters, frozen base)"),
                 nbytes,
                 f"{used} layers x {fmt_int(per)} B (images={bi}, T={fmt_int(T)} tokens, h={h})"
                 + (f" - {fmt_int(first)} B not held by layer 0" if first else ""),
@@ -117,7 +121,12 @@ def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Contex
                 out.output_logits.append(t)
         if trained:  # pre_layrnorm on the embeddings (b, s, h): input, mean and rstd
             out.pre.append(
-                Term("vision tower: pre_layrnorm input, mean and rstd", r * T * h + 8 * T, f"{r} B x T x h + 8 B x T", 3)
+                Term(
+                    "vision tower: pre_layrnorm input, mean and rstd",
+                    r * T * h + 8 * T,
+                    f"{r} B x T x h + 8 B x T",
+                    3,
+                )
             )
     # ----- LLaVA's projector ----------------------------------------------------------------------------------
     pj = v.get("projector")
@@ -133,10 +142,7 @@ def vision_activations(ctx: Context, out: ActivationBudget, hf: Callable[[Contex
                 Term(
                     "projector: linear_1 input (the tower's hidden state it views), gelu input, linear_2 input"
                     + (", autocast copies of its input and weights" if amp else ""),
-                    (pb if amp else ec) * rows_all * hv
-                    + 2 * ec * N * ht
-                    + add_amp
-                    + (2 * w if amp else 0),
+                    (pb if amp else ec) * rows_all * hv + 2 * ec * N * ht + add_amp + (2 * w if amp else 0),
                     f"{pb if amp else ec} B x {fmt_int(rows_all)} x {hv} + 2 x {ec} B x N x {ht}, N={fmt_int(N)} image tokens"
                     + (f" + 2 B x N x {hv} + 2 B x {fmt_int(w)} weights" if amp else ""),
                     3 + (3 if amp else 0),

@@ -104,7 +104,13 @@ def encoder_layers(
 
 
 def _tower_arch(
-    family: str, cfg: Mapping[str, Any], groups: list[ParamGroup], *, causal: bool, seq: int | None, **extra: Any
+    family: str,
+    cfg: Mapping[str, Any],
+    groups: list[ParamGroup],
+    *,
+    causal: bool,
+    seq: int | None,
+    **extra: Any,
 ) -> Architecture:
     h, L, heads, inter = (_int(cfg, k) for k in _TOWER_REQUIRED)
     d = _head_dim(cfg, h, heads)
@@ -133,7 +139,9 @@ def _tower_arch(
     )
 
 
-def clip_vision_tower(cfg: Mapping[str, Any], prefix: str, *, scope: str = "pre") -> tuple[list[ParamGroup], Architecture]:
+def clip_vision_tower(
+    cfg: Mapping[str, Any], prefix: str, *, scope: str = "pre"
+) -> tuple[list[ParamGroup], Architecture]:
     """The CLIP vision tower's parameter groups under ``prefix`` (``vision_model.``, LLaVA's
     ``model.vision_tower.``) with ``scope`` (``pre``: before the language model's layers), and the tower as an
     Architecture of its own (its layers at scope ``layer``) that engine/vision.py runs the activation rules on."""
@@ -158,7 +166,9 @@ def clip_vision_tower(cfg: Mapping[str, Any], prefix: str, *, scope: str = "pre"
                 scope=scope,
                 stack=S,
             ),
-            ParamGroup(prefix + "embeddings.position_embedding.weight", "position", (n + 1, h), scope=scope, stack=S),
+            ParamGroup(
+                prefix + "embeddings.position_embedding.weight", "position", (n + 1, h), scope=scope, stack=S
+            ),
         ]
         out += _norms(prefix, ("pre_layrnorm",), h, 1, bias=True, scope=scope, stack=S)
         out += encoder_layers(prefix + "encoder.layers.*.", h, inter, L, stack=S, scope=layer_scope)
@@ -191,7 +201,9 @@ def _text_tower(cfg: Mapping[str, Any], prefix: str) -> tuple[list[ParamGroup], 
         ParamGroup(
             prefix + "embeddings.token_embedding.weight", "embedding", (vocab, h), scope="pre", stack=S
         ),
-        ParamGroup(prefix + "embeddings.position_embedding.weight", "position", (pos, h), scope="pre", stack=S),
+        ParamGroup(
+            prefix + "embeddings.position_embedding.weight", "position", (pos, h), scope="pre", stack=S
+        ),
     ]
     groups += encoder_layers(prefix + "encoder.layers.*.", h, inter, L, stack=S)
     groups += _norms(prefix, ("final_layer_norm",), h, 1, bias=True, scope="post", stack=S)

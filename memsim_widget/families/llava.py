@@ -85,7 +85,8 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
     t_type, v_type = text_cfg.get("model_type", "llama"), vision_cfg.get("model_type", "clip_vision_model")
     if t_type not in TEXT_TYPES:
         raise ScenarioError(
-            "model.text_config.model_type", f"{t_type!r} is not simulated under LLaVA; supported: {', '.join(TEXT_TYPES)}"
+            "model.text_config.model_type",
+            f"{t_type!r} is not simulated under LLaVA; supported: {', '.join(TEXT_TYPES)}",
         )
     if v_type not in VISION_TYPES:
         raise ScenarioError(
@@ -102,7 +103,9 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
         raise _where(e, "vision_config") from None
     strategy = _str(cfg, "vision_feature_select_strategy", d["vision_feature_select_strategy"])
     if strategy not in ("default", "full"):
-        raise ScenarioError("model.vision_feature_select_strategy", f"must be 'default' or 'full', got {strategy!r}")
+        raise ScenarioError(
+            "model.vision_feature_select_strategy", f"must be 'default' or 'full', got {strategy!r}"
+        )
     layers = _feature_layers(cfg, tower.num_layers)
     bias = _bool(cfg, "multimodal_projector_bias", d["multimodal_projector_bias"])
     act = _str(cfg, "projector_hidden_act", d["projector_hidden_act"])
