@@ -230,7 +230,7 @@ def build_clip(cfg: Mapping[str, Any]) -> Architecture:
                  module="visual_projection", scope="post", stack="vision"),
         *_linear("text_projection", "head", proj, t_arch.hidden_size, bias=False, parallel=None,
                  module="text_projection", scope="post"),
-        ParamGroup("logit_scale", "other", (), scope="post"),
+        ParamGroup("logit_scale", "head", (), scope="post"),
     ]  # fmt: skip
     return dataclasses.replace(
         t_arch,

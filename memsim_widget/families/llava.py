@@ -112,9 +112,9 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
     h_v, h_t = tower.hidden_size, lm.hidden_size
     pj = "model.multi_modal_projector."
     projector = [
-        *_linear(pj + "linear_1", "other", h_t, h_v * len(layers), bias=bias, parallel=None, module="linear_1",
+        *_linear(pj + "linear_1", "mlp", h_t, h_v * len(layers), bias=bias, parallel=None, module="linear_1",
                  scope="pre", stack="projector"),
-        *_linear(pj + "linear_2", "other", h_t, h_t, bias=bias, parallel=None, module="linear_2", scope="pre",
+        *_linear(pj + "linear_2", "mlp", h_t, h_t, bias=bias, parallel=None, module="linear_2", scope="pre",
                  stack="projector"),
     ]  # fmt: skip
     # the layers after the deepest one read, and post_layernorm, run but get no gradient: the optimizer keeps no
