@@ -235,6 +235,10 @@ class Estimate:
             out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
         if "paged" in s.optimizer:
             out.append("paged optimizer states moved to and from the host are not modelled")
+        if self.arch.extra.get("vision"):
+            out.append(
+                "the vision tower's and projector's compute is not in the step time (the language model's is)"
+            )
         return tuple(out)
 
     @property
@@ -307,7 +311,27 @@ class Estimate:
                 "compile: true has no memory rule; these are eager's figures (measured on an H200: "
                 "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
             )
+        out += self._vision_caveats()
         return tuple(out)
+
+    def _vision_caveats(self) -> list[str]:
+        """A multimodal model's parts no trace has checked (docs/fidelity.md, "Multimodal")."""
+        v = self.arch.extra.get("vision")
+        if not v:
+            return []
+        s, out = self.scenario, []
+        if (
+            s.method != "full"
+            and any(t in s.lora.targets for t in ("linear_1", "linear_2", "all-linear"))
+            and v.get("projector")
+        ):
+            out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
+        if v["kind"] == "llava":
+            out.append(
+                f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "
+                "or resizes to it; the vision tower's own backward transients are not modelled"
+            )
+        return out
 
     def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
         """The JSON form the CLI prints (``memsim estimate --json``)."""
