@@ -1036,6 +1036,8 @@ def _hf(ctx: Context) -> ActivationBudget:
     n_ti = (3 if arch.mlp_activation in ("swiglu", "geglu") else 2) - (1 if down_saved else 0)
     if arch.mlp_activation == "gelu_tanh" and arch.extra.get("parallel_attn_mlp"):
         n_ti += 1  # Phi: gelu_new's pointwise chain holds one more T x I gradient in its backward (traced)
+    if arch.mlp_activation == "quick_gelu":
+        n_ti += 1  # CLIP: x * sigmoid(1.702 x) -- the product's two input gradients beside fc2's (traced)
     out.layer_backward.append(
         Term(
             "activation gradients of the layer in backward",
