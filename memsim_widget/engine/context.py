@@ -125,6 +125,13 @@ class Context:
             if s.freeze_vision is not None:
                 raise ScenarioError("freeze_vision", f"{a.model_type!r} has no vision tower: leave it unset")
             return
+        from memsim_widget.scenario import MAX_MICRO_BATCH
+
+        if s.micro_batch_size * self.images_per_sample > MAX_MICRO_BATCH:
+            raise ScenarioError(
+                "images_per_sample",
+                f"micro_batch_size x images_per_sample must be at most {MAX_MICRO_BATCH:,} images per micro-batch",
+            )
         if v["kind"] == "clip" and self.images_per_sample != 1:
             raise ScenarioError(
                 "images_per_sample",
