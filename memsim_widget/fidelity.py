@@ -1089,6 +1089,23 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
         "llava bf16 sdpa frozen tower b2 s256+2x196 (2 images per sample)",
         {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 2},
     ),
+    # the presets' real shapes (fake tensors: 10-45 s each)
+    (
+        "llava-1.5-7b bf16 lora qv b1 s512+576 (real shape)",
+        {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "llava-1.5-7b bf16 full b1 s512+576 (real shape, frozen tower)",
+        {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512},
+    ),
+    (
+        "clip-vit-base-patch32 bf16 sdpa b64 s77 (real shape)",
+        {"model": "clip-vit-base-patch32", "micro_batch_size": 64, "seq_len": 77},
+    ),
+    (
+        "clip-vit-large-patch14 amp-bf16 sdpa b32 s77 (real shape)",
+        {"model": "clip-vit-large-patch14", "micro_batch_size": 32, "seq_len": 77, "precision": "amp-bf16"},
+    ),
 ]
 CASES += MULTIMODAL_CASES
 
