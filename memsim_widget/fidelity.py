@@ -1061,6 +1061,15 @@ LLAVA = {
     "vision_config": {"model_type": "clip_vision_model", **CLIP["vision_config"]},
 }
 _LORA_QV = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+#: Gemma 3 with its SigLIP tower (the same 4-layer tower, no CLS, pooled 14 x 14 -> 7 x 7: 49 tokens per image),
+#: the small Gemma 3 text model, trained with token_type_ids (a mask in every layer)
+GEMMA3_VLM = {
+    "model_type": "gemma3",
+    "image_token_index": 999,
+    "mm_tokens_per_image": 49,
+    "text_config": {**GEMMA3, "eos_token_id": 1, "bos_token_id": 2, "pad_token_id": 0},
+    "vision_config": {"model_type": "siglip_vision_model", **CLIP["vision_config"], "vision_use_head": False},
+}
 MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     *(
         (f"clip {label} b8 s77", {"model": CLIP, "micro_batch_size": 8, "seq_len": 77, **keys})
@@ -1088,6 +1097,16 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "llava bf16 sdpa frozen tower b2 s256+2x196 (2 images per sample)",
         {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 2},
+    ),
+    *(
+        (f"gemma3 {label} b2 s256+49", {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, **keys})
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+        )
     ),
     # the presets' real shapes (fake tensors: 10-45 s each)
     (

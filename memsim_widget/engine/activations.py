@@ -415,6 +415,9 @@ def _hf(ctx: Context) -> ActivationBudget:
 
     # ----- attention -----------------------------------------------------------------------------
     eager = arch.attention_kernel(sc.attention) == "eager"
+    masked_frac = (
+        0.0  # layers whose SDPA gets an explicit mask (k, v repeated; Gemma 3 sliding or image tokens)
+    )
     ao_from = ao_to = 0  # the eager attention-output term(s) in L (freed before the attention's backward)
     # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
     why = f" (eager: {arch.extra['attention_note']})" if eager and sc.attention != "eager" else ""
@@ -544,16 +547,24 @@ def _hf(ctx: Context) -> ActivationBudget:
         # saves; per layer, the average over the layers (traced). With one KV head the repeat is a view (no copy).
         kinds, window = arch.extra.get("layer_types"), arch.extra.get("sliding_window")
         n_sliding = sum(k == "sliding_attention" for k in kinds or ())
-        if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding and window and D.s_full >= window:
+        if not (window and D.s_full >= window):
+            n_sliding = 0
+        # Gemma 3 with images (token_type_ids): image tokens attend both ways, so every layer gets a mask (traced)
+        if ctx.image_tokens and arch.extra.get("vision", {}).get("image_mask_all_layers") and kinds:
+            n_sliding = len(kinds)
+        if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding:
             frac = n_sliding / len(kinds)
             rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
+            masked_frac = frac if rep else 0.0
+            every = n_sliding == len(kinds) and ctx.image_tokens
             add(
-                "sliding-window layers: SDPA's additive mask"
+                ("every layer (image tokens attend both ways)" if every else "sliding-window layers")
+                + ": SDPA's additive mask"
                 + (", k and v repeated to all heads" if rep else ""),
                 frac * (rep + ec * b * s * D.s_full),
                 f"{n_sliding}/{len(kinds)} layers x ({ec} B x b x s x s"
                 + (f" + 2 x {ec} B x T x (a*d - kv*d)" if rep else "")
-                + f"), s >= sliding_window {window}",
+                + ("), token_type_ids mark image blocks" if every else f"), s >= sliding_window {window}"),
                 3 if rep else 1,
             )
         if arch.extra.get("sdpa_float_mask"):
@@ -721,16 +732,18 @@ def _hf(ctx: Context) -> ActivationBudget:
             if eager
             else (fp32_kv * 4 * T * hkv if amp and kb == 4 else 0)
         )
+        formula = (
+            f"({kb} + {ec}) B x T x kv*d"
+            if eager
+            else ("2 x 4 B x T x kv*d (fp32 k and v)" if fp32_kv == 2 else "4 B x T x kv*d (fp32 k)")
+        )
+        if masked_frac and not eager:
+            # a masked layer's SDPA saves repeated copies of k and v: the cache's own k and v are extra (traced)
+            extra = masked_frac * (kb + ec) * T * hkv + (1 - masked_frac) * extra
+            formula = f"masked layers {masked_frac:.2f} x ({kb} + {ec}) B x T x kv*d, others: {formula}"
         if extra:
             out.cache_per_layer.append(
-                Term(
-                    "KV cache held by the model output (forward only)",
-                    extra,
-                    f"({kb} + {ec}) B x T x kv*d"
-                    if eager
-                    else ("2 x 4 B x T x kv*d (fp32 k and v)" if fp32_kv == 2 else "4 B x T x kv*d (fp32 k)"),
-                    2,
-                )
+                Term("KV cache held by the model output (forward only)", extra, formula, 2)
             )
     if amp and V_final_fp32(arch):
         out.loss_forward.append(

@@ -119,10 +119,12 @@ def vision_activations(
             out.loss_forward.append(t)
             if output_lifetime(sc) != "trainer":
                 out.output_logits.append(t)
-        if trained:  # pre_layrnorm on the embeddings (b, s, h): input, mean and rstd
+        if (
+            trained
+        ):  # CLIP's pre_layrnorm on the embeddings, SigLIP's post_layernorm: (b, s, h) input, mean, rstd
             out.pre.append(
                 Term(
-                    "vision tower: pre_layrnorm input, mean and rstd",
+                    f"vision tower: {'post_layernorm' if v['kind'] == 'gemma3' else 'pre_layrnorm'} input, mean and rstd",
                     r * T * h + 8 * T,
                     f"{r} B x T x h + 8 B x T",
                     3,
@@ -130,7 +132,9 @@ def vision_activations(
             )
     # ----- LLaVA's projector ----------------------------------------------------------------------------------
     pj = v.get("projector")
-    if pj:
+    if pj and v["kind"] == "gemma3":
+        _gemma3_projector(ctx, out, bi * v["tokens_per_image"], pj, trained or adapters, amp, ec)
+    elif pj:
         N = bi * v["tokens_per_image"]
         rows_all = bi * tower.fixed_seq_len  # the hidden state the selected rows are a view of
         hv, ht = pj["in"], pj["hidden"]
@@ -177,3 +181,29 @@ def vision_activations(
                 8,
             )
         )
+
+
+def _gemma3_projector(
+    ctx: Context, out: ActivationBudget, N: int, pj: dict, tower_grad: bool, amp: bool, ec: int
+) -> None:
+    """Gemma 3's projector on N pooled image tokens: Gemma's RMSNorm (fp32 input and rsqrt whenever its input or
+    weight needs a gradient; the fp32 normalised tensor and fp32 (1 + w) when w trains) and the matmul by
+    ``mm_input_projection_weight`` (its input saved when the weight trains; a 16-bit copy under autocast)."""
+    hv, ht = pj["in"], pj["hidden"]
+    trained = ctx.full_training
+    if not (trained or tower_grad):
+        return
+    nb = 4 * N * hv + 4 * N + 4 * hv
+    what = f"4 B x N x {hv} + 4 B x N + 4 B x {hv}"
+    if trained:
+        mm = 2 if amp else ec
+        nb += 4 * N * hv + mm * N * hv + (2 * hv * ht if amp else 0)
+        what += f" + 4 B x N x {hv} + {mm} B x N x {hv}" + (f" + 2 B x {hv} x {ht}" if amp else "")
+    out.pre.append(
+        Term(
+            "projector: soft-embedding RMSNorm (fp32) and the projection's input",
+            nb,
+            what + f", N={fmt_int(N)} image tokens",
+            5,
+        )
+    )

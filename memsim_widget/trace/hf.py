@@ -12,9 +12,13 @@ from .run import TraceResult, _precision_dtypes, trace_training
 
 SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
 #: Multimodal models with their own input recipe: CLIP (image-text pairs, contrastive loss) and LLaVA.
-VISION_LANGUAGE = ("clip", "llava")
+VISION_LANGUAGE = ("clip", "llava", "gemma3")
 #: Parameter-name parts of each one's vision tower (frozen under ``freeze_vision``, kept free of LoRA adapters).
-VISION_MODULES = {"clip": ("vision_model", "visual_projection"), "llava": ("vision_tower",)}
+VISION_MODULES = {
+    "clip": ("vision_model", "visual_projection"),
+    "llava": ("vision_tower",),
+    "gemma3": ("vision_tower",),
+}
 
 
 def _family(model_type: str) -> str:
@@ -71,7 +75,7 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         cls = transformers.AutoModelForSeq2SeqLM
     elif fam == "clip":
         cls = transformers.AutoModel  # CLIPModel
-    elif fam == "llava":
+    elif fam in ("llava", "gemma3"):
         cls = transformers.AutoModelForImageTextToText
     else:
         cls = transformers.AutoModelForCausalLM
@@ -101,13 +105,20 @@ def _input_factory(
                 "pixel_values": torch.randn(b, vc.num_channels, img, img, dtype=float_dtype),
                 "return_loss": True,
             }
-        if fam == "llava":
-            per = (img // vc.patch_size) ** 2 + (cfg.vision_feature_select_strategy == "full")
+        if fam in ("llava", "gemma3"):
+            if (
+                fam == "gemma3"
+            ):  # pooled to mm_tokens_per_image; token_type_ids as Gemma 3's processor returns them
+                per = cfg.mm_tokens_per_image
+            else:
+                per = (img // vc.patch_size) ** 2 + (cfg.vision_feature_select_strategy == "full")
             tok = cfg.image_token_id
             text = torch.randint(0, vocab - 1, (b, s))
             text = text + (text >= tok).long()  # never the image token
             ids = torch.cat([torch.full((b, images * per), tok, dtype=torch.long), text], dim=1)
             batch = {"input_ids": ids, "labels": ids}
+            if fam == "gemma3":
+                batch["token_type_ids"] = (ids == tok).long()
             if images:
                 batch["pixel_values"] = torch.randn(b * images, vc.num_channels, img, img, dtype=float_dtype)
             return batch
@@ -263,7 +274,7 @@ def trace_hf(
         notes.append(
             "config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output"
         )
-    with _real_mode_shims(fake, notes), _no_data_checks(fake and fam == "llava", notes):
+    with _real_mode_shims(fake, notes), _no_data_checks(fake and fam in ("llava", "gemma3"), notes):
         return trace_training(
             model_factory,
             _input_factory(cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0)),
