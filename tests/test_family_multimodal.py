@@ -1,4 +1,4 @@
-"""CLIP and LLaVA: exact parameters against transformers' meta build, the multimodal scenario keys, what a frozen
+"""CLIP, LLaVA and Gemma 3 (multimodal): exact parameters against transformers' meta build, the multimodal scenario keys, what a frozen
 tower trains, image tokens in the sequence, and the engine held to the trace (a fast subset of the cases)."""
 
 from __future__ import annotations
@@ -18,10 +18,18 @@ from memsim_widget.catalog.models import PRESETS, architecture_for  # noqa: E402
 from memsim_widget.engine.context import Context  # noqa: E402
 from memsim_widget.engine.core import estimate  # noqa: E402
 from memsim_widget.errors import ScenarioError  # noqa: E402
-from memsim_widget.fidelity import CLIP, LLAVA, MULTIMODAL_CASES, compare  # noqa: E402
+from memsim_widget.fidelity import CLIP, GEMMA3_VLM, LLAVA, MULTIMODAL_CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
-MULTIMODAL_PRESETS = ["clip-vit-base-patch32", "clip-vit-large-patch14", "llava-1.5-7b", "llava-1.5-13b"]
+MULTIMODAL_PRESETS = [
+    "clip-vit-base-patch32",
+    "clip-vit-large-patch14",
+    "llava-1.5-7b",
+    "llava-1.5-13b",
+    "gemma-3-4b",
+    "gemma-3-12b",
+    "gemma-3-27b",
+]
 
 
 def _meta(cfg: dict) -> torch.nn.Module:
@@ -51,6 +59,9 @@ def test_published_sizes() -> None:
         "clip-vit-large-patch14": 427_616_513,
         "llava-1.5-7b": 7_063_427_072,
         "llava-1.5-13b": 13_351_494_656,
+        "gemma-3-4b": 4_300_079_472,
+        "gemma-3-12b": 12_187_325_040,
+        "gemma-3-27b": 27_432_406_640,
     }
 
 
@@ -59,6 +70,7 @@ def test_published_sizes() -> None:
     [
         CLIP,
         LLAVA,
+        GEMMA3_VLM,
         # a list of feature layers (concatenated: linear_1 reads 2 x h_v), "full" keeps CLS, no projector bias, Qwen2 LM
         {
             **LLAVA,
@@ -82,6 +94,7 @@ def test_image_tokens_join_the_language_models_sequence() -> None:
     )
     assert full.image_tokens == 197
     assert Context(Scenario.from_dict({"model": "clip-vit-base-patch32", "seq_len": 77})).seq_len == 77
+    assert Context(Scenario.from_dict({"model": "gemma-3-4b", "seq_len": 512})).seq_len == 512 + 256
 
 
 def test_frozen_tower_trains_nothing_and_llava_freezes_it_by_default() -> None:
@@ -132,6 +145,16 @@ def test_frozen_tower_trains_nothing_and_llava_freezes_it_by_default() -> None:
             "model.vision_config.hidden_size",
         ),
         ({"model": {**LLAVA, "vision_feature_layer": 9}}, "model.vision_feature_layer"),
+        (
+            {
+                "model": {
+                    **GEMMA3_VLM,
+                    "vision_config": {**GEMMA3_VLM["vision_config"], "vision_use_head": True},
+                }
+            },
+            "model.vision_config.vision_use_head",
+        ),
+        ({"model": {**GEMMA3_VLM, "mm_tokens_per_image": 50}}, "model.mm_tokens_per_image"),
     ],
 )
 def test_bad_multimodal_input_names_the_field(data: dict, field: str) -> None:
@@ -154,6 +177,7 @@ FAST = [
     "clip bf16 lora qv (both towers) b8 s77",
     "llava bf16 sdpa trained tower b2 s256+196",
     "llava bf16 lora qv (LM and tower) b2 s256+196",
+    "gemma3 bf16 sdpa frozen tower b2 s256+49",
 ]
 
 

@@ -34,7 +34,7 @@ def _model_class(model_type: str) -> Any:
         return transformers.ViTForImageClassification
     if model_type == "clip":  # CLIPModel (both towers, projections, logit_scale)
         return transformers.AutoModel
-    if model_type == "llava":  # LlavaForConditionalGeneration
+    if model_type in ("llava", "gemma3"):  # LlavaForConditionalGeneration, Gemma3ForConditionalGeneration
         return transformers.AutoModelForImageTextToText
     return transformers.AutoModelForCausalLM
 
@@ -60,6 +60,8 @@ def _kind(name: str) -> str:
     if ".experts." in n:
         return "experts"
     # multimodal (CLIP, LLaVA): the projector is a 2-Linear MLP, the contrastive head's projections and scale a head
+    if "mm_soft_emb_norm" in n:
+        return "norm"
     if "multi_modal_projector." in n:
         return "mlp"
     if n.startswith(("visual_projection", "text_projection", "logit_scale")):

@@ -1095,6 +1095,34 @@ PRESETS: dict[str, dict[str, Any]] = {
     # defaults (7B) or names them (13B); written out here, as every family requires them
     "llava-1.5-7b": _llava(4096, 11008, 32, 32),
     "llava-1.5-13b": _llava(5120, 13824, 40, 40),
+    # google/gemma-3-{4b,12b,27b}-pt config.json: SigLIP So400m at 896px, 256 tokens per image, and the text model
+    # (the *-text presets above, with Gemma3TextConfig's defaults written out)
+    **{
+        f"gemma-3-{size}": {
+            "model_type": "gemma3",
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "boi_token_index": 255999,
+            "eoi_token_index": 256000,
+            "image_token_index": 262144,
+            "mm_tokens_per_image": 256,
+            "text_config": {k: v for k, v in _gemma3_text(*args, **kw).items() if k != "architectures"},
+            "vision_config": {
+                "model_type": "siglip_vision_model",
+                "hidden_size": 1152,
+                "image_size": 896,
+                "intermediate_size": 4304,
+                "num_attention_heads": 16,
+                "num_hidden_layers": 27,
+                "patch_size": 14,
+                "vision_use_head": False,
+            },
+        }
+        for size, args, kw in (
+            ("4b", (2560, 10240, 8, 34, 4), {}),
+            ("12b", (3840, 15360, 16, 48, 8), {}),
+            ("27b", (5376, 21504, 32, 62, 16), {"head_dim": 128, "scalar": 168}),
+        )
+    },
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -1510,6 +1538,24 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "projector, Vicuna 13B; each image adds 576 tokens to seq_len",
         "params_label": "13.4B",
         "hf_repo": "llava-hf/llava-1.5-13b-hf",
+    },
+    "gemma-3-4b": {
+        "description": "Gemma 3 4B with its vision tower (Gemma3ForConditionalGeneration): SigLIP So400m at 896px "
+        "(frozen by default: freeze_vision), 256 tokens per image, trained with token_type_ids (a mask in every layer)",
+        "params_label": "4.3B",
+        "hf_repo": "google/gemma-3-4b-pt",
+    },
+    "gemma-3-12b": {
+        "description": "Gemma 3 12B with its vision tower (Gemma3ForConditionalGeneration): SigLIP So400m at 896px "
+        "(frozen by default: freeze_vision), 256 tokens per image, trained with token_type_ids (a mask in every layer)",
+        "params_label": "12.2B",
+        "hf_repo": "google/gemma-3-12b-pt",
+    },
+    "gemma-3-27b": {
+        "description": "Gemma 3 27B with its vision tower (Gemma3ForConditionalGeneration): SigLIP So400m at 896px "
+        "(frozen by default: freeze_vision), 256 tokens per image, trained with token_type_ids (a mask in every layer)",
+        "params_label": "27.4B",
+        "hf_repo": "google/gemma-3-27b-pt",
     },
 }
 
