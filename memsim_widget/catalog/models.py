@@ -1308,19 +1308,19 @@ PRESET_INFO: dict[str, dict[str, str]] = {
     },
     "gemma-3-4b-text": {
         "description": "Gemma 3 4B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
-        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "the ~0.4B SigLIP vision tower and projector are NOT counted (preset gemma-3-4b has them)",
         "params_label": "3.9B of 4.3B",
         "hf_repo": "google/gemma-3-4b-pt",
     },
     "gemma-3-12b-text": {
         "description": "Gemma 3 12B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
-        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "the ~0.4B SigLIP vision tower and projector are NOT counted (preset gemma-3-12b has them)",
         "params_label": "11.8B of 12.2B",
         "hf_repo": "google/gemma-3-12b-pt",
     },
     "gemma-3-27b-text": {
         "description": "Gemma 3 27B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
-        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "the ~0.4B SigLIP vision tower and projector are NOT counted (preset gemma-3-27b has them)",
         "params_label": "27.0B of 27.4B",
         "hf_repo": "google/gemma-3-27b-pt",
     },
