@@ -1,4 +1,4 @@
-"""The vision side of a multimodal model (CLIP, LLaVA): what its tower and projector save for backward.
+"""The vision side of a multimodal model (CLIP, LLaVA, Gemma 3): what its tower and projector save for backward.
 
 The tower is an Architecture of its own (``arch.extra["vision"]["tower"]``, families/clip.py); its layers go
 through the same HF rules as any encoder (engine/activations.py ``_hf``), run on a context whose micro-batch is
@@ -16,6 +16,9 @@ which runs last. Rules (each held to a fake-tensor trace, docs/fidelity.md):
 - LLaVA's projector (linear_1 -> gelu -> linear_2) trains with the language model under full training: linear_1
   keeps the selected hidden state (a view of the tower's whole hidden state, CLS row included), gelu its input
   and linear_2 its input, at the image tokens;
+- Gemma 3's projector (average pool to ``mm_tokens_per_image``, Gemma RMSNorm, projection) saves the norm's fp32
+  tensors and the projection's input when it trains, the norm's fp32 input when only the tower has adapters;
+  its language model gets a mask in every layer (token_type_ids; engine/activations.py);
 - CLIP's contrastive head (pooled rows, projections, b x b logits) is a few b x h tensors.
 
 Known misses: the tower's own backward transients (the language model's, computed first, are larger in every
