@@ -1108,6 +1108,10 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
             ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
         )
     ),
+    (
+        "gemma3 bf16 sdpa b2 s256 (no image: token_type_ids still mask every layer)",
+        {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 0},
+    ),
     # the presets' real shapes (fake tensors: 10-45 s each)
     (
         "llava-1.5-7b bf16 lora qv b1 s512+576 (real shape)",
@@ -1116,6 +1120,10 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "llava-1.5-7b bf16 full b1 s512+576 (real shape, frozen tower)",
         {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512},
+    ),
+    (
+        "gemma-3-4b bf16 lora qv b1 s512+256 (real shape)",
+        {"model": "gemma-3-4b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
     ),
     (
         "clip-vit-base-patch32 bf16 sdpa b64 s77 (real shape)",

@@ -549,14 +549,16 @@ def _hf(ctx: Context) -> ActivationBudget:
         n_sliding = sum(k == "sliding_attention" for k in kinds or ())
         if not (window and D.s_full >= window):
             n_sliding = 0
-        # Gemma 3 with images (token_type_ids): image tokens attend both ways, so every layer gets a mask (traced)
-        if ctx.image_tokens and arch.extra.get("vision", {}).get("image_mask_all_layers") and kinds:
+        # Gemma 3 multimodal, fed token_type_ids as its processor returns them (image tokens attend both ways): the
+        # blockwise mask function makes HF build a mask for every layer, with or without images in the batch (traced)
+        image_masks = bool(arch.extra.get("vision", {}).get("image_mask_all_layers"))
+        if image_masks and kinds:
             n_sliding = len(kinds)
         if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding:
             frac = n_sliding / len(kinds)
             rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
             masked_frac = frac if rep else 0.0
-            every = n_sliding == len(kinds) and ctx.image_tokens
+            every = n_sliding == len(kinds) and image_masks
             add(
                 ("every layer (image tokens attend both ways)" if every else "sliding-window layers")
                 + ": SDPA's additive mask"
