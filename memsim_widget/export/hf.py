@@ -17,6 +17,7 @@ from memsim_widget.export.common import (
     check_common,
     checkpoint_every,
     comment,
+    framework_note,
     header_lines,
     hf_model_id,
     lora_targets,
@@ -78,10 +79,11 @@ def training_args(draft: Draft) -> dict[str, Any]:
         "gradient_accumulation_steps": sc.grad_accum_steps,
         "bf16": bf16,
         "fp16": fp16,
-        **_optim(draft),
+        **optim_keys(draft),
         **_checkpointing(draft),
         "torch_compile": sc.compile,
     }
+    framework_note(draft, "deepspeed" if uses_deepspeed(draft) else "hf")
     if uses_deepspeed(draft):
         args["deepspeed"] = deepspeed.FILE
     elif p.zero == 3:
@@ -95,7 +97,7 @@ def training_args(draft: Draft) -> dict[str, Any]:
     return args
 
 
-def _optim(draft: Draft) -> dict[str, Any]:
+def optim_keys(draft: Draft) -> dict[str, Any]:
     """``optim`` and the keys that go with it; the fused kernel for AdamW is its own name."""
     sc = draft.scenario
     if sc.optimizer not in OPTIM:
