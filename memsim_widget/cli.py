@@ -586,7 +586,9 @@ def _export_pick(p: Any, args: argparse.Namespace) -> None:
 
     frame = p.frame
     if not 1 <= args.pick <= len(frame):
-        raise ScenarioError("--pick", f"must be from 1 to {len(frame)} (the listed candidates), got {args.pick}")
+        raise ScenarioError(
+            "--pick", f"must be from 1 to {len(frame)} (the listed candidates), got {args.pick}"
+        )
     candidate = int(frame["candidate"].iloc[args.pick - 1])
     _write_export(export(p.scenario(candidate), args.export, p.estimate(candidate)), args.out)
 
@@ -736,9 +738,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
     pl.add_argument("--json", action="store_true", help="print one JSON object with the top candidates")
-    pl.add_argument("--export", choices=_formats(), metavar="FORMAT",
-                    help=f"write the launch config of a listed candidate instead: {', '.join(_formats())}")
-    pl.add_argument("--pick", type=_int_arg, default=1, help="the candidate to --export, by its # (default 1)")
+    pl.add_argument(
+        "--export",
+        choices=_formats(),
+        metavar="FORMAT",
+        help=f"write the launch config of a listed candidate instead: {', '.join(_formats())}",
+    )
+    pl.add_argument(
+        "--pick", type=_int_arg, default=1, help="the candidate to --export, by its # (default 1)"
+    )
     pl.add_argument("--out", metavar="DIR", help="with --export: write the files into DIR (default stdout)")
     pl.set_defaults(func=cmd_plan)
     rc = sub.add_parser(

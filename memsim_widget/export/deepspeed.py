@@ -41,7 +41,9 @@ def ds_config(draft: Draft, standalone: bool = True) -> dict[str, Any]:
     if p.sequence_parallel:
         raise refuse("parallel.sequence_parallel", fmt, "AutoTP has no sequence-parallel key")
     if p.zero == 3 and not p.reshard_after_forward:
-        raise refuse("parallel.reshard_after_forward", fmt, "DeepSpeed ZeRO-3 always re-partitions after forward")
+        raise refuse(
+            "parallel.reshard_after_forward", fmt, "DeepSpeed ZeRO-3 always re-partitions after forward"
+        )
     checkpoint_every(draft)
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": sc.micro_batch_size,
@@ -74,7 +76,9 @@ def _precision(draft: Draft) -> dict[str, Any]:
     if prec == "bf16":
         if zero == 0:
             raise refuse("precision", draft.fmt, "pure bf16 (bf16 master weights and states) needs zero >= 1")
-        return {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
+        return {
+            "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+        }
     if prec in ("amp-bf16", "amp-fp16"):
         dtype = "bfloat16" if prec == "amp-bf16" else "float16"
         return {"torch_autocast": {"enabled": True, "dtype": dtype}}
@@ -122,7 +126,9 @@ def _optimizer(draft: Draft) -> dict[str, Any] | None:
         if sc.optimizer_impl == "for-loop":
             draft.note("optimizer_impl for-loop: DeepSpeed's Adam has no key for it; pass torch.optim.AdamW("
                        "foreach=False) as a client optimizer")  # fmt: skip
-        params["torch_adam"] = sc.optimizer_impl != "fused"  # False: DeepSpeed's FusedAdam (CPUAdam offloaded)
+        params["torch_adam"] = (
+            sc.optimizer_impl != "fused"
+        )  # False: DeepSpeed's FusedAdam (CPUAdam offloaded)
     return {"type": kind, "params": params}
 
 

@@ -65,7 +65,9 @@ def training_args(draft: Draft) -> dict[str, Any]:
     p = sc.parallel
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(p, name) > 1:
-            raise refuse(f"parallel.{name}", fmt, f"the Trainer has no {name} key; use torchtitan or set it to 1")
+            raise refuse(
+                f"parallel.{name}", fmt, f"the Trainer has no {name} key; use torchtitan or set it to 1"
+            )
     if sc.optimizer_in_backward:
         raise refuse("optimizer_in_backward", fmt, "the Trainer has no optimizer-in-backward key")
     if sc.loss == "chunked":
@@ -91,7 +93,9 @@ def training_args(draft: Draft) -> dict[str, Any]:
     elif p.dp > 1:
         draft.note(f"dp={p.dp} without ZeRO: launch with torchrun --nproc-per-node {p.dp} (DDP)")
     if sc.activation_offloading:
-        draft.note("activation_offloading: run the forward inside torch.autograd.graph.save_on_cpu(pin_memory=True)")
+        draft.note(
+            "activation_offloading: run the forward inside torch.autograd.graph.save_on_cpu(pin_memory=True)"
+        )
     if sc.padding == "packed":
         draft.note("padding packed: pack samples to seq_len in your dataset (or TRL SFTConfig(packing=True))")
     return args
@@ -101,7 +105,9 @@ def optim_keys(draft: Draft) -> dict[str, Any]:
     """``optim`` and the keys that go with it; the fused kernel for AdamW is its own name."""
     sc = draft.scenario
     if sc.optimizer not in OPTIM:
-        raise refuse("optimizer", draft.fmt, f"{sc.optimizer!r} has no Trainer optim; allowed: {', '.join(OPTIM)}")
+        raise refuse(
+            "optimizer", draft.fmt, f"{sc.optimizer!r} has no Trainer optim; allowed: {', '.join(OPTIM)}"
+        )
     name, extra = OPTIM[sc.optimizer]
     if name == "adamw_torch" and sc.optimizer_impl == "fused":
         name = "adamw_torch_fused"
@@ -112,14 +118,17 @@ def optim_keys(draft: Draft) -> dict[str, Any]:
 
 
 def _checkpointing(draft: Draft) -> dict[str, Any]:
-    """Gradient checkpointing: full only (transformers checkpoints whole layers)."""
+    """Checkpointing: full only (transformers checkpoints whole layers). ``activation_checkpointing`` is the
+    transformers 5.24 name; releases before it call the key ``gradient_checkpointing``."""
     ac = draft.scenario.activation_checkpointing
     if ac not in ("none", "full"):
         raise refuse("activation_checkpointing", draft.fmt, f"{ac!r}: transformers checkpoints whole layers; "
                      "use 'full' or 'none'")  # fmt: skip
     if ac == "none" or (draft.scenario.parallel.zero == 3 and not uses_deepspeed(draft)):
-        return {"gradient_checkpointing": False}  # under FSDP2, fsdp_config.activation_checkpointing does it
-    return {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+        return {
+            "activation_checkpointing": False
+        }  # under FSDP2, fsdp_config.activation_checkpointing does it
+    return {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False}}
 
 
 def _fsdp(draft: Draft) -> dict[str, Any]:
@@ -149,8 +158,11 @@ def model_setup(draft: Draft) -> dict[str, Any]:
     setup: dict[str, Any] = {
         "model_name_or_path": hf_model_id(draft),
         "from_pretrained": {"dtype": dtype, "attn_implementation": sc.attention},
-        "tokenizer": {"model_max_length": sc.seq_len, "padding": "longest" if sc.padding == "longest" else
-                      "max_length", "truncation": True},  # fmt: skip
+        "tokenizer": {
+            "model_max_length": sc.seq_len,
+            "padding": "longest" if sc.padding == "longest" else "max_length",
+            "truncation": True,
+        },  # fmt: skip
     }
     if sc.method == "qlora":
         setup["quantization_config"] = {
@@ -177,7 +189,8 @@ def render(draft: Draft) -> dict[str, str]:
     ds = deepspeed.ds_config(draft, standalone=False) if uses_deepspeed(draft) else None
     files = {} if ds is None else deepspeed.files(draft, ds)
     head = comment(header_lines(draft))
-    use = "# Read with: HfArgumentParser(TrainingArguments).parse_yaml_file('training_args.yaml')\n"
+    use = ("# Read with: HfArgumentParser(TrainingArguments).parse_yaml_file('training_args.yaml') (transformers "
+           ">= 5.24; older releases name activation_checkpointing gradient_checkpointing)\n")  # fmt: skip
     setup_use = ("# AutoModelForCausalLM.from_pretrained(model_name_or_path, **from_pretrained, quantization_config="
                  "BitsAndBytesConfig(**quantization_config)); peft.get_peft_model(model, LoraConfig(**lora))\n")  # fmt: skip
     return {

@@ -75,9 +75,13 @@ def _method(draft: Draft) -> dict[str, Any]:
         "lora_target": "all" if targets == ["all-linear"] else ",".join(targets),
     }
     if sc.method == "qlora":
-        keys.update(quantization_bit=4, quantization_method="bnb", quantization_type="nf4", double_quantization=True)
+        keys.update(
+            quantization_bit=4, quantization_method="bnb", quantization_type="nf4", double_quantization=True
+        )
     if not float(sc.lora.alpha).is_integer():
-        raise refuse("lora.alpha", draft.fmt, f"LLaMA-Factory's lora_alpha is an integer, got {sc.lora.alpha}")
+        raise refuse(
+            "lora.alpha", draft.fmt, f"LLaMA-Factory's lora_alpha is an integer, got {sc.lora.alpha}"
+        )
     keys["lora_alpha"] = int(sc.lora.alpha)
     return keys
 

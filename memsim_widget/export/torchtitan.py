@@ -31,7 +31,11 @@ MODELS: dict[str, tuple[str, str]] = {
     "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b"),
 }
 #: memsim precision -> (``training.dtype``, ``training.mixed_precision_param``).
-PRECISION = {"bf16": ("bfloat16", "bfloat16"), "amp-bf16": ("float32", "bfloat16"), "fp32": ("float32", "float32")}
+PRECISION = {
+    "bf16": ("bfloat16", "bfloat16"),
+    "amp-bf16": ("float32", "bfloat16"),
+    "fp32": ("float32", "float32"),
+}
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
 
@@ -46,7 +50,9 @@ def fields(draft: Draft) -> dict[str, Any]:
     if sc.attention != "sdpa":
         raise refuse("attention", fmt, "torchtitan's attention is SDPA (or flex/varlen), not eager")
     if p.zero in (1, 2):
-        raise refuse("parallel.zero", fmt, "torchtitan shards fully (FSDP2, zero 3) or replicates (DDP, zero 0)")
+        raise refuse(
+            "parallel.zero", fmt, "torchtitan shards fully (FSDP2, zero 3) or replicates (DDP, zero 0)"
+        )
     if p.offload == "optimizer":
         raise refuse("parallel.offload", fmt, "training.enable_cpu_offload offloads parameters, gradients and "
                      "states together; use 'optimizer+params'")  # fmt: skip

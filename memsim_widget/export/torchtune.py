@@ -57,7 +57,9 @@ def overrides(draft: Draft) -> dict[str, Any]:
     sc, fmt, p = draft.scenario, draft.fmt, draft.scenario.parallel
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(p, name) > 1:
-            raise refuse(f"parallel.{name}", fmt, f"the torchtune recipes here run FSDP only; set {name} to 1")
+            raise refuse(
+                f"parallel.{name}", fmt, f"the torchtune recipes here run FSDP only; set {name} to 1"
+            )
     if p.world_size > 1 and p.zero != 3:
         raise refuse("parallel.zero", fmt, "torchtune's distributed recipes shard with FSDP2 (zero 3)")
     if p.offload == "optimizer":
@@ -68,7 +70,9 @@ def overrides(draft: Draft) -> dict[str, Any]:
     if sc.attention != "sdpa":
         raise refuse("attention", fmt, "torchtune's attention is SDPA")
     if sc.activation_checkpointing not in ("none", "full"):
-        raise refuse("activation_checkpointing", fmt, f"{sc.activation_checkpointing!r}: use 'full' or 'none'")
+        raise refuse(
+            "activation_checkpointing", fmt, f"{sc.activation_checkpointing!r}: use 'full' or 'none'"
+        )
     checkpoint_every(draft)
     check_common(draft)
     keys: dict[str, Any] = {
@@ -81,7 +85,8 @@ def overrides(draft: Draft) -> dict[str, Any]:
         "enable_activation_offloading": sc.activation_offloading,
         "compile": sc.compile,
         "optimizer_in_bwd": sc.optimizer_in_backward,
-        "loss._component_": "torchtune.modules.loss.CEWithChunkedOutputLoss" if sc.loss == "chunked"
+        "loss._component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"
+        if sc.loss == "chunked"
         else "torch.nn.CrossEntropyLoss",  # fmt: skip
         **_optimizer(draft),
         **_model(draft),
@@ -126,7 +131,9 @@ def _model(draft: Draft) -> dict[str, Any]:
         raise refuse("lora.targets", draft.fmt, "torchtune adapts q/k/v/o projections and the whole MLP "
                      f"(gate, up and down together), got {sorted(sc.lora.targets)}")  # fmt: skip
     if sc.lora.adapter_dtype != "bf16" and sc.precision == "bf16":
-        draft.note(f"lora.adapter_dtype {sc.lora.adapter_dtype}: torchtune keeps adapters in the model's dtype (bf16)")
+        draft.note(
+            f"lora.adapter_dtype {sc.lora.adapter_dtype}: torchtune keeps adapters in the model's dtype (bf16)"
+        )
     keys: dict[str, Any] = {
         "model.lora_attn_modules": [ATTN[t] for t in ATTN if t in targets],
         "model.apply_lora_to_mlp": bool(targets & MLP),
