@@ -52,7 +52,7 @@ def config(draft: Draft) -> dict[str, Any]:
         cfg["deepspeed_config"] = {"deepspeed_config_file": deepspeed.FILE}
     elif cfg["distributed_type"] == "FSDP":
         cfg["fsdp_config"] = _fsdp(draft)
-    if p.tp > 1 or p.cp > 1:
+    if (p.tp > 1 or p.cp > 1) and cfg["distributed_type"] != "DEEPSPEED":  # DeepSpeed: AutoTP in its own file
         cfg["parallelism_config"] = {
             "parallelism_config_dp_replicate_size": p.dp if p.zero == 0 else 1,
             "parallelism_config_dp_shard_size": p.dp if p.zero == 3 else 1,

@@ -75,7 +75,8 @@ def _precision(draft: Draft) -> dict[str, Any]:
         return {"fp16": {"enabled": True}}
     if prec == "bf16":
         if zero == 0:
-            raise refuse("precision", draft.fmt, "pure bf16 (bf16 master weights and states) needs zero >= 1")
+            raise refuse("precision", draft.fmt, "pure bf16 (bf16 master weights and states) needs zero >= 1; "
+                         "at zero 0 DeepSpeed's bf16 keeps fp32 masters: precision 'mixed-bf16'")  # fmt: skip
         return {
             "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
         }

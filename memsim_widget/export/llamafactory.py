@@ -27,8 +27,6 @@ def config(draft: Draft) -> dict[str, Any]:
                      "'deepspeed' for ZeRO-3 (FSDP needs an accelerate config beside it)")  # fmt: skip
     if sc.activation_offloading:
         raise refuse("activation_offloading", draft.fmt, "LLaMA-Factory has no activation-offloading key")
-    if sc.compile:
-        raise refuse("compile", draft.fmt, "LLaMA-Factory does not compile the model from its config")
     if sc.padding == "longest":
         draft.note("padding longest: LLaMA-Factory pads each batch to its longest sample unless packing")
     args = hf.training_args(draft)  # refuses tp/pp/cp/ep, chunked loss, selective checkpointing
@@ -53,6 +51,7 @@ def config(draft: Draft) -> dict[str, Any]:
         "bf16": args["bf16"] or sc.precision == "bf16",
         "fp16": args["fp16"],
         "pure_bf16": sc.precision == "bf16",
+        "torch_compile": args["torch_compile"],
     }
     if sc.precision == "fp16":
         raise refuse("precision", draft.fmt, "LLaMA-Factory has pure_bf16 but no pure fp16; use 'amp-fp16'")
