@@ -1,4 +1,4 @@
-"""The ``memsim`` command line: estimate a scenario, plan layouts, recommend fixes, list presets and GPUs.
+"""The ``memsim`` command line: estimate, plan, recommend, export launch configs, list presets and GPUs.
 
 Bad input exits with status 2 and one line naming the field; never a traceback.
 """

@@ -145,13 +145,15 @@ def test_deepspeed_pure_bf16_keeps_bf16_masters_and_states_and_zero3_offloads_pa
 def test_deepspeed_amp_is_torch_autocast_and_tp_is_autotp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = {"precision": "amp-bf16", "parallel": {"dp": 2, "tp": 2, "zero": 1}}
+    data = {"precision": "amp-bf16", "optimizer_impl": "for-loop", "parallel": {"dp": 2, "tp": 2, "zero": 1}}
     cfg = _deepspeed_config(
         _files(data, "deepspeed", tmp_path)["ds_config.json"], dp=2, monkeypatch=monkeypatch
     )
     assert cfg.torch_autocast_enabled
     assert "bfloat16" in str(cfg.torch_autocast_dtype)
     assert cfg.tensor_parallel_config.autotp_size == 2
+    # torch.optim.AdamW without foreach (DeepSpeed's engine pops torch_adam and foreach from the params)
+    assert cfg.optimizer_name == "adamw" and cfg.optimizer_params == {"torch_adam": True, "foreach": False}
 
 
 # ----- Hugging Face Trainer -------------------------------------------------------------------------------
@@ -498,7 +500,11 @@ def test_torchtitan_ddp_amp_and_no_checkpointing(monkeypatch: pytest.MonkeyPatch
         ("accelerate", {"parallel": {"dp": 2, "zero": 3, "offload": "optimizer"}}, "parallel.offload"),
         ("axolotl", {"optimizer_in_backward": True}, "optimizer_in_backward"),
         ("llamafactory", {"activation_offloading": True}, "activation_offloading"),
-        ("deepspeed", {"parallel": {"dp": 2, "zero": 3, "reshard_after_forward": False}}, "parallel.reshard_after_forward"),
+        (
+            "deepspeed",
+            {"parallel": {"dp": 2, "zero": 3, "reshard_after_forward": False}},
+            "parallel.reshard_after_forward",
+        ),
         ("torchtune", {"precision": "amp-bf16"}, "precision"),
         ("torchtune", {"method": "lora", "lora": {"targets": ["gate_proj"]}}, "lora.targets"),
         ("torchtitan", {"method": "lora"}, "method"),

@@ -114,8 +114,9 @@ def _zero(draft: Draft) -> dict[str, Any]:
 
 
 def _optimizer(draft: Draft) -> dict[str, Any] | None:
-    """DeepSpeed's own optimizer for AdamW/Adam/Lion (``torch_adam`` keeps torch's foreach/fused kernels);
-    any other optimizer is the training script's (a client optimizer), noted by hand."""
+    """DeepSpeed's own optimizer for AdamW/Adam/Lion; any other is the training script's (a client optimizer),
+    noted by hand. ``torch_adam`` builds ``torch.optim.AdamW``/``Adam`` with the params' ``foreach``
+    (runtime/engine.py ``get_optimizer_configuration``); without it DeepSpeed's FusedAdam (CPUAdam offloaded)."""
     sc = draft.scenario
     if sc.optimizer not in OPTIMIZERS:
         draft.note(f"optimizer {sc.optimizer!r} ({sc.optimizer_impl}): create it in your script and pass it to "
@@ -124,12 +125,9 @@ def _optimizer(draft: Draft) -> dict[str, Any] | None:
     kind, params = OPTIMIZERS[sc.optimizer]
     params = dict(params)
     if kind != "Lion":
+        params["torch_adam"] = sc.optimizer_impl != "fused"
         if sc.optimizer_impl == "for-loop":
-            draft.note("optimizer_impl for-loop: DeepSpeed's Adam has no key for it; pass torch.optim.AdamW("
-                       "foreach=False) as a client optimizer")  # fmt: skip
-        params["torch_adam"] = (
-            sc.optimizer_impl != "fused"
-        )  # False: DeepSpeed's FusedAdam (CPUAdam offloaded)
+            params["foreach"] = False
     return {"type": kind, "params": params}
 
 
