@@ -236,18 +236,30 @@ def test_accelerate_fsdp2_config_reaches_the_fsdp_plugin(
     assert plugin.activation_checkpointing
 
 
-def test_accelerate_zero2_uses_deepspeed_with_the_exported_file(
+def test_accelerate_zero2_launches_deepspeed_with_the_exported_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files = _files(LORA_ZERO2, "accelerate", tmp_path)
-    config = yaml.safe_load(files["accelerate_config.yaml"].read_text())
-    assert config["distributed_type"] == "DEEPSPEED"
-    assert (tmp_path / config["deepspeed_config"]["deepspeed_config_file"]).is_file()
-    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-    loaded = load_config_from_file(str(files["accelerate_config.yaml"]))
-    assert loaded.num_processes == 4 and loaded.distributed_type == "DEEPSPEED"
-    assert json.loads(files["ds_config.json"].read_text())["gradient_accumulation_steps"] == 8
+    files = _files(LORA_ZERO2, "accelerate", tmp_path)
+    monkeypatch.chdir(tmp_path)  # the YAML names ds_config.json beside it
+    args = launch_command_parser().parse_args(
+        ["--config_file", str(files["accelerate_config.yaml"]), "train.py"]
+    )
+    args, defaults, _ = _validate_launch_command(args)
+    args.deepspeed_fields_from_accelerate_config = list(
+        defaults.deepspeed_config
+    )  # as launch_command sets it
+    _, env = prepare_deepspeed_cmd_env(args)
+    assert args.num_processes == 4
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    assert plugin.zero_stage == 2 and plugin.gradient_accumulation_steps == 8
+    assert plugin.deepspeed_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 4
 
 
 # ----- axolotl --------------------------------------------------------------------------------------------
@@ -390,50 +402,49 @@ def test_torchtune_full_fsdp_offload_and_checkpointing(tmp_path: Path) -> None:
 
 
 # ----- torchtitan -----------------------------------------------------------------------------------------
-def _titan_modules() -> dict[str, types.ModuleType]:
-    """Stand-ins for the torchtitan 0.3.0 modules the export imports, with its config dataclasses' fields
-    (torchtitan/config/configs.py TrainingConfig, ParallelismConfig, CompileConfig; components/optimizer/
-    optimizer.py ParamGroupConfig, OptimizersContainer.Config). ``slots=True`` as there: an unknown field raises."""
-    slots = dataclasses.dataclass(kw_only=True, slots=True)
-    training = slots(type("TrainingConfig", (), {"__annotations__": dict.fromkeys(
-        ["local_batch_size", "global_batch_size", "seq_len", "dtype", "mixed_precision_param",
-         "enable_cpu_offload", "disable_cuda_graphs"], Any)}))  # fmt: skip
-    parallelism = slots(type("ParallelismConfig", (), {"__annotations__": dict.fromkeys(
-        ["data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-         "tensor_parallel_degree", "enable_sequence_parallel", "pipeline_parallel_degree",
-         "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
-         "context_parallel_degree", "expert_parallel_degree"], Any)}))  # fmt: skip
-    compile_ = slots(type("CompileConfig", (), {"__annotations__": {"enable": Any}}))
-    group = slots(
-        type("ParamGroupConfig", (), {"__annotations__": dict.fromkeys(["pattern", "optimizer_name"], Any)})
-    )
-    optim = slots(
-        type(
-            "OptimizersConfig",
-            (),
-            {"__annotations__": dict.fromkeys(["param_groups", "implementation"], Any)},
-        )
-    )
-    trainer = slots(type("TrainerConfig", (), {"__annotations__": dict.fromkeys(
-        ["model_spec", "training", "parallelism", "compile", "optimizer", "activation_checkpoint", "loss"], Any)}))  # fmt: skip
+def _slotted(name: str, names: list[str]) -> type:
+    """A keyword-only, slotted dataclass with these fields (as torchtitan declares its configs)."""
+    return dataclasses.make_dataclass(name, [(n, Any, None) for n in names], kw_only=True, slots=True)
+
+
+#: torchtitan 0.3.0's config fields that the export may set: torchtitan/config/configs.py (TrainingConfig,
+#: ParallelismConfig, CompileConfig), components/optimizer/optimizer.py (ParamGroupConfig,
+#: OptimizersContainer.Config), trainer.py (Trainer.Config), components/loss.py (CrossEntropyLoss.Config,
+#: ChunkedLossWrapper.Config); the real classes have more fields, none of these fewer.
+TITAN_FIELDS = {
+    "training": ["local_batch_size", "global_batch_size", "seq_len", "dtype", "mixed_precision_param",
+                 "enable_cpu_offload", "disable_cuda_graphs"],
+    "parallelism": ["data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "enable_sequence_parallel", "pipeline_parallel_degree",
+                    "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_layers_per_stage", "context_parallel_degree", "expert_parallel_degree"],
+    "compile": ["enable"],
+    "optimizer": ["param_groups", "implementation"],
+}  # fmt: skip
+
+
+def _titan_modules() -> dict[str, Any]:
+    """Stand-ins for the torchtitan 0.3.0 modules the export imports: slotted config classes with the fields of
+    ``TITAN_FIELDS``, so setting a field torchtitan does not have raises ``AttributeError`` as it would there."""
+    sections = {name: _slotted(name, fields) for name, fields in TITAN_FIELDS.items()}
+    group = _slotted("ParamGroupConfig", ["pattern", "optimizer_name"])
+    trainer = _slotted("TrainerConfig", ["model_spec", *TITAN_FIELDS, "activation_checkpoint", "loss"])
 
     def llama3_8b() -> Any:
-        return trainer(model_spec="8B", training=training(**dict.fromkeys(dataclasses.fields(training) and
-                       [f.name for f in dataclasses.fields(training)])), parallelism=parallelism(**dict.fromkeys(
-                       [f.name for f in dataclasses.fields(parallelism)])), compile=compile_(enable=False),
-                       optimizer=optim(param_groups=[group(pattern=".*", optimizer_name="AdamW")],
-                       implementation="fused"), activation_checkpoint=None, loss=None)  # fmt: skip
+        config = trainer(**{name: cls() for name, cls in sections.items()}, model_spec="8B")
+        config.optimizer.param_groups = [group(pattern=".*", optimizer_name="AdamW")]
+        return config
 
-    def policy(name: str) -> Any:
-        return type(name, (), {"Config": slots(type("Config", (), {"__annotations__": {}}))})
+    def policy(name: str) -> type:
+        return type(name, (), {"Config": _slotted("Config", [])})
 
-    loss_fn = slots(type("Config", (), {"__annotations__": {"global_vocab_size": Any}}))
-    wrapper = slots(type("Config", (), {"__annotations__": {"loss_fn": Any}}))
     return {
         "torchtitan.models.llama3.config_registry": types.SimpleNamespace(llama3_8b=llama3_8b),
         "torchtitan.components.loss": types.SimpleNamespace(
-            CrossEntropyLoss=type("CrossEntropyLoss", (), {"Config": loss_fn}),
-            ChunkedLossWrapper=type("ChunkedLossWrapper", (), {"Config": wrapper}),
+            CrossEntropyLoss=type(
+                "CrossEntropyLoss", (), {"Config": _slotted("Config", ["global_vocab_size"])}
+            ),
+            ChunkedLossWrapper=type("ChunkedLossWrapper", (), {"Config": _slotted("Config", ["loss_fn"])}),
         ),
         "torchtitan.distributed.activation_checkpoint": types.SimpleNamespace(
             FullAC=policy("FullAC"), SelectiveAC=policy("SelectiveAC")
@@ -473,7 +484,8 @@ def test_torchtitan_module_sets_known_fields_and_values_round_trip(monkeypatch: 
         and cfg.parallelism.data_parallel_replicate_degree == 1
     )
     assert cfg.parallelism.tensor_parallel_degree == 2 and cfg.parallelism.enable_sequence_parallel is True
-    assert type(cfg.activation_checkpoint).__qualname__ == "Config" and cfg.activation_checkpoint is not None
+    policies = sys.modules["torchtitan.distributed.activation_checkpoint"]
+    assert isinstance(cfg.activation_checkpoint, policies.SelectiveAC.Config)
     assert hasattr(cfg.loss, "loss_fn") and cfg.loss.loss_fn.global_vocab_size == 128256
     assert cfg.optimizer.implementation == "fused"
 
@@ -487,6 +499,14 @@ def test_torchtitan_ddp_amp_and_no_checkpointing(monkeypatch: pytest.MonkeyPatch
     )
     assert (cfg.training.dtype, cfg.training.mixed_precision_param) == ("float32", "bfloat16")
     assert cfg.activation_checkpoint is None and not hasattr(cfg.loss, "loss_fn")
+
+
+def test_torchtitan_stand_ins_refuse_a_field_torchtitan_does_not_have(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _titan_modules()["torchtitan.models.llama3.config_registry"].llama3_8b()
+    with pytest.raises(AttributeError):
+        config.training.micro_batch_size = 2  # the schema check can fail
 
 
 # ----- refusals and the YAML writer -----------------------------------------------------------------------
