@@ -540,6 +540,27 @@ def test_a_setting_the_framework_cannot_express_is_refused_naming_the_field(
     assert err.value.field == field and fmt in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("fmt", "data", "hand_set"),
+    [
+        ("hf", {"method": "lora", "lora": {"adapter_dtype": "bf16"}}, "autocast_adapter_dtype=False"),
+        ("hf", {"activation_offloading": True}, "save_on_cpu"),
+        ("deepspeed", {"parallel": {"dp": 2, "zero": 1}, "attention": "eager"}, "attention eager"),
+        ("deepspeed", {"parallel": {"dp": 2, "zero": 1}, "optimizer": "adamw-8bit", "optimizer_impl": "fused"},
+         "zero_allow_untested_optimizer"),
+        ("accelerate", {"parallel": {"dp": 2, "zero": 3}, "micro_batch_size": 3}, "DataLoader(batch_size=3)"),
+        ("llamafactory", {"padding": "max_length"}, "padding max_length"),
+        ("torchtune", {"output_lifetime": "step", "framework": "torchtune"}, "output_lifetime 'step'"),
+        ("axolotl", {"cuda_lazy_loading": False}, "CUDA_MODULE_LOADING=EAGER"),
+        ("torchtitan", {"framework": "hf"}, "--framework torchtitan"),
+    ],
+)  # fmt: skip
+def test_a_setting_without_a_key_is_listed_under_set_by_hand(fmt: str, data: dict[str, Any], hand_set: str) -> None:
+    text = "".join(export(data, fmt).values())
+    by_hand = text.split("Set by hand", 1)
+    assert len(by_hand) == 2 and hand_set in by_hand[1]
+
+
 def test_unknown_format_lists_the_formats() -> None:
     with pytest.raises(ScenarioError, match="allowed: deepspeed, accelerate, hf"):
         export({}, "megatron-yaml")

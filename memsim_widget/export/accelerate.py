@@ -34,6 +34,8 @@ def config(draft: Draft) -> dict[str, Any]:
         raise refuse("parallel.pp", draft.fmt, "accelerate has no pipeline-parallel key; use torchtitan")
     if p.ep > 1:
         raise refuse("parallel.ep", draft.fmt, "accelerate has no expert-parallel key; use torchtitan")
+    if p.sequence_parallel:
+        raise refuse("parallel.sequence_parallel", draft.fmt, "accelerate's tp has no sequence-parallel key")
     checkpoint_every(draft)
     check_common(draft)
     cfg: dict[str, Any] = {

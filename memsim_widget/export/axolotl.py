@@ -33,6 +33,10 @@ def config(draft: Draft) -> dict[str, Any]:
             raise refuse(f"parallel.{name}", fmt, f"axolotl has no {name} key; use torchtitan or set it to 1")
     if sc.optimizer_in_backward:
         raise refuse("optimizer_in_backward", fmt, "axolotl has no optimizer-in-backward key")
+    if p.sequence_parallel:
+        raise refuse(
+            "parallel.sequence_parallel", fmt, "axolotl's tensor_parallel_size has no sequence-parallel key"
+        )
     if sc.activation_checkpointing not in ("none", "full"):
         raise refuse("activation_checkpointing", fmt, f"{sc.activation_checkpointing!r}: axolotl checkpoints "
                      "whole layers; use 'full' or 'none'")  # fmt: skip

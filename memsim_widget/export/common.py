@@ -91,10 +91,11 @@ def lora_targets(sc: Scenario) -> list[str] | str:
     return "all-linear" if targets == ["all-linear"] else targets
 
 
-def check_common(draft: Draft, *, fp8: bool = False) -> None:
-    """Refusals and notes that hold for every format: fp8 recipes, CUDA lazy loading, output lifetime."""
+def check_common(draft: Draft, *, peft: bool = True) -> None:
+    """Refusals and notes that hold for every format: fp8 recipes, CUDA lazy loading, output lifetime, and
+    (``peft``: the adapters come from PEFT) an adapter dtype other than PEFT's fp32 upcast."""
     sc = draft.scenario
-    if sc.precision == "fp8" and not fp8:
+    if sc.precision == "fp8":
         raise refuse("precision", draft.fmt, "'fp8' is TransformerEngine's recipe; no key here selects it")
     if not sc.cuda_lazy_loading:
         draft.note("cuda_lazy_loading false: run with CUDA_MODULE_LOADING=EAGER (or CUDA 11)")
@@ -103,8 +104,9 @@ def check_common(draft: Draft, *, fp8: bool = False) -> None:
             f"output_lifetime {sc.output_lifetime!r}: how long your training loop holds the model output "
             "(logits); memsim assumed it"
         )
-    if sc.method == "qlora" and sc.lora.adapter_dtype != "fp32":
-        draft.note(f"lora.adapter_dtype {sc.lora.adapter_dtype}: cast the LoRA adapters to it after wrapping")
+    if peft and sc.method != "full" and sc.lora.adapter_dtype != "fp32":
+        draft.note(f"lora.adapter_dtype {sc.lora.adapter_dtype}: get_peft_model(..., autocast_adapter_dtype=False) "
+                   "(PEFT upcasts 16-bit adapters to fp32 by default)")  # fmt: skip
 
 
 def checkpoint_every(draft: Draft) -> None:

@@ -27,8 +27,9 @@ def config(draft: Draft) -> dict[str, Any]:
                      "'deepspeed' for ZeRO-3 (FSDP needs an accelerate config beside it)")  # fmt: skip
     if sc.activation_offloading:
         raise refuse("activation_offloading", draft.fmt, "LLaMA-Factory has no activation-offloading key")
-    if sc.padding == "longest":
-        draft.note("padding longest: LLaMA-Factory pads each batch to its longest sample unless packing")
+    if sc.padding == "max_length":
+        draft.note(f"padding max_length: LLaMA-Factory pads each batch to its longest sample; pad to cutoff_len "
+                   f"{sc.seq_len} in your data or set packing")  # fmt: skip
     args = hf.training_args(draft)  # refuses tp/pp/cp/ep, chunked loss, selective checkpointing
     cfg: dict[str, Any] = {
         "model_name_or_path": hf_model_id(draft),

@@ -62,7 +62,7 @@ def fields(draft: Draft) -> dict[str, Any]:
         raise refuse("optimizer_in_backward", fmt, "torchtitan has no optimizer-in-backward field")
     if sc.activation_offloading:
         raise refuse("activation_offloading", fmt, "torchtitan has no activation-offloading field")
-    check_common(draft)
+    check_common(draft, peft=False)
     dtype, param = PRECISION[sc.precision]
     out: dict[str, Any] = {
         "training.local_batch_size": sc.micro_batch_size * p.pp_microbatches,

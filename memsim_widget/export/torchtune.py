@@ -74,7 +74,7 @@ def overrides(draft: Draft) -> dict[str, Any]:
             "activation_checkpointing", fmt, f"{sc.activation_checkpointing!r}: use 'full' or 'none'"
         )
     checkpoint_every(draft)
-    check_common(draft)
+    check_common(draft, peft=False)
     keys: dict[str, Any] = {
         "batch_size": sc.micro_batch_size,
         "gradient_accumulation_steps": sc.grad_accum_steps,
