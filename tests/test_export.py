@@ -555,7 +555,9 @@ def test_a_setting_the_framework_cannot_express_is_refused_naming_the_field(
         ("torchtitan", {"framework": "hf"}, "--framework torchtitan"),
     ],
 )  # fmt: skip
-def test_a_setting_without_a_key_is_listed_under_set_by_hand(fmt: str, data: dict[str, Any], hand_set: str) -> None:
+def test_a_setting_without_a_key_is_listed_under_set_by_hand(
+    fmt: str, data: dict[str, Any], hand_set: str
+) -> None:
     text = "".join(export(data, fmt).values())
     by_hand = text.split("Set by hand", 1)
     assert len(by_hand) == 2 and hand_set in by_hand[1]
