@@ -1058,8 +1058,8 @@ export function render({ model, el }) {
     errorEl,
     verdictEl,
     fit.root,
-    ...chartBlocks,
     compare.root,
+    ...chartBlocks,
     trace.root,
     h(doc, "details", { class: "memsim-details-table" }, [h(doc, "summary", { text: "breakdown table" }), csvLink, tableHolder]),
     h(doc, "details", { class: "memsim-details-json" }, [
