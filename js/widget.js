@@ -814,7 +814,7 @@ export function compareTable(doc, view) {
   for (const [label, key] of COMPARE_ROWS) {
     body.append(h(doc, "tr", { class: `memsim-compare-row memsim-compare-${key.replace(/_/g, "-")}` }, [
       h(doc, "th", { text: label }),
-      ...(view.rows ?? []).map((r) => h(doc, "td", { class: key === "verdict" ? `memsim-verdict-${r.verdict.replace(/ /g, "-")}` : "", text: r[key] })),
+      ...(view.rows ?? []).map((r) => h(doc, "td", { class: key === "verdict" ? `memsim-compare-${r.verdict.replace(/ /g, "-")}` : "", text: r[key] })),
     ]));
   }
   const diffs = view.differences ?? [];

@@ -68,6 +68,9 @@ describe("compare", () => {
       [true, true, false], "pins that differ from the current scenario are highlighted, the current one is not");
     const peaks = [...q(".memsim-compare-peak").querySelectorAll("td")].map((td) => td.textContent);
     assert.deepEqual(peaks, comparison.view.rows.map((r) => r.peak));
+    const verdicts = [...q(".memsim-compare-verdict").querySelectorAll("td")];
+    assert.deepEqual(verdicts.map((td) => [td.textContent, td.className]),
+      comparison.view.rows.map((r) => [r.verdict, `memsim-compare-${r.verdict.replace(/ /g, "-")}`]));
     assert.match(q(".memsim-compare-status").textContent, /^2 of 3 pinned/);
     fire(window, items[0].querySelector(".memsim-unpin"), "click");
     assert.deepEqual(model.get("pins"), [pins[1]], "remove writes the pins without that entry");
