@@ -27,6 +27,7 @@ Modules:
 * ``result``: the ``result`` trait of an estimate;
 * ``trace_runner`` and ``trace_panel``: running a trace, and the "Verify with trace" view and methods;
 * ``fit_panel`` and ``layouts_panel``: "Make it fit"'s recommendations and candidate layouts, views and methods.
+* ``compare_panel``: the pins and their comparison with the current scenario (``pins``, ``comparison``).
 
 The names below are re-exported here; a test that replaces a function (``run_trace``, ``plan_recommend``,
 ``plan_search``) or a constant patches the module that looks it up, not this package.
