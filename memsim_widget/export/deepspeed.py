@@ -2,7 +2,8 @@
 
 Keys as DeepSpeed 0.19 reads them (deepspeed/runtime/config.py, runtime/zero/config.py,
 runtime/precision_config.py; https://www.deepspeed.ai/docs/config-json/). JSON has no comments and DeepSpeed
-keeps unknown keys, so the provenance note is a sibling ``ds_config.memsim.txt``.
+keeps unknown keys, so the provenance note is a sibling ``ds_config.memsim.txt``. ``train_batch_size`` is left
+for DeepSpeed to derive (micro-batch x accumulation x its data-parallel size, which AutoTP divides by tp).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ def ds_config(draft: Draft, standalone: bool = True) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": sc.micro_batch_size,
         "gradient_accumulation_steps": sc.grad_accum_steps,
-        "train_batch_size": sc.micro_batch_size * sc.grad_accum_steps * p.dp,
         **_precision(draft),
         "zero_optimization": _zero(draft),
     }
