@@ -2,7 +2,8 @@
 
 Keys as axolotl 0.19 validates them (axolotl/utils/schemas/config.py ``AxolotlInputConfig``, schemas/fsdp.py
 ``FSDPConfig``; https://docs.axolotl.ai/docs/config-reference.html). Optimizer names are transformers'
-``optim`` names. The dataset is a placeholder to replace.
+``optim`` names. ``bf16: true`` loads the model in bf16 (utils/config/__init__.py ``resolve_dtype``) and
+turns on the Trainer's autocast: memsim's pure ``bf16``. The dataset is a placeholder to replace.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def config(draft: Draft) -> dict[str, Any]:
                      "whole layers; use 'full' or 'none'")  # fmt: skip
     checkpoint_every(draft)
     check_common(draft)
-    _, bf16, fp16 = hf.PRECISION[sc.precision]
+    if sc.precision.startswith("amp-"):
+        raise refuse("precision", fmt, f"{sc.precision!r}: axolotl's bf16/fp16 load the weights in 16 bits "
+                     "(memsim 'bf16'/'fp16'); fp32 weights under autocast have no key")  # fmt: skip
     cfg: dict[str, Any] = {
         "base_model": hf_model_id(draft),
         **_adapter(draft),
@@ -56,17 +59,14 @@ def config(draft: Draft) -> dict[str, Any]:
         "num_epochs": 1,
         "learning_rate": 0.0002,
         **{"optimizer" if k == "optim" else k: v for k, v in hf.optim_keys(draft).items()},
-        "bf16": bf16 or sc.precision == "bf16",
-        "fp16": fp16 or sc.precision == "fp16",
+        "bf16": "bf16" in sc.precision,  # bf16, or DeepSpeed's mixed-bf16 (the weights bf16, masters fp32)
+        "fp16": "fp16" in sc.precision,
         "gradient_checkpointing": sc.activation_checkpointing == "full" and not _fsdp_on(draft),
         "activation_offloading": sc.activation_offloading,
         "attn_implementation": sc.attention,
         "torch_compile": sc.compile,
         "chunked_cross_entropy": sc.loss == "chunked",
     }
-    if sc.precision in ("bf16", "fp16"):
-        draft.note(f"precision {sc.precision} (pure, no fp32 master weights): axolotl's {sc.precision} key "
-                   "loads the model in it; keep the optimizer states in it too")  # fmt: skip
     _layout(draft, cfg)
     return cfg
 

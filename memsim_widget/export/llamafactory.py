@@ -49,16 +49,37 @@ def config(draft: Draft) -> dict[str, Any]:
         **({"weight_decay": args["weight_decay"]} if "weight_decay" in args else {}),
         "learning_rate": 1.0e-4,
         "num_train_epochs": 1.0,
-        "bf16": args["bf16"] or sc.precision == "bf16",
-        "fp16": args["fp16"],
-        "pure_bf16": sc.precision == "bf16",
+        **_precision(draft),
         "torch_compile": args["torch_compile"],
     }
-    if sc.precision == "fp16":
-        raise refuse("precision", draft.fmt, "LLaMA-Factory has pure_bf16 but no pure fp16; use 'amp-fp16'")
     if "deepspeed" in args:
         cfg["deepspeed"] = args["deepspeed"]
     return cfg
+
+
+def _precision(draft: Draft) -> dict[str, bool]:
+    """``bf16`` / ``fp16`` / ``pure_bf16``. LLaMA-Factory loads the model in the compute dtype, then upcasts the
+    trainable parameters to fp32 unless ``pure_bf16`` (hparams/parser.py, model/adapter.py): a full fine-tune
+    with ``bf16`` is memsim's ``amp-bf16``, with ``pure_bf16`` its ``bf16``; LoRA keeps the base in bf16 and the
+    adapters in fp32 (``bf16``) or bf16 (``pure_bf16``)."""
+    sc, zero3 = draft.scenario, draft.scenario.parallel.zero == 3
+    prec, adapters = sc.precision, sc.lora.adapter_dtype
+    if sc.method == "full":
+        table = {"amp-bf16": "bf16", "bf16": "pure_bf16", "amp-fp16": "fp16", "mixed-bf16": "bf16",
+                 "mixed-fp16": "fp16", "fp32": ""}  # fmt: skip
+    else:
+        pure = adapters == "bf16"
+        table = {"bf16": "pure_bf16" if pure else "bf16", "fp16": "fp16", "fp32": ""}
+        if prec == "fp16" and adapters != "fp32":
+            raise refuse("lora.adapter_dtype", draft.fmt, "LLaMA-Factory keeps fp16 models' adapters in fp32")
+    if prec not in table:
+        raise refuse("precision", draft.fmt, f"{prec!r}: LLaMA-Factory loads the "
+                     f"{'base model' if sc.method != 'full' else 'model'} in the compute dtype; allowed here: "
+                     f"{', '.join(table)}")  # fmt: skip
+    key = table[prec]
+    if key == "pure_bf16" and zero3:
+        raise refuse("precision", draft.fmt, "LLaMA-Factory refuses pure_bf16 with DeepSpeed ZeRO-3")
+    return {"bf16": key == "bf16", "fp16": key == "fp16", "pure_bf16": key == "pure_bf16"}
 
 
 def _method(draft: Draft) -> dict[str, Any]:
