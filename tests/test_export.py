@@ -630,6 +630,16 @@ def test_cli_export_bad_format_and_refusal_exit_2_with_one_line(capsys: pytest.C
     assert err.count("\n") == 1 and err.startswith("memsim: error: method:")
 
 
+def test_cli_export_to_an_unwritable_place_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["export", "--format", "deepspeed", "--zero", "1", "--out", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("memsim: error: --out: cannot write to")
+
+
 def test_cli_plan_exports_the_picked_candidate(capsys: pytest.CaptureFixture[str]) -> None:
     from memsim_widget.plan import SearchSpace, plan
 

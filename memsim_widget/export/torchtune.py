@@ -131,9 +131,8 @@ def _model(draft: Draft) -> dict[str, Any]:
         raise refuse("lora.targets", draft.fmt, "torchtune adapts q/k/v/o projections and the whole MLP "
                      f"(gate, up and down together), got {sorted(sc.lora.targets)}")  # fmt: skip
     if sc.lora.adapter_dtype != "bf16" and sc.precision == "bf16":
-        draft.note(
-            f"lora.adapter_dtype {sc.lora.adapter_dtype}: torchtune keeps adapters in the model's dtype (bf16)"
-        )
+        draft.note(f"lora.adapter_dtype: torchtune keeps adapters in the model's bf16, memsim assumed "
+                   f"{sc.lora.adapter_dtype}; re-estimate with lora.adapter_dtype bf16 for this file")  # fmt: skip
     keys: dict[str, Any] = {
         "model.lora_attn_modules": [ATTN[t] for t in ATTN if t in targets],
         "model.apply_lora_to_mlp": bool(targets & MLP),
