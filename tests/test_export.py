@@ -506,6 +506,7 @@ def test_torchtitan_module_sets_known_fields_and_values_round_trip(monkeypatch: 
     assert isinstance(cfg.activation_checkpoint, policies.SelectiveAC.Config)
     assert hasattr(cfg.loss, "loss_fn") and cfg.loss.loss_fn.global_vocab_size == 128256
     assert cfg.optimizer.implementation == "fused"
+    assert cfg.training.disable_cuda_graphs is True  # graphs keep gradients between steps: not the eager step
 
 
 def test_torchtitan_ddp_amp_and_no_checkpointing(monkeypatch: pytest.MonkeyPatch) -> None:

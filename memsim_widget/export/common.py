@@ -62,7 +62,7 @@ def header_lines(draft: Draft) -> list[str]:
         "Scenario JSON (memsim estimate reads it back): " + json.dumps(sc.to_dict(), separators=(",", ":")),
     ]
     if draft.notes:
-        lines.append("Set by hand (this format has no key for it; memsim's prediction assumes it):")
+        lines.append("Set by hand, or keep as written (memsim's prediction assumes each of these):")
         lines += [f"  - {n}" for n in draft.notes]
     return lines
 

@@ -63,6 +63,8 @@ def fields(draft: Draft) -> dict[str, Any]:
     if sc.activation_offloading:
         raise refuse("activation_offloading", fmt, "torchtitan has no activation-offloading field")
     check_common(draft, peft=False)
+    draft.note("training.disable_cuda_graphs = True matches memsim's eager step; torchtitan's default CUDA graphs "
+               "keep the gradients allocated between steps (more memory than predicted)")  # fmt: skip
     dtype, param = PRECISION[sc.precision]
     out: dict[str, Any] = {
         "training.local_batch_size": sc.micro_batch_size * p.pp_microbatches,
@@ -71,6 +73,9 @@ def fields(draft: Draft) -> dict[str, Any]:
         "training.dtype": dtype,
         "training.mixed_precision_param": param,
         "training.enable_cpu_offload": p.offload == "optimizer+params",
+        # memsim models the eager step; torchtitan 0.3 captures it in CUDA graphs by default and then zeroes the
+        # gradients in place (trainer.py: zero_grad(set_to_none=disable_cuda_graphs)), keeping them all step
+        "training.disable_cuda_graphs": True,
         "parallelism.data_parallel_replicate_degree": p.dp if p.zero == 0 else 1,
         "parallelism.data_parallel_shard_degree": p.dp if p.zero == 3 else 1,
         "parallelism.fsdp_reshard_after_forward": "always" if p.reshard_after_forward else "never",
@@ -93,7 +98,6 @@ def _pipeline(draft: Draft) -> dict[str, Any]:
     out: dict[str, Any] = {
         "parallelism.pipeline_parallel_schedule": SCHEDULES[p.pp_schedule],
         "parallelism.pipeline_parallel_microbatch_size": draft.scenario.micro_batch_size,
-        "training.disable_cuda_graphs": True,  # torchtitan 0.3 refuses CUDA graphs with pipelining
     }
     if p.virtual_stages > 1:
         layers = draft.estimate.arch.num_layers
