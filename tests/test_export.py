@@ -236,6 +236,16 @@ def test_accelerate_fsdp2_config_reaches_the_fsdp_plugin(
     assert plugin.activation_checkpointing
 
 
+def test_accelerate_tensor_parallel_reaches_the_parallelism_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = {"precision": "amp-bf16", "parallel": {"dp": 2, "tp": 2, "zero": 3}}
+    args, env = _accelerate_env(_files(data, "accelerate", tmp_path)["accelerate_config.yaml"], monkeypatch)
+    assert args.num_processes == 4
+    assert (env["PARALLELISM_CONFIG_TP_SIZE"], env["PARALLELISM_CONFIG_DP_SHARD_SIZE"]) == ("2", "2")
+    assert env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "1" and env["PARALLELISM_CONFIG_CP_SIZE"] == "1"
+
+
 def test_accelerate_zero2_launches_deepspeed_with_the_exported_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
