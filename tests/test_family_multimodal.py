@@ -185,3 +185,20 @@ FAST = [
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     r = compare(name, dict(MULTIMODAL_CASES)[name])
     assert abs(r["error"]) < 0.03, r
+
+
+def test_every_launch_file_notes_the_multimodal_assumptions() -> None:
+    """No framework key says how many images a sample holds or that the tower is frozen: each export says it."""
+    from memsim_widget.export import FORMATS, export
+
+    sc = {"model": "llava-1.5-7b", "seq_len": 1024, "images_per_sample": 2, "method": "lora"}
+    for fmt in FORMATS:
+        try:
+            files = export(sc, fmt)
+        except ScenarioError:
+            continue  # a format that refuses the scenario names the field itself
+        text = "\n".join(files.values())
+        assert "images_per_sample 2" in text and "1152 image tokens" in text, fmt
+        assert "vision tower frozen" in text, fmt
+    plain = "\n".join(export({"model": "llama-3.2-1b"}, "hf").values())
+    assert "images_per_sample" not in plain.split("Scenario JSON")[0] and "freeze_vision" not in plain
