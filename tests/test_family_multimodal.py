@@ -202,3 +202,11 @@ def test_every_launch_file_notes_the_multimodal_assumptions() -> None:
         assert "vision tower frozen" in text, fmt
     plain = "\n".join(export({"model": "llama-3.2-1b"}, "hf").values())
     assert "images_per_sample" not in plain.split("Scenario JSON")[0] and "freeze_vision" not in plain
+
+
+def test_a_multi_gpu_trace_of_a_multimodal_model_is_refused() -> None:
+    from memsim_widget.trace.api import check_traceable
+
+    with pytest.raises(ScenarioError) as exc:
+        check_traceable(Scenario.from_dict({"model": "llava-1.5-7b", "parallel": {"dp": 2}}))
+    assert exc.value.field == "parallel"

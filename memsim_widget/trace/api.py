@@ -52,6 +52,11 @@ def check_traceable(sc: Scenario) -> None:
             f"{sc.optimizer!r} cannot be traced (not in torch.optim); traceable: "
             f"{', '.join(TRACEABLE_OPTIMIZERS)}",
         )
+    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(sc.model).extra.get("vision"):
+        raise ScenarioError(
+            "parallel", "a multimodal model is traced on one GPU only (the multi-GPU tracer feeds no images and "
+            "freezes no tower): set dp, tp, pp, cp and ep to 1",
+        )  # fmt: skip
     if sc.parallel.world_size > 1 or sc.parallel.ep > 1:
         _check_multi_gpu(sc)
     if sc.activation_checkpointing == "selective":
