@@ -1095,6 +1095,14 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
         )
     ),
     (
+        "llava bf16 sdpa frozen tower b2 s256+196 (output held through backward: the tower's hidden states too)",
+        {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
+    ),
+    (
+        "gemma3 bf16 sdpa frozen tower b2 s256+49 (output held through backward)",
+        {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
+    ),
+    (
         "llava bf16 sdpa frozen tower b2 s256+2x196 (2 images per sample)",
         {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 2},
     ),

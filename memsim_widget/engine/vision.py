@@ -134,6 +134,21 @@ def vision_activations(
                 )
             )
     # ----- LLaVA's projector ----------------------------------------------------------------------------------
+    else:
+        # a frozen tower saves nothing, but the model output keeps the tower's output (``image_outputs``): LLaVA's
+        # every hidden state (output_hidden_states), Gemma 3's last one -- alive through the loss, and with
+        # output_lifetime "backward"/"step" beyond (the projector's input, saved when it trains, is one of them)
+        n_hs = tower.num_layers + 1 - (1 if full else 0) if v["kind"] == "llava" else 1
+        if v["kind"] != "clip" and n_hs > 0:
+            t = Term(
+                "vision tower hidden states held by the model output (image_outputs)",
+                n_hs * r * T * h,
+                f"{n_hs} x {r} B x images x {tower.fixed_seq_len} x {h}",
+                n_hs,
+            )
+            out.loss_forward.append(t)
+            if output_lifetime(sc) != "trainer":
+                out.output_logits.append(t)
     pj = v.get("projector")
     if pj and v["kind"] == "gemma3":
         _gemma3_projector(ctx, out, bi * v["tokens_per_image"], pj, trained or adapters, amp, ec)
