@@ -136,9 +136,10 @@ def vision_activations(
     # ----- LLaVA's projector ----------------------------------------------------------------------------------
     else:
         # a frozen tower saves nothing, but the model output keeps the tower's output (``image_outputs``): LLaVA's
-        # every hidden state (output_hidden_states), Gemma 3's last one -- alive through the loss, and with
-        # output_lifetime "backward"/"step" beyond (the projector's input, saved when it trains, is one of them)
-        n_hs = tower.num_layers + 1 - (1 if full else 0) if v["kind"] == "llava" else 1
+        # last hidden state and the one the projector read, Gemma 3's last one (traced: the earlier hidden states
+        # are gone by the loss) -- alive through the loss, and with output_lifetime "backward"/"step" beyond (the
+        # projector's input, saved when it trains, is counted with the projector)
+        n_hs = (1 if full else 2) if v["kind"] == "llava" else 1
         if v["kind"] != "clip" and n_hs > 0:
             t = Term(
                 "vision tower hidden states held by the model output (image_outputs)",
