@@ -143,8 +143,12 @@ class LayoutsController:
         self.id += 1
         self.update(state="done", error="", id=self.id, ms=round(ms, 1), gpus=list(p.gpu_counts), view=view)
 
+    def search_msg(self, content: Mapping[str, Any]) -> None:
+        """The "Search layouts" button (``gpus``: the GPU count, the scenario's when absent)."""
+        self.start(content.get("gpus"))
+
     def start(self, gpus: Any = None) -> None:
-        """The "Search layouts" button: search in a background job (ignored while one runs)."""
+        """Search layouts in a background job (ignored while one runs)."""
         host = self.host
         with host._lock:
             if self.jobs.running or host._closed:

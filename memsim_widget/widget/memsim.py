@@ -139,10 +139,10 @@ class MemSim(anywidget.AnyWidget):
         self._compare = CompareController(self)
         #: Front-end message type -> its handler (``_on_front_msg``).
         self._handlers: dict[str, Handler] = {
-            "verify": lambda _content: self._trace.start(strict=False),
-            "cancel": lambda _content: self._trace.cancel(),
+            "verify": self._trace.verify_msg,
+            "cancel": self._trace.cancel_msg,
             "fit_apply": self._fit.apply_msg,
-            "layouts": lambda content: self._layouts.start(content.get("gpus")),
+            "layouts": self._layouts.search_msg,
             "layout_apply": self._layouts.apply_msg,
         }
         self.last_update_ms = 0.0

@@ -225,6 +225,14 @@ class TraceController:
                 self.host._publish("trace_view", build_trace_view(report, seconds=progress["elapsed_s"]))
                 self.update(state="done", progress={**progress, "fraction": 1.0}, error="")
 
+    def verify_msg(self, content: Mapping[str, Any]) -> None:
+        """The "Verify with trace" button: trace the current scenario unless it cannot be or already is."""
+        self.start(strict=False)
+
+    def cancel_msg(self, content: Mapping[str, Any]) -> None:
+        """The button while a trace runs: cancel it."""
+        self.cancel()
+
     def verify(self, wait: bool = True, timeout: float | None = None) -> Any:
         """``MemSim.verify``: trace now; the report (``wait``) or its future."""
         job = self.start(strict=True)
