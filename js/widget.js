@@ -1013,6 +1013,54 @@ function download(doc, href, name) {
   a.remove();
 }
 
+/** The launch-config export: a format dropdown, an "Export" button and a status line (memsim_widget.export). */
+export function createExportPanel(doc) {
+  const select = h(doc, "select", { class: "memsim-export-format", "aria-label": "launch config format" });
+  const button = h(doc, "button", { type: "button", class: "memsim-export-config", text: "Export" });
+  const status = h(doc, "span", { class: "memsim-export-status", role: "status" });
+  const root = h(doc, "details", { class: "memsim-details-export" }, [
+    h(doc, "summary", { text: "launch config" }), select, button, status,
+  ]);
+  return { root, select, button, status };
+}
+
+/** Show the `export` trait: the formats Python offers (the panel hides without any), the files or the error. */
+export function renderExport(doc, panel, state = {}) {
+  const formats = state.formats ?? [];
+  if ([...panel.select.options].map((o) => o.value).join() !== formats.join()) fillSelect(doc, panel.select, formats);
+  panel.root.hidden = formats.length === 0;
+  const names = Object.keys(state.files ?? {});
+  panel.status.textContent = state.error || (names.length ? `downloaded ${names.join(", ")}` : "");
+  panel.status.classList.toggle("memsim-export-error", Boolean(state.error));
+}
+
+/** One text Blob per exported file, in Python's order. */
+export function exportBlobs(files = {}) {
+  return Object.entries(files).map(([name, text]) => ({ name, blob: new Blob([text], { type: "text/plain;charset=utf-8" }) }));
+}
+
+/** Wire the panel: a click asks Python for the files; the answer to that request is downloaded once. */
+function wireExport(doc, model, panel, listen, onModel) {
+  let asked = null; // the trait's id when the request left: a larger id is its answer
+  const show = () => renderExport(doc, panel, model.get("export") ?? {});
+  listen(panel.button, "click", () => {
+    asked = model.get("export")?.id ?? 0;
+    model.send({ type: "export", format: panel.select.value });
+  });
+  onModel("export", () => {
+    show();
+    const state = model.get("export") ?? {};
+    if (asked === null || !(state.id > asked)) return;
+    asked = null;
+    for (const { name, blob } of exportBlobs(state.files)) {
+      const url = URL.createObjectURL(blob);
+      download(doc, url, name);
+      setTimeout(() => URL.revokeObjectURL(url), 1000);
+    }
+  });
+  show();
+}
+
 /** anywidget entry point: draw the widget into `el`; returns the cleanup function. */
 export function render({ model, el }) {
   mark("render");
@@ -1049,6 +1097,7 @@ export function render({ model, el }) {
   const trace = createTracePanel(doc);
   const fit = createFitPanel(doc);
   const compare = createComparePanel(doc);
+  const exportPanel = createExportPanel(doc);
   const tableHolder = h(doc, "div", { class: "memsim-table-holder" });
   const csvLink = h(doc, "a", { class: "memsim-csv", download: "memsim-breakdown.csv", text: "download CSV" });
   const jsonArea = h(doc, "textarea", { class: "memsim-json", rows: "14", spellcheck: "false" });
@@ -1065,6 +1114,7 @@ export function render({ model, el }) {
     h(doc, "details", { class: "memsim-details-json" }, [
       h(doc, "summary", { text: "scenario JSON" }), jsonArea, h(doc, "div", { class: "memsim-tools" }, [copyBtn, applyBtn]),
     ]),
+    exportPanel.root,
   ]);
   const root = h(doc, "div", { class: "memsim" }, [controlsEl, output]);
   el.replaceChildren(root);
@@ -1237,6 +1287,7 @@ export function render({ model, el }) {
   });
 
   wireControls();
+  wireExport(doc, model, exportPanel, listen, onModel);
   showError();
   showResult();
   showTrace();

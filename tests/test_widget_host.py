@@ -20,13 +20,13 @@ def make(**kwargs: Any) -> MemSim:
 def test_the_widget_is_its_panels_host() -> None:
     sim = make()
     assert isinstance(sim, WidgetHost)
-    for panel in (sim._trace, sim._fit, sim._layouts, sim._compare):
+    for panel in (sim._trace, sim._fit, sim._layouts, sim._compare, sim._export):
         assert panel.host is sim
 
 
 def test_every_message_type_has_one_handler() -> None:
     sim = make()
-    assert set(sim._handlers) == {"verify", "cancel", "fit_apply", "layouts", "layout_apply"}
+    assert set(sim._handlers) == {"verify", "cancel", "fit_apply", "layouts", "layout_apply", "export"}
 
 
 def test_an_unknown_message_type_is_shown_in_place() -> None:

@@ -1,6 +1,7 @@
 """What a panel may use of the widget that owns it: the ``WidgetHost`` protocol, which ``MemSim`` implements.
 
-The panels (``trace_panel``, ``fit_panel``, ``layouts_panel``, ``compare_panel``) are controller objects that
+The panels (``trace_panel``, ``fit_panel``, ``layouts_panel``, ``compare_panel``, ``export_panel``) are controller
+objects that
 ``MemSim`` owns and calls; each holds its own state and sees the widget only through these members, so none
 of them imports ``memsim`` (the widget imports them). The underscored members are the package's, not users'.
 """
@@ -17,7 +18,7 @@ from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 #: The traits the panels read (``_trait``) and write (``_publish``); the update path owns all the others.
-PanelTrait = Literal["trace", "trace_view", "fit", "fit_open", "layouts", "pins", "comparison"]
+PanelTrait = Literal["trace", "trace_view", "fit", "fit_open", "layouts", "pins", "comparison", "export"]
 
 
 @runtime_checkable

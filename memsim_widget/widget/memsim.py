@@ -28,6 +28,7 @@ from memsim_widget.time_charts import time_spec
 from memsim_widget.widget.assets import _asset, vega_bundle
 from memsim_widget.widget.compare_panel import MAX_PINS, CompareController
 from memsim_widget.widget.controls import build_options, normalize
+from memsim_widget.widget.export_panel import ExportController
 from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait
 from memsim_widget.widget.layouts_panel import LayoutsController
@@ -51,8 +52,9 @@ def _json_text(value: Any, widget: Any) -> str:
 class MemSim(anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table.
 
-    The "Verify with trace", "Make it fit" and compare panels are the controllers ``_trace``, ``_fit``,
-    ``_layouts`` and ``_compare``; the methods below delegate to them. ``MemSim`` is their ``WidgetHost``.
+    The "Verify with trace", "Make it fit", compare and launch-config panels are the controllers ``_trace``,
+    ``_fit``, ``_layouts``, ``_compare`` and ``_export``; the methods below delegate to them. ``MemSim`` is
+    their ``WidgetHost``.
     """
 
     _esm = _asset("widget.js")
@@ -104,6 +106,10 @@ class MemSim(anywidget.AnyWidget):
     comparison = traitlets.Dict({"error": "", "max_pins": MAX_PINS, "pins": [], "view": None}).tag(
         sync=True, to_json=_json_text
     )
+    #: The launch-config export: ``formats`` (the dropdown), ``id`` (one more per request answered), ``format``,
+    #: ``files`` (file name -> text of the last export), ``error`` (the refusal naming the field, '' when the files
+    #: were written).
+    export = traitlets.Dict().tag(sync=True)
 
     def __init__(
         self,
@@ -137,6 +143,7 @@ class MemSim(anywidget.AnyWidget):
         self._fit = FitController(self)
         self._layouts = LayoutsController(self)
         self._compare = CompareController(self)
+        self._export = ExportController(self)
         #: Front-end message type -> its handler (``_on_front_msg``).
         self._handlers: dict[str, Handler] = {
             "verify": self._trace.verify_msg,
@@ -144,6 +151,7 @@ class MemSim(anywidget.AnyWidget):
             "fit_apply": self._fit.apply_msg,
             "layouts": self._layouts.search_msg,
             "layout_apply": self._layouts.apply_msg,
+            "export": self._export.export_msg,
         }
         self.last_update_ms = 0.0
         headroom = self._check_headroom({"value": headroom})
@@ -155,6 +163,7 @@ class MemSim(anywidget.AnyWidget):
             trace=self._trace.initial(),
             fit=self._fit.initial(),
             layouts=self._layouts.initial(),
+            export=self._export.initial(),
             **self._derived(est, headroom),
         )
         self.on_msg(self._on_front_msg)
@@ -294,8 +303,9 @@ class MemSim(anywidget.AnyWidget):
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         """A message from the front end, ``{"type": ..., ...}``, to its handler in ``_handlers``: ``verify``,
         ``cancel`` (trace); ``fit_apply`` (kind, index, id), ``layouts`` (gpus) and ``layout_apply`` (candidate,
-        id) for "Make it fit". A message without a ``type`` is not the widget's (anywidget's commands); an unknown
-        type shows as the widget's error (a front end of another version)."""
+        id) for "Make it fit"; ``export`` (format) for the launch config. A message without a ``type`` is not
+        the widget's (anywidget's commands); an unknown type shows as the widget's error (a front end of
+        another version)."""
         if not isinstance(content, Mapping) or "type" not in content:
             return
         handler = self._handlers.get(content["type"]) if isinstance(content["type"], str) else None
@@ -474,6 +484,11 @@ class MemSim(anywidget.AnyWidget):
     def compare(self) -> Comparison:
         """The pins and the current scenario side by side (``memsim_widget.compare``); raises without pins."""
         return self._compare.compare()
+
+    # ----- launch config (``export_panel``) --------------------------------------------------------------
+    def export_config(self, fmt: str) -> dict[str, str]:
+        """The launch-config files of the current scenario in one format: ``{file name: text}``."""
+        return self._export.files(fmt)
 
     def to_json(self, indent: int | None = 2) -> str:
         """The last valid scenario as JSON (``MemSim.from_json`` reads it back)."""
