@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,22 @@ def test_the_widget_is_its_panels_host() -> None:
     assert isinstance(sim, WidgetHost)
     for panel in (sim._trace, sim._fit, sim._layouts, sim._compare, sim._export):
         assert panel.host is sim
+
+
+def test_the_panels_use_only_what_the_protocol_names() -> None:
+    widget = Path(__file__).resolve().parents[1] / "memsim_widget" / "widget"
+    used = {
+        node.attr
+        for path in widget.glob("*_panel.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and (
+            (isinstance(node.value, ast.Name) and node.value.id == "host")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "host")
+        )
+    }
+    declared = {n for n in dir(WidgetHost) if not n.startswith("__")} | set(WidgetHost.__annotations__)
+    assert used and used <= declared, sorted(used - declared)
 
 
 def test_every_message_type_has_one_handler() -> None:

@@ -55,7 +55,7 @@ class BackgroundJob(Generic[T]):
         self.done = threading.Event()
         self.future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self.thread: threading.Thread | None = None
-        self._work = work
+        self._work: Callable[[BackgroundJob[T]], T] | None = work
         self._tick = tick
         self._finished = False  # set under the lock, as the outcome is published
 
@@ -87,8 +87,10 @@ class BackgroundJob(Generic[T]):
             ticker.start()
         result: T | None = None
         error: BaseException | None = None
+        work, self._work = self._work, None  # the work's closure (a predecessor job, say) is not kept
+        assert work is not None, "a job runs once"
         try:
-            result = self._work(self)
+            result = work(self)
         except BaseException as exc:  # anything the work raises is the panel's to show, and the future's
             error = exc
         try:

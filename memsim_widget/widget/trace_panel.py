@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget import charts as charts_mod
 from memsim_widget.engine.items import CATEGORIES, fmt_bytes
 from memsim_widget.errors import ScenarioError
+from memsim_widget.scenario import Scenario
 from memsim_widget.trace import charts as trace_charts
 from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
 from memsim_widget.widget.scenario_edits import changed_keys
@@ -180,7 +181,7 @@ class TraceController:
     def _work(
         self,
         job: BackgroundJob[dict[str, Any]],
-        sc: Any,
+        sc: Scenario,
         probe: TraceProbe,
         previous: BackgroundJob[Any] | None,
     ) -> dict[str, Any]:
