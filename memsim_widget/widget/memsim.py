@@ -2,9 +2,9 @@
 
 Python is the single source of truth: the front end only writes ``scenario_data`` (and ``headroom``,
 ``fit_open``) and sends messages; every derived trait is recomputed here. The panels are controller objects the
-widget owns (``trace_panel``, ``fit_panel``, ``layouts_panel``, ``compare_panel``): they see it through the
-``host.WidgetHost`` protocol, and its public methods delegate to them. Front-end messages go through one
-dispatch table of the panels' handlers.
+widget owns (``trace_panel``, ``fit_panel``, ``layouts_panel``, ``compare_panel``, ``export_panel``): they see it
+through the ``host.WidgetHost`` protocol, and its public methods delegate to them. Front-end messages go through
+one dispatch table of the panels' handlers (``_handlers``).
 """
 
 from __future__ import annotations
