@@ -26,7 +26,7 @@ from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
 from memsim_widget.widget.assets import _asset, vega_bundle
-from memsim_widget.widget.compare_panel import MAX_PINS, CompareController
+from memsim_widget.widget.compare_panel import CompareController
 from memsim_widget.widget.controls import build_options, normalize
 from memsim_widget.widget.export_panel import ExportController
 from memsim_widget.widget.fit_panel import FitController, fit_target
@@ -103,9 +103,7 @@ class MemSim(anywidget.AnyWidget):
     #: The pins beside the current scenario: ``error`` (why the last pin was refused), ``max_pins``, ``pins``
     #: (name and one-line summary each) and ``view`` (``build_compare_view``: headline rows, the fields that
     #: differ, the chart's Vega-Lite spec; None without pins).
-    comparison = traitlets.Dict({"error": "", "max_pins": MAX_PINS, "pins": [], "view": None}).tag(
-        sync=True, to_json=_json_text
-    )
+    comparison = traitlets.Dict(CompareController.initial()).tag(sync=True, to_json=_json_text)
     #: The launch-config export: ``formats`` (the dropdown), ``id`` (one more per request answered), ``format``,
     #: ``files`` (file name -> text of the last export), ``error`` (the refusal naming the field, '' when the files
     #: were written).
