@@ -200,9 +200,12 @@ class Estimate:
     def time(self) -> StepTime:
         """The modelled step time and where it goes (computed on first use, so ``estimate`` stays fast)."""
         from memsim_widget.engine.context import Context
+        from memsim_widget.engine.objectives import training_scenario
         from memsim_widget.engine.time_breakdown import step_time
 
-        return step_time(Context(self.scenario))
+        # an objective's step runs the SFT step's kernels on its sequences (its reference forward and the
+        # rollout phase are not timed)
+        return step_time(Context(training_scenario(self.scenario)))
 
     @property
     def step_time_s(self) -> float:
