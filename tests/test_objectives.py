@@ -117,3 +117,92 @@ def test_formula_only_objectives_refuse_a_trace(data, field):
     with pytest.raises(ScenarioError) as err:
         check_traceable(Scenario.from_dict({**BASE, **data}))
     assert err.value.field == field
+
+
+# ----- the rollout phase: vLLM's documented arithmetic (formula-only) ------------------------------------------
+GRPO = {
+    "model": "qwen2.5-1.5b",
+    "objective": "grpo",
+    "micro_batch_size": 1,
+    "seq_len": 1024,
+    "method": "lora",
+    "gpu": "h100-sxm-80gb",
+}
+
+
+def _grpo(**rl):
+    return estimate({**GRPO, "rl": {"num_generations": 8, "completion_len": 512, **rl}})
+
+
+def _items(est, moment):
+    m = next(m for m in est.worst.moments if m.name == moment)
+    return {i.item: i.bytes for i in m.items}
+
+
+def test_kv_cache_blocks_follow_vllm_paged_attention():
+    from memsim_widget.engine.rollout import BLOCK_SIZE
+
+    est = _grpo(rollout="vllm_colocate", kv_cache="needed", sleep_mode=1)
+    a = est.arch
+    per_token = 2 * a.num_layers * a.num_kv_heads * a.head_dim * 2  # K and V, every layer, 16-bit
+    seqs = 1 * 8 * 1  # micro-batch prompts x G x grad_accum_steps
+    blocks = seqs * -(-1024 // BLOCK_SIZE)
+    assert (
+        _items(est, "rollout_generate")["vLLM KV cache (blocks needed) (generating)"]
+        == blocks * 16 * per_token
+    )
+
+
+def test_gpu_memory_utilization_is_the_engines_whole_budget():
+    """vLLM: budget = utilization x card; KV cache = budget - weights - activation peak - CUDA graphs."""
+    est = _grpo(rollout="vllm_colocate", gpu_memory_utilization=0.4)
+    items = _items(est, "rollout_generate")
+    engine = sum(v for k, v in items.items() if k.startswith("vLLM"))
+    budget = 0.4 * est.gpu.memory_bytes
+    assert budget - 2 * 16 * 28672 <= engine <= budget  # within one block of the budget
+    assert items["vLLM weights (bf16) (generating)"] == 2 * est.parameters
+    assert (
+        _grpo(rollout="vllm_colocate", gpu_memory_utilization=0.2).peak_allocated_bytes
+        < est.peak_allocated_bytes
+    )
+
+
+def test_sleep_mode_frees_the_engine_during_the_training_step():
+    awake = _grpo(rollout="vllm_colocate", sleep_mode=0)
+    lvl1 = _grpo(rollout="vllm_colocate", sleep_mode=1)
+    lvl2 = _grpo(rollout="vllm_colocate", sleep_mode=2)
+    t_awake, t_lvl1, t_lvl2 = (e.phases()["training"]["allocated_bytes"] for e in (awake, lvl1, lvl2))
+    assert t_awake > t_lvl1 == t_lvl2
+    # level 1 keeps the weights in host RAM, level 2 discards them; only the CUDA graphs stay on the GPU
+    assert lvl1.worst.host_bytes - lvl2.worst.host_bytes == 2 * lvl1.parameters
+    assert any(i.item == "vLLM CUDA graphs (kept asleep)" for i in lvl1.worst.moments[0].items)
+    assert (
+        _grpo(rollout="vllm_colocate", sleep_mode=1, cuda_graphs=False).phases()["training"][
+            "allocated_bytes"
+        ]
+        < t_lvl1
+    )
+
+
+def test_peak_is_the_larger_phase_and_both_are_reported():
+    for rl in ({"rollout": "vllm_colocate"}, {"rollout": "vllm_colocate", "sleep_mode": 1}):
+        est = _grpo(**rl)
+        phases = est.phases()
+        assert set(phases) == {"training", "rollout"}
+        assert est.peak_allocated_bytes == max(p["allocated_bytes"] for p in phases.values())
+        assert est.to_dict()["phases"] == phases
+        assert set(est.phase_frame["phase"]) == {"training", "rollout"}
+
+
+def test_a_separate_rollout_group_leaves_the_training_gpus_alone():
+    sep = _grpo(rollout="vllm_separate", gpu_memory_utilization=0.9)
+    none = _grpo()
+    assert sep.peak_allocated_bytes == none.peak_allocated_bytes
+    assert sep.phases()["rollout_group"]["allocated_bytes"] <= 0.9 * sep.gpu.memory_bytes
+
+
+def test_a_utilization_too_low_for_the_weights_is_flagged():
+    est = estimate(
+        {**GRPO, "model": "llama-3.1-8b", "rl": {"rollout": "vllm_colocate", "gpu_memory_utilization": 0.1}}
+    )
+    assert any("would not start" in c for c in est.caveats)

@@ -141,6 +141,9 @@ def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) 
             states.host.extend(replace(i, item=i.item + " (offloaded)", level="host") for i in items)
         else:
             states.persistent.extend(items)
+    from memsim_widget.engine.rollout import resident_items
+
+    gpu, host = resident_items(ctx, sc)  # a colocated vLLM engine through the training step
     if obj == "ppo":  # the value model trains beside the policy: weights, gradients, optimizer states
         states.persistent.extend(
             Item(
@@ -158,6 +161,8 @@ def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) 
         states.grads_but_bottom.extend(
             replace(i, item=f"value model: {i.item}") for i in list(states.grads_but_bottom)
         )
+    states.persistent.extend(gpu)
+    states.host.extend(host)
 
 
 def _frozen_weights(ctx: Context, states: StateBudget, label: str) -> list[Item]:

@@ -85,6 +85,11 @@ def _check_objective(sc: Scenario) -> None:
         raise ScenarioError(
             "rl.reference", "an offloaded reference is formula-only; trace 'gpu' or 'precomputed'"
         )
+    if obj != "sft" and sc.rl_config.rollout != "none":
+        raise ScenarioError(
+            "rl.rollout",
+            "the rollout phase is formula-only (vLLM's documented arithmetic); set it to 'none' to trace the step",
+        )
     if obj != "sft" and sc.parallel.world_size > 1:
         raise ScenarioError("parallel", f"a {obj} step is traced on one GPU: set dp, tp, pp and cp to 1")
     if obj != "sft" and sc.activation_checkpointing not in ("none", "full"):
