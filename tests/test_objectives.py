@@ -206,3 +206,29 @@ def test_a_utilization_too_low_for_the_weights_is_flagged():
         {**GRPO, "model": "llama-3.1-8b", "rl": {"rollout": "vllm_colocate", "gpu_memory_utilization": 0.1}}
     )
     assert any("would not start" in c for c in est.caveats)
+
+
+def test_cli_estimate_shows_both_phases(capsys):
+    import json
+
+    from memsim_widget.cli import main
+
+    flags = [
+        "estimate",
+        "--model",
+        "qwen2.5-1.5b",
+        "--objective",
+        "grpo",
+        "--method",
+        "lora",
+        "--seq-len",
+        "1024",
+    ]
+    flags += ["--completion-len", "512", "--rollout", "vllm_colocate", "--gpu-memory-utilization", "0.3"]
+    assert main([*flags, "--sleep-mode", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "rollout phase at rollout_generate" in text and "training phase at forward_end" in text
+    assert "<- peak" in text
+    assert main([*flags, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["phases"]) == {"training", "rollout"} and out["scenario"]["objective"] == "grpo"
