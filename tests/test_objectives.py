@@ -232,3 +232,47 @@ def test_cli_estimate_shows_both_phases(capsys):
     assert main([*flags, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["phases"]) == {"training", "rollout"} and out["scenario"]["objective"] == "grpo"
+
+
+def test_recommend_knows_the_levers_of_rl_jobs():
+    from memsim_widget.plan.recommend import levers
+
+    grpo = Scenario.from_dict(
+        {
+            **GRPO,
+            "rl": {
+                "num_generations": 8,
+                "completion_len": 512,
+                "rollout": "vllm_colocate",
+                "reference": "gpu",
+            },
+        }
+    )
+    found = levers(grpo)
+    assert {"generations", "reference", "gpu_memory_utilization", "sleep_mode", "rollout"} <= set(found)
+    refs = {o.changes["rl.reference"] for o in found["reference"]}
+    assert refs == {"shared_base", "offload"}
+    dpo = levers(Scenario.from_dict({**BASE, "objective": "dpo"}))
+    assert {o.changes["rl.reference"] for o in dpo["reference"]} == {"precomputed", "offload"}
+    assert "reference" not in levers(Scenario.from_dict({**BASE, "objective": "orpo"}))
+
+
+def test_recommend_fixes_a_colocated_grpo_run():
+    from memsim_widget.plan.recommend import recommend
+
+    rec = recommend(
+        {
+            **GRPO,
+            "model": "llama-3.1-8b",
+            "seq_len": 2048,
+            "rl": {
+                "num_generations": 16,
+                "completion_len": 1024,
+                "rollout": "vllm_colocate",
+                "gpu_memory_utilization": 0.5,
+            },
+        }
+    )
+    assert not rec.fits and rec.changes and all(c.fits for c in rec.changes)
+    assert any("rl.rollout" in c.changes or "rl.sleep_mode" in c.changes for c in rec.changes)
+    assert rec.max_seq_len is None or rec.max_seq_len > 1024
