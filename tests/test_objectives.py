@@ -276,3 +276,11 @@ def test_recommend_fixes_a_colocated_grpo_run():
     assert not rec.fits and rec.changes and all(c.fits for c in rec.changes)
     assert any("rl.rollout" in c.changes or "rl.sleep_mode" in c.changes for c in rec.changes)
     assert rec.max_seq_len is None or rec.max_seq_len > 1024
+
+
+def test_the_layout_search_refuses_an_objective_it_does_not_model():
+    from memsim_widget.plan.search import plan
+
+    with pytest.raises(ScenarioError) as err:
+        plan(base={**BASE, "objective": "grpo", "rl": {"completion_len": 256}}, gpus=2)
+    assert err.value.field == "objective"
