@@ -284,3 +284,11 @@ def test_the_layout_search_refuses_an_objective_it_does_not_model():
     with pytest.raises(ScenarioError) as err:
         plan(base={**BASE, "objective": "grpo", "rl": {"completion_len": 256}}, gpus=2)
     assert err.value.field == "objective"
+
+
+def test_export_refuses_an_objective_it_cannot_write():
+    from memsim_widget.export import export
+
+    with pytest.raises(ScenarioError) as err:
+        export({**BASE, "objective": "dpo"}, "hf")
+    assert err.value.field == "objective"
