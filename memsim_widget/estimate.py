@@ -250,6 +250,11 @@ class Estimate:
             out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
         if "paged" in s.optimizer:
             out.append("paged optimizer states moved to and from the host are not modelled")
+        if s.objective_name != "sft":
+            out.append(
+                f"objective {s.objective_name}: the training step's time on its sequences only; generation, scoring "
+                "and the reference's forward are not timed"
+            )
         return tuple(out)
 
     @property

@@ -48,7 +48,8 @@ OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo", "ppo")
 #: log-probs precomputed before training (TRL ``precompute_ref_log_probs``), the LoRA policy's own frozen
 #: base with the adapters disabled (TRL's default for a PEFT policy), or none (ORPO; GRPO with beta = 0).
 REFERENCES = ("gpu", "offload", "precomputed", "shared_base", "none")
-#: Where completions are generated: no rollout engine (offline data, or HF ``generate`` on the policy), a
+#: Where completions are generated: no rollout engine (completions from elsewhere; TRL's ``use_vllm=False`` path,
+#: HF ``generate`` on the policy with its own KV cache, is not modelled), a
 #: vLLM engine colocated on the training GPUs (TRL ``vllm_mode="colocate"``, OpenRLHF ``--colocate_all_models``),
 #: or vLLM on a separate GPU group (TRL ``vllm_mode="server"``, OpenRLHF's ``vllm_num_engines``).
 ROLLOUTS = ("none", "vllm_colocate", "vllm_separate")

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.items import Item
 from memsim_widget.engine.states import StateBudget
 from memsim_widget.engine.timeline import Moment
 from memsim_widget.scenario import Scenario
@@ -118,15 +118,6 @@ def loss_terms(ctx: Context, sc: Scenario, acts: ActivationBudget) -> Activation
     return out
 
 
-def _weights_items(ctx: Context, states: StateBudget, label: str) -> list[Item]:
-    """Copies of the policy's weight items (the frozen model of the same architecture in the weight dtype)."""
-    return [
-        Item("parameters", f"{label}: {i.item}", i.bytes, f"as the policy's: {i.formula}", i.level, i.tensors)
-        for i in states.persistent
-        if i.category == "parameters"
-    ]
-
-
 def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) -> None:
     """Add the frozen reference/reward models' weights and PPO's value model states to ``states`` (in place)."""
     obj, ref = sc.objective_name, sc.reference
@@ -166,11 +157,23 @@ def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) 
 
 
 def _frozen_weights(ctx: Context, states: StateBudget, label: str) -> list[Item]:
-    """A frozen full copy of the model in the compute dtype (16-bit, or fp32 for fp32 runs)."""
-    wb = 4 if ctx.recipe.fp32_compute else 2
-    n = ctx.arch.parameters
+    """A frozen copy of the policy's weights on this rank, as the policy holds them (dtype, tp/pp/ZeRO-3 shards,
+    QLoRA's NF4 base), without its LoRA adapters: TRL loads the reference like the policy and prepares it with
+    the same sharding (``prepare_deepspeed`` / ``prepare_fsdp``)."""
     return [
-        Item("parameters", f"{label} weights (frozen)", wb * n, f"{wb} B x {fmt_int(n)} params", "tensor", 1)
+        Item(
+            "parameters",
+            f"{label} weights (frozen): {i.item}",
+            i.bytes,
+            f"as the policy's: {i.formula}",
+            "tensor",
+            i.tensors,
+        )
+        for i in states.persistent
+        if i.category == "parameters"
+        and i.level == "tensor"
+        and "LoRA" not in i.item
+        and not i.item.startswith(("reference model", "reward model", "value model", "vLLM"))
     ]
 
 
@@ -180,7 +183,7 @@ def value_activations(acts: ActivationBudget) -> list[Term]:
 
 
 def reference_moment(
-    ctx: Context, sc: Scenario, acts: ActivationBudget, forward_end: Moment
+    ctx: Context, sc: Scenario, acts: ActivationBudget, forward_end: Moment, states: StateBudget
 ) -> Moment | None:
     """The reference's forward inside the step (DPO, KTO): the policy's forward-end memory less its logits
     (``concatenated_forward`` has returned) plus the reference's transients; None when no reference runs."""
@@ -188,12 +191,17 @@ def reference_moment(
         return None
     gone = {t.name for t in acts.loss_forward}
     kept = tuple(i for i in forward_end.items if not (i.category == "activations" and i.item in gone))
-    return Moment("reference_forward", kept + tuple(reference_forward(ctx, sc)))
+    loaded = [  # an offloaded reference comes back to the GPU for its forward (OpenRLHF --ref_reward_offload)
+        replace(i, item=i.item.replace(" (offloaded)", " (loaded for its forward)"), level="tensor")
+        for i in states.host
+        if i.item.startswith("reference model")
+    ]
+    return Moment("reference_forward", kept + tuple(reference_forward(ctx, sc)) + tuple(loaded))
 
 
 def reference_forward(ctx: Context, sc: Scenario) -> list[Item]:
     """Transients of the reference's no-grad forward in the step (DPO, KTO): its logits, two rows of log-softmax
-    and, offloaded, its weights brought back for the forward."""
+    (an offloaded reference's weights come back in ``reference_moment``)."""
     V = ctx.arch.vocab_size
     le = 4 if ctx.recipe.fp32_compute else 2
     T = ctx.tokens // ctx.par.cp
@@ -236,13 +244,6 @@ def reference_forward(ctx: Context, sc: Scenario) -> list[Item]:
     ]
     # the larger of the two instants: inside a layer, or at the head's log-softmax
     out = max(layer, head, key=lambda x: sum(i.bytes for i in x))
-    if sc.reference == "offload":
-        out.append(
-            replace(
-                _frozen_weights(ctx, StateBudget(), "reference model")[0],
-                item="reference model weights (loaded for its forward)",
-            )
-        )
     return out
 
 
@@ -261,7 +262,7 @@ def phase_moments(
 
     out = []
     fwd = next(m for m in step if m.name == "forward_end")
-    ref = reference_moment(ctx, sc, acts, fwd)
+    ref = reference_moment(ctx, sc, acts, fwd, states)
     if ref is not None:
         out.append(ref)
     out += rollout_moments(ctx, sc, stage, states, overhead)
