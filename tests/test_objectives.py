@@ -292,3 +292,17 @@ def test_export_refuses_an_objective_it_cannot_write():
     with pytest.raises(ScenarioError) as err:
         export({**BASE, "objective": "dpo"}, "hf")
     assert err.value.field == "objective"
+
+
+def test_kv_block_arithmetic_matches_a_vllm_startup_log():
+    """vllm-project/vllm#12330 (Llama 3 8B, A100 40 GB, gpu_memory_utilization 0.9): "the rest of the memory
+    reserved for KV Cache is 11.12GiB" and "# GPU blocks: 5691": 16-token blocks of 2 x 32 layers x 8 kv heads x
+    128 x 2 B per token."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.rollout import BLOCK_SIZE, kv_bytes_per_token
+
+    ctx = Context(Scenario.from_dict({"model": "llama-3.1-8b"}))
+    per_token = kv_bytes_per_token(ctx)
+    assert per_token == 2 * 32 * 8 * 128 * 2
+    blocks = int(11.12 * 2**30) // (BLOCK_SIZE * per_token)
+    assert abs(blocks - 5691) <= 3  # the log rounds the GiB to two decimals
