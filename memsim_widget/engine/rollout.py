@@ -25,9 +25,11 @@ Formula-only: no trace runs vLLM; each rule is the engines' documented arithmeti
   ``vllm_enable_sleep_mode``; OpenRLHF: ``--vllm_enable_sleep``. Without it the engine's weights, KV cache and
   graphs stay on the card through the training step. The graphs stay in either level (they are not in the
   sleep allocator's weights/KV pools).
-- **Activation peak**: vLLM profiles one forward of ``max_num_batched_tokens`` (8192, the V1 engine's default for
-  the offline ``LLM`` class) plus the sampler's fp32 logits for ``max_num_seqs`` (256) sequences; taken as the
-  no-grad working set of a layer at that many tokens (the gated MLP's three T x I tensors and four T x h ones).
+- **Activation peak**: vLLM profiles one forward of ``max_num_batched_tokens`` plus the sampler's fp32 logits for
+  ``max_num_seqs`` sequences; their defaults for the offline ``LLM`` class that TRL's colocate mode builds are
+  16384 tokens and 1024 sequences on cards of 70 GiB or more other than the A100, else 8192 and 256
+  (``EngineArgs.get_batch_defaults``, vllm/engine/arg_utils.py). Taken as the no-grad working set of a layer at
+  that many tokens (the gated MLP's three T x I tensors and four T x h ones): an estimate, not vLLM's number.
 - **Separate group** (TRL ``vllm_mode="server"``, OpenRLHF ``--vllm_num_engines``): the engine sits on other
   GPUs; the training GPUs hold nothing of it. Its own card is reported, not added to the training peak.
 
@@ -55,9 +57,16 @@ WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 KV_BYTES = 2
 #: A typical captured-graph pool (stated: vLLM logs, see the module docstring).
 CUDA_GRAPH_BYTES = int(0.4 * GiB)
-#: vLLM's profiling forward: ``max_num_batched_tokens`` and ``max_num_seqs`` defaults (V1 engine).
-PROFILE_TOKENS = 8192
-PROFILE_SEQS = 256
+#: vLLM's profiling forward: the ``LLM`` class's ``max_num_batched_tokens`` and ``max_num_seqs`` defaults, on a
+#: card of 70 GiB or more other than the A100 / on the others (``EngineArgs.get_batch_defaults``).
+PROFILE_LARGE = (16384, 1024)
+PROFILE_SMALL = (8192, 256)
+
+
+def profile_batch(ctx: Context) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's LLM class defaults to on the scenario's card."""
+    large = ctx.gpu.memory_bytes >= 70 * GiB and "a100" not in f"{ctx.gpu.id} {ctx.gpu.name}".lower()
+    return PROFILE_LARGE if large else PROFILE_SMALL
 
 
 def kv_bytes_per_token(ctx: Context) -> int:
@@ -82,14 +91,13 @@ def engine_items(ctx: Context, sc: Scenario) -> dict[str, Item]:
         f"{wb} B x {fmt_int(a.parameters)} params (the engine's own copy, LoRA merged)",
     )
     n_mlp = 3 if a.mlp_activation in ("swiglu", "geglu") else 2
-    act_bytes = PROFILE_TOKENS * (n_mlp * 2 * a.intermediate_size + 8 * a.hidden_size) + (
-        PROFILE_SEQS * a.vocab_size * 4
-    )
+    tokens, seqs = profile_batch(ctx)
+    act_bytes = tokens * (n_mlp * 2 * a.intermediate_size + 8 * a.hidden_size) + seqs * a.vocab_size * 4
     act = Item(
         "activations",
         "vLLM activation peak (profiled forward)",
         act_bytes,
-        f"{PROFILE_TOKENS} tokens x ({n_mlp} x 2 B x I + 4 x 2 B x h) + {PROFILE_SEQS} seqs x 4 B x V",
+        f"{tokens} tokens x ({n_mlp} x 2 B x I + 4 x 2 B x h) + {seqs} seqs x 4 B x V",
     )
     graphs = Item(
         "overhead",
