@@ -56,6 +56,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "gpu_memory_utilization": ("rl.gpu_memory_utilization", float),
     "kv_cache": ("rl.kv_cache", str),
     "sleep_mode": ("rl.sleep_mode", int),
+    "completions_per_micro_batch": ("rl.completions_per_micro_batch", int),
 }
 
 
@@ -189,7 +190,8 @@ def _phase_lines(est: Any) -> list[str]:
     sc = est.scenario
     rl = sc.rl_config
     lines = [
-        f"objective {sc.objective_name}: {sc.sequences_per_sample} sequences per sample, reference {sc.reference}"
+        f"objective {sc.objective_name}: {sc.sequences_per_micro_batch} sequences per micro-batch, "
+        f"reference {sc.reference}"
         + (f", rollout {rl.rollout}" if sc.objective_name in ("grpo", "ppo") else ""),
         "phases    (the peak is the larger phase)",
     ]

@@ -1121,6 +1121,16 @@ OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "grpo llama V32k bf16 G8 C256, 4 completions per micro-batch, s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 256, "completions_per_micro_batch": 4},
+        },
+    ),
+    (
         "grpo qwen2.5-0.5b bf16 G4 C256 b1 s512 (real shape)",
         {
             "model": "qwen2.5-0.5b",

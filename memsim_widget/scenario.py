@@ -214,6 +214,9 @@ class RLConfig:
     rollout_dtype: str = "bf16"
     sleep_mode: int = 0
     cuda_graphs: bool = True
+    #: GRPO: completions per training micro-batch (TRL's ``per_device_train_batch_size``, which may split a
+    #: prompt's G completions over micro-batches); None: micro_batch_size x G, every group whole.
+    completions_per_micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -240,6 +243,16 @@ class RLConfig:
             )
         object.__setattr__(self, "sleep_mode", mode)
         _bool("rl.cuda_graphs", self.cuda_graphs)
+        if self.completions_per_micro_batch is not None:
+            object.__setattr__(
+                self,
+                "completions_per_micro_batch",
+                _int(
+                    "rl.completions_per_micro_batch",
+                    self.completions_per_micro_batch,
+                    maximum=MAX_MICRO_BATCH,
+                ),
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -501,7 +514,9 @@ class Scenario:
             )
         if obj not in ("grpo", "ppo") and rl.rollout != "none":
             raise ScenarioError("rl.rollout", f"{obj} trains on a fixed dataset: rollout must be 'none'")
-        if self.micro_batch_size * self.sequences_per_sample > MAX_MICRO_BATCH:
+        if rl.completions_per_micro_batch is not None and obj != "grpo":
+            raise ScenarioError("rl.completions_per_micro_batch", f"applies to grpo, objective is {obj}")
+        if self.sequences_per_micro_batch > MAX_MICRO_BATCH:
             raise ScenarioError(
                 "rl.num_generations" if obj == "grpo" else "micro_batch_size",
                 f"micro_batch_size x sequences per sample is over {MAX_MICRO_BATCH:,}",
@@ -527,6 +542,13 @@ class Scenario:
         if ref is None:
             return "none" if obj == "grpo" else "gpu"
         return ref
+
+    @property
+    def sequences_per_micro_batch(self) -> int:
+        """Sequences one training micro-batch puts through the policy: micro_batch_size x sequences per sample,
+        or GRPO's ``rl.completions_per_micro_batch`` when set."""
+        n = self.rl_config.completions_per_micro_batch if self.objective_name == "grpo" else None
+        return n if n is not None else self.micro_batch_size * self.sequences_per_sample
 
     @property
     def sequences_per_sample(self) -> int:

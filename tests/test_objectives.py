@@ -90,6 +90,7 @@ FAST = [
     "orpo llama V32k bf16 b1 s512",
     "grpo llama V32k bf16 G4 C256 b1 s512",
     "grpo llama V32k bf16 lora qv G8 C128 b1 s256",
+    "grpo llama V32k bf16 G8 C256, 4 completions per micro-batch, s512",
 ]
 
 
@@ -306,3 +307,32 @@ def test_kv_block_arithmetic_matches_a_vllm_startup_log():
     assert per_token == 2 * 32 * 8 * 128 * 2
     blocks = int(11.12 * 2**30) // (BLOCK_SIZE * per_token)
     assert abs(blocks - 5691) <= 3  # the log rounds the GiB to two decimals
+
+
+def test_grpo_groups_can_split_over_micro_batches():
+    """TRL's per_device_train_batch_size counts completions: G = 8 split 4 per micro-batch trains like 4 whole."""
+    split = estimate(
+        {
+            **BASE,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 256, "completions_per_micro_batch": 4},
+        }
+    )
+    whole = estimate(
+        {
+            **BASE,
+            "micro_batch_size": 1,
+            "objective": "grpo",
+            "rl": {"num_generations": 4, "completion_len": 256},
+        }
+    )
+    assert split.peak_tensor_bytes == whole.peak_tensor_bytes
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict({**BASE, "objective": "dpo", "rl": {"completions_per_micro_batch": 4}})
+    assert err.value.field == "rl.completions_per_micro_batch"
+    from memsim_widget.plan.recommend import levers
+
+    opt = levers(Scenario.from_dict({**BASE, "objective": "grpo", "rl": {"completion_len": 256}}))[
+        "completions"
+    ][0]
+    assert opt.changes == {"rl.completions_per_micro_batch": 8, "grad_accum_steps": 2}

@@ -53,9 +53,7 @@ def training_scenario(sc: Scenario) -> Scenario:
     sample sequences (the objective's own loss and models are added by ``apply``)."""
     if sc.objective_name == "sft":
         return sc
-    return replace(
-        sc, micro_batch_size=sc.micro_batch_size * sc.sequences_per_sample, objective=None, rl=None
-    )
+    return replace(sc, micro_batch_size=sc.sequences_per_micro_batch, objective=None, rl=None)
 
 
 def logit_tokens(ctx: Context, sc: Scenario) -> tuple[int, int]:

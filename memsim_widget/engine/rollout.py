@@ -14,7 +14,8 @@ Formula-only: no trace runs vLLM; each rule is the engines' documented arithmeti
 - **KV cache blocks** (vLLM PagedAttention): 16 tokens a block (the CUDA default ``block_size``); each token
   holds a key and a value per layer: 2 x layers x kv_heads x head_dim x 2 B (``kv_cache_dtype="auto"``: the
   model's 16-bit dtype, also for fp8 weights). ``kv_cache="needed"`` counts the blocks of the generation batch:
-  micro_batch_size x G x grad_accum_steps sequences of seq_len tokens (TRL generates for
+  the micro-batch's sequences (micro_batch_size x G, or ``rl.completions_per_micro_batch``) x grad_accum_steps
+  sequences of seq_len tokens (TRL generates for
   ``per_device_train_batch_size x steps_per_generation`` completions, ``steps_per_generation`` defaulting to
   ``gradient_accumulation_steps``), as vLLM's ``kv_cache_memory_bytes`` would pin it.
 - **CUDA graphs**: a stated typical size, 0.4 GiB (logs: "Graph capturing finished ... took 0.21 GiB" for Llama
@@ -76,8 +77,9 @@ def kv_bytes_per_token(ctx: Context) -> int:
 
 
 def generation_sequences(sc: Scenario) -> int:
-    """Sequences the engine generates per GPU for one optimizer step (the generation batch)."""
-    return sc.micro_batch_size * sc.rl_config.num_generations * sc.grad_accum_steps
+    """Sequences the engine generates per GPU for one optimizer step (the generation batch): the training
+    micro-batch's sequences x grad_accum_steps (TRL: per_device_train_batch_size x steps_per_generation)."""
+    return sc.sequences_per_micro_batch * sc.grad_accum_steps
 
 
 def engine_items(ctx: Context, sc: Scenario) -> dict[str, Item]:

@@ -265,6 +265,21 @@ def rl_levers(s: Scenario) -> dict[str, list[Option]]:
                 changes_the_job=True,
             )
         ]
+    n = s.sequences_per_micro_batch
+    if obj == "grpo" and n > 1:
+        half = n // 2 if n % 2 == 0 else 1
+        out["completions"] = [
+            Option(
+                "completions",
+                f"{half} completions per micro-batch (was {n}) with {n // half}x gradient accumulation",
+                {
+                    "rl.completions_per_micro_batch": half,
+                    "grad_accum_steps": s.grad_accum_steps * (n // half),
+                },
+                "same completions per step, a prompt's group split over micro-batches (TRL "
+                "per_device_train_batch_size); smaller matmuls use the GPU less well",
+            )
+        ]
     refs = []
     if ref in ("gpu", "offload") and s.method != "full":
         refs.append(

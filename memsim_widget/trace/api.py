@@ -159,6 +159,7 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
             reference=sc.reference,
             num_generations=rl.num_generations,
             completion_len=rl.completion_len,
+            sequences=sc.sequences_per_micro_batch,
         )
     return kw
 

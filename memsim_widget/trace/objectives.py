@@ -147,6 +147,7 @@ def trace_objective(
     reference: str = "gpu",
     num_generations: int = 8,
     completion_len: int = 512,
+    sequences: int | None = None,
     precision: str = "bf16",
     optimizer: str = "adamw",
     optimizer_impl: str = "foreach",
@@ -161,7 +162,8 @@ def trace_objective(
     ``micro_batch_size`` counts preference pairs (DPO/ORPO: 2b sequences) or prompts (GRPO: b x G sequences of
     ``seq_len`` tokens, the last ``completion_len`` of them generated). ``reference``: ``gpu`` (a separate frozen
     copy in the weight dtype), ``precomputed``, ``shared_base`` (a LoRA policy with its adapters disabled) or
-    ``none``; for GRPO anything but ``none`` means beta > 0 with reference log-probs in the batch.
+    ``none``; for GRPO anything but ``none`` means beta > 0 with reference log-probs in the batch. ``sequences``
+    (GRPO) sets the micro-batch's completions directly (TRL's ``per_device_train_batch_size``).
     """
     if objective not in ("dpo", "orpo", "grpo"):
         raise ValueError(f"objective {objective!r} is not traced; traced: dpo, orpo, grpo")
@@ -185,7 +187,7 @@ def trace_objective(
             return PreferenceStep(policy, ref_model, objective, reference)
 
     per_sample = 2 if objective in ("dpo", "orpo") else num_generations
-    n = micro_batch_size * per_sample
+    n = sequences if sequences is not None else micro_batch_size * per_sample
     vocab = cfg.vocab_size
 
     def make_batch() -> dict[str, torch.Tensor]:
