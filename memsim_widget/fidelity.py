@@ -9,10 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from memsim_widget.catalog.models import PRESETS, resolve_model_config
+from memsim_widget.catalog.models import PRESETS
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
-from memsim_widget.trace.api import trace_kwargs
 
 SMALL = {
     "hidden_size": 256,
@@ -1145,15 +1144,130 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
 CASES += MULTIMODAL_CASES
 
 
+#: Preference and RL training steps (``trace/objectives.py``: TRL's loop on fake tensors). A 32k vocabulary makes
+#: the loss's logits terms matter beside the layers' activations.
+LLAMA_V32K = {**LLAMA, "vocab_size": 32000}
+LORA_QV = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "dpo llama V32k bf16 ref gpu b1 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "dpo",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "dpo llama V32k bf16 ref precomputed b2 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "objective": "dpo",
+            "rl": {"reference": "precomputed"},
+        },
+    ),
+    (
+        "dpo llama bf16 ref gpu b2 s512 (V1000: layers dominate)",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "objective": "dpo",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "dpo llama V32k bf16 lora qv ref shared_base b2 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "objective": "dpo",
+            "rl": {"reference": "shared_base"},
+            **LORA_QV,
+        },
+    ),
+    (
+        "dpo llama V32k bf16 ref gpu ckpt b1 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "dpo",
+            "activation_checkpointing": "full",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "orpo llama V32k bf16 b1 s512",
+        {"model": LLAMA_V32K, "micro_batch_size": 1, "seq_len": 512, "objective": "orpo"},
+    ),
+    (
+        "grpo llama V32k bf16 G4 C256 b1 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "grpo",
+            "rl": {"num_generations": 4, "completion_len": 256},
+        },
+    ),
+    (
+        "grpo llama V32k bf16 G8 C192 beta>0 (ref log-probs in the batch) b1 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 256,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 192, "reference": "precomputed"},
+        },
+    ),
+    (
+        "grpo llama V32k bf16 lora qv G8 C128 b1 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 256,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 128},
+            **LORA_QV,
+        },
+    ),
+    (
+        "grpo llama V32k bf16 G8 C256, 4 completions per micro-batch, s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 256, "completions_per_micro_batch": 4},
+        },
+    ),
+    (
+        "grpo qwen2.5-0.5b bf16 G4 C256 b1 s512 (real shape)",
+        {
+            "model": "qwen2.5-0.5b",
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "grpo",
+            "rl": {"num_generations": 4, "completion_len": 256},
+        },
+    ),
+]
+CASES += OBJECTIVE_CASES
+
+
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run engine and tracer on one scenario."""
-    from memsim_widget.trace.hf import trace_hf
+    from memsim_widget.trace.api import trace_config
 
     sc = Scenario.from_dict(data)
     est = estimate(sc)
-    cfg = resolve_model_config(sc.model)
     t0 = time.perf_counter()
-    tr = trace_hf(dict(cfg), **trace_kwargs(sc))
+    tr = trace_config(sc)
     secs = time.perf_counter() - t0
     err = (est.peak_tensor_bytes - tr.peak_bytes) / tr.peak_bytes
     moment = max(est.worst.moments, key=lambda m: m.tensor_bytes).name

@@ -130,6 +130,7 @@ def test_frozen_tower_trains_nothing_and_llava_freezes_it_by_default() -> None:
         ({"model": "llava-1.5-7b", "parallel": {"tp": 2}}, "parallel.tp"),
         ({"model": "llava-1.5-7b", "activation_checkpointing": "selective-op"}, "activation_checkpointing"),
         ({"model": "llava-1.5-7b", "method": "qlora"}, "method"),
+        ({"model": "llava-1.5-7b", "objective": "dpo"}, "objective"),
         ({"model": "llava-1.5-7b", "images_per_sample": -1}, "images_per_sample"),
         ({"model": "llava-1.5-7b", "freeze_vision": "yes"}, "freeze_vision"),
         (

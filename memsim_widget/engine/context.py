@@ -164,6 +164,11 @@ class Context:
             raise ScenarioError(
                 "method", f"qlora is not modelled for {a.model_type!r} (no trace can check it)"
             )
+        if getattr(s, "objective_name", "sft") != "sft":
+            raise ScenarioError(
+                "objective",
+                f"{s.objective_name!r} is not modelled for the multimodal {a.model_type!r} (sft only)",
+            )
 
     # ----- derived facts -----------------------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ from memsim_widget import charts as charts_mod
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
+from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
 from memsim_widget.widget.assets import _asset, vega_bundle
@@ -288,6 +289,8 @@ class MemSim(anywidget.AnyWidget):
                 "breakdown": charts_mod.breakdown_spec(est, headroom),
                 "scaling": charts_mod.scaling_spec(scaling, headroom, est.gpu.name),
                 "time": time_spec(est),
+                # GRPO/PPO/DPO: the rollout and training phases side by side (none for SFT)
+                **({"phases": phase_spec(est, headroom)} if est.scenario.objective_name != "sft" else {}),
             },
         }
 
