@@ -1206,6 +1206,68 @@ OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
         {"model": LLAMA_V32K, "micro_batch_size": 1, "seq_len": 512, "objective": "orpo"},
     ),
     (
+        "kto llama V32k bf16 ref gpu b1 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "kto",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "kto llama V32k bf16 ref gpu b2 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "objective": "kto",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "kto llama V32k bf16 ref precomputed b2 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "objective": "kto",
+            "rl": {"reference": "precomputed"},
+        },
+    ),
+    (
+        "kto llama V32k bf16 lora qv ref shared_base b2 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "objective": "kto",
+            "rl": {"reference": "shared_base"},
+            **LORA_QV,
+        },
+    ),
+    (
+        "kto llama bf16 ref gpu b4 s512 (V1000: the reference's layers peak)",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 4,
+            "seq_len": 512,
+            "objective": "kto",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "kto llama V32k bf16 ref gpu ckpt b2 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "objective": "kto",
+            "activation_checkpointing": "full",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
         "grpo llama V32k bf16 G4 C256 b1 s512",
         {
             "model": LLAMA_V32K,

@@ -88,6 +88,9 @@ FAST = [
     "dpo llama bf16 ref gpu b2 s512 (V1000: layers dominate)",
     "dpo llama V32k bf16 lora qv ref shared_base b2 s256",
     "orpo llama V32k bf16 b1 s512",
+    "kto llama V32k bf16 ref gpu b2 s256",
+    "kto llama V32k bf16 ref precomputed b2 s256",
+    "kto llama V32k bf16 lora qv ref shared_base b2 s256",
     "grpo llama V32k bf16 G4 C256 b1 s512",
     "grpo llama V32k bf16 lora qv G8 C128 b1 s256",
     "grpo llama V32k bf16 G8 C256, 4 completions per micro-batch, s512",
@@ -107,7 +110,6 @@ def test_objective_step_within_three_percent_of_trace(name):
 @pytest.mark.parametrize(
     ("data", "field"),
     [
-        ({"objective": "kto"}, "objective"),
         ({"objective": "ppo", "rl": {"completion_len": 256}}, "objective"),
         ({"objective": "dpo", "rl": {"reference": "offload"}}, "rl.reference"),
     ],

@@ -180,34 +180,88 @@ def value_activations(acts: ActivationBudget) -> list[Term]:
     return [replace(t, name=f"value model: {t.name}") for t in acts.per_layer]
 
 
+def _kept_at_forward_end(sc: Scenario, acts: ActivationBudget, forward_end: Moment) -> tuple[Item, ...]:
+    """What stays alive from the policy's forward while the loss runs: DPO's ``concatenated_forward`` has
+    returned (its logits are gone, the saved log-softmax rows stay); KTO's ``outputs`` stay referenced to the end
+    of ``_compute_loss`` (its logits stay)."""
+    if sc.objective_name == "kto":
+        return forward_end.items
+    gone = {t.name for t in acts.loss_forward}
+    return tuple(i for i in forward_end.items if not (i.category == "activations" and i.item in gone))
+
+
 def reference_moment(
     ctx: Context, sc: Scenario, acts: ActivationBudget, forward_end: Moment, states: StateBudget
 ) -> Moment | None:
-    """The reference's forward inside the step (DPO, KTO): the policy's forward-end memory less its logits
-    (``concatenated_forward`` has returned) plus the reference's transients; None when no reference runs."""
+    """The reference's forward inside the step (DPO, KTO): the policy's forward-end memory (DPO: less its logits)
+    plus the reference's transients; None when no reference runs."""
     if sc.objective_name not in REFERENCE_IN_STEP or sc.reference not in ("gpu", "offload", "shared_base"):
         return None
-    gone = {t.name for t in acts.loss_forward}
-    kept = tuple(i for i in forward_end.items if not (i.category == "activations" and i.item in gone))
-    loaded = [  # an offloaded reference comes back to the GPU for its forward (OpenRLHF --ref_reward_offload)
+    kept = _kept_at_forward_end(sc, acts, forward_end)
+    return Moment(
+        "reference_forward", kept + tuple(reference_forward(ctx, sc)) + tuple(_loaded_reference(states))
+    )
+
+
+def _loaded_reference(states: StateBudget) -> list[Item]:
+    """An offloaded reference comes back to the GPU for its forward (OpenRLHF --ref_reward_offload)."""
+    return [
         replace(i, item=i.item.replace(" (offloaded)", " (loaded for its forward)"), level="tensor")
         for i in states.host
         if i.item.startswith("reference model")
     ]
-    return Moment("reference_forward", kept + tuple(reference_forward(ctx, sc)) + tuple(loaded))
+
+
+def kto_metrics_moment(
+    ctx: Context, sc: Scenario, acts: ActivationBudget, forward_end: Moment, states: StateBudget
+) -> Moment | None:
+    """KTO's loss after both forwards (traced, ``trace/objectives.py``): the policy's logits and saved rows, the
+    reference's logits (``ref_outputs`` is still referenced), and the metrics' copies of the cut policy logits:
+    ``index_select`` of one label's rows, then its completion-masked rows. The worst batch has every sample under
+    one label and every position in the completion mask (2 copies of b(s-1) x V); the reshape copy that
+    ``entropy_from_logits`` makes before them is freed by then."""
+    if sc.objective_name != "kto" or not ctx.arch.vocab_size or sc.loss == "chunked":
+        return None
+    V = ctx.arch.vocab_size
+    le = 4 if ctx.recipe.fp32_compute else 2
+    T = ctx.tokens // ctx.par.cp
+    b = ctx.scenario.micro_batch_size
+    items = list(forward_end.items)
+    if sc.reference in ("gpu", "offload", "shared_base"):
+        items.append(
+            Item(
+                "temporaries",
+                "reference logits (no_grad; ref_outputs kept)",
+                le * T * V,
+                f"{le} B x T x V",
+                "tensor",
+                1,
+            )
+        )
+    items.append(
+        Item(
+            "temporaries",
+            "metrics: index_select of one label's cut logits, then its masked rows",
+            2 * le * (T - b) * V,
+            f"2 x {le} B x b(s-1) x V",
+            "tensor",
+            2,
+        )
+    )
+    return Moment("kto_loss_metrics", tuple(items) + tuple(_loaded_reference(states)))
 
 
 def reference_forward(ctx: Context, sc: Scenario) -> list[Item]:
     """Transients of the reference's no-grad forward in the step (DPO, KTO): its logits, two rows of log-softmax
-    (an offloaded reference's weights come back in ``reference_moment``)."""
+    (an offloaded reference's weights come back in ``reference_moment``). KTO's reference runs two forwards one
+    after the other (the KL batch, whose logits die on return, then the completion batch): one batch's worth."""
     V = ctx.arch.vocab_size
     le = 4 if ctx.recipe.fp32_compute else 2
     T = ctx.tokens // ctx.par.cp
     s = T // ctx.scenario.micro_batch_size
     rows = min(2, ctx.scenario.micro_batch_size)
-    mult = 2 if sc.objective_name == "kto" else 1  # KTO's reference also scores the KL (mismatched) batch
     e = 4 if ctx.recipe.fp32_compute else 2
-    Tl = T * mult
+    Tl = T
     # in a layer (under no_grad nothing is saved): the MLP's gate activation, up projection and their product,
     # beside the layer input the caller holds, the residual, the normed input and the embeddings output
     n_mlp = 3 if ctx.arch.mlp_activation in ("swiglu", "geglu") else 2
@@ -223,14 +277,7 @@ def reference_forward(ctx: Context, sc: Scenario) -> list[Item]:
         )
     ]
     head = [
-        Item(
-            "temporaries",
-            "reference logits (no_grad)",
-            le * Tl * V,
-            f"{le} B x T x V" + (" x 2" if mult > 1 else ""),
-            "tensor",
-            1,
-        ),
+        Item("temporaries", "reference logits (no_grad)", le * Tl * V, f"{le} B x T x V", "tensor", 1),
         Item(
             "temporaries",
             "reference log-softmax rows (the loop keeps the previous row)",
@@ -263,5 +310,8 @@ def phase_moments(
     ref = reference_moment(ctx, sc, acts, fwd, states)
     if ref is not None:
         out.append(ref)
+    metrics = kto_metrics_moment(ctx, sc, acts, fwd, states)
+    if metrics is not None:
+        out.append(metrics)
     out += rollout_moments(ctx, sc, stage, states, overhead)
     return out

@@ -74,8 +74,8 @@ def check_traceable(sc: Scenario) -> None:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
 
 
-#: Objectives whose training step the tracer runs (``trace/objectives.py``); KTO and PPO are formula-only.
-TRACEABLE_OBJECTIVES = ("sft", "dpo", "orpo", "grpo")
+#: Objectives whose training step the tracer runs (``trace/objectives.py``); PPO is formula-only.
+TRACEABLE_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo")
 
 
 def _check_objective(sc: Scenario) -> None:

@@ -15,6 +15,18 @@ Our own code, following the order of operations in TRL's trainers (facts, not co
   the sampling temperature, ``selective_log_softmax`` gives per-token log-probs; the clipped ratio to the old
   log-probs, plus beta x the k3 KL estimate to the reference log-probs, which the generation phase computed
   before the step (they arrive with the batch: no reference forward in the training step).
+- KTO (``KTOTrainer._compute_loss``, loss_type ``kto``): b unpaired completions, each with a mismatched "KL"
+  completion (the batch's completions cycled by one, ``add_kl_completion_ids``). In order: the policy scores the
+  KL batch under ``torch.no_grad()`` (``_compute_kl_logps``: logits, shift, ``selective_log_softmax``, masked sum;
+  its logits die on return); the policy's forward on the completion batch, whose ``outputs`` stay referenced to
+  the end of the loss; under ``no_grad`` the reference scores the KL batch (``_compute_kl_logps`` again) and then
+  the completion batch (``ref_outputs`` also stays referenced to the end), or neither when the batch carries
+  precomputed ``ref_logps``/``ref_KL_logps`` (``precompute_ref_log_probs``); a PEFT policy without a
+  ``ref_model`` is its own reference with the adapters disabled. The loss ``1 - sigmoid(beta (logratio - kl))``
+  per chosen sample, ``1 - sigmoid(beta (kl - logratio))`` per rejected one. The metrics then read the policy's
+  logits: ``entropy_from_logits`` (a ``reshape(-1, V)`` of the cut logits, a copy when b > 1, then 128-row
+  chunks) and ``index_select`` of the chosen and of the rejected rows (copies), each masked by its completion
+  mask (another copy) before a mean.
 
 Every forward passes ``use_cache=False`` (TRL's trainers do not keep a KV cache in training).
 """
@@ -105,6 +117,94 @@ class PreferenceStep(_Step):
         return -F.logsigmoid(DPO_BETA * margin).mean()
 
 
+def _entropy(logits: torch.Tensor, chunk_size: int = 128) -> torch.Tensor:
+    """Per-token entropy in 128-row chunks of the flattened logits (TRL ``entropy_from_logits``)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = []
+    for chunk in flat.split(chunk_size, dim=0):
+        logps = F.log_softmax(chunk, dim=-1)
+        out.append(-(torch.exp(logps) * logps).sum(-1))
+    return torch.cat(out).reshape(logits.shape[:-1])
+
+
+class KTOStep(_Step):
+    """One KTO loss on b completions and their mismatched KL completions; the forward returns the loss."""
+
+    def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module | None, ref: str):
+        super().__init__()
+        self.policy = policy
+        self.reference = reference
+        self.ref = ref
+
+    @staticmethod
+    def _sum_logps(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        per_token = selective_log_softmax(logits[:, :-1, :], input_ids[:, 1:])
+        per_token.masked_fill_(
+            mask[:, 1:] == 0, 0.0
+        )  # TRL: per_token[mask == 0] = 0.0 (no data-dependent shape)
+        return per_token.sum(-1)
+
+    def _kl_logps(self, model: torch.nn.Module, kl_ids: torch.Tensor, kl_mask: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            kl_logits = model(input_ids=kl_ids, use_cache=False).logits
+        return self._sum_logps(kl_logits, kl_ids, kl_mask)
+
+    @staticmethod
+    def _masked_rows(logits: torch.Tensor) -> torch.Tensor:
+        """``logits[mask.bool()]`` for a completion mask of ones: a (rows x positions, V) copy (an index_select of
+        every position stands in for the boolean index, whose shape depends on the data)."""
+        flat = logits.flatten(0, 1)
+        return flat.index_select(0, torch.arange(flat.shape[0], device=flat.device))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        kl_input_ids: torch.Tensor,
+        kl_completion_mask: torch.Tensor,
+        chosen_idx: torch.Tensor,
+        rejected_idx: torch.Tensor,
+        ref_logps: torch.Tensor | None = None,
+        ref_kl_logps: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # chosen_idx/rejected_idx: TRL's torch.nonzero of the labels, which the batch carries (fake tensors
+        # cannot give a data-dependent shape)
+        kl_logps = self._kl_logps(self.policy, kl_input_ids, kl_completion_mask)
+        outputs = self.policy(input_ids=input_ids, use_cache=False)
+        shift_logits = outputs.logits[:, :-1, :]
+        per_token = selective_log_softmax(shift_logits, input_ids[:, 1:])
+        per_token.masked_fill_(completion_mask[:, 1:] == 0, 0.0)
+        logps = per_token.sum(-1)
+        chosen, rejected = logps.index_select(0, chosen_idx), logps.index_select(0, rejected_idx)
+        ref_outputs = None
+        if self.ref == "precomputed":
+            ref_all, ref_kl = ref_logps, ref_kl_logps
+        else:
+            with torch.no_grad():
+                if self.ref == "shared_base":
+                    with self.policy.disable_adapter():
+                        ref_kl = self._kl_logps(self.policy, kl_input_ids, kl_completion_mask)
+                        ref_outputs = self.policy(input_ids=input_ids, use_cache=False)
+                else:
+                    ref_kl = self._kl_logps(self.reference, kl_input_ids, kl_completion_mask)
+                    ref_outputs = self.reference(input_ids=input_ids, use_cache=False)
+            ref_all = self._sum_logps(ref_outputs.logits, input_ids, completion_mask)
+        ref_chosen, ref_rejected = ref_all.index_select(0, chosen_idx), ref_all.index_select(0, rejected_idx)
+        kl = (kl_logps - ref_kl).mean().detach().clamp(min=0)
+        chosen_losses = 1 - torch.sigmoid(DPO_BETA * ((chosen - ref_chosen) - kl))
+        rejected_losses = 1 - torch.sigmoid(DPO_BETA * (kl - (rejected - ref_rejected)))
+        losses = torch.cat((chosen_losses, rejected_losses), 0)
+        # the metrics TRL logs, with both models' outputs still referenced
+        mask = completion_mask[:, 1:]
+        (_entropy(shift_logits.detach()) * mask).sum()
+        chosen_logits = shift_logits.detach().index_select(0, chosen_idx)
+        rejected_logits = shift_logits.detach().index_select(0, rejected_idx)
+        self._masked_rows(chosen_logits).mean(-1).sum()
+        self._masked_rows(rejected_logits).mean(-1).sum()
+        del chosen_logits, rejected_logits, ref_outputs, outputs
+        return losses.nanmean()
+
+
 class GRPOStep(_Step):
     """One GRPO loss on b x G prompt + completion sequences; the forward returns the loss."""
 
@@ -165,8 +265,8 @@ def trace_objective(
     ``none``; for GRPO anything but ``none`` means beta > 0 with reference log-probs in the batch. ``sequences``
     (GRPO) sets the micro-batch's completions directly (TRL's ``per_device_train_batch_size``).
     """
-    if objective not in ("dpo", "orpo", "grpo"):
-        raise ValueError(f"objective {objective!r} is not traced; traced: dpo, orpo, grpo")
+    if objective not in ("dpo", "orpo", "kto", "grpo"):
+        raise ValueError(f"objective {objective!r} is not traced; traced: dpo, orpo, kto, grpo")
     notes: list[str] = [f"objective {objective} (TRL's loop, our code); reference {reference}"]
     wdtype, _amp = _precision_dtypes(precision)
     cfg = build_hf_config(config, attention)
@@ -180,13 +280,15 @@ def trace_objective(
             if objective == "grpo":
                 return GRPOStep(policy, completion_len, GRPO_BETA)
             ref_model = None
-            if objective == "dpo" and reference == "gpu":
+            if objective in ("dpo", "kto") and reference == "gpu":
                 ref_model = build_hf_model(cfg, wdtype, attention)
                 ref_model.requires_grad_(False)
                 ref_model.eval()
+            if objective == "kto":
+                return KTOStep(policy, ref_model, reference)
             return PreferenceStep(policy, ref_model, objective, reference)
 
-    per_sample = 2 if objective in ("dpo", "orpo") else num_generations
+    per_sample = {"dpo": 2, "orpo": 2, "kto": 1}.get(objective, num_generations)
     n = sequences if sequences is not None else micro_batch_size * per_sample
     vocab = cfg.vocab_size
 
@@ -201,6 +303,20 @@ def trace_objective(
             }
             if reference != "none":
                 batch["ref_logps"] = torch.randn(n, completion_len)
+            return batch
+        if objective == "kto":
+            # every sample desirable: the worst batch for the metrics' copies (one label holds every row)
+            batch = {
+                "input_ids": ids,
+                "completion_mask": torch.ones(n, seq_len, dtype=torch.int64),
+                "kl_input_ids": torch.roll(ids, 1, dims=0),
+                "kl_completion_mask": torch.ones(n, seq_len, dtype=torch.int64),
+                "chosen_idx": torch.arange(n),
+                "rejected_idx": torch.zeros(0, dtype=torch.int64),
+            }
+            if reference == "precomputed":
+                batch["ref_logps"] = torch.randn(n)
+                batch["ref_kl_logps"] = torch.randn(n)
             return batch
         batch = {"input_ids": ids, "loss_mask": torch.ones(n, seq_len, dtype=torch.int64)}
         if objective == "dpo" and reference == "precomputed":
