@@ -74,8 +74,8 @@ def check_traceable(sc: Scenario) -> None:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
 
 
-#: Objectives whose training step the tracer runs (``trace/objectives.py``); PPO is formula-only.
-TRACEABLE_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo")
+#: Objectives whose training step the tracer runs (``trace/objectives.py``) (every objective; the rollout phase is not traced).
+TRACEABLE_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo", "ppo")
 
 
 def _check_objective(sc: Scenario) -> None:

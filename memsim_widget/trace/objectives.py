@@ -27,6 +27,19 @@ Our own code, following the order of operations in TRL's trainers (facts, not co
   logits: ``entropy_from_logits`` (a ``reshape(-1, V)`` of the cut logits, a copy when b > 1, then 128-row
   chunks) and ``index_select`` of the chosen and of the rejected rows (copies), each masked by its completion
   mask (another copy) before a mean.
+- PPO (TRL ``experimental/ppo/ppo_trainer.py``, ``PPOTrainer.train``'s inner micro-batch loop): the policy and a
+  separate value model (an ``AutoModelForSequenceClassification`` with ``num_labels=1``: its own backbone and a
+  scalar ``score`` head, no vocabulary head; the example script loads it from the reward model's checkpoint) are
+  wrapped in ``PolicyAndValueWrapper``, one optimizer over both, one backward. Its ``forward`` runs the value
+  backbone then ``score`` on its last hidden state, then the policy; both with ``output_hidden_states=True`` and
+  without ``use_cache=False`` (and no ``logits_to_keep``: the whole sequence's logits). The loop cuts the logits to
+  the response (``[:, context_length - 1 : -1]``), divides that view by the temperature *in place*, takes
+  ``selective_log_softmax``, the clipped policy loss plus ``vf_coef`` x the clipped value loss on the value
+  head's response positions, ``backward``, ``optimizer.step()``, ``optimizer.zero_grad()``, then the metrics under
+  ``no_grad`` (``softmax`` of the cut logits and the entropy), and only then ``del output, vpred_temp, logits, ...``:
+  the model outputs (logits and every hidden state of both models) live through backward and the optimizer
+  step. Generation, the reference's and the reward model's scoring run before (the rollout phase), under no_grad.
+  Gradient checkpointing is enabled on the policy only (the wrapper's ``gradient_checkpointing_enable``).
 
 Every forward passes ``use_cache=False`` (TRL's trainers do not keep a KV cache in training).
 """
@@ -34,6 +47,7 @@ Every forward passes ``use_cache=False`` (TRL's trainers do not keep a KV cache 
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 import torch
@@ -47,6 +61,12 @@ DPO_BETA = 0.1
 GRPO_EPSILON = 0.2
 GRPO_BETA = 0.04
 TEMPERATURE = 1.0
+#: PPO's clip ranges and value-loss coefficient (TRL ``PPOConfig`` defaults), its pad id and masked log-prob.
+PPO_CLIP = 0.2
+PPO_CLIP_VALUE = 0.2
+PPO_VF_COEF = 0.1
+PAD_ID = -1
+INVALID_LOGPROB = 1.0
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -205,6 +225,76 @@ class KTOStep(_Step):
         return losses.nanmean()
 
 
+class PPOStep(_Step):
+    """One PPO micro-batch of TRL's loop: the value model and the policy forward, the clipped losses; the model
+    outputs are kept on the module until the next step's forward starts, where the previous step's no-grad
+    metrics run first (TRL: after ``zero_grad``, before the ``del``)."""
+
+    def __init__(self, policy: torch.nn.Module, value_model: torch.nn.Module, completion_len: int):
+        super().__init__()
+        self.policy = policy
+        self.value_model = value_model
+        self.completion_len = completion_len
+        self._kept: tuple[Any, ...] | None = None
+
+    def _metrics(self) -> None:
+        if self._kept is None:
+            return
+        logits = self._kept[0]
+        with torch.no_grad():
+            prob_dist = F.softmax(logits, dim=-1)
+            (torch.logsumexp(logits, dim=-1) - torch.sum(prob_dist * logits, dim=-1)).mean()
+            del prob_dist
+        self._kept = None
+
+    def forward(
+        self,
+        query_responses: torch.Tensor,
+        old_logps: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        values: torch.Tensor,
+        padding_mask: torch.Tensor,
+        padding_mask_p1: torch.Tensor,
+    ) -> torch.Tensor:
+        self._metrics()
+        c = self.completion_len
+        ctx = query_responses.shape[1] - c
+        attention_mask = query_responses != PAD_ID
+        position_ids = attention_mask.cumsum(1) - attention_mask.long()
+        input_ids = torch.masked_fill(query_responses, ~attention_mask, 0)
+        kw = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "return_dict": True,
+            "output_hidden_states": True,
+        }
+        backbone = getattr(self.value_model, self.value_model.base_model_prefix)
+        v_out = backbone(**kw)
+        vpred_temp = self.value_model.score(v_out.hidden_states[-1])
+        output = self.policy(**kw)
+        logits = output.logits[:, ctx - 1 : -1]
+        logits /= TEMPERATURE + 1e-7
+        new_logps = selective_log_softmax(logits, query_responses[:, ctx:])
+        new_logps = torch.masked_fill(new_logps, padding_mask, INVALID_LOGPROB)
+        vpred = vpred_temp[:, ctx - 1 : -1].squeeze(-1)
+        vpred = torch.masked_fill(vpred, padding_mask_p1, 0)
+        vclipped = torch.clamp(vpred, values - PPO_CLIP_VALUE, values + PPO_CLIP_VALUE)
+        vf1, vf2 = torch.square(vpred - returns), torch.square(vclipped - returns)
+        vf_loss = 0.5 * _masked_mean(torch.max(vf1, vf2), ~padding_mask_p1)
+        ratio = torch.exp(new_logps - old_logps)
+        pg1 = -advantages * ratio  # per-token (GAE) advantages
+        pg2 = -advantages * torch.clamp(ratio, 1.0 - PPO_CLIP, 1.0 + PPO_CLIP)
+        pg_loss = _masked_mean(torch.max(pg1, pg2), ~padding_mask)
+        self._kept = (logits, output, v_out, vpred_temp)
+        return pg_loss + PPO_VF_COEF * vf_loss
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum()
+
+
 class GRPOStep(_Step):
     """One GRPO loss on b x G prompt + completion sequences; the forward returns the loss."""
 
@@ -265,8 +355,8 @@ def trace_objective(
     ``none``; for GRPO anything but ``none`` means beta > 0 with reference log-probs in the batch. ``sequences``
     (GRPO) sets the micro-batch's completions directly (TRL's ``per_device_train_batch_size``).
     """
-    if objective not in ("dpo", "orpo", "kto", "grpo"):
-        raise ValueError(f"objective {objective!r} is not traced; traced: dpo, orpo, kto, grpo")
+    if objective not in ("dpo", "orpo", "kto", "grpo", "ppo"):
+        raise ValueError(f"objective {objective!r} is not traced; traced: dpo, orpo, kto, grpo, ppo")
     notes: list[str] = [f"objective {objective} (TRL's loop, our code); reference {reference}"]
     wdtype, _amp = _precision_dtypes(precision)
     cfg = build_hf_config(config, attention)
@@ -279,6 +369,17 @@ def trace_objective(
                 policy = _apply_lora(policy, lora, notes)
             if objective == "grpo":
                 return GRPOStep(policy, completion_len, GRPO_BETA)
+            if objective == "ppo":
+                import transformers
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                vcfg = copy.deepcopy(cfg)
+                vcfg.num_labels = 1
+                with unset_fake_temporarily():
+                    value = transformers.AutoModelForSequenceClassification.from_config(
+                        vcfg, dtype=wdtype, attn_implementation=attention
+                    )
+                return PPOStep(policy, value, completion_len)
             ref_model = None
             if objective in ("dpo", "kto") and reference == "gpu":
                 ref_model = build_hf_model(cfg, wdtype, attention)
@@ -288,7 +389,7 @@ def trace_objective(
                 return KTOStep(policy, ref_model, reference)
             return PreferenceStep(policy, ref_model, objective, reference)
 
-    per_sample = {"dpo": 2, "orpo": 2, "kto": 1}.get(objective, num_generations)
+    per_sample = {"dpo": 2, "orpo": 2, "kto": 1, "ppo": 1}.get(objective, num_generations)
     n = sequences if sequences is not None else micro_batch_size * per_sample
     vocab = cfg.vocab_size
 
@@ -304,6 +405,17 @@ def trace_objective(
             if reference != "none":
                 batch["ref_logps"] = torch.randn(n, completion_len)
             return batch
+        if objective == "ppo":
+            c = completion_len
+            return {
+                "query_responses": ids,
+                "old_logps": torch.randn(n, c),
+                "advantages": torch.randn(n, c),
+                "returns": torch.randn(n, c),
+                "values": torch.randn(n, c),
+                "padding_mask": torch.zeros(n, c, dtype=torch.bool),
+                "padding_mask_p1": torch.zeros(n, c, dtype=torch.bool),
+            }
         if objective == "kto":
             # every sample desirable: the worst batch for the metrics' copies (one label holds every row)
             batch = {
