@@ -32,7 +32,7 @@ from dataclasses import replace
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Item
-from memsim_widget.engine.states import StateBudget
+from memsim_widget.engine.states import StateBudget, model_states
 from memsim_widget.engine.timeline import Moment
 from memsim_widget.scenario import Scenario
 
@@ -53,16 +53,23 @@ def training_scenario(sc: Scenario) -> Scenario:
     sample sequences (the objective's own loss and models are added by ``apply``)."""
     if sc.objective_name == "sft":
         return sc
-    return replace(sc, micro_batch_size=sc.sequences_per_micro_batch, objective=None, rl=None)
+    # PPO's loop keeps the model outputs (logits, hidden states, the KV cache HF builds) until after the
+    # optimizer step (TRL ``del output, ...`` at the end of the mini-batch)
+    lifetime = "step" if sc.objective_name == "ppo" else sc.output_lifetime
+    return replace(
+        sc, micro_batch_size=sc.sequences_per_micro_batch, objective=None, rl=None, output_lifetime=lifetime
+    )
 
 
 def logit_tokens(ctx: Context, sc: Scenario) -> tuple[int, int]:
     """(tokens whose logits the model computes, tokens whose log-probs the loss takes) on one rank."""
     T = ctx.tokens // ctx.par.cp
-    if sc.objective_name in ("grpo", "ppo"):
-        B = ctx.scenario.micro_batch_size
-        C = sc.rl_config.completion_len
+    B = ctx.scenario.micro_batch_size
+    C = sc.rl_config.completion_len
+    if sc.objective_name == "grpo":
         return B * (C + 1), B * C
+    if sc.objective_name == "ppo":  # TRL's PPO asks for every position's logits (no logits_to_keep)
+        return T, B * C
     return T, T
 
 
@@ -75,7 +82,50 @@ def loss_terms(ctx: Context, sc: Scenario, acts: ActivationBudget) -> Activation
     Tk, Tc = logit_tokens(ctx, sc)
     rows = ctx.scenario.micro_batch_size
     out = replace(acts)
-    if sc.objective_name in ("grpo", "ppo"):
+    if sc.objective_name == "ppo":
+        # the whole sequence's logits, held by the loop's ``output`` through the step (``output_logits``, from
+        # output_lifetime "step"); the response view is divided by the temperature in place (no copy)
+        out.loss_forward = [
+            Term(
+                "logits (every position; the response view tempered in place)",
+                le * Tk * V,
+                f"{le} B x T x V",
+                1,
+            )
+        ]
+        out.loss_saved = [
+            Term("per-row log-softmax saved (selective_log_softmax)", le * Tc * V, f"{le} B x bC x V", rows)
+        ]
+        # backward, at the in-place division's: the response slice's slice_backward (full size), CopySlices'
+        # buffer for the whole logits, the slice's clone and its quotient (2 x bC x V); the saved rows are
+        # freed by then (traced)
+        out.loss_backward = [
+            Term(
+                "slice_backward and CopySlices buffers of the logits (the in-place tempered view)",
+                2 * le * Tk * V,
+                f"2 x {le} B x T x V",
+                2,
+            ),
+            Term(
+                "the division's backward: the slice's clone and quotient, less the freed saved rows",
+                le * Tc * V,
+                f"{le} B x bC x V (2 buffers less the saved rows)",
+                2,
+            ),
+        ]
+        padded, held = padded_forward_terms(ctx)
+        out.per_layer = acts.per_layer + padded
+        # the value model is fully trained even beside a LoRA policy (TRL applies PEFT to the policy only)
+        vacts = acts
+        if ctx.scenario.method != "full":
+            from memsim_widget.engine.activations import activations
+
+            vacts = activations(Context(replace(ctx.scenario, method="full")))
+        out.per_layer = out.per_layer + value_activations(vacts) + value_activations_of(padded)
+        out.post = acts.post + [replace(t, name=f"value model: {t.name}") for t in vacts.post]
+        out.output_cache = held + [replace(t, name=f"value model: {t.name}") for t in held]
+        return out
+    if sc.objective_name == "grpo":
         # the logits, then their tempered copy (the original dies when the name is rebound): the larger pair
         out.loss_forward = [
             Term(
@@ -111,9 +161,37 @@ def loss_terms(ctx: Context, sc: Scenario, acts: ActivationBudget) -> Activation
             )
         ]
     out.output_logits = []
-    if sc.objective_name == "ppo":  # the value model's layers save what the policy's save (formula-only)
-        out.per_layer = acts.per_layer + value_activations(acts)
     return out
+
+
+def padded_forward_terms(ctx: Context) -> tuple[list[Term], list[Term]]:
+    """Per layer, what a forward with TRL's padding ``attention_mask``, the config's ``use_cache`` and
+    ``output_hidden_states=True`` (PPO's ``forward``) keeps beyond the plain step's rules (traced): SDPA's float
+    bias made from the mask (b x 1 x s x s), k and v saved at full width (``repeat_kv``: HF leaves SDPA's GQA
+    path when a mask is given), the KV cache's copies of k and v (``DynamicCache`` concatenates), and the layer's
+    output in the hidden-states tuple. Returns (saved per layer, held by the output per layer)."""
+    a = ctx.arch
+    e = 4 if ctx.recipe.fp32_compute else 2
+    T = ctx.tokens // ctx.par.cp
+    b = ctx.scenario.micro_batch_size
+    s = T // max(b, 1)
+    d = a.head_dim
+    heads, kv = a.num_heads // ctx.par.tp, max(a.num_kv_heads // ctx.par.tp, 1)
+    cache = Term(
+        "KV cache's k and v (use_cache: the config's default)", 2 * e * T * kv * d, f"2 x {e} B x T x kv*d", 2
+    )
+    hidden = Term("layer output in the hidden-states tuple", e * T * a.hidden_size, f"{e} B x T x h", 1)
+    saved = [Term("SDPA's float bias from the padding mask", e * b * s * s, f"{e} B x b x s^2", 1)]
+    if kv < heads:
+        saved.append(
+            Term(
+                "k and v saved at full width (repeat_kv)",
+                2 * e * T * (heads - kv) * d,
+                f"2 x {e} B x T x (a - kv)*d",
+                2,
+            )
+        )
+    return saved + [cache, hidden], [cache, hidden]
 
 
 def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) -> None:
@@ -126,6 +204,8 @@ def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) 
         frozen.append(("reward model", "offload" if ref == "offload" else "gpu"))
     for label, where in frozen:
         items = _frozen_weights(ctx, states, label)
+        if label == "reward model":  # a sequence classifier: the backbone and a scalar score head
+            items = _score_head(ctx, items, label)
         if where == "offload":
             states.host.extend(replace(i, item=i.item + " (offloaded)", level="host") for i in items)
         else:
@@ -133,25 +213,85 @@ def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) 
     from memsim_widget.engine.rollout import resident_items
 
     gpu, host = resident_items(ctx, sc)  # a colocated vLLM engine through the training step
-    if obj == "ppo":  # the value model trains beside the policy: weights, gradients, optimizer states
-        states.persistent.extend(
-            Item(
-                i.category,
-                f"value model: {i.item}",
-                i.bytes,
-                f"as the policy's: {i.formula}",
-                i.level,
-                i.tensors,
-            )
-            for i in list(states.persistent)
-            if not i.item.startswith(("reference model", "reward model"))
-        )
-        states.grads.extend(replace(i, item=f"value model: {i.item}") for i in list(states.grads))
-        states.grads_but_bottom.extend(
-            replace(i, item=f"value model: {i.item}") for i in list(states.grads_but_bottom)
-        )
+    if obj == "ppo":
+        _add_value_model(ctx, stage, states)
     states.persistent.extend(gpu)
     states.host.extend(host)
+
+
+def _add_value_model(ctx: Context, stage: Stage, states: StateBudget) -> None:
+    """PPO's value model, trained beside the policy (TRL ``PolicyAndValueWrapper``, one optimizer): an
+    ``AutoModelForSequenceClassification`` with ``num_labels=1`` -- the policy's backbone (the engine assumes the
+    policy's architecture; TRL's example loads it from the reward model's checkpoint) and a scalar ``score``
+    head (h weights) instead of the vocabulary head. TRL applies the PEFT config to the policy only, so the value
+    model is fully trained even beside a LoRA policy: its states are a full fine-tune's, scaled from the whole
+    model to the backbone + score parameters (exact for a recipe with one byte size per parameter)."""
+    vctx = ctx if ctx.scenario.method == "full" else Context(replace(ctx.scenario, method="full"))
+    vst = states if vctx is ctx else model_states(vctx, stage)
+    V = max(vctx.arch.vocab_size, 1)
+    weights = [
+        i
+        for i in vst.persistent
+        if i.category == "parameters" and i.level == "tensor" and not i.item.startswith(_NOT_POLICY)
+    ]
+    total = sum(i.bytes for i in weights)
+    head = next((i for i in weights if i.item == "head weights"), None)
+    emb = next((i for i in weights if i.item == "embedding weights"), None)
+    score = (head or emb).bytes // V if (head or emb) else 0
+    kept = total - (head.bytes if head else 0) + score
+    ratio = kept / total if total else 1.0
+
+    def scaled(i: Item) -> Item:
+        return replace(
+            i,
+            item=f"value model: {i.item}",
+            bytes=round(i.bytes * ratio),
+            formula=f"backbone + score share: {i.formula}",
+        )
+
+    out = [
+        replace(i, item=f"value model: {i.item}", formula=f"as the policy's: {i.formula}")
+        for i in weights
+        if i is not head
+    ]
+    if score:
+        out.append(Item("parameters", "value model: score head (h x 1)", score, "h x 1 weights", "tensor", 1))
+    out += [
+        scaled(i) for i in vst.persistent if i.category != "parameters" and not i.item.startswith(_NOT_POLICY)
+    ]
+    grads, below, temps = (
+        [scaled(i) for i in vst.grads],
+        [scaled(i) for i in vst.grads_but_bottom],
+        [scaled(i) for i in vst.step_temps],
+    )
+    states.persistent.extend(out)
+    states.grads.extend(grads)
+    states.grads_but_bottom.extend(below)
+    states.step_temps.extend(temps)  # one optimizer over both: foreach's temporary spans both
+
+
+def _score_head(ctx: Context, items: list[Item], label: str) -> list[Item]:
+    """A sequence classifier's weights from a copy of the policy's: the vocabulary head (untied) replaced by
+    an h x 1 ``score`` (TRL's reward and value models are ``AutoModelForSequenceClassification``, num_labels=1)."""
+    V = max(ctx.arch.vocab_size, 1)
+    head = next((i for i in items if i.item.endswith(": head weights")), None)
+    emb = next((i for i in items if i.item.endswith(": embedding weights")), None)
+    ref = head or emb
+    out = [i for i in items if i is not head]
+    if ref is not None:
+        out.append(
+            replace(
+                ref,
+                item=f"{label} weights (frozen): score head (h x 1)",
+                bytes=ref.bytes // V,
+                formula="h x 1 weights",
+            )
+        )
+    return out
+
+
+#: Items of the extra models, not the policy's own.
+_NOT_POLICY = ("reference model", "reward model", "value model", "vLLM")
 
 
 def _frozen_weights(ctx: Context, states: StateBudget, label: str) -> list[Item]:
@@ -176,8 +316,14 @@ def _frozen_weights(ctx: Context, states: StateBudget, label: str) -> list[Item]
 
 
 def value_activations(acts: ActivationBudget) -> list[Term]:
-    """PPO: the value model's saved activations, taken as the policy's per layer (formula-only)."""
-    return [replace(t, name=f"value model: {t.name}") for t in acts.per_layer]
+    """PPO: the value model's saved activations per layer: a full fine-tune's of the policy's architecture
+    (traced: its backbone runs the same layers; its scalar head saves only the final norm's output)."""
+    return value_activations_of(acts.per_layer)
+
+
+def value_activations_of(terms: list[Term]) -> list[Term]:
+    """``terms`` labelled as the value model's."""
+    return [replace(t, name=f"value model: {t.name}") for t in terms]
 
 
 def _kept_at_forward_end(sc: Scenario, acts: ActivationBudget, forward_end: Moment) -> tuple[Item, ...]:

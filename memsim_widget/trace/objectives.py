@@ -230,10 +230,19 @@ class PPOStep(_Step):
     outputs are kept on the module until the next step's forward starts, where the previous step's no-grad
     metrics run first (TRL: after ``zero_grad``, before the ``del``)."""
 
-    def __init__(self, policy: torch.nn.Module, value_model: torch.nn.Module, completion_len: int):
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        value_model: torch.nn.Module,
+        completion_len: int,
+        frozen: list[torch.nn.Module],
+    ):
         super().__init__()
         self.policy = policy
         self.value_model = value_model
+        # the reference and reward models stay on the GPU through training (``.to(device)`` in ``__init__``);
+        # they run in the rollout phase only
+        self.frozen = torch.nn.ModuleList(frozen)
         self.completion_len = completion_len
         self._kept: tuple[Any, ...] | None = None
 
@@ -360,7 +369,7 @@ def trace_objective(
     notes: list[str] = [f"objective {objective} (TRL's loop, our code); reference {reference}"]
     wdtype, _amp = _precision_dtypes(precision)
     cfg = build_hf_config(config, attention)
-    cfg.use_cache = False
+    cfg.use_cache = objective == "ppo"  # TRL's PPO forward passes no use_cache=False (the others do)
 
     def model_factory() -> torch.nn.Module:
         with torch.device("meta"):
@@ -375,11 +384,21 @@ def trace_objective(
 
                 vcfg = copy.deepcopy(cfg)
                 vcfg.num_labels = 1
-                with unset_fake_temporarily():
-                    value = transformers.AutoModelForSequenceClassification.from_config(
-                        vcfg, dtype=wdtype, attn_implementation=attention
-                    )
-                return PPOStep(policy, value, completion_len)
+                vcfg.use_cache = True  # TRL's forward passes no use_cache: the config's default (HF: true)
+
+                def classifier() -> torch.nn.Module:
+                    with unset_fake_temporarily():
+                        return transformers.AutoModelForSequenceClassification.from_config(
+                            vcfg, dtype=wdtype, attn_implementation=attention
+                        )
+
+                frozen = [] if reference == "none" else [classifier()]  # the reward model
+                if reference == "gpu":
+                    frozen.append(build_hf_model(cfg, wdtype, attention))
+                for m in frozen:
+                    m.requires_grad_(False)
+                    m.eval()
+                return PPOStep(policy, classifier(), completion_len, frozen)
             ref_model = None
             if objective in ("dpo", "kto") and reference == "gpu":
                 ref_model = build_hf_model(cfg, wdtype, attention)
