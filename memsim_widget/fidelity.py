@@ -1309,6 +1309,37 @@ OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "ppo llama V32k bf16 C256 b2 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "objective": "ppo",
+            "rl": {"completion_len": 256},
+        },
+    ),
+    (
+        "ppo llama bf16 C256 b4 s512 (V1000: layers dominate)",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 4,
+            "seq_len": 512,
+            "objective": "ppo",
+            "rl": {"completion_len": 256},
+        },
+    ),
+    (
+        "ppo llama V32k bf16 lora qv (full value model) C256 b2 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "objective": "ppo",
+            "rl": {"completion_len": 256},
+            **LORA_QV,
+        },
+    ),
+    (
         "grpo qwen2.5-0.5b bf16 G4 C256 b1 s512 (real shape)",
         {
             "model": "qwen2.5-0.5b",

@@ -83,6 +83,20 @@ def test_ppo_holds_four_models():
     assert {"value model", "reference model weights (frozen)", "reward model weights (frozen)"} <= names
 
 
+def test_ppo_value_and_reward_models_are_sequence_classifiers():
+    ppo = estimate({**BASE, "objective": "ppo", "rl": {"completion_len": 256}})
+    items = {i.item: i.bytes for i in ppo.worst.moments[0].items}
+    assert "value model: head weights" not in items and "value model: score head (h x 1)" in items
+    assert "reward model weights (frozen): head weights" not in items
+    assert items["reference model weights (frozen): head weights"] == items["head weights"]
+    # beside a LoRA policy the value model is fully trained (TRL applies PEFT to the policy only)
+    lora = estimate({**BASE, "objective": "ppo", "method": "lora", "rl": {"completion_len": 256}})
+    grads = [i for i in lora.worst.moments[0].items if i.item.startswith("value model: adamw")]
+    assert grads and grads[0].bytes > 100 * sum(
+        i.bytes for i in lora.worst.moments[0].items if i.item == "adamw states"
+    )
+
+
 FAST = [
     "dpo llama V32k bf16 ref gpu b1 s512",
     "dpo llama bf16 ref gpu b2 s512 (V1000: layers dominate)",
@@ -91,6 +105,8 @@ FAST = [
     "kto llama V32k bf16 ref gpu b2 s256",
     "kto llama V32k bf16 ref precomputed b2 s256",
     "kto llama V32k bf16 lora qv ref shared_base b2 s256",
+    "ppo llama V32k bf16 C256 b2 s512",
+    "ppo llama V32k bf16 lora qv (full value model) C256 b2 s512",
     "grpo llama V32k bf16 G4 C256 b1 s512",
     "grpo llama V32k bf16 lora qv G8 C128 b1 s256",
     "grpo llama V32k bf16 G8 C256, 4 completions per micro-batch, s512",
@@ -110,7 +126,6 @@ def test_objective_step_within_three_percent_of_trace(name):
 @pytest.mark.parametrize(
     ("data", "field"),
     [
-        ({"objective": "ppo", "rl": {"completion_len": 256}}, "objective"),
         ({"objective": "dpo", "rl": {"reference": "offload"}}, "rl.reference"),
     ],
 )

@@ -113,8 +113,11 @@ def loss_terms(ctx: Context, sc: Scenario, acts: ActivationBudget) -> Activation
                 2,
             ),
         ]
-        padded, held = padded_forward_terms(ctx)
-        out.per_layer = acts.per_layer + padded
+        saved, cache, hidden = padded_forward_terms(ctx)
+        padded, held = [*saved, cache, hidden], [cache, hidden]
+        # gradient checkpointing is the policy's only; HF then turns its use_cache off
+        mine = [t for t in padded if t is not cache] if _policy_checkpointed(ctx) else padded
+        out.per_layer = acts.per_layer + mine
         # the value model is fully trained even beside a LoRA policy (TRL applies PEFT to the policy only)
         vacts = acts
         if ctx.scenario.method != "full":
@@ -123,7 +126,7 @@ def loss_terms(ctx: Context, sc: Scenario, acts: ActivationBudget) -> Activation
             vacts = activations(Context(replace(ctx.scenario, method="full")))
         out.per_layer = out.per_layer + value_activations(vacts) + value_activations_of(padded)
         out.post = acts.post + [replace(t, name=f"value model: {t.name}") for t in vacts.post]
-        out.output_cache = held + [replace(t, name=f"value model: {t.name}") for t in held]
+        out.output_cache = [t for t in held if t in mine] + value_activations_of(held)
         return out
     if sc.objective_name == "grpo":
         # the logits, then their tempered copy (the original dies when the name is rebound): the larger pair
@@ -161,7 +164,19 @@ def loss_terms(ctx: Context, sc: Scenario, acts: ActivationBudget) -> Activation
             )
         ]
     out.output_logits = []
+    if (
+        sc.objective_name == "kto"
+    ):  # the batch's attention mask, and the KV cache ``outputs`` holds to the loss's end
+        saved, cache, _ = padded_forward_terms(ctx)
+        out.per_layer = acts.per_layer + saved
+        if not _policy_checkpointed(ctx):
+            out.cache_per_layer = acts.cache_per_layer + [cache]
     return out
+
+
+def _policy_checkpointed(ctx: Context) -> bool:
+    """HF sets ``use_cache=False`` on a model whose gradient checkpointing is on."""
+    return ctx.scenario.activation_checkpointing in ("full", "selective-op")
 
 
 def padded_forward_terms(ctx: Context) -> tuple[list[Term], list[Term]]:
@@ -169,7 +184,8 @@ def padded_forward_terms(ctx: Context) -> tuple[list[Term], list[Term]]:
     ``output_hidden_states=True`` (PPO's ``forward``) keeps beyond the plain step's rules (traced): SDPA's float
     bias made from the mask (b x 1 x s x s), k and v saved at full width (``repeat_kv``: HF leaves SDPA's GQA
     path when a mask is given), the KV cache's copies of k and v (``DynamicCache`` concatenates), and the layer's
-    output in the hidden-states tuple. Returns (saved per layer, held by the output per layer)."""
+    output in the hidden-states tuple. Returns (saved per layer, the cache's term, the hidden state's term).
+    KTO's forward (the batch's mask, no ``use_cache``, no hidden states) keeps the first two."""
     a = ctx.arch
     e = 4 if ctx.recipe.fp32_compute else 2
     T = ctx.tokens // ctx.par.cp
@@ -191,7 +207,7 @@ def padded_forward_terms(ctx: Context) -> tuple[list[Term], list[Term]]:
                 2,
             )
         )
-    return saved + [cache, hidden], [cache, hidden]
+    return saved, cache, hidden
 
 
 def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) -> None:
@@ -374,6 +390,7 @@ def kto_metrics_moment(
     b = ctx.scenario.micro_batch_size
     items = list(forward_end.items)
     if sc.reference in ("gpu", "offload", "shared_base"):
+        items.append(_ref_cache(ctx))
         items.append(
             Item(
                 "temporaries",
@@ -433,9 +450,39 @@ def reference_forward(ctx: Context, sc: Scenario) -> list[Item]:
             rows,
         ),
     ]
+    if (
+        sc.objective_name == "kto"
+    ):  # ref_outputs holds its KV cache (no use_cache=False); the mask's float bias
+        cache = _ref_cache(ctx)
+        layer += [
+            cache,
+            Item(
+                "temporaries",
+                "reference forward: SDPA's float bias from the padding mask",
+                e * T * s,
+                f"{e} B x b x s^2",
+                "tensor",
+                1,
+            ),
+        ]
+        head.append(cache)
     # the larger of the two instants: inside a layer, or at the head's log-softmax
     out = max(layer, head, key=lambda x: sum(i.bytes for i in x))
     return out
+
+
+def _ref_cache(ctx: Context) -> Item:
+    """KTO: the KV cache the reference's ``ref_outputs`` holds (k and v copies, every layer)."""
+    _, cache, _ = padded_forward_terms(ctx)
+    L = ctx.arch.num_layers
+    return Item(
+        "temporaries",
+        f"reference {cache.name}",
+        cache.bytes * L,
+        f"{L} layers x {cache.formula}",
+        "tensor",
+        2 * L,
+    )
 
 
 def phase_moments(

@@ -41,7 +41,10 @@ Our own code, following the order of operations in TRL's trainers (facts, not co
   step. Generation, the reference's and the reward model's scoring run before (the rollout phase), under no_grad.
   Gradient checkpointing is enabled on the policy only (the wrapper's ``gradient_checkpointing_enable``).
 
-Every forward passes ``use_cache=False`` (TRL's trainers do not keep a KV cache in training).
+DPO's, ORPO's and GRPO's forwards pass ``use_cache=False``; KTO's (non-Liger path) and PPO's pass the batch's
+``attention_mask`` and no ``use_cache``: HF's default builds a KV cache that the outputs hold, and a mask HF
+cannot prove all-ones (a padded batch; always under fake tensors) becomes SDPA's float bias with k and v
+repeated to every head.
 """
 
 from __future__ import annotations
@@ -166,7 +169,7 @@ class KTOStep(_Step):
 
     def _kl_logps(self, model: torch.nn.Module, kl_ids: torch.Tensor, kl_mask: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            kl_logits = model(input_ids=kl_ids, use_cache=False).logits
+            kl_logits = model(input_ids=kl_ids, attention_mask=torch.ones_like(kl_ids)).logits
         return self._sum_logps(kl_logits, kl_ids, kl_mask)
 
     @staticmethod
@@ -190,7 +193,9 @@ class KTOStep(_Step):
         # chosen_idx/rejected_idx: TRL's torch.nonzero of the labels, which the batch carries (fake tensors
         # cannot give a data-dependent shape)
         kl_logps = self._kl_logps(self.policy, kl_input_ids, kl_completion_mask)
-        outputs = self.policy(input_ids=input_ids, use_cache=False)
+        # TRL passes the collator's attention_mask and no use_cache (the config's default builds a KV cache)
+        mask_in = torch.ones_like(input_ids)
+        outputs = self.policy(input_ids=input_ids, attention_mask=mask_in)
         shift_logits = outputs.logits[:, :-1, :]
         per_token = selective_log_softmax(shift_logits, input_ids[:, 1:])
         per_token.masked_fill_(completion_mask[:, 1:] == 0, 0.0)
@@ -204,10 +209,10 @@ class KTOStep(_Step):
                 if self.ref == "shared_base":
                     with self.policy.disable_adapter():
                         ref_kl = self._kl_logps(self.policy, kl_input_ids, kl_completion_mask)
-                        ref_outputs = self.policy(input_ids=input_ids, use_cache=False)
+                        ref_outputs = self.policy(input_ids=input_ids, attention_mask=mask_in)
                 else:
                     ref_kl = self._kl_logps(self.reference, kl_input_ids, kl_completion_mask)
-                    ref_outputs = self.reference(input_ids=input_ids, use_cache=False)
+                    ref_outputs = self.reference(input_ids=input_ids, attention_mask=mask_in)
             ref_all = self._sum_logps(ref_outputs.logits, input_ids, completion_mask)
         ref_chosen, ref_rejected = ref_all.index_select(0, chosen_idx), ref_all.index_select(0, rejected_idx)
         kl = (kl_logps - ref_kl).mean().detach().clamp(min=0)
@@ -369,7 +374,7 @@ def trace_objective(
     notes: list[str] = [f"objective {objective} (TRL's loop, our code); reference {reference}"]
     wdtype, _amp = _precision_dtypes(precision)
     cfg = build_hf_config(config, attention)
-    cfg.use_cache = objective == "ppo"  # TRL's PPO forward passes no use_cache=False (the others do)
+    cfg.use_cache = objective in ("kto", "ppo")  # TRL's KTO and PPO forwards pass no use_cache=False
 
     def model_factory() -> torch.nn.Module:
         with torch.device("meta"):
