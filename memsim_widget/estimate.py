@@ -392,8 +392,11 @@ class Estimate:
                 "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
             )
         obj = self.scenario.objective_name
-        if obj in ("kto", "ppo"):
-            out.append(f"objective {obj}: formula-only (its step is not traced; docs/fidelity.md)")
+        if obj == "ppo" and self.scenario.activation_checkpointing in ("full", "selective-op"):
+            out.append(
+                "objective ppo with checkpointing: TRL checkpoints the policy only; the value model's layers are "
+                "taken as checkpointed too (not traced; docs/fidelity.md)"
+            )
         if obj in ("grpo", "ppo") and self.scenario.rl_config.rollout != "none":
             out.append("rollout phase: formula-only, vLLM's documented arithmetic (engine/rollout.py)")
             from memsim_widget.engine.context import Context

@@ -91,10 +91,11 @@ def test_ppo_value_and_reward_models_are_sequence_classifiers():
     assert items["reference model weights (frozen): head weights"] == items["head weights"]
     # beside a LoRA policy the value model is fully trained (TRL applies PEFT to the policy only)
     lora = estimate({**BASE, "objective": "ppo", "method": "lora", "rl": {"completion_len": 256}})
-    grads = [i for i in lora.worst.moments[0].items if i.item.startswith("value model: adamw")]
-    assert grads and grads[0].bytes > 100 * sum(
-        i.bytes for i in lora.worst.moments[0].items if i.item == "adamw states"
-    )
+
+    def value_states(e):
+        return sum(i.bytes for i in e.worst.moments[0].items if i.item == "value model: adamw states")
+
+    assert value_states(lora) == value_states(ppo) > 0
 
 
 FAST = [

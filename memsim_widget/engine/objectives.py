@@ -16,13 +16,23 @@ frozen (and, for PPO, trainable) models beside the policy. Facts from TRL's trai
   own reference with the adapters disabled (no extra weights). GRPO's reference log-probs are computed in the
   generation phase (``_generate_and_score_completions``), outside the training step; TRL's default beta = 0
   loads no reference at all.
-- PPO (TRL ``PPOTrainer``, OpenRLHF): a policy and a value model trained together (``PolicyAndValueWrapper``:
-  one backward), a frozen reference and a frozen reward model. Formula-only: the value model is taken as a
-  copy of the policy's architecture and method (TRL builds it from the reward model's checkpoint) whose
-  layers save what the policy's save; its scalar head's outputs are ignored.
+- KTO (TRL ``KTOTrainer``): b unpaired completions; the policy's and the reference's no-grad passes over the
+  mismatched KL batch come and go before the loss; the policy's ``outputs`` (logits, KV cache: TRL passes the
+  batch's attention mask and no ``use_cache=False``) and the reference's ``ref_outputs`` stay referenced to the
+  end of the loss, where the logged metrics copy the policy's cut logits (``kto_metrics_moment``; traced).
+- PPO (TRL ``experimental/ppo`` ``PPOTrainer``; chosen over OpenRLHF because every other objective here follows
+  TRL, and both train a separate critic): a policy and a value model trained together
+  (``PolicyAndValueWrapper``: one optimizer, one backward), a frozen reference and a frozen reward model resident
+  through training. The value and reward models are ``AutoModelForSequenceClassification`` (num_labels=1): the
+  backbone plus an h x 1 ``score``, no vocabulary head; the engine takes the policy's architecture for them
+  (TRL's example loads both from the reward model's checkpoint). PEFT applies to the policy only: the value model
+  is fully trained. The loop holds ``output`` (the whole sequence's logits, every hidden state, the KV cache) to
+  after the optimizer step. Traced (``trace/objectives.py``).
 
-Known misses: KTO's and PPO's steps are not traced (formula-only, docs/fidelity.md); fp32 and autocast logits take
-the 16-bit rule with 4-byte elements (TRL's fp32 path saves the logits for a per-row logsumexp instead).
+Known misses: PPO with gradient checkpointing (TRL checkpoints the policy only; the engine checkpoints the value
+model's layers too; not traced); fp32 and autocast logits take the 16-bit rule with 4-byte elements (TRL's fp32
+path saves the logits for a per-row logsumexp instead); a value/reward model of another architecture than the
+policy's.
 """
 
 from __future__ import annotations
