@@ -15,7 +15,9 @@ from typing import Any
 from .errors import ScenarioError, choice_error, short_repr
 
 #: Parameter kinds of the breakdown, in display order.
-PARAM_KINDS = ("embedding", "position", "attention", "mlp", "experts", "router", "norm", "head", "other")
+PARAM_KINDS = (
+    "embedding", "position", "attention", "ssm", "mlp", "experts", "router", "norm", "head", "other"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

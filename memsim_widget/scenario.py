@@ -28,6 +28,11 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: checkpoint per layer, or per ``checkpoint_every``-th layer (torchtitan's ``selective_ac_option="N"``).
 CHECKPOINTING = ("none", "selective", "full", "selective-op")
 ATTENTIONS = ("sdpa", "eager")
+#: What runs a state-space layer (Mamba, Mamba-2, Jamba's Mamba layers): ``cuda`` -- mamba-ssm's and
+#: causal-conv1d's fused kernels (what transformers takes on a GPU with them installed; the default), which save
+#: their inputs and recompute the scan states in backward; ``torch`` -- transformers' pure-PyTorch path (no
+#: kernels, or a CPU), which saves every per-step (Mamba) or per-chunk (Mamba-2) state.
+SSM_KERNELS = ("cuda", "torch")
 LOSSES = ("standard", "chunked")
 FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
 #: How long the training loop holds the model output (logits, any KV cache): dropped before backward (HF
@@ -268,7 +273,7 @@ DEFAULTS: dict[str, Any] = {
 }
 #: Keys that may stay unset (None: another key decides, e.g. the framework); ``to_dict`` echoes them only
 #: when set, so every scenario saved before such a key existed reads and prints byte for byte the same.
-OPTIONAL_KEYS: dict[str, Any] = {"output_lifetime": None, "checkpoint_every": None}
+OPTIONAL_KEYS: dict[str, Any] = {"output_lifetime": None, "checkpoint_every": None, "ssm_kernel": None}
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,10 @@ class Scenario:
     ``loss.backward()`` returns, ``step`` through ``optimizer.step()`` (``outputs = model(**batch);
     outputs.loss.backward(); optimizer.step()``); None (the default) means the framework's own
     (``engine/frameworks.py``: torchtune ``backward``, the others ``trainer``).
+
+    ``ssm_kernel`` -- for state-space layers only (Mamba): ``cuda`` (mamba-ssm's fused kernels, what a GPU user
+    with mamba-ssm and causal-conv1d installed gets; the default when unset) or ``torch`` (transformers'
+    pure-PyTorch scan, which keeps every step's state: far more memory). See ``SSM_KERNELS``.
 
     ``activation_checkpointing`` -- ``none``; ``selective`` (Megatron: recompute the attention core);
     ``selective-op`` (torchtitan's per-op policy: each layer keeps its input, the outputs of its 1st, 3rd, 5th...
@@ -311,6 +320,7 @@ class Scenario:
     framework: str = "hf"
     output_lifetime: str | None = None
     checkpoint_every: int | None = None
+    ssm_kernel: str | None = None  # None: "cuda" (see SSM_KERNELS); read by state-space layers only
     compile: bool = False
     activation_offloading: bool = False
     padding: str = "max_length"
@@ -368,6 +378,8 @@ class Scenario:
                     f"applies to activation_checkpointing 'full' only, got {self.activation_checkpointing!r}",
                 )
         _choice("attention", self.attention, ATTENTIONS)
+        if self.ssm_kernel is not None:
+            _choice("ssm_kernel", self.ssm_kernel, SSM_KERNELS)
         _choice("loss", self.loss, LOSSES)
         _choice("framework", self.framework, FRAMEWORKS)
         if self.output_lifetime is not None:
@@ -406,6 +418,7 @@ class Scenario:
             "loss": self.loss,
             "framework": self.framework,
             **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
+            **({"ssm_kernel": self.ssm_kernel} if self.ssm_kernel is not None else {}),
             "compile": self.compile,
             "activation_offloading": self.activation_offloading,
             "padding": self.padding,

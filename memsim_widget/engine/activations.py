@@ -410,7 +410,9 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
 
     # ----- attention -----------------------------------------------------------------------------
-    eager = arch.attention_kernel(sc.attention) == "eager"
+    attn_from = len(L)  # state-space families replace what follows with their mixer (_ssm_mixer)
+    ssm = arch.extra.get("ssm")
+    eager = arch.attention_kernel(sc.attention) == "eager" and not ssm
     ao_from = ao_to = 0  # the eager attention-output term(s) in L (freed before the attention's backward)
     # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
     why = f" (eager: {arch.extra['attention_note']})" if eager and sc.attention != "eager" else ""
@@ -627,6 +629,10 @@ def _hf(ctx: Context) -> ActivationBudget:
             3,
         )
     mlp_to = len(L)
+    if ssm:  # Mamba: no attention, no MLP; the mixer's own tensors (families/mamba.py)
+        del L[attn_from:]
+        _ssm_mixer(ctx, D, ssm, add, consumers, ec)
+        mlp_from = ao_from = ao_to = mlp_to = len(L)
     if arch.hidden_dropout > 0:
         nm = arch.extra.get("residual_dropout_masks", 2)
         add("residual dropout masks", nm * Tout * h, f"{nm} x 1 B x T x h", nm)
@@ -1054,6 +1060,8 @@ def _hf(ctx: Context) -> ActivationBudget:
                 "allocator",
             )
         )
+    if ssm:
+        out.layer_backward[:] = [ssm_backward(ctx, D, ssm, ec, r)]
     if sc.method == "qlora":
         biggest = max(
             (g.numel_each for g in arch.params if g.module and g.kind not in ("head", "embedding")), default=0
@@ -1067,6 +1075,106 @@ def _hf(ctx: Context) -> ActivationBudget:
             )
         )
     return out
+
+
+def ssm_kernel(ctx: Context) -> str:
+    """The scan a state-space layer runs: the scenario's ``ssm_kernel``, by default ``cuda`` (mamba-ssm)."""
+    return ctx.scenario.ssm_kernel or "cuda"
+
+
+#: mamba-ssm's selective_scan_cuda keeps its fp32 (a, b) scan pairs once per chunk of this many steps
+#: (csrc/selective_scan/selective_scan_fwd_kernel.cuh: kChunkSize = kNThreads x kNItems = 2048)
+SCAN_CHUNK = 2048
+
+
+def _ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN202
+    """A Mamba (v1) mixer's saved tensors, per layer (``MambaMixer``, transformers 5.24); T tokens, I inner
+    channels, N state size, R time-step rank, K conv kernel.
+
+    ``ssm_kernel: "torch"`` (traced, docs/fidelity.md): transformers' ``slow_forward`` path. in_proj's output
+    (b, 2I, s) stays alive through the views the conv and the gate read; the depthwise conv's padded output
+    (b, I, s + K - 1), read by SiLU; x_proj's input (a contiguous copy of the transposed SiLU output) and output
+    (dt, B, C are views of it); dt + bias and softplus(dt); the discretised A = exp(A dt) and B dt, each
+    (b, I, s, N) fp32, with u.float() and B.float(); then the sequential scan keeps every step's state: an fp32
+    (b, I, N) saved by the next step's multiply and its compute-dtype copy saved by the matmul with C. These
+    s x b x I x N x (4 + e) bytes are what makes this path large.
+
+    ``ssm_kernel: "cuda"`` (formula from mamba-ssm's saved tensors, not traced): ``MambaInnerFn.forward``
+    (state-spaces/mamba, mamba_ssm/ops/selective_scan_interface.py, checkpoint_lvl=1) calls
+    ``ctx.save_for_backward(xz, conv1d_weight, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight,
+    out_proj_weight, conv1d_out=None, delta=None, A, B, C, D, delta_bias, scan_intermediates, out, ...)``: xz is
+    the contiguous copy of in_proj's transposed output (b, 2I, s), x_dbl = x_proj's output (T, R + 2N), B and C
+    contiguous (b, 1, N, s) copies, ``out`` (b, I, s) in the compute dtype, and ``scan_intermediates`` from
+    ``selective_scan_cuda.fwd``: fp32 (b, I, ceil(s / 2048), 2N), one scan pair per 2048-step chunk. The conv
+    output and delta are recomputed in backward. The kernel computes the states in SRAM and keeps none."""
+    T, b, s, h = D.T, D.b, D.s, D.h
+    inner = ssm["inner"] // D.tp
+    N, R, K = ssm["state_size"], ssm["time_step_rank"], ssm["conv_kernel"]
+    frac = ssm["layers"] / max(ctx.arch.num_layers, 1)
+    kernel = ssm_kernel(ctx)
+    consumers(frozenset({"in_proj"}), h, T, ec, "in_proj input")
+    share = "" if frac == 1 else f"{ssm['layers']}/{ctx.arch.num_layers} layers x "
+
+    def put(name: str, nbytes: float, formula: str, tensors: int = 1) -> None:
+        add(name, frac * nbytes, share + formula, tensors)
+
+    if kernel == "cuda":
+        chunks = -(-s // SCAN_CHUNK)
+        put(
+            "Mamba kernel (mamba-ssm MambaInnerFn): xz, x_dbl, B, C, out",
+            ec * T * (2 * inner + R + 2 * N + 2 * N + inner),
+            f"{ec} B x T x (2I + R + 2N + 2N + I), I={inner} N={N} R={R}",
+            5,
+        )
+        put(
+            "Mamba kernel: fp32 scan intermediates (one per 2048-step chunk)",
+            4 * b * inner * chunks * 2 * N,
+            f"4 B x b x I x ceil(s/{SCAN_CHUNK}) x 2N, chunks={chunks}",
+        )
+        put("Mamba kernel: A (fp32)", 4 * inner * N, f"4 B x I x N, I={inner} N={N}")
+        return
+    put(
+        "Mamba torch path: in_proj output, conv output, x_proj input copy and output, dt (+ bias, softplus)",
+        ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner + T * (R + 2 * N) + 2 * T * inner),
+        f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I + T x (R + 2N) + 2 x T x I), I={inner} N={N} R={R}",
+        6,
+    )
+    put(
+        "Mamba torch path: discretised A and B (fp32), u and B upcasts",
+        2 * 4 * T * inner * N + 4 * T * inner + 4 * T * N,
+        f"2 x 4 B x T x I x N + 4 B x T x I + 4 B x T x N, N={N}",
+        4,
+    )
+    # the traced count: s - 2 fp32 states and their copies (the first step multiplies the zero initial state,
+    # saved once in the compute dtype; the last state is saved by nothing); fp32 copies are the states themselves
+    cp = ec if ec != 4 else 0
+    put(
+        "Mamba torch path: per-step scan states (fp32" + (f" + {ec} B copy" if cp else "") + ")",
+        (4 + cp) * b * inner * N * max(s - 2, 0) + ec * b * inner * N,
+        f"(4{f' + {cp}' if cp else ''}) B x b x I x N x (s - 2) + {ec} B x b x I x N",
+        2 * s,
+    )
+    put("Mamba torch path: A = -exp(A_log) (fp32)", 2 * 4 * inner * N, f"2 x 4 B x I x N, I={inner} N={N}", 2)
+
+
+def ssm_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN201
+    """Transients while one Mamba layer runs backward: torch path, the gradients of the (b, I, s, N) fp32
+    discretised tensors (select_backward buffers of the scan and their sum, traced); kernel path, the
+    recomputed conv output and delta, dxz and the out-projection gradient (mamba-ssm's backward, not traced)."""
+    T, inner, N = D.T, ssm["inner"] // D.tp, ssm["state_size"]
+    if ssm_kernel(ctx) == "cuda":
+        return Term(
+            "Mamba kernel backward: recomputed conv output and delta, dxz, dout_y, residual gradient",
+            ec * T * 6 * inner + r * T * D.h,
+            f"{ec} B x T x 6I + {r} B x T x h, I={inner}",
+            5,
+        )
+    return Term(
+        "Mamba torch path backward: fp32 gradients of the (b, I, s, N) scan tensors, residual gradient",
+        4 * 4 * T * inner * N + r * T * D.h,
+        f"4 x 4 B x T x I x N + {r} B x T x h, I={inner} N={N}",
+        5,
+    )
 
 
 def _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec):  # noqa: ANN001, ANN202

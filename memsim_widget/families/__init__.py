@@ -26,6 +26,8 @@ MODULES: tuple[str, ...] = (
     "llama4",
     "gpt_oss",
     "falcon",
+    # state-space models (Mamba, Mamba-2, Jamba)
+    "mamba",
 )
 
 for _name in MODULES:
