@@ -235,6 +235,11 @@ class Estimate:
             out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
         if "paged" in s.optimizer:
             out.append("paged optimizer states moved to and from the host are not modelled")
+        if self.arch.extra.get("ssm"):
+            out.append(
+                "Mamba selective scan: 9 x I x N FLOPs per token and layer (mamba's own count) run at attention's "
+                "efficiency; no scan kernel was timed (and the torch path's sequential loop is far slower)"
+            )
         return tuple(out)
 
     @property
@@ -307,6 +312,18 @@ class Estimate:
                 "compile: true has no memory rule; these are eager's figures (measured on an H200: "
                 "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
             )
+        if self.arch.extra.get("ssm"):
+            if (self.scenario.ssm_kernel or "cuda") == "cuda":
+                out.append(
+                    "ssm_kernel cuda (the default: mamba-ssm + causal-conv1d installed): the Mamba layers' "
+                    "activations are a formula from mamba-ssm's saved tensors, not traced; without those "
+                    "packages transformers runs its torch path (ssm_kernel: torch), which keeps every scan state"
+                )
+            else:
+                out.append(
+                    "ssm_kernel torch: transformers' pure-PyTorch Mamba scan (no mamba-ssm), held to a CPU "
+                    "fake-tensor trace; it keeps every step's state (b x I x N per token)"
+                )
         return tuple(out)
 
     def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:

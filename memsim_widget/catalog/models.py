@@ -677,6 +677,33 @@ def _falcon(h: int, heads: int, layers: int, kv: int | None) -> dict[str, Any]:
     return cfg
 
 
+def _mamba(h: int, layers: int) -> dict[str, Any]:
+    """A state-spaces/mamba-*-hf config.json (model_type mamba, MambaForCausalLM): GPT-NeoX tokenizer's 50277
+    tokens padded to 50280, state 16, expand 2, conv 4, time_step_rank = h / 16, tied head. The d_model /
+    n_layer pairs are those of the original state-spaces/mamba-* configs; written without an online check."""
+    return {
+        "model_type": "mamba",
+        "architectures": ["MambaForCausalLM"],
+        "hidden_size": h,
+        "num_hidden_layers": layers,
+        "vocab_size": 50280,
+        "state_size": 16,
+        "expand": 2,
+        "conv_kernel": 4,
+        "intermediate_size": 2 * h,
+        "time_step_rank": h // 16,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "hidden_act": "silu",
+        "layer_norm_epsilon": 1e-05,
+        "residual_in_fp32": True,
+        "tie_word_embeddings": True,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -1013,6 +1040,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "falcon-7b": _falcon(4544, 71, 32, None),
     "falcon-40b": _falcon(8192, 128, 60, 8),
     "falcon-180b": _falcon(14848, 232, 80, 8),
+    # Mamba (state-spaces/mamba-*-hf config.json): state-space layers, no attention
+    "mamba-130m": _mamba(768, 24),
+    "mamba-370m": _mamba(1024, 48),
+    "mamba-790m": _mamba(1536, 48),
+    "mamba-1.4b": _mamba(2048, 48),
+    "mamba-2.8b": _mamba(2560, 64),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -1403,6 +1436,36 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "file without an online check)",
         "params_label": "180B",
         "hf_repo": "tiiuae/falcon-180B",
+    },
+    "mamba-130m": {
+        "description": "Mamba 130M (MambaForCausalLM): 24 selective state-space layers, no attention, tied "
+        "head; activations depend on ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "130M",
+        "hf_repo": "state-spaces/mamba-130m-hf",
+    },
+    "mamba-370m": {
+        "description": "Mamba 370M (MambaForCausalLM): 48 selective state-space layers, no attention, tied "
+        "head; activations depend on ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "370M",
+        "hf_repo": "state-spaces/mamba-370m-hf",
+    },
+    "mamba-790m": {
+        "description": "Mamba 790M (MambaForCausalLM): 48 selective state-space layers, no attention, tied "
+        "head; activations depend on ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "790M",
+        "hf_repo": "state-spaces/mamba-790m-hf",
+    },
+    "mamba-1.4b": {
+        "description": "Mamba 1.4B (MambaForCausalLM): 48 selective state-space layers, no attention, tied "
+        "head; activations depend on ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "1.4B",
+        "hf_repo": "state-spaces/mamba-1.4b-hf",
+    },
+    "mamba-2.8b": {
+        "description": "Mamba 2.8B (MambaForCausalLM): 64 selective state-space layers, no attention, tied "
+        "head; activations depend on ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "2.8B",
+        "hf_repo": "state-spaces/mamba-2.8b-hf",
     },
 }
 

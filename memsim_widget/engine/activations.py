@@ -115,6 +115,8 @@ def _refuse_untraced(ctx: Context) -> None:
     """Raise ScenarioError for the Falcon and T5 combinations whose saved tensors no trace has checked (never a
     guess)."""
     arch, sc = ctx.arch, ctx.scenario
+    if arch.extra.get("ssm"):
+        _refuse_ssm(ctx)
     if arch.family == "t5" and sc.activation_checkpointing == "selective-op":
         raise ScenarioError(
             "activation_checkpointing", "selective-op (torchtitan's per-op policy) is not modelled for T5: "
@@ -147,6 +149,23 @@ def _refuse_untraced(ctx: Context) -> None:
             "model.attention_dropout", f"{arch.attention_dropout} with alibi is not modelled (SDPA drops the "
             "probabilities; not traced): set it to 0",
         )  # fmt: skip
+
+
+def _refuse_ssm(ctx: Context) -> None:
+    """State-space layers (Mamba): only what a trace or mamba-ssm's source backs -- full training in one
+    precision (bf16, fp16, fp32), no checkpointing, the HF activation rules, one rank's whole sequence."""
+    sc, par = ctx.scenario, ctx.par
+    why = "is not modelled for Mamba's state-space layers (no trace checks it)"
+    if uses_autocast(ctx):
+        raise ScenarioError("precision", f"{sc.precision} {why}; use bf16, fp16 or fp32")
+    if sc.method != "full":
+        raise ScenarioError("method", f"{sc.method} {why}; use full")
+    if sc.activation_checkpointing != "none":
+        raise ScenarioError("activation_checkpointing", f"{sc.activation_checkpointing} {why}; use none")
+    if profile(ctx).activation_model == "megatron":
+        raise ScenarioError("framework", f"{sc.framework} {why}; use hf")
+    if par.tp > 1 or par.cp > 1:
+        raise ScenarioError("parallel", f"tensor or context parallelism {why}")
 
 
 def _stage_io(ctx: Context, out: ActivationBudget) -> None:
@@ -353,6 +372,7 @@ def _hf(ctx: Context) -> ActivationBudget:
     nout = r
     # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
     # PrepareModuleInput Shard(1) -> Replicate); the Linears save that gathered tensor (traced)
+    ssm_from = len(L)  # state-space layers have neither of the next two Linear inputs
     consumers(ATTN_IN, h, T, nout, "attention input")
     # Phi: one norm's output feeds q, k, v and fc1; saved once when the attention side saved it already
     shared_in = arch.extra.get("parallel_attn_mlp", False) and (full or bool(ATTN_IN & modules & targets))
@@ -410,7 +430,6 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
 
     # ----- attention -----------------------------------------------------------------------------
-    attn_from = len(L)  # state-space families replace what follows with their mixer (_ssm_mixer)
     ssm = arch.extra.get("ssm")
     eager = arch.attention_kernel(sc.attention) == "eager" and not ssm
     ao_from = ao_to = 0  # the eager attention-output term(s) in L (freed before the attention's backward)
@@ -630,7 +649,7 @@ def _hf(ctx: Context) -> ActivationBudget:
         )
     mlp_to = len(L)
     if ssm:  # Mamba: no attention, no MLP; the mixer's own tensors (families/mamba.py)
-        del L[attn_from:]
+        del L[ssm_from:]
         _ssm_mixer(ctx, D, ssm, add, consumers, ec)
         mlp_from = ao_from = ao_to = mlp_to = len(L)
     if arch.hidden_dropout > 0:
@@ -1145,16 +1164,28 @@ def _ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN202
         f"2 x 4 B x T x I x N + 4 B x T x I + 4 B x T x N, N={N}",
         4,
     )
-    # the traced count: s - 2 fp32 states and their copies (the first step multiplies the zero initial state,
-    # saved once in the compute dtype; the last state is saved by nothing); fp32 copies are the states themselves
-    cp = ec if ec != 4 else 0
+    # counted with saved-tensor hooks: the step multiply saves the previous state (s - 1 fp32 states and the zero
+    # initial state in the compute dtype), the matmul with C each state's compute-dtype copy (s of them); in fp32
+    # the copy is the state itself, so the last state is saved too
+    bin_ = b * inner * N
+    if ec == 4:
+        states, fs = 4 * bin_ * (s + 1), "4 B x b x I x N x (s + 1)"
+    else:
+        states, fs = bin_ * (4 * (s - 1) + ec * (s + 1)), f"b x I x N x (4 B x (s - 1) + {ec} B x (s + 1))"
+    put("Mamba torch path: per-step scan states (fp32" + (f", {ec} B copies" if ec != 4 else "") + ")",
+        states, fs, 2 * s)  # fmt: skip
     put(
-        "Mamba torch path: per-step scan states (fp32" + (f" + {ec} B copy" if cp else "") + ")",
-        (4 + cp) * b * inner * N * max(s - 2, 0) + ec * b * inner * N,
-        f"(4{f' + {cp}' if cp else ''}) B x b x I x N x (s - 2) + {ec} B x b x I x N",
-        2 * s,
+        "Mamba torch path: scan output side (u for D, silu(z), the fp32 gated sum, out_proj input)",
+        (3 * ec + 4) * T * inner,
+        f"(3 x {ec} + 4) B x T x I, I={inner}",
+        4,
     )
-    put("Mamba torch path: A = -exp(A_log) (fp32)", 2 * 4 * inner * N, f"2 x 4 B x I x N, I={inner} N={N}", 2)
+    put(
+        "Mamba torch path: A = -exp(A_log), D (fp32)",
+        2 * 4 * inner * N + 4 * inner,
+        f"4 B x I x (2N + 1), I={inner}",
+        3,
+    )
 
 
 def ssm_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN201

@@ -63,7 +63,9 @@ def check_act(cfg: Mapping[str, Any], default: str) -> str:
     """The mixer's activation (conv output and gate): only SiLU is modelled (the kernels hard-code it)."""
     act = _str(cfg, "hidden_act", default)
     if act not in ("silu", "swish"):
-        raise ScenarioError("model.hidden_act", f"{act!r} is not modelled for state-space layers (only 'silu')")
+        raise ScenarioError(
+            "model.hidden_act", f"{act!r} is not modelled for state-space layers (only 'silu')"
+        )
     return act
 
 
@@ -76,7 +78,9 @@ def mamba_mixer_groups(
     groups.append(ParamGroup(name=p + "conv1d.weight", kind="ssm", shape=(inner, 1, K), count=L, tp_dim=0))
     if conv_bias:
         groups.append(ParamGroup(name=p + "conv1d.bias", kind="ssm", shape=(inner,), count=L, tp_dim=0))
-    groups += _linear(p + "x_proj", "ssm", R + 2 * N, inner, bias=False, parallel="row", module="x_proj", count=L)
+    groups += _linear(
+        p + "x_proj", "ssm", R + 2 * N, inner, bias=False, parallel="row", module="x_proj", count=L
+    )
     groups += _linear(p + "dt_proj", "ssm", inner, R, bias=True, parallel="col", module="dt_proj", count=L)
     groups.append(ParamGroup(name=p + "A_log", kind="ssm", shape=(inner, N), count=L, tp_dim=0))
     groups.append(ParamGroup(name=p + "D", kind="ssm", shape=(inner,), count=L, tp_dim=0))
