@@ -183,6 +183,10 @@ FALCON = {
 FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}
 #: Falcon-RW's layer: ALiBi, classic multi-head (no multi_query), sequential, biases
 FALCON_RW = {**FALCON, "alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}
+#: Mamba (MambaForCausalLM): 4 state-space layers, I = 512, N = 16 (no attention, no MLP). Only the torch path
+#: (``ssm_kernel: "torch"``) runs on a CPU; its sequential scan makes each trace slow: short sequences.
+MAMBA = {"model_type": "mamba", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000,
+         "tie_word_embeddings": False}  # fmt: skip
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 #: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
@@ -1023,6 +1027,19 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                     "method": "lora",
                     "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
                 },
+            ),
+        )
+    ),
+    # Mamba: transformers' torch path (every scan state saved); the CUDA kernels' path is a formula (not traced)
+    *(
+        (f"mamba {label}", {"model": {**MAMBA, **more}, "ssm_kernel": "torch", **keys})
+        for label, more, keys in (
+            ("torch bf16 b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64}),
+            ("torch fp32 b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64, "precision": "fp32"}),
+            (
+                "torch bf16 b1 s128 (tied, N=8, K=3, biases)",
+                {"tie_word_embeddings": True, "state_size": 8, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 128},
             ),
         )
     ),
