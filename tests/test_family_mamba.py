@@ -1,4 +1,4 @@
-"""Mamba (issue 12, state-space models): exact parameter counts against transformers' meta-device build, the two
+"""Mamba and Mamba-2 (issue 12, state-space models): exact parameter counts against transformers' meta-device build, the two
 scan paths (``ssm_kernel``: mamba-ssm's CUDA kernels, the default, vs transformers' torch path), the torch path
 held to a fake-tensor trace, and what is refused rather than guessed."""
 
@@ -29,13 +29,28 @@ TINY: dict[str, Any] = {
     "time_step_rank": 5,
 }
 MAMBA_PRESETS = [p for p in PRESETS if PRESETS[p]["model_type"] == "mamba"]
+MAMBA2_PRESETS = [p for p in PRESETS if PRESETS[p]["model_type"] == "mamba2"]
+TINY2: dict[str, Any] = {
+    "model_type": "mamba2",
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "vocab_size": 101,
+    "num_heads": 8,
+    "head_dim": 16,
+    "state_size": 8,
+    "n_groups": 2,
+    "conv_kernel": 3,
+    "use_bias": True,
+    "use_conv_bias": False,
+    "tie_word_embeddings": True,
+}
 
 
 def _est(model: Any = "mamba-1.4b", **keys: Any):  # noqa: ANN202
     return estimate(Scenario.from_dict({"model": model, "micro_batch_size": 1, "seq_len": 2048, **keys}))
 
 
-@pytest.mark.parametrize("cfg", [*(PRESETS[p] for p in MAMBA_PRESETS), TINY], ids=str)
+@pytest.mark.parametrize("cfg", [*(PRESETS[p] for p in MAMBA_PRESETS + MAMBA2_PRESETS), TINY, TINY2], ids=str)
 def test_parameters_match_transformers_tensor_for_tensor(cfg: dict[str, Any]) -> None:
     pytest.importorskip("transformers")
     from _family_meta import assert_matches_transformers
@@ -118,11 +133,42 @@ def test_step_time_counts_the_scan_not_attention() -> None:
     assert est.step_time_s > 0 and any("selective scan" in c for c in est.time_caveats)
 
 
-@pytest.mark.parametrize("typed", ["mamba2", "jamba", "Mamba", "falcon_mamba"])
+def test_mamba2_presets_are_the_published_sizes_and_heads_must_fill_the_inner_width() -> None:
+    sizes = {p: round(architecture_for(p).parameters / 1e6) for p in MAMBA2_PRESETS}
+    assert sizes == {
+        "mamba2-130m": 129,
+        "mamba2-370m": 368,
+        "mamba2-780m": 780,
+        "mamba2-1.3b": 1344,
+        "mamba2-2.7b": 2703,
+        "mamba-codestral-7b": 7285,
+    }
+    with pytest.raises(ScenarioError) as err:
+        build_architecture({**TINY2, "num_heads": 4})
+    assert err.value.field == "model.num_heads"
+
+
+def test_mamba2_kernel_path_saves_inputs_only_and_torch_path_grows_with_the_chunk() -> None:
+    """mamba-ssm's fused Mamba-2 function saves zxbcdt, out_x and rstd: linear in s, chunk size irrelevant; the
+    torch SSD keeps b x H x s x l fp32 decays, so a longer chunk costs more."""
+    act = lambda e: sum(i.bytes for i in e.worst.items if i.category == "activations")  # noqa: E731
+
+    def est(kernel: str, chunk: int, s: int = 1024):  # noqa: ANN202
+        model = {**PRESETS["mamba2-130m"], "chunk_size": chunk}
+        return _est(model, ssm_kernel=kernel, seq_len=s, micro_batch_size=4)
+
+    assert act(est("cuda", 64)) == act(est("cuda", 256))
+    assert act(est("torch", 256)) > act(est("torch", 64)) > act(est("cuda", 64))
+    assert any("not traced" in c for c in est("cuda", 64).caveats)
+
+
+@pytest.mark.parametrize("typed", ["jamba", "Mamba", "falcon_mamba", "mamba3", "Mamba-2"])
 def test_no_hint_maps_another_structure_to_mamba(typed: str) -> None:
     msg = str(unknown_model_type(typed))
     if typed == "Mamba":
         assert "did you mean 'mamba'" in msg
+    elif typed == "Mamba-2":
+        assert "did you mean 'mamba2'" in msg
     else:
         assert "did you mean" not in msg
 
@@ -136,7 +182,7 @@ def test_trace_refuses_the_cuda_path_and_runs_the_torch_path() -> None:
     assert err.value.field == "ssm_kernel"
 
 
-@pytest.mark.parametrize("name", ["mamba torch bf16 b2 s64"])
+@pytest.mark.parametrize("name", ["mamba torch bf16 b2 s64", "mamba2 torch bf16 b2 s512"])
 def test_torch_path_within_three_percent_of_trace(name: str) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -704,6 +704,34 @@ def _mamba(h: int, layers: int) -> dict[str, Any]:
     }
 
 
+def _mamba2(h: int, layers: int, **more: Any) -> dict[str, Any]:
+    """A Mamba-2 config (model_type mamba2, Mamba2ForCausalLM). Defaults: the state-spaces/mamba2-* shapes
+    (mamba_ssm's Mamba2 layer: state 128, head_dim 64, one group, chunk 256, conv 4, expand 2, the GPT-NeoX
+    tokenizer's 50277 tokens padded to a multiple of 16, tied head), as transformers' Mamba2Config reads them
+    (num_heads = 2 h / 64). Written without an online check; ``more`` overrides (Codestral)."""
+    return {
+        "model_type": "mamba2",
+        "architectures": ["Mamba2ForCausalLM"],
+        "hidden_size": h,
+        "num_hidden_layers": layers,
+        "vocab_size": 50288,
+        "num_heads": 2 * h // 64,
+        "head_dim": 64,
+        "state_size": 128,
+        "n_groups": 1,
+        "expand": 2,
+        "conv_kernel": 4,
+        "chunk_size": 256,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "hidden_act": "silu",
+        "layer_norm_epsilon": 1e-05,
+        "residual_in_fp32": True,
+        "tie_word_embeddings": True,
+        **more,
+    }
+
+
 #: Preset id -> full HF config dict (the published config.json values that shape the model).
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2_BASE, "n_embd": 768, "n_head": 12, "n_layer": 12},
@@ -1046,6 +1074,23 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mamba-790m": _mamba(1536, 48),
     "mamba-1.4b": _mamba(2048, 48),
     "mamba-2.8b": _mamba(2560, 64),
+    # Mamba-2 (state-spaces/mamba2-* shapes; mistralai/Mamba-Codestral-7B-v0.1 config.json)
+    "mamba2-130m": _mamba2(768, 24),
+    "mamba2-370m": _mamba2(1024, 48),
+    "mamba2-780m": _mamba2(1536, 48),
+    "mamba2-1.3b": _mamba2(2048, 48),
+    "mamba2-2.7b": _mamba2(2560, 64),
+    "mamba-codestral-7b": _mamba2(
+        4096,
+        64,
+        vocab_size=32768,
+        num_heads=128,
+        n_groups=8,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=1,
+    ),
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -1466,6 +1511,47 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "head; activations depend on ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
         "params_label": "2.8B",
         "hf_repo": "state-spaces/mamba-2.8b-hf",
+    },
+    "mamba2-130m": {
+        "description": "Mamba-2 130M (Mamba2ForCausalLM): 24 state-space-duality layers, no attention, tied "
+        "head; the original checkpoints are mamba_ssm's format (convert for transformers); activations depend on "
+        "ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "130M",
+        "hf_repo": "state-spaces/mamba2-130m",
+    },
+    "mamba2-370m": {
+        "description": "Mamba-2 370M (Mamba2ForCausalLM): 48 state-space-duality layers, no attention, tied "
+        "head; the original checkpoints are mamba_ssm's format (convert for transformers); activations depend on "
+        "ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "370M",
+        "hf_repo": "state-spaces/mamba2-370m",
+    },
+    "mamba2-780m": {
+        "description": "Mamba-2 780M (Mamba2ForCausalLM): 48 state-space-duality layers, no attention, tied "
+        "head; the original checkpoints are mamba_ssm's format (convert for transformers); activations depend on "
+        "ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "780M",
+        "hf_repo": "state-spaces/mamba2-780m",
+    },
+    "mamba2-1.3b": {
+        "description": "Mamba-2 1.3B (Mamba2ForCausalLM): 48 state-space-duality layers, no attention, tied "
+        "head; the original checkpoints are mamba_ssm's format (convert for transformers); activations depend on "
+        "ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "1.3B",
+        "hf_repo": "state-spaces/mamba2-1.3b",
+    },
+    "mamba2-2.7b": {
+        "description": "Mamba-2 2.7B (Mamba2ForCausalLM): 64 state-space-duality layers, no attention, tied "
+        "head; the original checkpoints are mamba_ssm's format (convert for transformers); activations depend on "
+        "ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "2.7B",
+        "hf_repo": "state-spaces/mamba2-2.7b",
+    },
+    "mamba-codestral-7b": {
+        "description": "Mamba-Codestral 7B (Mamba2ForCausalLM): 64 Mamba-2 layers, 128 heads, 8 groups, state 128, "
+        "untied head; activations depend on ssm_kernel (cuda: mamba-ssm kernels, default; torch: no kernels)",
+        "params_label": "7.3B",
+        "hf_repo": "mistralai/Mamba-Codestral-7B-v0.1",
     },
 }
 

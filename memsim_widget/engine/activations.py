@@ -1137,6 +1137,10 @@ def _ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN202
     def put(name: str, nbytes: float, formula: str, tensors: int = 1) -> None:
         add(name, frac * nbytes, share + formula, tensors)
 
+    if ssm["version"] == 2:
+        _mamba2_mixer(D, ssm, put, ec, kernel)
+        return
+
     if kernel == "cuda":
         chunks = -(-s // SCAN_CHUNK)
         put(
@@ -1188,11 +1192,96 @@ def _ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN202
     )
 
 
+def _mamba2_mixer(D, ssm, put, ec, kernel):  # noqa: ANN001, ANN202
+    """A Mamba-2 mixer's saved tensors, per layer (``Mamba2Mixer``, transformers 5.24); I = H x P inner channels,
+    H heads of P, G groups, N state, l = chunk_size, c = ceil(s / l) chunks, s' = c x l (padded), K conv kernel.
+
+    ``ssm_kernel: "cuda"`` (formula from mamba-ssm's saved tensors, not traced): transformers calls
+    ``mamba_split_conv1d_scan_combined`` (state-spaces/mamba, mamba_ssm/ops/triton/ssd_combined.py), whose
+    ``MambaSplitConv1dScanCombinedFn.forward`` runs ``ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias,
+    out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias)``:
+    zxbcdt is in_proj's output (T x (2I + 2GN + H)), out_x the scan output (T x I) in the compute dtype, rstd the
+    gated RMSNorm's fp32 (T x G); the conv output, the chunk states and the norm output are recomputed in backward.
+
+    ``ssm_kernel: "torch"`` (counted with saved-tensor hooks over chunk sizes, paddings and dtypes, then traced):
+    ``mamba2_chunk_scan``'s SSD in fp32 -- per chunk the (l x l) decay L = exp(segsum(A dt)), the C.B scores G and
+    M = G x L (b x H x s' x l each), B and C repeated to the H heads and their einsum copies (5 x b x s' x H x N),
+    x dt and its einsum layouts (b x s' x I, several), the chunk states (b x (c + 1) x I x N and b x c x I x N),
+    plus in_proj's output, the conv's padded output, dt, and the gated RMSNorm's fp32 chain (4 x 4 B x T x I)."""
+    T, b, s = D.T, D.b, D.s
+    inner, N, K = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
+    H, G, l = ssm["heads"], ssm["groups"], ssm["chunk_size"]
+    proj = 2 * inner + 2 * G * N + H
+    if kernel == "cuda":
+        put(
+            "Mamba-2 kernel (mamba-ssm MambaSplitConv1dScanCombinedFn): zxbcdt, out_x, rstd",
+            ec * T * (proj + inner) + 4 * T * G,
+            f"{ec} B x T x ((2I + 2GN + H) + I) + 4 B x T x G, I={inner} G={G} N={N} H={H}",
+            3,
+        )
+        put("Mamba-2 kernel: A (fp32)", 4 * H, f"4 B x H, H={H}")
+        return
+    c = -(-s // l)
+    sp = c * l
+    fp32 = ec == 4
+    put(
+        "Mamba-2 torch path: in_proj output, conv output, dt (+ bias, softplus)",
+        ec * (T * proj + b * (inner + 2 * G * N) * (s + K - 1) + 2 * T * H),
+        f"{ec} B x (T x (2I + 2GN + H) + b x (I + 2GN) x (s + K - 1) + 2 x T x H), I={inner} G={G} N={N} H={H}",
+        4,
+    )
+    # fp32: x.float() is the conv's SiLU output itself (b x s x (I + 2GN)); dt.float() is dt (one tensor fewer)
+    xf = 4 * T * (inner + 2 * G * N) if fp32 else 4 * b * sp * inner
+    put(
+        "Mamba-2 torch path: x (fp32, padded), x dt, dt (fp32)",
+        xf + 4 * b * sp * inner + (1 if fp32 else 2) * 4 * T * H,
+        ("4 B x T x (I + 2GN)" if fp32 else "4 B x b x s' x I") + " + 4 B x b x s' x I"
+        + f" + {1 if fp32 else 2} x 4 B x T x H, s'={sp}",
+        4,
+    )  # fmt: skip
+    # a single chunk: the states slice is a view, not a copy (and at some shapes one B/C einsum layout too, which
+    # is still counted: up to 4 B x b x s' x H x N high when s <= chunk_size)
+    one = c == 1
+    hn = 5 * 4 * b * sp * H * N + (0 if one else 4 * b * c * inner * N)
+    put(
+        "Mamba-2 torch path: SSD chunk tensors (fp32): L, G, M (b x H x s' x l), B/C per head, x layouts, states",
+        3 * 4 * b * H * sp * l + 2 * 4 * b * H * sp + hn + 3 * 4 * b * sp * inner
+        + 4 * b * (c + 1) * inner * N + 4 * b * H * (c + 1) ** 2 + 2 * l * l + 2 * (c + 1) ** 2,
+        "3 x 4 B x b x H x s' x l + 5 x 4 B x b x s' x H x N + 3 x 4 B x b x s' x I"
+        + ("" if one else " + 4 B x b x c x I x N") + f" + 4 B x b x (c + 1) x I x N + ..., l={l} c={c}",
+        14,
+    )  # fmt: skip
+    put(
+        "Mamba-2 torch path: gated RMSNorm (fp32 chain, rstd) and out_proj input",
+        (4 if fp32 else 5) * 4 * T * inner + ec * T * inner + 4 * T * G,
+        f"{4 if fp32 else 5} x 4 B x T x I + {ec} B x T x I + 4 B x T x G, I={inner}",
+        7,
+    )
+    put("Mamba-2 torch path: A (fp32)", 8 * H, f"2 x 4 B x H, H={H}", 2)
+
+
+def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202
+    """Transients of one Mamba-2 layer's backward (see ssm_backward)."""
+    T, inner, G, N, H = D.T, ssm["inner"], ssm["groups"], ssm["state_size"], ssm["heads"]
+    proj = 2 * inner + 2 * G * N + H
+    if ssm_kernel(ctx) == "cuda":
+        return Term(
+            "Mamba-2 kernel backward: dzxbcdt, recomputed conv output and its gradient, residual gradient",
+            ec * T * (proj + 2 * (inner + 2 * G * N)) + r * T * D.h,
+            f"{ec} B x T x ((2I + 2GN + H) + 2 x (I + 2GN)) + {r} B x T x h, I={inner}",
+            4,
+        )
+    # not modelled beyond the residual gradient: the V64 trace (peak inside the top layer's backward) is -1.4%
+    return Term("Mamba-2 torch path backward: residual gradient", r * T * D.h, f"{r} B x T x h", 1)
+
+
 def ssm_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN201
     """Transients while one Mamba layer runs backward: torch path, the gradients of the (b, I, s, N) fp32
     discretised tensors (select_backward buffers of the scan and their sum, traced); kernel path, the
     recomputed conv output and delta, dxz and the out-projection gradient (mamba-ssm's backward, not traced)."""
     T, inner, N = D.T, ssm["inner"] // D.tp, ssm["state_size"]
+    if ssm["version"] == 2:
+        return _mamba2_backward(ctx, D, ssm, ec, r)
     if ssm_kernel(ctx) == "cuda":
         return Term(
             "Mamba kernel backward: recomputed conv output and delta, dxz, dout_y, residual gradient",

@@ -150,3 +150,122 @@ def build_mamba(cfg: Mapping[str, Any]) -> Architecture:
             "use_cache": False,  # MambaModel: use_cache defaults to False in training
         },
     )
+
+
+# ----------------------------------------------------------------------------- Mamba-2
+
+#: Mamba2Config defaults (transformers 5.24.0, configuration_mamba2.py: Mamba-Codestral-7B's shape).
+MAMBA2_DEFAULTS: dict[str, Any] = {
+    "num_heads": 128,
+    "head_dim": 64,
+    "state_size": 128,
+    "expand": 2,
+    "conv_kernel": 4,
+    "n_groups": 8,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "hidden_act": "silu",
+    "residual_in_fp32": True,
+    "layer_norm_epsilon": 1e-5,
+    "chunk_size": 256,
+    "tie_word_embeddings": False,
+}
+
+
+@register_family("mamba2")
+def build_mamba2(cfg: Mapping[str, Any]) -> Architecture:
+    """Mamba-2 as transformers 5.24's ``Mamba2ForCausalLM`` (state-space duality, Dao & Gu 2024).
+
+    Per layer (``backbone.layers.*.``; I = int(expand x h), H heads of head_dim P with H x P = I, G groups, N state):
+    ``mixer.in_proj`` [2 I + 2 G N + H, h] (z, x, B, C, dt in one projection; + bias when ``use_bias``);
+    ``mixer.conv1d.weight`` [I + 2 G N, 1, K] (+ bias) over x, B and C; ``mixer.dt_bias``, ``A_log``, ``D`` [H];
+    ``mixer.norm.weight`` [I] (the gated RMSNorm, per group of I / G channels); ``mixer.out_proj`` [h, I];
+    ``norm.weight`` [h]. Plus ``backbone.embeddings`` [V, h], ``backbone.norm_f`` [h] and ``lm_head`` [V, h]
+    unless ``tie_word_embeddings`` (default false). Mamba2Config refuses expand x h != num_heads x head_dim."""
+    d_ = MAMBA2_DEFAULTS
+    h = _int(cfg, "hidden_size")
+    L = _int(cfg, "num_hidden_layers")
+    vocab = _int(cfg, "vocab_size")
+    H = _int(cfg, "num_heads", d_["num_heads"])
+    P = _int(cfg, "head_dim", d_["head_dim"])
+    N = _int(cfg, "state_size", d_["state_size"])
+    G = _int(cfg, "n_groups", d_["n_groups"])
+    expand = _int(cfg, "expand", d_["expand"])
+    K = _int(cfg, "conv_kernel", d_["conv_kernel"])
+    chunk = _int(cfg, "chunk_size", d_["chunk_size"])
+    inner = expand * h
+    if inner != H * P:
+        raise ScenarioError(
+            "model.num_heads",
+            f"hidden_size x expand ({inner}) must equal num_heads x head_dim ({H} x {P} = {H * P})",
+        )
+    if H % G or inner % G:
+        raise ScenarioError("model.n_groups", f"{G} does not divide num_heads {H}")
+    bias = _bool(cfg, "use_bias", d_["use_bias"])
+    conv_bias = _bool(cfg, "use_conv_bias", d_["use_conv_bias"])
+    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    check_act(cfg, d_["hidden_act"])
+    conv_dim = inner + 2 * G * N
+
+    p = "backbone.layers.*.mixer."
+    groups: list[ParamGroup] = [_embedding("backbone.embeddings.weight", vocab, h)]
+    groups += _linear(
+        p + "in_proj",
+        "ssm",
+        2 * inner + 2 * G * N + H,
+        h,
+        bias=bias,
+        parallel=None,
+        module="in_proj",
+        count=L,
+    )
+    groups.append(ParamGroup(name=p + "conv1d.weight", kind="ssm", shape=(conv_dim, 1, K), count=L))
+    if conv_bias:
+        groups.append(ParamGroup(name=p + "conv1d.bias", kind="ssm", shape=(conv_dim,), count=L))
+    for name in ("dt_bias", "A_log", "D"):
+        groups.append(ParamGroup(name=p + name, kind="ssm", shape=(H,), count=L))
+    groups.append(ParamGroup(name=p + "norm.weight", kind="ssm", shape=(inner,), count=L))
+    groups += _linear(p + "out_proj", "ssm", h, inner, bias=bias, parallel=None, module="out_proj", count=L)
+    groups += _norms("backbone.layers.*.", ("norm",), h, L, bias=False, stack="decoder")
+    groups += _norms("backbone.", ("norm_f",), h, 1, bias=False, scope="post", stack="decoder")
+    if not tied:
+        groups.append(_lm_head("lm_head.weight", vocab, h))
+    ssm = {
+        "version": 2,
+        "layers": L,
+        "inner": inner,
+        "state_size": N,
+        "heads": H,
+        "head_dim": P,
+        "groups": G,
+        "conv_kernel": K,
+        "chunk_size": chunk,
+        "time_step_rank": 0,
+    }
+    return Architecture(
+        family="mamba2",
+        model_type=str(cfg.get("model_type", "mamba2")),
+        hidden_size=h,
+        num_layers=L,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=h,
+        intermediate_size=inner,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        params=tuple(groups),
+        mlp_activation="swiglu",  # unused: no MLP
+        norm="rmsnorm",
+        position="none",
+        decoder_layers=L,
+        causal=True,
+        extra={
+            "hf_class": "Mamba2ForCausalLM",
+            "ssm": ssm,
+            "attention_layers": 0,
+            "norms_per_layer": 1,
+            "residual_in_fp32": _bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
+            "rms_norm_eps": _positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
+            "use_cache": False,
+        },
+    )
