@@ -237,8 +237,9 @@ class Estimate:
             out.append("paged optimizer states moved to and from the host are not modelled")
         if self.arch.extra.get("ssm"):
             out.append(
-                "Mamba selective scan: 9 x I x N FLOPs per token and layer (mamba's own count) run at attention's "
-                "efficiency; no scan kernel was timed (and the torch path's sequential loop is far slower)"
+                "state-space scan (Mamba: 9 x I x N FLOPs per token and layer, mamba's own count; Mamba-2: the SSD "
+                "chunk einsums) run at attention's efficiency; no scan kernel was timed (and the torch paths are far "
+                "slower)"
             )
         return tuple(out)
 

@@ -67,6 +67,7 @@ def test_small_llama_count_is_the_closed_form() -> None:
         "embedding": embedding,
         "position": 0,
         "attention": attention,
+        "ssm": 0,
         "mlp": mlp,
         "experts": 0,
         "router": 0,
@@ -432,12 +433,13 @@ def test_a_spelling_slip_of_a_supported_type_gets_one_hint(typed: str, meant: st
 
 @pytest.mark.parametrize(
     "model_type",
-    # other architectures one edit or a suffix away from a supported type (Jamba and Mamba are state-space
-    # hybrids, LLaVA/CLIP/Qwen2-VL vision models, BART/OPT/mT5 other layouts), and invented names
+    # other architectures one edit or a suffix away from a supported type (Jamba is a state-space hybrid, Falcon
+    # Mamba and Mamba 3 other state-space layouts, LLaVA/CLIP/Qwen2-VL vision models, BART/OPT/mT5 other
+    # layouts), and invented names
     [
         "jamba",
-        "mamba",
-        "mamba2",
+        "falcon_mamba",
+        "mamba3",
         "llava",
         "clip",
         "qwen2_vl",

@@ -130,7 +130,7 @@ def test_step_time_counts_the_scan_not_attention() -> None:
     linears = 2 * inner * 768 + (48 + 32) * inner + inner * 48 + 768 * inner
     assert f.linear_per_layer == 2 * linears
     est = _est("mamba-130m")
-    assert est.step_time_s > 0 and any("selective scan" in c for c in est.time_caveats)
+    assert est.step_time_s > 0 and any("state-space scan" in c for c in est.time_caveats)
 
 
 def test_mamba2_presets_are_the_published_sizes_and_heads_must_fill_the_inner_width() -> None:

@@ -17,6 +17,7 @@ State-space layers (Mamba, families/mamba.py) have no attention: their sequence 
 ``flops_selective_scan_fn`` (state-spaces/mamba issue #110: ``flops = 9 * B * L * D * N``), linear in s; it is
 reported where attention is (step_time.py runs it at attention's efficiency: an estimate, no kernel timed). The
 depthwise conv (2 K I per token) is counted with it. ``A_log`` [I, N] is a parameter, not a matmul weight.
+Mamba-2's chunked SSD is counted by its algorithm's einsums instead (``model_flops``).
 """
 
 from __future__ import annotations
@@ -92,9 +93,15 @@ def model_flops(arch: Architecture) -> ModelFlops:
     scan = 0.0
     if ssm:
         inner, n_state, k = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
-        scan = (
-            ssm["layers"] * (9.0 * inner * n_state + 2.0 * inner + 2.0 * k * inner) / max(arch.num_layers, 1)
-        )
+        if ssm["version"] == 2:
+            # SSD (Dao & Gu 2024, arXiv 2405.21060, the chunked algorithm mamba2_chunk_scan runs): per token the
+            # intra-chunk C.B scores and their product with x (2 l H (N + P)), the chunk states and their read-out
+            # (2 x 2 I N); the conv runs over x, B and C
+            l, H, P, G = ssm["chunk_size"], ssm["heads"], ssm["head_dim"], ssm["groups"]
+            per = 2.0 * l * H * (n_state + P) + 4.0 * inner * n_state + 2.0 * k * (inner + 2 * G * n_state)
+        else:
+            per = 9.0 * inner * n_state + 2.0 * inner + 2.0 * k * inner
+        scan = ssm["layers"] * per / max(arch.num_layers, 1)
     return ModelFlops(
         layers=arch.num_layers,
         linear_per_layer=2.0 * layer / max(arch.num_layers, 1),
