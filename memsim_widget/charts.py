@@ -157,7 +157,7 @@ def _capacity_layers(capacity_bytes: int, headroom: float, label: str) -> list[d
 
 
 def breakdown_spec(
-    source: Estimate | pd.DataFrame,
+    source: Estimate | pd.DataFrame | Iterable[Mapping[str, Any]],
     headroom: float = DEFAULT_HEADROOM,
     *,
     capacity_bytes: int | None = None,
@@ -174,7 +174,7 @@ def breakdown_spec(
         if title is None:
             title = f"{model_label(source.scenario.model)}: memory per GPU at each rank's peak"
     if capacity_bytes is None:
-        raise ValueError("capacity_bytes is needed to chart a frame")
+        raise ValueError("capacity_bytes is needed to chart a frame or rows")
     ranks = sorted({(r["stage"], r["rank"]) for r in records})
     totals = []
     for stage, rank in ranks:
@@ -241,7 +241,11 @@ def scaling_points(scenario: Scenario, axis: str, stops: Sequence[int]) -> dict[
     Memoised on the scenario with ``axis`` factored out, so moving the slider of that axis reuses the curve.
     The returned dict is shared: copy before changing it.
     """
-    return _scaling_points(scenario.replace(**{axis: stops[0]}), axis, tuple(stops))
+    try:
+        key = scenario.replace(**{axis: stops[0]})
+    except ScenarioError:  # the first stop is invalid for this scenario (a GRPO completion longer than it)
+        key = scenario
+    return _scaling_points(key, axis, tuple(stops))
 
 
 @functools.lru_cache(maxsize=512)

@@ -1,4 +1,4 @@
-"""The ``memsim`` command line: estimate a scenario, plan layouts, recommend fixes, list presets and GPUs.
+"""The ``memsim`` command line: estimate, plan, recommend, export launch configs, list presets and GPUs.
 
 Bad input exits with status 2 and one line naming the field; never a traceback.
 """
@@ -39,6 +39,8 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "loss": ("loss", str),
     "framework": ("framework", str),
     "output_lifetime": ("output_lifetime", str),
+    "images_per_sample": ("images_per_sample", int),
+    "freeze_vision": ("freeze_vision", bool),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),
@@ -48,6 +50,15 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "zero": ("parallel.zero", int),
     "offload": ("parallel.offload", str),
     "reshard_after_forward": ("parallel.reshard_after_forward", bool),
+    "objective": ("objective", str),
+    "num_generations": ("rl.num_generations", int),
+    "completion_len": ("rl.completion_len", int),
+    "reference": ("rl.reference", str),
+    "rollout": ("rl.rollout", str),
+    "gpu_memory_utilization": ("rl.gpu_memory_utilization", float),
+    "kv_cache": ("rl.kv_cache", str),
+    "sleep_mode": ("rl.sleep_mode", int),
+    "completions_per_micro_batch": ("rl.completions_per_micro_batch", int),
 }
 
 
@@ -165,6 +176,8 @@ def _table(est: Any, headroom: float) -> str:
         if row["stage"] != r.stage.index or row["bytes"] == 0:
             continue
         lines.append(f"{row['category']:<17} {row['gib']:>9.3f}  {row['item']}: {row['formula']}")
+    if est.scenario.objective_name != "sft":
+        lines += ["", *_phase_lines(est)]
     if len(est.ranks) > 1:
         lines.append("")
         lines.append(
@@ -172,6 +185,34 @@ def _table(est: Any, headroom: float) -> str:
             + ", ".join(f"{x.label} {_gib(x.device_total_bytes)} GiB at {x.peak_phase}" for x in est.ranks)
         )
     return "\n".join(lines)
+
+
+def _phase_lines(est: Any) -> list[str]:
+    """An objective's phases: each phase's peak moment and bytes, then its breakdown (the larger one is the peak)."""
+    sc = est.scenario
+    rl = sc.rl_config
+    lines = [
+        f"objective {sc.objective_name}: {sc.sequences_per_micro_batch} sequences per micro-batch, "
+        f"reference {sc.reference}"
+        + (f", rollout {rl.rollout}" if sc.objective_name in ("grpo", "ppo") else ""),
+        "phases    (the peak is the larger phase)",
+    ]
+    phases = est.phases()
+    for name, p in phases.items():
+        mark = "  <- peak" if p["peak"] else ""
+        lines.append(f"  {name:<13} {_gib(p['allocated_bytes']):>10} GiB allocated at {p['moment']}{mark}")
+    for phase in ("rollout", "training"):
+        rows = [r for r in est.phase_rows() if r["phase"] == phase]
+        if not rows:
+            continue
+        lines += ["", f"{phase} phase at {rows[0]['moment']}", f"{'category':<17} {'GiB':>9}  item / formula"]
+        for row in sorted(rows, key=lambda x: (x["category"], -x["bytes"])):
+            lines.append(f"{row['category']:<17} {row['gib']:>9.3f}  {row['item']}: {row['formula']}")
+    group = phases.get("rollout_group")
+    if group:
+        lines += ["", "rollout GPU group (separate cards, not in the training peak)"]
+        lines += [f"  {k:<40} {_gib(v):>9} GiB" for k, v in group["items"].items()]
+    return lines
 
 
 def _time_split(est: Any) -> str:
@@ -470,6 +511,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         train_tokens=args.train_tokens,
         price=args.price,
     )
+    if args.export is not None:
+        if not p.fitting:
+            raise ScenarioError("--export", "no candidate fits, so there is none to export")
+        _export_pick(p, args)
+        return 0
     if args.json:
         print(json.dumps(p.to_dict(args.top), indent=2))
     else:
@@ -547,6 +593,47 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_export(files: dict[str, str], out: str | None) -> None:
+    """Export files to ``--out`` (created; one 'wrote PATH' line each), else to stdout (``==> name <==`` heads
+    when there are several)."""
+    if out is None:
+        for n, (name, text) in enumerate(files.items()):
+            head = f"{'' if n == 0 else chr(10)}==> {name} <==\n" if len(files) > 1 else ""
+            sys.stdout.write(head + text)
+        return
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name).write_text(text, encoding="utf-8")
+            print(f"wrote {folder / name}")
+    except OSError as exc:
+        raise ScenarioError("--out", f"cannot write to {out!r}: {exc.strerror or exc}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the launch config of a scenario for one framework (``memsim_widget.export``)."""
+    from memsim_widget.export import export
+    from memsim_widget.scenario import Scenario
+
+    sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
+    _write_export(export(sc, args.format), args.out)
+    return 0
+
+
+def _export_pick(p: Any, args: argparse.Namespace) -> None:
+    """``memsim plan --export FMT``: the launch config of the ``--pick``-th listed candidate."""
+    from memsim_widget.export import export
+
+    frame = p.frame
+    if not 1 <= args.pick <= len(frame):
+        raise ScenarioError(
+            "--pick", f"must be from 1 to {len(frame)} (the listed candidates), got {args.pick}"
+        )
+    candidate = int(frame["candidate"].iloc[args.pick - 1])
+    _write_export(export(p.scenario(candidate), args.export, p.estimate(candidate)), args.out)
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 
@@ -607,6 +694,13 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
             "--" + flag.replace("_", "-"), dest=flag, type=_ARG_TYPES.get(typ, typ), help=f"override {key}"
         )
     _add_gpu_memory(p)
+
+
+def _formats() -> list[str]:
+    """The export formats (a plain dict: the writers themselves load on use)."""
+    from memsim_widget.export import FORMATS
+
+    return list(FORMATS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -685,6 +779,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
     pl.add_argument("--json", action="store_true", help="print one JSON object with the top candidates")
+    pl.add_argument(
+        "--export",
+        choices=_formats(),
+        metavar="FORMAT",
+        help=f"write the launch config of a listed candidate instead: {', '.join(_formats())}",
+    )
+    pl.add_argument(
+        "--pick", type=_int_arg, default=1, help="the candidate to --export, by its # (default 1)"
+    )
+    pl.add_argument("--out", metavar="DIR", help="with --export: write the files into DIR (default stdout)")
     pl.set_defaults(func=cmd_plan)
     rc = sub.add_parser(
         "recommend",
@@ -695,6 +799,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_headroom(rc)
     _add_overrides(rc)
     rc.set_defaults(func=cmd_recommend)
+    ex = sub.add_parser(
+        "export",
+        help="write the launch config of a scenario: " + ", ".join(_formats()),
+        description="Write the files that launch the scenario under one framework, each with a note of the "
+        "scenario and memsim's predicted peak per GPU. A setting the framework cannot express exits 2 naming "
+        "the field, or is listed in the note under 'set by hand'. For a planner candidate: memsim plan "
+        "--export FORMAT --pick N.",
+    )
+    ex.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
+    ex.add_argument("--format", required=True, choices=_formats(), metavar="FORMAT",
+                    help="one of: " + ", ".join(_formats()))  # fmt: skip
+    ex.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
+    _add_overrides(ex)
+    ex.set_defaults(func=cmd_export)
     for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--json", action="store_true")

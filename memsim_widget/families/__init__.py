@@ -28,6 +28,9 @@ MODULES: tuple[str, ...] = (
     "falcon",
     # state-space models (Mamba, Mamba-2, Jamba)
     "mamba",
+    # multimodal (vision tower + language model): CLIP, LLaVA
+    "clip",
+    "llava",
 )
 
 for _name in MODULES:
