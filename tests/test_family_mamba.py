@@ -190,3 +190,19 @@ def test_torch_path_within_three_percent_of_trace(name: str) -> None:
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r
+
+
+def test_cli_takes_ssm_kernel_and_prints_which_path(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from memsim_widget.cli import main
+
+    assert (
+        main(["estimate", "--model", "mamba-130m", "--seq-len", "512", "--ssm-kernel", "torch", "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario"]["ssm_kernel"] == "torch"
+    assert any("held to a CPU fake-tensor trace" in c for c in out["caveats"])
+    assert main(["estimate", "--model", "mamba-130m", "--seq-len", "512"]) == 0
+    assert "not traced" in capsys.readouterr().out
