@@ -1,0 +1,88 @@
+"""Per-layer saved bytes fitted from tiny fake-tensor traces of a shrunk copy of the model.
+
+Each trace runs one real HF training step (``trace.hf.trace_hf``) of the model cut to 1 or 2 blocks, at a small
+micro-batch b and sequence s, and reads four non-state amounts (everything live that is not a parameter, buffer,
+gradient or optimizer state): ``saved`` at the start of backward, ``forward`` the forward's peak, ``backward``
+the backward's peak before the embedding's backward and ``bottom`` the peak during it (its weight-sized buffers
+meet every gradient there). A block's saved bytes are ``saved(2 blocks) - saved(1 block)``; the rest (embeddings, final
+norm, the loss's saved tensors, inputs) is ``saved(1 block)`` less one block. Each amount is fitted by least
+squares on the basis ``1, s, b*s, b*s^2`` (activations are linear in b; eager attention adds an exact b*s^2 term;
+RoPE tables and masks shared by the batch grow with s alone), and checked on a held-out (b, s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: (b, s) points the coefficients are fitted on, and the held-out point the fit is checked on.
+FIT_POINTS = ((1, 32), (2, 32), (1, 64), (2, 96), (3, 64))
+HELD_OUT = (2, 48)
+#: Basis of every fitted amount, as (label, f(b, s)).
+BASIS = (("", lambda b, s: 1), ("s", lambda b, s: s), ("b*s", lambda b, s: b * s), ("b*s^2", lambda b, s: b * s * s))
+#: Largest relative residual of the held-out point accepted (else the model type is refused).
+MAX_RESIDUAL = 0.02
+
+_STATE_ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "unsharded_parameter")
+
+
+def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any) -> dict[str, int]:
+    """Trace one step; the non-state bytes live at the start of backward and at the forward's and backward's peaks."""
+    from memsim_widget.trace.hf import trace_hf
+
+    res = trace_hf(dict(config), micro_batch_size=b, seq_len=s, steps=1, progress=False, timeline_points=10,
+                   top_n=0, **trace_kw)  # fmt: skip
+    tr = res.tracker
+    marks = {m["phase"]: m["seq"] for m in tr.marks if m["step"] == 1}
+    events: list[tuple[int, int]] = []
+    for r in tr.records:
+        if r.step != 1 or not r.nbytes or tr.final_role(r) in _STATE_ROLES:
+            continue
+        events.append((r.alloc_seq, r.nbytes))
+        if r.free_seq is not None:
+            events.append((r.free_seq, -r.nbytes))
+    events.sort()
+    bwd, opt = marks["backward"], marks.get("optimizer_step", 1 << 62)
+    # the bottom of backward: the embedding's backward (its weight-sized gradient buffers) starts it
+    bottom = min(
+        (r.alloc_seq for r in tr.records if r.step == 1 and r.phase == "backward" and "embedding" in r.op),
+        default=opt,
+    )
+    live = fwd_peak = bwd_peak = bottom_peak = saved = 0
+    i = 0
+    while i < len(events):
+        seq = events[i][0]
+        while i < len(events) and events[i][0] == seq:
+            live += events[i][1]
+            i += 1
+        if seq < bwd:
+            fwd_peak = max(fwd_peak, live)
+            saved = live
+        elif seq < bottom:
+            bwd_peak = max(bwd_peak, live)
+        elif seq < opt:
+            bottom_peak = max(bottom_peak, live)
+    return {"saved": saved, "forward": fwd_peak, "backward": bwd_peak, "bottom": bottom_peak, "seconds": res.seconds}
+
+
+def lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Least-squares coefficients (normal equations, Gaussian elimination; a handful of unknowns)."""
+    n = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    y = [sum(r[i] * v for r, v in zip(rows, ys, strict=True)) for i in range(n)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda k: abs(a[k][c]))
+        a[c], a[piv], y[c], y[piv] = a[piv], a[c], y[piv], y[c]
+        if abs(a[c][c]) < 1e-12:
+            continue
+        for k in range(n):
+            if k != c and a[k][c]:
+                f = a[k][c] / a[c][c]
+                a[k] = [x - f * z for x, z in zip(a[k], a[c], strict=True)]
+                y[k] -= f * y[c]
+    return [y[i] / a[i][i] if abs(a[i][i]) >= 1e-12 else 0.0 for i in range(n)]
+
+
+def evaluate(coef: list[float] | tuple[float, ...], b: int, s: int) -> float:
+    """A fitted amount at (b, s)."""
+    return sum(c * f(b, s) for c, (_, f) in zip(coef, BASIS, strict=True))
