@@ -3,8 +3,8 @@
 Each trace runs one real HF training step (``trace.hf.trace_hf``) of the model cut to 1 or 2 blocks, at a small
 micro-batch b and sequence s, and reads four non-state amounts (everything live that is not a parameter, buffer,
 gradient or optimizer state): ``saved`` at the start of backward, ``forward`` the forward's peak, ``backward``
-the backward's peak before the embedding's backward and ``bottom`` the peak during it (its weight-sized buffers
-meet every gradient there). A block's saved bytes are ``saved(2 blocks) - saved(1 block)``; the rest (embeddings, final
+the loss's backward peak (before the first parameter gradient), ``blocks`` the peak while the blocks run backward
+and ``bottom`` the peak during the embedding's backward (its weight-sized buffers meet every gradient there). A block's saved bytes are ``saved(2 blocks) - saved(1 block)``; the rest (embeddings, final
 norm, the loss's saved tensors, inputs) is ``saved(1 block)`` less one block. Each amount is fitted by least
 squares on the basis ``1, s, b*s, b*s^2`` (activations are linear in b; eager attention adds an exact b*s^2 term;
 RoPE tables and masks shared by the batch grow with s alone), and checked on a held-out (b, s).
@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 #: (b, s) points the coefficients are fitted on, and the held-out point the fit is checked on.
-FIT_POINTS = ((1, 32), (2, 32), (1, 64), (2, 96), (3, 64))
-HELD_OUT = (2, 48)
+FIT_POINTS = ((1, 128), (2, 128), (1, 256), (2, 384), (3, 256))
+#: Beyond the fit points' tokens: a peak that moves to another instant as T grows shows up as a residual.
+HELD_OUT = (4, 512)
 #: Basis of every fitted amount, as (label, f(b, s)).
 BASIS = (("", lambda b, s: 1), ("s", lambda b, s: s), ("b*s", lambda b, s: b * s), ("b*s^2", lambda b, s: b * s * s))
 #: Largest relative residual of the held-out point accepted (else the model type is refused).
@@ -48,7 +49,12 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
         (r.alloc_seq for r in tr.records if r.step == 1 and r.phase == "backward" and "embedding" in r.op),
         default=opt,
     )
-    live = fwd_peak = bwd_peak = bottom_peak = saved = 0
+    # the loss's backward ends where the first parameter gradient is made (the head's, or the last block's)
+    first_grad = min(
+        (r.alloc_seq for r in tr.records if r.step == 1 and bwd <= r.alloc_seq < bottom and tr.final_role(r) == "gradient"),
+        default=bottom,
+    )
+    live = fwd_peak = bwd_peak = blocks_peak = bottom_peak = saved = 0
     i = 0
     while i < len(events):
         seq = events[i][0]
@@ -58,11 +64,13 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
         if seq < bwd:
             fwd_peak = max(fwd_peak, live)
             saved = live
-        elif seq < bottom:
+        elif seq < first_grad:
             bwd_peak = max(bwd_peak, live)
+        elif seq < bottom:
+            blocks_peak = max(blocks_peak, live)
         elif seq < opt:
             bottom_peak = max(bottom_peak, live)
-    return {"saved": saved, "forward": fwd_peak, "backward": bwd_peak, "bottom": bottom_peak, "seconds": res.seconds}
+    return {"saved": saved, "forward": fwd_peak, "backward": bwd_peak, "blocks": blocks_peak, "bottom": bottom_peak, "seconds": res.seconds}
 
 
 def lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:

@@ -103,18 +103,22 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
     for phase, bucket, less in (
         ("forward", out.loss_forward, saved),
         ("backward", out.loss_backward, saved),
+        ("blocks", out.layer_backward, L * per),
         ("bottom", out.bottom_backward, 0.0),
     ):
         f = fit[phase]
         peak = value(f["rest"], b, s) + L * value(f["per_layer"], b, s)
-        label = "embedding backward: its buffers and what is left saved" if phase == "bottom" else (
-            f"{phase} transients above the saved bytes"
-        )  # fmt: skip
+        label = {
+            "forward": "forward transients above the saved bytes",
+            "backward": "loss backward transients above the saved bytes",
+            "blocks": "blocks' backward: transients and what is saved outside the blocks",
+            "bottom": "embedding backward: its buffers and what is left saved",
+        }[phase]
         bucket.append(
             Term(
                 f"{label} ({what})",
                 max(peak - less, 0.0),
-                f"({formula(f['rest'])}) + {L} x ({formula(f['per_layer'])})" + (" - saved bytes" if less else ""),
+                f"({formula(f['rest'])}) + {L} x ({formula(f['per_layer'])})" + ({0.0: "", saved: " - saved bytes"}.get(less, f" - {L} x block")),
                 1,
             )
         )
