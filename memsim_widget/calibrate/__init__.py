@@ -136,7 +136,9 @@ def _refuse_structure(cfg: Any, mt: str) -> None:
             "shrunk copy of one or two blocks cannot stand for them, so it is not calibrated",
         )  # fmt: skip
     if getattr(cfg, "is_encoder_decoder", False):
-        raise ScenarioError("model.model_type", f"{mt!r} is an encoder-decoder: only causal LMs are calibrated")
+        raise ScenarioError(
+            "model.model_type", f"{mt!r} is an encoder-decoder: only causal LMs are calibrated"
+        )
 
 
 class SavedBytesSource:

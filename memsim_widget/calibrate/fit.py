@@ -20,7 +20,12 @@ FIT_POINTS = ((1, 128), (2, 128), (1, 256), (2, 384), (3, 256))
 #: Beyond the fit points' tokens: a peak that moves to another instant as T grows shows up as a residual.
 HELD_OUT = (4, 512)
 #: Basis of every fitted amount, as (label, f(b, s)).
-BASIS = (("", lambda b, s: 1), ("s", lambda b, s: s), ("b*s", lambda b, s: b * s), ("b*s^2", lambda b, s: b * s * s))
+BASIS = (
+    ("", lambda b, s: 1),
+    ("s", lambda b, s: s),
+    ("b*s", lambda b, s: b * s),
+    ("b*s^2", lambda b, s: b * s * s),
+)
 #: Largest relative residual of the held-out point accepted (else the model type is refused).
 MAX_RESIDUAL = 0.02
 
@@ -51,7 +56,11 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
     )
     # the loss's backward ends where the first parameter gradient is made (the head's, or the last block's)
     first_grad = min(
-        (r.alloc_seq for r in tr.records if r.step == 1 and bwd <= r.alloc_seq < bottom and tr.final_role(r) == "gradient"),
+        (
+            r.alloc_seq
+            for r in tr.records
+            if r.step == 1 and bwd <= r.alloc_seq < bottom and tr.final_role(r) == "gradient"
+        ),
         default=bottom,
     )
     live = fwd_peak = bwd_peak = blocks_peak = bottom_peak = saved = 0
@@ -70,7 +79,14 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
             blocks_peak = max(blocks_peak, live)
         elif seq < opt:
             bottom_peak = max(bottom_peak, live)
-    return {"saved": saved, "forward": fwd_peak, "backward": bwd_peak, "blocks": blocks_peak, "bottom": bottom_peak, "seconds": res.seconds}
+    return {
+        "saved": saved,
+        "forward": fwd_peak,
+        "backward": bwd_peak,
+        "blocks": blocks_peak,
+        "bottom": bottom_peak,
+        "seconds": res.seconds,
+    }
 
 
 def lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:

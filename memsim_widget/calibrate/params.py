@@ -16,7 +16,9 @@ from typing import Any
 from memsim_widget.architecture import ParamGroup
 
 _ATTN = re.compile(r"attn|attention|self_att|cross_att|(^|\.)(q|k|v|o)_proj$|query|key|value|qkv")
-_MLP = re.compile(r"mlp|ffn|feed_forward|fc\d|fc_in|fc_out|dense_h_to_4h|dense_4h_to_h|up_proj|down_proj|gate_proj")
+_MLP = re.compile(
+    r"mlp|ffn|feed_forward|fc\d|fc_in|fc_out|dense_h_to_4h|dense_4h_to_h|up_proj|down_proj|gate_proj"
+)
 _EXPERT = re.compile(r"expert")
 _ROUTER = re.compile(r"router|(^|\.)gate$")
 
@@ -51,9 +53,8 @@ def _blocks(model: Any) -> tuple[str, int]:
 
     best = ("", 0)
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) > best[1]:
-            if len({type(m) for m in mod}) == 1:
-                best = (name, len(mod))
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) > best[1] and len({type(m) for m in mod}) == 1:
+            best = (name, len(mod))
     if not best[1]:
         raise ValueError("no repeated block (ModuleList) found")
     return best
@@ -112,9 +113,7 @@ def param_groups(model: Any) -> tuple[tuple[ParamGroup, ...], int, bool]:
         # embedding tables run before the blocks; everything else outside them (final norm, head) after
         where = "pre" if isinstance(owner, torch.nn.Embedding) else "post"
         kind, expert = _kind(owner_path, owner, where)
-        groups.append(
-            ParamGroup(name=name, kind=kind, shape=tuple(p.shape), scope=where, module=mod_name)
-        )
+        groups.append(ParamGroup(name=name, kind=kind, shape=tuple(p.shape), scope=where, module=mod_name))
     layer_groups = [
         ParamGroup(name=f"{blocks}.*.{rel}", kind=k, shape=shape, count=n, module=m, expert=e)
         for (rel, shape), (k, e, m, n) in layered.items()

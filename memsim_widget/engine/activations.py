@@ -59,7 +59,9 @@ class ActivationBudget:
     layer_backward: list[Term] = field(default_factory=list)  # transients while one layer runs backward
     top_backward: list[Term] = field(default_factory=list)  # transients of the final norm's backward
     attention_backward: list[Term] = field(default_factory=list)  # transients of the attention's backward
-    bottom_backward: list[Term] = field(default_factory=list)  # transients of the embedding's backward (calibrated)
+    bottom_backward: list[Term] = field(
+        default_factory=list
+    )  # transients of the embedding's backward (calibrated)
     inputs: list[Term] = field(default_factory=list)
     # the model output the loop still holds after the loss (output_lifetime "backward" or "step"):
     output_logits: list[Term] = field(default_factory=list)  # its logits (last stage)

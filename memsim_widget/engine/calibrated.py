@@ -39,13 +39,19 @@ def refuse(ctx: Context) -> None:
     why = "needs the module structure, which a calibrated model does not describe"
     for name, deg in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep)):
         if deg > 1:
-            raise ScenarioError(f"parallel.{name}", f"{name}={deg} {why}; a calibrated model takes dp/zero only")
+            raise ScenarioError(
+                f"parallel.{name}", f"{name}={deg} {why}; a calibrated model takes dp/zero only"
+            )
     if p.sequence_parallel:
         raise ScenarioError("parallel.sequence_parallel", f"sequence parallel {why}")
     if sc.framework != "hf":
-        raise ScenarioError("framework", f"{sc.framework!r}: a calibrated model is traced as HF transformers runs it; use hf")
+        raise ScenarioError(
+            "framework", f"{sc.framework!r}: a calibrated model is traced as HF transformers runs it; use hf"
+        )
     if sc.method == "qlora":
-        raise ScenarioError("method", "qlora is not calibrated (bitsandbytes' 4-bit kernels cannot be traced on a CPU)")
+        raise ScenarioError(
+            "method", "qlora is not calibrated (bitsandbytes' 4-bit kernels cannot be traced on a CPU)"
+        )
     if sc.precision not in CALIBRATED_PRECISIONS:
         raise ScenarioError(
             "precision", f"{sc.precision!r} is not calibrated; traced: {', '.join(CALIBRATED_PRECISIONS)}"
@@ -60,7 +66,9 @@ def refuse(ctx: Context) -> None:
     if sc.loss != "standard":
         raise ScenarioError("loss", "a calibrated model computes transformers' own loss; use standard")
     if ctx.scenario.output_lifetime not in (None, "trainer"):
-        raise ScenarioError("output_lifetime", "a calibrated model is traced with HF Trainer's loop; use trainer")
+        raise ScenarioError(
+            "output_lifetime", "a calibrated model is traced with HF Trainer's loop; use trainer"
+        )
 
 
 def formula(coef: list[float]) -> str:
@@ -93,7 +101,11 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
     saved = rest + L * per
     out = ActivationBudget()
     what = "calibrated from a trace, fitted"
-    kept = "checkpointed block input (" if ctx.scenario.activation_checkpointing == "full" else "saved by one block ("
+    kept = (
+        "checkpointed block input ("
+        if ctx.scenario.activation_checkpointing == "full"
+        else "saved by one block ("
+    )
     out.per_layer.append(Term(f"{kept}{what})", per, formula(fit["per_layer"]), 1))
     if ctx.scenario.activation_checkpointing == "full":
         out.checkpointed_layer = list(out.per_layer)
@@ -118,7 +130,8 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
             Term(
                 f"{label} ({what})",
                 max(peak - less, 0.0),
-                f"({formula(f['rest'])}) + {L} x ({formula(f['per_layer'])})" + ({0.0: "", saved: " - saved bytes"}.get(less, f" - {L} x block")),
+                f"({formula(f['rest'])}) + {L} x ({formula(f['per_layer'])})"
+                + ({0.0: "", saved: " - saved bytes"}.get(less, f" - {L} x block")),
                 1,
             )
         )
