@@ -206,7 +206,7 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
     t0 = time.perf_counter()
     lk = layer_key(hf_config(config))
     kw = _trace_kwargs(key)
-    amounts = ("saved", "forward", "backward", "blocks", "bottom")
+    amounts = ("saved", "forward", "backward", "blocks", "attention", "bottom")
     data: dict[int, list[dict[str, int]]] = {}
     for n in (1, 2):
         cfg = {**config, lk: n}
@@ -231,6 +231,7 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
         "forward": out["forward"],
         "backward": out["backward"],
         "blocks": out["blocks"],
+        "attention": out["attention"],
         "bottom": out["bottom"],
         "residual": max(abs(e) for e in errs.values()),
         "held_out": {"b": HELD_OUT[0], "s": HELD_OUT[1], "blocks": 2, "errors": errs},

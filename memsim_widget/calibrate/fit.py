@@ -3,8 +3,8 @@
 Each trace runs one real HF training step (``trace.hf.trace_hf``) of the model cut to 1 or 2 blocks, at a small
 micro-batch b and sequence s, and reads four non-state amounts (everything live that is not a parameter, buffer,
 gradient or optimizer state): ``saved`` at the start of backward, ``forward`` the forward's peak, ``backward``
-the loss's backward peak (before the first parameter gradient), ``blocks`` the peak while the blocks run backward
-and ``bottom`` the peak during the embedding's backward (its weight-sized buffers meet every gradient there). A block's saved bytes are ``saved(2 blocks) - saved(1 block)``; the rest (embeddings, final
+the loss's backward peak (before the first parameter gradient), ``blocks`` / ``attention`` the peaks while the blocks run backward
+(at the attention's ops and at the others) and ``bottom`` the peak during the embedding's backward (its weight-sized buffers meet every gradient there). A block's saved bytes are ``saved(2 blocks) - saved(1 block)``; the rest (embeddings, final
 norm, the loss's saved tensors, inputs) is ``saved(1 block)`` less one block. Each amount is fitted by least
 squares on the basis ``1, s, b*s, b*s^2`` (activations are linear in b; eager attention adds an exact b*s^2 term;
 RoPE tables and masks shared by the batch grow with s alone), and checked on a held-out (b, s).
@@ -12,6 +12,7 @@ RoPE tables and masks shared by the batch grow with s alone), and checked on a h
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,8 @@ BASIS = (
 #: Largest relative residual of the held-out point accepted (else the model type is refused).
 MAX_RESIDUAL = 0.02
 
+#: Ops of the attention's backward (SDPA kernels' backward, eager's softmax backward and batched matmuls).
+_ATTENTION_OPS = re.compile(r"attention|softmax|bmm")
 _STATE_ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "unsharded_parameter")
 
 
@@ -41,10 +44,12 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
     tr = res.tracker
     marks = {m["phase"]: m["seq"] for m in tr.marks if m["step"] == 1}
     events: list[tuple[int, int]] = []
+    alloc_op: dict[int, str] = {}
     for r in tr.records:
         if r.step != 1 or not r.nbytes or tr.final_role(r) in _STATE_ROLES:
             continue
         events.append((r.alloc_seq, r.nbytes))
+        alloc_op[r.alloc_seq] = r.op
         if r.free_seq is not None:
             events.append((r.free_seq, -r.nbytes))
     events.sort()
@@ -63,7 +68,7 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
         ),
         default=bottom,
     )
-    live = fwd_peak = bwd_peak = blocks_peak = bottom_peak = saved = 0
+    live = fwd_peak = bwd_peak = blocks_peak = attn_peak = bottom_peak = saved = 0
     i = 0
     while i < len(events):
         seq = events[i][0]
@@ -76,7 +81,14 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
         elif seq < first_grad:
             bwd_peak = max(bwd_peak, live)
         elif seq < bottom:
-            blocks_peak = max(blocks_peak, live)
+            # two instants of a block's backward, each its own smooth function of (b, s): the attention's
+            # (eager: s x s gradients) and the rest (the MLP's T x I gradients); their maximum is not smooth
+            if seq not in alloc_op:
+                pass  # frees only: never a peak
+            elif _ATTENTION_OPS.search(alloc_op[seq]):
+                attn_peak = max(attn_peak, live)
+            else:
+                blocks_peak = max(blocks_peak, live)
         elif seq < opt:
             bottom_peak = max(bottom_peak, live)
     return {
@@ -84,6 +96,7 @@ def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any)
         "forward": fwd_peak,
         "backward": bwd_peak,
         "blocks": blocks_peak,
+        "attention": attn_peak,
         "bottom": bottom_peak,
         "seconds": res.seconds,
     }

@@ -116,6 +116,7 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
         ("forward", out.loss_forward, saved),
         ("backward", out.loss_backward, saved),
         ("blocks", out.layer_backward, L * per),
+        ("attention", out.attention_backward, L * per),
         ("bottom", out.bottom_backward, 0.0),
     ):
         f = fit[phase]
@@ -124,6 +125,7 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
             "forward": "forward transients above the saved bytes",
             "backward": "loss backward transients above the saved bytes",
             "blocks": "blocks' backward: transients and what is saved outside the blocks",
+            "attention": "blocks' attention backward: transients and what is saved outside the blocks",
             "bottom": "embedding backward: its buffers and what is left saved",
         }[phase]
         bucket.append(
