@@ -60,11 +60,11 @@ def test_test_types_are_not_modelled_by_a_family():
     [
         (OPT, {"micro_batch_size": 4, "seq_len": 640}),
         (GPTJ, {"micro_batch_size": 2, "seq_len": 448, "activation_checkpointing": "full"}),
-        (GPTJ, {"micro_batch_size": 3, "seq_len": 320, "precision": "fp32"}),
+        (GPTJ, {"micro_batch_size": 3, "seq_len": 320, "precision": "fp32", "attention": "eager"}),
         (STABLELM, {"micro_batch_size": 3, "seq_len": 704, "method": "lora"}),
         (STABLELM, {"micro_batch_size": 2, "seq_len": 384, "precision": "amp-bf16"}),
     ],
-    ids=["opt-bf16", "gptj-ckpt", "gptj-fp32", "stablelm-lora", "stablelm-amp"],
+    ids=["opt-bf16", "gptj-ckpt", "gptj-fp32-eager", "stablelm-lora", "stablelm-amp"],
 )
 def test_calibrated_peak_matches_a_full_trace(cfg, sc):
     est = estimate(Scenario.from_dict({"model": cfg, "precision": "bf16", **sc}))
@@ -149,3 +149,30 @@ def test_without_transformers_a_clear_refusal(monkeypatch):
     with pytest.raises(ScenarioError, match="'xglm' is not a supported model type; supported: .*llama") as e:
         build_architecture({"model_type": "xglm", "d_model": 64})
     assert "did you mean" not in str(e.value)
+
+
+def test_planner_refuses_a_calibrated_model():
+    from memsim_widget.plan.search import plan
+
+    with pytest.raises(ScenarioError, match="calibrated from a trace: the planner is not") as e:
+        plan(model=GPTJ, gpus=2, seq_len=256)
+    assert e.value.field == "model"
+
+
+def test_widget_verdict_carries_the_label():
+    pytest.importorskip("anywidget")
+    from memsim_widget.widget import MemSim
+
+    sim = MemSim(model=GPTJ, seq_len=256, charts_js=False)
+    assert any("calibrated from a trace" in c for c in sim.result["caveats"])
+
+
+def test_disk_cache_serves_a_new_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMSIM_CALIBRATION_CACHE", str(tmp_path))
+    cfg = {**STABLELM, "num_hidden_layers": 3}
+    key = ("bf16", "sdpa", None, False)
+    fit = build_architecture(cfg).extra["calibration"].fit(key)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    monkeypatch.setattr(calibrate, "_FITS", {})  # as a fresh process: only the disk copy is left
+    before = dict(calibrate.TRACE_COUNT)
+    assert build_architecture(cfg).extra["calibration"].fit(key) == fit and before == calibrate.TRACE_COUNT
