@@ -65,7 +65,7 @@ def build_calibrated(config: Mapping[str, Any]) -> Any:
     """The Architecture of ``config`` counted on the meta device, with a lazily fitted activation source."""
     from memsim_widget.architecture import Architecture
 
-    from .params import build_meta, hf_config, param_groups
+    from .params import build_meta, hf_config, param_groups, supports_sdpa
 
     mt = str(config["model_type"])
     t0 = time.perf_counter()
@@ -82,6 +82,8 @@ def build_calibrated(config: Mapping[str, Any]) -> Any:
             "calibrated from a trace",
         ) from exc  # fmt: skip
     groups, n_blocks, tied = param_groups(model)
+    sdpa = supports_sdpa(model)
+    cls_name = type(model).__name__
     del model
     h = int(_attr(cfg, "hidden_size", "n_embd", "d_model"))
     heads = int(_attr(cfg, "num_attention_heads", "n_head", default=1))
@@ -112,6 +114,12 @@ def build_calibrated(config: Mapping[str, Any]) -> Any:
         extra={
             "hf_class": "AutoModelForCausalLM",
             "calibration": source,
+            # a class without an SDPA path runs eager when SDPA is asked for (as PreTrainedModel does)
+            **(
+                {}
+                if sdpa
+                else {"sdpa": False, "attention_note": f"{cls_name} has no SDPA path in transformers"}
+            ),
             "meta_build_seconds": round(time.perf_counter() - t0, 3),
         },
     )
@@ -165,7 +173,15 @@ class SavedBytesSource:
         with _LOCK:
             hit = _FITS.get(ck) or _disk_load(ck)
             if hit is None:
-                hit = _fit(self.config, key)
+                try:
+                    hit = _fit(self.config, key)
+                except ScenarioError:
+                    raise
+                except Exception as exc:  # a shrunk copy transformers will not build or run: no number
+                    raise ScenarioError(
+                        "model.model_type", f"{self.model_type!r} could not be calibrated from a trace of a 1- "
+                        f"and 2-block copy ({type(exc).__name__}: {str(exc)[:200]})",
+                    ) from exc  # fmt: skip
                 TRACE_COUNT["fits"] += 1
                 _FITS[ck] = hit
                 _disk_save(ck, hit)
@@ -233,6 +249,7 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
         "blocks": out["blocks"],
         "attention": out["attention"],
         "bottom": out["bottom"],
+        "basis": [label for label, _ in _basis()],
         "residual": max(abs(e) for e in errs.values()),
         "held_out": {"b": HELD_OUT[0], "s": HELD_OUT[1], "blocks": 2, "errors": errs},
         "points": [list(p) for p in FIT_POINTS],

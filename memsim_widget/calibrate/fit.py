@@ -6,8 +6,8 @@ gradient or optimizer state): ``saved`` at the start of backward, ``forward`` th
 the loss's backward peak (before the first parameter gradient), ``blocks`` / ``attention`` the peaks while the blocks run backward
 (at the attention's ops and at the others) and ``bottom`` the peak during the embedding's backward (its weight-sized buffers meet every gradient there). A block's saved bytes are ``saved(2 blocks) - saved(1 block)``; the rest (embeddings, final
 norm, the loss's saved tensors, inputs) is ``saved(1 block)`` less one block. Each amount is fitted by least
-squares on the basis ``1, s, b*s, b*s^2`` (activations are linear in b; eager attention adds an exact b*s^2 term;
-RoPE tables and masks shared by the batch grow with s alone), and checked on a held-out (b, s).
+squares on the basis ``1, s, b*s, b*s^2, s^2`` (activations are linear in b; eager attention adds an exact b*s^2
+term; RoPE tables and masks shared by the batch grow with s or s^2 alone), and checked on a held-out (b, s).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 #: (b, s) points the coefficients are fitted on, and the held-out point the fit is checked on.
-FIT_POINTS = ((1, 128), (2, 128), (1, 256), (2, 384), (3, 256))
+FIT_POINTS = ((1, 128), (2, 128), (1, 256), (2, 384), (3, 256), (1, 448))
 #: Beyond the fit points' tokens: a peak that moves to another instant as T grows shows up as a residual.
 HELD_OUT = (4, 512)
 #: Basis of every fitted amount, as (label, f(b, s)).
@@ -26,6 +26,7 @@ BASIS = (
     ("s", lambda b, s: s),
     ("b*s", lambda b, s: b * s),
     ("b*s^2", lambda b, s: b * s * s),
+    ("s^2", lambda b, s: s * s),
 )
 #: Largest relative residual of the held-out point accepted (else the model type is refused).
 MAX_RESIDUAL = 0.02

@@ -38,13 +38,18 @@ def layer_key(cfg: Any) -> str:
     return getattr(cfg, "attribute_map", {}).get("num_hidden_layers", "num_hidden_layers")
 
 
-def build_meta(cfg: Any, attention: str = "sdpa") -> Any:
-    """The causal-LM training class of ``cfg`` on the meta device."""
+def build_meta(cfg: Any) -> Any:
+    """The causal-LM training class of ``cfg`` on the meta device (eager attention: every class has it)."""
     import torch
     import transformers
 
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attention)
+        return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+
+def supports_sdpa(model: Any) -> bool:
+    """Whether the model class has an SDPA attention path (transformers refuses ``sdpa`` for one without)."""
+    return bool(getattr(type(model), "_supports_sdpa", False))
 
 
 def _blocks(model: Any) -> tuple[str, int]:

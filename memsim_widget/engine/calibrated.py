@@ -18,19 +18,27 @@ from memsim_widget.errors import ScenarioError
 
 #: Precisions a trace runs (the fit traces the scenario's own recipe).
 CALIBRATED_PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-_BASIS = ("", "s", "b*s", "b*s^2")
+#: The terms a fit may use, by the label the fit names them with (``fit["basis"]``).
+TERMS = {
+    "": lambda b, s: 1,
+    "s": lambda b, s: s,
+    "b*s": lambda b, s: b * s,
+    "b*s^2": lambda b, s: b * s * s,
+    "s^2": lambda b, s: s * s,
+}
+_BASIS = ("", "s", "b*s", "b*s^2", "s^2")  # the order calibrate.fit.BASIS uses
 
 
 def is_calibrated(arch: Any) -> bool:
     return arch.extra.get("calibration") is not None
 
 
-def recipe_key(sc: Any) -> tuple:
-    """What the fit depends on: precision, attention kernel, LoRA (targets, rank, alpha, dtype), checkpointing."""
+def recipe_key(arch: Any, sc: Any) -> tuple:
+    """What the fit depends on: precision, attention kernel run, LoRA (targets, rank, alpha, dtype), checkpointing."""
     lora = None
     if sc.method != "full":
         lora = (tuple(sorted(sc.lora.targets)), sc.lora.rank, float(sc.lora.alpha), sc.lora.adapter_dtype)
-    return (sc.precision, sc.attention, lora, sc.activation_checkpointing == "full")
+    return (sc.precision, arch.attention_kernel(sc.attention), lora, sc.activation_checkpointing == "full")
 
 
 def refuse(ctx: Context) -> None:
@@ -72,7 +80,7 @@ def refuse(ctx: Context) -> None:
 
 
 def formula(coef: list[float]) -> str:
-    """A fitted amount in words: ``c0 + c1 x s + c2 x b*s + c3 x b*s^2`` bytes, tiny terms left out."""
+    """A fitted amount in words: ``c0 + c1 x s + c2 x b*s + c3 x b*s^2 + c4 x s^2`` bytes, tiny terms left out."""
     parts = []
     for c, term in zip(coef, _BASIS, strict=True):
         if abs(c) < 0.5:
@@ -82,13 +90,13 @@ def formula(coef: list[float]) -> str:
 
 
 def value(coef: list[float], b: int, s: int) -> float:
-    c0, c1, c2, c3 = coef
-    return max(c0 + c1 * s + c2 * b * s + c3 * b * s * s, 0.0)
+    """A fitted amount at (b, s), never below zero."""
+    return max(sum(c * TERMS[t](b, s) for c, t in zip(coef, _BASIS, strict=True)), 0.0)
 
 
 def fit_for(arch: Any, scenario: Any) -> dict[str, Any]:
     """The architecture's fit for this scenario's recipe (traced outside the engine on its first use)."""
-    return arch.extra["calibration"].fit(recipe_key(scenario))
+    return arch.extra["calibration"].fit(recipe_key(arch, scenario))
 
 
 def calibrated_activations(ctx: Context) -> ActivationBudget:
