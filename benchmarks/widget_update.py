@@ -8,7 +8,9 @@ Usage: ``python benchmarks/widget_update.py [--n 50] [--model llama-3.1-8b] [--j
 * ``update (warm)``: the same writes again, estimates cached (moving back to a value seen before);
 * ``scaling view (cold)``: ``charts.scaling_data`` + ``scaling_spec`` alone, cache cleared;
 * ``breakdown + result``: ``breakdown_spec`` + ``build_result`` for one estimate;
-* the JSON size of what one update sends to the browser.
+* ``update with 3 pins`` (cold and warm): the same writes with three pinned scenarios, so each update also
+  rebuilds the comparison (the pins' estimates are kept from when they were pinned);
+* the JSON size of what one update sends to the browser (``comparison`` with the three pins).
 The browser round trip (kernel message + vega re-embed) is not measured here.
 """
 
@@ -80,8 +82,13 @@ def main() -> None:
 
     scale_cold = _median_ms(scaling, args.n, cold=True)
     bd = _median_ms(breakdown, args.n, cold=False)
+    for method in ("full", "lora", "qlora"):
+        sim.set(method=method).pin()
+    pins_cold = _median_ms(ui_update, args.n, cold=True)
+    pins_warm = _median_ms(ui_update, args.n, cold=False)
     sizes = {
-        name: len(json.dumps(getattr(sim, name))) for name in ("scenario_data", "options", "result", "charts")
+        name: len(json.dumps(getattr(sim, name)))
+        for name in ("scenario_data", "options", "result", "charts", "comparison")
     }
     out = {
         "model": args.model,
@@ -90,6 +97,8 @@ def main() -> None:
         "update_warm_ms": round(warm, 2),
         "scaling_view_cold_ms": round(scale_cold, 2),
         "breakdown_and_result_ms": round(bd, 2),
+        "update_3_pins_cold_ms": round(pins_cold, 2),
+        "update_3_pins_warm_ms": round(pins_warm, 2),
         "update_payload_bytes": sizes,
     }
     if args.json:
@@ -100,6 +109,8 @@ def main() -> None:
     print(f"  update (warm: estimates cached)             {warm:7.2f} ms")
     print(f"  scaling view alone (cold)                   {scale_cold:7.2f} ms")
     print(f"  breakdown spec + result                     {bd:7.2f} ms")
+    print(f"  update with 3 pins (cold)                   {pins_cold:7.2f} ms")
+    print(f"  update with 3 pins (warm)                   {pins_warm:7.2f} ms")
     print("  payload per update: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in sizes.items()))
 
 

@@ -2,7 +2,8 @@
 // controls from `options`, writes `scenario_data` / `headroom` back, and shows `result`, `error` and `charts`.
 // "Verify with trace" sends {type: "verify"} / {type: "cancel"} messages and shows `trace` and `trace_view`.
 // "Make it fit" writes `fit_open`, shows `fit` and `layouts`, and sends {type: "fit_apply"}, {type: "layouts"} and
-// {type: "layout_apply"} messages; Python applies them like an edit.
+// {type: "layout_apply"} messages; Python applies them like an edit. "Pin" and remove write `pins`; Python answers
+// with `comparison` (the pins beside the current scenario: table and chart).
 // Logic lives in small exported functions so `node --test tests/js/` can check it without a browser.
 
 /** Every control: scenario key (dotted for nested keys), label, kind, fieldset. */
@@ -775,6 +776,114 @@ export function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
 
 /** A User Timing mark `memsim:<name>`, the page's first only (the first widget's render, bundle import and
  * each chart's first embed): DevTools' timeline and benchmarks/first_chart.py read them. */
+// ----- compare: pinned scenarios beside the current one -------------------------------------------------------
+const PIN_HINT = "Pin this scenario, then change a knob: the pins and the current scenario are compared side by side";
+const COMPARE_ROWS = [["peak per GPU", "peak"], ["verdict", "verdict"], ["step time", "step_time"],
+  ["tokens/s per GPU", "tokens_per_second"], ["MFU", "mfu"]];
+
+/** The compare panel: "Pin", the pins with remove buttons, a refused pin's message, the table and the chart. */
+export function createComparePanel(doc) {
+  const pin = h(doc, "button", { type: "button", class: "memsim-pin", text: "Pin", title: PIN_HINT });
+  const status = h(doc, "span", { class: "memsim-compare-status", role: "status" });
+  const pins = h(doc, "ul", { class: "memsim-pins" });
+  const error = h(doc, "div", { class: "memsim-compare-error", role: "alert", hidden: "" });
+  const table = h(doc, "div", { class: "memsim-compare-table-holder" });
+  const chart = h(doc, "div", { class: "memsim-chart memsim-chart-compare" });
+  const body = h(doc, "div", { class: "memsim-compare-body", hidden: "" }, [table, chart]);
+  const bar = h(doc, "div", { class: "memsim-compare-bar" }, [h(doc, "b", { text: "Compare" }), pin, status]);
+  const root = h(doc, "section", { class: "memsim-compare" }, [bar, pins, error, body]);
+  return { root, pin, status, pins, error, body, table, charts: { compare: chart } };
+}
+
+/** The pins with `scenario` appended (Python checks and names it): what "Pin" writes to `pins`. */
+export function withPin(pins, scenario) {
+  return [...(pins ?? []), { name: "", scenario: structuredClone(scenario ?? {}) }];
+}
+
+/** The pins without entry `index`: what a remove button writes to `pins`. */
+export function withoutPin(pins, index) {
+  return (pins ?? []).filter((_, i) => i !== index);
+}
+
+/** The comparison as a table: headline rows, then each field that differs, a cell that differs from the
+ * current scenario (the last column) highlighted. */
+export function compareTable(doc, view) {
+  const names = view.names ?? [];
+  const thead = h(doc, "thead", {}, [h(doc, "tr", {}, [h(doc, "th"), ...names.map((n) => h(doc, "th", { text: n }))])]);
+  const body = h(doc, "tbody");
+  for (const [label, key] of COMPARE_ROWS) {
+    body.append(h(doc, "tr", { class: `memsim-compare-row memsim-compare-${key.replace(/_/g, "-")}` }, [
+      h(doc, "th", { text: label }),
+      ...(view.rows ?? []).map((r) => h(doc, "td", { class: key === "verdict" ? `memsim-compare-${r.verdict.replace(/ /g, "-")}` : "", text: r[key] })),
+    ]));
+  }
+  const diffs = view.differences ?? [];
+  for (const d of diffs) {
+    body.append(h(doc, "tr", { class: "memsim-compare-diff" }, [
+      h(doc, "th", { text: d.field }),
+      ...d.values.map((v, i) => h(doc, "td", { class: d.changed[i] ? "memsim-compare-changed" : "", text: v })),
+    ]));
+  }
+  if (!diffs.length) {
+    body.append(h(doc, "tr", { class: "memsim-compare-same" }, [h(doc, "td", { colspan: String(names.length + 1),
+      text: "no scenario field differs" })]));
+  }
+  return h(doc, "table", { class: "memsim-table memsim-compare-table" }, [thead, body]);
+}
+
+/** Draw the compare panel from the `comparison` trait; "Pin" is off at the limit and while the input is rejected. */
+export function renderCompare(doc, panel, comparison = {}, rejected = false) {
+  const pins = comparison.pins ?? [];
+  const max = comparison.max_pins ?? 3;
+  panel.pin.disabled = rejected || pins.length >= max;
+  panel.status.textContent = rejected ? "the input shown is rejected: fix it to pin it"
+    : pins.length >= max ? `${max} pinned: remove one to pin another`
+      : pins.length ? `${pins.length} of ${max} pinned; change a knob to compare` : PIN_HINT;
+  panel.pins.replaceChildren(...pins.map((p, i) => h(doc, "li", { class: "memsim-pin-item" }, [
+    h(doc, "b", { text: p.name }), `: ${p.summary} `,
+    h(doc, "button", { type: "button", class: "memsim-unpin", "data-unpin": String(i), text: "remove",
+      title: `Remove ${p.name} from the comparison` }),
+  ])));
+  panel.error.hidden = !comparison.error;
+  panel.error.textContent = comparison.error ? `Pin refused: ${comparison.error}` : "";
+  const view = comparison.view;
+  panel.body.hidden = !view;
+  panel.table.replaceChildren(...(view ? [compareTable(doc, view)] : []));
+}
+
+/** Wire the compare panel into `render`: "Pin" and remove write `pins`, Python answers with `comparison`.
+ * Returns the cleanup of its chart. */
+function wireCompare(doc, model, panel, { listen, onModel, bundle }) {
+  const show = () => renderCompare(doc, panel, readTrait(model, "comparison") ?? {}, Boolean(model.get("error")));
+  const draw = chartDrawer(doc, panel.charts, () => {
+    const chart = readTrait(model, "comparison")?.view?.chart;
+    return chart ? { compare: chart } : {};
+  }, bundle);
+  const write = (pins) => {
+    model.set("pins", pins);
+    model.save_changes();
+  };
+  listen(panel.pin, "click", () => {
+    if (!panel.pin.disabled) write(withPin(model.get("pins"), model.get("scenario_data")));
+  });
+  listen(panel.pins, "click", (event) => {
+    const button = event.target?.closest?.("button[data-unpin]");
+    if (button) write(withoutPin(model.get("pins"), Number(button.getAttribute("data-unpin"))));
+  });
+  onModel("comparison", () => {
+    show();
+    draw();
+  });
+  onModel("error", show);
+  onModel("_vega_js", () => {
+    draw.forget();
+    draw();
+  });
+  show();
+  draw();
+  return () => draw.dispose();
+}
+
 function mark(name) {
   const perf = globalThis.performance;
   if (typeof perf?.mark !== "function" || perf.getEntriesByName?.(`memsim:${name}`).length) return;
@@ -904,6 +1013,54 @@ function download(doc, href, name) {
   a.remove();
 }
 
+/** The launch-config export: a format dropdown, an "Export" button and a status line (memsim_widget.export). */
+export function createExportPanel(doc) {
+  const select = h(doc, "select", { class: "memsim-export-format", "aria-label": "launch config format" });
+  const button = h(doc, "button", { type: "button", class: "memsim-export-config", text: "Export" });
+  const status = h(doc, "span", { class: "memsim-export-status", role: "status" });
+  const root = h(doc, "details", { class: "memsim-details-export" }, [
+    h(doc, "summary", { text: "launch config" }), select, button, status,
+  ]);
+  return { root, select, button, status };
+}
+
+/** Show the `export` trait: the formats Python offers (the panel hides without any), the files or the error. */
+export function renderExport(doc, panel, state = {}) {
+  const formats = state.formats ?? [];
+  if ([...panel.select.options].map((o) => o.value).join() !== formats.join()) fillSelect(doc, panel.select, formats);
+  panel.root.hidden = formats.length === 0;
+  const names = Object.keys(state.files ?? {});
+  panel.status.textContent = state.error || (names.length ? `downloaded ${names.join(", ")}` : "");
+  panel.status.classList.toggle("memsim-export-error", Boolean(state.error));
+}
+
+/** One text Blob per exported file, in Python's order. */
+export function exportBlobs(files = {}) {
+  return Object.entries(files).map(([name, text]) => ({ name, blob: new Blob([text], { type: "text/plain;charset=utf-8" }) }));
+}
+
+/** Wire the panel: a click asks Python for the files; the answer to that request is downloaded once. */
+function wireExport(doc, model, panel, listen, onModel) {
+  let asked = null; // the trait's id when the request left: a larger id is its answer
+  const show = () => renderExport(doc, panel, model.get("export") ?? {});
+  listen(panel.button, "click", () => {
+    asked = model.get("export")?.id ?? 0;
+    model.send({ type: "export", format: panel.select.value });
+  });
+  onModel("export", () => {
+    show();
+    const state = model.get("export") ?? {};
+    if (asked === null || !(state.id > asked)) return;
+    asked = null;
+    for (const { name, blob } of exportBlobs(state.files)) {
+      const url = URL.createObjectURL(blob);
+      download(doc, url, name);
+      setTimeout(() => URL.revokeObjectURL(url), 1000);
+    }
+  });
+  show();
+}
+
 /** anywidget entry point: draw the widget into `el`; returns the cleanup function. */
 export function render({ model, el }) {
   mark("render");
@@ -939,6 +1096,8 @@ export function render({ model, el }) {
   });
   const trace = createTracePanel(doc);
   const fit = createFitPanel(doc);
+  const compare = createComparePanel(doc);
+  const exportPanel = createExportPanel(doc);
   const tableHolder = h(doc, "div", { class: "memsim-table-holder" });
   const csvLink = h(doc, "a", { class: "memsim-csv", download: "memsim-breakdown.csv", text: "download CSV" });
   const jsonArea = h(doc, "textarea", { class: "memsim-json", rows: "14", spellcheck: "false" });
@@ -948,12 +1107,14 @@ export function render({ model, el }) {
     errorEl,
     verdictEl,
     fit.root,
+    compare.root,
     ...chartBlocks,
     trace.root,
     h(doc, "details", { class: "memsim-details-table" }, [h(doc, "summary", { text: "breakdown table" }), csvLink, tableHolder]),
     h(doc, "details", { class: "memsim-details-json" }, [
       h(doc, "summary", { text: "scenario JSON" }), jsonArea, h(doc, "div", { class: "memsim-tools" }, [copyBtn, applyBtn]),
     ]),
+    exportPanel.root,
   ]);
   const root = h(doc, "div", { class: "memsim" }, [controlsEl, output]);
   el.replaceChildren(root);
@@ -1021,6 +1182,7 @@ export function render({ model, el }) {
     drawTraceCharts.dispose();
     drawLayoutCharts.dispose();
   });
+  disposers.push(wireCompare(doc, model, compare, { listen, onModel, bundle }));
   const showFit = () => renderFit(doc, fit, model.get("fit_open"), readTrait(model, "fit") ?? {});
   const showLayouts = () => renderLayouts(doc, fit.layouts, readTrait(model, "layouts") ?? {},
     model.get("scenario_data") ?? {});
@@ -1125,6 +1287,7 @@ export function render({ model, el }) {
   });
 
   wireControls();
+  wireExport(doc, model, exportPanel, listen, onModel);
   showError();
   showResult();
   showTrace();

@@ -10,13 +10,17 @@ from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 __version__ = "0.1.0"
-__all__ = ["Estimate", "MemSim", "Scenario", "ScenarioError", "estimate"]
+__all__ = ["Comparison", "Estimate", "MemSim", "Scenario", "ScenarioError", "compare", "estimate"]
 
 
 def __getattr__(name: str) -> Any:
-    """Import the widget lazily so the engine and CLI never load Jupyter or Altair."""
+    """Import the widget (and ``compare``) lazily so the engine and CLI never load Jupyter or Altair."""
     if name == "MemSim":
         from memsim_widget.widget import MemSim
 
         return MemSim
+    if name in ("compare", "Comparison"):
+        from memsim_widget import comparison
+
+        return getattr(comparison, name)
     raise AttributeError(f"module 'memsim_widget' has no attribute {name!r}")

@@ -157,7 +157,7 @@ def _capacity_layers(capacity_bytes: int, headroom: float, label: str) -> list[d
 
 
 def breakdown_spec(
-    source: Estimate | pd.DataFrame,
+    source: Estimate | pd.DataFrame | Iterable[Mapping[str, Any]],
     headroom: float = DEFAULT_HEADROOM,
     *,
     capacity_bytes: int | None = None,
@@ -174,7 +174,7 @@ def breakdown_spec(
         if title is None:
             title = f"{model_label(source.scenario.model)}: memory per GPU at each rank's peak"
     if capacity_bytes is None:
-        raise ValueError("capacity_bytes is needed to chart a frame")
+        raise ValueError("capacity_bytes is needed to chart a frame or rows")
     ranks = sorted({(r["stage"], r["rank"]) for r in records})
     totals = []
     for stage, rank in ranks:

@@ -24,7 +24,9 @@ from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
 from memsim_widget.widget.assets import _asset, vega_bundle
+from memsim_widget.widget.compare_panel import MAX_PINS, ComparePanel
 from memsim_widget.widget.controls import build_options, normalize
+from memsim_widget.widget.export_panel import ExportPanel
 from memsim_widget.widget.fit_panel import FitPanel
 from memsim_widget.widget.layouts_panel import LayoutsPanel
 from memsim_widget.widget.result import GiB, build_result
@@ -37,11 +39,11 @@ def _json_text(value: Any, widget: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
+class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table.
 
-    The "Verify with trace" and "Make it fit" panels' methods come from the ``TracePanel``, ``FitPanel`` and
-    ``LayoutsPanel`` mixins.
+    The "Verify with trace", "Make it fit", compare and launch-config panels' methods come from the ``TracePanel``,
+    ``FitPanel``, ``LayoutsPanel``, ``ComparePanel`` and ``ExportPanel`` mixins.
     """
 
     _esm = _asset("widget.js")
@@ -84,6 +86,15 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
     #: ``gpus`` (the GPU count searched), ``stale`` with ``stale_keys`` (non-searched keys changed since), and
     #: ``view`` (``build_layouts_view``: counts, summary, the top candidates, the chart's Vega-Lite spec).
     layouts = traitlets.Dict().tag(sync=True, to_json=_json_text)
+    #: Pinned scenarios, at most ``MAX_PINS``: ``[{"name", "scenario"}]``. The front end appends the current
+    #: ``scenario_data`` ("Pin") or drops an entry; Python checks, names (``pin N``) and estimates each pin once.
+    pins = traitlets.List().tag(sync=True)
+    #: The pins beside the current scenario: ``error`` (why the last pin was refused), ``max_pins``, ``pins``
+    #: (name and one-line summary each) and ``view`` (``build_compare_view``: headline rows, the fields that
+    #: differ, the chart's Vega-Lite spec; None without pins).
+    comparison = traitlets.Dict({"error": "", "max_pins": MAX_PINS, "pins": [], "view": None}).tag(
+        sync=True, to_json=_json_text
+    )
 
     def __init__(
         self,
@@ -116,6 +127,7 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
         self._init_trace()
         self._init_fit()
         self._init_layouts()
+        self._init_compare()
         self.last_update_ms = 0.0
         headroom = self._check_headroom({"value": headroom})
         super().__init__(
@@ -178,6 +190,11 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
         if self._busy:
             return
         self._submit(change["new"])
+
+    @traitlets.observe("pins")
+    def _on_pins(self, change: Any) -> None:
+        """The front end (or Python) wrote the pins (``ComparePanel``)."""
+        self._pins_written(change["new"])
 
     def set_state(self, sync_data: dict[str, Any]) -> None:
         """Front-end writes apply under the widget's lock (the trace thread writes traits too)."""
@@ -270,11 +287,12 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
         """Recompute result and charts from the current estimate and headroom."""
         for name, value in self._derived(self._estimate, self.headroom).items():
             setattr(self, name, value)
+        self._set_compare()
 
     # ----- front-end messages, following changes, closing -----------------------------------------------
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         """Messages from the front end: ``verify``, ``cancel`` (trace); ``fit_apply`` (kind, index, id),
-        ``layouts`` (gpus) and ``layout_apply`` (candidate, id) for "Make it fit"."""
+        ``layouts`` (gpus) and ``layout_apply`` (candidate, id) for "Make it fit"; ``export`` (format)."""
         if not isinstance(content, Mapping):
             return
         kind = content.get("type")
@@ -288,6 +306,8 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, anywidget.AnyWidget):
             self._start_layouts(content.get("gpus"))
         elif kind == "layout_apply":
             self._layout_apply_msg(content)
+        elif kind == "export":
+            self._export_msg(content)
 
     def _follow_plan(self) -> None:
         """After a change (under the lock): refresh both panels' stale flags; recompute recommendations if open."""
