@@ -144,8 +144,9 @@ def test_unknown_to_transformers_keeps_the_refusal():
         build_architecture({"model_type": "lama"})
 
 
-def test_without_transformers_a_clear_refusal(monkeypatch):
-    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+@pytest.mark.parametrize("missing", ["transformers", "torch"])
+def test_without_transformers_a_clear_refusal(monkeypatch, missing):
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ImportError
     with pytest.raises(ScenarioError, match="'xglm' is not a supported model type; supported: .*llama") as e:
         build_architecture({"model_type": "xglm", "d_model": 64})
     assert "did you mean" not in str(e.value)

@@ -31,8 +31,9 @@ TRACE_COUNT = {"fits": 0, "traces": 0}
 
 
 def transformers_version() -> str | None:
-    """transformers' version, or None when it is not installed (nothing is imported but the package)."""
+    """transformers' version, or None when it or torch (which the meta build and the traces need) is missing."""
     try:
+        import torch  # noqa: F401
         import transformers
     except ImportError:
         return None
@@ -71,15 +72,17 @@ def build_calibrated(config: Mapping[str, Any]) -> Any:
     t0 = time.perf_counter()
     try:
         cfg = hf_config(config)
-    except (TypeError, ValueError) as exc:
-        raise ScenarioError("model", f"transformers cannot build a {mt!r} config from it: {exc}") from exc
+    except Exception as exc:  # transformers' config validation raises many types
+        raise ScenarioError(
+            "model", f"transformers cannot build a {mt!r} config from it: {str(exc)[:300]}"
+        ) from exc
     _refuse_structure(cfg, mt)
     try:
         model = build_meta(cfg)
-    except ValueError as exc:
+    except Exception as exc:  # no causal-LM mapping (ValueError), or a model class that will not build
         raise ScenarioError(
-            "model.model_type", f"{mt!r} has no causal-LM class in transformers ({exc}); only causal LMs are "
-            "calibrated from a trace",
+            "model.model_type", f"{mt!r} has no causal-LM class transformers builds from this config "
+            f"({str(exc)[:200]}); only causal LMs are calibrated from a trace",
         ) from exc  # fmt: skip
     groups, n_blocks, tied = param_groups(model)
     sdpa = supports_sdpa(model)
