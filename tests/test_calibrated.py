@@ -177,3 +177,13 @@ def test_disk_cache_serves_a_new_process(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "_FITS", {})  # as a fresh process: only the disk copy is left
     before = dict(calibrate.TRACE_COUNT)
     assert build_architecture(cfg).extra["calibration"].fit(key) == fit and before == calibrate.TRACE_COUNT
+
+
+def test_blocks_that_differ_are_refused():
+    """Qwen2-MoE with a dense first block: a 1- and 2-block copy would stand for blocks it never traced."""
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32,
+           "shared_expert_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1000,
+           "mlp_only_layers": [0]}  # fmt: skip
+    with pytest.raises(ScenarioError, match="blocks are not all alike"):
+        build_architecture(cfg)

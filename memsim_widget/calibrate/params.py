@@ -52,17 +52,35 @@ def supports_sdpa(model: Any) -> bool:
     return bool(getattr(type(model), "_supports_sdpa", False))
 
 
+def _signature(block: Any) -> tuple:
+    """What makes two blocks the same: every submodule's class and every parameter's name and shape."""
+    mods = tuple((n, type(m).__name__) for n, m in block.named_modules())
+    return mods, tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
+
+
 def _blocks(model: Any) -> tuple[str, int]:
-    """The dotted path of the model's repeated blocks (the longest ModuleList of one class) and their count."""
+    """The dotted path of the model's repeated blocks (its outermost longest ModuleList) and their count.
+
+    Raises ScenarioError when the blocks differ (a hybrid of attention and state-space blocks, layers with and
+    without experts): a 1- and 2-block copy would then stand for blocks it never traced."""
     import torch
 
-    best = ("", 0)
+    from memsim_widget.errors import ScenarioError
+
+    best: tuple[str, Any] = ("", None)
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) > best[1] and len({type(m) for m in mod}) == 1:
-            best = (name, len(mod))
-    if not best[1]:
-        raise ValueError("no repeated block (ModuleList) found")
-    return best
+        if isinstance(mod, torch.nn.ModuleList) and (best[1] is None or len(mod) > len(best[1])):
+            best = (name, mod)
+    if best[1] is None or not len(best[1]):
+        raise ScenarioError("model.model_type", "no repeated blocks (a ModuleList) found: not calibrated")
+    sigs = {_signature(m) for m in best[1]}
+    if len(sigs) > 1:
+        kinds = sorted({type(m).__name__ for m in best[1]})
+        raise ScenarioError(
+            "model.model_type", f"its {len(best[1])} blocks are not all alike ({len(sigs)} kinds: "
+            f"{', '.join(kinds)}): a fit from a 1- and 2-block copy cannot stand for them, so it is not calibrated",
+        )  # fmt: skip
+    return best[0], len(best[1])
 
 
 def _kind(path: str, module: Any, where: str) -> tuple[str, bool]:
