@@ -84,7 +84,7 @@ def build_calibrated(config: Mapping[str, Any]) -> Any:
             "model.model_type", f"{mt!r} has no causal-LM class transformers builds from this config "
             f"({str(exc)[:200]}); only causal LMs are calibrated from a trace",
         ) from exc  # fmt: skip
-    groups, n_blocks, tied = param_groups(model)
+    groups, n_blocks, tied = param_groups(model, getattr(cfg, "num_hidden_layers", None))
     sdpa = supports_sdpa(model)
     cls_name = type(model).__name__
     del model
@@ -220,15 +220,14 @@ def _trace_kwargs(key: tuple) -> dict[str, Any]:
 def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
     """Trace the shrunk model at the fit points with 1 and 2 blocks, fit, and check the held-out point."""
     from .fit import FIT_POINTS, HELD_OUT, evaluate, lstsq, nonstate_profile
-    from .params import hf_config, layer_key
 
     t0 = time.perf_counter()
-    lk = layer_key(hf_config(config))
+    copies = {n: _shrunk(config, n) for n in (1, 2)}
     kw = _trace_kwargs(key)
     amounts = ("saved", "forward", "backward", "blocks", "attention", "bottom")
     data: dict[int, list[dict[str, int]]] = {}
     for n in (1, 2):
-        cfg = {**config, lk: n}
+        cfg = copies[n]
         data[n] = [nonstate_profile(cfg, b, s, **kw) for b, s in FIT_POINTS]
         TRACE_COUNT["traces"] += len(FIT_POINTS)
     rows = [[f(b, s) for _, f in _basis()] for b, s in FIT_POINTS]
@@ -238,7 +237,7 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
         rest = lstsq(rows, [float(d1[a]) for d1 in data[1]])
         rest = [r - p for r, p in zip(rest, per, strict=True)]
         out[a] = {"per_layer": per, "rest": rest}
-    held = nonstate_profile({**config, lk: 2}, *HELD_OUT, **kw)
+    held = nonstate_profile(copies[2], *HELD_OUT, **kw)
     TRACE_COUNT["traces"] += 1
     errs = {}
     for a in amounts:
@@ -258,6 +257,18 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
         "points": [list(p) for p in FIT_POINTS],
         "seconds": round(time.perf_counter() - t0, 2),
     }
+
+
+def _shrunk(config: dict[str, Any], blocks: int) -> dict[str, Any]:
+    """The config cut to ``blocks`` blocks (every spelling of the layer count replaced), checked to build so."""
+    from .params import hf_config, layer_key
+
+    key = layer_key(hf_config(config))
+    out = {k: v for k, v in config.items() if k not in (key, "num_hidden_layers")}
+    out[key] = blocks
+    if getattr(hf_config(out), "num_hidden_layers", None) != blocks:
+        raise ScenarioError("model.num_hidden_layers", f"a {blocks}-block copy of this config does not build")
+    return out
 
 
 def _basis() -> tuple:

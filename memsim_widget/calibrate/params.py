@@ -58,8 +58,9 @@ def _signature(block: Any) -> tuple:
     return mods, tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
 
 
-def _blocks(model: Any) -> tuple[str, int]:
-    """The dotted path of the model's repeated blocks (its outermost longest ModuleList) and their count.
+def _blocks(model: Any, expected: int | None = None) -> tuple[str, int]:
+    """The dotted path of the model's repeated blocks and their count: the outermost ModuleList as long as the
+    config's layer count (an experts list may be longer), else the outermost longest one.
 
     Raises ScenarioError when the blocks differ (a hybrid of attention and state-space blocks, layers with and
     without experts): a 1- and 2-block copy would then stand for blocks it never traced."""
@@ -68,9 +69,11 @@ def _blocks(model: Any) -> tuple[str, int]:
     from memsim_widget.errors import ScenarioError
 
     best: tuple[str, Any] = ("", None)
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and (best[1] is None or len(mod) > len(best[1])):
+    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)]
+    for name, mod in lists:
+        if best[1] is None or len(mod) > len(best[1]):
             best = (name, mod)
+    best = next(((n, m) for n, m in lists if expected and len(m) == expected), best)
     if best[1] is None or not len(best[1]):
         raise ScenarioError("model.model_type", "no repeated blocks (a ModuleList) found: not calibrated")
     sigs = {_signature(m) for m in best[1]}
@@ -104,11 +107,12 @@ def _kind(path: str, module: Any, where: str) -> tuple[str, bool]:
     return "other", False
 
 
-def param_groups(model: Any) -> tuple[tuple[ParamGroup, ...], int, bool]:
-    """(groups, block count, tied) of a model built on the meta device; ``module`` is the leaf Linear name."""
+def param_groups(model: Any, layers: int | None = None) -> tuple[tuple[ParamGroup, ...], int, bool]:
+    """(groups, block count, tied) of a model built on the meta device (``layers``: the config's block count);
+    ``module`` is the leaf Linear name."""
     import torch
 
-    blocks, n_blocks = _blocks(model)
+    blocks, n_blocks = _blocks(model, layers)
     modules = dict(model.named_modules())
     linear_types = (torch.nn.Linear,)
     try:
