@@ -180,10 +180,19 @@ def test_disk_cache_serves_a_new_process(tmp_path, monkeypatch):
 
 
 def test_blocks_that_differ_are_refused():
-    """Qwen2-MoE with a dense first block: a 1- and 2-block copy would stand for blocks it never traced."""
+    """Qwen2-MoE with a dense first block: a 2- and 3-block copy would stand for blocks it never traced."""
     cfg = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
            "num_key_value_heads": 2, "intermediate_size": 128, "moe_intermediate_size": 32,
            "shared_expert_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1000,
            "mlp_only_layers": [0]}  # fmt: skip
     with pytest.raises(ScenarioError, match="blocks are not all alike"):
         build_architecture(cfg)
+
+
+def test_the_layer_count_alias_shrinks_too():
+    """GPT-J's config reads num_hidden_layers as n_layer: the 2- and 3-block copies must replace either spelling."""
+    alias = {k: v for k, v in GPTJ.items() if k != "n_layer"} | {"num_hidden_layers": GPTJ["n_layer"]}
+    sc = {"micro_batch_size": 2, "seq_len": 512}
+    a = estimate(Scenario.from_dict({"model": alias, **sc}))
+    b = estimate(Scenario.from_dict({"model": GPTJ, **sc}))
+    assert a.peak_tensor_bytes == b.peak_tensor_bytes and a.calibration["held_out"]["blocks"] == 4

@@ -143,8 +143,8 @@ def _refuse_structure(cfg: Any, mt: str) -> None:
     kinds = getattr(cfg, "layer_types", None)
     if isinstance(kinds, (list, tuple)) and len(set(kinds)) > 1:
         raise ScenarioError(
-            "model.layer_types", f"{mt!r} mixes block kinds {sorted(set(map(str, kinds)))}: a fit from a "
-            "shrunk copy of one or two blocks cannot stand for them, so it is not calibrated",
+            "model.layer_types", f"{mt!r} mixes block kinds {sorted(set(map(str, kinds)))}: a fit from "
+            "shrunk copies of two and three blocks cannot stand for them, so it is not calibrated",
         )  # fmt: skip
     if getattr(cfg, "is_encoder_decoder", False):
         raise ScenarioError(
@@ -218,31 +218,37 @@ def _trace_kwargs(key: tuple) -> dict[str, Any]:
 
 
 def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
-    """Trace the shrunk model at the fit points with 1 and 2 blocks, fit, and check the held-out point."""
-    from .fit import FIT_POINTS, HELD_OUT, evaluate, lstsq, nonstate_profile
+    """Trace the shrunk model at the fit points with 2 and 3 blocks, fit, and check the held-out point."""
+    from .fit import FIT_BLOCKS, FIT_POINTS, HELD_OUT, HELD_OUT_BLOCKS, evaluate, lstsq, nonstate_profile
 
     t0 = time.perf_counter()
-    copies = {n: _shrunk(config, n) for n in (1, 2)}
+    lo, hi = FIT_BLOCKS
     kw = _trace_kwargs(key)
     amounts = ("saved", "forward", "backward", "blocks", "attention", "bottom")
     data: dict[int, list[dict[str, int]]] = {}
-    for n in (1, 2):
-        cfg = copies[n]
+    for n in FIT_BLOCKS:
+        cfg = _shrunk(config, n)
         data[n] = [nonstate_profile(cfg, b, s, **kw) for b, s in FIT_POINTS]
         TRACE_COUNT["traces"] += len(FIT_POINTS)
     rows = [[f(b, s) for _, f in _basis()] for b, s in FIT_POINTS]
     out: dict[str, Any] = {}
     for a in amounts:
-        per = lstsq(rows, [float(d2[a] - d1[a]) for d1, d2 in zip(data[1], data[2], strict=True)])
-        rest = lstsq(rows, [float(d1[a]) for d1 in data[1]])
-        rest = [r - p for r, p in zip(rest, per, strict=True)]
+        # a block's bytes from the difference of two copies, neither of them the first block (which differs
+        # under LoRA: nothing before it needs a gradient)
+        per = lstsq(rows, [float(d2[a] - d1[a]) for d1, d2 in zip(data[lo], data[hi], strict=True)])
+        rest = lstsq(rows, [float(d1[a]) for d1 in data[lo]])
+        rest = [r - lo * p for r, p in zip(rest, per, strict=True)]
         out[a] = {"per_layer": per, "rest": rest}
-    held = nonstate_profile(copies[2], *HELD_OUT, **kw)
+    held = nonstate_profile(_shrunk(config, HELD_OUT_BLOCKS), *HELD_OUT, **kw)
     TRACE_COUNT["traces"] += 1
     errs = {}
+    top = max(max(held[a] for a in amounts), 1)
     for a in amounts:
-        pred = evaluate(out[a]["rest"], *HELD_OUT) + 2 * evaluate(out[a]["per_layer"], *HELD_OUT)
-        errs[a] = (pred - held[a]) / held[a] if held[a] else (0.0 if abs(pred) < 1024 else 1.0)
+        pred = evaluate(out[a]["rest"], *HELD_OUT) + HELD_OUT_BLOCKS * evaluate(
+            out[a]["per_layer"], *HELD_OUT
+        )
+        # relative to the held-out step's largest non-state amount: an instant far below the peak cannot move it
+        errs[a] = (pred - held[a]) / top
     return {
         "per_layer": out["saved"]["per_layer"],
         "rest": out["saved"]["rest"],
@@ -253,7 +259,7 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
         "bottom": out["bottom"],
         "basis": [label for label, _ in _basis()],
         "residual": max(abs(e) for e in errs.values()),
-        "held_out": {"b": HELD_OUT[0], "s": HELD_OUT[1], "blocks": 2, "errors": errs},
+        "held_out": {"b": HELD_OUT[0], "s": HELD_OUT[1], "blocks": HELD_OUT_BLOCKS, "errors": errs},
         "points": [list(p) for p in FIT_POINTS],
         "seconds": round(time.perf_counter() - t0, 2),
     }

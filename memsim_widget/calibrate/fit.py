@@ -1,11 +1,11 @@
 """Per-layer saved bytes fitted from tiny fake-tensor traces of a shrunk copy of the model.
 
-Each trace runs one real HF training step (``trace.hf.trace_hf``) of the model cut to 1 or 2 blocks, at a small
+Each trace runs one real HF training step (``trace.hf.trace_hf``) of the model cut to 2 or 3 blocks, at a small
 micro-batch b and sequence s, and reads four non-state amounts (everything live that is not a parameter, buffer,
 gradient or optimizer state): ``saved`` at the start of backward, ``forward`` the forward's peak, ``backward``
 the loss's backward peak (before the first parameter gradient), ``blocks`` / ``attention`` the peaks while the blocks run backward
-(at the attention's ops and at the others) and ``bottom`` the peak during the embedding's backward (its weight-sized buffers meet every gradient there). A block's saved bytes are ``saved(2 blocks) - saved(1 block)``; the rest (embeddings, final
-norm, the loss's saved tensors, inputs) is ``saved(1 block)`` less one block. Each amount is fitted by least
+(at the attention's ops and at the others) and ``bottom`` the peak during the embedding's backward (its weight-sized buffers meet every gradient there). A block's saved bytes are ``saved(3 blocks) - saved(2 blocks)``; the rest (embeddings, final
+norm, the loss's saved tensors, inputs, the first block's difference) is ``saved(2 blocks)`` less two blocks. Each amount is fitted by least
 squares on the basis ``1, s, b*s, b*s^2, s^2`` (activations are linear in b; eager attention adds an exact b*s^2
 term; RoPE tables and masks shared by the batch grow with s or s^2 alone), and checked on a held-out (b, s).
 """
@@ -20,6 +20,10 @@ from typing import Any
 FIT_POINTS = ((1, 128), (2, 128), (1, 256), (2, 384), (3, 256), (1, 448))
 #: Beyond the fit points' tokens: a peak that moves to another instant as T grows shows up as a residual.
 HELD_OUT = (4, 512)
+#: Block counts of the shrunk copies fitted (a block's bytes are their difference; the first block, which differs
+#: under LoRA, is in both) and of the held-out copy (so the per-block extrapolation is checked too).
+FIT_BLOCKS = (2, 3)
+HELD_OUT_BLOCKS = 4
 #: Basis of every fitted amount, as (label, f(b, s)).
 BASIS = (
     ("", lambda b, s: 1),

@@ -63,7 +63,7 @@ def _blocks(model: Any, expected: int | None = None) -> tuple[str, int]:
     config's layer count (an experts list may be longer), else the outermost longest one.
 
     Raises ScenarioError when the blocks differ (a hybrid of attention and state-space blocks, layers with and
-    without experts): a 1- and 2-block copy would then stand for blocks it never traced."""
+    without experts): a 2- and 3-block copy would then stand for blocks it never traced."""
     import torch
 
     from memsim_widget.errors import ScenarioError
@@ -81,7 +81,7 @@ def _blocks(model: Any, expected: int | None = None) -> tuple[str, int]:
         kinds = sorted({type(m).__name__ for m in best[1]})
         raise ScenarioError(
             "model.model_type", f"its {len(best[1])} blocks are not all alike ({len(sigs)} kinds: "
-            f"{', '.join(kinds)}): a fit from a 1- and 2-block copy cannot stand for them, so it is not calibrated",
+            f"{', '.join(kinds)}): a fit from a 2- and 3-block copy cannot stand for them, so it is not calibrated",
         )  # fmt: skip
     return best[0], len(best[1])
 

@@ -154,7 +154,7 @@ def caveat(arch: Any, scenario: Any) -> str:
     ho = fit["held_out"]
     return (
         f"calibrated from a trace: {arch.model_type!r} has no family in memsim, so its activations are "
-        f"fitted on fake-tensor traces of a 1- and 2-block copy (fitted: saved bytes/layer = "
+        f"fitted on fake-tensor traces of a 2- and 3-block copy (fitted: saved bytes/layer = "
         f"{formula(fit['per_layer'])}, outside the blocks {formula(fit['rest'])}; b micro-batch, s sequence; "
-        f"held-out b={ho['b']} s={ho['s']} within {fit['residual']:.2%}); parameters counted exactly on the meta device"
+        f"held-out b={ho['b']} s={ho['s']} {ho['blocks']} blocks within {fit['residual']:.2%}); parameters counted exactly on the meta device"
     )
