@@ -49,9 +49,13 @@ def known_to_transformers(model_type: str) -> bool:
     return model_type in CONFIG_MAPPING
 
 
+#: Bumped whenever what a fit measures or how changes, so a disk cache written before is not read.
+FIT_VERSION = 3
+
+
 def config_hash(config: Mapping[str, Any]) -> str:
-    """The cache key of a config: its canonical JSON and the transformers version."""
-    text = json.dumps(dict(config), sort_keys=True, default=str) + "|" + str(transformers_version())
+    """The cache key of a config: its canonical JSON, the transformers version and the fit's version."""
+    text = json.dumps(dict(config), sort_keys=True, default=str) + f"|{transformers_version()}|{FIT_VERSION}"
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -233,11 +237,17 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
     rows = [[f(b, s) for _, f in _basis()] for b, s in FIT_POINTS]
     out: dict[str, Any] = {}
     for a in amounts:
-        # a block's bytes from the difference of two copies, neither of them the first block (which differs
-        # under LoRA: nothing before it needs a gradient)
-        per = lstsq(rows, [float(d2[a] - d1[a]) for d1, d2 in zip(data[lo], data[hi], strict=True)])
-        rest = lstsq(rows, [float(d1[a]) for d1 in data[lo]])
-        rest = [r - lo * p for r, p in zip(rest, per, strict=True)]
+        if a in ("saved", "bottom"):
+            # a block's bytes from the difference of two copies, neither of them the first block (which differs
+            # under LoRA: nothing before it needs a gradient)
+            per = lstsq(rows, [float(d2[a] - d1[a]) for d1, d2 in zip(data[lo], data[hi], strict=True)])
+        else:
+            # a peak of the step with every block's saved tensors alive (the loss, the top block's backward)
+            # grows by one block's saved bytes per block; read from the larger copy, where the top block's
+            # instant has overtaken the lower blocks' (not yet so with 2 blocks under LoRA: GPT-J, traced)
+            per = out["saved"]["per_layer"]
+        rest = lstsq(rows, [float(d[a]) for d in data[hi]])
+        rest = [r - hi * p for r, p in zip(rest, per, strict=True)]
         out[a] = {"per_layer": per, "rest": rest}
     held = nonstate_profile(_shrunk(config, HELD_OUT_BLOCKS), *HELD_OUT, **kw)
     TRACE_COUNT["traces"] += 1

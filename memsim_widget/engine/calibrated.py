@@ -29,10 +29,6 @@ TERMS = {
 _BASIS = ("", "s", "b*s", "b*s^2", "s^2")  # the order calibrate.fit.BASIS uses
 
 
-def is_calibrated(arch: Any) -> bool:
-    return arch.extra.get("calibration") is not None
-
-
 def recipe_key(arch: Any, sc: Any) -> tuple:
     """What the fit depends on: precision, attention kernel run, LoRA (targets, rank, alpha, dtype), checkpointing."""
     lora = None
@@ -89,9 +85,14 @@ def formula(coef: list[float]) -> str:
     return " + ".join(parts).replace("+ -", "- ") + " B" if parts else "0 B"
 
 
+def raw(coef: list[float], b: int, s: int) -> float:
+    """A fitted polynomial at (b, s) (a part of an amount: may be negative)."""
+    return sum(c * TERMS[t](b, s) for c, t in zip(coef, _BASIS, strict=True))
+
+
 def value(coef: list[float], b: int, s: int) -> float:
     """A fitted amount at (b, s), never below zero."""
-    return max(sum(c * TERMS[t](b, s) for c, t in zip(coef, _BASIS, strict=True)), 0.0)
+    return max(raw(coef, b, s), 0.0)
 
 
 def fit_for(arch: Any, scenario: Any) -> dict[str, Any]:
@@ -105,8 +106,9 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
     refuse(ctx)
     fit = fit_for(ctx.arch, ctx.scenario)
     b, s, L = ctx.scenario.micro_batch_size, ctx.seq_len, ctx.arch.num_layers
-    per, rest = value(fit["per_layer"], b, s), value(fit["rest"], b, s)
-    saved = rest + L * per
+    per = value(fit["per_layer"], b, s)
+    saved = max(raw(fit["rest"], b, s) + L * per, per)
+    rest = saved - L * per
     out = ActivationBudget()
     what = "calibrated from a trace, fitted"
     kept = (
@@ -120,15 +122,15 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
         out.recomputed_layer = [Term("recomputed block (in the fitted backward peak)", 0, "0 B", 0)]
     out.post.append(Term(f"saved outside the blocks: embeddings, final norm, loss, inputs ({what})", rest,
                          formula(fit["rest"]), 1))  # fmt: skip
-    for phase, bucket, less in (
-        ("forward", out.loss_forward, saved),
-        ("backward", out.loss_backward, saved),
-        ("blocks", out.layer_backward, L * per),
-        ("attention", out.attention_backward, L * per),
-        ("bottom", out.bottom_backward, 0.0),
+    for phase, bucket, less, less_text in (
+        ("forward", out.loss_forward, saved, " - saved bytes"),
+        ("backward", out.loss_backward, saved, " - saved bytes"),
+        ("blocks", out.layer_backward, L * per, f" - {L} x block"),
+        ("attention", out.attention_backward, L * per, f" - {L} x block"),
+        ("bottom", out.bottom_backward, 0.0, ""),
     ):
         f = fit[phase]
-        peak = value(f["rest"], b, s) + L * value(f["per_layer"], b, s)
+        peak = max(raw(f["rest"], b, s) + L * raw(f["per_layer"], b, s), 0.0)
         label = {
             "forward": "forward transients above the saved bytes",
             "backward": "loss backward transients above the saved bytes",
@@ -140,8 +142,7 @@ def calibrated_activations(ctx: Context) -> ActivationBudget:
             Term(
                 f"{label} ({what})",
                 max(peak - less, 0.0),
-                f"({formula(f['rest'])}) + {L} x ({formula(f['per_layer'])})"
-                + ({0.0: "", saved: " - saved bytes"}.get(less, f" - {L} x block")),
+                f"({formula(f['rest'])}) + {L} x ({formula(f['per_layer'])}){less_text}",
                 1,
             )
         )
