@@ -186,8 +186,8 @@ class SavedBytesSource:
                     raise
                 except Exception as exc:  # a shrunk copy transformers will not build or run: no number
                     raise ScenarioError(
-                        "model.model_type", f"{self.model_type!r} could not be calibrated from a trace of a 1- "
-                        f"and 2-block copy ({type(exc).__name__}: {str(exc)[:200]})",
+                        "model.model_type", f"{self.model_type!r} could not be calibrated from traces of shrunk "
+                        f"copies ({type(exc).__name__}: {str(exc)[:200]})",
                     ) from exc  # fmt: skip
                 TRACE_COUNT["fits"] += 1
                 _FITS[ck] = hit
