@@ -36,6 +36,13 @@ export const CONTROLS = [
   { key: "lora.alpha", label: "LoRA alpha", kind: "number", group: "Method" },
   { key: "lora.adapter_dtype", label: "adapter dtype", kind: "select", group: "Method" },
   { key: "lora.targets", label: "LoRA targets", kind: "targets", group: "Method" },
+  { key: "objective", label: "objective", kind: "select", group: "Objective" },
+  { key: "rl.num_generations", label: "G (completions per prompt)", kind: "int", group: "Objective" },
+  { key: "rl.completion_len", label: "completion length", kind: "int", group: "Objective" },
+  { key: "rl.reference", label: "reference model", kind: "select", group: "Objective" },
+  { key: "rl.rollout", label: "rollout engine", kind: "select", group: "Objective" },
+  { key: "rl.gpu_memory_utilization", label: "vLLM gpu_memory_utilization", kind: "number", group: "Objective" },
+  { key: "rl.sleep_mode", label: "vLLM sleep mode", kind: "select", group: "Objective" },
   { key: "parallel.dp", label: "dp", kind: "int", group: "Parallel" },
   { key: "parallel.tp", label: "tp", kind: "int", group: "Parallel" },
   { key: "parallel.pp", label: "pp", kind: "int", group: "Parallel" },
@@ -1080,7 +1087,8 @@ export function render({ model, el }) {
   const errorEl = h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" });
   const verdictEl = h(doc, "div", { class: "memsim-verdict" });
   const chartEls = {};
-  const chartBlocks = ["breakdown", "scaling", "time"].map((name) => {
+  // "phases": the rollout and training phases of an RL objective (absent for SFT: its block hides)
+  const chartBlocks = ["breakdown", "scaling", "time", "phases"].map((name) => {
     chartEls[name] = h(doc, "div", { class: `memsim-chart memsim-chart-${name}` });
     const png = h(doc, "button", { type: "button", class: `memsim-export memsim-png-${name}`, text: "PNG" });
     const svg = h(doc, "button", { type: "button", class: `memsim-export memsim-svg-${name}`, text: "SVG" });
@@ -1092,8 +1100,11 @@ export function render({ model, el }) {
         download(doc, url, `memsim-${name}.${fmt}`);
       });
     }
-    return h(doc, "div", { class: "memsim-chart-block" }, [chartEls[name], h(doc, "div", { class: "memsim-tools" }, [png, svg])]);
+    return h(doc, "div", { class: `memsim-chart-block memsim-block-${name}` }, [chartEls[name], h(doc, "div", { class: "memsim-tools" }, [png, svg])]);
   });
+  const showPhases = () => {
+    chartBlocks[3].hidden = !readTrait(model, "charts")?.phases;
+  };
   const trace = createTracePanel(doc);
   const fit = createFitPanel(doc);
   const compare = createComparePanel(doc);
@@ -1256,7 +1267,10 @@ export function render({ model, el }) {
   onModel("error", showError);
   onModel("error_field", syncAll);
   onModel("result", showResult);
-  onModel("charts", drawCharts);
+  onModel("charts", () => {
+    showPhases();
+    drawCharts();
+  });
   onModel("trace", showTrace);
   onModel("trace_view", () => {
     showTrace();
@@ -1293,6 +1307,7 @@ export function render({ model, el }) {
   showTrace();
   showFit();
   showLayouts();
+  showPhases();
   drawCharts();
   drawTraceCharts();
   drawLayoutCharts();

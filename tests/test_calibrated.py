@@ -196,3 +196,9 @@ def test_the_layer_count_alias_shrinks_too():
     a = estimate(Scenario.from_dict({"model": alias, **sc}))
     b = estimate(Scenario.from_dict({"model": GPTJ, **sc}))
     assert a.peak_tensor_bytes == b.peak_tensor_bytes and a.calibration["held_out"]["blocks"] == 4
+
+
+def test_preference_objectives_are_refused():
+    with pytest.raises(ScenarioError) as e:
+        estimate(Scenario.from_dict({"model": GPTJ, "seq_len": 256, "objective": "dpo"}))
+    assert e.value.field == "objective" and "calibrated" in str(e.value)
