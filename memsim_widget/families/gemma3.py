@@ -32,19 +32,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    _bool,
-    _decoder,
-    _int,
-    _positive,
-    layer_kinds,
-    register_family,
-)
+from memsim_widget.architecture.config_keys import layer_kinds, read_bool, read_int, read_positive
+from memsim_widget.architecture.decoder import build_decoder
+from memsim_widget.architecture.types import Architecture, register_family
 from memsim_widget.errors import ScenarioError
 from memsim_widget.families.qwen3 import qk_norm_groups
 
-#: transformers 5.24 ``Gemma3TextConfig`` defaults (structural keys stay required, see architecture.py).
+#: transformers 5.24 ``Gemma3TextConfig`` defaults (structural keys stay required: ``REQUIRED_KEYS``).
 GEMMA3_DEFAULTS: dict[str, Any] = {
     "num_key_value_heads": 4,
     "head_dim": 256,
@@ -69,7 +63,9 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 
 def layer_types(cfg: Mapping[str, Any], layers: int, pattern_default: int) -> tuple[str, ...]:
     """Each layer's attention kind: ``layer_types`` as given, else every ``sliding_window_pattern``-th is full."""
-    pattern = _int(cfg, "sliding_window_pattern", pattern_default) if cfg.get("layer_types") is None else 1
+    pattern = (
+        read_int(cfg, "sliding_window_pattern", pattern_default) if cfg.get("layer_types") is None else 1
+    )
     return tuple(
         layer_kinds(
             cfg, layers, LAYER_TYPES, lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention"
@@ -85,8 +81,8 @@ def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:
     """
     d = GEMMA3_DEFAULTS
     fallback = {
-        "full_attention": _positive(cfg, "rope_theta", d["rope_theta"]),
-        "sliding_attention": _positive(cfg, "rope_local_base_freq", d["rope_local_base_freq"]),
+        "full_attention": read_positive(cfg, "rope_theta", d["rope_theta"]),
+        "sliding_attention": read_positive(cfg, "rope_local_base_freq", d["rope_local_base_freq"]),
     }
     params = cfg.get("rope_parameters")
     out = dict(fallback)
@@ -94,7 +90,9 @@ def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:
         for kind in LAYER_TYPES:
             sub = params.get(kind)
             if isinstance(sub, Mapping) and sub.get("rope_theta") is not None:
-                out[kind] = _positive(sub, "rope_theta", fallback[kind], f"rope_parameters.{kind}.rope_theta")
+                out[kind] = read_positive(
+                    sub, "rope_theta", fallback[kind], f"rope_parameters.{kind}.rope_theta"
+                )
     return out
 
 
@@ -102,14 +100,14 @@ def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:
 def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     """Gemma 3 language model as ``Gemma3ForCausalLM``: Gemma 2's block plus per-head q/k RMSNorm."""
     d = GEMMA3_DEFAULTS
-    bias = _bool(cfg, "attention_bias", d["attention_bias"])
-    h, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
+    bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    h, heads = read_int(cfg, "hidden_size"), read_int(cfg, "num_attention_heads")
     if h % heads:  # Gemma3TextConfig.validate_architecture refuses it too
         raise ScenarioError(
             "model.num_attention_heads",
             f"hidden_size {h} is not a multiple of {heads} heads (transformers refuses it)",
         )
-    arch = _decoder(
+    arch = build_decoder(
         cfg,
         family="gemma3",
         hf_class="Gemma3ForCausalLM",
@@ -124,7 +122,7 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
             "post_feedforward_layernorm",
         ),
     )
-    if _bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
+    if read_bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
         raise ScenarioError(
             "model.use_bidirectional_attention",
             "bidirectional Gemma 3 (EmbeddingGemma) passes a mask to every layer and halves the window; not simulated",
