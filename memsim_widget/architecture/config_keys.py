@@ -160,3 +160,40 @@ def read_num_labels(cfg: Mapping[str, Any]) -> int:
     if isinstance(id2label, Mapping):
         return len(id2label)
     return 2
+
+
+def read_square(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    """An image/patch size given as an int or a square [h, w] pair."""
+    value = cfg.get(key)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+        return read_int({key: value[0]}, key)
+    return read_int(cfg, key, default)
+
+
+def read_partial_rope(
+    cfg: Mapping[str, Any],
+    default_pct: float,
+    default_base: float,
+    pct_key: str = "rotary_pct",
+    base_key: str = "rotary_emb_base",
+) -> tuple[float, float]:
+    """(partial rotary factor, rope base) as the config classes resolve them: ``rope_parameters`` (or
+    ``rope_scaling``) keys first, then the top-level ``pct_key`` / ``base_key`` (GPT-NeoX's legacy
+    ``rotary_pct`` / ``rotary_emb_base``; Phi's ``partial_rotary_factor`` / ``rope_theta``)."""
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, Mapping):
+        params = cfg.get("rope_scaling")
+    params = params if isinstance(params, Mapping) else {}
+    if params.get("partial_rotary_factor") is not None:
+        pct, where = params["partial_rotary_factor"], "rope_parameters.partial_rotary_factor"
+    elif cfg.get(pct_key) is not None:
+        pct, where = cfg[pct_key], pct_key
+    else:
+        pct, where = default_pct, pct_key
+    if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0.0 < pct <= 1.0:
+        raise ScenarioError(f"model.{where}", f"must be a number in (0, 1], got {pct!r:.60}")
+    if params.get("rope_theta") is not None:
+        base = read_positive(params, "rope_theta", default_base, "rope_parameters.rope_theta")
+    else:
+        base = read_positive(cfg, base_key, default_base)
+    return float(pct), base

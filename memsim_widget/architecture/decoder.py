@@ -19,9 +19,10 @@ from memsim_widget.architecture.config_keys import (
 )
 from memsim_widget.architecture.layers import (
     activation_label,
+    attention_params,
     embedding_param,
+    final_norm_and_head,
     linear_params,
-    lm_head_param,
     norm_params,
 )
 from memsim_widget.architecture.types import Architecture, ParamGroup
@@ -57,33 +58,17 @@ def build_decoder(
     L = n_layers
     p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
-    if fused:  # phi3: one qkv_proj [(a + 2 kv) d, h]
+    if fused:  # phi3: one qkv_proj [(a + 2 kv) d, h], then o_proj
         groups += linear_params(
             p + "self_attn.qkv_proj", "attention", (heads + 2 * kv) * d, h,
             bias=qkv_bias, parallel="col", module="qkv_proj", count=L,
         )  # fmt: skip
+        groups += linear_params(
+            p + "self_attn.o_proj", "attention", h, heads * d,
+            bias=o_bias, parallel="row", module="o_proj", count=L,
+        )  # fmt: skip
     else:
-        for name, width in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
-            groups += linear_params(
-                p + f"self_attn.{name}",
-                "attention",
-                width,
-                h,
-                bias=qkv_bias,
-                parallel="col",
-                module=name,
-                count=L,
-            )
-    groups += linear_params(
-        p + "self_attn.o_proj",
-        "attention",
-        h,
-        heads * d,
-        bias=o_bias,
-        parallel="row",
-        module="o_proj",
-        count=L,
-    )
+        groups += attention_params(p, L, h, heads, kv, d, bias=qkv_bias, o_bias=o_bias)
     if moe:  # mixtral: router + per-expert w1 (gate), w3 (up), w2 (down), grouped over layers * experts
         groups += linear_params(
             p + "block_sparse_moe.gate", "router", n_exp, h, bias=False, parallel=None, module="gate", count=L
@@ -122,9 +107,7 @@ def build_decoder(
             p + "mlp.down_proj", "mlp", h, inter, bias=mlp_bias, parallel="row", module="down_proj", count=L
         )
     groups += norm_params(p, layer_norms, h, L, bias=False, stack="decoder")
-    groups += norm_params("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     info: dict[str, Any] = {
         "hf_class": hf_class,

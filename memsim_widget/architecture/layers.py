@@ -1,8 +1,9 @@
-"""Parameter groups of the common layers (Linear, norms, embedding, LM head) and the MLP activation labels."""
+"""Parameter groups of the common layers (Linear, attention, norms, embedding, LM head) and the MLP activation
+labels."""
 
 from __future__ import annotations
 
-from memsim_widget.architecture.types import ParamGroup
+from memsim_widget.architecture.types import Architecture, ParamGroup
 from memsim_widget.errors import choice_error
 
 _GATED_ACTS = {
@@ -101,3 +102,57 @@ def lm_head_param(name: str, vocab: int, hidden: int, *, stack: str = "decoder")
     return ParamGroup(
         name=name, kind="head", shape=(vocab, hidden), scope="post", tp_dim=0, module="lm_head", stack=stack
     )
+
+
+def attention_params(
+    p: str,
+    L: int,
+    h: int,
+    heads: int,
+    kv: int,
+    d: int,
+    *,
+    bias: bool,
+    o_bias: bool | None = None,
+    o_name: str = "o_proj",
+) -> list[ParamGroup]:
+    """q/k/v/o projections of a GQA attention block (``self_attn.q_proj`` ...) in ``L`` layers under prefix ``p``:
+    q [heads * d, h], k and v [kv * d, h] column-parallel, the output Linear ``o_name`` [h, heads * d]
+    row-parallel; ``o_bias`` None: the output Linear has a bias when the others do."""
+    groups: list[ParamGroup] = []
+    for name, width in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+        groups += linear_params(
+            p + f"self_attn.{name}", "attention", width, h, bias=bias, parallel="col", module=name, count=L
+        )
+    groups += linear_params(
+        p + f"self_attn.{o_name}",
+        "attention",
+        h,
+        heads * d,
+        bias=bias if o_bias is None else o_bias,
+        parallel="row",
+        module=o_name,
+        count=L,
+    )
+    return groups
+
+
+def final_norm_and_head(
+    prefix: str, norm: str, hidden: int, vocab: int, *, tied: bool, bias: bool
+) -> list[ParamGroup]:
+    """The end of a decoder-only LM: its final norm ``<prefix><norm>`` and, unless the head is tied to the token
+    embeddings, ``lm_head.weight`` [vocab, hidden]; both on the last pipeline stage."""
+    groups = norm_params(prefix, (norm,), hidden, 1, bias=bias, scope="post", stack="decoder")
+    if not tied:
+        groups.append(lm_head_param("lm_head.weight", vocab, hidden))
+    return groups
+
+
+def qk_norm_params(
+    arch: Architecture, width: int, prefix: str = "model.layers.*.self_attn."
+) -> list[ParamGroup]:
+    """The per-layer ``q_norm`` / ``k_norm`` RMSNorm weights [width] (replicated under tensor parallel)."""
+    return [
+        ParamGroup(name=f"{prefix}{n}.weight", kind="norm", shape=(width,), count=arch.num_layers)
+        for n in ("q_norm", "k_norm")
+    ]

@@ -38,13 +38,13 @@ from memsim_widget.architecture.config_keys import (
 from memsim_widget.architecture.layers import (
     activation_label,
     embedding_param,
+    final_norm_and_head,
     linear_params,
-    lm_head_param,
     norm_params,
 )
+from memsim_widget.architecture.moe import check_top_k, dense_mlp, routed_experts, router
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
-from memsim_widget.families._moe import check_top_k, dense_mlp, routed_experts, router
 
 #: DeepseekV3Config defaults (transformers 5.24.0, configuration_deepseek_v3.py).
 DEEPSEEK_V3_DEFAULTS: dict[str, Any] = {
@@ -182,9 +182,7 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
     groups += norm_params(
         p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
     )
-    groups += norm_params("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts: list[dict[str, Any]] = []
     if first_dense:

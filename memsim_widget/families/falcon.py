@@ -41,8 +41,8 @@ from memsim_widget.architecture.config_keys import (
 from memsim_widget.architecture.layers import (
     activation_label,
     embedding_param,
+    final_norm_and_head,
     linear_params,
-    lm_head_param,
     norm_params,
 )
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
@@ -148,9 +148,7 @@ def build_falcon(cfg: Mapping[str, Any]) -> Architecture:
     groups += linear_params(
         p + "mlp.dense_4h_to_h", "mlp", h, ffn, bias=bias, parallel="row", module="dense_4h_to_h", count=L
     )
-    groups += norm_params("transformer.", ("ln_f",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("transformer.", "ln_f", h, vocab, tied=tied, bias=True)
     # residual dropouts: one after the MLP (hidden_dropout); the sequential layer also drops the attention
     # output with attention_dropout's rate. Attention probabilities are dropped only on the alibi path.
     masks = int(hidden_dropout > 0) + int(not parallel and attention_dropout > 0)

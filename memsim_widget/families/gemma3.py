@@ -34,9 +34,9 @@ from typing import Any
 
 from memsim_widget.architecture.config_keys import layer_kinds, read_bool, read_int, read_positive
 from memsim_widget.architecture.decoder import build_decoder
+from memsim_widget.architecture.layers import qk_norm_params
 from memsim_widget.architecture.types import Architecture, register_family
 from memsim_widget.errors import ScenarioError
-from memsim_widget.families.qwen3 import qk_norm_groups
 
 #: transformers 5.24 ``Gemma3TextConfig`` defaults (structural keys stay required: ``REQUIRED_KEYS``).
 GEMMA3_DEFAULTS: dict[str, Any] = {
@@ -148,7 +148,7 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     if isinstance(cfg.get("rope_parameters"), Mapping):
         extra["rope_parameters"] = dict(cfg["rope_parameters"])
     return dataclasses.replace(
-        arch, params=arch.params + tuple(qk_norm_groups(arch, arch.head_dim)), extra=extra
+        arch, params=arch.params + tuple(qk_norm_params(arch, arch.head_dim)), extra=extra
     )
 
 

@@ -21,11 +21,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture.config_keys import read_bool
+from memsim_widget.architecture.config_keys import read_bool, read_partial_rope
 from memsim_widget.architecture.decoder import build_decoder
 from memsim_widget.architecture.layers import linear_params
 from memsim_widget.architecture.types import Architecture, register_family
-from memsim_widget.families.gpt_neox import partial_rope
 
 #: transformers 5.24 ``Glm4Config`` defaults (its own head_dim 128, 2 KV heads, rope_theta the library's 10000,
 #: partial_rotary_factor 0.5 set in ``__post_init__``).
@@ -47,7 +46,7 @@ GLM4_DEFAULTS: dict[str, Any] = {
 def build_glm4(cfg: Mapping[str, Any]) -> Architecture:
     """GLM-4 as ``Glm4ForCausalLM``: q/k/v biases, fused gate_up_proj, four norms per block, partial RoPE."""
     d = GLM4_DEFAULTS
-    pct, base = partial_rope(
+    pct, base = read_partial_rope(
         cfg, d["partial_rotary_factor"], d["rope_theta"], "partial_rotary_factor", "rope_theta"
     )
     arch = build_decoder(

@@ -11,8 +11,8 @@ from memsim_widget.architecture.config_keys import read_bool, read_int, read_pro
 from memsim_widget.architecture.layers import (
     activation_label,
     embedding_param,
+    final_norm_and_head,
     linear_params,
-    lm_head_param,
     norm_params,
 )
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
@@ -77,9 +77,7 @@ def build_gpt2(cfg: Mapping[str, Any]) -> Architecture:
     groups += linear_params(
         p + "mlp.c_proj", "mlp", h, inner, bias=True, parallel="row", module="c_proj", count=L, conv1d=True
     )
-    groups += norm_params("transformer.", ("ln_f",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("transformer.", "ln_f", h, vocab, tied=tied, bias=True)
     act = read_str(cfg, "activation_function", d["activation_function"])
     return Architecture(
         family="gpt2",

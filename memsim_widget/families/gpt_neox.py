@@ -23,6 +23,7 @@ from typing import Any
 from memsim_widget.architecture.config_keys import (
     read_bool,
     read_int,
+    read_partial_rope,
     read_positive,
     read_probability,
     read_str,
@@ -30,8 +31,8 @@ from memsim_widget.architecture.config_keys import (
 from memsim_widget.architecture.layers import (
     activation_label,
     embedding_param,
+    final_norm_and_head,
     linear_params,
-    lm_head_param,
     norm_params,
 )
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
@@ -52,35 +53,6 @@ _GPT_NEOX_DEFAULTS: dict[str, Any] = {
 }
 
 
-def partial_rope(
-    cfg: Mapping[str, Any],
-    default_pct: float,
-    default_base: float,
-    pct_key: str = "rotary_pct",
-    base_key: str = "rotary_emb_base",
-) -> tuple[float, float]:
-    """(partial rotary factor, rope base) as the config classes resolve them: ``rope_parameters`` (or
-    ``rope_scaling``) keys first, then the top-level ``pct_key`` / ``base_key`` (GPT-NeoX's legacy
-    ``rotary_pct`` / ``rotary_emb_base``; Phi's ``partial_rotary_factor`` / ``rope_theta``)."""
-    params = cfg.get("rope_parameters")
-    if not isinstance(params, Mapping):
-        params = cfg.get("rope_scaling")
-    params = params if isinstance(params, Mapping) else {}
-    if params.get("partial_rotary_factor") is not None:
-        pct, where = params["partial_rotary_factor"], "rope_parameters.partial_rotary_factor"
-    elif cfg.get(pct_key) is not None:
-        pct, where = cfg[pct_key], pct_key
-    else:
-        pct, where = default_pct, pct_key
-    if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0.0 < pct <= 1.0:
-        raise ScenarioError(f"model.{where}", f"must be a number in (0, 1], got {pct!r:.60}")
-    if params.get("rope_theta") is not None:
-        base = read_positive(params, "rope_theta", default_base, "rope_parameters.rope_theta")
-    else:
-        base = read_positive(cfg, base_key, default_base)
-    return float(pct), base
-
-
 @register_family("gpt_neox")
 def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
     """GPT-NeoX / Pythia as ``GPTNeoXForCausalLM`` (see the module docstring for every tensor)."""
@@ -96,7 +68,7 @@ def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
     bias = read_bool(cfg, "attention_bias", d["attention_bias"])
     tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
     parallel = read_bool(cfg, "use_parallel_residual", d["use_parallel_residual"])
-    pct, base = partial_rope(cfg, d["rotary_pct"], d["rotary_emb_base"])
+    pct, base = read_partial_rope(cfg, d["rotary_pct"], d["rotary_emb_base"])
     rotary = int(hd * pct)
     act = read_str(cfg, "hidden_act", d["hidden_act"])
 
@@ -117,9 +89,7 @@ def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
     groups += linear_params(
         p + "mlp.dense_4h_to_h", "mlp", h, inter, bias=True, parallel="row", module="dense_4h_to_h", count=L
     )
-    groups += norm_params("gpt_neox.", ("final_layer_norm",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("gpt_neox.", "final_layer_norm", h, vocab, tied=tied, bias=True)
     return Architecture(
         family="gpt_neox",
         model_type=str(cfg.get("model_type", "gpt_neox")),

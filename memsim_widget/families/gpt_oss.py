@@ -37,10 +37,15 @@ from memsim_widget.architecture.config_keys import (
     read_rope_theta,
     read_str,
 )
-from memsim_widget.architecture.layers import activation_label, embedding_param, lm_head_param, norm_params
+from memsim_widget.architecture.layers import (
+    activation_label,
+    attention_params,
+    embedding_param,
+    final_norm_and_head,
+    norm_params,
+)
+from memsim_widget.architecture.moe import check_top_k, routed_experts, router
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
-from memsim_widget.families._moe import check_top_k, routed_experts, router
-from memsim_widget.families.qwen3_moe import attention_groups
 
 #: GptOssConfig defaults (transformers 5.24.0, configuration_gpt_oss.py).
 GPT_OSS_DEFAULTS: dict[str, Any] = {
@@ -94,7 +99,7 @@ def build_gpt_oss(cfg: Mapping[str, Any]) -> Architecture:
 
     p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
-    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
+    groups += attention_params(p, L, h, heads, kv, d, bias=bias)
     # one sink logit per head, split with the heads under tensor parallelism
     groups.append(ParamGroup(name=p + "self_attn.sinks", kind="attention", shape=(heads,), count=L, tp_dim=0))
     groups += router(p + "mlp.router", L, E, h, bias=True)
@@ -102,9 +107,7 @@ def build_gpt_oss(cfg: Mapping[str, Any]) -> Architecture:
     groups += norm_params(
         p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
     )
-    groups += norm_params("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts = (
         {"name": "routed experts", "layers": L, "rows": top_k, "width": inter, "experts": E,

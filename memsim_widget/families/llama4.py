@@ -40,11 +40,16 @@ from memsim_widget.architecture.config_keys import (
     read_rope_theta,
     read_str,
 )
-from memsim_widget.architecture.layers import activation_label, embedding_param, lm_head_param, norm_params
+from memsim_widget.architecture.layers import (
+    activation_label,
+    attention_params,
+    embedding_param,
+    final_norm_and_head,
+    norm_params,
+)
+from memsim_widget.architecture.moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
-from memsim_widget.families._moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
-from memsim_widget.families.qwen3_moe import attention_groups
 
 #: Llama4TextConfig defaults (transformers 5.24.0, configuration_llama4.py).
 LLAMA4_TEXT_DEFAULTS: dict[str, Any] = {
@@ -141,7 +146,7 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
 
     p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
-    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
+    groups += attention_params(p, L, h, heads, kv, d, bias=bias)
     groups += router(p + "feed_forward.router", n_moe, E, h)
     groups += routed_experts(p + "feed_forward.experts.", n_moe, E, i_moe, h, transposed=True)
     groups += dense_mlp(p + "feed_forward.shared_expert.", n_moe, i_moe, h)
@@ -149,9 +154,7 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     groups += norm_params(
         p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
     )
-    groups += norm_params("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts: list[dict[str, Any]] = []
     if n_dense:

@@ -24,19 +24,20 @@ from memsim_widget.architecture.config_keys import (
     read_head_dim,
     read_int,
     read_kv_heads,
+    read_partial_rope,
     read_positive,
     read_probability,
     read_str,
 )
 from memsim_widget.architecture.layers import (
     activation_label,
+    attention_params,
     embedding_param,
+    final_norm_and_head,
     linear_params,
-    lm_head_param,
     norm_params,
 )
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
-from memsim_widget.families.gpt_neox import partial_rope
 
 #: ``PhiConfig`` defaults (transformers 5.24).
 _PHI_DEFAULTS: dict[str, Any] = {
@@ -67,7 +68,7 @@ def build_phi(cfg: Mapping[str, Any]) -> Architecture:
     hd = read_head_dim(cfg, h, heads)
     tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
     qk_ln = read_bool(cfg, "qk_layernorm", d["qk_layernorm"])
-    pct, base = partial_rope(
+    pct, base = read_partial_rope(
         cfg, d["partial_rotary_factor"], d["rope_theta"], "partial_rotary_factor", "rope_theta"
     )
     act = read_str(cfg, "hidden_act", d["hidden_act"])
@@ -75,22 +76,14 @@ def build_phi(cfg: Mapping[str, Any]) -> Architecture:
     p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
     groups += norm_params(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
-    for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-        groups += linear_params(
-            p + f"self_attn.{name}", "attention", width, h, bias=True, parallel="col", module=name, count=L
-        )
-    groups += linear_params(
-        p + "self_attn.dense", "attention", h, heads * hd, bias=True, parallel="row", module="dense", count=L
-    )
+    groups += attention_params(p, L, h, heads, kv, hd, bias=True, o_name="dense")
     if qk_ln:  # transformers sizes these by hidden_size // num_attention_heads
         groups += norm_params(
             p + "self_attn.", ("q_layernorm", "k_layernorm"), h // heads, L, bias=True, stack="decoder"
         )
     groups += linear_params(p + "mlp.fc1", "mlp", inter, h, bias=True, parallel="col", module="fc1", count=L)
     groups += linear_params(p + "mlp.fc2", "mlp", h, inter, bias=True, parallel="row", module="fc2", count=L)
-    groups += norm_params("model.", ("final_layernorm",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("model.", "final_layernorm", h, vocab, tied=tied, bias=True)
     groups.append(ParamGroup(name="lm_head.bias", kind="head", shape=(vocab,), scope="post", tp_dim=0))
     return Architecture(
         family="phi",

@@ -22,7 +22,8 @@ from typing import Any
 
 from memsim_widget.architecture.config_keys import read_bool
 from memsim_widget.architecture.decoder import build_decoder
-from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
+from memsim_widget.architecture.layers import qk_norm_params
+from memsim_widget.architecture.types import Architecture, register_family
 
 #: transformers 5.24 ``Qwen3Config`` defaults (head_dim is its own key, 128; rope_theta the library's 10000).
 QWEN3_DEFAULTS: dict[str, Any] = {
@@ -39,16 +40,6 @@ QWEN3_DEFAULTS: dict[str, Any] = {
     "max_window_layers": 28,
     "attention_dropout": 0.0,
 }
-
-
-def qk_norm_groups(
-    arch: Architecture, width: int, prefix: str = "model.layers.*.self_attn."
-) -> list[ParamGroup]:
-    """The per-layer ``q_norm`` / ``k_norm`` RMSNorm weights [width] (replicated under tensor parallel)."""
-    return [
-        ParamGroup(name=f"{prefix}{n}.weight", kind="norm", shape=(width,), count=arch.num_layers)
-        for n in ("q_norm", "k_norm")
-    ]
 
 
 @register_family("qwen3")
@@ -71,4 +62,4 @@ def build_qwen3(cfg: Mapping[str, Any]) -> Architecture:
             "max_window_layers": cfg.get("max_window_layers", d["max_window_layers"]),
         },
     )
-    return dataclasses.replace(arch, params=arch.params + tuple(qk_norm_groups(arch, arch.head_dim)))
+    return dataclasses.replace(arch, params=arch.params + tuple(qk_norm_params(arch, arch.head_dim)))

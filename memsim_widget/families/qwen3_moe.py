@@ -32,13 +32,13 @@ from memsim_widget.architecture.config_keys import (
 )
 from memsim_widget.architecture.layers import (
     activation_label,
+    attention_params,
     embedding_param,
-    linear_params,
-    lm_head_param,
+    final_norm_and_head,
     norm_params,
 )
+from memsim_widget.architecture.moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
-from memsim_widget.families._moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
 
 #: Qwen3MoeConfig defaults (transformers 5.24.0, configuration_qwen3_moe.py).
 QWEN3_MOE_DEFAULTS: dict[str, Any] = {
@@ -60,28 +60,6 @@ QWEN3_MOE_DEFAULTS: dict[str, Any] = {
     "norm_topk_prob": False,
     "router_aux_loss_coef": 0.001,
 }
-
-
-def attention_groups(
-    p: str, L: int, h: int, heads: int, kv: int, d: int, *, bias: bool, o_bias: bool | None = None
-) -> list[ParamGroup]:
-    """q/k/v/o projections of a GQA attention block in ``L`` layers."""
-    groups: list[ParamGroup] = []
-    for name, width in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
-        groups += linear_params(
-            p + f"self_attn.{name}", "attention", width, h, bias=bias, parallel="col", module=name, count=L
-        )
-    groups += linear_params(
-        p + "self_attn.o_proj",
-        "attention",
-        h,
-        heads * d,
-        bias=bias if o_bias is None else o_bias,
-        parallel="row",
-        module="o_proj",
-        count=L,
-    )
-    return groups
 
 
 @register_family("qwen3_moe")
@@ -110,7 +88,7 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
 
     p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
-    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
+    groups += attention_params(p, L, h, heads, kv, d, bias=bias)
     groups += norm_params(p + "self_attn.", ("q_norm", "k_norm"), d, L, bias=False, stack="decoder")
     groups += router(p + "mlp.gate", n_moe, E, h)
     groups += routed_experts(p + "mlp.experts.", n_moe, E, i_moe, h)
@@ -118,9 +96,7 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
     groups += norm_params(
         p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
     )
-    groups += norm_params("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts: list[dict[str, Any]] = []
     if n_dense:

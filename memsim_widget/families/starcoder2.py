@@ -32,9 +32,10 @@ from memsim_widget.architecture.config_keys import (
 )
 from memsim_widget.architecture.layers import (
     activation_label,
+    attention_params,
     embedding_param,
+    final_norm_and_head,
     linear_params,
-    lm_head_param,
     norm_params,
 )
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
@@ -77,20 +78,7 @@ def build_starcoder2(cfg: Mapping[str, Any]) -> Architecture:
     p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
     groups += norm_params(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
-    for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-        groups += linear_params(
-            p + f"self_attn.{name}", "attention", width, h, bias=bias, parallel="col", module=name, count=L
-        )
-    groups += linear_params(
-        p + "self_attn.o_proj",
-        "attention",
-        h,
-        heads * hd,
-        bias=bias,
-        parallel="row",
-        module="o_proj",
-        count=L,
-    )
+    groups += attention_params(p, L, h, heads, kv, hd, bias=bias)
     groups += norm_params(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
     groups += linear_params(
         p + "mlp.c_fc", "mlp", inter, h, bias=bias, parallel="col", module="c_fc", count=L
@@ -98,9 +86,7 @@ def build_starcoder2(cfg: Mapping[str, Any]) -> Architecture:
     groups += linear_params(
         p + "mlp.c_proj", "mlp", h, inter, bias=bias, parallel="row", module="c_proj", count=L
     )
-    groups += norm_params("model.", ("norm",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(lm_head_param("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=True)
     return Architecture(
         family="starcoder2",
         model_type=str(cfg.get("model_type", "starcoder2")),

@@ -13,6 +13,7 @@ from memsim_widget.architecture.config_keys import (
     read_int,
     read_num_labels,
     read_probability,
+    read_square,
     read_str,
 )
 from memsim_widget.architecture.layers import activation_label, linear_params, norm_params
@@ -33,14 +34,6 @@ VIT_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _square(cfg: Mapping[str, Any], key: str, default: int) -> int:
-    """An image/patch size given as an int or a square [h, w] pair."""
-    value = cfg.get(key)
-    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
-        return read_int({key: value[0]}, key)
-    return read_int(cfg, key, default)
-
-
 @register_family("vit")
 def build_vit(cfg: Mapping[str, Any]) -> Architecture:
     """ViT as ``ViTForImageClassification`` (no pooler) with a [num_labels, h] classifier.
@@ -54,8 +47,8 @@ def build_vit(cfg: Mapping[str, Any]) -> Architecture:
     L = read_int(cfg, "num_hidden_layers")
     heads = read_int(cfg, "num_attention_heads")
     inter = read_int(cfg, "intermediate_size")
-    image = _square(cfg, "image_size", d["image_size"])
-    patch = _square(cfg, "patch_size", d["patch_size"])
+    image = read_square(cfg, "image_size", d["image_size"])
+    patch = read_square(cfg, "patch_size", d["patch_size"])
     channels = read_int(cfg, "num_channels", d["num_channels"])
     labels = read_num_labels(cfg)
     qkv_bias = read_bool(cfg, "qkv_bias", d["qkv_bias"])

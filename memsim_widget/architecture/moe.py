@@ -1,4 +1,4 @@
-"""Shared pieces of the mixture-of-experts families (qwen3_moe, deepseek_v2/v3, gpt_oss, llama4).
+"""Shared pieces of the mixture-of-experts families (mixtral aside: qwen3_moe, deepseek_v2/v3, gpt_oss, llama4).
 
 transformers 5 stores each MoE layer's routed experts fused, as ``experts.gate_up_proj`` [E, 2I, h] and
 ``experts.down_proj`` [E, h, I] (plain ``nn.Parameter`` s, not ``nn.Linear``: LoRA cannot target them), and
