@@ -250,6 +250,16 @@ class Estimate:
             out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
         if "paged" in s.optimizer:
             out.append("paged optimizer states moved to and from the host are not modelled")
+        if self.arch.extra.get("ssm"):
+            out.append(
+                "state-space scan (Mamba: 9 x I x N FLOPs per token and layer, mamba's own count; Mamba-2: the SSD "
+                "chunk einsums) run at attention's efficiency; no scan kernel was timed (and the torch paths are far "
+                "slower)"
+            )
+        if self.arch.extra.get("vision"):
+            out.append(
+                "the vision tower's and projector's compute is not in the step time (the language model's is)"
+            )
         if s.objective_name != "sft":
             out.append(
                 f"objective {s.objective_name}: the training step's time on its sequences only; generation, scoring "
@@ -387,6 +397,18 @@ class Estimate:
                 "compile: true has no memory rule; these are eager's figures (measured on an H200: "
                 "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
             )
+        if self.arch.extra.get("ssm"):
+            if (self.scenario.ssm_kernel or "cuda") == "cuda":
+                out.append(
+                    "ssm_kernel cuda (the default: mamba-ssm + causal-conv1d installed): the Mamba layers' "
+                    "activations are a formula from mamba-ssm's saved tensors, not traced; without those "
+                    "packages transformers runs its torch path (ssm_kernel: torch), which keeps every scan state"
+                )
+            else:
+                out.append(
+                    "ssm_kernel torch: transformers' pure-PyTorch Mamba scan (no mamba-ssm), held to a CPU "
+                    "fake-tensor trace; it keeps every step's state (b x I x N per token)"
+                )
         obj = self.scenario.objective_name
         if obj in ("kto", "ppo"):
             out.append(f"objective {obj}: formula-only (its step is not traced; docs/fidelity.md)")
@@ -401,7 +423,27 @@ class Estimate:
                 out.append(
                     "vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start"
                 )
+        out += self._vision_caveats()
         return tuple(out)
+
+    def _vision_caveats(self) -> list[str]:
+        """A multimodal model's parts no trace has checked (docs/fidelity.md, "Multimodal")."""
+        v = self.arch.extra.get("vision")
+        if not v:
+            return []
+        s, out = self.scenario, []
+        if (
+            s.method != "full"
+            and any(t in s.lora.targets for t in ("linear_1", "linear_2", "all-linear"))
+            and v.get("projector")
+        ):
+            out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
+        if v["kind"] == "llava":
+            out.append(
+                f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "
+                "or resizes to it; the vision tower's own backward transients are not modelled"
+            )
+        return out
 
     def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
         """The JSON form the CLI prints (``memsim estimate --json``)."""

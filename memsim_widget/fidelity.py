@@ -182,6 +182,13 @@ FALCON = {
 FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}
 #: Falcon-RW's layer: ALiBi, classic multi-head (no multi_query), sequential, biases
 FALCON_RW = {**FALCON, "alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}
+#: Mamba (MambaForCausalLM): 4 state-space layers, I = 512, N = 16 (no attention, no MLP). Only the torch path
+#: (``ssm_kernel: "torch"``) runs on a CPU; its sequential scan makes each trace slow: short sequences.
+MAMBA = {"model_type": "mamba", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000,
+         "tie_word_embeddings": False}  # fmt: skip
+#: Mamba-2 (Mamba2ForCausalLM): 4 layers, 8 heads of 64 (I = 512), 2 groups, N = 16, chunks of 64 tokens
+MAMBA2 = {"model_type": "mamba2", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000, "num_heads": 8,
+          "head_dim": 64, "state_size": 16, "n_groups": 2, "chunk_size": 64}  # fmt: skip
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 #: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
@@ -1025,7 +1032,154 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),
         )
     ),
+    # Mamba: transformers' torch path (every scan state saved); the CUDA kernels' path is a formula (not traced)
+    *(
+        (f"mamba {label}", {"model": {**MAMBA, **more}, "ssm_kernel": "torch", **keys})
+        for label, more, keys in (
+            ("torch bf16 b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64}),
+            ("torch fp32 b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64, "precision": "fp32"}),
+            (
+                "torch bf16 b1 s128 (tied, N=8, K=3, biases)",
+                {"tie_word_embeddings": True, "state_size": 8, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 128},
+            ),
+        )
+    ),
+    # Mamba-2: transformers' chunked SSD in torch (the per-chunk states and l x l decays saved); kernel path a formula
+    *(
+        (f"mamba2 {label}", {"model": {**MAMBA2, **more}, "ssm_kernel": "torch", **keys})
+        for label, more, keys in (
+            ("torch bf16 b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512}),
+            ("torch fp32 b2 s256", {}, {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32"}),
+            (
+                "torch bf16 b1 s1000 (padded last chunk, tied, K=3, biases)",
+                {"tie_word_embeddings": True, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 1000},
+            ),
+            (
+                "torch V64 bf16 b2 s512 (peak in a layer's backward)",
+                {"vocab_size": 64},
+                {"micro_batch_size": 2, "seq_len": 512},
+            ),
+        )
+    ),
 ]
+
+# ----- multimodal (families/clip.py, families/llava.py, engine/vision.py) -----------------------------------------
+#: CLIP: 4-layer text tower (77 tokens) and 4-layer ViT-B/16-shaped vision tower at 224px (196 patches + CLS)
+CLIP = {
+    "model_type": "clip",
+    "projection_dim": 64,
+    "text_config": {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "vocab_size": 1000,
+        "max_position_embeddings": 77,
+        "bos_token_id": 998,
+        "eos_token_id": 999,
+        "pad_token_id": 1,
+    },
+    "vision_config": {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "image_size": 224,
+        "patch_size": 16,
+    },
+}
+#: LLaVA: the same vision tower (feature layer -2, CLS dropped: 196 tokens per image) and the small Llama
+LLAVA = {
+    "model_type": "llava",
+    "image_token_index": 999,
+    "text_config": {**LLAMA, "pad_token_id": 0},
+    "vision_config": {"model_type": "clip_vision_model", **CLIP["vision_config"]},
+}
+_LORA_QV = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+#: Gemma 3 with its SigLIP tower (the same 4-layer tower, no CLS, pooled 14 x 14 -> 7 x 7: 49 tokens per image),
+#: the small Gemma 3 text model, trained with token_type_ids (a mask in every layer)
+GEMMA3_VLM = {
+    "model_type": "gemma3",
+    "image_token_index": 999,
+    "mm_tokens_per_image": 49,
+    "text_config": {**GEMMA3, "eos_token_id": 1, "bos_token_id": 2, "pad_token_id": 0},
+    "vision_config": {"model_type": "siglip_vision_model", **CLIP["vision_config"], "vision_use_head": False},
+}
+MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
+    *(
+        (f"clip {label} b8 s77", {"model": CLIP, "micro_batch_size": 8, "seq_len": 77, **keys})
+        for label, keys in (
+            ("bf16 sdpa", {}),
+            ("amp-bf16 sdpa", {"precision": "amp-bf16"}),
+            ("bf16 lora qv (both towers)", _LORA_QV),
+            ("fp32 eager", {"precision": "fp32", "attention": "eager"}),
+            ("bf16 sdpa frozen vision tower", {"freeze_vision": True}),
+        )
+    ),
+    *(
+        (f"llava {label} b2 s256+196", {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, **keys})
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
+            ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
+        )
+    ),
+    (
+        "llava bf16 sdpa frozen tower b2 s256+196 (output held through backward: the tower's hidden states too)",
+        {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
+    ),
+    (
+        "gemma3 bf16 sdpa frozen tower b2 s256+49 (output held through backward)",
+        {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
+    ),
+    (
+        "llava bf16 sdpa frozen tower b2 s256+2x196 (2 images per sample)",
+        {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 2},
+    ),
+    *(
+        (f"gemma3 {label} b2 s256+49", {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, **keys})
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+        )
+    ),
+    (
+        "gemma3 bf16 sdpa b2 s256 (no image: token_type_ids still mask every layer)",
+        {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 0},
+    ),
+    # the presets' real shapes (fake tensors: 10-45 s each)
+    (
+        "llava-1.5-7b bf16 lora qv b1 s512+576 (real shape)",
+        {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "llava-1.5-7b bf16 full b1 s512+576 (real shape, frozen tower)",
+        {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512},
+    ),
+    (
+        "gemma-3-4b bf16 lora qv b1 s512+256 (real shape)",
+        {"model": "gemma-3-4b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "clip-vit-base-patch32 bf16 sdpa b64 s77 (real shape)",
+        {"model": "clip-vit-base-patch32", "micro_batch_size": 64, "seq_len": 77},
+    ),
+    (
+        "clip-vit-large-patch14 amp-bf16 sdpa b32 s77 (real shape)",
+        {"model": "clip-vit-large-patch14", "micro_batch_size": 32, "seq_len": 77, "precision": "amp-bf16"},
+    ),
+]
+CASES += MULTIMODAL_CASES
 
 
 #: Preference and RL training steps (``trace/objectives.py``: TRL's loop on fake tensors). A 32k vocabulary makes

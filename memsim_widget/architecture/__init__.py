@@ -9,6 +9,8 @@ one module in ``memsim_widget/families/`` whose builder (HF config mapping -> Ar
 - ``layers``: the parameter groups of a Linear, norms, an embedding, an LM head; the MLP activation labels;
 - ``decoder``: ``build_decoder``, the RMSNorm + RoPE decoder-only builder most families start from;
 - ``encoder``: ``bert_encoder``, the post-norm BERT-shaped encoder with its masked-LM head;
+- ``moe``: routed experts, router and dense MLPs of the mixture-of-experts families;
+- ``vision``: the vision towers multimodal families embed (CLIP's, SigLIP's) and their sub-config helpers;
 - ``dispatch``: ``build_architecture`` (dispatch on ``model_type``) and the unknown-type error.
 """
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Parameter kinds of the breakdown, in display order.
-PARAM_KINDS = ("embedding", "position", "attention", "mlp", "experts", "router", "norm", "head", "other")
+PARAM_KINDS = (
+    "embedding", "position", "attention", "ssm", "mlp", "experts", "router", "norm", "head", "other"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,11 @@ PRESET_FILES: tuple[str, ...] = (
     "llama4_text",
     "gpt_oss",
     "falcon",
+    "mamba",
+    "mamba2",
+    "clip",
+    "llava",
+    "gemma3",
 )
 
 

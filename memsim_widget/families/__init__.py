@@ -38,6 +38,11 @@ MODULES: tuple[str, ...] = (
     "llama4",
     "gpt_oss",
     "falcon",
+    # state-space models (Mamba, Mamba-2, Jamba)
+    "mamba",
+    # multimodal (vision tower + language model): CLIP, LLaVA
+    "clip",
+    "llava",
 )
 
 for _name in MODULES:

@@ -42,6 +42,11 @@ def check_traceable(sc: Scenario) -> None:
     estimate(sc)
     if sc.method == "qlora":
         raise ScenarioError("method", "qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA")
+    if architecture_for(sc.model).extra.get("ssm") and (sc.ssm_kernel or "cuda") == "cuda":
+        raise ScenarioError(
+            "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "
+            "path; set ssm_kernel to 'torch' to trace (and compare) that path",
+        )  # fmt: skip
     if sc.precision not in TRACEABLE_PRECISIONS:
         raise ScenarioError(
             "precision", f"{sc.precision!r} cannot be traced; traceable: {', '.join(TRACEABLE_PRECISIONS)}"
@@ -52,6 +57,11 @@ def check_traceable(sc: Scenario) -> None:
             f"{sc.optimizer!r} cannot be traced (not in torch.optim); traceable: "
             f"{', '.join(TRACEABLE_OPTIMIZERS)}",
         )
+    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(sc.model).extra.get("vision"):
+        raise ScenarioError(
+            "parallel", "a multimodal model is traced on one GPU only (the multi-GPU tracer feeds no images and "
+            "freezes no tower): set dp, tp, pp, cp and ep to 1",
+        )  # fmt: skip
     if sc.parallel.world_size > 1 or sc.parallel.ep > 1:
         _check_multi_gpu(sc)
     if sc.activation_checkpointing == "selective":
@@ -141,6 +151,11 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         "gradient_checkpointing": sc.activation_checkpointing == "full" and (sc.checkpoint_every or 1) == 1,
         "output_lifetime": output_lifetime(sc),
     }
+    if architecture_for(sc.model).extra.get("vision"):
+        from memsim_widget.engine.context import Context
+
+        ctx = Context(sc)
+        kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
         kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
     if sc.method != "full":
