@@ -2,7 +2,9 @@
 
 The engine reads only the ``Architecture`` object; it never looks at raw HF config keys. Each model family is
 one module in ``memsim_widget/families/`` whose builder (HF config mapping -> Architecture) registers its
-``model_type`` values in ``FAMILIES`` with ``register_family``. This package holds what the families share:
+``model_type`` values in ``FAMILIES`` with ``register_family``; it lists every parameter tensor of the
+transformers class used for training (named in its docstring), as transformers 5.x builds it. This package holds
+what the families share:
 
 - ``types``: ``Architecture``, ``ParamGroup``, ``PARAM_KINDS``, the registry (``FAMILIES``, ``register_family``);
 - ``config_keys``: readers of HF config keys that validate and name the key in their error (``read_int``, ...);

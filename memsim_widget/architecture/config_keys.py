@@ -1,11 +1,9 @@
 """Readers of HF config keys: each one validates its key and names it (``model.<key>``) in the error.
 
-Each builder lists every parameter tensor of the transformers class used for training (named in its
-docstring), as transformers 5.x builds it. Structural keys (hidden size, layer and head counts, vocab,
-MLP width: ``REQUIRED_KEYS``) are required: HF's config classes would silently default them to a 7B-class
-model, which is never what a user meant. Every other key falls back to the default of the transformers
-config class, written out in each family module's ``*_DEFAULTS`` dict (the package never imports
-transformers).
+Structural keys (hidden size, layer and head counts, vocab, MLP width: ``REQUIRED_KEYS``) are required: HF's
+config classes would silently default them to a 7B-class model, which is never what a user meant. Every other key
+falls back to the default of the transformers config class, written out in each family module's ``*_DEFAULTS``
+dict (the package never imports transformers).
 """
 
 from __future__ import annotations
