@@ -323,10 +323,29 @@ class Estimate:
         """The breakdown as a pandas DataFrame (rank, stage, moment, category, item, bytes, gib, counter, formula)."""
         import pandas as pd
 
-        return pd.DataFrame(
+        df = pd.DataFrame(
             self.rows(),
             columns=["rank", "stage", "moment", "category", "item", "bytes", "gib", "counter", "formula"],
         )
+        if self.calibrated:  # a calibrated model's rows say so, and the frame's attrs carry the fit
+            df["source"] = "calibrated from a trace"
+            df.attrs["calibration"] = self.calibration
+        return df
+
+    @property
+    def calibrated(self) -> bool:
+        """True when the model's activations are fitted from traces (a transformers type no family models)."""
+        return self.arch.extra.get("calibration") is not None
+
+    @property
+    def calibration(self) -> dict[str, Any] | None:
+        """The fit behind a calibrated model's activations (coefficients, held-out residual), else None."""
+        if not self.calibrated:
+            return None
+        from memsim_widget.engine.calibrated import fit_for
+
+        fit = fit_for(self.arch, self.scenario)
+        return {"source": "calibrated from a trace", **{k: v for k, v in fit.items()}}
 
     def phases(self) -> dict[str, dict[str, Any]]:
         """Each phase's peak on the worst rank: its moment, allocated bytes and components (training; rollout
@@ -392,6 +411,10 @@ class Estimate:
     def caveats(self) -> tuple[str, ...]:
         """What the figures do not model, in words (shown beside the verdict: never a silent exact-looking number)."""
         out = []
+        if self.calibrated:
+            from memsim_widget.engine.calibrated import caveat
+
+            out.append(caveat(self.arch, self.scenario))
         if self.scenario.compile:
             out.append(
                 "compile: true has no memory rule; these are eager's figures (measured on an H200: "
@@ -455,6 +478,7 @@ class Estimate:
                 "parameters": self.parameters,
                 "trainable_parameters": self.trainable_parameters,
                 "parameters_by_kind": {k: v for k, v in by_kind.items() if v},
+                **({"calibration": self.calibration} if self.calibrated else {}),
             },
             "attention": self.attention,
             "peak_tensor_bytes": self.peak_tensor_bytes,

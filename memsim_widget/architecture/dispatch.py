@@ -18,6 +18,11 @@ def build_architecture(config: Mapping[str, Any]) -> Architecture:
         raise ScenarioError("model.model_type", "is required (e.g. 'llama', 'gpt2', 't5')")
     builder = FAMILIES.get(model_type)
     if builder is None:
+        # any other type transformers knows: counted on the meta device, activations fitted from traces
+        from memsim_widget.calibrate import calibrated_builder
+
+        builder = calibrated_builder(model_type)
+    if builder is None:
         raise unknown_model_type(model_type)
     return builder(config)
 
@@ -60,5 +65,6 @@ def unknown_model_type(model_type: str) -> ScenarioError:
     return ScenarioError(
         "model.model_type",
         f"{short_repr(model_type)} is not a supported model type{hint}; supported: {', '.join(sorted(FAMILIES))} "
-        "(no other architecture stands in for one: its parameters and activations differ)",
+        "(no other architecture stands in for one: its parameters and activations differ; with transformers "
+        "installed, any model type it knows is calibrated from a trace)",
     )

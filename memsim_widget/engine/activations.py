@@ -59,6 +59,9 @@ class ActivationBudget:
     layer_backward: list[Term] = field(default_factory=list)  # transients while one layer runs backward
     top_backward: list[Term] = field(default_factory=list)  # transients of the final norm's backward
     attention_backward: list[Term] = field(default_factory=list)  # transients of the attention's backward
+    bottom_backward: list[Term] = field(
+        default_factory=list
+    )  # transients of the embedding's backward (calibrated)
     inputs: list[Term] = field(default_factory=list)
     # the model output the loop still holds after the loss (output_lifetime "backward" or "step"):
     output_logits: list[Term] = field(default_factory=list)  # its logits (last stage)
@@ -105,6 +108,12 @@ class _Dims:
 
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
+    if ctx.arch.extra.get("calibration") is not None:  # a transformers type no family models: fitted terms
+        from memsim_widget.engine.calibrated import calibrated_activations
+
+        out = calibrated_activations(ctx)
+        _stage_io(ctx, out)
+        return out
     _refuse_untraced(ctx)
     out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
     if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
