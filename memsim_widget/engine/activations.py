@@ -637,7 +637,7 @@ def _hf(ctx: Context) -> ActivationBudget:
     # ----- MLP ------------------------------------------------------------------------------------
     mlp_from = len(L)
     moe = arch.is_moe
-    mlp_parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (families/_moe.py)
+    mlp_parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (architecture/moe.py)
     if mlp_parts:
         Tm, I = _mlp_parts(arch, D, mlp_parts, add, consumers, full, ec, r)
     else:
@@ -1381,7 +1381,7 @@ def _mla(ctx, D, mla, add, consumers, attn_out, eager, amp, ec):  # noqa: ANN001
 
 def _mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001, ANN202
     """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
-    a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, families/_moe.py). Per-layer bytes
+    a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, architecture/moe.py). Per-layer bytes
     are the average over the layers; returns (rows, width) of the largest part for the backward transients.
 
     A routed part runs transformers 5's default ``grouped_mm`` experts (the eager per-expert loop saves

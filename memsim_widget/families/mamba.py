@@ -21,19 +21,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _bool,
-    _embedding,
-    _int,
-    _linear,
-    _lm_head,
-    _norms,
-    _positive,
-    _str,
-    register_family,
-)
+from memsim_widget.architecture.config_keys import read_bool, read_int, read_positive, read_str
+from memsim_widget.architecture.layers import embedding_param, final_norm_and_head, linear_params, norm_params
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
 
 #: MambaConfig defaults (transformers 5.24.0, configuration_mamba.py).
@@ -56,12 +46,12 @@ def time_step_rank(cfg: Mapping[str, Any], h: int) -> int:
     value = cfg.get("time_step_rank", "auto")
     if value is None or value == "auto":
         return math.ceil(h / 16)
-    return _int(cfg, "time_step_rank")
+    return read_int(cfg, "time_step_rank")
 
 
 def check_act(cfg: Mapping[str, Any], default: str) -> str:
     """The mixer's activation (conv output and gate): only SiLU is modelled (the kernels hard-code it)."""
-    act = _str(cfg, "hidden_act", default)
+    act = read_str(cfg, "hidden_act", default)
     if act not in ("silu", "swish"):
         raise ScenarioError(
             "model.hidden_act", f"{act!r} is not modelled for state-space layers (only 'silu')"
@@ -74,17 +64,23 @@ def mamba_mixer_groups(
 ) -> list[ParamGroup]:
     """One Mamba (v1) mixer's parameters in ``L`` layers (``p`` ends with the mixer's name and a dot). Tensor
     parallelism splits the inner channels (in_proj rows, conv, x_proj columns, dt_proj rows, A_log, D)."""
-    groups = _linear(p + "in_proj", "ssm", 2 * inner, h, bias=bias, parallel="col", module="in_proj", count=L)
+    groups = linear_params(
+        p + "in_proj", "ssm", 2 * inner, h, bias=bias, parallel="col", module="in_proj", count=L
+    )
     groups.append(ParamGroup(name=p + "conv1d.weight", kind="ssm", shape=(inner, 1, K), count=L, tp_dim=0))
     if conv_bias:
         groups.append(ParamGroup(name=p + "conv1d.bias", kind="ssm", shape=(inner,), count=L, tp_dim=0))
-    groups += _linear(
+    groups += linear_params(
         p + "x_proj", "ssm", R + 2 * N, inner, bias=False, parallel="row", module="x_proj", count=L
     )
-    groups += _linear(p + "dt_proj", "ssm", inner, R, bias=True, parallel="col", module="dt_proj", count=L)
+    groups += linear_params(
+        p + "dt_proj", "ssm", inner, R, bias=True, parallel="col", module="dt_proj", count=L
+    )
     groups.append(ParamGroup(name=p + "A_log", kind="ssm", shape=(inner, N), count=L, tp_dim=0))
     groups.append(ParamGroup(name=p + "D", kind="ssm", shape=(inner,), count=L, tp_dim=0))
-    groups += _linear(p + "out_proj", "ssm", h, inner, bias=bias, parallel="row", module="out_proj", count=L)
+    groups += linear_params(
+        p + "out_proj", "ssm", h, inner, bias=bias, parallel="row", module="out_proj", count=L
+    )
     return groups
 
 
@@ -92,27 +88,25 @@ def mamba_mixer_groups(
 def build_mamba(cfg: Mapping[str, Any]) -> Architecture:
     """state-spaces/mamba-*-hf as ``MambaForCausalLM``; see the module docstring."""
     d_ = MAMBA_DEFAULTS
-    h = _int(cfg, "hidden_size", aliases=("d_model",))
-    L = _int(cfg, "num_hidden_layers", aliases=("n_layer",))
-    vocab = _int(cfg, "vocab_size")
-    N = _int(cfg, "state_size", d_["state_size"])
-    expand = _int(cfg, "expand", d_["expand"])
-    K = _int(cfg, "conv_kernel", d_["conv_kernel"])
+    h = read_int(cfg, "hidden_size", aliases=("d_model",))
+    L = read_int(cfg, "num_hidden_layers", aliases=("n_layer",))
+    vocab = read_int(cfg, "vocab_size")
+    N = read_int(cfg, "state_size", d_["state_size"])
+    expand = read_int(cfg, "expand", d_["expand"])
+    K = read_int(cfg, "conv_kernel", d_["conv_kernel"])
     inner = expand * h
     R = time_step_rank(cfg, h)
-    bias = _bool(cfg, "use_bias", d_["use_bias"])
-    conv_bias = _bool(cfg, "use_conv_bias", d_["use_conv_bias"])
-    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    bias = read_bool(cfg, "use_bias", d_["use_bias"])
+    conv_bias = read_bool(cfg, "use_conv_bias", d_["use_conv_bias"])
+    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
     check_act(cfg, d_["hidden_act"])
 
-    groups: list[ParamGroup] = [_embedding("backbone.embeddings.weight", vocab, h)]
+    groups: list[ParamGroup] = [embedding_param("backbone.embeddings.weight", vocab, h)]
     groups += mamba_mixer_groups(
         "backbone.layers.*.mixer.", L, h, inner, N, R, K, bias=bias, conv_bias=conv_bias
     )
-    groups += _norms("backbone.layers.*.", ("norm",), h, L, bias=False, stack="decoder")
-    groups += _norms("backbone.", ("norm_f",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += norm_params("backbone.layers.*.", ("norm",), h, L, bias=False, stack="decoder")
+    groups += final_norm_and_head("backbone.", "norm_f", h, vocab, tied=tied, bias=False)
     ssm = {
         "version": 1,
         "layers": L,
@@ -145,8 +139,8 @@ def build_mamba(cfg: Mapping[str, Any]) -> Architecture:
             "ssm": ssm,
             "attention_layers": 0,
             "norms_per_layer": 1,
-            "residual_in_fp32": _bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
-            "rms_norm_eps": _positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
+            "residual_in_fp32": read_bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
+            "rms_norm_eps": read_positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
             "use_cache": False,  # MambaModel: use_cache defaults to False in training
         },
     )
@@ -183,16 +177,16 @@ def build_mamba2(cfg: Mapping[str, Any]) -> Architecture:
     ``norm.weight`` [h]. Plus ``backbone.embeddings`` [V, h], ``backbone.norm_f`` [h] and ``lm_head`` [V, h]
     unless ``tie_word_embeddings`` (default false). Mamba2Config refuses expand x h != num_heads x head_dim."""
     d_ = MAMBA2_DEFAULTS
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    vocab = _int(cfg, "vocab_size")
-    H = _int(cfg, "num_heads", d_["num_heads"])
-    P = _int(cfg, "head_dim", d_["head_dim"])
-    N = _int(cfg, "state_size", d_["state_size"])
-    G = _int(cfg, "n_groups", d_["n_groups"])
-    expand = _int(cfg, "expand", d_["expand"])
-    K = _int(cfg, "conv_kernel", d_["conv_kernel"])
-    chunk = _int(cfg, "chunk_size", d_["chunk_size"])
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    vocab = read_int(cfg, "vocab_size")
+    H = read_int(cfg, "num_heads", d_["num_heads"])
+    P = read_int(cfg, "head_dim", d_["head_dim"])
+    N = read_int(cfg, "state_size", d_["state_size"])
+    G = read_int(cfg, "n_groups", d_["n_groups"])
+    expand = read_int(cfg, "expand", d_["expand"])
+    K = read_int(cfg, "conv_kernel", d_["conv_kernel"])
+    chunk = read_int(cfg, "chunk_size", d_["chunk_size"])
     inner = expand * h
     if inner != H * P:
         raise ScenarioError(
@@ -201,15 +195,15 @@ def build_mamba2(cfg: Mapping[str, Any]) -> Architecture:
         )
     if H % G or inner % G:
         raise ScenarioError("model.n_groups", f"{G} does not divide num_heads {H}")
-    bias = _bool(cfg, "use_bias", d_["use_bias"])
-    conv_bias = _bool(cfg, "use_conv_bias", d_["use_conv_bias"])
-    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    bias = read_bool(cfg, "use_bias", d_["use_bias"])
+    conv_bias = read_bool(cfg, "use_conv_bias", d_["use_conv_bias"])
+    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
     check_act(cfg, d_["hidden_act"])
     conv_dim = inner + 2 * G * N
 
     p = "backbone.layers.*.mixer."
-    groups: list[ParamGroup] = [_embedding("backbone.embeddings.weight", vocab, h)]
-    groups += _linear(
+    groups: list[ParamGroup] = [embedding_param("backbone.embeddings.weight", vocab, h)]
+    groups += linear_params(
         p + "in_proj",
         "ssm",
         2 * inner + 2 * G * N + H,
@@ -225,11 +219,11 @@ def build_mamba2(cfg: Mapping[str, Any]) -> Architecture:
     for name in ("dt_bias", "A_log", "D"):
         groups.append(ParamGroup(name=p + name, kind="ssm", shape=(H,), count=L))
     groups.append(ParamGroup(name=p + "norm.weight", kind="ssm", shape=(inner,), count=L))
-    groups += _linear(p + "out_proj", "ssm", h, inner, bias=bias, parallel=None, module="out_proj", count=L)
-    groups += _norms("backbone.layers.*.", ("norm",), h, L, bias=False, stack="decoder")
-    groups += _norms("backbone.", ("norm_f",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += linear_params(
+        p + "out_proj", "ssm", h, inner, bias=bias, parallel=None, module="out_proj", count=L
+    )
+    groups += norm_params("backbone.layers.*.", ("norm",), h, L, bias=False, stack="decoder")
+    groups += final_norm_and_head("backbone.", "norm_f", h, vocab, tied=tied, bias=False)
     ssm = {
         "version": 2,
         "layers": L,
@@ -264,8 +258,8 @@ def build_mamba2(cfg: Mapping[str, Any]) -> Architecture:
             "ssm": ssm,
             "attention_layers": 0,
             "norms_per_layer": 1,
-            "residual_in_fp32": _bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
-            "rms_norm_eps": _positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
+            "residual_in_fp32": read_bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
+            "rms_norm_eps": read_positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
             "use_cache": False,
         },
     )
