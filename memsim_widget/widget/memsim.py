@@ -83,7 +83,8 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, anywidget.AnyWidg
     fit = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: Candidate layouts (``plan``, on request): ``state`` (idle, running, done, error), ``error``, ``id``, ``ms``,
     #: ``gpus`` (the GPU count searched), ``stale`` with ``stale_keys`` (non-searched keys changed since), and
-    #: ``view`` (``build_layouts_view``: counts, summary, the top candidates, the chart's Vega-Lite spec).
+    #: ``view`` (``build_layouts_view``: counts, summary, the top candidates, the chart's Vega-Lite spec; each
+    #: top row's ``current`` says whether the scenario shown uses it).
     layouts = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: Pinned scenarios, at most ``MAX_PINS``: ``[{"name", "scenario"}]``. The front end appends the current
     #: ``scenario_data`` ("Pin") or drops an entry; Python checks, names (``pin N``) and estimates each pin once.
@@ -268,6 +269,7 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, anywidget.AnyWidg
             self.options = build_options(shown)
             self._set_trace()
             self._set_fit()
+            self._set_layouts()
 
     @staticmethod
     def _derived(est: Estimate, headroom: float) -> dict[str, Any]:
