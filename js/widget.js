@@ -624,6 +624,52 @@ function controlsPanel(ctx) {
   return panel;
 }
 
+// js/src/export.js
+function createExportPanel(doc) {
+  const select = h(doc, "select", { class: "memsim-export-format", "aria-label": "launch config format" });
+  const button = h(doc, "button", { type: "button", class: "memsim-export-config", text: "Export" });
+  const status = h(doc, "span", { class: "memsim-export-status", role: "status" });
+  const root = h(doc, "details", { class: "memsim-details-export" }, [
+    h(doc, "summary", { text: "launch config" }),
+    select,
+    button,
+    status
+  ]);
+  return { root, select, button, status };
+}
+function renderExport(doc, panel, state = {}) {
+  const formats = state.formats ?? [];
+  if ([...panel.select.options].map((o) => o.value).join() !== formats.join()) fillSelect(doc, panel.select, formats);
+  panel.root.hidden = formats.length === 0;
+  const names = Object.keys(state.files ?? {});
+  panel.status.textContent = state.error || (names.length ? `downloaded ${names.join(", ")}` : "");
+  panel.status.classList.toggle("memsim-export-error", Boolean(state.error));
+}
+function exportBlobs(files = {}) {
+  return Object.entries(files).map(([name, text]) => ({ name, blob: new Blob([text], { type: "text/plain;charset=utf-8" }) }));
+}
+function wireExport(ctx, panel) {
+  const { doc, model } = ctx;
+  let asked = null;
+  const show = () => renderExport(doc, panel, model.get("export") ?? {});
+  ctx.listen(panel.button, "click", () => {
+    asked = model.get("export")?.id ?? 0;
+    model.send({ type: "export", format: panel.select.value });
+  });
+  ctx.onModel("export", () => {
+    show();
+    const state = model.get("export") ?? {};
+    if (asked === null || !(state.id > asked)) return;
+    asked = null;
+    for (const { name, blob } of exportBlobs(state.files)) {
+      const url = URL.createObjectURL(blob);
+      download(doc, url, name);
+      setTimeout(() => URL.revokeObjectURL(url), 1e3);
+    }
+  });
+  return show;
+}
+
 // js/src/format.js
 var CSV_COLUMNS = ["rank", "stage", "moment", "category", "item", "bytes", "gib", "counter", "formula"];
 function fmtBytes(n) {
@@ -1227,7 +1273,8 @@ function createOutput(doc) {
     trace: createTracePanel(doc),
     fit: createFitPanel(doc),
     compare: createComparePanel(doc),
-    json: createJsonEditor(doc)
+    json: createJsonEditor(doc),
+    export: createExportPanel(doc)
   };
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error,
@@ -1237,7 +1284,8 @@ function createOutput(doc) {
     ...parts.charts.blocks,
     parts.trace.root,
     parts.result.details,
-    parts.json.root
+    parts.json.root,
+    parts.export.root
   ]);
   return parts;
 }
@@ -1279,6 +1327,7 @@ function render({ model, el }) {
     controls.update();
     syncAll();
   });
+  wireExport(ctx, out.export)();
   showError();
   showResult();
   trace.show();

@@ -1,4 +1,4 @@
-"""The ``memsim`` command line: estimate a scenario, plan layouts, recommend fixes, list presets and GPUs.
+"""The ``memsim`` command line: estimate, plan, recommend, export launch configs, list presets and GPUs.
 
 Bad input exits with status 2 and one line naming the field; never a traceback.
 """
@@ -470,6 +470,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         train_tokens=args.train_tokens,
         price=args.price,
     )
+    if args.export is not None:
+        if not p.fitting:
+            raise ScenarioError("--export", "no candidate fits, so there is none to export")
+        _export_pick(p, args)
+        return 0
     if args.json:
         print(json.dumps(p.to_dict(args.top), indent=2))
     else:
@@ -547,6 +552,47 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_export(files: dict[str, str], out: str | None) -> None:
+    """Export files to ``--out`` (created; one 'wrote PATH' line each), else to stdout (``==> name <==`` heads
+    when there are several)."""
+    if out is None:
+        for n, (name, text) in enumerate(files.items()):
+            head = f"{'' if n == 0 else chr(10)}==> {name} <==\n" if len(files) > 1 else ""
+            sys.stdout.write(head + text)
+        return
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name).write_text(text, encoding="utf-8")
+            print(f"wrote {folder / name}")
+    except OSError as exc:
+        raise ScenarioError("--out", f"cannot write to {out!r}: {exc.strerror or exc}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the launch config of a scenario for one framework (``memsim_widget.export``)."""
+    from memsim_widget.export import export
+    from memsim_widget.scenario import Scenario
+
+    sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
+    _write_export(export(sc, args.format), args.out)
+    return 0
+
+
+def _export_pick(p: Any, args: argparse.Namespace) -> None:
+    """``memsim plan --export FMT``: the launch config of the ``--pick``-th listed candidate."""
+    from memsim_widget.export import export
+
+    frame = p.frame
+    if not 1 <= args.pick <= len(frame):
+        raise ScenarioError(
+            "--pick", f"must be from 1 to {len(frame)} (the listed candidates), got {args.pick}"
+        )
+    candidate = int(frame["candidate"].iloc[args.pick - 1])
+    _write_export(export(p.scenario(candidate), args.export, p.estimate(candidate)), args.out)
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 
@@ -607,6 +653,13 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
             "--" + flag.replace("_", "-"), dest=flag, type=_ARG_TYPES.get(typ, typ), help=f"override {key}"
         )
     _add_gpu_memory(p)
+
+
+def _formats() -> list[str]:
+    """The export formats (a plain dict: the writers themselves load on use)."""
+    from memsim_widget.export import FORMATS
+
+    return list(FORMATS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -685,6 +738,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
     pl.add_argument("--json", action="store_true", help="print one JSON object with the top candidates")
+    pl.add_argument(
+        "--export",
+        choices=_formats(),
+        metavar="FORMAT",
+        help=f"write the launch config of a listed candidate instead: {', '.join(_formats())}",
+    )
+    pl.add_argument(
+        "--pick", type=_int_arg, default=1, help="the candidate to --export, by its # (default 1)"
+    )
+    pl.add_argument("--out", metavar="DIR", help="with --export: write the files into DIR (default stdout)")
     pl.set_defaults(func=cmd_plan)
     rc = sub.add_parser(
         "recommend",
@@ -695,6 +758,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_headroom(rc)
     _add_overrides(rc)
     rc.set_defaults(func=cmd_recommend)
+    ex = sub.add_parser(
+        "export",
+        help="write the launch config of a scenario: " + ", ".join(_formats()),
+        description="Write the files that launch the scenario under one framework, each with a note of the "
+        "scenario and memsim's predicted peak per GPU. A setting the framework cannot express exits 2 naming "
+        "the field, or is listed in the note under 'set by hand'. For a planner candidate: memsim plan "
+        "--export FORMAT --pick N.",
+    )
+    ex.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
+    ex.add_argument("--format", required=True, choices=_formats(), metavar="FORMAT",
+                    help="one of: " + ", ".join(_formats()))  # fmt: skip
+    ex.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
+    _add_overrides(ex)
+    ex.set_defaults(func=cmd_export)
     for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--json", action="store_true")

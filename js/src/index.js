@@ -6,6 +6,7 @@
 //   fit.js           "Make it fit" (`fit_open`, `fit`, {type: "fit_apply"}); layouts.js its "Layouts"
 //   compare.js       "Pin" and the comparison (`pins`, `comparison`)
 //   trace.js         "Verify with trace" (`trace`, `trace_view`, {type: "verify" | "cancel"})
+//   export.js        the launch-config export (`export`, {type: "export", format})
 //   scenario-json.js the scenario as JSON; state.js, dom.js, format.js: shared helpers
 // The shipped file is js/widget.js, bundled from these sources by esbuild (`scripts/dev build-js`).
 
@@ -13,13 +14,14 @@ import { createChartBlocks, drawCharts, wireImageButtons } from "./charts.js";
 import { createComparePanel, wireCompare } from "./compare.js";
 import { controlsPanel } from "./controls.js";
 import { h, mark } from "./dom.js";
+import { createExportPanel, wireExport } from "./export.js";
 import { createFitPanel, wireFit } from "./fit.js";
 import { createJsonEditor, wireJsonEditor } from "./scenario-json.js";
 import { readTrait, viewContext } from "./state.js";
 import { createTracePanel, wireTrace } from "./trace.js";
 import { createResultViews, renderResult } from "./verdict.js";
 
-/** The output column: error, verdict, panels, charts, trace, table and JSON, in the order shown. */
+/** The output column: error, verdict, panels, charts, trace, table, JSON and export, in the order shown. */
 function createOutput(doc) {
   const parts = {
     error: h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" }),
@@ -29,10 +31,11 @@ function createOutput(doc) {
     fit: createFitPanel(doc),
     compare: createComparePanel(doc),
     json: createJsonEditor(doc),
+    export: createExportPanel(doc),
   };
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error, parts.result.verdict, parts.fit.root, parts.compare.root, ...parts.charts.blocks, parts.trace.root,
-    parts.result.details, parts.json.root,
+    parts.result.details, parts.json.root, parts.export.root,
   ]);
   return parts;
 }
@@ -80,6 +83,7 @@ export function render({ model, el }) {
     syncAll();
   });
 
+  wireExport(ctx, out.export)();
   showError();
   showResult();
   trace.show();

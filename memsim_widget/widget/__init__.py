@@ -29,6 +29,8 @@ Modules:
 * ``trace_runner`` and ``trace_panel``: running a trace, and the "Verify with trace" view and methods;
 * ``fit_panel`` and ``layouts_panel``: "Make it fit"'s recommendations and candidate layouts, views and methods.
 * ``compare_panel``: the pins and their comparison with the current scenario (``pins``, ``comparison``).
+* ``export_panel``: the launch-config files of the current scenario (``export``, ``MemSim.export_config``),
+  written by ``memsim_widget.export`` on an ``{"type": "export", "format": F}`` message.
 
 The names below are re-exported here; a test that replaces a function (``run_trace``, ``plan_recommend``,
 ``plan_search``) or a constant patches the module that looks it up, not this package.

@@ -26,6 +26,7 @@ from memsim_widget.time_charts import time_spec
 from memsim_widget.widget.assets import _asset, vega_bundle
 from memsim_widget.widget.compare_panel import MAX_PINS, ComparePanel
 from memsim_widget.widget.controls import build_options, normalize
+from memsim_widget.widget.export_panel import ExportPanel
 from memsim_widget.widget.fit_panel import FitPanel
 from memsim_widget.widget.layouts_panel import LayoutsPanel
 from memsim_widget.widget.result import GiB, build_result
@@ -38,11 +39,11 @@ def _json_text(value: Any, widget: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, anywidget.AnyWidget):
+class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table.
 
-    The "Verify with trace", "Make it fit" and compare panels' methods come from the ``TracePanel``, ``FitPanel``,
-    ``LayoutsPanel`` and ``ComparePanel`` mixins.
+    The "Verify with trace", "Make it fit", compare and launch-config panels' methods come from the ``TracePanel``,
+    ``FitPanel``, ``LayoutsPanel``, ``ComparePanel`` and ``ExportPanel`` mixins.
     """
 
     _esm = _asset("widget.js")
@@ -293,7 +294,7 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, anywidget.AnyWidg
     # ----- front-end messages, following changes, closing -----------------------------------------------
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         """Messages from the front end: ``verify``, ``cancel`` (trace); ``fit_apply`` (kind, index, id),
-        ``layouts`` (gpus) and ``layout_apply`` (candidate, id) for "Make it fit"."""
+        ``layouts`` (gpus) and ``layout_apply`` (candidate, id) for "Make it fit"; ``export`` (format)."""
         if not isinstance(content, Mapping):
             return
         kind = content.get("type")
@@ -307,6 +308,8 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, anywidget.AnyWidg
             self._start_layouts(content.get("gpus"))
         elif kind == "layout_apply":
             self._layout_apply_msg(content)
+        elif kind == "export":
+            self._export_msg(content)
 
     def _follow_plan(self) -> None:
         """After a change (under the lock): refresh both panels' stale flags; recompute recommendations if open."""
