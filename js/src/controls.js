@@ -5,6 +5,15 @@
 import { fillSelect, h, nextId } from "./dom.js";
 import { getPath, readTrait, setPath } from "./state.js";
 
+/**
+ * A control as Python sends it in `options.controls` (memsim_widget/widget/controls.py `CONTROLS`).
+ * @typedef {object} Control
+ * @property {string} key scenario key, dotted for nested keys (`parallel.tp`), or `headroom`
+ * @property {string} label the text beside the input
+ * @property {string} kind the input: model, dim, gpu, number, headroom, log, int, select, bool or targets
+ * @property {string} group the fieldset (Model, Hardware, Batch, Training, Method, Parallel)
+ */
+
 /** Stable class name of a control: `memsim-ctl-<key>` with dots as dashes (`memsim-ctl-parallel-tp`). */
 export function ctlClass(key) {
   return "memsim-ctl-" + key.replace(/\./g, "-");

@@ -39,8 +39,21 @@ export function setPath(obj, key, value) {
   return out;
 }
 
-/** A view's context: `doc`, `model`, `listen(target, type, fn)` and `onModel(trait, fn)` (both undone by
- * `dispose()`), `defer(fn)` (run at dispose) and `bundle()` (the vega-embed source, `_vega_js`). */
+/**
+ * What each panel's `wire*` function gets: the document and model, and listeners undone together.
+ * @typedef {object} ViewContext
+ * @property {Document} doc
+ * @property {object} model anywidget's model (`get`, `set`, `on`, `off`, `save_changes`, `send`)
+ * @property {(fn: () => void) => void} defer run `fn` at `dispose()`
+ * @property {(target: EventTarget, type: string, fn: Function) => void} listen a DOM listener
+ * @property {(name: string, fn: Function) => void} onModel a `change:<name>` listener
+ * @property {() => string} bundle the vega-embed source (`_vega_js`)
+ * @property {(name: string, value: any) => void} save write a trait and send it to Python
+ * @property {() => void} dispose remove every listener, run every deferred function
+ */
+
+/** A view's context (see `ViewContext`) for `model`, rendered into `doc`.
+ * @returns {ViewContext} */
 export function viewContext(doc, model) {
   const disposers = [];
   const defer = (fn) => disposers.push(fn);

@@ -1,7 +1,7 @@
 // The shipped bundle (js/widget.js, what the widget loads and the wheel ships) is the esbuild build of
 // js/src/: a hand edit of the bundle, or a source change without `scripts/dev build-js`, fails here (and CI).
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { readFileSync, readdirSync } from "node:fs";
 import { test } from "node:test";
 
 import { BUNDLE, buildBundle } from "../../js/build.mjs";
@@ -25,4 +25,12 @@ test("the bundle exports render (and a default with it) and renders the widget",
   assert.ok(el.querySelector(".memsim-verdict-word"));
   cleanup();
   assert.equal(model.listenerCount(), 0);
+});
+
+test("each source module stays under 400 lines (one concern per module)", () => {
+  const dir = new URL("../../js/src/", import.meta.url);
+  const sizes = readdirSync(dir).filter((f) => f.endsWith(".js"))
+    .map((f) => [f, readFileSync(new URL(f, dir), "utf8").split("\n").length - 1]);
+  assert.ok(sizes.length >= 10);
+  assert.deepEqual(sizes.filter(([, n]) => n >= 400), []);
 });
