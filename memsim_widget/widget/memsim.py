@@ -51,7 +51,8 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
 
     #: The scenario as JSON (every key resolved when valid): the single source of truth for the controls.
     scenario_data = traitlets.Dict().tag(sync=True)
-    #: Allowed values per control, presets, GPUs, slider stops, and which controls/values are disabled.
+    #: The controls to draw (``controls``: key, label, kind, group; ``controls.CONTROLS``), allowed values per
+    #: control, presets, GPUs, slider stops, and which controls/values are disabled.
     #: (``options``, ``result`` and ``charts`` are dicts in Python and reach the browser as JSON text.)
     options = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: The last valid result: verdict, peaks with counters, bottleneck, per-rank bytes, breakdown rows.
