@@ -181,10 +181,11 @@ function drawCharts(ctx, els, getSpecs, traits = []) {
   });
   return draw;
 }
-function createChartBlocks(doc, names = ["breakdown", "scaling", "time"]) {
+function createChartBlocks(doc, names = ["breakdown", "scaling", "time", "phases"]) {
   const els = {};
   const buttons = [];
-  const blocks = names.map((name) => {
+  const blocks = {};
+  for (const name of names) {
     els[name] = h(doc, "div", { class: `memsim-chart memsim-chart-${name}` });
     const tools = ["png", "svg"].map((fmt) => {
       const btn = h(doc, "button", {
@@ -195,9 +196,15 @@ function createChartBlocks(doc, names = ["breakdown", "scaling", "time"]) {
       buttons.push({ btn, name, fmt });
       return btn;
     });
-    return h(doc, "div", { class: "memsim-chart-block" }, [els[name], h(doc, "div", { class: "memsim-tools" }, tools)]);
-  });
+    blocks[name] = h(doc, "div", { class: `memsim-chart-block memsim-block-${name}` }, [
+      els[name],
+      h(doc, "div", { class: "memsim-tools" }, tools)
+    ]);
+  }
   return { els, blocks, buttons };
+}
+function showChartBlocks(blocks, specs, optional = ["phases"]) {
+  for (const name of optional) if (blocks[name]) blocks[name].hidden = !specs?.[name];
 }
 function wireImageButtons(ctx, buttons, draw) {
   for (const { btn, name, fmt } of buttons) {
@@ -1281,7 +1288,7 @@ function createOutput(doc) {
     parts.result.verdict,
     parts.fit.root,
     parts.compare.root,
-    ...parts.charts.blocks,
+    ...Object.values(parts.charts.blocks),
     parts.trace.root,
     parts.result.details,
     parts.json.root,
@@ -1317,6 +1324,8 @@ function render({ model, el }) {
   onModel("scenario_data", syncAll);
   const fit = wireFit(ctx, out.fit);
   const trace = wireTrace(ctx, out.trace);
+  const showBlocks = () => showChartBlocks(out.charts.blocks, readTrait(model, "charts"));
+  onModel("charts", showBlocks);
   const charts = drawCharts(ctx, out.charts.els, () => readTrait(model, "charts"), ["charts"]);
   wireImageButtons(ctx, out.charts.buttons, charts);
   onModel("headroom", syncAll);
@@ -1333,6 +1342,7 @@ function render({ model, el }) {
   trace.show();
   fit.show();
   fit.layouts.show();
+  showBlocks();
   charts();
   trace.draw();
   fit.layouts.draw();

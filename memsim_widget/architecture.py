@@ -281,6 +281,7 @@ _PLAIN_ACTS = {
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
     "relu": "relu",
+    "quick_gelu": "quick_gelu",  # CLIP: x * sigmoid(1.702 x)
 }
 
 

@@ -241,7 +241,11 @@ def scaling_points(scenario: Scenario, axis: str, stops: Sequence[int]) -> dict[
     Memoised on the scenario with ``axis`` factored out, so moving the slider of that axis reuses the curve.
     The returned dict is shared: copy before changing it.
     """
-    return _scaling_points(scenario.replace(**{axis: stops[0]}), axis, tuple(stops))
+    try:
+        key = scenario.replace(**{axis: stops[0]})
+    except ScenarioError:  # the first stop is invalid for this scenario (a GRPO completion longer than it)
+        key = scenario
+    return _scaling_points(key, axis, tuple(stops))
 
 
 @functools.lru_cache(maxsize=512)

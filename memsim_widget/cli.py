@@ -39,6 +39,8 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "loss": ("loss", str),
     "framework": ("framework", str),
     "output_lifetime": ("output_lifetime", str),
+    "images_per_sample": ("images_per_sample", int),
+    "freeze_vision": ("freeze_vision", bool),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),
@@ -48,6 +50,15 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "zero": ("parallel.zero", int),
     "offload": ("parallel.offload", str),
     "reshard_after_forward": ("parallel.reshard_after_forward", bool),
+    "objective": ("objective", str),
+    "num_generations": ("rl.num_generations", int),
+    "completion_len": ("rl.completion_len", int),
+    "reference": ("rl.reference", str),
+    "rollout": ("rl.rollout", str),
+    "gpu_memory_utilization": ("rl.gpu_memory_utilization", float),
+    "kv_cache": ("rl.kv_cache", str),
+    "sleep_mode": ("rl.sleep_mode", int),
+    "completions_per_micro_batch": ("rl.completions_per_micro_batch", int),
 }
 
 
@@ -165,6 +176,8 @@ def _table(est: Any, headroom: float) -> str:
         if row["stage"] != r.stage.index or row["bytes"] == 0:
             continue
         lines.append(f"{row['category']:<17} {row['gib']:>9.3f}  {row['item']}: {row['formula']}")
+    if est.scenario.objective_name != "sft":
+        lines += ["", *_phase_lines(est)]
     if len(est.ranks) > 1:
         lines.append("")
         lines.append(
@@ -172,6 +185,34 @@ def _table(est: Any, headroom: float) -> str:
             + ", ".join(f"{x.label} {_gib(x.device_total_bytes)} GiB at {x.peak_phase}" for x in est.ranks)
         )
     return "\n".join(lines)
+
+
+def _phase_lines(est: Any) -> list[str]:
+    """An objective's phases: each phase's peak moment and bytes, then its breakdown (the larger one is the peak)."""
+    sc = est.scenario
+    rl = sc.rl_config
+    lines = [
+        f"objective {sc.objective_name}: {sc.sequences_per_micro_batch} sequences per micro-batch, "
+        f"reference {sc.reference}"
+        + (f", rollout {rl.rollout}" if sc.objective_name in ("grpo", "ppo") else ""),
+        "phases    (the peak is the larger phase)",
+    ]
+    phases = est.phases()
+    for name, p in phases.items():
+        mark = "  <- peak" if p["peak"] else ""
+        lines.append(f"  {name:<13} {_gib(p['allocated_bytes']):>10} GiB allocated at {p['moment']}{mark}")
+    for phase in ("rollout", "training"):
+        rows = [r for r in est.phase_rows() if r["phase"] == phase]
+        if not rows:
+            continue
+        lines += ["", f"{phase} phase at {rows[0]['moment']}", f"{'category':<17} {'GiB':>9}  item / formula"]
+        for row in sorted(rows, key=lambda x: (x["category"], -x["bytes"])):
+            lines.append(f"{row['category']:<17} {row['gib']:>9.3f}  {row['item']}: {row['formula']}")
+    group = phases.get("rollout_group")
+    if group:
+        lines += ["", "rollout GPU group (separate cards, not in the training peak)"]
+        lines += [f"  {k:<40} {_gib(v):>9} GiB" for k, v in group["items"].items()]
+    return lines
 
 
 def _time_split(est: Any) -> str:

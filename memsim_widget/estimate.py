@@ -96,6 +96,18 @@ class RankEstimate:
     def moment_totals(self) -> dict[str, int]:
         return {m.name: m.allocated_bytes for m in self.moments}
 
+    def phase_peaks(self) -> dict[str, Moment]:
+        """The highest moment of each phase (``training``, and ``rollout`` for GRPO/PPO): the rank's peak is
+        the larger of the two (``engine/objectives.phase_of``)."""
+        from memsim_widget.engine.objectives import phase_of
+
+        out: dict[str, Moment] = {}
+        for m in self.moments:
+            p = phase_of(m.name)
+            if p not in out or m.allocated_bytes > out[p].allocated_bytes:
+                out[p] = m
+        return out
+
     def uncertainty(self) -> dict[str, dict[str, int]]:
         """Low and high bytes per GPU counter (what runs of this configuration can plausibly show)."""
         return {name: {"low": lo, "high": hi} for name, (lo, hi) in self.bands}
@@ -200,9 +212,12 @@ class Estimate:
     def time(self) -> StepTime:
         """The modelled step time and where it goes (computed on first use, so ``estimate`` stays fast)."""
         from memsim_widget.engine.context import Context
+        from memsim_widget.engine.objectives import training_scenario
         from memsim_widget.engine.time_breakdown import step_time
 
-        return step_time(Context(self.scenario))
+        # an objective's step runs the SFT step's kernels on its sequences (its reference forward and the
+        # rollout phase are not timed)
+        return step_time(Context(training_scenario(self.scenario)))
 
     @property
     def step_time_s(self) -> float:
@@ -235,6 +250,15 @@ class Estimate:
             out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
         if "paged" in s.optimizer:
             out.append("paged optimizer states moved to and from the host are not modelled")
+        if self.arch.extra.get("vision"):
+            out.append(
+                "the vision tower's and projector's compute is not in the step time (the language model's is)"
+            )
+        if s.objective_name != "sft":
+            out.append(
+                f"objective {s.objective_name}: the training step's time on its sequences only; generation, scoring "
+                "and the reference's forward are not timed"
+            )
         return tuple(out)
 
     @property
@@ -298,6 +322,66 @@ class Estimate:
             columns=["rank", "stage", "moment", "category", "item", "bytes", "gib", "counter", "formula"],
         )
 
+    def phases(self) -> dict[str, dict[str, Any]]:
+        """Each phase's peak on the worst rank: its moment, allocated bytes and components (training; rollout
+        for GRPO/PPO; a separate rollout GPU group's engine as ``rollout_group``)."""
+        from memsim_widget.engine.context import Context
+        from memsim_widget.engine.objectives import training_scenario
+        from memsim_widget.engine.rollout import separate_group
+
+        out: dict[str, dict[str, Any]] = {}
+        for phase, m in self.worst.phase_peaks().items():
+            comps = dict.fromkeys(CATEGORIES, 0)
+            for i in m.items:
+                comps[i.category] += i.allocated_bytes
+            out[phase] = {
+                "moment": m.name,
+                "allocated_bytes": m.allocated_bytes,
+                "peak": m.name == self.peak_phase,
+                "components": {k: v for k, v in comps.items() if v},
+            }
+        group = separate_group(Context(training_scenario(self.scenario)), self.scenario)
+        if group is not None:
+            out["rollout_group"] = {
+                "moment": "rollout_generate (separate GPU group)",
+                "allocated_bytes": sum(group.values()),
+                "peak": False,
+                "items": group,
+            }
+        return out
+
+    def phase_rows(self) -> list[dict[str, Any]]:
+        """Tidy rows of each phase's peak moment on the worst rank (phase, moment, category, item, bytes, formula)."""
+        from memsim_widget.engine.objectives import phase_of
+
+        rows = []
+        for phase, m in self.worst.phase_peaks().items():
+            assert phase == phase_of(m.name)
+            for i in m.items:
+                if i.allocated_bytes:
+                    rows.append(
+                        {
+                            "phase": phase,
+                            "moment": m.name,
+                            "category": i.category,
+                            "item": i.item,
+                            "bytes": i.allocated_bytes,
+                            "gib": i.allocated_bytes / GiB,
+                            "formula": i.formula,
+                        }
+                    )
+        return rows
+
+    @property
+    def phase_frame(self) -> pd.DataFrame:
+        """Both phases' breakdowns as a pandas DataFrame (phase, moment, category, item, bytes, gib, formula):
+        the rollout phase (generation, scoring) and the training step, each at its own peak."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            self.phase_rows(), columns=["phase", "moment", "category", "item", "bytes", "gib", "formula"]
+        )
+
     @property
     def caveats(self) -> tuple[str, ...]:
         """What the figures do not model, in words (shown beside the verdict: never a silent exact-looking number)."""
@@ -307,7 +391,41 @@ class Estimate:
                 "compile: true has no memory rule; these are eager's figures (measured on an H200: "
                 "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
             )
+        obj = self.scenario.objective_name
+        if obj in ("kto", "ppo"):
+            out.append(f"objective {obj}: formula-only (its step is not traced; docs/fidelity.md)")
+        if obj in ("grpo", "ppo") and self.scenario.rl_config.rollout != "none":
+            out.append("rollout phase: formula-only, vLLM's documented arithmetic (engine/rollout.py)")
+            from memsim_widget.engine.context import Context
+            from memsim_widget.engine.objectives import training_scenario
+            from memsim_widget.engine.rollout import engine_items
+
+            kv = engine_items(Context(training_scenario(self.scenario)), self.scenario)["kv"]
+            if "refuses to start" in kv.formula:
+                out.append(
+                    "vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start"
+                )
+        out += self._vision_caveats()
         return tuple(out)
+
+    def _vision_caveats(self) -> list[str]:
+        """A multimodal model's parts no trace has checked (docs/fidelity.md, "Multimodal")."""
+        v = self.arch.extra.get("vision")
+        if not v:
+            return []
+        s, out = self.scenario, []
+        if (
+            s.method != "full"
+            and any(t in s.lora.targets for t in ("linear_1", "linear_2", "all-linear"))
+            and v.get("projector")
+        ):
+            out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
+        if v["kind"] == "llava":
+            out.append(
+                f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "
+                "or resizes to it; the vision tower's own backward transients are not modelled"
+            )
+        return out
 
     def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
         """The JSON form the CLI prints (``memsim estimate --json``)."""
@@ -366,6 +484,7 @@ class Estimate:
             "time_breakdown": self.time.categories(),
             "time_caveats": list(self.time_caveats),
             "time_items": self.time_rows(),
+            **({"phases": self.phases()} if self.scenario.objective_name != "sft" else {}),
         }
 
     def summary(self) -> str:

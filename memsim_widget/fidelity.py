@@ -9,10 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from memsim_widget.catalog.models import PRESETS, resolve_model_config
+from memsim_widget.catalog.models import PRESETS
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
-from memsim_widget.trace.api import trace_kwargs
 
 SMALL = {
     "hidden_size": 256,
@@ -1028,16 +1027,247 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
 ]
 
+# ----- multimodal (families/clip.py, families/llava.py, engine/vision.py) -----------------------------------------
+#: CLIP: 4-layer text tower (77 tokens) and 4-layer ViT-B/16-shaped vision tower at 224px (196 patches + CLS)
+CLIP = {
+    "model_type": "clip",
+    "projection_dim": 64,
+    "text_config": {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "vocab_size": 1000,
+        "max_position_embeddings": 77,
+        "bos_token_id": 998,
+        "eos_token_id": 999,
+        "pad_token_id": 1,
+    },
+    "vision_config": {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "image_size": 224,
+        "patch_size": 16,
+    },
+}
+#: LLaVA: the same vision tower (feature layer -2, CLS dropped: 196 tokens per image) and the small Llama
+LLAVA = {
+    "model_type": "llava",
+    "image_token_index": 999,
+    "text_config": {**LLAMA, "pad_token_id": 0},
+    "vision_config": {"model_type": "clip_vision_model", **CLIP["vision_config"]},
+}
+_LORA_QV = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+#: Gemma 3 with its SigLIP tower (the same 4-layer tower, no CLS, pooled 14 x 14 -> 7 x 7: 49 tokens per image),
+#: the small Gemma 3 text model, trained with token_type_ids (a mask in every layer)
+GEMMA3_VLM = {
+    "model_type": "gemma3",
+    "image_token_index": 999,
+    "mm_tokens_per_image": 49,
+    "text_config": {**GEMMA3, "eos_token_id": 1, "bos_token_id": 2, "pad_token_id": 0},
+    "vision_config": {"model_type": "siglip_vision_model", **CLIP["vision_config"], "vision_use_head": False},
+}
+MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
+    *(
+        (f"clip {label} b8 s77", {"model": CLIP, "micro_batch_size": 8, "seq_len": 77, **keys})
+        for label, keys in (
+            ("bf16 sdpa", {}),
+            ("amp-bf16 sdpa", {"precision": "amp-bf16"}),
+            ("bf16 lora qv (both towers)", _LORA_QV),
+            ("fp32 eager", {"precision": "fp32", "attention": "eager"}),
+            ("bf16 sdpa frozen vision tower", {"freeze_vision": True}),
+        )
+    ),
+    *(
+        (f"llava {label} b2 s256+196", {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, **keys})
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
+            ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
+        )
+    ),
+    (
+        "llava bf16 sdpa frozen tower b2 s256+196 (output held through backward: the tower's hidden states too)",
+        {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
+    ),
+    (
+        "gemma3 bf16 sdpa frozen tower b2 s256+49 (output held through backward)",
+        {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
+    ),
+    (
+        "llava bf16 sdpa frozen tower b2 s256+2x196 (2 images per sample)",
+        {"model": LLAVA, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 2},
+    ),
+    *(
+        (f"gemma3 {label} b2 s256+49", {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, **keys})
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+        )
+    ),
+    (
+        "gemma3 bf16 sdpa b2 s256 (no image: token_type_ids still mask every layer)",
+        {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 0},
+    ),
+    # the presets' real shapes (fake tensors: 10-45 s each)
+    (
+        "llava-1.5-7b bf16 lora qv b1 s512+576 (real shape)",
+        {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "llava-1.5-7b bf16 full b1 s512+576 (real shape, frozen tower)",
+        {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512},
+    ),
+    (
+        "gemma-3-4b bf16 lora qv b1 s512+256 (real shape)",
+        {"model": "gemma-3-4b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "clip-vit-base-patch32 bf16 sdpa b64 s77 (real shape)",
+        {"model": "clip-vit-base-patch32", "micro_batch_size": 64, "seq_len": 77},
+    ),
+    (
+        "clip-vit-large-patch14 amp-bf16 sdpa b32 s77 (real shape)",
+        {"model": "clip-vit-large-patch14", "micro_batch_size": 32, "seq_len": 77, "precision": "amp-bf16"},
+    ),
+]
+CASES += MULTIMODAL_CASES
+
+
+#: Preference and RL training steps (``trace/objectives.py``: TRL's loop on fake tensors). A 32k vocabulary makes
+#: the loss's logits terms matter beside the layers' activations.
+LLAMA_V32K = {**LLAMA, "vocab_size": 32000}
+LORA_QV = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "dpo llama V32k bf16 ref gpu b1 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "dpo",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "dpo llama V32k bf16 ref precomputed b2 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "objective": "dpo",
+            "rl": {"reference": "precomputed"},
+        },
+    ),
+    (
+        "dpo llama bf16 ref gpu b2 s512 (V1000: layers dominate)",
+        {
+            "model": LLAMA,
+            "micro_batch_size": 2,
+            "seq_len": 512,
+            "objective": "dpo",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "dpo llama V32k bf16 lora qv ref shared_base b2 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "objective": "dpo",
+            "rl": {"reference": "shared_base"},
+            **LORA_QV,
+        },
+    ),
+    (
+        "dpo llama V32k bf16 ref gpu ckpt b1 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "dpo",
+            "activation_checkpointing": "full",
+            "rl": {"reference": "gpu"},
+        },
+    ),
+    (
+        "orpo llama V32k bf16 b1 s512",
+        {"model": LLAMA_V32K, "micro_batch_size": 1, "seq_len": 512, "objective": "orpo"},
+    ),
+    (
+        "grpo llama V32k bf16 G4 C256 b1 s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "grpo",
+            "rl": {"num_generations": 4, "completion_len": 256},
+        },
+    ),
+    (
+        "grpo llama V32k bf16 G8 C192 beta>0 (ref log-probs in the batch) b1 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 256,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 192, "reference": "precomputed"},
+        },
+    ),
+    (
+        "grpo llama V32k bf16 lora qv G8 C128 b1 s256",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 256,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 128},
+            **LORA_QV,
+        },
+    ),
+    (
+        "grpo llama V32k bf16 G8 C256, 4 completions per micro-batch, s512",
+        {
+            "model": LLAMA_V32K,
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "grpo",
+            "rl": {"num_generations": 8, "completion_len": 256, "completions_per_micro_batch": 4},
+        },
+    ),
+    (
+        "grpo qwen2.5-0.5b bf16 G4 C256 b1 s512 (real shape)",
+        {
+            "model": "qwen2.5-0.5b",
+            "micro_batch_size": 1,
+            "seq_len": 512,
+            "objective": "grpo",
+            "rl": {"num_generations": 4, "completion_len": 256},
+        },
+    ),
+]
+CASES += OBJECTIVE_CASES
+
 
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run engine and tracer on one scenario."""
-    from memsim_widget.trace.hf import trace_hf
+    from memsim_widget.trace.api import trace_config
 
     sc = Scenario.from_dict(data)
     est = estimate(sc)
-    cfg = resolve_model_config(sc.model)
     t0 = time.perf_counter()
-    tr = trace_hf(dict(cfg), **trace_kwargs(sc))
+    tr = trace_config(sc)
     secs = time.perf_counter() - t0
     err = (est.peak_tensor_bytes - tr.peak_bytes) / tr.peak_bytes
     moment = max(est.worst.moments, key=lambda m: m.tensor_bytes).name

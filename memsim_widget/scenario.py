@@ -40,6 +40,23 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 #: longest sample of each batch (shapes change every step; ``seq_len`` is then the longest batch).
 PADDINGS = ("max_length", "packed", "longest")
 ZERO_STAGES = (0, 1, 2, 3)
+#: What the training step optimises (``objective``; ``method`` says which weights train): supervised
+#: fine-tuning, the preference losses (DPO and KTO with a frozen reference model, ORPO without one) and the
+#: online RL losses (GRPO: G completions per prompt, no value model; PPO: policy, reference, reward and value).
+OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo", "ppo")
+#: Where the frozen reference model lives: its own copy on the GPU, offloaded to host memory between uses,
+#: log-probs precomputed before training (TRL ``precompute_ref_log_probs``), the LoRA policy's own frozen
+#: base with the adapters disabled (TRL's default for a PEFT policy), or none (ORPO; GRPO with beta = 0).
+REFERENCES = ("gpu", "offload", "precomputed", "shared_base", "none")
+#: Where completions are generated: no rollout engine (completions from elsewhere; TRL's ``use_vllm=False`` path,
+#: HF ``generate`` on the policy with its own KV cache, is not modelled), a
+#: vLLM engine colocated on the training GPUs (TRL ``vllm_mode="colocate"``, OpenRLHF ``--colocate_all_models``),
+#: or vLLM on a separate GPU group (TRL ``vllm_mode="server"``, OpenRLHF's ``vllm_num_engines``).
+ROLLOUTS = ("none", "vllm_colocate", "vllm_separate")
+#: How the colocated vLLM engine sizes its KV cache: ``utilization`` takes gpu_memory_utilization x the card
+#: less its other usage (vLLM's default); ``needed`` counts the blocks the generation batch needs.
+KV_CACHE_SIZING = ("utilization", "needed")
+ROLLOUT_DTYPES = ("bf16", "fp16", "fp8")
 #: Upper bounds that keep every figure a sane 64-bit integer (the planner's numpy columns are int64): a
 #: sequence of 16M tokens (2**24) is beyond any published context window; a million GPUs (2**20) beyond any
 #: cluster; the micro-batch at 2**16 keeps tokens x vocabulary x 4 B far below 2**63.
@@ -175,6 +192,73 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class RLConfig:
+    """The knobs of a preference or RL objective (``rl`` block; read only when ``objective`` is not ``sft``).
+
+    ``num_generations`` G: completions per prompt (GRPO; ``micro_batch_size`` then counts prompts, and the
+    trained micro-batch is micro_batch_size x G sequences, TRL's ``per_device_train_batch_size``);
+    ``completion_len``: the generated part of each ``seq_len``-token sequence (GRPO/PPO: the logits are kept
+    for it only, TRL's ``logits_to_keep``); ``reference``: where the frozen reference model lives (None: the
+    objective's default, ``gpu`` for DPO/KTO/PPO, ``none`` for ORPO and GRPO whose TRL default is beta = 0);
+    ``rollout``: the generation engine; ``gpu_memory_utilization``, ``kv_cache``, ``rollout_dtype``,
+    ``sleep_mode`` (0 off, 1 offload weights and discard the KV cache, 2 discard both) and ``cuda_graphs``
+    describe a colocated vLLM engine (``engine/rollout.py``).
+    """
+
+    num_generations: int = 8
+    completion_len: int = 512
+    reference: str | None = None
+    rollout: str = "none"
+    gpu_memory_utilization: float = 0.3
+    kv_cache: str = "utilization"
+    rollout_dtype: str = "bf16"
+    sleep_mode: int = 0
+    cuda_graphs: bool = True
+    #: GRPO: completions per training micro-batch (TRL's ``per_device_train_batch_size``, which may split a
+    #: prompt's G completions over micro-batches); None: micro_batch_size x G, every group whole.
+    completions_per_micro_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "num_generations", _int("rl.num_generations", self.num_generations, maximum=2**12)
+        )
+        object.__setattr__(
+            self, "completion_len", _int("rl.completion_len", self.completion_len, maximum=MAX_SEQ_LEN)
+        )
+        if self.reference is not None:
+            _choice("rl.reference", self.reference, REFERENCES)
+        _choice("rl.rollout", self.rollout, ROLLOUTS)
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, int | float) or not 0 < u <= 1:
+            raise ScenarioError("rl.gpu_memory_utilization", f"must be a number in (0, 1], got {_short(u)}")
+        object.__setattr__(self, "gpu_memory_utilization", float(u))
+        _choice("rl.kv_cache", self.kv_cache, KV_CACHE_SIZING)
+        _choice("rl.rollout_dtype", self.rollout_dtype, ROLLOUT_DTYPES)
+        mode = self.sleep_mode
+        if isinstance(mode, float) and mode.is_integer():
+            mode = int(mode)
+        if isinstance(mode, bool) or mode not in (0, 1, 2):
+            raise ScenarioError(
+                "rl.sleep_mode", f"must be 0 (off), 1 or 2 (vLLM sleep level), got {_short(mode)}"
+            )
+        object.__setattr__(self, "sleep_mode", mode)
+        _bool("rl.cuda_graphs", self.cuda_graphs)
+        if self.completions_per_micro_batch is not None:
+            object.__setattr__(
+                self,
+                "completions_per_micro_batch",
+                _int(
+                    "rl.completions_per_micro_batch",
+                    self.completions_per_micro_batch,
+                    maximum=MAX_MICRO_BATCH,
+                ),
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     """The parallel layout: degrees, ZeRO stage, pipeline schedule and offload."""
 
@@ -268,7 +352,17 @@ DEFAULTS: dict[str, Any] = {
 }
 #: Keys that may stay unset (None: another key decides, e.g. the framework); ``to_dict`` echoes them only
 #: when set, so every scenario saved before such a key existed reads and prints byte for byte the same.
-OPTIONAL_KEYS: dict[str, Any] = {"output_lifetime": None, "checkpoint_every": None}
+OPTIONAL_KEYS: dict[str, Any] = {
+    "output_lifetime": None,
+    "checkpoint_every": None,
+    "objective": None,
+    "rl": None,
+    # multimodal models only (unset: the model's default; engine/context.py checks them against the model)
+    "images_per_sample": None,
+    "freeze_vision": None,
+}
+#: At most this many images per sample (each adds hundreds of tokens to the sequence).
+MAX_IMAGES = 2**10
 
 
 @dataclass(frozen=True)
@@ -293,6 +387,14 @@ class Scenario:
     matmul and of SDPA, and recomputes the rest); ``full`` (each layer keeps only its input). With ``full``,
     ``checkpoint_every`` N (optional, unset = 1) checkpoints every N-th layer only (layers N, 2N, ... counted
     from 1, torchtitan's ``selective_ac_option="N"``); the others keep all their activations.
+
+    ``objective`` (optional, unset = ``sft``) -- ``sft``, ``dpo``, ``orpo``, ``kto``, ``grpo`` or ``ppo``,
+    orthogonal to ``method`` (which weights train); ``rl`` (optional) -- its knobs, see ``RLConfig``.
+
+    Multimodal models (CLIP, LLaVA, Gemma 3) only; a text model refuses them: ``images_per_sample`` -- images per sample
+    (unset: 1); LLaVA adds each image's tokens to the ``seq_len`` text tokens, CLIP trains image-text pairs (1).
+    ``freeze_vision`` -- the vision tower is frozen: no gradient, no optimizer state, no LoRA adapter on it, and
+    (its input being pixels) nothing saved for its backward; unset: the model's recipe (LLaVA true, CLIP false).
     """
 
     model: str | FrozenDict = "llama-3.1-8b"
@@ -311,12 +413,16 @@ class Scenario:
     framework: str = "hf"
     output_lifetime: str | None = None
     checkpoint_every: int | None = None
+    images_per_sample: int | None = None
+    freeze_vision: bool | None = None
     compile: bool = False
     activation_offloading: bool = False
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
+    objective: str | None = None
+    rl: RLConfig | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, Mapping):
@@ -367,6 +473,14 @@ class Scenario:
                     "checkpoint_every",
                     f"applies to activation_checkpointing 'full' only, got {self.activation_checkpointing!r}",
                 )
+        if self.images_per_sample is not None:
+            object.__setattr__(
+                self,
+                "images_per_sample",
+                _int("images_per_sample", self.images_per_sample, minimum=0, maximum=MAX_IMAGES),
+            )
+        if self.freeze_vision is not None:
+            _bool("freeze_vision", self.freeze_vision)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("loss", self.loss, LOSSES)
         _choice("framework", self.framework, FRAMEWORKS)
@@ -384,6 +498,88 @@ class Scenario:
             )
         if self.optimizer_in_backward and self.grad_accum_steps > 1:
             raise ScenarioError("optimizer_in_backward", "cannot be combined with grad_accum_steps > 1")
+        self._check_objective()
+
+    def _check_objective(self) -> None:
+        """``objective`` and its ``rl`` block: valid names, and the combinations the rules model."""
+        if self.objective is not None:
+            _choice("objective", self.objective, OBJECTIVES)
+        if isinstance(self.rl, Mapping):
+            object.__setattr__(self, "rl", _rl_from(self.rl))
+        elif self.rl is not None and not isinstance(self.rl, RLConfig):
+            raise ScenarioError(
+                "rl",
+                f'must be an object like {{"num_generations": 8, "reference": "gpu"}}, got {_short(self.rl)}',
+            )
+        obj = self.objective_name
+        if obj == "sft":
+            if self.rl is not None:
+                raise ScenarioError(
+                    "rl", "applies to the objectives dpo, orpo, kto, grpo and ppo; objective is sft"
+                )
+            return
+        rl = self.rl_config
+        if rl.reference == "shared_base" and self.method == "full":
+            raise ScenarioError(
+                "rl.reference", "'shared_base' needs a LoRA/QLoRA policy (its frozen base is the reference)"
+            )
+        if obj == "orpo" and rl.reference not in (None, "none"):
+            raise ScenarioError("rl.reference", "ORPO is reference-free: leave it unset or 'none'")
+        if obj in ("dpo", "kto", "ppo") and rl.reference == "none":
+            raise ScenarioError("rl.reference", f"{obj} needs a reference model (or 'precomputed' log-probs)")
+        if obj in ("grpo", "ppo") and rl.completion_len >= self.seq_len:
+            raise ScenarioError(
+                "rl.completion_len",
+                f"must be below seq_len = {self.seq_len} (prompt + completion), got {rl.completion_len}",
+            )
+        if obj not in ("grpo", "ppo") and rl.rollout != "none":
+            raise ScenarioError("rl.rollout", f"{obj} trains on a fixed dataset: rollout must be 'none'")
+        if rl.completions_per_micro_batch is not None and obj != "grpo":
+            raise ScenarioError("rl.completions_per_micro_batch", f"applies to grpo, objective is {obj}")
+        if self.sequences_per_micro_batch > MAX_MICRO_BATCH:
+            raise ScenarioError(
+                "rl.num_generations" if obj == "grpo" else "micro_batch_size",
+                f"micro_batch_size x sequences per sample is over {MAX_MICRO_BATCH:,}",
+            )
+
+    @property
+    def objective_name(self) -> str:
+        """The objective, ``sft`` when unset."""
+        return self.objective or "sft"
+
+    @property
+    def rl_config(self) -> RLConfig:
+        """The ``rl`` block, its defaults when unset."""
+        return self.rl if self.rl is not None else RLConfig()
+
+    @property
+    def reference(self) -> str:
+        """Where the frozen reference model lives, the objective's default resolved."""
+        obj = self.objective_name
+        ref = self.rl_config.reference
+        if obj in ("sft", "orpo"):
+            return "none"
+        if ref is None:
+            return "none" if obj == "grpo" else "gpu"
+        return ref
+
+    @property
+    def sequences_per_micro_batch(self) -> int:
+        """Sequences one training micro-batch puts through the policy: micro_batch_size x sequences per sample,
+        or GRPO's ``rl.completions_per_micro_batch`` when set."""
+        n = self.rl_config.completions_per_micro_batch if self.objective_name == "grpo" else None
+        return n if n is not None else self.micro_batch_size * self.sequences_per_sample
+
+    @property
+    def sequences_per_sample(self) -> int:
+        """Sequences each sample of the micro-batch puts through the policy: chosen and rejected (DPO, ORPO),
+        G completions of a prompt (GRPO), one otherwise."""
+        obj = self.objective_name
+        if obj in ("dpo", "orpo"):
+            return 2
+        if obj == "grpo":
+            return self.rl_config.num_generations
+        return 1
 
     # ----- JSON form -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -406,6 +602,8 @@ class Scenario:
             "loss": self.loss,
             "framework": self.framework,
             **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
+            **({"images_per_sample": self.images_per_sample} if self.images_per_sample is not None else {}),
+            **({"freeze_vision": self.freeze_vision} if self.freeze_vision is not None else {}),
             "compile": self.compile,
             "activation_offloading": self.activation_offloading,
             "padding": self.padding,
@@ -413,6 +611,8 @@ class Scenario:
             "parallel": self.parallel.to_dict(),
             "gpu": _thaw(self.gpu),
             "num_gpus": self.parallel.world_size,
+            **({"objective": self.objective} if self.objective is not None else {}),
+            **({"rl": self.rl.to_dict()} if self.rl is not None else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -455,6 +655,8 @@ class Scenario:
             changes["parallel"] = {**self.parallel.to_dict(), **changes["parallel"]}
         if isinstance(changes.get("lora"), Mapping):
             changes["lora"] = {**self.lora.to_dict(), **changes["lora"]}
+        if isinstance(changes.get("rl"), Mapping):
+            changes["rl"] = {**self.rl_config.to_dict(), **changes["rl"]}
         return replace(self, **changes)
 
     @property
@@ -484,6 +686,14 @@ def _lora_from(data: Mapping[str, Any]) -> LoraConfig:
         if k not in allowed:
             raise _unknown_key(f"lora.{k}", allowed)
     return LoraConfig(**data)
+
+
+def _rl_from(data: Mapping[str, Any]) -> RLConfig:
+    allowed = [f.name for f in fields(RLConfig)]
+    for k in data:
+        if k not in allowed:
+            raise _unknown_key(f"rl.{k}", allowed)
+    return RLConfig(**data)
 
 
 def _parallel_from(data: Mapping[str, Any]) -> ParallelConfig:

@@ -37,7 +37,7 @@ TEXT_CONFIG_4B = {
     "sliding_window": 1024,
 }
 
-#: ... and its vision_config (SigLIP, 27 layers; not simulated)
+#: ... and its vision_config (SigLIP, 27 layers)
 VISION_CONFIG_4B = {
     "hidden_size": 1152,
     "image_size": 896,
@@ -104,13 +104,20 @@ def test_text_presets_are_the_language_model_inside_the_multimodal_model() -> No
     )  # the published 4.3B: +419,816,304 not counted
 
 
-def test_multimodal_config_is_refused_with_what_to_pass_instead() -> None:
+def test_multimodal_config_builds_the_whole_model_and_names_missing_sizes() -> None:
+    """A ``gemma3`` config is Gemma3ForConditionalGeneration (tower, projector, LM: tests/test_family_multimodal.py);
+    the published text_config leaves sizes to Gemma3TextConfig's defaults, which the builder requires written out."""
     with pytest.raises(ScenarioError) as err:
-        architecture_for({"model_type": "gemma3", "text_config": TEXT_CONFIG_4B})
-    msg = str(err.value)
-    assert "vision tower" in msg and "gemma3_text" in msg and "gemma-3-4b-text" in msg and "\n" not in msg
+        architecture_for(
+            {"model_type": "gemma3", "text_config": TEXT_CONFIG_4B, "vision_config": VISION_CONFIG_4B}
+        )
+    assert err.value.field == "model.text_config.num_attention_heads" and "\n" not in str(err.value)
     filled = {**TEXT_CONFIG_4B, "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4}
     assert architecture_for(filled).parameters == architecture_for("gemma-3-4b-text").parameters
+    whole = architecture_for(
+        {"model_type": "gemma3", "text_config": filled, "vision_config": VISION_CONFIG_4B}
+    )
+    assert whole.parameters == architecture_for("gemma-3-4b").parameters == 4_300_079_472
 
 
 def test_inline_dict_and_file_match_transformers(tmp_path) -> None:

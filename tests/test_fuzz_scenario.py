@@ -38,6 +38,8 @@ SMALL_MODELS = (
     "t5-base",
     "vit-base-patch16-224",
     "llama-3.2-1b",
+    "clip-vit-base-patch32",
+    "llava-1.5-7b",
 )
 
 #: Every field an error may name: the scenario's keys, the scenario as a whole, and the derived choices.
@@ -132,6 +134,8 @@ SCENARIO = st.fixed_dictionaries(
         "loss": _choices(LOSSES),
         "framework": _choices(FRAMEWORKS),
         "output_lifetime": _choices(OUTPUT_LIFETIMES),
+        "images_per_sample": _field(st.sampled_from([0, 1, 2])),
+        "freeze_vision": _field(st.booleans()),
         "compile": _field(st.booleans()),
         "activation_offloading": _field(st.booleans()),
         "padding": _choices(PADDINGS),

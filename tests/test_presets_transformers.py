@@ -32,6 +32,10 @@ def _model_class(model_type: str) -> Any:
         return transformers.T5ForConditionalGeneration
     if model_type == "vit":
         return transformers.ViTForImageClassification
+    if model_type == "clip":  # CLIPModel (both towers, projections, logit_scale)
+        return transformers.AutoModel
+    if model_type in ("llava", "gemma3"):  # LlavaForConditionalGeneration, Gemma3ForConditionalGeneration
+        return transformers.AutoModelForImageTextToText
     return transformers.AutoModelForCausalLM
 
 
@@ -40,7 +44,12 @@ def _build_meta(cfg: dict[str, Any]) -> torch.nn.Module:
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
     cls = _model_class(cfg["model_type"])
     with torch.device("meta"):
-        if cls in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
+        if cls in (
+            transformers.AutoModelForCausalLM,
+            transformers.AutoModelForMaskedLM,
+            transformers.AutoModel,
+            transformers.AutoModelForImageTextToText,
+        ):
             return cls.from_config(hf_cfg)
         return cls(hf_cfg)
 
@@ -50,6 +59,17 @@ def _kind(name: str) -> str:
     n = name.lower()
     if ".experts." in n:
         return "experts"
+    # multimodal (CLIP, LLaVA): the projector is a 2-Linear MLP, the contrastive head's projections and scale a head
+    if "mm_soft_emb_norm" in n:
+        return "norm"
+    if "multi_modal_projector." in n:
+        return "mlp"
+    if n.startswith(("visual_projection", "text_projection", "logit_scale")):
+        return "head"
+    if "position_embedding." in n:
+        return "position"
+    if any(k in n for k in ("class_embedding", "patch_embedding.", "token_embedding.")):
+        return "embedding"
     if n.endswith("mlp.gate.weight") or ".router." in n:  # Llama 4 feed_forward.router, GPT-OSS mlp.router
         return "router"
     if "norm" in n or ".ln_" in n or n.startswith("transformer.ln_f"):
@@ -88,7 +108,10 @@ def _torch_counts(model: torch.nn.Module) -> tuple[int, dict[str, int]]:
     """Total parameters (shared tensors once) and per-kind sums of a transformers model. A tied embedding is an
     embedding whichever name ``named_parameters`` meets it by first (XLM-R declares its lm_head first)."""
     kinds: Counter[str] = Counter()
-    emb = getattr(model.get_input_embeddings(), "weight", None)
+    try:
+        emb = getattr(model.get_input_embeddings(), "weight", None)
+    except NotImplementedError:  # CLIPModel has two towers and names no input embedding
+        emb = None
     for name, p in model.named_parameters():
         kinds["embedding" if p is emb else _kind(name)] += p.numel()
     return sum(p.numel() for p in model.parameters()), dict(kinds)
@@ -296,7 +319,10 @@ def test_linear_module_names_match_transformers(family: str) -> None:
     arch = build_architecture(cfg)
     model = _build_meta(cfg)
     modules = {g.module for g in arch.params if g.module}
-    emb = getattr(model.get_input_embeddings(), "weight", None)
+    try:
+        emb = getattr(model.get_input_embeddings(), "weight", None)
+    except NotImplementedError:  # CLIPModel has two towers and names no input embedding
+        emb = None
     leaves = {
         name.rsplit(".", 1)[-1]
         for name, m in model.named_modules()

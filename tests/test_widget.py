@@ -712,7 +712,7 @@ def test_verify_goes_running_progress_done_then_stale_after_a_change(tracer: Fak
     click(sim)  # a second click while running: ignored (the button sends "cancel" instead)
     assert len(tracer.calls) == 1
     tracer.release.set()
-    report = sim._trace_job.future.result(5)
+    report = sim._trace.job.future.result(5)
     assert states(seen) == ["running", "done"]
     assert sim.trace["progress"]["fraction"] == 1.0 and sim.trace["progress"]["ops"] == 25
     assert sim.trace_report is report and report["scenario"] == sim.scenario.to_dict()
@@ -764,7 +764,7 @@ def test_cancel_keeps_the_previous_result(tracer: FakeTracer) -> None:
     click(sim)
     assert tracer.started.wait(5)
     click(sim, "cancel")
-    future = sim._trace_job.future
+    future = sim._trace.job.future
     with pytest.raises(TraceCancelled):
         future.result(5)
     assert states(seen) == ["running", "cancelling", "cancelled"]
@@ -819,7 +819,7 @@ def test_verify_is_disabled_for_untraceable_scenarios(
     assert sim.trace["available"] is False
     assert sim.trace["reason"].startswith(f"{field}: ") and words in sim.trace["reason"]
     click(sim)
-    assert sim.trace["state"] == "idle" and sim._trace_job is None, (
+    assert sim.trace["state"] == "idle" and sim._trace.job is None, (
         "a click on a disabled button does nothing"
     )
     with pytest.raises(ScenarioError) as info:

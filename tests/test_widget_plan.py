@@ -364,7 +364,7 @@ def test_closing_stops_the_panel() -> None:
     sim = make(**TOO_BIG)
     sim.fit_open = True
     sim.close()
-    wait_for(lambda: sim._fit_thread is None)
+    wait_for(lambda: not sim._fit.jobs.running)
 
 
 # ----- JS fixture ----------------------------------------------------------------------------------------------
@@ -377,7 +377,7 @@ def _js_fixture_plan() -> dict[str, Any]:
         out[name] = {"scenario_data": sim.scenario_data, "fit": {**sim.fit, "ms": 42.0}}
     sim = make(**TOO_BIG)
     sim.plan_layouts(gpus=2)
-    view = build_layouts_view(sim._plan, points=40)  # type: ignore[arg-type]
+    view = build_layouts_view(sim._layouts.plan, points=40)  # type: ignore[arg-type]
     out["layouts"] = {
         "scenario_data": sim.scenario_data,
         "layouts": {**sim.layouts, "view": mark_current(view, sim.scenario_data), "ms": 120.0},

@@ -151,11 +151,13 @@ export function drawCharts(ctx, els, getSpecs, traits = []) {
   return draw;
 }
 
-/** The estimate's charts (`breakdown`, `scaling`, `time`), each in a block with PNG and SVG buttons. */
-export function createChartBlocks(doc, names = ["breakdown", "scaling", "time"]) {
+/** The estimate's charts, each in a block with PNG and SVG buttons: `breakdown`, `scaling`, `time`, and
+ * `phases` (the rollout and training phases of an RL objective; its block hides without that chart). */
+export function createChartBlocks(doc, names = ["breakdown", "scaling", "time", "phases"]) {
   const els = {};
   const buttons = [];
-  const blocks = names.map((name) => {
+  const blocks = {};
+  for (const name of names) {
     els[name] = h(doc, "div", { class: `memsim-chart memsim-chart-${name}` });
     const tools = ["png", "svg"].map((fmt) => {
       const btn = h(doc, "button", { type: "button", class: `memsim-export memsim-${fmt}-${name}`,
@@ -163,9 +165,16 @@ export function createChartBlocks(doc, names = ["breakdown", "scaling", "time"])
       buttons.push({ btn, name, fmt });
       return btn;
     });
-    return h(doc, "div", { class: "memsim-chart-block" }, [els[name], h(doc, "div", { class: "memsim-tools" }, tools)]);
-  });
+    blocks[name] = h(doc, "div", { class: `memsim-chart-block memsim-block-${name}` }, [
+      els[name], h(doc, "div", { class: "memsim-tools" }, tools),
+    ]);
+  }
   return { els, blocks, buttons };
+}
+
+/** Hide the block of a chart that Python did not send (`phases` for SFT). */
+export function showChartBlocks(blocks, specs, optional = ["phases"]) {
+  for (const name of optional) if (blocks[name]) blocks[name].hidden = !specs?.[name];
 }
 
 /** The PNG / SVG buttons save the drawn chart (`draw.views`) as an image file. */

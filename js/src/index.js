@@ -2,7 +2,8 @@
 // disabled, verdicts, charts, which layout is current); this module lays the view out and wires its parts:
 //   controls.js      the controls, drawn from `options`, writing `scenario_data` / `headroom`
 //   verdict.js       the verdict panel, the breakdown table and its CSV (`result`)
-//   charts.js        vega-embed from `_vega_js`: the estimate's charts (`charts`) with PNG / SVG export
+//   charts.js        vega-embed from `_vega_js`: the estimate's charts (`charts`, `phases` for an RL objective)
+//                    with PNG / SVG export
 //   fit.js           "Make it fit" (`fit_open`, `fit`, {type: "fit_apply"}); layouts.js its "Layouts"
 //   compare.js       "Pin" and the comparison (`pins`, `comparison`)
 //   trace.js         "Verify with trace" (`trace`, `trace_view`, {type: "verify" | "cancel"})
@@ -10,7 +11,7 @@
 //   scenario-json.js the scenario as JSON; state.js, dom.js, format.js: shared helpers
 // The shipped file is js/widget.js, bundled from these sources by esbuild (`scripts/dev build-js`).
 
-import { createChartBlocks, drawCharts, wireImageButtons } from "./charts.js";
+import { createChartBlocks, drawCharts, showChartBlocks, wireImageButtons } from "./charts.js";
 import { createComparePanel, wireCompare } from "./compare.js";
 import { controlsPanel } from "./controls.js";
 import { h, mark } from "./dom.js";
@@ -34,8 +35,8 @@ function createOutput(doc) {
     export: createExportPanel(doc),
   };
   parts.root = h(doc, "div", { class: "memsim-output" }, [
-    parts.error, parts.result.verdict, parts.fit.root, parts.compare.root, ...parts.charts.blocks, parts.trace.root,
-    parts.result.details, parts.json.root, parts.export.root,
+    parts.error, parts.result.verdict, parts.fit.root, parts.compare.root, ...Object.values(parts.charts.blocks),
+    parts.trace.root, parts.result.details, parts.json.root, parts.export.root,
   ]);
   return parts;
 }
@@ -72,6 +73,8 @@ export function render({ model, el }) {
   onModel("scenario_data", syncAll);
   const fit = wireFit(ctx, out.fit);
   const trace = wireTrace(ctx, out.trace);
+  const showBlocks = () => showChartBlocks(out.charts.blocks, readTrait(model, "charts"));
+  onModel("charts", showBlocks);
   const charts = drawCharts(ctx, out.charts.els, () => readTrait(model, "charts"), ["charts"]);
   wireImageButtons(ctx, out.charts.buttons, charts);
   onModel("headroom", syncAll);
@@ -89,6 +92,7 @@ export function render({ model, el }) {
   trace.show();
   fit.show();
   fit.layouts.show();
+  showBlocks();
   charts();
   trace.draw();
   fit.layouts.draw();

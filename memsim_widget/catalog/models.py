@@ -356,6 +356,80 @@ def _vit(h: int, heads: int, layers: int, inter: int, patch: int) -> dict[str, A
     }
 
 
+def _clip(
+    ht: int, it: int, at: int, hv: int, iv: int, av: int, lv: int, patch: int, proj: int
+) -> dict[str, Any]:
+    """An openai/clip-vit-* config.json: 12-layer text tower, vision tower at 224px, quick_gelu."""
+    return {
+        "model_type": "clip",
+        "architectures": ["CLIPModel"],
+        "logit_scale_init_value": 2.6592,
+        "projection_dim": proj,
+        "text_config": {
+            "model_type": "clip_text_model",
+            "hidden_size": ht,
+            "intermediate_size": it,
+            "num_attention_heads": at,
+            "num_hidden_layers": 12,
+            "max_position_embeddings": 77,
+            "vocab_size": 49408,
+            "hidden_act": "quick_gelu",
+            "layer_norm_eps": 1e-5,
+            "bos_token_id": 0,
+            "eos_token_id": 2,
+            "projection_dim": proj,
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": hv,
+            "intermediate_size": iv,
+            "num_attention_heads": av,
+            "num_hidden_layers": lv,
+            "image_size": 224,
+            "patch_size": patch,
+            "hidden_act": "quick_gelu",
+            "layer_norm_eps": 1e-5,
+            "projection_dim": proj,
+        },
+    }
+
+
+def _llava(h: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
+    """A llava-hf/llava-1.5-*-hf config.json: CLIP ViT-L/14 at 336px (24 layers), Vicuna v1.5 language model."""
+    return {
+        "model_type": "llava",
+        "architectures": ["LlavaForConditionalGeneration"],
+        "ignore_index": -100,
+        "image_token_index": 32000,
+        "pad_token_id": 32001,
+        "projector_hidden_act": "gelu",
+        "tie_word_embeddings": False,
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "text_config": {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": h,
+            "intermediate_size": inter,
+            "num_attention_heads": heads,
+            "num_hidden_layers": layers,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "vocab_size": 32064,
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": 1024,
+            "image_size": 336,
+            "intermediate_size": 4096,
+            "num_attention_heads": 16,
+            "num_hidden_layers": 24,
+            "patch_size": 14,
+            "projection_dim": 768,
+        },
+    }
+
+
 def _qwen3(h: int, inter: int, heads: int, layers: int, *, tie: bool) -> dict[str, Any]:
     """A Qwen3 dense config.json (Qwen/Qwen3-*: 128-wide heads, 8 KV heads, 40k context)."""
     return {
@@ -1013,6 +1087,42 @@ PRESETS: dict[str, dict[str, Any]] = {
     "falcon-7b": _falcon(4544, 71, 32, None),
     "falcon-40b": _falcon(8192, 128, 60, 8),
     "falcon-180b": _falcon(14848, 232, 80, 8),
+    # ----- multimodal (families/clip.py, families/llava.py): the published config.json, sizes written out -----
+    # openai/clip-vit-base-patch32, openai/clip-vit-large-patch14 config.json (text and vision sub-configs)
+    "clip-vit-base-patch32": _clip(512, 2048, 8, 768, 3072, 12, 12, 32, 512),
+    "clip-vit-large-patch14": _clip(768, 3072, 12, 1024, 4096, 16, 24, 14, 768),
+    # llava-hf/llava-1.5-{7b,13b}-hf config.json: its text_config (Vicuna v1.5) leaves the sizes to LlamaConfig's
+    # defaults (7B) or names them (13B); written out here, as every family requires them
+    "llava-1.5-7b": _llava(4096, 11008, 32, 32),
+    "llava-1.5-13b": _llava(5120, 13824, 40, 40),
+    # google/gemma-3-{4b,12b,27b}-pt config.json: SigLIP So400m at 896px, 256 tokens per image, and the text model
+    # (the *-text presets above, with Gemma3TextConfig's defaults written out)
+    **{
+        f"gemma-3-{size}": {
+            "model_type": "gemma3",
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "boi_token_index": 255999,
+            "eoi_token_index": 256000,
+            "image_token_index": 262144,
+            "mm_tokens_per_image": 256,
+            "text_config": {k: v for k, v in _gemma3_text(*args, **kw).items() if k != "architectures"},
+            "vision_config": {
+                "model_type": "siglip_vision_model",
+                "hidden_size": 1152,
+                "image_size": 896,
+                "intermediate_size": 4304,
+                "num_attention_heads": 16,
+                "num_hidden_layers": 27,
+                "patch_size": 14,
+                "vision_use_head": False,
+            },
+        }
+        for size, args, kw in (
+            ("4b", (2560, 10240, 8, 34, 4), {}),
+            ("12b", (3840, 15360, 16, 48, 8), {}),
+            ("27b", (5376, 21504, 32, 62, 16), {"head_dim": 128, "scalar": 168}),
+        )
+    },
 }
 
 #: Preset id -> {"description", "params_label" (the published size), "hf_repo" (where the config is from)}.
@@ -1198,19 +1308,19 @@ PRESET_INFO: dict[str, dict[str, str]] = {
     },
     "gemma-3-4b-text": {
         "description": "Gemma 3 4B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
-        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "the ~0.4B SigLIP vision tower and projector are NOT counted (preset gemma-3-4b has them)",
         "params_label": "3.9B of 4.3B",
         "hf_repo": "google/gemma-3-4b-pt",
     },
     "gemma-3-12b-text": {
         "description": "Gemma 3 12B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
-        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "the ~0.4B SigLIP vision tower and projector are NOT counted (preset gemma-3-12b has them)",
         "params_label": "11.8B of 12.2B",
         "hf_repo": "google/gemma-3-12b-pt",
     },
     "gemma-3-27b-text": {
         "description": "Gemma 3 27B LANGUAGE MODEL ONLY (text_config as Gemma3ForCausalLM): "
-        "the ~0.4B SigLIP vision tower and projector are NOT counted",
+        "the ~0.4B SigLIP vision tower and projector are NOT counted (preset gemma-3-27b has them)",
         "params_label": "27.0B of 27.4B",
         "hf_repo": "google/gemma-3-27b-pt",
     },
@@ -1403,6 +1513,49 @@ PRESET_INFO: dict[str, dict[str, str]] = {
         "file without an online check)",
         "params_label": "180B",
         "hf_repo": "tiiuae/falcon-180B",
+    },
+    # ----- multimodal -----
+    "clip-vit-base-patch32": {
+        "description": "CLIP ViT-B/32 (CLIPModel): both towers and projections, contrastive loss; seq_len is the "
+        "text length (at most 77), one 224px image per sample",
+        "params_label": "151M",
+        "hf_repo": "openai/clip-vit-base-patch32",
+    },
+    "clip-vit-large-patch14": {
+        "description": "CLIP ViT-L/14 (CLIPModel): both towers and projections, contrastive loss; seq_len is the "
+        "text length (at most 77), one 224px image per sample",
+        "params_label": "428M",
+        "hf_repo": "openai/clip-vit-large-patch14",
+    },
+    "llava-1.5-7b": {
+        "description": "LLaVA 1.5 7B: CLIP ViT-L/14-336 tower (frozen by default: freeze_vision), 2-layer GELU "
+        "projector, Vicuna 7B; each image adds 576 tokens to seq_len",
+        "params_label": "7.1B",
+        "hf_repo": "llava-hf/llava-1.5-7b-hf",
+    },
+    "llava-1.5-13b": {
+        "description": "LLaVA 1.5 13B: CLIP ViT-L/14-336 tower (frozen by default: freeze_vision), 2-layer GELU "
+        "projector, Vicuna 13B; each image adds 576 tokens to seq_len",
+        "params_label": "13.4B",
+        "hf_repo": "llava-hf/llava-1.5-13b-hf",
+    },
+    "gemma-3-4b": {
+        "description": "Gemma 3 4B with its vision tower (Gemma3ForConditionalGeneration): SigLIP So400m at 896px "
+        "(frozen by default: freeze_vision), 256 tokens per image, trained with token_type_ids (a mask in every layer)",
+        "params_label": "4.3B",
+        "hf_repo": "google/gemma-3-4b-pt",
+    },
+    "gemma-3-12b": {
+        "description": "Gemma 3 12B with its vision tower (Gemma3ForConditionalGeneration): SigLIP So400m at 896px "
+        "(frozen by default: freeze_vision), 256 tokens per image, trained with token_type_ids (a mask in every layer)",
+        "params_label": "12.2B",
+        "hf_repo": "google/gemma-3-12b-pt",
+    },
+    "gemma-3-27b": {
+        "description": "Gemma 3 27B with its vision tower (Gemma3ForConditionalGeneration): SigLIP So400m at 896px "
+        "(frozen by default: freeze_vision), 256 tokens per image, trained with token_type_ids (a mask in every layer)",
+        "params_label": "27.4B",
+        "hf_repo": "google/gemma-3-27b-pt",
     },
 }
 

@@ -107,6 +107,10 @@ def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
     _refuse_untraced(ctx)
     out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
+    if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
+        from memsim_widget.engine.vision import vision_activations
+
+        vision_activations(ctx, out, _hf)
     _stage_io(ctx, out)
     return out
 
@@ -213,7 +217,7 @@ def gelu_tanh_autocast(ec: int, kf: str, I: int) -> tuple[int, str]:
 
 #: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
 #: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
-ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1}
+ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1, "quick_gelu": 2}
 #: GPT-OSS experts' clamped SwiGLU ``(clamp(up) + 1) * clamp(gate) * sigmoid(alpha * clamp(gate))`` on the
 #: interleaved gate_up output: that output (2 I), sigmoid, clamp(gate), clamp(up) + 1 and the glu (traced)
 ACT_SAVED_PART = {"clamped-swiglu": 6}
@@ -295,7 +299,7 @@ def _hf(ctx: Context) -> ActivationBudget:
     # ----- norms ---------------------------------------------------------------------------------
     norms = arch.extra.get("norms_per_layer", 2)
     # (Megatron-style "selective" recomputes only inside attention: the layer boundary is as without it)
-    frozen_first = not full and sc.activation_checkpointing in ("none", "selective")
+    frozen_first = not full and sc.activation_checkpointing in ("none", "selective") and not ctx.vision_grad
     gemma = arch.family.startswith("gemma")
     # under LoRA nothing before the first adapter needs a gradient: layer 0's first norm saves nothing
     frozen = "; layer 0's first norm saves nothing (frozen embeddings)" if frozen_first else ""
@@ -411,6 +415,9 @@ def _hf(ctx: Context) -> ActivationBudget:
 
     # ----- attention -----------------------------------------------------------------------------
     eager = arch.attention_kernel(sc.attention) == "eager"
+    masked_frac = (
+        0.0  # layers whose SDPA gets an explicit mask (k, v repeated; Gemma 3 sliding or image tokens)
+    )
     ao_from = ao_to = 0  # the eager attention-output term(s) in L (freed before the attention's backward)
     # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
     why = f" (eager: {arch.extra['attention_note']})" if eager and sc.attention != "eager" else ""
@@ -540,16 +547,26 @@ def _hf(ctx: Context) -> ActivationBudget:
         # saves; per layer, the average over the layers (traced). With one KV head the repeat is a view (no copy).
         kinds, window = arch.extra.get("layer_types"), arch.extra.get("sliding_window")
         n_sliding = sum(k == "sliding_attention" for k in kinds or ())
-        if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding and window and D.s_full >= window:
+        if not (window and D.s_full >= window):
+            n_sliding = 0
+        # Gemma 3 multimodal, fed token_type_ids as its processor returns them (image tokens attend both ways): the
+        # blockwise mask function makes HF build a mask for every layer, with or without images in the batch (traced)
+        image_masks = bool(arch.extra.get("vision", {}).get("image_mask_all_layers"))
+        if image_masks and kinds:
+            n_sliding = len(kinds)
+        if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding:
             frac = n_sliding / len(kinds)
             rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
+            masked_frac = frac if rep else 0.0
+            every = n_sliding == len(kinds) and image_masks
             add(
-                "sliding-window layers: SDPA's additive mask"
+                ("every layer (image tokens attend both ways)" if every else "sliding-window layers")
+                + ": SDPA's additive mask"
                 + (", k and v repeated to all heads" if rep else ""),
                 frac * (rep + ec * b * s * D.s_full),
                 f"{n_sliding}/{len(kinds)} layers x ({ec} B x b x s x s"
                 + (f" + 2 x {ec} B x T x (a*d - kv*d)" if rep else "")
-                + f"), s >= sliding_window {window}",
+                + ("), token_type_ids mark image blocks" if every else f"), s >= sliding_window {window}"),
                 3 if rep else 1,
             )
         if arch.extra.get("sdpa_float_mask"):
@@ -717,16 +734,18 @@ def _hf(ctx: Context) -> ActivationBudget:
             if eager
             else (fp32_kv * 4 * T * hkv if amp and kb == 4 else 0)
         )
+        formula = (
+            f"({kb} + {ec}) B x T x kv*d"
+            if eager
+            else ("2 x 4 B x T x kv*d (fp32 k and v)" if fp32_kv == 2 else "4 B x T x kv*d (fp32 k)")
+        )
+        if masked_frac and not eager:
+            # a masked layer's SDPA saves repeated copies of k and v: the cache's own k and v are extra (traced)
+            extra = masked_frac * (kb + ec) * T * hkv + (1 - masked_frac) * extra
+            formula = f"masked layers {masked_frac:.2f} x ({kb} + {ec}) B x T x kv*d, others: {formula}"
         if extra:
             out.cache_per_layer.append(
-                Term(
-                    "KV cache held by the model output (forward only)",
-                    extra,
-                    f"({kb} + {ec}) B x T x kv*d"
-                    if eager
-                    else ("2 x 4 B x T x kv*d (fp32 k and v)" if fp32_kv == 2 else "4 B x T x kv*d (fp32 k)"),
-                    2,
-                )
+                Term("KV cache held by the model output (forward only)", extra, formula, 2)
             )
     if amp and V_final_fp32(arch):
         out.loss_forward.append(
@@ -1032,6 +1051,8 @@ def _hf(ctx: Context) -> ActivationBudget:
     n_ti = (3 if arch.mlp_activation in ("swiglu", "geglu") else 2) - (1 if down_saved else 0)
     if arch.mlp_activation == "gelu_tanh" and arch.extra.get("parallel_attn_mlp"):
         n_ti += 1  # Phi: gelu_new's pointwise chain holds one more T x I gradient in its backward (traced)
+    if arch.mlp_activation == "quick_gelu":
+        n_ti += 1  # CLIP: x * sigmoid(1.702 x) -- the product's two input gradients beside fc2's (traced)
     out.layer_backward.append(
         Term(
             "activation gradients of the layer in backward",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from memsim_widget.engine import objectives
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import moments, offloaded_activations
+from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import Estimate, RankEstimate
 from memsim_widget.scenario import Scenario
 
@@ -22,15 +24,30 @@ def estimate(scenario: Scenario | dict) -> Estimate:
 
 @lru_cache(maxsize=4096)
 def _estimate(scenario: Scenario) -> Estimate:
-    ctx = Context(scenario)
+    ctx = Context(objectives.training_scenario(scenario))
+    rl = scenario.objective_name != "sft"
+    if rl and ctx.arch.extra.get(
+        "vision"
+    ):  # the objectives' rules know text sequences only (no trace with images)
+        raise ScenarioError(
+            "objective",
+            f"{scenario.objective_name!r} is not modelled for the multimodal {ctx.arch.model_type!r}: sft only",
+        )
     acts = activations(ctx)
+    if rl:
+        acts = objectives.loss_terms(ctx, scenario, acts)
     ws = workspace_items(ctx)
     dev = device_items(ctx)
     ranks = []
     for stage in ctx.stages:
         states = model_states(ctx, stage)
+        if rl:
+            objectives.extra_states(ctx, scenario, stage, states)
         steady = moments(ctx, stage, states, acts, ws)
         first = moments(ctx, stage, states, acts, ws, steady=False)
+        if rl:
+            steady += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, steady)
+            first += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, first)
         peak = max(steady, key=lambda m: m.allocated_bytes)
         # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
         device = (*dev, *(i for i in states.persistent if i.level == "device"))

@@ -189,7 +189,10 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
 
     # ----- what is trained ---------------------------------------------------------------------
     if ctx.full_training:
-        trainable = [(g.shape, g.count, g.numel_each) for g in groups]
+        # a frozen stack (a VLM's vision tower) has weights but no gradient or optimizer state
+        trainable = [
+            (g.shape, g.count, g.numel_each) for g in groups if g.group.stack not in ctx.frozen_stacks
+        ]
         grad_b, state_b, master_b = recipe.grad_bytes, recipe.state_bytes, recipe.master_bytes
         what = "params"
     else:
@@ -266,7 +269,9 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     b.grad_bytes_per_layer = layer_train * grad_b / g_div / max(stage.layers, 1)
     b.pre_post_grad_bytes = max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
     if not sc.optimizer_in_backward and ctx.full_training:
-        n_pre = sum(g.numel for g in groups if g.group.scope == "pre")
+        n_pre = sum(
+            g.numel for g in groups if g.group.scope == "pre" and g.group.stack not in ctx.frozen_stacks
+        )
         missing = int(b.grad_bytes_per_layer) + n_pre * grad_b // g_div
         b.grads_but_bottom = [
             *b.grads[1:],
@@ -283,7 +288,9 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     else:
         b.grads_but_bottom = list(b.grads)
     if ctx.full_training and not sc.optimizer_in_backward:
-        n_post = sum(g.numel for g in groups if g.group.scope == "post")
+        n_post = sum(
+            g.numel for g in groups if g.group.scope == "post" and g.group.stack not in ctx.frozen_stacks
+        )
         if n_post:
             b.post_grads.append(
                 Item(
@@ -536,7 +543,7 @@ def _deepspeed_units(
 def _trainable_scopes(ctx: Context, groups: list[LocalGroup]) -> list[str]:
     """Scope of each trainable entry, aligned with the trainable list built in ``model_states``."""
     if ctx.full_training:
-        return [g.group.scope for g in groups]
+        return [g.group.scope for g in groups if g.group.stack not in ctx.frozen_stacks]
     out: list[str] = []
     for ad in ctx.adapters:
         out += [ad.base.scope, ad.base.scope]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any
 
-from memsim_widget.errors import choice_error
+from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.scenario import Scenario
 
 #: Format name -> its module under ``memsim_widget.export`` (each has ``render(draft) -> {name: text}``).
@@ -41,6 +41,13 @@ def export(scenario: Scenario | Mapping[str, Any], fmt: str, estimate: Any = Non
 
     render = renderer(fmt)
     sc = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario)
+    if (
+        sc.objective_name != "sft"
+    ):  # the writers emit SFT trainers' configs; TRL/OpenRLHF RL configs are not written
+        raise ScenarioError(
+            "objective",
+            f"export writes SFT launch configs; a {sc.objective_name} run's trainer config is not exported",
+        )
     est = estimate if estimate is not None else run_estimate(sc)
     return render(Draft(sc, est, fmt))
 

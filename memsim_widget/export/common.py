@@ -104,6 +104,7 @@ def check_common(draft: Draft, *, peft: bool = True) -> None:
             f"output_lifetime {sc.output_lifetime!r}: how long your training loop holds the model output "
             "(logits); memsim assumed it"
         )
+    _vision_notes(draft)
     if peft and sc.method != "full" and sc.lora.adapter_dtype != "fp32":
         draft.note(f"lora.adapter_dtype {sc.lora.adapter_dtype}: get_peft_model(..., autocast_adapter_dtype=False) "
                    "(PEFT upcasts 16-bit adapters to fp32 by default)")  # fmt: skip
@@ -122,3 +123,27 @@ def framework_note(draft: Draft, runs_as: str) -> None:
             f"framework: memsim modelled {draft.scenario.framework!r} but this file runs under {runs_as!r}; "
             f"re-run memsim estimate with --framework {runs_as} for this file's own prediction"
         )
+
+
+def _vision_notes(draft: Draft) -> None:
+    """A multimodal model's keys no launch file expresses: the images per sample and a frozen vision tower."""
+    from memsim_widget.engine.context import Context
+
+    try:
+        ctx = Context(draft.scenario)
+    except ScenarioError:
+        return  # the estimate names the problem
+    if not ctx.arch.extra.get("vision"):
+        return
+    draft.note(
+        f"images_per_sample {ctx.images_per_sample}: memsim assumed {ctx.images_per_sample} image(s) per sample "
+        f"({ctx.image_tokens} image tokens added to each sample's {draft.scenario.seq_len} text tokens); "
+        "your data and collator decide it"
+    )
+    if ctx.freeze_vision:
+        draft.note(
+            "freeze_vision: memsim assumed the vision tower frozen (requires_grad False on its parameters, no LoRA "
+            "adapter on it, e.g. PEFT exclude_modules); set it in your training script"
+        )
+    else:
+        draft.note("freeze_vision false: memsim assumed the vision tower trained with the rest")

@@ -26,6 +26,9 @@ MODULES: tuple[str, ...] = (
     "llama4",
     "gpt_oss",
     "falcon",
+    # multimodal (vision tower + language model): CLIP, LLaVA
+    "clip",
+    "llava",
 )
 
 for _name in MODULES:

@@ -21,19 +21,20 @@ read but has no effect); ``final_logit_softcapping`` (default null) caps the log
 s >= ``sliding_window`` transformers passes a mask to SDPA, with k and v repeated to all heads (engine/activations.py).
 ``use_bidirectional_attention`` (EmbeddingGemma) is refused: it masks every layer and halves the window.
 
-A ``gemma3`` config (``Gemma3ForConditionalGeneration``: SigLIP vision tower, projector, and the language model
-in ``text_config``) is refused: the vision side is not simulated, and counting only the language model under
-the multimodal model's name would be a silently low number.
+A ``gemma3`` config is ``Gemma3ForConditionalGeneration``: SigLIP vision tower, projector, and the language model
+in ``text_config`` (``build_gemma3`` below; its vision side in engine/vision.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from memsim_widget.architecture import (
     Architecture,
+    ParamGroup,
     _bool,
     _decoder,
     _int,
@@ -154,13 +155,80 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     )
 
 
+#: transformers 5.24 ``Gemma3Config`` defaults (the multimodal model).
+GEMMA3_VLM_DEFAULTS: dict[str, Any] = {
+    "mm_tokens_per_image": 256,
+    "image_token_index": 262_144,
+    "boi_token_index": 255_999,
+    "eoi_token_index": 256_000,
+}
+
+
 @register_family("gemma3")
 def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
-    """Refuse the multimodal ``gemma3`` config: its vision tower is not simulated; say what to pass instead."""
-    raise ScenarioError(
-        "model.model_type",
-        "'gemma3' is Gemma3ForConditionalGeneration, whose SigLIP vision tower and projector are not simulated; "
-        "for its language model alone use a preset gemma-3-4b-text / gemma-3-12b-text / gemma-3-27b-text, or pass "
-        "its text_config with model_type 'gemma3_text' and the sizes it leaves to Gemma3TextConfig's defaults "
-        "written out (vocab_size 262208, num_attention_heads 8, num_key_value_heads 4)",
+    """Gemma 3 with its vision tower, as ``Gemma3ForConditionalGeneration``: a SigLIP tower
+    (families/siglip.py, ``model.vision_tower.``), the projector (``model.multi_modal_projector.``:
+    ``mm_soft_emb_norm`` Gemma RMSNorm [h_v] and ``mm_input_projection_weight`` [h_v, h_t], after an average pool
+    of the patch grid down to ``mm_tokens_per_image`` tokens per image) and the ``text_config`` language model as
+    ``gemma3_text`` builds it (``model.language_model.``, its lm_head tied by default). The model applies no final
+    logit softcapping (``Gemma3ForConditionalGeneration`` never reads it). Trained as Gemma 3's processor feeds it,
+    with ``token_type_ids``: image tokens attend to each other both ways, so every layer gets an explicit mask
+    (engine/activations.py: SDPA keeps the additive mask and k, v repeated to all heads, per layer)."""
+    from memsim_widget.families.clip import _sub, _where
+    from memsim_widget.families.siglip import siglip_vision_tower
+
+    d = GEMMA3_VLM_DEFAULTS
+    text_cfg, vision_cfg = _sub(cfg, "text_config"), _sub(cfg, "vision_config")
+    v_type = vision_cfg.get("model_type", "siglip_vision_model")
+    if v_type != "siglip_vision_model":
+        raise ScenarioError(
+            "model.vision_config.model_type", f"{v_type!r}: Gemma 3's tower is siglip_vision_model"
+        )
+    try:
+        lm = build_gemma3_text({**text_cfg, "model_type": "gemma3_text"})
+    except ScenarioError as e:
+        raise _where(e, "text_config") from None
+    try:
+        v_groups, tower = siglip_vision_tower(vision_cfg, "model.vision_tower.")
+    except ScenarioError as e:
+        raise _where(e, "vision_config") from None
+    tokens = _int(cfg, "mm_tokens_per_image", d["mm_tokens_per_image"])
+    side, grid = math.isqrt(tokens), tower.extra["image_size"] // tower.extra["patch_size"]
+    if side * side != tokens or grid % side:
+        raise ScenarioError(
+            "model.mm_tokens_per_image",
+            f"must be a square whose side divides the {grid} x {grid} patch grid (the average pool), got {tokens}",
+        )
+    h_v, h_t = tower.hidden_size, lm.hidden_size
+    pj = "model.multi_modal_projector."
+    projector = [
+        ParamGroup(pj + "mm_soft_emb_norm.weight", "norm", (h_v,), scope="pre", stack="projector"),
+        ParamGroup(pj + "mm_input_projection_weight", "mlp", (h_v, h_t), scope="pre", stack="projector"),
+    ]
+    lm_groups = [
+        dataclasses.replace(g, name="model.language_model." + g.name.removeprefix("model."))
+        if g.name.startswith("model.")
+        else g
+        for g in lm.params
+    ]
+    return dataclasses.replace(
+        lm,
+        model_type="gemma3",
+        params=tuple(v_groups + projector + lm_groups),
+        extra={
+            **lm.extra,
+            "hf_class": "Gemma3ForConditionalGeneration",
+            "final_logit_softcapping": None,
+            "vision": {
+                "kind": "gemma3",
+                "tower": tower,
+                "layers_used": tower.num_layers,
+                "tokens_per_image": tokens,
+                "images_default": 1,
+                "freeze_default": True,
+                "projector": {"in": h_v, "hidden": h_t, "pool": (grid // side) ** 2},
+                "image_token_index": cfg.get("image_token_index", d["image_token_index"]),
+                "image_mask_all_layers": True,  # token_type_ids: bidirectional image blocks, a mask in every layer
+            },
+        },
     )

@@ -243,12 +243,109 @@ def levers(scenario: Scenario) -> dict[str, list[Option]]:
                 "base weights in NF4: slower matmuls (dequantisation), slightly different results",
             )
         ]
+    if s.objective_name != "sft":
+        out.update(rl_levers(s))
     return {k: v for k, v in out.items() if v}
+
+
+def rl_levers(s: Scenario) -> dict[str, list[Option]]:
+    """The levers of preference and RL jobs: fewer completions per prompt, where the reference lives, the
+    colocated vLLM engine's budget and sleep mode, a separate rollout GPU group (``engine/objectives.py``,
+    ``engine/rollout.py``)."""
+    rl, obj, ref = s.rl_config, s.objective_name, s.reference
+    out: dict[str, list[Option]] = {}
+    if obj == "grpo" and rl.num_generations > 2:
+        g = rl.num_generations // 2
+        out["generations"] = [
+            Option(
+                "generations",
+                f"G = {g} completions per prompt (was {rl.num_generations})",
+                {"rl.num_generations": g},
+                "fewer samples per group: noisier group-relative advantages (or more steps for the same samples)",
+                changes_the_job=True,
+            )
+        ]
+    n = s.sequences_per_micro_batch
+    if obj == "grpo" and n > 1:
+        half = n // 2 if n % 2 == 0 else 1
+        out["completions"] = [
+            Option(
+                "completions",
+                f"{half} completions per micro-batch (was {n}) with {n // half}x gradient accumulation",
+                {
+                    "rl.completions_per_micro_batch": half,
+                    "grad_accum_steps": s.grad_accum_steps * (n // half),
+                },
+                "same completions per step, a prompt's group split over micro-batches (TRL "
+                "per_device_train_batch_size); smaller matmuls use the GPU less well",
+            )
+        ]
+    refs = []
+    if ref in ("gpu", "offload") and s.method != "full":
+        refs.append(
+            Option(
+                "reference",
+                "reference = the LoRA policy's own base (adapters disabled)",
+                {"rl.reference": "shared_base"},
+                "no second copy of the weights; the reference forward runs on the policy's base (TRL's PEFT default)",
+            )
+        )
+    if ref in ("gpu", "offload", "shared_base") and obj in ("dpo", "kto"):
+        refs.append(
+            Option(
+                "reference",
+                "reference log-probs precomputed",
+                {"rl.reference": "precomputed"},
+                "one pass over the dataset before training (TRL precompute_ref_log_probs); no reference in the step",
+            )
+        )
+    if ref == "gpu":
+        refs.append(
+            Option(
+                "reference",
+                "reference model offloaded to CPU",
+                {"rl.reference": "offload"},
+                "its weights cross PCIe for every forward (OpenRLHF --ref_reward_offload)",
+            )
+        )
+    if refs:
+        out["reference"] = refs
+    if obj in ("grpo", "ppo") and rl.rollout == "vllm_colocate":
+        if rl.kv_cache == "utilization" and rl.gpu_memory_utilization > 0.1:
+            u = round(rl.gpu_memory_utilization / 2, 2)
+            out["gpu_memory_utilization"] = [
+                Option(
+                    "gpu_memory_utilization",
+                    f"vLLM gpu_memory_utilization {u:g} (was {rl.gpu_memory_utilization:g})",
+                    {"rl.gpu_memory_utilization": u},
+                    "a smaller KV cache: fewer sequences generated at once (slower rollouts)",
+                )
+            ]
+        if rl.sleep_mode == 0:
+            out["sleep_mode"] = [
+                Option(
+                    "sleep_mode",
+                    "vLLM sleep mode (level 1)",
+                    {"rl.sleep_mode": 1},
+                    "weights to host RAM and KV cache freed while training; a wake-up per step (seconds)",
+                )
+            ]
+        out["rollout"] = [
+            Option(
+                "rollout",
+                "a separate rollout GPU group (vLLM server)",
+                {"rl.rollout": "vllm_separate"},
+                "more GPUs: generation runs on its own cards (TRL vllm_mode='server')",
+            )
+        ]
+    return out
 
 
 def _step_time(scenario: Scenario) -> float:
     """Modelled step time per token (``engine/step_time.py``, as ``estimate``) of one scenario."""
-    return 1.0 / step_time(Context(scenario)).tokens_per_second_per_gpu
+    from memsim_widget.engine.objectives import training_scenario
+
+    return 1.0 / step_time(Context(training_scenario(scenario))).tokens_per_second_per_gpu
 
 
 def _combos(groups: dict[str, list[Option]], size: int) -> Iterator[tuple[Option, ...]]:
@@ -445,7 +542,11 @@ def _max_seq_len(scenario: Scenario, table: int | None, headroom: float) -> int 
     (``table``, learned positions; None: no bound but MAX_SEQ_LEN), else that bound itself when it fits."""
     step = max(scenario.parallel.cp, 1) * 128
     top = min(MAX_SEQ_LEN, table) if table else MAX_SEQ_LEN
-    best = _largest(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), 1, top // step)
+    # GRPO/PPO: the sequence is prompt + a fixed completion, so it starts above the completion
+    lo = scenario.rl_config.completion_len // step + 1 if scenario.objective_name in ("grpo", "ppo") else 1
+    if lo > top // step:
+        return None
+    best = _largest(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), lo, top // step)
     longest = best * step if best else None
     # a bound between two steps (a 200-row table): the bound itself when everything below it fits
     at_bound = bool(top % step) and top % scenario.parallel.cp == 0 and longest in (None, top // step * step)

@@ -448,6 +448,12 @@ def plan(
     headroom = check_headroom(headroom)
     fixed.pop("parallel", None)
     b = base_scenario(base, model=model, gpu=gpu, **fixed)
+    if b.objective_name != "sft":  # the vectorised engine (plan/vector.py) has no objective rules
+        raise ScenarioError(
+            "objective",
+            f"the layout search models SFT steps only; for a {b.objective_name} run use estimate or recommend "
+            "(engine/objectives.py, engine/rollout.py)",
+        )
     space = space or SearchSpace()
     if gpus is None:
         gpus = b.parallel.world_size

@@ -52,6 +52,11 @@ def check_traceable(sc: Scenario) -> None:
             f"{sc.optimizer!r} cannot be traced (not in torch.optim); traceable: "
             f"{', '.join(TRACEABLE_OPTIMIZERS)}",
         )
+    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(sc.model).extra.get("vision"):
+        raise ScenarioError(
+            "parallel", "a multimodal model is traced on one GPU only (the multi-GPU tracer feeds no images and "
+            "freezes no tower): set dp, tp, pp, cp and ep to 1",
+        )  # fmt: skip
     if sc.parallel.world_size > 1 or sc.parallel.ep > 1:
         _check_multi_gpu(sc)
     if sc.activation_checkpointing == "selective":
@@ -64,8 +69,36 @@ def check_traceable(sc: Scenario) -> None:
     if sc.optimizer_in_backward:
         raise ScenarioError("optimizer_in_backward", "not traced; set it to false")
     _check_model_kernels(sc)
+    _check_objective(sc)
     if sc.grad_accum_steps > 1:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+
+
+#: Objectives whose training step the tracer runs (``trace/objectives.py``); KTO and PPO are formula-only.
+TRACEABLE_OBJECTIVES = ("sft", "dpo", "orpo", "grpo")
+
+
+def _check_objective(sc: Scenario) -> None:
+    """Raise ScenarioError for an objective step the tracer does not run (the rollout phase is never traced:
+    it is held to vLLM's documented arithmetic instead, ``engine/rollout.py``)."""
+    obj = sc.objective_name
+    if obj not in TRACEABLE_OBJECTIVES:
+        raise ScenarioError(
+            "objective", f"{obj!r} is formula-only (not traced); traced: {', '.join(TRACEABLE_OBJECTIVES)}"
+        )
+    if obj != "sft" and sc.reference == "offload":
+        raise ScenarioError(
+            "rl.reference", "an offloaded reference is formula-only; trace 'gpu' or 'precomputed'"
+        )
+    if obj != "sft" and sc.rl_config.rollout != "none":
+        raise ScenarioError(
+            "rl.rollout",
+            "the rollout phase is formula-only (vLLM's documented arithmetic); set it to 'none' to trace the step",
+        )
+    if obj != "sft" and sc.parallel.world_size > 1:
+        raise ScenarioError("parallel", f"a {obj} step is traced on one GPU: set dp, tp, pp and cp to 1")
+    if obj != "sft" and sc.activation_checkpointing not in ("none", "full"):
+        raise ScenarioError("activation_checkpointing", f"a {obj} step traces 'none' or 'full'")
 
 
 def _check_model_kernels(sc: Scenario) -> None:
@@ -113,6 +146,11 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         "gradient_checkpointing": sc.activation_checkpointing == "full" and (sc.checkpoint_every or 1) == 1,
         "output_lifetime": output_lifetime(sc),
     }
+    if architecture_for(sc.model).extra.get("vision"):
+        from memsim_widget.engine.context import Context
+
+        ctx = Context(sc)
+        kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
         kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
     if sc.method != "full":
@@ -122,7 +160,31 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
             "target_modules": "all-linear" if "all-linear" in sc.lora.targets else list(sc.lora.targets),
             "adapter_dtype": sc.lora.adapter_dtype,
         }
+    if sc.objective_name != "sft":
+        rl = sc.rl_config
+        kw.pop("output_lifetime")  # the objective's step returns the loss only
+        kw.pop("layer_checkpointing", None)
+        kw.update(
+            objective=sc.objective_name,
+            reference=sc.reference,
+            num_generations=rl.num_generations,
+            completion_len=rl.completion_len,
+            sequences=sc.sequences_per_micro_batch,
+        )
     return kw
+
+
+def trace_config(sc: Scenario, **extra: Any) -> Any:
+    """Trace the scenario's HF model (the SFT step, or the objective's, ``trace/objectives.py``)."""
+    kw = {**trace_kwargs(sc), **extra}
+    cfg = dict(resolve_model_config(sc.model))
+    if "objective" in kw:
+        from memsim_widget.trace.objectives import trace_objective
+
+        return trace_objective(cfg, **kw)
+    from memsim_widget.trace.hf import trace_hf
+
+    return trace_hf(cfg, **kw)
 
 
 def trace_scenario(
@@ -173,6 +235,8 @@ def trace_scenario(
             progress=progress,
             top_n=top_n,
         )
+    if model_factory is None and sc.objective_name != "sft":
+        return trace_config(sc, progress=progress, top_n=top_n)
     return trace_hf(dict(resolve_model_config(sc.model)), progress=progress, top_n=top_n, **kw)
 
 

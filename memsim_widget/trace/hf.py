@@ -11,6 +11,14 @@ import torch
 from .run import TraceResult, _precision_dtypes, trace_training
 
 SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
+#: Multimodal models with their own input recipe: CLIP (image-text pairs, contrastive loss) and LLaVA.
+VISION_LANGUAGE = ("clip", "llava", "gemma3")
+#: Parameter-name parts of each one's vision tower (frozen under ``freeze_vision``, kept free of LoRA adapters).
+VISION_MODULES = {
+    "clip": ("vision_model", "visual_projection"),
+    "llava": ("vision_tower",),
+    "gemma3": ("vision_tower",),
+}
 
 
 def _family(model_type: str) -> str:
@@ -32,6 +40,8 @@ def _family(model_type: str) -> str:
         return "vit"
     if model_type in SEQ2SEQ:
         return "seq2seq"
+    if model_type in VISION_LANGUAGE:
+        return model_type
     return "decoder"
 
 
@@ -63,6 +73,10 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         cls = transformers.AutoModelForImageClassification
     elif fam == "seq2seq":
         cls = transformers.AutoModelForSeq2SeqLM
+    elif fam == "clip":
+        cls = transformers.AutoModel  # CLIPModel
+    elif fam in ("llava", "gemma3"):
+        cls = transformers.AutoModelForImageTextToText
     else:
         cls = transformers.AutoModelForCausalLM
     on_meta = torch.get_default_device().type == "meta"
@@ -71,14 +85,43 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
 
 
 def _input_factory(
-    cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype
+    cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype, images: int = 0
 ) -> Callable[[], dict]:
-    """A function making one training batch for ``cfg`` (call inside the trace)."""
+    """A function making one training batch for ``cfg`` (call inside the trace). A multimodal batch holds
+    ``images`` images per sample: CLIP pairs each with a text of ``seq_len`` tokens (``return_loss``); LLaVA puts
+    each image's placeholder tokens before the ``seq_len`` text tokens."""
     fam = _family(cfg.model_type)
     b, s = micro_batch_size, seq_len
     vocab = getattr(cfg, "vocab_size", None)
+    if fam in VISION_LANGUAGE:
+        vc = cfg.vision_config
+        img = vc.image_size
+        vocab = cfg.text_config.vocab_size
 
     def make() -> dict[str, torch.Tensor]:
+        if fam == "clip":
+            return {
+                "input_ids": torch.randint(0, vocab, (b, s)),
+                "pixel_values": torch.randn(b, vc.num_channels, img, img, dtype=float_dtype),
+                "return_loss": True,
+            }
+        if fam in ("llava", "gemma3"):
+            if (
+                fam == "gemma3"
+            ):  # pooled to mm_tokens_per_image; token_type_ids as Gemma 3's processor returns them
+                per = cfg.mm_tokens_per_image
+            else:
+                per = (img // vc.patch_size) ** 2 + (cfg.vision_feature_select_strategy == "full")
+            tok = cfg.image_token_id
+            text = torch.randint(0, vocab - 1, (b, s))
+            text = text + (text >= tok).long()  # never the image token
+            ids = torch.cat([torch.full((b, images * per), tok, dtype=torch.long), text], dim=1)
+            batch = {"input_ids": ids, "labels": ids}
+            if fam == "gemma3":
+                batch["token_type_ids"] = (ids == tok).long()
+            if images:
+                batch["pixel_values"] = torch.randn(b * images, vc.num_channels, img, img, dtype=float_dtype)
+            return batch
         if fam == "vit":
             size = cfg.image_size
             return {
@@ -127,6 +170,28 @@ def _real_mode_shims(enabled: bool, notes: list[str]) -> Any:
         masking_utils.find_packed_sequence_indices = orig
 
 
+@contextlib.contextmanager
+def _no_data_checks(enabled: bool, notes: list[str]) -> Any:
+    """Skip transformers' ``torch_compilable_check`` (LLaVA's image-token count against the image features):
+    on fake tensors the count has no value to compare; the batches are built with exactly the right count."""
+    import os
+
+    if not enabled:
+        yield
+        return
+    key = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+    old = os.environ.get(key)
+    os.environ[key] = "1"
+    notes.append(f"{key}=1: the image-token count check needs real values (batches carry the right count)")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def _loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward ends the 'forward' phase (LM head / classifier)."""
     try:
@@ -151,6 +216,7 @@ def trace_hf(
     lora: dict[str, Any] | None = None,
     qlora: bool = False,
     layer_checkpointing: tuple[str, int] | None = None,
+    vision: dict[str, Any] | None = None,
     steps: int = 2,
     fake: bool = True,
     **kwargs: Any,
@@ -160,7 +226,9 @@ def trace_hf(
     ``lora``: {"r", "lora_alpha", "target_modules", "adapter_dtype": "fp32"|"bf16", "lora_dropout"}; fp32 is peft's
     default (``autocast_adapter_dtype=True`` upcasts 16-bit adapters). ``layer_checkpointing``: (policy, every)
     for :func:`~memsim_widget.trace.checkpointing.apply_layer_checkpointing` (torchtitan's per-op selective
-    or every-N full checkpointing; the KV cache is off, as under HF's own checkpointing). Extra keyword arguments go to
+    or every-N full checkpointing; the KV cache is off, as under HF's own checkpointing). ``vision`` (multimodal
+    models): {"images": per sample, "freeze": the vision tower frozen, and left without adapters}. Extra keyword
+    arguments go to
     :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``).
     """
     notes: list[str] = []
@@ -179,8 +247,14 @@ def trace_hf(
         # trace_training then swaps in fake cpu tensors.
         with torch.device("meta") if fake else contextlib.nullcontext():
             model = build_hf_model(cfg, wdtype, attention)
+            frozen = VISION_MODULES[cfg.model_type] if vision and vision.get("freeze") else ()
+            if frozen:
+                for name, p in model.named_parameters():
+                    if any(part in name for part in frozen):
+                        p.requires_grad_(False)
+                notes.append(f"vision tower frozen: parameters under {', '.join(frozen)}")
             if lora:
-                model = _apply_lora(model, lora, notes)
+                model = _apply_lora(model, lora, notes, exclude=frozen)
             if layer_checkpointing:
                 from .checkpointing import apply_layer_checkpointing
 
@@ -200,10 +274,10 @@ def trace_hf(
         notes.append(
             "config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output"
         )
-    with _real_mode_shims(fake, notes):
+    with _real_mode_shims(fake, notes), _no_data_checks(fake and fam in ("llava", "gemma3"), notes):
         return trace_training(
             model_factory,
-            _input_factory(cfg, micro_batch_size, seq_len, input_dtype),
+            _input_factory(cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0)),
             precision=precision,
             optimizer=optimizer,
             optimizer_impl=optimizer_impl,
@@ -217,8 +291,10 @@ def trace_hf(
         )
 
 
-def _apply_lora(model: torch.nn.Module, lora: dict[str, Any], notes: list[str]) -> torch.nn.Module:
-    """Wrap ``model`` with peft LoRA adapters as described by ``lora``."""
+def _apply_lora(
+    model: torch.nn.Module, lora: dict[str, Any], notes: list[str], exclude: tuple[str, ...] = ()
+) -> torch.nn.Module:
+    """Wrap ``model`` with peft LoRA adapters as described by ``lora`` (none in modules under ``exclude``)."""
     from peft import LoraConfig, get_peft_model
 
     adapter_dtype = lora.get("adapter_dtype", "fp32")
@@ -228,6 +304,7 @@ def _apply_lora(model: torch.nn.Module, lora: dict[str, Any], notes: list[str]) 
         target_modules=lora.get("target_modules", ["q_proj", "v_proj"]),
         lora_dropout=lora.get("lora_dropout", 0.0),
         task_type=lora.get("task_type"),
+        **({"exclude_modules": f".*({'|'.join(exclude)}).*"} if exclude else {}),
     )
     model = get_peft_model(model, lcfg, autocast_adapter_dtype=(adapter_dtype == "fp32"))
     target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[adapter_dtype]

@@ -21,14 +21,20 @@ scenario), so the ordinary update stays fast. Its "Layouts" part (``layouts``; `
 
 Modules:
 
-* ``memsim``: the ``MemSim`` class (traits, the update, the Python API), composed from the panel mixins;
+* ``memsim``: the ``MemSim`` class (traits, the update, the Python API, the front-end message table); it owns
+  one controller per panel and delegates the panels' methods to them;
+* ``host``: ``WidgetHost``, what a panel may use of the widget (``MemSim`` implements it; no panel imports
+  ``memsim``);
+* ``background``: ``BackgroundJob`` and ``JobSlot``, the background run of a trace, recommendations or a layout
+  search (work outside the lock, publish under it unless superseded);
 * ``assets``: the front-end files and the vega-embed bundle;
 * ``scenario_edits``: scenario dicts as the controls edit them (dotted keys, diff, merge, defaults);
 * ``controls``: which controls apply (``normalize``, ``disabled_controls``) and the ``options`` trait;
 * ``result``: the ``result`` trait of an estimate;
-* ``trace_runner`` and ``trace_panel``: running a trace, and the "Verify with trace" view and methods;
-* ``fit_panel`` and ``layouts_panel``: "Make it fit"'s recommendations and candidate layouts, views and methods.
-* ``compare_panel``: the pins and their comparison with the current scenario (``pins``, ``comparison``).
+* ``trace_runner`` and ``trace_panel``: running a trace, and the "Verify with trace" view and controller;
+* ``fit_panel`` and ``layouts_panel``: "Make it fit"'s recommendations and candidate layouts, views and
+  controllers;
+* ``compare_panel``: the pins and their comparison with the current scenario (``pins``, ``comparison``);
 * ``export_panel``: the launch-config files of the current scenario (``export``, ``MemSim.export_config``),
   written by ``memsim_widget.export`` on an ``{"type": "export", "format": F}`` message.
 

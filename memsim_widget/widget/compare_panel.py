@@ -1,4 +1,4 @@
-"""The compare panel: up to three pinned scenarios beside the current one, and the ``MemSim`` methods.
+"""The compare panel: up to three pinned scenarios beside the current one, and the panel's controller.
 
 The front end writes ``pins`` ("Pin" appends the current ``scenario_data``, a remove button drops an entry);
 Python checks, names and estimates each pin once, when it is pinned. An edit recomputes only the current
@@ -21,7 +21,7 @@ from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:
-    from memsim_widget.widget.memsim import MemSim
+    from memsim_widget.widget.host import WidgetHost
 
 #: Pinned scenarios at most (with the current one, a comparison holds four).
 MAX_PINS = MAX_SCENARIOS - 1
@@ -83,32 +83,41 @@ def _pin_name(entry: Mapping[str, Any], taken: set[str]) -> str:
     return _free_name(taken)
 
 
-class ComparePanel:
-    """``MemSim``'s pins and comparison (a mixin: the traits, ``_lock`` and the estimate are MemSim's)."""
+class CompareController:
+    """The pins and their comparison for a widget (its ``WidgetHost``): the pinned scenarios and estimates.
 
-    def _init_compare(self) -> None:
+    ``MemSim.pin``, ``unpin``, ``pin_names`` and ``compare`` delegate here, and so does its ``pins`` observer
+    (traitlets binds observers of the widget class only). Tests replace ``run_estimate`` in this module.
+    """
+
+    def __init__(self, host: WidgetHost) -> None:
         """No pins yet: ``(name, scenario dict, estimate)`` per pin."""
-        self._pinned: list[tuple[str, dict[str, Any], Estimate]] = []
-        self._pin_error: ScenarioError | None = None
-        self._pins_busy = False
+        self.host = host
+        self.pinned: list[tuple[str, dict[str, Any], Estimate]] = []
+        self.error: ScenarioError | None = None  # why the last pin was refused
+        self._writing = False  # the controller writes ``pins`` itself: its observer call is ignored
 
-    def _pins_written(self, entries: Any) -> None:
-        """The front end (or Python) wrote the pins: check, name and estimate new ones, then compare
-        (``MemSim``'s ``pins`` observer calls it: traitlets binds observers of the widget class only)."""
-        if self._pins_busy or not hasattr(self, "_pinned"):
+    @staticmethod
+    def initial() -> dict[str, Any]:
+        """The ``comparison`` trait of a new widget."""
+        return {"error": "", "max_pins": MAX_PINS, "pins": [], "view": None}
+
+    def written(self, entries: Any) -> None:
+        """The front end (or Python) wrote the pins: check, name and estimate new ones, then compare."""
+        if self._writing:
             return
-        with self._lock:
-            self._take_pins(entries)
-            self._set_compare()
+        with self.host._lock:
+            self._take(entries)
+            self.update()
 
-    def _take_pins(self, entries: Any) -> None:
+    def _take(self, entries: Any) -> None:
         """Keep the valid, distinct pins (three at most); the first rejected one's reason goes to ``error``."""
-        known = {json_key(d): (d, est) for _, d, est in self._pinned}
+        known = {json_key(d): (d, est) for _, d, est in self.pinned}
         pinned: list[tuple[str, dict[str, Any], Estimate]] = []
         errors: list[ScenarioError] = []
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             try:
-                data, est = self._pin_estimate(entry, i, known)
+                data, est = self._estimate(entry, i, known)
             except ScenarioError as exc:
                 errors.append(exc)
                 continue
@@ -121,15 +130,15 @@ class ComparePanel:
                 )
             else:
                 pinned.append((_pin_name(entry, {n for n, _, _ in pinned}), data, est))
-        self._pinned, self._pin_error = pinned, (errors[0] if errors else None)
-        self._pins_busy = True
+        self.pinned, self.error = pinned, (errors[0] if errors else None)
+        self._writing = True
         try:
-            self.pins = [{"name": n, "scenario": d} for n, d, _ in pinned]
+            self.host._publish("pins", [{"name": n, "scenario": d} for n, d, _ in pinned])
         finally:
-            self._pins_busy = False
+            self._writing = False
 
     @staticmethod
-    def _pin_estimate(
+    def _estimate(
         entry: Any, index: int, known: Mapping[str, tuple[dict[str, Any], Estimate]]
     ) -> tuple[dict[str, Any], Estimate]:
         """A pin's resolved scenario dict and estimate: reused when already pinned, else estimated now."""
@@ -144,55 +153,56 @@ class ComparePanel:
         except ScenarioError as exc:
             raise ScenarioError(f"pins[{index}].{exc.field}", exc.message) from None
 
-    def _set_compare(self) -> None:
+    def update(self) -> None:
         """Update the ``comparison`` trait (under the lock) from the pins, the current estimate and the headroom."""
+        headroom = self.host.headroom
         view = None
-        if self._pinned:
-            ests = [est for _, _, est in self._pinned] + [self._estimate]
-            names = [n for n, _, _ in self._pinned] + [CURRENT]
-            view = build_compare_view(compare(ests, names, headroom=self.headroom))
-        new = {
-            "error": str(self._pin_error or ""),
-            "max_pins": MAX_PINS,
-            "pins": [{"name": n, "summary": pin_summary(est, self.headroom)} for n, _, est in self._pinned],
-            "view": view,
-        }
-        if new != self.comparison:
-            self.comparison = new
+        if self.pinned:
+            ests = [est for _, _, est in self.pinned] + [self.host.estimate]
+            names = [n for n, _, _ in self.pinned] + [CURRENT]
+            view = build_compare_view(compare(ests, names, headroom=headroom))
+        self.host._publish(
+            "comparison",
+            {
+                "error": str(self.error or ""),
+                "max_pins": MAX_PINS,
+                "pins": [{"name": n, "summary": pin_summary(est, headroom)} for n, _, est in self.pinned],
+                "view": view,
+            },
+        )
 
-    # ----- Python API -----------------------------------------------------------------------------------
-    def pin(self, name: str | None = None) -> MemSim:
-        """Pin the current (last valid) scenario under ``name`` (default ``pin N``); raises if it is refused."""
+    @property
+    def names(self) -> list[str]:
+        """``MemSim.pin_names``: the pins' names, in pinning order."""
+        return [n for n, _, _ in self.pinned]
+
+    def pin(self, name: str | None) -> None:
+        """``MemSim.pin``: pin the last valid scenario under ``name``; raises if it is refused."""
         if name is not None and (
-            not isinstance(name, str) or not name.strip() or name.strip() in [*self.pin_names, CURRENT]
+            not isinstance(name, str) or not name.strip() or name.strip() in [*self.names, CURRENT]
         ):
-            taken = ", ".join([*self.pin_names, CURRENT])
+            taken = ", ".join([*self.names, CURRENT])
             raise ScenarioError("name", f"must be a new non-empty name; taken: {taken}, got {name!r}")
-        with self._lock:
-            self.pins = [*self.pins, {"name": name or "", "scenario": self._valid}]
-            if self._pin_error is not None:
-                raise self._pin_error
-        return self
+        host = self.host
+        with host._lock:
+            host._publish("pins", [*host._trait("pins"), {"name": name or "", "scenario": host._valid}])
+            if self.error is not None:
+                raise self.error
 
-    def unpin(self, which: int | str = -1) -> MemSim:
-        """Remove a pin by position or name (default the last one)."""
-        names = self.pin_names
+    def unpin(self, which: int | str) -> None:
+        """``MemSim.unpin``: remove a pin by position or name."""
+        names = self.names
         index = names.index(which) if which in names else which
         if not isinstance(index, int) or isinstance(index, bool) or not -len(names) <= index < len(names):
             raise ScenarioError("pin", f"{which!r} is not pinned; pinned: {', '.join(names) or 'none'}")
-        self.pins = [p for i, p in enumerate(self.pins) if i != index % len(names)]
-        return self
-
-    @property
-    def pin_names(self) -> list[str]:
-        """The pins' names, in pinning order."""
-        return [n for n, _, _ in self._pinned]
+        pins = self.host._trait("pins")
+        self.host._publish("pins", [p for i, p in enumerate(pins) if i != index % len(names)])
 
     def compare(self) -> Comparison:
-        """The pins and the current scenario side by side (``memsim_widget.compare``); raises without pins."""
-        if not self._pinned:
+        """``MemSim.compare``: the pins and the current scenario side by side; raises without pins."""
+        if not self.pinned:
             raise ScenarioError(
                 "pins", "nothing is pinned: pin a scenario first (MemSim.pin or the Pin button)"
             )
-        ests = [est for _, _, est in self._pinned] + [self._estimate]
-        return compare(ests, [*self.pin_names, CURRENT], headroom=self.headroom)
+        ests = [est for _, _, est in self.pinned] + [self.host.estimate]
+        return compare(ests, [*self.names, CURRENT], headroom=self.host.headroom)

@@ -19,11 +19,15 @@ from memsim_widget.scenario import (
     FRAMEWORKS,
     LOSSES,
     METHODS,
+    OBJECTIVES,
     OFFLOADS,
     OPTIMIZER_IMPLS,
     OUTPUT_LIFETIMES,
     PP_SCHEDULES,
+    REFERENCES,
+    ROLLOUTS,
     ZERO_STAGES,
+    RLConfig,
 )
 from memsim_widget.widget.scenario_edits import merge
 
@@ -71,6 +75,13 @@ CONTROLS: tuple[tuple[str, str, str, str], ...] = (
     ("lora.alpha", "LoRA alpha", "number", "Method"),
     ("lora.adapter_dtype", "adapter dtype", "select", "Method"),
     ("lora.targets", "LoRA targets", "targets", "Method"),
+    ("objective", "objective", "select", "Objective"),
+    ("rl.num_generations", "G (completions per prompt)", "int", "Objective"),
+    ("rl.completion_len", "completion length", "int", "Objective"),
+    ("rl.reference", "reference model", "select", "Objective"),
+    ("rl.rollout", "rollout engine", "select", "Objective"),
+    ("rl.gpu_memory_utilization", "vLLM gpu_memory_utilization", "number", "Objective"),
+    ("rl.sleep_mode", "vLLM sleep mode", "select", "Objective"),
     ("parallel.dp", "dp", "int", "Parallel"),
     ("parallel.tp", "tp", "int", "Parallel"),
     ("parallel.pp", "pp", "int", "Parallel"),
@@ -112,13 +123,14 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
     out = merge(data, {})
     par = out.get("parallel") if isinstance(out.get("parallel"), dict) else {}
     lora = out.get("lora") if isinstance(out.get("lora"), dict) else {}
+    rl = _normalize_objective(out, changed)
 
     def fix(key: str, ok: bool, value: Any) -> None:
         if ok or key in changed:
             return
         section, _, sub = key.partition(".")
         if sub:
-            {"parallel": par, "lora": lora}[section][sub] = value
+            {"parallel": par, "lora": lora, "rl": rl}[section][sub] = value
         else:
             out[key] = value
 
@@ -149,6 +161,18 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
         not out.get("optimizer_in_backward") or (gas == 1 and out.get("optimizer") != "none"),
         False,
     )
+    obj = out.get("objective") or "sft"
+    if obj != "sft":
+        online = obj in ("grpo", "ppo")
+        fix("rl.rollout", online or rl.get("rollout", "none") == "none", "none")
+        ref = rl.get("reference")
+        needs_ref = obj in ("dpo", "kto", "ppo")
+        fix("rl.reference", not (obj == "orpo" and ref not in (None, "none")), None)
+        fix("rl.reference", not (needs_ref and ref == "none"), None)
+        fix("rl.reference", not (ref == "shared_base" and out.get("method") == "full"), None)
+        seq, comp = out.get("seq_len"), rl.get("completion_len")
+        too_long = online and isinstance(seq, int) and isinstance(comp, int) and comp >= seq
+        fix("rl.completion_len", not too_long, max(1, seq // 2) if isinstance(seq, int) else comp)
     arch = _arch(out.get("model"))
     if arch is not None:
         fix("parallel.ep", arch.is_moe or par.get("ep", 1) == 1, 1)
@@ -161,6 +185,22 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
             kept = [t for t in targets if t in modules or t == "all-linear"]
             fix("lora.targets", kept == list(targets), kept or ["all-linear"])
     return out
+
+
+def _normalize_objective(out: dict[str, Any], changed: set[str]) -> dict[str, Any]:
+    """The ``rl`` block of ``out`` (in place): dropped when the objective becomes sft (unless edited in the same
+    change, so the error shows), filled with its defaults when an objective needs it and has none."""
+    rl = out.get("rl") if isinstance(out.get("rl"), dict) else None
+    edited = any(k == "rl" or k.startswith("rl.") for k in changed)
+    if (out.get("objective") or "sft") == "sft":
+        if rl is not None and not edited:
+            out.pop("rl")
+        return {}
+    if rl is None:
+        if out.get("rl") is not None:  # not an object: the scenario check names it
+            return {}
+        rl = out["rl"] = RLConfig().to_dict()
+    return rl
 
 
 def _optimizer_spec(name: Any) -> Any:
@@ -211,6 +251,7 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
         off["output_lifetime"] = "Megatron's schedule keeps only the loss of the model output"
     if data.get("grad_accum_steps", 1) != 1:
         off["optimizer_in_backward"] = "stepping in backward cannot accumulate gradients"
+    _disabled_objective(data, off)
     arch = _arch(model)
     if arch is not None:
         if not arch.is_moe:
@@ -218,6 +259,30 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
         if arch.fixed_seq_len:
             off["seq_len"] = f"the model's sequence is fixed ({arch.fixed_seq_len} tokens)"
     return off, values
+
+
+#: The objective's controls (the ``rl`` block) and the objectives each applies to.
+RL_CONTROLS = {
+    "rl.num_generations": ("grpo",),
+    "rl.completion_len": ("grpo", "ppo"),
+    "rl.reference": ("dpo", "kto", "grpo", "ppo"),
+    "rl.rollout": ("grpo", "ppo"),
+    "rl.gpu_memory_utilization": ("grpo", "ppo"),
+    "rl.sleep_mode": ("grpo", "ppo"),
+}
+
+
+def _disabled_objective(data: Mapping[str, Any], off: dict[str, str]) -> None:
+    """The ``rl`` controls that do not apply to the scenario's objective (and rollout engine)."""
+    obj = data.get("objective") or "sft"
+    rl = data.get("rl") if isinstance(data.get("rl"), Mapping) else {}
+    for key, objectives in RL_CONTROLS.items():
+        if obj not in objectives:
+            off[key] = f"applies to objective {' or '.join(objectives)}"
+    if obj in ("grpo", "ppo") and rl.get("rollout", "none") != "vllm_colocate":
+        off["rl.sleep_mode"] = "sleep mode applies to a colocated vLLM engine (rollout vllm_colocate)"
+        if rl.get("rollout", "none") == "none":
+            off["rl.gpu_memory_utilization"] = "applies to a vLLM rollout engine"
 
 
 @functools.cache
@@ -251,6 +316,10 @@ def _static_options() -> dict[str, Any]:
             "parallel.zero": list(ZERO_STAGES),
             "parallel.pp_schedule": list(PP_SCHEDULES),
             "parallel.offload": list(OFFLOADS),
+            "objective": [None, *OBJECTIVES],  # None: unset, sft
+            "rl.reference": [None, *REFERENCES],  # None: the objective's default
+            "rl.rollout": list(ROLLOUTS),
+            "rl.sleep_mode": [0, 1, 2],
         },
         "choice_labels": {  # the text of a choice where its value alone says too little ("null": None)
             "output_lifetime": {
@@ -258,7 +327,10 @@ def _static_options() -> dict[str, Any]:
                 "trainer": "trainer: dropped before backward",
                 "backward": "backward: kept until backward ends",
                 "step": "step: kept through optimizer.step",
-            }
+            },
+            "objective": {"null": "sft (unset)"},
+            "rl.reference": {"null": "objective's default"},
+            "rl.sleep_mode": {"0": "off", "1": "level 1: weights to host", "2": "level 2: discard weights"},
         },
         "descriptions": {
             "precision": {k: v.description for k, v in PRECISIONS.items()},

@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import traitlets
-
 from memsim_widget.errors import ScenarioError
 
 if TYPE_CHECKING:
-    from memsim_widget.widget.memsim import MemSim
+    from memsim_widget.widget.host import WidgetHost
 
 
 def export_formats() -> list[str]:
@@ -24,35 +22,37 @@ def export_formats() -> list[str]:
     return list(FORMATS)
 
 
-class ExportPanel(traitlets.HasTraits):
-    """``MemSim``'s launch-config export: the ``export`` trait, its message, and ``export_config``."""
+class ExportController:
+    """The launch-config export of a widget (its ``WidgetHost``): answers the ``export`` message.
 
-    #: ``formats`` (the dropdown), ``id`` (one more per request answered), ``format``, ``files`` (file name ->
-    #: text of the last export), ``error`` (the refusal naming the field, '' when the files were written).
-    export = traitlets.Dict().tag(sync=True)
+    ``MemSim.export_config`` delegates here.
+    """
 
-    @traitlets.default("export")
-    def _export_default(self) -> dict[str, Any]:
+    def __init__(self, host: WidgetHost) -> None:
+        """The export panel of a new widget (it keeps no state but the ``export`` trait)."""
+        self.host = host
+
+    @staticmethod
+    def initial() -> dict[str, Any]:
+        """The ``export`` trait of a new widget: the formats, no files yet."""
         return {"formats": export_formats(), "id": 0, "format": "", "files": {}, "error": ""}
 
-    def export_config(self: MemSim, fmt: str) -> dict[str, str]:
-        """The launch-config files of the current scenario in one format: ``{file name: text}``."""
+    def files(self, fmt: str) -> dict[str, str]:
+        """``MemSim.export_config``: the current scenario's launch-config files in one format."""
         from memsim_widget.export import export
 
-        return export(self._scenario, fmt, self._estimate)
+        return export(self.host.scenario, fmt, self.host.estimate)
 
-    def _export_msg(self: MemSim, content: Mapping[str, Any]) -> None:
+    def export_msg(self, content: Mapping[str, Any]) -> None:
         """Answer an export request: the files, or the error that names the field (never raised)."""
         fmt = content.get("format")
         try:
-            files, error = self.export_config(str(fmt)), ""
+            files, error = self.files(str(fmt)), ""
         except ScenarioError as exc:
             files, error = {}, str(exc)
-        with self._lock:
-            self.export = {
-                **self.export,
-                "id": self.export["id"] + 1,
-                "format": fmt,
-                "files": files,
-                "error": error,
-            }
+        host = self.host
+        with host._lock:
+            state = host._trait("export")
+            host._publish(
+                "export", {**state, "id": state["id"] + 1, "format": fmt, "files": files, "error": error}
+            )

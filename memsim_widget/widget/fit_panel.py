@@ -1,4 +1,4 @@
-"""The "Make it fit" panel's recommendations: their view, the scenario "Apply" sets, and the ``MemSim`` methods.
+"""The "Make it fit" panel's recommendations: their view, the scenario "Apply" sets, and the panel's controller.
 
 They are computed in a background thread only while the panel is open (``fit_open``; on every change then,
 cached per scenario and headroom), so the ordinary update stays fast; ``MemSim.recommend`` computes them on
@@ -8,7 +8,6 @@ request. Applying one replaces the scenario through ``_submit``, the path of eve
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -17,22 +16,18 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget.engine.items import fmt_bytes
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
+from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
 from memsim_widget.widget.result import GiB
 
 if TYPE_CHECKING:  # the planner (and numpy) load on first use of "Make it fit", not with the widget
     from memsim_widget.plan import Change, Recommendation
-    from memsim_widget.widget.memsim import MemSim
+    from memsim_widget.widget.host import WidgetHost
 
 #: Recommendations kept per widget (scenario and headroom -> ``Recommendation``), so moving a control back
 #: and forth with the panel open does not compute them again.
 FIT_CACHE = 16
 #: What "Apply" can apply from a recommendation (``MemSim.apply_recommendation``'s ``kind``).
 FIT_KINDS = ("change", "lever", "max_micro_batch", "max_seq_len", "min_gpus")
-
-
-def _error_text(exc: BaseException | None) -> str:
-    """An exception as the panels show it: a ScenarioError's own text, else its type and message."""
-    return str(exc) if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
 
 
 def plan_recommend(scenario: Scenario, headroom: float) -> Recommendation:
@@ -125,144 +120,152 @@ def fit_target(rec: Recommendation, kind: str = "change", index: int = 0) -> Sce
     raise missing(f"kind must be one of {', '.join(FIT_KINDS)}, got {kind!r}")
 
 
-class FitPanel:
-    """``MemSim``'s recommendation methods (a mixin: the traits, ``_lock`` and the scenario are MemSim's).
+class FitController:
+    """The recommendations part of "Make it fit" for a widget (its ``WidgetHost``): shown one, cache, worker.
 
-    Tests replace ``plan_recommend`` in this module, where the methods look it up.
+    ``MemSim.recommend`` and ``apply_recommendation`` delegate here. Tests replace ``plan_recommend`` in this
+    module, where the controller looks it up.
     """
 
-    def _init_fit(self) -> None:
-        """The recommendation state of a new widget: the shown one, its key, a small cache, the worker."""
-        self._fit_rec: Recommendation | None = None
-        self._fit_key_shown: str | None = None  # key of the shown view (None: nothing shown)
-        self._fit_key_done: str | None = None  # key last computed, shown or failed: not computed again
-        self._fit_cache: OrderedDict[str, Recommendation] = OrderedDict()
-        self._fit_thread: threading.Thread | None = None
-        self._fit_id = 0
+    def __init__(self, host: WidgetHost) -> None:
+        """The recommendation state of a new widget: nothing shown, an empty cache, no job."""
+        self.host = host
+        self.rec: Recommendation | None = None  # the shown one
+        self.key_shown: str | None = None  # key of the shown view (None: nothing shown)
+        self.key_done: str | None = None  # key last computed, shown or failed: not computed again
+        self.cache: OrderedDict[str, Recommendation] = OrderedDict()
+        self.jobs: JobSlot[tuple[Recommendation, float]] = JobSlot(host._lock, "memsim-recommend")
+        self.id = 0
 
-    def _fit_key(self) -> str:
+    @staticmethod
+    def initial() -> dict[str, Any]:
+        """The ``fit`` trait of a new widget."""
+        return {
+            "state": "idle",
+            "error": "",
+            "id": 0,
+            "ms": None,
+            "stale": False,
+            "rejected": False,
+            "view": None,
+        }
+
+    def key(self) -> str:
         """What a recommendation depends on, as a cache key: the last valid scenario and the headroom."""
-        return json.dumps([self._valid, self.headroom], sort_keys=True)
+        return json.dumps([self.host._valid, self.host.headroom], sort_keys=True)
 
-    def _set_fit(self, **changes: Any) -> None:
+    def update(self, **changes: Any) -> None:
         """Update the ``fit`` trait (under the lock) with ``stale``/``rejected`` recomputed; sends nothing when
         nothing changed (the ordinary update path calls it on every change)."""
-        new = {**self.fit, **changes}
-        new["stale"] = self._fit_key_shown is not None and self._fit_key_shown != self._fit_key()
-        new["rejected"] = self._last_exc is not None
-        if new != self.fit:
-            self.fit = new
+        new = {**self.host._trait("fit"), **changes}
+        new["stale"] = self.key_shown is not None and self.key_shown != self.key()
+        new["rejected"] = self.host._last_exc is not None
+        self.host._publish("fit", new)
 
-    def _cache_fit(self, key: str, rec: Recommendation) -> None:
+    def _remember(self, key: str, rec: Recommendation) -> None:
         """Keep a recommendation for ``key``, dropping the least recently used beyond ``FIT_CACHE``."""
-        self._fit_cache[key] = rec
-        self._fit_cache.move_to_end(key)
-        while len(self._fit_cache) > FIT_CACHE:
-            self._fit_cache.popitem(last=False)
+        self.cache[key] = rec
+        self.cache.move_to_end(key)
+        while len(self.cache) > FIT_CACHE:
+            self.cache.popitem(last=False)
 
-    def _publish_fit(self, key: str, rec: Recommendation, ms: float) -> None:
-        """Show a recommendation (under the lock); a failure to lay it out shows as the panel's error."""
-        self._fit_id += 1
-        try:
-            view = build_fit_view(rec)
-        except Exception as exc:  # a bug in the view must not break the widget: shown in place
-            self._fit_rec, self._fit_key_shown, self._fit_key_done = None, None, key
-            self._set_fit(state="error", error=_error_text(exc), id=self._fit_id, view=None)
-            return
-        self._fit_rec, self._fit_key_shown, self._fit_key_done = rec, key, key
-        self._set_fit(state="done", error="", id=self._fit_id, ms=round(ms, 1), view=view)
-
-    def _schedule_fit(self) -> None:
-        """Show the current scenario's recommendations (under the lock): at once from the cache, else from the
-        background worker, which is started unless it runs (it always finishes on the newest scenario)."""
-        key = self._fit_key()
-        if key == self._fit_key_done:
-            return
-        rec = self._fit_cache.get(key)
+    def _show(
+        self, key: str, rec: Recommendation | None, ms: float, error: BaseException | None = None
+    ) -> None:
+        """Show a recommendation, or the error that stopped it (under the lock); a failure to lay it out shows
+        as the panel's error too."""
+        self.id += 1
+        view = None
         if rec is not None:
-            self._fit_cache.move_to_end(key)
-            self._publish_fit(key, rec, 0.0)
-            return
-        self._fit_key_done = None  # whatever was computed last, the current scenario's is not
-        self._set_fit(state="running", error="")
-        if self._fit_thread is None:
-            self._fit_thread = threading.Thread(target=self._fit_worker, name="memsim-recommend", daemon=True)
-            self._fit_thread.start()
-
-    def _fit_worker(self) -> None:
-        """Background thread: compute recommendations until the newest scenario's are shown or the panel closes."""
-        while True:
-            with self._lock:
-                key = self._fit_key()
-                if self._closed or not self.fit_open or key == self._fit_key_done:
-                    self._fit_thread = None
-                    if self.fit.get("state") == "running" and key != self._fit_key_done and not self._closed:
-                        self._set_fit(state="idle")  # closed before the newest was computed
-                    return
-                sc, headroom = self._scenario, self.headroom
-            t0 = time.perf_counter()
-            rec: Recommendation | None = None
-            error: Exception | None = None
             try:
-                rec = plan_recommend(sc, headroom=headroom)
-            except Exception as exc:  # shown in the panel; the widget keeps working
+                view = build_fit_view(rec)
+            except Exception as exc:  # a bug in the view must not break the widget: shown in place
                 error = exc
-            ms = (time.perf_counter() - t0) * 1000
-            with self._lock:
-                if rec is not None:
-                    self._cache_fit(key, rec)
-                if self._closed or key != self._fit_key():
-                    continue  # the scenario moved on meanwhile: the next round computes the newest
-                if rec is not None:
-                    self._publish_fit(key, rec, ms)
-                else:
-                    self._fit_id += 1
-                    self._fit_rec, self._fit_key_shown, self._fit_key_done = None, None, key
-                    self._set_fit(state="error", error=_error_text(error), id=self._fit_id, view=None)
+        if view is None:
+            self.rec, self.key_shown, self.key_done = None, None, key
+            self.update(state="error", error=error_text(error), id=self.id, view=None)
+            return
+        self.rec, self.key_shown, self.key_done = rec, key, key
+        self.update(state="done", error="", id=self.id, ms=round(ms, 1), view=view)
 
-    def _fit_apply_msg(self, content: Mapping[str, Any]) -> None:
+    def schedule(self) -> None:
+        """Show the current scenario's recommendations (under the lock): at once from the cache, else from a
+        background job, started unless one runs (its ``finish`` starts the next for a newer scenario)."""
+        key = self.key()
+        if key == self.key_done:
+            return
+        rec = self.cache.get(key)
+        if rec is not None:
+            self.cache.move_to_end(key)
+            self._show(key, rec, 0.0)
+            return
+        self.key_done = None  # whatever was computed last, the current scenario's is not
+        self.update(state="running", error="")
+        if not self.jobs.running:
+            self._start(key)
+
+    def _start(self, key: str) -> None:
+        """Compute the recommendation of the current scenario (``key``) in the background (under the lock)."""
+        sc, headroom = self.host.scenario, self.host.headroom
+        self.jobs.start(lambda _job: self._compute(sc, headroom), self._finish, subject=key)
+
+    @staticmethod
+    def _compute(sc: Scenario, headroom: float) -> tuple[Recommendation, float]:
+        """A recommendation and the milliseconds it took (outside the lock)."""
+        t0 = time.perf_counter()
+        rec = plan_recommend(sc, headroom=headroom)
+        return rec, (time.perf_counter() - t0) * 1000
+
+    def _finish(
+        self,
+        job: BackgroundJob[tuple[Recommendation, float]],
+        result: tuple[Recommendation, float] | None,
+        error: BaseException | None,
+    ) -> None:
+        """Cache and show a finished job's recommendation (under the lock); when the scenario moved on meanwhile,
+        compute the newest while the panel is open."""
+        key = job.subject
+        if result is not None:
+            self._remember(key, result[0])
+        host = self.host
+        if host._closed:
+            return
+        if key == self.key():
+            self._show(key, *(result or (None, 0.0)), error=error)
+            return
+        if host._trait("fit_open") and self.key() != self.key_done:
+            self._start(self.key())
+        elif host._trait("fit").get("state") == "running" and self.key() != self.key_done:
+            self.update(state="idle")  # closed before the newest was computed
+
+    def apply_msg(self, content: Mapping[str, Any]) -> None:
         """ "Apply" in the panel: set the scenario of the named entry of the shown (current) recommendation."""
-        with self._lock:
-            rec = self._fit_rec
-            if rec is None or content.get("id") != self.fit.get("id") or self.fit.get("stale"):
-                self._set_fit(error="the recommendations changed since: pick again")
+        host = self.host
+        with host._lock:
+            rec, fit = self.rec, host._trait("fit")
+            if rec is None or content.get("id") != fit.get("id") or fit.get("stale"):
+                self.update(error="the recommendations changed since: pick again")
                 return
             try:
                 target = fit_target(rec, str(content.get("kind", "change")), content.get("index"))  # type: ignore[arg-type]
             except ScenarioError as exc:
-                self._set_fit(error=str(exc))
+                self.update(error=str(exc))
                 return
-            exc = self._submit(target.to_dict(), relative=False)
+            exc = host._submit(target.to_dict(), relative=False)
             if exc is not None:
-                self._set_fit(error=f"could not apply it: {exc}")
+                self.update(error=f"could not apply it: {exc}")
 
     def recommend(self) -> Recommendation:
-        """What makes the current scenario fit at the widget's headroom (``memsim_widget.plan.recommend``).
-
-        Blocks (10-150 ms; cached per scenario and headroom) and shows the result in the "Make it fit" panel
-        too. ``.changes`` are the smallest fixing changes, ``.singles`` each lever alone, ``.max_micro_batch``,
-        ``.max_seq_len`` and ``.min_gpus`` how far the scenario goes. Raises what ``recommend`` raises.
-        """
-        with self._lock:
-            key, sc, headroom = self._fit_key(), self._scenario, self.headroom
-            rec = self._fit_cache.get(key)
+        """``MemSim.recommend``: the current scenario's recommendation (cached), shown in the panel too."""
+        host = self.host
+        with host._lock:
+            key, sc, headroom = self.key(), host.scenario, host.headroom
+            rec = self.cache.get(key)
         ms = 0.0
         if rec is None:
-            t0 = time.perf_counter()
-            rec = plan_recommend(sc, headroom=headroom)
-            ms = (time.perf_counter() - t0) * 1000
-        with self._lock:
-            self._cache_fit(key, rec)
-            if key == self._fit_key() and key != self._fit_key_shown:
-                self._publish_fit(key, rec, ms)
+            rec, ms = self._compute(sc, headroom)
+        with host._lock:
+            self._remember(key, rec)
+            if key == self.key() and key != self.key_shown:
+                self._show(key, rec, ms)
         return rec
-
-    def apply_recommendation(self, index: int = 0, kind: str = "change") -> MemSim:
-        """Apply entry ``index`` of ``recommend()`` as an edit would (controls, verdict and charts follow).
-
-        ``kind``: ``change`` (a fixing change, 0 = the recommended one), ``lever`` (a single lever),
-        ``max_micro_batch``, ``max_seq_len`` or ``min_gpus``. Raises ``ScenarioError`` when there is no such
-        entry (e.g. no change fits).
-        """
-        self.scenario = fit_target(self.recommend(), kind, index)
-        return self

@@ -1,4 +1,4 @@
-"""The "Make it fit" panel's candidate layouts: the view of a layout search and the ``MemSim`` methods.
+"""The "Make it fit" panel's candidate layouts: the view of a layout search and the panel's controller.
 
 A search (``memsim_widget.plan.plan``) runs on request: the "Search layouts" button (a background thread) or
 ``MemSim.plan_layouts``. Applying a candidate replaces the scenario through ``_submit``, the path of every edit.
@@ -6,7 +6,6 @@ A search (``memsim_widget.plan.plan``) runs on request: the "Search layouts" but
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,12 +14,12 @@ from memsim_widget import charts as charts_mod
 from memsim_widget.catalog.gpus import resolve_gpu
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
-from memsim_widget.widget.fit_panel import _error_text
+from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
 from memsim_widget.widget.scenario_edits import changed_keys
 
 if TYPE_CHECKING:  # the planner (and numpy) load on first search, not with the widget
     from memsim_widget.plan import Plan
-    from memsim_widget.widget.memsim import MemSim
+    from memsim_widget.widget.host import WidgetHost
 
 #: Candidate layouts listed with an "Apply" button, and points the candidates chart draws at most.
 LAYOUT_ROWS = 5
@@ -131,35 +130,48 @@ def layouts_stale_keys(shown: Mapping[str, Any], current: Mapping[str, Any]) -> 
     return sorted(k for k in keys if k not in LAYOUT_SEARCHED)
 
 
-class LayoutsPanel:
-    """``MemSim``'s candidate-layout methods (a mixin: the traits, ``_lock`` and the scenario are MemSim's).
+#: A finished search: the plan, its view and the milliseconds it took.
+_Searched = tuple["Plan", dict[str, Any], float]
 
-    Tests replace ``plan_search`` in this module, where the methods look it up.
+
+class LayoutsController:
+    """The candidate layouts of "Make it fit" for a widget (its ``WidgetHost``): the shown plan, the search job.
+
+    ``MemSim.plan_layouts`` and ``apply_layout`` delegate here. Tests replace ``plan_search`` in this module,
+    where the controller looks it up.
     """
 
-    def _init_layouts(self) -> None:
-        """The layout state of a new widget: the shown plan, the scenario it ran for, the running search."""
-        self._plan: Plan | None = None
-        self._plan_data: tuple[dict[str, Any], float] | None = None
-        self._plan_thread: threading.Thread | None = None
-        self._plan_id = 0
+    def __init__(self, host: WidgetHost) -> None:
+        """The layout state of a new widget: no plan shown, no search running."""
+        self.host = host
+        self.plan: Plan | None = None  # the shown one
+        self.plan_for: tuple[dict[str, Any], float] | None = None  # its scenario dict and headroom
+        self.jobs: JobSlot[_Searched] = JobSlot(host._lock, "memsim-layouts")
+        self.id = 0
 
-    def _set_layouts(self, **changes: Any) -> None:
+    @staticmethod
+    def initial() -> dict[str, Any]:
+        """The ``layouts`` trait of a new widget."""
+        return {
+            "state": "idle", "error": "", "id": 0, "ms": None, "gpus": None, "stale": False, "stale_keys": [],
+            "view": None,
+        }  # fmt: skip
+
+    def update(self, **changes: Any) -> None:
         """Update the ``layouts`` trait (under the lock) with ``stale``/``stale_keys`` and the rows' ``current``
         flags (against the scenario shown, valid or not) recomputed."""
-        new = {**self.layouts, **changes}
+        host = self.host
+        new = {**host._trait("layouts"), **changes}
         keys: list[str] = []
-        if self._plan_data is not None:
-            data, headroom = self._plan_data
-            keys = layouts_stale_keys(data, self._valid) + (["headroom"] if headroom != self.headroom else [])
+        if self.plan_for is not None:
+            data, headroom = self.plan_for
+            keys = layouts_stale_keys(data, host._valid) + (["headroom"] if headroom != host.headroom else [])
         new["stale_keys"], new["stale"] = keys, bool(keys)
-        new["view"] = mark_current(new.get("view"), self.scenario_data)
-        if new != self.layouts:
-            self.layouts = new
+        new["view"] = mark_current(new.get("view"), host.scenario_data)
+        host._publish("layouts", new)
 
-    def _run_plan(
-        self, sc: Scenario, headroom: float, gpus: Any, kwargs: Mapping[str, Any]
-    ) -> tuple[Plan, dict[str, Any], float]:
+    @staticmethod
+    def _search(sc: Scenario, headroom: float, gpus: Any, kwargs: Mapping[str, Any]) -> _Searched:
         """Run the layout search for ``sc`` (outside the lock) and lay it out: the plan, its view, milliseconds."""
         t0 = time.perf_counter()
         p = plan_search(
@@ -168,88 +180,75 @@ class LayoutsPanel:
         view = build_layouts_view(p)
         return p, view, (time.perf_counter() - t0) * 1000
 
-    def _publish_layouts(
-        self, data: dict[str, Any], headroom: float, p: Plan, view: dict[str, Any], ms: float
-    ) -> None:
+    def _show(self, data: dict[str, Any], headroom: float, p: Plan, view: dict[str, Any], ms: float) -> None:
         """Show a finished layout search (under the lock)."""
-        self._plan, self._plan_data = p, (data, headroom)
-        self._plan_id += 1
-        self._set_layouts(
-            state="done", error="", id=self._plan_id, ms=round(ms, 1), gpus=list(p.gpu_counts), view=view
-        )
+        self.plan, self.plan_for = p, (data, headroom)
+        self.id += 1
+        self.update(state="done", error="", id=self.id, ms=round(ms, 1), gpus=list(p.gpu_counts), view=view)
 
-    def _start_layouts(self, gpus: Any = None) -> None:
-        """The "Search layouts" button: search in a background thread (ignored while one runs)."""
-        with self._lock:
-            if self._plan_thread is not None or self._closed:
+    def search_msg(self, content: Mapping[str, Any]) -> None:
+        """The "Search layouts" button (``gpus``: the GPU count, the scenario's when absent)."""
+        self.start(content.get("gpus"))
+
+    def start(self, gpus: Any = None) -> None:
+        """Search layouts in a background job (ignored while one runs)."""
+        host = self.host
+        with host._lock:
+            if self.jobs.running or host._closed:
                 return
             if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-                self._set_layouts(state="error", error=f"GPUs: must be a positive whole number, got {gpus!r}")
+                self.update(state="error", error=f"GPUs: must be a positive whole number, got {gpus!r}")
                 return
-            args = (self._scenario, self._valid, self.headroom, gpus)
-            self._set_layouts(state="running", error="")
-            self._plan_thread = threading.Thread(
-                target=self._layouts_worker, args=args, name="memsim-layouts", daemon=True
+            sc, data, headroom = host.scenario, host._valid, host.headroom
+            self.update(state="running", error="")
+            self.jobs.start(
+                lambda _job: self._search(sc, headroom, gpus, {}), self._finish, subject=(data, headroom)
             )
-            self._plan_thread.start()
 
-    def _layouts_worker(self, sc: Scenario, data: dict[str, Any], headroom: float, gpus: int | None) -> None:
-        """Background thread of one layout search: run it and show the result or its error."""
-        result: tuple[Plan, dict[str, Any], float] | None = None
-        error: Exception | None = None
-        try:
-            result = self._run_plan(sc, headroom, gpus, {})
-        except Exception as exc:  # shown in the panel; the widget keeps working
-            error = exc
-        with self._lock:
-            self._plan_thread = None
-            if self._closed:
-                return
-            if result is None:
-                self._set_layouts(state="error", error=_error_text(error))
-            else:
-                self._publish_layouts(data, headroom, *result)
+    def _finish(
+        self, job: BackgroundJob[_Searched], result: _Searched | None, error: BaseException | None
+    ) -> None:
+        """Show the search's result or its error (under the lock)."""
+        if self.host._closed:
+            return
+        if result is None:
+            self.update(state="error", error=error_text(error))
+        else:
+            self._show(*job.subject, *result)
 
-    def _layout_apply_msg(self, content: Mapping[str, Any]) -> None:
+    def apply_msg(self, content: Mapping[str, Any]) -> None:
         """ "Apply" on a candidate layout: set that candidate's scenario (of the shown, current search)."""
-        with self._lock:
-            p = self._plan
+        host = self.host
+        with host._lock:
+            p, layouts = self.plan, host._trait("layouts")
             cand = content.get("candidate")
-            if p is None or content.get("id") != self.layouts.get("id") or self.layouts.get("stale"):
-                self._set_layouts(error="the search is of another scenario: search again")
+            if p is None or content.get("id") != layouts.get("id") or layouts.get("stale"):
+                self.update(error="the search is of another scenario: search again")
                 return
             if isinstance(cand, bool) or not isinstance(cand, int) or not 0 <= cand < p.evaluated:
-                self._set_layouts(error=f"no candidate {cand!r}")
+                self.update(error=f"no candidate {cand!r}")
                 return
-            exc = self._submit(p.scenario(cand).to_dict(), relative=False)
-            self._set_layouts(error=f"could not apply it: {exc}" if exc is not None else "")
+            exc = host._submit(p.scenario(cand).to_dict(), relative=False)
+            self.update(error=f"could not apply it: {exc}" if exc is not None else "")
 
-    def plan_layouts(self, gpus: int | tuple[int, int] | list[int] | None = None, **kwargs: Any) -> Plan:
-        """Search layouts and memory knobs for the current model and GPU type (``memsim_widget.plan.plan``).
-
-        ``gpus``: a count, list or ``(low, high)`` range (default: the scenario's GPU count). ``kwargs`` go to
-        ``plan`` (``global_batch_tokens``, ``space``, ``top``). Blocks (0.1-0.5 s typically), shows the best
-        candidates and the candidates chart in the panel, and returns the ``Plan`` (``.frame``, ``.summary()``).
-        """
-        with self._lock:
-            sc, data, headroom = self._scenario, self._valid, self.headroom
-        result = self._run_plan(sc, headroom, gpus, kwargs)
-        with self._lock:
-            self._publish_layouts(data, headroom, *result)
+    def search(self, gpus: int | tuple[int, int] | list[int] | None, kwargs: Mapping[str, Any]) -> Plan:
+        """``MemSim.plan_layouts``: search now (blocking), show the result and return the plan."""
+        host = self.host
+        with host._lock:
+            sc, data, headroom = host.scenario, host._valid, host.headroom
+        result = self._search(sc, headroom, gpus, kwargs)
+        with host._lock:
+            self._show(data, headroom, *result)
         return result[0]
 
-    def apply_layout(self, rank: int = 0) -> MemSim:
-        """Apply the ``rank``-th best candidate (0 = best) of the last layout search as an edit would.
-
-        Searches first (same GPU counts as last time) when there was no search or it is stale. Raises
-        ``ScenarioError`` when no candidate has that rank (e.g. nothing fits).
-        """
-        with self._lock:
-            p, stale, gpus = self._plan, self.layouts.get("stale"), self.layouts.get("gpus")
+    def candidate(self, rank: int) -> Scenario:
+        """``MemSim.apply_layout``'s scenario: the ``rank``-th best candidate, searched again first when stale."""
+        with self.host._lock:
+            p, layouts = self.plan, self.host._trait("layouts")
+            stale, gpus = layouts.get("stale"), layouts.get("gpus")
         if p is None or stale:
-            p = self.plan_layouts(gpus)
+            p = self.search(gpus, {})
         frame = p.frame
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(frame):
             raise ScenarioError("layout", f"no candidate ranked {rank!r} ({p.fitting} fit)")
-        self.scenario = p.scenario(int(frame.candidate.iloc[rank]))
-        return self
+        return p.scenario(int(frame.candidate.iloc[rank]))

@@ -1,8 +1,10 @@
 """The ``MemSim`` widget: its traits, the update that recomputes them from the scenario, and the Python API.
 
 Python is the single source of truth: the front end only writes ``scenario_data`` (and ``headroom``,
-``fit_open``) and sends messages; every derived trait is recomputed here. The panels' methods come from mixins
-(``trace_panel``, ``fit_panel``, ``layouts_panel``).
+``fit_open``) and sends messages; every derived trait is recomputed here. The panels are controller objects the
+widget owns (``trace_panel``, ``fit_panel``, ``layouts_panel``, ``compare_panel``, ``export_panel``): they see it
+through the ``host.WidgetHost`` protocol, and its public methods delegate to them. Front-end messages go through
+one dispatch table of the panels' handlers (``_handlers``).
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
@@ -21,17 +23,26 @@ from memsim_widget import charts as charts_mod
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
+from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
 from memsim_widget.widget.assets import _asset, vega_bundle
-from memsim_widget.widget.compare_panel import MAX_PINS, ComparePanel
+from memsim_widget.widget.compare_panel import CompareController
 from memsim_widget.widget.controls import build_options, normalize
-from memsim_widget.widget.export_panel import ExportPanel
-from memsim_widget.widget.fit_panel import FitPanel
-from memsim_widget.widget.layouts_panel import LayoutsPanel
+from memsim_widget.widget.export_panel import ExportController
+from memsim_widget.widget.fit_panel import FitController, fit_target
+from memsim_widget.widget.host import PanelTrait
+from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import GiB, build_result
 from memsim_widget.widget.scenario_edits import _defaults, _known, changed_keys, flatten, merge
-from memsim_widget.widget.trace_panel import TracePanel
+from memsim_widget.widget.trace_panel import TraceController
+
+if TYPE_CHECKING:
+    from memsim_widget.comparison import Comparison
+    from memsim_widget.plan import Plan, Recommendation
+
+#: A front-end message's handler: it gets the message's content.
+Handler = Callable[[Mapping[str, Any]], None]
 
 
 def _json_text(value: Any, widget: Any) -> str:
@@ -39,11 +50,12 @@ def _json_text(value: Any, widget: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anywidget.AnyWidget):
+class MemSim(anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table.
 
-    The "Verify with trace", "Make it fit", compare and launch-config panels' methods come from the ``TracePanel``,
-    ``FitPanel``, ``LayoutsPanel``, ``ComparePanel`` and ``ExportPanel`` mixins.
+    The "Verify with trace", "Make it fit", compare and launch-config panels are the controllers ``_trace``,
+    ``_fit``, ``_layouts``, ``_compare`` and ``_export``; the methods below delegate to them. ``MemSim`` is
+    their ``WidgetHost``.
     """
 
     _esm = _asset("widget.js")
@@ -94,9 +106,11 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
     #: The pins beside the current scenario: ``error`` (why the last pin was refused), ``max_pins``, ``pins``
     #: (name and one-line summary each) and ``view`` (``build_compare_view``: headline rows, the fields that
     #: differ, the chart's Vega-Lite spec; None without pins).
-    comparison = traitlets.Dict({"error": "", "max_pins": MAX_PINS, "pins": [], "view": None}).tag(
-        sync=True, to_json=_json_text
-    )
+    comparison = traitlets.Dict(CompareController.initial()).tag(sync=True, to_json=_json_text)
+    #: The launch-config export: ``formats`` (the dropdown), ``id`` (one more per request answered), ``format``,
+    #: ``files`` (file name -> text of the last export), ``error`` (the refusal naming the field, '' when the files
+    #: were written).
+    export = traitlets.Dict().tag(sync=True)
 
     def __init__(
         self,
@@ -126,10 +140,20 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
         # The trace thread writes traits too: every trait write of the widget happens under this lock.
         self._lock = threading.RLock()
         self._closed = False
-        self._init_trace()
-        self._init_fit()
-        self._init_layouts()
-        self._init_compare()
+        self._trace = TraceController(self)
+        self._fit = FitController(self)
+        self._layouts = LayoutsController(self)
+        self._compare = CompareController(self)
+        self._export = ExportController(self)
+        #: Front-end message type -> its handler (``_on_front_msg``).
+        self._handlers: dict[str, Handler] = {
+            "verify": self._trace.verify_msg,
+            "cancel": self._trace.cancel_msg,
+            "fit_apply": self._fit.apply_msg,
+            "layouts": self._layouts.search_msg,
+            "layout_apply": self._layouts.apply_msg,
+            "export": self._export.export_msg,
+        }
         self.last_update_ms = 0.0
         headroom = self._check_headroom({"value": headroom})
         super().__init__(
@@ -137,26 +161,10 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
             options=build_options(self._valid),
             headroom=headroom,
             _vega_js=vega_bundle() if charts_js else "",
-            trace={"state": "idle", "progress": {}, "error": "", **self._trace_flags()},
-            fit={
-                "state": "idle",
-                "error": "",
-                "id": 0,
-                "ms": None,
-                "stale": False,
-                "rejected": False,
-                "view": None,
-            },
-            layouts={
-                "state": "idle",
-                "error": "",
-                "id": 0,
-                "ms": None,
-                "gpus": None,
-                "stale": False,
-                "stale_keys": [],
-                "view": None,
-            },  # fmt: skip
+            trace=self._trace.initial(),
+            fit=self._fit.initial(),
+            layouts=self._layouts.initial(),
+            export=self._export.initial(),
             **self._derived(est, headroom),
         )
         self.on_msg(self._on_front_msg)
@@ -195,8 +203,9 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
 
     @traitlets.observe("pins")
     def _on_pins(self, change: Any) -> None:
-        """The front end (or Python) wrote the pins (``ComparePanel``)."""
-        self._pins_written(change["new"])
+        """The front end (or Python) wrote the pins: the compare panel checks, names and estimates them."""
+        if "_compare" in self.__dict__:
+            self._compare.written(change["new"])
 
     def set_state(self, sync_data: dict[str, Any]) -> None:
         """Front-end writes apply under the widget's lock (the trace thread writes traits too)."""
@@ -251,7 +260,7 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
                 self.error_field = ""
                 self.options = build_options(self._valid)
                 self._refresh()
-                self._set_trace()
+                self._trace.update()
                 self._follow_plan()
             return None
         finally:
@@ -269,9 +278,9 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
             self.error = str(exc)
             self.error_field = exc.field
             self.options = build_options(shown)
-            self._set_trace()
-            self._set_fit()
-            self._set_layouts()
+            self._trace.update()
+            self._fit.update()
+            self._layouts.update()
 
     @staticmethod
     def _derived(est: Estimate, headroom: float) -> dict[str, Any]:
@@ -283,6 +292,8 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
                 "breakdown": charts_mod.breakdown_spec(est, headroom),
                 "scaling": charts_mod.scaling_spec(scaling, headroom, est.gpu.name),
                 "time": time_spec(est),
+                # GRPO/PPO/DPO: the rollout and training phases side by side (none for SFT)
+                **({"phases": phase_spec(est, headroom)} if est.scenario.objective_name != "sft" else {}),
             },
         }
 
@@ -290,34 +301,35 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
         """Recompute result and charts from the current estimate and headroom."""
         for name, value in self._derived(self._estimate, self.headroom).items():
             setattr(self, name, value)
-        self._set_compare()
+        self._compare.update()
 
     # ----- front-end messages, following changes, closing -----------------------------------------------
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        """Messages from the front end: ``verify``, ``cancel`` (trace); ``fit_apply`` (kind, index, id),
-        ``layouts`` (gpus) and ``layout_apply`` (candidate, id) for "Make it fit"; ``export`` (format)."""
-        if not isinstance(content, Mapping):
+        """A message from the front end, ``{"type": ..., ...}``, to its handler in ``_handlers``: ``verify``,
+        ``cancel`` (trace); ``fit_apply`` (kind, index, id), ``layouts`` (gpus) and ``layout_apply`` (candidate,
+        id) for "Make it fit"; ``export`` (format) for the launch config. A message without a ``type`` is not
+        the widget's (anywidget's commands); an unknown type shows as the widget's error (a front end of
+        another version)."""
+        if not isinstance(content, Mapping) or "type" not in content:
             return
-        kind = content.get("type")
-        if kind == "verify":
-            self._start_trace(strict=False)
-        elif kind == "cancel":
-            self.cancel_verify()
-        elif kind == "fit_apply":
-            self._fit_apply_msg(content)
-        elif kind == "layouts":
-            self._start_layouts(content.get("gpus"))
-        elif kind == "layout_apply":
-            self._layout_apply_msg(content)
-        elif kind == "export":
-            self._export_msg(content)
+        handler = self._handlers.get(content["type"]) if isinstance(content["type"], str) else None
+        if handler is None:
+            known = ", ".join(sorted(self._handlers))
+            with self._lock:
+                self.error = (
+                    f"message: unknown type {content['type']!r} from the front end (known: {known}); "
+                    "is the front end of another memsim-widget version? Reload the page"
+                )
+                self.error_field = "message"
+            return
+        handler(content)
 
     def _follow_plan(self) -> None:
         """After a change (under the lock): refresh both panels' stale flags; recompute recommendations if open."""
-        self._set_fit()
-        self._set_layouts()
+        self._fit.update()
+        self._layouts.update()
         if self.fit_open and not self._closed:
-            self._schedule_fit()
+            self._fit.schedule()
 
     def close(self) -> None:
         """Close the widget (a running trace is cancelled)."""
@@ -325,6 +337,16 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
             self.cancel_verify()
             self._closed = True
         super().close()
+
+    # ----- what the panels use of the widget (``host.WidgetHost``) --------------------------------------
+    def _trait(self, name: PanelTrait) -> Any:
+        """The current value of a panel's trait."""
+        return getattr(self, name)
+
+    def _publish(self, name: PanelTrait, value: Any) -> None:
+        """Set a panel's trait (under the lock); nothing is sent when the value did not change."""
+        if value != getattr(self, name):
+            setattr(self, name, value)
 
     # ----- Python API -----------------------------------------------------------------------------------
     @property
@@ -385,6 +407,92 @@ class MemSim(TracePanel, FitPanel, LayoutsPanel, ComparePanel, ExportPanel, anyw
         kwargs = {"scale_factor": scale_factor} if path.suffix.lower() == ".png" else {}
         charts[which]().save(str(path), **kwargs)
         return path
+
+    # ----- "Verify with trace" (``trace_panel``) --------------------------------------------------------
+    def verify(self, wait: bool = True, timeout: float | None = None) -> Any:
+        """Trace the current scenario in the background and show traced vs simulated bytes in the widget.
+
+        ``wait=True`` blocks until the trace is done and returns its report (``memsim_widget.trace.api.
+        trace_report``: ``peak_tensor_bytes``, ``components``, ``timeline``, ``top``, ``simulated``, ...), also
+        kept as ``trace_report``; ``wait=False`` returns a ``concurrent.futures.Future`` of it. Raises
+        ``ScenarioError`` when the scenario cannot be traced here (the reason the button shows), the trace's
+        own error if it fails, and ``TraceCancelled`` if it was cancelled. Interrupting the wait cancels it.
+        A trace of the same scenario already running is reused; one of another scenario is cancelled first.
+        """
+        return self._trace.verify(wait, timeout)
+
+    def cancel_verify(self) -> bool:
+        """Cancel the running trace (it stops at its next module call); False when none is running."""
+        return self._trace.cancel()
+
+    @property
+    def trace_report(self) -> dict[str, Any] | None:
+        """The report of the last finished trace (None before the first); ``trace["stale"]`` says if it is
+        of another scenario than the current one."""
+        return self._trace.report
+
+    # ----- "Make it fit" (``fit_panel``, ``layouts_panel``) ---------------------------------------------
+    def recommend(self) -> Recommendation:
+        """What makes the current scenario fit at the widget's headroom (``memsim_widget.plan.recommend``).
+
+        Blocks (10-150 ms; cached per scenario and headroom) and shows the result in the "Make it fit" panel
+        too. ``.changes`` are the smallest fixing changes, ``.singles`` each lever alone, ``.max_micro_batch``,
+        ``.max_seq_len`` and ``.min_gpus`` how far the scenario goes. Raises what ``recommend`` raises.
+        """
+        return self._fit.recommend()
+
+    def apply_recommendation(self, index: int = 0, kind: str = "change") -> MemSim:
+        """Apply entry ``index`` of ``recommend()`` as an edit would (controls, verdict and charts follow).
+
+        ``kind``: ``change`` (a fixing change, 0 = the recommended one), ``lever`` (a single lever),
+        ``max_micro_batch``, ``max_seq_len`` or ``min_gpus``. Raises ``ScenarioError`` when there is no such
+        entry (e.g. no change fits).
+        """
+        self.scenario = fit_target(self.recommend(), kind, index)
+        return self
+
+    def plan_layouts(self, gpus: int | tuple[int, int] | list[int] | None = None, **kwargs: Any) -> Plan:
+        """Search layouts and memory knobs for the current model and GPU type (``memsim_widget.plan.plan``).
+
+        ``gpus``: a count, list or ``(low, high)`` range (default: the scenario's GPU count). ``kwargs`` go to
+        ``plan`` (``global_batch_tokens``, ``space``, ``top``). Blocks (0.1-0.5 s typically), shows the best
+        candidates and the candidates chart in the panel, and returns the ``Plan`` (``.frame``, ``.summary()``).
+        """
+        return self._layouts.search(gpus, kwargs)
+
+    def apply_layout(self, rank: int = 0) -> MemSim:
+        """Apply the ``rank``-th best candidate (0 = best) of the last layout search as an edit would.
+
+        Searches first (same GPU counts as last time) when there was no search or it is stale. Raises
+        ``ScenarioError`` when no candidate has that rank (e.g. nothing fits).
+        """
+        self.scenario = self._layouts.candidate(rank)
+        return self
+
+    # ----- compare (``compare_panel``) ------------------------------------------------------------------
+    def pin(self, name: str | None = None) -> MemSim:
+        """Pin the current (last valid) scenario under ``name`` (default ``pin N``); raises if it is refused."""
+        self._compare.pin(name)
+        return self
+
+    def unpin(self, which: int | str = -1) -> MemSim:
+        """Remove a pin by position or name (default the last one)."""
+        self._compare.unpin(which)
+        return self
+
+    @property
+    def pin_names(self) -> list[str]:
+        """The pins' names, in pinning order."""
+        return self._compare.names
+
+    def compare(self) -> Comparison:
+        """The pins and the current scenario side by side (``memsim_widget.compare``); raises without pins."""
+        return self._compare.compare()
+
+    # ----- launch config (``export_panel``) --------------------------------------------------------------
+    def export_config(self, fmt: str) -> dict[str, str]:
+        """The launch-config files of the current scenario in one format: ``{file name: text}``."""
+        return self._export.files(fmt)
 
     def to_json(self, indent: int | None = 2) -> str:
         """The last valid scenario as JSON (``MemSim.from_json`` reads it back)."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
-from memsim_widget.scenario import OPTIONAL_KEYS, Scenario
+from memsim_widget.scenario import OPTIONAL_KEYS, RLConfig, Scenario
 
-_NESTED = ("parallel", "lora")
+_NESTED = ("parallel", "lora", "rl")
 
 
 def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,7 +47,8 @@ def _known(data: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in data.items() if k in _default_dict() or k in OPTIONAL_KEYS}
     for section in _NESTED:
         if isinstance(out.get(section), Mapping):
-            out[section] = {k: v for k, v in out[section].items() if k in _default_dict()[section]}
+            allowed = [f.name for f in fields(RLConfig)] if section == "rl" else _default_dict()[section]
+            out[section] = {k: v for k, v in out[section].items() if k in allowed}
     return out
 
 

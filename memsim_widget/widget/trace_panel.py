@@ -1,4 +1,4 @@
-"""The "Verify with trace" panel: the view of a finished trace and the ``MemSim`` methods that run and show one.
+"""The "Verify with trace" panel: the view of a finished trace and the controller that runs and shows one.
 
 ``MemSim.verify`` or the button (a ``{"type": "verify"}`` message) traces the current scenario in a background
 thread (``trace_runner``: two training steps on fake tensors), publishes its progress in the ``trace`` trait,
@@ -11,14 +11,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memsim_widget import charts as charts_mod
 from memsim_widget.engine.items import CATEGORIES, fmt_bytes
 from memsim_widget.errors import ScenarioError
+from memsim_widget.scenario import Scenario
 from memsim_widget.trace import charts as trace_charts
+from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
 from memsim_widget.widget.scenario_edits import changed_keys
-from memsim_widget.widget.trace_runner import TraceCancelled, _TraceJob, run_trace, trace_check
+from memsim_widget.widget.trace_runner import TraceCancelled, TraceProbe, run_trace, trace_check
+
+if TYPE_CHECKING:
+    from memsim_widget.widget.host import WidgetHost
 
 #: Seconds between two progress updates of a running trace.
 TRACE_POLL_S = 0.25
@@ -90,174 +95,163 @@ def _rank_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class TracePanel:
-    """``MemSim``'s "Verify with trace" methods (a mixin: the traits, ``_lock`` and the scenario are MemSim's).
+class TraceController:
+    """The "Verify with trace" panel of a widget (its ``WidgetHost``): the running job, the last report.
 
-    Tests replace ``run_trace`` and ``TRACE_POLL_S`` in this module, where the methods look them up.
+    ``MemSim.verify``, ``cancel_verify`` and ``trace_report`` delegate here. Tests replace ``run_trace`` and
+    ``TRACE_POLL_S`` in this module, where the controller looks them up.
     """
 
-    def _init_trace(self) -> None:
+    def __init__(self, host: WidgetHost) -> None:
         """The trace state of a new widget: no job, no report."""
-        self._trace_job: _TraceJob | None = None
-        self._trace_report: dict[str, Any] | None = None
+        self.host = host
+        self.jobs: JobSlot[dict[str, Any]] = JobSlot(host._lock, "memsim-trace")
+        self.report: dict[str, Any] | None = None
+        self.probe: TraceProbe | None = None  # the current job's
 
-    def _trace_flags(self, state: str = "idle") -> dict[str, Any]:
+    @property
+    def job(self) -> BackgroundJob[dict[str, Any]] | None:
+        """The last trace started (running or not); None before the first."""
+        return self.jobs.job
+
+    def initial(self) -> dict[str, Any]:
+        """The ``trace`` trait of a new widget."""
+        return {"state": "idle", "progress": {}, "error": "", **self.flags()}
+
+    def flags(self, state: str = "idle") -> dict[str, Any]:
         """The parts of ``trace`` that follow the scenario: available/reason, stale/stale_keys, running_stale."""
-        if self._last_exc is not None:
+        host = self.host
+        if host._last_exc is not None:
             reason = "fix the rejected input first (a trace runs the scenario shown)"
         else:
-            exc = trace_check(self._scenario)
+            exc = trace_check(host.scenario)
             reason = "" if exc is None else str(exc)
-        shown = (self._trace_report or {}).get("scenario")
-        stale_keys = (
-            sorted(changed_keys(shown, self._valid) | changed_keys(self._valid, shown)) if shown else []
-        )
-        job = self._trace_job
+        shown = (self.report or {}).get("scenario")
+        valid = host._valid
+        stale_keys = sorted(changed_keys(shown, valid) | changed_keys(valid, shown)) if shown else []
+        job = self.job
         return {
             "available": not reason,
             "reason": reason,
             "stale": bool(stale_keys),
             "stale_keys": stale_keys,
-            "running_stale": state in ("running", "cancelling")
-            and job is not None
-            and job.data != self._valid,
+            "running_stale": state in ("running", "cancelling") and job is not None and job.subject != valid,
         }
 
-    def _set_trace(self, **changes: Any) -> None:
+    def update(self, **changes: Any) -> None:
         """Update the ``trace`` trait (call under the lock); sends nothing when nothing changed."""
-        new = {**self.trace, **changes}
-        new.update(self._trace_flags(new.get("state", "idle")))
-        if new != self.trace:
-            self.trace = new
+        new = {**self.host._trait("trace"), **changes}
+        new.update(self.flags(new.get("state", "idle")))
+        self.host._publish("trace", new)
 
-    def _start_trace(self, strict: bool) -> _TraceJob | None:
+    def start(self, strict: bool) -> BackgroundJob[dict[str, Any]] | None:
         """Start tracing the current scenario in a thread; the running job if it already traces it.
 
         ``strict`` (the Python API): raise when the scenario cannot be traced, and cancel a running trace of
         another scenario first. Otherwise (a click) such requests are ignored and return None.
         """
-        with self._lock:
-            flags = self._trace_flags()
+        host = self.host
+        with host._lock:
+            flags = self.flags()
             if not flags["available"]:
                 if strict:
-                    raise trace_check(self._scenario) or ScenarioError("trace", flags["reason"])
+                    raise trace_check(host.scenario) or ScenarioError("trace", flags["reason"])
                 return None
-            previous = self._trace_job
+            previous = self.job
             if previous is not None and previous.running():
-                if previous.data == self._valid and not previous.probe.cancel.is_set():
+                if previous.subject == host._valid and not previous.cancelled:
                     return previous
                 if not strict:
                     return None
-                previous.probe.cancel.set()
+                previous.cancel()
             else:
                 previous = None
-            job = _TraceJob(self._scenario, previous)
-            self._trace_job = job
-            job.thread = threading.Thread(
-                target=self._trace_worker, args=(job,), name="memsim-trace", daemon=True
+            sc, probe = host.scenario, TraceProbe()
+            self.probe = probe
+            job = self.jobs.start(
+                lambda job: self._work(job, sc, probe, previous),
+                self._finish,
+                subject=host._valid,
+                cancel=probe.cancel,
+                tick=(TRACE_POLL_S, self._publish_progress),
             )
-            self._set_trace(state="running", progress=job.probe.snapshot(), error="")
-            job.thread.start()
+            self.update(state="running", progress=probe.snapshot(), error="")
             return job
 
-    def _publish_progress(self, job: _TraceJob) -> None:
-        """Copy the job's progress into ``trace`` while it is the running one."""
-        with self._lock:
-            if self._trace_job is job and self.trace.get("state") in ("running", "cancelling"):
-                self._set_trace(progress=job.probe.snapshot())
-
-    def _trace_worker(self, job: _TraceJob) -> None:
-        """The trace thread: wait for a cancelled predecessor, trace, publish the outcome, resolve the future."""
-        probe = job.probe
+    def _work(
+        self,
+        job: BackgroundJob[dict[str, Any]],
+        sc: Scenario,
+        probe: TraceProbe,
+        previous: BackgroundJob[Any] | None,
+    ) -> dict[str, Any]:
+        """The trace thread's work: wait for a cancelled predecessor, then trace."""
         probe.thread_id = threading.get_ident()
         probe.on_found = lambda: self._publish_progress(job)
-        poller = threading.Thread(
-            target=self._poll_progress, args=(job,), name="memsim-trace-progress", daemon=True
-        )
-        poller.start()
-        report: dict[str, Any] | None = None
-        error: BaseException | None = None
         try:
-            if job.previous is not None:
+            if previous is not None:
                 probe.stage = "stopping the previous trace"
-                job.previous.done.wait()
-                job.previous = None
+                previous.done.wait()
             probe.check()
-            report = run_trace(job.scenario, probe)
+            report = run_trace(sc, probe)
             probe.check()
-        except (
-            BaseException
-        ) as exc:  # anything the trace raises is shown in the widget and kept in the future
-            error, report = exc, None
+            return report
         finally:
             probe.ended = time.monotonic()
-        try:
-            self._finish_trace(job, report, error)
-        finally:
-            job.done.set()
-            if error is None:
-                job.future.set_result(report)  # type: ignore[arg-type]
-            else:
-                job.future.set_exception(error)
-            poller.join()
 
-    def _poll_progress(self, job: _TraceJob) -> None:
-        """Publish the job's progress every ``TRACE_POLL_S`` seconds until it is done."""
-        while not job.done.wait(TRACE_POLL_S):
-            self._publish_progress(job)
+    def _snapshot(self) -> dict[str, Any]:
+        """The current job's progress."""
+        assert self.probe is not None
+        return self.probe.snapshot()
 
-    def _finish_trace(
-        self, job: _TraceJob, report: dict[str, Any] | None, error: BaseException | None
+    def _publish_progress(self, job: BackgroundJob[Any]) -> None:
+        """Copy the job's progress into ``trace`` while it is the running one."""
+        with self.host._lock:
+            if self.job is job and self.host._trait("trace").get("state") in ("running", "cancelling"):
+                self.update(progress=self._snapshot())
+
+    def _finish(
+        self, job: BackgroundJob[dict[str, Any]], report: dict[str, Any] | None, error: BaseException | None
     ) -> None:
-        """Show a finished job's report (or why it stopped) unless a newer job replaced it."""
-        with self._lock:
-            if self._trace_job is not job:
-                return
-            progress = {**job.probe.snapshot(), "stage": "finished"}
-            if isinstance(error, TraceCancelled) or (error is None and job.probe.cancel.is_set()):
-                self._set_trace(state="cancelled", progress=progress, error="")
-            elif error is not None:
-                text = str(error) if isinstance(error, ScenarioError) else f"{type(error).__name__}: {error}"
-                self._set_trace(state="error", progress=progress, error=text)
-            else:
-                assert report is not None
-                with self.hold_sync():
-                    self._trace_report = report
-                    self.trace_view = build_trace_view(report, seconds=progress["elapsed_s"])
-                    self._set_trace(state="done", progress={**progress, "fraction": 1.0}, error="")
+        """Show a finished job's report, or why it stopped (under the lock; current jobs only)."""
+        progress = {**self._snapshot(), "stage": "finished"}
+        if isinstance(error, TraceCancelled) or (error is None and job.cancelled):
+            self.update(state="cancelled", progress=progress, error="")
+        elif error is not None:
+            self.update(state="error", progress=progress, error=error_text(error))
+        else:
+            assert report is not None
+            with self.host.hold_sync():
+                self.report = report
+                self.host._publish("trace_view", build_trace_view(report, seconds=progress["elapsed_s"]))
+                self.update(state="done", progress={**progress, "fraction": 1.0}, error="")
+
+    def verify_msg(self, content: Mapping[str, Any]) -> None:
+        """The "Verify with trace" button: trace the current scenario unless it cannot be or already is."""
+        self.start(strict=False)
+
+    def cancel_msg(self, content: Mapping[str, Any]) -> None:
+        """The button while a trace runs: cancel it."""
+        self.cancel()
 
     def verify(self, wait: bool = True, timeout: float | None = None) -> Any:
-        """Trace the current scenario in the background and show traced vs simulated bytes in the widget.
-
-        ``wait=True`` blocks until the trace is done and returns its report (``memsim_widget.trace.api.
-        trace_report``: ``peak_tensor_bytes``, ``components``, ``timeline``, ``top``, ``simulated``, ...), also
-        kept as ``trace_report``; ``wait=False`` returns a ``concurrent.futures.Future`` of it. Raises
-        ``ScenarioError`` when the scenario cannot be traced here (the reason the button shows), the trace's
-        own error if it fails, and ``TraceCancelled`` if it was cancelled. Interrupting the wait cancels it.
-        A trace of the same scenario already running is reused; one of another scenario is cancelled first.
-        """
-        job = self._start_trace(strict=True)
+        """``MemSim.verify``: trace now; the report (``wait``) or its future."""
+        job = self.start(strict=True)
         assert job is not None
         if not wait:
             return job.future
         try:
             return job.future.result(timeout)
         except KeyboardInterrupt:
-            self.cancel_verify()
+            self.cancel()
             raise
 
-    def cancel_verify(self) -> bool:
-        """Cancel the running trace (it stops at its next module call); False when none is running."""
-        with self._lock:
-            job = self._trace_job
-            if job is None or not job.running() or job.probe.cancel.is_set():
+    def cancel(self) -> bool:
+        """``MemSim.cancel_verify``: cancel the running trace; False when none is running."""
+        with self.host._lock:
+            job = self.job
+            if job is None or not job.running() or job.cancelled:
                 return False
-            job.probe.cancel.set()
-            self._set_trace(state="cancelling", progress=job.probe.snapshot())
+            job.cancel()
+            self.update(state="cancelling", progress=self._snapshot())
             return True
-
-    @property
-    def trace_report(self) -> dict[str, Any] | None:
-        """The report of the last finished trace (None before the first); ``trace["stale"]`` says if it is
-        of another scenario than the current one."""
-        return self._trace_report

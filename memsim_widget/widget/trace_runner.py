@@ -1,9 +1,8 @@
-"""Running a trace for "Verify with trace": whether it can run here, its probe (progress and cancel), the runner
-and one run as a job."""
+"""Running a trace for "Verify with trace": whether it can run here, its probe (progress and cancel) and the
+runner (``trace_panel`` runs it as a ``background.BackgroundJob``)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import importlib.util
 import threading
@@ -137,21 +136,3 @@ def run_trace(scenario: Scenario, probe: TraceProbe) -> dict[str, Any]:
     report = trace_report(scenario, result)
     del result
     return report
-
-
-class _TraceJob:
-    """One trace run: the scenario, its probe and thread, and the future of its report."""
-
-    def __init__(self, scenario: Scenario, previous: _TraceJob | None = None) -> None:
-        """A job for ``scenario``; it starts after ``previous`` (cancelled) has stopped."""
-        self.scenario = scenario
-        self.data = scenario.to_dict()
-        self.previous = previous
-        self.probe = TraceProbe()
-        self.future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        self.done = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def running(self) -> bool:
-        """True until the job's thread has finished."""
-        return not self.done.is_set()

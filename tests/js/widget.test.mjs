@@ -543,3 +543,38 @@ describe("afterPaint", () => {
     await afterPaint({ requestAnimationFrame: () => {} }); // a hidden tab: the timer resolves it
   });
 });
+
+describe("objective controls and the phase chart", () => {
+  test("the objective select offers sft unset, writes the key, and the rl knobs write the rl block", () => {
+    const { window, ctl, model, cleanup } = mount();
+    const sel = ctl("objective");
+    assert.equal(sel.value, "", "the fixture is SFT (no objective key)");
+    assert.equal(sel.options[0].textContent, "sft (unset)");
+    sel.value = "grpo";
+    fire(window, sel, "change");
+    assert.equal(model.get("scenario_data").objective, "grpo");
+    const g = ctl("rl.num_generations");
+    assert.ok(g, "the G control exists");
+    g.value = "4";
+    fire(window, g, "change");
+    assert.equal(model.get("scenario_data").rl.num_generations, 4);
+    const sleep = ctl("rl.sleep_mode");
+    sleep.value = "1";
+    fire(window, sleep, "change");
+    assert.strictEqual(model.get("scenario_data").rl.sleep_mode, 1, "a numeric choice is sent as a number");
+    cleanup();
+  });
+
+  test("the phase chart block shows only when Python sends a phases chart", () => {
+    const { q, model, cleanup } = mount();
+    const block = q(".memsim-block-phases");
+    assert.ok(block.hidden, "hidden for SFT");
+    model.set("charts", { ...model.get("charts"), phases: { mark: "bar" } });
+    assert.ok(!block.hidden, "shown for an RL objective");
+    const { phases, ...rest } = model.get("charts");
+    assert.ok(phases);
+    model.set("charts", rest);
+    assert.ok(block.hidden, "hidden again");
+    cleanup();
+  });
+});

@@ -1,0 +1,122 @@
+"""The widget package's import graph has no circle, and its panels never import the widget class.
+
+Imports are read with ``ast``, so they all count: module-level, type-only (under ``TYPE_CHECKING``) and lazy
+ones inside functions. The panels see the widget through ``host.WidgetHost``; only the package's face imports
+``memsim``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "memsim_widget"
+#: The longest function the widget package may have (issue 13's target).
+MAX_FUNCTION_LINES = 120
+
+
+def _module_name(path: Path) -> str:
+    """``memsim_widget/widget/fit_panel.py`` -> ``memsim_widget.widget.fit_panel`` (a package: its name)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _resolve(name: str) -> str | None:
+    """The package module that importing ``name`` (a module, or a name in one) loads; None outside."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    """The package modules ``module`` imports anywhere in its text (relative imports resolved)."""
+    path = MODULES[module]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(r for a in node.names if (r := _resolve(a.name)) is not None)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                target = full if full in MODULES else _resolve(base)
+                if target is not None:
+                    found.add(target)
+    found.discard(module)
+    return {m for m in found if m.startswith("memsim_widget")}
+
+
+def find_circles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The circles of a directed graph: its strongly connected components of two nodes or more (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def import_circles(prefix: str = "memsim_widget") -> list[list[str]]:
+    """The import circles among the modules under ``prefix``."""
+    nodes = sorted(m for m in MODULES if m == prefix or m.startswith(prefix + "."))
+    return find_circles({m: sorted(imports_of(m) & set(nodes)) for m in nodes})
+
+
+def test_the_widget_package_has_no_import_circle() -> None:
+    assert import_circles("memsim_widget.widget") == []
+
+
+def test_only_the_package_face_imports_the_widget_class() -> None:
+    importers = sorted(m for m in MODULES if "memsim_widget.widget.memsim" in imports_of(m))
+    assert importers == ["memsim_widget.widget"]
+
+
+def test_type_only_and_lazy_imports_count() -> None:
+    """A check of the check: the widget's old circle (panels -> ``memsim``) was type-only."""
+    assert "memsim_widget.widget.host" in imports_of("memsim_widget.widget.fit_panel")  # under TYPE_CHECKING
+    assert "memsim_widget.plan" in imports_of("memsim_widget.widget.fit_panel")  # inside a function
+    assert "memsim_widget.widget.memsim" in imports_of("memsim_widget.widget")
+    graph = {"memsim": ["fit_panel", "host"], "fit_panel": ["host", "memsim"], "host": [], "face": ["memsim"]}
+    assert find_circles(graph) == [["fit_panel", "memsim"]]
+    assert find_circles({**graph, "fit_panel": ["host"]}) == []
+
+
+def test_no_function_of_the_widget_package_is_over_120_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((PACKAGE / "widget").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []
