@@ -41,6 +41,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "output_lifetime": ("output_lifetime", str),
     "images_per_sample": ("images_per_sample", int),
     "freeze_vision": ("freeze_vision", bool),
+    "ssm_kernel": ("ssm_kernel", str),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),
@@ -351,6 +352,7 @@ PLAN_FIXED: dict[str, tuple[str, type]] = {
     "framework": ("framework", str),
     "attention": ("attention", str),
     "output_lifetime": ("output_lifetime", str),
+    "ssm_kernel": ("ssm_kernel", str),
     "lora_rank": ("lora.rank", int),
 }
 _BOOLS = {

@@ -250,6 +250,12 @@ class Estimate:
             out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
         if "paged" in s.optimizer:
             out.append("paged optimizer states moved to and from the host are not modelled")
+        if self.arch.extra.get("ssm"):
+            out.append(
+                "state-space scan (Mamba: 9 x I x N FLOPs per token and layer, mamba's own count; Mamba-2: the SSD "
+                "chunk einsums) run at attention's efficiency; no scan kernel was timed (and the torch paths are far "
+                "slower)"
+            )
         if self.arch.extra.get("vision"):
             out.append(
                 "the vision tower's and projector's compute is not in the step time (the language model's is)"
@@ -317,10 +323,29 @@ class Estimate:
         """The breakdown as a pandas DataFrame (rank, stage, moment, category, item, bytes, gib, counter, formula)."""
         import pandas as pd
 
-        return pd.DataFrame(
+        df = pd.DataFrame(
             self.rows(),
             columns=["rank", "stage", "moment", "category", "item", "bytes", "gib", "counter", "formula"],
         )
+        if self.calibrated:  # a calibrated model's rows say so, and the frame's attrs carry the fit
+            df["source"] = "calibrated from a trace"
+            df.attrs["calibration"] = self.calibration
+        return df
+
+    @property
+    def calibrated(self) -> bool:
+        """True when the model's activations are fitted from traces (a transformers type no family models)."""
+        return self.arch.extra.get("calibration") is not None
+
+    @property
+    def calibration(self) -> dict[str, Any] | None:
+        """The fit behind a calibrated model's activations (coefficients, held-out residual), else None."""
+        if not self.calibrated:
+            return None
+        from memsim_widget.engine.calibrated import fit_for
+
+        fit = fit_for(self.arch, self.scenario)
+        return {"source": "calibrated from a trace", **{k: v for k, v in fit.items()}}
 
     def phases(self) -> dict[str, dict[str, Any]]:
         """Each phase's peak on the worst rank: its moment, allocated bytes and components (training; rollout
@@ -386,11 +411,27 @@ class Estimate:
     def caveats(self) -> tuple[str, ...]:
         """What the figures do not model, in words (shown beside the verdict: never a silent exact-looking number)."""
         out = []
+        if self.calibrated:
+            from memsim_widget.engine.calibrated import caveat
+
+            out.append(caveat(self.arch, self.scenario))
         if self.scenario.compile:
             out.append(
                 "compile: true has no memory rule; these are eager's figures (measured on an H200: "
                 "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
             )
+        if self.arch.extra.get("ssm"):
+            if (self.scenario.ssm_kernel or "cuda") == "cuda":
+                out.append(
+                    "ssm_kernel cuda (the default: mamba-ssm + causal-conv1d installed): the Mamba layers' "
+                    "activations are a formula from mamba-ssm's saved tensors, not traced; without those "
+                    "packages transformers runs its torch path (ssm_kernel: torch), which keeps every scan state"
+                )
+            else:
+                out.append(
+                    "ssm_kernel torch: transformers' pure-PyTorch Mamba scan (no mamba-ssm), held to a CPU "
+                    "fake-tensor trace; it keeps every step's state (b x I x N per token)"
+                )
         obj = self.scenario.objective_name
         if obj == "ppo" and self.scenario.activation_checkpointing in ("full", "selective-op"):
             out.append(
@@ -440,6 +481,7 @@ class Estimate:
                 "parameters": self.parameters,
                 "trainable_parameters": self.trainable_parameters,
                 "parameters_by_kind": {k: v for k, v in by_kind.items() if v},
+                **({"calibration": self.calibration} if self.calibrated else {}),
             },
             "attention": self.attention,
             "peak_tensor_bytes": self.peak_tensor_bytes,

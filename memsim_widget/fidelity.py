@@ -182,6 +182,13 @@ FALCON = {
 FALCON_NEW = {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}
 #: Falcon-RW's layer: ALiBi, classic multi-head (no multi_query), sequential, biases
 FALCON_RW = {**FALCON, "alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}
+#: Mamba (MambaForCausalLM): 4 state-space layers, I = 512, N = 16 (no attention, no MLP). Only the torch path
+#: (``ssm_kernel: "torch"``) runs on a CPU; its sequential scan makes each trace slow: short sequences.
+MAMBA = {"model_type": "mamba", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000,
+         "tie_word_embeddings": False}  # fmt: skip
+#: Mamba-2 (Mamba2ForCausalLM): 4 layers, 8 heads of 64 (I = 512), 2 groups, N = 16, chunks of 64 tokens
+MAMBA2 = {"model_type": "mamba2", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000, "num_heads": 8,
+          "head_dim": 64, "state_size": 16, "n_groups": 2, "chunk_size": 64}  # fmt: skip
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 #: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
@@ -1022,6 +1029,37 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                     "method": "lora",
                     "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
                 },
+            ),
+        )
+    ),
+    # Mamba: transformers' torch path (every scan state saved); the CUDA kernels' path is a formula (not traced)
+    *(
+        (f"mamba {label}", {"model": {**MAMBA, **more}, "ssm_kernel": "torch", **keys})
+        for label, more, keys in (
+            ("torch bf16 b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64}),
+            ("torch fp32 b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64, "precision": "fp32"}),
+            (
+                "torch bf16 b1 s128 (tied, N=8, K=3, biases)",
+                {"tie_word_embeddings": True, "state_size": 8, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 128},
+            ),
+        )
+    ),
+    # Mamba-2: transformers' chunked SSD in torch (the per-chunk states and l x l decays saved); kernel path a formula
+    *(
+        (f"mamba2 {label}", {"model": {**MAMBA2, **more}, "ssm_kernel": "torch", **keys})
+        for label, more, keys in (
+            ("torch bf16 b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512}),
+            ("torch fp32 b2 s256", {}, {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32"}),
+            (
+                "torch bf16 b1 s1000 (padded last chunk, tied, K=3, biases)",
+                {"tie_word_embeddings": True, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 1000},
+            ),
+            (
+                "torch V64 bf16 b2 s512 (peak in a layer's backward)",
+                {"vocab_size": 64},
+                {"micro_batch_size": 2, "seq_len": 512},
             ),
         )
     ),

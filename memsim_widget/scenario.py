@@ -28,6 +28,11 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: checkpoint per layer, or per ``checkpoint_every``-th layer (torchtitan's ``selective_ac_option="N"``).
 CHECKPOINTING = ("none", "selective", "full", "selective-op")
 ATTENTIONS = ("sdpa", "eager")
+#: What runs a state-space layer (Mamba, Mamba-2, Jamba's Mamba layers): ``cuda`` -- mamba-ssm's and
+#: causal-conv1d's fused kernels (what transformers takes on a GPU with them installed; the default), which save
+#: their inputs and recompute the scan states in backward; ``torch`` -- transformers' pure-PyTorch path (no
+#: kernels, or a CPU), which saves every per-step (Mamba) or per-chunk (Mamba-2) state.
+SSM_KERNELS = ("cuda", "torch")
 LOSSES = ("standard", "chunked")
 FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
 #: How long the training loop holds the model output (logits, any KV cache): dropped before backward (HF
@@ -360,6 +365,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     # multimodal models only (unset: the model's default; engine/context.py checks them against the model)
     "images_per_sample": None,
     "freeze_vision": None,
+    # state-space layers only (Mamba, Mamba-2; unset: "cuda", see SSM_KERNELS)
+    "ssm_kernel": None,
 }
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
 MAX_IMAGES = 2**10
@@ -381,6 +388,10 @@ class Scenario:
     ``loss.backward()`` returns, ``step`` through ``optimizer.step()`` (``outputs = model(**batch);
     outputs.loss.backward(); optimizer.step()``); None (the default) means the framework's own
     (``engine/frameworks.py``: torchtune ``backward``, the others ``trainer``).
+
+    ``ssm_kernel`` -- for state-space layers only (Mamba): ``cuda`` (mamba-ssm's fused kernels, what a GPU user
+    with mamba-ssm and causal-conv1d installed gets; the default when unset) or ``torch`` (transformers'
+    pure-PyTorch scan, which keeps every step's state: far more memory). See ``SSM_KERNELS``.
 
     ``activation_checkpointing`` -- ``none``; ``selective`` (Megatron: recompute the attention core);
     ``selective-op`` (torchtitan's per-op policy: each layer keeps its input, the outputs of its 1st, 3rd, 5th...
@@ -413,6 +424,7 @@ class Scenario:
     framework: str = "hf"
     output_lifetime: str | None = None
     checkpoint_every: int | None = None
+    ssm_kernel: str | None = None  # None: "cuda" (see SSM_KERNELS); read by state-space layers only
     images_per_sample: int | None = None
     freeze_vision: bool | None = None
     compile: bool = False
@@ -482,6 +494,8 @@ class Scenario:
         if self.freeze_vision is not None:
             _bool("freeze_vision", self.freeze_vision)
         _choice("attention", self.attention, ATTENTIONS)
+        if self.ssm_kernel is not None:
+            _choice("ssm_kernel", self.ssm_kernel, SSM_KERNELS)
         _choice("loss", self.loss, LOSSES)
         _choice("framework", self.framework, FRAMEWORKS)
         if self.output_lifetime is not None:
@@ -602,6 +616,7 @@ class Scenario:
             "loss": self.loss,
             "framework": self.framework,
             **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
+            **({"ssm_kernel": self.ssm_kernel} if self.ssm_kernel is not None else {}),
             **({"images_per_sample": self.images_per_sample} if self.images_per_sample is not None else {}),
             **({"freeze_vision": self.freeze_vision} if self.freeze_vision is not None else {}),
             "compile": self.compile,

@@ -30,6 +30,7 @@ from memsim_widget.widget import (
     layouts_panel,
     layouts_stale_keys,
 )
+from memsim_widget.widget.layouts_panel import layout_is_current, mark_current
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_FIXTURE = ROOT / "tests" / "js" / "fixtures" / "plan.json"
@@ -328,6 +329,37 @@ def test_layouts_stale_keys_ignore_searched_keys() -> None:
     assert layouts_stale_keys(a, c) == ["precision"]
 
 
+def test_python_marks_the_layout_in_use() -> None:
+    """Each top row's ``current`` flag (the front end only shows it): every searched key equal, bools as bools."""
+    sim = make(**TOO_BIG)
+    sim.plan_layouts(gpus=2)
+    top = sim.layouts["view"]["top"]
+    assert [r["current"] for r in top] == [False] * len(top)
+    row = top[0]
+    sc = json.loads(json.dumps(sim.scenario_data))
+    assert not layout_is_current(row, sc)
+    sc.update(
+        {k: row[k] for k in ("micro_batch_size", "grad_accum_steps", "activation_checkpointing", "loss")}
+    )
+    sc["optimizer"] = row["optimizer"]
+    for k in ("dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel", "offload"):
+        sc["parallel"][k] = row[k]
+    assert layout_is_current(row, sc)
+    assert not layout_is_current({**row, "sequence_parallel": int(row["sequence_parallel"])}, sc)
+    assert not layout_is_current(row, {k: v for k, v in sc.items() if k != "parallel"})
+    view = sim.layouts["view"]
+    assert mark_current(view, sim.scenario_data) is view, "unchanged flags: the same view, nothing to send"
+    assert mark_current(None, sc) is None
+
+    sim.apply_layout(0)
+    assert [r["current"] for r in sim.layouts["view"]["top"]][0] is True
+    assert sim.layouts["view"]["chart"] is view["chart"], "the chart is not rebuilt"
+    sim.scenario_data = {**sim.scenario_data, "micro_batch_size": 0}  # rejected: flags follow the input shown
+    assert sim.error and not sim.layouts["view"]["top"][0]["current"]
+    sim.scenario_data = {**sim.scenario_data, "micro_batch_size": row["micro_batch_size"]}
+    assert sim.error == "" and sim.layouts["view"]["top"][0]["current"]
+
+
 def test_closing_stops_the_panel() -> None:
     sim = make(**TOO_BIG)
     sim.fit_open = True
@@ -348,7 +380,12 @@ def _js_fixture_plan() -> dict[str, Any]:
     view = build_layouts_view(sim._layouts.plan, points=40)  # type: ignore[arg-type]
     out["layouts"] = {
         "scenario_data": sim.scenario_data,
-        "layouts": {**sim.layouts, "view": view, "ms": 120.0},
+        "layouts": {**sim.layouts, "view": mark_current(view, sim.scenario_data), "ms": 120.0},
+    }
+    sim.apply_layout(0)  # the best candidate: Python now marks it current
+    out["applied"] = {
+        "scenario_data": sim.scenario_data,
+        "layouts": {**sim.layouts, "view": mark_current(view, sim.scenario_data), "ms": 120.0},
     }
     return json.loads(json.dumps(out))
 

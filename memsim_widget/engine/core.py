@@ -33,6 +33,11 @@ def _estimate(scenario: Scenario) -> Estimate:
             "objective",
             f"{scenario.objective_name!r} is not modelled for the multimodal {ctx.arch.model_type!r}: sft only",
         )
+    if rl and ctx.arch.extra.get("calibration") is not None:  # the fit traced a supervised step only
+        raise ScenarioError(
+            "objective", f"{scenario.objective_name!r} is not calibrated for {ctx.arch.model_type!r} (a model "
+            "calibrated from a trace): sft only",
+        )  # fmt: skip
     acts = activations(ctx)
     if rl:
         acts = objectives.loss_terms(ctx, scenario, acts)

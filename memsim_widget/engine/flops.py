@@ -11,6 +11,13 @@ are ordinary Linear weights.
 MFU's model FLOPs follow PaLM's appendix B (Chowdhery et al. 2022, arXiv 2204.02311): ``6 N + 12 L H Q s``
 per token, N the matmul parameters a token passes through (embedding lookups excluded, the output head
 included), the attention term counted without the causal halving, and no recomputation.
+
+State-space layers (Mamba, families/mamba.py) have no attention: their sequence mixing is the selective scan,
+``9 x I x N`` FLOPs per token and layer (+ I for the D skip, + I for the z gate), the count of mamba's own
+``flops_selective_scan_fn`` (state-spaces/mamba issue #110: ``flops = 9 * B * L * D * N``), linear in s; it is
+reported where attention is (step_time.py runs it at attention's efficiency: an estimate, no kernel timed). The
+depthwise conv (2 K I per token) is counted with it. ``A_log`` [I, N] is a parameter, not a matmul weight.
+Mamba-2's chunked SSD is counted by its algorithm's einsums instead (``model_flops``).
 """
 
 from __future__ import annotations
@@ -35,16 +42,26 @@ class ModelFlops:
     d_qk: int
     d_v: int
     causal: bool
+    attention_layers: int | None = None  # layers with attention (None: all); state-space layers have none
+    scan_per_layer: float = 0.0  # selective-scan + conv FLOPs per token, averaged over the layers
+
+    @property
+    def _attn_share(self) -> float:
+        n = self.layers if self.attention_layers is None else self.attention_layers
+        return n / max(self.layers, 1)
 
     def attention_per_layer(self, seq_len: int) -> float:
-        """Scores and weighted sum, forward, per token: ``2 heads (d_qk + d_v) x keys seen``."""
+        """Scores and weighted sum, forward, per token: ``2 heads (d_qk + d_v) x keys seen`` (averaged over the
+        layers that have attention), plus the state-space scan of the others."""
         keys = (seq_len + 1) / 2 if self.causal else float(seq_len)
-        return 2.0 * self.heads * (self.d_qk + self.d_v) * keys
+        return self._attn_share * 2.0 * self.heads * (self.d_qk + self.d_v) * keys + self.scan_per_layer
 
     def model_flops_per_token(self, seq_len: int) -> float:
-        """PaLM's convention: ``6 N + 6 L heads (d_qk + d_v) s`` (= ``6 N + 12 L H Q s`` when d_qk = d_v)."""
+        """PaLM's convention: ``6 N + 6 L heads (d_qk + d_v) s`` (= ``6 N + 12 L H Q s`` when d_qk = d_v), the
+        attention term over the layers that have attention, plus 3 x the scan FLOPs (forward and backward)."""
         n = self.layers * self.linear_per_layer / 2 + self.head / 2
-        return 6.0 * n + 6.0 * self.layers * self.heads * (self.d_qk + self.d_v) * seq_len
+        att = 6.0 * self.layers * self._attn_share * self.heads * (self.d_qk + self.d_v) * seq_len
+        return 6.0 * n + att + 3.0 * self.layers * self.scan_per_layer
 
 
 def matmul_weights(arch: Architecture) -> tuple[float, float, int]:
@@ -54,7 +71,7 @@ def matmul_weights(arch: Architecture) -> tuple[float, float, int]:
     head = 0
     share = arch.experts_per_token / arch.num_experts if arch.is_moe else 1.0
     for g in arch.params:
-        if len(g.shape) != 2 or g.kind in NON_MATMUL_KINDS:
+        if len(g.shape) != 2 or g.kind in NON_MATMUL_KINDS or (g.kind == "ssm" and not g.module):
             continue
         if g.scope == "layer":
             layer += g.numel * share if g.expert else g.numel
@@ -72,6 +89,19 @@ def model_flops(arch: Architecture) -> ModelFlops:
     d_qk = arch.head_dim
     mla = arch.extra.get("mla") if arch.extra else None
     d_v = int(mla["v_head_dim"]) if mla else arch.head_dim
+    ssm = arch.extra.get("ssm") if arch.extra else None
+    scan = 0.0
+    if ssm:
+        inner, n_state, k = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
+        if ssm["version"] == 2:
+            # SSD (Dao & Gu 2024, arXiv 2405.21060, the chunked algorithm mamba2_chunk_scan runs): per token the
+            # intra-chunk C.B scores and their product with x (2 l H (N + P)), the chunk states and their read-out
+            # (2 x 2 I N); the conv runs over x, B and C
+            l, H, P, G = ssm["chunk_size"], ssm["heads"], ssm["head_dim"], ssm["groups"]
+            per = 2.0 * l * H * (n_state + P) + 4.0 * inner * n_state + 2.0 * k * (inner + 2 * G * n_state)
+        else:
+            per = 9.0 * inner * n_state + 2.0 * inner + 2.0 * k * inner
+        scan = ssm["layers"] * per / max(arch.num_layers, 1)
     return ModelFlops(
         layers=arch.num_layers,
         linear_per_layer=2.0 * layer / max(arch.num_layers, 1),
@@ -81,4 +111,6 @@ def model_flops(arch: Architecture) -> ModelFlops:
         d_qk=d_qk,
         d_v=d_v,
         causal=arch.causal,
+        attention_layers=arch.extra.get("attention_layers") if arch.extra else None,
+        scan_per_layer=scan,
     )

@@ -261,6 +261,9 @@ def moments(
     )
     layer0 = common_end + states.grads_but_bottom + own + layer_bwd + held_logits + cache_but_own
     embed = common_end + states.grads + held_logits + cache_all
+    embed += _scaled(
+        acts.bottom_backward, 1 if stage.first else 0, "", "temporaries"
+    )  # calibrated models only
     out.append(Moment("backward_end", tuple(max(layer0, embed, key=lambda x: sum(i.bytes for i in x)))))
     if sc.optimizer != "none" and not sc.optimizer_in_backward:
         step_temps = [i for i in states.step_temps if i.level == "tensor"]

@@ -1,6 +1,6 @@
 """The vision side of a multimodal model (CLIP, LLaVA, Gemma 3): what its tower and projector save for backward.
 
-The tower is an Architecture of its own (``arch.extra["vision"]["tower"]``, families/clip.py); its layers go
+The tower is an Architecture of its own (``arch.extra["vision"]["tower"]``, architecture/vision.py); its layers go
 through the same HF rules as any encoder (engine/activations.py ``_hf``), run on a context whose micro-batch is
 the step's images (b x images_per_sample) and whose sequence is the tower's (patches + CLS). The totals land in
 the language model's ``pre`` terms: they are made before its first layer and live until the tower's backward,

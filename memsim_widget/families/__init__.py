@@ -1,8 +1,9 @@
-"""Model families beyond the ones in ``memsim_widget/architecture.py``: one module per family, each registering
-its builders with ``memsim_widget.architecture.register_family`` (HF ``model_type`` -> Architecture).
+"""Model families: one module per family, each registering its builders with
+``memsim_widget.architecture.register_family`` (HF ``model_type`` -> Architecture).
 
-A new family is one module here plus its name in ``MODULES`` (and one test); ``architecture.py`` imports this
-package at its end, so every registered ``model_type`` is known wherever an Architecture is built.
+A new family is one module here plus its name in ``MODULES`` (and one test); ``memsim_widget.architecture``
+imports this package at its end, so every registered ``model_type`` is known wherever an Architecture is built.
+Modules whose name starts with ``_`` hold helpers shared by several families and register nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,17 @@ import importlib
 
 #: The family modules of this package, imported in order (each registers its model types).
 MODULES: tuple[str, ...] = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "mixtral",
+    "gemma",
+    "gemma2",
+    "phi3",
+    "gpt2",
+    "bert",
+    "t5",
+    "vit",
     "gpt_neox",
     "phi",
     "qwen3",
@@ -26,6 +38,8 @@ MODULES: tuple[str, ...] = (
     "llama4",
     "gpt_oss",
     "falcon",
+    # state-space models (Mamba, Mamba-2, Jamba)
+    "mamba",
     # multimodal (vision tower + language model): CLIP, LLaVA
     "clip",
     "llava",

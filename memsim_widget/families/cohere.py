@@ -26,14 +26,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _bool,
-    _decoder,
-    _positive,
-    register_family,
-)
+from memsim_widget.architecture.config_keys import read_bool, read_positive
+from memsim_widget.architecture.decoder import build_decoder
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
 
 #: transformers 5.24 ``CohereConfig`` defaults (``layer_norm_eps``; no head_dim key: hidden_size / heads).
@@ -42,7 +37,7 @@ COHERE_DEFAULTS: dict[str, Any] = {
     "head_dim": None,
     "hidden_act": "silu",
     "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,  # _decoder's key; Cohere's is layer_norm_eps (read below)
+    "rms_norm_eps": 1e-5,  # build_decoder's key; Cohere's is layer_norm_eps (read below)
     "layer_norm_eps": 1e-5,
     "tie_word_embeddings": True,
     "rope_theta": 10000.0,
@@ -57,12 +52,12 @@ COHERE_DEFAULTS: dict[str, Any] = {
 def build_cohere(cfg: Mapping[str, Any]) -> Architecture:
     """Command-R as ``CohereForCausalLM``: one bias-free LayerNorm per block, parallel attention + MLP."""
     d = COHERE_DEFAULTS
-    bias = _bool(cfg, "attention_bias", d["attention_bias"])
-    qk = _bool(cfg, "use_qk_norm", d["use_qk_norm"])
+    bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    qk = read_bool(cfg, "use_qk_norm", d["use_qk_norm"])
     scale = cfg.get("logit_scale", d["logit_scale"])
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
         raise ScenarioError("model.logit_scale", f"must be a number, got {scale!r:.60}")
-    arch = _decoder(
+    arch = build_decoder(
         cfg,
         family="cohere",
         hf_class="CohereForCausalLM",
@@ -72,7 +67,7 @@ def build_cohere(cfg: Mapping[str, Any]) -> Architecture:
         layer_norms=("input_layernorm",),
         extra={
             "norm_class": "CohereLayerNorm (mean-centred, no bias, fp32)",
-            "layer_norm_eps": _positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
+            "layer_norm_eps": read_positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
             "logit_scale": scale,
             "use_qk_norm": qk,
             "parallel_attn_mlp": True,

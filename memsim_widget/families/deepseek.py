@@ -27,24 +27,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _int,
-    _linear,
-    _lm_head,
-    _norms,
-    _positive,
-    _rope_theta,
-    _str,
-    register_family,
+from memsim_widget.architecture.config_keys import (
+    read_bool,
+    read_int,
+    read_positive,
+    read_probability,
+    read_rope_theta,
+    read_str,
 )
+from memsim_widget.architecture.layers import (
+    activation_label,
+    embedding_param,
+    final_norm_and_head,
+    linear_params,
+    norm_params,
+)
+from memsim_widget.architecture.moe import check_top_k, dense_mlp, routed_experts, router
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
-from memsim_widget.families._moe import check_top_k, dense_mlp, routed_experts, router
 
 #: DeepseekV3Config defaults (transformers 5.24.0, configuration_deepseek_v3.py).
 DEEPSEEK_V3_DEFAULTS: dict[str, Any] = {
@@ -97,41 +97,43 @@ def _optional_rank(cfg: Mapping[str, Any], key: str, default: int | None) -> int
         return None
     if default is None and key not in cfg:
         return None
-    return _int(cfg, key, default)
+    return read_int(cfg, key, default)
 
 
 def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
     d_ = DEEPSEEK_V3_DEFAULTS if v3 else DEEPSEEK_V2_DEFAULTS
     family = "deepseek_v3" if v3 else "deepseek_v2"
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    vocab = _int(cfg, "vocab_size")
-    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
-    act = _str(cfg, "hidden_act", d_["hidden_act"])
-    attn_bias = _bool(cfg, "attention_bias", d_["attention_bias"])
-    mlp_bias = False if v3 else _bool(cfg, "mlp_bias", d_["mlp_bias"])
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    vocab = read_int(cfg, "vocab_size")
+    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_act", d_["hidden_act"])
+    attn_bias = read_bool(cfg, "attention_bias", d_["attention_bias"])
+    mlp_bias = False if v3 else read_bool(cfg, "mlp_bias", d_["mlp_bias"])
     qr = _optional_rank(cfg, "q_lora_rank", d_["q_lora_rank"])
-    kvr = _int(cfg, "kv_lora_rank", d_["kv_lora_rank"])
-    rope = _int(cfg, "qk_rope_head_dim", d_["qk_rope_head_dim"])
-    nope = _int(cfg, "qk_nope_head_dim", d_["qk_nope_head_dim"])
-    dv = _int(cfg, "v_head_dim", d_["v_head_dim"])
+    kvr = read_int(cfg, "kv_lora_rank", d_["kv_lora_rank"])
+    rope = read_int(cfg, "qk_rope_head_dim", d_["qk_rope_head_dim"])
+    nope = read_int(cfg, "qk_nope_head_dim", d_["qk_nope_head_dim"])
+    dv = read_int(cfg, "v_head_dim", d_["v_head_dim"])
     dqk = nope + rope
-    inter = _int(cfg, "intermediate_size", d_["intermediate_size"])
-    i_moe = _int(cfg, "moe_intermediate_size", d_["moe_intermediate_size"])
-    E = _int(cfg, "n_routed_experts", d_["n_routed_experts"], aliases=("num_local_experts", "num_experts"))
-    n_shared = _int(cfg, "n_shared_experts", d_["n_shared_experts"], minimum=0)
-    first_dense = min(_int(cfg, "first_k_dense_replace", d_["first_k_dense_replace"], minimum=0), L)
+    inter = read_int(cfg, "intermediate_size", d_["intermediate_size"])
+    i_moe = read_int(cfg, "moe_intermediate_size", d_["moe_intermediate_size"])
+    E = read_int(
+        cfg, "n_routed_experts", d_["n_routed_experts"], aliases=("num_local_experts", "num_experts")
+    )
+    n_shared = read_int(cfg, "n_shared_experts", d_["n_shared_experts"], minimum=0)
+    first_dense = min(read_int(cfg, "first_k_dense_replace", d_["first_k_dense_replace"], minimum=0), L)
     n_moe = L - first_dense
-    top_k = _int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"]) if n_moe else 0
+    top_k = read_int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"]) if n_moe else 0
     check_top_k(top_k, E)
-    topk_method = _str(cfg, "topk_method", d_["topk_method"])
+    topk_method = read_str(cfg, "topk_method", d_["topk_method"])
     n_group = cfg.get("n_group", d_["n_group"])
     topk_group = cfg.get("topk_group", d_["topk_group"])
     grouped = v3 or topk_method == "group_limited_greedy"
     if n_moe and grouped:
-        n_group = _int(cfg, "n_group", d_["n_group"])
-        topk_group = _int(cfg, "topk_group", d_["topk_group"])
+        n_group = read_int(cfg, "n_group", d_["n_group"])
+        topk_group = read_int(cfg, "topk_group", d_["topk_group"])
         if E % n_group:
             raise ScenarioError("model.n_group", f"{n_group} does not divide n_routed_experts {E}")
         if topk_group > n_group:
@@ -139,17 +141,17 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
 
     p = "model.layers.*."
     a = p + "self_attn."
-    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
+    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
     if qr is None:
-        groups += _linear(
+        groups += linear_params(
             a + "q_proj", "attention", heads * dqk, h, bias=False, parallel="col", module="q_proj", count=L
         )
     else:
-        groups += _linear(
+        groups += linear_params(
             a + "q_a_proj", "attention", qr, h, bias=attn_bias, parallel=None, module="q_a_proj", count=L
         )
-        groups += _norms(a, ("q_a_layernorm",), qr, L, bias=False, stack="decoder")
-        groups += _linear(
+        groups += norm_params(a, ("q_a_layernorm",), qr, L, bias=False, stack="decoder")
+        groups += linear_params(
             a + "q_b_proj",
             "attention",
             heads * dqk,
@@ -159,16 +161,16 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
             module="q_b_proj",
             count=L,
         )
-    groups += _linear(
+    groups += linear_params(
         a + "kv_a_proj_with_mqa", "attention", kvr + rope, h,
         bias=attn_bias, parallel=None, module="kv_a_proj_with_mqa", count=L,
     )  # fmt: skip
-    groups += _norms(a, ("kv_a_layernorm",), kvr, L, bias=False, stack="decoder")
-    groups += _linear(
+    groups += norm_params(a, ("kv_a_layernorm",), kvr, L, bias=False, stack="decoder")
+    groups += linear_params(
         a + "kv_b_proj", "attention", heads * (nope + dv), kvr,
         bias=False, parallel="col", module="kv_b_proj", count=L,
     )  # fmt: skip
-    groups += _linear(
+    groups += linear_params(
         a + "o_proj", "attention", h, heads * dv, bias=attn_bias, parallel="row", module="o_proj", count=L
     )
     groups += dense_mlp(p + "mlp.", first_dense, inter, h, bias=mlp_bias)
@@ -177,10 +179,10 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
     groups += dense_mlp(
         p + "mlp.shared_experts.", n_moe if n_shared else 0, i_moe * n_shared, h, bias=mlp_bias
     )
-    groups += _norms(p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder")
-    groups += _norms("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += norm_params(
+        p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
+    )
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts: list[dict[str, Any]] = []
     if first_dense:
@@ -204,19 +206,21 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("hidden_act", act, gated=True),
+        mlp_activation=activation_label("hidden_act", act, gated=True),
         norm="rmsnorm",
         position="rope",
         num_experts=E if n_moe else 0,
         experts_per_token=top_k,
-        attention_dropout=_float(cfg, "attention_dropout", d_["attention_dropout"]),
+        attention_dropout=read_probability(cfg, "attention_dropout", d_["attention_dropout"]),
         decoder_layers=L,
         causal=True,
         extra={
             "hf_class": "DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM",
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d_["max_position_embeddings"]),
-            "rope_theta": _rope_theta(cfg, d_["rope_theta"]),
-            "rms_norm_eps": _positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
+            "max_position_embeddings": read_int(
+                cfg, "max_position_embeddings", d_["max_position_embeddings"]
+            ),
+            "rope_theta": read_rope_theta(cfg, d_["rope_theta"]),
+            "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
             "mla": {
                 "q_lora_rank": qr or 0,

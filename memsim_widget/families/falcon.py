@@ -30,22 +30,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _int,
-    _linear,
-    _lm_head,
-    _norms,
-    _positive,
-    _rope_theta,
-    _str,
-    register_family,
+from memsim_widget.architecture.config_keys import (
+    read_bool,
+    read_int,
+    read_positive,
+    read_probability,
+    read_rope_theta,
+    read_str,
 )
+from memsim_widget.architecture.layers import (
+    activation_label,
+    embedding_param,
+    final_norm_and_head,
+    linear_params,
+    norm_params,
+)
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
 
 #: ``FalconConfig`` defaults (transformers 5.24).
@@ -72,13 +72,13 @@ def _layout(cfg: Mapping[str, Any], heads: int) -> tuple[bool, bool, bool, int, 
     """(new_decoder, multi_query, parallel, kv heads of the fused projection, LayerNorms per layer), refusing
     the flag combinations whose transformers forward fails."""
     d = _FALCON_DEFAULTS
-    new = _bool(cfg, "new_decoder_architecture", d["new_decoder_architecture"])
-    mq = _bool(cfg, "multi_query", d["multi_query"])
-    parallel = _bool(cfg, "parallel_attn", d["parallel_attn"])
-    n_ln = _int(cfg, "num_ln_in_parallel_attn", 2 if new else 1)
+    new = read_bool(cfg, "new_decoder_architecture", d["new_decoder_architecture"])
+    mq = read_bool(cfg, "multi_query", d["multi_query"])
+    parallel = read_bool(cfg, "parallel_attn", d["parallel_attn"])
+    n_ln = read_int(cfg, "num_ln_in_parallel_attn", 2 if new else 1)
     if n_ln not in (1, 2):
         raise ScenarioError("model.num_ln_in_parallel_attn", f"must be 1 or 2, got {n_ln}")
-    kv_cfg = _int(cfg, "num_kv_heads", heads)
+    kv_cfg = read_int(cfg, "num_kv_heads", heads)
     if new:
         if not parallel:
             raise ScenarioError(
@@ -113,44 +113,42 @@ def _layout(cfg: Mapping[str, Any], heads: int) -> tuple[bool, bool, bool, int, 
 def build_falcon(cfg: Mapping[str, Any]) -> Architecture:
     """Falcon as ``FalconForCausalLM`` (see the module docstring for every tensor and refused combination)."""
     d = _FALCON_DEFAULTS
-    h = _int(cfg, "hidden_size", aliases=("n_embed",))
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    vocab = _int(cfg, "vocab_size")
+    h = read_int(cfg, "hidden_size", aliases=("n_embed",))
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    vocab = read_int(cfg, "vocab_size")
     if h % heads:
         raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
     hd = h // heads
-    ffn = _int(cfg, "ffn_hidden_size", 4 * h)
+    ffn = read_int(cfg, "ffn_hidden_size", 4 * h)
     new, mq, parallel, kv, norms = _layout(cfg, heads)
-    bias = _bool(cfg, "bias", d["bias"])
-    alibi = _bool(cfg, "alibi", d["alibi"])
-    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    act = _str(cfg, "activation", d["activation"])
-    hidden_dropout = _float(cfg, "hidden_dropout", d["hidden_dropout"])
-    attention_dropout = _float(cfg, "attention_dropout", d["attention_dropout"])
+    bias = read_bool(cfg, "bias", d["bias"])
+    alibi = read_bool(cfg, "alibi", d["alibi"])
+    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    act = read_str(cfg, "activation", d["activation"])
+    hidden_dropout = read_probability(cfg, "hidden_dropout", d["hidden_dropout"])
+    attention_dropout = read_probability(cfg, "attention_dropout", d["attention_dropout"])
 
     p = "transformer.h.*."
     names = ("ln_attn", "ln_mlp") if parallel and norms == 2 else ("input_layernorm",)
-    groups: list[ParamGroup] = [_embedding("transformer.word_embeddings.weight", vocab, h)]
-    groups += _norms(p, names, h, L, bias=True, stack="decoder")
-    groups += _linear(
+    groups: list[ParamGroup] = [embedding_param("transformer.word_embeddings.weight", vocab, h)]
+    groups += norm_params(p, names, h, L, bias=True, stack="decoder")
+    groups += linear_params(
         p + "self_attention.query_key_value", "attention", (heads + 2 * kv) * hd, h,
         bias=bias, parallel="col", module="query_key_value", count=L,
     )  # fmt: skip
-    groups += _linear(
+    groups += linear_params(
         p + "self_attention.dense", "attention", h, h, bias=bias, parallel="row", module="dense", count=L
     )
     if not parallel:
-        groups += _norms(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
-    groups += _linear(
+        groups += norm_params(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
+    groups += linear_params(
         p + "mlp.dense_h_to_4h", "mlp", ffn, h, bias=bias, parallel="col", module="dense_h_to_4h", count=L
     )
-    groups += _linear(
+    groups += linear_params(
         p + "mlp.dense_4h_to_h", "mlp", h, ffn, bias=bias, parallel="row", module="dense_4h_to_h", count=L
     )
-    groups += _norms("transformer.", ("ln_f",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("transformer.", "ln_f", h, vocab, tied=tied, bias=True)
     # residual dropouts: one after the MLP (hidden_dropout); the sequential layer also drops the attention
     # output with attention_dropout's rate. Attention probabilities are dropped only on the alibi path.
     masks = int(hidden_dropout > 0) + int(not parallel and attention_dropout > 0)
@@ -169,7 +167,7 @@ def build_falcon(cfg: Mapping[str, Any]) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("activation", act, gated=False),
+        mlp_activation=activation_label("activation", act, gated=False),
         norm="layernorm",
         position="alibi" if alibi else "rope",
         attention_dropout=attention_dropout if alibi else 0.0,
@@ -179,9 +177,9 @@ def build_falcon(cfg: Mapping[str, Any]) -> Architecture:
         extra={
             "hf_class": "FalconForCausalLM",
             "norms_per_layer": norms,
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
-            "layer_norm_eps": _positive(cfg, "layer_norm_epsilon", d["layer_norm_epsilon"]),
-            "rope_theta": _rope_theta(cfg, d["rope_theta"]),
+            "max_position_embeddings": read_int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "layer_norm_eps": read_positive(cfg, "layer_norm_epsilon", d["layer_norm_epsilon"]),
+            "rope_theta": read_rope_theta(cfg, d["rope_theta"]),
             "new_decoder_architecture": new,
             "multi_query": mq and not new,
             "parallel_attn": parallel,

@@ -32,20 +32,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _bool,
-    _decoder,
-    _int,
-    _positive,
-    layer_kinds,
-    register_family,
-)
+from memsim_widget.architecture.config_keys import layer_kinds, read_bool, read_int, read_positive
+from memsim_widget.architecture.decoder import build_decoder
+from memsim_widget.architecture.layers import qk_norm_params
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
+from memsim_widget.architecture.vision import error_under, siglip_vision_tower, sub_config
 from memsim_widget.errors import ScenarioError
-from memsim_widget.families.qwen3 import qk_norm_groups
 
-#: transformers 5.24 ``Gemma3TextConfig`` defaults (structural keys stay required, see architecture.py).
+#: transformers 5.24 ``Gemma3TextConfig`` defaults (structural keys stay required: ``REQUIRED_KEYS``).
 GEMMA3_DEFAULTS: dict[str, Any] = {
     "num_key_value_heads": 4,
     "head_dim": 256,
@@ -70,7 +64,9 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 
 def layer_types(cfg: Mapping[str, Any], layers: int, pattern_default: int) -> tuple[str, ...]:
     """Each layer's attention kind: ``layer_types`` as given, else every ``sliding_window_pattern``-th is full."""
-    pattern = _int(cfg, "sliding_window_pattern", pattern_default) if cfg.get("layer_types") is None else 1
+    pattern = (
+        read_int(cfg, "sliding_window_pattern", pattern_default) if cfg.get("layer_types") is None else 1
+    )
     return tuple(
         layer_kinds(
             cfg, layers, LAYER_TYPES, lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention"
@@ -86,8 +82,8 @@ def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:
     """
     d = GEMMA3_DEFAULTS
     fallback = {
-        "full_attention": _positive(cfg, "rope_theta", d["rope_theta"]),
-        "sliding_attention": _positive(cfg, "rope_local_base_freq", d["rope_local_base_freq"]),
+        "full_attention": read_positive(cfg, "rope_theta", d["rope_theta"]),
+        "sliding_attention": read_positive(cfg, "rope_local_base_freq", d["rope_local_base_freq"]),
     }
     params = cfg.get("rope_parameters")
     out = dict(fallback)
@@ -95,7 +91,9 @@ def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:
         for kind in LAYER_TYPES:
             sub = params.get(kind)
             if isinstance(sub, Mapping) and sub.get("rope_theta") is not None:
-                out[kind] = _positive(sub, "rope_theta", fallback[kind], f"rope_parameters.{kind}.rope_theta")
+                out[kind] = read_positive(
+                    sub, "rope_theta", fallback[kind], f"rope_parameters.{kind}.rope_theta"
+                )
     return out
 
 
@@ -103,14 +101,14 @@ def rope_bases(cfg: Mapping[str, Any]) -> dict[str, float]:
 def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     """Gemma 3 language model as ``Gemma3ForCausalLM``: Gemma 2's block plus per-head q/k RMSNorm."""
     d = GEMMA3_DEFAULTS
-    bias = _bool(cfg, "attention_bias", d["attention_bias"])
-    h, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
+    bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    h, heads = read_int(cfg, "hidden_size"), read_int(cfg, "num_attention_heads")
     if h % heads:  # Gemma3TextConfig.validate_architecture refuses it too
         raise ScenarioError(
             "model.num_attention_heads",
             f"hidden_size {h} is not a multiple of {heads} heads (transformers refuses it)",
         )
-    arch = _decoder(
+    arch = build_decoder(
         cfg,
         family="gemma3",
         hf_class="Gemma3ForCausalLM",
@@ -125,7 +123,7 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
             "post_feedforward_layernorm",
         ),
     )
-    if _bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
+    if read_bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
         raise ScenarioError(
             "model.use_bidirectional_attention",
             "bidirectional Gemma 3 (EmbeddingGemma) passes a mask to every layer and halves the window; not simulated",
@@ -151,7 +149,7 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     if isinstance(cfg.get("rope_parameters"), Mapping):
         extra["rope_parameters"] = dict(cfg["rope_parameters"])
     return dataclasses.replace(
-        arch, params=arch.params + tuple(qk_norm_groups(arch, arch.head_dim)), extra=extra
+        arch, params=arch.params + tuple(qk_norm_params(arch, arch.head_dim)), extra=extra
     )
 
 
@@ -167,18 +165,16 @@ GEMMA3_VLM_DEFAULTS: dict[str, Any] = {
 @register_family("gemma3")
 def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
     """Gemma 3 with its vision tower, as ``Gemma3ForConditionalGeneration``: a SigLIP tower
-    (families/siglip.py, ``model.vision_tower.``), the projector (``model.multi_modal_projector.``:
+    (architecture/vision.py, ``model.vision_tower.``), the projector (``model.multi_modal_projector.``:
     ``mm_soft_emb_norm`` Gemma RMSNorm [h_v] and ``mm_input_projection_weight`` [h_v, h_t], after an average pool
     of the patch grid down to ``mm_tokens_per_image`` tokens per image) and the ``text_config`` language model as
     ``gemma3_text`` builds it (``model.language_model.``, its lm_head tied by default). The model applies no final
     logit softcapping (``Gemma3ForConditionalGeneration`` never reads it). Trained as Gemma 3's processor feeds it,
     with ``token_type_ids``: image tokens attend to each other both ways, so every layer gets an explicit mask
     (engine/activations.py: SDPA keeps the additive mask and k, v repeated to all heads, per layer)."""
-    from memsim_widget.families.clip import _sub, _where
-    from memsim_widget.families.siglip import siglip_vision_tower
 
     d = GEMMA3_VLM_DEFAULTS
-    text_cfg, vision_cfg = _sub(cfg, "text_config"), _sub(cfg, "vision_config")
+    text_cfg, vision_cfg = sub_config(cfg, "text_config"), sub_config(cfg, "vision_config")
     v_type = vision_cfg.get("model_type", "siglip_vision_model")
     if v_type != "siglip_vision_model":
         raise ScenarioError(
@@ -187,12 +183,12 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
     try:
         lm = build_gemma3_text({**text_cfg, "model_type": "gemma3_text"})
     except ScenarioError as e:
-        raise _where(e, "text_config") from None
+        raise error_under(e, "text_config") from None
     try:
         v_groups, tower = siglip_vision_tower(vision_cfg, "model.vision_tower.")
     except ScenarioError as e:
-        raise _where(e, "vision_config") from None
-    tokens = _int(cfg, "mm_tokens_per_image", d["mm_tokens_per_image"])
+        raise error_under(e, "vision_config") from None
+    tokens = read_int(cfg, "mm_tokens_per_image", d["mm_tokens_per_image"])
     side, grid = math.isqrt(tokens), tower.extra["image_size"] // tower.extra["patch_size"]
     if side * side != tokens or grid % side:
         raise ScenarioError(

@@ -21,8 +21,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import Architecture, _bool, _decoder, _linear, register_family
-from memsim_widget.families.gpt_neox import partial_rope
+from memsim_widget.architecture.config_keys import read_bool, read_partial_rope
+from memsim_widget.architecture.decoder import build_decoder
+from memsim_widget.architecture.layers import linear_params
+from memsim_widget.architecture.types import Architecture, register_family
 
 #: transformers 5.24 ``Glm4Config`` defaults (its own head_dim 128, 2 KV heads, rope_theta the library's 10000,
 #: partial_rotary_factor 0.5 set in ``__post_init__``).
@@ -44,15 +46,15 @@ GLM4_DEFAULTS: dict[str, Any] = {
 def build_glm4(cfg: Mapping[str, Any]) -> Architecture:
     """GLM-4 as ``Glm4ForCausalLM``: q/k/v biases, fused gate_up_proj, four norms per block, partial RoPE."""
     d = GLM4_DEFAULTS
-    pct, base = partial_rope(
+    pct, base = read_partial_rope(
         cfg, d["partial_rotary_factor"], d["rope_theta"], "partial_rotary_factor", "rope_theta"
     )
-    arch = _decoder(
+    arch = build_decoder(
         cfg,
         family="glm4",
         hf_class="Glm4ForCausalLM",
         defaults=d,
-        qkv_bias=_bool(cfg, "attention_bias", d["attention_bias"]),
+        qkv_bias=read_bool(cfg, "attention_bias", d["attention_bias"]),
         layer_norms=(
             "input_layernorm",
             "post_self_attn_layernorm",
@@ -62,7 +64,7 @@ def build_glm4(cfg: Mapping[str, Any]) -> Architecture:
     )
     rotary = int(arch.head_dim * pct)
     # the llama MLP's gate_proj + up_proj become one gate_up_proj [2I, h] (same elements, one Linear)
-    gate_up = _linear(
+    gate_up = linear_params(
         "model.layers.*.mlp.gate_up_proj", "mlp", 2 * arch.intermediate_size, arch.hidden_size,
         bias=False, parallel="col", module="gate_up_proj", count=arch.num_layers,
     )  # fmt: skip

@@ -20,21 +20,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _int,
-    _linear,
-    _lm_head,
-    _norms,
-    _positive,
-    _str,
-    register_family,
+from memsim_widget.architecture.config_keys import (
+    read_bool,
+    read_int,
+    read_partial_rope,
+    read_positive,
+    read_probability,
+    read_str,
 )
+from memsim_widget.architecture.layers import (
+    activation_label,
+    embedding_param,
+    final_norm_and_head,
+    linear_params,
+    norm_params,
+)
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
 
 #: ``GPTNeoXConfig`` defaults (transformers 5.24).
@@ -52,74 +53,43 @@ _GPT_NEOX_DEFAULTS: dict[str, Any] = {
 }
 
 
-def partial_rope(
-    cfg: Mapping[str, Any],
-    default_pct: float,
-    default_base: float,
-    pct_key: str = "rotary_pct",
-    base_key: str = "rotary_emb_base",
-) -> tuple[float, float]:
-    """(partial rotary factor, rope base) as the config classes resolve them: ``rope_parameters`` (or
-    ``rope_scaling``) keys first, then the top-level ``pct_key`` / ``base_key`` (GPT-NeoX's legacy
-    ``rotary_pct`` / ``rotary_emb_base``; Phi's ``partial_rotary_factor`` / ``rope_theta``)."""
-    params = cfg.get("rope_parameters")
-    if not isinstance(params, Mapping):
-        params = cfg.get("rope_scaling")
-    params = params if isinstance(params, Mapping) else {}
-    if params.get("partial_rotary_factor") is not None:
-        pct, where = params["partial_rotary_factor"], "rope_parameters.partial_rotary_factor"
-    elif cfg.get(pct_key) is not None:
-        pct, where = cfg[pct_key], pct_key
-    else:
-        pct, where = default_pct, pct_key
-    if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0.0 < pct <= 1.0:
-        raise ScenarioError(f"model.{where}", f"must be a number in (0, 1], got {pct!r:.60}")
-    if params.get("rope_theta") is not None:
-        base = _positive(params, "rope_theta", default_base, "rope_parameters.rope_theta")
-    else:
-        base = _positive(cfg, base_key, default_base)
-    return float(pct), base
-
-
 @register_family("gpt_neox")
 def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
     """GPT-NeoX / Pythia as ``GPTNeoXForCausalLM`` (see the module docstring for every tensor)."""
     d = _GPT_NEOX_DEFAULTS
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    inter = _int(cfg, "intermediate_size")
-    vocab = _int(cfg, "vocab_size")
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    inter = read_int(cfg, "intermediate_size")
+    vocab = read_int(cfg, "vocab_size")
     if h % heads:
         raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
     hd = h // heads
-    bias = _bool(cfg, "attention_bias", d["attention_bias"])
-    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    parallel = _bool(cfg, "use_parallel_residual", d["use_parallel_residual"])
-    pct, base = partial_rope(cfg, d["rotary_pct"], d["rotary_emb_base"])
+    bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    parallel = read_bool(cfg, "use_parallel_residual", d["use_parallel_residual"])
+    pct, base = read_partial_rope(cfg, d["rotary_pct"], d["rotary_emb_base"])
     rotary = int(hd * pct)
-    act = _str(cfg, "hidden_act", d["hidden_act"])
+    act = read_str(cfg, "hidden_act", d["hidden_act"])
 
     p = "gpt_neox.layers.*."
-    groups: list[ParamGroup] = [_embedding("gpt_neox.embed_in.weight", vocab, h)]
-    groups += _norms(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
-    groups += _linear(
+    groups: list[ParamGroup] = [embedding_param("gpt_neox.embed_in.weight", vocab, h)]
+    groups += norm_params(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
+    groups += linear_params(
         p + "attention.query_key_value", "attention", 3 * h, h,
         bias=bias, parallel="col", module="query_key_value", count=L,
     )  # fmt: skip
-    groups += _linear(
+    groups += linear_params(
         p + "attention.dense", "attention", h, h, bias=bias, parallel="row", module="dense", count=L
     )
-    groups += _norms(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
-    groups += _linear(
+    groups += norm_params(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
+    groups += linear_params(
         p + "mlp.dense_h_to_4h", "mlp", inter, h, bias=True, parallel="col", module="dense_h_to_4h", count=L
     )
-    groups += _linear(
+    groups += linear_params(
         p + "mlp.dense_4h_to_h", "mlp", h, inter, bias=True, parallel="row", module="dense_4h_to_h", count=L
     )
-    groups += _norms("gpt_neox.", ("final_layer_norm",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += final_norm_and_head("gpt_neox.", "final_layer_norm", h, vocab, tied=tied, bias=True)
     return Architecture(
         family="gpt_neox",
         model_type=str(cfg.get("model_type", "gpt_neox")),
@@ -132,18 +102,18 @@ def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("hidden_act", act, gated=False),
+        mlp_activation=activation_label("hidden_act", act, gated=False),
         norm="layernorm",
         position="rope",
-        attention_dropout=_float(cfg, "attention_dropout", d["attention_dropout"]),
-        hidden_dropout=_float(cfg, "hidden_dropout", d["hidden_dropout"]),
+        attention_dropout=read_probability(cfg, "attention_dropout", d["attention_dropout"]),
+        hidden_dropout=read_probability(cfg, "hidden_dropout", d["hidden_dropout"]),
         decoder_layers=L,
         causal=True,
         extra={
             "hf_class": "GPTNeoXForCausalLM",
             "norms_per_layer": 2,
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
-            "layer_norm_eps": _positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
+            "max_position_embeddings": read_int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "layer_norm_eps": read_positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
             "rope_theta": base,
             "partial_rotary_factor": pct,
             "rotary_dim": rotary,

@@ -26,26 +26,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _head_dim,
-    _int,
-    _kv_heads,
-    _lm_head,
-    _norms,
-    _positive,
-    _rope_theta,
-    _str,
+from memsim_widget.architecture.config_keys import (
     layer_kinds,
-    register_family,
+    read_bool,
+    read_head_dim,
+    read_int,
+    read_kv_heads,
+    read_positive,
+    read_probability,
+    read_rope_theta,
+    read_str,
 )
-from memsim_widget.families._moe import check_top_k, routed_experts, router
-from memsim_widget.families.qwen3_moe import attention_groups
+from memsim_widget.architecture.layers import (
+    activation_label,
+    attention_params,
+    embedding_param,
+    final_norm_and_head,
+    norm_params,
+)
+from memsim_widget.architecture.moe import check_top_k, routed_experts, router
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 
 #: GptOssConfig defaults (transformers 5.24.0, configuration_gpt_oss.py).
 GPT_OSS_DEFAULTS: dict[str, Any] = {
@@ -79,35 +79,35 @@ def _layer_types(cfg: Mapping[str, Any], L: int) -> list[str]:
 def build_gpt_oss(cfg: Mapping[str, Any]) -> Architecture:
     """gpt-oss-20b / gpt-oss-120b as ``GptOssForCausalLM`` with bf16 experts; see the module docstring."""
     d_ = GPT_OSS_DEFAULTS
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    vocab = _int(cfg, "vocab_size")
-    kv = _kv_heads(cfg, heads, d_["num_key_value_heads"])
-    d = _head_dim(cfg, h, heads, d_["head_dim"])  # 64 unless given (not hidden_size / heads)
-    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
-    act = _str(cfg, "hidden_act", d_["hidden_act"])
-    bias = _bool(cfg, "attention_bias", d_["attention_bias"])
-    E = _int(cfg, "num_local_experts", d_["num_local_experts"], aliases=("num_experts",))
-    top_k = _int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    vocab = read_int(cfg, "vocab_size")
+    kv = read_kv_heads(cfg, heads, d_["num_key_value_heads"])
+    d = read_head_dim(cfg, h, heads, d_["head_dim"])  # 64 unless given (not hidden_size / heads)
+    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_act", d_["hidden_act"])
+    bias = read_bool(cfg, "attention_bias", d_["attention_bias"])
+    E = read_int(cfg, "num_local_experts", d_["num_local_experts"], aliases=("num_experts",))
+    top_k = read_int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
     check_top_k(top_k, E, of="local experts")
-    inter = _int(cfg, "intermediate_size", d_["intermediate_size"])
+    inter = read_int(cfg, "intermediate_size", d_["intermediate_size"])
     types = _layer_types(cfg, L)
     window = cfg.get("sliding_window", d_["sliding_window"])
     if window is not None:
-        window = _int(cfg, "sliding_window", d_["sliding_window"])
+        window = read_int(cfg, "sliding_window", d_["sliding_window"])
 
     p = "model.layers.*."
-    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
-    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
+    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
+    groups += attention_params(p, L, h, heads, kv, d, bias=bias)
     # one sink logit per head, split with the heads under tensor parallelism
     groups.append(ParamGroup(name=p + "self_attn.sinks", kind="attention", shape=(heads,), count=L, tp_dim=0))
     groups += router(p + "mlp.router", L, E, h, bias=True)
     groups += routed_experts(p + "mlp.experts.", L, E, inter, h, bias=True, transposed=True)
-    groups += _norms(p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder")
-    groups += _norms("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += norm_params(
+        p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
+    )
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts = (
         {"name": "routed experts", "layers": L, "rows": top_k, "width": inter, "experts": E,
@@ -125,20 +125,22 @@ def build_gpt_oss(cfg: Mapping[str, Any]) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("hidden_act", act, gated=True),
+        mlp_activation=activation_label("hidden_act", act, gated=True),
         norm="rmsnorm",
         position="rope",
         num_experts=E,
         experts_per_token=top_k,
-        attention_dropout=_float(cfg, "attention_dropout", d_["attention_dropout"]),
+        attention_dropout=read_probability(cfg, "attention_dropout", d_["attention_dropout"]),
         decoder_layers=L,
         causal=True,
         extra={
             "hf_class": "GptOssForCausalLM",
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d_["max_position_embeddings"]),
-            "rope_theta": _rope_theta(cfg, d_["rope_theta"]),
+            "max_position_embeddings": read_int(
+                cfg, "max_position_embeddings", d_["max_position_embeddings"]
+            ),
+            "rope_theta": read_rope_theta(cfg, d_["rope_theta"]),
             "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
-            "rms_norm_eps": _positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
+            "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
             "norm_weight_fp32": True,  # GptOssRMSNorm multiplies its weight by the fp32 normalised tensor
             "mlp_parts": parts,

@@ -29,27 +29,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _head_dim,
-    _int,
-    _kv_heads,
-    _lm_head,
-    _norms,
-    _positive,
-    _rope_theta,
-    _str,
+from memsim_widget.architecture.config_keys import (
     layer_kinds,
-    register_family,
+    read_bool,
+    read_head_dim,
+    read_int,
+    read_kv_heads,
+    read_positive,
+    read_probability,
+    read_rope_theta,
+    read_str,
 )
+from memsim_widget.architecture.layers import (
+    activation_label,
+    attention_params,
+    embedding_param,
+    final_norm_and_head,
+    norm_params,
+)
+from memsim_widget.architecture.moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
-from memsim_widget.families._moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
-from memsim_widget.families.qwen3_moe import attention_groups
 
 #: Llama4TextConfig defaults (transformers 5.24.0, configuration_llama4.py).
 LLAMA4_TEXT_DEFAULTS: dict[str, Any] = {
@@ -113,30 +113,30 @@ def refuse_llama4(cfg: Mapping[str, Any]) -> Architecture:
 def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     """Llama 4 Scout / Maverick language model as ``Llama4ForCausalLM``; see the module docstring."""
     d_ = LLAMA4_TEXT_DEFAULTS
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    vocab = _int(cfg, "vocab_size")
-    kv = _kv_heads(cfg, heads, d_["num_key_value_heads"])
-    d = _head_dim(cfg, h, heads, d_["head_dim"])  # 128 unless given (not hidden_size / heads)
-    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
-    act = _str(cfg, "hidden_act", d_["hidden_act"])
-    bias = _bool(cfg, "attention_bias", d_["attention_bias"])
-    E = _int(cfg, "num_local_experts", d_["num_local_experts"], aliases=("num_experts",))
-    top_k = _int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    vocab = read_int(cfg, "vocab_size")
+    kv = read_kv_heads(cfg, heads, d_["num_key_value_heads"])
+    d = read_head_dim(cfg, h, heads, d_["head_dim"])  # 128 unless given (not hidden_size / heads)
+    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_act", d_["hidden_act"])
+    bias = read_bool(cfg, "attention_bias", d_["attention_bias"])
+    E = read_int(cfg, "num_local_experts", d_["num_local_experts"], aliases=("num_experts",))
+    top_k = read_int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
     check_top_k(top_k, E, of="local experts")
-    step = _int(cfg, "interleave_moe_layer_step", d_["interleave_moe_layer_step"])
+    step = read_int(cfg, "interleave_moe_layer_step", d_["interleave_moe_layer_step"])
     moe_set = _moe_layer_set(cfg, L, step)
     n_moe = len(moe_set)
     n_dense = L - n_moe
-    i_moe = _int(cfg, "intermediate_size", d_["intermediate_size"])
-    i_mlp = _int(cfg, "intermediate_size_mlp", d_["intermediate_size_mlp"])
-    rope = _rope_layers(cfg, L, _int(cfg, "no_rope_layer_interval", d_["no_rope_layer_interval"]))
+    i_moe = read_int(cfg, "intermediate_size", d_["intermediate_size"])
+    i_mlp = read_int(cfg, "intermediate_size_mlp", d_["intermediate_size_mlp"])
+    rope = _rope_layers(cfg, L, read_int(cfg, "no_rope_layer_interval", d_["no_rope_layer_interval"]))
     n_rope = sum(rope)
-    qk_norm = _bool(cfg, "use_qk_norm", d_["use_qk_norm"])
+    qk_norm = read_bool(cfg, "use_qk_norm", d_["use_qk_norm"])
     chunk = cfg.get("attention_chunk_size", d_["attention_chunk_size"])
     if chunk is not None:
-        chunk = _int(cfg, "attention_chunk_size", d_["attention_chunk_size"])
+        chunk = read_int(cfg, "attention_chunk_size", d_["attention_chunk_size"])
 
     # HF: chunked attention on the RoPE layers when a chunk size is set
     types = layer_kinds(
@@ -145,16 +145,16 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     )  # fmt: skip
 
     p = "model.layers.*."
-    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
-    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
+    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
+    groups += attention_params(p, L, h, heads, kv, d, bias=bias)
     groups += router(p + "feed_forward.router", n_moe, E, h)
     groups += routed_experts(p + "feed_forward.experts.", n_moe, E, i_moe, h, transposed=True)
     groups += dense_mlp(p + "feed_forward.shared_expert.", n_moe, i_moe, h)
     groups += dense_mlp(p + "feed_forward.", n_dense, i_mlp, h)
-    groups += _norms(p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder")
-    groups += _norms("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += norm_params(
+        p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
+    )
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts: list[dict[str, Any]] = []
     if n_dense:
@@ -178,20 +178,22 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("hidden_act", act, gated=True),
+        mlp_activation=activation_label("hidden_act", act, gated=True),
         norm="rmsnorm",
         position="rope",
         num_experts=E if n_moe else 0,
         experts_per_token=top_k if n_moe else 0,
-        attention_dropout=_float(cfg, "attention_dropout", d_["attention_dropout"]),
+        attention_dropout=read_probability(cfg, "attention_dropout", d_["attention_dropout"]),
         decoder_layers=L,
         causal=True,
         extra={
             "hf_class": "Llama4ForCausalLM",
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d_["max_position_embeddings"]),
-            "rope_theta": _rope_theta(cfg, d_["rope_theta"]),
+            "max_position_embeddings": read_int(
+                cfg, "max_position_embeddings", d_["max_position_embeddings"]
+            ),
+            "rope_theta": read_rope_theta(cfg, d_["rope_theta"]),
             "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
-            "rms_norm_eps": _positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
+            "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
             "mlp_parts": tuple(parts),
             "moe_layers": n_moe,
@@ -209,7 +211,9 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
             "qk_norm_layers": n_rope if qk_norm else 0,
             "attention_chunk_size": chunk,
             "chunked_layers": types.count("chunked_attention") if chunk is not None else 0,
-            "attn_temperature_tuning": _bool(cfg, "attn_temperature_tuning", d_["attn_temperature_tuning"]),
+            "attn_temperature_tuning": read_bool(
+                cfg, "attn_temperature_tuning", d_["attn_temperature_tuning"]
+            ),
             "expert_parallel_error": "transformers' Llama 4 has no expert-parallel plan (its experts take every "
             "token pre-scaled by its router score; they shard with tensor parallelism): use tp, not ep",
             "lora_all_linear_error": "'all-linear' makes peft wrap Llama4Router (an nn.Linear whose forward "

@@ -1,7 +1,7 @@
 """LLaVA (``LlavaForConditionalGeneration``, transformers 5.24 ``models/llava/modeling_llava.py``): a CLIP vision
 tower, a two-Linear projector and a decoder language model.
 
-Parameter tensors: ``model.vision_tower.*`` (``CLIPVisionModel``, families/clip.py, post_layernorm included
+Parameter tensors: ``model.vision_tower.*`` (``CLIPVisionModel``, architecture/vision.py, post_layernorm included
 though LLaVA never reads it), ``model.multi_modal_projector.linear_1`` [h_t, h_v x feature layers] and
 ``linear_2`` [h_t, h_t] (each with a bias unless ``multimodal_projector_bias`` is false; ``projector_hidden_act``
 between them, gelu by default), and the language model of ``text_config`` (``model.language_model.*`` and
@@ -20,18 +20,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    FAMILIES,
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _linear,
-    _str,
-    register_family,
-)
+from memsim_widget.architecture.config_keys import read_bool, read_str
+from memsim_widget.architecture.layers import activation_label, linear_params
+from memsim_widget.architecture.types import FAMILIES, Architecture, ParamGroup, register_family
+from memsim_widget.architecture.vision import clip_vision_tower, error_under, sub_config
 from memsim_widget.errors import ScenarioError
-from memsim_widget.families.clip import _sub, _where, clip_vision_tower
 
 #: transformers 5.24 ``LlavaConfig`` defaults.
 LLAVA_DEFAULTS: dict[str, Any] = {
@@ -81,7 +74,7 @@ def _split_unused(groups: list[ParamGroup], used: int, layers: int) -> list[Para
 def build_llava(cfg: Mapping[str, Any]) -> Architecture:
     """LLaVA 1.5 as ``LlavaForConditionalGeneration``: CLIP tower + projector + the text_config's decoder."""
     d = LLAVA_DEFAULTS
-    text_cfg, vision_cfg = _sub(cfg, "text_config"), _sub(cfg, "vision_config")
+    text_cfg, vision_cfg = sub_config(cfg, "text_config"), sub_config(cfg, "vision_config")
     t_type, v_type = text_cfg.get("model_type", "llama"), vision_cfg.get("model_type", "clip_vision_model")
     if t_type not in TEXT_TYPES:
         raise ScenarioError(
@@ -96,25 +89,25 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
     try:
         lm = FAMILIES[t_type]({**text_cfg, "model_type": t_type})
     except ScenarioError as e:
-        raise _where(e, "text_config") from None
+        raise error_under(e, "text_config") from None
     try:
         v_groups, tower = clip_vision_tower(vision_cfg, "model.vision_tower.")
     except ScenarioError as e:
-        raise _where(e, "vision_config") from None
-    strategy = _str(cfg, "vision_feature_select_strategy", d["vision_feature_select_strategy"])
+        raise error_under(e, "vision_config") from None
+    strategy = read_str(cfg, "vision_feature_select_strategy", d["vision_feature_select_strategy"])
     if strategy not in ("default", "full"):
         raise ScenarioError(
             "model.vision_feature_select_strategy", f"must be 'default' or 'full', got {strategy!r}"
         )
     layers = _feature_layers(cfg, tower.num_layers)
-    bias = _bool(cfg, "multimodal_projector_bias", d["multimodal_projector_bias"])
-    act = _str(cfg, "projector_hidden_act", d["projector_hidden_act"])
+    bias = read_bool(cfg, "multimodal_projector_bias", d["multimodal_projector_bias"])
+    act = read_str(cfg, "projector_hidden_act", d["projector_hidden_act"])
     h_v, h_t = tower.hidden_size, lm.hidden_size
     pj = "model.multi_modal_projector."
     projector = [
-        *_linear(pj + "linear_1", "mlp", h_t, h_v * len(layers), bias=bias, parallel=None, module="linear_1",
+        *linear_params(pj + "linear_1", "mlp", h_t, h_v * len(layers), bias=bias, parallel=None, module="linear_1",
                  scope="pre", stack="projector"),
-        *_linear(pj + "linear_2", "mlp", h_t, h_t, bias=bias, parallel=None, module="linear_2", scope="pre",
+        *linear_params(pj + "linear_2", "mlp", h_t, h_t, bias=bias, parallel=None, module="linear_2", scope="pre",
                  stack="projector"),
     ]  # fmt: skip
     # the layers after the deepest one read, and post_layernorm, run but get no gradient: the optimizer keeps no
@@ -150,7 +143,7 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
                 "projector": {
                     "in": h_v * len(layers),
                     "hidden": h_t,
-                    "activation": _activation("projector_hidden_act", act, gated=False),
+                    "activation": activation_label("projector_hidden_act", act, gated=False),
                     "bias": bias,
                 },
                 "image_token_index": cfg.get("image_token_index", d["image_token_index"]),

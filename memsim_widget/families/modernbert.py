@@ -25,22 +25,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    _DECODER_REQUIRED,
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _int,
-    _linear,
-    _norms,
-    _positive,
-    _str,
+from memsim_widget.architecture.config_keys import (
+    REQUIRED_KEYS,
     layer_kinds,
-    register_family,
+    read_bool,
+    read_int,
+    read_positive,
+    read_probability,
+    read_str,
 )
+from memsim_widget.architecture.layers import activation_label, embedding_param, linear_params, norm_params
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
 
 #: transformers 5.24 ``ModernBertConfig`` defaults.
@@ -72,7 +67,7 @@ def layer_types(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
     """Each layer's attention: ``layer_types`` as given, else global every n-th layer from layer 0."""
     every = 1
     if cfg.get("layer_types") is None:
-        every = _int(cfg, "global_attn_every_n_layers", MODERNBERT_DEFAULTS["global_attn_every_n_layers"])
+        every = read_int(cfg, "global_attn_every_n_layers", MODERNBERT_DEFAULTS["global_attn_every_n_layers"])
     return layer_kinds(
         cfg, n_layers, _LAYER_TYPES, lambda i: "sliding_attention" if i % every else "full_attention"
     )
@@ -82,15 +77,15 @@ def rope_thetas(cfg: Mapping[str, Any]) -> dict[str, float]:
     """RoPE base per layer kind, from ``rope_parameters`` (transformers 5) or the global/local keys."""
     d = MODERNBERT_DEFAULTS
     out = {
-        "full_attention": _positive(cfg, "global_rope_theta", d["global_rope_theta"]),
-        "sliding_attention": _positive(cfg, "local_rope_theta", d["local_rope_theta"]),
+        "full_attention": read_positive(cfg, "global_rope_theta", d["global_rope_theta"]),
+        "sliding_attention": read_positive(cfg, "local_rope_theta", d["local_rope_theta"]),
     }
     params = cfg.get("rope_parameters")
     if isinstance(params, Mapping):
         for kind in _LAYER_TYPES:
             sub = params.get(kind)
             if isinstance(sub, Mapping) and sub.get("rope_theta") is not None:
-                out[kind] = _positive(sub, "rope_theta", out[kind], f"rope_parameters.{kind}.rope_theta")
+                out[kind] = read_positive(sub, "rope_theta", out[kind], f"rope_parameters.{kind}.rope_theta")
     return out
 
 
@@ -98,28 +93,28 @@ def rope_thetas(cfg: Mapping[str, Any]) -> dict[str, float]:
 def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
     """ModernBERT as ``ModernBertForMaskedLM``: pre-norm, fused Wqkv, GeGLU Wi/Wo, global/local RoPE layers."""
     d = MODERNBERT_DEFAULTS
-    h, L, heads, inter, vocab = (_int(cfg, k) for k in _DECODER_REQUIRED)
+    h, L, heads, inter, vocab = (read_int(cfg, k) for k in REQUIRED_KEYS)
     if h % heads:
         raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
-    nb = _bool(cfg, "norm_bias", d["norm_bias"])
-    attn_bias = _bool(cfg, "attention_bias", d["attention_bias"])
-    mlp_bias = _bool(cfg, "mlp_bias", d["mlp_bias"])
-    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    act = _str(cfg, "hidden_activation", d["hidden_activation"])
+    nb = read_bool(cfg, "norm_bias", d["norm_bias"])
+    attn_bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    mlp_bias = read_bool(cfg, "mlp_bias", d["mlp_bias"])
+    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_activation", d["hidden_activation"])
     kinds = layer_types(cfg, L)
-    window = _int(cfg, "local_attention", d["local_attention"])
+    window = read_int(cfg, "local_attention", d["local_attention"])
     for key in ("attention_dropout", "mlp_dropout", "embedding_dropout"):
-        if _float(cfg, key, d[key]):
+        if read_probability(cfg, key, d[key]):
             raise ScenarioError(
                 f"model.{key}", "ModernBERT's dropouts are not modelled; the published checkpoints use 0"
             )
     S, p = "encoder", "model.layers.*."
 
-    groups: list[ParamGroup] = [_embedding("model.embeddings.tok_embeddings.weight", vocab, h, stack=S)]
-    groups += _norms("model.embeddings.", ("norm",), h, 1, bias=nb, scope="pre", stack=S)
+    groups: list[ParamGroup] = [embedding_param("model.embeddings.tok_embeddings.weight", vocab, h, stack=S)]
+    groups += norm_params("model.embeddings.", ("norm",), h, 1, bias=nb, scope="pre", stack=S)
     if L > 1:  # layer 0's attn_norm is nn.Identity
-        groups += _norms(p, ("attn_norm",), h, L - 1, bias=nb, stack=S)
-    groups += _linear(
+        groups += norm_params(p, ("attn_norm",), h, L - 1, bias=nb, stack=S)
+    groups += linear_params(
         p + "attn.Wqkv",
         "attention",
         3 * h,
@@ -130,22 +125,22 @@ def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
         count=L,
         stack=S,
     )
-    groups += _linear(
+    groups += linear_params(
         p + "attn.Wo", "attention", h, h, bias=attn_bias, parallel="row", module="Wo", count=L, stack=S
     )
-    groups += _norms(p, ("mlp_norm",), h, L, bias=nb, stack=S)
-    groups += _linear(
+    groups += norm_params(p, ("mlp_norm",), h, L, bias=nb, stack=S)
+    groups += linear_params(
         p + "mlp.Wi", "mlp", 2 * inter, h, bias=mlp_bias, parallel="col", module="Wi", count=L, stack=S
     )
-    groups += _linear(
+    groups += linear_params(
         p + "mlp.Wo", "mlp", h, inter, bias=mlp_bias, parallel="row", module="Wo", count=L, stack=S
     )
-    groups += _norms("model.", ("final_norm",), h, 1, bias=nb, scope="post", stack=S)
-    groups += _linear(
-        "head.dense", "head", h, h, bias=_bool(cfg, "classifier_bias", d["classifier_bias"]),
+    groups += norm_params("model.", ("final_norm",), h, 1, bias=nb, scope="post", stack=S)
+    groups += linear_params(
+        "head.dense", "head", h, h, bias=read_bool(cfg, "classifier_bias", d["classifier_bias"]),
         parallel=None, module="dense", scope="post", stack=S,
     )  # fmt: skip
-    groups += _norms("head.", ("norm",), h, 1, bias=nb, scope="post", stack=S)
+    groups += norm_params("head.", ("norm",), h, 1, bias=nb, scope="post", stack=S)
     if not tied:
         groups.append(
             ParamGroup(
@@ -158,7 +153,7 @@ def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
                 stack=S,
             )
         )
-    if _bool(cfg, "decoder_bias", d["decoder_bias"]):
+    if read_bool(cfg, "decoder_bias", d["decoder_bias"]):
         groups.append(
             ParamGroup(name="decoder.bias", kind="head", shape=(vocab,), scope="post", tp_dim=0, stack=S)
         )
@@ -174,7 +169,7 @@ def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("hidden_activation", act, gated=True),
+        mlp_activation=activation_label("hidden_activation", act, gated=True),
         norm="layernorm",
         position="rope",
         encoder_layers=L,
@@ -196,9 +191,9 @@ def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
             "sliding_window": window // 2,
             "rope_theta": rope_thetas(cfg),
             "hidden_activation": act,
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "max_position_embeddings": read_int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
             "norm_bias": nb,
-            "norm_eps": _positive(cfg, "norm_eps", d["norm_eps"]),
-            "sparse_prediction": _bool(cfg, "sparse_prediction", d["sparse_prediction"]),
+            "norm_eps": read_positive(cfg, "norm_eps", d["norm_eps"]),
+            "sparse_prediction": read_bool(cfg, "sparse_prediction", d["sparse_prediction"]),
         },
     )

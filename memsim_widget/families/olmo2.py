@@ -23,7 +23,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import Architecture, ParamGroup, _bool, _decoder, register_family
+from memsim_widget.architecture.config_keys import read_bool
+from memsim_widget.architecture.decoder import build_decoder
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 
 #: transformers 5.24 ``Olmo2Config`` defaults (no head_dim key: hidden_size / heads; rope_theta 10000).
 OLMO2_DEFAULTS: dict[str, Any] = {
@@ -43,8 +45,8 @@ OLMO2_DEFAULTS: dict[str, Any] = {
 def build_olmo2(cfg: Mapping[str, Any]) -> Architecture:
     """OLMo 2 as ``Olmo2ForCausalLM``: post-norms only, q/k RMSNorm over the full projection."""
     d = OLMO2_DEFAULTS
-    bias = _bool(cfg, "attention_bias", d["attention_bias"])
-    arch = _decoder(
+    bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    arch = build_decoder(
         cfg,
         family="olmo2",
         hf_class="Olmo2ForCausalLM",

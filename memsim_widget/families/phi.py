@@ -19,24 +19,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _head_dim,
-    _int,
-    _kv_heads,
-    _linear,
-    _lm_head,
-    _norms,
-    _positive,
-    _str,
-    register_family,
+from memsim_widget.architecture.config_keys import (
+    read_bool,
+    read_head_dim,
+    read_int,
+    read_kv_heads,
+    read_partial_rope,
+    read_positive,
+    read_probability,
+    read_str,
 )
-from memsim_widget.families.gpt_neox import partial_rope
+from memsim_widget.architecture.layers import (
+    activation_label,
+    attention_params,
+    embedding_param,
+    final_norm_and_head,
+    linear_params,
+    norm_params,
+)
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 
 #: ``PhiConfig`` defaults (transformers 5.24).
 _PHI_DEFAULTS: dict[str, Any] = {
@@ -58,39 +59,31 @@ _PHI_DEFAULTS: dict[str, Any] = {
 def build_phi(cfg: Mapping[str, Any]) -> Architecture:
     """Phi-1/1.5/2 as ``PhiForCausalLM`` (see the module docstring for every tensor)."""
     d = _PHI_DEFAULTS
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    inter = _int(cfg, "intermediate_size")
-    vocab = _int(cfg, "vocab_size")
-    kv = _kv_heads(cfg, heads, d["num_key_value_heads"])
-    hd = _head_dim(cfg, h, heads)
-    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    qk_ln = _bool(cfg, "qk_layernorm", d["qk_layernorm"])
-    pct, base = partial_rope(
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    inter = read_int(cfg, "intermediate_size")
+    vocab = read_int(cfg, "vocab_size")
+    kv = read_kv_heads(cfg, heads, d["num_key_value_heads"])
+    hd = read_head_dim(cfg, h, heads)
+    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    qk_ln = read_bool(cfg, "qk_layernorm", d["qk_layernorm"])
+    pct, base = read_partial_rope(
         cfg, d["partial_rotary_factor"], d["rope_theta"], "partial_rotary_factor", "rope_theta"
     )
-    act = _str(cfg, "hidden_act", d["hidden_act"])
+    act = read_str(cfg, "hidden_act", d["hidden_act"])
 
     p = "model.layers.*."
-    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
-    groups += _norms(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
-    for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-        groups += _linear(
-            p + f"self_attn.{name}", "attention", width, h, bias=True, parallel="col", module=name, count=L
-        )
-    groups += _linear(
-        p + "self_attn.dense", "attention", h, heads * hd, bias=True, parallel="row", module="dense", count=L
-    )
+    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
+    groups += norm_params(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
+    groups += attention_params(p, L, h, heads, kv, hd, bias=True, o_name="dense")
     if qk_ln:  # transformers sizes these by hidden_size // num_attention_heads
-        groups += _norms(
+        groups += norm_params(
             p + "self_attn.", ("q_layernorm", "k_layernorm"), h // heads, L, bias=True, stack="decoder"
         )
-    groups += _linear(p + "mlp.fc1", "mlp", inter, h, bias=True, parallel="col", module="fc1", count=L)
-    groups += _linear(p + "mlp.fc2", "mlp", h, inter, bias=True, parallel="row", module="fc2", count=L)
-    groups += _norms("model.", ("final_layernorm",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += linear_params(p + "mlp.fc1", "mlp", inter, h, bias=True, parallel="col", module="fc1", count=L)
+    groups += linear_params(p + "mlp.fc2", "mlp", h, inter, bias=True, parallel="row", module="fc2", count=L)
+    groups += final_norm_and_head("model.", "final_layernorm", h, vocab, tied=tied, bias=True)
     groups.append(ParamGroup(name="lm_head.bias", kind="head", shape=(vocab,), scope="post", tp_dim=0))
     return Architecture(
         family="phi",
@@ -104,19 +97,19 @@ def build_phi(cfg: Mapping[str, Any]) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("hidden_act", act, gated=False),
+        mlp_activation=activation_label("hidden_act", act, gated=False),
         norm="layernorm",
         position="rope",
-        attention_dropout=_float(cfg, "attention_dropout", d["attention_dropout"]),
-        hidden_dropout=_float(cfg, "resid_pdrop", d["resid_pdrop"]),
+        attention_dropout=read_probability(cfg, "attention_dropout", d["attention_dropout"]),
+        hidden_dropout=read_probability(cfg, "resid_pdrop", d["resid_pdrop"]),
         decoder_layers=L,
         causal=True,
         extra={
             "hf_class": "PhiForCausalLM",
             "norms_per_layer": 1,
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
-            "layer_norm_eps": _positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
-            "embd_pdrop": _float(cfg, "embd_pdrop", d["embd_pdrop"]),
+            "max_position_embeddings": read_int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "layer_norm_eps": read_positive(cfg, "layer_norm_eps", d["layer_norm_eps"]),
+            "embd_pdrop": read_probability(cfg, "embd_pdrop", d["embd_pdrop"]),
             "rope_theta": base,
             "partial_rotary_factor": pct,
             "rotary_dim": int(hd * pct),

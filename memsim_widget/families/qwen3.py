@@ -20,13 +20,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _bool,
-    _decoder,
-    register_family,
-)
+from memsim_widget.architecture.config_keys import read_bool
+from memsim_widget.architecture.decoder import build_decoder
+from memsim_widget.architecture.layers import qk_norm_params
+from memsim_widget.architecture.types import Architecture, register_family
 
 #: transformers 5.24 ``Qwen3Config`` defaults (head_dim is its own key, 128; rope_theta the library's 10000).
 QWEN3_DEFAULTS: dict[str, Any] = {
@@ -45,23 +42,13 @@ QWEN3_DEFAULTS: dict[str, Any] = {
 }
 
 
-def qk_norm_groups(
-    arch: Architecture, width: int, prefix: str = "model.layers.*.self_attn."
-) -> list[ParamGroup]:
-    """The per-layer ``q_norm`` / ``k_norm`` RMSNorm weights [width] (replicated under tensor parallel)."""
-    return [
-        ParamGroup(name=f"{prefix}{n}.weight", kind="norm", shape=(width,), count=arch.num_layers)
-        for n in ("q_norm", "k_norm")
-    ]
-
-
 @register_family("qwen3")
 def build_qwen3(cfg: Mapping[str, Any]) -> Architecture:
     """Qwen3 as ``Qwen3ForCausalLM``: llama layout, no q/k/v bias by default, per-head q/k RMSNorm."""
     d = QWEN3_DEFAULTS
-    bias = _bool(cfg, "attention_bias", d["attention_bias"])
-    use_window = _bool(cfg, "use_sliding_window", d["use_sliding_window"])
-    arch = _decoder(
+    bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    use_window = read_bool(cfg, "use_sliding_window", d["use_sliding_window"])
+    arch = build_decoder(
         cfg,
         family="qwen3",
         hf_class="Qwen3ForCausalLM",
@@ -75,4 +62,4 @@ def build_qwen3(cfg: Mapping[str, Any]) -> Architecture:
             "max_window_layers": cfg.get("max_window_layers", d["max_window_layers"]),
         },
     )
-    return dataclasses.replace(arch, params=arch.params + tuple(qk_norm_groups(arch, arch.head_dim)))
+    return dataclasses.replace(arch, params=arch.params + tuple(qk_norm_params(arch, arch.head_dim)))

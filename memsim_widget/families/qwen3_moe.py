@@ -20,25 +20,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _head_dim,
-    _int,
-    _kv_heads,
-    _linear,
-    _lm_head,
-    _norms,
-    _positive,
-    _rope_theta,
-    _str,
-    register_family,
+from memsim_widget.architecture.config_keys import (
+    read_bool,
+    read_head_dim,
+    read_int,
+    read_kv_heads,
+    read_positive,
+    read_probability,
+    read_rope_theta,
+    read_str,
 )
-from memsim_widget.families._moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
+from memsim_widget.architecture.layers import (
+    activation_label,
+    attention_params,
+    embedding_param,
+    final_norm_and_head,
+    norm_params,
+)
+from memsim_widget.architecture.moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 
 #: Qwen3MoeConfig defaults (transformers 5.24.0, configuration_qwen3_moe.py).
 QWEN3_MOE_DEFAULTS: dict[str, Any] = {
@@ -62,63 +62,41 @@ QWEN3_MOE_DEFAULTS: dict[str, Any] = {
 }
 
 
-def attention_groups(
-    p: str, L: int, h: int, heads: int, kv: int, d: int, *, bias: bool, o_bias: bool | None = None
-) -> list[ParamGroup]:
-    """q/k/v/o projections of a GQA attention block in ``L`` layers."""
-    groups: list[ParamGroup] = []
-    for name, width in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
-        groups += _linear(
-            p + f"self_attn.{name}", "attention", width, h, bias=bias, parallel="col", module=name, count=L
-        )
-    groups += _linear(
-        p + "self_attn.o_proj",
-        "attention",
-        h,
-        heads * d,
-        bias=bias if o_bias is None else o_bias,
-        parallel="row",
-        module="o_proj",
-        count=L,
-    )
-    return groups
-
-
 @register_family("qwen3_moe")
 def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
     """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) as ``Qwen3MoeForCausalLM``; see the module docstring."""
     d_ = QWEN3_MOE_DEFAULTS
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    vocab = _int(cfg, "vocab_size")
-    kv = _kv_heads(cfg, heads, d_["num_key_value_heads"])
-    d = _head_dim(cfg, h, heads)
-    tied = _bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
-    act = _str(cfg, "hidden_act", d_["hidden_act"])
-    bias = _bool(cfg, "attention_bias", d_["attention_bias"])
-    E = _int(cfg, "num_experts", d_["num_experts"], minimum=0, aliases=("num_local_experts",))
-    top_k = _int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    vocab = read_int(cfg, "vocab_size")
+    kv = read_kv_heads(cfg, heads, d_["num_key_value_heads"])
+    d = read_head_dim(cfg, h, heads)
+    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_act", d_["hidden_act"])
+    bias = read_bool(cfg, "attention_bias", d_["attention_bias"])
+    E = read_int(cfg, "num_experts", d_["num_experts"], minimum=0, aliases=("num_local_experts",))
+    top_k = read_int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
     check_top_k(top_k, E)
-    step = _int(cfg, "decoder_sparse_step", d_["decoder_sparse_step"])
-    i_moe = _int(cfg, "moe_intermediate_size", d_["moe_intermediate_size"])
+    step = read_int(cfg, "decoder_sparse_step", d_["decoder_sparse_step"])
+    i_moe = read_int(cfg, "moe_intermediate_size", d_["moe_intermediate_size"])
     dense_only = set(layer_indices(cfg, "mlp_only_layers", L))
     moe_flags = [i not in dense_only and E > 0 and (i + 1) % step == 0 for i in range(L)]
     n_moe = sum(moe_flags)
     n_dense = L - n_moe
-    inter = _int(cfg, "intermediate_size", d_["intermediate_size"])
+    inter = read_int(cfg, "intermediate_size", d_["intermediate_size"])
 
     p = "model.layers.*."
-    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
-    groups += attention_groups(p, L, h, heads, kv, d, bias=bias)
-    groups += _norms(p + "self_attn.", ("q_norm", "k_norm"), d, L, bias=False, stack="decoder")
+    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
+    groups += attention_params(p, L, h, heads, kv, d, bias=bias)
+    groups += norm_params(p + "self_attn.", ("q_norm", "k_norm"), d, L, bias=False, stack="decoder")
     groups += router(p + "mlp.gate", n_moe, E, h)
     groups += routed_experts(p + "mlp.experts.", n_moe, E, i_moe, h)
     groups += dense_mlp(p + "mlp.", n_dense, inter, h)
-    groups += _norms(p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder")
-    groups += _norms("model.", ("norm",), h, 1, bias=False, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += norm_params(
+        p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
+    )
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
     parts: list[dict[str, Any]] = []
     if n_dense:
@@ -128,7 +106,7 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
             {"name": "routed experts", "layers": n_moe, "rows": top_k, "width": i_moe, "experts": E,
              "router": "softmax"}
         )  # fmt: skip
-    use_window = _bool(cfg, "use_sliding_window", d_["use_sliding_window"])
+    use_window = read_bool(cfg, "use_sliding_window", d_["use_sliding_window"])
     return Architecture(
         family="qwen3_moe",
         model_type=str(cfg.get("model_type", "qwen3_moe")),
@@ -141,26 +119,28 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
-        mlp_activation=_activation("hidden_act", act, gated=True),
+        mlp_activation=activation_label("hidden_act", act, gated=True),
         norm="rmsnorm",
         position="rope",
         num_experts=E if n_moe else 0,
         experts_per_token=top_k if n_moe else 0,
-        attention_dropout=_float(cfg, "attention_dropout", d_["attention_dropout"]),
+        attention_dropout=read_probability(cfg, "attention_dropout", d_["attention_dropout"]),
         decoder_layers=L,
         causal=True,
         extra={
             "hf_class": "Qwen3MoeForCausalLM",
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d_["max_position_embeddings"]),
-            "rope_theta": _rope_theta(cfg, d_["rope_theta"]),
-            "rms_norm_eps": _positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
+            "max_position_embeddings": read_int(
+                cfg, "max_position_embeddings", d_["max_position_embeddings"]
+            ),
+            "rope_theta": read_rope_theta(cfg, d_["rope_theta"]),
+            "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
             "qk_norm": "head",  # q_norm / k_norm: one RMSNorm per head over d (engine/activations.py)
             "mlp_parts": tuple(parts),
             "moe_layers": n_moe,
             "dense_intermediate_size": inter,
             "moe_intermediate_size": i_moe,
-            "norm_topk_prob": _bool(cfg, "norm_topk_prob", d_["norm_topk_prob"]),
+            "norm_topk_prob": read_bool(cfg, "norm_topk_prob", d_["norm_topk_prob"]),
             "decoder_sparse_step": step,
             "mlp_only_layers": sorted(dense_only),
             "sliding_window": cfg.get("sliding_window", d_["sliding_window"]) if use_window else None,

@@ -15,17 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    _BERT_DEFAULTS,
-    Architecture,
-    MaskedLMNames,
-    _int,
-    bert_encoder,
-    register_family,
-)
+from memsim_widget.architecture.config_keys import read_int
+from memsim_widget.architecture.encoder import MaskedLMNames, bert_encoder
+from memsim_widget.architecture.types import Architecture, register_family
+from memsim_widget.families.bert import BERT_DEFAULTS
 
 #: transformers 5.24 ``RobertaConfig`` defaults that differ from BERT's (pad_token_id 1 sets the offset).
-ROBERTA_DEFAULTS: dict[str, Any] = {**_BERT_DEFAULTS, "pad_token_id": 1}
+ROBERTA_DEFAULTS: dict[str, Any] = {**BERT_DEFAULTS, "pad_token_id": 1}
 
 ROBERTA_NAMES = MaskedLMNames(
     encoder="roberta.",
@@ -49,7 +45,7 @@ HF_CLASSES: dict[str, str] = {
 def build_roberta(cfg: Mapping[str, Any]) -> Architecture:
     """RoBERTa as ``RobertaForMaskedLM`` (XLM-R, CamemBERT: the same model under their own class): BERT's
     encoder, ``lm_head`` tied, positions offset by pad + 1."""
-    pad = _int(cfg, "pad_token_id", ROBERTA_DEFAULTS["pad_token_id"], minimum=0)
+    pad = read_int(cfg, "pad_token_id", ROBERTA_DEFAULTS["pad_token_id"], minimum=0)
     return bert_encoder(
         cfg,
         family="roberta",

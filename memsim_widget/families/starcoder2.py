@@ -20,24 +20,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import (
-    Architecture,
-    ParamGroup,
-    _activation,
-    _bool,
-    _embedding,
-    _float,
-    _head_dim,
-    _int,
-    _kv_heads,
-    _linear,
-    _lm_head,
-    _norms,
-    _positive,
-    _rope_theta,
-    _str,
-    register_family,
+from memsim_widget.architecture.config_keys import (
+    read_bool,
+    read_head_dim,
+    read_int,
+    read_kv_heads,
+    read_positive,
+    read_probability,
+    read_rope_theta,
+    read_str,
 )
+from memsim_widget.architecture.layers import (
+    activation_label,
+    attention_params,
+    embedding_param,
+    final_norm_and_head,
+    linear_params,
+    norm_params,
+)
+from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 
 #: transformers 5.24 ``Starcoder2Config`` defaults (rope_theta the library's 10000).
 STARCODER2_DEFAULTS: dict[str, Any] = {
@@ -62,41 +63,30 @@ _ONE_OP_GELU = ("gelu", "gelu_pytorch_tanh")
 def build_starcoder2(cfg: Mapping[str, Any]) -> Architecture:
     """StarCoder2 as ``Starcoder2ForCausalLM``: LayerNorms with bias, biased Linears, GELU c_fc/c_proj MLP."""
     d = STARCODER2_DEFAULTS
-    h = _int(cfg, "hidden_size")
-    L = _int(cfg, "num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads")
-    inter = _int(cfg, "intermediate_size")
-    vocab = _int(cfg, "vocab_size")
-    kv = _kv_heads(cfg, heads, d["num_key_value_heads"])
-    hd = _head_dim(cfg, h, heads)
-    bias = _bool(cfg, "use_bias", d["use_bias"])
-    tied = _bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    act = _str(cfg, "hidden_act", d["hidden_act"])
-    mlp_act = "gelu" if act in _ONE_OP_GELU else _activation("hidden_act", act, gated=False)
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    inter = read_int(cfg, "intermediate_size")
+    vocab = read_int(cfg, "vocab_size")
+    kv = read_kv_heads(cfg, heads, d["num_key_value_heads"])
+    hd = read_head_dim(cfg, h, heads)
+    bias = read_bool(cfg, "use_bias", d["use_bias"])
+    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_act", d["hidden_act"])
+    mlp_act = "gelu" if act in _ONE_OP_GELU else activation_label("hidden_act", act, gated=False)
 
     p = "model.layers.*."
-    groups: list[ParamGroup] = [_embedding("model.embed_tokens.weight", vocab, h)]
-    groups += _norms(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
-    for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-        groups += _linear(
-            p + f"self_attn.{name}", "attention", width, h, bias=bias, parallel="col", module=name, count=L
-        )
-    groups += _linear(
-        p + "self_attn.o_proj",
-        "attention",
-        h,
-        heads * hd,
-        bias=bias,
-        parallel="row",
-        module="o_proj",
-        count=L,
+    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
+    groups += norm_params(p, ("input_layernorm",), h, L, bias=True, stack="decoder")
+    groups += attention_params(p, L, h, heads, kv, hd, bias=bias)
+    groups += norm_params(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
+    groups += linear_params(
+        p + "mlp.c_fc", "mlp", inter, h, bias=bias, parallel="col", module="c_fc", count=L
     )
-    groups += _norms(p, ("post_attention_layernorm",), h, L, bias=True, stack="decoder")
-    groups += _linear(p + "mlp.c_fc", "mlp", inter, h, bias=bias, parallel="col", module="c_fc", count=L)
-    groups += _linear(p + "mlp.c_proj", "mlp", h, inter, bias=bias, parallel="row", module="c_proj", count=L)
-    groups += _norms("model.", ("norm",), h, 1, bias=True, scope="post", stack="decoder")
-    if not tied:
-        groups.append(_lm_head("lm_head.weight", vocab, h))
+    groups += linear_params(
+        p + "mlp.c_proj", "mlp", h, inter, bias=bias, parallel="row", module="c_proj", count=L
+    )
+    groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=True)
     return Architecture(
         family="starcoder2",
         model_type=str(cfg.get("model_type", "starcoder2")),
@@ -112,19 +102,19 @@ def build_starcoder2(cfg: Mapping[str, Any]) -> Architecture:
         mlp_activation=mlp_act,
         norm="layernorm",
         position="rope",
-        attention_dropout=_float(cfg, "attention_dropout", d["attention_dropout"]),
-        hidden_dropout=_float(cfg, "residual_dropout", d["residual_dropout"]),
+        attention_dropout=read_probability(cfg, "attention_dropout", d["attention_dropout"]),
+        hidden_dropout=read_probability(cfg, "residual_dropout", d["residual_dropout"]),
         decoder_layers=L,
         causal=True,
         extra={
             "hf_class": "Starcoder2ForCausalLM",
             "norms_per_layer": 2,
             "hidden_act": act,
-            "max_position_embeddings": _int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
-            "rope_theta": _rope_theta(cfg, d["rope_theta"]),
-            "norm_epsilon": _positive(cfg, "norm_epsilon", d["norm_epsilon"]),
+            "max_position_embeddings": read_int(cfg, "max_position_embeddings", d["max_position_embeddings"]),
+            "rope_theta": read_rope_theta(cfg, d["rope_theta"]),
+            "norm_epsilon": read_positive(cfg, "norm_epsilon", d["norm_epsilon"]),
             "sliding_window": cfg.get("sliding_window", d["sliding_window"]),
-            "embedding_dropout": _float(cfg, "embedding_dropout", d["embedding_dropout"]),
+            "embedding_dropout": read_probability(cfg, "embedding_dropout", d["embedding_dropout"]),
             "use_bias": bias,
         },
     )

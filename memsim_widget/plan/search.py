@@ -459,6 +459,11 @@ def plan(
         gpus = b.parallel.world_size
     counts = gpu_counts(gpus)
     ctx = Context(b)
+    if ctx.arch.extra.get("calibration") is not None:  # vector.py reads rule terms a fitted model lacks
+        raise ScenarioError(
+            "model", f"{ctx.arch.model_type!r} is calibrated from a trace: the planner is not; use estimate "
+            "(dp and ZeRO layouts work there, tensor and pipeline parallelism need a modelled family)",
+        )  # fmt: skip
     seq = ctx.seq_len
     g_seq = None
     if global_batch_tokens is not None:

@@ -218,8 +218,14 @@ def candidates(
     """
     grid = _knob_grid(space)
     refused = refused_checkpointing(base)
+    # state-space layers (Mamba, Mamba-2): tensor and context parallelism are refused by the engine
+    from memsim_widget.catalog.models import architecture_for
+
+    no_split = bool(architecture_for(base.model).extra.get("ssm"))
     parts: list[dict[str, np.ndarray]] = []
     for lay in layout_list:
+        if no_split and (lay.tp > 1 or lay.cp > 1):
+            continue
         shard = lay.dp * lay.cp
         ok = np.ones(grid["zero"].shape[0], dtype=bool)
         if shard == 1:  # ZeRO with one replica is ZeRO-0, except as the carrier of an offload (ZeRO-Offload

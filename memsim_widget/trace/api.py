@@ -42,6 +42,11 @@ def check_traceable(sc: Scenario) -> None:
     estimate(sc)
     if sc.method == "qlora":
         raise ScenarioError("method", "qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA")
+    if architecture_for(sc.model).extra.get("ssm") and (sc.ssm_kernel or "cuda") == "cuda":
+        raise ScenarioError(
+            "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "
+            "path; set ssm_kernel to 'torch' to trace (and compare) that path",
+        )  # fmt: skip
     if sc.precision not in TRACEABLE_PRECISIONS:
         raise ScenarioError(
             "precision", f"{sc.precision!r} cannot be traced; traceable: {', '.join(TRACEABLE_PRECISIONS)}"

@@ -56,6 +56,10 @@ def build_hf_config(config: dict[str, Any], attention: str) -> Any:
     return cfg
 
 
+#: Model types without attention layers (state-space models): built with ``attn_implementation="eager"``.
+NO_ATTENTION = frozenset({"mamba", "mamba2"})
+
+
 def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Module:
     """Instantiate the training head for ``cfg`` with weights in ``dtype`` (call inside FakeTensorMode).
 
@@ -79,6 +83,8 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         cls = transformers.AutoModelForImageTextToText
     else:
         cls = transformers.AutoModelForCausalLM
+    if cfg.model_type in NO_ATTENTION:
+        attention = "eager"  # no attention module: transformers refuses any other implementation
     on_meta = torch.get_default_device().type == "meta"
     with unset_fake_temporarily() if on_meta else contextlib.nullcontext():
         return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)

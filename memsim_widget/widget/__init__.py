@@ -1,7 +1,8 @@
 """The ``MemSim`` Jupyter widget: scenario controls synced to Python, which recomputes estimate, table and charts.
 
-Architecture: one ``anywidget.AnyWidget``. The front end (``js/widget.js`` + ``js/widget.css``, shipped in the
-wheel as ``memsim_widget/static/``) draws the controls, the verdict, the breakdown table and the charts; the
+Architecture: one ``anywidget.AnyWidget``. The front end (``js/widget.js``, the esbuild bundle of the ES modules
+in ``js/src/``, + ``js/widget.css``, shipped in the wheel as ``memsim_widget/static/``) draws the controls (from
+the list in ``options["controls"]``), the verdict, the breakdown table and the charts; the
 charts are Vega-Lite specs rendered by vega-embed, which Python hands over once per widget as an ES-module
 string bundled by ``vl_convert.javascript_bundle`` (no CDN, no network request). Python is the single source
 of truth: the front end only writes ``scenario_data`` (and ``headroom``); every derived trait is recomputed here.

@@ -1,5 +1,9 @@
 """The widget's front-end files: its ES module and CSS (``js/``, packaged as ``memsim_widget/static/``) and the
-vega-embed bundle the charts draw with."""
+vega-embed bundle the charts draw with.
+
+``js/widget.js`` is the esbuild bundle of ``js/src/*.js`` (``scripts/dev build-js``), committed so that the wheel
+and an install from git need no node; a node test checks that it matches the sources.
+"""
 
 from __future__ import annotations
 

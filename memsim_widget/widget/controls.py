@@ -41,6 +41,64 @@ CUSTOM_DIMS = (
     "vocab_size",
 )
 
+#: Every control the front end draws, in order: (scenario key, dotted for nested keys; label; kind, the input
+#: it is drawn as; fieldset). Sent once per ``options`` as ``controls`` (dicts), so the front end renders the
+#: controls from data. Kinds: ``model`` (preset name or "custom"), ``dim`` (a custom model dimension), ``gpu``,
+#: ``number`` (a float), ``headroom`` (a percent slider), ``log`` (a slider over ``stops``), ``int``, ``select``
+#: (one of ``choices``), ``bool`` (a checkbox), ``targets`` (LoRA target checkboxes).
+CONTROLS: tuple[tuple[str, str, str, str], ...] = (
+    ("model", "model", "model", "Model"),
+    ("model.hidden_size", "hidden size", "dim", "Model"),
+    ("model.num_hidden_layers", "layers", "dim", "Model"),
+    ("model.num_attention_heads", "heads", "dim", "Model"),
+    ("model.num_key_value_heads", "kv heads", "dim", "Model"),
+    ("model.intermediate_size", "intermediate", "dim", "Model"),
+    ("model.vocab_size", "vocab", "dim", "Model"),
+    ("gpu", "GPU", "gpu", "Hardware"),
+    ("gpu.memory_gib", "memory (GiB)", "number", "Hardware"),
+    ("headroom", "headroom", "headroom", "Hardware"),
+    ("micro_batch_size", "micro-batch", "log", "Batch"),
+    ("seq_len", "sequence length", "log", "Batch"),
+    ("grad_accum_steps", "grad accumulation", "int", "Batch"),
+    ("precision", "precision", "select", "Training"),
+    ("optimizer", "optimizer", "select", "Training"),
+    ("optimizer_impl", "implementation", "select", "Training"),
+    ("optimizer_in_backward", "optimizer in backward", "bool", "Training"),
+    ("activation_checkpointing", "checkpointing", "select", "Training"),
+    ("checkpoint_every", "checkpoint every N layers", "int", "Training"),
+    ("attention", "attention", "select", "Training"),
+    ("loss", "loss", "select", "Training"),
+    ("framework", "framework", "select", "Training"),
+    ("output_lifetime", "outputs kept", "select", "Training"),
+    ("method", "method", "select", "Method"),
+    ("lora.rank", "LoRA rank", "int", "Method"),
+    ("lora.alpha", "LoRA alpha", "number", "Method"),
+    ("lora.adapter_dtype", "adapter dtype", "select", "Method"),
+    ("lora.targets", "LoRA targets", "targets", "Method"),
+    ("objective", "objective", "select", "Objective"),
+    ("rl.num_generations", "G (completions per prompt)", "int", "Objective"),
+    ("rl.completion_len", "completion length", "int", "Objective"),
+    ("rl.reference", "reference model", "select", "Objective"),
+    ("rl.rollout", "rollout engine", "select", "Objective"),
+    ("rl.gpu_memory_utilization", "vLLM gpu_memory_utilization", "number", "Objective"),
+    ("rl.sleep_mode", "vLLM sleep mode", "select", "Objective"),
+    ("parallel.dp", "dp", "int", "Parallel"),
+    ("parallel.tp", "tp", "int", "Parallel"),
+    ("parallel.pp", "pp", "int", "Parallel"),
+    ("parallel.cp", "cp", "int", "Parallel"),
+    ("parallel.ep", "ep", "int", "Parallel"),
+    ("parallel.zero", "ZeRO stage", "select", "Parallel"),
+    ("parallel.sequence_parallel", "sequence parallel", "bool", "Parallel"),
+    ("parallel.reshard_after_forward", "reshard after forward", "bool", "Parallel"),
+    ("parallel.offload", "offload", "select", "Parallel"),
+    ("parallel.pp_schedule", "pp schedule", "select", "Parallel"),
+    ("parallel.pp_microbatches", "pp micro-batches", "int", "Parallel"),
+    ("parallel.virtual_stages", "virtual stages", "int", "Parallel"),
+)  # fmt: skip
+
+#: Error fields that name no control, and the control that sets them (``num_gpus`` follows dp).
+CONTROL_ALIASES = {"num_gpus": "parallel.dp"}
+
 
 def _arch(model: Any) -> Any:
     """The architecture of a model input, or None when it cannot be resolved."""
@@ -229,7 +287,7 @@ def _disabled_objective(data: Mapping[str, Any], off: dict[str, str]) -> None:
 
 @functools.cache
 def _static_options() -> dict[str, Any]:
-    """The parts of ``options`` that never change: presets, GPUs, choices, slider stops, descriptions."""
+    """The parts of ``options`` that never change: controls, presets, GPUs, choices, slider stops, descriptions."""
     presets = []
     for pid in preset_ids():
         info = PRESET_INFO.get(pid, {})
@@ -282,6 +340,8 @@ def _static_options() -> dict[str, Any]:
             "micro_batch_size": list(charts_mod.MICRO_BATCH_STOPS),
             "seq_len": list(charts_mod.SEQ_LEN_STOPS),
         },
+        "controls": [dict(zip(("key", "label", "kind", "group"), c, strict=True)) for c in CONTROLS],
+        "control_aliases": dict(CONTROL_ALIASES),
         "custom_dims": list(CUSTOM_DIMS),
         "categories": list(CATEGORIES),
     }

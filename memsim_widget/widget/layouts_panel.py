@@ -31,6 +31,47 @@ LAYOUT_SEARCHED = frozenset(
      "parallel.sequence_parallel", "parallel.pp_microbatches", "parallel.offload"}
 )  # fmt: skip
 
+#: Keys of a candidate row and where the scenario keeps them: the row the scenario uses is marked ``current``.
+LAYOUT_KEYS = (
+    ("dp", "parallel.dp"), ("tp", "parallel.tp"), ("pp", "parallel.pp"), ("cp", "parallel.cp"),
+    ("ep", "parallel.ep"), ("zero", "parallel.zero"), ("sequence_parallel", "parallel.sequence_parallel"),
+    ("offload", "parallel.offload"), ("micro_batch_size", "micro_batch_size"),
+    ("grad_accum_steps", "grad_accum_steps"), ("activation_checkpointing", "activation_checkpointing"),
+    ("loss", "loss"), ("optimizer", "optimizer"),
+)  # fmt: skip
+_MISSING = object()
+
+
+def _at(data: Any, path: str) -> Any:
+    """The value at a dotted key of a scenario dict, ``_MISSING`` when absent."""
+    for part in path.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return _MISSING
+        data = data[part]
+    return data
+
+
+def layout_is_current(row: Mapping[str, Any], data: Mapping[str, Any]) -> bool:
+    """True when the scenario dict ``data`` already uses a candidate row (every searched key equal; a bool
+    equals only a bool, as in JSON)."""
+    for key, path in LAYOUT_KEYS:
+        value = _at(data, path)
+        if value != row.get(key) or isinstance(value, bool) != isinstance(row.get(key), bool):
+            return False
+    return True
+
+
+def mark_current(view: Mapping[str, Any] | None, data: Mapping[str, Any]) -> Any:
+    """The layouts ``view`` with each top row's ``current`` flag set for ``data`` (the same object when no flag
+    changes, so an unchanged trait is not sent again)."""
+    if not view:
+        return view
+    top = view.get("top") or []
+    flags = [layout_is_current(r, data) for r in top]
+    if all(r.get("current") is f for r, f in zip(top, flags, strict=True)):
+        return view
+    return {**view, "top": [{**r, "current": f} for r, f in zip(top, flags, strict=True)]}
+
 
 def plan_search(**kwargs: Any) -> Plan:
     """``memsim_widget.plan.plan``, imported on first use (tests replace this function)."""
@@ -117,7 +158,8 @@ class LayoutsController:
         }  # fmt: skip
 
     def update(self, **changes: Any) -> None:
-        """Update the ``layouts`` trait (under the lock) with ``stale``/``stale_keys`` recomputed."""
+        """Update the ``layouts`` trait (under the lock) with ``stale``/``stale_keys`` and the rows' ``current``
+        flags (against the scenario shown, valid or not) recomputed."""
         host = self.host
         new = {**host._trait("layouts"), **changes}
         keys: list[str] = []
@@ -125,6 +167,7 @@ class LayoutsController:
             data, headroom = self.plan_for
             keys = layouts_stale_keys(data, host._valid) + (["headroom"] if headroom != host.headroom else [])
         new["stale_keys"], new["stale"] = keys, bool(keys)
+        new["view"] = mark_current(new.get("view"), host.scenario_data)
         host._publish("layouts", new)
 
     @staticmethod

@@ -63,7 +63,8 @@ class MemSim(anywidget.AnyWidget):
 
     #: The scenario as JSON (every key resolved when valid): the single source of truth for the controls.
     scenario_data = traitlets.Dict().tag(sync=True)
-    #: Allowed values per control, presets, GPUs, slider stops, and which controls/values are disabled.
+    #: The controls to draw (``controls``: key, label, kind, group; ``controls.CONTROLS``), allowed values per
+    #: control, presets, GPUs, slider stops, and which controls/values are disabled.
     #: (``options``, ``result`` and ``charts`` are dicts in Python and reach the browser as JSON text.)
     options = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: The last valid result: verdict, peaks with counters, bottleneck, per-rank bytes, breakdown rows.
@@ -96,7 +97,8 @@ class MemSim(anywidget.AnyWidget):
     fit = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: Candidate layouts (``plan``, on request): ``state`` (idle, running, done, error), ``error``, ``id``, ``ms``,
     #: ``gpus`` (the GPU count searched), ``stale`` with ``stale_keys`` (non-searched keys changed since), and
-    #: ``view`` (``build_layouts_view``: counts, summary, the top candidates, the chart's Vega-Lite spec).
+    #: ``view`` (``build_layouts_view``: counts, summary, the top candidates, the chart's Vega-Lite spec; each
+    #: top row's ``current`` says whether the scenario shown uses it).
     layouts = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: Pinned scenarios, at most ``MAX_PINS``: ``[{"name", "scenario"}]``. The front end appends the current
     #: ``scenario_data`` ("Pin") or drops an entry; Python checks, names (``pin N``) and estimates each pin once.
@@ -278,6 +280,7 @@ class MemSim(anywidget.AnyWidget):
             self.options = build_options(shown)
             self._trace.update()
             self._fit.update()
+            self._layouts.update()
 
     @staticmethod
     def _derived(est: Estimate, headroom: float) -> dict[str, Any]:

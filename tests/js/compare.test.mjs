@@ -4,7 +4,9 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { afterEach, beforeEach, describe, test } from "node:test";
 
-import { deps, render, withPin, withoutPin } from "../../js/widget.js";
+import { deps } from "../../js/src/charts.js";
+import { withPin, withoutPin } from "../../js/src/compare.js";
+import { render } from "../../js/src/index.js";
 import { fakeModel, fire, fixtureState, makeDom } from "./fake-model.mjs";
 
 const realLoad = deps.loadVegaEmbed;

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { createExportPanel, exportBlobs, render, renderExport } from "../../js/widget.js";
+import { createExportPanel, exportBlobs, renderExport } from "../../js/src/export.js";
+import { render } from "../../js/src/index.js";
 import { fakeModel, fire, fixtureState, makeDom } from "./fake-model.mjs";
 
 const OFFER = { formats: ["deepspeed", "hf"], id: 0, format: "", files: {}, error: "" };

@@ -3,7 +3,10 @@
 import assert from "node:assert/strict";
 import { afterEach, beforeEach, describe, test } from "node:test";
 
-import { deps, fmtGiB, isCurrentLayout, knobsText, layoutText, render } from "../../js/widget.js";
+import { deps } from "../../js/src/charts.js";
+import { fmtGiB } from "../../js/src/format.js";
+import { render } from "../../js/src/index.js";
+import { knobsText, layoutText } from "../../js/src/layouts.js";
 import { fakeModel, fire, fixtureState, makeDom, planFixture } from "./fake-model.mjs";
 
 const realLoad = deps.loadVegaEmbed;
@@ -34,14 +37,14 @@ describe("make it fit", () => {
   test("pure helpers: GiB with two decimals, the layout in use", () => {
     assert.equal(fmtGiB(49.756), "49.76 GiB");
     assert.equal(fmtGiB(undefined), "0.00 GiB");
-    const { layouts, scenario_data: sc } = planFixture().layouts;
+    // Python marks the layout in use (tests/test_widget_plan.py checks the rule): none before Apply, the
+    // applied one after.
+    const { layouts } = planFixture().layouts;
     const row = layouts.view.top[0];
-    assert.equal(isCurrentLayout(row, sc), false);
-    const applied = structuredClone(sc);
-    Object.assign(applied, { micro_batch_size: row.micro_batch_size, grad_accum_steps: row.grad_accum_steps,
-      activation_checkpointing: row.activation_checkpointing, loss: row.loss, optimizer: row.optimizer });
-    for (const k of ["dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel", "offload"]) applied.parallel[k] = row[k];
-    assert.equal(isCurrentLayout(row, applied), true);
+    assert.equal(row.current, false);
+    const applied = planFixture().applied.layouts.view.top;
+    assert.equal(applied[0].candidate, row.candidate);
+    assert.equal(applied[0].current, true);
     assert.equal(layoutText({ layout: "dp=4 tp=2 pp=1 cp=1", zero: 1, sequence_parallel: true }), "dp=4 tp=2 pp=1 cp=1, ZeRO-1, sp");
     assert.equal(knobsText({ activation_checkpointing: "none", loss: "chunked", optimizer: "adamw-8bit", offload: "none" }),
       "no ckpt, chunked loss, adamw-8bit");
@@ -200,12 +203,9 @@ describe("layouts", () => {
     assert.deepEqual(chart.spec, v.chart);
 
     // Python applied it: the scenario now uses the first layout, which is marked and cannot be applied again.
-    const row = v.top[0];
-    const sc = structuredClone(scenario_data);
-    Object.assign(sc, { micro_batch_size: row.micro_batch_size, grad_accum_steps: row.grad_accum_steps,
-      activation_checkpointing: row.activation_checkpointing, loss: row.loss, optimizer: row.optimizer });
-    for (const k of ["dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel", "offload"]) sc.parallel[k] = row[k];
-    model.set("scenario_data", sc);
+    const applied = planFixture().applied;
+    model.set("scenario_data", applied.scenario_data);
+    model.set("layouts", applied.layouts);
     const first = q(".memsim-layouts-table tbody tr");
     assert.ok(first.classList.contains("memsim-layout-current"));
     assert.equal(first.querySelector(".memsim-layout-apply").textContent, "current");

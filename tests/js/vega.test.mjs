@@ -32,7 +32,7 @@ test("render draws the estimate's and the trace's charts with the real vega-embe
     }
   }
   window.HTMLCanvasElement.prototype.getContext = () => null; // vega then estimates text widths
-  const { render } = await import("../../js/widget.js");
+  const { render } = await import("../../js/src/index.js");
   const charts = JSON.parse(readFileSync(new URL("./fixtures/charts.json", import.meta.url), "utf8"));
   const { trace, trace_view: view } = traceFixture();
   const model = fakeModel({

@@ -1,27 +1,17 @@
 import assert from "node:assert/strict";
 import { afterEach, beforeEach, describe, test } from "node:test";
 
-import {
-  CONTROLS,
-  afterPaint,
-  applyControl,
-  controlForField,
-  ctlClass,
-  deps,
-  errorClass,
-  fmtBytes,
-  fmtPct,
-  getPath,
-  logIndex,
-  rankLine,
-  render,
-  rowsToCsv,
-  setPath,
-  traceProgressText,
-} from "../../js/widget.js";
+import { afterPaint, deps } from "../../js/src/charts.js";
+import { applyControl, controlForField, ctlClass, logIndex } from "../../js/src/controls.js";
+import { fmtBytes, fmtPct, rowsToCsv } from "../../js/src/format.js";
+import { render } from "../../js/src/index.js";
+import { getPath, setPath } from "../../js/src/state.js";
+import { errorClass, rankLine, traceProgressText } from "../../js/src/trace.js";
 import { fakeModel, fire, fixtureState, makeDom, traceFixture } from "./fake-model.mjs";
 
 const realLoad = deps.loadVegaEmbed;
+/** The controls as Python sends them (`options.controls`). */
+const CONTROLS = fixtureState().options.controls;
 let env;
 
 function mount(overrides = {}) {
@@ -74,13 +64,14 @@ describe("pure helpers", () => {
   });
 
   test("controlForField maps error fields to controls", () => {
-    assert.equal(controlForField("parallel.tp"), "parallel.tp");
-    assert.equal(controlForField("model.n_head"), "model");
-    assert.equal(controlForField("model.hidden_size"), "model.hidden_size");
-    assert.equal(controlForField("num_gpus"), "parallel.dp");
-    assert.equal(controlForField("lora.targets"), "lora.targets");
-    assert.equal(controlForField("scenario"), null);
-    assert.equal(controlForField(""), null);
+    const { options } = fixtureState();
+    assert.equal(controlForField("parallel.tp", options), "parallel.tp");
+    assert.equal(controlForField("model.n_head", options), "model");
+    assert.equal(controlForField("model.hidden_size", options), "model.hidden_size");
+    assert.equal(controlForField("num_gpus", options), "parallel.dp");
+    assert.equal(controlForField("lora.targets", options), "lora.targets");
+    assert.equal(controlForField("scenario", options), null);
+    assert.equal(controlForField("", options), null);
   });
 
   test("rowsToCsv quotes commas and quotes", () => {
@@ -526,7 +517,7 @@ describe("verify with trace", () => {
 
 describe("module loading", () => {
   test("importFromSource imports ES module text (data: URL outside browsers) and caches it", async () => {
-    const { importFromSource } = await import("../../js/widget.js");
+    const { importFromSource } = await import("../../js/src/charts.js");
     const src = "export const vegaEmbed = (x) => x * 2;";
     const mod = await importFromSource(src);
     assert.equal(mod.vegaEmbed(21), 42);

@@ -1,4 +1,4 @@
-"""Shared pieces of the mixture-of-experts families (qwen3_moe, deepseek_v2/v3, gpt_oss, llama4).
+"""Shared pieces of the mixture-of-experts families (mixtral aside: qwen3_moe, deepseek_v2/v3, gpt_oss, llama4).
 
 transformers 5 stores each MoE layer's routed experts fused, as ``experts.gate_up_proj`` [E, 2I, h] and
 ``experts.down_proj`` [E, h, I] (plain ``nn.Parameter`` s, not ``nn.Linear``: LoRA cannot target them), and
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.architecture import ParamGroup, _linear
+from memsim_widget.architecture.layers import linear_params
+from memsim_widget.architecture.types import ParamGroup
 from memsim_widget.errors import ScenarioError
 
 
@@ -71,10 +72,10 @@ def dense_mlp(
         return []
     groups: list[ParamGroup] = []
     for name in ("gate_proj", "up_proj"):
-        groups += _linear(
+        groups += linear_params(
             prefix + name, kind, inter, h, bias=bias, parallel="col", module=name, count=n_layers
         )
-    groups += _linear(
+    groups += linear_params(
         prefix + "down_proj", kind, h, inter, bias=bias, parallel="row", module="down_proj", count=n_layers
     )
     return groups
