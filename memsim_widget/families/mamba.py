@@ -117,14 +117,45 @@ def build_mamba(cfg: Mapping[str, Any]) -> Architecture:
         "heads": inner,  # v1: one scalar decay per channel
         "groups": 1,
     }
+    return _ssm_architecture(
+        cfg,
+        d_,
+        "mamba",
+        "MambaForCausalLM",
+        hidden=h,
+        layers=L,
+        inner=inner,
+        vocab=vocab,
+        tied=tied,
+        groups=groups,
+        ssm=ssm,
+    )
+
+
+def _ssm_architecture(
+    cfg: Mapping[str, Any],
+    d_: Mapping[str, Any],
+    family: str,
+    hf_class: str,
+    *,
+    hidden: int,
+    layers: int,
+    inner: int,
+    vocab: int,
+    tied: bool,
+    groups: list[ParamGroup],
+    ssm: dict[str, Any],
+) -> Architecture:
+    """The Architecture of an attention-free Mamba stack (both versions): one norm per block, no MLP, no positions;
+    ``use_cache`` is off (MambaModel's training default)."""
     return Architecture(
-        family="mamba",
-        model_type=str(cfg.get("model_type", "mamba")),
-        hidden_size=h,
-        num_layers=L,
+        family=family,
+        model_type=str(cfg.get("model_type", family)),
+        hidden_size=hidden,
+        num_layers=layers,
         num_heads=1,
         num_kv_heads=1,
-        head_dim=h,
+        head_dim=hidden,
         intermediate_size=inner,
         vocab_size=vocab,
         tied_embeddings=tied,
@@ -132,16 +163,16 @@ def build_mamba(cfg: Mapping[str, Any]) -> Architecture:
         mlp_activation="swiglu",  # unused: no MLP
         norm="rmsnorm",
         position="none",
-        decoder_layers=L,
+        decoder_layers=layers,
         causal=True,
         extra={
-            "hf_class": "MambaForCausalLM",
+            "hf_class": hf_class,
             "ssm": ssm,
             "attention_layers": 0,
             "norms_per_layer": 1,
             "residual_in_fp32": read_bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
             "rms_norm_eps": read_positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
-            "use_cache": False,  # MambaModel: use_cache defaults to False in training
+            "use_cache": False,
         },
     )
 
@@ -236,30 +267,16 @@ def build_mamba2(cfg: Mapping[str, Any]) -> Architecture:
         "chunk_size": chunk,
         "time_step_rank": 0,
     }
-    return Architecture(
-        family="mamba2",
-        model_type=str(cfg.get("model_type", "mamba2")),
-        hidden_size=h,
-        num_layers=L,
-        num_heads=1,
-        num_kv_heads=1,
-        head_dim=h,
-        intermediate_size=inner,
-        vocab_size=vocab,
-        tied_embeddings=tied,
-        params=tuple(groups),
-        mlp_activation="swiglu",  # unused: no MLP
-        norm="rmsnorm",
-        position="none",
-        decoder_layers=L,
-        causal=True,
-        extra={
-            "hf_class": "Mamba2ForCausalLM",
-            "ssm": ssm,
-            "attention_layers": 0,
-            "norms_per_layer": 1,
-            "residual_in_fp32": read_bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
-            "rms_norm_eps": read_positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
-            "use_cache": False,
-        },
+    return _ssm_architecture(
+        cfg,
+        d_,
+        "mamba2",
+        "Mamba2ForCausalLM",
+        hidden=h,
+        layers=L,
+        inner=inner,
+        vocab=vocab,
+        tied=tied,
+        groups=groups,
+        ssm=ssm,
     )
