@@ -354,3 +354,8 @@ def test_grpo_groups_can_split_over_micro_batches():
         "completions"
     ][0]
     assert opt.changes == {"rl.completions_per_micro_batch": 8, "grad_accum_steps": 2}
+
+
+def test_a_multimodal_model_refuses_preference_objectives_naming_the_field() -> None:
+    with pytest.raises(ScenarioError, match=r"objective: 'dpo' is not modelled for the multimodal 'llava'"):
+        estimate(Scenario.from_dict({"model": "llava-1.5-7b", "objective": "dpo"}))

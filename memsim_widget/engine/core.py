@@ -10,7 +10,6 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import moments, offloaded_activations
-from memsim_widget.errors import ScenarioError
 from memsim_widget.estimate import Estimate, RankEstimate
 from memsim_widget.scenario import Scenario
 
@@ -26,18 +25,8 @@ def estimate(scenario: Scenario | dict) -> Estimate:
 def _estimate(scenario: Scenario) -> Estimate:
     ctx = Context(objectives.training_scenario(scenario))
     rl = scenario.objective_name != "sft"
-    if rl and ctx.arch.extra.get(
-        "vision"
-    ):  # the objectives' rules know text sequences only (no trace with images)
-        raise ScenarioError(
-            "objective",
-            f"{scenario.objective_name!r} is not modelled for the multimodal {ctx.arch.model_type!r}: sft only",
-        )
-    if rl and ctx.arch.extra.get("calibration") is not None:  # the fit traced a supervised step only
-        raise ScenarioError(
-            "objective", f"{scenario.objective_name!r} is not calibrated for {ctx.arch.model_type!r} (a model "
-            "calibrated from a trace): sft only",
-        )  # fmt: skip
+    if rl:
+        objectives.check_model(ctx, scenario)
     acts = activations(ctx)
     if rl:
         acts = objectives.loss_terms(ctx, scenario, acts)

@@ -44,6 +44,7 @@ from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states import StateBudget, model_states
 from memsim_widget.engine.timeline import Moment
+from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
 #: Objectives whose training step has a frozen reference model's forward inside it (not GRPO/PPO: theirs runs in
@@ -69,6 +70,21 @@ def training_scenario(sc: Scenario) -> Scenario:
     return replace(
         sc, micro_batch_size=sc.sequences_per_micro_batch, objective=None, rl=None, output_lifetime=lifetime
     )
+
+
+def check_model(ctx: Context, sc: Scenario) -> None:
+    """Refuse a preference/RL objective on a model its rules do not cover: multimodal (the rules know text
+    sequences only; no trace with images) and calibrated (the fit traced a supervised step only)."""
+    name, model_type = sc.objective_name, ctx.arch.model_type
+    if ctx.arch.extra.get("vision"):
+        raise ScenarioError(
+            "objective", f"{name!r} is not modelled for the multimodal {model_type!r}: sft only"
+        )
+    if ctx.arch.extra.get("calibration") is not None:
+        raise ScenarioError(
+            "objective",
+            f"{name!r} is not calibrated for {model_type!r} (a model calibrated from a trace): sft only",
+        )
 
 
 def logit_tokens(ctx: Context, sc: Scenario) -> tuple[int, int]:
