@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from memsim_widget.engine import core, overhead
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.frameworks import PROFILES
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]

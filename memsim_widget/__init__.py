@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 __version__ = "0.1.0"

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget.engine.core import estimate as run_estimate
+from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.items import CATEGORIES, fmt_bytes
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from memsim_widget.charts import gpu_label, model_label
 from memsim_widget.engine.core import estimate as run_estimate
+from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.items import fmt_bytes
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.scenario import Scenario, check_headroom
 
 if TYPE_CHECKING:

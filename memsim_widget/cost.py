@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
-from memsim_widget.estimate import Estimate
 
 #: On-demand US$ per GPU-hour (2025 list prices, rounded; user-editable with ``set_price``).
 PRICES: dict[str, float] = {

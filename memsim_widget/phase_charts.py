@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget.charts import SCHEMA, _capacity_layers, _category_color, model_label, to_altair
+from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.items import CATEGORIES, fmt_bytes
-from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 
 if TYPE_CHECKING:
     import altair as alt

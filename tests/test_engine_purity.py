@@ -9,7 +9,7 @@ import sys
 def test_engine_and_cli_import_no_heavy_packages():
     code = (
         "import sys\n"
-        "import memsim_widget, memsim_widget.engine.core, memsim_widget.cli, memsim_widget.estimate\n"
+        "import memsim_widget, memsim_widget.engine.core, memsim_widget.cli, memsim_widget.engine.estimate\n"
         "from memsim_widget.engine.core import estimate\n"
         "from memsim_widget.scenario import Scenario\n"
         "estimate(Scenario(model='llama-3.1-8b'))\n"

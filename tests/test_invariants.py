@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 MODELS = ("gpt2", "qwen2.5-0.5b", "bert-base-uncased", "t5-base", "vit-base-patch16-224", "llama-3.2-1b")

@@ -7,10 +7,11 @@ from functools import lru_cache
 from memsim_widget.engine import objectives
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
+from memsim_widget.engine.rank_estimate import RankEstimate
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import moments, offloaded_activations
-from memsim_widget.estimate import Estimate, RankEstimate
 from memsim_widget.scenario import Scenario
 
 

@@ -1,4 +1,5 @@
-"""The result of a simulation: per-rank peaks, the breakdown at the peak, the verdict, and a tidy frame."""
+"""The result of a simulation: per-rank peaks, the breakdown at the peak, the verdict, its JSON form and tidy
+frames (pandas is imported only when a frame is asked for, so the engine stays pure Python)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
-from memsim_widget.engine.context import Stage
-from memsim_widget.engine.items import CATEGORIES, Item, fmt_bytes
-from memsim_widget.engine.time_breakdown import StepTime
-from memsim_widget.engine.timeline import Moment
+from memsim_widget.engine.calibrated import fit_for
+from memsim_widget.engine.caveats import memory_caveats, time_caveats
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.items import CATEGORIES, fmt_bytes
+from memsim_widget.engine.objectives import phase_of, training_scenario
+from memsim_widget.engine.rank_estimate import RankEstimate
+from memsim_widget.engine.rank_roles import rank_role
+from memsim_widget.engine.rollout import separate_group
+from memsim_widget.engine.time_breakdown import StepTime, step_time
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -35,82 +41,6 @@ COUNTERS = {
     "peak_reserved_bytes": "torch.cuda.max_memory_reserved()",
     "device_total_bytes": "what nvidia-smi shows for the process",
 }
-
-
-@dataclass(frozen=True)
-class RankEstimate:
-    """One rank (one per pipeline stage; ranks within a stage are symmetric)."""
-
-    stage: Stage
-    moments: tuple[Moment, ...]
-    peak: Moment
-    reserved: Item
-    device: tuple[Item, ...]
-    host: tuple[Item, ...]
-    step1_peak_allocated_bytes: int
-    params_local: int
-    trainable_local: int
-    #: (counter, (low, high)) uncertainty bands of the three GPU counters (engine/overhead.counter_bands)
-    bands: tuple[tuple[str, tuple[int, int]], ...] = ()
-
-    @property
-    def label(self) -> str:
-        return self.stage.label
-
-    @property
-    def peak_phase(self) -> str:
-        return self.peak.name
-
-    @property
-    def peak_tensor_bytes(self) -> int:
-        return max(m.tensor_bytes for m in self.moments)
-
-    @property
-    def peak_allocated_bytes(self) -> int:
-        return self.peak.allocated_bytes
-
-    @property
-    def peak_reserved_bytes(self) -> int:
-        return self.peak_allocated_bytes + self.reserved.bytes
-
-    @property
-    def device_total_bytes(self) -> int:
-        return self.peak_reserved_bytes + sum(i.bytes for i in self.device)
-
-    @property
-    def host_bytes(self) -> int:
-        return sum(i.bytes for i in self.host)
-
-    @property
-    def items(self) -> tuple[Item, ...]:
-        """Everything on the device at the peak, including reserved and outside-PyTorch memory."""
-        return self.peak.items + (self.reserved,) + self.device
-
-    def components(self) -> dict[str, int]:
-        """Bytes per category at the peak (device total split; temporaries kept apart)."""
-        out = dict.fromkeys(CATEGORIES, 0)
-        for i in self.items:
-            out[i.category] += i.allocated_bytes if i.level in ("tensor", "allocator") else i.bytes
-        return out
-
-    def moment_totals(self) -> dict[str, int]:
-        return {m.name: m.allocated_bytes for m in self.moments}
-
-    def phase_peaks(self) -> dict[str, Moment]:
-        """The highest moment of each phase (``training``, and ``rollout`` for GRPO/PPO): the rank's peak is
-        the larger of the two (``engine/objectives.phase_of``)."""
-        from memsim_widget.engine.objectives import phase_of
-
-        out: dict[str, Moment] = {}
-        for m in self.moments:
-            p = phase_of(m.name)
-            if p not in out or m.allocated_bytes > out[p].allocated_bytes:
-                out[p] = m
-        return out
-
-    def uncertainty(self) -> dict[str, dict[str, int]]:
-        """Low and high bytes per GPU counter (what runs of this configuration can plausibly show)."""
-        return {name: {"low": lo, "high": hi} for name, (lo, hi) in self.bands}
 
 
 @dataclass(frozen=True)
@@ -203,7 +133,6 @@ class Estimate:
 
     def role(self, rank: RankEstimate) -> str:
         """What ``rank`` holds, in words (its stage's layers and ends, how the layout splits them)."""
-        from memsim_widget.rank_roles import rank_role
 
         return rank_role(self.scenario, rank.stage, self.arch.num_layers)
 
@@ -211,9 +140,6 @@ class Estimate:
     @cached_property
     def time(self) -> StepTime:
         """The modelled step time and where it goes (computed on first use, so ``estimate`` stays fast)."""
-        from memsim_widget.engine.context import Context
-        from memsim_widget.engine.objectives import training_scenario
-        from memsim_widget.engine.time_breakdown import step_time
 
         # an objective's step runs the SFT step's kernels on its sequences (its reference forward and the
         # rollout phase are not timed)
@@ -237,42 +163,7 @@ class Estimate:
     @property
     def time_caveats(self) -> tuple[str, ...]:
         """What the step time does not model for this scenario, in words (docs/speed.md, "Where it misses")."""
-        s, out = self.scenario, []
-        if s.compile:
-            out.append(
-                "compile: only its fusion of elementwise ops is modelled, not the eager overheads it removes"
-            )
-        if s.activation_offloading:
-            out.append("activation offloading: its PCIe copies are assumed hidden behind compute")
-        if s.method != "full":
-            out.append("MFU counts full-training FLOPs (6N), as PaLM's convention does, for LoRA/QLoRA too")
-        if self._tp_exposed:
-            out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
-        if "paged" in s.optimizer:
-            out.append("paged optimizer states moved to and from the host are not modelled")
-        if self.arch.extra.get("ssm"):
-            out.append(
-                "state-space scan (Mamba: 9 x I x N FLOPs per token and layer, mamba's own count; Mamba-2: the SSD "
-                "chunk einsums) run at attention's efficiency; no scan kernel was timed (and the torch paths are far "
-                "slower)"
-            )
-        if self.arch.extra.get("vision"):
-            out.append(
-                "the vision tower's and projector's compute is not in the step time (the language model's is)"
-            )
-        if s.objective_name != "sft":
-            out.append(
-                f"objective {s.objective_name}: the training step's time on its sequences only; generation, scoring "
-                "and the reference's forward are not timed"
-            )
-        return tuple(out)
-
-    @property
-    def _tp_exposed(self) -> bool:
-        """True when tensor-parallel communication is in the step (and counted as not overlapped)."""
-        from memsim_widget.engine.step_time import OVERLAPPING_FRAMEWORKS
-
-        return self.scenario.parallel.tp > 1 and self.scenario.framework not in OVERLAPPING_FRAMEWORKS
+        return time_caveats(self.scenario, self.arch)
 
     def time_rows(self) -> list[dict[str, Any]]:
         """Tidy rows of the step time: one per category and item, seconds, share of the step, formula."""
@@ -342,7 +233,6 @@ class Estimate:
         """The fit behind a calibrated model's activations (coefficients, held-out residual), else None."""
         if not self.calibrated:
             return None
-        from memsim_widget.engine.calibrated import fit_for
 
         fit = fit_for(self.arch, self.scenario)
         return {"source": "calibrated from a trace", **{k: v for k, v in fit.items()}}
@@ -350,9 +240,6 @@ class Estimate:
     def phases(self) -> dict[str, dict[str, Any]]:
         """Each phase's peak on the worst rank: its moment, allocated bytes and components (training; rollout
         for GRPO/PPO; a separate rollout GPU group's engine as ``rollout_group``)."""
-        from memsim_widget.engine.context import Context
-        from memsim_widget.engine.objectives import training_scenario
-        from memsim_widget.engine.rollout import separate_group
 
         out: dict[str, dict[str, Any]] = {}
         for phase, m in self.worst.phase_peaks().items():
@@ -377,7 +264,6 @@ class Estimate:
 
     def phase_rows(self) -> list[dict[str, Any]]:
         """Tidy rows of each phase's peak moment on the worst rank (phase, moment, category, item, bytes, formula)."""
-        from memsim_widget.engine.objectives import phase_of
 
         rows = []
         for phase, m in self.worst.phase_peaks().items():
@@ -410,66 +296,7 @@ class Estimate:
     @property
     def caveats(self) -> tuple[str, ...]:
         """What the figures do not model, in words (shown beside the verdict: never a silent exact-looking number)."""
-        out = []
-        if self.calibrated:
-            from memsim_widget.engine.calibrated import caveat
-
-            out.append(caveat(self.arch, self.scenario))
-        if self.scenario.compile:
-            out.append(
-                "compile: true has no memory rule; these are eager's figures (measured on an H200: "
-                "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
-            )
-        if self.arch.extra.get("ssm"):
-            if (self.scenario.ssm_kernel or "cuda") == "cuda":
-                out.append(
-                    "ssm_kernel cuda (the default: mamba-ssm + causal-conv1d installed): the Mamba layers' "
-                    "activations are a formula from mamba-ssm's saved tensors, not traced; without those "
-                    "packages transformers runs its torch path (ssm_kernel: torch), which keeps every scan state"
-                )
-            else:
-                out.append(
-                    "ssm_kernel torch: transformers' pure-PyTorch Mamba scan (no mamba-ssm), held to a CPU "
-                    "fake-tensor trace; it keeps every step's state (b x I x N per token)"
-                )
-        obj = self.scenario.objective_name
-        if obj == "ppo" and self.scenario.activation_checkpointing in ("full", "selective-op"):
-            out.append(
-                "objective ppo with checkpointing: TRL checkpoints the policy only; the value model's layers are "
-                "taken as checkpointed too (not traced; docs/fidelity.md)"
-            )
-        if obj in ("grpo", "ppo") and self.scenario.rl_config.rollout != "none":
-            out.append("rollout phase: formula-only, vLLM's documented arithmetic (engine/rollout.py)")
-            from memsim_widget.engine.context import Context
-            from memsim_widget.engine.objectives import training_scenario
-            from memsim_widget.engine.rollout import engine_items
-
-            kv = engine_items(Context(training_scenario(self.scenario)), self.scenario)["kv"]
-            if "refuses to start" in kv.formula:
-                out.append(
-                    "vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start"
-                )
-        out += self._vision_caveats()
-        return tuple(out)
-
-    def _vision_caveats(self) -> list[str]:
-        """A multimodal model's parts no trace has checked (docs/fidelity.md, "Multimodal")."""
-        v = self.arch.extra.get("vision")
-        if not v:
-            return []
-        s, out = self.scenario, []
-        if (
-            s.method != "full"
-            and any(t in s.lora.targets for t in ("linear_1", "linear_2", "all-linear"))
-            and v.get("projector")
-        ):
-            out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
-        if v["kind"] == "llava":
-            out.append(
-                f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "
-                "or resizes to it; the vision tower's own backward transients are not modelled"
-            )
-        return out
+        return memory_caveats(self.scenario, self.arch)
 
     def to_dict(self, headroom: float = DEFAULT_HEADROOM) -> dict[str, Any]:
         """The JSON form the CLI prints (``memsim estimate --json``)."""

@@ -16,8 +16,8 @@ import numpy as np
 
 from memsim_widget.charts import SCHEMA, _capacity_layers, gpu_label, model_label, to_altair
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.estimate import DEFAULT_HEADROOM
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import DEFAULT_HEADROOM
 from memsim_widget.plan.space import gpu_counts
 from memsim_widget.plan.vector import OFFLOADS, evaluate, scenario_columns
 from memsim_widget.scenario import Scenario

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.time_breakdown import step_time
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:

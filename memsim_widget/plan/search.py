@@ -16,9 +16,9 @@ import numpy as np
 from memsim_widget.cost import price_of
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
-from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
 from memsim_widget.plan.timing import time_columns
 from memsim_widget.plan.vector import (

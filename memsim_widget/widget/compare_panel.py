@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget.comparison import MAX_SCENARIOS, Comparison, compare, value_text
 from memsim_widget.comparison_charts import compare_spec
 from memsim_widget.engine.core import estimate as run_estimate
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.items import fmt_bytes
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:

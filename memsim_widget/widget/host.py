@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import Estimate
 from memsim_widget.scenario import Scenario
 
 #: The traits the panels read (``_trait``) and write (``_publish``); the update path owns all the others.

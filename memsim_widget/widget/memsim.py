@@ -21,8 +21,8 @@ import traitlets
 
 from memsim_widget import charts as charts_mod
 from memsim_widget.engine.core import estimate as run_estimate
+from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec

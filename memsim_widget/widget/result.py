@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from memsim_widget import charts as charts_mod
+from memsim_widget.engine.estimate import COUNTERS, Estimate
 from memsim_widget.engine.items import fmt_bytes
-from memsim_widget.estimate import COUNTERS, Estimate
 
 GiB = 1024**3
 

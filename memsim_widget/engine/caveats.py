@@ -1,0 +1,108 @@
+"""What an estimate does not model, in words: the caveats shown beside the verdict and beside the step time
+(never a silent exact-looking number; docs/accuracy.md, docs/fidelity.md and docs/speed.md say more)."""
+
+from __future__ import annotations
+
+from memsim_widget.architecture import Architecture
+from memsim_widget.engine.calibrated import caveat
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.objectives import training_scenario
+from memsim_widget.engine.rollout import engine_items
+from memsim_widget.engine.step_time import OVERLAPPING_FRAMEWORKS
+from memsim_widget.scenario import Scenario
+
+
+def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
+    """What the memory figures do not model for this scenario (``Estimate.caveats``)."""
+    out = []
+    if arch.extra.get("calibration") is not None:
+        out.append(caveat(arch, scenario))
+    if scenario.compile:
+        out.append(
+            "compile: true has no memory rule; these are eager's figures (measured on an H200: "
+            "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
+        )
+    if arch.extra.get("ssm"):
+        if (scenario.ssm_kernel or "cuda") == "cuda":
+            out.append(
+                "ssm_kernel cuda (the default: mamba-ssm + causal-conv1d installed): the Mamba layers' "
+                "activations are a formula from mamba-ssm's saved tensors, not traced; without those "
+                "packages transformers runs its torch path (ssm_kernel: torch), which keeps every scan state"
+            )
+        else:
+            out.append(
+                "ssm_kernel torch: transformers' pure-PyTorch Mamba scan (no mamba-ssm), held to a CPU "
+                "fake-tensor trace; it keeps every step's state (b x I x N per token)"
+            )
+    obj = scenario.objective_name
+    if obj == "ppo" and scenario.activation_checkpointing in ("full", "selective-op"):
+        out.append(
+            "objective ppo with checkpointing: TRL checkpoints the policy only; the value model's layers are "
+            "taken as checkpointed too (not traced; docs/fidelity.md)"
+        )
+    if obj in ("grpo", "ppo") and scenario.rl_config.rollout != "none":
+        out.append("rollout phase: formula-only, vLLM's documented arithmetic (engine/rollout.py)")
+        kv = engine_items(Context(training_scenario(scenario)), scenario)["kv"]
+        if "refuses to start" in kv.formula:
+            out.append("vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start")
+    out += vision_caveats(scenario, arch)
+    return tuple(out)
+
+
+def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:
+    """A multimodal model's parts no trace has checked (docs/fidelity.md, "Multimodal")."""
+    v = arch.extra.get("vision")
+    if not v:
+        return []
+    s, out = scenario, []
+    if (
+        s.method != "full"
+        and any(t in s.lora.targets for t in ("linear_1", "linear_2", "all-linear"))
+        and v.get("projector")
+    ):
+        out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
+    if v["kind"] == "llava":
+        out.append(
+            f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "
+            "or resizes to it; the vision tower's own backward transients are not modelled"
+        )
+    return out
+
+
+def tp_exposed(scenario: Scenario) -> bool:
+    """True when tensor-parallel communication is in the step (and counted as not overlapped)."""
+    return scenario.parallel.tp > 1 and scenario.framework not in OVERLAPPING_FRAMEWORKS
+
+
+def time_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
+    """What the step time does not model for this scenario (``Estimate.time_caveats``; docs/speed.md, "Where it
+    misses")."""
+    s, out = scenario, []
+    if s.compile:
+        out.append(
+            "compile: only its fusion of elementwise ops is modelled, not the eager overheads it removes"
+        )
+    if s.activation_offloading:
+        out.append("activation offloading: its PCIe copies are assumed hidden behind compute")
+    if s.method != "full":
+        out.append("MFU counts full-training FLOPs (6N), as PaLM's convention does, for LoRA/QLoRA too")
+    if tp_exposed(scenario):
+        out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
+    if "paged" in s.optimizer:
+        out.append("paged optimizer states moved to and from the host are not modelled")
+    if arch.extra.get("ssm"):
+        out.append(
+            "state-space scan (Mamba: 9 x I x N FLOPs per token and layer, mamba's own count; Mamba-2: the SSD "
+            "chunk einsums) run at attention's efficiency; no scan kernel was timed (and the torch paths are far "
+            "slower)"
+        )
+    if arch.extra.get("vision"):
+        out.append(
+            "the vision tower's and projector's compute is not in the step time (the language model's is)"
+        )
+    if s.objective_name != "sft":
+        out.append(
+            f"objective {s.objective_name}: the training step's time on its sequences only; generation, scoring "
+            "and the reference's forward are not timed"
+        )
+    return tuple(out)
