@@ -8,8 +8,8 @@ from memsim_widget.engine.core import estimate
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
+from memsim_widget.version import __version__ as __version__
 
-__version__ = "0.1.0"
 __all__ = ["Comparison", "Estimate", "MemSim", "Scenario", "ScenarioError", "compare", "estimate"]
 
 

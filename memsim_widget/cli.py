@@ -287,7 +287,8 @@ def _load_factory(spec: str, flag: str) -> Any:
 def cmd_trace(args: argparse.Namespace) -> int:
     """Trace the scenario's training step on fake tensors and print measured next to simulated."""
     from memsim_widget.scenario import Scenario
-    from memsim_widget.trace.api import check_traceable, trace_report, trace_scenario
+    from memsim_widget.trace.api import trace_report, trace_scenario
+    from memsim_widget.trace.traceable import check_traceable
 
     sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
     check_traceable(sc)

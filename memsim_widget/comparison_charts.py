@@ -7,21 +7,34 @@ colours from ``time_charts.time_spec``, one bar per scenario.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from memsim_widget.charts import CAPACITY_COLOR, SCHEMA, breakdown_spec
+from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.step_time import TIME_CATEGORIES
 from memsim_widget.time_charts import time_spec
-
-if TYPE_CHECKING:
-    from memsim_widget.comparison import Comparison
 
 GiB = 1024**3
 #: Pixels per scenario bar in the memory part (names such as ``method=qlora`` need more than a rank label).
 BAR_STEP = 110
 
 
-def memory_records(cmp: Comparison) -> list[dict[str, Any]]:
+class Compared(Protocol):
+    """What the chart reads of a comparison (``comparison.Comparison`` is one): the chart depends on this shape,
+    not on the comparison module, which draws its chart through this one."""
+
+    @property
+    def estimates(self) -> Sequence[Estimate]: ...
+    @property
+    def names(self) -> Sequence[str]: ...
+    @property
+    def headroom(self) -> float: ...
+    @property
+    def differences(self) -> Mapping[str, Any]: ...
+
+
+def memory_records(cmp: Compared) -> list[dict[str, Any]]:
     """Each scenario's worst-rank rows at its peak, with the scenario's name as the rank and its index as stage."""
     out = []
     for i, (name, est) in enumerate(zip(cmp.names, cmp.estimates, strict=True)):
@@ -30,7 +43,7 @@ def memory_records(cmp: Comparison) -> list[dict[str, Any]]:
     return out
 
 
-def _capacity_ticks(cmp: Comparison, x: dict[str, Any]) -> dict[str, Any]:
+def _capacity_ticks(cmp: Compared, x: dict[str, Any]) -> dict[str, Any]:
     """One capacity tick per bar, for scenarios on GPUs of different sizes (one line would be wrong)."""
     rows = [
         {
@@ -51,7 +64,7 @@ def _capacity_ticks(cmp: Comparison, x: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def memory_spec(cmp: Comparison) -> dict[str, Any]:
+def memory_spec(cmp: Compared) -> dict[str, Any]:
     """The breakdown chart of the scenarios' worst ranks side by side, against their GPU capacity."""
     caps = {e.gpu.memory_bytes for e in cmp.estimates}
     gpus = dict.fromkeys(e.gpu.name for e in cmp.estimates)
@@ -73,7 +86,7 @@ def memory_spec(cmp: Comparison) -> dict[str, Any]:
     return spec
 
 
-def step_time_spec(cmp: Comparison) -> dict[str, Any]:
+def step_time_spec(cmp: Compared) -> dict[str, Any]:
     """One stacked bar of modelled step time per scenario, labelled with seconds, tokens/s and MFU."""
     base = time_spec(cmp.estimates[0])
     rows, totals = [], []
@@ -110,7 +123,7 @@ def step_time_spec(cmp: Comparison) -> dict[str, Any]:
     }
 
 
-def compare_spec(cmp: Comparison) -> dict[str, Any]:
+def compare_spec(cmp: Compared) -> dict[str, Any]:
     """Vega-Lite spec: the memory bars side by side above the step-time bars; the title names what differs."""
     differs = ", ".join(cmp.differences) or "nothing (the scenarios are the same)"
     return {

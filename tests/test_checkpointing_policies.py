@@ -11,7 +11,7 @@ from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.plan import SearchSpace, plan
 from memsim_widget.scenario import Scenario
-from memsim_widget.trace.api import trace_kwargs
+from memsim_widget.trace.traceable import trace_kwargs
 
 #: h=256, I=688, 8 heads of d=32 (a*d=256), 4 kv heads (kv*d=128), 4 layers, V=1000.
 LLAMA = {

@@ -23,7 +23,7 @@ from memsim_widget.engine.core import estimate  # noqa: E402
 from memsim_widget.errors import ScenarioError  # noqa: E402
 from memsim_widget.fidelity import CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
-from memsim_widget.trace.api import trace_kwargs  # noqa: E402
+from memsim_widget.trace.traceable import trace_kwargs  # noqa: E402
 
 GEMMA3_PRESETS = [p for p, cfg in PRESETS.items() if cfg["model_type"] == "gemma3_text"]
 

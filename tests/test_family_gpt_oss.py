@@ -124,7 +124,7 @@ def test_bad_keys_are_named() -> None:
 
 def test_untraceable_paths_are_refused_by_name() -> None:
     """transformers has no SDPA path for GPT-OSS, and torch's CPU grouped_mm runs bf16 only."""
-    from memsim_widget.trace.api import check_traceable
+    from memsim_widget.trace.traceable import check_traceable
 
     base = {"model": TINY, "micro_batch_size": 1, "seq_len": 64}
     with pytest.raises(ScenarioError, match="attention.*no SDPA path"):

@@ -175,7 +175,7 @@ def test_no_hint_maps_another_structure_to_mamba(typed: str) -> None:
 
 def test_trace_refuses_the_cuda_path_and_runs_the_torch_path() -> None:
     pytest.importorskip("torch")
-    from memsim_widget.trace.api import check_traceable
+    from memsim_widget.trace.traceable import check_traceable
 
     with pytest.raises(ScenarioError) as err:
         check_traceable(Scenario.from_dict({"model": "mamba-130m", "seq_len": 64}))

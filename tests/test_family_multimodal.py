@@ -206,7 +206,7 @@ def test_every_launch_file_notes_the_multimodal_assumptions() -> None:
 
 
 def test_a_multi_gpu_trace_of_a_multimodal_model_is_refused() -> None:
-    from memsim_widget.trace.api import check_traceable
+    from memsim_widget.trace.traceable import check_traceable
 
     with pytest.raises(ScenarioError) as exc:
         check_traceable(Scenario.from_dict({"model": "llava-1.5-7b", "parallel": {"dp": 2}}))

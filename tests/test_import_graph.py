@@ -1,4 +1,5 @@
-"""The widget package's import graph has no circle, and its panels never import the widget class.
+"""The package's import graph has no circle, the engine imports nothing above it, and the widget's panels never
+import the widget class.
 
 Imports are read with ``ast``, so they all count: module-level, type-only (under ``TYPE_CHECKING``) and lazy
 ones inside functions. The panels see the widget through ``host.WidgetHost``; only the package's face imports
@@ -93,6 +94,94 @@ def import_circles(prefix: str = "memsim_widget") -> list[list[str]]:
 
 def test_the_widget_package_has_no_import_circle() -> None:
     assert import_circles("memsim_widget.widget") == []
+
+
+def test_the_whole_package_has_no_import_circle() -> None:
+    assert import_circles("memsim_widget") == []
+
+
+#: The layers, lowest first: data flows scenario -> architecture -> engine -> estimate/frame -> charts/widget/cli.
+#: ``BELOW_THE_ENGINE`` is what the engine stands on: the input (scenario, the catalogs), what a model is made of
+#: (architecture, its families, and calibrate, through which ``architecture.dispatch`` builds the models fitted
+#: from traces), the registries and the leaf modules (errors, precision, optimizers, JSON reading, the version).
+#: ``ABOVE_THE_ENGINE`` reads the engine's results (``engine.estimate``): the engine never imports it, not even
+#: lazily or for a type, so that no figure depends on how it is shown, planned, traced or exported.
+BELOW_THE_ENGINE = (
+    "memsim_widget.errors",
+    "memsim_widget.jsonio",
+    "memsim_widget.version",
+    "memsim_widget.precision",
+    "memsim_widget.optimizers",
+    "memsim_widget.scenario",
+    "memsim_widget.catalog",
+    "memsim_widget.architecture",
+    "memsim_widget.families",
+    "memsim_widget.calibrate",
+)
+ENGINE = "memsim_widget.engine"
+ABOVE_THE_ENGINE = (
+    "memsim_widget.charts",
+    "memsim_widget.phase_charts",
+    "memsim_widget.time_charts",
+    "memsim_widget.comparison",
+    "memsim_widget.comparison_charts",
+    "memsim_widget.cost",
+    "memsim_widget.plan",
+    "memsim_widget.export",
+    "memsim_widget.widget",
+    "memsim_widget.cli",
+    "memsim_widget.trace",
+    "memsim_widget.fidelity",
+    "memsim_widget.fidelity_parallel",
+    "memsim_widget.fidelity_speed",
+)
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    """True if ``module`` is one of ``prefixes`` or inside one of those packages."""
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The engine modules of ``graph`` (module -> imports) that import something neither in the engine nor below
+    it, with what they import."""
+    allowed = (ENGINE, *BELOW_THE_ENGINE)
+    out = {
+        m: sorted(i for i in found if not _under(i, allowed))
+        for m, found in graph.items()
+        if _under(m, (ENGINE,))
+    }
+    return {m: found for m, found in out.items() if found}
+
+
+def test_the_engine_imports_only_itself_and_the_layers_below_it() -> None:
+    assert upward_imports({m: imports_of(m) for m in MODULES}) == {}
+
+
+def test_the_layering_check_sees_an_upward_import() -> None:
+    """A check of the check: an engine module importing a chart (or an unplaced module) is reported."""
+    graph = {
+        "memsim_widget.engine.core": {
+            "memsim_widget.charts",
+            "memsim_widget.scenario",
+            "memsim_widget.engine.items",
+        },
+        "memsim_widget.engine.items": {"memsim_widget.new_module"},
+        "memsim_widget.charts": {"memsim_widget.widget"},
+    }
+    assert upward_imports(graph) == {
+        "memsim_widget.engine.core": ["memsim_widget.charts"],
+        "memsim_widget.engine.items": ["memsim_widget.new_module"],
+    }
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    """Every module of the package is placed below the engine, in it, or above it (the package's face,
+    ``memsim_widget``, is above all)."""
+    top = {".".join(m.split(".")[:2]) for m in MODULES if m != "memsim_widget"}
+    layers = [set(BELOW_THE_ENGINE), {ENGINE}, set(ABOVE_THE_ENGINE)]
+    assert sorted(top - set().union(*layers)) == []
+    assert sum(len(layer) for layer in layers) == len(set().union(*layers))  # no module in two layers
 
 
 def test_only_the_package_face_imports_the_widget_class() -> None:

@@ -131,7 +131,7 @@ def test_objective_step_within_three_percent_of_trace(name):
     ],
 )
 def test_formula_only_objectives_refuse_a_trace(data, field):
-    from memsim_widget.trace.api import check_traceable
+    from memsim_widget.trace.traceable import check_traceable
 
     with pytest.raises(ScenarioError) as err:
         check_traceable(Scenario.from_dict({**BASE, **data}))

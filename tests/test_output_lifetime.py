@@ -15,7 +15,7 @@ from memsim_widget.cli import main
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
-from memsim_widget.trace.api import trace_kwargs
+from memsim_widget.trace.traceable import trace_kwargs
 from memsim_widget.widget.controls import build_options
 
 #: A small Llama: h=256, 8 heads of d=32, 4 kv heads (kv*d = 128), 4 layers, V=1000.

@@ -68,7 +68,7 @@ def calibrated_builder(model_type: str) -> Callable[[Mapping[str, Any]], Any] | 
 
 def build_calibrated(config: Mapping[str, Any]) -> Any:
     """The Architecture of ``config`` counted on the meta device, with a lazily fitted activation source."""
-    from memsim_widget.architecture import Architecture
+    from memsim_widget.architecture.types import Architecture
 
     from .params import build_meta, hf_config, param_groups, supports_sdpa
 

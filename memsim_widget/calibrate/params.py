@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from memsim_widget.architecture import ParamGroup
+from memsim_widget.architecture.types import ParamGroup
 
 _ATTN = re.compile(r"attn|attention|self_att|cross_att|(^|\.)(q|k|v|o)_proj$|query|key|value|qkv")
 _MLP = re.compile(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from memsim_widget.engine.activations import ActivationBudget, Term
+from memsim_widget.engine.activation_budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states import StateBudget, model_states

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memsim_widget.engine.activations import ActivationBudget, Term
+from memsim_widget.engine.activation_budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
 from memsim_widget.engine.items import fmt_int

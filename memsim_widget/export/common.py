@@ -49,7 +49,7 @@ def summary(sc: Scenario) -> str:
 
 def header_lines(draft: Draft) -> list[str]:
     """The provenance note: generator, scenario, predicted peak per GPU (with its counter), hand-set notes."""
-    from memsim_widget import __version__
+    from memsim_widget.version import __version__
 
     est, sc = draft.estimate, draft.scenario
     lines = [

@@ -184,7 +184,7 @@ def _model_factory(
     sc: Scenario, cfg: Any, mesh: Any, notes: list[str], reshard_after_forward: bool
 ) -> Callable[[], torch.nn.Module]:
     """A factory building the scenario's model as fake cpu tensors, parallelised for this rank."""
-    from .api import trace_kwargs
+    from .traceable import trace_kwargs
 
     lora = trace_kwargs(sc).get("lora")
     wdtype, _amp = _precision_dtypes(sc.precision)
@@ -211,7 +211,7 @@ def trace_distributed(
 ) -> TraceResult:
     """Trace two training steps of one rank (default: the first rank of the stage the engine predicts
     highest) of the scenario's dp x tp job."""
-    from .api import trace_kwargs
+    from .traceable import trace_kwargs
 
     check_distributed(sc)
     step_kw = trace_kwargs(sc)

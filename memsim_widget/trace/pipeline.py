@@ -102,7 +102,7 @@ def _stages_role(sc: Scenario, plans: list[StagePlan], how: str) -> str:
 
 def check_pipeline(sc: Scenario) -> None:
     """Raise ScenarioError for what this pipeline trace cannot run (naming the field and why)."""
-    from .api import check_traceable
+    from .traceable import check_traceable
 
     par = sc.parallel
     if par.pp < 2:
@@ -217,8 +217,8 @@ class PipelineTracker(MemoryTracker):
 
 def _stage_modules(sc: Scenario, cfg: Any, plans: list[StagePlan], notes: list[str]) -> list[StageModule]:
     """The rank's stage modules on the meta device (one whole model built and cut per stage)."""
-    from .api import trace_kwargs
     from .hf import _apply_lora, build_hf_model
+    from .traceable import trace_kwargs
 
     wdtype, amp = _precision_dtypes(sc.precision)
     lora = trace_kwargs(sc).get("lora")
@@ -320,7 +320,7 @@ def _keeps_outputs(sc: Scenario, notes: list[str]) -> bool:
     """Whether the schedule returns the last stage's outputs (``return_outputs``, PyTorch's default): only for
     output_lifetime 'step', where every micro-batch's logits stay alive until the next step. Otherwise each is
     held (in the stage's forward cache) until its own backward, as torchtitan's ``return_outputs=False`` does."""
-    from .api import trace_kwargs
+    from .traceable import trace_kwargs
 
     keep = trace_kwargs(sc).get("output_lifetime") == "step"
     notes.append(f"schedule.step(return_outputs={keep})")

@@ -12,7 +12,7 @@ from typing import Any
 
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
-from memsim_widget.trace.api import check_traceable
+from memsim_widget.trace.traceable import check_traceable
 
 #: What to install for "Verify with trace".
 TRACE_EXTRA = "pip install 'memsim-widget[trace]'"

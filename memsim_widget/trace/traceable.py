@@ -1,0 +1,166 @@
+"""What one CPU process can trace, and the tracer's arguments for a scenario's step.
+
+``check_traceable`` refuses, by field, what the tracer cannot run (torch-free: the widget runs it on every edit);
+``trace_kwargs`` turns a scenario into the arguments of ``trace_hf`` / ``trace_objective``. The single-GPU
+(``api``), distributed and pipeline tracers all start from these two.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsim_widget.catalog.models import architecture_for
+from memsim_widget.engine.frameworks import output_lifetime
+from memsim_widget.errors import ScenarioError
+from memsim_widget.scenario import Scenario
+
+TRACEABLE_PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
+TRACEABLE_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+
+
+def check_traceable(sc: Scenario) -> None:
+    """Raise ScenarioError for what one CPU process cannot trace (naming the field and why).
+
+    First what the engine refuses (an unknown model type, a bad config key, what it does not model): a trace
+    is compared with the engine's estimate, so that is checked before anything is built or run (the engine is
+    pure Python and caches its estimates)."""
+    from memsim_widget.engine.core import estimate
+
+    estimate(sc)
+    if sc.method == "qlora":
+        raise ScenarioError("method", "qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA")
+    if architecture_for(sc.model).extra.get("ssm") and (sc.ssm_kernel or "cuda") == "cuda":
+        raise ScenarioError(
+            "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "
+            "path; set ssm_kernel to 'torch' to trace (and compare) that path",
+        )  # fmt: skip
+    if sc.precision not in TRACEABLE_PRECISIONS:
+        raise ScenarioError(
+            "precision", f"{sc.precision!r} cannot be traced; traceable: {', '.join(TRACEABLE_PRECISIONS)}"
+        )
+    if sc.optimizer not in TRACEABLE_OPTIMIZERS:
+        raise ScenarioError(
+            "optimizer",
+            f"{sc.optimizer!r} cannot be traced (not in torch.optim); traceable: "
+            f"{', '.join(TRACEABLE_OPTIMIZERS)}",
+        )
+    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(sc.model).extra.get("vision"):
+        raise ScenarioError(
+            "parallel", "a multimodal model is traced on one GPU only (the multi-GPU tracer feeds no images and "
+            "freezes no tower): set dp, tp, pp, cp and ep to 1",
+        )  # fmt: skip
+    if sc.parallel.world_size > 1 or sc.parallel.ep > 1:
+        _check_multi_gpu(sc)
+    if sc.activation_checkpointing == "selective":
+        raise ScenarioError(
+            "activation_checkpointing",
+            "HF models have no Megatron selective checkpointing to trace; use none, full or selective-op",
+        )
+    if sc.loss == "chunked":
+        raise ScenarioError("loss", "HF models compute the standard loss; the chunked loss cannot be traced")
+    if sc.optimizer_in_backward:
+        raise ScenarioError("optimizer_in_backward", "not traced; set it to false")
+    _check_model_kernels(sc)
+    _check_objective(sc)
+    if sc.grad_accum_steps > 1:
+        raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+
+
+#: Objectives whose training step the tracer runs (``trace/objectives.py``) (every objective; the rollout phase is not traced).
+TRACEABLE_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo", "ppo")
+
+
+def _check_objective(sc: Scenario) -> None:
+    """Raise ScenarioError for an objective step the tracer does not run (the rollout phase is never traced:
+    it is held to vLLM's documented arithmetic instead, ``engine/rollout.py``)."""
+    obj = sc.objective_name
+    if obj not in TRACEABLE_OBJECTIVES:
+        raise ScenarioError(
+            "objective", f"{obj!r} is formula-only (not traced); traced: {', '.join(TRACEABLE_OBJECTIVES)}"
+        )
+    if obj != "sft" and sc.reference == "offload":
+        raise ScenarioError(
+            "rl.reference", "an offloaded reference is formula-only; trace 'gpu' or 'precomputed'"
+        )
+    if obj != "sft" and sc.rl_config.rollout != "none":
+        raise ScenarioError(
+            "rl.rollout",
+            "the rollout phase is formula-only (vLLM's documented arithmetic); set it to 'none' to trace the step",
+        )
+    if obj != "sft" and sc.parallel.world_size > 1:
+        raise ScenarioError("parallel", f"a {obj} step is traced on one GPU: set dp, tp, pp and cp to 1")
+    if obj != "sft" and sc.activation_checkpointing not in ("none", "full"):
+        raise ScenarioError("activation_checkpointing", f"a {obj} step traces 'none' or 'full'")
+
+
+def _check_model_kernels(sc: Scenario) -> None:
+    """Raise ScenarioError for a model path transformers or torch's CPU kernels cannot run (GPT-OSS has no
+    SDPA path; grouped_mm experts accept bf16 only on CPU)."""
+    try:
+        arch = architecture_for(sc.model)
+    except ScenarioError:  # the engine names a bad model itself; nothing to add here
+        return
+    if sc.attention == "sdpa" and arch.extra.get("attention_sinks"):
+        raise ScenarioError(
+            "attention",
+            f"{arch.extra['hf_class']} has no SDPA path in transformers (attention sinks): trace it with 'eager' "
+            "(the engine's 'sdpa' stands for the flash kernel with sinks used on GPUs)",
+        )
+    parts = arch.extra.get("mlp_parts")
+    # every MoE family of transformers 5 but Llama 4 (torch.bmm) runs its experts with grouped_mm
+    grouped = any(p.get("experts") and p.get("dispatch") != "dense" for p in parts) if parts else arch.is_moe
+    if grouped and sc.precision != "bf16":
+        raise ScenarioError(
+            "precision",
+            f"{sc.precision!r} cannot be traced for {arch.extra['hf_class']}: its grouped_mm experts run in bf16 "
+            "only on CPU; trace bf16",
+        )
+
+
+def _check_multi_gpu(sc: Scenario) -> None:
+    """Raise ScenarioError for a multi-GPU layout one traced rank cannot reproduce (pp goes to pipeline.py)."""
+    from memsim_widget.trace.rank_layout import check_distributed  # torch-free
+
+    if sc.parallel.pp == 1:
+        check_distributed(sc)
+
+
+def trace_kwargs(sc: Scenario) -> dict[str, Any]:
+    """The tracer's arguments for the same training step as ``sc``."""
+    kw: dict[str, Any] = {
+        "micro_batch_size": sc.micro_batch_size,
+        "seq_len": sc.seq_len,
+        "precision": sc.precision,
+        "optimizer": sc.optimizer,
+        "optimizer_impl": sc.optimizer_impl,
+        # what transformers runs: Gemma 2 has no SDPA path and runs eager (Architecture.attention_kernel)
+        "attention": architecture_for(sc.model).attention_kernel(sc.attention),
+        "gradient_checkpointing": sc.activation_checkpointing == "full" and (sc.checkpoint_every or 1) == 1,
+        "output_lifetime": output_lifetime(sc),
+    }
+    if architecture_for(sc.model).extra.get("vision"):
+        from memsim_widget.engine.context import Context
+
+        ctx = Context(sc)
+        kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
+    if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
+        kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
+    if sc.method != "full":
+        kw["lora"] = {
+            "r": sc.lora.rank,
+            "lora_alpha": sc.lora.alpha,
+            "target_modules": "all-linear" if "all-linear" in sc.lora.targets else list(sc.lora.targets),
+            "adapter_dtype": sc.lora.adapter_dtype,
+        }
+    if sc.objective_name != "sft":
+        rl = sc.rl_config
+        kw.pop("output_lifetime")  # the objective's step returns the loss only
+        kw.pop("layer_checkpointing", None)
+        kw.update(
+            objective=sc.objective_name,
+            reference=sc.reference,
+            num_generations=rl.num_generations,
+            completion_len=rl.completion_len,
+            sequences=sc.sequences_per_micro_batch,
+        )
+    return kw
