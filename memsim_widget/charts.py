@@ -12,6 +12,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+# CAPACITY_COLOR and CATEGORY_COLORS stay importable from here: the notebooks read the palette from charts
+from memsim_widget.chart_parts import (  # noqa: F401
+    CAPACITY_COLOR,
+    CATEGORY_COLORS,
+    SCHEMA,
+    capacity_layers,
+    category_color,
+    gib,
+)
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.items import CATEGORIES, fmt_bytes
@@ -23,34 +32,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 GiB = 1024**3
-SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"
-#: One color per category, in ``CATEGORIES`` order (the GPU capacity line is red, so no category is).
-CATEGORY_COLORS = ("#4c78a8", "#72b7b2", "#54a24b", "#f58518", "#eeca3b", "#9d755d")
-CAPACITY_COLOR = "#d62728"
 #: Log-scale stops of the two "how it scales" axes.
 MICRO_BATCH_STOPS = tuple(2**i for i in range(11))
 SEQ_LEN_STOPS = tuple(128 * 2**i for i in range(11))
 AXIS_TITLES = {"micro_batch_size": "micro-batch size", "seq_len": "sequence length"}
-
-
-def _category_color(columns: int) -> dict[str, Any]:
-    """Colour by breakdown category, in the fixed category palette, legend below the plot."""
-    return {
-        "field": "category",
-        "type": "nominal",
-        "scale": _color_scale(),
-        "legend": {"title": None, "orient": "bottom", "direction": "horizontal", "columns": columns},
-    }
-
-
-def _color_scale() -> dict[str, Any]:
-    """The shared category color scale."""
-    return {"domain": list(CATEGORIES), "range": list(CATEGORY_COLORS)}
-
-
-def _gib(nbytes: float) -> float:
-    """Bytes to GiB, rounded for compact JSON."""
-    return round(nbytes / GiB, 4)
 
 
 def model_label(model: Any) -> str:
@@ -96,7 +81,7 @@ def breakdown_records(source: Estimate | pd.DataFrame | Iterable[Mapping[str, An
                 "order": CATEGORIES.index(r["category"]) if r["category"] in CATEGORIES else len(CATEGORIES),
                 "item": r["item"],
                 "bytes": nbytes,
-                "gib": _gib(nbytes),
+                "gib": gib(nbytes),
                 "size": size,
                 "share": round(nbytes / max(totals[r["rank"]], 1), 4),
                 "formula": f"{r['formula']} = {size}",
@@ -105,55 +90,6 @@ def breakdown_records(source: Estimate | pd.DataFrame | Iterable[Mapping[str, An
             }
         )
     return out
-
-
-def _capacity_layers(capacity_bytes: int, headroom: float, label: str) -> list[dict[str, Any]]:
-    """The headroom band, the capacity rule and its label (shared by every chart)."""
-    cap = _gib(capacity_bytes)
-    usable = _gib(capacity_bytes * (1 - headroom))
-    band = {"lo": usable, "hi": cap, "note": f"headroom {headroom:.0%}: above {usable:.1f} GiB is 'tight'"}
-    rule = {"gib": cap, "label": f"{label}: {cap:.1f} GiB", "note": "GPU capacity (total_memory)"}
-    return [
-        {
-            "data": {"values": [band]},
-            "mark": {"type": "rect", "color": CAPACITY_COLOR, "opacity": 0.12},
-            "encoding": {
-                "x": {"value": 0},
-                "x2": {"value": "width"},
-                "y": {"field": "lo", "type": "quantitative"},
-                "y2": {"field": "hi"},
-                "tooltip": [{"field": "note", "type": "nominal", "title": "headroom"}],
-            },
-        },
-        {
-            "data": {"values": [rule]},
-            "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeWidth": 2},
-            "encoding": {
-                "y": {"field": "gib", "type": "quantitative"},
-                "tooltip": [
-                    {"field": "label", "type": "nominal", "title": "GPU"},
-                    {"field": "note", "type": "nominal", "title": "line"},
-                ],
-            },
-        },
-        {
-            "data": {"values": [rule]},
-            "mark": {
-                "type": "text",
-                "align": "left",
-                "baseline": "bottom",
-                "dx": 3,
-                "dy": -3,
-                "color": CAPACITY_COLOR,
-                "fontWeight": "bold",
-            },
-            "encoding": {
-                "x": {"value": 0},
-                "y": {"field": "gib", "type": "quantitative"},
-                "text": {"field": "label"},
-            },
-        },
-    ]
 
 
 def breakdown_spec(
@@ -179,7 +115,7 @@ def breakdown_spec(
     totals = []
     for stage, rank in ranks:
         nbytes = sum(r["bytes"] for r in records if r["rank"] == rank)
-        totals.append({"rank": rank, "stage": stage, "gib": _gib(nbytes), "label": f"{nbytes / GiB:.1f} GiB"})
+        totals.append({"rank": rank, "stage": stage, "gib": gib(nbytes), "label": f"{nbytes / GiB:.1f} GiB"})
     x = {
         "field": "rank",
         "type": "nominal",
@@ -196,7 +132,7 @@ def breakdown_spec(
         "encoding": {
             "x": x,
             "y": {"field": "gib", "type": "quantitative", "stack": "zero", "title": "GiB per GPU"},
-            "color": _category_color(3),
+            "color": category_color(3),
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
                 {"field": "rank", "type": "nominal"},
@@ -216,7 +152,7 @@ def breakdown_spec(
         "mark": {"type": "text", "baseline": "bottom", "dy": -3, "fontSize": 11},
         "encoding": {"x": x, "y": {"field": "gib", "type": "quantitative"}, "text": {"field": "label"}},
     }
-    band, rule, rule_label = _capacity_layers(capacity_bytes, headroom, gpu_name or "GPU")
+    band, rule, rule_label = capacity_layers(capacity_bytes, headroom, gpu_name or "GPU")
     # The capacity label goes right of the plot, on two lines: above the bars it would collide with the total
     # of a bar that ends near the line (the default scenario's 79.4 GiB on an 80 GiB card). The category legend
     # goes below the plot to leave that room.
@@ -270,12 +206,12 @@ def _scaling_points(scenario: Scenario, axis: str, stops: tuple[int, ...]) -> di
                     "x": value,
                     "category": cat,
                     "order": CATEGORIES.index(cat),
-                    "gib": _gib(nbytes),
+                    "gib": gib(nbytes),
                     "size": fmt_bytes(nbytes),
                     "total": fmt_bytes(total),
                 }
             )
-        totals.append({"x": value, "bytes": total, "gib": _gib(total)})
+        totals.append({"x": value, "bytes": total, "gib": gib(total)})
     return {
         "axis": axis,
         "stops": list(stops),
@@ -323,7 +259,7 @@ def scaling_data(
         data = dict(scaling_points(est.scenario, axis, stops))
         data["current"] = {
             "x": getattr(est.scenario, axis),
-            "gib": _gib(est.device_total_bytes),
+            "gib": gib(est.device_total_bytes),
             "bytes": est.device_total_bytes,
         }
         data["capacity_bytes"] = cap
@@ -350,7 +286,7 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
     # Zoom on the capacity: curves far above it are clipped so the crossing stays readable.
     y_max = round(max(cap_gib * 1.5, data["current"]["gib"] * 1.15), 1) if top > cap_gib * 1.5 else None
     y_scale = {"domain": [0, y_max]} if y_max else {}
-    band, rule, rule_label = _capacity_layers(data["capacity_bytes"], headroom, gpu_name)
+    band, rule, rule_label = capacity_layers(data["capacity_bytes"], headroom, gpu_name)
     layers: list[dict[str, Any]] = [band, rule]
     layers.append(
         {
@@ -365,7 +301,7 @@ def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> d
                     "title": "GiB per GPU (worst rank)",
                     "scale": y_scale,
                 },
-                "color": _category_color(6),
+                "color": category_color(6),
                 "order": {"field": "order", "type": "quantitative"},
                 "tooltip": [
                     {"field": "x", "type": "quantitative", "title": title},

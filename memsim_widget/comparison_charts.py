@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from memsim_widget.charts import CAPACITY_COLOR, SCHEMA, breakdown_spec
+from memsim_widget.chart_parts import CAPACITY_COLOR, SCHEMA
+from memsim_widget.charts import breakdown_spec
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.step_time import TIME_CATEGORIES
 from memsim_widget.time_charts import time_spec

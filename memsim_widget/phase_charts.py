@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memsim_widget.charts import SCHEMA, _capacity_layers, _category_color, model_label, to_altair
+from memsim_widget.chart_parts import SCHEMA, capacity_layers, category_color
+from memsim_widget.charts import model_label, to_altair
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.items import CATEGORIES, fmt_bytes
 
@@ -53,7 +54,7 @@ def phase_spec(est: Estimate, headroom: float = DEFAULT_HEADROOM, title: str | N
                 "stack": "zero",
                 "title": "GiB per GPU (allocated)",
             },
-            "color": _category_color(3),
+            "color": category_color(3),
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
                 {"field": "phase", "type": "nominal"},
@@ -69,7 +70,7 @@ def phase_spec(est: Estimate, headroom: float = DEFAULT_HEADROOM, title: str | N
         "mark": {"type": "text", "baseline": "bottom", "dy": -3, "fontSize": 11},
         "encoding": {"x": x, "y": {"field": "gib", "type": "quantitative"}, "text": {"field": "label"}},
     }
-    band, rule, rule_label = _capacity_layers(est.gpu.memory_bytes, headroom, est.gpu.name)
+    band, rule, rule_label = capacity_layers(est.gpu.memory_bytes, headroom, est.gpu.name)
     sc = est.scenario
     return {
         "$schema": SCHEMA,

@@ -1031,7 +1031,7 @@ def test_wheel_ships_the_front_end(tmp_path: Path) -> None:
         "import memsim_widget.widget as w, pathlib, re, sys; "
         "assert pathlib.Path(w.__file__).is_relative_to(pathlib.Path(sys.argv[1])), w.__file__; "
         "s = w.MemSim(charts_js=False); assert re.search(r'export\\s*\\{[^}]*\\brender\\b', s._esm); "
-        "assert str(w.assets._asset('widget.js')).endswith('memsim_widget/static/widget.js'); print(repr(s))"
+        "assert str(w.assets.asset('widget.js')).endswith('memsim_widget/static/widget.js'); print(repr(s))"
     )
     run = subprocess.run(
         [sys.executable, "-c", code, str(site)],

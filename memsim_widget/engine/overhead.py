@@ -127,7 +127,7 @@ def device_items(ctx: Context) -> list[Item]:
     return items
 
 
-def _waste_rates(ctx: Context) -> tuple[float, float]:
+def waste_rates(ctx: Context) -> tuple[float, float]:
     """(share of churning memory, multiple of the loss buffers) the allocator holds unused."""
     if expandable_segments(ctx):
         return FRAGMENTATION_EXPANDABLE, 0.0
@@ -145,7 +145,7 @@ def pool_bytes(ctx: Context, items: Iterable[Item], loss_names: set[str]) -> tup
             persistent += n
         elif i.item in loss_names:
             loss += n
-    f_transient, f_variable = _waste_rates(ctx)
+    f_transient, f_variable = waste_rates(ctx)
     waste = FRAGMENTATION_PERSISTENT * persistent + f_transient * (alloc - persistent) + f_variable * loss
     return alloc, int(waste)
 
@@ -174,7 +174,7 @@ def reserved_item(
     pool = best_alloc + best_waste
     cap = reserved_cap(ctx, outside)
     reserved = max(peak_allocated, min(pool, cap))
-    f_transient, f_variable = _waste_rates(ctx)
+    f_transient, f_variable = waste_rates(ctx)
     formula = (
         f"largest pool at {best_name}: {fmt_bytes(best_alloc)} allocated + {fmt_bytes(best_waste)} unused "
         f"({FRAGMENTATION_PERSISTENT:g} x weights and states + {f_transient:g} x the rest"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memsim_widget.charts import CAPACITY_COLOR, SCHEMA, to_altair
+from memsim_widget.chart_parts import CAPACITY_COLOR, SCHEMA
+from memsim_widget.charts import to_altair
 from memsim_widget.plan.search import Plan
 
 if TYPE_CHECKING:

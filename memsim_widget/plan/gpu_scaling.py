@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from memsim_widget.charts import SCHEMA, _capacity_layers, gpu_label, model_label, to_altair
+from memsim_widget.chart_parts import SCHEMA, capacity_layers
+from memsim_widget.charts import gpu_label, model_label, to_altair
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM
 from memsim_widget.errors import ScenarioError
@@ -144,7 +145,7 @@ def gpu_scaling_spec(
         },
         "width": 460,
         "height": 280,
-        "layer": [*_capacity_layers(ctx.gpu.memory_bytes, headroom, label), lines],
+        "layer": [*capacity_layers(ctx.gpu.memory_bytes, headroom, label), lines],
     }
 
 

@@ -29,8 +29,8 @@ from memsim_widget.engine.overhead import (
     FRAGMENTATION_PERSISTENT,
     NCCL_PER_COMMUNICATOR,
     PERSISTENT_CATEGORIES,
-    _waste_rates,
     context_bytes,
+    waste_rates,
     workspace_items,
 )
 from memsim_widget.engine.states import model_states
@@ -603,7 +603,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         )
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
-    f_t, f_v = _waste_rates(ctx0)
+    f_t, f_v = waste_rates(ctx0)
     peak_alloc = moments[0][0].copy()
     peak_m = np.zeros(nrows, dtype=np.int64)
     pool = peak_alloc.copy()

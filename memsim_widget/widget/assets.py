@@ -15,7 +15,7 @@ from pathlib import Path
 VL_CONVERT_VERSION = "v6_4"
 
 
-def _asset(name: str) -> Path:
+def asset(name: str) -> Path:
     """A front-end file: the packaged copy (wheel) first, else the repository's ``js/`` (editable install)."""
     packaged = Path(__file__).parent.parent / "static" / name
     if packaged.exists():

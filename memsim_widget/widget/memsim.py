@@ -26,7 +26,7 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
-from memsim_widget.widget.assets import _asset, vega_bundle
+from memsim_widget.widget.assets import asset, vega_bundle
 from memsim_widget.widget.compare_panel import CompareController
 from memsim_widget.widget.controls import build_options, normalize
 from memsim_widget.widget.export_panel import ExportController
@@ -34,7 +34,7 @@ from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait
 from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import GiB, build_result
-from memsim_widget.widget.scenario_edits import _defaults, _known, changed_keys, flatten, merge
+from memsim_widget.widget.scenario_edits import changed_keys, defaults, flatten, keep_known, merge
 from memsim_widget.widget.trace_panel import TraceController
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ class MemSim(anywidget.AnyWidget):
     their ``WidgetHost``.
     """
 
-    _esm = _asset("widget.js")
-    _css = _asset("widget.css")
+    _esm = asset("widget.js")
+    _css = asset("widget.css")
 
     #: The scenario as JSON (every key resolved when valid): the single source of truth for the controls.
     scenario_data = traitlets.Dict().tag(sync=True)
@@ -235,7 +235,7 @@ class MemSim(anywidget.AnyWidget):
             exc = ScenarioError("scenario", f"must be a JSON object, got {type(data).__name__}")
             self._reject({}, exc)
             return exc
-        data = merge(_defaults(), data)
+        data = merge(defaults(), data)
         if relative:
             changed = changed_keys(self._valid, data) | explicit
             if "num_gpus" not in changed:
@@ -270,7 +270,7 @@ class MemSim(anywidget.AnyWidget):
     def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:
         """Keep the previous result; show the input as typed (completed from the last valid one) and the error."""
         self._last_exc = exc
-        shown = merge(self._valid, _known(data))
+        shown = merge(self._valid, keep_known(data))
         if shown.get("num_gpus") is None:
             shown["num_gpus"] = self._valid["num_gpus"]
         with self.hold_sync():

@@ -41,7 +41,7 @@ def merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-def _known(data: Mapping[str, Any]) -> dict[str, Any]:
+def keep_known(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them."""
     # optional keys too: a rejected checkpoint_every must stay visible, or the error could not be cleared
     out = {k: v for k, v in data.items() if k in _default_dict() or k in OPTIONAL_KEYS}
@@ -58,6 +58,6 @@ def _default_dict() -> dict[str, Any]:
     return {**Scenario().to_dict(), "num_gpus": None}
 
 
-def _defaults() -> dict[str, Any]:
+def defaults() -> dict[str, Any]:
     """A fresh copy of the default scenario dict (nested sections copied)."""
     return merge(_default_dict(), {})
