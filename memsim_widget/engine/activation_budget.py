@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memsim_widget.engine.items import Level
+
 
 @dataclass
 class Term:
@@ -15,7 +17,7 @@ class Term:
     bytes: float
     formula: str
     tensors: int = 1
-    level: str = "tensor"
+    level: Level = Level.TENSOR
     skip_first: bool = False  # absent in layer 0 (e.g. the first norm when embeddings are frozen)
     first_bytes: float = 0.0  # bytes layer 0 does not hold when ``skip_first``
 

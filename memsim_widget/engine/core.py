@@ -8,6 +8,7 @@ from memsim_widget.engine import objectives
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import Estimate
+from memsim_widget.engine.items import Level
 from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
 from memsim_widget.engine.rank_estimate import RankEstimate
 from memsim_widget.engine.states import model_states
@@ -45,7 +46,7 @@ def _estimate(scenario: Scenario) -> Estimate:
             first += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, first)
         peak = max(steady, key=lambda m: m.allocated_bytes)
         # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
-        device = (*dev, *(i for i in states.persistent if i.level == "device"))
+        device = (*dev, *(i for i in states.persistent if i.level == Level.DEVICE))
         outside = sum(i.bytes for i in device)
         frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
         reserved = peak.allocated_bytes + frag.bytes

@@ -18,6 +18,7 @@ from memsim_widget.engine.rank_estimate import RankEstimate
 from memsim_widget.engine.rank_roles import rank_role
 from memsim_widget.engine.rollout import separate_group
 from memsim_widget.engine.time_breakdown import StepTime, step_time
+from memsim_widget.names import Name
 from memsim_widget.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -27,6 +28,16 @@ GiB = 1024**3
 #: Default share of device memory kept free: allocator variance between versions and runs
 #: (REFERENCE.md: 454 Megatron runs below 80% never ran out of memory; 10% covers most reports).
 DEFAULT_HEADROOM = 0.10
+
+
+class Verdict(Name):
+    """Whether the worst rank fits the GPU: inside ``1 - headroom`` of it, inside the card but within the headroom
+    band, or over the card."""
+
+    FITS = "fits"
+    TIGHT = "tight"
+    DOES_NOT_FIT = "does not fit"
+
 
 #: How ``mfu`` counts: model FLOPs per token over the card's dense peak.
 MFU_CONVENTION = (
@@ -107,11 +118,11 @@ class Estimate:
         card = self.gpu if gpu is None else resolve_gpu(gpu)
         return self.device_total_bytes <= card.memory_bytes * (1 - headroom)
 
-    def verdict(self, headroom: float = DEFAULT_HEADROOM) -> str:
+    def verdict(self, headroom: float = DEFAULT_HEADROOM) -> Verdict:
         """``fits``, ``tight`` (inside the card but within the headroom band) or ``does not fit``."""
         if self.fits(headroom=headroom):
-            return "fits"
-        return "tight" if self.device_total_bytes <= self.gpu.memory_bytes else "does not fit"
+            return Verdict.FITS
+        return Verdict.TIGHT if self.device_total_bytes <= self.gpu.memory_bytes else Verdict.DOES_NOT_FIT
 
     def recommended_memory_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
         """Smallest device memory that holds the peak with ``headroom`` to spare."""
@@ -193,7 +204,7 @@ class Estimate:
         out = []
         for r in self.ranks:
             for i in r.items:
-                counted = i.allocated_bytes if i.level in ("tensor", "allocator") else i.bytes
+                counted = i.allocated_bytes if i.level.allocated else i.bytes
                 out.append(
                     {
                         "rank": r.label,

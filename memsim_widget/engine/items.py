@@ -5,14 +5,46 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-#: Breakdown categories in display order. "temporaries" are short-lived buffers of one moment.
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporaries", "overhead")
+from memsim_widget.names import Name
 
-#: Where an item shows up. "tensor": a live tensor PyTorch's dispatcher sees (and a fake-tensor trace);
-#: "allocator": allocated through the caching allocator but not a user-visible tensor (cuBLAS
-#: workspace, kernel scratch); "reserved": held by the allocator but not allocated (fragmentation);
-#: "device": outside PyTorch (CUDA context, NCCL); "host": CPU RAM (offload).
-LEVELS = ("tensor", "allocator", "reserved", "device", "host")
+
+class Category(Name):
+    """Breakdown categories, in display order. ``TEMPORARIES`` are short-lived buffers of one moment."""
+
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATES = "optimizer_states"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    OVERHEAD = "overhead"
+
+
+class Level(Name):
+    """Where an item shows up. ``TENSOR``: a live tensor PyTorch's dispatcher sees (and a fake-tensor trace);
+    ``ALLOCATOR``: allocated through the caching allocator but not a user-visible tensor (cuBLAS workspace,
+    kernel scratch); ``RESERVED``: held by the allocator but not allocated (fragmentation); ``DEVICE``: outside
+    PyTorch (CUDA context, NCCL); ``HOST``: CPU RAM (offload)."""
+
+    TENSOR = "tensor"
+    ALLOCATOR = "allocator"
+    RESERVED = "reserved"
+    DEVICE = "device"
+    HOST = "host"
+
+    @property
+    def allocated(self) -> bool:
+        """True for the levels ``torch.cuda.memory_allocated`` counts (tensors and allocator scratch)."""
+        return self in ALLOCATED_LEVELS
+
+
+#: The categories in display order, and the levels (as tuples of members, which are their string values).
+CATEGORIES = tuple(Category)
+LEVELS = tuple(Level)
+#: The levels ``torch.cuda.memory_allocated`` counts.
+ALLOCATED_LEVELS = frozenset((Level.TENSOR, Level.ALLOCATOR))
+#: name -> member, for ``Item``'s conversion of plain strings
+_CATEGORY = {m.value: m for m in Category}
+_LEVEL = {m.value: m for m in Level}
 
 ALLOC_ROUND = 512
 
@@ -26,17 +58,25 @@ def round_alloc(nbytes: int) -> int:
 class Item:
     """``bytes`` of one kind of memory; ``tensors`` is how many separate allocations it is made of."""
 
-    category: str
+    category: Category
     item: str
     bytes: int
     formula: str
-    level: str = "tensor"
+    level: Level = Level.TENSOR
     tensors: int = 1
+
+    def __post_init__(self) -> None:
+        # callers may pass the plain string ("activations"): stored as the member (an unknown name raises
+        # ValueError); a dict lookup, not Category(...), as items are made on the engine's hot path
+        if self.category.__class__ is not Category:
+            object.__setattr__(self, "category", _CATEGORY.get(self.category) or Category(self.category))
+        if self.level.__class__ is not Level:
+            object.__setattr__(self, "level", _LEVEL.get(self.level) or Level(self.level))
 
     @cached_property
     def allocated_bytes(self) -> int:
         """Bytes as ``torch.cuda.memory_allocated`` counts them (each tensor rounded up to 512 B)."""
-        if self.level not in ("tensor", "allocator") or self.bytes <= 0:
+        if self.level not in ALLOCATED_LEVELS or self.bytes <= 0:
             return 0
         n = max(self.tensors, 1)
         return round_alloc(-(-self.bytes // n)) * n

@@ -41,10 +41,11 @@ from dataclasses import replace
 
 from memsim_widget.engine.activation_budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.items import Item
+from memsim_widget.engine.items import Category, Item, Level
 from memsim_widget.engine.states import StateBudget, model_states
 from memsim_widget.engine.timeline import Moment
 from memsim_widget.errors import ScenarioError
+from memsim_widget.names import Name
 from memsim_widget.scenario import Scenario
 
 #: Objectives whose training step has a frozen reference model's forward inside it (not GRPO/PPO: theirs runs in
@@ -54,9 +55,16 @@ REFERENCE_IN_STEP = ("dpo", "kto")
 ROLLOUT_MOMENTS = ("rollout_generate", "rollout_score")
 
 
-def phase_of(moment: str) -> str:
+class Phase(Name):
+    """The two phases of a preference or RL step: generation and scoring (``rollout``), and the training step."""
+
+    TRAINING = "training"
+    ROLLOUT = "rollout"
+
+
+def phase_of(moment: str) -> Phase:
     """``rollout`` for the generation-phase moments, ``training`` for the step's."""
-    return "rollout" if moment in ROLLOUT_MOMENTS else "training"
+    return Phase.ROLLOUT if moment in ROLLOUT_MOMENTS else Phase.TRAINING
 
 
 def training_scenario(sc: Scenario) -> Scenario:
@@ -249,7 +257,7 @@ def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) 
         if label == "reward model":  # a sequence classifier: the backbone and a scalar score head
             items = _score_head(ctx, items, label)
         if where == "offload":
-            states.host.extend(replace(i, item=i.item + " (offloaded)", level="host") for i in items)
+            states.host.extend(replace(i, item=i.item + " (offloaded)", level=Level.HOST) for i in items)
         else:
             states.persistent.extend(items)
     from memsim_widget.engine.rollout import resident_items
@@ -274,7 +282,9 @@ def _add_value_model(ctx: Context, stage: Stage, states: StateBudget) -> None:
     weights = [
         i
         for i in vst.persistent
-        if i.category == "parameters" and i.level == "tensor" and not i.item.startswith(_NOT_POLICY)
+        if i.category == Category.PARAMETERS
+        and i.level == Level.TENSOR
+        and not i.item.startswith(_NOT_POLICY)
     ]
     total = sum(i.bytes for i in weights)
     head = next((i for i in weights if i.item == "head weights"), None)
@@ -297,9 +307,20 @@ def _add_value_model(ctx: Context, stage: Stage, states: StateBudget) -> None:
         if i is not head
     ]
     if score:
-        out.append(Item("parameters", "value model: score head (h x 1)", score, "h x 1 weights", "tensor", 1))
+        out.append(
+            Item(
+                Category.PARAMETERS,
+                "value model: score head (h x 1)",
+                score,
+                "h x 1 weights",
+                Level.TENSOR,
+                1,
+            )
+        )
     out += [
-        scaled(i) for i in vst.persistent if i.category != "parameters" and not i.item.startswith(_NOT_POLICY)
+        scaled(i)
+        for i in vst.persistent
+        if i.category != Category.PARAMETERS and not i.item.startswith(_NOT_POLICY)
     ]
     grads, below, temps = (
         [scaled(i) for i in vst.grads],
@@ -342,16 +363,16 @@ def _frozen_weights(ctx: Context, states: StateBudget, label: str) -> list[Item]
     the same sharding (``prepare_deepspeed`` / ``prepare_fsdp``)."""
     return [
         Item(
-            "parameters",
+            Category.PARAMETERS,
             f"{label} weights (frozen): {i.item}",
             i.bytes,
             f"as the policy's: {i.formula}",
-            "tensor",
+            Level.TENSOR,
             i.tensors,
         )
         for i in states.persistent
-        if i.category == "parameters"
-        and i.level == "tensor"
+        if i.category == Category.PARAMETERS
+        and i.level == Level.TENSOR
         and "LoRA" not in i.item
         and not i.item.startswith(("reference model", "reward model", "value model", "vLLM"))
     ]
@@ -375,7 +396,7 @@ def _kept_at_forward_end(sc: Scenario, acts: ActivationBudget, forward_end: Mome
     if sc.objective_name == "kto":
         return forward_end.items
     gone = {t.name for t in acts.loss_forward}
-    return tuple(i for i in forward_end.items if not (i.category == "activations" and i.item in gone))
+    return tuple(i for i in forward_end.items if not (i.category == Category.ACTIVATIONS and i.item in gone))
 
 
 def reference_moment(
@@ -394,7 +415,7 @@ def reference_moment(
 def _loaded_reference(states: StateBudget) -> list[Item]:
     """An offloaded reference comes back to the GPU for its forward (OpenRLHF --ref_reward_offload)."""
     return [
-        replace(i, item=i.item.replace(" (offloaded)", " (loaded for its forward)"), level="tensor")
+        replace(i, item=i.item.replace(" (offloaded)", " (loaded for its forward)"), level=Level.TENSOR)
         for i in states.host
         if i.item.startswith("reference model")
     ]
@@ -419,21 +440,21 @@ def kto_metrics_moment(
         items.append(_ref_cache(ctx))
         items.append(
             Item(
-                "temporaries",
+                Category.TEMPORARIES,
                 "reference logits (no_grad; ref_outputs kept)",
                 le * T * V,
                 f"{le} B x T x V",
-                "tensor",
+                Level.TENSOR,
                 1,
             )
         )
     items.append(
         Item(
-            "temporaries",
+            Category.TEMPORARIES,
             "metrics: index_select of one label's cut logits, then its masked rows",
             2 * le * (T - b) * V,
             f"2 x {le} B x b(s-1) x V",
-            "tensor",
+            Level.TENSOR,
             2,
         )
     )
@@ -457,22 +478,29 @@ def reference_forward(ctx: Context, sc: Scenario) -> list[Item]:
     I, h = ctx.arch.intermediate_size // ctx.par.tp, ctx.arch.hidden_size
     layer = [
         Item(
-            "temporaries",
+            Category.TEMPORARIES,
             "reference forward: one layer's MLP working set (no_grad)",
             n_mlp * e * Tl * I + 4 * e * Tl * h,
             f"{n_mlp} x {e} B x T x I + 4 x {e} B x T x h",
-            "tensor",
+            Level.TENSOR,
             n_mlp + 4,
         )
     ]
     head = [
-        Item("temporaries", "reference logits (no_grad)", le * Tl * V, f"{le} B x T x V", "tensor", 1),
         Item(
-            "temporaries",
+            Category.TEMPORARIES,
+            "reference logits (no_grad)",
+            le * Tl * V,
+            f"{le} B x T x V",
+            Level.TENSOR,
+            1,
+        ),
+        Item(
+            Category.TEMPORARIES,
             "reference log-softmax rows (the loop keeps the previous row)",
             le * rows * s * V,
             f"{rows} x {le} B x s x V",
-            "tensor",
+            Level.TENSOR,
             rows,
         ),
     ]
@@ -483,11 +511,11 @@ def reference_forward(ctx: Context, sc: Scenario) -> list[Item]:
         layer += [
             cache,
             Item(
-                "temporaries",
+                Category.TEMPORARIES,
                 "reference forward: SDPA's float bias from the padding mask",
                 e * T * s,
                 f"{e} B x b x s^2",
-                "tensor",
+                Level.TENSOR,
                 1,
             ),
         ]
@@ -502,11 +530,11 @@ def _ref_cache(ctx: Context) -> Item:
     _, cache, _ = padded_forward_terms(ctx)
     L = ctx.arch.num_layers
     return Item(
-        "temporaries",
+        Category.TEMPORARIES,
         f"reference {cache.name}",
         cache.bytes * L,
         f"{L} layers x {cache.formula}",
-        "tensor",
+        Level.TENSOR,
         2 * L,
     )
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from memsim_widget.engine.activation_budget import ActivationBudget
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import expandable_segments
-from memsim_widget.engine.items import Item, fmt_bytes
+from memsim_widget.engine.items import Category, Item, Level, fmt_bytes
 
 GiB = 1024**3
 MiB = 1024**2
@@ -60,7 +60,7 @@ FRAGMENTATION_TRANSIENT = 0.44
 #: value over the odd-id variable-shape rows (ms-swift, ids 107-121 odd).
 FRAGMENTATION_VARIABLE = 2.1
 
-PERSISTENT_CATEGORIES = ("parameters", "optimizer_states")
+PERSISTENT_CATEGORIES = (Category.PARAMETERS, Category.OPTIMIZER_STATES)
 
 
 def workspace_items(ctx: Context) -> list[Item]:
@@ -68,11 +68,11 @@ def workspace_items(ctx: Context) -> list[Item]:
     ws = ctx.gpu.cublas_workspace_bytes
     return [
         Item(
-            "overhead",
+            Category.OVERHEAD,
             "cuBLAS workspaces",
             CUBLAS_HANDLES * ws,
             f"{CUBLAS_HANDLES} handles x {fmt_bytes(ws)} ({ctx.gpu.generation})",
-            "allocator",
+            Level.ALLOCATOR,
             CUBLAS_HANDLES,
         )
     ]
@@ -102,12 +102,12 @@ def device_items(ctx: Context) -> list[Item]:
     cb = context_bytes(ctx)
     items = [
         Item(
-            "overhead",
+            Category.OVERHEAD,
             "CUDA context and kernels",
             cb,
             f"{fmt_bytes(cb)} ({ctx.gpu.generation}, "
             + ("lazy module loading)" if lazy else "eager module loading, measured on CUDA 11)"),
-            "device",
+            Level.DEVICE,
             0,
         )
     ]
@@ -116,11 +116,11 @@ def device_items(ctx: Context) -> list[Item]:
         n = len(comms)
         items.append(
             Item(
-                "overhead",
+                Category.OVERHEAD,
                 "NCCL communicator buffers",
                 n * NCCL_PER_COMMUNICATOR,
                 f"{n} communicators ({', '.join(comms)}) x {fmt_bytes(NCCL_PER_COMMUNICATOR)}",
-                "device",
+                Level.DEVICE,
                 0,
             )
         )
@@ -187,11 +187,11 @@ def reserved_item(
         )
     )
     return Item(
-        "overhead",
+        Category.OVERHEAD,
         "allocator fragmentation (reserved - allocated)",
         reserved - peak_allocated,
         formula,
-        "reserved",
+        Level.RESERVED,
         0,
     )
 

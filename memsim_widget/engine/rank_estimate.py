@@ -63,7 +63,7 @@ class RankEstimate:
         """Bytes per category at the peak (device total split; temporaries kept apart)."""
         out = dict.fromkeys(CATEGORIES, 0)
         for i in self.items:
-            out[i.category] += i.allocated_bytes if i.level in ("tensor", "allocator") else i.bytes
+            out[i.category] += i.allocated_bytes if i.level.allocated else i.bytes
         return out
 
     def moment_totals(self) -> dict[str, int]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.items import Category, Item, Level, fmt_int
 from memsim_widget.engine.states import StateBudget
 from memsim_widget.engine.timeline import Moment
 from memsim_widget.scenario import Scenario
@@ -87,7 +87,7 @@ def engine_items(ctx: Context, sc: Scenario) -> dict[str, Item]:
     rl, a = sc.rl_config, ctx.arch
     wb = WEIGHT_BYTES[rl.rollout_dtype]
     weights = Item(
-        "parameters",
+        Category.PARAMETERS,
         f"vLLM weights ({rl.rollout_dtype})",
         wb * a.parameters,
         f"{wb} B x {fmt_int(a.parameters)} params (the engine's own copy, LoRA merged)",
@@ -96,13 +96,13 @@ def engine_items(ctx: Context, sc: Scenario) -> dict[str, Item]:
     tokens, seqs = profile_batch(ctx)
     act_bytes = tokens * (n_mlp * 2 * a.intermediate_size + 8 * a.hidden_size) + seqs * a.vocab_size * 4
     act = Item(
-        "activations",
+        Category.ACTIVATIONS,
         "vLLM activation peak (profiled forward)",
         act_bytes,
         f"{tokens} tokens x ({n_mlp} x 2 B x I + 4 x 2 B x h) + {seqs} seqs x 4 B x V",
     )
     graphs = Item(
-        "overhead",
+        Category.OVERHEAD,
         "vLLM CUDA graphs",
         CUDA_GRAPH_BYTES if rl.cuda_graphs else 0,
         "0.4 GiB typical (vLLM capture logs)" if rl.cuda_graphs else "enforce_eager: none",
@@ -112,7 +112,7 @@ def engine_items(ctx: Context, sc: Scenario) -> dict[str, Item]:
         n = generation_sequences(sc)
         blocks = n * math.ceil(ctx.seq_len / BLOCK_SIZE)
         kv = Item(
-            "activations",
+            Category.ACTIVATIONS,
             "vLLM KV cache (blocks needed)",
             blocks * BLOCK_SIZE * per_tok,
             f"{n} seqs x ceil({ctx.seq_len}/{BLOCK_SIZE}) blocks x {BLOCK_SIZE} tokens x "
@@ -123,7 +123,7 @@ def engine_items(ctx: Context, sc: Scenario) -> dict[str, Item]:
         left = budget - weights.bytes - act.bytes - graphs.bytes
         blocks = max(0, left) // (BLOCK_SIZE * per_tok)
         kv = Item(
-            "activations",
+            Category.ACTIVATIONS,
             "vLLM KV cache (gpu_memory_utilization)",
             blocks * BLOCK_SIZE * per_tok,
             f"{rl.gpu_memory_utilization:g} x {ctx.gpu.memory_bytes / GiB:.0f} GiB - weights - activation peak "
@@ -149,11 +149,13 @@ def resident_items(ctx: Context, sc: Scenario) -> tuple[list[Item], list[Item]]:
         kept = [e["weights"], e["kv"], e["graphs"]]
         return [_named(i, i.item + asleep) for i in kept if i.bytes], []
     gpu = [_named(e["graphs"], "vLLM CUDA graphs (kept asleep)")] if e["graphs"].bytes else []
-    host = [_named(e["weights"], "vLLM weights (sleep level 1: in host RAM)", "host")] if mode == 1 else []
+    host = (
+        [_named(e["weights"], "vLLM weights (sleep level 1: in host RAM)", Level.HOST)] if mode == 1 else []
+    )
     return gpu, host
 
 
-def _named(i: Item, name: str, level: str | None = None) -> Item:
+def _named(i: Item, name: str, level: Level | None = None) -> Item:
     return Item(i.category, name, i.bytes, i.formula, level or i.level, i.tensors)
 
 
@@ -173,7 +175,7 @@ def _scoring(ctx: Context, sc: Scenario) -> list[Item]:
     if layer >= head:
         return [
             Item(
-                "temporaries",
+                Category.TEMPORARIES,
                 "scoring forward: one layer's working set (no_grad)",
                 layer,
                 f"{n_mlp} x {e} B x T x I + 4 x {e} B x T x h",
@@ -181,7 +183,7 @@ def _scoring(ctx: Context, sc: Scenario) -> list[Item]:
         ]
     return [
         Item(
-            "temporaries",
+            Category.TEMPORARIES,
             "scoring forward: completion logits, tempered copy, two log-softmax rows (no_grad)",
             head,
             f"{e} B x V x (b(C+1) + bC + 2C)",
@@ -196,7 +198,7 @@ def rollout_moments(
     the trainer's weights and optimizer states) and scoring (the engine asleep or resident)."""
     if sc.objective_name not in ("grpo", "ppo"):
         return []
-    persistent = [i for i in states.persistent if i.level == "tensor"]
+    persistent = [i for i in states.persistent if i.level == Level.TENSOR]
     trainer = [i for i in persistent if not i.item.startswith("vLLM")]
     out = []
     if sc.rl_config.rollout == "vllm_colocate":

@@ -23,6 +23,7 @@ from typing import Any
 from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.flops import ModelFlops, model_flops
 from memsim_widget.engine.gpu_speed import GPUS_PER_NODE, GPUSpeed, gpu_speed, matmul_efficiency
+from memsim_widget.names import Name
 from memsim_widget.optimizers import OptimizerSpec
 from memsim_widget.precision import PrecisionRecipe
 from memsim_widget.scenario import Scenario
@@ -61,9 +62,23 @@ COMPILE_ELEMENTWISE = 0.5
 #: userbuffers) and the distributed optimizer's parameter all-gather behind the next forward.
 OVERLAPPING_FRAMEWORKS = ("megatron",)
 
+
+class TimeCategory(Name):
+    """Where the step's time goes, in the order of the breakdown frame and chart."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    MEMORY_BOUND = "memory-bound"
+    TENSOR_CONTEXT_PARALLEL = "tensor/context parallel"
+    DATA_PARALLEL = "data parallel"
+    PIPELINE_BUBBLE = "pipeline bubble"
+    OPTIMIZER_STEP = "optimizer step"
+    OFFLOAD = "offload"
+
+
 #: The step's categories, in the order of the breakdown frame and chart.
-TIME_CATEGORIES = ("forward", "backward", "recompute", "memory-bound", "tensor/context parallel",
-                   "data parallel", "pipeline bubble", "optimizer step", "offload")  # fmt: skip
+TIME_CATEGORIES = tuple(TimeCategory)
 #: Checkpointing codes (as the planner's columns): none, selective, full, selective-op.
 CKPT_CODES = {"none": 0, "selective": 1, "full": 2, "selective-op": 3}
 LOSS_CODES = {"standard": 0, "chunked": 1}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.step_time import (
     TIME_CATEGORIES,
+    TimeCategory,
     TimeModel,
     optimizer_step_bytes,
     scenario_columns,
@@ -19,7 +20,7 @@ from memsim_widget.engine.step_time import (
 class TimeItem:
     """Seconds per step one part of the work takes on the slowest rank, and how."""
 
-    category: str
+    category: TimeCategory
     item: str
     seconds: float
     formula: str
@@ -76,44 +77,44 @@ def _items(k: TimeModel, p: dict) -> tuple[TimeItem, ...]:
     mm = v["lin"] + v["ada"] + v["head"]
     att_b = m * v["t_att"] * k.attention_backward
     out = [
-        TimeItem("forward", "matmuls (Linear, adapters, head)", m * v["t_lin"],
+        TimeItem(TimeCategory.FORWARD, "matmuls (Linear, adapters, head)", m * v["t_lin"],
                  f"{_g(m)} micro-batches x ({_g(mm)} FLOP / ({eff}) + {_g(v['io'])} B GEMM reads and writes / "
                  f"{_g(v['hbm'] / 1e9)} GB/s)"),
-        TimeItem("forward", "attention (causal)", m * v["t_att"],
+        TimeItem(TimeCategory.FORWARD, "attention (causal)", m * v["t_att"],
                  f"{_g(m)} x {_g(v['att'])} FLOP / ({eff} x {k.attention_efficiency} attention kernels)"),
-        TimeItem("backward", "matmuls (Linear, adapters, head)", p["backward"] - att_b,
+        TimeItem(TimeCategory.BACKWARD, "matmuls (Linear, adapters, head)", p["backward"] - att_b,
                  "2x forward for trained weights (activation and weight gradients), 1x for frozen ones"),
-        TimeItem("backward", "attention", att_b,
+        TimeItem(TimeCategory.BACKWARD, "attention", att_b,
                  f"{k.attention_backward} x the forward's attention (FlashAttention-2's 5 matmuls for 2)"),
-        TimeItem("recompute", "checkpointed forward and chunked loss", p["recompute"],
+        TimeItem(TimeCategory.RECOMPUTE, "checkpointed forward and chunked loss", p["recompute"],
                  "forward FLOPs rerun in backward (full: the layer, selective: attention, selective-op: half the "
                  "matmuls; chunked loss: the head)"),
-        TimeItem("memory-bound", "norms, residuals, activations, RoPE", m * v["el"] / v["hbm"],
+        TimeItem(TimeCategory.MEMORY_BOUND, "norms, residuals, activations, RoPE", m * v["el"] / v["hbm"],
                  f"{_g(m)} x {_g(v['el'])} B / {_g(v['hbm'] / 1e9)} GB/s (80% of HBM)"),
-        TimeItem("memory-bound", "cross-entropy over the logits", m * v["loss_b"] / v["hbm"],
+        TimeItem(TimeCategory.MEMORY_BOUND, "cross-entropy over the logits", m * v["loss_b"] / v["hbm"],
                  f"{_g(m)} x {_g(v['t'])} tokens x {k.vocab} logits x 30 B / {_g(v['hbm'] / 1e9)} GB/s"),
-        TimeItem("memory-bound", "autocast weight copies", m * v["cast_b"] / v["hbm"],
+        TimeItem(TimeCategory.MEMORY_BOUND, "autocast weight copies", m * v["cast_b"] / v["hbm"],
                  "fp32 -> 16-bit copy of the local weights each forward, 6 B per parameter"),
-        TimeItem("memory-bound", "QLoRA dequantisation", m * v["deq_b"] / v["hbm"],
+        TimeItem(TimeCategory.MEMORY_BOUND, "QLoRA dequantisation", m * v["deq_b"] / v["hbm"],
                  "NF4 -> bf16 before each matmul that reads the weight, 2.5 B per element"),
-        TimeItem("tensor/context parallel", "tensor parallel all-reduces", m * v["t_tp"],
+        TimeItem(TimeCategory.TENSOR_CONTEXT_PARALLEL, "tensor parallel all-reduces", m * v["t_tp"],
                  "4 collectives per layer and micro-batch (6 with full recomputation) of t x hidden, ring 2(tp-1)/tp"),
-        TimeItem("tensor/context parallel", "context parallel K/V ring (exposed)", m * v["t_cp"],
+        TimeItem(TimeCategory.TENSOR_CONTEXT_PARALLEL, "context parallel K/V ring (exposed)", m * v["t_cp"],
                  "3 x (cp-1) K/V chunks per layer, less the attention compute it overlaps"),
-        TimeItem("tensor/context parallel", "expert all-to-all", m * v["t_ep"],
+        TimeItem(TimeCategory.TENSOR_CONTEXT_PARALLEL, "expert all-to-all", m * v["t_ep"],
                  "dispatch and combine, forward and backward, (ep-1)/ep of t x top-k x hidden"),
-        TimeItem("tensor/context parallel", "pipeline send/receive",
+        TimeItem(TimeCategory.TENSOR_CONTEXT_PARALLEL, "pipeline send/receive",
                  p["tensor/context parallel"] - m * (v["t_tp"] + v["t_cp"] + v["t_ep"]),
                  "activations forward and gradients backward between stages, per micro-batch"),
-        TimeItem("data parallel", "exposed data-parallel / FSDP communication", p["data parallel"],
+        TimeItem(TimeCategory.DATA_PARALLEL, "exposed data-parallel / FSDP communication", p["data parallel"],
                  (f"ZeRO-3 gathers {_g(v['z3'])} s per micro-batch ({_g(v['z3x'])} s exposed), "
                   if v["z3x"] else "")
                  + f"gradient reduce {_g(v['red'])} s, hidden behind compute but for one layer's share and any excess"),
-        TimeItem("pipeline bubble", "pipeline bubble", p["pipeline bubble"],
+        TimeItem(TimeCategory.PIPELINE_BUBBLE, "pipeline bubble", p["pipeline bubble"],
                  f"{_g(v['bubble_mbs'])} micro-batch times idle ((pp-1)/virtual stages) x {_g(v['t_pipe'])} s"),
-        TimeItem("optimizer step", "optimizer step (memory-bound)", p["optimizer step"],
+        TimeItem(TimeCategory.OPTIMIZER_STEP, "optimizer step (memory-bound)", p["optimizer step"],
                  f"{_g(v['tr_sh'])} trained parameters on this rank x bytes read and written / HBM"),
-        TimeItem("offload", "offloaded optimizer (PCIe + host Adam)", p["offload"],
+        TimeItem(TimeCategory.OFFLOAD, "offloaded optimizer (PCIe + host Adam)", p["offload"],
                  f"{_g(v['tr_sh'])} parameters: gradients down, weights up over PCIe, CPU Adam at 1e9/s"),
     ]  # fmt: skip
     return tuple(out)

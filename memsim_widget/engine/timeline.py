@@ -13,7 +13,7 @@ from functools import cached_property
 from memsim_widget.engine.activation_budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
-from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.items import Category, Item, fmt_int
 from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
 from memsim_widget.engine.states import StateBudget
 
@@ -90,7 +90,7 @@ class Moment:
 
 
 def _scaled(
-    terms: list[Term], factor: float, label: str, category: str = "activations", first: float = 0
+    terms: list[Term], factor: float, label: str, category: Category = Category.ACTIVATIONS, first: float = 0
 ) -> list[Item]:
     """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items;
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""

@@ -11,21 +11,22 @@ from collections.abc import Callable
 from typing import Any
 
 from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.engine.items import Category, Level
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace.traceable import check_traceable, trace_kwargs
 
 #: Tracker roles -> breakdown categories (the engine's names).
 ROLE_CATEGORY = {
-    "parameter": "parameters",
-    "buffer": "parameters",
-    "gradient": "gradients",
-    "optimizer_state": "optimizer_states",
-    "activation": "activations",
-    "input": "activations",
-    "temporary": "temporaries",
-    "unsharded_parameter": "parameters",
-    "collective": "temporaries",
+    "parameter": Category.PARAMETERS,
+    "buffer": Category.PARAMETERS,
+    "gradient": Category.GRADIENTS,
+    "optimizer_state": Category.OPTIMIZER_STATES,
+    "activation": Category.ACTIVATIONS,
+    "input": Category.ACTIVATIONS,
+    "temporary": Category.TEMPORARIES,
+    "unsharded_parameter": Category.PARAMETERS,
+    "collective": Category.TEMPORARIES,
 }
 
 
@@ -137,7 +138,7 @@ def simulated_components(sc: Scenario, rank: int = 0) -> dict[str, Any]:
     moment = max(stage.moments, key=lambda m: m.tensor_bytes)
     comps: dict[str, int] = {}
     for i in moment.items:
-        if i.level == "tensor":
+        if i.level == Level.TENSOR:
             comps[i.category] = comps.get(i.category, 0) + i.bytes
     return {
         "peak_tensor_bytes": stage.peak_tensor_bytes,
@@ -153,7 +154,7 @@ def trace_report(sc: Scenario, result: Any) -> dict[str, Any]:
     engine's simulation of the same step under ``simulated``."""
     components: dict[str, int] = {}
     for role, nbytes in result.by_role.items():
-        cat = ROLE_CATEGORY.get(role, "temporaries")
+        cat = ROLE_CATEGORY.get(role, Category.TEMPORARIES)
         components[cat] = components.get(cat, 0) + nbytes
     return {
         "scenario": sc.to_dict(),

@@ -13,23 +13,39 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-#: "unsharded_parameter": a parameter FSDP gathered for its unit's compute; "collective": a communication
-#: buffer (all-gather, reduce-scatter staging) of a multi-GPU trace.
-ROLES = (
-    "parameter",
-    "buffer",
-    "gradient",
-    "optimizer_state",
-    "activation",
-    "temporary",
-    "input",
-    "unsharded_parameter",
-    "collective",
-)
-PHASES = ("setup", "forward", "loss", "backward", "optimizer_step", "zero_grad")
-_EXPLICIT = frozenset(
-    ("parameter", "buffer", "gradient", "optimizer_state", "input", "unsharded_parameter", "collective")
-)
+from memsim_widget.names import Name
+
+
+class Role(Name):
+    """What a traced storage is for. ``UNSHARDED_PARAMETER``: a parameter FSDP gathered for its unit's compute;
+    ``COLLECTIVE``: a communication buffer (all-gather, reduce-scatter staging) of a multi-GPU trace."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATION = "activation"
+    TEMPORARY = "temporary"
+    INPUT = "input"
+    UNSHARDED_PARAMETER = "unsharded_parameter"
+    COLLECTIVE = "collective"
+
+
+class StepPhase(Name):
+    """The parts of a traced training step, in order."""
+
+    SETUP = "setup"
+    FORWARD = "forward"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer_step"
+    ZERO_GRAD = "zero_grad"
+
+
+#: The roles and phases in order (members, which are their string values).
+ROLES = tuple(Role)
+PHASES = tuple(StepPhase)
+_EXPLICIT = frozenset(set(Role) - {Role.ACTIVATION, Role.TEMPORARY})
 _PRIM_DEVICE = torch.ops.prim.device.default
 _LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
 
