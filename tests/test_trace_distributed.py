@@ -124,7 +124,7 @@ def _originals() -> dict[str, object]:
     return out
 
 
-@pytest.mark.parametrize("where", ["_model_factory", "_input_factory"])
+@pytest.mark.parametrize("where", ["_model_factory", "input_factory"])
 def test_a_failing_trace_leaves_no_process_group_and_no_patch(
     monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
@@ -175,17 +175,17 @@ def test_the_trace_agrees_with_torchs_fsdp_mem_tracker_to_the_byte() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from memsim_widget.trace.hf import _input_factory, _real_mode_shims, build_hf_config
+    from memsim_widget.trace.hf import build_hf_config, input_factory, real_mode_shims
 
     sc = scenario(dp=2, zero=3)
     ours = trace_scenario(sc, rank=0).tracker.peak_bytes
     cfg = build_hf_config(dict(TINY_LLAMA), "sdpa")
-    with distributed.fake_world(0, 2), distributed.private_sharding_fake_mode(), _real_mode_shims(True, []):
+    with distributed.fake_world(0, 2), distributed.private_sharding_fake_mode(), real_mode_shims(True, []):
         mesh = distributed.cpu_mesh({"dp": 2})
         with FakeTensorMode():
             model = distributed._model_factory(sc, cfg, mesh, [], True)()
             opt = torch.optim.AdamW(list(model.parameters()), lr=1e-3, foreach=True)
-            make = _input_factory(cfg, 2, 512, torch.bfloat16)
+            make = input_factory(cfg, 2, 512, torch.bfloat16)
             fmt = FSDPMemTracker(model, opt)
             with fmt:
                 for step in range(2):

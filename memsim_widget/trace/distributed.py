@@ -23,7 +23,7 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
 from .fake_dist import cpu_mesh, fake_world, mesh_coords
-from .hf import _apply_lora, _input_factory, _loss_module, _real_mode_shims, build_hf_config, build_hf_model
+from .hf import apply_lora, build_hf_config, build_hf_model, input_factory, loss_module, real_mode_shims
 from .rank_layout import (  # noqa: F401 - re-exported: the trace's layout checks live there, torch-free
     CP_REFUSAL,
     MESH_ORDER,
@@ -33,7 +33,8 @@ from .rank_layout import (  # noqa: F401 - re-exported: the trace's layout check
     layout_shape,
     rank_role,
 )
-from .run import TraceResult, _precision_dtypes, fakeify_meta, trace_training
+from .run import TraceResult, fakeify_meta, trace_training
+from .torch_recipe import precision_dtypes
 from .tracker import MemoryTracker
 
 #: What FSDP2-based replicate misses of DDP (REFERENCE.md section 8, pitfall 7).
@@ -122,7 +123,7 @@ def _mp_policy(sc: Scenario) -> Any:
 
     if not sc.precision.startswith("amp") or not PROFILES[sc.framework].fsdp_mixed_precision:
         return None
-    _w, amp = _precision_dtypes(sc.precision)
+    _w, amp = precision_dtypes(sc.precision)
     return MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32)
 
 
@@ -187,13 +188,13 @@ def _model_factory(
     from .traceable import trace_kwargs
 
     lora = trace_kwargs(sc).get("lora")
-    wdtype, _amp = _precision_dtypes(sc.precision)
+    wdtype, _amp = precision_dtypes(sc.precision)
 
     def make() -> torch.nn.Module:
         with torch.device("meta"):
             model = build_hf_model(cfg, wdtype, cfg._attn_implementation)
             if lora:
-                model = _apply_lora(model, lora, notes)
+                model = apply_lora(model, lora, notes)
         fakeify_meta(model)
         parallelize(model, mesh, sc, notes, reshard_after_forward=reshard_after_forward)
         return model
@@ -225,10 +226,10 @@ def trace_distributed(
     notes: list[str] = []
     layout_notes: list[str] = []  # filled while the factory parallelises the model
     cfg = build_hf_config(dict(resolve_model_config(sc.model)), trace_kwargs(sc)["attention"])
-    wdtype, _amp = _precision_dtypes(sc.precision)
+    wdtype, _amp = precision_dtypes(sc.precision)
     # Under FSDP2 mixed precision the parameters are fp32 and nothing is autocast.
     precision = "fp32" if _mp_policy(sc) is not None else sc.precision
-    inputs = _input_factory(cfg, sc.micro_batch_size, sc.seq_len, wdtype)
+    inputs = input_factory(cfg, sc.micro_batch_size, sc.seq_len, wdtype)
     loss_fn, tp_context = None, contextlib.nullcontext()
     if sc.parallel.tp > 1:  # global position_ids under SP; loss_fn and loss_parallel() under loss parallel
         from . import tp_plan
@@ -237,7 +238,7 @@ def trace_distributed(
     with (
         fake_world(rank, sc.parallel.world_size),
         private_sharding_fake_mode(),
-        _real_mode_shims(True, notes),
+        real_mode_shims(True, notes),
         tp_context,
     ):
         mesh = cpu_mesh({k: v for k, v in shape.items() if k != "pp"})
@@ -250,7 +251,7 @@ def trace_distributed(
             optimizer_impl=sc.optimizer_impl,
             gradient_checkpointing=step_kw["gradient_checkpointing"],
             output_lifetime=step_kw.get("output_lifetime", "trainer"),
-            loss_module=_loss_module,
+            loss_module=loss_module,
             notes=notes,
             cast_model=False,
             progress=progress,

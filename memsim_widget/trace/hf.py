@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from .run import TraceResult, _precision_dtypes, trace_training
+from .run import TraceResult, trace_training
+from .torch_recipe import precision_dtypes
 
 SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
 #: Multimodal models with their own input recipe: CLIP (image-text pairs, contrastive loss) and LLaVA.
@@ -90,7 +91,7 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
 
 
-def _input_factory(
+def input_factory(
     cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype, images: int = 0
 ) -> Callable[[], dict]:
     """A function making one training batch for ``cfg`` (call inside the trace). A multimodal batch holds
@@ -143,7 +144,7 @@ def _input_factory(
 
 
 @contextlib.contextmanager
-def _real_mode_shims(enabled: bool, notes: list[str]) -> Any:
+def real_mode_shims(enabled: bool, notes: list[str]) -> Any:
     """Make transformers take the branches it takes on real tensors where it special-cases fake tensors.
 
     ``masking_utils.find_packed_sequence_indices`` treats fake tensors as "tracing" and then always returns a
@@ -198,7 +199,7 @@ def _no_data_checks(enabled: bool, notes: list[str]) -> Any:
             os.environ[key] = old
 
 
-def _loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
+def loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward ends the 'forward' phase (LM head / classifier)."""
     try:
         m = model.get_output_embeddings()
@@ -242,7 +243,7 @@ def trace_hf(
         raise NotImplementedError(
             "qlora: bitsandbytes 4-bit layers need CUDA kernels and do not run on CPU fake tensors; not traced"
         )
-    wdtype, _amp = _precision_dtypes(precision)
+    wdtype, _amp = precision_dtypes(precision)
     cfg = build_hf_config(config, attention)
     if layer_checkpointing:
         cfg.use_cache = False
@@ -260,7 +261,7 @@ def trace_hf(
                         p.requires_grad_(False)
                 notes.append(f"vision tower frozen: parameters under {', '.join(frozen)}")
             if lora:
-                model = _apply_lora(model, lora, notes, exclude=frozen)
+                model = apply_lora(model, lora, notes, exclude=frozen)
             if layer_checkpointing:
                 from .checkpointing import apply_layer_checkpointing
 
@@ -280,24 +281,24 @@ def trace_hf(
         notes.append(
             "config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output"
         )
-    with _real_mode_shims(fake, notes), _no_data_checks(fake and fam in ("llava", "gemma3"), notes):
+    with real_mode_shims(fake, notes), _no_data_checks(fake and fam in ("llava", "gemma3"), notes):
         return trace_training(
             model_factory,
-            _input_factory(cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0)),
+            input_factory(cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0)),
             precision=precision,
             optimizer=optimizer,
             optimizer_impl=optimizer_impl,
             steps=steps,
             gradient_checkpointing=gradient_checkpointing,
             fake=fake,
-            loss_module=_loss_module,
+            loss_module=loss_module,
             notes=notes,
             cast_model=False,
             **kwargs,
         )
 
 
-def _apply_lora(
+def apply_lora(
     model: torch.nn.Module, lora: dict[str, Any], notes: list[str], exclude: tuple[str, ...] = ()
 ) -> torch.nn.Module:
     """Wrap ``model`` with peft LoRA adapters as described by ``lora`` (none in modules under ``exclude``)."""

@@ -56,8 +56,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .hf import _apply_lora, _real_mode_shims, build_hf_config, build_hf_model
-from .run import TraceResult, _precision_dtypes, trace_training
+from .hf import apply_lora, build_hf_config, build_hf_model, real_mode_shims
+from .run import TraceResult, trace_training
+from .torch_recipe import precision_dtypes
 
 #: DPO's beta and GRPO's clipping and KL coefficients (TRL defaults; they set no memory).
 DPO_BETA = 0.1
@@ -372,7 +373,7 @@ def trace_objective(
     if objective not in ("dpo", "orpo", "kto", "grpo", "ppo"):
         raise ValueError(f"objective {objective!r} is not traced; traced: dpo, orpo, kto, grpo, ppo")
     notes: list[str] = [f"objective {objective} (TRL's loop, our code); reference {reference}"]
-    wdtype, _amp = _precision_dtypes(precision)
+    wdtype, _amp = precision_dtypes(precision)
     cfg = build_hf_config(config, attention)
     cfg.use_cache = objective in ("kto", "ppo")  # TRL's KTO and PPO forwards pass no use_cache=False
 
@@ -380,7 +381,7 @@ def trace_objective(
         with torch.device("meta"):
             policy = build_hf_model(cfg, wdtype, attention)
             if lora:
-                policy = _apply_lora(policy, lora, notes)
+                policy = apply_lora(policy, lora, notes)
             if objective == "grpo":
                 return GRPOStep(policy, completion_len, GRPO_BETA)
             if objective == "ppo":
@@ -469,7 +470,7 @@ def trace_objective(
     def loss_fn(out: Any, _batch: Any) -> torch.Tensor:
         return out
 
-    with _real_mode_shims(True, notes), contextlib.ExitStack():
+    with real_mode_shims(True, notes), contextlib.ExitStack():
         return trace_training(
             model_factory,
             make_batch,

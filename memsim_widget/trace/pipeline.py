@@ -27,8 +27,9 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
 from .cuda_autocast import cuda_like_autocast
-from .run import ROLES, TraceResult, _make_optimizer, _precision_dtypes, _probe_optimizer, fakeify_meta
-from .tracker import MemoryTracker
+from .run import TraceResult, fakeify_meta
+from .torch_recipe import make_optimizer, precision_dtypes, probe_optimizer
+from .tracker import ROLES, MemoryTracker
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
 #: HF decoders whose ``model`` holds embed_tokens, layers, norm and rotary_emb (the stage module's pieces).
@@ -217,17 +218,17 @@ class PipelineTracker(MemoryTracker):
 
 def _stage_modules(sc: Scenario, cfg: Any, plans: list[StagePlan], notes: list[str]) -> list[StageModule]:
     """The rank's stage modules on the meta device (one whole model built and cut per stage)."""
-    from .hf import _apply_lora, build_hf_model
+    from .hf import apply_lora, build_hf_model
     from .traceable import trace_kwargs
 
-    wdtype, amp = _precision_dtypes(sc.precision)
+    wdtype, amp = precision_dtypes(sc.precision)
     lora = trace_kwargs(sc).get("lora")
     mods = []
     for plan in plans:
         with torch.device("meta"):
             lm = build_hf_model(cfg, wdtype, "sdpa")
             if lora:
-                lm = _apply_lora(lm, lora, notes if plan is plans[0] else []).get_base_model()
+                lm = apply_lora(lm, lora, notes if plan is plans[0] else []).get_base_model()
         if sc.activation_checkpointing == "full":
             lm.activation_checkpointing_enable({"use_reentrant": False})
         mods.append(StageModule(lm, plan, amp))
@@ -241,7 +242,7 @@ def _pipeline_stages(
     metadata is sent."""
     from torch.distributed.pipelining import PipelineStage
 
-    wdtype, amp = _precision_dtypes(sc.precision)
+    wdtype, amp = precision_dtypes(sc.precision)
     b, s = sc.micro_batch_size, sc.seq_len
     hidden = (b, s, cfg.hidden_size)
 
@@ -376,14 +377,14 @@ def _optimizer(sc: Scenario, trainable: list[torch.nn.Parameter], notes: list[st
     when an implementation fails on fake cpu tensors; returns it and the implementation used."""
     impl = sc.optimizer_impl
     if sc.optimizer not in ("adamw", "adam", "sgd", "sgd-momentum"):
-        return _make_optimizer(sc.optimizer, "foreach", trainable, 1e-3), "n/a"
+        return make_optimizer(sc.optimizer, "foreach", trainable, 1e-3), "n/a"
     for dt in sorted({p.dtype for p in trainable}, key=str):
-        err = _probe_optimizer(sc.optimizer, impl, dt, 1e-3)
+        err = probe_optimizer(sc.optimizer, impl, dt, 1e-3)
         if err is not None:
             fallback = "foreach" if impl == "fused" else "for-loop"
             notes.append(f"optimizer_impl={impl} failed on fake cpu {dt}: {err}; fell back to {fallback}")
             impl = fallback
-    return _make_optimizer(sc.optimizer, impl, trainable, 1e-3), impl
+    return make_optimizer(sc.optimizer, impl, trainable, 1e-3), impl
 
 
 def _batch(sc: Scenario, vocab: int, plans: list[StagePlan]) -> tuple[tuple, torch.Tensor | None]:
@@ -467,7 +468,7 @@ def _run_steps(
         else torch.nn.ModuleDict({f"stage{p.index}": m for p, m in zip(plans, mods, strict=True)})
     )
     stages = _pipeline_stages(sc, cfg, mods, plans, mesh["pp"].get_group())
-    schedule = _schedule(sc, stages, causal_lm_loss(cfg.vocab_size, _precision_dtypes(sc.precision)[1]))
+    schedule = _schedule(sc, stages, causal_lm_loss(cfg.vocab_size, precision_dtypes(sc.precision)[1]))
     params = list(dict.fromkeys(root.parameters()))
     trainable = [p for p in params if p.requires_grad]
     opt, impl = _optimizer(sc, trainable, notes)

@@ -11,11 +11,8 @@ from typing import Any
 import torch
 
 from .cuda_autocast import cuda_like_autocast
+from .torch_recipe import make_optimizer, precision_dtypes, probe_optimizer
 from .tracker import ROLES, MemoryTracker
-
-PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
-OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 
 
 @dataclass
@@ -53,49 +50,6 @@ class TraceResult:
         return {k: v for k, v in self.__dict__.items() if k != "tracker"}
 
 
-def _precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
-    """(weight dtype, autocast dtype or None) for a precision name."""
-    table = {
-        "fp32": (torch.float32, None),
-        "bf16": (torch.bfloat16, None),
-        "fp16": (torch.float16, None),
-        "amp-bf16": (torch.float32, torch.bfloat16),
-        "amp-fp16": (torch.float32, torch.float16),
-    }
-    if precision not in table:
-        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
-    return table[precision]
-
-
-def _make_optimizer(name: str, impl: str, params: list[Any], lr: float) -> torch.optim.Optimizer:
-    """Build the optimizer the way HF Trainer / plain PyTorch would."""
-    kw: dict[str, Any] = {}
-    if name in ("adamw", "adam", "sgd", "sgd-momentum"):
-        if impl == "foreach":
-            kw["foreach"] = True
-        elif impl == "fused":
-            kw["fused"] = True
-        elif impl == "for-loop":
-            kw["foreach"] = False
-        else:
-            raise ValueError(f"unknown optimizer_impl {impl!r}; expected one of {OPTIMIZER_IMPLS}")
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, **kw)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, **kw)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, **kw)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
-    if name == "lion":
-        raise ValueError("lion is not part of torch; not traced")
-    raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")
-
-
 def param_groups(params: list[torch.nn.Parameter]) -> list[Any]:
     """``params`` as one group of DTensors and one of plain tensors when they mix (else the plain list).
 
@@ -107,24 +61,6 @@ def param_groups(params: list[torch.nn.Parameter]) -> list[Any]:
     if len(by_kind) <= 1:
         return params
     return [{"params": ps} for ps in by_kind.values()]
-
-
-def _probe_optimizer(name: str, impl: str, dtype: torch.dtype, lr: float) -> str | None:
-    """Try one step of the optimizer on two small tensors (current mode); return the error text if it fails."""
-    try:
-        ps = [
-            torch.nn.Parameter(torch.zeros(4, 3, dtype=dtype)),
-            torch.nn.Parameter(torch.zeros(3, dtype=dtype)),
-        ]
-        for p in ps:
-            p.grad = torch.zeros_like(p)
-        opt = _make_optimizer(name, impl, ps, lr)
-        opt.step()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    except Exception as e:  # noqa: BLE001 - any failure means the impl is unusable here
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return None
 
 
 def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -214,7 +150,7 @@ def trace_training(
 
     t0 = time.perf_counter()
     notes = list(notes or [])
-    wdtype, amp_dtype = _precision_dtypes(precision)
+    wdtype, amp_dtype = precision_dtypes(precision)
     if output_lifetime not in ("trainer", "backward", "step"):
         raise ValueError("output_lifetime must be 'trainer', 'backward' or 'step'")
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
@@ -247,7 +183,7 @@ def trace_training(
         if optimizer in ("adamw", "adam", "sgd", "sgd-momentum"):
             tdts = sorted({p.dtype for p in trainable}, key=str) or [wdtype]
             for dt in tdts:
-                err = _probe_optimizer(optimizer, impl_used, dt, lr)
+                err = probe_optimizer(optimizer, impl_used, dt, lr)
                 if err is None:
                     continue
                 fallback = "foreach" if impl_used == "fused" else "for-loop"
@@ -256,13 +192,13 @@ def trace_training(
                     f"fell back to {fallback}"
                 )
                 impl_used = fallback
-                if _probe_optimizer(optimizer, impl_used, dt, lr) is not None and impl_used != "for-loop":
+                if probe_optimizer(optimizer, impl_used, dt, lr) is not None and impl_used != "for-loop":
                     notes.append("foreach also failed; using for-loop")
                     impl_used = "for-loop"
         elif optimizer_impl != "foreach":
             notes.append(f"optimizer_impl ignored for {optimizer}")
             impl_used = "n/a"
-        opt = _make_optimizer(
+        opt = make_optimizer(
             optimizer, impl_used if impl_used != "n/a" else "foreach", param_groups(trainable), lr
         )
 
