@@ -103,13 +103,15 @@ def test_the_whole_package_has_no_import_circle() -> None:
 #: The layers, lowest first: data flows scenario -> architecture -> engine -> estimate/frame -> charts/widget/cli.
 #: ``BELOW_THE_ENGINE`` is what the engine stands on: the input (scenario, the catalogs), what a model is made of
 #: (architecture, its families, and calibrate, through which ``architecture.dispatch`` builds the models fitted
-#: from traces), the registries and the leaf modules (errors, precision, optimizers, JSON reading, the version).
+#: from traces), the registries and the leaf modules (errors, precision, optimizers, JSON reading, the version,
+#: the StrEnum base of the closed name sets).
 #: ``ABOVE_THE_ENGINE`` reads the engine's results (``engine.estimate``): the engine never imports it, not even
 #: lazily or for a type, so that no figure depends on how it is shown, planned, traced or exported.
 BELOW_THE_ENGINE = (
     "memsim_widget.errors",
     "memsim_widget.jsonio",
     "memsim_widget.version",
+    "memsim_widget.names",
     "memsim_widget.precision",
     "memsim_widget.optimizers",
     "memsim_widget.scenario",
@@ -121,6 +123,7 @@ BELOW_THE_ENGINE = (
 ENGINE = "memsim_widget.engine"
 ABOVE_THE_ENGINE = (
     "memsim_widget.charts",
+    "memsim_widget.chart_parts",
     "memsim_widget.phase_charts",
     "memsim_widget.time_charts",
     "memsim_widget.comparison",
