@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from memsim_widget.engine.items import CATEGORIES
+from memsim_widget.units import GiB
 
-GiB = 1024**3
 SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"
 #: One color per category, in ``CATEGORIES`` order (the GPU capacity line is red, so no category is).
 CATEGORY_COLORS = ("#4c78a8", "#72b7b2", "#54a24b", "#f58518", "#eeca3b", "#9d755d")

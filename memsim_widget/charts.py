@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-# CAPACITY_COLOR and CATEGORY_COLORS stay importable from here: the notebooks read the palette from charts
 from memsim_widget.chart_parts import (  # noqa: F401
     CAPACITY_COLOR,
     CATEGORY_COLORS,
@@ -23,15 +22,17 @@ from memsim_widget.chart_parts import (  # noqa: F401
 )
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.engine.items import CATEGORIES, fmt_bytes
+from memsim_widget.engine.items import CATEGORIES
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
+
+# CAPACITY_COLOR and CATEGORY_COLORS stay importable from here: the notebooks read the palette from charts
+from memsim_widget.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
     import altair as alt
     import pandas as pd
 
-GiB = 1024**3
 #: Log-scale stops of the two "how it scales" axes.
 MICRO_BATCH_STOPS = tuple(2**i for i in range(11))
 SEQ_LEN_STOPS = tuple(128 * 2**i for i in range(11))

@@ -14,8 +14,7 @@ from typing import Any, NoReturn
 
 from memsim_widget.errors import ScenarioError, short_repr
 from memsim_widget.jsonio import read_json_object
-
-GiB = 1024**3
+from memsim_widget.units import GiB
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget.charts import gpu_label, model_label
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.engine.items import fmt_bytes
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario, check_headroom
+from memsim_widget.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
     import altair as alt
     import pandas as pd
 
-GiB = 1024**3
 #: How many scenarios one comparison holds.
 MIN_SCENARIOS, MAX_SCENARIOS = 2, 4
 #: Differing fields a default name spells out (``method=lora, lora.rank=8``).

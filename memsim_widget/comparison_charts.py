@@ -15,8 +15,8 @@ from memsim_widget.charts import breakdown_spec
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.step_time import TIME_CATEGORIES
 from memsim_widget.time_charts import time_spec
+from memsim_widget.units import GiB
 
-GiB = 1024**3
 #: Pixels per scenario bar in the memory part (names such as ``method=qlora`` need more than a rank label).
 BAR_STEP = 110
 

@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget.chart_parts import SCHEMA, capacity_layers, category_color
 from memsim_widget.charts import model_label, to_altair
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.engine.items import CATEGORIES, fmt_bytes
+from memsim_widget.engine.items import CATEGORIES
+from memsim_widget.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
     import altair as alt
-
-GiB = 1024**3
 
 
 def phase_records(est: Estimate) -> list[dict[str, Any]]:

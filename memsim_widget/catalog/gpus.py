@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.errors import ScenarioError, choice_error, short_repr
+from memsim_widget.units import GiB
 
-GiB = 1024**3
 MiB = 1024**2
 
 

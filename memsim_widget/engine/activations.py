@@ -19,8 +19,8 @@ from memsim_widget.engine.frameworks import (
     uses_autocast,
     vocab_split,
 )
-from memsim_widget.engine.items import fmt_int
 from memsim_widget.errors import ScenarioError
+from memsim_widget.units import fmt_int
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
 LOSS_CHUNKS = 8

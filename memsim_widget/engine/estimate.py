@@ -12,7 +12,7 @@ from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.engine.calibrated import fit_for
 from memsim_widget.engine.caveats import memory_caveats, time_caveats
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.items import CATEGORIES, fmt_bytes
+from memsim_widget.engine.items import CATEGORIES
 from memsim_widget.engine.objectives import phase_of, training_scenario
 from memsim_widget.engine.rank_estimate import RankEstimate
 from memsim_widget.engine.rank_roles import rank_role
@@ -20,11 +20,11 @@ from memsim_widget.engine.rollout import separate_group
 from memsim_widget.engine.time_breakdown import StepTime, step_time
 from memsim_widget.names import Name
 from memsim_widget.scenario import Scenario
+from memsim_widget.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
 
-GiB = 1024**3
 #: Default share of device memory kept free: allocator variance between versions and runs
 #: (REFERENCE.md: 454 Megatron runs below 80% never ran out of memory; 10% covers most reports).
 DEFAULT_HEADROOM = 0.10

@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from memsim_widget.engine.activation_budget import ActivationBudget
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import expandable_segments
-from memsim_widget.engine.items import Category, Item, Level, fmt_bytes
+from memsim_widget.engine.items import Category, Item, Level
+from memsim_widget.units import GiB, fmt_bytes
 
-GiB = 1024**3
 MiB = 1024**2
 
 # ----- stated constants ----------------------------------------------------------------------------------

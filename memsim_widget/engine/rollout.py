@@ -44,12 +44,12 @@ from __future__ import annotations
 import math
 
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.items import Category, Item, Level, fmt_int
+from memsim_widget.engine.items import Category, Item, Level
 from memsim_widget.engine.states import StateBudget
 from memsim_widget.engine.timeline import Moment
 from memsim_widget.scenario import Scenario
+from memsim_widget.units import GiB, fmt_int
 
-GiB = 1024**3
 #: vLLM's KV cache block size on CUDA (tokens).
 BLOCK_SIZE = 16
 #: Bytes per weight element of the engine's copy.

@@ -22,7 +22,8 @@ from memsim_widget.engine.frameworks import (
     quantises_module,
     reduce_bucket_elements,
 )
-from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.items import Item
+from memsim_widget.units import fmt_int
 
 #: NF4 storage per element with double quantisation: 4 bits + int8 absmax per 64 + fp32 per 256 absmaxes.
 NF4_BLOCK = 64

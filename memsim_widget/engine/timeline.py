@@ -13,9 +13,10 @@ from functools import cached_property
 from memsim_widget.engine.activation_budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
-from memsim_widget.engine.items import Category, Item, fmt_int
+from memsim_widget.engine.items import Category, Item
 from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
 from memsim_widget.engine.states import StateBudget
+from memsim_widget.units import fmt_int
 
 MOMENTS = ("forward_end", "backward_start", "backward_top", "backward_end", "optimizer_step")
 #: Layers whose saved activations stay on the GPU under activation offloading: the layer computing and the

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from memsim_widget.engine.activation_budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
-from memsim_widget.engine.items import fmt_int
+from memsim_widget.units import fmt_int
 
 
 def tower_context(ctx: Context, arch: object, batch: int) -> Context:

@@ -12,8 +12,7 @@ from typing import Any
 
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
-
-GiB = 1024**3
+from memsim_widget.units import GiB
 
 
 @dataclass

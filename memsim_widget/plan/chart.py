@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget.chart_parts import CAPACITY_COLOR, SCHEMA
 from memsim_widget.charts import to_altair
 from memsim_widget.plan.search import Plan
+from memsim_widget.units import GiB
 
 if TYPE_CHECKING:
     import altair as alt
 
-GiB = 1024**3
 FIT_COLORS = {"fits": "#54a24b", "does not fit": "#bab0ac", "best": "#e45756"}
 #: Points drawn at most (a reproducible sample of the rest; the best candidates are always drawn).
 MAX_POINTS = 3000

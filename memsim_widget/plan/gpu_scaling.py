@@ -22,12 +22,12 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.plan.space import gpu_counts
 from memsim_widget.plan.vector import OFFLOADS, evaluate, scenario_columns
 from memsim_widget.scenario import Scenario
+from memsim_widget.units import GiB
 
 if TYPE_CHECKING:
     import altair as alt
     import pandas as pd
 
-GiB = 1024**3
 ZERO_COLORS = ("#bab0ac", "#4c78a8", "#f58518", "#54a24b")
 
 

@@ -19,11 +19,11 @@ from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.time_breakdown import step_time
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
+from memsim_widget.units import GiB
 
 if TYPE_CHECKING:
     import pandas as pd
 
-GiB = 1024**3
 #: Largest number of levers combined in one recommendation.
 MAX_LEVERS = 3
 #: Upper bounds of the "how far" searches.

@@ -38,11 +38,11 @@ from memsim_widget.scenario import (
     Scenario,
     check_headroom,
 )
+from memsim_widget.units import GiB
 
 if TYPE_CHECKING:
     import pandas as pd
 
-GiB = 1024**3
 
 #: Set to 1 (or pass ``plan(..., check=True)``) to check every listed candidate against ``estimate``.
 CHECK_ENV = "MEMSIM_PLAN_CHECK"

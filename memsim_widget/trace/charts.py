@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-GiB = 1024**3
+from memsim_widget.units import GiB
+
 PHASE_ORDER = ["setup", "forward", "loss", "backward", "optimizer_step", "zero_grad", "end"]
 
 

@@ -44,6 +44,7 @@ The names below are re-exported here; a test that replaces a function (``run_tra
 
 from __future__ import annotations
 
+from memsim_widget.units import GiB
 from memsim_widget.widget.assets import VL_CONVERT_VERSION, vega_bundle
 from memsim_widget.widget.controls import CUSTOM_DIMS, build_options, disabled_controls, normalize
 from memsim_widget.widget.fit_panel import FIT_CACHE, FIT_KINDS, build_fit_view, fit_target, plan_recommend
@@ -56,7 +57,7 @@ from memsim_widget.widget.layouts_panel import (
     plan_search,
 )
 from memsim_widget.widget.memsim import MemSim
-from memsim_widget.widget.result import GiB, build_result
+from memsim_widget.widget.result import build_result
 from memsim_widget.widget.scenario_edits import changed_keys, flatten, merge
 from memsim_widget.widget.trace_panel import TRACE_POLL_S, build_trace_view
 from memsim_widget.widget.trace_runner import (

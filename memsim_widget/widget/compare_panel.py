@@ -16,9 +16,9 @@ from memsim_widget.comparison import MAX_SCENARIOS, Comparison, compare, value_t
 from memsim_widget.comparison_charts import compare_spec
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import Estimate
-from memsim_widget.engine.items import fmt_bytes
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
+from memsim_widget.units import fmt_bytes
 
 if TYPE_CHECKING:
     from memsim_widget.widget.host import WidgetHost

@@ -13,11 +13,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from memsim_widget.engine.items import fmt_bytes
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
+from memsim_widget.units import GiB, fmt_bytes
 from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
-from memsim_widget.widget.result import GiB
 
 if TYPE_CHECKING:  # the planner (and numpy) load on first use of "Make it fit", not with the widget
     from memsim_widget.plan import Change, Recommendation

@@ -26,6 +26,7 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
+from memsim_widget.units import GiB
 from memsim_widget.widget.assets import asset, vega_bundle
 from memsim_widget.widget.compare_panel import CompareController
 from memsim_widget.widget.controls import build_options, normalize
@@ -33,7 +34,7 @@ from memsim_widget.widget.export_panel import ExportController
 from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait
 from memsim_widget.widget.layouts_panel import LayoutsController
-from memsim_widget.widget.result import GiB, build_result
+from memsim_widget.widget.result import build_result
 from memsim_widget.widget.scenario_edits import changed_keys, defaults, flatten, keep_known, merge
 from memsim_widget.widget.trace_panel import TraceController
 

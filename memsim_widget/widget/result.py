@@ -7,9 +7,7 @@ from typing import Any
 
 from memsim_widget import charts as charts_mod
 from memsim_widget.engine.estimate import COUNTERS, Estimate
-from memsim_widget.engine.items import fmt_bytes
-
-GiB = 1024**3
+from memsim_widget.units import GiB, fmt_bytes
 
 
 def _peak(key: str, label: str, nbytes: int) -> dict[str, Any]:

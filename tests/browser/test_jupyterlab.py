@@ -230,9 +230,7 @@ def test_verify_with_trace_in_jupyterlab(quickstart: SimpleNamespace) -> None:
     )
     assert state["state"] == "done"
     assert abs(state["error"]) < 5
-    size = kernel_json(
-        page, f"_f({state['traced']})", "from memsim_widget.engine.items import fmt_bytes as _f"
-    )
+    size = kernel_json(page, f"_f({state['traced']})", "from memsim_widget.units import fmt_bytes as _f")
     assert page.inner_text(".memsim-trace-traced") == size
     assert page.inner_text(".memsim-trace-error").endswith("%")
     assert "peak" in page.inner_text(".memsim-chart-trace-timeline")
