@@ -162,6 +162,20 @@ def test_the_engine_imports_only_itself_and_the_layers_below_it() -> None:
     assert upward_imports({m: imports_of(m) for m in MODULES}) == {}
 
 
+#: The one import from below the engine to above it, and why: a calibrated model's activations are fitted from
+#: fake-tensor traces of it (``calibrate/fit.py``, lazily, only for a model type no family models).
+BELOW_IMPORTS_ABOVE = {"memsim_widget.calibrate.fit": ["memsim_widget.trace.hf"]}
+
+
+def test_the_layers_below_the_engine_import_neither_it_nor_what_is_above_it() -> None:
+    found = {
+        m: sorted(i for i in imports_of(m) if _under(i, (ENGINE, *ABOVE_THE_ENGINE)))
+        for m in MODULES
+        if _under(m, BELOW_THE_ENGINE)
+    }
+    assert {m: f for m, f in found.items() if f} == BELOW_IMPORTS_ABOVE
+
+
 def test_the_layering_check_sees_an_upward_import() -> None:
     """A check of the check: an engine module importing a chart (or an unplaced module) is reported."""
     graph = {
