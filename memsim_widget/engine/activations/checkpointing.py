@@ -24,6 +24,8 @@ def checkpointing(st: HFLayer) -> None:
         selective_op(ctx, D, out, r, 2 if amp else ec, eager, amp)
 
 
+#: Leaf Linears whose output the layer itself saves for backward when nothing changes it first: SDPA keeps v
+#: (a view of v_proj's output), SwiGLU's activation keeps gate_proj's output.
 SAVED_AS_IS = {"v_proj": "sdpa", "gate_proj": "gated"}
 
 

@@ -100,10 +100,7 @@ class _T5Blocks:
 
 def _norms(t: _T5Blocks) -> float:
     """The T5LayerNorms: 2 per encoder block, 3 per decoder block; returns one norm's bytes."""
-    D = t.D
-    r = t.r
-    full = t.full
-    frozen0, share, avg = t.frozen0, t.share, t.avg
+    D, r, full, frozen0, share, avg = t.D, t.r, t.full, t.frozen0, t.share, t.avg
     T, h = D.T, D.h
     per_norm = 4 * T * h + 4 * T + (r * T * h if r != 4 else 0) + (r * T * h if full else 0)
     # under LoRA the first norm of each stack's block 0 reads the frozen embeddings: nothing saved there
@@ -123,8 +120,7 @@ def _norms(t: _T5Blocks) -> float:
 def _linears(t: _T5Blocks) -> None:
     """The Linears reading the norms' outputs; the cross-attention's k and v read the encoder output."""
     ctx, D, add, consumers, out = t.ctx, t.D, t.add, t.consumers, t.out
-    r, ec, amp, nd, n = t.r, t.ec, t.amp, t.nd, t.n
-    full, targets = t.full, t.targets
+    r, ec, amp, nd, n, full, targets = t.r, t.ec, t.amp, t.nd, t.n, t.full, t.targets
     T, h = D.T, D.h
     q_only = frozenset({"q"})
     consumers(frozenset({"q", "k", "v"}), h, T, r, "self-attention input")
@@ -230,8 +226,7 @@ def _attention(t: _T5Blocks) -> None:
 def _feed_forward(t: _T5Blocks) -> float:
     """The feed-forward (``feed_forward_proj``); returns the bytes its backward releases."""
     ctx, arch, D, add, consumers = t.ctx, t.arch, t.D, t.add, t.consumers
-    ec, amp = t.ec, t.amp
-    full, targets, p = t.full, t.targets, t.p
+    ec, amp, full, targets, p = t.ec, t.amp, t.full, t.targets, t.p
     T, I = D.T, D.I
     # T5Config's feed_forward_proj: "relu" saves the ReLU output once (the ReLU backward and wo share it);
     # otherwise the activation's own tensors, for gated ones the product's two operands, and wo's input.
@@ -268,10 +263,8 @@ def _feed_forward(t: _T5Blocks) -> float:
 def _dropout_final_norm_and_backward(t: _T5Blocks, per_norm: float, ff: float) -> tuple[float, str]:
     """Dropout masks, the encoder's final norm, and the decoder self-attention's softmax backward (math path) as
     (bytes, formula)."""
-    D, out = t.D, t.out
-    r, ec, eager = t.r, t.ec, t.eager
-    full, p, bass = t.full, t.p, t.bass
-    share, avg, grad_bias = t.share, t.avg, t.grad_bias
+    D, out, r, ec, eager, full = t.D, t.out, t.r, t.ec, t.eager, t.full
+    p, bass, share, avg, grad_bias = t.p, t.bass, t.share, t.avg, t.grad_bias
     T, h, b, s, a, hq = D.T, D.h, D.b, D.s, D.a, D.hq
     if p > 0:
         avg("residual dropout masks", 2 * T * h, 3 * T * h, share.format(e=2, d=3) + " x 1 B x T x h", 3)
