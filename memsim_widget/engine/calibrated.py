@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.engine.activation_budget import ActivationBudget, Term
+from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
 

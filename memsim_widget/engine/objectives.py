@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from memsim_widget.engine.activation_budget import ActivationBudget, Term
+from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Category, Item, Level
 from memsim_widget.engine.states import StateBudget, model_states

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memsim_widget.engine.activation_budget import ActivationBudget
+from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import expandable_segments
 from memsim_widget.engine.items import Category, Item, Level

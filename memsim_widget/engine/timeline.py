@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from memsim_widget.engine.activation_budget import ActivationBudget, Term
+from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from memsim_widget.engine.activation_budget import ActivationBudget
 from memsim_widget.engine.activations import activations
+from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import ALLOC_ROUND, Item

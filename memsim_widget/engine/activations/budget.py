@@ -1,6 +1,5 @@
-"""The shape of an activation estimate: ``Term`` (one kind of saved or transient tensor, with its formula) and
-``ActivationBudget`` (a rank's terms by where they live in the step). The rules that fill it are
-``activations.py`` (and ``vision.py``, ``calibrated.py`` beside it); the timeline and the overhead read it."""
+"""What the activation rules produce: a ``Term`` per kind of saved tensor, gathered in an ``ActivationBudget``
+by when it is alive (per layer, before and after the layers, around the loss, in backward)."""
 
 from __future__ import annotations
 
