@@ -560,31 +560,24 @@ def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[
     return out
 
 
-@dataclass(frozen=True)
 class SideColumns:
-    """One side's moment sums per candidate row, as named columns (``part.stat``, ``name:gain``)."""
+    """One side's moment sums per candidate row, by name (``part.stat``, ``name:gain``): each column is
+    kept per key and taken per row only when a moment reads it (a contiguous 1-D take is the cheap way)."""
 
-    values: np.ndarray  # (rows, columns)
-    index: dict[str, int]
+    def __init__(self, parts: dict[str, np.ndarray], stats: tuple[int, ...], rows: np.ndarray) -> None:
+        self.columns: dict[str, np.ndarray] = {}
+        for name, part in parts.items():
+            if part.ndim == 1:
+                self.columns[name] = part
+                continue
+            for stat in stats:
+                self.columns[f"{name}.{STAT_NAMES[stat]}"] = np.ascontiguousarray(part[:, stat])
+        self.rows = rows
 
     def get(self, name: str) -> np.ndarray | int:
-        """The column ``name``, or 0 where this side does not carry it."""
-        j = self.index.get(name)
-        return 0 if j is None else self.values[:, j]
-
-
-def _side_columns(parts: dict[str, np.ndarray], stats: tuple[int, ...], rows: np.ndarray) -> SideColumns:
-    """``parts`` per key reduced to the ``stats`` columns the moments read, then taken per candidate row."""
-    names, cols = [], []
-    for name, part in parts.items():
-        if part.ndim == 1:
-            names.append(name)
-            cols.append(part)
-            continue
-        for stat in stats:
-            names.append(f"{name}.{STAT_NAMES[stat]}")
-            cols.append(part[:, stat])
-    return SideColumns(np.stack(cols, axis=1)[rows], {n: j for j, n in enumerate(names)})
+        """The column ``name`` per row, or 0 where this side does not carry it."""
+        col = self.columns.get(name)
+        return 0 if col is None else col.take(self.rows)
 
 
 def _moment_rows(
@@ -699,8 +692,8 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     has_step = np.array([o != "none" for o in optimizers], dtype=bool)[c["optimizer"][cand]]
     steps = has_step if has_step.any() and not base.optimizer_in_backward else None
     moments = _moment_rows(
-        _side_columns(s_parts, SIDE_STATS["states"], s_idx),
-        _side_columns(a_parts, SIDE_STATS["activations"], x_row),
+        SideColumns(s_parts, SIDE_STATS["states"], s_idx),
+        SideColumns(a_parts, SIDE_STATS["activations"], x_row),
         steps,
     )
 
