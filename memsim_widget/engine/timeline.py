@@ -7,13 +7,14 @@ than every later step; the steady state (step 2 on) is what we report as the pea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
 from functools import cached_property
 
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.lazy_items import ItemGroup, LazyItem, built
 from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
 from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
 from memsim_widget.engine.states import StateBudget
@@ -74,50 +75,70 @@ def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) ->
     ]
 
 
-@dataclass(frozen=True)
 class Moment:
-    """The items alive at one instant of the step on one rank."""
+    """The items alive at one instant of the step on one rank: given as ``items``, or as item groups (the
+    timeline's), whose sums give the totals and whose items are built only when ``items`` is read."""
 
-    name: str
-    items: tuple[Item, ...]
+    def __init__(self, name: str, items: Iterable[Item] = (), *, groups: Sequence[ItemGroup] = ()) -> None:
+        self.name = name
+        self.groups = tuple(groups)
+        if not self.groups:
+            self.__dict__["items"] = tuple(items)
+
+    @cached_property
+    def items(self) -> tuple[Item, ...]:
+        return built(i for g in self.groups for i in g.entries)
 
     @cached_property
     def tensor_bytes(self) -> int:
+        if self.groups:
+            return sum(g.tensor for g in self.groups)
         return sum(i.bytes for i in self.items if i.level == "tensor")
 
     @cached_property
     def allocated_bytes(self) -> int:
+        if self.groups:
+            return sum(g.allocated for g in self.groups)
         return sum(i.allocated_bytes for i in self.items)
+
+    def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
+        """(allocated, allocated in ``persistent`` categories, allocated loss buffers): what the allocator's
+        pool at this moment is made of (``engine/overhead.reserved_item``)."""
+        groups = self.groups or (ItemGroup(self.items),)
+        sums = [g.pool_sums(persistent, loss_names) for g in groups]
+        return sum(s[0] for s in sums), sum(s[1] for s in sums), sum(s[2] for s in sums)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Moment) and (self.name, self.items) == (other.name, other.items)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.items))
+
+    def __repr__(self) -> str:
+        return f"Moment(name={self.name!r}, items={self.items!r})"
 
 
 def _scaled(
     terms: list[Term], factor: float, label: str, category: str = "activations", first: float = 0
-) -> list[Item]:
-    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items;
+) -> list[LazyItem]:
+    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items (built when read);
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""
     if factor <= 0:
         return []
     items = []
     for t in terms:
-        note = f"{label} x ({t.formula})" if label else t.formula
         nbytes = t.bytes * factor - (t.first_bytes * first if t.skip_first else 0)
-        items.append(
-            Item(category, t.name, int(nbytes), note, t.level, max(1, int(t.tensors * max(factor, 1))))
-        )
+        tensors = max(1, int(t.tensors * max(factor, 1)))
+        items.append(LazyItem(category, t.name, int(nbytes), t.level, tensors, label, t.formula))
     return items
 
 
 def _state_groups(
-    ctx: Context, stage: Stage, states: StateBudget, overhead: list[Item], steady: bool, f: float
-) -> dict[str, list[Item]]:
-    """The model-state groups of ``moments.STATE_GROUPS`` on one rank."""
+    ctx: Context, stage: Stage, states: StateBudget, overhead: list[Item], f: float
+) -> dict[str, list[Item] | list[LazyItem]]:
+    """The model-state groups of ``moments.STATE_GROUPS`` on one rank in the steady state (step 2 on)."""
     sc = ctx.scenario
     persistent = [i for i in states.persistent if i.level == "tensor"]
-    step_persistent = persistent
-    if not steady:  # step 1: optimizer states do not exist before the first optimizer.step
-        persistent = [
-            i for i in persistent if not (i.category == "optimizer_states" and "master" not in i.item)
-        ]
     # gradients accumulate over micro-batches: at the stage's fullest moment only if an earlier micro-batch
     # already ran backward, i.e. fewer are in flight than there are (never under GPipe: all forwards first)
     pipelined = ctx.par.pp > 1 and f < ctx.par.pp_microbatches
@@ -138,12 +159,14 @@ def _state_groups(
         "step_in_backward": states.step_temps if sc.optimizer_in_backward else [],
         "grads_but_bottom": states.grads_but_bottom,
         "grads": states.grads,
-        "step_persistent": step_persistent,
+        "step_persistent": persistent,
         "step_temps": [i for i in states.step_temps if i.level == "tensor"],
     }
 
 
-def _saved_groups(ctx: Context, stage: Stage, acts: ActivationBudget, f: float) -> dict[str, list[Item]]:
+def _saved_groups(
+    ctx: Context, stage: Stage, acts: ActivationBudget, f: float
+) -> dict[str, list[Item] | list[LazyItem]]:
     """The saved activations of the layers: all of them on the GPU (``saved``), the other micro-batches'
     at the bottom of backward (``rest``) and layer 0's own (``own``)."""
     sc = ctx.scenario
@@ -186,7 +209,9 @@ def _saved_groups(ctx: Context, stage: Stage, acts: ActivationBudget, f: float) 
     return {"saved": saved_all, "recompute": recompute, "rest": rest, "own": own}
 
 
-def _activation_groups(ctx: Context, stage: Stage, acts: ActivationBudget, f: float) -> dict[str, list[Item]]:
+def _activation_groups(
+    ctx: Context, stage: Stage, acts: ActivationBudget, f: float
+) -> dict[str, list[Item] | list[LazyItem]]:
     """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank."""
     Ls = stage.layers
     last = 1 if stage.last else 0
@@ -233,32 +258,47 @@ def _activation_groups(ctx: Context, stage: Stage, acts: ActivationBudget, f: fl
     }
 
 
-class _Group:
-    """The items of one group with their sums, added once however many moments hold the group."""
-
-    __slots__ = ("items", "raw", "tensor", "allocated")
-
-    def __init__(self, items: list[Item]) -> None:
-        self.items = items
-        self.raw = sum(i.bytes for i in items)
-        self.tensor = sum(i.bytes for i in items if i.level == "tensor")
-        self.allocated = sum(i.allocated_bytes for i in items)
-
-
-def _moment(name: str, parts: list[_Group]) -> Moment:
-    """A moment of the given groups' items, its totals the sums of the groups' (computed once per group)."""
-    m = Moment(name, tuple(i for g in parts for i in g.items))
-    m.__dict__["tensor_bytes"] = sum(g.tensor for g in parts)  # seeds the cached properties
-    m.__dict__["allocated_bytes"] = sum(g.allocated for g in parts)
-    return m
-
-
 def _applies(ctx: Context, rule: MomentRule) -> bool:
     """Whether the step has the rule's moment (``moments.OPTIMIZER_STEPS``: an optimizer stepping after
     backward)."""
     if rule.only_if == OPTIMIZER_STEPS:
         return ctx.scenario.optimizer != "none" and not ctx.scenario.optimizer_in_backward
     return not rule.only_if
+
+
+def _evaluate(ctx: Context, groups: dict[str, ItemGroup]) -> list[Moment]:
+    """The moments of ``moments.MOMENT_TABLE`` that the step has, from the groups' items and sums."""
+    out = []
+    for rule in MOMENT_TABLE:
+        if not _applies(ctx, rule):
+            continue
+        chosen: list[ItemGroup] = []
+        for alt in rule.larger_of:  # the larger of two instants (raw bytes; the first of equals wins)
+            parts = [groups[g] for g in alt]
+            if not chosen or sum(g.raw for g in parts) > sum(g.raw for g in chosen):
+                chosen = parts
+        parts = [groups[g] for g in rule.live] + chosen + [groups[g] for g in rule.after]
+        out.append(Moment(rule.name, groups=parts))
+    return out
+
+
+def step_moments(
+    ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBudget, overhead: list[Item]
+) -> tuple[list[Moment], list[Moment]]:
+    """Every candidate peak moment of one rank's training step, in the steady state (step 2 on) and in
+    step 1 (no optimizer states before the first step); the groups are built once for both."""
+    f = ctx.in_flight(stage)
+    items = _state_groups(ctx, stage, states, overhead, f) | _activation_groups(ctx, stage, acts, f)
+    groups = {name: ItemGroup(g) for name, g in items.items()}
+    steady = _evaluate(ctx, groups)
+    # step 1: optimizer states do not exist before the first optimizer.step (until then, but for
+    # optimizer_step, the moments hold the other persistent items only)
+    step1 = [
+        i for i in items["persistent"] if not (i.category == "optimizer_states" and "master" not in i.item)
+    ]
+    if len(step1) == len(items["persistent"]):
+        return steady, list(steady)
+    return steady, _evaluate(ctx, groups | {"persistent": ItemGroup(step1)})
 
 
 def moments(
@@ -270,19 +310,6 @@ def moments(
     *,
     steady: bool = True,
 ) -> list[Moment]:
-    """Every candidate peak moment of one rank's training step, as ``moments.MOMENT_TABLE`` lists them."""
-    f = ctx.in_flight(stage)
-    items = _state_groups(ctx, stage, states, overhead, steady, f) | _activation_groups(ctx, stage, acts, f)
-    groups = {name: _Group(g) for name, g in items.items()}
-    out = []
-    for rule in MOMENT_TABLE:
-        if not _applies(ctx, rule):
-            continue
-        chosen: list[_Group] = []
-        for alt in rule.larger_of:  # the larger of two instants (raw bytes; the first of equals wins)
-            parts = [groups[g] for g in alt]
-            if not chosen or sum(g.raw for g in parts) > sum(g.raw for g in chosen):
-                chosen = parts
-        parts = [groups[g] for g in rule.live] + chosen + [groups[g] for g in rule.after]
-        out.append(_moment(rule.name, parts))
-    return out
+    """Every candidate peak moment of one rank's training step, as ``moments.MOMENT_TABLE`` lists them
+    (``steady``: step 2 on; else step 1)."""
+    return step_moments(ctx, stage, states, acts, overhead)[0 if steady else 1]
