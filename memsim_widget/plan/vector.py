@@ -296,31 +296,49 @@ def candidate_scenario(
     return base.replace(parallel=par, **keys)
 
 
+#: Largest column value (and packed code) counted with a table of that many slots instead of a sort.
+DENSE_LIMIT = 1 << 22
+
+
+def _column_ranks(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a non-negative column (ascending) and each row's rank among them: a table of
+    seen values where the values are small (no sort), else ``np.unique``."""
+    top = int(col.max())
+    if top >= DENSE_LIMIT:
+        values, ranks = np.unique(col, return_inverse=True)
+        return values, ranks.reshape(-1)
+    seen = np.zeros(top + 1, dtype=bool)
+    seen[col] = True
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[col]
+
+
 def unique_codes(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of non-negative integer columns as a (distinct, columns) array in lexicographic order,
-    and each row's distinct index. The columns are packed into one int64 with as many bits per column as
-    its largest value needs (most significant first); rows too wide for 63 bits go through ``np.unique``
-    on the stacked rows (slower, same answer)."""
+    and each row's distinct index. Each column is replaced by its rank among its distinct values (order kept),
+    the ranks packed into one int64 with as many bits per column as its largest rank needs (most significant
+    first) and the codes made distinct like the columns (a table where they are small, else a sort); rows too
+    wide for 63 bits go through ``np.unique`` on the stacked rows (slower, same answer)."""
     n = cols[0].shape[0] if cols else 0
     if n == 0:
         return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
     cols = [np.asarray(col, dtype=np.int64) for col in cols]
     if any(int(col.min()) < 0 for col in cols):
         raise ValueError("planner key columns must be non-negative")
-    bits = [max(1, int(col.max()).bit_length()) for col in cols]
+    ranked = [_column_ranks(col) for col in cols]
+    bits = [max(1, (values.shape[0] - 1).bit_length()) for values, _ in ranked]
     if sum(bits) > 63:
         uniq, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
         return uniq, inverse.reshape(-1)
     code = np.zeros(n, dtype=np.int64)
-    for col, nb in zip(cols, bits, strict=True):
-        code = (code << nb) | col
-    uniq, inverse = np.unique(code, return_inverse=True)
+    for (_, ranks), nb in zip(ranked, bits, strict=True):
+        code = (code << nb) | ranks
+    uniq, inverse = _column_ranks(code)
     out = np.zeros((uniq.shape[0], len(bits)), dtype=np.int64)
     rest = uniq.copy()
     for j in range(len(bits) - 1, -1, -1):
-        out[:, j] = rest & ((1 << bits[j]) - 1)
+        out[:, j] = ranked[j][0][rest & ((1 << bits[j]) - 1)]
         rest >>= bits[j]
-    return out, inverse.reshape(-1)
+    return out, inverse
 
 
 def _padded(tables: list[np.ndarray]) -> np.ndarray:
@@ -618,7 +636,10 @@ def _peak_and_pool(
             higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
             peak_m[higher] = k
             np.maximum(peak_alloc, alloc, out=peak_alloc)
-        waste = np.trunc(FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers) + f_v * loss).astype(np.int64)
+        waste = FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers)
+        if f_v:  # adding 0.0 changes no sum: skipped when shapes are fixed
+            waste += f_v * loss
+        waste = np.trunc(waste).astype(np.int64)
         np.maximum(pool, alloc + waste, out=pool)
     return peak_alloc, peak_m, pool
 
