@@ -5,10 +5,10 @@ Why it is exact: the engine's work splits into parts that depend on few knobs --
 activation terms (``activations``: micro-batch, tp, cp, sequence parallel, checkpointing, loss). Each
 distinct part is computed once, by the engine itself, and reduced to four integer sums per group of
 items (raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer allocated bytes). What
-``engine/timeline.moments`` and ``engine/overhead.reserved_item`` then do with those groups -- scale the
-terms by layers and micro-batches in flight, pick the larger of two instants, take the peak moment and
-the largest allocator pool -- is redone here on arrays, with the same integer and float operations in the
-same order. ``tests/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
+``engine/timeline`` and ``engine/overhead.reserved_item`` then do with those groups -- scale the terms by
+layers and micro-batches in flight into the named groups of ``engine/moments.MOMENT_TABLE``, add each
+moment's groups, pick the larger of two instants, take the peak moment and the largest allocator pool -- is
+redone here on arrays, reading the same table by group name, with the same integer and float operations. ``tests/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
 """
 
 from __future__ import annotations
