@@ -197,5 +197,10 @@ def test_an_estimate_with_warm_parts_equals_a_cold_one_item_for_item():
 
 
 def test_the_caches_are_bounded():
-    for fn in (parts_cache._states, parts_cache._activations, parts_cache._trainable):
+    for fn in (
+        parts_cache._states,
+        parts_cache._activations,
+        parts_cache._trainable,
+        parts_cache._act_groups,
+    ):
         assert fn.cache_info().maxsize == parts_cache.CACHE_SIZE

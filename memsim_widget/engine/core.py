@@ -9,6 +9,7 @@ from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
 from memsim_widget.engine.parts_cache import (
+    cached_activation_groups,
     cached_activations,
     cached_model_states,
     cached_trainable_parameters,
@@ -43,7 +44,9 @@ def _estimate(scenario: Scenario) -> Estimate:
         states = model_states(ctx, stage) if rl else cached_model_states(ctx, stage)
         if rl:
             objectives.extra_states(ctx, scenario, stage, states)
-        steady, first = step_moments(ctx, stage, states, acts, ws)
+        steady, first = step_moments(
+            ctx, stage, states, acts, ws, None if rl else cached_activation_groups(ctx, stage)
+        )
         if rl:
             steady += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, steady)
             first += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, first)

@@ -15,7 +15,9 @@ from typing import Any
 
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.lazy_items import ItemGroup
 from memsim_widget.engine.states import StateBudget, model_states
+from memsim_widget.engine.timeline import activation_groups
 from memsim_widget.scenario import ParallelConfig, Scenario
 
 #: Scenario fields ``model_states`` (and the ``engine/frameworks`` helpers it calls) never reads.
@@ -98,6 +100,17 @@ def cached_activations(ctx: Context) -> ActivationBudget:
 
 
 @lru_cache(maxsize=CACHE_SIZE)
+def _act_groups(keyed: _Keyed, stage: Stage) -> dict[str, ItemGroup]:
+    return activation_groups(keyed.ctx, stage, cached_activations(keyed.ctx))
+
+
+def cached_activation_groups(ctx: Context, stage: Stage) -> dict[str, ItemGroup]:
+    """The timeline's activation groups of a rank (``timeline.activation_groups`` of ``cached_activations``):
+    they read the activation terms and the pipeline keys only, so they share ``activations_key``."""
+    return _act_groups(_Keyed(activations_key(ctx.scenario), ctx), stage)
+
+
+@lru_cache(maxsize=CACHE_SIZE)
 def _trainable(keyed: _Keyed) -> int:
     return keyed.ctx.trainable_parameters
 
@@ -112,3 +125,4 @@ def cache_clear() -> None:
     _states.cache_clear()
     _activations.cache_clear()
     _trainable.cache_clear()
+    _act_groups.cache_clear()

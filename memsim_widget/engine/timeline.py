@@ -104,9 +104,11 @@ class Moment:
     def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
         """(allocated, allocated in ``persistent`` categories, allocated loss buffers): what the allocator's
         pool at this moment is made of (``engine/overhead.reserved_item``)."""
-        groups = self.groups or (ItemGroup(self.items),)
-        sums = [g.pool_sums(persistent, loss_names) for g in groups]
-        return sum(s[0] for s in sums), sum(s[1] for s in sums), sum(s[2] for s in sums)
+        alloc = long = loss = 0
+        for g in self.groups or (ItemGroup(self.items),):
+            a, lg, ls = g.pool_sums(persistent, loss_names)
+            alloc, long, loss = alloc + a, long + lg, loss + ls
+        return alloc, long, loss
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Moment) and (self.name, self.items) == (other.name, other.items)
@@ -282,23 +284,35 @@ def _evaluate(ctx: Context, groups: dict[str, ItemGroup]) -> list[Moment]:
     return out
 
 
+def activation_groups(ctx: Context, stage: Stage, acts: ActivationBudget) -> dict[str, ItemGroup]:
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank, with their sums."""
+    items = _activation_groups(ctx, stage, acts, ctx.in_flight(stage))
+    return {name: ItemGroup(g) for name, g in items.items()}
+
+
 def step_moments(
-    ctx: Context, stage: Stage, states: StateBudget, acts: ActivationBudget, overhead: list[Item]
+    ctx: Context,
+    stage: Stage,
+    states: StateBudget,
+    acts: ActivationBudget,
+    overhead: list[Item],
+    act_groups: dict[str, ItemGroup] | None = None,
 ) -> tuple[list[Moment], list[Moment]]:
     """Every candidate peak moment of one rank's training step, in the steady state (step 2 on) and in
-    step 1 (no optimizer states before the first step); the groups are built once for both."""
-    f = ctx.in_flight(stage)
-    items = _state_groups(ctx, stage, states, overhead, f) | _activation_groups(ctx, stage, acts, f)
+    step 1 (no optimizer states before the first step). ``act_groups``: ``activation_groups`` already made."""
+    items = _state_groups(ctx, stage, states, overhead, ctx.in_flight(stage))
     groups = {name: ItemGroup(g) for name, g in items.items()}
+    groups |= act_groups if act_groups is not None else activation_groups(ctx, stage, acts)
     steady = _evaluate(ctx, groups)
     # step 1: optimizer states do not exist before the first optimizer.step (until then, but for
-    # optimizer_step, the moments hold the other persistent items only)
+    # optimizer_step, the moments hold the other persistent items only); no alternative compares them
     step1 = [
         i for i in items["persistent"] if not (i.category == "optimizer_states" and "master" not in i.item)
     ]
     if len(step1) == len(items["persistent"]):
         return steady, list(steady)
-    return steady, _evaluate(ctx, groups | {"persistent": ItemGroup(step1)})
+    old, new = groups["persistent"], ItemGroup(step1)
+    return steady, [Moment(m.name, groups=[new if g is old else g for g in m.groups]) for m in steady]
 
 
 def moments(
