@@ -3,6 +3,10 @@
 REFERENCE.md section 3: with small T and foreach AdamW the peak is in ``optimizer.step``; with large T
 at the start of backward. Optimizer state is created lazily at the first step, so step 1 peaks lower
 than every later step; the steady state (step 2 on) is what we report as the peak.
+
+Which groups of items are live at each moment is the table ``engine/moments.MOMENT_TABLE`` (the planner's
+``plan/vector`` reads it too); this module builds the groups of one rank and the moments from them,
+numbers first: the items and their formulas are built when a breakdown reads them.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS,
 from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
 from memsim_widget.engine.states import StateBudget
 
-__all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations"]
+__all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
+
 #: Layers whose saved activations stay on the GPU under activation offloading: the layer computing and the
 #: one being copied on the side stream (torchtune ``OffloadActivations``: every saved tensor goes to pinned
 #: host memory as forward proceeds and comes back just ahead of its layer's backward).
