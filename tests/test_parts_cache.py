@@ -156,6 +156,25 @@ def test_activations_cache_tells_apart_scenarios_differing_in_a_key_field(change
 
 @pytest.mark.parametrize(
     "change",
+    [{"parallel": {"pp": 2, "pp_microbatches": 4}}, {"activation_checkpointing": "full"}, {"seq_len": 1024}],
+    ids=["pipeline", "checkpointing", "seq_len"],
+)
+def test_activation_groups_cache_tells_apart_scenarios_differing_in_a_key_field(change):
+    base = {"model": "llama-3.2-1b", "seq_len": 512, "parallel": {"pp": 2, "pp_microbatches": 2}}
+    second = {**base, **change}
+
+    def part(ctx: Context) -> dict[str, tuple[int, int, int]]:
+        groups = parts_cache.cached_activation_groups(ctx, ctx.stages[0])
+        return {name: (g.raw, g.allocated, len(g.entries)) for name, g in groups.items()}
+
+    warm, cold = _warm_then(base, second, part)
+    assert warm == cold
+    parts_cache.cache_clear()
+    assert part(Context(Scenario.from_dict(base))) != warm
+
+
+@pytest.mark.parametrize(
+    "change",
     [{"method": "lora"}, {"lora": {"rank": 64}}, {"freeze_vision": False}],
     ids=["method", "rank", "tower"],
 )

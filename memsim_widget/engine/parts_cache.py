@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 
 from memsim_widget.engine.activations import ActivationBudget, activations
@@ -52,15 +53,19 @@ _ACTS_PARALLEL = tuple(f.name for f in fields(ParallelConfig) if f.name not in A
 CACHE_SIZE = 1024
 
 
+_states_get = attrgetter(*_STATES_FIELDS)
+_acts_get = attrgetter(*_ACTS_FIELDS)
+_acts_parallel_get = attrgetter(*_ACTS_PARALLEL)
+
+
 def states_key(sc: Scenario) -> tuple[Any, ...]:
     """The fields of ``sc`` a rank's model states depend on."""
-    return tuple(getattr(sc, name) for name in _STATES_FIELDS)
+    return _states_get(sc)
 
 
 def activations_key(sc: Scenario) -> tuple[Any, ...]:
     """The fields of ``sc`` one micro-batch's activation terms depend on."""
-    par = sc.parallel
-    return (*(getattr(sc, name) for name in _ACTS_FIELDS), *(getattr(par, name) for name in _ACTS_PARALLEL))
+    return (_acts_get(sc), _acts_parallel_get(sc.parallel))
 
 
 class _Keyed:
