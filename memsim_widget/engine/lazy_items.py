@@ -76,9 +76,9 @@ class ItemGroup:
 
     def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
         """(allocated, allocated in ``persistent`` categories, allocated loss buffers) as
-        ``engine/overhead.pool_bytes`` counts them (kept for the same two arguments: one estimate passes the
-        same ones for every moment holding the group)."""
-        if self._pool is not None and self._pool[0] is persistent and self._pool[1] is loss_names:
+        ``engine/overhead.pool_bytes`` counts them (kept for equal arguments: every moment holding the group,
+        and every estimate sharing a cached group, passes the same ones)."""
+        if self._pool is not None and self._pool[0] == persistent and self._pool[1] == loss_names:
             return self._pool[2]
         long = loss = 0
         for i in self.entries:
