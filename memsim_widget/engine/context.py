@@ -11,6 +11,7 @@ from memsim_widget.catalog.models import architecture_for
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
+from memsim_widget.rules import ScenarioView, check
 from memsim_widget.scenario import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -61,56 +62,16 @@ class Context:
 
     # ----- checks that need the architecture ---------------------------------------------------
     def _validate(self) -> None:
-        a, p, s = self.arch, self.par, self.scenario
-        if a.num_heads % p.tp:
-            raise ScenarioError(
-                "parallel.tp", f"{a.num_heads} attention heads are not divisible by tp={p.tp}"
-            )
-        if p.tp > 1 and a.num_kv_heads % p.tp and p.tp % a.num_kv_heads:
-            raise ScenarioError(
-                "parallel.tp", f"{a.num_kv_heads} key/value heads and tp={p.tp}: one must divide the other"
-            )
-        chunks = p.pp * p.virtual_stages
-        if a.num_layers % chunks:
-            raise ScenarioError(
-                "parallel.pp",
-                f"{a.num_layers} layers are not divisible by pp*virtual_stages = {chunks}",
-            )
-        if p.ep > 1 and (not a.is_moe or a.num_experts % p.ep):
-            raise ScenarioError(
-                "parallel.ep",
-                f"ep={p.ep} needs an MoE model with experts divisible by ep "
-                f"(this model has {a.num_experts} experts)",
-            )
-        if a.fixed_seq_len is None and a.max_seq_len is not None and s.seq_len > a.max_seq_len:
-            raise ScenarioError(
-                "seq_len",
-                f"must be at most {a.max_seq_len} for this model (the longest sequence its learned position "
-                f"table can index), got {s.seq_len}",
-            )
-        if p.ep > 1 and a.extra.get("expert_parallel_error"):  # Llama 4: every expert takes every token
-            raise ScenarioError("parallel.ep", a.extra["expert_parallel_error"])
-        if a.fixed_seq_len is None and s.seq_len % p.cp:
-            raise ScenarioError("parallel.cp", f"seq_len={s.seq_len} is not divisible by cp={p.cp}")
-        if self.opt.impls and s.optimizer_impl not in self.opt.impls and s.optimizer != "none":
-            raise ScenarioError(
-                "optimizer_impl",
-                f"{s.optimizer} has no {s.optimizer_impl!r} implementation; allowed: {', '.join(self.opt.impls)}",
-            )
-        if s.method != "full" and not self.adapters:
-            raise ScenarioError(
-                "lora.targets",
-                f"{list(s.lora.targets)} match no Linear module of this model; "
-                f"modules: {', '.join(self.linear_modules)}",
-            )
-        broken = a.extra.get("lora_all_linear_error")  # Llama 4: peft's all-linear breaks the model's forward
-        if s.method != "full" and "all-linear" in s.lora.targets and broken:
-            raise ScenarioError("lora.targets", broken)
+        """The rules against the model (``rules/model.py``), then the multimodal ones."""
+        check("model", self.rules_view)
         self._validate_vision()
-        if p.pp_microbatches < p.pp and p.pp > 1 and p.pp_schedule == "interleaved":
-            raise ScenarioError(
-                "parallel.pp_microbatches", "the interleaved schedule needs pp_microbatches >= pp"
-            )
+
+    @property
+    def rules_view(self) -> ScenarioView:
+        """The scenario as the rules read it, with the model, its Linear modules and the LoRA adapters."""
+        return ScenarioView(
+            self.scenario, arch=self.arch, linear_modules=self.linear_modules, adapters=self.adapters
+        )
 
     def _validate_vision(self) -> None:
         """The multimodal keys against the model: refused on a text model; what is not modelled is named."""
