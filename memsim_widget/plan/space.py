@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Iterable, Sequence
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, replace_unchecked
+from memsim_widget.rules import RULES, UNJUDGED, ScenarioView
 from memsim_widget.scenario import MAX_ACCUM_STEPS, MAX_GPUS, MAX_MICRO_BATCH, Scenario
 
 
@@ -218,14 +220,12 @@ def candidates(
     """
     grid = _knob_grid(space)
     refused = refused_checkpointing(base)
-    # state-space layers (Mamba, Mamba-2): tensor and context parallelism are refused by the engine
+    knobs = _knob_view(grid, space)
     from memsim_widget.catalog.models import architecture_for
 
-    no_split = bool(architecture_for(base.model).extra.get("ssm"))
+    base_view = ScenarioView(base, arch=architecture_for(base.model))
     parts: list[dict[str, np.ndarray]] = []
     for lay in layout_list:
-        if no_split and (lay.tp > 1 or lay.cp > 1):
-            continue
         shard = lay.dp * lay.cp
         ok = np.ones(grid["zero"].shape[0], dtype=bool)
         if shard == 1:  # ZeRO with one replica is ZeRO-0, except as the carrier of an offload (ZeRO-Offload
@@ -236,13 +236,8 @@ def candidates(
                 | ((grid["offload"] == 1) & (grid["zero"] == z_opt))
                 | (grid["offload"] == 2)
             )
-        ok &= (grid["sp"] == 0) | (lay.tp > 1)
-        if base.framework == "megatron":  # torchtitan's per-op policy is not a Megatron mode (scenario.py)
-            ok &= grid["checkpointing"] != CHECKPOINTING.index("selective-op")
         for code in refused:
             ok &= grid["checkpointing"] != code
-        ok &= (grid["offload"] == 0) | (grid["zero"] >= 1)
-        ok &= (grid["offload"] != 2) | (grid["zero"] == 3)
         b = grid["micro_batch"]
         if global_batch_sequences is not None:
             if global_batch_sequences % lay.dp:
@@ -253,10 +248,12 @@ def candidates(
         else:
             accum = np.where(lay.pp > 1, lay.pp, 1) * np.ones_like(b)
         ok &= accum <= MAX_ACCUM_STEPS  # the scenario's bound on grad_accum_steps and pp_microbatches
-        if base.parallel.pp_schedule == "interleaved" and lay.pp > 1:
-            ok &= accum >= lay.pp
-        if base.optimizer_in_backward:
-            ok &= (accum == 1) | (lay.pp > 1)
+        layout = {f"parallel.{k}": getattr(lay, k) for k in ("dp", "tp", "pp", "cp", "ep")}
+        steps = {
+            "grad_accum_steps": np.where(lay.pp > 1, 1, accum),
+            "parallel.pp_microbatches": np.where(lay.pp > 1, accum, 1),
+        }
+        ok &= ~broken_rules(ChainMap(steps, layout, knobs, base_view), ok.shape[0])
         idx = np.nonzero(ok)[0]
         if idx.size == 0:
             continue
@@ -278,3 +275,42 @@ def candidates(
     if not parts:
         return {k: np.zeros(0, dtype=np.int64) for k in names}
     return {k: np.concatenate([p[k] for p in parts]).astype(np.int64) for k in names}
+
+
+def _knob_view(grid: dict[str, np.ndarray], space: SearchSpace) -> dict[str, object]:
+    """The knob grid as rules-view keys (``memsim_widget.rules``): the scenario values each candidate gets
+    (``plan.vector.candidate_scenario``), as arrays."""
+    return {
+        "parallel.zero": grid["zero"],
+        "parallel.sequence_parallel": grid["sp"].astype(bool),
+        "parallel.offload": np.array(OFFLOADS)[grid["offload"]],
+        "micro_batch_size": grid["micro_batch"],
+        "activation_checkpointing": np.array(CHECKPOINTING)[grid["checkpointing"]],
+        "checkpoint_every": None,  # the planner checkpoints every layer (or none)
+        "loss": np.array(LOSSES)[grid["loss"]],
+        "optimizer": np.array(space.optimizers)[grid["optimizer"]],
+    }
+
+
+#: The scenario keys the planner varies (a rule combines them with ``&`` and ``|`` only: they are arrays here).
+CANDIDATE_KEYS = (
+    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.zero",
+    "parallel.sequence_parallel", "parallel.offload", "parallel.pp_microbatches", "micro_batch_size",
+    "grad_accum_steps", "activation_checkpointing", "checkpoint_every", "loss", "optimizer",
+)  # fmt: skip
+
+
+def broken_rules(view: Mapping[str, object], n: int) -> np.ndarray:
+    """Which of ``n`` candidates break some rule of the table (``memsim_widget.rules``, every stage that raises);
+    a rule the view cannot answer (the LoRA adapters, the optimizer's implementation: fixed per candidate by
+    ``candidate_scenario``) is judged by ``Context`` on each layout."""
+    out = np.zeros(n, dtype=bool)
+    for rule in RULES:
+        if rule.stage == "inert":
+            continue
+        try:
+            broken = rule.broken(view)
+        except UNJUDGED:
+            continue
+        out |= np.broadcast_to(np.asarray(broken, dtype=bool), (n,))
+    return out
