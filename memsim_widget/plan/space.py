@@ -220,10 +220,6 @@ def candidates(
     """
     grid = _knob_grid(space)
     refused = refused_checkpointing(base)
-    knobs = _knob_view(grid, space)
-    from memsim_widget.catalog.models import architecture_for
-
-    base_view = ScenarioView(base, arch=architecture_for(base.model))
     parts: list[dict[str, np.ndarray]] = []
     for lay in layout_list:
         shard = lay.dp * lay.cp
@@ -248,12 +244,6 @@ def candidates(
         else:
             accum = np.where(lay.pp > 1, lay.pp, 1) * np.ones_like(b)
         ok &= accum <= MAX_ACCUM_STEPS  # the scenario's bound on grad_accum_steps and pp_microbatches
-        layout = {f"parallel.{k}": getattr(lay, k) for k in ("dp", "tp", "pp", "cp", "ep")}
-        steps = {
-            "grad_accum_steps": np.where(lay.pp > 1, 1, accum),
-            "parallel.pp_microbatches": np.where(lay.pp > 1, accum, 1),
-        }
-        ok &= ~broken_rules(ChainMap(steps, layout, knobs, base_view), ok.shape[0])
         idx = np.nonzero(ok)[0]
         if idx.size == 0:
             continue
@@ -274,36 +264,52 @@ def candidates(
     names = (*COLUMNS, "num_gpus")
     if not parts:
         return {k: np.zeros(0, dtype=np.int64) for k in names}
-    return {k: np.concatenate([p[k] for p in parts]).astype(np.int64) for k in names}
+    cols = {k: np.concatenate([p[k] for p in parts]).astype(np.int64, copy=False) for k in names}
+    keep = ~broken_rules(candidate_view(base, cols, space.optimizers), cols["dp"].shape[0])
+    return {k: v[keep] for k, v in cols.items()}
 
 
-def _knob_view(grid: dict[str, np.ndarray], space: SearchSpace) -> dict[str, object]:
-    """The knob grid as rules-view keys (``memsim_widget.rules``): the scenario values each candidate gets
-    (``plan.vector.candidate_scenario``), as arrays."""
-    return {
-        "parallel.zero": grid["zero"],
-        "parallel.sequence_parallel": grid["sp"].astype(bool),
-        "parallel.offload": np.array(OFFLOADS)[grid["offload"]],
-        "micro_batch_size": grid["micro_batch"],
-        "activation_checkpointing": np.array(CHECKPOINTING)[grid["checkpointing"]],
+class CodedColumn:
+    """An integer-coded column of names that compares with a name (``==``, ``!=``) as a rule does, without
+    building an array of strings."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, codes: np.ndarray, names: Sequence[str]) -> None:
+        self.codes, self.names = codes, tuple(names)
+
+    def __eq__(self, other: object) -> np.ndarray:  # type: ignore[override]
+        if other not in self.names:
+            return np.zeros(self.codes.shape, dtype=bool)
+        return self.codes == self.names.index(other)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> np.ndarray:  # type: ignore[override]
+        return ~(self == other)
+
+
+def candidate_view(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> ChainMap:
+    """Candidate columns as a rules view (``memsim_widget.rules``): the scenario keys each candidate sets
+    (``plan.vector.candidate_scenario``), as arrays, over ``base`` and its model."""
+    from memsim_widget.catalog.models import architecture_for
+
+    knobs = {
+        **{f"parallel.{k}": cols[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero", "pp_microbatches")},
+        "parallel.sequence_parallel": cols["sp"].astype(bool),
+        "parallel.offload": CodedColumn(cols["offload"], OFFLOADS),
+        "micro_batch_size": cols["micro_batch"],
+        "grad_accum_steps": cols["grad_accum"],
+        "activation_checkpointing": CodedColumn(cols["checkpointing"], CHECKPOINTING),
         "checkpoint_every": None,  # the planner checkpoints every layer (or none)
-        "loss": np.array(LOSSES)[grid["loss"]],
-        "optimizer": np.array(space.optimizers)[grid["optimizer"]],
+        "loss": CodedColumn(cols["loss"], LOSSES),
+        "optimizer": CodedColumn(cols["optimizer"], tuple(optimizers)),
     }
-
-
-#: The scenario keys the planner varies (a rule combines them with ``&`` and ``|`` only: they are arrays here).
-CANDIDATE_KEYS = (
-    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.zero",
-    "parallel.sequence_parallel", "parallel.offload", "parallel.pp_microbatches", "micro_batch_size",
-    "grad_accum_steps", "activation_checkpointing", "checkpoint_every", "loss", "optimizer",
-)  # fmt: skip
+    return ChainMap(knobs, ScenarioView(base, arch=architecture_for(base.model)))
 
 
 def broken_rules(view: Mapping[str, object], n: int) -> np.ndarray:
     """Which of ``n`` candidates break some rule of the table (``memsim_widget.rules``, every stage that raises);
-    a rule the view cannot answer (the LoRA adapters, the optimizer's implementation: fixed per candidate by
-    ``candidate_scenario``) is judged by ``Context`` on each layout."""
+    a rule the view cannot answer (the LoRA adapters, judged by ``Context`` on each layout; the optimizer's
+    implementation, chosen per candidate by ``rules.available_impl``) is left out."""
     out = np.zeros(n, dtype=bool)
     for rule in RULES:
         if rule.stage == "inert":

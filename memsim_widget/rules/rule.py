@@ -4,7 +4,7 @@ A rule's predicates read a *view*: a mapping from the scenario's dotted keys (``
 ``objective`` resolved to ``sft`` when unset) to values, plus ``arch`` (the resolved ``Architecture``),
 ``linear_modules`` and ``adapters`` where the reader knows them. The scenario check passes the validated values,
 the widget the raw (possibly invalid) values of its controls, the planner numpy arrays for the keys it varies
-(``plan.space.CANDIDATE_KEYS``). So a predicate combines the keys the planner varies with ``&``, ``|`` and
+(``plan.space.candidate_view``). So a predicate combines the keys the planner varies with ``&``, ``|`` and
 comparisons only (never ``and``/``or``/``not``/``in``), and a reader that cannot judge a rule from its view (a key
 it lacks, a value of the wrong type) leaves the rule to the scenario check.
 """
