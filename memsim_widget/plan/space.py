@@ -5,7 +5,8 @@ that the engine accepts for the model (heads and kv heads divisible by tp, layer
 cp, experts by ep; ``Context`` itself is the judge). *Knobs* are the memory levers tried on every layout:
 ZeRO stage, sequence parallel, micro-batch with the gradient accumulation that keeps the global batch,
 activation checkpointing, chunked loss, optimizer and optimizer offload. Candidates are integer-coded
-columns (``plan.vector.COLUMNS``) so that a million of them are a few numpy arrays.
+columns (``plan.vector.COLUMNS``) so that a million of them are a few numpy arrays; every candidate that breaks a
+rule of ``memsim_widget.rules`` is left out (``broken_rules``, the rules' own predicates over the columns).
 """
 
 from __future__ import annotations

@@ -85,9 +85,9 @@ RULES: tuple[Rule, ...] = (
             (v["parallel.ep"] > 1)
             & ((not v["arch"].is_moe) | (v["arch"].num_experts % v["parallel.ep"] != 0))
         ),
-        message=lambda v: (
-            f"ep={v['parallel.ep']} needs an MoE model with experts divisible by ep "
-            f"(this model has {v['arch'].num_experts} experts)"
+        message=lambda v: (  # as the disabled reason (ep = 1): "ep > 1 needs ..."
+            f"ep{'=' if v['parallel.ep'] > 1 else ' > '}{max(v['parallel.ep'], 1)} needs an MoE model with experts "
+            f"divisible by ep (this model has {v['arch'].num_experts} experts)"
         ),
         reset=lambda v: 1,
         disabled=lambda v: not v["arch"].is_moe,

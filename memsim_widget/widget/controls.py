@@ -1,4 +1,5 @@
-"""Which controls apply to a scenario: resetting inapplicable ones, disabling them, and the ``options`` trait."""
+"""Which controls apply to a scenario: resetting inapplicable ones, disabling them (both read the rules table,
+``memsim_widget.rules``), and the ``options`` trait."""
 
 from __future__ import annotations
 
