@@ -19,7 +19,7 @@ from memsim_widget.plan.space import SearchSpace, candidates, layouts
 from memsim_widget.plan.vector import candidate_scenario
 from memsim_widget.rules import RULES, Rule, available_impl
 from memsim_widget.scenario import Scenario
-from memsim_widget.widget.controls import disabled_controls, normalize, rules_view
+from memsim_widget.widget.controls import CONTROLS, disabled_controls, normalize, rules_view
 from memsim_widget.widget.scenario_edits import merge
 
 SMALL_GQA = {"model_type": "llama", "hidden_size": 768, "num_hidden_layers": 2, "num_attention_heads": 12,
@@ -117,6 +117,13 @@ def test_every_rule_has_an_example_and_a_unique_name() -> None:
     names = [r.name for r in RULES]
     assert len(names) == len(set(names))
     assert set(EXAMPLES) == set(names)
+
+
+def test_what_the_widget_does_with_a_rule_lands_on_a_control() -> None:
+    """A rule that disables, refuses or resets names a control the front end draws."""
+    keys = {c[0] for c in CONTROLS}
+    acted = {r.field for r in RULES if r.disabled is not None or r.refused is not None or r.reset is not None}
+    assert acted <= keys, acted - keys
 
 
 @pytest.mark.parametrize("rule", RAISING, ids=lambda r: r.name)

@@ -25,7 +25,7 @@ from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, replace_unchecked
-from memsim_widget.rules import RULES, UNJUDGED, ScenarioView
+from memsim_widget.rules import RULES, ScenarioView
 from memsim_widget.scenario import MAX_ACCUM_STEPS, MAX_GPUS, MAX_MICRO_BATCH, Scenario
 
 
@@ -287,6 +287,9 @@ class CodedColumn:
     def __ne__(self, other: object) -> np.ndarray:  # type: ignore[override]
         return ~(self == other)
 
+    def __bool__(self) -> bool:
+        raise ValueError("a column has no single truth value: combine it with & and |")
+
 
 def candidate_view(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> ChainMap:
     """Candidate columns as a rules view (``memsim_widget.rules``): the scenario keys each candidate sets
@@ -317,7 +320,7 @@ def broken_rules(view: Mapping[str, object], n: int) -> np.ndarray:
             continue
         try:
             broken = rule.broken(view)
-        except UNJUDGED:
-            continue
+        except (KeyError, TypeError):  # a key the view lacks, a name looked up in a catalog by a whole column
+            continue  # (a rule that uses ``and``/``or``/``not`` on a column raises ValueError: a bug, surfaced)
         out |= np.broadcast_to(np.asarray(broken, dtype=bool), (n,))
     return out

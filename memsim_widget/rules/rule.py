@@ -70,12 +70,8 @@ def inert(name: str, field: str, when: Callable[[View], Any], message: str | Cal
         name,
         field,
         "inert",
-        broken=(lambda v: when(v) & (_get(v, field) != neutral)) if resets else (lambda v: False),
+        broken=(lambda v: when(v) & (v[field] != neutral)) if resets else (lambda v: False),
         message=message,
         reset=(lambda v: neutral) if resets else None,
         disabled=when,
     )
-
-
-def _get(view: View, key: str) -> Any:
-    return view[key]
