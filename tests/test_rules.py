@@ -25,6 +25,7 @@ from memsim_widget.widget.scenario_edits import merge
 SMALL_GQA = {"model_type": "llama", "hidden_size": 768, "num_hidden_layers": 2, "num_attention_heads": 12,
              "num_key_value_heads": 4, "intermediate_size": 1024, "vocab_size": 1000}  # fmt: skip
 SCOUT = "llama-4-scout-17b-16e-text-only"
+CLIP, LLAVA = "clip-vit-base-patch32", "llava-1.5-7b"
 
 #: For every rule, changes to the default scenario that break it (a rule that raises) or that disable its
 #: control (an inert rule). Adding a rule without an example fails ``test_every_rule_has_an_example``.
@@ -96,6 +97,17 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 1}
     },  # fmt: skip
     "state-space layers run on one rank's whole sequence": {"model": "mamba-130m", "parallel": {"cp": 2}},
+    "images need a vision tower": {"images_per_sample": 2},
+    "freeze_vision needs a vision tower": {"freeze_vision": True},
+    "CLIP trains one image per sample": {"model": CLIP, "seq_len": 77, "images_per_sample": 2},
+    "multimodal models take no tp split": {"model": LLAVA, "parallel": {"tp": 2}},
+    "multimodal models take no pp split": {"model": LLAVA, "parallel": {"pp": 2}},
+    "multimodal models take no cp split": {"model": LLAVA, "parallel": {"cp": 2}},
+    "multimodal checkpointing is none or full": {"model": LLAVA, "activation_checkpointing": "selective"},
+    "CLIP is not checkpointed": {"model": CLIP, "seq_len": 77, "activation_checkpointing": "full"},
+    "multimodal models run as transformers runs them": {"model": LLAVA, "framework": "torchtune"},
+    "multimodal models take no QLoRA": {"model": LLAVA, "method": "qlora"},
+    "multimodal models train sft only": {"model": LLAVA, "objective": "dpo"},
 }
 RAISING = [r for r in RULES if r.stage != "inert"]
 

@@ -5,9 +5,10 @@ Readers: ``ParallelConfig`` / ``Scenario`` / ``engine.context.Context`` raise ``
 ``widget.controls.normalize`` applies each broken rule's ``reset``; ``widget.controls.disabled_controls`` shows
 each rule's message where its control is ``disabled`` (or its values ``refused``); ``plan.space.candidates``
 keeps only the candidates that break no rule. Modules by where a rule is checked: ``parallel`` (the layout
-alone), ``step`` (the step's keys), ``objective`` (the ``rl`` block), ``model`` (against the model). Rules the
-engine checks inside its formulas (the family- and precision-specific refusals in ``engine/activations.py``,
-``engine/calibrated.py``, ``engine/objectives.py``, the multimodal ones in ``engine/context.py``) stay there.
+alone), ``step`` (the step's keys), ``objective`` (the ``rl`` block), ``model`` (against the model),
+``multimodal`` (against a multimodal model). Rules the engine checks inside its formulas (the family- and
+precision-specific refusals in ``engine/activations.py`` and ``engine/calibrated.py``, the calibrated model's
+objectives in ``engine/objectives.py``) stay there: the planner probes them through the engine.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from memsim_widget.errors import ScenarioError
-from memsim_widget.rules import model, objective, parallel, step
+from memsim_widget.rules import model, multimodal, objective, parallel, step
 from memsim_widget.rules.model import available_impl
 from memsim_widget.rules.rule import STAGES, UNJUDGED, Rule, View, inert
 
@@ -24,7 +24,7 @@ __all__ = ["RULES", "STAGES", "UNJUDGED", "Rule", "ScenarioView", "View", "avail
            "stage_rules"]  # fmt: skip
 
 #: Every rule, in the order the checks raise them and the widget applies them.
-RULES: tuple[Rule, ...] = (*parallel.RULES, *step.RULES, *objective.RULES, *model.RULES)
+RULES: tuple[Rule, ...] = (*parallel.RULES, *step.RULES, *objective.RULES, *model.RULES, *multimodal.RULES)
 
 
 def stage_rules(stage: str) -> tuple[Rule, ...]:
@@ -35,8 +35,8 @@ def stage_rules(stage: str) -> tuple[Rule, ...]:
 def check(stage: str, view: View) -> None:
     """Raise the first rule of ``stage`` that ``view`` breaks, as a ``ScenarioError`` naming its field."""
     for rule in RULES:
-        if rule.stage == stage and rule.broken(view):
-            raise ScenarioError(rule.field, rule.text(view))
+        if rule.stage == stage:
+            rule.check(view)
 
 
 class ScenarioView(Mapping[str, Any]):

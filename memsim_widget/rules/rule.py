@@ -2,7 +2,7 @@
 
 A rule's predicates read a *view*: a mapping from the scenario's dotted keys (``parallel.tp``, ``rl.reference``,
 ``objective`` resolved to ``sft`` when unset) to values, plus ``arch`` (the resolved ``Architecture``),
-``linear_modules`` and ``adapters`` where the reader knows them. The scenario check passes the validated values,
+``linear_modules``, ``adapters`` and ``context.images_per_sample`` (resolved) where the reader knows them. The scenario check passes the validated values,
 the widget the raw (possibly invalid) values of its controls, the planner numpy arrays for the keys it varies
 (``plan.space.candidate_view``). So a predicate combines the keys the planner varies with ``&``, ``|`` and
 comparisons only (never ``and``/``or``/``not``/``in``), and a reader that cannot judge a rule from its view (a key
@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from memsim_widget.errors import ScenarioError
 
 View = Mapping[str, Any]
 #: Where a rule is checked: ``parallel`` (``ParallelConfig``), ``scenario`` (``Scenario``'s own keys),
@@ -47,6 +49,11 @@ class Rule:
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise ValueError(f"rule {self.name}: stage {self.stage!r} is not one of {STAGES}")
+
+    def check(self, view: View) -> None:
+        """Raise the rule as a ``ScenarioError`` naming its field where ``view`` breaks it."""
+        if self.broken(view):
+            raise ScenarioError(self.field, self.text(view))
 
     def text(self, view: View) -> str:
         """The rule's message for ``view``."""
