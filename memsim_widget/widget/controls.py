@@ -166,20 +166,16 @@ def _set(out: dict[str, Any], key: str, value: Any) -> None:
         out[section][sub] = value
 
 
-def _normalize_objective(out: dict[str, Any], changed: set[str]) -> dict[str, Any]:
+def _normalize_objective(out: dict[str, Any], changed: set[str]) -> None:
     """The ``rl`` block of ``out`` (in place): dropped when the objective becomes sft (unless edited in the same
-    change, so the error shows), filled with its defaults when an objective needs it and has none."""
-    rl = out.get("rl") if isinstance(out.get("rl"), dict) else None
+    change, so the error shows), filled with its defaults when an objective needs it and has none (a block that
+    is not an object is left for the scenario check to name)."""
     edited = any(k == "rl" or k.startswith("rl.") for k in changed)
     if (out.get("objective") or "sft") == "sft":
-        if rl is not None and not edited:
+        if isinstance(out.get("rl"), dict) and not edited:
             out.pop("rl")
-        return {}
-    if rl is None:
-        if out.get("rl") is not None:  # not an object: the scenario check names it
-            return {}
-        rl = out["rl"] = RLConfig().to_dict()
-    return rl
+    elif out.get("rl") is None:
+        out["rl"] = RLConfig().to_dict()
 
 
 def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, list[Any]]]:
