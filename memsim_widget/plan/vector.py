@@ -41,7 +41,7 @@ from memsim_widget.engine.overhead import (
 )
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
-from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.rules import available_impl
 from memsim_widget.scenario import Scenario
 
 #: The knobs a candidate may set, as integer-coded columns (strings index the tuples below).
@@ -267,10 +267,7 @@ def candidate_scenario(
     """The scenario of one candidate: ``base`` with the candidate's knobs (integer-coded) applied.
     ``validate=False`` skips the checks (the planner's internal state keys)."""
     opt = optimizers[int(row["optimizer"])]
-    impl = base.optimizer_impl
-    impls = OPTIMIZERS[opt].impls
-    if impls and impl not in impls:
-        impl = "fused" if "fused" in impls else impls[0]
+    impl = available_impl(opt, base.optimizer_impl)  # the rule's fallback (rules/model.py)
     keys: dict[str, Any] = {
         "micro_batch_size": int(row["micro_batch"]),
         "grad_accum_steps": int(row["grad_accum"]),
