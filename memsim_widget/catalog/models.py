@@ -56,6 +56,8 @@ PRESET_FILES: tuple[str, ...] = (
     "clip",
     "llava",
     "gemma3",
+    "qwen2_vl",
+    "qwen2_5_vl",
 )
 
 
