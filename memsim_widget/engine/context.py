@@ -15,6 +15,8 @@ from memsim_widget.scenario import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: Linear modules PEFT's "all-linear" skips: the output head.
+#: Parameter stacks of a multimodal model's vision side (tower, its unused layers, projector).
+TOWER_STACKS = ("vision", "vision_unused", "projector")
 _HEAD_MODULES = {"lm_head", "classifier", "cls", "decoder", "head"}
 
 
@@ -101,7 +103,7 @@ class Context:
             raise ScenarioError(
                 "lora.targets",
                 f"{list(s.lora.targets)} match no Linear module of this model; "
-                f"modules: {', '.join(self.linear_modules)}",
+                f"modules: {', '.join(sorted({g.module for g in a.params if g.module}))}",
             )
         broken = a.extra.get("lora_all_linear_error")  # Llama 4: peft's all-linear breaks the model's forward
         if s.method != "full" and "all-linear" in s.lora.targets and broken:
@@ -237,7 +239,10 @@ class Context:
 
     @cached_property
     def linear_modules(self) -> list[str]:
-        return sorted({g.module for g in self.arch.params if g.module})
+        """The Linear modules of the engine's layer stack: a multimodal model's tower and projector have their own
+        rules (engine/vision.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
+        towers = TOWER_STACKS if self.arch.extra.get("vision") else ()
+        return sorted({g.module for g in self.arch.params if g.module and g.stack not in towers})
 
     @cached_property
     def adapters(self) -> tuple[Adapter, ...]:

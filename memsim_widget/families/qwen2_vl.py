@@ -122,7 +122,7 @@ def _text_config(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
 def _tower(
     cfg: Mapping[str, Any], v25: bool, out_hidden: int
 ) -> tuple[list[ParamGroup], list[ParamGroup], dict]:
-    """The tower's parameter groups (stack "vision", blocks at scope ``layer`` for the tower Architecture), the
+    """The tower's parameter groups (stack "vision", scope "pre": before the language model's layers), the
     merger's (stack "projector") and the tower's sizes."""
     d = QWEN2_5_VL_VISION_DEFAULTS if v25 else QWEN2_VL_VISION_DEFAULTS
     L = (
@@ -157,12 +157,12 @@ def _tower(
     blk = pv + "blocks.*."
     groups = [ParamGroup(pv + "patch_embed.proj.weight", "embedding", (e, C, tp, p, p), scope="pre", stack=S)]
     groups += linear_params(
-        blk + "attn.qkv", "attention", 3 * e, e, bias=True, parallel=None, module="qkv", count=L, stack=S
+        blk + "attn.qkv", "attention", 3 * e, e, bias=True, parallel=None, module="qkv", count=L, scope="pre", stack=S
     )
     groups += linear_params(
-        blk + "attn.proj", "attention", e, e, bias=True, parallel=None, module="proj", count=L, stack=S
+        blk + "attn.proj", "attention", e, e, bias=True, parallel=None, module="proj", count=L, scope="pre", stack=S
     )
-    groups += norm_params(blk, ("norm1", "norm2"), e, L, bias=not v25, stack=S)
+    groups += norm_params(blk, ("norm1", "norm2"), e, L, bias=not v25, scope="pre", stack=S)
     mlp = (
         (("gate_proj", inter, e), ("up_proj", inter, e), ("down_proj", e, inter))
         if v25
@@ -170,7 +170,7 @@ def _tower(
     )
     for name, o, i in mlp:
         groups += linear_params(
-            blk + f"mlp.{name}", "mlp", o, i, bias=True, parallel=None, module=name, count=L, stack=S
+            blk + f"mlp.{name}", "mlp", o, i, bias=True, parallel=None, module=name, count=L, scope="pre", stack=S
         )
     w, P = m * m * e, "projector"
     merger = norm_params(pv + "merger.", ("ln_q",), e, 1, bias=not v25, scope="pre", stack=P)
