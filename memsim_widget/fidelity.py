@@ -1065,7 +1065,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
 ]
 
-# ----- multimodal (families/clip.py, llava.py, qwen2_vl.py; engine/vision.py, vision_qwen.py) -----------------------------------------
+# ----- multimodal (families/clip.py, llava.py, llava_next.py, qwen2_vl.py; engine/vision*.py) -----------------------------------------
 #: CLIP: 4-layer text tower (77 tokens) and 4-layer ViT-B/16-shaped vision tower at 224px (196 patches + CLS)
 CLIP = {
     "model_type": "clip",
@@ -1137,6 +1137,15 @@ QWEN2_5_VL = {
     },
     "image_size": 224,
 }
+#: LLaVA-NeXT: the LLaVA case's tower (224 px crops, 196 rows each) and Llama, pinpoints [224, 448], [448, 224],
+#: [448, 448]; a 300 x 500 image picks 448 x 448: 4 tiles + the base crop, 196 + 16 x 28 unpadded + 16 newline
+#: = 660 tokens
+LLAVA_NEXT = {
+    **LLAVA,
+    "model_type": "llava_next",
+    "image_grid_pinpoints": [[224, 448], [448, 224], [448, 448]],
+    "image_size": [300, 500],
+}
 _QWEN_KEYS = (
     ("bf16 sdpa frozen tower", {}),
     ("bf16 sdpa trained tower", {"freeze_vision": False}),
@@ -1205,6 +1214,32 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
         for name, model in (("qwen2_vl", QWEN2_VL), ("qwen2_5_vl", QWEN2_5_VL))
         for label, keys in _QWEN_KEYS
     ),
+    *(
+        (
+            f"llava_next {label} b2 s256+660",
+            {"model": LLAVA_NEXT, "micro_batch_size": 2, "seq_len": 256, **keys},
+        )
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
+            ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
+        )
+    ),
+    (
+        "llava_next bf16 sdpa frozen tower b1 s256+2x616 (2 images of 600 x 300 px: 3 crops, 616 tokens each)",
+        {
+            "model": {**LLAVA_NEXT, "image_size": [600, 300]},
+            "micro_batch_size": 1,
+            "seq_len": 256,
+            "images_per_sample": 2,
+            "output_lifetime": "backward",
+        },
+    ),
     (
         "qwen2_vl bf16 sdpa trained tower b2 s256+2x96 (2 images of 224 x 336 px per sample)",
         {
@@ -1239,6 +1274,10 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "qwen2.5-vl-3b bf16 full b1 s512+256 (real shape, frozen tower)",
         {"model": "qwen2.5-vl-3b", "micro_batch_size": 1, "seq_len": 512},
+    ),
+    (
+        "llava-v1.6-mistral-7b bf16 lora qv b1 s512+2928 (real shape, 672 px image: 5 crops)",
+        {"model": "llava-v1.6-mistral-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
     ),
     (
         "clip-vit-base-patch32 bf16 sdpa b64 s77 (real shape)",

@@ -58,6 +58,7 @@ PRESET_FILES: tuple[str, ...] = (
     "gemma3",
     "qwen2_vl",
     "qwen2_5_vl",
+    "llava_next",
 )
 
 

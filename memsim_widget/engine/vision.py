@@ -57,6 +57,11 @@ def vision_activations(
 
         qwen_vision_activations(ctx, out, hf)
         return
+    if v["kind"] == "llava_next":  # LLaVA's rules on every anyres crop (engine/vision_llava_next.py)
+        from memsim_widget.engine.vision_llava_next import llava_next_activations
+
+        llava_next_activations(ctx, out, hf, vision_activations)
+        return
     tower = v["tower"]
     sc, recipe = ctx.scenario, ctx.recipe
     amp = uses_autocast(ctx)

@@ -44,6 +44,7 @@ MODULES: tuple[str, ...] = (
     "clip",
     "llava",
     "qwen2_vl",
+    "llava_next",
 )
 
 for _name in MODULES:

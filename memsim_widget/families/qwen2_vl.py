@@ -157,10 +157,28 @@ def _tower(
     blk = pv + "blocks.*."
     groups = [ParamGroup(pv + "patch_embed.proj.weight", "embedding", (e, C, tp, p, p), scope="pre", stack=S)]
     groups += linear_params(
-        blk + "attn.qkv", "attention", 3 * e, e, bias=True, parallel=None, module="qkv", count=L, scope="pre", stack=S
+        blk + "attn.qkv",
+        "attention",
+        3 * e,
+        e,
+        bias=True,
+        parallel=None,
+        module="qkv",
+        count=L,
+        scope="pre",
+        stack=S,
     )
     groups += linear_params(
-        blk + "attn.proj", "attention", e, e, bias=True, parallel=None, module="proj", count=L, scope="pre", stack=S
+        blk + "attn.proj",
+        "attention",
+        e,
+        e,
+        bias=True,
+        parallel=None,
+        module="proj",
+        count=L,
+        scope="pre",
+        stack=S,
     )
     groups += norm_params(blk, ("norm1", "norm2"), e, L, bias=not v25, scope="pre", stack=S)
     mlp = (
@@ -170,7 +188,16 @@ def _tower(
     )
     for name, o, i in mlp:
         groups += linear_params(
-            blk + f"mlp.{name}", "mlp", o, i, bias=True, parallel=None, module=name, count=L, scope="pre", stack=S
+            blk + f"mlp.{name}",
+            "mlp",
+            o,
+            i,
+            bias=True,
+            parallel=None,
+            module=name,
+            count=L,
+            scope="pre",
+            stack=S,
         )
     w, P = m * m * e, "projector"
     merger = norm_params(pv + "merger.", ("ln_q",), e, 1, bias=not v25, scope="pre", stack=P)

@@ -97,7 +97,12 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
 
 
 def _input_factory(
-    cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype, images: int = 0, grid: Any = None
+    cfg: Any,
+    micro_batch_size: int,
+    seq_len: int,
+    float_dtype: torch.dtype,
+    images: int = 0,
+    image: Any = None,
 ) -> Callable[[], dict]:
     """A function making one training batch for ``cfg`` (call inside the trace). A multimodal batch holds
     ``images`` images per sample: CLIP pairs each with a text of ``seq_len`` tokens (``return_loss``); LLaVA puts
@@ -112,7 +117,7 @@ def _input_factory(
         from . import vlm_inputs
 
         maker = vlm_inputs.qwen2_vl_batch if fam != "llava_next" else vlm_inputs.llava_next_batch
-        return maker(cfg, b, s, float_dtype, images, grid)
+        return maker(cfg, b, s, float_dtype, images, image)
     vocab = getattr(cfg, "vocab_size", None)
     if fam in VISION_LANGUAGE:
         vc = cfg.vision_config
@@ -258,17 +263,11 @@ def trace_hf(
             "qlora: bitsandbytes 4-bit layers need CUDA kernels and do not run on CPU fake tensors; not traced"
         )
     wdtype, _amp = _precision_dtypes(precision)
-    grid = None
-    if any(k in config for k in MEMSIM_MODEL_KEYS) or config.get("model_type") in (
-        "qwen2_vl",
-        "qwen2_5_vl",
-        "llava_next",
-    ):
+    image = None  # the image the batch holds (its patches or crops), as the engine reads it from the config
+    if config.get("model_type") in ("qwen2_vl", "qwen2_5_vl", "llava_next"):
         from memsim_widget.architecture import build_architecture
 
-        grid = (
-            build_architecture(config).extra["vision"]["tower"].extra.get("grid")
-        )  # the image the batch holds
+        image = build_architecture(config).extra["vision"]
         config = {k: v for k, v in config.items() if k not in MEMSIM_MODEL_KEYS}
     cfg = build_hf_config(config, attention)
     if layer_checkpointing:
@@ -314,7 +313,7 @@ def trace_hf(
         return trace_training(
             model_factory,
             _input_factory(
-                cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0), grid
+                cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0), image
             ),
             precision=precision,
             optimizer=optimizer,
