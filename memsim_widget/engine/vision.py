@@ -50,9 +50,7 @@ def vision_activations(
 ) -> None:
     """Add the vision tower's (and projector's) saved tensors and the pixel inputs to ``out``."""
     v = ctx.arch.extra["vision"]
-    if (
-        v["kind"] == "qwen2_vl"
-    ):  # Qwen2-VL / Qwen2.5-VL: patches of any size, the merger (engine/vision_qwen.py)
+    if v["kind"] == "qwen2_vl":  # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/vision_qwen.py)
         from memsim_widget.engine.vision_qwen import qwen_vision_activations
 
         qwen_vision_activations(ctx, out, hf)

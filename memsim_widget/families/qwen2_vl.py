@@ -325,6 +325,9 @@ def _build(cfg: Mapping[str, Any], v25: bool) -> Architecture:
                 },  # fmt: skip
                 "image_token_index": cfg.get("image_token_id", 151655),
                 "pixels_per_patch": t["channels"] * t["temporal_patch"] * t["patch"] ** 2,
+                "image_note": f"every image is {H} x {W} px (model key image_size), resized by the processor to "
+                f"{Hr} x {Wr}: {patches} patches in the tower, {tokens} tokens; the tower's own backward transients "
+                "are not modelled",
             },
         },
     )
