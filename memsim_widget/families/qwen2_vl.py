@@ -16,7 +16,8 @@ Image tokens: the processor resizes each image to multiples of p m = 28 (``smart
 scaled so that the pixel count lies in [``min_pixels``, ``max_pixels``]); the tower sees (H/14)(W/14) patches
 and the language model (H/28)(W/28) tokens. memsim reads the image size from the model config's ``image_size``
 (memsim's key: an int or [height, width], default 448: 1024 patches, 256 tokens) with the processor's
-``min_pixels`` / ``max_pixels`` (defaults 3136 and 12845056, Qwen2-VL's preprocessor_config.json).
+``min_pixels`` / ``max_pixels`` (defaults 3136 and 12845056, the published preprocessor_config.json values
+as remembered; transformers' processor class alone defaults to 1003520).
 
 Recipes (Qwen2-VL's fine-tuning scripts, LLaMA-Factory): ``freeze_vision`` freezes the patch embedding and the
 blocks; the merger (stack "projector") trains with the language model.
