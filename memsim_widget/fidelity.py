@@ -1251,6 +1251,16 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "qwen2_vl amp-bf16 sdpa b2 s256 (no image: the merger gets no gradient, no state)",
+        {
+            "model": QWEN2_VL,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "precision": "amp-bf16",
+            "images_per_sample": 0,
+        },
+    ),
+    (
         "qwen2_5_vl bf16 sdpa frozen tower b2 s256+64 (output held through backward)",
         {"model": QWEN2_5_VL, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
     ),

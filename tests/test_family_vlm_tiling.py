@@ -145,6 +145,16 @@ def test_image_tokens_join_the_sequence_and_the_tower_recipe() -> None:
     assert "fc1" not in every.linear_modules and "gate_proj" in every.linear_modules
 
 
+def test_a_step_without_images_trains_neither_tower_nor_projector() -> None:
+    """The tower and the merger never run: no gradient, no optimizer state (as the trace shows), even when the
+    recipe trains them."""
+    for model in ("qwen2-vl-2b", "llava-v1.6-vicuna-7b", "llava-1.5-7b"):
+        arch = architecture_for(model)
+        lm = sum(g.numel for g in arch.params if g.stack not in ("vision", "vision_unused", "projector"))
+        ctx = Context(Scenario.from_dict({"model": model, "images_per_sample": 0, "freeze_vision": False}))
+        assert ctx.trainable_parameters == lm
+
+
 @pytest.mark.parametrize(
     ("model", "field"),
     [

@@ -200,6 +200,9 @@ class Context:
         unused = (
             {"vision_unused"} if self.arch.extra.get("vision") else set()
         )  # LLaVA's tower past the layer read
+        if unused and not self.images_per_sample:
+            # no image: the tower and projector never run, so they get no gradient and AdamW no state (traced)
+            return frozenset({"vision", "projector", *unused})
         return frozenset({"vision", *unused} if self.freeze_vision else unused)
 
     @property
