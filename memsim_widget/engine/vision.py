@@ -160,6 +160,8 @@ def vision_activations(
             out.loss_forward.append(t)
             if output_lifetime(sc) != "trainer":
                 out.output_logits.append(t)
+        if v["kind"] == "llava" and sc.activation_checkpointing == "full":
+            _frozen_tower_under_checkpointing(out, v, bi, T, h, r, 2 if amp else ec)
     pj = v.get("projector")
     if pj and v["kind"] == "gemma3":
         _gemma3_projector(ctx, out, bi * v["tokens_per_image"], pj, trained or adapters, amp, ec)
@@ -210,6 +212,25 @@ def vision_activations(
                 8,
             )
         )
+
+
+def _frozen_tower_under_checkpointing(
+    out: ActivationBudget, v: dict, bi: int, T: int, h: int, r: int, cb: int
+) -> None:
+    """Under HF gradient checkpointing a frozen CLIP tower's forward tensors stay referenced by the autograd graph
+    until backward ends (seen on real CPU tensors and in the fake trace; without checkpointing they are freed):
+    the patch conv's output, the embeddings, pre_layrnorm's output and the outputs of the layers before the one
+    the projector reads (that one is counted with the projector or the model output)."""
+    n, kept = v["tower"].extra["num_patches"], v["layers_used"] - 1
+    out.pre.append(
+        Term(
+            "frozen vision tower under checkpointing: conv output, embeddings, pre_layrnorm output and "
+            f"{kept} layer outputs kept by the graph until backward ends",
+            cb * bi * n * h + (2 + kept) * r * T * h,
+            f"{cb} B x images x {n} x {h} + {2 + kept} x {r} B x T x h, T={fmt_int(T)}",
+            3 + kept,
+        )
+    )
 
 
 def _gemma3_projector(

@@ -104,12 +104,28 @@ def qwen_vision_activations(
                 2,
             )  # fmt: skip
         )
-    _merger(ctx, out, v, Tv, N, e, tower_grad, amp, ec, r)
+    kept = not tower_grad and sc.activation_checkpointing == "full"
+    if kept:
+        # a frozen tower under HF gradient checkpointing: its forward tensors stay referenced by the autograd graph
+        # until backward ends (seen on real CPU tensors and in the trace; freed without checkpointing): the patch
+        # embedding's output (Qwen2.5-VL: and its window-ordered copy) and every block's output, the last one
+        # (the tower's output) included
+        L = tower.num_layers
+        n = L + 1 + window
+        out.pre.append(
+            Term(
+                f"frozen vision tower under checkpointing: patch embedding and {L} block outputs kept by the graph",
+                (2 if amp else ec) * Tv * e + (n - 1) * r * Tv * e,
+                f"{2 if amp else ec} B x T_v x e + {n - 1} x {r} B x T_v x e",
+                n,
+            )
+        )
+    _merger(ctx, out, v, Tv, N, e, tower_grad, amp, ec, r, output_counted=kept)
 
 
 def _merger(
     ctx: Context, out: ActivationBudget, v: dict, Tv: int, N: int, e: int, tower_grad: bool, amp: bool, ec: int,
-    r: int,
+    r: int, output_counted: bool = False,
 ) -> None:  # fmt: skip
     """The merger's saved tensors (ln_q -> view m^2 e wide -> mlp.0 -> GELU -> mlp.2) and what the model output
     holds of the tower (its last hidden state, the merged features)."""
@@ -163,6 +179,7 @@ def _merger(
         )
     # the model output's image_outputs: the merged features (16-bit) and, unless ln_q saved it already, the
     # tower's last hidden state -- alive through the loss, and with output_lifetime "backward"/"step" beyond
+    norm_keeps_input = norm_keeps_input or output_counted  # the tower's output counted already
     held = ec * N * ht + (0 if norm_keeps_input else r * Tv * e)
     t = Term(
         "vision tower output and merged features held by the model output (image_outputs)",
