@@ -189,6 +189,7 @@ FAST = [
     "qwen2_5_vl bf16 lora all-linear (LM, tower, merger) b2 s256+64",
     "qwen2_5_vl amp-bf16 sdpa frozen tower b2 s256+64",
     "llava_next bf16 sdpa frozen tower b2 s256+660",
+    "llava_next bf16 ckpt frozen tower b2 s256+660",  # the frozen tower's tensors the graph keeps
 ]
 
 

@@ -115,9 +115,7 @@ def build_llava_next(cfg: Mapping[str, Any]) -> Architecture:
                 "best_resolution": best_resolution(H, W, pts),
                 "image_grid_pinpoints": pts,
                 "image_note": f"every image is {H} x {W} px (model key image_size): {crops} crops of {side} px "
-                f"through the tower, {tokens} tokens; the tower's own backward transients are not modelled, and under "
-                "full checkpointing with a frozen tower its early hidden states, alive through backward in a trace, "
-                "are not counted",
+                f"through the tower, {tokens} tokens; the tower's own backward transients are not modelled",
             },
         },
     )
