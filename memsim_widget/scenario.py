@@ -385,8 +385,9 @@ class Scenario:
     ``objective`` (optional, unset = ``sft``) -- ``sft``, ``dpo``, ``orpo``, ``kto``, ``grpo`` or ``ppo``,
     orthogonal to ``method`` (which weights train); ``rl`` (optional) -- its knobs, see ``RLConfig``.
 
-    Multimodal models (CLIP, LLaVA, Gemma 3) only; a text model refuses them: ``images_per_sample`` -- images per sample
-    (unset: 1); LLaVA adds each image's tokens to the ``seq_len`` text tokens, CLIP trains image-text pairs (1).
+    Multimodal models (CLIP, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Gemma 3) only; a text model refuses them:
+    ``images_per_sample`` -- images per sample (unset: 1); the VLMs add each image's tokens to the ``seq_len`` text
+    tokens (Qwen2-VL and LLaVA-NeXT from the model config's ``image_size``), CLIP trains image-text pairs (1).
     ``freeze_vision`` -- the vision tower is frozen: no gradient, no optimizer state, no LoRA adapter on it, and
     (its input being pixels) nothing saved for its backward; unset: the model's recipe (LLaVA true, CLIP false).
     """

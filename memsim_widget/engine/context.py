@@ -16,6 +16,8 @@ from memsim_widget.scenario import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: Linear modules PEFT's "all-linear" skips: the output head.
+#: Parameter stacks of a multimodal model's vision side (tower, its unused layers, projector).
+TOWER_STACKS = ("vision", "vision_unused", "projector")
 _HEAD_MODULES = {"lm_head", "classifier", "cls", "decoder", "head"}
 
 
@@ -116,6 +118,9 @@ class Context:
         unused = (
             {"vision_unused"} if self.arch.extra.get("vision") else set()
         )  # LLaVA's tower past the layer read
+        if unused and not self.images_per_sample:
+            # no image: the tower and projector never run, so they get no gradient and AdamW no state (traced)
+            return frozenset({"vision", "projector", *unused})
         return frozenset({"vision", *unused} if self.freeze_vision else unused)
 
     @property
@@ -155,7 +160,10 @@ class Context:
 
     @cached_property
     def linear_modules(self) -> list[str]:
-        return sorted({g.module for g in self.arch.params if g.module})
+        """The Linear modules of the engine's layer stack: a multimodal model's tower and projector have their own
+        rules (engine/vision.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
+        towers = TOWER_STACKS if self.arch.extra.get("vision") else ()
+        return sorted({g.module for g in self.arch.params if g.module and g.stack not in towers})
 
     @cached_property
     def adapters(self) -> tuple[Adapter, ...]:

@@ -151,7 +151,7 @@ RULES: tuple[Rule, ...] = (
         broken=lambda v: v["method"] != "full" and not v["adapters"],
         message=lambda v: (
             f"{list(v['lora.targets'])} match no Linear module of this model; "
-            f"modules: {', '.join(v['linear_modules'])}"
+            f"modules: {', '.join(sorted({g.module for g in v['arch'].params if g.module}))}"
         ),
     ),
     Rule(
