@@ -61,6 +61,10 @@ def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:
         and v.get("projector")
     ):
         out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
+    if v.get(
+        "image_note"
+    ):  # Qwen2-VL, LLaVA-NeXT: the image size the token count assumes (the family's text)
+        out.append(v["image_note"])
     if v["kind"] == "llava":
         out.append(
             f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "

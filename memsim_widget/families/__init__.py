@@ -40,9 +40,11 @@ MODULES: tuple[str, ...] = (
     "falcon",
     # state-space models (Mamba, Mamba-2, Jamba)
     "mamba",
-    # multimodal (vision tower + language model): CLIP, LLaVA
+    # multimodal (vision tower + language model): CLIP, LLaVA, LLaVA-NeXT, Qwen2-VL / Qwen2.5-VL
     "clip",
     "llava",
+    "qwen2_vl",
+    "llava_next",
 )
 
 for _name in MODULES:
