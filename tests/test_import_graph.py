@@ -101,7 +101,7 @@ def test_the_whole_package_has_no_import_circle() -> None:
 
 
 #: The layers, lowest first: data flows scenario -> architecture -> engine -> estimate/frame -> charts/widget/cli.
-#: ``BELOW_THE_ENGINE`` is what the engine stands on: the input (scenario, the catalogs), what a model is made of
+#: ``BELOW_THE_ENGINE`` is what the engine stands on: the input (scenario, its rules, the catalogs), what a model is made of
 #: (architecture, its families, and calibrate, through which ``architecture.dispatch`` builds the models fitted
 #: from traces), the registries and the leaf modules (errors, precision, optimizers, JSON reading, the version,
 #: the StrEnum base of the closed name sets, byte units).
@@ -116,6 +116,7 @@ BELOW_THE_ENGINE = (
     "memsim_widget.precision",
     "memsim_widget.optimizers",
     "memsim_widget.scenario",
+    "memsim_widget.rules",
     "memsim_widget.catalog",
     "memsim_widget.architecture",
     "memsim_widget.families",
