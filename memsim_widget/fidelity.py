@@ -189,6 +189,11 @@ MAMBA = {"model_type": "mamba", "hidden_size": 256, "num_hidden_layers": 4, "voc
 #: Mamba-2 (Mamba2ForCausalLM): 4 layers, 8 heads of 64 (I = 512), 2 groups, N = 16, chunks of 64 tokens
 MAMBA2 = {"model_type": "mamba2", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000, "num_heads": 8,
           "head_dim": 64, "state_size": 16, "n_groups": 2, "chunk_size": 64}  # fmt: skip
+#: Jamba (JambaForCausalLM): 4 layers, attention at layer 1 (8 heads, 2 KV), Mamba v1 elsewhere (I = 512, N = 16),
+#: 4 experts (top 2) on layers 1 and 3, dense MLPs (512) on 0 and 2; torch scan path only on a CPU
+JAMBA = {"model_type": "jamba", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000,
+         "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 512, "num_experts": 4,
+         "num_experts_per_tok": 2, "attn_layer_period": 4, "attn_layer_offset": 1}  # fmt: skip
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 #: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
@@ -1060,6 +1065,33 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 "torch V64 bf16 b2 s512 (peak in a layer's backward)",
                 {"vocab_size": 64},
                 {"micro_batch_size": 2, "seq_len": 512},
+            ),
+        )
+    ),
+    # Jamba: attention and Mamba layers, MoE and dense MLPs (engine/hybrid.py); the torch scan path (grouped_mm
+    # experts run only in bf16 on a CPU: the fp32 case has dense MLPs only)
+    *(
+        (f"jamba {label}", {"model": {**JAMBA, **more}, "ssm_kernel": "torch", **keys})
+        for label, more, keys in (
+            ("torch bf16 sdpa b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64}),
+            ("torch bf16 eager b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64, "attention": "eager"}),
+            (
+                "torch fp32 b2 s64 (dense MLPs)",
+                {"num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "fp32"},
+            ),
+            (
+                "torch bf16 b1 s128 (tied, N=8, K=3, R=12, biases, attention on top, MoE at even layers)",
+                {
+                    "tie_word_embeddings": True,
+                    "mamba_d_state": 8,
+                    "mamba_d_conv": 3,
+                    "mamba_proj_bias": True,
+                    "mamba_dt_rank": 12,
+                    "attn_layer_offset": 3,
+                    "expert_layer_offset": 0,
+                },
+                {"micro_batch_size": 1, "seq_len": 128},
             ),
         )
     ),

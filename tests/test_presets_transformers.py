@@ -74,6 +74,8 @@ def _kind(name: str) -> str:
         return "router"
     if ".mixer." in n:  # Mamba's state-space mixer (in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj)
         return "ssm"
+    if ".mamba." in n:  # Jamba's Mamba mixer, its dt/B/C RMSNorms included
+        return "ssm"
     if "norm" in n or ".ln_" in n or n.startswith("transformer.ln_f"):
         return "norm"
     if any(k in n for k in ("wpe.", "position_embeddings", "relative_attention_bias")):

@@ -53,6 +53,7 @@ PRESET_FILES: tuple[str, ...] = (
     "falcon",
     "mamba",
     "mamba2",
+    "jamba",
     "clip",
     "llava",
     "gemma3",

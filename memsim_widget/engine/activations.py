@@ -115,7 +115,12 @@ def activations(ctx: Context) -> ActivationBudget:
         _stage_io(ctx, out)
         return out
     _refuse_untraced(ctx)
-    out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
+    if ctx.arch.extra.get("hybrid"):  # attention and Mamba layers in one stack (Jamba; engine/hybrid.py)
+        from memsim_widget.engine.hybrid import hybrid_activations
+
+        out = hybrid_activations(ctx, _hf)
+    else:
+        out = _megatron(ctx) if profile(ctx).activation_model == "megatron" else _hf(ctx)
     if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
         from memsim_widget.engine.vision import vision_activations
 

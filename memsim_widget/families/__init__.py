@@ -40,6 +40,7 @@ MODULES: tuple[str, ...] = (
     "falcon",
     # state-space models (Mamba, Mamba-2, Jamba)
     "mamba",
+    "jamba",
     # multimodal (vision tower + language model): CLIP, LLaVA
     "clip",
     "llava",
