@@ -34,7 +34,7 @@ def _model_class(model_type: str) -> Any:
         return transformers.ViTForImageClassification
     if model_type == "clip":  # CLIPModel (both towers, projections, logit_scale)
         return transformers.AutoModel
-    if model_type in ("llava", "gemma3"):  # LlavaForConditionalGeneration, Gemma3ForConditionalGeneration
+    if model_type in ("llava", "gemma3", "llama4"):  # Llava-, Gemma3-, Llama4ForConditionalGeneration
         return transformers.AutoModelForImageTextToText
     return transformers.AutoModelForCausalLM
 
@@ -66,7 +66,7 @@ def _kind(name: str) -> str:
         return "mlp"
     if n.startswith(("visual_projection", "text_projection", "logit_scale")):
         return "head"
-    if "position_embedding." in n:
+    if "position_embedding." in n or "positional_embedding_vlm" in n:  # Llama 4's tower: the latter
         return "position"
     if any(k in n for k in ("class_embedding", "patch_embedding.", "token_embedding.")):
         return "embedding"
@@ -96,7 +96,7 @@ def _kind(name: str) -> str:
         return "embedding"
     if n.startswith("shared.") or "patch_embeddings" in n:
         return "embedding"
-    if n.startswith(("lm_head", "classifier", "cls.predictions", "head.")) or n in (
+    if n.startswith(("lm_head", "classifier", "cls.predictions", "head.", "language_model.lm_head")) or n in (
         "decoder.weight",
         "decoder.bias",
     ):

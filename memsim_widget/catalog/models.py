@@ -49,6 +49,7 @@ PRESET_FILES: tuple[str, ...] = (
     "cohere",
     "starcoder2",
     "llama4_text",
+    "llama4",
     "gpt_oss",
     "falcon",
     "mamba",

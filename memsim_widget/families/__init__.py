@@ -36,6 +36,7 @@ MODULES: tuple[str, ...] = (
     "modernbert",
     "gemma3",
     "llama4",
+    "llama4_vlm",
     "gpt_oss",
     "falcon",
     # state-space models (Mamba, Mamba-2, Jamba)
