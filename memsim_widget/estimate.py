@@ -464,8 +464,10 @@ class Estimate:
             and v.get("projector")
         ):
             out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
-        if v.get("untraced"):  # Llama 4: its vision side is a formula (families/llama4_vlm.py)
-            out.append(v["untraced"])
+        if v.get(
+            "caveat"
+        ):  # Llama 4: one tile per image; transformers 5.24's forward (families/llama4_vlm.py)
+            out.append(v["caveat"])
         if v["kind"] == "llava":
             out.append(
                 f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "

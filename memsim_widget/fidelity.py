@@ -1213,6 +1213,27 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 CASES += MULTIMODAL_CASES
 
+#: Llama 4 with its vision tower: the small Llama 4 text model, a 2-layer tower (h=128, 4 heads) at 112px in 14px
+#: patches (8 x 8 + CLS = 65 rows per tile), shuffled by 0.5 into 16 rows of 512, a 256-wide adapter and projector
+#: input: 16 + 3 tokens per image (one tile)
+LLAMA4_VLM = {
+    "model_type": "llama4",
+    "image_token_index": 999,
+    "text_config": {**LLAMA4, "pad_token_id": 0},
+    "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 128, "intermediate_size": 512,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 112, "patch_size": 14,
+                      "vision_output_dim": 256, "projector_input_dim": 256, "projector_output_dim": 256},
+}  # fmt: skip
+CASES += [
+    (f"llama4 {label} b2 s256+19", {"model": LLAMA4_VLM, "micro_batch_size": 2, "seq_len": 256, **keys})
+    for label, keys in (
+        ("bf16 sdpa frozen tower", {}),
+        ("bf16 sdpa trained tower", {"freeze_vision": False}),
+        ("bf16 lora qv (LM only)", _LORA_QV),
+        ("bf16 sdpa trained tower, 2 images per sample", {"freeze_vision": False, "images_per_sample": 2}),
+    )
+]
+
 
 #: Preference and RL training steps (``trace/objectives.py``: TRL's loop on fake tensors). A 32k vocabulary makes
 #: the loss's logits terms matter beside the layers' activations.

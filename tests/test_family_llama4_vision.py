@@ -103,15 +103,21 @@ def test_adapter_and_projector_saved_tensors() -> None:
     assert "projector: linear_1 input (the adapter's output)" not in lora
 
 
-def test_the_estimate_says_the_vision_side_is_a_formula_and_the_trace_refuses_it() -> None:
+def test_the_estimate_names_the_one_tile_image_and_the_transformers_bug() -> None:
     est = estimate(Scenario.from_dict({"model": TINY, "micro_batch_size": 1, "seq_len": 64}))
-    assert any("not traced" in c and "Llama 4" in c for c in est.caveats)
-    pytest.importorskip("torch")
-    from memsim_widget.trace.api import check_traceable
+    (caveat,) = [c for c in est.caveats if c.startswith("Llama 4:")]
+    assert "one 56px tile (7 tokens)" in caveat and "AttributeError" in caveat
 
-    with pytest.raises(ScenarioError) as err:
-        check_traceable(Scenario.from_dict({"model": TINY, "micro_batch_size": 1, "seq_len": 64}))
-    assert err.value.field == "model"
+
+@pytest.mark.parametrize(
+    "name", ["llama4 bf16 sdpa frozen tower b2 s256+19", "llama4 bf16 sdpa trained tower b2 s256+19"]
+)
+def test_engine_within_one_percent_of_trace(name: str) -> None:
+    pytest.importorskip("transformers")
+    from memsim_widget.fidelity import CASES, compare
+
+    r = compare(name, dict(CASES)[name])
+    assert abs(r["error"]) < 0.01, r
 
 
 @pytest.mark.parametrize(

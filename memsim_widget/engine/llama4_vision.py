@@ -1,5 +1,5 @@
 """Llama 4's vision adapter and projector (``Llama4VisionModel.vision_adapter``, ``Llama4MultiModalProjector``):
-what they save for backward, per micro-batch. A formula from the modules' code, not traced (the caveat says so).
+what they save for backward, per micro-batch, held to fake-tensor traces (docs/fidelity.md).
 
 After the tower (engine/vision.py runs its layers and ``layernorm_pre`` through the HF encoder rules),
 ``layernorm_post`` normalises every row (input, mean, rstd saved when the tower trains), the CLS row is dropped (a
@@ -7,7 +7,8 @@ view), and ``pixel_shuffle`` copies the patch grid into N = images x (image/patc
 h / ratio^2 (two ``.contiguous()`` copies, neither saved). Then ``fc1`` saves its input (the shuffled rows), GELU
 its input, ``fc2`` its input (GELU's output), the second GELU its input (``projector_dropout`` 0 saves no mask),
 and the projector's ``linear_1`` its input, the adapter's output, which the model output also holds
-(``image_hidden_states``) until the loop drops it. A frozen tower saves nothing; ``linear_1`` still trains under
+(``image_outputs``) until the loop drops it (the trace supplies that field as None: transformers 5.24 forgets it,
+see trace/hf.py; 2 B x N x 4096, 1.2 MB per image on Scout). A frozen tower saves nothing; ``linear_1`` still trains under
 full training (LLaVA's recipe).
 """
 

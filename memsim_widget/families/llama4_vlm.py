@@ -12,7 +12,7 @@ rows (``<|patch|>`` tokens); the text also carries ``<|image_start|>``, ``<|imag
 for a grid of several tiles one separator per tile (rw - 1 ``<|tile_x_separator|>`` and one
 ``<|tile_y_separator|>`` per row). Tokens per image: 144 + 3 for one tile; (rh rw + 1) x 144 + rh rw + 3 for a
 grid. The engine takes the one-tile image (an image of at most 336 x 336 pixels): 147 sequence tokens, one tile
-through the tower; a larger image is refused nowhere but is a known miss (``tokens_per_image`` in the estimate).
+through the tower; a larger image is a known miss, said in the estimate's caveats.
 """
 
 from __future__ import annotations
@@ -95,10 +95,11 @@ def build_llama4(cfg: Mapping[str, Any]) -> Architecture:
                 "adapter": sizes,
                 "projector": {"in": v_out, "hidden": lm.hidden_size, "activation": "none", "bias": False},
                 "image_token_index": cfg.get("image_token_index", LLAMA4_DEFAULTS["image_token_index"]),
-                "untraced": "Llama 4's vision tower, pixel-shuffle adapter and projector are a formula from the "
-                "modules' saved tensors, not traced (the tracer has no Llama 4 image inputs); every image is one "
-                f"{tower.extra['image_size']}px tile ({tokens_per_image(sizes['rows'])} tokens): a larger image "
-                "is tiled into more (docs/fidelity.md)",
+                "caveat": f"Llama 4: every image is one {tower.extra['image_size']}px tile "
+                f"({tokens_per_image(sizes['rows'])} tokens); a larger image is tiled into up to 16 tiles plus a "
+                "global one (families/llama4_vlm.py). transformers 5.24's Llama4ForConditionalGeneration.forward "
+                "raises AttributeError (outputs.image_outputs) on every call: the figures are for the step once that "
+                "is fixed (traced with the field supplied)",
             },
         },
     )

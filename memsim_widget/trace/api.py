@@ -47,11 +47,6 @@ def check_traceable(sc: Scenario) -> None:
             "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "
             "path; set ssm_kernel to 'torch' to trace (and compare) that path",
         )  # fmt: skip
-    if architecture_for(sc.model).extra.get("vision", {}).get("untraced"):
-        raise ScenarioError(
-            "model", "Llama 4 with its vision tower cannot be traced here (the tracer builds no Llama 4 image "
-            "inputs); its vision side is a formula. Trace the language model alone: pass text_config as llama4_text",
-        )  # fmt: skip
     if sc.precision not in TRACEABLE_PRECISIONS:
         raise ScenarioError(
             "precision", f"{sc.precision!r} cannot be traced; traceable: {', '.join(TRACEABLE_PRECISIONS)}"
