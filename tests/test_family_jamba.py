@@ -194,3 +194,25 @@ def test_engine_within_three_percent_of_trace(name: str) -> None:
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r
+
+
+def test_pipeline_stages_must_hold_whole_blocks_of_the_pattern() -> None:
+    """Jamba v0.1 repeats every 8 layers: pp=4 (8 layers per stage) is modelled, pp=16 (2 per stage) refused."""
+    sc = {"model": "jamba-v0.1", "micro_batch_size": 1, "seq_len": 512}
+    assert (
+        estimate(Scenario.from_dict({**sc, "parallel": {"pp": 4, "pp_microbatches": 4}})).peak_tensor_bytes
+        > 0
+    )
+    with pytest.raises(ScenarioError) as err:
+        estimate(Scenario.from_dict({**sc, "parallel": {"pp": 16, "pp_microbatches": 16}}))
+    assert err.value.field == "parallel.pp" and "repeats every 8 layers" in err.value.message
+
+
+@pytest.mark.parametrize("kernel", ["cuda", "torch"])
+def test_the_planner_keeps_to_whole_blocks_and_agrees_with_the_estimate(kernel: str) -> None:
+    from memsim_widget.plan import plan
+
+    p = plan("jamba-v0.1", "h100-sxm-80gb", (8, 64), base={"seq_len": 256, "ssm_kernel": kernel}, top=20)
+    assert p.listed > 0 and p.mismatches() == []
+    assert {32 // pp % 8 for pp in set(p.frame["pp"])} == {0}
+    assert set(p.frame["tp"]) == {1} and set(p.frame["cp"]) == {1}

@@ -22,6 +22,7 @@ its three norms by the state-space terms, ``ssm_kernel`` choosing the scan).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,6 +94,11 @@ def layer_plan(cfg: Mapping[str, Any], L: int, E: int) -> tuple[list[bool], list
     attn = [i % a_period == a_offset for i in range(L)]
     moe = [E > 1 and i % e_period == e_offset for i in range(L)]
     return attn, moe
+
+
+def block_period(cfg: Mapping[str, Any]) -> int:
+    """Layers after which the attention/Mamba and MoE/dense pattern repeats (the periods' least common multiple)."""
+    return math.lcm(read_period(cfg, "attn")[0], read_period(cfg, "expert")[0])
 
 
 def _dt_rank(cfg: Mapping[str, Any], h: int) -> int:
@@ -193,6 +199,7 @@ def build_jamba(cfg: Mapping[str, Any]) -> Architecture:
             "hybrid": "jamba",  # engine/hybrid.py: attention and Mamba layers averaged over the stack
             "ssm": ssm,
             "attention_layers": n_attn,
+            "block_period": block_period(cfg),
             "layer_block_types": tuple("attention" if a else "mamba" for a in attn),
             "moe_layer_indices": [i for i, m in enumerate(moe) if m],
             "max_position_embeddings": read_int(

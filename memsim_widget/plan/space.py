@@ -221,10 +221,15 @@ def candidates(
     # state-space layers (Mamba, Mamba-2): tensor and context parallelism are refused by the engine
     from memsim_widget.catalog.models import architecture_for
 
-    no_split = bool(architecture_for(base.model).extra.get("ssm"))
+    arch = architecture_for(base.model)
+    no_split = bool(arch.extra.get("ssm"))
+    period = arch.extra.get("block_period", 1)  # Jamba: a stage holds whole blocks of its layer pattern
+    chunks = base.parallel.virtual_stages
     parts: list[dict[str, np.ndarray]] = []
     for lay in layout_list:
         if no_split and (lay.tp > 1 or lay.cp > 1):
+            continue
+        if lay.pp * chunks > 1 and (arch.num_layers // (lay.pp * chunks)) % period:
             continue
         shard = lay.dp * lay.cp
         ok = np.ones(grid["zero"].shape[0], dtype=bool)
