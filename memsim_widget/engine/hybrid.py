@@ -13,8 +13,9 @@ outputs (dt, B, C) and dt_proj applied as ``dt_proj.weight @ dt`` (the bias goes
 transformers' torch fallbacks), never ``mamba_inner_fn``. ``ssm_kernel`` chooses which runs: ``torch`` is held to a
 fake-tensor trace (docs/fidelity.md), ``cuda`` is a formula from the kernels' ``save_for_backward`` (not traced).
 
-Known misses: which layer's backward runs first (the top layer's kind) is not looked at: the larger of the two
-kinds' backward transients is taken.
+Backward: the peak falls inside the highest Mamba layer's scan backward (traced), when the layers above it and its
+own MLP have made their weight gradients and released what they saved (``above_the_scan``); when an MLP's backward
+transients are larger (no such case seen), those are taken instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from memsim_widget.architecture.types import Architecture
 from memsim_widget.engine.activations import SCAN_CHUNK, ActivationBudget, Term, ssm_kernel
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
@@ -64,8 +66,69 @@ def hybrid_activations(ctx: Context, hf: Callable[[Context], ActivationBudget]) 
     what = f"{ssm['layers']}/{L} Mamba layers"
     out.per_layer += [_scaled(t, share, what) for t in mixer]
     if backward.bytes > sum(t.bytes for t in out.layer_backward):
-        out.layer_backward[:] = [backward]
+        out.layer_backward[:] = [backward, *above_the_scan(ctx, out.per_layer)]
     return out
+
+
+def _layer_numel(arch: Architecture, j: int, parts: tuple[str, ...]) -> int:
+    """Parameters of layer ``j`` in ``parts`` (``mlp``, ``attention``, ``out_proj``, ``norms``)."""
+    ex = arch.extra
+    moe = j in ex["moe_layer_indices"]
+    n_moe = max(len(ex["moe_layer_indices"]), 1)
+    n_dense = max(arch.num_layers - len(ex["moe_layer_indices"]), 1)
+    numel = 0
+    for g in arch.params:
+        if g.scope != "layer":
+            continue
+        if "mlp" in parts and ".feed_forward." in g.name and (g.kind in ("experts", "router")) == moe:
+            numel += g.numel // (n_moe if moe else n_dense)
+        elif "attention" in parts and ".self_attn." in g.name:
+            numel += g.numel // max(ex["attention_layers"], 1)
+        elif "out_proj" in parts and ".mamba.out_proj." in g.name:
+            numel += g.numel // max(ex["ssm"]["layers"], 1)
+        elif "norms" in parts and g.kind == "norm":
+            numel += g.numel // arch.num_layers
+    return numel
+
+
+def _layer_saved(arch: Architecture, j: int, per_layer: list[Term], whole: bool) -> float:
+    """What layer ``j`` saved of its MLP, MLP input and norms (``whole``: both norms and its attention too)."""
+    ex, L = arch.extra, arch.num_layers
+    moe = j in ex["moe_layer_indices"]
+    part = next(p for p in ex["mlp_parts"] if bool(p.get("experts")) == moe)
+    nbytes = sum(t.bytes * L / part["layers"] for t in per_layer if t.name.startswith(part["name"] + ":"))
+    nbytes += sum(t.bytes for t in per_layer if t.name.startswith("MLP input"))
+    norms = sum(t.bytes for t in per_layer if t.name.startswith("RMSNorm"))
+    nbytes += norms if whole else norms / ex["norms_per_layer"]
+    if whole:
+        nbytes += sum(
+            t.bytes * L / max(ex["attention_layers"], 1)
+            for t in per_layer
+            if t.name.startswith(ATTENTION_TERMS)
+        )
+    return nbytes
+
+
+def above_the_scan(ctx: Context, per_layer: list[Term]) -> list[Term]:
+    """The instant of the highest Mamba layer's scan backward (the peak, traced): the layers above it (attention
+    layers) and its own MLP and out_proj have run backward, so their weight gradients exist and what they saved is
+    released (the moment counts every layer's saved tensors: a negative term)."""
+    arch = ctx.arch
+    kinds = arch.extra["layer_block_types"]
+    m = max(i for i, k in enumerate(kinds) if k == "mamba")
+    above = range(m + 1, arch.num_layers)
+    numel = _layer_numel(arch, m, ("mlp", "out_proj"))
+    numel += sum(_layer_numel(arch, j, ("mlp", "attention", "norms")) for j in above)
+    freed = _layer_saved(arch, m, per_layer, whole=False) + sum(
+        _layer_saved(arch, j, per_layer, True) for j in above
+    )
+    gb = ctx.recipe.grad_bytes
+    where = f"layer {m}" + (f" and the {len(above)} attention layer(s) above it" if above else "")
+    return [
+        Term(f"weight gradients made before the scan's backward ({where}: MLP, out_proj)", gb * numel,
+             f"{gb} B x {numel:,} params", 3),
+        Term(f"tensors released before the scan's backward ({where})", -freed, f"-{freed:,.0f} B", 0),
+    ]  # fmt: skip
 
 
 def refuse_uneven_stages(ctx: Context) -> None:
