@@ -333,123 +333,134 @@ def scaling_data(
     return out
 
 
-def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> dict[str, Any]:
-    """One layered panel: stacked areas per category vs a log axis, capacity, current point, crossing."""
-    axis = data["axis"]
-    title = AXIS_TITLES.get(axis, axis)
-    stops = data["stops"]
-    x = {
+def _x_encoding(axis: str, title: str, stops: Sequence[int]) -> dict[str, Any]:
+    """The log-2 x axis of a scaling panel, ticked at its stops."""
+    return {
         "field": "x",
         "type": "quantitative",
         "title": title,
         "scale": {"type": "log", "base": 2, "domain": [stops[0], stops[-1]]},
         "axis": {"values": stops, "labelAngle": -40 if axis == "seq_len" else 0, "grid": False},
     }
+
+
+def _y_scale(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Zoom on the capacity: curves far above it are clipped so the crossing stays readable."""
     cap_gib = data["capacity_bytes"] / GiB
     top = max((t["gib"] for t in data["totals"]), default=cap_gib)
-    # Zoom on the capacity: curves far above it are clipped so the crossing stays readable.
     y_max = round(max(cap_gib * 1.5, data["current"]["gib"] * 1.15), 1) if top > cap_gib * 1.5 else None
-    y_scale = {"domain": [0, y_max]} if y_max else {}
+    return {"domain": [0, y_max]} if y_max else {}
+
+
+def _curve_layers(data: Mapping[str, Any], x: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The stacked areas per category and the total's points."""
+    areas = {
+        "data": {"values": data["points"]},
+        "mark": {"type": "area", "opacity": 0.85, "line": {"strokeWidth": 0.5}, "clip": True},
+        "encoding": {
+            "x": x,
+            "y": {
+                "field": "gib",
+                "type": "quantitative",
+                "stack": "zero",
+                "title": "GiB per GPU (worst rank)",
+                "scale": _y_scale(data),
+            },
+            "color": _category_color(6),
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [
+                {"field": "x", "type": "quantitative", "title": title},
+                {"field": "category", "type": "nominal"},
+                {"field": "size", "type": "nominal", "title": "bytes"},
+                {"field": "total", "type": "nominal", "title": "total (nvidia-smi)"},
+            ],
+        },
+    }
+    totals = {
+        "data": {"values": data["totals"]},
+        "mark": {"type": "point", "filled": True, "size": 18, "color": "#333", "clip": True},
+        "encoding": {
+            "x": x,
+            "y": {"field": "gib", "type": "quantitative"},
+            "tooltip": [
+                {"field": "x", "type": "quantitative", "title": title},
+                {"field": "gib", "type": "quantitative", "format": ".2f", "title": "total GiB"},
+            ],
+        },
+    }
+    return [areas, totals]
+
+
+def _current_layers(current: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The current point: a dashed rule and a diamond."""
+    cur = dict(current, label=f"current: {current['x']}")
+    rule = {
+        "data": {"values": [cur]},
+        "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#111"},
+        "encoding": {"x": {"field": "x", "type": "quantitative"}},
+    }
+    point = {
+        "data": {"values": [cur]},
+        "mark": {"type": "point", "shape": "diamond", "size": 120, "filled": True, "color": "#111"},
+        "encoding": {
+            "x": {"field": "x", "type": "quantitative"},
+            "y": {"field": "gib", "type": "quantitative"},
+            "tooltip": [
+                {"field": "label", "type": "nominal", "title": "current"},
+                {"field": "gib", "type": "quantitative", "format": ".2f", "title": "GiB"},
+            ],
+        },
+    }
+    return [rule, point]
+
+
+def _crossing_layers(at: float, stops: Sequence[int]) -> list[dict[str, Any]]:
+    """Where the total exceeds the GPU: a rule and its label, on the roomier side (the x axis is log-scale)."""
+    left_half = math.log(max(at, stops[0]) / stops[0]) < 0.5 * math.log(stops[-1] / stops[0])
+    mark = {
+        "x": at,
+        "label": f"exceeds the GPU at ≈{at:,.0f}" if at >= 10 else f"exceeds the GPU at ≈{at:g}",
+    }
+    rule = {
+        "data": {"values": [mark]},
+        "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeDash": [2, 2], "strokeWidth": 2},
+        "encoding": {
+            "x": {"field": "x", "type": "quantitative"},
+            "tooltip": [{"field": "label", "type": "nominal", "title": "crossing"}],
+        },
+    }
+    text = {
+        "data": {"values": [mark]},
+        "mark": {
+            "type": "text",
+            "align": "left" if left_half else "right",
+            "baseline": "top",
+            "dx": 3 if left_half else -3,
+            "dy": 3,
+            "angle": 0,
+            "color": CAPACITY_COLOR,
+        },
+        "encoding": {
+            "x": {"field": "x", "type": "quantitative"},
+            "y": {"value": 0},
+            "text": {"field": "label"},
+        },
+    }
+    return [rule, text]
+
+
+def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> dict[str, Any]:
+    """One layered panel: stacked areas per category vs a log axis, capacity, current point, crossing."""
+    axis = data["axis"]
+    title = AXIS_TITLES.get(axis, axis)
+    x = _x_encoding(axis, title, data["stops"])
     band, rule, rule_label = _capacity_layers(data["capacity_bytes"], headroom, gpu_name)
     layers: list[dict[str, Any]] = [band, rule]
-    layers.append(
-        {
-            "data": {"values": data["points"]},
-            "mark": {"type": "area", "opacity": 0.85, "line": {"strokeWidth": 0.5}, "clip": True},
-            "encoding": {
-                "x": x,
-                "y": {
-                    "field": "gib",
-                    "type": "quantitative",
-                    "stack": "zero",
-                    "title": "GiB per GPU (worst rank)",
-                    "scale": y_scale,
-                },
-                "color": _category_color(6),
-                "order": {"field": "order", "type": "quantitative"},
-                "tooltip": [
-                    {"field": "x", "type": "quantitative", "title": title},
-                    {"field": "category", "type": "nominal"},
-                    {"field": "size", "type": "nominal", "title": "bytes"},
-                    {"field": "total", "type": "nominal", "title": "total (nvidia-smi)"},
-                ],
-            },
-        }
-    )
-    layers.append(
-        {
-            "data": {"values": data["totals"]},
-            "mark": {"type": "point", "filled": True, "size": 18, "color": "#333", "clip": True},
-            "encoding": {
-                "x": x,
-                "y": {"field": "gib", "type": "quantitative"},
-                "tooltip": [
-                    {"field": "x", "type": "quantitative", "title": title},
-                    {"field": "gib", "type": "quantitative", "format": ".2f", "title": "total GiB"},
-                ],
-            },
-        }
-    )
-    cur = dict(data["current"], label=f"current: {data['current']['x']}")
-    layers.append(
-        {
-            "data": {"values": [cur]},
-            "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#111"},
-            "encoding": {"x": {"field": "x", "type": "quantitative"}},
-        }
-    )
-    layers.append(
-        {
-            "data": {"values": [cur]},
-            "mark": {"type": "point", "shape": "diamond", "size": 120, "filled": True, "color": "#111"},
-            "encoding": {
-                "x": {"field": "x", "type": "quantitative"},
-                "y": {"field": "gib", "type": "quantitative"},
-                "tooltip": [
-                    {"field": "label", "type": "nominal", "title": "current"},
-                    {"field": "gib", "type": "quantitative", "format": ".2f", "title": "GiB"},
-                ],
-            },
-        }
-    )
+    layers += _curve_layers(data, x, title)
+    layers += _current_layers(data["current"])
     cross = data["crosses_capacity"]
     if cross["at"] is not None:
-        at = cross["at"]
-        # Label on the roomier side of the line (the x axis is log-scale).
-        left_half = math.log(max(at, stops[0]) / stops[0]) < 0.5 * math.log(stops[-1] / stops[0])
-        mark = {
-            "x": at,
-            "label": f"exceeds the GPU at ≈{at:,.0f}" if at >= 10 else f"exceeds the GPU at ≈{at:g}",
-        }
-        layers.append(
-            {
-                "data": {"values": [mark]},
-                "mark": {"type": "rule", "color": CAPACITY_COLOR, "strokeDash": [2, 2], "strokeWidth": 2},
-                "encoding": {
-                    "x": {"field": "x", "type": "quantitative"},
-                    "tooltip": [{"field": "label", "type": "nominal", "title": "crossing"}],
-                },
-            }
-        )
-        layers.append(
-            {
-                "data": {"values": [mark]},
-                "mark": {
-                    "type": "text",
-                    "align": "left" if left_half else "right",
-                    "baseline": "top",
-                    "dx": 3 if left_half else -3,
-                    "dy": 3,
-                    "angle": 0,
-                    "color": CAPACITY_COLOR,
-                },
-                "encoding": {
-                    "x": {"field": "x", "type": "quantitative"},
-                    "y": {"value": 0},
-                    "text": {"field": "label"},
-                },
-            }
-        )
+        layers += _crossing_layers(cross["at"], data["stops"])
     layers.append(rule_label)
     return {"title": f"memory vs {title}", "width": 260, "height": 220, "layer": layers}
 

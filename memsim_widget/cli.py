@@ -705,9 +705,8 @@ def _formats() -> list[str]:
     return list(FORMATS)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="memsim", description="Simulate the GPU memory of a training step.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _add_estimate(sub: argparse._SubParsersAction) -> None:
+    """The ``estimate`` subcommand: one scenario, with the cost flags."""
     est = sub.add_parser("estimate", help="estimate one scenario (JSON file, '-' for stdin, or defaults)")
     est.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
     est.add_argument("--json", action="store_true", help="print one JSON object")
@@ -720,6 +719,10 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--dataset-tokens", type=float, help="tokens in one epoch of the dataset")
     est.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
     est.set_defaults(func=cmd_estimate)
+
+
+def _add_trace(sub: argparse._SubParsersAction) -> None:
+    """The ``trace`` subcommand: the step on fake tensors, of a scenario or your own module."""
     tr = sub.add_parser("trace", help="trace the training step on fake tensors (needs the [trace] extra)")
     tr.add_argument("scenario", nargs="?", help="scenario JSON file, or '-' to read stdin")
     tr.add_argument(
@@ -736,6 +739,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_overrides(tr)
     tr.set_defaults(func=cmd_trace)
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    """The ``plan`` subcommand: the fixed choices, then the searched space, the ranking and the export."""
     pl = sub.add_parser(
         "plan",
         help="search parallel layouts and memory knobs for a model on a GPU type; rank what fits",
@@ -764,6 +771,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep dp x micro-batch x accumulation x seq_len at this many tokens (default: one micro-batch "
         "per replica, pp of them with pipelining)",
     )
+    _add_plan_search(pl)
+    pl.set_defaults(func=cmd_plan)
+
+
+def _add_plan_search(pl: argparse.ArgumentParser) -> None:
+    """``plan``'s flags that narrow the searched space, rank the candidates and export one."""
     for flag, (name, typ) in SPACE_FLAGS.items():
         kind = "true/false" if typ is bool else ("names" if typ is str else "integers")
         pl.add_argument(
@@ -791,7 +804,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--pick", type=_int_arg, default=1, help="the candidate to --export, by its # (default 1)"
     )
     pl.add_argument("--out", metavar="DIR", help="with --export: write the files into DIR (default stdout)")
-    pl.set_defaults(func=cmd_plan)
+
+
+def _add_recommend(sub: argparse._SubParsersAction) -> None:
+    """The ``recommend`` subcommand: the smallest changes that make a scenario fit."""
     rc = sub.add_parser(
         "recommend",
         help="the smallest changes that make a scenario fit; max micro-batch, sequence, min GPUs",
@@ -801,6 +817,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_headroom(rc)
     _add_overrides(rc)
     rc.set_defaults(func=cmd_recommend)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    """The ``export`` subcommand: the launch config of a scenario for one framework."""
     ex = sub.add_parser(
         "export",
         help="write the launch config of a scenario: " + ", ".join(_formats()),
@@ -815,10 +835,22 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
     _add_overrides(ex)
     ex.set_defaults(func=cmd_export)
+
+
+def _add_lists(sub: argparse._SubParsersAction) -> None:
+    """The ``presets`` and ``gpus`` subcommands: list the catalog."""
     for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=func)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``memsim`` parser: one subcommand per job, each added by its own function."""
+    parser = _Parser(prog="memsim", description="Simulate the GPU memory of a training step.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_add_estimate, _add_trace, _add_plan, _add_recommend, _add_export, _add_lists):
+        add(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "memsim_widget"
-#: The longest function the widget package may have (issue 13's target).
+#: The longest function the package may have (issue 13's target).
 MAX_FUNCTION_LINES = 120
 
 
@@ -120,3 +120,70 @@ def test_no_function_of_the_widget_package_is_over_120_lines() -> None:
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert long == []
+
+
+# ----- issue 13: no function of the whole package over MAX_FUNCTION_LINES ---------------------------------------
+
+#: PENDING SPLIT (issue 13): the functions still over the limit while other branches split them (engine/activations.py,
+#: engine/states.py, engine/vision.py, engine/timeline.py, plan/vector.py), as ``path:qualified name``. The merge of
+#: those branches empties this set; the test fails for any other function over the limit, and for an entry here
+#: that is no longer over it, so the list cannot go stale.
+PENDING_SPLIT = {
+    "memsim_widget/engine/activations.py:_hf",
+    "memsim_widget/engine/activations.py:_t5_blocks",
+    "memsim_widget/engine/states.py:model_states",
+    "memsim_widget/engine/vision.py:vision_activations",
+    "memsim_widget/engine/timeline.py:moments",
+    "memsim_widget/plan/vector.py:evaluate",
+}
+
+
+def function_lengths(source: str) -> dict[str, int]:
+    """Lines (``end_lineno - lineno + 1``) of every function in ``source`` by qualified name (``Class.method``,
+    ``outer.inner``); a nested function is counted again within its parent's lines."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef) and child.end_lineno is not None:
+                    lengths[name] = child.end_lineno - child.lineno + 1
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return lengths
+
+
+def long_functions(package: Path = PACKAGE) -> dict[str, int]:
+    """``path:qualified name`` -> lines of each function under ``package`` longer than ``MAX_FUNCTION_LINES``."""
+    return {
+        f"{path.relative_to(ROOT).as_posix()}:{name}": n
+        for path in sorted(package.rglob("*.py"))
+        for name, n in function_lengths(path.read_text(encoding="utf-8")).items()
+        if n > MAX_FUNCTION_LINES
+    }
+
+
+def test_no_function_of_the_package_is_over_120_lines() -> None:
+    long = long_functions()
+    assert {k: n for k, n in long.items() if k not in PENDING_SPLIT} == {}, "split these (issue 13)"
+    assert sorted(PENDING_SPLIT - set(long)) == [], "split already: remove from PENDING_SPLIT"
+
+
+def test_function_lengths_count_nested_functions_within_their_parent() -> None:
+    """A check of the check: 120 lines is at the limit, 122 over it; a nested function's lines count in
+    its parent (and on their own), methods by ``Class.method``."""
+    at_limit = "def at_limit():\n" + "    x = 0\n" * 118 + "    return x\n"  # 120 lines
+    inner = "    def inner():\n" + "        y = 0\n" * 118 + "        return y\n"  # 120 lines
+    over = "def over():\n" + inner + "    return inner\n"  # 122 lines
+    method = "class K:\n    def m(self):\n        return 1\n"
+    source = "\n".join((at_limit, over, method))
+    lengths = function_lengths(source)
+    assert lengths["at_limit"] == MAX_FUNCTION_LINES
+    assert lengths["over.inner"] == MAX_FUNCTION_LINES
+    assert lengths["over"] == MAX_FUNCTION_LINES + 2
+    assert lengths["K.m"] == 2
+    assert [name for name, n in lengths.items() if n > MAX_FUNCTION_LINES] == ["over"]

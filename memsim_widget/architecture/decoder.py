@@ -29,6 +29,94 @@ from memsim_widget.architecture.types import Architecture, ParamGroup
 from memsim_widget.errors import ScenarioError
 
 
+def _attention_params(
+    L: int, h: int, heads: int, kv: int, d: int, *, fused: bool, qkv_bias: bool, o_bias: bool
+) -> list[ParamGroup]:
+    """The attention projections of every layer: q/k/v/o, or (phi3, ``fused``) one qkv_proj then o_proj."""
+    p = "model.layers.*."
+    if not fused:
+        return attention_params(p, L, h, heads, kv, d, bias=qkv_bias, o_bias=o_bias)
+    # phi3: one qkv_proj [(a + 2 kv) d, h], then o_proj
+    groups = linear_params(
+        p + "self_attn.qkv_proj", "attention", (heads + 2 * kv) * d, h,
+        bias=qkv_bias, parallel="col", module="qkv_proj", count=L,
+    )  # fmt: skip
+    groups += linear_params(
+        p + "self_attn.o_proj", "attention", h, heads * d,
+        bias=o_bias, parallel="row", module="o_proj", count=L,
+    )  # fmt: skip
+    return groups
+
+
+def _mixtral_experts(L: int, h: int, inter: int, n_exp: int) -> list[ParamGroup]:
+    """Mixtral's router + per-expert w1 (gate), w3 (up), w2 (down), grouped over layers * experts."""
+    p = "model.layers.*."
+    groups = linear_params(
+        p + "block_sparse_moe.gate", "router", n_exp, h, bias=False, parallel=None, module="gate", count=L
+    )
+    e = p + "block_sparse_moe.experts.*."
+    LE = L * n_exp
+    groups += linear_params(
+        e + "w1", "experts", inter, h, bias=False, parallel="col", module="w1", count=LE, expert=True
+    )
+    groups += linear_params(
+        e + "w3", "experts", inter, h, bias=False, parallel="col", module="w3", count=LE, expert=True
+    )
+    groups += linear_params(
+        e + "w2", "experts", h, inter, bias=False, parallel="row", module="w2", count=LE, expert=True
+    )
+    return groups
+
+
+def _gated_mlp(L: int, h: int, inter: int, *, fused: bool, mlp_bias: bool) -> list[ParamGroup]:
+    """Every layer's gated MLP: gate_proj, up_proj, down_proj, or (phi3, ``fused``) gate_up_proj [2 I, h]."""
+    p = "model.layers.*."
+    groups: list[ParamGroup] = []
+    if fused:
+        groups += linear_params(
+            p + "mlp.gate_up_proj",
+            "mlp",
+            2 * inter,
+            h,
+            bias=mlp_bias,
+            parallel="col",
+            module="gate_up_proj",
+            count=L,
+        )
+    else:
+        for name in ("gate_proj", "up_proj"):
+            groups += linear_params(
+                p + f"mlp.{name}", "mlp", inter, h, bias=mlp_bias, parallel="col", module=name, count=L
+            )
+    groups += linear_params(
+        p + "mlp.down_proj", "mlp", h, inter, bias=mlp_bias, parallel="row", module="down_proj", count=L
+    )
+    return groups
+
+
+def _rope_info(
+    cfg: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    hf_class: str,
+    layer_norms: tuple[str, ...],
+    extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``extra`` facts every RoPE decoder carries (class, positions, RoPE base and scaling, norms)."""
+    info: dict[str, Any] = {
+        "hf_class": hf_class,
+        "max_position_embeddings": read_int(
+            cfg, "max_position_embeddings", defaults["max_position_embeddings"]
+        ),
+        "rope_theta": read_rope_theta(cfg, defaults["rope_theta"]),
+        "rms_norm_eps": read_positive(cfg, "rms_norm_eps", defaults["rms_norm_eps"]),
+        "norms_per_layer": len(layer_norms),
+    }
+    if isinstance(cfg.get("rope_scaling"), Mapping):
+        info["rope_scaling"] = dict(cfg["rope_scaling"])
+    info.update(extra or {})
+    return info
+
+
 def build_decoder(
     cfg: Mapping[str, Any],
     *,
@@ -56,71 +144,15 @@ def build_decoder(
         raise ScenarioError("model.num_experts_per_tok", f"{top_k} exceeds num_local_experts {n_exp}")
 
     L = n_layers
-    p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
-    if fused:  # phi3: one qkv_proj [(a + 2 kv) d, h], then o_proj
-        groups += linear_params(
-            p + "self_attn.qkv_proj", "attention", (heads + 2 * kv) * d, h,
-            bias=qkv_bias, parallel="col", module="qkv_proj", count=L,
-        )  # fmt: skip
-        groups += linear_params(
-            p + "self_attn.o_proj", "attention", h, heads * d,
-            bias=o_bias, parallel="row", module="o_proj", count=L,
-        )  # fmt: skip
+    groups += _attention_params(L, h, heads, kv, d, fused=fused, qkv_bias=qkv_bias, o_bias=o_bias)
+    if moe:
+        groups += _mixtral_experts(L, h, inter, n_exp)
     else:
-        groups += attention_params(p, L, h, heads, kv, d, bias=qkv_bias, o_bias=o_bias)
-    if moe:  # mixtral: router + per-expert w1 (gate), w3 (up), w2 (down), grouped over layers * experts
-        groups += linear_params(
-            p + "block_sparse_moe.gate", "router", n_exp, h, bias=False, parallel=None, module="gate", count=L
-        )
-        e = p + "block_sparse_moe.experts.*."
-        LE = L * n_exp
-        groups += linear_params(
-            e + "w1", "experts", inter, h, bias=False, parallel="col", module="w1", count=LE, expert=True
-        )
-        groups += linear_params(
-            e + "w3", "experts", inter, h, bias=False, parallel="col", module="w3", count=LE, expert=True
-        )
-        groups += linear_params(
-            e + "w2", "experts", h, inter, bias=False, parallel="row", module="w2", count=LE, expert=True
-        )
-    elif fused:  # phi3: one gate_up_proj [2 I, h]
-        groups += linear_params(
-            p + "mlp.gate_up_proj",
-            "mlp",
-            2 * inter,
-            h,
-            bias=mlp_bias,
-            parallel="col",
-            module="gate_up_proj",
-            count=L,
-        )
-        groups += linear_params(
-            p + "mlp.down_proj", "mlp", h, inter, bias=mlp_bias, parallel="row", module="down_proj", count=L
-        )
-    else:
-        for name in ("gate_proj", "up_proj"):
-            groups += linear_params(
-                p + f"mlp.{name}", "mlp", inter, h, bias=mlp_bias, parallel="col", module=name, count=L
-            )
-        groups += linear_params(
-            p + "mlp.down_proj", "mlp", h, inter, bias=mlp_bias, parallel="row", module="down_proj", count=L
-        )
-    groups += norm_params(p, layer_norms, h, L, bias=False, stack="decoder")
+        groups += _gated_mlp(L, h, inter, fused=fused, mlp_bias=mlp_bias)
+    groups += norm_params("model.layers.*.", layer_norms, h, L, bias=False, stack="decoder")
     groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
-
-    info: dict[str, Any] = {
-        "hf_class": hf_class,
-        "max_position_embeddings": read_int(
-            cfg, "max_position_embeddings", defaults["max_position_embeddings"]
-        ),
-        "rope_theta": read_rope_theta(cfg, defaults["rope_theta"]),
-        "rms_norm_eps": read_positive(cfg, "rms_norm_eps", defaults["rms_norm_eps"]),
-        "norms_per_layer": len(layer_norms),
-    }
-    if isinstance(cfg.get("rope_scaling"), Mapping):
-        info["rope_scaling"] = dict(cfg["rope_scaling"])
-    info.update(extra or {})
+    info = _rope_info(cfg, defaults, hf_class, layer_norms, extra)
     return Architecture(
         family=family,
         model_type=str(cfg.get("model_type", family)),

@@ -42,36 +42,9 @@ class MaskedLMNames:
     head_bias: str  # the [vocab] output bias
 
 
-def bert_encoder(
-    cfg: Mapping[str, Any],
-    *,
-    family: str,
-    hf_class: str,
-    names: MaskedLMNames,
-    defaults: Mapping[str, Any],
-    position_offset: int = 0,
-    extra: Mapping[str, Any] | None = None,
-) -> Architecture:
-    """A post-norm BERT encoder with its masked-LM head (BERT, RoBERTa): word, position and token-type
-    embeddings + LayerNorm; per layer biased query/key/value/dense and intermediate/output Linears with two
-    LayerNorms; the head's dense + LayerNorm, its decoder tied to the word embeddings unless
-    ``tie_word_embeddings`` is false, and a [vocab] bias. ``position_offset`` rows of the position table
-    are never indexed (RoBERTa: positions start after ``pad_token_id``)."""
-    d = defaults
-    h, L, heads, inter, vocab = (read_int(cfg, k) for k in REQUIRED_KEYS)
-    if h % heads:
-        raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
-    if read_bool(cfg, "add_cross_attention", d["add_cross_attention"]):
-        raise ScenarioError("model.add_cross_attention", f"{hf_class} with cross-attention is not supported")
-    n_pos = read_int(cfg, "max_position_embeddings", d["max_position_embeddings"])
-    if n_pos <= position_offset:
-        raise ScenarioError(
-            "model.max_position_embeddings",
-            f"{n_pos} leaves no position after the {position_offset} offset rows (pad_token_id + 1)",
-        )
-    n_types = read_int(cfg, "type_vocab_size", d["type_vocab_size"])
-    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    S, e = "encoder", names.encoder
+def _embedding_params(e: str, vocab: int, h: int, n_pos: int, n_types: int) -> list[ParamGroup]:
+    """Word, position and token-type embeddings and their LayerNorm (``e``: the encoder prefix)."""
+    S = "encoder"
     groups: list[ParamGroup] = [
         embedding_param(f"{e}embeddings.word_embeddings.weight", vocab, h, stack=S),
         ParamGroup(
@@ -90,7 +63,13 @@ def bert_encoder(
         ),
     ]
     groups += norm_params(f"{e}embeddings.", ("LayerNorm",), h, 1, bias=True, scope="pre", stack=S)
-    p = f"{e}encoder.layer.*."
+    return groups
+
+
+def _layer_params(e: str, h: int, inter: int, L: int) -> list[ParamGroup]:
+    """Every layer's biased query/key/value/dense and intermediate/output Linears with their two LayerNorms."""
+    S, p = "encoder", f"{e}encoder.layer.*."
+    groups: list[ParamGroup] = []
     for name in ("query", "key", "value"):
         groups += linear_params(
             p + f"attention.self.{name}",
@@ -122,7 +101,13 @@ def bert_encoder(
         p + "output.dense", "mlp", h, inter, bias=True, parallel="row", module="dense", count=L, stack=S
     )
     groups += norm_params(p + "output.", ("LayerNorm",), h, L, bias=True, stack=S)
-    groups += linear_params(
+    return groups
+
+
+def _mlm_head_params(names: MaskedLMNames, h: int, vocab: int, tied: bool) -> list[ParamGroup]:
+    """The MLM head: dense + LayerNorm, an untied decoder (weight and bias) unless ``tied``, the [vocab] bias."""
+    S = "encoder"
+    groups = linear_params(
         names.head_dense, "head", h, h, bias=True, parallel=None, module="dense", scope="post", stack=S
     )
     norm_prefix, norm_name = names.head_norm.rsplit(".", 1)
@@ -147,6 +132,41 @@ def bert_encoder(
     groups.append(
         ParamGroup(name=names.head_bias, kind="head", shape=(vocab,), scope="post", tp_dim=0, stack=S)
     )
+    return groups
+
+
+def bert_encoder(
+    cfg: Mapping[str, Any],
+    *,
+    family: str,
+    hf_class: str,
+    names: MaskedLMNames,
+    defaults: Mapping[str, Any],
+    position_offset: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> Architecture:
+    """A post-norm BERT encoder with its masked-LM head (BERT, RoBERTa): word, position and token-type
+    embeddings + LayerNorm; per layer biased query/key/value/dense and intermediate/output Linears with two
+    LayerNorms; the head's dense + LayerNorm, its decoder tied to the word embeddings unless
+    ``tie_word_embeddings`` is false, and a [vocab] bias. ``position_offset`` rows of the position table
+    are never indexed (RoBERTa: positions start after ``pad_token_id``)."""
+    d = defaults
+    h, L, heads, inter, vocab = (read_int(cfg, k) for k in REQUIRED_KEYS)
+    if h % heads:
+        raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
+    if read_bool(cfg, "add_cross_attention", d["add_cross_attention"]):
+        raise ScenarioError("model.add_cross_attention", f"{hf_class} with cross-attention is not supported")
+    n_pos = read_int(cfg, "max_position_embeddings", d["max_position_embeddings"])
+    if n_pos <= position_offset:
+        raise ScenarioError(
+            "model.max_position_embeddings",
+            f"{n_pos} leaves no position after the {position_offset} offset rows (pad_token_id + 1)",
+        )
+    n_types = read_int(cfg, "type_vocab_size", d["type_vocab_size"])
+    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    groups = _embedding_params(names.encoder, vocab, h, n_pos, n_types)
+    groups += _layer_params(names.encoder, h, inter, L)
+    groups += _mlm_head_params(names, h, vocab, tied)
     act = read_str(cfg, "hidden_act", d["hidden_act"])
     return Architecture(
         family=family,

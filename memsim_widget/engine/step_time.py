@@ -174,29 +174,55 @@ def optimizer_step_bytes(recipe: PrecisionRecipe, opt: OptimizerSpec) -> float:
     return 2.0 * master + recipe.grad_bytes + 2.0 * opt.states * state + extra
 
 
-def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dict[str, Any]:
-    """Per-step seconds by category, the step time, tokens/s per GPU and MFU, and the intermediates the
-    breakdown's formulas quote. ``c``: dp, tp, pp, cp, ep, zero, sp, micro_batch, grad_accum,
-    pp_microbatches, checkpointing, loss, offload (codes as ``CKPT_CODES`` ...), opt_bytes.
+@dataclass(frozen=True)
+class _Rank:
+    """One rank's share of a step: the layout, the checkpointing flags and the tokens and layers it runs
+    (Python numbers, or one numpy column per candidate)."""
 
-    Known misses (docs/speed.md): gradient reduction hidden better in Megatron runs than here (9-26% slow);
-    eager-mode overheads that torch.compile removes; paged optimizer states; activation offloading's copies.
-    """
-    w, mx = ops.where, ops.maximum
-    sp = k.speed
+    dp: Any
+    tp: Any
+    pp: Any
+    cp: Any
+    ep: Any
+    zero: Any
+    off: Any
+    ck1: Any  # selective checkpointing
+    ck2: Any  # full
+    ck3: Any  # selective-op
+    world: Any
+    d: Any  # the data-parallel (and context) shards: dp x cp
+    lst: Any  # layers on the (last) stage
+    t: Any  # tokens of one micro-batch on one rank
+    m: Any  # micro-batches per step
+    tl: Any  # token-layers of one micro-batch on this stage
+    every: Any  # checkpoint every n-th layer
+    p_loc: Any  # parameters on this rank before ZeRO
+    tr_loc: Any  # trainable parameters on this rank before ZeRO
+
+
+def _rank(k: TimeModel, c: Mapping[str, Any], ops: Ops) -> _Rank:
+    """The layout ``c`` as one rank sees it."""
+    w = ops.where
     dp, tp, pp, cp, ep = c["dp"], c["tp"], c["pp"], c["cp"], c["ep"]
-    ck, zero, off = c["checkpointing"], c["zero"], c["offload"]
-    world = dp * tp * pp * cp
-    d = dp * cp
-    lst = k.layers / pp  # layers on the (last) stage
-    t = c["micro_batch"] * k.seq_len / cp  # tokens of one micro-batch on one rank
-    m = c["grad_accum"] * w(pp > 1, c["pp_microbatches"], 1)
-    every = k.checkpoint_every
-    ck1, ck2, ck3 = ck == 1, ck == 2, ck == 3  # selective, full, selective-op
-    tl = t * lst  # token-layers of one micro-batch on this stage
-    # ----- matmuls of one micro-batch on this rank: FLOPs at peak x efficiency, plus the bytes each GEMM reads
-    # and writes at HBM speed (activations in and out, the weights once per micro-batch: the roofline's
-    # memory side, which makes narrow layers and few tokens per rank slower per FLOP) ----------------------
+    ck = c["checkpointing"]
+    lst = k.layers / pp
+    t = c["micro_batch"] * k.seq_len / cp
+    return _Rank(
+        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=c["zero"], off=c["offload"],
+        ck1=ck == 1, ck2=ck == 2, ck3=ck == 3,
+        world=dp * tp * pp * cp, d=dp * cp, lst=lst, t=t,
+        m=c["grad_accum"] * w(pp > 1, c["pp_microbatches"], 1),
+        tl=t * lst, every=k.checkpoint_every,
+        p_loc=k.parameters / (tp * pp), tr_loc=k.trainable / (tp * pp),
+    )  # fmt: skip
+
+
+def _matmul_seconds(k: TimeModel, c: Mapping[str, Any], r: _Rank, ops: Ops) -> dict[str, Any]:
+    """Matmuls of one micro-batch on this rank: FLOPs at peak x efficiency, plus the bytes each GEMM reads and
+    writes at HBM speed (activations in and out, the weights once per micro-batch: the roofline's memory side,
+    which makes narrow layers and few tokens per rank slower per FLOP); forward, backward and recompute."""
+    w = ops.where
+    t, tl, tp, lst, every, ck1, ck2, ck3 = r.t, r.tl, r.tp, r.lst, r.every, r.ck1, r.ck2, r.ck3
     h = k.hidden
     lin = tl * k.flops.linear_per_layer / tp
     ada = tl * k.adapter_per_layer / tp if k.adapter_per_layer else 0.0
@@ -206,7 +232,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     io = tl * (k.flops.io_per_layer * (1.0 + 1.0 / tp) / 2.0 + k.adapter_io_per_layer / tp)
     io = (io + lst * k.flops.linear_per_layer / 2.0 / tp + t * (h + vocab) + h * vocab) * k.act_bytes
     rate = k.peak_flops * k.efficiency
-    hbm = sp.hbm_gb_s * 1e9 * HBM_EFFICIENCY
+    hbm = k.speed.hbm_gb_s * 1e9 * HBM_EFFICIENCY
     t_lin = (lin + ada + head) / rate + io / hbm  # one forward pass of the Linear and head matmuls
     t_att = att / (rate * k.attention_efficiency)
     t_lin_b = (lin + head) * (2.0 if k.trained_base else 1.0) / rate + 2.0 * ada / rate
@@ -215,7 +241,17 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     t_bwd = t_lin_b + t_att * k.attention_backward
     t_rec = w(ck1, t_att, 0.0) + w(ck2, t_fwd / every, 0.0) + w(ck3, t_lin / 2.0, 0.0)
     t_rec = t_rec + w(c["loss"] == 1, head / rate, 0.0)
-    # ----- memory-bound ops: elements per token and layer, forward and backward ---------------------------
+    return {"lin": lin, "ada": ada, "att": att, "head": head, "io": io, "rate": rate, "hbm": hbm,
+            "t_lin": t_lin, "t_att": t_att, "t_lin_b": t_lin_b, "t_fwd": t_fwd, "t_bwd": t_bwd,
+            "t_rec": t_rec}  # fmt: skip
+
+
+def _memory_bound_seconds(k: TimeModel, c: Mapping[str, Any], r: _Rank, hbm: Any, ops: Ops) -> dict[str, Any]:
+    """Memory-bound ops at HBM bandwidth: elements per token and layer, forward, backward and recompute, the
+    loss's logits, autocast's weight copies and QLoRA's dequantisation."""
+    w = ops.where
+    t, tl, tp, lst, every, ck2, ck3, zero, d = r.t, r.tl, r.tp, r.lst, r.every, r.ck2, r.ck3, r.zero, r.d
+    h = k.hidden
     i = k.intermediate
     rep_f = 10.0 * h + (4.0 * h if k.dropout else 0.0)  # 2 norms (2h each) + 2 residual adds (3h each)
     rep_b = 12.0 * h + (4.0 * h if k.dropout else 0.0)  # 2 norm backwards (3h) + 2 gradient adds (3h)
@@ -233,13 +269,21 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     el_b = tl * (rep_b / rep_div + split_b / tp) * fuse
     el_r = el_f * (w(ck2, 1.0 / every, 0.0) + w(ck3, 0.5, 0.0))
     loss_b = t * k.vocab / tp * LOSS_BYTES_PER_LOGIT
-    p_loc = k.parameters / (tp * pp)
-    tr_loc = k.trainable / (tp * pp)
-    cast_b = (p_loc / w(zero == 3, d, 1) * 6.0) if k.autocast else 0.0  # fp32 -> 16-bit weight copies
+    cast_b = (r.p_loc / w(zero == 3, d, 1) * 6.0) if k.autocast else 0.0  # fp32 -> 16-bit weight copies
     passes = 2.0 + w(ck2, 1.0 / every, 0.0) + w(ck3, 0.5, 0.0)
     deq_b = (lst * k.flops.linear_per_layer / 2.0 / tp * passes * DEQUANT_BYTES) if k.qlora else 0.0
     t_mem = (el_f + el_b + el_r + loss_b + cast_b + deq_b) / hbm
-    # ----- tensor, context and expert parallel collectives -------------------------------------------------
+    return {"el": el_f + el_b + el_r, "loss_b": loss_b, "cast_b": cast_b, "deq_b": deq_b, "t_mem": t_mem}
+
+
+def _model_parallel_seconds(k: TimeModel, r: _Rank, mm: Mapping[str, Any], ops: Ops) -> dict[str, Any]:
+    """Tensor, context and expert parallel collectives of one micro-batch (what overlap does not hide), and
+    the link and network rates the later collectives use."""
+    w, mx = ops.where, ops.maximum
+    t, tl, tp, cp, ep, lst, every, ck2, ck3 = r.t, r.tl, r.tp, r.cp, r.ep, r.lst, r.every, r.ck2, r.ck3
+    t_lin, t_lin_b, t_att = mm["t_lin"], mm["t_lin_b"], mm["t_att"]
+    h = k.hidden
+    sp = k.speed
     link = sp.link_gb_s * 1e9 * NVLINK_EFFICIENCY
     net = sp.net_gb_s * 1e9 * NETWORK_EFFICIENCY
     n_tp = 4.0 + w(ck2, 2.0 / every, 0.0) + w(ck3, 1.0, 0.0)
@@ -248,12 +292,20 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
         t_tp = mx(t_tp - (t_lin + t_lin_b + w(ck2, t_lin / every, 0.0)), 0.0)
     cp_vol = 3.0 * lst * (cp - 1) * (t * 2.0 * k.kv_width / tp * k.act_bytes)
     t_cp = mx(cp_vol / w(tp * cp <= GPUS_PER_NODE, link, net) - t_att * (1.0 + k.attention_backward), 0.0)
-    bw_dp = w(world <= GPUS_PER_NODE, link, net)  # the job in one node, else across the network
+    bw_dp = w(r.world <= GPUS_PER_NODE, link, net)  # the job in one node, else across the network
     t_ep = 0.0
     if k.moe_top_k:
         t_ep = 4.0 * tl * k.moe_top_k * h * k.act_bytes / tp * (ep - 1) / ep / bw_dp
-    t_mb = t_fwd + t_bwd + t_rec + t_mem + t_tp + t_cp + t_ep
-    # ----- data parallel: ZeRO-3 per micro-batch, gradients once per step -----------------------------------
+    return {"link": link, "net": net, "bw_dp": bw_dp, "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep}
+
+
+def _data_parallel_seconds(
+    k: TimeModel, r: _Rank, t_mb: Any, t_fwd: Any, t_bwd: Any, bw_dp: Any, ops: Ops
+) -> dict[str, Any]:
+    """Data parallel: ZeRO-3's gathers per micro-batch (what the micro-batch does not hide), the gradient
+    reduction and parameter all-gather once per step."""
+    w, mx = ops.where, ops.maximum
+    d, zero, lst, p_loc, tr_loc = r.d, r.zero, r.lst, r.p_loc, r.tr_loc
     z3 = (d - 1) / d * (p_loc * k.gathers * k.act_bytes + tr_loc * k.grad_bytes) / bw_dp
     z3_exposed = w((zero == 3) & (d > 1), mx(z3 - t_mb, 0.0) + z3 / lst, 0.0)
     red = w(zero == 0, 2.0, 1.0) * (d - 1) / d * tr_loc * k.grad_bytes / bw_dp
@@ -262,20 +314,58 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     if k.overlap:  # the parameter all-gather hides behind the next step's first forward
         gather = mx(gather - t_fwd, 0.0) + gather / lst
     t_dp = w((zero < 3) & (d > 1), red_exposed + gather, 0.0)
-    # ----- pipeline -------------------------------------------------------------------------------------------
-    t_pipe = t_mb + z3_exposed
+    return {"z3": z3, "z3_exposed": z3_exposed, "red": red, "gather": gather, "t_dp": t_dp}
+
+
+def _pipeline_seconds(k: TimeModel, r: _Rank, link: Any, net: Any, ops: Ops) -> tuple[Any, Any]:
+    """The pipeline's bubble (in micro-batches) and its point-to-point sends over a step."""
+    w = ops.where
+    pp, tp, t, m = r.pp, r.tp, r.t, r.m
     bubble_mbs = w(pp > 1, (pp - 1) / k.schedule_chunks, 0.0)
-    p2p = 2.0 * t * h * k.act_bytes / tp * k.schedule_chunks / w(tp * pp <= GPUS_PER_NODE, link, net)
+    p2p = 2.0 * t * k.hidden * k.act_bytes / tp * k.schedule_chunks / w(tp * pp <= GPUS_PER_NODE, link, net)
     t_p2p = w(pp > 1, m * p2p, 0.0)
-    # ----- optimizer step and offload -----------------------------------------------------------------------
+    return bubble_mbs, t_p2p
+
+
+def _optimizer_seconds(
+    k: TimeModel, c: Mapping[str, Any], r: _Rank, hbm: Any, ops: Ops
+) -> tuple[Any, Any, Any]:
+    """(trainable parameters per rank after ZeRO, the optimizer step on the GPU, the offloaded step and its
+    PCIe copies)."""
+    w = ops.where
+    zero, off, d, m, p_loc = r.zero, r.off, r.d, r.m, r.p_loc
     shard = w(zero >= 1, d, 1)
-    tr_sh = tr_loc / shard
+    tr_sh = r.tr_loc / shard
     t_opt = w(off == 0, tr_sh * c["opt_bytes"] / hbm, 0.0)
-    pcie = sp.pcie_gb_s * 1e9 * PCIE_EFFICIENCY
+    pcie = k.speed.pcie_gb_s * 1e9 * PCIE_EFFICIENCY
     t_off = w(off >= 1, tr_sh * (k.grad_bytes + 2.0) / pcie + tr_sh / CPU_ADAM_PARAMS_PER_S, 0.0)
     t_off = t_off + w(off == 2, m * k.gathers * p_loc / d * k.act_bytes / pcie, 0.0)
+    return tr_sh, t_opt, t_off
+
+
+def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dict[str, Any]:
+    """Per-step seconds by category, the step time, tokens/s per GPU and MFU, and the intermediates the
+    breakdown's formulas quote. ``c``: dp, tp, pp, cp, ep, zero, sp, micro_batch, grad_accum,
+    pp_microbatches, checkpointing, loss, offload (codes as ``CKPT_CODES`` ...), opt_bytes.
+
+    Known misses (docs/speed.md): gradient reduction hidden better in Megatron runs than here (9-26% slow);
+    eager-mode overheads that torch.compile removes; paged optimizer states; activation offloading's copies.
+    """
+    r = _rank(k, c, ops)
+    mm = _matmul_seconds(k, c, r, ops)
+    t_fwd, t_bwd, t_rec, hbm = mm["t_fwd"], mm["t_bwd"], mm["t_rec"], mm["hbm"]
+    mem = _memory_bound_seconds(k, c, r, hbm, ops)
+    par = _model_parallel_seconds(k, r, mm, ops)
+    t_tp, t_cp, t_ep = par["t_tp"], par["t_cp"], par["t_ep"]
+    t_mb = t_fwd + t_bwd + t_rec + mem["t_mem"] + t_tp + t_cp + t_ep
+    dp = _data_parallel_seconds(k, r, t_mb, t_fwd, t_bwd, par["bw_dp"], ops)
+    z3_exposed, t_dp = dp["z3_exposed"], dp["t_dp"]
+    t_pipe = t_mb + z3_exposed
+    bubble_mbs, t_p2p = _pipeline_seconds(k, r, par["link"], par["net"], ops)
+    tr_sh, t_opt, t_off = _optimizer_seconds(k, c, r, hbm, ops)
+    m = r.m
     step = t_pipe * (m + bubble_mbs) + t_p2p + t_dp + t_opt + t_off
-    tokens = t * m / (tp * pp) / step  # the replica's tokens per step over its tp x pp x cp GPUs
+    tokens = r.t * m / (r.tp * r.pp) / step  # the replica's tokens per step over its tp x pp x cp GPUs
     mfu = tokens * k.flops.model_flops_per_token(k.seq_len) / k.peak_flops
     return {
         "step_time_s": step,
@@ -284,17 +374,19 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
         "forward": m * t_fwd,
         "backward": m * t_bwd,
         "recompute": m * t_rec,
-        "memory-bound": m * t_mem,
+        "memory-bound": m * mem["t_mem"],
         "tensor/context parallel": m * (t_tp + t_cp + t_ep) + t_p2p,
         "data parallel": m * z3_exposed + t_dp,
         "pipeline bubble": t_pipe * bubble_mbs,
         "optimizer step": t_opt,
         "offload": t_off,
         # intermediates quoted by the breakdown
-        "_": {"t": t, "m": m, "lst": lst, "rate": rate, "hbm": hbm, "lin": lin, "ada": ada, "att": att,
-              "head": head, "io": io, "t_lin": t_lin, "t_att": t_att, "el": el_f + el_b + el_r, "loss_b": loss_b, "cast_b": cast_b, "deq_b": deq_b,
-              "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep, "z3": z3, "z3x": m * z3_exposed, "red": red, "gather": gather,
-              "bubble_mbs": bubble_mbs, "t_pipe": t_pipe, "tr_sh": tr_sh, "d": d, "world": world},
+        "_": {"t": r.t, "m": m, "lst": r.lst, "rate": mm["rate"], "hbm": hbm, "lin": mm["lin"], "ada": mm["ada"],
+              "att": mm["att"], "head": mm["head"], "io": mm["io"], "t_lin": mm["t_lin"], "t_att": mm["t_att"],
+              "el": mem["el"], "loss_b": mem["loss_b"], "cast_b": mem["cast_b"], "deq_b": mem["deq_b"],
+              "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep, "z3": dp["z3"], "z3x": m * z3_exposed, "red": dp["red"],
+              "gather": dp["gather"], "bubble_mbs": bubble_mbs, "t_pipe": t_pipe, "tr_sh": tr_sh, "d": r.d,
+              "world": r.world},
     }  # fmt: skip
 
 

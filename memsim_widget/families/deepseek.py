@@ -25,6 +25,7 @@ is not counted. V3 routes with a sigmoid and the n_group / topk_group group limi
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.architecture.config_keys import (
@@ -100,23 +101,46 @@ def _optional_rank(cfg: Mapping[str, Any], key: str, default: int | None) -> int
     return read_int(cfg, key, default)
 
 
-def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
-    d_ = DEEPSEEK_V3_DEFAULTS if v3 else DEEPSEEK_V2_DEFAULTS
-    family = "deepseek_v3" if v3 else "deepseek_v2"
-    h = read_int(cfg, "hidden_size")
-    L = read_int(cfg, "num_hidden_layers")
-    heads = read_int(cfg, "num_attention_heads")
-    vocab = read_int(cfg, "vocab_size")
-    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
-    act = read_str(cfg, "hidden_act", d_["hidden_act"])
-    attn_bias = read_bool(cfg, "attention_bias", d_["attention_bias"])
-    mlp_bias = False if v3 else read_bool(cfg, "mlp_bias", d_["mlp_bias"])
-    qr = _optional_rank(cfg, "q_lora_rank", d_["q_lora_rank"])
-    kvr = read_int(cfg, "kv_lora_rank", d_["kv_lora_rank"])
-    rope = read_int(cfg, "qk_rope_head_dim", d_["qk_rope_head_dim"])
-    nope = read_int(cfg, "qk_nope_head_dim", d_["qk_nope_head_dim"])
-    dv = read_int(cfg, "v_head_dim", d_["v_head_dim"])
-    dqk = nope + rope
+@dataclass(frozen=True)
+class _Mla:
+    """The latent attention's ranks and head widths (``q_lora_rank`` None: no q compression)."""
+
+    q_rank: int | None
+    kv_rank: int
+    rope: int
+    nope: int
+    v: int
+
+
+@dataclass(frozen=True)
+class _Moe:
+    """The MLP stack: dense first layers of width ``inter``, then routed + shared experts of width ``i_moe``."""
+
+    inter: int
+    i_moe: int
+    experts: int
+    shared: int
+    first_dense: int
+    n_moe: int
+    top_k: int
+    topk_method: str
+    n_group: Any
+    topk_group: Any
+
+
+def _read_mla(cfg: Mapping[str, Any], d_: Mapping[str, Any]) -> _Mla:
+    """The MLA ranks and head widths of ``cfg``."""
+    return _Mla(
+        q_rank=_optional_rank(cfg, "q_lora_rank", d_["q_lora_rank"]),
+        kv_rank=read_int(cfg, "kv_lora_rank", d_["kv_lora_rank"]),
+        rope=read_int(cfg, "qk_rope_head_dim", d_["qk_rope_head_dim"]),
+        nope=read_int(cfg, "qk_nope_head_dim", d_["qk_nope_head_dim"]),
+        v=read_int(cfg, "v_head_dim", d_["v_head_dim"]),
+    )
+
+
+def _read_moe(cfg: Mapping[str, Any], d_: Mapping[str, Any], L: int, *, v3: bool) -> _Moe:
+    """The MLP stack of ``cfg``, checking top-k and the expert groups (V3, or V2's group_limited_greedy)."""
     inter = read_int(cfg, "intermediate_size", d_["intermediate_size"])
     i_moe = read_int(cfg, "moe_intermediate_size", d_["moe_intermediate_size"])
     E = read_int(
@@ -138,10 +162,15 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
             raise ScenarioError("model.n_group", f"{n_group} does not divide n_routed_experts {E}")
         if topk_group > n_group:
             raise ScenarioError("model.topk_group", f"{topk_group} exceeds n_group {n_group}")
+    return _Moe(inter, i_moe, E, n_shared, first_dense, n_moe, top_k, topk_method, n_group, topk_group)
 
-    p = "model.layers.*."
-    a = p + "self_attn."
-    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
+
+def _mla_params(mla: _Mla, h: int, heads: int, L: int, attn_bias: bool) -> list[ParamGroup]:
+    """The MLA projections and latent norms of every layer (``q_proj``, or ``q_a_proj`` + norm + ``q_b_proj``)."""
+    a = "model.layers.*.self_attn."
+    dqk = mla.nope + mla.rope
+    qr, kvr = mla.q_rank, mla.kv_rank
+    groups: list[ParamGroup] = []
     if qr is None:
         groups += linear_params(
             a + "q_proj", "attention", heads * dqk, h, bias=False, parallel="col", module="q_proj", count=L
@@ -162,38 +191,76 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
             count=L,
         )
     groups += linear_params(
-        a + "kv_a_proj_with_mqa", "attention", kvr + rope, h,
+        a + "kv_a_proj_with_mqa", "attention", kvr + mla.rope, h,
         bias=attn_bias, parallel=None, module="kv_a_proj_with_mqa", count=L,
     )  # fmt: skip
     groups += norm_params(a, ("kv_a_layernorm",), kvr, L, bias=False, stack="decoder")
     groups += linear_params(
-        a + "kv_b_proj", "attention", heads * (nope + dv), kvr,
+        a + "kv_b_proj", "attention", heads * (mla.nope + mla.v), kvr,
         bias=False, parallel="col", module="kv_b_proj", count=L,
     )  # fmt: skip
     groups += linear_params(
-        a + "o_proj", "attention", h, heads * dv, bias=attn_bias, parallel="row", module="o_proj", count=L
+        a + "o_proj", "attention", h, heads * mla.v, bias=attn_bias, parallel="row", module="o_proj", count=L
     )
-    groups += dense_mlp(p + "mlp.", first_dense, inter, h, bias=mlp_bias)
-    groups += router(p + "mlp.gate", n_moe, E, h)
-    groups += routed_experts(p + "mlp.experts.", n_moe, E, i_moe, h)
+    return groups
+
+
+def _mlp_params(moe: _Moe, h: int, mlp_bias: bool) -> list[ParamGroup]:
+    """The dense first layers' MLPs, then the router, routed experts and shared experts of the MoE layers."""
+    p = "model.layers.*."
+    n_moe = moe.n_moe
+    groups: list[ParamGroup] = []
+    groups += dense_mlp(p + "mlp.", moe.first_dense, moe.inter, h, bias=mlp_bias)
+    groups += router(p + "mlp.gate", n_moe, moe.experts, h)
+    groups += routed_experts(p + "mlp.experts.", n_moe, moe.experts, moe.i_moe, h)
     groups += dense_mlp(
-        p + "mlp.shared_experts.", n_moe if n_shared else 0, i_moe * n_shared, h, bias=mlp_bias
+        p + "mlp.shared_experts.", n_moe if moe.shared else 0, moe.i_moe * moe.shared, h, bias=mlp_bias
     )
+    return groups
+
+
+def _mlp_parts(moe: _Moe, *, v3: bool) -> tuple[dict[str, Any], ...]:
+    """The MLP kinds the activation rules read: dense first layers, routed experts, shared experts."""
+    parts: list[dict[str, Any]] = []
+    if moe.first_dense:
+        parts.append(
+            {"name": "dense MLP (first layers)", "layers": moe.first_dense, "rows": 1, "width": moe.inter}
+        )
+    if moe.n_moe:
+        parts.append(
+            {"name": "routed experts", "layers": moe.n_moe, "rows": moe.top_k, "width": moe.i_moe,
+             "experts": moe.experts, "router": "sigmoid" if v3 else "softmax-fp32"}
+        )  # fmt: skip
+        if moe.shared:
+            parts.append(
+                {"name": "shared experts", "layers": moe.n_moe, "rows": 1, "width": moe.i_moe * moe.shared}
+            )
+    return tuple(parts)
+
+
+def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
+    """DeepSeek-V3 (``v3``) or V2 from ``cfg``: the config read, then MLA, MLP stack, norms and head."""
+    d_ = DEEPSEEK_V3_DEFAULTS if v3 else DEEPSEEK_V2_DEFAULTS
+    family = "deepseek_v3" if v3 else "deepseek_v2"
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    vocab = read_int(cfg, "vocab_size")
+    tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_act", d_["hidden_act"])
+    attn_bias = read_bool(cfg, "attention_bias", d_["attention_bias"])
+    mlp_bias = False if v3 else read_bool(cfg, "mlp_bias", d_["mlp_bias"])
+    mla = _read_mla(cfg, d_)
+    moe = _read_moe(cfg, d_, L, v3=v3)
+    n_moe = moe.n_moe
+
+    groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
+    groups += _mla_params(mla, h, heads, L, attn_bias)
+    groups += _mlp_params(moe, h, mlp_bias)
     groups += norm_params(
-        p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
+        "model.layers.*.", ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
     )
     groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
-
-    parts: list[dict[str, Any]] = []
-    if first_dense:
-        parts.append({"name": "dense MLP (first layers)", "layers": first_dense, "rows": 1, "width": inter})
-    if n_moe:
-        parts.append(
-            {"name": "routed experts", "layers": n_moe, "rows": top_k, "width": i_moe, "experts": E,
-             "router": "sigmoid" if v3 else "softmax-fp32"}
-        )  # fmt: skip
-        if n_shared:
-            parts.append({"name": "shared experts", "layers": n_moe, "rows": 1, "width": i_moe * n_shared})
     return Architecture(
         family=family,
         model_type=str(cfg.get("model_type", family)),
@@ -201,16 +268,16 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
         num_layers=L,
         num_heads=heads,
         num_kv_heads=heads,  # MLA expands the latent to k and v for every head
-        head_dim=dqk,
-        intermediate_size=i_moe if n_moe else inter,
+        head_dim=mla.nope + mla.rope,
+        intermediate_size=moe.i_moe if n_moe else moe.inter,
         vocab_size=vocab,
         tied_embeddings=tied,
         params=tuple(groups),
         mlp_activation=activation_label("hidden_act", act, gated=True),
         norm="rmsnorm",
         position="rope",
-        num_experts=E if n_moe else 0,
-        experts_per_token=top_k,
+        num_experts=moe.experts if n_moe else 0,
+        experts_per_token=moe.top_k,
         attention_dropout=read_probability(cfg, "attention_dropout", d_["attention_dropout"]),
         decoder_layers=L,
         causal=True,
@@ -223,22 +290,22 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
             "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
             "mla": {
-                "q_lora_rank": qr or 0,
-                "kv_lora_rank": kvr,
-                "qk_rope_head_dim": rope,
-                "qk_nope_head_dim": nope,
-                "v_head_dim": dv,
+                "q_lora_rank": mla.q_rank or 0,
+                "kv_lora_rank": mla.kv_rank,
+                "qk_rope_head_dim": mla.rope,
+                "qk_nope_head_dim": mla.nope,
+                "v_head_dim": mla.v,
             },
-            "rope_head_dim": rope,
-            "mlp_parts": tuple(parts),
+            "rope_head_dim": mla.rope,
+            "mlp_parts": _mlp_parts(moe, v3=v3),
             "moe_layers": n_moe,
-            "first_k_dense_replace": first_dense,
-            "dense_intermediate_size": inter,
-            "moe_intermediate_size": i_moe,
-            "n_shared_experts": n_shared,
-            "n_group": n_group,
-            "topk_group": topk_group,
-            "topk_method": topk_method,
+            "first_k_dense_replace": moe.first_dense,
+            "dense_intermediate_size": moe.inter,
+            "moe_intermediate_size": moe.i_moe,
+            "n_shared_experts": moe.shared,
+            "n_group": moe.n_group,
+            "topk_group": moe.topk_group,
+            "topk_method": moe.topk_method,
             "routed_scaling_factor": cfg.get("routed_scaling_factor", d_["routed_scaling_factor"]),
             "norm_topk_prob": cfg.get("norm_topk_prob", d_["norm_topk_prob"]),
             "fp32_router": True,

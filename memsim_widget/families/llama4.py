@@ -99,6 +99,81 @@ def _moe_layer_set(cfg: Mapping[str, Any], L: int, step: int) -> set[int]:
     return set(range(step - 1, L, step))
 
 
+def _read_mlp(cfg: Mapping[str, Any], d_: Mapping[str, Any], L: int) -> tuple[int, int, set[int], int, int]:
+    """(experts, top-k, MoE layer indices, expert width, dense MLP width) of ``cfg``, top-k checked."""
+    E = read_int(cfg, "num_local_experts", d_["num_local_experts"], aliases=("num_experts",))
+    top_k = read_int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
+    check_top_k(top_k, E, of="local experts")
+    step = read_int(cfg, "interleave_moe_layer_step", d_["interleave_moe_layer_step"])
+    moe_set = _moe_layer_set(cfg, L, step)
+    i_moe = read_int(cfg, "intermediate_size", d_["intermediate_size"])
+    i_mlp = read_int(cfg, "intermediate_size_mlp", d_["intermediate_size_mlp"])
+    return E, top_k, moe_set, i_moe, i_mlp
+
+
+def _read_attention(
+    cfg: Mapping[str, Any], d_: Mapping[str, Any], L: int
+) -> tuple[list[bool], bool, int | None, list[str]]:
+    """(RoPE flag per layer, q/k norm, chunk size or None, layer types) of ``cfg``."""
+    rope = _rope_layers(cfg, L, read_int(cfg, "no_rope_layer_interval", d_["no_rope_layer_interval"]))
+    qk_norm = read_bool(cfg, "use_qk_norm", d_["use_qk_norm"])
+    chunk = cfg.get("attention_chunk_size", d_["attention_chunk_size"])
+    if chunk is not None:
+        chunk = read_int(cfg, "attention_chunk_size", d_["attention_chunk_size"])
+    # HF: chunked attention on the RoPE layers when a chunk size is set
+    types = layer_kinds(
+        cfg, L, LAYER_TYPES, lambda i: "chunked_attention" if rope[i] and chunk is not None else "full_attention",
+        longer_ok=True,
+    )  # fmt: skip
+    return rope, qk_norm, chunk, types
+
+
+def _mlp_facts(L: int, E: int, top_k: int, moe_set: set[int], i_moe: int, i_mlp: int) -> dict[str, Any]:
+    """The ``extra`` entries of the MLP stack: its parts (dense MLP, all-E routed experts, shared expert)."""
+    n_moe = len(moe_set)
+    n_dense = L - n_moe
+    parts: list[dict[str, Any]] = []
+    if n_dense:
+        parts.append({"name": "dense MLP", "layers": n_dense, "rows": 1, "width": i_mlp})
+    if n_moe:
+        # every expert runs every token (scores 0 for the experts not chosen): E rows per token
+        parts.append(
+            {"name": "routed experts (all E run every token)", "layers": n_moe, "rows": E, "width": i_moe,
+             "experts": E, "top_k": top_k, "router": "topk-sigmoid", "dispatch": "dense"}
+        )  # fmt: skip
+        parts.append({"name": "shared expert", "layers": n_moe, "rows": 1, "width": i_moe})
+    return {
+        "mlp_parts": tuple(parts),
+        "moe_layers": n_moe,
+        "moe_layer_indices": sorted(moe_set),
+        # the experts' torch.bmm and the nn.Linear router run under autocast: 16-bit weight copies cached
+        "autocast_expert_copies": True,
+        "dense_intermediate_size": i_mlp,
+        "moe_intermediate_size": i_moe,
+        "shared_experts": 1 if n_moe else 0,
+    }
+
+
+def _attention_facts(
+    cfg: Mapping[str, Any], rope: list[bool], qk_norm: bool, chunk: int | None, types: list[str]
+) -> dict[str, Any]:
+    """The ``extra`` entries of the attention layers: RoPE / NoPE, the q/k norm, chunking, temperature."""
+    n_rope = sum(rope)
+    return {
+        # RoPE layers: q and k rotated as complex numbers (the product saves only freqs_cis), then
+        # (use_qk_norm) a weightless L2 norm over each head in fp32
+        "rope_layers": n_rope,
+        "rope_layer0": rope[0],
+        "qk_norm": "l2" if qk_norm and n_rope else None,
+        "qk_norm_layers": n_rope if qk_norm else 0,
+        "attention_chunk_size": chunk,
+        "chunked_layers": types.count("chunked_attention") if chunk is not None else 0,
+        "attn_temperature_tuning": read_bool(
+            cfg, "attn_temperature_tuning", LLAMA4_TEXT_DEFAULTS["attn_temperature_tuning"]
+        ),
+    }
+
+
 @register_family("llama4_text")
 def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     """Llama 4 Scout / Maverick language model as ``Llama4ForCausalLM``; see the module docstring."""
@@ -112,27 +187,9 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     tied = read_bool(cfg, "tie_word_embeddings", d_["tie_word_embeddings"])
     act = read_str(cfg, "hidden_act", d_["hidden_act"])
     bias = read_bool(cfg, "attention_bias", d_["attention_bias"])
-    E = read_int(cfg, "num_local_experts", d_["num_local_experts"], aliases=("num_experts",))
-    top_k = read_int(cfg, "num_experts_per_tok", d_["num_experts_per_tok"])
-    check_top_k(top_k, E, of="local experts")
-    step = read_int(cfg, "interleave_moe_layer_step", d_["interleave_moe_layer_step"])
-    moe_set = _moe_layer_set(cfg, L, step)
+    E, top_k, moe_set, i_moe, i_mlp = _read_mlp(cfg, d_, L)
     n_moe = len(moe_set)
-    n_dense = L - n_moe
-    i_moe = read_int(cfg, "intermediate_size", d_["intermediate_size"])
-    i_mlp = read_int(cfg, "intermediate_size_mlp", d_["intermediate_size_mlp"])
-    rope = _rope_layers(cfg, L, read_int(cfg, "no_rope_layer_interval", d_["no_rope_layer_interval"]))
-    n_rope = sum(rope)
-    qk_norm = read_bool(cfg, "use_qk_norm", d_["use_qk_norm"])
-    chunk = cfg.get("attention_chunk_size", d_["attention_chunk_size"])
-    if chunk is not None:
-        chunk = read_int(cfg, "attention_chunk_size", d_["attention_chunk_size"])
-
-    # HF: chunked attention on the RoPE layers when a chunk size is set
-    types = layer_kinds(
-        cfg, L, LAYER_TYPES, lambda i: "chunked_attention" if rope[i] and chunk is not None else "full_attention",
-        longer_ok=True,
-    )  # fmt: skip
+    rope, qk_norm, chunk, types = _read_attention(cfg, d_, L)
 
     p = "model.layers.*."
     groups: list[ParamGroup] = [embedding_param("model.embed_tokens.weight", vocab, h)]
@@ -140,22 +197,11 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
     groups += router(p + "feed_forward.router", n_moe, E, h)
     groups += routed_experts(p + "feed_forward.experts.", n_moe, E, i_moe, h, transposed=True)
     groups += dense_mlp(p + "feed_forward.shared_expert.", n_moe, i_moe, h)
-    groups += dense_mlp(p + "feed_forward.", n_dense, i_mlp, h)
+    groups += dense_mlp(p + "feed_forward.", L - n_moe, i_mlp, h)
     groups += norm_params(
         p, ("input_layernorm", "post_attention_layernorm"), h, L, bias=False, stack="decoder"
     )
     groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
-
-    parts: list[dict[str, Any]] = []
-    if n_dense:
-        parts.append({"name": "dense MLP", "layers": n_dense, "rows": 1, "width": i_mlp})
-    if n_moe:
-        # every expert runs every token (scores 0 for the experts not chosen): E rows per token
-        parts.append(
-            {"name": "routed experts (all E run every token)", "layers": n_moe, "rows": E, "width": i_moe,
-             "experts": E, "top_k": top_k, "router": "topk-sigmoid", "dispatch": "dense"}
-        )  # fmt: skip
-        parts.append({"name": "shared expert", "layers": n_moe, "rows": 1, "width": i_moe})
     return Architecture(
         family="llama4_text",
         model_type=str(cfg.get("model_type", "llama4_text")),
@@ -185,25 +231,8 @@ def build_llama4_text(cfg: Mapping[str, Any]) -> Architecture:
             "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
             "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
-            "mlp_parts": tuple(parts),
-            "moe_layers": n_moe,
-            "moe_layer_indices": sorted(moe_set),
-            # the experts' torch.bmm and the nn.Linear router run under autocast: 16-bit weight copies cached
-            "autocast_expert_copies": True,
-            "dense_intermediate_size": i_mlp,
-            "moe_intermediate_size": i_moe,
-            "shared_experts": 1 if n_moe else 0,
-            # RoPE layers: q and k rotated as complex numbers (the product saves only freqs_cis), then
-            # (use_qk_norm) a weightless L2 norm over each head in fp32
-            "rope_layers": n_rope,
-            "rope_layer0": rope[0],
-            "qk_norm": "l2" if qk_norm and n_rope else None,
-            "qk_norm_layers": n_rope if qk_norm else 0,
-            "attention_chunk_size": chunk,
-            "chunked_layers": types.count("chunked_attention") if chunk is not None else 0,
-            "attn_temperature_tuning": read_bool(
-                cfg, "attn_temperature_tuning", d_["attn_temperature_tuning"]
-            ),
+            **_mlp_facts(L, E, top_k, moe_set, i_moe, i_mlp),
+            **_attention_facts(cfg, rope, qk_norm, chunk, types),
             "expert_parallel_error": "transformers' Llama 4 has no expert-parallel plan (its experts take every "
             "token pre-scaled by its router score; they shard with tensor parallelism): use tp, not ep",
             "lora_all_linear_error": "'all-linear' makes peft wrap Llama4Router (an nn.Linear whose forward "

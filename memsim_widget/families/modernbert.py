@@ -89,29 +89,21 @@ def rope_thetas(cfg: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-@register_family("modernbert")
-def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
-    """ModernBERT as ``ModernBertForMaskedLM``: pre-norm, fused Wqkv, GeGLU Wi/Wo, global/local RoPE layers."""
-    d = MODERNBERT_DEFAULTS
-    h, L, heads, inter, vocab = (read_int(cfg, k) for k in REQUIRED_KEYS)
-    if h % heads:
-        raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
-    nb = read_bool(cfg, "norm_bias", d["norm_bias"])
-    attn_bias = read_bool(cfg, "attention_bias", d["attention_bias"])
-    mlp_bias = read_bool(cfg, "mlp_bias", d["mlp_bias"])
-    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
-    act = read_str(cfg, "hidden_activation", d["hidden_activation"])
-    kinds = layer_types(cfg, L)
-    window = read_int(cfg, "local_attention", d["local_attention"])
+def _check_no_dropout(cfg: Mapping[str, Any]) -> None:
+    """Refuse a non-zero dropout: ModernBERT's are not modelled (the published checkpoints use 0)."""
     for key in ("attention_dropout", "mlp_dropout", "embedding_dropout"):
-        if read_probability(cfg, key, d[key]):
+        if read_probability(cfg, key, MODERNBERT_DEFAULTS[key]):
             raise ScenarioError(
                 f"model.{key}", "ModernBERT's dropouts are not modelled; the published checkpoints use 0"
             )
-    S, p = "encoder", "model.layers.*."
 
-    groups: list[ParamGroup] = [embedding_param("model.embeddings.tok_embeddings.weight", vocab, h, stack=S)]
-    groups += norm_params("model.embeddings.", ("norm",), h, 1, bias=nb, scope="pre", stack=S)
+
+def _layer_params(
+    L: int, h: int, inter: int, *, nb: bool, attn_bias: bool, mlp_bias: bool
+) -> list[ParamGroup]:
+    """Every layer's attn_norm (none in layer 0), fused Wqkv and Wo, mlp_norm, and the GeGLU Wi/Wo."""
+    S, p = "encoder", "model.layers.*."
+    groups: list[ParamGroup] = []
     if L > 1:  # layer 0's attn_norm is nn.Identity
         groups += norm_params(p, ("attn_norm",), h, L - 1, bias=nb, stack=S)
     groups += linear_params(
@@ -135,7 +127,13 @@ def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
     groups += linear_params(
         p + "mlp.Wo", "mlp", h, inter, bias=mlp_bias, parallel="row", module="Wo", count=L, stack=S
     )
-    groups += norm_params("model.", ("final_norm",), h, 1, bias=nb, scope="post", stack=S)
+    return groups
+
+
+def _head_params(cfg: Mapping[str, Any], h: int, vocab: int, *, nb: bool, tied: bool) -> list[ParamGroup]:
+    """The final norm, the MLM head's dense + norm, the untied decoder weight and the decoder bias."""
+    d, S = MODERNBERT_DEFAULTS, "encoder"
+    groups = norm_params("model.", ("final_norm",), h, 1, bias=nb, scope="post", stack=S)
     groups += linear_params(
         "head.dense", "head", h, h, bias=read_bool(cfg, "classifier_bias", d["classifier_bias"]),
         parallel=None, module="dense", scope="post", stack=S,
@@ -157,6 +155,29 @@ def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
         groups.append(
             ParamGroup(name="decoder.bias", kind="head", shape=(vocab,), scope="post", tp_dim=0, stack=S)
         )
+    return groups
+
+
+@register_family("modernbert")
+def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
+    """ModernBERT as ``ModernBertForMaskedLM``: pre-norm, fused Wqkv, GeGLU Wi/Wo, global/local RoPE layers."""
+    d = MODERNBERT_DEFAULTS
+    h, L, heads, inter, vocab = (read_int(cfg, k) for k in REQUIRED_KEYS)
+    if h % heads:
+        raise ScenarioError("model.num_attention_heads", f"hidden_size {h} is not divisible by {heads} heads")
+    nb = read_bool(cfg, "norm_bias", d["norm_bias"])
+    attn_bias = read_bool(cfg, "attention_bias", d["attention_bias"])
+    mlp_bias = read_bool(cfg, "mlp_bias", d["mlp_bias"])
+    tied = read_bool(cfg, "tie_word_embeddings", d["tie_word_embeddings"])
+    act = read_str(cfg, "hidden_activation", d["hidden_activation"])
+    kinds = layer_types(cfg, L)
+    window = read_int(cfg, "local_attention", d["local_attention"])
+    _check_no_dropout(cfg)
+    S = "encoder"
+    groups: list[ParamGroup] = [embedding_param("model.embeddings.tok_embeddings.weight", vocab, h, stack=S)]
+    groups += norm_params("model.embeddings.", ("norm",), h, 1, bias=nb, scope="pre", stack=S)
+    groups += _layer_params(L, h, inter, nb=nb, attn_bias=attn_bias, mlp_bias=mlp_bias)
+    groups += _head_params(cfg, h, vocab, nb=nb, tied=tied)
     return Architecture(
         family="modernbert",
         model_type=str(cfg.get("model_type", "modernbert")),

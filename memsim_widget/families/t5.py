@@ -32,6 +32,91 @@ _T5_ACTS = {
 }
 
 
+def _attention_params(stack: str, n: int, h: int, inner: int, attns: list[str]) -> list[ParamGroup]:
+    """The q/k/v/o projections of each attention in ``attns`` (self, and the decoder's cross-attention)."""
+    p = f"{stack}.block.*.layer."
+    groups: list[ParamGroup] = []
+    for a in attns:
+        for name in ("q", "k", "v"):
+            groups += linear_params(
+                p + f"{a}.{name}",
+                "attention",
+                inner,
+                h,
+                bias=False,
+                parallel="col",
+                module=name,
+                count=n,
+                stack=stack,
+            )
+        groups += linear_params(
+            p + f"{a}.o",
+            "attention",
+            h,
+            inner,
+            bias=False,
+            parallel="row",
+            module="o",
+            count=n,
+            stack=stack,
+        )
+    return groups
+
+
+def _ff_params(stack: str, n: int, h: int, ff: int, ff_idx: int, *, gated: bool) -> list[ParamGroup]:
+    """The feed-forward ``DenseReluDense``: wi (or gated wi_0/wi_1) and wo, at sub-layer ``ff_idx``."""
+    p = f"{stack}.block.*.layer."
+    groups: list[ParamGroup] = []
+    wis = ("wi_0", "wi_1") if gated else ("wi",)
+    for name in wis:
+        groups += linear_params(
+            p + f"{ff_idx}.DenseReluDense.{name}", "mlp", ff, h,
+            bias=False, parallel="col", module=name, count=n, stack=stack,
+        )  # fmt: skip
+    groups += linear_params(
+        p + f"{ff_idx}.DenseReluDense.wo",
+        "mlp",
+        h,
+        ff,
+        bias=False,
+        parallel="row",
+        module="wo",
+        count=n,
+        stack=stack,
+    )
+    return groups
+
+
+def _stack_params(
+    stack: str, n: int, h: int, heads: int, inner: int, ff: int, buckets: int, *, gated: bool
+) -> list[ParamGroup]:
+    """One stack (encoder or decoder) of ``n`` blocks: block 0's relative position bias, the attentions, the
+    feed-forward, a norm per sub-layer and the stack's final norm."""
+    attns = ["0.SelfAttention"] + (["1.EncDecAttention"] if stack == "decoder" else [])
+    ff_idx = len(attns)
+    groups = [
+        ParamGroup(
+            name=f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            kind="position",
+            shape=(buckets, heads),
+            scope="pre",
+            stack=stack,
+        )
+    ]
+    groups += _attention_params(stack, n, h, inner, attns)
+    groups += _ff_params(stack, n, h, ff, ff_idx, gated=gated)
+    groups += norm_params(
+        f"{stack}.block.*.layer.",
+        tuple(f"{i}.layer_norm" for i in range(ff_idx + 1)),
+        h,
+        n,
+        bias=False,
+        stack=stack,
+    )
+    groups += norm_params(f"{stack}.", ("final_layer_norm",), h, 1, bias=False, scope="post", stack=stack)
+    return groups
+
+
 @register_family("t5")
 def build_t5(cfg: Mapping[str, Any]) -> Architecture:
     """T5 / Flan-T5 as ``T5ForConditionalGeneration``: shared embedding, encoder + decoder stacks.
@@ -63,63 +148,7 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
 
     groups: list[ParamGroup] = [embedding_param("shared.weight", vocab, h, stack="encoder")]
     for stack, n in (("encoder", enc), ("decoder", dec)):
-        p = f"{stack}.block.*.layer."
-        attns = ["0.SelfAttention"] + (["1.EncDecAttention"] if stack == "decoder" else [])
-        ff_idx = len(attns)
-        groups.append(
-            ParamGroup(
-                name=f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                kind="position",
-                shape=(buckets, heads),
-                scope="pre",
-                stack=stack,
-            )
-        )
-        for a in attns:
-            for name in ("q", "k", "v"):
-                groups += linear_params(
-                    p + f"{a}.{name}",
-                    "attention",
-                    inner,
-                    h,
-                    bias=False,
-                    parallel="col",
-                    module=name,
-                    count=n,
-                    stack=stack,
-                )
-            groups += linear_params(
-                p + f"{a}.o",
-                "attention",
-                h,
-                inner,
-                bias=False,
-                parallel="row",
-                module="o",
-                count=n,
-                stack=stack,
-            )
-        wis = ("wi_0", "wi_1") if gated else ("wi",)
-        for name in wis:
-            groups += linear_params(
-                p + f"{ff_idx}.DenseReluDense.{name}", "mlp", ff, h,
-                bias=False, parallel="col", module=name, count=n, stack=stack,
-            )  # fmt: skip
-        groups += linear_params(
-            p + f"{ff_idx}.DenseReluDense.wo",
-            "mlp",
-            h,
-            ff,
-            bias=False,
-            parallel="row",
-            module="wo",
-            count=n,
-            stack=stack,
-        )
-        groups += norm_params(
-            p, tuple(f"{i}.layer_norm" for i in range(ff_idx + 1)), h, n, bias=False, stack=stack
-        )
-        groups += norm_params(f"{stack}.", ("final_layer_norm",), h, 1, bias=False, scope="post", stack=stack)
+        groups += _stack_params(stack, n, h, heads, inner, ff, buckets, gated=gated)
     return Architecture(
         family="t5",
         model_type=str(cfg.get("model_type", "t5")),

@@ -34,30 +34,10 @@ VIT_DEFAULTS: dict[str, Any] = {
 }
 
 
-@register_family("vit")
-def build_vit(cfg: Mapping[str, Any]) -> Architecture:
-    """ViT as ``ViTForImageClassification`` (no pooler) with a [num_labels, h] classifier.
-
-    ``num_labels`` comes from ``num_labels`` or ``id2label`` (default 2, as HF); 0 means no classifier
-    (nn.Identity), i.e. the bare encoder. The sequence is fixed: (image/patch)^2 patches + CLS.
-    Linear names follow transformers 5 (q_proj, k_proj, v_proj, o_proj, fc1, fc2).
-    """
-    d = VIT_DEFAULTS
-    h = read_int(cfg, "hidden_size")
-    L = read_int(cfg, "num_hidden_layers")
-    heads = read_int(cfg, "num_attention_heads")
-    inter = read_int(cfg, "intermediate_size")
-    image = read_square(cfg, "image_size", d["image_size"])
-    patch = read_square(cfg, "patch_size", d["patch_size"])
-    channels = read_int(cfg, "num_channels", d["num_channels"])
-    labels = read_num_labels(cfg)
-    qkv_bias = read_bool(cfg, "qkv_bias", d["qkv_bias"])
-    hd = read_head_dim(cfg, h, heads)
-    if image % patch:
-        raise ScenarioError("model.patch_size", f"{patch} does not divide image_size {image}")
-    n_patches = (image // patch) ** 2
+def _embedding_params(h: int, channels: int, patch: int, n_patches: int) -> list[ParamGroup]:
+    """The CLS token, the learned positions of the patches + CLS, and the patch projection (a conv)."""
     S = "encoder"
-    groups: list[ParamGroup] = [
+    return [
         ParamGroup(name="vit.embeddings.cls_token", kind="embedding", shape=(1, 1, h), scope="pre", stack=S),
         ParamGroup(
             name="vit.embeddings.position_embeddings",
@@ -81,7 +61,12 @@ def build_vit(cfg: Mapping[str, Any]) -> Architecture:
             stack=S,
         ),
     ]
-    p = "vit.layers.*."
+
+
+def _layer_params(L: int, h: int, heads: int, hd: int, inter: int, qkv_bias: bool) -> list[ParamGroup]:
+    """Every layer's q/k/v/o projections, its two LayerNorms and the fc1/fc2 MLP."""
+    S, p = "encoder", "vit.layers.*."
+    groups: list[ParamGroup] = []
     for name in ("q_proj", "k_proj", "v_proj"):
         groups += linear_params(
             p + f"attention.{name}", "attention", heads * hd, h,
@@ -105,7 +90,13 @@ def build_vit(cfg: Mapping[str, Any]) -> Architecture:
     groups += linear_params(
         p + "mlp.fc2", "mlp", h, inter, bias=True, parallel="row", module="fc2", count=L, stack=S
     )
-    groups += norm_params("vit.", ("layernorm",), h, 1, bias=True, scope="post", stack=S)
+    return groups
+
+
+def _head_params(h: int, labels: int) -> list[ParamGroup]:
+    """The final LayerNorm and, for ``labels`` > 0, the [labels, h] classifier."""
+    S = "encoder"
+    groups = norm_params("vit.", ("layernorm",), h, 1, bias=True, scope="post", stack=S)
     if labels > 0:
         groups += linear_params(
             "classifier",
@@ -118,6 +109,34 @@ def build_vit(cfg: Mapping[str, Any]) -> Architecture:
             scope="post",
             stack=S,
         )
+    return groups
+
+
+@register_family("vit")
+def build_vit(cfg: Mapping[str, Any]) -> Architecture:
+    """ViT as ``ViTForImageClassification`` (no pooler) with a [num_labels, h] classifier.
+
+    ``num_labels`` comes from ``num_labels`` or ``id2label`` (default 2, as HF); 0 means no classifier
+    (nn.Identity), i.e. the bare encoder. The sequence is fixed: (image/patch)^2 patches + CLS.
+    Linear names follow transformers 5 (q_proj, k_proj, v_proj, o_proj, fc1, fc2).
+    """
+    d = VIT_DEFAULTS
+    h = read_int(cfg, "hidden_size")
+    L = read_int(cfg, "num_hidden_layers")
+    heads = read_int(cfg, "num_attention_heads")
+    inter = read_int(cfg, "intermediate_size")
+    image = read_square(cfg, "image_size", d["image_size"])
+    patch = read_square(cfg, "patch_size", d["patch_size"])
+    channels = read_int(cfg, "num_channels", d["num_channels"])
+    labels = read_num_labels(cfg)
+    qkv_bias = read_bool(cfg, "qkv_bias", d["qkv_bias"])
+    hd = read_head_dim(cfg, h, heads)
+    if image % patch:
+        raise ScenarioError("model.patch_size", f"{patch} does not divide image_size {image}")
+    n_patches = (image // patch) ** 2
+    groups = _embedding_params(h, channels, patch, n_patches)
+    groups += _layer_params(L, h, heads, hd, inter, qkv_bias)
+    groups += _head_params(h, labels)
     act = read_str(cfg, "hidden_act", d["hidden_act"])
     return Architecture(
         family="vit",

@@ -109,10 +109,8 @@ def _set(scenario: Scenario, changes: Mapping[str, Any]) -> Scenario:
     return scenario.replace(**top, **nested)
 
 
-def levers(scenario: Scenario) -> dict[str, list[Option]]:
-    """The options of each lever that differ from ``scenario`` and apply to it."""
-    s, par = scenario, scenario.parallel
-    out: dict[str, list[Option]] = {}
+def _checkpointing(s: Scenario) -> list[Option]:
+    """Selective, then full activation checkpointing (those not already on)."""
     ck = []
     if s.activation_checkpointing == "none":
         ck.append(
@@ -132,93 +130,139 @@ def levers(scenario: Scenario) -> dict[str, list[Option]]:
                 "about 33% more compute (the forward pass runs again in backward)",
             )
         )
-    out["checkpointing"] = ck
-    if s.loss != "chunked":
-        out["loss"] = [
-            Option(
-                "loss",
-                "chunked cross-entropy loss",
-                {"loss": "chunked"},
-                "about 1-2% more compute (the head recomputed per chunk); needs a fused/chunked loss",
-            )
-        ]
-    if s.optimizer in ("adamw", "adam"):
-        out["optimizer"] = [
-            Option(
-                "optimizer",
-                "8-bit AdamW (bitsandbytes)",
-                {"optimizer": "adamw-8bit", "optimizer_impl": "fused"},
-                "optimizer states in 8 bits: usually the same quality, a new dependency",
-            )
-        ]
+    return ck
+
+
+def _chunked_loss(s: Scenario) -> list[Option]:
+    """The chunked cross-entropy, unless already chunked."""
+    if s.loss == "chunked":
+        return []
+    return [
+        Option(
+            "loss",
+            "chunked cross-entropy loss",
+            {"loss": "chunked"},
+            "about 1-2% more compute (the head recomputed per chunk); needs a fused/chunked loss",
+        )
+    ]
+
+
+def _optimizer(s: Scenario) -> list[Option]:
+    """8-bit AdamW in place of Adam/AdamW."""
+    if s.optimizer not in ("adamw", "adam"):
+        return []
+    return [
+        Option(
+            "optimizer",
+            "8-bit AdamW (bitsandbytes)",
+            {"optimizer": "adamw-8bit", "optimizer_impl": "fused"},
+            "optimizer states in 8 bits: usually the same quality, a new dependency",
+        )
+    ]
+
+
+def _zero(s: Scenario) -> list[Option]:
+    """Each ZeRO stage above the current one, when there are data-parallel (or context) ranks to shard over."""
+    par = s.parallel
     shard = par.dp * par.cp
-    if shard > 1:
-        zs = []
-        words = {
-            1: "no extra communication (optimizer states sharded)",
-            2: "no extra communication (gradients reduce-scattered instead of all-reduced)",
-            3: "about 50% more data-parallel communication (weights gathered in forward and backward)",
-        }
-        for z in (1, 2, 3):
-            if z > par.zero:
-                zs.append(Option("zero", f"ZeRO-{z} / FSDP sharding over {shard} ranks", {"parallel.zero": z},
-                                 words[z]))  # fmt: skip
-        out["zero"] = zs
-    if par.offload == "none":
-        change: dict[str, Any] = {"parallel.offload": "optimizer"}
-        if par.zero == 0:
-            change["parallel.zero"] = 1
-        out["offload"] = [
-            Option(
-                "offload",
-                "optimizer offload to CPU" + (" (with ZeRO-1)" if par.zero == 0 else ""),
-                change,
-                "optimizer step on the CPU and PCIe traffic every step: costly unless steps are long (large batches)",
-            )
-        ]
-    if par.tp > 1 and not par.sequence_parallel:
-        out["sequence_parallel"] = [
-            Option(
-                "sequence_parallel",
-                "sequence parallelism",
-                {"parallel.sequence_parallel": True},
-                "no extra communication volume (reduce-scatter + all-gather replace all-reduce)",
-            )
-        ]
-    if not s.activation_offloading:
-        out["activation_offloading"] = [
-            Option(
-                "activation_offloading",
-                "activation offloading to CPU",
-                {"activation_offloading": True},
-                "saved activations copied to host and back: 5-15% slower when overlap is imperfect",
-            )
-        ]
-    if s.micro_batch_size > 1:
-        b = s.micro_batch_size
-        mb = []
-        for nb in sorted({b // 2, 1}, reverse=True):
-            if nb >= 1 and b % nb == 0 and nb < b:
-                mb.append(
-                    Option(
-                        "micro_batch",
-                        f"micro-batch {nb} with {b // nb}x gradient accumulation",
-                        {"micro_batch_size": nb, "grad_accum_steps": s.grad_accum_steps * (b // nb)},
-                        "same global batch; smaller matmuls use the GPU less well",
-                    )
+    if shard <= 1:
+        return []
+    words = {
+        1: "no extra communication (optimizer states sharded)",
+        2: "no extra communication (gradients reduce-scattered instead of all-reduced)",
+        3: "about 50% more data-parallel communication (weights gathered in forward and backward)",
+    }
+    return [
+        Option("zero", f"ZeRO-{z} / FSDP sharding over {shard} ranks", {"parallel.zero": z}, words[z])
+        for z in (1, 2, 3)
+        if z > par.zero
+    ]
+
+
+def _offload(s: Scenario) -> list[Option]:
+    """Optimizer offload to the CPU (with ZeRO-1 when unsharded), unless something is offloaded already."""
+    par = s.parallel
+    if par.offload != "none":
+        return []
+    change: dict[str, Any] = {"parallel.offload": "optimizer"}
+    if par.zero == 0:
+        change["parallel.zero"] = 1
+    return [
+        Option(
+            "offload",
+            "optimizer offload to CPU" + (" (with ZeRO-1)" if par.zero == 0 else ""),
+            change,
+            "optimizer step on the CPU and PCIe traffic every step: costly unless steps are long (large batches)",
+        )
+    ]
+
+
+def _sequence_parallel(s: Scenario) -> list[Option]:
+    """Sequence parallelism, under tensor parallelism without it."""
+    if not (s.parallel.tp > 1 and not s.parallel.sequence_parallel):
+        return []
+    return [
+        Option(
+            "sequence_parallel",
+            "sequence parallelism",
+            {"parallel.sequence_parallel": True},
+            "no extra communication volume (reduce-scatter + all-gather replace all-reduce)",
+        )
+    ]
+
+
+def _activation_offloading(s: Scenario) -> list[Option]:
+    """Activation offloading to the CPU, unless on."""
+    if s.activation_offloading:
+        return []
+    return [
+        Option(
+            "activation_offloading",
+            "activation offloading to CPU",
+            {"activation_offloading": True},
+            "saved activations copied to host and back: 5-15% slower when overlap is imperfect",
+        )
+    ]
+
+
+def _micro_batch(s: Scenario) -> list[Option]:
+    """Half the micro-batch, and 1, with the accumulation that keeps the global batch."""
+    if s.micro_batch_size <= 1:
+        return []
+    b = s.micro_batch_size
+    mb = []
+    for nb in sorted({b // 2, 1}, reverse=True):
+        if nb >= 1 and b % nb == 0 and nb < b:
+            mb.append(
+                Option(
+                    "micro_batch",
+                    f"micro-batch {nb} with {b // nb}x gradient accumulation",
+                    {"micro_batch_size": nb, "grad_accum_steps": s.grad_accum_steps * (b // nb)},
+                    "same global batch; smaller matmuls use the GPU less well",
                 )
-        out["micro_batch"] = mb
-    if par.dp % 2 == 0 and par.tp * 2 <= 8:
-        out["layout"] = [
-            Option(
-                "layout",
-                f"tensor parallel tp={par.tp * 2} (dp={par.dp // 2})",
-                {"parallel.tp": par.tp * 2, "parallel.dp": par.dp // 2},
-                "weights and activations split over twice the GPUs; tensor-parallel all-reduces every layer",
             )
-        ]
+    return mb
+
+
+def _layout(s: Scenario) -> list[Option]:
+    """Twice the tensor parallelism out of the data parallelism, within a node of 8."""
+    par = s.parallel
+    if not (par.dp % 2 == 0 and par.tp * 2 <= 8):
+        return []
+    return [
+        Option(
+            "layout",
+            f"tensor parallel tp={par.tp * 2} (dp={par.dp // 2})",
+            {"parallel.tp": par.tp * 2, "parallel.dp": par.dp // 2},
+            "weights and activations split over twice the GPUs; tensor-parallel all-reduces every layer",
+        )
+    ]
+
+
+def _method(s: Scenario) -> list[Option]:
+    """LoRA or QLoRA in place of full training (they change the job), QLoRA in place of LoRA."""
     if s.method == "full":
-        out["method"] = [
+        return [
             Option(
                 "method",
                 "LoRA instead of full fine-tuning",
@@ -234,8 +278,8 @@ def levers(scenario: Scenario) -> dict[str, list[Option]]:
                 changes_the_job=True,
             ),
         ]
-    elif s.method == "lora":
-        out["method"] = [
+    if s.method == "lora":
+        return [
             Option(
                 "method",
                 "QLoRA: 4-bit base weights",
@@ -243,43 +287,72 @@ def levers(scenario: Scenario) -> dict[str, list[Option]]:
                 "base weights in NF4: slower matmuls (dequantisation), slightly different results",
             )
         ]
-    if s.objective_name != "sft":
-        out.update(rl_levers(s))
+    return []
+
+
+#: The levers of every job, each with the function giving its options, in the order ``levers`` lists them.
+_LEVERS: tuple[tuple[str, Callable[[Scenario], list[Option]]], ...] = (
+    ("checkpointing", _checkpointing),
+    ("loss", _chunked_loss),
+    ("optimizer", _optimizer),
+    ("zero", _zero),
+    ("offload", _offload),
+    ("sequence_parallel", _sequence_parallel),
+    ("activation_offloading", _activation_offloading),
+    ("micro_batch", _micro_batch),
+    ("layout", _layout),
+    ("method", _method),
+)
+
+
+def levers(scenario: Scenario) -> dict[str, list[Option]]:
+    """The options of each lever that differ from ``scenario`` and apply to it."""
+    out = {name: options(scenario) for name, options in _LEVERS}
+    if scenario.objective_name != "sft":
+        out.update(rl_levers(scenario))
     return {k: v for k, v in out.items() if v}
 
 
-def rl_levers(s: Scenario) -> dict[str, list[Option]]:
-    """The levers of preference and RL jobs: fewer completions per prompt, where the reference lives, the
-    colocated vLLM engine's budget and sleep mode, a separate rollout GPU group (``engine/objectives.py``,
-    ``engine/rollout.py``)."""
-    rl, obj, ref = s.rl_config, s.objective_name, s.reference
-    out: dict[str, list[Option]] = {}
-    if obj == "grpo" and rl.num_generations > 2:
-        g = rl.num_generations // 2
-        out["generations"] = [
-            Option(
-                "generations",
-                f"G = {g} completions per prompt (was {rl.num_generations})",
-                {"rl.num_generations": g},
-                "fewer samples per group: noisier group-relative advantages (or more steps for the same samples)",
-                changes_the_job=True,
-            )
-        ]
+def _generations(s: Scenario) -> list[Option]:
+    """GRPO: half the completions per prompt (a different job)."""
+    rl = s.rl_config
+    if not (s.objective_name == "grpo" and rl.num_generations > 2):
+        return []
+    g = rl.num_generations // 2
+    return [
+        Option(
+            "generations",
+            f"G = {g} completions per prompt (was {rl.num_generations})",
+            {"rl.num_generations": g},
+            "fewer samples per group: noisier group-relative advantages (or more steps for the same samples)",
+            changes_the_job=True,
+        )
+    ]
+
+
+def _completions(s: Scenario) -> list[Option]:
+    """GRPO: half the completions per micro-batch (or 1), the accumulation keeping the step's completions."""
     n = s.sequences_per_micro_batch
-    if obj == "grpo" and n > 1:
-        half = n // 2 if n % 2 == 0 else 1
-        out["completions"] = [
-            Option(
-                "completions",
-                f"{half} completions per micro-batch (was {n}) with {n // half}x gradient accumulation",
-                {
-                    "rl.completions_per_micro_batch": half,
-                    "grad_accum_steps": s.grad_accum_steps * (n // half),
-                },
-                "same completions per step, a prompt's group split over micro-batches (TRL "
-                "per_device_train_batch_size); smaller matmuls use the GPU less well",
-            )
-        ]
+    if not (s.objective_name == "grpo" and n > 1):
+        return []
+    half = n // 2 if n % 2 == 0 else 1
+    return [
+        Option(
+            "completions",
+            f"{half} completions per micro-batch (was {n}) with {n // half}x gradient accumulation",
+            {
+                "rl.completions_per_micro_batch": half,
+                "grad_accum_steps": s.grad_accum_steps * (n // half),
+            },
+            "same completions per step, a prompt's group split over micro-batches (TRL "
+            "per_device_train_batch_size); smaller matmuls use the GPU less well",
+        )
+    ]
+
+
+def _reference(s: Scenario) -> list[Option]:
+    """Where the reference lives: the LoRA policy's own base, precomputed log-probs, or offloaded."""
+    obj, ref = s.objective_name, s.reference
     refs = []
     if ref in ("gpu", "offload") and s.method != "full":
         refs.append(
@@ -308,37 +381,75 @@ def rl_levers(s: Scenario) -> dict[str, list[Option]]:
                 "its weights cross PCIe for every forward (OpenRLHF --ref_reward_offload)",
             )
         )
-    if refs:
-        out["reference"] = refs
-    if obj in ("grpo", "ppo") and rl.rollout == "vllm_colocate":
-        if rl.kv_cache == "utilization" and rl.gpu_memory_utilization > 0.1:
-            u = round(rl.gpu_memory_utilization / 2, 2)
-            out["gpu_memory_utilization"] = [
-                Option(
-                    "gpu_memory_utilization",
-                    f"vLLM gpu_memory_utilization {u:g} (was {rl.gpu_memory_utilization:g})",
-                    {"rl.gpu_memory_utilization": u},
-                    "a smaller KV cache: fewer sequences generated at once (slower rollouts)",
-                )
-            ]
-        if rl.sleep_mode == 0:
-            out["sleep_mode"] = [
-                Option(
-                    "sleep_mode",
-                    "vLLM sleep mode (level 1)",
-                    {"rl.sleep_mode": 1},
-                    "weights to host RAM and KV cache freed while training; a wake-up per step (seconds)",
-                )
-            ]
-        out["rollout"] = [
-            Option(
-                "rollout",
-                "a separate rollout GPU group (vLLM server)",
-                {"rl.rollout": "vllm_separate"},
-                "more GPUs: generation runs on its own cards (TRL vllm_mode='server')",
-            )
-        ]
-    return out
+    return refs
+
+
+def _colocated(s: Scenario) -> bool:
+    """A GRPO or PPO job whose vLLM engine shares the training GPUs."""
+    return s.objective_name in ("grpo", "ppo") and s.rl_config.rollout == "vllm_colocate"
+
+
+def _gpu_memory_utilization(s: Scenario) -> list[Option]:
+    """A colocated engine sized by utilization: half its budget."""
+    rl = s.rl_config
+    if not (_colocated(s) and rl.kv_cache == "utilization" and rl.gpu_memory_utilization > 0.1):
+        return []
+    u = round(rl.gpu_memory_utilization / 2, 2)
+    return [
+        Option(
+            "gpu_memory_utilization",
+            f"vLLM gpu_memory_utilization {u:g} (was {rl.gpu_memory_utilization:g})",
+            {"rl.gpu_memory_utilization": u},
+            "a smaller KV cache: fewer sequences generated at once (slower rollouts)",
+        )
+    ]
+
+
+def _sleep_mode(s: Scenario) -> list[Option]:
+    """A colocated engine without sleep mode: level 1."""
+    if not (_colocated(s) and s.rl_config.sleep_mode == 0):
+        return []
+    return [
+        Option(
+            "sleep_mode",
+            "vLLM sleep mode (level 1)",
+            {"rl.sleep_mode": 1},
+            "weights to host RAM and KV cache freed while training; a wake-up per step (seconds)",
+        )
+    ]
+
+
+def _rollout(s: Scenario) -> list[Option]:
+    """A colocated engine moved to its own GPUs."""
+    if not _colocated(s):
+        return []
+    return [
+        Option(
+            "rollout",
+            "a separate rollout GPU group (vLLM server)",
+            {"rl.rollout": "vllm_separate"},
+            "more GPUs: generation runs on its own cards (TRL vllm_mode='server')",
+        )
+    ]
+
+
+#: The levers of preference and RL jobs, in the order ``rl_levers`` lists them.
+_RL_LEVERS: tuple[tuple[str, Callable[[Scenario], list[Option]]], ...] = (
+    ("generations", _generations),
+    ("completions", _completions),
+    ("reference", _reference),
+    ("gpu_memory_utilization", _gpu_memory_utilization),
+    ("sleep_mode", _sleep_mode),
+    ("rollout", _rollout),
+)
+
+
+def rl_levers(s: Scenario) -> dict[str, list[Option]]:
+    """The levers of preference and RL jobs: fewer completions per prompt, where the reference lives, the
+    colocated vLLM engine's budget and sleep mode, a separate rollout GPU group (``engine/objectives.py``,
+    ``engine/rollout.py``)."""
+    out = {name: options(s) for name, options in _RL_LEVERS}
+    return {k: v for k, v in out.items() if v}
 
 
 def _step_time(scenario: Scenario) -> float:

@@ -408,6 +408,100 @@ def _evaluated(
     return cols
 
 
+def _check_ranking(rank_by: str, train_tokens: float | None, price: float | None) -> None:
+    """Refuse an unknown ranking, or train tokens or a price that is not a positive number."""
+    if rank_by not in RANK_BY:
+        raise ScenarioError("rank_by", f"got {_short(rank_by)}; allowed values: {', '.join(RANK_BY)}")
+    for name, value in (("train_tokens", train_tokens), ("price", price)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
+        ):
+            raise ScenarioError(name, f"must be a positive number, got {_short(value)}")
+
+
+def _sft_base(
+    base: Scenario | Mapping[str, Any] | None, model: Any, gpu: Any, fixed: dict[str, Any]
+) -> Scenario:
+    """The base scenario of the search (``fixed``'s ``parallel`` dropped: the search sets it); refused for an
+    objective other than SFT, which the vectorised engine (plan/vector.py) has no rules for."""
+    fixed.pop("parallel", None)
+    b = base_scenario(base, model=model, gpu=gpu, **fixed)
+    if b.objective_name != "sft":
+        raise ScenarioError(
+            "objective",
+            f"the layout search models SFT steps only; for a {b.objective_name} run use estimate or recommend "
+            "(engine/objectives.py, engine/rollout.py)",
+        )
+    return b
+
+
+def _check_modelled(ctx: Context) -> None:
+    """Refuse a model calibrated from a trace: the vectorised engine reads rule terms a fitted model lacks."""
+    if ctx.arch.extra.get("calibration") is not None:
+        raise ScenarioError(
+            "model", f"{ctx.arch.model_type!r} is calibrated from a trace: the planner is not; use estimate "
+            "(dp and ZeRO layouts work there, tensor and pipeline parallelism need a modelled family)",
+        )  # fmt: skip
+
+
+def _global_batch_sequences(global_batch_tokens: Any, seq: int) -> int:
+    """``global_batch_tokens`` as a whole number of sequences of ``seq`` tokens, within the search's bounds."""
+    if isinstance(global_batch_tokens, bool) or not isinstance(global_batch_tokens, numbers.Integral):
+        raise ScenarioError(
+            "global_batch_tokens", f"must be a positive integer, got {_short(global_batch_tokens)}"
+        )
+    global_batch_tokens = int(global_batch_tokens)
+    most = MAX_GPUS * MAX_MICRO_BATCH * MAX_ACCUM_STEPS  # dp x micro-batch x accumulation at most
+    if global_batch_tokens > most * seq:
+        raise ScenarioError(
+            "global_batch_tokens",
+            f"must be at most {most * seq:,} ({most:,} sequences of {seq} tokens: GPUs x micro-batch x "
+            f"accumulation), got {_short(global_batch_tokens)}",
+        )
+    if global_batch_tokens < seq:
+        raise ScenarioError(
+            "global_batch_tokens",
+            f"must be at least one sequence ({seq} tokens), got {global_batch_tokens}",
+        )
+    if global_batch_tokens % seq:
+        raise ScenarioError(
+            "global_batch_tokens",
+            f"must be a whole number of sequences of {seq} tokens, got {global_batch_tokens} "
+            f"(nearest: {global_batch_tokens // seq * seq} or {(global_batch_tokens // seq + 1) * seq})",
+        )
+    return global_batch_tokens // seq
+
+
+def _method_bases(b: Scenario, methods: Sequence[str] | None) -> tuple[Scenario, ...]:
+    """One base scenario per training method searched (``b``'s own by default)."""
+    names = tuple(methods) if methods is not None else (b.method,)
+    if not names or any(m not in METHODS for m in names):
+        raise ScenarioError("methods", f"got {list(names)}; allowed values: {', '.join(METHODS)}")
+    return tuple(b.replace(method=m) for m in dict.fromkeys(names))
+
+
+def _all_candidates(
+    bases: tuple[Scenario, ...],
+    lays: list[Layout],
+    space: SearchSpace,
+    g_seq: int | None,
+    limit: float,
+    gpu_memory_bytes: int,
+) -> dict[str, np.ndarray]:
+    """Every base's candidates evaluated and timed, in one set of columns (``method``: the base's index)."""
+    parts = []
+    for k, bm in enumerate(bases):
+        cols = _search(bm, lays, space, g_seq, limit)
+        cols.update(time_columns(bm, cols, space.optimizers))
+        cols["method"] = np.full(cols["dp"].shape[0], k, dtype=np.int64)
+        parts.append(cols)
+    cols = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
+    cols["gpu_memory_bytes"] = np.int64(gpu_memory_bytes)
+    # a candidate past vector.SATURATION_BYTES (32 PiB) per GPU never fits any card (1 PiB at most)
+    cols["fits"] = (cols["device_total_bytes"] <= limit) & ~cols["overflow"]
+    return cols
+
+
 def plan(
     model: str | Mapping[str, Any] | None = None,
     gpu: str | Mapping[str, Any] | None = None,
@@ -438,75 +532,24 @@ def plan(
     ``price`` (US$ per GPU-hour, default ``cost.PRICES``) set the hours and dollars columns.
     """
     t0 = time.perf_counter()
-    if rank_by not in RANK_BY:
-        raise ScenarioError("rank_by", f"got {_short(rank_by)}; allowed values: {', '.join(RANK_BY)}")
-    for name, value in (("train_tokens", train_tokens), ("price", price)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
-        ):
-            raise ScenarioError(name, f"must be a positive number, got {_short(value)}")
+    _check_ranking(rank_by, train_tokens, price)
     headroom = check_headroom(headroom)
-    fixed.pop("parallel", None)
-    b = base_scenario(base, model=model, gpu=gpu, **fixed)
-    if b.objective_name != "sft":  # the vectorised engine (plan/vector.py) has no objective rules
-        raise ScenarioError(
-            "objective",
-            f"the layout search models SFT steps only; for a {b.objective_name} run use estimate or recommend "
-            "(engine/objectives.py, engine/rollout.py)",
-        )
+    b = _sft_base(base, model, gpu, fixed)
     space = space or SearchSpace()
     if gpus is None:
         gpus = b.parallel.world_size
     counts = gpu_counts(gpus)
     ctx = Context(b)
-    if ctx.arch.extra.get("calibration") is not None:  # vector.py reads rule terms a fitted model lacks
-        raise ScenarioError(
-            "model", f"{ctx.arch.model_type!r} is calibrated from a trace: the planner is not; use estimate "
-            "(dp and ZeRO layouts work there, tensor and pipeline parallelism need a modelled family)",
-        )  # fmt: skip
+    _check_modelled(ctx)
     seq = ctx.seq_len
     g_seq = None
     if global_batch_tokens is not None:
-        if isinstance(global_batch_tokens, bool) or not isinstance(global_batch_tokens, numbers.Integral):
-            raise ScenarioError(
-                "global_batch_tokens", f"must be a positive integer, got {_short(global_batch_tokens)}"
-            )
-        global_batch_tokens = int(global_batch_tokens)
-        most = MAX_GPUS * MAX_MICRO_BATCH * MAX_ACCUM_STEPS  # dp x micro-batch x accumulation at most
-        if global_batch_tokens > most * seq:
-            raise ScenarioError(
-                "global_batch_tokens",
-                f"must be at most {most * seq:,} ({most:,} sequences of {seq} tokens: GPUs x micro-batch x "
-                f"accumulation), got {_short(global_batch_tokens)}",
-            )
-        if global_batch_tokens < seq:
-            raise ScenarioError(
-                "global_batch_tokens",
-                f"must be at least one sequence ({seq} tokens), got {global_batch_tokens}",
-            )
-        if global_batch_tokens % seq:
-            raise ScenarioError(
-                "global_batch_tokens",
-                f"must be a whole number of sequences of {seq} tokens, got {global_batch_tokens} "
-                f"(nearest: {global_batch_tokens // seq * seq} or {(global_batch_tokens // seq + 1) * seq})",
-            )
-        g_seq = global_batch_tokens // seq
+        g_seq = _global_batch_sequences(global_batch_tokens, seq)
+        global_batch_tokens = g_seq * seq  # a plain int (validated: a whole number of sequences)
     limit = ctx.gpu.memory_bytes * (1 - headroom)
     lays = layouts(b, counts, space)
-    names = tuple(methods) if methods is not None else (b.method,)
-    if not names or any(m not in METHODS for m in names):
-        raise ScenarioError("methods", f"got {list(names)}; allowed values: {', '.join(METHODS)}")
-    bases = tuple(b.replace(method=m) for m in dict.fromkeys(names))
-    parts = []
-    for k, bm in enumerate(bases):
-        cols = _search(bm, lays, space, g_seq, limit)
-        cols.update(time_columns(bm, cols, space.optimizers))
-        cols["method"] = np.full(cols["dp"].shape[0], k, dtype=np.int64)
-        parts.append(cols)
-    cols = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
-    cols["gpu_memory_bytes"] = np.int64(ctx.gpu.memory_bytes)
-    # a candidate past vector.SATURATION_BYTES (32 PiB) per GPU never fits any card (1 PiB at most)
-    cols["fits"] = (cols["device_total_bytes"] <= limit) & ~cols["overflow"]
+    bases = _method_bases(b, methods)
+    cols = _all_candidates(bases, lays, space, g_seq, limit, ctx.gpu.memory_bytes)
     result = Plan(
         bases[0],
         counts,

@@ -342,6 +342,130 @@ class GRPOStep(_Step):
         return ((per_token * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1.0)).mean()
 
 
+def _ppo_step(
+    policy: torch.nn.Module,
+    cfg: Any,
+    reference: str,
+    wdtype: torch.dtype,
+    attention: str,
+    completion_len: int,
+) -> PPOStep:
+    """PPO's step: the policy, a value model (a sequence classifier with one label), and the frozen reward
+    model and reference (``reference`` gpu) that stay on the GPU; built on the current (meta) device."""
+    import transformers
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    vcfg = copy.deepcopy(cfg)
+    vcfg.num_labels = 1
+    vcfg.use_cache = True  # TRL's forward passes no use_cache: the config's default (HF: true)
+
+    def classifier() -> torch.nn.Module:
+        with unset_fake_temporarily():
+            return transformers.AutoModelForSequenceClassification.from_config(
+                vcfg, dtype=wdtype, attn_implementation=attention
+            )
+
+    frozen = [] if reference == "none" else [classifier()]  # the reward model
+    if reference == "gpu":
+        frozen.append(build_hf_model(cfg, wdtype, attention))
+    for m in frozen:
+        m.requires_grad_(False)
+        m.eval()
+    return PPOStep(policy, classifier(), completion_len, frozen)
+
+
+def _step_model(
+    cfg: Any,
+    *,
+    objective: str,
+    reference: str,
+    lora: dict[str, Any] | None,
+    wdtype: torch.dtype,
+    attention: str,
+    completion_len: int,
+    notes: list[str],
+) -> torch.nn.Module:
+    """The objective's step module on the meta device: the policy (with LoRA adapters when asked) and the
+    models the step holds besides it (a frozen reference copy for DPO/KTO ``gpu``; PPO's value and reward)."""
+    with torch.device("meta"):
+        policy = build_hf_model(cfg, wdtype, attention)
+        if lora:
+            policy = _apply_lora(policy, lora, notes)
+        if objective == "grpo":
+            return GRPOStep(policy, completion_len, GRPO_BETA)
+        if objective == "ppo":
+            return _ppo_step(policy, cfg, reference, wdtype, attention, completion_len)
+        ref_model = None
+        if objective in ("dpo", "kto") and reference == "gpu":
+            ref_model = build_hf_model(cfg, wdtype, attention)
+            ref_model.requires_grad_(False)
+            ref_model.eval()
+        if objective == "kto":
+            return KTOStep(policy, ref_model, reference)
+        return PreferenceStep(policy, ref_model, objective, reference)
+
+
+def _step_batch(
+    objective: str, reference: str, *, n: int, seq_len: int, completion_len: int, vocab: int, pairs: int
+) -> dict[str, torch.Tensor]:
+    """One micro-batch of ``n`` sequences of ``seq_len`` tokens as the objective's step reads it (``pairs``:
+    the preference pairs, for DPO's precomputed reference log-probs)."""
+    ids = torch.randint(0, vocab, (n, seq_len))
+    if objective == "grpo":
+        batch = {
+            "input_ids": ids,
+            "completion_mask": torch.ones(n, completion_len, dtype=torch.int64),
+            "advantages": torch.randn(n),
+            "old_logps": torch.randn(n, completion_len),
+        }
+        if reference != "none":
+            batch["ref_logps"] = torch.randn(n, completion_len)
+        return batch
+    if objective == "ppo":
+        c = completion_len
+        return {
+            "query_responses": ids,
+            "old_logps": torch.randn(n, c),
+            "advantages": torch.randn(n, c),
+            "returns": torch.randn(n, c),
+            "values": torch.randn(n, c),
+            "padding_mask": torch.zeros(n, c, dtype=torch.bool),
+            "padding_mask_p1": torch.zeros(n, c, dtype=torch.bool),
+        }
+    if objective == "kto":
+        # every sample desirable: the worst batch for the metrics' copies (one label holds every row)
+        batch = {
+            "input_ids": ids,
+            "completion_mask": torch.ones(n, seq_len, dtype=torch.int64),
+            "kl_input_ids": torch.roll(ids, 1, dims=0),
+            "kl_completion_mask": torch.ones(n, seq_len, dtype=torch.int64),
+            "chosen_idx": torch.arange(n),
+            "rejected_idx": torch.zeros(0, dtype=torch.int64),
+        }
+        if reference == "precomputed":
+            batch["ref_logps"] = torch.randn(n)
+            batch["ref_kl_logps"] = torch.randn(n)
+        return batch
+    batch = {"input_ids": ids, "loss_mask": torch.ones(n, seq_len, dtype=torch.int64)}
+    if objective == "dpo" and reference == "precomputed":
+        batch["ref_chosen_logps"] = torch.randn(pairs)
+        batch["ref_rejected_logps"] = torch.randn(pairs)
+    return batch
+
+
+def _policy_head(step: torch.nn.Module) -> torch.nn.Module | None:
+    """The policy's output embeddings: after their forward the phase is "loss" (None when it has none)."""
+    try:
+        return step.policy.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def _output_is_loss(out: Any, _batch: Any) -> torch.Tensor:
+    """The step modules' forward returns the loss."""
+    return out
+
+
 def trace_objective(
     config: dict[str, Any],
     *,
@@ -377,97 +501,20 @@ def trace_objective(
     cfg.use_cache = objective in ("kto", "ppo")  # TRL's KTO and PPO forwards pass no use_cache=False
 
     def model_factory() -> torch.nn.Module:
-        with torch.device("meta"):
-            policy = build_hf_model(cfg, wdtype, attention)
-            if lora:
-                policy = _apply_lora(policy, lora, notes)
-            if objective == "grpo":
-                return GRPOStep(policy, completion_len, GRPO_BETA)
-            if objective == "ppo":
-                import transformers
-                from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-                vcfg = copy.deepcopy(cfg)
-                vcfg.num_labels = 1
-                vcfg.use_cache = True  # TRL's forward passes no use_cache: the config's default (HF: true)
-
-                def classifier() -> torch.nn.Module:
-                    with unset_fake_temporarily():
-                        return transformers.AutoModelForSequenceClassification.from_config(
-                            vcfg, dtype=wdtype, attn_implementation=attention
-                        )
-
-                frozen = [] if reference == "none" else [classifier()]  # the reward model
-                if reference == "gpu":
-                    frozen.append(build_hf_model(cfg, wdtype, attention))
-                for m in frozen:
-                    m.requires_grad_(False)
-                    m.eval()
-                return PPOStep(policy, classifier(), completion_len, frozen)
-            ref_model = None
-            if objective in ("dpo", "kto") and reference == "gpu":
-                ref_model = build_hf_model(cfg, wdtype, attention)
-                ref_model.requires_grad_(False)
-                ref_model.eval()
-            if objective == "kto":
-                return KTOStep(policy, ref_model, reference)
-            return PreferenceStep(policy, ref_model, objective, reference)
+        return _step_model(
+            cfg, objective=objective, reference=reference, lora=lora, wdtype=wdtype, attention=attention,
+            completion_len=completion_len, notes=notes,
+        )  # fmt: skip
 
     per_sample = {"dpo": 2, "orpo": 2, "kto": 1, "ppo": 1}.get(objective, num_generations)
     n = sequences if sequences is not None else micro_batch_size * per_sample
     vocab = cfg.vocab_size
 
     def make_batch() -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, vocab, (n, seq_len))
-        if objective == "grpo":
-            batch = {
-                "input_ids": ids,
-                "completion_mask": torch.ones(n, completion_len, dtype=torch.int64),
-                "advantages": torch.randn(n),
-                "old_logps": torch.randn(n, completion_len),
-            }
-            if reference != "none":
-                batch["ref_logps"] = torch.randn(n, completion_len)
-            return batch
-        if objective == "ppo":
-            c = completion_len
-            return {
-                "query_responses": ids,
-                "old_logps": torch.randn(n, c),
-                "advantages": torch.randn(n, c),
-                "returns": torch.randn(n, c),
-                "values": torch.randn(n, c),
-                "padding_mask": torch.zeros(n, c, dtype=torch.bool),
-                "padding_mask_p1": torch.zeros(n, c, dtype=torch.bool),
-            }
-        if objective == "kto":
-            # every sample desirable: the worst batch for the metrics' copies (one label holds every row)
-            batch = {
-                "input_ids": ids,
-                "completion_mask": torch.ones(n, seq_len, dtype=torch.int64),
-                "kl_input_ids": torch.roll(ids, 1, dims=0),
-                "kl_completion_mask": torch.ones(n, seq_len, dtype=torch.int64),
-                "chosen_idx": torch.arange(n),
-                "rejected_idx": torch.zeros(0, dtype=torch.int64),
-            }
-            if reference == "precomputed":
-                batch["ref_logps"] = torch.randn(n)
-                batch["ref_kl_logps"] = torch.randn(n)
-            return batch
-        batch = {"input_ids": ids, "loss_mask": torch.ones(n, seq_len, dtype=torch.int64)}
-        if objective == "dpo" and reference == "precomputed":
-            batch["ref_chosen_logps"] = torch.randn(micro_batch_size)
-            batch["ref_rejected_logps"] = torch.randn(micro_batch_size)
-        return batch
-
-    def loss_module(step: torch.nn.Module) -> torch.nn.Module | None:
-        try:
-            return step.policy.get_output_embeddings()
-        except (AttributeError, NotImplementedError):
-            return None
-
-    def loss_fn(out: Any, _batch: Any) -> torch.Tensor:
-        return out
+        return _step_batch(
+            objective, reference, n=n, seq_len=seq_len, completion_len=completion_len, vocab=vocab,
+            pairs=micro_batch_size,
+        )  # fmt: skip
 
     with _real_mode_shims(True, notes), contextlib.ExitStack():
         return trace_training(
@@ -478,8 +525,8 @@ def trace_objective(
             optimizer_impl=optimizer_impl,
             steps=steps,
             gradient_checkpointing=gradient_checkpointing,
-            loss_module=loss_module,
-            loss_fn=loss_fn,
+            loss_module=_policy_head,
+            loss_fn=_output_is_loss,
             notes=notes,
             cast_model=False,
             **kwargs,

@@ -178,6 +178,221 @@ def _extract_loss(out: Any) -> torch.Tensor:
     return loss
 
 
+def _build_model(
+    model_factory: Callable[[], torch.nn.Module],
+    *,
+    fake: bool,
+    precision: str,
+    wdtype: torch.dtype,
+    cast_model: bool,
+    gradient_checkpointing: bool,
+    notes: list[str],
+) -> torch.nn.Module:
+    """``model_factory()`` in training mode: meta tensors made fake, cast to a 16-bit precision's dtype, with
+    HF gradient checkpointing on when asked (in the current mode)."""
+    model = model_factory()
+    if fake and any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
+        fakeify_meta(model)
+    fdts = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if cast_model and fdts and fdts != {wdtype} and precision in ("bf16", "fp16"):
+        cast_floating(model, wdtype)
+    elif fdts and precision.startswith("amp") and fdts != {torch.float32}:
+        notes.append(f"amp: model parameters are {sorted(map(str, fdts))}, not all fp32")
+    model.train()
+    if gradient_checkpointing:
+        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+            model, "gradient_checkpointing_enable", None
+        )
+        if enable is not None:
+            enable()  # HF default: torch.utils.checkpoint with use_reentrant=False, one checkpoint per layer
+        else:
+            notes.append(
+                "gradient_checkpointing requested but the model has no gradient_checkpointing_enable"
+            )
+    return model
+
+
+def _usable_impl(
+    optimizer: str,
+    optimizer_impl: str,
+    trainable: list[torch.nn.Parameter],
+    wdtype: torch.dtype,
+    lr: float,
+    fake: bool,
+    notes: list[str],
+) -> str:
+    """The optimizer implementation that runs here: ``optimizer_impl``, else the fallback (fused -> foreach ->
+    for-loop) after a probe step fails on a trainable dtype; "n/a" for optimizers without the choice."""
+    impl_used = optimizer_impl
+    if optimizer in ("adamw", "adam", "sgd", "sgd-momentum"):
+        tdts = sorted({p.dtype for p in trainable}, key=str) or [wdtype]
+        for dt in tdts:
+            err = _probe_optimizer(optimizer, impl_used, dt, lr)
+            if err is None:
+                continue
+            fallback = "foreach" if impl_used == "fused" else "for-loop"
+            notes.append(
+                f"optimizer_impl={impl_used} failed on {'fake ' if fake else ''}cpu {dt}: {err}; "
+                f"fell back to {fallback}"
+            )
+            impl_used = fallback
+            if _probe_optimizer(optimizer, impl_used, dt, lr) is not None and impl_used != "for-loop":
+                notes.append("foreach also failed; using for-loop")
+                impl_used = "for-loop"
+    elif optimizer_impl != "foreach":
+        notes.append(f"optimizer_impl ignored for {optimizer}")
+        impl_used = "n/a"
+    return impl_used
+
+
+def _role_hooks(
+    tracker: MemoryTracker,
+    model: torch.nn.Module,
+    trainable: list[torch.nn.Parameter],
+    loss_module: Callable[[torch.nn.Module], torch.nn.Module | None] | None,
+) -> list[Any]:
+    """Hooks that label each gradient as it is accumulated and, after ``loss_module(model)``'s forward, turn
+    the phase to "loss"."""
+    hooks: list[Any] = []
+    for p in trainable:
+        hooks.append(p.register_post_accumulate_grad_hook(lambda q: tracker.relabel(q.grad, "gradient")))
+    lm = loss_module(model) if loss_module is not None else None
+    if lm is not None:
+
+        def _to_loss(_m: Any, _a: Any, _o: Any) -> None:
+            if tracker.phase == "forward":
+                tracker.set_phase("loss")
+
+        hooks.append(lm.register_forward_hook(_to_loss))
+    return hooks
+
+
+def _train_step(
+    tracker: MemoryTracker,
+    model: torch.nn.Module,
+    input_factory: Callable[[], Any],
+    opt: torch.optim.Optimizer,
+    trainable: list[torch.nn.Parameter],
+    step: int,
+    *,
+    amp_dtype: torch.dtype | None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    output_lifetime: str,
+) -> None:
+    """One step, phase by phase: forward (and loss), backward, optimizer step, zero_grad; the model output
+    dies where ``output_lifetime`` says."""
+    tracker.set_phase("forward", step)
+    batch = input_factory()
+    tracker.relabel(_tensors_in(batch), "input")
+    with cuda_like_autocast(amp_dtype):
+        out = model(**batch) if isinstance(batch, dict) else model(*batch)
+    if loss_fn is not None:
+        tracker.set_phase("loss")
+        loss = loss_fn(out, batch)
+    else:
+        loss = _extract_loss(out)
+    if output_lifetime == "trainer":
+        del out
+    tracker.set_phase("backward")
+    loss.backward()
+    del loss
+    if output_lifetime == "backward":
+        del out
+    tracker.relabel([p.grad for p in trainable if p.grad is not None], "gradient")
+    tracker.set_phase("optimizer_step")
+    opt.step()
+    tracker.relabel(_tensors_in(list(opt.state.values())), "optimizer_state")
+    if output_lifetime == "step":
+        del out
+    tracker.set_phase("zero_grad")
+    opt.zero_grad(set_to_none=True)
+    del batch
+
+
+def _model_state_bytes(tracker: MemoryTracker, steps: int) -> dict[str, int]:
+    """Parameters, buffers, gradients and optimizer states just before the last step's zero_grad."""
+    state_seq = tracker.mark_seq(steps, "zero_grad")
+    model_state = tracker.by_role_at(state_seq - 1) if state_seq else {}
+    return {k: model_state.get(k, 0) for k in ("parameter", "buffer", "gradient", "optimizer_state")}
+
+
+def _summary_notes(
+    tracker: MemoryTracker,
+    sp: dict[str, Any],
+    by_role: dict[str, int],
+    optimizer: str,
+    impl_used: str,
+    amp_dtype: torch.dtype | None,
+    notes: list[str],
+) -> None:
+    """Add the notes on what the numbers include: a by-role check, storages first seen as op inputs, Adam's
+    step counters, autocast's CPU op lists."""
+    if sum(by_role.values()) != sp["bytes"]:
+        notes.append(f"internal: by_role sum {sum(by_role.values())} != peak {sp['bytes']}")
+    untracked = [r for r in tracker.records if r.op == "<untracked input>" and r.nbytes]
+    if untracked:
+        notes.append(
+            f"{len(untracked)} storages ({sum(r.nbytes for r in untracked)} B) were first seen as op inputs "
+            "(e.g. torch.tensor scalars); counted from first use"
+        )
+    if optimizer in ("adam", "adamw") and impl_used != "fused":
+        notes.append(
+            "Adam 'step' counters (4 B fp32 scalars per tensor) are counted as optimizer_state; on CUDA they"
+        )
+        notes[-1] += " live on the host unless fused/capturable"
+    if amp_dtype is not None:
+        notes.append(
+            "autocast traced with CPU autocast op lists, pow in fp32 as on CUDA (CUDA lists also differ "
+            "for norms/softmax/losses)"
+        )
+
+
+def _result(
+    tracker: MemoryTracker,
+    *,
+    n_params: int,
+    n_trainable: int,
+    model_state: dict[str, int],
+    impl_used: str,
+    optimizer: str,
+    amp_dtype: torch.dtype | None,
+    notes: list[str],
+    top_n: int,
+    timeline_points: int,
+    t0: float,
+) -> TraceResult:
+    """The traced run's summary: the steady-state peak (the largest of steps 2 on), step 1's, and the notes."""
+    steady_steps = [s for s in tracker.step_peaks if s >= 2] or [1]
+    s_best = max(steady_steps, key=lambda s: tracker.step_peaks[s]["bytes"])
+    sp = tracker.step_peaks[s_best]
+    s1 = tracker.step_peaks.get(1, sp)
+    by_role = tracker.by_role_at(sp["seq"])
+    _summary_notes(tracker, sp, by_role, optimizer, impl_used, amp_dtype, notes)
+    return TraceResult(
+        peak_bytes=sp["bytes"],
+        peak_phase=sp["phase"],
+        peak_step=s_best,
+        peak_op=sp["op"],
+        peak_module=sp["module"],
+        by_role={k: by_role.get(k, 0) for k in ROLES},
+        step1_peak_bytes=s1["bytes"],
+        step1_peak_phase=s1["phase"],
+        step1_peak_op=s1["op"],
+        timeline=tracker.timeline(timeline_points),
+        top=tracker.top_at(sp["seq"], top_n),
+        parameters=n_params,
+        trainable_parameters=n_trainable,
+        notes=notes,
+        phase_peaks={f"{s}/{p}": v for (s, p), v in tracker.phase_peaks.items() if p not in ("setup", "end")},
+        marks=tracker.marks,
+        model_state_bytes=model_state,
+        optimizer_impl_used=impl_used,
+        ops=tracker.op_count,
+        seconds=round(time.perf_counter() - t0, 3),
+        tracker=tracker,
+    )
+
+
 def trace_training(
     model_factory: Callable[[], torch.nn.Module],
     input_factory: Callable[[], Any],
@@ -219,155 +434,39 @@ def trace_training(
         raise ValueError("output_lifetime must be 'trainer', 'backward' or 'step'")
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode:
-        model = model_factory()
-        if fake and any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
-            fakeify_meta(model)
-        fdts = {p.dtype for p in model.parameters() if p.is_floating_point()}
-        if cast_model and fdts and fdts != {wdtype} and precision in ("bf16", "fp16"):
-            cast_floating(model, wdtype)
-        elif fdts and precision.startswith("amp") and fdts != {torch.float32}:
-            notes.append(f"amp: model parameters are {sorted(map(str, fdts))}, not all fp32")
-        model.train()
-        if gradient_checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-                model, "gradient_checkpointing_enable", None
-            )
-            if enable is not None:
-                enable()  # HF default: torch.utils.checkpoint with use_reentrant=False, one checkpoint per layer
-            else:
-                notes.append(
-                    "gradient_checkpointing requested but the model has no gradient_checkpointing_enable"
-                )
+        model = _build_model(
+            model_factory, fake=fake, precision=precision, wdtype=wdtype, cast_model=cast_model,
+            gradient_checkpointing=gradient_checkpointing, notes=notes,
+        )  # fmt: skip
         params = list(dict.fromkeys(model.parameters()))
         trainable = [p for p in params if p.requires_grad]
         n_params = sum(p.numel() for p in params)
         n_trainable = sum(p.numel() for p in trainable)
-
-        impl_used = optimizer_impl
-        if optimizer in ("adamw", "adam", "sgd", "sgd-momentum"):
-            tdts = sorted({p.dtype for p in trainable}, key=str) or [wdtype]
-            for dt in tdts:
-                err = _probe_optimizer(optimizer, impl_used, dt, lr)
-                if err is None:
-                    continue
-                fallback = "foreach" if impl_used == "fused" else "for-loop"
-                notes.append(
-                    f"optimizer_impl={impl_used} failed on {'fake ' if fake else ''}cpu {dt}: {err}; "
-                    f"fell back to {fallback}"
-                )
-                impl_used = fallback
-                if _probe_optimizer(optimizer, impl_used, dt, lr) is not None and impl_used != "for-loop":
-                    notes.append("foreach also failed; using for-loop")
-                    impl_used = "for-loop"
-        elif optimizer_impl != "foreach":
-            notes.append(f"optimizer_impl ignored for {optimizer}")
-            impl_used = "n/a"
+        impl_used = _usable_impl(optimizer, optimizer_impl, trainable, wdtype, lr, fake, notes)
         opt = _make_optimizer(
             optimizer, impl_used if impl_used != "n/a" else "foreach", param_groups(trainable), lr
         )
-
         tracker = MemoryTracker(model, mark_saved=mark_saved, progress=progress)
-        hooks: list[Any] = []
-        for p in trainable:
-            hooks.append(p.register_post_accumulate_grad_hook(lambda q: tracker.relabel(q.grad, "gradient")))
-        lm = loss_module(model) if loss_module is not None else None
-        if lm is not None:
-
-            def _to_loss(_m: Any, _a: Any, _o: Any) -> None:
-                if tracker.phase == "forward":
-                    tracker.set_phase("loss")
-
-            hooks.append(lm.register_forward_hook(_to_loss))
-
-        def autocast() -> contextlib.AbstractContextManager[None]:
-            return cuda_like_autocast(amp_dtype)
-
+        hooks = _role_hooks(tracker, model, trainable, loss_module)
         try:
             with tracker, instrument(tracker) if instrument else contextlib.nullcontext():
                 tracker.register(params, "parameter")
                 tracker.register(list(model.buffers()), "buffer")
                 for step in range(1, steps + 1):
-                    tracker.set_phase("forward", step)
-                    batch = input_factory()
-                    tracker.relabel(_tensors_in(batch), "input")
-                    with autocast():
-                        out = model(**batch) if isinstance(batch, dict) else model(*batch)
-                    if loss_fn is not None:
-                        tracker.set_phase("loss")
-                        loss = loss_fn(out, batch)
-                    else:
-                        loss = _extract_loss(out)
-                    if output_lifetime == "trainer":
-                        del out
-                    tracker.set_phase("backward")
-                    loss.backward()
-                    del loss
-                    if output_lifetime == "backward":
-                        del out
-                    tracker.relabel([p.grad for p in trainable if p.grad is not None], "gradient")
-                    tracker.set_phase("optimizer_step")
-                    opt.step()
-                    tracker.relabel(_tensors_in(list(opt.state.values())), "optimizer_state")
-                    if output_lifetime == "step":
-                        del out
-                    tracker.set_phase("zero_grad")
-                    opt.zero_grad(set_to_none=True)
-                    del batch
+                    _train_step(
+                        tracker, model, input_factory, opt, trainable, step,
+                        amp_dtype=amp_dtype, loss_fn=loss_fn, output_lifetime=output_lifetime,
+                    )  # fmt: skip
                 tracker.set_phase("end")
         finally:
             for h in hooks:
                 h.remove()
-        state_seq = tracker.mark_seq(steps, "zero_grad")
-        model_state = tracker.by_role_at(state_seq - 1) if state_seq else {}
-        model_state = {
-            k: model_state.get(k, 0) for k in ("parameter", "buffer", "gradient", "optimizer_state")
-        }
+        model_state = _model_state_bytes(tracker, steps)
         tracker.close()
         del opt, model, params, trainable
 
-    steady_steps = [s for s in tracker.step_peaks if s >= 2] or [1]
-    s_best = max(steady_steps, key=lambda s: tracker.step_peaks[s]["bytes"])
-    sp = tracker.step_peaks[s_best]
-    s1 = tracker.step_peaks.get(1, sp)
-    by_role = tracker.by_role_at(sp["seq"])
-    if sum(by_role.values()) != sp["bytes"]:
-        notes.append(f"internal: by_role sum {sum(by_role.values())} != peak {sp['bytes']}")
-    untracked = [r for r in tracker.records if r.op == "<untracked input>" and r.nbytes]
-    if untracked:
-        notes.append(
-            f"{len(untracked)} storages ({sum(r.nbytes for r in untracked)} B) were first seen as op inputs "
-            "(e.g. torch.tensor scalars); counted from first use"
-        )
-    if optimizer in ("adam", "adamw") and impl_used != "fused":
-        notes.append(
-            "Adam 'step' counters (4 B fp32 scalars per tensor) are counted as optimizer_state; on CUDA they"
-        )
-        notes[-1] += " live on the host unless fused/capturable"
-    if amp_dtype is not None:
-        notes.append(
-            "autocast traced with CPU autocast op lists, pow in fp32 as on CUDA (CUDA lists also differ "
-            "for norms/softmax/losses)"
-        )
-    return TraceResult(
-        peak_bytes=sp["bytes"],
-        peak_phase=sp["phase"],
-        peak_step=s_best,
-        peak_op=sp["op"],
-        peak_module=sp["module"],
-        by_role={k: by_role.get(k, 0) for k in ROLES},
-        step1_peak_bytes=s1["bytes"],
-        step1_peak_phase=s1["phase"],
-        step1_peak_op=s1["op"],
-        timeline=tracker.timeline(timeline_points),
-        top=tracker.top_at(sp["seq"], top_n),
-        parameters=n_params,
-        trainable_parameters=n_trainable,
-        notes=notes,
-        phase_peaks={f"{s}/{p}": v for (s, p), v in tracker.phase_peaks.items() if p not in ("setup", "end")},
-        marks=tracker.marks,
-        model_state_bytes=model_state,
-        optimizer_impl_used=impl_used,
-        ops=tracker.op_count,
-        seconds=round(time.perf_counter() - t0, 3),
-        tracker=tracker,
-    )
+    return _result(
+        tracker, n_params=n_params, n_trainable=n_trainable, model_state=model_state, impl_used=impl_used,
+        optimizer=optimizer, amp_dtype=amp_dtype, notes=notes, top_n=top_n, timeline_points=timeline_points,
+        t0=t0,
+    )  # fmt: skip
