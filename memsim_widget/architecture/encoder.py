@@ -17,7 +17,7 @@ from memsim_widget.architecture.layers import activation_label, embedding_param,
 from memsim_widget.architecture.types import Architecture, ParamGroup
 from memsim_widget.errors import ScenarioError
 
-#: How a BERT-style encoder's forward differs from a pre-norm decoder's (engine/activations.py reads these): the
+#: How a BERT-style encoder's forward differs from a pre-norm decoder's (engine/activations/ reads these): the
 #: Linear reading the attention block's norm, post-norm blocks, the embeddings' LayerNorm, the MLM head's dense ->
 #: gelu -> LayerNorm, a softmax in the compute dtype under eager attention, and a cross-entropy on the logits as they
 #: are (no fp32 upcast outside autocast).

@@ -1,11 +1,11 @@
 """Hybrid stacks (Jamba): attention layers and Mamba layers in one model, each with its norms and MLP.
 
-The layers are averaged over the stack, as the MoE parts are (engine/activations.py ``_mlp_parts``): the norms and
+The layers are averaged over the stack, as the MoE parts are (engine/activations/mlp.py): the norms and
 the MLPs of every layer come from the HF rules run on the model seen without its state-space layers (every layer an
 attention layer, ``arch.extra["mlp_parts"]`` weighing dense and MoE MLPs); the attention terms are then scaled by
 the share of attention layers, and the Mamba mixer's own terms are added for the share of Mamba layers. The sum over
 the layers is exact when each layer kind saves the same at every depth (no LoRA, no checkpointing: the state-space
-refusals of engine/activations.py apply).
+refusals of engine/activations/refusals.py apply).
 
 Jamba's mixer (``JambaMambaMixer``, transformers 5.24) is Mamba v1's with three weight-only RMSNorms on x_proj's
 outputs (dt, B, C) and dt_proj applied as ``dt_proj.weight @ dt`` (the bias goes into the scan); it calls
@@ -24,7 +24,8 @@ import dataclasses
 from collections.abc import Callable
 
 from memsim_widget.architecture.types import Architecture
-from memsim_widget.engine.activations import SCAN_CHUNK, ActivationBudget, Term, ssm_kernel
+from memsim_widget.engine.activations import ActivationBudget, Term
+from memsim_widget.engine.activations.ssm import SCAN_CHUNK, ssm_kernel
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
 
@@ -180,7 +181,7 @@ def jamba_mixer(ctx: Context, ssm: dict) -> tuple[list[Term], Term]:
             5,
         )
         return terms, backward
-    # transformers' torch path (traced): as Mamba's (engine/activations.py _ssm_mixer) less x_proj's output (read
+    # transformers' torch path (traced): as Mamba's (engine/activations/ssm.py) less x_proj's output (read
     # through the norms' fp32 copies, and in fp32 counted as their inputs), plus the norms; the C norm's output is
     # kept by the scan's per-step matmuls, the B norm's by its fp32 upcast (the same tensor in fp32: counted there)
     norms += ec * T * N

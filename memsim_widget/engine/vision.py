@@ -1,7 +1,7 @@
 """The vision side of a multimodal model (CLIP, LLaVA, Gemma 3): what its tower and projector save for backward.
 
 The tower is an Architecture of its own (``arch.extra["vision"]["tower"]``, architecture/vision.py); its layers go
-through the same HF rules as any encoder (engine/activations.py ``_hf``), run on a context whose micro-batch is
+through the same HF rules as any encoder (engine/activations/hf.py), run on a context whose micro-batch is
 the step's images (b x images_per_sample) and whose sequence is the tower's (patches + CLS). The totals land in
 the language model's ``pre`` terms: they are made before its first layer and live until the tower's backward,
 which runs last. Rules (each held to a fake-tensor trace, docs/fidelity.md):
@@ -12,13 +12,13 @@ which runs last. Rules (each held to a fake-tensor trace, docs/fidelity.md):
   (LLaVA's ``vision_feature_layer`` -2: the last layer runs, and what it saved lives only as long as the model
   output, which holds the tower's output: through the loss, freed before backward by HF Trainer), plus ``pre_layrnorm``'s input and, under autocast, the patch conv's
   16-bit pixel copy;
-- LoRA adapters in an unfrozen tower follow the LoRA rules of ``_hf`` (layer 0's first norm saves nothing);
+- LoRA adapters in an unfrozen tower follow the HF LoRA rules (layer 0's first norm saves nothing);
 - LLaVA's projector (linear_1 -> gelu -> linear_2) trains with the language model under full training: linear_1
   keeps the selected hidden state (a view of the tower's whole hidden state, CLS row included), gelu its input
   and linear_2 its input, at the image tokens;
 - Gemma 3's projector (average pool to ``mm_tokens_per_image``, Gemma RMSNorm, projection) saves the norm's fp32
   tensors and the projection's input when it trains, the norm's fp32 input when only the tower has adapters;
-  its language model gets a mask in every layer (token_type_ids; engine/activations.py);
+  its language model gets a mask in every layer (token_type_ids; engine/activations/attention.py);
 - CLIP's contrastive head (pooled rows, projections, b x b logits) is a few b x h tensors.
 
 Known misses: the tower's own backward transients (the language model's, computed first, are larger in every
@@ -86,124 +86,151 @@ def vision_activations(
     T = bi * tower.fixed_seq_len
     h = tower.hidden_size
     if trained or adapters:
-        tb = hf(sub)
-        used = v["layers_used"]
-        if sc.activation_checkpointing == "full":
-            kept = tb.checkpointed_layer
-            what = "checkpointed inputs"
-        else:
-            kept = tb.per_layer
-            what = "saved tensors"
-        per = sum(t.bytes for t in kept)
-        first = sum(t.first_bytes for t in kept if t.skip_first) if kept is tb.per_layer else 0
-        nbytes = per * used - first
-        out.pre.append(
-            Term(
-                f"vision tower: {what} of {used} layers"
-                + ("" if trained else " (LoRA adapters, frozen base)"),
-                nbytes,
-                f"{used} layers x {fmt_int(per)} B (images={bi}, T={fmt_int(T)} tokens, h={h})"
-                + (f" - {fmt_int(first)} B not held by layer 0" if first else ""),
-                used * sum(t.tensors for t in kept),
-            )
-        )
-        unused = tower.num_layers - used
-        if unused:
-            # the layers past the one read: their output is unused, but the model output holds the tower's output
-            # (``image_outputs``), so what they saved lives while the model output does -- through the loss, and
-            # with output_lifetime "backward"/"step" beyond (traced)
-            t = Term(
-                f"vision tower: saved tensors of the {unused} layer(s) past vision_feature_layer (held by the "
-                "model output's image_outputs)",
-                per * unused,
-                f"{unused} x {fmt_int(per)} B",
-                unused * sum(x.tensors for x in kept),
-            )
-            out.loss_forward.append(t)
-            if output_lifetime(sc) != "trainer":
-                out.output_logits.append(t)
-        if (
-            trained
-        ):  # CLIP's pre_layrnorm on the embeddings, SigLIP's post_layernorm: (b, s, h) input, mean, rstd
-            out.pre.append(
-                Term(
-                    f"vision tower: {'post_layernorm' if v['kind'] == 'gemma3' else 'pre_layrnorm'} input, mean and rstd",
-                    r * T * h + 8 * T,
-                    f"{r} B x T x h + 8 B x T",
-                    3,
-                )
-            )
-    # ----- LLaVA's projector ----------------------------------------------------------------------------------
+        _tower(ctx, out, hf(sub), T, trained, r)
     else:
-        # a frozen tower saves nothing, but the model output keeps the tower's output (``image_outputs``): LLaVA's
-        # last hidden state and the one the projector read, Gemma 3's last one (traced: the earlier hidden states
-        # are gone by the loss) -- alive through the loss, and with output_lifetime "backward"/"step" beyond (the
-        # projector's input, saved when it trains, is counted with the projector)
-        n_hs = (1 if full else 2) if v["kind"] == "llava" else 1
-        if v["kind"] not in ("clip", "llama4") and n_hs > 0:  # Llama 4: engine/llama4_vision.py
-            t = Term(
-                "vision tower hidden states held by the model output (image_outputs)",
-                n_hs * r * T * h,
-                f"{n_hs} x {r} B x images x {tower.fixed_seq_len} x {h}",
-                n_hs,
-            )
-            out.loss_forward.append(t)
-            if output_lifetime(sc) != "trainer":
-                out.output_logits.append(t)
+        _frozen_tower_outputs(ctx, out, T, r)
     pj = v.get("projector")
-    if v["kind"] == "llama4":  # pixel-shuffle adapter and one-Linear projector (formula, not traced)
+    if v["kind"] == "llama4":  # pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
         from memsim_widget.engine.llama4_vision import llama4_adapter_terms
 
         llama4_adapter_terms(ctx, out, trained=trained)
     elif pj and v["kind"] == "gemma3":
         _gemma3_projector(ctx, out, bi * v["tokens_per_image"], pj, trained or adapters, amp, ec)
     elif pj:
-        N = bi * v["tokens_per_image"]
-        rows_all = bi * tower.fixed_seq_len  # the hidden state the selected rows are a view of
-        hv, ht = pj["in"], pj["hidden"]
-        pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector"}
-        if full:
-            add_amp = 2 * N * hv if amp else 0
-            w = hv * ht + ht * ht
-            out.pre.append(
-                Term(
-                    "projector: linear_1 input (the tower's hidden state it views), gelu input, linear_2 input"
-                    + (", autocast copies of its input and weights" if amp else ""),
-                    (pb if amp else ec) * rows_all * hv + 2 * ec * N * ht + add_amp + (2 * w if amp else 0),
-                    f"{pb if amp else ec} B x {fmt_int(rows_all)} x {hv} + 2 x {ec} B x N x {ht}, N={fmt_int(N)} image tokens"
-                    + (f" + 2 B x N x {hv} + 2 B x {fmt_int(w)} weights" if amp else ""),
-                    3 + (3 if amp else 0),
-                )
-            )
-        elif pj_targets or adapters:
-            ab = ctx.adapter_bytes
-            rank = sc.lora.rank
-            n1 = "linear_1" in pj_targets
-            n2 = "linear_2" in pj_targets
-            cb = 2 if amp else ab
-            nbytes = (cb * N * hv + ab * N * rank if n1 else 0) + (cb * N * ht + ab * N * rank if n2 else 0)
-            nbytes += ec * N * ht  # gelu's input (linear_1's output needs a gradient through an adapter)
-            out.pre.append(
-                Term(
-                    "projector: LoRA input copies and A outputs, gelu input",
-                    nbytes,
-                    f"adapters on {sorted(pj_targets)}: {cb} B x N x width + {ab} B x N x rank; {ec} B x N x {ht}",
-                    3,
-                )
-            )
-    # ----- CLIP's contrastive head --------------------------------------------------------------------------
+        _llava_projector(ctx, out, bi, pj, adapters, amp, pb)
     if v["kind"] == "clip":
-        ht = ctx.arch.hidden_size
-        proj = ctx.arch.extra["projection_dim"]
-        nb = (r * b * h + 8 * b if trained else 0) + ec * b * (h + ht) + 3 * ec * b * proj + 3 * 4 * b * b
-        out.post.append(
+        _clip_head(ctx, out, trained, r, h)
+
+
+def _tower(ctx: Context, out: ActivationBudget, tb: ActivationBudget, T: int, trained: bool, r: int) -> None:
+    """A tower with a gradient (trained, or LoRA adapters in it): what the layers whose output is used save (``tb``,
+    the HF rules run on the tower), what the layers past the one read keep, and the trained tower's edge norm."""
+    v = ctx.arch.extra["vision"]
+    tower, sc = v["tower"], ctx.scenario
+    bi, h = sc.micro_batch_size * ctx.images_per_sample, tower.hidden_size
+    used = v["layers_used"]
+    if sc.activation_checkpointing == "full":
+        kept = tb.checkpointed_layer
+        what = "checkpointed inputs"
+    else:
+        kept = tb.per_layer
+        what = "saved tensors"
+    per = sum(t.bytes for t in kept)
+    first = sum(t.first_bytes for t in kept if t.skip_first) if kept is tb.per_layer else 0
+    nbytes = per * used - first
+    out.pre.append(
+        Term(
+            f"vision tower: {what} of {used} layers" + ("" if trained else " (LoRA adapters, frozen base)"),
+            nbytes,
+            f"{used} layers x {fmt_int(per)} B (images={bi}, T={fmt_int(T)} tokens, h={h})"
+            + (f" - {fmt_int(first)} B not held by layer 0" if first else ""),
+            used * sum(t.tensors for t in kept),
+        )
+    )
+    unused = tower.num_layers - used
+    if unused:
+        # the layers past the one read: their output is unused, but the model output holds the tower's output
+        # (``image_outputs``), so what they saved lives while the model output does -- through the loss, and
+        # with output_lifetime "backward"/"step" beyond (traced)
+        t = Term(
+            f"vision tower: saved tensors of the {unused} layer(s) past vision_feature_layer (held by the "
+            "model output's image_outputs)",
+            per * unused,
+            f"{unused} x {fmt_int(per)} B",
+            unused * sum(x.tensors for x in kept),
+        )
+        out.loss_forward.append(t)
+        if output_lifetime(sc) != "trainer":
+            out.output_logits.append(t)
+    if trained:  # CLIP's pre_layrnorm on the embeddings, SigLIP's post_layernorm: (b, s, h) input, mean, rstd
+        out.pre.append(
             Term(
-                "contrastive head: post_layernorm, projections' inputs, normalised embeddings, b x b logits",
-                nb,
-                f"a few {ec} B x b x (h_v + h_t + proj) rows and 4 B x b x b, b={b}",
-                8,
+                f"vision tower: {'post_layernorm' if v['kind'] == 'gemma3' else 'pre_layrnorm'} input, mean and rstd",
+                r * T * h + 8 * T,
+                f"{r} B x T x h + 8 B x T",
+                3,
             )
         )
+
+
+def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -> None:
+    """A frozen tower saves nothing, but the model output keeps its output (``image_outputs``)."""
+    v = ctx.arch.extra["vision"]
+    tower, sc, full = v["tower"], ctx.scenario, ctx.full_training
+    h = tower.hidden_size
+    # a frozen tower saves nothing, but the model output keeps the tower's output (``image_outputs``): LLaVA's
+    # last hidden state and the one the projector read, Gemma 3's last one (traced: the earlier hidden states
+    # are gone by the loss) -- alive through the loss, and with output_lifetime "backward"/"step" beyond (the
+    # projector's input, saved when it trains, is counted with the projector)
+    n_hs = (1 if full else 2) if v["kind"] == "llava" else 1
+    if v["kind"] not in ("clip", "llama4") and n_hs > 0:  # Llama 4: engine/llama4_vision.py
+        t = Term(
+            "vision tower hidden states held by the model output (image_outputs)",
+            n_hs * r * T * h,
+            f"{n_hs} x {r} B x images x {tower.fixed_seq_len} x {h}",
+            n_hs,
+        )
+        out.loss_forward.append(t)
+        if output_lifetime(sc) != "trainer":
+            out.output_logits.append(t)
+
+
+def _llava_projector(
+    ctx: Context, out: ActivationBudget, bi: int, pj: dict, adapters: bool, amp: bool, pb: int
+) -> None:
+    """LLaVA's projector (linear_1 -> gelu -> linear_2) at the image tokens: trained with the language model, or
+    LoRA adapters on it or in the tower."""
+    v = ctx.arch.extra["vision"]
+    tower, sc, full, ec = v["tower"], ctx.scenario, ctx.full_training, ctx.recipe.act_bytes
+    N = bi * v["tokens_per_image"]
+    rows_all = bi * tower.fixed_seq_len  # the hidden state the selected rows are a view of
+    hv, ht = pj["in"], pj["hidden"]
+    pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector"}
+    if full:
+        add_amp = 2 * N * hv if amp else 0
+        w = hv * ht + ht * ht
+        out.pre.append(
+            Term(
+                "projector: linear_1 input (the tower's hidden state it views), gelu input, linear_2 input"
+                + (", autocast copies of its input and weights" if amp else ""),
+                (pb if amp else ec) * rows_all * hv + 2 * ec * N * ht + add_amp + (2 * w if amp else 0),
+                f"{pb if amp else ec} B x {fmt_int(rows_all)} x {hv} + 2 x {ec} B x N x {ht}, N={fmt_int(N)} image tokens"
+                + (f" + 2 B x N x {hv} + 2 B x {fmt_int(w)} weights" if amp else ""),
+                3 + (3 if amp else 0),
+            )
+        )
+    elif pj_targets or adapters:
+        ab = ctx.adapter_bytes
+        rank = sc.lora.rank
+        n1 = "linear_1" in pj_targets
+        n2 = "linear_2" in pj_targets
+        cb = 2 if amp else ab
+        nbytes = (cb * N * hv + ab * N * rank if n1 else 0) + (cb * N * ht + ab * N * rank if n2 else 0)
+        nbytes += ec * N * ht  # gelu's input (linear_1's output needs a gradient through an adapter)
+        out.pre.append(
+            Term(
+                "projector: LoRA input copies and A outputs, gelu input",
+                nbytes,
+                f"adapters on {sorted(pj_targets)}: {cb} B x N x width + {ab} B x N x rank; {ec} B x N x {ht}",
+                3,
+            )
+        )
+
+
+def _clip_head(ctx: Context, out: ActivationBudget, trained: bool, r: int, h: int) -> None:
+    """CLIP's contrastive head: pooled rows, projections, normalised embeddings and the b x b logits."""
+    b, ec = ctx.scenario.micro_batch_size, ctx.recipe.act_bytes
+    ht = ctx.arch.hidden_size
+    proj = ctx.arch.extra["projection_dim"]
+    nb = (r * b * h + 8 * b if trained else 0) + ec * b * (h + ht) + 3 * ec * b * proj + 3 * 4 * b * b
+    out.post.append(
+        Term(
+            "contrastive head: post_layernorm, projections' inputs, normalised embeddings, b x b logits",
+            nb,
+            f"a few {ec} B x b x (h_v + h_t + proj) rows and 4 B x b x b, b={b}",
+            8,
+        )
+    )
 
 
 def _gemma3_projector(

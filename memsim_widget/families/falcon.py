@@ -186,7 +186,7 @@ def build_falcon(cfg: Mapping[str, Any]) -> Architecture:
             "alibi": alibi,
             "bias": bias,
             "qkv_kv_heads": kv,
-            # activation rules (engine/activations.py)
+            # activation rules (engine/activations/)
             "parallel_attn_mlp": parallel and norms == 1,
             "norm_inputs": 1 if parallel else norms,
             "residual_dropout_masks": masks,

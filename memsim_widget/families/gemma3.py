@@ -18,7 +18,7 @@ kind has its own RoPE base (``rope_parameters`` per layer type, or the older ``r
 ``rope_local_base_freq`` for sliding ones), so the model computes one cos/sin pair per kind. Unlike Gemma 2,
 transformers runs Gemma 3 with SDPA and never passes ``attn_logit_softcapping`` to the attention (the key is
 read but has no effect); ``final_logit_softcapping`` (default null) caps the logits with a tanh. On sliding layers at
-s >= ``sliding_window`` transformers passes a mask to SDPA, with k and v repeated to all heads (engine/activations.py).
+s >= ``sliding_window`` transformers passes a mask to SDPA, with k and v repeated to all heads (engine/activations/attention.py).
 ``use_bidirectional_attention`` (EmbeddingGemma) is refused: it masks every layer and halves the window.
 
 A ``gemma3`` config is ``Gemma3ForConditionalGeneration``: SigLIP vision tower, projector, and the language model
@@ -171,7 +171,7 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
     ``gemma3_text`` builds it (``model.language_model.``, its lm_head tied by default). The model applies no final
     logit softcapping (``Gemma3ForConditionalGeneration`` never reads it). Trained as Gemma 3's processor feeds it,
     with ``token_type_ids``: image tokens attend to each other both ways, so every layer gets an explicit mask
-    (engine/activations.py: SDPA keeps the additive mask and k, v repeated to all heads, per layer)."""
+    (engine/activations/attention.py: SDPA keeps the additive mask and k, v repeated to all heads, per layer)."""
 
     d = GEMMA3_VLM_DEFAULTS
     text_cfg, vision_cfg = sub_config(cfg, "text_config"), sub_config(cfg, "vision_config")

@@ -118,7 +118,7 @@ def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
             "partial_rotary_factor": pct,
             "rotary_dim": rotary,
             "parallel_residual": parallel,
-            # activation rules (engine/activations.py): both norms read the layer input under the parallel
+            # activation rules (engine/activations/norms.py): both norms read the layer input under the parallel
             # residual; q comes out of torch.cat (partial rotary), so SDPA's output is copied for ``dense``
             "norm_inputs": 1 if parallel else 2,
             "sdpa_output_copy": True,

@@ -12,7 +12,7 @@ Parameter tensors (``backbone.layers.*.`` per layer; I = int(expand x h), N = st
 MambaConfig always sets ``intermediate_size = int(expand x hidden_size)`` (a config's own ``intermediate_size``
 is overwritten), as read here. No attention and no MLP: each block is RMSNorm -> mixer -> residual, the residual
 kept in fp32 when ``residual_in_fp32`` (default). What the mixer saves depends on the kernel (``ssm_kernel``,
-engine/activations.py ``_mamba_mixer``).
+engine/activations/ssm.py ``ssm_mixer``).
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def build_modernbert(cfg: Mapping[str, Any]) -> Architecture:
             "rope_kinds": len(set(kinds)),  # one cos/sin pair per layer kind
             "layer_types": tuple(kinds),
             "sliding_layers": kinds.count("sliding_attention"),
-            "sdpa_sliding_mask": "local",  # one converted mask saved per local layer (engine/activations.py)
+            "sdpa_sliding_mask": "local",  # one converted mask saved per local layer (engine/activations/attention.py)
             "local_attention": window,
             "sliding_window": window // 2,
             "rope_theta": rope_thetas(cfg),

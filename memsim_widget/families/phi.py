@@ -114,7 +114,7 @@ def build_phi(cfg: Mapping[str, Any]) -> Architecture:
             "partial_rotary_factor": pct,
             "rotary_dim": int(hd * pct),
             "qk_layernorm": qk_ln,
-            # activation rules (engine/activations.py): q, k, v and fc1 read the one norm's output; q comes
+            # activation rules (engine/activations/norms.py): q, k, v and fc1 read the one norm's output; q comes
             # out of torch.cat (partial rotary), so SDPA's output is copied for ``dense``
             "parallel_attn_mlp": True,
             "sdpa_output_copy": True,

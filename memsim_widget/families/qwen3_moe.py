@@ -135,7 +135,7 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
             "rope_theta": read_rope_theta(cfg, d_["rope_theta"]),
             "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
-            "qk_norm": "head",  # q_norm / k_norm: one RMSNorm per head over d (engine/activations.py)
+            "qk_norm": "head",  # q_norm / k_norm: one RMSNorm per head over d (engine/activations/norms.py)
             "mlp_parts": tuple(parts),
             "moe_layers": n_moe,
             "dense_intermediate_size": inter,

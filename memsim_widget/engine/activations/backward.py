@@ -1,0 +1,143 @@
+"""Backward transients: what one layer's backward allocates beside the saved tensors (the attention's softmax
+gradients, the MLP's activation gradients, flash attention's dq accumulator, QLoRA's dequantised weight) and the
+final norm's backward at the top of the stack.
+
+Checked on traces (docs/fidelity.md): in the MLP's backward the layer holds the gradient of the product and the
+two gradients the product's backward makes (d act(gate), d up), each T x I, while the down-projection input, if it
+was saved, has just been released; plus the residual gradient. Under checkpointing the same happens inside the
+recomputed layer. The final RMSNorm's backward works in fp32: about 24 B x T x h at the top of backward.
+"""
+
+from __future__ import annotations
+
+from memsim_widget.engine.activations.budget import Term
+from memsim_widget.engine.activations.layer import HFLayer
+from memsim_widget.engine.activations.linears import MLP_OUT
+from memsim_widget.engine.activations.mlp import parallel_mlp
+from memsim_widget.engine.activations.ssm import ssm_backward
+from memsim_widget.engine.items import fmt_int
+
+
+def backward_transients(st: HFLayer) -> None:
+    """The attention's backward transients, then the layer's and the top's."""
+    attention_backward(st)
+    layer_backward(st)
+
+
+def attention_backward(st: HFLayer) -> None:
+    """While the attention runs backward: eager/math softmax gradients (less what the layer has released), T5's
+    decoder softmax backward, sequence parallel's all-gather of the output gradient."""
+    arch, sc, D, out, L, ec, r, eager = st.arch, st.sc, st.D, st.out, st.L, st.ec, st.r, st.eager
+    T, h, b, s, hq, hkv, a_loc = D.T, D.h, D.b, D.s, D.hq, D.hkv, D.a
+    softmax_fp32, t5_sm, ao_from, ao_to = st.softmax_fp32, st.t5_sm, st.ao_from, st.ao_to
+    mlp_from, mlp_to = st.mlp_from, st.mlp_to
+    if eager and sc.activation_checkpointing != "selective":
+        # softmax backward: the gradient of the probabilities and of the scores, s x s per head (measured:
+        # about 6 B x b a s^2 in bf16 with the fp32 softmax)
+        sm_b = 4 if softmax_fp32 else ec
+        tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full
+        # by then o_proj's input is released and, in a sequential block, the MLP has run its backward: what they
+        # saved is gone (every saved tensor of the layer is still counted at this moment). A parallel MLP (NeoX,
+        # Phi, Cohere) runs its backward after the attention's, so its tensors are still there (traced)
+        mlp_done = L[mlp_from:mlp_to] if not parallel_mlp(arch) else []
+        freed = sum(t.bytes for t in L[ao_from:ao_to] + mlp_done)
+        out.attention_backward.append(
+            Term(
+                "attention softmax backward (s x s gradients), less the layer's MLP and o_proj input freed",
+                max(tau_attn - freed, 0),
+                f"({sm_b} + {ec}) B x b x a x s x s - {fmt_int(freed)} B",
+                2,
+            )
+        )
+    if t5_sm[0] and sc.activation_checkpointing != "selective":
+        # T5's math-path softmax backward in the last decoder block (the first one differentiated): the fp32
+        # gradients of the probabilities and scores, while its feed-forward has released what it saved
+        out.attention_backward.append(
+            Term("T5 decoder self-attention softmax backward (math SDPA)", max(t5_sm[0], 0), t5_sm[1], 2)
+        )
+    math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
+    if math_sdpa and sc.activation_checkpointing != "selective":
+        # the math fallback's softmax backward: fp32 gradients of the probabilities and of the scores, while the
+        # layer's MLP and out-projection (run after attention, so differentiated first) have released what they
+        # saved, and the gradients of the layer output, of the MLP's input, of dense's input and of the expanded
+        # v are alive (traced)
+        freed = sum(
+            t.bytes
+            for t in L
+            if t.name.startswith(
+                ("MLP activation internals", "MLP down-projection input", "attention output")
+            )
+        )
+        held = r * T * h + ec * T * h + ec * T * hq + 4 * T * (hq if b > 1 else hkv)
+        sm_bytes = 8 * b * a_loc * s * D.s_full
+        out.attention_backward.append(
+            Term(
+                "math SDPA softmax backward (fp32 s x s gradients), less the layer's released MLP tensors",
+                max(sm_bytes + held - freed, 0),
+                f"(4 + 4) B x b x a x s x s + {fmt_int(held)} B of gradients - {fmt_int(freed)} B released",
+                2,
+            )
+        )
+    if D.sp:
+        # the backward of a sequence-parallel block starts by all-gathering its output gradient (Shard(1) ->
+        # Replicate): the collective's output, its wait and the (b, s, h) cat live together (traced). Kept
+        # beside the eager softmax terms (a different instant: the sum errs high).
+        out.attention_backward.append(
+            Term(
+                "sequence-parallel all-gather of the block's output gradient",
+                3 * ec * T * h,
+                f"3 x {ec} B x T x h (gather, wait, cat)",
+                3,
+            )
+        )
+
+
+def layer_backward(st: HFLayer) -> None:
+    """While one layer runs backward (its activation gradients, kernel scratch, QLoRA's dequantised weight) and
+    the final norm's backward."""
+    arch, sc, D, out, ec, r, eager = st.arch, st.sc, st.D, st.out, st.ec, st.r, st.eager
+    T, Tout, h, hq = D.T, D.Tout, D.h, D.hq
+    full, modules, targets, Tm, I, t5_sm = st.full, st.modules, st.targets, st.Tm, st.I, st.t5_sm
+    math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
+    down_saved = bool(full or (MLP_OUT & modules & targets))
+    n_ti = (3 if arch.mlp_activation in ("swiglu", "geglu") else 2) - (1 if down_saved else 0)
+    if arch.mlp_activation == "gelu_tanh" and arch.extra.get("parallel_attn_mlp"):
+        n_ti += 1  # Phi: gelu_new's pointwise chain holds one more T x I gradient in its backward (traced)
+    if arch.mlp_activation == "quick_gelu":
+        n_ti += 1  # CLIP: x * sigmoid(1.702 x) -- the product's two input gradients beside fc2's (traced)
+    out.layer_backward.append(
+        Term(
+            "activation gradients of the layer in backward",
+            n_ti * ec * Tm * I + r * T * h,
+            f"{n_ti} x {ec} B x T x I + {r} B x T x h",
+            n_ti + 1,
+        )
+    )
+    if arch.norm == "rmsnorm":
+        out.top_backward.append(Term("final RMSNorm backward (fp32)", 24 * Tout * h, "24 B x T x h", 4))
+    else:
+        out.top_backward.append(Term("final LayerNorm backward", 3 * r * Tout * h, f"3 x {r} B x T x h", 3))
+    if not eager and not math_sdpa and not t5_sm[0]:
+        out.layer_backward.append(
+            Term(
+                "flash-attention backward dq accumulator (fp32)",
+                4 * T * hq,
+                "4 B x T x a*d (CUDA kernel scratch)",
+                1,
+                "allocator",
+            )
+        )
+    if st.ssm:
+        out.layer_backward[:] = [ssm_backward(st.ctx, D, st.ssm, ec, r)]
+    if sc.method == "qlora":
+        biggest = max(
+            (g.numel_each for g in arch.params if g.module and g.kind not in ("head", "embedding")), default=0
+        )
+        out.layer_backward.append(
+            Term(
+                "QLoRA dequantised weight of the layer in use",
+                ec * biggest // D.tp,
+                f"{ec} B x largest Linear {fmt_int(biggest)}",
+                1,
+            )
+        )

@@ -1,0 +1,62 @@
+"""The entry point of the activation rules: a context in, one micro-batch's ``ActivationBudget`` out -- fitted terms
+for a calibrated model, Megatron's fused-kernel formula or the HF rules, plus a multimodal model's vision side and
+the tensors a pipeline stage exchanges."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.activations.dims import Dims
+from memsim_widget.engine.activations.hf import hf_activations
+from memsim_widget.engine.activations.megatron import megatron_activations
+from memsim_widget.engine.activations.refusals import refuse_untraced
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import profile, uses_autocast
+from memsim_widget.engine.items import fmt_int
+
+
+def activations(ctx: Context) -> ActivationBudget:
+    """Saved and transient activations of one micro-batch on one rank."""
+    if ctx.arch.extra.get("calibration") is not None:  # a transformers type no family models: fitted terms
+        from memsim_widget.engine.calibrated import calibrated_activations
+
+        out = calibrated_activations(ctx)
+        stage_io(ctx, out)
+        return out
+    refuse_untraced(ctx)
+    if ctx.arch.extra.get("hybrid"):  # attention and Mamba layers in one stack (Jamba; engine/hybrid.py)
+        from memsim_widget.engine.hybrid import hybrid_activations
+
+        out = hybrid_activations(ctx, hf_activations)
+    else:
+        out = (
+            megatron_activations(ctx) if profile(ctx).activation_model == "megatron" else hf_activations(ctx)
+        )
+    if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
+        from memsim_widget.engine.vision import vision_activations
+
+        vision_activations(ctx, out, hf_activations)
+    stage_io(ctx, out)
+    return out
+
+
+def stage_io(ctx: Context, out: ActivationBudget) -> None:
+    """The tensors a pipeline stage exchanges, one micro-batch each (engine/pipeline.py says how many live):
+    hidden states in the residual dtype (fp32 under autocast), logits in the compute dtype."""
+    D = Dims(ctx)
+    amp = uses_autocast(ctx)
+    r = 4 if amp else ctx.recipe.act_bytes
+    hidden = r * D.Tout * D.h
+    what = f"{r} B x T x h, T={fmt_int(D.Tout)}"
+    out.pp_buffer.append(
+        Term("pipeline receive/send buffers (hidden states or their gradient)", hidden, what)
+    )
+    out.pp_output.append(Term("stage outputs kept by the schedule until their backward", hidden, what))
+    if D.V:
+        le = 2 if amp else ctx.recipe.act_bytes
+        out.pp_logits.append(
+            Term(
+                "logits (the last stage's output) kept by the schedule until their backward",
+                le * D.T * D.V,
+                f"{le} B x T x V, V={D.V}",
+            )  # fmt: skip
+        )

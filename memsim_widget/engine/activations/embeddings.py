@@ -1,0 +1,61 @@
+"""What the first stage holds before its first layer: the model's inputs (token ids and labels, or ViT's pixels),
+the rotary cos/sin tables and Falcon's ALiBi bias (BERT's embedding LayerNorm is norms.py's)."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.activations.budget import Term
+from memsim_widget.engine.activations.layer import HFLayer
+
+
+def embeddings(st: HFLayer) -> None:
+    """Position tables and ALiBi bias (``pre``), then the inputs."""
+    ctx, arch, recipe, out, D, amp, ec, eager = (
+        st.ctx,
+        st.arch,
+        st.recipe,
+        st.out,
+        st.D,
+        st.amp,
+        st.ec,
+        st.eager,
+    )
+    b, s = D.b, D.s
+    if arch.position == "rope":
+        cb = 4 if amp else ec
+        rd = arch.extra.get("rotary_dim", D.d)  # partial rotary: cos/sin cover the first rotary_dim channels
+        kinds = arch.extra.get(
+            "rope_kinds", 1
+        )  # one cos/sin pair per layer kind: Gemma 3 (sliding, full), ModernBERT (local, global)
+        out.pre.append(
+            Term(
+                "rotary cos/sin" + (f" ({kinds} layer kinds, one RoPE base each)" if kinds > 1 else ""),
+                kinds * 2 * cb * s * rd,
+                (f"{kinds} x " if kinds > 1 else "") + f"2 x {cb} B x s x {rd}",
+                2 * kinds,
+            )
+        )
+    if arch.extra.get("alibi_bias_saved") and not eager:
+        # Falcon ALiBi: the model builds one (b, a, s, s) bias in the embeddings' dtype, the attention mask of every
+        # layer, and the fused SDPA kernel saves it (one tensor for all layers; traced)
+        out.pre.append(
+            Term(
+                "ALiBi attention bias (b, a, s, s) saved by SDPA",
+                ec * b * D.a * s * D.s_full,
+                f"{ec} B x b x a x s x s, b={b} a={D.a} s={s}",
+                1,
+            )
+        )
+    if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
+        C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
+        px = b * C * img * img
+        pb = recipe.weight_bytes
+        out.inputs.append(
+            Term(
+                "pixel values and labels" + (" (+ autocast 16-bit copy)" if amp else ""),
+                px * pb + (2 * px if amp else 0) + 8 * b,
+                f"b x {C} x {img} x {img} x ({pb}{' + 2' if amp else ''}) B + 8 B x b",
+                2,
+            )
+        )
+    else:
+        out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))

@@ -1,0 +1,108 @@
+"""One HF layer's rules in progress: the sizes and dtypes every rule reads, the terms added so far, and the two
+ways a rule adds a term (``add``, and ``consumers`` for what the Linears reading one tensor keep of it)."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.activations.dims import Dims
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import profile, uses_autocast
+
+
+class HFLayer:
+    """The state the HF rules share while they build one micro-batch's ``ActivationBudget`` (engine/activations/
+    hf.py runs them in order; a rule reads what an earlier one recorded, e.g. the attention's eager-output terms
+    that the backward transients subtract)."""
+
+    def __init__(self, ctx: Context) -> None:
+        arch, sc, recipe = ctx.arch, ctx.scenario, ctx.recipe
+        self.ctx, self.arch, self.sc, self.recipe = ctx, arch, sc, recipe
+        self.prof = profile(ctx)
+        self.D = Dims(ctx)
+        self.amp = uses_autocast(ctx)  # FSDP2 mixed precision (torchtitan) computes in bf16 without autocast
+        self.ec = recipe.act_bytes  # bytes of a compute-dtype element (16-bit under autocast)
+        self.r = 4 if self.amp else self.ec  # residual stream dtype: autocast keeps it fp32
+        self.full = ctx.full_training
+        self.ab = ctx.adapter_bytes
+        self.targets = {ad.base.module for ad in ctx.adapters}
+        self.modules = set(ctx.linear_modules)
+        self.out = ActivationBudget()
+        self.L = self.out.per_layer
+        # (Megatron-style "selective" recomputes only inside attention: the layer boundary is as without it)
+        self.frozen_first = (
+            not self.full and sc.activation_checkpointing in ("none", "selective") and not ctx.vision_grad
+        )
+        self.gemma = arch.family.startswith("gemma")
+        # CohereLayerNorm computes x - mean twice: two fp32 centred copies saved (traced)
+        self.cw = 8 if arch.extra.get("norm_centred_copy") else 4
+        # Gemma's RMSNorm returns normed(x) * (1 + w.float()): the product saves the fp32 (1 + w) whenever its
+        # input needs a gradient, and the fp32 normalised tensor only when w trains (traced, Gemma 2 and 3)
+        self.onep = 4 if self.gemma else 0
+        # a norm's output has the residual stream's dtype (Gemma's ``.type_as(x)`` too: fp32 under autocast and
+        # in fp32, where every Linear reading it then keeps its own 16-bit copy under autocast; traced)
+        self.nout = self.r
+        self.ssm = arch.extra.get("ssm")
+        self.eager = arch.attention_kernel(sc.attention) == "eager" and not self.ssm
+        # recorded by the rules as they run (hf.py says which)
+        self.ssm_from = 0  # state-space layers have neither Linear input the norms' readers save
+        self.masked_frac = 0.0  # layers whose SDPA gets an explicit mask (k, v repeated)
+        self.ao_from = self.ao_to = 0  # the eager attention-output term(s) in L (freed before its backward)
+        self.softmax_fp32 = False
+        self.Tm, self.I = self.D.T, self.D.I  # rows and width of the (largest) MLP part
+        self.mlp_from = self.mlp_to = 0
+        self.t5_sm: tuple[float, str] = (0, "")
+        self.kv_cache = False
+        self.kb = self.ec  # the training KV cache's k bytes
+        self.upcast_loss = True
+        self.le = 2  # bytes of a logits element
+
+    def add(
+        self,
+        name: str,
+        nbytes: float,
+        formula: str,
+        tensors: int = 1,
+        level: str = "tensor",
+        first_bytes: float = 0.0,
+    ) -> None:
+        """Append a per-layer term; ``first_bytes`` of it are absent in layer 0."""
+        if nbytes > 0:
+            self.L.append(Term(name, nbytes, formula, tensors, level, first_bytes > 0, first_bytes))
+
+    def consumers(
+        self,
+        role: frozenset[str],
+        width: int,
+        rows: int,
+        dtype: int,
+        label: str,
+        already_saved: bool = False,
+    ) -> None:
+        """What the Linears reading one tensor (rows x width, ``dtype`` bytes) keep of it."""
+        add, amp, ab = self.add, self.amp, self.ab
+        present = sorted(role & self.modules)
+        if self.full:
+            if amp and dtype == 4:
+                n = len(present)
+                add(
+                    f"{label}: autocast 16-bit input copies",
+                    n * 2 * rows * width,
+                    f"{n} Linears x 2 B x T x {width}",
+                    n,
+                )
+            elif not already_saved:
+                add(f"{label}: Linear input", dtype * rows * width, f"{dtype} B x T x {width}", 1)
+            return
+        hit = [m for m in present if m in self.targets]
+        if not hit:
+            return
+        if amp or ab != dtype:
+            cb = 2 if amp else ab
+            add(
+                f"{label}: LoRA input copies",
+                len(hit) * cb * rows * width,
+                f"{len(hit)} adapters x {cb} B x T x {width}",
+                len(hit),
+            )
+        elif not already_saved:
+            add(f"{label}: LoRA input", dtype * rows * width, f"{dtype} B x T x {width}", 1)

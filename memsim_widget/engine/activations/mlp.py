@@ -1,0 +1,162 @@
+"""The MLP and MoE: what each activation function keeps for backward (per T x I element), a dense MLP's saved
+tensors, a Mixtral-style MoE layer's router and routed token copies, and the layers whose MLP is made of parts
+(dense first layers, MoE every n-th layer, shared experts: ``arch.extra["mlp_parts"]``)."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.activations.layer import HFLayer
+from memsim_widget.engine.activations.linears import MLP_IN, MLP_OUT
+
+
+def gelu_tanh_autocast(ec: int, kf: str, I: int) -> tuple[int, str]:
+    """Bytes per element and formula of gelu_new's saved chain under CUDA autocast.
+
+    CUDA autocast runs ``pow`` in fp32 (torch.amp docs, CUDA fp32 op list), so ``pow(x, 3)`` saves an fp32
+    copy of x and the rest of the chain is promoted: the fp32 tanh output and ``1 + tanh``, beside the
+    16-bit ``0.5 x`` -- 12 + e bytes per element where a 16-bit chain keeps 4 x e. Measured on an H200
+    (docs/accuracy.md, GPT-2 medium under amp-bf16: 6 B per T x I element per layer more than the 16-bit
+    chain); traced with trace/cuda_autocast.py. gelu_fast and gelu_pytorch_tanh have no pow: over-predicted.
+    """
+    return 12 + ec, f"(3 x 4 B + {ec} B) x {kf}, I={I} (fp32 pow chain under CUDA autocast)"
+
+
+#: Tensors an activation function keeps for backward, in units of T x I (GPT-2's gelu_new is a chain of
+#: pointwise ops: x, 0.5x, tanh(.), 1 + tanh(.); SwiGLU/GeGLU keep gate, up and act(gate)).
+ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1, "quick_gelu": 2}
+#: GPT-OSS experts' clamped SwiGLU ``(clamp(up) + 1) * clamp(gate) * sigmoid(alpha * clamp(gate))`` on the
+#: interleaved gate_up output: that output (2 I), sigmoid, clamp(gate), clamp(up) + 1 and the glu (traced)
+ACT_SAVED_PART = {"clamped-swiglu": 6}
+
+
+def parallel_mlp(arch: object) -> bool:
+    """The MLP reads a norm of the layer input, beside attention (Phi; GPT-NeoX's parallel residual)."""
+    extra = getattr(arch, "extra", {})
+    norms = extra.get("norms_per_layer", 2)
+    return bool(extra.get("parallel_attn_mlp") or extra.get("norm_inputs", norms) < norms)
+
+
+def mlp(st: HFLayer) -> None:
+    """The layer's MLP terms; records the rows and width of its (largest) part and which terms are the MLP's."""
+    arch, D, add, consumers = st.arch, st.D, st.add, st.consumers
+    T, h, I, ec, r, amp, full = D.T, D.h, D.I, st.ec, st.r, st.amp, st.full
+    frozen_first, targets, modules, L = st.frozen_first, st.targets, st.modules, st.L
+    mlp_from = len(L)
+    moe = arch.is_moe
+    parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (architecture/moe.py)
+    if parts:
+        Tm, I = mlp_parts(arch, D, parts, add, consumers, full, ec, r)
+    else:
+        k = arch.experts_per_token if moe else 1
+        Tm = T * k
+        n_act = ACT_SAVED.get(arch.mlp_activation, 3)
+        kf = f"k x T x I, k={k}" if moe else "T x I"
+        # a parallel MLP (NeoX, Phi) reads the norm of the layer input: gradient-free in layer 0 under LoRA
+        # unless an MLP-input Linear carries an adapter
+        mlp_free0 = frozen_first and parallel_mlp(arch) and not (MLP_IN & modules & targets)
+        # Falcon's Linear adds its bias after the matmul: under autocast the fp32 bias promotes the output, so the
+        # activation works on (and saves) fp32 (traced)
+        ab_ = 4 if amp and arch.extra.get("unfused_bias") else ec
+        per_elem, formula = n_act * ab_, f"{n_act} x {ab_} B x {kf}, I={I}"
+        if amp and arch.mlp_activation == "gelu_tanh" and ab_ == ec:
+            per_elem, formula = gelu_tanh_autocast(ec, kf, I)
+        add(
+            f"MLP activation internals ({arch.mlp_activation})",
+            per_elem * Tm * I,
+            formula + ("; none in layer 0 (frozen embeddings)" if mlp_free0 else ""),
+            n_act,
+            first_bytes=per_elem * Tm * I if mlp_free0 else 0,
+        )
+        consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
+    if moe and not parts:
+        E = arch.num_experts
+        # frozen router and experts (LoRA): no logits (the router's input is saved only for its weight) and
+        # no gathered input rows, only the fp32 probabilities and the down output (traced on Mixtral)
+        lg, cp = (ec, 2) if full else (0, 1)
+        add(
+            "MoE router logits, probabilities and routed token copies",
+            (lg + 4) * T * E + cp * ec * Tm * h,
+            f"({lg} + 4) B x T x E + {cp} x {ec} B x k x T x h, E={E}",
+            3,
+        )
+    mlp_to = len(L)
+    st.Tm, st.I, st.mlp_from, st.mlp_to = Tm, I, mlp_from, mlp_to
+
+
+def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001, ANN201
+    """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
+    a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, architecture/moe.py). Per-layer bytes
+    are the average over the layers; returns (rows, width) of the largest part for the backward transients.
+
+    A routed part runs transformers 5's default ``grouped_mm`` experts (the eager per-expert loop saves
+    alike): the gathered input rows, the gate_up output, act(gate) and the product (saved by down_proj),
+    and the down output kept by the routing-weight multiply -- k rows per token in all (frozen experts under
+    LoRA: no gathered rows, no down_proj input). A part's ``activation`` (GPT-OSS ``"clamped-swiglu"``)
+    overrides the model's for its internals. Its router saves, for ``"softmax"`` (Mixtral, Qwen3-MoE)
+    the logits and the fp32 probabilities over E; for ``"sigmoid"`` (DeepSeek-V3) the fp32 copy of its
+    input, the fp32 logits' sigmoid and the group mask; for ``"softmax-fp32"`` (DeepSeek-V2) the fp32 input
+    copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the softmax over its k top logits
+    and the gathered copy; for ``"topk-sigmoid"`` (Llama 4) the fp32 sigmoid over all E (non-chosen logits set
+    to -inf) and the top-k indices. A ``dispatch: "dense"`` part (Llama 4: ``rows`` = E, every expert runs every
+    token with ``torch.bmm``) keeps the repeated input, its score-scaled copy and the score column instead of
+    grouped_mm's gathered rows and int64 bookkeeping (traced)."""
+    T, h = D.T, D.h
+    layers = max(arch.num_layers, 1)
+    worst = (T, 0)
+    for part in parts:
+        frac = part["layers"] / layers
+        rows = T * part.get("rows", 1)
+        width = part["width"] // D.tp
+        name, share = part["name"], f"{part['layers']}/{layers} layers"
+        act = part.get("activation", arch.mlp_activation)
+        n_act = ACT_SAVED_PART.get(act, ACT_SAVED.get(act, 3))
+        add(
+            f"{name}: activation internals ({act})",
+            frac * n_act * ec * rows * width,
+            f"{share} x {n_act} x {ec} B x {part.get('rows', 1)} x T x {width}",
+            n_act,
+        )
+        if rows * width > worst[0] * worst[1]:
+            worst = (rows, width)
+        E = part.get("experts", 0)
+        if not E:
+            consumers(MLP_OUT, width, rows * frac, ec, f"{name}: down-projection input")
+            continue
+        if full:
+            add(
+                f"{name}: down-projection input",
+                frac * ec * rows * width,
+                f"{share} x {ec} B x k x T x {width}",
+            )
+        kind = part.get("router", "softmax")
+        # grouped_mm keeps per routed row the gathered input and the down output (2 copies), plus its
+        # bookkeeping: the top-k indices, the sort permutation, the token index (perm // k), the inverse
+        # permutation and routing-weight copies (40 B in all, traced on Qwen3-MoE); frozen experts (LoRA) keep no
+        # gathered input and one int64 index less (32 B; traced on GPT-OSS). Llama 4 (``dispatch: dense``)
+        # keeps the repeated input (residual dtype: fp32 under autocast, where bmm saves a 16-bit cast of the
+        # scaled copy), the score-scaled copy (none when the experts are frozen) and the score column.
+        dense = part.get("dispatch") == "dense"
+        copies = 2 if full else 1
+        rb = (r or ec) if dense else ec
+        book = ec if dense else (40 if full else 32)
+        routed = (rb + (copies - 1) * ec) * rows * h + book * rows
+        k = part.get("top_k", part.get("rows", 1))
+        # DeepSeek's fp32 router keeps its fp32 input copy only for its own weight's gradient (none under LoRA)
+        fp32_in = 4 * T * h if full else 0
+        router = {
+            "softmax": (ec + 4) * T * E,
+            "sigmoid": fp32_in + 5 * T * E,
+            "softmax-fp32": fp32_in + 4 * T * E,
+            "topk-softmax": 2 * ec * T * k,  # GPT-OSS: softmax over the k top logits, its gathered copy
+            # Llama 4: the fp32 sigmoid of the -inf-filled logits and the top-k indices
+            "topk-sigmoid": 4 * T * E + 8 * T * k,
+        }[kind]
+        add(
+            f"{name}: router ({kind}) and routed token copies",
+            frac * (router + routed),
+            f"{share} x (router over E={E} + ({rb}"
+            + (f" + {ec}" if copies > 1 else "")
+            + ") B x k x T x h + "
+            + (f"{ec} B x E x T scores)" if dense else f"{book} B x k x T indices)"),
+            3,
+        )
+    return worst

@@ -1,0 +1,216 @@
+"""State-space layers (Mamba, Mamba-2): what the mixer saves per layer and holds in its backward, on
+mamba-ssm's fused kernels or transformers' pure-PyTorch path (``ssm_kernel``)."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.activations.budget import Term
+from memsim_widget.engine.activations.layer import HFLayer
+from memsim_widget.engine.context import Context
+
+
+def ssm_layer(st: HFLayer) -> None:
+    """Mamba: no attention, no MLP; the mixer's own tensors replace them (families/mamba.py)."""
+    del st.L[st.ssm_from :]
+    ssm_mixer(st.ctx, st.D, st.ssm, st.add, st.consumers, st.ec)
+    st.mlp_from = st.ao_from = st.ao_to = st.mlp_to = len(st.L)
+
+
+def ssm_kernel(ctx: Context) -> str:
+    """The scan a state-space layer runs: the scenario's ``ssm_kernel``, by default ``cuda`` (mamba-ssm)."""
+    return ctx.scenario.ssm_kernel or "cuda"
+
+
+#: mamba-ssm's selective_scan_cuda keeps its fp32 (a, b) scan pairs once per chunk of this many steps
+#: (csrc/selective_scan/selective_scan_fwd_kernel.cuh: kChunkSize = kNThreads x kNItems = 2048)
+SCAN_CHUNK = 2048
+
+
+def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
+    """A Mamba (v1) mixer's saved tensors, per layer (``MambaMixer``, transformers 5.24); T tokens, I inner
+    channels, N state size, R time-step rank, K conv kernel.
+
+    ``ssm_kernel: "torch"`` (traced, docs/fidelity.md): transformers' ``slow_forward`` path. in_proj's output
+    (b, 2I, s) stays alive through the views the conv and the gate read; the depthwise conv's padded output
+    (b, I, s + K - 1), read by SiLU; x_proj's input (a contiguous copy of the transposed SiLU output) and output
+    (dt, B, C are views of it); dt + bias and softplus(dt); the discretised A = exp(A dt) and B dt, each
+    (b, I, s, N) fp32, with u.float() and B.float(); then the sequential scan keeps every step's state: an fp32
+    (b, I, N) saved by the next step's multiply and its compute-dtype copy saved by the matmul with C. These
+    s x b x I x N x (4 + e) bytes are what makes this path large.
+
+    ``ssm_kernel: "cuda"`` (formula from mamba-ssm's saved tensors, not traced): ``MambaInnerFn.forward``
+    (state-spaces/mamba, mamba_ssm/ops/selective_scan_interface.py, checkpoint_lvl=1) calls
+    ``ctx.save_for_backward(xz, conv1d_weight, conv1d_bias, x_dbl, x_proj_weight, delta_proj_weight,
+    out_proj_weight, conv1d_out=None, delta=None, A, B, C, D, delta_bias, scan_intermediates, out, ...)``: xz is
+    the contiguous copy of in_proj's transposed output (b, 2I, s), x_dbl = x_proj's output (T, R + 2N), B and C
+    contiguous (b, 1, N, s) copies, ``out`` (b, I, s) in the compute dtype, and ``scan_intermediates`` from
+    ``selective_scan_cuda.fwd``: fp32 (b, I, ceil(s / 2048), 2N), one scan pair per 2048-step chunk. The conv
+    output and delta are recomputed in backward. The kernel computes the states in SRAM and keeps none."""
+    T, b, s, h = D.T, D.b, D.s, D.h
+    inner = ssm["inner"] // D.tp
+    N, R, K = ssm["state_size"], ssm["time_step_rank"], ssm["conv_kernel"]
+    frac = ssm["layers"] / max(ctx.arch.num_layers, 1)
+    kernel = ssm_kernel(ctx)
+    consumers(frozenset({"in_proj"}), h, T, ec, "in_proj input")
+    share = "" if frac == 1 else f"{ssm['layers']}/{ctx.arch.num_layers} layers x "
+
+    def put(name: str, nbytes: float, formula: str, tensors: int = 1) -> None:
+        add(name, frac * nbytes, share + formula, tensors)
+
+    if ssm["version"] == 2:
+        _mamba2_mixer(D, ssm, put, ec, kernel)
+        return
+
+    if kernel == "cuda":
+        chunks = -(-s // SCAN_CHUNK)
+        put(
+            "Mamba kernel (mamba-ssm MambaInnerFn): xz, x_dbl, B, C, out",
+            ec * T * (2 * inner + R + 2 * N + 2 * N + inner),
+            f"{ec} B x T x (2I + R + 2N + 2N + I), I={inner} N={N} R={R}",
+            5,
+        )
+        put(
+            "Mamba kernel: fp32 scan intermediates (one per 2048-step chunk)",
+            4 * b * inner * chunks * 2 * N,
+            f"4 B x b x I x ceil(s/{SCAN_CHUNK}) x 2N, chunks={chunks}",
+        )
+        put("Mamba kernel: A (fp32)", 4 * inner * N, f"4 B x I x N, I={inner} N={N}")
+        return
+    put(
+        "Mamba torch path: in_proj output, conv output, x_proj input copy and output, dt (+ bias, softplus)",
+        ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner + T * (R + 2 * N) + 2 * T * inner),
+        f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I + T x (R + 2N) + 2 x T x I), I={inner} N={N} R={R}",
+        6,
+    )
+    put(
+        "Mamba torch path: discretised A and B (fp32), u and B upcasts",
+        2 * 4 * T * inner * N + 4 * T * inner + 4 * T * N,
+        f"2 x 4 B x T x I x N + 4 B x T x I + 4 B x T x N, N={N}",
+        4,
+    )
+    # counted with saved-tensor hooks: the step multiply saves the previous state (s - 1 fp32 states and the zero
+    # initial state in the compute dtype), the matmul with C each state's compute-dtype copy (s of them); in fp32
+    # the copy is the state itself, so the last state is saved too
+    bin_ = b * inner * N
+    if ec == 4:
+        states, fs = 4 * bin_ * (s + 1), "4 B x b x I x N x (s + 1)"
+    else:
+        states, fs = bin_ * (4 * (s - 1) + ec * (s + 1)), f"b x I x N x (4 B x (s - 1) + {ec} B x (s + 1))"
+    put("Mamba torch path: per-step scan states (fp32" + (f", {ec} B copies" if ec != 4 else "") + ")",
+        states, fs, 2 * s)  # fmt: skip
+    put(
+        "Mamba torch path: scan output side (u for D, silu(z), the fp32 gated sum, out_proj input)",
+        (3 * ec + 4) * T * inner,
+        f"(3 x {ec} + 4) B x T x I, I={inner}",
+        4,
+    )
+    put(
+        "Mamba torch path: A = -exp(A_log), D (fp32)",
+        2 * 4 * inner * N + 4 * inner,
+        f"4 B x I x (2N + 1), I={inner}",
+        3,
+    )
+
+
+def _mamba2_mixer(D, ssm, put, ec, kernel):  # noqa: ANN001, ANN202
+    """A Mamba-2 mixer's saved tensors, per layer (``Mamba2Mixer``, transformers 5.24); I = H x P inner channels,
+    H heads of P, G groups, N state, l = chunk_size, c = ceil(s / l) chunks, s' = c x l (padded), K conv kernel.
+
+    ``ssm_kernel: "cuda"`` (formula from mamba-ssm's saved tensors, not traced): transformers calls
+    ``mamba_split_conv1d_scan_combined`` (state-spaces/mamba, mamba_ssm/ops/triton/ssd_combined.py), whose
+    ``MambaSplitConv1dScanCombinedFn.forward`` runs ``ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias,
+    out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias)``:
+    zxbcdt is in_proj's output (T x (2I + 2GN + H)), out_x the scan output (T x I) in the compute dtype, rstd the
+    gated RMSNorm's fp32 (T x G); the conv output, the chunk states and the norm output are recomputed in backward.
+
+    ``ssm_kernel: "torch"`` (counted with saved-tensor hooks over chunk sizes, paddings and dtypes, then traced):
+    ``mamba2_chunk_scan``'s SSD in fp32 -- per chunk the (l x l) decay L = exp(segsum(A dt)), the C.B scores G and
+    M = G x L (b x H x s' x l each), B and C repeated to the H heads and their einsum copies (5 x b x s' x H x N),
+    x dt and its einsum layouts (b x s' x I, several), the chunk states (b x (c + 1) x I x N and b x c x I x N),
+    plus in_proj's output, the conv's padded output, dt, and the gated RMSNorm's fp32 chain (4 x 4 B x T x I)."""
+    T, b, s = D.T, D.b, D.s
+    inner, N, K = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
+    H, G, l = ssm["heads"], ssm["groups"], ssm["chunk_size"]
+    proj = 2 * inner + 2 * G * N + H
+    if kernel == "cuda":
+        put(
+            "Mamba-2 kernel (mamba-ssm MambaSplitConv1dScanCombinedFn): zxbcdt, out_x, rstd",
+            ec * T * (proj + inner) + 4 * T * G,
+            f"{ec} B x T x ((2I + 2GN + H) + I) + 4 B x T x G, I={inner} G={G} N={N} H={H}",
+            3,
+        )
+        put("Mamba-2 kernel: A (fp32)", 4 * H, f"4 B x H, H={H}")
+        return
+    c = -(-s // l)
+    sp = c * l
+    fp32 = ec == 4
+    put(
+        "Mamba-2 torch path: in_proj output, conv output, dt (+ bias, softplus)",
+        ec * (T * proj + b * (inner + 2 * G * N) * (s + K - 1) + 2 * T * H),
+        f"{ec} B x (T x (2I + 2GN + H) + b x (I + 2GN) x (s + K - 1) + 2 x T x H), I={inner} G={G} N={N} H={H}",
+        4,
+    )
+    # fp32: x.float() is the conv's SiLU output itself (b x s x (I + 2GN)); dt.float() is dt (one tensor fewer)
+    xf = 4 * T * (inner + 2 * G * N) if fp32 else 4 * b * sp * inner
+    put(
+        "Mamba-2 torch path: x (fp32, padded), x dt, dt (fp32)",
+        xf + 4 * b * sp * inner + (1 if fp32 else 2) * 4 * T * H,
+        ("4 B x T x (I + 2GN)" if fp32 else "4 B x b x s' x I") + " + 4 B x b x s' x I"
+        + f" + {1 if fp32 else 2} x 4 B x T x H, s'={sp}",
+        4,
+    )  # fmt: skip
+    # a single chunk: the states slice is a view, not a copy (and at some shapes one B/C einsum layout too, which
+    # is still counted: up to 4 B x b x s' x H x N high when s <= chunk_size)
+    one = c == 1
+    hn = 5 * 4 * b * sp * H * N + (0 if one else 4 * b * c * inner * N)
+    put(
+        "Mamba-2 torch path: SSD chunk tensors (fp32): L, G, M (b x H x s' x l), B/C per head, x layouts, states",
+        3 * 4 * b * H * sp * l + 2 * 4 * b * H * sp + hn + 3 * 4 * b * sp * inner
+        + 4 * b * (c + 1) * inner * N + 4 * b * H * (c + 1) ** 2 + 2 * l * l + 2 * (c + 1) ** 2,
+        "3 x 4 B x b x H x s' x l + 5 x 4 B x b x s' x H x N + 3 x 4 B x b x s' x I"
+        + ("" if one else " + 4 B x b x c x I x N") + f" + 4 B x b x (c + 1) x I x N + ..., l={l} c={c}",
+        14,
+    )  # fmt: skip
+    put(
+        "Mamba-2 torch path: gated RMSNorm (fp32 chain, rstd) and out_proj input",
+        (4 if fp32 else 5) * 4 * T * inner + ec * T * inner + 4 * T * G,
+        f"{4 if fp32 else 5} x 4 B x T x I + {ec} B x T x I + 4 B x T x G, I={inner}",
+        7,
+    )
+    put("Mamba-2 torch path: A (fp32)", 8 * H, f"2 x 4 B x H, H={H}", 2)
+
+
+def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202
+    """Transients of one Mamba-2 layer's backward (see ssm_backward)."""
+    T, inner, G, N, H = D.T, ssm["inner"], ssm["groups"], ssm["state_size"], ssm["heads"]
+    proj = 2 * inner + 2 * G * N + H
+    if ssm_kernel(ctx) == "cuda":
+        return Term(
+            "Mamba-2 kernel backward: dzxbcdt, recomputed conv output and its gradient, residual gradient",
+            ec * T * (proj + 2 * (inner + 2 * G * N)) + r * T * D.h,
+            f"{ec} B x T x ((2I + 2GN + H) + 2 x (I + 2GN)) + {r} B x T x h, I={inner}",
+            4,
+        )
+    # not modelled beyond the residual gradient: the V64 trace (peak inside the top layer's backward) is -1.4%
+    return Term("Mamba-2 torch path backward: residual gradient", r * T * D.h, f"{r} B x T x h", 1)
+
+
+def ssm_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN201
+    """Transients while one Mamba layer runs backward: torch path, the gradients of the (b, I, s, N) fp32
+    discretised tensors (select_backward buffers of the scan and their sum, traced); kernel path, the
+    recomputed conv output and delta, dxz and the out-projection gradient (mamba-ssm's backward, not traced)."""
+    T, inner, N = D.T, ssm["inner"] // D.tp, ssm["state_size"]
+    if ssm["version"] == 2:
+        return _mamba2_backward(ctx, D, ssm, ec, r)
+    if ssm_kernel(ctx) == "cuda":
+        return Term(
+            "Mamba kernel backward: recomputed conv output and delta, dxz, dout_y, residual gradient",
+            ec * T * 6 * inner + r * T * D.h,
+            f"{ec} B x T x 6I + {r} B x T x h, I={inner}",
+            5,
+        )
+    return Term(
+        "Mamba torch path backward: fp32 gradients of the (b, I, s, N) scan tensors, residual gradient",
+        4 * 4 * T * inner * N + r * T * D.h,
+        f"4 x 4 B x T x I x N + {r} B x T x h, I={inner} N={N}",
+        5,
+    )

@@ -1,0 +1,293 @@
+"""T5 (encoder-decoder): its blocks' own rules, which replace the decoder-only ones -- per layer averaged over
+the encoder's and the decoder's blocks, and under full checkpointing one decoder block recomputed."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.activations.layer import HFLayer
+from memsim_widget.engine.activations.linears import ATTN_OUT, MLP_IN, MLP_OUT
+from memsim_widget.engine.items import fmt_int
+
+
+def t5_layer(st: HFLayer) -> None:
+    """Replace the layer's terms by T5's blocks; records the decoder softmax backward the backward rules read."""
+    ctx, D, add, consumers, out, L, sc = st.ctx, st.D, st.add, st.consumers, st.out, st.L, st.sc
+    r, ec, amp, eager = st.r, st.ec, st.amp, st.eager
+    del L[:]
+    st.t5_sm = t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager)
+    if sc.activation_checkpointing == "full":
+        # the layer recomputed in backward is a decoder block (the first run backward), not the average
+        kept, scratch = list(L), ActivationBudget()
+        del L[:]
+        t5_blocks(ctx, D, add, consumers, scratch, r, ec, amp, eager, stacks=(0, 1))
+        dec = sum(t.bytes for t in L)
+        L[:] = kept
+        out.recomputed_layer = [
+            Term("recomputed decoder block", dec, f"{fmt_int(dec)} B (one decoder block)", 1)
+        ]
+    st.mlp_from = st.ao_from = st.ao_to = st.mlp_to = 0
+
+
+def t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # noqa: ANN001, ANN201
+    """T5 (``T5ForConditionalGeneration``, transformers 5.x), per layer averaged over the encoder's and the
+    decoder's blocks (``arch.num_layers`` counts both). Returns the extra tensors a decoder block's
+    self-attention backward holds (the softmax backward), as (bytes, formula).
+
+    Each block is sub-layers: self-attention, (decoder) cross-attention, feed-forward, each behind a
+    T5LayerNorm: ``x.to(fp32).pow(2)`` saves an fp32 copy of the input, ``x * rsqrt(...)`` saves the input
+    itself (in the residual dtype; the same tensor as the fp32 copy in fp32 and under autocast) and the rsqrt,
+    ``weight * normed`` the normalised tensor when the weight trains.
+
+    Attention runs SDPA with the relative position bias folded into a float mask (1, a, s, s)
+    (transformers' ``create_position_bias_mask``). When the bias needs a gradient (its embedding trains:
+    full training), the fused kernels are not used (traced on CPU; on the H200 the allocated peak agrees only
+    with it): SDPA's math path upcasts to fp32 and saves q, k, v (fp32 copies) and the fp32 probabilities,
+    and with dropout p > 0 the dropout mask (CUDA's 1 B) and the dropped fp32 probabilities. A frozen bias
+    (LoRA) or the cross-attention's zero bias go to a fused kernel: q, k, v, the output, the fp32 logsumexp
+    and the float mask it reads (one per decoder layer for the causal self-attention: ``torch.where`` builds
+    it; the encoder's bias and the cross-attention's zeros are one tensor per stack). The output
+    (b, a, s, d) is copied to (b, s, a*d) for ``o``. The decoder's causal self-attention keeps its
+    boolean (1, 1, s, s) causal mask for ``torch.where``'s backward.
+
+    Cross-attention: q from the decoder, k and v from the encoder output, which every decoder block's k and v
+    Linears read: one tensor kept for them all (16-bit copies per Linear under autocast, LoRA copies per
+    adapter). The ReLU feed-forward saves its output once (the ReLU backward and ``wo`` share it); dropout
+    adds its mask (1 B) and the dropped tensor ``wo`` reads. Residual dropout masks: one per sub-layer.
+    """
+    t = _T5Blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks)
+    per_norm = _norms(t)
+    _linears(t)
+    _attention(t)
+    ff = _feed_forward(t)
+    return _dropout_final_norm_and_backward(t, per_norm, ff)
+
+
+class _T5Blocks:
+    """What T5's block rules share: sizes, dtypes, the two stacks' block counts and the average over them."""
+
+    def __init__(self, ctx, D, add, consumers, out, r, ec, amp, eager, stacks):  # noqa: ANN001
+        arch, sc = ctx.arch, ctx.scenario
+        self.ctx, self.arch, self.sc, self.D, self.add, self.consumers, self.out = (
+            ctx,
+            arch,
+            sc,
+            D,
+            add,
+            consumers,
+            out,
+        )
+        self.r, self.ec, self.amp, self.eager, self.stacks = r, ec, amp, eager, stacks
+        ne, nd = stacks or (arch.encoder_layers, arch.decoder_layers)
+        self.ne, self.nd = ne, nd
+        # under checkpointing T5Attention marks the cross-attention's zero bias as needing a gradient: math path too
+        self.ckpt = sc.activation_checkpointing == "full"
+        self.selective = sc.activation_checkpointing == "selective"
+        self.n = n = max(ne + nd, 1)
+        self.full = ctx.full_training
+        self.targets = {ad.base.module for ad in ctx.adapters}
+        self.p = arch.attention_dropout
+        self.bass = D.b * D.a * D.s * D.s_full
+        self.frozen0 = not self.full and sc.activation_checkpointing in ("none", "selective")
+        self.share = f"({ne} encoder x {{e}} + {nd} decoder x {{d}}) / {n} layers"
+        self.grad_bias = self.full  # relative_attention_bias trains: position_bias needs a gradient
+
+    def avg(
+        self, name: str, enc: float, dec: float, formula: str, tensors: int = 1, first: float = 0.0
+    ) -> None:
+        """Add a term of ``enc`` bytes per encoder block and ``dec`` per decoder block, averaged over the layers."""
+        self.add(name, (self.ne * enc + self.nd * dec - first) / self.n, formula, tensors)
+
+
+def _norms(t: _T5Blocks) -> float:
+    """The T5LayerNorms: 2 per encoder block, 3 per decoder block; returns one norm's bytes."""
+    D, r, full, frozen0, share, avg = t.D, t.r, t.full, t.frozen0, t.share, t.avg
+    T, h = D.T, D.h
+    per_norm = 4 * T * h + 4 * T + (r * T * h if r != 4 else 0) + (r * T * h if full else 0)
+    # under LoRA the first norm of each stack's block 0 reads the frozen embeddings: nothing saved there
+    avg(
+        "T5LayerNorm: fp32 input copy, rsqrt, the input" + (", normalised" if full else ""),
+        2 * per_norm,
+        3 * per_norm,
+        share.format(e=2, d=3)
+        + f" x (4 B x T x h + 4 B x T{f' + {r} B x T x h' if r != 4 else ''}{f' + {r} B x T x h' if full else ''})"
+        + ("; none in block 0's first norm of each stack (frozen embeddings)" if frozen0 else ""),
+        4 if full else 3,
+        first=2 * per_norm if frozen0 else 0,
+    )
+    return per_norm
+
+
+def _linears(t: _T5Blocks) -> None:
+    """The Linears reading the norms' outputs; the cross-attention's k and v read the encoder output."""
+    ctx, D, add, consumers, out = t.ctx, t.D, t.add, t.consumers, t.out
+    r, ec, amp, nd, n, full, targets = t.r, t.ec, t.amp, t.nd, t.n, t.full, t.targets
+    T, h = D.T, D.h
+    q_only = frozenset({"q"})
+    consumers(frozenset({"q", "k", "v"}), h, T, r, "self-attention input")
+    consumers(q_only, h, T * nd / n, r, f"cross-attention q input ({nd}/{n} layers)")
+    consumers(MLP_IN, h, T, r, "feed-forward input")
+    # cross-attention k, v read the encoder output: one tensor for all blocks, else copies per block
+    kv = frozenset({"k", "v"}) & set(ctx.linear_modules)
+    hit = kv if full else kv & targets
+    if hit and not amp and (full or ctx.adapter_bytes == ec):
+        out.pre.append(
+            Term("encoder output, read by every cross-attention k/v", ec * T * h, f"{ec} B x T x h", 1)
+        )
+    elif hit:
+        cb = 2 if amp else ctx.adapter_bytes
+        add(
+            "cross-attention k/v: copies of the encoder output",
+            len(hit) * cb * T * h * nd / n,
+            f"{nd}/{n} layers x {len(hit)} x {cb} B x T x h",
+            len(hit),
+        )
+
+
+def _attention(t: _T5Blocks) -> None:
+    """Self- and cross-attention: eager, fused SDPA, or SDPA's math path when the position bias needs a gradient."""
+    arch, D, add, consumers, out = t.arch, t.D, t.add, t.consumers, t.out
+    ec, amp, eager, stacks, ne, nd, n = t.ec, t.amp, t.eager, t.stacks, t.ne, t.nd, t.n
+    ckpt, selective, full, p, bass = t.ckpt, t.selective, t.full, t.p, t.bass
+    share, avg, grad_bias = t.share, t.avg, t.grad_bias
+    T, b, s, a, hq = D.T, D.b, D.s, D.a, D.hq
+    if eager:
+        # T5's eager softmax runs in the compute dtype; CUDA autocast runs it in fp32 and the matmul with v saves
+        # a 16-bit cast of the (dropped) probabilities
+        sm = (4 + (1 if p > 0 else 0) + ec) if amp else (ec + ((1 + ec) if p > 0 else 0))
+        sm = 0 if selective else sm
+        per = ec * T * 3 * hq + sm * bass
+        f = f"{ec} B x T x 3 x a*d + {sm} B x b x a x s x s"
+        avg("attention (eager): q, k, v copies, softmax" + (", dropout mask and output" if p else ""),
+            per, 2 * per, share.format(e=1, d=2) + " x (" + f + ")", 5 if p else 4)  # fmt: skip
+    else:
+        fused = ec * T * 4 * hq + 4 * b * a * s
+        ff = f"{ec} B x T x 4 x a*d + 4 B x b x a x s"
+        # Megatron-style "selective" recomputes the attention core: its s x s tensors are not kept
+        math_x = 4 * T * 3 * hq + (0 if selective else 4 * bass + ((1 + 4) * bass if p > 0 else 0))
+        fm_x = "4 B x T x 3 x a*d" + (
+            " (s x s recomputed: selective)"
+            if selective
+            else " + 4 B x b x a x s x s" + (" + (1 + 4) B x b x a x s x s" if p else "")
+        )
+        if grad_bias:
+            math_, fm = math_x, fm_x
+            avg(
+                "self-attention: SDPA math path (the bias needs a gradient): fp32 q, k, v, probabilities"
+                + (", dropout mask and dropped probabilities" if p else ""),
+                math_,
+                math_,
+                f"{fm}, b={b} a={a} s={s}",
+                6 if p else 4,
+            )
+        else:
+            # the float mask is a new (1, a, s, s) tensor per layer in both stacks: the encoder's permuted bias
+            # made .contiguous(), the decoder's torch.where with the causal mask (traced)
+            add(
+                "self-attention: fused SDPA q, k, v, output, logsumexp and its float mask",
+                fused + ec * a * s * D.s_full,
+                f"{ff} + {ec} B x a x s x s",
+                6,
+            )
+        if ckpt:
+            avg("cross-attention: SDPA math path (its zero bias needs a gradient under checkpointing)", 0,
+                math_x, f"{nd}/{n} layers x ({fm_x})", 4)  # fmt: skip
+        else:
+            avg("cross-attention: fused SDPA q, k, v, output, logsumexp", 0, fused,
+                f"{nd}/{n} layers x ({ff})", 5)  # fmt: skip
+        # the zero bias of the cross-attention, and the encoder's bias under LoRA: one per stack
+        # the cross-attention's zero bias: one contiguous tensor for the whole decoder, saved by the fused SDPA
+        out.pre.append(
+            Term(
+                "cross-attention zero bias (the float mask its fused SDPA saves)",
+                ec * a * s * D.s_full,
+                f"{ec} B x a x s x s",
+                1,
+            )  # fmt: skip
+        )
+        if grad_bias:
+            avg(
+                "decoder causal mask (bool) kept by torch.where",
+                0,
+                s * D.s_full,
+                f"{nd}/{n} layers x 1 B x s x s",
+            )
+    if ckpt and grad_bias and not eager and not stacks:
+        # each stack's position bias is an input of every checkpointed block that needs a gradient: kept (traced)
+        out.pre.append(Term("position biases (1, a, s, s) kept as checkpointed block inputs, one per stack",
+                            2 * ec * a * s * D.s_full, f"2 x {ec} B x a x s x s", 2))  # fmt: skip
+    attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
+    consumers(attn_out, hq, T * (ne + 2 * nd) / n, ec, "attention output (b, s, a*d) copy")
+    if full:
+        # relative position buckets (int64 s x s) kept by each stack's bias embedding
+        out.pre.append(Term("relative position buckets (int64), one per stack", 2 * 8 * s * D.s_full,
+                            "2 x 8 B x s x s", 2))  # fmt: skip
+
+
+def _feed_forward(t: _T5Blocks) -> float:
+    """The feed-forward (``feed_forward_proj``); returns the bytes its backward releases."""
+    ctx, arch, D, add, consumers = t.ctx, t.arch, t.D, t.add, t.consumers
+    ec, amp, full, targets, p = t.ec, t.amp, t.full, t.targets, t.p
+    T, I = D.T, D.I
+    # T5Config's feed_forward_proj: "relu" saves the ReLU output once (the ReLU backward and wo share it);
+    # otherwise the activation's own tensors, for gated ones the product's two operands, and wo's input.
+    # "gated-gelu" runs gelu_new, a pointwise chain saving x, tanh(.), 0.5 x and 1 + tanh(.) (traced)
+    proj = arch.extra.get("feed_forward_proj", "relu")
+    relu = proj == "relu"
+    wo_in = bool(full or (MLP_OUT & set(ctx.linear_modules) & targets))
+    wo_cast = 2 if amp else 0  # wo is kept in fp32 under autocast: the .to(fp32) input is cast back for mm
+    if relu:
+        nb = ec + ((1 + ec) if p > 0 else 0) + (wo_cast if wo_in else 0)
+        ff = nb * T * I
+        add(
+            "feed-forward: ReLU output (also wo's input)" + (", dropout mask and output" if p else ""),
+            ff,
+            f"({ec}{f' + 1 + {ec}' if p else ''}{f' + {wo_cast}' if wo_cast and wo_in else ''}) B x T x I, I={I}",
+            3 if p else 1,
+        )
+    else:
+        own = {"gelu": 1, "gated-gelu": 4, "gated-silu": 1, "gated-relu": 1}.get(proj, 1)
+        gated = proj.startswith("gated-")
+        # gated: act(wi_0 x) and wi_1 x saved by their product (ReLU's output is the one it saves itself)
+        n_act = own + (2 if gated else 0) - (1 if proj == "gated-relu" else 0)
+        ff = (n_act + (1 if p > 0 else 0) / ec + (1 if wo_in else 0)) * ec * T * I
+        add(
+            f"feed-forward activation internals ({proj})" + (", dropout mask" if p else ""),
+            (n_act * ec + (1 if p > 0 else 0)) * T * I,
+            f"({n_act} x {ec}{' + 1' if p else ''}) B x T x I, I={I}",
+            n_act + (1 if p else 0),
+        )
+        consumers(MLP_OUT, I, T, ec, "feed-forward wo input")
+    return ff
+
+
+def _dropout_final_norm_and_backward(t: _T5Blocks, per_norm: float, ff: float) -> tuple[float, str]:
+    """Dropout masks, the encoder's final norm, and the decoder self-attention's softmax backward (math path) as
+    (bytes, formula)."""
+    D, out, r, ec, eager, full = t.D, t.out, t.r, t.ec, t.eager, t.full
+    p, bass, share, avg, grad_bias = t.p, t.bass, t.share, t.avg, t.grad_bias
+    T, h, b, s, a, hq = D.T, D.h, D.b, D.s, D.a, D.hq
+    if p > 0:
+        avg("residual dropout masks", 2 * T * h, 3 * T * h, share.format(e=2, d=3) + " x 1 B x T x h", 3)
+        # the embeddings' and the final dropouts of each stack
+        out.pre.append(
+            Term("embedding and final dropout masks (both stacks)", 4 * T * h, "4 x 1 B x T x h", 4)
+        )
+    # the encoder's final norm (the decoder's is the model's final norm)
+    enc_norm = 4 * T * h + 4 * T + (r * T * h if r != 4 else 0) + (r * T * h if full else 0)
+    out.pre.append(Term("encoder final T5LayerNorm", enc_norm, "as a block's norm", 3))
+    # the decoder self-attention's softmax backward (math path): fp32 gradients of the probabilities and scores
+    if grad_bias and not eager:
+        # the last decoder block runs backward first: by its self-attention's softmax backward its feed-forward
+        # and cross-attention sub-layers (their norms included) and o's input copy have released what they saved;
+        # alive: the fp32 gradients of the probabilities and of the scores, the residual gradient (r B x T x h),
+        # the fp32 gradient of the attention output and of v
+        ff_in = (ec if full else 0) * T * h
+        cross = ec * T * 4 * hq + 4 * b * a * s + (ec if full else 0) * T * h
+        freed = ff + ff_in + cross + 2 * per_norm + (ec if full else 0) * T * hq
+        held = r * T * h + 2 * 4 * T * hq
+        return (
+            8 * bass + held - freed,
+            f"(4 + 4) B x b x a x s x s + {fmt_int(held)} B of gradients - {fmt_int(freed)} B released "
+            "(the block's feed-forward, cross-attention, their norms, o's input)",
+        )
+    return 0, ""

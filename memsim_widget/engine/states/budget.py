@@ -1,0 +1,89 @@
+"""The model-state items of one rank (``StateBudget``, sorted by when they are alive) and the parameter groups a
+rank holds after tensor and expert parallelism (``LocalGroup``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from memsim_widget.architecture import ParamGroup
+from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.frameworks import embedding_split
+from memsim_widget.engine.items import Item
+
+
+@dataclass
+class LocalGroup:
+    """A parameter group as it sits on one rank: tensor count and per-tensor elements after tp/ep."""
+
+    group: ParamGroup
+    count: int
+    numel_each: int
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.count * self.numel_each
+
+
+@dataclass
+class StateBudget:
+    """Model-state items of one rank, sorted by when they are alive."""
+
+    persistent: list[Item] = field(default_factory=list)  # weights, master, optimizer states
+    grads: list[Item] = field(default_factory=list)  # all gradients of the step on this rank
+    post_grads: list[Item] = field(default_factory=list)  # gradients of the head and final norm
+    grads_but_bottom: list[Item] = field(default_factory=list)  # all but layer 0's and the embeddings'
+    gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
+    gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
+    # FSDP2 without reshard after forward: the unsharded layers kept from their forward to their backward --
+    # all but the last layer (which becomes the layer in backward) and that last one
+    kept_unsharded: list[Item] = field(default_factory=list)
+    kept_unsharded_last: list[Item] = field(default_factory=list)
+    step_temps: list[Item] = field(default_factory=list)
+    host: list[Item] = field(default_factory=list)
+    grad_bytes_per_layer: float = 0.0
+    pre_post_grad_bytes: int = 0
+    largest_grad_bytes: int = 0
+    trainable_local: int = 0
+    params_local: int = 0
+
+
+def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
+    """The parameter groups held by ``stage``, split by tensor and expert parallelism."""
+    arch, par = ctx.arch, ctx.par
+    out: list[LocalGroup] = []
+    for g in arch.params:
+        if g.scope == "layer":
+            count = g.count * stage.layers // arch.num_layers
+        elif g.scope == "pre":
+            count = g.count if stage.first else 0
+        else:
+            count = g.count if stage.last else 0
+        if g.expert and par.ep > 1:
+            count //= par.ep
+        shape = list(g.shape)
+        if g.tp_dim is not None and par.tp > 1 and (g.kind != "embedding" or embedding_split(ctx)):
+            shape[g.tp_dim] = -(-shape[g.tp_dim] // par.tp)
+        if count:
+            out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))
+    # Tied input/output embeddings with pp > 1: the last stage keeps its own copy for the head.
+    if arch.tied_embeddings and ctx.par.pp > 1 and stage.last and not stage.first:
+        emb = max((g for g in arch.params if g.kind == "embedding"), key=lambda g: g.numel)
+        shape = list(emb.shape)
+        if emb.tp_dim is not None and par.tp > 1:
+            shape[emb.tp_dim] = -(-shape[emb.tp_dim] // par.tp)
+        out.append(
+            LocalGroup(
+                ParamGroup("lm_head.weight (tied copy)", "head", emb.shape, 1, "post", emb.tp_dim, "lm_head"),
+                1,
+                math.prod(shape),
+                tuple(shape),
+            )
+        )
+    return out
+
+
+def shard_note(divisor: int, why: str) -> str:
+    """`` / N (why)`` for a formula when a state is sharded N ways, else nothing."""
+    return f" / {divisor} ({why})" if divisor > 1 else ""

@@ -1,0 +1,154 @@
+"""ZeRO-3 / FSDP on one rank: the unsharded units a sharded model gathers around the layer being computed --
+FSDP2's (traced, docs/fidelity-parallel.md) and DeepSpeed's (formula only)."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.frameworks import gathered_weight_bytes, parameters_fetched_from_host, profile
+from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.states.budget import LocalGroup, StateBudget
+
+
+def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
+    """The gathered units of ZeRO-3 / FSDP when parameters are sharded (or fetched from the host)."""
+    par = ctx.par
+    dp = par.dp * par.cp
+    z = par.zero
+    fetched = parameters_fetched_from_host(ctx)
+    if z >= 3 and (dp > 1 or fetched):
+        per_layer = sum(g.numel for g in groups if g.group.scope == "layer") // max(stage.layers, 1)
+        root = sum(g.numel for g in groups if g.group.scope != "layer")
+        if profile(ctx).zero3 == "fsdp2" and not fetched:
+            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers)
+        else:
+            _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
+
+
+def _kept_unsharded(b: StateBudget, per_layer: int, wb: int, layers: int) -> None:
+    """``reshard_after_forward=False``: each layer's unsharded parameters stay from its forward until its own
+    backward has run (FSDP2 skips the post-forward reshard; the post-backward one frees them)."""
+    if layers > 1:
+        b.kept_unsharded.append(
+            Item(
+                "parameters",
+                "FSDP2 unsharded layers kept for backward (reshard_after_forward=False)",
+                (layers - 1) * per_layer * wb,
+                f"{layers - 1} layers x {fmt_int(per_layer)} params x {wb} B",
+                "tensor",
+                9 * (layers - 1),
+            )
+        )
+    b.kept_unsharded_last.append(
+        Item(
+            "parameters",
+            "FSDP2 unsharded last layer kept for backward (reshard_after_forward=False)",
+            per_layer * wb,
+            f"{fmt_int(per_layer)} params x {wb} B",
+            "tensor",
+            9,
+        )
+    )
+
+
+def _fsdp2_units(
+    ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b: int, stage_layers: int = 1
+) -> None:
+    """FSDP2 ``fully_shard`` per layer and on the root (torchtitan's wrapping), as its trace shows.
+
+    The unsharded parameters are a separate buffer beside the shard (the root's stay unsharded from the
+    forward until its backward ends); the last all-gather output is held until the next all-gather
+    (FSDP2's ``AllGatherState``, so the copy stream cannot reuse memory still read); in backward a layer is
+    unsharded while the next one's all-gather is prefetched. Checked: docs/fidelity-parallel.md.
+    """
+    wb = gathered_weight_bytes(ctx)
+    if root:
+        b.gathered.append(
+            Item(
+                "parameters",
+                "FSDP2 unsharded root unit (embeddings, final norm, head)",
+                root * wb,
+                f"{fmt_int(root)} params x {wb} B (beside the shard)",
+                "tensor",
+                3,
+            )
+        )
+    if ctx.par.reshard_after_forward:  # without it no all-gather output outlives its copy-out (traced)
+        b.gathered.append(
+            Item(
+                "parameters",
+                "FSDP2 all-gather output of the last unit (held until the next all-gather)",
+                per_layer * wb,
+                f"{fmt_int(per_layer)} params/layer x {wb} B",
+                "tensor",
+                1,
+            )
+        )
+    b.gathered_grads.append(
+        Item(
+            "parameters",
+            "FSDP2 unsharded parameters of the layer in backward",
+            per_layer * wb,
+            f"{fmt_int(per_layer)} params/layer x {wb} B",
+            "tensor",
+            9,
+        )
+    )
+    if not ctx.par.reshard_after_forward:
+        _kept_unsharded(b, per_layer, wb, stage_layers)
+    if ctx.full_training:
+        b.gathered_grads.append(
+            Item(
+                "gradients",
+                "FSDP2 unsharded gradients of one layer (before its reduce-scatter)",
+                per_layer * grad_b,
+                f"{fmt_int(per_layer)} x {grad_b} B",
+                "tensor",
+                1,
+            )
+        )
+
+
+def _deepspeed_units(
+    ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b: int, dp: int, fetched: bool
+) -> None:
+    """DeepSpeed ZeRO-3 (and parameter offload): the unit computing plus the prefetched next one, and the
+    root's gathered parameters (DeepSpeed's estimator budgets a few units; formula only, not traced)."""
+    recipe = ctx.recipe
+    wb = gathered_weight_bytes(ctx)
+    b.gathered.append(
+        Item(
+            "parameters",
+            "ZeRO-3 gathered layers (current + prefetched)",
+            2 * per_layer * wb,
+            f"2 x {fmt_int(per_layer)} params/layer x {wb} B",
+            "tensor",
+            2,
+        )
+    )
+    if root:
+        b.gathered.append(
+            Item(
+                "parameters",
+                "ZeRO-3 gathered root unit (embeddings, head)",
+                root * wb - (0 if fetched or wb != recipe.weight_bytes else root * wb // dp),
+                f"{fmt_int(root)} x {wb} B"
+                + (
+                    " (fetched from host)"
+                    if fetched
+                    else (f" x (1 - 1/{dp})" if wb == recipe.weight_bytes else " (bf16 copy)")
+                ),
+                "tensor",
+                2,
+            )
+        )
+    if ctx.full_training:
+        b.gathered_grads.append(
+            Item(
+                "gradients",
+                "ZeRO-3 unsharded gradients of one layer",
+                per_layer * grad_b,
+                f"{fmt_int(per_layer)} x {grad_b} B",
+                "tensor",
+                1,
+            )
+        )

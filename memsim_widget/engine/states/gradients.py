@@ -1,0 +1,116 @@
+"""Gradients on one rank: the step's gradients (ZeRO-2 sharded, or one at a time with the optimizer in
+backward), DDP's flat buckets, the parts alive at each moment of backward, and DeepSpeed's ZeRO-1/2 reduce
+bucket."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.frameworks import profile, reduce_bucket_elements
+from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
+from memsim_widget.engine.states.trained import Trained, trainable_scopes
+
+
+def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained, b: StateBudget) -> None:
+    """The gradient items of ``b``, and the per-layer and pre/post gradient bytes the timeline reads."""
+    sc, par = ctx.scenario, ctx.par
+    dp = par.dp * par.cp  # ZeRO/FSDP shard over the data-parallel (and context-parallel) group
+    z = par.zero
+    trainable, grad_b, what = tr.entries, tr.grad_b, tr.what
+    n_train, tensors_train = tr.n, tr.tensors
+    g_div = dp if z >= 2 else 1
+    grad_total = n_train * grad_b // g_div
+    if sc.optimizer_in_backward:
+        largest = max(e for _, _, e in trainable)
+        b.grads.append(
+            Item(
+                "gradients",
+                "gradient of the parameter being updated (optimizer in backward)",
+                largest * grad_b,
+                f"largest param {fmt_int(largest)} x {grad_b} B",
+                "tensor",
+                1,
+            )
+        )
+    else:
+        b.grads.append(
+            Item(
+                "gradients",
+                "gradients",
+                grad_total,
+                f"{fmt_int(n_train)} {what} x {grad_b} B{shard_note(g_div, 'ZeRO-2 dp shard')}",
+                "tensor",
+                tensors_train,
+            )
+        )
+    if par.dp > 1 and z == 0 and profile(ctx).ddp_buckets and not sc.optimizer_in_backward:
+        # allocated when DDP wraps the model and kept for the whole run (the Reducer's bucket tensors), so
+        # alive at every moment; FSDP2-based replicate (traced) keeps an unsharded parameter copy of the same size
+        b.persistent.append(
+            Item(
+                "gradients",
+                "DDP gradient buckets",
+                n_train * grad_b,
+                f"{fmt_int(n_train)} x {grad_b} B (DDP flat buckets, gradient_as_bucket_view=False; "
+                "allocated at wrap time)",
+                "tensor",
+                max(1, n_train * grad_b // (25 * 1024**2)),
+            )
+        )
+    layer_train = sum(
+        c * e for (_, c, e), g in zip(trainable, trainable_scopes(ctx, groups), strict=False) if g == "layer"
+    )
+    b.grad_bytes_per_layer = layer_train * grad_b / g_div / max(stage.layers, 1)
+    b.pre_post_grad_bytes = max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
+    if not sc.optimizer_in_backward and ctx.full_training:
+        n_pre = sum(
+            g.numel for g in groups if g.group.scope == "pre" and g.group.stack not in ctx.frozen_stacks
+        )
+        missing = int(b.grad_bytes_per_layer) + n_pre * grad_b // g_div
+        b.grads_but_bottom = [
+            *b.grads[1:],
+            Item(
+                "gradients",
+                "gradients (all but the bottom layer's and the embeddings', still to come)",
+                max(0, grad_total - missing),
+                f"{fmt_int(n_train)} params x {grad_b} B - 1 layer - embeddings"
+                f"{shard_note(g_div, 'ZeRO-2 dp shard')}",
+                "tensor",
+                max(1, tensors_train - 10),
+            ),
+        ]
+    else:
+        b.grads_but_bottom = list(b.grads)
+    if ctx.full_training and not sc.optimizer_in_backward:
+        n_post = sum(
+            g.numel for g in groups if g.group.scope == "post" and g.group.stack not in ctx.frozen_stacks
+        )
+        if n_post:
+            b.post_grads.append(
+                Item(
+                    "gradients",
+                    "gradients of the head and final norm",
+                    n_post * grad_b // g_div,
+                    f"{fmt_int(n_post)} params x {grad_b} B",
+                    "tensor",
+                    2,
+                )
+            )
+    b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
+
+
+def reduce_bucket(ctx: Context, n_train: int, b: StateBudget) -> None:
+    """DeepSpeed ZeRO-1/2's gradient reduce buffer (``reduce_bucket_size`` elements in the weight dtype)."""
+    sc, recipe = ctx.scenario, ctx.recipe
+    bucket = min(reduce_bucket_elements(ctx), n_train)
+    if bucket and not sc.optimizer_in_backward:
+        b.persistent.append(
+            Item(
+                "gradients",
+                "DeepSpeed gradient reduce bucket (reduce_bucket_size)",
+                bucket * recipe.weight_bytes,
+                f"min(5e8, {fmt_int(n_train)}) elements x {recipe.weight_bytes} B (ipg_buffer)",
+                "tensor",
+                1,
+            )
+        )

@@ -1,0 +1,80 @@
+"""What trains on one rank: every parameter of the unfrozen stacks under full training, else the LoRA adapters
+(whose weights are an item of their own), with the bytes per element of their gradient, optimizer state and
+master copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.states.budget import LocalGroup, StateBudget
+
+
+@dataclass
+class Trained:
+    """The trained tensors as (shape, count, elements each), and the bytes per element of their gradient,
+    optimizer state and master copy; ``what`` names them in formulas."""
+
+    entries: list[tuple[tuple[int, ...], int, int]]
+    grad_b: int
+    state_b: int
+    master_b: int
+    what: str
+
+    @property
+    def n(self) -> int:
+        """Trained elements on this rank."""
+        return sum(c * e for _, c, e in self.entries)
+
+    @property
+    def tensors(self) -> int:
+        """Trained tensors on this rank."""
+        return sum(c for _, c, _ in self.entries)
+
+
+def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget) -> Trained:
+    """What trains on this rank of ``stage``; adds the LoRA adapters' weights to ``b``."""
+    sc, recipe = ctx.scenario, ctx.recipe
+    if ctx.full_training:
+        # a frozen stack (a VLM's vision tower) has weights but no gradient or optimizer state
+        trainable = [
+            (g.shape, g.count, g.numel_each) for g in groups if g.group.stack not in ctx.frozen_stacks
+        ]
+        grad_b, state_b, master_b = recipe.grad_bytes, recipe.state_bytes, recipe.master_bytes
+        what = "params"
+    else:
+        a_bytes = ctx.adapter_bytes
+        frac = stage.layers / ctx.arch.num_layers
+        trainable = []
+        for ad in ctx.adapters:
+            cnt = max(1, round(ad.base.count * frac)) if ad.base.scope == "layer" else ad.base.count
+            trainable.append(((ad.rank, ad.in_features), cnt, ad.rank * ad.in_features))
+            trainable.append(((ad.out_features, ad.rank), cnt, ad.rank * ad.out_features))
+        n_ad = sum(c * e for _, c, e in trainable)
+        b.persistent.append(
+            Item(
+                "parameters",
+                "LoRA adapter weights",
+                n_ad * a_bytes,
+                f"{fmt_int(n_ad)} adapter params x {a_bytes} B "
+                f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})",
+                "tensor",
+                sum(c for _, c, _ in trainable),
+            )
+        )
+        grad_b = a_bytes
+        state_b = 4 if recipe.master_bytes else a_bytes
+        master_b = 0
+        what = "adapter params"
+    return Trained(trainable, grad_b, state_b, master_b, what)
+
+
+def trainable_scopes(ctx: Context, groups: list[LocalGroup]) -> list[str]:
+    """Scope of each trainable entry, aligned with the trainable list built in ``model_states``."""
+    if ctx.full_training:
+        return [g.group.scope for g in groups if g.group.stack not in ctx.frozen_stacks]
+    out: list[str] = []
+    for ad in ctx.adapters:
+        out += [ad.base.scope, ad.base.scope]
+    return out

@@ -1,0 +1,103 @@
+"""Weights on one rank: plain (in the recipe's weight dtype), NF4 under QLoRA (Dettmers et al. 2023, arXiv
+2305.14314: 0.5 B/param plus block absmax), and the fp8 recipe's weight and transpose cache."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import quantises_module
+from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
+
+#: NF4 storage per element with double quantisation: 4 bits + int8 absmax per 64 + fp32 per 256 absmaxes.
+NF4_BLOCK = 64
+NF4_DQ_BLOCK = 256
+
+
+def nf4_bytes(numel: int) -> int:
+    """Bytes of one NF4-quantised weight with double-quantised absmax (bitsandbytes Params4bit)."""
+    blocks = math.ceil(numel / NF4_BLOCK)
+    return math.ceil(numel / 2) + blocks + 4 * math.ceil(blocks / NF4_DQ_BLOCK) + 4
+
+
+def _placement(ctx: Context) -> tuple[int, str, str, str]:
+    """How the weights sit on this rank: the ZeRO-3 shard divisor (over dp x cp) and its note, the level (host
+    when parameters are offloaded) and the tensor-parallel note."""
+    par = ctx.par
+    w_div = (
+        par.dp * par.cp if par.zero >= 3 else 1
+    )  # ZeRO/FSDP shard over the data- (and context-) parallel group
+    w_note = shard_note(w_div, "ZeRO-3 dp shard")
+    weight_level = "host" if par.offload == "optimizer+params" else "tensor"
+    tp_note = f" (tp={par.tp} split)" if par.tp > 1 else ""
+    return w_div, w_note, weight_level, tp_note
+
+
+def _plain_weights(ctx: Context, kind: str, n: int, tensors: int) -> Item:
+    """Unquantised weights of one kind on this rank."""
+    recipe = ctx.recipe
+    w_div, w_note, weight_level, tp_note = _placement(ctx)
+    return Item(
+        "parameters",
+        f"{kind} weights",
+        n * recipe.weight_bytes // w_div,
+        f"{fmt_int(n)} params x {recipe.weight_bytes} B{tp_note}{w_note}",
+        weight_level,
+        tensors,
+    )
+
+
+def weights(ctx: Context, groups: list[LocalGroup], b: StateBudget) -> None:
+    """The weights of ``groups`` by kind (NF4 where QLoRA quantises them), then the fp8 weight cache."""
+    sc, recipe = ctx.scenario, ctx.recipe
+    w_div, w_note, weight_level, tp_note = _placement(ctx)
+    quantised = sc.method == "qlora"
+    by_kind: dict[str, list[LocalGroup]] = defaultdict(list)
+    for g in groups:
+        by_kind[g.group.kind].append(g)
+    for kind, gs in by_kind.items():
+        n = sum(g.numel for g in gs)
+        tensors = sum(g.count for g in gs)
+        if (
+            quantised
+            and kind not in ("embedding", "head", "norm", "position")
+            and any(g.group.module for g in gs)
+        ):
+            q = [g for g in gs if quantises_module(ctx, g.group.module) and len(g.shape) >= 2]
+            rest = [g for g in gs if g not in q]
+            qbytes = sum(nf4_bytes(g.numel_each) * g.count for g in q)
+            nq = sum(g.numel for g in q)
+            b.persistent.append(
+                Item(
+                    "parameters",
+                    f"{kind} weights (NF4)",
+                    qbytes // w_div,
+                    f"{fmt_int(nq)} x (0.5 B + 1 B/64 absmax + 4 B/16384){tp_note}{w_note}",
+                    weight_level,
+                    sum(g.count for g in q) * 2,
+                )
+            )
+            if not q:  # nothing of this kind is quantised (torchtune: only LoRA-wrapped Linears)
+                b.persistent.append(_plain_weights(ctx, kind, n, tensors))
+                continue
+            if rest:
+                b.persistent.append(
+                    _plain_weights(ctx, kind, sum(g.numel for g in rest), sum(g.count for g in rest))
+                )
+            continue
+        b.persistent.append(_plain_weights(ctx, kind, n, tensors))
+
+    if recipe.weight_copy_bytes and not recipe.autocast:
+        nl = sum(g.numel for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
+        b.persistent.append(
+            Item(
+                "parameters",
+                "fp8 weight and transpose cache",
+                nl * recipe.weight_copy_bytes,
+                f"{fmt_int(nl)} Linear weights x {recipe.weight_copy_bytes} B (fp8 + transpose)",
+                "tensor",
+                2,
+            )
+        )
