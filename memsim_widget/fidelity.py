@@ -1233,6 +1233,16 @@ CASES += [
         ("bf16 sdpa trained tower, 2 images per sample", {"freeze_vision": False, "images_per_sample": 2}),
     )
 ]
+CASES += [  # the Scout preset's real shape (fake tensors: ~15 s each)
+    (
+        "llama-4-scout-17b-16e bf16 lora qv b1 s512+147 (real shape, frozen tower)",
+        {"model": "llama-4-scout-17b-16e", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "llama-4-scout-17b-16e bf16 full b1 s512+147 (real shape, trained tower)",
+        {"model": "llama-4-scout-17b-16e", "micro_batch_size": 1, "seq_len": 512, "freeze_vision": False},
+    ),
+]
 
 
 #: Preference and RL training steps (``trace/objectives.py``: TRL's loop on fake tensors). A 32k vocabulary makes
