@@ -23,6 +23,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from memsim_widget.engine import parts_cache  # noqa: E402
 from memsim_widget.engine.core import _estimate, estimate  # noqa: E402
 from memsim_widget.plan import plan, vector  # noqa: E402
 from memsim_widget.plan.search import base_scenario  # noqa: E402
@@ -37,6 +38,7 @@ def clear_caches() -> None:
     vector.state_row.cache_clear()
     vector.act_row.cache_clear()
     _estimate.cache_clear()
+    parts_cache.cache_clear()
 
 
 def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]

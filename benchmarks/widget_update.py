@@ -2,8 +2,9 @@
 
 Usage: ``python benchmarks/widget_update.py [--n 50] [--model llama-3.1-8b] [--json]``. Prints medians (ms):
 
-* ``update (cold)``: a front-end write of ``scenario_data`` with the caches cleared first, so every
-  estimate (the scenario and the 22 scaling stops) is recomputed: the worst case of moving a control
+* ``update (cold)``: a front-end write of ``scenario_data`` with the caches cleared first (the engine's
+  cached parts too), so every estimate (the scenario and the 22 scaling stops) is recomputed from nothing:
+  the worst case of moving a control
   (moving the micro-batch or sequence slider reuses that axis' curve: about half of it);
 * ``update (warm)``: the same writes again, estimates cached (moving back to a value seen before);
 * ``scaling view (cold)``: ``charts.scaling_data`` + ``scaling_spec`` alone, cache cleared;
@@ -17,6 +18,8 @@ The browser round trip (kernel message + vega re-embed) is not measured here.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import statistics
 import time
@@ -29,11 +32,18 @@ from memsim_widget.widget import MemSim, build_result, merge
 
 
 def _clear_cache() -> None:
-    """Forget cached estimates (the engine memoises them per scenario) and cached scaling curves."""
-    for fn in (getattr(core, "_estimate", None), getattr(charts, "_scaling_points", None)):
+    """Forget cached estimates (the engine memoises them per scenario), the engine's cached parts (model
+    states and activation terms, ``engine/parts_cache``) and cached scaling curves."""
+    parts = importlib.import_module("memsim_widget.engine.parts_cache") if _has_parts_cache() else None
+    for fn in (getattr(core, "_estimate", None), parts, getattr(charts, "_scaling_points", None)):
         clear = getattr(fn, "cache_clear", None)
         if clear is not None:
             clear()
+
+
+def _has_parts_cache() -> bool:
+    """Whether this version of the engine caches its parts (older ones, measured for comparison, do not)."""
+    return importlib.util.find_spec("memsim_widget.engine.parts_cache") is not None
 
 
 def _median_ms(fn: Callable[[int], Any], n: int, cold: bool) -> float:

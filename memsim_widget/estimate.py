@@ -468,6 +468,10 @@ class Estimate:
             "caveat"
         ):  # Llama 4: one tile per image; transformers 5.24's forward (families/llama4_vlm.py)
             out.append(v["caveat"])
+        if v.get(
+            "image_note"
+        ):  # Qwen2-VL, LLaVA-NeXT: the image size the token count assumes (the family's text)
+            out.append(v["image_note"])
         if v["kind"] == "llava":
             out.append(
                 f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "

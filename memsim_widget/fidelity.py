@@ -1097,7 +1097,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
 ]
 
-# ----- multimodal (families/clip.py, families/llava.py, engine/vision.py) -----------------------------------------
+# ----- multimodal (families/clip.py, llava.py, llava_next.py, qwen2_vl.py; engine/vision*.py) -----------------------------------------
 #: CLIP: 4-layer text tower (77 tokens) and 4-layer ViT-B/16-shaped vision tower at 224px (196 patches + CLS)
 CLIP = {
     "model_type": "clip",
@@ -1139,6 +1139,58 @@ GEMMA3_VLM = {
     "text_config": {**GEMMA3, "eos_token_id": 1, "bos_token_id": 2, "pad_token_id": 0},
     "vision_config": {"model_type": "siglip_vision_model", **CLIP["vision_config"], "vision_use_head": False},
 }
+#: Qwen2-VL: a 4-layer tower (e 256, 8 heads, quick_gelu MLP 4e) at 224 x 224 px (16 x 16 patches: 256 patches,
+#: 64 tokens per image after the 2 x 2 merger) and the small Llama's sizes as the Qwen2 language model (M-RoPE
+#: sections for its 32-wide heads)
+_QWEN_LM = {
+    **{k: v for k, v in LLAMA.items() if k != "model_type"},
+    "image_token_id": 990,
+    "video_token_id": 991,
+    "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]},
+}
+QWEN2_VL = {
+    "model_type": "qwen2_vl",
+    **_QWEN_LM,
+    "vision_config": {"depth": 4, "embed_dim": 256, "mlp_ratio": 4, "num_heads": 8, "hidden_size": 256},
+    "image_size": 224,
+}
+#: Qwen2.5-VL: the same sizes with RMSNorm and a SwiGLU MLP (I 1024), window attention (112 px windows: 2 x 2
+#: windows of 8 x 8 patches) in blocks 0 and 2, full attention in blocks 1 and 3
+QWEN2_5_VL = {
+    "model_type": "qwen2_5_vl",
+    **_QWEN_LM,
+    "vision_config": {
+        "depth": 4,
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_heads": 8,
+        "out_hidden_size": 256,
+        "fullatt_block_indexes": [1, 3],
+    },
+    "image_size": 224,
+}
+#: LLaVA-NeXT: the LLaVA case's tower (224 px crops, 196 rows each) and Llama, pinpoints [224, 448], [448, 224],
+#: [448, 448]; a 300 x 500 image picks 448 x 448: 4 tiles + the base crop, 196 + 16 x 28 unpadded + 16 newline
+#: = 660 tokens
+LLAVA_NEXT = {
+    **LLAVA,
+    "model_type": "llava_next",
+    "image_grid_pinpoints": [[224, 448], [448, 224], [448, 448]],
+    "image_size": [300, 500],
+}
+_QWEN_KEYS = (
+    ("bf16 sdpa frozen tower", {}),
+    ("bf16 sdpa trained tower", {"freeze_vision": False}),
+    ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+    ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
+    ("bf16 lora qv (LM only)", _LORA_QV),
+    (
+        "bf16 lora all-linear (LM, tower, merger)",
+        {"method": "lora", "lora": {"rank": 8, "targets": ["all-linear"]}, "freeze_vision": False},
+    ),
+    ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
+    ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
+)
 MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     *(
         (f"clip {label} b8 s77", {"model": CLIP, "micro_batch_size": 8, "seq_len": 77, **keys})
@@ -1189,6 +1241,61 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
         "gemma3 bf16 sdpa b2 s256 (no image: token_type_ids still mask every layer)",
         {"model": GEMMA3_VLM, "micro_batch_size": 2, "seq_len": 256, "images_per_sample": 0},
     ),
+    *(
+        (f"{name} {label} b2 s256+64", {"model": model, "micro_batch_size": 2, "seq_len": 256, **keys})
+        for name, model in (("qwen2_vl", QWEN2_VL), ("qwen2_5_vl", QWEN2_5_VL))
+        for label, keys in _QWEN_KEYS
+    ),
+    *(
+        (
+            f"llava_next {label} b2 s256+660",
+            {"model": LLAVA_NEXT, "micro_batch_size": 2, "seq_len": 256, **keys},
+        )
+        for label, keys in (
+            ("bf16 sdpa frozen tower", {}),
+            ("bf16 sdpa trained tower", {"freeze_vision": False}),
+            ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
+            ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV),
+            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
+            ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
+        )
+    ),
+    (
+        "llava_next bf16 sdpa frozen tower b1 s256+2x616 (2 images of 600 x 300 px: 3 crops, 616 tokens each)",
+        {
+            "model": {**LLAVA_NEXT, "image_size": [600, 300]},
+            "micro_batch_size": 1,
+            "seq_len": 256,
+            "images_per_sample": 2,
+            "output_lifetime": "backward",
+        },
+    ),
+    (
+        "qwen2_vl bf16 sdpa trained tower b2 s256+2x96 (2 images of 224 x 336 px per sample)",
+        {
+            "model": {**QWEN2_VL, "image_size": [224, 336]},
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "images_per_sample": 2,
+            "freeze_vision": False,
+        },
+    ),
+    (
+        "qwen2_vl amp-bf16 sdpa b2 s256 (no image: the merger gets no gradient, no state)",
+        {
+            "model": QWEN2_VL,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "precision": "amp-bf16",
+            "images_per_sample": 0,
+        },
+    ),
+    (
+        "qwen2_5_vl bf16 sdpa frozen tower b2 s256+64 (output held through backward)",
+        {"model": QWEN2_5_VL, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
+    ),
     # the presets' real shapes (fake tensors: 10-45 s each)
     (
         "llava-1.5-7b bf16 lora qv b1 s512+576 (real shape)",
@@ -1201,6 +1308,18 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "gemma-3-4b bf16 lora qv b1 s512+256 (real shape)",
         {"model": "gemma-3-4b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "qwen2-vl-2b bf16 lora qv b1 s512+256 (real shape, 448 px image)",
+        {"model": "qwen2-vl-2b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "qwen2.5-vl-3b bf16 full b1 s512+256 (real shape, frozen tower)",
+        {"model": "qwen2.5-vl-3b", "micro_batch_size": 1, "seq_len": 512},
+    ),
+    (
+        "llava-v1.6-mistral-7b bf16 lora qv b1 s512+2928 (real shape, 672 px image: 5 crops)",
+        {"model": "llava-v1.6-mistral-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
     ),
     (
         "clip-vit-base-patch32 bf16 sdpa b64 s77 (real shape)",

@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+#: The implementations of a torch optimizer step (``optimizer_impl``); each optimizer lists those it has.
+OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -40,7 +43,7 @@ class OptimizerSpec:
     temp_for_loop: float = 2.0
     temp_fp32_copies: int = 0
     temp_fused: float = 0.0
-    impls: tuple[str, ...] = ("foreach", "fused", "for-loop")
+    impls: tuple[str, ...] = OPTIMIZER_IMPLS
 
     def state_bytes(self, shape: tuple[int, ...], param_state_bytes: int) -> int:
         """Bytes of this optimizer's state for one parameter tensor of ``shape``."""

@@ -18,11 +18,11 @@ from typing import Any
 from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.jsonio import parse_json_object, read_json_object
-from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
+from memsim_widget.rules import ScenarioView, check
 
 METHODS = ("full", "lora", "qlora")
-OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: ``selective``: Megatron's (recompute the attention core, Korthikanti et al. 2022); ``selective-op``: torchtitan's
 #: per-op policy (save the outputs of every other matmul and of attention, recompute the rest); ``full``: one
 #: checkpoint per layer, or per ``checkpoint_every``-th layer (torchtitan's ``selective_ac_option="N"``).
@@ -300,24 +300,7 @@ class ParallelConfig:
         _bool("parallel.reshard_after_forward", self.reshard_after_forward)
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.offload", self.offload, OFFLOADS)
-        if self.sequence_parallel and self.tp == 1:
-            raise ScenarioError("parallel.sequence_parallel", "needs tp > 1")
-        if self.ep > 1 and (self.dp * self.cp) % self.ep:
-            raise ScenarioError("parallel.ep", f"must divide dp*cp = {self.dp * self.cp}, got {self.ep}")
-        if self.pp_schedule == "interleaved" and self.virtual_stages < 2:
-            raise ScenarioError(
-                "parallel.virtual_stages", "the interleaved schedule needs virtual_stages >= 2"
-            )
-        if self.virtual_stages > 1 and self.pp_schedule != "interleaved":
-            raise ScenarioError(
-                "parallel.virtual_stages", "virtual_stages > 1 needs pp_schedule 'interleaved'"
-            )
-        if self.offload != "none" and self.zero == 0:
-            raise ScenarioError(
-                "parallel.offload", "offload needs ZeRO stage >= 1 (DeepSpeed ZeRO-Offload / FSDP)"
-            )
-        if self.offload == "optimizer+params" and self.zero != 3:
-            raise ScenarioError("parallel.offload", "offloading parameters needs zero 3")
+        check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
                 "parallel", f"dp*tp*pp*cp = {self.world_size:,} GPUs is more than {MAX_GPUS:,} (2**20)"
@@ -402,8 +385,9 @@ class Scenario:
     ``objective`` (optional, unset = ``sft``) -- ``sft``, ``dpo``, ``orpo``, ``kto``, ``grpo`` or ``ppo``,
     orthogonal to ``method`` (which weights train); ``rl`` (optional) -- its knobs, see ``RLConfig``.
 
-    Multimodal models (CLIP, LLaVA, Gemma 3) only; a text model refuses them: ``images_per_sample`` -- images per sample
-    (unset: 1); LLaVA adds each image's tokens to the ``seq_len`` text tokens, CLIP trains image-text pairs (1).
+    Multimodal models (CLIP, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Gemma 3) only; a text model refuses them:
+    ``images_per_sample`` -- images per sample (unset: 1); the VLMs add each image's tokens to the ``seq_len`` text
+    tokens (Qwen2-VL and LLaVA-NeXT from the model config's ``image_size``), CLIP trains image-text pairs (1).
     ``freeze_vision`` -- the vision tower is frozen: no gradient, no optimizer state, no LoRA adapter on it, and
     (its input being pixels) nothing saved for its backward; unset: the model's recipe (LLaVA true, CLIP false).
     """
@@ -473,18 +457,8 @@ class Scenario:
         ):
             object.__setattr__(self, name, _int(name, getattr(self, name), maximum=top))
         _choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
-        if self.activation_checkpointing == "selective-op" and self.framework == "megatron":
-            raise ScenarioError(
-                "activation_checkpointing",
-                "'selective-op' is torchtitan's per-op policy; Megatron's are 'selective' and 'full'",
-            )
         if self.checkpoint_every is not None:
             object.__setattr__(self, "checkpoint_every", _int("checkpoint_every", self.checkpoint_every))
-            if self.checkpoint_every > 1 and self.activation_checkpointing != "full":
-                raise ScenarioError(
-                    "checkpoint_every",
-                    f"applies to activation_checkpointing 'full' only, got {self.activation_checkpointing!r}",
-                )
         if self.images_per_sample is not None:
             object.__setattr__(
                 self,
@@ -504,14 +478,7 @@ class Scenario:
         _bool("activation_offloading", self.activation_offloading)
         _choice("padding", self.padding, PADDINGS)
         _bool("cuda_lazy_loading", self.cuda_lazy_loading)
-        if self.method == "qlora" and self.precision in ("fp32", "amp-bf16", "amp-fp16"):
-            pass  # QLoRA computes in the precision's compute dtype; all recipes are allowed
-        if (self.checkpoint_every or 1) > 1 and self.activation_offloading:
-            raise ScenarioError(
-                "checkpoint_every", "every-N checkpointing with activation_offloading is not modelled"
-            )
-        if self.optimizer_in_backward and self.grad_accum_steps > 1:
-            raise ScenarioError("optimizer_in_backward", "cannot be combined with grad_accum_steps > 1")
+        check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()
 
     def _check_objective(self) -> None:
@@ -525,31 +492,8 @@ class Scenario:
                 "rl",
                 f'must be an object like {{"num_generations": 8, "reference": "gpu"}}, got {_short(self.rl)}',
             )
+        check("objective", ScenarioView(self))  # rules/objective.py
         obj = self.objective_name
-        if obj == "sft":
-            if self.rl is not None:
-                raise ScenarioError(
-                    "rl", "applies to the objectives dpo, orpo, kto, grpo and ppo; objective is sft"
-                )
-            return
-        rl = self.rl_config
-        if rl.reference == "shared_base" and self.method == "full":
-            raise ScenarioError(
-                "rl.reference", "'shared_base' needs a LoRA/QLoRA policy (its frozen base is the reference)"
-            )
-        if obj == "orpo" and rl.reference not in (None, "none"):
-            raise ScenarioError("rl.reference", "ORPO is reference-free: leave it unset or 'none'")
-        if obj in ("dpo", "kto", "ppo") and rl.reference == "none":
-            raise ScenarioError("rl.reference", f"{obj} needs a reference model (or 'precomputed' log-probs)")
-        if obj in ("grpo", "ppo") and rl.completion_len >= self.seq_len:
-            raise ScenarioError(
-                "rl.completion_len",
-                f"must be below seq_len = {self.seq_len} (prompt + completion), got {rl.completion_len}",
-            )
-        if obj not in ("grpo", "ppo") and rl.rollout != "none":
-            raise ScenarioError("rl.rollout", f"{obj} trains on a fixed dataset: rollout must be 'none'")
-        if rl.completions_per_micro_batch is not None and obj != "grpo":
-            raise ScenarioError("rl.completions_per_micro_batch", f"applies to grpo, objective is {obj}")
         if self.sequences_per_micro_batch > MAX_MICRO_BATCH:
             raise ScenarioError(
                 "rl.num_generations" if obj == "grpo" else "micro_batch_size",

@@ -445,14 +445,14 @@ def test_a_spelling_slip_of_a_supported_type_gets_one_hint(typed: str, meant: st
 @pytest.mark.parametrize(
     "model_type",
     # other architectures one edit or a suffix away from a supported type (Zamba2 and Bamba are state-space
-    # hybrids other than Jamba, Falcon Mamba and Mamba 3 other state-space layouts, Qwen2-VL vision models,
+    # hybrids other than Jamba, Falcon Mamba and Mamba 3 other state-space layouts, Qwen3-VL vision models,
     # BART/OPT/mT5 other layouts), and invented names
     [
         "zamba2",
         "bamba",
         "falcon_mamba",
         "mamba3",
-        "qwen2_vl",
+        "qwen3_vl",
         "bart",
         "opt",
         "mt5",

@@ -34,7 +34,9 @@ def _model_class(model_type: str) -> Any:
         return transformers.ViTForImageClassification
     if model_type == "clip":  # CLIPModel (both towers, projections, logit_scale)
         return transformers.AutoModel
-    if model_type in ("llava", "gemma3", "llama4"):  # Llava-, Gemma3-, Llama4ForConditionalGeneration
+    # LlavaForConditionalGeneration, Gemma3ForConditionalGeneration, LlavaNextForConditionalGeneration,
+    # Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, Llama4ForConditionalGeneration
+    if model_type in ("llava", "gemma3", "llava_next", "qwen2_vl", "qwen2_5_vl", "llama4"):
         return transformers.AutoModelForImageTextToText
     return transformers.AutoModelForCausalLM
 
@@ -64,6 +66,8 @@ def _kind(name: str) -> str:
         return "norm"
     if "multi_modal_projector." in n:
         return "mlp"
+    if n == "model.image_newline" or ".patch_embed." in n:  # LLaVA-NeXT's row-end token, Qwen2-VL's Conv3d
+        return "embedding"
     if n.startswith(("visual_projection", "text_projection", "logit_scale")):
         return "head"
     if "position_embedding." in n or "positional_embedding_vlm" in n:  # Llama 4's tower: the latter

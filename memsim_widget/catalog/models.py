@@ -58,6 +58,9 @@ PRESET_FILES: tuple[str, ...] = (
     "clip",
     "llava",
     "gemma3",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "llava_next",
 )
 
 

@@ -11,10 +11,13 @@ from memsim_widget.catalog.models import architecture_for
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
+from memsim_widget.rules import ScenarioView, check
 from memsim_widget.scenario import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: Linear modules PEFT's "all-linear" skips: the output head.
+#: Parameter stacks of a multimodal model's vision side (tower, its unused layers, projector).
+TOWER_STACKS = ("vision", "vision_unused", "projector")
 _HEAD_MODULES = {"lm_head", "classifier", "cls", "decoder", "head"}
 
 
@@ -61,113 +64,30 @@ class Context:
 
     # ----- checks that need the architecture ---------------------------------------------------
     def _validate(self) -> None:
-        a, p, s = self.arch, self.par, self.scenario
-        if a.num_heads % p.tp:
-            raise ScenarioError(
-                "parallel.tp", f"{a.num_heads} attention heads are not divisible by tp={p.tp}"
-            )
-        if p.tp > 1 and a.num_kv_heads % p.tp and p.tp % a.num_kv_heads:
-            raise ScenarioError(
-                "parallel.tp", f"{a.num_kv_heads} key/value heads and tp={p.tp}: one must divide the other"
-            )
-        chunks = p.pp * p.virtual_stages
-        if a.num_layers % chunks:
-            raise ScenarioError(
-                "parallel.pp",
-                f"{a.num_layers} layers are not divisible by pp*virtual_stages = {chunks}",
-            )
-        if p.ep > 1 and (not a.is_moe or a.num_experts % p.ep):
-            raise ScenarioError(
-                "parallel.ep",
-                f"ep={p.ep} needs an MoE model with experts divisible by ep "
-                f"(this model has {a.num_experts} experts)",
-            )
-        if a.fixed_seq_len is None and a.max_seq_len is not None and s.seq_len > a.max_seq_len:
-            raise ScenarioError(
-                "seq_len",
-                f"must be at most {a.max_seq_len} for this model (the longest sequence its learned position "
-                f"table can index), got {s.seq_len}",
-            )
-        if p.ep > 1 and a.extra.get("expert_parallel_error"):  # Llama 4: every expert takes every token
-            raise ScenarioError("parallel.ep", a.extra["expert_parallel_error"])
-        if a.fixed_seq_len is None and s.seq_len % p.cp:
-            raise ScenarioError("parallel.cp", f"seq_len={s.seq_len} is not divisible by cp={p.cp}")
-        if self.opt.impls and s.optimizer_impl not in self.opt.impls and s.optimizer != "none":
-            raise ScenarioError(
-                "optimizer_impl",
-                f"{s.optimizer} has no {s.optimizer_impl!r} implementation; allowed: {', '.join(self.opt.impls)}",
-            )
-        if s.method != "full" and not self.adapters:
-            raise ScenarioError(
-                "lora.targets",
-                f"{list(s.lora.targets)} match no Linear module of this model; "
-                f"modules: {', '.join(self.linear_modules)}",
-            )
-        broken = a.extra.get("lora_all_linear_error")  # Llama 4: peft's all-linear breaks the model's forward
-        if s.method != "full" and "all-linear" in s.lora.targets and broken:
-            raise ScenarioError("lora.targets", broken)
-        self._validate_vision()
-        if p.pp_microbatches < p.pp and p.pp > 1 and p.pp_schedule == "interleaved":
-            raise ScenarioError(
-                "parallel.pp_microbatches", "the interleaved schedule needs pp_microbatches >= pp"
-            )
+        """The rules against the model (``rules/model.py``, ``rules/multimodal.py``), then the images' bound."""
+        check("model", self.rules_view)
+        self._validate_images()
 
-    def _validate_vision(self) -> None:
-        """The multimodal keys against the model: refused on a text model; what is not modelled is named."""
-        a, p, s = self.arch, self.par, self.scenario
-        v = a.extra.get("vision")
-        if v is None:
-            if s.images_per_sample:
-                raise ScenarioError(
-                    "images_per_sample",
-                    f"{a.model_type!r} is a text model (no vision tower): leave it unset or 0",
-                )
-            if s.freeze_vision is not None:
-                raise ScenarioError("freeze_vision", f"{a.model_type!r} has no vision tower: leave it unset")
-            return
+    @property
+    def rules_view(self) -> ScenarioView:
+        """The scenario as the rules read it, with the model, its Linear modules, the LoRA adapters and the
+        images per sample resolved."""
+        return ScenarioView(
+            self.scenario,
+            arch=self.arch,
+            linear_modules=self.linear_modules,
+            adapters=self.adapters,
+            **{"context.images_per_sample": self.images_per_sample},
+        )
+
+    def _validate_images(self) -> None:
+        """The images of one micro-batch stay a sane count (``MAX_MICRO_BATCH``, the scenario's bound)."""
         from memsim_widget.scenario import MAX_MICRO_BATCH
 
-        if s.micro_batch_size * self.images_per_sample > MAX_MICRO_BATCH:
+        if self.scenario.micro_batch_size * self.images_per_sample > MAX_MICRO_BATCH:
             raise ScenarioError(
                 "images_per_sample",
                 f"micro_batch_size x images_per_sample must be at most {MAX_MICRO_BATCH:,} images per micro-batch",
-            )
-        if v["kind"] == "clip" and self.images_per_sample != 1:
-            raise ScenarioError(
-                "images_per_sample",
-                "CLIP trains image-text pairs: one image per sample (leave it unset or 1)",
-            )
-        for key, value in (("parallel.tp", p.tp), ("parallel.pp", p.pp), ("parallel.cp", p.cp)):
-            if value > 1:
-                raise ScenarioError(
-                    key, f"{a.model_type!r}: tensor, pipeline and context parallelism are not modelled for "
-                    "multimodal models (where the vision tower runs and how it splits); use dp / zero / FSDP",
-                )  # fmt: skip
-        if s.activation_checkpointing in ("selective", "selective-op") or (s.checkpoint_every or 1) > 1:
-            raise ScenarioError(
-                "activation_checkpointing",
-                f"{a.model_type!r}: only none and full (HF gradient checkpointing, every layer of both stacks) are "
-                "modelled for multimodal models",
-            )
-        if s.activation_checkpointing == "full" and v["kind"] == "clip":
-            # traced: the engine came out 14% low (b8 s77), the checkpointed towers' recompute not modelled yet
-            raise ScenarioError(
-                "activation_checkpointing", "full checkpointing is not modelled for CLIP (its two checkpointed "
-                "towers recompute in an order no rule follows yet; a trace showed the estimate 14% low): use none",
-            )  # fmt: skip
-        # (loss "chunked" changes nothing for CLIP: its contrastive loss has no vocabulary logits to chunk)
-        if s.framework not in ("hf",):
-            raise ScenarioError(
-                "framework", f"{a.model_type!r} is modelled as transformers runs it (framework 'hf') only"
-            )
-        if s.method == "qlora":
-            raise ScenarioError(
-                "method", f"qlora is not modelled for {a.model_type!r} (no trace can check it)"
-            )
-        if getattr(s, "objective_name", "sft") != "sft":
-            raise ScenarioError(
-                "objective",
-                f"{s.objective_name!r} is not modelled for the multimodal {a.model_type!r} (sft only)",
             )
 
     # ----- derived facts -----------------------------------------------------------------------
@@ -198,6 +118,9 @@ class Context:
         unused = (
             {"vision_unused"} if self.arch.extra.get("vision") else set()
         )  # LLaVA's tower past the layer read
+        if unused and not self.images_per_sample:
+            # no image: the tower and projector never run, so they get no gradient and AdamW no state (traced)
+            return frozenset({"vision", "projector", *unused})
         return frozenset({"vision", *unused} if self.freeze_vision else unused)
 
     @property
@@ -237,7 +160,10 @@ class Context:
 
     @cached_property
     def linear_modules(self) -> list[str]:
-        return sorted({g.module for g in self.arch.params if g.module})
+        """The Linear modules of the engine's layer stack: a multimodal model's tower and projector have their own
+        rules (engine/vision.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
+        towers = TOWER_STACKS if self.arch.extra.get("vision") else ()
+        return sorted({g.module for g in self.arch.params if g.module and g.stack not in towers})
 
     @cached_property
     def adapters(self) -> tuple[Adapter, ...]:

@@ -8,8 +8,14 @@ from memsim_widget.engine import objectives
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
+from memsim_widget.engine.parts_cache import (
+    cached_activation_groups,
+    cached_activations,
+    cached_model_states,
+    cached_trainable_parameters,
+)
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import moments, offloaded_activations
+from memsim_widget.engine.timeline import offloaded_activations, step_moments
 from memsim_widget.estimate import Estimate, RankEstimate
 from memsim_widget.scenario import Scenario
 
@@ -27,18 +33,20 @@ def _estimate(scenario: Scenario) -> Estimate:
     rl = scenario.objective_name != "sft"
     if rl:
         objectives.check_model(ctx, scenario)
-    acts = activations(ctx)
+    # an objective adds to the parts in place: only the plain step shares them with other scenarios
+    acts = activations(ctx) if rl else cached_activations(ctx)
     if rl:
         acts = objectives.loss_terms(ctx, scenario, acts)
     ws = workspace_items(ctx)
     dev = device_items(ctx)
     ranks = []
     for stage in ctx.stages:
-        states = model_states(ctx, stage)
+        states = model_states(ctx, stage) if rl else cached_model_states(ctx, stage)
         if rl:
             objectives.extra_states(ctx, scenario, stage, states)
-        steady = moments(ctx, stage, states, acts, ws)
-        first = moments(ctx, stage, states, acts, ws, steady=False)
+        steady, first = step_moments(
+            ctx, stage, states, acts, ws, None if rl else cached_activation_groups(ctx, stage)
+        )
         if rl:
             steady += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, steady)
             first += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, first)
@@ -67,5 +75,5 @@ def _estimate(scenario: Scenario) -> Estimate:
         arch=ctx.arch,
         gpu=ctx.gpu,
         ranks=tuple(ranks),
-        trainable_parameters=ctx.trainable_parameters,
+        trainable_parameters=cached_trainable_parameters(ctx),
     )

@@ -27,7 +27,6 @@ from memsim_widget.architecture.types import Architecture
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.activations.ssm import SCAN_CHUNK, ssm_kernel
 from memsim_widget.engine.context import Context
-from memsim_widget.errors import ScenarioError
 
 #: Per-layer terms of the attention block (names the HF rules give them): scaled by the share of attention layers.
 ATTENTION_TERMS = ("attention ", "KV cache")
@@ -56,7 +55,6 @@ def hybrid_activations(ctx: Context, hf: Callable[[Context], ActivationBudget]) 
     ssm = arch.extra["ssm"]
     L = max(arch.num_layers, 1)
     n_attn = arch.extra["attention_layers"]
-    refuse_uneven_stages(ctx)
     out = hf(stack_context(ctx))
     label = f"{n_attn}/{L} attention layers"
     fa = n_attn / L
@@ -130,20 +128,6 @@ def above_the_scan(ctx: Context, per_layer: list[Term]) -> list[Term]:
              f"{gb} B x {numel:,} params", 3),
         Term(f"tensors released before the scan's backward ({where})", -freed, f"-{freed:,.0f} B", 0),
     ]  # fmt: skip
-
-
-def refuse_uneven_stages(ctx: Context) -> None:
-    """Pipeline stages must hold whole blocks of the layer pattern: the averaged layer is then every stage's layer
-    (a stage of 2 Jamba layers holds an attention layer or none, and its activations differ several-fold)."""
-    par, arch = ctx.par, ctx.arch
-    chunks = par.pp * par.virtual_stages
-    period = arch.extra.get("block_period", 1)
-    if chunks > 1 and (arch.num_layers // chunks) % period:
-        raise ScenarioError(
-            "parallel.pp", f"{arch.num_layers // chunks} layers per pipeline stage: {arch.model_type}'s stages would "
-            f"hold different layer kinds (its pattern repeats every {period} layers); use a pp x virtual_stages "
-            f"that leaves a multiple of {period} layers per stage",
-        )  # fmt: skip
 
 
 def jamba_mixer(ctx: Context, ssm: dict) -> tuple[list[Term], Term]:

@@ -45,6 +45,8 @@ from memsim_widget.engine.items import Item
 from memsim_widget.engine.states import StateBudget, model_states
 from memsim_widget.engine.timeline import Moment
 from memsim_widget.errors import ScenarioError
+from memsim_widget.rules import ScenarioView
+from memsim_widget.rules.multimodal import SFT_ONLY
 from memsim_widget.scenario import Scenario
 
 #: Objectives whose training step has a frozen reference model's forward inside it (not GRPO/PPO: theirs runs in
@@ -73,13 +75,11 @@ def training_scenario(sc: Scenario) -> Scenario:
 
 
 def check_model(ctx: Context, sc: Scenario) -> None:
-    """Refuse a preference/RL objective on a model its rules do not cover: multimodal (the rules know text
-    sequences only; no trace with images) and calibrated (the fit traced a supervised step only)."""
+    """Refuse a preference/RL objective on a model its rules do not cover: multimodal (the table's rule,
+    ``rules/multimodal.py``: the rules know text sequences only) and calibrated (the fit traced a supervised step
+    only). ``ctx`` is the SFT step's (``training_scenario``), so the objective is read from ``sc``."""
+    SFT_ONLY.check(ScenarioView(sc, arch=ctx.arch))
     name, model_type = sc.objective_name, ctx.arch.model_type
-    if ctx.arch.extra.get("vision"):
-        raise ScenarioError(
-            "objective", f"{name!r} is not modelled for the multimodal {model_type!r}: sft only"
-        )
     if ctx.arch.extra.get("calibration") is not None:
         raise ScenarioError(
             "objective",

@@ -145,9 +145,14 @@ def pool_bytes(ctx: Context, items: Iterable[Item], loss_names: set[str]) -> tup
             persistent += n
         elif i.item in loss_names:
             loss += n
+    return alloc, waste_bytes(ctx, alloc, persistent, loss)
+
+
+def waste_bytes(ctx: Context, alloc: int, persistent: int, loss: int) -> int:
+    """Unused-but-reserved bytes of a pool of ``alloc`` allocated bytes, ``persistent`` of them weights and
+    states, ``loss`` of them the loss's T x V buffers."""
     f_transient, f_variable = _waste_rates(ctx)
-    waste = FRAGMENTATION_PERSISTENT * persistent + f_transient * (alloc - persistent) + f_variable * loss
-    return alloc, int(waste)
+    return int(FRAGMENTATION_PERSISTENT * persistent + f_transient * (alloc - persistent) + f_variable * loss)
 
 
 def reserved_cap(ctx: Context, outside: int) -> int:
@@ -168,7 +173,8 @@ def reserved_item(
     loss_names = acts.loss_buffer_names()
     best_alloc, best_waste, best_name = peak_allocated, 0, ""
     for m in moments:
-        alloc, waste = pool_bytes(ctx, m.items, loss_names)  # type: ignore[attr-defined]
+        alloc, persistent, loss = m.pool_sums(PERSISTENT_CATEGORIES, loss_names)  # type: ignore[attr-defined]
+        waste = waste_bytes(ctx, alloc, persistent, loss)
         if alloc + waste > best_alloc + best_waste:
             best_alloc, best_waste, best_name = alloc, waste, m.name  # type: ignore[attr-defined]
     pool = best_alloc + best_waste

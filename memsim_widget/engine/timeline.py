@@ -3,21 +3,28 @@
 REFERENCE.md section 3: with small T and foreach AdamW the peak is in ``optimizer.step``; with large T
 at the start of backward. Optimizer state is created lazily at the first step, so step 1 peaks lower
 than every later step; the steady state (step 2 on) is what we report as the peak.
+
+Which groups of items are live at each moment is the table ``engine/moments.MOMENT_TABLE`` (the planner's
+``plan/vector`` reads it too); this module builds the groups of one rank and the moments from them,
+numbers first: the items and their formulas are built when a breakdown reads them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
 from functools import cached_property
 
 from memsim_widget.engine.activations import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Item, fmt_int
+from memsim_widget.engine.lazy_items import ItemGroup, LazyItem, built
+from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
 from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
 from memsim_widget.engine.states import StateBudget
 
-MOMENTS = ("forward_end", "backward_start", "backward_top", "backward_end", "optimizer_step")
+__all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
+
 #: Layers whose saved activations stay on the GPU under activation offloading: the layer computing and the
 #: one being copied on the side stream (torchtune ``OffloadActivations``: every saved tensor goes to pinned
 #: host memory as forward proceeds and comes back just ahead of its layer's backward).
@@ -73,69 +80,107 @@ def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) ->
     ]
 
 
-@dataclass(frozen=True)
 class Moment:
-    """The items alive at one instant of the step on one rank."""
+    """The items alive at one instant of the step on one rank: given as ``items``, or as item groups (the
+    timeline's), whose sums give the totals and whose items are built only when ``items`` is read."""
 
-    name: str
-    items: tuple[Item, ...]
+    def __init__(self, name: str, items: Iterable[Item] = (), *, groups: Sequence[ItemGroup] = ()) -> None:
+        self.name = name
+        self.groups = tuple(groups)
+        if not self.groups:
+            self.__dict__["items"] = tuple(items)
+
+    @cached_property
+    def items(self) -> tuple[Item, ...]:
+        return built(i for g in self.groups for i in g.entries)
 
     @cached_property
     def tensor_bytes(self) -> int:
+        if self.groups:
+            return sum(g.tensor for g in self.groups)
         return sum(i.bytes for i in self.items if i.level == "tensor")
 
     @cached_property
     def allocated_bytes(self) -> int:
+        if self.groups:
+            return sum(g.allocated for g in self.groups)
         return sum(i.allocated_bytes for i in self.items)
+
+    def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
+        """(allocated, allocated in ``persistent`` categories, allocated loss buffers): what the allocator's
+        pool at this moment is made of (``engine/overhead.reserved_item``)."""
+        alloc = long = loss = 0
+        for g in self.groups or (ItemGroup(self.items),):
+            a, lg, ls = g.pool_sums(persistent, loss_names)
+            alloc, long, loss = alloc + a, long + lg, loss + ls
+        return alloc, long, loss
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Moment) and (self.name, self.items) == (other.name, other.items)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.items))
+
+    def __repr__(self) -> str:
+        return f"Moment(name={self.name!r}, items={self.items!r})"
 
 
 def _scaled(
     terms: list[Term], factor: float, label: str, category: str = "activations", first: float = 0
-) -> list[Item]:
-    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items;
+) -> list[LazyItem]:
+    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items (built when read);
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""
     if factor <= 0:
         return []
     items = []
     for t in terms:
-        note = f"{label} x ({t.formula})" if label else t.formula
         nbytes = t.bytes * factor - (t.first_bytes * first if t.skip_first else 0)
-        items.append(
-            Item(category, t.name, int(nbytes), note, t.level, max(1, int(t.tensors * max(factor, 1))))
-        )
+        tensors = max(1, int(t.tensors * max(factor, 1)))
+        items.append(LazyItem(category, t.name, int(nbytes), t.level, tensors, label, t.formula))
     return items
 
 
-def moments(
-    ctx: Context,
-    stage: Stage,
-    states: StateBudget,
-    acts: ActivationBudget,
-    overhead: list[Item],
-    *,
-    steady: bool = True,
-) -> list[Moment]:
-    """Every candidate peak moment of one rank's training step."""
+def _state_groups(
+    ctx: Context, stage: Stage, states: StateBudget, overhead: list[Item], f: float
+) -> dict[str, list[Item] | list[LazyItem]]:
+    """The model-state groups of ``moments.STATE_GROUPS`` on one rank in the steady state (step 2 on)."""
     sc = ctx.scenario
-    f = ctx.in_flight(stage)
-    Ls = stage.layers
-    n_ckpt = checkpointed_layers(ctx, stage)
-    ckpt = n_ckpt > 0 and n_ckpt == Ls  # every layer checkpointed
-    mixed = 0 < n_ckpt < Ls  # every N-th layer (checkpoint_every > 1)
-    every = sc.checkpoint_every or 1
-    rec_terms = acts.recomputed_layer or acts.per_layer
     persistent = [i for i in states.persistent if i.level == "tensor"]
-    step_persistent = persistent
-    if not steady:  # step 1: optimizer states do not exist before the first optimizer.step
-        persistent = [
-            i for i in persistent if not (i.category == "optimizer_states" and "master" not in i.item)
-        ]
     # gradients accumulate over micro-batches: at the stage's fullest moment only if an earlier micro-batch
     # already ran backward, i.e. fewer are in flight than there are (never under GPipe: all forwards first)
     pipelined = ctx.par.pp > 1 and f < ctx.par.pp_microbatches
     grads_carried = sc.grad_accum_steps > 1 or pipelined
     grads_in_fwd = states.grads if grads_carried and not sc.optimizer_in_backward else []
+    return {
+        "persistent": persistent,
+        "overhead": overhead,
+        "grads_carried": grads_in_fwd,
+        # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
+        "gathered_at_loss": [] if root_resharded_for_loss(sc, stage.last) else states.gathered,
+        "kept_unsharded": states.kept_unsharded,  # every layer, without reshard after forward
+        "kept_unsharded_last": states.kept_unsharded_last,
+        # only the head's gradients made at the top of backward (beside those carried)
+        "head_grads": (grads_in_fwd or states.post_grads) if stage.last else grads_in_fwd,
+        "gathered": states.gathered,
+        "gathered_grads": states.gathered_grads,
+        "step_in_backward": states.step_temps if sc.optimizer_in_backward else [],
+        "grads_but_bottom": states.grads_but_bottom,
+        "grads": states.grads,
+        "step_persistent": persistent,
+        "step_temps": [i for i in states.step_temps if i.level == "tensor"],
+    }
 
+
+def _saved_groups(
+    ctx: Context, stage: Stage, acts: ActivationBudget, f: float
+) -> dict[str, list[Item] | list[LazyItem]]:
+    """The saved activations of the layers: all of them on the GPU (``saved``), the other micro-batches'
+    at the bottom of backward (``rest``) and layer 0's own (``own``)."""
+    sc = ctx.scenario
+    Ls = stage.layers
+    n_ckpt = checkpointed_layers(ctx, stage)
+    ckpt = n_ckpt > 0 and n_ckpt == Ls  # every layer checkpointed
+    mixed = 0 < n_ckpt < Ls  # every N-th layer (checkpoint_every > 1)
     fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
@@ -147,92 +192,9 @@ def moments(
     saved_all = _scaled(kept, resident, mult, first=first)
     if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
         saved_all = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f, first)
-    pre = _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, "")
-    n_loss = loss_micro_batches(ctx, stage)
-    loss_label = f"{n_loss} micro-batches" if n_loss > 1 else ""
-    post = _scaled(acts.post, n_loss, loss_label)
-    loss_saved = _scaled(acts.loss_saved, n_loss, loss_label)
-    # a pipeline stage's receive buffers (kept for the run) and its outputs and pending sends (this step)
-    recv = _scaled(acts.pp_buffer, receive_buffers(ctx, stage), "receive buffers: micro-batches x directions")
-    n_out = outputs_held(ctx, stage)
-    stage_io = (
-        recv
-        + _scaled(acts.pp_buffer, pending_sends(ctx, stage), "1 input gradient waiting to be sent")
-        + _scaled(acts.pp_logits if stage.last else acts.pp_output, n_out, f"{n_out:g} micro-batches")
-    )
     # the last layer runs backward first: recomputed if it is checkpointed (with every N, when N divides Ls)
-    last_ckpt = ckpt or (mixed and Ls % every == 0)
-    recompute = _scaled(rec_terms, 1, "1 recomputed layer") if last_ckpt else []
-    # a layer in backward: the larger of its MLP and its attention transients
-    layer_bwd = max(
-        _scaled(acts.layer_backward, 1, "", "temporaries"),
-        _scaled(acts.attention_backward, 1, "", "temporaries"),
-        key=lambda x: sum(i.bytes for i in x),
-    )
-    loss_bwd = _scaled(acts.loss_backward, 1 if stage.last else 0, "", "temporaries")
-    loss_fwd = _scaled(acts.loss_forward, 1 if stage.last else 0, "") + _scaled(
-        acts.cache_per_layer, Ls, f"{Ls} layers"
-    )
-    # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
-    # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
-    held_logits = _scaled(acts.output_logits, 1 if stage.last else 0, "")
-    held_out = held_logits + _scaled(acts.output_cache_extra, Ls, f"{Ls} layers")
-    common = persistent + overhead + stage_io
-    # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
-    loss_gathered = [] if root_resharded_for_loss(ctx.scenario, stage.last) else states.gathered
-    unsharded = (
-        states.kept_unsharded + states.kept_unsharded_last
-    )  # every layer, without reshard after forward
-    out = [
-        Moment(
-            "forward_end",
-            tuple(
-                common
-                + grads_in_fwd
-                + loss_gathered
-                + unsharded
-                + pre
-                + saved_all
-                + post
-                + loss_saved
-                + loss_fwd
-            ),
-        ),
-        Moment(
-            "backward_start",
-            tuple(
-                common
-                + grads_in_fwd
-                + loss_gathered
-                + unsharded
-                + pre
-                + saved_all
-                + post
-                + loss_saved
-                + loss_bwd
-                + held_out
-            ),
-        ),
-    ]
-    # The top of backward: the loss is done; first the final norm runs backward (its fp32 transients),
-    # then the last layer (recomputed first under checkpointing), with every other saved activation alive
-    # and only the head's gradients accumulated so far. The larger of the two is the candidate.
-    head_grads = (grads_in_fwd or states.post_grads) if stage.last else grads_in_fwd
-    base = (
-        common
-        + head_grads
-        + states.gathered
-        + states.kept_unsharded
-        + states.gathered_grads
-        + pre
-        + saved_all
-    )
-    norm_bwd = base + _scaled(acts.top_backward, 1 if stage.last else 0, "", "temporaries")
-    last_layer = base + recompute + layer_bwd
-    top = max(norm_bwd, last_layer, key=lambda x: sum(i.bytes for i in x))
-    out.append(Moment("backward_top", tuple(top + held_out)))
-    # At the last layer of backward: all gradients exist; the other in-flight micro-batches' activations
-    # remain; of this micro-batch only the layer in backward (recomputed under checkpointing).
+    last_ckpt = ckpt or (mixed and Ls % (sc.checkpoint_every or 1) == 0)
+    recompute = _scaled(acts.recomputed_layer or acts.per_layer, 1, "1 recomputed layer") if last_ckpt else []
     rest = (
         []
         if sc.activation_offloading
@@ -251,26 +213,122 @@ def moments(
         own = recompute if acts.ckpt_input_shared else _scaled(kept, 1, "1 layer") + recompute
     else:
         own = _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
-    # The bottom of backward, two instants: (a) layer 0's backward, its own gradients and the embeddings'
-    # not yet made; (b) the embedding's backward, every gradient made and no layer activation left.
-    opt_bwd = states.step_temps if sc.optimizer_in_backward else []
-    common_end = common + states.gathered + states.gathered_grads + opt_bwd + pre + rest
-    cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
-    cache_but_own = _scaled(acts.output_cache, Ls - 1, f"{Ls - 1} layers") + _scaled(
-        acts.output_cache_extra, 1, "1 layer"
+    return {"saved": saved_all, "recompute": recompute, "rest": rest, "own": own}
+
+
+def _activation_groups(
+    ctx: Context, stage: Stage, acts: ActivationBudget, f: float
+) -> dict[str, list[Item] | list[LazyItem]]:
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank."""
+    Ls = stage.layers
+    last = 1 if stage.last else 0
+    n_loss = loss_micro_batches(ctx, stage)
+    loss_label = f"{n_loss} micro-batches" if n_loss > 1 else ""
+    # a pipeline stage's receive buffers (kept for the run) and its outputs and pending sends (this step)
+    recv = _scaled(acts.pp_buffer, receive_buffers(ctx, stage), "receive buffers: micro-batches x directions")
+    n_out = outputs_held(ctx, stage)
+    stage_io = (
+        recv
+        + _scaled(acts.pp_buffer, pending_sends(ctx, stage), "1 input gradient waiting to be sent")
+        + _scaled(acts.pp_logits if stage.last else acts.pp_output, n_out, f"{n_out:g} micro-batches")
     )
-    layer0 = common_end + states.grads_but_bottom + own + layer_bwd + held_logits + cache_but_own
-    embed = common_end + states.grads + held_logits + cache_all
-    embed += _scaled(
-        acts.bottom_backward, 1 if stage.first else 0, "", "temporaries"
-    )  # calibrated models only
-    out.append(Moment("backward_end", tuple(max(layer0, embed, key=lambda x: sum(i.bytes for i in x)))))
-    if sc.optimizer != "none" and not sc.optimizer_in_backward:
-        step_temps = [i for i in states.step_temps if i.level == "tensor"]
-        held = held_logits + cache_all if acts.output_through_step else []
-        out.append(
-            Moment(
-                "optimizer_step", tuple(step_persistent + overhead + recv + states.grads + step_temps + held)
-            )
-        )
+    # a layer in backward: the larger of its MLP and its attention transients
+    layer_bwd = max(
+        _scaled(acts.layer_backward, 1, "", "temporaries"),
+        _scaled(acts.attention_backward, 1, "", "temporaries"),
+        key=lambda x: sum(i.bytes for i in x),
+    )
+    # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
+    # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
+    held_logits = _scaled(acts.output_logits, last, "")
+    cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
+    return {
+        "stage_io": stage_io,
+        "receive_buffers": recv,
+        "pre": _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, ""),
+        "post": _scaled(acts.post, n_loss, loss_label),
+        "loss_saved": _scaled(acts.loss_saved, n_loss, loss_label),
+        "loss_forward": _scaled(acts.loss_forward, last, ""),
+        "cache_per_layer": _scaled(acts.cache_per_layer, Ls, f"{Ls} layers"),
+        "loss_backward": _scaled(acts.loss_backward, last, "", "temporaries"),
+        "held_logits": held_logits,
+        "held_cache_extra": _scaled(acts.output_cache_extra, Ls, f"{Ls} layers"),
+        "top_backward": _scaled(acts.top_backward, last, "", "temporaries"),
+        "layer_backward": layer_bwd,
+        "cache_but_own": _scaled(acts.output_cache, Ls - 1, f"{Ls - 1} layers")
+        + _scaled(acts.output_cache_extra, 1, "1 layer"),
+        "cache_all": cache_all,
+        # calibrated models only
+        "bottom_backward": _scaled(acts.bottom_backward, 1 if stage.first else 0, "", "temporaries"),
+        "held_through_step": held_logits + cache_all if acts.output_through_step else [],
+        **_saved_groups(ctx, stage, acts, f),
+    }
+
+
+def _applies(ctx: Context, rule: MomentRule) -> bool:
+    """Whether the step has the rule's moment (``moments.OPTIMIZER_STEPS``: an optimizer stepping after
+    backward)."""
+    if rule.only_if == OPTIMIZER_STEPS:
+        return ctx.scenario.optimizer != "none" and not ctx.scenario.optimizer_in_backward
+    return not rule.only_if
+
+
+def _evaluate(ctx: Context, groups: dict[str, ItemGroup]) -> list[Moment]:
+    """The moments of ``moments.MOMENT_TABLE`` that the step has, from the groups' items and sums."""
+    out = []
+    for rule in MOMENT_TABLE:
+        if not _applies(ctx, rule):
+            continue
+        chosen: list[ItemGroup] = []
+        for alt in rule.larger_of:  # the larger of two instants (raw bytes; the first of equals wins)
+            parts = [groups[g] for g in alt]
+            if not chosen or sum(g.raw for g in parts) > sum(g.raw for g in chosen):
+                chosen = parts
+        parts = [groups[g] for g in rule.live] + chosen + [groups[g] for g in rule.after]
+        out.append(Moment(rule.name, groups=parts))
     return out
+
+
+def activation_groups(ctx: Context, stage: Stage, acts: ActivationBudget) -> dict[str, ItemGroup]:
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank, with their sums."""
+    items = _activation_groups(ctx, stage, acts, ctx.in_flight(stage))
+    return {name: ItemGroup(g) for name, g in items.items()}
+
+
+def step_moments(
+    ctx: Context,
+    stage: Stage,
+    states: StateBudget,
+    acts: ActivationBudget,
+    overhead: list[Item],
+    act_groups: dict[str, ItemGroup] | None = None,
+) -> tuple[list[Moment], list[Moment]]:
+    """Every candidate peak moment of one rank's training step, in the steady state (step 2 on) and in
+    step 1 (no optimizer states before the first step). ``act_groups``: ``activation_groups`` already made."""
+    items = _state_groups(ctx, stage, states, overhead, ctx.in_flight(stage))
+    groups = {name: ItemGroup(g) for name, g in items.items()}
+    groups |= act_groups if act_groups is not None else activation_groups(ctx, stage, acts)
+    steady = _evaluate(ctx, groups)
+    # step 1: optimizer states do not exist before the first optimizer.step (until then, but for
+    # optimizer_step, the moments hold the other persistent items only); no alternative compares them
+    step1 = [
+        i for i in items["persistent"] if not (i.category == "optimizer_states" and "master" not in i.item)
+    ]
+    if len(step1) == len(items["persistent"]):
+        return steady, list(steady)
+    old, new = groups["persistent"], ItemGroup(step1)
+    return steady, [Moment(m.name, groups=[new if g is old else g for g in m.groups]) for m in steady]
+
+
+def moments(
+    ctx: Context,
+    stage: Stage,
+    states: StateBudget,
+    acts: ActivationBudget,
+    overhead: list[Item],
+    *,
+    steady: bool = True,
+) -> list[Moment]:
+    """Every candidate peak moment of one rank's training step, as ``moments.MOMENT_TABLE`` lists them
+    (``steady``: step 2 on; else step 1)."""
+    return step_moments(ctx, stage, states, acts, overhead)[0 if steady else 1]

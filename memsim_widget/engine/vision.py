@@ -50,6 +50,16 @@ def vision_activations(
 ) -> None:
     """Add the vision tower's (and projector's) saved tensors and the pixel inputs to ``out``."""
     v = ctx.arch.extra["vision"]
+    if v["kind"] == "qwen2_vl":  # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/vision_qwen.py)
+        from memsim_widget.engine.vision_qwen import qwen_vision_activations
+
+        qwen_vision_activations(ctx, out, hf)
+        return
+    if v["kind"] == "llava_next":  # LLaVA's rules on every anyres crop (engine/vision_llava_next.py)
+        from memsim_widget.engine.vision_llava_next import llava_next_activations
+
+        llava_next_activations(ctx, out, hf, vision_activations)
+        return
     tower = v["tower"]
     sc, recipe = ctx.scenario, ctx.recipe
     amp = uses_autocast(ctx)
@@ -89,6 +99,8 @@ def vision_activations(
         _tower(ctx, out, hf(sub), T, trained, r)
     else:
         _frozen_tower_outputs(ctx, out, T, r)
+        if v["kind"] == "llava" and sc.activation_checkpointing == "full":
+            _frozen_tower_under_checkpointing(out, v, bi, T, h, r, 2 if amp else ec)
     pj = v.get("projector")
     if v["kind"] == "llama4":  # pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
         from memsim_widget.engine.llama4_vision import llama4_adapter_terms
@@ -151,6 +163,25 @@ def _tower(ctx: Context, out: ActivationBudget, tb: ActivationBudget, T: int, tr
                 3,
             )
         )
+
+
+def _frozen_tower_under_checkpointing(
+    out: ActivationBudget, v: dict, bi: int, T: int, h: int, r: int, cb: int
+) -> None:
+    """Under HF gradient checkpointing a frozen CLIP tower's forward tensors stay referenced by the autograd graph
+    until backward ends (seen on real CPU tensors and in the fake trace; without checkpointing they are freed):
+    the patch conv's output, the embeddings, pre_layrnorm's output and the outputs of the layers before the one
+    the projector reads (that one is counted with the projector or the model output)."""
+    n, kept = v["tower"].extra["num_patches"], v["layers_used"] - 1
+    out.pre.append(
+        Term(
+            "frozen vision tower under checkpointing: conv output, embeddings, pre_layrnorm output and "
+            f"{kept} layer outputs kept by the graph until backward ends",
+            cb * bi * n * h + (2 + kept) * r * T * h,
+            f"{cb} B x images x {n} x {h} + {2 + kept} x {r} B x T x h, T={fmt_int(T)}",
+            3 + kept,
+        )
+    )
 
 
 def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -> None:

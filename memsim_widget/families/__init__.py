@@ -42,9 +42,11 @@ MODULES: tuple[str, ...] = (
     # state-space models (Mamba, Mamba-2, Jamba)
     "mamba",
     "jamba",
-    # multimodal (vision tower + language model): CLIP, LLaVA
+    # multimodal (vision tower + language model): CLIP, LLaVA, LLaVA-NeXT, Qwen2-VL / Qwen2.5-VL
     "clip",
     "llava",
+    "qwen2_vl",
+    "llava_next",
 )
 
 for _name in MODULES:

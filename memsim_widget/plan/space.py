@@ -5,14 +5,16 @@ that the engine accepts for the model (heads and kv heads divisible by tp, layer
 cp, experts by ep; ``Context`` itself is the judge). *Knobs* are the memory levers tried on every layout:
 ZeRO stage, sequence parallel, micro-batch with the gradient accumulation that keeps the global batch,
 activation checkpointing, chunked loss, optimizer and optimizer offload. Candidates are integer-coded
-columns (``plan.vector.COLUMNS``) so that a million of them are a few numpy arrays.
+columns (``plan.vector.COLUMNS``) so that a million of them are a few numpy arrays; every candidate that breaks a
+rule of ``memsim_widget.rules`` is left out (``broken_rules``, the rules' own predicates over the columns).
 """
 
 from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Iterable, Sequence
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +25,7 @@ from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.plan.vector import CHECKPOINTING, COLUMNS, LOSSES, OFFLOADS, replace_unchecked
+from memsim_widget.rules import RULES, ScenarioView
 from memsim_widget.scenario import MAX_ACCUM_STEPS, MAX_GPUS, MAX_MICRO_BATCH, Scenario
 
 
@@ -218,19 +221,8 @@ def candidates(
     """
     grid = _knob_grid(space)
     refused = refused_checkpointing(base)
-    # state-space layers (Mamba, Mamba-2): tensor and context parallelism are refused by the engine
-    from memsim_widget.catalog.models import architecture_for
-
-    arch = architecture_for(base.model)
-    no_split = bool(arch.extra.get("ssm"))
-    period = arch.extra.get("block_period", 1)  # Jamba: a stage holds whole blocks of its layer pattern
-    chunks = base.parallel.virtual_stages
     parts: list[dict[str, np.ndarray]] = []
     for lay in layout_list:
-        if no_split and (lay.tp > 1 or lay.cp > 1):
-            continue
-        if lay.pp * chunks > 1 and (arch.num_layers // (lay.pp * chunks)) % period:
-            continue
         shard = lay.dp * lay.cp
         ok = np.ones(grid["zero"].shape[0], dtype=bool)
         if shard == 1:  # ZeRO with one replica is ZeRO-0, except as the carrier of an offload (ZeRO-Offload
@@ -241,13 +233,8 @@ def candidates(
                 | ((grid["offload"] == 1) & (grid["zero"] == z_opt))
                 | (grid["offload"] == 2)
             )
-        ok &= (grid["sp"] == 0) | (lay.tp > 1)
-        if base.framework == "megatron":  # torchtitan's per-op policy is not a Megatron mode (scenario.py)
-            ok &= grid["checkpointing"] != CHECKPOINTING.index("selective-op")
         for code in refused:
             ok &= grid["checkpointing"] != code
-        ok &= (grid["offload"] == 0) | (grid["zero"] >= 1)
-        ok &= (grid["offload"] != 2) | (grid["zero"] == 3)
         b = grid["micro_batch"]
         if global_batch_sequences is not None:
             if global_batch_sequences % lay.dp:
@@ -258,10 +245,6 @@ def candidates(
         else:
             accum = np.where(lay.pp > 1, lay.pp, 1) * np.ones_like(b)
         ok &= accum <= MAX_ACCUM_STEPS  # the scenario's bound on grad_accum_steps and pp_microbatches
-        if base.parallel.pp_schedule == "interleaved" and lay.pp > 1:
-            ok &= accum >= lay.pp
-        if base.optimizer_in_backward:
-            ok &= (accum == 1) | (lay.pp > 1)
         idx = np.nonzero(ok)[0]
         if idx.size == 0:
             continue
@@ -282,4 +265,62 @@ def candidates(
     names = (*COLUMNS, "num_gpus")
     if not parts:
         return {k: np.zeros(0, dtype=np.int64) for k in names}
-    return {k: np.concatenate([p[k] for p in parts]).astype(np.int64) for k in names}
+    cols = {k: np.concatenate([p[k] for p in parts]).astype(np.int64, copy=False) for k in names}
+    keep = ~broken_rules(candidate_view(base, cols, space.optimizers), cols["dp"].shape[0])
+    return {k: v[keep] for k, v in cols.items()}
+
+
+class CodedColumn:
+    """An integer-coded column of names that compares with a name (``==``, ``!=``) as a rule does, without
+    building an array of strings."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, codes: np.ndarray, names: Sequence[str]) -> None:
+        self.codes, self.names = codes, tuple(names)
+
+    def __eq__(self, other: object) -> np.ndarray:  # type: ignore[override]
+        if other not in self.names:
+            return np.zeros(self.codes.shape, dtype=bool)
+        return self.codes == self.names.index(other)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> np.ndarray:  # type: ignore[override]
+        return ~(self == other)
+
+    def __bool__(self) -> bool:
+        raise ValueError("a column has no single truth value: combine it with & and |")
+
+
+def candidate_view(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> ChainMap:
+    """Candidate columns as a rules view (``memsim_widget.rules``): the scenario keys each candidate sets
+    (``plan.vector.candidate_scenario``), as arrays, over ``base`` and its model."""
+    from memsim_widget.catalog.models import architecture_for
+
+    knobs = {
+        **{f"parallel.{k}": cols[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero", "pp_microbatches")},
+        "parallel.sequence_parallel": cols["sp"].astype(bool),
+        "parallel.offload": CodedColumn(cols["offload"], OFFLOADS),
+        "micro_batch_size": cols["micro_batch"],
+        "grad_accum_steps": cols["grad_accum"],
+        "activation_checkpointing": CodedColumn(cols["checkpointing"], CHECKPOINTING),
+        "checkpoint_every": None,  # the planner checkpoints every layer (or none)
+        "loss": CodedColumn(cols["loss"], LOSSES),
+        "optimizer": CodedColumn(cols["optimizer"], tuple(optimizers)),
+    }
+    return ChainMap(knobs, ScenarioView(base, arch=architecture_for(base.model)))
+
+
+def broken_rules(view: Mapping[str, object], n: int) -> np.ndarray:
+    """Which of ``n`` candidates break some rule of the table (``memsim_widget.rules``, every stage that raises);
+    a rule the view cannot answer (the LoRA adapters, judged by ``Context`` on each layout; the optimizer's
+    implementation, chosen per candidate by ``rules.available_impl``) is left out."""
+    out = np.zeros(n, dtype=bool)
+    for rule in RULES:
+        if rule.stage == "inert":
+            continue
+        try:
+            broken = rule.broken(view)
+        except (KeyError, TypeError):  # a key the view lacks, a name looked up in a catalog by a whole column
+            continue  # (a rule that uses ``and``/``or``/``not`` on a column raises ValueError: a bug, surfaced)
+        out |= np.broadcast_to(np.asarray(broken, dtype=bool), (n,))
+    return out

@@ -5,10 +5,10 @@ Why it is exact: the engine's work splits into parts that depend on few knobs --
 activation terms (``activations``: micro-batch, tp, cp, sequence parallel, checkpointing, loss). Each
 distinct part is computed once, by the engine itself, and reduced to four integer sums per group of
 items (raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer allocated bytes). What
-``engine/timeline.moments`` and ``engine/overhead.reserved_item`` then do with those groups -- scale the
-terms by layers and micro-batches in flight, pick the larger of two instants, take the peak moment and
-the largest allocator pool -- is redone here on arrays, with the same integer and float operations in the
-same order. ``tests/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
+``engine/timeline`` and ``engine/overhead.reserved_item`` then do with those groups -- scale the terms by
+layers and micro-batches in flight into the named groups of ``engine/moments.MOMENT_TABLE``, add each
+moment's groups, pick the larger of two instants, take the peak moment and the largest allocator pool -- is
+redone here on arrays, reading the same table by group name, with the same integer and float operations. ``tests/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
 """
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import ALLOC_ROUND, Item
+from memsim_widget.engine.moments import (
+    ACTIVATION_GROUPS,
+    MOMENT_TABLE,
+    MOMENTS,
+    OPTIMIZER_STEPS,
+    STATE_GROUPS,
+)
 from memsim_widget.engine.overhead import (
     FRAGMENTATION_PERSISTENT,
     NCCL_PER_COMMUNICATOR,
@@ -33,8 +40,8 @@ from memsim_widget.engine.overhead import (
     workspace_items,
 )
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import MOMENTS, OFFLOAD_LAYERS_ON_GPU
-from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
+from memsim_widget.rules import available_impl
 from memsim_widget.scenario import Scenario
 
 #: The knobs a candidate may set, as integer-coded columns (strings index the tuples below).
@@ -46,8 +53,14 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accum", "pp_microbatches",
            "checkpointing", "loss", "optimizer", "offload")  # fmt: skip
 
-#: Group statistics: [raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer allocated bytes].
+#: Group statistics, the columns of every (keys, NSTAT) sum array: raw bytes, allocated bytes, long-lived
+#: allocated bytes (engine/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
+RAW, ALLOC, LONG, LOSS = range(4)
 NSTAT = 4
+STAT_NAMES = ("raw", "alloc", "long", "loss")
+#: The statistics each side carries into its per-row columns: model-state items are never loss buffers and
+#: activation terms are never long-lived, so each side leaves out the one it never has.
+SIDE_STATS = {"states": (ALLOC, LONG), "activations": (ALLOC, LOSS)}
 
 #: Byte figures are exact int64 below this bound (32 PiB; a custom card holds at most 1 PiB,
 #: catalog/gpus.MAX_MEMORY_GIB). A term, group or moment that reaches it is clipped to it, so no sum of them
@@ -72,15 +85,19 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 
 
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
-STATE_GROUPS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
-                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last")  # fmt: skip
+#: The ``StateBudget`` lists a state row reduces to sums (``step_temps``: the tensor-level ones).
+STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
+               "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last")  # fmt: skip
+#: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, and whether
+#: gradients are carried between micro-batches (engine/timeline ``grads_carried``).
+STATE_KEY = ("tp", "ep", "dp", "cp", "zero", "optimizer", "offload", "pp", "first", "last", "carried")
 
 
 @dataclass(frozen=True)
 class StateRow:
     """Group sums of one rank's model states, plus bytes held outside the allocator (paged states)."""
 
-    stats: np.ndarray  # (len(STATE_GROUPS), NSTAT)
+    stats: np.ndarray  # (len(STATE_LISTS), NSTAT)
     outside: int
 
 
@@ -110,10 +127,11 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
 def _state_side(
     base: Scenario, optimizers: tuple[str, ...], skey: np.ndarray, num_layers: int, ws: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The state side of each moment per distinct state key (tp, ep, dp, cp, zero, optimizer, offload, pp,
-    first, last, gradients carried between micro-batches), and the bytes held outside the allocator."""
-    k10, inv = unique_codes([skey[:, j] for j in range(10)])
-    stats = np.zeros((k10.shape[0], len(STATE_GROUPS), NSTAT), dtype=np.int64)
+    """The state groups of ``moments.STATE_GROUPS`` per distinct state key (``STATE_KEY``), and the bytes
+    held outside the allocator."""
+    key = {name: skey[:, j] for j, name in enumerate(STATE_KEY)}
+    k10, inv = unique_codes([key[name] for name in STATE_KEY if name != "carried"])
+    stats = np.zeros((k10.shape[0], len(STATE_LISTS), NSTAT), dtype=np.int64)
     outside = np.zeros(k10.shape[0], dtype=np.int64)
     resharded = np.zeros(k10.shape[0], dtype=bool)  # engine/timeline: no gathered units while the loss runs
     for k, (tp, ep, sdp, scp, z, o, off, pk, fk, lk) in enumerate(k10.tolist()):
@@ -125,27 +143,27 @@ def _state_side(
         stats[k] = row.stats
         outside[k] = row.outside
         resharded[k] = root_resharded_for_loss(sc, bool(lk))
-    g = {name: stats[inv, j] for j, name in enumerate(STATE_GROUPS)}
-    carried = (skey[:, 10] == 1)[:, None]
-    last = (skey[:, 9] == 1)[:, None]
-    common = g["persistent"] + ws[None, :]
-    gif = np.where(carried, g["grads"], 0)
-    head = np.where(carried, gif, np.where(last, g["post_grads"], 0))
-    both = g["gathered"] + g["gathered_grads"]
-    parts = {
-        # engine/timeline: without reshard after forward every layer stays unsharded until its backward
-        "fwd": common
-        + gif
-        + np.where(resharded[inv][:, None], 0, g["gathered"])
-        + g["kept_unsharded"]
-        + g["kept_unsharded_last"],
-        "top": common + head + both + g["kept_unsharded"],
-        "end": common + both + (g["step_temps_all"] if base.optimizer_in_backward else 0),
-        "grads": g["grads"],
+    g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
+    carried = (key["carried"] == 1)[:, None]
+    last = (key["last"] == 1)[:, None]
+    carried_grads = np.where(carried, g["grads"], 0)
+    groups = {
+        "persistent": g["persistent"],
+        "overhead": np.broadcast_to(ws[None, :], g["persistent"].shape),
+        "grads_carried": carried_grads,
+        "gathered_at_loss": np.where(resharded[inv][:, None], 0, g["gathered"]),
+        "kept_unsharded": g["kept_unsharded"],
+        "kept_unsharded_last": g["kept_unsharded_last"],
+        "head_grads": np.where(carried, carried_grads, np.where(last, g["post_grads"], 0)),
+        "gathered": g["gathered"],
+        "gathered_grads": g["gathered_grads"],
+        "step_in_backward": g["step_temps_all"] if base.optimizer_in_backward else np.zeros_like(g["grads"]),
         "grads_but_bottom": g["grads_but_bottom"],
-        "step": common + g["grads"] + g["step_temps"],
+        "grads": g["grads"],
+        "step_persistent": g["persistent"],  # the steady state: optimizer states exist
+        "step_temps": g["step_temps"],
     }
-    return parts, outside[inv]
+    return groups, outside[inv]
 
 
 # ----- activations: one engine call per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------
@@ -199,7 +217,7 @@ class Evaluation:
     peak_allocated_bytes: np.ndarray
     peak_reserved_bytes: np.ndarray
     device_total_bytes: np.ndarray
-    peak_moment: np.ndarray  # index into timeline.MOMENTS
+    peak_moment: np.ndarray  # index into moments.MOMENTS
     worst_stage: np.ndarray
     #: Candidates where some term or sum reached ``SATURATION_BYTES`` (they need tens of PiB per GPU, more
     #: than any card): figures reported as ``OVERFLOW_BYTES``, peak moment and worst stage not meaningful;
@@ -249,10 +267,7 @@ def candidate_scenario(
     """The scenario of one candidate: ``base`` with the candidate's knobs (integer-coded) applied.
     ``validate=False`` skips the checks (the planner's internal state keys)."""
     opt = optimizers[int(row["optimizer"])]
-    impl = base.optimizer_impl
-    impls = OPTIMIZERS[opt].impls
-    if impls and impl not in impls:
-        impl = "fused" if "fused" in impls else impls[0]
+    impl = available_impl(opt, base.optimizer_impl)  # the rule's fallback (rules/model.py)
     keys: dict[str, Any] = {
         "micro_batch_size": int(row["micro_batch"]),
         "grad_accum_steps": int(row["grad_accum"]),
@@ -278,31 +293,49 @@ def candidate_scenario(
     return base.replace(parallel=par, **keys)
 
 
+#: Largest column value (and packed code) counted with a table of that many slots instead of a sort.
+DENSE_LIMIT = 1 << 22
+
+
+def _column_ranks(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a non-negative column (ascending) and each row's rank among them: a table of
+    seen values where the values are small (no sort), else ``np.unique``."""
+    top = int(col.max())
+    if top >= DENSE_LIMIT:
+        values, ranks = np.unique(col, return_inverse=True)
+        return values, ranks.reshape(-1)
+    seen = np.zeros(top + 1, dtype=bool)
+    seen[col] = True
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[col]
+
+
 def unique_codes(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of non-negative integer columns as a (distinct, columns) array in lexicographic order,
-    and each row's distinct index. The columns are packed into one int64 with as many bits per column as
-    its largest value needs (most significant first); rows too wide for 63 bits go through ``np.unique``
-    on the stacked rows (slower, same answer)."""
+    and each row's distinct index. Each column is replaced by its rank among its distinct values (order kept),
+    the ranks packed into one int64 with as many bits per column as its largest rank needs (most significant
+    first) and the codes made distinct like the columns (a table where they are small, else a sort); rows too
+    wide for 63 bits go through ``np.unique`` on the stacked rows (slower, same answer)."""
     n = cols[0].shape[0] if cols else 0
     if n == 0:
         return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
     cols = [np.asarray(col, dtype=np.int64) for col in cols]
     if any(int(col.min()) < 0 for col in cols):
         raise ValueError("planner key columns must be non-negative")
-    bits = [max(1, int(col.max()).bit_length()) for col in cols]
+    ranked = [_column_ranks(col) for col in cols]
+    bits = [max(1, (values.shape[0] - 1).bit_length()) for values, _ in ranked]
     if sum(bits) > 63:
         uniq, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
         return uniq, inverse.reshape(-1)
     code = np.zeros(n, dtype=np.int64)
-    for col, nb in zip(cols, bits, strict=True):
-        code = (code << nb) | col
-    uniq, inverse = np.unique(code, return_inverse=True)
+    for (_, ranks), nb in zip(ranked, bits, strict=True):
+        code = (code << nb) | ranks
+    uniq, inverse = _column_ranks(code)
     out = np.zeros((uniq.shape[0], len(bits)), dtype=np.int64)
     rest = uniq.copy()
     for j in range(len(bits) - 1, -1, -1):
-        out[:, j] = rest & ((1 << bits[j]) - 1)
+        out[:, j] = ranked[j][0][rest & ((1 << bits[j]) - 1)]
         rest >>= bits[j]
-    return out, inverse.reshape(-1)
+    return out, inverse
 
 
 def _padded(tables: list[np.ndarray]) -> np.ndarray:
@@ -333,11 +366,11 @@ def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np
     alloc = np.where((counted > 0) & (nbytes > 0), -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors, 0)
     live = f > 0
     big &= live
-    out[:, 0] = np.where(live, nbytes, 0).sum(axis=1)
-    out[:, 1] = np.where(live, alloc, 0).sum(axis=1)
-    out[:, 3] = np.where(live & (loss > 0), alloc, 0).sum(axis=1)
+    out[:, RAW] = np.where(live, nbytes, 0).sum(axis=1)
+    out[:, ALLOC] = np.where(live, alloc, 0).sum(axis=1)
+    out[:, LOSS] = np.where(live & (loss > 0), alloc, 0).sum(axis=1)
     # each term below the bound (allocated: at most 512 B per tensor more), a few dozen terms: no sum wraps
-    over = big.any(axis=1) | (out[:, 0] >= SATURATION_BYTES) | (out[:, 1] >= SATURATION_BYTES)
+    over = big.any(axis=1) | (out[:, RAW] >= SATURATION_BYTES) | (out[:, ALLOC] >= SATURATION_BYTES)
     out[over] = SATURATION_BYTES
     return out
 
@@ -372,17 +405,8 @@ def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int)
     return np.maximum(1, pp - mb + 1)
 
 
-def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
-    """Evaluate every candidate (one per index of the ``COLUMNS`` arrays) on ``base``'s other keys."""
-    c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS}
-    ctx0 = Context(base.replace(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
-                                          "offload": "none", "sequence_parallel": False}))  # fmt: skip
-    arch, gpu = ctx0.arch, ctx0.gpu
-    par0 = base.parallel
-    oib = base.optimizer_in_backward
-
-    # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
-    akey, a_cand = unique_codes([c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]])
+def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
+    """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss) key."""
     arows = []
     for b, tp, cp, sp, ck, lo in akey.tolist():
         sc = replace_unchecked(
@@ -395,18 +419,264 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
                                 sequence_parallel=bool(sp), pp_microbatches=1),
         )  # fmt: skip
         arows.append(act_row(sc))
+    return arows
+
+
+def _in_flight(par: Any, xp: np.ndarray, xm: np.ndarray, xstage: np.ndarray) -> np.ndarray:
+    """Micro-batches in flight per row (engine/context ``in_flight``)."""
+    v = par.virtual_stages
+    if par.pp_schedule == "gpipe":
+        return np.where(xp == 1, 1.0, xm.astype(np.float64))
+    if par.pp_schedule == "interleaved":  # engine/context.interleaved_in_flight
+        per_round = xm // np.maximum(1, xm // xp)
+        warmup = np.minimum((v - 1) * per_round + 2 * (xp - 1 - xstage), xm * v)
+        return np.where(xp == 1, 1.0, np.minimum(warmup + 1, xm * v) / v)
+    return np.where(xp == 1, 1.0, np.minimum(xm, xp - xstage).astype(np.float64))
+
+
+def _per_key_groups(akey: np.ndarray, arows: list[ActRow], T: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Activation groups whose factor does not depend on the stage, once per activation key: the last
+    layer's recompute, a layer's backward, layer 0's own saved terms (on the first stage and on others), and
+    the last stage's loss and head terms (factor 1; other stages hold none)."""
+    na = akey.shape[0]
+    ones, zeros = np.ones(na), np.zeros(na)
+    shared = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)[:, None]
+    ckpt = np.isin(akey[:, 4], CKPT_CODES)[:, None]
+    recompute = np.where(ckpt, _scaled_rows(T["recompute"], ones, zeros), 0)
+    lb, ab = (
+        _scaled_rows(T["layer_backward"], ones, zeros),
+        _scaled_rows(T["attention_backward"], ones, zeros),
+    )
+    own_ckpt = recompute + np.where(shared, 0, _scaled_rows(T["kept"], ones, zeros))
+    return {
+        "recompute": recompute,
+        "layer_backward": np.where((ab[:, RAW] > lb[:, RAW])[:, None], ab, lb),
+        "own_first": np.where(ckpt, own_ckpt, _scaled_rows(T["per_layer"], ones, ones)),
+        "own_other": np.where(ckpt, own_ckpt, _scaled_rows(T["per_layer"], ones, zeros)),
+        "loss_backward": _scaled_rows(T["loss_backward"], ones, zeros),
+        "loss_forward": _scaled_rows(T["loss_forward"], ones, zeros),
+        "top_backward": _scaled_rows(T["top_backward"], ones, zeros),
+        "held_logits": _scaled_rows(T["output_logits"], ones, zeros),
+    }
+
+
+def _term_tables(akey: np.ndarray, arows: list[ActRow]) -> dict[str, np.ndarray]:
+    """Each term group's tables of every activation key, padded to one array, plus ``kept`` (what each layer
+    keeps for backward: its checkpointed input under full checkpointing, else every term) and ``recompute``
+    (what recomputing a layer adds: ``recomputed_layer`` where the engine sets it, else every per-layer term)."""
     T = {g: _padded([ar.tables[g] for ar in arows]) for g in TERM_GROUPS}
-    # what each layer keeps for backward: its checkpointed input under full checkpointing, else every term
     T["kept"] = _padded(
         [
             ar.tables["checkpointed_layer" if ck in CKPT_CODES else "per_layer"]
             for ar, ck in zip(arows, akey[:, 4], strict=True)
         ]
     )
-    # what recomputing a layer adds: ``recomputed_layer`` where the engine sets it, else every per-layer term
     T["recompute"] = _padded([ar.tables["recomputed_layer"] if ar.tables["recomputed_layer"].shape[0]
                               else ar.tables["per_layer"] for ar in arows])  # fmt: skip
-    shared_k = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)
+    return T
+
+
+def _activation_side(
+    base: Scenario, num_layers: int, akey: np.ndarray, arows: list[ActRow], xkey: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` per distinct (activation key, pp, stage kind,
+    micro-batches) row, the micro-batches in flight, and the rows where a term or group reached
+    ``SATURATION_BYTES``."""
+    par0 = base.parallel
+    T = _term_tables(akey, arows)
+    xa, xp, xkind, xm = (xkey[:, j] for j in range(4))
+    carry = _first_carrying_stage(xp, xm, par0.pp_schedule, par0.virtual_stages)
+    xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, np.where(xkind == 3, carry, 1)))
+    xfirst, xlast = xstage == 0, xstage == xp - 1
+    layers = num_layers // xp
+    v = par0.virtual_stages
+    f = _in_flight(par0, xp, xm, xstage)
+    nx = xkey.shape[0]
+    zeros = np.zeros(nx)
+
+    def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float = zeros) -> np.ndarray:
+        fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
+        fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
+        return _scaled_rows(T[group][xa], fac, fst)
+
+    K = _per_key_groups(akey, arows, T)
+    on_last = xlast[:, None]
+    # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
+    piped = xp > 1
+    n_loss = np.where(xlast, np.where(piped & (par0.pp_schedule == "gpipe"), xm, 1), 0).astype(np.float64)
+    n_recv = np.where(piped, xm * (2 * v - xfirst.astype(np.int64) - xlast.astype(np.int64)), 0)
+    n_send = (piped & (xm > 1) & (~xfirst | (v > 1))).astype(np.float64)
+    n_out = np.where(piped, np.where(xlast, n_loss, f), 0.0)
+    recv = scaled("pp_buffer", n_recv.astype(np.float64))
+    out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
+    resident = np.minimum(layers * f, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else layers * f
+    first_n = np.where(xfirst, f, 0.0)
+    if base.activation_offloading:
+        first_n = np.where(resident < layers * f, 0.0, first_n)
+    fl = layers.astype(np.float64)
+    held_logits = np.where(on_last, K["held_logits"][xa], 0)
+    cache_all = scaled("output_cache", fl)
+    if base.activation_offloading:
+        rest = np.zeros((nx, NSTAT), dtype=np.int64)
+    else:
+        rest = np.where(
+            (f > 1)[:, None], scaled("kept", layers * (f - 1), np.where(first_n > 0, first_n - 1, 0.0)), 0
+        )
+    through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
+    groups = {
+        "stage_io": recv + scaled("pp_buffer", n_send) + out,
+        "receive_buffers": recv,
+        "pre": scaled("pre", np.where(xfirst, f, 0.0)) + scaled("inputs", f),
+        "saved": scaled("kept", resident, first_n),
+        "post": scaled("post", n_loss),
+        "loss_saved": scaled("loss_saved", n_loss),
+        "loss_forward": np.where(on_last, K["loss_forward"][xa], 0),
+        "cache_per_layer": scaled("cache_per_layer", fl),
+        "loss_backward": np.where(on_last, K["loss_backward"][xa], 0),
+        "held_logits": held_logits,
+        "held_cache_extra": scaled("output_cache_extra", fl),
+        "top_backward": np.where(on_last, K["top_backward"][xa], 0),
+        "recompute": K["recompute"][xa],
+        "layer_backward": K["layer_backward"][xa],
+        "rest": rest,
+        "own": np.where(xfirst[:, None], K["own_first"][xa], K["own_other"][xa]),
+        "cache_but_own": scaled("output_cache", fl - 1) + scaled("output_cache_extra", 1.0),
+        "cache_all": cache_all,
+        "bottom_backward": np.zeros((nx, NSTAT), dtype=np.int64),  # calibrated models only (none planned)
+        "held_through_step": held_logits + cache_all
+        if through_step
+        else np.zeros((nx, NSTAT), dtype=np.int64),
+    }
+    over = np.zeros(nx, dtype=bool)
+    for part in (*groups.values(), *(K[name][xa] for name in K)):
+        over |= (part >= SATURATION_BYTES).any(axis=1)
+    return groups, f, over
+
+
+def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Per key of one side, the sums ``MOMENT_TABLE`` asks of it: a moment's groups of this side
+    (``name``); for a moment with two alternatives, the total with each (``name/0``, ``name/1``) and the raw
+    bytes the second adds over the first (``name:gain``, one column)."""
+    n = next(iter(groups.values())).shape[0]
+
+    def total(names: tuple[str, ...]) -> np.ndarray:
+        return sum((groups[g] for g in names if g in side), start=np.zeros((n, NSTAT), dtype=np.int64))
+
+    out = {}
+    for rule in MOMENT_TABLE:
+        held = total(rule.live + rule.after)
+        if not rule.larger_of:
+            out[rule.name] = held
+            continue
+        first, second = (total(alt) for alt in rule.larger_of)
+        out[f"{rule.name}/0"] = held + first
+        out[f"{rule.name}/1"] = held + second
+        out[f"{rule.name}:gain"] = (second - first)[:, RAW]
+    return out
+
+
+class SideColumns:
+    """One side's moment sums per candidate row, by name (``part.stat``, ``name:gain``): each column is
+    kept per key and taken per row only when a moment reads it (a contiguous 1-D take is the cheap way)."""
+
+    def __init__(self, parts: dict[str, np.ndarray], stats: tuple[int, ...], rows: np.ndarray) -> None:
+        self.columns: dict[str, np.ndarray] = {}
+        for name, part in parts.items():
+            if part.ndim == 1:
+                self.columns[name] = part
+                continue
+            for stat in stats:
+                self.columns[f"{name}.{STAT_NAMES[stat]}"] = np.ascontiguousarray(part[:, stat])
+        self.rows = rows
+
+    def get(self, name: str) -> np.ndarray | int:
+        """The column ``name`` per row, or 0 where this side does not carry it."""
+        col = self.columns.get(name)
+        return 0 if col is None else col.take(self.rows)
+
+
+def _moment_rows(
+    S: SideColumns, A: SideColumns, steps: np.ndarray | None
+) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(moment index, allocated, long-lived, loss-buffer bytes) per row for each moment of ``MOMENT_TABLE``.
+    ``steps`` marks the rows whose optimizer steps after backward (None: no row does)."""
+    out = []
+    for k, rule in enumerate(MOMENT_TABLE):
+        if rule.only_if == OPTIMIZER_STEPS and steps is None:
+            continue
+
+        def stat(part: str, name: str) -> np.ndarray:
+            return np.asarray(S.get(f"{part}.{name}") + A.get(f"{part}.{name}"))
+
+        if rule.larger_of:  # the second instant where it holds more raw bytes (the first of equals wins)
+            second = (S.get(f"{rule.name}:gain") + A.get(f"{rule.name}:gain")) > 0
+            a, b = f"{rule.name}/0", f"{rule.name}/1"
+            sums = [np.where(second, stat(b, name), stat(a, name)) for name in ("alloc", "long", "loss")]
+        else:
+            sums = [stat(rule.name, name) for name in ("alloc", "long", "loss")]
+        if rule.only_if == OPTIMIZER_STEPS:  # a row without an optimizer gets a moment that cannot win
+            sums = [np.where(steps, sums[0], -1), np.where(steps, sums[1], 0), np.where(steps, sums[2], 0)]
+        out.append((k, *sums))
+    return out
+
+
+def _peak_and_pool(
+    ctx0: Context, moments: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The peak allocated bytes, its moment, and the largest allocator pool (engine/overhead) per row."""
+    f_t, f_v = _waste_rates(ctx0)
+    peak_alloc = moments[0][1].copy()
+    peak_m = np.full(peak_alloc.shape, moments[0][0], dtype=np.int64)
+    pool = peak_alloc.copy()
+    for j, (k, alloc, pers, loss) in enumerate(moments):
+        if j:
+            higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
+            peak_m[higher] = k
+            np.maximum(peak_alloc, alloc, out=peak_alloc)
+        waste = FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers)
+        if f_v:  # adding 0.0 changes no sum: skipped when shapes are fixed
+            waste += f_v * loss
+        waste = np.trunc(waste).astype(np.int64)
+        np.maximum(pool, alloc + waste, out=pool)
+    return peak_alloc, peak_m, pool
+
+
+def _state_key(
+    c: dict[str, np.ndarray], cand: np.ndarray, p: np.ndarray, first: np.ndarray, last: np.ndarray,
+    carried: np.ndarray,
+) -> list[np.ndarray]:  # fmt: skip
+    """The ``STATE_KEY`` columns per row. ZeRO-0 states see dp only through "dp > 1" (DDP buckets); ZeRO >= 1
+    only through dp * cp (with ep > 1 and ZeRO-0 the key keeps dp and cp as they are: ep must divide dp * cp)."""
+    zero = c["zero"][cand]
+    plain = (zero == 0) & (c["ep"][cand] == 1)
+    dpcp = (c["dp"] * c["cp"])[cand]
+    key = {
+        "tp": c["tp"][cand],
+        "ep": c["ep"][cand],
+        "dp": np.where(plain, np.minimum(c["dp"][cand], 2), np.where(zero == 0, c["dp"][cand], dpcp)),
+        "cp": np.where((zero == 0) & ~plain, c["cp"][cand], 1),
+        "zero": zero,
+        "optimizer": c["optimizer"][cand],
+        "offload": c["offload"][cand],
+        "pp": p,
+        "first": first.astype(np.int64),
+        "last": last.astype(np.int64),
+        "carried": carried.astype(np.int64),
+    }
+    return [key[name] for name in STATE_KEY]
+
+
+def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
+    """Evaluate every candidate (one per index of the ``COLUMNS`` arrays) on ``base``'s other keys."""
+    c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS}
+    ctx0 = Context(base.replace(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
+                                          "offload": "none", "sequence_parallel": False}))  # fmt: skip
+    arch, gpu = ctx0.arch, ctx0.gpu
+    par0 = base.parallel
+
+    # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
+    akey, a_cand = unique_codes([c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]])
+    arows = _act_rows(base, akey)
 
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
     cand, stage = _stage_rows(c["pp"], c["pp_microbatches"], par0.pp_schedule, par0.virtual_stages)
@@ -419,212 +689,52 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # kind: 0 the first stage, 1 the second, 2 the last, 3 the first middle one that carries gradients
     kind = np.where(first, 0, np.where(last, 2, np.where(stage == 1, 1, 3)))
     xkey, x_row = unique_codes([a_cand[cand], p, kind, m])
-    xa, xp, xkind, xm = xkey[:, 0], xkey[:, 1], xkey[:, 2], xkey[:, 3]
-    carry = _first_carrying_stage(xp, xm, par0.pp_schedule, par0.virtual_stages)
-    xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, np.where(xkind == 3, carry, 1)))
-    xfirst, xlast = xstage == 0, xstage == xp - 1
-    layers = arch.num_layers // xp
-    v = par0.virtual_stages
-    if par0.pp_schedule == "gpipe":
-        f = np.where(xp == 1, 1.0, xm.astype(np.float64))
-    elif par0.pp_schedule == "interleaved":  # engine/context.interleaved_in_flight
-        per_round = xm // np.maximum(1, xm // xp)
-        warmup = np.minimum((v - 1) * per_round + 2 * (xp - 1 - xstage), xm * v)
-        f = np.where(xp == 1, 1.0, np.minimum(warmup + 1, xm * v) / v)
-    else:
-        f = np.where(xp == 1, 1.0, np.minimum(xm, xp - xstage).astype(np.float64))
-    nx = xkey.shape[0]
-    zeros = np.zeros(nx)
-
-    x_over = np.zeros(nx, dtype=bool)  # a term or sum of this row reached SATURATION_BYTES
-
-    def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float) -> np.ndarray:
-        nonlocal x_over
-        fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
-        fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
-        out = _scaled_rows(T[group][xa], fac, fst)
-        x_over |= (out >= SATURATION_BYTES).any(axis=1)
-        return out
-
-    # terms whose factor does not depend on the stage: once per activation key, then picked per row
-    na = akey.shape[0]
-    a_ones, a_zeros = np.ones(na), np.zeros(na)
-
-    a_over = np.zeros(na, dtype=bool)
-
-    def per_key(group: str, first_n: np.ndarray = a_zeros) -> np.ndarray:
-        nonlocal a_over
-        out = _scaled_rows(T[group], a_ones, first_n)
-        a_over |= (out >= SATURATION_BYTES).any(axis=1)
-        return out
-
-    a_ckpt = np.isin(akey[:, 4], CKPT_CODES)
-    a_recompute = np.where(a_ckpt[:, None], per_key("recompute"), 0)
-    lb, ab = per_key("layer_backward"), per_key("attention_backward")
-    a_layer_bwd = np.where((ab[:, 0] > lb[:, 0])[:, None], ab, lb)
-    a_own_ckpt = a_recompute + np.where(shared_k[:, None], 0, per_key("kept"))
-    a_own = {
-        True: np.where(a_ckpt[:, None], a_own_ckpt, per_key("per_layer", a_ones)),  # layer 0 of stage 0
-        False: np.where(a_ckpt[:, None], a_own_ckpt, per_key("per_layer")),
-    }
-    a_last = {  # the last stage's loss and head terms (factor 1; other stages hold none)
-        "loss_bwd": per_key("loss_backward"),
-        "loss_fwd": per_key("loss_forward"),
-        "top_bwd": per_key("top_backward"),
-        "held_logits": per_key("output_logits"),
-    }
-    on_last = xlast[:, None]
-    # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
-    piped = xp > 1
-    n_loss = np.where(xlast, np.where(piped & (par0.pp_schedule == "gpipe"), xm, 1), 0).astype(np.float64)
-    post = scaled("post", n_loss, zeros) + scaled("loss_saved", n_loss, zeros)
-    n_recv = np.where(piped, xm * (2 * v - xfirst.astype(np.int64) - xlast.astype(np.int64)), 0)
-    n_send = (piped & (xm > 1) & (~xfirst | (v > 1))).astype(np.float64)
-    n_out = np.where(piped, np.where(xlast, n_loss, f), 0.0)
-    recv = scaled("pp_buffer", n_recv.astype(np.float64), zeros)
-    stage_io = (
-        recv
-        + scaled("pp_buffer", n_send, zeros)
-        + np.where(xlast[:, None], scaled("pp_logits", n_out, zeros), scaled("pp_output", n_out, zeros))
-    )
-    held_logits = np.where(on_last, a_last["held_logits"][xa], 0)
-    loss_bwd = np.where(on_last, a_last["loss_bwd"][xa], 0)
-    top_bwd = np.where(on_last, a_last["top_bwd"][xa], 0)
-    recompute = a_recompute[xa]
-    layer_bwd = a_layer_bwd[xa]
-    own = np.where(xfirst[:, None], a_own[True][xa], a_own[False][xa])
-
-    full_resident = layers * f
-    resident = (
-        np.minimum(full_resident, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else full_resident
-    )
-    first_n = np.where(xfirst, f, 0.0)
-    if base.activation_offloading:
-        first_n = np.where(resident < layers * f, 0.0, first_n)
-    saved_all = scaled("kept", resident, first_n)
-    pre = scaled("pre", np.where(xfirst, f, 0.0), zeros) + scaled("inputs", f, zeros)
-    loss_fwd = np.where(on_last, a_last["loss_fwd"][xa], 0) + scaled(
-        "cache_per_layer", layers.astype(np.float64), zeros
-    )
-    tail = recompute + layer_bwd
-    # the model output the loop still holds (engine/timeline: held_out, cache_all, cache_but_own)
-    fl = layers.astype(np.float64)
-    held_out = held_logits + scaled("output_cache_extra", fl, zeros)
-    cache_all = scaled("output_cache", fl, zeros)
-    cache_but_own = scaled("output_cache", fl - 1, zeros) + scaled("output_cache_extra", 1.0, zeros)
-    if base.activation_offloading:
-        rest = np.zeros((nx, NSTAT), dtype=np.int64)
-    else:
-        rest_first = np.where(first_n > 0, first_n - 1, 0.0)
-        rest = np.where((f > 1)[:, None], scaled("kept", layers * (f - 1), rest_first), 0)
-    # backward_top: the larger of the final norm's backward and the last layer's (the rest is shared)
-    held = pre + saved_all + stage_io
-    m3 = held + np.where((tail[:, 0] > top_bwd[:, 0])[:, None], tail, top_bwd) + held_out
-    l0 = own + layer_bwd + cache_but_own
-    through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
-    step_held = recv + (held_logits + cache_all if through_step else 0)
-    # the sums the moments compare or add (raw bytes included), for the overflow mark
-    for part in (held, m3, tail, top_bwd, l0, held_out, cache_all, rest, step_held, loss_bwd, post, loss_fwd):
-        x_over |= (np.asarray(part) >= SATURATION_BYTES).any(axis=1)
-    x_over |= a_over[xa]
-    # per row only what the moments need: activation terms are never long-lived (no persistent column)
-    a_cols = np.stack(
-        [
-            (held + post + loss_fwd)[:, 1], (held + post + loss_fwd)[:, 3],
-            (held + post + loss_bwd + held_out)[:, 1], (held + post + loss_bwd + held_out)[:, 3],
-            m3[:, 1], m3[:, 3],
-            (pre + rest + held_logits + stage_io)[:, 1], (pre + rest + held_logits + stage_io)[:, 3],
-            l0[:, 1], l0[:, 3], l0[:, 0] - cache_all[:, 0],
-            cache_all[:, 1], cache_all[:, 3], step_held[:, 1], step_held[:, 3],
-        ],
-        axis=1,
-    )[x_row]  # fmt: skip
-    nrows = cand.shape[0]
+    A, f, x_over = _activation_side(base, arch.num_layers, akey, arows, xkey)
+    a_parts = _moment_parts(A, ACTIVATION_GROUPS)
+    for part in a_parts.values():
+        x_over |= (part >= SATURATION_BYTES).reshape(part.shape[0], -1).any(axis=1)
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
-    zero = c["zero"][cand]
-    dpcp = (c["dp"] * c["cp"])[cand]
-    # ZeRO-0 states see dp only through "dp > 1" (DDP buckets); ZeRO >= 1 only through dp * cp
-    # (with ep > 1 and ZeRO-0 the key keeps dp and cp as they are: ep must divide dp * cp)
-    plain = (zero == 0) & (c["ep"][cand] == 1)
-    s_dp = np.where(plain, np.minimum(c["dp"][cand], 2), np.where(zero == 0, c["dp"][cand], dpcp))
-    s_cp = np.where((zero == 0) & ~plain, c["cp"][cand], 1)
-    ga = c["grad_accum"][cand]
-    carried = ((ga > 1) | ((p > 1) & (f[x_row] < m))) & (not oib)  # engine/timeline: grads_carried
-    skey, s_idx = unique_codes(
-        [c["tp"][cand], c["ep"][cand], s_dp, s_cp, zero, c["optimizer"][cand], c["offload"][cand], p,
-         first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64)]
-    )  # fmt: skip
+    carried = ((c["grad_accum"][cand] > 1) | ((p > 1) & (f[x_row] < m))) & (not base.optimizer_in_backward)
+    skey, s_idx = unique_codes(_state_key(c, cand, p, first, last, carried))
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
-    # per row only what the moments need: state items are never loss buffers (no loss column)
-    s_cols = np.stack(
-        [
-            S["fwd"][:, 1], S["fwd"][:, 2], S["top"][:, 1], S["top"][:, 2], S["end"][:, 1], S["end"][:, 2],
-            S["step"][:, 1], S["step"][:, 2], S["grads"][:, 1], S["grads"][:, 2],
-            S["grads_but_bottom"][:, 1], S["grads_but_bottom"][:, 2],
-            S["grads"][:, 0] - S["grads_but_bottom"][:, 0],
-        ],
-        axis=1,
-    )[s_idx]  # fmt: skip
+    s_parts = _moment_parts(S, STATE_GROUPS)
     s_over = s_out >= SATURATION_BYTES
-    for part in S.values():
-        s_over |= (part >= SATURATION_BYTES).any(axis=1)
-    s_out = s_out[s_idx]
+    for part in (*S.values(), *s_parts.values()):
+        s_over |= (part >= SATURATION_BYTES).reshape(part.shape[0], -1).any(axis=1)
 
-    # ----- the moments (engine/timeline.moments): (allocated, long-lived, loss buffers) per moment -------
-    # backward_end: the embedding's backward (all gradients, the held output's whole KV cache) if that
-    # outweighs layer 0's instant (a_cols[:, 10] is layer 0's terms less that whole cache)
-    embed = s_cols[:, 12] > a_cols[:, 10]
-    moments = [
-        (s_cols[:, 0] + a_cols[:, 0], s_cols[:, 1], a_cols[:, 1]),
-        (s_cols[:, 0] + a_cols[:, 2], s_cols[:, 1], a_cols[:, 3]),
-        (s_cols[:, 2] + a_cols[:, 4], s_cols[:, 3], a_cols[:, 5]),
-        (
-            s_cols[:, 4]
-            + a_cols[:, 6]
-            + np.where(embed, s_cols[:, 8] + a_cols[:, 11], s_cols[:, 10] + a_cols[:, 8]),
-            s_cols[:, 5] + np.where(embed, s_cols[:, 9], s_cols[:, 11]),
-            a_cols[:, 7] + np.where(embed, a_cols[:, 12], a_cols[:, 9]),
-        ),
-    ]
+    # ----- the moments (engine/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
     # optimizer_step: per candidate, for the candidate's optimizer (not the base's: a base with optimizer
-    # "none" searched over AdamW still steps); a candidate without one gets a moment that cannot win
+    # "none" searched over AdamW still steps)
     has_step = np.array([o != "none" for o in optimizers], dtype=bool)[c["optimizer"][cand]]
-    if has_step.any() and not oib:
-        step = s_cols[:, 6] + a_cols[:, 13]
-        moments.append(
-            (
-                np.where(has_step, step, -1),
-                np.where(has_step, s_cols[:, 7], 0),
-                np.where(has_step, a_cols[:, 14], 0),
-            )
-        )
+    steps = has_step if has_step.any() and not base.optimizer_in_backward else None
+    moments = _moment_rows(
+        SideColumns(s_parts, SIDE_STATS["states"], s_idx),
+        SideColumns(a_parts, SIDE_STATS["activations"], x_row),
+        steps,
+    )
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
-    f_t, f_v = _waste_rates(ctx0)
-    peak_alloc = moments[0][0].copy()
-    peak_m = np.zeros(nrows, dtype=np.int64)
-    pool = peak_alloc.copy()
-    for k, (alloc, pers, loss) in enumerate(moments):
-        if k:
-            higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
-            peak_m[higher] = k
-            np.maximum(peak_alloc, alloc, out=peak_alloc)
-        waste = np.trunc(FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers) + f_v * loss).astype(np.int64)
-        np.maximum(pool, alloc + waste, out=pool)
+    peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
     comms = sum(
         (x > 1).astype(np.int64)
         for x in ((c["dp"] * c["cp"])[cand], c["tp"][cand], p, c["cp"][cand], c["ep"][cand])
     )
-    outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out
+    outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     cap = gpu.memory_bytes - outside
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))
     device = reserved + outside
-
     row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)
+    return _worst_ranks(cand, stage, peak_alloc, reserved, device, peak_m, row_over)
 
-    # ----- the worst rank of each candidate (first of equals, as max() picks) ---------------------------
+
+def _worst_ranks(
+    cand: np.ndarray, stage: np.ndarray, peak_alloc: np.ndarray, reserved: np.ndarray, device: np.ndarray,
+    peak_m: np.ndarray, row_over: np.ndarray,
+) -> Evaluation:  # fmt: skip
+    """The worst rank of each candidate (the largest device total; the first of equals, as max() picks)."""
+    nrows = cand.shape[0]
     starts = np.flatnonzero(np.r_[True, cand[1:] != cand[:-1]])
     best = np.maximum.reduceat(device, starts)
     order = np.where(device == best[cand], np.arange(nrows), nrows)

@@ -12,14 +12,20 @@ from .run import TraceResult, _precision_dtypes, trace_training
 
 SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
 #: Multimodal models with their own input recipe: CLIP (image-text pairs, contrastive loss) and LLaVA.
-VISION_LANGUAGE = ("clip", "llava", "gemma3", "llama4")
+VISION_LANGUAGE = ("clip", "llava", "gemma3", *("qwen2_vl", "qwen2_5_vl", "llava_next"), "llama4")
 #: Parameter-name parts of each one's vision tower (frozen under ``freeze_vision``, kept free of LoRA adapters).
 VISION_MODULES = {
     "clip": ("vision_model", "visual_projection"),
     "llava": ("vision_tower",),
     "gemma3": ("vision_tower",),
+    # Qwen2-VL / Qwen2.5-VL: the patch embedding and blocks (the merger trains with the language model)
+    "qwen2_vl": ("visual.patch_embed", "visual.blocks"),
+    "qwen2_5_vl": ("visual.patch_embed", "visual.blocks"),
+    "llava_next": ("vision_tower",),
     "llama4": ("vision_model",),  # the tower with its pixel-shuffle adapter
 }
+#: memsim's own model keys (the image size the processor sees), not transformers config keys.
+MEMSIM_MODEL_KEYS = ("image_size", "min_pixels", "max_pixels")
 
 
 def _family(model_type: str) -> str:
@@ -80,7 +86,7 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         cls = transformers.AutoModelForSeq2SeqLM
     elif fam == "clip":
         cls = transformers.AutoModel  # CLIPModel
-    elif fam in ("llava", "gemma3", "llama4"):
+    elif fam in VISION_LANGUAGE:
         cls = transformers.AutoModelForImageTextToText
     else:
         cls = transformers.AutoModelForCausalLM
@@ -104,13 +110,27 @@ def _llama4_image_outputs(module: Any, args: Any, output: Any) -> None:
 
 
 def _input_factory(
-    cfg: Any, micro_batch_size: int, seq_len: int, float_dtype: torch.dtype, images: int = 0
+    cfg: Any,
+    micro_batch_size: int,
+    seq_len: int,
+    float_dtype: torch.dtype,
+    images: int = 0,
+    image: Any = None,
 ) -> Callable[[], dict]:
     """A function making one training batch for ``cfg`` (call inside the trace). A multimodal batch holds
     ``images`` images per sample: CLIP pairs each with a text of ``seq_len`` tokens (``return_loss``); LLaVA puts
     each image's placeholder tokens before the ``seq_len`` text tokens."""
     fam = _family(cfg.model_type)
     b, s = micro_batch_size, seq_len
+    if fam in (
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "llava_next",
+    ):  # per-image sizes as Python values (trace/vlm_inputs.py)
+        from . import vlm_inputs
+
+        maker = vlm_inputs.qwen2_vl_batch if fam != "llava_next" else vlm_inputs.llava_next_batch
+        return maker(cfg, b, s, float_dtype, images, image)
     vocab = getattr(cfg, "vocab_size", None)
     if fam in VISION_LANGUAGE:
         vc = cfg.vision_config
@@ -276,6 +296,12 @@ def trace_hf(
             "qlora: bitsandbytes 4-bit layers need CUDA kernels and do not run on CPU fake tensors; not traced"
         )
     wdtype, _amp = _precision_dtypes(precision)
+    image = None  # the image the batch holds (its patches or crops), as the engine reads it from the config
+    if config.get("model_type") in ("qwen2_vl", "qwen2_5_vl", "llava_next"):
+        from memsim_widget.architecture import build_architecture
+
+        image = build_architecture(config).extra["vision"]
+        config = {k: v for k, v in config.items() if k not in MEMSIM_MODEL_KEYS}
     cfg = build_hf_config(config, attention)
     if layer_checkpointing:
         cfg.use_cache = False
@@ -313,10 +339,15 @@ def trace_hf(
         notes.append(
             "config.use_cache=True: HF builds a DynamicCache in training; it lives with the model output"
         )
-    with _real_mode_shims(fake, notes), _no_data_checks(fake and fam in ("llava", "gemma3", "llama4"), notes):
+    with (
+        _real_mode_shims(fake, notes),
+        _no_data_checks(fake and fam in VISION_LANGUAGE and fam != "clip", notes),
+    ):
         return trace_training(
             model_factory,
-            _input_factory(cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0)),
+            _input_factory(
+                cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0), image
+            ),
             precision=precision,
             optimizer=optimizer,
             optimizer_impl=optimizer_impl,

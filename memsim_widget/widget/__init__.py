@@ -29,7 +29,8 @@ Modules:
   search (work outside the lock, publish under it unless superseded);
 * ``assets``: the front-end files and the vega-embed bundle;
 * ``scenario_edits``: scenario dicts as the controls edit them (dotted keys, diff, merge, defaults);
-* ``controls``: which controls apply (``normalize``, ``disabled_controls``) and the ``options`` trait;
+* ``controls``: which controls apply (``normalize``, ``disabled_controls``: readers of ``memsim_widget.rules``)
+  and the ``options`` trait;
 * ``result``: the ``result`` trait of an estimate;
 * ``trace_runner`` and ``trace_panel``: running a trace, and the "Verify with trace" view and controller;
 * ``fit_panel`` and ``layouts_panel``: "Make it fit"'s recommendations and candidate layouts, views and

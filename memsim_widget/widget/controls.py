@@ -1,4 +1,5 @@
-"""Which controls apply to a scenario: resetting inapplicable ones, disabling them, and the ``options`` trait."""
+"""Which controls apply to a scenario: resetting inapplicable ones, disabling them (both read the rules table,
+``memsim_widget.rules``), and the ``options`` trait."""
 
 from __future__ import annotations
 
@@ -10,23 +11,27 @@ from memsim_widget import charts as charts_mod
 from memsim_widget.catalog.gpus import GPUS
 from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 from memsim_widget.engine.items import CATEGORIES
-from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
+from memsim_widget.rules import RULES, UNJUDGED
 from memsim_widget.scenario import (
     ADAPTER_DTYPES,
     ATTENTIONS,
     CHECKPOINTING,
+    DEFAULTS,
     FRAMEWORKS,
     LOSSES,
     METHODS,
     OBJECTIVES,
     OFFLOADS,
-    OPTIMIZER_IMPLS,
+    OPTIONAL_KEYS,
     OUTPUT_LIFETIMES,
     PP_SCHEDULES,
     REFERENCES,
     ROLLOUTS,
     ZERO_STAGES,
+    LoraConfig,
+    ParallelConfig,
     RLConfig,
 )
 from memsim_widget.widget.scenario_edits import merge
@@ -113,176 +118,90 @@ def _linear_modules(arch: Any) -> list[str]:
     return sorted({g.module for g in arch.params if g.module}) if arch is not None else []
 
 
+def rules_view(data: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controls show, as a rules view (``memsim_widget.rules``): every dotted key, its default where
+    unset (values are raw: the rules a bad value cannot answer are left to the scenario check), ``objective``
+    resolved, and the model's ``arch`` and ``linear_modules`` when the model resolves."""
+    view: dict[str, Any] = {**DEFAULTS, **OPTIONAL_KEYS, **data}
+    for section, defaults in (
+        ("parallel", ParallelConfig().to_dict()),
+        ("lora", LoraConfig().to_dict()),
+        ("rl", RLConfig().to_dict()),
+    ):
+        given = data.get(section)
+        for key, value in {**defaults, **(given if isinstance(given, Mapping) else {})}.items():
+            view[f"{section}.{key}"] = value
+    view["objective"] = data.get("objective") or "sft"
+    arch = _arch(data.get("model"))
+    if arch is not None:
+        view.update(arch=arch, linear_modules=_linear_modules(arch))
+    return view
+
+
 def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
     """Reset controls that a change made inapplicable to their neutral value, unless they changed themselves.
 
-    E.g. tp back to 1 turns sequence parallelism off; ZeRO 0 turns offload off; an optimizer without the
-    current implementation switches to one it has. A value set explicitly in the same change is kept, so an
-    impossible combination typed on purpose still reports its error.
+    Each rule of ``memsim_widget.rules`` that the change broke and that has a reset applies it, in table order:
+    e.g. tp back to 1 turns sequence parallelism off; ZeRO 0 turns offload off; an optimizer without the current
+    implementation switches to one it has. A value set explicitly in the same change is kept, so an impossible
+    combination typed on purpose still reports its error.
     """
     out = merge(data, {})
-    par = out.get("parallel") if isinstance(out.get("parallel"), dict) else {}
-    lora = out.get("lora") if isinstance(out.get("lora"), dict) else {}
-    rl = _normalize_objective(out, changed)
-
-    def fix(key: str, ok: bool, value: Any) -> None:
-        if ok or key in changed:
-            return
-        section, _, sub = key.partition(".")
-        if sub:
-            {"parallel": par, "lora": lora, "rl": rl}[section][sub] = value
-        else:
-            out[key] = value
-
-    tp, zero, pp = par.get("tp", 1), par.get("zero", 0), par.get("pp", 1)
-    fix("parallel.sequence_parallel", tp != 1 or not par.get("sequence_parallel"), False)
-    offload = par.get("offload", "none")
-    fix("parallel.offload", zero != 0 or offload == "none", "none")
-    offload = par.get("offload", "none")
-    fix("parallel.offload", zero in (0, 3) or offload != "optimizer+params", "optimizer")
-    schedule = par.get("pp_schedule", "1f1b")
-    fix("parallel.pp_schedule", pp != 1 or schedule == "1f1b", "1f1b")
-    schedule = par.get("pp_schedule", "1f1b")
-    vs = par.get("virtual_stages", 1)
-    if schedule == "interleaved":
-        fix("parallel.virtual_stages", not isinstance(vs, int) or vs >= 2, 2)
-    else:
-        fix("parallel.virtual_stages", vs == 1, 1)
-    spec = _optimizer_spec(out.get("optimizer"))
-    if spec is not None and spec.impls and out.get("optimizer") != "none":
-        fix("optimizer_impl", out.get("optimizer_impl") in spec.impls, spec.impls[0])
-    megatron_op = out.get("framework") == "megatron" and out.get("activation_checkpointing") == "selective-op"
-    fix("activation_checkpointing", not megatron_op, "selective")
-    every = out.get("checkpoint_every")
-    fix("checkpoint_every", out.get("activation_checkpointing") == "full" or every in (None, 1), None)
-    gas = out.get("grad_accum_steps", 1)
-    fix(
-        "optimizer_in_backward",
-        not out.get("optimizer_in_backward") or (gas == 1 and out.get("optimizer") != "none"),
-        False,
-    )
-    obj = out.get("objective") or "sft"
-    if obj != "sft":
-        online = obj in ("grpo", "ppo")
-        fix("rl.rollout", online or rl.get("rollout", "none") == "none", "none")
-        ref = rl.get("reference")
-        needs_ref = obj in ("dpo", "kto", "ppo")
-        fix("rl.reference", not (obj == "orpo" and ref not in (None, "none")), None)
-        fix("rl.reference", not (needs_ref and ref == "none"), None)
-        fix("rl.reference", not (ref == "shared_base" and out.get("method") == "full"), None)
-        seq, comp = out.get("seq_len"), rl.get("completion_len")
-        too_long = online and isinstance(seq, int) and isinstance(comp, int) and comp >= seq
-        fix("rl.completion_len", not too_long, max(1, seq // 2) if isinstance(seq, int) else comp)
-    arch = _arch(out.get("model"))
-    if arch is not None:
-        fix("parallel.ep", arch.is_moe or par.get("ep", 1) == 1, 1)
-        # a model with a learned position table (GPT-2, BERT) picked at a longer sequence: the table's length
-        limit, seq = getattr(arch, "max_seq_len", None), out.get("seq_len")
-        fix("seq_len", limit is None or not isinstance(seq, int) or seq <= limit, limit)
-        modules = _linear_modules(arch)
-        targets = lora.get("targets")
-        if out.get("method") != "full" and isinstance(targets, list | tuple) and targets:
-            kept = [t for t in targets if t in modules or t == "all-linear"]
-            fix("lora.targets", kept == list(targets), kept or ["all-linear"])
+    _normalize_objective(out, changed)
+    for rule in RULES:
+        if rule.reset is None or rule.field in changed:
+            continue
+        view = rules_view(out)
+        if rule.judge(rule.broken, view):
+            _set(out, rule.field, rule.reset(view))
     return out
 
 
-def _normalize_objective(out: dict[str, Any], changed: set[str]) -> dict[str, Any]:
+def _set(out: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key of a scenario dict (nothing where its section is not an object)."""
+    section, _, sub = key.partition(".")
+    if not sub:
+        out[key] = value
+    elif isinstance(out.get(section), dict):
+        out[section][sub] = value
+
+
+def _normalize_objective(out: dict[str, Any], changed: set[str]) -> None:
     """The ``rl`` block of ``out`` (in place): dropped when the objective becomes sft (unless edited in the same
-    change, so the error shows), filled with its defaults when an objective needs it and has none."""
-    rl = out.get("rl") if isinstance(out.get("rl"), dict) else None
+    change, so the error shows), filled with its defaults when an objective needs it and has none (a block that
+    is not an object is left for the scenario check to name)."""
     edited = any(k == "rl" or k.startswith("rl.") for k in changed)
     if (out.get("objective") or "sft") == "sft":
-        if rl is not None and not edited:
+        if isinstance(out.get("rl"), dict) and not edited:
             out.pop("rl")
-        return {}
-    if rl is None:
-        if out.get("rl") is not None:  # not an object: the scenario check names it
-            return {}
-        rl = out["rl"] = RLConfig().to_dict()
-    return rl
-
-
-def _optimizer_spec(name: Any) -> Any:
-    """The catalog entry of an optimizer name; None for anything else (a list or dict typed into the JSON)."""
-    return OPTIMIZERS.get(name) if isinstance(name, str) else None
+    elif out.get("rl") is None:
+        out["rl"] = RLConfig().to_dict()
 
 
 def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, list[Any]]]:
-    """Controls that do not apply to ``data`` (key -> reason) and per-control values that are not offered."""
-    par = data.get("parallel") if isinstance(data.get("parallel"), Mapping) else {}
+    """Controls that do not apply to ``data`` (key -> reason) and per-control values that are not offered: each
+    rule of ``memsim_widget.rules`` that disables its control now, with its message (the first rule wins)."""
     off: dict[str, str] = {}
     values: dict[str, list[Any]] = {}
-    model = data.get("model")
-    if not isinstance(model, Mapping):
+    if not isinstance(data.get("model"), Mapping):
         for dim in CUSTOM_DIMS:
             off[f"model.{dim}"] = "pick 'custom' as the model to edit its dimensions"
     if not isinstance(data.get("gpu"), Mapping):
         off["gpu.memory_gib"] = "pick 'custom' as the GPU to set its memory"
-    if data.get("method", "full") == "full":
-        for key in ("lora.rank", "lora.alpha", "lora.targets", "lora.adapter_dtype"):
-            off[key] = "LoRA settings apply to method lora or qlora"
-    if par.get("tp", 1) == 1:
-        off["parallel.sequence_parallel"] = "sequence parallelism needs tp > 1"
-    if par.get("zero", 0) != 3 or par.get("dp", 1) * par.get("cp", 1) == 1:
-        off["parallel.reshard_after_forward"] = "resharding after forward is FSDP's (ZeRO-3 with dp > 1)"
-    if par.get("zero", 0) == 0:
-        off["parallel.offload"] = "offload needs ZeRO stage >= 1"
-    elif par.get("zero") != 3:
-        values["parallel.offload"] = ["optimizer+params"]
-    if par.get("pp", 1) == 1:
-        for key in ("parallel.pp_schedule", "parallel.pp_microbatches", "parallel.virtual_stages"):
-            off[key] = "pipeline settings need pp > 1"
-    elif par.get("pp_schedule") != "interleaved":
-        off["parallel.virtual_stages"] = "virtual stages need the interleaved schedule"
-    optimizer = data.get("optimizer")
-    spec = _optimizer_spec(optimizer)
-    if optimizer == "none":
-        off["optimizer_impl"] = "no optimizer step"
-        off["optimizer_in_backward"] = "no optimizer step"
-    elif spec is not None:
-        missing = [impl for impl in OPTIMIZER_IMPLS if impl not in spec.impls]
-        if missing:
-            values["optimizer_impl"] = missing
-    if data.get("activation_checkpointing") != "full":
-        off["checkpoint_every"] = "checkpointing every N-th layer applies to full checkpointing"
-    if data.get("framework") == "megatron":
-        values["activation_checkpointing"] = ["selective-op"]
-        off["output_lifetime"] = "Megatron's schedule keeps only the loss of the model output"
-    if data.get("grad_accum_steps", 1) != 1:
-        off["optimizer_in_backward"] = "stepping in backward cannot accumulate gradients"
-    _disabled_objective(data, off)
-    arch = _arch(model)
-    if arch is not None:
-        if not arch.is_moe:
-            off["parallel.ep"] = "expert parallelism needs a mixture-of-experts model"
-        if arch.fixed_seq_len:
-            off["seq_len"] = f"the model's sequence is fixed ({arch.fixed_seq_len} tokens)"
+    view = rules_view(data)
+    for rule in RULES:
+        if rule.field not in off and rule.judge(rule.disabled, view):
+            off[rule.field] = rule.text(view)
+    for rule in RULES:
+        if rule.refused is None or rule.field in off:
+            continue
+        try:
+            refused = rule.refused(view)
+        except UNJUDGED:
+            continue
+        if refused:
+            values[rule.field] = refused
     return off, values
-
-
-#: The objective's controls (the ``rl`` block) and the objectives each applies to.
-RL_CONTROLS = {
-    "rl.num_generations": ("grpo",),
-    "rl.completion_len": ("grpo", "ppo"),
-    "rl.reference": ("dpo", "kto", "grpo", "ppo"),
-    "rl.rollout": ("grpo", "ppo"),
-    "rl.gpu_memory_utilization": ("grpo", "ppo"),
-    "rl.sleep_mode": ("grpo", "ppo"),
-}
-
-
-def _disabled_objective(data: Mapping[str, Any], off: dict[str, str]) -> None:
-    """The ``rl`` controls that do not apply to the scenario's objective (and rollout engine)."""
-    obj = data.get("objective") or "sft"
-    rl = data.get("rl") if isinstance(data.get("rl"), Mapping) else {}
-    for key, objectives in RL_CONTROLS.items():
-        if obj not in objectives:
-            off[key] = f"applies to objective {' or '.join(objectives)}"
-    if obj in ("grpo", "ppo") and rl.get("rollout", "none") != "vllm_colocate":
-        off["rl.sleep_mode"] = "sleep mode applies to a colocated vLLM engine (rollout vllm_colocate)"
-        if rl.get("rollout", "none") == "none":
-            off["rl.gpu_memory_utilization"] = "applies to a vLLM rollout engine"
 
 
 @functools.cache

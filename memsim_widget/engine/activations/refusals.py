@@ -6,6 +6,8 @@ from __future__ import annotations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import profile, uses_autocast
 from memsim_widget.errors import ScenarioError
+from memsim_widget.rules import check
+from memsim_widget.rules.model import SSM_WHY
 
 
 def refuse_untraced(ctx: Context) -> None:
@@ -51,8 +53,8 @@ def refuse_untraced(ctx: Context) -> None:
 def refuse_ssm(ctx: Context) -> None:
     """State-space layers (Mamba): only what a trace or mamba-ssm's source backs -- full training in one
     precision (bf16, fp16, fp32), no checkpointing, the HF activation rules, one rank's whole sequence."""
-    sc, par = ctx.scenario, ctx.par
-    why = "is not modelled for Mamba's state-space layers (no trace checks it)"
+    sc = ctx.scenario
+    why = SSM_WHY
     if uses_autocast(ctx):
         raise ScenarioError("precision", f"{sc.precision} {why}; use bf16, fp16 or fp32")
     if sc.method != "full":
@@ -61,5 +63,4 @@ def refuse_ssm(ctx: Context) -> None:
         raise ScenarioError("activation_checkpointing", f"{sc.activation_checkpointing} {why}; use none")
     if profile(ctx).activation_model == "megatron":
         raise ScenarioError("framework", f"{sc.framework} {why}; use hf")
-    if par.tp > 1 or par.cp > 1:
-        raise ScenarioError("parallel", f"tensor or context parallelism {why}")
+    check("ssm", ctx.rules_view)  # tensor and context parallelism (rules/model.py)

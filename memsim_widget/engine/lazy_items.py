@@ -1,0 +1,90 @@
+"""Breakdown items whose numbers are known at once and whose ``Item`` (with its formula text) is built only when
+read: the step timeline sums every moment, but only a breakdown or an explanation reads the items."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+
+from memsim_widget.engine.items import Item, round_alloc
+
+#: Levels whose bytes the caching allocator counts (``Item.allocated_bytes``).
+_COUNTED = ("tensor", "allocator")
+
+
+class LazyItem:
+    """An ``Item``'s numbers (same names: ``category``, ``item``, ``bytes``, ``level``, ``tensors``,
+    ``allocated_bytes``); ``build`` writes its formula (``label x (term formula)``) and makes the ``Item``."""
+
+    __slots__ = (
+        "category",
+        "item",
+        "bytes",
+        "level",
+        "tensors",
+        "allocated_bytes",
+        "_label",
+        "_formula",
+        "_built",
+    )
+
+    def __init__(
+        self, category: str, item: str, nbytes: int, level: str, tensors: int, label: str, formula: str
+    ) -> None:
+        self.category, self.item, self.bytes, self.level, self.tensors = (
+            category,
+            item,
+            nbytes,
+            level,
+            tensors,
+        )
+        self._label, self._formula, self._built = label, formula, None
+        if level not in _COUNTED or nbytes <= 0:  # Item.allocated_bytes, without building the Item
+            self.allocated_bytes = 0
+        else:
+            n = max(tensors, 1)
+            self.allocated_bytes = round_alloc(-(-nbytes // n)) * n
+
+    def build(self) -> Item:
+        """The breakdown item (built once)."""
+        if self._built is None:
+            note = f"{self._label} x ({self._formula})" if self._label else self._formula
+            self._built = Item(self.category, self.item, self.bytes, note, self.level, self.tensors)
+        return self._built
+
+
+def built(items: Iterable[Item | LazyItem]) -> tuple[Item, ...]:
+    """The items, lazy ones built."""
+    return tuple(i.build() if isinstance(i, LazyItem) else i for i in items)
+
+
+class ItemGroup:
+    """The items of one named group of the step (``engine/moments``) with their sums, added once however many
+    moments hold the group; the items themselves are built when a moment's breakdown is read."""
+
+    __slots__ = ("entries", "raw", "tensor", "allocated", "_pool")
+
+    def __init__(self, entries: Sequence[Item | LazyItem]) -> None:
+        self.entries = entries
+        raw = tensor = allocated = 0
+        for i in entries:
+            raw += i.bytes
+            allocated += i.allocated_bytes
+            if i.level == "tensor":
+                tensor += i.bytes
+        self.raw, self.tensor, self.allocated = raw, tensor, allocated
+        self._pool: tuple[object, object, tuple[int, int, int]] | None = None
+
+    def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
+        """(allocated, allocated in ``persistent`` categories, allocated loss buffers) as
+        ``engine/overhead.pool_bytes`` counts them (kept for equal arguments: every moment holding the group,
+        and every estimate sharing a cached group, passes the same ones)."""
+        if self._pool is not None and self._pool[0] == persistent and self._pool[1] == loss_names:
+            return self._pool[2]
+        long = loss = 0
+        for i in self.entries:
+            if i.category in persistent:
+                long += i.allocated_bytes
+            elif i.item in loss_names:
+                loss += i.allocated_bytes
+        self._pool = (persistent, loss_names, (self.allocated, long, loss))
+        return self._pool[2]

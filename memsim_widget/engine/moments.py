@@ -1,0 +1,118 @@
+"""The moments of a training step as one table: which named groups of items are live at each instant.
+
+REFERENCE.md section 3. ``engine/timeline.py`` builds each group's items (the breakdown) and ``plan/vector.py``
+each group's byte sums for many candidates at once; both read the moments from ``MOMENT_TABLE``, so the
+step is written down once. A group belongs to one side: the model states of a rank (``STATE_GROUPS``: they
+vary with the layout, ZeRO stage, optimizer and offload) or one micro-batch's activation terms scaled to the
+stage (``ACTIVATION_GROUPS``: micro-batch, tp, cp, checkpointing, loss, pipeline position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Model-state groups (``engine/states.StateBudget`` and the workspace items).
+STATE_GROUPS = (
+    "persistent",  # parameters and optimizer states held for the run (step 1: no optimizer states yet)
+    "overhead",  # cuBLAS workspaces and other allocator-level buffers held for the run
+    "grads_carried",  # gradients an earlier micro-batch already accumulated (grad accumulation, 1F1B)
+    "gathered_at_loss",  # the FSDP2 units held gathered while the loss runs (none if the root resharded)
+    "kept_unsharded",  # FSDP without reshard after forward: every layer stays gathered until its backward
+    "kept_unsharded_last",  # ... and the last stage's head and final norm
+    "head_grads",  # at the top of backward: the carried gradients, else the head's (on the last stage)
+    "gathered",  # the FSDP units gathered during backward
+    "gathered_grads",  # their unsharded gradients before the reduce-scatter
+    "step_in_backward",  # optimizer-in-backward: the step's temporaries during backward
+    "grads_but_bottom",  # every gradient but layer 0's and the embeddings'
+    "grads",  # every gradient
+    "step_persistent",  # parameters and optimizer states at the optimizer step (they exist from step 1 on)
+    "step_temps",  # the optimizer step's temporaries (tensor level)
+)
+
+#: Activation groups (``engine/activations.ActivationBudget`` terms times layers and micro-batches).
+ACTIVATION_GROUPS = (
+    "stage_io",  # a pipeline stage's receive buffers, pending sends and kept outputs
+    "receive_buffers",  # the receive buffers alone (kept through the optimizer step)
+    "pre",  # the embedding's saved tensors and the inputs of the micro-batches in flight
+    "saved",  # every layer's saved activations (checkpointed inputs under checkpointing) on the GPU
+    "post",  # the final norm's and head's saved tensors
+    "loss_saved",  # what the loss keeps for its backward
+    "loss_forward",  # the loss's forward transients (last stage)
+    "cache_per_layer",  # the model output's KV cache built during forward
+    "loss_backward",  # the loss's backward transients (last stage)
+    "held_logits",  # the model output's logits the training loop still holds
+    "held_cache_extra",  # the part of the held KV cache the saved activations do not hold anyway
+    "top_backward",  # the final norm's backward transients (last stage)
+    "recompute",  # the last layer recomputed for its backward (under checkpointing)
+    "layer_backward",  # a layer in backward: the larger of its MLP and its attention transients
+    "rest",  # the other micro-batches' saved activations at the bottom of backward
+    "own",  # layer 0's saved activations of this micro-batch (recomputed under checkpointing)
+    "cache_but_own",  # the held KV cache less layer 0's own part
+    "cache_all",  # the whole held KV cache
+    "bottom_backward",  # the embedding's backward transients (calibrated models only)
+    "held_through_step",  # output_lifetime "step": the held output (logits and KV cache) at the step
+)
+
+#: The condition of a moment that only some steps have: an optimizer that steps after backward.
+OPTIMIZER_STEPS = "optimizer_steps"
+
+
+@dataclass(frozen=True)
+class MomentRule:
+    """One instant of the step: the groups ``live`` throughout, then the larger (in raw bytes; the first of
+    equals) of the ``larger_of`` alternatives (two instants close together), then the groups ``after``.
+    ``only_if`` names a condition the step must meet (``OPTIMIZER_STEPS``), empty for every step."""
+
+    name: str
+    live: tuple[str, ...]
+    larger_of: tuple[tuple[str, ...], ...] = ()
+    after: tuple[str, ...] = ()
+    only_if: str = ""
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """Every group the moment may hold, each once."""
+        seen = [*self.live, *(g for alt in self.larger_of for g in alt), *self.after]
+        return tuple(dict.fromkeys(seen))
+
+
+#: Held at every moment but the optimizer step (which holds the receive buffers only).
+_COMMON = ("persistent", "overhead", "stage_io")
+_FORWARD = ("grads_carried", "gathered_at_loss", "kept_unsharded", "kept_unsharded_last", "pre", "saved",
+            "post", "loss_saved")  # fmt: skip
+
+MOMENT_TABLE = (
+    # the end of forward: every saved activation and the loss's forward
+    MomentRule("forward_end", live=(*_COMMON, *_FORWARD, "loss_forward", "cache_per_layer")),
+    # the loss's backward, the output the loop holds alive beside it
+    MomentRule(
+        "backward_start", live=(*_COMMON, *_FORWARD, "loss_backward", "held_logits", "held_cache_extra")
+    ),
+    # the top of backward: the final norm's backward, or the last layer's (recomputed first under
+    # checkpointing), with every other saved activation alive and only the head's gradients made so far
+    MomentRule(
+        "backward_top",
+        live=(*_COMMON, "head_grads", "gathered", "kept_unsharded", "gathered_grads", "pre", "saved"),
+        larger_of=(("top_backward",), ("recompute", "layer_backward")),
+        after=("held_logits", "held_cache_extra"),
+    ),
+    # the bottom of backward: (a) layer 0's backward, its own gradients and the embeddings' not yet made;
+    # (b) the embedding's backward, every gradient made and no layer activation of this micro-batch left
+    MomentRule(
+        "backward_end",
+        live=(*_COMMON, "gathered", "gathered_grads", "step_in_backward", "pre", "rest"),
+        larger_of=(
+            ("grads_but_bottom", "own", "layer_backward", "held_logits", "cache_but_own"),
+            ("grads", "held_logits", "cache_all", "bottom_backward"),
+        ),
+    ),
+    # the optimizer step: states, gradients and the step's temporaries; activations freed
+    MomentRule(
+        "optimizer_step",
+        live=("step_persistent", "overhead", "receive_buffers", "grads", "step_temps", "held_through_step"),
+        only_if=OPTIMIZER_STEPS,
+    ),
+)
+
+#: The moments' names in table order (``Estimate.peak_phase`` and the planner's ``peak_moment`` index).
+MOMENTS = tuple(rule.name for rule in MOMENT_TABLE)

@@ -1,0 +1,76 @@
+"""The vision side of LLaVA-NeXT (families/llava_next.py): LLaVA 1.5's tower and projector run on every crop.
+
+Each image is 1 + tiles crops of the tower's input size; the tower and the projector see b x images x crops
+samples, exactly as LLaVA's rules count them (engine/vision.py, on a view of the context whose images are the
+crops and whose projector rows are (s/p)^2 per crop). Beside them (each held to a fake-tensor trace,
+docs/fidelity.md):
+
+- ``get_image_features`` concatenates each image's crops (``pixel_values[i][:crops]``) into a new tensor, which the
+  trained tower's patch conv saves instead of the batch's pixel values;
+- the packed features (per image: the base crop's rows, the tiles' grid unpadded with one ``image_newline`` per
+  row), new tensors of the language model's image tokens x h_t, held by the model output (``image_outputs``)
+  until the loop drops it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import cached_property
+
+from memsim_widget.engine.activations import ActivationBudget, Term
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
+from memsim_widget.engine.items import fmt_int
+
+
+def crop_context(ctx: Context) -> Context:
+    """``ctx`` seen as LLaVA 1.5 with one image per crop: b x images x crops tower samples, (s/p)^2 projector rows
+    each."""
+    v = ctx.arch.extra["vision"]
+    sub = object.__new__(Context)
+    cached = {k for k, x in vars(Context).items() if isinstance(x, cached_property)}
+    sub.__dict__.update({k: x for k, x in ctx.__dict__.items() if k not in cached})
+    sub.scenario = ctx.scenario.replace(images_per_sample=ctx.images_per_sample * v["crops_per_image"])
+    crop = {**v, "kind": "llava", "tokens_per_image": v["tokens_per_crop"]}
+    sub.arch = dataclasses.replace(ctx.arch, extra={**ctx.arch.extra, "vision": crop})
+    return sub
+
+
+def llava_next_activations(
+    ctx: Context, out: ActivationBudget, hf: Callable[[Context], ActivationBudget], llava: Callable
+) -> None:
+    """Add LLaVA-NeXT's tower and projector (LLaVA's rules on the crops), the crops' concatenated pixels and the
+    packed image features to ``out``."""
+    v = ctx.arch.extra["vision"]
+    llava(crop_context(ctx), out, hf)
+    n_img = ctx.images_per_sample
+    if not n_img:
+        return
+    sc, recipe = ctx.scenario, ctx.recipe
+    amp = uses_autocast(ctx)
+    tower = v["tower"]
+    crops = sc.micro_batch_size * n_img * v["crops_per_image"]
+    C, s = tower.extra["num_channels"], tower.extra["image_size"]
+    px = crops * C * s * s
+    if ctx.full_training and not ctx.freeze_vision and not amp:
+        pb = recipe.weight_bytes
+        out.pre.append(
+            Term(
+                "crops concatenated by get_image_features (saved by the trained patch conv)",
+                pb * px,
+                f"{pb} B x {fmt_int(crops)} crops x {C} x {s} x {s}",
+                1,
+            )
+        )
+    N = sc.micro_batch_size * n_img * v["tokens_per_image"]
+    ht = ctx.arch.hidden_size
+    t = Term(
+        "packed image features (base crop, unpadded tiles, image_newline) held by the model output",
+        2 * N * ht if amp else recipe.act_bytes * N * ht,
+        f"{2 if amp else recipe.act_bytes} B x N x {ht}, N={fmt_int(N)} image tokens",
+        sc.micro_batch_size * n_img,
+    )
+    out.loss_forward.append(t)
+    if output_lifetime(sc) != "trainer":
+        out.output_logits.append(t)

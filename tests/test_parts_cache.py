@@ -1,0 +1,225 @@
+"""The engine's part caches (``engine/parts_cache``): keyed by every field that changes a part, and by no other.
+
+Each cached part is checked three ways: the fields its key leaves out really leave the uncached part unchanged;
+two scenarios differing only in a field the key must hold get different parts through the warm cache; and an
+estimate made with warm caches equals one made cold, item for item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memsim_widget.engine import parts_cache
+from memsim_widget.engine.activations import activations
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.core import _estimate, estimate
+from memsim_widget.engine.states import model_states
+from memsim_widget.scenario import Scenario
+
+#: Base scenarios reaching the engine's branches: tensor and pipeline parallel, LoRA, a framework with its own
+#: FSDP rules, an MoE and a multimodal model, a state-space model.
+BASES = [
+    {"model": "llama-3.2-1b", "seq_len": 1024},
+    {"model": "llama-3.2-1b", "seq_len": 1024, "parallel": {"tp": 2, "pp": 2, "pp_microbatches": 4}},
+    {"model": "llama-3.2-1b", "method": "lora", "seq_len": 512},
+    {"model": "llama-3.2-1b", "framework": "torchtitan", "parallel": {"dp": 2, "zero": 3}},
+    {"model": "mixtral-8x7b", "seq_len": 256, "parallel": {"dp": 2, "ep": 2, "zero": 1}},
+    {"model": "llava-1.5-7b", "seq_len": 256, "method": "lora"},
+    {"model": "mamba-130m", "seq_len": 256},
+]
+
+#: A different value for every field the model-states key leaves out (checkpoint_every with full checkpointing).
+STATES_IGNORED = {
+    "micro_batch_size": {"micro_batch_size": 3},
+    "seq_len": {"seq_len": 128},
+    "grad_accum_steps": {"grad_accum_steps": 8},
+    "activation_checkpointing": {"activation_checkpointing": "full"},
+    "checkpoint_every": {"activation_checkpointing": "full", "checkpoint_every": 2},
+    "attention": {"attention": "eager"},
+    "loss": {"loss": "chunked"},
+    "output_lifetime": {"output_lifetime": "step"},
+    "ssm_kernel": {"ssm_kernel": "torch"},
+    "activation_offloading": {"activation_offloading": True},
+    "padding": {"padding": "longest"},
+    "cuda_lazy_loading": {"cuda_lazy_loading": False},
+}
+#: A different value for every field the activations key leaves out.
+ACTIVATIONS_IGNORED = {
+    "optimizer": {"optimizer": "sgd"},
+    "optimizer_impl": {"optimizer_impl": "fused"},
+    "optimizer_in_backward": {"optimizer_in_backward": True},
+    "grad_accum_steps": {"grad_accum_steps": 8},
+    "gpu": {"gpu": "a100-40gb"},
+    "parallel.dp": {"parallel": {"dp": 4}},
+    "parallel.zero": {"parallel": {"dp": 4, "zero": 3}},
+    "parallel.offload": {"parallel": {"dp": 4, "zero": 3, "offload": "optimizer+params"}},
+    "parallel.reshard_after_forward": {"parallel": {"dp": 4, "zero": 3, "reshard_after_forward": False}},
+}
+
+
+def _variant(base: dict, change: dict) -> Scenario | None:
+    """``base`` with ``change`` merged (``parallel`` key by key), or None where the engine refuses it."""
+    data = {**base, **change, "parallel": {**base.get("parallel", {}), **change.get("parallel", {})}}
+    try:
+        sc = Scenario.from_dict(data)
+        Context(sc)
+        return sc
+    except Exception:  # a combination the scenario or the model refuses: nothing to compare
+        return None
+
+
+def test_the_keys_cover_every_scenario_field_but_the_ignored_ones():
+    names = {f.name for f in dataclasses.fields(Scenario)}
+    assert set(parts_cache._STATES_FIELDS) == names - parts_cache.STATES_IGNORE
+    assert set(parts_cache._ACTS_FIELDS) == names - parts_cache.ACTIVATIONS_IGNORE - {"parallel"}
+    assert names >= parts_cache.STATES_IGNORE and names >= parts_cache.ACTIVATIONS_IGNORE
+    assert set(STATES_IGNORED) == parts_cache.STATES_IGNORE
+    assert set(ACTIVATIONS_IGNORED) == parts_cache.ACTIVATIONS_IGNORE | {
+        f"parallel.{n}" for n in parts_cache.ACTIVATIONS_IGNORE_PARALLEL
+    }
+
+
+@pytest.mark.parametrize("field", sorted(STATES_IGNORED))
+def test_model_states_do_not_read_the_fields_their_key_leaves_out(field):
+    compared = 0
+    for base in BASES:
+        a, b = _variant(base, {}), _variant(base, STATES_IGNORED[field])
+        if a is None or b is None:
+            continue
+        ca, cb = Context(a), Context(b)
+        for sa, sb in zip(ca.stages, cb.stages, strict=True):
+            assert model_states(ca, sa) == model_states(cb, sb)
+        assert ca.trainable_parameters == cb.trainable_parameters
+        compared += 1
+    assert compared  # at least one base takes the change
+
+
+@pytest.mark.parametrize("field", sorted(ACTIVATIONS_IGNORED))
+def test_activations_do_not_read_the_fields_their_key_leaves_out(field):
+    compared = 0
+    for base in BASES:
+        a, b = _variant(base, {}), _variant(base, ACTIVATIONS_IGNORED[field])
+        if a is None or b is None:
+            continue
+        assert activations(Context(a)) == activations(Context(b))
+        compared += 1
+    assert compared
+
+
+def _warm_then(first: dict, second: dict, part):  # type: ignore[no-untyped-def]
+    """``part`` of ``second`` computed through a cache warmed with ``first``, and computed cold."""
+    parts_cache.cache_clear()
+    part(Context(Scenario.from_dict(first)))
+    warm = part(Context(Scenario.from_dict(second)))
+    parts_cache.cache_clear()
+    return warm, part(Context(Scenario.from_dict(second)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"parallel": {"dp": 8, "zero": 3}}, {"optimizer": "sgd"}, {"precision": "fp32"}, {"method": "lora"}],
+    ids=["zero", "optimizer", "precision", "method"],
+)
+def test_model_states_cache_tells_apart_scenarios_differing_in_a_key_field(change):
+    base = {"model": "llama-3.2-1b", "parallel": {"dp": 8}}
+    second = {**base, **change, "parallel": {**base["parallel"], **change.get("parallel", {})}}
+
+    def part(ctx: Context):  # type: ignore[no-untyped-def]
+        return parts_cache.cached_model_states(ctx, ctx.stages[0])
+
+    warm, cold = _warm_then(base, second, part)
+    assert warm == cold
+    parts_cache.cache_clear()
+    assert part(Context(Scenario.from_dict(base))) != warm
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"micro_batch_size": 2},
+        {"seq_len": 1024},
+        {"activation_checkpointing": "full"},
+        {"parallel": {"tp": 2}},
+    ],
+    ids=["micro_batch", "seq_len", "checkpointing", "tp"],
+)
+def test_activations_cache_tells_apart_scenarios_differing_in_a_key_field(change):
+    base = {"model": "llama-3.2-1b", "seq_len": 512}
+    second = {**base, **change}
+    warm, cold = _warm_then(base, second, parts_cache.cached_activations)
+    assert warm == cold
+    parts_cache.cache_clear()
+    assert parts_cache.cached_activations(Context(Scenario.from_dict(base))) != warm
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"parallel": {"pp": 2, "pp_microbatches": 4}}, {"activation_checkpointing": "full"}, {"seq_len": 1024}],
+    ids=["pipeline", "checkpointing", "seq_len"],
+)
+def test_activation_groups_cache_tells_apart_scenarios_differing_in_a_key_field(change):
+    base = {"model": "llama-3.2-1b", "seq_len": 512, "parallel": {"pp": 2, "pp_microbatches": 2}}
+    second = {**base, **change}
+
+    def part(ctx: Context) -> dict[str, tuple[int, int, int]]:
+        groups = parts_cache.cached_activation_groups(ctx, ctx.stages[0])
+        return {name: (g.raw, g.allocated, len(g.entries)) for name, g in groups.items()}
+
+    warm, cold = _warm_then(base, second, part)
+    assert warm == cold
+    parts_cache.cache_clear()
+    assert part(Context(Scenario.from_dict(base))) != warm
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"method": "lora"}, {"lora": {"rank": 64}}, {"freeze_vision": False}],
+    ids=["method", "rank", "tower"],
+)
+def test_trainable_parameters_cache_tells_apart_scenarios_differing_in_a_key_field(change):
+    base = {"model": "llava-1.5-7b", "seq_len": 256, "method": "lora"}
+    if "method" in change:
+        base = {"model": "llava-1.5-7b", "seq_len": 256}
+    second = {**base, **change}
+    warm, cold = _warm_then(base, second, parts_cache.cached_trainable_parameters)
+    assert warm == cold
+    parts_cache.cache_clear()
+    assert parts_cache.cached_trainable_parameters(Context(Scenario.from_dict(base))) != warm
+
+
+def test_an_estimate_with_warm_parts_equals_a_cold_one_item_for_item():
+    sweep = [{"model": "llama-3.2-1b", "seq_len": s, "micro_batch_size": b, "parallel": {"dp": dp, "zero": z}}
+             for s in (512, 1024) for b in (1, 2) for dp, z in ((1, 0), (4, 1), (4, 3))]  # fmt: skip
+    _estimate.cache_clear()
+    parts_cache.cache_clear()
+    warm = [estimate(d) for d in sweep]  # each reuses the parts of the ones before it
+    for d, w in zip(sweep, warm, strict=True):
+        _estimate.cache_clear()
+        parts_cache.cache_clear()
+        cold = estimate(d)
+        assert [(m.name, m.items) for r in w.ranks for m in r.moments] == [
+            (m.name, m.items) for r in cold.ranks for m in r.moments
+        ]
+        assert (
+            w.peak_allocated_bytes,
+            w.peak_reserved_bytes,
+            w.device_total_bytes,
+            w.trainable_parameters,
+        ) == (
+            cold.peak_allocated_bytes,
+            cold.peak_reserved_bytes,
+            cold.device_total_bytes,
+            cold.trainable_parameters,
+        )
+
+
+def test_the_caches_are_bounded():
+    for fn in (
+        parts_cache._states,
+        parts_cache._activations,
+        parts_cache._trainable,
+        parts_cache._act_groups,
+    ):
+        assert fn.cache_info().maxsize == parts_cache.CACHE_SIZE
