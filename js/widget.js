@@ -1275,6 +1275,7 @@ function renderResult(doc, views, result = {}) {
 function createOutput(doc) {
   const parts = {
     error: h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" }),
+    calibrating: h(doc, "div", { class: "memsim-calibrating", role: "status", hidden: "" }),
     result: createResultViews(doc),
     charts: createChartBlocks(doc),
     trace: createTracePanel(doc),
@@ -1285,6 +1286,7 @@ function createOutput(doc) {
   };
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error,
+    parts.calibrating,
     parts.result.verdict,
     parts.fit.root,
     parts.compare.root,
@@ -1295,6 +1297,9 @@ function createOutput(doc) {
     parts.export.root
   ]);
   return parts;
+}
+function calibrationText(calibration) {
+  return `Calibrating ${calibration.model || "the model"} from traces (about a dozen tiny traces, ~30 s the first time): showing the last result until its estimate is ready.`;
 }
 function render({ model, el }) {
   mark("render");
@@ -1312,12 +1317,18 @@ function render({ model, el }) {
     controls.sync();
     syncJson();
   };
+  const calibrating = () => (readTrait(model, "calibration") ?? {}).state === "running";
   const showError = () => {
     const msg = model.get("error") ?? "";
     out.error.textContent = msg ? `${msg}. Showing the last valid result.` : "";
     out.error.hidden = !msg;
-    out.root.classList.toggle("memsim-stale", Boolean(msg));
+    out.root.classList.toggle("memsim-stale", Boolean(msg) || calibrating());
     syncAll();
+  };
+  const showCalibration = () => {
+    out.calibrating.textContent = calibrating() ? calibrationText(readTrait(model, "calibration")) : "";
+    out.calibrating.hidden = !calibrating();
+    out.root.classList.toggle("memsim-stale", Boolean(model.get("error")) || calibrating());
   };
   const showResult = () => renderResult(doc, out.result, readTrait(model, "result") ?? {});
   wireCompare(ctx, out.compare);
@@ -1330,6 +1341,7 @@ function render({ model, el }) {
   wireImageButtons(ctx, out.charts.buttons, charts);
   onModel("headroom", syncAll);
   onModel("error", showError);
+  onModel("calibration", showCalibration);
   onModel("error_field", syncAll);
   onModel("result", showResult);
   onModel("options", () => {
@@ -1338,6 +1350,7 @@ function render({ model, el }) {
   });
   wireExport(ctx, out.export)();
   showError();
+  showCalibration();
   showResult();
   trace.show();
   fit.show();
@@ -1353,6 +1366,7 @@ function render({ model, el }) {
 }
 var index_default = { render };
 export {
+  calibrationText,
   index_default as default,
   render
 };

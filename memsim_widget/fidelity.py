@@ -189,6 +189,11 @@ MAMBA = {"model_type": "mamba", "hidden_size": 256, "num_hidden_layers": 4, "voc
 #: Mamba-2 (Mamba2ForCausalLM): 4 layers, 8 heads of 64 (I = 512), 2 groups, N = 16, chunks of 64 tokens
 MAMBA2 = {"model_type": "mamba2", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000, "num_heads": 8,
           "head_dim": 64, "state_size": 16, "n_groups": 2, "chunk_size": 64}  # fmt: skip
+#: Jamba (JambaForCausalLM): 4 layers, attention at layer 1 (8 heads, 2 KV), Mamba v1 elsewhere (I = 512, N = 16),
+#: 4 experts (top 2) on layers 1 and 3, dense MLPs (512) on 0 and 2; torch scan path only on a CPU
+JAMBA = {"model_type": "jamba", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 1000,
+         "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 512, "num_experts": 4,
+         "num_experts_per_tok": 2, "attn_layer_period": 4, "attn_layer_offset": 1}  # fmt: skip
 
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 #: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
@@ -1063,6 +1068,33 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),
         )
     ),
+    # Jamba: attention and Mamba layers, MoE and dense MLPs (engine/hybrid.py); the torch scan path (grouped_mm
+    # experts run only in bf16 on a CPU: the fp32 case has dense MLPs only)
+    *(
+        (f"jamba {label}", {"model": {**JAMBA, **more}, "ssm_kernel": "torch", **keys})
+        for label, more, keys in (
+            ("torch bf16 sdpa b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64}),
+            ("torch bf16 eager b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64, "attention": "eager"}),
+            (
+                "torch fp32 b2 s64 (dense MLPs)",
+                {"num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "fp32"},
+            ),
+            (
+                "torch bf16 b1 s128 (tied, N=8, K=3, R=12, biases, attention on top, MoE at even layers)",
+                {
+                    "tie_word_embeddings": True,
+                    "mamba_d_state": 8,
+                    "mamba_d_conv": 3,
+                    "mamba_proj_bias": True,
+                    "mamba_dt_rank": 12,
+                    "attn_layer_offset": 3,
+                    "expert_layer_offset": 0,
+                },
+                {"micro_batch_size": 1, "seq_len": 128},
+            ),
+        )
+    ),
 ]
 
 # ----- multimodal (families/clip.py, llava.py, llava_next.py, qwen2_vl.py; engine/vision*.py) -----------------------------------------
@@ -1299,6 +1331,37 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     ),
 ]
 CASES += MULTIMODAL_CASES
+
+#: Llama 4 with its vision tower: the small Llama 4 text model, a 2-layer tower (h=128, 4 heads) at 112px in 14px
+#: patches (8 x 8 + CLS = 65 rows per tile), shuffled by 0.5 into 16 rows of 512, a 256-wide adapter and projector
+#: input: 16 + 3 tokens per image (one tile)
+LLAMA4_VLM = {
+    "model_type": "llama4",
+    "image_token_index": 999,
+    "text_config": {**LLAMA4, "pad_token_id": 0},
+    "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 128, "intermediate_size": 512,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 112, "patch_size": 14,
+                      "vision_output_dim": 256, "projector_input_dim": 256, "projector_output_dim": 256},
+}  # fmt: skip
+CASES += [
+    (f"llama4 {label} b2 s256+19", {"model": LLAMA4_VLM, "micro_batch_size": 2, "seq_len": 256, **keys})
+    for label, keys in (
+        ("bf16 sdpa frozen tower", {}),
+        ("bf16 sdpa trained tower", {"freeze_vision": False}),
+        ("bf16 lora qv (LM only)", _LORA_QV),
+        ("bf16 sdpa trained tower, 2 images per sample", {"freeze_vision": False, "images_per_sample": 2}),
+    )
+]
+CASES += [  # the Scout preset's real shape (fake tensors: ~15 s each)
+    (
+        "llama-4-scout-17b-16e bf16 lora qv b1 s512+147 (real shape, frozen tower)",
+        {"model": "llama-4-scout-17b-16e", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "llama-4-scout-17b-16e bf16 full b1 s512+147 (real shape, trained tower)",
+        {"model": "llama-4-scout-17b-16e", "micro_batch_size": 1, "seq_len": 512, "freeze_vision": False},
+    ),
+]
 
 
 #: Preference and RL training steps (``trace/objectives.py``: TRL's loop on fake tensors). A 32k vocabulary makes

@@ -269,7 +269,9 @@ def test_grouping_invariants(preset: str) -> None:
             if mixed:  # dense first-k layers (DeepSeek) or mlp_only_layers: a group covers some layers only
                 moe = arch.extra["moe_layers"] * (arch.num_experts if g.expert else 1)
                 dense = stack_layers[g.stack] - arch.extra["moe_layers"]
-                assert g.count in (per_layer, moe, dense) or g.kind == "router", g.name
+                # a hybrid stack (Jamba): attention groups cover its attention layers, state-space ones the others
+                kinds = (arch.extra.get("attention_layers"), arch.extra.get("ssm", {}).get("layers"))
+                assert g.count in (per_layer, moe, dense, *kinds) or g.kind == "router", g.name
             elif (
                 g.kind == "norm" and "first_layer_norms" in arch.extra
             ):  # ModernBERT: layer 0 has no attn_norm
@@ -442,11 +444,12 @@ def test_a_spelling_slip_of_a_supported_type_gets_one_hint(typed: str, meant: st
 
 @pytest.mark.parametrize(
     "model_type",
-    # other architectures one edit or a suffix away from a supported type (Jamba is a state-space hybrid, Falcon
-    # Mamba and Mamba 3 other state-space layouts, Qwen3-VL vision models, BART/OPT/mT5 other layouts), and
-    # invented names
+    # other architectures one edit or a suffix away from a supported type (Zamba2 and Bamba are state-space
+    # hybrids other than Jamba, Falcon Mamba and Mamba 3 other state-space layouts, Qwen3-VL vision models,
+    # BART/OPT/mT5 other layouts), and invented names
     [
-        "jamba",
+        "zamba2",
+        "bamba",
         "falcon_mamba",
         "mamba3",
         "qwen3_vl",

@@ -188,7 +188,7 @@ def test_trace_of_phi3_longrope_runs(tmp_path):
 @pytest.mark.parametrize(
     ("model", "field"),
     [
-        ({**PHI3_LONGROPE, "model_type": "jamba"}, "model.model_type"),
+        ({**PHI3_LONGROPE, "model_type": "zamba2"}, "model.model_type"),
         (
             {
                 "model_type": "falcon",

@@ -107,13 +107,18 @@ def test_inline_dict_with_nested_rope_equals_preset() -> None:
     assert architecture_for(inline).extra["rope_theta"] == 500000.0
 
 
-def test_vision_language_config_is_refused_naming_text_config() -> None:
-    """transformers' AutoModelForCausalLM quietly builds only the text model of a ``llama4`` config; the
-    simulator refuses it instead of counting a model without its vision tower."""
-    cfg = {"model_type": "llama4", "text_config": {k: v for k, v in TINY.items() if k != "model_type"}}
+def test_vision_language_config_is_the_whole_model_not_its_text_part() -> None:
+    """transformers' AutoModelForCausalLM quietly builds only the text model of a ``llama4`` config; the simulator
+    builds Llama4ForConditionalGeneration instead (tests/test_family_llama4_vision.py), never the text part alone."""
+    text = {k: v for k, v in TINY.items() if k != "model_type"}
+    vision = {"hidden_size": 32, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "image_size": 28, "patch_size": 14, "vision_output_dim": 16, "projector_input_dim": 16,
+              "projector_output_dim": 16}  # fmt: skip
+    cfg = {"model_type": "llama4", "text_config": text, "vision_config": vision}
     assert type(meta_model(cfg)).__name__ == "Llama4ForCausalLM"  # what a silent count would have been
-    with pytest.raises(ScenarioError, match=r"model\.model_type.*vision.*text_config.*llama4_text"):
-        build_architecture(cfg)
+    arch = build_architecture(cfg)
+    assert arch.family == "llama4" and arch.extra["vision"]["kind"] == "llama4"
+    assert arch.parameters > build_architecture(TINY).parameters
 
 
 def test_layer_layout_follows_moe_layers_and_no_rope_layers() -> None:

@@ -162,7 +162,7 @@ def test_mamba2_kernel_path_saves_inputs_only_and_torch_path_grows_with_the_chun
     assert any("not traced" in c for c in est("cuda", 64).caveats)
 
 
-@pytest.mark.parametrize("typed", ["jamba", "Mamba", "falcon_mamba", "mamba3", "Mamba-2"])
+@pytest.mark.parametrize("typed", ["bamba", "zamba2", "Mamba", "falcon_mamba", "mamba3", "Mamba-2"])
 def test_no_hint_maps_another_structure_to_mamba(typed: str) -> None:
     msg = str(unknown_model_type(typed))
     if typed == "Mamba":

@@ -20,8 +20,8 @@ FOLDER = ROOT / "memsim_widget" / "catalog" / "presets"
 
 #: What ``scripts/presets_to_json.py`` printed for the dict-literal ``catalog/models.py`` it converted: the number
 #: of presets and one hash of both tables (order, values and their Python types); rerun it to convert a branch.
-PRESET_COUNT = 107
-PRESET_CHECKSUM = "d8ad5b2dd4f60f46571c7d34bf5980182a3119489c2b0f1c0187183657609be5"
+PRESET_COUNT = 112
+PRESET_CHECKSUM = "9aaa41635c02314f328de2fb06d80ec0e703493932686c5a606e25423ad71f61"
 
 
 def table_checksum(presets: dict, info: dict) -> str:

@@ -35,8 +35,8 @@ def _model_class(model_type: str) -> Any:
     if model_type == "clip":  # CLIPModel (both towers, projections, logit_scale)
         return transformers.AutoModel
     # LlavaForConditionalGeneration, Gemma3ForConditionalGeneration, LlavaNextForConditionalGeneration,
-    # Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
-    if model_type in ("llava", "gemma3", "llava_next", "qwen2_vl", "qwen2_5_vl"):
+    # Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, Llama4ForConditionalGeneration
+    if model_type in ("llava", "gemma3", "llava_next", "qwen2_vl", "qwen2_5_vl", "llama4"):
         return transformers.AutoModelForImageTextToText
     return transformers.AutoModelForCausalLM
 
@@ -70,13 +70,15 @@ def _kind(name: str) -> str:
         return "embedding"
     if n.startswith(("visual_projection", "text_projection", "logit_scale")):
         return "head"
-    if "position_embedding." in n:
+    if "position_embedding." in n or "positional_embedding_vlm" in n:  # Llama 4's tower: the latter
         return "position"
     if any(k in n for k in ("class_embedding", "patch_embedding.", "token_embedding.")):
         return "embedding"
     if n.endswith("mlp.gate.weight") or ".router." in n:  # Llama 4 feed_forward.router, GPT-OSS mlp.router
         return "router"
     if ".mixer." in n:  # Mamba's state-space mixer (in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj)
+        return "ssm"
+    if ".mamba." in n:  # Jamba's Mamba mixer, its dt/B/C RMSNorms included
         return "ssm"
     if "norm" in n or ".ln_" in n or n.startswith("transformer.ln_f"):
         return "norm"
@@ -98,7 +100,7 @@ def _kind(name: str) -> str:
         return "embedding"
     if n.startswith("shared.") or "patch_embeddings" in n:
         return "embedding"
-    if n.startswith(("lm_head", "classifier", "cls.predictions", "head.")) or n in (
+    if n.startswith(("lm_head", "classifier", "cls.predictions", "head.", "language_model.lm_head")) or n in (
         "decoder.weight",
         "decoder.bias",
     ):

@@ -97,6 +97,10 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 1}
     },  # fmt: skip
     "state-space layers run on one rank's whole sequence": {"model": "mamba-130m", "parallel": {"cp": 2}},
+    "pipeline stages hold whole blocks of a hybrid's layer pattern": {
+        "model": "jamba-v0.1",
+        "parallel": {"pp": 16, "pp_microbatches": 16},
+    },  # fmt: skip
     "images need a vision tower": {"images_per_sample": 2},
     "freeze_vision needs a vision tower": {"freeze_vision": True},
     "CLIP trains one image per sample": {"model": CLIP, "seq_len": 77, "images_per_sample": 2},

@@ -8,6 +8,8 @@
 //   compare.js       "Pin" and the comparison (`pins`, `comparison`)
 //   trace.js         "Verify with trace" (`trace`, `trace_view`, {type: "verify" | "cancel"})
 //   export.js        the launch-config export (`export`, {type: "export", format})
+//   (here)           "calibrating..." while a calibrated model's first estimate runs in the background
+//                    (`calibration`)
 //   scenario-json.js the scenario as JSON; state.js, dom.js, format.js: shared helpers
 // The shipped file is js/widget.js, bundled from these sources by esbuild (`scripts/dev build-js`).
 
@@ -26,6 +28,7 @@ import { createResultViews, renderResult } from "./verdict.js";
 function createOutput(doc) {
   const parts = {
     error: h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" }),
+    calibrating: h(doc, "div", { class: "memsim-calibrating", role: "status", hidden: "" }),
     result: createResultViews(doc),
     charts: createChartBlocks(doc),
     trace: createTracePanel(doc),
@@ -35,10 +38,16 @@ function createOutput(doc) {
     export: createExportPanel(doc),
   };
   parts.root = h(doc, "div", { class: "memsim-output" }, [
-    parts.error, parts.result.verdict, parts.fit.root, parts.compare.root, ...Object.values(parts.charts.blocks),
+    parts.error, parts.calibrating, parts.result.verdict, parts.fit.root, parts.compare.root, ...Object.values(parts.charts.blocks),
     parts.trace.root, parts.result.details, parts.json.root, parts.export.root,
   ]);
   return parts;
+}
+
+/** What the "calibrating..." line says while a calibrated model's first estimate runs (`calibration` trait). */
+export function calibrationText(calibration) {
+  return `Calibrating ${calibration.model || "the model"} from traces (about a dozen tiny traces, ~30 s the first `
+    + "time): showing the last result until its estimate is ready.";
 }
 
 /** anywidget entry point: draw the widget into `el`; returns the cleanup function. */
@@ -59,12 +68,18 @@ export function render({ model, el }) {
     controls.sync();
     syncJson();
   };
+  const calibrating = () => (readTrait(model, "calibration") ?? {}).state === "running";
   const showError = () => {
     const msg = model.get("error") ?? "";
     out.error.textContent = msg ? `${msg}. Showing the last valid result.` : "";
     out.error.hidden = !msg;
-    out.root.classList.toggle("memsim-stale", Boolean(msg));
+    out.root.classList.toggle("memsim-stale", Boolean(msg) || calibrating());
     syncAll();
+  };
+  const showCalibration = () => {
+    out.calibrating.textContent = calibrating() ? calibrationText(readTrait(model, "calibration")) : "";
+    out.calibrating.hidden = !calibrating();
+    out.root.classList.toggle("memsim-stale", Boolean(model.get("error")) || calibrating());
   };
   const showResult = () => renderResult(doc, out.result, readTrait(model, "result") ?? {});
   // Charts draw after the verdict and table are painted, one per frame: embedding a chart takes tens of
@@ -79,6 +94,7 @@ export function render({ model, el }) {
   wireImageButtons(ctx, out.charts.buttons, charts);
   onModel("headroom", syncAll);
   onModel("error", showError);
+  onModel("calibration", showCalibration);
   onModel("error_field", syncAll);
   onModel("result", showResult);
   onModel("options", () => {
@@ -88,6 +104,7 @@ export function render({ model, el }) {
 
   wireExport(ctx, out.export)();
   showError();
+  showCalibration();
   showResult();
   trace.show();
   fit.show();

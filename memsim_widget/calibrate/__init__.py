@@ -174,6 +174,14 @@ class SavedBytesSource:
     def __repr__(self) -> str:
         return f"SavedBytesSource({self.model_type!r}, {self.hash})"
 
+    def cached(self, key: tuple) -> bool:
+        """Whether the fit for ``key`` is made already (in this process or on disk): estimating it traces nothing."""
+        ck = (self.hash, key)
+        if ck in _FITS:
+            return True
+        path = _disk_path(ck)
+        return path is not None and path.is_file()
+
     def fit(self, key: tuple) -> dict[str, Any]:
         """The fit for ``key`` (traced on the first call, then cached; refused when the fit is poor)."""
         ck = (self.hash, key)

@@ -61,6 +61,8 @@ def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:
         and v.get("projector")
     ):
         out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
+    if v.get("caveat"):  # Llama 4: one tile per image; transformers 5.24's forward (families/llama4_vlm.py)
+        out.append(v["caveat"])
     if v.get(
         "image_note"
     ):  # Qwen2-VL, LLaVA-NeXT: the image size the token count assumes (the family's text)

@@ -92,7 +92,11 @@ def vision_activations(
         if v["kind"] == "llava" and sc.activation_checkpointing == "full":
             _frozen_tower_under_checkpointing(out, v, bi, T, h, r, 2 if amp else ec)
     pj = v.get("projector")
-    if pj and v["kind"] == "gemma3":
+    if v["kind"] == "llama4":  # pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
+        from memsim_widget.engine.llama4_vision import llama4_adapter_terms
+
+        llama4_adapter_terms(ctx, out, trained=trained)
+    elif pj and v["kind"] == "gemma3":
         _gemma3_projector(ctx, out, bi * v["tokens_per_image"], pj, trained or adapters, amp, ec)
     elif pj:
         _llava_projector(ctx, out, bi, pj, adapters, amp, pb)
@@ -180,7 +184,7 @@ def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -
     # are gone by the loss) -- alive through the loss, and with output_lifetime "backward"/"step" beyond (the
     # projector's input, saved when it trains, is counted with the projector)
     n_hs = (1 if full else 2) if v["kind"] == "llava" else 1
-    if v["kind"] != "clip" and n_hs > 0:
+    if v["kind"] not in ("clip", "llama4") and n_hs > 0:  # Llama 4: engine/llama4_vision.py
         t = Term(
             "vision tower hidden states held by the model output (image_outputs)",
             n_hs * r * T * h,

@@ -36,10 +36,12 @@ MODULES: tuple[str, ...] = (
     "modernbert",
     "gemma3",
     "llama4",
+    "llama4_vlm",
     "gpt_oss",
     "falcon",
     # state-space models (Mamba, Mamba-2, Jamba)
     "mamba",
+    "jamba",
     # multimodal (vision tower + language model): CLIP, LLaVA, LLaVA-NeXT, Qwen2-VL / Qwen2.5-VL
     "clip",
     "llava",

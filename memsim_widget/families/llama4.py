@@ -19,9 +19,9 @@ and runs all E experts on all tokens with ``torch.bmm``: the routed activations 
 RoPE layers (``no_rope_layers[i] == 1``) rotate q and k in fp32 complex numbers and use chunked attention
 (``attention_chunk_size``); NoPE layers scale q by the attention temperature (``attn_temperature_tuning``).
 
-A ``llama4`` config (the vision-language ``Llama4ForConditionalGeneration``) is refused: its vision tower and
-projector are not modelled here; pass its ``text_config`` (``model_type: llama4_text``) to simulate the
-language model alone.
+A ``llama4`` config (the vision-language ``Llama4ForConditionalGeneration``) is families/llama4_vlm.py's: this
+language model with the vision tower and projector; its ``text_config`` (``model_type: llama4_text``) simulates
+the language model alone.
 """
 
 from __future__ import annotations
@@ -97,16 +97,6 @@ def _moe_layer_set(cfg: Mapping[str, Any], L: int, step: int) -> set[int]:
     if cfg.get("moe_layers") is not None:
         return set(layer_indices(cfg, "moe_layers", L))
     return set(range(step - 1, L, step))
-
-
-@register_family("llama4")
-def refuse_llama4(cfg: Mapping[str, Any]) -> Architecture:
-    """A ``llama4`` config is the vision-language model: refused, naming the text config to pass instead."""
-    raise ScenarioError(
-        "model.model_type",
-        "'llama4' is the vision-language Llama4ForConditionalGeneration, whose vision tower is not modelled; "
-        "pass its text_config (model_type 'llama4_text') to simulate the language model alone",
-    )
 
 
 def _read_mlp(cfg: Mapping[str, Any], d_: Mapping[str, Any], L: int) -> tuple[int, int, set[int], int, int]:

@@ -179,6 +179,25 @@ RULES: tuple[Rule, ...] = (
         message="the interleaved schedule needs pp_microbatches >= pp",
     ),
     Rule(
+        "pipeline stages hold whole blocks of a hybrid's layer pattern",
+        "parallel.pp",
+        "model",
+        broken=lambda v: (
+            (v["parallel.pp"] * v["parallel.virtual_stages"] > 1)
+            & (
+                (v["arch"].num_layers // (v["parallel.pp"] * v["parallel.virtual_stages"]))
+                % v["arch"].extra.get("block_period", 1)
+                != 0
+            )
+        ),  # fmt: skip
+        message=lambda v: (
+            f"{v['arch'].num_layers // (v['parallel.pp'] * v['parallel.virtual_stages'])} layers per pipeline stage: "
+            f"{v['arch'].model_type}'s stages would hold different layer kinds (its pattern repeats every "
+            f"{v['arch'].extra.get('block_period', 1)} layers); use a pp x virtual_stages that leaves a multiple of "
+            f"{v['arch'].extra.get('block_period', 1)} layers per stage"
+        ),
+    ),
+    Rule(
         "state-space layers run on one rank's whole sequence",
         "parallel",
         "ssm",

@@ -13,7 +13,7 @@ from .torch_recipe import precision_dtypes
 
 SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
 #: Multimodal models with their own input recipe: CLIP (image-text pairs, contrastive loss) and LLaVA.
-VISION_LANGUAGE = ("clip", "llava", "gemma3", *("qwen2_vl", "qwen2_5_vl", "llava_next"))
+VISION_LANGUAGE = ("clip", "llava", "gemma3", *("qwen2_vl", "qwen2_5_vl", "llava_next"), "llama4")
 #: Parameter-name parts of each one's vision tower (frozen under ``freeze_vision``, kept free of LoRA adapters).
 VISION_MODULES = {
     "clip": ("vision_model", "visual_projection"),
@@ -23,6 +23,7 @@ VISION_MODULES = {
     "qwen2_vl": ("visual.patch_embed", "visual.blocks"),
     "qwen2_5_vl": ("visual.patch_embed", "visual.blocks"),
     "llava_next": ("vision_tower",),
+    "llama4": ("vision_model",),  # the tower with its pixel-shuffle adapter
 }
 #: memsim's own model keys (the image size the processor sees), not transformers config keys.
 MEMSIM_MODEL_KEYS = ("image_size", "min_pixels", "max_pixels")
@@ -94,7 +95,19 @@ def build_hf_model(cfg: Any, dtype: torch.dtype, attention: str) -> torch.nn.Mod
         attention = "eager"  # no attention module: transformers refuses any other implementation
     on_meta = torch.get_default_device().type == "meta"
     with unset_fake_temporarily() if on_meta else contextlib.nullcontext():
-        return cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
+        model = cls.from_config(cfg, dtype=dtype, attn_implementation=attention)
+    if fam == "llama4":
+        model.language_model.register_forward_hook(_llama4_image_outputs)
+    return model
+
+
+def _llama4_image_outputs(module: Any, args: Any, output: Any) -> None:
+    """transformers 5.24's ``Llama4ForConditionalGeneration.forward`` ends with ``image_outputs=outputs.
+    image_outputs``, read off the language model's output, which has no such field: every call raises
+    AttributeError (with ``return_dict=False`` too). The field set to None lets the step run as the code means it
+    to (the image features not kept by the output); nothing else changes."""
+    if not hasattr(output, "image_outputs"):
+        object.__setattr__(output, "image_outputs", None)
 
 
 def input_factory(
@@ -132,6 +145,8 @@ def input_factory(
                 "pixel_values": torch.randn(b, vc.num_channels, img, img, dtype=float_dtype),
                 "return_loss": True,
             }
+        if fam == "llama4":
+            return _llama4_batch(cfg, b, s, images, float_dtype)
         if fam in ("llava", "gemma3"):
             if (
                 fam == "gemma3"
@@ -195,6 +210,24 @@ def real_mode_shims(enabled: bool, notes: list[str]) -> Any:
         yield
     finally:
         masking_utils.find_packed_sequence_indices = orig
+
+
+def _llama4_batch(cfg: Any, b: int, s: int, images: int, float_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A Llama 4 batch as its processor makes it for one-tile images (336px or less): per image
+    ``<|image_start|>``, (image/patch)^2 x ratio^2 ``<|patch|>`` tokens, ``<|image|>``, ``<|image_end|>``
+    (families/llama4_vlm.py), before the ``s`` text tokens; one tile of pixels per image."""
+    vc = cfg.vision_config
+    img, vocab, tok = vc.image_size, cfg.text_config.vocab_size, cfg.image_token_index
+    rows = round((img // vc.patch_size) ** 2 * vc.pixel_shuffle_ratio**2)
+    frame = 1 if tok != 1 else 2  # the frame tokens' ids matter not (any text token), only their count
+    one = [frame] + [tok] * rows + [frame, frame]
+    text = torch.randint(0, vocab - 1, (b, s))
+    text = text + (text >= tok).long()  # never the image token
+    ids = torch.cat([torch.tensor(one * images, dtype=torch.long).expand(b, -1), text], dim=1)
+    batch = {"input_ids": ids, "labels": ids}
+    if images:
+        batch["pixel_values"] = torch.randn(b * images, vc.num_channels, img, img, dtype=float_dtype)
+    return batch
 
 
 @contextlib.contextmanager

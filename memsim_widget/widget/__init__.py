@@ -38,6 +38,8 @@ Modules:
 * ``compare_panel``: the pins and their comparison with the current scenario (``pins``, ``comparison``);
 * ``export_panel``: the launch-config files of the current scenario (``export``, ``MemSim.export_config``),
   written by ``memsim_widget.export`` on an ``{"type": "export", "format": F}`` message.
+* ``calibration_panel``: a calibrated model's first estimate of a recipe (a dozen tiny traces) run as a background
+  job off the update of a front-end edit, with its ``calibration`` trait ("calibrating..." in place).
 
 The names below are re-exported here; a test that replaces a function (``run_trace``, ``plan_recommend``,
 ``plan_search``) or a constant patches the module that looks it up, not this package.

@@ -18,7 +18,9 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
 #: The traits the panels read (``_trait``) and write (``_publish``); the update path owns all the others.
-PanelTrait = Literal["trace", "trace_view", "fit", "fit_open", "layouts", "pins", "comparison", "export"]
+PanelTrait = Literal[
+    "trace", "trace_view", "fit", "fit_open", "layouts", "pins", "comparison", "export", "calibration"
+]
 
 
 @runtime_checkable
@@ -68,6 +70,10 @@ class WidgetHost(Protocol):
         self, data: Mapping[str, Any], relative: bool = True, explicit: frozenset[str] = frozenset()
     ) -> ScenarioError | None:
         """Apply a scenario dict as an edit does; the ScenarioError that rejected it, None when it was valid."""
+        ...
+
+    def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:
+        """Show ``data`` as rejected by ``exc`` (under the lock), keeping the last valid result."""
         ...
 
     def hold_sync(self) -> AbstractContextManager[Any]:

@@ -28,6 +28,7 @@ from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
 from memsim_widget.units import GiB
 from memsim_widget.widget.assets import asset, vega_bundle
+from memsim_widget.widget.calibration_panel import CalibrationController
 from memsim_widget.widget.compare_panel import CompareController
 from memsim_widget.widget.controls import build_options, normalize
 from memsim_widget.widget.export_panel import ExportController
@@ -112,6 +113,10 @@ class MemSim(anywidget.AnyWidget):
     #: ``files`` (file name -> text of the last export), ``error`` (the refusal naming the field, '' when the files
     #: were written).
     export = traitlets.Dict().tag(sync=True)
+    #: A calibrated model's first estimate of a recipe, run in the background (``calibration_panel``): ``state``
+    #: (idle, running, done, error), ``model``, ``error``, ``seconds``. While running, the front end shows
+    #: "calibrating..." over the last result; the estimate replaces it when done.
+    calibration = traitlets.Dict(CalibrationController.initial()).tag(sync=True)
 
     def __init__(
         self,
@@ -146,6 +151,7 @@ class MemSim(anywidget.AnyWidget):
         self._layouts = LayoutsController(self)
         self._compare = CompareController(self)
         self._export = ExportController(self)
+        self._calibration = CalibrationController(self)
         #: Front-end message type -> its handler (``_on_front_msg``).
         self._handlers: dict[str, Handler] = {
             "verify": self._trace.verify_msg,
@@ -200,7 +206,7 @@ class MemSim(anywidget.AnyWidget):
         """The front end (or Python) wrote a scenario: validate, recompute, or show the error."""
         if self._busy:
             return
-        self._submit(change["new"])
+        self._submit(change["new"], background=True)
 
     @traitlets.observe("pins")
     def _on_pins(self, change: Any) -> None:
@@ -215,20 +221,26 @@ class MemSim(anywidget.AnyWidget):
 
     # ----- core update ----------------------------------------------------------------------------------
     def _submit(
-        self, data: Mapping[str, Any], relative: bool = True, explicit: frozenset[str] = frozenset()
+        self,
+        data: Mapping[str, Any],
+        relative: bool = True,
+        explicit: frozenset[str] = frozenset(),
+        background: bool = False,
     ) -> ScenarioError | None:
         """Apply a scenario dict; returns the ScenarioError that rejected it (None when it was valid).
 
         ``relative``: the dict is the previous scenario with some controls moved, so controls the move made
         inapplicable are reset (``normalize``) and an unchanged ``num_gpus`` follows the new layout; ``explicit``
         keys count as changed even when their value stays (``set(parallel={"tp": 1, "sequence_parallel": True})``).
-        Omitted keys take their defaults, as in ``Scenario.from_dict``.
+        Omitted keys take their defaults, as in ``Scenario.from_dict``. ``background`` (an edit from the front end):
+        a calibrated model's first estimate of a recipe runs as a background job (``calibration_panel``) instead of
+        blocking here; None is returned and the estimate is published when it is done.
         """
         with self._lock:
-            return self._apply(data, relative, explicit)
+            return self._apply(data, relative, explicit, background)
 
     def _apply(
-        self, data: Mapping[str, Any], relative: bool, explicit: frozenset[str]
+        self, data: Mapping[str, Any], relative: bool, explicit: frozenset[str], background: bool = False
     ) -> ScenarioError | None:
         """``_submit`` without the lock."""
         t0 = time.perf_counter()
@@ -246,6 +258,11 @@ class MemSim(anywidget.AnyWidget):
         try:
             try:
                 sc = Scenario.from_dict(data)
+                if background and self._calibration.needed(sc):
+                    self._calibration.start(sc, data, explicit)
+                    self._show_calibrating(data)
+                    return None
+                self._calibration.supersede()
                 est = run_estimate(sc)
             except ScenarioError as exc:
                 self._reject(data, exc)
@@ -282,6 +299,18 @@ class MemSim(anywidget.AnyWidget):
             self._trace.update()
             self._fit.update()
             self._layouts.update()
+
+    def _show_calibrating(self, data: dict[str, Any]) -> None:
+        """Show the input being calibrated in the controls, over the last valid result (no error)."""
+        self._last_exc = None
+        shown = merge(self._valid, keep_known(data))
+        if shown.get("num_gpus") is None:
+            shown["num_gpus"] = self._valid["num_gpus"]
+        with self.hold_sync():
+            self.scenario_data = shown
+            self.error = ""
+            self.error_field = ""
+            self.options = build_options(shown)
 
     @staticmethod
     def _derived(est: Estimate, headroom: float) -> dict[str, Any]:
@@ -421,6 +450,12 @@ class MemSim(anywidget.AnyWidget):
         A trace of the same scenario already running is reused; one of another scenario is cancelled first.
         """
         return self._trace.verify(wait, timeout)
+
+    def wait_calibration(self, timeout: float | None = None) -> bool:
+        """Wait until a background calibration (a front-end edit to a model calibrated from traces) is published;
+        False if it is still running after ``timeout`` seconds. True at once when none runs."""
+        job = self._calibration.job
+        return job is None or job.done.wait(timeout)
 
     def cancel_verify(self) -> bool:
         """Cancel the running trace (it stops at its next module call); False when none is running."""

@@ -23,7 +23,14 @@ def activations(ctx: Context) -> ActivationBudget:
         stage_io(ctx, out)
         return out
     refuse_untraced(ctx)
-    out = megatron_activations(ctx) if profile(ctx).activation_model == "megatron" else hf_activations(ctx)
+    if ctx.arch.extra.get("hybrid"):  # attention and Mamba layers in one stack (Jamba; engine/hybrid.py)
+        from memsim_widget.engine.hybrid import hybrid_activations
+
+        out = hybrid_activations(ctx, hf_activations)
+    else:
+        out = (
+            megatron_activations(ctx) if profile(ctx).activation_model == "megatron" else hf_activations(ctx)
+        )
     if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
         from memsim_widget.engine.vision import vision_activations
 
