@@ -8,6 +8,7 @@ from functools import cached_property
 from memsim_widget.architecture import Architecture, ParamGroup
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
+from memsim_widget.engine.model_rules_cache import check_once
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
@@ -64,8 +65,9 @@ class Context:
 
     # ----- checks that need the architecture ---------------------------------------------------
     def _validate(self) -> None:
-        """The rules against the model (``rules/model.py``, ``rules/multimodal.py``), then the images' bound."""
-        check("model", self.rules_view)
+        """The rules against the model (``rules/model.py``, ``rules/multimodal.py``; once per
+        ``model_rules_cache.model_rules_key``), then the images' bound."""
+        check_once(self.scenario, lambda: check("model", self.rules_view))
         self._validate_images()
 
     @property

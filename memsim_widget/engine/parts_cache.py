@@ -14,6 +14,7 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any
 
+from memsim_widget.engine import model_rules_cache
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.lazy_items import ItemGroup
@@ -131,3 +132,4 @@ def cache_clear() -> None:
     _activations.cache_clear()
     _trainable.cache_clear()
     _act_groups.cache_clear()
+    model_rules_cache.cache_clear()

@@ -118,10 +118,14 @@ def _linear_modules(arch: Any) -> list[str]:
     return sorted({g.module for g in arch.params if g.module}) if arch is not None else []
 
 
-def rules_view(data: Mapping[str, Any]) -> dict[str, Any]:
+_UNRESOLVED = object()
+
+
+def rules_view(data: Mapping[str, Any], arch: Any = _UNRESOLVED) -> dict[str, Any]:
     """What the controls show, as a rules view (``memsim_widget.rules``): every dotted key, its default where
     unset (values are raw: the rules a bad value cannot answer are left to the scenario check), ``objective``
-    resolved, and the model's ``arch`` and ``linear_modules`` when the model resolves."""
+    resolved, and the model's ``arch`` and ``linear_modules`` when the model resolves (``arch``: the model's
+    architecture already resolved by the caller, None where it does not resolve)."""
     view: dict[str, Any] = {**DEFAULTS, **OPTIONAL_KEYS, **data}
     for section, defaults in (
         ("parallel", ParallelConfig().to_dict()),
@@ -132,7 +136,8 @@ def rules_view(data: Mapping[str, Any]) -> dict[str, Any]:
         for key, value in {**defaults, **(given if isinstance(given, Mapping) else {})}.items():
             view[f"{section}.{key}"] = value
     view["objective"] = data.get("objective") or "sft"
-    arch = _arch(data.get("model"))
+    if arch is _UNRESOLVED:
+        arch = _arch(data.get("model"))
     if arch is not None:
         view.update(arch=arch, linear_modules=_linear_modules(arch))
     return view
@@ -148,12 +153,14 @@ def normalize(data: Mapping[str, Any], changed: set[str]) -> dict[str, Any]:
     """
     out = merge(data, {})
     _normalize_objective(out, changed)
+    arch = _arch(out.get("model"))  # resolved once: a reset never sets the model
+    view = rules_view(out, arch)
     for rule in RULES:
         if rule.reset is None or rule.field in changed:
             continue
-        view = rules_view(out)
         if rule.judge(rule.broken, view):
             _set(out, rule.field, rule.reset(view))
+            view = rules_view(out, _arch(out.get("model")) if rule.field == "model" else arch)
     return out
 
 
@@ -178,9 +185,12 @@ def _normalize_objective(out: dict[str, Any], changed: set[str]) -> None:
         out["rl"] = RLConfig().to_dict()
 
 
-def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, list[Any]]]:
+def disabled_controls(
+    data: Mapping[str, Any], arch: Any = _UNRESOLVED
+) -> tuple[dict[str, str], dict[str, list[Any]]]:
     """Controls that do not apply to ``data`` (key -> reason) and per-control values that are not offered: each
-    rule of ``memsim_widget.rules`` that disables its control now, with its message (the first rule wins)."""
+    rule of ``memsim_widget.rules`` that disables its control now, with its message (the first rule wins).
+    ``arch``: the model's architecture already resolved (as ``rules_view``)."""
     off: dict[str, str] = {}
     values: dict[str, list[Any]] = {}
     if not isinstance(data.get("model"), Mapping):
@@ -188,7 +198,7 @@ def disabled_controls(data: Mapping[str, Any]) -> tuple[dict[str, str], dict[str
             off[f"model.{dim}"] = "pick 'custom' as the model to edit its dimensions"
     if not isinstance(data.get("gpu"), Mapping):
         off["gpu.memory_gib"] = "pick 'custom' as the GPU to set its memory"
-    view = rules_view(data)
+    view = rules_view(data, arch)
     for rule in RULES:
         if rule.field not in off and rule.judge(rule.disabled, view):
             off[rule.field] = rule.text(view)
@@ -268,8 +278,8 @@ def _static_options() -> dict[str, Any]:
 
 def build_options(data: Mapping[str, Any]) -> dict[str, Any]:
     """The ``options`` trait for a (possibly invalid) scenario dict: choices plus what is disabled now."""
-    disabled, disabled_values = disabled_controls(data)
     arch = _arch(data.get("model"))
+    disabled, disabled_values = disabled_controls(data, arch)
     dims = {}
     if arch is not None:
         dims = {
