@@ -90,6 +90,8 @@ class Moment:
         self.groups = tuple(groups)
         if not self.groups:
             self.__dict__["items"] = tuple(items)
+        else:  # every estimate reads it (the peak is the largest): set here, not through cached_property's lock
+            self.__dict__["allocated_bytes"] = sum(g.allocated for g in self.groups)
 
     @cached_property
     def items(self) -> tuple[Item, ...]:
@@ -113,7 +115,9 @@ class Moment:
         alloc = long = loss = 0
         for g in self.groups or (ItemGroup(self.items),):
             a, lg, ls = g.pool_sums(persistent, loss_names)
-            alloc, long, loss = alloc + a, long + lg, loss + ls
+            alloc += a
+            long += lg
+            loss += ls
         return alloc, long, loss
 
     def __eq__(self, other: object) -> bool:
