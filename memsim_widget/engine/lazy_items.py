@@ -79,9 +79,12 @@ class ItemGroup:
         ``engine/overhead.pool_bytes`` counts them (kept for equal arguments: every moment holding the group,
         and every estimate sharing a cached group, passes the same ones)."""
         pool = self._pool
-        if pool is not None and (pool[0] is persistent or pool[0] == persistent):
-            if pool[1] is loss_names or pool[1] == loss_names:
-                return pool[2]
+        if (
+            pool is not None
+            and (pool[0] is persistent or pool[0] == persistent)
+            and (pool[1] is loss_names or pool[1] == loss_names)
+        ):
+            return pool[2]
         long = loss = 0
         for i in self.entries:
             if i.category in persistent:
