@@ -15,7 +15,9 @@ from memsim_widget.engine import parts_cache
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import _estimate, estimate
+from memsim_widget.engine.overhead import workspace_items
 from memsim_widget.engine.states import model_states
+from memsim_widget.engine.timeline import state_groups
 from memsim_widget.scenario import Scenario
 
 #: Base scenarios reaching the engine's branches: tensor and pipeline parallel, LoRA, a framework with its own
@@ -74,6 +76,7 @@ def test_the_keys_cover_every_scenario_field_but_the_ignored_ones():
     names = {f.name for f in dataclasses.fields(Scenario)}
     assert set(parts_cache._STATES_FIELDS) == names - parts_cache.STATES_IGNORE
     assert set(parts_cache._ACTS_FIELDS) == names - parts_cache.ACTIVATIONS_IGNORE - {"parallel"}
+    assert set(parts_cache._STATE_GROUPS_FIELDS) == names - parts_cache.STATE_GROUPS_IGNORE
     assert names >= parts_cache.STATES_IGNORE and names >= parts_cache.ACTIVATIONS_IGNORE
     assert set(STATES_IGNORED) == parts_cache.STATES_IGNORE
     assert set(ACTIVATIONS_IGNORED) == parts_cache.ACTIVATIONS_IGNORE | {
@@ -94,6 +97,30 @@ def test_model_states_do_not_read_the_fields_their_key_leaves_out(field):
         assert ca.trainable_parameters == cb.trainable_parameters
         compared += 1
     assert compared  # at least one base takes the change
+
+
+def _state_group_sums(ctx: Context, stage) -> tuple:  # type: ignore[no-untyped-def]
+    """Every figure of a rank's model-state groups computed uncached: each group's name, raw and allocated
+    bytes and items, and step 1's persistent group."""
+    groups, first = state_groups(ctx, stage, model_states(ctx, stage), workspace_items(ctx))
+    return (
+        {name: (g.raw, g.allocated, tuple(g.entries)) for name, g in groups.items()},
+        None if first is None else (first.raw, first.allocated, tuple(first.entries)),
+    )
+
+
+@pytest.mark.parametrize("field", sorted(STATES_IGNORED.keys() - {"grad_accum_steps"}))
+def test_state_groups_do_not_read_the_fields_their_key_leaves_out(field):
+    compared = 0
+    for base in BASES:
+        a, b = _variant(base, {}), _variant(base, STATES_IGNORED[field])
+        if a is None or b is None:
+            continue
+        ca, cb = Context(a), Context(b)
+        for sa, sb in zip(ca.stages, cb.stages, strict=True):
+            assert _state_group_sums(ca, sa) == _state_group_sums(cb, sb)
+        compared += 1
+    assert compared
 
 
 @pytest.mark.parametrize("field", sorted(ACTIVATIONS_IGNORED))
@@ -166,6 +193,31 @@ def test_activation_groups_cache_tells_apart_scenarios_differing_in_a_key_field(
     def part(ctx: Context) -> dict[str, tuple[int, int, int]]:
         groups = parts_cache.cached_activation_groups(ctx, ctx.stages[0])
         return {name: (g.raw, g.allocated, len(g.entries)) for name, g in groups.items()}
+
+    warm, cold = _warm_then(base, second, part)
+    assert warm == cold
+    parts_cache.cache_clear()
+    assert part(Context(Scenario.from_dict(base))) != warm
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"grad_accum_steps": 4},
+        {"parallel": {"pp_microbatches": 8}},
+        {"optimizer": "sgd"},
+        {"gpu": "a100-40gb"},
+    ],
+    ids=["grad_accum", "pp_microbatches", "optimizer", "gpu"],
+)
+def test_state_groups_cache_tells_apart_scenarios_differing_in_a_key_field(change):
+    base = {"model": "llama-3.2-1b", "seq_len": 512, "parallel": {"pp": 2, "pp_microbatches": 2}}
+    second = {**base, **change, "parallel": {**base["parallel"], **change.get("parallel", {})}}
+
+    def part(ctx: Context) -> tuple:  # type: ignore[type-arg]
+        groups, first = parts_cache.cached_state_groups(ctx, ctx.stages[0])
+        figures = {name: (g.raw, g.allocated, tuple(g.entries)) for name, g in groups.items()}
+        return figures, None if first is None else (first.raw, first.allocated, tuple(first.entries))
 
     warm, cold = _warm_then(base, second, part)
     assert warm == cold

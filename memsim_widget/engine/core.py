@@ -14,6 +14,7 @@ from memsim_widget.engine.parts_cache import (
     cached_activation_groups,
     cached_activations,
     cached_model_states,
+    cached_state_groups,
     cached_trainable_parameters,
 )
 from memsim_widget.engine.rank_estimate import RankEstimate
@@ -47,7 +48,13 @@ def _estimate(scenario: Scenario) -> Estimate:
         if rl:
             objectives.extra_states(ctx, scenario, stage, states)
         steady, first = step_moments(
-            ctx, stage, states, acts, ws, None if rl else cached_activation_groups(ctx, stage)
+            ctx,
+            stage,
+            states,
+            acts,
+            ws,
+            None if rl else cached_activation_groups(ctx, stage),
+            None if rl else cached_state_groups(ctx, stage),
         )
         if rl:
             steady += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, steady)

@@ -18,8 +18,9 @@ from memsim_widget.engine import model_rules_cache
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.lazy_items import ItemGroup
+from memsim_widget.engine.overhead import workspace_items
 from memsim_widget.engine.states import StateBudget, model_states
-from memsim_widget.engine.timeline import activation_groups
+from memsim_widget.engine.timeline import activation_groups, state_groups
 from memsim_widget.scenario import ParallelConfig, Scenario
 
 #: Scenario fields ``model_states`` (and the ``engine/frameworks`` helpers it calls) never reads.
@@ -39,6 +40,9 @@ STATES_IGNORE = frozenset(
         "cuda_lazy_loading",
     }
 )
+#: Scenario fields the timeline's model-state groups (``timeline.state_groups`` of ``cached_model_states`` and
+#: ``overhead.workspace_items``) never read: the model states' but the accumulation steps (gradients carried).
+STATE_GROUPS_IGNORE = STATES_IGNORE - {"grad_accum_steps"}
 #: Scenario and ``parallel`` fields ``activations`` (with ``engine/vision`` and ``engine/calibrated``) never
 #: reads: the optimizer, and the data-parallel layout of the states.
 ACTIVATIONS_IGNORE = frozenset(
@@ -47,6 +51,7 @@ ACTIVATIONS_IGNORE = frozenset(
 ACTIVATIONS_IGNORE_PARALLEL = frozenset({"dp", "zero", "offload", "reshard_after_forward"})
 
 _STATES_FIELDS = tuple(f.name for f in fields(Scenario) if f.name not in STATES_IGNORE)
+_STATE_GROUPS_FIELDS = tuple(f.name for f in fields(Scenario) if f.name not in STATE_GROUPS_IGNORE)
 _ACTS_FIELDS = tuple(f.name for f in fields(Scenario) if f.name not in ACTIVATIONS_IGNORE | {"parallel"})
 _ACTS_PARALLEL = tuple(f.name for f in fields(ParallelConfig) if f.name not in ACTIVATIONS_IGNORE_PARALLEL)
 
@@ -55,6 +60,7 @@ CACHE_SIZE = 1024
 
 
 _states_get = attrgetter(*_STATES_FIELDS)
+_state_groups_get = attrgetter(*_STATE_GROUPS_FIELDS)
 _acts_get = attrgetter(*_ACTS_FIELDS)
 _acts_parallel_get = attrgetter(*_ACTS_PARALLEL)
 
@@ -62,6 +68,11 @@ _acts_parallel_get = attrgetter(*_ACTS_PARALLEL)
 def states_key(sc: Scenario) -> tuple[Any, ...]:
     """The fields of ``sc`` a rank's model states depend on."""
     return _states_get(sc)
+
+
+def state_groups_key(sc: Scenario) -> tuple[Any, ...]:
+    """The fields of ``sc`` a rank's model-state groups depend on."""
+    return _state_groups_get(sc)
 
 
 def activations_key(sc: Scenario) -> tuple[Any, ...]:
@@ -117,6 +128,18 @@ def cached_activation_groups(ctx: Context, stage: Stage) -> dict[str, ItemGroup]
 
 
 @lru_cache(maxsize=CACHE_SIZE)
+def _state_groups(keyed: _Keyed, stage: Stage) -> tuple[dict[str, ItemGroup], ItemGroup | None]:
+    ctx = keyed.ctx
+    return state_groups(ctx, stage, cached_model_states(ctx, stage), workspace_items(ctx))
+
+
+def cached_state_groups(ctx: Context, stage: Stage) -> tuple[dict[str, ItemGroup], ItemGroup | None]:
+    """The timeline's model-state groups of a rank and step 1's persistent group (``timeline.state_groups``
+    of ``cached_model_states``), shared by scenarios equal but for ``STATE_GROUPS_IGNORE`` (do not mutate)."""
+    return _state_groups(_Keyed(state_groups_key(ctx.scenario), ctx), stage)
+
+
+@lru_cache(maxsize=CACHE_SIZE)
 def _trainable(keyed: _Keyed) -> int:
     return keyed.ctx.trainable_parameters
 
@@ -132,4 +155,5 @@ def cache_clear() -> None:
     _activations.cache_clear()
     _trainable.cache_clear()
     _act_groups.cache_clear()
+    _state_groups.cache_clear()
     model_rules_cache.cache_clear()

@@ -300,6 +300,21 @@ def activation_groups(ctx: Context, stage: Stage, acts: ActivationBudget) -> dic
     return {name: ItemGroup(g) for name, g in items.items()}
 
 
+def state_groups(
+    ctx: Context, stage: Stage, states: StateBudget, overhead: list[Item]
+) -> tuple[dict[str, ItemGroup], ItemGroup | None]:
+    """The model-state groups of ``moments.STATE_GROUPS`` on one rank, with their sums, and step 1's
+    ``persistent`` group (None where it is the steady one: no optimizer state to leave out)."""
+    items = _state_groups(ctx, stage, states, overhead, ctx.in_flight(stage))
+    groups = {name: ItemGroup(g) for name, g in items.items()}
+    # step 1: optimizer states do not exist before the first optimizer.step (until then, but for
+    # optimizer_step, the moments hold the other persistent items only); no alternative compares them
+    step1 = [
+        i for i in items["persistent"] if not (i.category == "optimizer_states" and "master" not in i.item)
+    ]
+    return groups, None if len(step1) == len(items["persistent"]) else ItemGroup(step1)
+
+
 def step_moments(
     ctx: Context,
     stage: Stage,
@@ -307,21 +322,17 @@ def step_moments(
     acts: ActivationBudget,
     overhead: list[Item],
     act_groups: dict[str, ItemGroup] | None = None,
+    state_side: tuple[dict[str, ItemGroup], ItemGroup | None] | None = None,
 ) -> tuple[list[Moment], list[Moment]]:
     """Every candidate peak moment of one rank's training step, in the steady state (step 2 on) and in
-    step 1 (no optimizer states before the first step). ``act_groups``: ``activation_groups`` already made."""
-    items = _state_groups(ctx, stage, states, overhead, ctx.in_flight(stage))
-    groups = {name: ItemGroup(g) for name, g in items.items()}
-    groups |= act_groups if act_groups is not None else activation_groups(ctx, stage, acts)
+    step 1 (no optimizer states before the first step). ``act_groups``: ``activation_groups`` already made;
+    ``state_side``: ``state_groups`` already made (neither is changed)."""
+    sgroups, new = state_side if state_side is not None else state_groups(ctx, stage, states, overhead)
+    groups = {**sgroups, **(act_groups if act_groups is not None else activation_groups(ctx, stage, acts))}
     steady = _evaluate(ctx, groups)
-    # step 1: optimizer states do not exist before the first optimizer.step (until then, but for
-    # optimizer_step, the moments hold the other persistent items only); no alternative compares them
-    step1 = [
-        i for i in items["persistent"] if not (i.category == "optimizer_states" and "master" not in i.item)
-    ]
-    if len(step1) == len(items["persistent"]):
+    if new is None:
         return steady, list(steady)
-    old, new = groups["persistent"], ItemGroup(step1)
+    old = groups["persistent"]
     return steady, [Moment(m.name, groups=[new if g is old else g for g in m.groups]) for m in steady]
 
 
