@@ -46,14 +46,14 @@ TARGET_WORST_UNDER = -0.15
 #: Scored rows under-predicted beyond ``TARGET_WORST_UNDER`` whose cause was investigated and is written up
 #: under "Known misses" instead of being tuned away (issue #5: "Where a row cannot be reproduced, explain why
 #: in the doc rather than tuning a constant to it"). They stay in the statistics, flagged.
-#: tests/test_accuracy.py fails if any other row crosses the bound, or if one of these no longer does.
+#: tests/engine/test_accuracy.py fails if any other row crosses the bound, or if one of these no longer does.
 EXPLAINED_UNDER: dict[str, str] = {
     "121": "bitsandbytes QLoRA run holding about 5 GiB its stated configuration does not account for",
 }
 
 #: Targets on the project's own GPU runs (``benchmarks/gpu_measure.py``, ids ``g-...``): the allocated counter
 #: is what the engine computes exactly, so its median must stay under 1% and every row within 2%, except the
-#: rows below, whose cause is written up under "The project's own GPU runs" (tests/test_accuracy.py).
+#: rows below, whose cause is written up under "The project's own GPU runs" (tests/engine/test_accuracy.py).
 GPU_TARGET_ALLOCATED_MEDIAN = 0.01
 GPU_TARGET_ALLOCATED_ROW = 0.02
 GPU_EXPLAINED_ALLOCATED: dict[str, str] = {
@@ -770,7 +770,7 @@ def render(results: list[dict[str, Any]], fits: dict[str, dict[str, Any]] | None
         "",
         "Reproduce: `python benchmarks/fidelity_measured.py --write docs/accuracy.md`; the data is rebuilt from",
         "the shared development set with `--normalise` and the two fitted constants with `--fit`.",
-        "`tests/test_accuracy.py` fails if the median error of the evaluation rows or of all reproducible rows",
+        "`tests/engine/test_accuracy.py` fails if the median error of the evaluation rows or of all reproducible rows",
         "rises above 8%, if an evaluation row is under-predicted by more than 15%, or if any reproducible row",
         "other than those explained under *Known misses* is (and if one of those no longer is, so that the",
         "explanation cannot go stale).",
@@ -920,7 +920,7 @@ def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
         "",
         f"Targets: allocated median under {GPU_TARGET_ALLOCATED_MEDIAN:.0%} and every allocated row within "
         f"{GPU_TARGET_ALLOCATED_ROW:.0%} except the explained ones below; no reserved or nvidia-smi row "
-        f"under-predicted by more than {-TARGET_WORST_UNDER:.0%} (tests/test_accuracy.py).",
+        f"under-predicted by more than {-TARGET_WORST_UNDER:.0%} (tests/engine/test_accuracy.py).",
         "",
         "| run | scenario | allocated: measured / predicted GiB | error | reserved: measured / predicted GiB | "
         "error | nvidia-smi: measured / predicted GiB | error |",

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"**Median absolute error {statistics.median(errs):.2%}; worst {max(errs):.2%}** over {len(rows)} scenarios.",
             "",
-            "## How the tracker itself is checked (tests/test_trace.py)",
+            "## How the tracker itself is checked (tests/trace/test_trace.py)",
             "",
             "- A hand-counted toy (two Linear layers, fp32, SGD and AdamW): peak and end-of-forward bytes exact.",
             "- Fake vs real execution on the CPU with the same tracker: identical peak, step-1 peak, end-of-forward",

@@ -3,7 +3,7 @@ the data files ``memsim_widget/catalog/presets/<model_type>.json``, one per HF `
 
 For a branch written before the presets became data: ``python scripts/presets_to_json.py main:memsim_widget/
 catalog/models.py`` reads that file from git (a plain path works too), writes every JSON file, and prints the
-``PRESET_FILES`` order and the count and checksum that ``tests/test_presets_data.py`` pins. Run it from the
+``PRESET_FILES`` order and the count and checksum that ``tests/families/test_presets_data.py`` pins. Run it from the
 repository root with the package importable (``PYTHONPATH=$PWD``); the old module is imported inside
 ``memsim_widget.catalog``, so its relative imports resolve against the current package.
 """
@@ -26,7 +26,7 @@ OUT = ROOT / "memsim_widget" / "catalog" / "presets"
 
 def table_checksum(presets: dict[str, dict[str, Any]], info: dict[str, dict[str, str]]) -> str:
     """One hash of both tables, their order and every value's Python type (repr tells 1 from 1.0, a list from
-    a tuple); tests/test_presets_data.py computes the same."""
+    a tuple); tests/families/test_presets_data.py computes the same."""
     text = repr(([(pid, presets[pid]) for pid in presets], [(pid, info[pid]) for pid in info]))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -19,3 +19,10 @@ TINY_LLAMA = {
 @pytest.fixture
 def tiny_llama() -> dict:
     return dict(TINY_LLAMA)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Say when the slow real-trace tests are left out (pyproject's default), and how to run them."""
+    if config.getoption("markexpr") == "not slow":
+        return "slow real-trace tests left out: `pytest -m ''` or `scripts/dev test` runs them"
+    return None

@@ -183,7 +183,7 @@ class Plan:
         return candidate_scenario(base, self.space.optimizers, row)
 
     def estimate(self, candidate: int) -> Estimate:
-        """``estimate`` of one candidate (equal to the planner's figures, see tests/test_plan_vector.py)."""
+        """``estimate`` of one candidate (equal to the planner's figures, see tests/plan/test_plan_vector.py)."""
         if candidate not in self._estimates:
             self._estimates[candidate] = estimate(self.scenario(candidate))
         return self._estimates[candidate]

@@ -8,7 +8,7 @@ items (raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer alloc
 ``engine/timeline`` and ``engine/overhead.reserved_item`` then do with those groups -- scale the terms by
 layers and micro-batches in flight into the named groups of ``engine/moments.MOMENT_TABLE``, add each
 moment's groups, pick the larger of two instants, take the peak moment and the largest allocator pool -- is
-redone here on arrays, reading the same table by group name, with the same integer and float operations. ``tests/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
+redone here on arrays, reading the same table by group name, with the same integer and float operations. ``tests/plan/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // The compare panel in jsdom: "Pin" and remove write `pins`; the panel draws `comparison` as Python sends it
-// (tests/js/fixtures/compare.json, written by tests/test_widget_compare.py): pins, table, highlighted differences.
+// (tests/js/fixtures/compare.json, written by tests/widget/test_widget_compare.py): pins, table, highlighted differences.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { afterEach, beforeEach, describe, test } from "node:test";

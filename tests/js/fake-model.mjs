@@ -32,7 +32,7 @@ export function fakeModel(initial) {
   return model;
 }
 
-/** The widget's traits as Python sends them (tests/js/fixtures/state.json, written by tests/test_widget.py). */
+/** The widget's traits as Python sends them (tests/js/fixtures/state.json, written by tests/widget/test_widget.py). */
 export function fixtureState() {
   return JSON.parse(readFileSync(new URL("./fixtures/state.json", import.meta.url), "utf8"));
 }
@@ -54,7 +54,7 @@ export function fire(window, el, type) {
   el.dispatchEvent(new window.Event(type, { bubbles: true }));
 }
 
-/** "Make it fit" as Python sends it (tests/js/fixtures/plan.json, written by tests/test_widget_plan.py):
+/** "Make it fit" as Python sends it (tests/js/fixtures/plan.json, written by tests/widget/test_widget_plan.py):
  * `too_big` and `roomy` ({scenario_data, fit}) and `layouts` ({scenario_data, layouts}). */
 export function planFixture() {
   return JSON.parse(readFileSync(new URL("./fixtures/plan.json", import.meta.url), "utf8"));

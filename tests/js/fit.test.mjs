@@ -37,7 +37,7 @@ describe("make it fit", () => {
   test("pure helpers: GiB with two decimals, the layout in use", () => {
     assert.equal(fmtGiB(49.756), "49.76 GiB");
     assert.equal(fmtGiB(undefined), "0.00 GiB");
-    // Python marks the layout in use (tests/test_widget_plan.py checks the rule): none before Apply, the
+    // Python marks the layout in use (tests/widget/test_widget_plan.py checks the rule): none before Apply, the
     // applied one after.
     const { layouts } = planFixture().layouts;
     const row = layouts.view.top[0];

@@ -1,0 +1,209 @@
+"""Mamba and Mamba-2 (issue 12, state-space models): exact parameter counts against transformers' meta-device build, the two
+scan paths (``ssm_kernel``: mamba-ssm's CUDA kernels, the default, vs transformers' torch path), the torch path
+held to a fake-tensor trace, and what is refused rather than guessed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memsim_widget.architecture import build_architecture, unknown_model_type
+from memsim_widget.catalog.models import PRESETS, architecture_for
+from memsim_widget.engine.core import estimate
+from memsim_widget.engine.flops import model_flops
+from memsim_widget.errors import ScenarioError
+from memsim_widget.scenario import Scenario
+
+TINY: dict[str, Any] = {
+    "model_type": "mamba",
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "vocab_size": 101,
+    "state_size": 8,
+    "expand": 3,
+    "conv_kernel": 3,
+    "use_bias": True,
+    "use_conv_bias": False,
+    "tie_word_embeddings": False,
+    "time_step_rank": 5,
+}
+MAMBA_PRESETS = [p for p in PRESETS if PRESETS[p]["model_type"] == "mamba"]
+MAMBA2_PRESETS = [p for p in PRESETS if PRESETS[p]["model_type"] == "mamba2"]
+TINY2: dict[str, Any] = {
+    "model_type": "mamba2",
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "vocab_size": 101,
+    "num_heads": 8,
+    "head_dim": 16,
+    "state_size": 8,
+    "n_groups": 2,
+    "conv_kernel": 3,
+    "use_bias": True,
+    "use_conv_bias": False,
+    "tie_word_embeddings": True,
+}
+
+
+def _est(model: Any = "mamba-1.4b", **keys: Any):  # noqa: ANN202
+    return estimate(Scenario.from_dict({"model": model, "micro_batch_size": 1, "seq_len": 2048, **keys}))
+
+
+@pytest.mark.parametrize("cfg", [*(PRESETS[p] for p in MAMBA_PRESETS + MAMBA2_PRESETS), TINY, TINY2], ids=str)
+def test_parameters_match_transformers_tensor_for_tensor(cfg: dict[str, Any]) -> None:
+    pytest.importorskip("transformers")
+    from _family_meta import assert_matches_transformers
+
+    assert_matches_transformers(build_architecture(cfg), cfg)
+
+
+def test_presets_are_the_published_sizes() -> None:
+    sizes = {p: round(architecture_for(p).parameters / 1e6) for p in MAMBA_PRESETS}
+    assert sizes == {
+        "mamba-130m": 129,
+        "mamba-370m": 372,
+        "mamba-790m": 793,
+        "mamba-1.4b": 1372,
+        "mamba-2.8b": 2768,
+    }
+
+
+def test_intermediate_size_is_expand_times_hidden_and_rank_auto() -> None:
+    """MambaConfig overwrites intermediate_size with expand x hidden; time_step_rank 'auto' = ceil(h / 16)."""
+    arch = build_architecture({**TINY, "intermediate_size": 7, "time_step_rank": "auto"})
+    assert arch.extra["ssm"]["inner"] == 192
+    assert arch.extra["ssm"]["time_step_rank"] == 4
+    assert arch.parameters_by_kind()["ssm"] > 0 and arch.parameters_by_kind()["attention"] == 0
+
+
+def test_default_kernel_is_cuda_and_the_estimate_says_it_is_a_formula() -> None:
+    est = _est()
+    assert any("mamba-ssm's saved tensors, not traced" in c for c in est.caveats)
+    torch_path = _est(ssm_kernel="torch", micro_batch_size=1, seq_len=512)
+    kernel_path = _est(ssm_kernel="cuda", micro_batch_size=1, seq_len=512)
+    assert any("held to a CPU fake-tensor trace" in c for c in torch_path.caveats)
+    # the torch path keeps every step's (I x N) fp32 state: several times the kernel path's activations
+    act = lambda e: sum(i.bytes for i in e.worst.items if i.category == "activations")  # noqa: E731
+    assert act(torch_path) > 5 * act(kernel_path)
+
+
+def test_kernel_path_keeps_one_scan_pair_per_2048_steps() -> None:
+    """mamba-ssm's selective_scan_cuda saves fp32 (b, I, ceil(s/2048), 2N) intermediates: a step at s = 2049."""
+
+    def scan(s: int) -> float:
+        from memsim_widget.engine.activations import activations
+        from memsim_widget.engine.context import Context
+
+        ctx = Context(Scenario.from_dict({"model": "mamba-130m", "seq_len": s}))
+        return next(t.bytes for t in activations(ctx).per_layer if "scan intermediates" in t.name)
+
+    assert scan(2048) == scan(1) == 4 * 1536 * 2 * 16
+    assert scan(2049) == 2 * scan(2048)
+
+
+@pytest.mark.parametrize(
+    ("keys", "field"),
+    [
+        ({"precision": "amp-bf16"}, "precision"),
+        ({"method": "lora", "lora": {"targets": ["in_proj"]}}, "method"),
+        ({"activation_checkpointing": "full"}, "activation_checkpointing"),
+        ({"framework": "megatron"}, "framework"),
+        ({"ssm_kernel": "triton"}, "ssm_kernel"),
+    ],
+)
+def test_untraced_combinations_are_refused(keys: dict[str, Any], field: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        _est(**keys)
+    assert err.value.field == field
+
+
+def test_step_time_counts_the_scan_not_attention() -> None:
+    arch = architecture_for("mamba-130m")
+    f = model_flops(arch)
+    assert f.attention_layers == 0
+    inner, n = 1536, 16
+    assert (
+        f.attention_per_layer(2048) == f.attention_per_layer(1) == 9 * inner * n + 2 * inner + 2 * 4 * inner
+    )
+    # A_log [I, N] is a parameter, not a matmul weight: the layer's Linears are in_proj, x_proj, dt_proj, out_proj
+    linears = 2 * inner * 768 + (48 + 32) * inner + inner * 48 + 768 * inner
+    assert f.linear_per_layer == 2 * linears
+    est = _est("mamba-130m")
+    assert est.step_time_s > 0 and any("state-space scan" in c for c in est.time_caveats)
+
+
+def test_mamba2_presets_are_the_published_sizes_and_heads_must_fill_the_inner_width() -> None:
+    sizes = {p: round(architecture_for(p).parameters / 1e6) for p in MAMBA2_PRESETS}
+    assert sizes == {
+        "mamba2-130m": 129,
+        "mamba2-370m": 368,
+        "mamba2-780m": 780,
+        "mamba2-1.3b": 1344,
+        "mamba2-2.7b": 2703,
+        "mamba-codestral-7b": 7285,
+    }
+    with pytest.raises(ScenarioError) as err:
+        build_architecture({**TINY2, "num_heads": 4})
+    assert err.value.field == "model.num_heads"
+
+
+def test_mamba2_kernel_path_saves_inputs_only_and_torch_path_grows_with_the_chunk() -> None:
+    """mamba-ssm's fused Mamba-2 function saves zxbcdt, out_x and rstd: linear in s, chunk size irrelevant; the
+    torch SSD keeps b x H x s x l fp32 decays, so a longer chunk costs more."""
+    act = lambda e: sum(i.bytes for i in e.worst.items if i.category == "activations")  # noqa: E731
+
+    def est(kernel: str, chunk: int, s: int = 1024):  # noqa: ANN202
+        model = {**PRESETS["mamba2-130m"], "chunk_size": chunk}
+        return _est(model, ssm_kernel=kernel, seq_len=s, micro_batch_size=4)
+
+    assert act(est("cuda", 64)) == act(est("cuda", 256))
+    assert act(est("torch", 256)) > act(est("torch", 64)) > act(est("cuda", 64))
+    assert any("not traced" in c for c in est("cuda", 64).caveats)
+
+
+@pytest.mark.parametrize("typed", ["bamba", "zamba2", "Mamba", "falcon_mamba", "mamba3", "Mamba-2"])
+def test_no_hint_maps_another_structure_to_mamba(typed: str) -> None:
+    msg = str(unknown_model_type(typed))
+    if typed == "Mamba":
+        assert "did you mean 'mamba'" in msg
+    elif typed == "Mamba-2":
+        assert "did you mean 'mamba2'" in msg
+    else:
+        assert "did you mean" not in msg
+
+
+def test_trace_refuses_the_cuda_path_and_runs_the_torch_path() -> None:
+    pytest.importorskip("torch")
+    from memsim_widget.trace.traceable import check_traceable
+
+    with pytest.raises(ScenarioError) as err:
+        check_traceable(Scenario.from_dict({"model": "mamba-130m", "seq_len": 64}))
+    assert err.value.field == "ssm_kernel"
+
+
+@pytest.mark.parametrize("name", ["mamba torch bf16 b2 s64", "mamba2 torch bf16 b2 s512"])
+@pytest.mark.slow
+def test_torch_path_within_three_percent_of_trace(name: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from memsim_widget.fidelity import CASES, compare
+
+    r = compare(name, dict(CASES)[name])
+    assert abs(r["error"]) < 0.03, r
+
+
+def test_cli_takes_ssm_kernel_and_prints_which_path(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from memsim_widget.cli import main
+
+    assert (
+        main(["estimate", "--model", "mamba-130m", "--seq-len", "512", "--ssm-kernel", "torch", "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario"]["ssm_kernel"] == "torch"
+    assert any("held to a CPU fake-tensor trace" in c for c in out["caveats"])
+    assert main(["estimate", "--model", "mamba-130m", "--seq-len", "512"]) == 0
+    assert "not traced" in capsys.readouterr().out

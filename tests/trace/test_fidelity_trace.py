@@ -1,0 +1,60 @@
+"""The engine's peak live tensor bytes stay within 3% of a fake-tensor trace of the same training step.
+
+A fast subset of ``memsim_widget.fidelity.CASES`` (HF Llama, Mistral, Qwen2, Mixtral, GPT-2; bf16, fp32,
+autocast; SDPA and eager; LoRA; optimizers); the benchmark runs all of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from memsim_widget.fidelity import CASES, compare  # noqa: E402
+
+#: Every test here runs a real trace on fake tensors: behind the slow marker (scripts/dev test runs it).
+pytestmark = pytest.mark.slow
+
+FAST = [
+    "llama bf16 sdpa b2 s512",
+    "llama bf16 sdpa b1 s64",
+    "llama fp32 sdpa b2 s512",
+    "llama amp-bf16 sdpa b2 s512",
+    "llama bf16 eager b2 s256",
+    "llama bf16 lora qv fp32 b2 s512",
+    "llama amp-bf16 lora qv b2 s512",
+    "mistral bf16 sdpa b2 s512",
+    "qwen2 bf16 sdpa b2 s512",
+    "mixtral bf16 sdpa b2 s512",
+    "mixtral bf16 lora qv b2 s512",
+    "gpt2 bf16 sdpa b2 s512",
+    "gpt2 amp-bf16 sdpa b2 s512",
+    "t5 bf16 sdpa b2 s512 (no dropout)",
+    "t5 bf16 lora q/v b2 s512 (no dropout)",
+]
+TOLERANCE = 0.03
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_engine_peak_within_three_percent_of_trace(name):
+    r = compare(name, dict(CASES)[name])
+    assert abs(r["error"]) < TOLERANCE, r
+
+
+def test_trace_autocast_runs_pow_in_fp32_as_cuda_does():
+    """CUDA autocast's fp32 list has pow, CPU's has not: the trace follows CUDA (gelu_new's saved chain)."""
+    import torch
+
+    from memsim_widget.trace.cuda_autocast import cuda_like_autocast
+
+    x = torch.ones(4, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.pow(x, 3.0).dtype == torch.bfloat16  # what plain CPU autocast does
+    with cuda_like_autocast(torch.bfloat16):
+        assert torch.pow(x, 3.0).dtype == torch.float32
+        assert (x**3).dtype == torch.float32 and x.pow(3).dtype == torch.float32
+        assert (x * 2).dtype == torch.bfloat16  # ops outside the list are untouched
+    assert torch.pow(x, 3.0).dtype == torch.bfloat16  # and nothing is left behind
+    with cuda_like_autocast(None):
+        assert torch.pow(x, 3.0).dtype == torch.bfloat16
