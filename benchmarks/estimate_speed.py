@@ -3,7 +3,8 @@
 * ``new scenario``: an estimate the engine has not made (its result cache cleared) of a model whose states and
   activation terms another scenario already computed (``engine/parts_cache``: they are shared by scenarios that
   differ only in fields they do not read, e.g. the micro-batch for the states, the ZeRO stage for the
-  activations): the case of a widget control moved, a scaling curve or a sweep (target 0.1 ms);
+  activations; so are the timeline's state groups and the model rules' check, ``engine/model_rules_cache``):
+  the case of a widget control moved, a scaling curve or a sweep (target 0.1 ms);
 * ``cold``: every cache cleared first, the parts computed too;
 * ``distinct scenarios``: 10,000 different scenarios of 6 models one after another, construction included.
 
