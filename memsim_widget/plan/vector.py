@@ -341,10 +341,14 @@ def unique_codes(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 def _padded(tables: list[np.ndarray]) -> np.ndarray:
     """Term tables of several keys stacked as (keys, max terms, TERM_COLS), padded with zero terms."""
-    width = max((t.shape[0] for t in tables), default=0)
+    lengths = np.array([t.shape[0] for t in tables], dtype=np.int64)
+    width = int(lengths.max()) if lengths.shape[0] else 0
     out = np.zeros((len(tables), max(width, 1), TERM_COLS), dtype=np.float64)
-    for k, t in enumerate(tables):
-        out[k, : t.shape[0]] = t
+    if lengths.sum() == 0:
+        return out
+    rows = np.repeat(np.arange(len(tables)), lengths)
+    slots = np.arange(rows.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[rows, slots] = np.concatenate(tables)
     return out
 
 
@@ -374,6 +378,22 @@ def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np
     over = big.any(axis=1) | (out[:, RAW] >= SATURATION_BYTES) | (out[:, ALLOC] >= SATURATION_BYTES)
     out[over] = SATURATION_BYTES
     return out
+
+
+#: Term-table width from which ``_scaled_distinct`` computes each distinct (key, factor, first) once.
+DISTINCT_WIDTH = 4
+
+
+def _scaled_distinct(table: np.ndarray, key: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """``_scaled_rows(table[key], factor, first)``, computed once per distinct (key, factor, first) where the
+    tables are wide (rows are independent, so the result is the same; the rows share a few dozen factors)."""
+    if table.shape[1] < DISTINCT_WIDTH or key.shape[0] == 0:
+        return _scaled_rows(table[key], factor, first)
+    fac, fac_idx = np.unique(factor, return_inverse=True)
+    fst, fst_idx = np.unique(first, return_inverse=True)
+    distinct, inverse = unique_codes([key, fac_idx.reshape(-1), fst_idx.reshape(-1)])
+    out = _scaled_rows(table[distinct[:, 0]], fac[distinct[:, 1]], fst[distinct[:, 2]])
+    return out[inverse]
 
 
 def _stage_rows(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> tuple[np.ndarray, np.ndarray]:
@@ -498,7 +518,7 @@ def _activation_side(
     def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float = zeros) -> np.ndarray:
         fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
         fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
-        return _scaled_rows(T[group][xa], fac, fst)
+        return _scaled_distinct(T[group], xa, fac, fst)
 
     K = _per_key_groups(akey, arows, T)
     on_last = xlast[:, None]
@@ -643,28 +663,28 @@ def _peak_and_pool(
 
 
 def _state_key(
-    c: dict[str, np.ndarray], cand: np.ndarray, p: np.ndarray, first: np.ndarray, last: np.ndarray,
-    carried: np.ndarray,
-) -> list[np.ndarray]:  # fmt: skip
-    """The ``STATE_KEY`` columns per row. ZeRO-0 states see dp only through "dp > 1" (DDP buckets); ZeRO >= 1
-    only through dp * cp (with ep > 1 and ZeRO-0 the key keeps dp and cp as they are: ep must divide dp * cp)."""
-    zero = c["zero"][cand]
-    plain = (zero == 0) & (c["ep"][cand] == 1)
-    dpcp = (c["dp"] * c["cp"])[cand]
-    key = {
-        "tp": c["tp"][cand],
-        "ep": c["ep"][cand],
-        "dp": np.where(plain, np.minimum(c["dp"][cand], 2), np.where(zero == 0, c["dp"][cand], dpcp)),
-        "cp": np.where((zero == 0) & ~plain, c["cp"][cand], 1),
+    c: dict[str, np.ndarray], cand: np.ndarray, first: np.ndarray, last: np.ndarray, carried: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``STATE_KEY`` rows (lexicographic) and each row's index among them. ZeRO-0 states see dp
+    only through "dp > 1" (DDP buckets); ZeRO >= 1 only through dp * cp (with ep > 1 and ZeRO-0 the key keeps
+    dp and cp as they are: ep must divide dp * cp). The layout columns lead the key and are the candidate's,
+    so they are made distinct per candidate first and the rows add only their stage columns."""
+    zero = c["zero"]
+    plain = (zero == 0) & (c["ep"] == 1)
+    layout = {
+        "tp": c["tp"],
+        "ep": c["ep"],
+        "dp": np.where(plain, np.minimum(c["dp"], 2), np.where(zero == 0, c["dp"], c["dp"] * c["cp"])),
+        "cp": np.where((zero == 0) & ~plain, c["cp"], 1),
         "zero": zero,
-        "optimizer": c["optimizer"][cand],
-        "offload": c["offload"][cand],
-        "pp": p,
-        "first": first.astype(np.int64),
-        "last": last.astype(np.int64),
-        "carried": carried.astype(np.int64),
+        "optimizer": c["optimizer"],
+        "offload": c["offload"],
+        "pp": c["pp"],
     }
-    return [key[name] for name in STATE_KEY]
+    lkey, l_cand = unique_codes([layout[name] for name in STATE_KEY[:8]])
+    stage = (first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64))
+    rkey, r_row = unique_codes([l_cand[cand], *stage])
+    return np.concatenate([lkey[rkey[:, 0]], rkey[:, 1:]], axis=1), r_row
 
 
 def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
@@ -697,7 +717,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
     carried = ((c["grad_accum"][cand] > 1) | ((p > 1) & (f[x_row] < m))) & (not base.optimizer_in_backward)
-    skey, s_idx = unique_codes(_state_key(c, cand, p, first, last, carried))
+    skey, s_idx = _state_key(c, cand, first, last, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
     s_parts = _moment_parts(S, STATE_GROUPS)
