@@ -37,6 +37,7 @@ def clear_caches() -> None:
     """Forget every engine part the vectorised path caches (the model architecture stays parsed)."""
     vector.state_row.cache_clear()
     vector.act_row.cache_clear()
+    vector.state_parts.cache_clear()
     _estimate.cache_clear()
     parts_cache.cache_clear()
 

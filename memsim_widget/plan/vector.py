@@ -125,6 +125,36 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
     return StateRow(stats, outside)
 
 
+@dataclass(frozen=True)
+class StatePart:
+    """A ``StateRow`` of one state key (without "carried"), and whether the root is resharded for the loss
+    (engine/timeline: no gathered units while the loss runs)."""
+
+    stats: np.ndarray
+    outside: int
+    resharded: bool
+
+
+@lru_cache(maxsize=64)
+def state_parts(
+    base: Scenario, optimizers: tuple[str, ...], num_layers: int
+) -> dict[tuple[int, ...], StatePart]:
+    """The ``StatePart`` of each state key seen so far on ``base`` (filled by ``_state_side``), so that a
+    search repeated on the same base builds no scenario for a key it has met."""
+    return {}
+
+
+def _state_part(base: Scenario, optimizers: tuple[str, ...], num_layers: int, k: list[int]) -> StatePart:
+    """The ``StatePart`` of the state key ``k`` (``STATE_KEY`` without "carried")."""
+    tp, ep, sdp, scp, z, o, off, pk, fk, lk = k
+    sc = candidate_scenario(base, optimizers, {
+        "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
+        "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
+        "offload": off}, validate=False)  # fmt: skip
+    row = state_row(sc, num_layers // pk, bool(fk), bool(lk))
+    return StatePart(row.stats, row.outside, root_resharded_for_loss(sc, bool(lk)))
+
+
 def _state_side(
     base: Scenario, optimizers: tuple[str, ...], skey: np.ndarray, num_layers: int, ws: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -132,18 +162,20 @@ def _state_side(
     held outside the allocator."""
     key = {name: skey[:, j] for j, name in enumerate(STATE_KEY)}
     k10, inv = unique_codes([key[name] for name in STATE_KEY if name != "carried"])
-    stats = np.zeros((k10.shape[0], len(STATE_LISTS), NSTAT), dtype=np.int64)
-    outside = np.zeros(k10.shape[0], dtype=np.int64)
-    resharded = np.zeros(k10.shape[0], dtype=bool)  # engine/timeline: no gathered units while the loss runs
-    for k, (tp, ep, sdp, scp, z, o, off, pk, fk, lk) in enumerate(k10.tolist()):
-        sc = candidate_scenario(base, optimizers, {
-            "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
-            "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
-            "offload": off}, validate=False)  # fmt: skip
-        row = state_row(sc, num_layers // pk, bool(fk), bool(lk))
-        stats[k] = row.stats
-        outside[k] = row.outside
-        resharded[k] = root_resharded_for_loss(sc, bool(lk))
+    memo = state_parts(base, optimizers, num_layers)
+    parts = []
+    for k in k10.tolist():
+        part = memo.get(tuple(k))
+        if part is None:
+            part = memo[tuple(k)] = _state_part(base, optimizers, num_layers, k)
+        parts.append(part)
+    stats = (
+        np.stack([part.stats for part in parts])
+        if parts
+        else np.zeros((0, len(STATE_LISTS), NSTAT), np.int64)
+    )
+    outside = np.array([part.outside for part in parts], dtype=np.int64)
+    resharded = np.array([part.resharded for part in parts], dtype=bool)
     g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
     carried = (key["carried"] == 1)[:, None]
     last = (key["last"] == 1)[:, None]
