@@ -659,7 +659,10 @@ def _moment_rows(
             continue
 
         def stat(part: str, name: str) -> np.ndarray:
-            return np.asarray(S.get(f"{part}.{name}") + A.get(f"{part}.{name}"))
+            s, a = S.get(f"{part}.{name}"), A.get(f"{part}.{name}")
+            if isinstance(s, int) and s == 0:  # a side without the column adds nothing: no copy
+                return np.asarray(a)
+            return np.asarray(s if isinstance(a, int) and a == 0 else s + a)
 
         if rule.larger_of:  # the second instant where it holds more raw bytes (the first of equals wins)
             second = (S.get(f"{rule.name}:gain") + A.get(f"{rule.name}:gain")) > 0
@@ -681,16 +684,25 @@ def _peak_and_pool(
     peak_alloc = moments[0][1].copy()
     peak_m = np.full(peak_alloc.shape, moments[0][0], dtype=np.int64)
     pool = peak_alloc.copy()
+    waste, part = np.empty(pool.shape), np.empty(pool.shape)
+    held = np.empty(pool.shape, dtype=np.int64)
     for j, (k, alloc, pers, loss) in enumerate(moments):
         if j:
             higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
             peak_m[higher] = k
             np.maximum(peak_alloc, alloc, out=peak_alloc)
-        waste = FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers)
+        # waste = trunc(FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers) [+ f_v * loss]), in place
+        np.multiply(pers, FRAGMENTATION_PERSISTENT, out=waste)
+        np.subtract(alloc, pers, out=held)
+        np.multiply(held, f_t, out=part)
+        waste += part
         if f_v:  # adding 0.0 changes no sum: skipped when shapes are fixed
-            waste += f_v * loss
-        waste = np.trunc(waste).astype(np.int64)
-        np.maximum(pool, alloc + waste, out=pool)
+            np.multiply(loss, f_v, out=part)
+            waste += part
+        np.trunc(waste, out=waste)
+        np.copyto(held, waste, casting="unsafe")
+        held += alloc
+        np.maximum(pool, held, out=pool)
     return peak_alloc, peak_m, pool
 
 
@@ -770,10 +782,9 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
-    comms = sum(
-        (x > 1).astype(np.int64)
-        for x in ((c["dp"] * c["cp"])[cand], c["tp"][cand], p, c["cp"][cand], c["ep"][cand])
-    )
+    comms = sum((x > 1).astype(np.int64) for x in (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"]))[
+        cand
+    ]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     cap = gpu.memory_bytes - outside
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))
