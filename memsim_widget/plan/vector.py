@@ -726,9 +726,26 @@ def _state_key(
         "pp": c["pp"],
     }
     lkey, l_cand = unique_codes([layout[name] for name in STATE_KEY[:8]])
-    stage = (first.astype(np.int64), last.astype(np.int64), carried.astype(np.int64))
-    rkey, r_row = unique_codes([l_cand[cand], *stage])
+    rkey, r_row = _row_codes(l_cand, cand, [(first, 2), (last, 2), (carried, 2)])
     return np.concatenate([lkey[rkey[:, 0]], rkey[:, 1:]], axis=1), r_row
+
+
+def _row_codes(
+    per_cand: np.ndarray, cand: np.ndarray, small: list[tuple[np.ndarray, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct (candidate code, small columns...) rows (lexicographic) and each row's index among them: the
+    candidate's code and the row's small columns (each below its radix) packed as one mixed-radix integer."""
+    code = per_cand[cand]
+    for col, radix in small:
+        code = code * radix + col
+    uniq, inverse = _column_ranks(code)
+    out = np.zeros((uniq.shape[0], 1 + len(small)), dtype=np.int64)
+    for j in range(len(small), 0, -1):
+        radix = small[j - 1][1]
+        out[:, j] = uniq % radix
+        uniq = uniq // radix
+    out[:, 0] = uniq
+    return out, inverse
 
 
 def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
@@ -753,7 +770,9 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- activation side per distinct (activation key, pp, stage, micro-batches) ----------------------
     # kind: 0 the first stage, 1 the second, 2 the last, 3 the first middle one that carries gradients
     kind = np.where(first, 0, np.where(last, 2, np.where(stage == 1, 1, 3)))
-    xkey, x_row = unique_codes([a_cand[cand], p, kind, m])
+    ckey, c_x = unique_codes([a_cand, c["pp"], c["pp_microbatches"]])
+    xrows, x_row = _row_codes(c_x, cand, [(kind, 4)])
+    xkey = np.stack([ckey[xrows[:, 0], 0], ckey[xrows[:, 0], 1], xrows[:, 1], ckey[xrows[:, 0], 2]], axis=1)
     A, f, x_over = _activation_side(base, arch.num_layers, akey, arows, xkey)
     a_parts = _moment_parts(A, ACTIVATION_GROUPS)
     for part in a_parts.values():
