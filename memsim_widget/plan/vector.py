@@ -13,7 +13,7 @@ redone here on arrays, reading the same table by group name, with the same integ
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -384,6 +384,15 @@ def _padded(tables: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+def _row_sums(a: np.ndarray) -> np.ndarray:
+    """The sum (integers) or any (booleans) of each row of a (rows, terms) array, column by column (exact;
+    cheaper than a reduction along short rows)."""
+    out = a[:, 0].copy()
+    for j in range(1, a.shape[1]):
+        out += a[:, j]
+    return out
+
+
 def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np.ndarray:
     """``_scaled`` where each row has its own term table: ``table`` is (rows, terms, TERM_COLS). A row
     whose bytes reach ``SATURATION_BYTES`` has every statistic set to it (so the overflow shows in any sum
@@ -403,11 +412,11 @@ def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np
     alloc = np.where((counted > 0) & (nbytes > 0), -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors, 0)
     live = f > 0
     big &= live
-    out[:, RAW] = np.where(live, nbytes, 0).sum(axis=1)
-    out[:, ALLOC] = np.where(live, alloc, 0).sum(axis=1)
-    out[:, LOSS] = np.where(live & (loss > 0), alloc, 0).sum(axis=1)
+    out[:, RAW] = _row_sums(np.where(live, nbytes, 0))
+    out[:, ALLOC] = _row_sums(np.where(live, alloc, 0))
+    out[:, LOSS] = _row_sums(np.where(live & (loss > 0), alloc, 0))
     # each term below the bound (allocated: at most 512 B per tensor more), a few dozen terms: no sum wraps
-    over = big.any(axis=1) | (out[:, RAW] >= SATURATION_BYTES) | (out[:, ALLOC] >= SATURATION_BYTES)
+    over = _row_sums(big) | (out[:, RAW] >= SATURATION_BYTES) | (out[:, ALLOC] >= SATURATION_BYTES)
     out[over] = SATURATION_BYTES
     return out
 
@@ -600,10 +609,22 @@ def _activation_side(
         if through_step
         else np.zeros((nx, NSTAT), dtype=np.int64),
     }
-    over = np.zeros(nx, dtype=bool)
-    for part in (*groups.values(), *(K[name][xa] for name in K)):
-        over |= (part >= SATURATION_BYTES).any(axis=1)
+    over = reaches_saturation(groups.values(), nx) | reaches_saturation(K.values(), akey.shape[0])[xa]
     return groups, f, over
+
+
+def reaches_saturation(parts: Iterable[np.ndarray], n: int) -> np.ndarray:
+    """Per row of ``n``, whether any value of any part (arrays of ``n`` rows) reaches ``SATURATION_BYTES``:
+    the parts' elementwise maximum compared once per row."""
+    tops: dict[int, np.ndarray] = {}
+    for part in parts:
+        flat = part.reshape(n, -1)
+        top = tops.get(flat.shape[1])
+        tops[flat.shape[1]] = flat.copy() if top is None else np.maximum(top, flat, out=top)
+    over = np.zeros(n, dtype=bool)
+    for top in tops.values():
+        over |= (top >= SATURATION_BYTES).any(axis=1)
+    return over
 
 
 def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -775,8 +796,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     xkey = np.stack([ckey[xrows[:, 0], 0], ckey[xrows[:, 0], 1], xrows[:, 1], ckey[xrows[:, 0], 2]], axis=1)
     A, f, x_over = _activation_side(base, arch.num_layers, akey, arows, xkey)
     a_parts = _moment_parts(A, ACTIVATION_GROUPS)
-    for part in a_parts.values():
-        x_over |= (part >= SATURATION_BYTES).reshape(part.shape[0], -1).any(axis=1)
+    x_over |= reaches_saturation(a_parts.values(), x_over.shape[0])
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
     carried = ((c["grad_accum"][cand] > 1) | ((p > 1) & (f[x_row] < m))) & (not base.optimizer_in_backward)
@@ -785,8 +805,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
     s_parts = _moment_parts(S, STATE_GROUPS)
     s_over = s_out >= SATURATION_BYTES
-    for part in (*S.values(), *s_parts.values()):
-        s_over |= (part >= SATURATION_BYTES).reshape(part.shape[0], -1).any(axis=1)
+    s_over |= reaches_saturation((*S.values(), *s_parts.values()), s_over.shape[0])
 
     # ----- the moments (engine/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
     # optimizer_step: per candidate, for the candidate's optimizer (not the base's: a base with optimizer
