@@ -668,6 +668,21 @@ class SideColumns:
         col = self.columns.get(name)
         return 0 if col is None else col.take(self.rows)
 
+    def choose(self, first: str, second: str, at: np.ndarray) -> np.ndarray | int:
+        """Per row, column ``second`` where ``at`` is set, else ``first`` (0 where this side carries neither):
+        one take from the two columns laid end to end."""
+        a, b = self.columns.get(first), self.columns.get(second)
+        if a is None or b is None:
+            return 0 if a is None and b is None else np.where(at, self.get(second), self.get(first))
+        return np.concatenate([a, b]).take(self.rows + at * a.shape[0])
+
+
+def _added(s: np.ndarray | int, a: np.ndarray | int) -> np.ndarray:
+    """The sum of both sides' columns; a side without the column (0) adds nothing, so it is not copied."""
+    if isinstance(s, int) and s == 0:
+        return np.asarray(a)
+    return np.asarray(s if isinstance(a, int) and a == 0 else s + a)
+
 
 def _moment_rows(
     S: SideColumns, A: SideColumns, steps: np.ndarray | None
@@ -679,18 +694,21 @@ def _moment_rows(
         if rule.only_if == OPTIMIZER_STEPS and steps is None:
             continue
 
-        def stat(part: str, name: str) -> np.ndarray:
-            s, a = S.get(f"{part}.{name}"), A.get(f"{part}.{name}")
-            if isinstance(s, int) and s == 0:  # a side without the column adds nothing: no copy
-                return np.asarray(a)
-            return np.asarray(s if isinstance(a, int) and a == 0 else s + a)
-
         if rule.larger_of:  # the second instant where it holds more raw bytes (the first of equals wins)
             second = (S.get(f"{rule.name}:gain") + A.get(f"{rule.name}:gain")) > 0
             a, b = f"{rule.name}/0", f"{rule.name}/1"
-            sums = [np.where(second, stat(b, name), stat(a, name)) for name in ("alloc", "long", "loss")]
+            sums = [
+                _added(
+                    S.choose(f"{a}.{name}", f"{b}.{name}", second),
+                    A.choose(f"{a}.{name}", f"{b}.{name}", second),
+                )
+                for name in ("alloc", "long", "loss")
+            ]
         else:
-            sums = [stat(rule.name, name) for name in ("alloc", "long", "loss")]
+            sums = [
+                _added(S.get(f"{rule.name}.{name}"), A.get(f"{rule.name}.{name}"))
+                for name in ("alloc", "long", "loss")
+            ]
         if rule.only_if == OPTIMIZER_STEPS:  # a row without an optimizer gets a moment that cannot win
             sums = [np.where(steps, sums[0], -1), np.where(steps, sums[1], 0), np.where(steps, sums[2], 0)]
         out.append((k, *sums))
