@@ -690,6 +690,7 @@ def _moment_rows(
     """(moment index, allocated, long-lived, loss-buffer bytes) per row for each moment of ``MOMENT_TABLE``.
     ``steps`` marks the rows whose optimizer steps after backward (None: no row does)."""
     out = []
+    every_step = steps is not None and bool(steps.all())
     for k, rule in enumerate(MOMENT_TABLE):
         if rule.only_if == OPTIMIZER_STEPS and steps is None:
             continue
@@ -709,7 +710,9 @@ def _moment_rows(
                 _added(S.get(f"{rule.name}.{name}"), A.get(f"{rule.name}.{name}"))
                 for name in ("alloc", "long", "loss")
             ]
-        if rule.only_if == OPTIMIZER_STEPS:  # a row without an optimizer gets a moment that cannot win
+        if (
+            rule.only_if == OPTIMIZER_STEPS and not every_step
+        ):  # a row without an optimizer: a moment that cannot win
             sums = [np.where(steps, sums[0], -1), np.where(steps, sums[1], 0), np.where(steps, sums[2], 0)]
         out.append((k, *sums))
     return out
@@ -859,7 +862,7 @@ def _worst_ranks(
     best = np.maximum.reduceat(device, starts)
     order = np.where(device == best[cand], np.arange(nrows), nrows)
     pick = np.minimum.reduceat(order, starts)
-    over = np.maximum.reduceat(row_over.astype(np.int8), starts) > 0
+    over = np.logical_or.reduceat(row_over, starts)
     return Evaluation(
         peak_allocated_bytes=np.where(over, OVERFLOW_BYTES, peak_alloc[pick]),
         peak_reserved_bytes=np.where(over, OVERFLOW_BYTES, reserved[pick]),
