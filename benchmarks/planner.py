@@ -38,6 +38,7 @@ def clear_caches() -> None:
     vector.state_row.cache_clear()
     vector.act_row.cache_clear()
     vector.state_parts.cache_clear()
+    vector.KEY_TABLES.clear()
     _estimate.cache_clear()
     parts_cache.cache_clear()
 

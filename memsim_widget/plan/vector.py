@@ -538,6 +538,23 @@ def _term_tables(akey: np.ndarray, arows: list[ActRow]) -> dict[str, np.ndarray]
     return T
 
 
+#: The last ``_key_tables`` answer: (its activation rows, kept so their ids stay theirs; ids and checkpointing
+#: codes; term tables; per-key groups).
+KEY_TABLES: list[Any] = []
+
+
+def _key_tables(akey: np.ndarray, arows: list[ActRow]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``_term_tables`` and ``_per_key_groups`` of the activation keys, remembered for the last set of
+    activation rows (a repeated search on the same keys rebuilds neither)."""
+    ident = (tuple(id(ar) for ar in arows), akey[:, 4].tobytes())
+    if KEY_TABLES and KEY_TABLES[1] == ident:
+        return KEY_TABLES[2], KEY_TABLES[3]
+    T = _term_tables(akey, arows)
+    K = _per_key_groups(akey, arows, T)
+    KEY_TABLES[:] = [list(arows), ident, T, K]
+    return T, K
+
+
 def _activation_side(
     base: Scenario, num_layers: int, akey: np.ndarray, arows: list[ActRow], xkey: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -545,7 +562,7 @@ def _activation_side(
     micro-batches) row, the micro-batches in flight, and the rows where a term or group reached
     ``SATURATION_BYTES``."""
     par0 = base.parallel
-    T = _term_tables(akey, arows)
+    T, K = _key_tables(akey, arows)
     xa, xp, xkind, xm = (xkey[:, j] for j in range(4))
     carry = _first_carrying_stage(xp, xm, par0.pp_schedule, par0.virtual_stages)
     xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, np.where(xkind == 3, carry, 1)))
@@ -561,7 +578,6 @@ def _activation_side(
         fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
         return _scaled_distinct(T[group], xa, fac, fst)
 
-    K = _per_key_groups(akey, arows, T)
     on_last = xlast[:, None]
     # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
     piped = xp > 1
