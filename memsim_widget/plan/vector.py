@@ -747,7 +747,7 @@ def _peak_and_pool(
     for j, (k, alloc, pers, loss) in enumerate(moments):
         if j:
             higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
-            peak_m[higher] = k
+            np.copyto(peak_m, k, where=higher)
             np.maximum(peak_alloc, alloc, out=peak_alloc)
         # waste = trunc(FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers) [+ f_v * loss]), in place
         np.multiply(pers, FRAGMENTATION_PERSISTENT, out=waste)
