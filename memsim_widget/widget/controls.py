@@ -276,9 +276,11 @@ def _static_options() -> dict[str, Any]:
     }
 
 
-def build_options(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``options`` trait for a (possibly invalid) scenario dict: choices plus what is disabled now."""
-    arch = _arch(data.get("model"))
+def build_options(data: Mapping[str, Any], arch: Any = _UNRESOLVED) -> dict[str, Any]:
+    """The ``options`` trait for a (possibly invalid) scenario dict: choices plus what is disabled now. ``arch``: the
+    model's architecture already resolved (as ``rules_view``)."""
+    if arch is _UNRESOLVED:
+        arch = _arch(data.get("model"))
     disabled, disabled_values = disabled_controls(data, arch)
     dims = {}
     if arch is not None:

@@ -20,6 +20,7 @@ import anywidget
 import traitlets
 
 from memsim_widget import charts as charts_mod
+from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.errors import ScenarioError
@@ -36,7 +37,14 @@ from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait
 from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import build_result
-from memsim_widget.widget.scenario_edits import changed_keys, defaults, flatten, keep_known, merge
+from memsim_widget.widget.scenario_edits import (
+    changed_keys,
+    defaults,
+    flatten,
+    keep_known,
+    merge,
+    with_frozen_model,
+)
 from memsim_widget.widget.trace_panel import TraceController
 
 if TYPE_CHECKING:
@@ -249,8 +257,9 @@ class MemSim(anywidget.AnyWidget):
             self._reject({}, exc)
             return exc
         data = merge(defaults(), data)
+        changed = changed_keys(self._valid, data) | explicit if relative else set()
+        data = with_frozen_model(data)  # from here one model object: its architecture is resolved once
         if relative:
-            changed = changed_keys(self._valid, data) | explicit
             if "num_gpus" not in changed:
                 data["num_gpus"] = None  # derived from the layout unless set on purpose
             data = normalize(data, changed)
@@ -276,7 +285,9 @@ class MemSim(anywidget.AnyWidget):
                 self.scenario_data = self._valid
                 self.error = ""
                 self.error_field = ""
-                self.options = build_options(self._valid)
+                self.options = build_options(
+                    self._valid, architecture_for(sc.model)
+                )  # resolved for sc already
                 self._refresh()
                 self._trace.update()
                 self._follow_plan()

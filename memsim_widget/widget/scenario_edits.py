@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from memsim_widget.errors import ScenarioError
+from memsim_widget.frozen import freeze, thaw
 from memsim_widget.scenario import OPTIONAL_KEYS, RLConfig, Scenario
 
 _NESTED = ("parallel", "lora", "rl")
@@ -41,10 +44,25 @@ def merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def with_frozen_model(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with its inline model config frozen as the scenario will hold it (``frozen.freeze``): the edit's
+    control rules, the scenario, its scaling stops and the panels then share one model object, which resolves its
+    architecture once (``catalog.models.architecture_for``). A config that cannot be frozen is left as typed, for
+    the scenario check to name."""
+    out = dict(data)
+    if isinstance(out.get("model"), Mapping):
+        with contextlib.suppress(ScenarioError):
+            out["model"] = freeze(out["model"])
+    return out
+
+
 def keep_known(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them."""
+    """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them. An
+    inline model config is plain JSON data again (``with_frozen_model`` froze it)."""
     # optional keys too: a rejected checkpoint_every must stay visible, or the error could not be cleared
     out = {k: v for k, v in data.items() if k in _default_dict() or k in OPTIONAL_KEYS}
+    if "model" in out:
+        out["model"] = thaw(out["model"])
     for section in _NESTED:
         if isinstance(out.get(section), Mapping):
             allowed = [f.name for f in fields(RLConfig)] if section == "rl" else _default_dict()[section]
