@@ -25,7 +25,9 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly  # type: ignore[assignment]
 
     def __hash__(self) -> int:  # type: ignore[override]
-        return hash(json.dumps(self, sort_keys=True, default=str))
+        """The hash of the canonical JSON text, computed once per object (the engine's caches hash a scenario,
+        and with it its model config, on every lookup)."""
+        return self.derived("hash", _content_hash)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Rebuild from a plain dict: ``copy``, ``deepcopy`` and ``pickle`` would otherwise create an
@@ -46,6 +48,11 @@ class FrozenDict(dict):  # type: ignore[type-arg]
         if name not in memo:
             memo[name] = compute(self)
         return memo[name]  # type: ignore[no-any-return]
+
+
+def _content_hash(value: FrozenDict) -> int:
+    """The hash of a frozen config's canonical JSON text (equal configs, equal hashes)."""
+    return hash(json.dumps(value, sort_keys=True, default=str))
 
 
 def freeze(value: Any, where: str = "model", depth: int = 0) -> Any:

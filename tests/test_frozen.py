@@ -82,3 +82,17 @@ def test_pickle_and_copy_keep_the_content_not_the_memo() -> None:
     back = pickle.loads(pickle.dumps(sc))
     assert back == sc and back.model is not sc.model
     assert architecture_for(back.model) == arch
+
+
+def test_the_hash_is_the_contents_and_computed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal configs hash equal (the engine's caches find one by the other); each object hashes its JSON once."""
+    from memsim_widget import frozen
+
+    computed: list[Any] = []
+    real = frozen._content_hash
+    monkeypatch.setattr(frozen, "_content_hash", lambda d: computed.append(d) or real(d))
+    a, b = freeze(INLINE), freeze(dict(INLINE))
+    assert a is not b and a == b
+    assert {hash(a) for _ in range(3)} == {hash(b)}
+    assert computed == [a, b]
+    assert {Scenario(model=a): 1}[Scenario(model=b)] == 1
