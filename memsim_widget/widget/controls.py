@@ -201,7 +201,10 @@ def disabled_controls(
     view = rules_view(data, arch)
     for rule in RULES:
         if rule.field not in off and rule.judge(rule.disabled, view):
-            off[rule.field] = rule.text(view)
+            try:
+                off[rule.field] = rule.text(view)
+            except UNJUDGED:  # a message the typed values cannot fill: the rule's name says why
+                off[rule.field] = rule.name
     for rule in RULES:
         if rule.refused is None or rule.field in off:
             continue

@@ -38,8 +38,10 @@ from memsim_widget.widget.host import PanelTrait
 from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import build_result
 from memsim_widget.widget.scenario_edits import (
+    as_typed,
     changed_keys,
     defaults,
+    drop_carried_unknown,
     flatten,
     keep_known,
     merge,
@@ -214,7 +216,10 @@ class MemSim(anywidget.AnyWidget):
         """The front end (or Python) wrote a scenario: validate, recompute, or show the error."""
         if self._busy:
             return
-        self._submit(change["new"], background=True)
+        new, old = change["new"], change["old"]
+        if isinstance(new, Mapping) and isinstance(old, Mapping):
+            new = drop_carried_unknown(new, old, frozenset())
+        self._submit(new, background=True)
 
     @traitlets.observe("pins")
     def _on_pins(self, change: Any) -> None:
@@ -299,7 +304,7 @@ class MemSim(anywidget.AnyWidget):
     def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:
         """Keep the previous result; show the input as typed (completed from the last valid one) and the error."""
         self._last_exc = exc
-        shown = merge(self._valid, keep_known(data))
+        shown = merge(self._valid, as_typed(data))
         if shown.get("num_gpus") is None:
             shown["num_gpus"] = self._valid["num_gpus"]
         with self.hold_sync():
@@ -420,7 +425,9 @@ class MemSim(anywidget.AnyWidget):
 
     def set(self, **changes: Any) -> MemSim:
         """Change scenario keys like the controls do (``parallel``/``lora`` accept partial dicts); raises if invalid."""
-        exc = self._submit(merge(self.scenario_data, changes), explicit=frozenset(flatten(changes)))
+        explicit = frozenset(flatten(changes))
+        data = drop_carried_unknown(merge(self.scenario_data, changes), self.scenario_data, explicit)
+        exc = self._submit(data, explicit=explicit)
         if exc is not None:
             raise exc
         return self

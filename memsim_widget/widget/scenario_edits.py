@@ -70,6 +70,37 @@ def keep_known(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def as_typed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as typed, unknown keys included, its inline model config plain JSON data again: a rejected edit
+    shows what was typed, so the key the error names stays visible (the scenario JSON shows it) and setting any
+    other scenario, the last valid one included, is a change that clears the error."""
+    out = dict(data)
+    if "model" in out:
+        out["model"] = thaw(out["model"])
+    return out
+
+
+def drop_carried_unknown(
+    data: Mapping[str, Any], shown: Mapping[str, Any], explicit: frozenset[str]
+) -> dict[str, Any]:
+    """``data`` without the unknown keys it carries over unchanged from the rejected input on show (``as_typed``):
+    an edit of another control builds on what is shown, and should not fail again on a key it did not type.
+    A key typed again (in ``explicit``, or with another value) stays, for the scenario check to name."""
+    known = keep_known(data)
+    out = dict(data)
+    for key, value in data.items():
+        if key not in known and key not in explicit and key in shown and shown[key] == value:
+            del out[key]
+        elif key in _NESTED and isinstance(value, Mapping) and isinstance(known.get(key), Mapping):
+            before = shown.get(key) if isinstance(shown.get(key), Mapping) else {}
+            out[key] = {
+                k: v
+                for k, v in value.items()
+                if k in known[key] or f"{key}.{k}" in explicit or k not in before or before[k] != v
+            }
+    return out
+
+
 @functools.cache
 def _default_dict() -> dict[str, Any]:
     """The default scenario as a dict, ``num_gpus`` left to the layout."""
