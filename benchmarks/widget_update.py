@@ -1,6 +1,7 @@
 """Time the widget's Python side: one control change -> new estimate, result, options and chart specs.
 
-Usage: ``python benchmarks/widget_update.py [--n 50] [--model llama-3.1-8b] [--json]``. Prints medians (ms):
+Usage: ``python benchmarks/widget_update.py [--n 50] [--model llama-3.1-8b] [--inline] [--json]``. Prints medians
+(ms); ``--inline`` gives the model as an inline config dict (the preset's config, as the custom model sends it):
 
 * ``update (cold)``: a front-end write of ``scenario_data`` with the caches cleared first (the engine's
   cached parts too), so every estimate (the scenario and the 22 scaling stops) is recomputed from nothing:
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memsim_widget import charts
+from memsim_widget.catalog.models import PRESETS
 from memsim_widget.engine import core
 from memsim_widget.widget import MemSim, build_result, merge
 
@@ -63,10 +65,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50, help="updates per measurement (default 50)")
     ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--inline", action="store_true", help="the model as an inline config dict (its preset's)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = ap.parse_args()
 
-    sim = MemSim(model=args.model, charts_js=False)
+    model = dict(PRESETS[args.model]) if args.inline else args.model
+    sim = MemSim(model=model, charts_js=False)
     mbs = [1, 2, 4, 8, 16]
     seqs = [1024, 2048, 4096, 8192]
     moves = [
@@ -101,7 +105,7 @@ def main() -> None:
         for name in ("scenario_data", "options", "result", "charts", "comparison")
     }
     out = {
-        "model": args.model,
+        "model": args.model + (" (inline)" if args.inline else ""),
         "n": args.n,
         "update_cold_ms": round(cold, 2),
         "update_warm_ms": round(warm, 2),
@@ -114,7 +118,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"MemSim Python-side update, {args.model}, median of {args.n}")
+    print(f"MemSim Python-side update, {out['model']}, median of {args.n}")
     print(f"  update (cold: estimate + 22 scaling stops)  {cold:7.2f} ms")
     print(f"  update (warm: estimates cached)             {warm:7.2f} ms")
     print(f"  scaling view alone (cold)                   {scale_cold:7.2f} ms")

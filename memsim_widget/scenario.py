@@ -17,6 +17,9 @@ from typing import Any
 
 from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.errors import short_repr as _short
+from memsim_widget.frozen import FrozenDict
+from memsim_widget.frozen import freeze as _freeze
+from memsim_widget.frozen import thaw as _thaw
 from memsim_widget.jsonio import parse_json_object, read_json_object
 from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
@@ -69,61 +72,6 @@ MAX_SEQ_LEN = 2**24
 MAX_GPUS = 2**20
 MAX_MICRO_BATCH = 2**16
 MAX_ACCUM_STEPS = 2**20
-#: How deep an inline model config may nest (the HF files nest 3 levels: ``text_config.rope_scaling``).
-MAX_CONFIG_DEPTH = 32
-
-
-class FrozenDict(dict):  # type: ignore[type-arg]
-    """A read-only, hashable dict for inline HF configs held by a frozen scenario."""
-
-    def _readonly(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("scenario model config is immutable; use Scenario.replace(model=...)")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly  # type: ignore[assignment]
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(json.dumps(self, sort_keys=True, default=str))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Rebuild from a plain dict: ``copy``, ``deepcopy`` and ``pickle`` would otherwise create an
-        empty FrozenDict and fill it item by item, which ``__setitem__`` refuses (nested configs such as
-        ``rope_scaling`` or a VLM's ``text_config`` are FrozenDicts inside the frozen model)."""
-        return (type(self), (dict(self),))
-
-    def __copy__(self) -> FrozenDict:
-        return self  # immutable: a copy is the object itself
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
-        return self
-
-
-def _freeze(value: Any, where: str = "model", depth: int = 0) -> Any:
-    """An immutable copy of JSON-like data; anything JSON cannot hold losslessly is a ScenarioError naming
-    the dotted key (non-string keys, NaN/Infinity, other types, nesting deeper than ``MAX_CONFIG_DEPTH``)."""
-    if depth > MAX_CONFIG_DEPTH:
-        raise ScenarioError(where, f"nests deeper than {MAX_CONFIG_DEPTH} levels")
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ScenarioError(where, f"keys must be strings, got {k!r}")
-            out[k] = _freeze(v, f"{where}.{k}", depth + 1)
-        return FrozenDict(out)
-    if isinstance(value, list | tuple):
-        return tuple(_freeze(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ScenarioError(where, f"must be a finite number, got {value!r}")
-    if value is None or isinstance(value, str | int | float):
-        return value
-    raise ScenarioError(where, f"must be JSON data (object, list, string, number, bool, null), got {value!r}")
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
 
 
 def _int(field_name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..architecture import Architecture, build_architecture
 from ..errors import ScenarioError, choice_error, short_repr
+from ..frozen import FrozenDict
 from ..jsonio import read_json_object
 
 #: The preset files of ``catalog/presets/``, one per HF ``model_type``, in catalog order.
@@ -153,7 +154,19 @@ def _json_architecture(canonical: str) -> Architecture:
 
 
 def architecture_for(model: str | Mapping[str, Any]) -> Architecture:
-    """The Architecture of a preset id, config.json path or inline config (presets and dicts cached)."""
+    """The Architecture of a preset id, config.json path or inline config (presets and dicts cached). A
+    scenario's frozen config is resolved once per object (``FrozenDict.derived``): the scaling stops and the
+    objective's training scenario share their scenario's model object, and with it its resolution."""
+    if isinstance(model, str) and model in PRESETS:
+        return _preset_architecture(model)
+    if isinstance(model, FrozenDict):
+        return model.derived("architecture", resolve_architecture)
+    return resolve_architecture(model)
+
+
+def resolve_architecture(model: str | Mapping[str, Any]) -> Architecture:
+    """Resolve a model input to its Architecture (``architecture_for`` without its per-object memo): a file is
+    read each time (it may have changed), an inline config is looked up by its canonical JSON text."""
     if isinstance(model, str) and model in PRESETS:
         return _preset_architecture(model)
     config = resolve_model_config(model)

@@ -10,6 +10,11 @@ from memsim_widget.rules.rule import Rule, View, inert
 SSM_WHY = "is not modelled for Mamba's state-space layers (no trace checks it)"
 
 
+def _ep_text(ep: object) -> str:
+    """``ep=N`` for a typed ep over 1, else ``ep > 1`` (the disabled reason's wording; any typed value)."""
+    return f"ep={ep}" if isinstance(ep, int) and ep > 1 else "ep > 1"
+
+
 def available_impl(optimizer: str, impl: str) -> str:
     """The optimizer implementation a scenario gets: ``impl`` where the optimizer has it, else ``fused`` where it
     has one (bitsandbytes' and torchao's optimizers are fused kernels, and it is the fastest), else the first it
@@ -85,8 +90,8 @@ RULES: tuple[Rule, ...] = (
             (v["parallel.ep"] > 1)
             & ((not v["arch"].is_moe) | (v["arch"].num_experts % v["parallel.ep"] != 0))
         ),
-        message=lambda v: (  # as the disabled reason (ep = 1): "ep > 1 needs ..."
-            f"ep{'=' if v['parallel.ep'] > 1 else ' > '}{max(v['parallel.ep'], 1)} needs an MoE model with experts "
+        message=lambda v: (  # as the disabled reason (ep = 1, or a value typed wrong): "ep > 1 needs ..."
+            f"{_ep_text(v['parallel.ep'])} needs an MoE model with experts "
             f"divisible by ep (this model has {v['arch'].num_experts} experts)"
         ),
         reset=lambda v: 1,

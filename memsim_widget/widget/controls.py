@@ -201,7 +201,10 @@ def disabled_controls(
     view = rules_view(data, arch)
     for rule in RULES:
         if rule.field not in off and rule.judge(rule.disabled, view):
-            off[rule.field] = rule.text(view)
+            try:
+                off[rule.field] = rule.text(view)
+            except UNJUDGED:  # a message the typed values cannot fill: the rule's name says why
+                off[rule.field] = rule.name
     for rule in RULES:
         if rule.refused is None or rule.field in off:
             continue
@@ -276,9 +279,11 @@ def _static_options() -> dict[str, Any]:
     }
 
 
-def build_options(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``options`` trait for a (possibly invalid) scenario dict: choices plus what is disabled now."""
-    arch = _arch(data.get("model"))
+def build_options(data: Mapping[str, Any], arch: Any = _UNRESOLVED) -> dict[str, Any]:
+    """The ``options`` trait for a (possibly invalid) scenario dict: choices plus what is disabled now. ``arch``: the
+    model's architecture already resolved (as ``rules_view``)."""
+    if arch is _UNRESOLVED:
+        arch = _arch(data.get("model"))
     disabled, disabled_values = disabled_controls(data, arch)
     dims = {}
     if arch is not None:

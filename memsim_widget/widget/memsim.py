@@ -20,6 +20,7 @@ import anywidget
 import traitlets
 
 from memsim_widget import charts as charts_mod
+from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.errors import ScenarioError
@@ -36,7 +37,16 @@ from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait
 from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import build_result
-from memsim_widget.widget.scenario_edits import changed_keys, defaults, flatten, keep_known, merge
+from memsim_widget.widget.scenario_edits import (
+    as_typed,
+    changed_keys,
+    defaults,
+    drop_carried_unknown,
+    flatten,
+    keep_known,
+    merge,
+    with_frozen_model,
+)
 from memsim_widget.widget.trace_panel import TraceController
 
 if TYPE_CHECKING:
@@ -206,7 +216,10 @@ class MemSim(anywidget.AnyWidget):
         """The front end (or Python) wrote a scenario: validate, recompute, or show the error."""
         if self._busy:
             return
-        self._submit(change["new"], background=True)
+        new, old = change["new"], change["old"]
+        if isinstance(new, Mapping) and isinstance(old, Mapping):
+            new = drop_carried_unknown(new, old, frozenset())
+        self._submit(new, background=True)
 
     @traitlets.observe("pins")
     def _on_pins(self, change: Any) -> None:
@@ -249,8 +262,9 @@ class MemSim(anywidget.AnyWidget):
             self._reject({}, exc)
             return exc
         data = merge(defaults(), data)
+        changed = changed_keys(self._valid, data) | explicit if relative else set()
+        data = with_frozen_model(data)  # from here one model object: its architecture is resolved once
         if relative:
-            changed = changed_keys(self._valid, data) | explicit
             if "num_gpus" not in changed:
                 data["num_gpus"] = None  # derived from the layout unless set on purpose
             data = normalize(data, changed)
@@ -276,7 +290,9 @@ class MemSim(anywidget.AnyWidget):
                 self.scenario_data = self._valid
                 self.error = ""
                 self.error_field = ""
-                self.options = build_options(self._valid)
+                self.options = build_options(
+                    self._valid, architecture_for(sc.model)
+                )  # resolved for sc already
                 self._refresh()
                 self._trace.update()
                 self._follow_plan()
@@ -288,7 +304,7 @@ class MemSim(anywidget.AnyWidget):
     def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:
         """Keep the previous result; show the input as typed (completed from the last valid one) and the error."""
         self._last_exc = exc
-        shown = merge(self._valid, keep_known(data))
+        shown = merge(self._valid, as_typed(data))
         if shown.get("num_gpus") is None:
             shown["num_gpus"] = self._valid["num_gpus"]
         with self.hold_sync():
@@ -409,7 +425,9 @@ class MemSim(anywidget.AnyWidget):
 
     def set(self, **changes: Any) -> MemSim:
         """Change scenario keys like the controls do (``parallel``/``lora`` accept partial dicts); raises if invalid."""
-        exc = self._submit(merge(self.scenario_data, changes), explicit=frozenset(flatten(changes)))
+        explicit = frozenset(flatten(changes))
+        data = drop_carried_unknown(merge(self.scenario_data, changes), self.scenario_data, explicit)
+        exc = self._submit(data, explicit=explicit)
         if exc is not None:
             raise exc
         return self

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from memsim_widget.errors import ScenarioError
+from memsim_widget.frozen import freeze, thaw
 from memsim_widget.scenario import OPTIONAL_KEYS, RLConfig, Scenario
 
 _NESTED = ("parallel", "lora", "rl")
@@ -41,14 +44,60 @@ def merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def with_frozen_model(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with its inline model config frozen as the scenario will hold it (``frozen.freeze``): the edit's
+    control rules, the scenario, its scaling stops and the panels then share one model object, which resolves its
+    architecture once (``catalog.models.architecture_for``). A config that cannot be frozen is left as typed, for
+    the scenario check to name."""
+    out = dict(data)
+    if isinstance(out.get("model"), Mapping):
+        with contextlib.suppress(ScenarioError):
+            out["model"] = freeze(out["model"])
+    return out
+
+
 def keep_known(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them."""
+    """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them. An
+    inline model config is plain JSON data again (``with_frozen_model`` froze it)."""
     # optional keys too: a rejected checkpoint_every must stay visible, or the error could not be cleared
     out = {k: v for k, v in data.items() if k in _default_dict() or k in OPTIONAL_KEYS}
+    if "model" in out:
+        out["model"] = thaw(out["model"])
     for section in _NESTED:
         if isinstance(out.get(section), Mapping):
             allowed = [f.name for f in fields(RLConfig)] if section == "rl" else _default_dict()[section]
             out[section] = {k: v for k, v in out[section].items() if k in allowed}
+    return out
+
+
+def as_typed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as typed, unknown keys included, its inline model config plain JSON data again: a rejected edit
+    shows what was typed, so the key the error names stays visible (the scenario JSON shows it) and setting any
+    other scenario, the last valid one included, is a change that clears the error."""
+    out = dict(data)
+    if "model" in out:
+        out["model"] = thaw(out["model"])
+    return out
+
+
+def drop_carried_unknown(
+    data: Mapping[str, Any], shown: Mapping[str, Any], explicit: frozenset[str]
+) -> dict[str, Any]:
+    """``data`` without the unknown keys it carries over unchanged from the rejected input on show (``as_typed``):
+    an edit of another control builds on what is shown, and should not fail again on a key it did not type.
+    A key typed again (in ``explicit``, or with another value) stays, for the scenario check to name."""
+    known = keep_known(data)
+    out = dict(data)
+    for key, value in data.items():
+        if key not in known and key not in explicit and key in shown and shown[key] == value:
+            del out[key]
+        elif key in _NESTED and isinstance(value, Mapping) and isinstance(known.get(key), Mapping):
+            before = shown.get(key) if isinstance(shown.get(key), Mapping) else {}
+            out[key] = {
+                k: v
+                for k, v in value.items()
+                if k in known[key] or f"{key}.{k}" in explicit or k not in before or before[k] != v
+            }
     return out
 
 
