@@ -821,7 +821,6 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
     cand, stage = _stage_rows(c["pp"], c["pp_microbatches"], par0.pp_schedule, par0.virtual_stages)
     p = c["pp"][cand]
-    m = c["pp_microbatches"][cand]
     last = stage == p - 1
     first = stage == 0
 
@@ -836,7 +835,10 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     x_over |= reaches_saturation(a_parts.values(), x_over.shape[0])
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
-    carried = ((c["grad_accum"][cand] > 1) | ((p > 1) & (f[x_row] < m))) & (not base.optimizer_in_backward)
+    short = (xkey[:, 1] > 1) & (
+        f < xkey[:, 3]
+    )  # per stage key: a pipeline with fewer in flight than there are
+    carried = ((c["grad_accum"] > 1)[cand] | short[x_row]) & (not base.optimizer_in_backward)
     skey, s_idx = _state_key(c, cand, first, last, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
