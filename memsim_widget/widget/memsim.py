@@ -301,12 +301,18 @@ class MemSim(anywidget.AnyWidget):
             self._busy = False
             self.last_update_ms = (time.perf_counter() - t0) * 1000
 
+    def _completed(self, typed: dict[str, Any]) -> dict[str, Any]:
+        """An input the controls show without its estimate, completed from the last valid scenario (its GPU
+        count too, where the input leaves it to the layout)."""
+        shown = merge(self._valid, typed)
+        if shown.get("num_gpus") is None:
+            shown["num_gpus"] = self._valid["num_gpus"]
+        return shown
+
     def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:
         """Keep the previous result; show the input as typed (completed from the last valid one) and the error."""
         self._last_exc = exc
-        shown = merge(self._valid, as_typed(data))
-        if shown.get("num_gpus") is None:
-            shown["num_gpus"] = self._valid["num_gpus"]
+        shown = self._completed(as_typed(data))
         with self.hold_sync():
             self.scenario_data = shown
             self.error = str(exc)
@@ -319,9 +325,7 @@ class MemSim(anywidget.AnyWidget):
     def _show_calibrating(self, data: dict[str, Any]) -> None:
         """Show the input being calibrated in the controls, over the last valid result (no error)."""
         self._last_exc = None
-        shown = merge(self._valid, keep_known(data))
-        if shown.get("num_gpus") is None:
-            shown["num_gpus"] = self._valid["num_gpus"]
+        shown = self._completed(keep_known(data))
         with self.hold_sync():
             self.scenario_data = shown
             self.error = ""
