@@ -211,13 +211,25 @@ class Context:
             return interleaved_in_flight(p, self.par.virtual_stages, m, stage.index)
         return float(min(m, p - stage.index))
 
+    def seen_as(self, arch: Architecture, scenario: Scenario | None = None) -> Context:
+        """This context for another view of its model (a vision tower, LLaVA-NeXT's crops, a hybrid stack without
+        its state-space layers): ``arch`` (and ``scenario``) in place of its own, the recipe, optimizer, GPU and
+        layout kept; nothing validated again, nothing cached carried over."""
+        sub = object.__new__(Context)
+        sub.__dict__.update({k: v for k, v in self.__dict__.items() if k not in _CACHED})
+        sub.arch = arch
+        sub.scenario = self.scenario if scenario is None else scenario
+        return sub
 
-def tower_context(ctx: Context, arch: object, batch: int) -> Context:
+
+#: The names of ``Context``'s cached properties (what ``seen_as`` leaves to the new view to compute).
+_CACHED = frozenset(k for k, x in vars(Context).items() if isinstance(x, cached_property))
+
+
+def tower_context(ctx: Context, arch: Architecture, batch: int) -> Context:
     """``ctx`` seen from a tower: its architecture, ``batch`` samples of its own fixed sequence."""
-    sub = object.__new__(Context)
-    sub.scenario = ctx.scenario.replace(micro_batch_size=batch, images_per_sample=None, freeze_vision=None)
-    sub.arch = arch  # type: ignore[assignment]
-    sub.recipe, sub.opt, sub.gpu, sub.par = ctx.recipe, ctx.opt, ctx.gpu, ctx.par
+    sc = ctx.scenario.replace(micro_batch_size=batch, images_per_sample=None, freeze_vision=None)
+    sub = ctx.seen_as(arch, sc)
     sub.frozen_override = ctx.frozen_stacks  # the tower has no "vision" entry: the parent decides
     return sub
 

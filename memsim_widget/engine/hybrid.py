@@ -43,10 +43,7 @@ def stack_context(ctx: Context) -> Context:
     """``ctx`` seen without the state-space layers: the same model, every layer an attention layer."""
     arch = ctx.arch
     extra = {k: v for k, v in arch.extra.items() if k not in ("ssm", "hybrid")}
-    sub = object.__new__(Context)
-    sub.scenario, sub.recipe, sub.opt, sub.gpu, sub.par = ctx.scenario, ctx.recipe, ctx.opt, ctx.gpu, ctx.par
-    sub.arch = dataclasses.replace(arch, extra=extra)
-    return sub
+    return ctx.seen_as(dataclasses.replace(arch, extra=extra))
 
 
 def hybrid_activations(ctx: Context, hf: Callable[[Context], ActivationBudget]) -> ActivationBudget:

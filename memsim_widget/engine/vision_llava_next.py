@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from functools import cached_property
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context
@@ -28,13 +27,9 @@ def crop_context(ctx: Context) -> Context:
     """``ctx`` seen as LLaVA 1.5 with one image per crop: b x images x crops tower samples, (s/p)^2 projector rows
     each."""
     v = ctx.arch.extra["vision"]
-    sub = object.__new__(Context)
-    cached = {k for k, x in vars(Context).items() if isinstance(x, cached_property)}
-    sub.__dict__.update({k: x for k, x in ctx.__dict__.items() if k not in cached})
-    sub.scenario = ctx.scenario.replace(images_per_sample=ctx.images_per_sample * v["crops_per_image"])
+    sc = ctx.scenario.replace(images_per_sample=ctx.images_per_sample * v["crops_per_image"])
     crop = {**v, "kind": "llava", "tokens_per_image": v["tokens_per_crop"]}
-    sub.arch = dataclasses.replace(ctx.arch, extra={**ctx.arch.extra, "vision": crop})
-    return sub
+    return ctx.seen_as(dataclasses.replace(ctx.arch, extra={**ctx.arch.extra, "vision": crop}), sc)
 
 
 def llava_next_activations(
