@@ -81,6 +81,21 @@ def dense_mlp(
     return groups
 
 
+def mlp_parts(
+    n_dense: int, dense_width: int, n_moe: int, top_k: int, moe_width: int, experts: int
+) -> tuple[dict[str, Any], ...]:
+    """``mlp_parts`` of a stack that interleaves dense SwiGLU MLPs and softmax-routed experts (qwen3_moe, jamba)."""
+    parts: list[dict[str, Any]] = []
+    if n_dense:
+        parts.append({"name": "dense MLP", "layers": n_dense, "rows": 1, "width": dense_width})
+    if n_moe:
+        parts.append(
+            {"name": "routed experts", "layers": n_moe, "rows": top_k, "width": moe_width, "experts": experts,
+             "router": "softmax"}
+        )  # fmt: skip
+    return tuple(parts)
+
+
 def check_top_k(top_k: int, n_experts: int, key: str = "num_experts_per_tok", of: str = "experts") -> None:
     """Refuse a router that picks more experts than there are."""
     if n_experts and top_k > n_experts:

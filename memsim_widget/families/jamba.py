@@ -40,7 +40,7 @@ from memsim_widget.architecture.layers import (
     final_norm_and_head,
     norm_params,
 )
-from memsim_widget.architecture.moe import check_top_k, dense_mlp, routed_experts, router
+from memsim_widget.architecture.moe import check_top_k, dense_mlp, mlp_parts, routed_experts, router
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
 from memsim_widget.families.mamba import check_act, mamba_mixer_groups
@@ -155,14 +155,6 @@ def build_jamba(cfg: Mapping[str, Any]) -> Architecture:
     groups += norm_params(p, ("input_layernorm", "pre_ff_layernorm"), h, L, bias=False, stack="decoder")
     groups += final_norm_and_head("model.", "final_layernorm", h, vocab, tied=tied, bias=False)
 
-    parts: list[dict[str, Any]] = []
-    if n_dense:
-        parts.append({"name": "dense MLP", "layers": n_dense, "rows": 1, "width": inter})
-    if n_moe:
-        parts.append(
-            {"name": "routed experts", "layers": n_moe, "rows": top_k, "width": inter, "experts": E,
-             "router": "softmax"}
-        )  # fmt: skip
     ssm = {
         "version": 1,
         "layers": n_mamba,
@@ -207,7 +199,7 @@ def build_jamba(cfg: Mapping[str, Any]) -> Architecture:
             ),
             "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
-            "mlp_parts": tuple(parts),
+            "mlp_parts": mlp_parts(n_dense, inter, n_moe, top_k, inter, E),
             "moe_layers": n_moe,
             "dense_intermediate_size": inter,
             "moe_intermediate_size": inter,

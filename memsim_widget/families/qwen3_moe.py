@@ -37,7 +37,14 @@ from memsim_widget.architecture.layers import (
     final_norm_and_head,
     norm_params,
 )
-from memsim_widget.architecture.moe import check_top_k, dense_mlp, layer_indices, routed_experts, router
+from memsim_widget.architecture.moe import (
+    check_top_k,
+    dense_mlp,
+    layer_indices,
+    mlp_parts,
+    routed_experts,
+    router,
+)
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 
 #: Qwen3MoeConfig defaults (transformers 5.24.0, configuration_qwen3_moe.py).
@@ -98,14 +105,6 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
     )
     groups += final_norm_and_head("model.", "norm", h, vocab, tied=tied, bias=False)
 
-    parts: list[dict[str, Any]] = []
-    if n_dense:
-        parts.append({"name": "dense MLP", "layers": n_dense, "rows": 1, "width": inter})
-    if n_moe:
-        parts.append(
-            {"name": "routed experts", "layers": n_moe, "rows": top_k, "width": i_moe, "experts": E,
-             "router": "softmax"}
-        )  # fmt: skip
     use_window = read_bool(cfg, "use_sliding_window", d_["use_sliding_window"])
     return Architecture(
         family="qwen3_moe",
@@ -136,7 +135,7 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
             "rms_norm_eps": read_positive(cfg, "rms_norm_eps", d_["rms_norm_eps"]),
             "norms_per_layer": 2,
             "qk_norm": "head",  # q_norm / k_norm: one RMSNorm per head over d (engine/activations/norms.py)
-            "mlp_parts": tuple(parts),
+            "mlp_parts": mlp_parts(n_dense, inter, n_moe, top_k, i_moe, E),
             "moe_layers": n_moe,
             "dense_intermediate_size": inter,
             "moe_intermediate_size": i_moe,
