@@ -144,14 +144,12 @@ class Estimate:
 
     def role(self, rank: RankEstimate) -> str:
         """What ``rank`` holds, in words (its stage's layers and ends, how the layout splits them)."""
-
         return rank_role(self.scenario, rank.stage, self.arch.num_layers)
 
     # ----- time ---------------------------------------------------------------------------------
     @cached_property
     def time(self) -> StepTime:
         """The modelled step time and where it goes (computed on first use, so ``estimate`` stays fast)."""
-
         # an objective's step runs the SFT step's kernels on its sequences (its reference forward and the
         # rollout phase are not timed)
         return step_time(Context(training_scenario(self.scenario)))
@@ -251,7 +249,6 @@ class Estimate:
     def phases(self) -> dict[str, dict[str, Any]]:
         """Each phase's peak on the worst rank: its moment, allocated bytes and components (training; rollout
         for GRPO/PPO; a separate rollout GPU group's engine as ``rollout_group``)."""
-
         out: dict[str, dict[str, Any]] = {}
         for phase, m in self.worst.phase_peaks().items():
             comps = dict.fromkeys(CATEGORIES, 0)
@@ -275,7 +272,6 @@ class Estimate:
 
     def phase_rows(self) -> list[dict[str, Any]]:
         """Tidy rows of each phase's peak moment on the worst rank (phase, moment, category, item, bytes, formula)."""
-
         rows = []
         for phase, m in self.worst.phase_peaks().items():
             assert phase == phase_of(m.name)

@@ -172,7 +172,6 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
     logit softcapping (``Gemma3ForConditionalGeneration`` never reads it). Trained as Gemma 3's processor feeds it,
     with ``token_type_ids``: image tokens attend to each other both ways, so every layer gets an explicit mask
     (engine/activations/attention.py: SDPA keeps the additive mask and k, v repeated to all heads, per layer)."""
-
     d = GEMMA3_VLM_DEFAULTS
     text_cfg, vision_cfg = sub_config(cfg, "text_config"), sub_config(cfg, "vision_config")
     v_type = vision_cfg.get("model_type", "siglip_vision_model")
