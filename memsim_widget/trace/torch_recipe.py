@@ -7,9 +7,12 @@ from typing import Any
 
 import torch
 
+from memsim_widget.optimizers import OPTIMIZER_IMPLS
+
+#: What the builders below accept: ``traceable.TRACEABLE_PRECISIONS`` / ``TRACEABLE_OPTIMIZERS`` (written again, not
+#: imported: ``traceable`` reads the model catalog, whose calibrated models run this tracer; an import circle).
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
-OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 
 
 def precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
