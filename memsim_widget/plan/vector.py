@@ -726,9 +726,8 @@ def _moment_rows(
                 _added(S.get(f"{rule.name}.{name}"), A.get(f"{rule.name}.{name}"))
                 for name in ("alloc", "long", "loss")
             ]
-        if (
-            rule.only_if == OPTIMIZER_STEPS and not every_step
-        ):  # a row without an optimizer: a moment that cannot win
+        # a row without an optimizer step gets a moment that cannot win
+        if rule.only_if == OPTIMIZER_STEPS and not every_step:
             sums = [np.where(steps, sums[0], -1), np.where(steps, sums[1], 0), np.where(steps, sums[2], 0)]
         out.append((k, *sums))
     return out
@@ -835,9 +834,8 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     x_over |= reaches_saturation(a_parts.values(), x_over.shape[0])
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
-    short = (xkey[:, 1] > 1) & (
-        f < xkey[:, 3]
-    )  # per stage key: a pipeline with fewer in flight than there are
+    # per stage key: a pipeline stage with fewer micro-batches in flight than there are
+    short = (xkey[:, 1] > 1) & (f < xkey[:, 3])
     carried = ((c["grad_accum"] > 1)[cand] | short[x_row]) & (not base.optimizer_in_backward)
     skey, s_idx = _state_key(c, cand, first, last, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
@@ -859,9 +857,9 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
-    comms = sum((x > 1).astype(np.int64) for x in (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"]))[
-        cand
-    ]
+    # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
+    groups_of = (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"])
+    comms = sum((x > 1).astype(np.int64) for x in groups_of)[cand]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     cap = gpu.memory_bytes - outside
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))
