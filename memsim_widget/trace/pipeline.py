@@ -27,9 +27,9 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
 from .cuda_autocast import cuda_like_autocast
-from .run import TraceResult, fakeify_meta
+from .run import TraceResult, fakeify_meta, steady_peak, traced_result
 from .torch_recipe import make_optimizer, precision_dtypes, probe_optimizer
-from .tracker import ROLES, MemoryTracker
+from .tracker import MemoryTracker
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
 #: HF decoders whose ``model`` holds embed_tokens, layers, norm and rotary_emb (the stage module's pieces).
@@ -521,10 +521,7 @@ def _run_steps(
 
 def _summarise(tracker: PipelineTracker, info: dict[str, Any], notes: list[str], top_n: int) -> TraceResult:
     """The steady-state (step 2 on) peak, its roles and largest tensors, as ``trace_training`` reports them."""
-    steady = [s for s in tracker.step_peaks if s >= 2] or [1]
-    s_best = max(steady, key=lambda s: tracker.step_peaks[s]["bytes"])
-    sp = tracker.step_peaks[s_best]
-    s1 = tracker.step_peaks.get(1, sp)
+    s_best, sp = steady_peak(tracker)
     by_role = tracker.by_role_at(sp["seq"])
     if sum(by_role.values()) != sp["bytes"]:
         notes.append(f"internal: by_role sum {sum(by_role.values())} != peak {sp['bytes']}")
@@ -534,25 +531,8 @@ def _summarise(tracker: PipelineTracker, info: dict[str, Any], notes: list[str],
             f"{len(bufs)} pipeline receive buffers ({sum(n for _, n in bufs):,} B; activations from the previous "
             "stage and gradients from the next, one per micro-batch) are counted as input"
         )
-    return TraceResult(
-        peak_bytes=sp["bytes"],
-        peak_phase=sp["phase"],
-        peak_step=s_best,
-        peak_op=sp["op"],
-        peak_module=sp["module"],
-        by_role={k: by_role.get(k, 0) for k in ROLES},
-        step1_peak_bytes=s1["bytes"],
-        step1_peak_phase=s1["phase"],
-        step1_peak_op=s1["op"],
-        timeline=tracker.timeline(2000),
-        top=tracker.top_at(sp["seq"], top_n),
-        parameters=info["parameters"],
-        trainable_parameters=info["trainable"],
-        notes=notes,
-        phase_peaks={f"{s}/{p}": v for (s, p), v in tracker.phase_peaks.items() if p not in ("setup", "end")},
-        marks=tracker.marks,
-        model_state_bytes=info["model_state"],
+    return traced_result(
+        tracker, s_best, by_role, top_n=top_n, parameters=info["parameters"],
+        trainable_parameters=info["trainable"], notes=notes, model_state_bytes=info["model_state"],
         optimizer_impl_used=info["impl"],
-        ops=tracker.op_count,
-        tracker=tracker,
-    )
+    )  # fmt: skip

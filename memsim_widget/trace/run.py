@@ -50,6 +50,47 @@ class TraceResult:
         return {k: v for k, v in self.__dict__.items() if k != "tracker"}
 
 
+def steady_peak(tracker: MemoryTracker) -> tuple[int, dict[str, Any]]:
+    """The steady state's peak: the step with the largest peak of steps 2 on (step 1 when only one ran), and
+    that peak's record."""
+    steady = [s for s in tracker.step_peaks if s >= 2] or [1]
+    step = max(steady, key=lambda s: tracker.step_peaks[s]["bytes"])
+    return step, tracker.step_peaks[step]
+
+
+def traced_result(
+    tracker: MemoryTracker,
+    step: int,
+    by_role: dict[str, int],
+    *,
+    top_n: int,
+    timeline_points: int = 2000,
+    **fields: Any,
+) -> TraceResult:
+    """The ``TraceResult`` of a traced run whose steady-state peak is in ``step`` (``steady_peak``), with the
+    bytes ``by_role`` at that peak; ``fields``: the tracer's own (parameters, notes, model state, ...)."""
+    sp = tracker.step_peaks[step]
+    s1 = tracker.step_peaks.get(1, sp)
+    return TraceResult(
+        peak_bytes=sp["bytes"],
+        peak_phase=sp["phase"],
+        peak_step=step,
+        peak_op=sp["op"],
+        peak_module=sp["module"],
+        by_role={k: by_role.get(k, 0) for k in ROLES},
+        step1_peak_bytes=s1["bytes"],
+        step1_peak_phase=s1["phase"],
+        step1_peak_op=s1["op"],
+        timeline=tracker.timeline(timeline_points),
+        top=tracker.top_at(sp["seq"], top_n),
+        phase_peaks={f"{s}/{p}": v for (s, p), v in tracker.phase_peaks.items() if p not in ("setup", "end")},
+        marks=tracker.marks,
+        ops=tracker.op_count,
+        tracker=tracker,
+        **fields,
+    )
+
+
 def param_groups(params: list[torch.nn.Parameter]) -> list[Any]:
     """``params`` as one group of DTensors and one of plain tensors when they mix (else the plain list).
 
@@ -298,35 +339,14 @@ def _result(
     t0: float,
 ) -> TraceResult:
     """The traced run's summary: the steady-state peak (the largest of steps 2 on), step 1's, and the notes."""
-    steady_steps = [s for s in tracker.step_peaks if s >= 2] or [1]
-    s_best = max(steady_steps, key=lambda s: tracker.step_peaks[s]["bytes"])
-    sp = tracker.step_peaks[s_best]
-    s1 = tracker.step_peaks.get(1, sp)
+    s_best, sp = steady_peak(tracker)
     by_role = tracker.by_role_at(sp["seq"])
     _summary_notes(tracker, sp, by_role, optimizer, impl_used, amp_dtype, notes)
-    return TraceResult(
-        peak_bytes=sp["bytes"],
-        peak_phase=sp["phase"],
-        peak_step=s_best,
-        peak_op=sp["op"],
-        peak_module=sp["module"],
-        by_role={k: by_role.get(k, 0) for k in ROLES},
-        step1_peak_bytes=s1["bytes"],
-        step1_peak_phase=s1["phase"],
-        step1_peak_op=s1["op"],
-        timeline=tracker.timeline(timeline_points),
-        top=tracker.top_at(sp["seq"], top_n),
-        parameters=n_params,
-        trainable_parameters=n_trainable,
-        notes=notes,
-        phase_peaks={f"{s}/{p}": v for (s, p), v in tracker.phase_peaks.items() if p not in ("setup", "end")},
-        marks=tracker.marks,
-        model_state_bytes=model_state,
-        optimizer_impl_used=impl_used,
-        ops=tracker.op_count,
-        seconds=round(time.perf_counter() - t0, 3),
-        tracker=tracker,
-    )
+    return traced_result(
+        tracker, s_best, by_role, top_n=top_n, timeline_points=timeline_points, parameters=n_params,
+        trainable_parameters=n_trainable, notes=notes, model_state_bytes=model_state,
+        optimizer_impl_used=impl_used, seconds=round(time.perf_counter() - t0, 3),
+    )  # fmt: skip
 
 
 def trace_training(
