@@ -46,6 +46,81 @@ function mark(name) {
   perf.mark(`memsim:${name}`);
 }
 
+// js/src/state.js
+var parsed = /* @__PURE__ */ new WeakMap();
+function readTrait(model, key) {
+  const value = model.get(key);
+  if (typeof value !== "string") return value;
+  let cache = parsed.get(model);
+  if (!cache) parsed.set(model, cache = /* @__PURE__ */ new Map());
+  const hit = cache.get(key);
+  if (hit && hit.text === value) return hit.value;
+  const out = value ? JSON.parse(value) : {};
+  cache.set(key, { text: value, value: out });
+  return out;
+}
+function getPath(obj, key) {
+  let cur = obj;
+  for (const part of key.split(".")) {
+    if (cur === null || typeof cur !== "object") return void 0;
+    cur = cur[part];
+  }
+  return cur;
+}
+function setPath(obj, key, value) {
+  const out = structuredClone(obj ?? {});
+  const parts = key.split(".");
+  let cur = out;
+  for (const part of parts.slice(0, -1)) {
+    if (cur[part] === null || typeof cur[part] !== "object") cur[part] = {};
+    cur = cur[part];
+  }
+  cur[parts[parts.length - 1]] = value;
+  return out;
+}
+function viewContext(doc, model) {
+  const disposers = [];
+  const defer = (fn) => disposers.push(fn);
+  return {
+    doc,
+    model,
+    defer,
+    listen(target, type, fn) {
+      target.addEventListener(type, fn);
+      defer(() => target.removeEventListener(type, fn));
+    },
+    onModel(name, fn) {
+      model.on(`change:${name}`, fn);
+      defer(() => model.off(`change:${name}`, fn));
+    },
+    bundle: () => model.get("_vega_js") ?? "",
+    /** Write trait `name` and send it to Python. */
+    save(name, value) {
+      model.set(name, value);
+      model.save_changes();
+    },
+    dispose() {
+      for (const fn of disposers.splice(0)) fn();
+    }
+  };
+}
+
+// js/src/calibration.js
+function calibrationText(calibration) {
+  return `Calibrating ${calibration.model || "the model"} from traces (about a dozen tiny traces, ~30 s the first time): showing the last result until its estimate is ready.`;
+}
+function createCalibrationLine(doc) {
+  return h(doc, "div", { class: "memsim-calibrating", role: "status", hidden: "" });
+}
+function isCalibrating(model) {
+  return (readTrait(model, "calibration") ?? {}).state === "running";
+}
+function showCalibration(line, model) {
+  const running = isCalibrating(model);
+  line.textContent = running ? calibrationText(readTrait(model, "calibration")) : "";
+  line.hidden = !running;
+}
+
 // js/src/charts.js
 var bundles = /* @__PURE__ */ new Map();
 async function importText(src) {
@@ -215,65 +290,6 @@ function wireImageButtons(ctx, buttons, draw) {
       download(ctx.doc, url, `memsim-${name}.${fmt}`);
     });
   }
-}
-
-// js/src/state.js
-var parsed = /* @__PURE__ */ new WeakMap();
-function readTrait(model, key) {
-  const value = model.get(key);
-  if (typeof value !== "string") return value;
-  let cache = parsed.get(model);
-  if (!cache) parsed.set(model, cache = /* @__PURE__ */ new Map());
-  const hit = cache.get(key);
-  if (hit && hit.text === value) return hit.value;
-  const out = value ? JSON.parse(value) : {};
-  cache.set(key, { text: value, value: out });
-  return out;
-}
-function getPath(obj, key) {
-  let cur = obj;
-  for (const part of key.split(".")) {
-    if (cur === null || typeof cur !== "object") return void 0;
-    cur = cur[part];
-  }
-  return cur;
-}
-function setPath(obj, key, value) {
-  const out = structuredClone(obj ?? {});
-  const parts = key.split(".");
-  let cur = out;
-  for (const part of parts.slice(0, -1)) {
-    if (cur[part] === null || typeof cur[part] !== "object") cur[part] = {};
-    cur = cur[part];
-  }
-  cur[parts[parts.length - 1]] = value;
-  return out;
-}
-function viewContext(doc, model) {
-  const disposers = [];
-  const defer = (fn) => disposers.push(fn);
-  return {
-    doc,
-    model,
-    defer,
-    listen(target, type, fn) {
-      target.addEventListener(type, fn);
-      defer(() => target.removeEventListener(type, fn));
-    },
-    onModel(name, fn) {
-      model.on(`change:${name}`, fn);
-      defer(() => model.off(`change:${name}`, fn));
-    },
-    bundle: () => model.get("_vega_js") ?? "",
-    /** Write trait `name` and send it to Python. */
-    save(name, value) {
-      model.set(name, value);
-      model.save_changes();
-    },
-    dispose() {
-      for (const fn of disposers.splice(0)) fn();
-    }
-  };
 }
 
 // js/src/compare.js
@@ -1275,7 +1291,7 @@ function renderResult(doc, views, result = {}) {
 function createOutput(doc) {
   const parts = {
     error: h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" }),
-    calibrating: h(doc, "div", { class: "memsim-calibrating", role: "status", hidden: "" }),
+    calibrating: createCalibrationLine(doc),
     result: createResultViews(doc),
     charts: createChartBlocks(doc),
     trace: createTracePanel(doc),
@@ -1298,9 +1314,6 @@ function createOutput(doc) {
   ]);
   return parts;
 }
-function calibrationText(calibration) {
-  return `Calibrating ${calibration.model || "the model"} from traces (about a dozen tiny traces, ~30 s the first time): showing the last result until its estimate is ready.`;
-}
 function render({ model, el }) {
   mark("render");
   const ctx = viewContext(el.ownerDocument, model);
@@ -1317,18 +1330,17 @@ function render({ model, el }) {
     controls.sync();
     syncJson();
   };
-  const calibrating = () => (readTrait(model, "calibration") ?? {}).state === "running";
+  const markStale = () => out.root.classList.toggle("memsim-stale", Boolean(model.get("error")) || isCalibrating(model));
   const showError = () => {
     const msg = model.get("error") ?? "";
     out.error.textContent = msg ? `${msg}. Showing the last valid result.` : "";
     out.error.hidden = !msg;
-    out.root.classList.toggle("memsim-stale", Boolean(msg) || calibrating());
+    markStale();
     syncAll();
   };
-  const showCalibration = () => {
-    out.calibrating.textContent = calibrating() ? calibrationText(readTrait(model, "calibration")) : "";
-    out.calibrating.hidden = !calibrating();
-    out.root.classList.toggle("memsim-stale", Boolean(model.get("error")) || calibrating());
+  const onCalibration = () => {
+    showCalibration(out.calibrating, model);
+    markStale();
   };
   const showResult = () => renderResult(doc, out.result, readTrait(model, "result") ?? {});
   wireCompare(ctx, out.compare);
@@ -1341,7 +1353,7 @@ function render({ model, el }) {
   wireImageButtons(ctx, out.charts.buttons, charts);
   onModel("headroom", syncAll);
   onModel("error", showError);
-  onModel("calibration", showCalibration);
+  onModel("calibration", onCalibration);
   onModel("error_field", syncAll);
   onModel("result", showResult);
   onModel("options", () => {
@@ -1350,7 +1362,7 @@ function render({ model, el }) {
   });
   wireExport(ctx, out.export)();
   showError();
-  showCalibration();
+  onCalibration();
   showResult();
   trace.show();
   fit.show();
@@ -1366,7 +1378,6 @@ function render({ model, el }) {
 }
 var index_default = { render };
 export {
-  calibrationText,
   index_default as default,
   render
 };

@@ -8,11 +8,12 @@
 //   compare.js       "Pin" and the comparison (`pins`, `comparison`)
 //   trace.js         "Verify with trace" (`trace`, `trace_view`, {type: "verify" | "cancel"})
 //   export.js        the launch-config export (`export`, {type: "export", format})
-//   (here)           "calibrating..." while a calibrated model's first estimate runs in the background
+//   calibration.js   "calibrating..." while a calibrated model's first estimate runs in the background
 //                    (`calibration`)
 //   scenario-json.js the scenario as JSON; state.js, dom.js, format.js: shared helpers
 // The shipped file is js/widget.js, bundled from these sources by esbuild (`scripts/dev build-js`).
 
+import { createCalibrationLine, isCalibrating, showCalibration } from "./calibration.js";
 import { createChartBlocks, drawCharts, showChartBlocks, wireImageButtons } from "./charts.js";
 import { createComparePanel, wireCompare } from "./compare.js";
 import { controlsPanel } from "./controls.js";
@@ -28,7 +29,7 @@ import { createResultViews, renderResult } from "./verdict.js";
 function createOutput(doc) {
   const parts = {
     error: h(doc, "div", { class: "memsim-error", role: "alert", hidden: "" }),
-    calibrating: h(doc, "div", { class: "memsim-calibrating", role: "status", hidden: "" }),
+    calibrating: createCalibrationLine(doc),
     result: createResultViews(doc),
     charts: createChartBlocks(doc),
     trace: createTracePanel(doc),
@@ -42,12 +43,6 @@ function createOutput(doc) {
     parts.trace.root, parts.result.details, parts.json.root, parts.export.root,
   ]);
   return parts;
-}
-
-/** What the "calibrating..." line says while a calibrated model's first estimate runs (`calibration` trait). */
-export function calibrationText(calibration) {
-  return `Calibrating ${calibration.model || "the model"} from traces (about a dozen tiny traces, ~30 s the first `
-    + "time): showing the last result until its estimate is ready.";
 }
 
 /** anywidget entry point: draw the widget into `el`; returns the cleanup function. */
@@ -68,18 +63,18 @@ export function render({ model, el }) {
     controls.sync();
     syncJson();
   };
-  const calibrating = () => (readTrait(model, "calibration") ?? {}).state === "running";
+  // the last result is greyed while an input is rejected or being calibrated
+  const markStale = () => out.root.classList.toggle("memsim-stale", Boolean(model.get("error")) || isCalibrating(model));
   const showError = () => {
     const msg = model.get("error") ?? "";
     out.error.textContent = msg ? `${msg}. Showing the last valid result.` : "";
     out.error.hidden = !msg;
-    out.root.classList.toggle("memsim-stale", Boolean(msg) || calibrating());
+    markStale();
     syncAll();
   };
-  const showCalibration = () => {
-    out.calibrating.textContent = calibrating() ? calibrationText(readTrait(model, "calibration")) : "";
-    out.calibrating.hidden = !calibrating();
-    out.root.classList.toggle("memsim-stale", Boolean(model.get("error")) || calibrating());
+  const onCalibration = () => {
+    showCalibration(out.calibrating, model);
+    markStale();
   };
   const showResult = () => renderResult(doc, out.result, readTrait(model, "result") ?? {});
   // Charts draw after the verdict and table are painted, one per frame: embedding a chart takes tens of
@@ -94,7 +89,7 @@ export function render({ model, el }) {
   wireImageButtons(ctx, out.charts.buttons, charts);
   onModel("headroom", syncAll);
   onModel("error", showError);
-  onModel("calibration", showCalibration);
+  onModel("calibration", onCalibration);
   onModel("error_field", syncAll);
   onModel("result", showResult);
   onModel("options", () => {
@@ -104,7 +99,7 @@ export function render({ model, el }) {
 
   wireExport(ctx, out.export)();
   showError();
-  showCalibration();
+  onCalibration();
   showResult();
   trace.show();
   fit.show();

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { calibrationText, render } from "../../js/src/index.js";
+import { calibrationText } from "../../js/src/calibration.js";
+import { render } from "../../js/src/index.js";
 import { fakeModel, fixtureState, makeDom } from "./fake-model.mjs";
 
 const RUNNING = { state: "running", model: "opt (inline config)", error: "", seconds: 0 };
