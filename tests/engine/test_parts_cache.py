@@ -61,11 +61,15 @@ ACTIVATIONS_IGNORED = {
 }
 
 
+def _merged(base: dict, change: dict) -> dict:
+    """``base`` with ``change`` merged (``parallel`` key by key)."""
+    return {**base, **change, "parallel": {**base.get("parallel", {}), **change.get("parallel", {})}}
+
+
 def _variant(base: dict, change: dict) -> Scenario | None:
-    """``base`` with ``change`` merged (``parallel`` key by key), or None where the engine refuses it."""
-    data = {**base, **change, "parallel": {**base.get("parallel", {}), **change.get("parallel", {})}}
+    """``base`` with ``change`` merged, or None where the engine refuses it."""
     try:
-        sc = Scenario.from_dict(data)
+        sc = Scenario.from_dict(_merged(base, change))
         Context(sc)
         return sc
     except Exception:  # a combination the scenario or the model refuses: nothing to compare
@@ -99,14 +103,19 @@ def test_model_states_do_not_read_the_fields_their_key_leaves_out(field):
     assert compared  # at least one base takes the change
 
 
-def _state_group_sums(ctx: Context, stage) -> tuple:  # type: ignore[no-untyped-def]
-    """Every figure of a rank's model-state groups computed uncached: each group's name, raw and allocated
-    bytes and items, and step 1's persistent group."""
-    groups, first = state_groups(ctx, stage, model_states(ctx, stage), workspace_items(ctx))
+def _group_figures(side: tuple) -> tuple:  # type: ignore[type-arg]
+    """Every figure of a rank's model-state groups (``timeline.state_groups``): each group's name, raw and
+    allocated bytes and items, and step 1's persistent group."""
+    groups, first = side
     return (
         {name: (g.raw, g.allocated, tuple(g.entries)) for name, g in groups.items()},
         None if first is None else (first.raw, first.allocated, tuple(first.entries)),
     )
+
+
+def _state_group_sums(ctx: Context, stage) -> tuple:  # type: ignore[no-untyped-def]
+    """``_group_figures`` of a rank's model-state groups computed uncached."""
+    return _group_figures(state_groups(ctx, stage, model_states(ctx, stage), workspace_items(ctx)))
 
 
 @pytest.mark.parametrize("field", sorted(STATES_IGNORED.keys() - {"grad_accum_steps"}))
@@ -135,13 +144,16 @@ def test_activations_do_not_read_the_fields_their_key_leaves_out(field):
     assert compared
 
 
-def _warm_then(first: dict, second: dict, part):  # type: ignore[no-untyped-def]
-    """``part`` of ``second`` computed through a cache warmed with ``first``, and computed cold."""
+def _assert_told_apart(first: dict, second: dict, part) -> None:  # type: ignore[no-untyped-def]
+    """``part`` of ``second`` is the same computed through a cache warmed with ``first`` as computed cold, and
+    differs from ``first``'s: the key holds the field the two differ in."""
     parts_cache.cache_clear()
     part(Context(Scenario.from_dict(first)))
     warm = part(Context(Scenario.from_dict(second)))
     parts_cache.cache_clear()
-    return warm, part(Context(Scenario.from_dict(second)))
+    assert warm == part(Context(Scenario.from_dict(second)))
+    parts_cache.cache_clear()
+    assert part(Context(Scenario.from_dict(first))) != warm
 
 
 @pytest.mark.parametrize(
@@ -151,15 +163,11 @@ def _warm_then(first: dict, second: dict, part):  # type: ignore[no-untyped-def]
 )
 def test_model_states_cache_tells_apart_scenarios_differing_in_a_key_field(change):
     base = {"model": "llama-3.2-1b", "parallel": {"dp": 8}}
-    second = {**base, **change, "parallel": {**base["parallel"], **change.get("parallel", {})}}
 
     def part(ctx: Context):  # type: ignore[no-untyped-def]
         return parts_cache.cached_model_states(ctx, ctx.stages[0])
 
-    warm, cold = _warm_then(base, second, part)
-    assert warm == cold
-    parts_cache.cache_clear()
-    assert part(Context(Scenario.from_dict(base))) != warm
+    _assert_told_apart(base, _merged(base, change), part)
 
 
 @pytest.mark.parametrize(
@@ -174,11 +182,7 @@ def test_model_states_cache_tells_apart_scenarios_differing_in_a_key_field(chang
 )
 def test_activations_cache_tells_apart_scenarios_differing_in_a_key_field(change):
     base = {"model": "llama-3.2-1b", "seq_len": 512}
-    second = {**base, **change}
-    warm, cold = _warm_then(base, second, parts_cache.cached_activations)
-    assert warm == cold
-    parts_cache.cache_clear()
-    assert parts_cache.cached_activations(Context(Scenario.from_dict(base))) != warm
+    _assert_told_apart(base, {**base, **change}, parts_cache.cached_activations)
 
 
 @pytest.mark.parametrize(
@@ -188,16 +192,12 @@ def test_activations_cache_tells_apart_scenarios_differing_in_a_key_field(change
 )
 def test_activation_groups_cache_tells_apart_scenarios_differing_in_a_key_field(change):
     base = {"model": "llama-3.2-1b", "seq_len": 512, "parallel": {"pp": 2, "pp_microbatches": 2}}
-    second = {**base, **change}
 
     def part(ctx: Context) -> dict[str, tuple[int, int, int]]:
         groups = parts_cache.cached_activation_groups(ctx, ctx.stages[0])
         return {name: (g.raw, g.allocated, len(g.entries)) for name, g in groups.items()}
 
-    warm, cold = _warm_then(base, second, part)
-    assert warm == cold
-    parts_cache.cache_clear()
-    assert part(Context(Scenario.from_dict(base))) != warm
+    _assert_told_apart(base, {**base, **change}, part)
 
 
 @pytest.mark.parametrize(
@@ -212,17 +212,11 @@ def test_activation_groups_cache_tells_apart_scenarios_differing_in_a_key_field(
 )
 def test_state_groups_cache_tells_apart_scenarios_differing_in_a_key_field(change):
     base = {"model": "llama-3.2-1b", "seq_len": 512, "parallel": {"pp": 2, "pp_microbatches": 2}}
-    second = {**base, **change, "parallel": {**base["parallel"], **change.get("parallel", {})}}
 
     def part(ctx: Context) -> tuple:  # type: ignore[type-arg]
-        groups, first = parts_cache.cached_state_groups(ctx, ctx.stages[0])
-        figures = {name: (g.raw, g.allocated, tuple(g.entries)) for name, g in groups.items()}
-        return figures, None if first is None else (first.raw, first.allocated, tuple(first.entries))
+        return _group_figures(parts_cache.cached_state_groups(ctx, ctx.stages[0]))
 
-    warm, cold = _warm_then(base, second, part)
-    assert warm == cold
-    parts_cache.cache_clear()
-    assert part(Context(Scenario.from_dict(base))) != warm
+    _assert_told_apart(base, _merged(base, change), part)
 
 
 @pytest.mark.parametrize(
@@ -234,11 +228,7 @@ def test_trainable_parameters_cache_tells_apart_scenarios_differing_in_a_key_fie
     base = {"model": "llava-1.5-7b", "seq_len": 256, "method": "lora"}
     if "method" in change:
         base = {"model": "llava-1.5-7b", "seq_len": 256}
-    second = {**base, **change}
-    warm, cold = _warm_then(base, second, parts_cache.cached_trainable_parameters)
-    assert warm == cold
-    parts_cache.cache_clear()
-    assert parts_cache.cached_trainable_parameters(Context(Scenario.from_dict(base))) != warm
+    _assert_told_apart(base, {**base, **change}, parts_cache.cached_trainable_parameters)
 
 
 def test_an_estimate_with_warm_parts_equals_a_cold_one_item_for_item():
