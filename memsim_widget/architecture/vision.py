@@ -23,7 +23,8 @@ its own (its layers at scope ``layer``), which engine/vision.py runs the activat
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from memsim_widget.architecture.config_keys import (
@@ -63,6 +64,16 @@ def error_under(err: ScenarioError, key: str) -> ScenarioError:
     """The same error, its field moved under ``model.<key>.`` (sub-config keys are read as ``model.x``)."""
     field = err.field.removeprefix("model.")
     return ScenarioError(f"model.{key}.{field}", err.message)
+
+
+@contextlib.contextmanager
+def errors_under(key: str) -> Iterator[None]:
+    """Inside the block (reading a sub-config), a ScenarioError is raised again with its field under
+    ``model.<key>.`` (``error_under``)."""
+    try:
+        yield
+    except ScenarioError as e:
+        raise error_under(e, key) from None
 
 
 def clip_encoder_layers(

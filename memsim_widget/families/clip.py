@@ -35,11 +35,10 @@ from memsim_widget.architecture.vision import (
     TOWER_REQUIRED,
     clip_encoder_layers,
     clip_vision_tower,
-    error_under,
+    errors_under,
     sub_config,
     tower_architecture,
 )
-from memsim_widget.errors import ScenarioError
 
 #: transformers 5.24 ``CLIPTextConfig`` defaults for the non-structural keys.
 CLIP_TEXT_DEFAULTS: dict[str, Any] = {
@@ -78,15 +77,11 @@ def build_clip(cfg: Mapping[str, Any]) -> Architecture:
     ``logit_scale``. The engine's layers are the text tower's; the vision tower rides in ``extra["vision"]``."""
     text_cfg, vision_cfg = sub_config(cfg, "text_config"), sub_config(cfg, "vision_config")
     proj = read_int(cfg, "projection_dim", CLIP_DEFAULTS["projection_dim"])
-    try:
+    with errors_under("text_config"):
         t_groups, vocab, pos = _text_tower(text_cfg, "text_model.")
         t_arch = tower_architecture("clip", text_cfg, t_groups, causal=True, seq=None)
-    except ScenarioError as e:
-        raise error_under(e, "text_config") from None
-    try:
+    with errors_under("vision_config"):
         v_groups, tower = clip_vision_tower(vision_cfg, "vision_model.")
-    except ScenarioError as e:
-        raise error_under(e, "vision_config") from None
     heads_ = [
         *linear_params("visual_projection", "head", proj, tower.hidden_size, bias=False, parallel=None,
                  module="visual_projection", scope="post", stack="vision"),

@@ -36,7 +36,7 @@ from memsim_widget.architecture.config_keys import layer_kinds, read_bool, read_
 from memsim_widget.architecture.decoder import build_decoder
 from memsim_widget.architecture.layers import qk_norm_params
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
-from memsim_widget.architecture.vision import error_under, siglip_vision_tower, sub_config
+from memsim_widget.architecture.vision import errors_under, siglip_vision_tower, sub_config
 from memsim_widget.errors import ScenarioError
 
 #: transformers 5.24 ``Gemma3TextConfig`` defaults (structural keys stay required: ``REQUIRED_KEYS``).
@@ -179,14 +179,10 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
         raise ScenarioError(
             "model.vision_config.model_type", f"{v_type!r}: Gemma 3's tower is siglip_vision_model"
         )
-    try:
+    with errors_under("text_config"):
         lm = build_gemma3_text({**text_cfg, "model_type": "gemma3_text"})
-    except ScenarioError as e:
-        raise error_under(e, "text_config") from None
-    try:
+    with errors_under("vision_config"):
         v_groups, tower = siglip_vision_tower(vision_cfg, "model.vision_tower.")
-    except ScenarioError as e:
-        raise error_under(e, "vision_config") from None
     tokens = read_int(cfg, "mm_tokens_per_image", d["mm_tokens_per_image"])
     side, grid = math.isqrt(tokens), tower.extra["image_size"] // tower.extra["patch_size"]
     if side * side != tokens or grid % side:

@@ -24,7 +24,7 @@ from typing import Any
 from memsim_widget.architecture.layers import linear_params
 from memsim_widget.architecture.llama4_vision import llama4_vision_tower
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
-from memsim_widget.architecture.vision import error_under, sub_config
+from memsim_widget.architecture.vision import errors_under, sub_config
 from memsim_widget.errors import ScenarioError
 from memsim_widget.families.llama4 import build_llama4_text
 
@@ -56,17 +56,13 @@ def build_llama4(cfg: Mapping[str, Any]) -> Architecture:
         raise ScenarioError(
             "model.vision_config.model_type", f"{v_type!r}: Llama 4 takes llama4_vision_model"
         )
-    try:
+    with errors_under("text_config"):
         lm = build_llama4_text({**text_cfg, "model_type": "llama4_text"})
-    except ScenarioError as e:
-        raise error_under(e, "text_config") from None
-    try:
+    with errors_under("vision_config"):
         v_groups, tower, sizes = llama4_vision_tower(vision_cfg, "vision_model.")
         v_out = vision_cfg.get("vision_output_dim", 7680)
         projector = linear_params("multi_modal_projector.linear_1", "mlp", lm.hidden_size, v_out, bias=False,
                                   parallel=None, module="linear_1", scope="pre", stack="projector")  # fmt: skip
-    except ScenarioError as e:
-        raise error_under(e, "vision_config") from None
     if v_out != sizes["out"]:
         raise ScenarioError(
             "model.vision_config.vision_output_dim",

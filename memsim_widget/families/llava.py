@@ -23,7 +23,7 @@ from typing import Any
 from memsim_widget.architecture.config_keys import read_bool, read_str
 from memsim_widget.architecture.layers import activation_label, linear_params
 from memsim_widget.architecture.types import FAMILIES, Architecture, ParamGroup, register_family
-from memsim_widget.architecture.vision import clip_vision_tower, error_under, sub_config
+from memsim_widget.architecture.vision import clip_vision_tower, errors_under, sub_config
 from memsim_widget.errors import ScenarioError
 
 #: transformers 5.24 ``LlavaConfig`` defaults.
@@ -86,14 +86,10 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
             "model.vision_config.model_type",
             f"{v_type!r} is not simulated (only the CLIP vision tower of LLaVA 1.5 is); supported: {', '.join(VISION_TYPES)}",
         )
-    try:
+    with errors_under("text_config"):
         lm = FAMILIES[t_type]({**text_cfg, "model_type": t_type})
-    except ScenarioError as e:
-        raise error_under(e, "text_config") from None
-    try:
+    with errors_under("vision_config"):
         v_groups, tower = clip_vision_tower(vision_cfg, "model.vision_tower.")
-    except ScenarioError as e:
-        raise error_under(e, "vision_config") from None
     strategy = read_str(cfg, "vision_feature_select_strategy", d["vision_feature_select_strategy"])
     if strategy not in ("default", "full"):
         raise ScenarioError(

@@ -33,7 +33,7 @@ from typing import Any
 from memsim_widget.architecture.config_keys import read_bool, read_int, read_str
 from memsim_widget.architecture.layers import activation_label, linear_params, norm_params
 from memsim_widget.architecture.types import FAMILIES, Architecture, ParamGroup, register_family
-from memsim_widget.architecture.vision import error_under, sub_config
+from memsim_widget.architecture.vision import error_under, errors_under, sub_config
 from memsim_widget.errors import ScenarioError
 
 #: transformers 5.24 ``Qwen2VLVisionConfig`` / ``Qwen2_5_VLVisionConfig`` defaults.
@@ -259,13 +259,11 @@ def _build(cfg: Mapping[str, Any], v25: bool) -> Architecture:
         lm = FAMILIES["qwen2"](text_cfg)
     except ScenarioError as e:
         raise (error_under(e, "text_config") if "text_config" in cfg else e) from None
-    try:
+    with errors_under("vision_config"):
         d = QWEN2_5_VL_VISION_DEFAULTS if v25 else QWEN2_VL_VISION_DEFAULTS
         out_key = "out_hidden_size" if v25 else "hidden_size"
         out_hidden = read_int(vision_cfg, out_key, d[out_key])
         v_groups, merger, t = _tower(vision_cfg, v25, out_hidden)
-    except ScenarioError as e:
-        raise error_under(e, "vision_config") from None
     if out_hidden != lm.hidden_size:
         raise ScenarioError(
             f"model.vision_config.{out_key}",
