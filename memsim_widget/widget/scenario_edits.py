@@ -59,10 +59,16 @@ def with_frozen_model(data: Mapping[str, Any]) -> dict[str, Any]:
 def keep_known(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` without unknown keys (top level, ``parallel``, ``lora``): no control can show or remove them. An
     inline model config is plain JSON data again (``with_frozen_model`` froze it)."""
-    # optional keys too: a rejected checkpoint_every must stay visible, or the error could not be cleared
-    out = {k: v for k, v in data.items() if k in _default_dict() or k in OPTIONAL_KEYS}
+    out = _known(data)
     if "model" in out:
         out["model"] = thaw(out["model"])
+    return out
+
+
+def _known(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``keep_known`` without thawing the model config (for which keys are known)."""
+    # optional keys too: a rejected checkpoint_every must stay visible, or the error could not be cleared
+    out = {k: v for k, v in data.items() if k in _default_dict() or k in OPTIONAL_KEYS}
     for section in _NESTED:
         if isinstance(out.get(section), Mapping):
             allowed = [f.name for f in fields(RLConfig)] if section == "rl" else _default_dict()[section]
@@ -86,7 +92,7 @@ def drop_carried_unknown(
     """``data`` without the unknown keys it carries over unchanged from the rejected input on show (``as_typed``):
     an edit of another control builds on what is shown, and should not fail again on a key it did not type.
     A key typed again (in ``explicit``, or with another value) stays, for the scenario check to name."""
-    known = keep_known(data)
+    known = _known(data)
     out = dict(data)
     for key, value in data.items():
         if key not in known and key not in explicit and key in shown and shown[key] == value:
