@@ -245,7 +245,8 @@ def act_row(scenario: Scenario) -> ActRow:
 # ----- the candidate frame ---------------------------------------------------------------------------------
 @dataclass
 class Evaluation:
-    """Per-candidate figures, equal to ``estimate(candidate_scenario(...))``'s worst rank."""
+    """Per-candidate figures, equal to ``estimate(candidate_scenario(...))``'s headline (per counter the
+    worst stage; the peak moment and worst stage those of the largest device total)."""
 
     peak_allocated_bytes: np.ndarray
     peak_reserved_bytes: np.ndarray
@@ -872,7 +873,9 @@ def _worst_ranks(
     cand: np.ndarray, stage: np.ndarray, peak_alloc: np.ndarray, reserved: np.ndarray, device: np.ndarray,
     peak_m: np.ndarray, row_over: np.ndarray,
 ) -> Evaluation:  # fmt: skip
-    """The worst rank of each candidate (the largest device total; the first of equals, as max() picks)."""
+    """Each candidate's headline: per counter the largest figure over its stages (``Estimate.worst_for``);
+    the worst rank (peak moment, worst stage) is the one with the largest device total, the first of equals
+    as max() picks."""
     nrows = cand.shape[0]
     starts = np.flatnonzero(np.r_[True, cand[1:] != cand[:-1]])
     best = np.maximum.reduceat(device, starts)
@@ -880,8 +883,8 @@ def _worst_ranks(
     pick = np.minimum.reduceat(order, starts)
     over = np.logical_or.reduceat(row_over, starts)
     return Evaluation(
-        peak_allocated_bytes=np.where(over, OVERFLOW_BYTES, peak_alloc[pick]),
-        peak_reserved_bytes=np.where(over, OVERFLOW_BYTES, reserved[pick]),
+        peak_allocated_bytes=np.where(over, OVERFLOW_BYTES, np.maximum.reduceat(peak_alloc, starts)),
+        peak_reserved_bytes=np.where(over, OVERFLOW_BYTES, np.maximum.reduceat(reserved, starts)),
         device_total_bytes=np.where(over, OVERFLOW_BYTES, device[pick]),
         peak_moment=peak_m[pick],
         worst_stage=stage[pick],
