@@ -23,6 +23,8 @@ STATE_GROUPS = (
     "gathered",  # the FSDP units gathered during backward
     "gathered_grads",  # their unsharded gradients before the reduce-scatter
     "step_in_backward",  # optimizer-in-backward: the step's temporaries during backward
+    "root_reduce",  # FSDP2's root unit in its reduce-scatter: its unsharded gradients and the reduce input
+    "grads_but_root",  # ... beside every gradient but the root unit's own shard (not made yet)
     "grads_but_bottom",  # every gradient but layer 0's and the embeddings'
     "grads",  # every gradient
     "step_persistent",  # parameters and optimizer states at the optimizer step (they exist from step 1 on)
@@ -106,6 +108,9 @@ MOMENT_TABLE = (
             ("grads", "held_logits", "cache_all", "bottom_backward"),
         ),
     ),
+    # FSDP2's last reduce-scatter, the root unit's (embeddings, final norm, head): its unsharded gradients
+    # and the reduce input, every activation freed (engine/states/gathered._root_reduce)
+    MomentRule("root_reduce_scatter", live=(*_COMMON, "grads_but_root", "root_reduce", "held_logits")),
     # the optimizer step: states, gradients and the step's temporaries; activations freed
     MomentRule(
         "optimizer_step",

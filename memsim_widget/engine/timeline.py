@@ -169,6 +169,8 @@ def _state_groups(
         "gathered": states.gathered,
         "gathered_grads": states.gathered_grads,
         "step_in_backward": states.step_temps if sc.optimizer_in_backward else [],
+        "root_reduce": states.root_reduce,
+        "grads_but_root": states.grads_but_root if states.root_reduce else states.grads,
         "grads_but_bottom": states.grads_but_bottom,
         "grads": states.grads,
         "step_persistent": persistent,

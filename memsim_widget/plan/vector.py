@@ -88,7 +88,8 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
 #: The ``StateBudget`` lists a state row reduces to sums (``step_temps``: the tensor-level ones).
 STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
-               "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last")  # fmt: skip
+               "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
+               "grads_but_root")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, and whether
 #: gradients are carried between micro-batches (engine/timeline ``grads_carried``).
 STATE_KEY = ("tp", "ep", "dp", "cp", "zero", "optimizer", "offload", "pp", "first", "last", "carried")
@@ -119,6 +120,8 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
         [i for i in st.step_temps if i.level == "tensor"],
         st.kept_unsharded,
         st.kept_unsharded_last,
+        st.root_reduce,
+        st.grads_but_root if st.root_reduce else st.grads,
     )
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
     outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
@@ -191,6 +194,8 @@ def _state_side(
         "gathered": g["gathered"],
         "gathered_grads": g["gathered_grads"],
         "step_in_backward": g["step_temps_all"] if base.optimizer_in_backward else np.zeros_like(g["grads"]),
+        "root_reduce": g["root_reduce"],
+        "grads_but_root": g["grads_but_root"],
         "grads_but_bottom": g["grads_but_bottom"],
         "grads": g["grads"],
         "step_persistent": g["persistent"],  # the steady state: optimizer states exist

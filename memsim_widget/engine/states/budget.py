@@ -36,6 +36,10 @@ class StateBudget:
     grads_but_bottom: list[Item] = field(default_factory=list)  # all but layer 0's and the embeddings'
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
     gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
+    # FSDP2's reduce-scatter of the root unit (last in backward): its unsharded gradients and the reduce
+    # input, beside every gradient but the root's own shard (empty without FSDP2 on a root)
+    root_reduce: list[Item] = field(default_factory=list)
+    grads_but_root: list[Item] = field(default_factory=list)
     # FSDP2 without reshard after forward: the unsharded layers kept from their forward to their backward --
     # all but the last layer (which becomes the layer in backward) and that last one
     kept_unsharded: list[Item] = field(default_factory=list)

@@ -96,6 +96,8 @@ def _fsdp2_units(
     )
     if not ctx.par.reshard_after_forward:
         _kept_unsharded(b, per_layer, wb, stage_layers)
+    if ctx.full_training and root:
+        _root_reduce(ctx, b, root, grad_b, wb)
     if ctx.full_training:
         b.gathered_grads.append(
             Item(
@@ -107,6 +109,47 @@ def _fsdp2_units(
                 1,
             )
         )
+
+
+def _root_reduce(ctx: Context, b: StateBudget, root: int, grad_b: int, wb: int) -> None:
+    """The root unit's reduce-scatter, the last of backward (embeddings, final norm and head: with a real
+    vocabulary the largest unit by far). FSDP2's ``FSDPParamGroup.post_backward`` takes the unsharded
+    gradients, reshards the parameters, then ``foreach_reduce`` allocates the reduce-scatter input (the root's
+    numel in ``reduce_dtype``) and copies the gradients in before it frees them: both are alive at once, while
+    the root's new gradient shard does not exist yet (torch ``distributed/fsdp/_fully_shard/
+    _fsdp_param_group.py`` ``post_backward`` and ``_fsdp_collectives.py`` ``foreach_reduce``, torch 2.13;
+    traced: docs/fidelity-parallel.md)."""
+    dp = ctx.par.dp * ctx.par.cp
+    b.root_reduce += [
+        Item(
+            "gradients",
+            "FSDP2 unsharded gradients of the root unit (before its reduce-scatter)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B (param_dtype)",
+            "tensor",
+            3,
+        ),
+        Item(
+            "gradients",
+            "FSDP2 reduce-scatter input of the root unit",
+            root * grad_b,
+            f"{fmt_int(root)} params x {grad_b} B (reduce_dtype)",
+            "tensor",
+            1,
+        ),
+    ]
+    own = root * grad_b // dp
+    b.grads_but_root = [
+        *b.grads[1:],
+        Item(
+            "gradients",
+            "gradients (all but the root unit's shard, still to come)",
+            max(0, b.grads[0].bytes - own) if b.grads else 0,
+            f"gradients - {fmt_int(root)} root params x {grad_b} B / {dp}",
+            "tensor",
+            max(1, b.grads[0].tensors - 3) if b.grads else 1,
+        ),
+    ]
 
 
 def _deepspeed_units(
