@@ -53,6 +53,11 @@ class StateBudget:
     params_local: int = 0
 
 
+def tp_split(ctx: Context, g: ParamGroup) -> bool:
+    """Whether the tensor-parallel plan splits this parameter group (a DTensor sharded over tp)."""
+    return g.tp_dim is not None and ctx.par.tp > 1 and (g.kind != "embedding" or embedding_split(ctx))
+
+
 def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
     """The parameter groups held by ``stage``, split by tensor and expert parallelism."""
     arch, par = ctx.arch, ctx.par
@@ -67,7 +72,7 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
         if g.expert and par.ep > 1:
             count //= par.ep
         shape = list(g.shape)
-        if g.tp_dim is not None and par.tp > 1 and (g.kind != "embedding" or embedding_split(ctx)):
+        if tp_split(ctx, g):
             shape[g.tp_dim] = -(-shape[g.tp_dim] // par.tp)
         if count:
             out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))
