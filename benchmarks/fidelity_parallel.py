@@ -95,7 +95,12 @@ LEARNED = [
     "(3) DTensor's `embedding_dense_backward` has no row-sharded strategy: a vocab-sharded embedding's "
     "gradient is `Partial` with a full V x h local tensor, kept as `.grad` until `zero_grad` when no FSDP "
     "redistributes it (`engine/states/gradients.partial_embedding_grad`; torch 2.13 "
-    "`distributed/tensor/_ops/_embedding_ops.py`). Before: -6.6% (V128k torchtitan tp2).",
+    "`distributed/tensor/_ops/_embedding_ops.py`). Before: -6.6% (V128k torchtitan tp2). (4) With an explicit "
+    "`reshard_after_forward=True` FSDP2 reshards the root after forward too (it keeps the root gathered "
+    "only when the flag is left to its default: torch 2.13 `_fsdp_state._lazy_init`), so the root's "
+    "pre-backward all-gather runs beside every saved activation, its all-gather output and the unsharded "
+    "copy alive at once (moment `backward_regather`, `engine/states/gathered._root_regather`). Before: "
+    "-10.8% (V256k bf16 dp4).",
     "- **Pipeline schedules at real vocabularies** (1F1B and interleaved, last and first stages, 2+ "
     "micro-batches in flight, b2 s4096 too): within 0.3% with the stage-output rules above. These traces "
     "call `schedule.step(return_outputs=False)` as torchtitan does; PyTorch's default `return_outputs=True` "
@@ -112,14 +117,10 @@ KNOWN_GAPS = [
     "- **torchtitan without FSDP** (tp or pp alone, `precision: amp-bf16`): torchtitan's `maybe_enable_amp` "
     "runs neither FSDP's mixed precision nor autocast when TP/PP is on without FSDP, so the step computes in "
     "fp32; the engine assumes bf16 activations and an fp32 upcast of the logits (V128k tp2 b2 s4096: -3.4%).",
-    "- **dp x tp with FSDP2 at a real vocabulary** (V128k torchtitan dp2 x tp2): FSDP2 redistributes the "
-    "embedding's `Partial` gradient to `Shard(0)` over tp inside `post_backward`, and the root's "
-    "reduce-scatter output is allocated while one unsharded head gradient is still alive; the engine's "
-    "root reduce-scatter counts neither (-6.1%).",
-    "- **FSDP2's root re-gathered at the start of backward** (V256k bf16 dp4): the root unit was resharded "
-    "after forward and its pre-backward all-gather holds the all-gather output (root numel x param bytes) "
-    "beside the unsharded root while the loss's log-softmax is still saved; the engine holds a layer-sized "
-    "all-gather output there (-9.9%).",
+    "- **dp x tp with FSDP2 at a real vocabulary** (V128k torchtitan dp2 x tp2): the trace allocates the root's "
+    "reduce-scatter output while one V/tp x h unsharded gradient of the root is still referenced; which "
+    "object holds it was not found in the source, so the engine counts it as traced (the largest root "
+    "tensor's unsharded gradient, dp x tp only: `engine/states/gathered._root_reduce`). Before: -8.2%.",
 ]
 
 #: What this process cannot trace, and why (the trace refuses these with the same words).

@@ -71,3 +71,18 @@ def test_vocab_sharded_embedding_keeps_a_full_vocabulary_partial_gradient_withou
     assert not any("Partial" in i.item for i in _states({"parallel": {"tp": 4}}).grads)
     last = _states({**tt, "parallel": {"tp": 2, "pp": 2}}, stage=1)
     assert not any("Partial" in i.item for i in last.grads)
+
+
+def test_fsdp2_root_regathered_for_backward_holds_the_unsharded_root_and_its_all_gather_output():
+    st = _states({"precision": "bf16", "parallel": {"dp": 4, "zero": 3}})
+    assert [i.bytes for i in st.root_regather] == [ROOT * 2, ROOT * 2]
+    kept = _states({"precision": "bf16", "parallel": {"dp": 4, "zero": 3, "reshard_after_forward": False}})
+    assert kept.root_regather == []  # the root stays gathered from its forward to its backward
+
+
+def test_dp_x_tp_root_reduce_scatter_output_beside_one_unsharded_root_gradient():
+    tt = {"precision": "amp-bf16", "framework": "torchtitan"}
+    st = _states({**tt, "parallel": {"dp": 2, "tp": 2, "zero": 3, "sequence_parallel": True}})
+    root = 2 * (V // 2) * H + H  # embedding and head split by tp (vocab), the final norm whole
+    assert [i.bytes for i in st.root_reduce_out] == [root * 4, root * 4 // 2, V // 2 * H * 2]
+    assert _states({**tt, "parallel": {"dp": 4, "zero": 3}}).root_reduce_out == []

@@ -39,7 +39,11 @@ class StateBudget:
     # FSDP2's reduce-scatter of the root unit (last in backward): its unsharded gradients and the reduce
     # input, beside every gradient but the root's own shard (empty without FSDP2 on a root)
     root_reduce: list[Item] = field(default_factory=list)
+    # FSDP2's root unit re-gathered at the start of backward (resharded after forward): the unsharded root
+    # and its all-gather output, before the next all-gather frees the latter
+    root_regather: list[Item] = field(default_factory=list)
     grads_but_root: list[Item] = field(default_factory=list)
+    root_reduce_out: list[Item] = field(default_factory=list)  # ... later: the input and the output
     # FSDP2 without reshard after forward: the unsharded layers kept from their forward to their backward --
     # all but the last layer (which becomes the layer in backward) and that last one
     kept_unsharded: list[Item] = field(default_factory=list)

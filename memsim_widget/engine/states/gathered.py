@@ -19,8 +19,9 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
     if z >= 3 and (dp > 1 or fetched):
         per_layer = sum(g.numel for g in groups if g.group.scope == "layer") // max(stage.layers, 1)
         root = sum(g.numel for g in groups if g.group.scope != "layer")
+        largest = max((g.numel_each for g in groups if g.group.scope != "layer"), default=0)
         if profile(ctx).zero3 == "fsdp2" and not fetched:
-            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers)
+            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers, largest)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
 
@@ -52,7 +53,13 @@ def _kept_unsharded(b: StateBudget, per_layer: int, wb: int, layers: int) -> Non
 
 
 def _fsdp2_units(
-    ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b: int, stage_layers: int = 1
+    ctx: Context,
+    b: StateBudget,
+    per_layer: int,
+    root: int,
+    grad_b: int,
+    stage_layers: int = 1,
+    root_largest: int = 0,
 ) -> None:
     """FSDP2 ``fully_shard`` per layer and on the root (torchtitan's wrapping), as its trace shows.
 
@@ -73,6 +80,8 @@ def _fsdp2_units(
                 3,
             )
         )
+    if root and ctx.par.reshard_after_forward:
+        _root_regather(b, root, wb)
     if ctx.par.reshard_after_forward:  # without it no all-gather output outlives its copy-out (traced)
         b.gathered.append(
             Item(
@@ -97,7 +106,7 @@ def _fsdp2_units(
     if not ctx.par.reshard_after_forward:
         _kept_unsharded(b, per_layer, wb, stage_layers)
     if ctx.full_training and root:
-        _root_reduce(ctx, b, root, grad_b, wb)
+        _root_reduce(ctx, b, root, grad_b, wb, root_largest)
     if ctx.full_training:
         b.gathered_grads.append(
             Item(
@@ -111,7 +120,33 @@ def _fsdp2_units(
         )
 
 
-def _root_reduce(ctx: Context, b: StateBudget, root: int, grad_b: int, wb: int) -> None:
+def _root_regather(b: StateBudget, root: int, wb: int) -> None:
+    """The root unit gathered again when backward starts. With an explicit ``reshard_after_forward=True`` the
+    root reshards after its forward too (FSDP2 keeps the root gathered only when the flag is left to its
+    default: torch 2.13 ``_fsdp_state._lazy_init``, ``_auto_reshard_after_forward``), so its pre-backward
+    all-gather runs while every saved activation is alive; the all-gather output and the unsharded copy it is
+    copied out to coexist until the next all-gather (``AllGatherState``). Traced: docs/fidelity-parallel.md."""
+    b.root_regather += [
+        Item(
+            "parameters",
+            "FSDP2 root unit re-gathered for backward (unsharded)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B",
+            "tensor",
+            3,
+        ),
+        Item(
+            "parameters",
+            "FSDP2 all-gather output of the root unit (until the next all-gather)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B",
+            "tensor",
+            1,
+        ),
+    ]
+
+
+def _root_reduce(ctx: Context, b: StateBudget, root: int, grad_b: int, wb: int, largest: int) -> None:
     """The root unit's reduce-scatter, the last of backward (embeddings, final norm and head: with a real
     vocabulary the largest unit by far). FSDP2's ``FSDPParamGroup.post_backward`` takes the unsharded
     gradients, reshards the parameters, then ``foreach_reduce`` allocates the reduce-scatter input (the root's
@@ -139,6 +174,29 @@ def _root_reduce(ctx: Context, b: StateBudget, root: int, grad_b: int, wb: int) 
         ),
     ]
     own = root * grad_b // dp
+    if ctx.par.tp > 1 and largest:
+        # dp x tp: when the reduce-scatter output is allocated, after the copy-in cleared the unsharded
+        # gradients, one of the root's (local) unsharded gradients is still referenced (seen in the trace, its
+        # owner not identified in the source: counted as the largest root tensor's)
+        b.root_reduce_out += [
+            b.root_reduce[1],
+            Item(
+                "gradients",
+                "FSDP2 reduce-scatter output of the root unit (its gradient shard)",
+                own,
+                f"{fmt_int(root)} params x {grad_b} B / {dp}",
+                "tensor",
+                1,
+            ),
+            Item(
+                "gradients",
+                "an unsharded root gradient still referenced (dp x tp, traced)",
+                largest * wb,
+                f"largest root tensor {fmt_int(largest)} x {wb} B",
+                "tensor",
+                1,
+            ),
+        ]
     b.grads_but_root = [
         *b.grads[1:],
         Item(
