@@ -239,6 +239,20 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
         _real(
             "V152k qwen2.5 bf16 pp2 1f1b m4 stage 1 (last)", QWEN25_V152K, {"pp": 2, "pp_microbatches": 4}, 1
         ),
+        _real(
+            "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last) return_outputs",
+            LLAMA3_V128K,
+            {"pp": 2, "pp_microbatches": 4},
+            1,
+            output_lifetime="step",
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m4 stage 1 (last) return_outputs",
+            four,
+            inter,
+            1,
+            output_lifetime="step",
+        ),
     ]
 
 

@@ -20,7 +20,13 @@ from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
 from memsim_widget.engine.lazy_items import ItemGroup, LazyItem, built
 from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
-from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
+from memsim_widget.engine.pipeline import (
+    loss_micro_batches,
+    outputs_held,
+    outputs_through_step,
+    pending_sends,
+    receive_buffers,
+)
 from memsim_widget.engine.states import StateBudget
 from memsim_widget.units import fmt_int
 
@@ -249,8 +255,13 @@ def _activation_groups(
     )
     # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
     # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
-    held_logits = _scaled(acts.output_logits, last, "")
+    # (a pipeline's loop gets the output only from the schedule, after backward: engine/pipeline)
+    held_logits = _scaled(acts.output_logits, last if ctx.par.pp == 1 else 0, "")
     cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
+    n_step = outputs_through_step(ctx, stage)
+    returned = _scaled(
+        acts.pp_logits, n_step, f"{n_step} micro-batch outputs (kept chunks and their concatenation)"
+    )
     return {
         "stage_io": stage_io,
         "receive_buffers": recv,
@@ -269,7 +280,7 @@ def _activation_groups(
         "cache_all": cache_all,
         # calibrated models only
         "bottom_backward": _scaled(acts.bottom_backward, 1 if stage.first else 0, "", "temporaries"),
-        "held_through_step": held_logits + cache_all if acts.output_through_step else [],
+        "held_through_step": held_logits + returned + cache_all if acts.output_through_step else [],
         **_saved_groups(ctx, stage, acts, f),
     }
 

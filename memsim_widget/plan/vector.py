@@ -594,7 +594,11 @@ def _activation_side(
     n_loss = np.where(xlast, np.where(piped & (par0.pp_schedule == "gpipe"), xm, 1), 0).astype(np.float64)
     n_recv = np.where(piped, xm * (2 * v - xfirst.astype(np.int64) - xlast.astype(np.int64)), 0)
     n_send = (piped & (xm > 1) & (~xfirst | (v > 1))).astype(np.float64)
-    n_out = np.where(piped, np.where(xlast, n_loss, f), 0.0)
+    through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
+    # engine/pipeline.returns_outputs: the last stage keeps every micro-batch's output, and at the step
+    # their concatenation too
+    n_out = np.where(piped, np.where(xlast, xm if through_step else n_loss, f), 0.0)
+    n_step = np.where(piped & xlast, 2 * xm, 0).astype(np.float64) if through_step else zeros
     recv = scaled("pp_buffer", n_recv.astype(np.float64))
     out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
     resident = np.minimum(layers * f, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else layers * f
@@ -602,7 +606,7 @@ def _activation_side(
     if base.activation_offloading:
         first_n = np.where(resident < layers * f, 0.0, first_n)
     fl = layers.astype(np.float64)
-    held_logits = np.where(on_last, K["held_logits"][xa], 0)
+    held_logits = np.where(on_last & ~piped[:, None], K["held_logits"][xa], 0)
     cache_all = scaled("output_cache", fl)
     if base.activation_offloading:
         rest = np.zeros((nx, NSTAT), dtype=np.int64)
@@ -610,7 +614,6 @@ def _activation_side(
         rest = np.where(
             (f > 1)[:, None], scaled("kept", layers * (f - 1), np.where(first_n > 0, first_n - 1, 0.0)), 0
         )
-    through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
     groups = {
         "stage_io": recv + scaled("pp_buffer", n_send) + out,
         "receive_buffers": recv,
@@ -631,7 +634,7 @@ def _activation_side(
         "cache_but_own": scaled("output_cache", fl - 1) + scaled("output_cache_extra", 1.0),
         "cache_all": cache_all,
         "bottom_backward": np.zeros((nx, NSTAT), dtype=np.int64),  # calibrated models only (none planned)
-        "held_through_step": held_logits + cache_all
+        "held_through_step": held_logits + scaled("pp_logits", n_step) + cache_all
         if through_step
         else np.zeros((nx, NSTAT), dtype=np.int64),
     }

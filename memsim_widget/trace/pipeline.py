@@ -488,12 +488,15 @@ def _run_steps(
                 args, target = _batch(sc, cfg.vocab_size, plans)
                 tracker.relabel([*args, *([target] if target is not None else [])], "input")
                 losses: list | None = [] if plans[-1].last else None
-                schedule.step(*args, target=target, losses=losses, return_outputs=keep_outputs)
+                # a loop that keeps the model output (output_lifetime "step") keeps what step returns: the
+                # concatenation of the last stage's outputs, beside the chunks the stage keeps
+                output = schedule.step(*args, target=target, losses=losses, return_outputs=keep_outputs)
                 del args, target, losses
                 tracker.relabel([b for st in stages for b in _recv_buffers(st)], "input")
                 tracker.relabel([p.grad for p in trainable if p.grad is not None], "gradient")
                 tracker.set_phase("optimizer_step")
                 opt.step()
+                del output
                 tracker.relabel(
                     [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)],
                     "optimizer_state",

@@ -86,3 +86,20 @@ def test_dp_x_tp_root_reduce_scatter_output_beside_one_unsharded_root_gradient()
     root = 2 * (V // 2) * H + H  # embedding and head split by tp (vocab), the final norm whole
     assert [i.bytes for i in st.root_reduce_out] == [root * 4, root * 4 // 2, V // 2 * H * 2]
     assert _states({**tt, "parallel": {"dp": 4, "zero": 3}}).root_reduce_out == []
+
+
+def test_a_schedule_that_returns_outputs_keeps_every_micro_batch_logits_and_their_concatenation():
+    from memsim_widget.engine.pipeline import outputs_held, outputs_through_step
+
+    data = {"model": "llama-3.1-8b", "parallel": {"pp": 2, "pp_microbatches": 4}}
+    ctx = Context(Scenario.from_dict({**data, "output_lifetime": "step"}))
+    first, last = ctx.stages
+    assert outputs_held(ctx, last) == 4 and outputs_through_step(ctx, last) == 8
+    assert outputs_through_step(ctx, first) == 0
+    # torchtitan's return_outputs=False (and HF's default lifetime): one output until its backward
+    plain = Context(Scenario.from_dict(data))
+    assert outputs_held(plain, plain.stages[1]) == 1 and outputs_through_step(plain, plain.stages[1]) == 0
+    est = estimate(Scenario.from_dict({**data, "output_lifetime": "step", "seq_len": 1024}))
+    step = next(m for m in est.ranks[1].moments if m.name == "optimizer_step")
+    logits = [i for i in step.items if "micro-batch outputs" in i.formula]
+    assert sum(i.bytes for i in logits) == 8 * 2 * 1024 * V  # bf16 logits of b=1 x s=1024, 8 copies
