@@ -138,7 +138,10 @@ UNTRACED = [
     "fake GPU here, so resident and offloaded bytes cannot be told apart.",
     "- Context parallel (`parallel.cp`): torch's `context_parallel` shards only CUDA's SDPA kernels; on a CPU "
     "mesh `_scaled_dot_product_flash_attention_for_cpu` has no sharding strategy.",
-    "- Expert parallel (`parallel.ep`): PyTorch has no expert-parallel API for transformers' MoE layers.",
+    "- Expert parallel (`parallel.ep`): PyTorch has no expert-parallel API for transformers' MoE layers; the "
+    "estimate holds each rank to 1/ep of the experts, over dp x cp (torchtitan) or folded over the TP group "
+    "beyond it, where the experts stay whole (`ParallelConfig.expert_tp`: Megatron-Core's MoE parallel "
+    "folding, transformers' expert parallelism on the TP group); formula-only.",
     "- Megatron's fused TP kernels (framework megatron with tp > 1) and MoE experts held as 3-D parameters "
     "(Mixtral's packed plan in transformers 5.24): not `nn.Linear`/`nn.Embedding`, which torch's "
     "Colwise/RowwiseParallel shard.",

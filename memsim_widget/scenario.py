@@ -258,6 +258,19 @@ class ParallelConfig:
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def expert_tp(self) -> int:
+        """How many ways the tensor-parallel group splits each expert (expert TP).
+
+        Expert parallelism spans dp x cp (torchtitan); what ``ep`` has beyond dp x cp it takes from the TP
+        group, whose GPUs then hold whole experts: Megatron-Core's MoE parallel folding (EP x expert-TP x
+        expert-DP spans TP x CP x DP: Liu et al. 2025, arXiv 2504.14960; ``--expert-tensor-parallel-size``)
+        and transformers' expert parallelism over the TP group (``tp_plan`` "ep_router"/"grouped_gemm"
+        entries: ep = tp on the same GPUs). ``rules/parallel.py`` checks that ``ep`` divides dp x cp x tp.
+        """
+        over = self.ep // math.gcd(self.ep, self.dp * self.cp)
+        return max(1, self.tp // over)
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

@@ -42,7 +42,12 @@ def split_words(scenario: Scenario) -> list[str]:
     if par.cp > 1:
         words.append(f"1/{par.cp} of the sequence (context parallel)")
     if par.ep > 1:
-        words.append(f"1/{par.ep} of the experts (expert parallel)")
+        folded = (
+            f", folded over the TP group: experts split {par.expert_tp} ways"
+            if par.expert_tp < par.tp
+            else ""
+        )
+        words.append(f"1/{par.ep} of the experts (expert parallel{folded})")
     group = par.dp * par.cp
     if group > 1:
         shard = ZERO_SHARDS.get(par.zero)

@@ -241,7 +241,7 @@ def _activation_groups(
     loss_label = f"{n_loss} micro-batches" if n_loss > 1 else ""
     # a pipeline stage's receive buffers (kept for the run) and its outputs and pending sends (this step)
     recv = _scaled(acts.pp_buffer, receive_buffers(ctx, stage), "receive buffers: micro-batches x directions")
-    n_out = outputs_held(ctx, stage)
+    n_out = outputs_held(ctx, stage, acts.output_through_step)
     stage_io = (
         recv
         + _scaled(acts.pp_buffer, pending_sends(ctx, stage), "1 input gradient waiting to be sent")
@@ -258,7 +258,7 @@ def _activation_groups(
     # (a pipeline's loop gets the output only from the schedule, after backward: engine/pipeline)
     held_logits = _scaled(acts.output_logits, last if ctx.par.pp == 1 else 0, "")
     cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
-    n_step = outputs_through_step(ctx, stage)
+    n_step = outputs_through_step(ctx, stage, acts.output_through_step)
     returned = _scaled(
         acts.pp_logits, n_step, f"{n_step} micro-batch outputs (kept chunks and their concatenation)"
     )

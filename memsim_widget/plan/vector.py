@@ -478,17 +478,21 @@ def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int)
 
 
 def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
-    """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss) key."""
+    """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss[, EP factor taken
+    from the TP group]) key: an expert's width depends on ``ParallelConfig.expert_tp``, which an ``ep`` of
+    that factor times cp reproduces on one data-parallel rank."""
     arows = []
-    for b, tp, cp, sp, ck, lo in akey.tolist():
+    for row in akey.tolist():
+        b, tp, cp, sp, ck, lo = row[:6]
+        over = row[6] if len(row) > 6 else 1
         sc = replace_unchecked(
             base,
             micro_batch_size=b,
             activation_checkpointing=CHECKPOINTING[ck],
             checkpoint_every=None,
             loss=LOSSES[lo],
-            parallel=replace_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=1, zero=0, offload="none",
-                                sequence_parallel=bool(sp), pp_microbatches=1),
+            parallel=replace_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=over * cp if over > 1 else 1,
+                                zero=0, offload="none", sequence_parallel=bool(sp), pp_microbatches=1),
         )  # fmt: skip
         arows.append(act_row(sc))
     return arows
@@ -827,7 +831,11 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     par0 = base.parallel
 
     # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
-    akey, a_cand = unique_codes([c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]])
+    # the EP factor taken from the TP group (ParallelConfig.expert_tp): it sets an expert's width
+    over = c["ep"] // np.gcd(c["ep"], c["dp"] * c["cp"])
+    akey, a_cand = unique_codes(
+        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over]
+    )
     arows = _act_rows(base, akey)
 
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------

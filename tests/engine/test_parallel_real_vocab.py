@@ -94,11 +94,13 @@ def test_a_schedule_that_returns_outputs_keeps_every_micro_batch_logits_and_thei
     data = {"model": "llama-3.1-8b", "parallel": {"pp": 2, "pp_microbatches": 4}}
     ctx = Context(Scenario.from_dict({**data, "output_lifetime": "step"}))
     first, last = ctx.stages
-    assert outputs_held(ctx, last) == 4 and outputs_through_step(ctx, last) == 8
-    assert outputs_through_step(ctx, first) == 0
+    assert outputs_held(ctx, last, True) == 4 and outputs_through_step(ctx, last, True) == 8
+    assert outputs_through_step(ctx, first, True) == 0
     # torchtitan's return_outputs=False (and HF's default lifetime): one output until its backward
     plain = Context(Scenario.from_dict(data))
-    assert outputs_held(plain, plain.stages[1]) == 1 and outputs_through_step(plain, plain.stages[1]) == 0
+    assert (
+        outputs_held(plain, plain.stages[1]) == 1 and outputs_through_step(plain, plain.stages[1], False) == 0
+    )
     est = estimate(Scenario.from_dict({**data, "output_lifetime": "step", "seq_len": 1024}))
     step = next(m for m in est.ranks[1].moments if m.name == "optimizer_step")
     logits = [i for i in step.items if "micro-batch outputs" in i.formula]

@@ -58,8 +58,10 @@ class StateBudget:
 
 
 def tp_split(ctx: Context, g: ParamGroup) -> bool:
-    """Whether the tensor-parallel plan splits this parameter group (a DTensor sharded over tp)."""
-    return g.tp_dim is not None and ctx.par.tp > 1 and (g.kind != "embedding" or embedding_split(ctx))
+    """Whether the tensor-parallel plan splits this parameter group (a DTensor sharded over tp; experts only
+    when expert parallelism leaves part of the TP group to split them: ``ParallelConfig.expert_tp``)."""
+    ways = ctx.par.expert_tp if g.expert else ctx.par.tp
+    return g.tp_dim is not None and ways > 1 and (g.kind != "embedding" or embedding_split(ctx))
 
 
 def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
@@ -77,7 +79,8 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
             count //= par.ep
         shape = list(g.shape)
         if tp_split(ctx, g):
-            shape[g.tp_dim] = -(-shape[g.tp_dim] // par.tp)
+            ways = par.expert_tp if g.expert else par.tp  # EP folded over the TP group: whole experts
+            shape[g.tp_dim] = -(-shape[g.tp_dim] // ways)
         if count:
             out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))
     # Tied input/output embeddings with pp > 1: the last stage keeps its own copy for the head.
