@@ -229,6 +229,12 @@ class ParallelConfig:
     #: FSDP2 ``fully_shard(reshard_after_forward=...)``: False keeps every unit unsharded from its forward to
     #: its backward (no re-gather, more memory); only ZeRO-3 with FSDP2 reads it.
     reshard_after_forward: bool = True
+    #: Layers per pipeline rank, first to last (None: an even split). Uneven splits as the frameworks make
+    #: them: torchtitan's per-stage layer lists (``module_fqns_per_model_part``), Megatron's
+    #: ``--decoder-first/last-pipeline-num-layers`` and, with embedding and loss counted as layers
+    #: (``--account-for-embedding/loss-in-pipeline-split``), one layer fewer on the first and last rank.
+    #: Each rank's memory follows its own layers; ``rules/model.py`` checks they add up to the model's.
+    pp_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -248,11 +254,33 @@ class ParallelConfig:
         _bool("parallel.reshard_after_forward", self.reshard_after_forward)
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.offload", self.offload, OFFLOADS)
+        self._check_pp_layers()
         check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
                 "parallel", f"dp*tp*pp*cp = {self.world_size:,} GPUs is more than {MAX_GPUS:,} (2**20)"
             )
+
+    def _check_pp_layers(self) -> None:
+        """``pp_layers``: None, or one positive layer count per pipeline rank (kept as a tuple)."""
+        if self.pp_layers is None:
+            return
+        v = self.pp_layers
+        if isinstance(v, (str, bytes, Mapping)) or not hasattr(v, "__iter__"):
+            raise ScenarioError(
+                "parallel.pp_layers", f"must be a list of layer counts per stage, got {_short(v)}"
+            )
+        counts = tuple(v)
+        if self.pp == 1:
+            raise ScenarioError("parallel.pp_layers", "needs pp > 1 (layers per pipeline stage)")
+        if len(counts) != self.pp:
+            raise ScenarioError(
+                "parallel.pp_layers",
+                f"must list one layer count per stage (pp = {self.pp}), got {len(counts)}",
+            )
+        for i, c in enumerate(counts):
+            _int(f"parallel.pp_layers[{i}]", c, maximum=MAX_GPUS)
+        object.__setattr__(self, "pp_layers", tuple(int(c) for c in counts))
 
     @property
     def world_size(self) -> int:
@@ -272,7 +300,14 @@ class ParallelConfig:
         return max(1, self.tp // over)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; ``pp_layers`` only when set (as a list), so scenarios with an even split read and
+        print as before the key existed."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["pp_layers"] is None:
+            del out["pp_layers"]
+        else:
+            out["pp_layers"] = list(out["pp_layers"])
+        return out
 
 
 #: Every scenario key with its default; the resolved scenario echoes all of them.

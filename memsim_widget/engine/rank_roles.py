@@ -22,7 +22,8 @@ def stage_span(scenario: Scenario, stage: Stage, num_layers: int) -> str:
     elif par.pp_schedule == "interleaved" and par.virtual_stages > 1:
         layers = f"{stage.layers} layers in {par.virtual_stages} chunks (interleaved)"
     else:
-        start = stage.index * stage.layers  # stages split the layers evenly (engine/context)
+        split = par.pp_layers or (stage.layers,) * stage.num_stages  # even unless parallel.pp_layers
+        start = sum(split[: stage.index])
         layers = f"layers {start}-{start + stage.layers - 1}"
     ends = [e for e, on in (("embeddings", stage.first), ("head and loss", stage.last)) if on]
     return ", ".join([layers, *ends])

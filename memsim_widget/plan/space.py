@@ -162,6 +162,7 @@ def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[L
                                 zero=0,
                                 offload="none",
                                 sequence_parallel=False,
+                                pp_layers=None,  # the planner splits the layers evenly
                                 pp_microbatches=max(pp, par.pp_microbatches),
                             ),
                         )
@@ -195,7 +196,7 @@ def refused_checkpointing(base: Scenario) -> list[int]:
     from memsim_widget.engine.activations import activations
 
     one = replace_unchecked(base.parallel, dp=1, tp=1, pp=1, cp=1, ep=1, zero=0, offload="none",
-                            sequence_parallel=False, pp_microbatches=1)  # fmt: skip
+                            sequence_parallel=False, pp_microbatches=1, pp_layers=None)  # fmt: skip
     out = []
     for code, mode in enumerate(CHECKPOINTING):
         sc = replace_unchecked(base, activation_checkpointing=mode, checkpoint_every=None, parallel=one)

@@ -330,6 +330,7 @@ def candidate_scenario(
         "sequence_parallel": bool(row["sp"]),
         "pp_microbatches": int(row["pp_microbatches"]),
         "offload": OFFLOADS[int(row["offload"])],
+        "pp_layers": None,  # the planner splits the layers evenly
     }
     if not validate:
         return replace_unchecked(base, parallel=replace_unchecked(base.parallel, **par), **keys)
@@ -492,7 +493,8 @@ def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
             checkpoint_every=None,
             loss=LOSSES[lo],
             parallel=replace_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=over * cp if over > 1 else 1,
-                                zero=0, offload="none", sequence_parallel=bool(sp), pp_microbatches=1),
+                                zero=0, offload="none", sequence_parallel=bool(sp), pp_microbatches=1,
+                                pp_layers=None),
         )  # fmt: skip
         arows.append(act_row(sc))
     return arows
@@ -826,7 +828,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     """Evaluate every candidate (one per index of the ``COLUMNS`` arrays) on ``base``'s other keys."""
     c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS}
     ctx0 = Context(base.replace(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
-                                          "offload": "none", "sequence_parallel": False}))  # fmt: skip
+                                          "offload": "none", "sequence_parallel": False, "pp_layers": None}))  # fmt: skip
     arch, gpu = ctx0.arch, ctx0.gpu
     par0 = base.parallel
 
