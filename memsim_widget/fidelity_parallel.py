@@ -197,6 +197,14 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
     four = {**LLAMA3_V128K, "num_hidden_layers": 4}
     return [
         _real("V128k llama3 torchtitan fsdp dp4", LLAMA3_V128K, {"dp": 4, "zero": 3}, **tt),
+        _real(
+            "V128k llama3 torchtitan fsdp dp4 b2 s4096 (loss outside the model)",
+            LLAMA3_V128K,
+            {"dp": 4, "zero": 3},
+            **tt,
+            micro_batch_size=2,
+            seq_len=4096,
+        ),
         _real("V32k mistral bf16 fsdp dp8", MISTRAL_V32K, {"dp": 8, "zero": 3}),
         _real("V256k bf16 fsdp dp4", LLAMA_V256K, {"dp": 4, "zero": 3}),
         _real("V128k llama3 torchtitan tp2 sp loss-parallel", LLAMA3_V128K, {"tp": 2, **sp}, **tt),
@@ -238,6 +246,22 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
         ),
         _real(
             "V152k qwen2.5 bf16 pp2 1f1b m4 stage 1 (last)", QWEN25_V152K, {"pp": 2, "pp_microbatches": 4}, 1
+        ),
+        _real(
+            "V128k llama3 bf16 tp2 sp torchtitan plan (hybrid: tp_plan key)",
+            LLAMA3_V128K,
+            {"tp": 2, **sp, "tp_plan": "torchtitan"},
+        ),
+        _real(
+            "V128k llama3 torchtitan dp2 x tp2 sp without loss parallel",
+            LLAMA3_V128K,
+            {"dp": 2, "tp": 2, "zero": 3, **sp, "loss_parallel": False},
+            **tt,
+        ),
+        _real(
+            "V152k qwen2.5 bf16 dp2 x tp2 fsdp torchtitan plan (hybrid)",
+            QWEN25_V152K,
+            {"dp": 2, "tp": 2, "zero": 3, "tp_plan": "torchtitan"},
         ),
         _real(
             "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last) return_outputs",

@@ -43,6 +43,8 @@ FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
 OUTPUT_LIFETIMES = ("trainer", "backward", "step")
 ADAPTER_DTYPES = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+#: Tensor-parallel plans (``parallel.tp_plan``; unset: the framework's, engine/frameworks.py).
+TP_PLANS = ("hf", "torchtitan", "megatron")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 #: How batches are shaped: padded to ``seq_len`` (or packed to it: same shapes every step), or padded to the
 #: longest sample of each batch (shapes change every step; ``seq_len`` is then the longest batch).
@@ -235,6 +237,13 @@ class ParallelConfig:
     #: (``--account-for-embedding/loss-in-pipeline-split``), one layer fewer on the first and last rank.
     #: Each rank's memory follows its own layers; ``rules/model.py`` checks they add up to the model's.
     pp_layers: tuple[int, ...] | None = None
+    #: The tensor-parallel plan (None: the framework's): "hf" (the model's transformers ``base_model_tp_plan``),
+    #: "torchtitan" (vocab-sharded embedding and head) or "megatron" (Megatron-Core's vocab-parallel layers).
+    #: Lets a hybrid be said: an HF model under a DTensor plan of torchtitan's shape (accelerate, a custom loop).
+    tp_plan: str | None = None
+    #: The cross-entropy on vocab-sharded logits (torch ``loss_parallel()``; None: on under the torchtitan and
+    #: megatron plans, off under "hf", whose head gathers the full logits).
+    loss_parallel: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -255,6 +264,10 @@ class ParallelConfig:
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.offload", self.offload, OFFLOADS)
         self._check_pp_layers()
+        if self.tp_plan is not None:
+            _choice("parallel.tp_plan", self.tp_plan, TP_PLANS)
+        if self.loss_parallel is not None:
+            _bool("parallel.loss_parallel", self.loss_parallel)
         check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
@@ -300,12 +313,13 @@ class ParallelConfig:
         return max(1, self.tp // over)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``pp_layers`` only when set (as a list), so scenarios with an even split read and
-        print as before the key existed."""
+        """Every field; ``pp_layers`` (as a list), ``tp_plan`` and ``loss_parallel`` only when set, so
+        scenarios that leave them to their defaults read and print as before the keys existed."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["pp_layers"] is None:
-            del out["pp_layers"]
-        else:
+        for key in ("pp_layers", "tp_plan", "loss_parallel"):  # optional: echoed only when set
+            if out[key] is None:
+                del out[key]
+        if "pp_layers" in out:
             out["pp_layers"] = list(out["pp_layers"])
         return out
 

@@ -24,6 +24,7 @@ STATE_GROUPS = (
     "gathered_grads",  # their unsharded gradients before the reduce-scatter
     "step_in_backward",  # optimizer-in-backward: the step's temporaries during backward
     "root_regather",  # FSDP2's root unit gathered again when backward starts, with its all-gather output
+    "root_made",  # FSDP2 at the bottom of backward: the root unit's unsharded gradients, all made
     "root_reduce",  # FSDP2's root unit in its reduce-scatter: its unsharded gradients and the reduce input
     "root_reduce_out",  # ... a little later: the reduce input and output (and a gradient still referenced)
     "grads_but_root",  # ... beside every gradient but the root unit's own shard (not made yet)
@@ -124,6 +125,11 @@ MOMENT_TABLE = (
             ("grads_but_bottom", "own", "layer_backward", "held_logits", "cache_but_own"),
             ("grads", "held_logits", "cache_all", "bottom_backward"),
         ),
+    ),
+    # FSDP2 at the bottom of backward: the embedding's gradient made, the root's unsharded gradients waiting
+    # for its post-backward beside the unsharded root (engine/states/gathered._root_grads_made)
+    MomentRule(
+        "root_grads_made", live=(*_COMMON, "gathered", "grads_but_root", "root_made", "pre", "held_logits")
     ),
     # FSDP2's last reduce-scatter, the root unit's (embeddings, final norm, head): its unsharded gradients
     # and the reduce input, every activation freed (engine/states/gathered._root_reduce)

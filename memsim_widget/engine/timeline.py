@@ -176,6 +176,7 @@ def _state_groups(
         "gathered_grads": states.gathered_grads,
         "step_in_backward": states.step_temps if sc.optimizer_in_backward else [],
         "root_regather": states.root_regather,
+        "root_made": states.root_made,
         "root_reduce": states.root_reduce,
         "root_reduce_out": states.root_reduce_out,
         "grads_but_root": states.grads_but_root if states.root_reduce else states.grads,

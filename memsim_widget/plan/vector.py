@@ -89,7 +89,7 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 #: The ``StateBudget`` lists a state row reduces to sums (``step_temps``: the tensor-level ones).
 STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
-               "grads_but_root", "root_regather", "root_reduce_out")  # fmt: skip
+               "grads_but_root", "root_regather", "root_reduce_out", "root_made")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, and whether
 #: gradients are carried between micro-batches (engine/timeline ``grads_carried``).
 STATE_KEY = ("tp", "ep", "dp", "cp", "zero", "optimizer", "offload", "pp", "first", "last", "carried")
@@ -124,6 +124,7 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
         st.grads_but_root if st.root_reduce else st.grads,
         st.root_regather,
         st.root_reduce_out,
+        st.root_made,
     )
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
     outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
@@ -197,6 +198,7 @@ def _state_side(
         "gathered_grads": g["gathered_grads"],
         "step_in_backward": g["step_temps_all"] if base.optimizer_in_backward else np.zeros_like(g["grads"]),
         "root_regather": g["root_regather"],
+        "root_made": g["root_made"],
         "root_reduce": g["root_reduce"],
         "root_reduce_out": g["root_reduce_out"],
         "grads_but_root": g["grads_but_root"],

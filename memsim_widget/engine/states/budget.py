@@ -44,6 +44,8 @@ class StateBudget:
     root_regather: list[Item] = field(default_factory=list)
     grads_but_root: list[Item] = field(default_factory=list)
     root_reduce_out: list[Item] = field(default_factory=list)  # ... later: the input and the output
+    # FSDP2 at the bottom of backward: the root unit's unsharded gradients, all made
+    root_made: list[Item] = field(default_factory=list)
     # FSDP2 without reshard after forward: the unsharded layers kept from their forward to their backward --
     # all but the last layer (which becomes the layer in backward) and that last one
     kept_unsharded: list[Item] = field(default_factory=list)

@@ -4,7 +4,13 @@ FSDP2's (traced, docs/fidelity-parallel.md) and DeepSpeed's (formula only)."""
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import gathered_weight_bytes, parameters_fetched_from_host, profile
+from memsim_widget.engine.frameworks import (
+    embedding_split,
+    gathered_weight_bytes,
+    parameters_fetched_from_host,
+    profile,
+    tp_plan,
+)
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget
 from memsim_widget.units import fmt_int
@@ -22,6 +28,8 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
         largest = max((g.numel_each for g in groups if g.group.scope != "layer"), default=0)
         if profile(ctx).zero3 == "fsdp2" and not fetched:
             _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers, largest)
+            if ctx.full_training and root:
+                _root_grads_made(ctx, b, root, groups)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
 
@@ -114,6 +122,45 @@ def _fsdp2_units(
                 "FSDP2 unsharded gradients of one layer (before its reduce-scatter)",
                 per_layer * grad_b,
                 f"{fmt_int(per_layer)} x {grad_b} B",
+                "tensor",
+                1,
+            )
+        )
+
+
+def _root_grads_made(ctx: Context, b: StateBudget, root: int, groups: list[LocalGroup]) -> None:
+    """The bottom of backward under FSDP2: the root unit's unsharded gradients are all made (the head's at the
+    top of backward, the embedding's last) and wait for the root's post-backward, beside the unsharded root.
+    A vocab-sharded DTensor embedding (tp > 1, not Megatron's) makes a ``Partial`` full-vocabulary gradient
+    (``partial_embedding_grad``): FSDP2's ``_get_grad_inner_tensor`` redistributes it to the parameter's
+    ``Shard(0)``, so the full one (tp shards' worth) is alive beside its shard (traced:
+    docs/fidelity-parallel.md)."""
+    wb = gathered_weight_bytes(ctx)
+    b.root_made.append(
+        Item(
+            "gradients",
+            "FSDP2 unsharded gradients of the root unit (embedding's just made)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B",
+            "tensor",
+            3,
+        )
+    )
+    par = ctx.par
+    partial = (
+        par.tp > 1
+        and embedding_split(ctx)
+        and tp_plan(ctx.scenario) != "megatron"
+        and not ctx.arch.tied_embeddings
+    )
+    emb = sum(g.numel for g in groups if g.group.kind == "embedding" and g.group.scope == "pre")
+    if partial and emb:
+        b.root_made.append(
+            Item(
+                "gradients",
+                "embedding gradient as a Partial DTensor beside its Shard(0) redistribution (full vocabulary)",
+                emb * par.tp * wb,
+                f"{fmt_int(emb)} params x {par.tp} x {wb} B (tp shards' worth)",
                 "tensor",
                 1,
             )

@@ -5,7 +5,7 @@ bucket."""
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import embedding_split, profile, reduce_bucket_elements
+from memsim_widget.engine.frameworks import embedding_split, profile, reduce_bucket_elements, tp_plan
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
 from memsim_widget.engine.states.trained import Trained, trainable_scopes
@@ -116,7 +116,7 @@ def partial_embedding_grad(
     if not (
         stage.first
         and embedding_split(ctx)
-        and profile(ctx).tp_plan != "megatron"
+        and tp_plan(ctx.scenario) != "megatron"
         and not fsdp
         and not ctx.arch.tied_embeddings
         and ctx.full_training
