@@ -136,6 +136,11 @@ KNOWN_GAPS = [
     "reduce-scatter output while one V/tp x h unsharded gradient of the root is still referenced; which "
     "object holds it was not found in the source, so the engine counts it as traced (the largest root "
     "tensor's unsharded gradient, dp x tp only: `engine/states/gathered._root_reduce`). Before: -8.2%.",
+    "- **torchtitan on one GPU or DDP** (`precision: amp-bf16`, no FSDP, no TP/PP): `maybe_enable_amp` runs "
+    "`torch.autocast` there; the engine assumes FSDP's bf16 casting (no autocast weight copies). Not traced.",
+    "- **Uneven pipeline splits** (`parallel.pp_layers`) are estimated per stage from the stage's own layers "
+    "with the traced per-layer rules, but the tracer splits evenly, so no row traces one; the planner "
+    "searches even splits only.",
 ]
 
 #: What this process cannot trace, and why (the trace refuses these with the same words).
