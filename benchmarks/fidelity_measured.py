@@ -32,6 +32,8 @@ from memsim_widget.engine import core, overhead
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.frameworks import PROFILES
 from memsim_widget.errors import ScenarioError
+from memsim_widget.measure import COLUMNS as COLUMNS  # the data/measured columns, read by the tests
+from memsim_widget.measure import SOURCE_COLUMNS, write_csv
 from memsim_widget.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,15 +76,7 @@ COUNTER_KEY = {
     "reserved": "peak_reserved_bytes",
     "nvidia-smi": "device_total_bytes",
 }
-SOURCE_COLUMNS = [
-    "id", "source", "model", "params_b", "method", "precision", "optimizer", "micro_batch", "seq_len",
-    "grad_accum", "activation_checkpointing", "attention", "lora_rank", "lora_targets", "quant",
-    "parallelism", "num_gpus", "gpu", "measured_peak_gb", "what_measured", "notes", "unit", "peak_gib", "trust",
-]  # fmt: skip
-#: Columns of every data/measured CSV: the source's, then what the benchmark needs.
-COLUMNS = SOURCE_COLUMNS + [
-    "measured_bytes", "counter", "framework", "reproducible", "reason", "assumptions", "scenario_json",
-]  # fmt: skip
+#: Columns of every data/measured CSV (the source's, then what the benchmark needs): memsim_widget/measure.py.
 
 
 # ----- normalisation: units, counters ---------------------------------------------------------------------
@@ -514,16 +508,6 @@ def read_csv(path: Path) -> list[dict[str, str]]:
     """Rows of one CSV file as dicts."""
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def write_csv(rows: Iterable[dict[str, Any]], path: Path, columns: list[str] = COLUMNS) -> None:
-    """Write rows in the data/measured format (every column, in order, quoted where needed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c, "") for c in columns})
 
 
 def load_rows(data_dir: Path = DATA_DIR) -> list[dict[str, str]]:

@@ -1,4 +1,5 @@
-"""The ``memsim`` command line: estimate, plan, recommend, export launch configs, list presets and GPUs.
+"""The ``memsim`` command line: estimate, plan, recommend, export and import launch configs, measure on the local
+GPU, list presets and GPUs.
 
 Bad input exits with status 2 and one line naming the field; never a traceback.
 """
@@ -114,6 +115,20 @@ def _read_scenario(path: str | None) -> dict[str, Any]:
     return {} if path is None else read_json_object(path, "scenario")
 
 
+def _read_base(
+    args: argparse.Namespace, path: str | None, flags: dict[str, tuple[str, type]] = OVERRIDES
+) -> dict[str, Any]:
+    """The scenario file, or with ``--from FILE...`` the user's launch configs read as one (memsim import)."""
+    files = getattr(args, "from_files", None)
+    if not files:
+        return _read_scenario(path)
+    if path is not None:
+        raise ScenarioError("--from", "give a scenario JSON or --from FILE..., not both")
+    from memsim_widget.importers.command import imported_base
+
+    return imported_base(files, args.from_format, _apply_overrides({}, args, flags))
+
+
 def _apply_overrides(
     data: dict[str, Any], args: argparse.Namespace, flags: dict[str, tuple[str, type]] = OVERRIDES
 ) -> dict[str, Any]:
@@ -226,7 +241,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from memsim_widget.engine.core import estimate
     from memsim_widget.scenario import Scenario
 
-    data = _apply_overrides(_read_scenario(args.scenario), args)
+    data = _apply_overrides(_read_base(args, args.scenario), args)
     est = estimate(Scenario.from_dict(data))
     cost = _cost(est, args)
     if args.json:
@@ -498,7 +513,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.method is not None and "," in args.method:  # a list: the search tries each method
         methods = [m.strip() for m in args.method.split(",")]
         args.method = methods[0]
-    base = _read_scenario(args.scenario or args.base)
+    base = _read_base(args, args.scenario or args.base, PLAN_FIXED)
     data = _apply_overrides(json.loads(json.dumps(base)), args, PLAN_FIXED)
     space = _plan_space(args, base)
     p = plan(
@@ -589,7 +604,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from memsim_widget.plan import recommend
     from memsim_widget.scenario import Scenario
 
-    sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
+    sc = Scenario.from_dict(_apply_overrides(_read_base(args, args.scenario), args))
     rec = recommend(sc, headroom=args.headroom)
     print(json.dumps(rec.to_dict(), indent=2) if args.json else _recommend_text(rec))
     return 0
@@ -718,6 +733,7 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
     est.add_argument("--epochs", type=float, help="epochs over --dataset-tokens (instead of --train-tokens)")
     est.add_argument("--dataset-tokens", type=float, help="tokens in one epoch of the dataset")
     est.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
+    _add_from(est)
     est.set_defaults(func=cmd_estimate)
 
 
@@ -772,6 +788,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
         "per replica, pp of them with pipelining)",
     )
     _add_plan_search(pl)
+    _add_from(pl)
     pl.set_defaults(func=cmd_plan)
 
 
@@ -816,6 +833,7 @@ def _add_recommend(sub: argparse._SubParsersAction) -> None:
     rc.add_argument("--json", action="store_true", help="print one JSON object")
     _add_headroom(rc)
     _add_overrides(rc)
+    _add_from(rc)
     rc.set_defaults(func=cmd_recommend)
 
 
@@ -837,6 +855,38 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     ex.set_defaults(func=cmd_export)
 
 
+def _add_from(p: argparse.ArgumentParser) -> None:
+    from memsim_widget.importers.command import add_from
+
+    add_from(p)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """``memsim import FILE...``: the launch configs as a scenario JSON (memsim_widget.importers)."""
+    from memsim_widget.importers.command import cmd_import as run
+
+    return run(args, _apply_overrides({}, args))
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    from memsim_widget.importers.command import add_import
+
+    add_import(sub, _add_overrides, cmd_import)
+
+
+def _add_measure(sub: argparse._SubParsersAction) -> None:
+    from memsim_widget.measure import add_measure
+
+    add_measure(sub, _add_overrides, _add_from, cmd_measure)
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    """``memsim measure``: three real training steps on the local CUDA GPU next to the prediction."""
+    from memsim_widget.measure import cmd_measure as run
+
+    return run(args, _apply_overrides(_read_base(args, args.scenario), args))
+
+
 def _add_lists(sub: argparse._SubParsersAction) -> None:
     """The ``presets`` and ``gpus`` subcommands: list the catalog."""
     for name, func, text in (("presets", cmd_presets, "list model presets"), ("gpus", cmd_gpus, "list GPUs")):
@@ -849,7 +899,16 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``memsim`` parser: one subcommand per job, each added by its own function."""
     parser = _Parser(prog="memsim", description="Simulate the GPU memory of a training step.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_estimate, _add_trace, _add_plan, _add_recommend, _add_export, _add_lists):
+    for add in (
+        _add_estimate,
+        _add_trace,
+        _add_plan,
+        _add_recommend,
+        _add_export,
+        _add_import,
+        _add_measure,
+        _add_lists,
+    ):
         add(sub)
     return parser
 

@@ -134,6 +134,8 @@ ABOVE_THE_ENGINE = (
     "memsim_widget.cost",
     "memsim_widget.plan",
     "memsim_widget.export",
+    "memsim_widget.importers",
+    "memsim_widget.measure",
     "memsim_widget.widget",
     "memsim_widget.cli",
     "memsim_widget.trace",
