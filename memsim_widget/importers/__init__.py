@@ -112,9 +112,10 @@ def _companion(files: list[_File]) -> Any:
             if f.kind == "deepspeed" and (f.path.name == Path(name).name):
                 f.kind = "deepspeed-used"
                 return f.path, f.data or {}
-        candidate = (origin.parent / name).expanduser()
-        if candidate.is_file():
-            return candidate, load_mapping(candidate, read_text(candidate))
+        for base in (origin.parent, Path.cwd()):  # beside the config, then where the launch runs
+            candidate = (base / name).expanduser()
+            if candidate.is_file():
+                return candidate, load_mapping(candidate, read_text(candidate))
         return None
 
     return find
@@ -155,10 +156,10 @@ def _read_hf(reading: Reading, files: list[_File]) -> None:
         flags = hf.read_args(reading, args.path, args.data or {})
     else:
         reading.miss("micro_batch_size", "TrainingArguments", "no TrainingArguments file given")
-    dtype = None
+    dtype = flags.get("dtype")
     if setup is not None:
-        dtype = hf.read_setup(reading, setup.path, setup.data or {})
-    else:
+        dtype = hf.read_setup(reading, setup.path, setup.data or {}) or dtype
+    elif "model" not in reading.values:
         for key in ("model", "method", "attention"):
             reading.miss(
                 key,

@@ -156,7 +156,9 @@ def _layout(
             ds = True
     elif get_int(path, data, "fsdp_version") == 2 or data.get("fsdp_config") or data.get("fsdp"):
         reading.set("parallel.zero", 3)
-        offload = get_bool(path, data, "fsdp_config.offload_params", False)
+        offload = get_bool(path, data, "fsdp_config.offload_params", None)
+        if offload is None:  # FSDP1's name (fsdp_config keys prefixed fsdp_)
+            offload = get_bool(path, data, "fsdp_config.fsdp_offload_params", False)
         reading.set("parallel.offload", "optimizer+params" if offload else "none")
         reading.set(
             "parallel.reshard_after_forward",

@@ -201,6 +201,15 @@ def get_choice(
 # ----- the model --------------------------------------------------------------------------------------------
 #: Suffixes of hub repos that name a variant with the base model's architecture (instruction- or chat-tuned).
 _VARIANT_SUFFIXES = ("-instruct", "-chat", "-it", "-base", "-hf")
+#: Hub model names read as a preset of the same shapes, and why (the variant is said in the unread list).
+ALIASES: dict[str, tuple[str, str]] = {
+    "meta-llama-3-8b": ("llama-3.1-8b", "Llama 3 and 3.1 8B have the same shapes (3.1 adds RoPE scaling)"),
+    "meta-llama-3-70b": ("llama-3.1-70b", "Llama 3 and 3.1 70B have the same shapes (3.1 adds RoPE scaling)"),
+    "mistral-7b-v0.1": (
+        "mistral-7b",
+        "v0.3's vocabulary is 32,768 against v0.1's 32,000: over-predicts slightly",
+    ),
+}
 
 
 def _hub_index() -> dict[str, str]:
@@ -218,21 +227,26 @@ def _hub_index() -> dict[str, str]:
 
 def preset_for_hub_id(name: str) -> tuple[str | None, str]:
     """The preset for a hub id (``meta-llama/Llama-3.1-8B`` -> ``llama-3.1-8b``), and how it was matched:
-    the repo itself, or a variant of it (``-Instruct``, ``Meta-Llama-3.1-8B``) sharing its architecture."""
+    ``repo`` (the preset's repo, or a mirror of the same name), or a variant sharing its architecture (an
+    ``-Instruct`` tune, ``ALIASES``), said in words."""
     from memsim_widget.catalog.models import PRESET_INFO
 
     if name in PRESET_INFO:
-        return name, "preset"
+        return name, "repo"
     index, low = _hub_index(), name.strip().lower().rstrip("/")
-    if low in index:
-        return index[low], "repo"
     base = low.rsplit("/", 1)[-1]
-    candidates = [base, base.replace("meta-llama-", "llama-")]
+    if low in index or base in index:
+        return index.get(low) or index[base], "repo"
+    candidates = [base]
     for suffix in _VARIANT_SUFFIXES:
         candidates += [c.removesuffix(suffix) for c in candidates if c.endswith(suffix)]
-    for c in candidates[1:] + [c.replace("meta-llama-", "llama-") for c in candidates]:
+    for c in candidates:
         if c in index:
-            return index[c], "variant"
+            return index[c], f"a tune of {c} (same architecture)"
+        if c in ALIASES:
+            return ALIASES[c][0], ALIASES[c][1]
+        if c.replace("meta-llama-", "llama-") in index:
+            return index[c.replace("meta-llama-", "llama-")], "same architecture"
     return None, ""
 
 
@@ -254,6 +268,6 @@ def resolve_model(reading: Reading, origin: Path, key: str, name: Any) -> None:
                      "PRESET or a config.json path")  # fmt: skip
         return
     reading.set("model", preset)
-    if how == "variant":
-        reading.miss("model", f"{origin.name}: {key}", f"{name!r} read as preset {preset!r} (same architecture; "
-                     "no config downloaded)", keep=True)  # fmt: skip
+    if how != "repo":
+        reading.miss("model", f"{origin.name}: {key}", f"{name!r} read as preset {preset!r}: {how}; no config "
+                     "downloaded (give its config.json for the exact model)", keep=True)  # fmt: skip

@@ -93,7 +93,32 @@ def read_args(reading: Reading, path: Path, data: dict[str, Any]) -> dict[str, A
         "bf16": bool(get_bool(path, data, "bf16", False)),
         "fp16": bool(get_bool(path, data, "fp16", False)),
         "deepspeed": data.get("deepspeed"),
+        "dtype": _model_config(reading, path, data),
     }
+
+
+def _model_config(reading: Reading, path: Path, data: dict[str, Any]) -> str | None:
+    """TRL's ``ModelConfig`` keys that ``TrlParser`` reads from the same YAML (trl/trainer/model_config.py:
+    ``model_name_or_path``, ``dtype``/``torch_dtype``, ``attn_implementation``, ``use_peft``, ``lora_r`` 16,
+    ``lora_alpha`` 32, ``lora_target_modules``, ``load_in_4bit``); returns the load dtype, None when absent."""
+    if "model_name_or_path" not in data:
+        return None
+    resolve_model(reading, path, "model_name_or_path", data["model_name_or_path"])
+    attn = get_choice(path, data, "attn_implementation", ATTENTION)
+    if attn is not None:
+        reading.set("attention", attn)
+    if get_bool(path, data, "use_peft", False):
+        q4 = bool(get_bool(path, data, "load_in_4bit", False))
+        reading.set("method", "qlora" if q4 else "lora")
+        reading.set("lora.rank", get_int(path, data, "lora_r", 16))
+        reading.set("lora.alpha", get_number(path, data, "lora_alpha", 32))
+        if data.get("lora_target_modules") is not None:
+            reading.set(
+                "lora.targets", lora_targets(path, "lora_target_modules", data["lora_target_modules"])
+            )
+    else:
+        reading.set("method", "full")
+    return get_choice(path, data, "dtype", DTYPES) or get_choice(path, data, "torch_dtype", DTYPES)
 
 
 def _optim(reading: Reading, path: Path, data: dict[str, Any]) -> None:
