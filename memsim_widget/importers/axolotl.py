@@ -54,7 +54,7 @@ def read(reading: Reading, path: Path, data: dict[str, Any], companion: Callable
     compile_ = dig(data, "torch_compile")
     if compile_ == "auto":
         reading.miss("compile", f"{name}: torch_compile", "'auto' compiles where torch supports it; memsim "
-                     "assumed eager")  # fmt: skip
+                     "assumed eager", keep=True)  # fmt: skip
     reading.set("compile", compile_ is True)
     reading.set("loss", "chunked" if get_bool(path, data, "chunked_cross_entropy", False) else "standard")
     _layout(reading, path, data, companion)
@@ -65,7 +65,10 @@ def _adapter(reading: Reading, path: Path, data: dict[str, Any]) -> None:
     adapter = get_str(path, data, "adapter")
     if get_bool(path, data, "load_in_8bit", False):
         reading.miss(
-            "method", f"{path.name}: load_in_8bit", "8-bit base weights are not modelled; read as 16-bit"
+            "method",
+            f"{path.name}: load_in_8bit",
+            "8-bit base weights are not modelled; read as 16-bit",
+            keep=True,
         )
     if adapter is None:
         reading.set("method", "full")
@@ -125,7 +128,10 @@ def _precision(reading: Reading, path: Path, data: dict[str, Any], ds: bool) -> 
     fp16 = bool(get_bool(path, data, "fp16", False)) or bool(get_bool(path, data, "float16", False))
     if dig(data, "bf16", "auto") == "auto" and not fp16:
         reading.miss(
-            "precision", f"{path.name}: bf16", "'auto' (the default) read as bf16 (a card with bf16)"
+            "precision",
+            f"{path.name}: bf16",
+            "'auto' (the default) read as bf16 (a card with bf16)",
+            keep=True,
         )
     if ds:
         if "precision" not in reading.values:

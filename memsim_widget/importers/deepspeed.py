@@ -127,7 +127,7 @@ def _zero(reading: Reading, path: Path, data: dict[str, Any]) -> None:
     reading.set("parallel.offload", "optimizer+params" if par else ("optimizer" if opt else "none"))
     if "nvme" in (dig(zero, "offload_optimizer.device"), dig(zero, "offload_param.device")):
         reading.miss("parallel.offload", f"{path.name}: zero_optimization.offload_*.device", "nvme read as "
-                     "'cpu' (both leave the GPU); host memory is not modelled")  # fmt: skip
+                     "'cpu' (both leave the GPU); host memory is not modelled", keep=True)  # fmt: skip
     for key, default in ZERO_SIZES.items():
         value = dig(zero, key)
         if value is None or value == default:

@@ -146,7 +146,9 @@ def _fsdp(reading: Reading, path: Path, data: dict[str, Any]) -> None:
         raise file_error(path, "fsdp", f"{opts!r} names no sharding strategy (full_shard, shard_grad_op)")
     reading.set("parallel.zero", 3 if words & {"full_shard", "hybrid_shard"} else 2)
     if words & {"hybrid_shard", "hybrid_shard_zero2"}:
-        reading.miss("parallel", f"{path.name}: fsdp", "hybrid sharding read as sharding over every GPU")
+        reading.miss(
+            "parallel", f"{path.name}: fsdp", "hybrid sharding read as sharding over every GPU", keep=True
+        )
     offload = "offload" in words or get_bool(path, data, "fsdp_config.cpu_offload", False)
     reading.set("parallel.offload", "optimizer+params" if offload else "none")
     reshard = get_bool(path, data, "fsdp_config.reshard_after_forward", True)
@@ -186,7 +188,7 @@ def read_lora(reading: Reading, path: Path, data: dict[str, Any]) -> None:
     q4 = get_bool(path, data, "quantization_config.load_in_4bit", False)
     if get_bool(path, data, "quantization_config.load_in_8bit", False):
         reading.miss("method", f"{path.name}: quantization_config.load_in_8bit", "8-bit LoRA is not modelled; "
-                     "read as LoRA on a 16-bit base")  # fmt: skip
+                     "read as LoRA on a 16-bit base", keep=True)  # fmt: skip
     lora = data.get("lora")
     if lora is None:
         reading.set("method", "qlora" if q4 else "full")
@@ -222,7 +224,7 @@ def precision(
     if dtype in (None, "auto"):
         dtype = "bfloat16"
         reading.miss("precision", where, "the model's load dtype (from_pretrained dtype) is your script's; memsim "
-                     "assumed bfloat16 weights (checkpoints' usual 'auto' dtype)")  # fmt: skip
+                     "assumed bfloat16 weights (checkpoints' usual 'auto' dtype)", keep=True)  # fmt: skip
     key = (dtype, bf16, fp16)
     if key not in PRECISION:
         raise file_error(where, "bf16", f"bf16={bf16}, fp16={fp16} on {dtype} weights is not a precision memsim "

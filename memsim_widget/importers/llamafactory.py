@@ -107,7 +107,7 @@ def _method(reading: Reading, path: Path, data: dict[str, Any]) -> str:
     bits = get_int(path, data, "quantization_bit")
     if bits not in (None, 4):
         reading.miss("method", f"{path.name}: quantization_bit", f"{bits}-bit weights are not modelled; read as "
-                     "16-bit")  # fmt: skip
+                     "16-bit", keep=True)  # fmt: skip
     if kind == "full":
         reading.set("method", "full")
         return "full"

@@ -384,6 +384,7 @@ def _checkpointing(reading: Reading, path: Path, cfg: dict[str, Any], where: str
             "activation_checkpointing",
             where,
             "memory_budget (compile's) is not modelled; memsim assumed full",
+            keep=True,
         )
         mode = "full"
     if mode != "selective":

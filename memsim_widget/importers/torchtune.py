@@ -248,7 +248,7 @@ def _lora(reading: Reading, path: Path, data: dict[str, Any], dtype: str) -> Non
         targets += sorted(MLP)
     if get_bool(path, data, "model.apply_lora_to_output", False):
         reading.miss("lora.targets", f"{path.name}: model.apply_lora_to_output", "a LoRA adapter on the output "
-                     "projection is not modelled")  # fmt: skip
+                     "projection is not modelled", keep=True)  # fmt: skip
     if not targets:
         raise file_error(path, "model.lora_attn_modules", "no module is adapted")
     every = [*ATTN, *sorted(MLP)]
