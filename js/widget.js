@@ -1007,6 +1007,76 @@ function wireFit(ctx, panel) {
   return { show, layouts: wireLayouts(ctx, panel.layouts) };
 }
 
+// js/src/import.js
+var ACCEPT = ".yaml,.yml,.json,.toml,.py,.sh";
+function createImportPanel(doc) {
+  const input = h(doc, "input", {
+    type: "file",
+    multiple: "",
+    accept: ACCEPT,
+    class: "memsim-import-files",
+    "aria-label": "your launch config files (axolotl, LLaMA-Factory, torchtune, torchtitan, accelerate, DeepSpeed, TrainingArguments)"
+  });
+  const status = h(doc, "div", { class: "memsim-import-status", role: "status" });
+  const unread = h(doc, "ul", { class: "memsim-import-unread" });
+  const root = h(doc, "details", { class: "memsim-details-import" }, [
+    h(doc, "summary", { text: "open a config" }),
+    input,
+    status,
+    unread
+  ]);
+  return { root, input, status, unread };
+}
+function renderImport(doc, panel, state = {}) {
+  const files = state.files ?? [];
+  const lines = state.unread ?? [];
+  panel.status.textContent = state.error ? state.error : files.length ? `read ${files.join(", ")}: ${lines.length} setting(s) not in the files, memsim's assumption shown` : "";
+  panel.status.classList.toggle("memsim-import-error", Boolean(state.error));
+  panel.unread.replaceChildren(...lines.map((line) => h(doc, "li", { text: line })));
+}
+async function readFiles(fileList) {
+  return Promise.all([...fileList ?? []].map(async (f) => ({ name: f.name, text: await f.text() })));
+}
+function wireImport(ctx, panel) {
+  const { doc, model } = ctx;
+  const show = () => renderImport(doc, panel, model.get("config_import") ?? {});
+  ctx.listen(panel.input, "change", async () => {
+    const files = await readFiles(panel.input.files);
+    if (files.length) model.send({ type: "import_config", files, format: "auto" });
+  });
+  ctx.onModel("config_import", show);
+  return show;
+}
+function createMeasurePanel(doc) {
+  const button = h(doc, "button", {
+    type: "button",
+    class: "memsim-measure",
+    text: "Measure on this GPU",
+    title: "Run three real training steps of this scenario on this machine's GPU (random weights) and compare"
+  });
+  const status = h(doc, "span", { class: "memsim-measure-status", role: "status" });
+  const text = h(doc, "pre", { class: "memsim-measure-text", hidden: "" });
+  const root = h(doc, "div", { class: "memsim-measure-panel", hidden: "" }, [button, status, text]);
+  return { root, button, status, text };
+}
+function renderMeasure(panel, state = {}) {
+  panel.root.hidden = !state.available;
+  const running = state.state === "running";
+  panel.button.disabled = running;
+  panel.status.textContent = running ? "measuring (three real steps)…" : state.error ?? "";
+  panel.text.hidden = !state.text;
+  panel.text.textContent = state.text ?? "";
+}
+function wireMeasure(ctx, panel) {
+  const { model } = ctx;
+  const show = () => renderMeasure(panel, model.get("measure") ?? {});
+  ctx.listen(panel.button, "click", () => {
+    if (!panel.button.disabled) model.send({ type: "measure" });
+  });
+  ctx.onModel("measure", show);
+  return show;
+}
+
 // js/src/scenario-json.js
 function createJsonEditor(doc) {
   const area = h(doc, "textarea", { class: "memsim-json", rows: "14", spellcheck: "false" });
@@ -1298,8 +1368,11 @@ function createOutput(doc) {
     fit: createFitPanel(doc),
     compare: createComparePanel(doc),
     json: createJsonEditor(doc),
-    export: createExportPanel(doc)
+    export: createExportPanel(doc),
+    import: createImportPanel(doc),
+    measure: createMeasurePanel(doc)
   };
+  parts.trace.root.append(parts.measure.root);
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error,
     parts.calibrating,
@@ -1310,7 +1383,8 @@ function createOutput(doc) {
     parts.trace.root,
     parts.result.details,
     parts.json.root,
-    parts.export.root
+    parts.export.root,
+    parts.import.root
   ]);
   return parts;
 }
@@ -1361,6 +1435,8 @@ function render({ model, el }) {
     syncAll();
   });
   wireExport(ctx, out.export)();
+  wireImport(ctx, out.import)();
+  wireMeasure(ctx, out.measure)();
   showError();
   onCalibration();
   showResult();

@@ -18,13 +18,17 @@ from typing import Any
 from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.importers import accelerate, axolotl, deepspeed, hf, llamafactory, torchtitan, torchtune
 from memsim_widget.importers.common import Reading, Unread, file_error, load_mapping, memsim_note, read_text
-from memsim_widget.scenario import Scenario
+from memsim_widget.optimizers import OPTIMIZERS
+from memsim_widget.rules.model import available_impl
+from memsim_widget.scenario import DEFAULTS, Scenario
 
 #: The formats ``memsim import --format`` names (``auto`` detects each file's).
 FORMATS = ("deepspeed", "accelerate", "hf", "axolotl", "llamafactory", "torchtune", "torchtitan")
 #: What no launch config says: the card.
 GPU_UNREAD = Unread(
-    "gpu", "every file", "no launch config names the GPU type; memsim assumed its default (pass --gpu)"
+    "gpu",
+    "every file",
+    "no launch config names the GPU type; memsim assumed its default (--gpu, or the GPU control)",
 )
 
 
@@ -299,11 +303,20 @@ def scenario_dict(
     data = _merge(
         data, _nest({k: v for k, v in reading.values.items() if k.split(".")[0] in _SCENARIO_ROOTS})
     )
-    return _merge(data, overrides or {})
+    data = _merge(data, overrides or {})
+    opt = data.get("optimizer")
+    if (
+        isinstance(opt, str) and opt in OPTIMIZERS
+    ):  # an optimizer of one kernel (bitsandbytes') gets that kernel
+        data["optimizer_impl"] = available_impl(opt, data.get("optimizer_impl", DEFAULTS["optimizer_impl"]))
+    return data
 
 
 def unread_lines(
-    reading: Reading, overrides: Mapping[str, Any] | None = None, use_note: bool = True
+    reading: Reading,
+    overrides: Mapping[str, Any] | None = None,
+    use_note: bool = True,
+    given_by: str = "your flag",
 ) -> list[str]:
     """The unread settings, one line each: the ones no file set; those memsim's note or a flag gave say so."""
     given = set(reading.values)
@@ -316,7 +329,7 @@ def unread_lines(
         seen.add((u.key, u.keep))
         line = u.line()
         if u.key in flat_over or any(k.startswith(u.key + ".") for k in flat_over):
-            line += " [set by your flag]"
+            line += f" [set by {given_by}]"
         elif not u.keep and (u.key in note or any(k.startswith(u.key + ".") for k in note)):
             line += " [taken from memsim's note in the file]"
         lines.append(line)
@@ -334,9 +347,10 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 
 def import_config(paths: str | Path | Sequence[str | Path], fmt: str = "auto",
-                  overrides: Mapping[str, Any] | None = None) -> Imported:  # fmt: skip
+                  overrides: Mapping[str, Any] | None = None, given_by: str = "your flag") -> Imported:  # fmt: skip
     """Read one job's launch config files as a scenario (``overrides``: scenario keys set on top, as the CLI's
-    flags); bad input raises ``ScenarioError`` naming the file and key."""
+    flags, which the unread lines say were ``given_by``); bad input raises ``ScenarioError`` naming the file
+    and key."""
     if isinstance(paths, str | Path):
         paths = [paths]
     reading = read_files(list(paths), fmt)
@@ -347,7 +361,7 @@ def import_config(paths: str | Path | Sequence[str | Path], fmt: str = "auto",
         where = ", ".join(p.name for p in reading.files)
         raise ScenarioError(f"{where}: {exc.field}", exc.message) from None
     formats = {str(p): reading.fmt for p in reading.files}
-    return Imported(scenario, unread_lines(reading, overrides), formats)
+    return Imported(scenario, unread_lines(reading, overrides, given_by=given_by), formats)
 
 
 __all__ = ["FORMATS", "Imported", "detect", "import_config", "read_files", "scenario_dict"]
