@@ -883,7 +883,11 @@ def _add_measure(sub: argparse._SubParsersAction) -> None:
 def cmd_measure(args: argparse.Namespace) -> int:
     """``memsim measure``: three real training steps on the local CUDA GPU next to the prediction."""
     from memsim_widget.measure import cmd_measure as run
+    from memsim_widget.measure import require_cuda
 
+    reason = require_cuda()  # first: without CUDA, one line and nothing else
+    if reason:
+        raise ScenarioError("measure", reason)
     return run(args, _apply_overrides(_read_base(args, args.scenario), args))
 
 

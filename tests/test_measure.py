@@ -24,9 +24,11 @@ ENV = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "transformers": "5.
 def test_without_cuda_measure_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     if measure.require_cuda() is None:
         pytest.skip("a CUDA device is present")
-    assert main(["measure", "--model", "llama-3.2-1b"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("memsim: error: measure: no CUDA device")
+    data = Path(__file__).resolve().parent / "data" / "configs" / "axolotl" / "lora-1b.yml"
+    for argv in (["measure", "--model", "llama-3.2-1b"], ["measure", "--from", str(data)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("memsim: error: measure: no CUDA device")
 
 
 def test_rows_are_three_counters_in_the_measured_format(tmp_path: Path) -> None:

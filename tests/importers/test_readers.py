@@ -184,3 +184,11 @@ def test_the_cli_exits_2_with_one_line_on_a_bad_file(
     assert err.count("\n") == 1 and "ax.yaml: sequence_len" in err
     assert main(["estimate", "--from", str(path), str(path)]) == 2
     assert main(["estimate", str(path), "--from", str(path)]) == 2  # a scenario and --from: one or the other
+
+
+def test_the_package_face_returns_the_scenario_and_the_unread_list(tmp_path: Path) -> None:
+    import memsim_widget
+
+    path = _write(tmp_path, "ax.yaml", "base_model: meta-llama/Llama-3.2-1B\n")
+    scenario, unread = memsim_widget.import_config(path)
+    assert scenario.model == "llama-3.2-1b" and all(isinstance(line, str) for line in unread)
