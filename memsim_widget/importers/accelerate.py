@@ -48,6 +48,8 @@ def read(reading: Reading, path: Path, data: dict[str, Any], companion: Callable
                          "from_pretrained(dtype=); memsim assumed its default")  # fmt: skip
         else:
             reading.set("precision", f"amp-{mixed}")
+            reading.miss("precision", f"{path.name}: mixed_precision", f"{mixed} autocast read over fp32 weights "
+                         "(amp); weights your script loads in 16 bits train as pure 16-bit", keep=True)  # fmt: skip
         reading.set("parallel.zero", 0)
         if kind == "FSDP":
             _fsdp(reading, path, data)

@@ -158,7 +158,12 @@ def _builder(reading: Reading, path: Path, data: dict[str, Any]) -> str:
 
 
 def read_config(
-    reading: Reading, path: Path, data: dict[str, Any], *, nproc: int = 1, shipped: str | None = None
+    reading: Reading,
+    path: Path,
+    data: dict[str, Any],
+    *,
+    nproc: int | None = None,
+    shipped: str | None = None,
 ) -> None:
     """A torchtune recipe config (merged with its overrides) into ``reading``."""
     where = f"--config {shipped}" if shipped else path.name
@@ -206,7 +211,12 @@ def read_config(
     _optimizer(reading, path, data, key)
     if method != "full":
         _lora(reading, path, data, dtype)
-    reading.set("parallel.dp", nproc)
+    if nproc is None:  # a config file alone: tune run --nproc_per_node decides
+        reading.miss("parallel.dp", path.name, "tune run --nproc_per_node N sets the GPU count (the distributed "
+                     "recipes shard with FSDP2 over them); memsim assumed one GPU (pass --dp N --zero 3)")  # fmt: skip
+        nproc = 1
+    else:
+        reading.set("parallel.dp", nproc)
     reading.set("parallel.zero", 3 if nproc > 1 else 0)
     offload = nproc > 1 and bool(get_bool(path, data, "fsdp_cpu_offload", False))
     reading.set("parallel.offload", "optimizer+params" if offload else "none")

@@ -192,3 +192,24 @@ def test_the_package_face_returns_the_scenario_and_the_unread_list(tmp_path: Pat
     path = _write(tmp_path, "ax.yaml", "base_model: meta-llama/Llama-3.2-1B\n")
     scenario, unread = memsim_widget.import_config(path)
     assert scenario.model == "llama-3.2-1b" and all(isinstance(line, str) for line in unread)
+
+
+def test_trainingarguments_json_as_transformers_writes_it(tmp_path: Path) -> None:
+    """``TrainingArguments.to_json_string()`` (every key, transformers 5.24) reads to what was set."""
+    transformers = pytest.importorskip("transformers")
+    with pytest.warns(FutureWarning):  # gradient_checkpointing: 5.24's old name, still written
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                                              bf16=True, gradient_checkpointing=True, use_cpu=True)  # fmt: skip
+    path = _write(tmp_path, "training_args.json", args.to_json_string())
+    sc = import_config(path).scenario
+    assert (sc.micro_batch_size, sc.activation_checkpointing, sc.optimizer, sc.optimizer_impl) == (
+        4, "full", "adamw", "fused")  # fmt: skip
+
+
+def test_a_torchtune_config_alone_lists_the_gpu_count() -> None:
+    data = Path(__file__).resolve().parents[1] / "data" / "configs" / "torchtune" / "8B_full.yaml"
+    imported = import_config(data)
+    assert imported.scenario.parallel.dp == 1
+    assert any(
+        line.startswith("parallel.dp (8B_full.yaml): tune run --nproc_per_node") for line in imported.unread
+    )
