@@ -64,7 +64,24 @@ def grid(fmt: str) -> list[dict[str, Any]]:
             sc["padding"] = "longest"  # their collators pad each batch to its longest sample
         sc["framework"] = _framework(fmt, sc)
         out.append(sc)
-    return out
+    return out + [{**out[0], **extra} for extra in EXTRAS.get(fmt, [])]
+
+
+#: Knobs only some formats have a key for, each on the grid's first scenario.
+EXTRAS: dict[str, list[dict[str, Any]]] = {
+    "torchtitan": [
+        {"parallel": {"dp": 2, "zero": 3, "tp": 2, "sequence_parallel": True}},
+        {"parallel": {"dp": 2, "zero": 3, "cp": 2}},
+        {"parallel": {"pp": 2, "pp_microbatches": 4, "pp_schedule": "gpipe"}},
+        {"parallel": {"pp": 2, "pp_microbatches": 4, "pp_schedule": "interleaved", "virtual_stages": 2}},
+        {"activation_checkpointing": "selective-op", "loss": "chunked", "compile": True, "optimizer_impl": "fused"},
+        {"model": "qwen3-30b-a3b", "parallel": {"dp": 8, "zero": 3, "ep": 8}},
+    ],
+    "deepspeed": [{"parallel": {"dp": 2, "zero": 1, "tp": 2}, "precision": "mixed-bf16"}],
+    "torchtune": [{"optimizer_in_backward": True}, {"loss": "chunked", "activation_offloading": True}],
+    "axolotl": [{"loss": "chunked", "activation_offloading": True, "attention": "eager"},
+                {"parallel": {"dp": 2, "tp": 2, "zero": 3}, "precision": "bf16"}],
+}  # fmt: skip
 
 
 def _exported(fmt: str, sc: dict[str, Any], folder: Path) -> list[Path] | None:
