@@ -3,7 +3,8 @@ run) or an older release's TOML job file.
 
 torchtitan 0.3 (torchtitan/config/configs.py ``TrainingConfig``, ``ParallelismConfig``, ``CompileConfig``,
 ``ActivationCheckpointConfig``; distributed/activation_checkpoint.py ``FullAC`` / ``SelectiveAC``;
-components/loss.py ``ChunkedLossWrapper``; components/optimizer ``OptimizersInBackwardContainer``) builds a
+components/loss.py ``ChunkedLossWrapper``; components/optimizer ``OptimizersInBackwardContainer``; later main's
+``num_tokens_per_microbatch_per_dp_rank`` / ``max_context_length`` token budget and packing datasets) builds a
 ``Trainer.Config`` in a function; this reader interprets only literals, config constructors, ``config.a.b = v``
 assignments, calls of the file's own functions and the optimizer's ``param_groups`` loop: any other statement is
 ignored, nothing is imported or executed. TOML files (releases up to 0.2: ``[training] batch_size``,
@@ -36,6 +37,9 @@ PRECISION = {
     ("float32", "float32"): "fp32",
 }
 _MAX_DEPTH = 8
+#: The integer arithmetic a config may write (``4 * 4096``); anything else stays uninterpreted.
+_ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+               ast.FloorDiv: lambda a, b: a // b}  # fmt: skip
 
 
 class Opaque:
@@ -90,6 +94,16 @@ class _Module:
             }
         if isinstance(node, ast.Name):
             return env.get(node.id, Opaque(node.id))
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:  # 4 * 4096: constants only
+            left, right = self.value(node.left, env, depth), self.value(node.right, env, depth)
+            if all(isinstance(x, int) and not isinstance(x, bool) and abs(x) < 2**40 for x in (left, right)):
+                return (
+                    _ARITHMETIC[type(node.op)](left, right)
+                    if right or type(node.op) is not ast.FloorDiv
+                    else 0
+                )
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):  # DATASETS["c4"]: a name
+            return Opaque(ast.unparse(node)[:60])
         if isinstance(node, ast.Call):
             return self.call(node, env, depth)
         return Opaque(ast.unparse(node)[:60])
@@ -244,29 +258,13 @@ def read_fields(reading: Reading, path: Path, cfg: dict[str, Any], where: str, *
         return True
 
     par = _parallel(reading, path, cfg, where)
-    micro = None
-    if need("training.local_batch_size", "micro_batch_size"):
-        local = get_int(path, cfg, "training.local_batch_size")
-        micro = (
-            get_int(path, cfg, "parallelism.pipeline_parallel_microbatch_size", 1) if par["pp"] > 1 else local
-        )
-        if local % micro:
-            raise file_error(
-                path, "training.local_batch_size", f"{local} is not a multiple of the microbatch {micro}"
-            )
-        reading.set("micro_batch_size", micro)
-        reading.set("parallel.pp_microbatches", local // micro)
-        glob = get_int(path, cfg, "training.global_batch_size", -1, minimum=-1)
-        if glob > 0 and par["dp"]:
-            if glob % (local * par["dp"]):
-                raise file_error(
-                    path, "training.global_batch_size", f"{glob} is not a multiple of local batch x dp"
-                )
-            reading.set("grad_accum_steps", glob // (local * par["dp"]))
-        else:
-            reading.set("grad_accum_steps", 1)
-    if need("training.seq_len", "seq_len"):
-        reading.set("seq_len", get_int(path, cfg, "training.seq_len"))
+    if dig(cfg, "training.num_tokens_per_microbatch_per_dp_rank") is not None:
+        _token_batch(reading, path, cfg, where, par)
+    else:
+        _batch(reading, path, cfg, par, need)
+    dataset = dig(cfg, "dataloader.dataset")
+    if isinstance(dataset, dict) and "Packing" in str(dataset.get("__call__", "")):
+        reading.set("padding", "packed")
     dtype = get_choice(path, cfg, "training.dtype", DTYPES, "float32")
     param = get_choice(path, cfg, "training.mixed_precision_param", DTYPES, "bfloat16")
     if (dtype, param) not in PRECISION:
@@ -294,6 +292,60 @@ def read_fields(reading: Reading, path: Path, cfg: dict[str, Any], where: str, *
             "float8 converters are not read (memsim's fp8 is TransformerEngine's)",
             keep=True,
         )
+
+
+def _batch(reading: Reading, path: Path, cfg: dict[str, Any], par: dict[str, int], need: Any) -> None:
+    """0.3's ``local_batch_size`` (pipeline microbatches of ``pipeline_parallel_microbatch_size``),
+    ``global_batch_size`` (accumulation = global / (local x dp)) and ``seq_len``."""
+    if need("training.local_batch_size", "micro_batch_size"):
+        local = get_int(path, cfg, "training.local_batch_size")
+        micro = (
+            get_int(path, cfg, "parallelism.pipeline_parallel_microbatch_size", 1) if par["pp"] > 1 else local
+        )
+        if local % micro:
+            raise file_error(
+                path, "training.local_batch_size", f"{local} is not a multiple of the microbatch {micro}"
+            )
+        reading.set("micro_batch_size", micro)
+        reading.set("parallel.pp_microbatches", local // micro)
+        glob = get_int(path, cfg, "training.global_batch_size", -1, minimum=-1)
+        if glob > 0 and par["dp"]:
+            if glob % (local * par["dp"]):
+                raise file_error(
+                    path, "training.global_batch_size", f"{glob} is not a multiple of local batch x dp"
+                )
+            reading.set("grad_accum_steps", glob // (local * par["dp"]))
+        else:
+            reading.set("grad_accum_steps", 1)
+    if need("training.seq_len", "seq_len"):
+        reading.set("seq_len", get_int(path, cfg, "training.seq_len"))
+
+
+def _token_batch(reading: Reading, path: Path, cfg: dict[str, Any], where: str, par: dict[str, int]) -> None:
+    """Later releases' token budget: ``num_tokens_per_microbatch_per_dp_rank`` tokens of sequences
+    ``max_context_length`` long (default 2048), ``num_tokens_per_train_step`` (-1: one microbatch per rank)."""
+    tokens = get_int(path, cfg, "training.num_tokens_per_microbatch_per_dp_rank")
+    length = get_int(path, cfg, "training.max_context_length", 2048)
+    if tokens % length:
+        raise file_error(path, "training.num_tokens_per_microbatch_per_dp_rank",
+                         f"{tokens} tokens are not whole sequences of max_context_length {length}")  # fmt: skip
+    reading.set("seq_len", length)
+    reading.set("micro_batch_size", tokens // length)
+    step = get_int(path, cfg, "training.num_tokens_per_train_step", -1, minimum=-1)
+    if step > 0 and par["dp"]:
+        if step % (tokens * par["dp"]):
+            raise file_error(
+                path, "training.num_tokens_per_train_step", "is not a multiple of microbatch tokens x dp"
+            )
+        reading.set("grad_accum_steps", step // (tokens * par["dp"]))
+    elif step > 0:
+        reading.miss("grad_accum_steps", where, "num_tokens_per_train_step needs the data-parallel size; memsim "
+                     "assumed no accumulation")  # fmt: skip
+    else:
+        reading.set("grad_accum_steps", 1)
+    if par["pp"] > 1:
+        reading.miss("parallel.pp_microbatches", where, "the pipeline's microbatches follow the token budget; "
+                     "pass --pp-microbatches")  # fmt: skip
 
 
 def _parallel(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> dict[str, int]:

@@ -214,3 +214,24 @@ def test_a_torchtune_config_alone_lists_the_gpu_count() -> None:
     assert any(
         line.startswith("parallel.dp (8B_full.yaml): tune run --nproc_per_node") for line in imported.unread
     )
+
+
+def test_torchtitan_s_token_budget_form_reads_as_sequences(tmp_path: Path) -> None:
+    """torchtitan main after 0.3: tokens per microbatch of sequences max_context_length long (arithmetic on
+    constants evaluated, nothing else), packing datasets, ChunkedLossWrapper."""
+    text = """
+def llama3_job():
+    model_spec = model_registry("8B")
+    return Trainer.Config(
+        model_spec=model_spec,
+        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config()),
+        training=TrainingConfig(num_tokens_per_microbatch_per_dp_rank=2 * 8192, max_context_length=8192),
+        dataloader=GrainDataLoader.Config(dataset=ConcatThenSplitPackingConfig(dataset=DATASETS["c4"])),
+        parallelism=ParallelismConfig(data_parallel_shard_degree=4),
+        activation_checkpoint=SelectiveAC.Config(),
+    )
+"""
+    sc = import_config(_write(tmp_path, "llama3/config_registry.py", text)).scenario
+    assert (sc.model, sc.micro_batch_size, sc.seq_len, sc.padding, sc.loss) == (
+        "llama-3.1-8b", 2, 8192, "packed", "chunked")  # fmt: skip
+    assert (sc.parallel.dp, sc.parallel.zero, sc.activation_checkpointing) == (4, 3, "selective-op")
