@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import gc
 import json
 import os
 import subprocess
@@ -109,7 +110,8 @@ def build_model(sc: Scenario, device: str = "cuda") -> tuple[Any, Any, str]:
         import peft
 
         lcfg = peft.LoraConfig(r=sc.lora.rank, lora_alpha=sc.lora.alpha, target_modules=list(sc.lora.targets))
-        model = peft.get_peft_model(model, lcfg)
+        # PEFT upcasts 16-bit adapters to fp32 unless told not to (memsim's lora.adapter_dtype)
+        model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=sc.lora.adapter_dtype == "fp32")
     model.train()
     return model, config, family
 
@@ -184,6 +186,8 @@ def run(sc: Scenario, lengths: Sequence[int] | None = None, history: bool = True
 
     lengths = list(lengths) if lengths else [sc.seq_len] * STEPS
     torch.cuda.init()
+    gc.collect()
+    torch.cuda.empty_cache()  # a second measurement in one process starts from an empty cache too
     torch.cuda.reset_peak_memory_stats()
     marks: list[tuple[int, str, int]] = []
     recording = history and _start_history(torch)
