@@ -239,7 +239,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         if cost is not None:
             head, _, rest = text.partition("\n\n")
             line = (f"cost      {cost.tokens:,.0f} tokens: {cost.wall_hours:,.3g} h on {cost.num_gpus} GPUs, "
-                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour")  # fmt: skip
+                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour "
+                    f"({cost.price_source})")  # fmt: skip
             text = f"{head}\n{line}\n\n{rest}"
         print(text)
     return 0
@@ -666,7 +667,8 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         print(json.dumps([g.to_dict() for g in GPUS.values()], indent=2))
     else:
         for g in GPUS.values():
-            print(f"{g.id:<16} {g.memory_gib:>7.1f} GiB  {g.name}")
+            kind = g.memory_source.kind if g.memory_source else "unknown"
+            print(f"{g.id:<16} {g.memory_gib:>8.2f} GiB  {kind:<16}  {g.name}")
     return 0
 
 

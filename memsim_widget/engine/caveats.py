@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from memsim_widget.architecture import Architecture
+from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.calibrated import caveat
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
 from memsim_widget.engine.objectives import training_scenario
 from memsim_widget.engine.rollout import engine_items
 from memsim_widget.engine.step_time import OVERLAPPING_FRAMEWORKS
@@ -80,10 +82,15 @@ def tp_exposed(scenario: Scenario) -> bool:
     return scenario.parallel.tp > 1 and scenario.framework not in OVERLAPPING_FRAMEWORKS
 
 
-def time_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
+def time_caveats(scenario: Scenario, arch: Architecture, gpu: GPU | None = None) -> tuple[str, ...]:
     """What the step time does not model for this scenario (``Estimate.time_caveats``; docs/speed.md, "Where it
-    misses")."""
+    misses"); ``gpu``: the resolved card, whose speeds may be unknown."""
     s, out = scenario, []
+    if gpu is not None and not speed_known(gpu):
+        out.append(
+            f"{gpu.name}: speeds unknown (a custom size, or a card registered without them); the step time, "
+            f"MFU and cost use an {SPEED_ASSUMED_FROM} card's datasheet speeds"
+        )
     if s.compile:
         out.append(
             "compile: only its fusion of elementwise ops is modelled, not the eager overheads it removes"

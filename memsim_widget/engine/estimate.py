@@ -172,7 +172,7 @@ class Estimate:
     @property
     def time_caveats(self) -> tuple[str, ...]:
         """What the step time does not model for this scenario, in words (docs/speed.md, "Where it misses")."""
-        return time_caveats(self.scenario, self.arch)
+        return time_caveats(self.scenario, self.arch, self.gpu)
 
     def time_rows(self) -> list[dict[str, Any]]:
         """Tidy rows of the step time: one per category and item, seconds, share of the step, formula."""
