@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,11 +167,18 @@ def check_gpu(gpu: Any) -> GPU:
     return gpu
 
 
+#: Called on each ``register_gpu``: the engine's caches keyed by the scenario (whose ``gpu`` is the id) drop
+#: what they computed with a record now replaced (engine/core.py registers them).
+ON_REGISTER: list[Callable[[], None]] = []
+
+
 def register_gpu(gpu: GPU) -> GPU:
     """Add or replace a GPU in the catalog. ``speed``/``price`` left None mark them unknown: step times and
     dollars then use an H100 SXM's figures, labelled as such (``Estimate.time_caveats``, ``cost.price_note``)."""
     GPUS[check_gpu(gpu).id] = gpu
     _EXACT_NAMES.clear()
+    for clear in ON_REGISTER:
+        clear()
     return gpu
 
 
