@@ -236,3 +236,16 @@ def test_the_verdict_reads_the_reported_capacity(gid):
     est = estimate(Scenario(model="gpt2", gpu=gid, seq_len=256))
     assert est.gpu.memory_bytes == GPUS[gid].memory_bytes < GPUS[gid].label_gb * GiB
     assert est.to_dict()["gpu_memory_bytes"] == GPUS[gid].memory_bytes
+
+
+def test_docs_page_holds_the_catalog_table():
+    """docs/gpus.md's table is written from the records (python scripts/gpu_table.py), so it cannot drift."""
+    import importlib.util
+
+    from memsim_widget.catalog.gpus import CATALOG_FILE as catalog
+
+    root = catalog.parents[2]
+    spec = importlib.util.spec_from_file_location("gpu_table", root / "scripts" / "gpu_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.page() == (root / "docs" / "gpus.md").read_text(), "run python scripts/gpu_table.py"
