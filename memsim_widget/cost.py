@@ -1,7 +1,7 @@
 """Hours and dollars of a training run: tokens to train over the modelled throughput, GPU-hours at a price.
 
 ``PRICES`` is a default on-demand price per GPU-hour for each catalog card, in US dollars, read from the card's
-record (catalog/gpus.toml: illustrative, typical list prices of GPU clouds and hyperscalers in 2025, rounded,
+record (catalog/gpus.json: illustrative, typical list prices of GPU clouds and hyperscalers in 2025, rounded,
 never fetched; each record names its date and source). Prices differ by provider, region, commitment and
 date: edit the table (``set_price``) or pass ``price=`` for your own figure. A card without a price (a custom
 size, a card the catalog has no price for) is priced as an H100 SXM, and ``price_note`` says so.

@@ -1,4 +1,4 @@
-"""Write the catalog table of docs/gpus.md from catalog/gpus.toml (the records are the one source; a test checks
+"""Write the catalog table of docs/gpus.md from catalog/gpus.json (the records are the one source; a test checks
 the page holds this table): ``python scripts/gpu_table.py`` rewrites everything below "## The table"."""
 
 from __future__ import annotations

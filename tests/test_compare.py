@@ -13,7 +13,7 @@ from memsim_widget.charts import CATEGORIES
 from memsim_widget.comparison import Comparison
 
 GiB = 1024**3
-#: The A100 40GB as total_memory reports it (deviceQuery, catalog/gpus.toml): the capacity the charts mark.
+#: The A100 40GB as total_memory reports it (deviceQuery, catalog/gpus.json): the capacity the charts mark.
 A100_40GB = GPUS["a100-40gb"].memory_bytes
 BASE = {"model": "llama-3.2-1b", "gpu": "a100-40gb", "seq_len": 1024}
 FULL = dict(BASE)

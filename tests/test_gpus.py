@@ -1,10 +1,10 @@
-"""The GPU catalog (catalog/gpus.toml): one complete record per card, capacities as the driver reports them,
+"""The GPU catalog (catalog/gpus.json): one complete record per card, capacities as the driver reports them,
 the names nvidia-smi and the clouds print, and what happens to a card registered without its speeds or price."""
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import json
 
 import pytest
 from hypothesis import given
@@ -30,7 +30,7 @@ from memsim_widget.cost import DEFAULT_PRICE, PRICES, price_note, price_of, set_
 from memsim_widget.engine.gpu_speed import DEFAULT_SPEED, gpu_speed
 
 MiB, GiB = 1024**2, 1024**3
-RECORDS = tomllib.loads(CATALOG_FILE.read_text())["gpu"]
+RECORDS = json.loads(CATALOG_FILE.read_text())["gpu"]
 CATALOG_IDS = [r["id"] for r in RECORDS]
 
 
@@ -67,7 +67,7 @@ def test_reported_capacity_is_below_the_label_and_within_ten_percent_of_it(gid):
 
 
 def test_headline_capacities_are_the_measured_ones():
-    """The figures people quote from torch and deviceQuery (catalog/gpus.toml cites each)."""
+    """The figures people quote from torch and deviceQuery (catalog/gpus.json cites each)."""
     assert GPUS["h100-sxm-80gb"].memory_bytes == 85_045_477_376  # deviceQuery, 81106 MiB = 79.20 GiB
     assert GPUS["a100-80gb"].memory_bytes == 85_100_068_864
     assert GPUS["h200"].memory_bytes == 143_156 * MiB
@@ -211,7 +211,7 @@ def test_register_gpu_refuses_what_is_not_a_record():
 
 @pytest.mark.parametrize(
     ("drop", "field"),
-    [("memory", "gpus.toml[h200].memory"), ("generation", "gpus.toml[h200].generation")],
+    [("memory", "gpus.json[h200].memory"), ("generation", "gpus.json[h200].generation")],
 )
 def test_a_bad_catalog_record_names_the_card_and_field(drop, field):
     rec = {k: v for k, v in next(r for r in RECORDS if r["id"] == "h200").items() if k != drop}
@@ -224,10 +224,10 @@ def test_a_bad_catalog_value_names_the_card_and_field():
     rec = next(r for r in RECORDS if r["id"] == "h200")
     with pytest.raises(ScenarioError) as e:
         gpu_from_record({**rec, "memory": {**rec["memory"], "bytes": -5}})
-    assert e.value.field == "gpus.toml[h200].memory_bytes"
+    assert e.value.field == "gpus.json[h200].memory_bytes"
     with pytest.raises(ScenarioError) as e:
         gpu_from_record({**rec, "speed": {**rec["speed"], "fp64": 67}})
-    assert e.value.field == "gpus.toml[h200].speed"
+    assert e.value.field == "gpus.json[h200].speed"
 
 
 @given(st.sampled_from(CATALOG_IDS))

@@ -1,4 +1,4 @@
-"""Speeds of each card: peak FLOP/s, HBM bandwidth, links (read from the card's record, catalog/gpus.toml), and
+"""Speeds of each card: peak FLOP/s, HBM bandwidth, links (read from the card's record, catalog/gpus.json), and
 the matmul efficiency fitted per generation.
 
 Peaks and bandwidths are vendor datasheet figures (dense, no sparsity; per direction for links), one record

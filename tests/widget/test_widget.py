@@ -246,7 +246,7 @@ def test_scenario_setter_is_strict() -> None:
 
 
 def test_headroom_changes_verdict_and_band() -> None:
-    sim = make()  # llama-3.1-8b on H100 SXM: its 79.20 GiB as the driver reports it (catalog/gpus.toml)
+    sim = make()  # llama-3.1-8b on H100 SXM: its 79.20 GiB as the driver reports it (catalog/gpus.json)
     sim.headroom = 0.0
     assert sim.result["verdict"] == "fits"
     sim.headroom = 0.3
