@@ -444,6 +444,7 @@ def _plan_table(p: Any, top: int) -> str:
     lines.append(
         f"hours and dollars: {_tokens_text(p)} at ${p.price_per_gpu_hour:g} per GPU-hour; ranked by {p.rank_by}"
     )
+    lines += [f"assumed: {a}" for a in p.assumptions]
     lines.append(p.summary())
     return "\n".join(lines)
 

@@ -249,3 +249,16 @@ def test_docs_page_holds_the_catalog_table():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.page() == (root / "docs" / "gpus.md").read_text(), "run python scripts/gpu_table.py"
+
+
+def test_the_plan_states_what_it_assumes_for_a_card_without_speed_or_price():
+    from memsim_widget.plan.search import plan
+
+    known = plan("llama-3.2-1b", "h100-sxm-80gb", 8, top=1)
+    assert known.assumptions == [] and "2025" in known.price_source
+    new = plan("llama-3.2-1b", "b300", 8, top=1)  # speeds known, no price
+    assert new.assumptions == [f"NVIDIA B300 288GB: price {price_note('b300')}"]
+    assert new.to_dict(top=1)["assumptions"] == new.assumptions
+    custom = plan("llama-3.2-1b", {"memory_gib": 48}, 8, top=1)
+    assert any("speeds unknown" in a for a in custom.assumptions)
+    assert plan("llama-3.2-1b", "b300", 8, top=1, price=7.0).assumptions == []

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from memsim_widget.cost import price_of
+from memsim_widget.cost import price_note, price_of
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
+from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
@@ -165,6 +166,23 @@ class Plan:
     def price_per_gpu_hour(self) -> float:
         """The price the dollars column uses (US$ per GPU-hour)."""
         return price_of(Context(self.base).gpu.id) if self.price is None else float(self.price)
+
+    @property
+    def price_source(self) -> str:
+        """Where ``price_per_gpu_hour`` comes from (``cost.price_note``; "given" for ``price=``)."""
+        return price_note(Context(self.base).gpu.id) if self.price is None else "given"
+
+    @property
+    def assumptions(self) -> list[str]:
+        """What the time and cost columns assume for lack of the card's facts (its speeds, its price)."""
+        gpu, out = Context(self.base).gpu, []
+        if not speed_known(gpu):
+            out.append(
+                f"{gpu.name}: speeds unknown; tokens/s, MFU and hours use an {SPEED_ASSUMED_FROM} card's"
+            )
+        if self.price is None and "unknown" in self.price_source:
+            out.append(f"{gpu.name}: price {self.price_source}")
+        return out
 
     @property
     def fitting(self) -> int:
@@ -341,6 +359,8 @@ class Plan:
             "ranked_by": RANKED_BY[self.rank_by],
             "train_tokens": DEFAULT_TRAIN_TOKENS if self.train_tokens is None else self.train_tokens,
             "price_per_gpu_hour": self.price_per_gpu_hour,
+            "price_source": self.price_source,
+            "assumptions": self.assumptions,
             "candidates": out,
         }
 
