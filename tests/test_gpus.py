@@ -228,6 +228,12 @@ def test_a_bad_catalog_value_names_the_card_and_field():
     with pytest.raises(ScenarioError) as e:
         gpu_from_record({**rec, "speed": {**rec["speed"], "fp64": 67}})
     assert e.value.field == "gpus.json[h200].speed"
+    with pytest.raises(ScenarioError) as e:
+        gpu_from_record({**rec, "speed": {**rec["speed"], "fp8": "1979"}})
+    assert e.value.field == "gpus.json[h200].speed.fp8"
+    with pytest.raises(ScenarioError) as e:
+        gpu_from_record({**rec, "price": {"usd_per_gpu_hour": 3.8}})
+    assert e.value.field == "gpus.json[h200].price"
 
 
 @given(st.sampled_from(CATALOG_IDS))

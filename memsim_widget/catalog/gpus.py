@@ -184,16 +184,26 @@ def register_gpu(gpu: GPU) -> GPU:
 
 def _speed(rec: Mapping[str, Any], where: str) -> GPUSpeed:
     """A record's ``speed`` table as a GPUSpeed (16-bit: bf16, else fp16)."""
-    peaks = tuple((d, float(rec[d])) for d in DTYPES if d in rec)
     unknown = set(rec) - set(DTYPES) - set(_LINKS) - {"source"}
     if unknown:
         raise ScenarioError(f"{where}.speed", f"unknown keys {sorted(unknown)}")
+    for k in (*DTYPES, *_LINKS):
+        if k in rec:
+            _positive(f"{where}.speed.{k}", rec[k])
+    peaks = tuple((d, float(rec[d])) for d in DTYPES if d in rec)
     p = dict(peaks)
     try:
         return GPUSpeed(p.get("bf16", p.get("fp16", 0.0)), p.get("fp32", 0.0),
                         *(float(rec[k]) for k in _LINKS), peaks, str(rec.get("source", "")))  # fmt: skip
     except KeyError as e:
         raise ScenarioError(f"{where}.speed.{e.args[0]}", "missing") from None
+
+
+def _price(rec: Mapping[str, Any], where: str) -> Price:
+    """A record's ``price`` table as a Price (all three of its keys required)."""
+    if not isinstance(rec, Mapping) or set(rec) != {"usd_per_gpu_hour", "date", "source"}:
+        raise ScenarioError(f"{where}.price", "must hold exactly usd_per_gpu_hour, date and source")
+    return Price(rec["usd_per_gpu_hour"], str(rec["date"]), str(rec["source"]))
 
 
 def gpu_from_record(rec: Mapping[str, Any]) -> GPU:
@@ -205,7 +215,7 @@ def gpu_from_record(rec: Mapping[str, Any]) -> GPU:
             rec["id"], rec["name"], mem["bytes"], rec["generation"], rec["context_bytes"],
             rec["cublas_workspace_bytes"], rec.get("bf16", True),
             _speed(rec["speed"], where) if "speed" in rec else None,
-            Price(**rec["price"]) if "price" in rec else None,
+            _price(rec["price"], where) if "price" in rec else None,
             MemorySource(mem["kind"], mem["source"]), tuple(rec.get("names", ())), rec.get("label_gb"),
         )  # fmt: skip
     except KeyError as e:
