@@ -70,15 +70,21 @@ def _listed_types() -> frozenset[str] | None:
     return frozenset(names) if len(names) > 50 else None
 
 
+def maybe_known_to_transformers(model_type: str) -> bool:
+    """False when ``model_type`` is certainly not one transformers knows (its shape, or its absence from the
+    mapping's source text); answered without importing transformers."""
+    if not _TYPE_SHAPE.fullmatch(model_type):
+        return False
+    listed = _listed_types()
+    return listed is None or model_type in listed
+
+
 def known_to_transformers(model_type: str) -> bool:
     """True if transformers is installed and has a config class for ``model_type`` (no network, no remote code).
 
     A type of another shape, or one absent from transformers' mapping source, is answered at once: refusing an
     unknown type never waits for the seconds-long import of transformers and torch."""
-    if not _TYPE_SHAPE.fullmatch(model_type):
-        return False
-    listed = _listed_types()
-    if listed is not None and model_type not in listed:
+    if not maybe_known_to_transformers(model_type):
         return False
     if transformers_version() is None:
         return False
