@@ -553,13 +553,15 @@ def _recommend_text(rec: Any) -> str:
             )
 
     if not rec.fits:
+        if rec.changes and rec.bound:
+            lines.append(f"no change that keeps the job fits: {rec.bound}")
         if rec.changes:
             lines.append(
                 "changes that fit (fewest levers first, least slowdown first; changes of the job last):"
             )
             change_lines(rec.changes)
         else:
-            lines.append("no combination of up to three levers fits; more GPUs (below) or a larger card")
+            lines.append(f"no lever fits: {rec.bound}")
     elif rec.singles:
         lines.append("it fits; what each lever would save:")
         change_lines(rec.singles)
@@ -575,12 +577,19 @@ def _recommend_text(rec: Any) -> str:
         lines.append(f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'}")
     mg = rec.min_gpus
     if mg is None:
-        lines.append("min GPUs          none (data parallelism alone does not make it fit)")
+        lines.append(f"min GPUs          none: {rec.min_gpus_reason}")
     else:
         lines.append(
-            f"min GPUs          {mg['num_gpus']} (dp={mg['dp']}, ZeRO-{mg['zero']}, rest of the layout kept): "
-            f"{_gib(mg['device_total_bytes'])} GiB per GPU"
+            f"min GPUs          {mg['num_gpus']} as dp={mg['dp']} tp={mg['tp']} pp={mg['pp']} ZeRO-{mg['zero']} "
+            f"(the fastest modelled layout that fits): {_gib(mg['device_total_bytes'])} GiB per GPU"
         )
+    card = rec.smallest_card
+    if card is not None:
+        lines.append(
+            f"smallest card     {card['name']}: {_gib(card['device_total_bytes'])} GiB per GPU, as it is"
+        )
+    elif not rec.fits:
+        lines.append("smallest card     none in the catalog holds it as it is")
     return "\n".join(lines)
 
 
