@@ -442,6 +442,8 @@ def _plan_table(p: Any, top: int) -> str:
     lines.append(
         f"hours and dollars: {_tokens_text(p)} at ${p.price_per_gpu_hour:g} per GPU-hour; ranked by {p.rank_by}"
     )
+    if untraced := _untraced_text(p):
+        lines.append(untraced)
     lines.append(p.summary())
     return "\n".join(lines)
 
@@ -495,7 +497,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ScenarioError("top", f"must be a positive integer, got {args.top}")
     methods = None
-    if args.method is not None and "," in args.method:  # a list: the search tries each method
+    if args.method is not None:  # a list: the search tries each method; one method: fixed (never widened)
         methods = [m.strip() for m in args.method.split(",")]
         args.method = methods[0]
     base = _read_scenario(args.scenario or args.base)
@@ -516,6 +518,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.export is not None:
         if not p.fitting:
             raise ScenarioError("--export", "no candidate fits, so there is none to export")
+        p = p.for_export(args.export)
+        if p.left_out:
+            print(_left_out_text(p), file=sys.stderr)
+        if not p.listed:
+            raise ScenarioError("--export", f"no listed candidate can be expressed in {args.export}")
         _export_pick(p, args)
         return 0
     if args.json:
@@ -630,6 +637,33 @@ def cmd_export(args: argparse.Namespace) -> int:
     sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
     _write_export(export(sc, args.format), args.out)
     return 0
+
+
+def _left_out_text(p: Any) -> str:
+    """How many listed candidates the export format cannot express, and why (one line per refusal)."""
+    n = sum(v["count"] for v in p.left_out.values())
+    lines = [f"{n:,} listed candidate{'s' if n != 1 else ''} left out: {p.export_format} cannot express them"]
+    lines += [
+        f"  {v['count']:,} for {field} (e.g. {v['why']})"
+        for field, v in sorted(p.left_out.items(), key=lambda x: -x[1]["count"])
+    ]
+    return "\n".join(lines)
+
+
+def _untraced_text(p: Any) -> str:
+    """The plan's time figures that no published run held (``engine/caveats.untraced_time``), or ''."""
+    from memsim_widget.engine.caveats import untraced_time
+    from memsim_widget.engine.context import Context
+
+    gpu = Context(p.base).gpu
+    labels = []
+    for sc in (p.base, *(b for b in p.bases[1:] if b.method == "qlora")):
+        labels += [x for x in untraced_time(sc, gpu) if x not in labels]
+    frame = p.frame
+    if len(frame) and (frame["offload"] != "none").any():
+        off = p.base.replace(parallel={"zero": 3, "offload": "optimizer+params"})
+        labels += [x for x in untraced_time(off, None) if x.startswith("untraced for offload")]
+    return "" if not labels else "time figures (tok/s, MFU, hours, dollars) " + "; ".join(labels)
 
 
 def _export_pick(p: Any, args: argparse.Namespace) -> None:
