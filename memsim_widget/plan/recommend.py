@@ -734,11 +734,16 @@ def _order(c: Change) -> tuple:
 
 
 def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[Option]]) -> list[Change]:
-    """The smallest fixes that keep the job (up to ``MAX_LEVERS`` levers, else a greedy set), then for each
-    option that changes the job the fewest levers that make it fit with it."""
+    """The smallest fixes that keep the job (up to ``MAX_LEVERS`` levers, else a greedy set; then the
+    planner's best candidate on the same GPUs when it is faster than all of them), then for each option that
+    changes the job the fewest levers that make it fit with it."""
     same = search.smallest(keep)
     if not same and (g := search.greedy(keep)) is not None:
         same = [g]
+    best = _planner_option(search.scenario, search.headroom)
+    if best is not None and (c := search.change((best,))) is not None and c.fits:
+        if not same or c.slowdown < min(x.slowdown for x in same):
+            same = sorted([*same[:9], c], key=_order)
     other: list[Change] = []
     for opts in _combos(job, 1):
         found = search.smallest(keep, opts, most=2) or [
@@ -747,6 +752,55 @@ def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[O
         other += found[:2]
     other.sort(key=_order)
     return same[:10] + other[:6]
+
+
+def _planner_option(scenario: Scenario, headroom: float) -> Option | None:
+    """The planner's best candidate (``plan.search.plan``, ranked by modelled tokens/s per GPU) on the
+    scenario's own GPUs, with its global batch and method kept, as one option; None when nothing fits there
+    or the planner does not model the scenario (an RL objective, a calibrated model)."""
+    from memsim_widget.plan.search import plan
+    from memsim_widget.plan.space import SearchSpace
+
+    if scenario.objective_name != "sft":
+        return None
+    par = scenario.parallel
+    per_replica = (
+        scenario.micro_batch_size * scenario.grad_accum_steps * (par.pp_microbatches if par.pp > 1 else 1)
+    )
+    opts = (
+        (scenario.optimizer, "adamw-8bit")
+        if scenario.optimizer in ("adamw", "adam")
+        else (scenario.optimizer,)
+    )
+    try:
+        space = SearchSpace(optimizers=opts, offload=("none", "optimizer", "optimizer+params"))
+        p = plan(
+            base=scenario,
+            gpus=par.world_size,
+            space=space,
+            headroom=headroom,
+            top=1,
+            widen=False,
+            global_batch_tokens=par.dp * par.cp * per_replica * Context(scenario).seq_len // par.cp,
+        )
+    except ScenarioError:
+        return None
+    best = p.best()
+    if best is None:
+        return None
+    old, new = scenario.to_dict(), best.to_dict()
+    changes = {k: new[k] for k in new if k not in ("parallel", "num_gpus") and new[k] != old[k]}
+    changes.update({f"parallel.{k}": v for k, v in new["parallel"].items() if v != old["parallel"][k]})
+    b = best.parallel
+    label = (
+        f"the planner's best layout on {b.world_size} GPUs: dp={b.dp} tp={b.tp} pp={b.pp} cp={b.cp} ep={b.ep} "
+        f"ZeRO-{b.zero}{' sp' if b.sequence_parallel else ''}, micro-batch {best.micro_batch_size}, "
+        f"checkpointing {best.activation_checkpointing}, {best.loss} loss, {best.optimizer}, offload {b.offload}"
+    )
+    cost = (
+        "several knobs at once: memsim plan's fastest fitting candidate for these GPUs and this global batch"
+    )
+    return Option("planner", label, changes, cost)
 
 
 def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_HEADROOM) -> Recommendation:
