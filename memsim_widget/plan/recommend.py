@@ -741,9 +741,9 @@ def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[O
     if not same and (g := search.greedy(keep)) is not None:
         same = [g]
     best = _planner_option(search.scenario, search.headroom)
-    if best is not None and (c := search.change((best,))) is not None and c.fits:
-        if not same or c.slowdown < min(x.slowdown for x in same):
-            same = sorted([*same[:9], c], key=_order)
+    c = search.change((best,)) if best is not None else None
+    if c is not None and c.fits and (not same or c.slowdown < min(x.slowdown for x in same)):
+        same = sorted([*same[:9], c], key=_order)
     other: list[Change] = []
     for opts in _combos(job, 1):
         found = search.smallest(keep, opts, most=2) or [
