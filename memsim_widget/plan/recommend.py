@@ -746,7 +746,7 @@ def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[O
         same = sorted([*same[:9], c], key=_order)
     other: list[Change] = []
     for opts in _combos(job, 1):
-        found = search.smallest(keep, opts, most=2) or [
+        found = search.smallest(keep, opts, most=1) or [
             g for g in [search.greedy(keep, opts)] if g is not None
         ]
         other += found[:2]
