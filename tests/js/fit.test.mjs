@@ -210,6 +210,16 @@ describe("layouts", () => {
     assert.equal(rows.length, v.top.length);
     assert.ok(rows.length <= 5);
     assert.match(rows[0].textContent, new RegExp(v.top[0].layout));
+    // each candidate says which formats write its launch files, and why the others refuse (naming the field)
+    const cell = rows[0].querySelector(".memsim-col-exports");
+    const answers = Object.entries(v.top[0].exports);
+    assert.equal(answers.length, 7);
+    const ok = answers.filter(([, why]) => why === null).map(([fmt]) => fmt);
+    assert.equal(cell.textContent, ok.length ? ok.join(", ") : "none");
+    for (const [fmt, why] of answers.filter(([, w]) => w !== null)) {
+      assert.ok(cell.getAttribute("title").includes(`${fmt}: ${why}`));
+      assert.match(why, /^[a-z_.]+: cannot be exported to /);
+    }
     const apply = rows[0].querySelector(".memsim-layout-apply");
     fire(window, apply, "click");
     assert.deepEqual(model.sent.at(-1), { type: "layout_apply", candidate: v.top[0].candidate, id: layouts.id });
