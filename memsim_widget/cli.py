@@ -444,6 +444,8 @@ def _plan_table(p: Any, top: int) -> str:
     )
     if untraced := _untraced_text(p):
         lines.append(untraced)
+    if len(frame):
+        lines.append(_exports_text(p, int(frame["candidate"].iloc[0])))
     lines.append(p.summary())
     return "\n".join(lines)
 
@@ -648,6 +650,17 @@ def _left_out_text(p: Any) -> str:
         for field, v in sorted(p.left_out.items(), key=lambda x: -x[1]["count"])
     ]
     return "\n".join(lines)
+
+
+def _exports_text(p: Any, candidate: int) -> str:
+    """Which formats write the launch files of the first listed candidate, and which refuse (by field)."""
+    answers = p.export_answers(candidate)
+    ok = [f for f, why in answers.items() if why is None]
+    no = [f"{f} ({why.split(':', 1)[0]})" for f, why in answers.items() if why is not None]
+    text = f"launch files for #1: {', '.join(ok) or 'no format'}"
+    if no:
+        text += f"; refused by {', '.join(no)}; --export F ranks only what F can express"
+    return text
 
 
 def _untraced_text(p: Any) -> str:

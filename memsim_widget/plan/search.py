@@ -151,6 +151,15 @@ class Plan:
             return e
         return None
 
+    def export_answers(self, candidate: int) -> dict[str, str | None]:
+        """Each export format's answer for ``candidate``: None when it writes the launch files, else its
+        refusal (``field: why``, one line)."""
+        from memsim_widget.export import FORMATS
+
+        return {
+            fmt: None if (e := self.export_refusal(candidate, fmt)) is None else str(e) for fmt in FORMATS
+        }
+
     @cached_property
     def _exportable(self) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
         """The frontier filtered by ``export_format``: each group of candidates that agree on every column a
@@ -386,6 +395,7 @@ class Plan:
                         )
                     },
                     "cost": {k: float(row[k]) for k in ("wall_hours", "gpu_hours", "dollars")},
+                    "exports": self.export_answers(i),
                 }
             )
         return {

@@ -80,18 +80,6 @@ def plan_search(**kwargs: Any) -> Plan:
     return plan(**kwargs)
 
 
-def export_answers(p: Plan, candidate: int) -> dict[str, str | None]:
-    """Each export format's answer for one candidate: None when it writes the launch files, else its refusal
-    (``field: why``, one line)."""
-    from memsim_widget.export import FORMATS
-
-    out: dict[str, str | None] = {}
-    for fmt in FORMATS:
-        err = p.export_refusal(candidate, fmt)
-        out[fmt] = None if err is None else str(err)
-    return out
-
-
 def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_POINTS) -> dict[str, Any]:
     """The ``view`` of the ``layouts`` trait: the search in numbers, the best ``rows`` candidates, the chart."""
     from memsim_widget.plan.chart import candidates_spec
@@ -121,7 +109,7 @@ def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_PO
                 "device_total_bytes": int(p.columns["device_total_bytes"][int(r.candidate)]),
                 "device_total_gib": round(float(r.device_total_gib), 2),
                 "tokens_per_gpu_s": round(float(r.tokens_per_gpu_s), 1),
-                "exports": export_answers(p, int(r.candidate)),
+                "exports": p.export_answers(int(r.candidate)),
             }
         )
     return {
