@@ -31,6 +31,9 @@ MAX_LEVERS = 3
 MAX_MICRO_BATCH = 4096
 MAX_SEQ_LEN = 1 << 20
 MAX_DP = 4096
+#: The planner's pick joins the fixes that keep the job when it is modelled this much faster than all of them
+#: (a pick that changes many knobs for a 1% gain is no answer worth reading).
+PLANNER_GAIN = 0.98
 #: The most GPUs the other layouts (tp, pp with ZeRO-3) are tried on for ``min_gpus``.
 MAX_LAYOUT_GPUS = 1024
 
@@ -565,6 +568,7 @@ class Recommendation:
         rows = [
             {
                 "change": c.label,
+                "changes_the_job": c.changes_the_job,
                 "fits": c.fits,
                 "saved_gib": c.saved_bytes / GiB,
                 "device_total_gib": c.after.device_total_bytes / GiB,
@@ -574,7 +578,16 @@ class Recommendation:
             for c in (self.changes or self.singles)
         ]
         return pd.DataFrame(
-            rows, columns=["change", "fits", "saved_gib", "device_total_gib", "slowdown", "cost"]
+            rows,
+            columns=[
+                "change",
+                "changes_the_job",
+                "fits",
+                "saved_gib",
+                "device_total_gib",
+                "slowdown",
+                "cost",
+            ],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -742,7 +755,7 @@ def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[O
         same = [g]
     best = _planner_option(search.scenario, search.headroom)
     c = search.change((best,)) if best is not None else None
-    if c is not None and c.fits and (not same or c.slowdown < min(x.slowdown for x in same)):
+    if c is not None and c.fits and (not same or c.slowdown < PLANNER_GAIN * min(x.slowdown for x in same)):
         same = sorted([*same[:9], c], key=_order)
     other: list[Change] = []
     for opts in _combos(job, 1):

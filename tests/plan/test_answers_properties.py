@@ -1,7 +1,8 @@
 """Properties of the answers users act on, over random bases (hypothesis, few examples: seconds).
 
 - If ``plan`` lists a fit on the scenario's own GPUs (its global batch and method kept), ``recommend`` of the
-  scenario finds a fit that keeps the job, no slower (modelled step time per token) than the planner's best.
+  scenario finds a fit that keeps the job, no slower (modelled step time per token) than the planner's best
+  (within ``PLANNER_GAIN``: a pick 2% faster changing many knobs is not offered over a simpler fix).
 - Every recommendation, applied to the scenario through its public dict form, fits when estimated again.
 - Every listed pick of a plan exports, or is refused in one line naming a field; a plan ranked for a format
   (``for_export``) lists only picks that export.
@@ -20,7 +21,7 @@ from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.export import FORMATS, export
 from memsim_widget.plan import plan, recommend
-from memsim_widget.plan.recommend import _step_time
+from memsim_widget.plan.recommend import PLANNER_GAIN, _step_time
 from memsim_widget.scenario import Scenario
 
 MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "qwen3-4b")
@@ -71,7 +72,7 @@ def test_when_plan_lists_a_fit_recommend_finds_one_no_slower(base):
     keep = [c for c in rec.changes if not c.changes_the_job]
     assert keep, "the planner found a fit on these GPUs: recommend must find one that keeps the job"
     best = _step_time(p.best()) / _step_time(sc)
-    assert min(c.slowdown for c in keep) <= best * (1 + 1e-9)
+    assert min(c.slowdown for c in keep) * PLANNER_GAIN <= best * (1 + 1e-9)
 
 
 @SETTINGS
