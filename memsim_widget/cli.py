@@ -537,11 +537,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not p.fitting:
             raise ScenarioError("--export", "no candidate fits, so there is none to export")
         p = p.for_export(args.export)
-        if p.left_out:
-            print(_left_out_text(p), file=sys.stderr)
         if not p.listed:
             raise ScenarioError("--export", f"no listed candidate can be expressed in {args.export}")
         _export_pick(p, args)
+        if p.left_out:  # after the files: a refused --pick stays one line
+            print(_left_out_text(p), file=sys.stderr)
         return 0
     if args.json:
         print(json.dumps(p.to_dict(args.top), indent=2))
@@ -657,7 +657,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _left_out_text(p: Any) -> str:
     """How many listed candidates the export format cannot express, and why (one line per refusal)."""
     n = sum(v["count"] for v in p.left_out.values())
-    lines = [f"{n:,} listed candidate{'s' if n != 1 else ''} left out: {p.export_format} cannot express them"]
+    lines = [
+        f"{n:,} listed candidate{'s' if n != 1 else ''} left out: {p.export_format} cannot express them (--pick "
+        f"counts among the {p.listed:,} it can)"
+    ]
     lines += [
         f"  {v['count']:,} for {field} (e.g. {v['why']})"
         for field, v in sorted(p.left_out.items(), key=lambda x: -x[1]["count"])
