@@ -763,8 +763,8 @@ def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[O
             g for g in [search.greedy(keep, opts)] if g is not None
         ]
         other += found[:2]
-    other.sort(key=_order)
-    return same[:10] + other[:6]
+    # One order over both lists: LoRA -> QLoRA is among the job changes searched but keeps the job.
+    return sorted(same[:10] + sorted(other, key=_order)[:6], key=_order)
 
 
 def _planner_option(scenario: Scenario, headroom: float) -> Option | None:
