@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
     """Import the widget (and ``compare``, ``import_config``) lazily so the engine and CLI never load Jupyter or
     Altair."""
     if name == "MemSim":
-        from memsim_widget.widget import MemSim
+        from memsim_widget.widget import MemSim  # says how to install the widget extra when it is missing
 
         return MemSim
     if name == "import_config":  # your launch configs as a scenario, and the settings they leave unread
