@@ -234,20 +234,27 @@ def read_files(paths: Sequence[str | Path], fmt: str = "auto") -> Reading:
         raise ScenarioError("FILE", "give at least one launch config file")
     files = [_load(p) for p in paths]
     chosen = _format_of(files, fmt)
+    if (
+        fmt != "auto"
+    ):  # --format: every file but a DeepSpeed JSON or a model config.json is read as that format
+        for f in files:
+            if f.kind not in ("model", "deepspeed"):
+                f.kind = "setup" if chosen == "hf" and hf.is_model_setup(f.data or {}) else chosen
     reading = Reading(chosen)
     reading.files = [f.path for f in files]
     if chosen == "hf":
         _read_hf(reading, files)
     elif chosen != "model":
-        primaries = [f for f in files if f.kind not in ("model", "setup")]
-        if fmt != "auto":
-            primaries = [f for f in files if f.kind not in ("model", "deepspeed")] or primaries
-            for f in primaries:
-                f.kind = chosen if f.kind != "deepspeed" else f.kind
-        if len([f for f in primaries if f.kind != "deepspeed"]) > 1:
+        primaries = [f for f in files if f.kind not in ("model", "setup", "deepspeed")]
+        if len(primaries) > 1:
             raise file_error(primaries[1].path, "", f"a second {chosen} file: give one job's files")
-        main = next((f for f in primaries if f.kind != "deepspeed"), primaries[0])
+        main = primaries[0] if primaries else next(f for f in files if f.kind == "deepspeed")
         _read_primary(reading, main, files)
+        main.kind = "deepspeed-used" if main.kind == "deepspeed" else main.kind
+    for f in files:  # a DeepSpeed JSON no file names would be dropped silently: refused instead
+        if f.kind == "deepspeed" and chosen not in ("model",):
+            raise file_error(f.path, "", "no other file names it (their deepspeed key): add it there, or give "
+                             "it alone")  # fmt: skip
     for f in files:
         if f.kind == "model":  # a model's own config.json given beside the launch files: it is the model
             reading.set("model", str(f.path))

@@ -235,3 +235,19 @@ def llama3_job():
     assert (sc.model, sc.micro_batch_size, sc.seq_len, sc.padding, sc.loss) == (
         "llama-3.1-8b", 2, 8192, "packed", "chunked")  # fmt: skip
     assert (sc.parallel.dp, sc.parallel.zero, sc.activation_checkpointing) == (4, 3, "selective-op")
+
+
+def test_a_deepspeed_json_no_file_names_is_refused_not_dropped() -> None:
+    data = Path(__file__).resolve().parents[1] / "data" / "configs"
+    with pytest.raises(ScenarioError) as err:
+        import_config([data / "axolotl" / "lora-1b.yml", data / "deepspeed" / "ds_z3_config.json"])
+    assert err.value.field == "ds_z3_config.json" and "no other file names it" in err.value.message
+
+
+def test_format_forces_how_the_files_are_read(tmp_path: Path) -> None:
+    """``--format hf`` reads a YAML of TrainingArguments keys as such, whatever else it holds."""
+    path = _write(tmp_path, "job.yaml", "base_model: x\nper_device_train_batch_size: 3\n")
+    assert import_config(path).scenario.micro_batch_size == 1  # auto: axolotl (base_model), its default batch
+    assert import_config(path, "hf").scenario.micro_batch_size == 3
+    with pytest.raises(ScenarioError, match="--format"):
+        import_config(path, "megatron")
