@@ -361,6 +361,7 @@ def import_config(paths: str | Path | Sequence[str | Path], fmt: str = "auto",
     if isinstance(paths, str | Path):
         paths = [paths]
     reading = read_files(list(paths), fmt)
+    reading.files = list(dict.fromkeys(reading.files))  # a DeepSpeed JSON found by name may be given too
     data = scenario_dict(reading, overrides)
     try:
         scenario = Scenario.from_dict(data)
