@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memsim_widget.importers import deepspeed
-from memsim_widget.importers.common import Reading, dig, file_error, get_bool, get_choice, get_int, get_str
+from memsim_widget.importers.common import Reading, file_error, get_bool, get_choice, get_int, get_str
 
 KINDS = ("NO", "MULTI_GPU", "DEEPSPEED", "FSDP")
 #: FSDP1 ``fsdp_sharding_strategy`` (name or accelerate's number) -> (ZeRO stage, reshard after forward).
@@ -112,7 +112,6 @@ def _deepspeed(reading: Reading, path: Path, data: dict[str, Any], companion: Ca
     reading.set("grad_accum_steps", get_int(path, data, "deepspeed_config.gradient_accumulation_steps", 1))
     reading.set("precision", {"bf16": "mixed-bf16", "fp16": "mixed-fp16"}.get(mixed, "fp32"))
     reading.set("framework", "deepspeed")
-    if dig(data, "deepspeed_config.zero3_init_flag") is not None:
-        pass  # loading-time only: the training step's memory does not depend on it
+    # zero3_init_flag is read by nobody here: it changes how the model loads, not the training step's memory
     reading.miss("optimizer", path.name, SCRIPT)
     return 1
