@@ -41,6 +41,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "images_per_sample": ("images_per_sample", int),
     "freeze_vision": ("freeze_vision", bool),
     "ssm_kernel": ("ssm_kernel", str),
+    "allocator_conf": ("allocator_conf", str),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),

@@ -250,6 +250,17 @@ def parse_alloc_conf(text: str, field_: str = "allocator_conf") -> AllocatorConf
     )
 
 
+def alloc_conf_error(text: str | None) -> str | None:
+    """The message of what is wrong with a ``PYTORCH_CUDA_ALLOC_CONF`` string (None: nothing, or unset)."""
+    if text is None:
+        return None
+    try:
+        parse_alloc_conf(text)
+    except ScenarioError as exc:
+        return exc.message
+    return None
+
+
 # ----- the size rules -----------------------------------------------------------------------------------
 def _power2_next_division(size: int, divisions: int) -> int:
     """``roundup_power2_next_division``: ``size`` up to the next of ``divisions`` equal steps between the

@@ -1,0 +1,55 @@
+"""The reserved and nvidia-smi counters of a traced run: its allocations and frees, in order, replayed through
+the caching allocator (``engine/allocator.py``).
+
+The tracker records every tensor storage with the sequence numbers of its allocation and its free; sorted,
+they are the stream of requests PyTorch's allocator sees on the GPU. Two things the trace cannot see are added
+as the engine models them: the cuBLAS workspaces (allocated through the caching allocator at the first matmul,
+``overhead.workspace_items``) and what lives outside the allocator (CUDA context, NCCL, paged states:
+``overhead.device_items``), added to reserved for nvidia-smi.
+
+Streams: FSDP's all-gather and reduce-scatter buffers (roles ``unsharded_parameter`` and ``collective``) are
+allocated on FSDP's own streams; everything else on the default stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsim_widget.engine.allocator import AllocatorConf, Event, ReplayResult, alloc, free, replay
+
+#: The stream a role's storages are allocated on: FSDP2 all-gathers on its all-gather stream and reduce-scatters
+#: on its reduce-scatter stream (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py); the rest on stream 0.
+ROLE_STREAM = {"unsharded_parameter": 1, "collective": 2}
+
+
+def allocation_stream(tracker: Any, workspaces: tuple[int, ...] = ()) -> list[Event]:
+    """The traced run's allocations and frees in the order they happened (outputs of one op in the order the
+    op returned them), with ``workspaces`` allocated (never freed) when the first forward starts."""
+    keyed: list[tuple[int, int, int, Event]] = []
+    for i, rec in enumerate(tracker.records):
+        if rec.nbytes <= 0:
+            continue
+        keyed.append((rec.alloc_seq, 1, i, alloc(i, rec.nbytes, ROLE_STREAM.get(rec.role or "", 0))))
+        if rec.free_seq is not None:
+            keyed.append((rec.free_seq, 0, i, free(i)))
+    start = tracker.mark_seq(1, "forward")
+    start = 0 if start is None else start
+    for j, n in enumerate(workspaces):
+        keyed.append((start, 0, -1 - j, alloc(("workspace", j), n)))
+    keyed.sort(key=lambda k: k[:3])
+    return [k[3] for k in keyed]
+
+
+def replay_trace(tracker: Any, sc: Any, conf: AllocatorConf | None = None) -> tuple[ReplayResult, int]:
+    """(the replay of a traced run of scenario ``sc`` on an unlimited card, the bytes outside the allocator
+    that nvidia-smi adds): its peak reserved is what ``torch.cuda.max_memory_reserved`` reports."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.overhead import device_items, workspace_items
+
+    ctx = Context(sc)
+    ws = workspace_items(ctx)[0]
+    per = ws.bytes // max(ws.count, 1)
+    events = allocation_stream(tracker, (per,) * ws.count)
+    outside = sum(i.bytes for i in device_items(ctx))
+    return replay(events, conf=conf or allocator_conf(ctx)), outside
