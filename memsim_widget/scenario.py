@@ -434,7 +434,8 @@ class Scenario:
         _bool("cuda_lazy_loading", self.cuda_lazy_loading)
         if self.allocator_conf is not None and not isinstance(self.allocator_conf, str):
             raise ScenarioError(
-                "allocator_conf", f"must be a string like 'expandable_segments:True', got {_short(self.allocator_conf)}"
+                "allocator_conf",
+                f"must be a string like 'expandable_segments:True', got {_short(self.allocator_conf)}",
             )
         check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()

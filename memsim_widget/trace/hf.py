@@ -349,7 +349,9 @@ def trace_hf(
         _no_data_checks(fake and fam in VISION_LANGUAGE and fam != "clip", notes),
     ):
         images = (vision or {}).get("images", 0)
-        makers = [input_factory(cfg, micro_batch_size, n, input_dtype, images, image) for n in lengths or (seq_len,)]
+        makers = [
+            input_factory(cfg, micro_batch_size, n, input_dtype, images, image) for n in lengths or (seq_len,)
+        ]
         calls = iter(range(1 << 62))
         return trace_training(
             model_factory,

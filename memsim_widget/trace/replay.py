@@ -49,7 +49,28 @@ def replay_trace(tracker: Any, sc: Any, conf: AllocatorConf | None = None) -> tu
 
     ctx = Context(sc)
     ws = workspace_items(ctx)[0]
-    per = ws.bytes // max(ws.count, 1)
-    events = allocation_stream(tracker, (per,) * ws.count)
+    per = ws.bytes // max(ws.tensors, 1)
+    events = allocation_stream(tracker, (per,) * ws.tensors)
     outside = sum(i.bytes for i in device_items(ctx))
     return replay(events, conf=conf or allocator_conf(ctx)), outside
+
+
+#: The three counters, as ``memsim estimate --json`` names them.
+COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes")
+
+
+def traced_counters(sc: Any, result: Any) -> dict[str, Any]:
+    """The traced run's three counters by replay: allocated and reserved as the caching allocator counts them
+    (``max_memory_allocated``, ``max_memory_reserved``) and nvidia-smi (reserved + what lives outside it);
+    empty when the result kept no tracker."""
+    tracker = getattr(result, "tracker", None)
+    if tracker is None:
+        return {}
+    res, outside = replay_trace(tracker, sc)
+    return {
+        "peak_allocated_bytes": res.peak_allocated,
+        "peak_reserved_bytes": res.peak_reserved,
+        "device_total_bytes": res.peak_reserved + outside,
+        "allocator_events": res.events,
+        "allocator_segments": res.segments,
+    }

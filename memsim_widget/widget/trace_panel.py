@@ -80,8 +80,29 @@ def build_trace_view(report: Mapping[str, Any], seconds: float | None = None) ->
         "seconds": seconds,
         "counter": report.get("counter", ""),
         "rank": _rank_summary(report),
+        "counters": _counter_rows(report),
     }
     return {"summary": summary, "charts": trace_charts.verify_specs(dict(report), schema=charts_mod.SCHEMA)}
+
+
+#: The GPU counters Verify holds side by side: the traced run's by replay of its allocations through the caching
+#: allocator (``trace/replay.py``), the simulation's from the engine.
+COUNTER_LABELS = (
+    ("peak_allocated_bytes", "allocated"),
+    ("peak_reserved_bytes", "reserved"),
+    ("device_total_bytes", "nvidia-smi"),
+)
+
+
+def _counter_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Traced (replayed) against simulated bytes for allocated, reserved and nvidia-smi (none without a replay)."""
+    traced, sim = report.get("counters") or {}, report.get("simulated") or {}
+    rows = []
+    for key, label in COUNTER_LABELS:
+        if key in traced and key in sim:
+            t, s = int(traced[key]), int(sim[key])
+            rows.append({"counter": label, "traced": t, "simulated": s, "error_pct": _pct(s, t)})
+    return rows
 
 
 def _rank_summary(report: Mapping[str, Any]) -> dict[str, Any]:

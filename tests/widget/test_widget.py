@@ -876,6 +876,25 @@ def test_build_trace_view_is_pure_and_signs_the_error() -> None:
     assert build_trace_view(report, seconds=2.0) == view
 
 
+def test_trace_view_holds_the_three_counters_traced_by_replay_against_simulated() -> None:
+    report = fake_report(Scenario(model="gpt2"))
+    assert build_trace_view(report)["summary"]["counters"] == [], "a report without a replay shows none"
+    report["counters"] = {
+        "peak_allocated_bytes": 2_000_000,
+        "peak_reserved_bytes": 4_000_000,
+        "device_total_bytes": 8_000_000,
+    }
+    report["simulated"].update(
+        peak_allocated_bytes=2_000_000, peak_reserved_bytes=5_000_000, device_total_bytes=8_400_000
+    )
+    rows = build_trace_view(report)["summary"]["counters"]
+    assert [(r["counter"], r["traced"], r["simulated"], r["error_pct"]) for r in rows] == [
+        ("allocated", 2_000_000, 2_000_000, 0.0),
+        ("reserved", 4_000_000, 5_000_000, 25.0),
+        ("nvidia-smi", 8_000_000, 8_400_000, 5.0),
+    ]
+
+
 def test_trace_timeline_is_one_unstacked_area_over_phase_bands() -> None:
     report = fake_report(Scenario(model="gpt2"))
     bands, area, rule, _ = build_trace_view(report)["charts"]["timeline"]["layer"]

@@ -1,0 +1,62 @@
+"""The counters of a traced run by replay: the tracker's storages, in order, through the caching allocator."""
+
+from __future__ import annotations
+
+import pytest
+
+from memsim_widget.engine.allocator import FREE, replay
+from memsim_widget.engine.context import Context
+from memsim_widget.scenario import Scenario
+from memsim_widget.trace.replay import allocation_stream, replay_trace, traced_counters
+
+torch = pytest.importorskip("torch")
+MiB = 1024**2
+
+
+def _toy_trace():
+    """tests/trace/test_trace.py's 2-layer MLP (fp32, SGD, batch 16): its peak is 111,880 B of live tensors."""
+    from memsim_widget.trace.run import trace_training
+    from tests.trace.test_trace import _mlp, _mlp_batch, _mse
+
+    return trace_training(_mlp, _mlp_batch, precision="fp32", optimizer="sgd", loss_fn=_mse, progress=False)
+
+
+def test_allocation_stream_is_the_tracker_order_and_frees_every_freed_storage():
+    r = _toy_trace()
+    events = allocation_stream(r.tracker)
+    allocs = [e for e in events if e[1] != FREE]
+    frees = [e for e in events if e[1] == FREE]
+    recs = [x for x in r.tracker.records if x.nbytes > 0]
+    assert len(allocs) == len(recs) and len(frees) == sum(x.free_seq is not None for x in recs)
+    live = set()
+    for h, n, _ in events:  # a handle is freed only after it was allocated, and only once
+        if n == FREE:
+            assert h in live
+            live.remove(h)
+        else:
+            live.add(h)
+    # the parameters are registered first (setup): W1, b1, W2, b2 (fp32)
+    assert [n for _, n, _ in allocs[:4]] == [4 * 64 * 128, 4 * 128, 4 * 128 * 32, 4 * 32]
+
+
+def test_toy_replay_counts_the_small_and_large_pools_exactly():
+    r = _toy_trace()
+    res = replay(allocation_stream(r.tracker))
+    # every storage is under 1 MiB: the small pool; the peak (111,880 B, each storage rounded up to 512 B) fits
+    # one 2 MiB segment, so reserved is exactly one small segment
+    assert res.ok and r.peak_bytes <= res.peak_allocated < r.peak_bytes + 512 * 20
+    assert (res.peak_reserved, res.segments) == (2 * MiB, 1)
+
+
+def test_replay_adds_the_workspaces_and_what_lives_outside_the_allocator():
+    r = _toy_trace()
+    sc = Scenario(model="llama-3.2-1b", precision="fp32", gpu="h200")
+    res, outside = replay_trace(r.tracker, sc)
+    bare = replay(allocation_stream(r.tracker))
+    ws = Context(sc).gpu.cublas_workspace_bytes
+    # the two cuBLAS workspaces (large requests, whole segments of their own: 2 MiB multiples)
+    assert res.peak_allocated == bare.peak_allocated + 2 * ws
+    assert res.peak_reserved == 2 * MiB + 2 * ws
+    counters = traced_counters(sc, r)
+    assert counters["device_total_bytes"] == counters["peak_reserved_bytes"] + outside
+    assert counters["peak_reserved_bytes"] == res.peak_reserved
