@@ -150,8 +150,9 @@ function renderSummary(doc, panel, summary) {
     ` (${summary.model ?? "model"}, live tensor bytes)`,
   );
   const counters = summary.counters ?? [];
+  const onCard = summary.on_card ? [h(doc, "div", { class: "memsim-trace-on-card", text: summary.on_card })] : [];
   panel.tableHolder.replaceChildren(
-    traceTable(doc, summary.categories), ...(counters.length ? [countersTable(doc, counters)] : []),
+    traceTable(doc, summary.categories), ...(counters.length ? [countersTable(doc, counters)] : []), ...onCard,
   );
   const notes = summary.notes ?? [];
   panel.notes.hidden = notes.length === 0;

@@ -18,7 +18,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-from memsim_widget.engine.allocator import AllocatorConf, parse_alloc_conf
+from memsim_widget.alloc_conf import AllocatorConf, parse_alloc_conf
 from memsim_widget.engine.context import Context
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec, register_optimizer
 from memsim_widget.scenario import Scenario

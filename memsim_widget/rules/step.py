@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from memsim_widget.engine.allocator import alloc_conf_error
+from memsim_widget.alloc_conf import alloc_conf_error
 from memsim_widget.rules.rule import Rule, inert
 
 NO_STEP = "no optimizer step"

@@ -18,6 +18,7 @@ from memsim_widget.engine.items import CATEGORIES
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace import charts as trace_charts
+from memsim_widget.trace.replay import on_card_text
 from memsim_widget.units import fmt_bytes
 from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
 from memsim_widget.widget.scenario_edits import changed_keys
@@ -81,6 +82,7 @@ def build_trace_view(report: Mapping[str, Any], seconds: float | None = None) ->
         "counter": report.get("counter", ""),
         "rank": _rank_summary(report),
         "counters": _counter_rows(report),
+        "on_card": on_card_text((report.get("counters") or {}).get("on_card")),
     }
     return {"summary": summary, "charts": trace_charts.verify_specs(dict(report), schema=charts_mod.SCHEMA)}
 

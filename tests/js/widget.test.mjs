@@ -501,7 +501,9 @@ describe("verify with trace", () => {
     ];
     const { q, model, cleanup } = mount({});
     model.set("trace", trace);
-    model.set("trace_view", JSON.stringify({ ...view, summary: { ...view.summary, counters } }));
+    const onCard = "replayed on the card (139.00 GiB for PyTorch): runs";
+    model.set("trace_view", JSON.stringify({ ...view, summary: { ...view.summary, counters, on_card: onCard } }));
+    assert.equal(q(".memsim-trace-on-card").textContent, onCard);
     const rows = [...q(".memsim-trace-counters tbody").children].map((tr) => [...tr.children].map((td) => td.textContent));
     assert.deepEqual(rows, [["allocated", "2.00 MiB", "2.00 MiB", "0.00%"], ["reserved", "4.00 MiB", "5.00 MiB", "+25.00%"]]);
     model.set("trace_view", JSON.stringify(view));

@@ -60,3 +60,27 @@ def test_replay_adds_the_workspaces_and_what_lives_outside_the_allocator():
     counters = traced_counters(sc, r)
     assert counters["device_total_bytes"] == counters["peak_reserved_bytes"] + outside
     assert counters["peak_reserved_bytes"] == res.peak_reserved
+
+
+def test_the_replay_on_the_card_says_whether_the_step_runs_and_why_not():
+    r = _toy_trace()
+    roomy = traced_counters(Scenario(model="llama-3.2-1b", precision="fp32", gpu="h200"), r)["on_card"]
+    assert roomy["runs"] and not roomy["only_by_releasing_cache"] and roomy["oom_cause"] is None
+    # a card whose capacity is below what the context leaves cannot hold even the workspaces: the total
+    tiny = {"name": "tiny", "memory_gib": 0.5}
+    small = traced_counters(Scenario(model="llama-3.2-1b", precision="fp32", gpu=tiny), r)["on_card"]
+    assert not small["runs"] and small["oom_cause"] == "total"
+
+
+def test_on_card_text_names_the_cause():
+    from memsim_widget.trace.replay import on_card_text
+
+    base = {"capacity_bytes": 10 * 1024**3, "cache_releases": 0, "oom_request_bytes": None}
+    assert on_card_text(None) == ""
+    assert on_card_text({**base, "runs": True, "only_by_releasing_cache": False}).endswith(": runs")
+    slow = on_card_text({**base, "runs": True, "only_by_releasing_cache": True, "cache_releases": 3})
+    assert "free its cache" in slow and "slower" in slow
+    frag = {**base, "runs": False, "only_by_releasing_cache": False, "oom_cause": "fragmentation"}
+    frag.update(oom_request_bytes=3 * MiB, oom_largest_free_bytes=2 * MiB)
+    assert "fragmentation" in on_card_text(frag) and "2.00 MiB" in on_card_text(frag)
+    assert "more than is free" in on_card_text({**frag, "oom_cause": "total"})

@@ -879,6 +879,7 @@ def test_build_trace_view_is_pure_and_signs_the_error() -> None:
 def test_trace_view_holds_the_three_counters_traced_by_replay_against_simulated() -> None:
     report = fake_report(Scenario(model="gpt2"))
     assert build_trace_view(report)["summary"]["counters"] == [], "a report without a replay shows none"
+    assert build_trace_view(report)["summary"]["on_card"] == ""
     report["counters"] = {
         "peak_allocated_bytes": 2_000_000,
         "peak_reserved_bytes": 4_000_000,
