@@ -7,6 +7,7 @@ what lives outside the allocator (``overhead.device_items``), with ``max_memory_
 Nothing here is fitted: the rows are the test. Also prints the replay's cost per trace.
 
 Run: python benchmarks/allocator_replay.py [-k TEXT] [--json out.json] [--conf expandable_segments:True]
+     python benchmarks/allocator_replay.py --cost   (the replay's cost per event, no trace)
 """
 
 from __future__ import annotations
@@ -63,12 +64,46 @@ def trace_and_replay(m: Measurement, conf_text: str | None = None) -> dict[str, 
     }
 
 
+def replay_cost(sizes: tuple[int, ...] = (100, 1_000, 10_000), repeat: int = 5) -> list[tuple[int, float]]:
+    """(events, best ms per replay) of synthetic streams: a layered step (per layer a few MiB-sized saved
+    tensors, freed in reverse in backward, small temporaries in between), the shape of an engine-built stream.
+    The budget of a new estimate is 0.5 ms: what the engine replays must be cached per shape."""
+    import random
+
+    from memsim_widget.engine.allocator import alloc, free, replay
+
+    out = []
+    for n in sizes:
+        rng = random.Random(0)
+        events, saved = [], []
+        for i in range(n // 4):  # forward: a saved tensor and a temporary per op
+            saved.append(i)
+            events += [
+                alloc(i, rng.choice((2, 8, 32)) << 20),
+                alloc(-i - 1, rng.randint(1, 1 << 20)),
+                free(-i - 1),
+            ]
+        events += [free(h) for h in reversed(saved)]
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            replay(events)
+            best = min(best, time.perf_counter() - t)
+        out.append((len(events), best * 1e3))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--cost", action="store_true", help="only print the replay's cost on synthetic streams")
     ap.add_argument("-k", metavar="TEXT", help="only the scenarios whose name contains TEXT")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--conf", help="replay under this PYTORCH_CUDA_ALLOC_CONF (default: the scenario's)")
     args = ap.parse_args(argv)
+    if args.cost:
+        for n, ms in replay_cost():
+            print(f"replay of {n:>6} events: {ms:8.2f} ms ({ms / n * 1e3:.2f} us per event)")
+        return 0
     rows = measured()
     out = []
     for m in MEASUREMENTS:
