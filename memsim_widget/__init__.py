@@ -16,7 +16,7 @@ __all__ = ["Comparison", "Estimate", "MemSim", "Scenario", "ScenarioError", "com
 def __getattr__(name: str) -> Any:
     """Import the widget (and ``compare``) lazily so the engine and CLI never load Jupyter or Altair."""
     if name == "MemSim":
-        from memsim_widget.widget import MemSim
+        from memsim_widget.widget import MemSim  # says how to install the widget extra when it is missing
 
         return MemSim
     if name in ("compare", "Comparison"):
