@@ -93,13 +93,64 @@ def replay_cost(sizes: tuple[int, ...] = (100, 1_000, 10_000), repeat: int = 5) 
     return out
 
 
+def moment_stream(rank: Any, steps: int = 3) -> list[Any]:
+    """An experiment, not the engine's path: the allocations and frees between the engine's moments (each item
+    as ``tensors`` equal blocks, freed when a moment no longer holds it, frees before allocations), ``steps``
+    times over. Too coarse: docs/allocator.md reports how far its replay is from the trace's."""
+    from memsim_widget.engine.allocator import alloc, free
+    from memsim_widget.engine.items import Level
+
+    events, live, handle = [], {}, 0
+    for moment in list(rank.moments) * steps:
+        want = {(i.category, i.item, i.bytes, i.tensors): i for i in moment.items
+                if i.level != Level.DEVICE and i.bytes > 0}  # fmt: skip
+        for key in [k for k in live if k not in want]:
+            events += [free(h) for h in live.pop(key)]
+        for key, item in want.items():
+            if key not in live:
+                n = max(item.tensors, 1)
+                live[key] = list(range(handle, handle + n))
+                events += [alloc(h, -(-item.bytes // n)) for h in live[key]]
+                handle += n
+    return events
+
+
+def engine_moments_vs_trace(path: Path) -> None:
+    """Print the replay of ``moment_stream`` next to the replayed traces in ``path`` (allocator_replay_h200.json)."""
+    from memsim_widget.engine.allocator import replay
+    from memsim_widget.engine.core import estimate
+
+    traced = {r["name"]: r for r in json.loads(path.read_text())["default"]}
+    errs = []
+    for m in MEASUREMENTS:
+        if m.name not in traced:
+            continue
+        rank = estimate(Scenario.from_dict(resolved(m))).ranks[0]
+        got, want = replay(moment_stream(rank)).peak_reserved, traced[m.name]["reserved"]
+        errs.append(got / want - 1)
+        print(
+            f"{m.name:<26} moment stream {got / 2**30:7.2f} GiB, trace {want / 2**30:7.2f} GiB ({errs[-1]:+.1%})"
+        )
+    print(
+        f"median {statistics.median(errs):+.1%}, median |error| {statistics.median(abs(e) for e in errs):.1%}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cost", action="store_true", help="only print the replay's cost on synthetic streams")
+    ap.add_argument(
+        "--engine-moments",
+        metavar="JSON",
+        help="replay the engine's moments as a stream against these traces",
+    )
     ap.add_argument("-k", metavar="TEXT", help="only the scenarios whose name contains TEXT")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--conf", help="replay under this PYTORCH_CUDA_ALLOC_CONF (default: the scenario's)")
     args = ap.parse_args(argv)
+    if args.engine_moments:
+        engine_moments_vs_trace(Path(args.engine_moments))
+        return 0
     if args.cost:
         for n, ms in replay_cost():
             print(f"replay of {n:>6} events: {ms:8.2f} ms ({ms / n * 1e3:.2f} us per event)")
