@@ -177,6 +177,35 @@ def test_expandable_pages_unmapped_on_oom():
     assert r.ok and r.cache_releases == 1 and r.reserved_at_end == 40 * MiB
 
 
+def test_expandable_pages_partly_used_cannot_be_unmapped():
+    # stream 0: A (3 MiB) maps page 0; B (30 MiB) joins the 17 MiB left to page 1: 0-3 A, 3-33 B, 33-40 free.
+    # Freeing A leaves 3 MiB and 7 MiB free, neither a whole 20 MiB page: on a 40 MiB card a request on
+    # stream 1 needs a page of its own and none can be unmapped -- fragmentation (10 MiB free, 5 MiB asked)
+    events = [alloc("A", 3 * MiB), alloc("B", 30 * MiB), free("A"), alloc("C", 5 * MiB, stream=1)]
+    r = replay(events, capacity=40 * MiB, conf=EXP)
+    assert not r.ok and r.failure is not None and r.failure.cause == "fragmentation"
+    assert (r.failure.free_bytes, r.reserved_at_end) == (10 * MiB, 40 * MiB)
+
+
+def test_roundup_power2_divisions_list_form_rounds_the_replay():
+    conf = parse_alloc_conf(
+        "roundup_power2_divisions:[256:4]"
+    )  # the first bound also fills the intervals below
+    r = replay([alloc(1, int(1.2 * MiB))], conf=conf)
+    assert (r.peak_allocated, r.peak_reserved) == (1280 * KiB, 20 * MiB)
+
+
+def test_oversize_blocks_released_from_the_largest_down_then_the_whole_cache():
+    conf = AllocatorConf(max_split_size=32 * MiB)
+    # 40 and 50 MiB cached (oversize, two segments); 100 MiB does not fit a 140 MiB card beside them: the
+    # oversize blocks are freed from the largest down (90 MiB < 100 MiB asked: not enough on their own), then
+    # release_cached_blocks finds nothing more and the retry succeeds
+    events = [alloc(1, 40 * MiB), alloc(2, 50 * MiB), free(1), free(2), alloc(3, 100 * MiB)]
+    r = replay(events, capacity=140 * MiB, conf=conf)
+    assert r.ok and r.cache_releases == 1
+    assert (r.peak_reserved, r.reserved_at_end) == (100 * MiB, 100 * MiB)
+
+
 # ----- PYTORCH_CUDA_ALLOC_CONF ---------------------------------------------------------------------------
 def test_parse_alloc_conf_reads_pytorch_syntax():
     c = parse_alloc_conf("expandable_segments:True, max_split_size_mb:128,garbage_collection_threshold:0.6")
@@ -224,7 +253,14 @@ def streams(draw):
     return events
 
 
-confs = st.sampled_from([AllocatorConf(), EXP, AllocatorConf(max_split_size=24 * MiB)])
+confs = st.sampled_from(
+    [
+        AllocatorConf(),
+        EXP,
+        AllocatorConf(max_split_size=24 * MiB),
+        AllocatorConf(roundup_power2_divisions=(4,) * 16),
+    ]
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -264,3 +300,16 @@ def test_reserved_never_exceeds_the_card(events, conf, capacity):
         elif a.malloc(h, n, s) is not None:
             break
         assert a.reserved <= capacity
+
+
+@settings(max_examples=60, deadline=None)
+@given(streams(), st.integers(8 * MiB, 200 * MiB))
+def test_garbage_collection_keeps_the_counters_ordered_and_on_the_card(events, capacity):
+    gc = AllocatorConf(garbage_collection_threshold=0.5, per_process_memory_fraction=1.0)
+    a = CachingAllocator(capacity, gc)
+    for h, n, s in events:
+        if n < 0:
+            a.free(h)
+        elif a.malloc(h, n, s) is not None:
+            break
+        assert a.allocated <= a.reserved <= capacity

@@ -221,6 +221,16 @@ def test_front_end_writes_do_not_raise() -> None:
     assert sim.scenario.precision == "bf16"
 
 
+def test_an_unknown_allocator_option_is_reported_in_place() -> None:
+    sim = make()
+    sim.scenario_data = merge(sim.scenario_data, {"allocator_conf": "expandable_segment:True"})
+    assert sim.error_field == "allocator_conf" and "unknown PYTORCH_CUDA_ALLOC_CONF option" in sim.error
+    assert "'expandable_segments'" in sim.error and "\n" not in sim.error
+    assert sim.scenario.allocator_conf is None, "the previous scenario stays"
+    sim.scenario_data = merge(sim.scenario_data, {"allocator_conf": "expandable_segments:True"})
+    assert sim.error == "" and sim.scenario.allocator_conf == "expandable_segments:True"
+
+
 def test_unknown_key_and_num_gpus_mismatch_are_reported() -> None:
     sim = make()
     with pytest.raises(ScenarioError):
