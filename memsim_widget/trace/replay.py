@@ -7,8 +7,9 @@ as the engine models them: the cuBLAS workspaces (allocated through the caching 
 ``overhead.workspace_items``) and what lives outside the allocator (CUDA context, NCCL, paged states:
 ``overhead.device_items``), added to reserved for nvidia-smi.
 
-Streams: FSDP's all-gather and reduce-scatter buffers (roles ``unsharded_parameter`` and ``collective``) are
-allocated on FSDP's own streams; everything else on the default stream.
+Streams: each record carries the CUDA stream it is allocated on (``StorageRecord.stream``): FSDP2's all-gather
+buffers on its all-gather copy-in stream, its reduce-scatter buffers on the reduce-scatter stream
+(``trace/distributed.py``), everything else on the compute stream.
 """
 
 from __future__ import annotations
@@ -16,10 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from memsim_widget.engine.allocator import AllocatorConf, Event, ReplayResult, alloc, free, replay
-
-#: The stream a role's storages are allocated on: FSDP2 all-gathers on its all-gather stream and reduce-scatters
-#: on its reduce-scatter stream (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py); the rest on stream 0.
-ROLE_STREAM = {"unsharded_parameter": 1, "collective": 2}
 
 
 def allocation_stream(tracker: Any, workspaces: tuple[int, ...] = ()) -> list[Event]:
@@ -29,7 +26,7 @@ def allocation_stream(tracker: Any, workspaces: tuple[int, ...] = ()) -> list[Ev
     for i, rec in enumerate(tracker.records):
         if rec.nbytes <= 0:
             continue
-        keyed.append((rec.alloc_seq, 1, i, alloc(i, rec.nbytes, ROLE_STREAM.get(rec.role or "", 0))))
+        keyed.append((rec.alloc_seq, 1, i, alloc(i, rec.nbytes, getattr(rec, "stream", 0))))
         if rec.free_seq is not None:
             keyed.append((rec.free_seq, 0, i, free(i)))
     start = tracker.mark_seq(1, "forward")

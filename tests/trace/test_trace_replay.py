@@ -84,3 +84,19 @@ def test_on_card_text_names_the_cause():
     frag.update(oom_request_bytes=3 * MiB, oom_largest_free_bytes=2 * MiB)
     assert "fragmentation" in on_card_text(frag) and "2.00 MiB" in on_card_text(frag)
     assert "more than is free" in on_card_text({**frag, "oom_cause": "total"})
+
+
+def test_storages_carry_the_stream_of_their_scope_and_are_replayed_on_it():
+    from memsim_widget.trace.tracker import MemoryTracker
+
+    tracker = MemoryTracker()
+    with tracker:
+        a = torch.empty(3 * MiB // 4)  # 3 MiB, compute stream
+        with tracker.role_scope("collective", stream=2):
+            b = torch.empty(3 * MiB // 4)  # 3 MiB, FSDP's reduce-scatter stream
+        c = torch.empty(3 * MiB // 4)
+    recs = [r for r in tracker.records if r.nbytes]
+    assert [(r.stream, r.role) for r in recs] == [(0, None), (2, "collective"), (0, None)]
+    # a and c share one 20 MiB segment of stream 0; b needs its own on stream 2
+    assert replay(allocation_stream(tracker)).peak_reserved == 40 * MiB
+    del a, b, c
