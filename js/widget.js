@@ -768,9 +768,16 @@ function createLayoutsPanel(doc) {
   ]);
   return { root, run, gpus, status, error, result, stale, summary, table, charts: { candidates: chart } };
 }
+function exportsText(r) {
+  const all = Object.entries(r.exports ?? {});
+  const ok = all.filter(([, why]) => why === null).map(([fmt]) => fmt);
+  const no = all.filter(([, why]) => why !== null).map(([fmt, why]) => `${fmt}: ${why}`);
+  return { text: ok.length ? ok.join(", ") : "none", title: no.length ? `not exported:
+${no.join("\n")}` : "every format" };
+}
 function summaryText(layouts, v) {
   const counts = (v.gpu_counts ?? []).join(", ");
-  return `${fmtCount(v.evaluated)} candidates for ${v.model} on ${counts} × ${v.gpu}: ${fmtCount(v.fitting)} fit` + (typeof layouts.ms === "number" ? ` (searched in ${layouts.ms.toFixed(0)} ms)` : "") + (v.fitting ? ". Best by modelled tokens/s per GPU:" : ". Nothing fits: try more GPUs, or a change above.");
+  return (v.widened ? v.widened.charAt(0).toUpperCase() + v.widened.slice(1) : "") + `${fmtCount(v.evaluated)} candidates for ${v.model} on ${counts} × ${v.gpu}: ${fmtCount(v.fitting)} fit` + (typeof layouts.ms === "number" ? ` (searched in ${layouts.ms.toFixed(0)} ms)` : "") + (v.fitting ? ". Best by modelled tokens/s per GPU:" : ". Nothing fits: try more GPUs, or a change above.");
 }
 function layoutRow(doc, r, ok) {
   const current = Boolean(r.current);
@@ -785,6 +792,7 @@ function layoutRow(doc, r, ok) {
     h(doc, "td", { class: "memsim-col-knobs", text: knobsText(r) }),
     h(doc, "td", { class: "memsim-col-size", text: fmtBytes(r.device_total_bytes) }),
     h(doc, "td", { class: "memsim-col-size", text: Number(r.tokens_per_gpu_s).toLocaleString("en-US", { maximumFractionDigits: 0 }) }),
+    h(doc, "td", { class: "memsim-col-exports", ...exportsText(r) }),
     h(doc, "td", {}, [applyButton(
       doc,
       {
@@ -824,7 +832,7 @@ function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
     panel.table.replaceChildren();
     return;
   }
-  const heads = thead(doc, ["#", "layout", "micro-batch", "knobs", "memory", "tokens/s/GPU", ""]);
+  const heads = thead(doc, ["#", "layout", "micro-batch", "knobs", "memory", "tokens/s/GPU", "exports to", ""]);
   const body = h(doc, "tbody", {}, rows.map((r) => layoutRow(doc, r, !running && !stale)));
   panel.table.replaceChildren(h(doc, "table", { class: "memsim-table memsim-layouts-table" }, [heads, body]));
 }
@@ -924,18 +932,34 @@ function renderFits(doc, panel, v, need, enabled) {
 }
 function renderFixes(doc, panel, v, need, enabled) {
   const changes = v.changes ?? [];
-  panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: v.verdict }), `: ${need}. ` + (changes.length ? "Smallest changes that fit:" : "No combination of up to three changes fits."));
+  panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: v.verdict }), `: ${need}. ` + (changes.length ? "Smallest changes that fit:" : `No change fits: ${v.bound ?? "no lever applies"}.`));
   panel.list.replaceChildren(...changes.length ? [changesTable(doc, changes, "change", enabled)] : []);
+  const facts = [];
+  if (changes.length && v.bound) facts.push(fact(doc, `no change that keeps the job fits: ${v.bound}`, "", false));
   const first = v.with_first_fix;
   if (first && first.max_micro_batch) {
-    return [fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false)];
+    facts.push(fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false));
   }
-  return [];
+  return facts;
 }
 function minGpusFact(doc, v, enabled) {
   const mg = v.min_gpus;
-  if (!mg) return fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096)", "", false);
-  return fact(doc, `fewest GPUs that fit, layout kept: ${mg.num_gpus} (dp=${mg.dp}, ZeRO-${mg.zero}; ${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus", enabled && mg.num_gpus !== v.num_gpus);
+  if (!mg) {
+    return fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096; tp/pp layouts up to 1024)", "", false);
+  }
+  const layout = `dp=${mg.dp}` + (mg.tp > 1 ? ` tp=${mg.tp}` : "") + (mg.pp > 1 ? ` pp=${mg.pp}` : "");
+  return fact(doc, `fewest GPUs that fit: ${mg.num_gpus} (${layout}, ZeRO-${mg.zero}, the fastest layout there; ${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus", enabled && mg.num_gpus !== v.num_gpus);
+}
+function cardFacts(doc, v) {
+  const card = v.smallest_card;
+  if (v.fits) return [];
+  if (!card) return [fact(doc, "no card in the catalog holds it as it is", "", false)];
+  return [fact(
+    doc,
+    `smallest card that holds it as it is: ${card.name} (${fmtBytes(card.device_total_bytes)} per GPU)`,
+    "",
+    false
+  )];
 }
 function renderLevers(doc, panel, v, enabled) {
   const levers = v.levers ?? [];
@@ -972,7 +996,7 @@ function renderFit(doc, panel, open, fit = {}) {
   const enabled = state === "done" && !fit.stale;
   const need = `${fmtBytes(v.device_total_bytes)} per GPU, ${fmtBytes(v.usable_bytes)} usable on ${v.gpu} (${Math.round((v.headroom ?? 0) * 100)}% headroom)`;
   const facts = (v.fits ? renderFits : renderFixes)(doc, panel, v, need, enabled);
-  panel.facts.replaceChildren(...facts, minGpusFact(doc, v, enabled));
+  panel.facts.replaceChildren(...facts, minGpusFact(doc, v, enabled), ...cardFacts(doc, v));
   renderLevers(doc, panel, v, enabled);
 }
 function sendApply(model, button) {

@@ -241,7 +241,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         if cost is not None:
             head, _, rest = text.partition("\n\n")
             line = (f"cost      {cost.tokens:,.0f} tokens: {cost.wall_hours:,.3g} h on {cost.num_gpus} GPUs, "
-                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour")  # fmt: skip
+                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour "
+                    f"({cost.price_source})")  # fmt: skip
             text = f"{head}\n{line}\n\n{rest}"
         print(text)
     return 0
@@ -471,6 +472,11 @@ def _plan_table(p: Any, top: int) -> str:
     lines.append(
         f"hours and dollars: {_tokens_text(p)} at ${p.price_per_gpu_hour:g} per GPU-hour; ranked by {p.rank_by}"
     )
+    lines += [f"assumed: {a}" for a in p.assumptions]
+    if untraced := _untraced_text(p):
+        lines.append(untraced)
+    if len(frame):
+        lines.append(_exports_text(p, int(frame["candidate"].iloc[0])))
     lines.append(p.summary())
     return "\n".join(lines)
 
@@ -527,7 +533,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"must be a positive integer up to {MAX_TOP:,} (candidates listed), got {short_repr(args.top)}",
         )
     methods = None
-    if args.method is not None and "," in args.method:  # a list: the search tries each method
+    if args.method is not None:  # a list: the search tries each method; one method: fixed (never widened)
         methods = [m.strip() for m in args.method.split(",")]
         args.method = methods[0]
     base = _read_scenario(args.scenario or args.base)
@@ -548,7 +554,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.export is not None:
         if not p.fitting:
             raise ScenarioError("--export", "no candidate fits, so there is none to export")
+        p = p.for_export(args.export)
+        if not p.listed:
+            raise ScenarioError("--export", f"no listed candidate can be expressed in {args.export}")
         _export_pick(p, args)
+        if p.left_out:  # after the files: a refused --pick stays one line
+            print(_left_out_text(p), file=sys.stderr)
         return 0
     if args.json:
         print(json.dumps(p.to_dict(args.top), indent=2))
@@ -585,13 +596,15 @@ def _recommend_text(rec: Any) -> str:
             )
 
     if not rec.fits:
+        if rec.changes and rec.bound:
+            lines.append(f"no change that keeps the job fits: {rec.bound}")
         if rec.changes:
             lines.append(
                 "changes that fit (fewest levers first, least slowdown first; changes of the job last):"
             )
             change_lines(rec.changes)
         else:
-            lines.append("no combination of up to three levers fits; more GPUs (below) or a larger card")
+            lines.append(f"no lever fits: {rec.bound}")
     elif rec.singles:
         lines.append("it fits; what each lever would save:")
         change_lines(rec.singles)
@@ -607,12 +620,19 @@ def _recommend_text(rec: Any) -> str:
         lines.append(f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'}")
     mg = rec.min_gpus
     if mg is None:
-        lines.append("min GPUs          none (data parallelism alone does not make it fit)")
+        lines.append(f"min GPUs          none: {rec.min_gpus_reason}")
     else:
         lines.append(
-            f"min GPUs          {mg['num_gpus']} (dp={mg['dp']}, ZeRO-{mg['zero']}, rest of the layout kept): "
-            f"{_gib(mg['device_total_bytes'])} GiB per GPU"
+            f"min GPUs          {mg['num_gpus']} as dp={mg['dp']} tp={mg['tp']} pp={mg['pp']} ZeRO-{mg['zero']} "
+            f"(the fastest modelled layout that fits): {_gib(mg['device_total_bytes'])} GiB per GPU"
         )
+    card = rec.smallest_card
+    if card is not None:
+        lines.append(
+            f"smallest card     {card['name']}: {_gib(card['device_total_bytes'])} GiB per GPU, as it is"
+        )
+    elif not rec.fits:
+        lines.append("smallest card     none in the catalog holds it as it is")
     return "\n".join(lines)
 
 
@@ -650,6 +670,47 @@ def cmd_export(args: argparse.Namespace) -> int:
     sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
     _write_export(export(sc, args.format), args.out, args.force)
     return 0
+
+
+def _left_out_text(p: Any) -> str:
+    """How many listed candidates the export format cannot express, and why (one line per refusal)."""
+    n = sum(v["count"] for v in p.left_out.values())
+    lines = [
+        f"{n:,} listed candidate{'s' if n != 1 else ''} left out: {p.export_format} cannot express them (--pick "
+        f"counts among the {p.listed:,} it can)"
+    ]
+    lines += [
+        f"  {v['count']:,} for {field} (e.g. {v['why']})"
+        for field, v in sorted(p.left_out.items(), key=lambda x: -x[1]["count"])
+    ]
+    return "\n".join(lines)
+
+
+def _exports_text(p: Any, candidate: int) -> str:
+    """Which formats write the launch files of the first listed candidate, and which refuse (by field)."""
+    answers = p.export_answers(candidate)
+    ok = [f for f, why in answers.items() if why is None]
+    no = [f"{f} ({why.split(':', 1)[0]})" for f, why in answers.items() if why is not None]
+    text = f"launch files for #1: {', '.join(ok) or 'no format'}"
+    if no:
+        text += f"; refused by {', '.join(no)}; --export F ranks only what F can express"
+    return text
+
+
+def _untraced_text(p: Any) -> str:
+    """The plan's time figures that no published run held (``engine/caveats.untraced_time``), or ''."""
+    from memsim_widget.engine.caveats import untraced_time
+    from memsim_widget.engine.context import Context
+
+    gpu = Context(p.base).gpu
+    labels = []
+    for sc in (p.base, *(b for b in p.bases[1:] if b.method == "qlora")):
+        labels += [x for x in untraced_time(sc, gpu) if x not in labels]
+    frame = p.frame
+    if len(frame) and (frame["offload"] != "none").any():
+        off = p.base.replace(parallel={"zero": 3, "offload": "optimizer+params"})
+        labels += [x for x in untraced_time(off, None) if x.startswith("untraced for offload")]
+    return "" if not labels else "time figures (tok/s, MFU, hours, dollars) " + "; ".join(labels)
 
 
 def _export_pick(p: Any, args: argparse.Namespace) -> None:
@@ -695,7 +756,8 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         print(json.dumps([g.to_dict() for g in GPUS.values()], indent=2))
     else:
         for g in GPUS.values():
-            print(f"{g.id:<16} {g.memory_gib:>7.1f} GiB  {g.name}")
+            kind = g.memory_source.kind if g.memory_source else "unknown"
+            print(f"{g.id:<16} {g.memory_gib:>8.2f} GiB  {kind:<16}  {g.name}")
     return 0
 
 

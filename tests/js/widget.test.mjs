@@ -86,7 +86,9 @@ describe("pure helpers", () => {
     assert.equal(custom.model.hidden_size, options.model_dims.hidden_size);
     assert.equal(typeof s.model, "string", "input not mutated");
     const gpu = applyControl(s, "gpu", "custom", options);
-    assert.deepEqual(gpu.gpu, { memory_gib: 80 });
+    // a custom card starts from the current card's capacity as the driver reports it (79.2 GiB for an H100 SXM)
+    const current = options.gpus.find((g) => g.id === s.gpu).memory_gib;
+    assert.deepEqual(gpu.gpu, { memory_gib: current });
     assert.equal(applyControl(s, "model", " gpt2 ", options).model, "gpt2");
     const dim = applyControl(custom, "model.num_hidden_layers", 4, options);
     assert.equal(dim.model.num_hidden_layers, 4);
@@ -211,7 +213,8 @@ describe("render", () => {
     const gpu = ctl("gpu");
     gpu.value = "custom";
     fire(window, gpu, "change");
-    assert.equal(model.get("scenario_data").gpu.memory_gib, 80);
+    const h100 = model.get("options").gpus.find((g) => g.id === "h100-sxm-80gb").memory_gib;
+    assert.equal(model.get("scenario_data").gpu.memory_gib, h100);
     cleanup();
   });
 
