@@ -1208,6 +1208,19 @@ function traceTable(doc, categories) {
   const heads = thead(doc, ["category", "traced", "simulated", "error"]);
   return h(doc, "table", { class: "memsim-table memsim-trace-table" }, [heads, body]);
 }
+function countersTable(doc, counters) {
+  const body = h(doc, "tbody");
+  for (const c of counters ?? []) {
+    body.append(h(doc, "tr", { class: "memsim-trace-counter" }, [
+      h(doc, "td", { class: "memsim-col-category", text: c.counter }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.traced) }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.simulated) }),
+      h(doc, "td", { class: `memsim-col-error ${errorClass(c.error_pct)}`, text: fmtPct(c.error_pct) })
+    ]));
+  }
+  const heads = thead(doc, ["counter", "traced (replayed)", "simulated", "error"]);
+  return h(doc, "table", { class: "memsim-table memsim-trace-counters" }, [heads, body]);
+}
 function rankLine(doc, rank) {
   if (!rank || Number(rank.world_size ?? 1) <= 1) return [];
   const sim = rank.simulated_role ? ` (simulated: ${rank.simulated_role})` : "";
@@ -1262,7 +1275,13 @@ function renderSummary(doc, panel, summary) {
     h(doc, "b", { class: `memsim-trace-error ${errorClass(summary.error_pct)}`, text: fmtPct(summary.error_pct) }),
     ` (${summary.model ?? "model"}, live tensor bytes)`
   );
-  panel.tableHolder.replaceChildren(traceTable(doc, summary.categories));
+  const counters = summary.counters ?? [];
+  const onCard = summary.on_card ? [h(doc, "div", { class: "memsim-trace-on-card", text: summary.on_card })] : [];
+  panel.tableHolder.replaceChildren(
+    traceTable(doc, summary.categories),
+    ...counters.length ? [countersTable(doc, counters)] : [],
+    ...onCard
+  );
   const notes = summary.notes ?? [];
   panel.notes.hidden = notes.length === 0;
   panel.notes.replaceChildren(

@@ -42,6 +42,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "images_per_sample": ("images_per_sample", int),
     "freeze_vision": ("freeze_vision", bool),
     "ssm_kernel": ("ssm_kernel", str),
+    "allocator_conf": ("allocator_conf", str),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),
@@ -333,6 +334,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     sim = report["simulated"]["components"]
     for cat in sorted(set(report["components"]) | set(sim)):
         print(f"{cat:<17} {report['components'].get(cat, 0) / GiB:>11.3f} {sim.get(cat, 0) / GiB:>14.3f}")
+    _print_counters(report)
     print("\nlargest tensors alive at the peak:")
     for t in result.top[:8]:
         print(
@@ -341,6 +343,20 @@ def cmd_trace(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}")
     return 0
+
+
+def _print_counters(report: dict) -> None:
+    """The three GPU counters: the traced run's by replay through the caching allocator, and the simulation's."""
+    from memsim_widget.trace.replay import on_card_text
+
+    counters, sim = report.get("counters") or {}, report["simulated"]
+    if not counters:
+        return
+    print(f"\n{'counter':<17} {'replayed GiB':>12} {'simulated GiB':>14}")
+    for key, label in (("peak_allocated_bytes", "allocated"), ("peak_reserved_bytes", "reserved"),
+                       ("device_total_bytes", "nvidia-smi")):  # fmt: skip
+        print(f"{label:<17} {counters[key] / GiB:>12.3f} {sim.get(key, 0) / GiB:>14.3f}")
+    print(on_card_text(counters.get("on_card")))
 
 
 # ----- memsim plan / memsim recommend --------------------------------------------------------------------

@@ -115,6 +115,7 @@ BELOW_THE_ENGINE = (
     "memsim_widget.units",
     "memsim_widget.precision",
     "memsim_widget.optimizers",
+    "memsim_widget.alloc_conf",
     "memsim_widget.frozen",
     "memsim_widget.scenario",
     "memsim_widget.rules",

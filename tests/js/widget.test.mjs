@@ -496,6 +496,24 @@ describe("verify with trace", () => {
     cleanup();
   });
 
+  test("a finished trace holds allocated, reserved and nvidia-smi: replayed against simulated", () => {
+    const { trace, trace_view: view } = traceFixture();
+    const counters = [
+      { counter: "allocated", traced: 2097152, simulated: 2097152, error_pct: 0 },
+      { counter: "reserved", traced: 4194304, simulated: 5242880, error_pct: 25 },
+    ];
+    const { q, model, cleanup } = mount({});
+    model.set("trace", trace);
+    const onCard = "replayed on the card (139.00 GiB for PyTorch): runs";
+    model.set("trace_view", JSON.stringify({ ...view, summary: { ...view.summary, counters, on_card: onCard } }));
+    assert.equal(q(".memsim-trace-on-card").textContent, onCard);
+    const rows = [...q(".memsim-trace-counters tbody").children].map((tr) => [...tr.children].map((td) => td.textContent));
+    assert.deepEqual(rows, [["allocated", "2.00 MiB", "2.00 MiB", "0.00%"], ["reserved", "4.00 MiB", "5.00 MiB", "+25.00%"]]);
+    model.set("trace_view", JSON.stringify(view));
+    assert.equal(q(".memsim-trace-counters"), null, "no replay, no counters table");
+    cleanup();
+  });
+
   test("a trace of another scenario stays visible, dimmed and labelled stale", () => {
     const { trace, trace_view: view } = traceFixture();
     const { q, model, cleanup } = mount({ trace, trace_view: view });
