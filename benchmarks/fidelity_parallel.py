@@ -106,6 +106,11 @@ LEARNED = [
     "and frees the last all-gather output before the loss runs (`FrameworkProfile.loss_outside_model`, "
     "`engine/frameworks.root_resharded_for_loss`); the tracer now runs torchtitan's loss that way. Before: "
     "+3.5% (small torchtitan FSDP2 rows).",
+    "- **torchtitan with TP and no FSDP computes in fp32**: its `maybe_enable_amp` runs neither FSDP2's "
+    '`MixedPrecisionPolicy` nor `torch.autocast` when TP is on without FSDP ("Mixed precision training with '
+    'TP or PP is only supported when FSDP/HSDP/CP is enabled", torchtitan `distributed/utils.py`), so an '
+    "`amp-*` recipe's activations and logits are fp32 (`engine/frameworks.no_mixed_precision`, "
+    "`effective_recipe`). Before: -3.4% (V128k torchtitan tp2 b2 s4096).",
     "- **The plan is a key of its own** (`parallel.tp_plan`: hf | torchtitan | megatron, `parallel.loss_parallel`; "
     "unset, the framework's): an HF model under a torchtitan-shaped DTensor plan (accelerate, a custom loop) "
     "and torchtitan without loss parallel (its plan then gathers the logits: `output_layouts=Replicate()`) are "
@@ -129,9 +134,9 @@ KNOWN_GAPS = [
     "",
     "## Known gaps",
     "",
-    "- **torchtitan without FSDP** (tp or pp alone, `precision: amp-bf16`): torchtitan's `maybe_enable_amp` "
-    "runs neither FSDP's mixed precision nor autocast when TP/PP is on without FSDP, so the step computes in "
-    "fp32; the engine assumes bf16 activations and an fp32 upcast of the logits (V128k tp2 b2 s4096: -3.4%).",
+    "- **torchtitan pipelines without FSDP** (`precision: amp-bf16`, pp > 1, no FSDP, no TP): torchtitan's "
+    "`maybe_enable_amp` disables mixed precision there too, but the pipeline tracer autocasts, so the engine "
+    "keeps bf16 activations for that case (`no_mixed_precision` covers TP only). Not traced as torchtitan runs it.",
     "- **dp x tp with FSDP2 at a real vocabulary** (V128k torchtitan dp2 x tp2): the trace allocates the root's "
     "reduce-scatter output while one V/tp x h unsharded gradient of the root is still referenced; which "
     "object holds it was not found in the source, so the engine counts it as traced (the largest root "

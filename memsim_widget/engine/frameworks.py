@@ -22,6 +22,7 @@ from memsim_widget.alloc_conf import AllocatorConf, parse_alloc_conf
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec, register_optimizer
+from memsim_widget.precision import PRECISIONS, PrecisionRecipe
 from memsim_widget.scenario import Scenario
 
 #: DeepSpeed's default ``reduce_bucket_size`` / ``allreduce_bucket_size`` (elements): ZeRO-1/2 flatten
@@ -318,6 +319,21 @@ def output_lifetime(scenario: Scenario) -> str:
     cache) alive through backward and the step.
     """
     return scenario.output_lifetime or PROFILES[scenario.framework].output_lifetime
+
+
+def no_mixed_precision(ctx: Context) -> bool:
+    """torchtitan with tensor parallelism and no FSDP: its ``maybe_enable_amp`` runs neither FSDP2's
+    ``MixedPrecisionPolicy`` (no FSDP) nor ``torch.autocast`` ("Mixed precision training with TP or PP is only
+    supported when FSDP/HSDP/CP is enabled"), so an ``amp-*`` recipe computes in fp32 (torchtitan
+    ``distributed/utils.py``; traced). Pipelines alone are left out: the pipeline tracer does not run it so."""
+    par = ctx.par
+    fsdp = (par.zero >= 3 and par.dp * par.cp > 1) or par.cp > 1
+    return ctx.recipe.autocast and profile(ctx).fsdp_mixed_precision and par.tp > 1 and not fsdp
+
+
+def effective_recipe(ctx: Context) -> PrecisionRecipe:
+    """The recipe the step computes in: fp32 where ``no_mixed_precision``, else the scenario's."""
+    return PRECISIONS["fp32"] if no_mixed_precision(ctx) else ctx.recipe
 
 
 def uses_autocast(ctx: Context) -> bool:

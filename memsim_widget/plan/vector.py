@@ -23,7 +23,7 @@ import numpy as np
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import root_resharded_for_loss
+from memsim_widget.engine.frameworks import PROFILES, root_resharded_for_loss
 from memsim_widget.engine.items import ALLOC_ROUND, Item
 from memsim_widget.engine.moments import (
     ACTIVATION_GROUPS,
@@ -42,6 +42,7 @@ from memsim_widget.engine.overhead import (
 )
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
+from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
 from memsim_widget.scenario import Scenario
 
@@ -482,21 +483,23 @@ def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int)
 
 def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
     """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss[, EP factor taken
-    from the TP group]) key: an expert's width depends on ``ParallelConfig.expert_tp``, which an ``ep`` of
-    that factor times cp reproduces on one data-parallel rank."""
+    from the TP group[, FSDP on]]) key: an expert's width depends on ``ParallelConfig.expert_tp``, which an
+    ``ep`` of that factor times the data-parallel ranks reproduces; whether FSDP is on decides torchtitan's
+    compute dtype under TP (engine/frameworks ``no_mixed_precision``), reproduced by dp = 2 with ZeRO-3."""
     arows = []
     for row in akey.tolist():
         b, tp, cp, sp, ck, lo = row[:6]
         over = row[6] if len(row) > 6 else 1
+        dp, zero = (2, 3) if len(row) > 7 and row[7] else (1, 0)
         sc = replace_unchecked(
             base,
             micro_batch_size=b,
             activation_checkpointing=CHECKPOINTING[ck],
             checkpoint_every=None,
             loss=LOSSES[lo],
-            parallel=replace_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=over * cp if over > 1 else 1,
-                                zero=0, offload="none", sequence_parallel=bool(sp), pp_microbatches=1,
-                                pp_layers=None),
+            parallel=replace_unchecked(base.parallel, dp=dp, tp=tp, pp=1, cp=cp,
+                                ep=over * dp * cp if over > 1 else 1, zero=zero, offload="none",
+                                sequence_parallel=bool(sp), pp_microbatches=1, pp_layers=None),
         )  # fmt: skip
         arows.append(act_row(sc))
     return arows
@@ -837,8 +840,12 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
     # the EP factor taken from the TP group (ParallelConfig.expert_tp): it sets an expert's width
     over = c["ep"] // np.gcd(c["ep"], c["dp"] * c["cp"])
+    # FSDP on, where it decides the compute dtype (torchtitan's amp recipe under TP: no_mixed_precision)
+    titan_amp = PROFILES[base.framework].fsdp_mixed_precision and PRECISIONS[base.precision].autocast
+    fsdp = ((c["zero"] >= 3) & (c["dp"] * c["cp"] > 1)) | (c["cp"] > 1)
+    fsdp_on = (fsdp & (c["tp"] > 1)).astype(np.int64) if titan_amp else np.zeros_like(over)
     akey, a_cand = unique_codes(
-        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over]
+        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on]
     )
     arows = _act_rows(base, akey)
 

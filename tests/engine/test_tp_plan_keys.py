@@ -72,3 +72,21 @@ def test_unset_keys_are_not_echoed_and_set_ones_are():
         Scenario.from_dict({"model": "llama-3.1-8b", "parallel": out}).parallel
         == _ctx("hf", tp_plan="torchtitan", loss_parallel=False).scenario.parallel
     )
+
+
+def test_torchtitan_with_tp_and_no_fsdp_computes_in_fp32():
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.frameworks import effective_recipe
+
+    def ctx(**par) -> Context:
+        data = {"model": "llama-3.1-8b", "framework": "torchtitan", "precision": "amp-bf16", "parallel": par}
+        return Context(Scenario.from_dict(data))
+
+    tp_only, fsdp_tp = ctx(tp=2), ctx(tp=2, dp=2, zero=3)
+    assert effective_recipe(tp_only).name == "fp32"  # maybe_enable_amp: neither FSDP's cast nor autocast
+    assert effective_recipe(fsdp_tp).name == "amp-bf16" == effective_recipe(ctx()).name
+
+    def mlp_internals(c: Context) -> int:
+        return sum(t.bytes for t in activations(c).per_layer if "MLP activation internals" in t.name)
+
+    assert mlp_internals(tp_only) == 2 * mlp_internals(fsdp_tp)  # 4 B instead of 2 B per element
