@@ -143,9 +143,9 @@ KNOWN_GAPS = [
     "tensor's unsharded gradient, dp x tp only: `engine/states/gathered._root_reduce`). Before: -8.2%.",
     "- **torchtitan on one GPU or DDP** (`precision: amp-bf16`, no FSDP, no TP/PP): `maybe_enable_amp` runs "
     "`torch.autocast` there; the engine assumes FSDP's bf16 casting (no autocast weight copies). Not traced.",
-    "- **Uneven pipeline splits** (`parallel.pp_layers`) are estimated per stage from the stage's own layers "
-    "with the traced per-layer rules, but the tracer splits evenly, so no row traces one; the planner "
-    "searches even splits only.",
+    "- **Uneven pipeline splits** (`parallel.pp_layers`): traced for one model chunk per rank (the `uneven` "
+    "rows); with virtual stages how a rank's layers spread over its chunks is the framework's choice, so "
+    "the tracer refuses it and the engine uses the rank's total. The planner searches even splits only.",
 ]
 
 #: What this process cannot trace, and why (the trace refuses these with the same words).

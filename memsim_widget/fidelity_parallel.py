@@ -264,6 +264,18 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
             {"dp": 2, "tp": 2, "zero": 3, "tp_plan": "torchtitan"},
         ),
         _real(
+            "V128k llama3 bf16 pp2 1f1b m4 uneven [1, 3] stage 0",
+            four,
+            {"pp": 2, "pp_microbatches": 4, "pp_layers": [1, 3]},
+            0,
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 1f1b m4 uneven [3, 1] stage 1 (last)",
+            four,
+            {"pp": 2, "pp_microbatches": 4, "pp_layers": [3, 1]},
+            1,
+        ),
+        _real(
             "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last) return_outputs",
             LLAMA3_V128K,
             {"pp": 2, "pp_microbatches": 4},

@@ -1,6 +1,6 @@
 """The planner's search space: which layouts and knobs are tried, and the candidate arrays they make.
 
-A *layout* is one factorisation ``num_gpus = dp x tp x pp x cp`` (plus ``ep`` inside dp x cp for MoE)
+A *layout* is one factorisation ``num_gpus = dp x tp x pp x cp`` (plus ``ep`` inside dp x cp x tp for MoE)
 that the engine accepts for the model (heads and kv heads divisible by tp, layers by pp, the sequence by
 cp, experts by ep; ``Context`` itself is the judge). *Knobs* are the memory levers tried on every layout:
 ZeRO stage, sequence parallel, micro-batch with the gradient accumulation that keeps the global batch,
@@ -149,7 +149,8 @@ def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[L
             for pp in _divisors_in(n // tp, space.pp):
                 for cp in _divisors_in(n // (tp * pp), space.cp):
                     dp = n // (tp * pp * cp)
-                    for ep in _divisors_in(dp * cp, space.ep):
+                    # EP over dp x cp, or folded over the TP group beyond it (ParallelConfig.expert_tp)
+                    for ep in _divisors_in(dp * cp * tp, space.ep):
                         trial = replace_unchecked(
                             base,
                             parallel=replace_unchecked(
