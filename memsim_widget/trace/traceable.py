@@ -151,6 +151,7 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
             "lora_alpha": sc.lora.alpha,
             "target_modules": "all-linear" if "all-linear" in sc.lora.targets else list(sc.lora.targets),
             "adapter_dtype": sc.lora.adapter_dtype,
+            "target_scope": sc.lora.target_scope,
         }
     if sc.objective_name != "sft":
         rl = sc.rl_config
