@@ -1048,6 +1048,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"tie_word_embeddings": True, "state_size": 8, "conv_kernel": 3, "use_bias": True},
                 {"micro_batch_size": 1, "seq_len": 128},
             ),
+            (
+                "torch V32k bf16 b2 s64 (outputs kept: step; the model returns fp32 logits)",
+                {"vocab_size": 32000},
+                {"micro_batch_size": 2, "seq_len": 64, "output_lifetime": "step"},
+            ),
         )
     ),
     # Mamba-2: transformers' chunked SSD in torch (the per-chunk states and l x l decays saved); kernel path a formula
@@ -1065,6 +1070,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 "torch V64 bf16 b2 s512 (peak in a layer's backward)",
                 {"vocab_size": 64},
                 {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            (
+                "torch V32k bf16 b2 s256 (outputs kept: backward; the model returns fp32 logits)",
+                {"vocab_size": 32000},
+                {"micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
             ),
         )
     ),
