@@ -20,7 +20,8 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
     if scenario.compile:
         out.append(
             "compile: true has no memory rule; these are eager's figures (measured on an H200: "
-            "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md)"
+            "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md); the trace (memsim trace, "
+            "Verify) runs the compiled step with Inductor's partitioner (docs/fidelity.md)"
         )
     if arch.extra.get("ssm"):
         if (scenario.ssm_kernel or "cuda") == "cuda":

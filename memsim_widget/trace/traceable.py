@@ -58,6 +58,13 @@ def check_traceable(sc: Scenario) -> None:
         )
     if sc.loss == "chunked":
         raise ScenarioError("loss", "HF models compute the standard loss; the chunked loss cannot be traced")
+    if sc.compile and (
+        sc.parallel.world_size > 1 or sc.parallel.ep > 1 or sc.objective_name != "sft" or sc.method != "full"
+    ):
+        raise ScenarioError(
+            "compile", "a compiled step is traced for full training of one GPU's SFT step only (trace/compiled.py; "
+            "LoRA, objectives and multi-GPU layouts are not traced compiled yet): set compile to false",
+        )  # fmt: skip
     if sc.optimizer_in_backward:
         raise ScenarioError("optimizer_in_backward", "not traced; set it to false")
     _check_model_kernels(sc)
@@ -143,6 +150,8 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
 
         ctx = Context(sc)
         kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
+    if sc.compile:  # torch.compile: Inductor's partitioner at torch's default budget (trace/compiled.py)
+        kw["compile_budget"] = 1.0
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
         kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
     if sc.method != "full":
