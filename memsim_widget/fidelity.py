@@ -1594,6 +1594,22 @@ OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
 CASES += OBJECTIVE_CASES
 
 
+#: Compiled steps (``compile: true``; trace/compiled.py): the engine's rule for the Llama layout in bf16
+#: (engine/activations/compiled.py), eager's figure elsewhere (said in its caveats).
+COMPILED_CASES: list[tuple[str, dict[str, Any]]] = [
+    (f"{name} compiled", {**dict(CASES)[name], "compile": True})
+    for name in (
+        "llama bf16 sdpa b2 s512",
+        "mistral bf16 sdpa b2 s512",
+        "llama V64 bf16 b4 s512",
+        "llama amp-bf16 sdpa b2 s512",
+        "qwen2 bf16 sdpa b2 s512",
+        "gpt2 bf16 sdpa b2 s512",
+        "vit bf16 sdpa b8 (no dropout)",
+    )
+]
+
+
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run engine and tracer on one scenario."""
     from memsim_widget.trace.api import trace_config

@@ -58,7 +58,10 @@ _LOOPS = frozenset(
 
 #: Constant fills, and the ops that write into a buffer at indices (see ``fused_nodes``).
 _FILLS = frozenset({"full", "zeros", "new_zeros", "full_like", "zeros_like", "new_full"})
-_SCATTERS = frozenset({"scatter", "scatter_add", "index_put", "scatter_reduce", "index_add"})
+_SCATTERS = frozenset(
+    {"scatter", "scatter_add", "index_put", "scatter_reduce", "index_add", "_unsafe_index_put",
+     "_unsafe_masked_index_put_accumulate"}
+)  # fmt: skip
 
 
 def _fusible(node: torch.fx.Node) -> bool:

@@ -237,6 +237,10 @@ def _role_hooks(
     if lm is not None:
 
         def _to_loss(_m: Any, _a: Any, _o: Any) -> None:
+            # under torch.compile Dynamo would bake the tracker's mutations into the graph (and guard on them):
+            # a compiled step has no "loss" phase
+            if torch.compiler.is_compiling():
+                return
             if tracker.phase == "forward":
                 tracker.set_phase("loss")
 

@@ -383,11 +383,16 @@ class MemoryTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------------ module tracking
     def _pre_hook(self, module: torch.nn.Module, _args: Any) -> None:
-        """Push the module name on the module stack."""
+        """Push the module name on the module stack (not inside a compiled graph: Dynamo would bake the stack's
+        mutations into it)."""
+        if torch.compiler.is_compiling():
+            return
         self._module_stack.append(self._names.get(id(module), type(module).__name__))
 
     def _post_hook(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
         """Pop the module stack."""
+        if torch.compiler.is_compiling():
+            return
         if self._module_stack:
             self._module_stack.pop()
 

@@ -68,3 +68,11 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
     eager = trace_config(_scenario(compile=False))
     assert compiled.peak_bytes < eager.peak_bytes
     assert any("fusion emulated" in n for n in compiled.notes)
+
+
+@pytest.mark.slow
+def test_the_engine_equals_the_compiled_trace_of_a_small_llama() -> None:
+    from memsim_widget.fidelity import CASES, compare
+
+    r = compare("llama compiled", {**dict(CASES)["llama bf16 sdpa b2 s512"], "compile": True})
+    assert abs(r["error"]) < 0.001, r

@@ -1,0 +1,33 @@
+"""``compile: true`` in the engine: the saved set of Inductor's partitioner for the HF Llama layout
+(engine/activations/compiled.py), held to a trace of the compiled step (tests/trace/test_trace_compiled.py)."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.core import estimate
+from memsim_widget.scenario import Scenario
+
+
+def test_the_engine_counts_the_partitioners_saved_set_for_a_compiled_llama() -> None:
+    """Llama 3.2 1B, bf16, b4 s1024 (the H200 run's scenario), counted by hand from the compiled trace's saved
+    tensors (docs/fidelity.md): per layer 4 e T h (residuals, norm outputs) + 2 e T h (q, attention output)
+    + 2 e T kv d (k, v) + 3 e T I (gate, up, down input) + 4 T a (logsumexp) + 8 T (rsqrt); the loss's backward
+    at the top of backward with every saved tensor alive."""
+    sc = Scenario.from_dict(
+        {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    )
+    T, h, I, kvd, a, V, L, e = 4096, 2048, 8192, 512, 32, 128256, 16, 2
+    per_layer = 4 * e * T * h + 2 * e * T * h + 2 * e * T * kvd + 3 * e * T * I + 4 * T * a + 8 * T
+    post = 2 * e * T * h + 4 * T
+    loss_saved = e * T * V + 17 * T
+    loss_backward = 4 * T * V + e * T * V + L * 2 * e * T * kvd
+    params = 1_235_814_400
+    states = 3 * e * params  # bf16 weights and AdamW's two bf16 moments (no gradient yet at the loss)
+    inputs = 16 * T  # input ids and labels (int64)
+    est = estimate(sc)
+    start = next(m for m in est.worst.moments if m.name == "backward_start")
+    assert start.tensor_bytes == states + inputs + L * per_layer + post + loss_saved + loss_backward
+    assert est.peak_tensor_bytes == start.tensor_bytes
+    assert any("partitioner" in c for c in est.caveats)
+    # what no compiled trace covers keeps eager's figure and says so
+    other = estimate(sc.replace(precision="amp-bf16"))
+    assert any("no memory rule" in c for c in other.caveats)
