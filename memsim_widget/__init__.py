@@ -10,15 +10,29 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 from memsim_widget.version import __version__ as __version__
 
-__all__ = ["Comparison", "Estimate", "MemSim", "Scenario", "ScenarioError", "compare", "estimate"]
+__all__ = [
+    "Comparison",
+    "Estimate",
+    "MemSim",
+    "Scenario",
+    "ScenarioError",
+    "compare",
+    "estimate",
+    "import_config",
+]
 
 
 def __getattr__(name: str) -> Any:
-    """Import the widget (and ``compare``) lazily so the engine and CLI never load Jupyter or Altair."""
+    """Import the widget (and ``compare``, ``import_config``) lazily so the engine and CLI never load Jupyter or
+    Altair."""
     if name == "MemSim":
-        from memsim_widget.widget import MemSim
+        from memsim_widget.widget import MemSim  # says how to install the widget extra when it is missing
 
         return MemSim
+    if name == "import_config":  # your launch configs as a scenario, and the settings they leave unread
+        from memsim_widget.importers import import_config
+
+        return import_config
     if name in ("compare", "Comparison"):
         from memsim_widget import comparison
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memsim_widget.errors import ScenarioError, choice_error
+from memsim_widget.errors import MAX_PATH_CHARS, ScenarioError, check_text, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.frozen import FrozenDict
 from memsim_widget.frozen import freeze as _freeze
@@ -79,6 +79,9 @@ MAX_SEQ_LEN = 2**24
 MAX_GPUS = 2**20
 MAX_MICRO_BATCH = 2**16
 MAX_ACCUM_STEPS = 2**20
+#: At most 1,024 pipeline stages (pp x virtual_stages): the largest published pipelines have a few dozen, and
+#: the per-stage schedule the engine walks grows with the square of the stage count (8,192 stages: 4 s).
+MAX_PP_STAGES = 2**10
 
 
 def _int(field_name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
@@ -141,6 +144,8 @@ class LoraConfig:
             raise ScenarioError(
                 "lora.targets", f"must be a non-empty list of module names, got {_short(targets)}"
             )
+        for i, t in enumerate(targets):
+            check_text(f"lora.targets[{i}]", t)
         object.__setattr__(self, "targets", tuple(targets))
         _choice("lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
         _choice("lora.target_scope", self.target_scope, LORA_SCOPES)
@@ -259,6 +264,12 @@ class ParallelConfig:
         _bool("parallel.reshard_after_forward", self.reshard_after_forward)
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.offload", self.offload, OFFLOADS)
+        if self.pp * self.virtual_stages > MAX_PP_STAGES:
+            name = "parallel.pp" if self.virtual_stages == 1 else "parallel.virtual_stages"
+            raise ScenarioError(
+                name,
+                f"pp x virtual_stages = {self.pp * self.virtual_stages:,} stages is more than {MAX_PP_STAGES:,}",
+            )
         check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
@@ -309,6 +320,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "freeze_vision": None,
     # state-space layers only (Mamba, Mamba-2; unset: "cuda", see SSM_KERNELS)
     "ssm_kernel": None,
+    # PYTORCH_CUDA_ALLOC_CONF of the run (unset: the framework's launcher default, engine/frameworks.py)
+    "allocator_conf": None,
 }
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
 MAX_IMAGES = 2**10
@@ -323,7 +336,10 @@ class Scenario:
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
-    CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB.
+    CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB; ``allocator_conf`` (optional) --
+    the run's ``PYTORCH_CUDA_ALLOC_CONF`` (e.g. ``"expandable_segments:True,max_split_size_mb:128"``), parsed
+    as PyTorch parses it (``engine/allocator.py``); unset: the framework's launcher default (torchtitan
+    ``expandable_segments:True``, the others PyTorch's defaults).
 
     ``output_lifetime`` -- how long the loop keeps the model output (logits and any KV cache the model
     returns): ``trainer`` drops it before backward (HF Trainer keeps only the loss), ``backward`` until
@@ -376,6 +392,7 @@ class Scenario:
     activation_offloading: bool = False
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
+    allocator_conf: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
     objective: str | None = None
@@ -390,6 +407,8 @@ class Scenario:
             raise ScenarioError(
                 "model", f"must be a preset id, a config.json path or a dict, got {_short(self.model)}"
             )
+        else:  # a preset id or a path: printable, one line, at most PATH_MAX characters
+            check_text("model", self.model, MAX_PATH_CHARS)
         if isinstance(self.lora, Mapping):
             object.__setattr__(self, "lora", _lora_from(self.lora))
         elif not isinstance(self.lora, LoraConfig):
@@ -439,6 +458,11 @@ class Scenario:
         _bool("activation_offloading", self.activation_offloading)
         _choice("padding", self.padding, PADDINGS)
         _bool("cuda_lazy_loading", self.cuda_lazy_loading)
+        if self.allocator_conf is not None and not isinstance(self.allocator_conf, str):
+            raise ScenarioError(
+                "allocator_conf",
+                f"must be a string like 'expandable_segments:True', got {_short(self.allocator_conf)}",
+            )
         check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()
 
@@ -528,6 +552,7 @@ class Scenario:
             "activation_offloading": self.activation_offloading,
             "padding": self.padding,
             "cuda_lazy_loading": self.cuda_lazy_loading,
+            **({"allocator_conf": self.allocator_conf} if self.allocator_conf is not None else {}),
             "parallel": self.parallel.to_dict(),
             "gpu": _thaw(self.gpu),
             "num_gpus": self.parallel.world_size,
@@ -593,10 +618,14 @@ def _gpu_spec(spec: Any) -> str | FrozenDict:
 
     if isinstance(spec, Mapping):
         frozen = _freeze(spec, "gpu")
+        for key in ("name", "id"):  # printed in every output and exported file's header
+            if isinstance(frozen.get(key), str):
+                check_text(f"gpu.{key}", frozen[key])
         resolve_gpu(dict(frozen))
         return frozen
     if not isinstance(spec, str) or not spec:
         raise ScenarioError("gpu", f"must be a GPU id or {{'memory_gib': N}}, got {_short(spec)}")
+    check_text("gpu", spec)
     return canonical_gpu_id(spec) or spec
 
 
@@ -628,7 +657,9 @@ def _unknown_key(dotted: str, allowed: list[str]) -> ScenarioError:
     prefix, _, key = dotted.rpartition(".")
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    if not key.isprintable() or len(key) > 64:  # a key with newlines or 10 kB of junk: named, on one line
+    if not key:
+        key = '""'  # an empty key: named as such, never an empty field
+    elif not key.isprintable() or len(key) > 64:  # a key with newlines or 10 kB of junk: named, on one line
         key = ascii(key)[:64]
     field = f"{prefix}.{key}" if prefix else key
     return ScenarioError(field, f"unknown key{hint}; allowed keys: {', '.join(allowed)}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +20,9 @@ import anywidget
 import traitlets
 
 from memsim_widget import charts as charts_mod
-from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.errors import ScenarioError
+from memsim_widget.errors import ScenarioError, one_line, short_repr
 from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
@@ -35,11 +34,13 @@ from memsim_widget.widget.controls import build_options, normalize
 from memsim_widget.widget.export_panel import ExportController
 from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait
+from memsim_widget.widget.import_panel import ImportController, MeasureController
 from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import build_result
 from memsim_widget.widget.scenario_edits import (
     as_typed,
     changed_keys,
+    check_edit,
     defaults,
     drop_carried_unknown,
     flatten,
@@ -127,6 +128,12 @@ class MemSim(anywidget.AnyWidget):
     #: (idle, running, done, error), ``model``, ``error``, ``seconds``. While running, the front end shows
     #: "calibrating..." over the last result; the estimate replaces it when done.
     calibration = traitlets.Dict(CalibrationController.initial()).tag(sync=True)
+    #: "Open a config" (``import_panel``): ``id`` (one more per answer), ``files``, ``unread`` (the memory settings
+    #: the files did not give, one line each) and ``error`` (the file and key that is wrong).
+    config_import = traitlets.Dict(ImportController.initial()).tag(sync=True)
+    #: "Measure on this GPU" (``import_panel``): ``available`` (a CUDA GPU is likely: the button shows),
+    #: ``state`` (idle, running, done, error), ``text`` (measured next to predicted) and ``error``.
+    measure = traitlets.Dict().tag(sync=True)
 
     def __init__(
         self,
@@ -162,6 +169,8 @@ class MemSim(anywidget.AnyWidget):
         self._compare = CompareController(self)
         self._export = ExportController(self)
         self._calibration = CalibrationController(self)
+        self._import = ImportController(self)
+        self._measure = MeasureController(self)
         #: Front-end message type -> its handler (``_on_front_msg``).
         self._handlers: dict[str, Handler] = {
             "verify": self._trace.verify_msg,
@@ -170,6 +179,8 @@ class MemSim(anywidget.AnyWidget):
             "layouts": self._layouts.search_msg,
             "layout_apply": self._layouts.apply_msg,
             "export": self._export.export_msg,
+            "import_config": self._import.import_msg,
+            "measure": self._measure.measure_msg,
         }
         self.last_update_ms = 0.0
         headroom = self._check_headroom({"value": headroom})
@@ -182,6 +193,7 @@ class MemSim(anywidget.AnyWidget):
             fit=self._fit.initial(),
             layouts=self._layouts.initial(),
             export=self._export.initial(),
+            measure=self._measure.initial(),
             **self._derived(est, headroom),
         )
         self.on_msg(self._on_front_msg)
@@ -191,10 +203,10 @@ class MemSim(anywidget.AnyWidget):
     @traitlets.validate("headroom")
     def _check_headroom(self, proposal: Mapping[str, Any]) -> float:
         """Headroom is a share in [0, 0.9]."""
-        value = float(proposal["value"])
-        if not 0 <= value <= 0.9:
-            raise traitlets.TraitError(f"headroom must be between 0 and 0.9, got {value}")
-        return value
+        value = proposal["value"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 0.9:
+            raise traitlets.TraitError(f"headroom must be a number from 0 to 0.9, got {short_repr(value)}")
+        return float(value)
 
     @traitlets.observe("headroom")
     def _on_headroom(self, change: Any) -> None:
@@ -228,9 +240,24 @@ class MemSim(anywidget.AnyWidget):
             self._compare.written(change["new"])
 
     def set_state(self, sync_data: dict[str, Any]) -> None:
-        """Front-end writes apply under the widget's lock (the trace thread writes traits too)."""
+        """Front-end writes apply under the widget's lock (the trace thread writes traits too), one trait at a
+        time: a value a trait refuses (``headroom`` "x" or 5, ``fit_open`` 3, ``scenario_data`` a list) becomes
+        the widget's error naming the trait, in place, and the front end gets the trait's current value back;
+        it never raises out of the comm handler."""
         with self._lock:
-            super().set_state(sync_data)
+            for name, value in sync_data.items():
+                try:
+                    super().set_state({name: value})
+                except traitlets.TraitError as exc:
+                    self._refuse_state(name, exc)
+
+    def _refuse_state(self, name: str, exc: traitlets.TraitError) -> None:
+        """Show a refused front-end write as the error of its trait and re-send the trait's value."""
+        message = str(exc).replace(f"The '{name}' trait of a MemSim instance ", "")
+        self.error = one_line(f"{name}: {message}")[:300]
+        self.error_field = name
+        if name in self.keys:
+            self.send_state(name)
 
     # ----- core update ----------------------------------------------------------------------------------
     def _submit(
@@ -239,6 +266,7 @@ class MemSim(anywidget.AnyWidget):
         relative: bool = True,
         explicit: frozenset[str] = frozenset(),
         background: bool = False,
+        ready: Estimate | None = None,
     ) -> ScenarioError | None:
         """Apply a scenario dict; returns the ScenarioError that rejected it (None when it was valid).
 
@@ -247,19 +275,31 @@ class MemSim(anywidget.AnyWidget):
         keys count as changed even when their value stays (``set(parallel={"tp": 1, "sequence_parallel": True})``).
         Omitted keys take their defaults, as in ``Scenario.from_dict``. ``background`` (an edit from the front end):
         a calibrated model's first estimate of a recipe runs as a background job (``calibration_panel``) instead of
-        blocking here; None is returned and the estimate is published when it is done.
+        blocking here; None is returned and the estimate is published when it is done. ``ready``: that job's
+        estimate, used when it is of the same scenario (not computed again in the kernel's thread).
         """
         with self._lock:
-            return self._apply(data, relative, explicit, background)
+            return self._apply(data, relative, explicit, background, ready)
 
     def _apply(
-        self, data: Mapping[str, Any], relative: bool, explicit: frozenset[str], background: bool = False
+        self,
+        data: Mapping[str, Any],
+        relative: bool,
+        explicit: frozenset[str],
+        background: bool = False,
+        ready: Estimate | None = None,
     ) -> ScenarioError | None:
         """``_submit`` without the lock."""
         t0 = time.perf_counter()
-        if not isinstance(data, Mapping):
-            exc = ScenarioError("scenario", f"must be a JSON object, got {type(data).__name__}")
-            self._reject({}, exc)
+        exc = check_edit(data)  # sizes, depth, int64, finite, UTF-8: before any rule or the scenario sees it
+        if exc is not None:
+            self._busy = True
+            try:  # the out-of-bounds value is not shown back (its key shows empty); the rest as typed
+                top = exc.field.split(".")[0].split("[")[0]
+                shown = {**data, top: None} if isinstance(data, Mapping) and top in data else {}
+                self._reject(shown, exc)
+            finally:
+                self._busy = False
             return exc
         data = merge(defaults(), data)
         changed = changed_keys(self._valid, data) | explicit if relative else set()
@@ -277,7 +317,7 @@ class MemSim(anywidget.AnyWidget):
                     self._show_calibrating(data)
                     return None
                 self._calibration.supersede()
-                est = run_estimate(sc)
+                est = ready if ready is not None and ready.scenario == sc else run_estimate(sc)
             except ScenarioError as exc:
                 self._reject(data, exc)
                 return exc
@@ -290,9 +330,7 @@ class MemSim(anywidget.AnyWidget):
                 self.scenario_data = self._valid
                 self.error = ""
                 self.error_field = ""
-                self.options = build_options(
-                    self._valid, architecture_for(sc.model)
-                )  # resolved for sc already
+                self.options = build_options(self._valid, est.arch)  # resolved for sc already
                 self._refresh()
                 self._trace.update()
                 self._follow_plan()
@@ -357,7 +395,8 @@ class MemSim(anywidget.AnyWidget):
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         """A message from the front end, ``{"type": ..., ...}``, to its handler in ``_handlers``: ``verify``,
         ``cancel`` (trace); ``fit_apply`` (kind, index, id), ``layouts`` (gpus) and ``layout_apply`` (candidate,
-        id) for "Make it fit"; ``export`` (format) for the launch config. A message without a ``type`` is not
+        id) for "Make it fit"; ``export`` (format) for the launch config; ``import_config`` (files, format) for
+        "open a config"; ``measure`` for "Measure on this GPU". A message without a ``type`` is not
         the widget's (anywidget's commands); an unknown type shows as the widget's error (a front end of
         another version)."""
         if not isinstance(content, Mapping) or "type" not in content:
@@ -551,6 +590,12 @@ class MemSim(anywidget.AnyWidget):
     def export_config(self, fmt: str) -> dict[str, str]:
         """The launch-config files of the current scenario in one format: ``{file name: text}``."""
         return self._export.files(fmt)
+
+    def import_config(self, paths: str | Path | Sequence[str | Path], fmt: str = "auto") -> list[str]:
+        """Show the scenario of your launch config files (``memsim_widget.import_config``); returns the memory
+        settings the files did not give, one line each (also shown under "open a config")."""
+        paths = [paths] if isinstance(paths, str | Path) else list(paths)
+        return self._import.apply(paths, fmt).unread
 
     def to_json(self, indent: int | None = 2) -> str:
         """The last valid scenario as JSON (``MemSim.from_json`` reads it back)."""

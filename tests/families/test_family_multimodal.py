@@ -176,7 +176,9 @@ def test_the_scope_is_written_only_when_not_peft_default() -> None:
             "model.vision_config.model_type",
         ),
         (
-            {"model": {**LLAVA, "vision_config": {"model_type": "clip_vision_model"}}},
+            # an omitted size takes CLIPVisionConfig's default, as transformers does (test_subconfig_defaults.py);
+            # a wrong one is named
+            {"model": {**LLAVA, "vision_config": {"model_type": "clip_vision_model", "hidden_size": "big"}}},
             "model.vision_config.hidden_size",
         ),
         ({"model": {**LLAVA, "vision_feature_layer": 9}}, "model.vision_feature_layer"),
