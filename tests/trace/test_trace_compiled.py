@@ -71,8 +71,16 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
 
 
 @pytest.mark.slow
-def test_the_engine_equals_the_compiled_trace_of_a_small_llama() -> None:
-    from memsim_widget.fidelity import CASES, compare
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llama bf16 sdpa b2 s512 compiled",
+        "qwen2 bf16 sdpa b2 s512 compiled",
+        "llama V64 bf16 b4 s512 compiled",
+    ],
+)
+def test_the_engine_equals_the_compiled_trace(name: str) -> None:
+    from memsim_widget.fidelity import COMPILED_CASES, compare
 
-    r = compare("llama compiled", {**dict(CASES)["llama bf16 sdpa b2 s512"], "compile": True})
+    r = compare(name, dict(COMPILED_CASES)[name])
     assert abs(r["error"]) < 0.001, r

@@ -3,8 +3,8 @@
 Dynamo captures the HF model and AOTAutograd splits forward and backward with Inductor's min-cut partitioner
 (``min_cut_rematerialization_partition`` at torch's default ``activation_memory_budget``), which saves the
 cheapest set of tensors to rebuild the backward from and recomputes the pointwise rest; Inductor fuses the
-pointwise ops, so their intermediates never get a buffer. Traced (trace/compiled.py, docs/fidelity.md) on an HF
-Llama decoder (RMSNorm, SwiGLU, RoPE, SDPA, no biases), the partitioner keeps per layer, with e the dtype's bytes:
+pointwise ops, so their intermediates never get a buffer. Traced (trace/compiled.py, docs/fidelity.md) on HF
+Llama, Mistral and Qwen2 decoders (RMSNorm, SwiGLU, RoPE, SDPA), the partitioner keeps per layer, with e the dtype's bytes:
 
 - the residual stream at the layer's input and after attention (2 e T h) and each RMSNorm's output (the
   normalised tensor times its weight, what q/k/v and gate/up read: 2 e T h) and its fp32 rsqrt (2 x 4 T);
@@ -33,13 +33,14 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.scenario import Scenario
 
-#: The families whose compiled step a trace backs (HF Llama-layout decoders).
-COMPILED_FAMILIES = ("llama", "mistral")
+#: The families whose compiled step a trace backs (HF Llama-layout decoders; Qwen2's q/k/v biases change nothing
+#: the partitioner saves: traced).
+COMPILED_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
-    """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder without biases, pure bf16,
-    full training, no checkpointing, the standard loss, SDPA, HF Trainer's output lifetime, one GPU."""
+    """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``COMPILED_FAMILIES``),
+    pure bf16, full training, no checkpointing, the standard loss, SDPA, HF Trainer's output lifetime, one GPU."""
     return bool(
         sc.compile
         and arch.family in COMPILED_FAMILIES
@@ -49,7 +50,6 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         and not arch.is_moe
         and not arch.extra.get("vision")
         and arch.extra.get("calibration") is None
-        and not any(g.name.endswith("bias") for g in arch.params)
         and sc.precision == "bf16"
         and sc.method == "full"
         and sc.activation_checkpointing == "none"
