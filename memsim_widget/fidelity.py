@@ -1594,8 +1594,8 @@ OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
 CASES += OBJECTIVE_CASES
 
 
-#: Compiled steps (``compile: true``; trace/compiled.py): the engine's rule for the Llama layout in bf16
-#: (engine/activations/compiled.py), eager's figure elsewhere (said in its caveats).
+#: Compiled steps (``compile: true``; trace/compiled.py): the engine's rule for the Llama layout in bf16 and
+#: amp-bf16 (engine/activations/compiled.py), eager's figure elsewhere (said in its caveats).
 COMPILED_CASES: list[tuple[str, dict[str, Any]]] = [
     (f"{name} compiled", {**dict(CASES)[name], "compile": True})
     for name in (
@@ -1606,6 +1606,12 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = [
         "qwen2 bf16 sdpa b2 s512",
         "gpt2 bf16 sdpa b2 s512",
         "vit bf16 sdpa b8 (no dropout)",
+    )
+] + [
+    (f"{name} compiled", {**dict(CASES)[base], "precision": "amp-bf16", "compile": True})
+    for name, base in (
+        ("qwen2 amp-bf16 sdpa b2 s512", "qwen2 bf16 sdpa b2 s512"),
+        ("llama V64 amp-bf16 b4 s512", "llama V64 bf16 b4 s512"),
     )
 ]
 

@@ -131,10 +131,10 @@ def test_bad_input_exits_2_with_one_line(argv, stdin, field):
 
 
 def test_compile_is_labelled_as_unmodelled_in_text_json_and_estimate(capsys, tmp_path):
-    """compile: true has no memory rule outside the traced Llama layout in bf16: the output says so instead of
+    """compile: true has no memory rule outside the traced Llama layout under SDPA: the output says so instead of
     looking as exact as the rest; where the rule applies it says what it is."""
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True, "precision": "amp-bf16"}))
+    path.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True, "attention": "eager"}))
     assert main(["estimate", str(path)]) == 0
     assert "caveat    compile: true has no memory rule" in capsys.readouterr().out
     covered = tmp_path / "c.json"

@@ -29,5 +29,22 @@ def test_the_engine_counts_the_partitioners_saved_set_for_a_compiled_llama() -> 
     assert est.peak_tensor_bytes == start.tensor_bytes
     assert any("partitioner" in c for c in est.caveats)
     # what no compiled trace covers keeps eager's figure and says so
-    other = estimate(sc.replace(precision="amp-bf16"))
+    other = estimate(sc.replace(attention="eager"))
     assert any("no memory rule" in c for c in other.caveats)
+
+
+def test_under_autocast_the_partitioner_saves_fp32_residuals_and_16_bit_weight_casts() -> None:
+    """amp-bf16: the residual stream is fp32 (2 x 4 B x T x h per layer instead of 2 x 2 B), and each Linear
+    weight's 16-bit cast is saved (2 B per weight: q, k, v, o, gate, up, down), so a layer keeps
+    4 T h + 2 x (layer's Linear weights) bytes more than in bf16; the KV cache's zero gradient holds k in fp32."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    base = {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    bf16 = activations(Context(Scenario.from_dict(base)))
+    amp = activations(Context(Scenario.from_dict({**base, "precision": "amp-bf16"})))
+    T, h, I, kvd = 4096, 2048, 8192, 512
+    weights = 2 * h * h + 2 * kvd * h + 3 * I * h  # q, o; k, v; gate, up, down
+    assert amp.layer_bytes() - bf16.layer_bytes() == 2 * 2 * T * h + 2 * weights
+    cache = lambda b: sum(t.bytes for t in b.loss_backward if "KV cache" in t.name)  # noqa: E731
+    assert cache(amp) - cache(bf16) == 2 * T * kvd * 16  # k: 4 B instead of 2, 16 layers
