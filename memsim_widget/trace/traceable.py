@@ -66,7 +66,8 @@ def check_traceable(sc: Scenario) -> None:
             "LoRA, objectives and multi-GPU layouts are not traced compiled yet): set compile to false",
         )  # fmt: skip
     if sc.compile and sc.activation_checkpointing != "none":
-        # Dynamo turns HF's checkpointing into a higher-order op (run_and_save_rng_state) no tracker rule handles
+        # Dynamo turns HF's checkpointing into higher-order ops (run_and_save_rng_state / run_with_rng_state); with
+        # the tracker passing them through, the CPU's real RNG state reaches the fake mode and the step fails
         raise ScenarioError(
             "activation_checkpointing", "a compiled step with checkpointing cannot be traced yet (its higher-order "
             "ops escape the tracker): use none, or set compile to false",
