@@ -1,7 +1,11 @@
 """torchao's float8 training (``convert_to_float8_training``, tensorwise and rowwise scaling) traced on CPU fake
 tensors: it saves the high-precision input and weight for backward (torchao 0.18 ``float8/float8_linear.py``,
 ``ctx.save_for_backward(input_hp, weight_hp_t)``) and casts to float8 again in backward, so a float8 step keeps
-what the bf16 step keeps; only the forward's cast transients are new (docs/fidelity.md, "fp8")."""
+what the bf16 step keeps; only the forward's cast transients are new (docs/fidelity.md, "fp8").
+
+Skipped unless torchao is installed (``pip install --no-deps torchao==0.18.0``): not in scripts/dev, because once
+installed every ``import peft`` imports it, and its import prints library-load warnings on stderr (CUDA-only .so
+files) that would change the notebooks' saved outputs."""
 
 from __future__ import annotations
 
