@@ -1049,6 +1049,16 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"micro_batch_size": 1, "seq_len": 128},
             ),
             (
+                "torch bf16 lora in_proj x_proj b2 s64",
+                {},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 64,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["in_proj", "x_proj"]},
+                },
+            ),
+            (
                 "torch V32k bf16 b2 s64 (outputs kept: step; the model returns fp32 logits)",
                 {"vocab_size": 32000},
                 {"micro_batch_size": 2, "seq_len": 64, "output_lifetime": "step"},
@@ -1070,6 +1080,26 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 "torch V64 bf16 b2 s512 (peak in a layer's backward)",
                 {"vocab_size": 64},
                 {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            (
+                "torch bf16 lora in_proj b2 s512",
+                {},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["in_proj"]},
+                },
+            ),
+            (
+                "torch bf16 lora in_proj b1 s1000 (padded last chunk)",
+                {},
+                {
+                    "micro_batch_size": 1,
+                    "seq_len": 1000,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["in_proj"]},
+                },
             ),
             (
                 "torch V32k bf16 b2 s256 (outputs kept: backward; the model returns fp32 logits)",

@@ -106,7 +106,11 @@ def test_kernel_path_keeps_one_scan_pair_per_2048_steps() -> None:
     ("keys", "field"),
     [
         ({"precision": "amp-bf16"}, "precision"),
-        ({"method": "lora", "lora": {"targets": ["in_proj"]}}, "method"),
+        ({"method": "qlora", "lora": {"targets": ["in_proj"]}}, "method"),
+        # peft refuses out_proj and conv1d on Mamba-based models (and all-linear reaches out_proj)
+        ({"method": "lora", "lora": {"targets": ["in_proj", "out_proj"]}}, "lora.targets"),
+        ({"method": "lora", "lora": {"targets": ["all-linear"]}}, "lora.targets"),
+        ({"method": "lora", "lora": {"targets": ["in_proj"]}, "precision": "fp32"}, "precision"),
         ({"activation_checkpointing": "full"}, "activation_checkpointing"),
         ({"framework": "megatron"}, "framework"),
         ({"ssm_kernel": "triton"}, "ssm_kernel"),
@@ -224,3 +228,21 @@ def test_a_kept_model_output_holds_the_logits_in_the_dtype_the_model_returns(
     ctx = Context(sc)
     (term,) = activations(ctx).output_logits
     assert term.bytes == logit_bytes * 2 * 256 * ctx.arch.vocab_size
+
+
+def test_lora_on_mamba2_drops_what_only_the_frozen_weights_gradients_read() -> None:
+    """Per layer, on the torch path (saved-tensor hooks on transformers' Mamba2Mixer, then traced): the D skip's
+    fp32 x and the norm's fp32 normalised tensor (4 B x T x I each), one fp32 dt (4 B x T x H), out_proj's input
+    (2 B x T x I) and one fp32 A (4 B x H); adapters on in_proj are tiny beside them."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    model = {**PRESETS["mamba2-130m"]}
+    base = {"model": model, "ssm_kernel": "torch", "micro_batch_size": 2, "seq_len": 512}
+    full = activations(Context(Scenario.from_dict(base)))
+    lora = activations(
+        Context(Scenario.from_dict({**base, "method": "lora", "lora": {"targets": ["in_proj"]}}))
+    )
+    mixer = lambda b: sum(t.bytes for t in b.per_layer if t.name.startswith("Mamba-2 torch path"))  # noqa: E731
+    T, inner, H = 1024, 1536, 24  # mamba2-130m: hidden 768, expand 2, 24 heads of 64
+    assert mixer(full) - mixer(lora) == (4 + 4 + 2) * T * inner + 4 * T * H + 4 * H
