@@ -58,12 +58,10 @@ def check_traceable(sc: Scenario) -> None:
         )
     if sc.loss == "chunked":
         raise ScenarioError("loss", "HF models compute the standard loss; the chunked loss cannot be traced")
-    if sc.compile and (
-        sc.parallel.world_size > 1 or sc.parallel.ep > 1 or sc.objective_name != "sft" or sc.method != "full"
-    ):
+    if sc.compile and (sc.parallel.world_size > 1 or sc.parallel.ep > 1 or sc.objective_name != "sft"):
         raise ScenarioError(
-            "compile", "a compiled step is traced for full training of one GPU's SFT step only (trace/compiled.py; "
-            "LoRA, objectives and multi-GPU layouts are not traced compiled yet): set compile to false",
+            "compile", "a compiled step is traced for one GPU's SFT step only (trace/compiled.py; objectives and "
+            "multi-GPU layouts are not traced compiled yet): set compile to false",
         )  # fmt: skip
     if sc.compile and sc.activation_checkpointing != "none":
         # Dynamo turns HF's checkpointing into higher-order ops (run_and_save_rng_state / run_with_rng_state); with

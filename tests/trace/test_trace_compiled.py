@@ -48,7 +48,7 @@ def _scenario(**keys: object) -> Scenario:
 def test_verify_traces_the_compiled_step_and_names_what_it_does_not_cover() -> None:
     assert trace_kwargs(_scenario())["compile_budget"] == 1.0
     assert "compile_budget" not in trace_kwargs(_scenario(compile=False))
-    for keys, field in (({"method": "lora"}, "compile"), ({"parallel": {"dp": 2}}, "compile")):
+    for keys, field in (({"objective": "dpo"}, "compile"), ({"parallel": {"dp": 2}}, "compile")):
         with pytest.raises(ScenarioError) as err:
             check_traceable(_scenario(**keys))
         assert err.value.field == field
