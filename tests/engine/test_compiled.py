@@ -48,3 +48,32 @@ def test_under_autocast_the_partitioner_saves_fp32_residuals_and_16_bit_weight_c
     assert amp.layer_bytes() - bf16.layer_bytes() == 2 * 2 * T * h + 2 * weights
     cache = lambda b: sum(t.bytes for t in b.loss_backward if "KV cache" in t.name)  # noqa: E731
     assert cache(amp) - cache(bf16) == 2 * T * kvd * 16  # k: 4 B instead of 2, 16 layers
+
+
+def test_compiled_lora_on_q_and_v_saves_no_frozen_projections_input() -> None:
+    """peft's default LoRA (fp32 adapters on q_proj, v_proj) compiled, Llama 3.2 1B b2 s512 r16: per layer the
+    residual stream (2 e T h), the fp32 cast of the attention norm's output for lora_A (4 T h), two fp32 lora_A
+    outputs (2 x 4 T r), q and the attention output (2 e T h), k and v (2 e T kv d), the logsumexp (4 T a), the rsqrts
+    (8 T), gate's and up's outputs (2 e T I); the KV cache's zero gradients for every v and k from layer 1 on."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    sc = Scenario.from_dict(
+        {"model": "llama-3.2-1b", "micro_batch_size": 2, "seq_len": 512, "method": "lora", "compile": True}
+    )
+    act = activations(Context(sc))
+    T, h, I, kvd, a, r, V, L, e = 1024, 2048, 8192, 512, 32, 16, 128256, 16, 2
+    per = (
+        2 * e * T * h
+        + 4 * T * h
+        + 2 * 4 * T * r
+        + 2 * e * T * h
+        + 2 * e * T * kvd
+        + 4 * T * a
+        + 8 * T
+        + 2 * e * T * I
+    )
+    assert act.layer_bytes() == per
+    assert sum(t.bytes for t in act.post) == 0
+    assert sum(t.bytes for t in act.loss_backward) == 4 * T * V + e * T * V + (2 * L - 1) * e * T * kvd
+    assert any("partitioner" in c for c in estimate(sc).caveats)

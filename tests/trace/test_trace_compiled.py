@@ -78,6 +78,7 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
         "qwen2 bf16 sdpa b2 s512 compiled",
         "llama V64 bf16 b4 s512 compiled",
         "llama amp-bf16 sdpa b2 s512 compiled",
+        "llama bf16 lora qv b2 s512 compiled",
     ],
 )
 def test_the_engine_equals_the_compiled_trace(name: str) -> None:

@@ -42,7 +42,7 @@ COMPILED_FAMILIES = ("llama", "mistral", "qwen2")
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
     """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``COMPILED_FAMILIES``),
-    bf16 or amp-bf16, full training, no checkpointing, the standard loss, SDPA, HF Trainer's output lifetime, one GPU."""
+    bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA, HF Trainer's output lifetime, one GPU."""
     return bool(
         sc.compile
         and arch.family in COMPILED_FAMILIES
@@ -53,7 +53,7 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         and not arch.extra.get("vision")
         and arch.extra.get("calibration") is None
         and sc.precision in ("bf16", "amp-bf16")
-        and sc.method == "full"
+        and (sc.method == "full" or _lora_qv(sc))
         and sc.activation_checkpointing == "none"
         and sc.loss == "standard"
         and sc.attention == "sdpa"
@@ -63,6 +63,46 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         and sc.parallel.world_size == 1
         and sc.parallel.ep == 1
     )
+
+
+def _lora_qv(sc: Scenario) -> bool:
+    """peft's default LoRA, the one traced compiled: fp32 adapters on q_proj and v_proj of a pure-bf16 model."""
+    return (
+        sc.method == "lora"
+        and set(sc.lora.targets) == {"q_proj", "v_proj"}
+        and sc.lora.adapter_dtype == "fp32"
+        and sc.precision == "bf16"
+    )
+
+
+def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
+    """Compiled LoRA on q and v (traced, docs/fidelity.md): the frozen projections' inputs are not saved; per layer
+    the residual stream in and after attention (2 e T h), the attention norm's output cast to fp32 for the two
+    adapters' lora_A (4 T h), their fp32 outputs (2 x 4 T r), q after RoPE, k, v and the attention output, the
+    logsumexp, gate's and up's outputs (down_proj's input is not: its weight is frozen) and the rsqrts; nothing
+    after the layers (the final norm and head are frozen). The zero gradients of the returned KV cache exist only
+    for what needs a gradient: every v, and k from layer 1 on (layer 0's k reads the frozen embedding through a
+    frozen k_proj)."""
+    D = Dims(ctx)
+    T, h, I, hkv, a, V = D.T, D.h, D.I, D.hkv, D.a, D.V
+    e, r, L = ctx.recipe.act_bytes, ctx.scenario.lora.rank, ctx.arch.num_layers
+    out.per_layer[:] = [
+        Term("compiled LoRA: residual stream in and after attention", 2 * e * T * h, f"2 x {e} B x T x h (h={h})", 2),
+        Term("compiled LoRA: attention norm output cast to fp32 for lora_A", 4 * T * h, "4 B x T x h", 1),
+        Term("compiled LoRA: lora_A outputs of q and v (fp32)", 2 * 4 * T * r, f"2 x 4 B x T x r, r={r}", 2),
+        Term("compiled LoRA: q after RoPE, attention output", 2 * e * T * h, f"2 x {e} B x T x h", 2),
+        Term("compiled LoRA: k after RoPE and v (KV width)", 2 * e * T * hkv, f"2 x {e} B x T x kv*d, kv*d={hkv}", 2),
+        Term("compiled LoRA: SDPA logsumexp (fp32), RMSNorm rsqrt", 4 * T * a + 8 * T, "4 B x T x heads + 8 B x T", 3),
+        Term("compiled LoRA: gate and up outputs", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
+    ]  # fmt: skip
+    out.post[:] = []
+    tangents = (2 * L - 1) * e * T * hkv if ctx.arch.extra.get("use_cache", True) else 0
+    out.loss_backward[:] = [
+        Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
+        Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
+        *([Term("zero gradients for the returned KV cache (every v, k from layer 1 on)", tangents,
+                f"(2 x {L} - 1) x {e} B x T x kv*d", 2 * L - 1)] if tangents else []),
+    ]  # fmt: skip
 
 
 def _layer_weight_numel(ctx: Context) -> int:
@@ -116,6 +156,8 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled loss: row max, log-sum-exp (fp32), label index (int64) and mask", 17 * T, "17 B x T", 4),
     ]  # fmt: skip
     _loss_backward(ctx, out, T, V, hkv, e, 4 if amp else e)
+    if not ctx.full_training:
+        _lora_qv_activations(ctx, out)
 
 
 def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int, e: int, kb: int) -> None:
