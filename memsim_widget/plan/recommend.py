@@ -640,12 +640,12 @@ def _reach(scenario: Scenario, key: str, headroom: float) -> Reach | None:
     where the planner does not model the scenario."""
     from memsim_widget.plan.reach import reach
 
-    if key == "seq_len":
-        table = Context(scenario).arch.max_seq_len
-        step, top = 128, min(MAX_SEQ_LEN, table) if table else MAX_SEQ_LEN
-    else:
-        step, top = 1, MAX_MICRO_BATCH
     try:
+        if key == "seq_len":
+            table = Context(scenario).arch.max_seq_len
+            step, top = 128, min(MAX_SEQ_LEN, table) if table else MAX_SEQ_LEN
+        else:
+            step, top = 1, MAX_MICRO_BATCH
         return reach(scenario, key, planner_space(scenario), step=step, top=top, headroom=headroom)
     except ScenarioError:
         return None
