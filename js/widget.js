@@ -909,7 +909,7 @@ function reachFact(doc, v, kind, what, now, enabled) {
   const r = v[kind];
   if (!r) return null;
   const gpus = v.num_gpus > 1 ? `these ${v.num_gpus} GPUs` : "this GPU";
-  return fact(doc, `${what} on ${gpus} with any layout: ${r.value} (now ${now}) as ${r.layout}; ${r.device_total} per GPU, ${fmtCount(Math.round(r.tokens_per_gpu_s))} tokens/s/GPU modelled, the cheapest of ${r.listed} that reach it (global batch free)`, kind, enabled && r.value !== now);
+  return fact(doc, `${what} on ${gpus} with any layout: ${r.value} (now ${now}) as ${r.layout}; ${r.device_total} per GPU, ${fmtCount(Math.round(r.tokens_per_gpu_s))} tokens/s/GPU modelled, the cheapest of ${fmtCount(r.reaching)} that reach it (global batch free)`, kind, enabled && r.value !== now);
 }
 function reachFacts(doc, v, enabled) {
   return [

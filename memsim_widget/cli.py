@@ -665,7 +665,7 @@ def _reach_lines(r: Any, rec: Any) -> list[str]:
     return [
         f"  any layout       {r.value} on {n} GPU{'s' if n > 1 else ''} as {r.layout}",
         f"                   {_gib(r.estimate.device_total_bytes)} GiB per GPU, {r.tokens_per_gpu_s:,.0f} tokens/s/GPU "
-        f"(modelled; the cheapest of {r.listed} that reach it, global batch free; {beyond})",
+        f"(modelled; the cheapest of {r.reaching:,} that reach it, global batch free; {beyond})",
     ]
 
 

@@ -50,8 +50,8 @@ class Reach:
     scenario: Scenario
     estimate: Estimate
     tokens_per_gpu_s: float
-    #: Candidates of the space that fit at ``value`` (on their layout's memory/throughput frontier).
-    listed: int
+    #: Candidates of the space (layouts and knobs) that fit at ``value``.
+    reaching: int
 
     @property
     def layout(self) -> str:
@@ -81,7 +81,7 @@ class Reach:
             "layout": self.layout,
             "device_total_bytes": self.estimate.device_total_bytes,
             "tokens_per_gpu_s": round(self.tokens_per_gpu_s, 3),
-            "listed": self.listed,
+            "reaching": self.reaching,
             "scenario": self.scenario.to_dict(),
         }
 
@@ -118,7 +118,7 @@ def reach(
     cols = candidates(b, layouts(b, (n,), space), space, None)
     limit = ctx.gpu.memory_bytes * (1 - headroom)
 
-    def at(k: int) -> tuple[Scenario, dict[str, np.ndarray]]:
+    def at(k: int) -> tuple[Scenario, dict[str, int]]:
         return (b, {column: k * step}) if column else (b.replace(**{key: k * step}), {})
 
     def memory(k: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -144,7 +144,7 @@ def reach(
     p = _ranked(base, cols, fits, set_, space, headroom, limit)
     i = int(p.ranking[0])
     return Reach(key, k * step, (k + 1) * step if k < hi else None, p.scenario(i), p.estimate(i),
-                 float(p.columns["tokens_per_gpu_s"][i]), p.listed)  # fmt: skip
+                 float(p.columns["tokens_per_gpu_s"][i]), int(fits.size))  # fmt: skip
 
 
 def _frugal(cols: dict[str, np.ndarray], space: SearchSpace) -> np.ndarray:

@@ -159,7 +159,7 @@ describe("make it fit", () => {
         assert.ok(r && li, `${name}: the fixture has a ${kind} answer, and the panel shows it`);
         assert.ok(li.textContent.startsWith(`${what} on this GPU with any layout: ${r.value} (now ${now}) as ${r.layout}; ` +
           `${r.device_total} per GPU`));
-        assert.match(li.textContent, new RegExp(`the cheapest of ${r.listed} that reach it \\(global batch free\\)`));
+        assert.match(li.textContent, new RegExp(`the cheapest of ${r.reaching.toLocaleString("en-US")} that reach it \\(global batch free\\)`));
         fire(window, li.querySelector(".memsim-fit-apply"), "click");
         assert.deepEqual(model.sent.at(-1), { type: "fit_apply", kind, index: 0, id: fit.id });
       }

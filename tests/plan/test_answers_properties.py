@@ -182,6 +182,7 @@ def test_the_largest_on_the_same_gpus_is_the_planners_largest(base):
         assert at(r.next_stop).fitting == 0
         p = at(r.value)
         assert p.fitting and r.tokens_per_gpu_s >= float(p.frame.tokens_per_gpu_s.iloc[0]) * (1 - 1e-9)
+        assert r.reaching >= p.fitting  # plan tries offload only where nothing fits without it
         if own is not None:  # the own layout (knobs of the space, one micro-batch per step) is one of them
             assert own <= r.value
 
