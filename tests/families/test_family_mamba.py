@@ -186,7 +186,15 @@ def test_trace_refuses_the_cuda_path_and_runs_the_torch_path() -> None:
     assert err.value.field == "ssm_kernel"
 
 
-@pytest.mark.parametrize("name", ["mamba torch bf16 b2 s64", "mamba2 torch bf16 b2 s512"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mamba torch bf16 b2 s64",
+        "mamba2 torch bf16 b2 s512",
+        "mamba2 torch bf16 lora in_proj b2 s512",
+        "mamba2 torch V32k bf16 b2 s256 (outputs kept: backward; the model returns fp32 logits)",
+    ],
+)
 @pytest.mark.slow
 def test_torch_path_within_three_percent_of_trace(name: str) -> None:
     pytest.importorskip("torch")
