@@ -173,10 +173,17 @@ def compile_backend(memory_budget: float | None = None) -> Callable[..., Any]:
 @contextlib.contextmanager
 def compiled_model(model: torch.nn.Module, memory_budget: float | None = None) -> Iterator[torch.nn.Module]:
     """``model`` wrapped by ``torch.compile`` with :func:`compile_backend` (Dynamo's caches reset around it)."""
+    import warnings
+
     import torch._dynamo
 
     torch._dynamo.reset()
     try:
-        yield torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
+        with warnings.catch_warnings():
+            # the tracker's global module hooks (names only) also fire for the OptimizedModule: balanced, harmless
+            warnings.filterwarnings(
+                "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
+            )
+            yield torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
     finally:
         torch._dynamo.reset()
