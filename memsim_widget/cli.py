@@ -642,14 +642,18 @@ def _recommend_text(rec: Any) -> str:
         change_lines(rec.singles)
     lines.append("")
     mb = rec.max_micro_batch
-    lines.append(f"max micro-batch   {mb if mb is not None else 'none fits'}")
+    lines.append(f"max micro-batch   {mb if mb is not None else 'none fits'} (this layout)")
     if rec.with_first_fix is not None:
         wf = rec.with_first_fix
         lines.append(
             f"  with change 1    {wf['max_micro_batch'] if wf['max_micro_batch'] is not None else 'none fits'}"
         )
+    lines += _reach_lines(rec.max_micro_batch_searched, rec)
     if rec.max_seq_len is not None or not rec.fits:
-        lines.append(f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'}")
+        lines.append(
+            f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'} (this layout)"
+        )
+        lines += _reach_lines(rec.max_seq_len_searched, rec)
     mg = rec.min_gpus
     if mg is None:
         lines.append(f"min GPUs          none: {rec.min_gpus_reason}")
@@ -666,6 +670,21 @@ def _recommend_text(rec: Any) -> str:
     elif not rec.fits:
         lines.append("smallest card     none in the catalog holds it as it is")
     return "\n".join(lines)
+
+
+def _reach_lines(r: Any, rec: Any) -> list[str]:
+    """recommend's largest micro-batch / sequence on the same GPUs with any layout (``plan.reach``), in words."""
+    n = rec.scenario.parallel.world_size
+    if r is None:
+        return [
+            f"  any layout       none fits on {n} GPU{'s' if n > 1 else ''} (or the planner does not model it)"
+        ]
+    beyond = f"{r.next_stop} fits no layout" if r.next_stop is not None else "the search's top"
+    return [
+        f"  any layout       {r.value} on {n} GPU{'s' if n > 1 else ''} as {r.layout}",
+        f"                   {_gib(r.estimate.device_total_bytes)} GiB per GPU, {r.tokens_per_gpu_s:,.0f} tokens/s/GPU "
+        f"(modelled; the cheapest of {r.reaching:,} that reach it, global batch free; {beyond})",
+    ]
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

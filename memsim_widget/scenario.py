@@ -42,6 +42,13 @@ FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
 #: Trainer), until backward ends, or through the optimizer step (a plain ``for`` loop). None: the framework's own.
 OUTPUT_LIFETIMES = ("trainer", "backward", "step")
 ADAPTER_DTYPES = ("fp32", "bf16", "fp16")
+#: Where LoRA's target names are matched (``lora.target_scope``): ``model`` -- every module of the model whose name
+#: is a target, as peft's ``get_peft_model`` matches ``target_modules`` (a multimodal model's vision tower and
+#: projector included: CLIP's, SigLIP's and Llama 4's towers name their attention Linears ``q_proj`` ... ``v_proj``
+#: too); ``language`` -- the language model only (the tower and projector left without adapters, as peft's
+#: ``exclude_modules`` or a ``target_modules`` regex on the language model's path does, and LLaVA's own
+#: ``find_all_linear_names``).
+LORA_SCOPES = ("model", "language")
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 #: Tensor-parallel plans (``parallel.tp_plan``; unset: the framework's, engine/frameworks.py).
 TP_PLANS = ("hf", "torchtitan", "megatron")
@@ -114,12 +121,14 @@ def _choice(field_name: str, value: Any, allowed: tuple[str, ...] | list[str]) -
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """LoRA adapters: rank, scaling alpha, target module names (or ``all-linear``), adapter dtype."""
+    """LoRA adapters: rank, scaling alpha, target module names (or ``all-linear``), adapter dtype, and where the
+    names are matched (``target_scope``, ``LORA_SCOPES``; written out only when not peft's ``model``)."""
 
     rank: int = 16
     alpha: float = 32
     targets: tuple[str, ...] = ("q_proj", "v_proj")
     adapter_dtype: str = "fp32"
+    target_scope: str = "model"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rank", _int("lora.rank", self.rank, maximum=2**16))
@@ -141,6 +150,7 @@ class LoraConfig:
             check_text(f"lora.targets[{i}]", t)
         object.__setattr__(self, "targets", tuple(targets))
         _choice("lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
+        _choice("lora.target_scope", self.target_scope, LORA_SCOPES)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,6 +158,7 @@ class LoraConfig:
             "alpha": self.alpha,
             "targets": list(self.targets),
             "adapter_dtype": self.adapter_dtype,
+            **({"target_scope": self.target_scope} if self.target_scope != "model" else {}),
         }
 
 
@@ -414,8 +425,10 @@ class Scenario:
     Multimodal models (CLIP, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Gemma 3) only; a text model refuses them:
     ``images_per_sample`` -- images per sample (unset: 1); the VLMs add each image's tokens to the ``seq_len`` text
     tokens (Qwen2-VL and LLaVA-NeXT from the model config's ``image_size``), CLIP trains image-text pairs (1).
-    ``freeze_vision`` -- the vision tower is frozen: no gradient, no optimizer state, no LoRA adapter on it, and
-    (its input being pixels) nothing saved for its backward; unset: the model's recipe (LLaVA true, CLIP false).
+    ``freeze_vision`` -- under full training, the vision tower is frozen: no gradient, no optimizer state, and (its
+    input being pixels) nothing saved for its backward; unset: the model's recipe (LLaVA true, CLIP false). Under
+    LoRA every base weight is frozen, the tower's too; whether the tower and projector get adapters is
+    ``lora.target_scope`` (peft's default: wherever a target name matches).
     """
 
     model: str | FrozenDict = "llama-3.1-8b"

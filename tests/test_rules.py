@@ -105,6 +105,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     },  # fmt: skip
     "images need a vision tower": {"images_per_sample": 2},
     "freeze_vision needs a vision tower": {"freeze_vision": True},
+    "a trained vision tower is full training": {"model": LLAVA, "method": "lora", "freeze_vision": False},
     "CLIP trains one image per sample": {"model": CLIP, "seq_len": 77, "images_per_sample": 2},
     "multimodal models take no tp split": {"model": LLAVA, "parallel": {"tp": 2}},
     "multimodal models take no pp split": {"model": LLAVA, "parallel": {"pp": 2}},

@@ -113,16 +113,22 @@ class Context:
 
     @property
     def frozen_stacks(self) -> frozenset[str]:
-        """Parameter stacks that train neither fully nor through adapters (a frozen vision tower)."""
+        """Parameter stacks that train neither fully nor through adapters: under full training a frozen vision
+        tower; under LoRA the tower and projector when ``lora.target_scope`` is ``language`` (under peft's
+        ``model`` scope they get adapters wherever a target name matches, as ``get_peft_model`` puts them)."""
         override = getattr(self, "frozen_override", None)  # a tower's context (engine/vision.py)
         if override is not None:
             return override
         unused = (
             {"vision_unused"} if self.arch.extra.get("vision") else set()
-        )  # LLaVA's tower past the layer read
+        )  # LLaVA's tower past the layer read (peft's adapters there get no gradient: not counted)
         if unused and not self.images_per_sample:
             # no image: the tower and projector never run, so they get no gradient and AdamW no state (traced)
             return frozenset({"vision", "projector", *unused})
+        if not unused:
+            return frozenset()
+        if not self.full_training:
+            return frozenset(TOWER_STACKS if self.scenario.lora.target_scope == "language" else unused)
         return frozenset({"vision", *unused} if self.freeze_vision else unused)
 
     @property

@@ -5,6 +5,7 @@ the tensors a pipeline stage exchanges."""
 from __future__ import annotations
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.activations.compiled import compiled_activations, compiled_rule_applies
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.activations.hf import hf_activations
 from memsim_widget.engine.activations.megatron import megatron_activations
@@ -31,6 +32,8 @@ def activations(ctx: Context) -> ActivationBudget:
         out = (
             megatron_activations(ctx) if profile(ctx).activation_model == "megatron" else hf_activations(ctx)
         )
+        if compiled_rule_applies(ctx.scenario, ctx.arch):  # torch.compile's saved set (traced)
+            compiled_activations(ctx, out)
     if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
         from memsim_widget.engine.vision import vision_activations
 
