@@ -654,14 +654,7 @@ def _recommend_text(rec: Any) -> str:
             f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'} (this layout)"
         )
         lines += _reach_lines(rec.max_seq_len_searched, rec)
-    mg = rec.min_gpus
-    if mg is None:
-        lines.append(f"min GPUs          none: {rec.min_gpus_reason}")
-    else:
-        lines.append(
-            f"min GPUs          {mg['num_gpus']} as dp={mg['dp']} tp={mg['tp']} pp={mg['pp']} ZeRO-{mg['zero']} "
-            f"(the fastest modelled layout that fits): {_gib(mg['device_total_bytes'])} GiB per GPU"
-        )
+    lines += _min_gpus_lines(rec)
     card = rec.smallest_card
     if card is not None:
         lines.append(
@@ -685,6 +678,41 @@ def _reach_lines(r: Any, rec: Any) -> list[str]:
         f"                   {_gib(r.estimate.device_total_bytes)} GiB per GPU, {r.tokens_per_gpu_s:,.0f} tokens/s/GPU "
         f"(modelled; the cheapest of {r.reaching:,} that reach it, global batch free; {beyond})",
     ]
+
+
+def _min_gpus_lines(rec: Any) -> list[str]:
+    """recommend's fewest GPUs: with any layout and knobs (``plan.reach.fewest_gpus``), then with the
+    scenario's own knobs (layout only) where that answer differs."""
+    from memsim_widget.plan.recommend import MAX_LAYOUT_GPUS
+
+    r, mg = rec.min_gpus_searched, rec.min_gpus
+    if r is None:
+        lines = [
+            f"min GPUs          none on up to {MAX_LAYOUT_GPUS} GPUs with any layout and knobs "
+            "(or the planner does not model it)"
+        ]
+    else:
+        below = (
+            f"{r.next_stop} GPU{'s fit' if r.next_stop > 1 else ' fits'} none"
+            if r.next_stop
+            else "one GPU is the least"
+        )
+        lines = [
+            f"min GPUs          {r.value} as {r.layout}",
+            f"                   {_gib(r.estimate.device_total_bytes)} GiB per GPU, {r.tokens_per_gpu_s:,.0f} tokens/s/GPU "
+            f"(modelled; any layout and knobs: the cheapest of {r.reaching:,} that fit, global batch free; {below})",
+        ]
+    if mg is None:
+        if r is not None:
+            lines.append(f"  these knobs      none: {rec.min_gpus_reason}")
+    elif r is None or mg["num_gpus"] != r.value:
+        lines.append(
+            f"  these knobs      {mg['num_gpus']} as dp={mg['dp']} tp={mg['tp']} pp={mg['pp']} ZeRO-{mg['zero']} "
+            f"(the fastest modelled layout that fits): {_gib(mg['device_total_bytes'])} GiB per GPU"
+        )
+    if r is None and mg is None:
+        lines.append(f"  these knobs      none: {rec.min_gpus_reason}")
+    return lines
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

@@ -108,15 +108,29 @@ function renderFixes(doc, panel, v, need, enabled) {
   return [...facts, ...reachFacts(doc, v, enabled)];
 }
 
-function minGpusFact(doc, v, enabled) {
+/** The fewest GPUs with any layout and knobs (`min_gpus_searched`, the planner's search over powers of two,
+ * global batch free), and with the scenario's own knobs (`min_gpus`, layout only) where that answer differs. */
+function minGpusFacts(doc, v, enabled) {
+  const r = v.min_gpus_searched;
   const mg = v.min_gpus;
+  const facts = [];
+  if (r) {
+    const below = r.next_stop ? `; ${r.next_stop} GPU${r.next_stop > 1 ? "s" : ""} fit none` : "";
+    facts.push(fact(doc, `fewest GPUs with any layout and knobs: ${r.value} (now ${v.num_gpus}) as ${r.layout}; ` +
+      `${r.device_total} per GPU, ${fmtCount(Math.round(r.tokens_per_gpu_s))} tokens/s/GPU modelled, the cheapest ` +
+      `of ${fmtCount(r.reaching)} that fit (global batch free${below})`, "min_gpus_searched", enabled));
+  }
+  if (r && mg && mg.num_gpus === r.value) return facts;
   if (!mg) {
-    return fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096; tp/pp layouts " +
-      "up to 1024)", "", false);
+    facts.push(fact(doc, "with these knobs more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to " +
+      "4096; tp/pp layouts up to 1024)", "", false));
+    return facts;
   }
   const layout = `dp=${mg.dp}` + (mg.tp > 1 ? ` tp=${mg.tp}` : "") + (mg.pp > 1 ? ` pp=${mg.pp}` : "");
-  return fact(doc, `fewest GPUs that fit: ${mg.num_gpus} (${layout}, ZeRO-${mg.zero}, the fastest layout there; ` +
-    `${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus", enabled && mg.num_gpus !== v.num_gpus);
+  facts.push(fact(doc, `fewest GPUs that fit with these knobs: ${mg.num_gpus} (${layout}, ZeRO-${mg.zero}, the ` +
+    `fastest layout there; ${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus",
+    enabled && mg.num_gpus !== v.num_gpus));
+  return facts;
 }
 
 /** The smallest catalog card that holds the scenario as it is (when it does not fit this one). */
@@ -165,7 +179,7 @@ export function renderFit(doc, panel, open, fit = {}) {
   const need = `${fmtBytes(v.device_total_bytes)} per GPU, ${fmtBytes(v.usable_bytes)} usable on ${v.gpu} ` +
     `(${Math.round((v.headroom ?? 0) * 100)}% headroom)`;
   const facts = (v.fits ? renderFits : renderFixes)(doc, panel, v, need, enabled);
-  panel.facts.replaceChildren(...facts, minGpusFact(doc, v, enabled), ...cardFacts(doc, v));
+  panel.facts.replaceChildren(...facts, ...minGpusFacts(doc, v, enabled), ...cardFacts(doc, v));
   renderLevers(doc, panel, v, enabled);
 }
 

@@ -17,6 +17,10 @@ knob setting (``tests/engine/test_invariants.py``), so:
 3. the candidates that fit at the answer are ranked as ``plan`` ranks them (``Plan.ranking``: modelled
    tokens/s per GPU); the first is the answer's layout. Its figures equal ``estimate``'s
    (``tests/plan/test_answers_properties.py``).
+
+``fewest_gpus`` answers "the fewest GPUs" the same way, with ``plan.search.plan`` itself over powers of two of
+GPU counts (the job kept: model, method, sequence; layouts and knobs of the space free, global batch free):
+the smallest count at which any candidate fits, and the candidate ``plan`` ranks first there.
 """
 
 from __future__ import annotations
@@ -41,11 +45,14 @@ REACH_KEYS = {"micro_batch_size": "micro_batch", "seq_len": None}
 
 @dataclass(frozen=True)
 class Reach:
-    """The largest value of ``key`` that fits on ``scenario``'s GPUs, and the cheapest candidate there."""
+    """The largest value of ``key`` that fits on ``scenario``'s GPUs (the fewest GPUs for ``key="num_gpus"``),
+    and the cheapest candidate there."""
 
     key: str
     value: int
-    #: The next stop above ``value`` (``value + step``), which no candidate of the space fits; None at the top.
+    #: The next stop beyond ``value`` that no candidate of the space fits: above it for the largest micro-batch
+    #: / sequence (``value + step``; None at the top), below it for the fewest GPUs (the next smaller count
+    #: searched; None at one GPU).
     next_stop: int | None
     scenario: Scenario
     estimate: Estimate
@@ -145,6 +152,34 @@ def reach(
     i = int(p.ranking[0])
     return Reach(key, k * step, (k + 1) * step if k < hi else None, p.scenario(i), p.estimate(i),
                  float(p.columns["tokens_per_gpu_s"][i]), int(fits.size))  # fmt: skip
+
+
+def fewest_gpus(
+    scenario: Scenario, space: SearchSpace, *, top: int, headroom: float = DEFAULT_HEADROOM
+) -> Reach | None:
+    """The fewest GPUs, a power of two up to ``top``, at which some candidate of ``space`` fits (``plan`` of
+    ``scenario``'s job: model, method, card and sequence kept, layouts and knobs free, global batch free:
+    one micro-batch per replica and step), with the candidate ``plan`` ranks first there; None when none fits
+    on ``top`` GPUs. Counts are tried upwards from one, each by one ``plan`` call; after three that fit
+    nothing, ``top`` is tried once, so a job that fits no count ends in a few calls (memory per GPU does not
+    grow with the count: ZeRO-3 shards over data parallelism, tp/pp/cp split the layers and the sequence).
+    Raises ``ScenarioError`` where the planner does not model the scenario."""
+    from memsim_widget.plan.search import plan
+
+    counts = [1 << k for k in range(max(top, 1).bit_length()) if 1 << k <= top]
+
+    def at(n: int) -> Plan:
+        return plan(base=scenario, gpus=n, space=space, headroom=headroom, top=1, widen=False)
+
+    for k, n in enumerate(counts):
+        if k == 3 and n < counts[-1] and not at(counts[-1]).fitting:
+            return None
+        p = at(n)
+        if p.fitting:
+            i = int(p.ranking[0])
+            return Reach("num_gpus", n, counts[k - 1] if k else None, p.scenario(i), p.estimate(i),
+                         float(p.columns["tokens_per_gpu_s"][i]), int(p.fitting))  # fmt: skip
+    return None
 
 
 def _frugal(cols: dict[str, np.ndarray], space: SearchSpace) -> np.ndarray:

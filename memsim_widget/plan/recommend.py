@@ -563,6 +563,10 @@ class Recommendation:
     #: or the planner does not model the scenario.
     max_micro_batch_searched: Reach | None = None
     max_seq_len_searched: Reach | None = None
+    #: The fewest GPUs (powers of two up to ``MAX_LAYOUT_GPUS``) with any layout and knobs of the planner's
+    #: space (the job and card kept, global batch free), and the candidate ``plan`` ranks first there
+    #: (``plan.reach.fewest_gpus``); None when none fits or the planner does not model the scenario.
+    min_gpus_searched: Reach | None = None
 
     @property
     def fits(self) -> bool:
@@ -618,6 +622,7 @@ class Recommendation:
             "smallest_card": self.smallest_card,
             "max_micro_batch_searched": _reach_dict(self.max_micro_batch_searched),
             "max_seq_len_searched": _reach_dict(self.max_seq_len_searched),
+            "min_gpus_searched": _reach_dict(self.min_gpus_searched),
         }
 
     def summary(self) -> str:
@@ -636,11 +641,14 @@ def _reach_dict(r: Reach | None) -> dict[str, Any] | None:
 
 def _reach(scenario: Scenario, key: str, headroom: float) -> Reach | None:
     """``plan.reach`` of ``key`` on the scenario's GPUs over ``planner_space`` (micro-batch up to
-    ``MAX_MICRO_BATCH``; sequence in steps of 128 tokens up to ``MAX_SEQ_LEN`` or the position table), or None
-    where the planner does not model the scenario."""
-    from memsim_widget.plan.reach import reach
+    ``MAX_MICRO_BATCH``; sequence in steps of 128 tokens up to ``MAX_SEQ_LEN`` or the position table; for
+    ``num_gpus`` the fewest GPUs, powers of two up to ``MAX_LAYOUT_GPUS``), or None where the planner does not
+    model the scenario."""
+    from memsim_widget.plan.reach import fewest_gpus, reach
 
     try:
+        if key == "num_gpus":
+            return fewest_gpus(scenario, planner_space(scenario), top=MAX_LAYOUT_GPUS, headroom=headroom)
         if key == "seq_len":
             table = Context(scenario).arch.max_seq_len
             step, top = 128, min(MAX_SEQ_LEN, table) if table else MAX_SEQ_LEN
@@ -888,6 +896,7 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
         rec.max_seq_len = _max_seq_len(scenario, ctx.arch.max_seq_len, headroom)
         rec.max_seq_len_searched = _reach(scenario, "seq_len", headroom)
     rec.min_gpus = _min_gpus(scenario, headroom)
+    rec.min_gpus_searched = _reach(scenario, "num_gpus", headroom)
     if rec.min_gpus is None:
         rec.min_gpus_reason = _why_no_gpu_count(scenario, headroom)
     rec.smallest_card = _smallest_card(scenario, headroom)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the planner (and numpy) load on first use of "Make it fit",
 FIT_CACHE = 16
 #: What "Apply" can apply from a recommendation (``MemSim.apply_recommendation``'s ``kind``).
 FIT_KINDS = ("change", "lever", "max_micro_batch", "max_seq_len", "min_gpus", "max_micro_batch_searched",
-             "max_seq_len_searched")  # fmt: skip
+             "max_seq_len_searched", "min_gpus_searched")  # fmt: skip
 
 
 def plan_recommend(scenario: Scenario, headroom: float) -> Recommendation:
@@ -56,7 +56,8 @@ def _change_view(c: Change, index: int) -> dict[str, Any]:
 
 
 def _reach_view(rec: Recommendation, kind: str) -> dict[str, Any] | None:
-    """A largest micro-batch / sequence on the same GPUs with any layout (``plan.reach``), without its scenario."""
+    """A largest micro-batch / sequence on the same GPUs, or the fewest GPUs, with any layout and knobs
+    (``plan.reach``), without its scenario."""
     r = getattr(rec, kind)
     if r is None:
         return None
@@ -96,6 +97,7 @@ def build_fit_view(rec: Recommendation) -> dict[str, Any]:
         else {k: mg[k] for k in ("num_gpus", "dp", "tp", "pp", "zero", "device_total_bytes") if k in mg},
         "max_micro_batch_searched": _reach_view(rec, "max_micro_batch_searched"),
         "max_seq_len_searched": _reach_view(rec, "max_seq_len_searched"),
+        "min_gpus_searched": _reach_view(rec, "min_gpus_searched"),
         "with_first_fix": rec.with_first_fix,
         "bound": rec.bound,
         "smallest_card": rec.smallest_card,
@@ -107,9 +109,10 @@ def fit_target(rec: Recommendation, kind: str = "change", index: int = 0) -> Sce
     """The scenario "Apply" sets for one entry of a recommendation (``kind`` one of ``FIT_KINDS``).
 
     ``change``/``lever``: the ``index``-th fixing change / single lever; ``max_micro_batch``, ``max_seq_len``:
-    the scenario with the largest micro-batch / sequence that fits; ``min_gpus``: the fewest GPUs that fit;
-    ``max_micro_batch_searched``/``max_seq_len_searched``: the cheapest layout of the same GPUs that reaches the
-    largest micro-batch / sequence (its knobs and global batch as the planner set them).
+    the scenario with the largest micro-batch / sequence that fits; ``min_gpus``: the fewest GPUs that fit with
+    the scenario's knobs; ``max_micro_batch_searched``/``max_seq_len_searched``: the cheapest layout of the same
+    GPUs that reaches the largest micro-batch / sequence; ``min_gpus_searched``: the cheapest candidate on the
+    fewest GPUs with any layout and knobs (its knobs and global batch as the planner set them).
     Raises ``ScenarioError`` (field ``recommendation``) when there is no such entry.
     """
 
@@ -133,10 +136,11 @@ def fit_target(rec: Recommendation, kind: str = "change", index: int = 0) -> Sce
         if rec.min_gpus is None:
             raise missing("no number of GPUs fits")
         return Scenario.from_dict(rec.min_gpus["scenario"])
-    if kind in ("max_micro_batch_searched", "max_seq_len_searched"):
+    if kind in ("max_micro_batch_searched", "max_seq_len_searched", "min_gpus_searched"):
         r = getattr(rec, kind)
         if r is None:
-            raise missing(f"no layout of these GPUs fits ({kind})")
+            where = "any number of GPUs searched" if kind == "min_gpus_searched" else "these GPUs"
+            raise missing(f"no layout of {where} fits ({kind})")
         return r.scenario
     raise missing(f"kind must be one of {', '.join(FIT_KINDS)}, got {kind!r}")
 

@@ -90,8 +90,16 @@ describe("make it fit", () => {
     assert.equal(q(".memsim-fit-status").textContent, "computed in 42 ms");
     assert.ok(q(".memsim-fit-levers details"), "single levers collapsed under the fixes");
     const mg = fit.view.min_gpus;
-    assert.match(q(".memsim-fit-facts").textContent,
-      mg ? new RegExp(`fewest GPUs that fit: ${mg.num_gpus} \\(dp=${mg.dp}`) : /more GPUs alone do not make it fit/);
+    const searched = fit.view.min_gpus_searched;
+    assert.ok(searched && mg && searched.value < mg.num_gpus, "the fixture's knobs need more GPUs than any knobs");
+    const facts = q(".memsim-fit-facts").textContent;
+    assert.ok(facts.includes(`fewest GPUs with any layout and knobs: ${searched.value} (now 1) as ${searched.layout}; ` +
+      `${searched.device_total} per GPU`), "the fewest GPUs with any knobs, its layout and knobs named");
+    assert.match(facts, new RegExp(`fewest GPUs that fit with these knobs: ${mg.num_gpus} \\(dp=${mg.dp}`),
+      "the scenario's own knobs too, since that answer differs");
+    fire(window, q(".memsim-fit-fact-min_gpus_searched .memsim-fit-apply"), "click");
+    assert.deepEqual(model.sent.at(-1), { type: "fit_apply", kind: "min_gpus_searched", index: 0, id: fit.id });
+    model.sent.length = 0;
     assert.match(q(".memsim-fit-facts").textContent, /smallest card that holds it as it is: |no card in the catalog/);
     const apply = rows[0].querySelector(".memsim-fit-apply");
     assert.equal(apply.disabled, false);
@@ -136,8 +144,8 @@ describe("make it fit", () => {
     const facts = q(".memsim-fit-facts").textContent;
     assert.match(facts, new RegExp(`largest micro-batch that fits: ${v.max_micro_batch} \\(now ${v.micro_batch_size}\\)`));
     assert.match(facts, new RegExp(`longest sequence that fits: ${v.max_seq_len}`));
-    assert.match(facts, /fewest GPUs that fit: 1 \(dp=1, ZeRO-0/);
-    assert.equal(q(".memsim-fit-fact-min_gpus .memsim-fit-apply").disabled, true, "already on that many GPUs");
+    assert.match(facts, /fewest GPUs with any layout and knobs: 1 \(now 1\) as dp=1 /);
+    assert.equal(q(".memsim-fit-fact-min_gpus"), null, "the scenario's own knobs need no more GPUs: not repeated");
     assert.equal(qa(".memsim-fit-table-lever tbody tr").length, v.levers.length);
     assert.equal(q(".memsim-fit-table-change"), null);
     fire(window, q(".memsim-fit-fact-max_micro_batch .memsim-fit-apply"), "click");
