@@ -159,3 +159,39 @@ def test_70b_qlora_on_two_4090s_max_micro_batch_and_sequence_with_any_layout(cap
     r = data["max_micro_batch_searched"]
     assert f"any layout       {r['value']} on 2 GPUs as {r['layout']}" in out
     assert f"{r['next_stop']} fits no layout" in out
+
+
+def test_70b_qlora_on_4090s_min_gpus_with_any_layout_and_knobs(capsys):
+    """35 GB of NF4 weights do not fit one 24 GB card as a replica, but sharded (ZeRO-3) or offloaded to the
+    host they do: the fewest GPUs is at most the two the issue's plan found fits on, its layout and knobs are
+    named, and on one GPU it can only be parameter offload. The scenario's own knobs (no checkpointing: 4096
+    tokens of 70B activations, ~100 GiB) fit no count, and the text says so on its own line."""
+    data = recommend_json(capsys, QLORA_70B)
+    r = data["min_gpus_searched"]
+    assert r is not None and 1 <= r["value"] <= 2 and r["num_gpus"] == r["value"]
+    sc = r["scenario"]
+    assert (sc["model"], sc["method"], sc["gpu"], sc["seq_len"]) == (
+        "llama-3.1-70b",
+        "qlora",
+        "rtx-4090",
+        4096,
+    )
+    assert fits_again(sc)
+    if r["value"] == 1:
+        assert r["offload"] == "optimizer+params" and r["next_stop"] is None
+    else:
+        assert r["zero"] == 3 or r["offload"] == "optimizer+params"
+        assert r["next_stop"] == 1
+    assert data["min_gpus"] is None and data["min_gpus_reason"]
+    # plan itself, as the README's command, finds fits on that many GPUs
+    code, out, _ = run(capsys, "plan", *QLORA_70B_FLAGS, "--gpus", str(r["value"]), "--json")
+    assert code == 0 and json.loads(out)["fitting"] > 0
+    code, out, _ = run(capsys, "recommend", "-", stdin=json.dumps(QLORA_70B))
+    lines = out.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("min GPUs"))
+    assert lines[i] == f"min GPUs          {r['value']} as {r['layout']}"
+    assert (
+        "any layout and knobs" in lines[i + 1]
+        and f"the cheapest of {r['reaching']:,} that fit" in lines[i + 1]
+    )
+    assert lines[i + 2].startswith("  these knobs      none: ")

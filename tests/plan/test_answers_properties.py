@@ -4,6 +4,9 @@
   scenario finds a fit that keeps the job, no slower (modelled step time per token) than the planner's best
   (within ``PLANNER_GAIN``: a pick 2% faster changing many knobs is not offered over a simpler fix).
 - Every recommendation, applied to the scenario through its public dict form, fits when estimated again.
+- recommend's fewest GPUs with any layout and knobs (``min_gpus_searched``) fits when estimated again, keeps
+  the job (model, method, card, sequence), and ``plan`` over the same space finds no fit on any smaller count
+  of the searched list (powers of two); when there is none, ``plan`` finds none on the list's largest count.
 - Every listed pick of a plan exports, or is refused in one line naming a field; a plan ranked for a format
   (``for_export``) lists only picks that export, and every pick of the plain list that does.
 """
@@ -23,6 +26,7 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.export import FORMATS, export
 from memsim_widget.plan import plan, recommend
 from memsim_widget.plan.recommend import (
+    MAX_LAYOUT_GPUS,
     MAX_MICRO_BATCH,
     PLANNER_GAIN,
     _fits,
@@ -100,6 +104,41 @@ def test_every_recommendation_applied_is_confirmed_by_estimate(base):
         assert estimate(rec.scenario.replace(gpu=rec.smallest_card["gpu"])).fits(headroom=rec.headroom)
     if not rec.fits and not rec.changes:
         assert rec.bound  # what bounds it, in words
+
+
+@st.composite
+def large_jobs(draw: st.DrawFn) -> dict[str, Any]:
+    """A job that often needs several GPUs of its card (tens of billions of parameters, dense or MoE)."""
+    return {
+        "model": draw(st.sampled_from(("llama-3.1-70b", "qwen2.5-32b", "mixtral-8x7b", "llama-3.1-8b"))),
+        "gpu": draw(st.sampled_from(("rtx-4090", "l4", "a100-40gb"))),
+        "method": draw(st.sampled_from(["full", "lora", "qlora"])),
+        "seq_len": draw(st.sampled_from([2048, 8192, 32768])),
+        "parallel": {"dp": draw(st.sampled_from([1, 2, 8]))},
+    }
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=large_jobs())
+def test_fewest_gpus_with_any_knobs_fits_and_no_smaller_count_does(base):
+    sc = Scenario.from_dict(base)
+    r = _reach(sc, "num_gpus", 0.10)  # what recommend sets as ``min_gpus_searched``
+    space = planner_space(sc)
+
+    def fits_on(n: int) -> bool:
+        return plan(base=sc, gpus=n, space=space, top=1, widen=False).fitting > 0
+
+    if r is None:
+        assert not fits_on(MAX_LAYOUT_GPUS)
+        return
+    got = r.scenario
+    assert got.parallel.world_size == r.value and r.value & (r.value - 1) == 0, "a power of two"
+    assert (got.model, got.method, got.gpu, got.seq_len) == (sc.model, sc.method, sc.gpu, sc.seq_len)
+    again = estimate(Scenario.from_dict(json.loads(json.dumps(got.to_dict()))))
+    assert again.device_total_bytes == r.estimate.device_total_bytes and again.fits(headroom=0.10)
+    smaller = [1 << k for k in range(r.value.bit_length() - 1)]
+    assert r.next_stop == (smaller[-1] if smaller else None)
+    assert not any(fits_on(n) for n in smaller)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -273,6 +273,20 @@ def test_the_largest_on_the_same_gpus_with_any_layout_is_shown_and_applied() -> 
     assert build_fit_view(gone)["max_micro_batch_searched"] is None
 
 
+def test_the_fewest_gpus_with_any_layout_and_knobs_is_shown_and_applied() -> None:
+    rec = recommend(Scenario.from_dict(TOO_BIG))
+    r = rec.min_gpus_searched
+    view = build_fit_view(rec)["min_gpus_searched"]
+    assert r is not None and view["value"] == view["num_gpus"] == r.value and "scenario" not in view
+    target = fit_target(rec, "min_gpus_searched")
+    assert target == r.scenario and target.parallel.world_size == r.value
+    assert (target.model, target.method, target.seq_len) == (rec.scenario.model, rec.scenario.method,
+                                                             rec.scenario.seq_len)  # fmt: skip
+    assert estimate(target).fits(headroom=rec.headroom)
+    with pytest.raises(ScenarioError, match="no layout of any number of GPUs searched fits"):
+        fit_target(dataclasses.replace(rec, min_gpus_searched=None), "min_gpus_searched")
+
+
 # ----- layouts -----------------------------------------------------------------------------------------------
 def test_layouts_run_on_request_in_the_background_and_apply() -> None:
     sim = make(**{**TOO_BIG, "gpu": "a100-80gb"}, parallel={"dp": 8})
