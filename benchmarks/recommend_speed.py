@@ -36,6 +36,8 @@ CASES: dict[str, dict[str, Any]] = {
     "70b-8xh100": {"model": "llama-3.1-70b", "parallel": {"dp": 8}},
     "mixtral-ep2": {"model": "mixtral-8x7b", "parallel": {"dp": 8, "ep": 2}, "seq_len": 4096},
     "1b-a100 (fits)": {"model": "llama-3.2-1b", "gpu": "a100-80gb"},
+    # min GPUs with any knobs searched furthest: 1, 2, 4, the top (1024), then 8 and 16 GPUs
+    "70b-full-l4-8k": {"model": "llama-3.1-70b", "gpu": "l4", "seq_len": 8192},
 }
 
 

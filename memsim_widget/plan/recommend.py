@@ -37,7 +37,8 @@ MAX_DP = 4096
 #: The planner's pick joins the fixes that keep the job when it is modelled this much faster than all of them
 #: (a pick that changes many knobs for a 1% gain is no answer worth reading).
 PLANNER_GAIN = 0.98
-#: The most GPUs the other layouts (tp, pp with ZeRO-3) are tried on for ``min_gpus``.
+#: The most GPUs the other layouts (tp, pp with ZeRO-3) are tried on for ``min_gpus``, and the largest power of
+#: two searched for ``min_gpus_searched``.
 MAX_LAYOUT_GPUS = 1024
 
 
@@ -860,8 +861,9 @@ def _planner_option(scenario: Scenario, headroom: float) -> Option | None:
 def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_HEADROOM) -> Recommendation:
     """The smallest sets of changes that make ``scenario`` fit its GPU with ``headroom`` (fewest levers
     first, then the least modelled slowdown, changes of the job itself last), the largest micro-batch
-    and sequence that fit as it is, the fewest GPUs (with the cheapest layout that fits on them) and the
-    smallest catalog card that holds it; when nothing fits, what bounds it."""
+    and sequence that fit as it is, the fewest GPUs (with the scenario's knobs and with any layout and knobs of
+    the planner's space, each with the cheapest layout that fits on them) and the smallest catalog card that
+    holds it; when nothing fits, what bounds it."""
     if not isinstance(scenario, Scenario):
         scenario = Scenario.from_dict(scenario)
     if not 0 <= headroom < 1:
