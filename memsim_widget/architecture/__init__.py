@@ -2,7 +2,7 @@
 
 The engine reads only the ``Architecture`` object; it never looks at raw HF config keys. Each model family is
 one module in ``memsim_widget/families/`` whose builder (HF config mapping -> Architecture) registers its
-``model_type`` values in ``FAMILIES`` with ``register_family``; it lists every parameter tensor of the
+``model_type`` values in ``FAMILIES`` with ``register_family`` (imported on first use); it lists every parameter tensor of the
 transformers class used for training (named in its docstring), as transformers 5.x builds it. This package holds
 what the families share:
 
@@ -39,5 +39,8 @@ __all__ = [
     "unknown_model_type",
 ]
 
-# The family modules (memsim_widget/families/) register themselves on import.
-from memsim_widget import families as _families  # noqa: E402, F401
+# The family modules (memsim_widget/families/) register themselves when imported: the registry imports one the
+# first time one of its model types is asked for.
+from memsim_widget import families as _families  # noqa: E402
+
+FAMILIES.expect(_families.module_of_type())
