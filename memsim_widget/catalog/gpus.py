@@ -3,7 +3,8 @@
 Memory sizes are the vendor's marketing figure converted to bytes as the driver reports them
 (``torch.cuda.get_device_properties().total_memory`` is a little less than the label because the
 driver keeps some). ``context_bytes`` is the CUDA context + kernels resident with lazy loading on a
-recent driver, per REFERENCE.md section 1 (0.3-0.6 GiB; older generations and CUDA 11 up to 1.3 GiB).
+recent driver, per docs/memory-facts.md#memory-outside-the-tensors (0.3-0.6 GiB; older generations and CUDA
+11 up to 1.3 GiB).
 Add a card with ``register_gpu(GPU(...))``.
 """
 

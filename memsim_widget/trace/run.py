@@ -94,7 +94,8 @@ def traced_result(
 def param_groups(params: list[torch.nn.Parameter]) -> list[Any]:
     """``params`` as one group of DTensors and one of plain tensors when they mix (else the plain list).
 
-    Foreach optimizers refuse a group that mixes DTensor and plain tensors (REFERENCE.md section 8, pitfall 4).
+    Foreach optimizers refuse a group that mixes DTensor and plain tensors
+    (docs/memory-facts.md#tracing-one-rank-on-a-cpu, pitfall 4).
     """
     by_kind: dict[bool, list[torch.nn.Parameter]] = {}
     for p in params:

@@ -205,8 +205,9 @@ class MemoryTracker(TorchDispatchMode):
     def _resized(self, st: torch.UntypedStorage, rec: StorageRecord) -> StorageRecord:
         """Follow a storage whose size changed: end ``rec`` and start a record of the new size.
 
-        FSDP2 frees and re-allocates unsharded parameters with ``UntypedStorage.resize_`` (REFERENCE.md
-        section 8, pitfall 3); one record per size keeps the bytes live at any past moment exact.
+        FSDP2 frees and re-allocates unsharded parameters with ``UntypedStorage.resize_``
+        (docs/memory-facts.md#tracing-one-rank-on-a-cpu, pitfall 3); one record per size keeps the bytes live
+        at any past moment exact.
         """
         self.seq += 1
         rec.free_seq = self.seq
