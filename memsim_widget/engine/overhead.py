@@ -1,7 +1,7 @@
 """Memory outside the model's tensors -- workspaces, allocator fragmentation, CUDA context, NCCL -- and the
 three GPU counters with their uncertainty bands.
 
-The counters (docs/memory-facts.md#counters): ``allocated`` = live tensors rounded to 512 B + cuBLAS workspaces +
+Counters (docs/memory-facts.md#counters): ``allocated`` = live tensors rounded to 512 B + cuBLAS workspaces +
 kernel scratch; ``reserved`` = allocated + what the caching allocator holds unused; ``device`` (nvidia-smi)
 = reserved + CUDA context + NCCL buffers + memory allocated outside PyTorch (bitsandbytes' paged states).
 Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-outside-the-tensors.
