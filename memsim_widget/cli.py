@@ -1,4 +1,5 @@
-"""The ``memsim`` command line: estimate, plan, recommend, export launch configs, list presets and GPUs.
+"""The ``memsim`` command line: estimate, plan, recommend, export launch configs, list presets and GPUs, serve the
+page.
 
 Bad input exits with status 2 and one line naming the field; never a traceback.
 """
@@ -845,11 +846,29 @@ def _add_lists(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=func)
 
 
+def cmd_app(args: argparse.Namespace) -> int:
+    """Serve the widget as a page on ``--host``:``--port`` (Voila); replaces this process."""
+    from memsim_widget.app import serve
+
+    return serve(args.host, args.port, open_browser=args.open)
+
+
+def _add_app(sub: argparse._SubParsersAction) -> None:
+    """The ``app`` subcommand: the widget as a standalone web page, no Jupyter needed."""
+    ap = sub.add_parser("app", help="serve the widget as a web page (needs the [app] extra: Voila)")
+    ap.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    ap.add_argument("--port", type=_int_arg, default=8866)
+    ap.add_argument("--open", action="store_true", help="open the page in the default browser")
+    ap.set_defaults(func=cmd_app)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``memsim`` parser: one subcommand per job, each added by its own function."""
     parser = _Parser(prog="memsim", description="Simulate the GPU memory of a training step.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_estimate, _add_trace, _add_plan, _add_recommend, _add_export, _add_lists):
+    for add in (_add_estimate, _add_trace, _add_plan, _add_recommend, _add_export, _add_lists, _add_app):
         add(sub)
     return parser
 

@@ -136,6 +136,7 @@ ABOVE_THE_ENGINE = (
     "memsim_widget.export",
     "memsim_widget.widget",
     "memsim_widget.cli",
+    "memsim_widget.app",
     "memsim_widget.trace",
     "memsim_widget.fidelity",
     "memsim_widget.fidelity_parallel",
