@@ -57,13 +57,13 @@ def private_sharding_fake_mode() -> Iterator[None]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import _sharding_prop
 
-    orig = _sharding_prop.detect_fake_mode
+    orig = _sharding_prop.detect_fake_mode  # pyright: ignore[reportPrivateImportUsage]
     private = FakeTensorMode(allow_non_fake_inputs=True)
-    _sharding_prop.detect_fake_mode = lambda *_a, **_k: private
+    _sharding_prop.detect_fake_mode = lambda *_a, **_k: private  # pyright: ignore[reportPrivateImportUsage]
     try:
         yield
     finally:
-        _sharding_prop.detect_fake_mode = orig
+        _sharding_prop.detect_fake_mode = orig  # pyright: ignore[reportPrivateImportUsage]
 
 
 #: FSDP2 functions (as ``_fsdp_param_group`` calls them, or ``FSDPParamGroup`` methods) -> the role of

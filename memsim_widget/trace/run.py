@@ -124,7 +124,7 @@ def fakeify_meta(model: torch.nn.Module, device: str = "cpu") -> None:
                 memo[id(p)] = torch.nn.Parameter(
                     torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad
                 )
-            mod._parameters[name] = memo[id(p)]
+            mod._parameters[name] = memo[id(p)]  # pyright: ignore[reportArgumentType]  (a Parameter)
         for name, b in list(mod._buffers.items()):
             if b is None or b.device.type != "meta":
                 continue

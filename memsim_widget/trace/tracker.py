@@ -429,7 +429,7 @@ class MemoryTracker(TorchDispatchMode):
     def final_role(self, rec: StorageRecord) -> str:
         """Role of a record: explicit role, else activation if made in forward/loss and alive into backward."""
         if rec.role in _EXPLICIT:
-            return rec.role
+            return rec.role  # pyright: ignore[reportReturnType]  (in _EXPLICIT: not None)
         if rec.phase in ("forward", "loss"):
             bwd = self.mark_seq(rec.step, "backward")
             if bwd is not None and (rec.free_seq is None or rec.free_seq > bwd):
@@ -444,7 +444,7 @@ class MemoryTracker(TorchDispatchMode):
 
     def by_role_at(self, seq: int) -> dict[str, int]:
         """Bytes per role live right after event ``seq``."""
-        out = dict.fromkeys(ROLES, 0)
+        out: dict[str, int] = dict.fromkeys(ROLES, 0)
         for r in self.alive_at(seq):
             role = self.final_role(r)
             out[role] = out.get(role, 0) + r.nbytes
