@@ -1,8 +1,18 @@
-"""Fuzz the scenario boundary at scale: junk in every field and in inline HF configs (tests/test_fuzz_scenario.py's
-strategies), counting valid scenarios, named errors (a ScenarioError naming a scenario key) and uncaught
-exceptions. The target is 0 uncaught. The tests run the same strategies at a CI-sized count.
+"""Fuzz the boundaries at scale and count what must be 0: uncaught exceptions, hangs over 10 s, destroyed files.
 
-Run: python benchmarks/fuzz.py [--examples 10000] [--seed 0]
+Suites (the tests run the same strategies at a CI-sized count):
+
+* ``scenario``: junk in every field and in inline HF configs (tests/test_fuzz_scenario.py's strategies): valid
+  scenarios, named errors (a ScenarioError naming a scenario key), uncaught exceptions;
+* ``export``: hostile GPU names in every format (tests/test_export_hostile.py: refused, or the file parses and
+  its header stays a comment), each written with ``--out`` into a folder holding old files and a planted link,
+  with a write fault injected at a random step: the folder must hold the whole export or exactly what it held;
+* ``files``: special files and abuse sizes as the scenario file or model path (FIFO, /dev/zero, a folder,
+  NUL and surrogates, duplicate keys, 2**40 dimensions, pp 2**20): one line, exit 2, within 10 s;
+* ``widget``: sequences of front-end operations (edits of junk, trait writes, messages) on one widget
+  (tests/widget/test_widget_abuse.py): no exception out of the widget, and a valid edit afterwards applies.
+
+Run: python benchmarks/fuzz.py [--suite all] [--examples 10000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
@@ -44,11 +55,8 @@ def classify(data: dict) -> tuple[str, str]:
     return "valid", ""
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--examples", type=int, default=10_000)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+def scenario_suite(args: argparse.Namespace) -> int:
+    """The scenario boundary: valid, named, unnamed, uncaught."""
     counts: collections.Counter[str] = collections.Counter()
     fields: collections.Counter[str] = collections.Counter()
     uncaught: list[tuple[dict, str]] = []
@@ -81,6 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     for data, detail in uncaught[:10]:
         print(f"  UNCAUGHT {detail}\n    {data!r:.300}")
     return 1 if uncaught else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fuzz_surfaces import SUITES  # the export, files and widget suites
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", choices=["all", "scenario", *SUITES], default="all")
+    ap.add_argument("--examples", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    failed = 0
+    if args.suite in ("all", "scenario"):
+        failed |= scenario_suite(args)
+    for name, suite in SUITES.items():
+        if args.suite in ("all", name):
+            failed |= suite(args)
+    return failed
 
 
 if __name__ == "__main__":

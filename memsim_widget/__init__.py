@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
 
         return Scenario
     if name == "MemSim":
-        from memsim_widget.widget import MemSim
+        from memsim_widget.widget import MemSim  # says how to install the widget extra when it is missing
 
         return MemSim
     if name in ("compare", "Comparison"):

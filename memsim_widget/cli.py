@@ -368,6 +368,13 @@ _BOOLS = {
 }
 
 
+#: The most GPU counts one ``plan`` searches (a range LOW-HIGH tries at most 21 powers of two): each count is a
+#: full search of layouts, 2,000 of them took 87 s and 5 GB.
+MAX_GPU_COUNTS = 32
+#: The most candidates ``--top`` lists (the table or JSON of more is no longer read by anyone).
+MAX_TOP = 1000
+
+
 def parse_gpus(text: str) -> int | tuple[int, int] | list[int]:
     """``--gpus``: ``N``, a range ``LOW-HIGH`` (powers of two within it and both ends) or a list ``A,B,C``."""
     from memsim_widget.scenario import MAX_GPUS
@@ -387,6 +394,11 @@ def parse_gpus(text: str) -> int | tuple[int, int] | list[int]:
         ) from None
     if not all(1 <= n <= MAX_GPUS for n in (counts if isinstance(counts, tuple | list) else [counts])):
         raise ScenarioError("gpus", f"GPU counts must be from 1 to {MAX_GPUS:,}, got {short_repr(text)}")
+    if isinstance(counts, list) and len(set(counts)) > MAX_GPU_COUNTS:
+        raise ScenarioError(
+            "gpus", f"at most {MAX_GPU_COUNTS} GPU counts per search, got {len(set(counts)):,} (each count is a "
+            "whole search: split the list, or give a range LOW-HIGH, which tries the powers of two)"
+        )  # fmt: skip
     return counts
 
 
@@ -493,8 +505,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.scenario and args.base:
         raise ScenarioError("--base", "give the fixed choices once: a SCENARIO.json or --base FILE")
-    if args.top < 1:
-        raise ScenarioError("top", f"must be a positive integer, got {args.top}")
+    if not 1 <= args.top <= MAX_TOP:
+        raise ScenarioError(
+            "--top",
+            f"must be a positive integer up to {MAX_TOP:,} (candidates listed), got {short_repr(args.top)}",
+        )
     methods = None
     if args.method is not None and "," in args.method:  # a list: the search tries each method
         methods = [m.strip() for m in args.method.split(",")]
@@ -596,22 +611,19 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_export(files: dict[str, str], out: str | None) -> None:
-    """Export files to ``--out`` (created; one 'wrote PATH' line each), else to stdout (``==> name <==`` heads
-    when there are several)."""
+def _write_export(files: dict[str, str], out: str | None, force: bool = False) -> None:
+    """Export files to ``--out`` (``export.files.write_files``: all or none, atomic, no link followed, no file
+    replaced without ``--force``; one 'wrote PATH' line each), else to stdout (``==> name <==`` heads when there
+    are several)."""
+    from memsim_widget.export.files import write_files
+
     if out is None:
         for n, (name, text) in enumerate(files.items()):
             head = f"{'' if n == 0 else chr(10)}==> {name} <==\n" if len(files) > 1 else ""
             sys.stdout.write(head + text)
         return
-    folder = Path(out)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            (folder / name).write_text(text, encoding="utf-8")
-            print(f"wrote {folder / name}")
-    except OSError as exc:
-        raise ScenarioError("--out", f"cannot write to {out!r}: {exc.strerror or exc}") from None
+    for path in write_files(files, out, force=force):
+        print(f"wrote {path}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -620,7 +632,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from memsim_widget.scenario import Scenario
 
     sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
-    _write_export(export(sc, args.format), args.out)
+    _write_export(export(sc, args.format), args.out, args.force)
     return 0
 
 
@@ -634,7 +646,7 @@ def _export_pick(p: Any, args: argparse.Namespace) -> None:
             "--pick", f"must be from 1 to {len(frame)} (the listed candidates), got {args.pick}"
         )
     candidate = int(frame["candidate"].iloc[args.pick - 1])
-    _write_export(export(p.scenario(candidate), args.export, p.estimate(candidate)), args.out)
+    _write_export(export(p.scenario(candidate), args.export, p.estimate(candidate)), args.out, args.force)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -805,6 +817,7 @@ def _add_plan_search(pl: argparse.ArgumentParser) -> None:
         "--pick", type=_int_arg, default=1, help="the candidate to --export, by its # (default 1)"
     )
     pl.add_argument("--out", metavar="DIR", help="with --export: write the files into DIR (default stdout)")
+    _add_force(pl)
 
 
 def _add_recommend(sub: argparse._SubParsersAction) -> None:
@@ -834,8 +847,18 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--format", required=True, choices=_formats(), metavar="FORMAT",
                     help="one of: " + ", ".join(_formats()))  # fmt: skip
     ex.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
+    _add_force(ex)
     _add_overrides(ex)
     ex.set_defaults(func=cmd_export)
+
+
+def _add_force(p: argparse.ArgumentParser) -> None:
+    """``--force``: replace files an earlier export left in ``--out`` (never a link; all files or none)."""
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --out: replace existing files (default: refuse, write nothing)",
+    )
 
 
 def _add_lists(sub: argparse._SubParsersAction) -> None:

@@ -69,6 +69,7 @@ def freeze(value: Any, where: str = "model", depth: int = 0) -> Any:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ScenarioError(where, f"keys must be strings, got {k!r}")
+            _check_string(where, k, "key")
             out[k] = freeze(v, f"{where}.{k}", depth + 1)
         frozen = FrozenDict(out)
         frozen.__dict__["_checked"] = True
@@ -77,9 +78,22 @@ def freeze(value: Any, where: str = "model", depth: int = 0) -> Any:
         return tuple(freeze(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
     if isinstance(value, float) and not math.isfinite(value):
         raise ScenarioError(where, f"must be a finite number, got {value!r}")
+    if isinstance(value, str):
+        _check_string(where, value, "value")
     if value is None or isinstance(value, str | int | float):
         return value
     raise ScenarioError(where, f"must be JSON data (object, list, string, number, bool, null), got {value!r}")
+
+
+def _check_string(where: str, text: str, what: str) -> None:
+    """Refuse a key or string value with NUL or a lone surrogate (no file or UTF-8 text can hold it)."""
+    if "\x00" in text:
+        raise ScenarioError(where, f"a {what} holds a NUL character")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ScenarioError(where, f"a {what} holds a lone surrogate (not UTF-8 text)") from None
 
 
 def thaw(value: Any) -> Any:

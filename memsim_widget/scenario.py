@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memsim_widget.errors import ScenarioError, choice_error
+from memsim_widget.errors import MAX_PATH_CHARS, ScenarioError, check_text, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.frozen import FrozenDict
 from memsim_widget.frozen import freeze as _freeze
@@ -72,6 +72,9 @@ MAX_SEQ_LEN = 2**24
 MAX_GPUS = 2**20
 MAX_MICRO_BATCH = 2**16
 MAX_ACCUM_STEPS = 2**20
+#: At most 1,024 pipeline stages (pp x virtual_stages): the largest published pipelines have a few dozen, and
+#: the per-stage schedule the engine walks grows with the square of the stage count (8,192 stages: 4 s).
+MAX_PP_STAGES = 2**10
 
 
 def _int(field_name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
@@ -132,6 +135,8 @@ class LoraConfig:
             raise ScenarioError(
                 "lora.targets", f"must be a non-empty list of module names, got {_short(targets)}"
             )
+        for i, t in enumerate(targets):
+            check_text(f"lora.targets[{i}]", t)
         object.__setattr__(self, "targets", tuple(targets))
         _choice("lora.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
 
@@ -248,6 +253,12 @@ class ParallelConfig:
         _bool("parallel.reshard_after_forward", self.reshard_after_forward)
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.offload", self.offload, OFFLOADS)
+        if self.pp * self.virtual_stages > MAX_PP_STAGES:
+            name = "parallel.pp" if self.virtual_stages == 1 else "parallel.virtual_stages"
+            raise ScenarioError(
+                name,
+                f"pp x virtual_stages = {self.pp * self.virtual_stages:,} stages is more than {MAX_PP_STAGES:,}",
+            )
         check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
@@ -377,6 +388,8 @@ class Scenario:
             raise ScenarioError(
                 "model", f"must be a preset id, a config.json path or a dict, got {_short(self.model)}"
             )
+        else:  # a preset id or a path: printable, one line, at most PATH_MAX characters
+            check_text("model", self.model, MAX_PATH_CHARS)
         if isinstance(self.lora, Mapping):
             object.__setattr__(self, "lora", _lora_from(self.lora))
         elif not isinstance(self.lora, LoraConfig):
@@ -580,10 +593,14 @@ def _gpu_spec(spec: Any) -> str | FrozenDict:
 
     if isinstance(spec, Mapping):
         frozen = _freeze(spec, "gpu")
+        for key in ("name", "id"):  # printed in every output and exported file's header
+            if isinstance(frozen.get(key), str):
+                check_text(f"gpu.{key}", frozen[key])
         resolve_gpu(dict(frozen))
         return frozen
     if not isinstance(spec, str) or not spec:
         raise ScenarioError("gpu", f"must be a GPU id or {{'memory_gib': N}}, got {_short(spec)}")
+    check_text("gpu", spec)
     return canonical_gpu_id(spec) or spec
 
 
@@ -615,7 +632,9 @@ def _unknown_key(dotted: str, allowed: list[str]) -> ScenarioError:
     prefix, _, key = dotted.rpartition(".")
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    if not key.isprintable() or len(key) > 64:  # a key with newlines or 10 kB of junk: named, on one line
+    if not key:
+        key = '""'  # an empty key: named as such, never an empty field
+    elif not key.isprintable() or len(key) > 64:  # a key with newlines or 10 kB of junk: named, on one line
         key = ascii(key)[:64]
     field = f"{prefix}.{key}" if prefix else key
     return ScenarioError(field, f"unknown key{hint}; allowed keys: {', '.join(allowed)}")

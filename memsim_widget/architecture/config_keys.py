@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from memsim_widget.errors import ScenarioError
+from memsim_widget.errors import ScenarioError, short_repr
 
 #: The structural keys of an HF decoder or encoder config; no family defaults them.
 REQUIRED_KEYS = (
@@ -23,6 +23,11 @@ REQUIRED_KEYS = (
 )
 
 _MISSING: Any = object()
+#: The largest integer a config key may hold (hidden size, layers, heads, vocabulary, experts...): 2**40, a
+#: trillion, is past every published model by six orders of magnitude, and keeps every byte count the engine
+#: derives from a product of a few such keys an exact integer that formats and converts to float
+#: (10**154 squared does not: OverflowError).
+MAX_DIMENSION = 2**40
 
 
 def _present(cfg: Mapping[str, Any], key: str) -> bool:
@@ -46,9 +51,11 @@ def read_int(
         return int(default)
     value = cfg[used]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ScenarioError(f"model.{used}", f"must be an integer, got {value!r}")
+        raise ScenarioError(f"model.{used}", f"must be an integer, got {short_repr(value)}")
     if value < minimum:
-        raise ScenarioError(f"model.{used}", f"must be >= {minimum}, got {value}")
+        raise ScenarioError(f"model.{used}", f"must be >= {minimum}, got {short_repr(value)}")
+    if value >= MAX_DIMENSION:
+        raise ScenarioError(f"model.{used}", f"must be < 2**40 (a trillion), got {short_repr(value)}")
     return value
 
 

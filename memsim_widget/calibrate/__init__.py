@@ -12,9 +12,12 @@ transformers version), in-process and, when ``MEMSIM_CALIBRATION_CACHE`` names a
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -40,8 +43,49 @@ def transformers_version() -> str | None:
     return str(transformers.__version__)
 
 
+#: The shape of every model type transformers registers (``llama``, ``gpt-sw3``, ``qwen2_5_vl``).
+_TYPE_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: A ``"model_type": "SomeConfig"`` (or tuple) entry of transformers' config mapping, in its source text.
+_MAPPING_ENTRY = re.compile(r"[\"']([A-Za-z0-9][A-Za-z0-9_.-]*)[\"']\s*[:,]\s*[\"'][A-Za-z0-9_]*Config[\"']")
+
+
+@functools.cache
+def _listed_types() -> frozenset[str] | None:
+    """Every model type named in transformers' auto-config mapping, read from its source files without
+    importing transformers (which takes seconds, torch with it); None when the files are not where transformers
+    4.x/5.x keep them (then the import decides). A superset is harmless: the import has the last word."""
+    try:
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    auto = Path(spec.origin).parent / "models" / "auto"
+    names: set[str] = set()
+    for name in ("auto_mappings.py", "configuration_auto.py"):
+        try:
+            names.update(_MAPPING_ENTRY.findall((auto / name).read_text(encoding="utf-8")))
+        except OSError:
+            continue
+    return frozenset(names) if len(names) > 50 else None
+
+
+def maybe_known_to_transformers(model_type: str) -> bool:
+    """False when ``model_type`` is certainly not one transformers knows (its shape, or its absence from the
+    mapping's source text); answered without importing transformers."""
+    if not _TYPE_SHAPE.fullmatch(model_type):
+        return False
+    listed = _listed_types()
+    return listed is None or model_type in listed
+
+
 def known_to_transformers(model_type: str) -> bool:
-    """True if transformers is installed and has a config class for ``model_type`` (no network, no remote code)."""
+    """True if transformers is installed and has a config class for ``model_type`` (no network, no remote code).
+
+    A type of another shape, or one absent from transformers' mapping source, is answered at once: refusing an
+    unknown type never waits for the seconds-long import of transformers and torch."""
+    if not maybe_known_to_transformers(model_type):
+        return False
     if transformers_version() is None:
         return False
     from transformers import CONFIG_MAPPING

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from memsim_widget.errors import ScenarioError
+from memsim_widget.errors import ScenarioError, one_line
 from memsim_widget.scenario import Scenario
 from memsim_widget.units import GiB
 
@@ -67,8 +67,15 @@ def header_lines(draft: Draft) -> list[str]:
 
 
 def comment(lines: list[str], prefix: str = "# ") -> str:
-    """Lines as a comment block, one comment line per line."""
-    return "".join(f"{prefix}{line}".rstrip() + "\n" for line in lines)
+    """Lines as a comment block, one comment line per line: every non-printable character (a line feed,
+    U+2028, NEL...) is written as its escape (``one_line``), so no text can end the comment and become code,
+    shell commands or YAML keys in the file."""
+    return "".join(f"{prefix}{one_line(line)}".rstrip() + "\n" for line in lines)
+
+
+def note_text(lines: list[str]) -> str:
+    """Lines as a plain-text note (``ds_config.memsim.txt``), each kept on its line (``one_line``)."""
+    return "".join(one_line(line) + "\n" for line in lines)
 
 
 def hf_model_id(draft: Draft) -> str:

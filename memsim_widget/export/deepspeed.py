@@ -18,6 +18,7 @@ from memsim_widget.export.common import (
     checkpoint_every,
     framework_note,
     header_lines,
+    note_text,
     refuse,
 )
 
@@ -164,5 +165,5 @@ def render(draft: Draft) -> dict[str, str]:
 
 def files(draft: Draft, cfg: dict[str, Any]) -> dict[str, str]:
     """The config as JSON and the note beside it (call after every note is collected)."""
-    note = "\n".join(header_lines(draft)) + "\n"
+    note = note_text(header_lines(draft))
     return {FILE: json.dumps(cfg, indent=2) + "\n", FILE.replace(".json", ".memsim.txt"): note}

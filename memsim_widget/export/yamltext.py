@@ -1,12 +1,14 @@
-"""A small YAML writer for launch configs: mappings, lists and scalars, block style, no dependency.
+r"""A small YAML writer for launch configs: mappings, lists and scalars, block style, no dependency.
 
-Strings that YAML 1.1 could read as another type (``yes``, ``on``, ``1e5``, ``null``...) are double-quoted
-in JSON syntax, which YAML reads as the same string.
+Strings that YAML 1.1 could read as another type (``yes``, ``on``, ``1e5``, ``null``...) or that hold anything
+but letters, digits and ``_./-`` are double-quoted, every character outside printable ASCII escaped as YAML's
+``\xXX`` / ``\uXXXX`` / ``\UXXXXXXXX`` (YAML 1.1 spec, 5.7 "Escape Sequences"): a line break, U+2028 or NEL
+in a model folder's name stays inside the string, and a character beyond U+FFFF reads back as itself (JSON's
+surrogate pairs would read back as two lone surrogates).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -24,9 +26,28 @@ def scalar(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     text = str(value)
-    if _PLAIN.match(text) and text.lower() not in _KEYWORDS:
+    if _PLAIN.fullmatch(text) and text.lower() not in _KEYWORDS:  # fullmatch: "$" also matches before "\n"
         return text
-    return json.dumps(text)
+    return quoted(text)
+
+
+def quoted(text: str) -> str:
+    """``text`` as a YAML double-quoted scalar in printable ASCII (see the module docstring)."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code <= 0xFF:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
 
 
 def to_yaml(data: Mapping[str, Any], indent: int = 0) -> str:

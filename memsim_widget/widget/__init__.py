@@ -48,6 +48,7 @@ The names below are re-exported here; a test that replaces a function (``run_tra
 from __future__ import annotations
 
 from memsim_widget.units import GiB
+from memsim_widget.widget import _extra  # noqa: F401 -- first: one line saying how to install what is missing
 from memsim_widget.widget.assets import VL_CONVERT_VERSION, vega_bundle
 from memsim_widget.widget.controls import CUSTOM_DIMS, build_options, disabled_controls, normalize
 from memsim_widget.widget.fit_panel import FIT_CACHE, FIT_KINDS, build_fit_view, fit_target, plan_recommend

@@ -9,14 +9,23 @@ the outcome is stale, the scenario having moved on meanwhile.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from memsim_widget.errors import ScenarioError
 
 T = TypeVar("T")
+
+#: How long the interpreter's exit waits, in all, for running jobs after cancelling them (``stop_all``).
+EXIT_JOIN_S = 5.0
+#: The jobs whose thread was started and has not ended (``stop_all`` cancels and joins them at exit).
+_LIVE: weakref.WeakSet[BackgroundJob[Any]] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
 
 #: ``finish(job, result, error)``: publish a job's outcome (called under the widget's lock, current jobs only).
 Finish = Callable[["BackgroundJob[T]", "T | None", "BaseException | None"], None]
@@ -77,6 +86,8 @@ class BackgroundJob(Generic[T]):
         self.thread = threading.Thread(
             target=self._run, args=(lock, finish, is_current), name=self.name, daemon=True
         )
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         self.thread.start()
 
     def _run(self, lock: threading.RLock, finish: Finish[T], is_current: Callable[[], bool]) -> None:
@@ -99,6 +110,8 @@ class BackgroundJob(Generic[T]):
                 if is_current():
                     finish(self, result, error)
         finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
             self.done.set()
             if error is None:
                 self.future.set_result(result)  # type: ignore[arg-type]
@@ -146,3 +159,23 @@ class JobSlot(Generic[T]):
         self.job = job
         job.launch(self._lock, finish, lambda: self.job is job)
         return job
+
+
+def stop_all(timeout: float = EXIT_JOIN_S) -> int:
+    """Cancel every running job and wait for their threads, ``timeout`` seconds in all; the number still running.
+
+    Registered with ``atexit``: a kernel shut down while a trace or a calibration runs stops them before the
+    interpreter finalises (a daemon thread still inside torch then can abort the process). A job whose work does
+    not watch its cancel flag (a calibration between two traces) is waited for up to the bound, then left."""
+    with _LIVE_LOCK:
+        jobs = list(_LIVE)
+    for job in jobs:
+        job.cancel()
+    end = time.monotonic() + timeout
+    for job in jobs:
+        if job.thread is not None and job.thread is not threading.current_thread():
+            job.thread.join(max(0.0, end - time.monotonic()))
+    return sum(1 for job in jobs if job.thread is not None and job.thread.is_alive())
+
+
+atexit.register(stop_all)

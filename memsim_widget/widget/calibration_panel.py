@@ -13,10 +13,11 @@ as any rejected edit's is. A newer edit supersedes a running calibration: its ou
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget.errors import ScenarioError
+from memsim_widget.frozen import FrozenDict
 from memsim_widget.scenario import Scenario
 from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
 
@@ -25,11 +26,39 @@ if TYPE_CHECKING:
     from memsim_widget.widget.host import WidgetHost
 
 
+def resolves_at_once(model: Any) -> bool:
+    """Whether the architecture of ``model`` is had without building a model on the meta device or tracing: a
+    preset, a family's model type, an architecture already resolved on this model object, or a model type (or
+    file) refused at once. A model transformers may know otherwise is resolved in the background: the first
+    build of a calibrated model takes seconds, the kernel must not wait for it."""
+    from memsim_widget.architecture.types import FAMILIES
+    from memsim_widget.calibrate import maybe_known_to_transformers
+    from memsim_widget.catalog.models import PRESETS, resolve_model_config
+
+    if isinstance(model, str) and model in PRESETS:
+        return True
+    if isinstance(model, FrozenDict) and "architecture" in model.__dict__.get("_derived", {}):
+        return True
+    try:
+        config = model if isinstance(model, Mapping) else resolve_model_config(model)
+    except ScenarioError:  # the estimate names it, at once
+        return True
+    model_type = config.get("model_type")
+    return (
+        not isinstance(model_type, str)
+        or model_type in FAMILIES
+        or not maybe_known_to_transformers(model_type)
+    )
+
+
 def pending_fit(sc: Scenario) -> bool:
-    """Whether estimating ``sc`` would trace: a calibrated model whose fit for this recipe is not made yet."""
+    """Whether estimating ``sc`` would trace or build a model: a calibrated model not resolved yet
+    (``resolves_at_once``), or one whose fit for this recipe is not made yet."""
     from memsim_widget.catalog.models import architecture_for
     from memsim_widget.engine.calibrated import recipe_key
 
+    if not resolves_at_once(sc.model):
+        return True
     try:
         arch = architecture_for(sc.model)
     except ScenarioError:  # the estimate names it, at once
@@ -97,7 +126,7 @@ class CalibrationController:
         state = host._trait("calibration")
         if error is None:
             host._publish("calibration", {**state, "state": "done", "seconds": seconds})
-            host._submit(data, relative=False, explicit=explicit)
+            host._submit(data, relative=False, explicit=explicit, ready=est)  # not estimated again here
             return
         exc = error if isinstance(error, ScenarioError) else ScenarioError("model", error_text(error))
         host._publish("calibration", {**state, "state": "error", "error": str(exc), "seconds": seconds})

@@ -106,8 +106,13 @@ CONTROL_ALIASES = {"num_gpus": "parallel.dp"}
 
 
 def _arch(model: Any) -> Any:
-    """The architecture of a model input, or None when it cannot be resolved."""
+    """The architecture of a model input, or None when it cannot be resolved, or not at once (a calibrated
+    model's first build runs in the background: ``calibration_panel.resolves_at_once``)."""
+    from memsim_widget.widget.calibration_panel import resolves_at_once
+
     try:
+        if not resolves_at_once(model):
+            return None
         return architecture_for(model)
     except Exception:  # any unresolvable input: the scenario check reports it
         return None

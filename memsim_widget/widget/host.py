@@ -67,9 +67,14 @@ class WidgetHost(Protocol):
         ...
 
     def _submit(
-        self, data: Mapping[str, Any], relative: bool = True, explicit: frozenset[str] = frozenset()
+        self,
+        data: Mapping[str, Any],
+        relative: bool = True,
+        explicit: frozenset[str] = frozenset(),
+        ready: Any = None,
     ) -> ScenarioError | None:
-        """Apply a scenario dict as an edit does; the ScenarioError that rejected it, None when it was valid."""
+        """Apply a scenario dict as an edit does; the ScenarioError that rejected it, None when it was valid.
+        ``ready``: the scenario's estimate, already computed (a background calibration's)."""
         ...
 
     def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:

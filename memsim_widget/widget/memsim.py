@@ -20,10 +20,9 @@ import anywidget
 import traitlets
 
 from memsim_widget import charts as charts_mod
-from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.errors import ScenarioError
+from memsim_widget.errors import ScenarioError, one_line, short_repr
 from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
 from memsim_widget.time_charts import time_spec
@@ -40,6 +39,7 @@ from memsim_widget.widget.result import build_result
 from memsim_widget.widget.scenario_edits import (
     as_typed,
     changed_keys,
+    check_edit,
     defaults,
     drop_carried_unknown,
     flatten,
@@ -191,10 +191,10 @@ class MemSim(anywidget.AnyWidget):
     @traitlets.validate("headroom")
     def _check_headroom(self, proposal: Mapping[str, Any]) -> float:
         """Headroom is a share in [0, 0.9]."""
-        value = float(proposal["value"])
-        if not 0 <= value <= 0.9:
-            raise traitlets.TraitError(f"headroom must be between 0 and 0.9, got {value}")
-        return value
+        value = proposal["value"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 0.9:
+            raise traitlets.TraitError(f"headroom must be a number from 0 to 0.9, got {short_repr(value)}")
+        return float(value)
 
     @traitlets.observe("headroom")
     def _on_headroom(self, change: Any) -> None:
@@ -228,9 +228,24 @@ class MemSim(anywidget.AnyWidget):
             self._compare.written(change["new"])
 
     def set_state(self, sync_data: dict[str, Any]) -> None:
-        """Front-end writes apply under the widget's lock (the trace thread writes traits too)."""
+        """Front-end writes apply under the widget's lock (the trace thread writes traits too), one trait at a
+        time: a value a trait refuses (``headroom`` "x" or 5, ``fit_open`` 3, ``scenario_data`` a list) becomes
+        the widget's error naming the trait, in place, and the front end gets the trait's current value back;
+        it never raises out of the comm handler."""
         with self._lock:
-            super().set_state(sync_data)
+            for name, value in sync_data.items():
+                try:
+                    super().set_state({name: value})
+                except traitlets.TraitError as exc:
+                    self._refuse_state(name, exc)
+
+    def _refuse_state(self, name: str, exc: traitlets.TraitError) -> None:
+        """Show a refused front-end write as the error of its trait and re-send the trait's value."""
+        message = str(exc).replace(f"The '{name}' trait of a MemSim instance ", "")
+        self.error = one_line(f"{name}: {message}")[:300]
+        self.error_field = name
+        if name in self.keys:
+            self.send_state(name)
 
     # ----- core update ----------------------------------------------------------------------------------
     def _submit(
@@ -239,6 +254,7 @@ class MemSim(anywidget.AnyWidget):
         relative: bool = True,
         explicit: frozenset[str] = frozenset(),
         background: bool = False,
+        ready: Estimate | None = None,
     ) -> ScenarioError | None:
         """Apply a scenario dict; returns the ScenarioError that rejected it (None when it was valid).
 
@@ -247,19 +263,31 @@ class MemSim(anywidget.AnyWidget):
         keys count as changed even when their value stays (``set(parallel={"tp": 1, "sequence_parallel": True})``).
         Omitted keys take their defaults, as in ``Scenario.from_dict``. ``background`` (an edit from the front end):
         a calibrated model's first estimate of a recipe runs as a background job (``calibration_panel``) instead of
-        blocking here; None is returned and the estimate is published when it is done.
+        blocking here; None is returned and the estimate is published when it is done. ``ready``: that job's
+        estimate, used when it is of the same scenario (not computed again in the kernel's thread).
         """
         with self._lock:
-            return self._apply(data, relative, explicit, background)
+            return self._apply(data, relative, explicit, background, ready)
 
     def _apply(
-        self, data: Mapping[str, Any], relative: bool, explicit: frozenset[str], background: bool = False
+        self,
+        data: Mapping[str, Any],
+        relative: bool,
+        explicit: frozenset[str],
+        background: bool = False,
+        ready: Estimate | None = None,
     ) -> ScenarioError | None:
         """``_submit`` without the lock."""
         t0 = time.perf_counter()
-        if not isinstance(data, Mapping):
-            exc = ScenarioError("scenario", f"must be a JSON object, got {type(data).__name__}")
-            self._reject({}, exc)
+        exc = check_edit(data)  # sizes, depth, int64, finite, UTF-8: before any rule or the scenario sees it
+        if exc is not None:
+            self._busy = True
+            try:  # the out-of-bounds value is not shown back (its key shows empty); the rest as typed
+                top = exc.field.split(".")[0].split("[")[0]
+                shown = {**data, top: None} if isinstance(data, Mapping) and top in data else {}
+                self._reject(shown, exc)
+            finally:
+                self._busy = False
             return exc
         data = merge(defaults(), data)
         changed = changed_keys(self._valid, data) | explicit if relative else set()
@@ -277,7 +305,7 @@ class MemSim(anywidget.AnyWidget):
                     self._show_calibrating(data)
                     return None
                 self._calibration.supersede()
-                est = run_estimate(sc)
+                est = ready if ready is not None and ready.scenario == sc else run_estimate(sc)
             except ScenarioError as exc:
                 self._reject(data, exc)
                 return exc
@@ -290,9 +318,7 @@ class MemSim(anywidget.AnyWidget):
                 self.scenario_data = self._valid
                 self.error = ""
                 self.error_field = ""
-                self.options = build_options(
-                    self._valid, architecture_for(sc.model)
-                )  # resolved for sc already
+                self.options = build_options(self._valid, est.arch)  # resolved for sc already
                 self._refresh()
                 self._trace.update()
                 self._follow_plan()

@@ -116,3 +116,70 @@ def _default_dict() -> dict[str, Any]:
 def defaults() -> dict[str, Any]:
     """A fresh copy of the default scenario dict (nested sections copied)."""
     return merge(_default_dict(), {})
+
+
+#: Bounds of an edit's raw data, checked before any control rule or the scenario sees it: a scenario dict has a
+#: few dozen values and an inline HF config a few hundred, so 20,000 values, 64 levels, strings of 64 KiB and
+#: integers below 2**63 (the planner's int64 columns) leave every real edit through and stop a pasted monster
+#: before a rule allocates for it or converts it to a float.
+EDIT_MAX_VALUES = 20_000
+EDIT_MAX_DEPTH = 64
+EDIT_MAX_CHARS = 2**16
+EDIT_MAX_INT = 2**63
+
+
+def check_edit(data: Any) -> ScenarioError | None:
+    """The error of an edit whose raw data is out of bounds (``EDIT_MAX_*``: size, depth, string length, integer
+    size, NaN/infinity, non-string keys, NUL or lone surrogates), naming its dotted key; None when it is in bounds.
+    Walked without recursion, stopping at the first problem: costs microseconds for a real scenario."""
+    if not isinstance(data, Mapping):
+        return ScenarioError("scenario", f"must be a JSON object, got {type(data).__name__}")
+    stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in data.items() if isinstance(k, str)]
+    if len(stack) != len(data):
+        return ScenarioError("scenario", "keys must be strings")
+    seen = 0
+    while stack:
+        where, value, depth = stack.pop()
+        seen += 1
+        if seen > EDIT_MAX_VALUES or depth > EDIT_MAX_DEPTH:
+            return ScenarioError(where.split(".")[0], f"is larger than an edit can be ({EDIT_MAX_VALUES:,} values, "
+                                 f"{EDIT_MAX_DEPTH} levels)")  # fmt: skip
+        problem = _edit_value_problem(value)
+        if problem is not None:
+            return ScenarioError(where, problem)
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if not isinstance(k, str) or _edit_value_problem(k) is not None:
+                    return ScenarioError(where, "keys must be printable strings")
+                stack.append((f"{where}.{k}", v, depth + 1))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value))
+    return None
+
+
+def _edit_value_problem(value: Any) -> str | None:
+    """What is out of bounds about one raw value, or None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return None if -EDIT_MAX_INT < value < EDIT_MAX_INT else "must be an integer below 2**63"
+    if isinstance(value, float):
+        return None if value == value and abs(value) != float("inf") else "must be a finite number"
+    if isinstance(value, str):
+        if len(value) > EDIT_MAX_CHARS:
+            return f"is a string of {len(value):,} characters; at most {EDIT_MAX_CHARS:,}"
+        if "\x00" in value or not (value.isascii() or _utf8(value)):
+            return "holds NUL or a lone surrogate (not UTF-8 text)"
+        return None
+    if isinstance(value, Mapping | list | tuple):
+        return None
+    return f"must be JSON data, got {type(value).__name__}"
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
