@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "docs" / "memory-facts.md"
 #: Where citations can sit: code, tests, benchmarks, docs, data notes, notebooks, the README.
@@ -57,3 +59,25 @@ def test_nothing_cites_a_file_outside_the_repository() -> None:
         if outside in line or ("../shared" in line and "add_argument" not in line)
     ]
     assert hits == []
+
+
+def _nav_pages(node: object) -> list[str]:
+    """The page paths of an ``mkdocs.yml`` nav (nested lists of ``{title: page-or-list}``)."""
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, list):
+        return [p for item in node for p in _nav_pages(item)]
+    if isinstance(node, dict):
+        return [p for value in node.values() for p in _nav_pages(value)]
+    return []
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    """The strict site build fails on a page left out of the nav; this says so without building the site."""
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = _nav_pages(config["nav"])
+    excluded = set(config.get("exclude_docs", "").split())
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - excluded
+    assert sorted(pages - set(nav)) == [], "add the page to mkdocs.yml's nav"
+    assert [p for p in nav if not (ROOT / "docs" / p).exists()] == []
