@@ -1,11 +1,9 @@
 """Measure the three GPU counters of real training steps on CUDA, written as data/measured rows.
 
-Each scenario of ``MEASUREMENTS`` is built from its HF config with random weights (nothing is downloaded),
-trained for a few real steps (forward with labels, outputs dropped, backward, optimizer step,
-``zero_grad(set_to_none=True)``) in a subprocess of its own, so every reading starts from a fresh CUDA
-context; then ``torch.cuda.max_memory_allocated``, ``max_memory_reserved`` and the device's used memory
-(``nvidia-smi`` for this process, else ``torch.cuda.mem_get_info``) become three rows of the
-``data/measured`` format, which ``benchmarks/fidelity_measured.py`` compares with the engine.
+Each scenario of ``MEASUREMENTS`` is measured by ``memsim_widget.measure`` (the code path of ``memsim measure``:
+random weights from the HF config, a few real steps, the three counters) in a subprocess of its own, so every
+reading starts from a fresh CUDA context; the readings become three rows each of the ``data/measured`` format,
+which ``benchmarks/fidelity_measured.py`` compares with the engine.
 
 Run on a machine with a CUDA GPU (about 5 minutes on one H100/H200, under 10 by design):
     python benchmarks/gpu_measure.py --out data/measured/gpu_h200.csv
@@ -16,9 +14,7 @@ Without CUDA it exits at once with status 2 and says so.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity_measured import COLUMNS, write_csv  # noqa: E402
-
-from memsim_widget.catalog.models import architecture_for, resolve_model_config  # noqa: E402
-from memsim_widget.scenario import Scenario  # noqa: E402
+from memsim_widget import measure
+from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.measure import write_csv
+from memsim_widget.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The whole run must end inside ten minutes, startup included.
@@ -226,188 +221,27 @@ def resolved(m: Measurement) -> dict[str, Any]:
     return Scenario.from_dict(m.scenario).to_dict()
 
 
-# ----- rows ------------------------------------------------------------------------------------------------
-COUNTER_SOURCES = {
-    "allocated": "torch.cuda.max_memory_allocated()",
-    "reserved": "torch.cuda.max_memory_reserved()",
-    "nvidia-smi": "device used memory after the steps: nvidia-smi for this process (else mem_get_info)",
-}
-
-
+# ----- one measurement: memsim_widget/measure.py (the code path of `memsim measure`) --------------------------
 def rows_for(m: Measurement, reading: dict[str, Any], env: dict[str, str]) -> list[dict[str, str]]:
     """Three data/measured rows (allocated, reserved, nvidia-smi) for one measurement's reading."""
-    sc = resolved(m)
-    source = (
-        f"benchmarks/gpu_measure.py on {env.get('device', '?')}, torch {env.get('torch', '?')}, "
-        f"transformers {env.get('transformers', '?')}, {env.get('date', '?')}"
-    )
-    out = []
-    for counter, key in (("allocated", "allocated"), ("reserved", "reserved"), ("nvidia-smi", "device")):
-        nbytes = int(reading[key])
-        row = dict.fromkeys(COLUMNS, "")
-        row.update(
-            id=f"g-{m.name}-{counter}",
-            source=source,
-            model=sc["model"] if isinstance(sc["model"], str) else json.dumps(sc["model"]),
-            method=sc["method"],
-            precision=sc["precision"],
-            optimizer=f"{sc['optimizer']} ({sc['optimizer_impl']})",
-            micro_batch=str(sc["micro_batch_size"]),
-            seq_len=str(sc["seq_len"]),
-            grad_accum=str(sc["grad_accum_steps"]),
-            activation_checkpointing=sc["activation_checkpointing"],
-            attention=sc["attention"],
-            parallelism="single",
-            num_gpus="1",
-            gpu=env.get("device", ""),
-            measured_peak_gb=f"{nbytes / GiB:.4f}",
-            what_measured=COUNTER_SOURCES[counter],
-            notes=m.note + (f"; step lengths {list(m.step_lengths())}" if m.lengths else ""),
-            unit="GiB",
-            peak_gib=f"{nbytes / GiB:.4f}",
-            trust="high",
-            measured_bytes=str(nbytes),
-            counter=counter,
-            framework=sc["framework"],
-            reproducible="true",
-            scenario_json=json.dumps(sc, sort_keys=True, separators=(",", ":")),
-        )
-        out.append(row)
-    return out
-
-
-# ----- one measurement, in a child process ---------------------------------------------------------------------
-def _device_used_bytes(torch: Any) -> int:
-    """This process's used device memory per nvidia-smi, else the device's used memory (total - free)."""
-    try:
-        text = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        for line in text.splitlines():
-            pid, used = (x.strip() for x in line.split(","))
-            if int(pid) == os.getpid():
-                return int(used) * 2**20
-    except (OSError, subprocess.SubprocessError, ValueError):
-        pass
-    free, total = torch.cuda.mem_get_info()
-    return int(total - free)
+    note = m.note + (f"; step lengths {list(m.step_lengths())}" if m.lengths else "")
+    return measure.rows_for(m.name, Scenario.from_dict(m.scenario), reading, env, tool="benchmarks/gpu_measure.py",
+                            note=note)  # fmt: skip
 
 
 def train_steps(m: Measurement, device: str = "cuda") -> None:
     """Build the measurement's model from its config and run its training steps on ``device``."""
-    import torch
-    import transformers
-
-    sc = Scenario.from_dict(m.scenario)
-    cfg_dict = dict(resolve_model_config(sc.model))
-    torch.manual_seed(0)
-    dev = torch.device(device)
-    amp = sc.precision.startswith("amp-")
-    wdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(
-        sc.precision, torch.float32
-    )
-    arch = architecture_for(sc.model)
-    attn = arch.attention_kernel("eager" if sc.attention == "eager" else "sdpa")  # Gemma 2 has no SDPA path
-    config = transformers.AutoConfig.for_model(**cfg_dict)
-    from memsim_widget.trace.hf import _family  # the trace's own choice of head and inputs per model type
-
-    family = _family(cfg_dict["model_type"])
-    vision, seq2seq = family == "vit", family == "seq2seq"
-    cls = {
-        "vit": transformers.AutoModelForImageClassification,
-        "bert": transformers.AutoModelForMaskedLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-    }.get(family, transformers.AutoModelForCausalLM)
-    with dev:  # random init on the device itself: an 8B model initialised on the host takes minutes
-        model = cls.from_config(config, attn_implementation=attn, dtype=wdtype)
-    model.to(dev)
-    if sc.activation_checkpointing == "full":
-        model.gradient_checkpointing_enable()
-    if sc.method == "lora":
-        import peft
-
-        lcfg = peft.LoraConfig(r=sc.lora.rank, lora_alpha=sc.lora.alpha, target_modules=list(sc.lora.targets))
-        model = peft.get_peft_model(model, lcfg)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}
-    opt = torch.optim.AdamW(params, lr=1e-5, **impl[sc.optimizer_impl])
-    step_fn = torch.compile(model) if sc.compile else model
-    vocab = getattr(config, "vocab_size", 0) or 0
-    b = sc.micro_batch_size
-    keep = sc.output_lifetime or "trainer"
-    half = torch.bfloat16 if sc.precision == "amp-bf16" else torch.float16
-    for length in m.step_lengths():
-        if vision:
-            size = cfg_dict.get("image_size", 224)
-            inputs = {
-                "pixel_values": torch.randn(b, 3, size, size, device=dev, dtype=wdtype),
-                "labels": torch.randint(0, config.num_labels, (b,), device=dev),
-            }
-        else:
-            ids = torch.randint(0, vocab, (b, length), device=dev)
-            labels = torch.randint(0, vocab, (b, length), device=dev) if seq2seq else ids
-            inputs = {"input_ids": ids, "labels": labels}  # a seq2seq decoder as long as the encoder
-        with torch.autocast(dev.type, dtype=half, enabled=amp):
-            out = step_fn(**inputs)
-        loss = out.loss
-        if keep == "trainer":  # HF Trainer drops the outputs before backward
-            del out
-        del inputs
-        loss.backward()
-        if keep == "backward":
-            del out
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del loss
-        if keep == "step":  # a plain for-loop rebinds `out` only at the next forward
-            del out
+    measure.train_steps(Scenario.from_dict(m.scenario), m.step_lengths(), device)
 
 
 def run_one(m: Measurement) -> dict[str, Any]:
     """Train the measurement's scenario for a few steps on CUDA and read the three counters."""
-    import torch
-
-    torch.cuda.init()
-    torch.cuda.reset_peak_memory_stats()
-    train_steps(m, "cuda")
-    torch.cuda.synchronize()
-    return {
-        "allocated": torch.cuda.max_memory_allocated(),
-        "reserved": torch.cuda.max_memory_reserved(),
-        "device": _device_used_bytes(torch),
-    }
+    reading = measure.run(Scenario.from_dict(m.scenario), m.step_lengths(), history=False)
+    return {k: reading[k] for k in ("allocated", "reserved", "device")}
 
 
-def environment() -> dict[str, str]:
-    """Device, library versions and date for the rows' source column."""
-    import torch
-    import transformers
-
-    return {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "date": dt.date.today().isoformat(),
-    }
-
-
-def require_cuda() -> str | None:
-    """None when PyTorch sees a CUDA device, else the reason this script cannot run here."""
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed; this script measures real GPU memory and needs PyTorch with CUDA"
-    if not torch.cuda.is_available():
-        return (
-            "no CUDA device: this script measures real GPU memory (max_memory_allocated/reserved, nvidia-smi) "
-            "and must run on a machine with a CUDA GPU; use --list to see its scenarios"
-        )
-    return None
+environment = measure.environment
+require_cuda = measure.require_cuda
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -768,9 +768,16 @@ function createLayoutsPanel(doc) {
   ]);
   return { root, run, gpus, status, error, result, stale, summary, table, charts: { candidates: chart } };
 }
+function exportsText(r) {
+  const all = Object.entries(r.exports ?? {});
+  const ok = all.filter(([, why]) => why === null).map(([fmt]) => fmt);
+  const no = all.filter(([, why]) => why !== null).map(([fmt, why]) => `${fmt}: ${why}`);
+  return { text: ok.length ? ok.join(", ") : "none", title: no.length ? `not exported:
+${no.join("\n")}` : "every format" };
+}
 function summaryText(layouts, v) {
   const counts = (v.gpu_counts ?? []).join(", ");
-  return `${fmtCount(v.evaluated)} candidates for ${v.model} on ${counts} × ${v.gpu}: ${fmtCount(v.fitting)} fit` + (typeof layouts.ms === "number" ? ` (searched in ${layouts.ms.toFixed(0)} ms)` : "") + (v.fitting ? ". Best by modelled tokens/s per GPU:" : ". Nothing fits: try more GPUs, or a change above.");
+  return (v.widened ? v.widened.charAt(0).toUpperCase() + v.widened.slice(1) : "") + `${fmtCount(v.evaluated)} candidates for ${v.model} on ${counts} × ${v.gpu}: ${fmtCount(v.fitting)} fit` + (typeof layouts.ms === "number" ? ` (searched in ${layouts.ms.toFixed(0)} ms)` : "") + (v.fitting ? ". Best by modelled tokens/s per GPU:" : ". Nothing fits: try more GPUs, or a change above.");
 }
 function layoutRow(doc, r, ok) {
   const current = Boolean(r.current);
@@ -785,6 +792,7 @@ function layoutRow(doc, r, ok) {
     h(doc, "td", { class: "memsim-col-knobs", text: knobsText(r) }),
     h(doc, "td", { class: "memsim-col-size", text: fmtBytes(r.device_total_bytes) }),
     h(doc, "td", { class: "memsim-col-size", text: Number(r.tokens_per_gpu_s).toLocaleString("en-US", { maximumFractionDigits: 0 }) }),
+    h(doc, "td", { class: "memsim-col-exports", ...exportsText(r) }),
     h(doc, "td", {}, [applyButton(
       doc,
       {
@@ -824,7 +832,7 @@ function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
     panel.table.replaceChildren();
     return;
   }
-  const heads = thead(doc, ["#", "layout", "micro-batch", "knobs", "memory", "tokens/s/GPU", ""]);
+  const heads = thead(doc, ["#", "layout", "micro-batch", "knobs", "memory", "tokens/s/GPU", "exports to", ""]);
   const body = h(doc, "tbody", {}, rows.map((r) => layoutRow(doc, r, !running && !stale)));
   panel.table.replaceChildren(h(doc, "table", { class: "memsim-table memsim-layouts-table" }, [heads, body]));
 }
@@ -924,18 +932,34 @@ function renderFits(doc, panel, v, need, enabled) {
 }
 function renderFixes(doc, panel, v, need, enabled) {
   const changes = v.changes ?? [];
-  panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: v.verdict }), `: ${need}. ` + (changes.length ? "Smallest changes that fit:" : "No combination of up to three changes fits."));
+  panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: v.verdict }), `: ${need}. ` + (changes.length ? "Smallest changes that fit:" : `No change fits: ${v.bound ?? "no lever applies"}.`));
   panel.list.replaceChildren(...changes.length ? [changesTable(doc, changes, "change", enabled)] : []);
+  const facts = [];
+  if (changes.length && v.bound) facts.push(fact(doc, `no change that keeps the job fits: ${v.bound}`, "", false));
   const first = v.with_first_fix;
   if (first && first.max_micro_batch) {
-    return [fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false)];
+    facts.push(fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false));
   }
-  return [];
+  return facts;
 }
 function minGpusFact(doc, v, enabled) {
   const mg = v.min_gpus;
-  if (!mg) return fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096)", "", false);
-  return fact(doc, `fewest GPUs that fit, layout kept: ${mg.num_gpus} (dp=${mg.dp}, ZeRO-${mg.zero}; ${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus", enabled && mg.num_gpus !== v.num_gpus);
+  if (!mg) {
+    return fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096; tp/pp layouts up to 1024)", "", false);
+  }
+  const layout = `dp=${mg.dp}` + (mg.tp > 1 ? ` tp=${mg.tp}` : "") + (mg.pp > 1 ? ` pp=${mg.pp}` : "");
+  return fact(doc, `fewest GPUs that fit: ${mg.num_gpus} (${layout}, ZeRO-${mg.zero}, the fastest layout there; ${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus", enabled && mg.num_gpus !== v.num_gpus);
+}
+function cardFacts(doc, v) {
+  const card = v.smallest_card;
+  if (v.fits) return [];
+  if (!card) return [fact(doc, "no card in the catalog holds it as it is", "", false)];
+  return [fact(
+    doc,
+    `smallest card that holds it as it is: ${card.name} (${fmtBytes(card.device_total_bytes)} per GPU)`,
+    "",
+    false
+  )];
 }
 function renderLevers(doc, panel, v, enabled) {
   const levers = v.levers ?? [];
@@ -972,7 +996,7 @@ function renderFit(doc, panel, open, fit = {}) {
   const enabled = state === "done" && !fit.stale;
   const need = `${fmtBytes(v.device_total_bytes)} per GPU, ${fmtBytes(v.usable_bytes)} usable on ${v.gpu} (${Math.round((v.headroom ?? 0) * 100)}% headroom)`;
   const facts = (v.fits ? renderFits : renderFixes)(doc, panel, v, need, enabled);
-  panel.facts.replaceChildren(...facts, minGpusFact(doc, v, enabled));
+  panel.facts.replaceChildren(...facts, minGpusFact(doc, v, enabled), ...cardFacts(doc, v));
   renderLevers(doc, panel, v, enabled);
 }
 function sendApply(model, button) {
@@ -1005,6 +1029,76 @@ function wireFit(ctx, panel) {
   ctx.onModel("fit_open", show);
   ctx.onModel("fit", show);
   return { show, layouts: wireLayouts(ctx, panel.layouts) };
+}
+
+// js/src/import.js
+var ACCEPT = ".yaml,.yml,.json,.toml,.py,.sh";
+function createImportPanel(doc) {
+  const input = h(doc, "input", {
+    type: "file",
+    multiple: "",
+    accept: ACCEPT,
+    class: "memsim-import-files",
+    "aria-label": "your launch config files (axolotl, LLaMA-Factory, torchtune, torchtitan, accelerate, DeepSpeed, TrainingArguments)"
+  });
+  const status = h(doc, "div", { class: "memsim-import-status", role: "status" });
+  const unread = h(doc, "ul", { class: "memsim-import-unread" });
+  const root = h(doc, "details", { class: "memsim-details-import" }, [
+    h(doc, "summary", { text: "open a config" }),
+    input,
+    status,
+    unread
+  ]);
+  return { root, input, status, unread };
+}
+function renderImport(doc, panel, state = {}) {
+  const files = state.files ?? [];
+  const lines = state.unread ?? [];
+  panel.status.textContent = state.error ? state.error : files.length ? `read ${files.join(", ")}: ${lines.length} setting(s) not in the files, memsim's assumption shown` : "";
+  panel.status.classList.toggle("memsim-import-error", Boolean(state.error));
+  panel.unread.replaceChildren(...lines.map((line) => h(doc, "li", { text: line })));
+}
+async function readFiles(fileList) {
+  return Promise.all([...fileList ?? []].map(async (f) => ({ name: f.name, text: await f.text() })));
+}
+function wireImport(ctx, panel) {
+  const { doc, model } = ctx;
+  const show = () => renderImport(doc, panel, model.get("config_import") ?? {});
+  ctx.listen(panel.input, "change", async () => {
+    const files = await readFiles(panel.input.files);
+    if (files.length) model.send({ type: "import_config", files, format: "auto" });
+  });
+  ctx.onModel("config_import", show);
+  return show;
+}
+function createMeasurePanel(doc) {
+  const button = h(doc, "button", {
+    type: "button",
+    class: "memsim-measure",
+    text: "Measure on this GPU",
+    title: "Run three real training steps of this scenario on this machine's GPU (random weights) and compare"
+  });
+  const status = h(doc, "span", { class: "memsim-measure-status", role: "status" });
+  const text = h(doc, "pre", { class: "memsim-measure-text", hidden: "" });
+  const root = h(doc, "div", { class: "memsim-measure-panel", hidden: "" }, [button, status, text]);
+  return { root, button, status, text };
+}
+function renderMeasure(panel, state = {}) {
+  panel.root.hidden = !state.available;
+  const running = state.state === "running";
+  panel.button.disabled = running;
+  panel.status.textContent = running ? "measuring (three real steps)…" : state.error ?? "";
+  panel.text.hidden = !state.text;
+  panel.text.textContent = state.text ?? "";
+}
+function wireMeasure(ctx, panel) {
+  const { model } = ctx;
+  const show = () => renderMeasure(panel, model.get("measure") ?? {});
+  ctx.listen(panel.button, "click", () => {
+    if (!panel.button.disabled) model.send({ type: "measure" });
+  });
+  ctx.onModel("measure", show);
+  return show;
 }
 
 // js/src/scenario-json.js
@@ -1114,6 +1208,19 @@ function traceTable(doc, categories) {
   const heads = thead(doc, ["category", "traced", "simulated", "error"]);
   return h(doc, "table", { class: "memsim-table memsim-trace-table" }, [heads, body]);
 }
+function countersTable(doc, counters) {
+  const body = h(doc, "tbody");
+  for (const c of counters ?? []) {
+    body.append(h(doc, "tr", { class: "memsim-trace-counter" }, [
+      h(doc, "td", { class: "memsim-col-category", text: c.counter }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.traced) }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.simulated) }),
+      h(doc, "td", { class: `memsim-col-error ${errorClass(c.error_pct)}`, text: fmtPct(c.error_pct) })
+    ]));
+  }
+  const heads = thead(doc, ["counter", "traced (replayed)", "simulated", "error"]);
+  return h(doc, "table", { class: "memsim-table memsim-trace-counters" }, [heads, body]);
+}
 function rankLine(doc, rank) {
   if (!rank || Number(rank.world_size ?? 1) <= 1) return [];
   const sim = rank.simulated_role ? ` (simulated: ${rank.simulated_role})` : "";
@@ -1168,7 +1275,13 @@ function renderSummary(doc, panel, summary) {
     h(doc, "b", { class: `memsim-trace-error ${errorClass(summary.error_pct)}`, text: fmtPct(summary.error_pct) }),
     ` (${summary.model ?? "model"}, live tensor bytes)`
   );
-  panel.tableHolder.replaceChildren(traceTable(doc, summary.categories));
+  const counters = summary.counters ?? [];
+  const onCard = summary.on_card ? [h(doc, "div", { class: "memsim-trace-on-card", text: summary.on_card })] : [];
+  panel.tableHolder.replaceChildren(
+    traceTable(doc, summary.categories),
+    ...counters.length ? [countersTable(doc, counters)] : [],
+    ...onCard
+  );
   const notes = summary.notes ?? [];
   panel.notes.hidden = notes.length === 0;
   panel.notes.replaceChildren(
@@ -1298,8 +1411,11 @@ function createOutput(doc) {
     fit: createFitPanel(doc),
     compare: createComparePanel(doc),
     json: createJsonEditor(doc),
-    export: createExportPanel(doc)
+    export: createExportPanel(doc),
+    import: createImportPanel(doc),
+    measure: createMeasurePanel(doc)
   };
+  parts.trace.root.append(parts.measure.root);
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error,
     parts.calibrating,
@@ -1310,7 +1426,8 @@ function createOutput(doc) {
     parts.trace.root,
     parts.result.details,
     parts.json.root,
-    parts.export.root
+    parts.export.root,
+    parts.import.root
   ]);
   return parts;
 }
@@ -1361,6 +1478,8 @@ function render({ model, el }) {
     syncAll();
   });
   wireExport(ctx, out.export)();
+  wireImport(ctx, out.import)();
+  wireMeasure(ctx, out.measure)();
   showError();
   onCalibration();
   showResult();

@@ -11,15 +11,26 @@ if TYPE_CHECKING:
     from memsim_widget.comparison import Comparison, compare
     from memsim_widget.engine.core import estimate
     from memsim_widget.engine.estimate import Estimate
+    from memsim_widget.importers import import_config
     from memsim_widget.scenario import Scenario
     from memsim_widget.widget import MemSim
 
-__all__ = ["Comparison", "Estimate", "MemSim", "Scenario", "ScenarioError", "compare", "estimate"]
+__all__ = [
+    "Comparison",
+    "Estimate",
+    "MemSim",
+    "Scenario",
+    "ScenarioError",
+    "compare",
+    "estimate",
+    "import_config",
+]
 
 
 def __getattr__(name: str) -> Any:
-    """Import the widget (and ``compare``) lazily so the engine and CLI never load Jupyter or Altair, and the
-    engine on first use, so that ``memsim --help`` (``python -m memsim_widget.cli``) does not load it."""
+    """Import the widget (and ``compare``, ``import_config``) lazily so the engine and CLI never load Jupyter or
+    Altair, and the engine on first use, so that ``memsim --help`` (``python -m memsim_widget.cli``) does not
+    load it."""
     if name == "estimate":
         from memsim_widget.engine.core import estimate
 
@@ -36,6 +47,10 @@ def __getattr__(name: str) -> Any:
         from memsim_widget.widget import MemSim  # says how to install the widget extra when it is missing
 
         return MemSim
+    if name == "import_config":  # your launch configs as a scenario, and the settings they leave unread
+        from memsim_widget.importers import import_config
+
+        return import_config
     if name in ("compare", "Comparison"):
         from memsim_widget import comparison
 

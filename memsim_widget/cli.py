@@ -1,5 +1,5 @@
-"""The ``memsim`` command line: estimate, plan, recommend, export launch configs, list presets and GPUs, serve the
-page.
+"""The ``memsim`` command line: estimate, plan, recommend, export and import launch configs, measure on the local
+GPU, list presets and GPUs, serve the page.
 
 Bad input exits with status 2 and one line naming the field; never a traceback.
 """
@@ -42,6 +42,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "images_per_sample": ("images_per_sample", int),
     "freeze_vision": ("freeze_vision", bool),
     "ssm_kernel": ("ssm_kernel", str),
+    "allocator_conf": ("allocator_conf", str),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),
@@ -113,6 +114,20 @@ _ARG_TYPES: dict[type, Any] = {int: _int_arg, bool: _bool_arg}
 def _read_scenario(path: str | None) -> dict[str, Any]:
     """The scenario file (or stdin for ``-``) as a dict; no file means all defaults."""
     return {} if path is None else read_json_object(path, "scenario")
+
+
+def _read_base(
+    args: argparse.Namespace, path: str | None, flags: dict[str, tuple[str, type]] = OVERRIDES
+) -> dict[str, Any]:
+    """The scenario file, or with ``--from FILE...`` the user's launch configs read as one (memsim import)."""
+    files = getattr(args, "from_files", None)
+    if not files:
+        return _read_scenario(path)
+    if path is not None:
+        raise ScenarioError("--from", "give a scenario JSON or --from FILE..., not both")
+    from memsim_widget.importers.command import imported_base
+
+    return imported_base(files, args.from_format, _apply_overrides({}, args, flags))
 
 
 def _apply_overrides(
@@ -227,7 +242,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from memsim_widget.engine.core import estimate
     from memsim_widget.scenario import Scenario
 
-    data = _apply_overrides(_read_scenario(args.scenario), args)
+    data = _apply_overrides(_read_base(args, args.scenario), args)
     est = estimate(Scenario.from_dict(data))
     cost = _cost(est, args)
     if args.json:
@@ -240,7 +255,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         if cost is not None:
             head, _, rest = text.partition("\n\n")
             line = (f"cost      {cost.tokens:,.0f} tokens: {cost.wall_hours:,.3g} h on {cost.num_gpus} GPUs, "
-                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour")  # fmt: skip
+                    f"{cost.gpu_hours:,.3g} GPU-hours, ${cost.dollars:,.0f} at ${cost.price_per_gpu_hour:g}/GPU-hour "
+                    f"({cost.price_source})")  # fmt: skip
             text = f"{head}\n{line}\n\n{rest}"
         print(text)
     return 0
@@ -318,6 +334,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     sim = report["simulated"]["components"]
     for cat in sorted(set(report["components"]) | set(sim)):
         print(f"{cat:<17} {report['components'].get(cat, 0) / GiB:>11.3f} {sim.get(cat, 0) / GiB:>14.3f}")
+    _print_counters(report)
     print("\nlargest tensors alive at the peak:")
     for t in result.top[:8]:
         print(
@@ -326,6 +343,20 @@ def cmd_trace(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}")
     return 0
+
+
+def _print_counters(report: dict) -> None:
+    """The three GPU counters: the traced run's by replay through the caching allocator, and the simulation's."""
+    from memsim_widget.trace.replay import on_card_text
+
+    counters, sim = report.get("counters") or {}, report["simulated"]
+    if not counters:
+        return
+    print(f"\n{'counter':<17} {'replayed GiB':>12} {'simulated GiB':>14}")
+    for key, label in (("peak_allocated_bytes", "allocated"), ("peak_reserved_bytes", "reserved"),
+                       ("device_total_bytes", "nvidia-smi")):  # fmt: skip
+        print(f"{label:<17} {counters[key] / GiB:>12.3f} {sim.get(key, 0) / GiB:>14.3f}")
+    print(on_card_text(counters.get("on_card")))
 
 
 # ----- memsim plan / memsim recommend --------------------------------------------------------------------
@@ -455,6 +486,11 @@ def _plan_table(p: Any, top: int) -> str:
     lines.append(
         f"hours and dollars: {_tokens_text(p)} at ${p.price_per_gpu_hour:g} per GPU-hour; ranked by {p.rank_by}"
     )
+    lines += [f"assumed: {a}" for a in p.assumptions]
+    if untraced := _untraced_text(p):
+        lines.append(untraced)
+    if len(frame):
+        lines.append(_exports_text(p, int(frame["candidate"].iloc[0])))
     lines.append(p.summary())
     return "\n".join(lines)
 
@@ -511,10 +547,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"must be a positive integer up to {MAX_TOP:,} (candidates listed), got {short_repr(args.top)}",
         )
     methods = None
-    if args.method is not None and "," in args.method:  # a list: the search tries each method
+    if args.method is not None:  # a list: the search tries each method; one method: fixed (never widened)
         methods = [m.strip() for m in args.method.split(",")]
         args.method = methods[0]
-    base = _read_scenario(args.scenario or args.base)
+    base = _read_base(args, args.scenario or args.base, PLAN_FIXED)
     data = _apply_overrides(json.loads(json.dumps(base)), args, PLAN_FIXED)
     space = _plan_space(args, base)
     p = plan(
@@ -532,7 +568,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.export is not None:
         if not p.fitting:
             raise ScenarioError("--export", "no candidate fits, so there is none to export")
+        p = p.for_export(args.export)
+        if not p.listed:
+            raise ScenarioError("--export", f"no listed candidate can be expressed in {args.export}")
         _export_pick(p, args)
+        if p.left_out:  # after the files: a refused --pick stays one line
+            print(_left_out_text(p), file=sys.stderr)
         return 0
     if args.json:
         print(json.dumps(p.to_dict(args.top), indent=2))
@@ -569,13 +610,15 @@ def _recommend_text(rec: Any) -> str:
             )
 
     if not rec.fits:
+        if rec.changes and rec.bound:
+            lines.append(f"no change that keeps the job fits: {rec.bound}")
         if rec.changes:
             lines.append(
                 "changes that fit (fewest levers first, least slowdown first; changes of the job last):"
             )
             change_lines(rec.changes)
         else:
-            lines.append("no combination of up to three levers fits; more GPUs (below) or a larger card")
+            lines.append(f"no lever fits: {rec.bound}")
     elif rec.singles:
         lines.append("it fits; what each lever would save:")
         change_lines(rec.singles)
@@ -591,12 +634,19 @@ def _recommend_text(rec: Any) -> str:
         lines.append(f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'}")
     mg = rec.min_gpus
     if mg is None:
-        lines.append("min GPUs          none (data parallelism alone does not make it fit)")
+        lines.append(f"min GPUs          none: {rec.min_gpus_reason}")
     else:
         lines.append(
-            f"min GPUs          {mg['num_gpus']} (dp={mg['dp']}, ZeRO-{mg['zero']}, rest of the layout kept): "
-            f"{_gib(mg['device_total_bytes'])} GiB per GPU"
+            f"min GPUs          {mg['num_gpus']} as dp={mg['dp']} tp={mg['tp']} pp={mg['pp']} ZeRO-{mg['zero']} "
+            f"(the fastest modelled layout that fits): {_gib(mg['device_total_bytes'])} GiB per GPU"
         )
+    card = rec.smallest_card
+    if card is not None:
+        lines.append(
+            f"smallest card     {card['name']}: {_gib(card['device_total_bytes'])} GiB per GPU, as it is"
+        )
+    elif not rec.fits:
+        lines.append("smallest card     none in the catalog holds it as it is")
     return "\n".join(lines)
 
 
@@ -605,7 +655,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from memsim_widget.plan import recommend
     from memsim_widget.scenario import Scenario
 
-    sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
+    sc = Scenario.from_dict(_apply_overrides(_read_base(args, args.scenario), args))
     rec = recommend(sc, headroom=args.headroom)
     print(json.dumps(rec.to_dict(), indent=2) if args.json else _recommend_text(rec))
     return 0
@@ -634,6 +684,47 @@ def cmd_export(args: argparse.Namespace) -> int:
     sc = Scenario.from_dict(_apply_overrides(_read_scenario(args.scenario), args))
     _write_export(export(sc, args.format), args.out, args.force)
     return 0
+
+
+def _left_out_text(p: Any) -> str:
+    """How many listed candidates the export format cannot express, and why (one line per refusal)."""
+    n = sum(v["count"] for v in p.left_out.values())
+    lines = [
+        f"{n:,} listed candidate{'s' if n != 1 else ''} left out: {p.export_format} cannot express them (--pick "
+        f"counts among the {p.listed:,} it can)"
+    ]
+    lines += [
+        f"  {v['count']:,} for {field} (e.g. {v['why']})"
+        for field, v in sorted(p.left_out.items(), key=lambda x: -x[1]["count"])
+    ]
+    return "\n".join(lines)
+
+
+def _exports_text(p: Any, candidate: int) -> str:
+    """Which formats write the launch files of the first listed candidate, and which refuse (by field)."""
+    answers = p.export_answers(candidate)
+    ok = [f for f, why in answers.items() if why is None]
+    no = [f"{f} ({why.split(':', 1)[0]})" for f, why in answers.items() if why is not None]
+    text = f"launch files for #1: {', '.join(ok) or 'no format'}"
+    if no:
+        text += f"; refused by {', '.join(no)}; --export F ranks only what F can express"
+    return text
+
+
+def _untraced_text(p: Any) -> str:
+    """The plan's time figures that no published run held (``engine/caveats.untraced_time``), or ''."""
+    from memsim_widget.engine.caveats import untraced_time
+    from memsim_widget.engine.context import Context
+
+    gpu = Context(p.base).gpu
+    labels = []
+    for sc in (p.base, *(b for b in p.bases[1:] if b.method == "qlora")):
+        labels += [x for x in untraced_time(sc, gpu) if x not in labels]
+    frame = p.frame
+    if len(frame) and (frame["offload"] != "none").any():
+        off = p.base.replace(parallel={"zero": 3, "offload": "optimizer+params"})
+        labels += [x for x in untraced_time(off, None) if x.startswith("untraced for offload")]
+    return "" if not labels else "time figures (tok/s, MFU, hours, dollars) " + "; ".join(labels)
 
 
 def _export_pick(p: Any, args: argparse.Namespace) -> None:
@@ -679,7 +770,8 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         print(json.dumps([g.to_dict() for g in GPUS.values()], indent=2))
     else:
         for g in GPUS.values():
-            print(f"{g.id:<16} {g.memory_gib:>7.1f} GiB  {g.name}")
+            kind = g.memory_source.kind if g.memory_source else "unknown"
+            print(f"{g.id:<16} {g.memory_gib:>8.2f} GiB  {kind:<16}  {g.name}")
     return 0
 
 
@@ -731,6 +823,7 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
     est.add_argument("--epochs", type=float, help="epochs over --dataset-tokens (instead of --train-tokens)")
     est.add_argument("--dataset-tokens", type=float, help="tokens in one epoch of the dataset")
     est.add_argument("--price", type=float, help="US$ per GPU-hour (default: the package's on-demand table)")
+    _add_from(est)
     est.set_defaults(func=cmd_estimate)
 
 
@@ -785,6 +878,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
         "per replica, pp of them with pipelining)",
     )
     _add_plan_search(pl)
+    _add_from(pl)
     pl.set_defaults(func=cmd_plan)
 
 
@@ -830,6 +924,7 @@ def _add_recommend(sub: argparse._SubParsersAction) -> None:
     rc.add_argument("--json", action="store_true", help="print one JSON object")
     _add_headroom(rc)
     _add_overrides(rc)
+    _add_from(rc)
     rc.set_defaults(func=cmd_recommend)
 
 
@@ -859,6 +954,42 @@ def _add_force(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --out: replace existing files (default: refuse, write nothing)",
     )
+
+
+def _add_from(p: argparse.ArgumentParser) -> None:
+    from memsim_widget.importers.command import add_from
+
+    add_from(p)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """``memsim import FILE...``: the launch configs as a scenario JSON (memsim_widget.importers)."""
+    from memsim_widget.importers.command import cmd_import as run
+
+    return run(args, _apply_overrides({}, args))
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    from memsim_widget.importers.command import add_import
+
+    add_import(sub, _add_overrides, cmd_import)
+
+
+def _add_measure(sub: argparse._SubParsersAction) -> None:
+    from memsim_widget.measure import add_measure
+
+    add_measure(sub, _add_overrides, _add_from, cmd_measure)
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    """``memsim measure``: three real training steps on the local CUDA GPU next to the prediction."""
+    from memsim_widget.measure import cmd_measure as run
+    from memsim_widget.measure import require_cuda
+
+    reason = require_cuda()  # first: without CUDA, one line and nothing else
+    if reason:
+        raise ScenarioError("measure", reason)
+    return run(args, _apply_overrides(_read_base(args, args.scenario), args))
 
 
 def _add_lists(sub: argparse._SubParsersAction) -> None:
@@ -891,7 +1022,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``memsim`` parser: one subcommand per job, each added by its own function."""
     parser = _Parser(prog="memsim", description="Simulate the GPU memory of a training step.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_estimate, _add_trace, _add_plan, _add_recommend, _add_export, _add_lists, _add_app):
+    for add in (
+        _add_estimate,
+        _add_trace,
+        _add_plan,
+        _add_recommend,
+        _add_export,
+        _add_import,
+        _add_measure,
+        _add_lists,
+        _add_app,
+    ):
         add(sub)
     return parser
 

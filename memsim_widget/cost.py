@@ -1,8 +1,10 @@
 """Hours and dollars of a training run: tokens to train over the modelled throughput, GPU-hours at a price.
 
-``PRICES`` is a default on-demand price per GPU-hour for each catalog card, in US dollars: typical list prices
-of GPU clouds and hyperscalers in 2025, rounded, never fetched. Prices differ by provider, region, commitment
-and date: edit the table (``set_price``) or pass ``price=`` for your own figure.
+``PRICES`` is a default on-demand price per GPU-hour for each catalog card, in US dollars, read from the card's
+record (catalog/gpus.json: illustrative, typical list prices of GPU clouds and hyperscalers in 2025, rounded,
+never fetched; each record names its date and source). Prices differ by provider, region, commitment and
+date: edit the table (``set_price``) or pass ``price=`` for your own figure. A card without a price (a custom
+size, a card the catalog has no price for) is priced as an H100 SXM, and ``price_note`` says so.
 """
 
 from __future__ import annotations
@@ -10,43 +12,54 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memsim_widget.catalog.gpus import GPUS
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
 
-#: On-demand US$ per GPU-hour (2025 list prices, rounded; user-editable with ``set_price``).
-PRICES: dict[str, float] = {
-    "v100-16gb": 0.90,
-    "v100-32gb": 1.10,
-    "t4": 0.35,
-    "a10": 0.75,
-    "l4": 0.80,
-    "l40s": 1.20,
-    "a100-40gb": 1.30,
-    "a100-80gb": 1.80,
-    "h100-pcie-80gb": 2.50,
-    "h100-sxm-80gb": 3.00,
-    "h200": 3.80,
-    "b200": 5.50,
-    "rtx-3090": 0.25,
-    "rtx-4090": 0.40,
-    "rtx-5090": 0.70,
-    "rtx-a6000": 0.50,
-    "mi250x": 1.50,
-    "mi300x": 2.50,
-}
-#: A card not in the table (a custom size): an H100 SXM's price.
-DEFAULT_PRICE = PRICES["h100-sxm-80gb"]
+#: On-demand US$ per GPU-hour of the catalog's cards that have a price (user-editable with ``set_price``).
+PRICES: dict[str, float] = {gid: g.price.usd_per_gpu_hour for gid, g in GPUS.items() if g.price is not None}
+#: The card whose price stands in for a card without one (``price_note`` says so).
+PRICE_ASSUMED_FROM = "h100-sxm-80gb"
+DEFAULT_PRICE = PRICES[PRICE_ASSUMED_FROM]
+_SET_BY_USER: set[str] = set()
 
 
 def set_price(gpu_id: str, dollars_per_gpu_hour: float) -> None:
     """Set the on-demand price of one card (US$ per GPU-hour)."""
     PRICES[gpu_id] = _positive("price", dollars_per_gpu_hour)
+    _SET_BY_USER.add(gpu_id)
+
+
+def _record_price(gpu_id: str) -> float | None:
+    g = GPUS.get(gpu_id)
+    return g.price.usd_per_gpu_hour if g is not None and g.price is not None else None
 
 
 def price_of(gpu_id: str) -> float:
-    """The table's price of a card (``DEFAULT_PRICE`` for cards not in it)."""
-    return PRICES.get(gpu_id, DEFAULT_PRICE)
+    """The table's price of a card (its record's, or ``set_price``'s); ``DEFAULT_PRICE`` (an H100 SXM's) for a
+    card without one, which ``price_note`` states."""
+    if gpu_id in PRICES:
+        return PRICES[gpu_id]
+    own = _record_price(gpu_id)
+    return DEFAULT_PRICE if own is None else own
+
+
+def price_note(gpu_id: str) -> str:
+    """Where ``price_of(gpu_id)`` comes from, in words."""
+    if gpu_id in _SET_BY_USER:
+        return "set with cost.set_price"
+    g = GPUS.get(gpu_id)
+    if (
+        g is not None
+        and g.price is not None
+        and PRICES.get(gpu_id, g.price.usd_per_gpu_hour) == g.price.usd_per_gpu_hour
+    ):
+        return f"{g.price.source}, {g.price.date}"
+    if gpu_id in PRICES:
+        return "the PRICES table"
+    return (f"unknown for this card: an H100 SXM's ${DEFAULT_PRICE:g}/GPU-hour assumed "
+            "(pass price= or cost.set_price for your own)")  # fmt: skip
 
 
 def _positive(name: str, value: Any) -> float:
@@ -76,6 +89,8 @@ class TrainingCost:
     num_gpus: int
     tokens_per_second_per_gpu: float
     price_per_gpu_hour: float
+    #: Where the price comes from (``price_note``; "given" for ``price=``).
+    price_source: str = "given"
 
     @property
     def wall_hours(self) -> float:
@@ -92,7 +107,7 @@ class TrainingCost:
         """GPU-hours x the price per GPU-hour."""
         return self.gpu_hours * self.price_per_gpu_hour
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "tokens": self.tokens,
             "num_gpus": self.num_gpus,
@@ -101,6 +116,7 @@ class TrainingCost:
             "gpu_hours": self.gpu_hours,
             "price_per_gpu_hour": self.price_per_gpu_hour,
             "dollars": self.dollars,
+            "price_source": self.price_source,
         }
 
 
@@ -119,4 +135,5 @@ def training_cost(
         num_gpus=est.scenario.parallel.world_size,
         tokens_per_second_per_gpu=est.tokens_per_second_per_gpu,
         price_per_gpu_hour=price_of(est.gpu.id) if price is None else _positive("price", price),
+        price_source=price_note(est.gpu.id) if price is None else "given",
     )

@@ -309,6 +309,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "freeze_vision": None,
     # state-space layers only (Mamba, Mamba-2; unset: "cuda", see SSM_KERNELS)
     "ssm_kernel": None,
+    # PYTORCH_CUDA_ALLOC_CONF of the run (unset: the framework's launcher default, engine/frameworks.py)
+    "allocator_conf": None,
 }
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
 MAX_IMAGES = 2**10
@@ -323,7 +325,10 @@ class Scenario:
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
-    CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB.
+    CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB; ``allocator_conf`` (optional) --
+    the run's ``PYTORCH_CUDA_ALLOC_CONF`` (e.g. ``"expandable_segments:True,max_split_size_mb:128"``), parsed
+    as PyTorch parses it (``engine/allocator.py``); unset: the framework's launcher default (torchtitan
+    ``expandable_segments:True``, the others PyTorch's defaults).
 
     ``output_lifetime`` -- how long the loop keeps the model output (logits and any KV cache the model
     returns): ``trainer`` drops it before backward (HF Trainer keeps only the loss), ``backward`` until
@@ -374,6 +379,7 @@ class Scenario:
     activation_offloading: bool = False
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
+    allocator_conf: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
     objective: str | None = None
@@ -439,6 +445,11 @@ class Scenario:
         _bool("activation_offloading", self.activation_offloading)
         _choice("padding", self.padding, PADDINGS)
         _bool("cuda_lazy_loading", self.cuda_lazy_loading)
+        if self.allocator_conf is not None and not isinstance(self.allocator_conf, str):
+            raise ScenarioError(
+                "allocator_conf",
+                f"must be a string like 'expandable_segments:True', got {_short(self.allocator_conf)}",
+            )
         check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()
 
@@ -528,6 +539,7 @@ class Scenario:
             "activation_offloading": self.activation_offloading,
             "padding": self.padding,
             "cuda_lazy_loading": self.cuda_lazy_loading,
+            **({"allocator_conf": self.allocator_conf} if self.allocator_conf is not None else {}),
             "parallel": self.parallel.to_dict(),
             "gpu": _thaw(self.gpu),
             "num_gpus": self.parallel.world_size,

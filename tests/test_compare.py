@@ -8,10 +8,13 @@ import pytest
 
 import memsim_widget
 from memsim_widget import Scenario, ScenarioError, compare, estimate
+from memsim_widget.catalog.gpus import GPUS
 from memsim_widget.charts import CATEGORIES
 from memsim_widget.comparison import Comparison
 
 GiB = 1024**3
+#: The A100 40GB as total_memory reports it (deviceQuery, catalog/gpus.json): the capacity the charts mark.
+A100_40GB = GPUS["a100-40gb"].memory_bytes
 BASE = {"model": "llama-3.2-1b", "gpu": "a100-40gb", "seq_len": 1024}
 FULL = dict(BASE)
 LORA = {**BASE, "method": "lora", "lora": {"rank": 8}}
@@ -42,7 +45,9 @@ def test_frame_holds_each_estimates_own_bytes_per_category_and_headline() -> Non
         assert set(rows["mfu"]) == {est.mfu}
         assert set(rows["fits"]) == {est.fits(headroom=0.2)}
         assert set(rows["verdict"]) == {est.verdict(0.2)}
-        assert set(rows["gpu_memory_bytes"]) == {40 * GiB}
+        assert set(rows["gpu_memory_bytes"]) == {
+            A100_40GB
+        }  # the card as the driver reports it, not the label
 
 
 def test_totals_is_one_row_per_scenario() -> None:
@@ -161,7 +166,7 @@ def test_chart_puts_each_scenarios_worst_rank_side_by_side_under_one_capacity_li
     assert by_name == {n: e.device_total_bytes for n, e in zip(cmp.names, cmp.estimates, strict=True)}
     assert bars["encoding"]["x"]["sort"] == ["full", "lora", "lora pp2"]
     (rule,) = _layer(memory, "rule")
-    assert rule["data"]["values"][0]["gib"] == 40.0
+    assert rule["data"]["values"][0]["gib"] == round(A100_40GB / GiB, 4)
     totals: dict[str, float] = {}
     (time_bars,) = _layer(time, "bar")
     for r in time_bars["data"]["values"]:
@@ -177,8 +182,8 @@ def test_chart_marks_each_gpus_capacity_when_the_gpus_differ() -> None:
     assert _layer(memory, "rule") == []
     (ticks,) = _layer(memory, "tick")
     assert [(t["rank"], t["gib"]) for t in ticks["data"]["values"]] == [
-        ("gpu=a100-40gb", 40.0),
-        ("gpu=h100-sxm-80gb", 80.0),
+        ("gpu=a100-40gb", round(A100_40GB / GiB, 4)),
+        ("gpu=h100-sxm-80gb", round(GPUS["h100-sxm-80gb"].memory_bytes / GiB, 4)),
     ]
 
 

@@ -48,6 +48,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "framework": "megatron",
         "activation_checkpointing": "selective-op",
     },
+    "allocator_conf is a PYTORCH_CUDA_ALLOC_CONF string": {"allocator_conf": "expandable_segment:True"},
     "checkpoint_every needs full checkpointing": {"checkpoint_every": 2},
     "checkpoint_every without activation offloading": {
         "activation_checkpointing": "full",

@@ -78,20 +78,35 @@ function renderFits(doc, panel, v, need, enabled) {
 function renderFixes(doc, panel, v, need, enabled) {
   const changes = v.changes ?? [];
   panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: v.verdict }), `: ${need}. ` +
-    (changes.length ? "Smallest changes that fit:" : "No combination of up to three changes fits."));
+    (changes.length ? "Smallest changes that fit:" : `No change fits: ${v.bound ?? "no lever applies"}.`));
   panel.list.replaceChildren(...(changes.length ? [changesTable(doc, changes, "change", enabled)] : []));
+  const facts = [];
+  if (changes.length && v.bound) facts.push(fact(doc, `no change that keeps the job fits: ${v.bound}`, "", false));
   const first = v.with_first_fix;
   if (first && first.max_micro_batch) {
-    return [fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false)];
+    facts.push(fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false));
   }
-  return [];
+  return facts;
 }
 
 function minGpusFact(doc, v, enabled) {
   const mg = v.min_gpus;
-  if (!mg) return fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096)", "", false);
-  return fact(doc, `fewest GPUs that fit, layout kept: ${mg.num_gpus} (dp=${mg.dp}, ZeRO-${mg.zero}; ` +
+  if (!mg) {
+    return fact(doc, "more GPUs alone do not make it fit (data parallelism with ZeRO-3 up to 4096; tp/pp layouts " +
+      "up to 1024)", "", false);
+  }
+  const layout = `dp=${mg.dp}` + (mg.tp > 1 ? ` tp=${mg.tp}` : "") + (mg.pp > 1 ? ` pp=${mg.pp}` : "");
+  return fact(doc, `fewest GPUs that fit: ${mg.num_gpus} (${layout}, ZeRO-${mg.zero}, the fastest layout there; ` +
     `${fmtBytes(mg.device_total_bytes)} per GPU; now ${v.num_gpus})`, "min_gpus", enabled && mg.num_gpus !== v.num_gpus);
+}
+
+/** The smallest catalog card that holds the scenario as it is (when it does not fit this one). */
+function cardFacts(doc, v) {
+  const card = v.smallest_card;
+  if (v.fits) return [];
+  if (!card) return [fact(doc, "no card in the catalog holds it as it is", "", false)];
+  return [fact(doc, `smallest card that holds it as it is: ${card.name} (${fmtBytes(card.device_total_bytes)} per GPU)`,
+    "", false)];
 }
 
 function renderLevers(doc, panel, v, enabled) {
@@ -131,7 +146,7 @@ export function renderFit(doc, panel, open, fit = {}) {
   const need = `${fmtBytes(v.device_total_bytes)} per GPU, ${fmtBytes(v.usable_bytes)} usable on ${v.gpu} ` +
     `(${Math.round((v.headroom ?? 0) * 100)}% headroom)`;
   const facts = (v.fits ? renderFits : renderFixes)(doc, panel, v, need, enabled);
-  panel.facts.replaceChildren(...facts, minGpusFact(doc, v, enabled));
+  panel.facts.replaceChildren(...facts, minGpusFact(doc, v, enabled), ...cardFacts(doc, v));
   renderLevers(doc, panel, v, enabled);
 }
 

@@ -8,6 +8,8 @@
 //   compare.js       "Pin" and the comparison (`pins`, `comparison`)
 //   trace.js         "Verify with trace" (`trace`, `trace_view`, {type: "verify" | "cancel"})
 //   export.js        the launch-config export (`export`, {type: "export", format})
+//   import.js        "open a config" (`config_import`, {type: "import_config", files}) and the Verify panel's
+//                    "Measure on this GPU" (`measure`, {type: "measure"})
 //   calibration.js   "calibrating..." while a calibrated model's first estimate runs in the background
 //                    (`calibration`)
 //   scenario-json.js the scenario as JSON; state.js, dom.js, format.js: shared helpers
@@ -20,6 +22,7 @@ import { controlsPanel } from "./controls.js";
 import { h, mark } from "./dom.js";
 import { createExportPanel, wireExport } from "./export.js";
 import { createFitPanel, wireFit } from "./fit.js";
+import { createImportPanel, createMeasurePanel, wireImport, wireMeasure } from "./import.js";
 import { createJsonEditor, wireJsonEditor } from "./scenario-json.js";
 import { readTrait, viewContext } from "./state.js";
 import { createTracePanel, wireTrace } from "./trace.js";
@@ -37,10 +40,13 @@ function createOutput(doc) {
     compare: createComparePanel(doc),
     json: createJsonEditor(doc),
     export: createExportPanel(doc),
+    import: createImportPanel(doc),
+    measure: createMeasurePanel(doc),
   };
+  parts.trace.root.append(parts.measure.root); // the Verify panel offers the GPU measurement
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error, parts.calibrating, parts.result.verdict, parts.fit.root, parts.compare.root, ...Object.values(parts.charts.blocks),
-    parts.trace.root, parts.result.details, parts.json.root, parts.export.root,
+    parts.trace.root, parts.result.details, parts.json.root, parts.export.root, parts.import.root,
   ]);
   return parts;
 }
@@ -98,6 +104,8 @@ export function render({ model, el }) {
   });
 
   wireExport(ctx, out.export)();
+  wireImport(ctx, out.import)();
+  wireMeasure(ctx, out.measure)();
   showError();
   onCalibration();
   showResult();

@@ -45,9 +45,17 @@ export function createLayoutsPanel(doc) {
   return { root, run, gpus, status, error, result, stale, summary, table, charts: { candidates: chart } };
 }
 
+/** Which formats export a candidate (text), and each refusal naming its field (tooltip). */
+export function exportsText(r) {
+  const all = Object.entries(r.exports ?? {});
+  const ok = all.filter(([, why]) => why === null).map(([fmt]) => fmt);
+  const no = all.filter(([, why]) => why !== null).map(([fmt, why]) => `${fmt}: ${why}`);
+  return { text: ok.length ? ok.join(", ") : "none", title: no.length ? `not exported:\n${no.join("\n")}` : "every format" };
+}
+
 function summaryText(layouts, v) {
   const counts = (v.gpu_counts ?? []).join(", ");
-  return `${fmtCount(v.evaluated)} candidates for ${v.model} on ${counts} × ${v.gpu}: ${fmtCount(v.fitting)} fit` +
+  return (v.widened ? v.widened.charAt(0).toUpperCase() + v.widened.slice(1) : "") + `${fmtCount(v.evaluated)} candidates for ${v.model} on ${counts} × ${v.gpu}: ${fmtCount(v.fitting)} fit` +
     (typeof layouts.ms === "number" ? ` (searched in ${layouts.ms.toFixed(0)} ms)` : "") +
     (v.fitting ? ". Best by modelled tokens/s per GPU:" : ". Nothing fits: try more GPUs, or a change above.");
 }
@@ -63,6 +71,7 @@ function layoutRow(doc, r, ok) {
     h(doc, "td", { class: "memsim-col-knobs", text: knobsText(r) }),
     h(doc, "td", { class: "memsim-col-size", text: fmtBytes(r.device_total_bytes) }),
     h(doc, "td", { class: "memsim-col-size", text: Number(r.tokens_per_gpu_s).toLocaleString("en-US", { maximumFractionDigits: 0 }) }),
+    h(doc, "td", { class: "memsim-col-exports", ...exportsText(r) }),
     h(doc, "td", {}, [applyButton(doc, { class: "memsim-layout-apply", "data-candidate": String(r.candidate),
       title: current ? "the scenario uses this layout" : "Set the scenario to this layout" }, ok && !current,
     current ? "current" : "Apply")]),
@@ -98,7 +107,7 @@ export function renderLayouts(doc, panel, layouts = {}, scenario = {}) {
     panel.table.replaceChildren();
     return;
   }
-  const heads = thead(doc, ["#", "layout", "micro-batch", "knobs", "memory", "tokens/s/GPU", ""]);
+  const heads = thead(doc, ["#", "layout", "micro-batch", "knobs", "memory", "tokens/s/GPU", "exports to", ""]);
   const body = h(doc, "tbody", {}, rows.map((r) => layoutRow(doc, r, !running && !stale)));
   panel.table.replaceChildren(h(doc, "table", { class: "memsim-table memsim-layouts-table" }, [heads, body]));
 }

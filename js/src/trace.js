@@ -72,6 +72,22 @@ function traceTable(doc, categories) {
   return h(doc, "table", { class: "memsim-table memsim-trace-table" }, [heads, body]);
 }
 
+/** Allocated, reserved and nvidia-smi: the traced run's (its allocations replayed through the caching allocator)
+ * against the simulation's. */
+export function countersTable(doc, counters) {
+  const body = h(doc, "tbody");
+  for (const c of counters ?? []) {
+    body.append(h(doc, "tr", { class: "memsim-trace-counter" }, [
+      h(doc, "td", { class: "memsim-col-category", text: c.counter }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.traced) }),
+      h(doc, "td", { class: "memsim-col-size", text: fmtBytes(c.simulated) }),
+      h(doc, "td", { class: `memsim-col-error ${errorClass(c.error_pct)}`, text: fmtPct(c.error_pct) }),
+    ]));
+  }
+  const heads = thead(doc, ["counter", "traced (replayed)", "simulated", "error"]);
+  return h(doc, "table", { class: "memsim-table memsim-trace-counters" }, [heads, body]);
+}
+
 /** The traced rank of a multi-GPU job in words, and the simulated stage it is held to (nothing for 1 GPU). */
 export function rankLine(doc, rank) {
   if (!rank || Number(rank.world_size ?? 1) <= 1) return [];
@@ -133,7 +149,11 @@ function renderSummary(doc, panel, summary) {
     h(doc, "b", { class: `memsim-trace-error ${errorClass(summary.error_pct)}`, text: fmtPct(summary.error_pct) }),
     ` (${summary.model ?? "model"}, live tensor bytes)`,
   );
-  panel.tableHolder.replaceChildren(traceTable(doc, summary.categories));
+  const counters = summary.counters ?? [];
+  const onCard = summary.on_card ? [h(doc, "div", { class: "memsim-trace-on-card", text: summary.on_card })] : [];
+  panel.tableHolder.replaceChildren(
+    traceTable(doc, summary.categories), ...(counters.length ? [countersTable(doc, counters)] : []), ...onCard,
+  );
   const notes = summary.notes ?? [];
   panel.notes.hidden = notes.length === 0;
   panel.notes.replaceChildren(

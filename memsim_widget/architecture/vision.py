@@ -52,12 +52,35 @@ CLIP_VISION_DEFAULTS: dict[str, Any] = {
 TOWER_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
-def sub_config(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    """A multimodal config's sub-config (``text_config``, ``vision_config``), which must be a mapping."""
+#: transformers 5.24 config classes' structural defaults (``LlamaConfig()``, ``MistralConfig()``, ``Qwen2Config()``,
+#: ``CLIPVisionConfig()``, ``CLIPTextConfig()``), which a composite config gives a sub-config that omits them:
+#: transformers builds each sub-config from its class (``LlavaConfig(text_config={"model_type": "llama",
+#: "vocab_size": 32064})`` has LlamaConfig's hidden_size 4096), as LLaVA-1.5's published config.json relies on.
+#: Only inside a sub-config: a model's own top-level config still names them (architecture/config_keys.py).
+SUBCONFIG_STRUCTURE: dict[str, dict[str, int]] = {
+    "llama": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008,
+              "vocab_size": 32000},
+    "mistral": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "intermediate_size": 14336, "vocab_size": 32000, "num_key_value_heads": 8},
+    "qwen2": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 22016,
+              "vocab_size": 151936},
+    "clip_vision_model": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                          "intermediate_size": 3072},
+    "clip_text_model": {"hidden_size": 512, "num_hidden_layers": 12, "num_attention_heads": 8,
+                        "intermediate_size": 2048, "vocab_size": 49408},
+}  # fmt: skip
+
+
+def sub_config(cfg: Mapping[str, Any], key: str, default_type: str | None = None) -> Mapping[str, Any]:
+    """A multimodal config's sub-config (``text_config``, ``vision_config``), which must be a mapping; the
+    structural keys it omits take its config class's defaults (``SUBCONFIG_STRUCTURE``, by its ``model_type``,
+    else ``default_type``: the composite's own default, e.g. LLaVA's llama text model), as transformers fills them."""
     sub = cfg.get(key)
     if not isinstance(sub, Mapping):
         raise ScenarioError(f"model.{key}", "is required (a mapping with the tower's sizes)")
-    return sub
+    kind = sub.get("model_type", default_type)
+    missing = {k: v for k, v in SUBCONFIG_STRUCTURE.get(str(kind), {}).items() if sub.get(k) is None}
+    return {**sub, **missing} if missing else sub
 
 
 def error_under(err: ScenarioError, key: str) -> ScenarioError:

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from memsim_widget.architecture import Architecture
+from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.calibrated import caveat
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
 from memsim_widget.engine.objectives import training_scenario
 from memsim_widget.engine.rollout import engine_items
-from memsim_widget.engine.step_time import OVERLAPPING_FRAMEWORKS
+from memsim_widget.engine.step_time import DEQUANT_BYTES, OVERLAPPING_FRAMEWORKS, PCIE_EFFICIENCY
 from memsim_widget.scenario import Scenario
 
 
@@ -80,10 +82,47 @@ def tp_exposed(scenario: Scenario) -> bool:
     return scenario.parallel.tp > 1 and scenario.framework not in OVERLAPPING_FRAMEWORKS
 
 
-def time_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
+#: Cards whose published runs held the step-time model (docs/speed.md, "Errors on rows no constant saw": the
+#: llm-foundry and Megatron-LM rows of data/throughput/published.csv, A100 and H100 SXM). Time figures on any
+#: other card, and for QLoRA or offloaded runs (no such row either), are labelled untraced.
+TIME_HELD_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm-80gb")
+
+
+def untraced_time(scenario: Scenario, gpu: GPU | None) -> list[str]:
+    """Why a step time (and its MFU, tokens/s) was not held to a published run: the card, QLoRA, offload."""
+    from memsim_widget.engine.gpu_speed import EFFICIENCY_BORROWED, gpu_speed
+
+    out = []
+    if gpu is not None and gpu.id not in TIME_HELD_GPUS:
+        borrowed = EFFICIENCY_BORROWED.get(gpu.generation)
+        out.append(
+            f"untraced on {gpu.name}: no published run on this card held the step-time model"
+            + (f" (matmul efficiency borrowed from {borrowed})" if borrowed else "")
+        )
+    if scenario.method == "qlora":
+        out.append(
+            f"untraced for QLoRA: NF4 dequantisation modelled as {DEQUANT_BYTES:g} B of HBM traffic per weight "
+            "per pass; no QLoRA run held the step-time model"
+        )
+    if scenario.parallel.offload != "none":
+        pcie = "" if gpu is None else f" at {gpu_speed(gpu).pcie_gb_s:g} GB/s x {PCIE_EFFICIENCY:g}"
+        out.append(
+            f"untraced for offload ({scenario.parallel.offload}): PCIe copies{pcie} and a host Adam step, "
+            "added to the step (no overlap); no offloaded run held the step-time model"
+        )
+    return out
+
+
+def time_caveats(scenario: Scenario, arch: Architecture, gpu: GPU | None = None) -> tuple[str, ...]:
     """What the step time does not model for this scenario (``Estimate.time_caveats``; docs/speed.md, "Where it
-    misses")."""
-    s, out = scenario, []
+    misses"), and why it is untraced (``untraced_time``); ``gpu``: the resolved card, whose speeds may be
+    unknown."""
+    s, out = scenario, untraced_time(scenario, gpu)
+    if gpu is not None and not speed_known(gpu):
+        out.append(
+            f"{gpu.name}: speeds unknown (a custom size, or a card registered without them); the step time, "
+            f"MFU and cost use an {SPEED_ASSUMED_FROM} card's datasheet speeds"
+        )
     if s.compile:
         out.append(
             "compile: only its fusion of elementwise ops is modelled, not the eager overheads it removes"
@@ -91,7 +130,9 @@ def time_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
     if s.activation_offloading:
         out.append("activation offloading: its PCIe copies are assumed hidden behind compute")
     if s.method != "full":
-        out.append("MFU counts full-training FLOPs (6N), as PaLM's convention does, for LoRA/QLoRA too")
+        out.append(
+            "MFU counts what LoRA computes: 4N (no weight gradients for the frozen base) + the adapters"
+        )
     if tp_exposed(scenario):
         out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
     if "paged" in s.optimizer:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from memsim_widget.engine import objectives
+from memsim_widget.catalog.gpus import ON_REGISTER
+from memsim_widget.engine import objectives, parts_cache
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import Estimate
@@ -86,3 +87,7 @@ def _estimate(scenario: Scenario) -> Estimate:
         ranks=tuple(ranks),
         trainable_parameters=cached_trainable_parameters(ctx),
     )
+
+
+# a card registered (or replaced) under an id must not be served estimates made with an older record
+ON_REGISTER.extend((_estimate.cache_clear, parts_cache.cache_clear))

@@ -44,7 +44,7 @@ class Verdict(Name):
 MFU_CONVENTION = (
     "model FLOPs per token 6 N + 12 L H Q s (PaLM, arXiv 2204.02311 appendix B: N the matmul parameters a "
     "token passes through, output head included, embedding lookups not; attention without the causal halving; "
-    "no recomputation; LoRA counted as full training) x tokens/s per GPU / dense 16-bit peak (fp32 peak for fp32)"
+    "no recomputation; LoRA/QLoRA: 4 N + 3 x the adapters' forward FLOPs, what they compute) x tokens/s per GPU / dense 16-bit peak (fp32 peak for fp32)"
 )
 
 COUNTERS = {
@@ -173,7 +173,7 @@ class Estimate:
     @property
     def time_caveats(self) -> tuple[str, ...]:
         """What the step time does not model for this scenario, in words (docs/speed.md, "Where it misses")."""
-        return time_caveats(self.scenario, self.arch)
+        return time_caveats(self.scenario, self.arch, self.gpu)
 
     def time_rows(self) -> list[dict[str, Any]]:
         """Tidy rows of the step time: one per category and item, seconds, share of the step, formula."""

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
+from memsim_widget.alloc_conf import AllocatorConf, parse_alloc_conf
 from memsim_widget.engine.context import Context
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec, register_optimizer
 from memsim_widget.scenario import Scenario
@@ -303,9 +305,23 @@ def quantises_module(ctx: Context, module: str | None) -> bool:
     return module in {ad.base.module for ad in ctx.adapters}
 
 
+def allocator_conf(ctx: Context) -> AllocatorConf:
+    """The run's ``PYTORCH_CUDA_ALLOC_CONF``: the scenario's ``allocator_conf``, else the framework launcher's
+    (torchtitan's ``expandable_segments:True``, the others PyTorch's defaults)."""
+    text = ctx.scenario.allocator_conf
+    if text is None:
+        text = "expandable_segments:True" if profile(ctx).expandable_segments else ""
+    return _parsed_conf(text)
+
+
+@lru_cache(maxsize=64)
+def _parsed_conf(text: str) -> AllocatorConf:
+    return parse_alloc_conf(text)
+
+
 def expandable_segments(ctx: Context) -> bool:
-    """The caching allocator maps memory in expandable segments (torchtitan's launcher default)."""
-    return profile(ctx).expandable_segments
+    """The caching allocator maps memory in expandable segments (``allocator_conf``; torchtitan's default)."""
+    return allocator_conf(ctx).expandable_segments
 
 
 def reduce_bucket_elements(ctx: Context) -> int:

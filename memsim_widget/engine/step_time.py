@@ -178,6 +178,18 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
     )
 
 
+def method_flops_per_token(k: TimeModel) -> float:
+    """The model FLOPs per token MFU counts: PaLM's ``6 N + 12 L H Q s`` for full training; for LoRA/QLoRA what
+    the method computes, ``4 N`` (forward, and the input gradients backward: a frozen base gets no weight
+    gradients) plus the adapters' forward and both backward matmuls (3 x their forward FLOPs), attention as
+    PaLM counts it. So MFU stays below the matmul efficiency the time is computed at, as for full training."""
+    full = k.flops.model_flops_per_token(k.seq_len)
+    if k.trained_base:
+        return full
+    n = k.layers * k.flops.linear_per_layer / 2.0 + k.flops.head / 2.0
+    return full - 2.0 * n + 3.0 * k.adapter_per_layer * k.layers
+
+
 def optimizer_step_bytes(recipe: PrecisionRecipe, opt: OptimizerSpec) -> float:
     """HBM bytes an optimizer step moves per trained parameter: read and write the weight (or fp32 master)
     and each state, read the gradient, write the 16-bit weight after a master update."""
@@ -381,7 +393,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
     m = r.m
     step = t_pipe * (m + bubble_mbs) + t_p2p + t_dp + t_opt + t_off
     tokens = r.t * m / (r.tp * r.pp) / step  # the replica's tokens per step over its tp x pp x cp GPUs
-    mfu = tokens * k.flops.model_flops_per_token(k.seq_len) / k.peak_flops
+    mfu = tokens * method_flops_per_token(k) / k.peak_flops
     return {
         "step_time_s": step,
         "tokens_per_gpu_s": tokens,

@@ -9,6 +9,7 @@ from memsim_widget.engine.step_time import (
     TIME_CATEGORIES,
     TimeCategory,
     TimeModel,
+    method_flops_per_token,
     optimizer_step_bytes,
     scenario_columns,
     step_parts,
@@ -60,7 +61,7 @@ def step_time(ctx: Context) -> StepTime:
         tokens_per_second_per_gpu=parts["tokens_per_gpu_s"],
         mfu=parts["mfu"],
         items=_items(k, parts),
-        model_flops_per_token=k.flops.model_flops_per_token(k.seq_len),
+        model_flops_per_token=method_flops_per_token(k),
     )
 
 

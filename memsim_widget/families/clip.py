@@ -75,7 +75,8 @@ def _text_tower(cfg: Mapping[str, Any], prefix: str) -> tuple[list[ParamGroup], 
 def build_clip(cfg: Mapping[str, Any]) -> Architecture:
     """``CLIPModel`` trained with its contrastive loss (``return_loss=True``): both towers, both projections and
     ``logit_scale``. The engine's layers are the text tower's; the vision tower rides in ``extra["vision"]``."""
-    text_cfg, vision_cfg = sub_config(cfg, "text_config"), sub_config(cfg, "vision_config")
+    text_cfg = sub_config(cfg, "text_config", "clip_text_model")
+    vision_cfg = sub_config(cfg, "vision_config", "clip_vision_model")
     proj = read_int(cfg, "projection_dim", CLIP_DEFAULTS["projection_dim"])
     with errors_under("text_config"):
         t_groups, vocab, pos = _text_tower(text_cfg, "text_model.")

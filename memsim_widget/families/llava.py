@@ -74,7 +74,10 @@ def _split_unused(groups: list[ParamGroup], used: int, layers: int) -> list[Para
 def build_llava(cfg: Mapping[str, Any]) -> Architecture:
     """LLaVA 1.5 as ``LlavaForConditionalGeneration``: CLIP tower + projector + the text_config's decoder."""
     d = LLAVA_DEFAULTS
-    text_cfg, vision_cfg = sub_config(cfg, "text_config"), sub_config(cfg, "vision_config")
+    text_cfg = sub_config(
+        cfg, "text_config", "llama"
+    )  # LlavaConfig's defaults: a llama text model, CLIP's tower
+    vision_cfg = sub_config(cfg, "vision_config", "clip_vision_model")
     t_type, v_type = text_cfg.get("model_type", "llama"), vision_cfg.get("model_type", "clip_vision_model")
     if t_type not in TEXT_TYPES:
         raise ScenarioError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget.engine.context import Context
@@ -30,6 +31,11 @@ MAX_LEVERS = 3
 MAX_MICRO_BATCH = 4096
 MAX_SEQ_LEN = 1 << 20
 MAX_DP = 4096
+#: The planner's pick joins the fixes that keep the job when it is modelled this much faster than all of them
+#: (a pick that changes many knobs for a 1% gain is no answer worth reading).
+PLANNER_GAIN = 0.98
+#: The most GPUs the other layouts (tp, pp with ZeRO-3) are tried on for ``min_gpus``.
+MAX_LAYOUT_GPUS = 1024
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,17 @@ class Change:
     before: Estimate
     after: Estimate
     headroom: float
-    slowdown: float  # modelled step time per token relative to the original (engine/step_time.py)
+    #: Modelled step time per token of the original (engine/step_time.py): ``slowdown`` divides by it.
+    base_time: float = field(default=1.0, repr=False)
+
+    @cached_property
+    def slowdown(self) -> float:
+        """Modelled step time per token relative to the original (engine/step_time.py), computed on first use."""
+        return _step_time(self.scenario) / self.base_time
+
+    @property
+    def changes_the_job(self) -> bool:
+        return any(o.changes_the_job for o in self.options)
 
     @property
     def label(self) -> str:
@@ -110,23 +126,33 @@ def _set(scenario: Scenario, changes: Mapping[str, Any]) -> Scenario:
 
 
 def _checkpointing(s: Scenario) -> list[Option]:
-    """Selective, then full activation checkpointing (those not already on)."""
+    """Selective, full every 2nd layer, then full activation checkpointing (those not already on)."""
     ck = []
+    every = s.checkpoint_every or 1
     if s.activation_checkpointing == "none":
         ck.append(
             Option(
                 "checkpointing",
                 "selective activation checkpointing",
-                {"activation_checkpointing": "selective"},
+                {"activation_checkpointing": "selective", "checkpoint_every": None},
                 "a few % more compute (attention recomputed in backward)",
             )
         )
-    if s.activation_checkpointing != "full":
+    if s.activation_checkpointing != "full" and s.parallel.pp == 1 and not s.activation_offloading:
+        ck.append(
+            Option(
+                "checkpointing",
+                "full activation checkpointing of every 2nd layer",
+                {"activation_checkpointing": "full", "checkpoint_every": 2},
+                "about 17% more compute (half the layers run their forward again in backward)",
+            )
+        )
+    if s.activation_checkpointing != "full" or every > 1:
         ck.append(
             Option(
                 "checkpointing",
                 "full activation checkpointing",
-                {"activation_checkpointing": "full"},
+                {"activation_checkpointing": "full", "checkpoint_every": None},
                 "about 33% more compute (the forward pass runs again in backward)",
             )
         )
@@ -148,17 +174,24 @@ def _chunked_loss(s: Scenario) -> list[Option]:
 
 
 def _optimizer(s: Scenario) -> list[Option]:
-    """8-bit AdamW in place of Adam/AdamW."""
-    if s.optimizer not in ("adamw", "adam"):
-        return []
-    return [
-        Option(
-            "optimizer",
-            "8-bit AdamW (bitsandbytes)",
-            {"optimizer": "adamw-8bit", "optimizer_impl": "fused"},
-            "optimizer states in 8 bits: usually the same quality, a new dependency",
-        )
-    ]
+    """8-bit AdamW, then paged 8-bit AdamW, in place of Adam/AdamW (or paged in place of 8-bit)."""
+    eight = Option(
+        "optimizer",
+        "8-bit AdamW (bitsandbytes)",
+        {"optimizer": "adamw-8bit", "optimizer_impl": "fused"},
+        "optimizer states in 8 bits: usually the same quality, a new dependency",
+    )
+    paged = Option(
+        "optimizer",
+        "paged 8-bit AdamW (bitsandbytes)",
+        {"optimizer": "paged-adamw-8bit", "optimizer_impl": "fused"},
+        "8-bit states in unified memory, paged to the host under pressure: slower when it pages",
+    )
+    if s.optimizer in ("adamw", "adam"):
+        return [eight, paged]
+    if s.optimizer == "adamw-8bit":
+        return [paged]
+    return []
 
 
 def _zero(s: Scenario) -> list[Option]:
@@ -180,21 +213,33 @@ def _zero(s: Scenario) -> list[Option]:
 
 
 def _offload(s: Scenario) -> list[Option]:
-    """Optimizer offload to the CPU (with ZeRO-1 when unsharded), unless something is offloaded already."""
+    """Optimizer offload to the CPU (with ZeRO-1 when unsharded), then parameters too (ZeRO-3: DeepSpeed
+    ZeRO-Infinity's offload_param), beyond what is offloaded already."""
     par = s.parallel
-    if par.offload != "none":
-        return []
-    change: dict[str, Any] = {"parallel.offload": "optimizer"}
-    if par.zero == 0:
-        change["parallel.zero"] = 1
-    return [
-        Option(
-            "offload",
-            "optimizer offload to CPU" + (" (with ZeRO-1)" if par.zero == 0 else ""),
-            change,
-            "optimizer step on the CPU and PCIe traffic every step: costly unless steps are long (large batches)",
+    out = []
+    if par.offload == "none":
+        change: dict[str, Any] = {"parallel.offload": "optimizer"}
+        if par.zero == 0:
+            change["parallel.zero"] = 1
+        out.append(
+            Option(
+                "offload",
+                "optimizer offload to CPU" + (" (with ZeRO-1)" if par.zero == 0 else ""),
+                change,
+                "optimizer step on the CPU and PCIe traffic every step: costly unless steps are long (large "
+                "batches)",
+            )
         )
-    ]
+    if par.offload != "optimizer+params" and par.pp == 1:
+        out.append(
+            Option(
+                "offload",
+                "parameter and optimizer offload to CPU (ZeRO-3)",
+                {"parallel.offload": "optimizer+params", "parallel.zero": 3},
+                "weights fetched over PCIe for every forward and backward: several times slower on one card",
+            )
+        )
+    return out
 
 
 def _sequence_parallel(s: Scenario) -> list[Option]:
@@ -290,6 +335,23 @@ def _method(s: Scenario) -> list[Option]:
     return []
 
 
+def _sequence(s: Scenario) -> list[Option]:
+    """Half the sequence length (a different job: shorter samples, or more of them packed differently)."""
+    step = 128 * max(s.parallel.cp, 1)
+    half = s.seq_len // 2 // step * step
+    if half < step or s.objective_name != "sft":
+        return []
+    return [
+        Option(
+            "sequence",
+            f"sequences of {half} tokens (was {s.seq_len})",
+            {"seq_len": half},
+            "shorter samples: long documents truncated or split (the model sees less context)",
+            changes_the_job=True,
+        )
+    ]
+
+
 #: The levers of every job, each with the function giving its options, in the order ``levers`` lists them.
 _LEVERS: tuple[tuple[str, Callable[[Scenario], list[Option]]], ...] = (
     ("checkpointing", _checkpointing),
@@ -301,15 +363,24 @@ _LEVERS: tuple[tuple[str, Callable[[Scenario], list[Option]]], ...] = (
     ("activation_offloading", _activation_offloading),
     ("micro_batch", _micro_batch),
     ("layout", _layout),
+)
+#: Levers that change what is trained (offered after every fix that keeps the job), in order.
+_JOB_LEVERS: tuple[tuple[str, Callable[[Scenario], list[Option]]], ...] = (
     ("method", _method),
+    ("sequence", _sequence),
 )
 
 
-def levers(scenario: Scenario) -> dict[str, list[Option]]:
-    """The options of each lever that differ from ``scenario`` and apply to it."""
+def levers(scenario: Scenario, job: bool = True) -> dict[str, list[Option]]:
+    """The options of each lever that differ from ``scenario`` and apply to it (``job``: with the levers that
+    change the job: method and sequence length, and the RL levers that change the samples)."""
     out = {name: options(scenario) for name, options in _LEVERS}
+    if job:
+        out.update({name: options(scenario) for name, options in _JOB_LEVERS})
     if scenario.objective_name != "sft":
         out.update(rl_levers(scenario))
+        if not job:
+            out.pop("generations", None)
     return {k: v for k, v in out.items() if v}
 
 
@@ -480,6 +551,10 @@ class Recommendation:
     min_gpus_reason: str | None = None
     #: With the first recommended change applied: its label and the largest micro-batch that then fits.
     with_first_fix: dict[str, Any] | None = None
+    #: When no change fits: which resource bounds the scenario, in words.
+    bound: str | None = None
+    #: The catalog card with the least memory (more than this one's) that holds the scenario as it is.
+    smallest_card: dict[str, Any] | None = None
 
     @property
     def fits(self) -> bool:
@@ -493,6 +568,7 @@ class Recommendation:
         rows = [
             {
                 "change": c.label,
+                "changes_the_job": c.changes_the_job,
                 "fits": c.fits,
                 "saved_gib": c.saved_bytes / GiB,
                 "device_total_gib": c.after.device_total_bytes / GiB,
@@ -502,7 +578,16 @@ class Recommendation:
             for c in (self.changes or self.singles)
         ]
         return pd.DataFrame(
-            rows, columns=["change", "fits", "saved_gib", "device_total_gib", "slowdown", "cost"]
+            rows,
+            columns=[
+                "change",
+                "changes_the_job",
+                "fits",
+                "saved_gib",
+                "device_total_gib",
+                "slowdown",
+                "cost",
+            ],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -521,6 +606,8 @@ class Recommendation:
             "min_gpus": self.min_gpus,
             "min_gpus_reason": self.min_gpus_reason,
             "with_first_fix": self.with_first_fix,
+            "bound": self.bound,
+            "smallest_card": self.smallest_card,
         }
 
     def summary(self) -> str:
@@ -528,7 +615,7 @@ class Recommendation:
         if self.fits:
             return head + f"; max micro-batch {self.max_micro_batch}, max sequence {self.max_seq_len}"
         if not self.changes:
-            return head + "; no combination of up to three levers fits"
+            return head + f"; no lever fits: {self.bound}"
         best = self.changes[0]
         return head + f"; smallest fix: {best.label} (saves {best.saved_bytes / GiB:.1f} GiB; {best.cost})"
 
@@ -571,62 +658,183 @@ def _fits(scenario: Scenario, headroom: float) -> bool:
         return False
 
 
+def _merged(opts: tuple[Option, ...]) -> dict[str, Any]:
+    """The scenario keys of options applied together; ZeRO takes the highest stage any of them needs (an
+    offload's carrier stage rides on a chosen ZeRO stage)."""
+    merged: dict[str, Any] = {}
+    for o in opts:
+        for key, value in o.changes.items():
+            if key == "parallel.zero" and key in merged:
+                value = max(value, merged[key])
+            merged[key] = value
+    return merged
+
+
+@dataclass
+class _Search:
+    """The combinations of one scenario's levers, each estimated once (by the scenario keys it sets)."""
+
+    scenario: Scenario
+    before: Estimate
+    headroom: float
+    base_time: float
+    seen: dict[str, Change | None] = field(default_factory=dict)
+
+    def change(self, opts: tuple[Option, ...]) -> Change | None:
+        """``opts`` applied together, estimated (None: the engine refuses the combination)."""
+        merged = _merged(opts)
+        key = repr(sorted(merged.items()))
+        if key in self.seen:
+            found = self.seen[key]
+            # the same scenario reached with more levers is no new answer
+            return None if found is None or len(found.options) < len(opts) else found
+        try:
+            sc = _set(self.scenario, merged)
+            after = estimate(sc)
+        except ScenarioError:
+            self.seen[key] = None
+            return None
+        c = Change(opts, sc, self.before, after, self.headroom, self.base_time)
+        self.seen[key] = c
+        return c
+
+    def smallest(self, groups: dict[str, list[Option]], fixed: tuple[Option, ...] = (), most: int = MAX_LEVERS
+                 ) -> list[Change]:  # fmt: skip
+        """The fitting combinations of the fewest levers of ``groups`` (with ``fixed`` applied too)."""
+        for size in range(0 if fixed else 1, min(most, len(groups)) + 1):
+            found = [
+                c for opts in _combos(groups, size) if (c := self.change(fixed + opts)) is not None and c.fits
+            ]
+            if found:
+                return sorted(found, key=_order)
+        return []
+
+    def greedy(self, groups: dict[str, list[Option]], fixed: tuple[Option, ...] = ()) -> Change | None:
+        """Past ``MAX_LEVERS``: add the option that saves most until it fits, then drop every lever it still
+        fits without (the slowest first): a fitting set none of whose levers is superfluous, or None."""
+        chosen: dict[str, Option] = {}
+        current = self.change(fixed) if fixed else None
+        mem = current.after.device_total_bytes if current else self.before.device_total_bytes
+        while not (current is not None and current.fits):
+            best: tuple[int, str, Option, Change] | None = None
+            for name, options in groups.items():
+                if name in chosen:
+                    continue
+                for o in options:
+                    c = self.change(fixed + tuple(chosen.values()) + (o,))
+                    if c is not None and c.after.device_total_bytes < (best[0] if best else mem):
+                        best = (c.after.device_total_bytes, name, o, c)
+            if best is None:
+                return None
+            mem, name, o, current = best
+            chosen[name] = o
+
+        def cost(name: str) -> float:
+            c = self.change(fixed + (chosen[name],))
+            return c.slowdown if c is not None else 0.0
+
+        for name in sorted(chosen, key=cost, reverse=True):
+            rest = {k: v for k, v in chosen.items() if k != name}
+            c = self.change(fixed + tuple(rest.values())) if rest or fixed else None
+            if c is not None and c.fits:
+                chosen, current = rest, c
+        return current
+
+
+def _order(c: Change) -> tuple:
+    """Changes that keep the job first, then fewer levers, then the least modelled slowdown."""
+    return (c.changes_the_job, len(c.options), c.slowdown, -c.saved_bytes)
+
+
+def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[Option]]) -> list[Change]:
+    """The smallest fixes that keep the job (up to ``MAX_LEVERS`` levers, else a greedy set; then the
+    planner's best candidate on the same GPUs when it is faster than all of them), then for each option that
+    changes the job the fewest levers that make it fit with it."""
+    same = search.smallest(keep)
+    if not same and (g := search.greedy(keep)) is not None:
+        same = [g]
+    best = _planner_option(search.scenario, search.headroom)
+    c = search.change((best,)) if best is not None else None
+    if c is not None and c.fits and (not same or c.slowdown < PLANNER_GAIN * min(x.slowdown for x in same)):
+        same = sorted([*same[:9], c], key=_order)
+    other: list[Change] = []
+    for opts in _combos(job, 1):
+        found = search.smallest(keep, opts, most=1) or [
+            g for g in [search.greedy(keep, opts)] if g is not None
+        ]
+        other += found[:2]
+    # One order over both lists: LoRA -> QLoRA is among the job changes searched but keeps the job.
+    return sorted(same[:10] + sorted(other, key=_order)[:6], key=_order)
+
+
+def _planner_option(scenario: Scenario, headroom: float) -> Option | None:
+    """The planner's best candidate (``plan.search.plan``, ranked by modelled tokens/s per GPU) on the
+    scenario's own GPUs, with its global batch and method kept, as one option; None when nothing fits there
+    or the planner does not model the scenario (an RL objective, a calibrated model)."""
+    from memsim_widget.plan.search import plan
+    from memsim_widget.plan.space import SearchSpace
+
+    if scenario.objective_name != "sft":
+        return None
+    par = scenario.parallel
+    per_replica = (
+        scenario.micro_batch_size * scenario.grad_accum_steps * (par.pp_microbatches if par.pp > 1 else 1)
+    )
+    opts = (
+        (scenario.optimizer, "adamw-8bit")
+        if scenario.optimizer in ("adamw", "adam")
+        else (scenario.optimizer,)
+    )
+    try:
+        space = SearchSpace(optimizers=opts, offload=("none", "optimizer", "optimizer+params"))
+        p = plan(
+            base=scenario,
+            gpus=par.world_size,
+            space=space,
+            headroom=headroom,
+            top=1,
+            widen=False,
+            global_batch_tokens=par.dp * par.cp * per_replica * Context(scenario).seq_len // par.cp,
+        )
+    except ScenarioError:
+        return None
+    best = p.best()
+    if best is None:
+        return None
+    old, new = scenario.to_dict(), best.to_dict()
+    changes = {k: new[k] for k in new if k not in ("parallel", "num_gpus") and new[k] != old[k]}
+    changes.update({f"parallel.{k}": v for k, v in new["parallel"].items() if v != old["parallel"][k]})
+    b = best.parallel
+    label = (
+        f"the planner's best layout on {b.world_size} GPUs: dp={b.dp} tp={b.tp} pp={b.pp} cp={b.cp} ep={b.ep} "
+        f"ZeRO-{b.zero}{' sp' if b.sequence_parallel else ''}, micro-batch {best.micro_batch_size}, "
+        f"checkpointing {best.activation_checkpointing}, {best.loss} loss, {best.optimizer}, offload {b.offload}"
+    )
+    cost = (
+        "several knobs at once: memsim plan's fastest fitting candidate for these GPUs and this global batch"
+    )
+    return Option("planner", label, changes, cost)
+
+
 def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_HEADROOM) -> Recommendation:
     """The smallest sets of changes that make ``scenario`` fit its GPU with ``headroom`` (fewest levers
     first, then the least modelled slowdown, changes of the job itself last), the largest micro-batch
-    and sequence that fit as it is, and the fewest GPUs (data-parallel replicas, sharded) that fit."""
+    and sequence that fit as it is, the fewest GPUs (with the cheapest layout that fits on them) and the
+    smallest catalog card that holds it; when nothing fits, what bounds it."""
     if not isinstance(scenario, Scenario):
         scenario = Scenario.from_dict(scenario)
     if not 0 <= headroom < 1:
         raise ScenarioError("headroom", f"must be in [0, 1), got {headroom!r}")
     before = estimate(scenario)
-    base_time = _step_time(scenario)
-    groups = levers(scenario)
+    search = _Search(scenario, before, headroom, _step_time(scenario))
     rec = Recommendation(scenario, before, headroom)
-
-    def change(opts: tuple[Option, ...]) -> Change | None:
-        if any(o.lever == "zero" for o in opts):  # offload rides on the chosen ZeRO stage
-            opts = tuple(
-                Option(o.lever, "optimizer offload to CPU", {"parallel.offload": "optimizer"}, o.cost)
-                if o.lever == "offload"
-                else o
-                for o in opts
-            )
-        merged: dict[str, Any] = {}
-        for o in opts:
-            merged.update(o.changes)
-        try:
-            sc = _set(scenario, merged)
-            after = estimate(sc)
-        except ScenarioError:
-            return None
-        return Change(opts, sc, before, after, headroom, _step_time(sc) / base_time)
-
-    def order(c: Change) -> tuple:
-        return (any(o.changes_the_job for o in c.options), c.slowdown, -c.saved_bytes)
-
-    singles = [c for opts in _combos(groups, 1) if (c := change(opts)) is not None]
-    useless = {id(c.options[0]) for c in singles if c.saved_bytes <= 0}  # saves nothing here: not offered
-    groups = {k: [o for o in v if id(o) not in useless] for k, v in groups.items()}
-    groups = {k: v for k, v in groups.items() if v}
+    keep, job = levers(scenario, job=False), levers(scenario)
+    job = {k: v for k, v in job.items() if k not in keep}
+    singles = [c for opts in _combos({**keep, **job}, 1) if (c := search.change(opts)) is not None]
     rec.singles = sorted((c for c in singles if c.saved_bytes > 0), key=lambda c: -c.saved_bytes)
 
-    def smallest(levers_: dict[str, list[Option]]) -> list[Change]:
-        for size in range(1, min(MAX_LEVERS, len(levers_)) + 1):
-            found = [c for opts in _combos(levers_, size) if (c := change(opts)) is not None and c.fits]
-            if found:
-                return sorted(found, key=order)
-        return []
-
     if not rec.fits:
-        # fixes that keep the job (full training stays full training) first; then, if changing the
-        # method fits with fewer levers or nothing else does, the smallest fixes that change it
-        same_job = smallest({k: v for k, v in groups.items() if k != "method"})
-        other = smallest(groups) if "method" in groups else []
-        other = [c for c in other if any(o.changes_the_job for o in c.options)]
-        if same_job and other and len(other[0].options) >= len(same_job[0].options):
-            other = other[:3]
-        rec.changes = same_job[:10] + other[:5]
+        rec.changes = _fixes(search, keep, job)
         if rec.changes:
             fixed = rec.changes[0].scenario
             rec.with_first_fix = {
@@ -635,6 +843,8 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
                     lambda b: _fits(fixed.replace(micro_batch_size=b), headroom), 1, MAX_MICRO_BATCH
                 ),
             }
+        if not any(not c.changes_the_job for c in rec.changes):  # no fix keeps the job: say what bounds it
+            rec.bound = _bound(search, keep if rec.changes else {**keep, **job})
 
     ctx = Context(scenario)
     rec.max_micro_batch = _largest(
@@ -645,7 +855,28 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
     rec.min_gpus = _min_gpus(scenario, headroom)
     if rec.min_gpus is None:
         rec.min_gpus_reason = _why_no_gpu_count(scenario, headroom)
+    rec.smallest_card = _smallest_card(scenario, headroom)
     return rec
+
+
+def _bound(search: _Search, groups: dict[str, list[Option]]) -> str:
+    """What bounds a scenario no lever set fits: every lever at its strongest, and the largest part left."""
+    strongest = tuple(v[-1] for v in groups.values())
+    c = None
+    while strongest and (c := search.change(strongest)) is None:
+        strongest = strongest[:-1]  # drop levers the engine refuses together, the last first
+    est = c.after if c is not None else search.before
+    comps = est.components()
+    biggest = max(comps, key=comps.get)  # type: ignore[arg-type]
+    usable = est.gpu.memory_bytes * (1 - search.headroom)
+    what = "the card" if est.device_total_bytes > usable else "the headroom"
+    if biggest == "activations" and comps[biggest] > usable:
+        what = "the card: the activations of one micro-batch alone exceed it"
+    return (
+        f"even with {' + '.join(o.label for o in strongest) or 'no lever'} each GPU needs "
+        f"{est.device_total_bytes / GiB:.1f} GiB of {usable / GiB:.1f} GiB usable; bounded by {what} (largest part "
+        f"left: {biggest}, {comps[biggest] / GiB:.1f} GiB); more GPUs or a larger card (below)"
+    )
 
 
 def _max_seq_len(scenario: Scenario, table: int | None, headroom: float) -> int | None:
@@ -677,29 +908,84 @@ def _why_no_gpu_count(scenario: Scenario, headroom: float) -> str:
 
 
 def _min_gpus(scenario: Scenario, headroom: float) -> dict[str, Any] | None:
-    """The fewest GPUs that fit: the layout kept, data parallelism grown (ZeRO-3 when it was ZeRO-0,
-    since unsharded replicas never get smaller)."""
+    """The fewest GPUs that fit, with the cheapest layout that fits on them: data parallelism grown with
+    the layout kept (ZeRO-3 when it was ZeRO-0, since unsharded replicas never get smaller), and on each
+    power of two up to that count the layouts that make more GPUs pay (tp within a node, pp, each with
+    ZeRO-3 over the data-parallel ranks); the fewest GPUs win, then the fastest modelled step."""
     par = scenario.parallel
     zero = par.zero if par.zero else 3
-    other = par.tp * par.pp * par.cp
 
-    def at(dp: int) -> Scenario:
+    def at(dp: int, tp: int = par.tp, pp: int = par.pp) -> Scenario:
         z = zero if dp * par.cp > 1 else 0
         off = par.offload if z else "none"
         if off == "optimizer+params" and z != 3:
             off = "optimizer"
         ep = par.ep if (dp * par.cp) % par.ep == 0 else 1
-        return scenario.replace(parallel={"dp": dp, "zero": z, "offload": off, "ep": ep})
+        pm = max(pp, par.pp_microbatches) if pp > 1 else par.pp_microbatches
+        return scenario.replace(
+            parallel={
+                "dp": dp,
+                "tp": tp,
+                "pp": pp,
+                "zero": z,
+                "offload": off,
+                "ep": ep,
+                "pp_microbatches": pm,
+            }
+        )
 
-    def found(d: int) -> dict[str, Any]:
-        cand = at(d)
-        return {
-            "num_gpus": d * other,
-            "dp": d,
-            "zero": cand.parallel.zero,
-            "device_total_bytes": estimate(cand).device_total_bytes,
-            "scenario": cand.to_dict(),
-        }
-
+    other = par.tp * par.pp * par.cp
     d = _smallest(lambda dp: _fits(at(dp), headroom), 1, MAX_DP)
-    return None if d is None else found(d)
+    found = [] if d is None else [at(d)]
+    most = d * other if d is not None else MAX_LAYOUT_GPUS
+
+    def fits_on(n: int, tp: int, pp: int) -> Scenario | None:
+        if n % (tp * pp * par.cp):
+            return None
+        try:
+            cand = at(n // (tp * pp * par.cp), tp, pp)
+            return cand if estimate(cand).fits(headroom=headroom) else None
+        except ScenarioError:
+            return None
+
+    # other layouts, kept only where they fit on the most GPUs looked at (memory per GPU falls as they grow)
+    shapes = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8, 16) if (tp, pp) != (par.tp, par.pp)]
+    top = 1 << max(most - 1, 1).bit_length()  # the power of two at or above ``most``
+    shapes = [sh for sh in shapes if fits_on(min(top, MAX_LAYOUT_GPUS), *sh) is not None]
+    n = 1
+    while shapes and n < most:  # powers of two below the kept layout's count
+        found += [c for sh in shapes if (c := fits_on(n, *sh)) is not None]
+        if any(c.parallel.world_size <= n for c in found):
+            break
+        n *= 2
+    if not found:
+        return None
+    best = min(found, key=lambda c: (c.parallel.world_size, _step_time(c)))
+    bp = best.parallel
+    return {
+        "num_gpus": bp.world_size,
+        "dp": bp.dp,
+        "tp": bp.tp,
+        "pp": bp.pp,
+        "zero": bp.zero,
+        "device_total_bytes": estimate(best).device_total_bytes,
+        "scenario": best.to_dict(),
+    }
+
+
+def _smallest_card(scenario: Scenario, headroom: float) -> dict[str, Any] | None:
+    """The catalog card with the least memory that holds ``scenario`` as it is (same layout), or None."""
+    from memsim_widget.catalog.gpus import GPUS
+
+    own = estimate(scenario).gpu.memory_bytes
+    for gpu in sorted(GPUS.values(), key=lambda g: (g.memory_bytes, g.id)):
+        if gpu.generation == "custom" or gpu.memory_bytes <= own:
+            continue
+        try:
+            est = estimate(scenario.replace(gpu=gpu.id))
+        except ScenarioError:
+            continue
+        if est.fits(headroom=headroom):
+            return {"gpu": gpu.id, "name": gpu.name, "memory_gib": round(gpu.memory_gib, 2),
+                    "device_total_bytes": est.device_total_bytes}  # fmt: skip
+    return None

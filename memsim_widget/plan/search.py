@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from memsim_widget.cost import price_of
+from memsim_widget.cost import price_note, price_of
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
+from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
@@ -99,6 +100,11 @@ class Plan:
     train_tokens: float | None = None
     #: US$ per GPU-hour (None: ``cost.PRICES`` for the card).
     price: float | None = None
+    #: What the search added to the space because nothing fitted in the one asked for (``WIDENING``):
+    #: ``{"offload": [...], "methods": [...]}``, empty when it did not widen.
+    widened: dict[str, list[str]] = field(default_factory=dict)
+    #: Rank only the candidates this export format can express (``for_export``); None: all.
+    export_format: str | None = None
     _estimates: dict[int, Estimate] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +123,69 @@ class Plan:
 
     @cached_property
     def ranking(self) -> np.ndarray:
+        """Indices of the fitting candidates worth listing, best first (``frontier``), only those
+        ``export_format`` can express when it is set (``left_out`` says how many it dropped, and why)."""
+        if self.export_format is None:
+            return self.frontier
+        return self._exportable[0]
+
+    @property
+    def left_out(self) -> dict[str, dict[str, Any]]:
+        """With ``export_format``: the listed candidates it cannot express, by the field its writer refuses:
+        ``{field: {"count": n, "why": the first refusal's words}}``."""
+        return {} if self.export_format is None else self._exportable[1]
+
+    def for_export(self, fmt: str) -> Plan:
+        """This plan ranking only what ``fmt`` (``memsim_widget.export.FORMATS``) can express."""
+        from memsim_widget.export import renderer
+
+        renderer(fmt)  # an unknown format is refused here, naming the field
+        return replace(self, export_format=fmt, _estimates=self._estimates)
+
+    def export_refusal(self, candidate: int, fmt: str) -> ScenarioError | None:
+        """Why ``fmt`` cannot express ``candidate`` (the writer's own refusal, naming the field), or None."""
+        from memsim_widget.export import export
+
+        try:
+            export(self.scenario(candidate), fmt, self.estimate(candidate))
+        except ScenarioError as e:
+            return e
+        return None
+
+    def export_answers(self, candidate: int) -> dict[str, str | None]:
+        """Each export format's answer for ``candidate``: None when it writes the launch files, else its
+        refusal (``field: why``, one line)."""
+        from memsim_widget.export import FORMATS
+
+        return {
+            fmt: None if (e := self.export_refusal(candidate, fmt)) is None else str(e) for fmt in FORMATS
+        }
+
+    @cached_property
+    def _exportable(self) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
+        """The frontier filtered by ``export_format``: each group of candidates that agree on every column a
+        writer reads (all but micro-batch, accumulation and the data-parallel count beyond 1) is tried once."""
+        fmt = self.export_format
+        assert fmt is not None
+        c = self.columns
+        keep: list[int] = []
+        why: dict[tuple[int, ...], ScenarioError | None] = {}
+        left: dict[str, dict[str, Any]] = {}
+        for i in self.frontier.tolist():
+            key = tuple(int(c[k][i]) for k in COLUMNS if k not in ("micro_batch", "grad_accum", "dp"))
+            key += (int(c["dp"][i] > 1), int(c["method"][i]))
+            if key not in why:
+                why[key] = self.export_refusal(i, fmt)
+            err = why[key]
+            if err is None:
+                keep.append(i)
+            else:
+                entry = left.setdefault(err.field, {"count": 0, "why": err.message})
+                entry["count"] += 1
+        return np.asarray(keep, dtype=np.int64), left
+
+    @cached_property
+    def frontier(self) -> np.ndarray:
         """Indices of the fitting candidates worth listing, best first.
 
         Order (``rank_by``): ``cost`` -- modelled tokens/s per GPU down (fewest GPU-hours, so fewest dollars
@@ -167,13 +236,31 @@ class Plan:
         return price_of(Context(self.base).gpu.id) if self.price is None else float(self.price)
 
     @property
+    def price_source(self) -> str:
+        """Where ``price_per_gpu_hour`` comes from (``cost.price_note``; "given" for ``price=``)."""
+        return price_note(Context(self.base).gpu.id) if self.price is None else "given"
+
+    @property
+    def assumptions(self) -> list[str]:
+        """What the time and cost columns assume for lack of the card's facts (its speeds, its price)."""
+        gpu, out = Context(self.base).gpu, []
+        if not speed_known(gpu):
+            out.append(
+                f"{gpu.name}: speeds unknown; tokens/s, MFU and hours use an {SPEED_ASSUMED_FROM} card's"
+            )
+        if self.price is None and "unknown" in self.price_source:
+            out.append(f"{gpu.name}: price {self.price_source}")
+        return out
+
+    @property
     def fitting(self) -> int:
         """Candidates that fit with the headroom."""
         return int(np.count_nonzero(self.columns["fits"]))
 
     @property
     def listed(self) -> int:
-        """Fitting candidates on the memory/throughput frontier of their layout (the ranked list)."""
+        """Fitting candidates on the memory/throughput frontier of their layout (the ranked list; only those
+        ``export_format`` expresses when it is set)."""
         return int(self.ranking.shape[0])
 
     def scenario(self, candidate: int) -> Scenario:
@@ -326,6 +413,7 @@ class Plan:
                         )
                     },
                     "cost": {k: float(row[k]) for k in ("wall_hours", "gpu_hours", "dollars")},
+                    "exports": self.export_answers(i),
                 }
             )
         return {
@@ -337,12 +425,28 @@ class Plan:
             "evaluated": self.evaluated,
             "fitting": self.fitting,
             "listed": self.listed,
+            "widened": self.widened,
+            "export_format": self.export_format,
+            "left_out": self.left_out,
             "seconds": round(self.seconds, 4),
             "ranked_by": RANKED_BY[self.rank_by],
             "train_tokens": DEFAULT_TRAIN_TOKENS if self.train_tokens is None else self.train_tokens,
             "price_per_gpu_hour": self.price_per_gpu_hour,
+            "price_source": self.price_source,
+            "assumptions": self.assumptions,
             "candidates": out,
         }
+
+    def widened_text(self) -> str:
+        """What the search added because nothing fitted in the space asked for, as a sentence ('' if nothing)."""
+        if not self.widened:
+            return ""
+        added = []
+        if "offload" in self.widened:
+            added.append("parameter offload (offload optimizer+params, ZeRO-3)")
+        if "methods" in self.widened:
+            added.append("the methods " + ", ".join(self.widened["methods"]) + " (they change the job)")
+        return "nothing fit in the space asked for, so the search added " + " and ".join(added) + "; "
 
     def summary(self) -> str:
         """One line: what was searched and the best candidate."""
@@ -351,8 +455,11 @@ class Plan:
             f"{self.seconds * 1000:.0f} ms; {self.fitting:,} fit ({self.listed:,} on their layout's "
             "memory/throughput frontier)"
         )
+        head = self.widened_text() + head
         if not self.fitting:
             return head + " (none: see recommend() or allow more GPUs, LoRA/QLoRA or offload)"
+        if not self.listed:
+            return head + f"; none that {self.export_format} can express"
         r = self.frame.iloc[0]
         return (
             f"{head}; best: dp={r.dp} tp={r.tp} pp={r.pp} cp={r.cp} zero={r.zero} b={r.micro_batch_size} "
@@ -517,6 +624,7 @@ def plan(
     rank_by: str = "cost",
     train_tokens: float | None = None,
     price: float | None = None,
+    widen: bool = True,
     **fixed: Any,
 ) -> Plan:
     """Search the layouts and memory knobs of a training job; keep those that fit with ``headroom``.
@@ -529,7 +637,10 @@ def plan(
     ``check=True`` (default: the ``MEMSIM_PLAN_CHECK`` environment variable set to 1) checks every listed
     candidate against ``estimate`` of its scenario and raises ``PlanCheckError`` on any difference.
     ``rank_by`` (``RANK_BY``): ``cost`` (default), ``time`` or ``memory``; ``train_tokens`` (default 1e9) and
-    ``price`` (US$ per GPU-hour, default ``cost.PRICES``) set the hours and dollars columns.
+    ``price`` (US$ per GPU-hour, default ``cost.PRICES``) set the hours and dollars columns. When nothing fits
+    and ``widen`` (default), the search adds what users would try next (``WIDENING``): parameter offload when
+    the offloads searched are the default ones, then LoRA/QLoRA when ``methods`` was not given; ``Plan.widened``
+    says what it added.
     """
     t0 = time.perf_counter()
     _check_ranking(rank_by, train_tokens, price)
@@ -550,6 +661,9 @@ def plan(
     lays = layouts(b, counts, space)
     bases = _method_bases(b, methods)
     cols = _all_candidates(bases, lays, space, g_seq, limit, ctx.gpu.memory_bytes)
+    widened: dict[str, list[str]] = {}
+    if widen and not cols["fits"].any():
+        space, bases, cols, widened = _widened(b, bases, lays, space, g_seq, limit, methods is None)
     result = Plan(
         bases[0],
         counts,
@@ -563,10 +677,47 @@ def plan(
         rank_by=rank_by,
         train_tokens=train_tokens,
         price=price,
+        widened=widened,
     )
     if check if check is not None else os.environ.get(CHECK_ENV, "") not in ("", "0"):
         result.check()
     return result
+
+
+#: What ``plan`` adds when nothing fits, in order: parameter offload (to the default offloads), then the
+#: methods that train less state than the base's (when the search was not given its methods).
+WIDER_OFFLOAD = ("none", "optimizer", "optimizer+params")
+WIDER_METHODS = {"full": ("lora", "qlora"), "lora": ("qlora",)}
+
+
+def _widened(
+    b: Scenario,
+    bases: tuple[Scenario, ...],
+    lays: list[Layout],
+    space: SearchSpace,
+    g_seq: int | None,
+    limit: float,
+    methods_free: bool,
+) -> tuple[SearchSpace, tuple[Scenario, ...], dict[str, np.ndarray], dict[str, list[str]]]:
+    """The search again with parameter offload, then other methods, until something fits (``WIDENING``)."""
+    widened: dict[str, list[str]] = {}
+    cols: dict[str, np.ndarray] = {}
+    gpu_bytes = Context(b).gpu.memory_bytes
+    if space.offload == SearchSpace().offload:
+        space = replace(space, offload=WIDER_OFFLOAD)
+        widened["offload"] = ["optimizer+params"]
+        cols = _all_candidates(bases, lays, space, g_seq, limit, gpu_bytes)
+    if (not cols or not cols["fits"].any()) and methods_free and b.method in WIDER_METHODS:
+        bases = _method_bases(b, (b.method, *WIDER_METHODS[b.method]))
+        widened["methods"] = list(WIDER_METHODS[b.method])
+        cols = _all_candidates(bases, lays, space, g_seq, limit, gpu_bytes)
+    if not cols:
+        cols = _all_candidates(bases, lays, space, g_seq, limit, gpu_bytes)
+    return space, bases, cols, widened
+
+
+#: What ``plan`` may add to its space when nothing fits (``plan(widen=True)``).
+WIDENING = {"offload": WIDER_OFFLOAD, "methods": WIDER_METHODS}
 
 
 def _search(

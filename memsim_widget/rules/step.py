@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+from memsim_widget.alloc_conf import alloc_conf_error
 from memsim_widget.rules.rule import Rule, inert
 
 NO_STEP = "no optimizer step"
 LORA_ONLY = "LoRA settings apply to method lora or qlora"
 
 RULES: tuple[Rule, ...] = (
+    Rule(
+        "allocator_conf is a PYTORCH_CUDA_ALLOC_CONF string",
+        "allocator_conf",
+        "scenario",
+        broken=lambda v: alloc_conf_error(v["allocator_conf"]) is not None,
+        message=lambda v: str(alloc_conf_error(v["allocator_conf"])),
+    ),
     *(
         inert(f"{key} needs LoRA", key, lambda v: v["method"] == "full", LORA_ONLY)
         for key in ("lora.rank", "lora.alpha", "lora.targets", "lora.adapter_dtype")

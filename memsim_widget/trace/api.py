@@ -142,6 +142,9 @@ def simulated_components(sc: Scenario, rank: int = 0) -> dict[str, Any]:
             comps[i.category] = comps.get(i.category, 0) + i.bytes
     return {
         "peak_tensor_bytes": stage.peak_tensor_bytes,
+        "peak_allocated_bytes": stage.peak_allocated_bytes,
+        "peak_reserved_bytes": stage.peak_reserved_bytes,
+        "device_total_bytes": stage.device_total_bytes,
         "peak_phase": moment.name,
         "stage": stage.stage.index,
         "role": est.role(stage),
@@ -152,6 +155,8 @@ def simulated_components(sc: Scenario, rank: int = 0) -> dict[str, Any]:
 def trace_report(sc: Scenario, result: Any) -> dict[str, Any]:
     """The JSON form of a trace, with the keys ``memsim estimate --json`` uses where they apply, and the
     engine's simulation of the same step under ``simulated``."""
+    from memsim_widget.trace.replay import traced_counters
+
     components: dict[str, int] = {}
     for role, nbytes in result.by_role.items():
         cat = ROLE_CATEGORY.get(role, Category.TEMPORARIES)
@@ -174,5 +179,8 @@ def trace_report(sc: Scenario, result: Any) -> dict[str, Any]:
         "rank_role": result.rank_role,
         "layout": result.layout,
         "counter": "live tensor bytes on fake tensors (compare with peak_tensor_bytes of memsim estimate)",
+        # the three GPU counters of the traced run: its allocations and frees replayed through PyTorch's caching
+        # allocator (engine/allocator.py), nvidia-smi adding the context and NCCL as the engine models them
+        "counters": traced_counters(sc, result),
         "simulated": simulated_components(sc, result.rank),
     }

@@ -75,6 +75,11 @@ _FSDP_ROLES = {
     "foreach_reduce": "collective",
     "FSDPParamGroup.wait_for_unshard": "unsharded_parameter",
 }
+#: The CUDA stream those storages are allocated on (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:
+#: ``foreach_all_gather`` copies in under the all-gather copy-in stream, ``foreach_reduce`` allocates under the
+#: reduce-scatter stream; the copy-out in ``wait_for_unshard`` runs on the compute stream, 0). The caching
+#: allocator keeps blocks per stream (``trace/replay.py``).
+_FSDP_STREAMS = {"foreach_all_gather": 1, "foreach_reduce": 2}
 
 
 @contextlib.contextmanager
@@ -89,19 +94,21 @@ def fsdp_roles(tracker: MemoryTracker) -> Iterator[None]:
         targets.append((owner, name, getattr(owner, name), role))
     try:
         for owner, name, fn, role in targets:
-            setattr(owner, name, _in_role(fn, tracker, role))
+            setattr(owner, name, _in_role(fn, tracker, role, _FSDP_STREAMS.get(name)))
         yield
     finally:
         for owner, name, fn, _role in targets:
             setattr(owner, name, fn)
 
 
-def _in_role(fn: Callable[..., Any], tracker: MemoryTracker, role: str) -> Callable[..., Any]:
-    """``fn`` run inside ``tracker.role_scope(role)``."""
+def _in_role(
+    fn: Callable[..., Any], tracker: MemoryTracker, role: str, stream: int | None = None
+) -> Callable[..., Any]:
+    """``fn`` run inside ``tracker.role_scope(role, stream)``."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with tracker.role_scope(role):
+        with tracker.role_scope(role, stream):
             return fn(*args, **kwargs)
 
     return wrapped

@@ -279,6 +279,7 @@ def trace_hf(
     vision: dict[str, Any] | None = None,
     steps: int = 2,
     fake: bool = True,
+    lengths: tuple[int, ...] = (),
     **kwargs: Any,
 ) -> TraceResult:
     """Trace HF-style training of a transformers model built from ``config`` (a dict with ``model_type``).
@@ -289,7 +290,8 @@ def trace_hf(
     or every-N full checkpointing; the KV cache is off, as under HF's own checkpointing). ``vision`` (multimodal
     models): {"images": per sample, "freeze": the vision tower frozen, and left without adapters}. Extra keyword
     arguments go to
-    :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``).
+    :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``). ``lengths``: one
+    sequence length per step (batches padded to their longest sample vary per step); sets ``steps``.
     """
     notes: list[str] = []
     if qlora:
@@ -346,15 +348,18 @@ def trace_hf(
         real_mode_shims(fake, notes),
         _no_data_checks(fake and fam in VISION_LANGUAGE and fam != "clip", notes),
     ):
+        images = (vision or {}).get("images", 0)
+        makers = [
+            input_factory(cfg, micro_batch_size, n, input_dtype, images, image) for n in lengths or (seq_len,)
+        ]
+        calls = iter(range(1 << 62))
         return trace_training(
             model_factory,
-            input_factory(
-                cfg, micro_batch_size, seq_len, input_dtype, (vision or {}).get("images", 0), image
-            ),
+            (lambda: makers[next(calls) % len(makers)]()) if lengths else makers[0],
             precision=precision,
             optimizer=optimizer,
             optimizer_impl=optimizer_impl,
-            steps=steps,
+            steps=len(lengths) or steps,
             gradient_checkpointing=gradient_checkpointing,
             fake=fake,
             loss_module=loss_module,

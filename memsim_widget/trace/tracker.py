@@ -66,6 +66,7 @@ class StorageRecord:
         "role",
         "saved",
         "ref",
+        "stream",
         "__weakref__",
     )
 
@@ -85,6 +86,7 @@ class StorageRecord:
         self.role: str | None = None
         self.saved = False
         self.ref: Any = None
+        self.stream = 0  # the CUDA stream it is allocated on: 0 the compute stream (trace/replay.py)
 
     def alive_at(self, seq: int) -> bool:
         """Whether the storage was live right after event ``seq``."""
@@ -157,6 +159,7 @@ class MemoryTracker(TorchDispatchMode):
         self.events: list[tuple[int, int, int, str, int]] = []  # (seq, op index, step, phase, live bytes)
         self.untracked_inputs = 0
         self.scope_role: str | None = None
+        self.scope_stream = 0
         self._orig_resize: Any = None
         self._closed = False
         self._names: dict[int, str] = {}
@@ -196,6 +199,7 @@ class MemoryTracker(TorchDispatchMode):
             st.nbytes(), tuple(t.shape), _dtype_name(t.dtype), op, module, self.phase, self.step, self.seq
         )
         rec.role = role if role is not None else self.scope_role
+        rec.stream = self.scope_stream
         rec.ref = weakref.ref(st, self._make_free_cb(key, rec))
         self._live[key] = rec
         self.records.append(rec)
@@ -216,7 +220,7 @@ class MemoryTracker(TorchDispatchMode):
         new = StorageRecord(
             st.nbytes(), rec.shape, rec.dtype, rec.op, module, self.phase, self.step, self.seq
         )
-        new.role, new.saved = rec.role, rec.saved
+        new.role, new.saved, new.stream = rec.role, rec.saved, self.scope_stream
         new.ref = weakref.ref(st, self._make_free_cb(id(st), new))
         rec.ref = None
         self._live[id(st)] = new
@@ -232,13 +236,17 @@ class MemoryTracker(TorchDispatchMode):
             self._resized(st, rec)
 
     @contextlib.contextmanager
-    def role_scope(self, role: str) -> Iterator[None]:
-        """Give storages first seen inside the block ``role`` (unless registered with another)."""
+    def role_scope(self, role: str, stream: int | None = None) -> Iterator[None]:
+        """Give storages first seen inside the block ``role`` (unless registered with another) and, if given,
+        the CUDA ``stream`` they are allocated on."""
         outer, self.scope_role = self.scope_role, role
+        outer_stream = self.scope_stream
+        if stream is not None:
+            self.scope_stream = stream
         try:
             yield
         finally:
-            self.scope_role = outer
+            self.scope_role, self.scope_stream = outer, outer_stream
 
     def _make_free_cb(self, key: int, rec: StorageRecord):  # noqa: ANN202
         """Build the weakref callback that releases ``rec``."""

@@ -82,8 +82,10 @@ def build_fit_view(rec: Recommendation) -> dict[str, Any]:
         "max_seq_len": rec.max_seq_len,
         "min_gpus": None
         if mg is None
-        else {k: mg[k] for k in ("num_gpus", "dp", "zero", "device_total_bytes") if k in mg},
+        else {k: mg[k] for k in ("num_gpus", "dp", "tp", "pp", "zero", "device_total_bytes") if k in mg},
         "with_first_fix": rec.with_first_fix,
+        "bound": rec.bound,
+        "smallest_card": rec.smallest_card,
         "summary": rec.summary(),
     }
 

@@ -19,7 +19,17 @@ from memsim_widget.scenario import Scenario
 
 #: The traits the panels read (``_trait``) and write (``_publish``); the update path owns all the others.
 PanelTrait = Literal[
-    "trace", "trace_view", "fit", "fit_open", "layouts", "pins", "comparison", "export", "calibration"
+    "trace",
+    "trace_view",
+    "fit",
+    "fit_open",
+    "layouts",
+    "pins",
+    "comparison",
+    "export",
+    "calibration",
+    "config_import",
+    "measure",
 ]
 
 

@@ -109,6 +109,7 @@ def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_PO
                 "device_total_bytes": int(p.columns["device_total_bytes"][int(r.candidate)]),
                 "device_total_gib": round(float(r.device_total_gib), 2),
                 "tokens_per_gpu_s": round(float(r.tokens_per_gpu_s), 1),
+                "exports": p.export_answers(int(r.candidate)),
             }
         )
     return {
@@ -117,6 +118,7 @@ def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_PO
         "fitting": p.fitting,
         "seconds": round(p.seconds, 4),
         "summary": p.summary(),
+        "widened": p.widened_text(),
         "model": charts_mod.model_label(p.base.model),
         "gpu": resolve_gpu(p.base.gpu).name,
         "top": top,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from memsim_widget.widget.controls import build_options, normalize
 from memsim_widget.widget.export_panel import ExportController
 from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait
+from memsim_widget.widget.import_panel import ImportController, MeasureController
 from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import build_result
 from memsim_widget.widget.scenario_edits import (
@@ -127,6 +128,12 @@ class MemSim(anywidget.AnyWidget):
     #: (idle, running, done, error), ``model``, ``error``, ``seconds``. While running, the front end shows
     #: "calibrating..." over the last result; the estimate replaces it when done.
     calibration = traitlets.Dict(CalibrationController.initial()).tag(sync=True)
+    #: "Open a config" (``import_panel``): ``id`` (one more per answer), ``files``, ``unread`` (the memory settings
+    #: the files did not give, one line each) and ``error`` (the file and key that is wrong).
+    config_import = traitlets.Dict(ImportController.initial()).tag(sync=True)
+    #: "Measure on this GPU" (``import_panel``): ``available`` (a CUDA GPU is likely: the button shows),
+    #: ``state`` (idle, running, done, error), ``text`` (measured next to predicted) and ``error``.
+    measure = traitlets.Dict().tag(sync=True)
 
     def __init__(
         self,
@@ -162,6 +169,8 @@ class MemSim(anywidget.AnyWidget):
         self._compare = CompareController(self)
         self._export = ExportController(self)
         self._calibration = CalibrationController(self)
+        self._import = ImportController(self)
+        self._measure = MeasureController(self)
         #: Front-end message type -> its handler (``_on_front_msg``).
         self._handlers: dict[str, Handler] = {
             "verify": self._trace.verify_msg,
@@ -170,6 +179,8 @@ class MemSim(anywidget.AnyWidget):
             "layouts": self._layouts.search_msg,
             "layout_apply": self._layouts.apply_msg,
             "export": self._export.export_msg,
+            "import_config": self._import.import_msg,
+            "measure": self._measure.measure_msg,
         }
         self.last_update_ms = 0.0
         headroom = self._check_headroom({"value": headroom})
@@ -182,6 +193,7 @@ class MemSim(anywidget.AnyWidget):
             fit=self._fit.initial(),
             layouts=self._layouts.initial(),
             export=self._export.initial(),
+            measure=self._measure.initial(),
             **self._derived(est, headroom),
         )
         self.on_msg(self._on_front_msg)
@@ -383,7 +395,8 @@ class MemSim(anywidget.AnyWidget):
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         """A message from the front end, ``{"type": ..., ...}``, to its handler in ``_handlers``: ``verify``,
         ``cancel`` (trace); ``fit_apply`` (kind, index, id), ``layouts`` (gpus) and ``layout_apply`` (candidate,
-        id) for "Make it fit"; ``export`` (format) for the launch config. A message without a ``type`` is not
+        id) for "Make it fit"; ``export`` (format) for the launch config; ``import_config`` (files, format) for
+        "open a config"; ``measure`` for "Measure on this GPU". A message without a ``type`` is not
         the widget's (anywidget's commands); an unknown type shows as the widget's error (a front end of
         another version)."""
         if not isinstance(content, Mapping) or "type" not in content:
@@ -577,6 +590,12 @@ class MemSim(anywidget.AnyWidget):
     def export_config(self, fmt: str) -> dict[str, str]:
         """The launch-config files of the current scenario in one format: ``{file name: text}``."""
         return self._export.files(fmt)
+
+    def import_config(self, paths: str | Path | Sequence[str | Path], fmt: str = "auto") -> list[str]:
+        """Show the scenario of your launch config files (``memsim_widget.import_config``); returns the memory
+        settings the files did not give, one line each (also shown under "open a config")."""
+        paths = [paths] if isinstance(paths, str | Path) else list(paths)
+        return self._import.apply(paths, fmt).unread
 
     def to_json(self, indent: int | None = 2) -> str:
         """The last valid scenario as JSON (``MemSim.from_json`` reads it back)."""

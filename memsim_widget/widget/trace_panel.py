@@ -18,6 +18,7 @@ from memsim_widget.engine.items import CATEGORIES
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace import charts as trace_charts
+from memsim_widget.trace.replay import on_card_text
 from memsim_widget.units import fmt_bytes
 from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text
 from memsim_widget.widget.scenario_edits import changed_keys
@@ -80,8 +81,30 @@ def build_trace_view(report: Mapping[str, Any], seconds: float | None = None) ->
         "seconds": seconds,
         "counter": report.get("counter", ""),
         "rank": _rank_summary(report),
+        "counters": _counter_rows(report),
+        "on_card": on_card_text((report.get("counters") or {}).get("on_card")),
     }
     return {"summary": summary, "charts": trace_charts.verify_specs(dict(report), schema=charts_mod.SCHEMA)}
+
+
+#: The GPU counters Verify holds side by side: the traced run's by replay of its allocations through the caching
+#: allocator (``trace/replay.py``), the simulation's from the engine.
+COUNTER_LABELS = (
+    ("peak_allocated_bytes", "allocated"),
+    ("peak_reserved_bytes", "reserved"),
+    ("device_total_bytes", "nvidia-smi"),
+)
+
+
+def _counter_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Traced (replayed) against simulated bytes for allocated, reserved and nvidia-smi (none without a replay)."""
+    traced, sim = report.get("counters") or {}, report.get("simulated") or {}
+    rows = []
+    for key, label in COUNTER_LABELS:
+        if key in traced and key in sim:
+            t, s = int(traced[key]), int(sim[key])
+            rows.append({"counter": label, "traced": t, "simulated": s, "error_pct": _pct(s, t)})
+    return rows
 
 
 def _rank_summary(report: Mapping[str, Any]) -> dict[str, Any]:

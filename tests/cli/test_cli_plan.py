@@ -176,9 +176,11 @@ def test_plan_table(capsys):
 
 
 def test_nothing_fits_is_an_answer_with_a_hint(capsys):
-    argv = ["plan", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--gpus", "1-2", "--seq-len", "4096"]
+    argv = ["plan", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--gpus", "1-2", "--seq-len", "4096",
+            "--method", "full"]  # fmt: skip
     code, out, err = run(capsys, *argv)
     assert code == 0 and not err
+    assert "added parameter offload" in out  # the search widened (a fixed method stays fixed)
     assert "0 fit" in out and "closest:" in out and "memsim recommend" in out
     code, out, err = run(capsys, *argv, "--json")
     assert code == 0

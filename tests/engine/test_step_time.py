@@ -10,6 +10,8 @@ import sys
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memsim_widget.architecture import build_architecture
 from memsim_widget.cost import PRICES, TrainingCost, train_tokens, training_cost
@@ -273,3 +275,48 @@ def test_plan_json_carries_hours_and_dollars_for_the_tokens_to_train():
         assert c["cost"]["dollars"] == pytest.approx(c["cost"]["gpu_hours"] * 2.0, rel=1e-12)
     with pytest.raises(ScenarioError, match="rank_by"):
         plan(TINY, "a100-80gb", 1, rank_by="speed")
+
+
+# ----- bounds: no method reaches more than the card's matmul efficiency -----------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.1-8b"]),
+    gpu=st.sampled_from(["rtx-4090", "rtx-3090", "a100-80gb", "h100-sxm-80gb", "l4"]),
+    method=st.sampled_from(["full", "lora", "qlora"]),
+    ckpt=st.sampled_from(["none", "selective", "full"]),
+    offload=st.sampled_from(["none", "optimizer", "optimizer+params"]),
+    dp=st.sampled_from([1, 2, 8]),
+    seq=st.sampled_from([512, 4096]),
+)
+def test_mfu_and_tokens_per_second_stay_under_what_the_card_computes(
+    model, gpu, method, ckpt, offload, dp, seq
+):
+    """The time of a step is at least its matmul FLOPs at peak x efficiency, so MFU -- counting what the method
+    computes (LoRA/QLoRA: no weight gradients for the base) -- stays below the efficiency, and tokens/s below
+    peak / FLOPs per token, for every method, card and offload (the 90.6% of 70B QLoRA on a 4090 was 6N
+    counted for a 4N step)."""
+    sc = Scenario.from_dict(
+        {
+            "model": model,
+            "gpu": gpu,
+            "method": method,
+            "seq_len": seq,
+            "activation_checkpointing": ckpt,
+            "parallel": {
+                "dp": dp,
+                "zero": 3 if offload == "optimizer+params" else (1 if offload != "none" else 0),
+                "offload": offload,
+            },
+        }  # fmt: skip
+    )
+    ctx = Context(sc)
+    k = context_time_model(ctx)
+    est = estimate(sc)
+    assert 0 < est.mfu <= k.efficiency
+    assert est.tokens_per_second_per_gpu * est.time.model_flops_per_token <= k.peak_flops * k.efficiency * (
+        1 + 1e-12
+    )
+    if method != "full":
+        assert est.time.model_flops_per_token < model_flops(ctx.arch).model_flops_per_token(k.seq_len)

@@ -142,7 +142,9 @@ def test_frozen_tower_trains_nothing_and_llava_freezes_it_by_default() -> None:
             "model.vision_config.model_type",
         ),
         (
-            {"model": {**LLAVA, "vision_config": {"model_type": "clip_vision_model"}}},
+            # an omitted size takes CLIPVisionConfig's default, as transformers does (test_subconfig_defaults.py);
+            # a wrong one is named
+            {"model": {**LLAVA, "vision_config": {"model_type": "clip_vision_model", "hidden_size": "big"}}},
             "model.vision_config.hidden_size",
         ),
         ({"model": {**LLAVA, "vision_feature_layer": 9}}, "model.vision_feature_layer"),

@@ -82,13 +82,17 @@ describe("make it fit", () => {
     assert.equal(rows.length, fit.view.changes.length);
     const cells = [...rows[0].children].map((td) => td.textContent);
     const first = fit.view.changes[0];
-    assert.match(cells[0], new RegExp(`^${first.label.replace(/[+()]/g, "\\$&")} changes the job$`));
+    const tag = first.changes_the_job ? " changes the job" : "";
+    assert.match(cells[0], new RegExp(`^${first.label.replace(/[+()]/g, "\\$&")}${tag}$`));
     assert.equal(cells[1], fmtGiB(first.saved_gib));
     assert.equal(cells[3], "yes");
     assert.equal(cells[4], first.cost);
     assert.equal(q(".memsim-fit-status").textContent, "computed in 42 ms");
     assert.ok(q(".memsim-fit-levers details"), "single levers collapsed under the fixes");
-    assert.match(q(".memsim-fit-facts").textContent, /more GPUs alone do not make it fit/);
+    const mg = fit.view.min_gpus;
+    assert.match(q(".memsim-fit-facts").textContent,
+      mg ? new RegExp(`fewest GPUs that fit: ${mg.num_gpus} \\(dp=${mg.dp}`) : /more GPUs alone do not make it fit/);
+    assert.match(q(".memsim-fit-facts").textContent, /smallest card that holds it as it is: |no card in the catalog/);
     const apply = rows[0].querySelector(".memsim-fit-apply");
     assert.equal(apply.disabled, false);
     fire(window, apply, "click");
@@ -97,6 +101,17 @@ describe("make it fit", () => {
     assert.equal(apply.textContent, "Applying…");
     fire(window, apply, "click");
     assert.equal(model.sent.length, 1, "a disabled button sends nothing");
+    cleanup();
+  });
+
+  test("when no change fits, the headline names what bounds it", () => {
+    const { scenario_data, fit } = planFixture().too_big;
+    const view = { ...fit.view, changes: [], bound: "even with every lever each GPU needs 99 GiB", min_gpus: null,
+      smallest_card: null };
+    const { q, cleanup } = mount({ scenario_data, fit: { ...fit, view }, fit_open: true });
+    assert.match(q(".memsim-fit-headline").textContent, /No change fits: even with every lever each GPU needs 99 GiB\./);
+    assert.equal(q(".memsim-fit-table-change"), null);
+    assert.match(q(".memsim-fit-facts").textContent, /no card in the catalog holds it as it is/);
     cleanup();
   });
 
@@ -121,7 +136,7 @@ describe("make it fit", () => {
     const facts = q(".memsim-fit-facts").textContent;
     assert.match(facts, new RegExp(`largest micro-batch that fits: ${v.max_micro_batch} \\(now ${v.micro_batch_size}\\)`));
     assert.match(facts, new RegExp(`longest sequence that fits: ${v.max_seq_len}`));
-    assert.match(facts, /fewest GPUs that fit, layout kept: 1/);
+    assert.match(facts, /fewest GPUs that fit: 1 \(dp=1, ZeRO-0/);
     assert.equal(q(".memsim-fit-fact-min_gpus .memsim-fit-apply").disabled, true, "already on that many GPUs");
     assert.equal(qa(".memsim-fit-table-lever tbody tr").length, v.levers.length);
     assert.equal(q(".memsim-fit-table-change"), null);
@@ -195,6 +210,16 @@ describe("layouts", () => {
     assert.equal(rows.length, v.top.length);
     assert.ok(rows.length <= 5);
     assert.match(rows[0].textContent, new RegExp(v.top[0].layout));
+    // each candidate says which formats write its launch files, and why the others refuse (naming the field)
+    const cell = rows[0].querySelector(".memsim-col-exports");
+    const answers = Object.entries(v.top[0].exports);
+    assert.equal(answers.length, 7);
+    const ok = answers.filter(([, why]) => why === null).map(([fmt]) => fmt);
+    assert.equal(cell.textContent, ok.length ? ok.join(", ") : "none");
+    for (const [fmt, why] of answers.filter(([, w]) => w !== null)) {
+      assert.ok(cell.getAttribute("title").includes(`${fmt}: ${why}`));
+      assert.match(why, /^[a-z_.]+: cannot be exported to /);
+    }
     const apply = rows[0].querySelector(".memsim-layout-apply");
     fire(window, apply, "click");
     assert.deepEqual(model.sent.at(-1), { type: "layout_apply", candidate: v.top[0].candidate, id: layouts.id });

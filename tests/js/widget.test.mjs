@@ -86,7 +86,9 @@ describe("pure helpers", () => {
     assert.equal(custom.model.hidden_size, options.model_dims.hidden_size);
     assert.equal(typeof s.model, "string", "input not mutated");
     const gpu = applyControl(s, "gpu", "custom", options);
-    assert.deepEqual(gpu.gpu, { memory_gib: 80 });
+    // a custom card starts from the current card's capacity as the driver reports it (79.2 GiB for an H100 SXM)
+    const current = options.gpus.find((g) => g.id === s.gpu).memory_gib;
+    assert.deepEqual(gpu.gpu, { memory_gib: current });
     assert.equal(applyControl(s, "model", " gpt2 ", options).model, "gpt2");
     const dim = applyControl(custom, "model.num_hidden_layers", 4, options);
     assert.equal(dim.model.num_hidden_layers, 4);
@@ -211,7 +213,8 @@ describe("render", () => {
     const gpu = ctl("gpu");
     gpu.value = "custom";
     fire(window, gpu, "change");
-    assert.equal(model.get("scenario_data").gpu.memory_gib, 80);
+    const h100 = model.get("options").gpus.find((g) => g.id === "h100-sxm-80gb").memory_gib;
+    assert.equal(model.get("scenario_data").gpu.memory_gib, h100);
     cleanup();
   });
 
@@ -490,6 +493,24 @@ describe("verify with trace", () => {
     model.set("trace", { ...trace, progress: { ...trace.progress, elapsed_s: 1.6 } });
     await new Promise((r) => setTimeout(r, 20));
     assert.equal(embedded.length, 4, "a trace update without a new view redraws no chart");
+    cleanup();
+  });
+
+  test("a finished trace holds allocated, reserved and nvidia-smi: replayed against simulated", () => {
+    const { trace, trace_view: view } = traceFixture();
+    const counters = [
+      { counter: "allocated", traced: 2097152, simulated: 2097152, error_pct: 0 },
+      { counter: "reserved", traced: 4194304, simulated: 5242880, error_pct: 25 },
+    ];
+    const { q, model, cleanup } = mount({});
+    model.set("trace", trace);
+    const onCard = "replayed on the card (139.00 GiB for PyTorch): runs";
+    model.set("trace_view", JSON.stringify({ ...view, summary: { ...view.summary, counters, on_card: onCard } }));
+    assert.equal(q(".memsim-trace-on-card").textContent, onCard);
+    const rows = [...q(".memsim-trace-counters tbody").children].map((tr) => [...tr.children].map((td) => td.textContent));
+    assert.deepEqual(rows, [["allocated", "2.00 MiB", "2.00 MiB", "0.00%"], ["reserved", "4.00 MiB", "5.00 MiB", "+25.00%"]]);
+    model.set("trace_view", JSON.stringify(view));
+    assert.equal(q(".memsim-trace-counters"), null, "no replay, no counters table");
     cleanup();
   });
 

@@ -221,6 +221,16 @@ def test_front_end_writes_do_not_raise() -> None:
     assert sim.scenario.precision == "bf16"
 
 
+def test_an_unknown_allocator_option_is_reported_in_place() -> None:
+    sim = make()
+    sim.scenario_data = merge(sim.scenario_data, {"allocator_conf": "expandable_segment:True"})
+    assert sim.error_field == "allocator_conf" and "unknown PYTORCH_CUDA_ALLOC_CONF option" in sim.error
+    assert "'expandable_segments'" in sim.error and "\n" not in sim.error
+    assert sim.scenario.allocator_conf is None, "the previous scenario stays"
+    sim.scenario_data = merge(sim.scenario_data, {"allocator_conf": "expandable_segments:True"})
+    assert sim.error == "" and sim.scenario.allocator_conf == "expandable_segments:True"
+
+
 def test_unknown_key_and_num_gpus_mismatch_are_reported() -> None:
     sim = make()
     with pytest.raises(ScenarioError):
@@ -246,13 +256,15 @@ def test_scenario_setter_is_strict() -> None:
 
 
 def test_headroom_changes_verdict_and_band() -> None:
-    sim = make()  # llama-3.1-8b on H100: about 79 GiB of 80
+    sim = make()  # llama-3.1-8b on H100 SXM: its 79.20 GiB as the driver reports it (catalog/gpus.json)
     sim.headroom = 0.0
     assert sim.result["verdict"] == "fits"
     sim.headroom = 0.3
     assert sim.result["verdict"] == "tight"
     band = next(lay for lay in sim.charts["breakdown"]["layer"] if lay["mark"]["type"] == "rect")
-    assert band["data"]["values"][0]["lo"] == pytest.approx(80 * 0.7, abs=1e-2)
+    from memsim_widget.catalog.gpus import GPUS
+
+    assert band["data"]["values"][0]["lo"] == pytest.approx(GPUS["h100-sxm-80gb"].memory_gib * 0.7, abs=1e-2)
     with pytest.raises(traitlets.TraitError):
         sim.headroom = 1.5
     sim.set(micro_batch_size=64)
@@ -874,6 +886,26 @@ def test_build_trace_view_is_pure_and_signs_the_error() -> None:
     (peak,) = peak_layer["data"]["values"]
     assert peak["op"] == 850 and peak["gib"] == round(2_000_000 / GiB, 6) and "peak" in peak["label"]
     assert build_trace_view(report, seconds=2.0) == view
+
+
+def test_trace_view_holds_the_three_counters_traced_by_replay_against_simulated() -> None:
+    report = fake_report(Scenario(model="gpt2"))
+    assert build_trace_view(report)["summary"]["counters"] == [], "a report without a replay shows none"
+    assert build_trace_view(report)["summary"]["on_card"] == ""
+    report["counters"] = {
+        "peak_allocated_bytes": 2_000_000,
+        "peak_reserved_bytes": 4_000_000,
+        "device_total_bytes": 8_000_000,
+    }
+    report["simulated"].update(
+        peak_allocated_bytes=2_000_000, peak_reserved_bytes=5_000_000, device_total_bytes=8_400_000
+    )
+    rows = build_trace_view(report)["summary"]["counters"]
+    assert [(r["counter"], r["traced"], r["simulated"], r["error_pct"]) for r in rows] == [
+        ("allocated", 2_000_000, 2_000_000, 0.0),
+        ("reserved", 4_000_000, 5_000_000, 25.0),
+        ("nvidia-smi", 8_000_000, 8_400_000, 5.0),
+    ]
 
 
 def test_trace_timeline_is_one_unstacked_area_over_phase_bands() -> None:

@@ -44,7 +44,16 @@ def test_the_panels_use_only_what_the_protocol_names() -> None:
 
 def test_every_message_type_has_one_handler() -> None:
     sim = make()
-    assert set(sim._handlers) == {"verify", "cancel", "fit_apply", "layouts", "layout_apply", "export"}
+    assert set(sim._handlers) == {
+        "verify",
+        "cancel",
+        "fit_apply",
+        "layouts",
+        "layout_apply",
+        "export",
+        "import_config",
+        "measure",
+    }
 
 
 def test_an_unknown_message_type_is_shown_in_place() -> None:

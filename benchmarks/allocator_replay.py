@@ -1,0 +1,191 @@
+"""The caching-allocator replay of fake-tensor traces against the H200 measurements (data/measured/gpu_h200.csv).
+
+For each scenario ``benchmarks/gpu_measure.py`` ran on the GPU (torch.compile runs excluded: the trace runs
+eager), trace the same steps (the same number, the same per-step lengths) on fake tensors on the CPU, replay
+the allocations and frees through ``engine/allocator.py`` and compare its peak reserved, and reserved plus
+what lives outside the allocator (``overhead.device_items``), with ``max_memory_reserved`` and nvidia-smi.
+Nothing here is fitted: the rows are the test. Also prints the replay's cost per trace.
+
+Run: python benchmarks/allocator_replay.py [-k TEXT] [--json out.json] [--conf expandable_segments:True]
+     python benchmarks/allocator_replay.py --cost   (the replay's cost per event, no trace)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_measure import MEASUREMENTS, Measurement, resolved  # noqa: E402
+
+from memsim_widget.catalog.models import resolve_model_config  # noqa: E402
+from memsim_widget.engine.allocator import parse_alloc_conf  # noqa: E402
+from memsim_widget.scenario import Scenario  # noqa: E402
+
+ROWS = Path(__file__).resolve().parents[1] / "data" / "measured" / "gpu_h200.csv"
+
+
+def measured(path: Path = ROWS) -> dict[str, int]:
+    """Row id -> measured bytes."""
+    with path.open() as fh:
+        return {r["id"]: int(r["measured_bytes"]) for r in csv.DictReader(fh)}
+
+
+def trace_and_replay(m: Measurement, conf_text: str | None = None) -> dict[str, Any]:
+    """Trace ``m``'s steps on fake tensors and replay them: the three counters and the costs."""
+    from memsim_widget.trace.hf import trace_hf
+    from memsim_widget.trace.replay import allocation_stream, replay_trace
+    from memsim_widget.trace.traceable import trace_kwargs
+
+    sc = Scenario.from_dict(resolved(m))
+    t0 = time.perf_counter()
+    kw = trace_kwargs(sc)
+    r = trace_hf(dict(resolve_model_config(sc.model)), steps=m.steps, lengths=tuple(m.lengths), **kw)
+    t1 = time.perf_counter()
+    conf = parse_alloc_conf(conf_text) if conf_text is not None else None
+    res, outside = replay_trace(r.tracker, sc, conf)
+    t2 = time.perf_counter()
+    n = len(allocation_stream(r.tracker))
+    return {
+        "name": m.name,
+        "allocated": res.peak_allocated,
+        "reserved": res.peak_reserved,
+        "nvidia-smi": res.peak_reserved + outside,
+        "events": n,
+        "trace_s": round(t1 - t0, 2),
+        "replay_ms": round((t2 - t1) * 1e3, 1),
+    }
+
+
+def replay_cost(sizes: tuple[int, ...] = (100, 1_000, 10_000), repeat: int = 5) -> list[tuple[int, float]]:
+    """(events, best ms per replay) of synthetic streams: a layered step (per layer a few MiB-sized saved
+    tensors, freed in reverse in backward, small temporaries in between), the shape of an engine-built stream.
+    The budget of a new estimate is 0.5 ms: what the engine replays must be cached per shape."""
+    import random
+
+    from memsim_widget.engine.allocator import alloc, free, replay
+
+    out = []
+    for n in sizes:
+        rng = random.Random(0)
+        events, saved = [], []
+        for i in range(n // 4):  # forward: a saved tensor and a temporary per op
+            saved.append(i)
+            events += [
+                alloc(i, rng.choice((2, 8, 32)) << 20),
+                alloc(-i - 1, rng.randint(1, 1 << 20)),
+                free(-i - 1),
+            ]
+        events += [free(h) for h in reversed(saved)]
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            replay(events)
+            best = min(best, time.perf_counter() - t)
+        out.append((len(events), best * 1e3))
+    return out
+
+
+def moment_stream(rank: Any, steps: int = 3) -> list[Any]:
+    """An experiment, not the engine's path: the allocations and frees between the engine's moments (each item
+    as ``tensors`` equal blocks, freed when a moment no longer holds it, frees before allocations), ``steps``
+    times over. Too coarse: docs/allocator.md reports how far its replay is from the trace's."""
+    from memsim_widget.engine.allocator import alloc, free
+    from memsim_widget.engine.items import Level
+
+    events, live, handle = [], {}, 0
+    for moment in list(rank.moments) * steps:
+        want = {(i.category, i.item, i.bytes, i.tensors): i for i in moment.items
+                if i.level != Level.DEVICE and i.bytes > 0}  # fmt: skip
+        for key in [k for k in live if k not in want]:
+            events += [free(h) for h in live.pop(key)]
+        for key, item in want.items():
+            if key not in live:
+                n = max(item.tensors, 1)
+                live[key] = list(range(handle, handle + n))
+                events += [alloc(h, -(-item.bytes // n)) for h in live[key]]
+                handle += n
+    return events
+
+
+def engine_moments_vs_trace(path: Path) -> None:
+    """Print the replay of ``moment_stream`` next to the replayed traces in ``path`` (allocator_replay_h200.json)."""
+    from memsim_widget.engine.allocator import replay
+    from memsim_widget.engine.core import estimate
+
+    traced = {r["name"]: r for r in json.loads(path.read_text())["default"]}
+    errs = []
+    for m in MEASUREMENTS:
+        if m.name not in traced:
+            continue
+        rank = estimate(Scenario.from_dict(resolved(m))).ranks[0]
+        got, want = replay(moment_stream(rank)).peak_reserved, traced[m.name]["reserved"]
+        errs.append(got / want - 1)
+        print(
+            f"{m.name:<26} moment stream {got / 2**30:7.2f} GiB, trace {want / 2**30:7.2f} GiB ({errs[-1]:+.1%})"
+        )
+    print(
+        f"median {statistics.median(errs):+.1%}, median |error| {statistics.median(abs(e) for e in errs):.1%}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cost", action="store_true", help="only print the replay's cost on synthetic streams")
+    ap.add_argument(
+        "--engine-moments",
+        metavar="JSON",
+        help="replay the engine's moments as a stream against these traces",
+    )
+    ap.add_argument("-k", metavar="TEXT", help="only the scenarios whose name contains TEXT")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--conf", help="replay under this PYTORCH_CUDA_ALLOC_CONF (default: the scenario's)")
+    args = ap.parse_args(argv)
+    if args.engine_moments:
+        engine_moments_vs_trace(Path(args.engine_moments))
+        return 0
+    if args.cost:
+        for n, ms in replay_cost():
+            print(f"replay of {n:>6} events: {ms:8.2f} ms ({ms / n * 1e3:.2f} us per event)")
+        return 0
+    rows = measured()
+    out = []
+    for m in MEASUREMENTS:
+        if m.scenario.get("compile") or (args.k and args.k not in m.name):
+            continue
+        r = trace_and_replay(m, args.conf)
+        for counter in ("allocated", "reserved", "nvidia-smi"):
+            got = rows.get(f"g-{m.name}-{counter}")
+            r[f"measured_{counter}"] = got
+            r[f"error_{counter}"] = (r[counter] / got - 1) if got else None
+        out.append(r)
+        print(
+            f"{m.name:<26} reserved {r['reserved'] / 2**30:7.3f} GiB vs {r['measured_reserved'] / 2**30:7.3f} "
+            f"({r['error_reserved']:+6.2%})  nvidia-smi {r['error_nvidia-smi']:+6.2%}  allocated "
+            f"{r['error_allocated']:+6.2%}  {r['events']} events, trace {r['trace_s']} s, replay {r['replay_ms']} ms",
+            flush=True,
+        )
+    for counter in ("reserved", "nvidia-smi"):
+        errs = [r[f"error_{counter}"] for r in out if r[f"error_{counter}"] is not None]
+        if errs:
+            print(
+                f"{counter}: median {statistics.median(errs):+.2%}, median |error| "
+                f"{statistics.median(abs(e) for e in errs):.2%}, range {min(errs):+.2%} .. {max(errs):+.2%}"
+            )
+    per_event = [r["replay_ms"] / r["events"] * 1e3 for r in out if r["events"]]
+    if per_event:
+        print(f"replay cost: median {statistics.median(per_event):.2f} us per event")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The reserved and nvidia-smi counters of a traced run: its allocations and frees, in order, replayed through
+the caching allocator (``engine/allocator.py``).
+
+The tracker records every tensor storage with the sequence numbers of its allocation and its free; sorted,
+they are the stream of requests PyTorch's allocator sees on the GPU. Two things the trace cannot see are added
+as the engine models them: the cuBLAS workspaces (allocated through the caching allocator at the first matmul,
+``overhead.workspace_items``) and what lives outside the allocator (CUDA context, NCCL, paged states:
+``overhead.device_items``), added to reserved for nvidia-smi.
+
+Streams: each record carries the CUDA stream it is allocated on (``StorageRecord.stream``): FSDP2's all-gather
+buffers on its all-gather copy-in stream, its reduce-scatter buffers on the reduce-scatter stream
+(``trace/distributed.py``), everything else on the compute stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsim_widget.engine.allocator import AllocatorConf, Event, ReplayResult, alloc, free, replay
+
+
+def allocation_stream(tracker: Any, workspaces: tuple[int, ...] = ()) -> list[Event]:
+    """The traced run's allocations and frees in the order they happened (outputs of one op in the order the
+    op returned them), with ``workspaces`` allocated (never freed) when the first forward starts."""
+    keyed: list[tuple[int, int, int, Event]] = []
+    for i, rec in enumerate(tracker.records):
+        if rec.nbytes <= 0:
+            continue
+        keyed.append((rec.alloc_seq, 1, i, alloc(i, rec.nbytes, getattr(rec, "stream", 0))))
+        if rec.free_seq is not None:
+            keyed.append((rec.free_seq, 0, i, free(i)))
+    start = tracker.mark_seq(1, "forward")
+    start = 0 if start is None else start
+    for j, n in enumerate(workspaces):
+        keyed.append((start, 0, -1 - j, alloc(("workspace", j), n)))
+    keyed.sort(key=lambda k: k[:3])
+    return [k[3] for k in keyed]
+
+
+def _prepared(
+    tracker: Any, sc: Any, conf: AllocatorConf | None
+) -> tuple[list[Event], int, AllocatorConf, int]:
+    """(the stream with the cuBLAS workspaces, the bytes outside the allocator, the allocator settings, the
+    card's capacity as the engine reads it)."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.overhead import device_items, workspace_items
+
+    ctx = Context(sc)
+    ws = workspace_items(ctx)[0]
+    per = ws.bytes // max(ws.tensors, 1)
+    events = allocation_stream(tracker, (per,) * ws.tensors)
+    outside = sum(i.bytes for i in device_items(ctx))
+    return events, outside, conf or allocator_conf(ctx), ctx.gpu.memory_bytes
+
+
+def replay_trace(tracker: Any, sc: Any, conf: AllocatorConf | None = None) -> tuple[ReplayResult, int]:
+    """(the replay of a traced run of scenario ``sc`` on an unlimited card, the bytes outside the allocator
+    that nvidia-smi adds): its peak reserved is what ``torch.cuda.max_memory_reserved`` reports."""
+    events, outside, conf, _ = _prepared(tracker, sc, conf)
+    return replay(events, conf=conf), outside
+
+
+#: The three counters, as ``memsim estimate --json`` names them.
+COUNTERS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes")
+
+
+def traced_counters(sc: Any, result: Any) -> dict[str, Any]:
+    """The traced run's three counters by replay: allocated and reserved as the caching allocator counts them
+    (``max_memory_allocated``, ``max_memory_reserved``) and nvidia-smi (reserved + what lives outside it), and
+    the replay on the scenario's card (its memory less what lives outside the allocator): whether the step
+    runs, runs only because failed cudaMallocs made the allocator free its cache, or runs out of memory, and
+    then whether fragmentation or the total is the cause. Empty when the result kept no tracker."""
+    tracker = getattr(result, "tracker", None)
+    if tracker is None:
+        return {}
+    events, outside, conf, memory = _prepared(tracker, sc, None)
+    res = replay(events, conf=conf)
+    on_card = replay(events, capacity=max(memory - outside, 0), conf=conf)
+    f = on_card.failure
+    return {
+        "peak_allocated_bytes": res.peak_allocated,
+        "peak_reserved_bytes": res.peak_reserved,
+        "device_total_bytes": res.peak_reserved + outside,
+        "allocator_events": res.events,
+        "allocator_segments": res.segments,
+        "allocator_conf": conf.text,
+        "on_card": {
+            "capacity_bytes": max(memory - outside, 0),
+            "runs": on_card.ok,
+            "only_by_releasing_cache": on_card.only_by_releasing_cache,
+            "cache_releases": on_card.cache_releases,
+            "oom_cause": f.cause if f else None,
+            "oom_request_bytes": f.request if f else None,
+            "oom_largest_free_bytes": f.largest_free if f else None,
+        },
+    }
+
+
+def on_card_text(on_card: dict[str, Any] | None) -> str:
+    """The replay's verdict on the card in words (empty without a replay)."""
+    from memsim_widget.units import fmt_bytes
+
+    if not on_card:
+        return ""
+    cap = fmt_bytes(on_card["capacity_bytes"])
+    if on_card["runs"] and on_card["only_by_releasing_cache"]:
+        return (
+            f"replayed on the card ({cap} for PyTorch): runs only because failed cudaMallocs make the allocator "
+            f"free its cache ({on_card['cache_releases']} times a step or more): slower steps"
+        )
+    if on_card["runs"]:
+        return f"replayed on the card ({cap} for PyTorch): runs"
+    req, largest = fmt_bytes(on_card["oom_request_bytes"]), fmt_bytes(on_card["oom_largest_free_bytes"])
+    if on_card["oom_cause"] == "fragmentation":
+        return (
+            f"replayed on the card ({cap} for PyTorch): out of memory from fragmentation: {req} asked, the "
+            f"free bytes would hold it but the largest free range is {largest}"
+        )
+    return f"replayed on the card ({cap} for PyTorch): out of memory: {req} asked, more than is free"
