@@ -36,7 +36,9 @@ class LazyRegistry(MutableMapping[str, V]):
         self._entries[name] = value
 
     def __delitem__(self, name: str) -> None:
-        del self._entries[name]
+        if name not in self._entries and name not in self._modules:
+            raise KeyError(name)
+        self._entries.pop(name, None)
         self._modules.pop(name, None)
 
     def _names(self) -> dict[str, None]:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import memsim_widget.families as families
 from memsim_widget.architecture import FAMILIES
 
@@ -58,3 +60,21 @@ def test_a_process_imports_only_the_families_it_builds() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.splitlines() == ["[]", "['llama']", "['llama', 'llava']"]
+
+
+def test_lazy_registry_imports_on_first_use_only() -> None:
+    """Listing names imports nothing; asking for one imports its module, which must register it (else KeyError,
+    as for a name nobody registers); a registered entry needs no import; deleting an unloaded name forgets it."""
+    from memsim_widget.architecture.registry import LazyRegistry
+
+    reg: LazyRegistry[int] = LazyRegistry()
+    reg.expect({"lists": "memsim_widget.units", "never": "memsim_widget.units"})
+    reg["set"] = 1
+    assert sorted(reg) == ["lists", "never", "set"] and len(reg) == 3
+    assert reg["set"] == 1 and reg.get("nobody") is None
+    with pytest.raises(KeyError):
+        reg["lists"]  # the module imports but registers nothing under that name
+    del reg["never"]
+    assert sorted(reg) == ["lists", "set"]
+    with pytest.raises(KeyError):
+        del reg["nobody"]
