@@ -1,5 +1,5 @@
 """``memsim app``: the command it runs, the page it serves, the Dockerfile that runs it (the page itself is driven
-in Chromium by tests/browser/test_app.py)."""
+in Chromium by tests/browser/test_app_page.py)."""
 
 from __future__ import annotations
 

@@ -90,14 +90,12 @@ def _deepspeed(reading: Reading, path: Path, data: dict[str, Any], companion: Ca
     """The DeepSpeed JSON named by ``deepspeed_config_file``, else accelerate's inline DeepSpeed keys; returns tp."""
     file = get_str(path, data, "deepspeed_config.deepspeed_config_file")
     if file:
-        found = companion(path, file)
+        found = deepspeed.read_referenced(
+            reading, path, "deepspeed_config.deepspeed_config_file", file, companion
+        )
         if found is None:
-            reading.miss("parallel.zero", f"{path.name}: deepspeed_config.deepspeed_config_file", f"{file!r} "
-                         "was not given and is not beside the config: pass it too")  # fmt: skip
             return 1
         ds_path, ds_data = found
-        deepspeed.read(reading, ds_path, ds_data)
-        reading.files.append(ds_path)
         if "precision" not in reading.values:
             reading.set("precision", {"bf16": "mixed-bf16", "fp16": "mixed-fp16"}.get(mixed, "fp32"))
         return get_int(ds_path, ds_data, "tensor_parallel.autotp_size", 1)

@@ -152,14 +152,7 @@ def _layout(
         deepspeed.read(reading, path, ds_ref)
         ds = True
     elif isinstance(ds_ref, str):
-        found = companion(path, ds_ref)
-        if found is None:
-            reading.miss("parallel.zero", f"{path.name}: deepspeed", f"{ds_ref!r} was not given and is not beside "
-                         "the config: pass it too")  # fmt: skip
-        else:
-            deepspeed.read(reading, *found)
-            reading.files.append(found[0])
-            ds = True
+        ds = deepspeed.read_referenced(reading, path, "deepspeed", ds_ref, companion) is not None
     elif get_int(path, data, "fsdp_version") == 2 or data.get("fsdp_config") or data.get("fsdp"):
         reading.set("parallel.zero", 3)
         offload = get_bool(path, data, "fsdp_config.offload_params", None)

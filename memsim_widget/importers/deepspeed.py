@@ -10,6 +10,7 @@ filled by the HF integration from the trainer's arguments. The data-parallel siz
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,21 @@ def read(reading: Reading, path: Path, data: dict[str, Any]) -> None:
                      "checkpointing (Megatron models) is not read; memsim reads the trainer's flag")  # fmt: skip
     reading.miss("parallel.dp", name, "the launcher's process count (deepspeed --num_gpus, torchrun) sets the "
                  "data-parallel size; memsim assumed 1 GPU unless another file says (pass --dp)")  # fmt: skip
+
+
+def read_referenced(
+    reading: Reading, path: Path, key: str, ref: str, companion: Callable[[Path, str], Any]
+) -> tuple[Path, dict[str, Any]] | None:
+    """The DeepSpeed JSON a launch config names under ``key`` (``ref``), read into ``reading`` and listed with
+    its files; None, with the setting listed as unread, when it was neither given nor beside the config."""
+    found = companion(path, ref)
+    if found is None:
+        reading.miss("parallel.zero", f"{path.name}: {key}", f"{ref!r} was not given and is not beside the "
+                     "config: pass it too")  # fmt: skip
+        return None
+    read(reading, *found)
+    reading.files.append(found[0])
+    return found
 
 
 def _precision(reading: Reading, path: Path, data: dict[str, Any]) -> None:

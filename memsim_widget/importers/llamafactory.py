@@ -67,14 +67,7 @@ def read(reading: Reading, path: Path, data: dict[str, Any], companion: Callable
     reading.set("parallel.zero", 0)
     reading.set("parallel.offload", "none")
     if ref:
-        found = companion(path, ref)
-        if found is None:
-            reading.miss("parallel.zero", f"{name}: deepspeed", f"{ref!r} was not given and is not beside the "
-                         "config: pass it too")  # fmt: skip
-        else:
-            deepspeed.read(reading, *found)
-            reading.files.append(found[0])
-            ds = True
+        ds = deepspeed.read_referenced(reading, path, "deepspeed", ref, companion) is not None
     _precision(reading, path, data, method, ds)
     if "parallel.dp" not in reading.values:
         reading.miss("parallel.dp", name, "the launch (FORCE_TORCHRUN=1 NPROC_PER_NODE=N) sets the GPU count; "
