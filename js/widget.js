@@ -905,6 +905,18 @@ function fact(doc, text, kind, enabled) {
   return li;
 }
 var given = (x) => x !== null && x !== void 0;
+function reachFact(doc, v, kind, what, now, enabled) {
+  const r = v[kind];
+  if (!r) return null;
+  const gpus = v.num_gpus > 1 ? `these ${v.num_gpus} GPUs` : "this GPU";
+  return fact(doc, `${what} on ${gpus} with any layout: ${r.value} (now ${now}) as ${r.layout}; ${r.device_total} per GPU, ${fmtCount(Math.round(r.tokens_per_gpu_s))} tokens/s/GPU modelled, the cheapest of ${fmtCount(r.reaching)} that reach it (global batch free)`, kind, enabled && r.value !== now);
+}
+function reachFacts(doc, v, enabled) {
+  return [
+    reachFact(doc, v, "max_micro_batch_searched", "largest micro-batch", v.micro_batch_size, enabled),
+    reachFact(doc, v, "max_seq_len_searched", "longest sequence", v.seq_len, enabled)
+  ].filter(Boolean);
+}
 function renderFits(doc, panel, v, need, enabled) {
   panel.headline.replaceChildren(
     h(doc, "b", { class: "memsim-fit-word", text: "fits" }),
@@ -928,7 +940,7 @@ function renderFits(doc, panel, v, need, enabled) {
       enabled && v.max_seq_len !== v.seq_len
     ));
   }
-  return facts;
+  return [...facts, ...reachFacts(doc, v, enabled)];
 }
 function renderFixes(doc, panel, v, need, enabled) {
   const changes = v.changes ?? [];
@@ -940,7 +952,7 @@ function renderFixes(doc, panel, v, need, enabled) {
   if (first && first.max_micro_batch) {
     facts.push(fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false));
   }
-  return facts;
+  return [...facts, ...reachFacts(doc, v, enabled)];
 }
 function minGpusFact(doc, v, enabled) {
   const mg = v.min_gpus;
@@ -1332,10 +1344,11 @@ function verdictHead(doc, result) {
     })
   ]);
 }
-function peakList(doc, peaks) {
+function peakList(doc, peaks, staged) {
   return h(doc, "ul", { class: "memsim-peaks" }, (peaks ?? []).map(
     (p) => h(doc, "li", { class: `memsim-peak memsim-peak-${p.label}` }, [
       h(doc, "b", { text: `${p.label} ${p.size}` }),
+      ...staged && p.rank ? [h(doc, "span", { class: "memsim-peak-rank", text: ` on ${p.rank}` })] : [],
       ` predicts ${p.counter}`
     ])
   ));
@@ -1360,7 +1373,7 @@ function renderVerdict(doc, el, result) {
   const scaling = scalingText(result.scaling ?? {});
   if (scaling) extra.push(h(doc, "div", { class: "memsim-scaling-summary", text: scaling }));
   el.className = `memsim-verdict memsim-verdict-${result.verdict.replace(/ /g, "-")}`;
-  el.replaceChildren(verdictHead(doc, result), peakList(doc, result.peaks), ...extra);
+  el.replaceChildren(verdictHead(doc, result), peakList(doc, result.peaks, (result.per_rank ?? []).length > 1), ...extra);
 }
 function buildTable(doc, rows) {
   const cols = [

@@ -175,10 +175,7 @@ def _table(est: Any, headroom: float) -> str:
         ),
         f"gpu       {est.gpu.name} ({_gib(est.gpu.memory_bytes)} GiB) x {est.scenario.parallel.world_size}",
         f"peak      {est.peak_phase} on {r.label}",
-        f"  tensors    {_gib(est.peak_tensor_bytes):>10} GiB  (live tensors, as a fake-tensor trace sees them)",
-        f"  allocated  {_gib(est.peak_allocated_bytes):>10} GiB  (torch.cuda.max_memory_allocated)",
-        f"  reserved   {_gib(est.peak_reserved_bytes):>10} GiB  (torch.cuda.max_memory_reserved)",
-        f"  device     {_gib(est.device_total_bytes):>10} GiB  (nvidia-smi)",
+        *_counter_lines(est),
         f"verdict   {est.verdict(headroom)} ({headroom:.0%} headroom; "
         f"recommended >= {_gib(est.recommended_memory_bytes(headroom))} GiB)",
         *(f"caveat    {c}" for c in est.caveats),
@@ -201,6 +198,27 @@ def _table(est: Any, headroom: float) -> str:
             + ", ".join(f"{x.label} {_gib(x.device_total_bytes)} GiB at {x.peak_phase}" for x in est.ranks)
         )
     return "\n".join(lines)
+
+
+#: The headline counters in the text report: (key, label, what measures it).
+_COUNTER_LINES = (
+    ("peak_tensor_bytes", "tensors", "live tensors, as a fake-tensor trace sees them"),
+    ("peak_allocated_bytes", "allocated", "torch.cuda.max_memory_allocated"),
+    ("peak_reserved_bytes", "reserved", "torch.cuda.max_memory_reserved"),
+    ("device_total_bytes", "device", "nvidia-smi"),
+)
+
+
+def _counter_lines(est: Any) -> list[str]:
+    """One line per headline counter; with several pipeline stages each names the stage it comes from
+    (per counter, the worst stage)."""
+    staged = len(est.ranks) > 1
+    lines = []
+    for key, label, what in _COUNTER_LINES:
+        rank = est.worst_for(key)
+        where = f" on {rank.label}" if staged else ""
+        lines.append(f"  {label:<10} {_gib(rank.counter(key)):>10} GiB  ({what}){where}")
+    return lines
 
 
 def _phase_lines(est: Any) -> list[str]:
@@ -624,14 +642,18 @@ def _recommend_text(rec: Any) -> str:
         change_lines(rec.singles)
     lines.append("")
     mb = rec.max_micro_batch
-    lines.append(f"max micro-batch   {mb if mb is not None else 'none fits'}")
+    lines.append(f"max micro-batch   {mb if mb is not None else 'none fits'} (this layout)")
     if rec.with_first_fix is not None:
         wf = rec.with_first_fix
         lines.append(
             f"  with change 1    {wf['max_micro_batch'] if wf['max_micro_batch'] is not None else 'none fits'}"
         )
+    lines += _reach_lines(rec.max_micro_batch_searched, rec)
     if rec.max_seq_len is not None or not rec.fits:
-        lines.append(f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'}")
+        lines.append(
+            f"max sequence      {rec.max_seq_len if rec.max_seq_len is not None else 'none fits'} (this layout)"
+        )
+        lines += _reach_lines(rec.max_seq_len_searched, rec)
     mg = rec.min_gpus
     if mg is None:
         lines.append(f"min GPUs          none: {rec.min_gpus_reason}")
@@ -648,6 +670,21 @@ def _recommend_text(rec: Any) -> str:
     elif not rec.fits:
         lines.append("smallest card     none in the catalog holds it as it is")
     return "\n".join(lines)
+
+
+def _reach_lines(r: Any, rec: Any) -> list[str]:
+    """recommend's largest micro-batch / sequence on the same GPUs with any layout (``plan.reach``), in words."""
+    n = rec.scenario.parallel.world_size
+    if r is None:
+        return [
+            f"  any layout       none fits on {n} GPU{'s' if n > 1 else ''} (or the planner does not model it)"
+        ]
+    beyond = f"{r.next_stop} fits no layout" if r.next_stop is not None else "the search's top"
+    return [
+        f"  any layout       {r.value} on {n} GPU{'s' if n > 1 else ''} as {r.layout}",
+        f"                   {_gib(r.estimate.device_total_bytes)} GiB per GPU, {r.tokens_per_gpu_s:,.0f} tokens/s/GPU "
+        f"(modelled; the cheapest of {r.reaching:,} that reach it, global batch free; {beyond})",
+    ]
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

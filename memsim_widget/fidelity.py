@@ -1048,6 +1048,21 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"tie_word_embeddings": True, "state_size": 8, "conv_kernel": 3, "use_bias": True},
                 {"micro_batch_size": 1, "seq_len": 128},
             ),
+            (
+                "torch bf16 lora in_proj x_proj b2 s64",
+                {},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 64,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["in_proj", "x_proj"]},
+                },
+            ),
+            (
+                "torch V32k bf16 b2 s64 (outputs kept: step; the model returns fp32 logits)",
+                {"vocab_size": 32000},
+                {"micro_batch_size": 2, "seq_len": 64, "output_lifetime": "step"},
+            ),
         )
     ),
     # Mamba-2: transformers' chunked SSD in torch (the per-chunk states and l x l decays saved); kernel path a formula
@@ -1065,6 +1080,31 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 "torch V64 bf16 b2 s512 (peak in a layer's backward)",
                 {"vocab_size": 64},
                 {"micro_batch_size": 2, "seq_len": 512},
+            ),
+            (
+                "torch bf16 lora in_proj b2 s512",
+                {},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 512,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["in_proj"]},
+                },
+            ),
+            (
+                "torch bf16 lora in_proj b1 s1000 (padded last chunk)",
+                {},
+                {
+                    "micro_batch_size": 1,
+                    "seq_len": 1000,
+                    "method": "lora",
+                    "lora": {"rank": 8, "targets": ["in_proj"]},
+                },
+            ),
+            (
+                "torch V32k bf16 b2 s256 (outputs kept: backward; the model returns fp32 logits)",
+                {"vocab_size": 32000},
+                {"micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
             ),
         )
     ),
@@ -1130,6 +1170,12 @@ LLAVA = {
     "vision_config": {"model_type": "clip_vision_model", **CLIP["vision_config"]},
 }
 _LORA_QV = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+#: LoRA on q/v of the language model only (a multimodal model's tower and projector excluded, as peft's
+#: ``exclude_modules`` does); ``_LORA_QV`` is peft's default, names matched across the whole model
+_LORA_QV_LM = {
+    "method": "lora",
+    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"], "target_scope": "language"},
+}
 #: Gemma 3 with its SigLIP tower (the same 4-layer tower, no CLS, pooled 14 x 14 -> 7 x 7: 49 tokens per image),
 #: the small Gemma 3 text model, trained with token_type_ids (a mask in every layer)
 GEMMA3_VLM = {
@@ -1183,10 +1229,10 @@ _QWEN_KEYS = (
     ("bf16 sdpa trained tower", {"freeze_vision": False}),
     ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
     ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
-    ("bf16 lora qv (LM only)", _LORA_QV),
+    ("bf16 lora qv (LM only)", _LORA_QV_LM),
     (
         "bf16 lora all-linear (LM, tower, merger)",
-        {"method": "lora", "lora": {"rank": 8, "targets": ["all-linear"]}, "freeze_vision": False},
+        {"method": "lora", "lora": {"rank": 8, "targets": ["all-linear"]}},
     ),
     ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
     ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
@@ -1209,8 +1255,8 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
             ("bf16 sdpa trained tower", {"freeze_vision": False}),
             ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
             ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
-            ("bf16 lora qv (LM only)", _LORA_QV),
-            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV_LM),
+            ("bf16 lora qv (LM and tower: peft's name matching)", _LORA_QV),
             ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
             ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
         )
@@ -1233,8 +1279,8 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
             ("bf16 sdpa frozen tower", {}),
             ("bf16 sdpa trained tower", {"freeze_vision": False}),
             ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
-            ("bf16 lora qv (LM only)", _LORA_QV),
-            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV_LM),
+            ("bf16 lora qv (LM and tower: peft's name matching)", _LORA_QV),
         )
     ),
     (
@@ -1256,8 +1302,8 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
             ("bf16 sdpa trained tower", {"freeze_vision": False}),
             ("amp-bf16 sdpa frozen tower", {"precision": "amp-bf16"}),
             ("amp-bf16 sdpa trained tower", {"precision": "amp-bf16", "freeze_vision": False}),
-            ("bf16 lora qv (LM only)", _LORA_QV),
-            ("bf16 lora qv (LM and tower)", {**_LORA_QV, "freeze_vision": False}),
+            ("bf16 lora qv (LM only)", _LORA_QV_LM),
+            ("bf16 lora qv (LM and tower: peft's name matching)", _LORA_QV),
             ("bf16 ckpt frozen tower", {"activation_checkpointing": "full"}),
             ("bf16 ckpt trained tower", {"activation_checkpointing": "full", "freeze_vision": False}),
         )
@@ -1298,7 +1344,7 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     # the presets' real shapes (fake tensors: 10-45 s each)
     (
-        "llava-1.5-7b bf16 lora qv b1 s512+576 (real shape)",
+        "llava-1.5-7b bf16 lora qv b1 s512+576 (real shape, peft's name matching: tower adapters too)",
         {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
     ),
     (
@@ -1306,7 +1352,7 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
         {"model": "llava-1.5-7b", "micro_batch_size": 1, "seq_len": 512},
     ),
     (
-        "gemma-3-4b bf16 lora qv b1 s512+256 (real shape)",
+        "gemma-3-4b bf16 lora qv b1 s512+256 (real shape, peft's name matching: tower adapters too)",
         {"model": "gemma-3-4b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
     ),
     (
@@ -1318,8 +1364,12 @@ MULTIMODAL_CASES: list[tuple[str, dict[str, Any]]] = [
         {"model": "qwen2.5-vl-3b", "micro_batch_size": 1, "seq_len": 512},
     ),
     (
-        "llava-v1.6-mistral-7b bf16 lora qv b1 s512+2928 (real shape, 672 px image: 5 crops)",
+        "llava-v1.6-mistral-7b bf16 lora qv b1 s512+2928 (real shape, 672 px image: 5 crops; peft's name matching)",
         {"model": "llava-v1.6-mistral-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
+    ),
+    (
+        "llava-v1.6-mistral-7b bf16 lora qv b1 s512+2928 (real shape; LM only: target_scope language)",
+        {"model": "llava-v1.6-mistral-7b", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV_LM},
     ),
     (
         "clip-vit-base-patch32 bf16 sdpa b64 s77 (real shape)",
@@ -1348,13 +1398,14 @@ CASES += [
     for label, keys in (
         ("bf16 sdpa frozen tower", {}),
         ("bf16 sdpa trained tower", {"freeze_vision": False}),
-        ("bf16 lora qv (LM only)", _LORA_QV),
+        ("bf16 lora qv (LM only)", _LORA_QV_LM),
+        ("bf16 lora qv (LM and tower: peft's name matching)", _LORA_QV),
         ("bf16 sdpa trained tower, 2 images per sample", {"freeze_vision": False, "images_per_sample": 2}),
     )
 ]
 CASES += [  # the Scout preset's real shape (fake tensors: ~15 s each)
     (
-        "llama-4-scout-17b-16e bf16 lora qv b1 s512+147 (real shape, frozen tower)",
+        "llama-4-scout-17b-16e bf16 lora qv b1 s512+147 (real shape, peft's name matching: tower adapters too)",
         {"model": "llama-4-scout-17b-16e", "micro_batch_size": 1, "seq_len": 512, **_LORA_QV},
     ),
     (
@@ -1571,6 +1622,40 @@ OBJECTIVE_CASES: list[tuple[str, dict[str, Any]]] = [
     ),
 ]
 CASES += OBJECTIVE_CASES
+
+
+_LORA_QV_COMPILED = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+#: Compiled steps (``compile: true``; trace/compiled.py): the engine's rule for the Llama layout in bf16 and
+#: amp-bf16 (engine/activations/compiled.py), eager's figure elsewhere (said in its caveats).
+COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
+    [
+        (f"{name} compiled", {**dict(CASES)[name], "compile": True})
+        for name in (
+            "llama bf16 sdpa b2 s512",
+            "mistral bf16 sdpa b2 s512",
+            "llama V64 bf16 b4 s512",
+            "llama amp-bf16 sdpa b2 s512",
+            "qwen2 bf16 sdpa b2 s512",
+            "gpt2 bf16 sdpa b2 s512",
+            "vit bf16 sdpa b8 (no dropout)",
+        )
+    ]
+    + [
+        (f"{name} compiled", {**dict(CASES)[base], "precision": "amp-bf16", "compile": True})
+        for name, base in (
+            ("qwen2 amp-bf16 sdpa b2 s512", "qwen2 bf16 sdpa b2 s512"),
+            ("llama V64 amp-bf16 b4 s512", "llama V64 bf16 b4 s512"),
+        )
+    ]
+    + [
+        (f"{name} compiled", {**dict(CASES)[base], **_LORA_QV_COMPILED, "compile": True})
+        for name, base in (
+            ("llama bf16 lora qv b2 s512", "llama bf16 sdpa b2 s512"),
+            ("qwen2 bf16 lora qv b2 s512", "qwen2 bf16 sdpa b2 s512"),
+            ("llama V64 bf16 lora qv b4 s512 (peak in a layer's backward)", "llama V64 bf16 b4 s512"),
+        )
+    ]
+)
 
 
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 // "Make it fit": the toggle writes `fit_open`; the panel shows the `fit` trait (the smallest changes that fit,
-// or how far a fitting scenario goes; single levers; the fewest GPUs) and holds "Layouts". Every "Apply"
+// or how far a fitting scenario goes; how far micro-batch and sequence go on the same GPUs with any layout;
+// single levers; the fewest GPUs) and holds "Layouts". Every "Apply"
 // sends the entry of the result it shows ({type: "fit_apply"} or {type: "layout_apply"}, with that result's
 // id); Python applies it like an edit.
 
 import { applyButton, h, thead } from "./dom.js";
-import { fmtBytes, fmtGiB } from "./format.js";
+import { fmtBytes, fmtCount, fmtGiB } from "./format.js";
 import { createLayoutsPanel, wireLayouts } from "./layouts.js";
 import { readTrait } from "./state.js";
 
@@ -57,6 +58,24 @@ function fact(doc, text, kind, enabled) {
 
 const given = (x) => x !== null && x !== undefined;
 
+/** How far micro-batch (`max_micro_batch_searched`) or sequence goes on the same GPUs with any layout and knobs
+ * (the planner's search, global batch free), with the cheapest layout that gets there; null when none fits. */
+function reachFact(doc, v, kind, what, now, enabled) {
+  const r = v[kind];
+  if (!r) return null;
+  const gpus = v.num_gpus > 1 ? `these ${v.num_gpus} GPUs` : "this GPU";
+  return fact(doc, `${what} on ${gpus} with any layout: ${r.value} (now ${now}) as ${r.layout}; ` +
+    `${r.device_total} per GPU, ${fmtCount(Math.round(r.tokens_per_gpu_s))} tokens/s/GPU modelled, the cheapest of ` +
+    `${fmtCount(r.reaching)} that reach it (global batch free)`, kind, enabled && r.value !== now);
+}
+
+function reachFacts(doc, v, enabled) {
+  return [
+    reachFact(doc, v, "max_micro_batch_searched", "largest micro-batch", v.micro_batch_size, enabled),
+    reachFact(doc, v, "max_seq_len_searched", "longest sequence", v.seq_len, enabled),
+  ].filter(Boolean);
+}
+
 /** A fitting scenario: the headline, and how far micro-batch and sequence go. Returns the facts. */
 function renderFits(doc, panel, v, need, enabled) {
   panel.headline.replaceChildren(h(doc, "b", { class: "memsim-fit-word", text: "fits" }),
@@ -71,7 +90,7 @@ function renderFits(doc, panel, v, need, enabled) {
     facts.push(fact(doc, `longest sequence that fits: ${v.max_seq_len} (now ${v.seq_len})`, "max_seq_len",
       enabled && v.max_seq_len !== v.seq_len));
   }
-  return facts;
+  return [...facts, ...reachFacts(doc, v, enabled)];
 }
 
 /** A scenario that does not fit: the headline and the smallest changes that fit. Returns the facts. */
@@ -86,7 +105,7 @@ function renderFixes(doc, panel, v, need, enabled) {
   if (first && first.max_micro_batch) {
     facts.push(fact(doc, `with “${first.change}”, micro-batches up to ${first.max_micro_batch} fit`, "", false));
   }
-  return facts;
+  return [...facts, ...reachFacts(doc, v, enabled)];
 }
 
 function minGpusFact(doc, v, enabled) {

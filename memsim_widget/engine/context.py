@@ -113,16 +113,22 @@ class Context:
 
     @property
     def frozen_stacks(self) -> frozenset[str]:
-        """Parameter stacks that train neither fully nor through adapters (a frozen vision tower)."""
+        """Parameter stacks that train neither fully nor through adapters: under full training a frozen vision
+        tower; under LoRA the tower and projector when ``lora.target_scope`` is ``language`` (under peft's
+        ``model`` scope they get adapters wherever a target name matches, as ``get_peft_model`` puts them)."""
         override = getattr(self, "frozen_override", None)  # a tower's context (engine/vision.py)
         if override is not None:
             return override
         unused = (
             {"vision_unused"} if self.arch.extra.get("vision") else set()
-        )  # LLaVA's tower past the layer read
+        )  # LLaVA's tower past the layer read (peft's adapters there get no gradient: not counted)
         if unused and not self.images_per_sample:
             # no image: the tower and projector never run, so they get no gradient and AdamW no state (traced)
             return frozenset({"vision", "projector", *unused})
+        if not unused:
+            return frozenset()
+        if not self.full_training:
+            return frozenset(TOWER_STACKS if self.scenario.lora.target_scope == "language" else unused)
         return frozenset({"vision", *unused} if self.freeze_vision else unused)
 
     @property
@@ -197,8 +203,8 @@ class Context:
     @cached_property
     def stages(self) -> tuple[Stage, ...]:
         p = self.par.pp
-        per = self.arch.num_layers // p
-        return tuple(Stage(i, p, per, i == 0, i == p - 1) for i in range(p))
+        split = self.par.pp_layers or (self.arch.num_layers // p,) * p  # even unless parallel.pp_layers
+        return tuple(Stage(i, p, split[i], i == 0, i == p - 1) for i in range(p))
 
     def in_flight(self, stage: Stage) -> float:
         """Micro-batches whose activations a stage holds at once (docs/memory-facts.md#parallel-layouts)."""

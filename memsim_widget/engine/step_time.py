@@ -122,6 +122,9 @@ class TimeModel:
     trainable: int
     act_bytes: int
     grad_bytes: int
+    #: Bytes per base parameter when a rank fetches the weights (offload copies, ZeRO-3 gathers): the 16-bit
+    #: copy, or QLoRA's NF4 storage with its absmax (``states.weights.fetched_bytes_per_parameter``).
+    fetch_bytes: float
     autocast: bool
     peak_flops: float
     efficiency: float
@@ -135,8 +138,9 @@ class TimeModel:
 
 
 def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU, trainable: int,
-               adapter_elements: int, adapter_io: int) -> TimeModel:  # fmt: skip
-    """The fixed part of the time model for ``scenario`` (``arch``: its Architecture)."""
+               adapter_elements: int, adapter_io: int, fetch_bytes: float | None = None) -> TimeModel:  # fmt: skip
+    """The fixed part of the time model for ``scenario`` (``arch``: its Architecture; ``fetch_bytes``: bytes per
+    parameter fetched, default the 16-bit copy)."""
     speed = gpu_speed(gpu)
     fl = model_flops(arch)
     fp32 = recipe.act_bytes == 4
@@ -163,6 +167,7 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         trainable=trainable,
         act_bytes=recipe.act_bytes,
         grad_bytes=recipe.grad_bytes,
+        fetch_bytes=float(recipe.act_bytes if fetch_bytes is None else fetch_bytes),
         autocast=recipe.autocast,
         peak_flops=(speed.fp32_tflops if fp32 else speed.tflops) * 1e12,
         efficiency=matmul_efficiency(gpu.generation),
@@ -333,7 +338,7 @@ def _data_parallel_seconds(
     reduction and parameter all-gather once per step."""
     w, mx = ops.where, ops.maximum
     d, zero, lst, p_loc, tr_loc = r.d, r.zero, r.lst, r.p_loc, r.tr_loc
-    z3 = (d - 1) / d * (p_loc * k.gathers * k.act_bytes + tr_loc * k.grad_bytes) / bw_dp
+    z3 = (d - 1) / d * (p_loc * k.gathers * k.fetch_bytes + tr_loc * k.grad_bytes) / bw_dp
     z3_exposed = w((zero == 3) & (d > 1), mx(z3 - t_mb, 0.0) + z3 / lst, 0.0)
     red = w(zero == 0, 2.0, 1.0) * (d - 1) / d * tr_loc * k.grad_bytes / bw_dp
     red_exposed = mx(red - t_bwd, 0.0) + red / lst
@@ -366,7 +371,7 @@ def _optimizer_seconds(
     t_opt = w(off == 0, tr_sh * c["opt_bytes"] / hbm, 0.0)
     pcie = k.speed.pcie_gb_s * 1e9 * PCIE_EFFICIENCY
     t_off = w(off >= 1, tr_sh * (k.grad_bytes + 2.0) / pcie + tr_sh / CPU_ADAM_PARAMS_PER_S, 0.0)
-    t_off = t_off + w(off == 2, m * k.gathers * p_loc / d * k.act_bytes / pcie, 0.0)
+    t_off = t_off + w(off == 2, m * k.gathers * p_loc / d * k.fetch_bytes / pcie, 0.0)
     return tr_sh, t_opt, t_off
 
 
@@ -413,7 +418,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
               "el": mem["el"], "loss_b": mem["loss_b"], "cast_b": mem["cast_b"], "deq_b": mem["deq_b"],
               "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep, "z3": dp["z3"], "z3x": m * z3_exposed, "red": dp["red"],
               "gather": dp["gather"], "bubble_mbs": bubble_mbs, "t_pipe": t_pipe, "tr_sh": tr_sh, "d": r.d,
-              "world": r.world},
+              "world": r.world, "offload_params": r.off == 2},
     }  # fmt: skip
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
 from memsim_widget.engine.step_time import (
     TIME_CATEGORIES,
     TimeCategory,
@@ -49,7 +50,8 @@ def context_time_model(ctx: Context) -> TimeModel:
     """The fixed part of the time model of a resolved scenario."""
     adapters = sum(a.numel for a in ctx.adapters)
     io = sum((a.in_features + a.out_features) * a.base.count for a in ctx.adapters)
-    return time_model(ctx.scenario, ctx.arch, ctx.recipe, ctx.gpu, ctx.trainable_parameters, adapters, io)
+    return time_model(ctx.scenario, ctx.arch, ctx.recipe, ctx.gpu, ctx.trainable_parameters, adapters, io,
+                      fetched_bytes_per_parameter(ctx))  # fmt: skip
 
 
 def step_time(ctx: Context) -> StepTime:
@@ -116,6 +118,8 @@ def _items(k: TimeModel, p: dict) -> tuple[TimeItem, ...]:
         TimeItem(TimeCategory.OPTIMIZER_STEP, "optimizer step (memory-bound)", p["optimizer step"],
                  f"{_g(v['tr_sh'])} trained parameters on this rank x bytes read and written / HBM"),
         TimeItem(TimeCategory.OFFLOAD, "offloaded optimizer (PCIe + host Adam)", p["offload"],
-                 f"{_g(v['tr_sh'])} parameters: gradients down, weights up over PCIe, CPU Adam at 1e9/s"),
+                 f"{_g(v['tr_sh'])} parameters: gradients down, weights up over PCIe, CPU Adam at 1e9/s"
+                 + (f"; offloaded weights fetched {k.gathers} x per micro-batch at {_g(k.fetch_bytes)} B per "
+                    "parameter" if v["offload_params"] else "")),
     ]  # fmt: skip
     return tuple(out)

@@ -146,10 +146,18 @@ def _vision_notes(draft: Draft) -> None:
         f"({ctx.image_tokens} image tokens added to each sample's {draft.scenario.seq_len} text tokens); "
         "your data and collator decide it"
     )
-    if ctx.freeze_vision:
+    if not ctx.full_training:
         draft.note(
-            "freeze_vision: memsim assumed the vision tower frozen (requires_grad False on its parameters, no LoRA "
-            "adapter on it, e.g. PEFT exclude_modules); set it in your training script"
+            "lora.target_scope language: memsim assumed no adapter on the vision tower or projector (e.g. PEFT "
+            "exclude_modules on them); set it in your training script"
+            if draft.scenario.lora.target_scope == "language"
+            else "lora.target_scope model: memsim assumed adapters wherever a target name matches, the vision tower "
+            "and projector included, as PEFT's target_modules matches by default"
+        )
+    elif ctx.freeze_vision:
+        draft.note(
+            "freeze_vision: memsim assumed the vision tower frozen (requires_grad False on its parameters); set it "
+            "in your training script"
         )
     else:
         draft.note("freeze_vision false: memsim assumed the vision tower trained with the rest")

@@ -173,6 +173,9 @@ def _ssm_architecture(
             "residual_in_fp32": read_bool(cfg, "residual_in_fp32", d_["residual_in_fp32"]),
             "rms_norm_eps": read_positive(cfg, "layer_norm_epsilon", d_["layer_norm_epsilon"]),
             "use_cache": False,
+            # MambaForCausalLM and Mamba2ForCausalLM return ``lm_head(h).float()``: a loop that keeps the model
+            # output keeps fp32 logits (transformers 5.24 modeling_mamba.py / modeling_mamba2.py; traced)
+            "fp32_logits": True,
         },
     )
 

@@ -25,6 +25,9 @@ from memsim_widget.units import GiB
 if TYPE_CHECKING:
     import pandas as pd
 
+    from memsim_widget.plan.reach import Reach
+    from memsim_widget.plan.space import SearchSpace
+
 #: Largest number of levers combined in one recommendation.
 MAX_LEVERS = 3
 #: Upper bounds of the "how far" searches.
@@ -555,6 +558,11 @@ class Recommendation:
     bound: str | None = None
     #: The catalog card with the least memory (more than this one's) that holds the scenario as it is.
     smallest_card: dict[str, Any] | None = None
+    #: The largest micro-batch / sequence on the same GPUs with any layout and knobs of the planner's space
+    #: (global batch free), and the cheapest candidate that reaches it (``plan.reach``); None when none fits
+    #: or the planner does not model the scenario.
+    max_micro_batch_searched: Reach | None = None
+    max_seq_len_searched: Reach | None = None
 
     @property
     def fits(self) -> bool:
@@ -608,6 +616,8 @@ class Recommendation:
             "with_first_fix": self.with_first_fix,
             "bound": self.bound,
             "smallest_card": self.smallest_card,
+            "max_micro_batch_searched": _reach_dict(self.max_micro_batch_searched),
+            "max_seq_len_searched": _reach_dict(self.max_seq_len_searched),
         }
 
     def summary(self) -> str:
@@ -618,6 +628,27 @@ class Recommendation:
             return head + f"; no lever fits: {self.bound}"
         best = self.changes[0]
         return head + f"; smallest fix: {best.label} (saves {best.saved_bytes / GiB:.1f} GiB; {best.cost})"
+
+
+def _reach_dict(r: Reach | None) -> dict[str, Any] | None:
+    return None if r is None else r.to_dict()
+
+
+def _reach(scenario: Scenario, key: str, headroom: float) -> Reach | None:
+    """``plan.reach`` of ``key`` on the scenario's GPUs over ``planner_space`` (micro-batch up to
+    ``MAX_MICRO_BATCH``; sequence in steps of 128 tokens up to ``MAX_SEQ_LEN`` or the position table), or None
+    where the planner does not model the scenario."""
+    from memsim_widget.plan.reach import reach
+
+    try:
+        if key == "seq_len":
+            table = Context(scenario).arch.max_seq_len
+            step, top = 128, min(MAX_SEQ_LEN, table) if table else MAX_SEQ_LEN
+        else:
+            step, top = 1, MAX_MICRO_BATCH
+        return reach(scenario, key, planner_space(scenario), step=step, top=top, headroom=headroom)
+    except ScenarioError:
+        return None
 
 
 def _largest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
@@ -767,12 +798,25 @@ def _fixes(search: _Search, keep: dict[str, list[Option]], job: dict[str, list[O
     return sorted(same[:10] + sorted(other, key=_order)[:6], key=_order)
 
 
+def planner_space(scenario: Scenario) -> SearchSpace:
+    """The planner's space for recommend's searches: every knob, the scenario's optimizer and 8-bit AdamW
+    in place of Adam/AdamW, and every offload (parameter offload included)."""
+    from memsim_widget.plan.space import SearchSpace
+
+    opts = (
+        (scenario.optimizer, "adamw-8bit")
+        if scenario.optimizer in ("adam", "adamw")
+        else (scenario.optimizer,)
+    )
+    return SearchSpace(optimizers=opts, offload=("none", "optimizer", "optimizer+params"))
+
+
 def _planner_option(scenario: Scenario, headroom: float) -> Option | None:
     """The planner's best candidate (``plan.search.plan``, ranked by modelled tokens/s per GPU) on the
     scenario's own GPUs, with its global batch and method kept, as one option; None when nothing fits there
     or the planner does not model the scenario (an RL objective, a calibrated model)."""
+    from memsim_widget.plan.reach import layout_words
     from memsim_widget.plan.search import plan
-    from memsim_widget.plan.space import SearchSpace
 
     if scenario.objective_name != "sft":
         return None
@@ -780,17 +824,11 @@ def _planner_option(scenario: Scenario, headroom: float) -> Option | None:
     per_replica = (
         scenario.micro_batch_size * scenario.grad_accum_steps * (par.pp_microbatches if par.pp > 1 else 1)
     )
-    opts = (
-        (scenario.optimizer, "adamw-8bit")
-        if scenario.optimizer in ("adamw", "adam")
-        else (scenario.optimizer,)
-    )
     try:
-        space = SearchSpace(optimizers=opts, offload=("none", "optimizer", "optimizer+params"))
         p = plan(
             base=scenario,
             gpus=par.world_size,
-            space=space,
+            space=planner_space(scenario),
             headroom=headroom,
             top=1,
             widen=False,
@@ -804,12 +842,7 @@ def _planner_option(scenario: Scenario, headroom: float) -> Option | None:
     old, new = scenario.to_dict(), best.to_dict()
     changes = {k: new[k] for k in new if k not in ("parallel", "num_gpus") and new[k] != old[k]}
     changes.update({f"parallel.{k}": v for k, v in new["parallel"].items() if v != old["parallel"][k]})
-    b = best.parallel
-    label = (
-        f"the planner's best layout on {b.world_size} GPUs: dp={b.dp} tp={b.tp} pp={b.pp} cp={b.cp} ep={b.ep} "
-        f"ZeRO-{b.zero}{' sp' if b.sequence_parallel else ''}, micro-batch {best.micro_batch_size}, "
-        f"checkpointing {best.activation_checkpointing}, {best.loss} loss, {best.optimizer}, offload {b.offload}"
-    )
+    label = f"the planner's best layout on {best.parallel.world_size} GPUs: {layout_words(best)}"
     cost = (
         "several knobs at once: memsim plan's fastest fitting candidate for these GPUs and this global batch"
     )
@@ -850,8 +883,10 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
     rec.max_micro_batch = _largest(
         lambda b: _fits(scenario.replace(micro_batch_size=b), headroom), 1, MAX_MICRO_BATCH
     )
+    rec.max_micro_batch_searched = _reach(scenario, "micro_batch_size", headroom)
     if ctx.arch.fixed_seq_len is None:
         rec.max_seq_len = _max_seq_len(scenario, ctx.arch.max_seq_len, headroom)
+        rec.max_seq_len_searched = _reach(scenario, "seq_len", headroom)
     rec.min_gpus = _min_gpus(scenario, headroom)
     if rec.min_gpus is None:
         rec.min_gpus_reason = _why_no_gpu_count(scenario, headroom)

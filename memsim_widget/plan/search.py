@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -146,8 +146,8 @@ class Plan:
         """Why ``fmt`` cannot express ``candidate`` (the writer's own refusal, naming the field), or None."""
         from memsim_widget.export import export
 
-        try:
-            export(self.scenario(candidate), fmt, self.estimate(candidate))
+        try:  # the estimate only when the writer reads it (its note): a refusal comes before, at no engine cost
+            export(self.scenario(candidate), fmt, _Lazy(lambda: self.estimate(candidate)))
         except ScenarioError as e:
             return e
         return None
@@ -163,26 +163,28 @@ class Plan:
 
     @cached_property
     def _exportable(self) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
-        """The frontier filtered by ``export_format``: each group of candidates that agree on every column a
-        writer reads (all but micro-batch, accumulation and the data-parallel count beyond 1) is tried once."""
+        """The memory/throughput frontier of the candidates ``export_format`` can express (``frontier`` over
+        them: a candidate the format cannot express no longer hides one it can), and what it left out of the
+        plain ranking, by field. Each group of candidates that agree on every column a writer reads (all but
+        micro-batch, accumulation and the data-parallel count beyond 1) is tried once."""
         fmt = self.export_format
         assert fmt is not None
         c = self.columns
-        keep: list[int] = []
         why: dict[tuple[int, ...], ScenarioError | None] = {}
-        left: dict[str, dict[str, Any]] = {}
-        for i in self.frontier.tolist():
+
+        def refusal(i: int) -> ScenarioError | None:
             key = tuple(int(c[k][i]) for k in COLUMNS if k not in ("micro_batch", "grad_accum", "dp"))
             key += (int(c["dp"][i] > 1), int(c["method"][i]))
             if key not in why:
                 why[key] = self.export_refusal(i, fmt)
-            err = why[key]
-            if err is None:
-                keep.append(i)
-            else:
+            return why[key]
+
+        left: dict[str, dict[str, Any]] = {}
+        for i in self.frontier.tolist():
+            if (err := refusal(i)) is not None:
                 entry = left.setdefault(err.field, {"count": 0, "why": err.message})
                 entry["count"] += 1
-        return np.asarray(keep, dtype=np.int64), left
+        return self._frontier_of(lambda i: refusal(i) is None), left
 
     @cached_property
     def frontier(self) -> np.ndarray:
@@ -199,14 +201,8 @@ class Plan:
         fits = np.nonzero(c["fits"])[0]
         if fits.size == 0:
             return fits
-        tok = c["tokens_per_gpu_s"][fits]
-        mem = c["device_total_bytes"][fits]
-        cols = [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer", "method")]
-        _, group = unique_codes(cols)
-        order = np.lexsort((mem, -tok, group))
+        group, order, m_sorted = self._frontier_order(fits)
         g_sorted = group[order]
-        # memory as its rank among the fitting candidates (same order, small numbers: no int64 overflow)
-        m_sorted = np.unique(mem, return_inverse=True)[1].reshape(-1)[order]
         new_group = np.r_[True, g_sorted[1:] != g_sorted[:-1]]
         # running minimum of memory within each group: later groups get smaller offsets, so the
         # running minimum over the whole array restarts at every group
@@ -216,7 +212,41 @@ class Plan:
         prev = np.where(new_group, np.iinfo(np.int64).max, np.r_[0, running[:-1]])
         keep = np.zeros(fits.size, dtype=bool)
         keep[order] = m_sorted < prev
-        kept = fits[keep]
+        return self._rank(fits[keep])
+
+    def _frontier_order(self, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each fitting candidate's group (layout, method, optimizer), the order that sorts them by group, then
+        tokens/s down, then memory up, and their memory ranks in that order."""
+        c = self.columns
+        tok = c["tokens_per_gpu_s"][fits]
+        mem = c["device_total_bytes"][fits]
+        cols = [c[k][fits] for k in ("num_gpus", "dp", "tp", "pp", "cp", "ep", "optimizer", "method")]
+        _, group = unique_codes(cols)
+        order = np.lexsort((mem, -tok, group))
+        # memory as its rank among the fitting candidates (same order, small numbers: no int64 overflow)
+        m_sorted = np.unique(mem, return_inverse=True)[1].reshape(-1)[order]
+        return group, order, m_sorted
+
+    def _frontier_of(self, accept: Callable[[int], bool]) -> np.ndarray:
+        """``frontier`` among the fitting candidates ``accept`` takes (asked only of those no accepted one of
+        their group beats on both memory and throughput), ranked the same way."""
+        fits = np.nonzero(self.columns["fits"])[0]
+        if fits.size == 0:
+            return fits
+        group, order, m_sorted = self._frontier_order(fits)
+        kept: list[int] = []
+        last, low = -1, np.iinfo(np.int64).max
+        for g, j, m in zip(group[order].tolist(), order.tolist(), m_sorted.tolist(), strict=True):
+            if g != last:
+                last, low = g, np.iinfo(np.int64).max
+            if m < low and accept(int(fits[j])):
+                kept.append(int(fits[j]))
+                low = m
+        return self._rank(np.asarray(kept, dtype=np.int64))
+
+    def _rank(self, kept: np.ndarray) -> np.ndarray:
+        """``kept`` best first (``rank_by``; on a tie the scenario's own optimizer, then less memory)."""
+        c = self.columns
         own = np.array([o != self.base.optimizer for o in self.space.optimizers])[c["optimizer"][kept]]
         rank = np.lexsort((c["device_total_bytes"][kept], own, -self._score(kept)))
         return kept[rank]
@@ -467,6 +497,18 @@ class Plan:
             f"{r.tokens_per_gpu_s:,.0f} tokens/s/GPU (modelled), {r.wall_hours:,.3g} h / ${r.dollars:,.0f} "
             f"per {_tokens_label(self.train_tokens)} tokens"
         )
+
+
+class _Lazy:
+    """An object computed on first attribute access (``Plan.export_refusal``'s estimate)."""
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self._compute, self._value = compute, None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._value is None:
+            self._value = self._compute()
+        return getattr(self._value, name)
 
 
 #: How each ``rank_by`` orders, in words (the JSON's ``ranked_by``).

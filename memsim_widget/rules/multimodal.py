@@ -56,6 +56,17 @@ RULES: tuple[Rule, ...] = (
         broken=lambda v: _vision(v) is None and v["freeze_vision"] is not None,
         message=lambda v: f"{v['arch'].model_type!r} has no vision tower: leave it unset",
     ),
+    Rule(  # under peft every base weight is frozen; the adapters' reach is lora.target_scope
+        "a trained vision tower is full training",
+        "freeze_vision",
+        "model",
+        broken=lambda v: _vision(v) is not None and v["method"] != "full" and v["freeze_vision"] is False,
+        message=lambda v: (
+            f"{v['method']} freezes every base weight, the vision tower's too: leave freeze_vision unset; "
+            "lora.target_scope says whether the tower and projector get adapters ('model', peft's default: "
+            "wherever a target name matches; 'language': the language model only)"
+        ),
+    ),
     Rule(
         "CLIP trains one image per sample",
         "images_per_sample",

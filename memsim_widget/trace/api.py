@@ -88,6 +88,7 @@ def trace_scenario(
             optimizer_impl=sc.optimizer_impl,
             gradient_checkpointing=kw["gradient_checkpointing"],
             output_lifetime=kw["output_lifetime"],
+            compile_budget=kw.get("compile_budget"),
             progress=progress,
             top_n=top_n,
         )

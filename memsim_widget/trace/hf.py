@@ -25,6 +25,17 @@ VISION_MODULES = {
     "llava_next": ("vision_tower",),
     "llama4": ("vision_model",),  # the tower with its pixel-shuffle adapter
 }
+#: Parameter-name parts of each one's projector (with the tower: what ``lora.target_scope`` "language" keeps free
+#: of adapters).
+PROJECTOR_MODULES = {
+    "clip": (),
+    "llava": ("multi_modal_projector",),
+    "gemma3": ("multi_modal_projector",),
+    "qwen2_vl": ("visual.merger",),
+    "qwen2_5_vl": ("visual.merger",),
+    "llava_next": ("multi_modal_projector", "image_newline"),
+    "llama4": ("multi_modal_projector",),
+}
 #: memsim's own model keys (the image size the processor sees), not transformers config keys.
 MEMSIM_MODEL_KEYS = ("image_size", "min_pixels", "max_pixels")
 
@@ -284,11 +295,12 @@ def trace_hf(
 ) -> TraceResult:
     """Trace HF-style training of a transformers model built from ``config`` (a dict with ``model_type``).
 
-    ``lora``: {"r", "lora_alpha", "target_modules", "adapter_dtype": "fp32"|"bf16", "lora_dropout"}; fp32 is peft's
-    default (``autocast_adapter_dtype=True`` upcasts 16-bit adapters). ``layer_checkpointing``: (policy, every)
+    ``lora``: {"r", "lora_alpha", "target_modules", "adapter_dtype": "fp32"|"bf16", "lora_dropout", "target_scope"};
+    fp32 is peft's default (``autocast_adapter_dtype=True`` upcasts 16-bit adapters); ``target_scope`` "language"
+    keeps a multimodal model's tower and projector free of adapters (else peft matches names everywhere). ``layer_checkpointing``: (policy, every)
     for :func:`~memsim_widget.trace.checkpointing.apply_layer_checkpointing` (torchtitan's per-op selective
     or every-N full checkpointing; the KV cache is off, as under HF's own checkpointing). ``vision`` (multimodal
-    models): {"images": per sample, "freeze": the vision tower frozen, and left without adapters}. Extra keyword
+    models): {"images": per sample, "freeze": the vision tower's parameters frozen}. Extra keyword
     arguments go to
     :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``). ``lengths``: one
     sequence length per step (batches padded to their longest sample vary per step); sets ``steps``.
@@ -324,7 +336,12 @@ def trace_hf(
                         p.requires_grad_(False)
                 notes.append(f"vision tower frozen: parameters under {', '.join(frozen)}")
             if lora:
-                model = apply_lora(model, lora, notes, exclude=frozen)
+                # peft matches the target names across the whole model unless the scope keeps the vision side out
+                language = vision and lora.get("target_scope") == "language"
+                exclude = (
+                    VISION_MODULES[cfg.model_type] + PROJECTOR_MODULES[cfg.model_type] if language else ()
+                )
+                model = apply_lora(model, lora, notes, exclude=exclude)
             if layer_checkpointing:
                 from .checkpointing import apply_layer_checkpointing
 

@@ -238,11 +238,31 @@ def _role_hooks(
     if lm is not None:
 
         def _to_loss(_m: Any, _a: Any, _o: Any) -> None:
+            # under torch.compile Dynamo would bake the tracker's mutations into the graph (and guard on them):
+            # a compiled step has no "loss" phase
+            if torch.compiler.is_compiling():
+                return
             if tracker.phase == "forward":
                 tracker.set_phase("loss")
 
         hooks.append(lm.register_forward_hook(_to_loss))
     return hooks
+
+
+@contextlib.contextmanager
+def _maybe_compiled(model: torch.nn.Module, budget: float | None, notes: list[str]) -> Any:
+    """``model`` itself, or compiled (trace/compiled.py) when ``budget`` is a float."""
+    if budget is None:
+        yield model
+        return
+    from .compiled import compiled_model
+
+    notes.append(
+        f"torch.compile: Inductor's decompositions and min-cut partitioner (activation_memory_budget {budget:g}), "
+        "Inductor's fusion emulated (pointwise, view and reduction nodes feeding only such nodes get no buffer)"
+    )
+    with compiled_model(model, budget) as compiled:
+        yield compiled
 
 
 def _train_step(
@@ -371,6 +391,7 @@ def trace_training(
     notes: list[str] | None = None,
     cast_model: bool = True,
     instrument: Callable[[MemoryTracker], contextlib.AbstractContextManager] | None = None,
+    compile_budget: float | None = None,
 ) -> TraceResult:
     """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
 
@@ -380,7 +401,9 @@ def trace_training(
     after backward, "step" until after the optimizer step. ``loss_module(model)`` may name the module after whose
     forward the phase becomes "loss". ``cast_model=False`` keeps the factory's dtypes for bf16/fp16 (default: cast
     all floating tensors to the precision's dtype). ``instrument(tracker)`` is a context entered around the
-    steps, inside the tracker (e.g. to give FSDP's communication buffers their role).
+    steps, inside the tracker (e.g. to give FSDP's communication buffers their role). ``compile_budget`` (a
+    float): the step runs ``torch.compile``d with Inductor's decompositions and partitioner at that
+    ``activation_memory_budget`` (1.0 is torch's default), its fusion emulated (trace/compiled.py).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -406,12 +429,16 @@ def trace_training(
         tracker = MemoryTracker(model, mark_saved=mark_saved, progress=progress)
         hooks = _role_hooks(tracker, model, trainable, loss_module)
         try:
-            with tracker, instrument(tracker) if instrument else contextlib.nullcontext():
+            with (
+                tracker,
+                instrument(tracker) if instrument else contextlib.nullcontext(),
+                _maybe_compiled(model, compile_budget, notes) as runner,
+            ):
                 tracker.register(params, "parameter")
                 tracker.register(list(model.buffers()), "buffer")
                 for step in range(1, steps + 1):
                     _train_step(
-                        tracker, model, input_factory, opt, trainable, step,
+                        tracker, runner, input_factory, opt, trainable, step,
                         amp_dtype=amp_dtype, loss_fn=loss_fn, output_lifetime=output_lifetime,
                     )  # fmt: skip
                 tracker.set_phase("end")

@@ -169,6 +169,7 @@ class MemoryTracker(TorchDispatchMode):
         if root is not None:
             self._names = {id(m): n for n, m in root.named_modules()}
         self._saved_hooks: Any = None
+        self._fusing = False
         self._bar: Any = None
         if progress and sys.stderr.isatty():
             try:
@@ -177,6 +178,22 @@ class MemoryTracker(TorchDispatchMode):
                 self._bar = tqdm(desc="trace", unit="op", mininterval=0.5)
             except ImportError:  # pragma: no cover - tqdm is optional
                 self._bar = None
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Stay off while ``torch.compile`` traces and partitions (its fake ops are no step's tensors) and on while
+        the compiled graphs run (trace/compiled.py)."""
+        return True
+
+    @contextlib.contextmanager
+    def fused(self) -> Iterator[None]:
+        """Storages first made inside the block count 0 bytes: a compiled graph's node that Inductor computes
+        inside a fused kernel and never writes to memory (trace/compiled.py)."""
+        outer, self._fusing = self._fusing, True
+        try:
+            yield
+        finally:
+            self._fusing = outer
 
     # ------------------------------------------------------------------ registration
     def _register(self, t: torch.Tensor, op: str, role: str | None = None) -> StorageRecord | None:
@@ -336,9 +353,15 @@ class MemoryTracker(TorchDispatchMode):
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         opname = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else name
         self.seq += 1
+        first = len(self.records)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._register(t, opname)
+        if self._fusing:  # made inside a fused kernel: no buffer
+            for rec in self.records[first:]:
+                self.live_bytes -= rec.nbytes
+                rec.nbytes = 0
+                rec.op = f"{opname} (fused)"
         self._after_alloc(opname)
         if self._bar is not None and not self.op_count & 255:
             self._bar.update(256)
@@ -369,11 +392,16 @@ class MemoryTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------------ module tracking
     def _pre_hook(self, module: torch.nn.Module, _args: Any) -> None:
-        """Push the module name on the module stack."""
+        """Push the module name on the module stack (not inside a compiled graph: Dynamo would bake the stack's
+        mutations into it)."""
+        if torch.compiler.is_compiling():
+            return
         self._module_stack.append(self._names.get(id(module), type(module).__name__))
 
     def _post_hook(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
         """Pop the module stack."""
+        if torch.compiler.is_compiling():
+            return
         if self._module_stack:
             self._module_stack.pop()
 

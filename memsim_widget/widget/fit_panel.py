@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the planner (and numpy) load on first use of "Make it fit",
 #: and forth with the panel open does not compute them again.
 FIT_CACHE = 16
 #: What "Apply" can apply from a recommendation (``MemSim.apply_recommendation``'s ``kind``).
-FIT_KINDS = ("change", "lever", "max_micro_batch", "max_seq_len", "min_gpus")
+FIT_KINDS = ("change", "lever", "max_micro_batch", "max_seq_len", "min_gpus", "max_micro_batch_searched",
+             "max_seq_len_searched")  # fmt: skip
 
 
 def plan_recommend(scenario: Scenario, headroom: float) -> Recommendation:
@@ -52,6 +53,16 @@ def _change_view(c: Change, index: int) -> dict[str, Any]:
         "verdict": c.after.verdict(c.headroom),
         "slowdown": round(float(c.slowdown), 3),
     }
+
+
+def _reach_view(rec: Recommendation, kind: str) -> dict[str, Any] | None:
+    """A largest micro-batch / sequence on the same GPUs with any layout (``plan.reach``), without its scenario."""
+    r = getattr(rec, kind)
+    if r is None:
+        return None
+    out = {k: v for k, v in r.to_dict().items() if k != "scenario"}
+    out["device_total"] = fmt_bytes(r.estimate.device_total_bytes)
+    return out
 
 
 def build_fit_view(rec: Recommendation) -> dict[str, Any]:
@@ -83,6 +94,8 @@ def build_fit_view(rec: Recommendation) -> dict[str, Any]:
         "min_gpus": None
         if mg is None
         else {k: mg[k] for k in ("num_gpus", "dp", "tp", "pp", "zero", "device_total_bytes") if k in mg},
+        "max_micro_batch_searched": _reach_view(rec, "max_micro_batch_searched"),
+        "max_seq_len_searched": _reach_view(rec, "max_seq_len_searched"),
         "with_first_fix": rec.with_first_fix,
         "bound": rec.bound,
         "smallest_card": rec.smallest_card,
@@ -94,7 +107,9 @@ def fit_target(rec: Recommendation, kind: str = "change", index: int = 0) -> Sce
     """The scenario "Apply" sets for one entry of a recommendation (``kind`` one of ``FIT_KINDS``).
 
     ``change``/``lever``: the ``index``-th fixing change / single lever; ``max_micro_batch``, ``max_seq_len``:
-    the scenario with the largest micro-batch / sequence that fits; ``min_gpus``: the fewest GPUs that fit.
+    the scenario with the largest micro-batch / sequence that fits; ``min_gpus``: the fewest GPUs that fit;
+    ``max_micro_batch_searched``/``max_seq_len_searched``: the cheapest layout of the same GPUs that reaches the
+    largest micro-batch / sequence (its knobs and global batch as the planner set them).
     Raises ``ScenarioError`` (field ``recommendation``) when there is no such entry.
     """
 
@@ -118,6 +133,11 @@ def fit_target(rec: Recommendation, kind: str = "change", index: int = 0) -> Sce
         if rec.min_gpus is None:
             raise missing("no number of GPUs fits")
         return Scenario.from_dict(rec.min_gpus["scenario"])
+    if kind in ("max_micro_batch_searched", "max_seq_len_searched"):
+        r = getattr(rec, kind)
+        if r is None:
+            raise missing(f"no layout of these GPUs fits ({kind})")
+        return r.scenario
     raise missing(f"kind must be one of {', '.join(FIT_KINDS)}, got {kind!r}")
 
 

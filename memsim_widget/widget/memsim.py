@@ -542,7 +542,8 @@ class MemSim(anywidget.AnyWidget):
         """Apply entry ``index`` of ``recommend()`` as an edit would (controls, verdict and charts follow).
 
         ``kind``: ``change`` (a fixing change, 0 = the recommended one), ``lever`` (a single lever),
-        ``max_micro_batch``, ``max_seq_len`` or ``min_gpus``. Raises ``ScenarioError`` when there is no such
+        ``max_micro_batch``, ``max_seq_len``, ``min_gpus``, ``max_micro_batch_searched`` or
+        ``max_seq_len_searched`` (the cheapest layout of the same GPUs reaching the largest). Raises ``ScenarioError`` when there is no such
         entry (e.g. no change fits).
         """
         self.scenario = fit_target(self.recommend(), kind, index)

@@ -131,11 +131,16 @@ def test_bad_input_exits_2_with_one_line(argv, stdin, field):
 
 
 def test_compile_is_labelled_as_unmodelled_in_text_json_and_estimate(capsys, tmp_path):
-    """compile: true has no memory rule: the output says so instead of looking as exact as the rest."""
+    """compile: true has no memory rule outside the traced Llama layout under SDPA: the output says so instead of
+    looking as exact as the rest; where the rule applies it says what it is."""
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True}))
+    path.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True, "attention": "eager"}))
     assert main(["estimate", str(path)]) == 0
     assert "caveat    compile: true has no memory rule" in capsys.readouterr().out
+    covered = tmp_path / "c.json"
+    covered.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True}))
+    assert main(["estimate", str(covered)]) == 0
+    assert "caveat    compile: Inductor's partitioner's saved tensors" in capsys.readouterr().out
     assert main(["estimate", str(path), "--json"]) == 0
     assert any("compile" in c for c in json.loads(capsys.readouterr().out)["caveats"])
     assert estimate(Scenario.from_dict({"model": "llama-3.2-1b"})).caveats == ()

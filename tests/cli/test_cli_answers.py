@@ -132,3 +132,30 @@ def test_70b_qlora_on_a_4090_mfu_is_within_the_cards_reach(capsys):
     assert est.mfu <= eff, "MFU above the matmuls' own efficiency is out of reach"
     labels = " ".join(est.time_caveats)
     assert "QLoRA" in labels and "RTX 4090" in labels
+
+
+# ----- how far it goes: the scenario's own layout, and any layout of the same GPUs --------------------
+
+
+def test_70b_qlora_on_two_4090s_max_micro_batch_and_sequence_with_any_layout(capsys):
+    """On its own layout (ZeRO-0 replicas of 35 GB of NF4 weights) nothing fits two 24 GB cards; sharded or
+    offloaded, one sequence does: recommend says how far, on which layout, and each answer fits again."""
+    data = recommend_json(capsys, QLORA_70B)
+    assert data["max_micro_batch"] is None and data["max_seq_len"] is None
+    for kind, key in (("max_micro_batch_searched", "micro_batch_size"), ("max_seq_len_searched", "seq_len")):
+        r = data[kind]
+        assert r is not None and r["num_gpus"] == 2 and r["scenario"]["method"] == "qlora"
+        assert r["scenario"][key] == r["value"] and fits_again(r["scenario"])
+        assert not fits_again({**r["scenario"], key: r["next_stop"]})
+        assert r["zero"] == 3 or r["offload"] != "none", (
+            "35 GB of weights on 24 GB cards: sharded or offloaded"
+        )
+    assert data["max_seq_len_searched"]["value"] >= 4096, "the job's own 4096 tokens fit with some layout"
+    code, out, _ = run(capsys, "recommend", "-", stdin=json.dumps(QLORA_70B))
+    assert code == 0
+    lines = out.splitlines()
+    mb = next(i for i, line in enumerate(lines) if line.startswith("max micro-batch"))
+    assert lines[mb] == "max micro-batch   none fits (this layout)"
+    r = data["max_micro_batch_searched"]
+    assert f"any layout       {r['value']} on 2 GPUs as {r['layout']}" in out
+    assert f"{r['next_stop']} fits no layout" in out

@@ -223,7 +223,7 @@ def test_state_groups_cache_tells_apart_scenarios_differing_in_a_key_field(chang
 
 @pytest.mark.parametrize(
     "change",
-    [{"method": "lora"}, {"lora": {"rank": 64}}, {"freeze_vision": False}],
+    [{"method": "lora"}, {"lora": {"rank": 64}}, {"lora": {"target_scope": "language"}}],
     ids=["method", "rank", "tower"],
 )
 def test_trainable_parameters_cache_tells_apart_scenarios_differing_in_a_key_field(change):

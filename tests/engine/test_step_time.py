@@ -138,6 +138,26 @@ def test_qlora_dequantisation_costs_time_lora_does_not_pay():
     assert qlora.step_time_s > lora.step_time_s
 
 
+def test_qlora_fetches_its_nf4_bytes_not_16_bit_weights():
+    """Parameter offload copies (and ZeRO-3 gathers) move the weights as stored: QLoRA's NF4 Linears at 4 bits plus
+    an int8 absmax per 64 and an fp32 absmax per 256 blocks (and 4 B of state per tensor), the embedding, head
+    and norms in 16 bits. TINY by hand: q and o 4,096 elements -> 2,048 + 64 + 4 + 4 = 2,120 B; k and v 2,048 ->
+    1,064 B; gate, up and down 8,192 -> 4,232 B; per layer 19,064 B, two layers 38,128 B; embedding and head
+    6,400 each and norms 5 x 64 -> 13,120 x 2 B = 26,240 B; 86,848 parameters."""
+    sc = BASE.replace(method="qlora", lora={"targets": ["all-linear"]})
+    k = context_time_model(Context(sc))
+    assert k.fetch_bytes == (38128 + 26240) / 86848
+    assert context_time_model(Context(sc.replace(method="lora"))).fetch_bytes == 2.0
+    # the PCIe seconds of the fetches scale with those bytes: LoRA's over QLoRA's is 2 B over the NF4 average
+    off = {"dp": 2, "zero": 3}
+    fetch = {
+        m: parts(sc.replace(method=m, parallel={**off, "offload": "optimizer+params"}))["offload"]
+        - parts(sc.replace(method=m, parallel={**off, "offload": "optimizer"}))["offload"]
+        for m in ("lora", "qlora")
+    }
+    assert fetch["qlora"] == pytest.approx(fetch["lora"] * k.fetch_bytes / 2.0, rel=1e-12)
+
+
 # ----- Estimate, CLI ------------------------------------------------------------------------------------------
 def test_estimate_json_and_text_carry_the_time():
     from memsim_widget import cli
@@ -320,3 +340,11 @@ def test_mfu_and_tokens_per_second_stay_under_what_the_card_computes(
     )
     if method != "full":
         assert est.time.model_flops_per_token < model_flops(ctx.arch).model_flops_per_token(k.seq_len)
+    if offload == "optimizer+params":
+        # the weights cross PCIe twice per micro-batch (forward and backward), each rank its 1/dp shard, at no
+        # fewer than NF4's 0.5 B per parameter (QLoRA) or 2 B (16-bit), and no faster than the link's datasheet rate
+        floor = {"qlora": 0.5}.get(method, 2.0) * ctx.arch.parameters / dp * 2 / (k.speed.pcie_gb_s * 1e9)
+        offloaded = sum(i.seconds for i in est.time.items if i.category == "offload")
+        assert offloaded >= floor and est.step_time_s >= floor
+        tokens_per_step = seq * sc.micro_batch_size * sc.grad_accum_steps
+        assert est.tokens_per_second_per_gpu <= tokens_per_step / floor

@@ -108,10 +108,41 @@ def test_frozen_tower_trains_nothing_and_llava_freezes_it_by_default() -> None:
     assert frozen.trainable_parameters == arch.parameters - vision
     # the layer past vision_feature_layer -2 and post_layernorm get no gradient even when the tower trains
     assert trained.trainable_parameters == arch.parameters - unused
-    lora = Context(Scenario.from_dict({**base, "method": "lora", "lora": {"targets": ["q_proj", "v_proj"]}}))
-    assert {ad.base.stack for ad in lora.adapters} == {"decoder"}  # LoRA on the LM only
-    both = Context(Scenario.from_dict({**base, "method": "lora", "freeze_vision": False}))
-    assert {ad.base.stack for ad in both.adapters} == {"decoder", "vision"}
+
+
+def test_lora_matches_target_names_across_the_whole_model_as_peft_does() -> None:
+    """peft's ``get_peft_model`` puts an adapter on every module whose name is a target: CLIP-L's attention in
+    LLaVA's tower names q_proj and v_proj too, so the frozen tower gets adapters (the layer past the one read
+    excepted: no gradient reaches it); ``target_scope`` "language" keeps the tower and projector out."""
+    arch = architecture_for("llava-1.5-7b")
+    base = {"model": "llava-1.5-7b", "seq_len": 512, "method": "lora"}
+    peft = Context(Scenario.from_dict({**base, "lora": {"targets": ["q_proj", "v_proj"], "rank": 16}}))
+    tower = {ad.base.name for ad in peft.adapters if ad.base.stack == "vision"}
+    assert {ad.base.stack for ad in peft.adapters} == {"decoder", "vision"}
+    assert len(tower) == 2  # q_proj, v_proj weight groups, each on the 23 layers run (layer 24 unused)
+    assert all(ad.base.count == 23 for ad in peft.adapters if ad.base.stack == "vision")
+    # CLIP-L: 1024 wide; a q or v adapter is (1024 + 1024) x 16 per layer
+    lm = sum(ad.numel for ad in peft.adapters if ad.base.stack == "decoder")
+    assert peft.trainable_parameters == lm + 2 * 23 * (1024 + 1024) * 16
+    language = Context(Scenario.from_dict({**base, "lora": {"target_scope": "language"}}))
+    assert {ad.base.stack for ad in language.adapters} == {"decoder"}
+    assert language.trainable_parameters == lm
+    # all-linear reaches the projector too, unless the scope keeps the vision side out
+    every = Context(Scenario.from_dict({**base, "lora": {"targets": ["all-linear"]}}))
+    assert {ad.base.stack for ad in every.adapters} == {"decoder", "vision", "projector"}
+    lm_only = Context(
+        Scenario.from_dict({**base, "lora": {"targets": ["all-linear"], "target_scope": "language"}})
+    )
+    assert {ad.base.stack for ad in lm_only.adapters} == {"decoder"}
+    assert arch.extra["vision"]["kind"] == "llava"
+
+
+def test_the_scope_is_written_only_when_not_peft_default() -> None:
+    sc = Scenario.from_dict({"model": "llava-1.5-7b", "method": "lora"})
+    assert "target_scope" not in sc.to_dict()["lora"] and sc.lora.target_scope == "model"
+    lm = sc.replace(lora={"target_scope": "language"})
+    assert lm.to_dict()["lora"]["target_scope"] == "language"
+    assert Scenario.from_dict(lm.to_dict()) == lm
     clip = Context(Scenario.from_dict({"model": "clip-vit-base-patch32", "seq_len": 77}))
     assert not clip.freeze_vision and clip.trainable_parameters == clip.arch.parameters
 
@@ -133,6 +164,9 @@ def test_frozen_tower_trains_nothing_and_llava_freezes_it_by_default() -> None:
         ({"model": "llava-1.5-7b", "objective": "dpo"}, "objective"),
         ({"model": "llava-1.5-7b", "images_per_sample": -1}, "images_per_sample"),
         ({"model": "llava-1.5-7b", "freeze_vision": "yes"}, "freeze_vision"),
+        # under LoRA every base weight is frozen: the tower cannot train fully; the adapters' reach is the scope
+        ({"model": "llava-1.5-7b", "method": "lora", "freeze_vision": False}, "freeze_vision"),
+        ({"model": "llava-1.5-7b", "method": "lora", "lora": {"target_scope": "tower"}}, "lora.target_scope"),
         (
             {"model": {**LLAVA, "text_config": {**LLAVA["text_config"], "model_type": "gemma"}}},
             "model.text_config.model_type",
@@ -179,9 +213,31 @@ FAST = [
     "clip bf16 sdpa b8 s77",
     "clip bf16 lora qv (both towers) b8 s77",
     "llava bf16 sdpa trained tower b2 s256+196",
-    "llava bf16 lora qv (LM and tower) b2 s256+196",
+    "llava bf16 lora qv (LM and tower: peft's name matching) b2 s256+196",
+    "llava bf16 lora qv (LM only) b2 s256+196",
+    "llava_next bf16 lora qv (LM and tower: peft's name matching) b2 s256+660",
     "gemma3 bf16 sdpa frozen tower b2 s256+49",
 ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scope", "tower_adapters"), [("model", 4 * 2), ("language", 0)])
+def test_the_tracer_puts_adapters_where_peft_does(scope: str, tower_adapters: int) -> None:
+    """The trace wraps the model with the real ``get_peft_model``: q_proj and v_proj of the small LLaVA's 4 CLIP
+    layers get adapters unless the scope excludes the tower and projector (peft's ``exclude_modules``)."""
+    import torch
+
+    from memsim_widget.trace.hf import apply_lora, build_hf_config, build_hf_model
+
+    cfg = build_hf_config(LLAVA, "sdpa")
+    with torch.device("meta"):
+        model = build_hf_model(cfg, torch.bfloat16, "sdpa")
+    notes: list[str] = []
+    exclude = ("vision_tower", "multi_modal_projector") if scope == "language" else ()
+    model = apply_lora(model, {"r": 8, "target_modules": ["q_proj", "v_proj"]}, notes, exclude=exclude)
+    wrapped = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and "vision_tower" in n]
+    assert len(wrapped) == tower_adapters
+    assert sum(hasattr(m, "lora_A") for n, m in model.named_modules() if "language_model" in n) == 4 * 2
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -203,7 +259,7 @@ def test_every_launch_file_notes_the_multimodal_assumptions() -> None:
             continue  # a format that refuses the scenario names the field itself
         text = "\n".join(files.values())
         assert "images_per_sample 2" in text and "1152 image tokens" in text, fmt
-        assert "vision tower frozen" in text, fmt
+        assert "adapters wherever a target name matches, the vision tower and projector included" in text, fmt
     plain = "\n".join(export({"model": "llama-3.2-1b"}, "hf").values())
     assert "images_per_sample" not in plain.split("Scenario JSON")[0] and "freeze_vision" not in plain
 

@@ -136,10 +136,11 @@ def test_image_tokens_join_the_sequence_and_the_tower_recipe() -> None:
     # the frozen tower's recipe trains the merger with the language model
     assert ctx.freeze_vision and ctx.trainable_parameters == arch.parameters - tower
     # LoRA on q/v touches the language model only (the tower's attention is one fused qkv)
-    lora = Context(Scenario.from_dict({"model": "qwen2-vl-7b", "method": "lora", "freeze_vision": False}))
+    lora = Context(Scenario.from_dict({"model": "qwen2-vl-7b", "method": "lora"}))
     assert {ad.base.stack for ad in lora.adapters} == {"decoder"}
-    every = Context(Scenario.from_dict({"model": "qwen2-vl-7b", "method": "lora", "freeze_vision": False,
-                                        "lora": {"targets": ["all-linear"]}}))  # fmt: skip
+    every = Context(
+        Scenario.from_dict({"model": "qwen2-vl-7b", "method": "lora", "lora": {"targets": ["all-linear"]}})
+    )
     assert {ad.base.stack for ad in every.adapters} == {"decoder", "vision", "projector"}
     # the tower's Linear names never count as the language model's in its rules (fc1 is an MLP input name)
     assert "fc1" not in every.linear_modules and "gate_proj" in every.linear_modules

@@ -147,6 +147,28 @@ describe("make it fit", () => {
     cleanup();
   });
 
+  test("how far micro-batch and sequence go on the same GPUs with any layout, and Apply for each", () => {
+    for (const name of ["roomy", "too_big"]) {
+      const { scenario_data, fit } = planFixture()[name];
+      const { window, q, model, cleanup } = mount({ scenario_data, fit, fit_open: true });
+      const v = fit.view;
+      for (const [kind, what, now] of [["max_micro_batch_searched", "largest micro-batch", v.micro_batch_size],
+        ["max_seq_len_searched", "longest sequence", v.seq_len]]) {
+        const r = v[kind];
+        const li = q(`.memsim-fit-fact-${kind}`);
+        assert.ok(r && li, `${name}: the fixture has a ${kind} answer, and the panel shows it`);
+        assert.ok(li.textContent.startsWith(`${what} on this GPU with any layout: ${r.value} (now ${now}) as ${r.layout}; ` +
+          `${r.device_total} per GPU`));
+        assert.match(li.textContent, new RegExp(`the cheapest of ${r.reaching.toLocaleString("en-US")} that reach it \\(global batch free\\)`));
+        fire(window, li.querySelector(".memsim-fit-apply"), "click");
+        assert.deepEqual(model.sent.at(-1), { type: "fit_apply", kind, index: 0, id: fit.id });
+      }
+      model.set("fit", { ...fit, view: { ...v, max_micro_batch_searched: null, max_seq_len_searched: null } });
+      assert.equal(q(".memsim-fit-fact-max_micro_batch_searched"), null, "none reached: no fact");
+      cleanup();
+    }
+  });
+
   test("errors show in place and the rest keeps working", () => {
     const { scenario_data, fit } = planFixture().too_big;
     const { window, q, model, cleanup } = mount({ scenario_data, fit_open: true,

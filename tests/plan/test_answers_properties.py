@@ -5,12 +5,13 @@
   (within ``PLANNER_GAIN``: a pick 2% faster changing many knobs is not offered over a simpler fix).
 - Every recommendation, applied to the scenario through its public dict form, fits when estimated again.
 - Every listed pick of a plan exports, or is refused in one line naming a field; a plan ranked for a format
-  (``for_export``) lists only picks that export.
+  (``for_export``) lists only picks that export, and every pick of the plain list that does.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +22,16 @@ from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.export import FORMATS, export
 from memsim_widget.plan import plan, recommend
-from memsim_widget.plan.recommend import PLANNER_GAIN, _step_time
+from memsim_widget.plan.recommend import (
+    MAX_MICRO_BATCH,
+    PLANNER_GAIN,
+    _fits,
+    _largest,
+    _max_seq_len,
+    _reach,
+    _step_time,
+    planner_space,
+)
 from memsim_widget.scenario import Scenario
 
 MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "qwen3-4b")
@@ -106,4 +116,77 @@ def test_each_listed_pick_exports_or_names_the_field(base, gpus, fmt):
     ranked = p.for_export(fmt)
     for i in ranked.ranking[:5].tolist():
         assert export(ranked.scenario(i), fmt, ranked.estimate(i))
-    assert ranked.listed + sum(v["count"] for v in ranked.left_out.values()) == p.listed
+    # what F left out of the plain list is counted; the rest of that list stays (a candidate F cannot express
+    # no longer hides one it can, so F's list may hold more: tests/plan/test_plan_export.py)
+    kept = [i for i in p.ranking.tolist() if p.export_refusal(i, fmt) is None]
+    assert len(kept) + sum(v["count"] for v in ranked.left_out.values()) == p.listed
+    assert set(kept) <= set(ranked.ranking.tolist())
+
+
+def fits(scenario: Scenario, headroom: float) -> bool:
+    """``estimate`` says the scenario fits (False where the engine refuses it)."""
+    try:
+        return estimate(scenario).fits(headroom=headroom)
+    except ScenarioError:
+        return False
+
+
+@SETTINGS
+@given(base=bases())
+def test_max_micro_batch_and_sequence_are_confirmed_by_estimate(base):
+    """Each "how far" answer fits at the answer and not at the next stop of the same layout: the scenario's own
+    layout (every micro-batch; sequences in steps of 128 x cp), and the cheapest layout of the same GPUs that
+    reaches the largest value (its scenario as --json prints it)."""
+    rec = recommend(base)
+    sc, h = rec.scenario, rec.headroom
+    if rec.max_micro_batch is not None:
+        assert fits(sc.replace(micro_batch_size=rec.max_micro_batch), h)
+        assert not fits(sc.replace(micro_batch_size=rec.max_micro_batch + 1), h)
+    if rec.max_seq_len is not None:
+        step = 128 * sc.parallel.cp
+        assert fits(sc.replace(seq_len=rec.max_seq_len), h)
+        assert not fits(sc.replace(seq_len=rec.max_seq_len + step), h)
+    data = json.loads(json.dumps(rec.to_dict()))
+    for kind, key in (("max_micro_batch_searched", "micro_batch_size"), ("max_seq_len_searched", "seq_len")):
+        r = data[kind]
+        if r is None:
+            continue
+        reached = Scenario.from_dict(r["scenario"])
+        assert getattr(reached, key) == r["value"]
+        assert reached.parallel.world_size == sc.parallel.world_size and reached.method == sc.method
+        after = estimate(reached)
+        assert after.device_total_bytes == r["device_total_bytes"] and after.fits(headroom=h)
+        assert r["next_stop"] is not None and not fits(reached.replace(**{key: r["next_stop"]}), h)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=bases())
+def test_the_largest_on_the_same_gpus_is_the_planners_largest(base):
+    """The answer with any layout is the planner's own (``plan`` over the same space, global batch free): some
+    candidate fits at the answer, none at the next stop, and the answer's layout is at least as fast as
+    ``plan``'s best there; the scenario's own layout, when it lies in the space, never goes further."""
+    sc = Scenario.from_dict(base)
+    n, space = sc.parallel.world_size, planner_space(sc)
+    for key, own in (("micro_batch_size", _max_micro_batch(sc)), ("seq_len", _max_seq_len(sc, None, 0.1))):
+        r = _reach(sc, key, 0.1)
+
+        def at(value: int, key: str = key) -> Any:
+            mb = (value,) if key == "micro_batch_size" else (1,)
+            return plan(base=sc.replace(**{key: value}), gpus=n, space=replace(space, micro_batch=mb), top=1,
+                        widen=False)  # fmt: skip
+
+        if r is None:
+            assert at(1 if key == "micro_batch_size" else 128).fitting == 0
+            assert own is None
+            continue
+        assert at(r.next_stop).fitting == 0
+        p = at(r.value)
+        assert p.fitting and r.tokens_per_gpu_s >= float(p.frame.tokens_per_gpu_s.iloc[0]) * (1 - 1e-9)
+        assert r.reaching >= p.fitting  # plan tries offload only where nothing fits without it
+        if own is not None:  # the own layout (knobs of the space, one micro-batch per step) is one of them
+            assert own <= r.value
+
+
+def _max_micro_batch(sc: Scenario) -> int | None:
+    """The scenario's own layout's largest micro-batch, as recommend finds it."""
+    return _largest(lambda b: _fits(sc.replace(micro_batch_size=b), 0.1), 1, MAX_MICRO_BATCH)

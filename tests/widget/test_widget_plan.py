@@ -6,6 +6,7 @@ Run ``python tests/widget/test_widget_plan.py --write-js-fixture`` to refresh ``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -254,6 +255,22 @@ def test_fit_target_and_fit_view_are_pure() -> None:
     for kind, index in (("lever", len(rec.singles)), ("lever", True), ("change", 0), ("what", 0)):
         with pytest.raises(ScenarioError):
             fit_target(rec, kind, index)
+
+
+def test_the_largest_on_the_same_gpus_with_any_layout_is_shown_and_applied() -> None:
+    rec = recommend(Scenario.from_dict(ROOMY))
+    view = build_fit_view(rec)
+    for kind, key in (("max_micro_batch_searched", "micro_batch_size"), ("max_seq_len_searched", "seq_len")):
+        r = getattr(rec, kind)
+        assert r is not None and view[kind]["value"] == r.value == getattr(r.scenario, key)
+        assert "scenario" not in view[kind], "the view carries no scenario: Apply names the entry"
+        target = fit_target(rec, kind)
+        assert target == r.scenario and target.parallel.world_size == rec.scenario.parallel.world_size
+        assert estimate(target).fits(headroom=rec.headroom)
+    gone = dataclasses.replace(rec, max_micro_batch_searched=None)
+    with pytest.raises(ScenarioError, match="no layout of these GPUs fits"):
+        fit_target(gone, "max_micro_batch_searched")
+    assert build_fit_view(gone)["max_micro_batch_searched"] is None
 
 
 # ----- layouts -----------------------------------------------------------------------------------------------

@@ -5,12 +5,13 @@ the tensors a pipeline stage exchanges."""
 from __future__ import annotations
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.activations.compiled import compiled_activations, compiled_rule_applies
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.activations.hf import hf_activations
 from memsim_widget.engine.activations.megatron import megatron_activations
 from memsim_widget.engine.activations.refusals import refuse_untraced
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import profile, uses_autocast
+from memsim_widget.engine.frameworks import effective_recipe, profile, uses_autocast
 from memsim_widget.units import fmt_int
 
 
@@ -31,6 +32,8 @@ def activations(ctx: Context) -> ActivationBudget:
         out = (
             megatron_activations(ctx) if profile(ctx).activation_model == "megatron" else hf_activations(ctx)
         )
+        if compiled_rule_applies(ctx.scenario, ctx.arch):  # torch.compile's saved set (traced)
+            compiled_activations(ctx, out)
     if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
         from memsim_widget.engine.vision import vision_activations
 
@@ -44,7 +47,8 @@ def stage_io(ctx: Context, out: ActivationBudget) -> None:
     hidden states in the residual dtype (fp32 under autocast), logits in the compute dtype."""
     D = Dims(ctx)
     amp = uses_autocast(ctx)
-    r = 4 if amp else ctx.recipe.act_bytes
+    ec = effective_recipe(ctx).act_bytes
+    r = 4 if amp else ec
     hidden = r * D.Tout * D.h
     what = f"{r} B x T x h, T={fmt_int(D.Tout)}"
     out.pp_buffer.append(
@@ -52,7 +56,7 @@ def stage_io(ctx: Context, out: ActivationBudget) -> None:
     )
     out.pp_output.append(Term("stage outputs kept by the schedule until their backward", hidden, what))
     if D.V:
-        le = 2 if amp else ctx.recipe.act_bytes
+        le = 2 if amp else ec
         out.pp_logits.append(
             Term(
                 "logits (the last stage's output) kept by the schedule until their backward",

@@ -58,7 +58,10 @@ def loop_output(st: HFLayer) -> None:
         out.output_through_step = lifetime == "step"
         until = "the optimizer step ends" if out.output_through_step else "backward ends"
         if V and sc.loss != "chunked":  # the chunked loss fuses the head: the model returns no logits
-            lb = 4 if upcast_loss and prof.fp32_logits_output else le
+            # fp32 when the model returns them so: torchtune's decoder, or a family's own ``.float()`` (Mamba,
+            # Mamba-2: ``lm_head(h).float()``, transformers 5.24 ``modeling_mamba2.py``; traced)
+            fp32 = prof.fp32_logits_output or st.arch.extra.get("fp32_logits", False)
+            lb = 4 if upcast_loss and fp32 else le
             out.output_logits.append(
                 Term(
                     "logits held by the loop's model output",

@@ -4,7 +4,7 @@ never a guess (Falcon's ALiBi and multi-query variants, T5 under per-op checkpoi
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import profile, uses_autocast
+from memsim_widget.engine.frameworks import check_tp_plan, profile, uses_autocast
 from memsim_widget.errors import ScenarioError
 from memsim_widget.rules import check
 from memsim_widget.rules.model import SSM_WHY
@@ -14,6 +14,7 @@ def refuse_untraced(ctx: Context) -> None:
     """Raise ScenarioError for the Falcon and T5 combinations whose saved tensors no trace has checked (never a
     guess)."""
     arch, sc = ctx.arch, ctx.scenario
+    check_tp_plan(sc)
     if arch.extra.get("ssm"):
         refuse_ssm(ctx)
     if arch.family == "t5" and sc.activation_checkpointing == "selective-op":
@@ -58,9 +59,32 @@ def refuse_ssm(ctx: Context) -> None:
     if uses_autocast(ctx):
         raise ScenarioError("precision", f"{sc.precision} {why}; use bf16, fp16 or fp32")
     if sc.method != "full":
-        raise ScenarioError("method", f"{sc.method} {why}; use full")
+        _check_ssm_lora(ctx)
     if sc.activation_checkpointing != "none":
         raise ScenarioError("activation_checkpointing", f"{sc.activation_checkpointing} {why}; use none")
     if profile(ctx).activation_model == "megatron":
         raise ScenarioError("framework", f"{sc.framework} {why}; use hf")
     check("ssm", ctx.rules_view)  # tensor and context parallelism (rules/model.py)
+
+
+#: Modules peft refuses to wrap in Mamba-based models (peft 0.21 ``tuners/lora/model.py``: "incompatible with
+#: Mamba-based models").
+PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
+
+
+def _check_ssm_lora(ctx: Context) -> None:
+    """LoRA on a state-space model: traced for Mamba and Mamba-2 (not the Jamba hybrid), in bf16, on the modules
+    peft wraps there (it refuses out_proj and conv1d, so ``all-linear`` fails too)."""
+    sc, arch = ctx.scenario, ctx.arch
+    if sc.method == "qlora" or arch.extra.get("hybrid"):
+        raise ScenarioError("method", f"{sc.method} {SSM_WHY} in {arch.extra['hf_class']}; use full")
+    targets = set(sc.lora.targets)
+    bad = sorted(targets & {*PEFT_MAMBA_REFUSED, "all-linear"})
+    if bad:
+        raise ScenarioError(
+            "lora.targets", f"peft refuses {', '.join(bad)} on Mamba-based models (out_proj and conv1d are "
+            "incompatible, and all-linear includes out_proj): name in_proj"
+            + (", x_proj or dt_proj" if arch.extra["ssm"]["version"] == 1 else ""),
+        )  # fmt: skip
+    if ctx.recipe.act_bytes != 2:
+        raise ScenarioError("precision", f"{sc.precision} with LoRA {SSM_WHY}; use bf16 or fp16")

@@ -57,7 +57,7 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
         add(name, frac * nbytes, share + formula, tensors)
 
     if ssm["version"] == 2:
-        _mamba2_mixer(D, ssm, put, ec, kernel)
+        _mamba2_mixer(D, ssm, put, ec, kernel, frozen=not ctx.full_training)
         return
 
     if kernel == "cuda":
@@ -111,7 +111,7 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
     )
 
 
-def _mamba2_mixer(D, ssm, put, ec, kernel):  # noqa: ANN001, ANN202
+def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False):  # noqa: ANN001, ANN202
     """A Mamba-2 mixer's saved tensors, per layer (``Mamba2Mixer``, transformers 5.24); I = H x P inner channels,
     H heads of P, G groups, N state, l = chunk_size, c = ceil(s / l) chunks, s' = c x l (padded), K conv kernel.
 
@@ -126,7 +126,10 @@ def _mamba2_mixer(D, ssm, put, ec, kernel):  # noqa: ANN001, ANN202
     ``mamba2_chunk_scan``'s SSD in fp32 -- per chunk the (l x l) decay L = exp(segsum(A dt)), the C.B scores G and
     M = G x L (b x H x s' x l each), B and C repeated to the H heads and their einsum copies (5 x b x s' x H x N),
     x dt and its einsum layouts (b x s' x I, several), the chunk states (b x (c + 1) x I x N and b x c x I x N),
-    plus in_proj's output, the conv's padded output, dt, and the gated RMSNorm's fp32 chain (4 x 4 B x T x I)."""
+    plus in_proj's output, the conv's padded output, dt, and the gated RMSNorm's fp32 chain (4 x 4 B x T x I).
+    Under LoRA (``frozen``: adapters on in_proj, the only Linear peft wraps here) what only the frozen weights'
+    gradients read is not saved (counted with saved-tensor hooks, then traced): the D skip's fp32 x (4 B x T x I),
+    one fp32 dt (dt_bias, 4 B x T x H), the norm's fp32 normalised tensor (4 B x T x I), out_proj's input and A."""
     T, b, s = D.T, D.b, D.s
     inner, N, K = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
     H, G, l = ssm["heads"], ssm["groups"], ssm["chunk_size"]
@@ -151,11 +154,12 @@ def _mamba2_mixer(D, ssm, put, ec, kernel):  # noqa: ANN001, ANN202
     )
     # fp32: x.float() is the conv's SiLU output itself (b x s x (I + 2GN)); dt.float() is dt (one tensor fewer)
     xf = 4 * T * (inner + 2 * G * N) if fp32 else 4 * b * sp * inner
+    dts = (1 if fp32 else 2) - frozen  # dt_bias frozen: one fp32 dt fewer
     put(
-        "Mamba-2 torch path: x (fp32, padded), x dt, dt (fp32)",
-        xf + 4 * b * sp * inner + (1 if fp32 else 2) * 4 * T * H,
-        ("4 B x T x (I + 2GN)" if fp32 else "4 B x b x s' x I") + " + 4 B x b x s' x I"
-        + f" + {1 if fp32 else 2} x 4 B x T x H, s'={sp}",
+        "Mamba-2 torch path: x (fp32, padded), x dt, dt (fp32)" + (" (frozen: no D-skip copy)" if frozen else ""),
+        xf + (0 if frozen else 4 * b * sp * inner) + dts * 4 * T * H,
+        ("4 B x T x (I + 2GN)" if fp32 else "4 B x b x s' x I") + ("" if frozen else " + 4 B x b x s' x I")
+        + f" + {dts} x 4 B x T x H, s'={sp}",
         4,
     )  # fmt: skip
     # a single chunk: the states slice is a view, not a copy (and at some shapes one B/C einsum layout too, which
@@ -170,13 +174,19 @@ def _mamba2_mixer(D, ssm, put, ec, kernel):  # noqa: ANN001, ANN202
         + ("" if one else " + 4 B x b x c x I x N") + f" + 4 B x b x (c + 1) x I x N + ..., l={l} c={c}",
         14,
     )  # fmt: skip
+    chain = (4 if fp32 else 5) - frozen  # the norm weight frozen: no fp32 normalised tensor
     put(
-        "Mamba-2 torch path: gated RMSNorm (fp32 chain, rstd) and out_proj input",
-        (4 if fp32 else 5) * 4 * T * inner + ec * T * inner + 4 * T * G,
-        f"{4 if fp32 else 5} x 4 B x T x I + {ec} B x T x I + 4 B x T x G, I={inner}",
+        "Mamba-2 torch path: gated RMSNorm (fp32 chain, rstd)" + ("" if frozen else " and out_proj input"),
+        chain * 4 * T * inner + (0 if frozen else ec * T * inner) + 4 * T * G,
+        f"{chain} x 4 B x T x I" + ("" if frozen else f" + {ec} B x T x I") + f" + 4 B x T x G, I={inner}",
         7,
     )
-    put("Mamba-2 torch path: A (fp32)", 8 * H, f"2 x 4 B x H, H={H}", 2)
+    put(
+        "Mamba-2 torch path: A (fp32)",
+        (1 if frozen else 2) * 4 * H,
+        f"{1 if frozen else 2} x 4 B x H, H={H}",
+        2,
+    )
 
 
 def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202

@@ -23,6 +23,38 @@ def nf4_bytes(numel: int) -> int:
     return math.ceil(numel / 2) + blocks + 4 * math.ceil(blocks / NF4_DQ_BLOCK) + 4
 
 
+#: Parameter kinds QLoRA keeps in the weight dtype: bitsandbytes replaces Linear layers only, and transformers
+#: skips the output head (``llm_int8_skip_modules`` defaults to it).
+UNQUANTISED_KINDS = ("embedding", "head", "norm", "position")
+
+
+def stored_in_nf4(ctx: Context, kind: str, module: str | None, shape: tuple[int, ...]) -> bool:
+    """Whether QLoRA stores a parameter in NF4: a 2-D weight of a Linear the framework quantises."""
+    return (
+        ctx.scenario.method == "qlora"
+        and kind not in UNQUANTISED_KINDS
+        and quantises_module(ctx, module)
+        and len(shape) >= 2
+    )
+
+
+def fetched_bytes_per_parameter(ctx: Context) -> float:
+    """Bytes per base parameter a rank moves when it fetches the whole model's weights (parameter offload's
+    host-to-device copies, ZeRO-3's all-gathers): the NF4 storage with its absmax (``nf4_bytes``) where QLoRA
+    quantises, the 16-bit compute copy elsewhere. QLoRA's packed NF4 bytes are what FSDP shards, gathers and
+    offloads (Answer.AI, "Enabling 70B Finetuning on Consumer GPUs", 2024,
+    https://www.answer.ai/posts/2024-03-14-fsdp-qlora-deep-dive.html: quantised weights stored in a float
+    dtype so that FSDP moves their bytes unchanged)."""
+    arch, plain = ctx.arch, ctx.recipe.act_bytes
+    total = sum(
+        nf4_bytes(g.numel_each) * g.count
+        if stored_in_nf4(ctx, g.kind, g.module, g.shape)
+        else g.numel * plain
+        for g in arch.params
+    )
+    return total / max(arch.parameters, 1)
+
+
 def _placement(ctx: Context) -> tuple[int, str, str, str]:
     """How the weights sit on this rank: the ZeRO-3 shard divisor (over dp x cp) and its note, the level (host
     when parameters are offloaded) and the tensor-parallel note."""
@@ -61,12 +93,8 @@ def weights(ctx: Context, groups: list[LocalGroup], b: StateBudget) -> None:
     for kind, gs in by_kind.items():
         n = sum(g.numel for g in gs)
         tensors = sum(g.count for g in gs)
-        if (
-            quantised
-            and kind not in ("embedding", "head", "norm", "position")
-            and any(g.group.module for g in gs)
-        ):
-            q = [g for g in gs if quantises_module(ctx, g.group.module) and len(g.shape) >= 2]
+        if quantised and kind not in UNQUANTISED_KINDS and any(g.group.module for g in gs):
+            q = [g for g in gs if stored_in_nf4(ctx, kind, g.group.module, g.shape)]
             rest = [g for g in gs if g not in q]
             qbytes = sum(nf4_bytes(g.numel_each) * g.count for g in q)
             nq = sum(g.numel for g in q)

@@ -1,0 +1,189 @@
+"""A ``torch.compile`` training step on fake tensors: Dynamo and AOTAutograd with Inductor's decompositions and
+its default partitioner (``min_cut_rematerialization_partition``, which reads
+``torch._functorch.config.activation_memory_budget``), the partitioned graphs run node by node under the tracker.
+
+What is exact: the graphs Dynamo captures, the tensors the partitioner saves for backward (the forward graph's
+extra outputs), and when the backward frees them (the graph takes its inputs boxed, as Inductor's code does, and
+drops each after its last use). What is emulated: Inductor's fusion. A node whose op is pointwise, a view or a
+reduction, is not a graph output and feeds only such nodes is computed inside a fused kernel and never gets a
+buffer; the tracker counts it as 0 bytes (``MemoryTracker.fused``). Every other node (matmuls, attention,
+embedding, scatter, any op Inductor calls as an extern kernel, and what they read) gets its buffer. Inductor's own
+scheduler can still realise a pointwise buffer that several kernels read or inline one the emulation keeps; the
+trace is labelled with the emulation (docs/fidelity.md). The compiler runs inside the tracker's pause
+(``ignore_compile_internals``); the graphs run with it on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx
+
+#: Ops Inductor lowers to loops it can fuse (besides every op tagged pointwise and every view): reductions.
+_REDUCTIONS = frozenset(
+    {
+        "sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "prod", "any", "all", "argmax", "argmin",
+        "logsumexp",
+    }
+)  # fmt: skip
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    t = node.target
+    packet = getattr(t, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(t, "__name__", str(t))
+
+
+#: Ops whose output aliases their input's storage (a fused base they view must stay a buffer when they need one).
+_VIEWS = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t", "squeeze", "unsqueeze", "slice",
+        "select", "alias", "as_strided", "unfold", "diagonal", "split", "split_with_sizes", "unbind", "chunk",
+        "narrow", "view_as_real", "view_as_complex", "unflatten", "flatten",
+    }
+)  # fmt: skip
+#: Ops Inductor lowers to fusible loops besides those tagged pointwise: copies, casts and constants.
+_LOOPS = frozenset(
+    {
+        "clone", "_to_copy", "convert_element_type", "where", "full", "scalar_tensor", "iota", "arange",
+        "zeros_like", "ones_like", "full_like", "empty_like", "cat", "constant_pad_nd", "copy", "lift_fresh_copy",
+    }
+)  # fmt: skip
+
+
+#: Constant fills, and the ops that write into a buffer at indices (see ``fused_nodes``).
+_FILLS = frozenset({"full", "zeros", "new_zeros", "full_like", "zeros_like", "new_full"})
+_SCATTERS = frozenset(
+    {"scatter", "scatter_add", "index_put", "scatter_reduce", "index_add", "_unsafe_index_put",
+     "_unsafe_masked_index_put_accumulate"}
+)  # fmt: skip
+
+
+def _fusible(node: torch.fx.Node) -> bool:
+    """A node Inductor computes inside a fused loop: a pointwise op, a view, a reduction, a copy or cast."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return all(_fusible(a) for a in node.all_input_nodes)
+    if torch.Tag.pointwise in getattr(node.target, "tags", ()):
+        return True
+    return _op_name(node) in _VIEWS | _REDUCTIONS | _LOOPS
+
+
+def fused_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The nodes of ``gm`` that never get a buffer under Inductor (see the module docstring): fusible, not a
+    reduction (its output is small and Inductor keeps it), not a graph output, every user fusible, and no view of
+    it needing a buffer itself."""
+    out_node = next(iter(gm.graph.find_nodes(op="output")))
+    outputs: set[torch.fx.Node] = set()
+    torch.fx.node.map_arg(out_node.args, outputs.add)
+    needs: set[torch.fx.Node] = set()
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op in ("placeholder", "output"):
+            continue
+        if (
+            node in outputs
+            or not _fusible(node)
+            or _op_name(node) in _REDUCTIONS
+            or any(not _fusible(u) or (_op_name(u) in _VIEWS and u in needs) for u in node.users)
+        ):
+            needs.add(node)
+    # a fresh constant buffer that one scatter writes into: Inductor's functional scatter fills it and scatters in
+    # place (one buffer: the scatter's output), e.g. nll_loss_backward's zeros
+    for node in gm.graph.nodes:
+        if (
+            _op_name(node) in _FILLS
+            and len(node.users) == 1
+            and next(iter(node.users)).args[:1] == (node,)
+            and _op_name(next(iter(node.users))) in _SCATTERS
+            and node not in outputs
+        ):
+            needs.discard(node)
+    return {n for n in gm.graph.nodes if n.op == "call_function" and n not in needs and n.users}
+
+
+class _FusingInterpreter(torch.fx.Interpreter):
+    """Runs a partitioned graph node by node, telling the tracker which outputs live inside a fused kernel."""
+
+    def __init__(self, gm: torch.fx.GraphModule, fused: set[torch.fx.Node]) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self._fused = fused
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        tracker = current_tracker()
+        if tracker is None or n not in self._fused:
+            return super().run_node(n)
+        with tracker.fused():
+            return super().run_node(n)
+
+
+def current_tracker() -> Any:
+    """The innermost MemoryTracker on the dispatch-mode stack (None outside a trace)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from .tracker import MemoryTracker
+
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, MemoryTracker):
+            return mode
+    return None
+
+
+def _boxed_runner(gm: torch.fx.GraphModule, _example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """The "compiler" of one partitioned graph: a boxed function (it clears its argument list, so each saved
+    tensor is freed after its last use in the backward, as Inductor's wrapper code does)."""
+    fused = fused_nodes(gm)
+
+    def run(args: list[Any]) -> Any:
+        return _FusingInterpreter(gm, fused).boxed_run(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def compile_backend(memory_budget: float | None = None) -> Callable[..., Any]:
+    """The Dynamo backend: AOTAutograd with Inductor's decompositions and min-cut partitioner, each partitioned
+    graph run by ``_boxed_runner``; ``memory_budget`` sets ``activation_memory_budget`` (1.0: the default)."""
+    from importlib import import_module
+
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch import config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        patches: dict[str, Any] = {"unlift_effect_tokens": True}
+        if memory_budget is not None:
+            patches["activation_memory_budget"] = memory_budget
+        with functorch_config.patch(patches):
+            return aot_autograd(
+                fw_compiler=_boxed_runner,
+                bw_compiler=_boxed_runner,
+                decompositions=lambda: import_module("torch._inductor.compile_fx").select_decomp_table(),
+                partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+            )(gm, example_inputs)
+
+    return backend
+
+
+@contextlib.contextmanager
+def compiled_model(model: torch.nn.Module, memory_budget: float | None = None) -> Iterator[torch.nn.Module]:
+    """``model`` wrapped by ``torch.compile`` with :func:`compile_backend` (Dynamo's caches reset around it)."""
+    import warnings
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        with warnings.catch_warnings():
+            # the tracker's global module hooks (names only) also fire for the OptimizedModule: balanced, harmless
+            warnings.filterwarnings(
+                "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
+            )
+            yield torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
+    finally:
+        torch._dynamo.reset()

@@ -1,0 +1,79 @@
+"""``compile: true`` in the engine: the saved set of Inductor's partitioner for the HF Llama layout
+(engine/activations/compiled.py), held to a trace of the compiled step (tests/trace/test_trace_compiled.py)."""
+
+from __future__ import annotations
+
+from memsim_widget.engine.core import estimate
+from memsim_widget.scenario import Scenario
+
+
+def test_the_engine_counts_the_partitioners_saved_set_for_a_compiled_llama() -> None:
+    """Llama 3.2 1B, bf16, b4 s1024 (the H200 run's scenario), counted by hand from the compiled trace's saved
+    tensors (docs/fidelity.md): per layer 4 e T h (residuals, norm outputs) + 2 e T h (q, attention output)
+    + 2 e T kv d (k, v) + 3 e T I (gate, up, down input) + 4 T a (logsumexp) + 8 T (rsqrt); the loss's backward
+    at the top of backward with every saved tensor alive."""
+    sc = Scenario.from_dict(
+        {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    )
+    T, h, I, kvd, a, V, L, e = 4096, 2048, 8192, 512, 32, 128256, 16, 2
+    per_layer = 4 * e * T * h + 2 * e * T * h + 2 * e * T * kvd + 3 * e * T * I + 4 * T * a + 8 * T
+    post = 2 * e * T * h + 4 * T
+    loss_saved = e * T * V + 17 * T
+    loss_backward = 4 * T * V + e * T * V + L * 2 * e * T * kvd
+    params = 1_235_814_400
+    states = 3 * e * params  # bf16 weights and AdamW's two bf16 moments (no gradient yet at the loss)
+    inputs = 16 * T  # input ids and labels (int64)
+    est = estimate(sc)
+    start = next(m for m in est.worst.moments if m.name == "backward_start")
+    assert start.tensor_bytes == states + inputs + L * per_layer + post + loss_saved + loss_backward
+    assert est.peak_tensor_bytes == start.tensor_bytes
+    assert any("partitioner" in c for c in est.caveats)
+    # what no compiled trace covers keeps eager's figure and says so
+    other = estimate(sc.replace(attention="eager"))
+    assert any("no memory rule" in c for c in other.caveats)
+
+
+def test_under_autocast_the_partitioner_saves_fp32_residuals_and_16_bit_weight_casts() -> None:
+    """amp-bf16: the residual stream is fp32 (2 x 4 B x T x h per layer instead of 2 x 2 B), and each Linear
+    weight's 16-bit cast is saved (2 B per weight: q, k, v, o, gate, up, down), so a layer keeps
+    4 T h + 2 x (layer's Linear weights) bytes more than in bf16; the KV cache's zero gradient holds k in fp32."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    base = {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    bf16 = activations(Context(Scenario.from_dict(base)))
+    amp = activations(Context(Scenario.from_dict({**base, "precision": "amp-bf16"})))
+    T, h, I, kvd = 4096, 2048, 8192, 512
+    weights = 2 * h * h + 2 * kvd * h + 3 * I * h  # q, o; k, v; gate, up, down
+    assert amp.layer_bytes() - bf16.layer_bytes() == 2 * 2 * T * h + 2 * weights
+    cache = lambda b: sum(t.bytes for t in b.loss_backward if "KV cache" in t.name)  # noqa: E731
+    assert cache(amp) - cache(bf16) == 2 * T * kvd * 16  # k: 4 B instead of 2, 16 layers
+
+
+def test_compiled_lora_on_q_and_v_saves_no_frozen_projections_input() -> None:
+    """peft's default LoRA (fp32 adapters on q_proj, v_proj) compiled, Llama 3.2 1B b2 s512 r16: per layer the
+    residual stream (2 e T h), the fp32 cast of the attention norm's output for lora_A (4 T h), two fp32 lora_A
+    outputs (2 x 4 T r), q and the attention output (2 e T h), k and v (2 e T kv d), the logsumexp (4 T a), the rsqrts
+    (8 T), gate's and up's outputs (2 e T I); the KV cache's zero gradients for every v and k from layer 1 on."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    sc = Scenario.from_dict(
+        {"model": "llama-3.2-1b", "micro_batch_size": 2, "seq_len": 512, "method": "lora", "compile": True}
+    )
+    act = activations(Context(sc))
+    T, h, I, kvd, a, r, V, L, e = 1024, 2048, 8192, 512, 32, 16, 128256, 16, 2
+    per = (
+        2 * e * T * h
+        + 4 * T * h
+        + 2 * 4 * T * r
+        + 2 * e * T * h
+        + 2 * e * T * kvd
+        + 4 * T * a
+        + 8 * T
+        + 2 * e * T * I
+    )
+    assert act.layer_bytes() == per
+    assert sum(t.bytes for t in act.post) == 0
+    assert sum(t.bytes for t in act.loss_backward) == 4 * T * V + e * T * V + (2 * L - 1) * e * T * kvd
+    assert any("partitioner" in c for c in estimate(sc).caveats)
