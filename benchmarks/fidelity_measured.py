@@ -1,7 +1,8 @@
 """Engine vs published GPU measurements: each row's counter predicted and compared, written to docs/accuracy.md.
 
 The rows live in ``data/measured/*.csv``: ``published.csv`` is the normalised form of the shared
-development set (``../shared/data/measured-dev.csv``) -- its columns plus the scenario JSON the engine
+development set (kept outside the repository, read from ``SOURCE`` by ``--normalise``; docs/memory-facts.md
+#development-data) -- its columns plus the scenario JSON the engine
 runs, the counter the row measured, exact bytes, and whether the row can be reproduced at all -- and
 ``gpu_*.csv`` files are rows measured by ``benchmarks/gpu_measure.py`` on a real GPU.
 
@@ -69,7 +70,7 @@ GPU_EXPLAINED_ALLOCATED: dict[str, str] = {
 #: Bytes per unit as the sources use them (GB = 1e9, GiB = 2^30).
 UNIT_BYTES = {"B": 1, "MB": 10**6, "GB": 10**9, "MiB": 2**20, "GiB": 2**30}
 #: The engine counter that predicts each measured counter ("unknown": the lowest, allocated, so that an
-#: under-prediction is never hidden; "active" is within ~1% of allocated, REFERENCE.md section 1).
+#: under-prediction is never hidden; "active" is within ~1% of allocated, docs/memory-facts.md#counters).
 COUNTER_KEY = {
     "allocated": "peak_allocated_bytes",
     "active": "peak_allocated_bytes",
@@ -1125,7 +1126,7 @@ def _row_121(by_id: dict[str, dict[str, Any]], fits: dict[str, dict[str, Any]] |
         "loading: `Params4bit.cuda` stages each weight as an fp16 copy (at most 96 MiB), quantises it and frees "
         "it; the caching allocator reuses the freed staging segment for the next weight, and what stays cached "
         "is of the order of the staging sizes (96, 86 and 32 MiB) plus partly filled 20 MiB segments holding "
-        "the small quantisation statistics: about 0.2 GiB by the allocator's rules (REFERENCE.md section 1). "
+        "the small quantisation statistics: about 0.2 GiB by the allocator's rules (docs/memory-facts.md#caching-allocator). "
         "Ruled out.",
         "a paged optimizer: ms-swift's default is the Trainer's `adamw_torch`; paged states would sit outside "
         "the caching allocator and lower reserved memory, not raise it. Ruled out.",
@@ -1193,8 +1194,8 @@ def _fit_section(fits: dict[str, dict[str, Any]] | None) -> list[str]:
         "  reserved memory as a multiple of the loss's T x V buffers, the largest blocks of a step, whose size",
         "  changes every step.",
         "",
-        "Stated (not fitted): `FRAGMENTATION_PERSISTENT` 0.01, `FRAGMENTATION_EXPANDABLE` 0.02 (REFERENCE.md:",
-        "0-5% with expandable segments), `EAGER_CONTEXT_BYTES` 1343 MiB (measured by the transformers docs on the",
+        "Stated (not fitted): `FRAGMENTATION_PERSISTENT` 0.01, `FRAGMENTATION_EXPANDABLE` 0.02 (docs/memory-facts.md#caching-allocator:",
+        "a few percent with expandable segments), `EAGER_CONTEXT_BYTES` 1343 MiB (measured by the transformers docs on the",
         "V100 of rows 81-89, after `torch.ones(1).cuda()`), `NCCL_PER_COMMUNICATOR` 0.5 GiB (nccl#864),",
         "`VERSION_SPREAD` 10% (the width of the allocated band; PR #961's 20.2 vs 22.3 GB).",
     ]

@@ -154,7 +154,7 @@ UNTRACED = [
     "## Formula-only (not traced)",
     "",
     "- ZeRO-1 and ZeRO-2 (`parallel.zero` 1/2 with dp > 1): DeepSpeed's partitioned optimizer and gradient "
-    "buckets are not PyTorch modules; the estimate follows DeepSpeed's own arithmetic (REFERENCE.md section 2, "
+    "buckets are not PyTorch modules; the estimate follows DeepSpeed's own arithmetic ([memory facts](memory-facts.md#sharding-zero-and-fsdp), "
     "`reduce_bucket_size` 5e8 elements) and says formula-only.",
     "- DeepSpeed ZeRO-3 (framework deepspeed): its stage-3 parameter coordinator is not FSDP2; formula-only.",
     "- Offload (`parallel.offload`): FSDP2's `CPUOffloadPolicy` keeps host copies on the same cpu device as the "

@@ -3,7 +3,7 @@
 Run: python benchmarks/fidelity_speed.py              (table, median and worst error, docs/speed.md)
      python benchmarks/fidelity_speed.py --fit        (refit the efficiency constants on FIT_ROWS, print them)
      python benchmarks/fidelity_speed.py --normalise  (rebuild data/throughput/published.csv from
-                                                       ../shared/data/throughput-dev.csv and the rules below)
+                                                       the shared development set, ``SHARED``, and the rules below)
 
 Each shared row becomes a scenario here (``scenario_for``): the model as an inline config from the row's
 columns, the GPU, layout, precision, checkpointing, micro-batch and global batch. What the source leaves out

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memsim_widget.engine.core import estimate
-from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.scenario import Scenario
 from memsim_widget.version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from memsim_widget.comparison import Comparison, compare
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.estimate import Estimate
+    from memsim_widget.importers import import_config
+    from memsim_widget.scenario import Scenario
+    from memsim_widget.widget import MemSim
 
 __all__ = [
     "Comparison",
@@ -24,7 +29,20 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Import the widget (and ``compare``, ``import_config``) lazily so the engine and CLI never load Jupyter or
-    Altair."""
+    Altair, and the engine on first use, so that ``memsim --help`` (``python -m memsim_widget.cli``) does not
+    load it."""
+    if name == "estimate":
+        from memsim_widget.engine.core import estimate
+
+        return estimate
+    if name == "Estimate":
+        from memsim_widget.engine.estimate import Estimate
+
+        return Estimate
+    if name == "Scenario":
+        from memsim_widget.scenario import Scenario
+
+        return Scenario
     if name == "MemSim":
         from memsim_widget.widget import MemSim  # says how to install the widget extra when it is missing
 

@@ -125,7 +125,7 @@ def _read_base(
         return _read_scenario(path)
     if path is not None:
         raise ScenarioError("--from", "give a scenario JSON or --from FILE..., not both")
-    from memsim_widget.importers.command import imported_base
+    from memsim_widget.import_cli import imported_base
 
     return imported_base(files, args.from_format, _apply_overrides({}, args, flags))
 
@@ -1022,20 +1022,20 @@ def _add_force(p: argparse.ArgumentParser) -> None:
 
 
 def _add_from(p: argparse.ArgumentParser) -> None:
-    from memsim_widget.importers.command import add_from
+    from memsim_widget.import_cli import add_from
 
     add_from(p)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``memsim import FILE...``: the launch configs as a scenario JSON (memsim_widget.importers)."""
-    from memsim_widget.importers.command import cmd_import as run
+    from memsim_widget.import_cli import cmd_import as run
 
     return run(args, _apply_overrides({}, args))
 
 
 def _add_import(sub: argparse._SubParsersAction) -> None:
-    from memsim_widget.importers.command import add_import
+    from memsim_widget.import_cli import add_import
 
     add_import(sub, _add_overrides, cmd_import)
 

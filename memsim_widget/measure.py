@@ -23,10 +23,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memsim_widget.errors import ScenarioError
-from memsim_widget.scenario import Scenario
+
+if TYPE_CHECKING:  # imported on use: the CLI builds its parser from add_measure on every start
+    from memsim_widget.scenario import Scenario
 
 GiB = 2**30
 STEPS = 3
@@ -376,6 +378,8 @@ def add_measure(sub: argparse._SubParsersAction, add_overrides: Callable[[argpar
 
 def cmd_measure(args: argparse.Namespace, data: dict[str, Any]) -> int:
     """Measure the scenario on this machine's GPU; exit 2 with one line where there is none."""
+    from memsim_widget.scenario import Scenario
+
     reason = require_cuda()
     if reason:
         raise ScenarioError("measure", reason)

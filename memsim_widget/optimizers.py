@@ -1,6 +1,7 @@
 """Optimizer registry: the state each optimizer keeps per parameter tensor and its step temporaries.
 
-Facts from REFERENCE.md section 2. A new optimizer is one ``register_optimizer(OptimizerSpec(...))``
+Facts and sources: docs/memory-facts.md#optimizer-states and #the-optimizer-step. A new optimizer is one
+``register_optimizer(OptimizerSpec(...))``
 saying how many states it keeps, in which dtype, and what its step allocates, e.g.::
 
     register_optimizer(OptimizerSpec("sophia", states=2))

@@ -1,6 +1,7 @@
 """Precision recipes: bytes per parameter for weights, gradients, master copy and optimizer state.
 
-Facts from REFERENCE.md section 2 (PyTorch AMP, Megatron/DeepSpeed mixed precision, pure 16-bit).
+Facts and sources: docs/memory-facts.md#bytes-per-parameter (PyTorch AMP, Megatron/DeepSpeed mixed precision,
+pure 16-bit).
 Add a recipe with ``register_precision(PrecisionRecipe(...))``.
 """
 

@@ -136,6 +136,7 @@ ABOVE_THE_ENGINE = (
     "memsim_widget.plan",
     "memsim_widget.export",
     "memsim_widget.importers",
+    "memsim_widget.import_cli",
     "memsim_widget.measure",
     "memsim_widget.widget",
     "memsim_widget.cli",

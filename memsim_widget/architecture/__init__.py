@@ -2,8 +2,9 @@
 
 The engine reads only the ``Architecture`` object; it never looks at raw HF config keys. Each model family is
 one module in ``memsim_widget/families/`` whose builder (HF config mapping -> Architecture) registers its
-``model_type`` values in ``FAMILIES`` with ``register_family``; it lists every parameter tensor of the
-transformers class used for training (named in its docstring), as transformers 5.x builds it. This package holds
+``model_type`` values in ``FAMILIES`` with ``register_family`` (the module is imported on first use); it lists
+every parameter tensor of the transformers class used for training (named in its docstring), as transformers 5.x
+builds it. This package holds
 what the families share:
 
 - ``types``: ``Architecture``, ``ParamGroup``, ``PARAM_KINDS``, the registry (``FAMILIES``, ``register_family``);
@@ -13,7 +14,8 @@ what the families share:
 - ``encoder``: ``bert_encoder``, the post-norm BERT-shaped encoder with its masked-LM head;
 - ``moe``: routed experts, router and dense MLPs of the mixture-of-experts families;
 - ``vision``: the vision towers multimodal families embed (CLIP's, SigLIP's) and their sub-config helpers;
-- ``dispatch``: ``build_architecture`` (dispatch on ``model_type``) and the unknown-type error.
+- ``dispatch``: ``build_architecture`` (dispatch on ``model_type``) and the unknown-type error;
+- ``registry``: ``LazyRegistry``, the mapping behind ``FAMILIES`` that imports a family's module on first use.
 """
 
 from __future__ import annotations
@@ -39,5 +41,8 @@ __all__ = [
     "unknown_model_type",
 ]
 
-# The family modules (memsim_widget/families/) register themselves on import.
-from memsim_widget import families as _families  # noqa: E402, F401
+# The family modules (memsim_widget/families/) register themselves when imported: the registry imports one the
+# first time one of its model types is asked for.
+from memsim_widget import families as _families  # noqa: E402
+
+FAMILIES.expect(_families.module_of_type())

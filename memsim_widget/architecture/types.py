@@ -1,7 +1,8 @@
 """The Architecture an engine reads and the ParamGroups it is made of; the registry of family builders.
 
 ``FAMILIES`` maps an HF ``model_type`` to its builder (HF config mapping -> Architecture); a family module in
-``memsim_widget/families/`` adds itself with ``@register_family("<model_type>")``.
+``memsim_widget/families/`` adds itself with ``@register_family("<model_type>")``, and is imported the first time
+one of its types is asked for (``registry.LazyRegistry``; the table of modules is ``families.MODEL_TYPES``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from memsim_widget.architecture.registry import LazyRegistry
 
 #: Parameter kinds of the breakdown, in display order.
 PARAM_KINDS = (
@@ -104,7 +107,7 @@ class Architecture:
 
 
 FamilyBuilder = Callable[[Mapping[str, Any]], Architecture]
-FAMILIES: dict[str, FamilyBuilder] = {}
+FAMILIES: LazyRegistry[FamilyBuilder] = LazyRegistry()
 
 
 def register_family(*model_types: str) -> Callable[[FamilyBuilder], FamilyBuilder]:

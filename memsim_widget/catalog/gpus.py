@@ -4,7 +4,8 @@ context, workspace, speeds, price), and a custom card from a memory size.
 ``memory_bytes`` is what ``torch.cuda.get_device_properties().total_memory`` reports, a little less than the
 label because the driver keeps some; each record says where its figure comes from (``MemorySource``; the kinds
 and the sources are in gpus.json's "about" and docs/gpus.md). ``context_bytes`` is the CUDA context + kernels
-resident with lazy loading on a recent driver (0.3-0.6 GiB; older generations and CUDA 11 up to 1.3 GiB).
+resident with lazy loading on a recent driver (0.3-0.6 GiB; older generations and CUDA 11 up to 1.3 GiB:
+docs/memory-facts.md#memory-outside-the-tensors).
 engine/gpu_speed.py reads ``GPU.speed`` and cost.py reads ``GPU.price``; a card without them (a custom size, or
 one registered without them) has them unknown, and the figures made from them say so.
 Add a card with ``register_gpu(GPU(...))``.

@@ -207,7 +207,7 @@ class Context:
         return tuple(Stage(i, p, split[i], i == 0, i == p - 1) for i in range(p))
 
     def in_flight(self, stage: Stage) -> float:
-        """Micro-batches whose activations a stage holds at once (REFERENCE.md section 4)."""
+        """Micro-batches whose activations a stage holds at once (docs/memory-facts.md#parallel-layouts)."""
         p, m = self.par.pp, self.par.pp_microbatches
         if p == 1:
             return 1.0

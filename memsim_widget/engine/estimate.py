@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: Default share of device memory kept free: allocator variance between versions and runs
-#: (REFERENCE.md: 454 Megatron runs below 80% never ran out of memory; 10% covers most reports).
+#: (docs/memory-facts.md#headroom-and-spread: 454 Megatron runs below 80% never ran out of memory; 10% covers
+#: most reports).
 DEFAULT_HEADROOM = 0.10
 
 

@@ -53,7 +53,7 @@ class FrameworkProfile:
     default): a second, flat copy of the gradients in 25 MB buckets.
     ``qlora_quantises``: which Linears QLoRA stores in NF4: ``"all-linear"`` (bitsandbytes via
     transformers quantises every Linear but the head) or ``"targets"`` (torchtune quantises only the
-    LoRA-wrapped ones, REFERENCE.md section 5).
+    LoRA-wrapped ones, docs/memory-facts.md#quantised-fine-tuning).
     ``fsdp_mixed_precision``: an ``amp-*`` precision means FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32)`` rather than autocast: fp32 sharded parameters, gradients and states, the
     gathered unit in bf16, and the modules compute in bf16 throughout (no autocast copies, no fp32
@@ -127,7 +127,7 @@ register_profile(
             "torchtune/modules/transformer.py TransformerDecoder.forward: output = self.output(h).float()",
             "recipes/full_finetune_single_device.py (2024-05): logits[..., :-1, :].contiguous(), "
             "loss.backward() with logits still in scope (del logits came later)",
-            "torchtune QLoRA: only LoRALinear modules hold NF4 weights (REFERENCE.md section 5)",
+            "torchtune QLoRA: only LoRALinear modules hold NF4 weights (docs/memory-facts.md#quantised-fine-tuning)",
         ),
         suggested=MappingProxyType(
             {
@@ -176,7 +176,7 @@ register_profile(
         tp_plan="megatron",
         sources=(
             "Korthikanti et al. 2022, arXiv 2205.05198, Table 2 (activations per layer)",
-            "Megatron-LM --use-distributed-optimizer: 6 + 12/d_p bytes per parameter (REFERENCE.md section 2)",
+            "Megatron-LM --use-distributed-optimizer: 6 + 12/d_p bytes per parameter (docs/memory-facts.md#bytes-per-parameter)",
         ),
         suggested=MappingProxyType(
             {
@@ -314,7 +314,8 @@ def root_resharded_for_loss(scenario: Scenario, last: bool) -> bool:
 def output_lifetime(scenario: Scenario) -> str:
     """How long the loop holds the model output: the scenario's ``output_lifetime``, else the framework's.
 
-    Source: REFERENCE.md section 8 -- HF Trainer drops the outputs before backward; the hand-written loop
+    Source: docs/memory-facts.md#the-training-loop -- HF Trainer drops the outputs before backward; the
+    hand-written loop
     ``outputs = model(**batch); outputs.loss.backward(); optimizer.step()`` keeps the logits (and any KV
     cache) alive through backward and the step.
     """
@@ -353,7 +354,7 @@ def gathered_weight_bytes(ctx: Context) -> int:
 
 def quantises_module(ctx: Context, module: str | None) -> bool:
     """Whether QLoRA stores this Linear in NF4: every Linear (bitsandbytes through transformers) or only
-    LoRA-wrapped ones (torchtune, REFERENCE.md section 5)."""
+    LoRA-wrapped ones (torchtune, docs/memory-facts.md#quantised-fine-tuning)."""
     if not module:
         return False
     if profile(ctx).qlora_quantises == "all-linear":

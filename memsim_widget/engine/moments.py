@@ -1,6 +1,7 @@
 """The moments of a training step as one table: which named groups of items are live at each instant.
 
-REFERENCE.md section 3. ``engine/timeline.py`` builds each group's items (the breakdown) and ``plan/vector.py``
+docs/memory-facts.md#where-the-peak-falls. ``engine/timeline.py`` builds each group's items (the breakdown)
+and ``plan/vector.py``
 each group's byte sums for many candidates at once; both read the moments from ``MOMENT_TABLE``, so the
 step is written down once. A group belongs to one side: the model states of a rank (``STATE_GROUPS``: they
 vary with the layout, ZeRO stage, optimizer and offload) or one micro-batch's activation terms scaled to the

@@ -1,10 +1,10 @@
 """Memory outside the model's tensors -- workspaces, allocator fragmentation, CUDA context, NCCL -- and the
 three GPU counters with their uncertainty bands.
 
-The counters (README "Which counter"): ``allocated`` = live tensors rounded to 512 B + cuBLAS workspaces +
+Counters (docs/memory-facts.md#counters): ``allocated`` = live tensors rounded to 512 B + cuBLAS workspaces +
 kernel scratch; ``reserved`` = allocated + what the caching allocator holds unused; ``device`` (nvidia-smi)
 = reserved + CUDA context + NCCL buffers + memory allocated outside PyTorch (bitsandbytes' paged states).
-Facts from REFERENCE.md section 1.
+Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-outside-the-tensors.
 
 Constants come in two kinds. *Stated* ones are read from a source and never tuned. *Fitted* ones -- only
 ``FRAGMENTATION_TRANSIENT`` and ``FRAGMENTATION_VARIABLE`` -- were fitted on the odd-id rows of
@@ -28,8 +28,8 @@ MiB = 1024**2
 # ----- stated constants ----------------------------------------------------------------------------------
 #: Reserved-but-unallocated share of long-lived memory (weights, states): 2 MiB segment rounding.
 FRAGMENTATION_PERSISTENT = 0.01
-#: Reserved-but-unallocated share of churning memory with ``expandable_segments:True`` (REFERENCE.md
-#: section 1: "near 0-5%"); also removes the variable-shape term.
+#: Reserved-but-unallocated share of churning memory with ``expandable_segments:True`` (docs/memory-facts.md
+#: #caching-allocator: a few percent); also removes the variable-shape term.
 FRAGMENTATION_EXPANDABLE = 0.02
 #: NCCL buffers and proxy state per communicator, outside the caching allocator (nccl#864: 0.5-1.6 GB).
 NCCL_PER_COMMUNICATOR = int(0.5 * GiB)
@@ -40,19 +40,21 @@ CUBLAS_HANDLES = 2
 #: CUDA context with eager module loading (CUDA 11, or CUDA_MODULE_LOADING=EAGER): 1343 MiB measured on a
 #: V100 after ``torch.ones(1).cuda()`` (transformers docs, model_memory_anatomy.md, 2022).
 EAGER_CONTEXT_BYTES = 1343 * MiB
-#: Context bands: 0.3-0.6 GiB with lazy loading on recent CUDA; about 1.3 GiB seen eager (REFERENCE.md).
+#: Context bands: 0.3-0.6 GiB with lazy loading on recent CUDA; about 1.3 GiB seen eager
+#: (docs/memory-facts.md#memory-outside-the-tensors).
 CONTEXT_BAND_LAZY = (int(0.3 * GiB), int(0.6 * GiB))
 CONTEXT_BAND_EAGER = (int(1.0 * GiB), int(1.5 * GiB))
 #: Spread of the same configuration between software versions, hardware and runs, applied to the
-#: allocated and reserved bands: 10% (PR #961 of torchtune: 20.2 GB vs 22.3 GB for one setup; REFERENCE.md
-#: section 7 reports 10-30% between versions).
+#: allocated and reserved bands: 10% (PR #961 of torchtune: 20.2 GB vs 22.3 GB for one setup;
+#: docs/memory-facts.md#headroom-and-spread: 10-30% between versions).
 VERSION_SPREAD = 0.10
 
 # ----- fitted constants (docs/accuracy.md, "Fitted constants") --------------------------------------------
 #: Reserved-but-unallocated share of the memory that churns during a step (activations, gradients,
 #: temporaries) when every batch has the same shape. Fitted: median implied value over the odd-id
 #: fixed-shape rows that measure reserved or nvidia-smi (BERT-large, transformers docs 2022: ids 81, 83, 85,
-#: 87, 89). REFERENCE.md section 1 expects 5-30% of allocated.
+#: 87, 89). Published training runs commonly reserve 5-30% above allocated
+#: (docs/memory-facts.md#caching-allocator).
 FRAGMENTATION_TRANSIENT = 0.44
 #: Extra reserved memory, as a multiple of the loss's T x V buffers, when batches are padded to their
 #: longest sample (``padding: "longest"``): those buffers are the largest blocks of a step (GBs) and change

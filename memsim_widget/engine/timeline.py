@@ -1,6 +1,7 @@
 """The step timeline: evaluate each candidate moment of a training step and find the peak.
 
-REFERENCE.md section 3: with small T and foreach AdamW the peak is in ``optimizer.step``; with large T
+docs/memory-facts.md#where-the-peak-falls: with small T and foreach AdamW the peak is in ``optimizer.step``;
+with large T
 at the start of backward. Optimizer state is created lazily at the first step, so step 1 peaks lower
 than every later step; the steady state (step 2 on) is what we report as the peak.
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memsim_widget.errors import ScenarioError, choice_error
-from memsim_widget.scenario import Scenario
+
+if TYPE_CHECKING:  # imported on use: the CLI's parser lists FORMATS without loading the scenario
+    from memsim_widget.scenario import Scenario
 
 #: Format name -> its module under ``memsim_widget.export`` (each has ``render(draft) -> {name: text}``).
 FORMATS: dict[str, str] = {
@@ -38,6 +40,7 @@ def export(scenario: Scenario | Mapping[str, Any], fmt: str, estimate: Any = Non
     """The launch-config files of a scenario in one format: ``{file name: text}``."""
     from memsim_widget.engine.core import estimate as run_estimate
     from memsim_widget.export.common import Draft
+    from memsim_widget.scenario import Scenario
 
     render = renderer(fmt)
     sc = scenario if isinstance(scenario, Scenario) else Scenario.from_dict(scenario)

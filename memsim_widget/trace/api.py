@@ -135,7 +135,7 @@ def simulated_components(sc: Scenario, rank: int = 0) -> dict[str, Any]:
     from memsim_widget.engine.core import estimate
 
     est = estimate(sc)
-    stage = est.ranks[traced_stage(sc, rank)] if len(est.ranks) > 1 else est.ranks[0]
+    stage = est.ranks[traced_stage(sc, rank)] if len(est.ranks) > 1 else est.ranks[0]  # pyright: ignore[reportGeneralTypeIssues]
     moment = max(stage.moments, key=lambda m: m.tensor_bytes)
     comps: dict[str, int] = {}
     for i in moment.items:

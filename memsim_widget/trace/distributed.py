@@ -1,7 +1,8 @@
 """Trace one rank of a data-parallel job (FSDP2 / ZeRO-3, DDP-style replicate, x TP) in this CPU process.
 
 PyTorch's own distributed code runs for one rank under FakeTensorMode, on a fake process group and a CPU
-device mesh (``fake_dist``; REFERENCE.md section 8): ``fully_shard`` on each decoder layer and then the root
+device mesh (``fake_dist``; docs/memory-facts.md#tracing-one-rank-on-a-cpu): ``fully_shard`` on each decoder
+layer and then the root
 (torchtitan's ``apply_fsdp``), or FSDP2-based ``replicate`` for zero 0. Two of the section's pitfalls are
 handled here: DTensor's sharding propagation gets a private FakeTensorMode (pitfall 1), and FSDP's
 communication buffers and gathered units are labelled (the tracker follows ``UntypedStorage.resize_``,
@@ -37,7 +38,7 @@ from .run import TraceResult, fakeify_meta, trace_training
 from .torch_recipe import precision_dtypes
 from .tracker import MemoryTracker
 
-#: What FSDP2-based replicate misses of DDP (REFERENCE.md section 8, pitfall 7).
+#: What FSDP2-based replicate misses of DDP (docs/memory-facts.md#tracing-one-rank-on-a-cpu, pitfall 7).
 REPLICATE_NOTE = (
     "zero 0 traced with FSDP2-based replicate (torch.distributed._composable.replicate_with_fsdp), not DDP's "
     "C++ reducer: it all-reduces each unit's gradients through FSDP's reduce buffers, without DDP's flat "
@@ -56,13 +57,13 @@ def private_sharding_fake_mode() -> Iterator[None]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import _sharding_prop
 
-    orig = _sharding_prop.detect_fake_mode
+    orig = _sharding_prop.detect_fake_mode  # pyright: ignore[reportPrivateImportUsage]
     private = FakeTensorMode(allow_non_fake_inputs=True)
-    _sharding_prop.detect_fake_mode = lambda *_a, **_k: private
+    _sharding_prop.detect_fake_mode = lambda *_a, **_k: private  # pyright: ignore[reportPrivateImportUsage]
     try:
         yield
     finally:
-        _sharding_prop.detect_fake_mode = orig
+        _sharding_prop.detect_fake_mode = orig  # pyright: ignore[reportPrivateImportUsage]
 
 
 #: FSDP2 functions (as ``_fsdp_param_group`` calls them, or ``FSDPParamGroup`` methods) -> the role of

@@ -2,7 +2,8 @@
 
 PyTorch's own fake backend (``torch.testing._internal.distributed.fake_pg``) makes every collective a no-op
 with correctly shaped outputs, so FSDP2, DTensor and pipelining run their real code for one rank
-(REFERENCE.md section 8). The mesh is built outside FakeTensorMode; pitfall (8): fake CUDA devices do not
+(docs/memory-facts.md#tracing-one-rank-on-a-cpu). The mesh is built outside FakeTensorMode; pitfall (8): fake
+CUDA devices do not
 work on a CPU build, so the mesh is on ``cpu``.
 """
 

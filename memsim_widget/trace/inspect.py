@@ -52,7 +52,7 @@ def forward_survivors(tracker: MemoryTracker, step: int) -> list[StorageRecord]:
     return [
         r
         for r in tracker.records
-        if r.step == step and r.phase in ("forward", "loss") and r.role is None and r.alive_at(bwd - 1)
+        if r.step == step and r.phase in ("forward", "loss") and r.role is None and r.alive_at(bwd - 1)  # pyright: ignore[reportOptionalOperand]
     ]
 
 
@@ -70,7 +70,7 @@ def report(res: TraceResult, step: int | None = None, *, first_backward: int = 1
 
     bwd = tr.mark_seq(step, "backward")
     p(
-        f"== step {step}: alive at start of backward = {tr.live_bytes_at(bwd):,d} B; peak {res.peak_bytes:,d} B "
+        f"== step {step}: alive at start of backward = {tr.live_bytes_at(bwd):,d} B; peak {res.peak_bytes:,d} B "  # pyright: ignore[reportArgumentType]
         f"({res.peak_phase} / {res.peak_op} / {res.peak_module})"
     )
     p("   columns: bytes, S = saved for backward by autograd, dtype, shape, creating op, module")

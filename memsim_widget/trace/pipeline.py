@@ -6,7 +6,8 @@ their layers; the deleted modules are set to None and the layer container keeps 
 stage is a :class:`StageModule` that computes its own rotary embeddings and runs SDPA with ``is_causal`` (no
 mask travels between stages). PyTorch's ``PipelineStage`` and ``Schedule1F1B`` / ``ScheduleGPipe`` /
 ``ScheduleInterleaved1F1B`` run under the fake process group (``fake_dist.fake_world``), where sends and receives
-are no-ops with correct shapes and their receive buffers are ordinary, counted allocations (REFERENCE.md 8).
+are no-ops with correct shapes and their receive buffers are ordinary, counted allocations
+(docs/memory-facts.md#tracing-one-rank-on-a-cpu).
 Under pp x dp (pp the outer mesh dimension, as in torchtitan) each stage module is first wrapped by
 ``distributed.parallelize`` (FSDP2 for zero 3, FSDP2-based replicate for zero 0) on the dp dimension.
 """
@@ -363,7 +364,8 @@ def _recv_buffers(stage: Any) -> list[torch.Tensor]:
 
 @contextlib.contextmanager
 def _dp_patches(sc: Scenario) -> Iterator[None]:
-    """Under pp x dp, DTensor's sharding propagation in its own FakeTensorMode (REFERENCE.md 8, pitfall 1)."""
+    """Under pp x dp, DTensor's sharding propagation in its own FakeTensorMode
+    (docs/memory-facts.md#tracing-one-rank-on-a-cpu, pitfall 1)."""
     if sc.parallel.dp == 1:
         yield
         return

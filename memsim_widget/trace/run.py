@@ -94,7 +94,8 @@ def traced_result(
 def param_groups(params: list[torch.nn.Parameter]) -> list[Any]:
     """``params`` as one group of DTensors and one of plain tensors when they mix (else the plain list).
 
-    Foreach optimizers refuse a group that mixes DTensor and plain tensors (REFERENCE.md section 8, pitfall 4).
+    Foreach optimizers refuse a group that mixes DTensor and plain tensors
+    (docs/memory-facts.md#tracing-one-rank-on-a-cpu, pitfall 4).
     """
     by_kind: dict[bool, list[torch.nn.Parameter]] = {}
     for p in params:
@@ -123,7 +124,7 @@ def fakeify_meta(model: torch.nn.Module, device: str = "cpu") -> None:
                 memo[id(p)] = torch.nn.Parameter(
                     torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad
                 )
-            mod._parameters[name] = memo[id(p)]
+            mod._parameters[name] = memo[id(p)]  # pyright: ignore[reportArgumentType]  (a Parameter)
         for name, b in list(mod._buffers.items()):
             if b is None or b.device.type != "meta":
                 continue

@@ -16,8 +16,9 @@ Two plan styles, each applied with PyTorch's own ``parallelize_module`` on one r
 
 Sequence parallel (Korthikanti et al. 2022, arXiv 2205.05198) adds the torchtitan norm/input layouts to the
 "hf" plan too: the residual stream and the norms hold T/tp tokens per rank; the embedding output is split on
-the sequence (a local chunk of the replicated lookup). REFERENCE.md section 8, pitfall (5): the batch then
-carries ``position_ids`` for the global sequence (``tp_inputs``) and SDPA runs with ``is_causal`` (no mask).
+the sequence (a local chunk of the replicated lookup). docs/memory-facts.md#tracing-one-rank-on-a-cpu,
+pitfall (5): the batch then carries ``position_ids`` for the global sequence (``tp_inputs``) and SDPA runs
+with ``is_causal`` (no mask).
 
 Tied embeddings (Qwen2): a colwise LM head shards the tied weight on the vocabulary (Shard(0)); the
 embedding takes transformers' "embedding_rowwise" style (the same Shard(0)) and the tie is restored, so the
@@ -213,7 +214,8 @@ def tp_inputs(
     """The batch one tp rank feeds the model: under SP, ``position_ids`` of the global sequence are added.
 
     Every tp rank reads the same tokens; with sequence parallel the embedding output is split on the sequence,
-    so the model cannot infer positions from its local length (REFERENCE.md section 8, pitfall 5).
+    so the model cannot infer positions from its local length (docs/memory-facts.md#tracing-one-rank-on-a-cpu,
+    pitfall 5).
     """
     if not sequence_parallel:
         return batch

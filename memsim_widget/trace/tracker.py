@@ -226,8 +226,9 @@ class MemoryTracker(TorchDispatchMode):
     def _resized(self, st: torch.UntypedStorage, rec: StorageRecord) -> StorageRecord:
         """Follow a storage whose size changed: end ``rec`` and start a record of the new size.
 
-        FSDP2 frees and re-allocates unsharded parameters with ``UntypedStorage.resize_`` (REFERENCE.md
-        section 8, pitfall 3); one record per size keeps the bytes live at any past moment exact.
+        FSDP2 frees and re-allocates unsharded parameters with ``UntypedStorage.resize_``
+        (docs/memory-facts.md#tracing-one-rank-on-a-cpu, pitfall 3); one record per size keeps the bytes live
+        at any past moment exact.
         """
         self.seq += 1
         rec.free_seq = self.seq
@@ -464,7 +465,7 @@ class MemoryTracker(TorchDispatchMode):
     def final_role(self, rec: StorageRecord) -> str:
         """Role of a record: explicit role, else activation if made in forward/loss and alive into backward."""
         if rec.role in _EXPLICIT:
-            return rec.role
+            return rec.role  # pyright: ignore[reportReturnType]  (in _EXPLICIT: not None)
         if rec.phase in ("forward", "loss"):
             bwd = self.mark_seq(rec.step, "backward")
             if bwd is not None and (rec.free_seq is None or rec.free_seq > bwd):
@@ -479,7 +480,7 @@ class MemoryTracker(TorchDispatchMode):
 
     def by_role_at(self, seq: int) -> dict[str, int]:
         """Bytes per role live right after event ``seq``."""
-        out = dict.fromkeys(ROLES, 0)
+        out: dict[str, int] = dict.fromkeys(ROLES, 0)
         for r in self.alive_at(seq):
             role = self.final_role(r)
             out[role] = out.get(role, 0) + r.nbytes

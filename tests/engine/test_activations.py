@@ -1,4 +1,4 @@
-"""Saved activations per layer: the formulas of REFERENCE.md section 3, exact for the arithmetic."""
+"""Saved activations per layer: the formulas of docs/memory-facts.md#activations, exact for the arithmetic."""
 
 from __future__ import annotations
 
@@ -114,7 +114,8 @@ def test_context_parallel_divides_the_sequence():
 
 @pytest.mark.parametrize(("pp", "m"), [(4, 8), (2, 2), (4, 2)])
 def test_1f1b_stage_i_holds_min(pp, m):
-    """Stage i of a 1F1B pipeline keeps min(m, p - i) micro-batches in flight (REFERENCE.md section 4)."""
+    """Stage i of a 1F1B pipeline keeps min(m, p - i) micro-batches in flight
+    (docs/memory-facts.md#parallel-layouts)."""
     est = estimate(
         Scenario.from_dict({"model": MHA, "seq_len": 1024, "parallel": {"pp": pp, "pp_microbatches": m}})
     )

@@ -1,7 +1,7 @@
 """Activations: the tensors each implementation saves for backward, per layer and per micro-batch.
 
 Built from what a fake-tensor trace of a real HF transformers training step keeps alive
-(REFERENCE.md section 3), not from the textbook s*b*h*(34 + 5as/h) of Korthikanti et al. 2022
+(docs/memory-facts.md#activations), not from the textbook s*b*h*(34 + 5as/h) of Korthikanti et al. 2022
 (arXiv 2205.05198), which is 30-40% off on modern models; Megatron-style fused kernels use that
 paper's Table 2 instead. Notation: T tokens of the micro-batch on this rank, h hidden, I MLP width,
 hkv = kv heads x head dim, a heads, s sequence, e bytes per compute element.

@@ -1,6 +1,6 @@
 """Model states on one rank: weights, gradients, master copy, optimizer states, and their sharding.
 
-Bytes per parameter per recipe follow REFERENCE.md section 2; ZeRO (Rajbhandari et al. 2020,
+Bytes per parameter per recipe follow docs/memory-facts.md#bytes-per-parameter; ZeRO (Rajbhandari et al. 2020,
 arXiv 1910.02054) shards optimizer states over dp at stage 1, gradients too at stage 2, and the
 weights at stage 3, where the unit being computed is gathered in full (plus the prefetched next one).
 QLoRA storage follows Dettmers et al. 2023 (arXiv 2305.14314): NF4 0.5 B/param plus block absmax.

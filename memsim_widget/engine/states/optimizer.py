@@ -1,5 +1,6 @@
 """The optimizer on one rank: the fp32 master weights and the optimizer states (ZeRO-1 sharded, offloaded to the
-host, or paged), and what its step allocates (foreach, for-loop, fused; REFERENCE.md section 2)."""
+host, or paged), and what its step allocates (foreach, for-loop, fused;
+docs/memory-facts.md#the-optimizer-step)."""
 
 from __future__ import annotations
 

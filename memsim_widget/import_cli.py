@@ -1,5 +1,9 @@
 """The command-line face of import: ``memsim import FILE...`` and the ``--from FILE...`` of estimate, plan,
-recommend and measure. The scenario goes to stdout; the settings no file gave go to stderr, one line each."""
+recommend and measure. The scenario goes to stdout; the settings no file gave go to stderr, one line each.
+
+It lives outside ``memsim_widget.importers`` because the CLI builds its parser from it on every start: importing
+anything under ``importers`` runs that package's face, which loads every reader, YAML and the engine (about 50 ms
+of ``memsim --help``, benchmarks/cli_startup.py); the readers are imported when a file is read."""
 
 from __future__ import annotations
 
