@@ -205,6 +205,30 @@ register_profile(
     )
 )
 
+register_profile(
+    FrameworkProfile(
+        "litgpt",
+        "litgpt 0.5.13 finetune scripts: its own GPT (fused qkv, fp32 RMSNorm product, repeat_interleave GQA), "
+        "its LoRA layers, the LM head in 128-token chunks with chunked_cross_entropy, logits kept through the step",
+        output_lifetime="step",
+        sources=(
+            "litgpt 0.5.13 finetune/lora.py, finetune/full.py: logits = model(input_ids, lm_head_chunk_size=128); "
+            "loss = chunked_cross_entropy(logits, targets[..., 1:]); the loop's logits binding lives until the "
+            "next step's forward returns",
+            "litgpt 0.5.13 model.py: GPT, Block, CausalSelfAttention (one qkv Linear, k and v repeat_interleave'd "
+            "to n_head under GQA), RMSNorm ((x_normed * weight.float()).to(dtype)), LLaMAMLP",
+            "litgpt 0.5.13 lora.py: LoRALinear, LoRAQKVLinear (grouped conv1d for B, zero_pad to the qkv width); "
+            "adapters in the model's dtype",
+            "litgpt 0.5.13 utils.py: chunked_cross_entropy (per-chunk cross_entropy, reduction='none', then cat "
+            "and sum); get_default_supported_precision(training=True) = 'bf16-mixed'",
+            "traced: memsim_widget/trace/litgpt.py runs litgpt's own modules on fake tensors (docs/fidelity.md)",
+        ),
+        suggested=MappingProxyType(
+            {"precision": "bf16", "optimizer": "adamw", "optimizer_impl": "foreach", "padding": "longest"}
+        ),
+    )
+)
+
 
 #: bitsandbytes PagedAdamW with 32-bit states (torchtune's low-memory recipe). The 8-bit variant is in
 #: the optimizer catalog; the 32-bit one keeps fp32 states whatever the parameter dtype (bitsandbytes
