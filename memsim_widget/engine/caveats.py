@@ -7,6 +7,7 @@ from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.activations.compiled import compiled_rule_applies
 from memsim_widget.engine.calibrated import caveat
+from memsim_widget.engine.activations.litgpt import litgpt_rule_applies
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
 from memsim_widget.engine.objectives import training_scenario
@@ -31,6 +32,8 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md); the trace (memsim trace, "
             "Verify) runs the compiled step with Inductor's partitioner (docs/fidelity.md)"
         )
+    if scenario.framework == "litgpt":
+        out.append(litgpt_caveat(scenario, arch))
     if arch.extra.get("ssm"):
         if (scenario.ssm_kernel or "cuda") == "cuda":
             out.append(
@@ -56,6 +59,21 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             out.append("vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start")
     out += vision_caveats(scenario, arch)
     return tuple(out)
+
+
+def litgpt_caveat(scenario: Scenario, arch: Architecture) -> str:
+    """What the litgpt profile covers: its traced rule (bf16, full or LoRA q/v) or HF's rules otherwise."""
+    untied = " litgpt holds a separate lm_head for a model HF ties (convert_hf_checkpoint copies wte): not modelled."
+    tied = untied if arch.tied_embeddings else ""
+    if litgpt_rule_applies(scenario, arch):
+        return (
+            "litgpt: its model, LoRA layers and chunked loss as traced (litgpt 0.5.13, docs/fidelity.md); litgpt "
+            "builds LoRA adapters in the model's dtype: set lora.adapter_dtype bf16." + tied
+        )
+    return (
+        "litgpt: HF's activation rules (litgpt's own are traced for bf16, full or LoRA on q_proj/v_proj, "
+        "no checkpointing, one GPU; docs/fidelity.md)." + tied
+    )
 
 
 def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:
