@@ -6,8 +6,8 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.activations.compiled import compiled_rule_applies
-from memsim_widget.engine.calibrated import caveat
 from memsim_widget.engine.activations.litgpt import litgpt_rule_applies
+from memsim_widget.engine.calibrated import caveat
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
 from memsim_widget.engine.objectives import training_scenario

@@ -51,7 +51,9 @@ def _trace_litgpt(cfg: dict[str, Any], kw: dict[str, Any]) -> Any:
     from memsim_widget.trace.litgpt import trace_litgpt
 
     if "layer_checkpointing" in kw or "objective" in kw or "compile_budget" in kw:
-        raise ScenarioError("framework", "litgpt traces the plain SFT step (no compile, selective-op or objective)")
+        raise ScenarioError(
+            "framework", "litgpt traces the plain SFT step (no compile, selective-op or objective)"
+        )
     keep = ("micro_batch_size", "seq_len", "precision", "optimizer", "optimizer_impl", "gradient_checkpointing",
             "lora", "progress", "top_n")  # fmt: skip
     return trace_litgpt(cfg, **{k: v for k, v in kw.items() if k in keep})
