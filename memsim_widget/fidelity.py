@@ -1659,7 +1659,8 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
 
 
 #: litgpt's own step (``framework: "litgpt"``; trace/litgpt.py runs litgpt 0.5.13's GPT, LoRA and chunked loss):
-#: the small Llama and Llama 3.2 1B's dimensions (real vocabulary, two layers, untied head as litgpt holds it).
+#: the small Llama and Llama 3.2 1B's dimensions (real vocabulary, two layers; its tied head is a separate tensor in
+#: litgpt, engine/frameworks.head_copy).
 _LITGPT_LORA = {
     "method": "lora",
     "lora": {"rank": 8, "targets": ["q_proj", "v_proj"], "adapter_dtype": "bf16"},
@@ -1667,7 +1668,7 @@ _LITGPT_LORA = {
 _L32_1B_L2 = {  # meta-llama/Llama-3.2-1B's config.json dimensions, 2 of its 16 layers
     "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 2,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
 }  # fmt: skip
 LITGPT_CASES: list[tuple[str, dict[str, Any]]] = [
     (

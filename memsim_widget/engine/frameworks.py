@@ -59,6 +59,9 @@ class FrameworkProfile:
     ZeRO-1/2 with dp > 1 (DeepSpeed's ``reduce_bucket_size``, default 5e8).
     ``zero3``: who implements ZeRO-3: ``"fsdp2"`` (PyTorch ``fully_shard``, traced: docs/fidelity-parallel.md)
     or ``"deepspeed"`` (DeepSpeed's stage-3 parameter coordinator, formula only).
+    ``separate_head``: the framework holds the LM head as its own tensor even for a model whose checkpoint ties
+    it to the input embedding (litgpt: ``convert_hf_checkpoint`` copies ``wte.weight`` into ``lm_head.weight``
+    and ``GPT`` never ties them), so the head is a second V x h parameter that trains on its own.
     ``tp_plan``: the tensor-parallel plan at tp > 1 (what ``trace/tp_plan.tp_style_for`` traces):
     ``"hf"`` (the model's transformers ``base_model_tp_plan``: an untied embedding stays replicated, the LM
     head is colwise with its output gathered, so every rank holds the full-vocabulary logits and loss),
@@ -80,6 +83,7 @@ class FrameworkProfile:
     bucket_elements: int = 0
     zero3: str = "fsdp2"
     tp_plan: str = "hf"
+    separate_head: bool = False
     sources: tuple[str, ...] = ()
     suggested: Mapping[str, Any] = field(default_factory=dict)
 
@@ -211,7 +215,10 @@ register_profile(
         "litgpt 0.5.13 finetune scripts: its own GPT (fused qkv, fp32 RMSNorm product, repeat_interleave GQA), "
         "its LoRA layers, the LM head in 128-token chunks with chunked_cross_entropy, logits kept through the step",
         output_lifetime="step",
+        separate_head=True,
         sources=(
+            "litgpt 0.5.13 scripts/convert_hf_checkpoint.py: a tied checkpoint's wte.weight is copied into "
+            "lm_head.weight; model.py GPT keeps transformer.wte and lm_head as two parameters",
             "litgpt 0.5.13 finetune/lora.py, finetune/full.py: logits = model(input_ids, lm_head_chunk_size=128); "
             "loss = chunked_cross_entropy(logits, targets[..., 1:]); the loop's logits binding lives until the "
             "next step's forward returns",
@@ -264,6 +271,14 @@ if PAGED_ADAMW.name not in OPTIMIZERS:
 def profile(ctx: Context) -> FrameworkProfile:
     """The profile of the scenario's framework."""
     return PROFILES[ctx.scenario.framework]
+
+
+def head_copy(ctx: Context, first: bool, last: bool) -> bool:
+    """Whether a stage holds its own copy of a tied LM head: the last stage of a pipeline whose first stage holds
+    the embedding, or any last stage under a framework that unties the head (``separate_head``: litgpt)."""
+    if not ctx.arch.tied_embeddings or not last:
+        return False
+    return not first or profile(ctx).separate_head
 
 
 def vocab_split(ctx: Context) -> bool:
