@@ -140,5 +140,5 @@ def litgpt_activations(ctx: Context, out: ActivationBudget) -> None:
     ]
     out.loss_backward[:] = [
         Term(f"litgpt loss backward, one {LITGPT_HEAD_CHUNK}-token chunk: two gradient buffers",
-             2 * e * chunk * V, f"2 x {e} B x B x {LITGPT_HEAD_CHUNK} x V", 2)
+             2 * e * chunk * V, f"2 x {e} B x b x {LITGPT_HEAD_CHUNK} x V, b={D.b}", 2)
     ]  # fmt: skip
