@@ -6,6 +6,7 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.activations.compiled import compiled_rule_applies
+from memsim_widget.engine.activations.liger import liger_applies, liger_layers_apply
 from memsim_widget.engine.activations.litgpt import litgpt_rule_applies
 from memsim_widget.engine.calibrated import caveat
 from memsim_widget.engine.context import Context
@@ -34,6 +35,8 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
         )
     if scenario.framework == "litgpt":
         out.append(litgpt_caveat(scenario, arch))
+    if scenario.framework == "liger":
+        out.append(liger_caveat(scenario, arch))
     if arch.extra.get("ssm"):
         if (scenario.ssm_kernel or "cuda") == "cuda":
             out.append(
@@ -74,6 +77,21 @@ def litgpt_caveat(scenario: Scenario, arch: Architecture) -> str:
         "litgpt: HF's activation rules (litgpt's own are traced for bf16, full or LoRA on q_proj/v_proj, "
         "no checkpointing, one GPU; docs/fidelity.md)." + tied
     )
+
+
+def liger_caveat(scenario: Scenario, arch: Architecture) -> str:
+    """The Liger profile is a formula from Liger-Kernel's source, never traced (its kernels need Triton on a GPU)."""
+    if not liger_applies(scenario, arch):
+        return (
+            "liger: no Liger rule for this configuration (Llama, Mistral, Qwen2/3 decoders, standard loss, one GPU, "
+            "no compile); HF's rules"
+        )
+    layers = (
+        "its RMSNorm and SwiGLU saved sets and fused linear cross-entropy"
+        if liger_layers_apply(scenario)
+        else "its fused linear cross-entropy only (layers keep HF's rules outside bf16 without checkpointing)"
+    )
+    return f"liger: {layers} are a formula from Liger-Kernel's source, untraced (Triton kernels need a GPU)"
 
 
 def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:

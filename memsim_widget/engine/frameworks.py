@@ -236,6 +236,26 @@ register_profile(
     )
 )
 
+register_profile(
+    FrameworkProfile(
+        "liger",
+        "transformers model with Liger Kernel's patches (use_liger_kernel=True / apply_liger_kernel_to_*): fused "
+        "linear cross-entropy (no logits), RMSNorm, SwiGLU, RoPE; formula from Liger's source, untraced (Triton)",
+        training_kv_cache=True,
+        ddp_buckets=True,
+        sources=(
+            "linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py @00eba634: chunked head, "
+            "gradients computed in forward (grad_input, grad_weight), no logits returned",
+            "linkedin/Liger-Kernel src/liger_kernel/ops/rms_norm.py: saves X, W and a fp32 rstd (llama casting)",
+            "linkedin/Liger-Kernel src/liger_kernel/ops/swiglu.py: LigerSiLUMulFunction saves gate and up only",
+            "untraced: Liger's kernels are Triton programs that need a GPU (engine/activations/liger.py)",
+        ),
+        suggested=MappingProxyType(
+            {"precision": "bf16", "optimizer": "adamw", "optimizer_impl": "fused", "padding": "longest"}
+        ),
+    )
+)
+
 
 #: bitsandbytes PagedAdamW with 32-bit states (torchtune's low-memory recipe). The 8-bit variant is in
 #: the optimizer catalog; the 32-bit one keeps fp32 states whatever the parameter dtype (bitsandbytes

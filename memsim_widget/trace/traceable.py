@@ -29,6 +29,8 @@ def check_traceable(sc: Scenario) -> None:
     estimate(sc)
     if sc.method == "qlora":
         raise ScenarioError("method", "qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA")
+    if sc.framework == "liger":
+        raise ScenarioError("framework", "liger cannot be traced: Liger Kernel's Triton kernels need a GPU")
     if architecture_for(sc.model).extra.get("ssm") and (sc.ssm_kernel or "cuda") == "cuda":
         raise ScenarioError(
             "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "
