@@ -39,7 +39,8 @@ LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def liger_applies(sc: Scenario, arch: Architecture) -> bool:
-    """The Liger formula covers the scenario: a patched decoder, the standard loss, no compile, one GPU, SFT."""
+    """The Liger formula covers the scenario: a patched decoder, the standard loss, no compile, SFT, no tensor,
+    pipeline or context parallelism (data parallelism changes no activation)."""
     return bool(
         sc.framework == "liger"
         and arch.family in LIGER_FAMILIES
@@ -52,8 +53,7 @@ def liger_applies(sc: Scenario, arch: Architecture) -> bool:
         and sc.loss == "standard"
         and not sc.compile
         and sc.objective_name == "sft"
-        and sc.parallel.world_size == 1
-        and sc.parallel.ep == 1
+        and sc.parallel.tp == sc.parallel.pp == sc.parallel.cp == sc.parallel.ep == 1
     )
 
 
