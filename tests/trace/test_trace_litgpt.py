@@ -31,6 +31,16 @@ def test_peft_target_names_map_to_litgpts_lora_switches() -> None:
         lora_switches({"target_modules": ["c_attn"]})
 
 
+def test_what_the_litgpt_tracer_cannot_run_is_refused_by_field() -> None:
+    from memsim_widget.scenario import Scenario
+    from memsim_widget.trace.traceable import check_traceable
+
+    base = {"model": "llama-3.2-1b", "micro_batch_size": 1, "seq_len": 128, "framework": "litgpt"}
+    with pytest.raises(ScenarioError) as err:
+        check_traceable(Scenario.from_dict({**base, "parallel": {"dp": 2}}))
+    assert err.value.field == "parallel"
+
+
 def test_the_step_keeps_the_loops_logits_list_until_the_next_forward() -> None:
     """LitgptStep mirrors finetune/lora.py: the model returns 128-token lm_head chunks (the last one shifted by one
     token), and the list stays referenced after the loss, as the loop's ``logits`` binding, until the next forward."""

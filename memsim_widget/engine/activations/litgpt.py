@@ -16,7 +16,7 @@ Source: litgpt 0.5.13 (pip ``litgpt==0.5.13``), traced by running that code on f
   conv1d's output at the adapted widths (e T (a d + kv d)) and two int64 index vectors of those widths;
   the MLP saves fc_1's, fc_2's and the SiLU's outputs (3 e T I), not the product (``proj`` is frozen).
 - After the layers: ``ln_f`` as above (its fp32 ``x_normed`` only when the head trains); its backward holds
-  16 B x T x h of fp32 transients and gradients, 20 with a trainable weight (traced).
+  16 B x T x h of fp32 transients and gradients, 20 with a trainable weight, and small fp32 reductions (traced).
 - The loss (utils.py ``chunked_cross_entropy`` on the list ``GPT.forward(..., lm_head_chunk_size=128)``
   returns): the e-byte logits (e T V, kept by the loop through the step) and the e-byte log-softmax every
   chunk's ``cross_entropy`` saves (e T V: chunking frees nothing before backward); backward runs one chunk at a
@@ -128,9 +128,17 @@ def litgpt_activations(ctx: Context, out: ActivationBudget) -> None:
     )
     # ln_f's backward in fp32: the incoming gradient's fp32 copy and the products of RMSNorm's backward (12 B x T x h
     # of fp32 transients at its peak, traced) beside the head's input gradient; one more fp32 T x h with a
-    # trainable weight (its gradient's product). Traced on the small Llama: full -0.01%, LoRA +0.01% at this moment.
+    # trainable weight (its gradient's product). Traced on the small Llama: full +0.00% (384 B over), LoRA +0.01% at this moment.
     k = 20 if full else 16
-    out.top_backward[:] = [Term("litgpt final RMSNorm backward (fp32)", k * T * h, f"{k} B x T x h", 4)]
+    out.top_backward[:] = [
+        Term("litgpt final RMSNorm backward (fp32)", k * T * h, f"{k} B x T x h", 4),
+        Term(
+            "litgpt final RMSNorm backward: fp32 row and weight reductions",
+            4 * T + 8 * h,
+            "4 B x T + 8 B x h",
+            3,
+        ),
+    ]
     if not V:
         return
     chunk = D.b * LITGPT_HEAD_CHUNK
