@@ -57,7 +57,7 @@ def _document(rows: list[dict[str, Any]], failed: list[tuple[str, str]]) -> str:
     ]
     if failed:
         summary += ["", "Cases that did not trace:", ""] + [f"- {n}: {e}" for n, e in failed]
-    return "\n".join(head + _table(rows) + summary + LEARNED + UNTRACED) + "\n"
+    return "\n".join(head + _table(rows) + summary + LEARNED + KNOWN_GAPS + UNTRACED) + "\n"
 
 
 #: What the traces showed the engine (each rule lives in the engine module named).
@@ -83,6 +83,69 @@ LEARNED = [
     "input-gradient sends, stage outputs (logits on the last stage) kept until their backward, GPipe's last "
     "stage holding every micro-batch's loss, gradients carried only where fewer micro-batches are in flight "
     "than there are.",
+    "- **Real vocabularies** (the `V32k`-`V256k` rows: each model's own hidden size and vocabulary, 2 layers): "
+    "the project's small shapes (V = 1,000) hide the embedding, head and loss. Three rules came from them. "
+    "(1) FSDP2's root unit (embeddings, final norm, head) is reduce-scattered last: `foreach_reduce` allocates "
+    "the reduce input (root numel x reduce_dtype) while the unsharded gradients (param_dtype) are alive, after "
+    "the root's parameters were resharded (`engine/states/gathered._root_reduce`, moment `root_reduce_scatter`; "
+    "torch 2.13 `_fsdp_param_group.post_backward`, `_fsdp_collectives.foreach_reduce`). Before: -12.6% (V128k "
+    "torchtitan dp4). (2) A foreach optimizer refuses a param group mixing DTensors and plain tensors, so "
+    "under transformers' plan (untied embedding and norms left plain) the step runs two groups and its "
+    "buffer is the larger group's (`engine/states/optimizer.step_temporaries`). Before: +10.7% (V152k tp2). "
+    "(3) DTensor's `embedding_dense_backward` has no row-sharded strategy: a vocab-sharded embedding's "
+    "gradient is `Partial` with a full V x h local tensor, kept as `.grad` until `zero_grad` when no FSDP "
+    "redistributes it (`engine/states/gradients.partial_embedding_grad`; torch 2.13 "
+    "`distributed/tensor/_ops/_embedding_ops.py`). Before: -6.6% (V128k torchtitan tp2). (4) With an explicit "
+    "`reshard_after_forward=True` FSDP2 reshards the root after forward too (it keeps the root gathered "
+    "only when the flag is left to its default: torch 2.13 `_fsdp_state._lazy_init`), so the root's "
+    "pre-backward all-gather runs beside every saved activation, its all-gather output and the unsharded "
+    "copy alive at once (moment `backward_regather`, `engine/states/gathered._root_regather`). Before: "
+    "-10.8% (V256k bf16 dp4).",
+    "- **torchtitan computes the loss outside the model** (`pred = model(inputs); loss = loss_fn(pred, labels)`, "
+    "torchtitan `train.py`), with or without TP: under FSDP2 the root's post-forward reshards the root unit "
+    "and frees the last all-gather output before the loss runs (`FrameworkProfile.loss_outside_model`, "
+    "`engine/frameworks.root_resharded_for_loss`); the tracer now runs torchtitan's loss that way. Before: "
+    "+3.5% (small torchtitan FSDP2 rows).",
+    "- **torchtitan with TP and no FSDP computes in fp32**: its `maybe_enable_amp` runs neither FSDP2's "
+    '`MixedPrecisionPolicy` nor `torch.autocast` when TP is on without FSDP ("Mixed precision training with '
+    'TP or PP is only supported when FSDP/HSDP/CP is enabled", torchtitan `distributed/utils.py`), so an '
+    "`amp-*` recipe's activations and logits are fp32 (`engine/frameworks.no_mixed_precision`, "
+    "`effective_recipe`). Before: -3.4% (V128k torchtitan tp2 b2 s4096).",
+    "- **The plan is a key of its own** (`parallel.tp_plan`: hf | torchtitan | megatron, `parallel.loss_parallel`; "
+    "unset, the framework's): an HF model under a torchtitan-shaped DTensor plan (accelerate, a custom loop) "
+    "and torchtitan without loss parallel (its plan then gathers the logits: `output_layouts=Replicate()`) are "
+    "traced (the hybrid rows). Loss parallel under the hf plan (which gathers the logits) and Megatron without "
+    "its vocab-parallel cross-entropy are refused (`engine/frameworks.check_tp_plan`). Under FSDP2 with a "
+    "vocab-sharded DTensor embedding the bottom of backward holds the root's unsharded gradients with the "
+    "embedding's `Partial` full-vocabulary one beside its `Shard(0)` redistribution (moment `root_grads_made`, "
+    "`engine/states/gathered._root_grads_made`). Before: -15.2% (V152k hf dp2 x tp2 torchtitan plan).",
+    "- **Pipeline schedules keep outputs** (the `return_outputs` rows): PyTorch's default "
+    "`schedule.step(return_outputs=True)` appends every micro-batch's last-stage output to "
+    "`PipelineStage.output_chunks`, which only `clear_runtime_states` at the next step empties, and returns "
+    "their concatenation, which a loop that keeps its output holds through the optimizer step (torch 2.13 "
+    "`pipelining/stage.py` `forward_one_chunk`, `schedules.py` `_merge_outputs`). The engine holds all m "
+    "outputs on the last stage through backward and 2m at the step when `output_lifetime` is `step` "
+    "(`engine/pipeline.returns_outputs`); torchtitan's `return_outputs=False` (every other row) keeps one "
+    "until its backward. Before: -5.9% (1F1B) and -4.8% (interleaved), V128k last stage.",
+]
+
+#: Known gaps at real vocabularies (the rows above that miss), and why.
+KNOWN_GAPS = [
+    "",
+    "## Known gaps",
+    "",
+    "- **torchtitan pipelines without FSDP** (`precision: amp-bf16`, pp > 1, no FSDP, no TP): torchtitan's "
+    "`maybe_enable_amp` disables mixed precision there too, but the pipeline tracer autocasts, so the engine "
+    "keeps bf16 activations for that case (`no_mixed_precision` covers TP only). Not traced as torchtitan runs it.",
+    "- **dp x tp with FSDP2 at a real vocabulary** (V128k torchtitan dp2 x tp2): the trace allocates the root's "
+    "reduce-scatter output while one V/tp x h unsharded gradient of the root is still referenced; which "
+    "object holds it was not found in the source, so the engine counts it as traced (the largest root "
+    "tensor's unsharded gradient, dp x tp only: `engine/states/gathered._root_reduce`). Before: -8.2%.",
+    "- **torchtitan on one GPU or DDP** (`precision: amp-bf16`, no FSDP, no TP/PP): `maybe_enable_amp` runs "
+    "`torch.autocast` there; the engine assumes FSDP's bf16 casting (no autocast weight copies). Not traced.",
+    "- **Uneven pipeline splits** (`parallel.pp_layers`): traced for one model chunk per rank (the `uneven` "
+    "rows); with virtual stages how a rank's layers spread over its chunks is the framework's choice, so "
+    "the tracer refuses it and the engine uses the rank's total. The planner searches even splits only.",
 ]
 
 #: What this process cannot trace, and why (the trace refuses these with the same words).
@@ -98,7 +161,10 @@ UNTRACED = [
     "fake GPU here, so resident and offloaded bytes cannot be told apart.",
     "- Context parallel (`parallel.cp`): torch's `context_parallel` shards only CUDA's SDPA kernels; on a CPU "
     "mesh `_scaled_dot_product_flash_attention_for_cpu` has no sharding strategy.",
-    "- Expert parallel (`parallel.ep`): PyTorch has no expert-parallel API for transformers' MoE layers.",
+    "- Expert parallel (`parallel.ep`): PyTorch has no expert-parallel API for transformers' MoE layers; the "
+    "estimate holds each rank to 1/ep of the experts, over dp x cp (torchtitan) or folded over the TP group "
+    "beyond it, where the experts stay whole (`ParallelConfig.expert_tp`: Megatron-Core's MoE parallel "
+    "folding, transformers' expert parallelism on the TP group); formula-only.",
     "- Megatron's fused TP kernels (framework megatron with tp > 1) and MoE experts held as 3-D parameters "
     "(Mixtral's packed plan in transformers 5.24): not `nn.Linear`/`nn.Embedding`, which torch's "
     "Colwise/RowwiseParallel shard.",

@@ -1344,10 +1344,11 @@ function verdictHead(doc, result) {
     })
   ]);
 }
-function peakList(doc, peaks) {
+function peakList(doc, peaks, staged) {
   return h(doc, "ul", { class: "memsim-peaks" }, (peaks ?? []).map(
     (p) => h(doc, "li", { class: `memsim-peak memsim-peak-${p.label}` }, [
       h(doc, "b", { text: `${p.label} ${p.size}` }),
+      ...staged && p.rank ? [h(doc, "span", { class: "memsim-peak-rank", text: ` on ${p.rank}` })] : [],
       ` predicts ${p.counter}`
     ])
   ));
@@ -1372,7 +1373,7 @@ function renderVerdict(doc, el, result) {
   const scaling = scalingText(result.scaling ?? {});
   if (scaling) extra.push(h(doc, "div", { class: "memsim-scaling-summary", text: scaling }));
   el.className = `memsim-verdict memsim-verdict-${result.verdict.replace(/ /g, "-")}`;
-  el.replaceChildren(verdictHead(doc, result), peakList(doc, result.peaks), ...extra);
+  el.replaceChildren(verdictHead(doc, result), peakList(doc, result.peaks, (result.per_rank ?? []).length > 1), ...extra);
 }
 function buildTable(doc, rows) {
   const cols = [

@@ -175,10 +175,7 @@ def _table(est: Any, headroom: float) -> str:
         ),
         f"gpu       {est.gpu.name} ({_gib(est.gpu.memory_bytes)} GiB) x {est.scenario.parallel.world_size}",
         f"peak      {est.peak_phase} on {r.label}",
-        f"  tensors    {_gib(est.peak_tensor_bytes):>10} GiB  (live tensors, as a fake-tensor trace sees them)",
-        f"  allocated  {_gib(est.peak_allocated_bytes):>10} GiB  (torch.cuda.max_memory_allocated)",
-        f"  reserved   {_gib(est.peak_reserved_bytes):>10} GiB  (torch.cuda.max_memory_reserved)",
-        f"  device     {_gib(est.device_total_bytes):>10} GiB  (nvidia-smi)",
+        *_counter_lines(est),
         f"verdict   {est.verdict(headroom)} ({headroom:.0%} headroom; "
         f"recommended >= {_gib(est.recommended_memory_bytes(headroom))} GiB)",
         *(f"caveat    {c}" for c in est.caveats),
@@ -201,6 +198,27 @@ def _table(est: Any, headroom: float) -> str:
             + ", ".join(f"{x.label} {_gib(x.device_total_bytes)} GiB at {x.peak_phase}" for x in est.ranks)
         )
     return "\n".join(lines)
+
+
+#: The headline counters in the text report: (key, label, what measures it).
+_COUNTER_LINES = (
+    ("peak_tensor_bytes", "tensors", "live tensors, as a fake-tensor trace sees them"),
+    ("peak_allocated_bytes", "allocated", "torch.cuda.max_memory_allocated"),
+    ("peak_reserved_bytes", "reserved", "torch.cuda.max_memory_reserved"),
+    ("device_total_bytes", "device", "nvidia-smi"),
+)
+
+
+def _counter_lines(est: Any) -> list[str]:
+    """One line per headline counter; with several pipeline stages each names the stage it comes from
+    (per counter, the worst stage)."""
+    staged = len(est.ranks) > 1
+    lines = []
+    for key, label, what in _COUNTER_LINES:
+        rank = est.worst_for(key)
+        where = f" on {rank.label}" if staged else ""
+        lines.append(f"  {label:<10} {_gib(rank.counter(key)):>10} GiB  ({what}){where}")
+    return lines
 
 
 def _phase_lines(est: Any) -> list[str]:

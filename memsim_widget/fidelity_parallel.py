@@ -20,6 +20,29 @@ LLAMA_MHA = {**LLAMA, "num_key_value_heads": 8}
 
 _BASE: dict[str, Any] = {"micro_batch_size": 2, "seq_len": 512}
 
+#: Real vocabularies at their models' hidden sizes (so the embedding, head, logits and loss weigh against the
+#: layers as they do in the real model), with 2 layers to keep each trace a few seconds (fake tensors: the
+#: cost is the number of ops, not their size). Sources: each model's config.json on the Hugging Face hub.
+LLAMA3_V128K = {  # Llama 3.1 8B: h 4096, V 128,256
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 2,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+}  # fmt: skip
+QWEN25_V152K = {  # Qwen2.5 7B: h 3584, V 152,064
+    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 2,
+    "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
+}  # fmt: skip
+MISTRAL_V32K = {  # Mistral 7B v0.3: h 4096, V 32,768
+    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 2,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32768, "tie_word_embeddings": False,
+    "sliding_window": None,
+}  # fmt: skip
+LLAMA_V256K = {  # a 256k vocabulary at Gemma 3 12B's ratio (h 3840, V 262,208) on a Llama body
+    "model_type": "llama", "hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 2,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 262208,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+_REAL: dict[str, Any] = {"micro_batch_size": 1, "seq_len": 1024}
+
 
 def _case(name: str, model: dict, parallel: dict, stage: int = 0, **keys: Any) -> tuple[str, dict, int]:
     """One case: a name, the scenario dict and the pipeline stage to trace."""
@@ -160,9 +183,118 @@ def _pp_cases() -> list[tuple[str, dict, int]]:
     return out
 
 
+def _real(name: str, model: dict, parallel: dict, stage: int = 0, **keys: Any) -> tuple[str, dict, int]:
+    """One case at a real vocabulary (``_REAL`` shapes unless ``keys`` say otherwise)."""
+    return name, {"model": model, **_REAL, **keys, "parallel": parallel}, stage
+
+
+def _real_vocab_cases() -> list[tuple[str, dict, int]]:
+    """Real vocabularies (32k, 128k, 152k, 256k): FSDP2's root unit, torchtitan's loss parallel (dp x tp and
+    tp alone), transformers' plan, pipeline last and first stages with 2+ micro-batches in flight."""
+    tt = {"precision": "amp-bf16", "framework": "torchtitan"}
+    sp = {"sequence_parallel": True}
+    inter = {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
+    four = {**LLAMA3_V128K, "num_hidden_layers": 4}
+    return [
+        _real("V128k llama3 torchtitan fsdp dp4", LLAMA3_V128K, {"dp": 4, "zero": 3}, **tt),
+        _real(
+            "V128k llama3 torchtitan fsdp dp4 b2 s4096 (loss outside the model)",
+            LLAMA3_V128K,
+            {"dp": 4, "zero": 3},
+            **tt,
+            micro_batch_size=2,
+            seq_len=4096,
+        ),
+        _real("V32k mistral bf16 fsdp dp8", MISTRAL_V32K, {"dp": 8, "zero": 3}),
+        _real("V256k bf16 fsdp dp4", LLAMA_V256K, {"dp": 4, "zero": 3}),
+        _real("V128k llama3 torchtitan tp2 sp loss-parallel", LLAMA3_V128K, {"tp": 2, **sp}, **tt),
+        _real(
+            "V128k llama3 torchtitan tp2 sp loss-parallel b2 s4096",
+            LLAMA3_V128K,
+            {"tp": 2, **sp},
+            **tt,
+            micro_batch_size=2,
+            seq_len=4096,
+        ),
+        _real(
+            "V128k llama3 torchtitan dp2 x tp2 sp loss-parallel",
+            LLAMA3_V128K,
+            {"dp": 2, "tp": 2, "zero": 3, **sp},
+            **tt,
+        ),
+        _real("V152k qwen2.5 bf16 tp2 (hf plan)", QWEN25_V152K, {"tp": 2}),
+        _real(
+            "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last)", LLAMA3_V128K, {"pp": 2, "pp_microbatches": 4}, 1
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last) b2 s4096",
+            LLAMA3_V128K,
+            {"pp": 2, "pp_microbatches": 4},
+            1,
+            micro_batch_size=2,
+            seq_len=4096,
+        ),
+        _real("V128k llama3 bf16 pp2 interleaved v2 m4 stage 1 (last)", four, inter, 1),
+        _real("V128k llama3 bf16 pp2 interleaved v2 m4 stage 0", four, inter, 0),
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m4 stage 0 b2 s4096",
+            four,
+            inter,
+            0,
+            micro_batch_size=2,
+            seq_len=4096,
+        ),
+        _real(
+            "V152k qwen2.5 bf16 pp2 1f1b m4 stage 1 (last)", QWEN25_V152K, {"pp": 2, "pp_microbatches": 4}, 1
+        ),
+        _real(
+            "V128k llama3 bf16 tp2 sp torchtitan plan (hybrid: tp_plan key)",
+            LLAMA3_V128K,
+            {"tp": 2, **sp, "tp_plan": "torchtitan"},
+        ),
+        _real(
+            "V128k llama3 torchtitan dp2 x tp2 sp without loss parallel",
+            LLAMA3_V128K,
+            {"dp": 2, "tp": 2, "zero": 3, **sp, "loss_parallel": False},
+            **tt,
+        ),
+        _real(
+            "V152k qwen2.5 bf16 dp2 x tp2 fsdp torchtitan plan (hybrid)",
+            QWEN25_V152K,
+            {"dp": 2, "tp": 2, "zero": 3, "tp_plan": "torchtitan"},
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 1f1b m4 uneven [1, 3] stage 0",
+            four,
+            {"pp": 2, "pp_microbatches": 4, "pp_layers": [1, 3]},
+            0,
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 1f1b m4 uneven [3, 1] stage 1 (last)",
+            four,
+            {"pp": 2, "pp_microbatches": 4, "pp_layers": [3, 1]},
+            1,
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last) return_outputs",
+            LLAMA3_V128K,
+            {"pp": 2, "pp_microbatches": 4},
+            1,
+            output_lifetime="step",
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m4 stage 1 (last) return_outputs",
+            four,
+            inter,
+            1,
+            output_lifetime="step",
+        ),
+    ]
+
+
 #: (name, scenario dict, pipeline stage traced).
 CASES: list[tuple[str, dict[str, Any], int]] = (
-    _fsdp_cases() + _replicate_cases() + _tp_cases() + _two_d_cases() + _pp_cases()
+    _fsdp_cases() + _replicate_cases() + _tp_cases() + _two_d_cases() + _pp_cases() + _real_vocab_cases()
 )
 #: The subset the tests run (one of each layout kind, a few seconds each).
 FAST = (
@@ -172,6 +304,10 @@ FAST = (
     "llama bf16 dp2 x tp2 fsdp",
     "llama torchtitan tp2 sp loss-parallel",
     "llama bf16 pp2 1f1b m4 stage 1 (last)",
+    "V128k llama3 torchtitan fsdp dp4",
+    "V152k qwen2.5 bf16 tp2 (hf plan)",
+    "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last)",
+    "V128k llama3 bf16 pp2 interleaved v2 m4 stage 0",
 )
 
 

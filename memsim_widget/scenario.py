@@ -50,6 +50,8 @@ ADAPTER_DTYPES = ("fp32", "bf16", "fp16")
 #: ``find_all_linear_names``).
 LORA_SCOPES = ("model", "language")
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+#: Tensor-parallel plans (``parallel.tp_plan``; unset: the framework's, engine/frameworks.py).
+TP_PLANS = ("hf", "torchtitan", "megatron")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 #: How batches are shaped: padded to ``seq_len`` (or packed to it: same shapes every step), or padded to the
 #: longest sample of each batch (shapes change every step; ``seq_len`` is then the longest batch).
@@ -245,6 +247,19 @@ class ParallelConfig:
     #: FSDP2 ``fully_shard(reshard_after_forward=...)``: False keeps every unit unsharded from its forward to
     #: its backward (no re-gather, more memory); only ZeRO-3 with FSDP2 reads it.
     reshard_after_forward: bool = True
+    #: Layers per pipeline rank, first to last (None: an even split). Uneven splits as the frameworks make
+    #: them: torchtitan's per-stage layer lists (``module_fqns_per_model_part``), Megatron's
+    #: ``--decoder-first/last-pipeline-num-layers`` and, with embedding and loss counted as layers
+    #: (``--account-for-embedding/loss-in-pipeline-split``), one layer fewer on the first and last rank.
+    #: Each rank's memory follows its own layers; ``rules/model.py`` checks they add up to the model's.
+    pp_layers: tuple[int, ...] | None = None
+    #: The tensor-parallel plan (None: the framework's): "hf" (the model's transformers ``base_model_tp_plan``),
+    #: "torchtitan" (vocab-sharded embedding and head) or "megatron" (Megatron-Core's vocab-parallel layers).
+    #: Lets a hybrid be said: an HF model under a DTensor plan of torchtitan's shape (accelerate, a custom loop).
+    tp_plan: str | None = None
+    #: The cross-entropy on vocab-sharded logits (torch ``loss_parallel()``; None: on under the torchtitan and
+    #: megatron plans, off under "hf", whose head gathers the full logits).
+    loss_parallel: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -270,18 +285,65 @@ class ParallelConfig:
                 name,
                 f"pp x virtual_stages = {self.pp * self.virtual_stages:,} stages is more than {MAX_PP_STAGES:,}",
             )
+        self._check_pp_layers()
+        if self.tp_plan is not None:
+            _choice("parallel.tp_plan", self.tp_plan, TP_PLANS)
+        if self.loss_parallel is not None:
+            _bool("parallel.loss_parallel", self.loss_parallel)
         check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
                 "parallel", f"dp*tp*pp*cp = {self.world_size:,} GPUs is more than {MAX_GPUS:,} (2**20)"
             )
 
+    def _check_pp_layers(self) -> None:
+        """``pp_layers``: None, or one positive layer count per pipeline rank (kept as a tuple)."""
+        if self.pp_layers is None:
+            return
+        v = self.pp_layers
+        if isinstance(v, (str, bytes, Mapping)) or not hasattr(v, "__iter__"):
+            raise ScenarioError(
+                "parallel.pp_layers", f"must be a list of layer counts per stage, got {_short(v)}"
+            )
+        counts = tuple(v)
+        if self.pp == 1:
+            raise ScenarioError("parallel.pp_layers", "needs pp > 1 (layers per pipeline stage)")
+        if len(counts) != self.pp:
+            raise ScenarioError(
+                "parallel.pp_layers",
+                f"must list one layer count per stage (pp = {self.pp}), got {len(counts)}",
+            )
+        for i, c in enumerate(counts):
+            _int(f"parallel.pp_layers[{i}]", c, maximum=MAX_GPUS)
+        object.__setattr__(self, "pp_layers", tuple(int(c) for c in counts))
+
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def expert_tp(self) -> int:
+        """How many ways the tensor-parallel group splits each expert (expert TP).
+
+        Expert parallelism spans dp x cp (torchtitan); what ``ep`` has beyond dp x cp it takes from the TP
+        group, whose GPUs then hold whole experts: Megatron-Core's MoE parallel folding (EP x expert-TP x
+        expert-DP spans TP x CP x DP: Liu et al. 2025, arXiv 2504.14960; ``--expert-tensor-parallel-size``)
+        and transformers' expert parallelism over the TP group (``tp_plan`` "ep_router"/"grouped_gemm"
+        entries: ep = tp on the same GPUs). ``rules/parallel.py`` checks that ``ep`` divides dp x cp x tp.
+        """
+        over = self.ep // math.gcd(self.ep, self.dp * self.cp)
+        return max(1, self.tp // over)
+
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; ``pp_layers`` (as a list), ``tp_plan`` and ``loss_parallel`` only when set, so
+        scenarios that leave them to their defaults read and print as before the keys existed."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("pp_layers", "tp_plan", "loss_parallel"):  # optional: echoed only when set
+            if out[key] is None:
+                del out[key]
+        if "pp_layers" in out:
+            out["pp_layers"] = list(out["pp_layers"])
+        return out
 
 
 #: Every scenario key with its default; the resolved scenario echoes all of them.

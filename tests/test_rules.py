@@ -31,8 +31,9 @@ CLIP, LLAVA = "clip-vit-base-patch32", "llava-1.5-7b"
 #: control (an inert rule). Adding a rule without an example fails ``test_every_rule_has_an_example``.
 EXAMPLES: dict[str, dict[str, Any]] = {
     "sequence parallel needs tp > 1": {"parallel": {"sequence_parallel": True}},
-    "ep divides dp x cp": {"parallel": {"dp": 2, "ep": 4}},
+    "ep divides dp x cp x tp": {"parallel": {"dp": 2, "tp": 2, "ep": 8}},
     "pp schedule needs pp > 1": {"parallel": {"pp_schedule": "gpipe"}},
+    "pp_layers add up to the layers": {"model": "llama-3.2-1b", "parallel": {"pp": 2, "pp_layers": [7, 8]}},
     "pp micro-batches need pp > 1": {},
     "virtual stages need pp > 1": {},
     "interleaved schedule needs virtual stages": {"parallel": {"pp": 2, "pp_schedule": "interleaved"}},

@@ -75,7 +75,7 @@ def litgpt_caveat(scenario: Scenario, arch: Architecture) -> str:
         )
     return (
         "litgpt: HF's activation rules (litgpt's own are traced for bf16, full or LoRA on q_proj/v_proj, "
-        "no checkpointing, no tp/pp/cp; docs/fidelity.md)." + tied
+        "no checkpointing, no tp/cp; docs/fidelity.md)." + tied
     )
 
 
@@ -83,7 +83,7 @@ def liger_caveat(scenario: Scenario, arch: Architecture) -> str:
     """The Liger profile is a formula from Liger-Kernel's source, never traced (its kernels need Triton on a GPU)."""
     if not liger_applies(scenario, arch):
         return (
-            "liger: no Liger rule for this configuration (Llama, Mistral, Qwen2/3 decoders, standard loss, no tp/pp/cp, "
+            "liger: no Liger rule for this configuration (Llama, Mistral, Qwen2/3 decoders, standard loss, no tp/cp, "
             "no compile); HF's rules"
         )
     layers = (

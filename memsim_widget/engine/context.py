@@ -203,8 +203,8 @@ class Context:
     @cached_property
     def stages(self) -> tuple[Stage, ...]:
         p = self.par.pp
-        per = self.arch.num_layers // p
-        return tuple(Stage(i, p, per, i == 0, i == p - 1) for i in range(p))
+        split = self.par.pp_layers or (self.arch.num_layers // p,) * p  # even unless parallel.pp_layers
+        return tuple(Stage(i, p, split[i], i == 0, i == p - 1) for i in range(p))
 
     def in_flight(self, stage: Stage) -> float:
         """Micro-batches whose activations a stage holds at once (REFERENCE.md section 4)."""

@@ -64,22 +64,33 @@ class Estimate:
     ranks: tuple[RankEstimate, ...]
     trainable_parameters: int
 
-    # ----- headline numbers (worst rank) --------------------------------------------------------
+    # ----- headline numbers (per counter, the worst stage) ---------------------------------------
     @cached_property
     def worst(self) -> RankEstimate:
-        return max(self.ranks, key=lambda r: r.device_total_bytes)
+        """The rank the verdict is about: the largest nvidia-smi total (the first of equals)."""
+        return self.worst_for("device_total_bytes")
+
+    def worst_for(self, counter: str) -> RankEstimate:
+        """The rank with the largest figure of ``counter`` (a key of ``COUNTERS``; the first of equals): with
+        pp > 1 the stages differ (the first holds the embedding and the most micro-batches in flight, the last
+        the head and loss), and the stage with the largest nvidia-smi total need not allocate the most."""
+        return max(self.ranks, key=lambda r: r.counter(counter))
+
+    def peak_ranks(self) -> dict[str, str]:
+        """Per headline counter, the label of the rank (pipeline stage) whose figure it is."""
+        return {c: self.worst_for(c).label for c in COUNTERS}
 
     @property
     def peak_tensor_bytes(self) -> int:
-        return self.worst.peak_tensor_bytes
+        return self.worst_for("peak_tensor_bytes").peak_tensor_bytes
 
     @property
     def peak_allocated_bytes(self) -> int:
-        return self.worst.peak_allocated_bytes
+        return self.worst_for("peak_allocated_bytes").peak_allocated_bytes
 
     @property
     def peak_reserved_bytes(self) -> int:
-        return self.worst.peak_reserved_bytes
+        return self.worst_for("peak_reserved_bytes").peak_reserved_bytes
 
     @property
     def device_total_bytes(self) -> int:
@@ -87,6 +98,7 @@ class Estimate:
 
     @property
     def peak_phase(self) -> str:
+        """The peak moment of the verdict's rank (``worst``)."""
         return self.worst.peak_phase
 
     @property
@@ -108,9 +120,10 @@ class Estimate:
         return self.worst.components()
 
     def uncertainty(self) -> dict[str, dict[str, int]]:
-        """Low and high bytes of ``peak_allocated_bytes``, ``peak_reserved_bytes`` and ``device_total_bytes``
-        on the worst rank (engine/overhead.counter_bands says how each band is made)."""
-        return self.worst.uncertainty()
+        """Low and high bytes of ``peak_allocated_bytes``, ``peak_reserved_bytes`` and ``device_total_bytes``,
+        each on the rank whose figure the headline shows (engine/overhead.counter_bands says how each band is
+        made)."""
+        return {c: band for c in COUNTERS if (band := self.worst_for(c).uncertainty().get(c)) is not None}
 
     # ----- verdict ------------------------------------------------------------------------------
     def fits(self, gpu: GPU | str | dict | None = None, headroom: float = DEFAULT_HEADROOM) -> bool:
@@ -327,6 +340,7 @@ class Estimate:
             "caveats": list(self.caveats),
             "peak_phase": self.peak_phase,
             "peak_rank": self.worst.label,
+            "peak_ranks": self.peak_ranks(),
             "step1_peak_allocated_bytes": self.worst.step1_peak_allocated_bytes,
             "components": self.components(),
             "per_rank": [

@@ -20,7 +20,9 @@ from typing import Any
 
 from memsim_widget.alloc_conf import AllocatorConf, parse_alloc_conf
 from memsim_widget.engine.context import Context
+from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec, register_optimizer
+from memsim_widget.precision import PRECISIONS, PrecisionRecipe
 from memsim_widget.scenario import Scenario
 
 #: DeepSpeed's default ``reduce_bucket_size`` / ``allreduce_bucket_size`` (elements): ZeRO-1/2 flatten
@@ -44,6 +46,9 @@ class FrameworkProfile:
     ``output_lifetime`` unset: ``"trainer"`` (dropped before backward: HF Trainer's ``compute_loss`` returns
     the loss only, torchtitan ``del pred``), ``"backward"`` (still referenced while ``loss.backward()`` runs:
     torchtune recipes until ``del logits`` came in mid-2024) or ``"step"`` (through ``optimizer.step()``).
+    ``loss_outside_model``: the loop computes the loss on the model's output, outside its forward
+    (torchtitan ``train.py``: ``pred = model(inputs); loss = loss_fn(pred, labels)``), so under FSDP2 the
+    root's post-forward has resharded it before the loss runs; else the HF model computes it in its forward.
     ``ddp_buckets``: data parallelism is DDP with ``gradient_as_bucket_view=False`` (HF Trainer/Accelerate
     default): a second, flat copy of the gradients in 25 MB buckets.
     ``qlora_quantises``: which Linears QLoRA stores in NF4: ``"all-linear"`` (bitsandbytes via
@@ -80,6 +85,7 @@ class FrameworkProfile:
     qlora_quantises: str = "all-linear"
     fsdp_mixed_precision: bool = False
     expandable_segments: bool = False
+    loss_outside_model: bool = False
     bucket_elements: int = 0
     zero3: str = "fsdp2"
     tp_plan: str = "hf"
@@ -147,6 +153,7 @@ register_profile(
         fsdp_mixed_precision=True,
         expandable_segments=True,
         tp_plan="torchtitan",
+        loss_outside_model=True,
         sources=(
             "torchtitan parallelize_llama.apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
             "torchtitan run_train.sh: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -301,31 +308,66 @@ def head_copy(ctx: Context, first: bool, last: bool) -> bool:
     return not first or profile(ctx).separate_head
 
 
+def tp_plan(scenario: Scenario) -> str:
+    """The tensor-parallel plan: ``parallel.tp_plan``, else the framework's (``FrameworkProfile.tp_plan``)."""
+    return scenario.parallel.tp_plan or PROFILES[scenario.framework].tp_plan
+
+
+def vocab_parallel_loss(scenario: Scenario) -> bool:
+    """Whether the logits and the loss stay vocab-sharded (V/tp per rank) at tp > 1: ``parallel.loss_parallel``,
+    else on under the torchtitan plan (its default, ``disable_loss_parallel=False``) and the megatron plan
+    (Megatron-Core's vocab-parallel cross-entropy), off under "hf", whose head gathers the full logits
+    (transformers ``colwise_gather_output``; torchtitan without loss parallel gathers them too:
+    ``output_layouts=Replicate()`` in its plan)."""
+    if scenario.parallel.tp == 1:
+        return False
+    lp = scenario.parallel.loss_parallel
+    return tp_plan(scenario) != "hf" if lp is None else lp
+
+
+def check_tp_plan(scenario: Scenario) -> None:
+    """Refuse a loss parallel the plan cannot run: the "hf" plan gathers the logits on every rank (nothing
+    vocab-sharded to run it on); Megatron's cross-entropy is always vocab-parallel."""
+    lp, plan = scenario.parallel.loss_parallel, tp_plan(scenario)
+    if scenario.parallel.tp == 1:  # both keys are inert without tensor parallelism
+        return
+    if lp and plan == "hf":
+        raise ScenarioError(
+            "parallel.loss_parallel",
+            "needs a plan whose head keeps the vocabulary sharded (parallel.tp_plan torchtitan or megatron); "
+            "transformers' plan gathers the full logits on every rank",
+        )
+    if lp is False and plan == "megatron":
+        raise ScenarioError("parallel.loss_parallel", "Megatron's cross-entropy is always vocab-parallel")
+
+
 def vocab_split(ctx: Context) -> bool:
-    """Whether tensor parallelism splits the vocabulary of the logits and the loss: not under the "hf" plan,
-    whose LM head gathers the full logits on every rank (transformers ``colwise_gather_output``)."""
-    return ctx.par.tp > 1 and profile(ctx).tp_plan != "hf"
+    """Whether tensor parallelism splits the vocabulary of the logits and the loss (``vocab_parallel_loss``)."""
+    return vocab_parallel_loss(ctx.scenario)
 
 
 def embedding_split(ctx: Context) -> bool:
     """Whether tensor parallelism splits the input embedding's vocabulary: the "hf" plan leaves an untied
     embedding replicated (it is not in ``base_model_tp_plan``); a tied one is sharded with the head."""
-    return ctx.par.tp > 1 and (profile(ctx).tp_plan != "hf" or bool(ctx.arch.tied_embeddings))
+    return ctx.par.tp > 1 and (tp_plan(ctx.scenario) != "hf" or bool(ctx.arch.tied_embeddings))
 
 
 def loss_parallel(scenario: Scenario) -> bool:
-    """torchtitan's loss parallel (tp > 1): the loop computes the cross-entropy on the vocab-sharded DTensor
-    logits outside the model (``loss_parallel()`` context, torchtitan ``train.py``)."""
-    return scenario.parallel.tp > 1 and PROFILES[scenario.framework].tp_plan == "torchtitan"
+    """torch's loss parallel (tp > 1): the loop computes the cross-entropy on the vocab-sharded DTensor
+    logits outside the model (``loss_parallel()`` context, torchtitan ``train.py``); DTensor plans only
+    (Megatron's vocab-parallel cross-entropy is its own kernel)."""
+    return vocab_parallel_loss(scenario) and tp_plan(scenario) == "torchtitan"
 
 
 def root_resharded_for_loss(scenario: Scenario, last: bool) -> bool:
     """Whether FSDP2's gathered units are gone while the loss runs and its backward starts: with the loss
-    outside the model (loss parallel, no pipeline), the root's post-forward with ``reshard_after_forward=True``
+    outside the model (loss parallel, or a loop that computes it outside: torchtitan; no pipeline), the root's
+    post-forward with ``reshard_after_forward=True``
     reshards the root unit and frees the last all-gather output before the loss; backward re-gathers the
     root only when the gradient reaches the logits (torch ``_fsdp_state._post_forward``; traced)."""
     par = scenario.parallel
-    return last and par.pp == 1 and par.reshard_after_forward and loss_parallel(scenario)
+    outside = loss_parallel(scenario) or PROFILES[scenario.framework].loss_outside_model
+    return last and par.pp == 1 and par.reshard_after_forward and outside
 
 
 def output_lifetime(scenario: Scenario) -> str:
@@ -336,6 +378,21 @@ def output_lifetime(scenario: Scenario) -> str:
     cache) alive through backward and the step.
     """
     return scenario.output_lifetime or PROFILES[scenario.framework].output_lifetime
+
+
+def no_mixed_precision(ctx: Context) -> bool:
+    """torchtitan with tensor parallelism and no FSDP: its ``maybe_enable_amp`` runs neither FSDP2's
+    ``MixedPrecisionPolicy`` (no FSDP) nor ``torch.autocast`` ("Mixed precision training with TP or PP is only
+    supported when FSDP/HSDP/CP is enabled"), so an ``amp-*`` recipe computes in fp32 (torchtitan
+    ``distributed/utils.py``; traced). Pipelines alone are left out: the pipeline tracer does not run it so."""
+    par = ctx.par
+    fsdp = (par.zero >= 3 and par.dp * par.cp > 1) or par.cp > 1
+    return ctx.recipe.autocast and profile(ctx).fsdp_mixed_precision and par.tp > 1 and not fsdp
+
+
+def effective_recipe(ctx: Context) -> PrecisionRecipe:
+    """The recipe the step computes in: fp32 where ``no_mixed_precision``, else the scenario's."""
+    return PRECISIONS["fp32"] if no_mixed_precision(ctx) else ctx.recipe
 
 
 def uses_autocast(ctx: Context) -> bool:

@@ -23,6 +23,11 @@ STATE_GROUPS = (
     "gathered",  # the FSDP units gathered during backward
     "gathered_grads",  # their unsharded gradients before the reduce-scatter
     "step_in_backward",  # optimizer-in-backward: the step's temporaries during backward
+    "root_regather",  # FSDP2's root unit gathered again when backward starts, with its all-gather output
+    "root_made",  # FSDP2 at the bottom of backward: the root unit's unsharded gradients, all made
+    "root_reduce",  # FSDP2's root unit in its reduce-scatter: its unsharded gradients and the reduce input
+    "root_reduce_out",  # ... a little later: the reduce input and output (and a gradient still referenced)
+    "grads_but_root",  # ... beside every gradient but the root unit's own shard (not made yet)
     "grads_but_bottom",  # every gradient but layer 0's and the embeddings'
     "grads",  # every gradient
     "step_persistent",  # parameters and optimizer states at the optimizer step (they exist from step 1 on)
@@ -88,6 +93,21 @@ MOMENT_TABLE = (
     MomentRule(
         "backward_start", live=(*_COMMON, *_FORWARD, "loss_backward", "held_logits", "held_cache_extra")
     ),
+    # FSDP2's root re-gathered as backward starts (resharded after forward): every saved activation alive
+    MomentRule(
+        "backward_regather",
+        live=(
+            *_COMMON,
+            "grads_carried",
+            "kept_unsharded",
+            "pre",
+            "saved",
+            "post",
+            "loss_saved",
+            "root_regather",
+            "held_logits",
+        ),
+    ),  # fmt: skip
     # the top of backward: the final norm's backward, or the last layer's (recomputed first under
     # checkpointing), with every other saved activation alive and only the head's gradients made so far
     MomentRule(
@@ -105,6 +125,18 @@ MOMENT_TABLE = (
             ("grads_but_bottom", "own", "layer_backward", "held_logits", "cache_but_own"),
             ("grads", "held_logits", "cache_all", "bottom_backward"),
         ),
+    ),
+    # FSDP2 at the bottom of backward: the embedding's gradient made, the root's unsharded gradients waiting
+    # for its post-backward beside the unsharded root (engine/states/gathered._root_grads_made)
+    MomentRule(
+        "root_grads_made", live=(*_COMMON, "gathered", "grads_but_root", "root_made", "pre", "held_logits")
+    ),
+    # FSDP2's last reduce-scatter, the root unit's (embeddings, final norm, head): its unsharded gradients
+    # and the reduce input, every activation freed (engine/states/gathered._root_reduce)
+    MomentRule(
+        "root_reduce_scatter",
+        live=(*_COMMON, "grads_but_root", "held_logits"),
+        larger_of=(("root_reduce",), ("root_reduce_out",)),
     ),
     # the optimizer step: states, gradients and the step's temporaries; activations freed
     MomentRule(

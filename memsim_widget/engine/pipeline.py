@@ -42,8 +42,29 @@ def loss_micro_batches(ctx: Context, stage: Stage) -> int:
     return par.pp_microbatches if par.pp > 1 and par.pp_schedule == "gpipe" else 1
 
 
-def outputs_held(ctx: Context, stage: Stage) -> float:
-    """Stage outputs the schedule keeps for backward: one per micro-batch in flight (none without a pipeline)."""
+def returns_outputs(ctx: Context, keeps_output: bool) -> bool:
+    """Whether the schedule returns the last stage's outputs: ``schedule.step(return_outputs=True)``,
+    PyTorch's default, which the loop asks for when it keeps the model output through the step
+    (``keeps_output``: the activations' ``output_through_step``, ``output_lifetime`` "step" where the
+    framework's loop holds an output at all -- not Megatron's);
+    torchtitan passes ``return_outputs=False``. The last stage then appends every micro-batch's output to
+    ``PipelineStage.output_chunks``, emptied only by ``clear_runtime_states`` at the next step, and
+    ``step`` returns their concatenation (torch 2.13 ``pipelining/stage.py`` ``forward_one_chunk``,
+    ``schedules.py`` ``_merge_outputs``)."""
+    return ctx.par.pp > 1 and keeps_output
+
+
+def outputs_held(ctx: Context, stage: Stage, keeps_output: bool = False) -> float:
+    """Stage outputs the schedule keeps for backward: one per micro-batch in flight (none without a pipeline);
+    on the last stage every micro-batch's when the schedule returns its outputs."""
     if ctx.par.pp == 1:
         return 0.0
+    if stage.last and returns_outputs(ctx, keeps_output):
+        return float(ctx.par.pp_microbatches)
     return float(loss_micro_batches(ctx, stage)) if stage.last else ctx.in_flight(stage)
+
+
+def outputs_through_step(ctx: Context, stage: Stage, keeps_output: bool) -> int:
+    """Copies of one micro-batch's last-stage output alive at the optimizer step when the schedule returns
+    its outputs: every micro-batch's kept chunk and its part of the concatenation ``step`` returned."""
+    return 2 * ctx.par.pp_microbatches if stage.last and returns_outputs(ctx, keeps_output) else 0

@@ -59,6 +59,10 @@ class RankEstimate:
         """Everything on the device at the peak, including reserved and outside-PyTorch memory."""
         return self.peak.items + (self.reserved,) + self.device
 
+    def counter(self, name: str) -> int:
+        """This rank's figure of one headline counter (a key of ``engine/estimate.COUNTERS``)."""
+        return int(getattr(self, name))
+
     def components(self) -> dict[str, int]:
         """Bytes per category at the peak (device total split; temporaries kept apart)."""
         out = dict.fromkeys(CATEGORIES, 0)

@@ -22,7 +22,8 @@ def stage_span(scenario: Scenario, stage: Stage, num_layers: int) -> str:
     elif par.pp_schedule == "interleaved" and par.virtual_stages > 1:
         layers = f"{stage.layers} layers in {par.virtual_stages} chunks (interleaved)"
     else:
-        start = stage.index * stage.layers  # stages split the layers evenly (engine/context)
+        split = par.pp_layers or (stage.layers,) * stage.num_stages  # even unless parallel.pp_layers
+        start = sum(split[: stage.index])
         layers = f"layers {start}-{start + stage.layers - 1}"
     ends = [e for e, on in (("embeddings", stage.first), ("head and loss", stage.last)) if on]
     return ", ".join([layers, *ends])
@@ -42,7 +43,12 @@ def split_words(scenario: Scenario) -> list[str]:
     if par.cp > 1:
         words.append(f"1/{par.cp} of the sequence (context parallel)")
     if par.ep > 1:
-        words.append(f"1/{par.ep} of the experts (expert parallel)")
+        folded = (
+            f", folded over the TP group: experts split {par.expert_tp} ways"
+            if par.expert_tp < par.tp
+            else ""
+        )
+        words.append(f"1/{par.ep} of the experts (expert parallel{folded})")
     group = par.dp * par.cp
     if group > 1:
         shard = ZERO_SHARDS.get(par.zero)

@@ -20,7 +20,13 @@ from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
 from memsim_widget.engine.lazy_items import ItemGroup, LazyItem, built
 from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
-from memsim_widget.engine.pipeline import loss_micro_batches, outputs_held, pending_sends, receive_buffers
+from memsim_widget.engine.pipeline import (
+    loss_micro_batches,
+    outputs_held,
+    outputs_through_step,
+    pending_sends,
+    receive_buffers,
+)
 from memsim_widget.engine.states import StateBudget
 from memsim_widget.units import fmt_int
 
@@ -169,6 +175,11 @@ def _state_groups(
         "gathered": states.gathered,
         "gathered_grads": states.gathered_grads,
         "step_in_backward": states.step_temps if sc.optimizer_in_backward else [],
+        "root_regather": states.root_regather,
+        "root_made": states.root_made,
+        "root_reduce": states.root_reduce,
+        "root_reduce_out": states.root_reduce_out,
+        "grads_but_root": states.grads_but_root if states.root_reduce else states.grads,
         "grads_but_bottom": states.grads_but_bottom,
         "grads": states.grads,
         "step_persistent": persistent,
@@ -231,7 +242,7 @@ def _activation_groups(
     loss_label = f"{n_loss} micro-batches" if n_loss > 1 else ""
     # a pipeline stage's receive buffers (kept for the run) and its outputs and pending sends (this step)
     recv = _scaled(acts.pp_buffer, receive_buffers(ctx, stage), "receive buffers: micro-batches x directions")
-    n_out = outputs_held(ctx, stage)
+    n_out = outputs_held(ctx, stage, acts.output_through_step)
     stage_io = (
         recv
         + _scaled(acts.pp_buffer, pending_sends(ctx, stage), "1 input gradient waiting to be sent")
@@ -245,8 +256,13 @@ def _activation_groups(
     )
     # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
     # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
-    held_logits = _scaled(acts.output_logits, last, "")
+    # (a pipeline's loop gets the output only from the schedule, after backward: engine/pipeline)
+    held_logits = _scaled(acts.output_logits, last if ctx.par.pp == 1 else 0, "")
     cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
+    n_step = outputs_through_step(ctx, stage, acts.output_through_step)
+    returned = _scaled(
+        acts.pp_logits, n_step, f"{n_step} micro-batch outputs (kept chunks and their concatenation)"
+    )
     return {
         "stage_io": stage_io,
         "receive_buffers": recv,
@@ -265,7 +281,7 @@ def _activation_groups(
         "cache_all": cache_all,
         # calibrated models only
         "bottom_backward": _scaled(acts.bottom_backward, 1 if stage.first else 0, "", "temporaries"),
-        "held_through_step": held_logits + cache_all if acts.output_through_step else [],
+        "held_through_step": held_logits + returned + cache_all if acts.output_through_step else [],
         **_saved_groups(ctx, stage, acts, f),
     }
 

@@ -1,6 +1,6 @@
 """The planner's search space: which layouts and knobs are tried, and the candidate arrays they make.
 
-A *layout* is one factorisation ``num_gpus = dp x tp x pp x cp`` (plus ``ep`` inside dp x cp for MoE)
+A *layout* is one factorisation ``num_gpus = dp x tp x pp x cp`` (plus ``ep`` inside dp x cp x tp for MoE)
 that the engine accepts for the model (heads and kv heads divisible by tp, layers by pp, the sequence by
 cp, experts by ep; ``Context`` itself is the judge). *Knobs* are the memory levers tried on every layout:
 ZeRO stage, sequence parallel, micro-batch with the gradient accumulation that keeps the global batch,
@@ -149,7 +149,8 @@ def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[L
             for pp in _divisors_in(n // tp, space.pp):
                 for cp in _divisors_in(n // (tp * pp), space.cp):
                     dp = n // (tp * pp * cp)
-                    for ep in _divisors_in(dp * cp, space.ep):
+                    # EP over dp x cp, or folded over the TP group beyond it (ParallelConfig.expert_tp)
+                    for ep in _divisors_in(dp * cp * tp, space.ep):
                         trial = replace_unchecked(
                             base,
                             parallel=replace_unchecked(
@@ -162,6 +163,7 @@ def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[L
                                 zero=0,
                                 offload="none",
                                 sequence_parallel=False,
+                                pp_layers=None,  # the planner splits the layers evenly
                                 pp_microbatches=max(pp, par.pp_microbatches),
                             ),
                         )
@@ -195,7 +197,7 @@ def refused_checkpointing(base: Scenario) -> list[int]:
     from memsim_widget.engine.activations import activations
 
     one = replace_unchecked(base.parallel, dp=1, tp=1, pp=1, cp=1, ep=1, zero=0, offload="none",
-                            sequence_parallel=False, pp_microbatches=1)  # fmt: skip
+                            sequence_parallel=False, pp_microbatches=1, pp_layers=None)  # fmt: skip
     out = []
     for code, mode in enumerate(CHECKPOINTING):
         sc = replace_unchecked(base, activation_checkpointing=mode, checkpoint_every=None, parallel=one)

@@ -23,7 +23,7 @@ import numpy as np
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import root_resharded_for_loss
+from memsim_widget.engine.frameworks import PROFILES, root_resharded_for_loss
 from memsim_widget.engine.items import ALLOC_ROUND, Item
 from memsim_widget.engine.moments import (
     ACTIVATION_GROUPS,
@@ -42,6 +42,7 @@ from memsim_widget.engine.overhead import (
 )
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
+from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
 from memsim_widget.scenario import Scenario
 
@@ -88,7 +89,8 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
 #: The ``StateBudget`` lists a state row reduces to sums (``step_temps``: the tensor-level ones).
 STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
-               "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last")  # fmt: skip
+               "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
+               "grads_but_root", "root_regather", "root_reduce_out", "root_made")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, and whether
 #: gradients are carried between micro-batches (engine/timeline ``grads_carried``).
 STATE_KEY = ("tp", "ep", "dp", "cp", "zero", "optimizer", "offload", "pp", "first", "last", "carried")
@@ -119,6 +121,11 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
         [i for i in st.step_temps if i.level == "tensor"],
         st.kept_unsharded,
         st.kept_unsharded_last,
+        st.root_reduce,
+        st.grads_but_root if st.root_reduce else st.grads,
+        st.root_regather,
+        st.root_reduce_out,
+        st.root_made,
     )
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
     outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
@@ -191,6 +198,11 @@ def _state_side(
         "gathered": g["gathered"],
         "gathered_grads": g["gathered_grads"],
         "step_in_backward": g["step_temps_all"] if base.optimizer_in_backward else np.zeros_like(g["grads"]),
+        "root_regather": g["root_regather"],
+        "root_made": g["root_made"],
+        "root_reduce": g["root_reduce"],
+        "root_reduce_out": g["root_reduce_out"],
+        "grads_but_root": g["grads_but_root"],
         "grads_but_bottom": g["grads_but_bottom"],
         "grads": g["grads"],
         "step_persistent": g["persistent"],  # the steady state: optimizer states exist
@@ -245,7 +257,8 @@ def act_row(scenario: Scenario) -> ActRow:
 # ----- the candidate frame ---------------------------------------------------------------------------------
 @dataclass
 class Evaluation:
-    """Per-candidate figures, equal to ``estimate(candidate_scenario(...))``'s worst rank."""
+    """Per-candidate figures, equal to ``estimate(candidate_scenario(...))``'s headline (per counter the
+    worst stage; the peak moment and worst stage those of the largest device total)."""
 
     peak_allocated_bytes: np.ndarray
     peak_reserved_bytes: np.ndarray
@@ -320,6 +333,7 @@ def candidate_scenario(
         "sequence_parallel": bool(row["sp"]),
         "pp_microbatches": int(row["pp_microbatches"]),
         "offload": OFFLOADS[int(row["offload"])],
+        "pp_layers": None,  # the planner splits the layers evenly
     }
     if not validate:
         return replace_unchecked(base, parallel=replace_unchecked(base.parallel, **par), **keys)
@@ -468,17 +482,24 @@ def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int)
 
 
 def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
-    """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss) key."""
+    """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss[, EP factor taken
+    from the TP group[, FSDP on]]) key: an expert's width depends on ``ParallelConfig.expert_tp``, which an
+    ``ep`` of that factor times the data-parallel ranks reproduces; whether FSDP is on decides torchtitan's
+    compute dtype under TP (engine/frameworks ``no_mixed_precision``), reproduced by dp = 2 with ZeRO-3."""
     arows = []
-    for b, tp, cp, sp, ck, lo in akey.tolist():
+    for row in akey.tolist():
+        b, tp, cp, sp, ck, lo = row[:6]
+        over = row[6] if len(row) > 6 else 1
+        dp, zero = (2, 3) if len(row) > 7 and row[7] else (1, 0)
         sc = replace_unchecked(
             base,
             micro_batch_size=b,
             activation_checkpointing=CHECKPOINTING[ck],
             checkpoint_every=None,
             loss=LOSSES[lo],
-            parallel=replace_unchecked(base.parallel, dp=1, tp=tp, pp=1, cp=cp, ep=1, zero=0, offload="none",
-                                sequence_parallel=bool(sp), pp_microbatches=1),
+            parallel=replace_unchecked(base.parallel, dp=dp, tp=tp, pp=1, cp=cp,
+                                ep=over * dp * cp if over > 1 else 1, zero=zero, offload="none",
+                                sequence_parallel=bool(sp), pp_microbatches=1, pp_layers=None),
         )  # fmt: skip
         arows.append(act_row(sc))
     return arows
@@ -584,7 +605,11 @@ def _activation_side(
     n_loss = np.where(xlast, np.where(piped & (par0.pp_schedule == "gpipe"), xm, 1), 0).astype(np.float64)
     n_recv = np.where(piped, xm * (2 * v - xfirst.astype(np.int64) - xlast.astype(np.int64)), 0)
     n_send = (piped & (xm > 1) & (~xfirst | (v > 1))).astype(np.float64)
-    n_out = np.where(piped, np.where(xlast, n_loss, f), 0.0)
+    through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
+    # engine/pipeline.returns_outputs: the last stage keeps every micro-batch's output, and at the step
+    # their concatenation too
+    n_out = np.where(piped, np.where(xlast, xm if through_step else n_loss, f), 0.0)
+    n_step = np.where(piped & xlast, 2 * xm, 0).astype(np.float64) if through_step else zeros
     recv = scaled("pp_buffer", n_recv.astype(np.float64))
     out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
     resident = np.minimum(layers * f, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else layers * f
@@ -592,7 +617,7 @@ def _activation_side(
     if base.activation_offloading:
         first_n = np.where(resident < layers * f, 0.0, first_n)
     fl = layers.astype(np.float64)
-    held_logits = np.where(on_last, K["held_logits"][xa], 0)
+    held_logits = np.where(on_last & ~piped[:, None], K["held_logits"][xa], 0)
     cache_all = scaled("output_cache", fl)
     if base.activation_offloading:
         rest = np.zeros((nx, NSTAT), dtype=np.int64)
@@ -600,7 +625,6 @@ def _activation_side(
         rest = np.where(
             (f > 1)[:, None], scaled("kept", layers * (f - 1), np.where(first_n > 0, first_n - 1, 0.0)), 0
         )
-    through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
     groups = {
         "stage_io": recv + scaled("pp_buffer", n_send) + out,
         "receive_buffers": recv,
@@ -621,7 +645,7 @@ def _activation_side(
         "cache_but_own": scaled("output_cache", fl - 1) + scaled("output_cache_extra", 1.0),
         "cache_all": cache_all,
         "bottom_backward": np.zeros((nx, NSTAT), dtype=np.int64),  # calibrated models only (none planned)
-        "held_through_step": held_logits + cache_all
+        "held_through_step": held_logits + scaled("pp_logits", n_step) + cache_all
         if through_step
         else np.zeros((nx, NSTAT), dtype=np.int64),
     }
@@ -809,12 +833,20 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     """Evaluate every candidate (one per index of the ``COLUMNS`` arrays) on ``base``'s other keys."""
     c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS}
     ctx0 = Context(base.replace(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
-                                          "offload": "none", "sequence_parallel": False}))  # fmt: skip
+                                          "offload": "none", "sequence_parallel": False, "pp_layers": None}))  # fmt: skip
     arch, gpu = ctx0.arch, ctx0.gpu
     par0 = base.parallel
 
     # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
-    akey, a_cand = unique_codes([c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"]])
+    # the EP factor taken from the TP group (ParallelConfig.expert_tp): it sets an expert's width
+    over = c["ep"] // np.gcd(c["ep"], c["dp"] * c["cp"])
+    # FSDP on, where it decides the compute dtype (torchtitan's amp recipe under TP: no_mixed_precision)
+    titan_amp = PROFILES[base.framework].fsdp_mixed_precision and PRECISIONS[base.precision].autocast
+    fsdp = ((c["zero"] >= 3) & (c["dp"] * c["cp"] > 1)) | (c["cp"] > 1)
+    fsdp_on = (fsdp & (c["tp"] > 1)).astype(np.int64) if titan_amp else np.zeros_like(over)
+    akey, a_cand = unique_codes(
+        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on]
+    )
     arows = _act_rows(base, akey)
 
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
@@ -872,7 +904,9 @@ def _worst_ranks(
     cand: np.ndarray, stage: np.ndarray, peak_alloc: np.ndarray, reserved: np.ndarray, device: np.ndarray,
     peak_m: np.ndarray, row_over: np.ndarray,
 ) -> Evaluation:  # fmt: skip
-    """The worst rank of each candidate (the largest device total; the first of equals, as max() picks)."""
+    """Each candidate's headline: per counter the largest figure over its stages (``Estimate.worst_for``);
+    the worst rank (peak moment, worst stage) is the one with the largest device total, the first of equals
+    as max() picks."""
     nrows = cand.shape[0]
     starts = np.flatnonzero(np.r_[True, cand[1:] != cand[:-1]])
     best = np.maximum.reduceat(device, starts)
@@ -880,8 +914,8 @@ def _worst_ranks(
     pick = np.minimum.reduceat(order, starts)
     over = np.logical_or.reduceat(row_over, starts)
     return Evaluation(
-        peak_allocated_bytes=np.where(over, OVERFLOW_BYTES, peak_alloc[pick]),
-        peak_reserved_bytes=np.where(over, OVERFLOW_BYTES, reserved[pick]),
+        peak_allocated_bytes=np.where(over, OVERFLOW_BYTES, np.maximum.reduceat(peak_alloc, starts)),
+        peak_reserved_bytes=np.where(over, OVERFLOW_BYTES, np.maximum.reduceat(reserved, starts)),
         device_total_bytes=np.where(over, OVERFLOW_BYTES, device[pick]),
         peak_moment=peak_m[pick],
         worst_stage=stage[pick],

@@ -76,10 +76,29 @@ RULES: tuple[Rule, ...] = (
         "pp x virtual stages divides the layers",
         "parallel.pp",
         "model",
-        broken=lambda v: v["arch"].num_layers % (v["parallel.pp"] * v["parallel.virtual_stages"]) != 0,
+        broken=lambda v: (
+            (v["parallel.pp_layers"] is None)
+            & (v["arch"].num_layers % (v["parallel.pp"] * v["parallel.virtual_stages"]) != 0)
+        ),
         message=lambda v: (
             f"{v['arch'].num_layers} layers are not divisible by pp*virtual_stages = "
-            f"{v['parallel.pp'] * v['parallel.virtual_stages']}"
+            f"{v['parallel.pp'] * v['parallel.virtual_stages']} (parallel.pp_layers sets an uneven split)"
+        ),
+    ),
+    Rule(
+        "pp_layers add up to the layers",
+        "parallel.pp_layers",
+        "model",
+        broken=lambda v: (
+            v["parallel.pp_layers"] is not None
+            and (
+                sum(v["parallel.pp_layers"]) != v["arch"].num_layers
+                or min(v["parallel.pp_layers"]) < v["parallel.virtual_stages"]
+            )
+        ),
+        message=lambda v: (
+            f"must add up to the model's {v['arch'].num_layers} layers, at least virtual_stages = "
+            f"{v['parallel.virtual_stages']} per stage, got {list(v['parallel.pp_layers'])}"
         ),
     ),
     Rule(

@@ -17,14 +17,16 @@ RULES: tuple[Rule, ...] = (
         disabled=lambda v: v["parallel.tp"] == 1,
     ),
     Rule(
-        "ep divides dp x cp",
+        "ep divides dp x cp x tp",
         "parallel.ep",
         "parallel",
         broken=lambda v: (
-            (v["parallel.ep"] > 1) & ((v["parallel.dp"] * v["parallel.cp"]) % v["parallel.ep"] != 0)
+            (v["parallel.ep"] > 1)
+            & ((v["parallel.dp"] * v["parallel.cp"] * v["parallel.tp"]) % v["parallel.ep"] != 0)
         ),
         message=lambda v: (
-            f"must divide dp*cp = {v['parallel.dp'] * v['parallel.cp']}, got {v['parallel.ep']}"
+            f"must divide dp*cp*tp = {v['parallel.dp'] * v['parallel.cp'] * v['parallel.tp']} (experts "
+            f"spread over dp x cp, and over the TP group beyond it), got {v['parallel.ep']}"
         ),
     ),
     # before the virtual-stage rules: the widget resets the schedule first, then the stages follow it

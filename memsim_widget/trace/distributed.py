@@ -204,9 +204,20 @@ def _model_factory(
                 model = apply_lora(model, lora, notes)
         fakeify_meta(model)
         parallelize(model, mesh, sc, notes, reshard_after_forward=reshard_after_forward)
+        if _loss_outside(sc):  # the loop computes the loss on the logits (torchtitan train.py)
+            from .tp_plan import _drop_labels
+
+            model.register_forward_pre_hook(_drop_labels, with_kwargs=True)
         return model
 
     return make
+
+
+def _loss_outside(sc: Scenario) -> bool:
+    """The framework's loop computes the loss outside the model (engine/frameworks ``loss_outside_model``)."""
+    from memsim_widget.engine.frameworks import PROFILES
+
+    return PROFILES[sc.framework].loss_outside_model
 
 
 def trace_distributed(
@@ -242,6 +253,11 @@ def trace_distributed(
         from . import tp_plan
 
         inputs, loss_fn, tp_context = tp_plan.trace_hooks(sc, inputs)
+    if loss_fn is None and _loss_outside(sc):
+        from .tp_plan import loss_parallel_loss
+
+        loss_fn = loss_parallel_loss  # the same cross-entropy on plain (or gathered) logits
+        notes.append("loss computed outside the model on its logits (torchtitan train.py)")
     with (
         fake_world(rank, sc.parallel.world_size),
         private_sharding_fake_mode(),

@@ -64,8 +64,16 @@ class StagePlan:
 
 def stage_plans(sc: Scenario, rank: int, num_layers: int) -> list[StagePlan]:
     """The stages ``rank`` runs: stage ``rank`` (and ``rank + pp``, ... for interleaved, the looped placement of
-    ``ScheduleInterleaved1F1B``), each with an equal share of the layers, as the engine splits them."""
+    ``ScheduleInterleaved1F1B``), each with an equal share of the layers, as the engine splits them, or the
+    layers ``parallel.pp_layers`` gives each stage (one model chunk per rank; an uneven interleaved split is
+    not traced: how a rank's layers spread over its chunks is the framework's choice)."""
     pp, v = sc.parallel.pp, sc.parallel.virtual_stages
+    split = sc.parallel.pp_layers
+    if split is not None:
+        if v > 1:
+            raise ScenarioError("parallel.pp_layers", "an uneven split with virtual stages is not traced")
+        start = sum(split[:rank])
+        return [StagePlan(rank, pp, range(start, start + split[rank]))]
     n = pp * v
     per = num_layers // n
     return [StagePlan(s, n, range(s * per, (s + 1) * per)) for s in range(rank, n, pp)]
@@ -114,7 +122,9 @@ def check_pipeline(sc: Scenario) -> None:
         from .distributed import check_distributed
 
         check_distributed(sc)
-    check_traceable(sc.replace(parallel={"pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1}))
+    check_traceable(
+        sc.replace(parallel={"pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1, "pp_layers": None})
+    )
     if sc.attention != "sdpa":
         raise ScenarioError(
             "attention", "pipeline stages run SDPA with is_causal (no mask passes between stages); use sdpa"
@@ -488,12 +498,15 @@ def _run_steps(
                 args, target = _batch(sc, cfg.vocab_size, plans)
                 tracker.relabel([*args, *([target] if target is not None else [])], "input")
                 losses: list | None = [] if plans[-1].last else None
-                schedule.step(*args, target=target, losses=losses, return_outputs=keep_outputs)
+                # a loop that keeps the model output (output_lifetime "step") keeps what step returns: the
+                # concatenation of the last stage's outputs, beside the chunks the stage keeps
+                output = schedule.step(*args, target=target, losses=losses, return_outputs=keep_outputs)
                 del args, target, losses
                 tracker.relabel([b for st in stages for b in _recv_buffers(st)], "input")
                 tracker.relabel([p.grad for p in trainable if p.grad is not None], "gradient")
                 tracker.set_phase("optimizer_step")
                 opt.step()
+                del output
                 tracker.relabel(
                     [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)],
                     "optimizer_state",

@@ -51,21 +51,25 @@ HF_LINEAR_STYLES = ("colwise", "rowwise")
 
 
 def tp_style_for(sc: Any) -> tuple[str, bool]:
-    """(plan style, loss parallel) the trace uses for a scenario with tp > 1, from its ``framework``.
+    """(plan style, loss parallel) the trace uses for a scenario with tp > 1: ``parallel.tp_plan`` and
+    ``parallel.loss_parallel``, else the framework's (engine/frameworks ``tp_plan``, ``loss_parallel``).
 
-    "torchtitan" -> torchtitan's plan with loss parallel on (its default, ``disable_loss_parallel=False``);
-    "megatron" is refused (Megatron's fused TP kernels and its vocab-parallel loss are not PyTorch modules to
-    trace); every other framework ("hf", "torchtune", "deepspeed") -> the model's own transformers plan with
-    the full logits gathered on every rank. Sequence parallel follows ``parallel.sequence_parallel``.
+    "torchtitan" -> torchtitan's plan, loss parallel on unless turned off (its default,
+    ``disable_loss_parallel=False``); "hf" -> the model's own transformers plan with the full logits gathered
+    on every rank; "megatron" is refused (Megatron's fused TP kernels and its vocab-parallel loss are not
+    PyTorch modules to trace). Sequence parallel follows ``parallel.sequence_parallel``.
     """
-    if sc.framework == "megatron":
+    from memsim_widget.engine.frameworks import check_tp_plan, loss_parallel, tp_plan
+
+    check_tp_plan(sc)
+    plan = tp_plan(sc)
+    if plan == "megatron":
+        field = "parallel.tp_plan" if sc.parallel.tp_plan else "framework"
         raise ScenarioError(
-            "framework",
-            "megatron's fused tensor-parallel kernels are not traced; use hf or torchtitan for a tp trace",
+            field,
+            "megatron's fused tensor-parallel kernels are not traced; use the hf or torchtitan plan for a tp trace",
         )
-    if sc.framework == "torchtitan":
-        return "torchtitan", True
-    return "hf", False
+    return plan, loss_parallel(sc)
 
 
 def check_tp_shape(cfg: Any, tp: int) -> None:

@@ -10,8 +10,10 @@ from memsim_widget.engine.estimate import COUNTERS, Estimate
 from memsim_widget.units import GiB, fmt_bytes
 
 
-def _peak(key: str, label: str, nbytes: int) -> dict[str, Any]:
-    """One headline peak with the counter it predicts."""
+def _peak(est: Estimate, key: str, label: str) -> dict[str, Any]:
+    """One headline peak with the counter it predicts and the rank (pipeline stage) whose figure it is."""
+    rank = est.worst_for(key)
+    nbytes = rank.counter(key)
     return {
         "key": key,
         "label": label,
@@ -19,6 +21,7 @@ def _peak(key: str, label: str, nbytes: int) -> dict[str, Any]:
         "gib": round(nbytes / GiB, 3),
         "size": fmt_bytes(nbytes),
         "counter": COUNTERS[key],
+        "rank": rank.label,
     }
 
 
@@ -59,10 +62,10 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
         "peak_moment": est.peak_phase,
         "peak_rank": est.worst.label,
         "peaks": [
-            _peak("device_total_bytes", "nvidia-smi", est.device_total_bytes),
-            _peak("peak_reserved_bytes", "reserved", est.peak_reserved_bytes),
-            _peak("peak_allocated_bytes", "allocated", est.peak_allocated_bytes),
-            _peak("peak_tensor_bytes", "tensors", est.peak_tensor_bytes),
+            _peak(est, "device_total_bytes", "nvidia-smi"),
+            _peak(est, "peak_reserved_bytes", "reserved"),
+            _peak(est, "peak_allocated_bytes", "allocated"),
+            _peak(est, "peak_tensor_bytes", "tensors"),
         ],
         "recommended_bytes": est.recommended_memory_bytes(headroom),
         "host_bytes": max((r.host_bytes for r in est.ranks), default=0),
@@ -72,7 +75,7 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
                 "rank": r.label,
                 "stage": r.stage.index,
                 "peak_moment": r.peak_phase,
-                "device_total_bytes": r.device_total_bytes,
+                **{c: r.counter(c) for c in COUNTERS},
                 "components": r.components(),
             }
             for r in est.ranks

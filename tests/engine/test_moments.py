@@ -34,7 +34,16 @@ def test_every_group_the_table_names_is_on_one_side_and_every_declared_group_is_
     named = {g for rule in MOMENT_TABLE for g in rule.groups}
     assert not set(STATE_GROUPS) & set(ACTIVATION_GROUPS)
     assert named == set(STATE_GROUPS) | set(ACTIVATION_GROUPS)
-    assert MOMENTS == ("forward_end", "backward_start", "backward_top", "backward_end", "optimizer_step")
+    assert MOMENTS == (
+        "forward_end",
+        "backward_start",
+        "backward_regather",
+        "backward_top",
+        "backward_end",
+        "root_grads_made",
+        "root_reduce_scatter",
+        "optimizer_step",
+    )
     # the planner compares two instants: a moment has none or two alternatives
     assert all(len(rule.larger_of) in (0, 2) for rule in MOMENT_TABLE)
 

@@ -135,6 +135,19 @@ describe("render", () => {
     cleanup();
   });
 
+  test("with several pipeline stages each headline peak names its stage, none with one", () => {
+    const plain = mount();
+    assert.equal(plain.el.querySelectorAll(".memsim-peak-rank").length, 0);
+    plain.cleanup();
+    const base = fixtureState().result;
+    const peaks = base.peaks.map((p) => ({ ...p, rank: p.key === "peak_allocated_bytes" ? "stage 0" : "stage 2" }));
+    const per_rank = [0, 1, 2, 3].map((i) => ({ ...base.per_rank[0], rank: `stage ${i}`, stage: i }));
+    const { q, cleanup } = mount({ result: { ...base, peaks, per_rank } });
+    assert.match(q(".memsim-peak-allocated").textContent, / on stage 0 predicts /);
+    assert.match(q(".memsim-peak-nvidia-smi").textContent, / on stage 2 predicts /);
+    cleanup();
+  });
+
   test("moving a slider writes the scenario back and saves", () => {
     const { window, ctl, model, cleanup } = mount();
     const before = model.get("scenario_data");

@@ -111,7 +111,8 @@ def test_layouts_are_exactly_the_factorisations_the_engine_accepts(model, counts
     want = set()
     for n in counts:
         for tp, pp, cp, ep in itertools.product(space.tp, space.pp, space.cp, space.ep):
-            if tp > space.max_tp or n % (tp * pp * cp) or (n // (tp * pp) % ep):
+            # ep spans dp x cp, or folds over the TP group beyond it (ParallelConfig.expert_tp)
+            if tp > space.max_tp or n % (tp * pp * cp) or (n // pp % ep):
                 continue
             dp = n // (tp * pp * cp)
             if _accepted(base, dp, tp, pp, cp, ep):
@@ -133,7 +134,7 @@ def test_every_candidate_respects_the_architecture(model):
     assert np.all((tp == 1) | (kv % tp == 0) | (tp % kv == 0))
     assert np.all(arch.num_layers % pp == 0)
     assert np.all(4096 % cp == 0)
-    assert np.all((dp * cp) % ep == 0)
+    assert np.all((dp * cp * tp) % ep == 0)
     if arch.is_moe:
         assert np.all(arch.num_experts % ep == 0)
     else:

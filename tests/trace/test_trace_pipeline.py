@@ -170,10 +170,23 @@ def test_pp_x_tp_is_refused() -> None:
 
 
 def test_output_lifetime_step_keeps_every_micro_batch_logits_through_the_optimizer_step() -> None:
-    # return_outputs=True: the last stage keeps each micro-batch's bf16 logits (b x s x V) until the next step.
+    # return_outputs=True: the last stage keeps each micro-batch's bf16 logits (b x s x V) until the next step,
+    # and the loop keeps what step returned, their concatenation (a copy of each).
     def live_at_optimizer_step(r: object) -> int:
         return next(m["live"] for m in r.marks if m["step"] == 2 and m["phase"] == "optimizer_step")
 
     kept = trace_pipeline(scenario(2, output_lifetime="step"), rank=1)
     dropped = traced(2, "1f1b", 1)
-    assert live_at_optimizer_step(kept) - live_at_optimizer_step(dropped) == 2 * 1 * 64 * V * BF16
+    assert live_at_optimizer_step(kept) - live_at_optimizer_step(dropped) == 2 * 2 * 1 * 64 * V * BF16
+
+
+def test_an_uneven_split_gives_each_stage_its_listed_layers() -> None:
+    sc = Scenario.from_dict(
+        {"model": LLAMA, "parallel": {"pp": 2, "pp_microbatches": 2, "pp_layers": [1, 3]}}
+    )
+    assert [p.layers for r in (0, 1) for p in pipeline.stage_plans(sc, r, 4)] == [range(0, 1), range(1, 4)]
+    inter = {"pp": 2, "pp_microbatches": 2, "pp_schedule": "interleaved", "virtual_stages": 2}
+    sc = Scenario.from_dict({"model": LLAMA, "parallel": {**inter, "pp_layers": [2, 2]}})
+    with pytest.raises(ScenarioError) as err:
+        pipeline.stage_plans(sc, 0, 4)
+    assert err.value.field == "parallel.pp_layers"

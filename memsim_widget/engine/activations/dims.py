@@ -24,6 +24,8 @@ class Dims:
         self.kv = max(1, a.num_kv_heads // par.tp)
         self.hkv = self.kv * self.d
         self.I = a.intermediate_size // par.tp
+        # an expert's width: split by the TP group unless expert parallelism folds over it (whole experts)
+        self.etp = par.expert_tp
         # the "hf" plan gathers the full logits on every rank; loss parallel keeps V/tp
         self.V = a.vocab_size // par.tp if vocab_split(ctx) else a.vocab_size
         self.s_full = ctx.seq_len  # keys each query attends to (ring attention passes all)

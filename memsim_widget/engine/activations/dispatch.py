@@ -13,7 +13,7 @@ from memsim_widget.engine.activations.litgpt import litgpt_activations, litgpt_r
 from memsim_widget.engine.activations.megatron import megatron_activations
 from memsim_widget.engine.activations.refusals import refuse_untraced
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import profile, uses_autocast
+from memsim_widget.engine.frameworks import effective_recipe, profile, uses_autocast
 from memsim_widget.units import fmt_int
 
 
@@ -53,7 +53,8 @@ def stage_io(ctx: Context, out: ActivationBudget) -> None:
     hidden states in the residual dtype (fp32 under autocast), logits in the compute dtype."""
     D = Dims(ctx)
     amp = uses_autocast(ctx)
-    r = 4 if amp else ctx.recipe.act_bytes
+    ec = effective_recipe(ctx).act_bytes
+    r = 4 if amp else ec
     hidden = r * D.Tout * D.h
     what = f"{r} B x T x h, T={fmt_int(D.Tout)}"
     out.pp_buffer.append(
@@ -61,7 +62,7 @@ def stage_io(ctx: Context, out: ActivationBudget) -> None:
     )
     out.pp_output.append(Term("stage outputs kept by the schedule until their backward", hidden, what))
     if D.V:
-        le = 2 if amp else ctx.recipe.act_bytes
+        le = 2 if amp else ec
         out.pp_logits.append(
             Term(
                 "logits (the last stage's output) kept by the schedule until their backward",

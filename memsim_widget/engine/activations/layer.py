@@ -6,7 +6,7 @@ from __future__ import annotations
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import profile, uses_autocast
+from memsim_widget.engine.frameworks import effective_recipe, profile, uses_autocast
 
 
 class HFLayer:
@@ -15,7 +15,7 @@ class HFLayer:
     that the backward transients subtract)."""
 
     def __init__(self, ctx: Context) -> None:
-        arch, sc, recipe = ctx.arch, ctx.scenario, ctx.recipe
+        arch, sc, recipe = ctx.arch, ctx.scenario, effective_recipe(ctx)
         self.ctx, self.arch, self.sc, self.recipe = ctx, arch, sc, recipe
         self.prof = profile(ctx)
         self.D = Dims(ctx)

@@ -39,8 +39,8 @@ LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def liger_applies(sc: Scenario, arch: Architecture) -> bool:
-    """The Liger formula covers the scenario: a patched decoder, the standard loss, no compile, SFT, no tensor,
-    pipeline or context parallelism (data parallelism changes no activation)."""
+    """The Liger formula covers the scenario: a patched decoder, the standard loss, no compile, SFT, no tensor or
+    context parallelism (data and pipeline parallelism change no layer's or loss's saved set)."""
     return bool(
         sc.framework == "liger"
         and arch.family in LIGER_FAMILIES
@@ -53,7 +53,7 @@ def liger_applies(sc: Scenario, arch: Architecture) -> bool:
         and sc.loss == "standard"
         and not sc.compile
         and sc.objective_name == "sft"
-        and sc.parallel.tp == sc.parallel.pp == sc.parallel.cp == sc.parallel.ep == 1
+        and sc.parallel.tp == sc.parallel.cp == sc.parallel.ep == 1
     )
 
 

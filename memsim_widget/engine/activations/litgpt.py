@@ -43,8 +43,8 @@ LITGPT_FAMILIES = ("llama", "mistral", "qwen2")
 
 def litgpt_rule_applies(sc: Scenario, arch: Architecture) -> bool:
     """The traced litgpt rule covers the scenario: a Llama-layout decoder in bf16, full training or LoRA on q and v,
-    no checkpointing, the standard loss, SDPA, no tensor, pipeline or context parallelism (data
-    parallelism changes no activation)."""
+    no checkpointing, the standard loss, SDPA, no tensor or context parallelism (data and
+    pipeline parallelism change no layer's or loss's saved set)."""
     return bool(
         sc.framework == "litgpt"
         and arch.family in LITGPT_FAMILIES
@@ -60,7 +60,7 @@ def litgpt_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         and sc.loss == "standard"
         and sc.attention == "sdpa"
         and sc.objective_name == "sft"
-        and sc.parallel.tp == sc.parallel.pp == sc.parallel.cp == sc.parallel.ep == 1
+        and sc.parallel.tp == sc.parallel.cp == sc.parallel.ep == 1
     )
 
 

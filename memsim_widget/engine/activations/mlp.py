@@ -46,6 +46,8 @@ def mlp(st: HFLayer) -> None:
     if parts:
         Tm, I = mlp_parts(arch, D, parts, add, consumers, full, ec, r)
     else:
+        if moe:  # every MLP is an expert's
+            I = arch.intermediate_size // D.etp
         k = arch.experts_per_token if moe else 1
         Tm = T * k
         n_act = ACT_SAVED.get(arch.mlp_activation, 3)
@@ -105,7 +107,7 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
     for part in parts:
         frac = part["layers"] / layers
         rows = T * part.get("rows", 1)
-        width = part["width"] // D.tp
+        width = part["width"] // (D.etp if part.get("experts") else D.tp)
         name, share = part["name"], f"{part['layers']}/{layers} layers"
         act = part.get("activation", arch.mlp_activation)
         n_act = ACT_SAVED_PART.get(act, ACT_SAVED.get(act, 3))

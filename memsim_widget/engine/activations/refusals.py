@@ -4,7 +4,7 @@ never a guess (Falcon's ALiBi and multi-query variants, T5 under per-op checkpoi
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import profile, uses_autocast
+from memsim_widget.engine.frameworks import check_tp_plan, profile, uses_autocast
 from memsim_widget.errors import ScenarioError
 from memsim_widget.rules import check
 from memsim_widget.rules.model import SSM_WHY
@@ -14,6 +14,7 @@ def refuse_untraced(ctx: Context) -> None:
     """Raise ScenarioError for the Falcon and T5 combinations whose saved tensors no trace has checked (never a
     guess)."""
     arch, sc = ctx.arch, ctx.scenario
+    check_tp_plan(sc)
     if arch.extra.get("ssm"):
         refuse_ssm(ctx)
     if arch.family == "t5" and sc.activation_checkpointing == "selective-op":

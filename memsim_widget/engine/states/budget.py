@@ -36,6 +36,16 @@ class StateBudget:
     grads_but_bottom: list[Item] = field(default_factory=list)  # all but layer 0's and the embeddings'
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
     gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
+    # FSDP2's reduce-scatter of the root unit (last in backward): its unsharded gradients and the reduce
+    # input, beside every gradient but the root's own shard (empty without FSDP2 on a root)
+    root_reduce: list[Item] = field(default_factory=list)
+    # FSDP2's root unit re-gathered at the start of backward (resharded after forward): the unsharded root
+    # and its all-gather output, before the next all-gather frees the latter
+    root_regather: list[Item] = field(default_factory=list)
+    grads_but_root: list[Item] = field(default_factory=list)
+    root_reduce_out: list[Item] = field(default_factory=list)  # ... later: the input and the output
+    # FSDP2 at the bottom of backward: the root unit's unsharded gradients, all made
+    root_made: list[Item] = field(default_factory=list)
     # FSDP2 without reshard after forward: the unsharded layers kept from their forward to their backward --
     # all but the last layer (which becomes the layer in backward) and that last one
     kept_unsharded: list[Item] = field(default_factory=list)
@@ -47,6 +57,13 @@ class StateBudget:
     largest_grad_bytes: int = 0
     trainable_local: int = 0
     params_local: int = 0
+
+
+def tp_split(ctx: Context, g: ParamGroup) -> bool:
+    """Whether the tensor-parallel plan splits this parameter group (a DTensor sharded over tp; experts only
+    when expert parallelism leaves part of the TP group to split them: ``ParallelConfig.expert_tp``)."""
+    ways = ctx.par.expert_tp if g.expert else ctx.par.tp
+    return g.tp_dim is not None and ways > 1 and (g.kind != "embedding" or embedding_split(ctx))
 
 
 def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
@@ -63,8 +80,9 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
         if g.expert and par.ep > 1:
             count //= par.ep
         shape = list(g.shape)
-        if g.tp_dim is not None and par.tp > 1 and (g.kind != "embedding" or embedding_split(ctx)):
-            shape[g.tp_dim] = -(-shape[g.tp_dim] // par.tp)
+        if tp_split(ctx, g):
+            ways = par.expert_tp if g.expert else par.tp  # EP folded over the TP group: whole experts
+            shape[g.tp_dim] = -(-shape[g.tp_dim] // ways)
         if count:
             out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))
     # Tied input/output embeddings with pp > 1 (the last stage keeps its own copy for the head), or a framework

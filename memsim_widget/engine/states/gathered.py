@@ -4,7 +4,13 @@ FSDP2's (traced, docs/fidelity-parallel.md) and DeepSpeed's (formula only)."""
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import gathered_weight_bytes, parameters_fetched_from_host, profile
+from memsim_widget.engine.frameworks import (
+    embedding_split,
+    gathered_weight_bytes,
+    parameters_fetched_from_host,
+    profile,
+    tp_plan,
+)
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget
 from memsim_widget.units import fmt_int
@@ -19,8 +25,11 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
     if z >= 3 and (dp > 1 or fetched):
         per_layer = sum(g.numel for g in groups if g.group.scope == "layer") // max(stage.layers, 1)
         root = sum(g.numel for g in groups if g.group.scope != "layer")
+        largest = max((g.numel_each for g in groups if g.group.scope != "layer"), default=0)
         if profile(ctx).zero3 == "fsdp2" and not fetched:
-            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers)
+            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers, largest)
+            if ctx.full_training and root:
+                _root_grads_made(ctx, b, root, groups)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
 
@@ -52,7 +61,13 @@ def _kept_unsharded(b: StateBudget, per_layer: int, wb: int, layers: int) -> Non
 
 
 def _fsdp2_units(
-    ctx: Context, b: StateBudget, per_layer: int, root: int, grad_b: int, stage_layers: int = 1
+    ctx: Context,
+    b: StateBudget,
+    per_layer: int,
+    root: int,
+    grad_b: int,
+    stage_layers: int = 1,
+    root_largest: int = 0,
 ) -> None:
     """FSDP2 ``fully_shard`` per layer and on the root (torchtitan's wrapping), as its trace shows.
 
@@ -73,6 +88,8 @@ def _fsdp2_units(
                 3,
             )
         )
+    if root and ctx.par.reshard_after_forward:
+        _root_regather(b, root, wb)
     if ctx.par.reshard_after_forward:  # without it no all-gather output outlives its copy-out (traced)
         b.gathered.append(
             Item(
@@ -96,6 +113,8 @@ def _fsdp2_units(
     )
     if not ctx.par.reshard_after_forward:
         _kept_unsharded(b, per_layer, wb, stage_layers)
+    if ctx.full_training and root:
+        _root_reduce(ctx, b, root, grad_b, wb, root_largest)
     if ctx.full_training:
         b.gathered_grads.append(
             Item(
@@ -107,6 +126,135 @@ def _fsdp2_units(
                 1,
             )
         )
+
+
+def _root_grads_made(ctx: Context, b: StateBudget, root: int, groups: list[LocalGroup]) -> None:
+    """The bottom of backward under FSDP2: the root unit's unsharded gradients are all made (the head's at the
+    top of backward, the embedding's last) and wait for the root's post-backward, beside the unsharded root.
+    A vocab-sharded DTensor embedding (tp > 1, not Megatron's) makes a ``Partial`` full-vocabulary gradient
+    (``partial_embedding_grad``): FSDP2's ``_get_grad_inner_tensor`` redistributes it to the parameter's
+    ``Shard(0)``, so the full one (tp shards' worth) is alive beside its shard (traced:
+    docs/fidelity-parallel.md)."""
+    wb = gathered_weight_bytes(ctx)
+    b.root_made.append(
+        Item(
+            "gradients",
+            "FSDP2 unsharded gradients of the root unit (embedding's just made)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B",
+            "tensor",
+            3,
+        )
+    )
+    par = ctx.par
+    partial = (
+        par.tp > 1
+        and embedding_split(ctx)
+        and tp_plan(ctx.scenario) != "megatron"
+        and not ctx.arch.tied_embeddings
+    )
+    emb = sum(g.numel for g in groups if g.group.kind == "embedding" and g.group.scope == "pre")
+    if partial and emb:
+        b.root_made.append(
+            Item(
+                "gradients",
+                "embedding gradient as a Partial DTensor beside its Shard(0) redistribution (full vocabulary)",
+                emb * par.tp * wb,
+                f"{fmt_int(emb)} params x {par.tp} x {wb} B (tp shards' worth)",
+                "tensor",
+                1,
+            )
+        )
+
+
+def _root_regather(b: StateBudget, root: int, wb: int) -> None:
+    """The root unit gathered again when backward starts. With an explicit ``reshard_after_forward=True`` the
+    root reshards after its forward too (FSDP2 keeps the root gathered only when the flag is left to its
+    default: torch 2.13 ``_fsdp_state._lazy_init``, ``_auto_reshard_after_forward``), so its pre-backward
+    all-gather runs while every saved activation is alive; the all-gather output and the unsharded copy it is
+    copied out to coexist until the next all-gather (``AllGatherState``). Traced: docs/fidelity-parallel.md."""
+    b.root_regather += [
+        Item(
+            "parameters",
+            "FSDP2 root unit re-gathered for backward (unsharded)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B",
+            "tensor",
+            3,
+        ),
+        Item(
+            "parameters",
+            "FSDP2 all-gather output of the root unit (until the next all-gather)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B",
+            "tensor",
+            1,
+        ),
+    ]
+
+
+def _root_reduce(ctx: Context, b: StateBudget, root: int, grad_b: int, wb: int, largest: int) -> None:
+    """The root unit's reduce-scatter, the last of backward (embeddings, final norm and head: with a real
+    vocabulary the largest unit by far). FSDP2's ``FSDPParamGroup.post_backward`` takes the unsharded
+    gradients, reshards the parameters, then ``foreach_reduce`` allocates the reduce-scatter input (the root's
+    numel in ``reduce_dtype``) and copies the gradients in before it frees them: both are alive at once, while
+    the root's new gradient shard does not exist yet (torch ``distributed/fsdp/_fully_shard/
+    _fsdp_param_group.py`` ``post_backward`` and ``_fsdp_collectives.py`` ``foreach_reduce``, torch 2.13;
+    traced: docs/fidelity-parallel.md)."""
+    dp = ctx.par.dp * ctx.par.cp
+    b.root_reduce += [
+        Item(
+            "gradients",
+            "FSDP2 unsharded gradients of the root unit (before its reduce-scatter)",
+            root * wb,
+            f"{fmt_int(root)} params x {wb} B (param_dtype)",
+            "tensor",
+            3,
+        ),
+        Item(
+            "gradients",
+            "FSDP2 reduce-scatter input of the root unit",
+            root * grad_b,
+            f"{fmt_int(root)} params x {grad_b} B (reduce_dtype)",
+            "tensor",
+            1,
+        ),
+    ]
+    own = root * grad_b // dp
+    if ctx.par.tp > 1 and largest:
+        # dp x tp: when the reduce-scatter output is allocated, after the copy-in cleared the unsharded
+        # gradients, one of the root's (local) unsharded gradients is still referenced (seen in the trace, its
+        # owner not identified in the source: counted as the largest root tensor's)
+        b.root_reduce_out += [
+            b.root_reduce[1],
+            Item(
+                "gradients",
+                "FSDP2 reduce-scatter output of the root unit (its gradient shard)",
+                own,
+                f"{fmt_int(root)} params x {grad_b} B / {dp}",
+                "tensor",
+                1,
+            ),
+            Item(
+                "gradients",
+                "an unsharded root gradient still referenced (dp x tp, traced)",
+                largest * wb,
+                f"largest root tensor {fmt_int(largest)} x {wb} B",
+                "tensor",
+                1,
+            ),
+        ]
+    b.grads_but_root = [
+        *b.grads[1:],
+        Item(
+            "gradients",
+            "gradients (all but the root unit's shard, still to come)",
+            max(0, b.grads[0].bytes - own) if b.grads else 0,
+            f"gradients - {fmt_int(root)} root params x {grad_b} B / {dp}",
+            "tensor",
+            max(1, b.grads[0].tensors - 3) if b.grads else 1,
+        ),
+    ]
 
 
 def _deepspeed_units(

@@ -5,7 +5,7 @@ bucket."""
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import profile, reduce_bucket_elements
+from memsim_widget.engine.frameworks import embedding_split, profile, reduce_bucket_elements, tp_plan
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
 from memsim_widget.engine.states.trained import Trained, trainable_scopes
@@ -82,6 +82,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
         ]
     else:
         b.grads_but_bottom = list(b.grads)
+    partial_embedding_grad(ctx, stage, groups, grad_b, b)  # made at the bottom: not in grads_but_bottom
     if ctx.full_training and not sc.optimizer_in_backward:
         n_post = sum(
             g.numel for g in groups if g.group.scope == "post" and g.group.stack not in ctx.frozen_stacks
@@ -98,6 +99,43 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 )
             )
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
+
+
+def partial_embedding_grad(
+    ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget
+) -> None:
+    """A vocab-sharded (DTensor ``Shard(0)``) untied input embedding gets a full-vocabulary gradient.
+
+    DTensor's ``embedding_dense_backward`` has no strategy that shards the weight gradient by rows: it is
+    ``Partial`` with a full V x h local tensor (torch 2.13 ``distributed/tensor/_ops/_embedding_ops.py``
+    ``embedding_dense_backward_strategy``), and ``AccumulateGrad`` keeps it as the parameter's ``.grad``
+    until ``zero_grad``. Without FSDP nothing redistributes it, so each rank holds ``tp`` times its shard's
+    gradient (traced: docs/fidelity-parallel.md). Megatron's ``VocabParallelEmbedding`` is not a DTensor."""
+    par = ctx.par
+    fsdp = par.zero >= 3 and par.dp * par.cp > 1
+    if not (
+        stage.first
+        and embedding_split(ctx)
+        and tp_plan(ctx.scenario) != "megatron"
+        and not fsdp
+        and not ctx.arch.tied_embeddings
+        and ctx.full_training
+        and not ctx.scenario.optimizer_in_backward
+    ):
+        return
+    emb = [g for g in groups if g.group.kind == "embedding" and g.group.stack not in ctx.frozen_stacks]
+    local = sum(g.numel for g in emb)
+    if local:
+        b.grads.append(
+            Item(
+                "gradients",
+                "embedding gradient as a Partial DTensor (full vocabulary on every tp rank)",
+                local * (par.tp - 1) * grad_b,
+                f"{fmt_int(local)} params x ({par.tp} - 1) x {grad_b} B (beyond the Shard(0) share)",
+                "tensor",
+                1,
+            )
+        )
 
 
 def reduce_bucket(ctx: Context, n_train: int, b: StateBudget) -> None:

@@ -74,6 +74,18 @@ def step_temporaries(ctx: Context, tr: Trained, b: StateBudget) -> None:
                 factor = 0.0
             tbytes = int(factor * largest * state_b)
             formula = f"{factor:g} x largest param {fmt_int(largest)} x {state_b} B (per-parameter step)"
+        elif impl == "foreach" and 0 < tr.unsplit < n_train:
+            # tp > 1 with parameters the plan leaves as plain tensors (transformers' plan: the untied
+            # embedding, the norms): a foreach optimizer refuses a param group that mixes them with DTensors
+            # (DTensor's foreach ops need every operand a DTensor), so a TP run gives it one group per kind
+            # and each group's kernels run apart (trace/run.param_groups does so; traced): the buffer is the
+            # larger group's
+            group = max(tr.unsplit, n_train - tr.unsplit)
+            tbytes = int(opt.temp_foreach * group * state_b // o_div)
+            formula = (
+                f"{opt.temp_foreach:g} x max({fmt_int(n_train - tr.unsplit)} split by tp, "
+                f"{fmt_int(tr.unsplit)} whole) x {state_b} B (foreach buffer of the larger group){o_note}"
+            )
         elif impl == "foreach":
             tbytes = int(opt.temp_foreach * n_train * state_b // o_div)
             formula = f"{opt.temp_foreach:g} x {fmt_int(n_train)} x {state_b} B (foreach buffer of the group){o_note}"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Item
-from memsim_widget.engine.states.budget import LocalGroup, StateBudget
+from memsim_widget.engine.states.budget import LocalGroup, StateBudget, tp_split
 from memsim_widget.units import fmt_int
 
 
@@ -22,6 +22,9 @@ class Trained:
     state_b: int
     master_b: int
     what: str
+    #: Trained elements the tensor-parallel plan leaves as plain tensors (tp > 1 without FSDP): a foreach
+    #: optimizer refuses a param group mixing them with DTensors, so they are a group of their own
+    unsplit: int = 0
 
     @property
     def n(self) -> int:
@@ -68,7 +71,14 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
         state_b = 4 if recipe.master_bytes else a_bytes
         master_b = 0
         what = "adapter params"
-    return Trained(trainable, grad_b, state_b, master_b, what)
+    unsplit = 0
+    par = ctx.par
+    fsdp = par.zero >= 3 and par.dp * par.cp > 1  # FSDP2 makes every parameter a DTensor
+    if ctx.full_training and par.tp > 1 and not fsdp:
+        unsplit = sum(
+            g.numel for g in groups if g.group.stack not in ctx.frozen_stacks and not tp_split(ctx, g.group)
+        )
+    return Trained(trainable, grad_b, state_b, master_b, what, unsplit)
 
 
 def trainable_scopes(ctx: Context, groups: list[LocalGroup]) -> list[str]:

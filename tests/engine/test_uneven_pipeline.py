@@ -1,0 +1,99 @@
+"""Uneven pipeline splits (``parallel.pp_layers``): the largest published recipes are accepted, and each stage
+holds what its own layers hold."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.core import estimate
+from memsim_widget.engine.states import model_states
+from memsim_widget.errors import ScenarioError
+from memsim_widget.scenario import Scenario
+
+#: Llama 3.1 405B (126 layers) on pp 16 x 4 virtual stages: Megatron counts the embedding and the loss as
+#: layers (128 / 64 chunks = 2 each), so the first and last rank hold one layer fewer.
+LLAMA_405B = {
+    "model": "llama-3.1-405b",
+    "parallel": {
+        "pp": 16, "virtual_stages": 4, "pp_schedule": "interleaved", "pp_microbatches": 32, "tp": 8,
+        "pp_layers": [7] + [8] * 14 + [7],
+    },
+}  # fmt: skip
+#: DeepSeek-V3 (61 layers) on 16 stages with fewer layers on the first and last (Megatron's
+#: --decoder-first/last-pipeline-num-layers).
+DEEPSEEK_V3 = {
+    "model": "deepseek-v3",
+    "parallel": {"pp": 16, "pp_microbatches": 16, "dp": 8, "ep": 8, "pp_layers": [3] + [4] * 14 + [2]},
+}
+
+
+def test_the_largest_published_pipelines_are_accepted_with_their_splits():
+    for data in (LLAMA_405B, DEEPSEEK_V3):
+        est = estimate(Scenario.from_dict(data))
+        assert [r.stage.layers for r in est.ranks] == data["parallel"]["pp_layers"]
+        assert est.to_dict()["scenario"]["parallel"]["pp_layers"] == data["parallel"]["pp_layers"]
+
+
+def test_without_pp_layers_an_indivisible_split_is_refused_and_names_the_key():
+    bad = {**LLAMA_405B, "parallel": {k: v for k, v in LLAMA_405B["parallel"].items() if k != "pp_layers"}}
+    with pytest.raises(ScenarioError) as err:
+        estimate(Scenario.from_dict(bad))
+    assert err.value.field == "parallel.pp" and "parallel.pp_layers" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("par", "field"),
+    [
+        ({"pp": 2, "pp_layers": [7, 8]}, "parallel.pp_layers"),  # 15 of 16 layers
+        ({"pp": 2, "pp_layers": [16]}, "parallel.pp_layers"),  # one count for two stages
+        ({"pp_layers": [16]}, "parallel.pp_layers"),  # no pipeline
+        ({"pp": 2, "pp_layers": [0, 16]}, "parallel.pp_layers[0]"),
+        ({"pp": 2, "pp_layers": "8,8"}, "parallel.pp_layers"),
+        (
+            {"pp": 2, "virtual_stages": 2, "pp_schedule": "interleaved", "pp_layers": [1, 15]},
+            "parallel.pp_layers",
+        ),
+    ],
+)
+def test_bad_splits_are_one_clear_error(par, field):
+    with pytest.raises(ScenarioError) as err:
+        estimate(Scenario.from_dict({"model": "llama-3.2-1b", "parallel": par}))
+    assert err.value.field == field
+
+
+def test_an_even_list_is_the_even_split():
+    even = estimate(Scenario.from_dict({"model": "llama-3.2-1b", "parallel": {"pp": 4}}))
+    listed = estimate(
+        Scenario.from_dict({"model": "llama-3.2-1b", "parallel": {"pp": 4, "pp_layers": [4] * 4}})
+    )
+    assert [r.device_total_bytes for r in listed.ranks] == [r.device_total_bytes for r in even.ranks]
+    assert "pp_layers" not in even.to_dict()["scenario"]["parallel"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=2, max_size=2).filter(lambda s: sum(s) < 16))
+def test_each_stage_holds_its_own_layers_weights(middle):
+    # llama-3.2-1b: 16 layers; four stages, the two middle ones drawn, the ends take the rest
+    rest = 16 - sum(middle)
+    split = [rest // 2 or 1, *middle, rest - (rest // 2 or 1)]
+    if split[-1] < 1:
+        return
+    ctx = Context(Scenario.from_dict({"model": "llama-3.2-1b", "parallel": {"pp": 4, "pp_layers": split}}))
+    layer = sum(g.numel for g in ctx.arch.params if g.scope == "layer") // ctx.arch.num_layers
+    weights = [
+        sum(i.bytes for i in model_states(ctx, s).persistent if i.category == "parameters")
+        for s in ctx.stages
+    ]
+    # middle stages hold only layers (bf16 weights: 2 B each)
+    assert weights[1] == middle[0] * layer * 2 and weights[2] == middle[1] * layer * 2
+
+
+def test_the_role_names_each_stages_own_layers():
+    est = estimate(
+        Scenario.from_dict({"model": "llama-3.2-1b", "parallel": {"pp": 3, "pp_layers": [4, 7, 5]}})
+    )
+    roles = [est.role(r) for r in est.ranks]
+    assert "layers 0-3" in roles[0] and "layers 4-10" in roles[1] and "layers 11-15" in roles[2]
