@@ -1688,6 +1688,20 @@ LITGPT_CASES: list[tuple[str, dict[str, Any]]] = [
         {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 1024, "framework": "litgpt", **_LITGPT_LORA},
     ),
 ]
+#: amp-bf16 (Fabric's bf16-mixed, the finetune scripts' default on a bf16 GPU): fp32 model and adapters.
+_LITGPT_LORA_FP32 = {**_LITGPT_LORA, "lora": {**_LITGPT_LORA["lora"], "adapter_dtype": "fp32"}}
+LITGPT_CASES += [
+    (
+        "litgpt llama amp-bf16 lora qv b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt", "precision": "amp-bf16",
+         **_LITGPT_LORA_FP32},
+    ),
+    (
+        "litgpt llama-3.2-1b dims L2 amp-bf16 lora qv b2 s1024 (frozen head recast per chunk)",
+        {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 1024, "framework": "litgpt",
+         "precision": "amp-bf16", **_LITGPT_LORA_FP32},
+    ),
+]  # fmt: skip
 
 
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -70,11 +70,12 @@ def litgpt_caveat(scenario: Scenario, arch: Architecture) -> str:
     tied = untied if arch.tied_embeddings else ""
     if litgpt_rule_applies(scenario, arch):
         return (
-            "litgpt: its model, LoRA layers and chunked loss as traced (litgpt 0.5.13, docs/fidelity.md); litgpt "
-            "builds LoRA adapters in the model's dtype: set lora.adapter_dtype bf16." + tied
+            "litgpt: its model, LoRA layers and chunked loss as traced (litgpt 0.5.13, docs/fidelity.md; under "
+            "amp-bf16 the layers are HF's autocast rule, traced within 0.2%); litgpt builds LoRA adapters in the "
+            "model's dtype (lora.adapter_dtype bf16 under bf16, fp32 under amp-bf16)." + tied
         )
     return (
-        "litgpt: HF's activation rules (litgpt's own are traced for bf16, full or LoRA on q_proj/v_proj, "
+        "litgpt: HF's activation rules (litgpt's own are traced for bf16 and amp-bf16, full or LoRA on q_proj/v_proj, "
         "no checkpointing, no tp/cp; docs/fidelity.md)." + tied
     )
 

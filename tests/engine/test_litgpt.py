@@ -60,8 +60,27 @@ def test_litgpt_holds_a_separate_head_for_a_tied_model() -> None:
     assert model_state(step(lit)) - model_state(step(hf)) == 4 * 2 * V * h
 
 
+def test_under_autocast_a_frozen_head_is_recast_for_every_lm_head_chunk() -> None:
+    """bf16-mixed LoRA: autocast caches a weight's bf16 cast only for a leaf that requires grad, so the frozen head is
+    cast again for each 128-token chunk and each copy is saved by its matmul: ceil(s / 128) x 2 B x V x h (s = 1024:
+    8 copies) where HF's single head call keeps one; the loss saves every chunk's fp32 log-softmax."""
+    V, h, T = 128256, 2048, 2048
+    sc = {
+        **L32,
+        "seq_len": 1024,
+        "precision": "amp-bf16",
+        **LORA_QV,
+        "lora": {**LORA_QV["lora"], "adapter_dtype": "fp32"},
+    }
+    lit = activations(Context(Scenario.from_dict(sc)))
+    hf = activations(Context(Scenario.from_dict({**sc, "framework": "hf"})))
+    head = lambda out: sum(t.bytes for t in out.post if "head" in t.name)  # noqa: E731
+    assert head(lit) - head(hf) == (8 - 1) * 2 * V * h
+    assert sum(t.bytes for t in lit.loss_saved) == 4 * T * V
+
+
 def test_the_caveat_says_what_the_litgpt_rule_covers() -> None:
-    """The traced rule covers bf16, full or LoRA on q/v; anything else keeps HF's rules and says so."""
+    """The traced rule covers bf16 and amp-bf16, full or LoRA on q/v; anything else keeps HF's rules and says so."""
     assert any("as traced" in c for c in estimate(Scenario.from_dict(L32)).caveats)
-    other = estimate(Scenario.from_dict({**L32, "precision": "amp-bf16"}))
+    other = estimate(Scenario.from_dict({**L32, "activation_checkpointing": "full"}))
     assert any("litgpt: HF's activation rules" in c for c in other.caveats)

@@ -70,6 +70,8 @@ def test_the_step_keeps_the_loops_logits_list_until_the_next_forward() -> None:
         ("litgpt llama bf16 lora qv b2 s512", 0.02),  # HF's layer-backward transients kept: over, not under
         ("litgpt llama-3.2-1b dims L2 bf16 b2 s512", 0.001),
         ("litgpt llama-3.2-1b dims L2 bf16 lora qv b2 s1024", 0.01),
+        ("litgpt llama amp-bf16 lora qv b2 s512", 0.005),
+        ("litgpt llama-3.2-1b dims L2 amp-bf16 lora qv b2 s1024 (frozen head recast per chunk)", 0.005),
     ],
 )
 def test_the_engine_holds_to_the_litgpt_trace(name: str, tolerance: float) -> None:
