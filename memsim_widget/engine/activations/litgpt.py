@@ -22,8 +22,9 @@ Source: litgpt 0.5.13 (pip ``litgpt==0.5.13``), traced by running that code on f
   chunk's ``cross_entropy`` saves (e T V: chunking frees nothing before backward); backward runs one chunk at a
   time: its two e-byte gradient buffers (2 e x B x 128 x V).
 
-Other litgpt configurations (amp-bf16, fp32, LoRA on other weights, checkpointing) keep HF's rules, said in the
-estimate's caveats (``litgpt_rule_applies``).
+Under amp-bf16 (``bf16-mixed``) the layers keep HF's autocast rule but for litgpt's LoRA differences, and the head and
+loss are litgpt's (``_amp_head_and_loss``: a frozen head is recast for every chunk). Other litgpt configurations
+(fp32, LoRA on other weights, checkpointing) keep HF's rules, said in the estimate's caveats (``litgpt_rule_applies``).
 """
 
 from __future__ import annotations
