@@ -37,6 +37,8 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
         out.append(litgpt_caveat(scenario, arch))
     if scenario.framework == "liger":
         out.append(liger_caveat(scenario, arch))
+    if scenario.framework == "unsloth":
+        out.append(unsloth_caveat(scenario))
     if arch.extra.get("ssm"):
         if (scenario.ssm_kernel or "cuda") == "cuda":
             out.append(
@@ -93,6 +95,19 @@ def liger_caveat(scenario: Scenario, arch: Architecture) -> str:
         else "its fused linear cross-entropy only (layers keep HF's rules outside bf16 without checkpointing)"
     )
     return f"liger: {layers} are a formula from Liger-Kernel's source, untraced (Triton kernels need a GPU)"
+
+
+def unsloth_caveat(scenario: Scenario) -> str:
+    """Unsloth: only its offloaded gradient checkpointing has a rule (a formula), its kernels are HF's rules."""
+    offloaded = scenario.activation_checkpointing == "full" and scenario.activation_offloading
+    ckpt = (
+        "its offloaded gradient checkpointing is full checkpointing with the layer inputs offloaded to the host "
+        "(a formula from unsloth_zoo's Unsloth_Offloaded_Gradient_Checkpointer, untraced)"
+        if offloaded
+        else "its offloaded gradient checkpointing (use_gradient_checkpointing='unsloth') is "
+        "activation_checkpointing full with activation_offloading true; this scenario does not set both"
+    )
+    return f"unsloth: {ckpt}; its fused kernels (cross-entropy, RMSNorm, SwiGLU, RoPE, LoRA MLP) are not modelled: HF's rules"
 
 
 def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:

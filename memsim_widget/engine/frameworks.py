@@ -263,6 +263,32 @@ register_profile(
     )
 )
 
+register_profile(
+    FrameworkProfile(
+        "unsloth",
+        "Unsloth (transformers model, its patches): offloaded gradient checkpointing as the engine's full "
+        "checkpointing with activation offloading; its fused kernels not modelled (HF's rules); formula, untraced",
+        training_kv_cache=True,
+        ddp_buckets=True,
+        sources=(
+            "unslothai/unsloth-zoo unsloth_zoo/gradient_checkpointing.py (first in unsloth/models/_utils.py, "
+            "2024-04): Unsloth_Offloaded_Gradient_Checkpointer copies each layer's input to the host "
+            "(hidden_states.to('cpu', non_blocking=True)), runs the layer under no_grad and saves only that copy; "
+            "backward brings it back, recomputes the layer and backpropagates through it",
+            "untraced: Unsloth's kernels are Triton programs that need a GPU",
+        ),
+        suggested=MappingProxyType(
+            {
+                "precision": "bf16",
+                "method": "qlora",
+                "optimizer": "adamw-8bit",
+                "activation_checkpointing": "full",
+                "activation_offloading": True,
+            }
+        ),
+    )
+)
+
 
 #: bitsandbytes PagedAdamW with 32-bit states (torchtune's low-memory recipe). The 8-bit variant is in
 #: the optimizer catalog; the 32-bit one keeps fp32 states whatever the parameter dtype (bitsandbytes
