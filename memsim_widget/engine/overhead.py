@@ -148,10 +148,12 @@ def pool_bytes(ctx: Context, items: Iterable[Item], loss_names: set[str]) -> tup
     return alloc, waste_bytes(ctx, alloc, persistent, loss)
 
 
-def waste_bytes(ctx: Context, alloc: int, persistent: int, loss: int) -> int:
+def waste_bytes(
+    ctx: Context, alloc: int, persistent: int, loss: int, rates: tuple[float, float] | None = None
+) -> int:
     """Unused-but-reserved bytes of a pool of ``alloc`` allocated bytes, ``persistent`` of them weights and
-    states, ``loss`` of them the loss's T x V buffers."""
-    f_transient, f_variable = waste_rates(ctx)
+    states, ``loss`` of them the loss's T x V buffers; ``rates``: ``waste_rates(ctx)`` already read."""
+    f_transient, f_variable = waste_rates(ctx) if rates is None else rates
     return int(FRAGMENTATION_PERSISTENT * persistent + f_transient * (alloc - persistent) + f_variable * loss)
 
 
@@ -171,16 +173,17 @@ def reserved_item(
     and, with variable batch shapes, ``FRAGMENTATION_VARIABLE`` x the loss's T x V buffers; capped by the card.
     """
     loss_names = acts.loss_buffer_names()
+    rates = waste_rates(ctx)  # once: every moment of every estimate reads them
     best_alloc, best_waste, best_name = peak_allocated, 0, ""
     for m in moments:
         alloc, persistent, loss = m.pool_sums(PERSISTENT_CATEGORIES, loss_names)  # type: ignore[attr-defined]
-        waste = waste_bytes(ctx, alloc, persistent, loss)
+        waste = waste_bytes(ctx, alloc, persistent, loss, rates)
         if alloc + waste > best_alloc + best_waste:
             best_alloc, best_waste, best_name = alloc, waste, m.name  # type: ignore[attr-defined]
     pool = best_alloc + best_waste
     cap = reserved_cap(ctx, outside)
     reserved = max(peak_allocated, min(pool, cap))
-    f_transient, f_variable = waste_rates(ctx)
+    f_transient, f_variable = rates
     formula = (
         f"largest pool at {best_name}: {fmt_bytes(best_alloc)} allocated + {fmt_bytes(best_waste)} unused "
         f"({FRAGMENTATION_PERSISTENT:g} x weights and states + {f_transient:g} x the rest"
