@@ -1,7 +1,8 @@
 """Engine vs fake-tensor trace: peak live tensor bytes of the same HF training step, per scenario.
 
-Run: python benchmarks/fidelity_trace.py [--quick] [--compiled] [-k TEXT] [--write docs/fidelity.md]
-(``--compiled``: the compiled steps, ``COMPILED_CASES``, whose table is in docs/fidelity.md's compiled section)
+Run: python benchmarks/fidelity_trace.py [--quick] [--compiled | --litgpt] [-k TEXT] [--write docs/fidelity.md]
+(``--compiled``: the compiled steps, ``COMPILED_CASES``, whose table is in docs/fidelity.md's compiled section;
+``--litgpt``: litgpt's own step, ``LITGPT_CASES``, in its litgpt section)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import statistics
 import sys
 
-from memsim_widget.fidelity import CASES, COMPILED_CASES, compare
+from memsim_widget.fidelity import CASES, COMPILED_CASES, LITGPT_CASES, compare
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,10 +21,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", action="store_true")
     ap.add_argument("-k", metavar="TEXT", help="only the cases whose name contains TEXT")
     ap.add_argument("--compiled", action="store_true", help="the compiled steps (COMPILED_CASES) instead")
+    ap.add_argument("--litgpt", action="store_true", help="litgpt's own step (LITGPT_CASES) instead")
     args = ap.parse_args(argv)
-    if args.compiled and args.write:
-        ap.error("--write writes the eager table; the compiled one is edited in docs/fidelity.md by hand")
-    cases = COMPILED_CASES if args.compiled else CASES[:5] if args.quick else CASES
+    if (args.compiled or args.litgpt) and args.write:
+        ap.error(
+            "--write writes the eager table; the compiled and litgpt ones are edited in docs/fidelity.md by hand"
+        )
+    cases = (
+        COMPILED_CASES
+        if args.compiled
+        else LITGPT_CASES
+        if args.litgpt
+        else CASES[:5]
+        if args.quick
+        else CASES
+    )
     if args.k:
         cases = [(name, data) for name, data in cases if args.k in name]
     rows = []

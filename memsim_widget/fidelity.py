@@ -1658,6 +1658,52 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
 )
 
 
+#: litgpt's own step (``framework: "litgpt"``; trace/litgpt.py runs litgpt 0.5.13's GPT, LoRA and chunked loss):
+#: the small Llama and Llama 3.2 1B's dimensions (real vocabulary, two layers; its tied head is a separate tensor in
+#: litgpt, engine/frameworks.head_copy).
+_LITGPT_LORA = {
+    "method": "lora",
+    "lora": {"rank": 8, "targets": ["q_proj", "v_proj"], "adapter_dtype": "bf16"},
+}
+_L32_1B_L2 = {  # meta-llama/Llama-3.2-1B's config.json dimensions, 2 of its 16 layers
+    "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 2,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
+}  # fmt: skip
+LITGPT_CASES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "litgpt llama bf16 b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt"},
+    ),
+    (
+        "litgpt llama bf16 lora qv b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt", **_LITGPT_LORA},
+    ),
+    (
+        "litgpt llama-3.2-1b dims L2 bf16 b2 s512",
+        {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt"},
+    ),
+    (
+        "litgpt llama-3.2-1b dims L2 bf16 lora qv b2 s1024",
+        {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 1024, "framework": "litgpt", **_LITGPT_LORA},
+    ),
+]
+#: amp-bf16 (Fabric's bf16-mixed, the finetune scripts' default on a bf16 GPU): fp32 model and adapters.
+_LITGPT_LORA_FP32 = {**_LITGPT_LORA, "lora": {**_LITGPT_LORA["lora"], "adapter_dtype": "fp32"}}
+LITGPT_CASES += [
+    (
+        "litgpt llama amp-bf16 lora qv b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt", "precision": "amp-bf16",
+         **_LITGPT_LORA_FP32},
+    ),
+    (
+        "litgpt llama-3.2-1b dims L2 amp-bf16 lora qv b2 s1024 (frozen head recast per chunk)",
+        {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 1024, "framework": "litgpt",
+         "precision": "amp-bf16", **_LITGPT_LORA_FP32},
+    ),
+]  # fmt: skip
+
+
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run engine and tracer on one scenario."""
     from memsim_widget.trace.api import trace_config

@@ -37,7 +37,7 @@ ATTENTIONS = ("sdpa", "eager")
 #: kernels, or a CPU), which saves every per-step (Mamba) or per-chunk (Mamba-2) state.
 SSM_KERNELS = ("cuda", "torch")
 LOSSES = ("standard", "chunked")
-FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed")
+FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed", "litgpt", "liger", "unsloth")
 #: How long the training loop holds the model output (logits, any KV cache): dropped before backward (HF
 #: Trainer), until backward ends, or through the optimizer step (a plain ``for`` loop). None: the framework's own.
 OUTPUT_LIFETIMES = ("trainer", "backward", "step")

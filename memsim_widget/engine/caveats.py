@@ -6,6 +6,8 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.activations.compiled import compiled_rule_applies
+from memsim_widget.engine.activations.liger import liger_applies, liger_layers_apply
+from memsim_widget.engine.activations.litgpt import litgpt_rule_applies
 from memsim_widget.engine.calibrated import caveat
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
@@ -31,6 +33,12 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md); the trace (memsim trace, "
             "Verify) runs the compiled step with Inductor's partitioner (docs/fidelity.md)"
         )
+    if scenario.framework == "litgpt":
+        out.append(litgpt_caveat(scenario, arch))
+    if scenario.framework == "liger":
+        out.append(liger_caveat(scenario, arch))
+    if scenario.framework == "unsloth":
+        out.append(unsloth_caveat(scenario))
     if arch.extra.get("ssm"):
         if (scenario.ssm_kernel or "cuda") == "cuda":
             out.append(
@@ -56,6 +64,50 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             out.append("vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start")
     out += vision_caveats(scenario, arch)
     return tuple(out)
+
+
+def litgpt_caveat(scenario: Scenario, arch: Architecture) -> str:
+    """What the litgpt profile covers: its traced rule (bf16, full or LoRA q/v) or HF's rules otherwise."""
+    untied = " litgpt holds a separate lm_head for a model HF ties (convert_hf_checkpoint copies wte): not modelled."
+    tied = untied if arch.tied_embeddings else ""
+    if litgpt_rule_applies(scenario, arch):
+        return (
+            "litgpt: its model, LoRA layers and chunked loss as traced (litgpt 0.5.13, docs/fidelity.md; under "
+            "amp-bf16 the layers are HF's autocast rule, traced within 0.2%); litgpt builds LoRA adapters in the "
+            "model's dtype (lora.adapter_dtype bf16 under bf16, fp32 under amp-bf16)." + tied
+        )
+    return (
+        "litgpt: HF's activation rules (litgpt's own are traced for bf16 and amp-bf16, full or LoRA on q_proj/v_proj, "
+        "no checkpointing, no tp/cp; docs/fidelity.md)." + tied
+    )
+
+
+def liger_caveat(scenario: Scenario, arch: Architecture) -> str:
+    """The Liger profile is a formula from Liger-Kernel's source, never traced (its kernels need Triton on a GPU)."""
+    if not liger_applies(scenario, arch):
+        return (
+            "liger: no Liger rule for this configuration (Llama, Mistral, Qwen2/3 decoders, standard loss, no tp/cp, "
+            "no compile); HF's rules"
+        )
+    layers = (
+        "its RMSNorm and SwiGLU saved sets and fused linear cross-entropy"
+        if liger_layers_apply(scenario)
+        else "its fused linear cross-entropy only (layers keep HF's rules outside bf16 without checkpointing)"
+    )
+    return f"liger: {layers} are a formula from Liger-Kernel's source, untraced (Triton kernels need a GPU)"
+
+
+def unsloth_caveat(scenario: Scenario) -> str:
+    """Unsloth: only its offloaded gradient checkpointing has a rule (a formula), its kernels are HF's rules."""
+    offloaded = scenario.activation_checkpointing == "full" and scenario.activation_offloading
+    ckpt = (
+        "its offloaded gradient checkpointing is full checkpointing with the layer inputs offloaded to the host "
+        "(a formula from unsloth_zoo's Unsloth_Offloaded_Gradient_Checkpointer, untraced)"
+        if offloaded
+        else "its offloaded gradient checkpointing (use_gradient_checkpointing='unsloth') is "
+        "activation_checkpointing full with activation_offloading true; this scenario does not set both"
+    )
+    return f"unsloth: {ckpt}; its fused kernels (cross-entropy, RMSNorm, SwiGLU, RoPE, LoRA MLP) are not modelled: HF's rules"
 
 
 def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:

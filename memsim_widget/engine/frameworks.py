@@ -64,6 +64,9 @@ class FrameworkProfile:
     ZeRO-1/2 with dp > 1 (DeepSpeed's ``reduce_bucket_size``, default 5e8).
     ``zero3``: who implements ZeRO-3: ``"fsdp2"`` (PyTorch ``fully_shard``, traced: docs/fidelity-parallel.md)
     or ``"deepspeed"`` (DeepSpeed's stage-3 parameter coordinator, formula only).
+    ``separate_head``: the framework holds the LM head as its own tensor even for a model whose checkpoint ties
+    it to the input embedding (litgpt: ``convert_hf_checkpoint`` copies ``wte.weight`` into ``lm_head.weight``
+    and ``GPT`` never ties them), so the head is a second V x h parameter that trains on its own.
     ``tp_plan``: the tensor-parallel plan at tp > 1 (what ``trace/tp_plan.tp_style_for`` traces):
     ``"hf"`` (the model's transformers ``base_model_tp_plan``: an untied embedding stays replicated, the LM
     head is colwise with its output gathered, so every rank holds the full-vocabulary logits and loss),
@@ -86,6 +89,7 @@ class FrameworkProfile:
     bucket_elements: int = 0
     zero3: str = "fsdp2"
     tp_plan: str = "hf"
+    separate_head: bool = False
     sources: tuple[str, ...] = ()
     suggested: Mapping[str, Any] = field(default_factory=dict)
 
@@ -212,6 +216,79 @@ register_profile(
     )
 )
 
+register_profile(
+    FrameworkProfile(
+        "litgpt",
+        "litgpt 0.5.13 finetune scripts: its own GPT (fused qkv, fp32 RMSNorm product, repeat_interleave GQA), "
+        "its LoRA layers, the LM head in 128-token chunks with chunked_cross_entropy, logits kept through the step",
+        output_lifetime="step",
+        separate_head=True,
+        sources=(
+            "litgpt 0.5.13 scripts/convert_hf_checkpoint.py: a tied checkpoint's wte.weight is copied into "
+            "lm_head.weight; model.py GPT keeps transformer.wte and lm_head as two parameters",
+            "litgpt 0.5.13 finetune/lora.py, finetune/full.py: logits = model(input_ids, lm_head_chunk_size=128); "
+            "loss = chunked_cross_entropy(logits, targets[..., 1:]); the loop's logits binding lives until the "
+            "next step's forward returns",
+            "litgpt 0.5.13 model.py: GPT, Block, CausalSelfAttention (one qkv Linear, k and v repeat_interleave'd "
+            "to n_head under GQA), RMSNorm ((x_normed * weight.float()).to(dtype)), LLaMAMLP",
+            "litgpt 0.5.13 lora.py: LoRALinear, LoRAQKVLinear (grouped conv1d for B, zero_pad to the qkv width); "
+            "adapters in the model's dtype",
+            "litgpt 0.5.13 utils.py: chunked_cross_entropy (per-chunk cross_entropy, reduction='none', then cat "
+            "and sum); get_default_supported_precision(training=True) = 'bf16-mixed'",
+            "traced: memsim_widget/trace/litgpt.py runs litgpt's own modules on fake tensors (docs/fidelity.md)",
+        ),
+        suggested=MappingProxyType(
+            {"precision": "bf16", "optimizer": "adamw", "optimizer_impl": "foreach", "padding": "longest"}
+        ),
+    )
+)
+
+register_profile(
+    FrameworkProfile(
+        "liger",
+        "transformers model with Liger Kernel's patches (use_liger_kernel=True / apply_liger_kernel_to_*): fused "
+        "linear cross-entropy (no logits), RMSNorm, SwiGLU, RoPE; formula from Liger's source, untraced (Triton)",
+        training_kv_cache=True,
+        ddp_buckets=True,
+        sources=(
+            "linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py @00eba634: chunked head, "
+            "gradients computed in forward (grad_input, grad_weight), no logits returned",
+            "linkedin/Liger-Kernel src/liger_kernel/ops/rms_norm.py: saves X, W and a fp32 rstd (llama casting)",
+            "linkedin/Liger-Kernel src/liger_kernel/ops/swiglu.py: LigerSiLUMulFunction saves gate and up only",
+            "untraced: Liger's kernels are Triton programs that need a GPU (engine/activations/liger.py)",
+        ),
+        suggested=MappingProxyType(
+            {"precision": "bf16", "optimizer": "adamw", "optimizer_impl": "fused", "padding": "longest"}
+        ),
+    )
+)
+
+register_profile(
+    FrameworkProfile(
+        "unsloth",
+        "Unsloth (transformers model, its patches): offloaded gradient checkpointing as the engine's full "
+        "checkpointing with activation offloading; its fused kernels not modelled (HF's rules); formula, untraced",
+        training_kv_cache=True,
+        ddp_buckets=True,
+        sources=(
+            "unslothai/unsloth-zoo unsloth_zoo/gradient_checkpointing.py (first in unsloth/models/_utils.py, "
+            "2024-04): Unsloth_Offloaded_Gradient_Checkpointer copies each layer's input to the host "
+            "(hidden_states.to('cpu', non_blocking=True)), runs the layer under no_grad and saves only that copy; "
+            "backward brings it back, recomputes the layer and backpropagates through it",
+            "untraced: Unsloth's kernels are Triton programs that need a GPU",
+        ),
+        suggested=MappingProxyType(
+            {
+                "precision": "bf16",
+                "method": "qlora",
+                "optimizer": "adamw-8bit",
+                "activation_checkpointing": "full",
+                "activation_offloading": True,
+            }
+        ),
+    )
+)
+
 
 #: bitsandbytes PagedAdamW with 32-bit states (torchtune's low-memory recipe). The 8-bit variant is in
 #: the optimizer catalog; the 32-bit one keeps fp32 states whatever the parameter dtype (bitsandbytes
@@ -247,6 +324,14 @@ if PAGED_ADAMW.name not in OPTIMIZERS:
 def profile(ctx: Context) -> FrameworkProfile:
     """The profile of the scenario's framework."""
     return PROFILES[ctx.scenario.framework]
+
+
+def head_copy(ctx: Context, first: bool, last: bool) -> bool:
+    """Whether a stage holds its own copy of a tied LM head: the last stage of a pipeline whose first stage holds
+    the embedding, or any last stage under a framework that unties the head (``separate_head``: litgpt)."""
+    if not ctx.arch.tied_embeddings or not last:
+        return False
+    return not first or profile(ctx).separate_head
 
 
 def tp_plan(scenario: Scenario) -> str:

@@ -34,6 +34,8 @@ def trace_config(sc: Scenario, **extra: Any) -> Any:
     """Trace the scenario's HF model (the SFT step, or the objective's, ``trace/objectives.py``)."""
     kw = {**trace_kwargs(sc), **extra}
     cfg = dict(resolve_model_config(sc.model))
+    if sc.framework == "litgpt":  # litgpt's own model and finetune loop (trace/litgpt.py)
+        return _trace_litgpt(cfg, kw)
     if "objective" in kw:
         from memsim_widget.trace.objectives import trace_objective
 
@@ -41,6 +43,20 @@ def trace_config(sc: Scenario, **extra: Any) -> Any:
     from memsim_widget.trace.hf import trace_hf
 
     return trace_hf(cfg, **kw)
+
+
+def _trace_litgpt(cfg: dict[str, Any], kw: dict[str, Any]) -> Any:
+    """litgpt's step on the preset's dimensions: the HF tracer's arguments it shares (no attention or
+    output-lifetime choice: litgpt's loop fixes both)."""
+    from memsim_widget.trace.litgpt import trace_litgpt
+
+    if "layer_checkpointing" in kw or "objective" in kw or "compile_budget" in kw:
+        raise ScenarioError(
+            "framework", "litgpt traces the plain SFT step (no compile, selective-op or objective)"
+        )
+    keep = ("micro_batch_size", "seq_len", "precision", "optimizer", "optimizer_impl", "gradient_checkpointing",
+            "lora", "progress", "top_n")  # fmt: skip
+    return trace_litgpt(cfg, **{k: v for k, v in kw.items() if k in keep})
 
 
 def trace_scenario(
@@ -92,7 +108,7 @@ def trace_scenario(
             progress=progress,
             top_n=top_n,
         )
-    if model_factory is None and sc.objective_name != "sft":
+    if model_factory is None and (sc.objective_name != "sft" or sc.framework == "litgpt"):
         return trace_config(sc, progress=progress, top_n=top_n)
     return trace_hf(dict(resolve_model_config(sc.model)), progress=progress, top_n=top_n, **kw)
 

@@ -29,6 +29,12 @@ def check_traceable(sc: Scenario) -> None:
     estimate(sc)
     if sc.method == "qlora":
         raise ScenarioError("method", "qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA")
+    if sc.framework in ("liger", "unsloth"):
+        raise ScenarioError("framework", f"{sc.framework} cannot be traced: its Triton kernels need a GPU")
+    if sc.framework == "litgpt" and (sc.parallel.world_size > 1 or sc.parallel.ep > 1):
+        raise ScenarioError(
+            "parallel", "litgpt's step is traced on one GPU (trace/litgpt.py): set dp, tp, pp, cp and ep to 1"
+        )
     if architecture_for(sc.model).extra.get("ssm") and (sc.ssm_kernel or "cuda") == "cuda":
         raise ScenarioError(
             "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "

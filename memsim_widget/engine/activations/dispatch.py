@@ -8,6 +8,8 @@ from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.compiled import compiled_activations, compiled_rule_applies
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.activations.hf import hf_activations
+from memsim_widget.engine.activations.liger import liger_activations, liger_applies
+from memsim_widget.engine.activations.litgpt import litgpt_activations, litgpt_rule_applies
 from memsim_widget.engine.activations.megatron import megatron_activations
 from memsim_widget.engine.activations.refusals import refuse_untraced
 from memsim_widget.engine.context import Context
@@ -34,6 +36,10 @@ def activations(ctx: Context) -> ActivationBudget:
         )
         if compiled_rule_applies(ctx.scenario, ctx.arch):  # torch.compile's saved set (traced)
             compiled_activations(ctx, out)
+        if litgpt_rule_applies(ctx.scenario, ctx.arch):  # litgpt's own modules and chunked loss (traced)
+            litgpt_activations(ctx, out)
+        if liger_applies(ctx.scenario, ctx.arch):  # Liger Kernel's patches (formula, untraced)
+            liger_activations(ctx, out)
     if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
         from memsim_widget.engine.vision import vision_activations
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from memsim_widget.architecture import ParamGroup
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import embedding_split
+from memsim_widget.engine.frameworks import embedding_split, head_copy
 from memsim_widget.engine.items import Item
 
 
@@ -85,8 +85,9 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
             shape[g.tp_dim] = -(-shape[g.tp_dim] // ways)
         if count:
             out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))
-    # Tied input/output embeddings with pp > 1: the last stage keeps its own copy for the head.
-    if arch.tied_embeddings and ctx.par.pp > 1 and stage.last and not stage.first:
+    # Tied input/output embeddings with pp > 1 (the last stage keeps its own copy for the head), or a framework
+    # that unties them (engine/frameworks.head_copy)
+    if head_copy(ctx, stage.first, stage.last):
         emb = max((g for g in arch.params if g.kind == "embedding"), key=lambda g: g.numel)
         shape = list(emb.shape)
         if emb.tp_dim is not None and par.tp > 1:
