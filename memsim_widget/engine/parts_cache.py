@@ -77,8 +77,12 @@ def state_groups_key(sc: Scenario) -> tuple[Any, ...]:
 
 
 def activations_key(sc: Scenario) -> tuple[Any, ...]:
-    """The fields of ``sc`` one micro-batch's activation terms depend on."""
-    return (_acts_get(sc), _acts_parallel_get(sc.parallel))
+    """The fields of ``sc`` one micro-batch's activation terms depend on, and whether FSDP shards the weights
+    (``dp``/``zero`` are otherwise left out, but FSDP decides torchtitan's compute dtype under TP:
+    ``frameworks.no_mixed_precision``)."""
+    p = sc.parallel
+    fsdp = (p.zero >= 3 and p.dp * p.cp > 1) or p.cp > 1
+    return (_acts_get(sc), _acts_parallel_get(p), fsdp)
 
 
 class _Keyed:
