@@ -191,7 +191,13 @@ def test_activations_cache_tells_apart_fsdp_on_and_off_under_torchtitan_tp():
     # dp and zero are out of the activations key, but FSDP decides torchtitan's compute dtype under TP (fp32
     # without it: frameworks.no_mixed_precision); a warm cache once served the bf16 terms of dp 2 ZeRO-3 to
     # dp 1 (found by tests/plan/test_plan_equals_estimate.py's random bases)
-    base = {"model": "gpt2", "seq_len": 512, "precision": "amp-bf16", "framework": "torchtitan", "parallel": {"tp": 2}}
+    base = {
+        "model": "gpt2",
+        "seq_len": 512,
+        "precision": "amp-bf16",
+        "framework": "torchtitan",
+        "parallel": {"tp": 2},
+    }
     fsdp = {**base, "parallel": {"tp": 2, "dp": 2, "zero": 3}}
     _assert_told_apart(fsdp, base, parts_cache.cached_activations)
 
