@@ -81,3 +81,44 @@ def test_every_docs_page_is_in_the_site_nav() -> None:
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - excluded
     assert sorted(pages - set(nav)) == [], "add the page to mkdocs.yml's nav"
     assert [p for p in nav if not (ROOT / "docs" / p).exists()] == []
+
+
+README = ROOT / "README.md"
+#: Relative link targets in Markdown: ``](path)`` or ``](path#anchor)``, web addresses left out.
+LINK = re.compile(r"\]\((?!https?://)([^)#\s]+)(?:#([^)\s]+))?\)")
+
+
+def test_readme_is_a_landing_page() -> None:
+    """Issue 28: the README says what it is and where to read on, under 20 KB; the detail lives in docs/."""
+    assert len(README.read_bytes()) < 20_000
+
+
+def test_readme_links_resolve() -> None:
+    """The site's strict build checks docs/ but not the README: every file it links exists, every anchor too."""
+    broken = []
+    for target, anchor in LINK.findall(README.read_text()):
+        path = ROOT / target
+        if not path.exists():
+            broken.append(target)
+        elif anchor and path.suffix == ".md":
+            headings = {
+                _slug(line.lstrip("#")) for line in path.read_text().splitlines() if line.startswith("#")
+            }
+            if anchor not in headings:
+                broken.append(f"{target}#{anchor}")
+    assert broken == []
+
+
+def test_readme_points_at_every_docs_page() -> None:
+    """ "Where to read on" names each page of the site (the index, the includes and the plan aside)."""
+    yaml = pytest.importorskip("yaml")
+    excluded = set(yaml.safe_load((ROOT / "mkdocs.yml").read_text()).get("exclude_docs", "").split())
+    pages = (
+        {p.name for p in (ROOT / "docs").glob("*.md")}
+        - excluded
+        - {"index.md", "changelog.md", "contributing.md"}
+    )
+    linked = {
+        Path(target).name for target, _ in LINK.findall(README.read_text()) if target.startswith("docs/")
+    }
+    assert sorted(pages - linked) == []

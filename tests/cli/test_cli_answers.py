@@ -1,4 +1,4 @@
-"""The answers users act on, from the README's own commands (issue 23's four cases).
+"""The answers users act on, from the commands of the README and docs/planner.md (issue 23's four cases).
 
 Each case is the command a new user types; the answer must fit when estimated again, be exportable, and
 give throughput figures a card can reach. The expected answers follow from the arithmetic, not from the
@@ -183,7 +183,7 @@ def test_70b_qlora_on_4090s_min_gpus_with_any_layout_and_knobs(capsys):
         assert r["zero"] == 3 or r["offload"] == "optimizer+params"
         assert r["next_stop"] == 1
     assert data["min_gpus"] is None and data["min_gpus_reason"]
-    # plan itself, as the README's command, finds fits on that many GPUs
+    # plan itself, as docs/planner.md's command, finds fits on that many GPUs
     code, out, _ = run(capsys, "plan", *QLORA_70B_FLAGS, "--gpus", str(r["value"]), "--json")
     assert code == 0 and json.loads(out)["fitting"] > 0
     code, out, _ = run(capsys, "recommend", "-", stdin=json.dumps(QLORA_70B))
