@@ -114,6 +114,11 @@ class LitgptStep(torch.nn.Module):
         return chunked_cross_entropy(logits, targets[..., 1:])
 
 
+def _lm_head(model: torch.nn.Module) -> torch.nn.Module:
+    """litgpt's output layer (``model.gpt.lm_head`` under the finetune wrapper): where the loss starts."""
+    return model.get_submodule("gpt.lm_head")
+
+
 def trace_litgpt(
     config: dict[str, Any],
     *,
@@ -173,7 +178,7 @@ def trace_litgpt(
         steps=steps,
         fake=fake,
         notes=notes,
-        loss_module=lambda m: m.gpt.lm_head,
+        loss_module=_lm_head,
         cast_model=True,  # Fabric's *-true precisions: parameters and buffers in the 16-bit dtype
         **kwargs,
     )
