@@ -9,14 +9,12 @@ DeepSpeed has no per-op checkpointing key.
 
 from __future__ import annotations
 
-import io
 import json
-import sys
 from typing import Any
 
 import pytest
+from _cli_run import run  # noqa: E402
 
-from memsim_widget.cli import main
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.gpu_speed import matmul_efficiency
@@ -35,21 +33,6 @@ QLORA_70B = {
 QLORA_70B_FLAGS = ["--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--method", "qlora", "--seq-len", "4096"]
 #: Qwen3-30B-A3B full fine-tuning on one node of 8 H100s.
 QWEN_MOE_FLAGS = ["--model", "qwen3-30b-a3b", "--gpu", "h100-sxm-80gb", "--gpus", "8"]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str, stdin: str | None = None) -> tuple[int, str, str]:
-    """``memsim argv`` in this process: exit status, stdout, stderr."""
-    old = sys.stdin
-    if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.stdin = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def recommend_json(capsys: pytest.CaptureFixture[str], scenario: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ input exits with status 2 and one line naming the field; nothing fitting is an a
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
 import subprocess
@@ -15,8 +14,8 @@ import sys
 from typing import Any
 
 import pytest
+from _cli_run import run  # noqa: E402
 
-from memsim_widget.cli import main
 from memsim_widget.engine.core import estimate
 from memsim_widget.scenario import Scenario
 
@@ -27,21 +26,6 @@ PLAN_QLORA = ["plan", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--gpus", 
 TOO_BIG = {"model": "llama-3.1-8b", "gpu": "a100-40gb", "seq_len": 4096}
 #: A 1B model with 8 sequences per micro-batch on a 24 GB card: fixable without changing the job.
 FIXABLE = {"model": "llama-3.2-1b", "gpu": "rtx-4090", "micro_batch_size": 8, "seq_len": 4096}
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str, stdin: str | None = None) -> tuple[int, str, str]:
-    """``memsim argv`` in this process: exit status, stdout, stderr (argparse's exit counts as status)."""
-    old = sys.stdin
-    if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.stdin = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str, stdin: str | None = None) -> dict[str, Any]:

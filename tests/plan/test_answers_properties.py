@@ -17,6 +17,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from _applied import applied  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,19 +54,6 @@ def bases(draw: st.DrawFn) -> dict[str, Any]:
         "micro_batch_size": draw(st.sampled_from([1, 2, 4, 8])),
         "parallel": {"dp": draw(st.sampled_from([1, 2, 4]))},
     }
-
-
-def applied(scenario: Scenario, changes: dict[str, Any]) -> Scenario:
-    """``scenario`` with dotted keys set, through the public dict form."""
-    data = scenario.to_dict()
-    data.pop("num_gpus")
-    for key, value in changes.items():
-        *parents, leaf = key.split(".")
-        target = data
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return Scenario.from_dict(data)
 
 
 SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+from _applied import applied  # noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,19 +59,6 @@ def fits(scenario: Scenario, headroom: float) -> bool:
         return estimate(scenario).fits(headroom=headroom)
     except ScenarioError:
         return False
-
-
-def applied(scenario: Scenario, changes: dict[str, Any]) -> Scenario:
-    """``scenario`` with dotted keys set, through the public dict form."""
-    data = scenario.to_dict()
-    data.pop("num_gpus")
-    for key, value in changes.items():
-        *parents, leaf = key.split(".")
-        target = data
-        for p in parents:
-            target = target[p]
-        target[leaf] = value
-    return Scenario.from_dict(data)
 
 
 # ----- the changes ---------------------------------------------------------------------------------------
