@@ -153,6 +153,24 @@ def wait_for_status(base: str, token: str, proc: subprocess.Popen | None, timeou
     raise TimeoutError(f"{base}/api/status did not answer within {timeout:.0f} s")
 
 
+def wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
+    """Poll ``url`` until it answers 200; raise with the server log's text if the server exits or times out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"the server exited with status {proc.returncode}:\n{log.read_text(errors='replace')}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s:\n{log.read_text(errors='replace')}")
+
+
 def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
     """Stop a process started in its own session: SIGTERM to its group (server and kernels), then SIGKILL."""
     if proc.poll() is not None:

@@ -15,14 +15,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from jlab import ROOT, chromium_available, chromium_page, free_port, stop
+from jlab import ROOT, chromium_available, chromium_page, free_port, stop, wait_http_ok
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
 BARS = ".memsim-chart-breakdown svg .mark-rect path"
@@ -38,23 +36,6 @@ def _skip_reason() -> str | None:
 
 
 SKIP = _skip_reason()
-
-
-def _wait_page(base: str, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    """Poll the page until the server answers 200 (raises with the log's tail if it exits or times out)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"memsim app exited with {proc.returncode}:\n{log.read_text(errors='replace')}"
-            )
-        try:
-            with urllib.request.urlopen(f"{base}/", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.25)
-    raise TimeoutError(f"{base}/ did not answer within {timeout:.0f} s:\n{log.read_text(errors='replace')}")
 
 
 @contextmanager
@@ -78,7 +59,7 @@ def memsim_app() -> Iterator[str]:
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_page(base, proc, log)
+        wait_http_ok(f"{base}/", proc, log)
         yield base
     finally:
         stop(proc)

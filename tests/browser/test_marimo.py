@@ -17,13 +17,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from jlab import ROOT, chromium_available, chromium_page, free_port, stop
+from jlab import ROOT, chromium_available, chromium_page, free_port, stop, wait_http_ok
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
@@ -85,25 +83,6 @@ def _python_state(page) -> dict[str, str]:
     return dict(part.split("=", 1) for part in text.strip().split(";"))
 
 
-def _wait_health(base: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"marimo exited with status {proc.returncode}:\n{log.read_text(errors='replace')}"
-            )
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(
-        f"{base}/health did not answer within {timeout:.0f} s:\n{log.read_text(errors='replace')}"
-    )
-
-
 @pytest.fixture(scope="module")
 def marimo_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """``marimo run`` serving the app, open in Chromium: ``page``, ``outside``, ``errors``, ``t0``."""
@@ -142,7 +121,7 @@ def marimo_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNames
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_health(base, proc, log)
+        wait_http_ok(f"{base}/health", proc, log, timeout=60)
         with chromium_page() as (page, outside, errors):
             page.goto(f"{base}/?access_token={token}")
             yield SimpleNamespace(page=page, outside=outside, errors=errors, t0=t0, log=log)
