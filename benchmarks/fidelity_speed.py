@@ -265,7 +265,12 @@ TEMPLATE = (
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--normalise", action="store_true", help="rebuild data/throughput/published.csv")
-    ap.add_argument("--shared", type=Path, default=SHARED, help="the shared CSV (default ../shared/data/...)")
+    ap.add_argument(
+        "--shared",
+        type=Path,
+        default=SHARED,
+        help="the development CSV to normalise (default: SHARED, beside the checkout)",
+    )
     ap.add_argument("--fit", action="store_true", help="refit the constants on FIT_ROWS and print them")
     ap.add_argument("--no-write", action="store_true", help="print only, do not write docs/speed.md")
     a = ap.parse_args()

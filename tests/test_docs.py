@@ -50,13 +50,13 @@ def test_every_cited_section_exists() -> None:
 
 
 def test_nothing_cites_a_file_outside_the_repository() -> None:
-    outside = "REFERENCE" + ".md"  # spelt apart so that this file does not cite it
+    outside = ("REFERENCE" + ".md", "../" + "shared")  # spelt apart so that this file does not cite them
     hits = [
         f"{path.relative_to(ROOT)}:{n}"
         for path in _files()
         if path != Path(__file__).resolve()
         for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
-        if outside in line or ("../shared" in line and "add_argument" not in line)
+        if any(o in line for o in outside)
     ]
     assert hits == []
 
