@@ -407,13 +407,20 @@ def output_lifetime(scenario: Scenario) -> str:
     return scenario.output_lifetime or PROFILES[scenario.framework].output_lifetime
 
 
+def fsdp_wraps(zero: Any, dp: Any, cp: Any) -> Any:
+    """Whether FSDP wraps the model as torchtitan decides it: ZeRO-3 over more than one dp x cp rank, or context
+    parallelism (which it runs under FSDP). Written with ``&`` and ``|`` so that it takes the planner's numpy
+    columns as well as one scenario's integers."""
+    return ((zero >= 3) & (dp * cp > 1)) | (cp > 1)
+
+
 def no_mixed_precision(ctx: Context) -> bool:
     """torchtitan with tensor parallelism and no FSDP: its ``maybe_enable_amp`` runs neither FSDP2's
     ``MixedPrecisionPolicy`` (no FSDP) nor ``torch.autocast`` ("Mixed precision training with TP or PP is only
     supported when FSDP/HSDP/CP is enabled"), so an ``amp-*`` recipe computes in fp32 (torchtitan
     ``distributed/utils.py``; traced). Pipelines alone are left out: the pipeline tracer does not run it so."""
     par = ctx.par
-    fsdp = (par.zero >= 3 and par.dp * par.cp > 1) or par.cp > 1
+    fsdp = fsdp_wraps(par.zero, par.dp, par.cp)
     return ctx.recipe.autocast and profile(ctx).fsdp_mixed_precision and par.tp > 1 and not fsdp
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from memsim_widget.engine import model_rules_cache
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.frameworks import fsdp_wraps
 from memsim_widget.engine.lazy_items import ItemGroup
 from memsim_widget.engine.overhead import workspace_items
 from memsim_widget.engine.states import StateBudget, model_states
@@ -81,8 +82,7 @@ def activations_key(sc: Scenario) -> tuple[Any, ...]:
     (``dp``/``zero`` are otherwise left out, but FSDP decides torchtitan's compute dtype under TP:
     ``frameworks.no_mixed_precision``)."""
     p = sc.parallel
-    fsdp = (p.zero >= 3 and p.dp * p.cp > 1) or p.cp > 1
-    return (_acts_get(sc), _acts_parallel_get(p), fsdp)
+    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp))
 
 
 class _Keyed:

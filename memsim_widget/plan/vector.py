@@ -23,7 +23,7 @@ import numpy as np
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import PROFILES, root_resharded_for_loss
+from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
 from memsim_widget.engine.items import ALLOC_ROUND, Item
 from memsim_widget.engine.moments import (
     ACTIVATION_GROUPS,
@@ -842,7 +842,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     over = c["ep"] // np.gcd(c["ep"], c["dp"] * c["cp"])
     # FSDP on, where it decides the compute dtype (torchtitan's amp recipe under TP: no_mixed_precision)
     titan_amp = PROFILES[base.framework].fsdp_mixed_precision and PRECISIONS[base.precision].autocast
-    fsdp = ((c["zero"] >= 3) & (c["dp"] * c["cp"] > 1)) | (c["cp"] > 1)
+    fsdp = fsdp_wraps(c["zero"], c["dp"], c["cp"])
     fsdp_on = (fsdp & (c["tp"] > 1)).astype(np.int64) if titan_amp else np.zeros_like(over)
     akey, a_cand = unique_codes(
         [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on]
