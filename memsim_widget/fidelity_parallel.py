@@ -275,6 +275,19 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
             {"pp": 2, "pp_microbatches": 4, "pp_layers": [3, 1]},
             1,
         ),
+        # no pp_layers and layers that pp x virtual stages do not divide: torchtitan's split (rules/pipeline_split)
+        _real(
+            "V128k llama3 bf16 pp3 1f1b m4 auto split [2, 2, 1] (5 layers) stage 0",
+            {**LLAMA3_V128K, "num_hidden_layers": 5},
+            {"pp": 3, "pp_microbatches": 4},
+            0,
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m4 auto split [1+2, 2+1] (6 layers) stage 1 (last)",
+            {**LLAMA3_V128K, "num_hidden_layers": 6},
+            inter,
+            1,
+        ),
         _real(
             "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last) return_outputs",
             LLAMA3_V128K,
@@ -308,6 +321,7 @@ FAST = (
     "V152k qwen2.5 bf16 tp2 (hf plan)",
     "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last)",
     "V128k llama3 bf16 pp2 interleaved v2 m4 stage 0",
+    "V128k llama3 bf16 pp2 interleaved v2 m4 auto split [1+2, 2+1] (6 layers) stage 1 (last)",
 )
 
 

@@ -81,7 +81,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "gpu_memory_utilization needs a vLLM engine": {"objective": "ppo"},
     "tp divides the attention heads": {"parallel": {"tp": 3}},
     "tp and the key/value heads divide": {"model": SMALL_GQA, "parallel": {"tp": 6}},
-    "pp x virtual stages divides the layers": {"parallel": {"pp": 3}},
+    "the pipeline split gives every chunk a layer": {"parallel": {"pp": 3, "pp_split": "even"}},
     "ep needs experts it divides": {"parallel": {"dp": 2, "ep": 2}},
     "seq_len within the position table": {"model": "gpt2", "seq_len": 2048},
     "ep where the model has an expert-parallel plan": {"model": SCOUT, "parallel": {"dp": 2, "ep": 2}},
