@@ -92,8 +92,9 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
                "grads_but_root", "root_regather", "root_reduce_out", "root_made")  # fmt: skip
-#: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, and whether
-#: gradients are carried between micro-batches (engine/timeline ``grads_carried``).
+#: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
+#: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
+#: micro-batches (engine/timeline ``grads_carried``).
 STATE_KEY = (
     "tp",
     "ep",
@@ -172,7 +173,7 @@ def _state_part(base: Scenario, optimizers: tuple[str, ...], num_layers: int, k:
         "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
         "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
         "offload": off}, validate=False)  # fmt: skip
-    row = state_row(sc, nl, bool(fk), bool(lk))
+    row = state_row(sc, nl or num_layers // pk, bool(fk), bool(lk))
     return StatePart(row.stats, row.outside, root_resharded_for_loss(sc, bool(lk)))
 
 
@@ -467,13 +468,14 @@ def _scaled_distinct(table: np.ndarray, key: np.ndarray, factor: np.ndarray, fir
 
 def _stage_rows(
     pp: np.ndarray, mb: np.ndarray, schedule: str, v: int, uneven: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(candidate, stage) of the stages that can be a candidate's worst rank: the first, the second, the
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(candidate, stage, slot) of the stages that can be a candidate's worst rank: the first, the second, the
     first middle stage that carries gradients (fewer micro-batches in flight than there are, so an earlier
     one already ran backward: engine/timeline ``grads_carried``) and the last. Middle stages of an even split
     hold the same states and no more micro-batches in flight than a lower one, so within each group
     (carrying or not) the lowest is the worst; ties go to the lower stage, as ``max`` does. An ``uneven``
-    split (``rules/pipeline_split``) has a row for every stage: its middle stages differ in layers."""
+    split (``rules/pipeline_split``) has a row for every stage: its middle stages differ in layers. A row's
+    slot (its place among its candidate's rows) and the candidate's pp and micro-batches give its stage."""
     carry = _first_carrying_stage(pp, mb, schedule, v)
     extra = (carry > 1) & (carry < pp - 1)
     k = np.where(uneven, pp, np.minimum(pp, 3) + extra)
@@ -482,17 +484,22 @@ def _stage_rows(
     j = np.arange(cand.shape[0]) - starts[cand]
     p, x = pp[cand], extra[cand]
     stage = np.where(uneven[cand], j, np.where(j < 2, j, np.where(x & (j == 2), carry[cand], p - 1)))
-    return cand, stage
+    return cand, stage, j
+
+
+def _distinct(col: np.ndarray) -> list[int]:
+    """The distinct values of a small non-negative column, ascending (a count per value, no sort)."""
+    return np.flatnonzero(np.bincount(col.ravel())).tolist() if col.size else []
 
 
 def uneven_split(base: Scenario, num_layers: int, pp: np.ndarray) -> np.ndarray:
     """Which pipeline degrees give ``base``'s pipeline an uneven split (``rules/pipeline_split``)."""
     par = base.parallel
-    values, inverse = np.unique(pp, return_inverse=True)
-    flags = [
-        len(set(_chunks(num_layers, int(p), par.virtual_stages, par.pp_split))) > 1 for p in values.tolist()
-    ]
-    return np.array(flags, dtype=bool)[inverse.reshape(pp.shape)]
+    values = _distinct(pp)
+    flags = np.zeros(max(values, default=0) + 1, dtype=bool)
+    for p in values:
+        flags[p] = len(set(_chunks(num_layers, p, par.virtual_stages, par.pp_split))) > 1
+    return flags[pp]
 
 
 @lru_cache(maxsize=4096)
@@ -502,14 +509,20 @@ def _chunks(num_layers: int, pp: int, v: int, pp_split: str | None) -> tuple[int
 
 
 def stage_layers(base: Scenario, num_layers: int, pp: np.ndarray, stage: np.ndarray) -> np.ndarray:
-    """The layers of each row's stage (engine/context ``Context.stages``)."""
+    """The layers of each row's stage (engine/context ``Context.stages``): ``num_layers / pp`` where the split
+    is even, the split's own counts where it is not."""
+    out = num_layers // pp
+    uneven = uneven_split(base, num_layers, pp)
+    if not uneven.any():
+        return out
     par = base.parallel
-    values, inverse = np.unique(pp, return_inverse=True)
-    width = int(values.max(initial=1))
-    table = np.zeros((values.shape[0], width), dtype=np.int64)
-    for i, p in enumerate(values.tolist()):
+    values = _distinct(pp[uneven])
+    row = np.zeros(values[-1] + 1, dtype=np.int64)
+    table = np.zeros((len(values), values[-1]), dtype=np.int64)
+    for i, p in enumerate(values):
+        row[p] = i
         table[i, :p] = rank_layers(_chunks(num_layers, p, par.virtual_stages, par.pp_split), p)
-    return table[inverse.reshape(pp.shape), stage]
+    return np.where(uneven, table[row[np.where(uneven, pp, values[0])], np.where(uneven, stage, 0)], out)
 
 
 def _held_layers(
@@ -521,11 +534,15 @@ def _held_layers(
     par = base.parallel
     if par.pp_schedule != "interleaved":
         return held
-    for i, (p, m, s) in enumerate(zip(xp.tolist(), xm.tolist(), xstage.tolist(), strict=True)):
-        if p > 1:
+    memo: dict[tuple[int, int, int], float | None] = {}
+    for i in np.flatnonzero(uneven_split(base, num_layers, xp)).tolist():
+        key = (int(xp[i]), int(xm[i]), int(xstage[i]))
+        if key not in memo:
+            p, m, s = key
             mine = rank_chunks(_chunks(num_layers, p, par.virtual_stages, par.pp_split), p, s)
-            if len(set(mine)) > 1:
-                held[i] = interleaved_held_layers(p, m, s, mine)
+            memo[key] = interleaved_held_layers(p, m, s, mine) if len(set(mine)) > 1 else None
+        if memo[key] is not None:
+            held[i] = memo[key]
     return held
 
 
@@ -919,16 +936,21 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
     uneven = uneven_split(base, arch.num_layers, c["pp"])
-    cand, stage = _stage_rows(c["pp"], c["pp_microbatches"], par0.pp_schedule, par0.virtual_stages, uneven)
+    cand, stage, slot = _stage_rows(
+        c["pp"], c["pp_microbatches"], par0.pp_schedule, par0.virtual_stages, uneven
+    )
     p = c["pp"][cand]
     last = stage == p - 1
     first = stage == 0
-    layers = stage_layers(base, arch.num_layers, p, stage)
+    # an uneven split's stage layers (0 where the split is even: num_layers / pp, known from pp)
+    layers = np.where(uneven[cand], stage_layers(base, arch.num_layers, p, stage), 0)
 
     # ----- activation side per distinct (activation key, pp, stage, micro-batches) ----------------------
     ckey, c_x = unique_codes([a_cand, c["pp"], c["pp_microbatches"]])
-    xrows, x_row = _row_codes(c_x, cand, [(stage, int(c["pp"].max(initial=1)))])
-    xkey = np.stack([ckey[xrows[:, 0], 0], ckey[xrows[:, 0], 1], xrows[:, 1], ckey[xrows[:, 0], 2]], axis=1)
+    xrows, x_row = _row_codes(c_x, cand, [(slot, int(slot.max(initial=0)) + 1)])
+    xstage = np.zeros(xrows.shape[0], dtype=np.int64)
+    xstage[x_row] = stage
+    xkey = np.stack([ckey[xrows[:, 0], 0], ckey[xrows[:, 0], 1], xstage, ckey[xrows[:, 0], 2]], axis=1)
     A, f, x_over = _activation_side(base, arch.num_layers, akey, arows, xkey)
     a_parts = _moment_parts(A, ACTIVATION_GROUPS)
     x_over |= reaches_saturation(a_parts.values(), x_over.shape[0])
