@@ -180,6 +180,15 @@ def _pp_cases() -> list[tuple[str, dict, int]]:
     out.append(
         _case("qwen2 bf16 pp2 1f1b m4 stage 1 (tied, last)", QWEN2, {"pp": 2, "pp_microbatches": 4}, 1)
     )
+    # ScheduleInterleaved1F1B runs micro-batches in rounds of pp, fewer than pp as one round
+    inter = {"pp_schedule": "interleaved", "virtual_stages": 2}
+    m1 = {"pp": 2, **inter, "pp_microbatches": 1}
+    out.append(_case("llama bf16 pp2 interleaved v2 m1 stage 0", LLAMA, m1, 0))
+    out.append(_case("llama bf16 pp2 interleaved v2 m1 stage 1 (last)", LLAMA, m1, 1))
+    eight = {**LLAMA, "num_hidden_layers": 8}
+    out.append(
+        _case("llama bf16 pp4 interleaved v2 m6 stage 0", eight, {"pp": 4, **inter, "pp_microbatches": 6}, 0)
+    )
     return out
 
 
@@ -273,6 +282,12 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
             "V128k llama3 bf16 pp2 1f1b m4 uneven [3, 1] stage 1 (last)",
             four,
             {"pp": 2, "pp_microbatches": 4, "pp_layers": [3, 1]},
+            1,
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m3 stage 1 (last)",
+            four,
+            {**inter, "pp_microbatches": 3},
             1,
         ),
         # no pp_layers and layers that pp x virtual stages do not divide: torchtitan's split (rules/pipeline_split)

@@ -95,8 +95,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "method": "lora",
         "lora": {"targets": ["all-linear"]},
     },  # fmt: skip
-    "interleaved schedule fills the pipeline": {
-        "parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 1}
+    "interleaved micro-batches divide into rounds": {  # 5 micro-batches, 2 rounds of pp = 2
+        "parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 5}
     },  # fmt: skip
     "state-space layers run on one rank's whole sequence": {"model": "mamba-130m", "parallel": {"cp": 2}},
     "pipeline stages hold whole blocks of a hybrid's layer pattern": {

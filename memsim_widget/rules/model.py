@@ -61,6 +61,13 @@ def _stage_layer_text(v: View) -> str:
     return "/".join(str(c) for c in sorted(set(chunk_layers(n_layers, pp, vs, v.get("parallel.pp_split")))))
 
 
+def _rounds(v: View) -> Any:
+    """Rounds of ``ScheduleInterleaved1F1B``: ``max(1, pp_microbatches // pp)`` (it needs the micro-batches
+    to divide into them; fewer micro-batches than pp is one round); ``parallel.pp`` may be a column."""
+    r = v["parallel.pp_microbatches"] // v["parallel.pp"]
+    return r + (r == 0)
+
+
 def _ep_text(ep: object) -> str:
     """``ep=N`` for a typed ep over 1, else ``ep > 1`` (the disabled reason's wording; any typed value)."""
     return f"ep={ep}" if isinstance(ep, int) and ep > 1 else "ep > 1"
@@ -239,15 +246,19 @@ RULES: tuple[Rule, ...] = (
         message=lambda v: v["arch"].extra["lora_all_linear_error"],
     ),
     Rule(
-        "interleaved schedule fills the pipeline",
+        "interleaved micro-batches divide into rounds",
         "parallel.pp_microbatches",
         "model",
         broken=lambda v: (
-            (v["parallel.pp_microbatches"] < v["parallel.pp"])
+            (v["parallel.pp_microbatches"] % _rounds(v) != 0)
             & (v["parallel.pp"] > 1)
             & (v["parallel.pp_schedule"] == "interleaved")
         ),
-        message="the interleaved schedule needs pp_microbatches >= pp",
+        message=lambda v: (
+            f"the interleaved schedule runs pp_microbatches in rounds of about pp = {v['parallel.pp']}: "
+            f"{v['parallel.pp_microbatches']} micro-batches do not divide into {_rounds(v)} rounds "
+            "(torch.distributed.pipelining ScheduleInterleaved1F1B)"
+        ),
     ),
     Rule(
         "pipeline stages hold whole blocks of a hybrid's layer pattern",

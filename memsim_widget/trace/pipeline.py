@@ -148,11 +148,6 @@ def check_pipeline(sc: Scenario) -> None:
             "parallel.pp_microbatches",
             f"Schedule1F1B needs pp_microbatches >= pp ({par.pp_microbatches} < {par.pp})",
         )
-    if par.pp_schedule == "interleaved" and par.pp_microbatches % par.pp:
-        raise ScenarioError(
-            "parallel.pp_microbatches",
-            f"ScheduleInterleaved1F1B needs pp_microbatches divisible by pp={par.pp}",
-        )
 
 
 class StageModule(torch.nn.Module):

@@ -233,3 +233,22 @@ def test_uneven_splits_are_searched_and_each_candidate_equals_estimate(schedule,
     idx = np.nonzero(np.isin(pp, list(uneven_pp)))[0]
     sample = np.random.default_rng(0).choice(idx, size=min(40, idx.size), replace=False)
     assert p.mismatches(sample) == []
+
+
+def test_interleaved_candidates_with_fewer_micro_batches_than_pp_equal_estimate():
+    # ScheduleInterleaved1F1B runs m micro-batches in max(1, m // pp) rounds: a global batch of 12 sequences
+    # gives pipelines of 8 ranks fewer micro-batches than ranks, and of 3 or 6 counts pp does not divide
+    base = {
+        "model": "llama-3.2-1b",
+        "seq_len": 512,
+        "parallel": {"pp_schedule": "interleaved", "virtual_stages": 2},
+    }
+    space = SearchSpace(optimizers=("adamw",), micro_batch=(1, 2, 4), pp=(1, 2, 3, 4, 6, 8))
+    p = plan(base=base, gpu="a100-80gb", gpus=(2, 48), space=space, top=None, global_batch_tokens=12 * 512)
+    c = p.columns
+    odd = np.nonzero(
+        (c["pp"] > 1) & ((c["pp_microbatches"] < c["pp"]) | (c["pp_microbatches"] % c["pp"] != 0))
+    )[0]
+    assert odd.size > 0
+    sample = np.random.default_rng(0).choice(odd, size=min(40, odd.size), replace=False)
+    assert p.mismatches(sample) == []
