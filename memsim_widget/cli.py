@@ -42,6 +42,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "images_per_sample": ("images_per_sample", int),
     "freeze_vision": ("freeze_vision", bool),
     "ssm_kernel": ("ssm_kernel", str),
+    "fp8_recipe": ("fp8_recipe", str),
     "allocator_conf": ("allocator_conf", str),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),

@@ -1703,6 +1703,25 @@ LITGPT_CASES += [
     ),
 ]  # fmt: skip
 
+#: torchao's float8 training (``fp8_recipe`` tensorwise / rowwise; trace/float8.py swaps every Linear but the head
+#: for ``Float8Linear``), bf16 weights, on the small Llama and on two families' real dimensions (real vocabularies,
+#: two layers): Llama 3.2 1B and Qwen2.5 0.5B (Qwen/Qwen2.5-0.5B's config.json; q/k/v biases, tied head).
+_QWEN25_05B_L2 = {
+    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 2,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+}  # fmt: skip
+FP8_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("llama bf16 float8 tensorwise b2 s512",
+     {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "fp8_recipe": "tensorwise"}),
+    ("llama bf16 float8 rowwise b2 s512",
+     {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "fp8_recipe": "rowwise"}),
+    ("llama-3.2-1b dims L2 bf16 float8 tensorwise b2 s1024",
+     {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 1024, "fp8_recipe": "tensorwise"}),
+    ("qwen2.5-0.5b dims L2 bf16 float8 rowwise b2 s1024",
+     {"model": _QWEN25_05B_L2, "micro_batch_size": 2, "seq_len": 1024, "fp8_recipe": "rowwise"}),
+]  # fmt: skip
+
 
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run engine and tracer on one scenario."""

@@ -127,6 +127,9 @@ class TimeModel:
     fetch_bytes: float
     autocast: bool
     peak_flops: float
+    #: Peak FLOP/s of the Linear layers' matmuls: the fp8 (fp4) peak under an fp8 recipe (``fp8_linear_peak``),
+    #: else ``peak_flops``; attention and the output layer stay at ``peak_flops``.
+    linear_peak_flops: float
     efficiency: float
     attention_efficiency: float
     speed: GPUSpeed
@@ -144,6 +147,7 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
     speed = gpu_speed(gpu)
     fl = model_flops(arch)
     fp32 = recipe.act_bytes == 4
+    peak = (speed.fp32_tflops if fp32 else speed.tflops) * 1e12
     return TimeModel(
         flops=fl,
         seq_len=arch.fixed_seq_len or scenario.seq_len,
@@ -169,7 +173,8 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         grad_bytes=recipe.grad_bytes,
         fetch_bytes=float(recipe.act_bytes if fetch_bytes is None else fetch_bytes),
         autocast=recipe.autocast,
-        peak_flops=(speed.fp32_tflops if fp32 else speed.tflops) * 1e12,
+        peak_flops=peak,
+        linear_peak_flops=fp8_linear_peak(scenario, speed, peak),
         efficiency=matmul_efficiency(gpu.generation),
         attention_efficiency=ATTENTION_EFFICIENCY,
         speed=speed,
@@ -181,6 +186,18 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         overlap=scenario.framework in OVERLAPPING_FRAMEWORKS,
         checkpoint_every=scenario.checkpoint_every or 1,
     )
+
+
+def fp8_linear_peak(scenario: Scenario, speed: GPUSpeed, peak: float) -> float:
+    """Peak FLOP/s of the Linear layers' matmuls: under an fp8 recipe (``memsim_widget/fp8.py``) the card's
+    datasheet peak in the recipe's matmul dtype (fp8; fp4 for NVFP4), else ``peak``. Only the Linears run there:
+    torchao's ``Float8Linear`` and TransformerEngine's ``te.Linear`` replace the transformer layers' Linear
+    modules; attention (SDPA / FlashAttention) and the output layer run in bf16 (torchtitan's float8 converter
+    filter; Megatron's fp8 scope). A card without that peak (no fp8 tensor cores) runs them at ``peak``."""
+    fp8 = scenario.fp8
+    if fp8 is None:
+        return peak
+    return dict(speed.peak_tflops).get(fp8.matmul_dtype, peak / 1e12) * 1e12
 
 
 def method_flops_per_token(k: TimeModel) -> float:
@@ -264,16 +281,23 @@ def _matmul_seconds(k: TimeModel, c: Mapping[str, Any], r: _Rank, ops: Ops) -> d
     io = tl * (k.flops.io_per_layer * (1.0 + 1.0 / tp) / 2.0 + k.adapter_io_per_layer / tp)
     io = (io + lst * k.flops.linear_per_layer / 2.0 / tp + t * (h + vocab) + h * vocab) * k.act_bytes
     rate = k.peak_flops * k.efficiency
+    rate_lin = k.linear_peak_flops * k.efficiency  # the layers' Linears (fp8 under an fp8 recipe)
     hbm = k.speed.hbm_gb_s * 1e9 * HBM_EFFICIENCY
-    t_lin = (lin + ada + head) / rate + io / hbm  # one forward pass of the Linear and head matmuls
+    if (
+        k.linear_peak_flops == k.peak_flops
+    ):  # one rate for every matmul (the same floats as before fp8 recipes)
+        t_lin = (lin + ada + head) / rate + io / hbm  # one forward pass of the Linear and head matmuls
+        t_lin_b = (lin + head) * (2.0 if k.trained_base else 1.0) / rate + 2.0 * ada / rate
+    else:
+        t_lin = lin / rate_lin + (ada + head) / rate + io / hbm
+        t_lin_b = (lin / rate_lin + head / rate) * (2.0 if k.trained_base else 1.0) + 2.0 * ada / rate
     t_att = att / (rate * k.attention_efficiency)
-    t_lin_b = (lin + head) * (2.0 if k.trained_base else 1.0) / rate + 2.0 * ada / rate
     t_lin_b = t_lin_b + io / hbm * (2.0 if k.trained_base else 1.0)
     t_fwd = t_lin + t_att
     t_bwd = t_lin_b + t_att * k.attention_backward
     t_rec = w(ck1, t_att, 0.0) + w(ck2, t_fwd / every, 0.0) + w(ck3, t_lin / 2.0, 0.0)
     t_rec = t_rec + w(c["loss"] == 1, head / rate, 0.0)
-    return {"lin": lin, "ada": ada, "att": att, "head": head, "io": io, "rate": rate, "hbm": hbm,
+    return {"lin": lin, "ada": ada, "att": att, "head": head, "io": io, "rate": rate, "rate_lin": rate_lin, "hbm": hbm,
             "t_lin": t_lin, "t_att": t_att, "t_lin_b": t_lin_b, "t_fwd": t_fwd, "t_bwd": t_bwd,
             "t_rec": t_rec}  # fmt: skip
 

@@ -82,6 +82,25 @@ def check_traceable(sc: Scenario) -> None:
     _check_objective(sc)
     if sc.grad_accum_steps > 1:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+    _check_fp8(sc)
+
+
+def _check_fp8(sc: Scenario) -> None:
+    """An fp8 recipe is traced as torchao runs it: tensorwise or rowwise, one GPU's eager SFT step."""
+    fp8 = sc.fp8
+    if fp8 is None:
+        return
+    if fp8.framework != "torchao":
+        raise ScenarioError(
+            "fp8_recipe", f"{fp8.name!r} is TransformerEngine's (CUDA kernels only): not traced; traceable: "
+            "tensorwise, rowwise (torchao)",
+        )  # fmt: skip
+    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1 or sc.objective_name != "sft" or sc.compile
+            or sc.method != "full"):  # fmt: skip
+        raise ScenarioError(
+            "fp8_recipe", "torchao's float8 is traced for one GPU's eager full-training SFT step only: set dp, tp, "
+            "pp, cp and ep to 1, method full, objective sft and compile false",
+        )  # fmt: skip
 
 
 #: Objectives whose training step the tracer runs (``trace/objectives.py``) (every objective; the rollout phase is not traced).
@@ -161,6 +180,8 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
 
         ctx = Context(sc)
         kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
+    if sc.fp8 is not None:  # torchao's float8 Linears (trace/float8.py); check_traceable refuses the rest
+        kw["float8"] = sc.fp8.name
     if sc.compile:  # torch.compile: Inductor's partitioner at torch's default budget (trace/compiled.py)
         kw["compile_budget"] = 1.0
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
