@@ -4,6 +4,7 @@ Run: python benchmarks/fidelity_speed.py              (table, median and worst e
      python benchmarks/fidelity_speed.py --fit        (refit the efficiency constants on FIT_ROWS, print them)
      python benchmarks/fidelity_speed.py --normalise  (rebuild data/throughput/published.csv from
                                                        the shared development set, ``SHARED``, and the rules below)
+     python benchmarks/fidelity_speed.py --fp8-rows   (rewrite data/throughput/fp8.csv from ``_fp8_row_specs``)
 
 Each shared row becomes a scenario here (``scenario_for``): the model as an inline config from the row's
 columns, the GPU, layout, precision, checkpointing, micro-batch and global batch. What the source leaves out
@@ -350,8 +351,29 @@ def report(comps: list[Comparison], rows: list) -> str:
         table_assumed=head + "\n" + "\n".join(_line(c) for c in comps if c.row.group == "assumed"),
         assumptions="\n".join(f"- {c.row.row_id}: {c.row.assumptions}" for c in comps if c.row.group == "assumed"),
         excluded="\n".join(f"- {r.row_id} ({r.model}): {r.reason}" for r in excluded),
-        by_group=by_group,
+        by_group=by_group, fp8_table=fp8_table(),
     )  # fmt: skip
+
+
+def fp8_table() -> str:
+    """docs/speed.md's fp8 rows: published, predicted before (Linears at the 16-bit peak) and now."""
+    from dataclasses import replace
+
+    from memsim_widget.engine.step_time import step_parts
+    from memsim_widget.fidelity_speed import _model
+
+    lines = ["| row | source | model | GPU | GPUs | recipe | published tok/s/GPU | before | error | now | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in load(FP8_DATA):
+        k, cols = _model(r)
+        now = float(step_parts(k, cols)["tokens_per_gpu_s"])
+        before = float(step_parts(replace(k, linear_peak_flops=k.peak_flops), cols)["tokens_per_gpu_s"])
+        sc = r.scenario
+        assert sc is not None and r.published
+        lines.append(f"| {r.row_id} | {r.source} | {r.model} | {sc.gpu} | {sc.parallel.world_size} | "
+                     f"{sc.fp8_recipe or 'bf16 (twin)'} | {r.published:,.0f} | {before:,.0f} | "
+                     f"{before / r.published - 1:+.1%} | {now:,.0f} | {now / r.published - 1:+.1%} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 TEMPLATE = (
@@ -371,10 +393,13 @@ def main() -> None:
         help="the development CSV to normalise (default: SHARED, beside the checkout)",
     )
     ap.add_argument("--fit", action="store_true", help="refit the constants on FIT_ROWS and print them")
+    ap.add_argument("--fp8-rows", action="store_true", help="rewrite data/throughput/fp8.csv (FP8 row specs)")
     ap.add_argument("--no-write", action="store_true", help="print only, do not write docs/speed.md")
     a = ap.parse_args()
     if a.normalise:
         print(f"{normalise(a.shared)} rows -> {DATA.relative_to(ROOT)}")
+    if a.fp8_rows:
+        print(f"{write_fp8()} rows -> {FP8_DATA.relative_to(ROOT)}")
     rows = load()
     if a.fit:
         effs, att = fit_constants(rows)

@@ -33,6 +33,8 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             "+15% allocated on ViT-B, -23% on Llama 3.2 1B; docs/accuracy.md); the trace (memsim trace, "
             "Verify) runs the compiled step with Inductor's partitioner (docs/fidelity.md)"
         )
+    if scenario.fp8 is not None:
+        out.append(fp8_caveat(scenario))
     if scenario.framework == "litgpt":
         out.append(litgpt_caveat(scenario, arch))
     if scenario.framework == "liger":
@@ -64,6 +66,22 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             out.append("vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start")
     out += vision_caveats(scenario, arch)
     return tuple(out)
+
+
+def fp8_caveat(scenario: Scenario) -> str:
+    """What the fp8 recipe's memory rule is (memsim_widget/fp8.py): torchao's traced, TransformerEngine's a formula."""
+    fp8 = scenario.fp8
+    assert fp8 is not None
+    if fp8.traced:
+        return (
+            f"fp8_recipe {fp8.name}: torchao float8, traced on CPU fake tensors: the bf16 step's saved tensors "
+            "(bf16 input and weight saved, recast in backward); the forward's cast transients and FSDP2's fp8 "
+            "all-gather are not counted (docs/fidelity.md)"
+        )
+    return (
+        f"fp8_recipe {fp8.name}: TransformerEngine's quantised weight copies are a formula (untraced: CUDA only); "
+        "activations counted in bf16 (TE saves its Linear inputs quantised: an over-estimate)"
+    )
 
 
 def litgpt_caveat(scenario: Scenario, arch: Architecture) -> str:
@@ -185,6 +203,12 @@ def time_caveats(scenario: Scenario, arch: Architecture, gpu: GPU | None = None)
     if s.compile:
         out.append(
             "compile: only its fusion of elementwise ops is modelled, not the eager overheads it removes"
+        )
+    if s.fp8 is not None:
+        out.append(
+            f"fp8_recipe {s.fp8.name}: the layers' Linear matmuls at the card's {s.fp8.matmul_dtype} peak x the "
+            "16-bit efficiency, attention and head in bf16; the cast and amax kernels are not counted "
+            "(docs/speed.md, fp8)"
         )
     if s.activation_offloading:
         out.append("activation offloading: its PCIe copies are assumed hidden behind compute")
