@@ -367,7 +367,11 @@ def fp8_table() -> str:
     for r in load(FP8_DATA):
         k, cols = _model(r)
         now = float(step_parts(k, cols)["tokens_per_gpu_s"])
-        before = float(step_parts(replace(k, linear_peak_flops=k.peak_flops), cols)["tokens_per_gpu_s"])
+        before = float(
+            step_parts(replace(k, linear_peak_flops=k.peak_flops, fp8_cast_bytes=0.0), cols)[
+                "tokens_per_gpu_s"
+            ]
+        )
         sc = r.scenario
         assert sc is not None and r.published
         lines.append(f"| {r.row_id} | {r.source} | {r.model} | {sc.gpu} | {sc.parallel.world_size} | "

@@ -207,8 +207,13 @@ def time_caveats(scenario: Scenario, arch: Architecture, gpu: GPU | None = None)
     if s.fp8 is not None:
         out.append(
             f"fp8_recipe {s.fp8.name}: the layers' Linear matmuls at the card's {s.fp8.matmul_dtype} peak x the "
-            "16-bit efficiency, attention and head in bf16; the cast and amax kernels are not counted "
-            "(docs/speed.md, fp8)"
+            "16-bit efficiency, attention and head in bf16; "
+            + (
+                "torchao's amax and cast traffic at HBM speed"
+                if s.fp8.framework == "torchao"
+                else "TransformerEngine's casts taken as fused into their neighbours"
+            )
+            + " (docs/speed.md, fp8)"
         )
     if s.activation_offloading:
         out.append("activation offloading: its PCIe copies are assumed hidden behind compute")

@@ -55,6 +55,17 @@ DEQUANT_BYTES = 2.5
 CPU_ADAM_PARAMS_PER_S = 1e9
 #: torch.compile fuses pointwise chains: the share of elementwise HBM traffic left (assumed).
 COMPILE_ELEMENTWISE = 0.5
+#: HBM bytes per element torchao's dynamic float8 scaling moves for each tensor it casts: read the 16-bit tensor for
+#: its amax (2), read it again and write the fp8 copy (2 + 1) (torchao 0.18 ``float8/float8_scaling_utils.py``
+#: ``hp_tensor_to_float8_dynamic``: ``tensor_to_amax`` then the scaled cast). Each Float8Linear casts its input and
+#: weight in forward, its output gradient in backward and its input and weight again (``float8_linear.py``
+#: saves them in high precision); compile fuses part of it (``COMPILE_ELEMENTWISE``, as for the other elementwise
+#: ops). TransformerEngine fuses its casts into the neighbouring norm / activation kernels: counted 0 (stated).
+FP8_CAST_BYTES = 5.0
+#: Elements torchao casts per token and layer, as a multiple of the Linears' summed (in + out) features: every
+#: input twice (forward, and recast for the weight gradient) and every output gradient once, 2 in + out, taken
+#: as 1.5 x (in + out) (Llama 3 8B: 2 in + out = 1.475 x (in + out)).
+FP8_CAST_IO = 1.5
 
 #: Frameworks whose performance settings overlap communication with compute: Megatron-LM's published
 #: benchmarks run with ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap`` (Megatron-LM README,
@@ -130,6 +141,8 @@ class TimeModel:
     #: Peak FLOP/s of the Linear layers' matmuls: the fp8 (fp4) peak under an fp8 recipe (``fp8_linear_peak``),
     #: else ``peak_flops``; attention and the output layer stay at ``peak_flops``.
     linear_peak_flops: float
+    #: HBM bytes per element of torchao's fp8 casts (``FP8_CAST_BYTES``; 0 without a torchao recipe).
+    fp8_cast_bytes: float
     efficiency: float
     attention_efficiency: float
     speed: GPUSpeed
@@ -175,6 +188,9 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         autocast=recipe.autocast,
         peak_flops=peak,
         linear_peak_flops=fp8_linear_peak(scenario, speed, peak),
+        fp8_cast_bytes=FP8_CAST_BYTES
+        if scenario.fp8 is not None and scenario.fp8.framework == "torchao"
+        else 0.0,
         efficiency=matmul_efficiency(gpu.generation),
         attention_efficiency=ATTENTION_EFFICIENCY,
         speed=speed,
@@ -328,8 +344,14 @@ def _memory_bound_seconds(k: TimeModel, c: Mapping[str, Any], r: _Rank, hbm: Any
     cast_b = (r.p_loc / w(zero == 3, d, 1) * 6.0) if k.autocast else 0.0  # fp32 -> 16-bit weight copies
     passes = 2.0 + w(ck2, 1.0 / every, 0.0) + w(ck3, 0.5, 0.0)
     deq_b = (lst * k.flops.linear_per_layer / 2.0 / tp * passes * DEQUANT_BYTES) if k.qlora else 0.0
-    t_mem = (el_f + el_b + el_r + loss_b + cast_b + deq_b) / hbm
-    return {"el": el_f + el_b + el_r, "loss_b": loss_b, "cast_b": cast_b, "deq_b": deq_b, "t_mem": t_mem}
+    f8_b = 0.0
+    if k.fp8_cast_bytes:  # torchao's float8 casts: activations and gradients per token, weights per pass
+        f8 = k.fp8_cast_bytes * (COMPILE_ELEMENTWISE if k.compile else 1.0)
+        # linear_per_layer is 2 x the weights: each weight cast twice (forward and backward) per micro-batch
+        f8_b = (tl * FP8_CAST_IO * k.flops.io_per_layer / tp + lst * k.flops.linear_per_layer / tp) * f8
+    t_mem = (el_f + el_b + el_r + loss_b + cast_b + deq_b + f8_b) / hbm
+    return {"el": el_f + el_b + el_r, "loss_b": loss_b, "cast_b": cast_b, "deq_b": deq_b, "f8_b": f8_b,
+            "t_mem": t_mem}  # fmt: skip
 
 
 def _model_parallel_seconds(k: TimeModel, r: _Rank, mm: Mapping[str, Any], ops: Ops) -> dict[str, Any]:
@@ -439,7 +461,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
         # intermediates quoted by the breakdown
         "_": {"t": r.t, "m": m, "lst": r.lst, "rate": mm["rate"], "hbm": hbm, "lin": mm["lin"], "ada": mm["ada"],
               "att": mm["att"], "head": mm["head"], "io": mm["io"], "t_lin": mm["t_lin"], "t_att": mm["t_att"],
-              "el": mem["el"], "loss_b": mem["loss_b"], "cast_b": mem["cast_b"], "deq_b": mem["deq_b"],
+              "el": mem["el"], "loss_b": mem["loss_b"], "cast_b": mem["cast_b"], "deq_b": mem["deq_b"], "f8_b": mem["f8_b"],
               "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep, "z3": dp["z3"], "z3x": m * z3_exposed, "red": dp["red"],
               "gather": dp["gather"], "bubble_mbs": bubble_mbs, "t_pipe": t_pipe, "tr_sh": tr_sh, "d": r.d,
               "world": r.world, "offload_params": r.off == 2},
