@@ -291,7 +291,7 @@ def read_fields(reading: Reading, path: Path, cfg: dict[str, Any], where: str, *
 def _float8(reading: Reading, cfg: dict[str, Any], where: str) -> None:
     """torchao's float8 converter (``model.converters = ["float8"]``, or 0.3's ``model_converters``) ->
     ``fp8_recipe`` from ``float8.recipe_name`` (torchao's default: tensorwise); FSDP2's fp8 all-gather is listed as
-    not modelled (memsim counts bf16 gathers: more memory)."""
+    not modelled (docs/fidelity.md, "fp8")."""
     conv = dig(cfg, "model_converters")
     text = str(dig(cfg, "model.converters") or "") + str(conv or "")
     if "float8" not in text.lower():
@@ -306,7 +306,8 @@ def _float8(reading: Reading, cfg: dict[str, Any], where: str) -> None:
                      keep=True)  # fmt: skip
     if dig(cfg, "float8.enable_fsdp_float8_all_gather"):
         reading.miss("fp8_recipe", where, "enable_fsdp_float8_all_gather: FSDP2's fp8 all-gather is not modelled "
-                     "(memsim counts 16-bit gathers: more memory than the run)", keep=True)  # fmt: skip
+                     "(memsim counts 16-bit gathers; traced on the fake process group it kept more: docs/fidelity.md)",
+                     keep=True)  # fmt: skip
 
 
 def _batch(reading: Reading, path: Path, cfg: dict[str, Any], par: dict[str, int], need: Any) -> None:
