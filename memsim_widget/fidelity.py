@@ -1638,6 +1638,9 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "qwen2 bf16 sdpa b2 s512",
             "gpt2 bf16 sdpa b2 s512",
             "vit bf16 sdpa b8 (no dropout)",
+            "gemma bf16 sdpa b2 s512",
+            "qwen3 bf16 sdpa b2 s512",
+            "olmo2 bf16 sdpa b2 s512",
         )
     ]
     + [

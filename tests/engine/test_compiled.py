@@ -77,3 +77,44 @@ def test_compiled_lora_on_q_and_v_saves_no_frozen_projections_input() -> None:
     assert sum(t.bytes for t in act.post) == 0
     assert sum(t.bytes for t in act.loss_backward) == 4 * T * V + e * T * V + (2 * L - 1) * e * T * kvd
     assert any("partitioner" in c for c in estimate(sc).caveats)
+
+
+def test_q_k_norms_under_compile_save_the_projections_outputs_and_rsqrts() -> None:
+    """Qwen3 (per-head q/k RMSNorm, a x d = 1024 wider than h = 256), compiled, as the trace's saved tensors list
+    them (benchmarks/compiled_saved.py "qwen3 bf16 sdpa b2 s512"): per layer the residual stream and the two norm
+    outputs (4 e T h), their rsqrts (8 T), q_proj's and k_proj's outputs (the q/k norms' inputs, e T (a d + kv d)),
+    the q/k norms' rsqrts per head (4 T (a + kv)), q after RoPE and the attention output (2 e T a d), k and v
+    (2 e T kv d), the logsumexp (4 T a), gate's and up's outputs and down's input (3 e T I)."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+    from memsim_widget.fidelity import CASES
+
+    act = activations(Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 sdpa b2 s512"], "compile": True})))
+    T, h, a, d, kv, I, e = 1024, 256, 8, 128, 4, 688, 2
+    per = (
+        4 * e * T * h
+        + 8 * T
+        + e * T * (a * d + kv * d)
+        + 4 * T * (a + kv)
+        + 2 * e * T * a * d
+        + 2 * e * T * kv * d
+        + 4 * T * a
+        + 3 * e * T * I
+    )
+    assert act.layer_bytes() == per
+
+
+def test_gemma_and_olmo2_save_what_llama_saves_besides_the_q_k_norms() -> None:
+    """Gemma's GeGLU saves gate's and up's outputs as SwiGLU does (the tanh GeLU recomputed); OLMo 2's post-norms
+    save as many T x h tensors as Llama's pre-norms and its whole-projection q/k norms add q_proj's and k_proj's
+    outputs and two fp32 rsqrts per token (traced: docs/fidelity.md)."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+    from memsim_widget.fidelity import CASES
+
+    def layer(name: str) -> int:
+        return activations(Context(Scenario.from_dict({**dict(CASES)[name], "compile": True}))).layer_bytes()
+
+    T, hq, hkv, e = 1024, 256, 128, 2
+    assert layer("gemma bf16 sdpa b2 s512") == layer("llama bf16 sdpa b2 s512")
+    assert layer("olmo2 bf16 sdpa b2 s512") == layer("llama bf16 sdpa b2 s512") + e * T * (hq + hkv) + 2 * 4 * T

@@ -85,6 +85,9 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
         "llama V64 bf16 b4 s512 compiled",
         "llama amp-bf16 sdpa b2 s512 compiled",
         "llama bf16 lora qv b2 s512 compiled",
+        "gemma bf16 sdpa b2 s512 compiled",
+        "qwen3 bf16 sdpa b2 s512 compiled",
+        "olmo2 bf16 sdpa b2 s512 compiled",
     ],
 )
 def test_the_engine_equals_the_compiled_trace(name: str) -> None:

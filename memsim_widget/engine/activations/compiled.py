@@ -4,13 +4,19 @@ Dynamo captures the HF model and AOTAutograd splits forward and backward with In
 (``min_cut_rematerialization_partition`` at torch's default ``activation_memory_budget``), which saves the
 cheapest set of tensors to rebuild the backward from and recomputes the pointwise rest; Inductor fuses the
 pointwise ops, so their intermediates never get a buffer. Traced (trace/compiled.py, docs/fidelity.md) on HF
-Llama, Mistral and Qwen2 decoders (RMSNorm, SwiGLU, RoPE, SDPA), the partitioner keeps per layer, with e the dtype's bytes:
+Llama, Mistral, Qwen2, Gemma, Qwen3 and OLMo 2 decoders (RMSNorm, SwiGLU or GeGLU, RoPE, SDPA; what each saves:
+``benchmarks/compiled_saved.py``), the partitioner keeps per layer, with e the dtype's bytes:
 
 - the residual stream at the layer's input and after attention (2 r T h) and each RMSNorm's output (the
   normalised tensor times its weight, what q/k/v and gate/up read: 2 e T h) and its fp32 rsqrt (2 x 4 T);
-- q after RoPE and the attention output (2 e T h), k after RoPE and v as contiguous copies at the KV width
+- q after RoPE and the attention output (2 e T a d), k after RoPE and v as contiguous copies at the KV width
   (2 e T kv d; the KV cache HF returns is these), SDPA's fp32 logsumexp (4 T a);
-- gate_proj's and up_proj's outputs and down_proj's input (3 e T I), the SiLU recomputed in backward;
+- gate_proj's and up_proj's outputs and down_proj's input (3 e T I), the SiLU (Gemma: the tanh GeLU) recomputed
+  in backward;
+- with q/k norms (Qwen3 per head, OLMo 2 over the whole projection) each norm's input, q_proj's and k_proj's outputs
+  (e T (a d + kv d)), and its fp32 rsqrt per row (4 T (a + kv) per head, 2 x 4 T whole); the normalised q and k are
+  recomputed. OLMo 2's norms after attention and MLP save as many T x h tensors as the pre-norms (the layer input,
+  o_proj's and down_proj's outputs, the residual after attention);
 - after the layers: the last layer's down_proj output and the final norm's output (2 e T h), its rsqrt (4 T);
 - under autocast (amp-bf16: the residual stream is fp32, r = 4 instead of e) the 16-bit casts of every Linear weight,
   which the partitioner saves for the backward's matmuls (2 B per weight; the output layer's too);
@@ -36,8 +42,12 @@ from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.scenario import Scenario
 
 #: The families whose compiled step a trace backs (HF Llama-layout decoders; Qwen2's q/k/v biases change nothing
-#: the partitioner saves: traced).
-COMPILED_FAMILIES = ("llama", "mistral", "qwen2")
+#: the partitioner saves; Gemma's GeGLU saves what SwiGLU does, the tanh-GeLU recomputed; Qwen3's per-head and
+#: OLMo 2's whole-projection q/k norms add their inputs and rsqrts; OLMo 2's post-norms save as many T x h
+#: tensors as pre-norms: traced, benchmarks/compiled_saved.py).
+COMPILED_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2")
+#: Families traced compiled in full training only so far (their LoRA and autocast steps are not).
+_BF16_FULL_ONLY = ("gemma", "qwen3", "olmo2")
 
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
@@ -47,13 +57,14 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         sc.compile
         and arch.family in COMPILED_FAMILIES
         and arch.norm == "rmsnorm"
-        and arch.mlp_activation == "swiglu"
+        and arch.mlp_activation in ("swiglu", "geglu")
         and arch.position == "rope"
         and not arch.is_moe
         and not arch.extra.get("vision")
         and arch.extra.get("calibration") is None
         and sc.precision in ("bf16", "amp-bf16")
         and (sc.method == "full" or _lora_qv(sc))
+        and (arch.family not in _BF16_FULL_ONLY or (sc.precision == "bf16" and sc.method == "full"))
         and sc.activation_checkpointing == "none"
         and sc.loss == "standard"
         and sc.attention == "sdpa"
@@ -117,7 +128,7 @@ def _layer_weight_numel(ctx: Context) -> int:
 def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     """Replace the eager HF terms of ``out`` by the compiled step's (see the module docstring)."""
     D = Dims(ctx)
-    T, h, I, hkv, a, V = D.T, D.h, D.I, D.hkv, D.a, D.V
+    T, h, I, hkv, hq, a, V = D.T, D.h, D.I, D.hkv, D.hq, D.a, D.V
     amp = ctx.scenario.precision == "amp-bf16"
     e = 2 if amp else ctx.recipe.act_bytes  # the compute dtype
     r = 4 if amp else e  # the residual stream (fp32 weights' dtype under autocast)
@@ -125,11 +136,12 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled: residual stream in and after attention", 2 * r * T * h, f"2 x {r} B x T x h (h={h})", 2),
         Term("compiled: RMSNorm outputs (what q/k/v and gate/up read)", 2 * e * T * h, f"2 x {e} B x T x h", 2),
         Term("compiled: RMSNorm rsqrt (fp32)", 2 * 4 * T, "2 x 4 B x T", 2),
-        Term("compiled: q after RoPE, attention output", 2 * e * T * h, f"2 x {e} B x T x h", 2),
+        Term("compiled: q after RoPE, attention output", 2 * e * T * hq, f"2 x {e} B x T x a*d, a*d={hq}", 2),
         Term("compiled: k after RoPE and v (KV width)", 2 * e * T * hkv, f"2 x {e} B x T x kv*d, kv*d={hkv}", 2),
         Term("compiled: SDPA logsumexp (fp32)", 4 * T * a, f"4 B x T x heads, heads={a}", 1),
         Term("compiled: gate and up outputs, down_proj input", 3 * e * T * I, f"3 x {e} B x T x I, I={I}", 3),
     ]  # fmt: skip
+    _qk_norms(ctx, out, e)
     if (
         amp
     ):  # autocast's 16-bit weight casts become graph values the partitioner saves for the backward's matmuls
@@ -158,6 +170,22 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     _loss_backward(ctx, out, T, V, hkv, e, 4 if amp else e)
     if not ctx.full_training:
         _lora_qv_activations(ctx, out)
+
+
+def _qk_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
+    """Qwen3's per-head and OLMo 2's whole-projection q/k RMSNorms under compile (traced): the partitioner saves
+    each norm's input (q_proj's and k_proj's outputs, e bytes) and its fp32 rsqrt per row (per head or per
+    token), and recomputes the normalised tensor."""
+    qk = ctx.arch.extra.get("qk_norm")
+    if qk not in ("head", "full"):
+        return
+    D = Dims(ctx)
+    rows = D.a + D.kv if qk == "head" else 2
+    out.per_layer.append(
+        Term("compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)",
+             e * D.T * (D.hq + D.hkv) + 4 * D.T * rows,
+             f"{e} B x T x (a*d + kv*d) + 4 B x T x {rows}", 4)
+    )  # fmt: skip
 
 
 def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int, e: int, kb: int) -> None:
