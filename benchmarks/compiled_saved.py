@@ -2,7 +2,7 @@
 outputs (the saved tensors), grouped by the module that produced them, with shape, dtype and bytes.
 
 Run: python benchmarks/compiled_saved.py "qwen3 bf16 sdpa b2 s512 compiled" [--budget 1.0]
-(a case name from memsim_widget.fidelity.COMPILED_CASES or CASES, traced compiled; about a minute a case on one
+(a case name from memsim_widget.fidelity.COMPILED_CASES or CASES, or a scenario as JSON, traced compiled; about a minute a case on one
 core). Prints the compiled trace's peak, the engine's, and the saved tensors of every forward graph.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 from typing import Any
 
 import torch
@@ -39,7 +40,9 @@ def _where(node: torch.fx.Node) -> str:
     return f"{path}:{compiled._op_name(node)}"
 
 
-def saved(gm: torch.fx.GraphModule, bw_inputs: int | None = None) -> list[tuple[str, tuple[int, ...], str, int]]:
+def saved(
+    gm: torch.fx.GraphModule, bw_inputs: int | None = None
+) -> list[tuple[str, tuple[int, ...], str, int]]:
     """(where, shape, dtype, bytes) of each tensor output of a forward graph."""
     out_node = next(iter(gm.graph.find_nodes(op="output")))
     rows = []
@@ -49,7 +52,9 @@ def saved(gm: torch.fx.GraphModule, bw_inputs: int | None = None) -> list[tuple[
         v = n.meta.get("val")
         if not isinstance(v, torch.Tensor):
             continue
-        rows.append((_where(n), tuple(v.shape), str(v.dtype).replace("torch.", ""), v.numel() * v.element_size()))
+        rows.append(
+            (_where(n), tuple(v.shape), str(v.dtype).replace("torch.", ""), v.numel() * v.element_size())
+        )
     return rows
 
 
@@ -60,14 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("case")
     ap.add_argument("--budget", type=float, default=1.0)
     args = ap.parse_args(argv)
-    data = {**dict(CASES), **dict(COMPILED_CASES)}[args.case]
+    data = (
+        json.loads(args.case)
+        if args.case.startswith("{")
+        else {**dict(CASES), **dict(COMPILED_CASES)}[args.case]
+    )
     sc = Scenario.from_dict({**data, "compile": True})
     compiled._boxed_runner = _recording_runner
     tr = trace_config(sc, compile_budget=args.budget, progress=False)
     est = estimate(sc)
     print(f"trace {tr.peak_bytes:,} ({tr.peak_phase}, {tr.peak_op}); engine {est.peak_tensor_bytes:,} "
           f"({est.peak_tensor_bytes / tr.peak_bytes - 1:+.2%})")  # fmt: skip
-    fw = [g for g in _GRAPHS if not any(p.name.startswith("tangents") for p in g.graph.find_nodes(op="placeholder"))]
+    fw = [
+        g
+        for g in _GRAPHS
+        if not any(p.name.startswith("tangents") for p in g.graph.find_nodes(op="placeholder"))
+    ]
     seen: set[int] = set()
     for gm in fw:
         if id(gm) in seen:

@@ -1625,8 +1625,9 @@ CASES += OBJECTIVE_CASES
 
 
 _LORA_QV_COMPILED = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
-#: Compiled steps (``compile: true``; trace/compiled.py): the engine's rule for the Llama layout in bf16 and
-#: amp-bf16 (engine/activations/compiled.py), eager's figure elsewhere (said in its caveats).
+#: Compiled steps (``compile: true``; trace/compiled.py): the engine's traced rule for the Llama-layout decoders
+#: (engine/activations/compiled.py), its untraced formula elsewhere (eager's layers, the compiled loss; said in
+#: its caveats).
 COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
     [
         (f"{name} compiled", {**dict(CASES)[name], "compile": True})
@@ -1641,6 +1642,10 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "gemma bf16 sdpa b2 s512",
             "qwen3 bf16 sdpa b2 s512",
             "olmo2 bf16 sdpa b2 s512",
+            "phi bf16 sdpa b2 s512",
+            "gemma2 bf16 eager b2 s512",
+            "bert bf16 sdpa b4 s256 (no dropout)",
+            "vit amp-bf16 sdpa b8 (no dropout)",
         )
     ]
     + [

@@ -394,7 +394,8 @@ class Scenario:
     """A training run to simulate. Build with ``Scenario.from_dict`` / ``from_json`` or keywords.
 
     Runtime keys (defaults reproduce the plain eager HF loop): ``compile`` -- the step runs under
-    ``torch.compile`` (recorded; no memory rule yet, see docs/accuracy.md); ``activation_offloading`` --
+    ``torch.compile`` (Inductor's partitioner: a traced rule per family, else an untraced formula;
+    engine/activations/compiled.py); ``activation_offloading`` --
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for

@@ -131,12 +131,12 @@ def test_bad_input_exits_2_with_one_line(argv, stdin, field):
 
 
 def test_compile_is_labelled_as_unmodelled_in_text_json_and_estimate(capsys, tmp_path):
-    """compile: true has no memory rule outside the traced Llama layout under SDPA: the output says so instead of
-    looking as exact as the rest; where the rule applies it says what it is."""
+    """compile: true outside the traced decoders under SDPA is an untraced formula: the output says so instead of
+    looking as exact as the rest; where the traced rule applies it says what it is."""
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True, "attention": "eager"}))
     assert main(["estimate", str(path)]) == 0
-    assert "caveat    compile: true has no memory rule" in capsys.readouterr().out
+    assert "caveat    compile: untraced for this scenario, a formula" in capsys.readouterr().out
     covered = tmp_path / "c.json"
     covered.write_text(json.dumps({"model": "llama-3.2-1b", "compile": True}))
     assert main(["estimate", str(covered)]) == 0

@@ -28,9 +28,9 @@ def test_the_engine_counts_the_partitioners_saved_set_for_a_compiled_llama() -> 
     assert start.tensor_bytes == states + inputs + L * per_layer + post + loss_saved + loss_backward
     assert est.peak_tensor_bytes == start.tensor_bytes
     assert any("partitioner" in c for c in est.caveats)
-    # what no compiled trace covers keeps eager's figure and says so
+    # what no compiled trace covers gets the untraced formula and says so
     other = estimate(sc.replace(attention="eager"))
-    assert any("no memory rule" in c for c in other.caveats)
+    assert any(c.startswith("compile: untraced for this scenario, a formula") for c in other.caveats)
 
 
 def test_under_autocast_the_partitioner_saves_fp32_residuals_and_16_bit_weight_casts() -> None:
@@ -89,7 +89,9 @@ def test_q_k_norms_under_compile_save_the_projections_outputs_and_rsqrts() -> No
     from memsim_widget.engine.context import Context
     from memsim_widget.fidelity import CASES
 
-    act = activations(Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 sdpa b2 s512"], "compile": True})))
+    act = activations(
+        Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 sdpa b2 s512"], "compile": True}))
+    )
     T, h, a, d, kv, I, e = 1024, 256, 8, 128, 4, 688, 2
     per = (
         4 * e * T * h
@@ -117,4 +119,34 @@ def test_gemma_and_olmo2_save_what_llama_saves_besides_the_q_k_norms() -> None:
 
     T, hq, hkv, e = 1024, 256, 128, 2
     assert layer("gemma bf16 sdpa b2 s512") == layer("llama bf16 sdpa b2 s512")
-    assert layer("olmo2 bf16 sdpa b2 s512") == layer("llama bf16 sdpa b2 s512") + e * T * (hq + hkv) + 2 * 4 * T
+    assert (
+        layer("olmo2 bf16 sdpa b2 s512") == layer("llama bf16 sdpa b2 s512") + e * T * (hq + hkv) + 2 * 4 * T
+    )
+
+
+def test_an_untraced_compiled_step_is_a_labelled_formula_eager_layers_and_the_compiled_loss() -> None:
+    """GPT-2 compiled (no traced rule): the layers keep eager's terms, an upper bound on its compiled trace
+    (docs/fidelity.md), and the loss is the compiled loss of the traced decoders: the e-byte logits and 17 B x T
+    saved; one fp32 T x V buffer, the logits' zero gradient and the KV cache's (every layer's k and v) at the top
+    of backward. Every term and the caveat say the formula is untraced."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+    from memsim_widget.fidelity import CASES
+
+    data = dict(CASES)["gpt2 bf16 sdpa b2 s512"]
+    eager = activations(Context(Scenario.from_dict(data)))
+    sc = Scenario.from_dict({**data, "compile": True})
+    act = activations(Context(sc))
+    T, V, hkv, L, e = 1024, 1000, 256, 4, 2
+    assert act.layer_bytes() == eager.layer_bytes()
+    assert act.loss_forward == []
+    assert sum(t.bytes for t in act.loss_saved) == e * T * V + 17 * T
+    assert sum(t.bytes for t in act.loss_backward) == 4 * T * V + e * T * V + L * 2 * e * T * hkv
+    assert all("untraced formula" in t.name for t in act.loss_saved + act.loss_backward)
+    assert any(c.startswith("compile: untraced for this scenario, a formula") for c in estimate(sc).caveats)
+    # an encoder's loss is no causal LM's: all eager's
+    vit = dict(CASES)["vit bf16 sdpa b8 (no dropout)"]
+    assert (
+        estimate(Scenario.from_dict({**vit, "compile": True})).peak_tensor_bytes
+        == estimate(Scenario.from_dict(vit)).peak_tensor_bytes
+    )

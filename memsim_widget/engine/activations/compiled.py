@@ -202,3 +202,57 @@ def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int
             if cache else []
         ),
     ]  # fmt: skip
+
+
+def compiled_formula_applies(sc: Scenario, arch: Architecture) -> bool:
+    """A compiled step no trace backs (``compiled_rule_applies`` is false): the engine gives the untraced formula
+    of :func:`compiled_formula`."""
+    return bool(sc.compile) and not compiled_rule_applies(sc, arch)
+
+
+def compiled_loss_formula_applies(ctx: Context) -> bool:
+    """The compiled loss's traced terms carry over: a causal LM's standard loss over its vocabulary, SFT on one
+    GPU in HF's loop, no final-logit softcapping (Gemma 2's tanh on the logits is not traced compiled)."""
+    sc, arch = ctx.scenario, ctx.arch
+    return bool(
+        Dims(ctx).V
+        and arch.causal
+        and not arch.encoder_layers
+        and not arch.extra.get("mlm_head")
+        and not arch.extra.get("final_logit_softcapping")
+        and not arch.extra.get("vision")
+        and sc.loss == "standard"
+        and sc.framework == "hf"
+        and sc.objective_name == "sft"
+        and output_lifetime(sc) == "trainer"
+        and sc.parallel.world_size == 1
+    )
+
+
+def compiled_formula(ctx: Context, out: ActivationBudget) -> None:
+    """``compile: true`` where no compiled trace backs a rule: untraced, a formula. The layers keep eager's terms
+    (in every compiled trace so far the partitioner saved no more than eager: 0-27% less on the decoders, within
+    1% on BERT and ViT in bf16; docs/fidelity.md); a causal LM's loss takes the compiled loss traced on the
+    Llama-layout decoders, which is the same aten graph after the head in every HF causal LM: the e-byte logits
+    and 17 B x T saved, one fp32 T x V buffer and the logits' zero gradient at the top of backward, and the zero
+    gradients of the returned KV cache (every layer's k and v, the most a trace showed)."""
+    if not compiled_loss_formula_applies(ctx):
+        return
+    D = Dims(ctx)
+    T, V, hkv, L = D.T, D.V, D.hkv, ctx.arch.num_layers
+    amp = ctx.scenario.precision == "amp-bf16" or ctx.scenario.precision == "amp-fp16"
+    e = 2 if amp else ctx.recipe.act_bytes
+    out.loss_forward[:] = []
+    out.loss_saved[:] = [
+        Term("compiled loss (untraced formula): logits", e * T * V, f"{e} B x T x V, V={V}", 1),
+        Term("compiled loss (untraced formula): row max, log-sum-exp, label index and mask", 17 * T, "17 B x T", 4),
+    ]  # fmt: skip
+    kb = 4 if amp else e
+    cache = (kb + e) * T * hkv * L if ctx.arch.extra.get("use_cache", True) else 0
+    out.loss_backward[:] = [
+        Term("compiled loss backward (untraced formula): one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
+        Term("compiled (untraced formula): zero gradients of the unused logits output", e * T * V,
+             f"{e} B x T x V", 1),
+        *([Term("compiled (untraced formula): zero gradients of the returned KV cache", cache,
+                f"({kb} + {e}) B x T x kv*d x {L} layers", 2 * L)] if cache else []),
+    ]  # fmt: skip
