@@ -26,7 +26,10 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
         out.append(
             "compile: Inductor's partitioner's saved tensors for this decoder, traced (docs/fidelity.md); the "
             "layers' backward transients are eager's"
-        )
+            + ("; traced on one GPU: data parallel (DDP's graph split at gradient buckets, FSDP's gathers) is "
+               "untraced"
+               if scenario.parallel.dp > 1 else "")
+        )  # fmt: skip
     elif scenario.compile:
         out.append(
             "compile: untraced for this scenario, a formula (docs/fidelity.md): the layers keep eager's saved "

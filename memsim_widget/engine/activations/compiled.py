@@ -52,7 +52,8 @@ _BF16_FULL_ONLY = ("gemma", "qwen3", "olmo2")
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
     """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``COMPILED_FAMILIES``),
-    bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA, HF Trainer's output lifetime, one GPU."""
+    bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA,
+    HF Trainer's output lifetime, one GPU (or its data-parallel replicas: ``_one_replica``)."""
     return bool(
         sc.compile
         and arch.family in COMPILED_FAMILIES
@@ -71,9 +72,17 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         and sc.framework == "hf"
         and output_lifetime(sc) == "trainer"
         and sc.objective_name == "sft"
-        and sc.parallel.world_size == 1
-        and sc.parallel.ep == 1
+        and _one_replica(sc)
     )
+
+
+def _one_replica(sc: Scenario) -> bool:
+    """One GPU's step, or data-parallel replicas of it (each rank compiles the same step and saves the same
+    activations; under DDP Dynamo's DDPOptimizer splits the graph at gradient-bucket boundaries and FSDP gathers
+    weights around it: untraced, said in the caveats). Not ``world_size``: the activation terms may not read the
+    data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL)."""
+    p = sc.parallel
+    return p.tp == p.pp == p.cp == p.ep == 1
 
 
 def _lora_qv(sc: Scenario) -> bool:
@@ -225,7 +234,7 @@ def compiled_loss_formula_applies(ctx: Context) -> bool:
         and sc.framework == "hf"
         and sc.objective_name == "sft"
         and output_lifetime(sc) == "trainer"
-        and sc.parallel.world_size == 1
+        and _one_replica(sc)
     )
 
 
