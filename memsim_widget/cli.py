@@ -43,6 +43,8 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "freeze_vision": ("freeze_vision", bool),
     "ssm_kernel": ("ssm_kernel", str),
     "allocator_conf": ("allocator_conf", str),
+    "compile": ("compile", bool),
+    "activation_memory_budget": ("activation_memory_budget", float),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),

@@ -1655,6 +1655,14 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             ("llama V64 amp-bf16 b4 s512", "llama V64 bf16 b4 s512"),
         )
     ]
+    + [  # below torch's default activation_memory_budget: the engine keeps the default's figure (an upper bound)
+        (
+            f"{name} compiled budget {b:g}",
+            {**dict(CASES)[name], "compile": True, "activation_memory_budget": b},
+        )
+        for name in ("llama bf16 sdpa b2 s512", "qwen3 bf16 sdpa b2 s512")
+        for b in (0.5, 0.2, 0.0)
+    ]
     + [
         (f"{name} compiled", {**dict(CASES)[base], **_LORA_QV_COMPILED, "compile": True})
         for name, base in (

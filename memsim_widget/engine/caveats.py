@@ -38,6 +38,13 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             "ViT-B in amp-bf16 allocated 15% more than eager, unexplained; the trace (memsim trace, Verify) runs "
             "the compiled step with Inductor's partitioner"
         )
+    budget = scenario.activation_memory_budget
+    if budget is not None and budget < 1:
+        out.append(
+            f"activation_memory_budget {budget:g}: untraced in the engine, the figures are torch's default budget's "
+            "(1), an upper bound on the compiled traces at 0.5, 0.2 and 0 (24-67% over; not monotonic: at 0 the "
+            "backward recomputes the whole forward); memsim trace runs the budget"
+        )
     if scenario.framework == "litgpt":
         out.append(litgpt_caveat(scenario, arch))
     if scenario.framework == "liger":

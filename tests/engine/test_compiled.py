@@ -150,3 +150,14 @@ def test_an_untraced_compiled_step_is_a_labelled_formula_eager_layers_and_the_co
         estimate(Scenario.from_dict({**vit, "compile": True})).peak_tensor_bytes
         == estimate(Scenario.from_dict(vit)).peak_tensor_bytes
     )
+
+
+def test_a_memory_budget_below_one_keeps_the_default_figure_and_says_it_is_untraced() -> None:
+    """activation_memory_budget < 1 is not modelled by the engine: the default budget's figure, an upper bound on
+    the compiled traces at 0.5, 0.2 and 0 (docs/fidelity.md), with a caveat naming the key."""
+    base = {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    full = estimate(Scenario.from_dict(base))
+    half = estimate(Scenario.from_dict({**base, "activation_memory_budget": 0.5}))
+    assert half.peak_tensor_bytes == full.peak_tensor_bytes
+    assert any(c.startswith("activation_memory_budget 0.5: untraced") for c in half.caveats)
+    assert not any(c.startswith("activation_memory_budget") for c in full.caveats)

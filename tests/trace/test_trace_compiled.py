@@ -53,6 +53,7 @@ def _scenario(**keys: object) -> Scenario:
 
 def test_verify_traces_the_compiled_step_and_names_what_it_does_not_cover() -> None:
     assert trace_kwargs(_scenario())["compile_budget"] == 1.0
+    assert trace_kwargs(_scenario(activation_memory_budget=0.25))["compile_budget"] == 0.25
     assert "compile_budget" not in trace_kwargs(_scenario(compile=False))
     for keys, field in (({"objective": "dpo"}, "compile"), ({"parallel": {"dp": 2}}, "compile")):
         with pytest.raises(ScenarioError) as err:
@@ -91,6 +92,21 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
     ],
 )
 def test_the_engine_equals_the_compiled_trace(name: str) -> None:
+    r = _compare_in_subprocess(name)
+    assert abs(r["error"]) < 0.001, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0.5, 0.0])
+def test_below_the_default_budget_the_engine_keeps_the_default_figure_an_upper_bound(budget: float) -> None:
+    """activation_memory_budget < 1: the partitioner recomputes more and the traced peak drops (0.5), yet not
+    monotonically (0: the backward recomputes the whole forward, peaking above 0.5); the engine keeps the default
+    budget's figure, never under the trace."""
+    r = _compare_in_subprocess(f"llama bf16 sdpa b2 s512 compiled budget {budget:g}")
+    assert 0.1 < r["error"] < 0.5, r
+
+
+def _compare_in_subprocess(name: str) -> dict:
     # Each case traces in a fresh interpreter: after the eager traces of tests/trace (test_fidelity_trace.py and
     # test_trace.py) and a compiled one in the same process, a compiled trace came out 4.5 MB (5-10%) higher, an
     # order dependence not yet explained (not Dynamo's caches, reset around every compiled trace; not the
@@ -107,5 +123,4 @@ def test_the_engine_equals_the_compiled_trace(name: str) -> None:
         [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=root, env=env, timeout=600
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert abs(r["error"]) < 0.001, r
+    return json.loads(out.stdout.strip().splitlines()[-1])
