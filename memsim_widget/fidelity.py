@@ -1655,6 +1655,10 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             ("llama V64 amp-bf16 b4 s512", "llama V64 bf16 b4 s512"),
         )
     ]
+    + [  # HF's full checkpointing compiled (Dynamo's checkpoint higher-order op)
+        (f"{name} compiled", {**dict(CASES)[name], "compile": True})
+        for name in ("llama bf16 ckpt b2 s512", "llama V64 bf16 ckpt b4 s512")
+    ]
     + [  # below torch's default activation_memory_budget: the engine keeps the default's figure (an upper bound)
         (
             f"{name} compiled budget {b:g}",

@@ -161,3 +161,22 @@ def test_a_memory_budget_below_one_keeps_the_default_figure_and_says_it_is_untra
     assert half.peak_tensor_bytes == full.peak_tensor_bytes
     assert any(c.startswith("activation_memory_budget 0.5: untraced") for c in half.caveats)
     assert not any(c.startswith("activation_memory_budget") for c in full.caveats)
+
+
+def test_compiled_full_checkpointing_keeps_layer_inputs_and_recomputes_the_compiled_layer() -> None:
+    """Full checkpointing compiled (traced, docs/fidelity.md): each layer keeps its input, the residual stream
+    (e T h); the backward recomputes one layer's compiled saved set; HF turns the KV cache off, so no zero
+    gradients for it at the top of backward."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    base = {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    plain = activations(Context(Scenario.from_dict(base)))
+    ckpt = activations(Context(Scenario.from_dict({**base, "activation_checkpointing": "full"})))
+    T, h, V, e = 4096, 2048, 128256, 2
+    assert sum(t.bytes for t in ckpt.checkpointed_layer) == e * T * h
+    assert ckpt.recomputed_layer == plain.per_layer
+    assert sum(t.bytes for t in ckpt.loss_backward) == 4 * T * V + e * T * V
+    # LoRA or autocast with checkpointing are not traced compiled: the formula says so
+    lora = Scenario.from_dict({**base, "activation_checkpointing": "full", "method": "lora"})
+    assert any(c.startswith("compile: untraced for this scenario") for c in estimate(lora).caveats)

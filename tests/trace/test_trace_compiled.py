@@ -55,7 +55,12 @@ def test_verify_traces_the_compiled_step_and_names_what_it_does_not_cover() -> N
     assert trace_kwargs(_scenario())["compile_budget"] == 1.0
     assert trace_kwargs(_scenario(activation_memory_budget=0.25))["compile_budget"] == 0.25
     assert "compile_budget" not in trace_kwargs(_scenario(compile=False))
-    for keys, field in (({"objective": "dpo"}, "compile"), ({"parallel": {"dp": 2}}, "compile")):
+    assert trace_kwargs(_scenario(activation_checkpointing="full"))["gradient_checkpointing"] is True
+    for keys, field in (
+        ({"objective": "dpo"}, "compile"),
+        ({"parallel": {"dp": 2}}, "compile"),
+        ({"activation_checkpointing": "selective-op"}, "activation_checkpointing"),
+    ):
         with pytest.raises(ScenarioError) as err:
             check_traceable(_scenario(**keys))
         assert err.value.field == field
@@ -104,6 +109,16 @@ def test_below_the_default_budget_the_engine_keeps_the_default_figure_an_upper_b
     budget's figure, never under the trace."""
     r = _compare_in_subprocess(f"llama bf16 sdpa b2 s512 compiled budget {budget:g}")
     assert 0.1 < r["error"] < 0.5, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama bf16 ckpt b2 s512 compiled", "llama V64 bf16 ckpt b4 s512 compiled"])
+def test_compiled_full_checkpointing_traces_and_the_engine_stays_above_it(name: str) -> None:
+    """HF's checkpointing under Dynamo (its checkpoint higher-order op; the random SDPA op replayed through
+    AOTAutograd's rng higher-order ops): the engine's compiled rule (each layer's input kept, one layer's compiled
+    saved set recomputed) is over the trace by the eager layer-backward transients it keeps, 9% and 18% here."""
+    r = _compare_in_subprocess(name)
+    assert 0 <= r["error"] < 0.2, r
 
 
 def _compare_in_subprocess(name: str) -> dict:

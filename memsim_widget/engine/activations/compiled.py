@@ -23,6 +23,9 @@ Llama, Mistral, Qwen2, Gemma, Qwen3 and OLMo 2 decoders (RMSNorm, SwiGLU or GeGL
 - the loss: the e-byte logits (e T V), not the fp32 log-softmax eager keeps: the row max and log-sum-exp (2 x 4 T),
   the labels' int64 gather index and valid mask (9 T), recomputing the softmax in backward.
 
+With HF's full checkpointing (traced in bf16 full training) each layer keeps its input, the residual stream
+(e T h), and the backward recomputes one layer's set above; HF turns the KV cache off.
+
 At the top of backward the loss's backward fills one fp32 T x V buffer (zeros and a scatter at the labels, one
 fused buffer) and AOTAutograd materialises zero gradients for the outputs the loss does not use: the logits
 (e T V) and, with HF's training KV cache, each layer's k and v (2 e T kv d). With these the engine equals the
@@ -66,7 +69,7 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         and sc.precision in ("bf16", "amp-bf16")
         and (sc.method == "full" or _lora_qv(sc))
         and (arch.family not in _BF16_FULL_ONLY or (sc.precision == "bf16" and sc.method == "full"))
-        and sc.activation_checkpointing == "none"
+        and (sc.activation_checkpointing == "none" or _full_ckpt(sc))
         and sc.loss == "standard"
         and sc.attention == "sdpa"
         and sc.framework == "hf"
@@ -83,6 +86,17 @@ def _one_replica(sc: Scenario) -> bool:
     data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL)."""
     p = sc.parallel
     return p.tp == p.pp == p.cp == p.ep == 1
+
+
+def _full_ckpt(sc: Scenario) -> bool:
+    """HF's full checkpointing compiled, as traced: every layer, full training in bf16 (Dynamo's checkpoint
+    higher-order op; the partitioner saves the layer's input and the backward recomputes the layer)."""
+    return (
+        sc.activation_checkpointing == "full"
+        and (sc.checkpoint_every or 1) == 1
+        and sc.method == "full"
+        and sc.precision == "bf16"
+    )
 
 
 def _lora_qv(sc: Scenario) -> bool:
@@ -157,8 +171,14 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         n = _layer_weight_numel(ctx)
         out.per_layer.append(Term("compiled autocast: 16-bit copies of the layer's Linear weights", 2 * n,
                                   f"2 B x {n:,} weights", 7))  # fmt: skip
-    out.checkpointed_layer[:] = []
-    out.recomputed_layer[:] = []
+    ckpt = ctx.scenario.activation_checkpointing == "full"
+    # checkpointed (traced): each layer keeps its input; the backward recomputes one layer's compiled saved set
+    out.checkpointed_layer[:] = (
+        [Term("compiled checkpointed layer input (residual stream)", r * T * h, f"{r} B x T x h", 1)]
+        if ckpt
+        else []
+    )
+    out.recomputed_layer[:] = list(out.per_layer) if ckpt else []
     out.cache_per_layer[:] = []  # the cache's k and v are the saved copies above
     out.pre[:] = []  # RoPE's cos/sin are recomputed
     out.post[:] = [
@@ -197,11 +217,18 @@ def _qk_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
     )  # fmt: skip
 
 
+def _returns_cache(ctx: Context) -> bool:
+    """The model returns its KV cache (HF's training default), whose zero gradients AOTAutograd makes; not under
+    checkpointing, where HF sets ``use_cache=False``."""
+    return bool(ctx.arch.extra.get("use_cache", True)) and ctx.scenario.activation_checkpointing == "none"
+
+
 def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int, e: int, kb: int) -> None:
     """The top of backward: the loss's fp32 buffer and the zero gradients AOTAutograd makes for the unused outputs
     (the logits; the returned KV cache's k, in fp32 after autocast's fp32 RoPE, and v)."""
     L = ctx.arch.num_layers
-    cache = (kb + e) * T * hkv * L if ctx.arch.extra.get("use_cache", True) else 0
+    # HF turns the KV cache off under checkpointing (use_cache=False)
+    cache = (kb + e) * T * hkv * L if _returns_cache(ctx) else 0
     out.loss_backward[:] = [
         Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
         Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
@@ -257,7 +284,7 @@ def compiled_formula(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled loss (untraced formula): row max, log-sum-exp, label index and mask", 17 * T, "17 B x T", 4),
     ]  # fmt: skip
     kb = 4 if amp else e
-    cache = (kb + e) * T * hkv * L if ctx.arch.extra.get("use_cache", True) else 0
+    cache = (kb + e) * T * hkv * L if _returns_cache(ctx) else 0
     out.loss_backward[:] = [
         Term("compiled loss backward (untraced formula): one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
         Term("compiled (untraced formula): zero gradients of the unused logits output", e * T * V,
