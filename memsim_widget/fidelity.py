@@ -1646,6 +1646,8 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "gemma2 bf16 eager b2 s512",
             "bert bf16 sdpa b4 s256 (no dropout)",
             "vit amp-bf16 sdpa b8 (no dropout)",
+            "qwen3 amp-bf16 sdpa b2 s512",
+            "qwen3 bf16 lora qv b2 s512",
         )
     ]
     + [

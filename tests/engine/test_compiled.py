@@ -180,3 +180,22 @@ def test_compiled_full_checkpointing_keeps_layer_inputs_and_recomputes_the_compi
     # LoRA or autocast with checkpointing are not traced compiled: the formula says so
     lora = Scenario.from_dict({**base, "activation_checkpointing": "full", "method": "lora"})
     assert any(c.startswith("compile: untraced for this scenario") for c in estimate(lora).caveats)
+
+
+def test_compiled_lora_on_qwen3_saves_the_q_k_norms_but_layer_zeros_k_norm() -> None:
+    """Qwen3 with LoRA on q and v, compiled (traced: docs/fidelity.md): the q/k norms save their inputs and rsqrts
+    as in full training, at the query width a x d, except layer 0's k norm, which reads the frozen embedding
+    through a frozen k_proj and needs no gradient."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+    from memsim_widget.fidelity import CASES
+
+    act = activations(
+        Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 lora qv b2 s512"], "compile": True}))
+    )
+    T, a, d, kv, e = 1024, 8, 128, 4, 2
+    (qk,) = [t for t in act.per_layer if "q/k norm" in t.name]
+    assert qk.bytes == e * T * (a * d + kv * d) + 4 * T * (a + kv)
+    assert qk.skip_first and qk.first_bytes == e * T * kv * d + 4 * T * kv
+    (q_attn,) = [t for t in act.per_layer if "q after RoPE" in t.name]
+    assert q_attn.bytes == 2 * e * T * a * d

@@ -49,8 +49,8 @@ from memsim_widget.scenario import Scenario
 #: OLMo 2's whole-projection q/k norms add their inputs and rsqrts; OLMo 2's post-norms save as many T x h
 #: tensors as pre-norms: traced, benchmarks/compiled_saved.py).
 COMPILED_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2")
-#: Families traced compiled in full training only so far (their LoRA and autocast steps are not).
-_BF16_FULL_ONLY = ("gemma", "qwen3", "olmo2")
+#: Families traced compiled in bf16 full training only so far (their LoRA and autocast steps are not; Qwen3's are).
+_BF16_FULL_ONLY = ("gemma", "olmo2")
 
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
@@ -113,8 +113,9 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
     """Compiled LoRA on q and v (traced, docs/fidelity.md): the frozen projections' inputs are not saved; per layer
     the residual stream in and after attention (2 e T h), the attention norm's output cast to fp32 for the two
     adapters' lora_A (4 T h), their fp32 outputs (2 x 4 T r), q after RoPE, k, v and the attention output, the
-    logsumexp, gate's and up's outputs (down_proj's input is not: its weight is frozen) and the rsqrts; nothing
-    after the layers (the final norm and head are frozen). The zero gradients of the returned KV cache exist only
+    logsumexp, gate's and up's outputs (down_proj's input is not: its weight is frozen) and the rsqrts (Qwen3: its
+    q/k norms' inputs and rsqrts, but layer 0's k norm's); nothing after the layers (the final norm and head are
+    frozen). The zero gradients of the returned KV cache exist only
     for what needs a gradient: every v, and k from layer 1 on (layer 0's k reads the frozen embedding through a
     frozen k_proj)."""
     D = Dims(ctx)
@@ -124,11 +125,12 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled LoRA: residual stream in and after attention", 2 * e * T * h, f"2 x {e} B x T x h (h={h})", 2),
         Term("compiled LoRA: attention norm output cast to fp32 for lora_A", 4 * T * h, "4 B x T x h", 1),
         Term("compiled LoRA: lora_A outputs of q and v (fp32)", 2 * 4 * T * r, f"2 x 4 B x T x r, r={r}", 2),
-        Term("compiled LoRA: q after RoPE, attention output", 2 * e * T * h, f"2 x {e} B x T x h", 2),
+        Term("compiled LoRA: q after RoPE, attention output", 2 * e * T * D.hq, f"2 x {e} B x T x a*d", 2),
         Term("compiled LoRA: k after RoPE and v (KV width)", 2 * e * T * hkv, f"2 x {e} B x T x kv*d, kv*d={hkv}", 2),
         Term("compiled LoRA: SDPA logsumexp (fp32), RMSNorm rsqrt", 4 * T * a + 8 * T, "4 B x T x heads + 8 B x T", 3),
         Term("compiled LoRA: gate and up outputs", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
     ]  # fmt: skip
+    _qk_norms(ctx, out, e, frozen_first_k=True)
     out.post[:] = []
     tangents = (2 * L - 1) * e * T * hkv if ctx.arch.extra.get("use_cache", True) else 0
     out.loss_backward[:] = [
@@ -201,19 +203,22 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         _lora_qv_activations(ctx, out)
 
 
-def _qk_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
+def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool = False) -> None:
     """Qwen3's per-head and OLMo 2's whole-projection q/k RMSNorms under compile (traced): the partitioner saves
     each norm's input (q_proj's and k_proj's outputs, e bytes) and its fp32 rsqrt per row (per head or per
-    token), and recomputes the normalised tensor."""
+    token), and recomputes the normalised tensor. ``frozen_first_k`` (LoRA on q and v): layer 0's k norm needs no
+    gradient (it reads the frozen embedding through a frozen k_proj) and saves nothing."""
     qk = ctx.arch.extra.get("qk_norm")
     if qk not in ("head", "full"):
         return
     D = Dims(ctx)
-    rows = D.a + D.kv if qk == "head" else 2
+    rows_q, rows_k = (D.a, D.kv) if qk == "head" else (1, 1)
+    k_bytes = e * D.T * D.hkv + 4 * D.T * rows_k
     out.per_layer.append(
         Term("compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)",
-             e * D.T * (D.hq + D.hkv) + 4 * D.T * rows,
-             f"{e} B x T x (a*d + kv*d) + 4 B x T x {rows}", 4)
+             e * D.T * D.hq + 4 * D.T * rows_q + k_bytes,
+             f"{e} B x T x (a*d + kv*d) + 4 B x T x {rows_q + rows_k}", 4,
+             skip_first=frozen_first_k, first_bytes=k_bytes if frozen_first_k else 0.0)
     )  # fmt: skip
 
 
