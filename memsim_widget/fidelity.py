@@ -1648,6 +1648,10 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "vit amp-bf16 sdpa b8 (no dropout)",
             "qwen3 amp-bf16 sdpa b2 s512",
             "qwen3 bf16 lora qv b2 s512",
+            "gemma bf16 lora qv b2 s512",
+            "gemma amp-bf16 sdpa b2 s512",
+            "olmo2 amp-bf16 sdpa b2 s512",
+            "olmo2 bf16 lora qv b2 s512",
         )
     ]
     + [
