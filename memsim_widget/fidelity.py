@@ -1652,6 +1652,8 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "gemma amp-bf16 sdpa b2 s512",
             "olmo2 amp-bf16 sdpa b2 s512",
             "olmo2 bf16 lora qv b2 s512",
+            "gemma3_text bf16 sdpa b2 s512",
+            "gemma3_text bf16 lora qv b2 s512",
         )
     ]
     + [

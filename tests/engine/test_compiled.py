@@ -199,3 +199,24 @@ def test_compiled_lora_on_qwen3_saves_the_q_k_norms_but_layer_zeros_k_norm() -> 
     assert qk.skip_first and qk.first_bytes == e * T * kv * d + 4 * T * kv
     (q_attn,) = [t for t in act.per_layer if "q after RoPE" in t.name]
     assert q_attn.bytes == 2 * e * T * a * d
+
+
+def test_gemma3s_sandwich_norms_save_their_inputs_on_top_of_gemmas_set() -> None:
+    """Gemma 3 (text) compiled: Gemma's set, the per-head q/k norms' inputs and rsqrts (a x d = 512 here), and its
+    norms after attention and after the MLP: o_proj's and down_proj's outputs (2 e T h) and two fp32 rsqrts."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+    from memsim_widget.fidelity import CASES
+
+    def terms(name: str) -> dict[str, float]:
+        sc = Scenario.from_dict({**dict(CASES)[name], "compile": True})
+        return {t.name: t.bytes for t in activations(Context(sc)).per_layer}
+
+    g3 = terms("gemma3_text bf16 sdpa b2 s512")
+    T, h, a, d, kv, e = 1024, 256, 8, 64, 4, 2
+    assert g3["compiled: post-norm inputs (o_proj's and down_proj's outputs) and their rsqrt (fp32)"] == (
+        2 * e * T * h + 2 * 4 * T
+    )
+    qk = "compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)"
+    assert g3[qk] == e * T * (a * d + kv * d) + 4 * T * (a + kv)
+    assert g3["compiled: q after RoPE, attention output"] == 2 * e * T * a * d

@@ -97,6 +97,8 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
         "qwen3 amp-bf16 sdpa b2 s512 compiled",
         "qwen3 bf16 lora qv b2 s512 compiled",
         "gemma bf16 lora qv b2 s512 compiled",
+        "gemma3_text bf16 sdpa b2 s512 compiled",
+        "gemma3_text bf16 lora qv b2 s512 compiled",
     ],
 )
 def test_the_engine_equals_the_compiled_trace(name: str) -> None:

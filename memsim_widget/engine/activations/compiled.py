@@ -4,7 +4,7 @@ Dynamo captures the HF model and AOTAutograd splits forward and backward with In
 (``min_cut_rematerialization_partition`` at torch's default ``activation_memory_budget``), which saves the
 cheapest set of tensors to rebuild the backward from and recomputes the pointwise rest; Inductor fuses the
 pointwise ops, so their intermediates never get a buffer. Traced (trace/compiled.py, docs/fidelity.md) on HF
-Llama, Mistral, Qwen2, Gemma, Qwen3 and OLMo 2 decoders (RMSNorm, SwiGLU or GeGLU, RoPE, SDPA; what each saves:
+Llama, Mistral, Qwen2, Gemma, Gemma 3, Qwen3 and OLMo 2 decoders (RMSNorm, SwiGLU or GeGLU, RoPE, SDPA; what each saves:
 ``benchmarks/compiled_saved.py``), the partitioner keeps per layer, with e the dtype's bytes:
 
 - the residual stream at the layer's input and after attention (2 r T h) and each RMSNorm's output (the
@@ -16,7 +16,8 @@ Llama, Mistral, Qwen2, Gemma, Qwen3 and OLMo 2 decoders (RMSNorm, SwiGLU or GeGL
 - with q/k norms (Qwen3 per head, OLMo 2 over the whole projection) each norm's input, q_proj's and k_proj's outputs
   (e T (a d + kv d)), and its fp32 rsqrt per row (4 T (a + kv) per head, 2 x 4 T whole); the normalised q and k are
   recomputed. OLMo 2's norms after attention and MLP save as many T x h tensors as the pre-norms (the layer input,
-  o_proj's and down_proj's outputs, the residual after attention);
+  o_proj's and down_proj's outputs, the residual after attention); Gemma 3's norms after attention and MLP, besides
+  its pre-norms, save their inputs (o_proj's and down_proj's outputs, 2 e T h) and rsqrts;
 - after the layers: the last layer's down_proj output and the final norm's output (2 e T h), its rsqrt (4 T);
 - under autocast (amp-bf16: the residual stream is fp32, r = 4 instead of e) the 16-bit casts of every Linear weight,
   which the partitioner saves for the backward's matmuls (2 B per weight; the output layer's too);
@@ -48,11 +49,15 @@ from memsim_widget.scenario import Scenario
 #: the partitioner saves; Gemma's GeGLU saves what SwiGLU does, the tanh-GeLU recomputed; Qwen3's per-head and
 #: OLMo 2's whole-projection q/k norms add their inputs and rsqrts; OLMo 2's post-norms save as many T x h
 #: tensors as pre-norms: traced, benchmarks/compiled_saved.py).
-COMPILED_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2")
+COMPILED_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2", "gemma3")
 #: Where a family's compiled rule is narrower than the layout's (traced against it, docs/fidelity.md): Gemma's
 #: autocast step saves 0.5% more than the rule (its fp32 scaled embedding), OLMo 2's autocast and LoRA steps differ
 #: by +5.0% and -1.1%; those get the untraced formula.
-_NARROWER = {"gemma": ("bf16", ("full", "lora")), "olmo2": ("bf16", ("full",))}
+_NARROWER = {
+    "gemma": ("bf16", ("full", "lora")),
+    "olmo2": ("bf16", ("full",)),
+    "gemma3": ("bf16", ("full", "lora")),
+}
 
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
@@ -71,6 +76,9 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
         and sc.precision in ("bf16", "amp-bf16")
         and (sc.method == "full" or _lora_qv(sc))
         and (arch.family not in _NARROWER or (sc.precision, sc.method) in _narrower(arch.family))
+        and not arch.extra.get("final_logit_softcapping")
+        and not arch.extra.get("attn_logit_softcapping")
+        and not _masked_sliding(sc, arch)
         and (sc.activation_checkpointing == "none" or _full_ckpt(sc))
         and sc.loss == "standard"
         and sc.attention == "sdpa"
@@ -88,6 +96,13 @@ def _one_replica(sc: Scenario) -> bool:
     data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL)."""
     p = sc.parallel
     return p.tp == p.pp == p.cp == p.ep == 1
+
+
+def _masked_sliding(sc: Scenario, arch: Architecture) -> bool:
+    """Sliding-window layers whose window is shorter than the sequence (their SDPA takes a mask and repeated k/v:
+    not traced compiled)."""
+    window = arch.extra.get("sliding_window")  # Qwen2/3 carry one they do not use (use_sliding_window false)
+    return bool(window and window < sc.seq_len and arch.extra.get("use_sliding_window") is not False)
 
 
 def _narrower(family: str) -> list[tuple[str, str]]:
@@ -139,6 +154,7 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled LoRA: gate and up outputs", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
     ]  # fmt: skip
     _qk_norms(ctx, out, e, frozen_first_k=True)
+    _sandwich_norms(ctx, out, e)
     out.post[:] = []
     tangents = (2 * L - 1) * e * T * hkv if ctx.arch.extra.get("use_cache", True) else 0
     out.loss_backward[:] = [
@@ -175,6 +191,7 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled: gate and up outputs, down_proj input", 3 * e * T * I, f"3 x {e} B x T x I, I={I}", 3),
     ]  # fmt: skip
     _qk_norms(ctx, out, e)
+    _sandwich_norms(ctx, out, e)
     if (
         amp
     ):  # autocast's 16-bit weight casts become graph values the partitioner saves for the backward's matmuls
@@ -227,6 +244,18 @@ def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool 
              e * D.T * D.hq + 4 * D.T * rows_q + k_bytes,
              f"{e} B x T x (a*d + kv*d) + 4 B x T x {rows_q + rows_k}", 4,
              skip_first=frozen_first_k, first_bytes=k_bytes if frozen_first_k else 0.0)
+    )  # fmt: skip
+
+
+def _sandwich_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
+    """Gemma 3's norms after attention and after the MLP, besides the pre-norms (4 per layer; traced): each saves
+    its input, o_proj's and down_proj's outputs (e T h), and its fp32 rsqrt."""
+    if ctx.arch.extra.get("norms_per_layer") != 4 or ctx.arch.extra.get("post_norms"):
+        return
+    T, h = Dims(ctx).T, ctx.arch.hidden_size
+    out.per_layer.append(
+        Term("compiled: post-norm inputs (o_proj's and down_proj's outputs) and their rsqrt (fp32)",
+             2 * e * T * h + 2 * 4 * T, f"2 x {e} B x T x h + 2 x 4 B x T", 4)
     )  # fmt: skip
 
 
