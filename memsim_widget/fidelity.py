@@ -1654,6 +1654,7 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "olmo2 bf16 lora qv b2 s512",
             "gemma3_text bf16 sdpa b2 s512",
             "gemma3_text bf16 lora qv b2 s512",
+            "phi V64 bf16 sdpa b2 s512",
         )
     ]
     + [
