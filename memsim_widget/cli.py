@@ -44,6 +44,8 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "ssm_kernel": ("ssm_kernel", str),
     "fp8_recipe": ("fp8_recipe", str),
     "allocator_conf": ("allocator_conf", str),
+    "compile": ("compile", bool),
+    "activation_memory_budget": ("activation_memory_budget", float),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),

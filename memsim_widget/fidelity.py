@@ -1625,8 +1625,9 @@ CASES += OBJECTIVE_CASES
 
 
 _LORA_QV_COMPILED = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
-#: Compiled steps (``compile: true``; trace/compiled.py): the engine's rule for the Llama layout in bf16 and
-#: amp-bf16 (engine/activations/compiled.py), eager's figure elsewhere (said in its caveats).
+#: Compiled steps (``compile: true``; trace/compiled.py): the engine's traced rule for the Llama-layout decoders
+#: (engine/activations/compiled.py), its untraced formula elsewhere (eager's layers, the compiled loss; said in
+#: its caveats).
 COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
     [
         (f"{name} compiled", {**dict(CASES)[name], "compile": True})
@@ -1638,6 +1639,22 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "qwen2 bf16 sdpa b2 s512",
             "gpt2 bf16 sdpa b2 s512",
             "vit bf16 sdpa b8 (no dropout)",
+            "gemma bf16 sdpa b2 s512",
+            "qwen3 bf16 sdpa b2 s512",
+            "olmo2 bf16 sdpa b2 s512",
+            "phi bf16 sdpa b2 s512",
+            "gemma2 bf16 eager b2 s512",
+            "bert bf16 sdpa b4 s256 (no dropout)",
+            "vit amp-bf16 sdpa b8 (no dropout)",
+            "qwen3 amp-bf16 sdpa b2 s512",
+            "qwen3 bf16 lora qv b2 s512",
+            "gemma bf16 lora qv b2 s512",
+            "gemma amp-bf16 sdpa b2 s512",
+            "olmo2 amp-bf16 sdpa b2 s512",
+            "olmo2 bf16 lora qv b2 s512",
+            "gemma3_text bf16 sdpa b2 s512",
+            "gemma3_text bf16 lora qv b2 s512",
+            "phi V64 bf16 sdpa b2 s512",
         )
     ]
     + [
@@ -1646,6 +1663,18 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             ("qwen2 amp-bf16 sdpa b2 s512", "qwen2 bf16 sdpa b2 s512"),
             ("llama V64 amp-bf16 b4 s512", "llama V64 bf16 b4 s512"),
         )
+    ]
+    + [  # HF's full checkpointing compiled (Dynamo's checkpoint higher-order op)
+        (f"{name} compiled", {**dict(CASES)[name], "compile": True})
+        for name in ("llama bf16 ckpt b2 s512", "llama V64 bf16 ckpt b4 s512")
+    ]
+    + [  # below torch's default activation_memory_budget: the engine keeps the default's figure (an upper bound)
+        (
+            f"{name} compiled budget {b:g}",
+            {**dict(CASES)[name], "compile": True, "activation_memory_budget": b},
+        )
+        for name in ("llama bf16 sdpa b2 s512", "qwen3 bf16 sdpa b2 s512")
+        for b in (0.5, 0.2, 0.0)
     ]
     + [
         (f"{name} compiled", {**dict(CASES)[base], **_LORA_QV_COMPILED, "compile": True})

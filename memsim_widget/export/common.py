@@ -114,6 +114,11 @@ def check_common(draft: Draft, *, peft: bool = True) -> None:
                    "script (same memory as bf16, faster Linear matmuls)")  # fmt: skip
     if not sc.cuda_lazy_loading:
         draft.note("cuda_lazy_loading false: run with CUDA_MODULE_LOADING=EAGER (or CUDA 11)")
+    if sc.activation_memory_budget is not None:
+        draft.note(
+            f"activation_memory_budget {sc.activation_memory_budget:g}: set "
+            f"torch._functorch.config.activation_memory_budget = {sc.activation_memory_budget:g} before compiling"
+        )
     if sc.output_lifetime is not None:
         draft.note(
             f"output_lifetime {sc.output_lifetime!r}: how long your training loop holds the model output "
