@@ -285,25 +285,6 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
             1,
         ),
         _real(
-            "V128k llama3 bf16 pp2 interleaved v2 m3 stage 1 (last)",
-            four,
-            {**inter, "pp_microbatches": 3},
-            1,
-        ),
-        # no pp_layers and layers that pp x virtual stages do not divide: torchtitan's split (rules/pipeline_split)
-        _real(
-            "V128k llama3 bf16 pp3 1f1b m4 auto split [2, 2, 1] (5 layers) stage 0",
-            {**LLAMA3_V128K, "num_hidden_layers": 5},
-            {"pp": 3, "pp_microbatches": 4},
-            0,
-        ),
-        _real(
-            "V128k llama3 bf16 pp2 interleaved v2 m4 auto split [1+2, 2+1] (6 layers) stage 1 (last)",
-            {**LLAMA3_V128K, "num_hidden_layers": 6},
-            inter,
-            1,
-        ),
-        _real(
             "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last) return_outputs",
             LLAMA3_V128K,
             {"pp": 2, "pp_microbatches": 4},
@@ -320,9 +301,43 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
     ]
 
 
+def _split_cases() -> list[tuple[str, dict, int]]:
+    """Pipelines at a real vocabulary that PyTorch runs and the trace or the engine once refused: interleaved
+    micro-batches that pp does not divide, and no pp_layers with layers that pp x virtual stages do not divide
+    (torchtitan's split, rules/pipeline_split)."""
+    inter = {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
+    four = {**LLAMA3_V128K, "num_hidden_layers": 4}
+    return [
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m3 stage 1 (last)",
+            four,
+            {**inter, "pp_microbatches": 3},
+            1,
+        ),
+        _real(
+            "V128k llama3 bf16 pp3 1f1b m4 auto split [2, 2, 1] (5 layers) stage 0",
+            {**LLAMA3_V128K, "num_hidden_layers": 5},
+            {"pp": 3, "pp_microbatches": 4},
+            0,
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m4 auto split [1+2, 2+1] (6 layers) stage 1 (last)",
+            {**LLAMA3_V128K, "num_hidden_layers": 6},
+            inter,
+            1,
+        ),
+    ]
+
+
 #: (name, scenario dict, pipeline stage traced).
 CASES: list[tuple[str, dict[str, Any], int]] = (
-    _fsdp_cases() + _replicate_cases() + _tp_cases() + _two_d_cases() + _pp_cases() + _real_vocab_cases()
+    _fsdp_cases()
+    + _replicate_cases()
+    + _tp_cases()
+    + _two_d_cases()
+    + _pp_cases()
+    + _real_vocab_cases()
+    + _split_cases()
 )
 #: The subset the tests run (one of each layout kind, a few seconds each).
 FAST = (

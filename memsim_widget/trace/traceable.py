@@ -182,7 +182,9 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
     if sc.fp8 is not None:  # torchao's float8 Linears (trace/float8.py); check_traceable refuses the rest
         kw["float8"] = sc.fp8.name
-    if sc.compile:  # torch.compile: Inductor's partitioner at the scenario's budget, torch's default 1.0 unset
+    if (
+        sc.compile
+    ):  # torch.compile: Inductor's partitioner at the scenario's budget, torch's default 1.0 unset
         b = sc.activation_memory_budget
         kw["compile_budget"] = 1.0 if b is None else b
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
