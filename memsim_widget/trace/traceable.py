@@ -76,12 +76,27 @@ def check_traceable(sc: Scenario) -> None:
             "activation_checkpointing", "a compiled step with checkpointing cannot be traced yet (its higher-order "
             "ops escape the tracker): use none, or set compile to false",
         )  # fmt: skip
-    if sc.optimizer_in_backward:
-        raise ScenarioError("optimizer_in_backward", "not traced; set it to false")
+    _check_torchtune_savers(sc)
     _check_model_kernels(sc)
     _check_objective(sc)
     if sc.grad_accum_steps > 1:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+
+
+def _check_torchtune_savers(sc: Scenario) -> None:
+    """Raise ScenarioError where torchtune's activation offloading or optimizer in backward cannot be traced:
+    trace/torchtune_memory.py runs them in the single-GPU HF step, eager, SFT only."""
+    for key in ("optimizer_in_backward", "activation_offloading"):
+        if not getattr(sc, key):
+            continue
+        if sc.parallel.world_size > 1 or sc.parallel.ep > 1 or sc.framework == "litgpt":
+            raise ScenarioError(
+                key, "traced for one GPU's transformers step only: set dp, tp, pp, cp, ep to 1"
+            )
+        if sc.compile or sc.objective_name != "sft":
+            raise ScenarioError(
+                key, "traced for an eager SFT step only: set compile to false and the objective to sft"
+            )
 
 
 #: Objectives whose training step the tracer runs (``trace/objectives.py``) (every objective; the rollout phase is not traced).
@@ -161,6 +176,9 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
 
         ctx = Context(sc)
         kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
+    for key in ("activation_offloading", "optimizer_in_backward"):  # torchtune's (trace/torchtune_memory.py)
+        if getattr(sc, key):
+            kw[key] = True
     if sc.compile:  # torch.compile: Inductor's partitioner at torch's default budget (trace/compiled.py)
         kw["compile_budget"] = 1.0
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:

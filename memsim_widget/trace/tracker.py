@@ -169,7 +169,7 @@ class MemoryTracker(TorchDispatchMode):
         if root is not None:
             self._names = {id(m): n for n, m in root.named_modules()}
         self._saved_hooks: Any = None
-        self._fusing = False
+        self._fusing: str | None = None  # "fused" or "host": storages made count 0 bytes
         self._bar: Any = None
         if progress and sys.stderr.isatty():
             try:
@@ -189,7 +189,17 @@ class MemoryTracker(TorchDispatchMode):
     def fused(self) -> Iterator[None]:
         """Storages first made inside the block count 0 bytes: a compiled graph's node that Inductor computes
         inside a fused kernel and never writes to memory (trace/compiled.py)."""
-        outer, self._fusing = self._fusing, True
+        outer, self._fusing = self._fusing, "fused"
+        try:
+            yield
+        finally:
+            self._fusing = outer
+
+    @contextlib.contextmanager
+    def on_host(self) -> Iterator[None]:
+        """Storages first made inside the block count 0 bytes: a copy in host memory, which the GPU's counters
+        never see (activation offloading, trace/torchtune_memory.py)."""
+        outer, self._fusing = self._fusing, "host"
         try:
             yield
         finally:
@@ -361,7 +371,7 @@ class MemoryTracker(TorchDispatchMode):
             for rec in self.records[first:]:
                 self.live_bytes -= rec.nbytes
                 rec.nbytes = 0
-                rec.op = f"{opname} (fused)"
+                rec.op = f"{opname} ({self._fusing})"
         self._after_alloc(opname)
         if self._bar is not None and not self.op_count & 255:
             self._bar.update(256)
