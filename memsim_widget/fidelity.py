@@ -1729,6 +1729,29 @@ TORCHTUNE_CASES: list[tuple[str, dict[str, Any]]] = [
         {"model": _LLAMA_L8_V32K, "micro_batch_size": 2, "seq_len": 512, "activation_offloading": True},
     ),
 ]  # fmt: skip
+#: ... with bitsandbytes' optimizers (trace/bnb_states.py: their states; paged buffers outside the allocator), as
+#: torchtune's low-memory recipes run them.
+_L8_CKPT = {
+    "model": _LLAMA_L8_V32K,
+    "micro_batch_size": 2,
+    "seq_len": 512,
+    "activation_checkpointing": "full",
+}
+TORCHTUNE_CASES += [
+    (
+        f"llama L8 V32k bf16 ckpt {opt}{' opt-in-bwd' if in_bwd else ''}{' offload' if off else ''} b2 s512",
+        {**_L8_CKPT, "optimizer": opt, "optimizer_impl": "fused", "optimizer_in_backward": in_bwd,
+         "activation_offloading": off},
+    )
+    for opt, in_bwd, off in (
+        ("adamw-8bit", False, False),
+        ("adamw-8bit", True, True),
+        ("paged-adamw-8bit", False, False),
+        ("paged-adamw-8bit", True, True),
+        ("paged-adamw", True, False),
+        ("paged-adamw", True, True),
+    )
+]  # fmt: skip
 
 
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:

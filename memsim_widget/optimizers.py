@@ -76,7 +76,7 @@ class OptimizerSpec:
         the blocks and a smaller parameter's states are ordinary CUDA tensors (bitsandbytes
         ``Optimizer8bit.get_state_buffer`` pages only ``p.numel() >= 1e5``; ``Optimizer2State.init_state``
         makes ``absmax1``/``absmax2`` with ``torch.zeros(..., device=p.device)``;
-        bitsandbytes-foundation/bitsandbytes ``bitsandbytes/optim/optimizer.py``, 0.4x)."""
+        bitsandbytes-foundation/bitsandbytes ``bitsandbytes/optim/optimizer.py``; traced: trace/bnb_states.py)."""
         n = math.prod(shape)
         if not self.paged or self.states == 0 or n < PAGED_MIN_NUMEL:
             return 0

@@ -325,12 +325,14 @@ def _torchtune_savers(
 
     impl = impl_used if impl_used != "n/a" else "foreach"
     if in_backward:  # the per-parameter hooks run after _role_hooks' relabelling ones
-        opt: Any = OptimizerInBackward(trainable, lambda ps: make_optimizer(optimizer, impl, ps, lr))
+        opt: Any = OptimizerInBackward(
+            trainable, lambda ps: make_optimizer(optimizer, impl, ps, lr, tracker.on_host)
+        )
         notes.append(
             "optimizer in backward: one optimizer per parameter, stepped by its post-accumulate-grad hook"
         )
     else:
-        opt = make_optimizer(optimizer, impl, param_groups(trainable), lr)
+        opt = make_optimizer(optimizer, impl, param_groups(trainable), lr, tracker.on_host)
     if not offloading:
         return opt, contextlib.nullcontext
     get_head = getattr(model, "get_output_embeddings", None)

@@ -15,7 +15,14 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
 TRACEABLE_PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-TRACEABLE_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+TORCH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+#: torch.optim's, and bitsandbytes' by their states (trace/bnb_states.py: its update is a CUDA kernel writing in place)
+TRACEABLE_OPTIMIZERS = (
+    *TORCH_OPTIMIZERS,
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw",
+)
 
 
 def check_traceable(sc: Scenario) -> None:
@@ -47,8 +54,13 @@ def check_traceable(sc: Scenario) -> None:
     if sc.optimizer not in TRACEABLE_OPTIMIZERS:
         raise ScenarioError(
             "optimizer",
-            f"{sc.optimizer!r} cannot be traced (not in torch.optim); traceable: "
+            f"{sc.optimizer!r} cannot be traced (neither torch.optim nor bitsandbytes' states); traceable: "
             f"{', '.join(TRACEABLE_OPTIMIZERS)}",
+        )
+    if sc.optimizer not in TORCH_OPTIMIZERS and (sc.parallel.world_size > 1 or sc.parallel.ep > 1):
+        raise ScenarioError(
+            "optimizer",
+            f"{sc.optimizer!r} (bitsandbytes' states, trace/bnb_states.py) is traced on one GPU only",
         )
     if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(sc.model).extra.get("vision"):
         raise ScenarioError(

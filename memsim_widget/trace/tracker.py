@@ -47,6 +47,8 @@ ROLES = tuple(Role)
 PHASES = tuple(StepPhase)
 _EXPLICIT = frozenset(set(Role) - {Role.ACTIVATION, Role.TEMPORARY})
 _PRIM_DEVICE = torch.ops.prim.device.default
+#: The op suffix of a storage in host memory (MemoryTracker.on_host): 0 bytes for good.
+_HOST = " (host)"
 _LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
 
 
@@ -216,7 +218,8 @@ class MemoryTracker(TorchDispatchMode):
         key = id(st)
         rec = self._live.get(key)
         if rec is not None:
-            if st.nbytes() != rec.nbytes:  # resized in place, outside UntypedStorage.resize_
+            # resized in place, outside UntypedStorage.resize_ (a storage on the host stays 0 bytes)
+            if st.nbytes() != rec.nbytes and not rec.op.endswith(_HOST):
                 rec = self._resized(st, rec)
             if role is not None:
                 rec.role = role

@@ -40,6 +40,14 @@ def test_a_multi_gpu_layout_with_a_saver_is_refused_by_its_field(key: str) -> No
         # the loss peak: the engine's one resident layer is the only excess (traced: none)
         ("llama L8 V32k bf16 ckpt offload b2 s512", 0.0, 0.002),
         ("llama L8 V32k bf16 offload b2 s512", 0.0, 0.03),
+        # bitsandbytes: exact but for its quantisation maps (2 x 1 KiB per optimizer, one optimizer per parameter
+        # in backward), which the engine leaves out
+        ("llama L8 V32k bf16 ckpt adamw-8bit b2 s512", -1e-4, 1e-4),
+        ("llama L8 V32k bf16 ckpt adamw-8bit opt-in-bwd offload b2 s512", -0.001, 0.002),
+        ("llama L8 V32k bf16 ckpt paged-adamw-8bit b2 s512", -1e-4, 1e-4),
+        ("llama L8 V32k bf16 ckpt paged-adamw-8bit opt-in-bwd offload b2 s512", -0.001, 0.002),
+        ("llama L8 V32k bf16 ckpt paged-adamw opt-in-bwd b2 s512", -1e-4, 1e-4),
+        ("llama L8 V32k bf16 ckpt paged-adamw opt-in-bwd offload b2 s512", 0.0, 0.002),
     ],
 )
 def test_the_engine_holds_to_the_torchtune_trace(name: str, low: float, high: float) -> None:
@@ -72,3 +80,30 @@ def test_in_backward_no_gradient_outlives_its_step() -> None:
     tr = trace_config(Scenario.from_dict(dict(TORCHTUNE_CASES)["llama bf16 opt-in-bwd b2 s512"]))
     assert tr.model_state_bytes["gradient"] == 0
     assert tr.model_state_bytes["optimizer_state"] > 0
+
+
+def _l8_parameters() -> list[int]:
+    """Elements of each parameter of the eight-layer Llama (h 256, 4 kv heads of 32, I 688, V 32000, untied)."""
+    h, kv, i, v = 256, 128, 688, 32000
+    layer = [h * h, kv * h, kv * h, h * h, i * h, i * h, h * i, h, h]
+    return [v * h, *layer * 8, h, v * h]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("paged", [False, True])
+def test_bitsandbytes_8bit_states_on_the_gpu_are_what_init_state_allocates(paged: bool) -> None:
+    """bitsandbytes ``Optimizer2State.init_state``: fp32 states under 4096 elements, else uint8 states and an fp32
+    absmax per 256 elements; ``get_state_buffer`` pages the states of parameters of 1e5 elements or more (not their
+    absmax); plus the two 256-entry fp32 quantisation maps of the optimizer."""
+    pytest.importorskip("transformers")
+    from memsim_widget.trace.api import trace_config
+
+    opt = "paged-adamw-8bit" if paged else "adamw-8bit"
+    tr = trace_config(Scenario.from_dict(dict(TORCHTUNE_CASES)[f"llama L8 V32k bf16 ckpt {opt} b2 s512"]))
+    expected = 2 * 256 * 4
+    for n in _l8_parameters():
+        if n < 4096:
+            expected += 2 * 4 * n
+        else:
+            expected += 2 * 4 * -(-n // 256) + (0 if paged and n >= 100_000 else 2 * n)
+    assert tr.model_state_bytes["optimizer_state"] == expected
