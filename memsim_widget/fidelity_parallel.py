@@ -191,7 +191,7 @@ def _real(name: str, model: dict, parallel: dict, stage: int = 0, **keys: Any) -
 def _real_vocab_cases() -> list[tuple[str, dict, int]]:
     """Real vocabularies (32k, 128k, 152k, 256k): FSDP2's root unit, torchtitan's loss parallel (dp x tp and
     tp alone), transformers' plan, pipeline last and first stages with 2+ micro-batches in flight."""
-    tt = {"precision": "amp-bf16", "framework": "torchtitan"}
+    tt: dict[str, Any] = {"precision": "amp-bf16", "framework": "torchtitan"}
     sp = {"sequence_parallel": True}
     inter = {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
     four = {**LLAMA3_V128K, "num_hidden_layers": 4}

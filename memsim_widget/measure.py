@@ -111,7 +111,9 @@ def build_model(sc: Scenario, device: str = "cuda") -> tuple[Any, Any, str]:
     if sc.method == "lora":
         import peft
 
-        lcfg = peft.LoraConfig(r=sc.lora.rank, lora_alpha=sc.lora.alpha, target_modules=list(sc.lora.targets))
+        # peft annotates lora_alpha as int, but only divides it by r: memsim's alpha is a float
+        alpha: Any = sc.lora.alpha
+        lcfg = peft.LoraConfig(r=sc.lora.rank, lora_alpha=alpha, target_modules=list(sc.lora.targets))
         # PEFT upcasts 16-bit adapters to fp32 unless told not to (memsim's lora.adapter_dtype)
         model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=sc.lora.adapter_dtype == "fp32")
     model.train()
@@ -127,7 +129,11 @@ def train_steps(sc: Scenario, lengths: Sequence[int], device: str = "cuda",
     model, config, family = build_model(sc, device)
     dev = torch.device(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}
+    impl: dict[str, dict[str, Any]] = {
+        "foreach": {"foreach": True},
+        "fused": {"fused": True},
+        "for-loop": {"foreach": False},
+    }
     opt = torch.optim.AdamW(params, lr=1e-5, **impl[sc.optimizer_impl])
     step_fn = torch.compile(model) if sc.compile else model
     vocab = getattr(config, "vocab_size", 0) or 0

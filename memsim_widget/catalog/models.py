@@ -67,7 +67,7 @@ PRESET_FILES: tuple[str, ...] = (
 
 def load_presets() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, str]]]:
     """Read every preset file (shipped as package data) into the two tables: id -> config, id -> info."""
-    folder = resources.files(__package__).joinpath("presets")
+    folder = resources.files(__name__.rpartition(".")[0]).joinpath("presets")
     configs: dict[str, dict[str, Any]] = {}
     infos: dict[str, dict[str, str]] = {}
     for name in PRESET_FILES:
