@@ -3,7 +3,7 @@
 ``compare([...])`` takes scenarios, scenario dicts or estimates and returns a ``Comparison``: ``.frame`` (long:
 one row per scenario and memory category, with each scenario's headline numbers), ``.totals`` (one row per
 scenario), ``.differences`` (the scenario fields whose values are not all equal) and ``.chart()``
-(``comparison_charts``). The numbers are the estimates' own: nothing is recomputed differently here.
+(``charts.comparison``). The numbers are the estimates' own: nothing is recomputed differently here.
 """
 
 from __future__ import annotations
@@ -198,8 +198,8 @@ class Comparison:
         return pd.DataFrame(rows, columns=TOTALS_COLUMNS)
 
     def spec(self) -> dict[str, Any]:
-        """The Vega-Lite spec of ``chart`` (``comparison_charts.compare_spec``)."""
-        from memsim_widget.comparison_charts import compare_spec
+        """The Vega-Lite spec of ``chart`` (``charts.comparison.compare_spec``)."""
+        from memsim_widget.charts.comparison import compare_spec
 
         return compare_spec(self)
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from memsim_widget.chart_parts import SCHEMA, capacity_layers
 from memsim_widget.charts import gpu_label, model_label, to_altair
+from memsim_widget.charts.parts import SCHEMA, capacity_layers
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM
 from memsim_widget.errors import ScenarioError

@@ -82,7 +82,7 @@ def plan_search(**kwargs: Any) -> Plan:
 
 def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_POINTS) -> dict[str, Any]:
     """The ``view`` of the ``layouts`` trait: the search in numbers, the best ``rows`` candidates, the chart."""
-    from memsim_widget.plan.chart import candidates_spec
+    from memsim_widget.charts.plan import candidates_spec
 
     top = []
     # itertuples yields namedtuples (pandas' stubs say plain tuples): the columns are read as attributes

@@ -20,12 +20,12 @@ import anywidget
 import traitlets
 
 from memsim_widget import charts as charts_mod
+from memsim_widget.charts.phases import phase_spec
+from memsim_widget.charts.times import time_spec
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.errors import ScenarioError, one_line, short_repr
-from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
-from memsim_widget.time_charts import time_spec
 from memsim_widget.units import GiB
 from memsim_widget.widget.assets import asset, vega_bundle
 from memsim_widget.widget.calibration_panel import CalibrationController
@@ -488,7 +488,7 @@ class MemSim(anywidget.AnyWidget):
 
     def time_chart(self) -> Any:
         """The step-time chart (Altair): one bar of where a step's modelled seconds go, by category."""
-        from memsim_widget.time_charts import time_chart
+        from memsim_widget.charts.times import time_chart
 
         return time_chart(self._estimate)
 

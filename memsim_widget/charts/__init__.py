@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from memsim_widget.chart_parts import (  # noqa: F401
+from memsim_widget.charts.parts import (  # noqa: F401
     CAPACITY_COLOR,  # CAPACITY_COLOR and CATEGORY_COLORS: the notebooks read the palette from charts
     CATEGORY_COLORS,
     SCHEMA,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from memsim_widget.chart_parts import CAPACITY_COLOR, SCHEMA
 from memsim_widget.charts import to_altair
+from memsim_widget.charts.parts import CAPACITY_COLOR, SCHEMA
 from memsim_widget.plan.search import Plan
 from memsim_widget.units import GiB
 
