@@ -138,8 +138,6 @@ ABOVE_THE_ENGINE = (
     "memsim_widget.cli",
     "memsim_widget.app",
     "memsim_widget.trace",
-    "memsim_widget.fidelity",
-    "memsim_widget.fidelity_parallel",
     "memsim_widget.fidelity_speed",
 )
 

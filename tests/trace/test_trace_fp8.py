@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 float8 = pytest.importorskip("torchao.float8")
 
-from memsim_widget.fidelity import CASES  # noqa: E402
+from fidelity_cases import CASES  # noqa: E402
+
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 pytestmark = pytest.mark.slow
