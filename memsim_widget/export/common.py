@@ -103,8 +103,22 @@ def check_common(draft: Draft, *, peft: bool = True) -> None:
     sc = draft.scenario
     if sc.precision == "fp8":
         raise refuse("precision", draft.fmt, "'fp8' is TransformerEngine's recipe; no key here selects it")
+    fp8 = sc.fp8
+    if fp8 is not None and fp8.framework != "torchao":
+        raise refuse(
+            "fp8_recipe", draft.fmt, f"{fp8.name!r} is TransformerEngine's recipe; no key here selects it"
+        )
+    if fp8 is not None:
+        draft.note(f"fp8_recipe {fp8.name}: no key here selects it; apply torchao's convert_to_float8_training "
+                   f"(Float8LinearConfig.from_recipe_name({fp8.name!r}), the output layer left out) in your "
+                   "script (same memory as bf16, faster Linear matmuls)")  # fmt: skip
     if not sc.cuda_lazy_loading:
         draft.note("cuda_lazy_loading false: run with CUDA_MODULE_LOADING=EAGER (or CUDA 11)")
+    if sc.activation_memory_budget is not None:
+        draft.note(
+            f"activation_memory_budget {sc.activation_memory_budget:g}: set "
+            f"torch._functorch.config.activation_memory_budget = {sc.activation_memory_budget:g} before compiling"
+        )
     if sc.output_lifetime is not None:
         draft.note(
             f"output_lifetime {sc.output_lifetime!r}: how long your training loop holds the model output "
