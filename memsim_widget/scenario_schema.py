@@ -67,11 +67,11 @@ def _w(label: str, kind: str, fieldset: str) -> Control:
 
 
 _DIMS = (
-    ("hidden_size", "hidden size", "the model width"),
+    ("hidden_size", "hidden size", "width"),
     ("num_hidden_layers", "layers", "decoder layers"),
     ("num_attention_heads", "heads", "attention heads"),
     ("num_key_value_heads", "kv heads", "key/value heads (grouped-query attention)"),
-    ("intermediate_size", "intermediate", "the MLP's inner width"),
+    ("intermediate_size", "intermediate", "MLP inner width"),
     ("vocab_size", "vocab", "vocabulary size"),
 )
 
@@ -207,3 +207,36 @@ def widget_fields() -> tuple[Field, ...]:
     """The fields with a widget control, in the order the front end draws them: by fieldset, then as listed."""
     drawn = [f for f in SCHEMA if f.widget is not None]
     return tuple(sorted(drawn, key=lambda f: FIELDSETS.index(f.widget.fieldset) if f.widget else 0))
+
+
+#: The markers around the field table of docs/scenario.md (``write_field_table``).
+TABLE_START = "<!-- fields: generated from memsim_widget/scenario_schema.py (python tests/test_scenario_schema.py --write) -->"
+TABLE_END = "<!-- end of fields -->"
+
+
+def field_table() -> str:
+    """The schema as a Markdown table: key, type, allowed values, CLI flag, widget control, meaning. The values of a
+    registry are those registered when it is called (the engine adds ``paged-adamw``: call it with the engine
+    loaded, as the CLI and the widget run)."""
+    rows = [
+        "| key | type | allowed values | CLI flag | widget control | what it is |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for f in SCHEMA:
+        values = ", ".join(f"`{v}`" for v in f.allowed())
+        if f.optional:
+            values = f"{values} (or unset)" if values else "(or unset)"
+        flag = f"`--{f.cli.replace('_', '-')}`" if f.cli else ""
+        control = f"{f.widget.label} ({f.widget.fieldset})" if f.widget else ""
+        key = f"`{f.key}`" if f.scenario else f"`{f.key}` (widget input)"
+        rows.append(f"| {key} | {f.type.__name__} | {values} | {flag} | {control} | {f.doc} |")
+    return "\n".join(rows)
+
+
+def write_field_table(text: str) -> str:
+    """``text`` (a Markdown page holding the markers) with the table between them regenerated."""
+    head, found, rest = text.partition(TABLE_START)
+    _, found_end, tail = rest.partition(TABLE_END)
+    if not (found and found_end):
+        raise ValueError(f"the page has no {TABLE_START!r} ... {TABLE_END!r} block")
+    return f"{head}{TABLE_START}\n{field_table()}\n{TABLE_END}{tail}"

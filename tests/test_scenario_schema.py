@@ -1,13 +1,19 @@
 """The scenario schema (``memsim_widget.scenario_schema``): every key the scenario accepts is declared once, and the
-CLI and the widget offer exactly the fields marked for them, with the schema's names, types and choices."""
+CLI and the widget offer exactly the fields marked for them, with the schema's names, types and choices.
+
+Run ``python tests/test_scenario_schema.py --write`` to regenerate the field table of docs/scenario.md (with the
+engine loaded, as here: it registers ``paged-adamw``, which the CLI and the widget offer)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
+import memsim_widget.engine.frameworks  # noqa: F401  (registers paged-adamw, as the CLI and widget load it)
 from memsim_widget.cli import OVERRIDES, PLAN_FIXED, build_parser
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import (
@@ -18,7 +24,14 @@ from memsim_widget.scenario import (
     RLConfig,
     Scenario,
 )
-from memsim_widget.scenario_schema import BY_KEY, FIELDSETS, SCHEMA, cli_fields, widget_fields
+from memsim_widget.scenario_schema import (
+    BY_KEY,
+    FIELDSETS,
+    SCHEMA,
+    cli_fields,
+    widget_fields,
+    write_field_table,
+)
 from memsim_widget.widget.controls import CONTROLS, CUSTOM_DIMS, build_options
 
 #: The nested blocks of a scenario: their own keys are the dotted leaves.
@@ -105,3 +118,18 @@ def test_the_scenario_refuses_a_value_outside_the_choices(f) -> None:
     with pytest.raises(ScenarioError) as err:
         Scenario.from_dict(data)
     assert err.value.field == f.key
+
+
+#: The page whose field table is generated from the schema.
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "scenario.md"
+
+
+def test_the_field_table_of_docs_scenario_md_is_current() -> None:
+    text = PAGE.read_text()
+    assert write_field_table(text) == text, "run python tests/test_scenario_schema.py --write"
+    assert text.count("\n| `") == len(SCHEMA)
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    PAGE.write_text(write_field_table(PAGE.read_text()))
+    print(f"wrote {PAGE}")
