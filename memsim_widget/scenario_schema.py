@@ -5,7 +5,8 @@ CLI's scenario flags (``cli.OVERRIDES``) and the widget's controls (``widget.con
 choices of its ``options``) are generated from ``SCHEMA``, so a field added here appears in both, and a test
 (tests/test_scenario_schema.py) checks that every key the scenario accepts has exactly one entry.
 
-The module imports nothing of the package: the CLI reads it at start. Allowed values that live with their own
+The module imports nothing of the package, and its records are named tuples (``typing`` is loaded anyway; a frozen
+dataclass would add ``dataclasses`` and ``inspect``, ~7 ms): the CLI reads it at start. Allowed values that live with their own
 registry (precisions, optimizers, fp8 recipes, the scenario's name tuples) are named as ``"module:NAME"`` and
 imported on use (``allowed``).
 """
@@ -13,15 +14,13 @@ imported on use (``allowed``).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: The widget's fieldsets, in the order the front end draws them.
 FIELDSETS = ("Model", "Hardware", "Batch", "Training", "Method", "Objective", "Parallel")
 
 
-@dataclass(frozen=True)
-class Control:
+class Control(NamedTuple):
     """How the widget draws a field: its label, the input kind and the fieldset it sits in.
 
     Kinds: ``model`` (preset name or "custom"), ``dim`` (a custom model dimension), ``gpu``, ``number`` (a
@@ -33,8 +32,7 @@ class Control:
     fieldset: str
 
 
-@dataclass(frozen=True)
-class Field:
+class Field(NamedTuple):
     """One scenario key (dotted for the nested blocks: ``parallel.dp``), or one widget input that is part of a key's
     value or no scenario key at all (``scenario=False``: a custom model's dimensions, a custom GPU's memory, the
     headroom)."""
