@@ -162,6 +162,8 @@ SCHEMA: tuple[Field, ...] = (
           widget=_w("pp micro-batches", "int", "Parallel")),
     Field("parallel.virtual_stages", int, "pipeline stages per rank (interleaved schedule)",
           widget=_w("virtual stages", "int", "Parallel")),
+    Field("parallel.pp_split", str, "how layers that do not divide are split over the stages (unset: even where "
+          "they divide, else torchtitan's)", "scenario:PP_SPLITS", optional=True, cli="pp_split"),
     Field("parallel.pp_layers", list, "layers per pipeline rank, first to last (unset: an even split)",
           optional=True),
     Field("parallel.tp_plan", str, "the tensor-parallel plan (unset: the framework's)", "scenario:TP_PLANS",
