@@ -43,6 +43,7 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "freeze_vision": ("freeze_vision", bool),
     "ssm_kernel": ("ssm_kernel", str),
     "fp8_recipe": ("fp8_recipe", str),
+    "fp8_all_gather": ("fp8_all_gather", bool),
     "allocator_conf": ("allocator_conf", str),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),

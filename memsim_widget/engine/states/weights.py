@@ -44,14 +44,20 @@ def fetched_bytes_per_parameter(ctx: Context) -> float:
     quantises, the 16-bit compute copy elsewhere. QLoRA's packed NF4 bytes are what FSDP shards, gathers and
     offloads (Answer.AI, "Enabling 70B Finetuning on Consumer GPUs", 2024,
     https://www.answer.ai/posts/2024-03-14-fsdp-qlora-deep-dive.html: quantised weights stored in a float
-    dtype so that FSDP moves their bytes unchanged)."""
+    dtype so that FSDP moves their bytes unchanged). Under ``fp8_all_gather`` FSDP2 gathers the layers' Linear
+    weights in fp8, 1 B each (torchao ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``; the scale
+    travels by an all-reduce of one amax per weight, not counted)."""
     arch, plain = ctx.arch, ctx.recipe.act_bytes
-    total = sum(
-        nf4_bytes(g.numel_each) * g.count
-        if stored_in_nf4(ctx, g.kind, g.module, g.shape)
-        else g.numel * plain
-        for g in arch.params
-    )
+    fp8 = bool(ctx.scenario.fp8_all_gather) and ctx.par.zero >= 3
+
+    def gathered(g) -> float:  # noqa: ANN001
+        if stored_in_nf4(ctx, g.kind, g.module, g.shape):
+            return nf4_bytes(g.numel_each) * g.count
+        if fp8 and g.scope == "layer" and g.module and g.kind != "embedding":
+            return g.numel * 1.0
+        return g.numel * plain
+
+    total = sum(gathered(g) for g in arch.params)
     return total / max(arch.parameters, 1)
 
 
