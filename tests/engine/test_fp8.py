@@ -164,3 +164,20 @@ def test_fp8_all_gather_halves_the_gathered_linear_bytes_in_the_step_time() -> N
     arch = Context(Scenario.from_dict(base)).arch
     lin = sum(g.numel for g in arch.params if g.scope == "layer" and g.module)
     assert (k16.fetch_bytes - k8.fetch_bytes) * arch.parameters == pytest.approx(lin * (2 - 1), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "rows"), [("te-delayed", 1024 + 2), ("te-current", 2), ("mxfp8", 0), ("nvfp4", 0)]
+)
+def test_transformer_engine_keeps_each_gemms_scaling_state(recipe: str, rows: int) -> None:
+    """Delayed scaling: an fp32 amax history of 1024 rows (DelayedScaling's default) plus scale and inverse scale
+    for the 3 forward and 2 backward tensors of every GEMM; current scaling: scale and amax only; block scales
+    live beside the data (the weight caches)."""
+    arch = build_architecture(TINY)
+    gemms = sum(g.count for g in arch.params if g.module and g.kind not in ("embedding", "head"))
+    items = _at_step(Scenario.from_dict({"model": TINY, "precision": "fp8", "fp8_recipe": recipe}))
+    state = items.get("fp8 scaling state (amax history, scales)", 0)
+    assert state == gemms * 5 * rows * 4
+    assert "fp8 scaling state (amax history, scales)" not in _at_step(
+        Scenario.from_dict({"model": TINY, "fp8_recipe": "tensorwise"})
+    )

@@ -10,6 +10,7 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import quantises_module
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
+from memsim_widget.fp8 import SCALED_TENSORS_PER_GEMM
 from memsim_widget.units import fmt_int
 
 #: NF4 storage per element with double quantisation: 4 bits + int8 absmax per 64 + fp32 per 256 absmaxes.
@@ -125,6 +126,19 @@ def weights(ctx: Context, groups: list[LocalGroup], b: StateBudget) -> None:
         b.persistent.append(_plain_weights(ctx, kind, n, tensors))
 
     fp8 = sc.fp8
+    if fp8 is not None and fp8.scaling_rows:
+        gemms = sum(g.count for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
+        b.persistent.append(
+            Item(
+                "parameters",
+                "fp8 scaling state (amax history, scales)",
+                gemms * SCALED_TENSORS_PER_GEMM * fp8.scaling_rows * 4,
+                f"{fmt_int(gemms)} Linear GEMMs x {SCALED_TENSORS_PER_GEMM} tensors x {fp8.scaling_rows} fp32"
+                " (TransformerEngine, untraced; fused QKV / gate-up count once there, so at most 7/4 over)",
+                "tensor",
+                gemms * 2,
+            )
+        )
     if fp8 is not None and fp8.weight_cache_bytes:
         nl = sum(g.numel for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
         b.persistent.append(
