@@ -24,8 +24,8 @@ the engine's rule before the key existed). Two families, each fact with its sour
   main_grad, weight_t_fp8, scale_inv)`` -- under fp8 the input *quantised* (one orientation: the fp8 input, or its
   fp8 transpose where the cast made one), the high-precision weight itself (no copy), the cached fp8 transpose of
   the weight (counted above) and the inverse scales (a few floats). So each Linear input is saved at 1 B
-  (``saved_input_bytes``; MXFP8/NVFP4 with their block scales) where the engine counts it at 2 B: a labelled
-  over-estimate, not applied. Delayed scaling also keeps per GEMM an fp32 amax history of ``amax_history_len``
+  (``saved_input_bytes``; MXFP8/NVFP4 with their block scales): counted by Megatron's activation rule
+  (``engine/activations/megatron.py``); other frameworks count it at 2 B, a labelled over-estimate. Delayed scaling also keeps per GEMM an fp32 amax history of ``amax_history_len``
   rows for its 3 forward and 2 backward tensors (``base.py``, ``set_meta_tensor``), counted as
   ``scaling_rows``.
 
