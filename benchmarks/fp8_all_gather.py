@@ -17,9 +17,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "data"))  # the case matrices are test data, not in the wheel
+
+from fidelity_cases import FP8_CASES  # noqa: E402
 
 from memsim_widget.engine.core import estimate  # noqa: E402
-from memsim_widget.fidelity import FP8_CASES  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 #: The traced models: the small Llama, and Llama 3.2 1B's dims with 2 layers at its real vocabulary (128,256).

@@ -45,6 +45,8 @@ OVERRIDES: dict[str, tuple[str, type]] = {
     "fp8_recipe": ("fp8_recipe", str),
     "fp8_all_gather": ("fp8_all_gather", bool),
     "allocator_conf": ("allocator_conf", str),
+    "compile": ("compile", bool),
+    "activation_memory_budget": ("activation_memory_budget", float),
     "lora_rank": ("lora.rank", int),
     "dp": ("parallel.dp", int),
     "tp": ("parallel.tp", int),

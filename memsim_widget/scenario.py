@@ -7,7 +7,6 @@ defaults in ``DEFAULTS``; ``Scenario.to_dict()`` always echoes every key, resolv
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -105,6 +104,22 @@ def check_headroom(value: Any, field_name: str = "headroom") -> float:
     """The share of GPU memory kept free: a finite number in [0, 1) (1 would leave nothing usable)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
         raise ScenarioError(field_name, f"must be a number in [0, 1), e.g. 0.1, got {_short(value)}")
+    return float(value)
+
+
+def check_memory_budget(value: Any, compiled: bool) -> float:
+    """``activation_memory_budget``: a number in [0, 1], the share of the default partitioner's saved activations
+    Inductor's min-cut partitioner may keep (``torch._functorch.config.activation_memory_budget``; 0 recomputes
+    all it can, 1 is torch's default), for a compiled step only."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ScenarioError(
+            "activation_memory_budget", f"must be a number in [0, 1], e.g. 0.5, got {_short(value)}"
+        )
+    if not compiled:
+        raise ScenarioError(
+            "activation_memory_budget",
+            "is torch.compile's partitioner budget: set compile to true, or unset it",
+        )
     return float(value)
 
 
@@ -389,6 +404,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "fp8_all_gather": None,
     # PYTORCH_CUDA_ALLOC_CONF of the run (unset: the framework's launcher default, engine/frameworks.py)
     "allocator_conf": None,
+    # compile: true only: torch._functorch.config.activation_memory_budget (unset: torch's default, 1.0)
+    "activation_memory_budget": None,
 }
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
 MAX_IMAGES = 2**10
@@ -399,7 +416,8 @@ class Scenario:
     """A training run to simulate. Build with ``Scenario.from_dict`` / ``from_json`` or keywords.
 
     Runtime keys (defaults reproduce the plain eager HF loop): ``compile`` -- the step runs under
-    ``torch.compile`` (recorded; no memory rule yet, see docs/accuracy.md); ``activation_offloading`` --
+    ``torch.compile`` (Inductor's partitioner: a traced rule per family, else an untraced formula;
+    engine/activations/compiled.py); ``activation_offloading`` --
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
@@ -476,6 +494,7 @@ class Scenario:
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
     allocator_conf: str | None = None
+    activation_memory_budget: float | None = None  # compile only; None: torch's default (1.0)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
     objective: str | None = None
@@ -547,6 +566,12 @@ class Scenario:
             raise ScenarioError(
                 "allocator_conf",
                 f"must be a string like 'expandable_segments:True', got {_short(self.allocator_conf)}",
+            )
+        if self.activation_memory_budget is not None:
+            object.__setattr__(
+                self,
+                "activation_memory_budget",
+                check_memory_budget(self.activation_memory_budget, self.compile),
             )
         check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()
@@ -673,6 +698,11 @@ class Scenario:
             "padding": self.padding,
             "cuda_lazy_loading": self.cuda_lazy_loading,
             **({"allocator_conf": self.allocator_conf} if self.allocator_conf is not None else {}),
+            **(
+                {"activation_memory_budget": self.activation_memory_budget}
+                if self.activation_memory_budget is not None
+                else {}
+            ),
             "parallel": self.parallel.to_dict(),
             "gpu": _thaw(self.gpu),
             "num_gpus": self.parallel.world_size,
@@ -775,6 +805,8 @@ def _parallel_from(data: Mapping[str, Any]) -> ParallelConfig:
 
 def _unknown_key(dotted: str, allowed: list[str]) -> ScenarioError:
     prefix, _, key = dotted.rpartition(".")
+    import difflib  # on an error only (every CLI start imports this module)
+
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if not key:

@@ -596,6 +596,8 @@ def test_a_setting_the_framework_cannot_express_is_refused_naming_the_field(
         ("llamafactory", {"padding": "max_length", "precision": "bf16"}, "padding max_length"),
         ("torchtune", {"output_lifetime": "step", "framework": "torchtune"}, "output_lifetime 'step'"),
         ("axolotl", {"cuda_lazy_loading": False, "precision": "bf16"}, "CUDA_MODULE_LOADING=EAGER"),
+        ("hf", {"compile": True, "activation_memory_budget": 0.5},
+         "torch._functorch.config.activation_memory_budget = 0.5"),
         ("torchtitan", {"framework": "hf"}, "--framework torchtitan"),
     ],
 )  # fmt: skip

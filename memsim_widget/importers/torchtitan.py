@@ -82,6 +82,7 @@ class _Module:
             isinstance(node, ast.UnaryOp)
             and isinstance(node.op, ast.USub)
             and isinstance(node.operand, ast.Constant)
+            and isinstance(node.operand.value, int | float | complex)
         ):
             return -node.operand.value
         if isinstance(node, ast.List | ast.Tuple):
@@ -217,7 +218,7 @@ def _model(reading: Reading, path: Path, cfg: dict[str, Any], package: str) -> N
                 return
     spec = cfg.get("model_spec")
     flavor = spec.get("__args__", [None])[0] if isinstance(spec, dict) and spec.get("__args__") else None
-    if (package, flavor) in FLAVORS:
+    if flavor is not None and (package, flavor) in FLAVORS:
         reading.set("model", FLAVORS[(package, flavor)])
     else:
         reading.miss("model", f"{path.name}: model_spec", f"flavor {flavor!r} of {package!r} is no memsim preset; "
@@ -419,7 +420,11 @@ def _optimizer(reading: Reading, path: Path, cfg: dict[str, Any], where: str) ->
     """Optimizer name (``param_groups``' ``optimizer_name`` or TOML ``optimizer.name``), kernel, in-backward."""
     opt = dig(cfg, "optimizer")
     kind = str(opt.get("__call__", "")) if isinstance(opt, dict) else ""
-    reading.set("optimizer_in_backward", kind.startswith("OptimizersInBackwardContainer"))
+    in_bwd = kind.startswith("OptimizersInBackwardContainer")  # a Python config names the container
+    reading.set(
+        "optimizer_in_backward",
+        in_bwd or bool(get_bool(path, cfg, "optimizer.early_step_in_backward", False)),
+    )
     name = dig(cfg, "optimizer.param_groups.optimizer_name") or dig(cfg, "optimizer.name") or "AdamW"
     table = {"AdamW": "adamw", "Adam": "adam"}
     if name not in table:
