@@ -78,11 +78,12 @@ def state_groups_key(sc: Scenario) -> tuple[Any, ...]:
 
 
 def activations_key(sc: Scenario) -> tuple[Any, ...]:
-    """The fields of ``sc`` one micro-batch's activation terms depend on, and whether FSDP shards the weights
-    (``dp``/``zero`` are otherwise left out, but FSDP decides torchtitan's compute dtype under TP:
-    ``frameworks.no_mixed_precision``)."""
+    """The fields of ``sc`` one micro-batch's activation terms depend on, and the two facts they read from the
+    left-out ``dp``/``zero``: whether FSDP shards the weights (it decides torchtitan's compute dtype under TP:
+    ``frameworks.no_mixed_precision``) and the expert TP degree (``ParallelConfig.expert_tp``: an expert's
+    width, ``dp x cp`` deciding how much of ``ep`` folds over the TP group)."""
     p = sc.parallel
-    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp))
+    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp), p.expert_tp)
 
 
 class _Keyed:
