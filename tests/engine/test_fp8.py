@@ -22,9 +22,9 @@ TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "nu
 FP8_DATA = DATA.parent / "fp8.csv"
 
 
-def _at_step(sc: Scenario) -> dict[str, int]:
+def _at_step(sc: Scenario, moment: str = "optimizer_step") -> dict[str, int]:
     est = estimate(sc)
-    step = next(m for m in est.worst.moments if m.name == "optimizer_step")
+    step = next(m for m in est.worst.moments if m.name == moment)
     return {i.item: i.bytes for i in step.items}
 
 
@@ -136,6 +136,39 @@ def test_fp8_all_gather_is_torchaos_tensorwise_under_zero3_only() -> None:
         with pytest.raises(ScenarioError) as e:
             Scenario.from_dict({**base, **bad})
         assert e.value.field == "fp8_all_gather" and words in str(e.value)
+
+
+@pytest.mark.parametrize("recipe", ["te-current", "te-delayed"])
+def test_fp8_all_gather_under_megatron_is_fsdps_fp8_param_gather(recipe: str) -> None:
+    """Megatron FSDP gathers TransformerEngine fp8 parameters (Megatron-Bridge's current-scaling recipe sets
+    ``fp8_param_gather``); other frameworks gather only torchao's tensorwise weights in fp8."""
+    base = {"model": TINY, "precision": "fp8", "fp8_recipe": recipe, "parallel": {"dp": 2, "zero": 3}}
+    assert (
+        Scenario.from_dict({**base, "framework": "megatron", "fp8_all_gather": True}).fp8_all_gather is True
+    )
+    for bad, words in (({"framework": "hf"}, "tensorwise"), ({"framework": "megatron", "fp8_recipe": "mxfp8"},
+                       "te-current")):  # fmt: skip
+        with pytest.raises(ScenarioError) as e:
+            Scenario.from_dict({**base, **bad, "fp8_all_gather": True})
+        assert e.value.field == "fp8_all_gather" and words in str(e.value)
+
+
+def test_megatron_fp8_params_keep_no_whole_model_cache_only_the_gathered_units_transpose() -> None:
+    """With fp8 parameters there is no bf16 weight to quantise, so TransformerEngine's whole-model fp8 weight and
+    transpose cache (2 B per Linear element) is gone; the gathered unit holds each Linear element in fp8 plus the
+    transpose Megatron FSDP makes before the unit's backward (1 + 1 B, instead of 2 B bf16): same bytes there."""
+    base = {"model": TINY, "framework": "megatron", "precision": "fp8", "fp8_recipe": "te-current",
+            "micro_batch_size": 2, "seq_len": 512, "parallel": {"dp": 2, "zero": 3}}  # fmt: skip
+    arch = build_architecture(TINY)
+    linear = sum(g.numel for g in arch.params if g.module and g.kind not in ("embedding", "head"))
+    off, on = (
+        _at_step(Scenario.from_dict({**base, "fp8_all_gather": v}), "backward_top") for v in (False, True)
+    )
+    assert off["fp8 weight and transpose cache"] == 2 * linear
+    assert "fp8 weight and transpose cache" not in on
+    layer_tensors = sum(g.count for g in arch.params if g.scope == "layer" and g.module) // 4
+    gathered = "FSDP2 all-gather output of the last unit (held until the next all-gather)"
+    assert on[gathered] - off[gathered] == layer_tensors * 4  # the fp32 scale of each gathered fp8 weight
 
 
 def test_fp8_all_gather_gathers_each_layers_linear_weights_in_one_byte() -> None:
