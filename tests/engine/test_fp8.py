@@ -220,19 +220,24 @@ def test_transformer_engine_keeps_each_gemms_scaling_state(recipe: str, rows: in
     ("recipe", "q"), [("te-current", 1.0), ("mxfp8", 1 + 1 / 32), ("nvfp4", 0.5 + 1 / 16)]
 )
 @pytest.mark.parametrize("sp", [False, True])
-def test_transformer_engine_saves_its_linear_inputs_quantised(recipe: str, q: float, sp: bool) -> None:
-    """TE's ``_Linear.forward`` saves the quantised input: Korthikanti's four Linear inputs (QKV, projection, fc1:
-    h wide; fc2: I wide) at ``q`` B instead of 2 B; without sequence parallelism the QKV and fc1 inputs are
-    replicated over the tensor-parallel ranks."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_transformer_engine_saves_its_linear_inputs_quantised(
+    recipe: str, q: float, sp: bool, attention: str
+) -> None:
+    """TE's ``_Linear.forward`` saves the quantised input: Korthikanti's QKV, fc1 (h wide) and fc2 (I wide) inputs
+    at ``q`` B instead of 2 B; without sequence parallelism the QKV and fc1 inputs are replicated over the
+    tensor-parallel ranks. The projection's input is the attention output: flash attention keeps that in bf16 for
+    its own backward, so the quantised copy adds ``q`` B x h/t; with eager attention the copy replaces it."""
     from memsim_widget.engine.activations.megatron import megatron_activations
 
     base = {"model": TINY, "micro_batch_size": 2, "seq_len": 512, "framework": "megatron", "precision": "fp8",
-            "parallel": {"tp": 2, "sequence_parallel": sp}}  # fmt: skip
+            "attention": attention, "parallel": {"tp": 2, "sequence_parallel": sp}}  # fmt: skip
     plain = megatron_activations(Context(Scenario.from_dict({**base, "precision": "mixed-bf16"}))).per_layer[
         0
     ]
     fp8 = megatron_activations(Context(Scenario.from_dict({**base, "fp8_recipe": recipe}))).per_layer[0]
     h, i, t, sb = 256, 688, 2, 2 * 512
-    wide = (3 * h + i) / t if sp else 2 * h + (h + i) / t
-    assert plain.bytes - fp8.bytes == pytest.approx((2 - q) * sb * wide, rel=1e-12)
+    wide = (2 * h + i) / t if sp else 2 * h + i / t
+    proj = -q * h / t if attention == "sdpa" else (2 - q) * h / t
+    assert plain.bytes - fp8.bytes == pytest.approx((2 - q) * sb * wide + sb * proj, rel=1e-12)
     assert recipe in fp8.name
