@@ -19,7 +19,8 @@ def megatron_activations(ctx: Context) -> ActivationBudget:
     head_dim wide each (Megatron-Core ``SelfAttention.get_query_key_value_tensors`` splits a GQA QKV output), and
     with ``hidden_dropout`` 0 no mask is saved (``bias_dropout_add`` calls ``F.dropout``, which returns its input
     at p = 0 and keeps no mask: PyTorch ``aten/src/ATen/native/Dropout.cpp``, fused only for 0 < p < 1; Llama
-    runs Megatron with hidden and attention dropout 0, Megatron-Bridge ``Llama3ModelProvider``). Without sequence
+    runs Megatron with hidden and attention dropout 0: Megatron-Bridge ``src/megatron/bridge/models/llama/
+    llama_provider.py``, commit 00b7660be025; Megatron-LM ``fusions/fused_bias_dropout.py``). Without sequence
     parallelism the outside terms stay unsplit. Flash attention and selective recomputation drop the
     5*a*s^2*b/t attention-score term. Under a TransformerEngine fp8 recipe the QKV, fc1 and fc2 inputs are saved
     quantised (``Fp8Recipe.saved_input_bytes``: TE ``_Linear.forward`` saves the fp8 input; memsim_widget/fp8.py)
