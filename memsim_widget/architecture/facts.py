@@ -326,7 +326,7 @@ FACT_KEYS = frozenset(
         "residual_dropout_masks",
         "hybrid", "layer_block_types", "moe_layer_indices",
         "expert_parallel_error", "lora_all_linear_error", "block_period",
-        "traced_rules", "num_channels", "image_size", "patch_size", "num_patches", "grid", "window_size",
+        "coverage", "num_channels", "image_size", "patch_size", "num_patches", "grid", "window_size",
         "ssm", "vision", "calibration",
     }
 )  # fmt: skip
@@ -338,7 +338,7 @@ KEPT_KEYS = frozenset(
         "dense_intermediate_size", "embd_pdrop", "embedding_dropout", "embedding_scale", "encoder_causal",
         "experts_dtype_note", "first_k_dense_replace", "fp32_router", "fullatt_block_indexes", "hidden_act",
         "hidden_activation", "layer_norm_eps", "layer_pattern", "local_attention", "logit_scale",
-        "max_position_embeddings", "max_window_layers", "mlp_only_layers", "moe_intermediate_size", "moe_layers",
+        "max_position_embeddings", "max_window_layers", "meta_build_seconds", "mlp_only_layers", "moe_intermediate_size", "moe_layers",
         "mtp_layers_not_built", "multi_query", "n_group", "n_positions", "n_shared_experts",
         "new_decoder_architecture", "norm_bias", "norm_class", "norm_eps", "norm_epsilon", "norm_topk_prob",
         "num_labels", "objective", "original_max_position_embeddings", "pad_token_id", "parallel_attn",
@@ -352,7 +352,7 @@ KEPT_KEYS = frozenset(
     }
 )  # fmt: skip
 
-#: The rule sets a family's ``extra["traced_rules"]`` may name (``RuleCoverage`` fields).
+#: The rule sets a family's ``extra["coverage"]`` may name (``RuleCoverage`` fields).
 TRACED_RULES = frozenset(f.name for f in dataclasses.fields(RuleCoverage))
 
 _VISION_KINDS: dict[str, type[VisionFacts]] = {
@@ -380,11 +380,9 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
         )
     x = extra.get
     norms = x("norms_per_layer", 2)
-    rules = set(x("traced_rules", ()))
+    rules = set(x("coverage", ()))
     if not rules <= TRACED_RULES:
-        raise ValueError(
-            f"{model}: traced_rules {sorted(rules - TRACED_RULES)} not in {sorted(TRACED_RULES)}"
-        )
+        raise ValueError(f"{model}: coverage {sorted(rules - TRACED_RULES)} not in {sorted(TRACED_RULES)}")
     hybrid = x("hybrid")
     return ModelFacts(
         hf_class=x("hf_class", ""),

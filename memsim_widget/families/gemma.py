@@ -36,5 +36,5 @@ def build_gemma(cfg: Mapping[str, Any]) -> Architecture:
         defaults=GEMMA_DEFAULTS,
         qkv_bias=attn_bias,
         o_bias=attn_bias,
-        extra={"embedding_scale": "sqrt(hidden_size)"},
+        extra={"embedding_scale": "sqrt(hidden_size)", "norm_one_plus_weight": True},
     )

@@ -54,6 +54,7 @@ def build_gemma2(cfg: Mapping[str, Any]) -> Architecture:
             "post_feedforward_layernorm",
         ),
         extra={
+            "norm_one_plus_weight": True,
             "sliding_window": cfg.get("sliding_window", d["sliding_window"]),
             "attn_logit_softcapping": cfg.get("attn_logit_softcapping", d["attn_logit_softcapping"]),
             "final_logit_softcapping": cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),

@@ -122,6 +122,7 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         ),
+        extra={"norm_one_plus_weight": True},
     )
     if read_bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
         raise ScenarioError(

@@ -45,13 +45,13 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
     bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA, HF Trainer's output lifetime, one GPU."""
     return bool(
         sc.compile
-        and arch.family in COMPILED_FAMILIES
+        and arch.facts.coverage.compiled
         and arch.norm == "rmsnorm"
         and arch.mlp_activation == "swiglu"
         and arch.position == "rope"
         and not arch.is_moe
-        and not arch.extra.get("vision")
-        and arch.extra.get("calibration") is None
+        and arch.facts.vision is None
+        and arch.facts.calibration is None
         and sc.precision in ("bf16", "amp-bf16")
         and (sc.method == "full" or _lora_qv(sc))
         and sc.activation_checkpointing == "none"
@@ -96,7 +96,7 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled LoRA: gate and up outputs", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
     ]  # fmt: skip
     out.post[:] = []
-    tangents = (2 * L - 1) * e * T * hkv if ctx.arch.extra.get("use_cache", True) else 0
+    tangents = (2 * L - 1) * e * T * hkv if ctx.arch.facts.attention.use_cache else 0
     out.loss_backward[:] = [
         Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
         Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
@@ -164,7 +164,7 @@ def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int
     """The top of backward: the loss's fp32 buffer and the zero gradients AOTAutograd makes for the unused outputs
     (the logits; the returned KV cache's k, in fp32 after autocast's fp32 RoPE, and v)."""
     L = ctx.arch.num_layers
-    cache = (kb + e) * T * hkv * L if ctx.arch.extra.get("use_cache", True) else 0
+    cache = (kb + e) * T * hkv * L if ctx.arch.facts.attention.use_cache else 0
     out.loss_backward[:] = [
         Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
         Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),

@@ -43,12 +43,12 @@ def liger_applies(sc: Scenario, arch: Architecture) -> bool:
     context parallelism (data and pipeline parallelism change no layer's or loss's saved set)."""
     return bool(
         sc.framework == "liger"
-        and arch.family in LIGER_FAMILIES
+        and arch.facts.coverage.liger
         and arch.norm == "rmsnorm"
         and arch.mlp_activation == "swiglu"
         and not arch.is_moe
-        and not arch.extra.get("vision")
-        and arch.extra.get("calibration") is None
+        and arch.facts.vision is None
+        and arch.facts.calibration is None
         and arch.vocab_size
         and sc.loss == "standard"
         and not sc.compile

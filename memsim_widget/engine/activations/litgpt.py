@@ -48,12 +48,12 @@ def litgpt_rule_applies(sc: Scenario, arch: Architecture) -> bool:
     pipeline parallelism change no layer's or loss's saved set)."""
     return bool(
         sc.framework == "litgpt"
-        and arch.family in LITGPT_FAMILIES
+        and arch.facts.coverage.litgpt
         and arch.norm == "rmsnorm"
         and arch.mlp_activation == "swiglu"
         and not arch.is_moe
-        and not arch.extra.get("vision")
-        and arch.extra.get("calibration") is None
+        and arch.facts.vision is None
+        and arch.facts.calibration is None
         and sc.precision in ("bf16", "amp-bf16")
         and not sc.compile
         and (sc.method == "full" or (sc.method == "lora" and set(sc.lora.targets) == {"q_proj", "v_proj"}))

@@ -1,9 +1,10 @@
 """The MLP and MoE: what each activation function keeps for backward (per T x I element), a dense MLP's saved
 tensors, a Mixtral-style MoE layer's router and routed token copies, and the layers whose MLP is made of parts
-(dense first layers, MoE every n-th layer, shared experts: ``arch.extra["mlp_parts"]``)."""
+(dense first layers, MoE every n-th layer, shared experts: ``arch.facts.mlp.parts``)."""
 
 from __future__ import annotations
 
+from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.activations.linears import MLP_IN, MLP_OUT
 
@@ -28,11 +29,10 @@ ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1, "qui
 ACT_SAVED_PART = {"clamped-swiglu": 6}
 
 
-def parallel_mlp(arch: object) -> bool:
+def parallel_mlp(arch: Architecture) -> bool:
     """The MLP reads a norm of the layer input, beside attention (Phi; GPT-NeoX's parallel residual)."""
-    extra = getattr(arch, "extra", {})
-    norms = extra.get("norms_per_layer", 2)
-    return bool(extra.get("parallel_attn_mlp") or extra.get("norm_inputs", norms) < norms)
+    f = arch.facts
+    return f.mlp.parallel_attn_mlp or f.norm.inputs < f.norm.per_layer
 
 
 def mlp(st: HFLayer) -> None:
@@ -42,7 +42,7 @@ def mlp(st: HFLayer) -> None:
     frozen_first, targets, modules, L = st.frozen_first, st.targets, st.modules, st.L
     mlp_from = len(L)
     moe = arch.is_moe
-    parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (architecture/moe.py)
+    parts = arch.facts.mlp.parts  # dense + MoE layers, shared experts (architecture/moe.py)
     if parts:
         Tm, I = mlp_parts(arch, D, parts, add, consumers, full, ec, r)
     else:
@@ -57,7 +57,7 @@ def mlp(st: HFLayer) -> None:
         mlp_free0 = frozen_first and parallel_mlp(arch) and not (MLP_IN & modules & targets)
         # Falcon's Linear adds its bias after the matmul: under autocast the fp32 bias promotes the output, so the
         # activation works on (and saves) fp32 (traced)
-        ab_ = 4 if amp and arch.extra.get("unfused_bias") else ec
+        ab_ = 4 if amp and arch.facts.linear.unfused_bias else ec
         per_elem, formula = n_act * ab_, f"{n_act} x {ab_} B x {kf}, I={I}"
         if amp and arch.mlp_activation == "gelu_tanh" and ab_ == ec:
             per_elem, formula = gelu_tanh_autocast(ec, kf, I)
@@ -86,7 +86,7 @@ def mlp(st: HFLayer) -> None:
 
 def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001, ANN201
     """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
-    a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, architecture/moe.py). Per-layer bytes
+    a shared expert beside the routed ones (``arch.facts.mlp.parts``, architecture/moe.py). Per-layer bytes
     are the average over the layers; returns (rows, width) of the largest part for the backward transients.
 
     A routed part runs transformers 5's default ``grouped_mm`` experts (the eager per-expert loop saves

@@ -15,17 +15,15 @@ def refuse_untraced(ctx: Context) -> None:
     guess)."""
     arch, sc = ctx.arch, ctx.scenario
     check_tp_plan(sc)
-    if arch.extra.get("ssm"):
+    if arch.facts.ssm is not None:
         refuse_ssm(ctx)
-    if arch.family == "t5" and sc.activation_checkpointing == "selective-op":
+    if arch.facts.coverage.encoder_decoder and sc.activation_checkpointing == "selective-op":
         raise ScenarioError(
             "activation_checkpointing", "selective-op (torchtitan's per-op policy) is not modelled for T5: "
             "torchtitan has no encoder-decoder model and no trace checks it; use none, selective or full",
         )  # fmt: skip
-    if arch.family != "falcon":
-        return
     amp = uses_autocast(ctx)
-    if arch.extra.get("sdpa_math_fallback") and sc.activation_checkpointing == "selective-op":
+    if arch.facts.attention.sdpa_math_fallback and sc.activation_checkpointing == "selective-op":
         # traced +4.5% (b2 s512): the per-op policy finds no SDPA op in the math fallback (bmm, softmax) and the
         # recomputed layer's transients differ from the rule's llama-shaped layer
         raise ScenarioError(
@@ -76,15 +74,15 @@ def _check_ssm_lora(ctx: Context) -> None:
     """LoRA on a state-space model: traced for Mamba and Mamba-2 (not the Jamba hybrid), in bf16, on the modules
     peft wraps there (it refuses out_proj and conv1d, so ``all-linear`` fails too)."""
     sc, arch = ctx.scenario, ctx.arch
-    if sc.method == "qlora" or arch.extra.get("hybrid"):
-        raise ScenarioError("method", f"{sc.method} {SSM_WHY} in {arch.extra['hf_class']}; use full")
+    if sc.method == "qlora" or arch.facts.hybrid is not None:
+        raise ScenarioError("method", f"{sc.method} {SSM_WHY} in {arch.facts.hf_class}; use full")
     targets = set(sc.lora.targets)
     bad = sorted(targets & {*PEFT_MAMBA_REFUSED, "all-linear"})
     if bad:
         raise ScenarioError(
             "lora.targets", f"peft refuses {', '.join(bad)} on Mamba-based models (out_proj and conv1d are "
             "incompatible, and all-linear includes out_proj): name in_proj"
-            + (", x_proj or dt_proj" if arch.extra["ssm"]["version"] == 1 else ""),
+            + (", x_proj or dt_proj" if (arch.facts.ssm or {})["version"] == 1 else ""),
         )  # fmt: skip
     if ctx.recipe.act_bytes != 2:
         raise ScenarioError("precision", f"{sc.precision} with LoRA {SSM_WHY}; use bf16 or fp16")
