@@ -213,8 +213,10 @@ class PatchFacts:
 
     #: channels of an image (3)
     num_channels: int = 3
-    #: the square image side in pixels
+    #: the square image side in pixels (0 where the image is H x W: ``image_hw``)
     image_size: int = 224
+    #: Qwen2-VL's (H, W) image after its resize, None: square images of ``image_size``
+    image_hw: tuple[int, ...] | None = None
     #: patch side in pixels (None: not a patch model)
     patch_size: int | None = None
     #: patches per image (None: not given)
@@ -249,6 +251,13 @@ class VisionFacts:
     image_note: str | None = None
     #: token_type_ids make HF build a mask for every layer (Gemma 3 multimodal)
     image_mask_all_layers: bool = False
+
+    @property
+    def patches(self) -> PatchFacts:
+        """The tower's pixel input and patch grid (every tower declares them: architecture/vision.py)."""
+        p = self.tower.facts.patches
+        assert p is not None, "a vision tower declares image_size"
+        return p
 
 
 @dataclass(frozen=True)
@@ -378,12 +387,15 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
         raise ValueError(
             f"{model}: Architecture.extra has undeclared key(s) {unknown} (architecture/facts.py)"
         )
-    x = extra.get
+
+    def x(key: str, default: Any = None) -> Any:
+        return extra.get(key, default)
+
     norms = x("norms_per_layer", 2)
     rules = set(x("coverage", ()))
     if not rules <= TRACED_RULES:
         raise ValueError(f"{model}: coverage {sorted(rules - TRACED_RULES)} not in {sorted(TRACED_RULES)}")
-    hybrid = x("hybrid")
+    hybrid, size = x("hybrid"), x("image_size")
     return ModelFacts(
         hf_class=x("hf_class", ""),
         norm=NormFacts(
@@ -462,10 +474,11 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
         if "image_size" not in extra
         else PatchFacts(
             num_channels=x("num_channels", 3),
-            image_size=x("image_size"),
+            image_size=size if isinstance(size, int) else 0,
+            image_hw=None if isinstance(size, int) else tuple(size),
             patch_size=x("patch_size"),
             num_patches=x("num_patches"),
-            grid=x("grid"),
+            grid=None if x("grid") is None else tuple(x("grid")),
             window_size=x("window_size"),
         ),
         ssm=x("ssm") or None,

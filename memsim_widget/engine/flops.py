@@ -87,9 +87,9 @@ def model_flops(arch: Architecture) -> ModelFlops:
     """The forward FLOPs per token of ``arch``."""
     layer, io, head = matmul_weights(arch)
     d_qk = arch.head_dim
-    mla = arch.extra.get("mla") if arch.extra else None
+    mla = arch.facts.attention.mla
     d_v = int(mla["v_head_dim"]) if mla else arch.head_dim
-    ssm = arch.extra.get("ssm") if arch.extra else None
+    ssm = arch.facts.ssm
     scan = 0.0
     if ssm:
         inner, n_state, k = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
@@ -111,6 +111,6 @@ def model_flops(arch: Architecture) -> ModelFlops:
         d_qk=d_qk,
         d_v=d_v,
         causal=arch.causal,
-        attention_layers=arch.extra.get("attention_layers") if arch.extra else None,
+        attention_layers=arch.facts.attention.layers,
         scan_per_layer=scan,
     )

@@ -2,7 +2,7 @@
 
 The layers are averaged over the stack, as the MoE parts are (engine/activations/mlp.py): the norms and
 the MLPs of every layer come from the HF rules run on the model seen without its state-space layers (every layer an
-attention layer, ``arch.extra["mlp_parts"]`` weighing dense and MoE MLPs); the attention terms are then scaled by
+attention layer, ``arch.facts.mlp.parts`` weighing dense and MoE MLPs); the attention terms are then scaled by
 the share of attention layers, and the Mamba mixer's own terms are added for the share of Mamba layers. The sum over
 the layers is exact when each layer kind saves the same at every depth (no LoRA, no checkpointing: the state-space
 refusals of engine/activations/refusals.py apply).
@@ -21,8 +21,10 @@ transients are larger (no such case seen), those are taken instead.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from memsim_widget.architecture.facts import HybridFacts
 from memsim_widget.architecture.types import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.ssm import SCAN_CHUNK, ssm_kernel
@@ -42,16 +44,15 @@ def _scaled(t: Term, share: float, label: str) -> Term:
 def stack_context(ctx: Context) -> Context:
     """``ctx`` seen without the state-space layers: the same model, every layer an attention layer."""
     arch = ctx.arch
-    extra = {k: v for k, v in arch.extra.items() if k not in ("ssm", "hybrid")}
-    return ctx.seen_as(dataclasses.replace(arch, extra=extra))
+    return ctx.seen_as(arch.with_facts(ssm=None, hybrid=None))
 
 
 def hybrid_activations(ctx: Context, hf: Callable[[Context], ActivationBudget]) -> ActivationBudget:
     """A hybrid stack's saved and transient activations, one micro-batch (see the module docstring)."""
     arch = ctx.arch
-    ssm = arch.extra["ssm"]
+    ssm, n_attn = arch.facts.ssm, arch.facts.attention.layers
+    assert ssm is not None and n_attn is not None  # a hybrid declares both (families/jamba.py)
     L = max(arch.num_layers, 1)
-    n_attn = arch.extra["attention_layers"]
     out = hf(stack_context(ctx))
     label = f"{n_attn}/{L} attention layers"
     fa = n_attn / L
@@ -66,12 +67,19 @@ def hybrid_activations(ctx: Context, hf: Callable[[Context], ActivationBudget]) 
     return out
 
 
+def _hybrid(arch: Architecture) -> tuple[HybridFacts, Mapping[str, Any], int]:
+    """A hybrid's layer kinds, its state-space sizes and its attention layer count (families/jamba.py)."""
+    f = arch.facts
+    assert f.hybrid is not None and f.ssm is not None and f.attention.layers is not None
+    return f.hybrid, f.ssm, f.attention.layers
+
+
 def _layer_numel(arch: Architecture, j: int, parts: tuple[str, ...]) -> int:
     """Parameters of layer ``j`` in ``parts`` (``mlp``, ``attention``, ``out_proj``, ``norms``)."""
-    ex = arch.extra
-    moe = j in ex["moe_layer_indices"]
-    n_moe = max(len(ex["moe_layer_indices"]), 1)
-    n_dense = max(arch.num_layers - len(ex["moe_layer_indices"]), 1)
+    hy, ssm, n_attn = _hybrid(arch)
+    moe = j in hy.moe_layer_indices
+    n_moe = max(len(hy.moe_layer_indices), 1)
+    n_dense = max(arch.num_layers - len(hy.moe_layer_indices), 1)
     numel = 0
     for g in arch.params:
         if g.scope != "layer":
@@ -79,9 +87,9 @@ def _layer_numel(arch: Architecture, j: int, parts: tuple[str, ...]) -> int:
         if "mlp" in parts and ".feed_forward." in g.name and (g.kind in ("experts", "router")) == moe:
             numel += g.numel // (n_moe if moe else n_dense)
         elif "attention" in parts and ".self_attn." in g.name:
-            numel += g.numel // max(ex["attention_layers"], 1)
+            numel += g.numel // max(n_attn, 1)
         elif "out_proj" in parts and ".mamba.out_proj." in g.name:
-            numel += g.numel // max(ex["ssm"]["layers"], 1)
+            numel += g.numel // max(ssm["layers"], 1)
         elif "norms" in parts and g.kind == "norm":
             numel += g.numel // arch.num_layers
     return numel
@@ -89,19 +97,15 @@ def _layer_numel(arch: Architecture, j: int, parts: tuple[str, ...]) -> int:
 
 def _layer_saved(arch: Architecture, j: int, per_layer: list[Term], whole: bool) -> float:
     """What layer ``j`` saved of its MLP, MLP input and norms (``whole``: both norms and its attention too)."""
-    ex, L = arch.extra, arch.num_layers
-    moe = j in ex["moe_layer_indices"]
-    part = next(p for p in ex["mlp_parts"] if bool(p.get("experts")) == moe)
+    (hy, _, n_attn), L = _hybrid(arch), arch.num_layers
+    moe = j in hy.moe_layer_indices
+    part = next(p for p in arch.facts.mlp.parts or () if bool(p.get("experts")) == moe)
     nbytes = sum(t.bytes * L / part["layers"] for t in per_layer if t.name.startswith(part["name"] + ":"))
     nbytes += sum(t.bytes for t in per_layer if t.name.startswith("MLP input"))
     norms = sum(t.bytes for t in per_layer if t.name.startswith("RMSNorm"))
-    nbytes += norms if whole else norms / ex["norms_per_layer"]
+    nbytes += norms if whole else norms / arch.facts.norm.per_layer
     if whole:
-        nbytes += sum(
-            t.bytes * L / max(ex["attention_layers"], 1)
-            for t in per_layer
-            if t.name.startswith(ATTENTION_TERMS)
-        )
+        nbytes += sum(t.bytes * L / max(n_attn, 1) for t in per_layer if t.name.startswith(ATTENTION_TERMS))
     return nbytes
 
 
@@ -110,7 +114,7 @@ def above_the_scan(ctx: Context, per_layer: list[Term]) -> list[Term]:
     layers) and its own MLP and out_proj have run backward, so their weight gradients exist and what they saved is
     released (the moment counts every layer's saved tensors: a negative term)."""
     arch = ctx.arch
-    kinds = arch.extra["layer_block_types"]
+    kinds = _hybrid(arch)[0].layer_block_types
     m = max(i for i, k in enumerate(kinds) if k == "mamba")
     above = range(m + 1, arch.num_layers)
     numel = _layer_numel(arch, m, ("mlp", "out_proj"))
@@ -127,7 +131,7 @@ def above_the_scan(ctx: Context, per_layer: list[Term]) -> list[Term]:
     ]  # fmt: skip
 
 
-def jamba_mixer(ctx: Context, ssm: dict) -> tuple[list[Term], Term]:
+def jamba_mixer(ctx: Context, ssm: Mapping[str, Any]) -> tuple[list[Term], Term]:
     """One Jamba mixer's saved tensors (T tokens, I inner channels, N state, R dt rank, K conv kernel) and the
     transients of its backward, for the scan ``ssm_kernel`` picks."""
     sc = ctx.scenario
