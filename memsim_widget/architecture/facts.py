@@ -12,10 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from memsim_widget.architecture.types import Architecture
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -233,8 +230,9 @@ class VisionFacts:
 
     #: which model's vision path: ``"clip"``, ``"llava"``, ``"gemma3"`` (this class), or a subclass's kind
     kind: str
-    #: the tower, an Architecture of its own (architecture/vision.py)
-    tower: Architecture
+    #: the tower, an Architecture of its own (architecture/vision.py); typed Any because architecture/types.py
+    #: imports this module (no import circle)
+    tower: Any
     #: tokens one image adds to the language model's sequence (0 for CLIP)
     tokens_per_image: int
     #: images per sample when the scenario leaves ``images_per_sample`` unset

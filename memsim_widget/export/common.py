@@ -139,7 +139,7 @@ def _vision_notes(draft: Draft) -> None:
         ctx = Context(draft.scenario)
     except ScenarioError:
         return  # the estimate names the problem
-    if not ctx.arch.extra.get("vision"):
+    if ctx.arch.facts.vision is None:
         return
     draft.note(
         f"images_per_sample {ctx.images_per_sample}: memsim assumed {ctx.images_per_sample} image(s) per sample "
