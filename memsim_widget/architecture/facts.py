@@ -214,10 +214,10 @@ class PatchFacts:
     image_size: int = 224
     #: Qwen2-VL's (H, W) image after its resize, None: square images of ``image_size``
     image_hw: tuple[int, ...] | None = None
-    #: patch side in pixels (None: not a patch model)
-    patch_size: int | None = None
-    #: patches per image (None: not given)
-    num_patches: int | None = None
+    #: patch side in pixels (0: not given; Qwen2-VL's tower has its ``grid`` instead)
+    patch_size: int = 0
+    #: patches per image (0: not given; Qwen2-VL's tower has its ``grid`` instead)
+    num_patches: int = 0
     #: Qwen2-VL's (t, h, w) patch grid of one image (None: square images)
     grid: tuple[int, ...] | None = None
     #: Qwen2.5-VL's window attention size (None: full attention in every tower layer)
@@ -474,8 +474,8 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             num_channels=x("num_channels", 3),
             image_size=size if isinstance(size, int) else 0,
             image_hw=None if isinstance(size, int) else tuple(size),
-            patch_size=x("patch_size"),
-            num_patches=x("num_patches"),
+            patch_size=x("patch_size", 0),
+            num_patches=x("num_patches", 0),
             grid=None if x("grid") is None else tuple(x("grid")),
             window_size=x("window_size"),
         ),

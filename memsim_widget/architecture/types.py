@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memsim_widget.architecture.facts import ModelFacts, model_facts
+from memsim_widget.architecture.facts import ModelFacts, PatchFacts, model_facts
 from memsim_widget.architecture.registry import LazyRegistry
 
 #: Parameter kinds of the breakdown, in display order.
@@ -91,6 +91,18 @@ class Architecture:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "facts", model_facts(self.extra, self.model_type))
+
+    def extra_with(self, *, drop: Collection[str] = (), **entries: Any) -> dict[str, Any]:
+        """This model's ``extra`` less ``drop``, updated with ``entries``: the ``extra`` of a model a family builds
+        on this one (a VLM on its language model, Gemma 3 on the shared decoder). A key keeps its place."""
+        return {**{k: v for k, v in self.extra.items() if k not in drop}, **entries}
+
+    @property
+    def patches(self) -> PatchFacts:
+        """A vision model's pixel input and patch grid (ViT, a multimodal model's tower); ValueError on a text model."""
+        if self.facts.patches is None:
+            raise ValueError(f"{self.model_type} has no pixel input (no image_size)")
+        return self.facts.patches
 
     def with_facts(self, **groups: Any) -> Architecture:
         """This model seen with some fact groups replaced (the engine's views: a hybrid stack without its

@@ -95,12 +95,11 @@ def build_clip(cfg: Mapping[str, Any]) -> Architecture:
         model_type="clip",
         params=tuple(t_groups + v_groups + heads_),
         max_seq_len=pos,
-        extra={
-            **t_arch.extra,
-            "hf_class": "CLIPModel",
-            "text_vocab_size": vocab,
-            "projection_dim": proj,
-            "vision": {
+        extra=t_arch.extra_with(
+            hf_class="CLIPModel",
+            text_vocab_size=vocab,
+            projection_dim=proj,
+            vision={
                 "kind": "clip",
                 "tower": tower,
                 "layers_used": tower.num_layers,
@@ -109,5 +108,5 @@ def build_clip(cfg: Mapping[str, Any]) -> Architecture:
                 "freeze_default": False,  # contrastive training trains both towers
                 "projector": None,
             },
-        },
+        ),
     )

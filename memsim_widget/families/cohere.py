@@ -77,7 +77,7 @@ def build_cohere(cfg: Mapping[str, Any]) -> Architecture:
             **({"qk_norm": "head"} if qk else {}),
         },
     )
-    extra = {k: v for k, v in arch.extra.items() if k != "rms_norm_eps"}
+    extra = arch.extra_with(drop=("rms_norm_eps",))
     groups = arch.params
     if qk:
         p, L, hd = "model.layers.*.self_attn.", arch.num_layers, arch.head_dim

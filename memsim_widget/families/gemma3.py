@@ -133,7 +133,7 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     bases = rope_bases(cfg)
     window = cfg.get("sliding_window", d["sliding_window"])
     extra = {
-        **arch.extra,
+        **arch.extra,  # the shared decoder's, then Gemma 3's own
         "qk_norm": "head",
         "layer_types": kinds,
         "sdpa_sliding_mask": "decoder",  # sliding layers at s >= window: SDPA's mask, k/v repeated (activations)
@@ -185,7 +185,7 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
     with errors_under("vision_config"):
         v_groups, tower = siglip_vision_tower(vision_cfg, "model.vision_tower.")
     tokens = read_int(cfg, "mm_tokens_per_image", d["mm_tokens_per_image"])
-    side, grid = math.isqrt(tokens), tower.extra["image_size"] // tower.extra["patch_size"]
+    side, grid = math.isqrt(tokens), tower.patches.image_size // tower.patches.patch_size
     if side * side != tokens or grid % side:
         raise ScenarioError(
             "model.mm_tokens_per_image",
@@ -207,11 +207,10 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
         lm,
         model_type="gemma3",
         params=tuple(v_groups + projector + lm_groups),
-        extra={
-            **lm.extra,
-            "hf_class": "Gemma3ForConditionalGeneration",
-            "final_logit_softcapping": None,
-            "vision": {
+        extra=lm.extra_with(
+            hf_class="Gemma3ForConditionalGeneration",
+            final_logit_softcapping=None,
+            vision={
                 "kind": "gemma3",
                 "tower": tower,
                 "layers_used": tower.num_layers,
@@ -222,5 +221,5 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
                 "image_token_index": cfg.get("image_token_index", d["image_token_index"]),
                 "image_mask_all_layers": True,  # token_type_ids: bidirectional image blocks, a mask in every layer
             },
-        },
+        ),
     )

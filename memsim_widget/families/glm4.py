@@ -74,12 +74,11 @@ def build_glm4(cfg: Mapping[str, Any]) -> Architecture:
             params += gate_up
         elif g.module != "up_proj":
             params.append(g)
-    extra = {
-        **arch.extra,
-        "rope_theta": base,
-        "partial_rotary_factor": pct,
-        "rotary_dim": rotary,
-        "sdpa_output_copy": rotary < arch.head_dim,
-        "post_norms_16bit": 2,
-    }
+    extra = arch.extra_with(
+        rope_theta=base,
+        partial_rotary_factor=pct,
+        rotary_dim=rotary,
+        sdpa_output_copy=rotary < arch.head_dim,
+        post_norms_16bit=2,
+    )
     return dataclasses.replace(arch, params=tuple(params), extra=extra)

@@ -35,13 +35,10 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.scenario import Scenario
 
-#: The families whose compiled step a trace backs (HF Llama-layout decoders; Qwen2's q/k/v biases change nothing
-#: the partitioner saves: traced).
-COMPILED_FAMILIES = ("llama", "mistral", "qwen2")
-
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
-    """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``COMPILED_FAMILIES``),
+    """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder whose family declares
+    ``coverage.compiled`` (llama, mistral, qwen2: q/k/v biases change nothing the partitioner saves; traced),
     bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA, HF Trainer's output lifetime, one GPU."""
     return bool(
         sc.compile
