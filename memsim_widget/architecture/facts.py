@@ -249,6 +249,21 @@ class VisionFacts:
     image_note: str | None = None
     #: token_type_ids make HF build a mask for every layer (Gemma 3 multimodal)
     image_mask_all_layers: bool = False
+    #: how the projector maps tower rows to the language model: ``"mlp"`` (linear_1 -> gelu -> linear_2),
+    #: ``"norm-linear"`` (a soft-embedding RMSNorm and one matmul), ``"pixel-shuffle"`` (an adapter, one Linear)
+    projector_layout: str = "mlp"
+    #: the trained tower's norm at its edge (``"pre_layrnorm"`` on the embeddings, or ``"post_layernorm"``)
+    edge_norm: str = "pre_layrnorm"
+    #: the model output holds the tower's hidden states (``image_outputs``) through the loss
+    output_holds_tower_states: bool = True
+    #: under LoRA the model output also holds the hidden state the projector read (LLaVA's vision_feature_layer)
+    output_holds_feature_layer: bool = False
+    #: a frozen tower's forward tensors stay referenced by the graph under HF checkpointing (LLaVA; traced)
+    graph_keeps_frozen_tower: bool = False
+    #: two towers and a contrastive head: input ids without labels, no image tokens in the sequence (CLIP)
+    contrastive_head: bool = False
+    #: every image is padded or resized to the tower's square side (LLaVA 1.5): the caveats name it
+    resized_to_tower: bool = False
 
     @property
     def patches(self) -> PatchFacts:
@@ -256,6 +271,31 @@ class VisionFacts:
         p = self.tower.facts.patches
         assert p is not None, "a vision tower declares image_size"
         return p
+
+
+@dataclass(frozen=True)
+class ClipVision(VisionFacts):
+    """CLIP: the image and text towers side by side, joined by the contrastive head (engine/vision.py)."""
+
+    output_holds_tower_states: bool = False
+    contrastive_head: bool = True
+
+
+@dataclass(frozen=True)
+class LlavaVision(VisionFacts):
+    """LLaVA 1.5: a CLIP tower read at ``vision_feature_layer``, a two-Linear projector (engine/vision.py)."""
+
+    output_holds_feature_layer: bool = True
+    graph_keeps_frozen_tower: bool = True
+    resized_to_tower: bool = True
+
+
+@dataclass(frozen=True)
+class Gemma3Vision(VisionFacts):
+    """Gemma 3: a SigLIP tower, pooled rows through a soft-embedding RMSNorm and one matmul (engine/vision.py)."""
+
+    projector_layout: str = "norm-linear"
+    edge_norm: str = "post_layernorm"
 
 
 @dataclass(frozen=True)
@@ -279,6 +319,9 @@ class QwenVision(VisionFacts):
 @dataclass(frozen=True)
 class Llama4Vision(VisionFacts):
     """Llama 4's pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)."""
+
+    projector_layout: str = "pixel-shuffle"
+    output_holds_tower_states: bool = False
 
     #: the adapter's widths (``shuffled``, ``inner``, ``out``)
     adapter: Mapping[str, int] = field(default_factory=dict)
@@ -363,6 +406,9 @@ KEPT_KEYS = frozenset(
 TRACED_RULES = frozenset(f.name for f in dataclasses.fields(RuleCoverage))
 
 _VISION_KINDS: dict[str, type[VisionFacts]] = {
+    "clip": ClipVision,
+    "llava": LlavaVision,
+    "gemma3": Gemma3Vision,
     "llava_next": LlavaNextVision,
     "qwen2_vl": QwenVision,
     "llama4": Llama4Vision,
@@ -373,7 +419,7 @@ def _vision(v: Mapping[str, Any] | None) -> VisionFacts | None:
     """The vision dict a multimodal family writes, as its kind's VisionFacts (every key declared by a field)."""
     if not v:
         return None
-    cls = _VISION_KINDS.get(v["kind"], VisionFacts)
+    cls = _VISION_KINDS[v["kind"]]
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: val for k, val in v.items() if k in names})
 

@@ -126,7 +126,7 @@ def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:
         out.append(v.caveat)
     if v.image_note:  # Qwen2-VL, LLaVA-NeXT: the image size the token count assumes (the family's text)
         out.append(v.image_note)
-    if v.kind == "llava":
+    if v.resized_to_tower:  # LLaVA 1.5 (LLaVA-NeXT names its crops in image_note)
         out.append(
             f"every image is {v.patches.image_size}px ({v.tokens_per_image} tokens): LLaVA 1.5 pads "
             "or resizes to it; the vision tower's own backward transients are not modelled"

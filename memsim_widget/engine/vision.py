@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memsim_widget.architecture.facts import VisionFacts
+from memsim_widget.architecture.facts import LlavaNextVision, QwenVision, VisionFacts
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, tower_context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
@@ -42,12 +42,12 @@ def vision_activations(
     """Add the vision tower's (and projector's) saved tensors and the pixel inputs to ``out``."""
     v = ctx.arch.facts.vision
     assert v is not None  # the dispatcher calls this for a multimodal model only
-    if v.kind == "qwen2_vl":  # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/vision_qwen.py)
+    if isinstance(v, QwenVision):  # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/vision_qwen.py)
         from memsim_widget.engine.vision_qwen import qwen_vision_activations
 
         qwen_vision_activations(ctx, out, hf)
         return
-    if v.kind == "llava_next":  # LLaVA's rules on every anyres crop (engine/vision_llava_next.py)
+    if isinstance(v, LlavaNextVision):  # LLaVA's rules on every anyres crop (engine/vision_llava_next.py)
         from memsim_widget.engine.vision_llava_next import llava_next_activations
 
         llava_next_activations(ctx, out, hf, vision_activations)
@@ -66,7 +66,7 @@ def vision_activations(
     pb = recipe.weight_bytes  # pixels come in the weights' dtype (fp32 under autocast)
 
     # ----- inputs: the pixels (and, for CLIP, input ids without labels) -----------------------------------
-    if v.kind == "clip":
+    if v.contrastive_head:
         out.inputs[:] = [Term("input ids", 8 * b * sc.seq_len, "8 B x b x s (int64)", 1)]
     if n_img:
         out.inputs.append(
@@ -90,18 +90,20 @@ def vision_activations(
         _tower(ctx, out, hf(sub), T, trained, r)
     else:
         _frozen_tower_outputs(ctx, out, T, r)
-        if v.kind == "llava" and sc.activation_checkpointing == "full":
+        if v.graph_keeps_frozen_tower and sc.activation_checkpointing == "full":
             _frozen_tower_under_checkpointing(out, v, bi, T, h, r, 2 if amp else ec)
     pj = v.projector
-    if v.kind == "llama4":  # pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
+    if (
+        v.projector_layout == "pixel-shuffle"
+    ):  # Llama 4's pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
         from memsim_widget.engine.llama4_vision import llama4_adapter_terms
 
         llama4_adapter_terms(ctx, out, trained=trained)
-    elif pj and v.kind == "gemma3":
+    elif pj and v.projector_layout == "norm-linear":  # Gemma 3
         _gemma3_projector(ctx, out, bi * v.tokens_per_image, pj, trained or adapters, amp, ec)
     elif pj:
         _llava_projector(ctx, out, bi, pj, adapters, amp, pb)
-    if v.kind == "clip":
+    if v.contrastive_head:
         _clip_head(ctx, out, trained, r, h)
 
 
@@ -149,7 +151,7 @@ def _tower(ctx: Context, out: ActivationBudget, tb: ActivationBudget, T: int, tr
     if trained:  # CLIP's pre_layrnorm on the embeddings, SigLIP's post_layernorm: (b, s, h) input, mean, rstd
         out.pre.append(
             Term(
-                f"vision tower: {'post_layernorm' if v.kind == 'gemma3' else 'pre_layrnorm'} input, mean and rstd",
+                f"vision tower: {v.edge_norm} input, mean and rstd",
                 r * T * h + 8 * T,
                 f"{r} B x T x h + 8 B x T",
                 3,
@@ -186,8 +188,8 @@ def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -
     # last hidden state and the one the projector read, Gemma 3's last one (traced: the earlier hidden states
     # are gone by the loss) -- alive through the loss, and with output_lifetime "backward"/"step" beyond (the
     # projector's input, saved when it trains, is counted with the projector)
-    n_hs = (1 if full else 2) if v.kind == "llava" else 1
-    if v.kind not in ("clip", "llama4") and n_hs > 0:  # Llama 4: engine/llama4_vision.py
+    n_hs = (1 if full else 2) if v.output_holds_feature_layer else 1
+    if v.output_holds_tower_states and n_hs > 0:  # Llama 4: engine/llama4_vision.py
         t = Term(
             "vision tower hidden states held by the model output (image_outputs)",
             n_hs * r * T * h,

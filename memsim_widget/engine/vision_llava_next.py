@@ -14,10 +14,9 @@ docs/fidelity.md):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
-from memsim_widget.architecture.facts import LlavaNextVision, VisionFacts
+from memsim_widget.architecture.facts import LlavaNextVision, LlavaVision
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
@@ -29,9 +28,14 @@ def crop_context(ctx: Context) -> Context:
     each."""
     v = _vision(ctx)
     sc = ctx.scenario.replace(images_per_sample=ctx.images_per_sample * v.crops_per_image)
-    base = {f.name: getattr(v, f.name) for f in dataclasses.fields(VisionFacts)}
-    crop = VisionFacts(**{**base, "kind": "llava", "tokens_per_image": v.tokens_per_crop})
+    shared = {name: getattr(v, name) for name in _SHARED}
+    crop = LlavaVision(kind=v.kind, tokens_per_image=v.tokens_per_crop, **shared)  # a crop: LLaVA 1.5's image
     return ctx.seen_as(ctx.arch.with_facts(vision=crop), sc)
+
+
+#: What a crop shares with its image: the tower, projector and recipe (LLaVA's own behaviour facts are its class's).
+_SHARED = ("tower", "images_default", "freeze_default", "layers_used", "projector", "caveat", "image_note",
+           "image_mask_all_layers")  # fmt: skip
 
 
 def _vision(ctx: Context) -> LlavaNextVision:

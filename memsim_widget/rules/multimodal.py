@@ -14,7 +14,7 @@ def _vision(v: View) -> VisionFacts | None:
 
 def _is_clip(v: View) -> bool:
     vision = _vision(v)
-    return vision is not None and vision.kind == "clip"
+    return vision is not None and vision.contrastive_head
 
 
 def _no_split(key: str) -> Rule:
