@@ -132,23 +132,22 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     kinds = layer_types(cfg, arch.num_layers, d["sliding_window_pattern"])
     bases = rope_bases(cfg)
     window = cfg.get("sliding_window", d["sliding_window"])
-    extra = {
-        **arch.extra,  # the shared decoder's, then Gemma 3's own
-        "qk_norm": "head",
-        "layer_types": kinds,
-        "sdpa_sliding_mask": "decoder",  # sliding layers at s >= window: SDPA's mask, k/v repeated (activations)
-        "rope_kinds": len(set(kinds)),  # one cos/sin pair per layer kind present
-        "rope_theta": bases["full_attention"],
-        "rope_local_base_freq": bases["sliding_attention"],
-        "sliding_window": window,
-        "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
-        "final_logit_softcapping": cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),
+    rope_parameters = cfg.get("rope_parameters")
+    extra = arch.extra_with(
+        qk_norm="head",
+        layer_types=kinds,
+        sdpa_sliding_mask="decoder",  # sliding layers at s >= window: SDPA's mask, k/v repeated (activations)
+        rope_kinds=len(set(kinds)),  # one cos/sin pair per layer kind present
+        rope_theta=bases["full_attention"],
+        rope_local_base_freq=bases["sliding_attention"],
+        sliding_window=window,
+        query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
+        final_logit_softcapping=cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),
         # read by Gemma3TextConfig but never passed to the attention by Gemma3Attention (no effect)
-        "attn_logit_softcapping": None,
-        "embedding_scale": "sqrt(hidden_size)",
-    }
-    if isinstance(cfg.get("rope_parameters"), Mapping):
-        extra["rope_parameters"] = dict(cfg["rope_parameters"])
+        attn_logit_softcapping=None,
+        embedding_scale="sqrt(hidden_size)",
+        **({"rope_parameters": dict(rope_parameters)} if isinstance(rope_parameters, Mapping) else {}),
+    )
     return dataclasses.replace(
         arch, params=arch.params + tuple(qk_norm_params(arch, arch.head_dim)), extra=extra
     )
