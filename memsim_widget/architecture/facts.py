@@ -50,6 +50,22 @@ class NormFacts:
 
 
 @dataclass(frozen=True)
+class MlaFacts:
+    """DeepSeek-V2/V3 multi-head latent attention sizes (engine/activations/mla.py, flops.py)."""
+
+    #: q's latent rank (None or 0: q is projected directly, DeepSeek-V2-Lite)
+    q_lora_rank: int | None
+    #: k and v's shared latent rank
+    kv_lora_rank: int
+    #: per-head q/k width without RoPE
+    qk_nope_head_dim: int
+    #: per-head q/k width with RoPE
+    qk_rope_head_dim: int
+    #: per-head v width
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
 class AttentionFacts:
     """How the model's attention runs and what its kernels save (engine/activations/attention.py, mla.py)."""
 
@@ -62,8 +78,8 @@ class AttentionFacts:
     #: eager softmax runs in fp32 and casts back (False: GPT-2, BERT, ViT, Falcon, Llama 4, GPT-OSS keep the
     #: compute dtype; CUDA autocast runs it in fp32 anyway)
     softmax_upcast: bool = True
-    #: DeepSeek's multi-head latent attention sizes (q/kv LoRA ranks, nope/rope/v head dims), None otherwise
-    mla: Mapping[str, Any] | None = None
+    #: DeepSeek's multi-head latent attention sizes, None otherwise
+    mla: MlaFacts | None = None
     #: SDPA takes its math fallback (Falcon's multi-query attention: bmm and softmax saved)
     sdpa_math_fallback: bool = False
     #: the fused qkv output stays alive through the v view (ModernBERT's Wqkv)
@@ -125,12 +141,38 @@ class LinearFacts:
 
 
 @dataclass(frozen=True)
+class MlpPart:
+    """One kind of MLP in a stack that runs several (architecture/moe.py): dense first layers, MoE layers, a shared
+    expert beside the routed ones (engine/activations/mlp.py)."""
+
+    #: the terms' label (``"dense MLP"``, ``"routed experts"``, ``"shared expert"``)
+    name: str
+    #: layers running this part
+    layers: int
+    #: the part's intermediate width (per expert)
+    width: int
+    #: rows per token through it (k for routed experts, E for Llama 4's dense dispatch)
+    rows: int = 1
+    #: routed experts (0: a dense MLP)
+    experts: int = 0
+    #: the router's saved set: ``"softmax"``, ``"sigmoid"``, ``"softmax-fp32"``, ``"topk-softmax"``,
+    #: ``"topk-sigmoid"``
+    router: str = "softmax"
+    #: experts chosen per token where it differs from ``rows`` (None: ``rows``)
+    top_k: int | None = None
+    #: ``"dense"``: every expert runs every token with ``torch.bmm`` (Llama 4); None: grouped_mm
+    dispatch: str | None = None
+    #: the part's activation where it differs from the model's (GPT-OSS ``"clamped-swiglu"``), None: the model's
+    activation: str | None = None
+
+
+@dataclass(frozen=True)
 class MlpFacts:
     """The block's MLP beyond ``Architecture.mlp_activation`` (mlp.py, norms.py, t5.py)."""
 
     #: dense and MoE parts of the stack (first dense layers, MoE every n-th layer, shared experts;
     #: architecture/moe.py), None: one MLP kind in every layer
-    parts: tuple[Mapping[str, Any], ...] | None = None
+    parts: tuple[MlpPart, ...] | None = None
     #: extra names of the MLP's input Linears (beyond gate_proj, up_proj, fc1, ...)
     input_modules: tuple[str, ...] = ()
     #: the MLP reads the attention's norm output, beside attention (Cohere, Falcon's parallel_attn, Phi)
@@ -465,7 +507,7 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             softmax_upcast=not x("softmax_in_compute_dtype")
             and not x("softmax_compute_dtype")
             and x("eager_softmax_dtype") != "compute",
-            mla=x("mla"),
+            mla=None if not x("mla") else MlaFacts(**x("mla")),
             sdpa_math_fallback=bool(x("sdpa_math_fallback")),
             fused_qkv_kept=bool(x("fused_qkv_kept")),
             sdpa_fused_qkv_view=bool(x("sdpa_fused_qkv_view")),
@@ -495,7 +537,7 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             conv1d=bool(x("conv1d")),
         ),
         mlp=MlpFacts(
-            parts=x("mlp_parts"),
+            parts=None if not x("mlp_parts") else tuple(MlpPart(**p) for p in x("mlp_parts")),
             input_modules=tuple(x("mlp_input_modules", ())),
             parallel_attn_mlp=bool(x("parallel_attn_mlp")),
             feed_forward_proj=x("feed_forward_proj", "relu"),

@@ -88,7 +88,7 @@ def model_flops(arch: Architecture) -> ModelFlops:
     layer, io, head = matmul_weights(arch)
     d_qk = arch.head_dim
     mla = arch.facts.attention.mla
-    d_v = int(mla["v_head_dim"]) if mla else arch.head_dim
+    d_v = int(mla.v_head_dim) if mla else arch.head_dim
     ssm = arch.facts.ssm
     scan = 0.0
     if ssm:

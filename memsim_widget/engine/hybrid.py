@@ -99,8 +99,8 @@ def _layer_saved(arch: Architecture, j: int, per_layer: list[Term], whole: bool)
     """What layer ``j`` saved of its MLP, MLP input and norms (``whole``: both norms and its attention too)."""
     (hy, _, n_attn), L = _hybrid(arch), arch.num_layers
     moe = j in hy.moe_layer_indices
-    part = next(p for p in arch.facts.mlp.parts or () if bool(p.get("experts")) == moe)
-    nbytes = sum(t.bytes * L / part["layers"] for t in per_layer if t.name.startswith(part["name"] + ":"))
+    part = next(p for p in arch.facts.mlp.parts or () if bool(p.experts) == moe)
+    nbytes = sum(t.bytes * L / part.layers for t in per_layer if t.name.startswith(part.name + ":"))
     nbytes += sum(t.bytes for t in per_layer if t.name.startswith("MLP input"))
     norms = sum(t.bytes for t in per_layer if t.name.startswith("RMSNorm"))
     nbytes += norms if whole else norms / arch.facts.norm.per_layer

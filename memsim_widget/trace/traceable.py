@@ -128,7 +128,7 @@ def _check_model_kernels(sc: Scenario) -> None:
         )
     parts = arch.facts.mlp.parts
     # every MoE family of transformers 5 but Llama 4 (torch.bmm) runs its experts with grouped_mm
-    grouped = any(p.get("experts") and p.get("dispatch") != "dense" for p in parts) if parts else arch.is_moe
+    grouped = any(p.experts and p.dispatch != "dense" for p in parts) if parts else arch.is_moe
     if grouped and sc.precision != "bf16":
         raise ScenarioError(
             "precision",

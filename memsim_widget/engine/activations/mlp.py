@@ -105,21 +105,21 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
     layers = max(arch.num_layers, 1)
     worst = (T, 0)
     for part in parts:
-        frac = part["layers"] / layers
-        rows = T * part.get("rows", 1)
-        width = part["width"] // (D.etp if part.get("experts") else D.tp)
-        name, share = part["name"], f"{part['layers']}/{layers} layers"
-        act = part.get("activation", arch.mlp_activation)
+        frac = part.layers / layers
+        rows = T * part.rows
+        width = part.width // (D.etp if part.experts else D.tp)
+        name, share = part.name, f"{part.layers}/{layers} layers"
+        act = arch.mlp_activation if part.activation is None else part.activation
         n_act = ACT_SAVED_PART.get(act, ACT_SAVED.get(act, 3))
         add(
             f"{name}: activation internals ({act})",
             frac * n_act * ec * rows * width,
-            f"{share} x {n_act} x {ec} B x {part.get('rows', 1)} x T x {width}",
+            f"{share} x {n_act} x {ec} B x {part.rows} x T x {width}",
             n_act,
         )
         if rows * width > worst[0] * worst[1]:
             worst = (rows, width)
-        E = part.get("experts", 0)
+        E = part.experts
         if not E:
             consumers(MLP_OUT, width, rows * frac, ec, f"{name}: down-projection input")
             continue
@@ -129,19 +129,19 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
                 frac * ec * rows * width,
                 f"{share} x {ec} B x k x T x {width}",
             )
-        kind = part.get("router", "softmax")
+        kind = part.router
         # grouped_mm keeps per routed row the gathered input and the down output (2 copies), plus its
         # bookkeeping: the top-k indices, the sort permutation, the token index (perm // k), the inverse
         # permutation and routing-weight copies (40 B in all, traced on Qwen3-MoE); frozen experts (LoRA) keep no
         # gathered input and one int64 index less (32 B; traced on GPT-OSS). Llama 4 (``dispatch: dense``)
         # keeps the repeated input (residual dtype: fp32 under autocast, where bmm saves a 16-bit cast of the
         # scaled copy), the score-scaled copy (none when the experts are frozen) and the score column.
-        dense = part.get("dispatch") == "dense"
+        dense = part.dispatch == "dense"
         copies = 2 if full else 1
         rb = (r or ec) if dense else ec
         book = ec if dense else (40 if full else 32)
         routed = (rb + (copies - 1) * ec) * rows * h + book * rows
-        k = part.get("top_k", part.get("rows", 1))
+        k = part.rows if part.top_k is None else part.top_k
         # DeepSeek's fp32 router keeps its fp32 input copy only for its own weight's gradient (none under LoRA)
         fp32_in = 4 * T * h if full else 0
         router = {
