@@ -206,6 +206,36 @@ class DropoutFacts:
 
 
 @dataclass(frozen=True)
+class SsmFacts:
+    """State-space (Mamba) layer sizes (engine/activations/ssm.py, engine/hybrid.py, flops.py)."""
+
+    #: 1: Mamba (selective scan), 2: Mamba-2 (SSD chunked scan)
+    version: int
+    #: the mixer's inner width (expand x hidden)
+    inner: int
+    #: the state size N per channel
+    state_size: int
+    #: the depthwise conv's kernel
+    conv_kernel: int
+    #: state-space layers in the stack (all of them, or Jamba's Mamba layers)
+    layers: int
+    #: dt's low rank (Mamba 1, Jamba), 0 where absent
+    time_step_rank: int = 0
+    #: Mamba-2's heads, their width, the B/C groups and the scan's chunk length (0 for Mamba 1)
+    heads: int = 0
+    head_dim: int = 0
+    groups: int = 0
+    chunk_size: int = 0
+    #: RMSNorms on dt, B and C between x_proj and the scan (Jamba)
+    bcdt_norms: bool = False
+
+    def __getitem__(self, key: str) -> Any:
+        """``ssm["inner"]``: the mapping reads of engine/activations/ssm.py and engine/hybrid.py's mixer, kept while
+        those modules are edited elsewhere (a field that does not exist is still an AttributeError)."""
+        return getattr(self, key)
+
+
+@dataclass(frozen=True)
 class HybridFacts:
     """A stack mixing attention and state-space layers (Jamba; engine/hybrid.py)."""
 
@@ -388,9 +418,8 @@ class ModelFacts:
     coverage: RuleCoverage = RuleCoverage()
     #: a vision model's pixels and patches (ViT, a tower), None: no pixel input
     patches: PatchFacts | None = None
-    #: state-space layer sizes (Mamba, Mamba-2, Jamba: version, inner, state_size, conv_kernel, layers, ...),
-    #: None: no state-space layer
-    ssm: Mapping[str, Any] | None = None
+    #: state-space layer sizes (Mamba, Mamba-2, Jamba), None: no state-space layer
+    ssm: SsmFacts | None = None
     #: a hybrid attention + state-space stack, None: not hybrid
     hybrid: HybridFacts | None = None
     #: a multimodal model's vision tower and projector, None: a text (or single-tower) model
@@ -567,7 +596,7 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             grid=None if x("grid") is None else tuple(x("grid")),
             window_size=x("window_size"),
         ),
-        ssm=x("ssm") or None,
+        ssm=SsmFacts(**x("ssm")) if x("ssm") else None,
         hybrid=None
         if not hybrid
         else HybridFacts(hybrid, tuple(x("layer_block_types")), tuple(x("moe_layer_indices"))),

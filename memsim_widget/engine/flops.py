@@ -92,16 +92,16 @@ def model_flops(arch: Architecture) -> ModelFlops:
     ssm = arch.facts.ssm
     scan = 0.0
     if ssm:
-        inner, n_state, k = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
-        if ssm["version"] == 2:
+        inner, n_state, k = ssm.inner, ssm.state_size, ssm.conv_kernel
+        if ssm.version == 2:
             # SSD (Dao & Gu 2024, arXiv 2405.21060, the chunked algorithm mamba2_chunk_scan runs): per token the
             # intra-chunk C.B scores and their product with x (2 l H (N + P)), the chunk states and their read-out
             # (2 x 2 I N); the conv runs over x, B and C
-            l, H, P, G = ssm["chunk_size"], ssm["heads"], ssm["head_dim"], ssm["groups"]
+            l, H, P, G = ssm.chunk_size, ssm.heads, ssm.head_dim, ssm.groups
             per = 2.0 * l * H * (n_state + P) + 4.0 * inner * n_state + 2.0 * k * (inner + 2 * G * n_state)
         else:
             per = 9.0 * inner * n_state + 2.0 * inner + 2.0 * k * inner
-        scan = ssm["layers"] * per / max(arch.num_layers, 1)
+        scan = ssm.layers * per / max(arch.num_layers, 1)
     return ModelFlops(
         layers=arch.num_layers,
         linear_per_layer=2.0 * layer / max(arch.num_layers, 1),

@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from memsim_widget.architecture.facts import HybridFacts
+from memsim_widget.architecture.facts import HybridFacts, SsmFacts
 from memsim_widget.architecture.types import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.ssm import SCAN_CHUNK, ssm_kernel
@@ -59,15 +59,15 @@ def hybrid_activations(ctx: Context, hf: Callable[[Context], ActivationBudget]) 
     for terms in (out.per_layer, out.cache_per_layer, out.output_cache, out.output_cache_extra):
         terms[:] = [_scaled(t, fa, label) if t.name.startswith(ATTENTION_TERMS) else t for t in terms]
     mixer, backward = jamba_mixer(ctx, ssm)
-    share = ssm["layers"] / L
-    what = f"{ssm['layers']}/{L} Mamba layers"
+    share = ssm.layers / L
+    what = f"{ssm.layers}/{L} Mamba layers"
     out.per_layer += [_scaled(t, share, what) for t in mixer]
     if backward.bytes > sum(t.bytes for t in out.layer_backward):
         out.layer_backward[:] = [backward, *above_the_scan(ctx, out.per_layer)]
     return out
 
 
-def _hybrid(arch: Architecture) -> tuple[HybridFacts, Mapping[str, Any], int]:
+def _hybrid(arch: Architecture) -> tuple[HybridFacts, SsmFacts, int]:
     """A hybrid's layer kinds, its state-space sizes and its attention layer count (families/jamba.py)."""
     f = arch.facts
     assert f.hybrid is not None and f.ssm is not None and f.attention.layers is not None
@@ -89,7 +89,7 @@ def _layer_numel(arch: Architecture, j: int, parts: tuple[str, ...]) -> int:
         elif "attention" in parts and ".self_attn." in g.name:
             numel += g.numel // max(n_attn, 1)
         elif "out_proj" in parts and ".mamba.out_proj." in g.name:
-            numel += g.numel // max(ssm["layers"], 1)
+            numel += g.numel // max(ssm.layers, 1)
         elif "norms" in parts and g.kind == "norm":
             numel += g.numel // arch.num_layers
     return numel
@@ -131,7 +131,7 @@ def above_the_scan(ctx: Context, per_layer: list[Term]) -> list[Term]:
     ]  # fmt: skip
 
 
-def jamba_mixer(ctx: Context, ssm: Mapping[str, Any]) -> tuple[list[Term], Term]:
+def jamba_mixer(ctx: Context, ssm: SsmFacts | Mapping[str, Any]) -> tuple[list[Term], Term]:
     """One Jamba mixer's saved tensors (T tokens, I inner channels, N state, R dt rank, K conv kernel) and the
     transients of its backward, for the scan ``ssm_kernel`` picks."""
     sc = ctx.scenario

@@ -82,7 +82,7 @@ def _check_ssm_lora(ctx: Context) -> None:
         raise ScenarioError(
             "lora.targets", f"peft refuses {', '.join(bad)} on Mamba-based models (out_proj and conv1d are "
             "incompatible, and all-linear includes out_proj): name in_proj"
-            + (", x_proj or dt_proj" if (arch.facts.ssm or {})["version"] == 1 else ""),
+            + (", x_proj or dt_proj" if arch.facts.ssm is not None and arch.facts.ssm.version == 1 else ""),
         )  # fmt: skip
     if ctx.recipe.act_bytes != 2:
         raise ScenarioError("precision", f"{sc.precision} with LoRA {SSM_WHY}; use bf16 or fp16")
