@@ -76,6 +76,9 @@ def check_measurable(sc: Scenario) -> None:
     if sc.precision.startswith("mixed-") or sc.precision == "fp8":
         raise ScenarioError("precision", f"{sc.precision!r} is DeepSpeed's or TransformerEngine's; measure runs "
                             "plain PyTorch (bf16, fp16, fp32, amp-*)")  # fmt: skip
+    if sc.fp8 is not None and (sc.fp8.framework != "torchao" or sc.method != "full"):
+        raise ScenarioError("fp8_recipe", "measure runs torchao's float8 (tensorwise, rowwise) on full training "
+                            "only; TransformerEngine's recipes need its own modules")  # fmt: skip
 
 
 # ----- the model and the steps --------------------------------------------------------------------------------
@@ -106,6 +109,12 @@ def build_model(sc: Scenario, device: str = "cuda") -> tuple[Any, Any, str]:
     ):  # random init on the device itself: an 8B model initialised on the host takes minutes
         model = cls.from_config(config, attn_implementation=attn, dtype=wdtype)
     model.to(torch.device(device))  # any buffer a model creates on the host
+    if (
+        sc.fp8 is not None
+    ):  # torchao's float8 Linears, the output layer left out (as the trace and torchtitan)
+        from memsim_widget.trace.float8 import apply_float8
+
+        apply_float8(model, sc.fp8.name, [])
     if sc.activation_checkpointing == "full":
         model.gradient_checkpointing_enable()
     if sc.method == "lora":

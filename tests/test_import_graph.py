@@ -114,6 +114,7 @@ BELOW_THE_ENGINE = (
     "memsim_widget.names",
     "memsim_widget.units",
     "memsim_widget.precision",
+    "memsim_widget.fp8",
     "memsim_widget.optimizers",
     "memsim_widget.alloc_conf",
     "memsim_widget.frozen",

@@ -96,6 +96,8 @@ class AttentionFacts:
     sliding_layers: int = 0
     #: the sliding window in tokens (None: no window)
     sliding_window: int | None = None
+    #: the window applies (False: Qwen2/3 carry one they do not use, ``use_sliding_window`` false)
+    sliding_window_used: bool = True
     #: every layer's kind as HF names it (``"sliding_attention"``, ``"full_attention"``), None if not given
     layer_types: tuple[str, ...] | None = None
     #: a sink logit per head in the softmax (GPT-OSS): s + 1 columns
@@ -266,6 +268,9 @@ class RuleCoverage:
     #: a trace backs the compiled-step rule (HF Llama-layout decoders: llama, mistral, qwen2;
     #: engine/activations/compiled.py)
     compiled: bool = False
+    #: the (precision, method) pairs the compiled trace covers where narrower than the layout's rule (Gemma,
+    #: Gemma 3: bf16 full and LoRA; OLMo 2: bf16 full), None: every pair the rule takes
+    compiled_recipes: tuple[tuple[str, str], ...] | None = None
     #: litgpt's Llama-style config reproduces the layout (engine/activations/litgpt.py)
     litgpt: bool = False
     #: Liger patches its RMSNorm, SwiGLU and RoPE (``apply_liger_kernel_to_<family>``; liger.py)
@@ -447,7 +452,8 @@ FACT_KEYS = frozenset(
         "residual_dropout_masks",
         "hybrid", "layer_block_types", "moe_layer_indices",
         "expert_parallel_error", "lora_all_linear_error", "block_period",
-        "coverage", "num_channels", "image_size", "patch_size", "num_patches", "grid", "window_size",
+        "coverage", "compiled_recipes", "use_sliding_window",
+        "num_channels", "image_size", "patch_size", "num_patches", "grid", "window_size",
         "ssm", "vision", "calibration",
     }
 )  # fmt: skip
@@ -469,12 +475,11 @@ KEPT_KEYS = frozenset(
         "rope_theta", "routed_scaling_factor", "router_aux_loss_coef", "scale_decoder_outputs", "shared_experts",
         "sparse_prediction", "swiglu_alpha", "swiglu_limit", "text_family", "text_model_type", "text_vocab_size",
         "tied_head", "topk_group", "topk_method", "type_vocab_size", "use_bias", "use_qk_norm",
-        "use_sliding_window",
     }
 )  # fmt: skip
 
 #: The rule sets a family's ``extra["coverage"]`` may name (``RuleCoverage`` fields).
-TRACED_RULES = frozenset(f.name for f in dataclasses.fields(RuleCoverage))
+TRACED_RULES = frozenset(f.name for f in dataclasses.fields(RuleCoverage) if f.type == "bool")
 
 _VISION_KINDS: dict[str, type[VisionFacts]] = {
     "clip": ClipVision,
@@ -545,6 +550,7 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             sliding_mask=x("sdpa_sliding_mask"),
             sliding_layers=x("sliding_layers", 0),
             sliding_window=x("sliding_window"),
+            sliding_window_used=x("use_sliding_window") is not False,
             layer_types=None if x("layer_types") is None else tuple(x("layer_types")),
             sinks=bool(x("attention_sinks")),
             logit_softcapping=x("attn_logit_softcapping"),
@@ -584,7 +590,12 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             lora_all_linear_error=x("lora_all_linear_error"),
             block_period=x("block_period", 1),
         ),
-        coverage=RuleCoverage(**dict.fromkeys(rules, True)),
+        coverage=RuleCoverage(
+            **dict.fromkeys(rules, True),
+            compiled_recipes=None
+            if x("compiled_recipes") is None
+            else tuple(map(tuple, x("compiled_recipes"))),
+        ),
         patches=None
         if "image_size" not in extra
         else PatchFacts(

@@ -122,7 +122,11 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         ),
-        extra={"norm_one_plus_weight": True},
+        extra={
+            "norm_one_plus_weight": True,
+            "coverage": ("compiled",),
+            "compiled_recipes": (("bf16", "full"), ("bf16", "lora")),
+        },
     )
     if read_bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
         raise ScenarioError(

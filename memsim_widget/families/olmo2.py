@@ -54,7 +54,14 @@ def build_olmo2(cfg: Mapping[str, Any]) -> Architecture:
         qkv_bias=bias,
         o_bias=bias,
         layer_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
-        extra={"qk_norm": "full", "post_norms": True, "norm_weight_fp32": True, "rope_keeps_dtype": True},
+        extra={
+            "qk_norm": "full",
+            "post_norms": True,
+            "norm_weight_fp32": True,
+            "rope_keeps_dtype": True,
+            "coverage": ("compiled",),
+            "compiled_recipes": (("bf16", "full"),),  # autocast +5.0%, LoRA -1.1% against the rule (traced)
+        },
     )
     L, p = arch.num_layers, "model.layers.*.self_attn."
     qk = (

@@ -57,7 +57,7 @@ def build_qwen3(cfg: Mapping[str, Any]) -> Architecture:
         o_bias=bias,
         extra={
             "qk_norm": "head",
-            "coverage": ("liger",),  # apply_liger_kernel_to_qwen3
+            "coverage": ("compiled", "liger"),  # compiled: traced; apply_liger_kernel_to_qwen3
             "use_sliding_window": use_window,
             "sliding_window": cfg.get("sliding_window", d["sliding_window"]) if use_window else None,
             "max_window_layers": cfg.get("max_window_layers", d["max_window_layers"]),

@@ -49,14 +49,23 @@ def test_a_misspelt_fact_is_an_attribute_error() -> None:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_traced_layouts_are_the_families_the_traces_ran(preset: str) -> None:
-    # compile, litgpt: traced on Llama-layout decoders (llama, mistral, qwen2); Liger patches those and Qwen 3
+    # compile: traced on Llama-layout decoders (llama, mistral, qwen2), Gemma, Gemma 3, Qwen 3 and OLMo 2 (Gemma's
+    # and OLMo 2's in bf16 only); litgpt on llama, mistral, qwen2; Liger patches those and Qwen 3
     # (apply_liger_kernel_to_*); T5's blocks and ViT's pixels have their own rules; Gemma's RMSNorm is (1 + w)
     # (a multimodal model carries its language model's coverage, which those rules never apply to an image model)
     arch = architecture_for(preset)
     for a in (arch, *([arch.facts.vision.tower] if arch.facts.vision else [])):
         c = a.facts.coverage
         if a.facts.vision is None:
-            assert c.compiled == c.litgpt == (a.family in ("llama", "mistral", "qwen2"))
+            assert c.compiled == (
+                a.family in ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2", "gemma3")
+            )
+            assert c.litgpt == (a.family in ("llama", "mistral", "qwen2"))
+            narrower = {"gemma": ("full", "lora"), "olmo2": ("full",), "gemma3": ("full", "lora")}
+            recipes = c.compiled_recipes
+            assert recipes == (
+                None if a.family not in narrower else tuple(("bf16", m) for m in narrower[a.family])
+            )
             assert c.liger == (a.family in ("llama", "mistral", "qwen2", "qwen3"))
         assert c.encoder_decoder == (a.family == "t5")
         assert c.pixel_input == (a.family == "vit")
