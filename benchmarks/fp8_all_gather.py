@@ -16,8 +16,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "data"))  # the case matrices are test data, not in the wheel
 
-from memsim_widget.fidelity import CASES  # noqa: E402
+from fidelity_cases import CASES  # noqa: E402
+
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 

@@ -7,7 +7,6 @@ defaults in ``DEFAULTS``; ``Scenario.to_dict()`` always echoes every key, resolv
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -779,6 +778,8 @@ def _parallel_from(data: Mapping[str, Any]) -> ParallelConfig:
 
 def _unknown_key(dotted: str, allowed: list[str]) -> ScenarioError:
     prefix, _, key = dotted.rpartition(".")
+    import difflib  # on an error only (every CLI start imports this module)
+
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if not key:

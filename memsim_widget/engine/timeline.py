@@ -61,7 +61,7 @@ def checkpointed_layers(ctx: Context, stage: Stage) -> int:
 
 def _mixed_layers(
     acts: ActivationBudget, n_ckpt: int, n_other: int, micro: float, first: float
-) -> list[Item]:
+) -> list[LazyItem]:
     """Saved activations of ``micro`` micro-batches when ``n_ckpt`` of the layers are checkpointed (their inputs)
     and ``n_other`` keep everything; layer 0 is one of the others (``first`` of them lack its skip terms)."""
     fl = f" x {micro:g} micro-batches" if micro != 1 else ""
@@ -141,7 +141,11 @@ class Moment:
 
 
 def _scaled(
-    terms: list[Term], factor: float, label: str, category: Category = Category.ACTIVATIONS, first: float = 0
+    terms: list[Term],
+    factor: float,
+    label: str,
+    category: Category | str = Category.ACTIVATIONS,
+    first: float = 0,
 ) -> list[LazyItem]:
     """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items (built when read);
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""

@@ -27,7 +27,8 @@ preset); the tower under tensor/pipeline/context parallelism (refused in engine/
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from memsim_widget.architecture.facts import LlavaNextVision, QwenVision, VisionFacts
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
@@ -202,7 +203,7 @@ def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -
 
 
 def _llava_projector(
-    ctx: Context, out: ActivationBudget, bi: int, pj: dict, adapters: bool, amp: bool, pb: int
+    ctx: Context, out: ActivationBudget, bi: int, pj: Mapping[str, Any], adapters: bool, amp: bool, pb: int
 ) -> None:
     """LLaVA's projector (linear_1 -> gelu -> linear_2) at the image tokens: trained with the language model, or
     LoRA adapters on it or in the tower."""
@@ -212,7 +213,7 @@ def _llava_projector(
     N = bi * v.tokens_per_image
     rows_all = bi * tower.fixed_seq_len  # the hidden state the selected rows are a view of
     hv, ht = pj["in"], pj["hidden"]
-    pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector"}
+    pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector" and ad.base.module}
     if full:
         add_amp = 2 * N * hv if amp else 0
         w = hv * ht + ht * ht
@@ -262,7 +263,7 @@ def _clip_head(ctx: Context, out: ActivationBudget, trained: bool, r: int, h: in
 
 
 def _gemma3_projector(
-    ctx: Context, out: ActivationBudget, N: int, pj: dict, tower_grad: bool, amp: bool, ec: int
+    ctx: Context, out: ActivationBudget, N: int, pj: Mapping[str, Any], tower_grad: bool, amp: bool, ec: int
 ) -> None:
     """Gemma 3's projector on N pooled image tokens: Gemma's RMSNorm (fp32 input and rsqrt whenever its input or
     weight needs a gradient; the fp32 normalised tensor and fp32 (1 + w) when w trains) and the matmul by

@@ -82,6 +82,7 @@ class _Module:
             isinstance(node, ast.UnaryOp)
             and isinstance(node.op, ast.USub)
             and isinstance(node.operand, ast.Constant)
+            and isinstance(node.operand.value, int | float | complex)
         ):
             return -node.operand.value
         if isinstance(node, ast.List | ast.Tuple):
@@ -217,7 +218,7 @@ def _model(reading: Reading, path: Path, cfg: dict[str, Any], package: str) -> N
                 return
     spec = cfg.get("model_spec")
     flavor = spec.get("__args__", [None])[0] if isinstance(spec, dict) and spec.get("__args__") else None
-    if (package, flavor) in FLAVORS:
+    if flavor is not None and (package, flavor) in FLAVORS:
         reading.set("model", FLAVORS[(package, flavor)])
     else:
         reading.miss("model", f"{path.name}: model_spec", f"flavor {flavor!r} of {package!r} is no memsim preset; "

@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("torchao.float8")
 
+from fidelity_cases import FP8_CASES, compare  # noqa: E402
+
 from memsim_widget.engine.core import estimate  # noqa: E402
-from memsim_widget.fidelity import FP8_CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 pytestmark = pytest.mark.slow
