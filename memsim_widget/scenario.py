@@ -24,6 +24,7 @@ from memsim_widget.jsonio import parse_json_object, read_json_object
 from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import ScenarioView, check
+from memsim_widget.rules.pipeline_split import PP_SPLITS
 
 METHODS = ("full", "lora", "qlora")
 #: ``selective``: Megatron's (recompute the attention core, Korthikanti et al. 2022); ``selective-op``: torchtitan's
@@ -269,6 +270,11 @@ class ParallelConfig:
     #: (``--account-for-embedding/loss-in-pipeline-split``), one layer fewer on the first and last rank.
     #: Each rank's memory follows its own layers; ``rules/model.py`` checks they add up to the model's.
     pp_layers: tuple[int, ...] | None = None
+    #: How the layers are split when ``pp_layers`` is not given (None: even where pp x virtual_stages divides
+    #: the layers, else torchtitan's split): "even", "torchtitan" (embedding and head counted as one layer
+    #: each, the rest spread) or "megatron" (``--account-for-embedding/loss-in-pipeline-split``); the rule and
+    #: its sources: ``rules/pipeline_split.py``.
+    pp_split: str | None = None
     #: The tensor-parallel plan (None: the framework's): "hf" (the model's transformers ``base_model_tp_plan``),
     #: "torchtitan" (vocab-sharded embedding and head) or "megatron" (Megatron-Core's vocab-parallel layers).
     #: Lets a hybrid be said: an HF model under a DTensor plan of torchtitan's shape (accelerate, a custom loop).
@@ -302,6 +308,12 @@ class ParallelConfig:
                 f"pp x virtual_stages = {self.pp * self.virtual_stages:,} stages is more than {MAX_PP_STAGES:,}",
             )
         self._check_pp_layers()
+        if self.pp_split is not None:
+            _choice("parallel.pp_split", self.pp_split, PP_SPLITS)
+            if self.pp_layers is not None:
+                raise ScenarioError(
+                    "parallel.pp_split", "parallel.pp_layers lists the split already: leave pp_split unset"
+                )
         if self.tp_plan is not None:
             _choice("parallel.tp_plan", self.tp_plan, TP_PLANS)
         if self.loss_parallel is not None:
@@ -351,10 +363,10 @@ class ParallelConfig:
         return max(1, self.tp // over)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``pp_layers`` (as a list), ``tp_plan`` and ``loss_parallel`` only when set, so
-        scenarios that leave them to their defaults read and print as before the keys existed."""
+        """Every field; ``pp_layers`` (as a list), ``pp_split``, ``tp_plan`` and ``loss_parallel`` only when
+        set, so scenarios that leave them to their defaults read and print as before the keys existed."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("pp_layers", "tp_plan", "loss_parallel"):  # optional: echoed only when set
+        for key in ("pp_layers", "pp_split", "tp_plan", "loss_parallel"):  # optional: echoed only when set
             if out[key] is None:
                 del out[key]
         if "pp_layers" in out:

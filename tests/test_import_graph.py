@@ -104,7 +104,7 @@ def test_the_whole_package_has_no_import_circle() -> None:
 #: ``BELOW_THE_ENGINE`` is what the engine stands on: the input (scenario, its rules, the catalogs), what a model is made of
 #: (architecture, its families, and calibrate, through which ``architecture.dispatch`` builds the models fitted
 #: from traces), the registries and the leaf modules (errors, precision, optimizers, JSON reading, the version,
-#: the StrEnum base of the closed name sets, byte units, the scenario's frozen configs).
+#: the StrEnum base of the closed name sets, byte units, the scenario's frozen configs and its field schema).
 #: ``ABOVE_THE_ENGINE`` reads the engine's results (``engine.estimate``): the engine never imports it, not even
 #: lazily or for a type, so that no figure depends on how it is shown, planned, traced or exported.
 BELOW_THE_ENGINE = (
@@ -119,6 +119,7 @@ BELOW_THE_ENGINE = (
     "memsim_widget.alloc_conf",
     "memsim_widget.frozen",
     "memsim_widget.scenario",
+    "memsim_widget.scenario_schema",
     "memsim_widget.rules",
     "memsim_widget.catalog",
     "memsim_widget.architecture",

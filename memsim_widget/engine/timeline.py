@@ -44,7 +44,7 @@ OFFLOAD_LAYERS_ON_GPU = 1
 
 def resident_layers(ctx: Context, stage: Stage) -> float:
     """Layer x micro-batch activation sets a stage keeps on the GPU (all of them unless offloading)."""
-    full = stage.layers * ctx.in_flight(stage)
+    full = ctx.held_layers(stage)
     return min(full, OFFLOAD_LAYERS_ON_GPU) if ctx.scenario.activation_offloading else full
 
 
@@ -72,7 +72,7 @@ def _mixed_layers(
 
 def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
     """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
-    full = stage.layers * ctx.in_flight(stage)
+    full = ctx.held_layers(stage)
     moved = full - resident_layers(ctx, stage)
     if moved <= 0:
         return []
@@ -209,8 +209,11 @@ def _saved_groups(
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
     first = f if stage.first else 0
+    held = ctx.held_layers(stage)  # Ls x f, or an interleaved rank's uneven chunks in schedule order
+    if held != Ls * f:
+        mult = f"{held:g} layer x micro-batch sets (chunks of {Ls} layers in the schedule's order)"
     resident = resident_layers(ctx, stage)
-    if resident < Ls * f:  # activation offloading: the rest sits in host memory
+    if resident < held:  # activation offloading: the rest sits in host memory
         mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
         first = 0  # the resident ones are the last layers run
     saved_all = _scaled(kept, resident, mult, first=first)
@@ -224,7 +227,7 @@ def _saved_groups(
         if sc.activation_offloading
         else _scaled(
             kept,
-            Ls * (f - 1),
+            Ls * (f - 1) if held == Ls * f else held - Ls,
             f"{Ls} layers x {f - 1:g} other micro-batches",
             first=first - 1 if first else 0,
         )

@@ -18,8 +18,10 @@ import ast
 from pathlib import Path
 from typing import Any
 
+from memsim_widget.errors import ScenarioError
 from memsim_widget.export.torchtitan import MODELS
 from memsim_widget.importers.common import Reading, dig, file_error, get_bool, get_choice, get_int, get_str
+from memsim_widget.rules.pipeline_split import split_style
 
 #: (torchtitan model package, flavor) -> memsim preset (torchtitan's model_registry flavors).
 FLAVORS: dict[tuple[str, str], str] = {
@@ -400,6 +402,7 @@ def _parallel(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> 
     if pp > 1:
         sched = get_choice(path, cfg, "parallelism.pipeline_parallel_schedule", SCHEDULES, "1f1b")
         reading.set("parallel.pp_schedule", sched)
+        _split(reading, path, cfg, where)
         per_stage = get_int(path, cfg, "parallelism.pipeline_parallel_layers_per_stage")
         if per_stage is not None:
             reading.miss("parallel.virtual_stages", where, f"layers per stage {per_stage}: memsim reads virtual "
@@ -411,6 +414,36 @@ def _parallel(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> 
                 "interleaved without layers per stage: pass --virtual-stages",
             )
     return {"pp": pp, "dp": dp}
+
+
+def _split(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> None:
+    """The pipeline split: torchtitan counts the embedding and the head as ``first/last_stage_less_layers``
+    layers (1 by default: ``parallel.pp_split`` torchtitan; 0 and 0: an even split; rules/pipeline_split)."""
+    ends = tuple(
+        get_int(path, cfg, f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1, minimum=0)
+        for end in ("first", "last")
+    )
+    if ends in ((0, 0), (1, 1)):
+        wanted = "even" if ends == (0, 0) else "torchtitan"
+        if wanted != _default_split(reading):  # said only where memsim's default would split otherwise
+            reading.set("parallel.pp_split", wanted)
+    else:
+        reading.miss("parallel.pp_split", where, f"first/last stage less layers {ends[0]}/{ends[1]}: memsim "
+                     "splits as torchtitan does with 1/1 (its default) or 0/0")  # fmt: skip
+
+
+def _default_split(reading: Reading) -> str | None:
+    """The split style memsim gives the model read so far without ``pp_split`` (virtual stages from memsim's
+    note when the file carries one, else 1); None where the model is not known."""
+    from memsim_widget.catalog.models import architecture_for
+
+    par = (reading.note or {}).get("parallel") or {}
+    try:
+        layers = architecture_for(reading.values.get("model") or "").num_layers
+    except (ScenarioError, KeyError, ValueError):
+        return None
+    chunks = int(reading.values.get("parallel.pp", 1)) * int(par.get("virtual_stages") or 1)
+    return split_style(None, layers, chunks)
 
 
 def _optimizer(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> None:

@@ -164,7 +164,7 @@ def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[L
                                 zero=0,
                                 offload="none",
                                 sequence_parallel=False,
-                                pp_layers=None,  # the planner splits the layers evenly
+                                pp_layers=None,  # the split of base.parallel.pp_split (rules/pipeline_split)
                                 pp_microbatches=max(pp, par.pp_microbatches),
                             ),
                         )

@@ -25,6 +25,7 @@ import torch
 
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.errors import ScenarioError
+from memsim_widget.rules.pipeline_split import chunk_layers
 from memsim_widget.scenario import Scenario
 
 from .cuda_autocast import cuda_like_autocast
@@ -65,19 +66,16 @@ class StagePlan:
 
 def stage_plans(sc: Scenario, rank: int, num_layers: int) -> list[StagePlan]:
     """The stages ``rank`` runs: stage ``rank`` (and ``rank + pp``, ... for interleaved, the looped placement of
-    ``ScheduleInterleaved1F1B``), each with an equal share of the layers, as the engine splits them, or the
-    layers ``parallel.pp_layers`` gives each stage (one model chunk per rank; an uneven interleaved split is
-    not traced: how a rank's layers spread over its chunks is the framework's choice)."""
-    pp, v = sc.parallel.pp, sc.parallel.virtual_stages
-    split = sc.parallel.pp_layers
-    if split is not None:
-        if v > 1:
-            raise ScenarioError("parallel.pp_layers", "an uneven split with virtual stages is not traced")
-        start = sum(split[:rank])
-        return [StagePlan(rank, pp, range(start, start + split[rank]))]
-    n = pp * v
-    per = num_layers // n
-    return [StagePlan(s, n, range(s * per, (s + 1) * per)) for s in range(rank, n, pp)]
+    ``ScheduleInterleaved1F1B``), each with the layers the engine gives it (``rules/pipeline_split``: even,
+    torchtitan's or Megatron's split, or ``parallel.pp_layers``). Uneven chunks, interleaved or not, are what
+    torchtitan's own split hands ``PipelineStage``; the schedules run them as they run even ones."""
+    par = sc.parallel
+    chunks = chunk_layers(num_layers, par.pp, par.virtual_stages, par.pp_split, par.pp_layers)
+    starts = [sum(chunks[:s]) for s in range(len(chunks))]
+    return [
+        StagePlan(s, len(chunks), range(starts[s], starts[s] + chunks[s]))
+        for s in range(rank, len(chunks), par.pp)
+    ]
 
 
 def default_rank(sc: Scenario) -> int:
@@ -124,7 +122,15 @@ def check_pipeline(sc: Scenario) -> None:
 
         check_distributed(sc)
     check_traceable(
-        sc.replace(parallel={"pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1, "pp_layers": None})
+        sc.replace(
+            parallel={
+                "pp": 1,
+                "pp_schedule": "1f1b",
+                "virtual_stages": 1,
+                "pp_layers": None,
+                "pp_split": None,
+            }
+        )
     )
     if sc.attention != "sdpa":
         raise ScenarioError(
@@ -141,11 +147,6 @@ def check_pipeline(sc: Scenario) -> None:
         raise ScenarioError(
             "parallel.pp_microbatches",
             f"Schedule1F1B needs pp_microbatches >= pp ({par.pp_microbatches} < {par.pp})",
-        )
-    if par.pp_schedule == "interleaved" and par.pp_microbatches % par.pp:
-        raise ScenarioError(
-            "parallel.pp_microbatches",
-            f"ScheduleInterleaved1F1B needs pp_microbatches divisible by pp={par.pp}",
         )
 
 

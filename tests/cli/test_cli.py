@@ -105,7 +105,8 @@ def test_presets_and_gpus_list(capsys):
     [
         (["estimate", "--model", "lama-3.1-8b"], None, "llama-3.1-8b"),
         (["estimate", "--tp", "3"], None, "parallel.tp"),
-        (["estimate", "--model", "llama-2-7b", "--pp", "5"], None, "parallel.pp"),
+        # 32 layers + embedding + head over 20 stages: a stage without a layer (pp 5 is split as torchtitan does)
+        (["estimate", "--model", "llama-2-7b", "--pp", "20"], None, "parallel.pp"),
         (["estimate", "--seq-len", "-4"], None, "seq_len"),
         (["estimate", "-"], '{"model": "gpt2",', "malformed JSON"),
         (["estimate", "-"], '{"modle": "gpt2"}', "modle"),
