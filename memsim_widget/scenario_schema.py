@@ -93,6 +93,8 @@ SCHEMA: tuple[Field, ...] = (
     Field("fp8_recipe", str, "the fp8/fp4 recipe of the Linear matmuls (fp8.py); unset: te-delayed under "
           "precision fp8, else none", "fp8:FP8_RECIPES", optional=True, cli="fp8_recipe",
           widget=_w("fp8 recipe", "select", "Training")),
+    Field("fp8_all_gather", bool, "torchao float8 under FSDP2: the weights are all-gathered in fp8 (tensorwise, "
+          "ZeRO-3; unset: off)", optional=True, cli="fp8_all_gather"),
     Field("optimizer", str, "the optimizer, whose states take memory (optimizers.py)", "optimizers:OPTIMIZERS",
           cli="optimizer", widget=_w("optimizer", "select", "Training")),
     Field("optimizer_impl", str, "torch's optimizer implementation (foreach keeps temporaries)",
@@ -162,6 +164,8 @@ SCHEMA: tuple[Field, ...] = (
           widget=_w("pp micro-batches", "int", "Parallel")),
     Field("parallel.virtual_stages", int, "pipeline stages per rank (interleaved schedule)",
           widget=_w("virtual stages", "int", "Parallel")),
+    Field("parallel.pp_split", str, "how layers that do not divide are split over the stages (unset: even where "
+          "they divide, else torchtitan's)", "scenario:PP_SPLITS", optional=True, cli="pp_split"),
     Field("parallel.pp_layers", list, "layers per pipeline rank, first to last (unset: an even split)",
           optional=True),
     Field("parallel.tp_plan", str, "the tensor-parallel plan (unset: the framework's)", "scenario:TP_PLANS",

@@ -293,8 +293,8 @@ def read_fields(reading: Reading, path: Path, cfg: dict[str, Any], where: str, *
 
 def _float8(reading: Reading, cfg: dict[str, Any], where: str) -> None:
     """torchao's float8 converter (``model.converters = ["float8"]``, or 0.3's ``model_converters``) ->
-    ``fp8_recipe`` from ``float8.recipe_name`` (torchao's default: tensorwise); FSDP2's fp8 all-gather is listed as
-    not modelled (docs/fidelity.md, "fp8")."""
+    ``fp8_recipe`` from ``float8.recipe_name`` (torchao's default: tensorwise); ``float8.enable_fsdp_float8_all_gather``
+    (off by default) -> ``fp8_all_gather`` (docs/fidelity.md, "fp8")."""
     conv = dig(cfg, "model_converters")
     text = str(dig(cfg, "model.converters") or "") + str(conv or "")
     if "float8" not in text.lower():
@@ -307,10 +307,13 @@ def _float8(reading: Reading, cfg: dict[str, Any], where: str) -> None:
     else:
         reading.miss("fp8_recipe", where, f"float8 recipe {recipe!r} is not modelled (tensorwise, rowwise)",
                      keep=True)  # fmt: skip
-    if dig(cfg, "float8.enable_fsdp_float8_all_gather"):
-        reading.miss("fp8_recipe", where, "enable_fsdp_float8_all_gather: FSDP2's fp8 all-gather is not modelled "
-                     "(memsim counts 16-bit gathers; traced on the fake process group it kept more: docs/fidelity.md)",
-                     keep=True)  # fmt: skip
+    if not dig(cfg, "float8.enable_fsdp_float8_all_gather"):
+        return
+    if recipe == "tensorwise":
+        reading.set("fp8_all_gather", True)
+    else:  # torchao's Float8LinearConfig refuses it: only tensorwise-scaled weights are gathered in fp8
+        reading.miss("fp8_all_gather", where, f"enable_fsdp_float8_all_gather with recipe {recipe!r}: torchao "
+                     "gathers tensorwise-scaled weights only", keep=True)  # fmt: skip
 
 
 def _batch(reading: Reading, path: Path, cfg: dict[str, Any], par: dict[str, int], need: Any) -> None:
