@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from memsim_widget.architecture.types import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
-from memsim_widget.engine.activations.ssm import SCAN_CHUNK, ssm_kernel
+from memsim_widget.engine.activations.ssm import SCAN_CHUNK, softplus_bytes, ssm_kernel
 from memsim_widget.engine.context import Context
 
 #: Per-layer terms of the attention block (names the HF rules give them): scaled by the share of attention layers.
@@ -166,6 +166,7 @@ def jamba_mixer(ctx: Context, ssm: dict) -> tuple[list[Term], Term]:
     # through the norms' fp32 copies, and in fp32 counted as their inputs), plus the norms; the C norm's output is
     # kept by the scan's per-step matmuls, the B norm's by its fp32 upcast (the same tensor in fp32: counted there)
     norms += ec * T * N
+    dtb = softplus_bytes(ctx, ec)
     bin_ = b * inner * N
     if ec == 4:
         states, fs = 4 * bin_ * (s + 1), "4 B x b x I x N x (s + 1)"
@@ -175,8 +176,8 @@ def jamba_mixer(ctx: Context, ssm: dict) -> tuple[list[Term], Term]:
         Term("Jamba mixer: dt, B, C RMSNorms (fp32 inputs, rsqrt, normalised), dt_proj's input, C",
              norms, nf + f" + {ec} B x T x N, R={R} N={N}", 9),
         Term("Jamba torch path: in_proj output, conv output, x_proj input copy, dt (+ bias, softplus)",
-             ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner + 2 * T * inner),
-             f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I + 2 x T x I), I={inner}", 5),
+             ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner) + dtb * 2 * T * inner,
+             f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I) + {dtb} B x 2 x T x I, I={inner}", 5),
         Term("Jamba torch path: discretised A and B (fp32), u and B upcasts",
              2 * 4 * T * inner * N + 4 * T * inner + 4 * T * N,
              f"2 x 4 B x T x I x N + 4 B x T x I + 4 B x T x N, N={N}", 4),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from memsim_widget.engine.activations.budget import Term
 from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import uses_autocast
 
 
 def ssm_layer(st: HFLayer) -> None:
@@ -18,6 +19,14 @@ def ssm_layer(st: HFLayer) -> None:
 def ssm_kernel(ctx: Context) -> str:
     """The scan a state-space layer runs: the scenario's ``ssm_kernel``, by default ``cuda`` (mamba-ssm)."""
     return ctx.scenario.ssm_kernel or "cuda"
+
+
+def softplus_bytes(ctx: Context, ec: int) -> int:
+    """Bytes per element of the torch scans' dt + bias and softplus(dt): under autocast softplus runs in fp32 (it
+    is on CUDA autocast's fp32 list, torch.amp docs "CUDA Ops that can autocast to float32"), so it saves an fp32
+    copy of its 16-bit input and returns fp32 (transformers 5.24 ``mamba_selective_scan``; traced with the trace's
+    CUDA-like autocast, trace/cuda_autocast.py)."""
+    return 4 if uses_autocast(ctx) else ec
 
 
 #: mamba-ssm's selective_scan_cuda keeps its fp32 (a, b) scan pairs once per chunk of this many steps
@@ -75,10 +84,12 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
         )
         put("Mamba kernel: A (fp32)", 4 * inner * N, f"4 B x I x N, I={inner} N={N}")
         return
+    dtb = softplus_bytes(ctx, ec)
     put(
         "Mamba torch path: in_proj output, conv output, x_proj input copy and output, dt (+ bias, softplus)",
-        ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner + T * (R + 2 * N) + 2 * T * inner),
-        f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I + T x (R + 2N) + 2 x T x I), I={inner} N={N} R={R}",
+        ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner + T * (R + 2 * N)) + dtb * 2 * T * inner,
+        f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I + T x (R + 2N)) + {dtb} B x 2 x T x I, I={inner} N={N} "
+        f"R={R}",
         6,
     )
     put(
