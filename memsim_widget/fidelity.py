@@ -1166,6 +1166,17 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"num_experts": 1},
                 {"micro_batch_size": 2, "seq_len": 64, "precision": "amp-bf16"},
             ),
+            ("torch bf16 ckpt b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64, **_CKPT}),
+            (
+                "torch fp32 ckpt b2 s64 (dense MLPs)",
+                {"num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "fp32", **_CKPT},
+            ),
+            (
+                "torch amp-bf16 ckpt b2 s64 (dense MLPs)",
+                {"num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "amp-bf16", **_CKPT},
+            ),
             (
                 "torch V65536 bf16 b2 s64 (the real vocabulary; outputs kept: backward, bf16 logits)",
                 {"vocab_size": 65536},

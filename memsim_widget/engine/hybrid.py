@@ -4,8 +4,9 @@ The layers are averaged over the stack, as the MoE parts are (engine/activations
 the MLPs of every layer come from the HF rules run on the model seen without its state-space layers (every layer an
 attention layer, ``arch.extra["mlp_parts"]`` weighing dense and MoE MLPs); the attention terms are then scaled by
 the share of attention layers, and the Mamba mixer's own terms are added for the share of Mamba layers. The sum over
-the layers is exact when each layer kind saves the same at every depth (no LoRA, no checkpointing: the state-space
-refusals of engine/activations/refusals.py apply).
+the layers is exact when each layer kind saves the same at every depth (no LoRA: the state-space refusals of
+engine/activations/refusals.py apply). Under full checkpointing the layer recomputed for its backward is a whole
+Mamba layer (traced, docs/fidelity.md).
 
 Jamba's mixer (``JambaMambaMixer``, transformers 5.24) is Mamba v1's with three weight-only RMSNorms on x_proj's
 outputs (dt, B, C) and dt_proj applied as ``dt_proj.weight @ dt`` (the bias goes into the scan); it calls
@@ -60,6 +61,10 @@ def hybrid_activations(ctx: Context, hf: Callable[[Context], ActivationBudget]) 
     mixer, backward = jamba_mixer(ctx, ssm)
     share = ssm["layers"] / L
     what = f"{ssm['layers']}/{L} Mamba layers"
+    if ctx.scenario.activation_checkpointing == "full":
+        # the layer recomputed for its backward is a whole Mamba layer (the lowest and the highest layers are
+        # Mamba layers in every Jamba preset): its mixer unscaled, no attention, the stack's average MLP
+        out.recomputed_layer = [t for t in out.per_layer if not t.name.startswith(ATTENTION_TERMS)] + mixer
     out.per_layer += [_scaled(t, share, what) for t in mixer]
     if backward.bytes > sum(t.bytes for t in out.layer_backward):
         out.layer_backward[:] = [backward, *above_the_scan(ctx, out.per_layer)]

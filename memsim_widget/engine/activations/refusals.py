@@ -82,7 +82,7 @@ def refuse_ssm(ctx: Context) -> None:
 SSM_TRACED: dict[str, frozenset[str]] = {
     "mamba": frozenset({"autocast", "full checkpointing", "lora"}),
     "mamba2": frozenset({"lora"}),
-    "jamba": frozenset({"autocast"}),
+    "jamba": frozenset({"autocast", "full checkpointing"}),
 }
 
 
