@@ -1134,6 +1134,33 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {},
                 {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", **_LORA_IN},
             ),
+            # issue 26: autocast runs the SSD's einsums in bf16
+            ("torch amp-bf16 b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "torch amp-bf16 b1 s1000 (padded last chunk, tied, K=3, biases)",
+                {"tie_word_embeddings": True, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 1000, "precision": "amp-bf16"},
+            ),
+            (
+                "torch amp-bf16 b2 s256 (16 heads of 32, N=24, chunks of 32)",
+                {"num_heads": 16, "head_dim": 32, "state_size": 24, "chunk_size": 32},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "amp-bf16"},
+            ),
+            (
+                "torch amp-bf16 lora in_proj b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16", **_LORA_IN},
+            ),
+            (
+                "torch V50288 amp-bf16 b2 s256 (the real vocabulary; outputs kept: backward, fp32 logits)",
+                {"vocab_size": 50288},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 256,
+                    "precision": "amp-bf16",
+                    "output_lifetime": "backward",
+                },
+            ),
         )
     ),
     # Jamba: attention and Mamba layers, MoE and dense MLPs (engine/hybrid.py); the torch scan path (grouped_mm

@@ -105,7 +105,6 @@ def test_kernel_path_keeps_one_scan_pair_per_2048_steps() -> None:
 @pytest.mark.parametrize(
     ("keys", "field"),
     [
-        ({"model": "mamba2-130m", "precision": "amp-bf16"}, "precision"),
         ({"method": "qlora", "lora": {"targets": ["in_proj"]}}, "method"),
         # peft refuses out_proj and conv1d on Mamba-based models (and all-linear reaches out_proj)
         ({"method": "lora", "lora": {"targets": ["in_proj", "out_proj"]}}, "lora.targets"),
@@ -136,6 +135,8 @@ def test_untraced_combinations_are_refused(keys: dict[str, Any], field: str) -> 
         {"method": "lora", "lora": {"targets": ["in_proj"]}, "precision": "amp-bf16"},
         {"method": "lora", "lora": {"targets": ["x_proj"]}, "ssm_kernel": "torch"},
         {"model": "mamba2-130m", "method": "lora", "lora": {"targets": ["in_proj"]}, "precision": "fp32"},
+        {"model": "mamba2-130m", "precision": "amp-bf16"},
+        {"model": "mamba2-130m", "method": "lora", "lora": {"targets": ["in_proj"]}, "precision": "amp-bf16"},
     ],
     ids=str,
 )
@@ -143,6 +144,40 @@ def test_traced_combinations_are_estimated(keys: dict[str, Any]) -> None:
     """Autocast, full checkpointing and LoRA in every precision on Mamba, LoRA in fp32 on Mamba-2: held to the
     traces in docs/fidelity.md (issue 26), so estimated, not refused."""
     assert _est(**keys).peak_tensor_bytes > 0
+
+
+def test_mamba2_under_autocast_keeps_the_einsum_operands_in_bf16() -> None:
+    """Autocast runs the SSD's einsums in bf16: their operand copies and G are 2 B where bf16 training keeps them
+    in fp32 (the scan upcasts first), and the conv keeps a bf16 copy of its input, not in_proj's whole output.
+    b2 s512 on MAMBA2 (b=2, H=8, s'=512, l=64, N=16, I=512, c=8 chunks, G=2): per layer the SSD saves
+    4 b H s' l + 8 b s' H N + 6 b s' I + 2 b c I N + 2 b (c + 1) I N + 2 b H (c + 1)^2 bytes fewer, the conv
+    2 B x T x (proj - (I + 2GN)) fewer (traced: +19.02% -> -0.02%)."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+    from memsim_widget.fidelity import MAMBA2
+
+    def term(precision: str, prefix: str) -> float:
+        sc = Scenario.from_dict(
+            {
+                "model": MAMBA2,
+                "ssm_kernel": "torch",
+                "micro_batch_size": 2,
+                "seq_len": 512,
+                "precision": precision,
+            }
+        )
+        (t,) = [t for t in activations(Context(sc)).per_layer if t.name.startswith(prefix)]
+        return t.bytes
+
+    b, H, sp, l, N, inner, c, T = 2, 8, 512, 64, 16, 512, 8, 1024
+    ssd = "Mamba-2 torch path: SSD chunk tensors"
+    fewer = 4 * b * H * sp * l + 8 * b * sp * H * N + 6 * b * sp * inner + 2 * b * c * inner * N
+    fewer += 2 * b * (c + 1) * inner * N + 2 * b * H * (c + 1) ** 2
+    assert term("bf16", ssd) - term("amp-bf16", ssd) == fewer == 6_851_104
+    conv_in = term("bf16", "Mamba-2 torch path: in_proj output") - term(
+        "amp-bf16", "Mamba-2 torch path: conv input"
+    )
+    assert conv_in == 2 * T * (1096 - 576)  # in_proj's 2I + 2GN + H columns against the conv's I + 2GN
 
 
 def test_autocast_runs_softplus_in_fp32_so_dt_is_saved_in_fp32() -> None:
@@ -240,6 +275,10 @@ def test_trace_refuses_the_cuda_path_and_runs_the_torch_path() -> None:
         "mamba torch bf16 lora in_proj ckpt b2 s64",
         "mamba torch V50280 amp-bf16 b2 s64 (the real vocabulary; outputs kept: step, fp32 logits)",
         "mamba2 torch fp32 lora in_proj b2 s256",
+        "mamba2 torch amp-bf16 b2 s512",
+        "mamba2 torch amp-bf16 b2 s256 (16 heads of 32, N=24, chunks of 32)",
+        "mamba2 torch amp-bf16 lora in_proj b2 s512",
+        "mamba2 torch V50288 amp-bf16 b2 s256 (the real vocabulary; outputs kept: backward, fp32 logits)",
     ],
 )
 @pytest.mark.slow

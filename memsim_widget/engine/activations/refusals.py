@@ -81,7 +81,7 @@ def refuse_ssm(ctx: Context) -> None:
 #: Mamba section: each combination's rows); anything else is refused by ``refuse_ssm``.
 SSM_TRACED: dict[str, frozenset[str]] = {
     "mamba": frozenset({"autocast", "full checkpointing", "lora"}),
-    "mamba2": frozenset({"lora"}),
+    "mamba2": frozenset({"autocast", "lora"}),
     "jamba": frozenset({"autocast", "full checkpointing"}),
 }
 
