@@ -93,8 +93,8 @@ class _Step(torch.nn.Module):
 
     policy: torch.nn.Module
 
-    def gradient_checkpointing_enable(self) -> None:
-        self.policy.gradient_checkpointing_enable()
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
+        self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs)
 
 
 class PreferenceStep(_Step):
