@@ -112,18 +112,18 @@ def _check_ssm_lora(ctx: Context, kind: str) -> None:
     if sc.method == "qlora" or "lora" not in SSM_TRACED[kind]:
         raise ScenarioError("method", f"{sc.method} {SSM_WHY} in {arch.extra['hf_class']}; use full")
     targets = set(sc.lora.targets)
+    kernel = sc.ssm_kernel or "cuda"
+    # the Linears whose adapters run: in_proj, and x_proj on Mamba's torch path
+    runs = "in_proj" + (" or x_proj" if kind == "mamba" and kernel == "torch" else "")
     bad = sorted(targets & {*PEFT_MAMBA_REFUSED, "all-linear"})
     if bad:
         raise ScenarioError(
             "lora.targets", f"peft refuses {', '.join(bad)} on Mamba-based models (out_proj and conv1d are "
-            "incompatible, and all-linear includes out_proj): name in_proj"
-            + (" or x_proj" if kind == "mamba" else ""),
+            f"incompatible, and all-linear includes out_proj): name {runs}",
         )  # fmt: skip
-    if kind == "mamba":
-        kernel = sc.ssm_kernel or "cuda"
-        if targets <= set(MAMBA_BYPASSED[kernel]):
-            raise ScenarioError(
-                "lora.targets", f"{', '.join(sorted(targets))}: MambaMixer ({kernel} path) reads "
-                f"{' and '.join(n + '.weight' for n in MAMBA_BYPASSED[kernel])} directly, so peft's adapter "
-                "never runs and nothing trains; name in_proj" + (" or x_proj" if kernel == "torch" else ""),
-            )  # fmt: skip
+    if kind == "mamba" and targets <= set(MAMBA_BYPASSED[kernel]):
+        raise ScenarioError(
+            "lora.targets", f"{', '.join(sorted(targets))}: MambaMixer ({kernel} path) reads "
+            f"{' and '.join(n + '.weight' for n in MAMBA_BYPASSED[kernel])} directly, so peft's adapter never "
+            f"runs and nothing trains; name {runs}",
+        )  # fmt: skip
