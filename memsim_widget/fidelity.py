@@ -206,6 +206,7 @@ _SSM_ISSUE26: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("torch fp32 lora in_proj b2 s64", {}, {**_LORA_IN, "precision": "fp32"}),
     ("torch amp-bf16 lora in_proj b2 s64", {}, {**_LORA_IN, "precision": "amp-bf16"}),
     ("torch bf16 lora in_proj ckpt b2 s64", {}, {**_LORA_IN, **_CKPT}),
+    ("torch bf16 lora in_proj b1 s128", {}, {**_LORA_IN, "micro_batch_size": 1, "seq_len": 128}),
     (
         "torch V50280 amp-bf16 b2 s64 (the real vocabulary; outputs kept: step, fp32 logits)",
         {"vocab_size": 50280},

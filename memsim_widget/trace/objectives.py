@@ -93,7 +93,9 @@ class _Step(torch.nn.Module):
 
     policy: torch.nn.Module
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
+    def gradient_checkpointing_enable(
+        self, gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs)
 
 

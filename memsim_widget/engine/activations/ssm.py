@@ -85,13 +85,22 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
         put("Mamba kernel: A (fp32)", 4 * inner * N, f"4 B x I x N, I={inner} N={N}")
         return
     dtb = softplus_bytes(ctx, ec)
+    # LoRA (frozen weights): a frozen matmul keeps no input, so x_proj's input copy is not kept (an adapter on
+    # x_proj keeps its own cast copy, as on any Linear), nor the D skip's u or out_proj's input, and A =
+    # -exp(A_log) once (its exp output is for A_log's gradient) -- MambaMixer's slow path, transformers 5.24;
+    # traced (docs/fidelity.md)
+    frozen = not ctx.full_training
+    xin = 0 if frozen else 1
+    if frozen:
+        consumers(frozenset({"x_proj"}), inner, T, ec, "x_proj input")
     put(
-        "Mamba torch path: in_proj output, conv output, x_proj input copy and output, dt (+ bias, softplus)",
-        ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner + T * (R + 2 * N)) + dtb * 2 * T * inner,
-        f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I + T x (R + 2N)) + {dtb} B x 2 x T x I, I={inner} N={N} "
-        f"R={R}",
+        "Mamba torch path: in_proj output, conv output, " + ("x_proj input copy and " if xin else "x_proj ")
+        + "output, dt (+ bias, softplus)",
+        ec * (T * 2 * inner + b * inner * (s + K - 1) + xin * T * inner + T * (R + 2 * N)) + dtb * 2 * T * inner,
+        f"{ec} B x (T x 2I + b x I x (s + K - 1)" + (" + T x I" if xin else "") + " + T x (R + 2N)) + "
+        f"{dtb} B x 2 x T x I, I={inner} N={N} R={R}",
         6,
-    )
+    )  # fmt: skip
     put(
         "Mamba torch path: discretised A and B (fp32), u and B upcasts",
         2 * 4 * T * inner * N + 4 * T * inner + 4 * T * N,
@@ -108,18 +117,26 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
         states, fs = bin_ * (4 * (s - 1) + ec * (s + 1)), f"b x I x N x (4 B x (s - 1) + {ec} B x (s + 1))"
     put("Mamba torch path: per-step scan states (fp32" + (f", {ec} B copies" if ec != 4 else "") + ")",
         states, fs, 2 * s)  # fmt: skip
+    side = 1 if frozen else 3
     put(
-        "Mamba torch path: scan output side (u for D, silu(z), the fp32 gated sum, out_proj input)",
-        (3 * ec + 4) * T * inner,
-        f"(3 x {ec} + 4) B x T x I, I={inner}",
-        4,
+        "Mamba torch path: scan output side ("
+        + (
+            "silu(z), the fp32 gated sum"
+            if frozen
+            else "u for D, silu(z), the fp32 gated sum, out_proj input"
+        )
+        + ")",
+        (side * ec + 4) * T * inner,
+        f"({side} x {ec} + 4) B x T x I, I={inner}",
+        2 if frozen else 4,
     )
+    na = 1 if frozen else 2
     put(
         "Mamba torch path: A = -exp(A_log), D (fp32)",
-        2 * 4 * inner * N + 4 * inner,
-        f"4 B x I x (2N + 1), I={inner}",
-        3,
-    )
+        na * 4 * inner * N + 4 * inner,
+        f"4 B x I x ({na}N + 1), I={inner}",
+        na + 1,
+    )  # fmt: skip
 
 
 def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False, amp=False):  # noqa: ANN001, ANN202
