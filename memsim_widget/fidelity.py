@@ -214,6 +214,19 @@ _SSM_ISSUE26: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ),
 )
 
+#: Jamba under LoRA (issue 26): adapters on in_proj (layer 0's first Linear), b2 s64
+_JAMBA_LORA: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
+    ("bf16 lora in_proj b2 s64", {}, _LORA_IN),
+    (
+        "bf16 lora in_proj x_proj q_proj v_proj b2 s64",
+        {},
+        {"method": "lora", "lora": {"rank": 8, "targets": ["in_proj", "x_proj", "q_proj", "v_proj"]}},
+    ),
+    ("fp32 lora in_proj b2 s64 (dense MLPs)", {"num_experts": 1}, {**_LORA_IN, "precision": "fp32"}),
+    ("amp-bf16 lora in_proj b2 s64 (dense MLPs)", {"num_experts": 1}, {**_LORA_IN, "precision": "amp-bf16"}),
+    ("bf16 lora in_proj ckpt b2 s64", {}, {**_LORA_IN, **_CKPT}),
+)
+
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 #: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
 #: fp32 eager, at micro-batch 2.
@@ -1204,6 +1217,10 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 "torch amp-bf16 ckpt b2 s64 (dense MLPs)",
                 {"num_experts": 1},
                 {"micro_batch_size": 2, "seq_len": 64, "precision": "amp-bf16", **_CKPT},
+            ),
+            *(
+                (f"torch {label}", more, {"micro_batch_size": 2, "seq_len": 64, **keys})
+                for label, more, keys in _JAMBA_LORA
             ),
             (
                 "torch V65536 bf16 b2 s64 (the real vocabulary; outputs kept: backward, bf16 logits)",

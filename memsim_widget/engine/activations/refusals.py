@@ -82,7 +82,7 @@ def refuse_ssm(ctx: Context) -> None:
 SSM_TRACED: dict[str, frozenset[str]] = {
     "mamba": frozenset({"autocast", "full checkpointing", "lora"}),
     "mamba2": frozenset({"autocast", "lora"}),
-    "jamba": frozenset({"autocast", "full checkpointing"}),
+    "jamba": frozenset({"autocast", "full checkpointing", "lora"}),
 }
 
 
@@ -113,6 +113,9 @@ def _check_ssm_lora(ctx: Context, kind: str) -> None:
         raise ScenarioError("method", f"{sc.method} {SSM_WHY} in {arch.extra['hf_class']}; use full")
     targets = set(sc.lora.targets)
     kernel = sc.ssm_kernel or "cuda"
+    if kind == "jamba":
+        _check_jamba_lora(ctx, targets)
+        return
     # the Linears whose adapters run: in_proj, and x_proj on Mamba's torch path
     runs = "in_proj" + (" or x_proj" if kind == "mamba" and kernel == "torch" else "")
     bad = sorted(targets & {*PEFT_MAMBA_REFUSED, "all-linear"})
@@ -126,4 +129,29 @@ def _check_ssm_lora(ctx: Context, kind: str) -> None:
             "lora.targets", f"{', '.join(sorted(targets))}: MambaMixer ({kernel} path) reads "
             f"{' and '.join(n + '.weight' for n in MAMBA_BYPASSED[kernel])} directly, so peft's adapter never "
             f"runs and nothing trains; name {runs}",
+        )  # fmt: skip
+
+
+#: Jamba mixer modules whose adapters no trace checks (peft wraps them on Jamba): out_proj's and conv1d's, and
+#: dt_proj's, which ``JambaMambaMixer`` never calls (it reads ``dt_proj.weight``, transformers 5.24
+#: ``modeling_jamba.py``, unless the model is quantized); ``all-linear`` includes out_proj.
+JAMBA_LORA_UNTRACED = ("out_proj", "conv1d", "dt_proj", "all-linear")
+
+
+def _check_jamba_lora(ctx: Context, targets: set[str]) -> None:
+    """LoRA on Jamba: traced with an adapter on in_proj, so that layer 0 (a Mamba layer in every preset) has one and
+    every layer keeps what its input's gradient needs. With adapters only higher up (q_proj and v_proj: the first
+    attention layer is layer 4 in the presets) the layers below keep nothing, which the averaged stack does not
+    model (+34.4% traced with q/v)."""
+    bad = sorted(targets & set(JAMBA_LORA_UNTRACED))
+    if bad:
+        raise ScenarioError(
+            "lora.targets", f"{', '.join(bad)}: adapters on Jamba's out_proj and conv1d are not modelled (no "
+            "trace checks them) and dt_proj's never runs (the mixer reads dt_proj.weight); name in_proj, x_proj "
+            "and attention or MLP modules",
+        )  # fmt: skip
+    if "in_proj" not in targets or ctx.arch.extra["layer_block_types"][0] != "mamba":
+        raise ScenarioError(
+            "lora.targets", f"{', '.join(sorted(targets))}: on Jamba the layers below the first adapter keep "
+            "nothing, which is not modelled (no trace checks it); add in_proj (layer 0's first Linear)",
         )  # fmt: skip
