@@ -1227,6 +1227,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"vocab_size": 65536},
                 {"micro_batch_size": 2, "seq_len": 64, "output_lifetime": "backward"},
             ),
+            (
+                "torch V65536 amp-bf16 b2 s64 (dense MLPs; the real vocabulary; outputs kept: step, bf16 logits)",
+                {"vocab_size": 65536, "num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "amp-bf16", "output_lifetime": "step"},
+            ),
         )
     ),
 ]

@@ -243,6 +243,7 @@ def test_autocast_is_estimated_and_the_moe_layers_are_said_to_be_untraced() -> N
         "jamba torch amp-bf16 lora in_proj b2 s64 (dense MLPs)",
         "jamba torch bf16 lora in_proj ckpt b2 s64",
         "jamba torch V65536 bf16 b2 s64 (the real vocabulary; outputs kept: backward, bf16 logits)",
+        "jamba torch V65536 amp-bf16 b2 s64 (dense MLPs; the real vocabulary; outputs kept: step, bf16 logits)",
         "jamba torch bf16 sdpa b2 s64",
         "jamba torch fp32 b2 s64 (dense MLPs)",
         "jamba torch bf16 b1 s128 (tied, N=8, K=3, R=12, biases, attention on top, MoE at even layers)",
