@@ -327,17 +327,34 @@ def test_cli_takes_ssm_kernel_and_prints_which_path(capsys: pytest.CaptureFixtur
     assert "not traced" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("model", "logit_bytes"), [("mamba2-130m", 4), ("mamba-130m", 4), ("jamba-v0.1", 2)])
+@pytest.mark.parametrize(
+    ("model", "precision", "logit_bytes"),
+    [
+        ("mamba2-130m", "bf16", 4),
+        ("mamba-130m", "bf16", 4),
+        ("jamba-v0.1", "bf16", 2),
+        ("mamba2-130m", "amp-bf16", 4),
+        ("mamba-130m", "amp-bf16", 4),
+        ("jamba-v0.1", "amp-bf16", 2),
+    ],
+)
 def test_a_kept_model_output_holds_the_logits_in_the_dtype_the_model_returns(
-    model: str, logit_bytes: int
+    model: str, precision: str, logit_bytes: int
 ) -> None:
     """MambaForCausalLM and Mamba2ForCausalLM return ``lm_head(h).float()``: a loop that keeps the output keeps
-    4 B x T x V (traced: mamba2 V32k b2 s256 -7.38% before, -0.06% after); Jamba returns the bf16 matmul output."""
+    4 B x T x V (traced: mamba2 V32k b2 s256 -7.38% before, -0.06% after), under autocast too (traced at the real
+    vocabularies, 50280 and 50288); Jamba returns the matmul's output, bf16 in both (traced at 65536)."""
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
 
     sc = Scenario.from_dict(
-        {"model": model, "micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"}
+        {
+            "model": model,
+            "micro_batch_size": 2,
+            "seq_len": 256,
+            "output_lifetime": "backward",
+            "precision": precision,
+        }
     )
     ctx = Context(sc)
     (term,) = activations(ctx).output_logits
