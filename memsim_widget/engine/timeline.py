@@ -33,15 +33,18 @@ from memsim_widget.units import fmt_int
 
 __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
 
-#: Layers whose saved activations stay on the GPU under activation offloading: the layer computing and the
-#: one being copied on the side stream (torchtune ``OffloadActivations``: every saved tensor goes to pinned
-#: host memory as forward proceeds and comes back just ahead of its layer's backward).
-OFFLOAD_LAYERS_ON_GPU = 2
+#: Layers whose saved activations stay on the GPU under activation offloading: one, the layer whose backward
+#: brought its saved tensors back. torchtune ``OffloadActivations`` (v0.6.1, streams on) copies every saved tensor
+#: of at least 1024 B to host memory in forward and keeps a GPU original only while fewer than five tensors have
+#: been packed after it; in backward it keeps what it brought back for the node running and the one before. Traced
+#: (trace/torchtune_memory.py): at the loss the final norm's own saved tensors have pushed every layer's out of
+#: that stash (0 layers; the one counted is an upper bound there), in a layer's backward at most that layer's.
+OFFLOAD_LAYERS_ON_GPU = 1
 
 
 def resident_layers(ctx: Context, stage: Stage) -> float:
     """Layer x micro-batch activation sets a stage keeps on the GPU (all of them unless offloading)."""
-    full = stage.layers * ctx.in_flight(stage)
+    full = ctx.held_layers(stage)
     return min(full, OFFLOAD_LAYERS_ON_GPU) if ctx.scenario.activation_offloading else full
 
 
@@ -58,7 +61,7 @@ def checkpointed_layers(ctx: Context, stage: Stage) -> int:
 
 def _mixed_layers(
     acts: ActivationBudget, n_ckpt: int, n_other: int, micro: float, first: float
-) -> list[Item]:
+) -> list[LazyItem]:
     """Saved activations of ``micro`` micro-batches when ``n_ckpt`` of the layers are checkpointed (their inputs)
     and ``n_other`` keep everything; layer 0 is one of the others (``first`` of them lack its skip terms)."""
     fl = f" x {micro:g} micro-batches" if micro != 1 else ""
@@ -69,7 +72,7 @@ def _mixed_layers(
 
 def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
     """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
-    full = stage.layers * ctx.in_flight(stage)
+    full = ctx.held_layers(stage)
     moved = full - resident_layers(ctx, stage)
     if moved <= 0:
         return []
@@ -138,7 +141,11 @@ class Moment:
 
 
 def _scaled(
-    terms: list[Term], factor: float, label: str, category: Category = Category.ACTIVATIONS, first: float = 0
+    terms: list[Term],
+    factor: float,
+    label: str,
+    category: Category | str = Category.ACTIVATIONS,
+    first: float = 0,
 ) -> list[LazyItem]:
     """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items (built when read);
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""
@@ -202,8 +209,11 @@ def _saved_groups(
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
     first = f if stage.first else 0
+    held = ctx.held_layers(stage)  # Ls x f, or an interleaved rank's uneven chunks in schedule order
+    if held != Ls * f:
+        mult = f"{held:g} layer x micro-batch sets (chunks of {Ls} layers in the schedule's order)"
     resident = resident_layers(ctx, stage)
-    if resident < Ls * f:  # activation offloading: the rest sits in host memory
+    if resident < held:  # activation offloading: the rest sits in host memory
         mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
         first = 0  # the resident ones are the last layers run
     saved_all = _scaled(kept, resident, mult, first=first)
@@ -217,7 +227,7 @@ def _saved_groups(
         if sc.activation_offloading
         else _scaled(
             kept,
-            Ls * (f - 1),
+            Ls * (f - 1) if held == Ls * f else held - Ls,
             f"{Ls} layers x {f - 1:g} other micro-batches",
             first=first - 1 if first else 0,
         )

@@ -255,7 +255,7 @@ def test_engine_within_one_percent_of_trace(name: str) -> None:
     the MLP and out_proj gradients of the highest Mamba layer, an MoE layer, made before its scan) and under
     autocast LoRA (+1.52%, not explained)."""
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     high = "ckpt" in name or "amp-bf16 lora" in name
