@@ -152,9 +152,10 @@ def test_mamba2_under_autocast_keeps_the_einsum_operands_in_bf16() -> None:
     b2 s512 on MAMBA2 (b=2, H=8, s'=512, l=64, N=16, I=512, c=8 chunks, G=2): per layer the SSD saves
     4 b H s' l + 8 b s' H N + 6 b s' I + 2 b c I N + 2 b (c + 1) I N + 2 b H (c + 1)^2 bytes fewer, the conv
     2 B x T x (proj - (I + 2GN)) fewer (traced: +19.02% -> -0.02%)."""
+    from fidelity_cases import MAMBA2
+
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
-    from memsim_widget.fidelity import MAMBA2
 
     def term(precision: str, prefix: str) -> float:
         sc = Scenario.from_dict(
