@@ -100,20 +100,20 @@ class Context:
     @property
     def images_per_sample(self) -> int:
         """Images per sample of a multimodal model (the scenario's, else the model's default); 0 for text models."""
-        v = self.arch.extra.get("vision")
+        v = self.arch.facts.vision
         if v is None:
             return 0
         n = self.scenario.images_per_sample
-        return v["images_default"] if n is None else n
+        return v.images_default if n is None else n
 
     @property
     def freeze_vision(self) -> bool:
         """The vision tower is frozen (the scenario's ``freeze_vision``, else the model's recipe)."""
-        v = self.arch.extra.get("vision")
+        v = self.arch.facts.vision
         if v is None:
             return False
         f = self.scenario.freeze_vision
-        return v["freeze_default"] if f is None else f
+        return v.freeze_default if f is None else f
 
     @property
     def frozen_stacks(self) -> frozenset[str]:
@@ -124,7 +124,7 @@ class Context:
         if override is not None:
             return override
         unused = (
-            {"vision_unused"} if self.arch.extra.get("vision") else set()
+            {"vision_unused"} if self.arch.facts.vision is not None else set()
         )  # LLaVA's tower past the layer read (peft's adapters there get no gradient: not counted)
         if unused and not self.images_per_sample:
             # no image: the tower and projector never run, so they get no gradient and AdamW no state (traced)
@@ -146,8 +146,8 @@ class Context:
     @property
     def image_tokens(self) -> int:
         """Tokens the images of one sample add to the language model's sequence (LLaVA; 0 for CLIP and text)."""
-        v = self.arch.extra.get("vision")
-        return self.images_per_sample * v["tokens_per_image"] if v else 0
+        v = self.arch.facts.vision
+        return self.images_per_sample * v.tokens_per_image if v else 0
 
     @property
     def seq_len(self) -> int:
@@ -174,7 +174,7 @@ class Context:
     def linear_modules(self) -> list[str]:
         """The Linear modules of the engine's layer stack: a multimodal model's tower and projector have their own
         rules (engine/vision.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
-        towers = TOWER_STACKS if self.arch.extra.get("vision") else ()
+        towers = TOWER_STACKS if self.arch.facts.vision is not None else ()
         return sorted({g.module for g in self.arch.params if g.module and g.stack not in towers})
 
     @cached_property
@@ -193,7 +193,7 @@ class Context:
             )
             if not hit:
                 continue
-            if self.arch.extra.get("conv1d"):
+            if self.arch.facts.linear.conv1d:
                 fan_in, fan_out = g.shape
             else:
                 fan_out, fan_in = g.shape
