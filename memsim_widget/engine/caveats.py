@@ -29,6 +29,8 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             + ("; traced on one GPU: data parallel (DDP's graph split at gradient buckets, FSDP's gathers) is "
                "untraced"
                if scenario.parallel.dp > 1 else "")
+            + ("; traced on one GPU: each pipeline stage compiling its own layers is untraced"
+               if scenario.parallel.pp > 1 else "")
         )  # fmt: skip
     elif scenario.compile:
         out.append(

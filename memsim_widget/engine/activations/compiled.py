@@ -87,10 +87,12 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
 def _one_replica(sc: Scenario) -> bool:
     """One GPU's step, or data-parallel replicas of it (each rank compiles the same step and saves the same
     activations; under DDP Dynamo's DDPOptimizer splits the graph at gradient-bucket boundaries and FSDP gathers
-    weights around it: untraced, said in the caveats). Not ``world_size``: the activation terms may not read the
-    data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL)."""
+    weights around it: untraced, said in the caveats), or a pipeline stage of it (each rank compiles its own
+    stage's submodule: untraced, said in the caveats). Not ``world_size``: the activation terms may not read the
+    data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL), nor ``pp``: the planner builds each
+    candidate's activation terms at pp = 1 and applies the schedule's micro-batches in flight to them."""
     p = sc.parallel
-    return p.tp == p.pp == p.cp == p.ep == 1
+    return p.tp == p.cp == p.ep == 1
 
 
 def _masked_sliding(sc: Scenario, arch: Architecture) -> bool:
