@@ -28,6 +28,7 @@ from memsim_widget.engine.pipeline import (
     pending_sends,
     receive_buffers,
 )
+from memsim_widget.engine.schedule import grads_carried, pipeline_carries_grads
 from memsim_widget.engine.states import StateBudget
 from memsim_widget.units import fmt_int
 
@@ -158,11 +159,9 @@ def _state_groups(
     """The model-state groups of ``moments.STATE_GROUPS`` on one rank in the steady state (step 2 on)."""
     sc = ctx.scenario
     persistent = [i for i in states.persistent if i.level == "tensor"]
-    # gradients accumulate over micro-batches: at the stage's fullest moment only if an earlier micro-batch
-    # already ran backward, i.e. fewer are in flight than there are (never under GPipe: all forwards first)
-    pipelined = ctx.par.pp > 1 and f < ctx.par.pp_microbatches
-    grads_carried = sc.grad_accum_steps > 1 or pipelined
-    grads_in_fwd = states.grads if grads_carried and not sc.optimizer_in_backward else []
+    pipelined = pipeline_carries_grads(ctx.par.pp, ctx.par.pp_microbatches, f)
+    carried = grads_carried(sc.grad_accum_steps, pipelined, sc.optimizer_in_backward)
+    grads_in_fwd = states.grads if carried else []
     return {
         "persistent": persistent,
         "overhead": overhead,

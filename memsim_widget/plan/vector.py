@@ -40,6 +40,7 @@ from memsim_widget.engine.overhead import (
     waste_rates,
     workspace_items,
 )
+from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
 from memsim_widget.precision import PRECISIONS
@@ -469,7 +470,7 @@ def _stage_rows(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> tuple[
 
 
 def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
-    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/context ``in_flight``) are fewer than
+    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/schedule ``in_flight``) are fewer than
     ``mb``: 1F1B ``min(m, p - s) < m`` from ``s = p - m + 1``; interleaved ``(w(s) + 1) / v < m`` with
     ``w(s) = (v - 1) r + 2 (p - 1 - s)`` from ``s > p - 1 - (m v - 1 - (v - 1) r) / 2``; never under GPipe."""
     if schedule == "gpipe":
@@ -503,18 +504,6 @@ def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
         )  # fmt: skip
         arows.append(act_row(sc))
     return arows
-
-
-def _in_flight(par: Any, xp: np.ndarray, xm: np.ndarray, xstage: np.ndarray) -> np.ndarray:
-    """Micro-batches in flight per row (engine/context ``in_flight``)."""
-    v = par.virtual_stages
-    if par.pp_schedule == "gpipe":
-        return np.where(xp == 1, 1.0, xm.astype(np.float64))
-    if par.pp_schedule == "interleaved":  # engine/context.interleaved_in_flight
-        per_round = xm // np.maximum(1, xm // xp)
-        warmup = np.minimum((v - 1) * per_round + 2 * (xp - 1 - xstage), xm * v)
-        return np.where(xp == 1, 1.0, np.minimum(warmup + 1, xm * v) / v)
-    return np.where(xp == 1, 1.0, np.minimum(xm, xp - xstage).astype(np.float64))
 
 
 def _per_key_groups(akey: np.ndarray, arows: list[ActRow], T: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -590,7 +579,7 @@ def _activation_side(
     xfirst, xlast = xstage == 0, xstage == xp - 1
     layers = num_layers // xp
     v = par0.virtual_stages
-    f = _in_flight(par0, xp, xm, xstage)
+    f = in_flight(xp, xm, par0.pp_schedule, v, xstage)
     nx = xkey.shape[0]
     zeros = np.zeros(nx)
 
@@ -867,8 +856,8 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
     # per stage key: a pipeline stage with fewer micro-batches in flight than there are
-    short = (xkey[:, 1] > 1) & (f < xkey[:, 3])
-    carried = ((c["grad_accum"] > 1)[cand] | short[x_row]) & (not base.optimizer_in_backward)
+    short = pipeline_carries_grads(xkey[:, 1], xkey[:, 3], f)
+    carried = grads_carried(c["grad_accum"][cand], short[x_row], base.optimizer_in_backward)
     skey, s_idx = _state_key(c, cand, first, last, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
