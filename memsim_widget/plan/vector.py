@@ -40,6 +40,13 @@ from memsim_widget.engine.overhead import (
     waste_rates,
     workspace_items,
 )
+from memsim_widget.engine.pipeline import (
+    loss_count,
+    outputs_held_count,
+    pending_send_count,
+    receive_count,
+    through_step_count,
+)
 from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
@@ -591,14 +598,14 @@ def _activation_side(
     on_last = xlast[:, None]
     # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
     piped = xp > 1
-    n_loss = np.where(xlast, np.where(piped & (par0.pp_schedule == "gpipe"), xm, 1), 0).astype(np.float64)
-    n_recv = np.where(piped, xm * (2 * v - xfirst.astype(np.int64) - xlast.astype(np.int64)), 0)
-    n_send = (piped & (xm > 1) & (~xfirst | (v > 1))).astype(np.float64)
+    n_loss = loss_count(xp, xm, par0.pp_schedule, xlast).astype(np.float64)
+    n_recv = receive_count(xp, xm, v, xfirst, xlast)
+    n_send = pending_send_count(xp, xm, v, xfirst).astype(np.float64)
     through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
     # engine/pipeline.returns_outputs: the last stage keeps every micro-batch's output, and at the step
     # their concatenation too
-    n_out = np.where(piped, np.where(xlast, xm if through_step else n_loss, f), 0.0)
-    n_step = np.where(piped & xlast, 2 * xm, 0).astype(np.float64) if through_step else zeros
+    n_out = outputs_held_count(xp, xm, f, xlast, n_loss, through_step)
+    n_step = zeros + through_step_count(xp, xm, xlast, through_step)
     recv = scaled("pp_buffer", n_recv.astype(np.float64))
     out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
     resident = np.minimum(layers * f, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else layers * f
