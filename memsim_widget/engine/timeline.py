@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from functools import cached_property
+from typing import Any
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.arith import minimum, where
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
@@ -40,10 +42,24 @@ __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moment
 OFFLOAD_LAYERS_ON_GPU = 2
 
 
+def resident_count(layers: Any, f: Any, offloading: bool) -> Any:
+    """Layer x micro-batch activation sets a stage of ``layers`` layers with ``f`` micro-batches in flight keeps
+    on the GPU: all of them, or ``OFFLOAD_LAYERS_ON_GPU`` at most under activation offloading (numbers or
+    arrays: ``plan/vector`` calls it too)."""
+    full = layers * f
+    return minimum(full, OFFLOAD_LAYERS_ON_GPU) if offloading else full
+
+
+def layer0_sets(first: Any, f: Any, resident: Any, layers: Any) -> Any:
+    """Layer 0's activation sets among the ``resident`` ones (it lacks the bytes of ``skip_first`` terms): one
+    per micro-batch in flight on the first stage, none once offloading moved some sets to the host (the
+    resident ones are the last layers run)."""
+    return where(first & (resident >= layers * f), f, 0)
+
+
 def resident_layers(ctx: Context, stage: Stage) -> float:
-    """Layer x micro-batch activation sets a stage keeps on the GPU (all of them unless offloading)."""
-    full = stage.layers * ctx.in_flight(stage)
-    return min(full, OFFLOAD_LAYERS_ON_GPU) if ctx.scenario.activation_offloading else full
+    """Layer x micro-batch activation sets a stage keeps on the GPU (``resident_count``)."""
+    return resident_count(stage.layers, ctx.in_flight(stage), ctx.scenario.activation_offloading)
 
 
 def checkpointed_layers(ctx: Context, stage: Stage) -> int:
@@ -200,11 +216,10 @@ def _saved_groups(
     fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
-    first = f if stage.first else 0
     resident = resident_layers(ctx, stage)
+    first = layer0_sets(stage.first, f, resident, Ls)
     if resident < Ls * f:  # activation offloading: the rest sits in host memory
         mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
-        first = 0  # the resident ones are the last layers run
     saved_all = _scaled(kept, resident, mult, first=first)
     if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
         saved_all = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f, first)

@@ -49,7 +49,7 @@ from memsim_widget.engine.pipeline import (
 )
 from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
+from memsim_widget.engine.timeline import layer0_sets, resident_count
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
 from memsim_widget.scenario import Scenario
@@ -608,10 +608,8 @@ def _activation_side(
     n_step = zeros + through_step_count(xp, xm, xlast, through_step)
     recv = scaled("pp_buffer", n_recv.astype(np.float64))
     out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
-    resident = np.minimum(layers * f, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else layers * f
-    first_n = np.where(xfirst, f, 0.0)
-    if base.activation_offloading:
-        first_n = np.where(resident < layers * f, 0.0, first_n)
+    resident = resident_count(layers, f, base.activation_offloading)
+    first_n = layer0_sets(xfirst, f, resident, layers)
     fl = layers.astype(np.float64)
     held_logits = np.where(on_last & ~piped[:, None], K["held_logits"][xa], 0)
     cache_all = scaled("output_cache", fl)
