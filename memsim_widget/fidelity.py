@@ -1752,6 +1752,56 @@ FP8_CASES: list[tuple[str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+#: torchtune's activation offloading and optimizer in backward on the HF step (trace/torchtune_memory.py, its
+#: ``OffloadActivations`` and ``register_optim_in_bwd_hooks`` reproduced): the small Llama, and eight layers with a
+#: 32k vocabulary (the loss peak, as on a real model). Not in ``CASES``: the engine's one resident layer is an upper
+#: bound at the loss (traced: none), so these hold it from above (tests/trace/test_trace_torchtune.py).
+_LLAMA_L8_V32K = {**LLAMA, "num_hidden_layers": 8, "vocab_size": 32000}
+TORCHTUNE_CASES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "llama bf16 ckpt offload b2 s512",
+        {**dict(CASES)["llama bf16 ckpt b2 s512"], "activation_offloading": True},
+    ),
+    ("llama bf16 opt-in-bwd b2 s512", {**dict(CASES)["llama bf16 sdpa b2 s512"], "optimizer_in_backward": True}),
+    (
+        "llama bf16 ckpt offload opt-in-bwd b2 s512",
+        {**dict(CASES)["llama bf16 ckpt b2 s512"], "activation_offloading": True, "optimizer_in_backward": True},
+    ),
+    (
+        "llama L8 V32k bf16 ckpt offload b2 s512",
+        {"model": _LLAMA_L8_V32K, "micro_batch_size": 2, "seq_len": 512, "activation_checkpointing": "full",
+         "activation_offloading": True},
+    ),
+    (
+        "llama L8 V32k bf16 offload b2 s512",
+        {"model": _LLAMA_L8_V32K, "micro_batch_size": 2, "seq_len": 512, "activation_offloading": True},
+    ),
+]  # fmt: skip
+#: ... with bitsandbytes' optimizers (trace/bnb_states.py: their states; paged buffers outside the allocator), as
+#: torchtune's low-memory recipes run them.
+_L8_CKPT = {
+    "model": _LLAMA_L8_V32K,
+    "micro_batch_size": 2,
+    "seq_len": 512,
+    "activation_checkpointing": "full",
+}
+TORCHTUNE_CASES += [
+    (
+        f"llama L8 V32k bf16 ckpt {opt}{' opt-in-bwd' if in_bwd else ''}{' offload' if off else ''} b2 s512",
+        {**_L8_CKPT, "optimizer": opt, "optimizer_impl": "fused", "optimizer_in_backward": in_bwd,
+         "activation_offloading": off},
+    )
+    for opt, in_bwd, off in (
+        ("adamw-8bit", False, False),
+        ("adamw-8bit", True, True),
+        ("paged-adamw-8bit", False, False),
+        ("paged-adamw-8bit", True, True),
+        ("paged-adamw", True, False),
+        ("paged-adamw", True, True),
+    )
+]  # fmt: skip
+
+
 def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run engine and tracer on one scenario."""
     from memsim_widget.trace.api import trace_config

@@ -36,10 +36,13 @@ from memsim_widget.units import fmt_int
 
 __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
 
-#: Layers whose saved activations stay on the GPU under activation offloading: the layer computing and the
-#: one being copied on the side stream (torchtune ``OffloadActivations``: every saved tensor goes to pinned
-#: host memory as forward proceeds and comes back just ahead of its layer's backward).
-OFFLOAD_LAYERS_ON_GPU = 2
+#: Layers whose saved activations stay on the GPU under activation offloading: one, the layer whose backward
+#: brought its saved tensors back. torchtune ``OffloadActivations`` (v0.6.1, streams on) copies every saved tensor
+#: of at least 1024 B to host memory in forward and keeps a GPU original only while fewer than five tensors have
+#: been packed after it; in backward it keeps what it brought back for the node running and the one before. Traced
+#: (trace/torchtune_memory.py): at the loss the final norm's own saved tensors have pushed every layer's out of
+#: that stash (0 layers; the one counted is an upper bound there), in a layer's backward at most that layer's.
+OFFLOAD_LAYERS_ON_GPU = 1
 
 
 def resident_count(layers: Any, f: Any, offloading: bool) -> Any:

@@ -7,6 +7,7 @@ A writer maps each scenario key its framework has a knob for; a key it cannot ex
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,27 @@ def hf_model_id(draft: Draft) -> str:
         return model.removesuffix("config.json").rstrip("/") or "."
     draft.note("model: the scenario has an inline config; replace PATH/TO/MODEL with its checkpoint")
     return "PATH/TO/MODEL"
+
+
+def vision_scope_modules(sc: Scenario) -> tuple[str, ...]:
+    """The module-name parts of a multimodal model's vision tower and projector (architecture/vision.py), ()
+    for a model without a tower."""
+    from memsim_widget.architecture.vision import PROJECTOR_MODULES, VISION_MODULES
+    from memsim_widget.catalog.models import architecture_for
+
+    arch = architecture_for(sc.model)
+    if not arch.extra.get("vision"):
+        return ()
+    return VISION_MODULES.get(arch.model_type, ()) + PROJECTOR_MODULES.get(arch.model_type, ())
+
+
+def lora_exclude(sc: Scenario) -> str | None:
+    """PEFT's ``exclude_modules`` for ``lora.target_scope`` "language" on a multimodal model: a regex (PEFT
+    full-matches a string against each module's name) over the tower's and projector's names; None otherwise."""
+    parts = vision_scope_modules(sc) if sc.method != "full" and sc.lora.target_scope == "language" else ()
+    if not parts:
+        return None
+    return r"^(?:.*\.)?(?:" + "|".join(re.escape(p) for p in parts) + r")(?:\..*)?$"
 
 
 def lora_targets(sc: Scenario) -> list[str] | str:

@@ -416,7 +416,11 @@ def _optimizer(reading: Reading, path: Path, cfg: dict[str, Any], where: str) ->
     """Optimizer name (``param_groups``' ``optimizer_name`` or TOML ``optimizer.name``), kernel, in-backward."""
     opt = dig(cfg, "optimizer")
     kind = str(opt.get("__call__", "")) if isinstance(opt, dict) else ""
-    reading.set("optimizer_in_backward", kind.startswith("OptimizersInBackwardContainer"))
+    in_bwd = kind.startswith("OptimizersInBackwardContainer")  # a Python config names the container
+    reading.set(
+        "optimizer_in_backward",
+        in_bwd or bool(get_bool(path, cfg, "optimizer.early_step_in_backward", False)),
+    )
     name = dig(cfg, "optimizer.param_groups.optimizer_name") or dig(cfg, "optimizer.name") or "AdamW"
     table = {"AdamW": "adamw", "Adam": "adam"}
     if name not in table:

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from memsim_widget.architecture.vision import PROJECTOR_MODULES, VISION_MODULES
+
 from .float8 import import_torchao_quietly
 from .run import TraceResult, trace_training
 from .torch_recipe import precision_dtypes
@@ -19,28 +21,6 @@ import_torchao_quietly()
 SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
 #: Multimodal models with their own input recipe: CLIP (image-text pairs, contrastive loss) and LLaVA.
 VISION_LANGUAGE = ("clip", "llava", "gemma3", *("qwen2_vl", "qwen2_5_vl", "llava_next"), "llama4")
-#: Parameter-name parts of each one's vision tower (frozen under ``freeze_vision``, kept free of LoRA adapters).
-VISION_MODULES = {
-    "clip": ("vision_model", "visual_projection"),
-    "llava": ("vision_tower",),
-    "gemma3": ("vision_tower",),
-    # Qwen2-VL / Qwen2.5-VL: the patch embedding and blocks (the merger trains with the language model)
-    "qwen2_vl": ("visual.patch_embed", "visual.blocks"),
-    "qwen2_5_vl": ("visual.patch_embed", "visual.blocks"),
-    "llava_next": ("vision_tower",),
-    "llama4": ("vision_model",),  # the tower with its pixel-shuffle adapter
-}
-#: Parameter-name parts of each one's projector (with the tower: what ``lora.target_scope`` "language" keeps free
-#: of adapters).
-PROJECTOR_MODULES = {
-    "clip": (),
-    "llava": ("multi_modal_projector",),
-    "gemma3": ("multi_modal_projector",),
-    "qwen2_vl": ("visual.merger",),
-    "qwen2_5_vl": ("visual.merger",),
-    "llava_next": ("multi_modal_projector", "image_newline"),
-    "llama4": ("multi_modal_projector",),
-}
 #: memsim's own model keys (the image size the processor sees), not transformers config keys.
 MEMSIM_MODEL_KEYS = ("image_size", "min_pixels", "max_pixels")
 

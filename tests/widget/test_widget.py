@@ -830,7 +830,7 @@ def test_a_failing_trace_shows_its_error(monkeypatch: pytest.MonkeyPatch) -> Non
         ({"method": "qlora"}, "method", "CUDA"),
         ({"parallel": {"dp": 2, "zero": 2}}, "parallel.zero", "DeepSpeed"),
         ({"precision": "fp8"}, "precision", "cannot be traced"),
-        ({"optimizer": "adamw-8bit", "optimizer_impl": "fused"}, "optimizer", "torch.optim"),
+        ({"optimizer": "adamw-4bit", "optimizer_impl": "fused"}, "optimizer", "torch.optim"),
         ({"grad_accum_steps": 4}, "grad_accum_steps", "single micro-batch"),
     ],
 )
