@@ -36,6 +36,7 @@ from memsim_widget.engine.overhead import (
     FRAGMENTATION_PERSISTENT,
     NCCL_PER_COMMUNICATOR,
     PERSISTENT_CATEGORIES,
+    communicator_count,
     context_bytes,
     waste_rates,
     workspace_items,
@@ -884,8 +885,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
     # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
-    groups_of = (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"])
-    comms = sum((x > 1).astype(np.int64) for x in groups_of)[cand]
+    comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     cap = gpu.memory_bytes - outside
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))
