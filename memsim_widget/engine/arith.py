@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: Python's number types: arguments of these take Python's own operations, without looking for a namespace.
+_NUMBERS = frozenset((int, float, bool))
+
 
 def _namespace(*xs: Any) -> Any:
     """The array namespace (numpy) of the first argument that is an array or array scalar, else None."""
@@ -23,6 +26,10 @@ def _namespace(*xs: Any) -> Any:
 
 def where(cond: Any, a: Any, b: Any) -> Any:
     """``a`` where ``cond`` holds, else ``b`` (elementwise for arrays)."""
+    if (
+        cond.__class__ is bool and a.__class__ in _NUMBERS and b.__class__ in _NUMBERS
+    ):  # the engine's hot path
+        return a if cond else b
     xp = _namespace(cond, a, b)
     if xp is None:
         return a if cond else b
@@ -31,12 +38,16 @@ def where(cond: Any, a: Any, b: Any) -> Any:
 
 def minimum(a: Any, b: Any) -> Any:
     """The smaller of ``a`` and ``b`` (``min``: the first of equals; elementwise for arrays)."""
+    if a.__class__ in _NUMBERS and b.__class__ in _NUMBERS:  # the engine's hot path
+        return min(a, b)
     xp = _namespace(a, b)
     return min(a, b) if xp is None else xp.minimum(a, b)
 
 
 def maximum(a: Any, b: Any) -> Any:
     """The larger of ``a`` and ``b`` (``max``: the first of equals; elementwise for arrays)."""
+    if a.__class__ in _NUMBERS and b.__class__ in _NUMBERS:  # the engine's hot path
+        return max(a, b)
     xp = _namespace(a, b)
     return max(a, b) if xp is None else xp.maximum(a, b)
 

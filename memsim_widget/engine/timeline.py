@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
-from memsim_widget.engine.arith import minimum, where
+from memsim_widget.engine.arith import maximum, minimum, where
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
@@ -166,10 +166,18 @@ def _scaled(
         return []
     items = []
     for t in terms:
-        nbytes = t.bytes * factor - (t.first_bytes * first if t.skip_first else 0)
-        tensors = max(1, int(t.tensors * max(factor, 1)))
-        items.append(LazyItem(category, t.name, int(nbytes), t.level, tensors, label, t.formula))
+        nbytes, tensors = scaled_term(t.bytes, t.first_bytes, t.skip_first, t.tensors, factor, first)
+        items.append(LazyItem(category, t.name, int(nbytes), t.level, max(1, int(tensors)), label, t.formula))
     return items
+
+
+def scaled_term(
+    nbytes: Any, first_bytes: Any, skip_first: Any, tensors: Any, factor: Any, first: Any
+) -> tuple:
+    """(bytes, tensors) of a term repeated ``factor`` times (layers x micro-batches in flight), ``first`` of the
+    repeats layer 0, which lacks the term's ``first_bytes`` where it ``skip_first``s; a repeat count below one
+    (a share of a micro-batch) keeps the term's tensors. Before truncation; numbers or arrays (``plan/vector``)."""
+    return nbytes * factor - where(skip_first, first_bytes * first, 0), tensors * maximum(factor, 1)
 
 
 def _state_groups(

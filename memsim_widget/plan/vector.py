@@ -50,7 +50,7 @@ from memsim_widget.engine.pipeline import (
 )
 from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import layer0_sets, resident_count
+from memsim_widget.engine.timeline import layer0_sets, resident_count, scaled_term
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
 from memsim_widget.scenario import Scenario
@@ -426,8 +426,8 @@ def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np
         return out
     f = factor[:, None]
     tb, fb, skip, tens, counted, loss = (table[:, :, j] for j in range(TERM_COLS))
-    fbytes = np.trunc(tb * f - np.where(skip > 0, fb * first[:, None], 0.0))
-    ftensors = np.trunc(tens * np.maximum(f, 1.0))
+    fbytes, ftensors = scaled_term(tb, fb, skip > 0, tens, f, first[:, None])
+    fbytes, ftensors = np.trunc(fbytes), np.trunc(ftensors)
     big = (fbytes >= SATURATION_BYTES) | (ftensors >= MAX_TENSORS)
     nbytes = np.where(big, 0, fbytes).astype(np.int64)
     tensors = np.maximum(1, np.where(big, 1, ftensors)).astype(np.int64)
