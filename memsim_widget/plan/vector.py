@@ -24,7 +24,7 @@ from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
-from memsim_widget.engine.items import ALLOC_ROUND, Item
+from memsim_widget.engine.items import Item, allocated_of
 from memsim_widget.engine.moments import (
     ACTIVATION_GROUPS,
     MOMENT_TABLE,
@@ -431,8 +431,7 @@ def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np
     big = (fbytes >= SATURATION_BYTES) | (ftensors >= MAX_TENSORS)
     nbytes = np.where(big, 0, fbytes).astype(np.int64)
     tensors = np.maximum(1, np.where(big, 1, ftensors)).astype(np.int64)
-    per = -(-nbytes // tensors)
-    alloc = np.where((counted > 0) & (nbytes > 0), -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors, 0)
+    alloc = np.where((counted > 0) & (nbytes > 0), allocated_of(nbytes, tensors), 0)
     live = f > 0
     big &= live
     out[:, RAW] = _row_sums(np.where(live, nbytes, 0))
