@@ -2,7 +2,7 @@
 outputs (the saved tensors), grouped by the module that produced them, with shape, dtype and bytes.
 
 Run: python benchmarks/compiled_saved.py "qwen3 bf16 sdpa b2 s512 compiled" [--budget 1.0]
-(a case name from memsim_widget.fidelity.COMPILED_CASES or CASES, or a scenario as JSON, traced compiled; about a minute a case on one
+(a case name from fidelity_cases.COMPILED_CASES (tests/data) or CASES, or a scenario as JSON, traced compiled; about a minute a case on one
 core). Prints the compiled trace's peak, the engine's, and the saved tensors of every forward graph.
 """
 
@@ -11,15 +11,20 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 
 from memsim_widget.engine.core import estimate
-from memsim_widget.fidelity import CASES, COMPILED_CASES
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace import compiled
+
+# the engine-vs-trace case matrices are test data (tests/data), not in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+from fidelity_cases import CASES, COMPILED_CASES  # noqa: E402
 
 _GRAPHS: list[torch.fx.GraphModule] = []
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
-from memsim_widget.fidelity import CASES, COMPILED_CASES, FP8_CASES, LITGPT_CASES, compare
+# the engine-vs-trace case matrices are test data (tests/data), not in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+from fidelity_cases import CASES, COMPILED_CASES, FP8_CASES, LITGPT_CASES, compare  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

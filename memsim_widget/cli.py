@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from memsim_widget.errors import ScenarioError, short_repr
 from memsim_widget.jsonio import read_json_object
+from memsim_widget.scenario_schema import cli_fields
 from memsim_widget.units import GiB
 
 
@@ -23,48 +24,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"memsim: error: {message}\n")
 
 
-#: CLI flag -> (scenario key path, type)
-OVERRIDES: dict[str, tuple[str, type]] = {
-    "model": ("model", str),
-    "gpu": ("gpu", str),
-    "method": ("method", str),
-    "precision": ("precision", str),
-    "optimizer": ("optimizer", str),
-    "optimizer_impl": ("optimizer_impl", str),
-    "micro_batch_size": ("micro_batch_size", int),
-    "seq_len": ("seq_len", int),
-    "grad_accum_steps": ("grad_accum_steps", int),
-    "activation_checkpointing": ("activation_checkpointing", str),
-    "attention": ("attention", str),
-    "loss": ("loss", str),
-    "framework": ("framework", str),
-    "output_lifetime": ("output_lifetime", str),
-    "images_per_sample": ("images_per_sample", int),
-    "freeze_vision": ("freeze_vision", bool),
-    "ssm_kernel": ("ssm_kernel", str),
-    "fp8_recipe": ("fp8_recipe", str),
-    "allocator_conf": ("allocator_conf", str),
-    "compile": ("compile", bool),
-    "activation_memory_budget": ("activation_memory_budget", float),
-    "lora_rank": ("lora.rank", int),
-    "dp": ("parallel.dp", int),
-    "tp": ("parallel.tp", int),
-    "pp": ("parallel.pp", int),
-    "cp": ("parallel.cp", int),
-    "ep": ("parallel.ep", int),
-    "zero": ("parallel.zero", int),
-    "offload": ("parallel.offload", str),
-    "reshard_after_forward": ("parallel.reshard_after_forward", bool),
-    "objective": ("objective", str),
-    "num_generations": ("rl.num_generations", int),
-    "completion_len": ("rl.completion_len", int),
-    "reference": ("rl.reference", str),
-    "rollout": ("rl.rollout", str),
-    "gpu_memory_utilization": ("rl.gpu_memory_utilization", float),
-    "kv_cache": ("rl.kv_cache", str),
-    "sleep_mode": ("rl.sleep_mode", int),
-    "completions_per_micro_batch": ("rl.completions_per_micro_batch", int),
-}
+#: CLI flag -> (scenario key path, type), generated from the scenario schema (``scenario_schema.SCHEMA``).
+OVERRIDES: dict[str, tuple[str, type]] = {f.cli: (f.key, f.type) for f in cli_fields() if f.cli is not None}
 
 
 def _bool_arg(text: str) -> bool:
@@ -397,16 +358,19 @@ SPACE_FLAGS: dict[str, tuple[str, type]] = {
 }
 #: ``memsim plan`` flags that fix a scenario key of the job (the rest of the scenario comes from the file).
 PLAN_FIXED: dict[str, tuple[str, type]] = {
-    "model": ("model", str),
-    "gpu": ("gpu", str),
-    "method": ("method", str),
-    "precision": ("precision", str),
-    "seq_len": ("seq_len", int),
-    "framework": ("framework", str),
-    "attention": ("attention", str),
-    "output_lifetime": ("output_lifetime", str),
-    "ssm_kernel": ("ssm_kernel", str),
-    "lora_rank": ("lora.rank", int),
+    flag: OVERRIDES[flag]
+    for flag in (
+        "model",
+        "gpu",
+        "method",
+        "precision",
+        "seq_len",
+        "framework",
+        "attention",
+        "output_lifetime",
+        "ssm_kernel",
+        "lora_rank",
+    )
 }
 _BOOLS = {
     "true": True,

@@ -19,6 +19,15 @@ the engine's rule before the key existed). Two families, each fact with its sour
   Engine", https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/examples/fp8_primer.html; the OCP
   Microscaling Formats spec v1.0 for MXFP8's 32-element blocks; NVIDIA, "Introducing NVFP4", 2025, for NVFP4's
   16-element blocks). Labelled formulas: the caches below are counted, everything else is the bf16 recipe's.
+  What ``te.Linear`` saves for backward (NVIDIA/TransformerEngine ``transformer_engine/pytorch/module/linear.py``,
+  ``_Linear.forward``, commit 3ec87875): ``ctx.save_for_backward(saved_inputmat, saved_inputmat_t, weight,
+  main_grad, weight_t_fp8, scale_inv)`` -- under fp8 the input *quantised* (one orientation: the fp8 input, or its
+  fp8 transpose where the cast made one), the high-precision weight itself (no copy), the cached fp8 transpose of
+  the weight (counted above) and the inverse scales (a few floats). So each Linear input is saved at 1 B
+  (``saved_input_bytes``; MXFP8/NVFP4 with their block scales): counted by Megatron's activation rule
+  (``engine/activations/megatron.py``); other frameworks count it at 2 B, a labelled over-estimate. Delayed scaling also keeps per GEMM an fp32 amax history of ``amax_history_len``
+  rows for its 3 forward and 2 backward tensors (``base.py``, ``set_meta_tensor``), counted as
+  ``scaling_rows``.
 
 Speed: only the Linear layers' matmuls run in the narrow dtype; attention (SDPA / FlashAttention), the output
 layer and every elementwise op stay in bf16 (torchtitan's converter filter, TE's ``te.Linear`` scope), so the step
@@ -29,6 +38,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: ``DelayedScaling.amax_history_len``'s default (TransformerEngine ``common/recipe/__init__.py``, 1024 since 1.x).
+TE_AMAX_HISTORY_LEN = 1024
+#: Quantised tensors per GEMM with scaling state: input, weight and output forward, output and input gradients
+#: backward (TransformerEngine ``pytorch/module/base.py``, ``set_meta_tensor``: ``num_gemms * 3`` forward,
+#: ``num_gemms * 2`` backward).
+SCALED_TENSORS_PER_GEMM = 5
+
 
 @dataclass(frozen=True)
 class Fp8Recipe:
@@ -36,7 +52,11 @@ class Fp8Recipe:
 
     ``matmul_dtype``: the peak FLOP/s key (catalog/gpus.json) the Linear matmuls run at; ``weight_cache_bytes``:
     bytes per Linear weight element of quantised copies kept across the step (0: recast every use);
-    ``traced``: held to a fake-tensor trace of the real framework."""
+    ``traced``: held to a fake-tensor trace of the real framework; ``scaling_rows``: fp32 values kept per quantised
+    tensor of each GEMM (``SCALED_TENSORS_PER_GEMM``) across steps: delayed scaling's amax history plus its scale
+    and inverse scale (``TE_AMAX_HISTORY_LEN`` + 2), current scaling's scale and amax (2), none for block scales
+    (kept beside the data) or torchao's dynamic scales; ``saved_input_bytes``: bytes per element of a Linear input
+    as TransformerEngine saves it for the weight gradient (0: the compute dtype's, as torchao saves it)."""
 
     name: str
     framework: str
@@ -45,6 +65,8 @@ class Fp8Recipe:
     weight_cache_bytes: float
     weight_cache_formula: str
     traced: bool
+    scaling_rows: int = 0
+    saved_input_bytes: float = 0.0
 
 
 FP8_RECIPES: dict[str, Fp8Recipe] = {
@@ -76,6 +98,8 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {
             2.0,
             "x (1 B fp8 + 1 B fp8 transpose)",
             False,
+            TE_AMAX_HISTORY_LEN + 2,
+            1.0,
         ),
         Fp8Recipe(
             "te-current",
@@ -85,6 +109,8 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {
             2.0,
             "x (1 B fp8 + 1 B fp8 transpose)",
             False,
+            2,
+            1.0,
         ),
         Fp8Recipe(
             "mxfp8",
@@ -94,6 +120,8 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {
             2.0 * (1.0 + 1.0 / 32.0),
             "x 2 orientations x (1 B + 1 B / 32 scale)",
             False,
+            0,
+            1.0 + 1.0 / 32.0,
         ),
         Fp8Recipe(
             "nvfp4",
@@ -103,6 +131,8 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {
             2.0 * (0.5 + 1.0 / 16.0),
             "x 2 orientations x (0.5 B + 1 B / 16 scale)",
             False,
+            0,
+            0.5 + 1.0 / 16.0,
         ),
     )
 }

@@ -7,7 +7,6 @@ defaults in ``DEFAULTS``; ``Scenario.to_dict()`` always echoes every key, resolv
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from memsim_widget.jsonio import parse_json_object, read_json_object
 from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import ScenarioView, check
+from memsim_widget.rules.pipeline_split import PP_SPLITS
 
 METHODS = ("full", "lora", "qlora")
 #: ``selective``: Megatron's (recompute the attention core, Korthikanti et al. 2022); ``selective-op``: torchtitan's
@@ -270,6 +270,11 @@ class ParallelConfig:
     #: (``--account-for-embedding/loss-in-pipeline-split``), one layer fewer on the first and last rank.
     #: Each rank's memory follows its own layers; ``rules/model.py`` checks they add up to the model's.
     pp_layers: tuple[int, ...] | None = None
+    #: How the layers are split when ``pp_layers`` is not given (None: even where pp x virtual_stages divides
+    #: the layers, else torchtitan's split): "even", "torchtitan" (embedding and head counted as one layer
+    #: each, the rest spread) or "megatron" (``--account-for-embedding/loss-in-pipeline-split``); the rule and
+    #: its sources: ``rules/pipeline_split.py``.
+    pp_split: str | None = None
     #: The tensor-parallel plan (None: the framework's): "hf" (the model's transformers ``base_model_tp_plan``),
     #: "torchtitan" (vocab-sharded embedding and head) or "megatron" (Megatron-Core's vocab-parallel layers).
     #: Lets a hybrid be said: an HF model under a DTensor plan of torchtitan's shape (accelerate, a custom loop).
@@ -303,6 +308,12 @@ class ParallelConfig:
                 f"pp x virtual_stages = {self.pp * self.virtual_stages:,} stages is more than {MAX_PP_STAGES:,}",
             )
         self._check_pp_layers()
+        if self.pp_split is not None:
+            _choice("parallel.pp_split", self.pp_split, PP_SPLITS)
+            if self.pp_layers is not None:
+                raise ScenarioError(
+                    "parallel.pp_split", "parallel.pp_layers lists the split already: leave pp_split unset"
+                )
         if self.tp_plan is not None:
             _choice("parallel.tp_plan", self.tp_plan, TP_PLANS)
         if self.loss_parallel is not None:
@@ -352,10 +363,10 @@ class ParallelConfig:
         return max(1, self.tp // over)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``pp_layers`` (as a list), ``tp_plan`` and ``loss_parallel`` only when set, so
-        scenarios that leave them to their defaults read and print as before the keys existed."""
+        """Every field; ``pp_layers`` (as a list), ``pp_split``, ``tp_plan`` and ``loss_parallel`` only when
+        set, so scenarios that leave them to their defaults read and print as before the keys existed."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("pp_layers", "tp_plan", "loss_parallel"):  # optional: echoed only when set
+        for key in ("pp_layers", "pp_split", "tp_plan", "loss_parallel"):  # optional: echoed only when set
             if out[key] is None:
                 del out[key]
         if "pp_layers" in out:
@@ -401,6 +412,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "ssm_kernel": None,
     # the fp8/fp4 recipe of the Linear matmuls (memsim_widget/fp8.py; unset: te-delayed under precision fp8)
     "fp8_recipe": None,
+    # FSDP2 gathers torchao float8 weights in fp8 (unset: off, torchtitan's and torchao's default)
+    "fp8_all_gather": None,
     # PYTORCH_CUDA_ALLOC_CONF of the run (unset: the framework's launcher default, engine/frameworks.py)
     "allocator_conf": None,
     # compile: true only: torch._functorch.config.activation_memory_budget (unset: torch's default, 1.0)
@@ -441,6 +454,12 @@ class Scenario:
     a bf16-compute precision (``bf16``, ``amp-bf16``, ``mixed-bf16`` or ``fp8``, which fix the weights', gradients'
     and states' dtypes); unset, ``precision: fp8`` means ``te-delayed`` and the others run no fp8 matmul.
 
+    ``fp8_all_gather`` -- FSDP2 gathers the float8 Linear weights in fp8 (torchao's
+    ``enable_fsdp_float8_all_gather``, torchtitan's ``float8.enable_fsdp_float8_all_gather``): 1 B per Linear
+    weight element plus a 4 B scale per weight gathered instead of 2 B (traced, docs/fidelity.md "fp8"). Needs
+    ``fp8_recipe: tensorwise`` (torchao gathers tensorwise scales only) and ZeRO-3; unset means off, the default of
+    both.
+
     ``activation_checkpointing`` -- ``none``; ``selective`` (Megatron: recompute the attention core);
     ``selective-op`` (torchtitan's per-op policy: each layer keeps its input, the outputs of its 1st, 3rd, 5th...
     matmul and of SDPA, and recomputes the rest); ``full`` (each layer keeps only its input). With ``full``,
@@ -479,6 +498,7 @@ class Scenario:
     fp8_recipe: str | None = (
         None  # None: te-delayed under precision fp8, else no fp8 matmul (memsim_widget/fp8.py)
     )
+    fp8_all_gather: bool | None = None  # None: off (torchtitan's and torchao's default)
     images_per_sample: int | None = None
     freeze_vision: bool | None = None
     compile: bool = False
@@ -522,6 +542,7 @@ class Scenario:
         _choice("method", self.method, METHODS)
         _choice("precision", self.precision, list(PRECISIONS))
         self._check_fp8_recipe()
+        self._check_fp8_all_gather()
         _choice("optimizer", self.optimizer, list(OPTIMIZERS))
         _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _bool("optimizer_in_backward", self.optimizer_in_backward)
@@ -578,6 +599,22 @@ class Scenario:
                 f"{self.fp8_recipe!r} runs on a bf16-compute precision ({', '.join(FP8_BASE_PRECISIONS)}), "
                 f"not {self.precision!r}",
             )
+
+    def _check_fp8_all_gather(self) -> None:
+        """``fp8_all_gather``: a bool; on, torchao's tensorwise recipe under ZeRO-3 (what torchao can gather)."""
+        if self.fp8_all_gather is None:
+            return
+        _bool("fp8_all_gather", self.fp8_all_gather)
+        if not self.fp8_all_gather:
+            return
+        if self.fp8_recipe != "tensorwise":
+            raise ScenarioError(
+                "fp8_all_gather",
+                f"needs fp8_recipe 'tensorwise' (torchao gathers tensorwise-scaled weights only), got "
+                f"{self.fp8_recipe!r}",
+            )
+        if self.parallel.zero < 3:
+            raise ScenarioError("fp8_all_gather", f"needs ZeRO-3 (FSDP), got zero {self.parallel.zero}")
 
     def _check_objective(self) -> None:
         """``objective`` and its ``rl`` block: valid names, and the combinations the rules model."""
@@ -665,6 +702,7 @@ class Scenario:
             **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
             **({"ssm_kernel": self.ssm_kernel} if self.ssm_kernel is not None else {}),
             **({"fp8_recipe": self.fp8_recipe} if self.fp8_recipe is not None else {}),
+            **({"fp8_all_gather": self.fp8_all_gather} if self.fp8_all_gather is not None else {}),
             **({"images_per_sample": self.images_per_sample} if self.images_per_sample is not None else {}),
             **({"freeze_vision": self.freeze_vision} if self.freeze_vision is not None else {}),
             "compile": self.compile,
@@ -779,6 +817,8 @@ def _parallel_from(data: Mapping[str, Any]) -> ParallelConfig:
 
 def _unknown_key(dotted: str, allowed: list[str]) -> ScenarioError:
     prefix, _, key = dotted.rpartition(".")
+    import difflib  # on an error only (every CLI start imports this module)
+
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if not key:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 import shlex
 import sys
 import types
@@ -452,7 +453,8 @@ TITAN_FIELDS = {
     "parallelism": ["data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                     "tensor_parallel_degree", "enable_sequence_parallel", "pipeline_parallel_degree",
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
-                    "pipeline_parallel_layers_per_stage", "context_parallel_degree", "expert_parallel_degree"],
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "context_parallel_degree", "expert_parallel_degree"],
     "compile": ["enable"],
     "optimizer": ["param_groups", "implementation"],
 }  # fmt: skip
@@ -535,6 +537,43 @@ def test_torchtitan_ddp_amp_and_no_checkpointing(monkeypatch: pytest.MonkeyPatch
     )
     assert (cfg.training.dtype, cfg.training.mixed_precision_param) == ("float32", "bfloat16")
     assert cfg.activation_checkpoint is None and not hasattr(cfg.loss, "loss_fn")
+
+
+@pytest.mark.parametrize(
+    ("model", "par", "ends", "per_stage"),
+    [
+        # 32 layers on 4 ranks split evenly: torchtitan must not take a layer off the ends (its default is 1)
+        ("llama-3.1-8b", {"pp": 4, "pp_microbatches": 4}, 0, None),
+        # 32 / (2 x 2) chunks of 8: 32 / 8 = 4 chunks as torchtitan counts them
+        (
+            "llama-3.1-8b",
+            {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 2},
+            0,
+            8,
+        ),
+        # 126 layers on 16 x 4: torchtitan's own split, (126 + 1 + 1) / 2 = 64 chunks
+        (
+            "llama-3.1-405b",
+            {"pp": 16, "pp_schedule": "interleaved", "virtual_stages": 4, "pp_microbatches": 32},
+            1,
+            2,
+        ),
+        ("deepseek-v3", {"pp": 16, "pp_microbatches": 16}, 1, None),  # 61 layers: torchtitan's split
+    ],
+)
+def test_torchtitan_pipeline_split_is_the_engines(model, par, ends, per_stage, monkeypatch) -> None:
+    # torchtitan counts ceil((layers + first_less + last_less) / layers_per_stage) chunks and spreads the
+    # layer-equivalents over them (torchtitan/distributed/pipeline_parallel.py, _get_pipeline_metadata)
+    from memsim_widget.export.torchtitan import FILE
+
+    data = {"model": model, "framework": "torchtitan", "parallel": par}
+    text = export(data, "torchtitan")[FILE]
+    set_to = dict(re.findall(r"config\.parallelism\.(pipeline_parallel_\w+) = (.+)", text))
+    assert set_to["pipeline_parallel_first_stage_less_layers"] == str(ends)
+    assert set_to["pipeline_parallel_last_stage_less_layers"] == str(ends)
+    assert set_to.get("pipeline_parallel_layers_per_stage") == (None if per_stage is None else str(per_stage))
+    if model == "llama-3.1-8b":  # torchtitan's config has the fields (the stand-ins refuse any other)
+        _titan_config(data, monkeypatch)
 
 
 def test_torchtitan_stand_ins_refuse_a_field_torchtitan_does_not_have(

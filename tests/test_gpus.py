@@ -46,7 +46,15 @@ def test_each_record_is_complete(rec):
     speed = rec["speed"]
     assert {"fp32", "hbm_gb_s", "link_gb_s", "net_gb_s", "pcie_gb_s", "source"} <= set(speed)
     assert "bf16" in speed or "fp16" in speed
-    assert set(speed) <= {*DTYPES, "hbm_gb_s", "link_gb_s", "net_gb_s", "pcie_gb_s", "source"}
+    assert set(speed) <= {
+        *DTYPES,
+        "hbm_gb_s",
+        "link_gb_s",
+        "net_gb_s",
+        "pcie_gb_s",
+        "nvlink_domain",
+        "source",
+    }
     if "price" in rec:  # a price names its date and source; a card without one is priced as unknown
         assert set(rec["price"]) == {"usd_per_gpu_hour", "date", "source"}
 
@@ -191,6 +199,8 @@ H100 = GPUS["h100-sxm-80gb"]
         ({"speed": {"tflops": 989}}, "gpu.speed"),
         ({"speed": GPUSpeed(float("nan"), 67, 3350, 450, 50, 64)}, "gpu.speed.tflops"),
         ({"speed": GPUSpeed(989, 67, 0, 450, 50, 64)}, "gpu.speed.hbm_gb_s"),
+        ({"speed": GPUSpeed(989, 67, 3350, 450, 50, 64, nvlink_domain=0)}, "gpu.speed.nvlink_domain"),
+        ({"speed": GPUSpeed(989, 67, 3350, 450, 50, 64, nvlink_domain=7.5)}, "gpu.speed.nvlink_domain"),  # type: ignore[arg-type]
         ({"price": 3.0}, "gpu.price"),
         ({"price": Price(-1, "2025", "x")}, "gpu.price.usd_per_gpu_hour"),
         ({"memory_source": MemorySource("guessed", "x")}, "gpu.memory_source"),
@@ -234,6 +244,42 @@ def test_a_bad_catalog_value_names_the_card_and_field():
     with pytest.raises(ScenarioError) as e:
         gpu_from_record({**rec, "price": {"usd_per_gpu_hour": 3.8}})
     assert e.value.field == "gpus.json[h200].price"
+    with pytest.raises(ScenarioError) as e:
+        gpu_from_record({**rec, "speed": {**rec["speed"], "nvlink_domain": "72"}})
+    assert e.value.field == "gpus.json[h200].speed.nvlink_domain"
+
+
+def test_a_gb200_nvl72_rack_is_one_nvlink_domain_of_72_gpus():
+    """NVIDIA's GB200 NVL72 joins 72 GPUs by NVLink; every other card's record leaves the default, a DGX/HGX node
+    of 8 (catalog/gpus.json)."""
+    assert GPUS["gb200"].speed.nvlink_domain == 72
+    assert {g.speed.nvlink_domain for gid, g in GPUS.items() if g.speed and gid != "gb200"} == {8}
+
+
+def test_a_job_inside_one_nvlink_domain_gathers_over_nvlink(restore_catalog):
+    """Llama 3.1 70B on 64 GB200s, ZeRO-3: inside the NVL72's domain the FSDP gathers run at the NVLink rate; the
+    same card with an 8-GPU domain sends them over the network: the
+    gather time scales as link / network bandwidth."""
+    from memsim_widget.engine import step_time as st_
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.time_breakdown import context_time_model
+
+    gb = GPUS["gb200"]
+    hgx = dataclasses.replace(gb.speed, nvlink_domain=8)
+    register_gpu(dataclasses.replace(gb, id="gb200-hgx", names=(), speed=hgx))
+    base = {
+        "model": "llama-3.1-70b",
+        "seq_len": 8192,
+        "micro_batch_size": 2,
+        "parallel": {"dp": 64, "zero": 3},
+    }
+    z3 = {}
+    for gid in ("gb200", "gb200-hgx"):
+        ctx = Context(Scenario.from_dict({**base, "gpu": gid}))
+        cols = st_.scenario_columns(ctx.scenario, st_.optimizer_step_bytes(ctx.recipe, ctx.opt))
+        z3[gid] = float(st_.step_parts(context_time_model(ctx), cols)["_"]["z3"])
+    ratio = (gb.speed.link_gb_s * st_.NVLINK_EFFICIENCY) / (gb.speed.net_gb_s * st_.NETWORK_EFFICIENCY)
+    assert z3["gb200-hgx"] / z3["gb200"] == pytest.approx(ratio, rel=1e-12)
 
 
 @given(st.sampled_from(CATALOG_IDS))

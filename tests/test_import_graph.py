@@ -104,7 +104,7 @@ def test_the_whole_package_has_no_import_circle() -> None:
 #: ``BELOW_THE_ENGINE`` is what the engine stands on: the input (scenario, its rules, the catalogs), what a model is made of
 #: (architecture, its families, and calibrate, through which ``architecture.dispatch`` builds the models fitted
 #: from traces), the registries and the leaf modules (errors, precision, optimizers, JSON reading, the version,
-#: the StrEnum base of the closed name sets, byte units, the scenario's frozen configs).
+#: the StrEnum base of the closed name sets, byte units, the scenario's frozen configs and its field schema).
 #: ``ABOVE_THE_ENGINE`` reads the engine's results (``engine.estimate``): the engine never imports it, not even
 #: lazily or for a type, so that no figure depends on how it is shown, planned, traced or exported.
 BELOW_THE_ENGINE = (
@@ -119,6 +119,7 @@ BELOW_THE_ENGINE = (
     "memsim_widget.alloc_conf",
     "memsim_widget.frozen",
     "memsim_widget.scenario",
+    "memsim_widget.scenario_schema",
     "memsim_widget.rules",
     "memsim_widget.catalog",
     "memsim_widget.architecture",
@@ -128,11 +129,7 @@ BELOW_THE_ENGINE = (
 ENGINE = "memsim_widget.engine"
 ABOVE_THE_ENGINE = (
     "memsim_widget.charts",
-    "memsim_widget.chart_parts",
-    "memsim_widget.phase_charts",
-    "memsim_widget.time_charts",
     "memsim_widget.comparison",
-    "memsim_widget.comparison_charts",
     "memsim_widget.cost",
     "memsim_widget.plan",
     "memsim_widget.export",
@@ -143,8 +140,6 @@ ABOVE_THE_ENGINE = (
     "memsim_widget.cli",
     "memsim_widget.app",
     "memsim_widget.trace",
-    "memsim_widget.fidelity",
-    "memsim_widget.fidelity_parallel",
     "memsim_widget.fidelity_speed",
 )
 

@@ -81,7 +81,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "gpu_memory_utilization needs a vLLM engine": {"objective": "ppo"},
     "tp divides the attention heads": {"parallel": {"tp": 3}},
     "tp and the key/value heads divide": {"model": SMALL_GQA, "parallel": {"tp": 6}},
-    "pp x virtual stages divides the layers": {"parallel": {"pp": 3}},
+    "the pipeline split gives every chunk a layer": {"parallel": {"pp": 3, "pp_split": "even"}},
     "ep needs experts it divides": {"parallel": {"dp": 2, "ep": 2}},
     "seq_len within the position table": {"model": "gpt2", "seq_len": 2048},
     "ep where the model has an expert-parallel plan": {"model": SCOUT, "parallel": {"dp": 2, "ep": 2}},
@@ -95,8 +95,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "method": "lora",
         "lora": {"targets": ["all-linear"]},
     },  # fmt: skip
-    "interleaved schedule fills the pipeline": {
-        "parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 1}
+    "interleaved micro-batches divide into rounds": {  # 5 micro-batches, 2 rounds of pp = 2
+        "parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 5}
     },  # fmt: skip
     "state-space layers run on one rank's whole sequence": {"model": "mamba-130m", "parallel": {"cp": 2}},
     "pipeline stages hold whole blocks of a hybrid's layer pattern": {

@@ -33,6 +33,9 @@ MEMORY_KINDS = ("measured", "measured-sibling", "nvidia-smi", "vendor-spec", "us
 #: The dtypes a speed record may give a dense peak for (TFLOP/s).
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 _LINKS = ("hbm_gb_s", "link_gb_s", "net_gb_s", "pcie_gb_s")
+#: GPUs one NVLink/xGMI domain holds when a record does not say (``speed.nvlink_domain``): a DGX/HGX node of 8.
+#: Collectives over more GPUs than that cross the network (engine/step_time.py).
+DEFAULT_NVLINK_DOMAIN = 8
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class GPUSpeed:
     pcie_gb_s: float
     peak_tflops: tuple[tuple[str, float], ...] = ()
     source: str = ""
+    nvlink_domain: int = DEFAULT_NVLINK_DOMAIN
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ def check_gpu(gpu: Any) -> GPU:
             )
         for f in ("tflops", "fp32_tflops", *_LINKS):
             _positive(f"gpu.speed.{f}", getattr(gpu.speed, f))
+        _positive("gpu.speed.nvlink_domain", gpu.speed.nvlink_domain, integer=True)
     if gpu.price is not None:
         if not isinstance(gpu.price, Price):
             raise ScenarioError(
@@ -185,17 +190,21 @@ def register_gpu(gpu: GPU) -> GPU:
 
 def _speed(rec: Mapping[str, Any], where: str) -> GPUSpeed:
     """A record's ``speed`` table as a GPUSpeed (16-bit: bf16, else fp16)."""
-    unknown = set(rec) - set(DTYPES) - set(_LINKS) - {"source"}
+    unknown = set(rec) - set(DTYPES) - set(_LINKS) - {"source", "nvlink_domain"}
     if unknown:
         raise ScenarioError(f"{where}.speed", f"unknown keys {sorted(unknown)}")
     for k in (*DTYPES, *_LINKS):
         if k in rec:
             _positive(f"{where}.speed.{k}", rec[k])
     peaks = tuple((d, float(rec[d])) for d in DTYPES if d in rec)
+    domain = rec.get("nvlink_domain", DEFAULT_NVLINK_DOMAIN)
+    _positive(f"{where}.speed.nvlink_domain", domain, integer=True)
     p = dict(peaks)
     try:
-        return GPUSpeed(p.get("bf16", p.get("fp16", 0.0)), p.get("fp32", 0.0),
-                        *(float(rec[k]) for k in _LINKS), peaks, str(rec.get("source", "")))  # fmt: skip
+        links = {k: float(rec[k]) for k in _LINKS}
+        return GPUSpeed(p.get("bf16", p.get("fp16", 0.0)), p.get("fp32", 0.0), links["hbm_gb_s"],
+                        links["link_gb_s"], links["net_gb_s"], links["pcie_gb_s"], peaks,
+                        str(rec.get("source", "")), domain)  # fmt: skip
     except KeyError as e:
         raise ScenarioError(f"{where}.speed.{e.args[0]}", "missing") from None
 

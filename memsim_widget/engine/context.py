@@ -14,6 +14,7 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
 from memsim_widget.rules import ScenarioView, check
+from memsim_widget.rules.pipeline_split import chunk_layers, rank_chunks, rank_layers
 from memsim_widget.scenario import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -54,6 +55,9 @@ class Stage:
 
 class Context:
     """A scenario resolved against the catalogs: architecture, recipe, optimizer, GPU, stages."""
+
+    #: Set on a tower's context only (``tower_context``): the parent's frozen stacks (no default: read by getattr)
+    frozen_override: frozenset[str]
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -202,10 +206,26 @@ class Context:
         return DTYPE_BYTES[self.scenario.lora.adapter_dtype]
 
     @cached_property
+    def chunks(self) -> tuple[int, ...]:
+        """The layers of each model chunk, in stage order (``rules/pipeline_split.chunk_layers``)."""
+        par = self.par
+        return chunk_layers(self.arch.num_layers, par.pp, par.virtual_stages, par.pp_split, par.pp_layers)
+
+    @cached_property
     def stages(self) -> tuple[Stage, ...]:
         p = self.par.pp
-        split = self.par.pp_layers or (self.arch.num_layers // p,) * p  # even unless parallel.pp_layers
+        split = rank_layers(self.chunks, p)
         return tuple(Stage(i, p, split[i], i == 0, i == p - 1) for i in range(p))
+
+    def held_layers(self, stage: Stage) -> float:
+        """Layer x micro-batch activation sets a stage holds at its peak: its layers times its micro-batches
+        in flight, or, where an interleaved rank's chunks differ in size, the chunks' own layers summed in the
+        schedule's order (``interleaved_held_layers``)."""
+        if self.par.pp_schedule == "interleaved" and self.par.pp > 1:
+            mine = rank_chunks(self.chunks, self.par.pp, stage.index)
+            if len(set(mine)) > 1:
+                return interleaved_held_layers(self.par.pp, self.par.pp_microbatches, stage.index, mine)
+        return stage.layers * self.in_flight(stage)
 
     def in_flight(self, stage: Stage) -> float:
         """Micro-batches whose activations a stage holds at once (``engine/schedule.in_flight``)."""
@@ -233,3 +253,23 @@ def tower_context(ctx: Context, arch: Architecture, batch: int) -> Context:
     sub = ctx.seen_as(arch, sc)
     sub.frozen_override = ctx.frozen_stacks  # the tower has no "vision" entry: the parent decides
     return sub
+
+
+def interleaved_held_layers(p: int, m: int, rank: int, chunks: tuple[int, ...]) -> float:
+    """Layer x micro-batch activation sets ``rank`` of an interleaved 1F1B schedule holds at its peak when its
+    chunks hold ``chunks`` layers (first to last): the schedule's own order of forwards and backwards, the
+    warm-up forwards then one forward and one backward per step, forward ``i`` on local chunk
+    ``(i // m_r) % v`` and backward ``j`` on ``v - 1 - (j // m_r) % v`` (torch.distributed.pipelining
+    ``ScheduleInterleaved1F1B``: ``forward_stage_index`` / ``backward_stage_index``). With equal chunks it is
+    ``interleaved_in_flight`` times the rank's layers."""
+    v = len(chunks)
+    per_round = m // max(1, m // p)
+    total = m * v
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), total)
+    held = sum(chunks[(i // per_round) % v] for i in range(warmup))
+    peak = held
+    for step in range(total - warmup):
+        held += chunks[((warmup + step) // per_round) % v]
+        peak = max(peak, held)
+        held -= chunks[v - 1 - (step // per_round) % v]
+    return float(peak)

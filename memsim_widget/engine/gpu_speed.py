@@ -10,12 +10,13 @@ data/throughput/published.csv (benchmarks/fidelity_speed.py reports the rest).
 
 from __future__ import annotations
 
-from memsim_widget.catalog.gpus import GPU, GPUS, GPUSpeed
+from memsim_widget.catalog.gpus import DEFAULT_NVLINK_DOMAIN, GPU, GPUS, GPUSpeed
 
 __all__ = ["GPUSpeed", "GPU_SPEEDS", "DEFAULT_SPEED", "SPEED_ASSUMED_FROM", "gpu_speed", "speed_known"]
 
-#: GPUs one NVLink/xGMI domain holds (a DGX/HGX node); larger groups cross the network.
-GPUS_PER_NODE = 8
+#: GPUs of one DGX/HGX node (the planner keeps tensor parallelism inside one); the step time reads each card's
+#: own NVLink domain (``GPUSpeed.nvlink_domain``: 72 on a GB200 NVL72).
+GPUS_PER_NODE = DEFAULT_NVLINK_DOMAIN
 
 #: Each catalog card's datasheet speeds (its record's ``speed``), for the cards whose speeds are known.
 GPU_SPEEDS: dict[str, GPUSpeed] = {gid: g.speed for gid, g in GPUS.items() if g.speed is not None}

@@ -4,6 +4,7 @@ context parallelism split its share (the widget's per-rank bars and ``memsim est
 from __future__ import annotations
 
 from memsim_widget.engine.context import Stage
+from memsim_widget.rules.pipeline_split import chunk_layers, rank_chunks, rank_layers
 from memsim_widget.scenario import Scenario
 
 #: What ZeRO stage z shards over the data-parallel group (DeepSpeed's stages; 3 is FSDP's full shard).
@@ -20,9 +21,12 @@ def stage_span(scenario: Scenario, stage: Stage, num_layers: int) -> str:
     if stage.num_stages == 1:
         layers = f"all {num_layers} layers"
     elif par.pp_schedule == "interleaved" and par.virtual_stages > 1:
-        layers = f"{stage.layers} layers in {par.virtual_stages} chunks (interleaved)"
+        mine = rank_chunks(chunk_layers(num_layers, par.pp, par.virtual_stages, par.pp_split, par.pp_layers),
+                           par.pp, stage.index)  # fmt: skip
+        sizes = "" if len(set(mine)) == 1 else f" of {'+'.join(map(str, mine))}"
+        layers = f"{stage.layers} layers in {par.virtual_stages} chunks{sizes} (interleaved)"
     else:
-        split = par.pp_layers or (stage.layers,) * stage.num_stages  # even unless parallel.pp_layers
+        split = rank_layers(chunk_layers(num_layers, par.pp, 1, par.pp_split, par.pp_layers), par.pp)
         start = sum(split[: stage.index])
         layers = f"layers {start}-{start + stage.layers - 1}"
     ends = [e for e, on in (("embeddings", stage.first), ("head and loss", stage.last)) if on]

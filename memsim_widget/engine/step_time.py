@@ -22,7 +22,7 @@ from typing import Any
 
 from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.flops import ModelFlops, model_flops
-from memsim_widget.engine.gpu_speed import GPUS_PER_NODE, GPUSpeed, gpu_speed, matmul_efficiency
+from memsim_widget.engine.gpu_speed import GPUSpeed, gpu_speed, matmul_efficiency
 from memsim_widget.names import Name
 from memsim_widget.optimizers import OptimizerSpec
 from memsim_widget.precision import PrecisionRecipe
@@ -364,13 +364,15 @@ def _model_parallel_seconds(k: TimeModel, r: _Rank, mm: Mapping[str, Any], ops: 
     sp = k.speed
     link = sp.link_gb_s * 1e9 * NVLINK_EFFICIENCY
     net = sp.net_gb_s * 1e9 * NETWORK_EFFICIENCY
+    # GPUs one NVLink domain joins (the card's record: 8 in a node, 72 in a GB200 NVL72); more cross the network
+    dom = sp.nvlink_domain
     n_tp = 4.0 + w(ck2, 2.0 / every, 0.0) + w(ck3, 1.0, 0.0)
-    t_tp = n_tp * lst * 2.0 * (tp - 1) / tp * (t * h * k.act_bytes) / w(tp <= GPUS_PER_NODE, link, net)
+    t_tp = n_tp * lst * 2.0 * (tp - 1) / tp * (t * h * k.act_bytes) / w(tp <= dom, link, net)
     if k.overlap:  # hidden behind the Linear GEMMs of forward, backward and recompute, but for any excess
         t_tp = mx(t_tp - (t_lin + t_lin_b + w(ck2, t_lin / every, 0.0)), 0.0)
     cp_vol = 3.0 * lst * (cp - 1) * (t * 2.0 * k.kv_width / tp * k.act_bytes)
-    t_cp = mx(cp_vol / w(tp * cp <= GPUS_PER_NODE, link, net) - t_att * (1.0 + k.attention_backward), 0.0)
-    bw_dp = w(r.world <= GPUS_PER_NODE, link, net)  # the job in one node, else across the network
+    t_cp = mx(cp_vol / w(tp * cp <= dom, link, net) - t_att * (1.0 + k.attention_backward), 0.0)
+    bw_dp = w(r.world <= dom, link, net)  # the job in one NVLink domain, else across the network
     t_ep = 0.0
     if k.moe_top_k:
         t_ep = 4.0 * tl * k.moe_top_k * h * k.act_bytes / tp * (ep - 1) / ep / bw_dp
@@ -400,7 +402,8 @@ def _pipeline_seconds(k: TimeModel, r: _Rank, link: Any, net: Any, ops: Ops) -> 
     w = ops.where
     pp, tp, t, m = r.pp, r.tp, r.t, r.m
     bubble_mbs = w(pp > 1, (pp - 1) / k.schedule_chunks, 0.0)
-    p2p = 2.0 * t * k.hidden * k.act_bytes / tp * k.schedule_chunks / w(tp * pp <= GPUS_PER_NODE, link, net)
+    bw = w(tp * pp <= k.speed.nvlink_domain, link, net)
+    p2p = 2.0 * t * k.hidden * k.act_bytes / tp * k.schedule_chunks / bw
     t_p2p = w(pp > 1, m * p2p, 0.0)
     return bubble_mbs, t_p2p
 

@@ -40,7 +40,7 @@ class StepTime:
 
     def categories(self) -> dict[str, float]:
         """Seconds per category (``TIME_CATEGORIES`` order)."""
-        out = dict.fromkeys(TIME_CATEGORIES, 0.0)
+        out: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
         for i in self.items:
             out[i.category] += i.seconds
         return out

@@ -45,24 +45,23 @@ __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moment
 OFFLOAD_LAYERS_ON_GPU = 1
 
 
-def resident_count(layers: Any, f: Any, offloading: bool) -> Any:
-    """Layer x micro-batch activation sets a stage of ``layers`` layers with ``f`` micro-batches in flight keeps
+def resident_count(held: Any, offloading: bool) -> Any:
+    """Of the ``held`` layer x micro-batch activation sets of a stage (``Context.held_layers``), those it keeps
     on the GPU: all of them, or ``OFFLOAD_LAYERS_ON_GPU`` at most under activation offloading (numbers or
     arrays: ``plan/vector`` calls it too)."""
-    full = layers * f
-    return minimum(full, OFFLOAD_LAYERS_ON_GPU) if offloading else full
+    return minimum(held, OFFLOAD_LAYERS_ON_GPU) if offloading else held
 
 
-def layer0_sets(first: Any, f: Any, resident: Any, layers: Any) -> Any:
+def layer0_sets(first: Any, f: Any, resident: Any, held: Any) -> Any:
     """Layer 0's activation sets among the ``resident`` ones (it lacks the bytes of ``skip_first`` terms): one
     per micro-batch in flight on the first stage, none once offloading moved some sets to the host (the
     resident ones are the last layers run)."""
-    return where(first & (resident >= layers * f), f, 0)
+    return where(first & (resident >= held), f, 0)
 
 
 def resident_layers(ctx: Context, stage: Stage) -> float:
-    """Layer x micro-batch activation sets a stage keeps on the GPU (``resident_count``)."""
-    return resident_count(stage.layers, ctx.in_flight(stage), ctx.scenario.activation_offloading)
+    """Layer x micro-batch activation sets a stage keeps on the GPU (``resident_count`` of its held sets)."""
+    return resident_count(ctx.held_layers(stage), ctx.scenario.activation_offloading)
 
 
 def checkpointed_layers(ctx: Context, stage: Stage) -> int:
@@ -78,7 +77,7 @@ def checkpointed_layers(ctx: Context, stage: Stage) -> int:
 
 def _mixed_layers(
     acts: ActivationBudget, n_ckpt: int, n_other: int, micro: float, first: float
-) -> list[Item]:
+) -> list[LazyItem]:
     """Saved activations of ``micro`` micro-batches when ``n_ckpt`` of the layers are checkpointed (their inputs)
     and ``n_other`` keep everything; layer 0 is one of the others (``first`` of them lack its skip terms)."""
     fl = f" x {micro:g} micro-batches" if micro != 1 else ""
@@ -89,7 +88,7 @@ def _mixed_layers(
 
 def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
     """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
-    full = stage.layers * ctx.in_flight(stage)
+    full = ctx.held_layers(stage)
     moved = full - resident_layers(ctx, stage)
     if moved <= 0:
         return []
@@ -158,7 +157,11 @@ class Moment:
 
 
 def _scaled(
-    terms: list[Term], factor: float, label: str, category: Category = Category.ACTIVATIONS, first: float = 0
+    terms: list[Term],
+    factor: float,
+    label: str,
+    category: Category | str = Category.ACTIVATIONS,
+    first: float = 0,
 ) -> list[LazyItem]:
     """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items (built when read);
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""
@@ -227,9 +230,12 @@ def _saved_groups(
     fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
+    held = ctx.held_layers(stage)  # Ls x f, or an interleaved rank's uneven chunks in schedule order
+    if held != Ls * f:
+        mult = f"{held:g} layer x micro-batch sets (chunks of {Ls} layers in the schedule's order)"
     resident = resident_layers(ctx, stage)
-    first = layer0_sets(stage.first, f, resident, Ls)
-    if resident < Ls * f:  # activation offloading: the rest sits in host memory
+    first = layer0_sets(stage.first, f, resident, held)
+    if resident < held:  # activation offloading: the rest sits in host memory
         mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
     saved_all = _scaled(kept, resident, mult, first=first)
     if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
@@ -242,7 +248,7 @@ def _saved_groups(
         if sc.activation_offloading
         else _scaled(
             kept,
-            Ls * (f - 1),
+            Ls * (f - 1) if held == Ls * f else held - Ls,
             f"{Ls} layers x {f - 1:g} other micro-batches",
             first=first - 1 if first else 0,
         )

@@ -134,6 +134,9 @@ def check_common(draft: Draft, *, peft: bool = True) -> None:
         draft.note(f"fp8_recipe {fp8.name}: no key here selects it; apply torchao's convert_to_float8_training "
                    f"(Float8LinearConfig.from_recipe_name({fp8.name!r}), the output layer left out) in your "
                    "script (same memory as bf16, faster Linear matmuls)")  # fmt: skip
+    if sc.fp8_all_gather:
+        draft.note("fp8_all_gather: pass Float8LinearConfig(enable_fsdp_float8_all_gather=True) (torchtitan: "
+                   "[float8] enable_fsdp_float8_all_gather = true): FSDP2 gathers the Linear weights in fp8")  # fmt: skip
     if not sc.cuda_lazy_loading:
         draft.note("cuda_lazy_loading false: run with CUDA_MODULE_LOADING=EAGER (or CUDA 11)")
     if sc.activation_memory_budget is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from memsim_widget.export.common import Draft, check_common, comment, framework_note, header_lines, refuse
+from memsim_widget.rules.pipeline_split import split_style
 
 FILE = "memsim_torchtitan.py"
 FUNCTION = "memsim_job"
@@ -96,18 +97,30 @@ def fields(draft: Draft) -> dict[str, Any]:
 
 
 def _pipeline(draft: Draft) -> dict[str, Any]:
-    """Schedule, microbatch size, and layers per stage for the interleaved schedule."""
+    """Schedule, microbatch size, and the split of the layers (``rules/pipeline_split``): torchtitan's own
+    rule counts the embedding and the head as ``pipeline_parallel_first/last_stage_less_layers`` layers (1
+    by default); an even split sets both to 0, torchtitan's split keeps 1, and the interleaved schedule gets
+    the ``pipeline_parallel_layers_per_stage`` that makes ``pp x virtual_stages`` chunks
+    (``_get_pipeline_metadata``: ceil((layers + first + last) / per stage) chunks)."""
     p = draft.scenario.parallel
     out: dict[str, Any] = {
         "parallelism.pipeline_parallel_schedule": SCHEDULES[p.pp_schedule],
         "parallelism.pipeline_parallel_microbatch_size": draft.scenario.micro_batch_size,
     }
+    if p.pp_layers is not None:
+        raise refuse("parallel.pp_layers", draft.fmt, "a listed split takes torchtitan's per-chunk module lists "
+                     "(module_fqns_per_model_part), which this export does not write")  # fmt: skip
+    layers, n = draft.estimate.arch.num_layers, p.pp * p.virtual_stages
+    ends = 0 if split_style(p.pp_split, layers, n) == "even" else 1
+    out["parallelism.pipeline_parallel_first_stage_less_layers"] = ends
+    out["parallelism.pipeline_parallel_last_stage_less_layers"] = ends
     if p.virtual_stages > 1:
-        layers = draft.estimate.arch.num_layers
-        if layers % (p.pp * p.virtual_stages):
-            raise refuse("parallel.virtual_stages", draft.fmt, f"{layers} layers do not split into "
-                         f"pp x virtual_stages = {p.pp * p.virtual_stages} stages")  # fmt: skip
-        out["parallelism.pipeline_parallel_layers_per_stage"] = layers // (p.pp * p.virtual_stages)
+        eff = layers + 2 * ends
+        per = -(-eff // n)  # torchtitan spreads eff over the chunks itself; per only sets how many there are
+        if -(-eff // per) != n:
+            raise refuse("parallel.virtual_stages", draft.fmt, f"no pipeline_parallel_layers_per_stage makes "
+                         f"torchtitan cut {eff} layer-equivalents into {n} chunks")  # fmt: skip
+        out["parallelism.pipeline_parallel_layers_per_stage"] = per
     return out
 
 

@@ -18,8 +18,10 @@ import ast
 from pathlib import Path
 from typing import Any
 
+from memsim_widget.errors import ScenarioError
 from memsim_widget.export.torchtitan import MODELS
 from memsim_widget.importers.common import Reading, dig, file_error, get_bool, get_choice, get_int, get_str
+from memsim_widget.rules.pipeline_split import split_style
 
 #: (torchtitan model package, flavor) -> memsim preset (torchtitan's model_registry flavors).
 FLAVORS: dict[tuple[str, str], str] = {
@@ -82,6 +84,7 @@ class _Module:
             isinstance(node, ast.UnaryOp)
             and isinstance(node.op, ast.USub)
             and isinstance(node.operand, ast.Constant)
+            and isinstance(node.operand.value, int | float | complex)
         ):
             return -node.operand.value
         if isinstance(node, ast.List | ast.Tuple):
@@ -217,7 +220,7 @@ def _model(reading: Reading, path: Path, cfg: dict[str, Any], package: str) -> N
                 return
     spec = cfg.get("model_spec")
     flavor = spec.get("__args__", [None])[0] if isinstance(spec, dict) and spec.get("__args__") else None
-    if (package, flavor) in FLAVORS:
+    if flavor is not None and (package, flavor) in FLAVORS:
         reading.set("model", FLAVORS[(package, flavor)])
     else:
         reading.miss("model", f"{path.name}: model_spec", f"flavor {flavor!r} of {package!r} is no memsim preset; "
@@ -290,8 +293,8 @@ def read_fields(reading: Reading, path: Path, cfg: dict[str, Any], where: str, *
 
 def _float8(reading: Reading, cfg: dict[str, Any], where: str) -> None:
     """torchao's float8 converter (``model.converters = ["float8"]``, or 0.3's ``model_converters``) ->
-    ``fp8_recipe`` from ``float8.recipe_name`` (torchao's default: tensorwise); FSDP2's fp8 all-gather is listed as
-    not modelled (docs/fidelity.md, "fp8")."""
+    ``fp8_recipe`` from ``float8.recipe_name`` (torchao's default: tensorwise); ``float8.enable_fsdp_float8_all_gather``
+    (off by default) -> ``fp8_all_gather`` (docs/fidelity.md, "fp8")."""
     conv = dig(cfg, "model_converters")
     text = str(dig(cfg, "model.converters") or "") + str(conv or "")
     if "float8" not in text.lower():
@@ -304,10 +307,13 @@ def _float8(reading: Reading, cfg: dict[str, Any], where: str) -> None:
     else:
         reading.miss("fp8_recipe", where, f"float8 recipe {recipe!r} is not modelled (tensorwise, rowwise)",
                      keep=True)  # fmt: skip
-    if dig(cfg, "float8.enable_fsdp_float8_all_gather"):
-        reading.miss("fp8_recipe", where, "enable_fsdp_float8_all_gather: FSDP2's fp8 all-gather is not modelled "
-                     "(memsim counts 16-bit gathers; traced on the fake process group it kept more: docs/fidelity.md)",
-                     keep=True)  # fmt: skip
+    if not dig(cfg, "float8.enable_fsdp_float8_all_gather"):
+        return
+    if recipe == "tensorwise":
+        reading.set("fp8_all_gather", True)
+    else:  # torchao's Float8LinearConfig refuses it: only tensorwise-scaled weights are gathered in fp8
+        reading.miss("fp8_all_gather", where, f"enable_fsdp_float8_all_gather with recipe {recipe!r}: torchao "
+                     "gathers tensorwise-scaled weights only", keep=True)  # fmt: skip
 
 
 def _batch(reading: Reading, path: Path, cfg: dict[str, Any], par: dict[str, int], need: Any) -> None:
@@ -399,6 +405,7 @@ def _parallel(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> 
     if pp > 1:
         sched = get_choice(path, cfg, "parallelism.pipeline_parallel_schedule", SCHEDULES, "1f1b")
         reading.set("parallel.pp_schedule", sched)
+        _split(reading, path, cfg, where)
         per_stage = get_int(path, cfg, "parallelism.pipeline_parallel_layers_per_stage")
         if per_stage is not None:
             reading.miss("parallel.virtual_stages", where, f"layers per stage {per_stage}: memsim reads virtual "
@@ -410,6 +417,36 @@ def _parallel(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> 
                 "interleaved without layers per stage: pass --virtual-stages",
             )
     return {"pp": pp, "dp": dp}
+
+
+def _split(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> None:
+    """The pipeline split: torchtitan counts the embedding and the head as ``first/last_stage_less_layers``
+    layers (1 by default: ``parallel.pp_split`` torchtitan; 0 and 0: an even split; rules/pipeline_split)."""
+    ends = tuple(
+        get_int(path, cfg, f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1, minimum=0)
+        for end in ("first", "last")
+    )
+    if ends in ((0, 0), (1, 1)):
+        wanted = "even" if ends == (0, 0) else "torchtitan"
+        if wanted != _default_split(reading):  # said only where memsim's default would split otherwise
+            reading.set("parallel.pp_split", wanted)
+    else:
+        reading.miss("parallel.pp_split", where, f"first/last stage less layers {ends[0]}/{ends[1]}: memsim "
+                     "splits as torchtitan does with 1/1 (its default) or 0/0")  # fmt: skip
+
+
+def _default_split(reading: Reading) -> str | None:
+    """The split style memsim gives the model read so far without ``pp_split`` (virtual stages from memsim's
+    note when the file carries one, else 1); None where the model is not known."""
+    from memsim_widget.catalog.models import architecture_for
+
+    par = (reading.note or {}).get("parallel") or {}
+    try:
+        layers = architecture_for(reading.values.get("model") or "").num_layers
+    except (ScenarioError, KeyError, ValueError):
+        return None
+    chunks = int(reading.values.get("parallel.pp", 1)) * int(par.get("virtual_stages") or 1)
+    return split_style(None, layers, chunks)
 
 
 def _optimizer(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.context import Context, Stage, interleaved_held_layers
 from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
 from memsim_widget.engine.items import Item, allocated_of
 from memsim_widget.engine.moments import (
@@ -53,6 +53,7 @@ from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import layer0_sets, resident_count, scaled_term
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
+from memsim_widget.rules.pipeline_split import chunk_layers, rank_chunks, rank_layers
 from memsim_widget.scenario import Scenario
 
 #: The knobs a candidate may set, as integer-coded columns (strings index the tuples below).
@@ -100,9 +101,23 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
                "grads_but_root", "root_regather", "root_reduce_out", "root_made")  # fmt: skip
-#: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, and whether
-#: gradients are carried between micro-batches (engine/timeline ``grads_carried``).
-STATE_KEY = ("tp", "ep", "dp", "cp", "zero", "optimizer", "offload", "pp", "first", "last", "carried")
+#: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
+#: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
+#: micro-batches (engine/timeline ``grads_carried``).
+STATE_KEY = (
+    "tp",
+    "ep",
+    "dp",
+    "cp",
+    "zero",
+    "optimizer",
+    "offload",
+    "pp",
+    "first",
+    "last",
+    "layers",
+    "carried",
+)
 
 
 @dataclass(frozen=True)
@@ -162,12 +177,12 @@ def state_parts(
 
 def _state_part(base: Scenario, optimizers: tuple[str, ...], num_layers: int, k: list[int]) -> StatePart:
     """The ``StatePart`` of the state key ``k`` (``STATE_KEY`` without "carried")."""
-    tp, ep, sdp, scp, z, o, off, pk, fk, lk = k
+    tp, ep, sdp, scp, z, o, off, pk, fk, lk, nl = k
     sc = candidate_scenario(base, optimizers, {
         "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
         "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
         "offload": off}, validate=False)  # fmt: skip
-    row = state_row(sc, num_layers // pk, bool(fk), bool(lk))
+    row = state_row(sc, nl or num_layers // pk, bool(fk), bool(lk))
     return StatePart(row.stats, row.outside, root_resharded_for_loss(sc, bool(lk)))
 
 
@@ -342,7 +357,7 @@ def candidate_scenario(
         "sequence_parallel": bool(row["sp"]),
         "pp_microbatches": int(row["pp_microbatches"]),
         "offload": OFFLOADS[int(row["offload"])],
-        "pp_layers": None,  # the planner splits the layers evenly
+        "pp_layers": None,  # the split of base.parallel.pp_split (rules/pipeline_split)
     }
     if not validate:
         return replace_unchecked(base, parallel=replace_unchecked(base.parallel, **par), **keys)
@@ -459,21 +474,84 @@ def _scaled_distinct(table: np.ndarray, key: np.ndarray, factor: np.ndarray, fir
     return out[inverse]
 
 
-def _stage_rows(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> tuple[np.ndarray, np.ndarray]:
-    """(candidate, stage) of the stages that can be a candidate's worst rank: the first, the second, the
+def _stage_rows(
+    pp: np.ndarray, mb: np.ndarray, schedule: str, v: int, uneven: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(candidate, stage, slot) of the stages that can be a candidate's worst rank: the first, the second, the
     first middle stage that carries gradients (fewer micro-batches in flight than there are, so an earlier
-    one already ran backward: engine/timeline ``grads_carried``) and the last. Middle stages hold the same
-    states and no more micro-batches in flight than a lower one, so within each group (carrying or not) the
-    lowest is the worst; ties go to the lower stage, as ``max`` does."""
+    one already ran backward: engine/timeline ``grads_carried``) and the last. Middle stages of an even split
+    hold the same states and no more micro-batches in flight than a lower one, so within each group
+    (carrying or not) the lowest is the worst; ties go to the lower stage, as ``max`` does. An ``uneven``
+    split (``rules/pipeline_split``) has a row for every stage: its middle stages differ in layers. A row's
+    slot (its place among its candidate's rows) and the candidate's pp and micro-batches give its stage."""
     carry = _first_carrying_stage(pp, mb, schedule, v)
     extra = (carry > 1) & (carry < pp - 1)
-    k = np.minimum(pp, 3) + extra
+    k = np.where(uneven, pp, np.minimum(pp, 3) + extra)
     cand = np.repeat(np.arange(pp.shape[0]), k)
     starts = np.concatenate(([0], np.cumsum(k)[:-1]))
     j = np.arange(cand.shape[0]) - starts[cand]
     p, x = pp[cand], extra[cand]
-    stage = np.where(j < 2, j, np.where(x & (j == 2), carry[cand], p - 1))
-    return cand, stage
+    stage = np.where(uneven[cand], j, np.where(j < 2, j, np.where(x & (j == 2), carry[cand], p - 1)))
+    return cand, stage, j
+
+
+def _distinct(col: np.ndarray) -> list[int]:
+    """The distinct values of a small non-negative column, ascending (a count per value, no sort)."""
+    return np.flatnonzero(np.bincount(col.ravel())).tolist() if col.size else []
+
+
+def uneven_split(base: Scenario, num_layers: int, pp: np.ndarray) -> np.ndarray:
+    """Which pipeline degrees give ``base``'s pipeline an uneven split (``rules/pipeline_split``)."""
+    par = base.parallel
+    values = _distinct(pp)
+    flags = np.zeros(max(values, default=0) + 1, dtype=bool)
+    for p in values:
+        flags[p] = len(set(_chunks(num_layers, p, par.virtual_stages, par.pp_split))) > 1
+    return flags[pp]
+
+
+@lru_cache(maxsize=4096)
+def _chunks(num_layers: int, pp: int, v: int, pp_split: str | None) -> tuple[int, ...]:
+    """``rules/pipeline_split.chunk_layers`` of a planner candidate (never a listed split)."""
+    return chunk_layers(num_layers, pp, v if pp > 1 else 1, pp_split if pp > 1 else None)
+
+
+def stage_layers(base: Scenario, num_layers: int, pp: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """The layers of each row's stage (engine/context ``Context.stages``): ``num_layers / pp`` where the split
+    is even, the split's own counts where it is not."""
+    out = num_layers // pp
+    uneven = uneven_split(base, num_layers, pp)
+    if not uneven.any():
+        return out
+    par = base.parallel
+    values = _distinct(pp[uneven])
+    row = np.zeros(values[-1] + 1, dtype=np.int64)
+    table = np.zeros((len(values), values[-1]), dtype=np.int64)
+    for i, p in enumerate(values):
+        row[p] = i
+        table[i, :p] = rank_layers(_chunks(num_layers, p, par.virtual_stages, par.pp_split), p)
+    return np.where(uneven, table[row[np.where(uneven, pp, values[0])], np.where(uneven, stage, 0)], out)
+
+
+def _held_layers(
+    base: Scenario, num_layers: int, xp: np.ndarray, xm: np.ndarray, xstage: np.ndarray, layers: np.ndarray,
+    f: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Layer x micro-batch activation sets per row (engine/context ``Context.held_layers``)."""
+    held = layers * f
+    par = base.parallel
+    if par.pp_schedule != "interleaved":
+        return held
+    memo: dict[tuple[int, int, int], float | None] = {}
+    for i in np.flatnonzero(uneven_split(base, num_layers, xp)).tolist():
+        key = (int(xp[i]), int(xm[i]), int(xstage[i]))
+        if key not in memo:
+            p, m, s = key
+            mine = rank_chunks(_chunks(num_layers, p, par.virtual_stages, par.pp_split), p, s)
+            memo[key] = interleaved_held_layers(p, m, s, mine) if len(set(mine)) > 1 else None
+        if memo[key] is not None:
+            held[i] = memo[key]
+    return held
 
 
 def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
@@ -575,18 +653,17 @@ def _key_tables(akey: np.ndarray, arows: list[ActRow]) -> tuple[dict[str, np.nda
 def _activation_side(
     base: Scenario, num_layers: int, akey: np.ndarray, arows: list[ActRow], xkey: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """The activation groups of ``moments.ACTIVATION_GROUPS`` per distinct (activation key, pp, stage kind,
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` per distinct (activation key, pp, stage,
     micro-batches) row, the micro-batches in flight, and the rows where a term or group reached
     ``SATURATION_BYTES``."""
     par0 = base.parallel
     T, K = _key_tables(akey, arows)
-    xa, xp, xkind, xm = (xkey[:, j] for j in range(4))
-    carry = _first_carrying_stage(xp, xm, par0.pp_schedule, par0.virtual_stages)
-    xstage = np.where(xkind == 0, 0, np.where(xkind == 2, xp - 1, np.where(xkind == 3, carry, 1)))
+    xa, xp, xstage, xm = (xkey[:, j] for j in range(4))
     xfirst, xlast = xstage == 0, xstage == xp - 1
-    layers = num_layers // xp
+    layers = stage_layers(base, num_layers, xp, xstage)
     v = par0.virtual_stages
     f = in_flight(xp, xm, par0.pp_schedule, v, xstage)
+    held = _held_layers(base, num_layers, xp, xm, xstage, layers, f)
     nx = xkey.shape[0]
     zeros = np.zeros(nx)
 
@@ -608,8 +685,8 @@ def _activation_side(
     n_step = zeros + through_step_count(xp, xm, xlast, through_step)
     recv = scaled("pp_buffer", n_recv.astype(np.float64))
     out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
-    resident = resident_count(layers, f, base.activation_offloading)
-    first_n = layer0_sets(xfirst, f, resident, layers)
+    resident = resident_count(held, base.activation_offloading)
+    first_n = layer0_sets(xfirst, f, resident, held)
     fl = layers.astype(np.float64)
     held_logits = np.where(on_last & ~piped[:, None], K["held_logits"][xa], 0)
     cache_all = scaled("output_cache", fl)
@@ -617,7 +694,13 @@ def _activation_side(
         rest = np.zeros((nx, NSTAT), dtype=np.int64)
     else:
         rest = np.where(
-            (f > 1)[:, None], scaled("kept", layers * (f - 1), np.where(first_n > 0, first_n - 1, 0.0)), 0
+            (f > 1)[:, None],
+            scaled(
+                "kept",
+                np.where(held == layers * f, layers * (f - 1), held - layers),
+                np.where(first_n > 0, first_n - 1, 0.0),
+            ),
+            0,
         )
     groups = {
         "stage_io": recv + scaled("pp_buffer", n_send) + out,
@@ -702,7 +785,7 @@ class SideColumns:
         col = self.columns.get(name)
         return 0 if col is None else col.take(self.rows)
 
-    def choose(self, first: str, second: str, at: np.ndarray) -> np.ndarray | int:
+    def choose(self, first: str, second: str, at: np.ndarray | bool) -> np.ndarray | int:
         """Per row, column ``second`` where ``at`` is set, else ``first`` (0 where this side carries neither):
         one take from the two columns laid end to end."""
         a, b = self.columns.get(first), self.columns.get(second)
@@ -745,7 +828,7 @@ def _moment_rows(
                 for name in ("alloc", "long", "loss")
             ]
         # a row without an optimizer step gets a moment that cannot win
-        if rule.only_if == OPTIMIZER_STEPS and not every_step:
+        if rule.only_if == OPTIMIZER_STEPS and not every_step and steps is not None:  # (None: skipped above)
             sums = [np.where(steps, sums[0], -1), np.where(steps, sums[1], 0), np.where(steps, sums[2], 0)]
         out.append((k, *sums))
     return out
@@ -782,8 +865,9 @@ def _peak_and_pool(
 
 
 def _state_key(
-    c: dict[str, np.ndarray], cand: np.ndarray, first: np.ndarray, last: np.ndarray, carried: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    c: dict[str, np.ndarray], cand: np.ndarray, first: np.ndarray, last: np.ndarray, layers: np.ndarray,
+    carried: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The distinct ``STATE_KEY`` rows (lexicographic) and each row's index among them. ZeRO-0 states see dp
     only through "dp > 1" (DDP buckets); ZeRO >= 1 only through dp * cp (with ep > 1 and ZeRO-0 the key keeps
     dp and cp as they are: ep must divide dp * cp). The layout columns lead the key and are the candidate's,
@@ -801,7 +885,8 @@ def _state_key(
         "pp": c["pp"],
     }
     lkey, l_cand = unique_codes([layout[name] for name in STATE_KEY[:8]])
-    rkey, r_row = _row_codes(l_cand, cand, [(first, 2), (last, 2), (carried, 2)])
+    rkey, r_row = _row_codes(l_cand, cand, [(first, 2), (last, 2), (layers, int(layers.max(initial=0)) + 1),
+                                            (carried, 2)])  # fmt: skip
     return np.concatenate([lkey[rkey[:, 0]], rkey[:, 1:]], axis=1), r_row
 
 
@@ -844,17 +929,22 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     arows = _act_rows(base, akey)
 
     # ----- one row per (candidate, stage that can be the worst) -----------------------------------------
-    cand, stage = _stage_rows(c["pp"], c["pp_microbatches"], par0.pp_schedule, par0.virtual_stages)
+    uneven = uneven_split(base, arch.num_layers, c["pp"])
+    cand, stage, slot = _stage_rows(
+        c["pp"], c["pp_microbatches"], par0.pp_schedule, par0.virtual_stages, uneven
+    )
     p = c["pp"][cand]
     last = stage == p - 1
     first = stage == 0
+    # an uneven split's stage layers (0 where the split is even: num_layers / pp, known from pp)
+    layers = np.where(uneven[cand], stage_layers(base, arch.num_layers, p, stage), 0)
 
     # ----- activation side per distinct (activation key, pp, stage, micro-batches) ----------------------
-    # kind: 0 the first stage, 1 the second, 2 the last, 3 the first middle one that carries gradients
-    kind = np.where(first, 0, np.where(last, 2, np.where(stage == 1, 1, 3)))
     ckey, c_x = unique_codes([a_cand, c["pp"], c["pp_microbatches"]])
-    xrows, x_row = _row_codes(c_x, cand, [(kind, 4)])
-    xkey = np.stack([ckey[xrows[:, 0], 0], ckey[xrows[:, 0], 1], xrows[:, 1], ckey[xrows[:, 0], 2]], axis=1)
+    xrows, x_row = _row_codes(c_x, cand, [(slot, int(slot.max(initial=0)) + 1)])
+    xstage = np.zeros(xrows.shape[0], dtype=np.int64)
+    xstage[x_row] = stage
+    xkey = np.stack([ckey[xrows[:, 0], 0], ckey[xrows[:, 0], 1], xstage, ckey[xrows[:, 0], 2]], axis=1)
     A, f, x_over = _activation_side(base, arch.num_layers, akey, arows, xkey)
     a_parts = _moment_parts(A, ACTIVATION_GROUPS)
     x_over |= reaches_saturation(a_parts.values(), x_over.shape[0])
@@ -863,7 +953,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # per stage key: a pipeline stage with fewer micro-batches in flight than there are
     short = pipeline_carries_grads(xkey[:, 1], xkey[:, 3], f)
     carried = grads_carried(c["grad_accum"][cand], short[x_row], base.optimizer_in_backward)
-    skey, s_idx = _state_key(c, cand, first, last, carried)
+    skey, s_idx = _state_key(c, cand, first, last, layers, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
     s_parts = _moment_parts(S, STATE_GROUPS)

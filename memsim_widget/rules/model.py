@@ -3,11 +3,69 @@ implementations (checked there too), and the state-space layers' refusal of tens
 
 from __future__ import annotations
 
+from typing import Any
+
 from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
+from memsim_widget.rules.pipeline_split import (
+    EMBEDDING_WEIGHT,
+    HEAD_WEIGHT,
+    chunk_layers,
+    split_problem,
+    split_style,
+)
 from memsim_widget.rules.rule import Rule, View, inert
 
 #: Why a state-space layer refuses a key (engine/activations.py raises the others with it).
 SSM_WHY = "is not modelled for Mamba's state-space layers (no trace checks it)"
+
+
+def _split_broken(v: View) -> Any:
+    """Whether ``rules/pipeline_split`` cannot split the layers over pp x virtual stages in the scenario's
+    style (``pp_split``; unset: even where they divide, else torchtitan's); ``parallel.pp`` may be a column."""
+    n_layers, pp, vs = v["arch"].num_layers, v["parallel.pp"], v["parallel.virtual_stages"]
+    eff, n = n_layers + EMBEDDING_WEIGHT + HEAD_WEIGHT, pp * vs
+    style = v.get("parallel.pp_split")
+    titan = eff // n < 2
+    if style == "even":
+        return n_layers % n != 0
+    if style == "torchtitan":
+        return titan
+    if style == "megatron":
+        return (eff % pp != 0) | ((eff // pp) % vs != 0) | titan
+    return (n_layers % n != 0) & titan
+
+
+def _split_text(v: View) -> str:
+    """The split's problem in words (``rules/pipeline_split.split_problem``) for a scalar view."""
+    n_layers, pp, vs = v["arch"].num_layers, v["parallel.pp"], v["parallel.virtual_stages"]
+    style = split_style(v.get("parallel.pp_split"), n_layers, pp * vs)
+    return split_problem(n_layers, pp, vs, style) or f"{n_layers} layers cannot be split over pp = {pp}"
+
+
+def _auto_uneven(v: View) -> Any:
+    """Whether the split is made by a style (no ``pp_layers``) and is uneven: torchtitan's and Megatron's
+    always (their first and last chunk give a layer up), the unset style where pp x virtual stages does not
+    divide the layers."""
+    if v.get("parallel.pp_layers") is not None or v.get("parallel.pp_split") == "even":
+        return False
+    if v.get("parallel.pp_split") is not None:
+        return True
+    return v["arch"].num_layers % (v["parallel.pp"] * v["parallel.virtual_stages"]) != 0
+
+
+def _stage_layer_text(v: View) -> str:
+    """The layers per chunk in words: one count, or the uneven split's counts."""
+    n_layers, pp, vs = v["arch"].num_layers, v["parallel.pp"], v["parallel.virtual_stages"]
+    if not _auto_uneven(v):
+        return str(n_layers // (pp * vs))
+    return "/".join(str(c) for c in sorted(set(chunk_layers(n_layers, pp, vs, v.get("parallel.pp_split")))))
+
+
+def _rounds(v: View) -> Any:
+    """Rounds of ``ScheduleInterleaved1F1B``: ``max(1, pp_microbatches // pp)`` (it needs the micro-batches
+    to divide into them; fewer micro-batches than pp is one round); ``parallel.pp`` may be a column."""
+    r = v["parallel.pp_microbatches"] // v["parallel.pp"]
+    return r + (r == 0)
 
 
 def _ep_text(ep: object) -> str:
@@ -73,16 +131,12 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        "pp x virtual stages divides the layers",
+        "the pipeline split gives every chunk a layer",
         "parallel.pp",
         "model",
-        broken=lambda v: (
-            (v["parallel.pp_layers"] is None)
-            & (v["arch"].num_layers % (v["parallel.pp"] * v["parallel.virtual_stages"]) != 0)
-        ),
+        broken=lambda v: (v.get("parallel.pp_layers") is None) & _split_broken(v),
         message=lambda v: (
-            f"{v['arch'].num_layers} layers are not divisible by pp*virtual_stages = "
-            f"{v['parallel.pp'] * v['parallel.virtual_stages']} (parallel.pp_layers sets an uneven split)"
+            f"{_split_text(v)} (parallel.pp_split sets the style, parallel.pp_layers the layers per stage)"
         ),
     ),
     Rule(
@@ -192,15 +246,19 @@ RULES: tuple[Rule, ...] = (
         message=lambda v: v["arch"].extra["lora_all_linear_error"],
     ),
     Rule(
-        "interleaved schedule fills the pipeline",
+        "interleaved micro-batches divide into rounds",
         "parallel.pp_microbatches",
         "model",
         broken=lambda v: (
-            (v["parallel.pp_microbatches"] < v["parallel.pp"])
+            (v["parallel.pp_microbatches"] % _rounds(v) != 0)
             & (v["parallel.pp"] > 1)
             & (v["parallel.pp_schedule"] == "interleaved")
         ),
-        message="the interleaved schedule needs pp_microbatches >= pp",
+        message=lambda v: (
+            f"the interleaved schedule runs pp_microbatches in rounds of about pp = {v['parallel.pp']}: "
+            f"{v['parallel.pp_microbatches']} micro-batches do not divide into {_rounds(v)} rounds "
+            "(torch.distributed.pipelining ScheduleInterleaved1F1B)"
+        ),
     ),
     Rule(
         "pipeline stages hold whole blocks of a hybrid's layer pattern",
@@ -209,13 +267,16 @@ RULES: tuple[Rule, ...] = (
         broken=lambda v: (
             (v["parallel.pp"] * v["parallel.virtual_stages"] > 1)
             & (
-                (v["arch"].num_layers // (v["parallel.pp"] * v["parallel.virtual_stages"]))
-                % v["arch"].extra.get("block_period", 1)
-                != 0
+                (
+                    (v["arch"].num_layers // (v["parallel.pp"] * v["parallel.virtual_stages"]))
+                    % v["arch"].extra.get("block_period", 1)
+                    != 0
+                )
+                | ((v["arch"].extra.get("block_period", 1) > 1) & _auto_uneven(v))
             )
         ),  # fmt: skip
         message=lambda v: (
-            f"{v['arch'].num_layers // (v['parallel.pp'] * v['parallel.virtual_stages'])} layers per pipeline stage: "
+            f"{_stage_layer_text(v)} layers per pipeline stage: "
             f"{v['arch'].model_type}'s stages would hold different layer kinds (its pattern repeats every "
             f"{v['arch'].extra.get('block_period', 1)} layers); use a pp x virtual_stages that leaves a multiple of "
             f"{v['arch'].extra.get('block_period', 1)} layers per stage"

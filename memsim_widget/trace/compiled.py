@@ -19,10 +19,11 @@ import contextlib
 import functools
 import operator
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
+import torch.fx.node
 
 #: Ops Inductor lowers to loops it can fuse (besides every op tagged pointwise and every view): reductions.
 _REDUCTIONS = frozenset(
@@ -207,6 +208,9 @@ def compiled_model(model: torch.nn.Module, memory_budget: float | None = None) -
             warnings.filterwarnings(
                 "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
             )
-            yield torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
+            # a compiled Module is an OptimizedModule (a Module); torch.compile's stub says only Callable
+            yield cast(
+                torch.nn.Module, torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
+            )
     finally:
         torch._dynamo.reset()

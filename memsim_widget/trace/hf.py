@@ -128,13 +128,13 @@ def input_factory(
 
         maker = vlm_inputs.qwen2_vl_batch if fam != "llava_next" else vlm_inputs.llava_next_batch
         return maker(cfg, b, s, float_dtype, images, image)
-    vocab = getattr(cfg, "vocab_size", None)
+    vocab: Any = getattr(cfg, "vocab_size", None)  # cfg is a transformers config (Any)
     if fam in VISION_LANGUAGE:
         vc = cfg.vision_config
         img = vc.image_size
         vocab = cfg.text_config.vocab_size
 
-    def make() -> dict[str, torch.Tensor]:
+    def make() -> dict[str, Any]:  # tensors, and CLIP's return_loss flag
         if fam == "clip":
             return {
                 "input_ids": torch.randint(0, vocab, (b, s)),
@@ -250,8 +250,9 @@ def _no_data_checks(enabled: bool, notes: list[str]) -> Any:
 
 def loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward ends the 'forward' phase (LM head / classifier)."""
+    hf: Any = model  # a transformers model: torch's stubs type its attributes as Tensor | Module
     try:
-        m = model.get_output_embeddings()
+        m = hf.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         m = None
     if m is None:
@@ -384,13 +385,14 @@ def apply_lora(
     from peft import LoraConfig, get_peft_model
 
     adapter_dtype = lora.get("adapter_dtype", "fp32")
+    excluded: dict[str, Any] = {"exclude_modules": f".*({'|'.join(exclude)}).*"} if exclude else {}
     lcfg = LoraConfig(
         r=lora.get("r", 8),
         lora_alpha=lora.get("lora_alpha", 16),
         target_modules=lora.get("target_modules", ["q_proj", "v_proj"]),
         lora_dropout=lora.get("lora_dropout", 0.0),
         task_type=lora.get("task_type"),
-        **({"exclude_modules": f".*({'|'.join(exclude)}).*"} if exclude else {}),
+        **excluded,
     )
     model = get_peft_model(model, lcfg, autocast_adapter_dtype=(adapter_dtype == "fp32"))
     target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[adapter_dtype]

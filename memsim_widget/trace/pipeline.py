@@ -25,6 +25,7 @@ import torch
 
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.errors import ScenarioError
+from memsim_widget.rules.pipeline_split import chunk_layers
 from memsim_widget.scenario import Scenario
 
 from .cuda_autocast import cuda_like_autocast
@@ -65,19 +66,16 @@ class StagePlan:
 
 def stage_plans(sc: Scenario, rank: int, num_layers: int) -> list[StagePlan]:
     """The stages ``rank`` runs: stage ``rank`` (and ``rank + pp``, ... for interleaved, the looped placement of
-    ``ScheduleInterleaved1F1B``), each with an equal share of the layers, as the engine splits them, or the
-    layers ``parallel.pp_layers`` gives each stage (one model chunk per rank; an uneven interleaved split is
-    not traced: how a rank's layers spread over its chunks is the framework's choice)."""
-    pp, v = sc.parallel.pp, sc.parallel.virtual_stages
-    split = sc.parallel.pp_layers
-    if split is not None:
-        if v > 1:
-            raise ScenarioError("parallel.pp_layers", "an uneven split with virtual stages is not traced")
-        start = sum(split[:rank])
-        return [StagePlan(rank, pp, range(start, start + split[rank]))]
-    n = pp * v
-    per = num_layers // n
-    return [StagePlan(s, n, range(s * per, (s + 1) * per)) for s in range(rank, n, pp)]
+    ``ScheduleInterleaved1F1B``), each with the layers the engine gives it (``rules/pipeline_split``: even,
+    torchtitan's or Megatron's split, or ``parallel.pp_layers``). Uneven chunks, interleaved or not, are what
+    torchtitan's own split hands ``PipelineStage``; the schedules run them as they run even ones."""
+    par = sc.parallel
+    chunks = chunk_layers(num_layers, par.pp, par.virtual_stages, par.pp_split, par.pp_layers)
+    starts = [sum(chunks[:s]) for s in range(len(chunks))]
+    return [
+        StagePlan(s, len(chunks), range(starts[s], starts[s] + chunks[s]))
+        for s in range(rank, len(chunks), par.pp)
+    ]
 
 
 def default_rank(sc: Scenario) -> int:
@@ -124,7 +122,15 @@ def check_pipeline(sc: Scenario) -> None:
 
         check_distributed(sc)
     check_traceable(
-        sc.replace(parallel={"pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1, "pp_layers": None})
+        sc.replace(
+            parallel={
+                "pp": 1,
+                "pp_schedule": "1f1b",
+                "virtual_stages": 1,
+                "pp_layers": None,
+                "pp_split": None,
+            }
+        )
     )
     if sc.attention != "sdpa":
         raise ScenarioError(
@@ -142,11 +148,6 @@ def check_pipeline(sc: Scenario) -> None:
             "parallel.pp_microbatches",
             f"Schedule1F1B needs pp_microbatches >= pp ({par.pp_microbatches} < {par.pp})",
         )
-    if par.pp_schedule == "interleaved" and par.pp_microbatches % par.pp:
-        raise ScenarioError(
-            "parallel.pp_microbatches",
-            f"ScheduleInterleaved1F1B needs pp_microbatches divisible by pp={par.pp}",
-        )
 
 
 class StageModule(torch.nn.Module):
@@ -162,7 +163,8 @@ class StageModule(torch.nn.Module):
         self, causal_lm: torch.nn.Module, plan: StagePlan, autocast_dtype: torch.dtype | None
     ) -> None:
         super().__init__()
-        decoder = causal_lm.model
+        lm: Any = causal_lm  # a transformers causal LM: torch's stubs type its submodules as Tensor | Module
+        decoder = lm.model
         if not all(hasattr(decoder, part) for part in _DECODER_PARTS):
             raise ScenarioError(
                 "model",
@@ -175,7 +177,7 @@ class StageModule(torch.nn.Module):
         if not plan.last:
             decoder.norm = None
         self.model = decoder
-        self.lm_head = causal_lm.lm_head if plan.last else None
+        self.lm_head = lm.lm_head if plan.last else None
         self.autocast_dtype = autocast_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -237,9 +239,12 @@ def _stage_modules(sc: Scenario, cfg: Any, plans: list[StagePlan], notes: list[s
     mods = []
     for plan in plans:
         with torch.device("meta"):
-            lm = build_hf_model(cfg, wdtype, "sdpa")
+            lm: Any = build_hf_model(
+                cfg, wdtype, "sdpa"
+            )  # a transformers model (its methods are not Module's)
             if lora:
-                lm = apply_lora(lm, lora, notes if plan is plans[0] else []).get_base_model()
+                wrapped: Any = apply_lora(lm, lora, notes if plan is plans[0] else [])  # a peft.PeftModel
+                lm = wrapped.get_base_model()
         if sc.activation_checkpointing == "full":
             lm.activation_checkpointing_enable({"use_reentrant": False})
         mods.append(StageModule(lm, plan, amp))
@@ -344,7 +349,8 @@ def _unsharded_grads(module: torch.nn.Module) -> list[torch.Tensor]:
     them (the schedule turns gradient sync off before it); none without FSDP2."""
     out = []
     for m in module.modules():
-        state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+        get_state = getattr(m, "_get_fsdp_state", None)  # FSDP2's modules only
+        state = get_state() if get_state is not None else None
         group = getattr(state, "_fsdp_param_group", None)
         for fp in getattr(group, "fsdp_params", None) or []:
             unsharded = getattr(fp, "_unsharded_param", None)

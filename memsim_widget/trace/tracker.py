@@ -115,10 +115,24 @@ class StorageRecord:
         }
 
 
+#: torchao's wrapper subclasses and the attribute holding their memory: ``Float8TrainingTensor`` (fp8 bytes in
+#: ``_data``) and FSDP2's fp8 all-gather weight ``WeightWithDynamicFloat8CastTensor`` (the shard in ``_tensor``).
+_TORCHAO_WRAPPERS = {"Float8TrainingTensor": "_data", "WeightWithDynamicFloat8CastTensor": "_tensor"}
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor holding the storage: a DTensor's local shard, else ``t`` itself."""
+    """The tensor holding the storage: a DTensor's local shard, the inner tensor of a torchao wrapper
+    (``_TORCHAO_WRAPPERS``), else ``t`` itself.
+
+    A wrapper subclass has no memory of its own (on a GPU its storage has no data pointer); under the fake mode
+    that storage reports the wrapper's declared (bf16) size, 2 B per element no GPU allocates. FSDP2's fp8
+    all-gather makes such wrappers with aten ops (its sharded weights, and ``as_strided`` of the gathered fp8
+    bytes as the unsharded parameters; docs/fidelity.md, "fp8")."""
     local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    if isinstance(local, torch.Tensor):
+        t = local
+    inner = getattr(t, _TORCHAO_WRAPPERS.get(type(t).__name__, "_local_tensor"), None)
+    return inner if isinstance(inner, torch.Tensor) else t
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -12,96 +12,39 @@ from memsim_widget.catalog.gpus import GPUS
 from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 from memsim_widget.engine.items import CATEGORIES
 from memsim_widget.fp8 import FP8_RECIPES
-from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
+from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import RULES, UNJUDGED
 from memsim_widget.scenario import (
-    ADAPTER_DTYPES,
-    ATTENTIONS,
-    CHECKPOINTING,
     DEFAULTS,
-    FRAMEWORKS,
-    LOSSES,
-    METHODS,
-    OBJECTIVES,
-    OFFLOADS,
     OPTIONAL_KEYS,
-    OUTPUT_LIFETIMES,
-    PP_SCHEDULES,
-    REFERENCES,
-    ROLLOUTS,
-    ZERO_STAGES,
     LoraConfig,
     ParallelConfig,
     RLConfig,
 )
+from memsim_widget.scenario_schema import SCHEMA, widget_fields
 from memsim_widget.widget.scenario_edits import merge
 
 #: Keys of a llama-style inline model config that the "custom" model controls edit.
-CUSTOM_DIMS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-    "vocab_size",
-)
+CUSTOM_DIMS = tuple(f.key.partition(".")[2] for f in SCHEMA if f.key.startswith("model."))
 
 #: Every control the front end draws, in order: (scenario key, dotted for nested keys; label; kind, the input
-#: it is drawn as; fieldset). Sent once per ``options`` as ``controls`` (dicts), so the front end renders the
-#: controls from data. Kinds: ``model`` (preset name or "custom"), ``dim`` (a custom model dimension), ``gpu``,
-#: ``number`` (a float), ``headroom`` (a percent slider), ``log`` (a slider over ``stops``), ``int``, ``select``
-#: (one of ``choices``), ``bool`` (a checkbox), ``targets`` (LoRA target checkboxes).
-CONTROLS: tuple[tuple[str, str, str, str], ...] = (
-    ("model", "model", "model", "Model"),
-    ("model.hidden_size", "hidden size", "dim", "Model"),
-    ("model.num_hidden_layers", "layers", "dim", "Model"),
-    ("model.num_attention_heads", "heads", "dim", "Model"),
-    ("model.num_key_value_heads", "kv heads", "dim", "Model"),
-    ("model.intermediate_size", "intermediate", "dim", "Model"),
-    ("model.vocab_size", "vocab", "dim", "Model"),
-    ("gpu", "GPU", "gpu", "Hardware"),
-    ("gpu.memory_gib", "memory (GiB)", "number", "Hardware"),
-    ("headroom", "headroom", "headroom", "Hardware"),
-    ("micro_batch_size", "micro-batch", "log", "Batch"),
-    ("seq_len", "sequence length", "log", "Batch"),
-    ("grad_accum_steps", "grad accumulation", "int", "Batch"),
-    ("precision", "precision", "select", "Training"),
-    ("fp8_recipe", "fp8 recipe", "select", "Training"),
-    ("optimizer", "optimizer", "select", "Training"),
-    ("optimizer_impl", "implementation", "select", "Training"),
-    ("optimizer_in_backward", "optimizer in backward", "bool", "Training"),
-    ("activation_checkpointing", "checkpointing", "select", "Training"),
-    ("checkpoint_every", "checkpoint every N layers", "int", "Training"),
-    ("attention", "attention", "select", "Training"),
-    ("loss", "loss", "select", "Training"),
-    ("framework", "framework", "select", "Training"),
-    ("output_lifetime", "outputs kept", "select", "Training"),
-    ("method", "method", "select", "Method"),
-    ("lora.rank", "LoRA rank", "int", "Method"),
-    ("lora.alpha", "LoRA alpha", "number", "Method"),
-    ("lora.adapter_dtype", "adapter dtype", "select", "Method"),
-    ("lora.targets", "LoRA targets", "targets", "Method"),
-    ("objective", "objective", "select", "Objective"),
-    ("rl.num_generations", "G (completions per prompt)", "int", "Objective"),
-    ("rl.completion_len", "completion length", "int", "Objective"),
-    ("rl.reference", "reference model", "select", "Objective"),
-    ("rl.rollout", "rollout engine", "select", "Objective"),
-    ("rl.gpu_memory_utilization", "vLLM gpu_memory_utilization", "number", "Objective"),
-    ("rl.sleep_mode", "vLLM sleep mode", "select", "Objective"),
-    ("parallel.dp", "dp", "int", "Parallel"),
-    ("parallel.tp", "tp", "int", "Parallel"),
-    ("parallel.pp", "pp", "int", "Parallel"),
-    ("parallel.cp", "cp", "int", "Parallel"),
-    ("parallel.ep", "ep", "int", "Parallel"),
-    ("parallel.zero", "ZeRO stage", "select", "Parallel"),
-    ("parallel.sequence_parallel", "sequence parallel", "bool", "Parallel"),
-    ("parallel.reshard_after_forward", "reshard after forward", "bool", "Parallel"),
-    ("parallel.offload", "offload", "select", "Parallel"),
-    ("parallel.pp_schedule", "pp schedule", "select", "Parallel"),
-    ("parallel.pp_microbatches", "pp micro-batches", "int", "Parallel"),
-    ("parallel.virtual_stages", "virtual stages", "int", "Parallel"),
-)  # fmt: skip
+#: it is drawn as; fieldset), generated from the scenario schema (``scenario_schema.SCHEMA``, whose ``Control``
+#: lists the kinds). Sent once per ``options`` as ``controls`` (dicts), so the front end renders the controls
+#: from data.
+CONTROLS: tuple[tuple[str, str, str, str], ...] = tuple(
+    (f.key, f.widget.label, f.widget.kind, f.widget.fieldset) for f in widget_fields() if f.widget is not None
+)
+
+
+def _choices() -> dict[str, list[Any]]:
+    """The allowed values of each select control, from the schema (None first where the key may stay unset)."""
+    return {
+        f.key: [*([None] if f.optional else []), *f.allowed()]
+        for f in widget_fields()
+        if f.widget is not None and f.widget.kind == "select"
+    }
+
 
 #: Error fields that name no control, and the control that sets them (``num_gpus`` follows dp).
 CONTROL_ALIASES = {"num_gpus": "parallel.dp"}
@@ -241,26 +184,7 @@ def _static_options() -> dict[str, Any]:
     return {
         "presets": presets,
         "gpus": [{"id": g.id, "name": g.name, "memory_gib": round(g.memory_gib, 2)} for g in GPUS.values()],
-        "choices": {
-            "method": list(METHODS),
-            "precision": list(PRECISIONS),
-            "fp8_recipe": [None, *FP8_RECIPES],  # None: unset (te-delayed under precision fp8, else no fp8)
-            "optimizer": list(OPTIMIZERS),
-            "optimizer_impl": list(OPTIMIZER_IMPLS),
-            "activation_checkpointing": list(CHECKPOINTING),
-            "attention": list(ATTENTIONS),
-            "loss": list(LOSSES),
-            "framework": list(FRAMEWORKS),
-            "output_lifetime": [None, *OUTPUT_LIFETIMES],  # None: unset, the framework's own
-            "lora.adapter_dtype": list(ADAPTER_DTYPES),
-            "parallel.zero": list(ZERO_STAGES),
-            "parallel.pp_schedule": list(PP_SCHEDULES),
-            "parallel.offload": list(OFFLOADS),
-            "objective": [None, *OBJECTIVES],  # None: unset, sft
-            "rl.reference": [None, *REFERENCES],  # None: the objective's default
-            "rl.rollout": list(ROLLOUTS),
-            "rl.sleep_mode": [0, 1, 2],
-        },
+        "choices": _choices(),
         "choice_labels": {  # the text of a choice where its value alone says too little ("null": None)
             "output_lifetime": {
                 "null": "framework's own",

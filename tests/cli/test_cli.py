@@ -105,7 +105,8 @@ def test_presets_and_gpus_list(capsys):
     [
         (["estimate", "--model", "lama-3.1-8b"], None, "llama-3.1-8b"),
         (["estimate", "--tp", "3"], None, "parallel.tp"),
-        (["estimate", "--model", "llama-2-7b", "--pp", "5"], None, "parallel.pp"),
+        # 32 layers + embedding + head over 20 stages: a stage without a layer (pp 5 is split as torchtitan does)
+        (["estimate", "--model", "llama-2-7b", "--pp", "20"], None, "parallel.pp"),
         (["estimate", "--seq-len", "-4"], None, "seq_len"),
         (["estimate", "-"], '{"model": "gpt2",', "malformed JSON"),
         (["estimate", "-"], '{"modle": "gpt2"}', "modle"),
@@ -155,3 +156,29 @@ def test_compile_is_labelled_as_unmodelled_in_text_json_and_estimate(capsys, tmp
     out = json.loads(capsys.readouterr().out)
     assert any(c.startswith("activation_memory_budget 0.5: untraced") for c in out["caveats"])
     assert estimate(Scenario.from_dict({"model": "llama-3.2-1b"})).caveats == ()
+
+
+#: What ``memsim estimate`` must not import (issue 28: its start costs under 40 ms beyond numpy and pandas,
+#: ``benchmarks/cli_startup.py``): the other commands' libraries (subprocess and csv serve ``measure``, difflib an
+#: error's suggestion, importlib.resources' zipfile and tempfile nothing a preset needs), numpy and pandas (an
+#: estimate computes in plain Python), and the layers above the engine.
+NOT_ON_THE_ESTIMATE_PATH = (
+    "subprocess", "csv", "difflib", "zipfile", "tempfile", "importlib.resources", "numpy", "pandas",
+    "memsim_widget.plan", "memsim_widget.charts", "memsim_widget.widget", "memsim_widget.trace",
+    "memsim_widget.export.common", "memsim_widget.importers",
+)  # fmt: skip
+
+
+def test_an_estimate_imports_only_what_it_needs():
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['memsim', 'estimate', '--model', 'llama-3.1-8b']\n"
+        "try:\n"
+        "    runpy.run_module('memsim_widget.cli', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print(sorted(m for m in {NOT_ON_THE_ESTIMATE_PATH!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "peak" in run.stdout, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == "[]"

@@ -85,9 +85,10 @@ def test_q_k_norms_under_compile_save_the_projections_outputs_and_rsqrts() -> No
     outputs (4 e T h), their rsqrts (8 T), q_proj's and k_proj's outputs (the q/k norms' inputs, e T (a d + kv d)),
     the q/k norms' rsqrts per head (4 T (a + kv)), q after RoPE and the attention output (2 e T a d), k and v
     (2 e T kv d), the logsumexp (4 T a), gate's and up's outputs and down's input (3 e T I)."""
+    from fidelity_cases import CASES
+
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
-    from memsim_widget.fidelity import CASES
 
     act = activations(
         Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 sdpa b2 s512"], "compile": True}))
@@ -110,9 +111,10 @@ def test_gemma_and_olmo2_save_what_llama_saves_besides_the_q_k_norms() -> None:
     """Gemma's GeGLU saves gate's and up's outputs as SwiGLU does (the tanh GeLU recomputed); OLMo 2's post-norms
     save as many T x h tensors as Llama's pre-norms and its whole-projection q/k norms add q_proj's and k_proj's
     outputs and two fp32 rsqrts per token (traced: docs/fidelity.md)."""
+    from fidelity_cases import CASES
+
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
-    from memsim_widget.fidelity import CASES
 
     def layer(name: str) -> int:
         return activations(Context(Scenario.from_dict({**dict(CASES)[name], "compile": True}))).layer_bytes()
@@ -129,9 +131,10 @@ def test_an_untraced_compiled_step_is_a_labelled_formula_eager_layers_and_the_co
     (docs/fidelity.md), and the loss is the compiled loss of the traced decoders: the e-byte logits and 17 B x T
     saved; one fp32 T x V buffer, the logits' zero gradient and the KV cache's (every layer's k and v) at the top
     of backward. Every term and the caveat say the formula is untraced."""
+    from fidelity_cases import CASES
+
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
-    from memsim_widget.fidelity import CASES
 
     data = dict(CASES)["gpt2 bf16 sdpa b2 s512"]
     eager = activations(Context(Scenario.from_dict(data)))
@@ -186,9 +189,10 @@ def test_compiled_lora_on_qwen3_saves_the_q_k_norms_but_layer_zeros_k_norm() -> 
     """Qwen3 with LoRA on q and v, compiled (traced: docs/fidelity.md): the q/k norms save their inputs and rsqrts
     as in full training, at the query width a x d, except layer 0's k norm, which reads the frozen embedding
     through a frozen k_proj and needs no gradient."""
+    from fidelity_cases import CASES
+
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
-    from memsim_widget.fidelity import CASES
 
     act = activations(
         Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 lora qv b2 s512"], "compile": True}))
@@ -204,9 +208,10 @@ def test_compiled_lora_on_qwen3_saves_the_q_k_norms_but_layer_zeros_k_norm() -> 
 def test_gemma3s_sandwich_norms_save_their_inputs_on_top_of_gemmas_set() -> None:
     """Gemma 3 (text) compiled: Gemma's set, the per-head q/k norms' inputs and rsqrts (a x d = 512 here), and its
     norms after attention and after the MLP: o_proj's and down_proj's outputs (2 e T h) and two fp32 rsqrts."""
+    from fidelity_cases import CASES
+
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
-    from memsim_widget.fidelity import CASES
 
     def terms(name: str) -> dict[str, float]:
         sc = Scenario.from_dict({**dict(CASES)[name], "compile": True})

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsim_widget.engine.context import Context
+from memsim_widget.engine.context import Context, interleaved_held_layers
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.schedule import interleaved_in_flight
 from memsim_widget.engine.states import model_states
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
@@ -37,11 +38,82 @@ def test_the_largest_published_pipelines_are_accepted_with_their_splits():
         assert est.to_dict()["scenario"]["parallel"]["pp_layers"] == data["parallel"]["pp_layers"]
 
 
-def test_without_pp_layers_an_indivisible_split_is_refused_and_names_the_key():
-    bad = {**LLAMA_405B, "parallel": {k: v for k, v in LLAMA_405B["parallel"].items() if k != "pp_layers"}}
+def _without_list(data: dict) -> dict:
+    return {**data, "parallel": {k: v for k, v in data["parallel"].items() if k != "pp_layers"}}
+
+
+def test_without_pp_layers_the_largest_published_pipelines_get_torchtitans_split():
+    # torchtitan (and Megatron's embedding/loss accounting): 126 + 2 layer-equivalents over 64 chunks is 2
+    # each, the first and last chunk give one up: ranks 7, 8 x 14, 7 -- the published split, figure for figure
+    listed = estimate(Scenario.from_dict(LLAMA_405B))
+    auto = estimate(Scenario.from_dict(_without_list(LLAMA_405B)))
+    assert [r.peak_allocated_bytes for r in auto.ranks] == [r.peak_allocated_bytes for r in listed.ranks]
+    assert "pp_layers" not in auto.to_dict()["scenario"]["parallel"]
+    # 61 + 2 over 16 stages: 3 each and 15 left over for stages 0-14 (4), then one fewer at both ends
+    est = estimate(Scenario.from_dict(_without_list(DEEPSEEK_V3)))
+    assert [r.stage.layers for r in est.ranks] == [3] + [4] * 14 + [2]
+
+
+@pytest.mark.parametrize(
+    ("style", "layers"),
+    [
+        # 32 + 2 = 34 over 4: 8 each, 2 left over for stages 0 and 1; then one fewer at both ends
+        ("torchtitan", [8, 9, 8, 7]),
+        ("megatron", None),  # 34 is not divisible by 4: Megatron asserts it
+        ("even", [8, 8, 8, 8]),
+    ],
+)
+def test_the_split_style_is_a_scenario_key(style, layers):
+    data = {"model": "llama-3.1-8b", "parallel": {"pp": 4, "pp_microbatches": 4, "pp_split": style}}
+    if layers is None:
+        with pytest.raises(ScenarioError) as err:
+            estimate(Scenario.from_dict(data))
+        assert err.value.field == "parallel.pp" and "Megatron" in str(err.value)
+        return
+    est = estimate(Scenario.from_dict(data))
+    assert [r.stage.layers for r in est.ranks] == layers
+    assert est.to_dict()["scenario"]["parallel"]["pp_split"] == style
+
+
+def test_an_indivisible_split_is_refused_only_where_asked_for_even_and_names_the_keys():
+    bad = _without_list(LLAMA_405B)
+    bad = {**bad, "parallel": {**bad["parallel"], "pp_split": "even"}}
     with pytest.raises(ScenarioError) as err:
         estimate(Scenario.from_dict(bad))
-    assert err.value.field == "parallel.pp" and "parallel.pp_layers" in str(err.value)
+    assert err.value.field == "parallel.pp" and "parallel.pp_split" in str(err.value)
+    # 16 layers over 16 chunks: torchtitan's 18 layer-equivalents leave the last chunk without a layer
+    tiny = {"model": "llama-3.2-1b", "parallel": {"pp": 8, "virtual_stages": 2, "pp_schedule": "interleaved",
+                                                 "pp_microbatches": 8, "pp_split": "torchtitan"}}  # fmt: skip
+    with pytest.raises(ScenarioError) as err:
+        estimate(Scenario.from_dict(tiny))
+    assert err.value.field == "parallel.pp" and "without a layer" in str(err.value)
+
+
+def test_a_listed_split_and_a_style_are_one_clear_error():
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict({"parallel": {"pp": 2, "pp_layers": [16, 16], "pp_split": "torchtitan"}})
+    assert err.value.field == "parallel.pp_split"
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict({"parallel": {"pp": 2, "pp_split": "uneven"}})
+    assert err.value.field == "parallel.pp_split"
+
+
+def test_an_interleaved_rank_with_uneven_chunks_holds_them_in_the_schedules_order():
+    # p = 2, m = 2, v = 2: 2 micro-batches per round, so rank 1 warms up with 2 forwards of its chunk 0
+    # (2 layers each: 4), then each step runs a forward of chunk 1 (+1: 5, the peak) and a backward of chunk 1
+    assert interleaved_held_layers(2, 2, 1, (2, 1)) == 5.0
+    # rank 0 warms up with every forward (2 + 2 (p - 1) = 4 = m v): 1 + 1 + 2 + 2
+    assert interleaved_held_layers(2, 2, 0, (1, 2)) == 6.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 8), st.integers(2, 4), st.integers(1, 4), st.integers(1, 5), st.data())
+def test_equal_chunks_hold_the_in_flight_formula(p, v, rounds, size, data):
+    m = p * rounds
+    rank = data.draw(st.integers(0, p - 1))
+    assert interleaved_held_layers(p, m, rank, (size,) * v) == pytest.approx(
+        size * v * interleaved_in_flight(p, v, m, rank)
+    )
 
 
 @pytest.mark.parametrize(

@@ -255,7 +255,8 @@ def test_format_forces_how_the_files_are_read(tmp_path: Path) -> None:
 
 def test_torchtitan_s_float8_converter_reads_as_its_fp8_recipe(tmp_path: Path) -> None:
     """torchtitan's ``model.converters = ["float8"]`` is torchao's float8 training; ``float8.recipe_name`` its
-    scaling (torchao's default tensorwise); the fp8 all-gather is listed as not modelled."""
+    scaling (torchao's default tensorwise); ``enable_fsdp_float8_all_gather`` is ``fp8_all_gather`` (tensorwise
+    only, as torchao refuses it for rowwise)."""
     base = (Path(__file__).parent.parent / "data" / "configs" / "torchtitan" / "llama3_8b.toml").read_text()
     plain = import_config(_write(tmp_path, "plain.toml", base)).scenario
     assert plain.fp8_recipe is None
@@ -265,5 +266,7 @@ def test_torchtitan_s_float8_converter_reads_as_its_fp8_recipe(tmp_path: Path) -
         "enable_fsdp_float8_all_gather = false", "enable_fsdp_float8_all_gather = true"
     )
     result = import_config(_write(tmp_path, "rw.toml", text))
-    assert result.scenario.fp8_recipe == "rowwise"
-    assert any("fp8_recipe" in u and "all-gather" in u for u in result.unread)
+    assert result.scenario.fp8_recipe == "rowwise" and result.scenario.fp8_all_gather is None
+    assert any("fp8_all_gather" in u and "tensorwise" in u for u in result.unread)
+    text = text.replace('recipe_name = "rowwise"\n', "")  # torchao gathers tensorwise weights in fp8
+    assert import_config(_write(tmp_path, "ag.toml", text)).scenario.fp8_all_gather is True

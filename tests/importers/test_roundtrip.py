@@ -158,3 +158,27 @@ def test_an_export_without_its_note_lists_what_it_could_not_read(fmt: str, tmp_p
     imported = import_config(paths)
     assert any(line.startswith("gpu ") for line in imported.unread)
     assert all("memsim's note" not in line for line in imported.unread)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "read"),
+    [
+        ({"pp": 4, "pp_microbatches": 4}, None),  # even: torchtitan told 0/0 less layers, memsim's default
+        ({"pp": 4, "pp_microbatches": 4, "pp_split": "torchtitan"}, "torchtitan"),  # 8/9/8/7: 1/1, said
+        (
+            {"pp": 3, "pp_microbatches": 3},
+            None,
+        ),  # 32 layers on 3: torchtitan's split is memsim's default there
+    ],
+)
+def test_a_torchtitan_pipeline_split_reads_back(
+    parallel: dict[str, Any], read: str | None, tmp_path: Path
+) -> None:
+    sc = {"model": "llama-3.1-8b", "framework": "torchtitan", "parallel": parallel}
+    paths = _exported("torchtitan", sc, tmp_path)
+    assert paths is not None
+    # the file's own keys (memsim's note set aside) say the split
+    assert scenario_dict(read_files(paths, "auto"), use_note=False)["parallel"].get("pp_split") == read
+    got = import_config(paths).scenario
+    assert got.to_dict() == Scenario.from_dict(sc).to_dict()
+    assert estimate(got).peak_allocated_bytes == estimate(Scenario.from_dict(sc)).peak_allocated_bytes

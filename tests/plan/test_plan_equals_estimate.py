@@ -204,3 +204,51 @@ def test_the_longest_sequence_on_the_largest_card_never_wraps():
     exact = np.nonzero(~c["overflow"])[0]
     largest = exact[np.argsort(c["device_total_bytes"][exact])[-5:]]
     assert p.mismatches(largest) == []  # exact right up to the saturation bound
+
+
+# ----- uneven pipeline splits (rules/pipeline_split) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schedule", "split", "uneven_pp"),
+    [
+        ("1f1b", None, {3, 5, 6}),  # 16 layers: pp 3, 5, 6 have no even split, torchtitan's is searched
+        ("gpipe", None, {3, 5, 6}),
+        ("interleaved", None, {3}),  # 6 chunks of 18 layer-equivalents: 2+3 | 3+3 | 3+2 per rank
+        ("1f1b", "torchtitan", {2, 3, 5, 6}),  # the style asked for, where it is even too (pp 2: 8 | 8)
+        ("1f1b", "megatron", {2, 3, 6}),  # 18 layer-equivalents split by pp: 2, 3 and 6 divide it, 5 not
+    ],
+)
+def test_uneven_splits_are_searched_and_each_candidate_equals_estimate(schedule, split, uneven_pp):
+    v = 2 if schedule == "interleaved" else 1
+    par = {"pp_schedule": schedule, "virtual_stages": v, **({"pp_split": split} if split else {})}
+    base = {"model": "llama-3.2-1b", "seq_len": 512, "parallel": par}
+    space = SearchSpace(optimizers=("adamw",), micro_batch=(1, 2), pp=(1, 2, 3, 5, 6))
+    # a global batch of 60 sequences: up to 60 micro-batches, so that middle stages carry gradients
+    p = plan(base=base, gpu="a100-80gb", gpus=(2, 30), space=space, top=None, global_batch_tokens=60 * 512)
+    pp = p.columns["pp"]
+    assert uneven_pp <= set(pp.tolist())
+    if split == "megatron":
+        assert 5 not in set(pp.tolist())  # Megatron asserts (16 + 2) % pp == 0
+    idx = np.nonzero(np.isin(pp, list(uneven_pp)))[0]
+    sample = np.random.default_rng(0).choice(idx, size=min(40, idx.size), replace=False)
+    assert p.mismatches(sample) == []
+
+
+def test_interleaved_candidates_with_fewer_micro_batches_than_pp_equal_estimate():
+    # ScheduleInterleaved1F1B runs m micro-batches in max(1, m // pp) rounds: a global batch of 12 sequences
+    # gives pipelines of 8 ranks fewer micro-batches than ranks, and of 3 or 6 counts pp does not divide
+    base = {
+        "model": "llama-3.2-1b",
+        "seq_len": 512,
+        "parallel": {"pp_schedule": "interleaved", "virtual_stages": 2},
+    }
+    space = SearchSpace(optimizers=("adamw",), micro_batch=(1, 2, 4), pp=(1, 2, 3, 4, 6, 8))
+    p = plan(base=base, gpu="a100-80gb", gpus=(2, 48), space=space, top=None, global_batch_tokens=12 * 512)
+    c = p.columns
+    odd = np.nonzero(
+        (c["pp"] > 1) & ((c["pp_microbatches"] < c["pp"]) | (c["pp_microbatches"] % c["pp"] != 0))
+    )[0]
+    assert odd.size > 0
+    sample = np.random.default_rng(0).choice(odd, size=min(40, odd.size), replace=False)
+    assert p.mismatches(sample) == []

@@ -50,7 +50,7 @@ BASES = [
 @st.composite
 def knobs(draw: st.DrawFn, base: Scenario) -> dict[str, int]:
     tp = draw(st.sampled_from([1, 2, 4, 8]))
-    pp = draw(st.sampled_from([1, 2, 4]))
+    pp = draw(st.sampled_from([1, 2, 3, 4, 5]))  # 3 and 5: uneven splits of most bases (rules/pipeline_split)
     cp = draw(st.sampled_from([1, 2]))
     dp = draw(st.sampled_from([1, 2, 4, 8]))
     moe = isinstance(base.model, str) and "mixtral" in base.model

@@ -55,7 +55,7 @@ def test_the_pipeline_rules_give_per_element_what_they_give_one_stage(rows, retu
         first, last = s == 0, s == p - 1
         f = in_flight(p, m, schedule, v, s)
         n_loss = loss_count(p, m, schedule, last)
-        res = resident_count(layers, f, offloading)
+        res = resident_count(layers * f, offloading)
         arrays = {
             "in_flight": f,
             "carries": pipeline_carries_grads(p, m, f),
@@ -66,13 +66,13 @@ def test_the_pipeline_rules_give_per_element_what_they_give_one_stage(rows, retu
             "held": outputs_held_count(p, m, f, last, n_loss, returned),
             "step": np.zeros(len(sel)) + through_step_count(p, m, last, returned),
             "resident": res,
-            "layer0": layer0_sets(first, f, res, layers),
+            "layer0": layer0_sets(first, f, res, layers * f),
         }
         for j, (pj, mj, _, _, sj) in enumerate(sel):
             fj = in_flight(pj, mj, schedule, v, sj)
             assert type(fj) is float
             nl = loss_count(pj, mj, schedule, sj == pj - 1)
-            rj = resident_count(layers, fj, offloading)
+            rj = resident_count(layers * fj, offloading)
             one = {
                 "in_flight": fj,
                 "carries": pipeline_carries_grads(pj, mj, fj),
@@ -83,7 +83,7 @@ def test_the_pipeline_rules_give_per_element_what_they_give_one_stage(rows, retu
                 "held": outputs_held_count(pj, mj, fj, sj == pj - 1, nl, returned),
                 "step": through_step_count(pj, mj, sj == pj - 1, returned),
                 "resident": rj,
-                "layer0": layer0_sets(sj == 0, fj, rj, layers),
+                "layer0": layer0_sets(sj == 0, fj, rj, layers * fj),
             }
             for name, x in one.items():
                 assert arrays[name][j] == x, (name, pj, mj, v, schedule, sj)

@@ -134,11 +134,12 @@ def _compare_in_subprocess(name: str) -> dict:
     root = Path(__file__).resolve().parents[2]
     code = (
         "import json, sys\n"
-        "from memsim_widget.fidelity import COMPILED_CASES, compare\n"
+        "from fidelity_cases import COMPILED_CASES, compare\n"
         "r = compare(sys.argv[1], dict(COMPILED_CASES)[sys.argv[1]])\n"
         "print(json.dumps({k: r[k] for k in ('engine', 'trace', 'error')}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    paths = [str(root), str(root / "tests" / "data"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     out = subprocess.run(
         [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=root, env=env, timeout=600
     )

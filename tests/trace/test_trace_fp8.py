@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("torchao.float8")
 
+from fidelity_cases import FP8_CASES, compare  # noqa: E402
+
 from memsim_widget.engine.core import estimate  # noqa: E402
-from memsim_widget.fidelity import FP8_CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -46,3 +47,28 @@ def test_float8_training_keeps_the_bf16_steps_saved_tensors(recipe: str) -> None
     assert fp8.peak_bytes == bf16.peak_bytes  # the peak (the loss's backward) holds the same tensors
     assert fp8.phase_peaks["2/backward"] == bf16.phase_peaks["2/backward"]
     assert fp8.phase_peaks["2/forward"] > bf16.phase_peaks["2/forward"]  # the casts' transients
+
+
+@pytest.mark.parametrize("model", ["llama b2 s512", "llama-3.2-1b dims L2 b2 s1024"])
+def test_fsdp2_fp8_all_gather_frees_its_fp8_weights_and_the_engine_holds_it(model: str) -> None:
+    """FSDP2 (dp=2 ZeRO-3) with torchao's ``enable_fsdp_float8_all_gather``, rank 0 on the fake process group
+    (benchmarks/fp8_all_gather.py): the gathered unit holds fp8 Linear weights and is freed as a bf16 one is, so the
+    step-2 optimizer phase keeps what the bf16 step keeps (+ the per-weight fp32 scales), and the engine's
+    ``fp8_all_gather`` rule moves the peak as the trace moves (within FSDP2's padding), at the small Llama and at a real vocabulary (128,256)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import fp8_all_gather as bench
+
+    bf16, ag = bench.trace("bf16", model), bench.trace("float8+all-gather", model)
+    assert ag.peak_bytes < bf16.peak_bytes
+    layer = bench.scenario(model, "bf16")
+    layers = layer.model["num_hidden_layers"]  # type: ignore[index]
+    scales = ag.phase_peaks["2/optimizer_step"] - bf16.phase_peaks["2/optimizer_step"]
+    assert 0 <= scales <= 4 * 7 * layers
+    eng = estimate(bench.scenario(model, "float8+all-gather")).peak_tensor_bytes
+    eng_bf16 = estimate(bench.scenario(model, "bf16")).peak_tensor_bytes
+    assert abs(eng / ag.peak_bytes - 1) < 2e-4
+    # the rule moves the peak as the trace moves, but for FSDP2's all-gather padding (not counted: <16 B a weight)
+    assert -16 * 7 * layers <= (eng - ag.peak_bytes) - (eng_bf16 - bf16.peak_bytes) <= 0

@@ -10,9 +10,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
+from fidelity_cases import LLAMA  # noqa: E402
 
 from memsim_widget.errors import ScenarioError  # noqa: E402
-from memsim_widget.fidelity import LLAMA  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 from memsim_widget.trace import pipeline  # noqa: E402
 from memsim_widget.trace.pipeline import trace_pipeline  # noqa: E402
@@ -121,6 +121,14 @@ def test_1f1b_with_fewer_micro_batches_than_stages_is_refused() -> None:
     assert err.value.field == "parallel.pp_microbatches"
 
 
+def test_interleaved_runs_fewer_micro_batches_than_stages_as_one_round() -> None:
+    # ScheduleInterleaved1F1B: max(1, m // pp) rounds of m / rounds micro-batches (1 of 1 here); the engine
+    # estimates the same layout within the pipeline rows' error (docs/fidelity-parallel.md, the m1 rows)
+    r = traced(2, "interleaved", 1, microbatches=1)
+    assert r.peak_bytes > 0
+    assert "interleaved 1F1B, 1 micro-batches" in r.rank_role
+
+
 def test_no_process_group_is_left_behind_when_the_trace_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_args: object) -> None:
         raise RuntimeError("boom")
@@ -186,7 +194,17 @@ def test_an_uneven_split_gives_each_stage_its_listed_layers() -> None:
     )
     assert [p.layers for r in (0, 1) for p in pipeline.stage_plans(sc, r, 4)] == [range(0, 1), range(1, 4)]
     inter = {"pp": 2, "pp_microbatches": 2, "pp_schedule": "interleaved", "virtual_stages": 2}
-    sc = Scenario.from_dict({"model": LLAMA, "parallel": {**inter, "pp_layers": [2, 2]}})
-    with pytest.raises(ScenarioError) as err:
-        pipeline.stage_plans(sc, 0, 4)
-    assert err.value.field == "parallel.pp_layers"
+    # three layers per rank over two chunks: the first rank's shortfall on its first chunk (the embedding's),
+    # the last rank's on its last (the head's); chunks run in looped order (stage s on rank s % pp)
+    sc = Scenario.from_dict({"model": LLAMA, "parallel": {**inter, "pp_layers": [3, 3]}})
+    assert [p.layers for p in pipeline.stage_plans(sc, 0, 6)] == [range(0, 1), range(3, 5)]
+    assert [p.layers for p in pipeline.stage_plans(sc, 1, 6)] == [range(1, 3), range(5, 6)]
+
+
+def test_without_a_list_an_indivisible_split_is_torchtitans() -> None:
+    # 6 layers + embedding + head = 8 over 4 chunks is 2 each, one fewer on the first and the last: 1, 2, 2, 1
+    inter = {"pp": 2, "pp_microbatches": 2, "pp_schedule": "interleaved", "virtual_stages": 2}
+    sc = Scenario.from_dict({"model": LLAMA, "parallel": inter})
+    assert [p.layers for r in (0, 1) for p in pipeline.stage_plans(sc, r, 6)] == [
+        range(0, 1), range(3, 5), range(1, 3), range(5, 6)
+    ]  # fmt: skip

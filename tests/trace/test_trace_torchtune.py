@@ -4,9 +4,9 @@ torchtune v0.6.1's ``OffloadActivations`` and ``register_optim_in_bwd_hooks``) a
 from __future__ import annotations
 
 import pytest
+from fidelity_cases import CASES, TORCHTUNE_CASES
 
 from memsim_widget.errors import ScenarioError
-from memsim_widget.fidelity import CASES, TORCHTUNE_CASES
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace.traceable import check_traceable, trace_kwargs
 
@@ -52,7 +52,7 @@ def test_a_multi_gpu_layout_with_a_saver_is_refused_by_its_field(key: str) -> No
 )
 def test_the_engine_holds_to_the_torchtune_trace(name: str, low: float, high: float) -> None:
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import compare
+    from fidelity_cases import compare
 
     r = compare(name, dict(TORCHTUNE_CASES)[name])
     assert low <= r["error"] <= high, r

@@ -14,7 +14,9 @@ def megatron_activations(ctx: Context) -> ActivationBudget:
     Per layer s*b*h*(18 + 4*I/h) for a GELU MLP (34 at I = 4h); a gated MLP (SwiGLU) keeps one more
     T x I tensor of 2 bytes, hence 18 + 6*I/h. Without sequence parallelism 10*s*b*h (norm inputs,
     dropout masks) stay outside the tensor-parallel regions. Flash attention and selective
-    recomputation drop the 5*a*s^2*b/t attention-score term.
+    recomputation drop the 5*a*s^2*b/t attention-score term. Under a TransformerEngine fp8 recipe the four
+    Linear inputs are saved quantised (``Fp8Recipe.saved_input_bytes``: TE ``_Linear.forward`` saves the fp8
+    input; memsim_widget/fp8.py), not at 2 B.
     """
     arch, sc = ctx.arch, ctx.scenario
     D = Dims(ctx)
@@ -30,7 +32,17 @@ def megatron_activations(ctx: Context) -> ActivationBudget:
     else:
         per = s * b * h * (10 + (mlp - 10) / t)
         f = f"s x b x h x (10 + {mlp - 10:.1f}/t)"
-    out.per_layer.append(Term("layer activations (Korthikanti Table 2)", per, f, 10))
+    name = "layer activations (Korthikanti Table 2)"
+    fp8 = sc.fp8
+    if fp8 is not None and fp8.saved_input_bytes:  # TransformerEngine saves each Linear input quantised
+        q, i = fp8.saved_input_bytes, arch.intermediate_size
+        # the 4 Linear inputs of Table 2 (QKV, projection, fc1: h wide; fc2: I wide), 2 B each there; without
+        # sequence parallelism the QKV and fc1 inputs sit outside the tensor-parallel regions
+        wide = (3 * h + i) / t if D.sp else 2 * h + (h + i) / t
+        per -= (2 - q) * s * b * wide
+        f += f" - (2 - {q:g}) B x s x b x (Linear inputs: 3h + I{'' if D.sp else ', QKV and fc1 not /t'})"
+        name += f", Linear inputs saved at {q:g} B ({fp8.name})"
+    out.per_layer.append(Term(name, per, f, 10))
     if not sel:
         att = 5 * arch.num_heads * s * s * b / t
         out.per_layer.append(Term("attention scores, softmax, dropout", att, "5 x a x s^2 x b / t", 3))

@@ -27,14 +27,41 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
         root = sum(g.numel for g in groups if g.group.scope != "layer")
         largest = max((g.numel_each for g in groups if g.group.scope != "layer"), default=0)
         if profile(ctx).zero3 == "fsdp2" and not fetched:
-            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers, largest)
+            unit = _layer_unit(ctx, groups, per_layer, stage.layers)
+            _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers, largest, unit)
             if ctx.full_training and root:
                 _root_grads_made(ctx, b, root, groups)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
 
 
-def _kept_unsharded(b: StateBudget, per_layer: int, wb: int, layers: int) -> None:
+#: Bytes of the fp32 scale torchao keeps beside each fp8-gathered weight (``fsdp_post_all_gather``'s metadata).
+FP8_SCALE_BYTES = 4
+
+
+def _layer_unit(ctx: Context, groups: list[LocalGroup], per_layer: int, layers: int) -> tuple[int, str]:
+    """Bytes and formula of one layer's FSDP2 unit while gathered: ``per_layer`` x the gathered dtype, or under
+    ``fp8_all_gather`` its Linear weights in fp8 (1 B, plus a 4 B fp32 scale each) and the rest (norms) as before.
+
+    Source: torchao 0.18.0 ``float8/fsdp_utils.py``, ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``
+    hands FSDP2 the shard's fp8 bytes (``_data``) with its scale as metadata, and ``fsdp_post_all_gather`` wraps
+    the gathered bytes as the unsharded ``Float8TrainingTensor``: the all-gather output is the unsharded weight, and
+    FSDP2 frees it as it frees a bf16 one. Traced: benchmarks/fp8_all_gather.py (docs/fidelity.md, "fp8")."""
+    wb = gathered_weight_bytes(ctx)
+    if not ctx.scenario.fp8_all_gather:
+        return per_layer * wb, f"{fmt_int(per_layer)} params/layer x {wb} B"
+    lin = [g for g in groups if g.group.scope == "layer" and g.group.module and g.group.kind != "embedding"]
+    n = sum(g.numel for g in lin) // max(layers, 1)
+    tensors = sum(g.count for g in lin) // max(layers, 1)
+    rest = per_layer - n
+    return (
+        n + tensors * FP8_SCALE_BYTES + rest * wb,
+        f"{fmt_int(n)} Linear params/layer x 1 B (fp8) + {tensors} x {FP8_SCALE_BYTES} B scales"
+        f" + {fmt_int(rest)} x {wb} B",
+    )
+
+
+def _kept_unsharded(b: StateBudget, unit: tuple[int, str], layers: int) -> None:
     """``reshard_after_forward=False``: each layer's unsharded parameters stay from its forward until its own
     backward has run (FSDP2 skips the post-forward reshard; the post-backward one frees them)."""
     if layers > 1:
@@ -42,8 +69,8 @@ def _kept_unsharded(b: StateBudget, per_layer: int, wb: int, layers: int) -> Non
             Item(
                 "parameters",
                 "FSDP2 unsharded layers kept for backward (reshard_after_forward=False)",
-                (layers - 1) * per_layer * wb,
-                f"{layers - 1} layers x {fmt_int(per_layer)} params x {wb} B",
+                (layers - 1) * unit[0],
+                f"{layers - 1} layers x ({unit[1]})",
                 "tensor",
                 9 * (layers - 1),
             )
@@ -52,8 +79,8 @@ def _kept_unsharded(b: StateBudget, per_layer: int, wb: int, layers: int) -> Non
         Item(
             "parameters",
             "FSDP2 unsharded last layer kept for backward (reshard_after_forward=False)",
-            per_layer * wb,
-            f"{fmt_int(per_layer)} params x {wb} B",
+            unit[0],
+            unit[1],
             "tensor",
             9,
         )
@@ -68,6 +95,7 @@ def _fsdp2_units(
     grad_b: int,
     stage_layers: int = 1,
     root_largest: int = 0,
+    unit: tuple[int, str] | None = None,
 ) -> None:
     """FSDP2 ``fully_shard`` per layer and on the root (torchtitan's wrapping), as its trace shows.
 
@@ -77,6 +105,7 @@ def _fsdp2_units(
     unsharded while the next one's all-gather is prefetched. Checked: docs/fidelity-parallel.md.
     """
     wb = gathered_weight_bytes(ctx)
+    unit = unit or (per_layer * wb, f"{fmt_int(per_layer)} params/layer x {wb} B")
     if root:
         b.gathered.append(
             Item(
@@ -95,8 +124,8 @@ def _fsdp2_units(
             Item(
                 "parameters",
                 "FSDP2 all-gather output of the last unit (held until the next all-gather)",
-                per_layer * wb,
-                f"{fmt_int(per_layer)} params/layer x {wb} B",
+                unit[0],
+                unit[1],
                 "tensor",
                 1,
             )
@@ -105,14 +134,14 @@ def _fsdp2_units(
         Item(
             "parameters",
             "FSDP2 unsharded parameters of the layer in backward",
-            per_layer * wb,
-            f"{fmt_int(per_layer)} params/layer x {wb} B",
+            unit[0],
+            unit[1],
             "tensor",
             9,
         )
     )
     if not ctx.par.reshard_after_forward:
-        _kept_unsharded(b, per_layer, wb, stage_layers)
+        _kept_unsharded(b, unit, stage_layers)
     if ctx.full_training and root:
         _root_reduce(ctx, b, root, grad_b, wb, root_largest)
     if ctx.full_training:

@@ -10,6 +10,7 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import quantises_module
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
+from memsim_widget.fp8 import SCALED_TENSORS_PER_GEMM
 from memsim_widget.units import fmt_int
 
 #: NF4 storage per element with double quantisation: 4 bits + int8 absmax per 64 + fp32 per 256 absmaxes.
@@ -44,14 +45,20 @@ def fetched_bytes_per_parameter(ctx: Context) -> float:
     quantises, the 16-bit compute copy elsewhere. QLoRA's packed NF4 bytes are what FSDP shards, gathers and
     offloads (Answer.AI, "Enabling 70B Finetuning on Consumer GPUs", 2024,
     https://www.answer.ai/posts/2024-03-14-fsdp-qlora-deep-dive.html: quantised weights stored in a float
-    dtype so that FSDP moves their bytes unchanged)."""
+    dtype so that FSDP moves their bytes unchanged). Under ``fp8_all_gather`` FSDP2 gathers the layers' Linear
+    weights in fp8, 1 B each (torchao ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``; the scale
+    travels by an all-reduce of one amax per weight, not counted)."""
     arch, plain = ctx.arch, ctx.recipe.act_bytes
-    total = sum(
-        nf4_bytes(g.numel_each) * g.count
-        if stored_in_nf4(ctx, g.kind, g.module, g.shape)
-        else g.numel * plain
-        for g in arch.params
-    )
+    fp8 = bool(ctx.scenario.fp8_all_gather) and ctx.par.zero >= 3
+
+    def gathered(g) -> float:  # noqa: ANN001
+        if stored_in_nf4(ctx, g.kind, g.module, g.shape):
+            return nf4_bytes(g.numel_each) * g.count
+        if fp8 and g.scope == "layer" and g.module and g.kind != "embedding":
+            return g.numel * 1.0
+        return g.numel * plain
+
+    total = sum(gathered(g) for g in arch.params)
     return total / max(arch.parameters, 1)
 
 
@@ -119,6 +126,19 @@ def weights(ctx: Context, groups: list[LocalGroup], b: StateBudget) -> None:
         b.persistent.append(_plain_weights(ctx, kind, n, tensors))
 
     fp8 = sc.fp8
+    if fp8 is not None and fp8.scaling_rows:
+        gemms = sum(g.count for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
+        b.persistent.append(
+            Item(
+                "parameters",
+                "fp8 scaling state (amax history, scales)",
+                gemms * SCALED_TENSORS_PER_GEMM * fp8.scaling_rows * 4,
+                f"{fmt_int(gemms)} Linear GEMMs x {SCALED_TENSORS_PER_GEMM} tensors x {fp8.scaling_rows} fp32"
+                " (TransformerEngine, untraced; fused QKV / gate-up count once there, so at most 7/4 over)",
+                "tensor",
+                gemms * 2,
+            )
+        )
     if fp8 is not None and fp8.weight_cache_bytes:
         nl = sum(g.numel for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
         b.persistent.append(

@@ -3,7 +3,7 @@
 Each case is a scenario with a parallel layout and the pipeline stage whose rank is traced; the trace runs
 PyTorch's own FSDP2, replicate, DTensor tensor-parallel plans and pipelining schedules on fake tensors
 (``memsim_widget.trace.api.trace_scenario``). The benchmark (``benchmarks/fidelity_parallel.py``, every case)
-and the tests (a fast subset) share this matrix. Shapes are the small ones of ``memsim_widget.fidelity``.
+and the tests (a fast subset) share this matrix. Shapes are the small ones of ``fidelity_cases`` (beside it).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fidelity_cases import LLAMA, MISTRAL, MIXTRAL, QWEN2
+
 from memsim_widget.engine.core import estimate
-from memsim_widget.fidelity import LLAMA, MISTRAL, MIXTRAL, QWEN2
 from memsim_widget.scenario import Scenario
 
 #: Llama with as many kv heads as heads, so that tp=8 splits whole heads.
@@ -180,6 +181,15 @@ def _pp_cases() -> list[tuple[str, dict, int]]:
     out.append(
         _case("qwen2 bf16 pp2 1f1b m4 stage 1 (tied, last)", QWEN2, {"pp": 2, "pp_microbatches": 4}, 1)
     )
+    # ScheduleInterleaved1F1B runs micro-batches in rounds of pp, fewer than pp as one round
+    inter = {"pp_schedule": "interleaved", "virtual_stages": 2}
+    m1 = {"pp": 2, **inter, "pp_microbatches": 1}
+    out.append(_case("llama bf16 pp2 interleaved v2 m1 stage 0", LLAMA, m1, 0))
+    out.append(_case("llama bf16 pp2 interleaved v2 m1 stage 1 (last)", LLAMA, m1, 1))
+    eight = {**LLAMA, "num_hidden_layers": 8}
+    out.append(
+        _case("llama bf16 pp4 interleaved v2 m6 stage 0", eight, {"pp": 4, **inter, "pp_microbatches": 6}, 0)
+    )
     return out
 
 
@@ -191,7 +201,7 @@ def _real(name: str, model: dict, parallel: dict, stage: int = 0, **keys: Any) -
 def _real_vocab_cases() -> list[tuple[str, dict, int]]:
     """Real vocabularies (32k, 128k, 152k, 256k): FSDP2's root unit, torchtitan's loss parallel (dp x tp and
     tp alone), transformers' plan, pipeline last and first stages with 2+ micro-batches in flight."""
-    tt = {"precision": "amp-bf16", "framework": "torchtitan"}
+    tt: dict[str, Any] = {"precision": "amp-bf16", "framework": "torchtitan"}
     sp = {"sequence_parallel": True}
     inter = {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
     four = {**LLAMA3_V128K, "num_hidden_layers": 4}
@@ -292,9 +302,43 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
     ]
 
 
+def _split_cases() -> list[tuple[str, dict, int]]:
+    """Pipelines at a real vocabulary that PyTorch runs and the trace or the engine once refused: interleaved
+    micro-batches that pp does not divide, and no pp_layers with layers that pp x virtual stages do not divide
+    (torchtitan's split, rules/pipeline_split)."""
+    inter = {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
+    four = {**LLAMA3_V128K, "num_hidden_layers": 4}
+    return [
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m3 stage 1 (last)",
+            four,
+            {**inter, "pp_microbatches": 3},
+            1,
+        ),
+        _real(
+            "V128k llama3 bf16 pp3 1f1b m4 auto split [2, 2, 1] (5 layers) stage 0",
+            {**LLAMA3_V128K, "num_hidden_layers": 5},
+            {"pp": 3, "pp_microbatches": 4},
+            0,
+        ),
+        _real(
+            "V128k llama3 bf16 pp2 interleaved v2 m4 auto split [1+2, 2+1] (6 layers) stage 1 (last)",
+            {**LLAMA3_V128K, "num_hidden_layers": 6},
+            inter,
+            1,
+        ),
+    ]
+
+
 #: (name, scenario dict, pipeline stage traced).
 CASES: list[tuple[str, dict[str, Any], int]] = (
-    _fsdp_cases() + _replicate_cases() + _tp_cases() + _two_d_cases() + _pp_cases() + _real_vocab_cases()
+    _fsdp_cases()
+    + _replicate_cases()
+    + _tp_cases()
+    + _two_d_cases()
+    + _pp_cases()
+    + _real_vocab_cases()
+    + _split_cases()
 )
 #: The subset the tests run (one of each layout kind, a few seconds each).
 FAST = (
@@ -308,6 +352,7 @@ FAST = (
     "V152k qwen2.5 bf16 tp2 (hf plan)",
     "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last)",
     "V128k llama3 bf16 pp2 interleaved v2 m4 stage 0",
+    "V128k llama3 bf16 pp2 interleaved v2 m4 auto split [1+2, 2+1] (6 layers) stage 1 (last)",
 )
 
 

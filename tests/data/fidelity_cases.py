@@ -1,7 +1,8 @@
 """Hold the engine to a fake-tensor trace: the same HF training step simulated and traced.
 
-The case matrix lives here so the benchmark (``benchmarks/fidelity_trace.py``, all cases) and the
-tests (a fast subset) share it. Tracing needs the ``[trace]`` extra (torch, transformers, peft).
+The case matrix lives here, as test data (not in the wheel), so the benchmark (``benchmarks/fidelity_trace.py``,
+all cases) and the tests (a fast subset) share it: ``tests/conftest.py`` and the benchmarks put ``tests/data``
+on ``sys.path`` (``import fidelity_cases``). Tracing needs the ``[trace]`` extra (torch, transformers, peft).
 """
 
 from __future__ import annotations
