@@ -12,7 +12,7 @@ numbers first: the items and their formulas are built when a breakdown reads the
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -183,38 +183,75 @@ def scaled_term(
     return nbytes * factor - where(skip_first, first_bytes * first, 0), tensors * maximum(factor, 1)
 
 
+def state_lists(states: StateBudget) -> dict[str, list[Item]]:
+    """The lists of a rank's model states that ``state_group_table`` makes the groups of (``plan/vector``
+    reduces each to sums per state key): the tensor-level persistent items and optimizer step temporaries,
+    the step's temporaries of every level (``step_temps_all``), and the gradients but the root's where the
+    root reduces apart (else all of them)."""
+    return {
+        "persistent": [i for i in states.persistent if i.level == "tensor"],
+        "grads": states.grads,
+        "post_grads": states.post_grads,
+        "grads_but_bottom": states.grads_but_bottom,
+        "gathered": states.gathered,
+        "gathered_grads": states.gathered_grads,
+        "step_temps_all": states.step_temps,
+        "step_temps": [i for i in states.step_temps if i.level == "tensor"],
+        "kept_unsharded": states.kept_unsharded,
+        "kept_unsharded_last": states.kept_unsharded_last,
+        "root_reduce": states.root_reduce,
+        "grads_but_root": states.grads_but_root if states.root_reduce else states.grads,
+        "root_regather": states.root_regather,
+        "root_reduce_out": states.root_reduce_out,
+        "root_made": states.root_made,
+    }
+
+
+def state_group_table(
+    s: Mapping[str, Any], overhead: Any, carried: Any, last: Any, resharded: Any, in_backward: bool, none: Any
+) -> dict[str, Any]:
+    """The model-state groups of ``moments.STATE_GROUPS`` in the steady state (step 2 on) from ``state_lists``
+    (items of one rank; or their sums, one row per state key, in ``plan/vector``): ``carried`` gradients alive
+    through forward (``schedule.grads_carried``), the ``last`` stage, the root ``resharded`` before the loss
+    (``frameworks.root_resharded_for_loss``), the optimizer stepping ``in_backward``; ``none``: an empty group."""
+    grads_in_fwd = where(carried, s["grads"], none)
+    return {
+        "persistent": s["persistent"],
+        "overhead": overhead,
+        "grads_carried": grads_in_fwd,
+        # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
+        "gathered_at_loss": where(resharded, none, s["gathered"]),
+        "kept_unsharded": s["kept_unsharded"],  # every layer, without reshard after forward
+        "kept_unsharded_last": s["kept_unsharded_last"],
+        # only the head's gradients made at the top of backward (beside those carried)
+        "head_grads": where(carried, grads_in_fwd, where(last, s["post_grads"], none)),
+        "gathered": s["gathered"],
+        "gathered_grads": s["gathered_grads"],
+        "step_in_backward": where(in_backward, s["step_temps_all"], none),
+        "root_regather": s["root_regather"],
+        "root_made": s["root_made"],
+        "root_reduce": s["root_reduce"],
+        "root_reduce_out": s["root_reduce_out"],
+        "grads_but_root": s["grads_but_root"],
+        "grads_but_bottom": s["grads_but_bottom"],
+        "grads": s["grads"],
+        "step_persistent": s["persistent"],  # the steady state: optimizer states exist
+        "step_temps": s["step_temps"],
+    }
+
+
 def _state_groups(
     ctx: Context, stage: Stage, states: StateBudget, overhead: list[Item], f: float
 ) -> dict[str, list[Item] | list[LazyItem]]:
     """The model-state groups of ``moments.STATE_GROUPS`` on one rank in the steady state (step 2 on)."""
     sc = ctx.scenario
-    persistent = [i for i in states.persistent if i.level == "tensor"]
     pipelined = pipeline_carries_grads(ctx.par.pp, ctx.par.pp_microbatches, f)
     carried = grads_carried(sc.grad_accum_steps, pipelined, sc.optimizer_in_backward)
-    grads_in_fwd = states.grads if carried else []
-    return {
-        "persistent": persistent,
-        "overhead": overhead,
-        "grads_carried": grads_in_fwd,
-        # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
-        "gathered_at_loss": [] if root_resharded_for_loss(sc, stage.last) else states.gathered,
-        "kept_unsharded": states.kept_unsharded,  # every layer, without reshard after forward
-        "kept_unsharded_last": states.kept_unsharded_last,
-        # only the head's gradients made at the top of backward (beside those carried)
-        "head_grads": (grads_in_fwd or states.post_grads) if stage.last else grads_in_fwd,
-        "gathered": states.gathered,
-        "gathered_grads": states.gathered_grads,
-        "step_in_backward": states.step_temps if sc.optimizer_in_backward else [],
-        "root_regather": states.root_regather,
-        "root_made": states.root_made,
-        "root_reduce": states.root_reduce,
-        "root_reduce_out": states.root_reduce_out,
-        "grads_but_root": states.grads_but_root if states.root_reduce else states.grads,
-        "grads_but_bottom": states.grads_but_bottom,
-        "grads": states.grads,
-        "step_persistent": persistent,
-        "step_temps": [i for i in states.step_temps if i.level == "tensor"],
-    }
+    # carried only where there are gradients: with none, the last stage's head gradients are its post_grads
+    carried = bool(carried and states.grads)
+    resharded = root_resharded_for_loss(sc, stage.last)
+    lists = state_lists(states)
+    return state_group_table(lists, overhead, carried, stage.last, resharded, sc.optimizer_in_backward, [])
 
 
 def _saved_groups(

@@ -50,7 +50,13 @@ from memsim_widget.engine.pipeline import (
 )
 from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import layer0_sets, resident_count, scaled_term
+from memsim_widget.engine.timeline import (
+    layer0_sets,
+    resident_count,
+    scaled_term,
+    state_group_table,
+    state_lists,
+)
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
 from memsim_widget.rules.pipeline_split import chunk_layers, rank_chunks, rank_layers
@@ -133,24 +139,8 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
     """``model_states`` of a rank holding ``layers`` layers (first/last stage), reduced to group sums."""
     ctx = Context(scenario)
     st = model_states(ctx, Stage(0, scenario.parallel.pp, layers, first, last))
-    tensor_persistent = [i for i in st.persistent if i.level == "tensor"]
-    groups = (
-        tensor_persistent,
-        st.grads,
-        st.post_grads,
-        st.grads_but_bottom,
-        st.gathered,
-        st.gathered_grads,
-        st.step_temps,
-        [i for i in st.step_temps if i.level == "tensor"],
-        st.kept_unsharded,
-        st.kept_unsharded_last,
-        st.root_reduce,
-        st.grads_but_root if st.root_reduce else st.grads,
-        st.root_regather,
-        st.root_reduce_out,
-        st.root_made,
-    )
+    lists = state_lists(st)
+    groups = [lists[name] for name in STATE_LISTS]
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
     outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
     return StateRow(stats, outside)
@@ -210,28 +200,9 @@ def _state_side(
     g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
     carried = (key["carried"] == 1)[:, None]
     last = (key["last"] == 1)[:, None]
-    carried_grads = np.where(carried, g["grads"], 0)
-    groups = {
-        "persistent": g["persistent"],
-        "overhead": np.broadcast_to(ws[None, :], g["persistent"].shape),
-        "grads_carried": carried_grads,
-        "gathered_at_loss": np.where(resharded[inv][:, None], 0, g["gathered"]),
-        "kept_unsharded": g["kept_unsharded"],
-        "kept_unsharded_last": g["kept_unsharded_last"],
-        "head_grads": np.where(carried, carried_grads, np.where(last, g["post_grads"], 0)),
-        "gathered": g["gathered"],
-        "gathered_grads": g["gathered_grads"],
-        "step_in_backward": g["step_temps_all"] if base.optimizer_in_backward else np.zeros_like(g["grads"]),
-        "root_regather": g["root_regather"],
-        "root_made": g["root_made"],
-        "root_reduce": g["root_reduce"],
-        "root_reduce_out": g["root_reduce_out"],
-        "grads_but_root": g["grads_but_root"],
-        "grads_but_bottom": g["grads_but_bottom"],
-        "grads": g["grads"],
-        "step_persistent": g["persistent"],  # the steady state: optimizer states exist
-        "step_temps": g["step_temps"],
-    }
+    overhead = np.broadcast_to(ws[None, :], g["persistent"].shape)
+    in_backward = base.optimizer_in_backward
+    groups = state_group_table(g, overhead, carried, last, resharded[inv][:, None], in_backward, 0)
     return groups, outside[inv]
 
 
