@@ -65,6 +65,11 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
                 "ssm_kernel torch: transformers' pure-PyTorch Mamba scan (no mamba-ssm), held to a CPU "
                 "fake-tensor trace; it keeps every step's state (b x I x N per token)"
             )
+        if arch.extra.get("hybrid") and arch.num_experts and scenario.precision.startswith("amp"):
+            out.append(
+                "Jamba's MoE layers under autocast are not traced (their grouped_mm experts do not autocast on a "
+                "CPU): the HF MoE rule, traced on the dense-MLP Jamba and on the other MoE families"
+            )
     obj = scenario.objective_name
     if obj == "ppo" and scenario.activation_checkpointing in ("full", "selective-op"):
         out.append(
