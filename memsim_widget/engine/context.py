@@ -9,6 +9,7 @@ from memsim_widget.architecture import Architecture, ParamGroup
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.model_rules_cache import check_once
+from memsim_widget.engine.schedule import in_flight
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
@@ -227,15 +228,9 @@ class Context:
         return stage.layers * self.in_flight(stage)
 
     def in_flight(self, stage: Stage) -> float:
-        """Micro-batches whose activations a stage holds at once (docs/memory-facts.md#parallel-layouts)."""
-        p, m = self.par.pp, self.par.pp_microbatches
-        if p == 1:
-            return 1.0
-        if self.par.pp_schedule == "gpipe":
-            return float(m)
-        if self.par.pp_schedule == "interleaved":
-            return interleaved_in_flight(p, self.par.virtual_stages, m, stage.index)
-        return float(min(m, p - stage.index))
+        """Micro-batches whose activations a stage holds at once (``engine/schedule.in_flight``)."""
+        par = self.par
+        return in_flight(par.pp, par.pp_microbatches, par.pp_schedule, par.virtual_stages, stage.index)
 
     def seen_as(self, arch: Architecture, scenario: Scenario | None = None) -> Context:
         """This context for another view of its model (a vision tower, LLaVA-NeXT's crops, a hybrid stack without
@@ -258,17 +253,6 @@ def tower_context(ctx: Context, arch: Architecture, batch: int) -> Context:
     sub = ctx.seen_as(arch, sc)
     sub.frozen_override = ctx.frozen_stacks  # the tower has no "vision" entry: the parent decides
     return sub
-
-
-def interleaved_in_flight(p: int, v: int, m: int, rank: int) -> float:
-    """Micro-batches in flight on ``rank`` of an interleaved 1F1B schedule, in units of the rank's ``v`` model
-    chunks: the warm-up forwards plus the one whose backward comes first, ``min(w + 1, m v) / v`` with
-    ``w = (v - 1) m_r + 2 (p - 1 - rank)`` and ``m_r = m / max(1, m // p)`` micro-batches per round
-    (torch.distributed.pipelining ``ScheduleInterleaved1F1B`` / ``_get_warmup_ops``; Megatron's interleaved
-    schedule warms up alike, Narayanan et al. 2021, arXiv 2104.04473)."""
-    per_round = m // max(1, m // p)
-    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
-    return min(warmup + 1, m * v) / v
 
 
 def interleaved_held_layers(p: int, m: int, rank: int, chunks: tuple[int, ...]) -> float:
