@@ -7,10 +7,17 @@ from functools import lru_cache
 from memsim_widget.catalog.gpus import ON_REGISTER
 from memsim_widget.engine import objectives, parts_cache
 from memsim_widget.engine.activations import activations
+from memsim_widget.engine.alloc_stream import pool_replay
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.items import Level
-from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
+from memsim_widget.engine.overhead import (
+    counter_bands,
+    device_items,
+    replayed_item,
+    reserved_item,
+    workspace_items,
+)
 from memsim_widget.engine.parts_cache import (
     cached_activation_groups,
     cached_activations,
@@ -64,7 +71,10 @@ def _estimate(scenario: Scenario) -> Estimate:
         # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
         device = (*dev, *(i for i in states.persistent if i.level == Level.DEVICE))
         outside = sum(i.bytes for i in device)
-        frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
+        if rl:  # an objective's phases have no allocation stream yet: the fitted rule
+            frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
+        else:
+            frag = replayed_item(ctx, pool_replay(ctx, stage), peak.allocated_bytes, outside)
         reserved = peak.allocated_bytes + frag.bytes
         ranks.append(
             RankEstimate(

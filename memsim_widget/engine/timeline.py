@@ -148,7 +148,7 @@ def _scaled(
     for t in terms:
         nbytes = t.bytes * factor - (t.first_bytes * first if t.skip_first else 0)
         tensors = max(1, int(t.tensors * max(factor, 1)))
-        items.append(LazyItem(category, t.name, int(nbytes), t.level, tensors, label, t.formula))
+        items.append(LazyItem(category, t.name, int(nbytes), t.level, tensors, label, t.formula, t.shares))
     return items
 
 

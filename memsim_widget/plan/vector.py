@@ -889,6 +889,8 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
+    if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
+        pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row)
     # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
     groups_of = (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"])
     comms = sum((x > 1).astype(np.int64) for x in groups_of)[cand]
@@ -898,6 +900,26 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     device = reserved + outside
     row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)
     return _worst_ranks(cand, stage, peak_alloc, reserved, device, peak_m, row_over)
+
+
+def _replayed_pools(
+    base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
+    s_idx: np.ndarray, x_row: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Per row, the peak reserved of ``engine/alloc_stream.pool_replay`` for the row's candidate and stage:
+    the same function the engine calls, once per distinct (state key, activation key) pair (its own cache
+    is keyed by the scenario's shape)."""
+    from memsim_widget.engine import objectives
+    from memsim_widget.engine.alloc_stream import pool_replay
+
+    pair = s_idx.astype(np.int64) * (int(x_row.max()) + 1) + x_row
+    uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    out = np.empty(uniq.shape[0], dtype=np.int64)
+    for j, r in enumerate(first):
+        row = {k: int(v[cand[r]]) for k, v in c.items()}
+        ctx = Context(objectives.training_scenario(candidate_scenario(base, optimizers, row)))
+        out[j] = min(pool_replay(ctx, ctx.stages[int(stage[r])]).peak_reserved, SATURATION_BYTES)
+    return out[inverse.reshape(-1)]
 
 
 def _worst_ranks(

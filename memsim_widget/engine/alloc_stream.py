@@ -1,0 +1,279 @@
+"""The allocations and frees of a training step, written from the engine's own groups, replayed through the
+caching allocator (``engine/allocator.py``): the ``reserved`` counter without a fitted constant.
+
+The stream follows the order a PyTorch step runs in (``engine/timeline`` names the groups): weights and the
+cuBLAS workspaces; per step the inputs, per layer its saved activations (under checkpointing the layer's
+forward runs without saving, so its transients come and go around the checkpointed input), the final norm and
+head, the loss's T x V buffers (forward, saved, backward), the output the loop holds; backward from the top
+layer down: the recomputed layer, the layer's backward transients, its gradients, then its saved tensors
+freed; the optimizer step (its states made at the first step) and its temporaries; gradients freed
+(``zero_grad(set_to_none=True)``). ``trace/replay.py`` replays the fake-tensor trace of the real framework
+the same way; docs/allocator.md compares the two.
+
+Cost: a replay is a few thousand events; it is cached per shape key (the state groups' and activation groups'
+keys of ``engine/parts_cache``, the layers and the allocator settings), so only a new shape pays it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from heapq import nlargest
+from typing import Any
+
+from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
+
+#: Steps replayed: the first makes the optimizer states; the second shows what the cache left by a whole step
+#: serves. A third step reached the same peak reserved on every H200 run (benchmarks/allocator_replay.py
+#: --engine-stream prints it).
+STEPS = 2
+#: Item levels the caching allocator serves (device-level items live outside it).
+_POOLED = ("tensor", "allocator")
+
+
+@dataclass(frozen=True)
+class GradOrder:
+    """A rank's parameter tensors (elements each) in the order backward makes their gradients: the head and
+    final norm first (with the input embeddings when the head is tied to them: the head's backward makes
+    their gradient), each layer's, the embeddings' last."""
+
+    top: tuple[int, ...]
+    layer: tuple[int, ...]
+    bottom: tuple[int, ...]
+
+
+def grad_order(ctx: Any, stage: Any) -> GradOrder:
+    """``GradOrder`` of ``stage``'s rank (``engine/states.local_groups``)."""
+    from memsim_widget.engine.states.budget import local_groups
+
+    top: list[int] = []
+    layer: list[int] = []
+    bottom: list[int] = []
+    tied = ctx.arch.tied_embeddings and stage.last
+    for lg in local_groups(ctx, stage):
+        g = lg.group
+        if g.scope == "layer":
+            layer += [lg.numel_each] * max(lg.count // max(stage.layers, 1), 1)
+        elif g.scope == "pre":
+            (top if tied and g.kind == "embedding" else bottom).extend([lg.numel_each] * lg.count)
+        else:
+            top += [lg.numel_each] * lg.count
+    return GradOrder(tuple(top), tuple(layer), tuple(bottom))
+
+
+@dataclass(frozen=True)
+class PoolReplay:
+    """What the replay of a rank's steps found: the peak of each counter, the phase where reserved peaked,
+    the largest cached-but-unused blocks at that moment, the segments cudaMalloc'd and the events replayed."""
+
+    peak_reserved: int
+    peak_allocated: int
+    at: str
+    largest_cached: tuple[int, ...]
+    segments: int
+    events: int
+
+
+class StreamWriter:
+    """An allocation stream being written: handles numbered in allocation order, phases marked."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.marks: list[tuple[int, str]] = []
+        self.handle = 0
+
+    def mark(self, label: str) -> None:
+        """Name the phase the next events belong to."""
+        self.marks.append((len(self.events), label))
+
+    def alloc(self, size: int, n: int = 1) -> list[int]:
+        """``n`` allocations of ``size`` bytes each; their handles."""
+        h = self.handle
+        self.events += [alloc(h + k + 1, size) for k in range(n)]
+        self.handle = h + n
+        return list(range(h + 1, h + n + 1))
+
+    def free(self, handles: Sequence[int]) -> None:
+        """Free ``handles`` in order."""
+        self.events += [free(h) for h in handles]
+
+    def items(self, items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
+        """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count).
+        Per-tensor sizes: the item's own ``shares`` of its bytes where it has them (repeated over its
+        tensors), else proportional to the parameter tensors' elements when the item has k tensors per
+        parameter (gradients, optimizer states and their step temporaries), else ``bytes / tensors`` each."""
+        out: list[int] = []
+        total = sum(numels)
+        for i in items:
+            if i.level not in _POOLED or i.bytes <= 0:
+                continue
+            n = max(i.tensors, 1)
+            k = max(n // share, 1)
+            shares = getattr(i, "shares", ())
+            if shares and k % len(shares) == 0:
+                part = i.bytes / share / (k // len(shares))
+                for _ in range(k // len(shares)):
+                    for x in shares:
+                        out += self.alloc(max(int(part * x), 1))
+            elif share == 1 and numels and n % len(numels) == 0 and total:
+                per = i.bytes / (n // len(numels) * total)
+                for _ in range(n // len(numels)):
+                    for x in numels:
+                        out += self.alloc(max(int(x * per), 1))
+            else:
+                out += self.alloc(max(int(i.bytes / share / k), 1), k)
+        return out
+
+    def size(self, handle: int) -> int:
+        """The bytes ``handle`` was allocated with (handles are numbered in allocation order)."""
+        return next(size for h, size, _ in reversed(self.events) if h == handle and size != FREE)
+
+
+def step_stream(
+    ag: dict[str, Sequence[Any]],
+    sg: dict[str, Sequence[Any]],
+    first: Sequence[Any],
+    numels: tuple[int, ...],
+    layers: int,
+    steps: int = STEPS,
+    order: GradOrder | None = None,
+    replayed: int | None = None,
+) -> StreamWriter:
+    """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
+    groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
+    first optimizer step, ``numels`` the rank's parameter tensors' elements, ``order`` the same tensors in the
+    order backward makes their gradients (None: every layer's share of the gradients at once)."""
+    s = StreamWriter()
+    g_items = [i for i in sg["grads"] if i.level in _POOLED and i.bytes > 0]
+    by_tensor = order is not None and len(g_items) == 1 and g_items[0].tensors == len(numels) and sum(numels)
+    per = g_items[0].bytes / sum(numels) if by_tensor else 0.0
+
+    def grads_of(part: tuple[int, ...], share: int) -> list[int]:
+        if not by_tensor:
+            return s.items(sg["grads"], share=share)
+        out: list[int] = []
+        for x in part:
+            out += s.alloc(max(int(x * per), 1))
+        return out
+
+    s.mark("weights")
+    s.items(first, numels)
+    s.items(sg["overhead"])
+    later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
+    for step in range(1, steps + 1):
+        s.mark(f"step {step} forward")
+        pre = s.items(ag["pre"])
+        saved = []
+        for _ in range(layers if replayed is None else replayed):
+            transient = s.items(ag["recompute"])  # a checkpointed layer's forward: dropped but its input
+            saved.append(s.items(ag["saved"], share=layers))
+            s.free(transient)
+        post = s.items(ag["post"])
+        s.mark(f"step {step} loss")
+        logits = s.items(ag["loss_forward"])
+        held = s.items(ag["held_logits"]) + s.items(ag["held_cache_extra"])
+        kept = s.items(ag["loss_saved"])
+        s.free(logits)
+        s.mark(f"step {step} loss backward")
+        grad_out = s.items(ag["loss_backward"])
+        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+        grad_logits = s.alloc(s.size(logits[0])) if _upcast(ag["loss_forward"]) else []
+        s.free(grad_out[1:])
+        s.mark(f"step {step} backward")
+        top = s.items(ag["top_backward"])
+        grads = s.items(sg["head_grads"]) + (grads_of(order.top, 1) if order and by_tensor else [])
+        s.free(grad_logits + top + post)
+        for layer in reversed(saved):
+            recomputed = s.items(ag["recompute"])
+            transient = s.items(ag["layer_backward"])
+            grads += grads_of(order.layer if order else (), layers + 2)
+            s.free(transient + recomputed + layer)
+        grads += grads_of(order.bottom if order else (), layers + 2)
+        s.free(pre)
+        if not ag["held_through_step"]:
+            s.free(held)
+            held = []
+        s.mark(f"step {step} optimizer step")
+        if step == 1:
+            s.items(later, numels)
+        s.free(s.items(sg["step_temps"], numels))
+        s.free(grads + held)
+    return s
+
+
+def _upcast(loss_forward: Sequence[Any]) -> bool:
+    """Whether the loss upcasts the logits (its forward term lists the logits and their fp32 copy)."""
+    return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
+
+
+def _largest_cached(a: CachingAllocator, n: int = 3) -> tuple[int, ...]:
+    """The ``n`` largest cached blocks (each free list is sorted by size: its last ``n`` suffice)."""
+    return tuple(nlargest(n, (size for lst in a.free_lists.values() for size, _ in lst[-n:])))
+
+
+def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
+    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then."""
+    a = CachingAllocator(None, conf)
+    marks, m, label = stream.marks, 0, ""
+    at, cached = "", ()
+    peak = -1
+    for n, (handle, size, stream_id) in enumerate(stream.events):
+        while m < len(marks) and marks[m][0] <= n:
+            label = marks[m][1]
+            m += 1
+        if size == FREE:
+            a.free(handle)
+            continue
+        a.malloc(handle, size, stream_id)
+        if a.reserved > peak:
+            peak, at = a.reserved, label
+            cached = _largest_cached(a)
+    return PoolReplay(a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events))
+
+
+class _Args:
+    """The replay's inputs, compared by ``key`` alone (the cache computes from the first it sees)."""
+
+    __slots__ = ("args", "key")
+
+    def __init__(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> None:
+        self.key, self.args = key, args
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Args) and self.key == other.key
+
+
+def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
+    """The replay of ``stage``'s rank of ``ctx``: its steps' stream built from the engine's cached groups,
+    cached by the groups' shape keys, the stage and the allocator settings."""
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.parts_cache import activations_key, state_groups_key
+
+    conf = allocator_conf(ctx)
+    key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf)
+    return _replay_cached(_Args(key, (ctx, stage, conf)))
+
+
+def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
+    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+    from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
+    from memsim_widget.engine.states.budget import local_groups
+
+    ag = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+    groups, step1 = cached_state_groups(ctx, stage)
+    sg = {k: g.entries for k, g in groups.items()}
+    numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
+    first = step1.entries if step1 is not None else sg["persistent"]
+    order = grad_order(ctx, stage)
+    return step_stream(ag, sg, first, numels, stage.layers, steps, order)
+
+
+@lru_cache(maxsize=4096)
+def _replay_cached(args: _Args) -> PoolReplay:
+    ctx, stage, conf = args.args
+    return replay_stream(rank_stream(ctx, stage), conf)
