@@ -248,6 +248,22 @@ class _Args:
         return isinstance(other, _Args) and self.key == other.key
 
 
+def replayable(ctx: Any) -> bool:
+    """Whether the stream models the scenario's step: one GPU (no data, tensor, context, expert or pipeline
+    parallelism: no gathered or communicated buffers), one micro-batch per step, every batch the same shape,
+    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
+    rule (docs/allocator.md lists what the stream still lacks)."""
+    sc, p = ctx.scenario, ctx.par
+    return (
+        p.dp * p.tp * p.pp * p.cp * p.ep == 1
+        and sc.grad_accum_steps == 1
+        and sc.padding != "longest"
+        and not sc.activation_offloading
+        and p.offload == "none"
+        and not sc.optimizer_in_backward
+    )
+
+
 def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     """The replay of ``stage``'s rank of ``ctx``: its steps' stream built from the engine's cached groups,
     cached by the groups' shape keys, the stage and the allocator settings."""
@@ -277,3 +293,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
 def _replay_cached(args: _Args) -> PoolReplay:
     ctx, stage, conf = args.args
     return replay_stream(rank_stream(ctx, stage), conf)
+
+
+def cache_clear() -> None:
+    """Forget every cached replay (benchmarks measuring a cold engine)."""
+    _replay_cached.cache_clear()

@@ -7,7 +7,7 @@ from functools import lru_cache
 from memsim_widget.catalog.gpus import ON_REGISTER
 from memsim_widget.engine import objectives, parts_cache
 from memsim_widget.engine.activations import activations
-from memsim_widget.engine.alloc_stream import pool_replay
+from memsim_widget.engine.alloc_stream import pool_replay, replayable
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.items import Level
@@ -71,7 +71,7 @@ def _estimate(scenario: Scenario) -> Estimate:
         # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
         device = (*dev, *(i for i in states.persistent if i.level == Level.DEVICE))
         outside = sum(i.bytes for i in device)
-        if rl:  # an objective's phases have no allocation stream yet: the fitted rule
+        if rl or not replayable(ctx):  # a step the allocation stream does not model yet: the fitted rule
             frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
         else:
             frag = replayed_item(ctx, pool_replay(ctx, stage), peak.allocated_bytes, outside)

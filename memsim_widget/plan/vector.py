@@ -890,7 +890,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
     if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
-        pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row)
+        pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool)
     # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
     groups_of = (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"])
     comms = sum((x > 1).astype(np.int64) for x in groups_of)[cand]
@@ -904,22 +904,29 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
 def _replayed_pools(
     base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
-    s_idx: np.ndarray, x_row: np.ndarray,
+    s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """Per row, the peak reserved of ``engine/alloc_stream.pool_replay`` for the row's candidate and stage:
-    the same function the engine calls, once per distinct (state key, activation key) pair (its own cache
-    is keyed by the scenario's shape)."""
+    """``pool`` with, on the rows whose candidate ``engine/alloc_stream.replayable`` accepts, the peak reserved
+    of ``pool_replay`` for the row's candidate and stage: the functions the engine calls, once per distinct
+    (state key, activation key) pair (the replay's own cache is keyed by the scenario's shape). Only one-GPU
+    rows without accumulation can be accepted: the others are not looked at."""
     from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import pool_replay
+    from memsim_widget.engine.alloc_stream import pool_replay, replayable
 
-    pair = s_idx.astype(np.int64) * (int(x_row.max()) + 1) + x_row
+    one = (c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1) & (c["grad_accum"] == 1)
+    rows = np.flatnonzero(one[cand])
+    if not rows.size:
+        return pool
+    pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]
     uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
-    out = np.empty(uniq.shape[0], dtype=np.int64)
-    for j, r in enumerate(first):
+    out = pool.copy()
+    for j, r in enumerate(rows[first]):
         row = {k: int(v[cand[r]]) for k, v in c.items()}
         ctx = Context(objectives.training_scenario(candidate_scenario(base, optimizers, row)))
-        out[j] = min(pool_replay(ctx, ctx.stages[int(stage[r])]).peak_reserved, SATURATION_BYTES)
-    return out[inverse.reshape(-1)]
+        if replayable(ctx):
+            at = rows[inverse.reshape(-1) == j]
+            out[at] = min(pool_replay(ctx, ctx.stages[int(stage[r])]).peak_reserved, SATURATION_BYTES)
+    return out
 
 
 def _worst_ranks(
