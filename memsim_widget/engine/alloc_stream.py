@@ -28,6 +28,11 @@ from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator
 #: serves. A third step reached the same peak reserved on every H200 run (benchmarks/allocator_replay.py
 #: --engine-stream prints it).
 STEPS = 2
+#: Batches padded to their longest sample (``padding: "longest"``): the first step replayed is this many times
+#: shorter than the longest, whose step comes last, so the segments the shorter step's T x V buffers left are
+#: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
+#: fitted.
+VARIABLE_DIVISOR = 2
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -139,6 +144,7 @@ def step_stream(
     steps: int = STEPS,
     order: GradOrder | None = None,
     replayed: int | None = None,
+    earlier: dict[str, Sequence[Any]] | None = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -162,37 +168,38 @@ def step_stream(
     s.items(sg["overhead"])
     later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
+        a = earlier if step == 1 and earlier is not None else ag
         s.mark(f"step {step} forward")
-        pre = s.items(ag["pre"])
+        pre = s.items(a["pre"])
         saved = []
         for _ in range(layers if replayed is None else replayed):
-            transient = s.items(ag["recompute"])  # a checkpointed layer's forward: dropped but its input
-            saved.append(s.items(ag["saved"], share=layers))
+            transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
+            saved.append(s.items(a["saved"], share=layers))
             s.free(transient)
-        post = s.items(ag["post"])
+        post = s.items(a["post"])
         s.mark(f"step {step} loss")
-        logits = s.items(ag["loss_forward"])
-        held = s.items(ag["held_logits"]) + s.items(ag["held_cache_extra"])
-        kept = s.items(ag["loss_saved"])
+        logits = s.items(a["loss_forward"])
+        held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
+        kept = s.items(a["loss_saved"])
         s.free(logits)
         s.mark(f"step {step} loss backward")
-        grad_out = s.items(ag["loss_backward"])
+        grad_out = s.items(a["loss_backward"])
         s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
         # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-        grad_logits = s.alloc(s.size(logits[0])) if _upcast(ag["loss_forward"]) else []
+        grad_logits = s.alloc(s.size(logits[0])) if _upcast(a["loss_forward"]) else []
         s.free(grad_out[1:])
         s.mark(f"step {step} backward")
-        top = s.items(ag["top_backward"])
+        top = s.items(a["top_backward"])
         grads = s.items(sg["head_grads"]) + (grads_of(order.top, 1) if order and by_tensor else [])
         s.free(grad_logits + top + post)
         for layer in reversed(saved):
-            recomputed = s.items(ag["recompute"])
-            transient = s.items(ag["layer_backward"])
+            recomputed = s.items(a["recompute"])
+            transient = s.items(a["layer_backward"])
             grads += grads_of(order.layer if order else (), layers + 2)
             s.free(transient + recomputed + layer)
         grads += grads_of(order.bottom if order else (), layers + 2)
         s.free(pre)
-        if not ag["held_through_step"]:
+        if not a["held_through_step"]:
             s.free(held)
             held = []
         s.mark(f"step {step} optimizer step")
@@ -250,14 +257,13 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's step: one GPU (no data, tensor, context, expert or pipeline
-    parallelism: no gathered or communicated buffers), one micro-batch per step, every batch the same shape,
+    parallelism: no gathered or communicated buffers), one micro-batch per step,
     nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
     rule (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         p.dp * p.tp * p.pp * p.cp * p.ep == 1
         and sc.grad_accum_steps == 1
-        and sc.padding != "longest"
         and not sc.activation_offloading
         and p.offload == "none"
         and not sc.optimizer_in_backward
@@ -277,6 +283,7 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
 
 def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
     """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+    from memsim_widget.engine.context import Context
     from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.states.budget import local_groups
 
@@ -286,7 +293,11 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
     first = step1.entries if step1 is not None else sg["persistent"]
     order = grad_order(ctx, stage)
-    return step_stream(ag, sg, first, numels, stage.layers, steps, order)
+    earlier = None
+    if ctx.scenario.padding == "longest":  # the loss buffers change size every step: a shorter one first
+        short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
+        earlier = {k: g.entries for k, g in cached_activation_groups(short, stage).items()}
+    return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier)
 
 
 @lru_cache(maxsize=4096)

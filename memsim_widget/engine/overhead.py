@@ -7,9 +7,9 @@ kernel scratch; ``reserved`` = allocated + what the caching allocator holds unus
 Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-outside-the-tensors.
 
 Reserved: on a step the allocation stream models (``alloc_stream.replayable``: one GPU, one micro-batch per
-step, fixed shapes, nothing offloaded, the supervised step), the peak of a replay of the step's allocations and
+step, nothing offloaded, the supervised step), the peak of a replay of the step's allocations and
 frees through PyTorch's caching allocator (``replayed_item``; no fitted constant: docs/allocator.md holds it to
-the H200 runs). Elsewhere (parallel layouts, accumulation, variable lengths, offload, RL objectives) the fitted
+the H200 runs). Elsewhere (parallel layouts, accumulation, offload, RL objectives) the fitted
 rule below stays until the stream models those steps (``reserved_item``).
 
 Constants come in two kinds. *Stated* ones are read from a source and never tuned. *Fitted* ones -- only
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.alloc_stream import STEPS, PoolReplay
+from memsim_widget.engine.alloc_stream import STEPS, VARIABLE_DIVISOR, PoolReplay
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import allocator_conf, expandable_segments
 from memsim_widget.engine.items import Category, Item, Level
@@ -228,7 +228,13 @@ def replayed_item(ctx: Context, rep: PoolReplay, peak_allocated: int, outside: i
     conf = allocator_conf(ctx).text or "PyTorch's defaults"
     cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
     formula = (
-        f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items: peak reserved "
+        f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items"
+        + (
+            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
+            if ctx.scenario.padding == "longest"
+            else ""
+        )
+        + f": peak reserved "
         f"{fmt_bytes(rep.peak_reserved)} at {rep.at}, {rep.segments} segments; largest cached-but-unused "
         f"blocks then: {cached}"
         + (
