@@ -34,6 +34,7 @@ def one_estimate_ms(
         _estimate.cache_clear()
         if cold:
             parts_cache.cache_clear()
+            alloc_stream.cache_clear()
         if new_shape:
             alloc_stream.cache_clear()
         t0 = time.perf_counter()
@@ -57,6 +58,7 @@ def many(n: int = 10_000) -> tuple[float, int]:
     )
     _estimate.cache_clear()
     parts_cache.cache_clear()
+    alloc_stream.cache_clear()
     t0 = time.perf_counter()
     count = 0
     for model, b, s, prec, ck, zero, dp, method in grid:

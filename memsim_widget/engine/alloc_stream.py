@@ -23,6 +23,8 @@ from heapq import nlargest
 from typing import Any
 
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
+from memsim_widget.engine.items import Category, Item, Level
+from memsim_widget.units import fmt_bytes
 
 #: Steps replayed: the first makes the optimizer states; the second shows what the cache left by a whole step
 #: serves. A third step reached the same peak reserved on every H200 run (benchmarks/allocator_replay.py
@@ -304,6 +306,47 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
 def _replay_cached(args: _Args) -> PoolReplay:
     ctx, stage, conf = args.args
     return replay_stream(rank_stream(ctx, stage), conf)
+
+
+def replayed_reserved(peak_allocated: int, replayed: int, cap: int) -> int:
+    """The reserved counter from a replay's peak: at least the peak allocated, at most the card's room."""
+    return max(peak_allocated, min(replayed, cap))
+
+
+def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
+    """Caching-allocator fragmentation from the replay of the step's allocation stream
+    (``engine/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.overhead import reserved_cap
+
+    cap = reserved_cap(ctx, outside)
+    reserved = replayed_reserved(peak_allocated, rep.peak_reserved, cap)
+    conf = allocator_conf(ctx).text or "PyTorch's defaults"
+    cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
+    formula = (
+        f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items"
+        + (
+            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
+            if ctx.scenario.padding == "longest"
+            else ""
+        )
+        + f": peak reserved "
+        f"{fmt_bytes(rep.peak_reserved)} at {rep.at}, {rep.segments} segments; largest cached-but-unused "
+        f"blocks then: {cached}"
+        + (
+            f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)"
+            if rep.peak_reserved > cap
+            else ""
+        )
+    )
+    return Item(
+        Category.OVERHEAD,
+        "allocator fragmentation (reserved - allocated)",
+        reserved - peak_allocated,
+        formula,
+        Level.RESERVED,
+        0,
+    )
 
 
 def cache_clear() -> None:

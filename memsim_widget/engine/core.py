@@ -5,16 +5,15 @@ from __future__ import annotations
 from functools import lru_cache
 
 from memsim_widget.catalog.gpus import ON_REGISTER
-from memsim_widget.engine import objectives, parts_cache
+from memsim_widget.engine import alloc_stream, objectives, parts_cache
 from memsim_widget.engine.activations import activations
-from memsim_widget.engine.alloc_stream import pool_replay, replayable
+from memsim_widget.engine.alloc_stream import pool_replay, replayable, replayed_item
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.items import Level
 from memsim_widget.engine.overhead import (
     counter_bands,
     device_items,
-    replayed_item,
     reserved_item,
     workspace_items,
 )
@@ -100,4 +99,4 @@ def _estimate(scenario: Scenario) -> Estimate:
 
 
 # a card registered (or replaced) under an id must not be served estimates made with an older record
-ON_REGISTER.extend((_estimate.cache_clear, parts_cache.cache_clear))
+ON_REGISTER.extend((_estimate.cache_clear, parts_cache.cache_clear, alloc_stream.cache_clear))

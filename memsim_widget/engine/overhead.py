@@ -8,7 +8,7 @@ Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-ou
 
 Reserved: on a step the allocation stream models (``alloc_stream.replayable``: one GPU, one micro-batch per
 step, nothing offloaded, the supervised step), the peak of a replay of the step's allocations and
-frees through PyTorch's caching allocator (``replayed_item``; no fitted constant: docs/allocator.md holds it to
+frees through PyTorch's caching allocator (``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to
 the H200 runs). Elsewhere (parallel layouts, accumulation, offload, RL objectives) the fitted
 rule below stays until the stream models those steps (``reserved_item``).
 
@@ -25,9 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.alloc_stream import STEPS, VARIABLE_DIVISOR, PoolReplay
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import allocator_conf, expandable_segments
+from memsim_widget.engine.frameworks import expandable_segments
 from memsim_widget.engine.items import Category, Item, Level
 from memsim_widget.units import GiB, fmt_bytes
 
@@ -202,44 +201,6 @@ def reserved_item(
         + (
             f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)"
             if pool > cap
-            else ""
-        )
-    )
-    return Item(
-        Category.OVERHEAD,
-        "allocator fragmentation (reserved - allocated)",
-        reserved - peak_allocated,
-        formula,
-        Level.RESERVED,
-        0,
-    )
-
-
-def replayed_reserved(peak_allocated: int, replayed: int, cap: int) -> int:
-    """The reserved counter from a replay's peak: at least the peak allocated, at most the card's room."""
-    return max(peak_allocated, min(replayed, cap))
-
-
-def replayed_item(ctx: Context, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
-    """Caching-allocator fragmentation from the replay of the step's allocation stream
-    (``engine/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
-    cap = reserved_cap(ctx, outside)
-    reserved = replayed_reserved(peak_allocated, rep.peak_reserved, cap)
-    conf = allocator_conf(ctx).text or "PyTorch's defaults"
-    cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
-    formula = (
-        f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items"
-        + (
-            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
-            if ctx.scenario.padding == "longest"
-            else ""
-        )
-        + f": peak reserved "
-        f"{fmt_bytes(rep.peak_reserved)} at {rep.at}, {rep.segments} segments; largest cached-but-unused "
-        f"blocks then: {cached}"
-        + (
-            f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)"
-            if rep.peak_reserved > cap
             else ""
         )
     )

@@ -14,7 +14,7 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any
 
-from memsim_widget.engine import alloc_stream, model_rules_cache
+from memsim_widget.engine import model_rules_cache
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import fsdp_wraps
@@ -162,4 +162,3 @@ def cache_clear() -> None:
     _act_groups.cache_clear()
     _state_groups.cache_clear()
     model_rules_cache.cache_clear()
-    alloc_stream.cache_clear()
