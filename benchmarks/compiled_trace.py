@@ -2,7 +2,8 @@
 
 The H200 rows are a test set: nothing here is fitted to them. Printed: the trace's peak of live tensor bytes (Inductor's
 decompositions and min-cut partitioner, its fusion emulated: memsim_widget/trace/compiled.py), the measured
-``max_memory_allocated`` and the error, then the engine's estimate (which has no compile rule: eager's figure).
+``max_memory_allocated`` and the error, then the engine's estimate (its traced compiled rule, or its untraced
+formula: engine/activations/compiled.py).
 
 Run: python benchmarks/compiled_trace.py [--budget 1.0]   (about 2 minutes per row on one CPU core)
 """
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         est = estimate(sc)
         print(
             f"{row['id']}: trace {tr.peak_bytes:,} B ({tr.peak_phase}, {tr.peak_op}) vs measured {measured:,} B: "
-            f"{tr.peak_bytes / measured - 1:+.2%}; engine (eager rule) {est.peak_allocated_bytes:,} B: "
+            f"{tr.peak_bytes / measured - 1:+.2%}; engine {est.peak_allocated_bytes:,} B: "
             f"{est.peak_allocated_bytes / measured - 1:+.2%}",
             flush=True,
         )

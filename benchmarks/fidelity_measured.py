@@ -66,7 +66,8 @@ EXPLAINED_UNDER: dict[str, str] = {
 GPU_TARGET_ALLOCATED_MEDIAN = 0.01
 GPU_TARGET_ALLOCATED_ROW = 0.02
 GPU_EXPLAINED_ALLOCATED: dict[str, str] = {
-    "g-vitb-amp-compile-allocated": "torch.compile has no memory rule: the figure is eager's",
+    "g-vitb-amp-compile-allocated": "torch.compile, an untraced formula (eager's layers): the GPU ran 15% over eager "
+    "while the CPU trace of the compiled step saves less than eager (docs/fidelity.md, compiled steps)",
     "g-llama1b-bf16-compile-allocated": "torch.compile: the partitioner's saved set (engine equals the compiled trace), "
     "+3.9%: the trace itself is +3.5% over the run (its emulated Inductor fusion keeps some buffers Inductor does not)",
     "g-roberta-base-amp-allocated": "over-predicted, not yet explained: the CPU trace agrees within 0.5%, so a CUDA "
@@ -1089,7 +1090,9 @@ def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
         f"{e('g-llama1b-bf16-compile-allocated')}):",
         "  the compiled ViT allocated 15% more than eager, the compiled Llama 23% less. The Llama layout in bf16",
         "  now has a rule traced on the compiled step (Inductor's partitioner; docs/fidelity.md), nothing fitted",
-        "  to these runs; the ViT (autocast) keeps eager's figure and the caveat, its +15% not explained yet.",
+        "  to these runs; the ViT (autocast) gets the untraced formula (eager's layers) and its caveat: traced",
+        "  compiled at the run's shape, the partitioner saves nothing eager does not (9% under eager), so the",
+        "  GPU's +15% is a CUDA-only path, not explained yet.",
         "- **Reserved** is a model of the caching allocator: weights and states plus 1%, everything else plus",
         "  44% (fitted on published BERT rows), and with variable batch lengths 2.1 x the loss buffers (fitted on",
         "  ms-swift rows). On these runs the allocator held between 0.5% and 84% of the churning memory unused,",

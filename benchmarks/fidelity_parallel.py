@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
-from memsim_widget.fidelity_parallel import CASES, compare
+# the engine-vs-trace case matrices are test data (tests/data), not in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+from fidelity_parallel_cases import CASES, compare  # noqa: E402
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:

@@ -4,6 +4,7 @@ Run: python benchmarks/fidelity_speed.py              (table, median and worst e
      python benchmarks/fidelity_speed.py --fit        (refit the efficiency constants on FIT_ROWS, print them)
      python benchmarks/fidelity_speed.py --normalise  (rebuild data/throughput/published.csv from
                                                        the shared development set, ``SHARED``, and the rules below)
+     python benchmarks/fidelity_speed.py --fp8-rows   (rewrite data/throughput/fp8.csv from ``_fp8_row_specs``)
 
 Each shared row becomes a scenario here (``scenario_for``): the model as an inline config from the row's
 columns, the GPU, layout, precision, checkpointing, micro-batch and global batch. What the source leaves out
@@ -192,6 +193,105 @@ def _torchtune(r: dict[str, str]) -> tuple[dict | None, float | None, str, str, 
     return sc, float(r["tokens_per_s_per_gpu"]), "assumed", "", assumed
 
 
+FP8_DATA = ROOT / "data" / "throughput" / "fp8.csv"
+#: The published fp8 runs (and their bf16 twins where the source prints one), as sources print them. Development
+#: rows: no constant is fitted on them (docs/speed.md, "fp8"). Each: (row id, source id, repository, file, commit,
+#: table, model preset, GPU, GPUs, precision as published, tokens/s/GPU, scenario keys, group, assumptions).
+TORCHTITAN = ("torchtitan", "pytorch/torchtitan", "benchmarks/llama3_h100_202412_torchtitan.md",
+              "31a17bfdb70bab6f62a13d21816a5339b911d6e3")  # fmt: skip
+NEMO = ("nemo-24.07", "NVIDIA/NeMo", "docs/source/performance/performance_summary.md",
+        "070a0bb168d405d653b9734c0017cf5078e77c0d")  # fmt: skip
+BRIDGE = ("megatron-bridge-25.11", "NVIDIA-NeMo/Megatron-Bridge", "docs/performance-summary.md",
+          "00b7660be0254ac6f95f44164ddd0c3e9cc798ed")  # fmt: skip
+_TT = {
+    "framework": "torchtitan",
+    "precision": "amp-bf16",
+    "compile": True,
+    "seq_len": 8192,
+    "gpu": "h100-96gb",
+}
+_TT_ASSUMED = ("FSDP2 mixed precision (fp32 sharded weights, bf16 compute: amp-bf16), seq_len 8192 (the llama3_8b "
+               "config's); the H100s ran at 500 W (the table's note), datasheet peaks used")  # fmt: skip
+_MEG = {"framework": "megatron", "seq_len": 8192, "gpu": "h100-sxm-80gb", "micro_batch_size": 1}
+_MEG_ASSUMED = ("no activation recomputation (the table does not say), distributed optimizer (ZeRO-1) without "
+                "FSDP, TE attention in bf16")  # fmt: skip
+
+
+def _fp8_row_specs() -> list[tuple[str, tuple[str, str, str, str], str, str, str, int, str, float, dict]]:
+    """(row id, source, table, model, GPU, GPUs, precision as published, tokens/s/GPU, scenario keys)."""
+    t1 = "Table 1: FSDP, Llama 3.1 8B, 8 GPUs, local batch 2, selective AC"
+    t3 = "Table 3: FSDP, Llama 3.1 8B, 128 GPUs, local batch 2, selective AC"
+    tt8 = {**_TT, "model": "llama-3.1-8b", "micro_batch_size": 2, "activation_checkpointing": "selective-op"}
+    nemo = "Pretraining, FP8, NeMo 24.07, DGX-H100"
+    br = "25.11 NeMo container, pre-training"
+    b8 = {**_MEG, "model": "llama-3.1-8b", "micro_batch_size": 2, "precision": "fp8",
+          "parallel": {"dp": 8, "zero": 1}, "grad_accum_steps": 8}  # fmt: skip
+    return [
+        ("f8-01", TORCHTITAN, t1, "Llama 3.1 8B", "H100 96GB HBM2e", 8, "bf16 + torch.compile", 6667,
+         {**tt8, "parallel": {"dp": 8, "zero": 3}}),
+        ("f8-02", TORCHTITAN, t1, "Llama 3.1 8B", "H100 96GB HBM2e", 8, "float8 (tensorwise) + torch.compile", 8532,
+         {**tt8, "fp8_recipe": "tensorwise", "parallel": {"dp": 8, "zero": 3}}),
+        ("f8-03", TORCHTITAN, t3, "Llama 3.1 8B", "H100 96GB HBM2e", 128, "bf16 + torch.compile", 6514,
+         {**tt8, "parallel": {"dp": 128, "zero": 3}}),
+        ("f8-04", TORCHTITAN, t3, "Llama 3.1 8B", "H100 96GB HBM2e", 128, "float8 (tensorwise) + torch.compile", 8380,
+         {**tt8, "fp8_recipe": "tensorwise", "parallel": {"dp": 128, "zero": 3}}),
+        ("f8-05", TORCHTITAN, "Table 2: FSDP + CP + compile + Float8, Llama 3.1 8B, 8 GPUs, local batch 1, full AC",
+         "Llama 3.1 8B", "H100 96GB HBM2e", 8, "float8 (tensorwise) + torch.compile", 3890,
+         {**_TT, "model": "llama-3.1-8b", "seq_len": 32768, "activation_checkpointing": "full",
+          "fp8_recipe": "tensorwise", "parallel": {"dp": 8, "zero": 3}}),
+        ("f8-06", TORCHTITAN, "Table 4: FSDP 32 + TP 8 + compile + Float8, Llama 3.1 70B, 256 GPUs, local batch 16, "
+         "full AC", "Llama 3.1 70B", "H100 96GB HBM2e", 256, "float8 (tensorwise) + torch.compile", 829,
+         {**_TT, "model": "llama-3.1-70b", "micro_batch_size": 16, "activation_checkpointing": "full",
+          "fp8_recipe": "tensorwise", "parallel": {"dp": 32, "tp": 8, "zero": 3, "sequence_parallel": True}}),
+        ("f8-07", NEMO, nemo, "Llama 3 8B", "DGX-H100", 8, "FP8 (TE delayed scaling)", 12036,
+         {**_MEG, "model": "llama-3.1-8b", "precision": "fp8", "fp8_recipe": "te-delayed",
+          "parallel": {"dp": 4, "cp": 2, "zero": 1}, "grad_accum_steps": 32}),
+        ("f8-08", NEMO, nemo, "Llama 3 70B", "DGX-H100", 64, "FP8 (TE delayed scaling)", 1533,
+         {**_MEG, "model": "llama-3.1-70b", "precision": "fp8", "fp8_recipe": "te-delayed",
+          "parallel": {"dp": 2, "tp": 4, "pp": 4, "cp": 2, "zero": 1, "sequence_parallel": True,
+                       "pp_schedule": "interleaved", "virtual_stages": 5, "pp_microbatches": 64}}),
+        ("f8-09", BRIDGE, br + ", DGX-H100", "Llama 3 8B", "DGX-H100", 8, "FP8-CS", 14451,
+         {**_MEG, "model": "llama-3.1-8b", "precision": "fp8", "fp8_recipe": "te-current",
+          "parallel": {"dp": 8, "zero": 3}, "grad_accum_steps": 16}),
+        ("f8-10", BRIDGE, br + ", DGX-H100", "Llama 3 70B", "DGX-H100", 64, "FP8-CS", 1602,
+         {**_MEG, "model": "llama-3.1-70b", "precision": "fp8", "fp8_recipe": "te-current",
+          "parallel": {"dp": 2, "tp": 4, "pp": 8, "zero": 1, "sequence_parallel": True,
+                       "pp_schedule": "interleaved", "virtual_stages": 5, "pp_microbatches": 64}}),
+        ("f8-11", BRIDGE, br + ", DGX-B200", "Llama 3 8B", "DGX-B200", 8, "FP8-CS", 30624,
+         {**b8, "gpu": "b200", "fp8_recipe": "te-current"}),
+        ("f8-12", BRIDGE, br + ", DGX-B200", "Llama 3 8B", "DGX-B200", 8, "FP8-MX", 29521,
+         {**b8, "gpu": "b200", "fp8_recipe": "mxfp8"}),
+        ("f8-13", BRIDGE, br + ", DGX-GB200", "Llama 3 8B", "DGX-GB200", 8, "FP8-CS", 31508,
+         {**b8, "gpu": "gb200", "fp8_recipe": "te-current"}),
+        ("f8-14", BRIDGE, br + ", DGX-GB200", "Llama 3 8B", "DGX-GB200", 8, "FP8-MX", 29789,
+         {**b8, "gpu": "gb200", "fp8_recipe": "mxfp8"}),
+        ("f8-15", BRIDGE, br + ", DGX-GB200", "Llama 3 70B", "DGX-GB200", 64, "FP8-CS", 4312,
+         {**_MEG, "model": "llama-3.1-70b", "gpu": "gb200", "micro_batch_size": 2, "precision": "fp8",
+          "fp8_recipe": "te-current", "parallel": {"dp": 64, "zero": 3}, "grad_accum_steps": 2}),
+    ]  # fmt: skip
+
+
+FP8_FIELDS = ("row_id", "source_id", "source_repo_or_url", "source_file", "source_commit", "table", "model", "gpu",
+              "gpu_count", "precision", "tokens_per_s_per_gpu", "metric_as_published",
+              "published_tokens_per_s_per_gpu", "group", "reason", "assumptions", "scenario_json")  # fmt: skip
+
+
+def write_fp8(dst: Path = FP8_DATA) -> int:
+    """Write data/throughput/fp8.csv from ``_fp8_row_specs``: each published row with its scenario."""
+    with open(dst, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FP8_FIELDS, lineterminator="\n")
+        w.writeheader()
+        for rid, (src, repo, path, commit), table, model, gpu, n, prec, tps, keys in _fp8_row_specs():
+            titan = keys["framework"] == "torchtitan"
+            w.writerow({"row_id": rid, "source_id": src, "source_repo_or_url": repo, "source_file": path,
+                        "source_commit": commit, "table": table, "model": model, "gpu": gpu, "gpu_count": n,
+                        "precision": prec, "tokens_per_s_per_gpu": tps, "metric_as_published": "Tokens / sec / GPU"
+                        if not titan else "TPS/GPU", "published_tokens_per_s_per_gpu": tps, "group": "assumed",
+                        "reason": "", "assumptions": _TT_ASSUMED if titan else _MEG_ASSUMED,
+                        "scenario_json": Scenario.from_dict(keys).to_json(indent=None)})  # fmt: skip
+    return len(_fp8_row_specs())
+
+
 def normalise(src: Path = SHARED, dst: Path = DATA) -> int:
     """Rebuild the repository's copy of the shared rows with their scenarios; returns the row count."""
     with open(src, newline="") as fh:
@@ -251,8 +351,33 @@ def report(comps: list[Comparison], rows: list) -> str:
         table_assumed=head + "\n" + "\n".join(_line(c) for c in comps if c.row.group == "assumed"),
         assumptions="\n".join(f"- {c.row.row_id}: {c.row.assumptions}" for c in comps if c.row.group == "assumed"),
         excluded="\n".join(f"- {r.row_id} ({r.model}): {r.reason}" for r in excluded),
-        by_group=by_group,
+        by_group=by_group, fp8_table=fp8_table(),
     )  # fmt: skip
+
+
+def fp8_table() -> str:
+    """docs/speed.md's fp8 rows: published, predicted before (Linears at the 16-bit peak) and now."""
+    from dataclasses import replace
+
+    from memsim_widget.engine.step_time import step_parts
+    from memsim_widget.fidelity_speed import _model
+
+    lines = ["| row | source | model | GPU | GPUs | recipe | published tok/s/GPU | before | error | now | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in load(FP8_DATA):
+        k, cols = _model(r)
+        now = float(step_parts(k, cols)["tokens_per_gpu_s"])
+        before = float(
+            step_parts(replace(k, linear_peak_flops=k.peak_flops, fp8_cast_bytes=0.0), cols)[
+                "tokens_per_gpu_s"
+            ]
+        )
+        sc = r.scenario
+        assert sc is not None and r.published
+        lines.append(f"| {r.row_id} | {r.source} | {r.model} | {sc.gpu} | {sc.parallel.world_size} | "
+                     f"{sc.fp8_recipe or 'bf16 (twin)'} | {r.published:,.0f} | {before:,.0f} | "
+                     f"{before / r.published - 1:+.1%} | {now:,.0f} | {now / r.published - 1:+.1%} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 TEMPLATE = (
@@ -272,10 +397,13 @@ def main() -> None:
         help="the development CSV to normalise (default: SHARED, beside the checkout)",
     )
     ap.add_argument("--fit", action="store_true", help="refit the constants on FIT_ROWS and print them")
+    ap.add_argument("--fp8-rows", action="store_true", help="rewrite data/throughput/fp8.csv (FP8 row specs)")
     ap.add_argument("--no-write", action="store_true", help="print only, do not write docs/speed.md")
     a = ap.parse_args()
     if a.normalise:
         print(f"{normalise(a.shared)} rows -> {DATA.relative_to(ROOT)}")
+    if a.fp8_rows:
+        print(f"{write_fp8()} rows -> {FP8_DATA.relative_to(ROOT)}")
     rows = load()
     if a.fit:
         effs, att = fit_constants(rows)

@@ -1,8 +1,9 @@
 """Engine vs fake-tensor trace: peak live tensor bytes of the same HF training step, per scenario.
 
-Run: python benchmarks/fidelity_trace.py [--quick] [--compiled | --litgpt] [-k TEXT] [--write docs/fidelity.md]
+Run: python benchmarks/fidelity_trace.py [--quick] [--compiled | --litgpt | --fp8] [-k TEXT] [--write docs/fidelity.md]
 (``--compiled``: the compiled steps, ``COMPILED_CASES``, whose table is in docs/fidelity.md's compiled section;
-``--litgpt``: litgpt's own step, ``LITGPT_CASES``, in its litgpt section)
+``--litgpt``: litgpt's own step, ``LITGPT_CASES``, in its litgpt section; ``--fp8``: torchao's float8 training,
+``FP8_CASES``, in its fp8 section)
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
-from memsim_widget.fidelity import CASES, COMPILED_CASES, LITGPT_CASES, compare
+# the engine-vs-trace case matrices are test data (tests/data), not in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+from fidelity_cases import CASES, COMPILED_CASES, FP8_CASES, LITGPT_CASES, compare  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,16 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", metavar="TEXT", help="only the cases whose name contains TEXT")
     ap.add_argument("--compiled", action="store_true", help="the compiled steps (COMPILED_CASES) instead")
     ap.add_argument("--litgpt", action="store_true", help="litgpt's own step (LITGPT_CASES) instead")
+    ap.add_argument("--fp8", action="store_true", help="torchao's float8 training (FP8_CASES) instead")
     args = ap.parse_args(argv)
-    if (args.compiled or args.litgpt) and args.write:
+    if (args.compiled or args.litgpt or args.fp8) and args.write:
         ap.error(
-            "--write writes the eager table; the compiled and litgpt ones are edited in docs/fidelity.md by hand"
+            "--write writes the eager table; the compiled, litgpt and fp8 ones are edited in docs/fidelity.md by hand"
         )
     cases = (
         COMPILED_CASES
         if args.compiled
         else LITGPT_CASES
         if args.litgpt
+        else FP8_CASES
+        if args.fp8
         else CASES[:5]
         if args.quick
         else CASES

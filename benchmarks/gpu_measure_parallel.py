@@ -17,9 +17,12 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from memsim_widget.fidelity_parallel import LLAMA3_V128K, QWEN25_V152K
+# the engine-vs-trace case matrices are test data (tests/data), not in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+from fidelity_parallel_cases import LLAMA3_V128K, QWEN25_V152K  # noqa: E402
 
 _REAL = {"micro_batch_size": 1, "seq_len": 2048}
 _TT = {"precision": "amp-bf16", "framework": "torchtitan"}

@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from memsim_widget.engine.core import estimate
-from memsim_widget.fidelity import LLAMA
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace.pipeline import trace_pipeline
+
+# the engine-vs-trace case matrices are test data (tests/data), not in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+from fidelity_cases import LLAMA  # noqa: E402
 
 LAYOUTS: list[dict[str, Any]] = [
     {"pp": pp, "pp_schedule": sched, "pp_microbatches": m}

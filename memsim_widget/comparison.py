@@ -3,14 +3,13 @@
 ``compare([...])`` takes scenarios, scenario dicts or estimates and returns a ``Comparison``: ``.frame`` (long:
 one row per scenario and memory category, with each scenario's headline numbers), ``.totals`` (one row per
 scenario), ``.differences`` (the scenario fields whose values are not all equal) and ``.chart()``
-(``comparison_charts``). The numbers are the estimates' own: nothing is recomputed differently here.
+(``charts.comparison``). The numbers are the estimates' own: nothing is recomputed differently here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget.charts import gpu_label, model_label
@@ -91,7 +90,7 @@ def _as_estimate(item: Any, index: int) -> Estimate:
         return item
     if isinstance(item, Scenario | Mapping):
         try:
-            return run_estimate(item)
+            return run_estimate(item if isinstance(item, Scenario) else Scenario.from_dict(item))
         except ScenarioError as exc:
             raise ScenarioError(f"scenarios[{index}].{exc.field}", exc.message) from None
     raise ScenarioError(
@@ -141,9 +140,10 @@ class Comparison:
     names: tuple[str, ...]
     headroom: float = DEFAULT_HEADROOM
 
-    @cached_property
+    @property
     def differences(self) -> dict[str, dict[str, Any]]:
-        """The scenario fields whose values differ: dotted field -> scenario name -> value."""
+        """The scenario fields whose values differ: dotted field -> scenario name -> value (a plain property,
+        cheap for a few scenarios: pyright cannot match a ``cached_property`` to ``Compared``'s property)."""
         return field_differences([e.scenario for e in self.estimates], self.names)
 
     def headline(self, name: str, est: Estimate) -> dict[str, Any]:
@@ -198,8 +198,8 @@ class Comparison:
         return pd.DataFrame(rows, columns=TOTALS_COLUMNS)
 
     def spec(self) -> dict[str, Any]:
-        """The Vega-Lite spec of ``chart`` (``comparison_charts.compare_spec``)."""
-        from memsim_widget.comparison_charts import compare_spec
+        """The Vega-Lite spec of ``chart`` (``charts.comparison.compare_spec``)."""
+        from memsim_widget.charts.comparison import compare_spec
 
         return compare_spec(self)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -29,6 +28,8 @@ def short_repr(value: object, limit: int = 60) -> str:
 
 def choice_error(field: str, value: object, allowed: Iterable[str]) -> ScenarioError:
     """An error for a value outside a fixed set, suggesting close matches first."""
+    import difflib  # on an error only: every process imports this module (the CLI at start)
+
     allowed = list(allowed)
     close = difflib.get_close_matches(value[:200], allowed, n=3, cutoff=0.5) if isinstance(value, str) else []
     hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""

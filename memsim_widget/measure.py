@@ -14,12 +14,8 @@ that set it. Torch and transformers are imported only when a measurement runs.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
-import gc
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -76,6 +72,9 @@ def check_measurable(sc: Scenario) -> None:
     if sc.precision.startswith("mixed-") or sc.precision == "fp8":
         raise ScenarioError("precision", f"{sc.precision!r} is DeepSpeed's or TransformerEngine's; measure runs "
                             "plain PyTorch (bf16, fp16, fp32, amp-*)")  # fmt: skip
+    if sc.fp8 is not None and (sc.fp8.framework != "torchao" or sc.method != "full"):
+        raise ScenarioError("fp8_recipe", "measure runs torchao's float8 (tensorwise, rowwise) on full training "
+                            "only; TransformerEngine's recipes need its own modules")  # fmt: skip
 
 
 # ----- the model and the steps --------------------------------------------------------------------------------
@@ -106,12 +105,20 @@ def build_model(sc: Scenario, device: str = "cuda") -> tuple[Any, Any, str]:
     ):  # random init on the device itself: an 8B model initialised on the host takes minutes
         model = cls.from_config(config, attn_implementation=attn, dtype=wdtype)
     model.to(torch.device(device))  # any buffer a model creates on the host
+    if (
+        sc.fp8 is not None
+    ):  # torchao's float8 Linears, the output layer left out (as the trace and torchtitan)
+        from memsim_widget.trace.float8 import apply_float8
+
+        apply_float8(model, sc.fp8.name, [])
     if sc.activation_checkpointing == "full":
         model.gradient_checkpointing_enable()
     if sc.method == "lora":
         import peft
 
-        lcfg = peft.LoraConfig(r=sc.lora.rank, lora_alpha=sc.lora.alpha, target_modules=list(sc.lora.targets))
+        # peft annotates lora_alpha as int, but only divides it by r: memsim's alpha is a float
+        alpha: Any = sc.lora.alpha
+        lcfg = peft.LoraConfig(r=sc.lora.rank, lora_alpha=alpha, target_modules=list(sc.lora.targets))
         # PEFT upcasts 16-bit adapters to fp32 unless told not to (memsim's lora.adapter_dtype)
         model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=sc.lora.adapter_dtype == "fp32")
     model.train()
@@ -127,7 +134,11 @@ def train_steps(sc: Scenario, lengths: Sequence[int], device: str = "cuda",
     model, config, family = build_model(sc, device)
     dev = torch.device(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}
+    impl: dict[str, dict[str, Any]] = {
+        "foreach": {"foreach": True},
+        "fused": {"fused": True},
+        "for-loop": {"foreach": False},
+    }
     opt = torch.optim.AdamW(params, lr=1e-5, **impl[sc.optimizer_impl])
     step_fn = torch.compile(model) if sc.compile else model
     vocab = getattr(config, "vocab_size", 0) or 0
@@ -166,6 +177,8 @@ def train_steps(sc: Scenario, lengths: Sequence[int], device: str = "cuda",
 
 def device_used_bytes(torch: Any) -> int:
     """This process's used device memory per nvidia-smi, else the device's used memory (total - free)."""
+    import subprocess  # here, not at the top: the CLI builds its parser from add_measure on every start
+
     try:
         text = subprocess.run(
             ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
@@ -184,6 +197,8 @@ def device_used_bytes(torch: Any) -> int:
 def run(sc: Scenario, lengths: Sequence[int] | None = None, history: bool = True) -> dict[str, Any]:
     """Train ``sc`` on CUDA for ``lengths`` (default: three steps of seq_len) and read the counters and the peak's
     moment: ``{"allocated", "reserved", "device", "peak_at", "peak_frame"}``."""
+    import gc
+
     import torch
 
     lengths = list(lengths) if lengths else [sc.seq_len] * STEPS
@@ -253,6 +268,8 @@ def peak_frame_of(events: Iterable[dict[str, Any]]) -> str | None:
 
 def environment() -> dict[str, str]:
     """Device, library versions and date."""
+    import datetime as dt
+
     import torch
     import transformers
 
@@ -296,6 +313,8 @@ def rows_for(name: str, sc: Scenario, reading: dict[str, Any], env: dict[str, st
 
 def write_csv(rows: Iterable[dict[str, Any]], path: Path, columns: list[str] = COLUMNS) -> None:
     """Write rows in the data/measured format (every column, in order, quoted where needed)."""
+    import csv
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
@@ -307,6 +326,8 @@ def write_csv(rows: Iterable[dict[str, Any]], path: Path, columns: list[str] = C
 def append_csv(rows: Iterable[dict[str, Any]], path: Path) -> None:
     """Append rows to a data/measured CSV (its header written first when the file is new or empty); a file
     with other columns is refused rather than mixed."""
+    import csv
+
     new = not path.exists() or path.stat().st_size == 0
     if not new:
         with open(path, newline="") as f:

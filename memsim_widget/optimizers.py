@@ -16,6 +16,11 @@ from dataclasses import dataclass
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 
 
+#: The smallest parameter whose state a bitsandbytes paged optimizer pages (``get_state_buffer``: ``p.numel() < 1e5``
+#: gets ``torch.zeros_like`` on the device).
+PAGED_MIN_NUMEL = 100_000
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """State and temporaries of one optimizer.
@@ -64,6 +69,20 @@ class OptimizerSpec:
             blocks = math.ceil(n / self.block_size)
             return self.states * (math.ceil(n * per) + 4 * blocks)
         return self.states * n * param_state_bytes
+
+    def paged_bytes(self, shape: tuple[int, ...], param_state_bytes: int) -> int:
+        """Bytes of one tensor's state that a paged optimizer keeps in unified memory (outside the caching
+        allocator): the state buffers of a parameter of ``PAGED_MIN_NUMEL`` elements or more. The fp32 absmax of
+        the blocks and a smaller parameter's states are ordinary CUDA tensors (bitsandbytes
+        ``Optimizer8bit.get_state_buffer`` pages only ``p.numel() >= 1e5``; ``Optimizer2State.init_state``
+        makes ``absmax1``/``absmax2`` with ``torch.zeros(..., device=p.device)``;
+        bitsandbytes-foundation/bitsandbytes ``bitsandbytes/optim/optimizer.py``; traced: trace/bnb_states.py)."""
+        n = math.prod(shape)
+        if not self.paged or self.states == 0 or n < PAGED_MIN_NUMEL:
+            return 0
+        if self.state_dtype in ("int8", "int4"):
+            return self.states * math.ceil(n * (1.0 if self.state_dtype == "int8" else 0.5))
+        return self.state_bytes(shape, param_state_bytes)
 
     def state_formula(self, param_state_bytes: int) -> str:
         """A human-readable bytes-per-element formula for the state."""

@@ -18,8 +18,8 @@ class PrecisionRecipe:
     keeps them in the parameter dtype, so pure bf16 stores them in 2 bytes.
     ``act_bytes`` is the element size of activations saved in the compute dtype.
     ``autocast``: PyTorch autocast (fp32 weights, 16-bit compute copies cached through backward).
-    ``weight_copy_bytes``: bytes per Linear weight element of extra compute copies (autocast's
-    cache: 2; fp8 transposed weight cache: 1).
+    ``weight_copy_bytes``: bytes per Linear weight element of autocast's 16-bit compute copies (2); fp8
+    recipes' quantised weight copies are ``memsim_widget/fp8.py``'s.
     """
 
     name: str
@@ -108,6 +108,5 @@ register_precision(
         4,
         4,
         2,
-        weight_copy_bytes=2,
     )
 )

@@ -7,7 +7,6 @@ defaults in ``DEFAULTS``; ``Scenario.to_dict()`` always echoes every key, resolv
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from typing import Any
 
 from memsim_widget.errors import MAX_PATH_CHARS, ScenarioError, check_text, choice_error
 from memsim_widget.errors import short_repr as _short
+from memsim_widget.fp8 import FP8_BASE_PRECISIONS, FP8_RECIPES, Fp8Recipe, fp8_recipe_for
 from memsim_widget.frozen import FrozenDict
 from memsim_widget.frozen import freeze as _freeze
 from memsim_widget.frozen import thaw as _thaw
@@ -104,6 +104,22 @@ def check_headroom(value: Any, field_name: str = "headroom") -> float:
     """The share of GPU memory kept free: a finite number in [0, 1) (1 would leave nothing usable)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
         raise ScenarioError(field_name, f"must be a number in [0, 1), e.g. 0.1, got {_short(value)}")
+    return float(value)
+
+
+def check_memory_budget(value: Any, compiled: bool) -> float:
+    """``activation_memory_budget``: a number in [0, 1], the share of the default partitioner's saved activations
+    Inductor's min-cut partitioner may keep (``torch._functorch.config.activation_memory_budget``; 0 recomputes
+    all it can, 1 is torch's default), for a compiled step only."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ScenarioError(
+            "activation_memory_budget", f"must be a number in [0, 1], e.g. 0.5, got {_short(value)}"
+        )
+    if not compiled:
+        raise ScenarioError(
+            "activation_memory_budget",
+            "is torch.compile's partitioner budget: set compile to true, or unset it",
+        )
     return float(value)
 
 
@@ -382,8 +398,12 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "freeze_vision": None,
     # state-space layers only (Mamba, Mamba-2; unset: "cuda", see SSM_KERNELS)
     "ssm_kernel": None,
+    # the fp8/fp4 recipe of the Linear matmuls (memsim_widget/fp8.py; unset: te-delayed under precision fp8)
+    "fp8_recipe": None,
     # PYTORCH_CUDA_ALLOC_CONF of the run (unset: the framework's launcher default, engine/frameworks.py)
     "allocator_conf": None,
+    # compile: true only: torch._functorch.config.activation_memory_budget (unset: torch's default, 1.0)
+    "activation_memory_budget": None,
 }
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
 MAX_IMAGES = 2**10
@@ -394,7 +414,8 @@ class Scenario:
     """A training run to simulate. Build with ``Scenario.from_dict`` / ``from_json`` or keywords.
 
     Runtime keys (defaults reproduce the plain eager HF loop): ``compile`` -- the step runs under
-    ``torch.compile`` (recorded; no memory rule yet, see docs/accuracy.md); ``activation_offloading`` --
+    ``torch.compile`` (Inductor's partitioner: a traced rule per family, else an untraced formula;
+    engine/activations/compiled.py); ``activation_offloading`` --
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
@@ -412,6 +433,12 @@ class Scenario:
     ``ssm_kernel`` -- for state-space layers only (Mamba): ``cuda`` (mamba-ssm's fused kernels, what a GPU user
     with mamba-ssm and causal-conv1d installed gets; the default when unset) or ``torch`` (transformers'
     pure-PyTorch scan, which keeps every step's state: far more memory). See ``SSM_KERNELS``.
+
+    ``fp8_recipe`` -- which fp8 (fp4) training recipe runs the Linear matmuls (``memsim_widget/fp8.py``):
+    ``tensorwise`` or ``rowwise`` (torchao's ``convert_to_float8_training``, torchtitan's float8 converter; traced),
+    ``te-delayed``, ``te-current``, ``mxfp8`` or ``nvfp4`` (TransformerEngine, Megatron/NeMo; formulas). It runs on
+    a bf16-compute precision (``bf16``, ``amp-bf16``, ``mixed-bf16`` or ``fp8``, which fix the weights', gradients'
+    and states' dtypes); unset, ``precision: fp8`` means ``te-delayed`` and the others run no fp8 matmul.
 
     ``activation_checkpointing`` -- ``none``; ``selective`` (Megatron: recompute the attention core);
     ``selective-op`` (torchtitan's per-op policy: each layer keeps its input, the outputs of its 1st, 3rd, 5th...
@@ -448,6 +475,9 @@ class Scenario:
     output_lifetime: str | None = None
     checkpoint_every: int | None = None
     ssm_kernel: str | None = None  # None: "cuda" (see SSM_KERNELS); read by state-space layers only
+    fp8_recipe: str | None = (
+        None  # None: te-delayed under precision fp8, else no fp8 matmul (memsim_widget/fp8.py)
+    )
     images_per_sample: int | None = None
     freeze_vision: bool | None = None
     compile: bool = False
@@ -455,6 +485,7 @@ class Scenario:
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
     allocator_conf: str | None = None
+    activation_memory_budget: float | None = None  # compile only; None: torch's default (1.0)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
     objective: str | None = None
@@ -489,6 +520,7 @@ class Scenario:
         object.__setattr__(self, "gpu", _gpu_spec(self.gpu))
         _choice("method", self.method, METHODS)
         _choice("precision", self.precision, list(PRECISIONS))
+        self._check_fp8_recipe()
         _choice("optimizer", self.optimizer, list(OPTIMIZERS))
         _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _bool("optimizer_in_backward", self.optimizer_in_backward)
@@ -525,8 +557,26 @@ class Scenario:
                 "allocator_conf",
                 f"must be a string like 'expandable_segments:True', got {_short(self.allocator_conf)}",
             )
+        if self.activation_memory_budget is not None:
+            object.__setattr__(
+                self,
+                "activation_memory_budget",
+                check_memory_budget(self.activation_memory_budget, self.compile),
+            )
         check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()
+
+    def _check_fp8_recipe(self) -> None:
+        """``fp8_recipe``: a known recipe, on a precision that computes in bf16."""
+        if self.fp8_recipe is None:
+            return
+        _choice("fp8_recipe", self.fp8_recipe, list(FP8_RECIPES))
+        if self.precision not in FP8_BASE_PRECISIONS:
+            raise ScenarioError(
+                "fp8_recipe",
+                f"{self.fp8_recipe!r} runs on a bf16-compute precision ({', '.join(FP8_BASE_PRECISIONS)}), "
+                f"not {self.precision!r}",
+            )
 
     def _check_objective(self) -> None:
         """``objective`` and its ``rl`` block: valid names, and the combinations the rules model."""
@@ -546,6 +596,11 @@ class Scenario:
                 "rl.num_generations" if obj == "grpo" else "micro_batch_size",
                 f"micro_batch_size x sequences per sample is over {MAX_MICRO_BATCH:,}",
             )
+
+    @property
+    def fp8(self) -> Fp8Recipe | None:
+        """The fp8/fp4 recipe the Linear matmuls run (``fp8_recipe``; ``te-delayed`` under ``precision: fp8``)."""
+        return fp8_recipe_for(self.precision, self.fp8_recipe)
 
     @property
     def objective_name(self) -> str:
@@ -608,6 +663,7 @@ class Scenario:
             "framework": self.framework,
             **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
             **({"ssm_kernel": self.ssm_kernel} if self.ssm_kernel is not None else {}),
+            **({"fp8_recipe": self.fp8_recipe} if self.fp8_recipe is not None else {}),
             **({"images_per_sample": self.images_per_sample} if self.images_per_sample is not None else {}),
             **({"freeze_vision": self.freeze_vision} if self.freeze_vision is not None else {}),
             "compile": self.compile,
@@ -615,6 +671,11 @@ class Scenario:
             "padding": self.padding,
             "cuda_lazy_loading": self.cuda_lazy_loading,
             **({"allocator_conf": self.allocator_conf} if self.allocator_conf is not None else {}),
+            **(
+                {"activation_memory_budget": self.activation_memory_budget}
+                if self.activation_memory_budget is not None
+                else {}
+            ),
             "parallel": self.parallel.to_dict(),
             "gpu": _thaw(self.gpu),
             "num_gpus": self.parallel.world_size,
@@ -717,6 +778,8 @@ def _parallel_from(data: Mapping[str, Any]) -> ParallelConfig:
 
 def _unknown_key(dotted: str, allowed: list[str]) -> ScenarioError:
     prefix, _, key = dotted.rpartition(".")
+    import difflib  # on an error only (every CLI start imports this module)
+
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if not key:

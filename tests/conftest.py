@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# The engine-vs-trace case matrices (fidelity_cases, fidelity_parallel_cases) are test data, not in the wheel
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
 
 TINY_LLAMA = {
     "model_type": "llama",

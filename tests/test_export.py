@@ -88,6 +88,13 @@ def test_every_export_says_where_it_came_from_and_what_memsim_predicted(fmt: str
     assert Scenario.from_json(scenario_line.split(": ", 1)[1]) == Scenario.from_dict(data)
 
 
+def test_a_torchao_float8_recipe_is_written_as_a_note_to_apply_by_hand() -> None:
+    """No format has a key for torchao's float8 training: the export says how to apply it (the memory is bf16's)."""
+    data = {**FULL_ZERO3, "framework": "torchtitan", "precision": "bf16", "fp8_recipe": "rowwise"}
+    text = "\n".join(export(data, "torchtitan").values())
+    assert "fp8_recipe rowwise" in text and "convert_to_float8_training" in text
+
+
 # ----- DeepSpeed ------------------------------------------------------------------------------------------
 class _Mpu:
     """The two figures DeepSpeedConfig asks a model-parallel unit for."""
@@ -566,6 +573,7 @@ def test_torchtitan_stand_ins_refuse_a_field_torchtitan_does_not_have(
         ("torchtitan", {"method": "lora"}, "method"),
         ("torchtitan", {"model": "mistral-7b"}, "model"),
         ("hf", {"precision": "fp8"}, "precision"),
+        ("torchtitan", {"precision": "bf16", "fp8_recipe": "mxfp8"}, "fp8_recipe"),
     ],
 )
 def test_a_setting_the_framework_cannot_express_is_refused_naming_the_field(
@@ -588,6 +596,8 @@ def test_a_setting_the_framework_cannot_express_is_refused_naming_the_field(
         ("llamafactory", {"padding": "max_length", "precision": "bf16"}, "padding max_length"),
         ("torchtune", {"output_lifetime": "step", "framework": "torchtune"}, "output_lifetime 'step'"),
         ("axolotl", {"cuda_lazy_loading": False, "precision": "bf16"}, "CUDA_MODULE_LOADING=EAGER"),
+        ("hf", {"compile": True, "activation_memory_budget": 0.5},
+         "torch._functorch.config.activation_memory_budget = 0.5"),
         ("torchtitan", {"framework": "hf"}, "--framework torchtitan"),
     ],
 )  # fmt: skip

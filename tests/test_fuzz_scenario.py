@@ -137,6 +137,7 @@ SCENARIO = st.fixed_dictionaries(
         "images_per_sample": _field(st.sampled_from([0, 1, 2])),
         "freeze_vision": _field(st.booleans()),
         "compile": _field(st.booleans()),
+        "activation_memory_budget": _field(st.sampled_from([None, 0.0, 0.5, 1, 1.5])),
         "activation_offloading": _field(st.booleans()),
         "padding": _choices(PADDINGS),
         "cuda_lazy_loading": _field(st.booleans()),

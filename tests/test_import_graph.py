@@ -114,6 +114,7 @@ BELOW_THE_ENGINE = (
     "memsim_widget.names",
     "memsim_widget.units",
     "memsim_widget.precision",
+    "memsim_widget.fp8",
     "memsim_widget.optimizers",
     "memsim_widget.alloc_conf",
     "memsim_widget.frozen",
@@ -127,11 +128,7 @@ BELOW_THE_ENGINE = (
 ENGINE = "memsim_widget.engine"
 ABOVE_THE_ENGINE = (
     "memsim_widget.charts",
-    "memsim_widget.chart_parts",
-    "memsim_widget.phase_charts",
-    "memsim_widget.time_charts",
     "memsim_widget.comparison",
-    "memsim_widget.comparison_charts",
     "memsim_widget.cost",
     "memsim_widget.plan",
     "memsim_widget.export",
@@ -142,8 +139,6 @@ ABOVE_THE_ENGINE = (
     "memsim_widget.cli",
     "memsim_widget.app",
     "memsim_widget.trace",
-    "memsim_widget.fidelity",
-    "memsim_widget.fidelity_parallel",
     "memsim_widget.fidelity_speed",
 )
 

@@ -77,12 +77,23 @@ def test_the_model_built_has_the_parameters_memsim_counts(method: str) -> None:
     assert {p.device.type for p in params} == {"meta"}
 
 
+def test_a_torchao_float8_model_is_built_with_float8_linears_but_the_head() -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchao.float8")
+    sc = Scenario.from_dict({"model": "llama-3.2-1b", "fp8_recipe": "rowwise"})
+    model, _, _ = measure.build_model(sc, "meta")
+    kinds = {name: type(m).__name__ for name, m in model.named_modules()}
+    assert kinds["model.layers.0.self_attn.q_proj"] == "Float8Linear" and kinds["lm_head"] == "Linear"
+    assert sum(p.numel() for p in model.parameters()) == estimate(sc).parameters
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
         ({"parallel": {"dp": 2}}, "parallel"),
         ({"method": "qlora"}, "method"),
         ({"precision": "mixed-bf16", "framework": "deepspeed", "parallel": {"zero": 1}}, "precision"),
+        ({"fp8_recipe": "te-current"}, "fp8_recipe"),
     ],
 )
 def test_what_one_local_gpu_cannot_run_is_named(change: dict, field: str) -> None:

@@ -142,6 +142,10 @@ def test_replace_merges_nested_dicts():
         ({"seqlen": 10}, "seqlen", "seq_len"),
         ({"num_gpus": 8, "parallel": {"dp": 2, "tp": 2}}, "num_gpus", "dp*tp*pp*cp"),
         ({"model": {"hidden_size": 10}}, "model.model_type", "model_type"),
+        ({"compile": True, "activation_memory_budget": 1.5}, "activation_memory_budget", "[0, 1]"),
+        ({"compile": True, "activation_memory_budget": "half"}, "activation_memory_budget", "[0, 1]"),
+        ({"compile": True, "activation_memory_budget": True}, "activation_memory_budget", "[0, 1]"),
+        ({"activation_memory_budget": 0.5}, "activation_memory_budget", "compile to true"),
     ],
 )
 def test_bad_input_names_the_field(data, field, words):
@@ -192,3 +196,11 @@ def test_json_round_trip_is_lossless(
     )
     again = Scenario.from_json(sc.to_json())
     assert again == sc and again.to_dict() == sc.to_dict()
+
+
+def test_the_memory_budget_is_echoed_only_when_set() -> None:
+    """``activation_memory_budget`` is optional: a scenario without it prints as before the key existed."""
+    assert "activation_memory_budget" not in Scenario.from_dict({"compile": True}).to_dict()
+    sc = Scenario.from_dict({"compile": True, "activation_memory_budget": 0})
+    assert sc.activation_memory_budget == 0.0 and sc.to_dict()["activation_memory_budget"] == 0.0
+    assert Scenario.from_dict(sc.to_dict()) == sc

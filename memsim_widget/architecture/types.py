@@ -91,7 +91,7 @@ class Architecture:
         return sum(g.numel for g in self.params)
 
     def parameters_by_kind(self) -> dict[str, int]:
-        out = dict.fromkeys(PARAM_KINDS, 0)
+        out: dict[str, int] = dict.fromkeys(PARAM_KINDS, 0)
         for g in self.params:
             out[g.kind] = out.get(g.kind, 0) + g.numel
         return out

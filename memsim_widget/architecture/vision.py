@@ -70,6 +70,29 @@ SUBCONFIG_STRUCTURE: dict[str, dict[str, int]] = {
                         "intermediate_size": 2048, "vocab_size": 49408},
 }  # fmt: skip
 
+#: Parameter-name parts of each one's vision tower (frozen under ``freeze_vision``, kept free of LoRA adapters).
+VISION_MODULES = {
+    "clip": ("vision_model", "visual_projection"),
+    "llava": ("vision_tower",),
+    "gemma3": ("vision_tower",),
+    # Qwen2-VL / Qwen2.5-VL: the patch embedding and blocks (the merger trains with the language model)
+    "qwen2_vl": ("visual.patch_embed", "visual.blocks"),
+    "qwen2_5_vl": ("visual.patch_embed", "visual.blocks"),
+    "llava_next": ("vision_tower",),
+    "llama4": ("vision_model",),  # the tower with its pixel-shuffle adapter
+}
+#: Parameter-name parts of each one's projector (with the tower: what ``lora.target_scope`` "language" keeps free
+#: of adapters).
+PROJECTOR_MODULES = {
+    "clip": (),
+    "llava": ("multi_modal_projector",),
+    "gemma3": ("multi_modal_projector",),
+    "qwen2_vl": ("visual.merger",),
+    "qwen2_5_vl": ("visual.merger",),
+    "llava_next": ("multi_modal_projector", "image_newline"),
+    "llama4": ("multi_modal_projector",),
+}
+
 
 def sub_config(cfg: Mapping[str, Any], key: str, default_type: str | None = None) -> Mapping[str, Any]:
     """A multimodal config's sub-config (``text_config``, ``vision_config``), which must be a mapping; the

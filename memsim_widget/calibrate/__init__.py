@@ -281,7 +281,7 @@ def _fit(config: dict[str, Any], key: tuple) -> dict[str, Any]:
     lo, hi = FIT_BLOCKS
     kw = _trace_kwargs(key)
     amounts = ("saved", "forward", "backward", "blocks", "attention", "bottom")
-    data: dict[int, list[dict[str, int]]] = {}
+    data: dict[int, list[dict[str, float]]] = {}  # bytes (ints) and the trace's seconds
     for n in FIT_BLOCKS:
         cfg = _shrunk(config, n)
         data[n] = [nonstate_profile(cfg, b, s, **kw) for b, s in FIT_POINTS]

@@ -40,7 +40,7 @@ _ATTENTION_OPS = re.compile(r"attention|softmax|bmm")
 _STATE_ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "unsharded_parameter")
 
 
-def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any) -> dict[str, int]:
+def nonstate_profile(config: Mapping[str, Any], b: int, s: int, **trace_kw: Any) -> dict[str, float]:
     """Trace one step; the non-state bytes live at the start of backward and at the forward's and backward's peaks."""
     from memsim_widget.trace.hf import trace_hf
 

@@ -194,8 +194,10 @@ def _speed(rec: Mapping[str, Any], where: str) -> GPUSpeed:
     peaks = tuple((d, float(rec[d])) for d in DTYPES if d in rec)
     p = dict(peaks)
     try:
-        return GPUSpeed(p.get("bf16", p.get("fp16", 0.0)), p.get("fp32", 0.0),
-                        *(float(rec[k]) for k in _LINKS), peaks, str(rec.get("source", "")))  # fmt: skip
+        links = {k: float(rec[k]) for k in _LINKS}
+        return GPUSpeed(p.get("bf16", p.get("fp16", 0.0)), p.get("fp32", 0.0), links["hbm_gb_s"],
+                        links["link_gb_s"], links["net_gb_s"], links["pcie_gb_s"], peaks,
+                        str(rec.get("source", "")))  # fmt: skip
     except KeyError as e:
         raise ScenarioError(f"{where}.speed.{e.args[0]}", "missing") from None
 

@@ -54,6 +54,9 @@ class Stage:
 class Context:
     """A scenario resolved against the catalogs: architecture, recipe, optimizer, GPU, stages."""
 
+    #: Set on a tower's context only (``tower_context``): the parent's frozen stacks (no default: read by getattr)
+    frozen_override: frozenset[str]
+
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
         self.arch: Architecture = architecture_for(scenario.model)

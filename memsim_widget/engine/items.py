@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from memsim_widget.names import Name
 
@@ -64,6 +65,11 @@ class Item:
     formula: str
     level: Level = Level.TENSOR
     tensors: int = 1
+
+    if TYPE_CHECKING:  # the generated __init__, as callers may call it: a plain name for category and level
+
+        def __init__(self, category: Category | str, item: str, bytes: int, formula: str,
+                     level: Level | str = Level.TENSOR, tensors: int = 1) -> None: ...  # fmt: skip
 
     def __post_init__(self) -> None:
         # callers may pass the plain string ("activations"): stored as the member (an unknown name raises

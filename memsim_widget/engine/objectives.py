@@ -213,7 +213,7 @@ def _policy_checkpointed(ctx: Context) -> bool:
     return ctx.scenario.activation_checkpointing in ("full", "selective-op")
 
 
-def padded_forward_terms(ctx: Context) -> tuple[list[Term], list[Term]]:
+def padded_forward_terms(ctx: Context) -> tuple[list[Term], Term, Term]:
     """Per layer, what a forward with TRL's padding ``attention_mask``, the config's ``use_cache`` and
     ``output_hidden_states=True`` (PPO's ``forward``) keeps beyond the plain step's rules (traced): SDPA's float
     bias made from the mask (b x 1 x s x s), k and v saved at full width (``repeat_kv``: HF leaves SDPA's GQA
@@ -289,7 +289,8 @@ def _add_value_model(ctx: Context, stage: Stage, states: StateBudget) -> None:
     total = sum(i.bytes for i in weights)
     head = next((i for i in weights if i.item == "head weights"), None)
     emb = next((i for i in weights if i.item == "embedding weights"), None)
-    score = (head or emb).bytes // V if (head or emb) else 0
+    scored = head or emb
+    score = scored.bytes // V if scored else 0
     kept = total - (head.bytes if head else 0) + score
     ratio = kept / total if total else 1.0
 
@@ -532,7 +533,7 @@ def _ref_cache(ctx: Context) -> Item:
     return Item(
         Category.TEMPORARIES,
         f"reference {cache.name}",
-        cache.bytes * L,
+        int(cache.bytes * L),  # an int already (Term.bytes is typed float)
         f"{L} layers x {cache.formula}",
         Level.TENSOR,
         2 * L,

@@ -65,7 +65,7 @@ class RankEstimate:
 
     def components(self) -> dict[str, int]:
         """Bytes per category at the peak (device total split; temporaries kept apart)."""
-        out = dict.fromkeys(CATEGORIES, 0)
+        out: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         for i in self.items:
             out[i.category] += i.allocated_bytes if i.level.allocated else i.bytes
         return out

@@ -55,6 +55,17 @@ DEQUANT_BYTES = 2.5
 CPU_ADAM_PARAMS_PER_S = 1e9
 #: torch.compile fuses pointwise chains: the share of elementwise HBM traffic left (assumed).
 COMPILE_ELEMENTWISE = 0.5
+#: HBM bytes per element torchao's dynamic float8 scaling moves for each tensor it casts: read the 16-bit tensor for
+#: its amax (2), read it again and write the fp8 copy (2 + 1) (torchao 0.18 ``float8/float8_scaling_utils.py``
+#: ``hp_tensor_to_float8_dynamic``: ``tensor_to_amax`` then the scaled cast). Each Float8Linear casts its input and
+#: weight in forward, its output gradient in backward and its input and weight again (``float8_linear.py``
+#: saves them in high precision); compile fuses part of it (``COMPILE_ELEMENTWISE``, as for the other elementwise
+#: ops). TransformerEngine fuses its casts into the neighbouring norm / activation kernels: counted 0 (stated).
+FP8_CAST_BYTES = 5.0
+#: Elements torchao casts per token and layer, as a multiple of the Linears' summed (in + out) features: every
+#: input twice (forward, and recast for the weight gradient) and every output gradient once, 2 in + out, taken
+#: as 1.5 x (in + out) (Llama 3 8B: 2 in + out = 1.475 x (in + out)).
+FP8_CAST_IO = 1.5
 
 #: Frameworks whose performance settings overlap communication with compute: Megatron-LM's published
 #: benchmarks run with ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap`` (Megatron-LM README,
@@ -127,6 +138,11 @@ class TimeModel:
     fetch_bytes: float
     autocast: bool
     peak_flops: float
+    #: Peak FLOP/s of the Linear layers' matmuls: the fp8 (fp4) peak under an fp8 recipe (``fp8_linear_peak``),
+    #: else ``peak_flops``; attention and the output layer stay at ``peak_flops``.
+    linear_peak_flops: float
+    #: HBM bytes per element of torchao's fp8 casts (``FP8_CAST_BYTES``; 0 without a torchao recipe).
+    fp8_cast_bytes: float
     efficiency: float
     attention_efficiency: float
     speed: GPUSpeed
@@ -144,6 +160,7 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
     speed = gpu_speed(gpu)
     fl = model_flops(arch)
     fp32 = recipe.act_bytes == 4
+    peak = (speed.fp32_tflops if fp32 else speed.tflops) * 1e12
     return TimeModel(
         flops=fl,
         seq_len=arch.fixed_seq_len or scenario.seq_len,
@@ -169,7 +186,11 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         grad_bytes=recipe.grad_bytes,
         fetch_bytes=float(recipe.act_bytes if fetch_bytes is None else fetch_bytes),
         autocast=recipe.autocast,
-        peak_flops=(speed.fp32_tflops if fp32 else speed.tflops) * 1e12,
+        peak_flops=peak,
+        linear_peak_flops=fp8_linear_peak(scenario, speed, peak),
+        fp8_cast_bytes=FP8_CAST_BYTES
+        if scenario.fp8 is not None and scenario.fp8.framework == "torchao"
+        else 0.0,
         efficiency=matmul_efficiency(gpu.generation),
         attention_efficiency=ATTENTION_EFFICIENCY,
         speed=speed,
@@ -181,6 +202,18 @@ def time_model(scenario: Scenario, arch: Any, recipe: PrecisionRecipe, gpu: GPU,
         overlap=scenario.framework in OVERLAPPING_FRAMEWORKS,
         checkpoint_every=scenario.checkpoint_every or 1,
     )
+
+
+def fp8_linear_peak(scenario: Scenario, speed: GPUSpeed, peak: float) -> float:
+    """Peak FLOP/s of the Linear layers' matmuls: under an fp8 recipe (``memsim_widget/fp8.py``) the card's
+    datasheet peak in the recipe's matmul dtype (fp8; fp4 for NVFP4), else ``peak``. Only the Linears run there:
+    torchao's ``Float8Linear`` and TransformerEngine's ``te.Linear`` replace the transformer layers' Linear
+    modules; attention (SDPA / FlashAttention) and the output layer run in bf16 (torchtitan's float8 converter
+    filter; Megatron's fp8 scope). A card without that peak (no fp8 tensor cores) runs them at ``peak``."""
+    fp8 = scenario.fp8
+    if fp8 is None:
+        return peak
+    return dict(speed.peak_tflops).get(fp8.matmul_dtype, peak / 1e12) * 1e12
 
 
 def method_flops_per_token(k: TimeModel) -> float:
@@ -264,16 +297,23 @@ def _matmul_seconds(k: TimeModel, c: Mapping[str, Any], r: _Rank, ops: Ops) -> d
     io = tl * (k.flops.io_per_layer * (1.0 + 1.0 / tp) / 2.0 + k.adapter_io_per_layer / tp)
     io = (io + lst * k.flops.linear_per_layer / 2.0 / tp + t * (h + vocab) + h * vocab) * k.act_bytes
     rate = k.peak_flops * k.efficiency
+    rate_lin = k.linear_peak_flops * k.efficiency  # the layers' Linears (fp8 under an fp8 recipe)
     hbm = k.speed.hbm_gb_s * 1e9 * HBM_EFFICIENCY
-    t_lin = (lin + ada + head) / rate + io / hbm  # one forward pass of the Linear and head matmuls
+    if (
+        k.linear_peak_flops == k.peak_flops
+    ):  # one rate for every matmul (the same floats as before fp8 recipes)
+        t_lin = (lin + ada + head) / rate + io / hbm  # one forward pass of the Linear and head matmuls
+        t_lin_b = (lin + head) * (2.0 if k.trained_base else 1.0) / rate + 2.0 * ada / rate
+    else:
+        t_lin = lin / rate_lin + (ada + head) / rate + io / hbm
+        t_lin_b = (lin / rate_lin + head / rate) * (2.0 if k.trained_base else 1.0) + 2.0 * ada / rate
     t_att = att / (rate * k.attention_efficiency)
-    t_lin_b = (lin + head) * (2.0 if k.trained_base else 1.0) / rate + 2.0 * ada / rate
     t_lin_b = t_lin_b + io / hbm * (2.0 if k.trained_base else 1.0)
     t_fwd = t_lin + t_att
     t_bwd = t_lin_b + t_att * k.attention_backward
     t_rec = w(ck1, t_att, 0.0) + w(ck2, t_fwd / every, 0.0) + w(ck3, t_lin / 2.0, 0.0)
     t_rec = t_rec + w(c["loss"] == 1, head / rate, 0.0)
-    return {"lin": lin, "ada": ada, "att": att, "head": head, "io": io, "rate": rate, "hbm": hbm,
+    return {"lin": lin, "ada": ada, "att": att, "head": head, "io": io, "rate": rate, "rate_lin": rate_lin, "hbm": hbm,
             "t_lin": t_lin, "t_att": t_att, "t_lin_b": t_lin_b, "t_fwd": t_fwd, "t_bwd": t_bwd,
             "t_rec": t_rec}  # fmt: skip
 
@@ -304,8 +344,14 @@ def _memory_bound_seconds(k: TimeModel, c: Mapping[str, Any], r: _Rank, hbm: Any
     cast_b = (r.p_loc / w(zero == 3, d, 1) * 6.0) if k.autocast else 0.0  # fp32 -> 16-bit weight copies
     passes = 2.0 + w(ck2, 1.0 / every, 0.0) + w(ck3, 0.5, 0.0)
     deq_b = (lst * k.flops.linear_per_layer / 2.0 / tp * passes * DEQUANT_BYTES) if k.qlora else 0.0
-    t_mem = (el_f + el_b + el_r + loss_b + cast_b + deq_b) / hbm
-    return {"el": el_f + el_b + el_r, "loss_b": loss_b, "cast_b": cast_b, "deq_b": deq_b, "t_mem": t_mem}
+    f8_b = 0.0
+    if k.fp8_cast_bytes:  # torchao's float8 casts: activations and gradients per token, weights per pass
+        f8 = k.fp8_cast_bytes * (COMPILE_ELEMENTWISE if k.compile else 1.0)
+        # linear_per_layer is 2 x the weights: each weight cast twice (forward and backward) per micro-batch
+        f8_b = (tl * FP8_CAST_IO * k.flops.io_per_layer / tp + lst * k.flops.linear_per_layer / tp) * f8
+    t_mem = (el_f + el_b + el_r + loss_b + cast_b + deq_b + f8_b) / hbm
+    return {"el": el_f + el_b + el_r, "loss_b": loss_b, "cast_b": cast_b, "deq_b": deq_b, "f8_b": f8_b,
+            "t_mem": t_mem}  # fmt: skip
 
 
 def _model_parallel_seconds(k: TimeModel, r: _Rank, mm: Mapping[str, Any], ops: Ops) -> dict[str, Any]:
@@ -415,7 +461,7 @@ def step_parts(k: TimeModel, c: Mapping[str, Any], ops: Ops = SCALAR_OPS) -> dic
         # intermediates quoted by the breakdown
         "_": {"t": r.t, "m": m, "lst": r.lst, "rate": mm["rate"], "hbm": hbm, "lin": mm["lin"], "ada": mm["ada"],
               "att": mm["att"], "head": mm["head"], "io": mm["io"], "t_lin": mm["t_lin"], "t_att": mm["t_att"],
-              "el": mem["el"], "loss_b": mem["loss_b"], "cast_b": mem["cast_b"], "deq_b": mem["deq_b"],
+              "el": mem["el"], "loss_b": mem["loss_b"], "cast_b": mem["cast_b"], "deq_b": mem["deq_b"], "f8_b": mem["f8_b"],
               "t_tp": t_tp, "t_cp": t_cp, "t_ep": t_ep, "z3": dp["z3"], "z3x": m * z3_exposed, "red": dp["red"],
               "gather": dp["gather"], "bubble_mbs": bubble_mbs, "t_pipe": t_pipe, "tr_sh": tr_sh, "d": r.d,
               "world": r.world, "offload_params": r.off == 2},

@@ -40,7 +40,7 @@ class StepTime:
 
     def categories(self) -> dict[str, float]:
         """Seconds per category (``TIME_CATEGORIES`` order)."""
-        out = dict.fromkeys(TIME_CATEGORIES, 0.0)
+        out: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
         for i in self.items:
             out[i.category] += i.seconds
         return out
@@ -100,6 +100,9 @@ def _items(k: TimeModel, p: dict) -> tuple[TimeItem, ...]:
                  "fp32 -> 16-bit copy of the local weights each forward, 6 B per parameter"),
         TimeItem(TimeCategory.MEMORY_BOUND, "QLoRA dequantisation", m * v["deq_b"] / v["hbm"],
                  "NF4 -> bf16 before each matmul that reads the weight, 2.5 B per element"),
+        TimeItem(TimeCategory.MEMORY_BOUND, "torchao float8 casts", m * v["f8_b"] / v["hbm"],
+                 f"amax + cast of each Linear's input (twice), output gradient and weight (forward and backward), "
+                 f"{k.fp8_cast_bytes:g} B per element{' x 0.5 (compile)' if k.compile else ''}"),
         TimeItem(TimeCategory.TENSOR_CONTEXT_PARALLEL, "tensor parallel all-reduces", m * v["t_tp"],
                  "4 collectives per layer and micro-batch (6 with full recomputation) of t x hidden, ring 2(tp-1)/tp"),
         TimeItem(TimeCategory.TENSOR_CONTEXT_PARALLEL, "context parallel K/V ring (exposed)", m * v["t_cp"],

@@ -33,10 +33,13 @@ from memsim_widget.units import fmt_int
 
 __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
 
-#: Layers whose saved activations stay on the GPU under activation offloading: the layer computing and the
-#: one being copied on the side stream (torchtune ``OffloadActivations``: every saved tensor goes to pinned
-#: host memory as forward proceeds and comes back just ahead of its layer's backward).
-OFFLOAD_LAYERS_ON_GPU = 2
+#: Layers whose saved activations stay on the GPU under activation offloading: one, the layer whose backward
+#: brought its saved tensors back. torchtune ``OffloadActivations`` (v0.6.1, streams on) copies every saved tensor
+#: of at least 1024 B to host memory in forward and keeps a GPU original only while fewer than five tensors have
+#: been packed after it; in backward it keeps what it brought back for the node running and the one before. Traced
+#: (trace/torchtune_memory.py): at the loss the final norm's own saved tensors have pushed every layer's out of
+#: that stash (0 layers; the one counted is an upper bound there), in a layer's backward at most that layer's.
+OFFLOAD_LAYERS_ON_GPU = 1
 
 
 def resident_layers(ctx: Context, stage: Stage) -> float:
@@ -58,7 +61,7 @@ def checkpointed_layers(ctx: Context, stage: Stage) -> int:
 
 def _mixed_layers(
     acts: ActivationBudget, n_ckpt: int, n_other: int, micro: float, first: float
-) -> list[Item]:
+) -> list[LazyItem]:
     """Saved activations of ``micro`` micro-batches when ``n_ckpt`` of the layers are checkpointed (their inputs)
     and ``n_other`` keep everything; layer 0 is one of the others (``first`` of them lack its skip terms)."""
     fl = f" x {micro:g} micro-batches" if micro != 1 else ""
@@ -138,7 +141,11 @@ class Moment:
 
 
 def _scaled(
-    terms: list[Term], factor: float, label: str, category: Category = Category.ACTIVATIONS, first: float = 0
+    terms: list[Term],
+    factor: float,
+    label: str,
+    category: Category | str = Category.ACTIVATIONS,
+    first: float = 0,
 ) -> list[LazyItem]:
     """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items (built when read);
     ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""

@@ -206,7 +206,7 @@ def _llava_projector(
     N = bi * v["tokens_per_image"]
     rows_all = bi * tower.fixed_seq_len  # the hidden state the selected rows are a view of
     hv, ht = pj["in"], pj["hidden"]
-    pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector"}
+    pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector" and ad.base.module}
     if full:
         add_amp = 2 * N * hv if amp else 0
         w = hv * ht + ht * ht

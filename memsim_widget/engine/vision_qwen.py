@@ -155,7 +155,9 @@ def _merger(
             + (" + 2 B x merger weights (autocast copies)" if amp else "")
         )
     else:
-        pj_targets = sorted({ad.base.module for ad in ctx.adapters if ad.base.stack == "projector"})
+        pj_targets = sorted(
+            {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector" and ad.base.module}
+        )
         if tower_grad or "0" in pj_targets:
             nb += ec * N * w
             what.append(f"{ec} B x N x {w} (GELU input)")

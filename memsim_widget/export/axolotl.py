@@ -19,6 +19,7 @@ from memsim_widget.export.common import (
     framework_note,
     header_lines,
     hf_model_id,
+    lora_exclude,
     refuse,
 )
 from memsim_widget.export.yamltext import to_yaml
@@ -82,6 +83,8 @@ def _adapter(draft: Draft) -> dict[str, Any]:
         keys["lora_target_linear"] = True
     else:
         keys["lora_target_modules"] = list(sc.lora.targets)
+    if lora_exclude(sc):  # lora.target_scope language: axolotl passes lora_exclude_modules to peft
+        keys["lora_exclude_modules"] = lora_exclude(sc)
     return keys
 
 

@@ -7,6 +7,7 @@ A writer maps each scenario key its framework has a knob for; a key it cannot ex
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,27 @@ def hf_model_id(draft: Draft) -> str:
     return "PATH/TO/MODEL"
 
 
+def vision_scope_modules(sc: Scenario) -> tuple[str, ...]:
+    """The module-name parts of a multimodal model's vision tower and projector (architecture/vision.py), ()
+    for a model without a tower."""
+    from memsim_widget.architecture.vision import PROJECTOR_MODULES, VISION_MODULES
+    from memsim_widget.catalog.models import architecture_for
+
+    arch = architecture_for(sc.model)
+    if not arch.extra.get("vision"):
+        return ()
+    return VISION_MODULES.get(arch.model_type, ()) + PROJECTOR_MODULES.get(arch.model_type, ())
+
+
+def lora_exclude(sc: Scenario) -> str | None:
+    """PEFT's ``exclude_modules`` for ``lora.target_scope`` "language" on a multimodal model: a regex (PEFT
+    full-matches a string against each module's name) over the tower's and projector's names; None otherwise."""
+    parts = vision_scope_modules(sc) if sc.method != "full" and sc.lora.target_scope == "language" else ()
+    if not parts:
+        return None
+    return r"^(?:.*\.)?(?:" + "|".join(re.escape(p) for p in parts) + r")(?:\..*)?$"
+
+
 def lora_targets(sc: Scenario) -> list[str] | str:
     """LoRA targets as PEFT reads them: a list of module names, or ``all-linear``."""
     targets = list(sc.lora.targets)
@@ -103,8 +125,22 @@ def check_common(draft: Draft, *, peft: bool = True) -> None:
     sc = draft.scenario
     if sc.precision == "fp8":
         raise refuse("precision", draft.fmt, "'fp8' is TransformerEngine's recipe; no key here selects it")
+    fp8 = sc.fp8
+    if fp8 is not None and fp8.framework != "torchao":
+        raise refuse(
+            "fp8_recipe", draft.fmt, f"{fp8.name!r} is TransformerEngine's recipe; no key here selects it"
+        )
+    if fp8 is not None:
+        draft.note(f"fp8_recipe {fp8.name}: no key here selects it; apply torchao's convert_to_float8_training "
+                   f"(Float8LinearConfig.from_recipe_name({fp8.name!r}), the output layer left out) in your "
+                   "script (same memory as bf16, faster Linear matmuls)")  # fmt: skip
     if not sc.cuda_lazy_loading:
         draft.note("cuda_lazy_loading false: run with CUDA_MODULE_LOADING=EAGER (or CUDA 11)")
+    if sc.activation_memory_budget is not None:
+        draft.note(
+            f"activation_memory_budget {sc.activation_memory_budget:g}: set "
+            f"torch._functorch.config.activation_memory_budget = {sc.activation_memory_budget:g} before compiling"
+        )
     if sc.output_lifetime is not None:
         draft.note(
             f"output_lifetime {sc.output_lifetime!r}: how long your training loop holds the model output "

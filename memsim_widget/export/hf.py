@@ -20,6 +20,7 @@ from memsim_widget.export.common import (
     framework_note,
     header_lines,
     hf_model_id,
+    lora_exclude,
     lora_targets,
     refuse,
 )
@@ -179,6 +180,8 @@ def model_setup(draft: Draft) -> dict[str, Any]:
             "lora_dropout": 0.0,
             "task_type": "CAUSAL_LM",
         }
+        if lora_exclude(sc):  # lora.target_scope language: the tower and projector keep no adapter
+            setup["lora"]["exclude_modules"] = lora_exclude(sc)
     return setup
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from memsim_widget.export import deepspeed, hf
-from memsim_widget.export.common import Draft, comment, header_lines, hf_model_id, refuse
+from memsim_widget.export.common import (
+    Draft,
+    comment,
+    header_lines,
+    hf_model_id,
+    refuse,
+    vision_scope_modules,
+)
 from memsim_widget.export.yamltext import to_yaml
 
 FILE = "llamafactory.yaml"
@@ -25,8 +32,11 @@ def config(draft: Draft) -> dict[str, Any]:
     if p.zero == 3 and not hf.uses_deepspeed(draft):
         raise refuse("parallel.zero", draft.fmt, "LLaMA-Factory shards with DeepSpeed here; set framework "
                      "'deepspeed' for ZeRO-3 (FSDP needs an accelerate config beside it)")  # fmt: skip
-    if sc.activation_offloading:
-        raise refuse("activation_offloading", draft.fmt, "LLaMA-Factory has no activation-offloading key")
+    if sc.activation_offloading and sc.activation_checkpointing != "full":
+        # use_unsloth_gc (model_args): its checkpoint function copies each layer's input to the host
+        # (model/model_utils/checkpointing.py UnslothGradientCheckpointing) -- offloading with full checkpointing
+        raise refuse("activation_offloading", draft.fmt, "LLaMA-Factory offloads activations through "
+                     "use_unsloth_gc, which needs activation_checkpointing 'full'")  # fmt: skip
     if sc.padding == "max_length":
         draft.note(f"padding max_length: LLaMA-Factory pads each batch to its longest sample; pad to cutoff_len "
                    f"{sc.seq_len} in your data or set packing")  # fmt: skip
@@ -35,6 +45,7 @@ def config(draft: Draft) -> dict[str, Any]:
         "model_name_or_path": hf_model_id(draft),
         "flash_attn": ATTENTION[sc.attention],
         "disable_gradient_checkpointing": sc.activation_checkpointing == "none",
+        **({"use_unsloth_gc": True} if sc.activation_offloading else {}),
         "stage": "sft",
         "do_train": True,
         **_method(draft),
@@ -104,6 +115,12 @@ def _method(draft: Draft) -> dict[str, Any]:
             "lora.alpha", draft.fmt, f"LLaMA-Factory's lora_alpha is an integer, got {sc.lora.alpha}"
         )
     keys["lora_alpha"] = int(sc.lora.alpha)
+    if vision_scope_modules(sc):
+        # model/model_utils/visual.py patch_target_modules: LoRA skips the modules get_forbidden_modules names,
+        # the tower under freeze_vision_tower and the projector under freeze_multi_modal_projector (both default
+        # true): lora.target_scope "language"; both false: peft's match everywhere ("model")
+        language = sc.lora.target_scope == "language"
+        keys.update(freeze_vision_tower=language, freeze_multi_modal_projector=language)
     return keys
 
 

@@ -59,7 +59,10 @@ def fields(draft: Draft) -> dict[str, Any]:
     if sc.optimizer not in OPTIMIZERS:
         raise refuse("optimizer", fmt, f"{sc.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
     if sc.optimizer_in_backward:
-        raise refuse("optimizer_in_backward", fmt, "torchtitan has no optimizer-in-backward field")
+        # 0.3 selects it by the optimizer container's class (OptimizersInBackwardContainer), whose Config this
+        # writer has not been checked against; the import reads it, and older TOML's early_step_in_backward
+        raise refuse("optimizer_in_backward", fmt, "the 0.3 module export does not write "
+                     "OptimizersInBackwardContainer; set config.optimizer to it by hand")  # fmt: skip
     if sc.activation_offloading:
         raise refuse("activation_offloading", fmt, "torchtitan has no activation-offloading field")
     check_common(draft, peft=False)

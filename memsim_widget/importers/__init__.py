@@ -296,7 +296,7 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 _SCENARIO_ROOTS = {"model", "method", "lora", "precision", "optimizer", "optimizer_impl", "optimizer_in_backward",
                    "micro_batch_size", "seq_len", "grad_accum_steps", "activation_checkpointing", "checkpoint_every",
                    "attention", "loss", "framework", "compile", "activation_offloading", "padding", "parallel",
-                   "gpu", "objective", "rl"}  # fmt: skip
+                   "gpu", "objective", "rl", "fp8_recipe"}  # fmt: skip
 
 
 def scenario_dict(

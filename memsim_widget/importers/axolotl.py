@@ -86,6 +86,7 @@ def _adapter(reading: Reading, path: Path, data: dict[str, Any]) -> None:
     else:
         reading.miss("lora.targets", path.name, "no lora_target_modules: peft's defaults for the model type; "
                      "memsim assumed q_proj, v_proj")  # fmt: skip
+    hf.read_scope(reading, data.get("lora_exclude_modules"))  # axolotl hands it to peft's exclude_modules
 
 
 def _checkpointing(reading: Reading, path: Path, data: dict[str, Any]) -> None:

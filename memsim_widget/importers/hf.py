@@ -201,6 +201,14 @@ def read_lora(reading: Reading, path: Path, data: dict[str, Any]) -> None:
     targets = dig(data, "lora.target_modules")
     if targets is not None:
         reading.set("lora.targets", lora_targets(path, "lora.target_modules", targets))
+    read_scope(reading, dig(data, "lora.exclude_modules"))
+
+
+def read_scope(reading: Reading, exclude: Any) -> None:
+    """PEFT's ``exclude_modules`` (a regex or names): modules kept free of adapters, read as
+    ``lora.target_scope`` "language" (export/common.py ``lora_exclude`` writes the tower's and projector's)."""
+    if exclude:
+        reading.set("lora.target_scope", "language")
 
 
 def lora_targets(path: Path, key: str, targets: Any) -> list[str]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memsim_widget.errors import ScenarioError
 from memsim_widget.importers import deepspeed, hf
 from memsim_widget.importers.common import (
     Reading,
@@ -48,6 +49,8 @@ def read(reading: Reading, path: Path, data: dict[str, Any], companion: Callable
     reading.set("attention", get_choice(path, data, "flash_attn", ATTENTION, "sdpa"))
     off = get_bool(path, data, "disable_gradient_checkpointing", False)
     reading.set("activation_checkpointing", "none" if off else "full")
+    # use_unsloth_gc: the checkpointed layers' inputs kept in host memory (export/llamafactory.py)
+    reading.set("activation_offloading", not off and bool(get_bool(path, data, "use_unsloth_gc", False)))
     reading.set("seq_len", get_int(path, data, "cutoff_len", 2048))
     if get_bool(path, data, "packing", False) or get_bool(path, data, "neat_packing", False):
         reading.set("padding", "packed")
@@ -108,12 +111,33 @@ def _method(reading: Reading, path: Path, data: dict[str, Any]) -> str:
     rank = get_int(path, data, "lora_rank", 8)
     reading.set("lora.rank", rank)
     reading.set("lora.alpha", get_number(path, data, "lora_alpha", rank * 2))
+    _scope(reading, path, data)
     target = data.get("lora_target", "all")
     if isinstance(target, str) and target.strip() == "all":
         reading.set("lora.targets", ["all-linear"])
     else:
         reading.set("lora.targets", hf.lora_targets(path, "lora_target", target))
     return "lora"
+
+
+def _scope(reading: Reading, path: Path, data: dict[str, Any]) -> None:
+    """A multimodal model's ``freeze_vision_tower`` / ``freeze_multi_modal_projector`` (both true by default:
+    LoRA skips the tower and projector, ``lora.target_scope`` "language"; export/llamafactory.py ``_method``)."""
+    from memsim_widget.catalog.models import architecture_for
+
+    try:
+        vision = bool(architecture_for(reading.values.get("model", "")).extra.get("vision"))
+    except ScenarioError:  # no model read yet, or one the catalog cannot name: nothing to scope
+        return
+    if not vision:
+        return
+    tower = get_bool(path, data, "freeze_vision_tower", True)
+    projector = get_bool(path, data, "freeze_multi_modal_projector", True)
+    if tower != projector:
+        reading.miss("lora.target_scope", f"{path.name}: freeze_vision_tower / freeze_multi_modal_projector",
+                     "adapters on only one of the tower and the projector are not modelled; memsim assumed both "
+                     "(more memory)")  # fmt: skip
+    reading.set("lora.target_scope", "language" if tower and projector else "model")
 
 
 def _precision(reading: Reading, path: Path, data: dict[str, Any], method: str, ds: bool) -> None:

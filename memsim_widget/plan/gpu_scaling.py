@@ -9,13 +9,13 @@ workspaces, the CUDA context. Figures come from ``plan.vector`` (equal to ``esti
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from memsim_widget.chart_parts import SCHEMA, capacity_layers
 from memsim_widget.charts import gpu_label, model_label, to_altair
+from memsim_widget.charts.parts import SCHEMA, capacity_layers
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM
 from memsim_widget.errors import ScenarioError
@@ -105,7 +105,8 @@ def gpu_scaling_spec(
             "fits": "fits" if r.fits else "does not fit",
             "peak_phase": r.peak_phase,
         }
-        for r in frame.itertuples(index=False)
+        # itertuples yields namedtuples (pandas' stubs say plain tuples): the columns are read as attributes
+        for r in cast("Iterable[Any]", frame.itertuples(index=False))
     ]
     stages = [f"ZeRO-{z}" for z in (0, 1, 2, 3)]
     lines = {

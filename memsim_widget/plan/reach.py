@@ -207,7 +207,7 @@ def _ranked(
     limit: float,
 ) -> Plan:
     """A ``Plan`` of the candidates ``idx`` (with ``set_``'s columns) on ``base``, ranked as ``plan`` ranks."""
-    sub = {name: col[idx] for name, col in cols.items()}
+    sub: dict[str, Any] = {name: col[idx] for name, col in cols.items()}  # arrays, and one np.int64
     sub.update({name: np.full(idx.shape[0], v, dtype=np.int64) for name, v in set_.items()})
     sub = _evaluated(base, sub, space.optimizers)
     sub.update(time_columns(base, sub, space.optimizers))

@@ -640,11 +640,12 @@ def _all_candidates(
     """Every base's candidates evaluated and timed, in one set of columns (``method``: the base's index)."""
     parts = []
     for k, bm in enumerate(bases):
-        cols = _search(bm, lays, space, g_seq, limit)
-        cols.update(time_columns(bm, cols, space.optimizers))
-        cols["method"] = np.full(cols["dp"].shape[0], k, dtype=np.int64)
-        parts.append(cols)
-    cols = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
+        part = _search(bm, lays, space, g_seq, limit)
+        part.update(time_columns(bm, part, space.optimizers))
+        part["method"] = np.full(part["dp"].shape[0], k, dtype=np.int64)
+        parts.append(part)
+    # arrays, and one np.int64 (the card's memory)
+    cols: dict[str, Any] = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
     cols["gpu_memory_bytes"] = np.int64(gpu_memory_bytes)
     # a candidate past vector.SATURATION_BYTES (32 PiB) per GPU never fits any card (1 PiB at most)
     cols["fits"] = (cols["device_total_bytes"] <= limit) & ~cols["overflow"]

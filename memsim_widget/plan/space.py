@@ -16,6 +16,7 @@ import numbers
 from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 
@@ -131,7 +132,7 @@ def gpu_counts(gpus: int | tuple[int, int] | Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(n) for n in values}))
 
 
-def _is_int(n: object) -> bool:
+def _is_int(n: object) -> TypeGuard[int]:  # numpy's integers compare as ints too
     """An integer (numpy's too), not a bool."""
     return isinstance(n, numbers.Integral) and not isinstance(n, (bool, np.bool_))
 
@@ -309,7 +310,8 @@ def candidate_view(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: S
         "loss": CodedColumn(cols["loss"], LOSSES),
         "optimizer": CodedColumn(cols["optimizer"], tuple(optimizers)),
     }
-    return ChainMap(knobs, ScenarioView(base, arch=architecture_for(base.model)))
+    # ChainMap writes to its first map only; typeshed asks every map to be mutable (ScenarioView is read-only)
+    return ChainMap(knobs, ScenarioView(base, arch=architecture_for(base.model)))  # pyright: ignore[reportArgumentType]
 
 
 def broken_rules(view: Mapping[str, object], n: int) -> np.ndarray:

@@ -31,7 +31,7 @@ def time_columns(
     per_opt = np.array(
         [optimizer_step_bytes(ctx.recipe, OPTIMIZERS[o]) for o in optimizers], dtype=np.float64
     )
-    c = {name: np.asarray(cols[name], dtype=np.int64) for name in TIME_COLUMNS}
+    c: dict[str, np.ndarray] = {name: np.asarray(cols[name], dtype=np.int64) for name in TIME_COLUMNS}
     c["opt_bytes"] = per_opt[np.asarray(cols["optimizer"], dtype=np.int64)]
     p = step_parts(k, c, NUMPY_OPS)
     n = c["dp"].shape[0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -708,7 +708,7 @@ class SideColumns:
         col = self.columns.get(name)
         return 0 if col is None else col.take(self.rows)
 
-    def choose(self, first: str, second: str, at: np.ndarray) -> np.ndarray | int:
+    def choose(self, first: str, second: str, at: np.ndarray | bool) -> np.ndarray | int:
         """Per row, column ``second`` where ``at`` is set, else ``first`` (0 where this side carries neither):
         one take from the two columns laid end to end."""
         a, b = self.columns.get(first), self.columns.get(second)
@@ -751,7 +751,7 @@ def _moment_rows(
                 for name in ("alloc", "long", "loss")
             ]
         # a row without an optimizer step gets a moment that cannot win
-        if rule.only_if == OPTIMIZER_STEPS and not every_step:
+        if rule.only_if == OPTIMIZER_STEPS and not every_step and steps is not None:  # (None: skipped above)
             sums = [np.where(steps, sums[0], -1), np.where(steps, sums[1], 0), np.where(steps, sums[2], 0)]
         out.append((k, *sums))
     return out
@@ -893,7 +893,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool)
     # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
     groups_of = (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"])
-    comms = sum((x > 1).astype(np.int64) for x in groups_of)[cand]
+    comms = cast(np.ndarray, sum((x > 1).astype(np.int64) for x in groups_of))[cand]  # (sum's start 0: int)
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     cap = gpu.memory_bytes - outside
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names __getattr__ gives, for type checkers (nothing imported at run time)
+    from .hf import trace_hf
+    from .run import TraceResult, trace_training
+    from .tracker import MemoryTracker
 
 __all__ = ["MemoryTracker", "TraceResult", "trace_hf", "trace_training"]
 

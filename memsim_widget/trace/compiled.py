@@ -19,10 +19,11 @@ import contextlib
 import functools
 import operator
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
+import torch.fx.node
 
 #: Ops Inductor lowers to loops it can fuse (besides every op tagged pointwise and every view): reductions.
 _REDUCTIONS = frozenset(
@@ -115,11 +116,34 @@ class _FusingInterpreter(torch.fx.Interpreter):
         self._fused = fused
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op == "call_function" and n.target in _rng_hops():
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            return _run_rng_hop(n.target, args, kwargs)
         tracker = current_tracker()
         if tracker is None or n not in self._fused:
             return super().run_node(n)
         with tracker.fused():
             return super().run_node(n)
+
+
+@functools.cache
+def _rng_hops() -> tuple[Any, Any]:
+    """The higher-order ops AOTAutograd wraps a random op in when checkpointing recomputes it (the forward saves
+    the generator's state, the recomputation replays it)."""
+    hop = torch.ops.higher_order
+    return (hop.run_and_save_rng_state, hop.run_with_rng_state)
+
+
+def _run_rng_hop(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run the random op inside the higher-order op, its generator state a 16-byte tensor (CUDA's Philox seed and
+    offset) instead of the CPU generator's real state, which the fake mode refuses; the values do not matter to a
+    memory trace, the tensors the op makes do."""
+    save, _replay = _rng_hops()
+    if target is save:
+        op, *rest = args
+        return torch.empty(16, dtype=torch.uint8), op(*rest, **kwargs)
+    _state, op, *rest = args
+    return op(*rest, **kwargs)
 
 
 def current_tracker() -> Any:
@@ -184,6 +208,9 @@ def compiled_model(model: torch.nn.Module, memory_budget: float | None = None) -
             warnings.filterwarnings(
                 "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
             )
-            yield torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
+            # a compiled Module is an OptimizedModule (a Module); torch.compile's stub says only Callable
+            yield cast(
+                torch.nn.Module, torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
+            )
     finally:
         torch._dynamo.reset()

@@ -8,34 +8,19 @@ from typing import Any
 
 import torch
 
+from memsim_widget.architecture.vision import PROJECTOR_MODULES, VISION_MODULES
+
+from .float8 import import_torchao_quietly
 from .run import TraceResult, trace_training
 from .torch_recipe import precision_dtypes
+
+#: transformers' torchao quantizer and peft's LoRA dispatch import torchao whenever it is installed (scripts/dev
+#: installs it for the float8 traces): import it first, quietly, so no trace prints its CPU-only warnings.
+import_torchao_quietly()
 
 SEQ2SEQ = ("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian")
 #: Multimodal models with their own input recipe: CLIP (image-text pairs, contrastive loss) and LLaVA.
 VISION_LANGUAGE = ("clip", "llava", "gemma3", *("qwen2_vl", "qwen2_5_vl", "llava_next"), "llama4")
-#: Parameter-name parts of each one's vision tower (frozen under ``freeze_vision``, kept free of LoRA adapters).
-VISION_MODULES = {
-    "clip": ("vision_model", "visual_projection"),
-    "llava": ("vision_tower",),
-    "gemma3": ("vision_tower",),
-    # Qwen2-VL / Qwen2.5-VL: the patch embedding and blocks (the merger trains with the language model)
-    "qwen2_vl": ("visual.patch_embed", "visual.blocks"),
-    "qwen2_5_vl": ("visual.patch_embed", "visual.blocks"),
-    "llava_next": ("vision_tower",),
-    "llama4": ("vision_model",),  # the tower with its pixel-shuffle adapter
-}
-#: Parameter-name parts of each one's projector (with the tower: what ``lora.target_scope`` "language" keeps free
-#: of adapters).
-PROJECTOR_MODULES = {
-    "clip": (),
-    "llava": ("multi_modal_projector",),
-    "gemma3": ("multi_modal_projector",),
-    "qwen2_vl": ("visual.merger",),
-    "qwen2_5_vl": ("visual.merger",),
-    "llava_next": ("multi_modal_projector", "image_newline"),
-    "llama4": ("multi_modal_projector",),
-}
 #: memsim's own model keys (the image size the processor sees), not transformers config keys.
 MEMSIM_MODEL_KEYS = ("image_size", "min_pixels", "max_pixels")
 
@@ -143,13 +128,13 @@ def input_factory(
 
         maker = vlm_inputs.qwen2_vl_batch if fam != "llava_next" else vlm_inputs.llava_next_batch
         return maker(cfg, b, s, float_dtype, images, image)
-    vocab = getattr(cfg, "vocab_size", None)
+    vocab: Any = getattr(cfg, "vocab_size", None)  # cfg is a transformers config (Any)
     if fam in VISION_LANGUAGE:
         vc = cfg.vision_config
         img = vc.image_size
         vocab = cfg.text_config.vocab_size
 
-    def make() -> dict[str, torch.Tensor]:
+    def make() -> dict[str, Any]:  # tensors, and CLIP's return_loss flag
         if fam == "clip":
             return {
                 "input_ids": torch.randint(0, vocab, (b, s)),
@@ -265,8 +250,9 @@ def _no_data_checks(enabled: bool, notes: list[str]) -> Any:
 
 def loss_module(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward ends the 'forward' phase (LM head / classifier)."""
+    hf: Any = model  # a transformers model: torch's stubs type its attributes as Tensor | Module
     try:
-        m = model.get_output_embeddings()
+        m = hf.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         m = None
     if m is None:
@@ -288,6 +274,7 @@ def trace_hf(
     qlora: bool = False,
     layer_checkpointing: tuple[str, int] | None = None,
     vision: dict[str, Any] | None = None,
+    float8: str | None = None,
     steps: int = 2,
     fake: bool = True,
     lengths: tuple[int, ...] = (),
@@ -300,7 +287,8 @@ def trace_hf(
     keeps a multimodal model's tower and projector free of adapters (else peft matches names everywhere). ``layer_checkpointing``: (policy, every)
     for :func:`~memsim_widget.trace.checkpointing.apply_layer_checkpointing` (torchtitan's per-op selective
     or every-N full checkpointing; the KV cache is off, as under HF's own checkpointing). ``vision`` (multimodal
-    models): {"images": per sample, "freeze": the vision tower's parameters frozen}. Extra keyword
+    models): {"images": per sample, "freeze": the vision tower's parameters frozen}. ``float8``: torchao's
+    float8 training recipe ("tensorwise" or "rowwise", trace/float8.py) on every Linear but the head. Extra keyword
     arguments go to
     :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``). ``lengths``: one
     sequence length per step (batches padded to their longest sample vary per step); sets ``steps``.
@@ -335,6 +323,10 @@ def trace_hf(
                     if any(part in name for part in frozen):
                         p.requires_grad_(False)
                 notes.append(f"vision tower frozen: parameters under {', '.join(frozen)}")
+            if float8:
+                from .float8 import apply_float8
+
+                model = apply_float8(model, float8, notes)
             if lora:
                 # peft matches the target names across the whole model unless the scope keeps the vision side out
                 language = vision and lora.get("target_scope") == "language"
@@ -393,13 +385,14 @@ def apply_lora(
     from peft import LoraConfig, get_peft_model
 
     adapter_dtype = lora.get("adapter_dtype", "fp32")
+    excluded: dict[str, Any] = {"exclude_modules": f".*({'|'.join(exclude)}).*"} if exclude else {}
     lcfg = LoraConfig(
         r=lora.get("r", 8),
         lora_alpha=lora.get("lora_alpha", 16),
         target_modules=lora.get("target_modules", ["q_proj", "v_proj"]),
         lora_dropout=lora.get("lora_dropout", 0.0),
         task_type=lora.get("task_type"),
-        **({"exclude_modules": f".*({'|'.join(exclude)}).*"} if exclude else {}),
+        **excluded,
     )
     model = get_peft_model(model, lcfg, autocast_adapter_dtype=(adapter_dtype == "fp32"))
     target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[adapter_dtype]

@@ -91,7 +91,9 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
 class _Step(torch.nn.Module):
     """A training step around a policy: gradient checkpointing is the policy's (HF's, one per layer)."""
 
-    policy: torch.nn.Module
+    #: A transformers (or peft) model: its methods (gradient_checkpointing_enable, disable_adapter,
+    #: get_output_embeddings) are not torch.nn.Module's, whose stubs type such attributes as Tensor | Module.
+    policy: Any
 
     def gradient_checkpointing_enable(self) -> None:
         self.policy.gradient_checkpointing_enable()
@@ -135,6 +137,7 @@ class PreferenceStep(_Step):
                     with self.policy.disable_adapter():
                         ref = self._logps(self.policy, input_ids, loss_mask)
                 else:
+                    assert self.reference is not None, "a separate reference model is built for this ref"
                     ref = self._logps(self.reference, input_ids, loss_mask)
             ref_chosen, ref_rejected = ref.chunk(2)
         margin = (chosen - ref_chosen) - (rejected - ref_rejected)
@@ -204,6 +207,9 @@ class KTOStep(_Step):
         chosen, rejected = logps.index_select(0, chosen_idx), logps.index_select(0, rejected_idx)
         ref_outputs = None
         if self.ref == "precomputed":
+            assert ref_logps is not None and ref_kl_logps is not None, (
+                "the batch carries precomputed log-probs"
+            )
             ref_all, ref_kl = ref_logps, ref_kl_logps
         else:
             with torch.no_grad():
@@ -212,6 +218,7 @@ class KTOStep(_Step):
                         ref_kl = self._kl_logps(self.policy, kl_input_ids, kl_completion_mask)
                         ref_outputs = self.policy(input_ids=input_ids, attention_mask=mask_in)
                 else:
+                    assert self.reference is not None, "a separate reference model is built for this ref"
                     ref_kl = self._kl_logps(self.reference, kl_input_ids, kl_completion_mask)
                     ref_outputs = self.reference(input_ids=input_ids, attention_mask=mask_in)
             ref_all = self._sum_logps(ref_outputs.logits, input_ids, completion_mask)
@@ -245,7 +252,8 @@ class PPOStep(_Step):
     ):
         super().__init__()
         self.policy = policy
-        self.value_model = value_model
+        # a transformers model with a value head: base_model_prefix and score are not Module's (see _Step.policy)
+        self.value_model: Any = value_model
         # the reference and reward models stay on the GPU through training (``.to(device)`` in ``__init__``);
         # they run in the rollout phase only
         self.frozen = torch.nn.ModuleList(frozen)
@@ -456,8 +464,9 @@ def _step_batch(
 
 def _policy_head(step: torch.nn.Module) -> torch.nn.Module | None:
     """The policy's output embeddings: after their forward the phase is "loss" (None when it has none)."""
+    policy: Any = step.policy  # a transformers model (see _Step.policy)
     try:
-        return step.policy.get_output_embeddings()
+        return policy.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         return None
 

@@ -162,7 +162,8 @@ class StageModule(torch.nn.Module):
         self, causal_lm: torch.nn.Module, plan: StagePlan, autocast_dtype: torch.dtype | None
     ) -> None:
         super().__init__()
-        decoder = causal_lm.model
+        lm: Any = causal_lm  # a transformers causal LM: torch's stubs type its submodules as Tensor | Module
+        decoder = lm.model
         if not all(hasattr(decoder, part) for part in _DECODER_PARTS):
             raise ScenarioError(
                 "model",
@@ -175,7 +176,7 @@ class StageModule(torch.nn.Module):
         if not plan.last:
             decoder.norm = None
         self.model = decoder
-        self.lm_head = causal_lm.lm_head if plan.last else None
+        self.lm_head = lm.lm_head if plan.last else None
         self.autocast_dtype = autocast_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -237,9 +238,12 @@ def _stage_modules(sc: Scenario, cfg: Any, plans: list[StagePlan], notes: list[s
     mods = []
     for plan in plans:
         with torch.device("meta"):
-            lm = build_hf_model(cfg, wdtype, "sdpa")
+            lm: Any = build_hf_model(
+                cfg, wdtype, "sdpa"
+            )  # a transformers model (its methods are not Module's)
             if lora:
-                lm = apply_lora(lm, lora, notes if plan is plans[0] else []).get_base_model()
+                wrapped: Any = apply_lora(lm, lora, notes if plan is plans[0] else [])  # a peft.PeftModel
+                lm = wrapped.get_base_model()
         if sc.activation_checkpointing == "full":
             lm.activation_checkpointing_enable({"use_reentrant": False})
         mods.append(StageModule(lm, plan, amp))
@@ -344,7 +348,8 @@ def _unsharded_grads(module: torch.nn.Module) -> list[torch.Tensor]:
     them (the schedule turns gradient sync off before it); none without FSDP2."""
     out = []
     for m in module.modules():
-        state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+        get_state = getattr(m, "_get_fsdp_state", None)  # FSDP2's modules only
+        state = get_state() if get_state is not None else None
         group = getattr(state, "_fsdp_param_group", None)
         for fp in getattr(group, "fsdp_params", None) or []:
             unsharded = getattr(fp, "_unsharded_param", None)

@@ -276,13 +276,14 @@ def _train_step(
     amp_dtype: torch.dtype | None,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
     output_lifetime: str,
+    forward_ctx: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> None:
     """One step, phase by phase: forward (and loss), backward, optimizer step, zero_grad; the model output
-    dies where ``output_lifetime`` says."""
+    dies where ``output_lifetime`` says. The forward runs inside ``forward_ctx()`` (activation offloading)."""
     tracker.set_phase("forward", step)
     batch = input_factory()
     tracker.relabel(_tensors_in(batch), "input")
-    with cuda_like_autocast(amp_dtype):
+    with cuda_like_autocast(amp_dtype), forward_ctx():
         out = model(**batch) if isinstance(batch, dict) else model(*batch)
     if loss_fn is not None:
         tracker.set_phase("loss")
@@ -305,6 +306,43 @@ def _train_step(
     tracker.set_phase("zero_grad")
     opt.zero_grad(set_to_none=True)
     del batch
+
+
+def _torchtune_savers(
+    tracker: MemoryTracker,
+    model: torch.nn.Module,
+    trainable: list[torch.nn.Parameter],
+    optimizer: str,
+    impl_used: str,
+    lr: float,
+    offloading: bool,
+    in_backward: bool,
+    notes: list[str],
+) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
+    """The step's optimizer (one per parameter, stepped in backward, with ``in_backward``) and the forward's
+    context (torchtune's activation offloading, with ``offloading``): trace/torchtune_memory.py."""
+    from .torchtune_memory import OptimizerInBackward, offloaded_forward
+
+    impl = impl_used if impl_used != "n/a" else "foreach"
+    if in_backward:  # the per-parameter hooks run after _role_hooks' relabelling ones
+        opt: Any = OptimizerInBackward(
+            trainable, lambda ps: make_optimizer(optimizer, impl, ps, lr, tracker.on_host)
+        )
+        notes.append(
+            "optimizer in backward: one optimizer per parameter, stepped by its post-accumulate-grad hook"
+        )
+    else:
+        opt = make_optimizer(optimizer, impl, param_groups(trainable), lr, tracker.on_host)
+    if not offloading:
+        return opt, contextlib.nullcontext
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    head = head if isinstance(head, torch.nn.Module) else None
+    notes.append(
+        "activation offloading: torchtune's OffloadActivations (streams, 5-tensor forward stash, >= 1024 B), "
+        f"output head {'not offloaded' if head is not None else 'not found: offloaded'}; host copies count 0 B"
+    )
+    return opt, lambda: offloaded_forward(tracker, head)
 
 
 def _model_state_bytes(tracker: MemoryTracker, steps: int) -> dict[str, int]:
@@ -392,6 +430,8 @@ def trace_training(
     cast_model: bool = True,
     instrument: Callable[[MemoryTracker], contextlib.AbstractContextManager] | None = None,
     compile_budget: float | None = None,
+    activation_offloading: bool = False,
+    optimizer_in_backward: bool = False,
 ) -> TraceResult:
     """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
 
@@ -404,6 +444,7 @@ def trace_training(
     steps, inside the tracker (e.g. to give FSDP's communication buffers their role). ``compile_budget`` (a
     float): the step runs ``torch.compile``d with Inductor's decompositions and partitioner at that
     ``activation_memory_budget`` (1.0 is torch's default), its fusion emulated (trace/compiled.py).
+    ``activation_offloading`` and ``optimizer_in_backward``: torchtune's (trace/torchtune_memory.py).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -423,11 +464,20 @@ def trace_training(
         n_params = sum(p.numel() for p in params)
         n_trainable = sum(p.numel() for p in trainable)
         impl_used = _usable_impl(optimizer, optimizer_impl, trainable, wdtype, lr, fake, notes)
-        opt = make_optimizer(
-            optimizer, impl_used if impl_used != "n/a" else "foreach", param_groups(trainable), lr
-        )
         tracker = MemoryTracker(model, mark_saved=mark_saved, progress=progress)
         hooks = _role_hooks(tracker, model, trainable, loss_module)
+        opt, forward_ctx = _torchtune_savers(
+            tracker,
+            model,
+            trainable,
+            optimizer,
+            impl_used,
+            lr,
+            activation_offloading,
+            optimizer_in_backward,
+            notes,
+        )
+        hooks += [opt] if optimizer_in_backward else []
         try:
             with (
                 tracker,
@@ -440,6 +490,7 @@ def trace_training(
                     _train_step(
                         tracker, runner, input_factory, opt, trainable, step,
                         amp_dtype=amp_dtype, loss_fn=loss_fn, output_lifetime=output_lifetime,
+                        forward_ctx=forward_ctx,
                     )  # fmt: skip
                 tracker.set_phase("end")
         finally:

@@ -3,6 +3,8 @@ the optimizer of a name and implementation, built (and probed) as HF Trainer / p
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,7 +14,16 @@ from memsim_widget.optimizers import OPTIMIZER_IMPLS
 #: What the builders below accept: ``traceable.TRACEABLE_PRECISIONS`` / ``TRACEABLE_OPTIMIZERS`` (written again, not
 #: imported: ``traceable`` reads the model catalog, whose calibrated models run this tracer; an import circle).
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+OPTIMIZERS = (
+    "adamw",
+    "adam",
+    "sgd",
+    "sgd-momentum",
+    "adafactor",
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw",
+)
 
 
 def precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
@@ -29,8 +40,20 @@ def precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
     return table[precision]
 
 
-def make_optimizer(name: str, impl: str, params: list[Any], lr: float) -> torch.optim.Optimizer:
-    """Build the optimizer the way HF Trainer / plain PyTorch would."""
+def make_optimizer(
+    name: str,
+    impl: str,
+    params: list[Any],
+    lr: float,
+    host: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> torch.optim.Optimizer:
+    """Build the optimizer the way HF Trainer / plain PyTorch would; bitsandbytes' by their states
+    (trace/bnb_states.py; ``host()`` makes a paged buffer, which the GPU counter never sees)."""
+    from .bnb_states import BNB_OPTIMIZERS, BitsandbytesStates
+
+    if name in BNB_OPTIMIZERS:
+        eight_bit, paged = BNB_OPTIMIZERS[name]
+        return BitsandbytesStates(params, eight_bit=eight_bit, paged=paged, lr=lr, host=host)
     kw: dict[str, Any] = {}
     if name in ("adamw", "adam", "sgd", "sgd-momentum"):
         if impl == "foreach":

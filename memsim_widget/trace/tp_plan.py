@@ -84,7 +84,7 @@ def check_tp_shape(cfg: Any, tp: int) -> None:
         )
 
 
-def _layer_linears(model: torch.nn.Module, style: str) -> dict[str, str]:
+def _layer_linears(model: Any, style: str) -> dict[str, str]:  # an HF model (config is not Module's)
     """Per-decoder-layer linear -> "colwise"/"rowwise" for ``style`` (the config's plan for "hf")."""
     if style == "torchtitan":
         return dict(TORCHTITAN_LAYER_PLAN)
@@ -166,9 +166,10 @@ def _root_plan(style: str, sp: bool, loss_parallel: bool, tied: bool) -> dict[st
 
 
 def apply_tensor_parallel(
-    model: torch.nn.Module, tp_mesh: Any, *, sequence_parallel: bool, loss_parallel: bool, style: str
+    model: Any, tp_mesh: Any, *, sequence_parallel: bool, loss_parallel: bool, style: str
 ) -> list[str]:
     """Shard ``model`` (an HF ``*ForCausalLM`` with real or fake cpu tensors) over ``tp_mesh``; return notes.
+    (``Any``: torch's stubs type the model's submodules, config and methods as ``Tensor | Module``.)
 
     Call inside FakeTensorMode after the meta tensors were replaced (``fakeify_meta``): DTensor shards are
     made from the full tensors. Under ``loss_parallel`` the LM head returns Shard(-1) DTensor logits, labels
@@ -262,9 +263,9 @@ def real_mesh_layouts() -> Iterator[None]:
 
     orig = DeviceMesh.__dict__["_concatenate"]
 
-    def concatenate(meshes: list[Any]) -> Any:
+    def concatenate(device_mesh_list: list[Any]) -> Any:  # DeviceMesh._concatenate's parameter name
         with unset_fake_temporarily():
-            return orig.__func__(meshes)
+            return orig.__func__(device_mesh_list)
 
     DeviceMesh._concatenate = staticmethod(concatenate)
     try:

@@ -15,7 +15,14 @@ from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
 TRACEABLE_PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-TRACEABLE_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+TORCH_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+#: torch.optim's, and bitsandbytes' by their states (trace/bnb_states.py: its update is a CUDA kernel writing in place)
+TRACEABLE_OPTIMIZERS = (
+    *TORCH_OPTIMIZERS,
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw",
+)
 
 
 def check_traceable(sc: Scenario) -> None:
@@ -47,8 +54,13 @@ def check_traceable(sc: Scenario) -> None:
     if sc.optimizer not in TRACEABLE_OPTIMIZERS:
         raise ScenarioError(
             "optimizer",
-            f"{sc.optimizer!r} cannot be traced (not in torch.optim); traceable: "
+            f"{sc.optimizer!r} cannot be traced (neither torch.optim nor bitsandbytes' states); traceable: "
             f"{', '.join(TRACEABLE_OPTIMIZERS)}",
+        )
+    if sc.optimizer not in TORCH_OPTIMIZERS and (sc.parallel.world_size > 1 or sc.parallel.ep > 1):
+        raise ScenarioError(
+            "optimizer",
+            f"{sc.optimizer!r} (bitsandbytes' states, trace/bnb_states.py) is traced on one GPU only",
         )
     if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(sc.model).extra.get("vision"):
         raise ScenarioError(
@@ -69,19 +81,53 @@ def check_traceable(sc: Scenario) -> None:
             "compile", "a compiled step is traced for one GPU's SFT step only (trace/compiled.py; objectives and "
             "multi-GPU layouts are not traced compiled yet): set compile to false",
         )  # fmt: skip
-    if sc.compile and sc.activation_checkpointing != "none":
-        # Dynamo turns HF's checkpointing into higher-order ops (run_and_save_rng_state / run_with_rng_state); with
-        # the tracker passing them through, the CPU's real RNG state reaches the fake mode and the step fails
+    if sc.compile and (sc.activation_checkpointing not in ("none", "full") or (sc.checkpoint_every or 1) > 1):
+        # HF's full checkpointing traces compiled (trace/compiled.py runs the rng higher-order ops AOTAutograd
+        # wraps the recomputed random ops in); selective-op and checkpoint_every wrap layers by hand, not traced
         raise ScenarioError(
-            "activation_checkpointing", "a compiled step with checkpointing cannot be traced yet (its higher-order "
-            "ops escape the tracker): use none, or set compile to false",
+            "activation_checkpointing", "a compiled step is traced with full checkpointing or none (selective-op "
+            "and checkpoint_every are not traced compiled): use none or full, or set compile to false",
         )  # fmt: skip
-    if sc.optimizer_in_backward:
-        raise ScenarioError("optimizer_in_backward", "not traced; set it to false")
+    _check_torchtune_savers(sc)
     _check_model_kernels(sc)
     _check_objective(sc)
     if sc.grad_accum_steps > 1:
         raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+    _check_fp8(sc)
+
+
+def _check_fp8(sc: Scenario) -> None:
+    """An fp8 recipe is traced as torchao runs it: tensorwise or rowwise, one GPU's eager SFT step."""
+    fp8 = sc.fp8
+    if fp8 is None:
+        return
+    if fp8.framework != "torchao":
+        raise ScenarioError(
+            "fp8_recipe", f"{fp8.name!r} is TransformerEngine's (CUDA kernels only): not traced; traceable: "
+            "tensorwise, rowwise (torchao)",
+        )  # fmt: skip
+    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1 or sc.objective_name != "sft" or sc.compile
+            or sc.method != "full"):  # fmt: skip
+        raise ScenarioError(
+            "fp8_recipe", "torchao's float8 is traced for one GPU's eager full-training SFT step only: set dp, tp, "
+            "pp, cp and ep to 1, method full, objective sft and compile false",
+        )  # fmt: skip
+
+
+def _check_torchtune_savers(sc: Scenario) -> None:
+    """Raise ScenarioError where torchtune's activation offloading or optimizer in backward cannot be traced:
+    trace/torchtune_memory.py runs them in the single-GPU HF step, eager, SFT only."""
+    for key in ("optimizer_in_backward", "activation_offloading"):
+        if not getattr(sc, key):
+            continue
+        if sc.parallel.world_size > 1 or sc.parallel.ep > 1 or sc.framework == "litgpt":
+            raise ScenarioError(
+                key, "traced for one GPU's transformers step only: set dp, tp, pp, cp, ep to 1"
+            )
+        if sc.compile or sc.objective_name != "sft":
+            raise ScenarioError(
+                key, "traced for an eager SFT step only: set compile to false and the objective to sft"
+            )
 
 
 #: Objectives whose training step the tracer runs (``trace/objectives.py``) (every objective; the rollout phase is not traced).
@@ -161,8 +207,16 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
 
         ctx = Context(sc)
         kw["vision"] = {"images": ctx.images_per_sample, "freeze": ctx.freeze_vision}
-    if sc.compile:  # torch.compile: Inductor's partitioner at torch's default budget (trace/compiled.py)
-        kw["compile_budget"] = 1.0
+    for key in ("activation_offloading", "optimizer_in_backward"):  # torchtune's (trace/torchtune_memory.py)
+        if getattr(sc, key):
+            kw[key] = True
+    if sc.fp8 is not None:  # torchao's float8 Linears (trace/float8.py); check_traceable refuses the rest
+        kw["float8"] = sc.fp8.name
+    if (
+        sc.compile
+    ):  # torch.compile: Inductor's partitioner at the scenario's budget, torch's default 1.0 unset
+        b = sc.activation_memory_budget
+        kw["compile_budget"] = 1.0 if b is None else b
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
         kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
     if sc.method != "full":

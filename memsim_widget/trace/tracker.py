@@ -47,6 +47,8 @@ ROLES = tuple(Role)
 PHASES = tuple(StepPhase)
 _EXPLICIT = frozenset(set(Role) - {Role.ACTIVATION, Role.TEMPORARY})
 _PRIM_DEVICE = torch.ops.prim.device.default
+#: The op suffix of a storage in host memory (MemoryTracker.on_host): 0 bytes for good.
+_HOST = " (host)"
 _LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
 
 
@@ -169,7 +171,7 @@ class MemoryTracker(TorchDispatchMode):
         if root is not None:
             self._names = {id(m): n for n, m in root.named_modules()}
         self._saved_hooks: Any = None
-        self._fusing = False
+        self._fusing: str | None = None  # "fused" or "host": storages made count 0 bytes
         self._bar: Any = None
         if progress and sys.stderr.isatty():
             try:
@@ -189,7 +191,17 @@ class MemoryTracker(TorchDispatchMode):
     def fused(self) -> Iterator[None]:
         """Storages first made inside the block count 0 bytes: a compiled graph's node that Inductor computes
         inside a fused kernel and never writes to memory (trace/compiled.py)."""
-        outer, self._fusing = self._fusing, True
+        outer, self._fusing = self._fusing, "fused"
+        try:
+            yield
+        finally:
+            self._fusing = outer
+
+    @contextlib.contextmanager
+    def on_host(self) -> Iterator[None]:
+        """Storages first made inside the block count 0 bytes: a copy in host memory, which the GPU's counters
+        never see (activation offloading, trace/torchtune_memory.py)."""
+        outer, self._fusing = self._fusing, "host"
         try:
             yield
         finally:
@@ -206,7 +218,8 @@ class MemoryTracker(TorchDispatchMode):
         key = id(st)
         rec = self._live.get(key)
         if rec is not None:
-            if st.nbytes() != rec.nbytes:  # resized in place, outside UntypedStorage.resize_
+            # resized in place, outside UntypedStorage.resize_ (a storage on the host stays 0 bytes)
+            if st.nbytes() != rec.nbytes and not rec.op.endswith(_HOST):
                 rec = self._resized(st, rec)
             if role is not None:
                 rec.role = role
@@ -361,7 +374,7 @@ class MemoryTracker(TorchDispatchMode):
             for rec in self.records[first:]:
                 self.live_bytes -= rec.nbytes
                 rec.nbytes = 0
-                rec.op = f"{opname} (fused)"
+                rec.op = f"{opname} ({self._fusing})"
         self._after_alloc(opname)
         if self._bar is not None and not self.op_count & 255:
             self._bar.update(256)

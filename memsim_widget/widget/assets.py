@@ -37,7 +37,9 @@ def vega_bundle() -> str:
     root = os.environ.get("MEMSIM_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "memsim-widget"
     )
-    path = Path(root) / f"vega-embed-{vlc.__version__}-{VL_CONVERT_VERSION}.js"
+    # vl_convert's stub (__init__.pyi) leaves out the __version__ the module has
+    version = vlc.__version__  # pyright: ignore[reportAttributeAccessIssue]
+    path = Path(root) / f"vega-embed-{version}-{VL_CONVERT_VERSION}.js"
     try:
         return path.read_text(encoding="utf-8")
     except OSError:

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from memsim_widget.charts.comparison import compare_spec
 from memsim_widget.comparison import MAX_SCENARIOS, Comparison, compare, value_text
-from memsim_widget.comparison_charts import compare_spec
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError

@@ -11,6 +11,7 @@ from memsim_widget import charts as charts_mod
 from memsim_widget.catalog.gpus import GPUS
 from memsim_widget.catalog.models import PRESET_INFO, architecture_for, preset_ids
 from memsim_widget.engine.items import CATEGORIES
+from memsim_widget.fp8 import FP8_RECIPES
 from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import RULES, UNJUDGED
@@ -66,6 +67,7 @@ CONTROLS: tuple[tuple[str, str, str, str], ...] = (
     ("seq_len", "sequence length", "log", "Batch"),
     ("grad_accum_steps", "grad accumulation", "int", "Batch"),
     ("precision", "precision", "select", "Training"),
+    ("fp8_recipe", "fp8 recipe", "select", "Training"),
     ("optimizer", "optimizer", "select", "Training"),
     ("optimizer_impl", "implementation", "select", "Training"),
     ("optimizer_in_backward", "optimizer in backward", "bool", "Training"),
@@ -242,6 +244,7 @@ def _static_options() -> dict[str, Any]:
         "choices": {
             "method": list(METHODS),
             "precision": list(PRECISIONS),
+            "fp8_recipe": [None, *FP8_RECIPES],  # None: unset (te-delayed under precision fp8, else no fp8)
             "optimizer": list(OPTIMIZERS),
             "optimizer_impl": list(OPTIMIZER_IMPLS),
             "activation_checkpointing": list(CHECKPOINTING),
@@ -266,11 +269,13 @@ def _static_options() -> dict[str, Any]:
                 "step": "step: kept through optimizer.step",
             },
             "objective": {"null": "sft (unset)"},
+            "fp8_recipe": {"null": "none (te-delayed under fp8)"},
             "rl.reference": {"null": "objective's default"},
             "rl.sleep_mode": {"0": "off", "1": "level 1: weights to host", "2": "level 2: discard weights"},
         },
         "descriptions": {
             "precision": {k: v.description for k, v in PRECISIONS.items()},
+            "fp8_recipe": {k: v.description for k, v in FP8_RECIPES.items()},
             "optimizer": {k: v.description for k, v in OPTIMIZERS.items()},
         },
         "stops": {

@@ -46,8 +46,13 @@ class WidgetHost(Protocol):
     _lock: threading.RLock
     #: The last valid scenario as a dict (``scenario_data`` unless a rejected input is shown).
     _valid: dict[str, Any]
-    #: The scenario shown (read only): ``_valid``, or a rejected input completed from it (what the controls show).
-    scenario_data: dict[str, Any]
+
+    @property
+    def scenario_data(self) -> Mapping[str, Any]:
+        """The scenario shown (read only): ``_valid``, or a rejected input completed from it (what the controls
+        show)."""
+        ...
+
     #: Why the input shown is rejected; None when the shown scenario is the valid one.
     _last_exc: ScenarioError | None
     #: Whether the widget is closed: panels then start no work and publish nothing more.

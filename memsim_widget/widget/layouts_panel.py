@@ -7,8 +7,8 @@ A search (``memsim_widget.plan.plan``) runs on request: the "Search layouts" but
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from memsim_widget import charts as charts_mod
 from memsim_widget.catalog.gpus import resolve_gpu
@@ -82,10 +82,12 @@ def plan_search(**kwargs: Any) -> Plan:
 
 def build_layouts_view(p: Plan, rows: int = LAYOUT_ROWS, points: int = LAYOUT_POINTS) -> dict[str, Any]:
     """The ``view`` of the ``layouts`` trait: the search in numbers, the best ``rows`` candidates, the chart."""
-    from memsim_widget.plan.chart import candidates_spec
+    from memsim_widget.charts.plan import candidates_spec
 
     top = []
-    for rank, r in enumerate(p.frame.head(rows).itertuples(index=False), start=1):
+    # itertuples yields namedtuples (pandas' stubs say plain tuples): the columns are read as attributes
+    named_rows = cast("Iterable[Any]", p.frame.head(rows).itertuples(index=False))
+    for rank, r in enumerate(named_rows, start=1):
         top.append(
             {
                 "rank": rank,
@@ -216,7 +218,8 @@ class LayoutsController:
         if result is None:
             self.update(state="error", error=error_text(error))
         else:
-            self._show(*job.subject, *result)
+            data, headroom = job.subject
+            self._show(data, headroom, *result)
 
     def apply_msg(self, content: Mapping[str, Any]) -> None:
         """ "Apply" on a candidate layout: set that candidate's scenario (of the shown, current search)."""

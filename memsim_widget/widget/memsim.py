@@ -14,18 +14,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anywidget
 import traitlets
 
 from memsim_widget import charts as charts_mod
+from memsim_widget.charts.phases import phase_spec
+from memsim_widget.charts.times import time_spec
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.errors import ScenarioError, one_line, short_repr
-from memsim_widget.phase_charts import phase_spec
 from memsim_widget.scenario import Scenario
-from memsim_widget.time_charts import time_spec
 from memsim_widget.units import GiB
 from memsim_widget.widget.assets import asset, vega_bundle
 from memsim_widget.widget.calibration_panel import CalibrationController
@@ -33,7 +33,7 @@ from memsim_widget.widget.compare_panel import CompareController
 from memsim_widget.widget.controls import build_options, normalize
 from memsim_widget.widget.export_panel import ExportController
 from memsim_widget.widget.fit_panel import FitController, fit_target
-from memsim_widget.widget.host import PanelTrait
+from memsim_widget.widget.host import PanelTrait, WidgetHost
 from memsim_widget.widget.import_panel import ImportController, MeasureController
 from memsim_widget.widget.layouts_panel import LayoutsController
 from memsim_widget.widget.result import build_result
@@ -67,7 +67,7 @@ class MemSim(anywidget.AnyWidget):
     """GPU-memory simulator widget: controls for a ``Scenario``, the verdict, breakdown, scaling and table.
 
     The "Verify with trace", "Make it fit", compare and launch-config panels are the controllers ``_trace``,
-    ``_fit``, ``_layouts``, ``_compare`` and ``_export``; the methods below delegate to them. ``MemSim`` is
+    ``_fit``, ``_layouts``, ``_compare_panel`` and ``_export``; the methods below delegate to them. ``MemSim`` is
     their ``WidgetHost``.
     """
 
@@ -163,14 +163,17 @@ class MemSim(anywidget.AnyWidget):
         # The trace thread writes traits too: every trait write of the widget happens under this lock.
         self._lock = threading.RLock()
         self._closed = False
-        self._trace = TraceController(self)
-        self._fit = FitController(self)
-        self._layouts = LayoutsController(self)
-        self._compare = CompareController(self)
-        self._export = ExportController(self)
-        self._calibration = CalibrationController(self)
-        self._import = ImportController(self)
-        self._measure = MeasureController(self)
+        # MemSim is the panels' WidgetHost; pyright types a traitlets trait (headroom, scenario_data) as the trait
+        # object on class access, so it cannot match them to the protocol's properties: the cast says it.
+        host = cast("WidgetHost", self)
+        self._trace = TraceController(host)
+        self._fit = FitController(host)
+        self._layouts = LayoutsController(host)
+        self._compare_panel = CompareController(host)
+        self._export = ExportController(host)
+        self._calibration = CalibrationController(host)
+        self._import = ImportController(host)
+        self._measure = MeasureController(host)
         #: Front-end message type -> its handler (``_on_front_msg``).
         self._handlers: dict[str, Handler] = {
             "verify": self._trace.verify_msg,
@@ -236,8 +239,8 @@ class MemSim(anywidget.AnyWidget):
     @traitlets.observe("pins")
     def _on_pins(self, change: Any) -> None:
         """The front end (or Python) wrote the pins: the compare panel checks, names and estimates them."""
-        if "_compare" in self.__dict__:
-            self._compare.written(change["new"])
+        if "_compare_panel" in self.__dict__:
+            self._compare_panel.written(change["new"])
 
     def set_state(self, sync_data: dict[str, Any]) -> None:
         """Front-end writes apply under the widget's lock (the trace thread writes traits too), one trait at a
@@ -389,7 +392,7 @@ class MemSim(anywidget.AnyWidget):
         """Recompute result and charts from the current estimate and headroom."""
         for name, value in self._derived(self._estimate, self.headroom).items():
             setattr(self, name, value)
-        self._compare.update()
+        self._compare_panel.update()
 
     # ----- front-end messages, following changes, closing -----------------------------------------------
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
@@ -485,7 +488,7 @@ class MemSim(anywidget.AnyWidget):
 
     def time_chart(self) -> Any:
         """The step-time chart (Altair): one bar of where a step's modelled seconds go, by category."""
-        from memsim_widget.time_charts import time_chart
+        from memsim_widget.charts.times import time_chart
 
         return time_chart(self._estimate)
 
@@ -571,22 +574,22 @@ class MemSim(anywidget.AnyWidget):
     # ----- compare (``compare_panel``) ------------------------------------------------------------------
     def pin(self, name: str | None = None) -> MemSim:
         """Pin the current (last valid) scenario under ``name`` (default ``pin N``); raises if it is refused."""
-        self._compare.pin(name)
+        self._compare_panel.pin(name)
         return self
 
     def unpin(self, which: int | str = -1) -> MemSim:
         """Remove a pin by position or name (default the last one)."""
-        self._compare.unpin(which)
+        self._compare_panel.unpin(which)
         return self
 
     @property
     def pin_names(self) -> list[str]:
         """The pins' names, in pinning order."""
-        return self._compare.names
+        return self._compare_panel.names
 
     def compare(self) -> Comparison:
         """The pins and the current scenario side by side (``memsim_widget.compare``); raises without pins."""
-        return self._compare.compare()
+        return self._compare_panel.compare()
 
     # ----- launch config (``export_panel``) --------------------------------------------------------------
     def export_config(self, fmt: str) -> dict[str, str]:

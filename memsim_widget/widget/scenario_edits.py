@@ -98,7 +98,8 @@ def drop_carried_unknown(
         if key not in known and key not in explicit and key in shown and shown[key] == value:
             del out[key]
         elif key in _NESTED and isinstance(value, Mapping) and isinstance(known.get(key), Mapping):
-            before = shown.get(key) if isinstance(shown.get(key), Mapping) else {}
+            prior = shown.get(key)
+            before = prior if isinstance(prior, Mapping) else {}
             out[key] = {
                 k: v
                 for k, v in value.items()

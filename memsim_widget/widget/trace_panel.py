@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget import charts as charts_mod
+from memsim_widget.charts import trace as trace_charts
 from memsim_widget.engine.items import CATEGORIES
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
-from memsim_widget.trace import charts as trace_charts
 from memsim_widget.trace.replay import on_card_text
 from memsim_widget.units import fmt_bytes
 from memsim_widget.widget.background import BackgroundJob, JobSlot, error_text

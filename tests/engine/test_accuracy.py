@@ -232,10 +232,25 @@ def test_uncertainty_bands_bracket_each_counter() -> None:
 def test_paged_optimizer_states_are_outside_the_allocator_but_on_the_device() -> None:
     paged = estimate({**BASE, "optimizer": "paged-adamw", "optimizer_impl": "fused"})
     fused = estimate({**BASE, "optimizer": "adamw", "optimizer_impl": "fused", "precision": "bf16"})
-    states = 2 * 4 * paged.parameters  # fp32 states whatever the parameter dtype
+    # bitsandbytes pages the states of parameters of 1e5 elements or more; Llama 3.2 1B's 16 x 2 + 1 RMSNorm
+    # weights (2048 elements each) keep theirs in the allocator. fp32 states whatever the parameter dtype.
+    small = (16 * 2 + 1) * 2048
+    states = 2 * 4 * (paged.parameters - small)
     assert paged.peak_allocated_bytes < fused.peak_allocated_bytes
-    assert any(i.item.startswith("paged-adamw") and i.bytes == states for i in paged.worst.device)
+    assert [i.bytes for i in paged.worst.device if i.item.startswith("paged-adamw")] == [states]
+    assert any(i.item == "paged-adamw states" and i.bytes == 2 * 4 * small for i in paged.worst.items)
     assert paged.device_total_bytes > paged.peak_reserved_bytes + states - 1
+
+
+def test_a_paged_8bit_optimizer_keeps_the_absmax_blocks_in_the_allocator() -> None:
+    est = estimate({**BASE, "optimizer": "paged-adamw-8bit", "optimizer_impl": "fused"})
+    [on_device] = [i for i in est.worst.device if i.item.startswith("paged-adamw-8bit")]
+    small = (16 * 2 + 1) * 2048  # the RMSNorm weights: under 1e5 elements, 32-bit states (< 4096) not paged
+    big = est.parameters - small
+    assert on_device.bytes == 2 * big  # 1 B per element and state
+    [allocated] = [i for i in est.worst.items if i.item == "paged-adamw-8bit states"]
+    # per large tensor: 2 states x 4 B x ceil(n / 256) absmax; Llama 3.2 1B's tensors are multiples of 256
+    assert allocated.bytes == 2 * 4 * small + 2 * 4 * big // 256
 
 
 def test_torchtune_keeps_fp32_logits_through_backward() -> None:

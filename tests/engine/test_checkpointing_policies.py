@@ -132,7 +132,7 @@ def test_wrapping_every_layer_traces_like_hf_gradient_checkpointing():
 @pytest.mark.slow
 def test_engine_within_one_percent_of_the_trace(name):
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.01, r

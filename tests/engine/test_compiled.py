@@ -28,9 +28,9 @@ def test_the_engine_counts_the_partitioners_saved_set_for_a_compiled_llama() -> 
     assert start.tensor_bytes == states + inputs + L * per_layer + post + loss_saved + loss_backward
     assert est.peak_tensor_bytes == start.tensor_bytes
     assert any("partitioner" in c for c in est.caveats)
-    # what no compiled trace covers keeps eager's figure and says so
+    # what no compiled trace covers gets the untraced formula and says so
     other = estimate(sc.replace(attention="eager"))
-    assert any("no memory rule" in c for c in other.caveats)
+    assert any(c.startswith("compile: untraced for this scenario, a formula") for c in other.caveats)
 
 
 def test_under_autocast_the_partitioner_saves_fp32_residuals_and_16_bit_weight_casts() -> None:
@@ -77,3 +77,151 @@ def test_compiled_lora_on_q_and_v_saves_no_frozen_projections_input() -> None:
     assert sum(t.bytes for t in act.post) == 0
     assert sum(t.bytes for t in act.loss_backward) == 4 * T * V + e * T * V + (2 * L - 1) * e * T * kvd
     assert any("partitioner" in c for c in estimate(sc).caveats)
+
+
+def test_q_k_norms_under_compile_save_the_projections_outputs_and_rsqrts() -> None:
+    """Qwen3 (per-head q/k RMSNorm, a x d = 1024 wider than h = 256), compiled, as the trace's saved tensors list
+    them (benchmarks/compiled_saved.py "qwen3 bf16 sdpa b2 s512"): per layer the residual stream and the two norm
+    outputs (4 e T h), their rsqrts (8 T), q_proj's and k_proj's outputs (the q/k norms' inputs, e T (a d + kv d)),
+    the q/k norms' rsqrts per head (4 T (a + kv)), q after RoPE and the attention output (2 e T a d), k and v
+    (2 e T kv d), the logsumexp (4 T a), gate's and up's outputs and down's input (3 e T I)."""
+    from fidelity_cases import CASES
+
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    act = activations(
+        Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 sdpa b2 s512"], "compile": True}))
+    )
+    T, h, a, d, kv, I, e = 1024, 256, 8, 128, 4, 688, 2
+    per = (
+        4 * e * T * h
+        + 8 * T
+        + e * T * (a * d + kv * d)
+        + 4 * T * (a + kv)
+        + 2 * e * T * a * d
+        + 2 * e * T * kv * d
+        + 4 * T * a
+        + 3 * e * T * I
+    )
+    assert act.layer_bytes() == per
+
+
+def test_gemma_and_olmo2_save_what_llama_saves_besides_the_q_k_norms() -> None:
+    """Gemma's GeGLU saves gate's and up's outputs as SwiGLU does (the tanh GeLU recomputed); OLMo 2's post-norms
+    save as many T x h tensors as Llama's pre-norms and its whole-projection q/k norms add q_proj's and k_proj's
+    outputs and two fp32 rsqrts per token (traced: docs/fidelity.md)."""
+    from fidelity_cases import CASES
+
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    def layer(name: str) -> int:
+        return activations(Context(Scenario.from_dict({**dict(CASES)[name], "compile": True}))).layer_bytes()
+
+    T, hq, hkv, e = 1024, 256, 128, 2
+    assert layer("gemma bf16 sdpa b2 s512") == layer("llama bf16 sdpa b2 s512")
+    assert (
+        layer("olmo2 bf16 sdpa b2 s512") == layer("llama bf16 sdpa b2 s512") + e * T * (hq + hkv) + 2 * 4 * T
+    )
+
+
+def test_an_untraced_compiled_step_is_a_labelled_formula_eager_layers_and_the_compiled_loss() -> None:
+    """GPT-2 compiled (no traced rule): the layers keep eager's terms, an upper bound on its compiled trace
+    (docs/fidelity.md), and the loss is the compiled loss of the traced decoders: the e-byte logits and 17 B x T
+    saved; one fp32 T x V buffer, the logits' zero gradient and the KV cache's (every layer's k and v) at the top
+    of backward. Every term and the caveat say the formula is untraced."""
+    from fidelity_cases import CASES
+
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    data = dict(CASES)["gpt2 bf16 sdpa b2 s512"]
+    eager = activations(Context(Scenario.from_dict(data)))
+    sc = Scenario.from_dict({**data, "compile": True})
+    act = activations(Context(sc))
+    T, V, hkv, L, e = 1024, 1000, 256, 4, 2
+    assert act.layer_bytes() == eager.layer_bytes()
+    assert act.loss_forward == []
+    assert sum(t.bytes for t in act.loss_saved) == e * T * V + 17 * T
+    assert sum(t.bytes for t in act.loss_backward) == 4 * T * V + e * T * V + L * 2 * e * T * hkv
+    assert all("untraced formula" in t.name for t in act.loss_saved + act.loss_backward)
+    assert any(c.startswith("compile: untraced for this scenario, a formula") for c in estimate(sc).caveats)
+    # an encoder's loss is no causal LM's: all eager's
+    vit = dict(CASES)["vit bf16 sdpa b8 (no dropout)"]
+    assert (
+        estimate(Scenario.from_dict({**vit, "compile": True})).peak_tensor_bytes
+        == estimate(Scenario.from_dict(vit)).peak_tensor_bytes
+    )
+
+
+def test_a_memory_budget_below_one_keeps_the_default_figure_and_says_it_is_untraced() -> None:
+    """activation_memory_budget < 1 is not modelled by the engine: the default budget's figure, an upper bound on
+    the compiled traces at 0.5, 0.2 and 0 (docs/fidelity.md), with a caveat naming the key."""
+    base = {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    full = estimate(Scenario.from_dict(base))
+    half = estimate(Scenario.from_dict({**base, "activation_memory_budget": 0.5}))
+    assert half.peak_tensor_bytes == full.peak_tensor_bytes
+    assert any(c.startswith("activation_memory_budget 0.5: untraced") for c in half.caveats)
+    assert not any(c.startswith("activation_memory_budget") for c in full.caveats)
+
+
+def test_compiled_full_checkpointing_keeps_layer_inputs_and_recomputes_the_compiled_layer() -> None:
+    """Full checkpointing compiled (traced, docs/fidelity.md): each layer keeps its input, the residual stream
+    (e T h); the backward recomputes one layer's compiled saved set; HF turns the KV cache off, so no zero
+    gradients for it at the top of backward."""
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    base = {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024, "compile": True}
+    plain = activations(Context(Scenario.from_dict(base)))
+    ckpt = activations(Context(Scenario.from_dict({**base, "activation_checkpointing": "full"})))
+    T, h, V, e = 4096, 2048, 128256, 2
+    assert sum(t.bytes for t in ckpt.checkpointed_layer) == e * T * h
+    assert ckpt.recomputed_layer == plain.per_layer
+    assert sum(t.bytes for t in ckpt.loss_backward) == 4 * T * V + e * T * V
+    # LoRA or autocast with checkpointing are not traced compiled: the formula says so
+    lora = Scenario.from_dict({**base, "activation_checkpointing": "full", "method": "lora"})
+    assert any(c.startswith("compile: untraced for this scenario") for c in estimate(lora).caveats)
+
+
+def test_compiled_lora_on_qwen3_saves_the_q_k_norms_but_layer_zeros_k_norm() -> None:
+    """Qwen3 with LoRA on q and v, compiled (traced: docs/fidelity.md): the q/k norms save their inputs and rsqrts
+    as in full training, at the query width a x d, except layer 0's k norm, which reads the frozen embedding
+    through a frozen k_proj and needs no gradient."""
+    from fidelity_cases import CASES
+
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    act = activations(
+        Context(Scenario.from_dict({**dict(CASES)["qwen3 bf16 lora qv b2 s512"], "compile": True}))
+    )
+    T, a, d, kv, e = 1024, 8, 128, 4, 2
+    (qk,) = [t for t in act.per_layer if "q/k norm" in t.name]
+    assert qk.bytes == e * T * (a * d + kv * d) + 4 * T * (a + kv)
+    assert qk.skip_first and qk.first_bytes == e * T * kv * d + 4 * T * kv
+    (q_attn,) = [t for t in act.per_layer if "q after RoPE" in t.name]
+    assert q_attn.bytes == 2 * e * T * a * d
+
+
+def test_gemma3s_sandwich_norms_save_their_inputs_on_top_of_gemmas_set() -> None:
+    """Gemma 3 (text) compiled: Gemma's set, the per-head q/k norms' inputs and rsqrts (a x d = 512 here), and its
+    norms after attention and after the MLP: o_proj's and down_proj's outputs (2 e T h) and two fp32 rsqrts."""
+    from fidelity_cases import CASES
+
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.context import Context
+
+    def terms(name: str) -> dict[str, float]:
+        sc = Scenario.from_dict({**dict(CASES)[name], "compile": True})
+        return {t.name: t.bytes for t in activations(Context(sc)).per_layer}
+
+    g3 = terms("gemma3_text bf16 sdpa b2 s512")
+    T, h, a, d, kv, e = 1024, 256, 8, 64, 4, 2
+    assert g3["compiled: post-norm inputs (o_proj's and down_proj's outputs) and their rsqrt (fp32)"] == (
+        2 * e * T * h + 2 * 4 * T
+    )
+    qk = "compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)"
+    assert g3[qk] == e * T * (a * d + kv * d) + 4 * T * (a + kv)
+    assert g3["compiled: q after RoPE, attention output"] == 2 * e * T * a * d

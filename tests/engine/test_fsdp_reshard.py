@@ -4,11 +4,11 @@ False keeps every layer's unsharded parameters from its forward to its backward 
 from __future__ import annotations
 
 import pytest
+from fidelity_cases import LLAMA
 
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.fidelity import LLAMA
 from memsim_widget.scenario import Scenario
 
 

@@ -4,10 +4,10 @@ step held within 3% of a fake-tensor trace of TRL's loop (``trace/objectives.py`
 from __future__ import annotations
 
 import pytest
+from fidelity_cases import LLAMA, OBJECTIVE_CASES
 
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.fidelity import LLAMA, OBJECTIVE_CASES
 from memsim_widget.scenario import Scenario
 
 BASE = {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512}
@@ -119,7 +119,7 @@ FAST = [
 def test_objective_step_within_three_percent_of_trace(name):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import compare
+    from fidelity_cases import compare
 
     r = compare(name, dict(OBJECTIVE_CASES)[name])
     assert abs(r["error"]) < 0.03, r

@@ -177,7 +177,7 @@ def test_widget_offers_the_unset_choice_and_disables_it_for_megatron():
 def test_engine_within_one_percent_of_the_plain_loop_trace(name):
     """Traced with the loop that keeps the outputs; the trainer-loop engine is 2.5% under on the first."""
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.01, r

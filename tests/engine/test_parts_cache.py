@@ -20,10 +20,11 @@ from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import state_groups
 from memsim_widget.scenario import Scenario
 
-#: Base scenarios reaching the engine's branches: tensor and pipeline parallel, LoRA, a framework with its own
-#: FSDP rules, an MoE and a multimodal model, a state-space model.
+#: Base scenarios reaching the engine's branches: compile, tensor and pipeline parallel, LoRA, a framework with its
+#: own FSDP rules, an MoE and a multimodal model, a state-space model.
 BASES = [
     {"model": "llama-3.2-1b", "seq_len": 1024},
+    {"model": "llama-3.2-1b", "seq_len": 1024, "compile": True},  # the compiled rule (traced) and formula
     {"model": "llama-3.2-1b", "seq_len": 1024, "parallel": {"tp": 2, "pp": 2, "pp_microbatches": 4}},
     {"model": "llama-3.2-1b", "method": "lora", "seq_len": 512},
     {"model": "llama-3.2-1b", "framework": "torchtitan", "parallel": {"dp": 2, "zero": 3}},

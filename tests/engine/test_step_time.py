@@ -240,7 +240,7 @@ def test_the_fit_reproduces_the_committed_constants():
 
 
 def test_time_chart_spec_holds_every_item_of_the_frame():
-    from memsim_widget.time_charts import time_spec
+    from memsim_widget.charts.times import time_spec
 
     est = estimate(BASE.replace(activation_checkpointing="full"))
     values = time_spec(est)["data"]["values"]

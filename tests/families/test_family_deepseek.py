@@ -108,7 +108,7 @@ def test_bad_group_settings_are_named() -> None:
 )
 @pytest.mark.slow
 def test_engine_within_three_percent_of_trace(name: str) -> None:
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r

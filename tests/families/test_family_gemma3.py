@@ -15,13 +15,13 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from _family_meta import assert_matches_transformers, meta_counts, meta_model  # noqa: E402
+from fidelity_cases import CASES, compare  # noqa: E402
 
 from memsim_widget.catalog.models import PRESET_INFO, PRESETS, architecture_for  # noqa: E402
 from memsim_widget.engine.activations import activations  # noqa: E402
 from memsim_widget.engine.context import Context  # noqa: E402
 from memsim_widget.engine.core import estimate  # noqa: E402
 from memsim_widget.errors import ScenarioError  # noqa: E402
-from memsim_widget.fidelity import CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 from memsim_widget.trace.traceable import trace_kwargs  # noqa: E402
 

@@ -140,7 +140,7 @@ def test_untraceable_paths_are_refused_by_name() -> None:
 @pytest.mark.parametrize("name", ["gpt_oss bf16 eager b2 s256", "gpt_oss bf16 eager lora qv b2 s256"])
 @pytest.mark.slow
 def test_engine_within_three_percent_of_trace(name: str) -> None:
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r

@@ -198,7 +198,7 @@ def test_untraced_combinations_are_refused(keys: dict[str, Any], field: str) -> 
 @pytest.mark.slow
 def test_engine_within_one_percent_of_trace(name: str) -> None:
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.01, r

@@ -115,7 +115,7 @@ def test_the_estimate_names_the_one_tile_image_and_the_transformers_bug() -> Non
 @pytest.mark.slow
 def test_engine_within_one_percent_of_trace(name: str) -> None:
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.01, r

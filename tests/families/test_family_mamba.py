@@ -199,7 +199,7 @@ def test_trace_refuses_the_cuda_path_and_runs_the_torch_path() -> None:
 def test_torch_path_within_three_percent_of_trace(name: str) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r

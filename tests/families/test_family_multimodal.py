@@ -13,12 +13,12 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from _family_meta import arch_shapes  # noqa: E402
+from fidelity_cases import CLIP, GEMMA3_VLM, LLAVA, MULTIMODAL_CASES, compare  # noqa: E402
 
 from memsim_widget.catalog.models import PRESETS, architecture_for  # noqa: E402
 from memsim_widget.engine.context import Context  # noqa: E402
 from memsim_widget.engine.core import estimate  # noqa: E402
 from memsim_widget.errors import ScenarioError  # noqa: E402
-from memsim_widget.fidelity import CLIP, GEMMA3_VLM, LLAVA, MULTIMODAL_CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 MULTIMODAL_PRESETS = [

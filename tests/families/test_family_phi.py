@@ -98,7 +98,7 @@ def test_lora_layer0_mlp_saves_nothing() -> None:
 def test_engine_within_three_percent_of_trace(name: str) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r

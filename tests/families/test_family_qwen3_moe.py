@@ -96,7 +96,7 @@ def test_bad_keys_are_named() -> None:
 @pytest.mark.parametrize("name", ["qwen3_moe bf16 sdpa b2 s512", "qwen3_moe bf16 lora qv b2 s512"])
 @pytest.mark.slow
 def test_engine_within_three_percent_of_trace(name: str) -> None:
-    from memsim_widget.fidelity import CASES, compare
+    from fidelity_cases import CASES, compare
 
     r = compare(name, dict(CASES)[name])
     assert abs(r["error"]) < 0.03, r

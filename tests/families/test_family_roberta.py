@@ -9,13 +9,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from _family_meta import assert_matches_transformers, meta_model  # noqa: E402
+from fidelity_cases import CASES, compare  # noqa: E402
 
 from memsim_widget.catalog.models import PRESETS, architecture_for  # noqa: E402
 from memsim_widget.engine.activations import activations  # noqa: E402
 from memsim_widget.engine.context import Context  # noqa: E402
 from memsim_widget.engine.core import estimate  # noqa: E402
 from memsim_widget.errors import ScenarioError  # noqa: E402
-from memsim_widget.fidelity import CASES, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 ROBERTA_PRESETS = [p for p, cfg in PRESETS.items() if cfg["model_type"] in ("roberta", "xlm-roberta")]

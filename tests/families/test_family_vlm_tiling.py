@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from _family_meta import arch_shapes  # noqa: E402
+from fidelity_cases import LLAVA_NEXT, MULTIMODAL_CASES, QWEN2_5_VL, QWEN2_VL, compare  # noqa: E402
 
 from memsim_widget.architecture import build_architecture  # noqa: E402
 from memsim_widget.catalog.models import PRESETS, architecture_for  # noqa: E402
@@ -23,7 +24,6 @@ from memsim_widget.engine.core import estimate  # noqa: E402
 from memsim_widget.errors import ScenarioError  # noqa: E402
 from memsim_widget.families.llava_next import anyres_tokens  # noqa: E402
 from memsim_widget.families.qwen2_vl import smart_resize  # noqa: E402
-from memsim_widget.fidelity import LLAVA_NEXT, MULTIMODAL_CASES, QWEN2_5_VL, QWEN2_VL, compare  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 PRESETS_HERE = {

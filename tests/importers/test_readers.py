@@ -251,3 +251,19 @@ def test_format_forces_how_the_files_are_read(tmp_path: Path) -> None:
     assert import_config(path, "hf").scenario.micro_batch_size == 3
     with pytest.raises(ScenarioError, match="--format"):
         import_config(path, "megatron")
+
+
+def test_torchtitan_s_float8_converter_reads_as_its_fp8_recipe(tmp_path: Path) -> None:
+    """torchtitan's ``model.converters = ["float8"]`` is torchao's float8 training; ``float8.recipe_name`` its
+    scaling (torchao's default tensorwise); the fp8 all-gather is listed as not modelled."""
+    base = (Path(__file__).parent.parent / "data" / "configs" / "torchtitan" / "llama3_8b.toml").read_text()
+    plain = import_config(_write(tmp_path, "plain.toml", base)).scenario
+    assert plain.fp8_recipe is None
+    text = base.replace('# converters = "float8"', 'converters = ["float8"]')
+    assert import_config(_write(tmp_path, "tw.toml", text)).scenario.fp8_recipe == "tensorwise"
+    text = text.replace("[float8]\n", '[float8]\nrecipe_name = "rowwise"\n').replace(
+        "enable_fsdp_float8_all_gather = false", "enable_fsdp_float8_all_gather = true"
+    )
+    result = import_config(_write(tmp_path, "rw.toml", text))
+    assert result.scenario.fp8_recipe == "rowwise"
+    assert any("fp8_recipe" in u and "all-gather" in u for u in result.unread)

@@ -67,6 +67,16 @@ def grid(fmt: str) -> list[dict[str, Any]]:
     return out + [{**out[0], **extra} for extra in EXTRAS.get(fmt, [])]
 
 
+_SCOPES = ("model", "language")
+
+
+def _VLM_LORA(scope: str) -> dict[str, Any]:  # noqa: N802 - read as a constant
+    """LoRA on a multimodal model with ``lora.target_scope`` ``scope`` (the tower and projector with or without
+    adapters: peft's exclude_modules, axolotl's lora_exclude_modules, LLaMA-Factory's freeze_* keys)."""
+    return {"method": "lora", "lora": {"rank": 16, "alpha": 32, "targets": ["q_proj", "v_proj"],
+                                       "target_scope": scope}}  # fmt: skip
+
+
 #: Knobs only some formats have a key for, each on the grid's first scenario.
 EXTRAS: dict[str, list[dict[str, Any]]] = {
     "torchtitan": [
@@ -78,9 +88,15 @@ EXTRAS: dict[str, list[dict[str, Any]]] = {
         {"model": "qwen3-30b-a3b", "parallel": {"dp": 8, "zero": 3, "ep": 8}},
     ],
     "deepspeed": [{"parallel": {"dp": 2, "zero": 1, "tp": 2}, "precision": "mixed-bf16"}],
-    "torchtune": [{"optimizer_in_backward": True}, {"loss": "chunked", "activation_offloading": True}],
+    "torchtune": [{"optimizer_in_backward": True}, {"loss": "chunked", "activation_offloading": True},
+                  {"optimizer_in_backward": True, "activation_offloading": True, "compile": True,
+                   "activation_checkpointing": "full"}],
     "axolotl": [{"loss": "chunked", "activation_offloading": True, "attention": "eager"},
-                {"parallel": {"dp": 2, "tp": 2, "zero": 3}, "precision": "bf16"}],
+                {"parallel": {"dp": 2, "tp": 2, "zero": 3}, "precision": "bf16"},
+                {"compile": True}, *({"model": "qwen2-vl-2b", **_VLM_LORA(scope)} for scope in _SCOPES)],
+    "hf": [{"compile": True}, *({"model": "qwen2-vl-2b", **_VLM_LORA(scope)} for scope in _SCOPES)],
+    "llamafactory": [{"compile": True}, {"activation_checkpointing": "full", "activation_offloading": True},
+                     *({"model": "llava-1.5-7b", **_VLM_LORA(scope)} for scope in _SCOPES)],
 }  # fmt: skip
 
 

@@ -128,10 +128,10 @@ describe("render", () => {
     const plain = mount();
     assert.equal(plain.el.querySelectorAll(".memsim-caveat").length, 0);
     plain.cleanup();
-    const result = { ...fixtureState().result, caveats: ["compile: true has no memory rule"] };
+    const result = { ...fixtureState().result, caveats: ["compile: untraced for this scenario, a formula"] };
     const { el, cleanup } = mount({ result });
     const shown = [...el.querySelectorAll(".memsim-verdict .memsim-caveat")].map((c) => c.textContent);
-    assert.deepEqual(shown, ["caveat: compile: true has no memory rule"]);
+    assert.deepEqual(shown, ["caveat: compile: untraced for this scenario, a formula"]);
     cleanup();
   });
 

@@ -1,6 +1,6 @@
 """One rank of a multi-GPU job: the engine stays within 3% of a trace of PyTorch's own distributed code.
 
-A fast subset of ``memsim_widget.fidelity_parallel.CASES`` (FSDP2, replicate, DTensor TP with sequence
+A fast subset of ``fidelity_parallel_cases.CASES (tests/data)`` (FSDP2, replicate, DTensor TP with sequence
 parallel, 2-D dp x tp, the last stage of a 1F1B pipeline, and at real vocabularies FSDP2's root unit,
 transformers' plan's optimizer groups and pipeline last and interleaved first stages); ``benchmarks/fidelity_parallel.py`` runs all of them
 and docs/fidelity-parallel.md holds the table (median within 1%, worst within 3%).
@@ -16,8 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
-
-from memsim_widget.fidelity_parallel import CASES, FAST, compare  # noqa: E402
+from fidelity_parallel_cases import CASES, FAST, compare  # noqa: E402
 
 #: Every test here runs a real trace on fake tensors: behind the slow marker (scripts/dev test runs it).
 pytestmark = pytest.mark.slow

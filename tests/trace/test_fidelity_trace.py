@@ -1,6 +1,6 @@
 """The engine's peak live tensor bytes stay within 3% of a fake-tensor trace of the same training step.
 
-A fast subset of ``memsim_widget.fidelity.CASES`` (HF Llama, Mistral, Qwen2, Mixtral, GPT-2; bf16, fp32,
+A fast subset of ``fidelity_cases.CASES (tests/data)`` (HF Llama, Mistral, Qwen2, Mixtral, GPT-2; bf16, fp32,
 autocast; SDPA and eager; LoRA; optimizers); the benchmark runs all of them.
 """
 
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from memsim_widget.fidelity import CASES, compare  # noqa: E402
+from fidelity_cases import CASES, compare  # noqa: E402
 
 #: Every test here runs a real trace on fake tensors: behind the slow marker (scripts/dev test runs it).
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memsim_widget.trace.charts import comparison_spec, timeline_spec
+from memsim_widget.charts.trace import comparison_spec, timeline_spec
 
 GiB = 1024**3
 

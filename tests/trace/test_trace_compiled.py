@@ -53,8 +53,14 @@ def _scenario(**keys: object) -> Scenario:
 
 def test_verify_traces_the_compiled_step_and_names_what_it_does_not_cover() -> None:
     assert trace_kwargs(_scenario())["compile_budget"] == 1.0
+    assert trace_kwargs(_scenario(activation_memory_budget=0.25))["compile_budget"] == 0.25
     assert "compile_budget" not in trace_kwargs(_scenario(compile=False))
-    for keys, field in (({"objective": "dpo"}, "compile"), ({"parallel": {"dp": 2}}, "compile")):
+    assert trace_kwargs(_scenario(activation_checkpointing="full"))["gradient_checkpointing"] is True
+    for keys, field in (
+        ({"objective": "dpo"}, "compile"),
+        ({"parallel": {"dp": 2}}, "compile"),
+        ({"activation_checkpointing": "selective-op"}, "activation_checkpointing"),
+    ):
         with pytest.raises(ScenarioError) as err:
             check_traceable(_scenario(**keys))
         assert err.value.field == field
@@ -85,9 +91,42 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
         "llama V64 bf16 b4 s512 compiled",
         "llama amp-bf16 sdpa b2 s512 compiled",
         "llama bf16 lora qv b2 s512 compiled",
+        "gemma bf16 sdpa b2 s512 compiled",
+        "qwen3 bf16 sdpa b2 s512 compiled",
+        "olmo2 bf16 sdpa b2 s512 compiled",
+        "qwen3 amp-bf16 sdpa b2 s512 compiled",
+        "qwen3 bf16 lora qv b2 s512 compiled",
+        "gemma bf16 lora qv b2 s512 compiled",
+        "gemma3_text bf16 sdpa b2 s512 compiled",
+        "gemma3_text bf16 lora qv b2 s512 compiled",
     ],
 )
 def test_the_engine_equals_the_compiled_trace(name: str) -> None:
+    r = _compare_in_subprocess(name)
+    assert abs(r["error"]) < 0.001, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0.5, 0.0])
+def test_below_the_default_budget_the_engine_keeps_the_default_figure_an_upper_bound(budget: float) -> None:
+    """activation_memory_budget < 1: the partitioner recomputes more and the traced peak drops (0.5), yet not
+    monotonically (0: the backward recomputes the whole forward, peaking above 0.5); the engine keeps the default
+    budget's figure, never under the trace."""
+    r = _compare_in_subprocess(f"llama bf16 sdpa b2 s512 compiled budget {budget:g}")
+    assert 0.1 < r["error"] < 0.5, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama bf16 ckpt b2 s512 compiled", "llama V64 bf16 ckpt b4 s512 compiled"])
+def test_compiled_full_checkpointing_traces_and_the_engine_stays_above_it(name: str) -> None:
+    """HF's checkpointing under Dynamo (its checkpoint higher-order op; the random SDPA op replayed through
+    AOTAutograd's rng higher-order ops): the engine's compiled rule (each layer's input kept, one layer's compiled
+    saved set recomputed) is over the trace by the eager layer-backward transients it keeps, 9% and 18% here."""
+    r = _compare_in_subprocess(name)
+    assert 0 <= r["error"] < 0.2, r
+
+
+def _compare_in_subprocess(name: str) -> dict:
     # Each case traces in a fresh interpreter: after the eager traces of tests/trace (test_fidelity_trace.py and
     # test_trace.py) and a compiled one in the same process, a compiled trace came out 4.5 MB (5-10%) higher, an
     # order dependence not yet explained (not Dynamo's caches, reset around every compiled trace; not the
@@ -95,14 +134,14 @@ def test_the_engine_equals_the_compiled_trace(name: str) -> None:
     root = Path(__file__).resolve().parents[2]
     code = (
         "import json, sys\n"
-        "from memsim_widget.fidelity import COMPILED_CASES, compare\n"
+        "from fidelity_cases import COMPILED_CASES, compare\n"
         "r = compare(sys.argv[1], dict(COMPILED_CASES)[sys.argv[1]])\n"
         "print(json.dumps({k: r[k] for k in ('engine', 'trace', 'error')}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    paths = [str(root), str(root / "tests" / "data"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     out = subprocess.run(
         [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=root, env=env, timeout=600
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert abs(r["error"]) < 0.001, r
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -75,7 +75,7 @@ def test_the_step_keeps_the_loops_logits_list_until_the_next_forward() -> None:
     ],
 )
 def test_the_engine_holds_to_the_litgpt_trace(name: str, tolerance: float) -> None:
-    from memsim_widget.fidelity import LITGPT_CASES, compare
+    from fidelity_cases import LITGPT_CASES, compare
 
     r = compare(name, dict(LITGPT_CASES)[name])
     assert -0.001 < r["error"] < tolerance, r

@@ -10,9 +10,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
+from fidelity_cases import LLAMA  # noqa: E402
 
 from memsim_widget.errors import ScenarioError  # noqa: E402
-from memsim_widget.fidelity import LLAMA  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 from memsim_widget.trace import pipeline  # noqa: E402
 from memsim_widget.trace.pipeline import trace_pipeline  # noqa: E402

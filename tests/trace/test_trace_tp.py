@@ -1,6 +1,6 @@
 """One tensor-parallel rank traced with PyTorch's DTensor plans on fake tensors (memsim_widget.trace.tp_plan).
 
-Expected bytes come from the config arithmetic of the small Llama of ``memsim_widget.fidelity`` (h=256,
+Expected bytes come from the config arithmetic of the small Llama of ``fidelity_cases`` (tests/data) (h=256,
 I=688, 8 heads of 32, 4 kv heads, 4 layers, V=1000), never from the tracer.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fidelity_cases import LLAMA, MIXTRAL, QWEN2
 
 from memsim_widget.errors import ScenarioError
-from memsim_widget.fidelity import LLAMA, MIXTRAL, QWEN2
 from memsim_widget.scenario import Scenario
 
 torch = pytest.importorskip("torch")

@@ -231,6 +231,16 @@ def test_an_unknown_allocator_option_is_reported_in_place() -> None:
     assert sim.error == "" and sim.scenario.allocator_conf == "expandable_segments:True"
 
 
+def test_the_fp8_recipe_select_sets_the_key_and_a_bad_pairing_is_reported_in_place() -> None:
+    sim = make()
+    assert "fp8_recipe" in sim.options["choices"] and None in sim.options["choices"]["fp8_recipe"]
+    sim.scenario_data = merge(sim.scenario_data, {"fp8_recipe": "rowwise"})
+    assert sim.error == "" and sim.scenario.fp8_recipe == "rowwise"
+    sim.scenario_data = merge(sim.scenario_data, {"precision": "fp32"})
+    assert sim.error_field == "fp8_recipe" and "fp32" in sim.error
+    assert sim.scenario.precision == "bf16", "the previous scenario stays"
+
+
 def test_unknown_key_and_num_gpus_mismatch_are_reported() -> None:
     sim = make()
     with pytest.raises(ScenarioError):
@@ -820,7 +830,7 @@ def test_a_failing_trace_shows_its_error(monkeypatch: pytest.MonkeyPatch) -> Non
         ({"method": "qlora"}, "method", "CUDA"),
         ({"parallel": {"dp": 2, "zero": 2}}, "parallel.zero", "DeepSpeed"),
         ({"precision": "fp8"}, "precision", "cannot be traced"),
-        ({"optimizer": "adamw-8bit", "optimizer_impl": "fused"}, "optimizer", "torch.optim"),
+        ({"optimizer": "adamw-4bit", "optimizer_impl": "fused"}, "optimizer", "torch.optim"),
         ({"grad_accum_steps": 4}, "grad_accum_steps", "single micro-batch"),
     ],
 )

@@ -22,7 +22,7 @@ def make(**kwargs: Any) -> MemSim:
 def test_the_widget_is_its_panels_host() -> None:
     sim = make()
     assert isinstance(sim, WidgetHost)
-    for panel in (sim._trace, sim._fit, sim._layouts, sim._compare, sim._export):
+    for panel in (sim._trace, sim._fit, sim._layouts, sim._compare_panel, sim._export):
         assert panel.host is sim
 
 

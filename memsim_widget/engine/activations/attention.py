@@ -195,7 +195,7 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
     image_masks = bool(arch.extra.get("vision", {}).get("image_mask_all_layers"))
     if image_masks and kinds:
         n_sliding = len(kinds)
-    if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding:
+    if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding and kinds:
         frac = n_sliding / len(kinds)
         rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
         st.masked_frac = frac if rep else 0.0

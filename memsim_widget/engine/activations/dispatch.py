@@ -5,7 +5,12 @@ the tensors a pipeline stage exchanges."""
 from __future__ import annotations
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
-from memsim_widget.engine.activations.compiled import compiled_activations, compiled_rule_applies
+from memsim_widget.engine.activations.compiled import (
+    compiled_activations,
+    compiled_formula,
+    compiled_formula_applies,
+    compiled_rule_applies,
+)
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.activations.hf import hf_activations
 from memsim_widget.engine.activations.liger import liger_activations, liger_applies
@@ -36,6 +41,8 @@ def activations(ctx: Context) -> ActivationBudget:
         )
         if compiled_rule_applies(ctx.scenario, ctx.arch):  # torch.compile's saved set (traced)
             compiled_activations(ctx, out)
+        elif compiled_formula_applies(ctx.scenario, ctx.arch):  # the rest of compile: a formula, untraced
+            compiled_formula(ctx, out)
         if litgpt_rule_applies(ctx.scenario, ctx.arch):  # litgpt's own modules and chunked loss (traced)
             litgpt_activations(ctx, out)
         if liger_applies(ctx.scenario, ctx.arch):  # Liger Kernel's patches (formula, untraced)

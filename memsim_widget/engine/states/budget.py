@@ -80,7 +80,7 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
         if g.expert and par.ep > 1:
             count //= par.ep
         shape = list(g.shape)
-        if tp_split(ctx, g):
+        if tp_split(ctx, g) and g.tp_dim is not None:  # tp_split holds only with a tp_dim
             ways = par.expert_tp if g.expert else par.tp  # EP folded over the TP group: whole experts
             shape[g.tp_dim] = -(-shape[g.tp_dim] // ways)
         if count:

@@ -8,6 +8,7 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import StateBudget, shard_note
 from memsim_widget.engine.states.trained import Trained
+from memsim_widget.optimizers import PAGED_MIN_NUMEL
 from memsim_widget.units import fmt_int
 
 
@@ -28,9 +29,6 @@ def optimizer_states(ctx: Context, tr: Trained, b: StateBudget) -> None:
     n_train, tensors_train = tr.n, tr.tensors
     o_div, o_note, level = _sharding(ctx)
     on_host_opt = ctx.par.offload != "none"
-    # bitsandbytes' paged optimizers allocate their state with cudaMallocManaged (torch.frombuffer over
-    # unified memory): outside PyTorch's caching allocator, resident on the device until it is paged out
-    state_level = "device" if opt.paged and not on_host_opt else level
     if master_b:
         b.persistent.append(
             Item(
@@ -44,20 +42,41 @@ def optimizer_states(ctx: Context, tr: Trained, b: StateBudget) -> None:
         )
     if opt.states:
         sbytes = sum(opt.state_bytes(shape, state_b) * c for shape, c, _ in trainable) // o_div
-        item = Item(
-            "optimizer_states",
-            f"{opt.name} states",
-            sbytes,
-            f"{fmt_int(n_train)} {what} x {opt.state_formula(state_b)}{o_note}"
-            + (
-                " (paged: unified memory outside the caching allocator, can spill to host)"
-                if opt.paged
-                else ""
-            ),
-            state_level,
-            tensors_train * opt.states,
+        paged = (
+            0
+            if on_host_opt
+            else sum(opt.paged_bytes(shape, state_b) * c for shape, c, _ in trainable) // o_div
         )
-        b.persistent.append(item)
+        formula = f"{fmt_int(n_train)} {what} x {opt.state_formula(state_b)}{o_note}"
+        if paged:
+            # bitsandbytes pages the state buffers of parameters of 1e5 elements or more (cudaMallocManaged,
+            # torch.frombuffer over unified memory: outside PyTorch's caching allocator, resident on the device
+            # until it is paged out); the blocks' absmax and smaller parameters' states are ordinary tensors
+            b.persistent.append(
+                Item(
+                    "optimizer_states",
+                    f"{opt.name} states (paged)",
+                    paged,
+                    f"state buffers of parameters >= {fmt_int(PAGED_MIN_NUMEL)} elements of {formula} (paged: "
+                    "unified memory outside the caching allocator, can spill to host)",
+                    "device",
+                    tensors_train * opt.states,
+                )
+            )
+            formula = (
+                f"{formula} - the paged buffers (absmax blocks, parameters < {fmt_int(PAGED_MIN_NUMEL)})"
+            )
+        if sbytes - paged:
+            b.persistent.append(
+                Item(
+                    "optimizer_states",
+                    f"{opt.name} states",
+                    sbytes - paged,
+                    formula,
+                    level,
+                    tensors_train * opt.states,
+                )
+            )
 
 
 def step_temporaries(ctx: Context, tr: Trained, b: StateBudget) -> None:

@@ -1,5 +1,5 @@
 """Weights on one rank: plain (in the recipe's weight dtype), NF4 under QLoRA (Dettmers et al. 2023, arXiv
-2305.14314: 0.5 B/param plus block absmax), and the fp8 recipe's weight and transpose cache."""
+2305.14314: 0.5 B/param plus block absmax), and the quantised weight copies an fp8 recipe keeps (``memsim_widget/fp8.py``)."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def _plain_weights(ctx: Context, kind: str, n: int, tensors: int) -> Item:
 
 
 def weights(ctx: Context, groups: list[LocalGroup], b: StateBudget) -> None:
-    """The weights of ``groups`` by kind (NF4 where QLoRA quantises them), then the fp8 weight cache."""
-    sc, recipe = ctx.scenario, ctx.recipe
+    """The weights of ``groups`` by kind (NF4 where QLoRA quantises them), then the fp8 recipe's weight cache."""
+    sc = ctx.scenario
     w_div, w_note, weight_level, tp_note = _placement(ctx)
     quantised = sc.method == "qlora"
     by_kind: dict[str, list[LocalGroup]] = defaultdict(list)
@@ -118,14 +118,15 @@ def weights(ctx: Context, groups: list[LocalGroup], b: StateBudget) -> None:
             continue
         b.persistent.append(_plain_weights(ctx, kind, n, tensors))
 
-    if recipe.weight_copy_bytes and not recipe.autocast:
+    fp8 = sc.fp8
+    if fp8 is not None and fp8.weight_cache_bytes:
         nl = sum(g.numel for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
         b.persistent.append(
             Item(
                 "parameters",
-                "fp8 weight and transpose cache",
-                nl * recipe.weight_copy_bytes,
-                f"{fmt_int(nl)} Linear weights x {recipe.weight_copy_bytes} B (fp8 + transpose)",
+                "fp8 weight and transpose cache" if fp8.matmul_dtype == "fp8" else "fp4 weight cache",
+                math.ceil(nl * fp8.weight_cache_bytes),
+                f"{fmt_int(nl)} Linear weights {fp8.weight_cache_formula} (TransformerEngine, untraced)",
                 "tensor",
                 2,
             )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memsim_widget.chart_parts import SCHEMA
 from memsim_widget.charts import model_label, to_altair
+from memsim_widget.charts.parts import SCHEMA
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.step_time import TIME_CATEGORIES
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from memsim_widget.chart_parts import (  # noqa: F401
+from memsim_widget.charts.parts import (  # noqa: F401
     CAPACITY_COLOR,  # CAPACITY_COLOR and CATEGORY_COLORS: the notebooks read the palette from charts
     CATEGORY_COLORS,
     SCHEMA,
@@ -387,7 +387,7 @@ def _crossing_layers(at: float, stops: Sequence[int]) -> list[dict[str, Any]]:
 def _scaling_panel(data: Mapping[str, Any], headroom: float, gpu_name: str) -> dict[str, Any]:
     """One layered panel: stacked areas per category vs a log axis, capacity, current point, crossing."""
     axis = data["axis"]
-    title = AXIS_TITLES.get(axis, axis)
+    title = str(AXIS_TITLES.get(axis, axis))
     x = _x_encoding(axis, title, data["stops"])
     band, rule, rule_label = capacity_layers(data["capacity_bytes"], headroom, gpu_name)
     layers: list[dict[str, Any]] = [band, rule]
@@ -424,7 +424,7 @@ def scaling_spec(
 
 
 # ----- Altair wrappers -----------------------------------------------------------------------------------
-def to_altair(spec: Mapping[str, Any]) -> alt.TopLevelMixin:
+def to_altair(spec: Mapping[str, Any]) -> alt.Chart | alt.LayerChart | alt.HConcatChart | alt.VConcatChart:
     """Wrap a Vega-Lite dict as Altair chart objects without Altair's slow ``from_dict`` (no validation here)."""
     import altair as alt
 

@@ -1,7 +1,8 @@
 """Hold the engine to a fake-tensor trace: the same HF training step simulated and traced.
 
-The case matrix lives here so the benchmark (``benchmarks/fidelity_trace.py``, all cases) and the
-tests (a fast subset) share it. Tracing needs the ``[trace]`` extra (torch, transformers, peft).
+The case matrix lives here, as test data (not in the wheel), so the benchmark (``benchmarks/fidelity_trace.py``,
+all cases) and the tests (a fast subset) share it: ``tests/conftest.py`` and the benchmarks put ``tests/data``
+on ``sys.path`` (``import fidelity_cases``). Tracing needs the ``[trace]`` extra (torch, transformers, peft).
 """
 
 from __future__ import annotations
@@ -1625,8 +1626,9 @@ CASES += OBJECTIVE_CASES
 
 
 _LORA_QV_COMPILED = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
-#: Compiled steps (``compile: true``; trace/compiled.py): the engine's rule for the Llama layout in bf16 and
-#: amp-bf16 (engine/activations/compiled.py), eager's figure elsewhere (said in its caveats).
+#: Compiled steps (``compile: true``; trace/compiled.py): the engine's traced rule for the Llama-layout decoders
+#: (engine/activations/compiled.py), its untraced formula elsewhere (eager's layers, the compiled loss; said in
+#: its caveats).
 COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
     [
         (f"{name} compiled", {**dict(CASES)[name], "compile": True})
@@ -1638,6 +1640,22 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             "qwen2 bf16 sdpa b2 s512",
             "gpt2 bf16 sdpa b2 s512",
             "vit bf16 sdpa b8 (no dropout)",
+            "gemma bf16 sdpa b2 s512",
+            "qwen3 bf16 sdpa b2 s512",
+            "olmo2 bf16 sdpa b2 s512",
+            "phi bf16 sdpa b2 s512",
+            "gemma2 bf16 eager b2 s512",
+            "bert bf16 sdpa b4 s256 (no dropout)",
+            "vit amp-bf16 sdpa b8 (no dropout)",
+            "qwen3 amp-bf16 sdpa b2 s512",
+            "qwen3 bf16 lora qv b2 s512",
+            "gemma bf16 lora qv b2 s512",
+            "gemma amp-bf16 sdpa b2 s512",
+            "olmo2 amp-bf16 sdpa b2 s512",
+            "olmo2 bf16 lora qv b2 s512",
+            "gemma3_text bf16 sdpa b2 s512",
+            "gemma3_text bf16 lora qv b2 s512",
+            "phi V64 bf16 sdpa b2 s512",
         )
     ]
     + [
@@ -1646,6 +1664,18 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
             ("qwen2 amp-bf16 sdpa b2 s512", "qwen2 bf16 sdpa b2 s512"),
             ("llama V64 amp-bf16 b4 s512", "llama V64 bf16 b4 s512"),
         )
+    ]
+    + [  # HF's full checkpointing compiled (Dynamo's checkpoint higher-order op)
+        (f"{name} compiled", {**dict(CASES)[name], "compile": True})
+        for name in ("llama bf16 ckpt b2 s512", "llama V64 bf16 ckpt b4 s512")
+    ]
+    + [  # below torch's default activation_memory_budget: the engine keeps the default's figure (an upper bound)
+        (
+            f"{name} compiled budget {b:g}",
+            {**dict(CASES)[name], "compile": True, "activation_memory_budget": b},
+        )
+        for name in ("llama bf16 sdpa b2 s512", "qwen3 bf16 sdpa b2 s512")
+        for b in (0.5, 0.2, 0.0)
     ]
     + [
         (f"{name} compiled", {**dict(CASES)[base], **_LORA_QV_COMPILED, "compile": True})
@@ -1701,6 +1731,75 @@ LITGPT_CASES += [
         {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 1024, "framework": "litgpt",
          "precision": "amp-bf16", **_LITGPT_LORA_FP32},
     ),
+]  # fmt: skip
+
+#: torchao's float8 training (``fp8_recipe`` tensorwise / rowwise; trace/float8.py swaps every Linear but the head
+#: for ``Float8Linear``), bf16 weights, on the small Llama and on two families' real dimensions (real vocabularies,
+#: two layers): Llama 3.2 1B and Qwen2.5 0.5B (Qwen/Qwen2.5-0.5B's config.json; q/k/v biases, tied head).
+_QWEN25_05B_L2 = {
+    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 2,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+}  # fmt: skip
+FP8_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("llama bf16 float8 tensorwise b2 s512",
+     {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "fp8_recipe": "tensorwise"}),
+    ("llama bf16 float8 rowwise b2 s512",
+     {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "fp8_recipe": "rowwise"}),
+    ("llama-3.2-1b dims L2 bf16 float8 tensorwise b2 s1024",
+     {"model": _L32_1B_L2, "micro_batch_size": 2, "seq_len": 1024, "fp8_recipe": "tensorwise"}),
+    ("qwen2.5-0.5b dims L2 bf16 float8 rowwise b2 s1024",
+     {"model": _QWEN25_05B_L2, "micro_batch_size": 2, "seq_len": 1024, "fp8_recipe": "rowwise"}),
+]  # fmt: skip
+
+
+#: torchtune's activation offloading and optimizer in backward on the HF step (trace/torchtune_memory.py, its
+#: ``OffloadActivations`` and ``register_optim_in_bwd_hooks`` reproduced): the small Llama, and eight layers with a
+#: 32k vocabulary (the loss peak, as on a real model). Not in ``CASES``: the engine's one resident layer is an upper
+#: bound at the loss (traced: none), so these hold it from above (tests/trace/test_trace_torchtune.py).
+_LLAMA_L8_V32K = {**LLAMA, "num_hidden_layers": 8, "vocab_size": 32000}
+TORCHTUNE_CASES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "llama bf16 ckpt offload b2 s512",
+        {**dict(CASES)["llama bf16 ckpt b2 s512"], "activation_offloading": True},
+    ),
+    ("llama bf16 opt-in-bwd b2 s512", {**dict(CASES)["llama bf16 sdpa b2 s512"], "optimizer_in_backward": True}),
+    (
+        "llama bf16 ckpt offload opt-in-bwd b2 s512",
+        {**dict(CASES)["llama bf16 ckpt b2 s512"], "activation_offloading": True, "optimizer_in_backward": True},
+    ),
+    (
+        "llama L8 V32k bf16 ckpt offload b2 s512",
+        {"model": _LLAMA_L8_V32K, "micro_batch_size": 2, "seq_len": 512, "activation_checkpointing": "full",
+         "activation_offloading": True},
+    ),
+    (
+        "llama L8 V32k bf16 offload b2 s512",
+        {"model": _LLAMA_L8_V32K, "micro_batch_size": 2, "seq_len": 512, "activation_offloading": True},
+    ),
+]  # fmt: skip
+#: ... with bitsandbytes' optimizers (trace/bnb_states.py: their states; paged buffers outside the allocator), as
+#: torchtune's low-memory recipes run them.
+_L8_CKPT = {
+    "model": _LLAMA_L8_V32K,
+    "micro_batch_size": 2,
+    "seq_len": 512,
+    "activation_checkpointing": "full",
+}
+TORCHTUNE_CASES += [
+    (
+        f"llama L8 V32k bf16 ckpt {opt}{' opt-in-bwd' if in_bwd else ''}{' offload' if off else ''} b2 s512",
+        {**_L8_CKPT, "optimizer": opt, "optimizer_impl": "fused", "optimizer_in_backward": in_bwd,
+         "activation_offloading": off},
+    )
+    for opt, in_bwd, off in (
+        ("adamw-8bit", False, False),
+        ("adamw-8bit", True, True),
+        ("paged-adamw-8bit", False, False),
+        ("paged-adamw-8bit", True, True),
+        ("paged-adamw", True, False),
+        ("paged-adamw", True, True),
+    )
 ]  # fmt: skip
 
 

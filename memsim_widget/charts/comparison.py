@@ -2,7 +2,7 @@
 
 The memory part is ``charts.breakdown_spec`` fed each scenario's worst rank under the scenario's name (so the
 bars, tooltips, totals and the capacity line are the breakdown chart's own); the time part takes its marks and
-colours from ``time_charts.time_spec``, one bar per scenario.
+colours from ``charts.times.time_spec``, one bar per scenario.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from memsim_widget.chart_parts import CAPACITY_COLOR, SCHEMA
 from memsim_widget.charts import breakdown_spec
+from memsim_widget.charts.parts import CAPACITY_COLOR, SCHEMA
+from memsim_widget.charts.times import time_spec
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.step_time import TIME_CATEGORIES
-from memsim_widget.time_charts import time_spec
 from memsim_widget.units import GiB
 
 #: Pixels per scenario bar in the memory part (names such as ``method=qlora`` need more than a rank label).

@@ -7,10 +7,11 @@ it as an Altair chart for notebooks. Each point is one candidate; the dashed lin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
-from memsim_widget.chart_parts import CAPACITY_COLOR, SCHEMA
 from memsim_widget.charts import to_altair
+from memsim_widget.charts.parts import CAPACITY_COLOR, SCHEMA
 from memsim_widget.plan.search import Plan
 from memsim_widget.units import GiB
 
@@ -31,7 +32,8 @@ def candidate_records(plan: Plan, limit: int = MAX_POINTS, best: int = 10) -> li
     frame = frame[~frame.candidate.isin(top.candidate)]
     rows = []
     for tag, f in (("other", frame), ("best", top)):
-        for r in f.itertuples(index=False):
+        # itertuples yields namedtuples (pandas' stubs say plain tuples): the columns are read as attributes
+        for r in cast("Iterable[Any]", f.itertuples(index=False)):
             rows.append(
                 {
                     "candidate": int(r.candidate),

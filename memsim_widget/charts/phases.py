@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memsim_widget.chart_parts import SCHEMA, capacity_layers, category_color
 from memsim_widget.charts import model_label, to_altair
+from memsim_widget.charts.parts import SCHEMA, capacity_layers, category_color
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.engine.items import CATEGORIES
 from memsim_widget.units import GiB, fmt_bytes

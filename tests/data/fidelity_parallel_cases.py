@@ -3,7 +3,7 @@
 Each case is a scenario with a parallel layout and the pipeline stage whose rank is traced; the trace runs
 PyTorch's own FSDP2, replicate, DTensor tensor-parallel plans and pipelining schedules on fake tensors
 (``memsim_widget.trace.api.trace_scenario``). The benchmark (``benchmarks/fidelity_parallel.py``, every case)
-and the tests (a fast subset) share this matrix. Shapes are the small ones of ``memsim_widget.fidelity``.
+and the tests (a fast subset) share this matrix. Shapes are the small ones of ``fidelity_cases`` (beside it).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fidelity_cases import LLAMA, MISTRAL, MIXTRAL, QWEN2
+
 from memsim_widget.engine.core import estimate
-from memsim_widget.fidelity import LLAMA, MISTRAL, MIXTRAL, QWEN2
 from memsim_widget.scenario import Scenario
 
 #: Llama with as many kv heads as heads, so that tp=8 splits whole heads.
@@ -191,7 +192,7 @@ def _real(name: str, model: dict, parallel: dict, stage: int = 0, **keys: Any) -
 def _real_vocab_cases() -> list[tuple[str, dict, int]]:
     """Real vocabularies (32k, 128k, 152k, 256k): FSDP2's root unit, torchtitan's loss parallel (dp x tp and
     tp alone), transformers' plan, pipeline last and first stages with 2+ micro-batches in flight."""
-    tt = {"precision": "amp-bf16", "framework": "torchtitan"}
+    tt: dict[str, Any] = {"precision": "amp-bf16", "framework": "torchtitan"}
     sp = {"sequence_parallel": True}
     inter = {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
     four = {**LLAMA3_V128K, "num_hidden_layers": 4}

@@ -1,6 +1,6 @@
 """What every chart of the package shares: the Vega-Lite schema, the category palette and colour scale, GiB for
-compact JSON, and the GPU's capacity line with its headroom band (``charts``, ``phase_charts``, ``time_charts``,
-``comparison_charts`` and the planner's charts draw with these)."""
+compact JSON, and the GPU's capacity line with its headroom band (``charts``, ``charts.phases``, ``charts.times``,
+``charts.comparison``, ``charts.plan`` and the planner's GPU-count chart draw with these)."""
 
 from __future__ import annotations
 
