@@ -20,14 +20,15 @@ MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b")
 
 def test_readme_8b_qlora_on_a_4090_exports_to_the_trainer():
     p = plan("llama-3.1-8b", "rtx-4090", 1, method="qlora", seq_len=2048)
-    assert p.listed and all(p.export_refusal(i, "hf") is not None for i in p.ranking.tolist()), (
-        "every candidate of the plain list needs a key the Trainer lacks"
-    )
+    # with the reserved counter replayed (engine/alloc_stream) some candidates of the plain list are ones the
+    # Trainer expresses (with the fitted rule none were): the export list is still the frontier of those
+    assert p.listed
     hf = p.for_export("hf")
     assert hf.listed > 0
     for i in hf.ranking.tolist():
         assert p.export_refusal(i, "hf") is None and bool(p.columns["fits"][i])
-    assert sum(v["count"] for v in hf.left_out.values()) == p.listed
+    refused = sum(p.export_refusal(i, "hf") is not None for i in p.ranking.tolist())
+    assert sum(v["count"] for v in hf.left_out.values()) == refused
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
