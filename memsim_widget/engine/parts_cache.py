@@ -40,6 +40,7 @@ STATES_IGNORE = frozenset(
         "padding",
         "cuda_lazy_loading",
         "allocator_conf",
+        "reserved_model",
     }
 )
 #: Scenario fields the timeline's model-state groups (``timeline.state_groups`` of ``cached_model_states`` and
@@ -48,7 +49,15 @@ STATE_GROUPS_IGNORE = STATES_IGNORE - {"grad_accum_steps"}
 #: Scenario and ``parallel`` fields ``activations`` (with ``engine/vision`` and ``engine/calibrated``) never
 #: reads: the optimizer, and the data-parallel layout of the states.
 ACTIVATIONS_IGNORE = frozenset(
-    {"optimizer", "optimizer_impl", "optimizer_in_backward", "grad_accum_steps", "gpu", "allocator_conf"}
+    {
+        "optimizer",
+        "optimizer_impl",
+        "optimizer_in_backward",
+        "grad_accum_steps",
+        "gpu",
+        "allocator_conf",
+        "reserved_model",
+    }
 )
 ACTIVATIONS_IGNORE_PARALLEL = frozenset({"dp", "zero", "offload", "reshard_after_forward"})
 
