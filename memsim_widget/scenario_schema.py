@@ -215,15 +215,10 @@ def widget_fields() -> tuple[Field, ...]:
     return tuple(sorted(drawn, key=lambda f: FIELDSETS.index(f.widget.fieldset) if f.widget else 0))
 
 
-#: The markers around the field table of docs/scenario.md (``write_field_table``).
-TABLE_START = "<!-- fields: generated from memsim_widget/scenario_schema.py (python tests/test_scenario_schema.py --write) -->"
-TABLE_END = "<!-- end of fields -->"
-
-
 def field_table() -> str:
-    """The schema as a Markdown table: key, type, allowed values, CLI flag, widget control, meaning. The values of a
-    registry are those registered when it is called (the engine adds ``paged-adamw``: call it with the engine
-    loaded, as the CLI and the widget run)."""
+    """The schema as a Markdown table (docs/scenario.md's, written by the docs build: scripts/mkdocs_hooks.py): key,
+    type, allowed values, CLI flag, widget control, meaning. The values of a registry are those registered when it
+    is called (the engine adds ``paged-adamw``: call it with the engine loaded, as the CLI and the widget run)."""
     rows = [
         "| key | type | allowed values | CLI flag | widget control | what it is |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -237,12 +232,3 @@ def field_table() -> str:
         key = f"`{f.key}`" if f.scenario else f"`{f.key}` (widget input)"
         rows.append(f"| {key} | {f.type.__name__} | {values} | {flag} | {control} | {f.doc} |")
     return "\n".join(rows)
-
-
-def write_field_table(text: str) -> str:
-    """``text`` (a Markdown page holding the markers) with the table between them regenerated."""
-    head, found, rest = text.partition(TABLE_START)
-    _, found_end, tail = rest.partition(TABLE_END)
-    if not (found and found_end):
-        raise ValueError(f"the page has no {TABLE_START!r} ... {TABLE_END!r} block")
-    return f"{head}{TABLE_START}\n{field_table()}\n{TABLE_END}{tail}"

@@ -1,5 +1,6 @@
-"""Write the catalog table of docs/gpus.md from catalog/gpus.json (the records are the one source; a test checks
-the page holds this table): ``python scripts/gpu_table.py`` rewrites everything below "## The table"."""
+"""The catalog table of docs/gpus.md, written from catalog/gpus.json (the records are the one source): the docs
+build puts it where the page says ``<!-- generated: gpu table -->`` (scripts/mkdocs_hooks.py);
+``python scripts/gpu_table.py`` prints it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 from memsim_widget.catalog.gpus import GPUS  # noqa: E402
-
-DOC = ROOT / "docs" / "gpus.md"
-MARK = "## The table\n"
 
 
 def table() -> str:
@@ -39,12 +38,5 @@ def table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def page() -> str:
-    """docs/gpus.md with its table rewritten."""
-    head = DOC.read_text().split(MARK)[0]
-    return f"{head}{MARK}\n{table()}"
-
-
 if __name__ == "__main__":
-    DOC.write_text(page())
-    print(f"wrote {DOC}")
+    print(table(), end="")

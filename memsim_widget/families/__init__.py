@@ -1,53 +1,36 @@
 """Model families: one module per family, each registering its builders with
 ``memsim_widget.architecture.register_family`` (HF ``model_type`` -> Architecture).
 
-A new family is one module here plus its line in ``MODEL_TYPES`` (and one test). The modules are not imported
-here: ``memsim_widget.architecture`` hands this table to its registry (``FAMILIES``), which imports a family's
-module the first time one of its model types is built, so a process loads only the families it uses
-(tests/families/test_family_modules.py holds the table equal to what each module registers).
-Modules whose name starts with ``_`` hold helpers shared by several families and register nothing.
+A new family is one module here (and one test): nothing else lists it. The modules are not imported here:
+``MODEL_TYPES`` is read from each module's ``@register_family("<model_type>", ...)`` lines (string literals, read
+as text, about 2 ms for the whole folder), and ``memsim_widget.architecture`` hands it to its registry
+(``FAMILIES``), which imports a family's module the first time one of its model types is built, so a process
+loads only the families it uses (tests/families/test_family_modules.py holds the table equal to what each module
+registers when imported). Modules whose name starts with ``_`` hold helpers shared by several families and
+register nothing.
 """
 
 from __future__ import annotations
 
-#: Each family module of this package and the HF ``model_type`` values it registers.
-MODEL_TYPES: dict[str, tuple[str, ...]] = {
-    "llama": ("llama",),
-    "mistral": ("mistral",),
-    "qwen2": ("qwen2",),
-    "mixtral": ("mixtral",),
-    "gemma": ("gemma",),
-    "gemma2": ("gemma2",),
-    "phi3": ("phi3",),
-    "gpt2": ("gpt2",),
-    "bert": ("bert",),
-    "t5": ("t5",),
-    "vit": ("vit",),
-    "gpt_neox": ("gpt_neox",),
-    "phi": ("phi",),
-    "qwen3": ("qwen3",),
-    "qwen3_moe": ("qwen3_moe",),
-    "olmo2": ("olmo2",),
-    "deepseek": ("deepseek_v3", "deepseek_v2"),
-    "glm4": ("glm4",),
-    "cohere": ("cohere",),
-    "starcoder2": ("starcoder2",),
-    "roberta": ("roberta", "xlm-roberta", "camembert"),
-    "modernbert": ("modernbert",),
-    "gemma3": ("gemma3_text", "gemma3"),
-    "llama4": ("llama4_text",),
-    "llama4_vlm": ("llama4",),
-    "gpt_oss": ("gpt_oss",),
-    "falcon": ("falcon",),
-    # state-space models (Mamba, Mamba-2, Jamba)
-    "mamba": ("mamba", "mamba2"),
-    "jamba": ("jamba",),
-    # multimodal (vision tower + language model): CLIP, LLaVA, LLaVA-NeXT, Qwen2-VL / Qwen2.5-VL
-    "clip": ("clip",),
-    "llava": ("llava",),
-    "qwen2_vl": ("qwen2_vl", "qwen2_5_vl"),
-    "llava_next": ("llava_next",),
-}
+import re
+from pathlib import Path
+
+#: A decorator line ``@register_family("a", "b")`` at the start of a line, and the string literals in it.
+_DECORATOR = re.compile(r"^@register_family\(([^)]*)\)", re.MULTILINE)
+_LITERAL = re.compile(r"\"([^\"]+)\"")
+
+
+def _read_model_types() -> dict[str, tuple[str, ...]]:
+    """Each family module of this folder -> the model types its decorators name, in file order."""
+    out: dict[str, tuple[str, ...]] = {}
+    for path in sorted(Path(__file__).parent.glob("[!_]*.py")):
+        text = path.read_text(encoding="utf-8")
+        out[path.stem] = tuple(t for m in _DECORATOR.finditer(text) for t in _LITERAL.findall(m.group(1)))
+    return out
+
+
+#: Each family module of this package and the HF ``model_type`` values it registers (read from its source).
+MODEL_TYPES: dict[str, tuple[str, ...]] = _read_model_types()
 
 #: The family modules of this package.
 MODULES: tuple[str, ...] = tuple(MODEL_TYPES)

@@ -41,7 +41,9 @@ HF_CLASSES: dict[str, str] = {
 }
 
 
-@register_family(*HF_CLASSES)
+@register_family(
+    "roberta", "xlm-roberta", "camembert"
+)  # the keys of HF_CLASSES, written out: read unimported
 def build_roberta(cfg: Mapping[str, Any]) -> Architecture:
     """RoBERTa as ``RobertaForMaskedLM`` (XLM-R, CamemBERT: the same model under their own class): BERT's
     encoder, ``lm_head`` tied, positions offset by pad + 1."""
