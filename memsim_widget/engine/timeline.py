@@ -168,12 +168,16 @@ def _state_groups(
     # gradients accumulate over micro-batches: at the stage's fullest moment only if an earlier micro-batch
     # already ran backward, i.e. fewer are in flight than there are (never under GPipe: all forwards first)
     pipelined = ctx.par.pp > 1 and f < ctx.par.pp_microbatches
-    grads_carried = sc.grad_accum_steps > 1 or pipelined
+    accumulated = sc.grad_accum_steps > 1  # an earlier accumulation step made every gradient
+    grads_carried = accumulated or pipelined
     grads_in_fwd = states.grads if grads_carried and not sc.optimizer_in_backward else []
     return {
         "persistent": persistent,
         "overhead": overhead,
-        "grads_carried": grads_in_fwd,
+        # at the loss (the last stage): an interleaved rank's chunks whose backward ran (Context.loss_grad_layers)
+        "grads_carried": states.loss_grads
+        if grads_in_fwd and stage.last and not accumulated
+        else grads_in_fwd,
         # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
         "gathered_at_loss": [] if root_resharded_for_loss(sc, stage.last) else states.gathered,
         "kept_unsharded": states.kept_unsharded,  # every layer, without reshard after forward
@@ -240,7 +244,12 @@ def _saved_groups(
         own = recompute if acts.ckpt_input_shared else _scaled(kept, 1, "1 layer") + recompute
     else:
         own = _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
-    return {"saved": saved_all, "recompute": recompute, "rest": rest, "own": own}
+    # an interleaved last rank of uneven chunks holds fewer sets while its loss runs than at its peak
+    held_loss, saved_loss = ctx.held_layers(stage, at_loss=True), saved_all
+    if held_loss < held and not mixed:
+        label = f"{held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
+        saved_loss = _scaled(kept, min(held_loss, resident), label, first=first)
+    return {"saved": saved_all, "saved_at_loss": saved_loss, "recompute": recompute, "rest": rest, "own": own}
 
 
 def _activation_groups(
