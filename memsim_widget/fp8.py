@@ -136,6 +136,16 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {
         ),
     )
 }
+#: The TransformerEngine recipes whose weights Megatron FSDP can hold as fp8 parameters and all-gather in fp8
+#: (``fp8_param_gather``; the scenario's ``fp8_all_gather`` under ``framework: megatron``). With fp8 parameters
+#: there is no bf16 model weight to quantise, so no whole-model fp8 weight cache: each FSDP unit is gathered in fp8
+#: and, before its backward, given its transpose, which is discarded when the unit's buffer is released
+#: (``keep_fp8_transpose_cache`` False, Megatron FSDP's default). Source: NVIDIA/Megatron-LM
+#: ``megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py`` (``fp8_create_transpose_cache`` on the
+#: backward all-gather, ``release_params_fp8_transpose_cache`` on release) and its README, commit d98e8a64ddf3;
+#: Megatron-Bridge ``bf16_with_fp8_current_scaling_mixed`` sets ``fp8_param_gather = True``
+#: (``src/megatron/bridge/training/mixed_precision.py``, commit 00b7660be025). Untraced (CUDA only).
+MEGATRON_FP8_PARAM_RECIPES = ("te-current", "te-delayed")
 #: ``precision: fp8`` without ``fp8_recipe``: TransformerEngine's delayed scaling (the engine's rule before the key).
 DEFAULT_FOR_FP8_PRECISION = "te-delayed"
 #: The precisions an fp8 recipe runs on: bf16 compute with bf16 weights (pure or with fp32 master weights).

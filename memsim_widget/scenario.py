@@ -16,7 +16,14 @@ from typing import Any
 
 from memsim_widget.errors import MAX_PATH_CHARS, ScenarioError, check_text, choice_error
 from memsim_widget.errors import short_repr as _short
-from memsim_widget.fp8 import FP8_BASE_PRECISIONS, FP8_RECIPES, Fp8Recipe, fp8_recipe_for
+from memsim_widget.fp8 import (
+    FP8_BASE_PRECISIONS,
+    FP8_RECIPES,
+    MEGATRON_FP8_PARAM_RECIPES,
+    Fp8Recipe,
+    fp8_recipe_for,
+    fp8_recipe_name,
+)
 from memsim_widget.frozen import FrozenDict
 from memsim_widget.frozen import freeze as _freeze
 from memsim_widget.frozen import thaw as _thaw
@@ -458,7 +465,9 @@ class Scenario:
     ``enable_fsdp_float8_all_gather``, torchtitan's ``float8.enable_fsdp_float8_all_gather``): 1 B per Linear
     weight element plus a 4 B scale per weight gathered instead of 2 B (traced, docs/fidelity.md "fp8"). Needs
     ``fp8_recipe: tensorwise`` (torchao gathers tensorwise scales only) and ZeRO-3; unset means off, the default of
-    both.
+    both. Under ``framework: megatron`` it is Megatron FSDP's ``fp8_param_gather`` with ``te-current`` or
+    ``te-delayed``: the weights are fp8 parameters, gathered in fp8, and TransformerEngine keeps no separate
+    whole-model fp8 weight cache (``memsim_widget/fp8.py``, ``MEGATRON_FP8_PARAM_RECIPES``).
 
     ``activation_checkpointing`` -- ``none``; ``selective`` (Megatron: recompute the attention core);
     ``selective-op`` (torchtitan's per-op policy: each layer keeps its input, the outputs of its 1st, 3rd, 5th...
@@ -601,16 +610,20 @@ class Scenario:
             )
 
     def _check_fp8_all_gather(self) -> None:
-        """``fp8_all_gather``: a bool; on, torchao's tensorwise recipe under ZeRO-3 (what torchao can gather)."""
+        """``fp8_all_gather``: a bool; on, torchao's tensorwise recipe or, under ``framework: megatron``,
+        TransformerEngine's per-tensor recipes (Megatron FSDP's ``fp8_param_gather``), under ZeRO-3."""
         if self.fp8_all_gather is None:
             return
         _bool("fp8_all_gather", self.fp8_all_gather)
         if not self.fp8_all_gather:
             return
-        if self.fp8_recipe != "tensorwise":
+        recipe = fp8_recipe_name(self.precision, self.fp8_recipe)
+        megatron = self.framework == "megatron" and recipe in MEGATRON_FP8_PARAM_RECIPES
+        if recipe != "tensorwise" and not megatron:
             raise ScenarioError(
                 "fp8_all_gather",
-                f"needs fp8_recipe 'tensorwise' (torchao gathers tensorwise-scaled weights only), got "
+                f"needs fp8_recipe 'tensorwise' (torchao gathers tensorwise-scaled weights only), or under "
+                f"framework 'megatron' one of {', '.join(MEGATRON_FP8_PARAM_RECIPES)} (fp8_param_gather), got "
                 f"{self.fp8_recipe!r}",
             )
         if self.parallel.zero < 3:

@@ -93,8 +93,9 @@ SCHEMA: tuple[Field, ...] = (
     Field("fp8_recipe", str, "the fp8/fp4 recipe of the Linear matmuls (fp8.py); unset: te-delayed under "
           "precision fp8, else none", "fp8:FP8_RECIPES", optional=True, cli="fp8_recipe",
           widget=_w("fp8 recipe", "select", "Training")),
-    Field("fp8_all_gather", bool, "torchao float8 under FSDP2: the weights are all-gathered in fp8 (tensorwise, "
-          "ZeRO-3; unset: off)", optional=True, cli="fp8_all_gather"),
+    Field("fp8_all_gather", bool, "the weights are all-gathered in fp8: torchao float8 under FSDP2 (tensorwise) "
+          "or Megatron FSDP's fp8_param_gather (te-current, te-delayed); ZeRO-3; unset: off", optional=True,
+          cli="fp8_all_gather"),
     Field("optimizer", str, "the optimizer, whose states take memory (optimizers.py)", "optimizers:OPTIMIZERS",
           cli="optimizer", widget=_w("optimizer", "select", "Training")),
     Field("optimizer_impl", str, "torch's optimizer implementation (foreach keeps temporaries)",

@@ -7,11 +7,13 @@ one of its types is asked for (``registry.LazyRegistry``; the table of modules i
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memsim_widget.architecture.facts import ModelFacts, PatchFacts, model_facts
 from memsim_widget.architecture.registry import LazyRegistry
 
 #: Parameter kinds of the breakdown, in display order.
@@ -84,6 +86,30 @@ class Architecture:
     fixed_seq_len: int | None = None
     max_seq_len: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: ``extra`` read into typed facts (architecture/facts.py): what the engine, planner and rules read
+    facts: ModelFacts = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", model_facts(self.extra, self.model_type))
+
+    def extra_with(self, *, drop: Collection[str] = (), **entries: Any) -> dict[str, Any]:
+        """This model's ``extra`` less ``drop``, updated with ``entries``: the ``extra`` of a model a family builds
+        on this one (a VLM on its language model, Gemma 3 on the shared decoder). A key keeps its place."""
+        return {**{k: v for k, v in self.extra.items() if k not in drop}, **entries}
+
+    @property
+    def patches(self) -> PatchFacts:
+        """A vision model's pixel input and patch grid (ViT, a multimodal model's tower); ValueError on a text model."""
+        if self.facts.patches is None:
+            raise ValueError(f"{self.model_type} has no pixel input (no image_size)")
+        return self.facts.patches
+
+    def with_facts(self, **groups: Any) -> Architecture:
+        """This model seen with some fact groups replaced (the engine's views: a hybrid stack without its
+        state-space layers, LLaVA-NeXT's crops as LLaVA images); ``extra`` is left as the family wrote it."""
+        new = dataclasses.replace(self)
+        object.__setattr__(new, "facts", dataclasses.replace(self.facts, **groups))
+        return new
 
     @property
     def parameters(self) -> int:
@@ -102,8 +128,8 @@ class Architecture:
 
     def attention_kernel(self, requested: str) -> str:
         """The attention transformers runs when ``requested`` is asked for: a model class without an SDPA path
-        (``extra["sdpa"] is False``, Gemma 2) falls back to eager, as ``PreTrainedModel`` does by default."""
-        return "eager" if requested == "sdpa" and self.extra.get("sdpa") is False else requested
+        (``facts.attention.sdpa`` False, Gemma 2) falls back to eager, as ``PreTrainedModel`` does by default."""
+        return "eager" if requested == "sdpa" and not self.facts.attention.sdpa else requested
 
 
 FamilyBuilder = Callable[[Mapping[str, Any]], Architecture]

@@ -3,7 +3,7 @@
 A ``model_type`` no family in ``memsim_widget/families`` models is still estimated when transformers knows it:
 :func:`calibrated_builder` returns a builder whose :class:`~memsim_widget.architecture.Architecture` lists every
 parameter of ``AutoModelForCausalLM.from_config`` built on the meta device (:mod:`.params`), and carries in
-``extra["calibration"]`` a :class:`SavedBytesSource` from which the engine reads plain fitted coefficients of the
+``facts.calibration`` (``extra["calibration"]``) a :class:`SavedBytesSource` from which the engine reads plain fitted coefficients of the
 saved bytes per block and outside the blocks (:mod:`.fit`), one fit per activation-relevant recipe (precision,
 attention kernel, LoRA targets, checkpointing). The engine stays pure Python: torch and transformers are imported
 here only, on the first estimate of such a model. Fits are cached per config (hash of the config and the

@@ -1,6 +1,6 @@
 """Activations of a model calibrated from traces (a transformers type no family models): fitted, not derived.
 
-The architecture's ``extra["calibration"]`` (``memsim_widget/calibrate``, outside the engine) returns plain
+The architecture's ``facts.calibration`` (``memsim_widget/calibrate``, outside the engine) returns plain
 coefficients of the non-state bytes a real HF training step keeps, fitted on tiny fake-tensor traces of a
 shrunk copy of the model: per block and outside the blocks, at the start of backward (``saved``) and at the
 forward's and the backward's peaks. This module only evaluates them at the scenario's (b, s) and refuses what a
@@ -97,7 +97,7 @@ def value(coef: list[float], b: int, s: int) -> float:
 
 def fit_for(arch: Any, scenario: Any) -> dict[str, Any]:
     """The architecture's fit for this scenario's recipe (traced outside the engine on its first use)."""
-    return arch.extra["calibration"].fit(recipe_key(arch, scenario))
+    return arch.facts.calibration.fit(recipe_key(arch, scenario))
 
 
 def calibrated_activations(ctx: Context) -> ActivationBudget:

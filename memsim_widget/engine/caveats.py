@@ -20,7 +20,7 @@ from memsim_widget.scenario import Scenario
 def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
     """What the memory figures do not model for this scenario (``Estimate.caveats``)."""
     out = []
-    if arch.extra.get("calibration") is not None:
+    if arch.facts.calibration is not None:
         out.append(caveat(arch, scenario))
     if scenario.compile and compiled_rule_applies(scenario, arch):
         out.append(
@@ -29,6 +29,8 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             + ("; traced on one GPU: data parallel (DDP's graph split at gradient buckets, FSDP's gathers) is "
                "untraced"
                if scenario.parallel.dp > 1 else "")
+            + ("; traced on one GPU: each pipeline stage compiling its own layers is untraced"
+               if scenario.parallel.pp > 1 else "")
         )  # fmt: skip
     elif scenario.compile:
         out.append(
@@ -53,7 +55,7 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
         out.append(liger_caveat(scenario, arch))
     if scenario.framework == "unsloth":
         out.append(unsloth_caveat(scenario))
-    if arch.extra.get("ssm"):
+    if arch.facts.ssm is not None:
         if (scenario.ssm_kernel or "cuda") == "cuda":
             out.append(
                 "ssm_kernel cuda (the default: mamba-ssm + causal-conv1d installed): the Mamba layers' "
@@ -64,6 +66,11 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             out.append(
                 "ssm_kernel torch: transformers' pure-PyTorch Mamba scan (no mamba-ssm), held to a CPU "
                 "fake-tensor trace; it keeps every step's state (b x I x N per token)"
+            )
+        if arch.facts.hybrid is not None and arch.num_experts and scenario.precision.startswith("amp"):
+            out.append(
+                "Jamba's MoE layers under autocast are not traced (their grouped_mm experts do not autocast on a "
+                "CPU): the HF MoE rule, traced on the dense-MLP Jamba and on the other MoE families"
             )
     obj = scenario.objective_name
     if obj == "ppo" and scenario.activation_checkpointing in ("full", "selective-op"):
@@ -142,25 +149,23 @@ def unsloth_caveat(scenario: Scenario) -> str:
 
 def vision_caveats(scenario: Scenario, arch: Architecture) -> list[str]:
     """A multimodal model's parts no trace has checked (docs/fidelity.md, "Multimodal")."""
-    v = arch.extra.get("vision")
-    if not v:
+    v = arch.facts.vision
+    if v is None:
         return []
     s, out = scenario, []
     if (
         s.method != "full"
         and any(t in s.lora.targets for t in ("linear_1", "linear_2", "all-linear"))
-        and v.get("projector")
+        and v.projector
     ):
         out.append("LoRA adapters on the projector (linear_1/linear_2) are modelled but not traced")
-    if v.get("caveat"):  # Llama 4: one tile per image; transformers 5.24's forward (families/llama4_vlm.py)
-        out.append(v["caveat"])
-    if v.get(
-        "image_note"
-    ):  # Qwen2-VL, LLaVA-NeXT: the image size the token count assumes (the family's text)
-        out.append(v["image_note"])
-    if v["kind"] == "llava":
+    if v.caveat:  # Llama 4: one tile per image; transformers 5.24's forward (families/llama4_vlm.py)
+        out.append(v.caveat)
+    if v.image_note:  # Qwen2-VL, LLaVA-NeXT: the image size the token count assumes (the family's text)
+        out.append(v.image_note)
+    if v.resized_to_tower:  # LLaVA 1.5 (LLaVA-NeXT names its crops in image_note)
         out.append(
-            f"every image is {v['tower'].extra['image_size']}px ({v['tokens_per_image']} tokens): LLaVA 1.5 pads "
+            f"every image is {v.patches.image_size}px ({v.tokens_per_image} tokens): LLaVA 1.5 pads "
             "or resizes to it; the vision tower's own backward transients are not modelled"
         )
     return out
@@ -237,13 +242,13 @@ def time_caveats(scenario: Scenario, arch: Architecture, gpu: GPU | None = None)
         out.append("tensor-parallel collectives are counted as exposed (no --tp-comm-overlap)")
     if "paged" in s.optimizer:
         out.append("paged optimizer states moved to and from the host are not modelled")
-    if arch.extra.get("ssm"):
+    if arch.facts.ssm is not None:
         out.append(
             "state-space scan (Mamba: 9 x I x N FLOPs per token and layer, mamba's own count; Mamba-2: the SSD "
             "chunk einsums) run at attention's efficiency; no scan kernel was timed (and the torch paths are far "
             "slower)"
         )
-    if arch.extra.get("vision"):
+    if arch.facts.vision is not None:
         out.append(
             "the vision tower's and projector's compute is not in the step time (the language model's is)"
         )

@@ -9,6 +9,7 @@ from memsim_widget.architecture import Architecture, ParamGroup
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.model_rules_cache import check_once
+from memsim_widget.engine.schedule import in_flight
 from memsim_widget.errors import ScenarioError
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
@@ -100,20 +101,20 @@ class Context:
     @property
     def images_per_sample(self) -> int:
         """Images per sample of a multimodal model (the scenario's, else the model's default); 0 for text models."""
-        v = self.arch.extra.get("vision")
+        v = self.arch.facts.vision
         if v is None:
             return 0
         n = self.scenario.images_per_sample
-        return v["images_default"] if n is None else n
+        return v.images_default if n is None else n
 
     @property
     def freeze_vision(self) -> bool:
         """The vision tower is frozen (the scenario's ``freeze_vision``, else the model's recipe)."""
-        v = self.arch.extra.get("vision")
+        v = self.arch.facts.vision
         if v is None:
             return False
         f = self.scenario.freeze_vision
-        return v["freeze_default"] if f is None else f
+        return v.freeze_default if f is None else f
 
     @property
     def frozen_stacks(self) -> frozenset[str]:
@@ -124,7 +125,7 @@ class Context:
         if override is not None:
             return override
         unused = (
-            {"vision_unused"} if self.arch.extra.get("vision") else set()
+            {"vision_unused"} if self.arch.facts.vision is not None else set()
         )  # LLaVA's tower past the layer read (peft's adapters there get no gradient: not counted)
         if unused and not self.images_per_sample:
             # no image: the tower and projector never run, so they get no gradient and AdamW no state (traced)
@@ -146,8 +147,8 @@ class Context:
     @property
     def image_tokens(self) -> int:
         """Tokens the images of one sample add to the language model's sequence (LLaVA; 0 for CLIP and text)."""
-        v = self.arch.extra.get("vision")
-        return self.images_per_sample * v["tokens_per_image"] if v else 0
+        v = self.arch.facts.vision
+        return self.images_per_sample * v.tokens_per_image if v else 0
 
     @property
     def seq_len(self) -> int:
@@ -174,7 +175,7 @@ class Context:
     def linear_modules(self) -> list[str]:
         """The Linear modules of the engine's layer stack: a multimodal model's tower and projector have their own
         rules (engine/vision.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
-        towers = TOWER_STACKS if self.arch.extra.get("vision") else ()
+        towers = TOWER_STACKS if self.arch.facts.vision is not None else ()
         return sorted({g.module for g in self.arch.params if g.module and g.stack not in towers})
 
     @cached_property
@@ -193,7 +194,7 @@ class Context:
             )
             if not hit:
                 continue
-            if self.arch.extra.get("conv1d"):
+            if self.arch.facts.linear.conv1d:
                 fan_in, fan_out = g.shape
             else:
                 fan_out, fan_in = g.shape
@@ -239,15 +240,9 @@ class Context:
         return sum(mine[len(mine) - n :])
 
     def in_flight(self, stage: Stage) -> float:
-        """Micro-batches whose activations a stage holds at once (docs/memory-facts.md#parallel-layouts)."""
-        p, m = self.par.pp, self.par.pp_microbatches
-        if p == 1:
-            return 1.0
-        if self.par.pp_schedule == "gpipe":
-            return float(m)
-        if self.par.pp_schedule == "interleaved":
-            return interleaved_in_flight(p, self.par.virtual_stages, m, stage.index)
-        return float(min(m, p - stage.index))
+        """Micro-batches whose activations a stage holds at once (``engine/schedule.in_flight``)."""
+        par = self.par
+        return in_flight(par.pp, par.pp_microbatches, par.pp_schedule, par.virtual_stages, stage.index)
 
     def seen_as(self, arch: Architecture, scenario: Scenario | None = None) -> Context:
         """This context for another view of its model (a vision tower, LLaVA-NeXT's crops, a hybrid stack without
@@ -270,17 +265,6 @@ def tower_context(ctx: Context, arch: Architecture, batch: int) -> Context:
     sub = ctx.seen_as(arch, sc)
     sub.frozen_override = ctx.frozen_stacks  # the tower has no "vision" entry: the parent decides
     return sub
-
-
-def interleaved_in_flight(p: int, v: int, m: int, rank: int) -> float:
-    """Micro-batches in flight on ``rank`` of an interleaved 1F1B schedule, in units of the rank's ``v`` model
-    chunks: the warm-up forwards plus the one whose backward comes first, ``min(w + 1, m v) / v`` with
-    ``w = (v - 1) m_r + 2 (p - 1 - rank)`` and ``m_r = m / max(1, m // p)`` micro-batches per round
-    (torch.distributed.pipelining ``ScheduleInterleaved1F1B`` / ``_get_warmup_ops``; Megatron's interleaved
-    schedule warms up alike, Narayanan et al. 2021, arXiv 2104.04473)."""
-    per_round = m // max(1, m // p)
-    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
-    return min(warmup + 1, m * v) / v
 
 
 def interleaved_loss_grad_chunks(p: int, m: int, v: int) -> int:

@@ -110,7 +110,7 @@ class Estimate:
         used = self.arch.attention_kernel(requested)
         out = {"requested": requested, "used": used}
         if used != requested:
-            out["why"] = str(self.arch.extra.get("attention_note", ""))
+            out["why"] = "" if self.arch.facts.attention.note is None else self.arch.facts.attention.note
         return out
 
     @property
@@ -249,7 +249,7 @@ class Estimate:
     @property
     def calibrated(self) -> bool:
         """True when the model's activations are fitted from traces (a transformers type no family models)."""
-        return self.arch.extra.get("calibration") is not None
+        return self.arch.facts.calibration is not None
 
     @property
     def calibration(self) -> dict[str, Any] | None:

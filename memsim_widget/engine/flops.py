@@ -87,21 +87,21 @@ def model_flops(arch: Architecture) -> ModelFlops:
     """The forward FLOPs per token of ``arch``."""
     layer, io, head = matmul_weights(arch)
     d_qk = arch.head_dim
-    mla = arch.extra.get("mla") if arch.extra else None
-    d_v = int(mla["v_head_dim"]) if mla else arch.head_dim
-    ssm = arch.extra.get("ssm") if arch.extra else None
+    mla = arch.facts.attention.mla
+    d_v = int(mla.v_head_dim) if mla else arch.head_dim
+    ssm = arch.facts.ssm
     scan = 0.0
     if ssm:
-        inner, n_state, k = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
-        if ssm["version"] == 2:
+        inner, n_state, k = ssm.inner, ssm.state_size, ssm.conv_kernel
+        if ssm.version == 2:
             # SSD (Dao & Gu 2024, arXiv 2405.21060, the chunked algorithm mamba2_chunk_scan runs): per token the
             # intra-chunk C.B scores and their product with x (2 l H (N + P)), the chunk states and their read-out
             # (2 x 2 I N); the conv runs over x, B and C
-            l, H, P, G = ssm["chunk_size"], ssm["heads"], ssm["head_dim"], ssm["groups"]
+            l, H, P, G = ssm.chunk_size, ssm.heads, ssm.head_dim, ssm.groups
             per = 2.0 * l * H * (n_state + P) + 4.0 * inner * n_state + 2.0 * k * (inner + 2 * G * n_state)
         else:
             per = 9.0 * inner * n_state + 2.0 * inner + 2.0 * k * inner
-        scan = ssm["layers"] * per / max(arch.num_layers, 1)
+        scan = ssm.layers * per / max(arch.num_layers, 1)
     return ModelFlops(
         layers=arch.num_layers,
         linear_per_layer=2.0 * layer / max(arch.num_layers, 1),
@@ -111,6 +111,6 @@ def model_flops(arch: Architecture) -> ModelFlops:
         d_qk=d_qk,
         d_v=d_v,
         causal=arch.causal,
-        attention_layers=arch.extra.get("attention_layers") if arch.extra else None,
+        attention_layers=arch.facts.attention.layers,
         scan_per_layer=scan,
     )

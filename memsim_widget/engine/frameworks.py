@@ -485,3 +485,11 @@ def parameters_fetched_from_host(ctx: Context) -> bool:
     """ZeRO-3 with parameter offload copies each unit to the GPU to compute it, even on a single rank
     (DeepSpeed offload_param, FSDP CPUOffload)."""
     return ctx.par.zero >= 3 and ctx.par.offload == "optimizer+params"
+
+
+def megatron_fp8_params(ctx: Context) -> bool:
+    """Megatron FSDP with fp8 parameters (``fp8_all_gather`` under ``framework: megatron``, ZeRO-3): the weights
+    are TransformerEngine fp8 tensors gathered per unit, so no whole-model fp8 weight cache is kept beside them
+    (``memsim_widget/fp8.py``, ``MEGATRON_FP8_PARAM_RECIPES``)."""
+    sc = ctx.scenario
+    return bool(sc.fp8_all_gather) and sc.framework == "megatron" and ctx.par.zero >= 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memsim_widget.names import Name
 
@@ -50,9 +50,11 @@ _LEVEL = {m.value: m for m in Level}
 ALLOC_ROUND = 512
 
 
-def round_alloc(nbytes: int) -> int:
-    """The caching allocator's rounding of one request (512 B granularity)."""
-    return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND if nbytes > 0 else 0
+def allocated_of(nbytes: Any, tensors: Any) -> Any:
+    """Bytes ``torch.cuda.memory_allocated`` counts for ``nbytes`` (> 0) split over ``tensors`` (>= 1) equal
+    tensors, each request rounded up to 512 B; numbers or arrays (``plan/vector`` rounds many terms at once)."""
+    per = -(-nbytes // tensors)
+    return -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors
 
 
 @dataclass(frozen=True)
@@ -84,5 +86,4 @@ class Item:
         """Bytes as ``torch.cuda.memory_allocated`` counts them (each tensor rounded up to 512 B)."""
         if self.level not in ALLOCATED_LEVELS or self.bytes <= 0:
             return 0
-        n = max(self.tensors, 1)
-        return round_alloc(-(-self.bytes // n)) * n
+        return allocated_of(self.bytes, max(self.tensors, 1))

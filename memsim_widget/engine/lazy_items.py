@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
-from memsim_widget.engine.items import Item, round_alloc
+from memsim_widget.engine.items import Item, allocated_of
 
 #: Levels whose bytes the caching allocator counts (``Item.allocated_bytes``).
 _COUNTED = ("tensor", "allocator")
@@ -41,8 +41,7 @@ class LazyItem:
         if level not in _COUNTED or nbytes <= 0:  # Item.allocated_bytes, without building the Item
             self.allocated_bytes = 0
         else:
-            n = max(tensors, 1)
-            self.allocated_bytes = round_alloc(-(-nbytes // n)) * n
+            self.allocated_bytes = allocated_of(nbytes, max(tensors, 1))
 
     def build(self) -> Item:
         """The breakdown item (built once)."""

@@ -14,6 +14,7 @@ full training (LLaVA's recipe).
 
 from __future__ import annotations
 
+from memsim_widget.architecture.facts import Llama4Vision
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import uses_autocast
@@ -22,13 +23,15 @@ from memsim_widget.units import fmt_int
 
 def llama4_adapter_terms(ctx: Context, out: ActivationBudget, *, trained: bool) -> None:
     """Add the adapter's and projector's saved tensors (``trained``: the tower and adapter train) to ``out``."""
-    v = ctx.arch.extra["vision"]
-    tower, sizes = v["tower"], v["adapter"]
+    v = ctx.arch.facts.vision
+    assert isinstance(v, Llama4Vision)  # engine/vision.py calls this for Llama 4 only
+    tower, sizes = v.tower, v.adapter
+    assert tower.fixed_seq_len is not None  # a tower's sequence is its patches (architecture/vision.py)
     amp = uses_autocast(ctx)
     ec = 2 if amp else ctx.recipe.act_bytes  # what a Linear or GELU saves (16-bit copies under autocast)
     r = 4 if amp else ctx.recipe.act_bytes
     bi = ctx.scenario.micro_batch_size * ctx.images_per_sample
-    N, T, h = bi * v["feature_rows"], bi * tower.fixed_seq_len, tower.hidden_size
+    N, T, h = bi * v.feature_rows, bi * tower.fixed_seq_len, tower.hidden_size
     sh, inner, o = sizes["shuffled"], sizes["inner"], sizes["out"]
     rows = f"N={fmt_int(N)} image rows"
     if trained:

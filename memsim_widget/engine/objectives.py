@@ -88,7 +88,7 @@ def check_model(ctx: Context, sc: Scenario) -> None:
     only). ``ctx`` is the SFT step's (``training_scenario``), so the objective is read from ``sc``."""
     SFT_ONLY.check(ScenarioView(sc, arch=ctx.arch))
     name, model_type = sc.objective_name, ctx.arch.model_type
-    if ctx.arch.extra.get("calibration") is not None:
+    if ctx.arch.facts.calibration is not None:
         raise ScenarioError(
             "objective",
             f"{name!r} is not calibrated for {model_type!r} (a model calibrated from a trace): sft only",

@@ -16,6 +16,7 @@ measures the error (docs/accuracy.md).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context
@@ -80,14 +81,21 @@ def workspace_items(ctx: Context) -> list[Item]:
     ]
 
 
+def group_sizes(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any) -> dict[str, Any]:
+    """The process groups a rank talks through and their ranks (data parallelism spans dp x cp ranks); numbers
+    or arrays (``plan/vector`` counts the communicators of many layouts at once)."""
+    return {"dp": dp * cp, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
+
+
+def communicator_count(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any) -> Any:
+    """NCCL communicators a rank holds: one per process group of more than one rank (``group_sizes``)."""
+    return sum(((size > 1) * 1 for size in group_sizes(dp, tp, pp, cp, ep).values()), start=0)
+
+
 def communicators(ctx: Context) -> list[str]:
-    """Process groups with more than one rank that this rank talks through."""
+    """Process groups with more than one rank that this rank talks through (``group_sizes``)."""
     p = ctx.par
-    return [
-        name
-        for name, size in (("dp", p.dp * p.cp), ("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep))
-        if size > 1
-    ]
+    return [name for name, size in group_sizes(p.dp, p.tp, p.pp, p.cp, p.ep).items() if size > 1]
 
 
 def context_bytes(ctx: Context) -> int:

@@ -11,35 +11,65 @@ first backward, so it holds each one's head and loss tensors.
 
 from __future__ import annotations
 
+from typing import Any
+
+from memsim_widget.engine.arith import negate, where
 from memsim_widget.engine.context import Context, Stage
+
+# ----- the counts, over numbers (one stage) or arrays (plan/vector: many candidate stages) ----------------
+
+
+def receive_count(p: Any, m: Any, v: int, first: Any, last: Any) -> Any:
+    """Receive buffers of one micro-batch's hidden states (or their gradient) a rank keeps: per micro-batch,
+    one per direction per model chunk (a rank of an interleaved schedule holds ``v`` chunks); the very first
+    stage receives no activations and the very last no gradients; none without a pipeline."""
+    return where(p > 1, m * (2 * v - first - last), 0)
+
+
+def pending_send_count(p: Any, m: Any, v: int, first: Any) -> Any:
+    """Whether an input gradient waits to be sent to the previous stage: a previous stage exists and there is
+    more than one micro-batch (gone by the optimizer step)."""
+    return (p > 1) & (m > 1) & (negate(first) | (v > 1))
+
+
+def loss_count(p: Any, m: Any, schedule: str, last: Any) -> Any:
+    """Micro-batches whose head and loss tensors the last stage holds at once: all of them under GPipe
+    (every loss runs before the first backward), one under 1F1B and interleaved 1F1B; none elsewhere."""
+    return where(last, where((p > 1) & (schedule == "gpipe"), m, 1), 0)
+
+
+def outputs_held_count(p: Any, m: Any, f: Any, last: Any, n_loss: Any, returned: bool) -> Any:
+    """Stage outputs the schedule keeps for backward: one per micro-batch in flight (``f``); on the last stage
+    its ``n_loss`` (``loss_count``), every micro-batch's when the schedule returns its outputs (``returned``:
+    ``returns_outputs``); none without a pipeline."""
+    return where(p > 1, where(last, m if returned else n_loss, f), 0.0)
+
+
+def through_step_count(p: Any, m: Any, last: Any, returned: bool) -> Any:
+    """Copies of one micro-batch's last-stage output alive at the optimizer step when the schedule returns its
+    outputs (``returned``): every micro-batch's kept chunk and its part of the concatenation ``step`` returned."""
+    return where((p > 1) & last, 2 * m, 0) if returned else 0
+
+
+# ----- one rank of the engine --------------------------------------------------------------------------------
 
 
 def receive_buffers(ctx: Context, stage: Stage) -> int:
-    """Receive buffers of one micro-batch's hidden states (or their gradient) a rank keeps: per micro-batch,
-    one per direction per model chunk (a rank of an interleaved schedule holds ``virtual_stages`` chunks);
-    the very first stage receives no activations and the very last no gradients."""
+    """Receive buffers of one micro-batch's hidden states (or their gradient) a rank keeps (``receive_count``)."""
     par = ctx.par
-    if par.pp == 1:
-        return 0
-    chunks = par.virtual_stages
-    return par.pp_microbatches * (2 * chunks - int(stage.first) - int(stage.last))
+    return receive_count(par.pp, par.pp_microbatches, par.virtual_stages, stage.first, stage.last)
 
 
 def pending_sends(ctx: Context, stage: Stage) -> int:
-    """Input gradients waiting to be sent to the previous stage (one, when it has a previous stage and there
-    is more than one micro-batch; gone by the optimizer step)."""
+    """Input gradients waiting to be sent to the previous stage (``pending_send_count``)."""
     par = ctx.par
-    has_previous = not stage.first or par.virtual_stages > 1
-    return int(par.pp > 1 and par.pp_microbatches > 1 and has_previous)
+    return int(pending_send_count(par.pp, par.pp_microbatches, par.virtual_stages, stage.first))
 
 
 def loss_micro_batches(ctx: Context, stage: Stage) -> int:
-    """Micro-batches whose head and loss tensors the last stage holds at once: all of them under GPipe
-    (every loss runs before the first backward), one under 1F1B and interleaved 1F1B."""
-    if not stage.last:
-        return 0
+    """Micro-batches whose head and loss tensors the last stage holds at once (``loss_count``)."""
     par = ctx.par
-    return par.pp_microbatches if par.pp > 1 and par.pp_schedule == "gpipe" else 1
+    return loss_count(par.pp, par.pp_microbatches, par.pp_schedule, stage.last)
 
 
 def returns_outputs(ctx: Context, keeps_output: bool) -> bool:
@@ -55,16 +85,16 @@ def returns_outputs(ctx: Context, keeps_output: bool) -> bool:
 
 
 def outputs_held(ctx: Context, stage: Stage, keeps_output: bool = False) -> float:
-    """Stage outputs the schedule keeps for backward: one per micro-batch in flight (none without a pipeline);
-    on the last stage every micro-batch's when the schedule returns its outputs."""
-    if ctx.par.pp == 1:
-        return 0.0
-    if stage.last and returns_outputs(ctx, keeps_output):
-        return float(ctx.par.pp_microbatches)
-    return float(loss_micro_batches(ctx, stage)) if stage.last else ctx.in_flight(stage)
+    """Stage outputs the schedule keeps for backward (``outputs_held_count``)."""
+    par, returned = ctx.par, returns_outputs(ctx, keeps_output)
+    n_loss = loss_micro_batches(ctx, stage)
+    return float(
+        outputs_held_count(par.pp, par.pp_microbatches, ctx.in_flight(stage), stage.last, n_loss, returned)
+    )
 
 
 def outputs_through_step(ctx: Context, stage: Stage, keeps_output: bool) -> int:
-    """Copies of one micro-batch's last-stage output alive at the optimizer step when the schedule returns
-    its outputs: every micro-batch's kept chunk and its part of the concatenation ``step`` returned."""
-    return 2 * ctx.par.pp_microbatches if stage.last and returns_outputs(ctx, keeps_output) else 0
+    """Copies of one micro-batch's last-stage output alive at the optimizer step (``through_step_count``)."""
+    return through_step_count(
+        ctx.par.pp, ctx.par.pp_microbatches, stage.last, returns_outputs(ctx, keeps_output)
+    )

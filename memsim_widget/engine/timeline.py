@@ -12,10 +12,12 @@ numbers first: the items and their formulas are built when a breakdown reads the
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import cached_property
+from typing import Any
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.arith import maximum, minimum, where
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
@@ -28,6 +30,7 @@ from memsim_widget.engine.pipeline import (
     pending_sends,
     receive_buffers,
 )
+from memsim_widget.engine.schedule import grads_carried, pipeline_carries_grads
 from memsim_widget.engine.states import StateBudget
 from memsim_widget.units import fmt_int
 
@@ -42,10 +45,23 @@ __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moment
 OFFLOAD_LAYERS_ON_GPU = 1
 
 
+def resident_count(held: Any, offloading: bool) -> Any:
+    """Of the ``held`` layer x micro-batch activation sets of a stage (``Context.held_layers``), those it keeps
+    on the GPU: all of them, or ``OFFLOAD_LAYERS_ON_GPU`` at most under activation offloading (numbers or
+    arrays: ``plan/vector`` calls it too)."""
+    return minimum(held, OFFLOAD_LAYERS_ON_GPU) if offloading else held
+
+
+def layer0_sets(first: Any, f: Any, resident: Any, held: Any) -> Any:
+    """Layer 0's activation sets among the ``resident`` ones (it lacks the bytes of ``skip_first`` terms): one
+    per micro-batch in flight on the first stage, none once offloading moved some sets to the host (the
+    resident ones are the last layers run)."""
+    return where(first & (resident >= held), f, 0)
+
+
 def resident_layers(ctx: Context, stage: Stage) -> float:
-    """Layer x micro-batch activation sets a stage keeps on the GPU (all of them unless offloading)."""
-    full = ctx.held_layers(stage)
-    return min(full, OFFLOAD_LAYERS_ON_GPU) if ctx.scenario.activation_offloading else full
+    """Layer x micro-batch activation sets a stage keeps on the GPU (``resident_count`` of its held sets)."""
+    return resident_count(ctx.held_layers(stage), ctx.scenario.activation_offloading)
 
 
 def checkpointed_layers(ctx: Context, stage: Stage) -> int:
@@ -153,10 +169,77 @@ def _scaled(
         return []
     items = []
     for t in terms:
-        nbytes = t.bytes * factor - (t.first_bytes * first if t.skip_first else 0)
-        tensors = max(1, int(t.tensors * max(factor, 1)))
-        items.append(LazyItem(category, t.name, int(nbytes), t.level, tensors, label, t.formula))
+        nbytes, tensors = scaled_term(t.bytes, t.first_bytes, t.skip_first, t.tensors, factor, first)
+        items.append(LazyItem(category, t.name, int(nbytes), t.level, max(1, int(tensors)), label, t.formula))
     return items
+
+
+def scaled_term(
+    nbytes: Any, first_bytes: Any, skip_first: Any, tensors: Any, factor: Any, first: Any
+) -> tuple:
+    """(bytes, tensors) of a term repeated ``factor`` times (layers x micro-batches in flight), ``first`` of the
+    repeats layer 0, which lacks the term's ``first_bytes`` where it ``skip_first``s; a repeat count below one
+    (a share of a micro-batch) keeps the term's tensors. Before truncation; numbers or arrays (``plan/vector``)."""
+    return nbytes * factor - where(skip_first, first_bytes * first, 0), tensors * maximum(factor, 1)
+
+
+def state_lists(states: StateBudget) -> dict[str, list[Item]]:
+    """The lists of a rank's model states that ``state_group_table`` makes the groups of (``plan/vector``
+    reduces each to sums per state key): the tensor-level persistent items and optimizer step temporaries,
+    the step's temporaries of every level (``step_temps_all``), and the gradients but the root's where the
+    root reduces apart (else all of them)."""
+    return {
+        "persistent": [i for i in states.persistent if i.level == "tensor"],
+        "grads": states.grads,
+        "post_grads": states.post_grads,
+        "grads_but_bottom": states.grads_but_bottom,
+        "gathered": states.gathered,
+        "gathered_grads": states.gathered_grads,
+        "step_temps_all": states.step_temps,
+        "step_temps": [i for i in states.step_temps if i.level == "tensor"],
+        "kept_unsharded": states.kept_unsharded,
+        "kept_unsharded_last": states.kept_unsharded_last,
+        "root_reduce": states.root_reduce,
+        "grads_but_root": states.grads_but_root if states.root_reduce else states.grads,
+        "root_regather": states.root_regather,
+        "root_reduce_out": states.root_reduce_out,
+        "root_made": states.root_made,
+        "loss_grads": states.loss_grads,
+    }
+
+
+def state_group_table(
+    s: Mapping[str, Any], overhead: Any, carried: Any, last: Any, resharded: Any, in_backward: bool, none: Any
+) -> dict[str, Any]:
+    """The model-state groups of ``moments.STATE_GROUPS`` in the steady state (step 2 on) from ``state_lists``
+    (items of one rank; or their sums, one row per state key, in ``plan/vector``): ``carried`` gradients alive
+    through forward (``schedule.grads_carried``; 2: at the loss only ``loss_grads``), the ``last`` stage, the root ``resharded`` before the loss
+    (``frameworks.root_resharded_for_loss``), the optimizer stepping ``in_backward``; ``none``: an empty group."""
+    grads_in_fwd = where(carried, s["grads"], none)
+    return {
+        "persistent": s["persistent"],
+        "overhead": overhead,
+        # carried 2: the last stage's loss moments meet only the gradients that exist then (loss_grads)
+        "grads_carried": where(carried == 2, s["loss_grads"], grads_in_fwd),
+        # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
+        "gathered_at_loss": where(resharded, none, s["gathered"]),
+        "kept_unsharded": s["kept_unsharded"],  # every layer, without reshard after forward
+        "kept_unsharded_last": s["kept_unsharded_last"],
+        # only the head's gradients made at the top of backward (beside those carried)
+        "head_grads": where(carried, grads_in_fwd, where(last, s["post_grads"], none)),
+        "gathered": s["gathered"],
+        "gathered_grads": s["gathered_grads"],
+        "step_in_backward": where(in_backward, s["step_temps_all"], none),
+        "root_regather": s["root_regather"],
+        "root_made": s["root_made"],
+        "root_reduce": s["root_reduce"],
+        "root_reduce_out": s["root_reduce_out"],
+        "grads_but_root": s["grads_but_root"],
+        "grads_but_bottom": s["grads_but_bottom"],
+        "grads": s["grads"],
+        "step_persistent": s["persistent"],  # the steady state: optimizer states exist
+        "step_temps": s["step_temps"],
+    }
 
 
 def _state_groups(
@@ -164,39 +247,16 @@ def _state_groups(
 ) -> dict[str, list[Item] | list[LazyItem]]:
     """The model-state groups of ``moments.STATE_GROUPS`` on one rank in the steady state (step 2 on)."""
     sc = ctx.scenario
-    persistent = [i for i in states.persistent if i.level == "tensor"]
-    # gradients accumulate over micro-batches: at the stage's fullest moment only if an earlier micro-batch
-    # already ran backward, i.e. fewer are in flight than there are (never under GPipe: all forwards first)
-    pipelined = ctx.par.pp > 1 and f < ctx.par.pp_microbatches
-    accumulated = sc.grad_accum_steps > 1  # an earlier accumulation step made every gradient
-    grads_carried = accumulated or pipelined
-    grads_in_fwd = states.grads if grads_carried and not sc.optimizer_in_backward else []
-    return {
-        "persistent": persistent,
-        "overhead": overhead,
-        # at the loss (the last stage): an interleaved rank's chunks whose backward ran (Context.loss_grad_layers)
-        "grads_carried": states.loss_grads
-        if grads_in_fwd and stage.last and not accumulated
-        else grads_in_fwd,
-        # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
-        "gathered_at_loss": [] if root_resharded_for_loss(sc, stage.last) else states.gathered,
-        "kept_unsharded": states.kept_unsharded,  # every layer, without reshard after forward
-        "kept_unsharded_last": states.kept_unsharded_last,
-        # only the head's gradients made at the top of backward (beside those carried)
-        "head_grads": (grads_in_fwd or states.post_grads) if stage.last else grads_in_fwd,
-        "gathered": states.gathered,
-        "gathered_grads": states.gathered_grads,
-        "step_in_backward": states.step_temps if sc.optimizer_in_backward else [],
-        "root_regather": states.root_regather,
-        "root_made": states.root_made,
-        "root_reduce": states.root_reduce,
-        "root_reduce_out": states.root_reduce_out,
-        "grads_but_root": states.grads_but_root if states.root_reduce else states.grads,
-        "grads_but_bottom": states.grads_but_bottom,
-        "grads": states.grads,
-        "step_persistent": persistent,
-        "step_temps": [i for i in states.step_temps if i.level == "tensor"],
-    }
+    pipelined = pipeline_carries_grads(ctx.par.pp, ctx.par.pp_microbatches, f)
+    carried = grads_carried(sc.grad_accum_steps, pipelined, sc.optimizer_in_backward)
+    # carried only where there are gradients: with none, the last stage's head gradients are its post_grads
+    carried = bool(carried and states.grads)
+    # 2: at the loss of the last stage only the gradients that exist then (an interleaved rank: its loss
+    # chunk's, Context.loss_grad_layers); an earlier accumulation step made every gradient
+    carried = 2 if carried and stage.last and sc.grad_accum_steps == 1 else int(carried)
+    resharded = root_resharded_for_loss(sc, stage.last)
+    lists = state_lists(states)
+    return state_group_table(lists, overhead, carried, stage.last, resharded, sc.optimizer_in_backward, [])
 
 
 def _saved_groups(
@@ -212,14 +272,13 @@ def _saved_groups(
     fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
     mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
     kept = acts.checkpointed_layer if ckpt else acts.per_layer
-    first = f if stage.first else 0
     held = ctx.held_layers(stage)  # Ls x f, or an interleaved rank's uneven chunks in schedule order
     if held != Ls * f:
         mult = f"{held:g} layer x micro-batch sets (chunks of {Ls} layers in the schedule's order)"
     resident = resident_layers(ctx, stage)
+    first = layer0_sets(stage.first, f, resident, held)
     if resident < held:  # activation offloading: the rest sits in host memory
         mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
-        first = 0  # the resident ones are the last layers run
     saved_all = _scaled(kept, resident, mult, first=first)
     if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
         saved_all = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f, first)

@@ -1,6 +1,6 @@
 """The vision side of a multimodal model (CLIP, LLaVA, Gemma 3): what its tower and projector save for backward.
 
-The tower is an Architecture of its own (``arch.extra["vision"]["tower"]``, architecture/vision.py); its layers go
+The tower is an Architecture of its own (``arch.facts.vision.tower``, architecture/vision.py); its layers go
 through the same HF rules as any encoder (engine/activations/hf.py), run on a context whose micro-batch is
 the step's images (b x images_per_sample) and whose sequence is the tower's (patches + CLS). The totals land in
 the language model's ``pre`` terms: they are made before its first layer and live until the tower's backward,
@@ -27,8 +27,10 @@ preset); the tower under tensor/pipeline/context parallelism (refused in engine/
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from memsim_widget.architecture.facts import LlavaNextVision, QwenVision, VisionFacts
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, tower_context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
@@ -39,18 +41,19 @@ def vision_activations(
     ctx: Context, out: ActivationBudget, hf: Callable[[Context], ActivationBudget]
 ) -> None:
     """Add the vision tower's (and projector's) saved tensors and the pixel inputs to ``out``."""
-    v = ctx.arch.extra["vision"]
-    if v["kind"] == "qwen2_vl":  # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/vision_qwen.py)
+    v = ctx.arch.facts.vision
+    assert v is not None  # the dispatcher calls this for a multimodal model only
+    if isinstance(v, QwenVision):  # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/vision_qwen.py)
         from memsim_widget.engine.vision_qwen import qwen_vision_activations
 
         qwen_vision_activations(ctx, out, hf)
         return
-    if v["kind"] == "llava_next":  # LLaVA's rules on every anyres crop (engine/vision_llava_next.py)
+    if isinstance(v, LlavaNextVision):  # LLaVA's rules on every anyres crop (engine/vision_llava_next.py)
         from memsim_widget.engine.vision_llava_next import llava_next_activations
 
         llava_next_activations(ctx, out, hf, vision_activations)
         return
-    tower = v["tower"]
+    tower = v.tower
     sc, recipe = ctx.scenario, ctx.recipe
     amp = uses_autocast(ctx)
     ec = recipe.act_bytes
@@ -59,13 +62,12 @@ def vision_activations(
     bi = b * n_img
     full = ctx.full_training
     trained = full and not ctx.freeze_vision
-    ex = tower.extra
-    C, img = ex["num_channels"], ex["image_size"]
+    C, img = v.patches.num_channels, v.patches.image_size
     px = bi * C * img * img
     pb = recipe.weight_bytes  # pixels come in the weights' dtype (fp32 under autocast)
 
     # ----- inputs: the pixels (and, for CLIP, input ids without labels) -----------------------------------
-    if v["kind"] == "clip":
+    if v.contrastive_head:
         out.inputs[:] = [Term("input ids", 8 * b * sc.seq_len, "8 B x b x s (int64)", 1)]
     if n_img:
         out.inputs.append(
@@ -89,28 +91,31 @@ def vision_activations(
         _tower(ctx, out, hf(sub), T, trained, r)
     else:
         _frozen_tower_outputs(ctx, out, T, r)
-        if v["kind"] == "llava" and sc.activation_checkpointing == "full":
+        if v.graph_keeps_frozen_tower and sc.activation_checkpointing == "full":
             _frozen_tower_under_checkpointing(out, v, bi, T, h, r, 2 if amp else ec)
-    pj = v.get("projector")
-    if v["kind"] == "llama4":  # pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
+    pj = v.projector
+    if (
+        v.projector_layout == "pixel-shuffle"
+    ):  # Llama 4's pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
         from memsim_widget.engine.llama4_vision import llama4_adapter_terms
 
         llama4_adapter_terms(ctx, out, trained=trained)
-    elif pj and v["kind"] == "gemma3":
-        _gemma3_projector(ctx, out, bi * v["tokens_per_image"], pj, trained or adapters, amp, ec)
+    elif pj and v.projector_layout == "norm-linear":  # Gemma 3
+        _gemma3_projector(ctx, out, bi * v.tokens_per_image, pj, trained or adapters, amp, ec)
     elif pj:
         _llava_projector(ctx, out, bi, pj, adapters, amp, pb)
-    if v["kind"] == "clip":
+    if v.contrastive_head:
         _clip_head(ctx, out, trained, r, h)
 
 
 def _tower(ctx: Context, out: ActivationBudget, tb: ActivationBudget, T: int, trained: bool, r: int) -> None:
     """A tower with a gradient (trained, or LoRA adapters in it): what the layers whose output is used save (``tb``,
     the HF rules run on the tower), what the layers past the one read keep, and the trained tower's edge norm."""
-    v = ctx.arch.extra["vision"]
-    tower, sc = v["tower"], ctx.scenario
+    v = ctx.arch.facts.vision
+    assert v is not None
+    tower, sc = v.tower, ctx.scenario
     bi, h = sc.micro_batch_size * ctx.images_per_sample, tower.hidden_size
-    used = v["layers_used"]
+    used = v.layers_used
     if sc.activation_checkpointing == "full":
         kept = tb.checkpointed_layer
         what = "checkpointed inputs"
@@ -147,7 +152,7 @@ def _tower(ctx: Context, out: ActivationBudget, tb: ActivationBudget, T: int, tr
     if trained:  # CLIP's pre_layrnorm on the embeddings, SigLIP's post_layernorm: (b, s, h) input, mean, rstd
         out.pre.append(
             Term(
-                f"vision tower: {'post_layernorm' if v['kind'] == 'gemma3' else 'pre_layrnorm'} input, mean and rstd",
+                f"vision tower: {v.edge_norm} input, mean and rstd",
                 r * T * h + 8 * T,
                 f"{r} B x T x h + 8 B x T",
                 3,
@@ -156,13 +161,13 @@ def _tower(ctx: Context, out: ActivationBudget, tb: ActivationBudget, T: int, tr
 
 
 def _frozen_tower_under_checkpointing(
-    out: ActivationBudget, v: dict, bi: int, T: int, h: int, r: int, cb: int
+    out: ActivationBudget, v: VisionFacts, bi: int, T: int, h: int, r: int, cb: int
 ) -> None:
     """Under HF gradient checkpointing a frozen CLIP tower's forward tensors stay referenced by the autograd graph
     until backward ends (seen on real CPU tensors and in the fake trace; without checkpointing they are freed):
     the patch conv's output, the embeddings, pre_layrnorm's output and the outputs of the layers before the one
     the projector reads (that one is counted with the projector or the model output)."""
-    n, kept = v["tower"].extra["num_patches"], v["layers_used"] - 1
+    n, kept = v.patches.num_patches, v.layers_used - 1
     out.pre.append(
         Term(
             "frozen vision tower under checkpointing: conv output, embeddings, pre_layrnorm output and "
@@ -176,15 +181,16 @@ def _frozen_tower_under_checkpointing(
 
 def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -> None:
     """A frozen tower saves nothing, but the model output keeps its output (``image_outputs``)."""
-    v = ctx.arch.extra["vision"]
-    tower, sc, full = v["tower"], ctx.scenario, ctx.full_training
+    v = ctx.arch.facts.vision
+    assert v is not None
+    tower, sc, full = v.tower, ctx.scenario, ctx.full_training
     h = tower.hidden_size
     # a frozen tower saves nothing, but the model output keeps the tower's output (``image_outputs``): LLaVA's
     # last hidden state and the one the projector read, Gemma 3's last one (traced: the earlier hidden states
     # are gone by the loss) -- alive through the loss, and with output_lifetime "backward"/"step" beyond (the
     # projector's input, saved when it trains, is counted with the projector)
-    n_hs = (1 if full else 2) if v["kind"] == "llava" else 1
-    if v["kind"] not in ("clip", "llama4") and n_hs > 0:  # Llama 4: engine/llama4_vision.py
+    n_hs = (1 if full else 2) if v.output_holds_feature_layer else 1
+    if v.output_holds_tower_states and n_hs > 0:  # Llama 4: engine/llama4_vision.py
         t = Term(
             "vision tower hidden states held by the model output (image_outputs)",
             n_hs * r * T * h,
@@ -197,13 +203,14 @@ def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -
 
 
 def _llava_projector(
-    ctx: Context, out: ActivationBudget, bi: int, pj: dict, adapters: bool, amp: bool, pb: int
+    ctx: Context, out: ActivationBudget, bi: int, pj: Mapping[str, Any], adapters: bool, amp: bool, pb: int
 ) -> None:
     """LLaVA's projector (linear_1 -> gelu -> linear_2) at the image tokens: trained with the language model, or
     LoRA adapters on it or in the tower."""
-    v = ctx.arch.extra["vision"]
-    tower, sc, full, ec = v["tower"], ctx.scenario, ctx.full_training, ctx.recipe.act_bytes
-    N = bi * v["tokens_per_image"]
+    v = ctx.arch.facts.vision
+    assert v is not None
+    tower, sc, full, ec = v.tower, ctx.scenario, ctx.full_training, ctx.recipe.act_bytes
+    N = bi * v.tokens_per_image
     rows_all = bi * tower.fixed_seq_len  # the hidden state the selected rows are a view of
     hv, ht = pj["in"], pj["hidden"]
     pj_targets = {ad.base.module for ad in ctx.adapters if ad.base.stack == "projector" and ad.base.module}
@@ -242,7 +249,8 @@ def _clip_head(ctx: Context, out: ActivationBudget, trained: bool, r: int, h: in
     """CLIP's contrastive head: pooled rows, projections, normalised embeddings and the b x b logits."""
     b, ec = ctx.scenario.micro_batch_size, ctx.recipe.act_bytes
     ht = ctx.arch.hidden_size
-    proj = ctx.arch.extra["projection_dim"]
+    proj = ctx.arch.facts.output.projection_dim
+    assert proj is not None  # CLIP declares its projection width
     nb = (r * b * h + 8 * b if trained else 0) + ec * b * (h + ht) + 3 * ec * b * proj + 3 * 4 * b * b
     out.post.append(
         Term(
@@ -255,7 +263,7 @@ def _clip_head(ctx: Context, out: ActivationBudget, trained: bool, r: int, h: in
 
 
 def _gemma3_projector(
-    ctx: Context, out: ActivationBudget, N: int, pj: dict, tower_grad: bool, amp: bool, ec: int
+    ctx: Context, out: ActivationBudget, N: int, pj: Mapping[str, Any], tower_grad: bool, amp: bool, ec: int
 ) -> None:
     """Gemma 3's projector on N pooled image tokens: Gemma's RMSNorm (fp32 input and rsqrt whenever its input or
     weight needs a gradient; the fp32 normalised tensor and fp32 (1 + w) when w trains) and the matmul by

@@ -14,9 +14,9 @@ docs/fidelity.md):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
+from memsim_widget.architecture.facts import LlavaNextVision, LlavaVision
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
@@ -26,10 +26,23 @@ from memsim_widget.units import fmt_int
 def crop_context(ctx: Context) -> Context:
     """``ctx`` seen as LLaVA 1.5 with one image per crop: b x images x crops tower samples, (s/p)^2 projector rows
     each."""
-    v = ctx.arch.extra["vision"]
-    sc = ctx.scenario.replace(images_per_sample=ctx.images_per_sample * v["crops_per_image"])
-    crop = {**v, "kind": "llava", "tokens_per_image": v["tokens_per_crop"]}
-    return ctx.seen_as(dataclasses.replace(ctx.arch, extra={**ctx.arch.extra, "vision": crop}), sc)
+    v = _vision(ctx)
+    sc = ctx.scenario.replace(images_per_sample=ctx.images_per_sample * v.crops_per_image)
+    shared = {name: getattr(v, name) for name in _SHARED}
+    crop = LlavaVision(kind=v.kind, tokens_per_image=v.tokens_per_crop, **shared)  # a crop: LLaVA 1.5's image
+    return ctx.seen_as(ctx.arch.with_facts(vision=crop), sc)
+
+
+#: What a crop shares with its image: the tower, projector and recipe (LLaVA's own behaviour facts are its class's).
+_SHARED = ("tower", "images_default", "freeze_default", "layers_used", "projector", "caveat", "image_note",
+           "image_mask_all_layers")  # fmt: skip
+
+
+def _vision(ctx: Context) -> LlavaNextVision:
+    """The model's LLaVA-NeXT vision facts (this module runs for no other kind)."""
+    v = ctx.arch.facts.vision
+    assert isinstance(v, LlavaNextVision)
+    return v
 
 
 def llava_next_activations(
@@ -37,16 +50,15 @@ def llava_next_activations(
 ) -> None:
     """Add LLaVA-NeXT's tower and projector (LLaVA's rules on the crops), the crops' concatenated pixels and the
     packed image features to ``out``."""
-    v = ctx.arch.extra["vision"]
+    v = _vision(ctx)
     llava(crop_context(ctx), out, hf)
     n_img = ctx.images_per_sample
     if not n_img:
         return
     sc, recipe = ctx.scenario, ctx.recipe
     amp = uses_autocast(ctx)
-    tower = v["tower"]
-    crops = sc.micro_batch_size * n_img * v["crops_per_image"]
-    C, s = tower.extra["num_channels"], tower.extra["image_size"]
+    crops = sc.micro_batch_size * n_img * v.crops_per_image
+    C, s = v.patches.num_channels, v.patches.image_size
     px = crops * C * s * s
     if ctx.full_training and not ctx.freeze_vision and not amp:
         pb = recipe.weight_bytes
@@ -58,7 +70,7 @@ def llava_next_activations(
                 1,
             )
         )
-    N = sc.micro_batch_size * n_img * v["tokens_per_image"]
+    N = sc.micro_batch_size * n_img * v.tokens_per_image
     ht = ctx.arch.hidden_size
     t = Term(
         "packed image features (base crop, unpadded tiles, image_newline) held by the model output",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from memsim_widget.architecture.facts import QwenVision
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, tower_context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
@@ -35,8 +36,9 @@ def qwen_vision_activations(
     ctx: Context, out: ActivationBudget, hf: Callable[[Context], ActivationBudget]
 ) -> None:
     """Add Qwen2(.5)-VL's tower, merger and image inputs to ``out``."""
-    v = ctx.arch.extra["vision"]
-    tower = v["tower"]
+    v = ctx.arch.facts.vision
+    assert isinstance(v, QwenVision)  # the dispatcher calls this for Qwen2(.5)-VL only
+    tower = v.tower
     sc, recipe = ctx.scenario, ctx.recipe
     amp = uses_autocast(ctx)
     ec = recipe.act_bytes
@@ -47,21 +49,21 @@ def qwen_vision_activations(
     trained = full and not ctx.freeze_vision
     P = tower.fixed_seq_len
     Tv, e, d = bi * P, tower.hidden_size, tower.head_dim
-    N = bi * v["tokens_per_image"]
+    N = bi * v.tokens_per_image
     pb = recipe.weight_bytes
     S = ctx.seq_len
     out.inputs.append(Term("M-RoPE position ids", 24 * b * S, "8 B x 3 x b x s (int64)", 1))
     if not n_img:
         return
-    px = Tv * v["pixels_per_patch"]
+    px = Tv * v.pixels_per_patch
     copy = 2 * px if amp and trained else 0
-    window = "window_size" in tower.extra
+    window = v.patches.window_size is not None
     out.inputs.append(
         Term(
             "pixel values" + (" (+ autocast 16-bit copy saved by the trained patch conv)" if copy else "")
             + ", patch positions" + (" and window order" if window else ""),
             px * pb + copy + 16 * Tv + (8 * N if window else 0),
-            f"T_v={fmt_int(Tv)} patches x {v['pixels_per_patch']} x ({pb}{' + 2' if copy else ''}) B + 16 B x T_v"
+            f"T_v={fmt_int(Tv)} patches x {v.pixels_per_patch} x ({pb}{' + 2' if copy else ''}) B + 16 B x T_v"
             + (" + 8 B x N" if window else ""),
             3 + bool(copy) + window,
         )
@@ -123,12 +125,13 @@ def qwen_vision_activations(
 
 
 def _merger(
-    ctx: Context, out: ActivationBudget, v: dict, Tv: int, N: int, e: int, tower_grad: bool, amp: bool, ec: int,
+    ctx: Context, out: ActivationBudget, v: QwenVision, Tv: int, N: int, e: int, tower_grad: bool, amp: bool, ec: int,
     r: int, output_counted: bool = False,
 ) -> None:  # fmt: skip
     """The merger's saved tensors (ln_q -> view m^2 e wide -> mlp.0 -> GELU -> mlp.2) and what the model output
     holds of the tower (its last hidden state, the merged features)."""
-    pj = v["projector"]
+    pj = v.projector
+    assert pj is not None  # the merger
     full = ctx.full_training
     w, ht = pj["merge"] * e, pj["hidden"]
     rms = pj["norm"] == "rmsnorm"

@@ -99,7 +99,7 @@ def vision_scope_modules(sc: Scenario) -> tuple[str, ...]:
     from memsim_widget.catalog.models import architecture_for
 
     arch = architecture_for(sc.model)
-    if not arch.extra.get("vision"):
+    if arch.facts.vision is None:
         return ()
     return VISION_MODULES.get(arch.model_type, ()) + PROJECTOR_MODULES.get(arch.model_type, ())
 
@@ -178,7 +178,7 @@ def _vision_notes(draft: Draft) -> None:
         ctx = Context(draft.scenario)
     except ScenarioError:
         return  # the estimate names the problem
-    if not ctx.arch.extra.get("vision"):
+    if ctx.arch.facts.vision is None:
         return
     draft.note(
         f"images_per_sample {ctx.images_per_sample}: memsim assumed {ctx.images_per_sample} image(s) per sample "

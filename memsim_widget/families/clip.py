@@ -17,7 +17,7 @@ layers, ``post_layernorm`` (on the CLS row only). ``CLIPModel`` adds ``visual_pr
 ``text_projection`` [proj, h_t] (no bias) and the scalar ``logit_scale``.
 
 The engine's layers are the text tower's (``seq_len`` is the text length, at most max_position_embeddings); the
-vision tower is a second stack (``extra["vision"]``) whose saved tensors engine/vision.py adds per micro-batch of
+vision tower is a second stack (``facts.vision``) whose saved tensors engine/vision.py adds per micro-batch of
 b images. Structural keys of both sub-configs are required (as for every family), the rest default as
 ``CLIPTextConfig`` / ``CLIPVisionConfig`` do.
 """
@@ -74,7 +74,7 @@ def _text_tower(cfg: Mapping[str, Any], prefix: str) -> tuple[list[ParamGroup], 
 @register_family("clip")
 def build_clip(cfg: Mapping[str, Any]) -> Architecture:
     """``CLIPModel`` trained with its contrastive loss (``return_loss=True``): both towers, both projections and
-    ``logit_scale``. The engine's layers are the text tower's; the vision tower rides in ``extra["vision"]``."""
+    ``logit_scale``. The engine's layers are the text tower's; the vision tower rides in ``facts.vision``."""
     text_cfg = sub_config(cfg, "text_config", "clip_text_model")
     vision_cfg = sub_config(cfg, "vision_config", "clip_vision_model")
     proj = read_int(cfg, "projection_dim", CLIP_DEFAULTS["projection_dim"])
@@ -95,12 +95,11 @@ def build_clip(cfg: Mapping[str, Any]) -> Architecture:
         model_type="clip",
         params=tuple(t_groups + v_groups + heads_),
         max_seq_len=pos,
-        extra={
-            **t_arch.extra,
-            "hf_class": "CLIPModel",
-            "text_vocab_size": vocab,
-            "projection_dim": proj,
-            "vision": {
+        extra=t_arch.extra_with(
+            hf_class="CLIPModel",
+            text_vocab_size=vocab,
+            projection_dim=proj,
+            vision={
                 "kind": "clip",
                 "tower": tower,
                 "layers_used": tower.num_layers,
@@ -109,5 +108,5 @@ def build_clip(cfg: Mapping[str, Any]) -> Architecture:
                 "freeze_default": False,  # contrastive training trains both towers
                 "projector": None,
             },
-        },
+        ),
     )

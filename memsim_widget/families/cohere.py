@@ -15,9 +15,9 @@ plus ``model.embed_tokens.weight`` [V, h], ``model.norm.weight`` [h] and ``lm_he
 
 CohereLayerNorm is a LayerNorm without bias computed in fp32: it saves two fp32 centred copies of its input
 (``x - mean`` is computed twice), one rsqrt per row and (its weight trained) the fp32 normalised tensor -- the
-engine's RMSNorm rule with ``extra["norm_weight_fp32"]`` and ``extra["norm_centred_copy"]``, so the
+engine's RMSNorm rule with ``facts.norm.weight_fp32`` and ``facts.norm.centred_copy``, so the
 Architecture says ``norm="rmsnorm"`` for the activation rules and ``extra["norm_class"]`` names the module. RoPE runs in fp32 and casts q, k back
-(``extra["rope_keeps_dtype"]``); ``extra["parallel_attn_mlp"]``: the MLP reads the attention's norm output.
+(``facts.position.rope_keeps_dtype``); ``facts.mlp.parallel_attn_mlp``: the MLP reads the attention's norm output.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def build_cohere(cfg: Mapping[str, Any]) -> Architecture:
             **({"qk_norm": "head"} if qk else {}),
         },
     )
-    extra = {k: v for k, v in arch.extra.items() if k != "rms_norm_eps"}
+    extra = arch.extra_with(drop=("rms_norm_eps",))
     groups = arch.params
     if qk:
         p, L, hd = "model.layers.*.self_attn.", arch.num_layers, arch.head_dim

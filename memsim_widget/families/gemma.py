@@ -36,5 +36,13 @@ def build_gemma(cfg: Mapping[str, Any]) -> Architecture:
         defaults=GEMMA_DEFAULTS,
         qkv_bias=attn_bias,
         o_bias=attn_bias,
-        extra={"embedding_scale": "sqrt(hidden_size)"},
+        extra={
+            "embedding_scale": "sqrt(hidden_size)",
+            "norm_one_plus_weight": True,
+            "coverage": ("compiled",),
+            "compiled_recipes": (
+                ("bf16", "full"),
+                ("bf16", "lora"),
+            ),  # autocast: +0.5% over the rule (traced)
+        },
     )

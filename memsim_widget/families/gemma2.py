@@ -34,7 +34,7 @@ def build_gemma2(cfg: Mapping[str, Any]) -> Architecture:
     """Gemma 2 as ``Gemma2ForCausalLM``: 4 RMSNorms per layer, GeGLU, tied embeddings, logit softcapping.
 
     ``head_dim`` is its own key (default 256), not hidden_size / heads; layers alternate sliding-window
-    (even) and global (odd) attention. transformers has no SDPA path for it (``extra["sdpa"] = False``): it runs
+    (even) and global (odd) attention. transformers has no SDPA path for it (``facts.attention.sdpa`` False): it runs
     eager, which ``Architecture.attention_kernel`` makes the engine and the tracer follow.
     """
     attn_bias = read_bool(cfg, "attention_bias", GEMMA2_DEFAULTS["attention_bias"])
@@ -54,6 +54,7 @@ def build_gemma2(cfg: Mapping[str, Any]) -> Architecture:
             "post_feedforward_layernorm",
         ),
         extra={
+            "norm_one_plus_weight": True,
             "sliding_window": cfg.get("sliding_window", d["sliding_window"]),
             "attn_logit_softcapping": cfg.get("attn_logit_softcapping", d["attn_logit_softcapping"]),
             "final_logit_softcapping": cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),

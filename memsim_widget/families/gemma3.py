@@ -122,6 +122,11 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         ),
+        extra={
+            "norm_one_plus_weight": True,
+            "coverage": ("compiled",),
+            "compiled_recipes": (("bf16", "full"), ("bf16", "lora")),
+        },
     )
     if read_bool(cfg, "use_bidirectional_attention", d["use_bidirectional_attention"]):
         raise ScenarioError(
@@ -131,23 +136,22 @@ def build_gemma3_text(cfg: Mapping[str, Any]) -> Architecture:
     kinds = layer_types(cfg, arch.num_layers, d["sliding_window_pattern"])
     bases = rope_bases(cfg)
     window = cfg.get("sliding_window", d["sliding_window"])
-    extra = {
-        **arch.extra,
-        "qk_norm": "head",
-        "layer_types": kinds,
-        "sdpa_sliding_mask": "decoder",  # sliding layers at s >= window: SDPA's mask, k/v repeated (activations)
-        "rope_kinds": len(set(kinds)),  # one cos/sin pair per layer kind present
-        "rope_theta": bases["full_attention"],
-        "rope_local_base_freq": bases["sliding_attention"],
-        "sliding_window": window,
-        "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
-        "final_logit_softcapping": cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),
+    rope_parameters = cfg.get("rope_parameters")
+    extra = arch.extra_with(
+        qk_norm="head",
+        layer_types=kinds,
+        sdpa_sliding_mask="decoder",  # sliding layers at s >= window: SDPA's mask, k/v repeated (activations)
+        rope_kinds=len(set(kinds)),  # one cos/sin pair per layer kind present
+        rope_theta=bases["full_attention"],
+        rope_local_base_freq=bases["sliding_attention"],
+        sliding_window=window,
+        query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", d["query_pre_attn_scalar"]),
+        final_logit_softcapping=cfg.get("final_logit_softcapping", d["final_logit_softcapping"]),
         # read by Gemma3TextConfig but never passed to the attention by Gemma3Attention (no effect)
-        "attn_logit_softcapping": None,
-        "embedding_scale": "sqrt(hidden_size)",
-    }
-    if isinstance(cfg.get("rope_parameters"), Mapping):
-        extra["rope_parameters"] = dict(cfg["rope_parameters"])
+        attn_logit_softcapping=None,
+        embedding_scale="sqrt(hidden_size)",
+        **({"rope_parameters": dict(rope_parameters)} if isinstance(rope_parameters, Mapping) else {}),
+    )
     return dataclasses.replace(
         arch, params=arch.params + tuple(qk_norm_params(arch, arch.head_dim)), extra=extra
     )
@@ -184,7 +188,7 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
     with errors_under("vision_config"):
         v_groups, tower = siglip_vision_tower(vision_cfg, "model.vision_tower.")
     tokens = read_int(cfg, "mm_tokens_per_image", d["mm_tokens_per_image"])
-    side, grid = math.isqrt(tokens), tower.extra["image_size"] // tower.extra["patch_size"]
+    side, grid = math.isqrt(tokens), tower.patches.image_size // tower.patches.patch_size
     if side * side != tokens or grid % side:
         raise ScenarioError(
             "model.mm_tokens_per_image",
@@ -206,11 +210,10 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
         lm,
         model_type="gemma3",
         params=tuple(v_groups + projector + lm_groups),
-        extra={
-            **lm.extra,
-            "hf_class": "Gemma3ForConditionalGeneration",
-            "final_logit_softcapping": None,
-            "vision": {
+        extra=lm.extra_with(
+            hf_class="Gemma3ForConditionalGeneration",
+            final_logit_softcapping=None,
+            vision={
                 "kind": "gemma3",
                 "tower": tower,
                 "layers_used": tower.num_layers,
@@ -221,5 +224,5 @@ def build_gemma3(cfg: Mapping[str, Any]) -> Architecture:
                 "image_token_index": cfg.get("image_token_index", d["image_token_index"]),
                 "image_mask_all_layers": True,  # token_type_ids: bidirectional image blocks, a mask in every layer
             },
-        },
+        ),
     )

@@ -11,8 +11,8 @@ post_mlp_layernorm(mlp(post_attention_layernorm(h)))``. Parameter tensors, per l
 
 plus ``model.embed_tokens.weight`` [V, h], ``model.norm.weight`` [h] and ``lm_head.weight`` [V, h] unless tied.
 RoPE covers the first ``partial_rotary_factor x d`` channels (default 0.5; q and k are rebuilt with torch.cat,
-so SDPA's output is copied before o_proj: ``extra["sdpa_output_copy"]``). The two post-norms read a 16-bit
-projection output, so under autocast their normalised tensors are 16-bit (``extra["post_norms_16bit"]``).
+so SDPA's output is copied before o_proj: ``facts.attention.sdpa_output_copy``). The two post-norms read a 16-bit
+projection output, so under autocast their normalised tensors are 16-bit (``facts.norm.post_norms_16bit``).
 """
 
 from __future__ import annotations
@@ -74,12 +74,11 @@ def build_glm4(cfg: Mapping[str, Any]) -> Architecture:
             params += gate_up
         elif g.module != "up_proj":
             params.append(g)
-    extra = {
-        **arch.extra,
-        "rope_theta": base,
-        "partial_rotary_factor": pct,
-        "rotary_dim": rotary,
-        "sdpa_output_copy": rotary < arch.head_dim,
-        "post_norms_16bit": 2,
-    }
+    extra = arch.extra_with(
+        rope_theta=base,
+        partial_rotary_factor=pct,
+        rotary_dim=rotary,
+        sdpa_output_copy=rotary < arch.head_dim,
+        post_norms_16bit=2,
+    )
     return dataclasses.replace(arch, params=tuple(params), extra=extra)

@@ -38,4 +38,5 @@ def build_llama(cfg: Mapping[str, Any]) -> Architecture:
         qkv_bias=attn_bias,
         o_bias=attn_bias,
         mlp_bias=read_bool(cfg, "mlp_bias", LLAMA_DEFAULTS["mlp_bias"]),
+        extra={"coverage": ("compiled", "litgpt", "liger")},  # traced: compile, litgpt and Liger rules
     )

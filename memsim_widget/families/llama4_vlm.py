@@ -74,12 +74,11 @@ def build_llama4(cfg: Mapping[str, Any]) -> Architecture:
         family="llama4",
         model_type="llama4",
         params=tuple(v_groups + projector + lm_groups),
-        extra={
-            **lm.extra,
-            "hf_class": "Llama4ForConditionalGeneration",
-            "text_model_type": "llama4_text",
-            "text_family": lm.family,
-            "vision": {
+        extra=lm.extra_with(
+            hf_class="Llama4ForConditionalGeneration",
+            text_model_type="llama4_text",
+            text_family=lm.family,
+            vision={
                 "kind": "llama4",
                 "tower": tower,
                 "layers_used": tower.num_layers,  # vision_feature_layer -1: the last layer's output
@@ -91,11 +90,11 @@ def build_llama4(cfg: Mapping[str, Any]) -> Architecture:
                 "adapter": sizes,
                 "projector": {"in": v_out, "hidden": lm.hidden_size, "activation": "none", "bias": False},
                 "image_token_index": cfg.get("image_token_index", LLAMA4_DEFAULTS["image_token_index"]),
-                "caveat": f"Llama 4: every image is one {tower.extra['image_size']}px tile "
+                "caveat": f"Llama 4: every image is one {tower.patches.image_size}px tile "
                 f"({tokens_per_image(sizes['rows'])} tokens); a larger image is tiled into up to 16 tiles plus a "
                 "global one (families/llama4_vlm.py). transformers 5.24's Llama4ForConditionalGeneration.forward "
                 "raises AttributeError (outputs.image_outputs) on every call: the figures are for the step once that "
                 "is fixed (traced with the field supplied)",
             },
-        },
+        ),
     )

@@ -119,18 +119,17 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
         else g
         for g in lm.params
     ]
-    n = tower.extra["num_patches"] + (1 if strategy == "full" else 0)
+    n = tower.patches.num_patches + (1 if strategy == "full" else 0)
     return dataclasses.replace(
         lm,
         family="llava",
         model_type="llava",
         params=tuple(v_groups + projector + lm_groups),
-        extra={
-            **lm.extra,
-            "hf_class": "LlavaForConditionalGeneration",
-            "text_model_type": t_type,
-            "text_family": lm.family,
-            "vision": {
+        extra=lm.extra_with(
+            hf_class="LlavaForConditionalGeneration",
+            text_model_type=t_type,
+            text_family=lm.family,
+            vision={
                 "kind": "llava",
                 "tower": tower,
                 # hidden state k is the output of layer k: the layers after the deepest one read are run but
@@ -149,5 +148,5 @@ def build_llava(cfg: Mapping[str, Any]) -> Architecture:
                 "vision_feature_select_strategy": strategy,
                 "vision_feature_layer": cfg.get("vision_feature_layer", d["vision_feature_layer"]),
             },
-        },
+        ),
     )

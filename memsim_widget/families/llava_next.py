@@ -90,7 +90,7 @@ def build_llava_next(cfg: Mapping[str, Any]) -> Architecture:
     base = build_llava({**cfg, "model_type": "llava"})
     v = base.extra["vision"]
     tower = v["tower"]
-    side, patch = tower.extra["image_size"], tower.extra["patch_size"]
+    side, patch = tower.patches.image_size, tower.patches.patch_size
     pts = _pinpoints(cfg, side)
     H, W = image_hw(cfg, "image_size", DEFAULT_IMAGE)
     crops, tokens = anyres_tokens(H, W, side, patch, pts)
@@ -102,10 +102,9 @@ def build_llava_next(cfg: Mapping[str, Any]) -> Architecture:
         family="llava_next",
         model_type="llava_next",
         params=(*base.params, newline),
-        extra={
-            **base.extra,
-            "hf_class": "LlavaNextForConditionalGeneration",
-            "vision": {
+        extra=base.extra_with(
+            hf_class="LlavaNextForConditionalGeneration",
+            vision={
                 **v,
                 "kind": "llava_next",
                 "tokens_per_image": tokens,
@@ -117,5 +116,5 @@ def build_llava_next(cfg: Mapping[str, Any]) -> Architecture:
                 "image_note": f"every image is {H} x {W} px (model key image_size): {crops} crops of {side} px "
                 f"through the tower, {tokens} tokens; the tower's own backward transients are not modelled",
             },
-        },
+        ),
     )

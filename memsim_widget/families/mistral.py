@@ -33,5 +33,5 @@ def build_mistral(cfg: Mapping[str, Any]) -> Architecture:
         family="mistral",
         hf_class="MistralForCausalLM",
         defaults=MISTRAL_DEFAULTS,
-        extra={"sliding_window": window},
+        extra={"sliding_window": window, "coverage": ("compiled", "litgpt", "liger")},
     )

@@ -12,9 +12,9 @@ attn(x))``, ``out = h + post_feedforward_layernorm(mlp(h))``. Parameter tensors,
 
 plus ``model.embed_tokens.weight`` [V, h], ``model.norm.weight`` [h] and ``lm_head.weight`` [V, h] unless tied.
 Olmo2RMSNorm multiplies by its weight in fp32 before casting back (``(w * x).to(dtype)``), so a trained norm
-saves an fp32 normalised tensor (``extra["norm_weight_fp32"]``); the engine reads ``extra["qk_norm"] = "full"``
-``extra["post_norms"]`` (the block's Linears read the residual stream, not a norm output) and
-``extra["rope_keeps_dtype"]`` (its RoPE casts q and k back: no fp32 k in the KV cache under autocast).
+saves an fp32 normalised tensor (``facts.norm.weight_fp32``); the engine reads ``facts.norm.qk == "full"``
+``facts.norm.post_norms`` (the block's Linears read the residual stream, not a norm output) and
+``facts.position.rope_keeps_dtype`` (its RoPE casts q and k back: no fp32 k in the KV cache under autocast).
 """
 
 from __future__ import annotations
@@ -54,7 +54,14 @@ def build_olmo2(cfg: Mapping[str, Any]) -> Architecture:
         qkv_bias=bias,
         o_bias=bias,
         layer_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
-        extra={"qk_norm": "full", "post_norms": True, "norm_weight_fp32": True, "rope_keeps_dtype": True},
+        extra={
+            "qk_norm": "full",
+            "post_norms": True,
+            "norm_weight_fp32": True,
+            "rope_keeps_dtype": True,
+            "coverage": ("compiled",),
+            "compiled_recipes": (("bf16", "full"),),  # autocast +5.0%, LoRA -1.1% against the rule (traced)
+        },
     )
     L, p = arch.num_layers, "model.layers.*.self_attn."
     qk = (

@@ -38,6 +38,7 @@ def build_qwen2(cfg: Mapping[str, Any]) -> Architecture:
         defaults=QWEN2_DEFAULTS,
         qkv_bias=True,
         extra={
+            "coverage": ("compiled", "litgpt", "liger"),  # q/k/v biases change nothing these rules save
             "use_sliding_window": use_window,
             "sliding_window": cfg.get("sliding_window") if use_window else None,
             "max_window_layers": cfg.get("max_window_layers", QWEN2_DEFAULTS["max_window_layers"]),

@@ -303,13 +303,12 @@ def _build(cfg: Mapping[str, Any], v25: bool) -> Architecture:
         family=mt,
         model_type=mt,
         params=tuple(v_groups + merger + lm_groups),
-        extra={
-            **lm.extra,
-            "hf_class": hf,
-            "text_model_type": "qwen2",
-            "text_family": "qwen2",
-            "tied_head": tied,
-            "vision": {
+        extra=lm.extra_with(
+            hf_class=hf,
+            text_model_type="qwen2",
+            text_family="qwen2",
+            tied_head=tied,
+            vision={
                 "kind": "qwen2_vl",
                 "tower": tower,
                 "layers_used": t["layers"],
@@ -328,7 +327,7 @@ def _build(cfg: Mapping[str, Any], v25: bool) -> Architecture:
                 f"{Hr} x {Wr}: {patches} patches in the tower, {tokens} tokens; the tower's own backward transients "
                 "are not modelled",
             },
-        },
+        ),
     )
 
 

@@ -10,7 +10,7 @@ Parameter tensors, per layer ``model.layers.*.``:
 - ``input_layernorm.weight`` / ``post_attention_layernorm.weight`` [h];
 
 plus ``model.embed_tokens.weight`` [V, h], ``model.norm.weight`` [h] and ``lm_head.weight`` [V, h] unless
-``tie_word_embeddings``. The q/k norms are in ``extra["qk_norm"] = "head"`` (engine/activations/norms.py: each
+``tie_word_embeddings``. The q/k norms are ``facts.norm.qk == "head"`` (engine/activations/norms.py: each
 saves its fp32 input and one rsqrt per head and token, plus the normalised tensor when its weight trains).
 """
 
@@ -57,6 +57,7 @@ def build_qwen3(cfg: Mapping[str, Any]) -> Architecture:
         o_bias=bias,
         extra={
             "qk_norm": "head",
+            "coverage": ("compiled", "liger"),  # compiled: traced; apply_liger_kernel_to_qwen3
             "use_sliding_window": use_window,
             "sliding_window": cfg.get("sliding_window", d["sliding_window"]) if use_window else None,
             "max_window_layers": cfg.get("max_window_layers", d["max_window_layers"]),

@@ -171,6 +171,7 @@ def build_t5(cfg: Mapping[str, Any]) -> Architecture:
         causal=True,
         extra={
             "hf_class": "T5ForConditionalGeneration",
+            "coverage": ("encoder_decoder",),
             "norms_per_layer": 2,
             "decoder_norms_per_layer": 3,
             "feed_forward_proj": proj,

@@ -162,6 +162,7 @@ def build_vit(cfg: Mapping[str, Any]) -> Architecture:
         fixed_seq_len=n_patches + 1,
         extra={
             "hf_class": "ViTForImageClassification",
+            "coverage": ("pixel_input",),
             "norms_per_layer": 2,
             "image_size": image,
             "patch_size": patch,

@@ -126,7 +126,7 @@ def _scope(reading: Reading, path: Path, data: dict[str, Any]) -> None:
     from memsim_widget.catalog.models import architecture_for
 
     try:
-        vision = bool(architecture_for(reading.values.get("model", "")).extra.get("vision"))
+        vision = architecture_for(reading.values.get("model", "")).facts.vision is not None
     except ScenarioError:  # no model read yet, or one the catalog cannot name: nothing to scope
         return
     if not vision:

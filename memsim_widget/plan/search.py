@@ -586,7 +586,7 @@ def _sft_base(
 
 def _check_modelled(ctx: Context) -> None:
     """Refuse a model calibrated from a trace: the vectorised engine reads rule terms a fitted model lacks."""
-    if ctx.arch.extra.get("calibration") is not None:
+    if ctx.arch.facts.calibration is not None:
         raise ScenarioError(
             "model", f"{ctx.arch.model_type!r} is calibrated from a trace: the planner is not; use estimate "
             "(dp and ZeRO layouts work there, tensor and pipeline parallelism need a modelled family)",

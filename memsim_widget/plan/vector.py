@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage, interleaved_held_layers
 from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
-from memsim_widget.engine.items import ALLOC_ROUND, Item
+from memsim_widget.engine.items import Item, allocated_of
 from memsim_widget.engine.moments import (
     ACTIVATION_GROUPS,
     MOMENT_TABLE,
@@ -36,12 +36,27 @@ from memsim_widget.engine.overhead import (
     FRAGMENTATION_PERSISTENT,
     NCCL_PER_COMMUNICATOR,
     PERSISTENT_CATEGORIES,
+    communicator_count,
     context_bytes,
     waste_rates,
     workspace_items,
 )
+from memsim_widget.engine.pipeline import (
+    loss_count,
+    outputs_held_count,
+    pending_send_count,
+    receive_count,
+    through_step_count,
+)
+from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import OFFLOAD_LAYERS_ON_GPU
+from memsim_widget.engine.timeline import (
+    layer0_sets,
+    resident_count,
+    scaled_term,
+    state_group_table,
+    state_lists,
+)
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
 from memsim_widget.rules.pipeline_split import chunk_layers, rank_chunks, rank_layers
@@ -124,25 +139,8 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
     """``model_states`` of a rank holding ``layers`` layers (first/last stage), reduced to group sums."""
     ctx = Context(scenario)
     st = model_states(ctx, Stage(0, scenario.parallel.pp, layers, first, last))
-    tensor_persistent = [i for i in st.persistent if i.level == "tensor"]
-    groups = (
-        tensor_persistent,
-        st.grads,
-        st.post_grads,
-        st.grads_but_bottom,
-        st.gathered,
-        st.gathered_grads,
-        st.step_temps,
-        [i for i in st.step_temps if i.level == "tensor"],
-        st.kept_unsharded,
-        st.kept_unsharded_last,
-        st.root_reduce,
-        st.grads_but_root if st.root_reduce else st.grads,
-        st.root_regather,
-        st.root_reduce_out,
-        st.root_made,
-        st.loss_grads,
-    )
+    lists = state_lists(st)
+    groups = [lists[name] for name in STATE_LISTS]
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
     outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
     return StateRow(stats, outside)
@@ -200,33 +198,11 @@ def _state_side(
     outside = np.array([part.outside for part in parts], dtype=np.int64)
     resharded = np.array([part.resharded for part in parts], dtype=bool)
     g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
-    carried = (key["carried"] >= 1)[:, None]
+    carried = key["carried"][:, None]  # 2: at the loss only loss_grads (engine/timeline state_group_table)
     last = (key["last"] == 1)[:, None]
-    # 2: the last stage of an interleaved schedule in one round (Context.loss_grad_layers at m = pp)
-    carried_grads = np.where(
-        carried, np.where((key["carried"] == 2)[:, None], g["loss_grads"], g["grads"]), 0
-    )
-    groups = {
-        "persistent": g["persistent"],
-        "overhead": np.broadcast_to(ws[None, :], g["persistent"].shape),
-        "grads_carried": carried_grads,
-        "gathered_at_loss": np.where(resharded[inv][:, None], 0, g["gathered"]),
-        "kept_unsharded": g["kept_unsharded"],
-        "kept_unsharded_last": g["kept_unsharded_last"],
-        "head_grads": np.where(carried, g["grads"], np.where(last, g["post_grads"], 0)),
-        "gathered": g["gathered"],
-        "gathered_grads": g["gathered_grads"],
-        "step_in_backward": g["step_temps_all"] if base.optimizer_in_backward else np.zeros_like(g["grads"]),
-        "root_regather": g["root_regather"],
-        "root_made": g["root_made"],
-        "root_reduce": g["root_reduce"],
-        "root_reduce_out": g["root_reduce_out"],
-        "grads_but_root": g["grads_but_root"],
-        "grads_but_bottom": g["grads_but_bottom"],
-        "grads": g["grads"],
-        "step_persistent": g["persistent"],  # the steady state: optimizer states exist
-        "step_temps": g["step_temps"],
-    }
+    overhead = np.broadcast_to(ws[None, :], g["persistent"].shape)
+    in_backward = base.optimizer_in_backward
+    groups = state_group_table(g, overhead, carried, last, resharded[inv][:, None], in_backward, 0)
     return groups, outside[inv]
 
 
@@ -436,13 +412,12 @@ def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np
         return out
     f = factor[:, None]
     tb, fb, skip, tens, counted, loss = (table[:, :, j] for j in range(TERM_COLS))
-    fbytes = np.trunc(tb * f - np.where(skip > 0, fb * first[:, None], 0.0))
-    ftensors = np.trunc(tens * np.maximum(f, 1.0))
+    fbytes, ftensors = scaled_term(tb, fb, skip > 0, tens, f, first[:, None])
+    fbytes, ftensors = np.trunc(fbytes), np.trunc(ftensors)
     big = (fbytes >= SATURATION_BYTES) | (ftensors >= MAX_TENSORS)
     nbytes = np.where(big, 0, fbytes).astype(np.int64)
     tensors = np.maximum(1, np.where(big, 1, ftensors)).astype(np.int64)
-    per = -(-nbytes // tensors)
-    alloc = np.where((counted > 0) & (nbytes > 0), -(-per // ALLOC_ROUND) * ALLOC_ROUND * tensors, 0)
+    alloc = np.where((counted > 0) & (nbytes > 0), allocated_of(nbytes, tensors), 0)
     live = f > 0
     big &= live
     out[:, RAW] = _row_sums(np.where(live, nbytes, 0))
@@ -552,7 +527,7 @@ def _held_layers(
 
 
 def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
-    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/context ``in_flight``) are fewer than
+    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/schedule ``in_flight``) are fewer than
     ``mb``: 1F1B ``min(m, p - s) < m`` from ``s = p - m + 1``; interleaved ``(w(s) + 1) / v < m`` with
     ``w(s) = (v - 1) r + 2 (p - 1 - s)`` from ``s > p - 1 - (m v - 1 - (v - 1) r) / 2``; never under GPipe."""
     if schedule == "gpipe":
@@ -586,18 +561,6 @@ def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
         )  # fmt: skip
         arows.append(act_row(sc))
     return arows
-
-
-def _in_flight(par: Any, xp: np.ndarray, xm: np.ndarray, xstage: np.ndarray) -> np.ndarray:
-    """Micro-batches in flight per row (engine/context ``in_flight``)."""
-    v = par.virtual_stages
-    if par.pp_schedule == "gpipe":
-        return np.where(xp == 1, 1.0, xm.astype(np.float64))
-    if par.pp_schedule == "interleaved":  # engine/context.interleaved_in_flight
-        per_round = xm // np.maximum(1, xm // xp)
-        warmup = np.minimum((v - 1) * per_round + 2 * (xp - 1 - xstage), xm * v)
-        return np.where(xp == 1, 1.0, np.minimum(warmup + 1, xm * v) / v)
-    return np.where(xp == 1, 1.0, np.minimum(xm, xp - xstage).astype(np.float64))
 
 
 def _per_key_groups(akey: np.ndarray, arows: list[ActRow], T: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -671,7 +634,7 @@ def _activation_side(
     xfirst, xlast = xstage == 0, xstage == xp - 1
     layers = stage_layers(base, num_layers, xp, xstage)
     v = par0.virtual_stages
-    f = _in_flight(par0, xp, xm, xstage)
+    f = in_flight(xp, xm, par0.pp_schedule, v, xstage)
     held = _held_layers(base, num_layers, xp, xm, xstage, layers, f)
     held_loss = _held_layers(base, num_layers, xp, xm, xstage, layers, f, at_loss=True)
     nx = xkey.shape[0]
@@ -685,20 +648,18 @@ def _activation_side(
     on_last = xlast[:, None]
     # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
     piped = xp > 1
-    n_loss = np.where(xlast, np.where(piped & (par0.pp_schedule == "gpipe"), xm, 1), 0).astype(np.float64)
-    n_recv = np.where(piped, xm * (2 * v - xfirst.astype(np.int64) - xlast.astype(np.int64)), 0)
-    n_send = (piped & (xm > 1) & (~xfirst | (v > 1))).astype(np.float64)
+    n_loss = loss_count(xp, xm, par0.pp_schedule, xlast).astype(np.float64)
+    n_recv = receive_count(xp, xm, v, xfirst, xlast)
+    n_send = pending_send_count(xp, xm, v, xfirst).astype(np.float64)
     through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
     # engine/pipeline.returns_outputs: the last stage keeps every micro-batch's output, and at the step
     # their concatenation too
-    n_out = np.where(piped, np.where(xlast, xm if through_step else n_loss, f), 0.0)
-    n_step = np.where(piped & xlast, 2 * xm, 0).astype(np.float64) if through_step else zeros
+    n_out = outputs_held_count(xp, xm, f, xlast, n_loss, through_step)
+    n_step = zeros + through_step_count(xp, xm, xlast, through_step)
     recv = scaled("pp_buffer", n_recv.astype(np.float64))
     out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
-    resident = np.minimum(held, OFFLOAD_LAYERS_ON_GPU) if base.activation_offloading else held
-    first_n = np.where(xfirst, f, 0.0)
-    if base.activation_offloading:
-        first_n = np.where(resident < held, 0.0, first_n)
+    resident = resident_count(held, base.activation_offloading)
+    first_n = layer0_sets(xfirst, f, resident, held)
     fl = layers.astype(np.float64)
     held_logits = np.where(on_last & ~piped[:, None], K["held_logits"][xa], 0)
     cache_all = scaled("output_cache", fl)
@@ -964,13 +925,13 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
     # per stage key: a pipeline stage with fewer micro-batches in flight than there are
-    short = (xkey[:, 1] > 1) & (f < xkey[:, 3])
-    carried = (((c["grad_accum"] > 1)[cand] | short[x_row]) & (not base.optimizer_in_backward)).astype(
-        np.int64
-    )
+    short = pipeline_carries_grads(xkey[:, 1], xkey[:, 3], f)
+    carried = grads_carried(c["grad_accum"][cand], short[x_row], base.optimizer_in_backward)
     if par0.pp_schedule == "interleaved":  # engine/context interleaved_loss_grad_chunks: one round, m < 2 pp
         one_round = (xkey[:, 3] < 2 * xkey[:, 1]) & (xkey[:, 2] == xkey[:, 1] - 1)
-        carried = np.where((carried == 1) & (c["grad_accum"] == 1)[cand] & one_round[x_row], 2, carried)
+        carried = np.where(
+            carried & (c["grad_accum"] == 1)[cand] & one_round[x_row], 2, carried.astype(np.int64)
+        )
     skey, s_idx = _state_key(c, cand, first, last, layers, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
@@ -992,8 +953,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
     # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
-    groups_of = (c["dp"] * c["cp"], c["tp"], c["pp"], c["cp"], c["ep"])
-    comms = cast(np.ndarray, sum((x > 1).astype(np.int64) for x in groups_of))[cand]  # (sum's start 0: int)
+    comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     cap = gpu.memory_bytes - outside
     reserved = np.maximum(peak_alloc, np.minimum(pool, cap))

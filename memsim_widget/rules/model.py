@@ -185,8 +185,10 @@ RULES: tuple[Rule, ...] = (
         "ep where the model has an expert-parallel plan",
         "parallel.ep",
         "model",
-        broken=lambda v: (v["parallel.ep"] > 1) & bool(v["arch"].extra.get("expert_parallel_error")),
-        message=lambda v: v["arch"].extra["expert_parallel_error"],  # Llama 4: every expert takes every token
+        broken=lambda v: (v["parallel.ep"] > 1) & (v["arch"].facts.limits.expert_parallel_error is not None),
+        message=lambda v: (
+            v["arch"].facts.limits.expert_parallel_error
+        ),  # Llama 4: every expert takes every token
     ),
     Rule(
         "cp divides the sequence",
@@ -239,11 +241,10 @@ RULES: tuple[Rule, ...] = (
         broken=lambda v: (
             v["method"] != "full"
             and "all-linear" in v["lora.targets"]
-            and bool(
-                v["arch"].extra.get("lora_all_linear_error")
-            )  # Llama 4: peft's all-linear breaks its forward
+            and v["arch"].facts.limits.lora_all_linear_error
+            is not None  # Llama 4: peft's all-linear breaks it
         ),
-        message=lambda v: v["arch"].extra["lora_all_linear_error"],
+        message=lambda v: v["arch"].facts.limits.lora_all_linear_error,
     ),
     Rule(
         "interleaved micro-batches divide into rounds",
@@ -269,24 +270,26 @@ RULES: tuple[Rule, ...] = (
             & (
                 (
                     (v["arch"].num_layers // (v["parallel.pp"] * v["parallel.virtual_stages"]))
-                    % v["arch"].extra.get("block_period", 1)
+                    % v["arch"].facts.limits.block_period
                     != 0
                 )
-                | ((v["arch"].extra.get("block_period", 1) > 1) & _auto_uneven(v))
+                | ((v["arch"].facts.limits.block_period > 1) & _auto_uneven(v))
             )
         ),  # fmt: skip
         message=lambda v: (
             f"{_stage_layer_text(v)} layers per pipeline stage: "
             f"{v['arch'].model_type}'s stages would hold different layer kinds (its pattern repeats every "
-            f"{v['arch'].extra.get('block_period', 1)} layers); use a pp x virtual_stages that leaves a multiple of "
-            f"{v['arch'].extra.get('block_period', 1)} layers per stage"
+            f"{v['arch'].facts.limits.block_period} layers); use a pp x virtual_stages that leaves a multiple of "
+            f"{v['arch'].facts.limits.block_period} layers per stage"
         ),
     ),
     Rule(
         "state-space layers run on one rank's whole sequence",
         "parallel",
         "ssm",
-        broken=lambda v: bool(v["arch"].extra.get("ssm")) & ((v["parallel.tp"] > 1) | (v["parallel.cp"] > 1)),
+        broken=lambda v: (
+            (v["arch"].facts.ssm is not None) & ((v["parallel.tp"] > 1) | (v["parallel.cp"] > 1))
+        ),
         message=f"tensor or context parallelism {SSM_WHY}",
     ),
 )

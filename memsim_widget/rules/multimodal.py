@@ -4,17 +4,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from memsim_widget.architecture.facts import VisionFacts
 from memsim_widget.rules.rule import Rule, View
 
 
-def _vision(v: View) -> dict[str, Any] | None:
-    return v["arch"].extra.get("vision")
+def _vision(v: View) -> VisionFacts | None:
+    return v["arch"].facts.vision
 
 
 def _is_clip(v: View) -> bool:
-    return (_vision(v) or {}).get("kind") == "clip"
+    vision = _vision(v)
+    return vision is not None and vision.contrastive_head
 
 
 def _no_split(key: str) -> Rule:

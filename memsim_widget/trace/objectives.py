@@ -95,8 +95,10 @@ class _Step(torch.nn.Module):
     #: get_output_embeddings) are not torch.nn.Module's, whose stubs type such attributes as Tensor | Module.
     policy: Any
 
-    def gradient_checkpointing_enable(self) -> None:
-        self.policy.gradient_checkpointing_enable()
+    def gradient_checkpointing_enable(
+        self, gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs)
 
 
 class PreferenceStep(_Step):

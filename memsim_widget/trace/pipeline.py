@@ -141,7 +141,7 @@ def check_pipeline(sc: Scenario) -> None:
         raise ScenarioError(
             "attention",
             "pipeline stages run SDPA with is_causal (no mask passes between stages), but "
-            f"{arch.extra.get('attention_note')}: not traced as a pipeline",
+            f"{arch.facts.attention.note}: not traced as a pipeline",
         )
     if par.pp_schedule == "1f1b" and par.pp_microbatches < par.pp:
         raise ScenarioError(

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .cuda_autocast import cuda_like_autocast
+from .cuda_autocast import cuda_like_autocast, recompute_context
 from .torch_recipe import make_optimizer, precision_dtypes, probe_optimizer
 from .tracker import ROLES, MemoryTracker
 
@@ -181,7 +181,12 @@ def _build_model(
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
             model, "gradient_checkpointing_enable", None
         )
-        if enable is not None:
+        if enable is not None and precision.startswith("amp"):
+            # HF's default (use_reentrant=False, one checkpoint per layer) with CUDA's fp32 ops in the recompute
+            enable(
+                {"use_reentrant": False, "context_fn": recompute_context}
+            )  # the kwargs, positional in both names
+        elif enable is not None:
             enable()  # HF default: torch.utils.checkpoint with use_reentrant=False, one checkpoint per layer
         else:
             notes.append(

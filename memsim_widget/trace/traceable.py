@@ -42,7 +42,7 @@ def check_traceable(sc: Scenario) -> None:
         raise ScenarioError(
             "parallel", "litgpt's step is traced on one GPU (trace/litgpt.py): set dp, tp, pp, cp and ep to 1"
         )
-    if architecture_for(sc.model).extra.get("ssm") and (sc.ssm_kernel or "cuda") == "cuda":
+    if architecture_for(sc.model).facts.ssm is not None and (sc.ssm_kernel or "cuda") == "cuda":
         raise ScenarioError(
             "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "
             "path; set ssm_kernel to 'torch' to trace (and compare) that path",
@@ -62,7 +62,9 @@ def check_traceable(sc: Scenario) -> None:
             "optimizer",
             f"{sc.optimizer!r} (bitsandbytes' states, trace/bnb_states.py) is traced on one GPU only",
         )
-    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(sc.model).extra.get("vision"):
+    if (sc.parallel.world_size > 1 or sc.parallel.ep > 1) and architecture_for(
+        sc.model
+    ).facts.vision is not None:
         raise ScenarioError(
             "parallel", "a multimodal model is traced on one GPU only (the multi-GPU tracer feeds no images and "
             "freezes no tower): set dp, tp, pp, cp and ep to 1",
@@ -164,19 +166,19 @@ def _check_model_kernels(sc: Scenario) -> None:
         arch = architecture_for(sc.model)
     except ScenarioError:  # the engine names a bad model itself; nothing to add here
         return
-    if sc.attention == "sdpa" and arch.extra.get("attention_sinks"):
+    if sc.attention == "sdpa" and arch.facts.attention.sinks:
         raise ScenarioError(
             "attention",
-            f"{arch.extra['hf_class']} has no SDPA path in transformers (attention sinks): trace it with 'eager' "
+            f"{arch.facts.hf_class} has no SDPA path in transformers (attention sinks): trace it with 'eager' "
             "(the engine's 'sdpa' stands for the flash kernel with sinks used on GPUs)",
         )
-    parts = arch.extra.get("mlp_parts")
+    parts = arch.facts.mlp.parts
     # every MoE family of transformers 5 but Llama 4 (torch.bmm) runs its experts with grouped_mm
-    grouped = any(p.get("experts") and p.get("dispatch") != "dense" for p in parts) if parts else arch.is_moe
+    grouped = any(p.experts and p.dispatch != "dense" for p in parts) if parts else arch.is_moe
     if grouped and sc.precision != "bf16":
         raise ScenarioError(
             "precision",
-            f"{sc.precision!r} cannot be traced for {arch.extra['hf_class']}: its grouped_mm experts run in bf16 "
+            f"{sc.precision!r} cannot be traced for {arch.facts.hf_class}: its grouped_mm experts run in bf16 "
             "only on CPU; trace bf16",
         )
 
@@ -202,7 +204,7 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
         "gradient_checkpointing": sc.activation_checkpointing == "full" and (sc.checkpoint_every or 1) == 1,
         "output_lifetime": output_lifetime(sc),
     }
-    if architecture_for(sc.model).extra.get("vision"):
+    if architecture_for(sc.model).facts.vision is not None:
         from memsim_widget.engine.context import Context
 
         ctx = Context(sc)

@@ -63,7 +63,7 @@ def pending_fit(sc: Scenario) -> bool:
         arch = architecture_for(sc.model)
     except ScenarioError:  # the estimate names it, at once
         return False
-    source = arch.extra.get("calibration")
+    source = arch.facts.calibration
     return source is not None and not source.cached(recipe_key(arch, sc))
 
 

@@ -196,6 +196,38 @@ JAMBA = {"model_type": "jamba", "hidden_size": 256, "num_hidden_layers": 4, "voc
          "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 512, "num_experts": 4,
          "num_experts_per_tok": 2, "attn_layer_period": 4, "attn_layer_offset": 1}  # fmt: skip
 
+_LORA_IN = {"method": "lora", "lora": {"rank": 8, "targets": ["in_proj"]}}
+_CKPT = {"activation_checkpointing": "full"}
+#: Mamba (v1) under autocast, full checkpointing and LoRA (issue 26): (label, model keys, scenario keys), b2 s64
+_SSM_ISSUE26: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
+    ("torch amp-bf16 b2 s64", {}, {"precision": "amp-bf16"}),
+    ("torch bf16 ckpt b2 s64", {}, _CKPT),
+    ("torch fp32 ckpt b2 s64", {}, {**_CKPT, "precision": "fp32"}),
+    ("torch amp-bf16 ckpt b2 s64", {}, {**_CKPT, "precision": "amp-bf16"}),
+    ("torch fp32 lora in_proj b2 s64", {}, {**_LORA_IN, "precision": "fp32"}),
+    ("torch amp-bf16 lora in_proj b2 s64", {}, {**_LORA_IN, "precision": "amp-bf16"}),
+    ("torch bf16 lora in_proj ckpt b2 s64", {}, {**_LORA_IN, **_CKPT}),
+    ("torch bf16 lora in_proj b1 s128", {}, {**_LORA_IN, "micro_batch_size": 1, "seq_len": 128}),
+    (
+        "torch V50280 amp-bf16 b2 s64 (the real vocabulary; outputs kept: step, fp32 logits)",
+        {"vocab_size": 50280},
+        {"precision": "amp-bf16", "output_lifetime": "step"},
+    ),
+)
+
+#: Jamba under LoRA (issue 26): adapters on in_proj (layer 0's first Linear), b2 s64
+_JAMBA_LORA: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
+    ("bf16 lora in_proj b2 s64", {}, _LORA_IN),
+    (
+        "bf16 lora in_proj x_proj q_proj v_proj b2 s64",
+        {},
+        {"method": "lora", "lora": {"rank": 8, "targets": ["in_proj", "x_proj", "q_proj", "v_proj"]}},
+    ),
+    ("fp32 lora in_proj b2 s64 (dense MLPs)", {"num_experts": 1}, {**_LORA_IN, "precision": "fp32"}),
+    ("amp-bf16 lora in_proj b2 s64 (dense MLPs)", {"num_experts": 1}, {**_LORA_IN, "precision": "amp-bf16"}),
+    ("bf16 lora in_proj ckpt b2 s64", {}, {**_LORA_IN, **_CKPT}),
+)
+
 #: (name, scenario dict) pairs; the fast subset runs in the tests.
 #: The four cases each newer family is held to (label, scenario keys): bf16 and amp-bf16 SDPA, LoRA on q and v,
 #: fp32 eager, at micro-batch 2.
@@ -1064,6 +1096,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"vocab_size": 32000},
                 {"micro_batch_size": 2, "seq_len": 64, "output_lifetime": "step"},
             ),
+            # issue 26: autocast (softplus in fp32 as on CUDA), full checkpointing, LoRA in every precision
+            *(
+                (label, more, {"micro_batch_size": 2, "seq_len": 64, **keys})
+                for label, more, keys in _SSM_ISSUE26
+            ),
         )
     ),
     # Mamba-2: transformers' chunked SSD in torch (the per-chunk states and l x l decays saved); kernel path a formula
@@ -1107,6 +1144,38 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"vocab_size": 32000},
                 {"micro_batch_size": 2, "seq_len": 256, "output_lifetime": "backward"},
             ),
+            (
+                "torch fp32 lora in_proj b2 s256",
+                {},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", **_LORA_IN},
+            ),
+            # issue 26: autocast runs the SSD's einsums in bf16
+            ("torch amp-bf16 b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16"}),
+            (
+                "torch amp-bf16 b1 s1000 (padded last chunk, tied, K=3, biases)",
+                {"tie_word_embeddings": True, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 1000, "precision": "amp-bf16"},
+            ),
+            (
+                "torch amp-bf16 b2 s256 (16 heads of 32, N=24, chunks of 32)",
+                {"num_heads": 16, "head_dim": 32, "state_size": 24, "chunk_size": 32},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "amp-bf16"},
+            ),
+            (
+                "torch amp-bf16 lora in_proj b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16", **_LORA_IN},
+            ),
+            (
+                "torch V50288 amp-bf16 b2 s256 (the real vocabulary; outputs kept: backward, fp32 logits)",
+                {"vocab_size": 50288},
+                {
+                    "micro_batch_size": 2,
+                    "seq_len": 256,
+                    "precision": "amp-bf16",
+                    "output_lifetime": "backward",
+                },
+            ),
         )
     ),
     # Jamba: attention and Mamba layers, MoE and dense MLPs (engine/hybrid.py); the torch scan path (grouped_mm
@@ -1133,6 +1202,36 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                     "expert_layer_offset": 0,
                 },
                 {"micro_batch_size": 1, "seq_len": 128},
+            ),
+            (
+                "torch amp-bf16 b2 s64 (dense MLPs)",
+                {"num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "amp-bf16"},
+            ),
+            ("torch bf16 ckpt b2 s64", {}, {"micro_batch_size": 2, "seq_len": 64, **_CKPT}),
+            (
+                "torch fp32 ckpt b2 s64 (dense MLPs)",
+                {"num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "fp32", **_CKPT},
+            ),
+            (
+                "torch amp-bf16 ckpt b2 s64 (dense MLPs)",
+                {"num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "amp-bf16", **_CKPT},
+            ),
+            *(
+                (f"torch {label}", more, {"micro_batch_size": 2, "seq_len": 64, **keys})
+                for label, more, keys in _JAMBA_LORA
+            ),
+            (
+                "torch V65536 bf16 b2 s64 (the real vocabulary; outputs kept: backward, bf16 logits)",
+                {"vocab_size": 65536},
+                {"micro_batch_size": 2, "seq_len": 64, "output_lifetime": "backward"},
+            ),
+            (
+                "torch V65536 amp-bf16 b2 s64 (dense MLPs; the real vocabulary; outputs kept: step, bf16 logits)",
+                {"vocab_size": 65536, "num_experts": 1},
+                {"micro_batch_size": 2, "seq_len": 64, "precision": "amp-bf16", "output_lifetime": "step"},
             ),
         )
     ),

@@ -22,9 +22,9 @@ TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "nu
 FP8_DATA = DATA.parent / "fp8.csv"
 
 
-def _at_step(sc: Scenario) -> dict[str, int]:
+def _at_step(sc: Scenario, moment: str = "optimizer_step") -> dict[str, int]:
     est = estimate(sc)
-    step = next(m for m in est.worst.moments if m.name == "optimizer_step")
+    step = next(m for m in est.worst.moments if m.name == moment)
     return {i.item: i.bytes for i in step.items}
 
 
@@ -138,6 +138,39 @@ def test_fp8_all_gather_is_torchaos_tensorwise_under_zero3_only() -> None:
         assert e.value.field == "fp8_all_gather" and words in str(e.value)
 
 
+@pytest.mark.parametrize("recipe", ["te-current", "te-delayed"])
+def test_fp8_all_gather_under_megatron_is_fsdps_fp8_param_gather(recipe: str) -> None:
+    """Megatron FSDP gathers TransformerEngine fp8 parameters (Megatron-Bridge's current-scaling recipe sets
+    ``fp8_param_gather``); other frameworks gather only torchao's tensorwise weights in fp8."""
+    base = {"model": TINY, "precision": "fp8", "fp8_recipe": recipe, "parallel": {"dp": 2, "zero": 3}}
+    assert (
+        Scenario.from_dict({**base, "framework": "megatron", "fp8_all_gather": True}).fp8_all_gather is True
+    )
+    for bad, words in (({"framework": "hf"}, "tensorwise"), ({"framework": "megatron", "fp8_recipe": "mxfp8"},
+                       "te-current")):  # fmt: skip
+        with pytest.raises(ScenarioError) as e:
+            Scenario.from_dict({**base, **bad, "fp8_all_gather": True})
+        assert e.value.field == "fp8_all_gather" and words in str(e.value)
+
+
+def test_megatron_fp8_params_keep_no_whole_model_cache_only_the_gathered_units_transpose() -> None:
+    """With fp8 parameters there is no bf16 weight to quantise, so TransformerEngine's whole-model fp8 weight and
+    transpose cache (2 B per Linear element) is gone; the gathered unit holds each Linear element in fp8 plus the
+    transpose Megatron FSDP makes before the unit's backward (1 + 1 B, instead of 2 B bf16): same bytes there."""
+    base = {"model": TINY, "framework": "megatron", "precision": "fp8", "fp8_recipe": "te-current",
+            "micro_batch_size": 2, "seq_len": 512, "parallel": {"dp": 2, "zero": 3}}  # fmt: skip
+    arch = build_architecture(TINY)
+    linear = sum(g.numel for g in arch.params if g.module and g.kind not in ("embedding", "head"))
+    off, on = (
+        _at_step(Scenario.from_dict({**base, "fp8_all_gather": v}), "backward_top") for v in (False, True)
+    )
+    assert off["fp8 weight and transpose cache"] == 2 * linear
+    assert "fp8 weight and transpose cache" not in on
+    layer_tensors = sum(g.count for g in arch.params if g.scope == "layer" and g.module) // 4
+    gathered = "FSDP2 all-gather output of the last unit (held until the next all-gather)"
+    assert on[gathered] - off[gathered] == layer_tensors * 4  # the fp32 scale of each gathered fp8 weight
+
+
 def test_fp8_all_gather_gathers_each_layers_linear_weights_in_one_byte() -> None:
     """FSDP2's unit of a layer while gathered: its Linear weights at 1 B (+ a 4 B scale each) instead of 2 B, its
     norms as before. On the small Llama (dp=2, b2 s512) the trace drops by 724,852 B (benchmarks/fp8_all_gather.py,
@@ -187,19 +220,24 @@ def test_transformer_engine_keeps_each_gemms_scaling_state(recipe: str, rows: in
     ("recipe", "q"), [("te-current", 1.0), ("mxfp8", 1 + 1 / 32), ("nvfp4", 0.5 + 1 / 16)]
 )
 @pytest.mark.parametrize("sp", [False, True])
-def test_transformer_engine_saves_its_linear_inputs_quantised(recipe: str, q: float, sp: bool) -> None:
-    """TE's ``_Linear.forward`` saves the quantised input: Korthikanti's four Linear inputs (QKV, projection, fc1:
-    h wide; fc2: I wide) at ``q`` B instead of 2 B; without sequence parallelism the QKV and fc1 inputs are
-    replicated over the tensor-parallel ranks."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_transformer_engine_saves_its_linear_inputs_quantised(
+    recipe: str, q: float, sp: bool, attention: str
+) -> None:
+    """TE's ``_Linear.forward`` saves the quantised input: Korthikanti's QKV, fc1 (h wide) and fc2 (I wide) inputs
+    at ``q`` B instead of 2 B; without sequence parallelism the QKV and fc1 inputs are replicated over the
+    tensor-parallel ranks. The projection's input is the attention output: flash attention keeps that in bf16 for
+    its own backward, so the quantised copy adds ``q`` B x h/t; with eager attention the copy replaces it."""
     from memsim_widget.engine.activations.megatron import megatron_activations
 
     base = {"model": TINY, "micro_batch_size": 2, "seq_len": 512, "framework": "megatron", "precision": "fp8",
-            "parallel": {"tp": 2, "sequence_parallel": sp}}  # fmt: skip
+            "attention": attention, "parallel": {"tp": 2, "sequence_parallel": sp}}  # fmt: skip
     plain = megatron_activations(Context(Scenario.from_dict({**base, "precision": "mixed-bf16"}))).per_layer[
         0
     ]
     fp8 = megatron_activations(Context(Scenario.from_dict({**base, "fp8_recipe": recipe}))).per_layer[0]
     h, i, t, sb = 256, 688, 2, 2 * 512
-    wide = (3 * h + i) / t if sp else 2 * h + (h + i) / t
-    assert plain.bytes - fp8.bytes == pytest.approx((2 - q) * sb * wide, rel=1e-12)
+    wide = (2 * h + i) / t if sp else 2 * h + i / t
+    proj = -q * h / t if attention == "sdpa" else (2 - q) * h / t
+    assert plain.bytes - fp8.bytes == pytest.approx((2 - q) * sb * wide + sb * proj, rel=1e-12)
     assert recipe in fp8.name

@@ -58,3 +58,32 @@ def test_trace_autocast_runs_pow_in_fp32_as_cuda_does():
     assert torch.pow(x, 3.0).dtype == torch.bfloat16  # and nothing is left behind
     with cuda_like_autocast(None):
         assert torch.pow(x, 3.0).dtype == torch.bfloat16
+
+
+def test_trace_autocast_runs_softplus_in_fp32_also_when_a_checkpoint_recomputes():
+    """softplus is on CUDA autocast's fp32 list (the Mamba scans' dt); a checkpointed layer recomputes inside
+    backward, outside the forward's mode, so recompute_context puts it back: without it checkpoint raises on the
+    recomputed dtype (what the Mamba amp + checkpointing trace hit)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from memsim_widget.trace.cuda_autocast import cuda_like_autocast, recompute_context
+
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    seen = []
+
+    def layer(t):
+        y = torch.nn.functional.softplus(lin(t))
+        seen.append(y.dtype)
+        return y.sum()
+
+    with cuda_like_autocast(torch.bfloat16):
+        loss = checkpoint(layer, x, use_reentrant=False, context_fn=recompute_context)
+    loss.backward()  # the recomputation (stopped early once softplus's output is back) matches the forward
+    assert seen == [torch.float32] and x.grad is not None
+    x.grad = None
+    with cuda_like_autocast(torch.bfloat16):
+        loss = checkpoint(layer, x, use_reentrant=False)
+    with pytest.raises(torch.utils.checkpoint.CheckpointError):
+        loss.backward()

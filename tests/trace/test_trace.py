@@ -94,6 +94,7 @@ def test_mlp_hand_count_adamw_foreach() -> None:
         dict(precision="fp32", attention="eager"),
         dict(precision="amp-bf16"),
         dict(precision="bf16", gradient_checkpointing=True),
+        dict(precision="amp-bf16", gradient_checkpointing=True),  # CUDA's fp32 ops in the recompute too
         dict(precision="bf16", optimizer_impl="for-loop"),
         dict(precision="bf16", lora={"r": 4, "target_modules": ["q_proj", "v_proj"]}),
     ],

@@ -13,29 +13,26 @@ def attention(st: HFLayer) -> None:
     """The layer's attention terms, by kernel; records whether its softmax is fp32 (the backward reads it)."""
     arch, D, add, eager, amp, ec = st.arch, st.D, st.add, st.eager, st.amp, st.ec
     T, b, s, hq, hkv = D.T, D.b, D.s, D.hq, D.hkv
-    attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
+    af = arch.facts.attention
+    attn_out = ATTN_OUT | frozenset(af.output_modules)
     # llama-family eager attention runs softmax in fp32 and casts back; GPT-2, BERT, RoBERTa and ViT stay in the
     # compute dtype (the fp32 softmax is then the saved tensor itself) -- except under CUDA autocast, whose
     # op list runs softmax in fp32 for every model (torch.amp docs, "CUDA Ops that can autocast to
     # float32"; CPU autocast, which the tracer uses, keeps it in the input dtype)
     # eager softmax in the compute dtype: GPT-2, BERT, ViT (``softmax_in_compute_dtype``), Llama 4 and GPT-OSS
     # (``eager_softmax_dtype``); CUDA autocast runs it in fp32 for every model
-    st.softmax_fp32 = (
-        not arch.extra.get("softmax_in_compute_dtype")
-        and not arch.extra.get("softmax_compute_dtype")  # Falcon
-        and arch.extra.get("eager_softmax_dtype") != "compute"
-    ) or amp
-    mla = arch.extra.get("mla")  # DeepSeek multi-head latent attention (families/deepseek.py)
+    st.softmax_fp32 = af.softmax_upcast or amp
+    mla = af.mla  # DeepSeek multi-head latent attention (families/deepseek.py)
     if mla:
         mla_attention(st.ctx, D, mla, add, st.consumers, attn_out, eager, amp, ec)
-    elif not eager and arch.extra.get("sdpa_math_fallback"):
+    elif not eager and af.sdpa_math_fallback:
         _math_fallback(st, attn_out)
     elif eager:
         _eager(st, attn_out)
     else:
         _sdpa(st, attn_out)
 
-    if arch.extra.get("fused_qkv_kept") and not mla and not eager:
+    if af.fused_qkv_kept and not mla and not eager:
         # ModernBERT: q and k leave Wqkv's [q | k | v] output through RoPE (new tensors), but v goes to SDPA as a
         # view of it, so the whole output stays saved: its q and k thirds on top of the tensors above (traced;
         # eager's matmul saves a contiguous copy of v instead and the output is freed)
@@ -45,8 +42,8 @@ def attention(st: HFLayer) -> None:
             f"{ec} B x T x (a*d + kv*d)",
             1,
         )
-    sliding = arch.extra.get("sliding_layers", 0) if arch.extra.get("sdpa_sliding_mask") == "local" else 0
-    if sliding and not eager and D.s_full >= arch.extra.get("sliding_window", 0):
+    sliding = af.sliding_layers if af.sliding_mask == "local" else 0
+    if sliding and not eager and D.s_full >= (af.sliding_window or 0):
         # ModernBERT's local layers: HF builds one boolean (b, 1, s, s) sliding-window mask (no skip once s reaches
         # the half window) and SDPA converts it to an additive mask in the query dtype in every local layer, which
         # the memory-efficient / CPU flash kernel saves for backward (traced); averaged over the layers (the
@@ -85,13 +82,13 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
     arch, sc, D, add, consumers = st.arch, st.sc, st.D, st.add, st.consumers
     T, b, s, hq, hkv, a_loc, ec = D.T, D.b, D.s, D.hq, D.hkv, D.a, st.ec
     # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
-    why = f" (eager: {arch.extra['attention_note']})" if sc.attention != "eager" else ""
+    why = f" (eager: {arch.facts.attention.note})" if sc.attention != "eager" else ""
     softmax_fp32 = st.softmax_fp32
     # GPT-OSS appends one sink logit per head: the softmax covers s + 1 columns (the sink column is dropped
     # after it, a view: the probabilities stay whole), and max-subtraction keeps its int64 argmax per row
-    sinks = bool(arch.extra.get("attention_sinks"))
+    sinks = arch.facts.attention.sinks
     # Falcon multi-query broadcasts its one k/v head in the matmuls: a stride-0 view when b = 1 (traced)
-    ekv = hkv if arch.extra.get("sdpa_math_fallback") and b == 1 else hq
+    ekv = hkv if arch.facts.attention.sdpa_math_fallback and b == 1 else hq
     add(
         "attention q, k, v (k, v repeated to all heads)" + why,
         ec * T * (hq + 2 * ekv),
@@ -100,7 +97,7 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
     )
     if sc.activation_checkpointing != "selective":
         scores = b * a_loc * s * (D.s_full + sinks)
-        if arch.extra.get("attn_logit_softcapping"):
+        if arch.facts.attention.logit_softcapping:
             # Gemma 2: scores / cap -> tanh -> x cap; tanh saves its output for backward (the divisions
             # and products by a Python scalar save nothing)
             add(
@@ -154,17 +151,18 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
     # Llama 4's chunked layers past attention_chunk_size: HF passes SDPA an explicit mask, so k and v are
     # repeated to every head (no GQA in SDPA with a mask) and SDPA keeps the mask converted to the compute
     # dtype (b x s x s), per chunked layer (traced with a small chunk)
-    chunk = arch.extra.get("attention_chunk_size")
-    if chunk and D.s_full > chunk and arch.extra.get("chunked_layers"):
-        frac = arch.extra["chunked_layers"] / max(arch.num_layers, 1)
+    af = arch.facts.attention
+    chunk = af.chunk_size
+    if chunk and D.s_full > chunk and af.chunked_layers:
+        frac = af.chunked_layers / max(arch.num_layers, 1)
         add(
             "chunked attention: SDPA's mask and k, v repeated to all heads",
             frac * (ec * b * s * D.s_full + 2 * ec * T * (hq - hkv)),
-            f"{arch.extra['chunked_layers']}/{arch.num_layers} layers x ({ec} B x b x s x s"
+            f"{af.chunked_layers}/{arch.num_layers} layers x ({ec} B x b x s x s"
             f" + 2 x {ec} B x T x (a*d - kv*d)), s > chunk {chunk}",
             3,
         )
-    if arch.extra.get("sdpa_fused_qkv_view"):
+    if af.sdpa_fused_qkv_view:
         # Falcon's classic multi-head ALiBi layer: q, k, v are views of query_key_value's output, which SDPA
         # keeps whole beside the copies of q and k the CPU kernel saves (traced)
         add("fused query_key_value output kept alive by the v view", ec * T * 2 * hkv,
@@ -186,16 +184,16 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
     # _ignore_causal_mask_sdpa), so it repeats k and v to all heads (use_gqa_in_sdpa needs no mask) and
     # PyTorch turns the boolean mask into an additive one in the compute dtype, b x 1 x s x s, which SDPA
     # saves; per layer, the average over the layers (traced). With one KV head the repeat is a view (no copy).
-    kinds, window = arch.extra.get("layer_types"), arch.extra.get("sliding_window")
+    kinds, window = af.layer_types, af.sliding_window
     n_sliding = sum(k == "sliding_attention" for k in kinds or ())
     if not (window and D.s_full >= window):
         n_sliding = 0
     # Gemma 3 multimodal, fed token_type_ids as its processor returns them (image tokens attend both ways): the
     # blockwise mask function makes HF build a mask for every layer, with or without images in the batch (traced)
-    image_masks = bool(arch.extra.get("vision", {}).get("image_mask_all_layers"))
+    image_masks = arch.facts.vision is not None and arch.facts.vision.image_mask_all_layers
     if image_masks and kinds:
         n_sliding = len(kinds)
-    if arch.extra.get("sdpa_sliding_mask") == "decoder" and n_sliding and kinds:
+    if af.sliding_mask == "decoder" and n_sliding and kinds:
         frac = n_sliding / len(kinds)
         rep = 2 * ec * T * (hq - hkv) if D.kv > 1 else 0
         st.masked_frac = frac if rep else 0.0
@@ -210,13 +208,13 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
             + ("), token_type_ids mark image blocks" if every else f"), s >= sliding_window {window}"),
             3 if rep else 1,
         )
-    if arch.extra.get("sdpa_float_mask"):
+    if af.sdpa_float_mask:
         # a model passing an explicit boolean mask (Falcon) gets it cast to a float bias per call, which the
         # fused kernel saves for backward (CPU flash; CUDA's memory-efficient kernel alike)
         add("attention mask cast to a float bias, saved by SDPA", ec * b * s * D.s_full,
             f"{ec} B x b x s x s, b={b} s={s}", 1)  # fmt: skip
     # q built by torch.cat (partial rotary) is contiguous per head: SDPA's output is then (b, a, s, d) in memory
     # and the transpose to (b, s, a*d) is a copy, which the out-projection saves (traced: GPT-NeoX, Phi)
-    copied = bool(arch.extra.get("sdpa_output_copy"))
+    copied = af.sdpa_output_copy
     label = "attention output" + (" (b, s, a*d) copy" if copied else "")
     consumers(attn_out, hq, T, ec, label, already_saved=not copied)

@@ -55,7 +55,7 @@ def attention_backward(st: HFLayer) -> None:
         out.attention_backward.append(
             Term("T5 decoder self-attention softmax backward (math SDPA)", max(t5_sm[0], 0), t5_sm[1], 2)
         )
-    math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
+    math_sdpa = not eager and arch.facts.attention.sdpa_math_fallback
     if math_sdpa and sc.activation_checkpointing != "selective":
         # the math fallback's softmax backward: fp32 gradients of the probabilities and of the scores, while the
         # layer's MLP and out-projection (run after attention, so differentiated first) have released what they
@@ -98,10 +98,10 @@ def layer_backward(st: HFLayer) -> None:
     arch, sc, D, out, ec, r, eager = st.arch, st.sc, st.D, st.out, st.ec, st.r, st.eager
     T, Tout, h, hq = D.T, D.Tout, D.h, D.hq
     full, modules, targets, Tm, I, t5_sm = st.full, st.modules, st.targets, st.Tm, st.I, st.t5_sm
-    math_sdpa = not eager and arch.extra.get("sdpa_math_fallback")
+    math_sdpa = not eager and arch.facts.attention.sdpa_math_fallback
     down_saved = bool(full or (MLP_OUT & modules & targets))
     n_ti = (3 if arch.mlp_activation in ("swiglu", "geglu") else 2) - (1 if down_saved else 0)
-    if arch.mlp_activation == "gelu_tanh" and arch.extra.get("parallel_attn_mlp"):
+    if arch.mlp_activation == "gelu_tanh" and arch.facts.mlp.parallel_attn_mlp:
         n_ti += 1  # Phi: gelu_new's pointwise chain holds one more T x I gradient in its backward (traced)
     if arch.mlp_activation == "quick_gelu":
         n_ti += 1  # CLIP: x * sigmoid(1.702 x) -- the product's two input gradients beside fc2's (traced)

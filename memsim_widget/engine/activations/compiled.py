@@ -45,39 +45,34 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.scenario import Scenario
 
-#: The families whose compiled step a trace backs (HF Llama-layout decoders; Qwen2's q/k/v biases change nothing
-#: the partitioner saves; Gemma's GeGLU saves what SwiGLU does, the tanh-GeLU recomputed; Qwen3's per-head and
-#: OLMo 2's whole-projection q/k norms add their inputs and rsqrts; OLMo 2's post-norms save as many T x h
-#: tensors as pre-norms: traced, benchmarks/compiled_saved.py).
-COMPILED_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2", "gemma3")
-#: Where a family's compiled rule is narrower than the layout's (traced against it, docs/fidelity.md): Gemma's
-#: autocast step saves 0.5% more than the rule (its fp32 scaled embedding), OLMo 2's autocast and LoRA steps differ
-#: by +5.0% and -1.1%; those get the untraced formula.
-_NARROWER = {
-    "gemma": ("bf16", ("full", "lora")),
-    "olmo2": ("bf16", ("full",)),
-    "gemma3": ("bf16", ("full", "lora")),
-}
+#: The families whose compiled step a trace backs declare ``coverage.compiled`` (architecture/facts.py): the HF
+#: Llama-layout decoders (llama, mistral, qwen2: Qwen2's q/k/v biases change nothing the partitioner saves), Gemma
+#: (its GeGLU saves what SwiGLU does, the tanh-GeLU recomputed), Qwen3's per-head and OLMo 2's whole-projection q/k
+#: norms (their inputs and rsqrts), OLMo 2's post-norms (as many T x h tensors as pre-norms), Gemma 3: traced,
+#: benchmarks/compiled_saved.py. Where a family's rule is narrower than the layout's (traced against it,
+#: docs/fidelity.md) it declares ``coverage.compiled_recipes``: Gemma's autocast step saves 0.5% more than the rule
+#: (its fp32 scaled embedding), OLMo 2's autocast and LoRA steps differ by +5.0% and -1.1%; those get the untraced
+#: formula.
 
 
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
-    """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``COMPILED_FAMILIES``),
+    """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``coverage.compiled``),
     bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA,
     HF Trainer's output lifetime, one GPU (or its data-parallel replicas: ``_one_replica``)."""
     return bool(
         sc.compile
-        and arch.family in COMPILED_FAMILIES
+        and arch.facts.coverage.compiled
         and arch.norm == "rmsnorm"
         and arch.mlp_activation in ("swiglu", "geglu")
         and arch.position == "rope"
         and not arch.is_moe
-        and not arch.extra.get("vision")
-        and arch.extra.get("calibration") is None
+        and arch.facts.vision is None
+        and arch.facts.calibration is None
         and sc.precision in ("bf16", "amp-bf16")
         and (sc.method == "full" or _lora_qv(sc))
-        and (arch.family not in _NARROWER or (sc.precision, sc.method) in _narrower(arch.family))
-        and not arch.extra.get("final_logit_softcapping")
-        and not arch.extra.get("attn_logit_softcapping")
+        and _recipe_traced(sc, arch)
+        and not arch.facts.output.final_logit_softcapping
+        and not arch.facts.attention.logit_softcapping
         and not _masked_sliding(sc, arch)
         and (sc.activation_checkpointing == "none" or _full_ckpt(sc))
         and sc.loss == "standard"
@@ -92,23 +87,26 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
 def _one_replica(sc: Scenario) -> bool:
     """One GPU's step, or data-parallel replicas of it (each rank compiles the same step and saves the same
     activations; under DDP Dynamo's DDPOptimizer splits the graph at gradient-bucket boundaries and FSDP gathers
-    weights around it: untraced, said in the caveats). Not ``world_size``: the activation terms may not read the
-    data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL)."""
+    weights around it: untraced, said in the caveats), or a pipeline stage of it (each rank compiles its own
+    stage's submodule: untraced, said in the caveats). Not ``world_size``: the activation terms may not read the
+    data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL), nor ``pp``: the planner builds each
+    candidate's activation terms at pp = 1 and applies the schedule's micro-batches in flight to them."""
     p = sc.parallel
-    return p.tp == p.pp == p.cp == p.ep == 1
+    return p.tp == p.cp == p.ep == 1
 
 
 def _masked_sliding(sc: Scenario, arch: Architecture) -> bool:
     """Sliding-window layers whose window is shorter than the sequence (their SDPA takes a mask and repeated k/v:
     not traced compiled)."""
-    window = arch.extra.get("sliding_window")  # Qwen2/3 carry one they do not use (use_sliding_window false)
-    return bool(window and window < sc.seq_len and arch.extra.get("use_sliding_window") is not False)
+    af = arch.facts.attention  # Qwen2/3 carry a window they do not use (use_sliding_window false)
+    return bool(af.sliding_window and af.sliding_window < sc.seq_len and af.sliding_window_used)
 
 
-def _narrower(family: str) -> list[tuple[str, str]]:
-    """The (precision, method) pairs a family in ``_NARROWER`` is traced compiled with."""
-    precision, methods = _NARROWER[family]
-    return [(precision, m) for m in methods]
+def _recipe_traced(sc: Scenario, arch: Architecture) -> bool:
+    """The (precision, method) pair is one the family was traced compiled with (``coverage.compiled_recipes``,
+    None: every pair the layout's rule takes)."""
+    recipes = arch.facts.coverage.compiled_recipes
+    return recipes is None or (sc.precision, sc.method) in recipes
 
 
 def _full_ckpt(sc: Scenario) -> bool:
@@ -156,7 +154,7 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
     _qk_norms(ctx, out, e, frozen_first_k=True)
     _sandwich_norms(ctx, out, e)
     out.post[:] = []
-    tangents = (2 * L - 1) * e * T * hkv if ctx.arch.extra.get("use_cache", True) else 0
+    tangents = (2 * L - 1) * e * T * hkv if ctx.arch.facts.attention.use_cache else 0
     out.loss_backward[:] = [
         Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
         Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
@@ -233,7 +231,7 @@ def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool 
     each norm's input (q_proj's and k_proj's outputs, e bytes) and its fp32 rsqrt per row (per head or per
     token), and recomputes the normalised tensor. ``frozen_first_k`` (LoRA on q and v): layer 0's k norm needs no
     gradient (it reads the frozen embedding through a frozen k_proj) and saves nothing."""
-    qk = ctx.arch.extra.get("qk_norm")
+    qk = ctx.arch.facts.norm.qk
     if qk not in ("head", "full"):
         return
     D = Dims(ctx)
@@ -250,7 +248,7 @@ def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool 
 def _sandwich_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
     """Gemma 3's norms after attention and after the MLP, besides the pre-norms (4 per layer; traced): each saves
     its input, o_proj's and down_proj's outputs (e T h), and its fp32 rsqrt."""
-    if ctx.arch.extra.get("norms_per_layer") != 4 or ctx.arch.extra.get("post_norms"):
+    if ctx.arch.facts.norm.per_layer != 4 or ctx.arch.facts.norm.post_norms:
         return
     T, h = Dims(ctx).T, ctx.arch.hidden_size
     out.per_layer.append(
@@ -262,7 +260,7 @@ def _sandwich_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
 def _returns_cache(ctx: Context) -> bool:
     """The model returns its KV cache (HF's training default), whose zero gradients AOTAutograd makes; not under
     checkpointing, where HF sets ``use_cache=False``."""
-    return bool(ctx.arch.extra.get("use_cache", True)) and ctx.scenario.activation_checkpointing == "none"
+    return ctx.arch.facts.attention.use_cache and ctx.scenario.activation_checkpointing == "none"
 
 
 def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int, e: int, kb: int) -> None:
@@ -296,9 +294,9 @@ def compiled_loss_formula_applies(ctx: Context) -> bool:
         Dims(ctx).V
         and arch.causal
         and not arch.encoder_layers
-        and not arch.extra.get("mlm_head")
-        and not arch.extra.get("final_logit_softcapping")
-        and not arch.extra.get("vision")
+        and not arch.facts.output.mlm_head
+        and not arch.facts.output.final_logit_softcapping
+        and arch.facts.vision is None
         and sc.loss == "standard"
         and sc.framework == "hf"
         and sc.objective_name == "sft"

@@ -24,14 +24,14 @@ from memsim_widget.units import fmt_int
 
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
-    if ctx.arch.extra.get("calibration") is not None:  # a transformers type no family models: fitted terms
+    if ctx.arch.facts.calibration is not None:  # a transformers type no family models: fitted terms
         from memsim_widget.engine.calibrated import calibrated_activations
 
         out = calibrated_activations(ctx)
         stage_io(ctx, out)
         return out
     refuse_untraced(ctx)
-    if ctx.arch.extra.get("hybrid"):  # attention and Mamba layers in one stack (Jamba; engine/hybrid.py)
+    if ctx.arch.facts.hybrid is not None:  # attention and Mamba layers in one stack (Jamba; engine/hybrid.py)
         from memsim_widget.engine.hybrid import hybrid_activations
 
         out = hybrid_activations(ctx, hf_activations)
@@ -47,7 +47,9 @@ def activations(ctx: Context) -> ActivationBudget:
             litgpt_activations(ctx, out)
         if liger_applies(ctx.scenario, ctx.arch):  # Liger Kernel's patches (formula, untraced)
             liger_activations(ctx, out)
-    if ctx.arch.extra.get("vision"):  # a multimodal model's vision tower and projector (engine/vision.py)
+    if (
+        ctx.arch.facts.vision is not None
+    ):  # a multimodal model's vision tower and projector (engine/vision.py)
         from memsim_widget.engine.vision import vision_activations
 
         vision_activations(ctx, out, hf_activations)

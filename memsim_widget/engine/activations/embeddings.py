@@ -22,10 +22,10 @@ def embeddings(st: HFLayer) -> None:
     b, s = D.b, D.s
     if arch.position == "rope":
         cb = 4 if amp else ec
-        rd = arch.extra.get("rotary_dim", D.d)  # partial rotary: cos/sin cover the first rotary_dim channels
-        kinds = arch.extra.get(
-            "rope_kinds", 1
-        )  # one cos/sin pair per layer kind: Gemma 3 (sliding, full), ModernBERT (local, global)
+        rd = (
+            D.d if arch.facts.position.rotary_dim is None else arch.facts.position.rotary_dim
+        )  # partial rotary: cos/sin cover the first rotary_dim channels
+        kinds = arch.facts.position.rope_kinds  # one cos/sin pair per layer kind: Gemma 3, ModernBERT
         out.pre.append(
             Term(
                 "rotary cos/sin" + (f" ({kinds} layer kinds, one RoPE base each)" if kinds > 1 else ""),
@@ -34,7 +34,7 @@ def embeddings(st: HFLayer) -> None:
                 2 * kinds,
             )
         )
-    if arch.extra.get("alibi_bias_saved") and not eager:
+    if arch.facts.position.alibi_bias_saved and not eager:
         # Falcon ALiBi: the model builds one (b, a, s, s) bias in the embeddings' dtype, the attention mask of every
         # layer, and the fused SDPA kernel saves it (one tensor for all layers; traced)
         out.pre.append(
@@ -45,8 +45,12 @@ def embeddings(st: HFLayer) -> None:
                 1,
             )
         )
-    if arch.family == "vit":  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
-        C, img = arch.extra.get("num_channels", 3), arch.extra.get("image_size", 224)
+    if (
+        arch.facts.coverage.pixel_input
+    ):  # pixels in the weight dtype; autocast saves a 16-bit copy for the patch conv
+        patches = arch.facts.patches
+        assert patches is not None  # a pixel-input model declares its patches (families/vit.py)
+        C, img = patches.num_channels, patches.image_size
         px = b * C * img * img
         pb = recipe.weight_bytes
         out.inputs.append(

@@ -11,7 +11,7 @@ def head(st: HFLayer) -> None:
     """The MLM head transform and the LM head's saved input or autocast copies (``post``)."""
     arch, out, D, amp, ec, full, nout = st.arch, st.out, st.D, st.amp, st.ec, st.full, st.nout
     T, h, V = D.T, D.h, D.V
-    if arch.extra.get("mlm_head"):  # the MLM head's dense -> gelu -> LayerNorm (its input: "final norm")
+    if arch.facts.output.mlm_head:  # the MLM head's dense -> gelu -> LayerNorm (its input: "final norm")
         # gelu saves the dense output; the decoder saves the LayerNorm output only if its weight trains (traced)
         # (under autocast the dense keeps a 16-bit copy of its weight, trained or frozen)
         n_mlm = 2 if full else 1

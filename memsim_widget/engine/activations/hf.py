@@ -39,7 +39,9 @@ def hf_activations(ctx: Context) -> ActivationBudget:
     if st.ssm:
         ssm_layer(st)
     _residual_dropout(st)
-    if st.arch.family == "t5":  # encoder-decoder blocks: their own rules replace the decoder-only ones above
+    if (
+        st.arch.facts.coverage.encoder_decoder
+    ):  # encoder-decoder blocks: their own rules replace the decoder-only ones above
         t5_layer(st)
     autocast_weight_copies(st)
     lora_internals(st)
@@ -61,5 +63,5 @@ def _residual_dropout(st: HFLayer) -> None:
     """Dropout on the residual stream keeps a 1-byte mask per element, one per sub-layer by default."""
     arch, Tout, h = st.arch, st.D.Tout, st.D.h
     if arch.hidden_dropout > 0:
-        nm = arch.extra.get("residual_dropout_masks", 2)
+        nm = arch.facts.dropout.residual_masks
         st.add("residual dropout masks", nm * Tout * h, f"{nm} x 1 B x T x h", nm)

@@ -32,16 +32,16 @@ class HFLayer:
         self.frozen_first = (
             not self.full and sc.activation_checkpointing in ("none", "selective") and not ctx.vision_grad
         )
-        self.gemma = arch.family.startswith("gemma")
+        self.gemma = arch.facts.norm.one_plus_weight
         # CohereLayerNorm computes x - mean twice: two fp32 centred copies saved (traced)
-        self.cw = 8 if arch.extra.get("norm_centred_copy") else 4
+        self.cw = 8 if arch.facts.norm.centred_copy else 4
         # Gemma's RMSNorm returns normed(x) * (1 + w.float()): the product saves the fp32 (1 + w) whenever its
         # input needs a gradient, and the fp32 normalised tensor only when w trains (traced, Gemma 2 and 3)
         self.onep = 4 if self.gemma else 0
         # a norm's output has the residual stream's dtype (Gemma's ``.type_as(x)`` too: fp32 under autocast and
         # in fp32, where every Linear reading it then keeps its own 16-bit copy under autocast; traced)
         self.nout = self.r
-        self.ssm = arch.extra.get("ssm")
+        self.ssm = arch.facts.ssm
         self.eager = arch.attention_kernel(sc.attention) == "eager" and not self.ssm
         # recorded by the rules as they run (hf.py says which)
         self.ssm_from = 0  # state-space layers have neither Linear input the norms' readers save

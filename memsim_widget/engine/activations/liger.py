@@ -33,22 +33,19 @@ from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.context import Context
 from memsim_widget.scenario import Scenario
 
-#: The HF families Liger patches with its RMSNorm, SwiGLU and RoPE (``apply_liger_kernel_to_llama`` /
-#: ``_mistral`` / ``_qwen2`` / ``_qwen3``).
-LIGER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
 
 def liger_applies(sc: Scenario, arch: Architecture) -> bool:
-    """The Liger formula covers the scenario: a patched decoder, the standard loss, no compile, SFT, no tensor or
+    """The Liger formula covers the scenario: a decoder Liger patches with its RMSNorm, SwiGLU and RoPE (its family
+    declares ``coverage.liger``: ``apply_liger_kernel_to_llama`` / ``_mistral`` / ``_qwen2`` / ``_qwen3``), the standard loss, no compile, SFT, no tensor or
     context parallelism (data and pipeline parallelism change no layer's or loss's saved set)."""
     return bool(
         sc.framework == "liger"
-        and arch.family in LIGER_FAMILIES
+        and arch.facts.coverage.liger
         and arch.norm == "rmsnorm"
         and arch.mlp_activation == "swiglu"
         and not arch.is_moe
-        and not arch.extra.get("vision")
-        and arch.extra.get("calibration") is None
+        and arch.facts.vision is None
+        and arch.facts.calibration is None
         and arch.vocab_size
         and sc.loss == "standard"
         and not sc.compile

@@ -14,7 +14,7 @@ ATTN_IN = frozenset(
     | {"q_a_proj", "kv_a_proj_with_mqa"}  # DeepSeek MLA: the projections reading the layer's normed input
     | {"Wqkv"}  # ModernBERT
 )
-ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o", "Wo"})  # + arch.extra["attention_output_modules"]
+ATTN_OUT = frozenset({"o_proj", "c_proj", "out_proj", "o", "Wo"})  # + arch.facts.attention.output_modules
 MLP_IN = frozenset(
     {
         "gate_proj",
@@ -42,7 +42,7 @@ def autocast_weight_copies(st: HFLayer) -> None:
     frozen_first = st.frozen_first
     if amp and full:
         # Llama 4's bmm experts and nn.Linear router are autocast too: their 16-bit copies are cached alike
-        bmm_experts = arch.extra.get("autocast_expert_copies", False)
+        bmm_experts = arch.facts.linear.autocast_expert_copies
         wl = sum(
             g.numel
             for g in ctx.arch.params

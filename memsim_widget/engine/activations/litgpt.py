@@ -38,22 +38,20 @@ from memsim_widget.scenario import Scenario
 #: Tokens per LM-head chunk in litgpt's finetune scripts (``model(input_ids, lm_head_chunk_size=128)``).
 LITGPT_HEAD_CHUNK = 128
 
-#: The HF families whose layout litgpt's Llama-style config reproduces (trace/litgpt.py builds them).
-LITGPT_FAMILIES = ("llama", "mistral", "qwen2")
-
 
 def litgpt_rule_applies(sc: Scenario, arch: Architecture) -> bool:
-    """The traced litgpt rule covers the scenario: a Llama-layout decoder in bf16, full training or LoRA on q and v,
+    """The traced litgpt rule covers the scenario: a Llama-layout decoder litgpt's config reproduces (its family
+    declares ``coverage.litgpt``; trace/litgpt.py builds them) in bf16, full training or LoRA on q and v,
     no checkpointing, the standard loss, SDPA, no tensor or context parallelism (data and
     pipeline parallelism change no layer's or loss's saved set)."""
     return bool(
         sc.framework == "litgpt"
-        and arch.family in LITGPT_FAMILIES
+        and arch.facts.coverage.litgpt
         and arch.norm == "rmsnorm"
         and arch.mlp_activation == "swiglu"
         and not arch.is_moe
-        and not arch.extra.get("vision")
-        and arch.extra.get("calibration") is None
+        and arch.facts.vision is None
+        and arch.facts.calibration is None
         and sc.precision in ("bf16", "amp-bf16")
         and not sc.compile
         and (sc.method == "full" or (sc.method == "lora" and set(sc.lora.targets) == {"q_proj", "v_proj"}))

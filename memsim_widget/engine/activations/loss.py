@@ -35,7 +35,7 @@ def loss(st: HFLayer) -> None:
     le = 4 if recipe.fp32_compute else 2
     # a loss on the logits as they are (BERT, T5, ViT) runs in fp32 under autocast all the same: cross_entropy
     # and log_softmax are on autocast's fp32 list (torch.amp docs), so it saves and frees as an upcast loss (traced)
-    upcast_loss = arch.extra.get("loss_upcast", True) or amp
+    upcast_loss = arch.facts.output.loss_upcast or amp
     if sc.loss == "chunked":
         chunk = T * V / LOSS_CHUNKS
         out.loss_backward.append(
@@ -105,7 +105,7 @@ def loss(st: HFLayer) -> None:
         out.loss_backward.append(
             Term("loss backward: two T x V gradient buffers", 2 * le * T * V, f"2 x {le} B x T x V", 2)
         )
-    cap = arch.extra.get("final_logit_softcapping")
+    cap = arch.facts.output.final_logit_softcapping
     if cap and sc.loss != "chunked":
         # Gemma 2/3: logits = tanh(logits / cap) x cap; tanh saves its output (compute dtype) until its
         # backward, right after the loss's (traced); the scalar division and product save nothing

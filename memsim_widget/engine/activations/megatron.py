@@ -9,38 +9,60 @@ from memsim_widget.engine.context import Context
 
 
 def megatron_activations(ctx: Context) -> ActivationBudget:
-    """Megatron-LM with fused kernels: Korthikanti et al. 2022 Table 2, generalised to any MLP width.
+    """Megatron-LM with fused kernels: Korthikanti et al. 2022 Table 2, generalised to any MLP width, to grouped
+    key/value heads and to models without hidden dropout.
 
-    Per layer s*b*h*(18 + 4*I/h) for a GELU MLP (34 at I = 4h); a gated MLP (SwiGLU) keeps one more
-    T x I tensor of 2 bytes, hence 18 + 6*I/h. Without sequence parallelism 10*s*b*h (norm inputs,
-    dropout masks) stay outside the tensor-parallel regions. Flash attention and selective
-    recomputation drop the 5*a*s^2*b/t attention-score term. Under a TransformerEngine fp8 recipe the four
-    Linear inputs are saved quantised (``Fp8Recipe.saved_input_bytes``: TE ``_Linear.forward`` saves the fp8
-    input; memsim_widget/fp8.py), not at 2 B.
+    Table 2 counts, per layer and token, in units of h bytes: outside the tensor-parallel regions the two norm
+    inputs (4), the QKV and fc1 inputs (4) and two 1-B dropout masks (2); inside them Q, K, V and the attention
+    output (8) and the MLP (4*I/h for GELU, 6*I/h for a gated MLP's one more T x I tensor), 34 at I = 4h. The
+    Table assumes multi-head attention and dropout: with ``num_kv_heads`` < heads K and V are 2 B x kv_heads x
+    head_dim wide each (Megatron-Core ``SelfAttention.get_query_key_value_tensors`` splits a GQA QKV output), and
+    with ``hidden_dropout`` 0 no mask is saved (``bias_dropout_add`` calls ``F.dropout``, which returns its input
+    at p = 0 and keeps no mask: PyTorch ``aten/src/ATen/native/Dropout.cpp``, fused only for 0 < p < 1; Llama
+    runs Megatron with hidden and attention dropout 0: Megatron-Bridge ``src/megatron/bridge/models/llama/
+    llama_provider.py``, commit 00b7660be025; Megatron-LM ``fusions/fused_bias_dropout.py``). Without sequence
+    parallelism the outside terms stay unsplit. Flash attention and selective recomputation drop the
+    5*a*s^2*b/t attention-score term. Under a TransformerEngine fp8 recipe the QKV, fc1 and fc2 inputs are saved
+    quantised (``Fp8Recipe.saved_input_bytes``: TE ``_Linear.forward`` saves the fp8 input; memsim_widget/fp8.py)
+    instead of at 2 B; the projection's quantised input is a copy beside the attention output flash attention
+    saves for its own backward (``out`` in TE ``FusedAttnFunc.forward``), so it adds ``q`` B there, and replaces
+    the 2 B only where the attention output is not otherwise saved (eager attention, selective recomputation).
     """
     arch, sc = ctx.arch, ctx.scenario
     D = Dims(ctx)
     t = D.tp
     s, b, h = D.s, D.b, arch.hidden_size
     gated = arch.mlp_activation in ("swiglu", "geglu")
-    mlp = 18 + (6 if gated else 4) * arch.intermediate_size / h
+    qo = (
+        arch.num_heads * arch.head_dim / h
+    )  # Q and the attention output, over h (1 when heads x head_dim = h)
+    kv = arch.num_kv_heads * arch.head_dim / h  # K and V each, over h (1 for multi-head attention)
+    masks = 2 if arch.hidden_dropout > 0 else 0
+    outside = 8 + masks
+    inside = 4 * qo + 4 * kv + (6 if gated else 4) * arch.intermediate_size / h
     out = ActivationBudget()
     sel = sc.activation_checkpointing in ("selective", "full") or sc.attention == "sdpa"
     if D.sp:
-        per = s * b * h * mlp / t
-        f = f"s x b x h x ({mlp:.1f})/t"
+        per = s * b * h * (outside + inside) / t
+        f = f"s x b x h x ({outside + inside:.2f})/t"
     else:
-        per = s * b * h * (10 + (mlp - 10) / t)
-        f = f"s x b x h x (10 + {mlp - 10:.1f}/t)"
-    name = "layer activations (Korthikanti Table 2)"
+        per = s * b * h * (outside + inside / t)
+        f = f"s x b x h x ({outside} + {inside:.2f}/t)"
+    name = "layer activations (Korthikanti Table 2, K/V at kv heads, dropout masks only with hidden dropout)"
     fp8 = sc.fp8
     if fp8 is not None and fp8.saved_input_bytes:  # TransformerEngine saves each Linear input quantised
         q, i = fp8.saved_input_bytes, arch.intermediate_size
-        # the 4 Linear inputs of Table 2 (QKV, projection, fc1: h wide; fc2: I wide), 2 B each there; without
-        # sequence parallelism the QKV and fc1 inputs sit outside the tensor-parallel regions
-        wide = (3 * h + i) / t if D.sp else 2 * h + (h + i) / t
+        # QKV and fc1 inputs (h wide, outside the tensor-parallel regions without sequence parallelism), fc2's (I)
+        wide = (2 * h + i) / t if D.sp else 2 * h + i / t
         per -= (2 - q) * s * b * wide
-        f += f" - (2 - {q:g}) B x s x b x (Linear inputs: 3h + I{'' if D.sp else ', QKV and fc1 not /t'})"
+        f += f" - (2 - {q:g}) B x s x b x (QKV, fc1, fc2 inputs: 2h + I{'' if D.sp else ', 2h not /t'})"
+        proj = qo * h / t
+        if sc.attention == "sdpa" and sc.activation_checkpointing != "selective":
+            per += q * s * b * proj
+            f += f" + {q:g} B x s x b x h/t (projection input copy)"
+        else:
+            per -= (2 - q) * s * b * proj
+            f += f" - (2 - {q:g}) B x s x b x h/t (projection input)"
         name += f", Linear inputs saved at {q:g} B ({fp8.name})"
     out.per_layer.append(Term(name, per, f, 10))
     if not sel:

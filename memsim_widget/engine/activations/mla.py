@@ -15,9 +15,9 @@ def mla_attention(ctx, D, mla, add, consumers, attn_out, eager, amp, ec):  # noq
     o_proj's input, a contiguous copy of the output; eager the fp32 softmax and its 16-bit cast. Under tensor parallel the latents are replicated."""
     full, T, b, s = ctx.full_training, D.T, D.b, D.s
     a = D.a
-    qr, kvr = mla["q_lora_rank"], mla["kv_lora_rank"]
-    dqk = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
-    dv, nope = mla["v_head_dim"], mla["qk_nope_head_dim"]
+    qr, kvr = mla.q_lora_rank, mla.kv_lora_rank
+    dqk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    dv, nope = mla.v_head_dim, mla.qk_nope_head_dim
     lat = 4 if amp else ec  # a norm output under autocast: fp32 weight x 16-bit tensor
     for label, rank, module in (("q", qr, "q_b_proj"), ("kv", kvr, "kv_b_proj")):
         if not rank:

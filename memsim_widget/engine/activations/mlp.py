@@ -1,9 +1,10 @@
 """The MLP and MoE: what each activation function keeps for backward (per T x I element), a dense MLP's saved
 tensors, a Mixtral-style MoE layer's router and routed token copies, and the layers whose MLP is made of parts
-(dense first layers, MoE every n-th layer, shared experts: ``arch.extra["mlp_parts"]``)."""
+(dense first layers, MoE every n-th layer, shared experts: ``arch.facts.mlp.parts``)."""
 
 from __future__ import annotations
 
+from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.activations.linears import MLP_IN, MLP_OUT
 
@@ -28,11 +29,10 @@ ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1, "qui
 ACT_SAVED_PART = {"clamped-swiglu": 6}
 
 
-def parallel_mlp(arch: object) -> bool:
+def parallel_mlp(arch: Architecture) -> bool:
     """The MLP reads a norm of the layer input, beside attention (Phi; GPT-NeoX's parallel residual)."""
-    extra = getattr(arch, "extra", {})
-    norms = extra.get("norms_per_layer", 2)
-    return bool(extra.get("parallel_attn_mlp") or extra.get("norm_inputs", norms) < norms)
+    f = arch.facts
+    return f.mlp.parallel_attn_mlp or f.norm.inputs < f.norm.per_layer
 
 
 def mlp(st: HFLayer) -> None:
@@ -42,7 +42,7 @@ def mlp(st: HFLayer) -> None:
     frozen_first, targets, modules, L = st.frozen_first, st.targets, st.modules, st.L
     mlp_from = len(L)
     moe = arch.is_moe
-    parts = arch.extra.get("mlp_parts")  # dense + MoE layers, shared experts (architecture/moe.py)
+    parts = arch.facts.mlp.parts  # dense + MoE layers, shared experts (architecture/moe.py)
     if parts:
         Tm, I = mlp_parts(arch, D, parts, add, consumers, full, ec, r)
     else:
@@ -57,7 +57,7 @@ def mlp(st: HFLayer) -> None:
         mlp_free0 = frozen_first and parallel_mlp(arch) and not (MLP_IN & modules & targets)
         # Falcon's Linear adds its bias after the matmul: under autocast the fp32 bias promotes the output, so the
         # activation works on (and saves) fp32 (traced)
-        ab_ = 4 if amp and arch.extra.get("unfused_bias") else ec
+        ab_ = 4 if amp and arch.facts.linear.unfused_bias else ec
         per_elem, formula = n_act * ab_, f"{n_act} x {ab_} B x {kf}, I={I}"
         if amp and arch.mlp_activation == "gelu_tanh" and ab_ == ec:
             per_elem, formula = gelu_tanh_autocast(ec, kf, I)
@@ -86,7 +86,7 @@ def mlp(st: HFLayer) -> None:
 
 def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001, ANN201
     """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
-    a shared expert beside the routed ones (``arch.extra["mlp_parts"]``, architecture/moe.py). Per-layer bytes
+    a shared expert beside the routed ones (``arch.facts.mlp.parts``, architecture/moe.py). Per-layer bytes
     are the average over the layers; returns (rows, width) of the largest part for the backward transients.
 
     A routed part runs transformers 5's default ``grouped_mm`` experts (the eager per-expert loop saves
@@ -105,21 +105,21 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
     layers = max(arch.num_layers, 1)
     worst = (T, 0)
     for part in parts:
-        frac = part["layers"] / layers
-        rows = T * part.get("rows", 1)
-        width = part["width"] // (D.etp if part.get("experts") else D.tp)
-        name, share = part["name"], f"{part['layers']}/{layers} layers"
-        act = part.get("activation", arch.mlp_activation)
+        frac = part.layers / layers
+        rows = T * part.rows
+        width = part.width // (D.etp if part.experts else D.tp)
+        name, share = part.name, f"{part.layers}/{layers} layers"
+        act = arch.mlp_activation if part.activation is None else part.activation
         n_act = ACT_SAVED_PART.get(act, ACT_SAVED.get(act, 3))
         add(
             f"{name}: activation internals ({act})",
             frac * n_act * ec * rows * width,
-            f"{share} x {n_act} x {ec} B x {part.get('rows', 1)} x T x {width}",
+            f"{share} x {n_act} x {ec} B x {part.rows} x T x {width}",
             n_act,
         )
         if rows * width > worst[0] * worst[1]:
             worst = (rows, width)
-        E = part.get("experts", 0)
+        E = part.experts
         if not E:
             consumers(MLP_OUT, width, rows * frac, ec, f"{name}: down-projection input")
             continue
@@ -129,19 +129,19 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
                 frac * ec * rows * width,
                 f"{share} x {ec} B x k x T x {width}",
             )
-        kind = part.get("router", "softmax")
+        kind = part.router
         # grouped_mm keeps per routed row the gathered input and the down output (2 copies), plus its
         # bookkeeping: the top-k indices, the sort permutation, the token index (perm // k), the inverse
         # permutation and routing-weight copies (40 B in all, traced on Qwen3-MoE); frozen experts (LoRA) keep no
         # gathered input and one int64 index less (32 B; traced on GPT-OSS). Llama 4 (``dispatch: dense``)
         # keeps the repeated input (residual dtype: fp32 under autocast, where bmm saves a 16-bit cast of the
         # scaled copy), the score-scaled copy (none when the experts are frozen) and the score column.
-        dense = part.get("dispatch") == "dense"
+        dense = part.dispatch == "dense"
         copies = 2 if full else 1
         rb = (r or ec) if dense else ec
         book = ec if dense else (40 if full else 32)
         routed = (rb + (copies - 1) * ec) * rows * h + book * rows
-        k = part.get("top_k", part.get("rows", 1))
+        k = part.rows if part.top_k is None else part.top_k
         # DeepSeek's fp32 router keeps its fp32 input copy only for its own weight's gradient (none under LoRA)
         fp32_in = 4 * T * h if full else 0
         router = {

@@ -18,7 +18,8 @@ def layer_norms(st: HFLayer) -> None:
         st.frozen_first, st.gemma, st.cw, st.onep, st.targets, st.modules
     )  # fmt: skip
     ec, nout = st.ec, st.nout
-    norms = arch.extra.get("norms_per_layer", 2)
+    nf = arch.facts.norm
+    norms = nf.per_layer
     # under LoRA nothing before the first adapter needs a gradient: layer 0's first norm saves nothing
     frozen = "; layer 0's first norm saves nothing (frozen embeddings)" if frozen_first else ""
     if arch.norm == "rmsnorm":
@@ -32,14 +33,14 @@ def layer_norms(st: HFLayer) -> None:
             # post-norm blocks (OLMo 2): layer 0's first norm reads the attention output, trained under LoRA
             # as soon as attention carries an adapter (traced)
             first_bytes=per_norm
-            if frozen_first and not (arch.extra.get("post_norms") and targets & (ATTN_IN | ATTN_OUT))
+            if frozen_first and not (nf.post_norms and targets & (ATTN_IN | ATTN_OUT))
             else 0,
         )
         # Gemma and OLMo 2 multiply by the weight in fp32: the normalised tensor they save is fp32
-        nb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
+        nb = 4 if gemma or nf.weight_fp32 else r
         if full:
             # GLM-4's post-norms read 16-bit projection outputs: their normalised tensor is cast back to 16 bits
-            n16 = arch.extra.get("post_norms_16bit", 0) if nb == r and not gemma else 0
+            n16 = nf.post_norms_16bit if nb == r and not gemma else 0
             add(
                 "RMSNorm normalised tensors",
                 ((norms - n16) * nb + n16 * ec) * Tout * h,
@@ -50,7 +51,7 @@ def layer_norms(st: HFLayer) -> None:
         per_norm = r * Tout * h + 8 * Tout
         parallel_branches = parallel_mlp(arch)
         # norms reading one tensor save it once (GPT-NeoX's parallel residual: both norms read the layer input)
-        shared = norms - arch.extra.get("norm_inputs", norms)
+        shared = norms - nf.inputs
         add(
             "LayerNorm inputs, mean and rstd",
             norms * per_norm - shared * r * Tout * h,
@@ -61,18 +62,17 @@ def layer_norms(st: HFLayer) -> None:
             # ModernBERT's layer 0 has no attn_norm (nn.Identity): one norm fewer there in any case. A post-norm
             # block (BERT) norms the attention output first: trained under LoRA once attention has an adapter
             first_bytes=(norms * per_norm - shared * r * Tout * h if parallel_branches else per_norm)
-            if frozen_first
-            and not (arch.extra.get("first_norm_after_attention") and targets & (ATTN_IN | ATTN_OUT))
-            else (per_norm if arch.extra.get("first_layer_norms", norms) < norms else 0),
+            if frozen_first and not (nf.first_after_attention and targets & (ATTN_IN | ATTN_OUT))
+            else (per_norm if nf.first_layer < norms else 0),
         )
     # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
     # PrepareModuleInput Shard(1) -> Replicate); the Linears save that gathered tensor (traced)
     st.ssm_from = len(st.L)  # state-space layers have neither of the next two Linear inputs
     consumers(ATTN_IN, h, T, nout, "attention input")
     # Phi: one norm's output feeds q, k, v and fc1; saved once when the attention side saved it already
-    shared_in = arch.extra.get("parallel_attn_mlp", False) and (full or bool(ATTN_IN & modules & targets))
+    shared_in = arch.facts.mlp.parallel_attn_mlp and (full or bool(ATTN_IN & modules & targets))
     # BERT-style encoders name three Linears "dense": the one reading the attention block's norm is named by the family
-    mlp_in = MLP_IN | frozenset(arch.extra.get("mlp_input_modules", ()))
+    mlp_in = MLP_IN | frozenset(arch.facts.mlp.input_modules)
     consumers(mlp_in, h, T, nout, "MLP input", already_saved=shared_in)
 
 
@@ -86,11 +86,12 @@ def qk_norms(st: HFLayer) -> None:
     # HF RMSNorm on the q_proj / k_proj outputs (compute dtype): its fp32 input, the rsqrt per row and, if its
     # weight trains, the normalised tensor in the compute dtype. Nothing when the projection's output needs no
     # gradient (layer 0 under LoRA unless that projection carries an adapter; traced).
-    qk_norm = arch.extra.get("qk_norm")
+    nf = arch.facts.norm
+    qk_norm = nf.qk
     if qk_norm in ("head", "full"):
         for label, width, n_heads, proj in (("q", hq, D.a, "q_proj"), ("k", hkv, D.kv, "k_proj")):
             rows = n_heads if qk_norm == "head" else 1
-            nn = 4 if gemma or arch.extra.get("norm_weight_fp32") else ec
+            nn = 4 if gemma or nf.weight_fp32 else ec
             # Gemma 3: the per-head norm's (1 + w) [d] in fp32 too
             nb = cw * T * width + 4 * T * rows + (nn * T * width if full else 0) + onep * D.d
             add(
@@ -106,11 +107,11 @@ def qk_norms(st: HFLayer) -> None:
     # Llama 4's qk_norm: a weightless L2 norm per head on RoPE layers only (``qk_norm_layers`` of them): its
     # fp32 input copy and rsqrt per row (traced); averaged over the layers like the MoE parts
     if qk_norm == "l2":
-        n_l2 = arch.extra.get("qk_norm_layers", arch.num_layers)
+        n_l2 = arch.num_layers if nf.qk_layers is None else nf.qk_layers
         frac = n_l2 / max(arch.num_layers, 1)
         sizes = {"q_proj": 4 * T * hq + 4 * T * D.a, "k_proj": 4 * T * hkv + 4 * T * D.kv}
         # layer 0 (a RoPE layer) keeps nothing for a projection whose output needs no gradient (LoRA; traced)
-        free0 = frozen_first and arch.extra.get("rope_layer0", True)
+        free0 = frozen_first and arch.facts.position.rope_layer0
         add(
             "q/k L2 norm fp32 inputs and rsqrt",
             frac * sum(sizes.values()),
@@ -121,7 +122,7 @@ def qk_norms(st: HFLayer) -> None:
 
     # Phi's qk_layernorm: LayerNorm (with bias) per head on the q and k views; it saves its input and, per
     # row, mean and rstd (its output feeds RoPE's multiplies, which save cos/sin only)
-    if arch.extra.get("qk_layernorm") and arch.norm == "layernorm":
+    if nf.qk_layernorm and arch.norm == "layernorm":
         nb = ec * T * (hq + hkv) + 8 * T * (D.a + D.kv)
         add(
             "q/k LayerNorm inputs, mean and rstd",
@@ -138,7 +139,7 @@ def final_norms(st: HFLayer) -> None:
     Tout, h, r, full = D.Tout, D.h, st.r, st.full
     frozen_first, gemma, cw, onep = st.frozen_first, st.gemma, st.cw, st.onep
     if arch.norm == "rmsnorm":
-        fnb = 4 if gemma or arch.extra.get("norm_weight_fp32") else r
+        fnb = 4 if gemma or arch.facts.norm.weight_fp32 else r
         fn = cw * Tout * h + 4 * Tout + (fnb * Tout * h if full else 0) + onep * h
         out.post.append(
             Term(
@@ -153,7 +154,7 @@ def final_norms(st: HFLayer) -> None:
     else:
         out.post.append(Term("final norm", r * Tout * h + 8 * Tout, f"{r} B x T x h + 8 B x T", 3))
     # BERT-style encoders: the embeddings' LayerNorm input (nothing under LoRA: the embeddings need no gradient)
-    if arch.extra.get("embedding_norm") and not frozen_first:
+    if arch.facts.norm.embedding and not frozen_first:
         out.pre.append(
             Term(
                 "embeddings LayerNorm input, mean and rstd",
@@ -162,7 +163,7 @@ def final_norms(st: HFLayer) -> None:
                 3,
             )
         )
-    if arch.extra.get("final_norm"):  # ModernBERT: the encoder's own final LayerNorm before the MLM head's
+    if arch.facts.norm.final:  # ModernBERT: the encoder's own final LayerNorm before the MLM head's
         out.post.append(
             Term(
                 "encoder final LayerNorm input, mean and rstd",

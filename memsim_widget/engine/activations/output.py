@@ -16,18 +16,18 @@ def training_kv_cache(st: HFLayer) -> None:
     # tensors SDPA saves anyway, except autocast's fp32 k (SDPA saves a 16-bit cast); eager saves
     # repeated copies instead, so the cache is extra.
     kb = 4 if amp and arch.position == "rope" else ec  # the cache's k: fp32 after autocast's fp32 RoPE
-    if arch.extra.get("rope_keeps_dtype"):  # OLMo 2's RoPE casts q and k back to their input dtype
+    if arch.facts.position.rope_keeps_dtype:  # OLMo 2's RoPE casts q and k back to their input dtype
         kb = ec
     kv_cache = (
         prof.training_kv_cache
         and arch.causal
-        and arch.extra.get("use_cache", True)
+        and arch.facts.attention.use_cache
         and sc.activation_checkpointing not in ("full", "selective-op")
     )
     if kv_cache:
         gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
         # Falcon's unfused bias under autocast makes v fp32 too (the fused projection's output is promoted; traced)
-        fp32_kv = 2 if arch.extra.get("unfused_bias") else 1
+        fp32_kv = 2 if arch.facts.linear.unfused_bias else 1
         extra = (
             ((kb + ec) * T * hkv if gqa else 0)
             if eager
@@ -60,7 +60,7 @@ def loop_output(st: HFLayer) -> None:
         if V and sc.loss != "chunked":  # the chunked loss fuses the head: the model returns no logits
             # fp32 when the model returns them so: torchtune's decoder, or a family's own ``.float()`` (Mamba,
             # Mamba-2: ``lm_head(h).float()``, transformers 5.24 ``modeling_mamba2.py``; traced)
-            fp32 = prof.fp32_logits_output or st.arch.extra.get("fp32_logits", False)
+            fp32 = prof.fp32_logits_output or st.arch.facts.output.fp32_logits
             lb = 4 if upcast_loss and fp32 else le
             out.output_logits.append(
                 Term(

@@ -3,6 +3,7 @@ never a guess (Falcon's ALiBi and multi-query variants, T5 under per-op checkpoi
 
 from __future__ import annotations
 
+from memsim_widget.architecture import Architecture
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import check_tp_plan, profile, uses_autocast
 from memsim_widget.errors import ScenarioError
@@ -15,17 +16,15 @@ def refuse_untraced(ctx: Context) -> None:
     guess)."""
     arch, sc = ctx.arch, ctx.scenario
     check_tp_plan(sc)
-    if arch.extra.get("ssm"):
+    if arch.facts.ssm is not None:
         refuse_ssm(ctx)
-    if arch.family == "t5" and sc.activation_checkpointing == "selective-op":
+    if arch.facts.coverage.encoder_decoder and sc.activation_checkpointing == "selective-op":
         raise ScenarioError(
             "activation_checkpointing", "selective-op (torchtitan's per-op policy) is not modelled for T5: "
             "torchtitan has no encoder-decoder model and no trace checks it; use none, selective or full",
         )  # fmt: skip
-    if arch.family != "falcon":
-        return
     amp = uses_autocast(ctx)
-    if arch.extra.get("sdpa_math_fallback") and sc.activation_checkpointing == "selective-op":
+    if arch.facts.attention.sdpa_math_fallback and sc.activation_checkpointing == "selective-op":
         # traced +4.5% (b2 s512): the per-op policy finds no SDPA op in the math fallback (bmm, softmax) and the
         # recomputed layer's transients differ from the rule's llama-shaped layer
         raise ScenarioError(
@@ -52,39 +51,105 @@ def refuse_untraced(ctx: Context) -> None:
 
 
 def refuse_ssm(ctx: Context) -> None:
-    """State-space layers (Mamba): only what a trace or mamba-ssm's source backs -- full training in one
-    precision (bf16, fp16, fp32), no checkpointing, the HF activation rules, one rank's whole sequence."""
-    sc = ctx.scenario
+    """State-space layers (Mamba, Mamba-2, Jamba): only what a trace or mamba-ssm's source backs (docs/fidelity.md,
+    "Mamba"): the HF activation rules, one rank's whole sequence, no per-op or Megatron-style selective
+    checkpointing; full checkpointing, autocast and LoRA where a trace holds the rule (``SSM_TRACED``)."""
+    sc, arch = ctx.scenario, ctx.arch
+    kind = ssm_kind(arch)
     why = SSM_WHY
-    if uses_autocast(ctx):
-        raise ScenarioError("precision", f"{sc.precision} {why}; use bf16, fp16 or fp32")
+    ckpt = sc.activation_checkpointing
+    if ckpt not in ("none", "full"):
+        raise ScenarioError("activation_checkpointing", f"{ckpt} {why}; use none or full")
+    if ckpt == "full" and "full checkpointing" not in SSM_TRACED[kind]:
+        raise ScenarioError("activation_checkpointing", f"full {why} in {arch.facts.hf_class}; use none")
+    if uses_autocast(ctx) and "autocast" not in SSM_TRACED[kind]:
+        raise ScenarioError(
+            "precision", f"{sc.precision} {why} in {arch.facts.hf_class}; use bf16, fp16 or fp32"
+        )
     if sc.method != "full":
-        _check_ssm_lora(ctx)
-    if sc.activation_checkpointing != "none":
-        raise ScenarioError("activation_checkpointing", f"{sc.activation_checkpointing} {why}; use none")
+        _check_ssm_lora(ctx, kind)
     if profile(ctx).activation_model == "megatron":
         raise ScenarioError("framework", f"{sc.framework} {why}; use hf")
     check("ssm", ctx.rules_view)  # tensor and context parallelism (rules/model.py)
 
 
-#: Modules peft refuses to wrap in Mamba-based models (peft 0.21 ``tuners/lora/model.py``: "incompatible with
-#: Mamba-based models").
+#: What a fake-tensor trace of transformers' torch path holds per state-space family (docs/fidelity.md, the
+#: Mamba section: each combination's rows); anything else is refused by ``refuse_ssm``.
+SSM_TRACED: dict[str, frozenset[str]] = {
+    "mamba": frozenset({"autocast", "full checkpointing", "lora"}),
+    "mamba2": frozenset({"autocast", "lora"}),
+    "jamba": frozenset({"autocast", "full checkpointing", "lora"}),
+}
+
+
+def ssm_kind(arch: Architecture) -> str:
+    """``mamba``, ``mamba2`` or ``jamba`` (the hybrid): which traced rules a state-space model has."""
+    if arch.facts.hybrid is not None:
+        return "jamba"
+    return "mamba2" if arch.facts.ssm is not None and arch.facts.ssm.version == 2 else "mamba"
+
+
+#: Modules peft refuses to wrap in Mamba-based models (peft 0.21 ``tuners/tuners_utils.py``
+#: ``_check_lora_target_modules_mamba``: "incompatible with Mamba-based models", for model types mamba, mamba2,
+#: falcon_mamba, falcon_h1 and nemotron_h; not jamba).
 PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
 
+#: Mamba (v1) Linears that peft wraps but ``MambaMixer`` never calls (transformers 5.24 ``modeling_mamba.py``):
+#: the kernel path hands ``x_proj.weight`` and ``dt_proj.weight`` to ``mamba_inner_fn``, the torch path computes
+#: ``dt_proj.weight @ time_step``; an adapter there never runs, gets no gradient and saves nothing.
+MAMBA_BYPASSED = {"cuda": ("x_proj", "dt_proj"), "torch": ("dt_proj",)}
 
-def _check_ssm_lora(ctx: Context) -> None:
-    """LoRA on a state-space model: traced for Mamba and Mamba-2 (not the Jamba hybrid), in bf16, on the modules
-    peft wraps there (it refuses out_proj and conv1d, so ``all-linear`` fails too)."""
+
+def _check_ssm_lora(ctx: Context, kind: str) -> None:
+    """LoRA on a state-space model: traced for Mamba (any precision) and Mamba-2 (not autocast), not the Jamba
+    hybrid, on the modules peft wraps there (it refuses out_proj and conv1d, so ``all-linear`` fails too) and
+    that the mixer calls."""
     sc, arch = ctx.scenario, ctx.arch
-    if sc.method == "qlora" or arch.extra.get("hybrid"):
-        raise ScenarioError("method", f"{sc.method} {SSM_WHY} in {arch.extra['hf_class']}; use full")
+    if sc.method == "qlora" or "lora" not in SSM_TRACED[kind]:
+        raise ScenarioError("method", f"{sc.method} {SSM_WHY} in {arch.facts.hf_class}; use full")
     targets = set(sc.lora.targets)
+    kernel = sc.ssm_kernel or "cuda"
+    if kind == "jamba":
+        _check_jamba_lora(ctx, targets)
+        return
+    # the Linears whose adapters run: in_proj, and x_proj on Mamba's torch path
+    runs = "in_proj" + (" or x_proj" if kind == "mamba" and kernel == "torch" else "")
     bad = sorted(targets & {*PEFT_MAMBA_REFUSED, "all-linear"})
     if bad:
         raise ScenarioError(
             "lora.targets", f"peft refuses {', '.join(bad)} on Mamba-based models (out_proj and conv1d are "
-            "incompatible, and all-linear includes out_proj): name in_proj"
-            + (", x_proj or dt_proj" if arch.extra["ssm"]["version"] == 1 else ""),
+            f"incompatible, and all-linear includes out_proj): name {runs}",
         )  # fmt: skip
-    if ctx.recipe.act_bytes != 2:
-        raise ScenarioError("precision", f"{sc.precision} with LoRA {SSM_WHY}; use bf16 or fp16")
+    if kind == "mamba" and targets <= set(MAMBA_BYPASSED[kernel]):
+        raise ScenarioError(
+            "lora.targets", f"{', '.join(sorted(targets))}: MambaMixer ({kernel} path) reads "
+            f"{' and '.join(n + '.weight' for n in MAMBA_BYPASSED[kernel])} directly, so peft's adapter never "
+            f"runs and nothing trains; name {runs}",
+        )  # fmt: skip
+
+
+#: Jamba mixer modules whose adapters no trace checks (peft wraps them on Jamba): out_proj's and conv1d's, and
+#: dt_proj's, which ``JambaMambaMixer`` never calls (it reads ``dt_proj.weight``, transformers 5.24
+#: ``modeling_jamba.py``, unless the model is quantized); ``all-linear`` includes out_proj.
+JAMBA_LORA_UNTRACED = ("out_proj", "conv1d", "dt_proj", "all-linear")
+
+
+def _check_jamba_lora(ctx: Context, targets: set[str]) -> None:
+    """LoRA on Jamba: traced with an adapter on in_proj, so that layer 0 (a Mamba layer in every preset) has one and
+    every layer keeps what its input's gradient needs. With adapters only higher up (q_proj and v_proj: the first
+    attention layer is layer 4 in the presets) the layers below keep nothing, which the averaged stack does not
+    model (+34.4% traced with q/v)."""
+    bad = sorted(targets & set(JAMBA_LORA_UNTRACED))
+    if bad:
+        raise ScenarioError(
+            "lora.targets", f"{', '.join(bad)}: adapters on Jamba's out_proj and conv1d are not modelled (no "
+            "trace checks them) and dt_proj's never runs (the mixer reads dt_proj.weight); name in_proj, x_proj "
+            "and attention or MLP modules",
+        )  # fmt: skip
+    if "in_proj" not in targets or (
+        ctx.arch.facts.hybrid is None or ctx.arch.facts.hybrid.layer_block_types[0] != "mamba"
+    ):
+        raise ScenarioError(
+            "lora.targets", f"{', '.join(sorted(targets))}: on Jamba the layers below the first adapter keep "
+            "nothing, which is not modelled (no trace checks it); add in_proj (layer 0's first Linear)",
+        )  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 from memsim_widget.engine.activations.budget import Term
 from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.frameworks import uses_autocast
 
 
 def ssm_layer(st: HFLayer) -> None:
@@ -18,6 +19,14 @@ def ssm_layer(st: HFLayer) -> None:
 def ssm_kernel(ctx: Context) -> str:
     """The scan a state-space layer runs: the scenario's ``ssm_kernel``, by default ``cuda`` (mamba-ssm)."""
     return ctx.scenario.ssm_kernel or "cuda"
+
+
+def softplus_bytes(ctx: Context, ec: int) -> int:
+    """Bytes per element of the torch scans' dt + bias and softplus(dt): under autocast softplus runs in fp32 (it
+    is on CUDA autocast's fp32 list, torch.amp docs "CUDA Ops that can autocast to float32"), so it saves an fp32
+    copy of its 16-bit input and returns fp32 (transformers 5.24 ``mamba_selective_scan``; traced with the trace's
+    CUDA-like autocast, trace/cuda_autocast.py)."""
+    return 4 if uses_autocast(ctx) else ec
 
 
 #: mamba-ssm's selective_scan_cuda keeps its fp32 (a, b) scan pairs once per chunk of this many steps
@@ -57,7 +66,7 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
         add(name, frac * nbytes, share + formula, tensors)
 
     if ssm["version"] == 2:
-        _mamba2_mixer(D, ssm, put, ec, kernel, frozen=not ctx.full_training)
+        _mamba2_mixer(D, ssm, put, ec, kernel, frozen=not ctx.full_training, amp=uses_autocast(ctx))
         return
 
     if kernel == "cuda":
@@ -75,12 +84,23 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
         )
         put("Mamba kernel: A (fp32)", 4 * inner * N, f"4 B x I x N, I={inner} N={N}")
         return
+    dtb = softplus_bytes(ctx, ec)
+    # LoRA (frozen weights): a frozen matmul keeps no input, so x_proj's input copy is not kept (an adapter on
+    # x_proj keeps its own cast copy, as on any Linear), nor the D skip's u or out_proj's input, and A =
+    # -exp(A_log) once (its exp output is for A_log's gradient) -- MambaMixer's slow path, transformers 5.24;
+    # traced (docs/fidelity.md)
+    frozen = not ctx.full_training
+    xin = 0 if frozen else 1
+    if frozen:
+        consumers(frozenset({"x_proj"}), inner, T, ec, "x_proj input")
     put(
-        "Mamba torch path: in_proj output, conv output, x_proj input copy and output, dt (+ bias, softplus)",
-        ec * (T * 2 * inner + b * inner * (s + K - 1) + T * inner + T * (R + 2 * N) + 2 * T * inner),
-        f"{ec} B x (T x 2I + b x I x (s + K - 1) + T x I + T x (R + 2N) + 2 x T x I), I={inner} N={N} R={R}",
+        "Mamba torch path: in_proj output, conv output, " + ("x_proj input copy and " if xin else "x_proj ")
+        + "output, dt (+ bias, softplus)",
+        ec * (T * 2 * inner + b * inner * (s + K - 1) + xin * T * inner + T * (R + 2 * N)) + dtb * 2 * T * inner,
+        f"{ec} B x (T x 2I + b x I x (s + K - 1)" + (" + T x I" if xin else "") + " + T x (R + 2N)) + "
+        f"{dtb} B x 2 x T x I, I={inner} N={N} R={R}",
         6,
-    )
+    )  # fmt: skip
     put(
         "Mamba torch path: discretised A and B (fp32), u and B upcasts",
         2 * 4 * T * inner * N + 4 * T * inner + 4 * T * N,
@@ -97,21 +117,29 @@ def ssm_mixer(ctx, D, ssm, add, consumers, ec):  # noqa: ANN001, ANN201
         states, fs = bin_ * (4 * (s - 1) + ec * (s + 1)), f"b x I x N x (4 B x (s - 1) + {ec} B x (s + 1))"
     put("Mamba torch path: per-step scan states (fp32" + (f", {ec} B copies" if ec != 4 else "") + ")",
         states, fs, 2 * s)  # fmt: skip
+    side = 1 if frozen else 3
     put(
-        "Mamba torch path: scan output side (u for D, silu(z), the fp32 gated sum, out_proj input)",
-        (3 * ec + 4) * T * inner,
-        f"(3 x {ec} + 4) B x T x I, I={inner}",
-        4,
+        "Mamba torch path: scan output side ("
+        + (
+            "silu(z), the fp32 gated sum"
+            if frozen
+            else "u for D, silu(z), the fp32 gated sum, out_proj input"
+        )
+        + ")",
+        (side * ec + 4) * T * inner,
+        f"({side} x {ec} + 4) B x T x I, I={inner}",
+        2 if frozen else 4,
     )
+    na = 1 if frozen else 2
     put(
         "Mamba torch path: A = -exp(A_log), D (fp32)",
-        2 * 4 * inner * N + 4 * inner,
-        f"4 B x I x (2N + 1), I={inner}",
-        3,
-    )
+        na * 4 * inner * N + 4 * inner,
+        f"4 B x I x ({na}N + 1), I={inner}",
+        na + 1,
+    )  # fmt: skip
 
 
-def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False):  # noqa: ANN001, ANN202
+def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False, amp=False):  # noqa: ANN001, ANN202
     """A Mamba-2 mixer's saved tensors, per layer (``Mamba2Mixer``, transformers 5.24); I = H x P inner channels,
     H heads of P, G groups, N state, l = chunk_size, c = ceil(s / l) chunks, s' = c x l (padded), K conv kernel.
 
@@ -129,7 +157,13 @@ def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False):  # noqa: ANN001, ANN20
     plus in_proj's output, the conv's padded output, dt, and the gated RMSNorm's fp32 chain (4 x 4 B x T x I).
     Under LoRA (``frozen``: adapters on in_proj, the only Linear peft wraps here) what only the frozen weights'
     gradients read is not saved (counted with saved-tensor hooks, then traced): the D skip's fp32 x (4 B x T x I),
-    one fp32 dt (dt_bias, 4 B x T x H), the norm's fp32 normalised tensor (4 B x T x I), out_proj's input and A."""
+    one fp32 dt (dt_bias, 4 B x T x H), the norm's fp32 normalised tensor (4 B x T x I), out_proj's input and A.
+    Under autocast (``amp``; saved-tensor hooks bf16 vs amp, then traced) the SSD's five einsums run their bmm in
+    bf16: every operand copy they keep (C and B for G, M and x for Y_diag, B_decay and x for the states, the
+    chunk states and their decay for the recurrence, C and the states for C_times_states) and G are 2 B, where
+    L, B (kept by B x decay) and x's fp32 copy stay fp32. The conv keeps a bf16 copy of its input (b x (I + 2GN)
+    x s: the torch fallback's ``.to(weight.dtype)`` to the fp32 weight, cast back by autocast) rather than
+    in_proj's whole output."""
     T, b, s = D.T, D.b, D.s
     inner, N, K = ssm["inner"], ssm["state_size"], ssm["conv_kernel"]
     H, G, l = ssm["heads"], ssm["groups"], ssm["chunk_size"]
@@ -146,12 +180,17 @@ def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False):  # noqa: ANN001, ANN20
     c = -(-s // l)
     sp = c * l
     fp32 = ec == 4
+    # under autocast the conv's torch fallback casts its input to the fp32 weight's dtype and autocast casts it
+    # back (``causal_conv1d_fn``: ``hidden_states.to(weight.dtype)``): the conv keeps that (b, I + 2GN, s) copy,
+    # and nothing keeps in_proj's whole output (the gate is read through an fp32 copy)
+    conv_in, fin = (T * (inner + 2 * G * N), "T x (I + 2GN)") if amp else (T * proj, "T x (2I + 2GN + H)")
     put(
-        "Mamba-2 torch path: in_proj output, conv output, dt (+ bias, softplus)",
-        ec * (T * proj + b * (inner + 2 * G * N) * (s + K - 1) + 2 * T * H),
-        f"{ec} B x (T x (2I + 2GN + H) + b x (I + 2GN) x (s + K - 1) + 2 x T x H), I={inner} G={G} N={N} H={H}",
+        "Mamba-2 torch path: " + ("conv input copy" if amp else "in_proj output") + ", conv output, dt (+ bias, "
+        "softplus)",
+        ec * (conv_in + b * (inner + 2 * G * N) * (s + K - 1) + 2 * T * H),
+        f"{ec} B x ({fin} + b x (I + 2GN) x (s + K - 1) + 2 x T x H), I={inner} G={G} N={N} H={H}",
         4,
-    )
+    )  # fmt: skip
     # fp32: x.float() is the conv's SiLU output itself (b x s x (I + 2GN)); dt.float() is dt (one tensor fewer)
     xf = 4 * T * (inner + 2 * G * N) if fp32 else 4 * b * sp * inner
     dts = (1 if fp32 else 2) - frozen  # dt_bias frozen: one fp32 dt fewer
@@ -165,13 +204,17 @@ def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False):  # noqa: ANN001, ANN20
     # a single chunk: the states slice is a view, not a copy (and at some shapes one B/C einsum layout too, which
     # is still counted: up to 4 B x b x s' x H x N high when s <= chunk_size)
     one = c == 1
-    hn = 5 * 4 * b * sp * H * N + (0 if one else 4 * b * c * inner * N)
+    # e: the einsums' operand copies (bmm inputs) and G, an einsum output: fp32, or 16-bit under autocast, which
+    # runs einsum's bmm in bf16 (the operands cast, the output bf16); L and B (kept by elementwise products) stay
+    e = 2 if amp else 4
+    hn = (4 + 4 * e) * b * sp * H * N + (0 if one else e * b * c * inner * N)
     put(
-        "Mamba-2 torch path: SSD chunk tensors (fp32): L, G, M (b x H x s' x l), B/C per head, x layouts, states",
-        3 * 4 * b * H * sp * l + 2 * 4 * b * H * sp + hn + 3 * 4 * b * sp * inner
-        + 4 * b * (c + 1) * inner * N + 4 * b * H * (c + 1) ** 2 + 2 * l * l + 2 * (c + 1) ** 2,
-        "3 x 4 B x b x H x s' x l + 5 x 4 B x b x s' x H x N + 3 x 4 B x b x s' x I"
-        + ("" if one else " + 4 B x b x c x I x N") + f" + 4 B x b x (c + 1) x I x N + ..., l={l} c={c}",
+        "Mamba-2 torch path: SSD chunk tensors" + (" (einsum operands and G in bf16 under autocast)" if amp else
+        " (fp32)") + ": L, G, M (b x H x s' x l), B/C per head, x layouts, states",
+        (4 + 2 * e) * b * H * sp * l + 2 * 4 * b * H * sp + hn + 3 * e * b * sp * inner
+        + e * b * (c + 1) * inner * N + e * b * H * (c + 1) ** 2 + 2 * l * l + 2 * (c + 1) ** 2,
+        f"(4 + 2 x {e}) B x b x H x s' x l + (4 + 4 x {e}) B x b x s' x H x N + 3 x {e} B x b x s' x I"
+        + ("" if one else f" + {e} B x b x c x I x N") + f" + {e} B x b x (c + 1) x I x N + ..., l={l} c={c}",
         14,
     )  # fmt: skip
     chain = (4 if fp32 else 5) - frozen  # the norm weight frozen: no fp32 normalised tensor

@@ -215,7 +215,7 @@ def _attention(t: _T5Blocks) -> None:
         # each stack's position bias is an input of every checkpointed block that needs a gradient: kept (traced)
         out.pre.append(Term("position biases (1, a, s, s) kept as checkpointed block inputs, one per stack",
                             2 * ec * a * s * D.s_full, f"2 x {ec} B x a x s x s", 2))  # fmt: skip
-    attn_out = ATTN_OUT | frozenset(arch.extra.get("attention_output_modules", ()))
+    attn_out = ATTN_OUT | frozenset(arch.facts.attention.output_modules)
     consumers(attn_out, hq, T * (ne + 2 * nd) / n, ec, "attention output (b, s, a*d) copy")
     if full:
         # relative position buckets (int64 s x s) kept by each stack's bias embedding
@@ -231,7 +231,7 @@ def _feed_forward(t: _T5Blocks) -> float:
     # T5Config's feed_forward_proj: "relu" saves the ReLU output once (the ReLU backward and wo share it);
     # otherwise the activation's own tensors, for gated ones the product's two operands, and wo's input.
     # "gated-gelu" runs gelu_new, a pointwise chain saving x, tanh(.), 0.5 x and 1 + tanh(.) (traced)
-    proj = arch.extra.get("feed_forward_proj", "relu")
+    proj = arch.facts.mlp.feed_forward_proj
     relu = proj == "relu"
     wo_in = bool(full or (MLP_OUT & set(ctx.linear_modules) & targets))
     wo_cast = 2 if amp else 0  # wo is kept in fp32 under autocast: the .to(fp32) input is cast back for mm

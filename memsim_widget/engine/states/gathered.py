@@ -7,6 +7,7 @@ from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
     embedding_split,
     gathered_weight_bytes,
+    megatron_fp8_params,
     parameters_fetched_from_host,
     profile,
     tp_plan,
@@ -54,9 +55,13 @@ def _layer_unit(ctx: Context, groups: list[LocalGroup], per_layer: int, layers: 
     n = sum(g.numel for g in lin) // max(layers, 1)
     tensors = sum(g.count for g in lin) // max(layers, 1)
     rest = per_layer - n
+    # Megatron FSDP gives a gathered fp8 unit its transpose before its backward and drops it on release: 1 B more
+    # per Linear element, counted for the whole time the unit is gathered (an over-estimate in forward).
+    te = 2 if megatron_fp8_params(ctx) else 1
+    note = " (fp8 + transpose, Megatron FSDP)" if te == 2 else " (fp8)"
     return (
-        n + tensors * FP8_SCALE_BYTES + rest * wb,
-        f"{fmt_int(n)} Linear params/layer x 1 B (fp8) + {tensors} x {FP8_SCALE_BYTES} B scales"
+        te * n + tensors * FP8_SCALE_BYTES + rest * wb,
+        f"{fmt_int(n)} Linear params/layer x {te} B{note} + {tensors} x {FP8_SCALE_BYTES} B scales"
         f" + {fmt_int(rest)} x {wb} B",
     )
 

@@ -7,7 +7,7 @@ import math
 from collections import defaultdict
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import quantises_module
+from memsim_widget.engine.frameworks import megatron_fp8_params, quantises_module
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
 from memsim_widget.fp8 import SCALED_TENSORS_PER_GEMM
@@ -139,7 +139,7 @@ def weights(ctx: Context, groups: list[LocalGroup], b: StateBudget) -> None:
                 gemms * 2,
             )
         )
-    if fp8 is not None and fp8.weight_cache_bytes:
+    if fp8 is not None and fp8.weight_cache_bytes and not megatron_fp8_params(ctx):
         nl = sum(g.numel for g in groups if g.group.module and g.group.kind not in ("embedding", "head"))
         b.persistent.append(
             Item(

@@ -1,0 +1,121 @@
+"""The rules the engine and the planner share (issue 28: each written once, over numbers or arrays) give, per
+element of an array, exactly what they give for that element as Python numbers -- the engine's path. The
+planner's byte-exact tests (test_plan_vector, test_plan_equals_estimate) prove the whole; these pin each rule."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsim_widget.engine.arith import maximum, minimum, negate, where
+from memsim_widget.engine.items import allocated_of
+from memsim_widget.engine.overhead import communicator_count, group_sizes
+from memsim_widget.engine.pipeline import (
+    loss_count,
+    outputs_held_count,
+    pending_send_count,
+    receive_count,
+    through_step_count,
+)
+from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.timeline import layer0_sets, resident_count, scaled_term
+
+SCHEDULES = ("1f1b", "interleaved", "gpipe")
+
+
+def test_on_numbers_the_helpers_are_pythons_own():
+    """min/max keep the first of equals and its type; a conditional picks without converting; not is not ~."""
+    assert (type(minimum(2, 2.0)), type(maximum(2.0, 2))) == (int, float)
+    assert where(True, 3, 0.5) == 3 and type(where(True, 3, 0.5)) is int
+    assert (negate(True), negate(False)) == (False, True)
+    assert negate(np.array([True, False])).tolist() == [False, True]
+
+
+@st.composite
+def stages(draw):
+    """(p, m, v, schedule, stage): a pipeline layout the scenario accepts (interleaved: m a multiple of p)."""
+    schedule = draw(st.sampled_from(SCHEDULES))
+    p = draw(st.integers(1, 16))
+    v = draw(st.integers(2, 4)) if schedule == "interleaved" else 1
+    m = p * draw(st.integers(1, 8)) if schedule == "interleaved" else draw(st.integers(1, 64))
+    return p, m, v, schedule, draw(st.integers(0, p - 1))
+
+
+@settings(max_examples=300)
+@given(st.lists(stages(), min_size=1, max_size=20), st.booleans(), st.integers(1, 80), st.booleans())
+def test_the_pipeline_rules_give_per_element_what_they_give_one_stage(rows, returned, layers, offloading):
+    for schedule in SCHEDULES:
+        sel = [r for r in rows if r[3] == schedule]
+        if not sel:
+            continue
+        v = sel[0][2]
+        sel = [r for r in sel if r[2] == v]
+        p, m, s = (np.array([r[k] for r in sel]) for k in (0, 1, 4))
+        first, last = s == 0, s == p - 1
+        f = in_flight(p, m, schedule, v, s)
+        n_loss = loss_count(p, m, schedule, last)
+        res = resident_count(layers * f, offloading)
+        arrays = {
+            "in_flight": f,
+            "carries": pipeline_carries_grads(p, m, f),
+            "carried": grads_carried(np.ones_like(p), pipeline_carries_grads(p, m, f), False),
+            "receive": receive_count(p, m, v, first, last),
+            "send": pending_send_count(p, m, v, first),
+            "loss": n_loss,
+            "held": outputs_held_count(p, m, f, last, n_loss, returned),
+            "step": np.zeros(len(sel)) + through_step_count(p, m, last, returned),
+            "resident": res,
+            "layer0": layer0_sets(first, f, res, layers * f),
+        }
+        for j, (pj, mj, _, _, sj) in enumerate(sel):
+            fj = in_flight(pj, mj, schedule, v, sj)
+            assert type(fj) is float
+            nl = loss_count(pj, mj, schedule, sj == pj - 1)
+            rj = resident_count(layers * fj, offloading)
+            one = {
+                "in_flight": fj,
+                "carries": pipeline_carries_grads(pj, mj, fj),
+                "carried": grads_carried(1, pipeline_carries_grads(pj, mj, fj), False),
+                "receive": receive_count(pj, mj, v, sj == 0, sj == pj - 1),
+                "send": pending_send_count(pj, mj, v, sj == 0),
+                "loss": nl,
+                "held": outputs_held_count(pj, mj, fj, sj == pj - 1, nl, returned),
+                "step": through_step_count(pj, mj, sj == pj - 1, returned),
+                "resident": rj,
+                "layer0": layer0_sets(sj == 0, fj, rj, layers * fj),
+            }
+            for name, x in one.items():
+                assert arrays[name][j] == x, (name, pj, mj, v, schedule, sj)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(*(st.sampled_from((1, 2, 3, 8)) for _ in range(5))), min_size=1, max_size=30))
+def test_communicators_counted_on_arrays_are_the_groups_named_on_numbers(layouts):
+    cols = [np.array(c) for c in zip(*layouts, strict=True)]
+    counts = communicator_count(*cols)
+    for j, lay in enumerate(layouts):
+        named = [g for g, size in group_sizes(*lay).items() if size > 1]
+        assert counts[j] == communicator_count(*lay) == len(named)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**30), st.integers(0, 2**20), st.booleans(), st.integers(1, 64)),
+        min_size=1,
+        max_size=20,
+    ),
+    st.sampled_from((0.5, 1.0, 2.0, 3.0, 7.5, 32.0)),
+    st.sampled_from((0.0, 1.0, 2.0)),
+)
+def test_a_scaled_term_and_its_allocation_on_arrays_are_those_on_numbers(terms, factor, first):
+    tb, fb, skip, tens = (np.array([t[k] for t in terms], dtype=np.float64) for k in range(4))
+    nb, nt = scaled_term(tb, fb, skip > 0, tens, factor, first)
+    nb, nt = np.trunc(nb).astype(np.int64), np.maximum(1, np.trunc(nt)).astype(np.int64)
+    alloc = np.where(nb > 0, allocated_of(nb, nt), 0)
+    for j, (b, f0, s, t) in enumerate(terms):
+        b1, t1 = scaled_term(b, f0, s, t, factor, first)
+        b1, t1 = int(b1), max(1, int(t1))
+        assert (nb[j], nt[j]) == (b1, t1)
+        assert alloc[j] == (allocated_of(b1, t1) if b1 > 0 else 0)
