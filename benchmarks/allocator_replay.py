@@ -138,186 +138,63 @@ def engine_moments_vs_trace(path: Path) -> None:
     )
 
 
-class _Stream:
-    """An allocation stream being written: handles numbered in allocation order."""
-
-    def alloc(self, size: float, n: int = 1) -> list[int]:
-        """``n`` allocations of ``size`` bytes each; their handles."""
-        from memsim_widget.engine.allocator import alloc
-
-        out = []
-        for _ in range(n):
-            self.handle += 1
-            self.events.append(alloc(self.handle, max(int(size), 1)))
-            out.append(self.handle)
-        return out
-
-    def free(self, handles: list[int]) -> None:
-        from memsim_widget.engine.allocator import free
-
-        self.events += [free(h) for h in handles]
-
-    def __init__(self, cuts: dict[str, tuple[float, ...]] | None = None) -> None:
-        self.events: list[Any] = []
-        self.handle = 0
-        self.cuts = cuts or {}
-
-    def items(self, items: Any, numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
-        """Allocate ``1/share`` of each counted item (a layer's share when ``share`` is the layer count). Per-tensor
-        sizes: proportional to the parameter tensors' elements when the item has k tensors per parameter
-        (gradients, optimizer states and their step temporaries), else ``bytes / tensors`` each (the activation
-        terms carry a count, not each tensor's size: the uncertain part of this stream)."""
-        out: list[int] = []
-        for i in items:
-            if i.level not in ("tensor", "allocator") or i.bytes <= 0:
-                continue
-            n, total = max(i.tensors, 1), sum(numels)
-            cut = self.cuts.get(i.item, ())
-            if len(cut) == max(n // share, 1):  # the term's own tensors, by their share of its bytes
-                for x in cut:
-                    out += self.alloc(i.bytes / share * x)
-            elif share == 1 and numels and n % len(numels) == 0 and total:
-                per = i.bytes / (n // len(numels) * total)
-                for _ in range(n // len(numels)):
-                    for x in numels:
-                        out += self.alloc(x * per)
-            else:
-                k = max(n // share, 1)
-                out += self.alloc(i.bytes / share / k, k)
-        return out
-
-
-def engine_stream(
-    sc: Scenario, steps: int = 3, layers: int | None = None, cuts: dict[str, tuple[float, ...]] | None = None
-) -> list[Any]:
-    """An experiment, not the engine's path: the allocations and frees of ``steps`` training steps of ``sc``'s
-    first stage built from the engine's own groups (``engine/timeline``), in step order: weights (optimizer
-    states at the end of step 1's backward), workspaces; per step the inputs, per layer its share of the saved
-    activations (under checkpointing the recomputed layer's terms allocated and freed around each checkpointed
-    input), the final norm and head, the loss's T x V buffers (forward, saved, backward), the output the loop
-    holds; per layer in backward (top down) the recomputed layer, the layer's backward transients and
-    gradients, then its saved activations freed; the optimizer step's temporaries; gradients freed
-    (``zero_grad(set_to_none=True)``). ``layers``: replay that many layers of the stage's per-layer sizes;
-    ``cuts``: term name -> each tensor's share of the term's bytes (default: equal tensors)."""
+def engine_stream(sc: Scenario, steps: int | None = None) -> list[Any]:
+    """The engine's allocation stream of ``sc``'s first stage (``engine/alloc_stream.rank_stream``)."""
     from memsim_widget.engine import objectives
-    from memsim_widget.engine.context import Context
-    from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
-    from memsim_widget.engine.states.budget import local_groups
-
-    ctx = Context(objectives.training_scenario(sc))
-    stage = ctx.stages[0]
-    ag = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
-    groups, step1 = cached_state_groups(ctx, stage)
-    sg = {k: g.entries for k, g in groups.items()}
-    numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
-    s, Ls = _Stream(cuts), stage.layers
-    n_layers = layers or Ls
-    first = step1.entries if step1 is not None else sg["persistent"]
-    s.items(first, numels)
-    s.items(sg["overhead"])
-    later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
-    for step in range(steps):
-        pre = s.items(ag["pre"])
-        saved = []
-        for _ in range(n_layers):
-            transient = s.items(ag["recompute"])  # a checkpointed layer's forward, dropped but its input
-            saved.append(s.items(ag["saved"], share=Ls))
-            s.free(transient)
-        post = s.items(ag["post"])
-        logits = s.items(ag["loss_forward"])
-        held = s.items(ag["held_logits"]) + s.items(ag["held_cache_extra"])
-        kept = s.items(ag["loss_saved"])
-        s.free(logits)
-        grad_out = s.items(ag["loss_backward"])
-        s.free(kept + grad_out)
-        top = s.items(ag["top_backward"])
-        grads = s.items(sg["head_grads"])
-        s.free(top + post)
-        for layer in reversed(saved):
-            recomputed = s.items(ag["recompute"])
-            transient = s.items(ag["layer_backward"])
-            grads += s.items(sg["grads"], share=Ls + 2)
-            s.free(transient + recomputed + layer)
-        grads += s.items(sg["grads"], share=Ls + 2)
-        s.free(pre)
-        if not ag["held_through_step"]:
-            s.free(held)
-            held = []
-        if step == 0:
-            s.items(later, numels)
-        s.free(s.items(sg["step_temps"], numels))
-        s.free(grads + held)
-    return s.events
-
-
-def real_cuts(sc: Scenario) -> dict[str, tuple[float, ...]]:
-    """The tensors of five terms of an SDPA decoder with RMSNorm (engine/activations: attention.py, norms.py,
-    loss.py, as their formulas add them), as shares of each term's bytes: q, k, v at their widths; the output and
-    the fp32 logsumexp; each norm's fp32 input and rsqrt; the logits and their fp32 upcast; the final norm's
-    fp32 input, rsqrt and normalised tensor. A sensitivity check of the equal cut, not a general rule."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.activations.dims import Dims
+    from memsim_widget.engine.alloc_stream import STEPS, rank_stream
     from memsim_widget.engine.context import Context
 
     ctx = Context(objectives.training_scenario(sc))
-    D, ec = Dims(ctx), ctx.recipe.act_bytes
-    le = 4 if ctx.recipe.fp32_compute else 2
-
-    def shares(*parts: float) -> tuple[float, ...]:
-        return tuple(p / sum(parts) for p in parts)
-
-    return {
-        "attention q, k, v saved by SDPA": shares(D.hq, D.hkv, D.hkv),
-        "attention output and logsumexp": shares(ec * D.T * D.hq, 4 * D.b * D.a * D.s),
-        "RMSNorm fp32 inputs and rsqrt": shares(D.h, 1, D.h, 1),
-        "logits and their fp32 upcast": shares(le, 4),
-        "final norm": shares(4 * D.h, 4, ec * D.h),
-    }
+    return rank_stream(ctx, ctx.stages[0], steps or STEPS).events
 
 
 def engine_stream_vs_trace(path: Path) -> None:
-    """Print the replay of ``engine_stream`` next to the replayed traces in ``path`` and the measured reserved,
-    the same stream with five terms cut by their tensors' sizes (``real_cuts``) against the trace, and the
-    replay extrapolated from 6 layers by the growth of the sixth (whether layers repeat exactly)."""
-    from memsim_widget.engine.allocator import replay
+    """Print the engine's reserved (the replay of ``engine/alloc_stream``'s stream) next to the replayed traces
+    in ``path`` and the measured reserved and nvidia-smi, whether a third step changes the replayed peak, and the
+    cost of a new shape's replay (stream built and replayed, no cache)."""
+    from memsim_widget.engine import objectives
+    from memsim_widget.engine.alloc_stream import rank_stream, replay_stream
+    from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.frameworks import allocator_conf
 
     traced = {r["name"]: r for r in json.loads(path.read_text())["default"]}
     rows = measured()
-    errs: dict[str, list[float]] = {"trace": [], "measured": [], "engine today": [], "cut, trace": []}
+    errs: dict[str, list[float]] = {"trace": [], "measured": [], "nvidia-smi": []}
+    costs = []
     for m in MEASUREMENTS:
         if m.name not in traced:
             continue
-        sc = Scenario.from_dict(resolved(m))
+        sc = Scenario.from_dict({**resolved(m), "reserved_model": "replay"})
+        rank = estimate(sc).ranks[0]
+        got = rank.peak_reserved_bytes
+        ctx = Context(objectives.training_scenario(sc))
+        conf = allocator_conf(ctx)
         t = time.perf_counter()
-        events = engine_stream(sc)
-        got = replay(events).peak_reserved
-        ms = (time.perf_counter() - t) * 1e3
-        r6, r5 = (replay(engine_stream(sc, layers=k)).peak_reserved for k in (6, 5))
-        cut = replay(engine_stream(sc, cuts=real_cuts(sc))).peak_reserved
-        extrapolated = r6 + (r6 - r5) * (stage_layers(sc) - 6)
-        want, meas = traced[m.name]["reserved"], rows[f"g-{m.name}-reserved"]
-        today = estimate(sc).ranks[0].peak_reserved_bytes
-        pairs = (
-            ("trace", want, got),
-            ("measured", meas, got),
-            ("engine today", meas, today),
-            ("cut, trace", want, cut),
+        stream = rank_stream(ctx, ctx.stages[0])
+        rep = replay_stream(stream, conf)
+        costs.append((time.perf_counter() - t) * 1e3)
+        third = (
+            replay_stream(rank_stream(ctx, ctx.stages[0], steps=3), conf).peak_reserved - rep.peak_reserved
         )
-        for key, ref, val in pairs:
-            errs[key].append(val / ref - 1)
+        want, meas = traced[m.name]["reserved"], rows[f"g-{m.name}-reserved"]
+        smi = rows.get(f"g-{m.name}-nvidia-smi")
+        errs["trace"].append(got / want - 1)
+        errs["measured"].append(got / meas - 1)
+        if smi:
+            errs["nvidia-smi"].append(rank.device_total_bytes / smi - 1)
         print(
-            f"{m.name:<24} engine stream {got / 2**30:6.2f} GiB: trace {want / 2**30:6.2f} "
-            f"({errs['trace'][-1]:+6.1%}), measured {meas / 2**30:6.2f} ({errs['measured'][-1]:+6.1%}; engine "
-            f"today {errs['engine today'][-1]:+6.1%}); cut by size: trace {errs['cut, trace'][-1]:+6.1%}; "
-            f"from 6 layers {extrapolated / got - 1:+6.1%}; "
-            f"{len(events)} events, {ms:.0f} ms"
+            f"{m.name:<24} engine {got / 2**30:6.2f} GiB: measured {meas / 2**30:6.2f} ({errs['measured'][-1]:+6.1%}),"
+            f" trace {want / 2**30:6.2f} ({errs['trace'][-1]:+6.1%}), nvidia-smi "
+            + (f"{errs['nvidia-smi'][-1]:+6.1%}" if smi else "  n/a ")
+            + f"; peak at {rep.at}; a third step adds {third} B; {rep.events} events, {costs[-1]:.0f} ms"
         )
     for key, e in errs.items():
         print(
             f"{key}: median {statistics.median(e):+.1%}, median |error| {statistics.median(abs(x) for x in e):.1%}, "
             f"range {min(e):+.1%} .. {max(e):+.1%}"
         )
+    print(f"a new shape's replay: median {statistics.median(costs):.1f} ms (stream built and replayed)")
 
 
 def stage_layers(sc: Scenario) -> int:

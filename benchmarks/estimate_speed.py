@@ -5,6 +5,8 @@
   differ only in fields they do not read, e.g. the micro-batch for the states, the ZeRO stage for the
   activations; so are the timeline's state groups and the model rules' check, ``engine/model_rules_cache``):
   the case of a widget control moved, a scaling curve or a sweep (target 0.1 ms);
+* ``new shape (replayed)``: the same, with the allocator replay of the step (``engine/alloc_stream``, cached
+  per shape) not cached: a one-GPU step whose shape the engine has not replayed (target 0.5 ms);
 * ``cold``: every cache cleared first, the parts computed too;
 * ``distinct scenarios``: 10,000 different scenarios of 6 models one after another, construction included.
 
@@ -17,18 +19,24 @@ import itertools
 import statistics
 import time
 
-from memsim_widget.engine import parts_cache
+from memsim_widget.engine import alloc_stream, parts_cache
 from memsim_widget.engine.core import _estimate, estimate
 from memsim_widget.scenario import Scenario
 
 
-def one_estimate_ms(scenario: Scenario, repeats: int = 200, cold: bool = False) -> float:
-    """Median wall time of an estimate not in the result cache (``cold``: no cached part either), in ms."""
+def one_estimate_ms(
+    scenario: Scenario, repeats: int = 200, cold: bool = False, new_shape: bool = False
+) -> float:
+    """Median wall time of an estimate not in the result cache (``cold``: no cached part either;
+    ``new_shape``: the parts cached but not the allocator replay, ``engine/alloc_stream``), in ms."""
     times = []
     for _ in range(repeats):
         _estimate.cache_clear()
         if cold:
             parts_cache.cache_clear()
+            alloc_stream.cache_clear()
+        if new_shape:
+            alloc_stream.cache_clear()
         t0 = time.perf_counter()
         estimate(scenario)
         times.append(time.perf_counter() - t0)
@@ -50,6 +58,7 @@ def many(n: int = 10_000) -> tuple[float, int]:
     )
     _estimate.cache_clear()
     parts_cache.cache_clear()
+    alloc_stream.cache_clear()
     t0 = time.perf_counter()
     count = 0
     for model, b, s, prec, ck, zero, dp, method in grid:
@@ -78,8 +87,12 @@ def many(n: int = 10_000) -> tuple[float, int]:
 if __name__ == "__main__":
     for name in ("llama-3.1-8b", "llama-3.1-405b", "mixtral-8x7b"):
         sc = Scenario(model=name, seq_len=4096)
-        new, cold = one_estimate_ms(sc), one_estimate_ms(sc, cold=True)
-        print(f"one estimate ({name}): new scenario {new:.3f} ms (target 0.1 ms), cold {cold:.3f} ms")
+        new, cold = one_estimate_ms(sc), one_estimate_ms(sc, cold=True, repeats=20)
+        shape = one_estimate_ms(sc.replace(reserved_model="replay"), new_shape=True, repeats=20)
+        print(
+            f"one estimate ({name}): new scenario {new:.3f} ms (target 0.1 ms), new shape (replayed) "
+            f"{shape:.3f} ms (target 0.5 ms), cold {cold:.3f} ms"
+        )
     sc = Scenario.from_dict(
         {"model": "llama-3.1-70b", "parallel": {"dp": 4, "tp": 4, "pp": 4, "zero": 1, "pp_microbatches": 8}}
     )

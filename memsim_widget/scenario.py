@@ -423,9 +423,17 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "fp8_all_gather": None,
     # PYTORCH_CUDA_ALLOC_CONF of the run (unset: the framework's launcher default, engine/frameworks.py)
     "allocator_conf": None,
+    # how the reserved counter is computed (RESERVED_MODELS; unset: "fitted")
+    "reserved_model": None,
     # compile: true only: torch._functorch.config.activation_memory_budget (unset: torch's default, 1.0)
     "activation_memory_budget": None,
 }
+#: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
+#: rule of engine/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
+#: step's allocation stream through the caching allocator's rules, engine/alloc_stream.py: median +1.1% on the
+#: H200 runs but under by 4-13% on five of them, and 0.1-1 s per new shape; one-GPU steps without accumulation
+#: only, the fitted rule elsewhere). docs/allocator.md.
+RESERVED_MODELS = ("fitted", "replay")
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
 MAX_IMAGES = 2**10
 
@@ -443,7 +451,8 @@ class Scenario:
     CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB; ``allocator_conf`` (optional) --
     the run's ``PYTORCH_CUDA_ALLOC_CONF`` (e.g. ``"expandable_segments:True,max_split_size_mb:128"``), parsed
     as PyTorch parses it (``engine/allocator.py``); unset: the framework's launcher default (torchtitan
-    ``expandable_segments:True``, the others PyTorch's defaults).
+    ``expandable_segments:True``, the others PyTorch's defaults); ``reserved_model`` (optional) -- ``fitted``
+    or ``replay``, how the reserved counter is computed (``RESERVED_MODELS``).
 
     ``output_lifetime`` -- how long the loop keeps the model output (logits and any KV cache the model
     returns): ``trainer`` drops it before backward (HF Trainer keeps only the loss), ``backward`` until
@@ -515,6 +524,7 @@ class Scenario:
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
     allocator_conf: str | None = None
+    reserved_model: str | None = None  # None: "fitted" (RESERVED_MODELS)
     activation_memory_budget: float | None = None  # compile only; None: torch's default (1.0)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
@@ -588,6 +598,8 @@ class Scenario:
                 "allocator_conf",
                 f"must be a string like 'expandable_segments:True', got {_short(self.allocator_conf)}",
             )
+        if self.reserved_model is not None:
+            _choice("reserved_model", self.reserved_model, RESERVED_MODELS)
         if self.activation_memory_budget is not None:
             object.__setattr__(
                 self,
@@ -723,6 +735,7 @@ class Scenario:
             "padding": self.padding,
             "cuda_lazy_loading": self.cuda_lazy_loading,
             **({"allocator_conf": self.allocator_conf} if self.allocator_conf is not None else {}),
+            **({"reserved_model": self.reserved_model} if self.reserved_model is not None else {}),
             **(
                 {"activation_memory_budget": self.activation_memory_budget}
                 if self.activation_memory_budget is not None

@@ -129,6 +129,9 @@ SCHEMA: tuple[Field, ...] = (
           "(unset: cuda)", "scenario:SSM_KERNELS", optional=True, cli="ssm_kernel"),
     Field("allocator_conf", str, "the run's PYTORCH_CUDA_ALLOC_CONF (engine/allocator.py); unset: the "
           "framework's launcher default", optional=True, cli="allocator_conf"),
+    Field("reserved_model", str, "how the reserved counter is computed: fitted (the default: fitted waste rule) or "
+          "replay (the step's allocations replayed through the caching allocator; one GPU, slow per new shape)",
+          "scenario:RESERVED_MODELS", optional=True, cli="reserved_model"),
     Field("compile", bool, "the step runs under torch.compile", cli="compile"),
     Field("activation_memory_budget", float, "compile only: Inductor's activation_memory_budget in [0, 1] "
           "(unset: torch's default, 1)", optional=True, cli="activation_memory_budget"),

@@ -5,12 +5,18 @@ from __future__ import annotations
 from functools import lru_cache
 
 from memsim_widget.catalog.gpus import ON_REGISTER
-from memsim_widget.engine import objectives, parts_cache
+from memsim_widget.engine import alloc_stream, objectives, parts_cache
 from memsim_widget.engine.activations import activations
+from memsim_widget.engine.alloc_stream import pool_replay, replayable, replayed_item
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.items import Level
-from memsim_widget.engine.overhead import counter_bands, device_items, reserved_item, workspace_items
+from memsim_widget.engine.overhead import (
+    counter_bands,
+    device_items,
+    reserved_item,
+    workspace_items,
+)
 from memsim_widget.engine.parts_cache import (
     cached_activation_groups,
     cached_activations,
@@ -64,7 +70,10 @@ def _estimate(scenario: Scenario) -> Estimate:
         # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
         device = (*dev, *(i for i in states.persistent if i.level == Level.DEVICE))
         outside = sum(i.bytes for i in device)
-        frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
+        if rl or not replayable(ctx):  # a step the allocation stream does not model yet: the fitted rule
+            frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
+        else:
+            frag = replayed_item(ctx, pool_replay(ctx, stage), peak.allocated_bytes, outside)
         reserved = peak.allocated_bytes + frag.bytes
         ranks.append(
             RankEstimate(
@@ -90,4 +99,4 @@ def _estimate(scenario: Scenario) -> Estimate:
 
 
 # a card registered (or replaced) under an id must not be served estimates made with an older record
-ON_REGISTER.extend((_estimate.cache_clear, parts_cache.cache_clear))
+ON_REGISTER.extend((_estimate.cache_clear, parts_cache.cache_clear, alloc_stream.cache_clear))

@@ -25,10 +25,19 @@ class LazyItem:
         "_label",
         "_formula",
         "_built",
+        "shares",
     )
 
     def __init__(
-        self, category: str, item: str, nbytes: int, level: str, tensors: int, label: str, formula: str
+        self,
+        category: str,
+        item: str,
+        nbytes: int,
+        level: str,
+        tensors: int,
+        label: str,
+        formula: str,
+        shares: tuple[float, ...] = (),
     ) -> None:
         self.category, self.item, self.bytes, self.level, self.tensors = (
             category,
@@ -38,6 +47,7 @@ class LazyItem:
             tensors,
         )
         self._label, self._formula, self._built = label, formula, None
+        self.shares = shares  # each tensor's share of the bytes (engine/alloc_stream), once per repeat
         if level not in _COUNTED or nbytes <= 0:  # Item.allocated_bytes, without building the Item
             self.allocated_bytes = 0
         else:

@@ -6,10 +6,16 @@ kernel scratch; ``reserved`` = allocated + what the caching allocator holds unus
 = reserved + CUDA context + NCCL buffers + memory allocated outside PyTorch (bitsandbytes' paged states).
 Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-outside-the-tensors.
 
+Reserved: with ``reserved_model: replay`` and on a step the allocation stream models (``alloc_stream.replayable``:
+one GPU, one micro-batch per step, nothing offloaded, the supervised step), the peak of a replay of the step's allocations and
+frees through PyTorch's caching allocator (``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to
+the H200 runs). Elsewhere, and by default (``reserved_model: fitted``: the replay is still under on five H200
+runs and slow per new shape), the fitted rule below (``reserved_item``).
+
 Constants come in two kinds. *Stated* ones are read from a source and never tuned. *Fitted* ones -- only
-``FRAGMENTATION_TRANSIENT`` and ``FRAGMENTATION_VARIABLE`` -- were fitted on the odd-id rows of
-``data/measured/published.csv`` that measure ``reserved`` or ``nvidia-smi`` (the median of each row's
-implied value; ``python benchmarks/fidelity_measured.py --fit`` reproduces them) while every other row
+``FRAGMENTATION_TRANSIENT`` and ``FRAGMENTATION_VARIABLE``, used by the fitted rule alone -- were fitted on the
+odd-id rows of ``data/measured/published.csv`` that measure ``reserved`` or ``nvidia-smi`` (the median of each
+row's implied value; ``python benchmarks/fidelity_measured.py --fit`` reproduces them) while every other row
 measures the error (docs/accuracy.md).
 """
 

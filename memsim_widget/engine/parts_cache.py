@@ -40,6 +40,7 @@ STATES_IGNORE = frozenset(
         "padding",
         "cuda_lazy_loading",
         "allocator_conf",
+        "reserved_model",
     }
 )
 #: Scenario fields the timeline's model-state groups (``timeline.state_groups`` of ``cached_model_states`` and
@@ -48,7 +49,15 @@ STATE_GROUPS_IGNORE = STATES_IGNORE - {"grad_accum_steps"}
 #: Scenario and ``parallel`` fields ``activations`` (with ``engine/vision`` and ``engine/calibrated``) never
 #: reads: the optimizer, and the data-parallel layout of the states.
 ACTIVATIONS_IGNORE = frozenset(
-    {"optimizer", "optimizer_impl", "optimizer_in_backward", "grad_accum_steps", "gpu", "allocator_conf"}
+    {
+        "optimizer",
+        "optimizer_impl",
+        "optimizer_in_backward",
+        "grad_accum_steps",
+        "gpu",
+        "allocator_conf",
+        "reserved_model",
+    }
 )
 ACTIVATIONS_IGNORE_PARALLEL = frozenset({"dp", "zero", "offload", "reshard_after_forward"})
 
@@ -78,11 +87,12 @@ def state_groups_key(sc: Scenario) -> tuple[Any, ...]:
 
 
 def activations_key(sc: Scenario) -> tuple[Any, ...]:
-    """The fields of ``sc`` one micro-batch's activation terms depend on, and whether FSDP shards the weights
-    (``dp``/``zero`` are otherwise left out, but FSDP decides torchtitan's compute dtype under TP:
-    ``frameworks.no_mixed_precision``)."""
+    """The fields of ``sc`` one micro-batch's activation terms depend on, and the two facts they read from the
+    left-out ``dp``/``zero``: whether FSDP shards the weights (it decides torchtitan's compute dtype under TP:
+    ``frameworks.no_mixed_precision``) and the expert TP degree (``ParallelConfig.expert_tp``: an expert's
+    width, ``dp x cp`` deciding how much of ``ep`` folds over the TP group)."""
     p = sc.parallel
-    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp))
+    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp), p.expert_tp)
 
 
 class _Keyed:

@@ -170,7 +170,9 @@ def _scaled(
     items = []
     for t in terms:
         nbytes, tensors = scaled_term(t.bytes, t.first_bytes, t.skip_first, t.tensors, factor, first)
-        items.append(LazyItem(category, t.name, int(nbytes), t.level, max(1, int(tensors)), label, t.formula))
+        items.append(
+            LazyItem(category, t.name, int(nbytes), t.level, max(1, int(tensors)), label, t.formula, t.shares)
+        )
     return items
 
 

@@ -952,6 +952,8 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
+    if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
+        pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool)
     # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
     comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
@@ -960,6 +962,33 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     device = reserved + outside
     row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)
     return _worst_ranks(cand, stage, peak_alloc, reserved, device, peak_m, row_over)
+
+
+def _replayed_pools(
+    base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
+    s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """``pool`` with, on the rows whose candidate ``engine/alloc_stream.replayable`` accepts, the peak reserved
+    of ``pool_replay`` for the row's candidate and stage: the functions the engine calls, once per distinct
+    (state key, activation key) pair (the replay's own cache is keyed by the scenario's shape). Only one-GPU
+    rows without accumulation can be accepted: the others are not looked at."""
+    from memsim_widget.engine import objectives
+    from memsim_widget.engine.alloc_stream import pool_replay, replayable
+
+    one = (c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1) & (c["grad_accum"] == 1)
+    rows = np.flatnonzero(one[cand])
+    if not rows.size:
+        return pool
+    pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]
+    uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    out = pool.copy()
+    for j, r in enumerate(rows[first]):
+        row = {k: int(v[cand[r]]) for k, v in c.items()}
+        ctx = Context(objectives.training_scenario(candidate_scenario(base, optimizers, row)))
+        if replayable(ctx):
+            at = rows[inverse.reshape(-1) == j]
+            out[at] = min(pool_replay(ctx, ctx.stages[int(stage[r])]).peak_reserved, SATURATION_BYTES)
+    return out
 
 
 def _worst_ranks(

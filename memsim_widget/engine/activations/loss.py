@@ -82,6 +82,7 @@ def loss(st: HFLayer) -> None:
                 (le + (4 if le != 4 else 0)) * T * V,
                 f"({le}{' + 4' if le != 4 else ''}) B x T x V, V={V}",
                 1 if le == 4 else 2,
+                shares=() if le == 4 else (le / (le + 4), 4 / (le + 4)),
             )
         )
         out.loss_saved.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))

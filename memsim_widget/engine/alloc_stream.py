@@ -1,0 +1,357 @@
+"""The allocations and frees of a training step, written from the engine's own groups, replayed through the
+caching allocator (``engine/allocator.py``): the ``reserved`` counter without a fitted constant.
+
+The stream follows the order a PyTorch step runs in (``engine/timeline`` names the groups): weights and the
+cuBLAS workspaces; per step the inputs, per layer its saved activations (under checkpointing the layer's
+forward runs without saving, so its transients come and go around the checkpointed input), the final norm and
+head, the loss's T x V buffers (forward, saved, backward), the output the loop holds; backward from the top
+layer down: the recomputed layer, the layer's backward transients, its gradients, then its saved tensors
+freed; the optimizer step (its states made at the first step) and its temporaries; gradients freed
+(``zero_grad(set_to_none=True)``). ``trace/replay.py`` replays the fake-tensor trace of the real framework
+the same way; docs/allocator.md compares the two.
+
+Cost: a replay is a few thousand events; it is cached per shape key (the state groups' and activation groups'
+keys of ``engine/parts_cache``, the layers and the allocator settings), so only a new shape pays it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from heapq import nlargest
+from typing import Any
+
+from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
+from memsim_widget.engine.items import Category, Item, Level
+from memsim_widget.units import fmt_bytes
+
+#: Steps replayed: the first makes the optimizer states; the second shows what the cache left by a whole step
+#: serves. A third step reached the same peak reserved on every H200 run (benchmarks/allocator_replay.py
+#: --engine-stream prints it).
+STEPS = 2
+#: Batches padded to their longest sample (``padding: "longest"``): the first step replayed is this many times
+#: shorter than the longest, whose step comes last, so the segments the shorter step's T x V buffers left are
+#: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
+#: fitted.
+VARIABLE_DIVISOR = 2
+#: Item levels the caching allocator serves (device-level items live outside it).
+_POOLED = ("tensor", "allocator")
+
+
+@dataclass(frozen=True)
+class GradOrder:
+    """A rank's parameter tensors (elements each) in the order backward makes their gradients: the head and
+    final norm first (with the input embeddings when the head is tied to them: the head's backward makes
+    their gradient), each layer's, the embeddings' last."""
+
+    top: tuple[int, ...]
+    layer: tuple[int, ...]
+    bottom: tuple[int, ...]
+
+
+def grad_order(ctx: Any, stage: Any) -> GradOrder:
+    """``GradOrder`` of ``stage``'s rank (``engine/states.local_groups``)."""
+    from memsim_widget.engine.states.budget import local_groups
+
+    top: list[int] = []
+    layer: list[int] = []
+    bottom: list[int] = []
+    tied = ctx.arch.tied_embeddings and stage.last
+    for lg in local_groups(ctx, stage):
+        g = lg.group
+        if g.scope == "layer":
+            layer += [lg.numel_each] * max(lg.count // max(stage.layers, 1), 1)
+        elif g.scope == "pre":
+            (top if tied and g.kind == "embedding" else bottom).extend([lg.numel_each] * lg.count)
+        else:
+            top += [lg.numel_each] * lg.count
+    return GradOrder(tuple(top), tuple(layer), tuple(bottom))
+
+
+@dataclass(frozen=True)
+class PoolReplay:
+    """What the replay of a rank's steps found: the peak of each counter, the phase where reserved peaked,
+    the largest cached-but-unused blocks at that moment, the segments cudaMalloc'd and the events replayed."""
+
+    peak_reserved: int
+    peak_allocated: int
+    at: str
+    largest_cached: tuple[int, ...]
+    segments: int
+    events: int
+
+
+class StreamWriter:
+    """An allocation stream being written: handles numbered in allocation order, phases marked."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.marks: list[tuple[int, str]] = []
+        self.handle = 0
+
+    def mark(self, label: str) -> None:
+        """Name the phase the next events belong to."""
+        self.marks.append((len(self.events), label))
+
+    def alloc(self, size: int, n: int = 1) -> list[int]:
+        """``n`` allocations of ``size`` bytes each; their handles."""
+        h = self.handle
+        self.events += [alloc(h + k + 1, size) for k in range(n)]
+        self.handle = h + n
+        return list(range(h + 1, h + n + 1))
+
+    def free(self, handles: Sequence[int]) -> None:
+        """Free ``handles`` in order."""
+        self.events += [free(h) for h in handles]
+
+    def items(self, items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
+        """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count).
+        Per-tensor sizes: the item's own ``shares`` of its bytes where it has them (repeated over its
+        tensors), else proportional to the parameter tensors' elements when the item has k tensors per
+        parameter (gradients, optimizer states and their step temporaries), else ``bytes / tensors`` each."""
+        out: list[int] = []
+        total = sum(numels)
+        for i in items:
+            if i.level not in _POOLED or i.bytes <= 0:
+                continue
+            n = max(i.tensors, 1)
+            k = max(n // share, 1)
+            shares = getattr(i, "shares", ())
+            if shares and k % len(shares) == 0:
+                part = i.bytes / share / (k // len(shares))
+                for _ in range(k // len(shares)):
+                    for x in shares:
+                        out += self.alloc(max(int(part * x), 1))
+            elif share == 1 and numels and n % len(numels) == 0 and total:
+                per = i.bytes / (n // len(numels) * total)
+                for _ in range(n // len(numels)):
+                    for x in numels:
+                        out += self.alloc(max(int(x * per), 1))
+            else:
+                out += self.alloc(max(int(i.bytes / share / k), 1), k)
+        return out
+
+    def size(self, handle: int) -> int:
+        """The bytes ``handle`` was allocated with (handles are numbered in allocation order)."""
+        return next(size for h, size, _ in reversed(self.events) if h == handle and size != FREE)
+
+
+def step_stream(
+    ag: dict[str, Sequence[Any]],
+    sg: dict[str, Sequence[Any]],
+    first: Sequence[Any],
+    numels: tuple[int, ...],
+    layers: int,
+    steps: int = STEPS,
+    order: GradOrder | None = None,
+    replayed: int | None = None,
+    earlier: dict[str, Sequence[Any]] | None = None,
+) -> StreamWriter:
+    """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
+    groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
+    first optimizer step, ``numels`` the rank's parameter tensors' elements, ``order`` the same tensors in the
+    order backward makes their gradients (None: every layer's share of the gradients at once)."""
+    s = StreamWriter()
+    g_items = [i for i in sg["grads"] if i.level in _POOLED and i.bytes > 0]
+    by_tensor = order is not None and len(g_items) == 1 and g_items[0].tensors == len(numels) and sum(numels)
+    per = g_items[0].bytes / sum(numels) if by_tensor else 0.0
+
+    def grads_of(part: tuple[int, ...], share: int) -> list[int]:
+        if not by_tensor:
+            return s.items(sg["grads"], share=share)
+        out: list[int] = []
+        for x in part:
+            out += s.alloc(max(int(x * per), 1))
+        return out
+
+    s.mark("weights")
+    s.items(first, numels)
+    s.items(sg["overhead"])
+    later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
+    for step in range(1, steps + 1):
+        a = earlier if step == 1 and earlier is not None else ag
+        s.mark(f"step {step} forward")
+        pre = s.items(a["pre"])
+        saved = []
+        for _ in range(layers if replayed is None else replayed):
+            transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
+            saved.append(s.items(a["saved"], share=layers))
+            s.free(transient)
+        post = s.items(a["post"])
+        s.mark(f"step {step} loss")
+        logits = s.items(a["loss_forward"])
+        held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
+        kept = s.items(a["loss_saved"])
+        s.free(logits)
+        s.mark(f"step {step} loss backward")
+        grad_out = s.items(a["loss_backward"])
+        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+        grad_logits = s.alloc(s.size(logits[0])) if _upcast(a["loss_forward"]) else []
+        s.free(grad_out[1:])
+        s.mark(f"step {step} backward")
+        top = s.items(a["top_backward"])
+        grads = s.items(sg["head_grads"]) + (grads_of(order.top, 1) if order and by_tensor else [])
+        s.free(grad_logits + top + post)
+        for layer in reversed(saved):
+            recomputed = s.items(a["recompute"])
+            transient = s.items(a["layer_backward"])
+            grads += grads_of(order.layer if order else (), layers + 2)
+            s.free(transient + recomputed + layer)
+        grads += grads_of(order.bottom if order else (), layers + 2)
+        s.free(pre)
+        if not a["held_through_step"]:
+            s.free(held)
+            held = []
+        s.mark(f"step {step} optimizer step")
+        if step == 1:
+            s.items(later, numels)
+        s.free(s.items(sg["step_temps"], numels))
+        s.free(grads + held)
+    return s
+
+
+def _upcast(loss_forward: Sequence[Any]) -> bool:
+    """Whether the loss upcasts the logits (its forward term lists the logits and their fp32 copy)."""
+    return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
+
+
+def _largest_cached(a: CachingAllocator, n: int = 3) -> tuple[int, ...]:
+    """The ``n`` largest cached blocks (each free list is sorted by size: its last ``n`` suffice)."""
+    return tuple(nlargest(n, (size for lst in a.free_lists.values() for size, _ in lst[-n:])))
+
+
+def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
+    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then."""
+    a = CachingAllocator(None, conf)
+    marks, m, label = stream.marks, 0, ""
+    at, cached = "", ()
+    peak = -1
+    for n, (handle, size, stream_id) in enumerate(stream.events):
+        while m < len(marks) and marks[m][0] <= n:
+            label = marks[m][1]
+            m += 1
+        if size == FREE:
+            a.free(handle)
+            continue
+        a.malloc(handle, size, stream_id)
+        if a.reserved > peak:
+            peak, at = a.reserved, label
+            cached = _largest_cached(a)
+    return PoolReplay(a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events))
+
+
+class _Args:
+    """The replay's inputs, compared by ``key`` alone (the cache computes from the first it sees)."""
+
+    __slots__ = ("args", "key")
+
+    def __init__(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> None:
+        self.key, self.args = key, args
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Args) and self.key == other.key
+
+
+def replayable(ctx: Any) -> bool:
+    """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
+    fitted rule: the replay is under by 4-13% on five H200 runs and costs 0.1-1 s per new shape, docs/allocator.md)
+    and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
+    parallelism: no gathered or communicated buffers), one micro-batch per step,
+    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
+    rule (docs/allocator.md lists what the stream still lacks)."""
+    sc, p = ctx.scenario, ctx.par
+    return (
+        sc.reserved_model == "replay"
+        and p.dp * p.tp * p.pp * p.cp * p.ep == 1
+        and sc.grad_accum_steps == 1
+        and not sc.activation_offloading
+        and p.offload == "none"
+        and not sc.optimizer_in_backward
+    )
+
+
+def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
+    """The replay of ``stage``'s rank of ``ctx``: its steps' stream built from the engine's cached groups,
+    cached by the groups' shape keys, the stage and the allocator settings."""
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.parts_cache import activations_key, state_groups_key
+
+    conf = allocator_conf(ctx)
+    key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf)
+    return _replay_cached(_Args(key, (ctx, stage, conf)))
+
+
+def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
+    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
+    from memsim_widget.engine.states.budget import local_groups
+
+    ag = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+    groups, step1 = cached_state_groups(ctx, stage)
+    sg = {k: g.entries for k, g in groups.items()}
+    numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
+    first = step1.entries if step1 is not None else sg["persistent"]
+    order = grad_order(ctx, stage)
+    earlier = None
+    if ctx.scenario.padding == "longest":  # the loss buffers change size every step: a shorter one first
+        short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
+        earlier = {k: g.entries for k, g in cached_activation_groups(short, stage).items()}
+    return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier)
+
+
+@lru_cache(maxsize=4096)
+def _replay_cached(args: _Args) -> PoolReplay:
+    ctx, stage, conf = args.args
+    return replay_stream(rank_stream(ctx, stage), conf)
+
+
+def replayed_reserved(peak_allocated: int, replayed: int, cap: int) -> int:
+    """The reserved counter from a replay's peak: at least the peak allocated, at most the card's room."""
+    return max(peak_allocated, min(replayed, cap))
+
+
+def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
+    """Caching-allocator fragmentation from the replay of the step's allocation stream
+    (``engine/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.overhead import reserved_cap
+
+    cap = reserved_cap(ctx, outside)
+    reserved = replayed_reserved(peak_allocated, rep.peak_reserved, cap)
+    conf = allocator_conf(ctx).text or "PyTorch's defaults"
+    cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
+    formula = (
+        f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items"
+        + (
+            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
+            if ctx.scenario.padding == "longest"
+            else ""
+        )
+        + f": peak reserved "
+        f"{fmt_bytes(rep.peak_reserved)} at {rep.at}, {rep.segments} segments; largest cached-but-unused "
+        f"blocks then: {cached}"
+        + (
+            f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)"
+            if rep.peak_reserved > cap
+            else ""
+        )
+    )
+    return Item(
+        Category.OVERHEAD,
+        "allocator fragmentation (reserved - allocated)",
+        reserved - peak_allocated,
+        formula,
+        Level.RESERVED,
+        0,
+    )
+
+
+def cache_clear() -> None:
+    """Forget every cached replay (benchmarks measuring a cold engine)."""
+    _replay_cached.cache_clear()
