@@ -147,21 +147,22 @@ KNOWN_GAPS = [
     "- **torchtitan on one GPU or DDP** (`precision: amp-bf16`, no FSDP, no TP/PP): `maybe_enable_amp` runs "
     "`torch.autocast` there; the engine assumes FSDP's bf16 casting (no autocast weight copies). Not traced.",
     "- **Interleaved 1F1B with micro-batches that pp does not divide** (V128k pp2 x v2, 3 micro-batches, "
-    "the last stage): +4.15%, over. `ScheduleInterleaved1F1B` runs them (one round of 3), so the engine "
-    "no longer refuses them nor fewer micro-batches than pp (the `m1` and `m6` rows: -1.0% to -1.7%, as "
-    "the even `m4` row of the small Llama). The schedule's order on that rank (1F0 1F1 1F2 3F0 3B0 3F1 "
-    "3B1 3F2 3B2 1B0 1B1 1B2) holds 4 chunk x micro-batch sets at each loss backward, as the engine "
-    "counts, but runs every backward of its first chunk after the last loss: that chunk's gradients (436 "
-    "MB, one layer) never meet a loss backward, where the engine counts the whole rank's gradients as "
-    "carried (fewer micro-batches in flight than there are). Modelling which chunks' gradients exist at "
-    "each moment of an interleaved rank is not done; the estimate is on the safe side.",
+    "the last stage): `ScheduleInterleaved1F1B` runs them (one round of 3), so the engine no longer "
+    "refuses them nor fewer micro-batches than pp (the `m1` and `m6` rows: -1.0% to -1.7%, as the even "
+    "`m4` row of the small Llama). The schedule's order on that rank (1F0 1F1 1F2 3F0 3B0 3F1 3B1 3F2 3B2 "
+    "1B0 1B1 1B2) runs every backward of its first chunk after the last loss, so at a loss only the loss "
+    "chunk's gradients exist: with one round (m < 2 pp) the engine carries only those into the loss "
+    "moments (`engine/context.interleaved_loss_grad_chunks`, torch 2.13 `pipelining/schedules.py` "
+    "`ScheduleInterleaved1F1B.backward_stage_index`). Before: +4.15% (436 MB, one layer's gradients).",
     "- **Uneven pipeline splits** (`parallel.pp_layers`, or `parallel.pp_split` and, where pp x virtual "
     "stages do not divide the layers, torchtitan's split by default: [pipeline-split.md](pipeline-"
     "split.md)): traced for one model chunk per rank (the `uneven` rows) and with chunks of different "
     "sizes on an interleaved rank (the `auto split` rows). There the engine holds a rank's chunks in the "
-    "schedule's order of forwards and backwards and adds the loss's backward to the largest holding, "
-    "which on the last rank comes at a forward of its first chunk, not at a loss: +1.6% on the "
-    "interleaved row, on the safe side. The planner searches these splits where even ones do not exist.",
+    "schedule's order of forwards and backwards; on the last rank the loss runs only at the steps that "
+    "run its last chunk, so the loss moments hold the largest of those steps' holdings, not the largest "
+    "one, which comes at a forward of its first chunk (`interleaved_held_layers(at_loss=True)`, moment "
+    "group `saved_at_loss`). Before: +1.57%. The planner searches these splits where even ones do not "
+    "exist.",
 ]
 
 #: What this process cannot trace, and why (the trace refuses these with the same words).

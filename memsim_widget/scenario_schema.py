@@ -132,7 +132,8 @@ SCHEMA: tuple[Field, ...] = (
     Field("reserved_model", str, "how the reserved counter is computed: fitted (the default: fitted waste rule) or "
           "replay (the step's allocations replayed through the caching allocator; one GPU, slow per new shape)",
           "scenario:RESERVED_MODELS", optional=True, cli="reserved_model"),
-    Field("compile", bool, "the step runs under torch.compile", cli="compile"),
+    Field("compile", bool, "the step runs under torch.compile", cli="compile",
+          widget=_w("torch.compile", "bool", "Training")),
     Field("activation_memory_budget", float, "compile only: Inductor's activation_memory_budget in [0, 1] "
           "(unset: torch's default, 1)", optional=True, cli="activation_memory_budget"),
     Field("activation_offloading", bool, "saved activations go to pinned host memory (torchtune)"),

@@ -217,15 +217,27 @@ class Context:
         split = rank_layers(self.chunks, p)
         return tuple(Stage(i, p, split[i], i == 0, i == p - 1) for i in range(p))
 
-    def held_layers(self, stage: Stage) -> float:
+    def held_layers(self, stage: Stage, at_loss: bool = False) -> float:
         """Layer x micro-batch activation sets a stage holds at its peak: its layers times its micro-batches
         in flight, or, where an interleaved rank's chunks differ in size, the chunks' own layers summed in the
-        schedule's order (``interleaved_held_layers``)."""
+        schedule's order (``interleaved_held_layers``; ``at_loss``: the last stage's peak while a loss runs)."""
         if self.par.pp_schedule == "interleaved" and self.par.pp > 1:
             mine = rank_chunks(self.chunks, self.par.pp, stage.index)
             if len(set(mine)) > 1:
-                return interleaved_held_layers(self.par.pp, self.par.pp_microbatches, stage.index, mine)
+                m, loss = self.par.pp_microbatches, at_loss and stage.last
+                return interleaved_held_layers(self.par.pp, m, stage.index, mine, loss)
         return stage.layers * self.in_flight(stage)
+
+    def loss_grad_layers(self, stage: Stage) -> int:
+        """Layers of the last stage whose gradients exist at its latest loss backward: on an interleaved rank
+        only its chunks whose backward ran before (``interleaved_loss_grad_chunks``), counted from its last
+        chunk; every layer of the stage otherwise."""
+        par = self.par
+        if not (stage.last and par.pp > 1 and par.pp_schedule == "interleaved" and par.virtual_stages > 1):
+            return stage.layers
+        mine = rank_chunks(self.chunks, par.pp, par.pp - 1)  # the loss is on the last rank
+        n = interleaved_loss_grad_chunks(par.pp, par.pp_microbatches, len(mine))
+        return sum(mine[len(mine) - n :])
 
     def in_flight(self, stage: Stage) -> float:
         """Micro-batches whose activations a stage holds at once (``engine/schedule.in_flight``)."""
@@ -255,21 +267,39 @@ def tower_context(ctx: Context, arch: Architecture, batch: int) -> Context:
     return sub
 
 
-def interleaved_held_layers(p: int, m: int, rank: int, chunks: tuple[int, ...]) -> float:
+def interleaved_loss_grad_chunks(p: int, m: int, v: int) -> int:
+    """Model chunks of the last rank of an interleaved 1F1B schedule, counted from its last (the loss's), whose
+    backward ran before its latest loss backward, so whose gradients exist then (from step 2 on
+    ``zero_grad`` left none). Backward ``j`` runs on local chunk ``v - 1 - (j // m_r) % v``
+    (torch.distributed.pipelining ``ScheduleInterleaved1F1B.backward_stage_index``, micro-batches in
+    rounds of ``m_r = m / max(1, m // p)``): with one round (``m < 2p``) every loss backward comes before
+    any other chunk's backward, so only the loss chunk's gradients (after its first micro-batch) exist."""
+    per_round = m // max(1, m // p)
+    last = max(j for j in range(m * v) if (j // per_round) % v == 0)
+    return len({(j // per_round) % v for j in range(last)})
+
+
+def interleaved_held_layers(
+    p: int, m: int, rank: int, chunks: tuple[int, ...], at_loss: bool = False
+) -> float:
     """Layer x micro-batch activation sets ``rank`` of an interleaved 1F1B schedule holds at its peak when its
     chunks hold ``chunks`` layers (first to last): the schedule's own order of forwards and backwards, the
     warm-up forwards then one forward and one backward per step, forward ``i`` on local chunk
     ``(i // m_r) % v`` and backward ``j`` on ``v - 1 - (j // m_r) % v`` (torch.distributed.pipelining
     ``ScheduleInterleaved1F1B``: ``forward_stage_index`` / ``backward_stage_index``). With equal chunks it is
-    ``interleaved_in_flight`` times the rank's layers."""
+    ``interleaved_in_flight`` times the rank's layers. ``at_loss`` (the last rank): the peak over the
+    steps whose forward or backward runs the last chunk, where the loss's forward or backward runs with
+    that step's holding (every warm-up forward runs an earlier chunk)."""
     v = len(chunks)
     per_round = m // max(1, m // p)
     total = m * v
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), total)
     held = sum(chunks[(i // per_round) % v] for i in range(warmup))
-    peak = held
+    peak = 0 if at_loss else held
     for step in range(total - warmup):
-        held += chunks[((warmup + step) // per_round) % v]
-        peak = max(peak, held)
-        held -= chunks[v - 1 - (step // per_round) % v]
+        forward, backward = ((warmup + step) // per_round) % v, v - 1 - (step // per_round) % v
+        held += chunks[forward]
+        if not at_loss or v - 1 in (forward, backward):
+            peak = max(peak, held)
+        held -= chunks[backward]
     return float(peak)

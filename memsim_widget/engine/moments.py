@@ -41,6 +41,7 @@ ACTIVATION_GROUPS = (
     "receive_buffers",  # the receive buffers alone (kept through the optimizer step)
     "pre",  # the embedding's saved tensors and the inputs of the micro-batches in flight
     "saved",  # every layer's saved activations (checkpointed inputs under checkpointing) on the GPU
+    "saved_at_loss",  # ... while the loss runs (an interleaved last rank of uneven chunks: fewer than at its peak)
     "post",  # the final norm's and head's saved tensors
     "loss_saved",  # what the loss keeps for its backward
     "loss_forward",  # the loss's forward transients (last stage)
@@ -84,7 +85,7 @@ class MomentRule:
 
 #: Held at every moment but the optimizer step (which holds the receive buffers only).
 _COMMON = ("persistent", "overhead", "stage_io")
-_FORWARD = ("grads_carried", "gathered_at_loss", "kept_unsharded", "kept_unsharded_last", "pre", "saved",
+_FORWARD = ("grads_carried", "gathered_at_loss", "kept_unsharded", "kept_unsharded_last", "pre", "saved_at_loss",
             "post", "loss_saved")  # fmt: skip
 
 MOMENT_TABLE = (
@@ -102,7 +103,7 @@ MOMENT_TABLE = (
             "grads_carried",
             "kept_unsharded",
             "pre",
-            "saved",
+            "saved_at_loss",
             "post",
             "loss_saved",
             "root_regather",

@@ -206,6 +206,7 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "root_regather": states.root_regather,
         "root_reduce_out": states.root_reduce_out,
         "root_made": states.root_made,
+        "loss_grads": states.loss_grads,
     }
 
 
@@ -214,13 +215,14 @@ def state_group_table(
 ) -> dict[str, Any]:
     """The model-state groups of ``moments.STATE_GROUPS`` in the steady state (step 2 on) from ``state_lists``
     (items of one rank; or their sums, one row per state key, in ``plan/vector``): ``carried`` gradients alive
-    through forward (``schedule.grads_carried``), the ``last`` stage, the root ``resharded`` before the loss
+    through forward (``schedule.grads_carried``; 2: at the loss only ``loss_grads``), the ``last`` stage, the root ``resharded`` before the loss
     (``frameworks.root_resharded_for_loss``), the optimizer stepping ``in_backward``; ``none``: an empty group."""
     grads_in_fwd = where(carried, s["grads"], none)
     return {
         "persistent": s["persistent"],
         "overhead": overhead,
-        "grads_carried": grads_in_fwd,
+        # carried 2: the last stage's loss moments meet only the gradients that exist then (loss_grads)
+        "grads_carried": where(carried == 2, s["loss_grads"], grads_in_fwd),
         # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
         "gathered_at_loss": where(resharded, none, s["gathered"]),
         "kept_unsharded": s["kept_unsharded"],  # every layer, without reshard after forward
@@ -251,6 +253,9 @@ def _state_groups(
     carried = grads_carried(sc.grad_accum_steps, pipelined, sc.optimizer_in_backward)
     # carried only where there are gradients: with none, the last stage's head gradients are its post_grads
     carried = bool(carried and states.grads)
+    # 2: at the loss of the last stage only the gradients that exist then (an interleaved rank: its loss
+    # chunk's, Context.loss_grad_layers); an earlier accumulation step made every gradient
+    carried = 2 if carried and stage.last and sc.grad_accum_steps == 1 else int(carried)
     resharded = root_resharded_for_loss(sc, stage.last)
     lists = state_lists(states)
     return state_group_table(lists, overhead, carried, stage.last, resharded, sc.optimizer_in_backward, [])
@@ -300,7 +305,12 @@ def _saved_groups(
         own = recompute if acts.ckpt_input_shared else _scaled(kept, 1, "1 layer") + recompute
     else:
         own = _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
-    return {"saved": saved_all, "recompute": recompute, "rest": rest, "own": own}
+    # an interleaved last rank of uneven chunks holds fewer sets while its loss runs than at its peak
+    held_loss, saved_loss = ctx.held_layers(stage, at_loss=True), saved_all
+    if held_loss < held and not mixed:
+        label = f"{held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
+        saved_loss = _scaled(kept, min(held_loss, resident), label, first=first)
+    return {"saved": saved_all, "saved_at_loss": saved_loss, "recompute": recompute, "rest": rest, "own": own}
 
 
 def _activation_groups(

@@ -106,7 +106,7 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 #: The ``StateBudget`` lists a state row reduces to sums (``step_temps``: the tensor-level ones).
 STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
-               "grads_but_root", "root_regather", "root_reduce_out", "root_made")  # fmt: skip
+               "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
 #: micro-batches (engine/timeline ``grads_carried``).
@@ -198,7 +198,7 @@ def _state_side(
     outside = np.array([part.outside for part in parts], dtype=np.int64)
     resharded = np.array([part.resharded for part in parts], dtype=bool)
     g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
-    carried = (key["carried"] == 1)[:, None]
+    carried = key["carried"][:, None]  # 2: at the loss only loss_grads (engine/timeline state_group_table)
     last = (key["last"] == 1)[:, None]
     overhead = np.broadcast_to(ws[None, :], g["persistent"].shape)
     in_backward = base.optimizer_in_backward
@@ -506,9 +506,9 @@ def stage_layers(base: Scenario, num_layers: int, pp: np.ndarray, stage: np.ndar
 
 def _held_layers(
     base: Scenario, num_layers: int, xp: np.ndarray, xm: np.ndarray, xstage: np.ndarray, layers: np.ndarray,
-    f: np.ndarray,
+    f: np.ndarray, at_loss: bool = False,
 ) -> np.ndarray:  # fmt: skip
-    """Layer x micro-batch activation sets per row (engine/context ``Context.held_layers``)."""
+    """Layer x micro-batch activation sets per row (engine/context ``Context.held_layers``, ``at_loss``)."""
     held = layers * f
     par = base.parallel
     if par.pp_schedule != "interleaved":
@@ -519,7 +519,8 @@ def _held_layers(
         if key not in memo:
             p, m, s = key
             mine = rank_chunks(_chunks(num_layers, p, par.virtual_stages, par.pp_split), p, s)
-            memo[key] = interleaved_held_layers(p, m, s, mine) if len(set(mine)) > 1 else None
+            loss = at_loss and s == p - 1
+            memo[key] = interleaved_held_layers(p, m, s, mine, loss) if len(set(mine)) > 1 else None
         if memo[key] is not None:
             held[i] = memo[key]
     return held
@@ -635,6 +636,7 @@ def _activation_side(
     v = par0.virtual_stages
     f = in_flight(xp, xm, par0.pp_schedule, v, xstage)
     held = _held_layers(base, num_layers, xp, xm, xstage, layers, f)
+    held_loss = _held_layers(base, num_layers, xp, xm, xstage, layers, f, at_loss=True)
     nx = xkey.shape[0]
     zeros = np.zeros(nx)
 
@@ -678,6 +680,7 @@ def _activation_side(
         "receive_buffers": recv,
         "pre": scaled("pre", np.where(xfirst, f, 0.0)) + scaled("inputs", f),
         "saved": scaled("kept", resident, first_n),
+        "saved_at_loss": scaled("kept", np.minimum(held_loss, resident), first_n),
         "post": scaled("post", n_loss),
         "loss_saved": scaled("loss_saved", n_loss),
         "loss_forward": np.where(on_last, K["loss_forward"][xa], 0),
@@ -857,7 +860,7 @@ def _state_key(
     }
     lkey, l_cand = unique_codes([layout[name] for name in STATE_KEY[:8]])
     rkey, r_row = _row_codes(l_cand, cand, [(first, 2), (last, 2), (layers, int(layers.max(initial=0)) + 1),
-                                            (carried, 2)])  # fmt: skip
+                                            (carried, 3)])  # fmt: skip
     return np.concatenate([lkey[rkey[:, 0]], rkey[:, 1:]], axis=1), r_row
 
 
@@ -924,6 +927,11 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # per stage key: a pipeline stage with fewer micro-batches in flight than there are
     short = pipeline_carries_grads(xkey[:, 1], xkey[:, 3], f)
     carried = grads_carried(c["grad_accum"][cand], short[x_row], base.optimizer_in_backward)
+    if par0.pp_schedule == "interleaved":  # engine/context interleaved_loss_grad_chunks: one round, m < 2 pp
+        one_round = (xkey[:, 3] < 2 * xkey[:, 1]) & (xkey[:, 2] == xkey[:, 1] - 1)
+        carried = np.where(
+            carried & (c["grad_accum"] == 1)[cand] & one_round[x_row], 2, carried.astype(np.int64)
+        )
     skey, s_idx = _state_key(c, cand, first, last, layers, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)

@@ -48,6 +48,7 @@ STATES_IGNORED = {
     "padding": {"padding": "longest"},
     "cuda_lazy_loading": {"cuda_lazy_loading": False},
     "allocator_conf": {"allocator_conf": "expandable_segments:True,max_split_size_mb:128"},
+    "reserved_model": {"reserved_model": "replay"},
 }
 #: A different value for every field the activations key leaves out.
 ACTIVATIONS_IGNORED = {
@@ -57,6 +58,7 @@ ACTIVATIONS_IGNORED = {
     "grad_accum_steps": {"grad_accum_steps": 8},
     "gpu": {"gpu": "a100-40gb"},
     "allocator_conf": {"allocator_conf": "expandable_segments:True,max_split_size_mb:128"},
+    "reserved_model": {"reserved_model": "replay"},
     "parallel.dp": {"parallel": {"dp": 4}},
     "parallel.zero": {"parallel": {"dp": 4, "zero": 3}},
     "parallel.offload": {"parallel": {"dp": 4, "zero": 3, "offload": "optimizer+params"}},

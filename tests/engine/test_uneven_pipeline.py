@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsim_widget.engine.context import Context, interleaved_held_layers
+from memsim_widget.engine.context import Context, interleaved_held_layers, interleaved_loss_grad_chunks
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.schedule import interleaved_in_flight
 from memsim_widget.engine.states import model_states
@@ -104,6 +104,36 @@ def test_an_interleaved_rank_with_uneven_chunks_holds_them_in_the_schedules_orde
     assert interleaved_held_layers(2, 2, 1, (2, 1)) == 5.0
     # rank 0 warms up with every forward (2 + 2 (p - 1) = 4 = m v): 1 + 1 + 2 + 2
     assert interleaved_held_layers(2, 2, 0, (1, 2)) == 6.0
+
+
+def test_the_last_rank_holds_fewer_sets_while_its_loss_runs_than_at_a_forward_of_its_first_chunk():
+    # p = 2, m = 4, v = 2, chunks (2, 1) on rank 1: rounds of 2; warm-up F0 F0 (4); steps F1 B1, F1 B1 (5,
+    # each with a loss), F0 B0, F0 B0 (6, no loss), F1 B1, F1 B1 (5, losses), then B0 B0
+    assert interleaved_held_layers(2, 4, 1, (2, 1)) == 6.0
+    assert interleaved_held_layers(2, 4, 1, (2, 1), at_loss=True) == 5.0
+
+
+def test_with_one_round_the_last_rank_runs_its_other_chunks_backwards_after_its_last_loss():
+    # p = 2, m = 3, v = 2 (one round of 3): rank 1 runs 1F0 1F1 1F2 3F0 3B0 3F1 3B1 3F2 3B2 1B0 1B1 1B2, so
+    # at its losses only its last chunk (stage 3) has gradients
+    assert interleaved_loss_grad_chunks(2, 3, 2) == 1
+    assert interleaved_loss_grad_chunks(4, 6, 3) == 1
+    # two rounds or more: the last round's losses come after every chunk's first backward
+    assert interleaved_loss_grad_chunks(2, 4, 2) == 2
+    assert interleaved_loss_grad_chunks(4, 12, 3) == 3
+    assert interleaved_loss_grad_chunks(2, 1, 2) == 0  # one micro-batch: no backward before the loss
+
+
+@pytest.mark.parametrize(("m", "missing"), [(3, 4), (4, 0)])  # one round: chunk 1's 4 layers have none yet
+def test_gradients_at_the_loss_of_an_interleaved_last_rank_are_its_loss_chunks(m, missing):
+    sc = Scenario.from_dict({"model": "llama-3.2-1b", "parallel": {
+        "pp": 2, "virtual_stages": 2, "pp_schedule": "interleaved", "pp_microbatches": m}})  # fmt: skip
+    ctx = Context(sc)
+    last = ctx.stages[-1]  # 16 layers: chunks of 4, the last rank holds stages 1 and 3
+    assert ctx.loss_grad_layers(last) == last.layers - missing
+    st = model_states(ctx, last)
+    gone = sum(i.bytes for i in st.grads) - sum(i.bytes for i in st.loss_grads)
+    assert gone == int(st.grad_bytes_per_layer * missing)
 
 
 @settings(max_examples=200, deadline=None)

@@ -34,6 +34,8 @@ class StateBudget:
     grads: list[Item] = field(default_factory=list)  # all gradients of the step on this rank
     post_grads: list[Item] = field(default_factory=list)  # gradients of the head and final norm
     grads_but_bottom: list[Item] = field(default_factory=list)  # all but layer 0's and the embeddings'
+    # those alive at the last stage's latest loss backward (an interleaved rank: its loss chunk's only)
+    loss_grads: list[Item] = field(default_factory=list)
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
     gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
     # FSDP2's reduce-scatter of the root unit (last in backward): its unsharded gradients and the reduce

@@ -83,6 +83,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     else:
         b.grads_but_bottom = list(b.grads)
     partial_embedding_grad(ctx, stage, groups, grad_b, b)  # made at the bottom: not in grads_but_bottom
+    _loss_grads(ctx, stage, b)
     if ctx.full_training and not sc.optimizer_in_backward:
         n_post = sum(
             g.numel for g in groups if g.group.scope == "post" and g.group.stack not in ctx.frozen_stacks
@@ -99,6 +100,29 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 )
             )
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
+
+
+def _loss_grads(ctx: Context, stage: Stage, b: StateBudget) -> None:
+    """The gradients alive at the last stage's latest loss backward: on an interleaved rank whose other
+    chunks run every backward after its last loss (``Context.loss_grad_layers``), all but those chunks'
+    layers' gradients; every gradient otherwise."""
+    missing = stage.layers - ctx.loss_grad_layers(stage)
+    if missing <= 0 or not b.grads or ctx.scenario.optimizer_in_backward:
+        b.loss_grads = list(b.grads)
+        return
+    g = b.grads[0]
+    gone = int(b.grad_bytes_per_layer * missing)
+    b.loss_grads = [
+        Item(
+            g.category,
+            "gradients of the chunks whose backward ran (the others' after the last loss)",
+            max(0, g.bytes - gone),
+            f"{g.formula} - {missing} layers' gradients (backward after the last loss)",
+            g.level,
+            max(1, g.tensors - g.tensors * missing // max(stage.layers, 1)),
+        ),
+        *b.grads[1:],
+    ]
 
 
 def partial_embedding_grad(
