@@ -228,7 +228,8 @@ def _climb(
     Each step evaluates only the candidates that fitted at the last stop that fitted. The next stop is the
     secant guess of where their least memory crosses ``limit``: extrapolated from the last two stops that
     fitted (doubling before there are two) until one does not fit, then interpolated within the bracket; the
-    bracket's middle after two secant steps that did not halve it.
+    bracket's middle after a secant step that did not halve it (after two, a memory that is flat then jumps
+    took up to 8 stops more than doubling then bisection: tests/plan/test_reach.py).
     """
     if hi < start or not alive.size:
         return None
@@ -246,7 +247,7 @@ def _climb(
                 guess = good + int((limit - m_good) * (good - last[0]) // (m_good - last[1]))
             else:
                 guess = good * 2
-        elif stalls < 2 and m_bad != float("inf"):
+        elif stalls < 1 and m_bad != float("inf"):
             guess = good + int((limit - m_good) * width // max(m_bad - m_good, 1.0))
         else:
             guess, stalls = (good + bad) // 2, 0

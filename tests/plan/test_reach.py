@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from memsim_widget.errors import ScenarioError
@@ -38,6 +38,7 @@ def synthetic(cands: list[tuple[int, int, int, int]]):
 
 
 @settings(max_examples=300, deadline=None)
+@example(cands=[(501, 0, 500, 81)], hi=191, start=1)  # flat then a jump: 21 stops with two secant stalls
 @given(cands=st.lists(candidate, min_size=1, max_size=12), hi=st.integers(1, 5000), start=st.integers(1, 40))
 def test_climb_finds_what_a_linear_scan_finds(cands, hi, start):
     memory, table, asked = synthetic(cands)
