@@ -332,7 +332,8 @@ class ParallelConfig:
             )
 
     def _check_pp_layers(self) -> None:
-        """``pp_layers``: None, or one positive layer count per pipeline rank (kept as a tuple)."""
+        """``pp_layers``: None, or one layer count (>= 0) per pipeline rank (kept as a tuple); which counts the
+        model allows (0 only on the first or last stage) is the rules table's."""
         if self.pp_layers is None:
             return
         v = self.pp_layers
@@ -349,7 +350,7 @@ class ParallelConfig:
                 f"must list one layer count per stage (pp = {self.pp}), got {len(counts)}",
             )
         for i, c in enumerate(counts):
-            _int(f"parallel.pp_layers[{i}]", c, maximum=MAX_GPUS)
+            _int(f"parallel.pp_layers[{i}]", c, minimum=0, maximum=MAX_GPUS)
         object.__setattr__(self, "pp_layers", tuple(int(c) for c in counts))
 
     @property

@@ -16,7 +16,8 @@ ZERO_SHARDS = {
 
 
 def stage_span(scenario: Scenario, stage: Stage, num_layers: int) -> str:
-    """The layers a stage holds, and its ends: 'layers 0-15, embeddings' or 'all 32 layers, embeddings, head'."""
+    """The layers a stage holds, and its ends: 'layers 0-15, embeddings', 'all 32 layers, embeddings, head',
+    or (an end stage of no layer) 'no layers, head and loss'."""
     par = scenario.parallel
     if stage.num_stages == 1:
         layers = f"all {num_layers} layers"
@@ -28,7 +29,7 @@ def stage_span(scenario: Scenario, stage: Stage, num_layers: int) -> str:
     else:
         split = rank_layers(chunk_layers(num_layers, par.pp, 1, par.pp_split, par.pp_layers), par.pp)
         start = sum(split[: stage.index])
-        layers = f"layers {start}-{start + stage.layers - 1}"
+        layers = f"layers {start}-{start + stage.layers - 1}" if stage.layers else "no layers"
     ends = [e for e, on in (("embeddings", stage.first), ("head and loss", stage.last)) if on]
     return ", ".join([layers, *ends])
 

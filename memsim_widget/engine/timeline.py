@@ -258,6 +258,9 @@ def _state_groups(
     carried = 2 if carried and stage.last and sc.grad_accum_steps == 1 else int(carried)
     resharded = root_resharded_for_loss(sc, stage.last)
     lists = state_lists(states)
+    # a stage of no layer with one backward a step: the embedding's gradient becomes .grad (none is added)
+    if stage.layers == 0 and ctx.par.pp_microbatches * sc.grad_accum_steps == 1:
+        lists["grads_but_bottom"] = lists["grads"]
     return state_group_table(lists, overhead, carried, stage.last, resharded, sc.optimizer_in_backward, [])
 
 
@@ -305,6 +308,8 @@ def _saved_groups(
         own = recompute if acts.ckpt_input_shared else _scaled(kept, 1, "1 layer") + recompute
     else:
         own = _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
+    if Ls == 0:  # a first or last stage of only its embedding or head: no layer runs backward
+        own = recompute = []
     # an interleaved last rank of uneven chunks holds fewer sets while its loss runs than at its peak
     held_loss, saved_loss = ctx.held_layers(stage, at_loss=True), saved_all
     if held_loss < held and not mixed:
@@ -331,8 +336,8 @@ def _activation_groups(
     )
     # a layer in backward: the larger of its MLP and its attention transients
     layer_bwd = max(
-        _scaled(acts.layer_backward, 1, "", "temporaries"),
-        _scaled(acts.attention_backward, 1, "", "temporaries"),
+        _scaled(acts.layer_backward, 1 if Ls else 0, "", "temporaries"),
+        _scaled(acts.attention_backward, 1 if Ls else 0, "", "temporaries"),
         key=lambda x: sum(i.bytes for i in x),
     )
     # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
@@ -357,8 +362,8 @@ def _activation_groups(
         "held_cache_extra": _scaled(acts.output_cache_extra, Ls, f"{Ls} layers"),
         "top_backward": _scaled(acts.top_backward, last, "", "temporaries"),
         "layer_backward": layer_bwd,
-        "cache_but_own": _scaled(acts.output_cache, Ls - 1, f"{Ls - 1} layers")
-        + _scaled(acts.output_cache_extra, 1, "1 layer"),
+        "cache_but_own": _scaled(acts.output_cache, max(Ls - 1, 0), f"{max(Ls - 1, 0)} layers")
+        + _scaled(acts.output_cache_extra, min(Ls, 1), "1 layer"),
         "cache_all": cache_all,
         # calibrated models only
         "bottom_backward": _scaled(acts.bottom_backward, 1 if stage.first else 0, "", "temporaries"),

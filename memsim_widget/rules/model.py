@@ -10,6 +10,7 @@ from memsim_widget.rules.pipeline_split import (
     EMBEDDING_WEIGHT,
     HEAD_WEIGHT,
     chunk_layers,
+    layers_problem,
     split_problem,
     split_style,
 )
@@ -145,14 +146,11 @@ RULES: tuple[Rule, ...] = (
         "model",
         broken=lambda v: (
             v["parallel.pp_layers"] is not None
-            and (
-                sum(v["parallel.pp_layers"]) != v["arch"].num_layers
-                or min(v["parallel.pp_layers"]) < v["parallel.virtual_stages"]
-            )
+            and layers_problem(v["arch"].num_layers, v["parallel.pp_layers"], v["parallel.virtual_stages"])
+            is not None
         ),
-        message=lambda v: (
-            f"must add up to the model's {v['arch'].num_layers} layers, at least virtual_stages = "
-            f"{v['parallel.virtual_stages']} per stage, got {list(v['parallel.pp_layers'])}"
+        message=lambda v: str(
+            layers_problem(v["arch"].num_layers, v["parallel.pp_layers"], v["parallel.virtual_stages"])
         ),
     ),
     Rule(

@@ -26,6 +26,11 @@ holds chunks ``r, r + pp, ...``). The styles:
 ``parallel.pp_layers`` (layers per rank) overrides the style; with virtual stages a rank's layers are spread
 over its chunks as evenly as they go, the first chunks taking the remainder, except on the first rank, whose
 first chunk also holds the embedding: there the last chunks take it (as both frameworks place a shortfall).
+Without virtual stages the first rank may hold 0 layers (only the embedding) and the last rank 0 layers (only
+the final norm + head + loss): torchtitan builds such stages from ``module_fqns_per_model_part`` (e.g.
+``[["tok_embeddings"], ["layers.0", ...], ["norm", "output"]]``) and Megatron from layouts like
+``"E|t*8|t*8|L"`` (``pipeline_model_parallel_layout``); PyTorch's ``PipelineStage`` runs them. A middle rank
+needs a layer (a stage of nothing), and so does every chunk under virtual stages (not modelled).
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ def split_style(pp_split: str | None, num_layers: int, chunks: int) -> str:
 
 def split_problem(num_layers: int, pp: int, v: int, style: str) -> str | None:
     """Why ``style`` cannot split ``num_layers`` over ``pp`` ranks x ``v`` chunks (None: it can). Every chunk
-    keeps at least one layer (a chunk of only an embedding or a head is not modelled)."""
+    keeps at least one layer (the styles never leave an end stage of only its embedding or head; a listed
+    ``pp_layers`` may: ``layers_problem``)."""
     n = pp * v
     eff = num_layers + EMBEDDING_WEIGHT + HEAD_WEIGHT
     if style == "even" and num_layers % n:
@@ -64,6 +70,23 @@ def split_problem(num_layers: int, pp: int, v: int, style: str) -> str | None:
         return (
             f"Megatron's split needs {num_layers} layers + embedding + loss = {eff} divisible by pp = {pp} and "
             f"then by virtual_stages = {v}, at least 2 per chunk"
+        )
+    return None
+
+
+def layers_problem(num_layers: int, pp_layers: Sequence[int], v: int) -> str | None:
+    """Why ``parallel.pp_layers`` cannot be the split (None: it can): the counts must add up to the layers;
+    a middle stage needs a layer; with virtual stages every stage needs ``v`` (one per chunk), and without them
+    the first and last stage may hold 0 (only the embedding, only the head and loss)."""
+    got = list(pp_layers)
+    if sum(got) != num_layers:
+        return f"must add up to the model's {num_layers} layers, got {got} (sum {sum(got)})"
+    if v > 1 and min(got) < v:
+        return f"needs at least virtual_stages = {v} layers on every stage (one per chunk), got {got}"
+    if min(got[1:-1], default=1) < 1:
+        return (
+            f"needs a layer on every middle stage (only the first and last may hold 0: the embedding alone, "
+            f"the head and loss alone), got {got}"
         )
     return None
 

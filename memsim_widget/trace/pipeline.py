@@ -57,8 +57,9 @@ class StagePlan:
     def describe(self) -> str:
         """The modules of the stage in words, e.g. 'layers 6-7, final norm, head and loss'."""
         parts = ["embeddings"] if self.first else []
-        lo, hi = self.layers[0], self.layers[-1]
-        parts.append(f"layer {lo}" if lo == hi else f"layers {lo}-{hi}")
+        if self.layers:  # a first or last stage may hold none (only the embeddings, only the head)
+            lo, hi = self.layers[0], self.layers[-1]
+            parts.append(f"layer {lo}" if lo == hi else f"layers {lo}-{hi}")
         if self.last:
             parts.append("final norm, head and loss")
         return ", ".join(parts)

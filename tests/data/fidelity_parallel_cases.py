@@ -304,10 +304,11 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
 
 def _split_cases() -> list[tuple[str, dict, int]]:
     """Pipelines at a real vocabulary that PyTorch runs and the trace or the engine once refused: interleaved
-    micro-batches that pp does not divide, and no pp_layers with layers that pp x virtual stages do not divide
-    (torchtitan's split, rules/pipeline_split)."""
+    micro-batches that pp does not divide, no pp_layers with layers that pp x virtual stages do not divide
+    (torchtitan's split, rules/pipeline_split), and a first or last stage of no layer."""
     inter = {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
     four = {**LLAMA3_V128K, "num_hidden_layers": 4}
+    four_v32k = {**MISTRAL_V32K, "num_hidden_layers": 4}
     return [
         _real(
             "V128k llama3 bf16 pp2 interleaved v2 m3 stage 1 (last)",
@@ -326,6 +327,20 @@ def _split_cases() -> list[tuple[str, dict, int]]:
             {**LLAMA3_V128K, "num_hidden_layers": 6},
             inter,
             1,
+        ),
+        # a first stage of only the embedding, a last of only the final norm, head and loss (torchtitan's
+        # module_fqns_per_model_part, Megatron's "E|t*4|L"-style layouts)
+        _real(
+            "V32k mistral bf16 pp2 1f1b m4 [0, 4] stage 0 (embedding only)",
+            four_v32k,
+            {"pp": 2, "pp_microbatches": 4, "pp_layers": [0, 4]},
+            0,
+        ),
+        _real(
+            "V32k mistral bf16 pp3 1f1b m4 [2, 2, 0] stage 2 (head and loss only)",
+            four_v32k,
+            {"pp": 3, "pp_microbatches": 4, "pp_layers": [2, 2, 0]},
+            2,
         ),
     ]
 

@@ -152,7 +152,8 @@ def test_equal_chunks_hold_the_in_flight_formula(p, v, rounds, size, data):
         ({"pp": 2, "pp_layers": [7, 8]}, "parallel.pp_layers"),  # 15 of 16 layers
         ({"pp": 2, "pp_layers": [16]}, "parallel.pp_layers"),  # one count for two stages
         ({"pp_layers": [16]}, "parallel.pp_layers"),  # no pipeline
-        ({"pp": 2, "pp_layers": [0, 16]}, "parallel.pp_layers[0]"),
+        ({"pp": 2, "pp_layers": [-1, 17]}, "parallel.pp_layers[0]"),  # (0 on an end stage is allowed)
+        ({"pp": 3, "pp_layers": [8, 0, 8]}, "parallel.pp_layers"),  # a middle stage of nothing
         ({"pp": 2, "pp_layers": "8,8"}, "parallel.pp_layers"),
         (
             {"pp": 2, "virtual_stages": 2, "pp_schedule": "interleaved", "pp_layers": [1, 15]},
@@ -199,3 +200,78 @@ def test_the_role_names_each_stages_own_layers():
     )
     roles = [est.role(r) for r in est.ranks]
     assert "layers 0-3" in roles[0] and "layers 4-10" in roles[1] and "layers 11-15" in roles[2]
+
+
+#: Llama 3.1 8B (untied): its embedding, 128,256 x 4,096 parameters, is all a stage of no layer holds first.
+EMBED_8B = 128256 * 4096
+
+
+def _eight_b(pp_layers: list[int], **par: object) -> Scenario:
+    return Scenario.from_dict(
+        {
+            "model": "llama-3.1-8b",
+            "parallel": {"pp": len(pp_layers), "pp_microbatches": 4, "pp_layers": pp_layers, **par},
+        }
+    )
+
+
+def _backward_end(sc: Scenario, stage: int) -> dict[str, int]:
+    rank = estimate(sc).ranks[stage]
+    return {i.item: i.bytes for i in {m.name: m for m in rank.moments}["backward_end"].items}
+
+
+@pytest.mark.parametrize("pp_layers", [[0, 32], [32, 0], [0, 32, 0], [0, 16, 16], [16, 16, 0]])
+def test_the_first_and_last_stage_may_hold_only_the_embedding_or_the_head(pp_layers):
+    # torchtitan's module_fqns_per_model_part and Megatron's "E|t*32|L" layouts build such stages
+    est = estimate(_eight_b(pp_layers))
+    assert [r.stage.layers for r in est.ranks] == pp_layers
+    roles = [est.role(r) for r in est.ranks]
+    if pp_layers[0] == 0:
+        assert roles[0] == f"pipeline stage 0 of {len(pp_layers)} (no layers, embeddings)"
+    if pp_layers[-1] == 0:
+        assert roles[-1].endswith("(no layers, head and loss)")
+
+
+@pytest.mark.parametrize(
+    ("pp_layers", "par", "words"),
+    [
+        ([16, 0, 16], {}, "needs a layer on every middle stage"),
+        ([0, 32], {"pp_schedule": "interleaved", "virtual_stages": 2}, "at least virtual_stages = 2"),
+        ([1, 31], {"pp_schedule": "interleaved", "virtual_stages": 2}, "at least virtual_stages = 2"),
+        ([0, 31], {}, "must add up to the model's 32 layers"),
+    ],
+)
+def test_a_middle_stage_or_a_chunk_of_no_layer_is_refused(pp_layers, par, words):
+    with pytest.raises(ScenarioError, match="parallel.pp_layers") as err:
+        estimate(_eight_b(pp_layers, **par))
+    assert words in str(err.value)
+
+
+def test_a_stage_of_only_the_embedding_holds_its_weights_states_and_gradients():
+    rank = estimate(_eight_b([0, 32])).ranks[0]
+    # bf16 weights and gradients, AdamW's two bf16 moments: 2 + 2 + 2 x 2 bytes per embedding parameter
+    end = _backward_end(_eight_b([0, 32]), 0)
+    assert end["embedding weights"] == EMBED_8B * 2
+    assert end["adamw states"] == EMBED_8B * 2 * 2
+    assert end["gradients"] == EMBED_8B * 2
+    assert rank.stage.layers == 0
+
+
+def test_a_stage_of_no_layer_runs_no_layer_backward_but_a_second_embedding_gradient():
+    # the bottom of its backward is embedding_dense_backward: with 4 micro-batches the earlier ones' gradient
+    # is alive when the next one's is made (AccumulateGrad then adds it in place; traced in
+    # tests/trace/test_trace_pipeline.py); no layer's activations or backward temporaries
+    end = _backward_end(_eight_b([0, 32]), 0)
+    assert end["the embeddings' new gradient, before it is added to the accumulated one"] == EMBED_8B * 2
+    assert not [k for k in end if "layer" in k]
+    # one micro-batch: its gradient becomes .grad, nothing is added
+    one = _backward_end(_eight_b([0, 32], pp_microbatches=1), 0)
+    assert not [k for k in one if "new gradient" in k]
+    assert one["gradients"] == EMBED_8B * 2
+
+
+def test_a_stage_of_only_the_head_holds_the_final_norm_and_head():
+    end = _backward_end(_eight_b([32, 0]), 1)
+    assert not [k for k in end if "new gradient" in k or "layer" in k]
+    assert end["gradients"] == (EMBED_8B + 4096) * 2  # the head (as large as the embedding) and final norm
+    assert estimate(_eight_b([32, 0])).ranks[1].stage.layers == 0

@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
 from fidelity_cases import LLAMA  # noqa: E402
+from fidelity_parallel_cases import CASES, compare  # noqa: E402
 
 from memsim_widget.errors import ScenarioError  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
@@ -199,6 +200,35 @@ def test_an_uneven_split_gives_each_stage_its_listed_layers() -> None:
     sc = Scenario.from_dict({"model": LLAMA, "parallel": {**inter, "pp_layers": [3, 3]}})
     assert [p.layers for p in pipeline.stage_plans(sc, 0, 6)] == [range(0, 1), range(3, 5)]
     assert [p.layers for p in pipeline.stage_plans(sc, 1, 6)] == [range(1, 3), range(5, 6)]
+
+
+def test_a_first_or_last_stage_may_hold_only_its_embedding_or_head() -> None:
+    par = {"pp": 3, "pp_microbatches": 3, "pp_layers": [0, 4, 0]}
+    sc = Scenario.from_dict({"model": LLAMA, "micro_batch_size": 1, "seq_len": 64, "parallel": par})
+    assert [p.layers for r in (0, 1, 2) for p in pipeline.stage_plans(sc, r, 4)] == [
+        range(0, 0), range(0, 4), range(4, 4)
+    ]  # fmt: skip
+    first, last = trace_pipeline(sc, rank=0), trace_pipeline(sc, rank=2)
+    assert first.rank_role.startswith("pipeline stage 0 of 3: embeddings;")
+    assert last.rank_role.startswith("pipeline stage 2 of 3: final norm, head and loss;")
+    # bf16 weights: the embedding alone, then the final norm and head alone
+    assert first.model_state_bytes["parameter"] == EMBED * BF16
+    assert first.parameters == EMBED
+    assert last.model_state_bytes["parameter"] == (FINAL_NORM + HEAD) * BF16
+    assert last.model_state_bytes["gradient"] == last.model_state_bytes["parameter"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "V32k mistral bf16 pp2 1f1b m4 [0, 4] stage 0 (embedding only)",
+        "V32k mistral bf16 pp3 1f1b m4 [2, 2, 0] stage 2 (head and loss only)",
+    ],
+)
+def test_a_stage_of_no_layer_is_predicted_within_one_percent_never_half_a_percent_under(name: str) -> None:
+    data, stage = {n: (d, s) for n, d, s in CASES}[name]
+    err = compare(name, data, stage)["error"]
+    assert -0.005 <= err < 0.01, err
 
 
 def test_without_a_list_an_indivisible_split_is_torchtitans() -> None:

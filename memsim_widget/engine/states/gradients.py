@@ -80,6 +80,8 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 max(1, tensors_train - 10),
             ),
         ]
+        if stage.layers == 0:  # an end stage of only the embedding (its new gradient) or only the head
+            b.grads_but_bottom = [*b.grads, *([_new_embedding_grad(n_pre, grad_b, g_div)] if n_pre else [])]
     else:
         b.grads_but_bottom = list(b.grads)
     partial_embedding_grad(ctx, stage, groups, grad_b, b)  # made at the bottom: not in grads_but_bottom
@@ -100,6 +102,22 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 )
             )
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
+
+
+def _new_embedding_grad(n_pre: int, grad_b: int, g_div: int) -> Item:
+    """A first stage of no layer (``parallel.pp_layers`` [0, ...]): the bottom of its backward is the
+    embedding's, where ``embedding_dense_backward`` makes a new full gradient while the gradient of the earlier
+    micro-batches is alive, then ``AccumulateGrad`` adds it in place (traced: tests/data
+    fidelity_parallel_cases). The timeline keeps it only where more than one micro-batch runs backward
+    in a step (the first one's is kept as ``.grad``)."""
+    return Item(
+        "gradients",
+        "the embeddings' new gradient, before it is added to the accumulated one",
+        n_pre * grad_b // g_div,
+        f"{fmt_int(n_pre)} params x {grad_b} B{shard_note(g_div, 'ZeRO-2 dp shard')}",
+        "tensor",
+        1,
+    )
 
 
 def _loss_grads(ctx: Context, stage: Stage, b: StateBudget) -> None:
