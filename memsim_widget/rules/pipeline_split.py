@@ -29,8 +29,9 @@ first chunk also holds the embedding: there the last chunks take it (as both fra
 Without virtual stages the first rank may hold 0 layers (only the embedding) and the last rank 0 layers (only
 the final norm + head + loss): torchtitan builds such stages from ``module_fqns_per_model_part`` (e.g.
 ``[["tok_embeddings"], ["layers.0", ...], ["norm", "output"]]``) and Megatron from layouts like
-``"E|t*8|t*8|L"`` (``--pipeline-model-parallel-layout``, experimental); PyTorch's ``PipelineStage`` runs them. A middle rank
-needs a layer (a stage of nothing), and so does every chunk under virtual stages (not modelled).
+``"E|t*8|t*8|L"`` (``--pipeline-model-parallel-layout``, experimental); PyTorch's ``PipelineStage`` runs
+them. A middle rank needs a layer (a stage of nothing), and so does every chunk under virtual stages (not
+modelled).
 """
 
 from __future__ import annotations
