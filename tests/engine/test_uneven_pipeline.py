@@ -275,3 +275,15 @@ def test_a_stage_of_only_the_head_holds_the_final_norm_and_head():
     assert not [k for k in end if "new gradient" in k or "layer" in k]
     assert end["gradients"] == (EMBED_8B + 4096) * 2  # the head (as large as the embedding) and final norm
     assert estimate(_eight_b([32, 0])).ranks[1].stage.layers == 0
+
+
+def test_the_pipeline_layouts_traces_show_under_carry_a_caveat():
+    # GPipe's last stage and pipelines over FSDP are under their held-out traces (docs/fidelity-parallel.md)
+    from memsim_widget.engine.caveats import pipeline_under_caveat
+
+    def said(parallel: dict) -> str:
+        return pipeline_under_caveat(Scenario.from_dict({"model": "llama-3.1-8b", "parallel": parallel}))
+
+    assert "GPipe" in said({"pp": 2, "pp_schedule": "gpipe"})
+    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3})
+    assert said({"pp": 2}) == said({"dp": 2, "zero": 3}) == ""
