@@ -85,7 +85,9 @@ LEARNED = [
     "- **Pipeline stages** (`engine/pipeline.py`): receive buffers per micro-batch and direction, pending "
     "input-gradient sends, stage outputs (logits on the last stage) kept until their backward, GPipe's last "
     "stage holding every micro-batch's loss, gradients carried only where fewer micro-batches are in flight "
-    "than there are.",
+    "than there are; under GPipe the second micro-batch's backward (`backward_next`), which meets every "
+    "gradient the first made beside the other micro-batches' activations, outputs and loss tensors (torch 2.13 "
+    "`ScheduleGPipe._step_microbatches`: every forward and loss, then the backwards in order).",
     "- **Real vocabularies** (the `V32k`-`V256k` rows: each model's own hidden size and vocabulary, 2 layers): "
     "the project's small shapes (V = 1,000) hide the embedding, head and loss. Three rules came from them. "
     "(1) FSDP2's root unit (embeddings, final norm, head) is reduce-scattered last: `foreach_reduce` allocates "
@@ -137,7 +139,13 @@ KNOWN_GAPS = [
     "",
     "## Known gaps",
     "",
-    "- **Known misses, not yet in the table: GPipe's last stage and pipelines over FSDP** (held-out fake-tensor traces of a 4-layer Mistral-7B-shaped model, V32k, 1,024 tokens, 4 micro-batches): GPipe's last stage is under by 7.2% on an even [2, 2] split and 5.8% on [3, 1]; pp 2 over FSDP at dp 2 is under by 6.5% at stage 0 of an even split (10.6% and 5.3% with a stage of no layers); a middle stage of a plain 1F1B [2, 2, 2] split is under by 1.8%. Not modelled yet: the estimate of a GPipe or pipeline-over-FSDP scenario carries a caveat saying so (`engine/caveats.pipeline_under_caveat`).",
+    "- **Known misses, not yet in the table: pipelines over FSDP** (held-out fake-tensor traces of a 4-layer "
+    "Mistral-7B-shaped model, V32k, 1,024 tokens, 4 micro-batches): pp 2 over FSDP at dp 2 is under by 6.5% at "
+    "stage 0 of an even split (10.6% and 5.3% with a stage of no layers); a middle stage of a plain 1F1B "
+    "[2, 2, 2] split is under by 1.8%. Not modelled yet: the estimate of a pipeline-over-FSDP scenario carries a "
+    "caveat saying so (`engine/caveats.pipeline_under_caveat`). GPipe's last stage, once under by 7.2% "
+    "([2, 2]) and 5.8% ([3, 1]), is modelled and in the table (the `backward_next` rows: before, the engine "
+    "stopped at the first micro-batch's loss backward).",
     "- **torchtitan pipelines without FSDP** (`precision: amp-bf16`, pp > 1, no FSDP, no TP): torchtitan's "
     "`maybe_enable_amp` disables mixed precision there too, but the pipeline tracer autocasts, so the engine "
     "keeps bf16 activations for that case (`no_mixed_precision` covers TP only). Not traced as torchtitan runs it.",

@@ -33,6 +33,7 @@ STATE_GROUPS = (
     "grads",  # every gradient
     "step_persistent",  # parameters and optimizer states at the optimizer step (they exist from step 1 on)
     "step_temps",  # the optimizer step's temporaries (tensor level)
+    "grads_next",  # GPipe's second backward: every gradient, made by the first (none with optimizer-in-backward)
 )
 
 #: Activation groups (``engine/activations.ActivationBudget`` terms times layers and micro-batches).
@@ -53,6 +54,14 @@ ACTIVATION_GROUPS = (
     "recompute",  # the last layer recomputed for its backward (under checkpointing)
     "layer_backward",  # a layer in backward: the larger of its MLP and its attention transients
     "rest",  # the other micro-batches' saved activations at the bottom of backward
+    # GPipe's second micro-batch's backward (engine/pipeline next_backward_count; empty elsewhere): one
+    # micro-batch fewer of the stage's buffers and outputs, inputs, saved activations, head and loss tensors
+    "stage_io_next",
+    "pre_next",
+    "saved_next",
+    "post_next",
+    "loss_saved_next",
+    "loss_backward_next",  # ... and the loss's backward transients (last stage)
     "own",  # layer 0's saved activations of this micro-batch (recomputed under checkpointing)
     "cache_but_own",  # the held KV cache less layer 0's own part
     "cache_all",  # the whole held KV cache
@@ -126,6 +135,23 @@ MOMENT_TABLE = (
         larger_of=(
             ("grads_but_bottom", "own", "layer_backward", "held_logits", "cache_but_own"),
             ("grads", "held_logits", "cache_all", "bottom_backward"),
+        ),
+    ),
+    # GPipe: the second micro-batch's (loss) backward, every gradient made by the first's backward, one
+    # micro-batch fewer held (engine/pipeline next_backward_count; only its model states where it is no moment,
+    # less than backward_end holds)
+    MomentRule(
+        "backward_next",
+        live=(
+            "persistent",
+            "overhead",
+            "stage_io_next",
+            "grads_next",
+            "pre_next",
+            "saved_next",
+            "post_next",
+            "loss_saved_next",
+            "loss_backward_next",
         ),
     ),
     # FSDP2 at the bottom of backward: the embedding's gradient made, the root's unsharded gradients waiting

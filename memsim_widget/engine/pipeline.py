@@ -6,7 +6,8 @@ it gets from the previous stage and one for the gradients it gets from the next,
 keeps them for the run; the schedule keeps each stage's output of every micro-batch in flight until that
 micro-batch's backward (on the last stage: the logits); a non-first stage holds the input gradient of the
 previous micro-batch until it is sent. Under GPipe the last stage runs every micro-batch's loss before the
-first backward, so it holds each one's head and loss tensors.
+first backward, so it holds each one's head and loss tensors; and as backward runs micro-batch by
+micro-batch, the second one starts with every gradient made and one micro-batch fewer held (``next_backward``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ def loss_count(p: Any, m: Any, schedule: str, last: Any) -> Any:
     """Micro-batches whose head and loss tensors the last stage holds at once: all of them under GPipe
     (every loss runs before the first backward), one under 1F1B and interleaved 1F1B; none elsewhere."""
     return where(last, where((p > 1) & (schedule == "gpipe"), m, 1), 0)
+
+
+def next_backward_count(p: Any, m: Any, schedule: str) -> Any:
+    """1 where the second micro-batch's backward is a moment of its own: under GPipe every forward (and on the
+    last stage every loss) runs before the first backward, then the backwards run one micro-batch after the
+    other, so the second starts with every gradient of the stage made by the first and ``m - 1``
+    micro-batches' activations, outputs and loss tensors still held (torch 2.13 ``pipelining/schedules.py``
+    ``ScheduleGPipe._step_microbatches``: a loop of ``forward_one_chunk`` and ``_maybe_compute_loss`` over
+    every micro-batch, then a loop of ``backward_one_chunk``; gradients accumulate in ``.grad``). Traced:
+    the last stage's peak is the second micro-batch's loss backward (docs/fidelity-parallel.md). 0 under
+    1F1B and interleaved 1F1B (``pipeline_carries_grads`` covers them), with one micro-batch, or without a
+    pipeline."""
+    return where((p > 1) & (m > 1) & (schedule == "gpipe"), 1, 0)
 
 
 def outputs_held_count(p: Any, m: Any, f: Any, last: Any, n_loss: Any, returned: bool) -> Any:
@@ -72,6 +86,12 @@ def loss_micro_batches(ctx: Context, stage: Stage) -> int:
     return loss_count(par.pp, par.pp_microbatches, par.pp_schedule, stage.last)
 
 
+def next_backward(ctx: Context) -> int:
+    """1 where the second micro-batch's backward is a moment of its own (``next_backward_count``)."""
+    par = ctx.par
+    return int(next_backward_count(par.pp, par.pp_microbatches, par.pp_schedule))
+
+
 def returns_outputs(ctx: Context, keeps_output: bool) -> bool:
     """Whether the schedule returns the last stage's outputs: ``schedule.step(return_outputs=True)``,
     PyTorch's default, which the loop asks for when it keeps the model output through the step
@@ -98,3 +118,12 @@ def outputs_through_step(ctx: Context, stage: Stage, keeps_output: bool) -> int:
     return through_step_count(
         ctx.par.pp, ctx.par.pp_microbatches, stage.last, returns_outputs(ctx, keeps_output)
     )
+
+
+def outputs_held_next(ctx: Context, stage: Stage, keeps_output: bool = False) -> float:
+    """Stage outputs still kept when the second micro-batch's backward starts (``next_backward_count``): one
+    fewer than ``outputs_held``, the first's freed by its backward, unless the schedule returns them."""
+    par, returned = ctx.par, returns_outputs(ctx, keeps_output)
+    n_loss = loss_micro_batches(ctx, stage) - 1
+    f = ctx.in_flight(stage) - 1
+    return float(outputs_held_count(par.pp, par.pp_microbatches, f, stage.last, n_loss, returned))

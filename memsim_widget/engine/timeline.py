@@ -25,7 +25,9 @@ from memsim_widget.engine.lazy_items import ItemGroup, LazyItem, built
 from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
 from memsim_widget.engine.pipeline import (
     loss_micro_batches,
+    next_backward,
     outputs_held,
+    outputs_held_next,
     outputs_through_step,
     pending_sends,
     receive_buffers,
@@ -241,6 +243,8 @@ def state_group_table(
         "grads": s["grads"],
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
+        # GPipe's second backward (engine/pipeline next_backward_count): gated on the activation side
+        "grads_next": where(in_backward, none, s["grads"]),
     }
 
 
@@ -315,7 +319,10 @@ def _saved_groups(
     if held_loss < held and not mixed:
         label = f"{held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
         saved_loss = _scaled(kept, min(held_loss, resident), label, first=first)
-    return {"saved": saved_all, "saved_at_loss": saved_loss, "recompute": recompute, "rest": rest, "own": own}
+    # GPipe's second backward: every micro-batch's saved activations but the first's (next_backward_count)
+    saved_next = rest if next_backward(ctx) else []
+    return {"saved": saved_all, "saved_at_loss": saved_loss, "recompute": recompute, "rest": rest, "own": own,
+            "saved_next": saved_next}  # fmt: skip
 
 
 def _activation_groups(
@@ -349,7 +356,23 @@ def _activation_groups(
     returned = _scaled(
         acts.pp_logits, n_step, f"{n_step} micro-batch outputs (kept chunks and their concatenation)"
     )
+    nxt = next_backward(ctx)  # GPipe's second backward: one micro-batch fewer of each (0: no such moment)
+    n_out_next = outputs_held_next(ctx, stage, acts.output_through_step) * nxt
+    f_next, loss_next = (f - 1) * nxt, (n_loss - 1) * nxt
+    label_next = f"{fmt_int(f_next) if f_next == int(f_next) else f'{f_next:.2f}'} micro-batches left"
     return {
+        "stage_io_next": _scaled(
+            acts.pp_buffer, receive_buffers(ctx, stage) * nxt, "receive buffers: micro-batches x directions"
+        )
+        + _scaled(acts.pp_buffer, pending_sends(ctx, stage) * nxt, "1 input gradient waiting to be sent")
+        + _scaled(
+            acts.pp_logits if stage.last else acts.pp_output, n_out_next, f"{n_out_next:g} micro-batches"
+        ),
+        "pre_next": _scaled(acts.pre, f_next if stage.first else 0, label_next)
+        + _scaled(acts.inputs, f_next, label_next),
+        "post_next": _scaled(acts.post, loss_next, f"{loss_next} micro-batches left"),
+        "loss_saved_next": _scaled(acts.loss_saved, loss_next, f"{loss_next} micro-batches left"),
+        "loss_backward_next": _scaled(acts.loss_backward, last * nxt, "", "temporaries"),
         "stage_io": stage_io,
         "receive_buffers": recv,
         "pre": _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, ""),

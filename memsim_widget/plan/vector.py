@@ -43,6 +43,7 @@ from memsim_widget.engine.overhead import (
 )
 from memsim_widget.engine.pipeline import (
     loss_count,
+    next_backward_count,
     outputs_held_count,
     pending_send_count,
     receive_count,
@@ -675,7 +676,19 @@ def _activation_side(
             ),
             0,
         )
+    # GPipe's second backward (engine/pipeline next_backward_count): one micro-batch fewer of each, else none
+    nxt = next_backward_count(xp, xm, par0.pp_schedule).astype(np.float64)
+    f_next = (f - 1) * nxt
+    loss_next = np.maximum(n_loss - 1, 0) * nxt
+    n_out_next = outputs_held_count(xp, xm, f - 1, xlast, n_loss - 1, through_step) * nxt
+    out_next = np.where(on_last, scaled("pp_logits", n_out_next), scaled("pp_output", n_out_next))
     groups = {
+        "stage_io_next": scaled("pp_buffer", n_recv * nxt) + scaled("pp_buffer", n_send * nxt) + out_next,
+        "pre_next": scaled("pre", np.where(xfirst, f_next, 0.0)) + scaled("inputs", f_next),
+        "saved_next": np.where((nxt > 0)[:, None], rest, 0),
+        "post_next": scaled("post", loss_next),
+        "loss_saved_next": scaled("loss_saved", loss_next),
+        "loss_backward_next": np.where(on_last & (nxt > 0)[:, None], K["loss_backward"][xa], 0),
         "stage_io": recv + scaled("pp_buffer", n_send) + out,
         "receive_buffers": recv,
         "pre": scaled("pre", np.where(xfirst, f, 0.0)) + scaled("inputs", f),

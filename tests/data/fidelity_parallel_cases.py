@@ -342,6 +342,19 @@ def _split_cases() -> list[tuple[str, dict, int]]:
             {"pp": 3, "pp_microbatches": 4, "pp_layers": [2, 2, 0]},
             2,
         ),
+        # GPipe runs every micro-batch's forward and loss before the first backward (ScheduleGPipe)
+        _real(
+            "V32k mistral bf16 pp2 gpipe m4 [2, 2] stage 1 (last)",
+            four_v32k,
+            {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4, "pp_layers": [2, 2]},
+            1,
+        ),
+        _real(
+            "V32k mistral bf16 pp2 gpipe m4 [3, 1] stage 1 (last)",
+            four_v32k,
+            {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4, "pp_layers": [3, 1]},
+            1,
+        ),
     ]
 
 

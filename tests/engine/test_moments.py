@@ -40,6 +40,7 @@ def test_every_group_the_table_names_is_on_one_side_and_every_declared_group_is_
         "backward_regather",
         "backward_top",
         "backward_end",
+        "backward_next",
         "root_grads_made",
         "root_reduce_scatter",
         "optimizer_step",

@@ -278,12 +278,14 @@ def test_a_stage_of_only_the_head_holds_the_final_norm_and_head():
 
 
 def test_the_pipeline_layouts_traces_show_under_carry_a_caveat():
-    # GPipe's last stage and pipelines over FSDP are under their held-out traces (docs/fidelity-parallel.md)
+    # pipelines over FSDP are under their held-out traces (docs/fidelity-parallel.md); GPipe's last stage is
+    # modelled since (its second micro-batch's backward: the fidelity suite's GPipe [2, 2] and [3, 1] cases)
     from memsim_widget.engine.caveats import pipeline_under_caveat
 
     def said(parallel: dict) -> str:
         return pipeline_under_caveat(Scenario.from_dict({"model": "llama-3.1-8b", "parallel": parallel}))
 
-    assert "GPipe" in said({"pp": 2, "pp_schedule": "gpipe"})
+    assert said({"pp": 2, "pp_schedule": "gpipe"}) == ""
     assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3})
+    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3, "pp_schedule": "gpipe"})
     assert said({"pp": 2}) == said({"dp": 2, "zero": 3}) == ""
