@@ -23,7 +23,7 @@ from heapq import nlargest
 from typing import Any
 
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
-from memsim_widget.engine.items import Category, Item, Level
+from memsim_widget.engine.items import Item
 from memsim_widget.units import fmt_bytes
 
 #: Steps replayed: the first makes the optimizer states; the second shows what the cache left by a whole step
@@ -320,7 +320,7 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
     """Caching-allocator fragmentation from the replay of the step's allocation stream
     (``engine/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
     from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.overhead import reserved_cap
+    from memsim_widget.engine.overhead import capped_note, fragmentation_item, reserved_cap
 
     cap = reserved_cap(ctx, outside)
     reserved = replayed_reserved(peak_allocated, rep.peak_reserved, cap)
@@ -335,21 +335,9 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
         )
         + f": peak reserved "
         f"{fmt_bytes(rep.peak_reserved)} at {rep.at}, {rep.segments} segments; largest cached-but-unused "
-        f"blocks then: {cached}"
-        + (
-            f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)"
-            if rep.peak_reserved > cap
-            else ""
-        )
+        f"blocks then: {cached}" + capped_note(cap, rep.peak_reserved > cap)
     )
-    return Item(
-        Category.OVERHEAD,
-        "allocator fragmentation (reserved - allocated)",
-        reserved - peak_allocated,
-        formula,
-        Level.RESERVED,
-        0,
-    )
+    return fragmentation_item(reserved - peak_allocated, formula)
 
 
 def cache_clear() -> None:

@@ -203,13 +203,18 @@ def jamba_mixer(ctx: Context, ssm: SsmFacts | Mapping[str, Any]) -> tuple[list[T
         Term("Jamba torch path: A = -exp(A_log), D (fp32)", 2 * 4 * inner * N + 4 * inner,
              f"4 B x I x (2N + 1), I={inner}", 3),
     ]  # fmt: skip
-    backward = Term(
+    return terms, _torch_scan_backward(T, inner, N, ec, h)
+
+
+def _torch_scan_backward(T: int, inner: int, N: int, ec: int, h: int) -> Term:
+    """The torch-path Jamba mixer's backward transient, trained or frozen alike: the fp32 gradients of the four
+    (b, I, s, N) scan tensors and the residual stream's gradient."""
+    return Term(
         "Jamba torch path backward: fp32 gradients of the (b, I, s, N) scan tensors, residual gradient",
         4 * 4 * T * inner * N + ec * T * h,
         f"4 x 4 B x T x I x N + {ec} B x T x h, I={inner} N={N}",
         5,
     )
-    return terms, backward
 
 
 def _frozen_jamba_mixer(
@@ -247,10 +252,4 @@ def _frozen_jamba_mixer(
         Term("Jamba torch path: A = -exp(A_log), D (fp32)", 4 * inner * N + 4 * inner,
              f"4 B x I x (N + 1), I={inner}", 2),
     ]  # fmt: skip
-    backward = Term(
-        "Jamba torch path backward: fp32 gradients of the (b, I, s, N) scan tensors, residual gradient",
-        4 * 4 * T * inner * N + ec * T * h,
-        f"4 x 4 B x T x I x N + {ec} B x T x h, I={inner} N={N}",
-        5,
-    )
-    return terms, backward
+    return terms, _torch_scan_backward(T, inner, N, ec, h)

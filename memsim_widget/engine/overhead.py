@@ -205,16 +205,22 @@ def reserved_item(
         f"({FRAGMENTATION_PERSISTENT:g} x weights and states + {f_transient:g} x the rest"
         + (f" + {f_variable:g} x loss T x V buffers, variable batch shapes" if f_variable else "")
         + ")"
-        + (
-            f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)"
-            if pool > cap
-            else ""
-        )
+        + capped_note(cap, pool > cap)
     )
+    return fragmentation_item(reserved - peak_allocated, formula)
+
+
+def capped_note(cap: int, capped: bool) -> str:
+    """The formula's note when the pool would pass the card (empty when it does not)."""
+    return f"; capped at {fmt_bytes(cap)} (the card less context and outside allocations)" if capped else ""
+
+
+def fragmentation_item(nbytes: int, formula: str) -> Item:
+    """The reserved-but-unallocated item, whichever rule (fitted, or the replay of engine/alloc_stream) gave it."""
     return Item(
         Category.OVERHEAD,
         "allocator fragmentation (reserved - allocated)",
-        reserved - peak_allocated,
+        nbytes,
         formula,
         Level.RESERVED,
         0,
