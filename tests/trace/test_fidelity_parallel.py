@@ -65,4 +65,8 @@ def test_the_matrix_traces_real_vocabularies_at_their_hidden_sizes():
     assert all(m["vocab_size"] / m["hidden_size"] > 7 for m, _ in real)
     assert any(p.get("dp", 1) > 1 and p.get("tp", 1) > 1 for _, p in real)
     assert all(p.get("pp_microbatches", 2) >= 2 for _, p in real)
-    assert {p.get("pp_schedule", "1f1b") for _, p in real if p.get("pp", 1) > 1} == {"1f1b", "interleaved"}
+    assert {p.get("pp_schedule", "1f1b") for _, p in real if p.get("pp", 1) > 1} == {
+        "1f1b",
+        "interleaved",
+        "gpipe",
+    }
