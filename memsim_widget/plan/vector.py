@@ -988,6 +988,8 @@ def _replayed_pools(
     from memsim_widget.engine import objectives
     from memsim_widget.engine.alloc_stream import pool_replay, replayable
 
+    if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay
+        return pool
     one = (c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1) & (c["grad_accum"] == 1)
     rows = np.flatnonzero(one[cand])
     if not rows.size:
