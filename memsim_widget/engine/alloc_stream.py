@@ -311,19 +311,14 @@ def _replay_cached(args: _Args) -> PoolReplay:
     return replay_stream(rank_stream(ctx, stage), conf)
 
 
-def replayed_reserved(peak_allocated: int, replayed: int, cap: int) -> int:
-    """The reserved counter from a replay's peak: at least the peak allocated, at most the card's room."""
-    return max(peak_allocated, min(replayed, cap))
-
-
 def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
     """Caching-allocator fragmentation from the replay of the step's allocation stream
     (``engine/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
     from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.overhead import capped_note, fragmentation_item, reserved_cap
+    from memsim_widget.engine.overhead import capped_note, capped_reserved, fragmentation_item, reserved_cap
 
     cap = reserved_cap(ctx, outside)
-    reserved = replayed_reserved(peak_allocated, rep.peak_reserved, cap)
+    reserved = capped_reserved(peak_allocated, rep.peak_reserved, cap)
     conf = allocator_conf(ctx).text or "PyTorch's defaults"
     cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
     formula = (

@@ -3,9 +3,12 @@ read: the step timeline sums every moment, but only a breakdown or an explanatio
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from memsim_widget.engine.items import Item, allocated_of
+
+#: What a repeat count says (``label x (term formula)``), or a callable writing it when the item is built.
+Label = str | Callable[[], str]
 
 #: Levels whose bytes the caching allocator counts (``Item.allocated_bytes``).
 _COUNTED = ("tensor", "allocator")
@@ -35,7 +38,7 @@ class LazyItem:
         nbytes: int,
         level: str,
         tensors: int,
-        label: str,
+        label: Label,
         formula: str,
         shares: tuple[float, ...] = (),
     ) -> None:
@@ -56,7 +59,8 @@ class LazyItem:
     def build(self) -> Item:
         """The breakdown item (built once)."""
         if self._built is None:
-            note = f"{self._label} x ({self._formula})" if self._label else self._formula
+            label = self._label() if callable(self._label) else self._label
+            note = f"{label} x ({self._formula})" if label else self._formula
             self._built = Item(self.category, self.item, self.bytes, note, self.level, self.tensors)
         return self._built
 
