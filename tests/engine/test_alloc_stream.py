@@ -65,6 +65,42 @@ def test_gradients_follow_backward_by_parameter_tensor() -> None:
     assert n_params == ctx.arch.parameters
 
 
+def test_parameter_order_is_the_modules():
+    """``model.parameters()`` of a Llama: the embeddings first (tied: the head adds no tensor), each layer's 9
+    tensors in turn, the final norm last; the same tensors as the backward order, every one once."""
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(LLAMA)))
+    order = grad_order(ctx, ctx.stages[0])
+    h, v, n = ctx.arch.hidden_size, ctx.arch.vocab_size, ctx.arch.num_layers
+    assert order.params[0] == v * h and order.top_pre == 1
+    assert order.params[1 : 1 + 9 * n] == order.layer * n
+    assert order.params[-1] == h
+    assert sorted(order.params) == sorted(order.top + order.layer * n + order.bottom)
+
+
+def test_the_optimizer_step_runs_parameter_by_parameter():
+    """Adam's first step makes both states of a parameter before the next (``_init_group``: ``exp_avg``, then
+    ``exp_avg_sq``), the foreach step's temporaries in parameter order are freed last first, and
+    ``zero_grad(set_to_none=True)`` frees the gradients in parameter order: the embeddings' (tied) first."""
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(LLAMA)))
+    order = grad_order(ctx, ctx.stages[0])
+    s = rank_stream(ctx, ctx.stages[0], steps=1)
+    start = next(n for n, label in s.marks if label == "step 1 optimizer step")
+    ev = s.events[start:]
+    sizes = {h: size for h, size, _ in s.events if size != FREE}
+    emb = sizes[ev[0][0]]
+    # the states: two per parameter, in the parameters' order (the embeddings' pair first)
+    states = [size for _, size, _ in ev[: 2 * len(order.params)]]
+    assert states[0] == states[1] == emb and states[2] == states[3] != emb
+    # the temporaries: one per parameter, freed in reverse
+    temps = [h for h, size, _ in ev[2 * len(order.params) : 3 * len(order.params)]]
+    assert all(sizes[h] != FREE for h in temps)
+    freed = [h for h, size, _ in ev[3 * len(order.params) : 4 * len(order.params)]]
+    assert freed == temps[::-1]
+    # then the gradients: the first freed is the embeddings' gradient
+    first_grad = ev[4 * len(order.params)][0]
+    assert sizes[first_grad] == emb and ev[4 * len(order.params)][1] == FREE
+
+
 def test_the_estimate_reports_the_replay() -> None:
     """The engine's reserved counter is the replay's peak (at least the peak allocated), its formula says where."""
     sc = Scenario.from_dict(LLAMA)
