@@ -147,6 +147,7 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
         ec * T * (hq + 2 * hkv),
         f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})",
         3,
+        shares=(hq / (hq + 2 * hkv), hkv / (hq + 2 * hkv), hkv / (hq + 2 * hkv)),
     )
     # Llama 4's chunked layers past attention_chunk_size: HF passes SDPA an explicit mask, so k and v are
     # repeated to every head (no GQA in SDPA with a mask) and SDPA keeps the mask converted to the compute
@@ -179,6 +180,10 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
         ec * T * hq + 4 * b * a_loc * s,
         f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)",
         2,
+        shares=(
+            ec * T * hq / (ec * T * hq + 4 * b * a_loc * s),
+            4 * b * a_loc * s / (ec * T * hq + 4 * b * a_loc * s),
+        ),
     )
     # Gemma 3's sliding layers once s >= sliding_window: transformers cannot skip their mask (masking_utils
     # _ignore_causal_mask_sdpa), so it repeats k and v to all heads (use_gqa_in_sdpa needs no mask) and
