@@ -22,6 +22,7 @@ from functools import lru_cache
 from heapq import nlargest
 from typing import Any
 
+from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
 from memsim_widget.units import fmt_bytes
@@ -221,9 +222,12 @@ def step_stream(
             s.free(transient)
         post = s.items(a["post"])
         s.mark(f"step {step} loss")
+        # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
+        capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
+        tanh = s.items(capped)
         logits = s.items(a["loss_forward"])
         held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-        kept = s.items(a["loss_saved"])
+        kept = s.items([i for i in a["loss_saved"] if i not in capped])
         s.free(logits)
         s.mark(f"step {step} loss backward")
         grad_out = s.items(a["loss_backward"])
@@ -235,7 +239,7 @@ def step_stream(
         top = s.items(a["top_backward"])
         head = s.items(sg["head_grads"])
         top_grads = grads_of(order.top, 1) if order and by_tensor else []
-        s.free(grad_logits + top + post)
+        s.free(grad_logits + tanh + top + post)
         layer_grads = []
         for layer in reversed(saved):
             recomputed = s.items(a["recompute"])

@@ -119,6 +119,7 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
                 scores * (sm + 1 + ec),
                 f"b x a x s x s x ({sm} + 1 + {ec}) B, b={b} a={a_loc} s={s}",
                 3,
+                shares=(sm / (sm + 1 + ec), 1 / (sm + 1 + ec), ec / (sm + 1 + ec)),
             )
         else:
             extra = ec if sm != ec else 0
@@ -129,6 +130,7 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
                 scores * (sm + extra),
                 f"b x a x s x {'(s + 1)' if sinks else 's'} x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                 2 if extra else 1,
+                shares=(sm / (sm + extra), extra / (sm + extra)) if extra else (),
             )
     st.ao_from = len(st.L)
     consumers(attn_out, hq, T, ec, "attention output")
