@@ -104,6 +104,11 @@ def qk_norms(st: HFLayer) -> None:
                 + (f" + 4 B x {D.d}" if onep else ""),
                 3 if full else 2,
                 first_bytes=nb if frozen_first and proj not in targets else 0,
+                # its fp32 input, the rsqrt per row, the normalised tensor (Gemma 3's (1 + w) rides on the input)
+                shares=tuple(
+                    x / nb
+                    for x in (cw * T * width + onep * D.d, 4 * T * rows) + ((nn * T * width,) if full else ())
+                ),
             )
 
     # Llama 4's qk_norm: a weightless L2 norm per head on RoPE layers only (``qk_norm_layers`` of them): its
