@@ -247,6 +247,12 @@ def step_stream(
             layer_grads.append(grads_of(order.layer if order else (), layers + 2))
             s.free(transient + recomputed + layer)
         bottom_grads = grads_of(order.bottom if order else (), layers + 2)
+        k = order.top_pre if order and by_tensor else 0
+        if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
+            emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+            summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+            s.free(top_grads[:k] + emb)
+            top_grads = summed + top_grads[k:]
         s.free(pre)
         if not a["held_through_step"]:
             s.free(held)
@@ -256,7 +262,6 @@ def step_stream(
             s.per_param(later, params)
         s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
         # zero_grad(set_to_none=True) drops the gradients in the parameters' order
-        k = order.top_pre if order and by_tensor else 0
         by_layer = [h for hs in reversed(layer_grads) for h in hs]
         s.free(top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head + held)
     return s

@@ -101,6 +101,22 @@ def test_the_optimizer_step_runs_parameter_by_parameter():
     assert sizes[first_grad] == emb and ev[4 * len(order.params)][1] == FREE
 
 
+def test_tied_embeddings_sum_their_two_gradients_out_of_place():
+    """A tied weight gets two gradients: the head's (made first, at the top of backward) and the embeddings'
+    (made last); autograd sums them into a third tensor and frees the two (traced: ``embedding_dense_backward``,
+    ``add``, then the ``mm`` and the embedding gradient freed). Three V x h gradients are alive at once."""
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(LLAMA)))
+    s = rank_stream(ctx, ctx.stages[0], steps=1)
+    start = next(n for n, label in s.marks if label == "step 1 backward")
+    end = next(n for n, label in s.marks if label == "step 1 optimizer step")
+    grad = 2 * ctx.arch.vocab_size * ctx.arch.hidden_size  # bf16
+    big = [(h, size) for h, size, _ in s.events[start:end] if size == grad]
+    assert len(big) == 3  # the head's, the embeddings', the sum
+    head, emb, summed = (h for h, _ in big)
+    frees = [h for h, size, _ in s.events[start:end] if size == FREE]
+    assert head in frees and emb in frees and summed not in frees
+
+
 def test_the_estimate_reports_the_replay() -> None:
     """The engine's reserved counter is the replay's peak (at least the peak allocated), its formula says where."""
     sc = Scenario.from_dict(LLAMA)
