@@ -225,7 +225,11 @@ def step_stream(
         # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
         capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
         tanh = s.items(capped)
-        logits = s.items(a["loss_forward"])
+        logits, cast = [], []  # cast: the 16-bit logits an upcast loss's backward casts its gradient back to
+        for i in a["loss_forward"]:
+            made = s.items([i])
+            cast += made[:1] if _upcast([i]) and not cast else []
+            logits += made
         held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
         kept = s.items([i for i in a["loss_saved"] if i not in capped])
         s.free(logits)
@@ -233,7 +237,7 @@ def step_stream(
         grad_out = s.items(a["loss_backward"])
         s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
         # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-        grad_logits = s.alloc(s.size(logits[0])) if _upcast(a["loss_forward"]) else []
+        grad_logits = s.alloc(s.size(cast[0])) if cast else []
         s.free(grad_out[1:])
         s.mark(f"step {step} backward")
         top = s.items(a["top_backward"])
