@@ -117,6 +117,39 @@ def test_tied_embeddings_sum_their_two_gradients_out_of_place():
     assert head in frees and emb in frees and summed not in frees
 
 
+def test_tensor_shares_cut_each_term_exactly():
+    """Where a term's tensors differ in size (``shares``), one repeat's shares sum to one and the term's tensors
+    are whole repeats of them, so the stream's tensors add up to the term's bytes (within int rounding)."""
+    from memsim_widget.engine.parts_cache import cached_activation_groups
+
+    for d in (
+        LLAMA,
+        {**LLAMA, "model": "qwen3-0.6b"},
+        {**LLAMA, "model": "gemma-2-2b", "attention": "eager"},
+        {**LLAMA, "model": "gpt2-medium", "precision": "amp-bf16", "attention": "eager"},
+        {**LLAMA, "activation_checkpointing": "full"},
+    ):
+        ctx = Context(objectives.training_scenario(Scenario.from_dict(d)))
+        for name, group in cached_activation_groups(ctx, ctx.stages[0]).items():
+            for item in group.entries:
+                if not item.shares or item.bytes <= 0:
+                    continue
+                assert abs(sum(item.shares) - 1) < 1e-9, (d["model"], name, item.item)
+                assert item.tensors % len(item.shares) == 0, (d["model"], name, item.item)
+
+
+def test_softcapping_saves_its_tanh_before_the_loss_upcasts():
+    """Gemma 2 caps its logits (tanh) in the head, before the loss's fp32 upcast: the stream allocates the
+    tanh output (16-bit T x V) before the fp32 upcast (twice its size)."""
+    d = {**LLAMA, "model": "gemma-2-2b", "attention": "eager", "micro_batch_size": 2}
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(d)))
+    s = rank_stream(ctx, ctx.stages[0], steps=1)
+    start = next(n for n, label in s.marks if label == "step 1 loss")
+    tv = 2 * d["micro_batch_size"] * d["seq_len"] * ctx.arch.vocab_size
+    sizes = [size for _, size, _ in s.events[start:] if size != FREE and size >= tv]
+    assert sizes[:3] == [tv, tv, 2 * tv]  # the tanh output, the capped logits, their fp32 upcast
+
+
 def test_the_estimate_reports_the_replay() -> None:
     """The engine's reserved counter is the replay's peak (at least the peak allocated), its formula says where."""
     sc = Scenario.from_dict(LLAMA)
