@@ -255,6 +255,36 @@ def compare(name: str, at_least_mib: float = 500) -> None:
     stream = rank_stream(ctx, ctx.stages[0], m.steps)
     print(f"== {name}: the engine's stream ({len(stream.events)} events, {m.steps} steps)")
     large_requests(stream.events, stream.marks, allocator_conf(ctx), int(at_least_mib * 2**20))
+    print(
+        f"the trace replayed without its forward transients: {without_forward_transients(r.tracker, events, conf)}"
+    )
+
+
+def without_forward_transients(tracker: Any, events: list[Any], conf: Any) -> str:
+    """The peak reserved of the traced stream less the tensors a forward makes and frees before it ends (the
+    engine's stream holds only what each layer saves): the share of a gap the forward's transients make."""
+    from memsim_widget.engine.allocator import replay
+
+    starts = sorted((mk["seq"], mk["phase"]) for mk in tracker.marks)
+    bounds = [seq for seq, _ in starts]
+
+    def phase(seq: int) -> str:
+        i = bisect.bisect_right(bounds, seq) - 1
+        return f"{i}:{starts[i][1]}" if i >= 0 else ""
+
+    drop = {
+        i
+        for i, rec in enumerate(tracker.records)
+        if rec.nbytes > 0
+        and rec.free_seq is not None
+        and phase(rec.alloc_seq) == phase(rec.free_seq)
+        and phase(rec.alloc_seq).endswith("forward")
+    }
+    kept = [e for e in events if e[0] not in drop]
+    return (
+        f"{replay(kept, conf=conf).peak_reserved / 2**30:.2f} GiB ({len(drop)} tensors dropped; "
+        f"with them {replay(events, conf=conf).peak_reserved / 2**30:.2f} GiB)"
+    )
 
 
 def stage_layers(sc: Scenario) -> int:
