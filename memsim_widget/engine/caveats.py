@@ -54,9 +54,6 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
                if scenario.parallel.dp > 1 else "")
             + ("; traced on one GPU: each pipeline stage compiling its own layers is untraced"
                if scenario.parallel.pp > 1 else "")
-            + ("; on an H200 the compiled ViT-B in amp-bf16 allocated 25% more than this rule and its CPU trace "
-               "(15% more than eager): a CUDA-only path, unexplained (docs/fidelity.md)"
-               if arch.family == "vit" and scenario.precision == "amp-bf16" else "")
         )  # fmt: skip
     elif scenario.compile:
         out.append(

@@ -238,12 +238,21 @@ def test_compiled_vit_under_autocast_saves_one_16_bit_cast_per_layernorm_and_fp3
     from fidelity_cases import CASES
 
     from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.activations.compiled_layernorm import HELD_BACK, layernorm_activations
     from memsim_widget.engine.context import Context
 
     data = {**dict(CASES)["vit amp-bf16 sdpa b8 (no dropout)"], "compile": True}
-    act = activations(Context(Scenario.from_dict(data)))
+    ctx = Context(Scenario.from_dict(data))
     T, h, I, a = 8 * 197, 256, 1024, 8
     weights = 4 * h * h + 2 * h * I
+    # held back from the engine (the H200 allocated more than eager), so the rule is applied here by hand
+    assert ("amp-bf16", "full") in HELD_BACK["vit"]
+    act = activations(ctx)
+    assert (
+        act.layer_bytes()
+        == activations(Context(Scenario.from_dict({**data, "compile": False}))).layer_bytes()
+    )
+    layernorm_activations(ctx, act, weights)
     assert (
         act.layer_bytes()
         == 2 * 4 * T * h
@@ -260,16 +269,20 @@ def test_compiled_vit_under_autocast_saves_one_16_bit_cast_per_layernorm_and_fp3
 
 
 def test_gpt2_bert_and_vit_compiled_say_traced_and_their_untraced_variants_say_formula() -> None:
-    """The traced pairs (GPT-2 and BERT in bf16, ViT in bf16 and amp-bf16, no dropout) carry the traced caveat;
-    dropout or an untraced precision fall back to the labelled formula."""
+    """The traced pairs (GPT-2 and BERT in bf16, ViT in bf16, no dropout) carry the traced caveat; dropout, an
+    untraced precision or a held-back pair (ViT in amp-bf16) fall back to the labelled formula."""
     from fidelity_cases import CASES
 
-    for case in ("gpt2 bf16 sdpa b2 s512", "bert bf16 sdpa b4 s256 (no dropout)", "vit bf16 sdpa b8 (no dropout)",
-                 "vit amp-bf16 sdpa b8 (no dropout)"):  # fmt: skip
+    for case in (
+        "gpt2 bf16 sdpa b2 s512",
+        "bert bf16 sdpa b4 s256 (no dropout)",
+        "vit bf16 sdpa b8 (no dropout)",
+    ):
         caveats = estimate(Scenario.from_dict({**dict(CASES)[case], "compile": True})).caveats
         assert any("partitioner's saved tensors" in c for c in caveats), case
     gpt2 = {**dict(CASES)["gpt2 bf16 sdpa b2 s512"], "compile": True}
     for other in (
+        {**dict(CASES)["vit amp-bf16 sdpa b8 (no dropout)"], "compile": True},
         {**gpt2, "precision": "amp-bf16"},
         {**gpt2, "model": {**gpt2["model"], "resid_pdrop": 0.1}},
     ):

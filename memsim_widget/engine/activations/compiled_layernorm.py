@@ -23,8 +23,8 @@ copy of its LayerNorm output, GPT-2's token and position embeddings); after them
 head's) terms. The loss keeps the e-byte logits and its fp32 row max and log-sum-exp (GPT-2, BERT: the compiled
 loss of the Llama-layout decoders); the top of backward holds one T x V gradient buffer (fp32 for GPT-2) and the zero gradients
 AOTAutograd makes for the unused logits (and GPT-2's returned KV cache). The layers' backward transients stay
-eager's. Traced pairs (docs/fidelity.md): GPT-2 and BERT in bf16, ViT in bf16 and amp-bf16, full training, SDPA,
-no dropout, no checkpointing, one GPU.
+eager's. Traced pairs (docs/fidelity.md): GPT-2 and BERT in bf16, ViT in bf16 (and amp-bf16, held back:
+`HELD_BACK`), full training, SDPA, no dropout, no checkpointing, one GPU.
 """
 
 from __future__ import annotations
@@ -40,8 +40,13 @@ TRACED: dict[str, tuple[tuple[str, str], ...]] = {
     "gpt2": (("bf16", "full"),),
     "bert": (("bf16", "full"),),
     "roberta": (("bf16", "full"),),
-    "vit": (("bf16", "full"), ("amp-bf16", "full")),
+    "vit": (("bf16", "full"),),
 }
+#: Traced but held back: ViT in amp-bf16. Its CPU trace saves 9% less than eager, while the compiled ViT-B on an
+#: H200 allocated 15% more than eager (docs/accuracy.md); until that CUDA-only path is understood the engine keeps
+#: eager's layers there (closer to the GPU, and above the trace), and the amp branch of `layernorm_activations`
+#: (the traced saved set) is held by tests/engine/test_compiled.py against the trace's counts.
+HELD_BACK: dict[str, tuple[tuple[str, str], ...]] = {"vit": (("amp-bf16", "full"),)}
 
 
 def layernorm_rule_applies(sc: Scenario, arch: Architecture) -> bool:
