@@ -13,9 +13,8 @@ numbers first: the items and their formulas are built when a breakdown reads the
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.arith import maximum, minimum, negate, where
@@ -318,8 +317,7 @@ class ItemScaler:
         return sum(i.bytes for i in group)
 
 
-@dataclass(frozen=True)
-class StageCounts:
+class StageCounts(NamedTuple):
     """A pipeline stage as its activation groups read it: numbers (one rank, the engine) or (rows, 1) columns
     (``plan/vector``: a row per candidate stage, so that they broadcast against its (rows, statistics) sums)."""
 
