@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -221,12 +222,11 @@ class Context:
         """Layer x micro-batch activation sets a stage holds at its peak: its layers times its micro-batches
         in flight, or, where an interleaved rank's chunks differ in size, the chunks' own layers summed in the
         schedule's order (``interleaved_held_layers``; ``at_loss``: the last stage's peak while a loss runs)."""
-        if self.par.pp_schedule == "interleaved" and self.par.pp > 1:
-            mine = rank_chunks(self.chunks, self.par.pp, stage.index)
-            if len(set(mine)) > 1:
-                m, loss = self.par.pp_microbatches, at_loss and stage.last
-                return interleaved_held_layers(self.par.pp, m, stage.index, mine, loss)
-        return stage.layers * self.in_flight(stage)
+        par = self.par
+        held = uneven_held_layers(
+            par.pp_schedule, par.pp, par.pp_microbatches, stage.index, self.chunks, at_loss
+        )
+        return stage.layers * self.in_flight(stage) if held is None else held
 
     def loss_grad_layers(self, stage: Stage) -> int:
         """Layers of the last stage whose gradients exist at its latest loss backward: on an interleaved rank
@@ -277,6 +277,21 @@ def interleaved_loss_grad_chunks(p: int, m: int, v: int) -> int:
     per_round = m // max(1, m // p)
     last = max(j for j in range(m * v) if (j // per_round) % v == 0)
     return len({(j // per_round) % v for j in range(last)})
+
+
+def uneven_held_layers(
+    schedule: str, p: int, m: int, rank: int, chunks: Sequence[int], at_loss: bool = False
+) -> float | None:
+    """The layer x micro-batch sets ``rank`` holds (``interleaved_held_layers``) where it runs an interleaved
+    schedule over chunks that differ in size (``chunks``: the pipeline's, ``rules/pipeline_split``; ``at_loss``:
+    on the last rank, while a loss runs); None elsewhere, where it holds its layers times its micro-batches in
+    flight (``Context.held_layers``; ``plan/vector`` for many candidate stages)."""
+    if schedule != "interleaved" or p == 1:
+        return None
+    mine = rank_chunks(chunks, p, rank)
+    if len(set(mine)) == 1:
+        return None
+    return interleaved_held_layers(p, m, rank, mine, at_loss and rank == p - 1)
 
 
 def interleaved_held_layers(

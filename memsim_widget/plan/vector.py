@@ -26,7 +26,7 @@ import numpy as np
 
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.context import Context, Stage, interleaved_held_layers
+from memsim_widget.engine.context import Context, Stage, uneven_held_layers
 from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
 from memsim_widget.engine.items import Item, allocated_of
 from memsim_widget.engine.lazy_items import ItemGroup, Label
@@ -60,7 +60,7 @@ from memsim_widget.engine.timeline import (
 )
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
-from memsim_widget.rules.pipeline_split import chunk_layers, rank_chunks, rank_layers
+from memsim_widget.rules.pipeline_split import chunk_layers, rank_layers
 from memsim_widget.scenario import Scenario
 
 #: The knobs a candidate may set, as integer-coded columns (strings index the tuples below).
@@ -512,21 +512,23 @@ def _held_layers(
     base: Scenario, num_layers: int, xp: np.ndarray, xm: np.ndarray, xstage: np.ndarray, layers: np.ndarray,
     f: np.ndarray, at_loss: bool = False,
 ) -> np.ndarray:  # fmt: skip
-    """Layer x micro-batch activation sets per row (engine/context ``Context.held_layers``, ``at_loss``)."""
+    """Layer x micro-batch activation sets per row (engine/context ``Context.held_layers``, ``at_loss``): the
+    stage's layers times its micro-batches in flight, but where ``uneven_held_layers`` says otherwise (looked at
+    once per distinct (pp, micro-batches, stage) of an uneven split)."""
     held = layers * f
     par = base.parallel
-    if par.pp_schedule != "interleaved":
+    rows = np.flatnonzero(uneven_split(base, num_layers, xp))
+    if not rows.size:
         return held
-    memo: dict[tuple[int, int, int], float | None] = {}
-    for i in np.flatnonzero(uneven_split(base, num_layers, xp)).tolist():
-        key = (int(xp[i]), int(xm[i]), int(xstage[i]))
-        if key not in memo:
-            p, m, s = key
-            mine = rank_chunks(_chunks(num_layers, p, par.virtual_stages, par.pp_split), p, s)
-            loss = at_loss and s == p - 1
-            memo[key] = interleaved_held_layers(p, m, s, mine, loss) if len(set(mine)) > 1 else None
-        if memo[key] is not None:
-            held[i] = memo[key]
+    keys, inverse = unique_codes([xp[rows], xm[rows], xstage[rows]])
+    found = [
+        uneven_held_layers(par.pp_schedule, p, m, s, _chunks(num_layers, p, par.virtual_stages, par.pp_split),
+                           at_loss)
+        for p, m, s in keys.tolist()
+    ]  # fmt: skip
+    values = np.array([np.nan if x is None else x for x in found])[inverse]
+    at = ~np.isnan(values)
+    held[rows[at]] = values[at]
     return held
 
 
