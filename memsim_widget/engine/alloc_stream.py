@@ -16,10 +16,11 @@ keys of ``engine/parts_cache``, the layers and the allocator settings), so only 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from heapq import nlargest
+from itertools import islice
 from typing import Any
 
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
@@ -219,27 +220,34 @@ def _upcast(loss_forward: Sequence[Any]) -> bool:
 
 def _largest_cached(a: CachingAllocator, n: int = 3) -> tuple[int, ...]:
     """The ``n`` largest cached blocks (each free list is sorted by size: its last ``n`` suffice)."""
-    return tuple(nlargest(n, (size for lst in a.free_lists.values() for size, _ in lst[-n:])))
+    return _largest(a.free_lists.values(), n)
+
+
+def _largest(lists: Iterable[list[tuple[int, int]]], n: int = 3) -> tuple[int, ...]:
+    return tuple(nlargest(n, (size for lst in lists for size, _ in lst[-n:])))
 
 
 def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
-    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then."""
+    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then.
+    Phase by phase; at each new peak of reserved only the free lists' last three blocks are kept (the largest
+    three are picked at the end)."""
     a = CachingAllocator(None, conf)
-    marks, m, label = stream.marks, 0, ""
-    at, cached = "", ()
-    peak = -1
-    for n, (handle, size, stream_id) in enumerate(stream.events):
-        while m < len(marks) and marks[m][0] <= n:
-            label = marks[m][1]
-            m += 1
-        if size == FREE:
-            a.free(handle)
-            continue
-        a.malloc(handle, size, stream_id)
-        if a.reserved > peak:
-            peak, at = a.reserved, label
-            cached = _largest_cached(a)
-    return PoolReplay(a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events))
+    malloc, free_, lists = a.malloc, a.free, a.free_lists
+    events, marks = stream.events, stream.marks
+    starts = [0, *(n for n, _ in marks)]
+    labels = ["", *(label for _, label in marks)]
+    at, tails, peak = "", [], -1
+    for j, label in enumerate(labels):
+        end = starts[j + 1] if j + 1 < len(starts) else len(events)
+        for handle, size, stream_id in islice(events, starts[j], end):
+            if size == FREE:
+                free_(handle)
+                continue
+            malloc(handle, size, stream_id)
+            if a.reserved > peak:
+                peak, at = a.reserved, label
+                tails = [lst[-3:] for lst in lists.values()]
+    return PoolReplay(a.peak_reserved, a.peak_allocated, at, _largest(tails), a.segments, len(events))
 
 
 class _Args:

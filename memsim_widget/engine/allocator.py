@@ -94,7 +94,7 @@ def _addr(t: tuple[int, object]) -> int:
 class _Block:
     """A range of a segment: allocated, cached (free) or, in an expandable segment, unmapped."""
 
-    __slots__ = ("addr", "size", "key", "allocated", "prev", "next", "mapped", "seg", "gc_base")
+    __slots__ = ("addr", "size", "key", "allocated", "prev", "next", "mapped", "seg", "gc_base", "req")
 
     def __init__(self, addr: int, size: int, key: tuple[int, bool], seg: int, mapped: bool = True) -> None:
         self.addr = addr
@@ -106,6 +106,7 @@ class _Block:
         self.mapped = mapped
         self.seg = seg  # segment id; expandable segments are negative
         self.gc_base = 0
+        self.req = 0  # the bytes asked for, while allocated
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
@@ -162,8 +163,16 @@ class CachingAllocator:
         self.free_lists: dict[tuple[int, bool], list[tuple[int, int]]] = {}
         self.free_blocks: dict[int, _Block] = {}  # addr -> cached block
         self.unmapped: dict[tuple[int, bool], list[tuple[int, _Block]]] = {}
-        self.live: dict[object, tuple[_Block, int]] = {}  # handle -> (block, requested bytes)
+        self.live: dict[object, _Block] = {}  # handle -> its allocated block
         self.gc_calls = {True: 0, False: 0}
+        # the common case takes the fast path of ``malloc`` and ``free``: sizes in 512 B multiples, fixed
+        # segments, no max_split_size and no garbage collection (their rules only in the general path)
+        self._plain_round = all(d <= 1 for d in conf.roundup_power2_divisions)
+        self._fast = (
+            not conf.expandable_segments
+            and conf.max_split_size is None
+            and conf.garbage_collection_threshold <= 0
+        )
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0
         self.cache_releases = self.segments = 0
@@ -198,8 +207,45 @@ class CachingAllocator:
         if size <= 0:
             return None
         conf = self.conf
-        rounded = round_size(size, conf)
-        key = (stream, rounded <= SMALL_SIZE)
+        rounded = (size + 511) & -512 if self._plain_round else round_size(size, conf)
+        small = rounded <= SMALL_SIZE
+        key = (stream, small)
+        if self._fast:  # ``_get_free_block`` without max_split_size and without counting searches for gc
+            block = None
+            lst = self.free_lists.get(key)
+            if lst:
+                i = bisect_left(lst, (rounded,))
+                if i < len(lst):
+                    block = self.free_blocks.pop(lst.pop(i)[1])
+            if block is None:
+                block = self._alloc_block(key, rounded)
+                if block is None:
+                    self._release_cached()
+                    block = self._alloc_block(key, rounded)
+                    self.cache_releases += block is not None
+                    if block is None:
+                        return self._failure(rounded)
+            rest_size = block.size - rounded
+            if rest_size > SMALL_SIZE or (small and rest_size >= MIN_BLOCK):  # ``should_split``
+                rest = _Block(block.addr + rounded, rest_size, key, block.seg)
+                nxt = rest.next = block.next
+                rest.prev = block
+                if nxt is not None:
+                    nxt.prev = rest
+                block.next = rest
+                block.size = rounded
+                insort(self.free_lists.setdefault(key, []), (rest_size, rest.addr))
+                self.free_blocks[rest.addr] = rest
+            block.allocated = True
+            block.req = size
+            self.live[handle] = block
+            self.allocated += block.size
+            self.requested += size
+            if self.allocated > self.peak_allocated:
+                self.peak_allocated = self.allocated
+            if self.requested > self.peak_requested:
+                self.peak_requested = self.requested
+            return None
         block = self._get_free_block(key, rounded)
         if block is None:
             if conf.garbage_collection_threshold > 0 and self.allowed is not None:
@@ -223,7 +269,8 @@ class CachingAllocator:
             block.size = rounded
             self._cache(rest)
         block.allocated = True
-        self.live[handle] = (block, size)
+        block.req = size
+        self.live[handle] = block
         self.allocated += block.size
         self.requested += size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
@@ -358,13 +405,34 @@ class CachingAllocator:
     # -- free --
     def free(self, handle: object) -> None:
         """Return ``handle``'s block to its stream's cache, merged with free neighbours (``free_block``)."""
-        entry = self.live.pop(handle, None)
-        if entry is None:
+        b = self.live.pop(handle, None)
+        if b is None:
             return
-        b, req = entry
         b.allocated = False
         self.allocated -= b.size
-        self.requested -= req
+        self.requested -= b.req
+        if self._fast:  # fixed segments: every block mapped; ``try_merge_blocks`` and ``_cache`` inlined
+            lst = self.free_lists.setdefault(b.key, [])
+            blocks = self.free_blocks
+            p = b.prev
+            if p is not None and not p.allocated:
+                del lst[bisect_left(lst, (p.size, p.addr))]
+                del blocks[p.addr]
+                b.addr, b.prev = p.addr, p.prev
+                if p.prev is not None:
+                    p.prev.next = b
+                b.size += p.size
+            n = b.next
+            if n is not None and not n.allocated:
+                del lst[bisect_left(lst, (n.size, n.addr))]
+                del blocks[n.addr]
+                b.next = n.next
+                if n.next is not None:
+                    n.next.prev = b
+                b.size += n.size
+            insort(lst, (b.size, b.addr))
+            blocks[b.addr] = b
+            return
         for other in (b.prev, b.next):
             self._merge(b, other)
         self._cache(b)
