@@ -165,14 +165,11 @@ class CachingAllocator:
         self.unmapped: dict[tuple[int, bool], list[tuple[int, _Block]]] = {}
         self.live: dict[object, _Block] = {}  # handle -> its allocated block
         self.gc_calls = {True: 0, False: 0}
-        # the common case takes the fast path of ``malloc`` and ``free``: sizes in 512 B multiples, fixed
-        # segments, no max_split_size and no garbage collection (their rules only in the general path)
+        # the common settings take the fast path of ``malloc`` and ``free``: no max_split_size and no garbage
+        # collection (their rules only in the general path); best fit inlined for fixed segments
         self._plain_round = all(d <= 1 for d in conf.roundup_power2_divisions)
-        self._fast = (
-            not conf.expandable_segments
-            and conf.max_split_size is None
-            and conf.garbage_collection_threshold <= 0
-        )
+        self._fast = conf.max_split_size is None and conf.garbage_collection_threshold <= 0
+        self._expandable = conf.expandable_segments
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0
         self.cache_releases = self.segments = 0
@@ -210,13 +207,16 @@ class CachingAllocator:
         rounded = (size + 511) & -512 if self._plain_round else round_size(size, conf)
         small = rounded <= SMALL_SIZE
         key = (stream, small)
-        if self._fast:  # ``_get_free_block`` without max_split_size and without counting searches for gc
+        if self._fast:
             block = None
-            lst = self.free_lists.get(key)
-            if lst:
-                i = bisect_left(lst, (rounded,))
-                if i < len(lst):
-                    block = self.free_blocks.pop(lst.pop(i)[1])
+            if self._expandable:  # the unmapped range after a block counts
+                block = self._get_free_block(key, rounded)
+            else:  # ``_get_free_block`` without max_split_size and without counting searches for gc
+                lst = self.free_lists.get(key)
+                if lst:
+                    i = bisect_left(lst, (rounded,))
+                    if i < len(lst):
+                        block = self.free_blocks.pop(lst.pop(i)[1])
             if block is None:
                 block = self._alloc_block(key, rounded)
                 if block is None:
@@ -226,7 +226,7 @@ class CachingAllocator:
                     if block is None:
                         return self._failure(rounded)
             rest_size = block.size - rounded
-            if rest_size > SMALL_SIZE or (small and rest_size >= MIN_BLOCK):  # ``should_split``
+            if rest_size > SMALL_SIZE or ((small or self._expandable) and rest_size >= MIN_BLOCK):
                 rest = _Block(block.addr + rounded, rest_size, key, block.seg)
                 nxt = rest.next = block.next
                 rest.prev = block
@@ -411,11 +411,11 @@ class CachingAllocator:
         b.allocated = False
         self.allocated -= b.size
         self.requested -= b.req
-        if self._fast:  # fixed segments: every block mapped; ``try_merge_blocks`` and ``_cache`` inlined
+        if self._fast:  # ``try_merge_blocks`` and ``_cache`` inlined (``b`` is mapped: unmapped ranges stay)
             lst = self.free_lists.setdefault(b.key, [])
             blocks = self.free_blocks
             p = b.prev
-            if p is not None and not p.allocated:
+            if p is not None and not p.allocated and p.mapped:
                 del lst[bisect_left(lst, (p.size, p.addr))]
                 del blocks[p.addr]
                 b.addr, b.prev = p.addr, p.prev
@@ -423,7 +423,7 @@ class CachingAllocator:
                     p.prev.next = b
                 b.size += p.size
             n = b.next
-            if n is not None and not n.allocated:
+            if n is not None and not n.allocated and n.mapped:
                 del lst[bisect_left(lst, (n.size, n.addr))]
                 del blocks[n.addr]
                 b.next = n.next
@@ -585,13 +585,14 @@ def replay(
 ) -> ReplayResult:
     """Run ``events`` through one device's caching allocator; stops at the first allocation that fails."""
     a = CachingAllocator(capacity, conf)
+    malloc, free_ = a.malloc, a.free
     failure = None
     n = 0
     for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
         if size == FREE:
-            a.free(handle)
+            free_(handle)
         else:
-            f = a.malloc(handle, size, stream)
+            f = malloc(handle, size, stream)
             if f is not None:
                 failure = Failure(n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause)
                 break
