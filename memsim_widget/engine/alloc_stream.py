@@ -10,15 +10,19 @@ freed; the optimizer step (its states made at the first step) and its temporarie
 (``zero_grad(set_to_none=True)``). ``trace/replay.py`` replays the fake-tensor trace of the real framework
 the same way; docs/allocator.md compares the two.
 
-Cost: a replay is a few thousand events; it is cached per shape key (the state groups' and activation groups'
-keys of ``engine/parts_cache``, the layers and the allocator settings), so only a new shape pays it.
+Cost: a replay is a few thousand events (about 1.3 us each, benchmarks/replay_speed.py); it is cached per shape
+key (the state groups' and activation groups' keys of ``engine/parts_cache``, the layers and the allocator
+settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed (another
+card) pays only the stream's building.
 """
 
 from __future__ import annotations
 
+import marshal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from hashlib import blake2b
 from heapq import nlargest
 from itertools import islice
 from typing import Any
@@ -316,7 +320,22 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
 @lru_cache(maxsize=4096)
 def _replay_cached(args: _Args) -> PoolReplay:
     ctx, stage, conf = args.args
-    return replay_stream(rank_stream(ctx, stage), conf)
+    stream = rank_stream(ctx, stage)
+    return _replay_same_stream(_Args(stream_key(stream, conf), (stream, conf)))
+
+
+def stream_key(stream: StreamWriter, conf: AllocatorConf) -> tuple[Any, ...]:
+    """A stream's identity: a 128-bit BLAKE2 digest of its events, its phases and the allocator settings."""
+    return (blake2b(marshal.dumps(stream.events), digest_size=16).digest(), tuple(stream.marks), conf)
+
+
+@lru_cache(maxsize=1024)
+def _replay_same_stream(args: _Args) -> PoolReplay:
+    """The replay of a stream, cached by ``stream_key``: shapes whose keys differ in fields the stream does not
+    read (another card of the same workspace sizes: the states' key holds the GPU) replay it once."""
+    stream, conf = args.args
+    args.args = ()  # the cache keeps this key: not the stream
+    return replay_stream(stream, conf)
 
 
 def replayed_reserved(peak_allocated: int, replayed: int, cap: int) -> int:
@@ -351,3 +370,4 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
 def cache_clear() -> None:
     """Forget every cached replay (benchmarks measuring a cold engine)."""
     _replay_cached.cache_clear()
+    _replay_same_stream.cache_clear()

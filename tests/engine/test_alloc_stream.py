@@ -90,3 +90,20 @@ def test_the_replay_is_opt_in_and_the_default_keeps_the_fitted_rule():
     assert default.formula.startswith("largest pool")
     assert not replayed.formula.startswith("largest pool")
     assert default.bytes != replayed.bytes
+
+
+def test_a_card_with_the_same_stream_reuses_the_replay() -> None:
+    """The H100 and the H200 build the same stream (the states' shape key differs: it holds the GPU): the second
+    card's replay comes from the per-stream cache, its figures those of a replay made afresh."""
+    from memsim_widget.engine import alloc_stream
+
+    h100, h200 = ({**LLAMA, "gpu": g} for g in ("h100-sxm-80gb", "h200"))
+    ctx100, ctx200 = (Context(objectives.training_scenario(Scenario.from_dict(d))) for d in (h100, h200))
+    assert rank_stream(ctx100, ctx100.stages[0]).events == rank_stream(ctx200, ctx200.stages[0]).events
+    alloc_stream.cache_clear()
+    pool_replay(ctx100, ctx100.stages[0])
+    reused = pool_replay(ctx200, ctx200.stages[0])
+    assert alloc_stream._replay_same_stream.cache_info().hits == 1
+    alloc_stream.cache_clear()
+    assert alloc_stream._replay_same_stream.cache_info().currsize == 0
+    assert pool_replay(ctx200, ctx200.stages[0]) == reused
