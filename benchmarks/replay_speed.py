@@ -12,7 +12,9 @@ figures (the benchmark stops if not). Prints, per scenario:
 * per trace: the replay of a trace-shaped synthetic stream (``allocator_replay.replay_cost``) through
   ``allocator.replay``, before and after.
 
-Run: python benchmarks/replay_speed.py [--repeats 5]
+* with ``--trace RUN ...``: a measured run traced on fake tensors (torch needed), its stream's replays.
+
+Run: python benchmarks/replay_speed.py [--repeats 5] [--trace llama1b-bf16 qwen05b-bf16]
 """
 
 from __future__ import annotations
@@ -168,12 +170,45 @@ def trace_rows(repeats: int) -> None:
             )
 
 
+def real_trace_rows(names: list[str], repeats: int) -> None:
+    """Per measured run named (benchmarks/gpu_measure.py): its fake-tensor trace (seconds, torch needed) and the
+    replay of the traced stream on an unlimited card and on the card (``trace/replay.trace_counters``' two
+    replays), before and after."""
+    from gpu_measure import MEASUREMENTS, resolved
+
+    from memsim_widget.catalog.models import resolve_model_config
+    from memsim_widget.trace.hf import trace_hf
+    from memsim_widget.trace.replay import _prepared
+    from memsim_widget.trace.traceable import trace_kwargs
+
+    for m in (m for m in MEASUREMENTS if m.name in names):
+        sc = Scenario.from_dict(resolved(m))
+        t = time.perf_counter()
+        r = trace_hf(
+            dict(resolve_model_config(sc.model)), steps=m.steps, lengths=tuple(m.lengths), **trace_kwargs(sc)
+        )
+        traced = time.perf_counter() - t
+        events, outside, conf, memory = _prepared(r.tracker, sc, None)
+        cap = max(memory - outside, 0)
+        for capacity in (None, cap):
+            if astuple(replay(events, capacity, conf)) != astuple(ref.replay(events, capacity, conf)):
+                raise SystemExit(f"{m.name}: the fast replay of its trace differs from the reference's")
+        before = sum(best_ms(partial(ref.replay, events, c, conf), repeats) for c in (None, cap))
+        after = sum(best_ms(partial(replay, events, c, conf), repeats) for c in (None, cap))
+        print(
+            f"trace {m.name}: {len(events)} events, traced in {traced:.1f} s; its two replays {before:.1f} -> "
+            f"{after:.1f} ms ({before / len(events) / 2 * 1e3:.2f} -> {after / len(events) / 2 * 1e3:.2f} us per event)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--trace", nargs="*", default=[], metavar="RUN", help="also trace these measured runs")
     args = ap.parse_args(argv)
     scenario_rows(args.repeats)
     trace_rows(args.repeats)
+    real_trace_rows(args.trace, args.repeats)
     return 0
 
 
