@@ -19,12 +19,12 @@ card) pays only the stream's building.
 from __future__ import annotations
 
 import marshal
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from hashlib import blake2b
 from heapq import nlargest
-from itertools import islice
 from typing import Any
 
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
@@ -222,36 +222,21 @@ def _upcast(loss_forward: Sequence[Any]) -> bool:
     return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
 
 
-def _largest_cached(a: CachingAllocator, n: int = 3) -> tuple[int, ...]:
-    """The ``n`` largest cached blocks (each free list is sorted by size: its last ``n`` suffice)."""
-    return _largest(a.free_lists.values(), n)
-
-
 def _largest(lists: Iterable[list[tuple[int, int]]], n: int = 3) -> tuple[int, ...]:
+    """The ``n`` largest cached blocks of free lists (each sorted by size: its last ``n`` suffice)."""
     return tuple(nlargest(n, (size for lst in lists for size, _ in lst[-n:])))
 
 
 def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
-    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then.
-    Phase by phase; at each new peak of reserved only the free lists' last three blocks are kept (the largest
-    three are picked at the end)."""
+    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then (the
+    phase of the allocation after which reserved last rose, ``CachingAllocator.run``'s ``peak_event``)."""
     a = CachingAllocator(None, conf)
-    malloc, free_, lists = a.malloc, a.free, a.free_lists
-    events, marks = stream.events, stream.marks
-    starts = [0, *(n for n, _ in marks)]
-    labels = ["", *(label for _, label in marks)]
-    at, tails, peak = "", [], -1
-    for j, label in enumerate(labels):
-        end = starts[j + 1] if j + 1 < len(starts) else len(events)
-        for handle, size, stream_id in islice(events, starts[j], end):
-            if size == FREE:
-                free_(handle)
-                continue
-            malloc(handle, size, stream_id)
-            if a.reserved > peak:
-                peak, at = a.reserved, label
-                tails = [lst[-3:] for lst in lists.values()]
-    return PoolReplay(a.peak_reserved, a.peak_allocated, at, _largest(tails), a.segments, len(events))
+    a.run(stream.events)
+    j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
+    at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
+    return PoolReplay(
+        a.peak_reserved, a.peak_allocated, at, _largest(a.peak_tails), a.segments, len(stream.events)
+    )
 
 
 class _Args:

@@ -172,6 +172,10 @@ class CachingAllocator:
         self._expandable = conf.expandable_segments
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0
+        #: ``run``: the index of the allocation after which reserved last rose above every earlier value (-1:
+        #: none yet), and the free lists' last three blocks then (``alloc_stream``: the largest cached blocks)
+        self.peak_event, self.peak_tails = -1, []
+        self._seen = -1
         self.cache_releases = self.segments = 0
         self._next_addr = 1 << 40
         self._next_seg = 0
@@ -197,6 +201,120 @@ class CachingAllocator:
         if self.allowed is not None and self.reserved + size > self.allowed:
             return False
         return self.capacity is None or self.reserved + size <= self.capacity
+
+    # -- a stream --
+    def run(self, events: Iterable[Event]) -> tuple[int, Failure | None]:
+        """Replay ``events`` in order up to the first allocation that fails: (the events replayed, that failure
+        with its index). Sets ``peak_event`` and ``peak_tails``. Under the fast path's settings with fixed
+        segments, ``malloc`` and ``free`` inlined in one loop (the same steps, local counters)."""
+        if not self._fast or self._expandable:
+            return self._run_calls(events)
+        lists, blocks, live, conf, plain = (
+            self.free_lists,
+            self.free_blocks,
+            self.live,
+            self.conf,
+            self._plain_round,
+        )
+        allocated, requested, seen, n = self.allocated, self.requested, self._seen, 0
+        peak_a, peak_q = self.peak_allocated, self.peak_requested
+        for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
+            if size == FREE:  # ``free``
+                b = live.pop(handle, None)
+                if b is None:
+                    continue
+                b.allocated = False
+                allocated -= b.size
+                requested -= b.req
+                lst = lists.get(b.key)
+                if lst is None:
+                    lst = lists[b.key] = []
+                p = b.prev
+                if p is not None and not p.allocated:
+                    del lst[bisect_left(lst, (p.size, p.addr))]
+                    del blocks[p.addr]
+                    b.addr, pp = p.addr, p.prev
+                    b.prev = pp
+                    if pp is not None:
+                        pp.next = b
+                    b.size += p.size
+                x = b.next
+                if x is not None and not x.allocated:
+                    del lst[bisect_left(lst, (x.size, x.addr))]
+                    del blocks[x.addr]
+                    xx = b.next = x.next
+                    if xx is not None:
+                        xx.prev = b
+                    b.size += x.size
+                insort(lst, (b.size, b.addr))
+                blocks[b.addr] = b
+                continue
+            if size > 0:  # ``malloc``
+                rounded = (size + 511) & -512 if plain else round_size(size, conf)
+                small = rounded <= SMALL_SIZE
+                key = (stream, small)
+                lst = lists.get(key)
+                block = None
+                if lst:
+                    i = bisect_left(lst, (rounded,))
+                    if i < len(lst):
+                        block = blocks.pop(lst.pop(i)[1])
+                if block is None:
+                    block = self._alloc_block(key, rounded)
+                    if block is None:
+                        self._release_cached()
+                        block = self._alloc_block(key, rounded)
+                        self.cache_releases += block is not None
+                        if block is None:
+                            self.allocated, self.requested = allocated, requested
+                            self.peak_allocated, self.peak_requested, self._seen = peak_a, peak_q, seen
+                            f = self._failure(rounded)
+                            return n, Failure(
+                                n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause
+                            )
+                rest = block.size - rounded
+                if rest > SMALL_SIZE or (small and rest >= MIN_BLOCK):  # ``should_split``
+                    r = _Block(block.addr + rounded, rest, key, block.seg)
+                    x = r.next = block.next
+                    r.prev = block
+                    if x is not None:
+                        x.prev = r
+                    block.next = r
+                    block.size = rounded
+                    if lst is None:
+                        lst = lists[key] = []
+                    insort(lst, (rest, r.addr))
+                    blocks[r.addr] = r
+                block.allocated = True
+                block.req = size
+                live[handle] = block
+                allocated += block.size
+                requested += size
+                if allocated > peak_a:
+                    peak_a = allocated
+                if requested > peak_q:
+                    peak_q = requested
+            if self.reserved > seen:
+                seen, self.peak_event = self.reserved, n - 1
+                self.peak_tails = [lst[-3:] for lst in lists.values()]
+        self.allocated, self.requested = allocated, requested
+        self.peak_allocated, self.peak_requested, self._seen = peak_a, peak_q, seen
+        return n, None
+
+    def _run_calls(self, events: Iterable[Event]) -> tuple[int, Failure | None]:
+        """``run`` one ``malloc`` or ``free`` call per event (every setting)."""
+        n = 0
+        for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
+            if size == FREE:
+                self.free(handle)
+                continue
+            f = self.malloc(handle, size, stream)
+            if f is not None:
+                return n, Failure(n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause)
+            if self.reserved > self._seen:
+                self._seen, self.peak_event = self.reserved, n - 1
+                self.peak_tails = [lst[-3:] for lst in self.free_lists.values()]
+        return n, None
 
     # -- malloc --
     def malloc(self, handle: object, size: int, stream: int = 0) -> Failure | None:
@@ -585,17 +703,7 @@ def replay(
 ) -> ReplayResult:
     """Run ``events`` through one device's caching allocator; stops at the first allocation that fails."""
     a = CachingAllocator(capacity, conf)
-    malloc, free_ = a.malloc, a.free
-    failure = None
-    n = 0
-    for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
-        if size == FREE:
-            free_(handle)
-        else:
-            f = malloc(handle, size, stream)
-            if f is not None:
-                failure = Failure(n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause)
-                break
+    n, failure = a.run(events)
     return ReplayResult(
         peak_allocated=a.peak_allocated,
         peak_reserved=a.peak_reserved,

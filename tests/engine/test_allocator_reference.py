@@ -5,6 +5,7 @@ blocks at the same addresses, on random streams and on the engine's own streams,
 
 from __future__ import annotations
 
+from dataclasses import astuple
 from heapq import nlargest
 
 import allocator_reference as ref
@@ -21,6 +22,7 @@ from memsim_widget.engine.allocator import (
     alloc,
     free,
     parse_alloc_conf,
+    replay,
 )
 from memsim_widget.engine.context import Context
 
@@ -116,6 +118,36 @@ def layered(draw: st.DrawFn) -> list:
 )
 def test_the_fast_simulator_matches_the_reference_event_by_event(events, conf, capacity):
     _run_both(events, conf, capacity)
+
+
+def _reference_run(a: ref.CachingAllocator, events: list) -> tuple:
+    """``CachingAllocator.run`` on the reference: one call per event, the peak tracked after each allocation."""
+    seen, peak_event, tails, n = -1, -1, [], 0
+    for n, (h, size, s) in enumerate(events, 1):  # noqa: B007
+        if size == FREE:
+            a.free(h)
+            continue
+        f = a.malloc(h, size, s)
+        if f is not None:
+            return n, (n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause), peak_event, tails
+        if a.reserved > seen:
+            seen, peak_event, tails = a.reserved, n - 1, [lst[-3:] for lst in a.free_lists.values()]
+    return n, None, peak_event, tails
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(streams(), layered()), st.sampled_from(CONFS), st.one_of(st.none(), st.integers(0, 300 * MiB))
+)
+def test_a_whole_stream_runs_as_on_the_reference(events, conf, capacity):
+    """``run`` (its inlined loop under the default settings) and ``replay``: the same events replayed, failure,
+    peak, largest cached blocks then, blocks at the end and ``ReplayResult`` as the reference's."""
+    fast, slow = CachingAllocator(capacity, conf), ref.CachingAllocator(capacity, conf)
+    n, f = fast.run(events)
+    got = (n, None if f is None else astuple(f), fast.peak_event, fast.peak_tails)
+    assert got == _reference_run(slow, events)
+    assert _state(fast) == _state(slow)
+    assert astuple(replay(events, capacity, conf)) == astuple(ref.replay(events, capacity, conf))
 
 
 def _reference_replay_stream(
