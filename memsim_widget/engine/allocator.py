@@ -205,17 +205,12 @@ class CachingAllocator:
     # -- a stream --
     def run(self, events: Iterable[Event]) -> tuple[int, Failure | None]:
         """Replay ``events`` in order up to the first allocation that fails: (the events replayed, that failure
-        with its index). Sets ``peak_event`` and ``peak_tails``. Under the fast path's settings with fixed
-        segments, ``malloc`` and ``free`` inlined in one loop (the same steps, local counters)."""
-        if not self._fast or self._expandable:
+        with its index). Sets ``peak_event`` and ``peak_tails``. Under the fast path's settings, ``malloc`` and
+        ``free`` inlined in one loop (the same steps, local counters; expandable segments' best fit called)."""
+        if not self._fast:
             return self._run_calls(events)
-        lists, blocks, live, conf, plain = (
-            self.free_lists,
-            self.free_blocks,
-            self.live,
-            self.conf,
-            self._plain_round,
-        )
+        lists, blocks, live = self.free_lists, self.free_blocks, self.live
+        conf, plain, exp = self.conf, self._plain_round, self._expandable
         allocated, requested, seen, n = self.allocated, self.requested, self._seen, 0
         peak_a, peak_q = self.peak_allocated, self.peak_requested
         for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
@@ -230,7 +225,7 @@ class CachingAllocator:
                 if lst is None:
                     lst = lists[b.key] = []
                 p = b.prev
-                if p is not None and not p.allocated:
+                if p is not None and not p.allocated and p.mapped:  # unmapped ranges stay apart
                     del lst[bisect_left(lst, (p.size, p.addr))]
                     del blocks[p.addr]
                     b.addr, pp = p.addr, p.prev
@@ -239,7 +234,7 @@ class CachingAllocator:
                         pp.next = b
                     b.size += p.size
                 x = b.next
-                if x is not None and not x.allocated:
+                if x is not None and not x.allocated and x.mapped:
                     del lst[bisect_left(lst, (x.size, x.addr))]
                     del blocks[x.addr]
                     xx = b.next = x.next
@@ -255,7 +250,9 @@ class CachingAllocator:
                 key = (stream, small)
                 lst = lists.get(key)
                 block = None
-                if lst:
+                if exp:
+                    block = self._get_free_block(key, rounded)
+                elif lst:
                     i = bisect_left(lst, (rounded,))
                     if i < len(lst):
                         block = blocks.pop(lst.pop(i)[1])
@@ -273,7 +270,7 @@ class CachingAllocator:
                                 n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause
                             )
                 rest = block.size - rounded
-                if rest > SMALL_SIZE or (small and rest >= MIN_BLOCK):  # ``should_split``
+                if rest > SMALL_SIZE or ((small or exp) and rest >= MIN_BLOCK):  # ``should_split``
                     r = _Block(block.addr + rounded, rest, key, block.seg)
                     x = r.next = block.next
                     r.prev = block
@@ -281,6 +278,7 @@ class CachingAllocator:
                         x.prev = r
                     block.next = r
                     block.size = rounded
+                    lst = lists.get(key)  # ``_alloc_block`` may have made it (expandable segments)
                     if lst is None:
                         lst = lists[key] = []
                     insort(lst, (rest, r.addr))

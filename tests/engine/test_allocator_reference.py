@@ -190,3 +190,23 @@ def test_the_engines_streams_replay_to_the_same_figures(scenario, conf):
     stream = alloc_stream.rank_stream(ctx, ctx.stages[0])
     c = parse_alloc_conf(conf)
     assert alloc_stream.replay_stream(stream, c) == _reference_replay_stream(stream, c)
+
+
+def test_a_block_freed_after_an_unmapped_page_stays_apart_from_it():
+    """Expandable segments, a 80 MiB card: A, C, B take stream 0's pages 0-20, 20-40, 40-60 MiB; C freed; D (30 MiB,
+    stream 1) needs two pages of its own: the cudaMalloc fails, C's page is unmapped and the retry fits (40 + 40
+    MiB). B's previous neighbour is now that unmapped page: freed, B stays a 20 MiB cached block beside it (a
+    mapped block never merges with an unmapped range, ``try_merge_blocks``)."""
+    events = [
+        alloc("A", 20 * MiB),
+        alloc("C", 20 * MiB),
+        alloc("B", 20 * MiB),
+        free("C"),
+        alloc("D", 30 * MiB, 1),
+        free("B"),
+    ]
+    _run_both(events, AllocatorConf(expandable_segments=True), 80 * MiB)
+    a = CachingAllocator(80 * MiB, AllocatorConf(expandable_segments=True))
+    assert a.run(events) == (6, None) and a.cache_releases == 1
+    stream0 = a.free_lists[(0, False)]
+    assert [size for size, _ in stream0] == [20 * MiB]
