@@ -20,14 +20,21 @@ from __future__ import annotations
 
 import marshal
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from hashlib import blake2b
-from heapq import nlargest
 from typing import Any
 
-from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
+from memsim_widget.engine.allocator import (
+    FREE,
+    AllocatorConf,
+    CachingAllocator,
+    Event,
+    alloc,
+    free,
+    largest_cached,
+)
 from memsim_widget.engine.items import Item
 from memsim_widget.units import fmt_bytes
 
@@ -222,11 +229,6 @@ def _upcast(loss_forward: Sequence[Any]) -> bool:
     return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
 
 
-def _largest(lists: Iterable[list[tuple[int, int]]], n: int = 3) -> tuple[int, ...]:
-    """The ``n`` largest cached blocks of free lists (each sorted by size: its last ``n`` suffice)."""
-    return tuple(nlargest(n, (size for lst in lists for size, _ in lst[-n:])))
-
-
 def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
     """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then (the
     phase of the allocation after which reserved last rose, ``CachingAllocator.run``'s ``peak_event``)."""
@@ -235,7 +237,7 @@ def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
     j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
     at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
     return PoolReplay(
-        a.peak_reserved, a.peak_allocated, at, _largest(a.peak_tails), a.segments, len(stream.events)
+        a.peak_reserved, a.peak_allocated, at, largest_cached(a.peak_tails), a.segments, len(stream.events)
     )
 
 

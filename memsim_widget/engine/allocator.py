@@ -25,6 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from heapq import nlargest
 
 from memsim_widget.alloc_conf import (
     ALLOC_CONF_OPTIONS,
@@ -49,8 +50,12 @@ MIN_LARGE_ALLOC = 10 * MiB
 #: The large segment (``kLargeBuffer``, ``alloc_conf.LARGE_BUFFER``) is also the large pool's expandable page.
 #: Larger requests are rounded up to 2 MiB (``kRoundLarge``).
 ROUND_LARGE = 2 * MiB
-#: Free-block lists are keyed by (stream, small pool).
+#: The event size that frees a handle.
 FREE = -1
+#: A cached block's entry in its free list is one int, ``size << ADDR_BITS | address``: sorted by size, then
+#: address (``BlockPool``'s order), compared faster than a pair. Addresses stay below 2**64.
+ADDR_BITS = 64
+ADDR_MASK = (1 << ADDR_BITS) - 1
 
 
 # ----- the size rules -----------------------------------------------------------------------------------
@@ -150,6 +155,11 @@ class ReplayResult:
         return self.ok and self.cache_releases > 0
 
 
+def largest_cached(lists: Iterable[list[int]], n: int = 3) -> tuple[int, ...]:
+    """The sizes of the ``n`` largest cached blocks of free lists (each sorted: its last ``n`` suffice)."""
+    return tuple(nlargest(n, (entry >> ADDR_BITS for lst in lists for entry in lst[-n:])))
+
+
 # ----- the allocator ------------------------------------------------------------------------------------
 class CachingAllocator:
     """One device's caching allocator. ``capacity``: the bytes cudaMalloc may hand out in all (the card less
@@ -160,7 +170,7 @@ class CachingAllocator:
         self.capacity = capacity
         frac = conf.per_process_memory_fraction
         self.allowed = None if frac is None or capacity is None else int(frac * capacity)
-        self.free_lists: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+        self.free_lists: dict[tuple[int, bool], list[int]] = {}  # sorted ``entry`` ints
         self.free_blocks: dict[int, _Block] = {}  # addr -> cached block
         self.unmapped: dict[tuple[int, bool], list[tuple[int, _Block]]] = {}
         self.live: dict[object, _Block] = {}  # handle -> its allocated block
@@ -183,12 +193,12 @@ class CachingAllocator:
     # -- the free lists (``BlockPool.blocks``: by stream, size, address) --
     def _cache(self, b: _Block) -> None:
         b.gc_base = self.gc_calls[b.key[1]]
-        insort(self.free_lists.setdefault(b.key, []), (b.size, b.addr))
+        insort(self.free_lists.setdefault(b.key, []), b.size << ADDR_BITS | b.addr)
         self.free_blocks[b.addr] = b
 
     def _uncache(self, b: _Block) -> None:
         lst = self.free_lists[b.key]
-        del lst[bisect_left(lst, (b.size, b.addr))]
+        del lst[bisect_left(lst, b.size << ADDR_BITS | b.addr)]
         del self.free_blocks[b.addr]
 
     def _set_reserved(self, delta: int) -> None:
@@ -226,7 +236,7 @@ class CachingAllocator:
                     lst = lists[b.key] = []
                 p = b.prev
                 if p is not None and not p.allocated and p.mapped:  # unmapped ranges stay apart
-                    del lst[bisect_left(lst, (p.size, p.addr))]
+                    del lst[bisect_left(lst, p.size << ADDR_BITS | p.addr)]
                     del blocks[p.addr]
                     b.addr, pp = p.addr, p.prev
                     b.prev = pp
@@ -235,13 +245,13 @@ class CachingAllocator:
                     b.size += p.size
                 x = b.next
                 if x is not None and not x.allocated and x.mapped:
-                    del lst[bisect_left(lst, (x.size, x.addr))]
+                    del lst[bisect_left(lst, x.size << ADDR_BITS | x.addr)]
                     del blocks[x.addr]
                     xx = b.next = x.next
                     if xx is not None:
                         xx.prev = b
                     b.size += x.size
-                insort(lst, (b.size, b.addr))
+                insort(lst, b.size << ADDR_BITS | b.addr)
                 blocks[b.addr] = b
                 continue
             if size > 0:  # ``malloc``
@@ -253,9 +263,9 @@ class CachingAllocator:
                 if exp:
                     block = self._get_free_block(key, rounded)
                 elif lst:
-                    i = bisect_left(lst, (rounded,))
+                    i = bisect_left(lst, rounded << ADDR_BITS)
                     if i < len(lst):
-                        block = blocks.pop(lst.pop(i)[1])
+                        block = blocks.pop(lst.pop(i) & ADDR_MASK)
                 if block is None:
                     block = self._alloc_block(key, rounded)
                     if block is None:
@@ -281,7 +291,7 @@ class CachingAllocator:
                     lst = lists.get(key)  # ``_alloc_block`` may have made it (expandable segments)
                     if lst is None:
                         lst = lists[key] = []
-                    insort(lst, (rest, r.addr))
+                    insort(lst, rest << ADDR_BITS | r.addr)
                     blocks[r.addr] = r
                 block.allocated = True
                 block.req = size
@@ -330,9 +340,9 @@ class CachingAllocator:
             else:  # ``_get_free_block`` without max_split_size and without counting searches for gc
                 lst = self.free_lists.get(key)
                 if lst:
-                    i = bisect_left(lst, (rounded,))
+                    i = bisect_left(lst, rounded << ADDR_BITS)
                     if i < len(lst):
-                        block = self.free_blocks.pop(lst.pop(i)[1])
+                        block = self.free_blocks.pop(lst.pop(i) & ADDR_MASK)
             if block is None:
                 block = self._alloc_block(key, rounded)
                 if block is None:
@@ -350,7 +360,7 @@ class CachingAllocator:
                     nxt.prev = rest
                 block.next = rest
                 block.size = rounded
-                insort(self.free_lists.setdefault(key, []), (rest_size, rest.addr))
+                insort(self.free_lists.setdefault(key, []), rest_size << ADDR_BITS | rest.addr)
                 self.free_blocks[rest.addr] = rest
             block.allocated = True
             block.req = size
@@ -410,26 +420,26 @@ class CachingAllocator:
         lst = self.free_lists.get(key)
         if not lst:
             return None
-        i = bisect_left(lst, (size, -1))
+        i = bisect_left(lst, size << ADDR_BITS)
         if i == len(lst):
             return None
         if self.conf.expandable_segments:  # size it can grow to: the unmapped range after it counts
             blocks = self.free_blocks
 
             def grow(j: int) -> int:
-                b = blocks[lst[j][1]]
+                b = blocks[lst[j] & ADDR_MASK]
                 return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
 
             while i + 1 < len(lst) and grow(i + 1) < grow(i):
                 i += 1
-        bsize = lst[i][0]
+        bsize = lst[i] >> ADDR_BITS
         ms = self.conf.max_split_size
         if ms is not None:
             if size < ms <= bsize:
                 return None
             if size >= ms and bsize >= size + self.conf.max_non_split_rounding:
                 return None
-        block = self.free_blocks[lst[i][1]]
+        block = self.free_blocks[lst[i] & ADDR_MASK]
         self._uncache(block)
         return block
 
@@ -464,16 +474,16 @@ class CachingAllocator:
         if ms is None or not lst:
             return False
         target = max(size, ms)
-        i = bisect_left(lst, (target, -1))
+        i = bisect_left(lst, target << ADDR_BITS)
         if i < len(lst):
-            b = self.free_blocks[lst[i][1]]
+            b = self.free_blocks[lst[i] & ADDR_MASK]
             if b.is_split() or not b.mapped:
                 return False
             self._release_block(b)
             return True
         released = 0
-        for bsize, addr in reversed(list(lst)):
-            b = self.free_blocks[addr]
+        for entry in reversed(list(lst)):
+            bsize, b = entry >> ADDR_BITS, self.free_blocks[entry & ADDR_MASK]
             if released >= target or bsize < ms:
                 break
             if b.is_split():
@@ -532,7 +542,7 @@ class CachingAllocator:
             blocks = self.free_blocks
             p = b.prev
             if p is not None and not p.allocated and p.mapped:
-                del lst[bisect_left(lst, (p.size, p.addr))]
+                del lst[bisect_left(lst, p.size << ADDR_BITS | p.addr)]
                 del blocks[p.addr]
                 b.addr, b.prev = p.addr, p.prev
                 if p.prev is not None:
@@ -540,13 +550,13 @@ class CachingAllocator:
                 b.size += p.size
             n = b.next
             if n is not None and not n.allocated and n.mapped:
-                del lst[bisect_left(lst, (n.size, n.addr))]
+                del lst[bisect_left(lst, n.size << ADDR_BITS | n.addr)]
                 del blocks[n.addr]
                 b.next = n.next
                 if n.next is not None:
                     n.next.prev = b
                 b.size += n.size
-            insort(lst, (b.size, b.addr))
+            insort(lst, b.size << ADDR_BITS | b.addr)
             blocks[b.addr] = b
             return
         for other in (b.prev, b.next):
@@ -675,7 +685,7 @@ class CachingAllocator:
         cap = self.capacity if self.allowed is None else self.allowed
         assert cap is not None
         outside = cap - self.reserved
-        largest = max([outside, *(s for lst in self.free_lists.values() for s, _ in lst[-1:])])
+        largest = max([outside, *(lst[-1] >> ADDR_BITS for lst in self.free_lists.values() if lst)])
         free_bytes = cap - self.allocated
         cause = "fragmentation" if free_bytes >= size else "total"
         return Failure(-1, size, allocation_size(size), free_bytes, largest, cause)
@@ -726,6 +736,7 @@ __all__ = [
     "alloc_conf_error",
     "allocation_size",
     "free",
+    "largest_cached",
     "parse_alloc_conf",
     "replay",
     "round_size",

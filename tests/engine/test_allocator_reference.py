@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 from memsim_widget import Scenario
 from memsim_widget.engine import alloc_stream, objectives
 from memsim_widget.engine.allocator import (
+    ADDR_BITS,
     FREE,
     AllocatorConf,
     CachingAllocator,
     alloc,
     free,
+    largest_cached,
     parse_alloc_conf,
     replay,
 )
@@ -44,7 +46,11 @@ def _state(a: CachingAllocator | ref.CachingAllocator) -> tuple:
     for h, entry in a.live.items():
         b, req = entry if isinstance(entry, tuple) else (entry, entry.req)
         live[h] = (b.addr, b.size, req)
-    lists = {k: list(v) for k, v in a.free_lists.items() if v}
+    lists = {
+        k: [e if isinstance(e, tuple) else divmod(e, 1 << ADDR_BITS) for e in v]
+        for k, v in a.free_lists.items()
+        if v
+    }
     counters = (a.allocated, a.reserved, a.requested, a.peak_allocated, a.peak_reserved, a.peak_requested)
     return counters, a.cache_releases, a.segments, lists, live
 
@@ -144,8 +150,8 @@ def test_a_whole_stream_runs_as_on_the_reference(events, conf, capacity):
     peak, largest cached blocks then, blocks at the end and ``ReplayResult`` as the reference's."""
     fast, slow = CachingAllocator(capacity, conf), ref.CachingAllocator(capacity, conf)
     n, f = fast.run(events)
-    got = (n, None if f is None else astuple(f), fast.peak_event, fast.peak_tails)
-    assert got == _reference_run(slow, events)
+    tails = [[divmod(e, 1 << ADDR_BITS) for e in lst] for lst in fast.peak_tails]
+    assert (n, None if f is None else astuple(f), fast.peak_event, tails) == _reference_run(slow, events)
     assert _state(fast) == _state(slow)
     assert astuple(replay(events, capacity, conf)) == astuple(ref.replay(events, capacity, conf))
 
@@ -208,5 +214,4 @@ def test_a_block_freed_after_an_unmapped_page_stays_apart_from_it():
     _run_both(events, AllocatorConf(expandable_segments=True), 80 * MiB)
     a = CachingAllocator(80 * MiB, AllocatorConf(expandable_segments=True))
     assert a.run(events) == (6, None) and a.cache_releases == 1
-    stream0 = a.free_lists[(0, False)]
-    assert [size for size, _ in stream0] == [20 * MiB]
+    assert largest_cached([a.free_lists[(0, False)]]) == (20 * MiB,)  # the only block cached on stream 0
