@@ -54,6 +54,8 @@ CASES: dict[str, dict[str, Any]] = {
         "lora": {"targets": ["all-linear"]},
     },
     "8b expandable": {"model": "llama-3.1-8b", "seq_len": 4096, "allocator_conf": "expandable_segments:True"},
+    "405b": {"model": "llama-3.1-405b", "seq_len": 4096},
+    "mixtral-8x7b": {"model": "mixtral-8x7b", "seq_len": 4096},
     "70b dp8 zero3": {"model": "llama-3.1-70b", "seq_len": 4096, "parallel": {"dp": 8, "zero": 3}},
 }
 

@@ -10,7 +10,7 @@ freed; the optimizer step (its states made at the first step) and its temporarie
 (``zero_grad(set_to_none=True)``). ``trace/replay.py`` replays the fake-tensor trace of the real framework
 the same way; docs/allocator.md compares the two.
 
-Cost: a replay is a few thousand events (about 1.3 us each, benchmarks/replay_speed.py); it is cached per shape
+Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
 key (the state groups' and activation groups' keys of ``engine/parts_cache``, the layers and the allocator
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed (another
 card) pays only the stream's building.
@@ -258,7 +258,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 4-13% on five H200 runs and costs 10-30 ms per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 4-13% on five H200 runs and costs 5-150 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), one micro-batch per step,
     nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
