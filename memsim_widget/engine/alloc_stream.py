@@ -26,15 +26,7 @@ from functools import lru_cache
 from hashlib import blake2b
 from typing import Any
 
-from memsim_widget.engine.allocator import (
-    FREE,
-    AllocatorConf,
-    CachingAllocator,
-    Event,
-    alloc,
-    free,
-    largest_cached,
-)
+from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
 from memsim_widget.units import fmt_bytes
 
@@ -237,7 +229,7 @@ def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
     j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
     at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
     return PoolReplay(
-        a.peak_reserved, a.peak_allocated, at, largest_cached(a.peak_tails), a.segments, len(stream.events)
+        a.peak_reserved, a.peak_allocated, at, a.largest_at_peak(), a.segments, len(stream.events)
     )
 
 
@@ -258,7 +250,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 4-13% on five H200 runs and costs 5-150 ms per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 4-13% on five H200 runs and costs 0.1-1 s per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), one micro-batch per step,
     nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted

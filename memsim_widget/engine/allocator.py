@@ -309,6 +309,10 @@ class CachingAllocator:
         self.peak_allocated, self.peak_requested, self._seen = peak_a, peak_q, seen
         return n, None
 
+    def largest_at_peak(self, n: int = 3) -> tuple[int, ...]:
+        """The sizes of the ``n`` largest cached blocks when reserved last rose (``run``'s ``peak_tails``)."""
+        return largest_cached(self.peak_tails, n)
+
     def _run_calls(self, events: Iterable[Event]) -> tuple[int, Failure | None]:
         """``run`` one ``malloc`` or ``free`` call per event (every setting)."""
         n = 0
