@@ -25,7 +25,6 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from heapq import nlargest
 
 from memsim_widget.alloc_conf import (
     ALLOC_CONF_OPTIONS,
@@ -157,7 +156,7 @@ class ReplayResult:
 
 def largest_cached(lists: Iterable[list[int]], n: int = 3) -> tuple[int, ...]:
     """The sizes of the ``n`` largest cached blocks of free lists (each sorted: its last ``n`` suffice)."""
-    return tuple(nlargest(n, (entry >> ADDR_BITS for lst in lists for entry in lst[-n:])))
+    return tuple(sorted((entry >> ADDR_BITS for lst in lists for entry in lst[-n:]), reverse=True)[:n])
 
 
 # ----- the allocator ------------------------------------------------------------------------------------
