@@ -12,8 +12,8 @@ the same way; docs/allocator.md compares the two.
 
 Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
 key (the state groups' and activation groups' keys of ``engine/parts_cache``, the layers and the allocator
-settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed (another
-card) pays only the stream's building.
+settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
+(another card) pays only the stream's building.
 """
 
 from __future__ import annotations

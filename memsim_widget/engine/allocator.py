@@ -174,8 +174,8 @@ class CachingAllocator:
         self.unmapped: dict[tuple[int, bool], list[tuple[int, _Block]]] = {}
         self.live: dict[object, _Block] = {}  # handle -> its allocated block
         self.gc_calls = {True: 0, False: 0}
-        # the common settings take the fast path of ``malloc`` and ``free``: no max_split_size and no garbage
-        # collection (their rules only in the general path); best fit inlined for fixed segments
+        # ``run``'s inlined loop serves the common settings: no max_split_size and no garbage collection (their
+        # rules only through ``malloc``), sizes in 512 B steps unless power-of-two divisions are set
         self._plain_round = all(d <= 1 for d in conf.roundup_power2_divisions)
         self._fast = conf.max_split_size is None and conf.garbage_collection_threshold <= 0
         self._expandable = conf.expandable_segments
@@ -333,48 +333,8 @@ class CachingAllocator:
         if size <= 0:
             return None
         conf = self.conf
-        rounded = (size + 511) & -512 if self._plain_round else round_size(size, conf)
-        small = rounded <= SMALL_SIZE
-        key = (stream, small)
-        if self._fast:
-            block = None
-            if self._expandable:  # the unmapped range after a block counts
-                block = self._get_free_block(key, rounded)
-            else:  # ``_get_free_block`` without max_split_size and without counting searches for gc
-                lst = self.free_lists.get(key)
-                if lst:
-                    i = bisect_left(lst, rounded << ADDR_BITS)
-                    if i < len(lst):
-                        block = self.free_blocks.pop(lst.pop(i) & ADDR_MASK)
-            if block is None:
-                block = self._alloc_block(key, rounded)
-                if block is None:
-                    self._release_cached()
-                    block = self._alloc_block(key, rounded)
-                    self.cache_releases += block is not None
-                    if block is None:
-                        return self._failure(rounded)
-            rest_size = block.size - rounded
-            if rest_size > SMALL_SIZE or ((small or self._expandable) and rest_size >= MIN_BLOCK):
-                rest = _Block(block.addr + rounded, rest_size, key, block.seg)
-                nxt = rest.next = block.next
-                rest.prev = block
-                if nxt is not None:
-                    nxt.prev = rest
-                block.next = rest
-                block.size = rounded
-                insort(self.free_lists.setdefault(key, []), rest_size << ADDR_BITS | rest.addr)
-                self.free_blocks[rest.addr] = rest
-            block.allocated = True
-            block.req = size
-            self.live[handle] = block
-            self.allocated += block.size
-            self.requested += size
-            if self.allocated > self.peak_allocated:
-                self.peak_allocated = self.allocated
-            if self.requested > self.peak_requested:
-                self.peak_requested = self.requested
-            return None
+        rounded = round_size(size, conf)
+        key = (stream, rounded <= SMALL_SIZE)
         block = self._get_free_block(key, rounded)
         if block is None:
             if conf.garbage_collection_threshold > 0 and self.allowed is not None:
@@ -540,28 +500,6 @@ class CachingAllocator:
         b.allocated = False
         self.allocated -= b.size
         self.requested -= b.req
-        if self._fast:  # ``try_merge_blocks`` and ``_cache`` inlined (``b`` is mapped: unmapped ranges stay)
-            lst = self.free_lists.setdefault(b.key, [])
-            blocks = self.free_blocks
-            p = b.prev
-            if p is not None and not p.allocated and p.mapped:
-                del lst[bisect_left(lst, p.size << ADDR_BITS | p.addr)]
-                del blocks[p.addr]
-                b.addr, b.prev = p.addr, p.prev
-                if p.prev is not None:
-                    p.prev.next = b
-                b.size += p.size
-            n = b.next
-            if n is not None and not n.allocated and n.mapped:
-                del lst[bisect_left(lst, n.size << ADDR_BITS | n.addr)]
-                del blocks[n.addr]
-                b.next = n.next
-                if n.next is not None:
-                    n.next.prev = b
-                b.size += n.size
-            insort(lst, b.size << ADDR_BITS | b.addr)
-            blocks[b.addr] = b
-            return
         for other in (b.prev, b.next):
             self._merge(b, other)
         self._cache(b)

@@ -1,7 +1,8 @@
-"""The fast caching-allocator simulator (engine/allocator.py: its inlined path for PyTorch's default settings,
-the phase-by-phase ``alloc_stream.replay_stream``) against the reference kept in tests/data/allocator_reference.py
-(the simulator before the fast path, one call per rule): after every event the same counters, at the end the same
-blocks at the same addresses, on random streams and on the engine's own streams, under each allocator setting."""
+"""The caching-allocator simulator (engine/allocator.py: ``malloc``/``free`` one call per event, and ``run``'s loop
+with both inlined, which ``replay`` and ``alloc_stream.replay_stream`` use) against the reference kept in
+tests/data/allocator_reference.py (the simulator before the fast path): after every event the same counters, at
+the end the same blocks at the same addresses, on random streams and on the engine's own streams, under each
+allocator setting."""
 
 from __future__ import annotations
 
@@ -122,7 +123,7 @@ def layered(draw: st.DrawFn) -> list:
 @given(
     st.one_of(streams(), layered()), st.sampled_from(CONFS), st.one_of(st.none(), st.integers(0, 300 * MiB))
 )
-def test_the_fast_simulator_matches_the_reference_event_by_event(events, conf, capacity):
+def test_malloc_and_free_match_the_reference_event_by_event(events, conf, capacity):
     _run_both(events, conf, capacity)
 
 
