@@ -22,7 +22,11 @@ from memsim_widget.engine.activations.linears import ATTN_IN, MLP_IN, MLP_OUT
 #: A step of a layer's forward: (name, bytes): bytes > 0 allocates ``name``, 0 frees it. ``IN`` is the layer's
 #: input (the previous layer's ``OUT``, or the embedding's output), freed when the layer returns; ``OUT`` is
 #: its output, alive until the next layer returns; ``SAVED`` (bytes -1) is where the layer's saved tensors
-#: are allocated (after its attention: the MLP's internals, the largest of them, come after it).
+#: are allocated: after the MLP's norm, where gate, act and up make the largest of them (the attention's, a
+#: smaller share, come earlier in the real forward; the stream writes the layer's saved items at one place).
+#: Where they go decides which cached blocks the last layer's saved tensors find: on llama-3.1-8b LoRA the
+#: trace puts the last layer's up_proj output and the final norm's input into a cached loss segment, so step
+#: 2's loss backward needs a new one (benchmarks/allocator_replay.py --compare llama8b-lora).
 Step = tuple[str, int]
 IN, OUT, SAVED = "in", "out", "saved"
 _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
@@ -105,8 +109,8 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
     out.extend([("q", 0), ("k", 0), ("ke", 0), ("v", 0)])
     proj("o_proj", h, "o")
     out.extend([("n1", 0), ("res", r * T * h), ("o", 0)])
-    out.append((SAVED, -1))
     norm("n2", MLP_IN)
+    out.append((SAVED, -1))
     proj("gate_proj", D.I, "")  # its output and up's are saved (by the activation and the product)
     proj("up_proj", D.I, "")
     # down_proj(act(gate(x)) * up(x)): the product is saved only when down_proj's weight trains
