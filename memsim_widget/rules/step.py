@@ -52,12 +52,10 @@ RULES: tuple[Rule, ...] = (
         "offloaded layers need activation offloading",
         "activation_offloading_layers",
         "scenario",
-        broken=lambda v: (
-            (v["activation_offloading_layers"] is not None) & (v["activation_offloading"] == False)
-        ),  # noqa: E712
+        broken=lambda v: (v["activation_offloading_layers"] is not None) & (not v["activation_offloading"]),
         message="applies with activation_offloading true only (it counts the layers offloaded)",
         reset=lambda v: None,
-        disabled=lambda v: v["activation_offloading"] == False,  # noqa: E712
+        disabled=lambda v: not v["activation_offloading"],
     ),
     Rule(
         "offloaded layers without pipeline parallelism",
