@@ -10,18 +10,23 @@ freed; the optimizer step (its states made at the first step) and its temporarie
 (``zero_grad(set_to_none=True)``). ``trace/replay.py`` replays the fake-tensor trace of the real framework
 the same way; docs/allocator.md compares the two.
 
-Cost: a replay is a few thousand events; it is cached per shape key (the state groups' and activation groups'
-keys of ``engine/parts_cache``, the layers and the allocator settings), so only a new shape pays it.
+Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
+key (the state groups' and activation groups' keys of ``engine/parts_cache``, the layers and the allocator
+settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
+(another card) pays only the stream's building.
 """
 
 from __future__ import annotations
 
+import marshal
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from heapq import nlargest
+from hashlib import blake2b
 from typing import Any
 
+from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
@@ -36,6 +41,9 @@ STEPS = 2
 #: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
 #: fitted.
 VARIABLE_DIVISOR = 2
+#: The key of ``step_stream``'s activation groups holding a layer's forward transients
+#: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
+LAYER_FORWARD = "layer_forward"
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -215,12 +223,21 @@ def step_stream(
         a = earlier if step == 1 and earlier is not None else ag
         s.mark(f"step {step} forward")
         pre = s.items(a["pre"])
+        fwd = a.get(LAYER_FORWARD, ())
+        hidden = (
+            s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []
+        )  # the embeddings' output
         saved = []
         for _ in range(layers if replayed is None else replayed):
             transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-            saved.append(s.items(a["saved"], share=layers))
+            if fwd:
+                hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
+                saved.append(kept)
+            else:
+                saved.append(s.items(a["saved"], share=layers))
             s.free(transient)
         post = s.items(a["post"])
+        s.free(hidden)  # the last layer's output, once the final norm has read it
         s.mark(f"step {step} loss")
         # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
         capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
@@ -271,34 +288,41 @@ def step_stream(
     return s
 
 
+def forward_layer(
+    s: StreamWriter, steps: Sequence[Step], hidden: list[int], saved: Sequence[Any], layers: int
+) -> tuple[list[int], list[int]]:
+    """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
+    in order, its share of the ``saved`` items (``layers`` layers) where it says, its input ``hidden`` freed
+    when it returns; the handles of its output and of its saved tensors."""
+    live: dict[str, list[int]] = {}
+    kept: list[int] = []
+    for name, size in steps:
+        if name == SAVED:
+            kept = s.items(saved, share=layers)
+        elif name == IN:
+            s.free(hidden)
+        elif size > 0:
+            live[name] = s.alloc(size)
+        else:
+            s.free(live.pop(name))
+    return live.pop(OUT, []), kept
+
+
 def _upcast(loss_forward: Sequence[Any]) -> bool:
     """Whether the loss upcasts the logits (its forward term lists the logits and their fp32 copy)."""
     return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
 
 
-def _largest_cached(a: CachingAllocator, n: int = 3) -> tuple[int, ...]:
-    """The ``n`` largest cached blocks (each free list is sorted by size: its last ``n`` suffice)."""
-    return tuple(nlargest(n, (size for lst in a.free_lists.values() for size, _ in lst[-n:])))
-
-
 def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
-    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then."""
+    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then (the
+    phase of the allocation after which reserved last rose, ``CachingAllocator.run``'s ``peak_event``)."""
     a = CachingAllocator(None, conf)
-    marks, m, label = stream.marks, 0, ""
-    at, cached = "", ()
-    peak = -1
-    for n, (handle, size, stream_id) in enumerate(stream.events):
-        while m < len(marks) and marks[m][0] <= n:
-            label = marks[m][1]
-            m += 1
-        if size == FREE:
-            a.free(handle)
-            continue
-        a.malloc(handle, size, stream_id)
-        if a.reserved > peak:
-            peak, at = a.reserved, label
-            cached = _largest_cached(a)
-    return PoolReplay(a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events))
+    a.run(stream.events)
+    j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
+    at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
+    return PoolReplay(
+        a.peak_reserved, a.peak_allocated, at, a.largest_at_peak(), a.segments, len(stream.events)
+    )
 
 
 class _Args:
@@ -318,7 +342,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 4-14% on four H200 runs and costs 0.1-1 s per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), one micro-batch per step,
     nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
@@ -351,23 +375,40 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
     from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.states.budget import local_groups
 
-    ag = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+    ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+    ag[LAYER_FORWARD] = layer_forward_transients(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
     first = step1.entries if step1 is not None else sg["persistent"]
     order = grad_order(ctx, stage)
-    earlier = None
+    earlier: dict[str, Sequence[Any]] | None = None
     if ctx.scenario.padding == "longest":  # the loss buffers change size every step: a shorter one first
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
-        earlier = {k: g.entries for k, g in cached_activation_groups(short, stage).items()}
+        earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
+        earlier[LAYER_FORWARD] = layer_forward_transients(short)
     return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier)
 
 
 @lru_cache(maxsize=4096)
 def _replay_cached(args: _Args) -> PoolReplay:
     ctx, stage, conf = args.args
-    return replay_stream(rank_stream(ctx, stage), conf)
+    stream = rank_stream(ctx, stage)
+    return _replay_same_stream(_Args(stream_key(stream, conf), (stream, conf)))
+
+
+def stream_key(stream: StreamWriter, conf: AllocatorConf) -> tuple[Any, ...]:
+    """A stream's identity: a 128-bit BLAKE2 digest of its events, its phases and the allocator settings."""
+    return (blake2b(marshal.dumps(stream.events), digest_size=16).digest(), tuple(stream.marks), conf)
+
+
+@lru_cache(maxsize=1024)
+def _replay_same_stream(args: _Args) -> PoolReplay:
+    """The replay of a stream, cached by ``stream_key``: shapes whose keys differ in fields the stream does not
+    read (another card of the same workspace sizes: the states' key holds the GPU) replay it once."""
+    stream, conf = args.args
+    args.args = ()  # the cache keeps this key: not the stream
+    return replay_stream(stream, conf)
 
 
 def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
@@ -397,3 +438,4 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
 def cache_clear() -> None:
     """Forget every cached replay (benchmarks measuring a cold engine)."""
     _replay_cached.cache_clear()
+    _replay_same_stream.cache_clear()

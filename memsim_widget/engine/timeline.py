@@ -46,11 +46,33 @@ __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moment
 OFFLOAD_LAYERS_ON_GPU = 1
 
 
-def resident_count(held: Any, offloading: bool) -> Any:
+def resident_count(held: Any, offloading: bool, offloaded: int | None = None, at_loss: bool = False) -> Any:
     """Of the ``held`` layer x micro-batch activation sets of a stage (``Context.held_layers``), those it keeps
-    on the GPU: all of them, or ``OFFLOAD_LAYERS_ON_GPU`` at most under activation offloading (numbers or
-    arrays: ``plan/vector`` calls it too)."""
-    return minimum(held, OFFLOAD_LAYERS_ON_GPU) if offloading else held
+    on the GPU (numbers or arrays: ``plan/vector`` calls it too): all of them without offloading; with every
+    layer offloaded (``offloaded`` None, torchtune) ``OFFLOAD_LAYERS_ON_GPU`` at most; with the first
+    ``offloaded`` of them (``activation_offloading_layers``, one stage: the scenario refuses a pipeline)
+    ``partial_resident``."""
+    if not offloading:
+        return held
+    full = minimum(held, OFFLOAD_LAYERS_ON_GPU)
+    if offloaded is None:
+        return full
+    return maximum(partial_resident(held, offloaded, at_loss), full)
+
+
+def partial_resident(held: Any, offloaded: int, at_loss: bool = False) -> Any:
+    """The activation sets on the GPU when the first ``offloaded`` of ``held`` layers go to the host, as
+    TransformerEngine 2.9 schedules it (``transformer_engine/pytorch/cpu_offload.py``,
+    ``AsyncDoubleBufferGroupOffloadHandler``, tag v2.9; what Megatron-Core 0.15 ``TransformerBlock`` runs with
+    ``cpu_offloading_num_layers``, Megatron-Bridge's pin): layers 0..N-1 are offloaded, layer i's GPU copy freed
+    when the forward of its window layer ends, the last offloaded layer's window being the last layer; in
+    backward each offloaded layer is reloaded when the backward of its window layer begins. So while the loss
+    runs (``at_loss``) the ``held - N`` layers not offloaded are on the GPU, and from the last layer's backward
+    on, one more: layer N-1 is being brought back (``held - N + 1``; N = 0: none moved, ``held``).
+    TransformerEngine 2.10 and later (``DefaultOffloadSynchronizer``) keep at most ``held - N`` throughout:
+    one set less at the top of backward. Untraced (no trace runs TransformerEngine's hooks)."""
+    kept = held - offloaded
+    return kept if at_loss or offloaded == 0 else kept + 1
 
 
 def layer0_sets(first: Any, f: Any, resident: Any, held: Any) -> Any:
@@ -60,9 +82,12 @@ def layer0_sets(first: Any, f: Any, resident: Any, held: Any) -> Any:
     return where(first & (resident >= held), f, 0)
 
 
-def resident_layers(ctx: Context, stage: Stage) -> float:
+def resident_layers(ctx: Context, stage: Stage, at_loss: bool = False) -> float:
     """Layer x micro-batch activation sets a stage keeps on the GPU (``resident_count`` of its held sets)."""
-    return resident_count(ctx.held_layers(stage), ctx.scenario.activation_offloading)
+    sc = ctx.scenario
+    return resident_count(
+        ctx.held_layers(stage), sc.activation_offloading, sc.activation_offloading_layers, at_loss
+    )
 
 
 def checkpointed_layers(ctx: Context, stage: Stage) -> int:
@@ -79,7 +104,8 @@ def checkpointed_layers(ctx: Context, stage: Stage) -> int:
 def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
     """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
     full = ctx.held_layers(stage)
-    moved = full - resident_layers(ctx, stage)
+    n = ctx.scenario.activation_offloading_layers
+    moved = full - resident_layers(ctx, stage) if n is None or n >= full else n  # partial: the first n layers
     if moved <= 0:
         return []
     kept = acts.checkpointed_layer if checkpointed_layers(ctx, stage) else acts.per_layer
@@ -338,9 +364,11 @@ def _count(x: float) -> str:
     return fmt_int(x) if x == int(x) else f"{x:.2f}"
 
 
-def _saved_label(c: StageCounts, resident: float) -> str:
-    """What the saved activations of every layer on the GPU count."""
+def _saved_label(c: StageCounts, resident: float, offloaded: int | None) -> str:
+    """What the saved activations of every layer on the GPU count (``offloaded``: the first N layers offloaded)."""
     Ls, f, held = c.layers, c.f, c.held
+    if offloaded is not None and 0 < offloaded < held:  # partial_resident
+        return f"{resident:g} layers on the GPU ({held:g} - {offloaded} offloaded to host + 1 brought back)"
     if resident < held:  # activation offloading: the rest sits in host memory
         return f"{resident:g} layers on the GPU (the others offloaded to host)"
     if held != Ls * f:  # an interleaved rank's uneven chunks in schedule order
@@ -363,6 +391,7 @@ def _saved_group_table(
     ckpt: Any,
     shared: Any,
     offloading: bool,
+    offloaded: int | None,
     mixed: tuple[int, int] | None,
     nxt: Any,
 ) -> dict[str, Any]:
@@ -370,9 +399,11 @@ def _saved_group_table(
     ``saved_at_loss``), the other micro-batches' at the bottom of backward (``rest``; at GPipe's second backward
     ``saved_next``, where ``nxt``), layer 0's own (``own``) and the last layer recomputed (``recompute``)."""
     Ls, f, held = c.layers, c.f, c.held
-    resident = resident_count(held, offloading)
+    resident = resident_count(held, offloading, offloaded)
     first = layer0_sets(c.first, f, resident, held)
-    saved = scale("kept", resident, lambda: _saved_label(c, resident), first)
+    saved = scale(
+        "kept", resident, lambda: _saved_label(c, resident, offloaded if offloading else None), first
+    )
     rest_first = where(first > 0, first - 1, 0)
     if offloading:
         rest = scale.none
@@ -387,17 +418,23 @@ def _saved_group_table(
             ),
             scale.none,
         )
-    # an interleaved last rank of uneven chunks holds fewer sets while its loss runs than at its peak
-    fewer = c.held_loss < held
+    # while the loss runs, fewer sets than at the peak: an interleaved last rank of uneven chunks, or the first N
+    # layers offloaded with the last of them not yet brought back (partial_resident)
+    resident_loss = resident_count(held, offloading, offloaded, at_loss=True)
+    fewer = (c.held_loss < held) | (resident_loss < resident)
+
+    def loss_label() -> str:
+        if c.held_loss < held:
+            return f"{c.held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
+        return f"{resident_loss:g} layers on the GPU ({held:g} - {offloaded} offloaded to host)"
+
     saved_loss = where(
         fewer,
         scale(
             "kept",
-            where(fewer, minimum(c.held_loss, resident), 0),
-            lambda: (
-                f"{c.held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
-            ),
-            first,
+            where(fewer, minimum(c.held_loss, resident_loss), 0),
+            loss_label,
+            layer0_sets(c.first, f, resident_loss, held),
         ),
         saved,
     )
@@ -425,16 +462,19 @@ def _saved_group_table(
 def activation_group_table(
     scale: Scaler,
     c: StageCounts,
+    *,
     ckpt: Any,
     shared: Any,
     offloading: bool,
+    offloaded: int | None,
     through_step: bool,
     mixed: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """The activation groups of ``moments.ACTIVATION_GROUPS`` of a stage ``c``, made by ``scale`` (the
     engine's items of one rank, or ``plan/vector``'s sums for many candidate stages): ``ckpt``, every layer of
     the stage checkpointed (at least one); ``shared``, the recomputed layer's first norm saving the
-    checkpointed input itself (``ActivationBudget.ckpt_input_shared``); activation ``offloading``; the model
+    checkpointed input itself (``ActivationBudget.ckpt_input_shared``); activation ``offloading`` (of the first
+    ``offloaded`` layers: ``activation_offloading_layers``, None: every layer, ``resident_count``); the model
     output held ``through_step`` (``ActivationBudget.output_through_step``); ``mixed`` (the engine alone: the
     planner checkpoints every layer or none), (checkpointed layers, N) where every N-th layer is. The counts
     hold nothing of a pipeline without one, so ``through_step`` stands for ``pipeline.returns_outputs``."""
@@ -508,7 +548,7 @@ def activation_group_table(
         "bottom_backward": scale("bottom_backward", first),
         "held_through_step": held_logits + returned + cache_all if through_step else scale.none,
     }
-    return {**groups, **_saved_group_table(scale, c, ckpt, shared, offloading, mixed, nxt)}
+    return {**groups, **_saved_group_table(scale, c, ckpt, shared, offloading, offloaded, mixed, nxt)}
 
 
 def _activation_groups(
@@ -521,8 +561,9 @@ def _activation_groups(
     counts = StageCounts(par.pp, par.pp_microbatches, Ls, f, stage.first, stage.last, ctx.held_layers(stage),
                          ctx.held_layers(stage, at_loss=True), par.pp_schedule, par.virtual_stages)  # fmt: skip
     mixed = (n_ckpt, sc.checkpoint_every or 1) if 0 < n_ckpt < Ls else None  # every N-th layer
-    return activation_group_table(ItemScaler(acts, ckpt), counts, ckpt, acts.ckpt_input_shared,
-                                  sc.activation_offloading, acts.output_through_step, mixed)  # fmt: skip
+    return activation_group_table(ItemScaler(acts, ckpt), counts, ckpt=ckpt, shared=acts.ckpt_input_shared,
+                                  offloading=sc.activation_offloading, offloaded=sc.activation_offloading_layers,
+                                  through_step=acts.output_through_step, mixed=mixed)  # fmt: skip
 
 
 def _applies(ctx: Context, rule: MomentRule) -> bool:

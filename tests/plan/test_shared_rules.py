@@ -190,7 +190,11 @@ def test_the_activation_groups_on_columns_are_those_of_each_stage(rows, data):
     """``activation_group_table`` on (rows, 1) columns gives, row by row, what it gives one stage in numbers:
     the rule is written over numpy-compatible arithmetic (the planner's byte-exact tests prove the whole)."""
     flags = [tuple(data.draw(st.booleans()) for _ in range(2)) for _ in rows]  # (ckpt, shared)
-    offloading, through_step = data.draw(st.booleans()), data.draw(st.booleans())
+    knobs = {
+        "offloading": data.draw(st.booleans()),
+        "offloaded": data.draw(st.sampled_from([None, 0, 2, 5])),  # every layer, or the first N
+        "through_step": data.draw(st.booleans()),
+    }
     for schedule in SCHEDULES:
         sel = [(r, fl) for r, fl in zip(rows, flags, strict=True) if r[3] == schedule]
         if not sel:
@@ -204,7 +208,7 @@ def test_the_activation_groups_on_columns_are_those_of_each_stage(rows, data):
             held = layers * f
             c = StageCounts(p, m, layers, f, s == 0, s == p - 1, held, held, schedule, v)
             one.append(
-                activation_group_table(SumScaler(), c, ckpt and layers > 0, shared, offloading, through_step)
+                activation_group_table(SumScaler(), c, ckpt=ckpt and layers > 0, shared=shared, **knobs)
             )
         p, m, s = (np.array([r[k] for r, _ in sel])[:, None] for k in (0, 1, 4))
         ckpt, shared = (np.array([fl[k] for _, fl in sel])[:, None] for k in (0, 1))
@@ -212,7 +216,7 @@ def test_the_activation_groups_on_columns_are_those_of_each_stage(rows, data):
         c = StageCounts(
             p, m, np.full(p.shape, layers), f, s == 0, s == p - 1, layers * f, layers * f, schedule, v
         )
-        cols = activation_group_table(SumScaler(), c, ckpt & (layers > 0), shared, offloading, through_step)
+        cols = activation_group_table(SumScaler(), c, ckpt=ckpt & (layers > 0), shared=shared, **knobs)
         assert set(cols) == set(ACTIVATION_GROUPS)
         for name, col in cols.items():
             got = np.broadcast_to(col, p.shape)[:, 0].tolist()
