@@ -359,6 +359,18 @@ class StageCounts(NamedTuple):
     v: int  # parallel.virtual_stages
 
 
+class ActivationKnobs(NamedTuple):
+    """What else the activation groups of a stage read (``activation_group_table``); ``ckpt`` and ``shared`` are
+    numbers or columns like ``StageCounts``, the others plain values."""
+
+    ckpt: Any  # every layer of the stage checkpointed (at least one)
+    shared: Any  # the recomputed layer's first norm saves the checkpointed input itself (ckpt_input_shared)
+    offloading: bool  # activation offloading
+    offloaded: int | None  # ... of the first N layers (activation_offloading_layers); None: every layer
+    through_step: bool  # the model output held through the step (ActivationBudget.output_through_step)
+    mixed: tuple[int, int] | None = None  # (checkpointed layers, N) where every N-th is (the engine alone)
+
+
 def _count(x: float) -> str:
     """A count of micro-batches as the labels write it."""
     return fmt_int(x) if x == int(x) else f"{x:.2f}"
@@ -385,20 +397,12 @@ def _mixed_layers(scale: Scaler, n_ckpt: int, n_other: int, micro: float, first:
     )
 
 
-def _saved_group_table(
-    scale: Scaler,
-    c: StageCounts,
-    ckpt: Any,
-    shared: Any,
-    offloading: bool,
-    offloaded: int | None,
-    mixed: tuple[int, int] | None,
-    nxt: Any,
-) -> dict[str, Any]:
+def _saved_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs, nxt: Any) -> dict[str, Any]:
     """The saved activations of the layers (``activation_group_table``): all of them on the GPU (``saved``,
     ``saved_at_loss``), the other micro-batches' at the bottom of backward (``rest``; at GPipe's second backward
     ``saved_next``, where ``nxt``), layer 0's own (``own``) and the last layer recomputed (``recompute``)."""
     Ls, f, held = c.layers, c.f, c.held
+    ckpt, offloading, offloaded, mixed = k.ckpt, k.offloading, k.offloaded, k.mixed
     resident = resident_count(held, offloading, offloaded)
     first = layer0_sets(c.first, f, resident, held)
     saved = scale(
@@ -450,7 +454,7 @@ def _saved_group_table(
     # layer 0 is checkpointed only when every layer is; a stage of no layer has none of its own
     own = where(
         ckpt,
-        where(shared, recompute, scale("kept", ckpt, "1 layer") + recompute),
+        where(k.shared, recompute, scale("kept", ckpt, "1 layer") + recompute),
         scale("per_layer", (Ls > 0) & negate(ckpt), "1 layer", c.first),
     )
     # GPipe's second backward: every micro-batch's saved activations but the first's (next_backward_count)
@@ -459,25 +463,11 @@ def _saved_group_table(
             "saved_next": saved_next}  # fmt: skip
 
 
-def activation_group_table(
-    scale: Scaler,
-    c: StageCounts,
-    *,
-    ckpt: Any,
-    shared: Any,
-    offloading: bool,
-    offloaded: int | None,
-    through_step: bool,
-    mixed: tuple[int, int] | None = None,
-) -> dict[str, Any]:
-    """The activation groups of ``moments.ACTIVATION_GROUPS`` of a stage ``c``, made by ``scale`` (the
-    engine's items of one rank, or ``plan/vector``'s sums for many candidate stages): ``ckpt``, every layer of
-    the stage checkpointed (at least one); ``shared``, the recomputed layer's first norm saving the
-    checkpointed input itself (``ActivationBudget.ckpt_input_shared``); activation ``offloading`` (of the first
-    ``offloaded`` layers: ``activation_offloading_layers``, None: every layer, ``resident_count``); the model
-    output held ``through_step`` (``ActivationBudget.output_through_step``); ``mixed`` (the engine alone: the
-    planner checkpoints every layer or none), (checkpointed layers, N) where every N-th layer is. The counts
-    hold nothing of a pipeline without one, so ``through_step`` stands for ``pipeline.returns_outputs``."""
+def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) -> dict[str, Any]:
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` of a stage ``c`` under ``k``, made by ``scale``
+    (the engine's items of one rank, or ``plan/vector``'s sums for many candidate stages). The counts hold
+    nothing of a pipeline without one, so ``k.through_step`` stands for ``pipeline.returns_outputs``."""
+    through_step = k.through_step
     p, m, Ls, f, first, last = c.p, c.m, c.layers, c.f, c.first, c.last
     n_loss = loss_count(p, m, c.schedule, last)
     n_recv = receive_count(p, m, c.v, first, last)
@@ -548,7 +538,7 @@ def activation_group_table(
         "bottom_backward": scale("bottom_backward", first),
         "held_through_step": held_logits + returned + cache_all if through_step else scale.none,
     }
-    return {**groups, **_saved_group_table(scale, c, ckpt, shared, offloading, offloaded, mixed, nxt)}
+    return {**groups, **_saved_group_table(scale, c, k, nxt)}
 
 
 def _activation_groups(
@@ -561,9 +551,9 @@ def _activation_groups(
     counts = StageCounts(par.pp, par.pp_microbatches, Ls, f, stage.first, stage.last, ctx.held_layers(stage),
                          ctx.held_layers(stage, at_loss=True), par.pp_schedule, par.virtual_stages)  # fmt: skip
     mixed = (n_ckpt, sc.checkpoint_every or 1) if 0 < n_ckpt < Ls else None  # every N-th layer
-    return activation_group_table(ItemScaler(acts, ckpt), counts, ckpt=ckpt, shared=acts.ckpt_input_shared,
-                                  offloading=sc.activation_offloading, offloaded=sc.activation_offloading_layers,
-                                  through_step=acts.output_through_step, mixed=mixed)  # fmt: skip
+    knobs = ActivationKnobs(ckpt, acts.ckpt_input_shared, sc.activation_offloading, sc.activation_offloading_layers,
+                            acts.output_through_step, mixed)  # fmt: skip
+    return activation_group_table(ItemScaler(acts, ckpt), counts, knobs)
 
 
 def _applies(ctx: Context, rule: MomentRule) -> bool:

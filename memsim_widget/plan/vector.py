@@ -51,6 +51,7 @@ from memsim_widget.engine.overhead import (
 from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.timeline import (
+    ActivationKnobs,
     StageCounts,
     activation_group_table,
     budget_list,
@@ -680,9 +681,10 @@ def _activation_side(
     ckpt = (np.isin(akey[:, 4], CKPT_CODES)[xa] & (layers > 0))[:, None]
     shared = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)[xa][:, None]
     through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
-    groups = activation_group_table(RowScaler(_key_tables(akey, arows), xa), counts, ckpt=ckpt, shared=shared,
-                                    offloading=base.activation_offloading,
-                                    offloaded=base.activation_offloading_layers, through_step=through_step)  # fmt: skip
+    knobs = ActivationKnobs(
+        ckpt, shared, base.activation_offloading, base.activation_offloading_layers, through_step
+    )
+    groups = activation_group_table(RowScaler(_key_tables(akey, arows), xa), counts, knobs)
     return groups, f, reaches_saturation(groups.values(), xkey.shape[0])
 
 

@@ -30,6 +30,7 @@ from memsim_widget.engine.pipeline import (
 )
 from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.timeline import (
+    ActivationKnobs,
     StageCounts,
     activation_group_table,
     layer0_sets,
@@ -208,7 +209,7 @@ def test_the_activation_groups_on_columns_are_those_of_each_stage(rows, data):
             held = layers * f
             c = StageCounts(p, m, layers, f, s == 0, s == p - 1, held, held, schedule, v)
             one.append(
-                activation_group_table(SumScaler(), c, ckpt=ckpt and layers > 0, shared=shared, **knobs)
+                activation_group_table(SumScaler(), c, ActivationKnobs(ckpt and layers > 0, shared, **knobs))
             )
         p, m, s = (np.array([r[k] for r, _ in sel])[:, None] for k in (0, 1, 4))
         ckpt, shared = (np.array([fl[k] for _, fl in sel])[:, None] for k in (0, 1))
@@ -216,7 +217,7 @@ def test_the_activation_groups_on_columns_are_those_of_each_stage(rows, data):
         c = StageCounts(
             p, m, np.full(p.shape, layers), f, s == 0, s == p - 1, layers * f, layers * f, schedule, v
         )
-        cols = activation_group_table(SumScaler(), c, ckpt=ckpt & (layers > 0), shared=shared, **knobs)
+        cols = activation_group_table(SumScaler(), c, ActivationKnobs(ckpt & (layers > 0), shared, **knobs))
         assert set(cols) == set(ACTIVATION_GROUPS)
         for name, col in cols.items():
             got = np.broadcast_to(col, p.shape)[:, 0].tolist()
