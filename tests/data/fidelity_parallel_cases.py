@@ -342,6 +342,13 @@ def _split_cases() -> list[tuple[str, dict, int]]:
             {"pp": 3, "pp_microbatches": 4, "pp_layers": [2, 2, 0]},
             2,
         ),
+        # a middle stage: its later micro-batches' backward makes each new gradient beside the carried ones
+        _real(
+            "V32k mistral bf16 pp3 1f1b m4 [2, 2, 2] stage 1 (middle)",
+            {**MISTRAL_V32K, "num_hidden_layers": 6},
+            {"pp": 3, "pp_microbatches": 4, "pp_layers": [2, 2, 2]},
+            1,
+        ),
         # GPipe runs every micro-batch's forward and loss before the first backward (ScheduleGPipe)
         _real(
             "V32k mistral bf16 pp2 gpipe m4 [2, 2] stage 1 (last)",

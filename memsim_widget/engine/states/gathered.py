@@ -14,6 +14,7 @@ from memsim_widget.engine.frameworks import (
 )
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget
+from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.units import fmt_int
 
 
@@ -502,14 +503,12 @@ def _pipeline_new_grads(
     """Under ``pipeline_fsdp2``, what a backward after the first of the step makes beside the accumulation,
     and what an interleaved rank keeps gathered from its other chunks.
 
-    - The new gradients: with the gradient in the parameter dtype, ``AccumulateGrad`` meets the unsharded
-      ``.grad`` an earlier micro-batch left and makes the new one apart before adding it in place, so the
-      largest layer parameter's new gradient is a transient of the layer in backward (``new_grad``: at the
-      top of a backward whose gradients are carried; ``new_grad_next``: GPipe's later backwards, the larger
-      of it and the loss's backward, which come one after the other). Where ``reduce_dtype`` differs, the
-      layer's new gradients in the parameter dtype are already counted (``gathered_grads``); GPipe's later
-      backwards meet them too. Traced (V32k mistral pp2 x dp2): the top layer's down-projection gradient
-      (4,096 x 14,336 bf16) beside the accumulation, at the top of the second micro-batch's backward.
+    - The new gradients (``gradients.new_gradient``): with the gradient in the parameter dtype,
+      ``AccumulateGrad`` meets the unsharded ``.grad`` an earlier micro-batch left (``new_grad``: at the top
+      of a backward whose gradients are carried; ``new_grad_next``: GPipe's later backwards, the larger of it
+      and the loss's backward, which come one after the other). Where ``reduce_dtype`` differs, the layer's
+      new gradients in the parameter dtype are already counted (``gathered_grads``); GPipe's later backwards
+      meet them too.
     - An interleaved rank (``virtual_stages`` > 1, ``reshard_after_forward``): a chunk's layers stay gathered
       from its backward until its next forward, so while another chunk is gathered (its forward, or the top
       of its backward) they are still there (``chunk_gathered``, with that chunk's layer). Torch 2.13
@@ -519,11 +518,9 @@ def _pipeline_new_grads(
       in between)."""
     wb = gathered_weight_bytes(ctx)
     if stage.layers or largest:
-        new = (largest * grad_b, f"largest layer param {fmt_int(largest)} x {grad_b} B")
+        item = new_gradient(largest, grad_b)
         if grad_b != wb and stage.layers:
-            new = (per_layer * wb, f"{fmt_int(per_layer)} x {wb} B (the layer's, in param_dtype)")
-        item = Item("gradients", "a new gradient before it is added to the accumulated one", new[0], new[1],
-                    "tensor", 1)  # fmt: skip
+            item = new_gradient(per_layer, wb, f"{fmt_int(per_layer)} x {wb} B (the layer's, in param_dtype)")
         b.new_grad_next = [item]
         b.new_grad = [item] if grad_b == wb and stage.layers else []
     v = ctx.par.virtual_stages
