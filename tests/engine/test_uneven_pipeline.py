@@ -358,3 +358,24 @@ def test_an_interleaved_rank_over_fsdp2_regathers_a_chunk_beside_its_other_chunk
     for by in _fsdp_pipeline_moments():
         assert not any("other chunks" in i.item for i in by["chunk_regather"].items)
         assert by["chunk_regather"].tensor_bytes <= by["backward_top"].tensor_bytes
+
+
+def test_a_plain_pipeline_stage_makes_each_new_gradient_beside_the_carried_ones():
+    # a middle stage of 1F1B (pp 3, 4 micro-batches, no data parallelism): from the second micro-batch on,
+    # AccumulateGrad makes the top layer's new gradient apart from the .grad the first left (the largest layer
+    # parameter, an MLP projection, in bf16) -- traced: the fidelity suite's [2, 2, 2] middle-stage row
+    from memsim_widget.engine.core import estimate
+
+    def new_grads(schedule: str, dp: int = 1) -> list[int]:
+        par = {"pp": 3, "pp_microbatches": 4, "pp_schedule": schedule, "dp": dp}
+        sc = Scenario.from_dict(
+            {"model": "llama-3.1-8b", "precision": "bf16", "seq_len": 1024, "parallel": par}
+        )
+        top = {m.name: m for m in estimate(sc).ranks[1].moments}["backward_top"]
+        return [i.bytes for i in top.items if "new gradient" in i.item]
+
+    assert new_grads("1f1b") == [LLAMA8B_LARGEST_LAYER_PARAM_BYTES]
+    assert (
+        new_grads("gpipe") == []
+    )  # every forward first: no gradient exists at the top of the first backward
+    assert new_grads("1f1b", dp=2) == []  # DDP's buckets: not traced, not counted
