@@ -17,13 +17,13 @@ keys of ``engine/parts_cache``, the layers and the allocator settings), so only 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from heapq import nlargest
 from typing import Any
 
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
 
 #: Steps replayed: the first makes the optimizer states; the second shows what the cache left by a whole step
