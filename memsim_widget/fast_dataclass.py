@@ -1,12 +1,13 @@
-"""``dataclass``, as the standard library's, defined at a third of the cost: what starting ``memsim`` pays for.
+"""``dataclass``, as the standard library's, defined at a fraction of the cost: what starting ``memsim`` pays for.
 
 Python 3.11's ``dataclasses.dataclass`` compiles one function per generated method (``__init__``, ``__repr__``,
 ``__eq__``, ``__hash__``, and a frozen class's ``__setattr__`` and ``__delattr__``): about 0.6 ms per class, and
 ``memsim estimate`` defines some 60 classes before it computes anything (issue 28: the CLI's import under 40 ms).
 This decorator lets the standard library collect the fields (so ``dataclasses.fields``, ``replace``, ``asdict``
-and ``is_dataclass`` see a dataclass), compiles ``__init__`` alone (the method the engine calls often, kept as
-fast as the standard one), and gives the other methods as plain functions over the field names: the same
-results (``repr`` text, ``==``, ``hash`` values, ``FrozenInstanceError``), with no source to compile.
+and ``is_dataclass`` see a dataclass), gives ``__repr__``, ``__eq__``, ``__hash__`` and the frozen class's
+methods as plain functions over the field names (the same ``repr`` text, ``==``, ``hash`` values and
+``FrozenInstanceError``, with no source to compile), and compiles ``__init__`` alone, when the class is first
+used (``_LazyInit``): a process compiles the ``__init__`` of the classes it builds, not of every class it defines.
 
 The shapes it writes itself are the ones this package uses (``@dataclass`` and ``@dataclass(frozen=True)``, with
 ``field(...)`` defaults, factories, ``init=False``, ``kw_only=True``, ``__post_init__``); any other option, an
@@ -69,7 +70,19 @@ def _direct(cls: type, fields: list[Field[Any]], frozen: bool) -> bool:
     return True
 
 
-def _init(cls: type, fields: list[Field[Any]], frozen: bool) -> Callable[..., None]:
+def _check_defaults(fields: list[Field[Any]]) -> None:
+    """The standard library's error, raised as it is, when the class is defined: a positional parameter without a
+    default after one with a default."""
+    seen_default = False
+    for f in fields:
+        if f.init and not f.kw_only:
+            if f.default is not MISSING or f.default_factory is not MISSING:
+                seen_default = True
+            elif seen_default:
+                raise TypeError(f"non-default argument {f.name!r} follows default argument")
+
+
+def _init(cls: type, fields: list[Field[Any]], frozen: bool, post_init: bool) -> Callable[..., None]:
     """``__init__``: the standard library's (``dataclasses._init_fn``), written with less text to compile (the
     defaults set on the function rather than named in its text, the fields written to ``__dict__`` where nothing
     stands in between)."""
@@ -83,7 +96,8 @@ def _init(cls: type, fields: list[Field[Any]], frozen: bool) -> Callable[..., No
     kw_params: list[str] = []
     defaults: list[Any] = []
     kw_defaults: dict[str, Any] = {}
-    body: list[str] = [f"__dataclass_dict__={self}.__dict__"] if direct else []
+    body: list[str] = []
+    written: dict[str, str] = {}  # direct: field -> its value's text, all written by one update (one line)
     for f in fields:
         has_default = f.default is not MISSING or f.default_factory is not MISSING
         if f.init:
@@ -92,13 +106,10 @@ def _init(cls: type, fields: list[Field[Any]], frozen: bool) -> Callable[..., No
                 kw_params.append(f.name)
                 if has_default:
                     kw_defaults[f.name] = default
-            elif has_default:
-                defaults.append(default)
-                params.append(f.name)
-            elif defaults:
-                raise TypeError(f"non-default argument {f.name!r} follows default argument")
             else:
                 params.append(f.name)
+                if has_default:
+                    defaults.append(default)
         if f.default_factory is not MISSING:
             names[f"_dflt_{f.name}"] = f.default_factory
             value = (
@@ -111,12 +122,15 @@ def _init(cls: type, fields: list[Field[Any]], frozen: bool) -> Callable[..., No
         else:
             continue  # the class attribute holds the default
         if direct:
-            body.append(f"__dataclass_dict__[{f.name!r}]={value}")
+            written[f.name] = value
         else:
             body.append(
                 f"__dataclass_setattr__({self},{f.name!r},{value})" if frozen else f"{self}.{f.name}={value}"
             )
-    if hasattr(cls, "__post_init__"):
+    if written:
+        names["__dataclass_names__"] = tuple(written)
+        body.append(f"{self}.__dict__.update(zip(__dataclass_names__,({','.join(written.values())},)))")
+    if post_init:
         body.append(f"{self}.__post_init__()")
     args = ",".join([self, *params, *(["*", *kw_params] if kw_params else [])])
     text = "\n".join(f"  {line}" for line in body or ["pass"])
@@ -129,7 +143,27 @@ def _init(cls: type, fields: list[Field[Any]], frozen: bool) -> Callable[..., No
     fn.__kwdefaults__ = kw_defaults or None
     kinds = {f.name: f.type for f in fields}
     fn.__annotations__ = {**{name: kinds[name] for name in params + kw_params}, "return": None}
+    fn.__qualname__ = f"{cls.__qualname__}.__init__"
     return fn
+
+
+class _LazyInit:
+    """A class's ``__init__`` until it is first looked up (an instance made, ``inspect.signature``, a subclass's
+    ``super().__init__``): then compiled by ``_init`` and set on the class in its place. Compiling is most of what
+    defining a dataclass costs; a process compiles only the ``__init__`` of the classes it uses (``memsim
+    estimate`` builds 40 of the 60 it defines), when it first uses them."""
+
+    __slots__ = ("cls", "fields", "frozen", "post_init")
+
+    def __init__(self, cls: type, fields: list[Field[Any]], frozen: bool, post_init: bool) -> None:
+        self.cls, self.fields, self.frozen, self.post_init = cls, fields, frozen, post_init
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        fn = self.cls.__dict__["__init__"]
+        if fn is self:  # the first look-up
+            fn = _init(self.cls, self.fields, self.frozen, self.post_init)
+            setattr(self.cls, "__init__", fn)  # noqa: B010 - a class attribute, replaced
+        return fn if obj is None else fn.__get__(obj, owner)
 
 
 def _key(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
@@ -185,8 +219,9 @@ def _define(cls: type, frozen: bool) -> type:
     # The standard library collects the fields; a subclass of a frozen dataclass must say frozen (it checks).
     cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=frozen and has_bases)
     fields = list(dataclasses.fields(cls))  # type: ignore[arg-type]
-    methods = {"__init__": _init(cls, fields, frozen), **_methods(cls, fields, frozen)}
-    for name, fn in methods.items():
+    _check_defaults(fields)
+    cls.__init__ = _LazyInit(cls, fields, frozen, hasattr(cls, "__post_init__"))  # type: ignore[misc]
+    for name, fn in _methods(cls, fields, frozen).items():
         if fn is not None:
             fn.__qualname__ = f"{cls.__qualname__}.{name}"
         setattr(cls, name, fn)

@@ -283,3 +283,30 @@ def test_repr_equality_and_hash_match_the_standard_librarys_for_any_values(
     assert hash(FAST.One(a)) == hash(STD.One(a)) and (FAST.One(a) == FAST.One(a2)) == (
         STD.One(a) == STD.One(a2)
     )
+
+
+def test_init_is_compiled_on_first_use_and_is_then_the_standard_one() -> None:
+    """A class's ``__init__`` is compiled when first looked up: by an instance (of it or of a plain subclass), by
+    ``inspect.signature``, by a subclass's ``super().__init__``; a class never used compiles nothing."""
+    fresh = _module("_dc_fast_lazy", fast_dataclass.dataclass)
+    # (an undocumented class is documented with its signature when defined; the last two are the standard's)
+    lazy = [n for n in NAMES if n not in ("Undocumented", "WithInitVar", "Ordered")]
+    assert [n for n in lazy if inspect.isfunction(vars(getattr(fresh, n))["__init__"])] == []
+    assert str(inspect.signature(fresh.Frozen)) == str(inspect.signature(STD.Frozen))
+    assert inspect.isfunction(vars(fresh.Frozen)["__init__"])
+
+    class Sub(fresh.Plain):  # not a dataclass: the base's __init__
+        pass
+
+    assert (
+        repr(Sub([1]))
+        == "test_init_is_compiled_on_first_use_and_is_then_the_standard_one.<locals>.Sub(a=[1], b={})"
+    )
+    assert inspect.isfunction(vars(fresh.Plain)["__init__"])
+
+    class Own(fresh.One):
+        def __init__(self) -> None:
+            super().__init__(7)
+
+    assert Own().a == 7 and inspect.isfunction(vars(fresh.One)["__init__"])
+    assert not inspect.isfunction(vars(fresh.Empty)["__init__"])  # never used

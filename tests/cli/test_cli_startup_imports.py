@@ -31,6 +31,10 @@ HEAVY = (
 #: traces, launch-config importers, comparisons, calibration from traces).
 UNUSED_LAYERS = ("plan", "charts", "widget", "app", "trace", "importers", "comparison", "calibrate")
 
+#: The allocation-stream replay and its caching allocator: only a scenario with ``reserved_model: replay`` uses them
+#: (the default keeps the fitted rule, engine/overhead.py).
+REPLAY = ("memsim_widget.engine.alloc_stream", "memsim_widget.engine.allocator")
+
 #: Run the CLI as ``memsim`` does, then print what the process loaded and which dataclasses its package modules
 #: defined with the standard decorator (theirs would be ``dataclasses``'s ``__eq__``, compiled from text).
 _PROBE = """
@@ -74,6 +78,13 @@ def test_an_estimate_loads_its_models_family_alone_and_nothing_heavy(model: str,
     assert _families(modules) == {family}
     assert sorted(m for m in HEAVY if m in modules) == []
     assert _layers(modules) == set()
+    assert sorted(m for m in REPLAY if m in modules) == []
+    assert standard == []
+
+
+def test_an_estimate_asking_for_the_replay_loads_the_allocator() -> None:
+    modules, standard = _loaded("estimate", "--model", "llama-3.2-1b", "--reserved-model", "replay")
+    assert sorted(m for m in REPLAY if m in modules) == sorted(REPLAY)
     assert standard == []
 
 
