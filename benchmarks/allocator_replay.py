@@ -10,11 +10,14 @@ Run: python benchmarks/allocator_replay.py [-k TEXT] [--json out.json] [--conf e
      python benchmarks/allocator_replay.py --cost   (the replay's cost per event, no trace)
      python benchmarks/allocator_replay.py --engine-stream benchmarks/allocator_replay_h200.json
          (an experiment: a per-layer stream built from the engine's groups, replayed; no trace)
+     python benchmarks/allocator_replay.py --compare qwen05b-bf16
+         (trace one run; the large requests of its stream and of the engine's: new segment or cached)
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import json
 import statistics
@@ -197,6 +200,93 @@ def engine_stream_vs_trace(path: Path) -> None:
     print(f"a new shape's replay: median {statistics.median(costs):.1f} ms (stream built and replayed)")
 
 
+def large_requests(events: list[Any], marks: list[tuple[int, str]], conf: Any, at_least: int) -> None:
+    """Replay ``events`` (``marks``: (event index, phase) pairs) and print each request of ``at_least`` bytes or
+    more: its phase, whether it took a cached block or a new segment, and the largest cached block then."""
+    from memsim_widget.engine.allocator import FREE, CachingAllocator
+
+    a, m, label = CachingAllocator(None, conf), 0, ""
+    for n, (handle, size, stream) in enumerate(events):
+        while m < len(marks) and marks[m][0] <= n:
+            label, m = marks[m][1], m + 1
+        if size == FREE:
+            a.free(handle)
+            continue
+        largest = max((b for b, _ in a.free_lists.get((stream, False), [])), default=0)
+        seg = a.segments
+        a.malloc(handle, size, stream)
+        if size >= at_least:
+            print(
+                f"  {label:<28} {size / 2**20:9.1f} MiB: {'new segment' if a.segments > seg else 'cached     '}"
+                f" (largest cached {largest / 2**20:7.1f} MiB), reserved {a.reserved / 2**30:6.2f} GiB"
+            )
+    print(
+        f"  peak reserved {a.peak_reserved / 2**30:.3f} GiB, peak allocated {a.peak_allocated / 2**30:.3f} GiB"
+    )
+
+
+def compare(name: str, at_least_mib: float = 500) -> None:
+    """Trace measurement ``name`` and print the large requests of its traced stream and of the engine's
+    (``engine/alloc_stream``) side by side: where each stream needs a new segment the other serves from its
+    cache (docs/allocator.md reads the runs this way)."""
+    from memsim_widget.engine import objectives
+    from memsim_widget.engine.alloc_stream import rank_stream
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.trace.hf import trace_hf
+    from memsim_widget.trace.replay import _prepared
+    from memsim_widget.trace.traceable import trace_kwargs
+
+    m = next(x for x in MEASUREMENTS if x.name == name)
+    sc = Scenario.from_dict({**resolved(m), "reserved_model": "replay"})
+    r = trace_hf(
+        dict(resolve_model_config(sc.model)), steps=m.steps, lengths=tuple(m.lengths), **trace_kwargs(sc)
+    )
+    events, _, conf, _ = _prepared(r.tracker, sc, None)
+    recs = [rec for rec in r.tracker.records if rec.nbytes > 0]
+    keyed = sorted([(rec.alloc_seq, 1) for rec in recs] + [(rec.free_seq, 0) for rec in recs if rec.free_seq])
+    seqs = [k[0] for k in keyed]  # each event's tracker sequence number, to place the phase marks
+    marks = []
+    for mk in r.tracker.marks:
+        marks.append((bisect.bisect_left(seqs, mk["seq"]), f"step {mk['step']} {mk['phase']}"))
+    print(f"== {name}: the trace's stream ({len(events)} events; phase marks approximate by the workspaces)")
+    large_requests(events, marks, conf, int(at_least_mib * 2**20))
+    ctx = Context(objectives.training_scenario(sc))
+    stream = rank_stream(ctx, ctx.stages[0], m.steps)
+    print(f"== {name}: the engine's stream ({len(stream.events)} events, {m.steps} steps)")
+    large_requests(stream.events, stream.marks, allocator_conf(ctx), int(at_least_mib * 2**20))
+    print(
+        f"the trace replayed without its forward transients: {without_forward_transients(r.tracker, events, conf)}"
+    )
+
+
+def without_forward_transients(tracker: Any, events: list[Any], conf: Any) -> str:
+    """The peak reserved of the traced stream less the tensors a forward makes and frees before it ends (the
+    engine's stream holds only what each layer saves): the share of a gap the forward's transients make."""
+    from memsim_widget.engine.allocator import replay
+
+    starts = sorted((mk["seq"], mk["phase"]) for mk in tracker.marks)
+    bounds = [seq for seq, _ in starts]
+
+    def phase(seq: int) -> str:
+        i = bisect.bisect_right(bounds, seq) - 1
+        return f"{i}:{starts[i][1]}" if i >= 0 else ""
+
+    drop = {
+        i
+        for i, rec in enumerate(tracker.records)
+        if rec.nbytes > 0
+        and rec.free_seq is not None
+        and phase(rec.alloc_seq) == phase(rec.free_seq)
+        and phase(rec.alloc_seq).endswith("forward")
+    }
+    kept = [e for e in events if e[0] not in drop]
+    return (
+        f"{replay(kept, conf=conf).peak_reserved / 2**30:.2f} GiB ({len(drop)} tensors dropped; "
+        f"with them {replay(events, conf=conf).peak_reserved / 2**30:.2f} GiB)"
+    )
+
+
 def stage_layers(sc: Scenario) -> int:
     """The first stage's layer count."""
     from memsim_widget.engine import objectives
@@ -218,10 +308,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="replay a per-layer stream built from the engine's groups against these traces and the rows",
     )
+    ap.add_argument(
+        "--compare",
+        metavar="NAME",
+        help="trace this measurement and print the large requests of its stream and of the engine's",
+    )
     ap.add_argument("-k", metavar="TEXT", help="only the scenarios whose name contains TEXT")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--conf", help="replay under this PYTORCH_CUDA_ALLOC_CONF (default: the scenario's)")
     args = ap.parse_args(argv)
+    if args.compare:
+        compare(args.compare)
+        return 0
     if args.engine_stream:
         engine_stream_vs_trace(Path(args.engine_stream))
         return 0

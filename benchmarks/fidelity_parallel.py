@@ -139,13 +139,22 @@ KNOWN_GAPS = [
     "",
     "## Known gaps",
     "",
-    "- **Known misses, not yet in the table: pipelines over FSDP** (held-out fake-tensor traces of a 4-layer "
-    "Mistral-7B-shaped model, V32k, 1,024 tokens, 4 micro-batches): pp 2 over FSDP at dp 2 is under by 6.5% at "
-    "stage 0 of an even split (10.6% and 5.3% with a stage of no layers); a middle stage of a plain 1F1B "
-    "[2, 2, 2] split is under by 1.8%. Not modelled yet: the estimate of a pipeline-over-FSDP scenario carries a "
-    "caveat saying so (`engine/caveats.pipeline_under_caveat`). GPipe's last stage, once under by 7.2% "
-    "([2, 2]) and 5.8% ([3, 1]), is modelled and in the table (the `backward_next` rows: before, the engine "
-    "stopped at the first micro-batch's loss backward).",
+    "- **Pipelines over FSDP2** (the `pp2 x dp2 fsdp` rows: a 4-layer Mistral-7B-shaped model, V32k, 1,024 "
+    "tokens, 4 micro-batches). torch 2.13 `pipelining/stage.py` `backward_maybe_with_nosync` turns FSDP2's "
+    "gradient sync and reshard after backward off before every micro-batch's backward, the last included, "
+    "and `perform_reduce_grad` reduce-scatters once after the schedule (the root first, then each layer). "
+    "The engine now holds the stage's unsharded gradients accumulated over the micro-batches at every "
+    "backward moment (the optimizer steps the shards), the layers gathered after their backward until the "
+    "next forward (all of them at the bottom, and through GPipe's later backwards), the root's all-gather "
+    "after the last layer's and the next one's prefetch on a stage that does not end in the head, and the "
+    "final reduce-scatter (`engine/states/gathered.pipeline_fsdp2`). 1F1B before: -6.53% (stage 0) and "
+    "-5.74% (last); after: +0.57% and +1.22%. Not yet in the table: GPipe (+2.24% stage 0, +4.19% last: "
+    "over), interleaved 1F1B (-3.01% stage 0, whose traced peak is in a forward, at the start of a chunk "
+    "whose layers are still gathered from a backward), `reshard_after_forward=False` (the pipeline tracer "
+    "does not pass the flag yet) and DeepSpeed ZeRO-3 (formula); the estimate carries a caveat there "
+    "(`engine/caveats.pipeline_under_caveat`). A middle stage of a plain 1F1B [2, 2, 2] split (no FSDP) is "
+    "under by 1.8%, unexplained. GPipe's last stage without FSDP, once under by 7.2% ([2, 2]) and 5.8% "
+    "([3, 1]), is modelled and in the table (the `backward_next` rows).",
     "- **torchtitan pipelines without FSDP** (`precision: amp-bf16`, pp > 1, no FSDP, no TP): torchtitan's "
     "`maybe_enable_amp` disables mixed precision there too, but the pipeline tracer autocasts, so the engine "
     "keeps bf16 activations for that case (`no_mixed_precision` covers TP only). Not traced as torchtitan runs it.",

@@ -432,8 +432,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
 }
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
 #: rule of engine/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
-#: step's allocation stream through the caching allocator's rules, engine/alloc_stream.py: median +1.1% on the
-#: H200 runs but under by 4-13% on five of them, and 0.1-1 s per new shape; one-GPU steps without accumulation
+#: step's allocation stream through the caching allocator's rules, engine/alloc_stream.py: median +0.0% on the
+#: H200 runs but under by 4-14% on four of them, and 5-50 ms per new shape; one-GPU steps without accumulation
 #: only, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).

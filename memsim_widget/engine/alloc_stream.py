@@ -10,17 +10,22 @@ freed; the optimizer step (its states made at the first step) and its temporarie
 (``zero_grad(set_to_none=True)``). ``trace/replay.py`` replays the fake-tensor trace of the real framework
 the same way; docs/allocator.md compares the two.
 
-Cost: a replay is a few thousand events; it is cached per shape key (the state groups' and activation groups'
-keys of ``engine/parts_cache``, the layers and the allocator settings), so only a new shape pays it.
+Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
+key (the state groups' and activation groups' keys of ``engine/parts_cache``, the layers and the allocator
+settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
+(another card) pays only the stream's building.
 """
 
 from __future__ import annotations
 
+import marshal
+from bisect import bisect_right
 from collections.abc import Sequence
 from functools import lru_cache
-from heapq import nlargest
+from hashlib import blake2b
 from typing import Any
 
+from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
 from memsim_widget.fast_dataclass import dataclass
@@ -48,6 +53,13 @@ class GradOrder:
     top: tuple[int, ...]
     layer: tuple[int, ...]
     bottom: tuple[int, ...]
+    #: how many of ``top``'s first tensors are input-side parameters (the tied embeddings): they come first in
+    #: the module's parameter order
+    top_pre: int = 0
+    #: the same tensors in the module's parameter order (``model.parameters()``: the input side, each layer's
+    #: in turn, the output side), the order the optimizer makes its states and temporaries and
+    #: ``zero_grad`` frees the gradients in; empty when the layers' groups do not split evenly by layer
+    params: tuple[int, ...] = ()
 
 
 def grad_order(ctx: Any, stage: Any) -> GradOrder:
@@ -57,16 +69,24 @@ def grad_order(ctx: Any, stage: Any) -> GradOrder:
     top: list[int] = []
     layer: list[int] = []
     bottom: list[int] = []
+    pre: list[int] = []
+    post: list[int] = []
+    even = True
     tied = ctx.arch.tied_embeddings and stage.last
     for lg in local_groups(ctx, stage):
         g = lg.group
         if g.scope == "layer":
             layer += [lg.numel_each] * max(lg.count // max(stage.layers, 1), 1)
+            even = even and lg.count % max(stage.layers, 1) == 0
         elif g.scope == "pre":
             (top if tied and g.kind == "embedding" else bottom).extend([lg.numel_each] * lg.count)
+            pre += [lg.numel_each] * lg.count
         else:
             top += [lg.numel_each] * lg.count
-    return GradOrder(tuple(top), tuple(layer), tuple(bottom))
+            post += [lg.numel_each] * lg.count
+    top_pre = len(top) - len(post)
+    params = tuple(pre + layer * stage.layers + post) if even else ()
+    return GradOrder(tuple(top), tuple(layer), tuple(bottom), top_pre, params)
 
 
 @dataclass(frozen=True)
@@ -132,6 +152,31 @@ class StreamWriter:
                 out += self.alloc(max(int(i.bytes / share / k), 1), k)
         return out
 
+    def per_param(self, items: Sequence[Any], params: tuple[int, ...]) -> list[int]:
+        """Allocate the pooled ``items`` that hold k tensors per parameter parameter by parameter, each item's
+        in turn (Adam's ``_init_group`` makes ``exp_avg`` then ``exp_avg_sq`` for one parameter before the
+        next; a foreach step's ``_foreach_sqrt`` returns its list in parameter order), ``params`` the
+        parameters' elements in that order; other items as ``items`` allocates them, first."""
+        total = sum(params)
+        split = [
+            i
+            for i in items
+            if i.level in _POOLED
+            and i.bytes > 0
+            and total
+            and not getattr(i, "shares", ())
+            and max(i.tensors, 1) % len(params) == 0
+        ]
+        out = self.items([i for i in items if i not in split])
+        per = [
+            (max(i.tensors, 1) // len(params), i.bytes / (max(i.tensors, 1) // len(params) * total))
+            for i in split
+        ]
+        for x in params:
+            for k, b in per:
+                out += self.alloc(max(int(x * b), 1), k)
+        return out
+
     def size(self, handle: int) -> int:
         """The bytes ``handle`` was allocated with (handles are numbered in allocation order)."""
         return next(size for h, size, _ in reversed(self.events) if h == handle and size != FREE)
@@ -165,6 +210,7 @@ def step_stream(
             out += s.alloc(max(int(x * per), 1))
         return out
 
+    params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
     s.items(first, numels)
     s.items(sg["overhead"])
@@ -180,35 +226,52 @@ def step_stream(
             s.free(transient)
         post = s.items(a["post"])
         s.mark(f"step {step} loss")
-        logits = s.items(a["loss_forward"])
+        # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
+        capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
+        tanh = s.items(capped)
+        logits, cast = [], []  # cast: the 16-bit logits an upcast loss's backward casts its gradient back to
+        for i in a["loss_forward"]:
+            made = s.items([i])
+            cast += made[:1] if _upcast([i]) and not cast else []
+            logits += made
         held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-        kept = s.items(a["loss_saved"])
+        kept = s.items([i for i in a["loss_saved"] if i not in capped])
         s.free(logits)
         s.mark(f"step {step} loss backward")
         grad_out = s.items(a["loss_backward"])
         s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
         # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-        grad_logits = s.alloc(s.size(logits[0])) if _upcast(a["loss_forward"]) else []
+        grad_logits = s.alloc(s.size(cast[0])) if cast else []
         s.free(grad_out[1:])
         s.mark(f"step {step} backward")
         top = s.items(a["top_backward"])
-        grads = s.items(sg["head_grads"]) + (grads_of(order.top, 1) if order and by_tensor else [])
-        s.free(grad_logits + top + post)
+        head = s.items(sg["head_grads"])
+        top_grads = grads_of(order.top, 1) if order and by_tensor else []
+        s.free(grad_logits + tanh + top + post)
+        layer_grads = []
         for layer in reversed(saved):
             recomputed = s.items(a["recompute"])
             transient = s.items(a["layer_backward"])
-            grads += grads_of(order.layer if order else (), layers + 2)
+            layer_grads.append(grads_of(order.layer if order else (), layers + 2))
             s.free(transient + recomputed + layer)
-        grads += grads_of(order.bottom if order else (), layers + 2)
+        bottom_grads = grads_of(order.bottom if order else (), layers + 2)
+        k = order.top_pre if order and by_tensor else 0
+        if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
+            emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+            summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+            s.free(top_grads[:k] + emb)
+            top_grads = summed + top_grads[k:]
         s.free(pre)
         if not a["held_through_step"]:
             s.free(held)
             held = []
         s.mark(f"step {step} optimizer step")
         if step == 1:
-            s.items(later, numels)
-        s.free(s.items(sg["step_temps"], numels))
-        s.free(grads + held)
+            s.per_param(later, params)
+        s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
+        # zero_grad(set_to_none=True) drops the gradients in the parameters' order
+        by_layer = [h for hs in reversed(layer_grads) for h in hs]
+        s.free(top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head + held)
     return s
 
 
@@ -217,29 +280,16 @@ def _upcast(loss_forward: Sequence[Any]) -> bool:
     return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
 
 
-def _largest_cached(a: CachingAllocator, n: int = 3) -> tuple[int, ...]:
-    """The ``n`` largest cached blocks (each free list is sorted by size: its last ``n`` suffice)."""
-    return tuple(nlargest(n, (size for lst in a.free_lists.values() for size, _ in lst[-n:])))
-
-
 def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
-    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then."""
+    """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then (the
+    phase of the allocation after which reserved last rose, ``CachingAllocator.run``'s ``peak_event``)."""
     a = CachingAllocator(None, conf)
-    marks, m, label = stream.marks, 0, ""
-    at, cached = "", ()
-    peak = -1
-    for n, (handle, size, stream_id) in enumerate(stream.events):
-        while m < len(marks) and marks[m][0] <= n:
-            label = marks[m][1]
-            m += 1
-        if size == FREE:
-            a.free(handle)
-            continue
-        a.malloc(handle, size, stream_id)
-        if a.reserved > peak:
-            peak, at = a.reserved, label
-            cached = _largest_cached(a)
-    return PoolReplay(a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events))
+    a.run(stream.events)
+    j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
+    at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
+    return PoolReplay(
+        a.peak_reserved, a.peak_allocated, at, a.largest_at_peak(), a.segments, len(stream.events)
+    )
 
 
 class _Args:
@@ -259,7 +309,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 4-13% on five H200 runs and costs 0.1-1 s per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 4-14% on four H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), one micro-batch per step,
     nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
@@ -308,7 +358,22 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
 @lru_cache(maxsize=4096)
 def _replay_cached(args: _Args) -> PoolReplay:
     ctx, stage, conf = args.args
-    return replay_stream(rank_stream(ctx, stage), conf)
+    stream = rank_stream(ctx, stage)
+    return _replay_same_stream(_Args(stream_key(stream, conf), (stream, conf)))
+
+
+def stream_key(stream: StreamWriter, conf: AllocatorConf) -> tuple[Any, ...]:
+    """A stream's identity: a 128-bit BLAKE2 digest of its events, its phases and the allocator settings."""
+    return (blake2b(marshal.dumps(stream.events), digest_size=16).digest(), tuple(stream.marks), conf)
+
+
+@lru_cache(maxsize=1024)
+def _replay_same_stream(args: _Args) -> PoolReplay:
+    """The replay of a stream, cached by ``stream_key``: shapes whose keys differ in fields the stream does not
+    read (another card of the same workspace sizes: the states' key holds the GPU) replay it once."""
+    stream, conf = args.args
+    args.args = ()  # the cache keeps this key: not the stream
+    return replay_stream(stream, conf)
 
 
 def replayed_reserved(peak_allocated: int, replayed: int, cap: int) -> int:
@@ -343,3 +408,4 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
 def cache_clear() -> None:
     """Forget every cached replay (benchmarks measuring a cold engine)."""
     _replay_cached.cache_clear()
+    _replay_same_stream.cache_clear()

@@ -50,8 +50,12 @@ MIN_LARGE_ALLOC = 10 * MiB
 #: The large segment (``kLargeBuffer``, ``alloc_conf.LARGE_BUFFER``) is also the large pool's expandable page.
 #: Larger requests are rounded up to 2 MiB (``kRoundLarge``).
 ROUND_LARGE = 2 * MiB
-#: Free-block lists are keyed by (stream, small pool).
+#: The event size that frees a handle.
 FREE = -1
+#: A cached block's entry in its free list is one int, ``size << ADDR_BITS | address``: sorted by size, then
+#: address (``BlockPool``'s order), compared faster than a pair. Addresses stay below 2**64.
+ADDR_BITS = 64
+ADDR_MASK = (1 << ADDR_BITS) - 1
 
 
 # ----- the size rules -----------------------------------------------------------------------------------
@@ -95,7 +99,7 @@ def _addr(t: tuple[int, object]) -> int:
 class _Block:
     """A range of a segment: allocated, cached (free) or, in an expandable segment, unmapped."""
 
-    __slots__ = ("addr", "size", "key", "allocated", "prev", "next", "mapped", "seg", "gc_base")
+    __slots__ = ("addr", "size", "key", "allocated", "prev", "next", "mapped", "seg", "gc_base", "req")
 
     def __init__(self, addr: int, size: int, key: tuple[int, bool], seg: int, mapped: bool = True) -> None:
         self.addr = addr
@@ -107,6 +111,7 @@ class _Block:
         self.mapped = mapped
         self.seg = seg  # segment id; expandable segments are negative
         self.gc_base = 0
+        self.req = 0  # the bytes asked for, while allocated
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
@@ -150,6 +155,11 @@ class ReplayResult:
         return self.ok and self.cache_releases > 0
 
 
+def largest_cached(lists: Iterable[list[int]], n: int = 3) -> tuple[int, ...]:
+    """The sizes of the ``n`` largest cached blocks of free lists (each sorted: its last ``n`` suffice)."""
+    return tuple(sorted((entry >> ADDR_BITS for lst in lists for entry in lst[-n:]), reverse=True)[:n])
+
+
 # ----- the allocator ------------------------------------------------------------------------------------
 class CachingAllocator:
     """One device's caching allocator. ``capacity``: the bytes cudaMalloc may hand out in all (the card less
@@ -160,13 +170,22 @@ class CachingAllocator:
         self.capacity = capacity
         frac = conf.per_process_memory_fraction
         self.allowed = None if frac is None or capacity is None else int(frac * capacity)
-        self.free_lists: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+        self.free_lists: dict[tuple[int, bool], list[int]] = {}  # sorted ``entry`` ints
         self.free_blocks: dict[int, _Block] = {}  # addr -> cached block
         self.unmapped: dict[tuple[int, bool], list[tuple[int, _Block]]] = {}
-        self.live: dict[object, tuple[_Block, int]] = {}  # handle -> (block, requested bytes)
+        self.live: dict[object, _Block] = {}  # handle -> its allocated block
         self.gc_calls = {True: 0, False: 0}
+        # ``run``'s inlined loop serves the common settings: no max_split_size and no garbage collection (their
+        # rules only through ``malloc``), sizes in 512 B steps unless power-of-two divisions are set
+        self._plain_round = all(d <= 1 for d in conf.roundup_power2_divisions)
+        self._fast = conf.max_split_size is None and conf.garbage_collection_threshold <= 0
+        self._expandable = conf.expandable_segments
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0
+        #: ``run``: the index of the allocation after which reserved last rose above every earlier value (-1:
+        #: none yet), and the free lists' last three blocks then (``alloc_stream``: the largest cached blocks)
+        self.peak_event, self.peak_tails = -1, []
+        self._seen = -1
         self.cache_releases = self.segments = 0
         self._next_addr = 1 << 40
         self._next_seg = 0
@@ -174,12 +193,12 @@ class CachingAllocator:
     # -- the free lists (``BlockPool.blocks``: by stream, size, address) --
     def _cache(self, b: _Block) -> None:
         b.gc_base = self.gc_calls[b.key[1]]
-        insort(self.free_lists.setdefault(b.key, []), (b.size, b.addr))
+        insort(self.free_lists.setdefault(b.key, []), b.size << ADDR_BITS | b.addr)
         self.free_blocks[b.addr] = b
 
     def _uncache(self, b: _Block) -> None:
         lst = self.free_lists[b.key]
-        del lst[bisect_left(lst, (b.size, b.addr))]
+        del lst[bisect_left(lst, b.size << ADDR_BITS | b.addr)]
         del self.free_blocks[b.addr]
 
     def _set_reserved(self, delta: int) -> None:
@@ -192,6 +211,122 @@ class CachingAllocator:
         if self.allowed is not None and self.reserved + size > self.allowed:
             return False
         return self.capacity is None or self.reserved + size <= self.capacity
+
+    # -- a stream --
+    def run(self, events: Iterable[Event]) -> tuple[int, Failure | None]:
+        """Replay ``events`` in order up to the first allocation that fails: (the events replayed, that failure
+        with its index). Sets ``peak_event`` and ``peak_tails``. Under the fast path's settings, ``malloc`` and
+        ``free`` inlined in one loop (the same steps, local counters; expandable segments' best fit called)."""
+        if not self._fast:
+            return self._run_calls(events)
+        lists, blocks, live = self.free_lists, self.free_blocks, self.live
+        conf, plain, exp = self.conf, self._plain_round, self._expandable
+        allocated, requested, seen, n = self.allocated, self.requested, self._seen, 0
+        peak_a, peak_q = self.peak_allocated, self.peak_requested
+        for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
+            if size == FREE:  # ``free``
+                b = live.pop(handle, None)
+                if b is None:
+                    continue
+                b.allocated = False
+                allocated -= b.size
+                requested -= b.req
+                lst = lists.get(b.key)
+                if lst is None:
+                    lst = lists[b.key] = []
+                p = b.prev
+                if p is not None and not p.allocated and p.mapped:  # unmapped ranges stay apart
+                    del lst[bisect_left(lst, p.size << ADDR_BITS | p.addr)]
+                    del blocks[p.addr]
+                    b.addr, pp = p.addr, p.prev
+                    b.prev = pp
+                    if pp is not None:
+                        pp.next = b
+                    b.size += p.size
+                x = b.next
+                if x is not None and not x.allocated and x.mapped:
+                    del lst[bisect_left(lst, x.size << ADDR_BITS | x.addr)]
+                    del blocks[x.addr]
+                    xx = b.next = x.next
+                    if xx is not None:
+                        xx.prev = b
+                    b.size += x.size
+                insort(lst, b.size << ADDR_BITS | b.addr)
+                blocks[b.addr] = b
+                continue
+            if size > 0:  # ``malloc``
+                rounded = (size + 511) & -512 if plain else round_size(size, conf)
+                small = rounded <= SMALL_SIZE
+                key = (stream, small)
+                lst = lists.get(key)
+                block = None
+                if exp:
+                    block = self._get_free_block(key, rounded)
+                elif lst:
+                    i = bisect_left(lst, rounded << ADDR_BITS)
+                    if i < len(lst):
+                        block = blocks.pop(lst.pop(i) & ADDR_MASK)
+                if block is None:
+                    block = self._alloc_block(key, rounded)
+                    if block is None:
+                        self._release_cached()
+                        block = self._alloc_block(key, rounded)
+                        self.cache_releases += block is not None
+                        if block is None:
+                            self.allocated, self.requested = allocated, requested
+                            self.peak_allocated, self.peak_requested, self._seen = peak_a, peak_q, seen
+                            f = self._failure(rounded)
+                            return n, Failure(
+                                n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause
+                            )
+                rest = block.size - rounded
+                if rest > SMALL_SIZE or ((small or exp) and rest >= MIN_BLOCK):  # ``should_split``
+                    r = _Block(block.addr + rounded, rest, key, block.seg)
+                    x = r.next = block.next
+                    r.prev = block
+                    if x is not None:
+                        x.prev = r
+                    block.next = r
+                    block.size = rounded
+                    lst = lists.get(key)  # ``_alloc_block`` may have made it (expandable segments)
+                    if lst is None:
+                        lst = lists[key] = []
+                    insort(lst, rest << ADDR_BITS | r.addr)
+                    blocks[r.addr] = r
+                block.allocated = True
+                block.req = size
+                live[handle] = block
+                allocated += block.size
+                requested += size
+                if allocated > peak_a:
+                    peak_a = allocated
+                if requested > peak_q:
+                    peak_q = requested
+            if self.reserved > seen:
+                seen, self.peak_event = self.reserved, n - 1
+                self.peak_tails = [lst[-3:] for lst in lists.values()]
+        self.allocated, self.requested = allocated, requested
+        self.peak_allocated, self.peak_requested, self._seen = peak_a, peak_q, seen
+        return n, None
+
+    def largest_at_peak(self, n: int = 3) -> tuple[int, ...]:
+        """The sizes of the ``n`` largest cached blocks when reserved last rose (``run``'s ``peak_tails``)."""
+        return largest_cached(self.peak_tails, n)
+
+    def _run_calls(self, events: Iterable[Event]) -> tuple[int, Failure | None]:
+        """``run`` one ``malloc`` or ``free`` call per event (every setting)."""
+        n = 0
+        for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
+            if size == FREE:
+                self.free(handle)
+                continue
+            f = self.malloc(handle, size, stream)
+            if f is not None:
+                return n, Failure(n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause)
+            if self.reserved > self._seen:
+                self._seen, self.peak_event = self.reserved, n - 1
+                self.peak_tails = [lst[-3:] for lst in self.free_lists.values()]
+        return n, None
 
     # -- malloc --
     def malloc(self, handle: object, size: int, stream: int = 0) -> Failure | None:
@@ -224,7 +359,8 @@ class CachingAllocator:
             block.size = rounded
             self._cache(rest)
         block.allocated = True
-        self.live[handle] = (block, size)
+        block.req = size
+        self.live[handle] = block
         self.allocated += block.size
         self.requested += size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
@@ -248,26 +384,26 @@ class CachingAllocator:
         lst = self.free_lists.get(key)
         if not lst:
             return None
-        i = bisect_left(lst, (size, -1))
+        i = bisect_left(lst, size << ADDR_BITS)
         if i == len(lst):
             return None
         if self.conf.expandable_segments:  # size it can grow to: the unmapped range after it counts
             blocks = self.free_blocks
 
             def grow(j: int) -> int:
-                b = blocks[lst[j][1]]
+                b = blocks[lst[j] & ADDR_MASK]
                 return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
 
             while i + 1 < len(lst) and grow(i + 1) < grow(i):
                 i += 1
-        bsize = lst[i][0]
+        bsize = lst[i] >> ADDR_BITS
         ms = self.conf.max_split_size
         if ms is not None:
             if size < ms <= bsize:
                 return None
             if size >= ms and bsize >= size + self.conf.max_non_split_rounding:
                 return None
-        block = self.free_blocks[lst[i][1]]
+        block = self.free_blocks[lst[i] & ADDR_MASK]
         self._uncache(block)
         return block
 
@@ -302,16 +438,16 @@ class CachingAllocator:
         if ms is None or not lst:
             return False
         target = max(size, ms)
-        i = bisect_left(lst, (target, -1))
+        i = bisect_left(lst, target << ADDR_BITS)
         if i < len(lst):
-            b = self.free_blocks[lst[i][1]]
+            b = self.free_blocks[lst[i] & ADDR_MASK]
             if b.is_split() or not b.mapped:
                 return False
             self._release_block(b)
             return True
         released = 0
-        for bsize, addr in reversed(list(lst)):
-            b = self.free_blocks[addr]
+        for entry in reversed(list(lst)):
+            bsize, b = entry >> ADDR_BITS, self.free_blocks[entry & ADDR_MASK]
             if released >= target or bsize < ms:
                 break
             if b.is_split():
@@ -359,13 +495,12 @@ class CachingAllocator:
     # -- free --
     def free(self, handle: object) -> None:
         """Return ``handle``'s block to its stream's cache, merged with free neighbours (``free_block``)."""
-        entry = self.live.pop(handle, None)
-        if entry is None:
+        b = self.live.pop(handle, None)
+        if b is None:
             return
-        b, req = entry
         b.allocated = False
         self.allocated -= b.size
-        self.requested -= req
+        self.requested -= b.req
         for other in (b.prev, b.next):
             self._merge(b, other)
         self._cache(b)
@@ -492,7 +627,7 @@ class CachingAllocator:
         cap = self.capacity if self.allowed is None else self.allowed
         assert cap is not None
         outside = cap - self.reserved
-        largest = max([outside, *(s for lst in self.free_lists.values() for s, _ in lst[-1:])])
+        largest = max([outside, *(lst[-1] >> ADDR_BITS for lst in self.free_lists.values() if lst)])
         free_bytes = cap - self.allocated
         cause = "fragmentation" if free_bytes >= size else "total"
         return Failure(-1, size, allocation_size(size), free_bytes, largest, cause)
@@ -518,16 +653,7 @@ def replay(
 ) -> ReplayResult:
     """Run ``events`` through one device's caching allocator; stops at the first allocation that fails."""
     a = CachingAllocator(capacity, conf)
-    failure = None
-    n = 0
-    for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
-        if size == FREE:
-            a.free(handle)
-        else:
-            f = a.malloc(handle, size, stream)
-            if f is not None:
-                failure = Failure(n - 1, f.request, f.segment, f.free_bytes, f.largest_free, f.cause)
-                break
+    n, failure = a.run(events)
     return ReplayResult(
         peak_allocated=a.peak_allocated,
         peak_reserved=a.peak_reserved,
@@ -552,6 +678,7 @@ __all__ = [
     "alloc_conf_error",
     "allocation_size",
     "free",
+    "largest_cached",
     "parse_alloc_conf",
     "replay",
     "round_size",

@@ -18,17 +18,22 @@ from memsim_widget.scenario import Scenario
 
 
 def pipeline_under_caveat(scenario: Scenario) -> str:
-    """The pipeline layouts whose held-out fake-tensor traces the engine is known to under-predict (not yet in
-    the fidelity suite; measured on a 4-layer Mistral-7B-shaped model at a 32k vocabulary, 1,024 tokens): a
-    pipeline over FSDP (ZeRO-3 over dp x cp > 1). Empty where it does not apply. (GPipe's last stage, once
-    -6% to -7%, is modelled: engine/pipeline ``next_backward_count``.)"""
+    """The pipeline-over-FSDP layouts not yet within the fidelity suite's bounds (held-out fake-tensor traces
+    of a 4-layer Mistral-7B-shaped model at a 32k vocabulary, 1,024 tokens, pp 2 x dp 2, 4 micro-batches).
+    1F1B over FSDP2 with ``reshard_after_forward=True`` is modelled (``engine/states/gathered.pipeline_fsdp2``:
+    torch 2.13 ``pipelining/stage.py`` ``backward_maybe_with_nosync``); interleaved 1F1B is under its trace
+    (-3.0%, the peak in a forward), GPipe over it (+2.2% stage 0, +4.2% last), and without reshard after
+    forward the pipeline trace was not run. Empty where it does not apply."""
     p = scenario.parallel
     if p.pp <= 1 or not (p.zero == 3 and p.dp * p.cp > 1):
         return ""
+    if p.pp_schedule == "1f1b" and p.reshard_after_forward:
+        return ""
     return (
-        "pipeline: held-out traces show the engine UNDER the traced peak on a pipeline over FSDP (-6.5% on an "
-        "even split at dp 2, -5% to -11% with a stage of no layers); not yet modelled "
-        "(docs/fidelity-parallel.md, Known misses): plan on more headroom"
+        "pipeline over FSDP: 1F1B is modelled (unsharded gradients accumulated over the micro-batches, layers "
+        "kept gathered after backward: torch 2.13 pipelining/stage.py); this schedule or reshard_after_forward "
+        "is not yet within 3% of its traces (interleaved: the engine UNDER by 3%; GPipe: over by 2-4%; "
+        "docs/fidelity-parallel.md, Known gaps): plan on some headroom"
     )
 
 
@@ -42,7 +47,7 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
         out.append(pipeline_miss)
     if scenario.compile and compiled_rule_applies(scenario, arch):
         out.append(
-            "compile: Inductor's partitioner's saved tensors for this decoder, traced (docs/fidelity.md); the "
+            "compile: Inductor's partitioner's saved tensors for this model, traced (docs/fidelity.md); the "
             "layers' backward transients are eager's"
             + ("; traced on one GPU: data parallel (DDP's graph split at gradient buckets, FSDP's gathers) is "
                "untraced"
@@ -53,9 +58,9 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
     elif scenario.compile:
         out.append(
             "compile: untraced for this scenario, a formula (docs/fidelity.md): the layers keep eager's saved "
-            "tensors (no compiled trace saved more: 0-48% less on decoders, within 1% on BERT and ViT in bf16) "
+            "tensors (no compiled trace saved more: 0-48% less on decoders) "
             "and a causal LM's loss is the compiled loss traced on Llama-layout decoders; on an H200 the compiled "
-            "ViT-B in amp-bf16 allocated 15% more than eager, unexplained; the trace (memsim trace, Verify) runs "
+            "ViT-B in amp-bf16 allocated 15% more than eager, unexplained (docs/fidelity.md); the trace (memsim trace, Verify) runs "
             "the compiled step with Inductor's partitioner"
         )
     budget = scenario.activation_memory_budget

@@ -23,6 +23,7 @@ STATE_GROUPS = (
     "head_grads",  # at the top of backward: the carried gradients, else the head's (on the last stage)
     "gathered",  # the FSDP units gathered during backward
     "gathered_grads",  # their unsharded gradients before the reduce-scatter
+    "kept_after_backward",  # a pipeline over FSDP2: the layers kept gathered after their backward
     "step_in_backward",  # optimizer-in-backward: the step's temporaries during backward
     "root_regather",  # FSDP2's root unit gathered again when backward starts, with its all-gather output
     "root_made",  # FSDP2 at the bottom of backward: the root unit's unsharded gradients, all made
@@ -33,7 +34,10 @@ STATE_GROUPS = (
     "grads",  # every gradient
     "step_persistent",  # parameters and optimizer states at the optimizer step (they exist from step 1 on)
     "step_temps",  # the optimizer step's temporaries (tensor level)
+    "step_grads",  # the gradients the optimizer steps (a pipeline over FSDP2: the shards, not the accumulation)
     "grads_next",  # GPipe's second backward: every gradient, made by the first (none with optimizer-in-backward)
+    "gathered_next",  # ... over FSDP2: the root and every layer still gathered from the first backward
+    "prefetched",  # a pipeline over FSDP2: the next layer's all-gather output, prefetched (top of backward only)
 )
 
 #: Activation groups (``engine/activations.ActivationBudget`` terms times layers and micro-batches).
@@ -123,7 +127,16 @@ MOMENT_TABLE = (
     # checkpointing), with every other saved activation alive and only the head's gradients made so far
     MomentRule(
         "backward_top",
-        live=(*_COMMON, "head_grads", "gathered", "kept_unsharded", "gathered_grads", "pre", "saved"),
+        live=(
+            *_COMMON,
+            "head_grads",
+            "gathered",
+            "prefetched",
+            "kept_unsharded",
+            "gathered_grads",
+            "pre",
+            "saved",
+        ),
         larger_of=(("top_backward",), ("recompute", "layer_backward")),
         after=("held_logits", "held_cache_extra"),
     ),
@@ -131,7 +144,15 @@ MOMENT_TABLE = (
     # (b) the embedding's backward, every gradient made and no layer activation of this micro-batch left
     MomentRule(
         "backward_end",
-        live=(*_COMMON, "gathered", "gathered_grads", "step_in_backward", "pre", "rest"),
+        live=(
+            *_COMMON,
+            "gathered",
+            "gathered_grads",
+            "kept_after_backward",
+            "step_in_backward",
+            "pre",
+            "rest",
+        ),
         larger_of=(
             ("grads_but_bottom", "own", "layer_backward", "held_logits", "cache_but_own"),
             ("grads", "held_logits", "cache_all", "bottom_backward"),
@@ -147,6 +168,7 @@ MOMENT_TABLE = (
             "overhead",
             "stage_io_next",
             "grads_next",
+            "gathered_next",
             "pre_next",
             "saved_next",
             "post_next",
@@ -169,7 +191,14 @@ MOMENT_TABLE = (
     # the optimizer step: states, gradients and the step's temporaries; activations freed
     MomentRule(
         "optimizer_step",
-        live=("step_persistent", "overhead", "receive_buffers", "grads", "step_temps", "held_through_step"),
+        live=(
+            "step_persistent",
+            "overhead",
+            "receive_buffers",
+            "step_grads",
+            "step_temps",
+            "held_through_step",
+        ),
         only_if=OPTIMIZER_STEPS,
     ),
 )

@@ -194,9 +194,17 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
     root reduces apart (else all of them)."""
     return {
         "persistent": [i for i in states.persistent if i.level == "tensor"],
-        "grads": states.grads,
+        # a pipeline over FSDP2: every backward moment meets the unsharded accumulation (the step, the shards)
+        "grads": states.accumulated_grads or states.grads,
+        "step_grads": states.grads,
         "post_grads": states.post_grads,
         "grads_but_bottom": states.grads_but_bottom,
+        # ... at the bottom of a backward after the first one of the step (gradients carried)
+        "grads_but_bottom_carried": [*states.accumulated_grads, *states.prefetched]
+        or states.grads_but_bottom,
+        "gathered_next": states.gathered_next,
+        "prefetched": states.prefetched,
+        "kept_after_backward": states.kept_after_backward,
         "gathered": states.gathered,
         "gathered_grads": states.gathered_grads,
         "step_temps_all": states.step_temps,
@@ -208,7 +216,7 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "root_regather": states.root_regather,
         "root_reduce_out": states.root_reduce_out,
         "root_made": states.root_made,
-        "loss_grads": states.loss_grads,
+        "loss_grads": states.accumulated_grads or states.loss_grads,
     }
 
 
@@ -233,18 +241,24 @@ def state_group_table(
         "head_grads": where(carried, grads_in_fwd, where(last, s["post_grads"], none)),
         "gathered": s["gathered"],
         "gathered_grads": s["gathered_grads"],
+        "kept_after_backward": s["kept_after_backward"],
         "step_in_backward": where(in_backward, s["step_temps_all"], none),
         "root_regather": s["root_regather"],
         "root_made": s["root_made"],
         "root_reduce": s["root_reduce"],
         "root_reduce_out": s["root_reduce_out"],
         "grads_but_root": s["grads_but_root"],
-        "grads_but_bottom": s["grads_but_bottom"],
+        # carried: the bottom layer's gradients exist from an earlier micro-batch (a pipeline over FSDP2; the
+        # same lists otherwise)
+        "grads_but_bottom": where(carried, s["grads_but_bottom_carried"], s["grads_but_bottom"]),
         "grads": s["grads"],
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
+        "step_grads": s["step_grads"],
         # GPipe's second backward (engine/pipeline next_backward_count): gated on the activation side
         "grads_next": where(in_backward, none, s["grads"]),
+        "gathered_next": s["gathered_next"],
+        "prefetched": s["prefetched"],
     }
 
 

@@ -358,6 +358,18 @@ def _split_cases() -> list[tuple[str, dict, int]]:
     ]
 
 
+def _pp_fsdp_cases() -> list[tuple[str, dict, int]]:
+    """Pipelines over FSDP2 (pp 2 x dp 2, ZeRO-3) at a real vocabulary: the schedule turns gradient sync and
+    the reshard after backward off for every micro-batch and reduce-scatters once at its end (torch 2.13
+    ``pipelining/stage.py``; engine/states/gathered ``pipeline_fsdp2``)."""
+    four_v32k = {**MISTRAL_V32K, "num_hidden_layers": 4}
+    par = {"pp": 2, "dp": 2, "zero": 3, "pp_microbatches": 4}
+    return [
+        _real("V32k mistral bf16 pp2 x dp2 fsdp 1f1b m4 stage 0", four_v32k, par, 0),
+        _real("V32k mistral bf16 pp2 x dp2 fsdp 1f1b m4 stage 1 (last)", four_v32k, par, 1),
+    ]
+
+
 #: (name, scenario dict, pipeline stage traced).
 CASES: list[tuple[str, dict[str, Any], int]] = (
     _fsdp_cases()
@@ -367,6 +379,7 @@ CASES: list[tuple[str, dict[str, Any], int]] = (
     + _pp_cases()
     + _real_vocab_cases()
     + _split_cases()
+    + _pp_fsdp_cases()
 )
 #: The subset the tests run (one of each layout kind, a few seconds each).
 FAST = (

@@ -65,6 +65,91 @@ def test_gradients_follow_backward_by_parameter_tensor() -> None:
     assert n_params == ctx.arch.parameters
 
 
+def test_parameter_order_is_the_modules():
+    """``model.parameters()`` of a Llama: the embeddings first (tied: the head adds no tensor), each layer's 9
+    tensors in turn, the final norm last; the same tensors as the backward order, every one once."""
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(LLAMA)))
+    order = grad_order(ctx, ctx.stages[0])
+    h, v, n = ctx.arch.hidden_size, ctx.arch.vocab_size, ctx.arch.num_layers
+    assert order.params[0] == v * h and order.top_pre == 1
+    assert order.params[1 : 1 + 9 * n] == order.layer * n
+    assert order.params[-1] == h
+    assert sorted(order.params) == sorted(order.top + order.layer * n + order.bottom)
+
+
+def test_the_optimizer_step_runs_parameter_by_parameter():
+    """Adam's first step makes both states of a parameter before the next (``_init_group``: ``exp_avg``, then
+    ``exp_avg_sq``), the foreach step's temporaries in parameter order are freed last first, and
+    ``zero_grad(set_to_none=True)`` frees the gradients in parameter order: the embeddings' (tied) first."""
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(LLAMA)))
+    order = grad_order(ctx, ctx.stages[0])
+    s = rank_stream(ctx, ctx.stages[0], steps=1)
+    start = next(n for n, label in s.marks if label == "step 1 optimizer step")
+    ev = s.events[start:]
+    sizes = {h: size for h, size, _ in s.events if size != FREE}
+    emb = sizes[ev[0][0]]
+    # the states: two per parameter, in the parameters' order (the embeddings' pair first)
+    states = [size for _, size, _ in ev[: 2 * len(order.params)]]
+    assert states[0] == states[1] == emb and states[2] == states[3] != emb
+    # the temporaries: one per parameter, freed in reverse
+    temps = [h for h, size, _ in ev[2 * len(order.params) : 3 * len(order.params)]]
+    assert all(sizes[h] != FREE for h in temps)
+    freed = [h for h, size, _ in ev[3 * len(order.params) : 4 * len(order.params)]]
+    assert freed == temps[::-1]
+    # then the gradients: the first freed is the embeddings' gradient
+    first_grad = ev[4 * len(order.params)][0]
+    assert sizes[first_grad] == emb and ev[4 * len(order.params)][1] == FREE
+
+
+def test_tied_embeddings_sum_their_two_gradients_out_of_place():
+    """A tied weight gets two gradients: the head's (made first, at the top of backward) and the embeddings'
+    (made last); autograd sums them into a third tensor and frees the two (traced: ``embedding_dense_backward``,
+    ``add``, then the ``mm`` and the embedding gradient freed). Three V x h gradients are alive at once."""
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(LLAMA)))
+    s = rank_stream(ctx, ctx.stages[0], steps=1)
+    start = next(n for n, label in s.marks if label == "step 1 backward")
+    end = next(n for n, label in s.marks if label == "step 1 optimizer step")
+    grad = 2 * ctx.arch.vocab_size * ctx.arch.hidden_size  # bf16
+    big = [(h, size) for h, size, _ in s.events[start:end] if size == grad]
+    assert len(big) == 3  # the head's, the embeddings', the sum
+    head, emb, summed = (h for h, _ in big)
+    frees = [h for h, size, _ in s.events[start:end] if size == FREE]
+    assert head in frees and emb in frees and summed not in frees
+
+
+def test_tensor_shares_cut_each_term_exactly():
+    """Where a term's tensors differ in size (``shares``), one repeat's shares sum to one and the term's tensors
+    are whole repeats of them, so the stream's tensors add up to the term's bytes (within int rounding)."""
+    from memsim_widget.engine.parts_cache import cached_activation_groups
+
+    for d in (
+        LLAMA,
+        {**LLAMA, "model": "qwen3-0.6b"},
+        {**LLAMA, "model": "gemma-2-2b", "attention": "eager"},
+        {**LLAMA, "model": "gpt2-medium", "precision": "amp-bf16", "attention": "eager"},
+        {**LLAMA, "activation_checkpointing": "full"},
+    ):
+        ctx = Context(objectives.training_scenario(Scenario.from_dict(d)))
+        for name, group in cached_activation_groups(ctx, ctx.stages[0]).items():
+            for item in group.entries:
+                if not item.shares or item.bytes <= 0:
+                    continue
+                assert abs(sum(item.shares) - 1) < 1e-9, (d["model"], name, item.item)
+                assert item.tensors % len(item.shares) == 0, (d["model"], name, item.item)
+
+
+def test_softcapping_saves_its_tanh_before_the_loss_upcasts():
+    """Gemma 2 caps its logits (tanh) in the head, before the loss's fp32 upcast: the stream allocates the
+    tanh output (16-bit T x V) before the fp32 upcast (twice its size)."""
+    d = {**LLAMA, "model": "gemma-2-2b", "attention": "eager", "micro_batch_size": 2}
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(d)))
+    s = rank_stream(ctx, ctx.stages[0], steps=1)
+    start = next(n for n, label in s.marks if label == "step 1 loss")
+    tv = 2 * d["micro_batch_size"] * d["seq_len"] * ctx.arch.vocab_size
+    sizes = [size for _, size, _ in s.events[start:] if size != FREE and size >= tv]
+    assert sizes[:3] == [tv, tv, 2 * tv]  # the tanh output, the capped logits, their fp32 upcast
+
+
 def test_the_estimate_reports_the_replay() -> None:
     """The engine's reserved counter is the replay's peak (at least the peak allocated), its formula says where."""
     sc = Scenario.from_dict(LLAMA)
@@ -90,3 +175,20 @@ def test_the_replay_is_opt_in_and_the_default_keeps_the_fitted_rule():
     assert default.formula.startswith("largest pool")
     assert not replayed.formula.startswith("largest pool")
     assert default.bytes != replayed.bytes
+
+
+def test_a_card_with_the_same_stream_reuses_the_replay() -> None:
+    """The H100 and the H200 build the same stream (the states' shape key differs: it holds the GPU): the second
+    card's replay comes from the per-stream cache, its figures those of a replay made afresh."""
+    from memsim_widget.engine import alloc_stream
+
+    h100, h200 = ({**LLAMA, "gpu": g} for g in ("h100-sxm-80gb", "h200"))
+    ctx100, ctx200 = (Context(objectives.training_scenario(Scenario.from_dict(d))) for d in (h100, h200))
+    assert rank_stream(ctx100, ctx100.stages[0]).events == rank_stream(ctx200, ctx200.stages[0]).events
+    alloc_stream.cache_clear()
+    pool_replay(ctx100, ctx100.stages[0])
+    reused = pool_replay(ctx200, ctx200.stages[0])
+    assert alloc_stream._replay_same_stream.cache_info().hits == 1
+    alloc_stream.cache_clear()
+    assert alloc_stream._replay_same_stream.cache_info().currsize == 0
+    assert pool_replay(ctx200, ctx200.stages[0]) == reused

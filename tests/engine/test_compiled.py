@@ -127,7 +127,7 @@ def test_gemma_and_olmo2_save_what_llama_saves_besides_the_q_k_norms() -> None:
 
 
 def test_an_untraced_compiled_step_is_a_labelled_formula_eager_layers_and_the_compiled_loss() -> None:
-    """GPT-2 compiled (no traced rule): the layers keep eager's terms, an upper bound on its compiled trace
+    """Phi compiled (no traced rule): the layers keep eager's terms, an upper bound on its compiled trace
     (docs/fidelity.md), and the loss is the compiled loss of the traced decoders: the e-byte logits and 17 B x T
     saved; one fp32 T x V buffer, the logits' zero gradient and the KV cache's (every layer's k and v) at the top
     of backward. Every term and the caveat say the formula is untraced."""
@@ -136,7 +136,7 @@ def test_an_untraced_compiled_step_is_a_labelled_formula_eager_layers_and_the_co
     from memsim_widget.engine.activations import activations
     from memsim_widget.engine.context import Context
 
-    data = dict(CASES)["gpt2 bf16 sdpa b2 s512"]
+    data = dict(CASES)["phi bf16 sdpa b2 s512"]
     eager = activations(Context(Scenario.from_dict(data)))
     sc = Scenario.from_dict({**data, "compile": True})
     act = activations(Context(sc))
@@ -147,11 +147,11 @@ def test_an_untraced_compiled_step_is_a_labelled_formula_eager_layers_and_the_co
     assert sum(t.bytes for t in act.loss_backward) == 4 * T * V + e * T * V + L * 2 * e * T * hkv
     assert all("untraced formula" in t.name for t in act.loss_saved + act.loss_backward)
     assert any(c.startswith("compile: untraced for this scenario, a formula") for c in estimate(sc).caveats)
-    # an encoder's loss is no causal LM's: all eager's
-    vit = dict(CASES)["vit bf16 sdpa b8 (no dropout)"]
+    # an encoder's loss is no causal LM's: all eager's (BERT under autocast: no compiled trace)
+    bert = {**dict(CASES)["bert bf16 sdpa b4 s256 (no dropout)"], "precision": "amp-bf16"}
     assert (
-        estimate(Scenario.from_dict({**vit, "compile": True})).peak_tensor_bytes
-        == estimate(Scenario.from_dict(vit)).peak_tensor_bytes
+        estimate(Scenario.from_dict({**bert, "compile": True})).peak_tensor_bytes
+        == estimate(Scenario.from_dict(bert)).peak_tensor_bytes
     )
 
 
@@ -225,3 +225,70 @@ def test_gemma3s_sandwich_norms_save_their_inputs_on_top_of_gemmas_set() -> None
     qk = "compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)"
     assert g3[qk] == e * T * (a * d + kv * d) + 4 * T * (a + kv)
     assert g3["compiled: q after RoPE, attention output"] == 2 * e * T * a * d
+
+
+def test_compiled_vit_under_autocast_saves_one_16_bit_cast_per_layernorm_and_fp32_normalised_tensors() -> (
+    None
+):
+    """ViT amp-bf16 compiled (compiled_layernorm.py), counted from the partitioner's saved set
+    (benchmarks/compiled_saved.py): per layer each LayerNorm's fp32 normalised tensor (2 x 4 T h) and fp32
+    1/sigma (2 x 4 T), one 16-bit cast of each LayerNorm's output (2 x 2 T h: q, k and v share one where eager
+    autocast casts it three times), q, k, v and SDPA's output (4 x 2 T h), the logsumexp (4 T a), fc1's output and
+    the GeLU's (2 x 2 T I), and the 16-bit casts of the six Linear weights (2 B each)."""
+    from fidelity_cases import CASES
+
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.activations.compiled_layernorm import HELD_BACK, layernorm_activations
+    from memsim_widget.engine.context import Context
+
+    data = {**dict(CASES)["vit amp-bf16 sdpa b8 (no dropout)"], "compile": True}
+    ctx = Context(Scenario.from_dict(data))
+    T, h, I, a = 8 * 197, 256, 1024, 8
+    weights = 4 * h * h + 2 * h * I
+    # held back from the engine (the H200 allocated more than eager), so the rule is applied here by hand
+    assert ("amp-bf16", "full") in HELD_BACK["vit"]
+    act = activations(ctx)
+    assert (
+        act.layer_bytes()
+        == activations(Context(Scenario.from_dict({**data, "compile": False}))).layer_bytes()
+    )
+    layernorm_activations(ctx, act, weights)
+    assert (
+        act.layer_bytes()
+        == 2 * 4 * T * h
+        + 2 * 4 * T
+        + 2 * 2 * T * h
+        + 4 * 2 * T * h
+        + 4 * T * a
+        + 2 * 2 * T * I
+        + (2 * weights)
+    )
+    eager = activations(Context(Scenario.from_dict({**data, "compile": False})))
+    # eager autocast: three more 16-bit casts of the attention norm's output, mean and rstd per norm (16 T)
+    assert eager.layer_bytes() - act.layer_bytes() == 2 * 2 * T * h + 2 * 8 * T - 2 * 4 * T
+
+
+def test_gpt2_bert_and_vit_compiled_say_traced_and_their_untraced_variants_say_formula() -> None:
+    """The traced pairs (GPT-2 and BERT in bf16, ViT in bf16, no dropout) carry the traced caveat; dropout, an
+    untraced precision or a held-back pair (ViT in amp-bf16) fall back to the labelled formula."""
+    from fidelity_cases import CASES
+
+    for case in (
+        "gpt2 bf16 sdpa b2 s512",
+        "bert bf16 sdpa b4 s256 (no dropout)",
+        "vit bf16 sdpa b8 (no dropout)",
+    ):
+        caveats = estimate(Scenario.from_dict({**dict(CASES)[case], "compile": True})).caveats
+        assert any("partitioner's saved tensors" in c for c in caveats), case
+    gpt2 = {**dict(CASES)["gpt2 bf16 sdpa b2 s512"], "compile": True}
+    for other in (
+        {**dict(CASES)["vit amp-bf16 sdpa b8 (no dropout)"], "compile": True},
+        {**gpt2, "precision": "amp-bf16"},
+        {**gpt2, "model": {**gpt2["model"], "resid_pdrop": 0.1}},
+    ):
+        caveats = estimate(Scenario.from_dict(other)).caveats
+        assert any(c.startswith("compile: untraced for this scenario, a formula") for c in caveats)
+    roberta = Scenario.from_dict({"model": {**dict(CASES)["bert bf16 sdpa b4 s256 (no dropout)"]["model"],
+                                            "model_type": "roberta"}, "micro_batch_size": 4, "seq_len": 256,
+                                  "compile": True})  # fmt: skip
+    assert any("partitioner's saved tensors" in c for c in estimate(roberta).caveats)

@@ -278,14 +278,34 @@ def test_a_stage_of_only_the_head_holds_the_final_norm_and_head():
 
 
 def test_the_pipeline_layouts_traces_show_under_carry_a_caveat():
-    # pipelines over FSDP are under their held-out traces (docs/fidelity-parallel.md); GPipe's last stage is
-    # modelled since (its second micro-batch's backward: the fidelity suite's GPipe [2, 2] and [3, 1] cases)
+    # pipelines over FSDP other than 1F1B are not yet within bounds of their traces (docs/fidelity-parallel.md);
+    # GPipe's last stage is modelled since (its second micro-batch's backward: the fidelity suite's GPipe [2, 2] and [3, 1] cases)
     from memsim_widget.engine.caveats import pipeline_under_caveat
 
     def said(parallel: dict) -> str:
         return pipeline_under_caveat(Scenario.from_dict({"model": "llama-3.1-8b", "parallel": parallel}))
 
     assert said({"pp": 2, "pp_schedule": "gpipe"}) == ""
-    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3})
+    # 1F1B over FSDP2 is modelled since (gathered.pipeline_fsdp2: the suite's pp2 x dp2 1F1B rows)
+    assert said({"pp": 2, "dp": 2, "zero": 3}) == ""
+    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3, "reshard_after_forward": False})
     assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3, "pp_schedule": "gpipe"})
+    inter = {"pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
+    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3, **inter})
     assert said({"pp": 2}) == said({"dp": 2, "zero": 3}) == ""
+
+
+def test_a_pipeline_over_fsdp2_accumulates_unsharded_gradients_and_steps_the_shards():
+    # torch 2.13 pipelining/stage.py: no reduce-scatter until the schedule's end, so every backward moment of a
+    # stage meets the whole stage's unsharded gradients (numel x 2 B in bf16), and the optimizer the dp shards
+    from memsim_widget.engine.core import estimate
+
+    sc = Scenario.from_dict(
+        {"model": "llama-3.1-8b", "precision": "bf16", "seq_len": 1024,
+         "parallel": {"pp": 2, "dp": 2, "zero": 3, "pp_microbatches": 4}}
+    )  # fmt: skip
+    for rank in estimate(sc).ranks:
+        by = {m.name: m for m in rank.moments}
+        acc = [i.bytes for i in by["backward_end"].items if "accumulated" in i.item]
+        shards = [i.bytes for i in by["optimizer_step"].items if i.category == "gradients"]
+        assert len(acc) == len(shards) == 1 and acc[0] == 2 * shards[0]  # dp 2: the unsharded is 2 shards

@@ -119,6 +119,7 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
                 scores * (sm + 1 + ec),
                 f"b x a x s x s x ({sm} + 1 + {ec}) B, b={b} a={a_loc} s={s}",
                 3,
+                shares=(sm / (sm + 1 + ec), 1 / (sm + 1 + ec), ec / (sm + 1 + ec)),
             )
         else:
             extra = ec if sm != ec else 0
@@ -129,6 +130,7 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
                 scores * (sm + extra),
                 f"b x a x s x {'(s + 1)' if sinks else 's'} x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
                 2 if extra else 1,
+                shares=(sm / (sm + extra), extra / (sm + extra)) if extra else (),
             )
     st.ao_from = len(st.L)
     consumers(attn_out, hq, T, ec, "attention output")
@@ -147,6 +149,7 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
         ec * T * (hq + 2 * hkv),
         f"{ec} B x T x (a*d + 2 x kv*d) = {ec} x {fmt_int(T)} x ({hq} + 2 x {hkv})",
         3,
+        shares=(hq / (hq + 2 * hkv), hkv / (hq + 2 * hkv), hkv / (hq + 2 * hkv)),
     )
     # Llama 4's chunked layers past attention_chunk_size: HF passes SDPA an explicit mask, so k and v are
     # repeated to every head (no GQA in SDPA with a mask) and SDPA keeps the mask converted to the compute
@@ -179,6 +182,10 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
         ec * T * hq + 4 * b * a_loc * s,
         f"{ec} B x T x a*d + 4 B x b x a x s (fp32 logsumexp)",
         2,
+        shares=(
+            ec * T * hq / (ec * T * hq + 4 * b * a_loc * s),
+            4 * b * a_loc * s / (ec * T * hq + 4 * b * a_loc * s),
+        ),
     )
     # Gemma 3's sliding layers once s >= sliding_window: transformers cannot skip their mask (masking_utils
     # _ignore_causal_mask_sdpa), so it repeats k and v to all heads (use_gqa_in_sdpa needs no mask) and

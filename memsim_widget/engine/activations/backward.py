@@ -111,6 +111,8 @@ def layer_backward(st: HFLayer) -> None:
             n_ti * ec * Tm * I + r * T * h,
             f"{n_ti} x {ec} B x T x I + {r} B x T x h",
             n_ti + 1,
+            # the MLP's T x I gradients (differentiated first), then the layer input's
+            shares=tuple(x / (n_ti * ec * Tm * I + r * T * h) for x in (ec * Tm * I,) * n_ti + (r * T * h,)),
         )
     )
     if arch.norm == "rmsnorm":

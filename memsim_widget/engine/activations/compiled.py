@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.activations.compiled_layernorm import layernorm_activations, layernorm_rule_applies
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime
@@ -58,7 +59,10 @@ from memsim_widget.scenario import Scenario
 def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
     """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``coverage.compiled``),
     bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA,
-    HF Trainer's output lifetime, one GPU (or its data-parallel replicas: ``_one_replica``)."""
+    HF Trainer's output lifetime, one GPU (or its data-parallel replicas: ``_one_replica``); or GPT-2, BERT/RoBERTa
+    or ViT as traced (compiled_layernorm.py)."""
+    if layernorm_rule_applies(sc, arch):
+        return True
     return bool(
         sc.compile
         and arch.facts.coverage.compiled
@@ -173,7 +177,12 @@ def _layer_weight_numel(ctx: Context) -> int:
 
 
 def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
-    """Replace the eager HF terms of ``out`` by the compiled step's (see the module docstring)."""
+    """Replace the eager HF terms of ``out`` by the compiled step's (see the module docstring; GPT-2, BERT and ViT:
+    compiled_layernorm.py, GPT-2's loss the compiled causal-LM loss)."""
+    if layernorm_rule_applies(ctx.scenario, ctx.arch):
+        compiled_formula(ctx, out)
+        layernorm_activations(ctx, out, _layer_weight_numel(ctx))
+        return
     D = Dims(ctx)
     T, h, I, hkv, hq, a, V = D.T, D.h, D.I, D.hkv, D.hq, D.a, D.V
     amp = ctx.scenario.precision == "amp-bf16"

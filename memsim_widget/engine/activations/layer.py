@@ -64,10 +64,12 @@ class HFLayer:
         tensors: int = 1,
         level: str = "tensor",
         first_bytes: float = 0.0,
+        shares: tuple[float, ...] = (),
     ) -> None:
-        """Append a per-layer term; ``first_bytes`` of it are absent in layer 0."""
+        """Append a per-layer term; ``first_bytes`` of it are absent in layer 0; ``shares``: each tensor's share
+        of one repeat where they differ (``Term.shares``)."""
         if nbytes > 0:
-            self.L.append(Term(name, nbytes, formula, tensors, level, first_bytes > 0, first_bytes))
+            self.L.append(Term(name, nbytes, formula, tensors, level, first_bytes > 0, first_bytes, shares))
 
     def consumers(
         self,

@@ -10,6 +10,8 @@ from memsim_widget.engine.frameworks import loss_parallel
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
 LOSS_CHUNKS = 8
+#: The name of the term of the head's final-logit softcapping (its tanh output, saved until its backward).
+SOFTCAP_SAVED = "final logit softcapping"
 
 
 def V_final_fp32(arch: object) -> bool:  # noqa: N802
@@ -111,6 +113,6 @@ def loss(st: HFLayer) -> None:
         # Gemma 2/3: logits = tanh(logits / cap) x cap; tanh saves its output (compute dtype) until its
         # backward, right after the loss's (traced); the scalar division and product save nothing
         out.loss_saved.append(
-            Term(f"final logit softcapping ({cap:g}): tanh output", le * T * V, f"{le} B x T x V", 1)
+            Term(f"{SOFTCAP_SAVED} ({cap:g}): tanh output", le * T * V, f"{le} B x T x V", 1)
         )
     st.le, st.upcast_loss = le, upcast_loss

@@ -35,6 +35,8 @@ def layer_norms(st: HFLayer) -> None:
             first_bytes=per_norm
             if frozen_first and not (nf.post_norms and targets & (ATTN_IN | ATTN_OUT))
             else 0,
+            # per norm: its fp32 input, then the rsqrt (and Gemma's fp32 1 + w), as the norm makes them
+            shares=tuple(x / per_norm for x in (cw * Tout * h, 4 * Tout) + ((onep * h,) if gemma else ())),
         )
         # Gemma and OLMo 2 multiply by the weight in fp32: the normalised tensor they save is fp32
         nb = 4 if gemma or nf.weight_fp32 else r
@@ -102,6 +104,11 @@ def qk_norms(st: HFLayer) -> None:
                 + (f" + 4 B x {D.d}" if onep else ""),
                 3 if full else 2,
                 first_bytes=nb if frozen_first and proj not in targets else 0,
+                # its fp32 input, the rsqrt per row, the normalised tensor (Gemma 3's (1 + w) rides on the input)
+                shares=tuple(
+                    x / nb
+                    for x in (cw * T * width + onep * D.d, 4 * T * rows) + ((nn * T * width,) if full else ())
+                ),
             )
 
     # Llama 4's qk_norm: a weightless L2 norm per head on RoPE layers only (``qk_norm_layers`` of them): its
@@ -149,6 +156,8 @@ def final_norms(st: HFLayer) -> None:
                 + (f" + {fnb} B x T x h" if full else "")
                 + (" + 4 B x h" if onep else ""),
                 3,
+                # its fp32 input, the rsqrt, the normalised tensor (one share per tensor where there are three)
+                shares=(cw * Tout * h / fn, 4 * Tout / fn, fnb * Tout * h / fn) if full and not onep else (),
             )
         )
     else:

@@ -53,6 +53,13 @@ class StateBudget:
     # all but the last layer (which becomes the layer in backward) and that last one
     kept_unsharded: list[Item] = field(default_factory=list)
     kept_unsharded_last: list[Item] = field(default_factory=list)
+    # a pipeline over FSDP2 (gathered.pipeline_fsdp2): the stage's unsharded gradients accumulated over the
+    # micro-batches (the gradients of every backward moment; ``grads`` stays the step's sharded ones) and
+    # the layers kept gathered after their backward (at the bottom of backward)
+    accumulated_grads: list[Item] = field(default_factory=list)
+    kept_after_backward: list[Item] = field(default_factory=list)
+    gathered_next: list[Item] = field(default_factory=list)  # ... GPipe's later backwards: all still gathered
+    prefetched: list[Item] = field(default_factory=list)  # ... the next layer's all-gather output (top only)
     step_temps: list[Item] = field(default_factory=list)
     host: list[Item] = field(default_factory=list)
     grad_bytes_per_layer: float = 0.0

@@ -32,6 +32,8 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
             _fsdp2_units(ctx, b, per_layer, root, grad_b, stage.layers, largest, unit)
             if ctx.full_training and root:
                 _root_grads_made(ctx, b, root, groups)
+            if par.pp > 1 and ctx.full_training and not ctx.scenario.optimizer_in_backward:
+                pipeline_fsdp2(ctx, stage, b, root, per_layer, grad_b, unit)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
 
@@ -333,5 +335,162 @@ def _deepspeed_units(
                 f"{fmt_int(per_layer)} x {grad_b} B",
                 "tensor",
                 1,
+            )
+        )
+
+
+def pipeline_fsdp2(
+    ctx: Context, stage: Stage, b: StateBudget, root: int, per_layer: int, grad_b: int, unit: tuple[int, str]
+) -> None:
+    """A pipeline stage over FSDP2: no reduce-scatter and no reshard after backward until the schedule's end.
+
+    torch 2.13 ``distributed/pipelining/stage.py``: ``_PipelineStageBase.backward_maybe_with_nosync`` calls
+    ``set_is_last_backward(False)``, ``set_reshard_after_backward(False)`` and
+    ``set_requires_gradient_sync(False)`` on the stage's ``FSDPModule`` before EVERY micro-batch's backward,
+    the last included; the schedules then call ``perform_reduce_grad`` once after every backward, which turns
+    them back on and runs each FSDP state's ``post_backward`` (``fsdp/_fully_shard/_fsdp_param_group.py``):
+    for the root first (``_state_ctx.all_states`` follows ``root.modules()``), then each layer, it reshards
+    and reduce-scatters. So on the stage, as traced (docs/fidelity-parallel.md, the pp x dp rows):
+
+    - the unsharded gradients of the whole stage accumulate over the micro-batches
+      (``FSDPParam.to_accumulated_grad_if_needed``: in ``reduce_dtype`` where it differs from the parameter
+      dtype, which makes each layer's new gradients in the parameter dtype a transient until its
+      post-backward adds them), and every backward moment meets them all, not the shards;
+    - a layer stays gathered after its backward until the next forward of that layer reshards it, so at the
+      bottom of backward every layer above is gathered (``kept_after_backward``);
+    - the root of a stage that does not end in the head registers its pre-backward hook on the same output
+      as its last layer, after it: the root's all-gather runs after the last layer's copy-out and the next
+      layer's prefetch, and its output meets both (``root_regather`` when the root resharded after forward);
+    - the final reduce-scatter (the root's first, or layer 0's where the stage has no root parameters) holds
+      the reduce input and its shard beside the accumulation and every layer still gathered.
+
+    The optimizer step sees the shards (``b.grads``, unchanged)."""
+    g_div = ctx.par.dp * ctx.par.cp if ctx.par.zero >= 2 else 1
+    wb = gathered_weight_bytes(ctx)
+    n = b.trainable_local
+    layers = stage.layers
+    b.accumulated_grads = [
+        Item(
+            "gradients",
+            "FSDP2 unsharded gradients accumulated over the micro-batches (pipeline: reduce-scatter at the end)",
+            n * grad_b,
+            f"{fmt_int(n)} params x {grad_b} B (no dp shard until perform_reduce_grad)",
+            "tensor",
+            max(1, b.grads[0].tensors if b.grads else 1),
+        ),
+        *b.grads[1:],
+    ]
+    # the first backward of a step makes them: at its bottom, all but the bottom layer's and the embeddings'
+    n_bottom = (b.grads[0].bytes * g_div - b.grads_but_bottom[-1].bytes * g_div) if b.grads_but_bottom else 0
+    b.grads_but_bottom = [
+        Item(
+            "gradients",
+            "FSDP2 unsharded gradients (all but the bottom layer's and the embeddings', still to come)",
+            max(0, n * grad_b - n_bottom),
+            f"{fmt_int(n)} params x {grad_b} B - 1 layer - embeddings (unsharded)",
+            "tensor",
+            max(1, b.accumulated_grads[0].tensors - 10),
+        ),
+    ]
+    b.gathered_grads = [i for i in b.gathered_grads if i.category == "parameters"]
+    if grad_b != wb and per_layer:
+        b.gathered_grads.append(
+            Item(
+                "gradients",
+                "FSDP2 new gradients of the layer in backward, in param_dtype (before they join the accumulation)",
+                per_layer * wb,
+                f"{fmt_int(per_layer)} x {wb} B",
+                "tensor",
+                9,
+            )
+        )
+    if layers > 1:
+        b.kept_after_backward = [
+            Item(
+                "parameters",
+                "FSDP2 layers kept gathered after their backward (pipeline: reshard_after_backward=False)",
+                (layers - 1) * unit[0],
+                f"{layers - 1} layers x ({unit[1]})",
+                "tensor",
+                9 * (layers - 1),
+            )
+        ]
+    if b.root_regather and not stage.last and layers:
+        b.root_regather += [
+            Item("parameters", "FSDP2 unsharded last layer of the stage (gathered before the root)", unit[0],
+                 unit[1], "tensor", 9),
+        ]  # fmt: skip
+        if layers > 1:
+            b.root_regather.append(
+                Item("parameters", "FSDP2 all-gather output of the next layer (prefetched)", unit[0], unit[1],
+                     "tensor", 1)
+            )  # fmt: skip
+    # GPipe's later backwards (no forward between them): the root and every layer still gathered from the
+    # first, no all-gather left; the layer in backward makes a new gradient that AccumulateGrad adds
+    b.gathered_next = [
+        *[i for i in b.gathered if "root" in i.item],
+        Item(
+            "parameters",
+            "FSDP2 layers still gathered from the first backward (pipeline: reshard_after_backward=False)",
+            layers * unit[0],
+            f"{layers} layers x ({unit[1]})",
+            "tensor",
+            9 * layers,
+        ),
+        Item(
+            "gradients",
+            "a new gradient before it is added to the accumulated one (largest parameter)",
+            b.largest_grad_bytes,
+            f"largest param x {grad_b} B",
+            "tensor",
+            1,
+        ),
+    ]
+    # the next layer's all-gather output is prefetched during a layer's backward and freed at its copy-out:
+    # none is left at the bottom of backward (layer 0 prefetches nothing)
+    b.prefetched = [i for i in b.gathered if "all-gather output" in i.item]
+    b.gathered = [i for i in b.gathered if "all-gather output" not in i.item]
+    # ... but at the bottom layer's copy-out (before its backward) its own all-gather output is still alive
+    b.grads_but_bottom += b.prefetched if layers else []
+    b.root_made = []
+    b.grads_but_root = list(b.accumulated_grads)
+    b.root_reduce_out = []
+    _pipeline_final_reduce(b, root, per_layer, layers, grad_b, g_div, unit)
+
+
+def _pipeline_final_reduce(
+    b: StateBudget, root: int, per_layer: int, layers: int, grad_b: int, g_div: int, unit: tuple[int, str]
+) -> None:
+    """The schedule's final reduce-scatter under ``pipeline_fsdp2``: the first unit's (the root's, or layer 0's
+    where the stage has no root parameters) reduce input and shard beside every layer still gathered."""
+    first_n, first_name = (root, "the root unit") if root else (per_layer, "layer 0")
+    still = layers if root else layers - 1
+    b.root_reduce = [
+        Item(
+            "gradients",
+            f"FSDP2 reduce-scatter input of {first_name} (the schedule's final reduce, first)",
+            first_n * grad_b,
+            f"{fmt_int(first_n)} params x {grad_b} B (reduce_dtype)",
+            "tensor",
+            1,
+        ),
+        Item(
+            "gradients",
+            f"FSDP2 reduce-scatter output of {first_name} (its gradient shard)",
+            first_n * grad_b // g_div,
+            f"{fmt_int(first_n)} params x {grad_b} B / {g_div}",
+            "tensor",
+            1,
+        ),
+    ]
+    if still > 0:
+        b.root_reduce.append(
+            Item(
+                "parameters",
+                "FSDP2 layers still gathered at the final reduce-scatter (resharded one by one)",
+                still * unit[0],
+                f"{still} layers x ({unit[1]})",
+                "tensor",
+                9 * still,
             )
         )

@@ -1,0 +1,227 @@
+"""The caching-allocator replay's cost (``reserved_model: replay``), before and after its fast path, in one run.
+
+"Before" is the simulator kept as the tests' reference (tests/data/allocator_reference.py: the code before the
+fast path) driven as ``alloc_stream.replay_stream`` was (the phase looked up at every event, the largest cached
+blocks at every new peak); "after" is the engine's own. Both replay the same streams and must give the same
+figures (the benchmark stops if not). Prints, per scenario:
+
+* ``new shape``: ms of an estimate whose parts are cached but whose replay is not (the case of a new micro-batch
+  or sequence length), target 0.5 ms; ``cached shape``: the same with the replay cached (a new card, a new
+  scenario of the same shape);
+* the stream: its events, ms to build it, ms to replay it (and us per event);
+* per trace: the replay of a trace-shaped synthetic stream (``allocator_replay.replay_cost``) through
+  ``allocator.replay``, before and after.
+
+* with ``--trace RUN ...``: a measured run traced on fake tensors (torch needed), its stream's replays.
+
+Run: python benchmarks/replay_speed.py [--repeats 5] [--trace llama1b-bf16 qwen05b-bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import astuple
+from functools import partial
+from heapq import nlargest
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import allocator_reference as ref  # noqa: E402
+
+from memsim_widget.engine import alloc_stream, objectives  # noqa: E402
+from memsim_widget.engine.allocator import FREE, AllocatorConf, alloc, free, replay  # noqa: E402
+from memsim_widget.engine.context import Context  # noqa: E402
+from memsim_widget.engine.core import _estimate, estimate  # noqa: E402
+from memsim_widget.engine.frameworks import allocator_conf  # noqa: E402
+from memsim_widget.scenario import Scenario  # noqa: E402
+
+CASES: dict[str, dict[str, Any]] = {
+    "llama-3.2-1b": {"model": "llama-3.2-1b", "seq_len": 2048},
+    "llama-3.1-8b": {"model": "llama-3.1-8b", "seq_len": 4096},
+    "qwen2.5-0.5b b4": {"model": "qwen2.5-0.5b", "seq_len": 2048, "micro_batch_size": 4},
+    "8b checkpointed": {"model": "llama-3.1-8b", "seq_len": 4096, "activation_checkpointing": "full"},
+    "8b LoRA": {
+        "model": "llama-3.1-8b",
+        "seq_len": 4096,
+        "method": "lora",
+        "lora": {"targets": ["all-linear"]},
+    },
+    "8b expandable": {"model": "llama-3.1-8b", "seq_len": 4096, "allocator_conf": "expandable_segments:True"},
+    "405b": {"model": "llama-3.1-405b", "seq_len": 4096},
+    "mixtral-8x7b": {"model": "mixtral-8x7b", "seq_len": 4096},
+    "70b dp8 zero3": {"model": "llama-3.1-70b", "seq_len": 4096, "parallel": {"dp": 8, "zero": 3}},
+}
+
+
+def reference_replay_stream(
+    stream: alloc_stream.StreamWriter, conf: AllocatorConf
+) -> alloc_stream.PoolReplay:
+    """``alloc_stream.replay_stream`` before the fast path, on the reference simulator."""
+    a = ref.CachingAllocator(None, conf)
+    marks, m, label, at, cached, peak = stream.marks, 0, "", "", (), -1
+    for n, (handle, size, stream_id) in enumerate(stream.events):
+        while m < len(marks) and marks[m][0] <= n:
+            label = marks[m][1]
+            m += 1
+        if size == FREE:
+            a.free(handle)
+            continue
+        a.malloc(handle, size, stream_id)
+        if a.reserved > peak:
+            peak, at = a.reserved, label
+            cached = tuple(nlargest(3, (s for lst in a.free_lists.values() for s, _ in lst[-3:])))
+    return alloc_stream.PoolReplay(
+        a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events)
+    )
+
+
+def best_ms(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` calls, in ms (the machine is shared: the minimum is the cost)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
+def estimate_ms(sc: Scenario, repeats: int, new_shape: bool) -> float:
+    """An estimate not in the result cache, its parts cached; ``new_shape``: its replay not cached either."""
+    estimate(sc)
+
+    def one() -> None:
+        _estimate.cache_clear()
+        if new_shape:
+            alloc_stream.cache_clear()
+        estimate(sc)
+
+    return best_ms(one, repeats)
+
+
+def new_shape_ms(sc: Scenario, repeats: int) -> tuple[float, float]:
+    """(before, after) ms of a new shape's estimate, the two timed in turn (the shared machine's load moves)."""
+    fast, before, after = alloc_stream.replay_stream, float("inf"), float("inf")
+    for _ in range(repeats):
+        alloc_stream.replay_stream = reference_replay_stream  # type: ignore[assignment]
+        try:
+            before = min(before, estimate_ms(sc, 1, True))
+        finally:
+            alloc_stream.replay_stream = fast
+        after = min(after, estimate_ms(sc, 1, True))
+    return before, after
+
+
+def scenario_rows(repeats: int) -> None:
+    """Per scenario: the estimate's cost before and after, the stream's build and replay costs."""
+    fast = alloc_stream.replay_stream
+    print(
+        f"{'scenario':<17}{'events':>7}{'build':>8} | replay before -> after (us/event) | new shape before -> after"
+    )
+    for name, d in CASES.items():
+        sc = Scenario.from_dict({**d, "reserved_model": "replay"})
+        ctx = Context(objectives.training_scenario(sc))
+        if not alloc_stream.replayable(ctx):
+            print(f"{name:<17} not replayed (the fitted rule: the stream models one GPU): "
+                  f"estimate {estimate_ms(sc, repeats, True):.3f} ms")  # fmt: skip
+            continue
+        conf = allocator_conf(ctx)
+        stream = alloc_stream.rank_stream(ctx, ctx.stages[0])
+        n = len(stream.events)
+        if fast(stream, conf) != reference_replay_stream(stream, conf):
+            raise SystemExit(f"{name}: the fast replay's figures differ from the reference's")
+        build = best_ms(partial(alloc_stream.rank_stream, ctx, ctx.stages[0]), repeats)
+        before = best_ms(partial(reference_replay_stream, stream, conf), repeats)
+        after = best_ms(partial(fast, stream, conf), repeats)
+        shape_before, shape_after = new_shape_ms(sc, repeats)
+        cached = estimate_ms(sc, repeats * 20, False)
+        print(
+            f"{name:<17}{n:>7}{build:>7.2f}  | {before:7.2f} -> {after:6.2f} ms ({before / n * 1e3:.2f} -> "
+            f"{after / n * 1e3:.2f}) | {shape_before:7.2f} -> {shape_after:6.2f} ms (target 0.5); "
+            f"cached shape {cached:.3f} ms"
+        )
+
+
+def trace_shaped(n: int) -> list[Any]:
+    """``allocator_replay.replay_cost``'s stream: per op a saved tensor of 2-32 MiB and a temporary, then the
+    saved ones freed in reverse (the shape of a traced step)."""
+    import random
+
+    rng = random.Random(0)
+    events, saved = [], []
+    for i in range(n // 4):
+        saved.append(i)
+        events += [
+            alloc(i, rng.choice((2, 8, 32)) << 20),
+            alloc(-i - 1, rng.randint(1, 1 << 20)),
+            free(-i - 1),
+        ]
+    return events + [free(h) for h in reversed(saved)]
+
+
+def trace_rows(repeats: int) -> None:
+    """Per trace-shaped stream: ``allocator.replay`` before and after, default settings and expandable."""
+    for conf in (AllocatorConf(), AllocatorConf(expandable_segments=True)):
+        for n in (1_000, 10_000, 100_000):
+            events = trace_shaped(n)
+            if astuple(replay(events, conf=conf)) != astuple(ref.replay(events, conf=conf)):
+                raise SystemExit("the fast replay of a trace differs from the reference's")
+            before = best_ms(partial(ref.replay, events, conf=conf), max(repeats // 2, 1))
+            after = best_ms(partial(replay, events, conf=conf), max(repeats // 2, 1))
+            label = "expandable" if conf.expandable_segments else "default"
+            print(
+                f"trace replay, {len(events):>6} events ({label}): {before:8.2f} -> {after:8.2f} ms "
+                f"({before / len(events) * 1e3:.2f} -> {after / len(events) * 1e3:.2f} us per event)"
+            )
+
+
+def real_trace_rows(names: list[str], repeats: int) -> None:
+    """Per measured run named (benchmarks/gpu_measure.py): its fake-tensor trace (seconds, torch needed) and the
+    replay of the traced stream on an unlimited card and on the card (``trace/replay.trace_counters``' two
+    replays), before and after."""
+    from gpu_measure import MEASUREMENTS, resolved
+
+    from memsim_widget.catalog.models import resolve_model_config
+    from memsim_widget.trace.hf import trace_hf
+    from memsim_widget.trace.replay import _prepared
+    from memsim_widget.trace.traceable import trace_kwargs
+
+    for m in (m for m in MEASUREMENTS if m.name in names):
+        sc = Scenario.from_dict(resolved(m))
+        t = time.perf_counter()
+        r = trace_hf(
+            dict(resolve_model_config(sc.model)), steps=m.steps, lengths=tuple(m.lengths), **trace_kwargs(sc)
+        )
+        traced = time.perf_counter() - t
+        events, outside, conf, memory = _prepared(r.tracker, sc, None)
+        cap = max(memory - outside, 0)
+        for capacity in (None, cap):
+            if astuple(replay(events, capacity, conf)) != astuple(ref.replay(events, capacity, conf)):
+                raise SystemExit(f"{m.name}: the fast replay of its trace differs from the reference's")
+        before = sum(best_ms(partial(ref.replay, events, c, conf), repeats) for c in (None, cap))
+        after = sum(best_ms(partial(replay, events, c, conf), repeats) for c in (None, cap))
+        print(
+            f"trace {m.name}: {len(events)} events, traced in {traced:.1f} s; its two replays {before:.1f} -> "
+            f"{after:.1f} ms ({before / len(events) / 2 * 1e3:.2f} -> {after / len(events) / 2 * 1e3:.2f} us per event)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--trace", nargs="*", default=[], metavar="RUN", help="also trace these measured runs")
+    args = ap.parse_args(argv)
+    scenario_rows(args.repeats)
+    trace_rows(args.repeats)
+    real_trace_rows(args.trace, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
