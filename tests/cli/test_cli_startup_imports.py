@@ -72,9 +72,20 @@ def _layers(modules: set[str]) -> set[str]:
     return {m.split(".")[1] for m in modules if m.startswith("memsim_widget.")} & set(UNUSED_LAYERS)
 
 
-@pytest.mark.parametrize(("model", "family"), [("llama-3.1-8b", "llama"), ("mixtral-8x7b", "mixtral")])
-def test_an_estimate_loads_its_models_family_alone_and_nothing_heavy(model: str, family: str) -> None:
-    modules, standard = _loaded("estimate", "--model", model)
+@pytest.mark.parametrize(
+    ("args", "family"),
+    [
+        (["--model", "llama-3.1-8b"], "llama"),
+        (["--model", "mixtral-8x7b"], "mixtral"),
+        (["--model", "deepseek-v2-lite"], "deepseek"),
+        (
+            ["--model", "bert-base-uncased", "--seq-len", "512", "--train-tokens", "1e9"],
+            "bert",
+        ),  # and its cost
+    ],
+)
+def test_an_estimate_loads_its_models_family_alone_and_nothing_heavy(args: list[str], family: str) -> None:
+    modules, standard = _loaded("estimate", *args)
     assert _families(modules) == {family}
     assert sorted(m for m in HEAVY if m in modules) == []
     assert _layers(modules) == set()
