@@ -203,7 +203,7 @@ def engine_stream_vs_trace(path: Path) -> None:
 def large_requests(events: list[Any], marks: list[tuple[int, str]], conf: Any, at_least: int) -> None:
     """Replay ``events`` (``marks``: (event index, phase) pairs) and print each request of ``at_least`` bytes or
     more: its phase, whether it took a cached block or a new segment, and the largest cached block then."""
-    from memsim_widget.engine.allocator import FREE, CachingAllocator
+    from memsim_widget.engine.allocator import ADDR_BITS, FREE, CachingAllocator
 
     a, m, label = CachingAllocator(None, conf), 0, ""
     for n, (handle, size, stream) in enumerate(events):
@@ -212,7 +212,8 @@ def large_requests(events: list[Any], marks: list[tuple[int, str]], conf: Any, a
         if size == FREE:
             a.free(handle)
             continue
-        largest = max((b for b, _ in a.free_lists.get((stream, False), [])), default=0)
+        cached = a.free_lists.get((stream, False))
+        largest = cached[-1] >> ADDR_BITS if cached else 0  # sorted by size, then address
         seg = a.segments
         a.malloc(handle, size, stream)
         if size >= at_least:

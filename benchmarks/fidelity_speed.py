@@ -224,8 +224,8 @@ _ROW_ASSUMED = {
     "llama3_70b_pretrain_config_gb200, utils/overrides.py, utils/precision.py): TP=PP=CP=1, micro-batch 2, "
     "Megatron FSDP optim_grads_params (ZeRO-3, fsdp_double_buffer, keep_fp8_transpose_cache False), fp8 params "
     "gathered in fp8 (bf16_with_fp8_current_scaling_mixed: fp8_param_gather True; first/last layers in fp8 too), "
-    "no recomputation; NOT modelled: cpu_offloading_num_layers=40 (TE activation offload of 40 of the 80 layers to "
-    "Grace memory; the scenario's activation_offloading is all-or-nothing), so the peak counts all 80 layers; "
+    "no recomputation; cpu_offloading_num_layers=40 (TransformerEngine 2.9 activation offload of the first 40 of "
+    "the 80 layers to Grace memory: activation_offloading_layers 40, an untraced formula); "
     "GBS 256 and GA 2 from the performance table (the base config says 128)",
 }
 
@@ -281,7 +281,7 @@ def _fp8_row_specs() -> list[tuple[str, tuple[str, str, str, str], str, str, str
         ("f8-15", BRIDGE, br + ", DGX-GB200", "Llama 3 70B", "DGX-GB200", 64, "FP8-CS", 4312,
          {**_MEG, "model": "llama-3.1-70b", "gpu": "gb200", "micro_batch_size": 2, "precision": "fp8",
           "fp8_recipe": "te-current", "fp8_all_gather": True, "parallel": {"dp": 64, "zero": 3},
-          "grad_accum_steps": 2}),
+          "grad_accum_steps": 2, "activation_offloading": True, "activation_offloading_layers": 40}),
     ]  # fmt: skip
 
 

@@ -429,13 +429,18 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "reserved_model": None,
     # compile: true only: torch._functorch.config.activation_memory_budget (unset: torch's default, 1.0)
     "activation_memory_budget": None,
+    # activation_offloading: true only: offload the first N layers (TransformerEngine / Megatron-Core's
+    # cpu_offloading_num_layers); unset: every layer (torchtune)
+    "activation_offloading_layers": None,
 }
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
 #: rule of engine/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
 #: step's allocation stream through the caching allocator's rules, engine/alloc_stream.py: median +0.0% on the
-#: H200 runs but under by 4-14% on four of them, and 5-50 ms per new shape; one-GPU steps without accumulation
+#: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps without accumulation
 #: only, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
+#: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
+MAX_LAYERS = 2**16
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
 MAX_IMAGES = 2**10
 
@@ -448,6 +453,9 @@ class Scenario:
     ``torch.compile`` (Inductor's partitioner: a traced rule per family, else an untraced formula;
     engine/activations/compiled.py); ``activation_offloading`` --
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
+    ``activation_offloading_layers`` (optional) -- with offloading on, only the first N layers' saved activations
+    go to the host (TransformerEngine's ``get_cpu_offload_context``, Megatron-Core ``cpu_offloading_num_layers``;
+    ``engine/timeline.resident_count``): 0 offloads none, the model's layer count every one (as unset);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
     CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB; ``allocator_conf`` (optional) --
@@ -523,6 +531,7 @@ class Scenario:
     freeze_vision: bool | None = None
     compile: bool = False
     activation_offloading: bool = False
+    activation_offloading_layers: int | None = None  # None: every layer (torchtune); else the first N (TE)
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
     allocator_conf: str | None = None
@@ -593,6 +602,17 @@ class Scenario:
             _choice("output_lifetime", self.output_lifetime, OUTPUT_LIFETIMES)
         _bool("compile", self.compile)
         _bool("activation_offloading", self.activation_offloading)
+        if self.activation_offloading_layers is not None:
+            object.__setattr__(
+                self,
+                "activation_offloading_layers",
+                _int(
+                    "activation_offloading_layers",
+                    self.activation_offloading_layers,
+                    minimum=0,
+                    maximum=MAX_LAYERS,
+                ),
+            )
         _choice("padding", self.padding, PADDINGS)
         _bool("cuda_lazy_loading", self.cuda_lazy_loading)
         if self.allocator_conf is not None and not isinstance(self.allocator_conf, str):
@@ -734,6 +754,11 @@ class Scenario:
             **({"freeze_vision": self.freeze_vision} if self.freeze_vision is not None else {}),
             "compile": self.compile,
             "activation_offloading": self.activation_offloading,
+            **(
+                {"activation_offloading_layers": self.activation_offloading_layers}
+                if self.activation_offloading_layers is not None
+                else {}
+            ),
             "padding": self.padding,
             "cuda_lazy_loading": self.cuda_lazy_loading,
             **({"allocator_conf": self.allocator_conf} if self.allocator_conf is not None else {}),

@@ -136,7 +136,12 @@ SCHEMA: tuple[Field, ...] = (
           widget=_w("torch.compile", "bool", "Training")),
     Field("activation_memory_budget", float, "compile only: Inductor's activation_memory_budget in [0, 1] "
           "(unset: torch's default, 1)", optional=True, cli="activation_memory_budget"),
-    Field("activation_offloading", bool, "saved activations go to pinned host memory (torchtune)"),
+    Field("activation_offloading", bool, "saved activations go to pinned host memory (torchtune: every layer)",
+          cli="activation_offloading", widget=_w("activation offloading", "bool", "Training")),
+    Field("activation_offloading_layers", int, "with activation offloading, offload the first N layers only "
+          "(TransformerEngine / Megatron cpu_offloading_num_layers; 0 to the model's layers; unset: every layer)",
+          optional=True, cli="activation_offloading_layers",
+          widget=_w("offloaded layers", "int", "Training")),
     Field("padding", str, "how batches are shaped (scenario.PADDINGS)", "scenario:PADDINGS"),
     Field("cuda_lazy_loading", bool, "CUDA's lazy module loading (false: CUDA 11 or CUDA_MODULE_LOADING=EAGER, a "
           "larger context)"),

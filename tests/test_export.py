@@ -594,6 +594,16 @@ def test_torchtitan_stand_ins_refuse_a_field_torchtitan_does_not_have(
         ("hf", {"activation_checkpointing": "selective"}, "activation_checkpointing"),
         ("accelerate", {"parallel": {"dp": 2, "zero": 3, "offload": "optimizer"}}, "parallel.offload"),
         ("axolotl", {"optimizer_in_backward": True}, "optimizer_in_backward"),
+        (
+            "torchtune",
+            {"activation_offloading": True, "activation_offloading_layers": 8},
+            "activation_offloading_layers",
+        ),
+        (
+            "axolotl",
+            {"activation_offloading": True, "activation_offloading_layers": 8},
+            "activation_offloading_layers",
+        ),
         ("llamafactory", {"activation_offloading": True}, "activation_offloading"),
         ("llamafactory", {"method": "lora", "precision": "amp-bf16"}, "precision"),
         (

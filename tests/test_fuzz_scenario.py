@@ -139,6 +139,7 @@ SCENARIO = st.fixed_dictionaries(
         "compile": _field(st.booleans()),
         "activation_memory_budget": _field(st.sampled_from([None, 0.0, 0.5, 1, 1.5])),
         "activation_offloading": _field(st.booleans()),
+        "activation_offloading_layers": _field(st.sampled_from([None, -1, 0, 3, 10_000, 1.5, "4"])),
         "padding": _choices(PADDINGS),
         "cuda_lazy_loading": _field(st.booleans()),
         "parallel": st.one_of(PARALLEL, PARALLEL, JUNK),

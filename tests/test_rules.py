@@ -51,6 +51,16 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     },
     "allocator_conf is a PYTORCH_CUDA_ALLOC_CONF string": {"allocator_conf": "expandable_segment:True"},
     "checkpoint_every needs full checkpointing": {"checkpoint_every": 2},
+    "offloaded layers need activation offloading": {"activation_offloading_layers": 4},
+    "offloaded layers without pipeline parallelism": {
+        "activation_offloading": True,
+        "activation_offloading_layers": 4,
+        "parallel": {"pp": 2},
+    },
+    "offloaded layers are at most the model's": {
+        "activation_offloading": True,
+        "activation_offloading_layers": 33,
+    },
     "checkpoint_every without activation offloading": {
         "activation_checkpointing": "full",
         "checkpoint_every": 2,

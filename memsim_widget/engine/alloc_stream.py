@@ -25,6 +25,7 @@ from functools import lru_cache
 from hashlib import blake2b
 from typing import Any
 
+from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
@@ -40,6 +41,9 @@ STEPS = 2
 #: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
 #: fitted.
 VARIABLE_DIVISOR = 2
+#: The key of ``step_stream``'s activation groups holding a layer's forward transients
+#: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
+LAYER_FORWARD = "layer_forward"
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -219,12 +223,21 @@ def step_stream(
         a = earlier if step == 1 and earlier is not None else ag
         s.mark(f"step {step} forward")
         pre = s.items(a["pre"])
+        fwd = a.get(LAYER_FORWARD, ())
+        hidden = (
+            s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []
+        )  # the embeddings' output
         saved = []
         for _ in range(layers if replayed is None else replayed):
             transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-            saved.append(s.items(a["saved"], share=layers))
+            if fwd:
+                hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
+                saved.append(kept)
+            else:
+                saved.append(s.items(a["saved"], share=layers))
             s.free(transient)
         post = s.items(a["post"])
+        s.free(hidden)  # the last layer's output, once the final norm has read it
         s.mark(f"step {step} loss")
         # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
         capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
@@ -275,6 +288,26 @@ def step_stream(
     return s
 
 
+def forward_layer(
+    s: StreamWriter, steps: Sequence[Step], hidden: list[int], saved: Sequence[Any], layers: int
+) -> tuple[list[int], list[int]]:
+    """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
+    in order, its share of the ``saved`` items (``layers`` layers) where it says, its input ``hidden`` freed
+    when it returns; the handles of its output and of its saved tensors."""
+    live: dict[str, list[int]] = {}
+    kept: list[int] = []
+    for name, size in steps:
+        if name == SAVED:
+            kept = s.items(saved, share=layers)
+        elif name == IN:
+            s.free(hidden)
+        elif size > 0:
+            live[name] = s.alloc(size)
+        else:
+            s.free(live.pop(name))
+    return live.pop(OUT, []), kept
+
+
 def _upcast(loss_forward: Sequence[Any]) -> bool:
     """Whether the loss upcasts the logits (its forward term lists the logits and their fp32 copy)."""
     return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
@@ -309,7 +342,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 4-14% on four H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), one micro-batch per step,
     nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
@@ -342,16 +375,18 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
     from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.states.budget import local_groups
 
-    ag = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+    ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+    ag[LAYER_FORWARD] = layer_forward_transients(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
     first = step1.entries if step1 is not None else sg["persistent"]
     order = grad_order(ctx, stage)
-    earlier = None
+    earlier: dict[str, Sequence[Any]] | None = None
     if ctx.scenario.padding == "longest":  # the loss buffers change size every step: a shorter one first
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
-        earlier = {k: g.entries for k, g in cached_activation_groups(short, stage).items()}
+        earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
+        earlier[LAYER_FORWARD] = layer_forward_transients(short)
     return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier)
 
 

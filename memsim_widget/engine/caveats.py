@@ -70,6 +70,14 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             "(1), an upper bound on the compiled traces at 0.5, 0.2 and 0 (24-67% over; not monotonic: at 0 the "
             "backward recomputes the whole forward); memsim trace runs the budget"
         )
+    n_off = scenario.activation_offloading_layers
+    if scenario.activation_offloading and n_off is not None and 0 < n_off < arch.num_layers:
+        out.append(
+            f"activation_offloading_layers {n_off}: the first {n_off} of {arch.num_layers} layers offloaded as "
+            "TransformerEngine 2.9 schedules it (Megatron-Core cpu_offloading_num_layers; one offloaded layer "
+            "brought back from the last layer's backward on, which TransformerEngine 2.10+ avoids), untraced: "
+            "a formula from TransformerEngine's source (docs/memory-facts.md)"
+        )
     if scenario.fp8 is not None:
         out.append(fp8_caveat(scenario))
     if scenario.framework == "litgpt":

@@ -37,6 +37,7 @@ STATES_IGNORE = frozenset(
         "output_lifetime",
         "ssm_kernel",
         "activation_offloading",
+        "activation_offloading_layers",
         "padding",
         "cuda_lazy_loading",
         "allocator_conf",

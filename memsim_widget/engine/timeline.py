@@ -47,11 +47,33 @@ __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moment
 OFFLOAD_LAYERS_ON_GPU = 1
 
 
-def resident_count(held: Any, offloading: bool) -> Any:
+def resident_count(held: Any, offloading: bool, offloaded: int | None = None, at_loss: bool = False) -> Any:
     """Of the ``held`` layer x micro-batch activation sets of a stage (``Context.held_layers``), those it keeps
-    on the GPU: all of them, or ``OFFLOAD_LAYERS_ON_GPU`` at most under activation offloading (numbers or
-    arrays: ``plan/vector`` calls it too)."""
-    return minimum(held, OFFLOAD_LAYERS_ON_GPU) if offloading else held
+    on the GPU (numbers or arrays: ``plan/vector`` calls it too): all of them without offloading; with every
+    layer offloaded (``offloaded`` None, torchtune) ``OFFLOAD_LAYERS_ON_GPU`` at most; with the first
+    ``offloaded`` of them (``activation_offloading_layers``, one stage: the scenario refuses a pipeline)
+    ``partial_resident``."""
+    if not offloading:
+        return held
+    full = minimum(held, OFFLOAD_LAYERS_ON_GPU)
+    if offloaded is None:
+        return full
+    return maximum(partial_resident(held, offloaded, at_loss), full)
+
+
+def partial_resident(held: Any, offloaded: int, at_loss: bool = False) -> Any:
+    """The activation sets on the GPU when the first ``offloaded`` of ``held`` layers go to the host, as
+    TransformerEngine 2.9 schedules it (``transformer_engine/pytorch/cpu_offload.py``,
+    ``AsyncDoubleBufferGroupOffloadHandler``, tag v2.9; what Megatron-Core 0.15 ``TransformerBlock`` runs with
+    ``cpu_offloading_num_layers``, Megatron-Bridge's pin): layers 0..N-1 are offloaded, layer i's GPU copy freed
+    when the forward of its window layer ends, the last offloaded layer's window being the last layer; in
+    backward each offloaded layer is reloaded when the backward of its window layer begins. So while the loss
+    runs (``at_loss``) the ``held - N`` layers not offloaded are on the GPU, and from the last layer's backward
+    on, one more: layer N-1 is being brought back (``held - N + 1``; N = 0: none moved, ``held``).
+    TransformerEngine 2.10 and later (``DefaultOffloadSynchronizer``) keep at most ``held - N`` throughout:
+    one set less at the top of backward. Untraced (no trace runs TransformerEngine's hooks)."""
+    kept = held - offloaded
+    return kept if at_loss or offloaded == 0 else kept + 1
 
 
 def layer0_sets(first: Any, f: Any, resident: Any, held: Any) -> Any:
@@ -61,9 +83,12 @@ def layer0_sets(first: Any, f: Any, resident: Any, held: Any) -> Any:
     return where(first & (resident >= held), f, 0)
 
 
-def resident_layers(ctx: Context, stage: Stage) -> float:
+def resident_layers(ctx: Context, stage: Stage, at_loss: bool = False) -> float:
     """Layer x micro-batch activation sets a stage keeps on the GPU (``resident_count`` of its held sets)."""
-    return resident_count(ctx.held_layers(stage), ctx.scenario.activation_offloading)
+    sc = ctx.scenario
+    return resident_count(
+        ctx.held_layers(stage), sc.activation_offloading, sc.activation_offloading_layers, at_loss
+    )
 
 
 def checkpointed_layers(ctx: Context, stage: Stage) -> int:
@@ -91,7 +116,8 @@ def _mixed_layers(
 def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
     """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
     full = ctx.held_layers(stage)
-    moved = full - resident_layers(ctx, stage)
+    n = ctx.scenario.activation_offloading_layers
+    moved = full - resident_layers(ctx, stage) if n is None or n >= full else n  # partial: the first n layers
     if moved <= 0:
         return []
     kept = acts.checkpointed_layer if checkpointed_layers(ctx, stage) else acts.per_layer
@@ -300,7 +326,11 @@ def _saved_groups(
         mult = f"{held:g} layer x micro-batch sets (chunks of {Ls} layers in the schedule's order)"
     resident = resident_layers(ctx, stage)
     first = layer0_sets(stage.first, f, resident, held)
-    if resident < held:  # activation offloading: the rest sits in host memory
+    n_off = sc.activation_offloading_layers if sc.activation_offloading else None
+    partial = n_off is not None and 0 < n_off < held  # the first n_off layers offloaded (partial_resident)
+    if partial:
+        mult = f"{resident:g} layers on the GPU ({held:g} - {n_off} offloaded to host + 1 brought back)"
+    elif resident < held:  # activation offloading: the rest sits in host memory
         mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
     saved_all = _scaled(kept, resident, mult, first=first)
     if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
@@ -333,6 +363,10 @@ def _saved_groups(
     if held_loss < held and not mixed:
         label = f"{held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
         saved_loss = _scaled(kept, min(held_loss, resident), label, first=first)
+    elif partial:  # the last offloaded layer is not brought back before the last layer's backward
+        at_loss = resident_layers(ctx, stage, at_loss=True)
+        label = f"{at_loss:g} layers on the GPU ({held:g} - {n_off} offloaded to host)"
+        saved_loss = _scaled(kept, at_loss, label, first=layer0_sets(stage.first, f, at_loss, held))
     # GPipe's second backward: every micro-batch's saved activations but the first's (next_backward_count)
     saved_next = rest if next_backward(ctx) else []
     return {"saved": saved_all, "saved_at_loss": saved_loss, "recompute": recompute, "rest": rest, "own": own,

@@ -121,7 +121,8 @@ def lora_targets(sc: Scenario) -> list[str] | str:
 
 
 def check_common(draft: Draft, *, peft: bool = True) -> None:
-    """Refusals and notes that hold for every format: fp8 recipes, CUDA lazy loading, output lifetime, and
+    """Refusals and notes that hold for every format: fp8 recipes, a count of offloaded layers, CUDA lazy
+    loading, output lifetime, and
     (``peft``: the adapters come from PEFT) an adapter dtype other than PEFT's fp32 upcast."""
     sc = draft.scenario
     if sc.precision == "fp8":
@@ -138,6 +139,9 @@ def check_common(draft: Draft, *, peft: bool = True) -> None:
     if sc.fp8_all_gather:
         draft.note("fp8_all_gather: pass Float8LinearConfig(enable_fsdp_float8_all_gather=True) (torchtitan: "
                    "[float8] enable_fsdp_float8_all_gather = true): FSDP2 gathers the Linear weights in fp8")  # fmt: skip
+    if sc.activation_offloading and sc.activation_offloading_layers is not None:
+        raise refuse("activation_offloading_layers", draft.fmt, "no key here offloads some layers only "
+                     "(TransformerEngine / Megatron-Core cpu_offloading_num_layers); unset it to offload every layer")  # fmt: skip
     if not sc.cuda_lazy_loading:
         draft.note("cuda_lazy_loading false: run with CUDA_MODULE_LOADING=EAGER (or CUDA 11)")
     if sc.activation_memory_budget is not None:

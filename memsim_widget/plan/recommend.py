@@ -261,7 +261,16 @@ def _sequence_parallel(s: Scenario) -> list[Option]:
 
 
 def _activation_offloading(s: Scenario) -> list[Option]:
-    """Activation offloading to the CPU, unless on."""
+    """Activation offloading to the CPU, unless on; every layer where only some are offloaded."""
+    if s.activation_offloading and s.activation_offloading_layers is not None:
+        return [
+            Option(
+                "activation_offloading",
+                "activation offloading of every layer",
+                {"activation_offloading_layers": None},
+                "more saved activations copied to host and back: slower where the copies no longer overlap",
+            )
+        ]
     if s.activation_offloading:
         return []
     return [

@@ -660,8 +660,11 @@ def _activation_side(
     n_step = zeros + through_step_count(xp, xm, xlast, through_step)
     recv = scaled("pp_buffer", n_recv.astype(np.float64))
     out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
-    resident = resident_count(held, base.activation_offloading)
+    n_off = base.activation_offloading_layers
+    resident = resident_count(held, base.activation_offloading, n_off)
     first_n = layer0_sets(xfirst, f, resident, held)
+    resident_loss = resident_count(held, base.activation_offloading, n_off, at_loss=True)
+    first_loss = layer0_sets(xfirst, f, resident_loss, held)
     fl = layers.astype(np.float64)
     held_logits = np.where(on_last & ~piped[:, None], K["held_logits"][xa], 0)
     cache_all = scaled("output_cache", fl)
@@ -694,7 +697,7 @@ def _activation_side(
         "receive_buffers": recv,
         "pre": scaled("pre", np.where(xfirst, f, 0.0)) + scaled("inputs", f),
         "saved": scaled("kept", resident, first_n),
-        "saved_at_loss": scaled("kept", np.minimum(held_loss, resident), first_n),
+        "saved_at_loss": scaled("kept", np.minimum(held_loss, resident_loss), first_loss),
         "post": scaled("post", n_loss),
         "loss_saved": scaled("loss_saved", n_loss),
         "loss_forward": np.where(on_last, K["loss_forward"][xa], 0),

@@ -141,6 +141,19 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        "offloaded layers are at most the model's",
+        "activation_offloading_layers",
+        "model",
+        broken=lambda v: (
+            (v["activation_offloading_layers"] is not None)
+            and v["activation_offloading_layers"] > v["arch"].num_layers
+        ),
+        message=lambda v: (
+            f"must be at most the model's {v['arch'].num_layers} layers (all of them: as unset), got "
+            f"{v['activation_offloading_layers']}"
+        ),
+    ),
+    Rule(
         "pp_layers add up to the layers",
         "parallel.pp_layers",
         "model",

@@ -49,6 +49,25 @@ RULES: tuple[Rule, ...] = (
         message="every-N checkpointing with activation_offloading is not modelled",
     ),
     Rule(
+        "offloaded layers need activation offloading",
+        "activation_offloading_layers",
+        "scenario",
+        broken=lambda v: (v["activation_offloading_layers"] is not None) & (not v["activation_offloading"]),
+        message="applies with activation_offloading true only (it counts the layers offloaded)",
+        reset=lambda v: None,
+        disabled=lambda v: not v["activation_offloading"],
+    ),
+    Rule(
+        "offloaded layers without pipeline parallelism",
+        "activation_offloading_layers",
+        "scenario",
+        broken=lambda v: (v["activation_offloading_layers"] is not None) & (v["parallel.pp"] > 1),
+        message=(
+            "a layer count is Megatron-Core's cpu_offloading_num_layers, which refuses pipeline parallelism "
+            "(TransformerConfig); unset it to offload every layer"
+        ),
+    ),
+    Rule(
         "optimizer in backward cannot accumulate",
         "optimizer_in_backward",
         "scenario",

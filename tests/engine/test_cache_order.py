@@ -84,6 +84,8 @@ def scenarios(draw: st.DrawFn, model: str | None = None) -> dict[str, Any]:
         )
     if out["activation_checkpointing"] == "full" and draw(st.booleans()):
         out["checkpoint_every"] = 2
+    if out["activation_offloading"] and pp == 1 and draw(st.booleans()):
+        out["activation_offloading_layers"] = draw(st.sampled_from([0, 1, 4]))
     return out
 
 

@@ -45,6 +45,7 @@ STATES_IGNORED = {
     "output_lifetime": {"output_lifetime": "step"},
     "ssm_kernel": {"ssm_kernel": "torch"},
     "activation_offloading": {"activation_offloading": True},
+    "activation_offloading_layers": {"activation_offloading": True, "activation_offloading_layers": 3},
     "padding": {"padding": "longest"},
     "cuda_lazy_loading": {"cuda_lazy_loading": False},
     "allocator_conf": {"allocator_conf": "expandable_segments:True,max_split_size_mb:128"},

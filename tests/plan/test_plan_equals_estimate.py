@@ -46,6 +46,9 @@ def bases(draw: st.DrawFn) -> dict:
     framework = draw(st.sampled_from(FRAMEWORKS))
     schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved"]))
     ckpt = [c for c in CHECKPOINTING if not (framework == "megatron" and c == "selective-op")]
+    offloading = draw(st.booleans())
+    # the first N layers offloaded (the smallest model has 12 layers), or every layer (None)
+    offloaded = draw(st.sampled_from([None, 0, 1, 5, 12])) if offloading else None
     return {
         "model": draw(st.sampled_from(MODELS)),
         "optimizer": optimizer,
@@ -65,7 +68,8 @@ def bases(draw: st.DrawFn) -> dict:
         "loss": draw(st.sampled_from(LOSSES)),
         "seq_len": draw(st.sampled_from([128, 512, 1024])),
         "padding": draw(st.sampled_from(PADDINGS)),
-        "activation_offloading": draw(st.booleans()),
+        "activation_offloading": offloading,
+        "activation_offloading_layers": offloaded,
         "compile": draw(st.booleans()),
         "cuda_lazy_loading": draw(st.booleans()),
         "parallel": {"pp_schedule": schedule, "virtual_stages": 2 if schedule == "interleaved" else 1},

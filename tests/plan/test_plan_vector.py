@@ -36,6 +36,19 @@ BASES = [
     {"model": "llama-3.1-8b", "framework": "torchtitan", "parallel": {"reshard_after_forward": False}},
     {"model": "llama-3.2-1b", "parallel": {"reshard_after_forward": False}, "seq_len": 1024},
     {"model": "llama-3.1-8b", "framework": "torchtune", "activation_offloading": True, "padding": "longest"},
+    # the first N of 32 layers offloaded (TransformerEngine / Megatron cpu_offloading_num_layers)
+    {
+        "model": "llama-3.1-8b",
+        "framework": "megatron",
+        "activation_offloading": True,
+        "activation_offloading_layers": 12,
+    },
+    {
+        "model": "llama-3.2-1b",
+        "activation_offloading": True,
+        "activation_offloading_layers": 1,
+        "seq_len": 1024,
+    },
     {"model": "llama-3.1-8b", "framework": "deepspeed", "parallel": {"pp_schedule": "gpipe"}},
     {"model": "llama-3.1-8b", "parallel": {"pp_schedule": "interleaved", "virtual_stages": 2}},
     {"model": "llama-3.1-8b", "optimizer_in_backward": True},

@@ -1,0 +1,133 @@
+"""The tensors a decoder layer makes and frees inside its own forward (forward transients): none is saved for
+backward, so they never enter the engine's allocated figures (the saved tensors beside them are larger), but
+the caching allocator's segments are cut by them, so the allocation stream (``engine/alloc_stream``) replays
+them in the order the layer's forward makes and frees them.
+
+Written from the ops of a transformers Llama-style layer (transformers 5.24.0,
+``models/llama/modeling_llama.py``: ``LlamaRMSNorm.forward``, ``rotate_half``, ``apply_rotary_pos_emb``,
+``LlamaAttention.forward``, ``LlamaMLP.forward``, ``LlamaDecoderLayer.forward``) and of peft's LoRA Linear
+(peft 0.21.2, ``tuners/lora/layer.py`` ``Linear.forward``: ``result = base_layer(x)``, then ``result + lora_B(
+lora_A(dropout(x))) * scaling`` and ``result.to(torch_result_dtype)``), in 16-bit weights; checked against
+fake-tensor traces of llama-3.2-1b and llama-3.1-8b LoRA (benchmarks/allocator_replay.py --compare). Other
+layers (norms or MLPs of other kinds, q/k norms, post-norms, experts, eager attention, autocast, fp32,
+checkpointing, QLoRA) get none: the stream keeps only their saved tensors there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsim_widget.engine.activations.linears import ATTN_IN, MLP_IN, MLP_OUT
+
+#: A step of a layer's forward: (name, bytes): bytes > 0 allocates ``name``, 0 frees it. ``IN`` is the layer's
+#: input (the previous layer's ``OUT``, or the embedding's output), freed when the layer returns; ``OUT`` is
+#: its output, alive until the next layer returns; ``SAVED`` (bytes -1) is where the layer's saved tensors
+#: are allocated: after the MLP's norm, where gate, act and up make the largest of them (the attention's, a
+#: smaller share, come earlier in the real forward; the stream writes the layer's saved items at one place).
+#: Where they go decides which cached blocks the last layer's saved tensors find: on llama-3.1-8b LoRA the
+#: trace puts the last layer's up_proj output and the final norm's input into a cached loss segment, so step
+#: 2's loss backward needs a new one (benchmarks/allocator_replay.py --compare llama8b-lora).
+Step = tuple[str, int]
+IN, OUT, SAVED = "in", "out", "saved"
+_LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+
+
+def applies(ctx: Any) -> bool:
+    """Whether ``layer_forward_transients`` describes the layers of ``ctx`` (a Llama-style layer in
+    transformers, 16-bit weights, full fine-tuning or LoRA, no checkpointing)."""
+    a, sc = ctx.arch, ctx.scenario
+    nf = a.facts.norm
+    targets = {ad.base.module for ad in ctx.adapters}
+    return (
+        sc.framework == "hf"
+        and sc.precision in ("bf16", "fp16")
+        and sc.activation_checkpointing == "none"
+        and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
+        and a.norm == "rmsnorm"
+        and a.mlp_activation == "swiglu"
+        and (nf.per_layer, nf.qk, nf.weight_fp32, nf.one_plus_weight, nf.post_norms)
+        == (2, None, False, False, False)
+        and not a.facts.mlp.parallel_attn_mlp
+        and not a.facts.ssm
+        and a.num_experts == 0
+        and a.attention_kernel(sc.attention) != "eager"
+        and 0 < a.num_kv_heads < a.num_heads  # grouped k/v: SDPA's k and v are copies (traced)
+    )
+
+
+def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
+    """The forward transients of one layer of ``ctx`` in order (``Step``), empty where ``applies`` is false.
+    T tokens, width h, q width a*d, k/v width kv*d, MLP width I, 2-byte elements; a LoRA Linear with fp32
+    adapters on 16-bit weights adds its base output (2 B x T x out) and three fp32 T x out tensors."""
+    if not applies(ctx):
+        return ()
+    from memsim_widget.engine.activations.dims import Dims
+
+    D = Dims(ctx)
+    T, h, r = D.T, D.h, 2
+    full = ctx.full_training
+    targets = {ad.base.module for ad in ctx.adapters}
+    cast = ctx.adapter_bytes != r  # fp32 adapters: lora_A saves its own fp32 copy of x, not x
+    out: list[Step] = []
+
+    def norm(name: str, readers: frozenset[str]) -> None:
+        # x.float() is saved (the engine's RMSNorm term); x.pow(2) and x * rsqrt(var) are not; with a frozen
+        # weight (LoRA) weight * x.to(bf16) saves nothing, so the cast and, unless a reader saves it, the
+        # normed output come and go; the output lives until the sublayer returns (the decoder layer's variable)
+        out.extend([("pow", 4 * T * h), ("pow", 0), ("xr", 4 * T * h)])
+        if not full:
+            kept = saved_by(readers)  # a reader saves the normed output itself: not a transient
+            out.extend([("cvt", r * T * h), ("", 0) if kept else (name, r * T * h), ("cvt", 0)])
+        out.append(("xr", 0))
+
+    def saved_by(readers: frozenset[str]) -> bool:
+        return full or (not cast and bool(readers & targets))
+
+    def proj(module: str, width: int, name: str) -> None:
+        # peft: the base output, lora_B's fp32 output, * scaling, + the base output (fp32), .to(bf16)
+        if module in targets and cast:
+            out.extend([("base", r * T * width), ("B", 4 * T * width), ("scaled", 4 * T * width), ("B", 0)])
+            out.extend(
+                [("sum", 4 * T * width), ("scaled", 0), ("base", 0), (name, r * T * width), ("sum", 0)]
+            )
+        else:
+            out.append((name, r * T * width))
+
+    def rope(width: int, embed: str) -> None:
+        # q * cos, rotate_half(q) = cat(-q2, q1), * sin; their sum, q_embed, is saved by SDPA; k's sum (``embed``)
+        # goes once SDPA's copy of it is made (the engine's "q, k, v saved by SDPA")
+        out.extend([("m1", r * T * width), ("neg", r * T * width // 2), ("cat", r * T * width), ("neg", 0)])
+        out.extend([("m2", r * T * width), ("cat", 0)] + ([(embed, r * T * width)] if embed else []))
+        out.extend([("m1", 0), ("m2", 0)])
+
+    norm("n1", ATTN_IN)
+    proj("q_proj", D.hq, "q")
+    proj("k_proj", D.hkv, "k")
+    proj("v_proj", D.hkv, "v")
+    rope(D.hq, "")
+    rope(D.hkv, "ke")
+    out.extend([("q", 0), ("k", 0), ("ke", 0), ("v", 0)])
+    proj("o_proj", h, "o")
+    out.extend([("n1", 0), ("res", r * T * h), ("o", 0)])
+    norm("n2", MLP_IN)
+    out.append((SAVED, -1))
+    proj("gate_proj", D.I, "")  # its output and up's are saved (by the activation and the product)
+    proj("up_proj", D.I, "")
+    # down_proj(act(gate(x)) * up(x)): the product is saved only when down_proj's weight trains
+    if not (full or (MLP_OUT & targets)):
+        out.append(("prod", r * T * D.I))
+    proj("down_proj", h, "down")
+    out.extend([("prod", 0), ("n2", 0), (OUT, r * T * h), ("down", 0), ("res", 0), (IN, 0)])
+    # frees of what was never allocated (a saved product, a saved norm output) are dropped
+    made: set[str] = set()
+    steps: list[Step] = []
+    for name, size in out:
+        if size != 0 and name:
+            made.add(name)
+            steps.append((name, size))
+        elif name in made:
+            made.discard(name)
+            steps.append((name, size))
+        elif name == IN:
+            steps.append((name, size))
+    return tuple(steps)
