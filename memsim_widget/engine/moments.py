@@ -10,7 +10,7 @@ stage (``ACTIVATION_GROUPS``: micro-batch, tp, cp, checkpointing, loss, pipeline
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from memsim_widget.fast_dataclass import dataclass
 
 #: Model-state groups (``engine/states.StateBudget`` and the workspace items).
 STATE_GROUPS = (

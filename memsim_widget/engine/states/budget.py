@@ -4,12 +4,13 @@ rank holds after tensor and expert parallelism (``LocalGroup``)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memsim_widget.architecture import ParamGroup
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import embedding_split, head_copy
 from memsim_widget.engine.items import Item
+from memsim_widget.fast_dataclass import dataclass
 
 
 @dataclass
