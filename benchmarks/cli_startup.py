@@ -7,7 +7,11 @@ part under ``memsim_widget`` imports (the package and what it pulls in first, nu
 28's target is under 40 ms), how many ``memsim_widget.families`` modules were imported, and the wall time of the
 whole process.
 
-    python benchmarks/cli_startup.py [--runs 7]
+    python benchmarks/cli_startup.py [--runs 7] [--baseline REV]
+
+``--baseline REV`` measures the package as it was at git revision ``REV`` too (``git archive`` into a temporary
+folder), its runs interleaved with this tree's so that both see the same load, and prints each command's
+before -> after and their ratio: the shared machine's noise moves both alike.
 
 Family modules imported through ``importlib.import_module`` do not print an importtime line of their own (their
 cost lands in the caller's), so the count of loaded families is read from ``sys.modules`` at exit instead.
@@ -20,6 +24,8 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,51 +81,88 @@ def parse(stderr: str) -> dict[str, float]:
     }
 
 
-def measure(args: list[str], runs: int) -> dict[str, float]:
-    """The best of ``runs`` fresh processes for one command (the least ``memsim_widget`` import time)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    best: dict[str, float] = {}
+def run_once(args: list[str], root: Path) -> dict[str, float]:
+    """One fresh process of a command with the package of ``root``: its import times and wall time (ms)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    t0 = time.perf_counter()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-c",
+            f"{_COUNT}; import runpy, sys; sys.argv = ['memsim'] + "
+            f"{args[2:]!r}; runpy.run_module({args[1]!r}, run_name='__main__')",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    wall = (time.perf_counter() - t0) * 1000
+    if run.returncode != 0:
+        raise SystemExit(f"{args}: exit {run.returncode}\n{run.stderr[-2000:]}")
+    return {**parse(run.stderr), "wall": wall}
+
+
+def measure(args: list[str], runs: int, roots: tuple[Path, ...] = (ROOT,)) -> list[dict[str, float]]:
+    """The best of ``runs`` fresh processes for one command (the least ``memsim_widget`` import time), per package
+    root; the roots' runs alternate, so that each sees the same load."""
+    best: list[dict[str, float]] = [{} for _ in roots]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-X",
-                "importtime",
-                "-c",
-                f"{_COUNT}; import runpy, sys; sys.argv = ['memsim'] + "
-                f"{args[2:]!r}; runpy.run_module({args[1]!r}, run_name='__main__')",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
-        wall = (time.perf_counter() - t0) * 1000
-        if run.returncode != 0:
-            raise SystemExit(f"{args}: exit {run.returncode}\n{run.stderr[-2000:]}")
-        row = {**parse(run.stderr), "wall": wall}
-        if not best or row["package"] < best["package"]:
-            best = row
+        for i, root in enumerate(roots):
+            row = run_once(args, root)
+            if not best[i] or row["package"] < best[i]["package"]:
+                best[i] = row
     return best
+
+
+def baseline_tree(rev: str, into: Path) -> Path:
+    """The package as it was at git revision ``rev``, written under ``into`` and byte-compiled."""
+    archive = into / "package.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", "archive", rev, "memsim_widget"], cwd=ROOT, stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(into / "memsim_widget")], check=True)
+    return into
+
+
+def _row(label: str, r: dict[str, float]) -> str:
+    return (
+        f"{label:<46} {r['total']:>10.1f} {r['numpy+pandas']:>12.1f} {r['beyond']:>8.1f} "
+        f"{r['package']:>13.1f} {int(r['families']):>8d} {r['wall']:>8.0f}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--baseline", metavar="REV", help="also measure the package at this git revision")
     opts = ap.parse_args()
     # Byte-compile first (as an installed package is): a process that compiles the sources measures the compiler.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "memsim_widget")], check=True)
-    print(
-        f"{'command':<40} {'imports ms':>10} {'numpy+pandas':>12} {'beyond':>8} {'memsim_widget':>13} "
-        f"{'families':>8} {'wall ms':>8}"
-    )
-    for label, args in COMMANDS.items():
-        r = measure(args, opts.runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = (ROOT,) if opts.baseline is None else (baseline_tree(opts.baseline, Path(tmp)), ROOT)
         print(
-            f"{label:<40} {r['total']:>10.1f} {r['numpy+pandas']:>12.1f} {r['beyond']:>8.1f} "
-            f"{r['package']:>13.1f} {int(r['families']):>8d} {r['wall']:>8.0f}"
+            f"{'command':<46} {'imports ms':>10} {'numpy+pandas':>12} {'beyond':>8} {'memsim_widget':>13} "
+            f"{'families':>8} {'wall ms':>8}"
         )
+        for label, args in COMMANDS.items():
+            rows = measure(args, opts.runs, roots)
+            if len(rows) == 1:
+                print(_row(label, rows[0]))
+                continue
+            before, after = rows
+            print(_row(f"{label} @{opts.baseline}", before))
+            print(_row(label, after))
+            ratio = {
+                k: after[k] / before[k] if before[k] else float("nan") for k in ("beyond", "package", "wall")
+            }
+            print(
+                f"{'  after / before':<46} {'':>10} {'':>12} {ratio['beyond']:>8.2f} {ratio['package']:>13.2f} "
+                f"{'':>8} {ratio['wall']:>8.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -132,6 +132,33 @@ LEARNED = [
     "outputs on the last stage through backward and 2m at the step when `output_lifetime` is `step` "
     "(`engine/pipeline.returns_outputs`); torchtitan's `return_outputs=False` (every other row) keeps one "
     "until its backward. Before: -5.9% (1F1B) and -4.8% (interleaved), V128k last stage.",
+    "- **Pipelines over FSDP2** (the `pp2 x dp2 fsdp` rows: a 4-layer Mistral-7B-shaped model, V32k, 1,024 "
+    "tokens, 4 micro-batches). torch 2.13 `pipelining/stage.py` `backward_maybe_with_nosync` turns FSDP2's "
+    "gradient sync and reshard after backward off before every micro-batch's backward, the last included, "
+    "and `perform_reduce_grad` reduce-scatters once after the schedule (the root first, then each layer). "
+    "The engine holds the stage's unsharded gradients accumulated over the micro-batches at every backward "
+    "moment (the optimizer steps the shards), the layers gathered after their backward until the next "
+    "forward (all of them at the bottom, and through GPipe's later backwards), the root's all-gather after "
+    "the last layer's and the next one's prefetch on a stage that does not end in the head, and the final "
+    "reduce-scatter (`engine/states/gathered.pipeline_fsdp2`). Before: 1F1B -6.53% (stage 0) and -5.74% "
+    "(last). Three more rules (`gathered._pipeline_new_grads`): (1) a backward after the first of the step "
+    "makes each new gradient apart before `AccumulateGrad` adds it to the unsharded one in place, so the "
+    "largest layer parameter's new gradient is a transient beside the accumulation (moment group "
+    "`new_grad` at a carried backward's top; under GPipe's later backwards the larger of it and the "
+    "loss's backward, which come one after the other, not both). Before: GPipe +2.24% (stage 0) and "
+    "+4.19% (last), which summed the largest parameter's new gradient (the 268 MB embedding or head) with "
+    "the loss's backward; 1F1B without `reshard_after_forward` -1.59% (stage 0). (2) On an interleaved rank "
+    "a chunk's layers stay gathered from its backward until its next forward, so when another chunk's layer "
+    "is all-gathered (its forward, or the top of its backward) they are still there, with every saved "
+    "activation alive: `ScheduleInterleaved1F1B` runs B(stage 0, mb 0) right before F(stage 2, mb 3) on "
+    "rank 0 and B(3, 1) before F(1, 2) and B(1, 0) on rank 1 (moment `chunk_regather`). Before: -3.01% "
+    "(stage 0) and -2.99% (last). (3) The pipeline tracer now passes `reshard_after_forward` to FSDP2 (the "
+    "`no reshard after forward` rows). The new-gradient transient holds without FSDP too: a plain "
+    "pipeline stage's later micro-batches make each new gradient beside the `.grad` an earlier one left "
+    "(`states/gradients.new_gradient`, moment group `new_grad`). Before: -1.77% on the middle stage of a "
+    "1F1B [2, 2, 2] split (now +0.81%), -0.50% and -0.22% on interleaved first stages (now -0.08% and "
+    "+0.45%); the small Llama's 1F1B first stages went from +0.80% and +0.83% to +1.34% and +1.39% (their "
+    "layer-backward transient, counted whole beside it, is not all alive at that first op).",
 ]
 
 #: Known gaps at real vocabularies (the rows above that miss), and why.
@@ -139,22 +166,14 @@ KNOWN_GAPS = [
     "",
     "## Known gaps",
     "",
-    "- **Pipelines over FSDP2** (the `pp2 x dp2 fsdp` rows: a 4-layer Mistral-7B-shaped model, V32k, 1,024 "
-    "tokens, 4 micro-batches). torch 2.13 `pipelining/stage.py` `backward_maybe_with_nosync` turns FSDP2's "
-    "gradient sync and reshard after backward off before every micro-batch's backward, the last included, "
-    "and `perform_reduce_grad` reduce-scatters once after the schedule (the root first, then each layer). "
-    "The engine now holds the stage's unsharded gradients accumulated over the micro-batches at every "
-    "backward moment (the optimizer steps the shards), the layers gathered after their backward until the "
-    "next forward (all of them at the bottom, and through GPipe's later backwards), the root's all-gather "
-    "after the last layer's and the next one's prefetch on a stage that does not end in the head, and the "
-    "final reduce-scatter (`engine/states/gathered.pipeline_fsdp2`). 1F1B before: -6.53% (stage 0) and "
-    "-5.74% (last); after: +0.57% and +1.22%. Not yet in the table: GPipe (+2.24% stage 0, +4.19% last: "
-    "over), interleaved 1F1B (-3.01% stage 0, whose traced peak is in a forward, at the start of a chunk "
-    "whose layers are still gathered from a backward), `reshard_after_forward=False` (the pipeline tracer "
-    "does not pass the flag yet) and DeepSpeed ZeRO-3 (formula); the estimate carries a caveat there "
-    "(`engine/caveats.pipeline_under_caveat`). A middle stage of a plain 1F1B [2, 2, 2] split (no FSDP) is "
-    "under by 1.8%, unexplained. GPipe's last stage without FSDP, once under by 7.2% ([2, 2]) and 5.8% "
-    "([3, 1]), is modelled and in the table (the `backward_next` rows).",
+    "- **Pipelines over FSDP2, untraced layouts**: GPipe and interleaved 1F1B without "
+    "`reshard_after_forward`, interleaved over more than 2 virtual stages (the other chunks kept gathered "
+    "from their backward are counted as every layer of the rank but one chunk's, an upper bound there) and "
+    "DeepSpeed ZeRO-3 under a pipeline (formula) carry a caveat (`engine/caveats.pipeline_under_caveat`). "
+    "The new-gradient transient (`states/gradients.new_gradient`) is counted for pipelines (with FSDP2 or "
+    "no data parallelism), not yet for gradient accumulation on one GPU or under DDP, where "
+    "`AccumulateGrad` adds in place alike (untraced there). GPipe's last stage without FSDP, once under "
+    "by 7.2% ([2, 2]) and 5.8% ([3, 1]), is modelled and in the table (the `backward_next` rows).",
     "- **torchtitan pipelines without FSDP** (`precision: amp-bf16`, pp > 1, no FSDP, no TP): torchtitan's "
     "`maybe_enable_amp` disables mixed precision there too, but the pipeline tracer autocasts, so the engine "
     "keeps bf16 activations for that case (`no_mixed_precision` covers TP only). Not traced as torchtitan runs it.",

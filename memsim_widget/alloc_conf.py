@@ -9,9 +9,8 @@ scenario's rules check ``allocator_conf`` with it, ``engine/allocator.py`` repla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memsim_widget.errors import ScenarioError
+from memsim_widget.fast_dataclass import dataclass
 
 MiB = 1024**2
 #: The large segment (``kLargeBuffer``): the least ``max_split_size_mb`` and ``max_non_split_rounding_mb``.

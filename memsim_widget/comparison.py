@@ -9,13 +9,13 @@ scenario), ``.differences`` (the scenario fields whose values are not all equal)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget.charts import gpu_label, model_label
 from memsim_widget.engine.core import estimate as run_estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.errors import ScenarioError
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.scenario import Scenario, check_headroom
 from memsim_widget.units import GiB, fmt_bytes
 

@@ -9,13 +9,13 @@ size, a card the catalog has no price for) is priced as an H100 SXM, and ``price
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.catalog.gpus import GPUS
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
+from memsim_widget.fast_dataclass import dataclass
 
 #: On-demand US$ per GPU-hour of the catalog's cards that have a price (user-editable with ``set_price``).
 PRICES: dict[str, float] = {gid: g.price.usd_per_gpu_hour for gid, g in GPUS.items() if g.price is not None}

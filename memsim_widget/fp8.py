@@ -36,7 +36,7 @@ time runs the Linears at the card's fp8 (fp4) peak and the rest as before (``eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from memsim_widget.fast_dataclass import dataclass
 
 #: ``DelayedScaling.amax_history_len``'s default (TransformerEngine ``common/recipe/__init__.py``, 1024 since 1.x).
 TE_AMAX_HISTORY_LEN = 1024

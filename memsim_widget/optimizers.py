@@ -10,7 +10,8 @@ saying how many states it keeps, in which dtype, and what its step allocates, e.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from memsim_widget.fast_dataclass import dataclass
 
 #: The implementations of a torch optimizer step (``optimizer_impl``); each optimizer lists those it has.
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")

@@ -7,7 +7,7 @@ Add a recipe with ``register_precision(PrecisionRecipe(...))``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from memsim_widget.fast_dataclass import dataclass
 
 
 @dataclass(frozen=True)

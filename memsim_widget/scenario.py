@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from memsim_widget.errors import MAX_PATH_CHARS, ScenarioError, check_text, choice_error
 from memsim_widget.errors import short_repr as _short
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.fp8 import (
     FP8_BASE_PRECISIONS,
     FP8_RECIPES,

@@ -118,6 +118,7 @@ BELOW_THE_ENGINE = (
     "memsim_widget.optimizers",
     "memsim_widget.alloc_conf",
     "memsim_widget.frozen",
+    "memsim_widget.fast_dataclass",
     "memsim_widget.scenario",
     "memsim_widget.scenario_schema",
     "memsim_widget.rules",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.architecture.config_keys import (
@@ -16,6 +15,7 @@ from memsim_widget.architecture.config_keys import (
 from memsim_widget.architecture.layers import activation_label, embedding_param, linear_params, norm_params
 from memsim_widget.architecture.types import Architecture, ParamGroup
 from memsim_widget.errors import ScenarioError
+from memsim_widget.fast_dataclass import dataclass
 
 #: How a BERT-style encoder's forward differs from a pre-norm decoder's (engine/activations/ reads these): the
 #: Linear reading the attention block's norm, post-norm blocks, the embeddings' LayerNorm, the MLM head's dense ->

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from memsim_widget.fast_dataclass import dataclass
 
 
 @dataclass(frozen=True)

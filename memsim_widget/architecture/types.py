@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from memsim_widget.architecture.facts import ModelFacts, PatchFacts, model_facts
 from memsim_widget.architecture.registry import LazyRegistry
+from memsim_widget.fast_dataclass import dataclass
 
 #: Parameter kinds of the breakdown, in display order.
 PARAM_KINDS = (

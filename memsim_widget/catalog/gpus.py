@@ -17,11 +17,11 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memsim_widget.errors import ScenarioError, choice_error, short_repr
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import GiB
 
 MiB = 1024**2

@@ -21,7 +21,6 @@ from __future__ import annotations
 import marshal
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from hashlib import blake2b
 from typing import Any
@@ -30,6 +29,7 @@ from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
 from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
 
 #: Steps replayed: the first makes the optimizer states; the second shows what the cache left by a whole step

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memsim_widget.alloc_conf import (
     ALLOC_CONF_OPTIONS,
@@ -34,6 +34,7 @@ from memsim_widget.alloc_conf import (
     alloc_conf_error,
     parse_alloc_conf,
 )
+from memsim_widget.fast_dataclass import dataclass
 
 KiB = 1024
 MiB = 1024**2

@@ -18,23 +18,25 @@ from memsim_widget.scenario import Scenario
 
 
 def pipeline_under_caveat(scenario: Scenario) -> str:
-    """The pipeline-over-FSDP layouts not yet within the fidelity suite's bounds (held-out fake-tensor traces
-    of a 4-layer Mistral-7B-shaped model at a 32k vocabulary, 1,024 tokens, pp 2 x dp 2, 4 micro-batches).
-    1F1B over FSDP2 with ``reshard_after_forward=True`` is modelled (``engine/states/gathered.pipeline_fsdp2``:
-    torch 2.13 ``pipelining/stage.py`` ``backward_maybe_with_nosync``); interleaved 1F1B is under its trace
-    (-3.0%, the peak in a forward), GPipe over it (+2.2% stage 0, +4.2% last), and without reshard after
-    forward the pipeline trace was not run. Empty where it does not apply."""
+    """The pipeline-over-FSDP layouts not checked against a trace (the fidelity suite's held-out fake-tensor
+    traces: a 4-layer Mistral-7B-shaped model at a 32k vocabulary, 1,024 tokens, pp 2 x dp 2, 4 micro-batches,
+    within 1.3% at every stage: 1F1B with and without ``reshard_after_forward``, GPipe and interleaved 1F1B
+    over 2 virtual stages with it; ``engine/states/gathered.pipeline_fsdp2`` and ``_pipeline_new_grads``,
+    torch 2.13 ``pipelining/stage.py`` ``backward_maybe_with_nosync``). Untraced: GPipe or interleaved
+    without reshard after forward, and interleaved over more than 2 virtual stages (the chunks kept gathered
+    from their backward are an upper bound there). Empty where it does not apply."""
     p = scenario.parallel
     if p.pp <= 1 or not (p.zero == 3 and p.dp * p.cp > 1):
         return ""
-    if p.pp_schedule == "1f1b" and p.reshard_after_forward:
+    if p.pp_schedule == "1f1b" or (p.reshard_after_forward and p.virtual_stages <= 2):
         return ""
     return (
-        "pipeline over FSDP: 1F1B is modelled (unsharded gradients accumulated over the micro-batches, layers "
-        "kept gathered after backward: torch 2.13 pipelining/stage.py); this schedule or reshard_after_forward "
-        "is not yet within 3% of its traces (interleaved: the engine UNDER by 3%; GPipe: over by 2-4%; "
-        "docs/fidelity-parallel.md, Known gaps): plan on some headroom"
-    )
+        "pipeline over FSDP: traced for 1F1B, GPipe and interleaved over 2 virtual stages with "
+        "reshard_after_forward (unsharded gradients accumulated over the micro-batches, layers kept gathered "
+        "after backward: torch 2.13 pipelining/stage.py); this schedule"
+        + (" without reshard_after_forward" if not p.reshard_after_forward else f" over {p.virtual_stages} "
+           "virtual stages") + " is untraced (docs/fidelity-parallel.md, Known gaps): plan on some headroom"
+    )  # fmt: skip
 
 
 def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:

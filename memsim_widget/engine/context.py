@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 
 from memsim_widget.architecture import Architecture, ParamGroup
@@ -12,6 +11,7 @@ from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.model_rules_cache import check_once
 from memsim_widget.engine.schedule import in_flight
 from memsim_widget.errors import ScenarioError
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
 from memsim_widget.rules import ScenarioView, check

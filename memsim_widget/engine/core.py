@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
+from typing import Any
 
 from memsim_widget.catalog.gpus import ON_REGISTER
-from memsim_widget.engine import alloc_stream, objectives, parts_cache
+from memsim_widget.engine import objectives, parts_cache
 from memsim_widget.engine.activations import activations
-from memsim_widget.engine.alloc_stream import pool_replay, replayable, replayed_item
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.items import Level
@@ -70,9 +71,11 @@ def _estimate(scenario: Scenario) -> Estimate:
         # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
         device = (*dev, *(i for i in states.persistent if i.level == Level.DEVICE))
         outside = sum(i.bytes for i in device)
-        if rl or not replayable(ctx):  # a step the allocation stream does not model yet: the fitted rule
+        if rl or not _replayable(ctx):  # a step the allocation stream does not model yet: the fitted rule
             frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
         else:
+            from memsim_widget.engine.alloc_stream import pool_replay, replayed_item
+
             frag = replayed_item(ctx, pool_replay(ctx, stage), peak.allocated_bytes, outside)
         reserved = peak.allocated_bytes + frag.bytes
         ranks.append(
@@ -98,5 +101,22 @@ def _estimate(scenario: Scenario) -> Estimate:
     )
 
 
+def _replayable(ctx: Context) -> bool:
+    """``alloc_stream.replayable``, its module (and the allocator's) imported only where the scenario asks for the
+    replay: a default estimate keeps the fitted rule without loading them (~2 ms of every CLI start)."""
+    if ctx.scenario.reserved_model != "replay":  # replayable's first condition
+        return False
+    from memsim_widget.engine.alloc_stream import replayable
+
+    return replayable(ctx)
+
+
+def _clear_replays() -> None:
+    """Forget the cached replays, if any was made (``alloc_stream`` is imported on the first)."""
+    stream: Any = sys.modules.get("memsim_widget.engine.alloc_stream")
+    if stream is not None:
+        stream.cache_clear()
+
+
 # a card registered (or replaced) under an id must not be served estimates made with an older record
-ON_REGISTER.extend((_estimate.cache_clear, parts_cache.cache_clear, alloc_stream.cache_clear))
+ON_REGISTER.extend((_estimate.cache_clear, parts_cache.cache_clear, _clear_replays))

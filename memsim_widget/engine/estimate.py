@@ -3,7 +3,6 @@ frames (pandas is imported only when a frame is asked for, so the engine stays p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from memsim_widget.engine.rank_estimate import RankEstimate
 from memsim_widget.engine.rank_roles import rank_role
 from memsim_widget.engine.rollout import separate_group
 from memsim_widget.engine.time_breakdown import StepTime, step_time
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.names import Name
 from memsim_widget.scenario import Scenario
 from memsim_widget.units import GiB, fmt_bytes

@@ -22,9 +22,8 @@ Mamba-2's chunked SSD is counted by its algorithm's einsums instead (``model_flo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memsim_widget.architecture import Architecture
+from memsim_widget.fast_dataclass import dataclass
 
 #: Parameter kinds that are not matmul weights (lookups, norms).
 NON_MATMUL_KINDS = ("embedding", "position", "norm")

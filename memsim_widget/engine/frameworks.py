@@ -13,7 +13,7 @@ the scenario's own keys always win.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from memsim_widget.alloc_conf import AllocatorConf, parse_alloc_conf
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec, register_optimizer
 from memsim_widget.precision import PRECISIONS, PrecisionRecipe
 from memsim_widget.scenario import Scenario

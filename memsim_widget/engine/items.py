@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.names import Name
 
 

@@ -10,7 +10,7 @@ stage (``ACTIVATION_GROUPS``: micro-batch, tp, cp, checkpointing, loss, pipeline
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from memsim_widget.fast_dataclass import dataclass
 
 #: Model-state groups (``engine/states.StateBudget`` and the workspace items).
 STATE_GROUPS = (
@@ -38,6 +38,9 @@ STATE_GROUPS = (
     "grads_next",  # GPipe's second backward: every gradient, made by the first (none with optimizer-in-backward)
     "gathered_next",  # ... over FSDP2: the root and every layer still gathered from the first backward
     "prefetched",  # a pipeline over FSDP2: the next layer's all-gather output, prefetched (top of backward only)
+    "new_grad",  # ... a layer's new gradient beside the carried accumulation, before AccumulateGrad adds it
+    "new_grad_next",  # ... the same in GPipe's later backwards
+    "chunk_gathered",  # ... an interleaved rank: a chunk's layer gathered, its other chunks' still from backward
 )
 
 #: Activation groups (``engine/activations.ActivationBudget`` terms times layers and micro-batches).
@@ -137,8 +140,15 @@ MOMENT_TABLE = (
             "pre",
             "saved",
         ),
-        larger_of=(("top_backward",), ("recompute", "layer_backward")),
+        larger_of=(("top_backward",), ("recompute", "layer_backward", "new_grad")),
         after=("held_logits", "held_cache_extra"),
+    ),
+    # an interleaved rank over FSDP2: one chunk's layer gathered (its forward, or the top of its backward,
+    # with the all-gather output) while the rank's other chunks are still gathered from their backward,
+    # every saved activation alive (engine/states/gathered._pipeline_new_grads)
+    MomentRule(
+        "chunk_regather",
+        live=(*_COMMON, "grads_carried", "gathered", "prefetched", "chunk_gathered", "pre", "saved"),
     ),
     # the bottom of backward: (a) layer 0's backward, its own gradients and the embeddings' not yet made;
     # (b) the embedding's backward, every gradient made and no layer activation of this micro-batch left
@@ -173,8 +183,9 @@ MOMENT_TABLE = (
             "saved_next",
             "post_next",
             "loss_saved_next",
-            "loss_backward_next",
         ),
+        # the loss's backward, then (one after the other) a layer's new gradient beside the accumulation
+        larger_of=(("loss_backward_next",), ("new_grad_next",)),
     ),
     # FSDP2 at the bottom of backward: the embedding's gradient made, the root's unsharded gradients waiting
     # for its post-backward beside the unsharded root (engine/states/gathered._root_grads_made)

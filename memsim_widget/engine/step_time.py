@@ -17,12 +17,12 @@ one array per candidate column, so both give the same floats for the same candid
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.catalog.gpus import GPU
 from memsim_widget.engine.flops import ModelFlops, model_flops
 from memsim_widget.engine.gpu_speed import GPUSpeed, gpu_speed, matmul_efficiency
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.names import Name
 from memsim_widget.optimizers import OptimizerSpec
 from memsim_widget.precision import PrecisionRecipe

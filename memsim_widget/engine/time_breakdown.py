@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
 from memsim_widget.engine.step_time import (
@@ -16,6 +14,7 @@ from memsim_widget.engine.step_time import (
     step_parts,
     time_model,
 )
+from memsim_widget.fast_dataclass import dataclass
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,9 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "gathered_next": states.gathered_next,
         "prefetched": states.prefetched,
         "kept_after_backward": states.kept_after_backward,
+        "new_grad": states.new_grad,
+        "new_grad_next": states.new_grad_next,
+        "chunk_gathered": states.chunk_gathered,
         "gathered": states.gathered,
         "gathered_grads": states.gathered_grads,
         "step_temps_all": states.step_temps,
@@ -253,6 +256,10 @@ def state_group_table(
         "grads_next": where(in_backward, none, s["grads"]),
         "gathered_next": s["gathered_next"],
         "prefetched": s["prefetched"],
+        # a backward whose gradients are carried from an earlier micro-batch: the new one apart, then added
+        "new_grad": where(carried, s["new_grad"], none),
+        "new_grad_next": where(in_backward, none, s["new_grad_next"]),
+        "chunk_gathered": s["chunk_gathered"],
     }
 
 

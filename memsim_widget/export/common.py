@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from memsim_widget.errors import ScenarioError, one_line
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.scenario import Scenario
 from memsim_widget.units import GiB
 

@@ -17,10 +17,10 @@ import os
 import stat
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from memsim_widget.errors import ScenarioError, check_text, short_repr
+from memsim_widget.fast_dataclass import dataclass
 
 #: The mode of written files (a launch config holds no secret; the umask is not read: it is process-wide).
 FILE_MODE = 0o644

@@ -25,7 +25,6 @@ is not counted. V3 routes with a sigmoid and the n_group / topk_group group limi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.architecture.config_keys import (
@@ -46,6 +45,7 @@ from memsim_widget.architecture.layers import (
 from memsim_widget.architecture.moe import check_top_k, dense_mlp, routed_experts, router
 from memsim_widget.architecture.types import Architecture, ParamGroup, register_family
 from memsim_widget.errors import ScenarioError
+from memsim_widget.fast_dataclass import dataclass
 
 #: DeepseekV3Config defaults (transformers 5.24.0, configuration_deepseek_v3.py).
 DEEPSEEK_V3_DEFAULTS: dict[str, Any] = {

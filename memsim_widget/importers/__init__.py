@@ -11,11 +11,12 @@ what the format cannot say, and the file's own keys win over it. Nothing is down
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from memsim_widget.errors import ScenarioError, choice_error
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.importers import accelerate, axolotl, deepspeed, hf, llamafactory, torchtitan, torchtune
 from memsim_widget.importers.common import Reading, Unread, file_error, load_mapping, memsim_note, read_text
 from memsim_widget.optimizers import OPTIMIZERS

@@ -12,11 +12,12 @@ import contextlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from memsim_widget.errors import ScenarioError, short_repr
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.jsonio import MAX_JSON_BYTES, decode_json_bytes, parse_json_object
 
 #: The line every memsim export writes in its provenance note (export/common.py ``header_lines``).

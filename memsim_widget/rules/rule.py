@@ -12,10 +12,10 @@ it lacks, a value of the wrong type) leaves the rule to the scenario check.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.errors import ScenarioError
+from memsim_widget.fast_dataclass import dataclass
 
 View = Mapping[str, Any]
 #: Where a rule is checked: ``parallel`` (``ParallelConfig``), ``scenario`` (``Scenario``'s own keys),

@@ -480,7 +480,13 @@ def _run_steps(
         if sc.parallel.dp > 1:
             from .distributed import parallelize
 
-            parallelize(mod, mesh, sc, notes if mod is mods[0] else [])
+            parallelize(
+                mod,
+                mesh,
+                sc,
+                notes if mod is mods[0] else [],
+                reshard_after_forward=sc.parallel.reshard_after_forward,
+            )
     root = (
         mods[0]
         if len(mods) == 1

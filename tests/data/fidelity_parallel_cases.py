@@ -342,6 +342,13 @@ def _split_cases() -> list[tuple[str, dict, int]]:
             {"pp": 3, "pp_microbatches": 4, "pp_layers": [2, 2, 0]},
             2,
         ),
+        # a middle stage: its later micro-batches' backward makes each new gradient beside the carried ones
+        _real(
+            "V32k mistral bf16 pp3 1f1b m4 [2, 2, 2] stage 1 (middle)",
+            {**MISTRAL_V32K, "num_hidden_layers": 6},
+            {"pp": 3, "pp_microbatches": 4, "pp_layers": [2, 2, 2]},
+            1,
+        ),
         # GPipe runs every micro-batch's forward and loss before the first backward (ScheduleGPipe)
         _real(
             "V32k mistral bf16 pp2 gpipe m4 [2, 2] stage 1 (last)",
@@ -361,12 +368,30 @@ def _split_cases() -> list[tuple[str, dict, int]]:
 def _pp_fsdp_cases() -> list[tuple[str, dict, int]]:
     """Pipelines over FSDP2 (pp 2 x dp 2, ZeRO-3) at a real vocabulary: the schedule turns gradient sync and
     the reshard after backward off for every micro-batch and reduce-scatters once at its end (torch 2.13
-    ``pipelining/stage.py``; engine/states/gathered ``pipeline_fsdp2``)."""
+    ``pipelining/stage.py``; engine/states/gathered ``pipeline_fsdp2``), under 1F1B, GPipe (its later
+    backwards), interleaved 1F1B (a chunk gathered beside the other's, kept from its backward) and 1F1B
+    without reshard after forward."""
     four_v32k = {**MISTRAL_V32K, "num_hidden_layers": 4}
     par = {"pp": 2, "dp": 2, "zero": 3, "pp_microbatches": 4}
+    gpipe = {**par, "pp_schedule": "gpipe"}
+    inter = {**par, "pp_schedule": "interleaved", "virtual_stages": 2}
+    keep = {**par, "reshard_after_forward": False}
     return [
         _real("V32k mistral bf16 pp2 x dp2 fsdp 1f1b m4 stage 0", four_v32k, par, 0),
         _real("V32k mistral bf16 pp2 x dp2 fsdp 1f1b m4 stage 1 (last)", four_v32k, par, 1),
+        _real("V32k mistral bf16 pp2 x dp2 fsdp gpipe m4 stage 0", four_v32k, gpipe, 0),
+        _real("V32k mistral bf16 pp2 x dp2 fsdp gpipe m4 stage 1 (last)", four_v32k, gpipe, 1),
+        _real("V32k mistral bf16 pp2 x dp2 fsdp interleaved v2 m4 stage 0", four_v32k, inter, 0),
+        _real("V32k mistral bf16 pp2 x dp2 fsdp interleaved v2 m4 stage 1 (last)", four_v32k, inter, 1),
+        _real(
+            "V32k mistral bf16 pp2 x dp2 fsdp no reshard after forward 1f1b m4 stage 0", four_v32k, keep, 0
+        ),
+        _real(
+            "V32k mistral bf16 pp2 x dp2 fsdp no reshard after forward 1f1b m4 stage 1 (last)",
+            four_v32k,
+            keep,
+            1,
+        ),
     ]
 
 
@@ -394,6 +419,7 @@ FAST = (
     "V128k llama3 bf16 pp2 1f1b m4 stage 1 (last)",
     "V128k llama3 bf16 pp2 interleaved v2 m4 stage 0",
     "V128k llama3 bf16 pp2 interleaved v2 m4 auto split [1+2, 2+1] (6 layers) stage 1 (last)",
+    "V32k mistral bf16 pp2 x dp2 fsdp interleaved v2 m4 stage 0",
 )
 
 

@@ -39,6 +39,7 @@ def test_every_group_the_table_names_is_on_one_side_and_every_declared_group_is_
         "backward_start",
         "backward_regather",
         "backward_top",
+        "chunk_regather",
         "backward_end",
         "backward_next",
         "root_grads_made",

@@ -278,7 +278,7 @@ def test_a_stage_of_only_the_head_holds_the_final_norm_and_head():
 
 
 def test_the_pipeline_layouts_traces_show_under_carry_a_caveat():
-    # pipelines over FSDP other than 1F1B are not yet within bounds of their traces (docs/fidelity-parallel.md);
+    # pipelines over FSDP in layouts not traced carry a caveat (docs/fidelity-parallel.md);
     # GPipe's last stage is modelled since (its second micro-batch's backward: the fidelity suite's GPipe [2, 2] and [3, 1] cases)
     from memsim_widget.engine.caveats import pipeline_under_caveat
 
@@ -286,12 +286,20 @@ def test_the_pipeline_layouts_traces_show_under_carry_a_caveat():
         return pipeline_under_caveat(Scenario.from_dict({"model": "llama-3.1-8b", "parallel": parallel}))
 
     assert said({"pp": 2, "pp_schedule": "gpipe"}) == ""
-    # 1F1B over FSDP2 is modelled since (gathered.pipeline_fsdp2: the suite's pp2 x dp2 1F1B rows)
-    assert said({"pp": 2, "dp": 2, "zero": 3}) == ""
-    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3, "reshard_after_forward": False})
-    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3, "pp_schedule": "gpipe"})
-    inter = {"pp_schedule": "interleaved", "virtual_stages": 2, "pp_microbatches": 4}
-    assert "FSDP" in said({"pp": 2, "dp": 2, "zero": 3, **inter})
+    # over FSDP2, the layouts the suite traces (its pp2 x dp2 fsdp rows) carry none: 1F1B with and without
+    # reshard_after_forward, GPipe and interleaved over 2 virtual stages with it
+    fsdp = {"pp": 2, "dp": 2, "zero": 3, "pp_microbatches": 4}
+    inter = {"pp_schedule": "interleaved", "virtual_stages": 2}
+    assert said(fsdp) == said({**fsdp, "reshard_after_forward": False}) == ""
+    assert said({**fsdp, "pp_schedule": "gpipe"}) == said({**fsdp, **inter}) == ""
+    # untraced: the other schedules without reshard_after_forward, interleaved over more chunks
+    assert "without reshard_after_forward" in said(
+        {**fsdp, "pp_schedule": "gpipe", "reshard_after_forward": False}
+    )
+    assert "without reshard_after_forward" in said({**fsdp, **inter, "reshard_after_forward": False})
+    assert "over 3 virtual stages" in said(
+        {**fsdp, "pp_schedule": "interleaved", "virtual_stages": 3, "pp_microbatches": 2}
+    )
     assert said({"pp": 2}) == said({"dp": 2, "zero": 3}) == ""
 
 
@@ -309,3 +317,65 @@ def test_a_pipeline_over_fsdp2_accumulates_unsharded_gradients_and_steps_the_sha
         acc = [i.bytes for i in by["backward_end"].items if "accumulated" in i.item]
         shards = [i.bytes for i in by["optimizer_step"].items if i.category == "gradients"]
         assert len(acc) == len(shards) == 1 and acc[0] == 2 * shards[0]  # dp 2: the unsharded is 2 shards
+
+
+def _fsdp_pipeline_moments(**parallel: object) -> list[dict[str, object]]:
+    """Each rank's moments by name for llama-3.1-8b in bf16 over pp 2 x dp 2 (FSDP2), 1,024 tokens."""
+    from memsim_widget.engine.core import estimate
+
+    par = {"pp": 2, "dp": 2, "zero": 3, "pp_microbatches": 4, **parallel}
+    sc = Scenario.from_dict({"model": "llama-3.1-8b", "precision": "bf16", "seq_len": 1024, "parallel": par})
+    return [{m.name: m for m in rank.moments} for rank in estimate(sc).ranks]
+
+
+#: llama-3.1-8b: a layer's parameters (q, o 4096 x 4096; k, v 1024 x 4096; gate, up, down 14336 x 4096; two
+#: norms) and its largest one (an MLP projection), in bf16.
+LLAMA8B_LAYER_BYTES = (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096 + 2 * 4096) * 2
+LLAMA8B_LARGEST_LAYER_PARAM_BYTES = 14336 * 4096 * 2
+
+
+def test_gpipe_over_fsdp2_meets_a_new_gradient_or_the_loss_backward_not_both():
+    # GPipe's second backward: AccumulateGrad makes a layer's new gradient apart from the accumulated one
+    # (the largest layer parameter's, not the embedding's or head's), and the last stage's loss backward
+    # comes before it: the larger of the two (traced: docs/fidelity-parallel.md, the gpipe fsdp rows)
+    first, last = _fsdp_pipeline_moments(pp_schedule="gpipe")
+    new = [i.bytes for i in first["backward_next"].items if "new gradient" in i.item]
+    assert new == [LLAMA8B_LARGEST_LAYER_PARAM_BYTES]
+    items = last["backward_next"].items
+    assert any(i.item.startswith("loss backward") for i in items)  # two fp32 T x V buffers > 117 MB
+    assert not any("new gradient" in i.item for i in items)
+
+
+def test_an_interleaved_rank_over_fsdp2_regathers_a_chunk_beside_its_other_chunks():
+    # v 2: 4 chunks of 8 layers, 16 a rank; while one chunk's layer is gathered the other chunk's 8 are still
+    # gathered from their backward (torch 2.13 ScheduleInterleaved1F1B, traced: the interleaved fsdp rows)
+    for by in _fsdp_pipeline_moments(pp_schedule="interleaved", virtual_stages=2):
+        kept = {
+            i.item: i.bytes for i in by["chunk_regather"].items if "FSDP2" in i.item and "chunk" in i.item
+        }
+        assert sorted(kept.values()) == [LLAMA8B_LAYER_BYTES, 8 * LLAMA8B_LAYER_BYTES]
+    # one chunk a rank: nothing kept from another chunk, and the moment never above the top of backward
+    for by in _fsdp_pipeline_moments():
+        assert not any("other chunks" in i.item for i in by["chunk_regather"].items)
+        assert by["chunk_regather"].tensor_bytes <= by["backward_top"].tensor_bytes
+
+
+def test_a_plain_pipeline_stage_makes_each_new_gradient_beside_the_carried_ones():
+    # a middle stage of 1F1B (pp 3, 4 micro-batches, no data parallelism): from the second micro-batch on,
+    # AccumulateGrad makes the top layer's new gradient apart from the .grad the first left (the largest layer
+    # parameter, an MLP projection, in bf16) -- traced: the fidelity suite's [2, 2, 2] middle-stage row
+    from memsim_widget.engine.core import estimate
+
+    def new_grads(schedule: str, dp: int = 1) -> list[int]:
+        par = {"pp": 3, "pp_microbatches": 4, "pp_schedule": schedule, "dp": dp}
+        sc = Scenario.from_dict(
+            {"model": "llama-3.1-8b", "precision": "bf16", "seq_len": 1024, "parallel": par}
+        )
+        top = {m.name: m for m in estimate(sc).ranks[1].moments}["backward_top"]
+        return [i.bytes for i in top.items if "new gradient" in i.item]
+
+    assert new_grads("1f1b") == [LLAMA8B_LARGEST_LAYER_PARAM_BYTES]
+    assert (
+        new_grads("gpipe") == []
+    )  # every forward first: no gradient exists at the top of the first backward
+    assert new_grads("1f1b", dp=2) == []  # DDP's buckets: not traced, not counted

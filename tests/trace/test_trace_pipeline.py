@@ -170,6 +170,16 @@ def test_pp_x_dp_fsdp_rank_holds_half_of_its_stage() -> None:
     assert not dist.is_initialized()
 
 
+def test_pp_x_dp_fsdp_passes_reshard_after_forward_to_fully_shard() -> None:
+    # parallel.reshard_after_forward reaches FSDP2 on every stage module (fully_shard's own argument, named
+    # in the layout note), so a pipeline without reshard after forward is traced as configured
+    for keep in (True, False):
+        par = {"pp": 2, "dp": 2, "zero": 3, "pp_microbatches": 2, "reshard_after_forward": keep}
+        sc = Scenario.from_dict({"model": LLAMA, "micro_batch_size": 1, "seq_len": 64, "parallel": par})
+        notes = trace_pipeline(sc, rank=0).notes
+        assert any(f"reshard_after_forward={keep}" in n for n in notes), notes
+
+
 def test_pp_x_tp_is_refused() -> None:
     par = {"pp": 2, "tp": 2, "pp_microbatches": 2}
     sc = Scenario.from_dict({"model": LLAMA, "micro_batch_size": 1, "seq_len": 64, "parallel": par})

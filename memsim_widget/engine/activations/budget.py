@@ -3,9 +3,10 @@ by when it is alive (per layer, before and after the layers, around the loss, in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memsim_widget.engine.items import Level
+from memsim_widget.fast_dataclass import dataclass
 
 
 @dataclass

@@ -4,12 +4,13 @@ rank holds after tensor and expert parallelism (``LocalGroup``)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memsim_widget.architecture import ParamGroup
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import embedding_split, head_copy
 from memsim_widget.engine.items import Item
+from memsim_widget.fast_dataclass import dataclass
 
 
 @dataclass
@@ -59,6 +60,10 @@ class StateBudget:
     kept_after_backward: list[Item] = field(default_factory=list)
     gathered_next: list[Item] = field(default_factory=list)  # ... GPipe's later backwards: all still gathered
     prefetched: list[Item] = field(default_factory=list)  # ... the next layer's all-gather output (top only)
+    # ... the new gradient before AccumulateGrad adds it: at a carried backward's top, at GPipe's later ones
+    new_grad: list[Item] = field(default_factory=list)
+    new_grad_next: list[Item] = field(default_factory=list)
+    chunk_gathered: list[Item] = field(default_factory=list)  # ... a chunk's layer and the other chunks'
     step_temps: list[Item] = field(default_factory=list)
     host: list[Item] = field(default_factory=list)
     grad_bytes_per_layer: float = 0.0

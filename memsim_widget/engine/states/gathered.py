@@ -14,6 +14,7 @@ from memsim_widget.engine.frameworks import (
 )
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget
+from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.units import fmt_int
 
 
@@ -33,7 +34,9 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
             if ctx.full_training and root:
                 _root_grads_made(ctx, b, root, groups)
             if par.pp > 1 and ctx.full_training and not ctx.scenario.optimizer_in_backward:
+                layer_largest = max((g.numel_each for g in groups if g.group.scope == "layer"), default=0)
                 pipeline_fsdp2(ctx, stage, b, root, per_layer, grad_b, unit)
+                _pipeline_new_grads(ctx, stage, b, per_layer, grad_b, layer_largest or largest, unit)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
 
@@ -426,7 +429,7 @@ def pipeline_fsdp2(
                      "tensor", 1)
             )  # fmt: skip
     # GPipe's later backwards (no forward between them): the root and every layer still gathered from the
-    # first, no all-gather left; the layer in backward makes a new gradient that AccumulateGrad adds
+    # first, no all-gather left (the new gradients: _pipeline_new_grads)
     b.gathered_next = [
         *[i for i in b.gathered if "root" in i.item],
         Item(
@@ -436,14 +439,6 @@ def pipeline_fsdp2(
             f"{layers} layers x ({unit[1]})",
             "tensor",
             9 * layers,
-        ),
-        Item(
-            "gradients",
-            "a new gradient before it is added to the accumulated one (largest parameter)",
-            b.largest_grad_bytes,
-            f"largest param x {grad_b} B",
-            "tensor",
-            1,
         ),
     ]
     # the next layer's all-gather output is prefetched during a layer's backward and freed at its copy-out:
@@ -494,3 +489,52 @@ def _pipeline_final_reduce(
                 9 * still,
             )
         )
+
+
+def _pipeline_new_grads(
+    ctx: Context,
+    stage: Stage,
+    b: StateBudget,
+    per_layer: int,
+    grad_b: int,
+    largest: int,
+    unit: tuple[int, str],
+) -> None:
+    """Under ``pipeline_fsdp2``, what a backward after the first of the step makes beside the accumulation,
+    and what an interleaved rank keeps gathered from its other chunks.
+
+    - The new gradients (``gradients.new_gradient``): with the gradient in the parameter dtype,
+      ``AccumulateGrad`` meets the unsharded ``.grad`` an earlier micro-batch left (``new_grad``: at the top
+      of a backward whose gradients are carried; ``new_grad_next``: GPipe's later backwards, the larger of it
+      and the loss's backward, which come one after the other). Where ``reduce_dtype`` differs, the layer's
+      new gradients in the parameter dtype are already counted (``gathered_grads``); GPipe's later backwards
+      meet them too.
+    - An interleaved rank (``virtual_stages`` > 1, ``reshard_after_forward``): a chunk's layers stay gathered
+      from its backward until its next forward, so while another chunk is gathered (its forward, or the top
+      of its backward) they are still there (``chunk_gathered``, with that chunk's layer). Torch 2.13
+      ``ScheduleInterleaved1F1B`` on rank 0 of pp 2, v 2, m 4 runs B(stage 0, mb 0) right before F(stage 2,
+      mb 3), on rank 1 B(3, 1) before F(1, 2) and B(1, 0): traced, those are the peaks. Counted as every layer
+      of the rank but one chunk's (``layers - layers // v``: an upper bound where a forward of that chunk came
+      in between)."""
+    wb = gathered_weight_bytes(ctx)
+    if stage.layers or largest:
+        item = new_gradient(largest, grad_b)
+        if grad_b != wb and stage.layers:
+            item = new_gradient(per_layer, wb, f"{fmt_int(per_layer)} x {wb} B (the layer's, in param_dtype)")
+        b.new_grad_next = [item]
+        b.new_grad = [item] if grad_b == wb and stage.layers else []
+    v = ctx.par.virtual_stages
+    if ctx.par.pp_schedule == "interleaved" and v > 1 and ctx.par.reshard_after_forward and stage.layers:
+        kept = stage.layers - stage.layers // v
+        b.chunk_gathered = [
+            Item(
+                "parameters",
+                "FSDP2 layers of the rank's other chunks still gathered from their backward (interleaved)",
+                kept * unit[0],
+                f"{kept} layers x ({unit[1]})",
+                "tensor",
+                9 * kept,
+            ),
+            Item("parameters", "FSDP2 unsharded parameters of the chunk's layer (gathered)", unit[0], unit[1],
+                 "tensor", 9),
+        ]  # fmt: skip

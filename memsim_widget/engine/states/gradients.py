@@ -102,6 +102,32 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 )
             )
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
+    # no data parallelism (ZeRO-0: over dp; the planner's state key sees dp only, not cp, there)
+    alone = (par.dp if z == 0 else dp) == 1
+    if par.pp > 1 and alone and ctx.full_training and not sc.optimizer_in_backward and stage.layers:
+        scopes = trainable_scopes(ctx, groups)
+        largest_layer = max(
+            (e for (_, _, e), g in zip(trainable, scopes, strict=False) if g == "layer"), default=0
+        )
+        b.new_grad = [new_gradient(largest_layer, grad_b)] if largest_layer else []
+
+
+def new_gradient(largest: int, grad_b: int, what: str = "") -> Item:
+    """A layer's new gradient while an earlier micro-batch's is alive: ``AccumulateGrad`` makes it apart and
+    adds it to the parameter's ``.grad`` in place, so the largest layer parameter's new gradient is a
+    transient at the top of a backward whose gradients are carried (a pipeline stage's later micro-batches
+    without data parallelism; under FSDP2 the unsharded ones: ``gathered._pipeline_new_grads``). Traced
+    (docs/fidelity-parallel.md): the top layer's down-projection weight gradient (4,096 x 14,336 bf16), the
+    first of its backward, beside the accumulation on a middle stage of a plain 1F1B [2, 2, 2] split and on
+    stage 0 of pp 2 x dp 2 without reshard after forward."""
+    return Item(
+        "gradients",
+        "a new gradient before it is added to the accumulated one",
+        largest * grad_b,
+        what or f"largest layer param {fmt_int(largest)} x {grad_b} B",
+        "tensor",
+        1,
+    )
 
 
 def _new_embedding_grad(n_pre: int, grad_b: int, g_div: int) -> Item:

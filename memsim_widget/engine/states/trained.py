@@ -4,11 +4,10 @@ master copy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, tp_split
+from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_int
 
 
