@@ -5,8 +5,8 @@ Why it is exact: the engine's work splits into parts that depend on few knobs --
 activation terms (``activations``: micro-batch, tp, cp, sequence parallel, checkpointing, loss). Each
 distinct part is computed once, by the engine itself, and reduced to four integer sums per group of
 items (raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer allocated bytes). What
-``engine/timeline`` and ``engine/overhead.reserved_item`` then do with those groups -- scale the terms by
-layers and micro-batches in flight into the named groups of ``engine/moments.MOMENT_TABLE``, add each
+``engine/step/timeline`` and ``engine/counters/overhead.reserved_item`` then do with those groups -- scale the terms by
+layers and micro-batches in flight into the named groups of ``engine/step/moments.MOMENT_TABLE``, add each
 moment's groups, pick the larger of two instants, take the peak moment and the largest allocator pool -- is
 redone here on arrays, reading the same table by group name, with the same integer and float operations. ``tests/plan/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
 """
@@ -23,16 +23,7 @@ import numpy as np
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage, interleaved_held_layers
-from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
-from memsim_widget.engine.items import Item, allocated_of
-from memsim_widget.engine.moments import (
-    ACTIVATION_GROUPS,
-    MOMENT_TABLE,
-    MOMENTS,
-    OPTIMIZER_STEPS,
-    STATE_GROUPS,
-)
-from memsim_widget.engine.overhead import (
+from memsim_widget.engine.counters.overhead import (
     FRAGMENTATION_PERSISTENT,
     NCCL_PER_COMMUNICATOR,
     PERSISTENT_CATEGORIES,
@@ -41,7 +32,9 @@ from memsim_widget.engine.overhead import (
     waste_rates,
     workspace_items,
 )
-from memsim_widget.engine.pipeline import (
+from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
+from memsim_widget.engine.items import Item, allocated_of
+from memsim_widget.engine.parallel.pipeline import (
     loss_count,
     next_backward_count,
     outputs_held_count,
@@ -49,9 +42,16 @@ from memsim_widget.engine.pipeline import (
     receive_count,
     through_step_count,
 )
-from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import (
+from memsim_widget.engine.step.moments import (
+    ACTIVATION_GROUPS,
+    MOMENT_TABLE,
+    MOMENTS,
+    OPTIMIZER_STEPS,
+    STATE_GROUPS,
+)
+from memsim_widget.engine.step.timeline import (
     layer0_sets,
     resident_count,
     scaled_term,
@@ -73,7 +73,7 @@ COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accu
            "checkpointing", "loss", "optimizer", "offload")  # fmt: skip
 
 #: Group statistics, the columns of every (keys, NSTAT) sum array: raw bytes, allocated bytes, long-lived
-#: allocated bytes (engine/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
+#: allocated bytes (engine/counters/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
 RAW, ALLOC, LONG, LOSS = range(4)
 NSTAT = 4
 STAT_NAMES = ("raw", "alloc", "long", "loss")
@@ -110,7 +110,7 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
-#: micro-batches (engine/timeline ``grads_carried``).
+#: micro-batches (engine/step/timeline ``grads_carried``).
 STATE_KEY = (
     "tp",
     "ep",
@@ -150,7 +150,7 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
 @dataclass(frozen=True)
 class StatePart:
     """A ``StateRow`` of one state key (without "carried"), and whether the root is resharded for the loss
-    (engine/timeline: no gathered units while the loss runs)."""
+    (engine/step/timeline: no gathered units while the loss runs)."""
 
     stats: np.ndarray
     outside: int
@@ -199,7 +199,8 @@ def _state_side(
     outside = np.array([part.outside for part in parts], dtype=np.int64)
     resharded = np.array([part.resharded for part in parts], dtype=bool)
     g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
-    carried = key["carried"][:, None]  # 2: at the loss only loss_grads (engine/timeline state_group_table)
+    # 2: at the loss only loss_grads (engine/step/timeline state_group_table)
+    carried = key["carried"][:, None]
     last = (key["last"] == 1)[:, None]
     overhead = np.broadcast_to(ws[None, :], g["persistent"].shape)
     in_backward = base.optimizer_in_backward
@@ -451,7 +452,7 @@ def _stage_rows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(candidate, stage, slot) of the stages that can be a candidate's worst rank: the first, the second, the
     first middle stage that carries gradients (fewer micro-batches in flight than there are, so an earlier
-    one already ran backward: engine/timeline ``grads_carried``) and the last. Middle stages of an even split
+    one already ran backward: engine/step/timeline ``grads_carried``) and the last. Middle stages of an even split
     hold the same states and no more micro-batches in flight than a lower one, so within each group
     (carrying or not) the lowest is the worst; ties go to the lower stage, as ``max`` does. An ``uneven``
     split (``rules/pipeline_split``) has a row for every stage: its middle stages differ in layers. A row's
@@ -528,7 +529,7 @@ def _held_layers(
 
 
 def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
-    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/schedule ``in_flight``) are fewer than
+    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/parallel/schedule ``in_flight``) are fewer than
     ``mb``: 1F1B ``min(m, p - s) < m`` from ``s = p - m + 1``; interleaved ``(w(s) + 1) / v < m`` with
     ``w(s) = (v - 1) r + 2 (p - 1 - s)`` from ``s > p - 1 - (m v - 1 - (v - 1) r) / 2``; never under GPipe."""
     if schedule == "gpipe":
@@ -647,13 +648,13 @@ def _activation_side(
         return _scaled_distinct(T[group], xa, fac, fst)
 
     on_last = xlast[:, None]
-    # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
+    # engine/parallel/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
     piped = xp > 1
     n_loss = loss_count(xp, xm, par0.pp_schedule, xlast).astype(np.float64)
     n_recv = receive_count(xp, xm, v, xfirst, xlast)
     n_send = pending_send_count(xp, xm, v, xfirst).astype(np.float64)
     through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
-    # engine/pipeline.returns_outputs: the last stage keeps every micro-batch's output, and at the step
+    # engine/parallel/pipeline.returns_outputs: the last stage keeps every micro-batch's output, and at the step
     # their concatenation too
     n_out = outputs_held_count(xp, xm, f, xlast, n_loss, through_step)
     n_step = zeros + through_step_count(xp, xm, xlast, through_step)
@@ -676,7 +677,7 @@ def _activation_side(
             ),
             0,
         )
-    # GPipe's second backward (engine/pipeline next_backward_count): one micro-batch fewer of each, else none
+    # GPipe's second backward (engine/parallel/pipeline next_backward_count): one micro-batch fewer of each, else none
     nxt = next_backward_count(xp, xm, par0.pp_schedule).astype(np.float64)
     f_next = (f - 1) * nxt
     loss_next = np.maximum(n_loss - 1, 0) * nxt
@@ -824,7 +825,7 @@ def _moment_rows(
 def _peak_and_pool(
     ctx0: Context, moments: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The peak allocated bytes, its moment, and the largest allocator pool (engine/overhead) per row."""
+    """The peak allocated bytes, its moment, and the largest allocator pool (engine/counters/overhead) per row."""
     f_t, f_v = waste_rates(ctx0)
     peak_alloc = moments[0][1].copy()
     peak_m = np.full(peak_alloc.shape, moments[0][0], dtype=np.int64)
@@ -952,7 +953,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     s_over = s_out >= SATURATION_BYTES
     s_over |= reaches_saturation((*S.values(), *s_parts.values()), s_over.shape[0])
 
-    # ----- the moments (engine/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
+    # ----- the moments (engine/step/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
     # optimizer_step: per candidate, for the candidate's optimizer (not the base's: a base with optimizer
     # "none" searched over AdamW still steps)
     has_step = np.array([o != "none" for o in optimizers], dtype=bool)[c["optimizer"][cand]]
@@ -963,11 +964,11 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         steps,
     )
 
-    # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
+    # ----- peak, allocator pool, outside memory (engine/counters/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
     if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
         pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool)
-    # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
+    # one NCCL communicator per parallel dimension above 1 (engine/counters/overhead.device_items)
     comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     cap = gpu.memory_bytes - outside
@@ -981,12 +982,12 @@ def _replayed_pools(
     base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
     s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """``pool`` with, on the rows whose candidate ``engine/alloc_stream.replayable`` accepts, the peak reserved
+    """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak reserved
     of ``pool_replay`` for the row's candidate and stage: the functions the engine calls, once per distinct
     (state key, activation key) pair (the replay's own cache is keyed by the scenario's shape). Only one-GPU
     rows without accumulation can be accepted: the others are not looked at."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import pool_replay, replayable
+    from memsim_widget.engine.counters.alloc_stream import pool_replay, replayable
+    from memsim_widget.engine.rl import objectives
 
     if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay
         return pool

@@ -1,14 +1,14 @@
-"""engine/alloc_stream: the allocation stream the engine builds from its own groups and replays for the reserved
+"""engine/counters/alloc_stream: the allocation stream the engine builds from its own groups and replays for the reserved
 counter. These tests hold the stream to what it claims to be: well formed, holding the engine's tensors, in the
 order a PyTorch step runs (checked against the fake-tensor traces in docs/allocator.md)."""
 
 from __future__ import annotations
 
 from memsim_widget import Scenario, estimate
-from memsim_widget.engine import objectives
-from memsim_widget.engine.alloc_stream import STEPS, grad_order, pool_replay, rank_stream
-from memsim_widget.engine.allocator import FREE, replay
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters.alloc_stream import STEPS, grad_order, pool_replay, rank_stream
+from memsim_widget.engine.counters.allocator import FREE, replay
+from memsim_widget.engine.rl import objectives
 
 LLAMA = {
     "model": "llama-3.2-1b",

@@ -9,17 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memsim_widget.engine.arith import maximum, minimum, negate, where
+from memsim_widget.engine.counters.overhead import communicator_count, group_sizes
 from memsim_widget.engine.items import allocated_of
-from memsim_widget.engine.overhead import communicator_count, group_sizes
-from memsim_widget.engine.pipeline import (
+from memsim_widget.engine.parallel.pipeline import (
     loss_count,
     outputs_held_count,
     pending_send_count,
     receive_count,
     through_step_count,
 )
-from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
-from memsim_widget.engine.timeline import layer0_sets, resident_count, scaled_term
+from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.step.timeline import layer0_sets, resident_count, scaled_term
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
-from memsim_widget.engine.step_time import (
+from memsim_widget.engine.speed.step_time import (
     TIME_CATEGORIES,
     TimeCategory,
     TimeModel,
@@ -16,6 +15,7 @@ from memsim_widget.engine.step_time import (
     step_parts,
     time_model,
 )
+from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ with large T
 at the start of backward. Optimizer state is created lazily at the first step, so step 1 peaks lower
 than every later step; the steady state (step 2 on) is what we report as the peak.
 
-Which groups of items are live at each moment is the table ``engine/moments.MOMENT_TABLE`` (the planner's
+Which groups of items are live at each moment is the table ``engine/step/moments.MOMENT_TABLE`` (the planner's
 ``plan/vector`` reads it too); this module builds the groups of one rank and the moments from them,
 numbers first: the items and their formulas are built when a breakdown reads them.
 """
@@ -21,9 +21,7 @@ from memsim_widget.engine.arith import maximum, minimum, where
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
-from memsim_widget.engine.lazy_items import ItemGroup, LazyItem, built
-from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
-from memsim_widget.engine.pipeline import (
+from memsim_widget.engine.parallel.pipeline import (
     loss_micro_batches,
     next_backward,
     outputs_held,
@@ -32,8 +30,10 @@ from memsim_widget.engine.pipeline import (
     pending_sends,
     receive_buffers,
 )
-from memsim_widget.engine.schedule import grads_carried, pipeline_carries_grads
+from memsim_widget.engine.parallel.schedule import grads_carried, pipeline_carries_grads
 from memsim_widget.engine.states import StateBudget
+from memsim_widget.engine.step.lazy_items import ItemGroup, LazyItem, built
+from memsim_widget.engine.step.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
 from memsim_widget.units import fmt_int
 
 __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
@@ -139,7 +139,7 @@ class Moment:
 
     def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
         """(allocated, allocated in ``persistent`` categories, allocated loss buffers): what the allocator's
-        pool at this moment is made of (``engine/overhead.reserved_item``)."""
+        pool at this moment is made of (``engine/counters/overhead.reserved_item``)."""
         alloc = long = loss = 0
         for g in self.groups or (ItemGroup(self.items),):
             a, lg, ls = g.pool_sums(persistent, loss_names)
@@ -243,7 +243,7 @@ def state_group_table(
         "grads": s["grads"],
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
-        # GPipe's second backward (engine/pipeline next_backward_count): gated on the activation side
+        # GPipe's second backward (engine/parallel/pipeline next_backward_count): gated on the activation side
         "grads_next": where(in_backward, none, s["grads"]),
     }
 
@@ -349,7 +349,7 @@ def _activation_groups(
     )
     # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
     # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
-    # (a pipeline's loop gets the output only from the schedule, after backward: engine/pipeline)
+    # (a pipeline's loop gets the output only from the schedule, after backward: engine/parallel/pipeline)
     held_logits = _scaled(acts.output_logits, last if ctx.par.pp == 1 else 0, "")
     cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
     n_step = outputs_through_step(ctx, stage, acts.output_through_step)
