@@ -15,7 +15,8 @@ What it rewrites, in every tracked or untracked (not ignored) text file of the r
   ``engine/speed/step_time.fn`` (imports, ``import a.b.c``, strings given to ``mock.patch`` or
   ``monkeypatch.setattr``, importlib names, docstrings, comments, docs, notebooks' sources and outputs); a path is
   matched only as ``memsim_widget.engine.X`` / ``memsim_widget/engine/X`` or as ``engine.X`` / ``engine/X`` with
-  nothing path-like before ``engine`` (``vllm/engine/X`` is left alone);
+  nothing path-like before ``engine`` (``vllm/engine/X`` is left alone), and in Python code (outside strings and
+  comments) only with the package (``engine.moments`` there is a variable's attribute);
 - ``from memsim_widget.engine import a, b as c`` (Python files, any layout): each moved module imported from its
   new package, under its old name when its file was renamed (``from memsim_widget.engine.multimodal import tower
   as vision``); in Markdown and notebooks, one-line forms whose moved names share one package;
@@ -106,7 +107,7 @@ PATH_RE = re.compile(
 )
 #: one-line ``from memsim_widget.engine import names`` in Markdown or a notebook's JSON text.
 FROM_LINE_RE = re.compile(
-    r"(?P<head>from memsim_widget\.engine import )(?P<names>[\w ,]+?)(?=\s*(?:#|\\n|\"|$))", re.M
+    r"(?P<head>from memsim_widget\.engine import )(?P<names>[\w ,]+?)(?=\s*(?:#|\\n|\"|`|$))", re.M
 )
 
 #: a new path (``engine/step/timeline``, ``memsim_widget.engine.counters.overhead``).
@@ -242,9 +243,12 @@ def _resolve_relative(path: Path, node: ast.ImportFrom) -> str | None:
         key = target.removeprefix(ENGINE + ".")
         if target.startswith(ENGINE + ".") and key in MOVES:
             return f"{ENGINE}.{MOVES[key]}"
-        if target == ENGINE and (i or any(a.name in MOVES for a in node.names)):
-            return ENGINE
-        if _exists(target):
+        if node.module is None:  # ``from . import a, b``: a and b are modules of ``target``
+            if target == ENGINE and any(a.name in MOVES for a in node.names):
+                return ENGINE
+            if all(_exists(f"{target}.{a.name}") for a in node.names):
+                return target if i else None
+        elif _exists(target):
             return target if i else None
     return None
 
