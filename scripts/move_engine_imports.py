@@ -24,6 +24,12 @@ What it rewrites, in every tracked or untracked (not ignored) text file of the r
   name a moved module, or that no longer resolve because the importing file itself moved: made absolute (the
   package's style) with the new path.
 
+Merging the move after branches that edited the old files: git's rename detection carries their edits to the new
+paths; where a hunk conflicts, the move's side only rewrote paths, so ``git merge -X ours enginepkg`` (their side
+of each conflicting hunk) followed by this script gives the merged code with every path new (check by hand the four
+files the move edited beyond paths: docs/architecture.md's engine tree, engine/__init__.py,
+engine/activations/__init__.py, tests/engine/test_engine_layout.py).
+
 No new package name is an old module's name, so a rewritten path never matches again. Ruff (``ruff check
 --select I --fix`` and ``ruff format``) then re-sorts and re-wraps the Python files it changed.
 """
