@@ -198,7 +198,7 @@ class RLConfig:
     objective's default, ``gpu`` for DPO/KTO/PPO, ``none`` for ORPO and GRPO whose TRL default is beta = 0);
     ``rollout``: the generation engine; ``gpu_memory_utilization``, ``kv_cache``, ``rollout_dtype``,
     ``sleep_mode`` (0 off, 1 offload weights and discard the KV cache, 2 discard both) and ``cuda_graphs``
-    describe a colocated vLLM engine (``engine/rollout.py``).
+    describe a colocated vLLM engine (``engine/rl/rollout.py``).
     """
 
     num_generations: int = 8
@@ -460,7 +460,7 @@ class Scenario:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
     CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB; ``allocator_conf`` (optional) --
     the run's ``PYTORCH_CUDA_ALLOC_CONF`` (e.g. ``"expandable_segments:True,max_split_size_mb:128"``), parsed
-    as PyTorch parses it (``engine/allocator.py``); unset: the framework's launcher default (torchtitan
+    as PyTorch parses it (``engine/counters/allocator.py``); unset: the framework's launcher default (torchtitan
     ``expandable_segments:True``, the others PyTorch's defaults); ``reserved_model`` (optional) -- ``fitted``
     or ``replay``, how the reserved counter is computed (``RESERVED_MODELS``).
 

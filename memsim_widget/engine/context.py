@@ -8,8 +8,8 @@ from functools import cached_property
 from memsim_widget.architecture import Architecture, ParamGroup
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
-from memsim_widget.engine.model_rules_cache import check_once
-from memsim_widget.engine.schedule import in_flight
+from memsim_widget.engine.caches.model_rules_cache import check_once
+from memsim_widget.engine.parallel.schedule import in_flight
 from memsim_widget.errors import ScenarioError
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
@@ -122,7 +122,7 @@ class Context:
         """Parameter stacks that train neither fully nor through adapters: under full training a frozen vision
         tower; under LoRA the tower and projector when ``lora.target_scope`` is ``language`` (under peft's
         ``model`` scope they get adapters wherever a target name matches, as ``get_peft_model`` puts them)."""
-        override = getattr(self, "frozen_override", None)  # a tower's context (engine/vision.py)
+        override = getattr(self, "frozen_override", None)  # a tower's context (engine/multimodal/tower.py)
         if override is not None:
             return override
         unused = (
@@ -175,7 +175,7 @@ class Context:
     @cached_property
     def linear_modules(self) -> list[str]:
         """The Linear modules of the engine's layer stack: a multimodal model's tower and projector have their own
-        rules (engine/vision.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
+        rules (engine/multimodal/tower.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
         towers = TOWER_STACKS if self.arch.facts.vision is not None else ()
         return sorted({g.module for g in self.arch.params if g.module and g.stack not in towers})
 
@@ -240,7 +240,7 @@ class Context:
         return sum(mine[len(mine) - n :])
 
     def in_flight(self, stage: Stage) -> float:
-        """Micro-batches whose activations a stage holds at once (``engine/schedule.in_flight``)."""
+        """Micro-batches whose activations a stage holds at once (``engine/parallel/schedule.in_flight``)."""
         par = self.par
         return in_flight(par.pp, par.pp_microbatches, par.pp_schedule, par.virtual_stages, stage.index)
 

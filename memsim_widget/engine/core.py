@@ -25,9 +25,21 @@ from memsim_widget.engine.parts_cache import (
     cached_state_groups,
     cached_trainable_parameters,
 )
-from memsim_widget.engine.rank_estimate import RankEstimate
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters import alloc_stream
+from memsim_widget.engine.counters.alloc_stream import pool_replay, replayable, replayed_item
+from memsim_widget.engine.counters.overhead import (
+    counter_bands,
+    device_items,
+    reserved_item,
+    workspace_items,
+)
+from memsim_widget.engine.estimate import Estimate
+from memsim_widget.engine.items import Level
+from memsim_widget.engine.rl import objectives
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import offloaded_activations, step_moments
+from memsim_widget.engine.step.rank_estimate import RankEstimate
+from memsim_widget.engine.step.timeline import offloaded_activations, step_moments
 from memsim_widget.scenario import Scenario
 
 

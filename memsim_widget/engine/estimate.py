@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
-from memsim_widget.engine.calibrated import fit_for
+from memsim_widget.engine.activations.calibrated import fit_for
 from memsim_widget.engine.caveats import memory_caveats, time_caveats
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.items import CATEGORIES
@@ -122,7 +122,7 @@ class Estimate:
 
     def uncertainty(self) -> dict[str, dict[str, int]]:
         """Low and high bytes of ``peak_allocated_bytes``, ``peak_reserved_bytes`` and ``device_total_bytes``,
-        each on the rank whose figure the headline shows (engine/overhead.counter_bands says how each band is
+        each on the rank whose figure the headline shows (engine/counters/overhead.counter_bands says how each band is
         made)."""
         return {c: band for c in COUNTERS if (band := self.worst_for(c).uncertainty().get(c)) is not None}
 

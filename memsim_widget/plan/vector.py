@@ -74,7 +74,7 @@ COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accu
            "checkpointing", "loss", "optimizer", "offload")  # fmt: skip
 
 #: Group statistics, the columns of every (keys, NSTAT) sum array: raw bytes, allocated bytes, long-lived
-#: allocated bytes (engine/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
+#: allocated bytes (engine/counters/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
 RAW, ALLOC, LONG, LOSS = range(4)
 NSTAT = 4
 STAT_NAMES = ("raw", "alloc", "long", "loss")
@@ -114,7 +114,7 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "chunk_gathered")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
-#: micro-batches (engine/timeline ``grads_carried``).
+#: micro-batches (engine/step/timeline ``grads_carried``).
 STATE_KEY = (
     "tp",
     "ep",
@@ -154,7 +154,7 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
 @dataclass(frozen=True)
 class StatePart:
     """A ``StateRow`` of one state key (without "carried"), and whether the root is resharded for the loss
-    (engine/timeline: no gathered units while the loss runs)."""
+    (engine/step/timeline: no gathered units while the loss runs)."""
 
     stats: np.ndarray
     outside: int
@@ -203,7 +203,8 @@ def _state_side(
     outside = np.array([part.outside for part in parts], dtype=np.int64)
     resharded = np.array([part.resharded for part in parts], dtype=bool)
     g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
-    carried = key["carried"][:, None]  # 2: at the loss only loss_grads (engine/timeline state_group_table)
+    # 2: at the loss only loss_grads (engine/step/timeline state_group_table)
+    carried = key["carried"][:, None]
     last = (key["last"] == 1)[:, None]
     overhead = np.broadcast_to(ws[None, :], g["persistent"].shape)
     in_backward = base.optimizer_in_backward
@@ -456,7 +457,7 @@ def _stage_rows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(candidate, stage, slot) of the stages that can be a candidate's worst rank: the first, the second, the
     first middle stage that carries gradients (fewer micro-batches in flight than there are, so an earlier
-    one already ran backward: engine/timeline ``grads_carried``) and the last. Middle stages of an even split
+    one already ran backward: engine/step/timeline ``grads_carried``) and the last. Middle stages of an even split
     hold the same states and no more micro-batches in flight than a lower one, so within each group
     (carrying or not) the lowest is the worst; ties go to the lower stage, as ``max`` does. An ``uneven``
     split (``rules/pipeline_split``) has a row for every stage: its middle stages differ in layers. A row's
@@ -535,7 +536,7 @@ def _held_layers(
 
 
 def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
-    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/schedule ``in_flight``) are fewer than
+    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/parallel/schedule ``in_flight``) are fewer than
     ``mb``: 1F1B ``min(m, p - s) < m`` from ``s = p - m + 1``; interleaved ``(w(s) + 1) / v < m`` with
     ``w(s) = (v - 1) r + 2 (p - 1 - s)`` from ``s > p - 1 - (m v - 1 - (v - 1) r) / 2``; never under GPipe."""
     if schedule == "gpipe":
@@ -921,7 +922,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     s_over = s_out >= SATURATION_BYTES
     s_over |= reaches_saturation((*S.values(), *s_parts.values()), s_over.shape[0])
 
-    # ----- the moments (engine/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
+    # ----- the moments (engine/step/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
     # optimizer_step: per candidate, for the candidate's optimizer (not the base's: a base with optimizer
     # "none" searched over AdamW still steps)
     has_step = np.array([o != "none" for o in optimizers], dtype=bool)[c["optimizer"][cand]]
@@ -932,11 +933,11 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         steps,
     )
 
-    # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
+    # ----- peak, allocator pool, outside memory (engine/counters/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
     if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
         pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool)
-    # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
+    # one NCCL communicator per parallel dimension above 1 (engine/counters/overhead.device_items)
     comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
     reserved = capped_reserved(peak_alloc, pool, reserved_cap(ctx0, outside))
@@ -949,12 +950,12 @@ def _replayed_pools(
     base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
     s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """``pool`` with, on the rows whose candidate ``engine/alloc_stream.replayable`` accepts, the peak reserved
+    """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak reserved
     of ``pool_replay`` for the row's candidate and stage: the functions the engine calls, once per distinct
     (state key, activation key) pair (the replay's own cache is keyed by the scenario's shape). Only one-GPU
     rows without accumulation can be accepted: the others are not looked at."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import pool_replay, replayable
+    from memsim_widget.engine.counters.alloc_stream import pool_replay, replayable
+    from memsim_widget.engine.rl import objectives
 
     if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay
         return pool

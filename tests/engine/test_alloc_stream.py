@@ -1,4 +1,4 @@
-"""engine/alloc_stream: the allocation stream the engine builds from its own groups and replays for the reserved
+"""engine/counters/alloc_stream: the allocation stream the engine builds from its own groups and replays for the reserved
 counter. These tests hold the stream to what it claims to be: well formed, holding the engine's tensors, in the
 order a PyTorch step runs (checked against the fake-tensor traces in docs/allocator.md)."""
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
-from memsim_widget.engine.step_time import (
+from memsim_widget.engine.speed.step_time import (
     TIME_CATEGORIES,
     TimeCategory,
     TimeModel,

@@ -7,9 +7,9 @@ A step of one data-parallel replica on the slowest pipeline stage (the last: it 
 ``m`` micro-batches (accumulation x pipeline micro-batches), each taking ``t_mb`` = matmuls forward, backward
 and recomputed at ``peak x efficiency`` plus their GEMM bytes at HBM speed + memory-bound ops at HBM
 bandwidth + tensor/context/expert-parallel collectives + ZeRO-3's gathers not hidden behind compute. Each
-constant below says where its number comes from; ``MATMUL_EFFICIENCY`` (engine/gpu_speed.py, one per GPU
+constant below says where its number comes from; ``MATMUL_EFFICIENCY`` (engine/speed/gpu_speed.py, one per GPU
 generation) and ``ATTENTION_EFFICIENCY`` are the only fitted ones (docs/speed.md: on which rows). The
-breakdown with every formula's numbers filled in is ``engine/time_breakdown.py``. ``step_parts`` is written
+breakdown with every formula's numbers filled in is ``engine/speed/time_breakdown.py``. ``step_parts`` is written
 once over scalars or numpy arrays (``ops``): the engine calls it with Python numbers, ``plan/timing.py`` with
 one array per candidate column, so both give the same floats for the same candidate.
 """

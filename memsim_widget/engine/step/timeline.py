@@ -5,7 +5,7 @@ with large T
 at the start of backward. Optimizer state is created lazily at the first step, so step 1 peaks lower
 than every later step; the steady state (step 2 on) is what we report as the peak.
 
-Which groups of items are live at each moment is the table ``engine/moments.MOMENT_TABLE`` (the planner's
+Which groups of items are live at each moment is the table ``engine/step/moments.MOMENT_TABLE`` (the planner's
 ``plan/vector`` reads it too); this module builds the groups of one rank and the moments from them,
 numbers first: the items and their formulas are built when a breakdown reads them.
 """
@@ -31,8 +31,10 @@ from memsim_widget.engine.pipeline import (
     receive_count,
     through_step_count,
 )
-from memsim_widget.engine.schedule import grads_carried, pipeline_carries_grads
+from memsim_widget.engine.parallel.schedule import grads_carried, pipeline_carries_grads
 from memsim_widget.engine.states import StateBudget
+from memsim_widget.engine.step.lazy_items import ItemGroup, LazyItem, built
+from memsim_widget.engine.step.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
 from memsim_widget.units import fmt_int
 
 __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
@@ -153,7 +155,7 @@ class Moment:
 
     def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
         """(allocated, allocated in ``persistent`` categories, allocated loss buffers): what the allocator's
-        pool at this moment is made of (``engine/overhead.reserved_item``)."""
+        pool at this moment is made of (``engine/counters/overhead.reserved_item``)."""
         alloc = long = loss = 0
         for g in self.groups or (ItemGroup(self.items),):
             a, lg, ls = g.pool_sums(persistent, loss_names)

@@ -1,7 +1,7 @@
 """The allocations and frees of a training step, written from the engine's own groups, replayed through the
-caching allocator (``engine/allocator.py``): the ``reserved`` counter without a fitted constant.
+caching allocator (``engine/counters/allocator.py``): the ``reserved`` counter without a fitted constant.
 
-The stream follows the order a PyTorch step runs in (``engine/timeline`` names the groups): weights and the
+The stream follows the order a PyTorch step runs in (``engine/step/timeline`` names the groups): weights and the
 cuBLAS workspaces; per step the inputs, per layer its saved activations (under checkpointing the layer's
 forward runs without saving, so its transients come and go around the checkpointed input), the final norm and
 head, the loss's T x V buffers (forward, saved, backward), the output the loop holds; backward from the top
@@ -345,7 +345,7 @@ def replayable(ctx: Any) -> bool:
     fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), one micro-batch per step,
-    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
+    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted
     rule (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
@@ -361,8 +361,8 @@ def replayable(ctx: Any) -> bool:
 def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     """The replay of ``stage``'s rank of ``ctx``: its steps' stream built from the engine's cached groups,
     cached by the groups' shape keys, the stage and the allocator settings."""
+    from memsim_widget.engine.caches.parts_cache import activations_key, state_groups_key
     from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.parts_cache import activations_key, state_groups_key
 
     conf = allocator_conf(ctx)
     key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf)
@@ -371,8 +371,8 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
 
 def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
     """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+    from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
-    from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.states.budget import local_groups
 
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
@@ -413,7 +413,8 @@ def _replay_same_stream(args: _Args) -> PoolReplay:
 
 def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
     """Caching-allocator fragmentation from the replay of the step's allocation stream
-    (``engine/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
+    (``engine/counters/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
+    from memsim_widget.engine.counters.overhead import capped_note, fragmentation_item, reserved_cap
     from memsim_widget.engine.frameworks import allocator_conf
     from memsim_widget.engine.overhead import capped_note, capped_reserved, fragmentation_item, reserved_cap
 

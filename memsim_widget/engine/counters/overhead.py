@@ -220,7 +220,7 @@ def capped_note(cap: int, capped: bool) -> str:
 
 
 def fragmentation_item(nbytes: int, formula: str) -> Item:
-    """The reserved-but-unallocated item, whichever rule (fitted, or the replay of engine/alloc_stream) gave it."""
+    """The reserved-but-unallocated item, whichever rule (fitted, or the replay of engine/counters/alloc_stream) gave it."""
     return Item(
         Category.OVERHEAD,
         "allocator fragmentation (reserved - allocated)",

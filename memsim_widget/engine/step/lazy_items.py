@@ -50,7 +50,8 @@ class LazyItem:
             tensors,
         )
         self._label, self._formula, self._built = label, formula, None
-        self.shares = shares  # each tensor's share of the bytes (engine/alloc_stream), once per repeat
+        # each tensor's share of the bytes (engine/counters/alloc_stream), once per repeat
+        self.shares = shares
         if level not in _COUNTED or nbytes <= 0:  # Item.allocated_bytes, without building the Item
             self.allocated_bytes = 0
         else:
@@ -71,7 +72,7 @@ def built(items: Iterable[Item | LazyItem]) -> tuple[Item, ...]:
 
 
 class ItemGroup:
-    """The items of one named group of the step (``engine/moments``) with their sums, added once however many
+    """The items of one named group of the step (``engine/step/moments``) with their sums, added once however many
     moments hold the group; the items themselves are built when a moment's breakdown is read."""
 
     __slots__ = ("entries", "raw", "tensor", "allocated", "_pool")
@@ -89,7 +90,7 @@ class ItemGroup:
 
     def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
         """(allocated, allocated in ``persistent`` categories, allocated loss buffers) as
-        ``engine/overhead.pool_bytes`` counts them (kept for equal arguments: every moment holding the group,
+        ``engine/counters/overhead.pool_bytes`` counts them (kept for equal arguments: every moment holding the group,
         and every estimate sharing a cached group, passes the same ones)."""
         pool = self._pool
         if (
