@@ -203,7 +203,7 @@ def engine_stream_vs_trace(path: Path) -> None:
 def large_requests(events: list[Any], marks: list[tuple[int, str]], conf: Any, at_least: int) -> None:
     """Replay ``events`` (``marks``: (event index, phase) pairs) and print each request of ``at_least`` bytes or
     more: its phase, whether it took a cached block or a new segment, and the largest cached block then."""
-    from memsim_widget.engine.allocator import ADDR_BITS, FREE, CachingAllocator
+    from memsim_widget.engine.counters.allocator import ADDR_BITS, FREE, CachingAllocator
 
     a, m, label = CachingAllocator(None, conf), 0, ""
     for n, (handle, size, stream) in enumerate(events):
@@ -228,12 +228,12 @@ def large_requests(events: list[Any], marks: list[tuple[int, str]], conf: Any, a
 
 def compare(name: str, at_least_mib: float = 500) -> None:
     """Trace measurement ``name`` and print the large requests of its traced stream and of the engine's
-    (``engine/alloc_stream``) side by side: where each stream needs a new segment the other serves from its
+    (``engine/counters/alloc_stream``) side by side: where each stream needs a new segment the other serves from its
     cache (docs/allocator.md reads the runs this way)."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import rank_stream
     from memsim_widget.engine.context import Context
+    from memsim_widget.engine.counters.alloc_stream import rank_stream
     from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.rl import objectives
     from memsim_widget.trace.hf import trace_hf
     from memsim_widget.trace.replay import _prepared
     from memsim_widget.trace.traceable import trace_kwargs
@@ -264,7 +264,7 @@ def compare(name: str, at_least_mib: float = 500) -> None:
 def without_forward_transients(tracker: Any, events: list[Any], conf: Any) -> str:
     """The peak reserved of the traced stream less the tensors a forward makes and frees before it ends (the
     engine's stream holds only what each layer saves): the share of a gap the forward's transients make."""
-    from memsim_widget.engine.allocator import replay
+    from memsim_widget.engine.counters.allocator import replay
 
     starts = sorted((mk["seq"], mk["phase"]) for mk in tracker.marks)
     bounds = [seq for seq, _ in starts]

@@ -434,8 +434,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "activation_offloading_layers": None,
 }
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
-#: rule of engine/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
-#: step's allocation stream through the caching allocator's rules, engine/alloc_stream.py: median +0.0% on the
+#: rule of engine/counters/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
+#: step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median +0.0% on the
 #: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps without accumulation
 #: only, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
@@ -455,7 +455,7 @@ class Scenario:
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``activation_offloading_layers`` (optional) -- with offloading on, only the first N layers' saved activations
     go to the host (TransformerEngine's ``get_cpu_offload_context``, Megatron-Core ``cpu_offloading_num_layers``;
-    ``engine/timeline.resident_count``): 0 offloads none, the model's layer count every one (as unset);
+    ``engine/step/timeline.resident_count``): 0 offloads none, the model's layer count every one (as unset);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
     CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB; ``allocator_conf`` (optional) --

@@ -24,7 +24,7 @@ def _namespace(*xs: Any) -> Any:
     return None
 
 
-#: What the engine's rules pick between: numbers, and lists (groups of one rank's items, engine/timeline).
+#: What the engine's rules pick between: numbers, and lists (groups of one rank's items, engine/step/timeline).
 _PLAIN = _NUMBERS | {list}
 
 

@@ -12,11 +12,11 @@ from memsim_widget.engine.activations.calibrated import fit_for
 from memsim_widget.engine.caveats import memory_caveats, time_caveats
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.items import CATEGORIES
-from memsim_widget.engine.objectives import phase_of, training_scenario
-from memsim_widget.engine.rank_estimate import RankEstimate
-from memsim_widget.engine.rank_roles import rank_role
-from memsim_widget.engine.rollout import separate_group
-from memsim_widget.engine.time_breakdown import StepTime, step_time
+from memsim_widget.engine.parallel.rank_roles import rank_role
+from memsim_widget.engine.rl.objectives import phase_of, training_scenario
+from memsim_widget.engine.rl.rollout import separate_group
+from memsim_widget.engine.speed.time_breakdown import StepTime, step_time
+from memsim_widget.engine.step.rank_estimate import RankEstimate
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.names import Name
 from memsim_widget.scenario import Scenario

@@ -5,12 +5,12 @@ Why it is exact: the engine's work splits into parts that depend on few knobs --
 activation terms (``activations``: micro-batch, tp, cp, sequence parallel, checkpointing, loss). Each
 distinct part is computed once, by the engine itself, and reduced to four integer sums per group of
 items (raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer allocated bytes). What
-``engine/timeline`` and ``engine/overhead.reserved_item`` then do with those groups is written once, over
+``engine/step/timeline`` and ``engine/counters/overhead.reserved_item`` then do with those groups is written once, over
 numbers or arrays, and called here on arrays: the state groups (``state_group_table``), the activation groups
 (``activation_group_table``: the terms scaled by layers and micro-batches in flight, through ``RowScaler``),
 each moment's unused-but-reserved bytes (``waste_bytes``) and the reserved counter (``capped_reserved``). What
 is the planner's own is the bookkeeping: one row per candidate stage, each distinct part computed once, the
-moments of ``engine/moments.MOMENT_TABLE`` added by group name, the larger of two instants, the peak moment
+moments of ``engine/step/moments.MOMENT_TABLE`` added by group name, the larger of two instants, the peak moment
 and the largest pool taken with the same integer and float operations. ``tests/plan/test_plan_vector.py``
 checks every figure against ``estimate`` byte for byte.
 """
@@ -27,17 +27,7 @@ import numpy as np
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.context import Context, Stage, uneven_held_layers
-from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
-from memsim_widget.engine.items import Item, allocated_of
-from memsim_widget.engine.lazy_items import ItemGroup, Label
-from memsim_widget.engine.moments import (
-    ACTIVATION_GROUPS,
-    MOMENT_TABLE,
-    MOMENTS,
-    OPTIMIZER_STEPS,
-    STATE_GROUPS,
-)
-from memsim_widget.engine.overhead import (
+from memsim_widget.engine.counters.overhead import (
     NCCL_PER_COMMUNICATOR,
     PERSISTENT_CATEGORIES,
     capped_reserved,
@@ -48,9 +38,19 @@ from memsim_widget.engine.overhead import (
     waste_rates,
     workspace_items,
 )
-from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
+from memsim_widget.engine.items import Item, allocated_of
+from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import (
+from memsim_widget.engine.step.lazy_items import ItemGroup, Label
+from memsim_widget.engine.step.moments import (
+    ACTIVATION_GROUPS,
+    MOMENT_TABLE,
+    MOMENTS,
+    OPTIMIZER_STEPS,
+    STATE_GROUPS,
+)
+from memsim_widget.engine.step.timeline import (
     ActivationKnobs,
     StageCounts,
     activation_group_table,
@@ -409,7 +409,7 @@ def _row_sums(a: np.ndarray) -> np.ndarray:
 
 
 def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """``engine/timeline.scaled_term`` summed, where each row has its own term table: ``table`` is (rows,
+    """``engine/step/timeline.scaled_term`` summed, where each row has its own term table: ``table`` is (rows,
     terms, TERM_COLS) and each row its own factor and ``first``. A row
     whose bytes reach ``SATURATION_BYTES`` has every statistic set to it (so the overflow shows in any sum
     it enters)."""
@@ -574,7 +574,7 @@ def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
 
 def _term_tables(akey: np.ndarray, arows: list[ActRow]) -> dict[str, np.ndarray]:
     """Each term group's tables of every activation key, padded to one array, and those of the ``Scaler`` names
-    ``kept`` and ``recompute`` (``engine/timeline.budget_list``)."""
+    ``kept`` and ``recompute`` (``engine/step/timeline.budget_list``)."""
     T = {g: _padded([ar.tables[g] for ar in arows]) for g in TERM_GROUPS}
     for name in ("kept", "recompute"):
         T[name] = _padded(
@@ -632,7 +632,7 @@ def _is_flag(x: Any) -> bool:
 
 
 class RowScaler:
-    """The planner's ``Scaler`` (``engine/timeline.activation_group_table``): a term group's sums (``NSTAT``
+    """The planner's ``Scaler`` (``engine/step/timeline.activation_group_table``): a term group's sums (``NSTAT``
     columns) per row, each row of activation key ``xa``. A flag factor (and flag ``first``) takes the key's
     sums repeated once (``KeyTables.once``) where it is set; any other factor scales each distinct (key,
     factor, first) once (``_scaled_distinct``). Counts come as (rows, 1) columns; labels are not read."""
@@ -667,7 +667,7 @@ class RowScaler:
 def _activation_side(
     base: Scenario, num_layers: int, akey: np.ndarray, arows: list[ActRow], xkey: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """The activation groups of ``moments.ACTIVATION_GROUPS`` (``engine/timeline.activation_group_table``) per
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` (``engine/step/timeline.activation_group_table``) per
     distinct (activation key, pp, stage, micro-batches) row, the micro-batches in flight, and the rows where a
     term or group reached ``SATURATION_BYTES``."""
     par0 = base.parallel
@@ -802,7 +802,7 @@ def _peak_and_pool(
     ctx0: Context, moments: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The peak allocated bytes, its moment, and the largest allocator pool per row: each moment's allocated
-    bytes and what the allocator holds unused beside them (``engine/overhead.waste_bytes``, the fitted rule of
+    bytes and what the allocator holds unused beside them (``engine/counters/overhead.waste_bytes``, the fitted rule of
     ``reserved_item``), block by block of ``POOL_ROWS`` rows."""
     rates = waste_rates(ctx0)
     first = moments[0][1]

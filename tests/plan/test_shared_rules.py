@@ -9,9 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memsim_widget.engine.arith import maximum, minimum, negate, to_int, where
-from memsim_widget.engine.items import allocated_of
-from memsim_widget.engine.moments import ACTIVATION_GROUPS
-from memsim_widget.engine.overhead import (
+from memsim_widget.engine.counters.overhead import (
     FRAGMENTATION_EXPANDABLE,
     FRAGMENTATION_PERSISTENT,
     FRAGMENTATION_TRANSIENT,
@@ -21,15 +19,17 @@ from memsim_widget.engine.overhead import (
     group_sizes,
     waste_bytes,
 )
-from memsim_widget.engine.pipeline import (
+from memsim_widget.engine.items import allocated_of
+from memsim_widget.engine.parallel.pipeline import (
     loss_count,
     outputs_held_count,
     pending_send_count,
     receive_count,
     through_step_count,
 )
-from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
-from memsim_widget.engine.timeline import (
+from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.step.moments import ACTIVATION_GROUPS
+from memsim_widget.engine.step.timeline import (
     ActivationKnobs,
     StageCounts,
     activation_group_table,
@@ -156,7 +156,7 @@ def test_a_scaled_term_and_its_allocation_on_arrays_are_those_on_numbers(terms, 
     ),
 )
 def test_the_fitted_pool_and_its_cap_on_arrays_are_those_on_numbers(pools, rates):
-    """A moment's unused-but-reserved bytes and the capped reserved counter (engine/overhead): per element of
+    """A moment's unused-but-reserved bytes and the capped reserved counter (engine/counters/overhead): per element of
     int64 columns, what one rank's Python ints give (the long-lived and loss bytes are parts of the allocated)."""
     rows = [(a + p + lo, p, lo, cap) for a, p, lo, cap in pools]
     alloc, pers, loss, cap = (np.array([r[k] for r in rows], dtype=np.int64) for k in range(4))

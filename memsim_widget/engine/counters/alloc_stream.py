@@ -11,7 +11,7 @@ freed; the optimizer step (its states made at the first step) and its temporarie
 the same way; docs/allocator.md compares the two.
 
 Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
-key (the state groups' and activation groups' keys of ``engine/parts_cache``, the layers and the allocator
+key (the state groups' and activation groups' keys of ``engine/caches/parts_cache``, the layers and the allocator
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
 (another card) pays only the stream's building.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
-from memsim_widget.engine.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
+from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, CachingAllocator, Event, alloc, free
 from memsim_widget.engine.items import Item
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
@@ -414,9 +414,13 @@ def _replay_same_stream(args: _Args) -> PoolReplay:
 def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
     """Caching-allocator fragmentation from the replay of the step's allocation stream
     (``engine/counters/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
-    from memsim_widget.engine.counters.overhead import capped_note, fragmentation_item, reserved_cap
+    from memsim_widget.engine.counters.overhead import (
+        capped_note,
+        capped_reserved,
+        fragmentation_item,
+        reserved_cap,
+    )
     from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.overhead import capped_note, capped_reserved, fragmentation_item, reserved_cap
 
     cap = reserved_cap(ctx, outside)
     reserved = capped_reserved(peak_allocated, rep.peak_reserved, cap)

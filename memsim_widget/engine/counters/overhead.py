@@ -29,7 +29,7 @@ from memsim_widget.engine.arith import maximum, minimum, to_int
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import expandable_segments
 from memsim_widget.engine.items import Category, Item, Level
-from memsim_widget.engine.lazy_items import ItemGroup
+from memsim_widget.engine.step.lazy_items import ItemGroup
 from memsim_widget.units import GiB, fmt_bytes
 
 MiB = 1024**2

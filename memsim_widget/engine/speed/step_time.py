@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from memsim_widget.catalog.gpus import GPU
-from memsim_widget.engine.flops import ModelFlops, model_flops
-from memsim_widget.engine.gpu_speed import GPUSpeed, gpu_speed, matmul_efficiency
+from memsim_widget.engine.speed.flops import ModelFlops, model_flops
+from memsim_widget.engine.speed.gpu_speed import GPUSpeed, gpu_speed, matmul_efficiency
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.names import Name
 from memsim_widget.optimizers import OptimizerSpec

@@ -13,6 +13,7 @@ from memsim_widget.engine.speed.step_time import (
     step_parts,
     time_model,
 )
+from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
 from memsim_widget.fast_dataclass import dataclass
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from memsim_widget.engine.context import Stage
 from memsim_widget.engine.items import CATEGORIES, Item
-from memsim_widget.engine.objectives import phase_of
-from memsim_widget.engine.timeline import Moment
+from memsim_widget.engine.rl.objectives import phase_of
+from memsim_widget.engine.step.timeline import Moment
 from memsim_widget.fast_dataclass import dataclass
 
 

@@ -21,9 +21,7 @@ from memsim_widget.engine.arith import maximum, minimum, negate, where
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
-from memsim_widget.engine.lazy_items import ItemGroup, Label, LazyItem, built
-from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
-from memsim_widget.engine.pipeline import (
+from memsim_widget.engine.parallel.pipeline import (
     loss_count,
     next_backward_count,
     outputs_held_count,
@@ -33,7 +31,7 @@ from memsim_widget.engine.pipeline import (
 )
 from memsim_widget.engine.parallel.schedule import grads_carried, pipeline_carries_grads
 from memsim_widget.engine.states import StateBudget
-from memsim_widget.engine.step.lazy_items import ItemGroup, LazyItem, built
+from memsim_widget.engine.step.lazy_items import ItemGroup, Label, LazyItem, built
 from memsim_widget.engine.step.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
 from memsim_widget.units import fmt_int
 
@@ -254,7 +252,7 @@ def state_group_table(
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
         "step_grads": s["step_grads"],
-        # GPipe's second backward (engine/pipeline next_backward_count): gated on the activation side
+        # GPipe's second backward (engine/parallel/pipeline next_backward_count): gated on the activation side
         "grads_next": where(in_backward, none, s["grads"]),
         "gathered_next": s["gathered_next"],
         "prefetched": s["prefetched"],
@@ -511,7 +509,7 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
     mlp, attention = scale("layer_backward", Ls > 0), scale("attention_backward", Ls > 0)
     # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
     # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
-    # (a pipeline's loop gets the output only from the schedule, after backward: engine/pipeline)
+    # (a pipeline's loop gets the output only from the schedule, after backward: engine/parallel/pipeline)
     held_logits = scale("output_logits", last & (p == 1))
     cache_all = scale("output_cache", Ls, layers_label)
     # the schedule returns every micro-batch's output: its kept chunks and their concatenation
