@@ -9,6 +9,7 @@ the arrays' own ``__array_namespace__`` (the array API standard, numpy >= 2), so
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 #: Python's number types: arguments of these take Python's own operations, without looking for a namespace.
@@ -66,3 +67,24 @@ def to_int(x: Any) -> Any:
         return int(x)
     xp = _namespace(x)
     return int(x) if xp is None else xp.astype(x, xp.int64)
+
+
+def first_largest(values: Sequence[Any]) -> tuple[Any, Any]:
+    """(the largest of ``values``, the index of the first that holds it): ``max``'s choice, the first of equals
+    winning -- the step's peak moment (``engine/core``) and the larger of two instants
+    (``engine/step/timeline``). Numbers, or arrays compared elementwise (``plan/vector``: one index per row)."""
+    best, at = values[0], 0
+    for k in range(1, len(values)):
+        x = values[k]
+        at = where(x > best, k, at)  # strictly more: an equal later one does not replace it
+        best = maximum(best, x)
+    return best, at
+
+
+def largest_int(x: Any) -> int:
+    """The largest value of ``x`` as a Python int: ``x`` itself for a number, the maximum for an array (the
+    bound of a loop that a rule runs over numbers and arrays alike)."""
+    if x.__class__ in _NUMBERS:
+        return int(x)
+    xp = _namespace(x)
+    return int(x) if xp is None else int(xp.max(x))

@@ -8,6 +8,7 @@ from typing import Any
 
 from memsim_widget.catalog.gpus import ON_REGISTER
 from memsim_widget.engine.activations import activations
+from memsim_widget.engine.arith import first_largest
 from memsim_widget.engine.caches import parts_cache
 from memsim_widget.engine.caches.parts_cache import (
     cached_activation_groups,
@@ -18,13 +19,16 @@ from memsim_widget.engine.caches.parts_cache import (
 )
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.counters.overhead import (
+    communicators,
+    context_bytes,
     counter_bands,
     device_items,
+    outside_bytes,
+    paged_items,
     reserved_item,
     workspace_items,
 )
 from memsim_widget.engine.estimate import Estimate
-from memsim_widget.engine.items import Level
 from memsim_widget.engine.rl import objectives
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.step.rank_estimate import RankEstimate
@@ -68,10 +72,11 @@ def _estimate(scenario: Scenario) -> Estimate:
         if rl:
             steady += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, steady)
             first += objectives.phase_moments(ctx, scenario, stage, states, acts, ws, first)
-        peak = max(steady, key=lambda m: m.allocated_bytes)
+        peak = steady[first_largest([m.allocated_bytes for m in steady])[1]]
         # memory outside the caching allocator: context, NCCL, bitsandbytes' paged optimizer states
-        device = (*dev, *(i for i in states.persistent if i.level == Level.DEVICE))
-        outside = sum(i.bytes for i in device)
+        paged = paged_items(states.persistent)
+        device = (*dev, *paged)
+        outside = outside_bytes(context_bytes(ctx), len(communicators(ctx)), sum(i.bytes for i in paged))
         if rl or not _replayable(ctx):  # a step the allocation stream does not model yet: the fitted rule
             frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
         else:

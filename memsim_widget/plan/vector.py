@@ -26,13 +26,15 @@ import numpy as np
 
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
+from memsim_widget.engine.arith import first_largest
 from memsim_widget.engine.context import Context, Stage, uneven_held_layers
 from memsim_widget.engine.counters.overhead import (
-    NCCL_PER_COMMUNICATOR,
     PERSISTENT_CATEGORIES,
     capped_reserved,
     communicator_count,
     context_bytes,
+    outside_bytes,
+    paged_items,
     reserved_cap,
     waste_bytes,
     waste_rates,
@@ -40,7 +42,12 @@ from memsim_widget.engine.counters.overhead import (
 )
 from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
 from memsim_widget.engine.items import Item, allocated_of
-from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.parallel.schedule import (
+    first_carrying_stage,
+    grads_carried,
+    in_flight,
+    pipeline_carries_grads,
+)
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.step.lazy_items import ItemGroup, Label
 from memsim_widget.engine.step.moments import (
@@ -147,7 +154,7 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
     lists = state_lists(st)
     groups = [lists[name] for name in STATE_LISTS]
     stats = np.array([_item_stats(g) for g in groups], dtype=np.int64)
-    outside = min(sum(i.bytes for i in st.persistent if i.level == "device"), SATURATION_BYTES)
+    outside = min(sum(i.bytes for i in paged_items(st.persistent)), SATURATION_BYTES)
     return StateRow(stats, outside)
 
 
@@ -536,16 +543,12 @@ def _held_layers(
 
 
 def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
-    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/parallel/schedule ``in_flight``) are fewer than
-    ``mb``: 1F1B ``min(m, p - s) < m`` from ``s = p - m + 1``; interleaved ``(w(s) + 1) / v < m`` with
-    ``w(s) = (v - 1) r + 2 (p - 1 - s)`` from ``s > p - 1 - (m v - 1 - (v - 1) r) / 2``; never under GPipe."""
-    if schedule == "gpipe":
+    """The lowest stage >= 1 whose micro-batches in flight are fewer than ``mb`` (-1 where none is):
+    engine/parallel/schedule ``first_carrying_stage``, asked once per distinct (pp, micro-batches) pair."""
+    if not pp.size:
         return np.full(pp.shape, -1, dtype=np.int64)
-    if schedule == "interleaved":
-        per_round = mb // np.maximum(1, mb // pp)
-        room = mb * v - 1 - (v - 1) * per_round
-        return np.maximum(1, np.floor(pp - 1 - room / 2).astype(np.int64) + 1)
-    return np.maximum(1, pp - mb + 1)
+    pairs, inverse = unique_codes([pp, mb])
+    return first_carrying_stage(pairs[:, 0], pairs[:, 1], schedule, v)[inverse]
 
 
 def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
@@ -706,8 +709,8 @@ def reaches_saturation(parts: Iterable[np.ndarray], n: int) -> np.ndarray:
 
 def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Per key of one side, the sums ``MOMENT_TABLE`` asks of it: a moment's groups of this side
-    (``name``); for a moment with two alternatives, the total with each (``name/0``, ``name/1``) and the raw
-    bytes the second adds over the first (``name:gain``, one column)."""
+    (``name``); for a moment with two alternatives, the total with each (``name/0``, ``name/1``) and each
+    alternative's own raw bytes (``name:raw0``, ``name:raw1``, one column each), which choose between them."""
     n = next(iter(groups.values())).shape[0]
 
     def total(names: tuple[str, ...]) -> np.ndarray:
@@ -722,7 +725,8 @@ def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[
         first, second = (total(alt) for alt in rule.larger_of)
         out[f"{rule.name}/0"] = held + first
         out[f"{rule.name}/1"] = held + second
-        out[f"{rule.name}:gain"] = (second - first)[:, RAW]
+        out[f"{rule.name}:raw0"] = first[:, RAW]
+        out[f"{rule.name}:raw1"] = second[:, RAW]
     return out
 
 
@@ -772,8 +776,9 @@ def _moment_rows(
         if rule.only_if == OPTIMIZER_STEPS and steps is None:
             continue
 
-        if rule.larger_of:  # the second instant where it holds more raw bytes (the first of equals wins)
-            second = (S.get(f"{rule.name}:gain") + A.get(f"{rule.name}:gain")) > 0
+        if rule.larger_of:  # the larger of two instants in raw bytes, as the engine's timeline picks it
+            raws = [_added(S.get(f"{rule.name}:raw{j}"), A.get(f"{rule.name}:raw{j}")) for j in (0, 1)]
+            second = first_largest(raws)[1]
             a, b = f"{rule.name}/0", f"{rule.name}/1"
             sums = [
                 _added(
@@ -806,15 +811,17 @@ def _peak_and_pool(
     ``reserved_item``), block by block of ``POOL_ROWS`` rows."""
     rates = waste_rates(ctx0)
     first = moments[0][1]
-    peak_alloc, pool = first.copy(), first.copy()
-    peak_m = np.full(first.shape, moments[0][0], dtype=np.int64)
+    order = np.array([k for k, *_ in moments], dtype=np.int64)  # the moments' indices in MOMENT_TABLE
+    peak_alloc, pool = np.empty_like(first), first.copy()
+    peak_m = np.empty(first.shape, dtype=np.int64)
     for start in range(0, first.shape[0], POOL_ROWS):
         rows = slice(start, start + POOL_ROWS)
-        peak, at, largest = peak_alloc[rows], peak_m[rows], pool[rows]
-        for k, alloc, pers, loss in moments:
+        # the first moment of the largest total wins (engine/core: the same function)
+        peak_alloc[rows], at = first_largest([alloc[rows] for _, alloc, _, _ in moments])
+        peak_m[rows] = order[at]
+        largest = pool[rows]
+        for _, alloc, pers, loss in moments:
             a = alloc[rows]
-            np.copyto(at, k, where=a > peak)  # the first moment of the largest total wins, as max() picks
-            np.maximum(peak, a, out=peak)
             held = waste_bytes(a, pers[rows] if pers.ndim else pers, loss[rows] if loss.ndim else loss, rates)
             held += a
             np.maximum(largest, held, out=largest)
@@ -939,7 +946,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool)
     # one NCCL communicator per parallel dimension above 1 (engine/counters/overhead.device_items)
     comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
-    outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
+    outside = outside_bytes(context_bytes(ctx0), comms, s_out[s_idx])
     reserved = capped_reserved(peak_alloc, pool, reserved_cap(ctx0, outside))
     device = reserved + outside
     row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)

@@ -8,15 +8,18 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsim_widget.engine.arith import maximum, minimum, negate, to_int, where
+from memsim_widget.engine.arith import first_largest, maximum, minimum, negate, to_int, where
 from memsim_widget.engine.counters.overhead import (
     FRAGMENTATION_EXPANDABLE,
     FRAGMENTATION_PERSISTENT,
     FRAGMENTATION_TRANSIENT,
     FRAGMENTATION_VARIABLE,
+    NCCL_PER_COMMUNICATOR,
     capped_reserved,
     communicator_count,
     group_sizes,
+    nccl_bytes,
+    outside_bytes,
     waste_bytes,
 )
 from memsim_widget.engine.items import allocated_of
@@ -27,7 +30,12 @@ from memsim_widget.engine.parallel.pipeline import (
     receive_count,
     through_step_count,
 )
-from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.parallel.schedule import (
+    first_carrying_stage,
+    grads_carried,
+    in_flight,
+    pipeline_carries_grads,
+)
 from memsim_widget.engine.step.moments import ACTIVATION_GROUPS
 from memsim_widget.engine.step.timeline import (
     ActivationKnobs,
@@ -61,15 +69,20 @@ def stages(draw):
     return p, m, v, schedule, draw(st.integers(0, p - 1))
 
 
+def by_schedule(rows):
+    """(schedule, v, its rows) per schedule drawn, keeping the rows with its first row's chunks ``v``: the rows
+    one array call can take (a schedule and a chunk count are per call, not per element)."""
+    for schedule in SCHEDULES:
+        sel = [r for r in rows if r[3] == schedule]
+        if sel:
+            v = sel[0][2]
+            yield schedule, v, [r for r in sel if r[2] == v]
+
+
 @settings(max_examples=300)
 @given(st.lists(stages(), min_size=1, max_size=20), st.booleans(), st.integers(1, 80), st.booleans())
 def test_the_pipeline_rules_give_per_element_what_they_give_one_stage(rows, returned, layers, offloading):
-    for schedule in SCHEDULES:
-        sel = [r for r in rows if r[3] == schedule]
-        if not sel:
-            continue
-        v = sel[0][2]
-        sel = [r for r in sel if r[2] == v]
+    for schedule, v, sel in by_schedule(rows):
         p, m, s = (np.array([r[k] for r in sel]) for k in (0, 1, 4))
         first, last = s == 0, s == p - 1
         f = in_flight(p, m, schedule, v, s)
@@ -222,3 +235,54 @@ def test_the_activation_groups_on_columns_are_those_of_each_stage(rows, data):
         for name, col in cols.items():
             got = np.broadcast_to(col, p.shape)[:, 0].tolist()
             assert got == [g[name] for g in one], (name, schedule)
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 12), st.data())
+def test_the_first_largest_on_arrays_is_max_of_each_row(width, data):
+    """The peak moment and the larger of two instants (engine/core, engine/step/timeline; plan/vector on
+    columns): per row, the value ``max`` returns and the index of the first that holds it. Values are drawn
+    from a few small ones as well as large ones, so ties (the first of equals wins) are common."""
+    value = st.one_of(st.integers(-1, 3), st.integers(0, 2**50))
+    rows = data.draw(st.lists(st.lists(value, min_size=width, max_size=width), min_size=1, max_size=20))
+    best, at = first_largest([np.array(col, dtype=np.int64) for col in zip(*rows, strict=True)])
+    at = np.broadcast_to(at, best.shape)  # one value: index 0, not an array
+    for j, row in enumerate(rows):
+        b, a = first_largest(row)
+        assert type(b) is int and type(a) is int
+        assert (best[j], at[j]) == (b, a) == (max(row), row.index(max(row)))
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**31), st.sampled_from((0, 1, 2, 3, 4, 5)), st.integers(0, 2**45)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_bytes_outside_the_allocator_on_arrays_are_those_on_numbers(rows):
+    """nvidia-smi's bytes outside the caching allocator (context, NCCL per communicator, paged states): per
+    element of int64 columns, what one rank's Python ints give, the NCCL part the engine's item bytes."""
+    ctx, comms, paged = (np.array([r[k] for r in rows], dtype=np.int64) for k in range(3))
+    got = outside_bytes(ctx, comms, paged)
+    assert got.dtype == np.int64
+    for j, (c, n, pg) in enumerate(rows):
+        one = outside_bytes(c, n, pg)
+        assert type(one) is int and got[j] == one == c + n * NCCL_PER_COMMUNICATOR + pg
+        assert nccl_bytes(n) == n * NCCL_PER_COMMUNICATOR
+
+
+@settings(max_examples=300)
+@given(st.lists(stages(), min_size=1, max_size=20))
+def test_the_first_carrying_stage_on_arrays_is_that_of_each_pipeline(rows):
+    """The planner's extra middle stage (engine/parallel/schedule ``first_carrying_stage``): per element, what
+    one pipeline's numbers give, and that is the lowest stage >= 1 where ``in_flight`` drops below the
+    micro-batches (-1 where none does)."""
+    for schedule, v, sel in by_schedule(rows):
+        p, m = (np.array([r[k] for r in sel]) for k in (0, 1))
+        got = first_carrying_stage(p, m, schedule, v)
+        for j, (pj, mj, _, _, _) in enumerate(sel):
+            one = first_carrying_stage(pj, mj, schedule, v)
+            below = [s for s in range(1, pj) if in_flight(pj, mj, schedule, v, s) < mj]
+            assert type(one) is int and got[j] == one == (below[0] if below else -1), (pj, mj, schedule)

@@ -114,6 +114,25 @@ def context_bytes(ctx: Context) -> int:
     return max(ctx.gpu.context_bytes, EAGER_CONTEXT_BYTES)
 
 
+def nccl_bytes(communicators: Any) -> Any:
+    """NCCL buffers and proxy state of ``communicators`` communicators (``communicator_count``): numbers or arrays."""
+    return communicators * NCCL_PER_COMMUNICATOR
+
+
+def paged_items(persistent: Iterable[Item]) -> list[Item]:
+    """The long-lived items allocated outside PyTorch's caching allocator (bitsandbytes' paged optimizer states:
+    level device), which nvidia-smi counts beside the context and NCCL."""
+    return [i for i in persistent if i.level == Level.DEVICE]
+
+
+def outside_bytes(context: Any, communicators: Any, paged: Any) -> Any:
+    """nvidia-smi's bytes outside the caching allocator: the CUDA context (``context_bytes``), the NCCL buffers of
+    ``communicators`` communicators (``nccl_bytes``) and ``paged`` bytes allocated outside PyTorch
+    (``paged_items``). Numbers (one rank: ``engine/core``, its items from ``device_items``) or arrays
+    (``plan/vector``: many candidate ranks)."""
+    return context + nccl_bytes(communicators) + paged
+
+
 def device_items(ctx: Context) -> list[Item]:
     """CUDA context and NCCL communicators: in nvidia-smi, outside PyTorch's counters."""
     lazy = ctx.scenario.cuda_lazy_loading
@@ -136,7 +155,7 @@ def device_items(ctx: Context) -> list[Item]:
             Item(
                 Category.OVERHEAD,
                 "NCCL communicator buffers",
-                n * NCCL_PER_COMMUNICATOR,
+                nccl_bytes(n),
                 f"{n} communicators ({', '.join(comms)}) x {fmt_bytes(NCCL_PER_COMMUNICATOR)}",
                 Level.DEVICE,
                 0,
@@ -251,7 +270,7 @@ def counter_bands(ctx: Context, allocated: int, reserved: int, outside: int) -> 
     c_lo, c_hi = min(c_lo, cb), max(c_hi, cb)
     n = len(communicators(ctx))
     n_lo, n_hi = (n * x for x in NCCL_BAND_PER_COMMUNICATOR)
-    other = outside - cb - n * NCCL_PER_COMMUNICATOR  # paged optimizer states and the like
+    other = outside - cb - nccl_bytes(n)  # paged optimizer states and the like
     return {
         "peak_allocated_bytes": (a_lo, a_hi),
         "peak_reserved_bytes": (r_lo, r_hi),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.engine.arith import maximum, minimum, where
+from memsim_widget.engine.arith import largest_int, maximum, minimum, where
 
 
 def interleaved_in_flight(p: Any, v: int, m: Any, rank: Any) -> Any:
@@ -45,3 +45,15 @@ def grads_carried(grad_accum: Any, pipelined: Any, optimizer_in_backward: bool) 
     """Gradients alive through a micro-batch's forward: accumulated over micro-batches (``grad_accum`` > 1) or
     carried by the pipeline (``pipeline_carries_grads``), unless the optimizer steps inside backward."""
     return ((grad_accum > 1) | pipelined) & (not optimizer_in_backward)
+
+
+def first_carrying_stage(p: Any, m: Any, schedule: str, v: int) -> Any:
+    """The lowest stage >= 1 of ``p`` that carries gradients (``pipeline_carries_grads`` of its ``in_flight``),
+    -1 where none does (GPipe; or one micro-batch): each stage asked through ``in_flight`` itself, from the top
+    down so that the lowest one found is kept. Numbers, or arrays of pipelines (``plan/vector``: a candidate's
+    extra middle stage, the lowest of those that carry)."""
+    found = where(p < 0, p, -1)  # -1, shaped as ``p``
+    for s in range(largest_int(p) - 1, 0, -1):
+        carries = (s < p) & pipeline_carries_grads(p, m, in_flight(p, m, schedule, v, s))
+        found = where(carries, s, found)
+    return found

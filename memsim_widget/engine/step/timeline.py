@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any, NamedTuple, Protocol
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
-from memsim_widget.engine.arith import maximum, minimum, negate, where
+from memsim_widget.engine.arith import first_largest, maximum, minimum, negate, where
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
@@ -578,10 +578,9 @@ def _evaluate(ctx: Context, groups: dict[str, ItemGroup]) -> list[Moment]:
         if not _applies(ctx, rule):
             continue
         chosen: list[ItemGroup] = []
-        for alt in rule.larger_of:  # the larger of two instants (raw bytes; the first of equals wins)
-            parts = [groups[g] for g in alt]
-            if not chosen or sum(g.raw for g in parts) > sum(g.raw for g in chosen):
-                chosen = parts
+        if rule.larger_of:  # the larger of two instants (raw bytes; the first of equals wins)
+            alts = [[groups[g] for g in alt] for alt in rule.larger_of]
+            chosen = alts[first_largest([sum(g.raw for g in alt) for alt in alts])[1]]
         parts = [groups[g] for g in rule.live] + chosen + [groups[g] for g in rule.after]
         out.append(Moment(rule.name, groups=parts))
     return out
