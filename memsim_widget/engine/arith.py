@@ -69,14 +69,20 @@ def to_int(x: Any) -> Any:
     return int(x) if xp is None else xp.astype(x, xp.int64)
 
 
+def takes_later(current: Any, later: Any) -> Any:
+    """Whether a later value replaces the ``current`` choice of the largest: only where it is strictly larger, so
+    that the first of equals stays (``max``'s choice; elementwise for arrays)."""
+    return later > current
+
+
 def first_largest(values: Sequence[Any]) -> tuple[Any, Any]:
-    """(the largest of ``values``, the index of the first that holds it): ``max``'s choice, the first of equals
-    winning -- the step's peak moment (``engine/core``) and the larger of two instants
+    """(the largest of ``values``, the index of the first that holds it, ``takes_later``): ``max``'s choice -- the
+    step's peak moment (``engine/core``, ``plan/vector._peak_and_pool``) and the larger of two instants
     (``engine/step/timeline``). Numbers, or arrays compared elementwise (``plan/vector``: one index per row)."""
     best, at = values[0], 0
     for k in range(1, len(values)):
         x = values[k]
-        at = where(x > best, k, at)  # strictly more: an equal later one does not replace it
+        at = where(takes_later(best, x), k, at)
         best = maximum(best, x)
     return best, at
 

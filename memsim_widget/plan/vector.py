@@ -26,7 +26,7 @@ import numpy as np
 
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.arith import first_largest
+from memsim_widget.engine.arith import first_largest, takes_later
 from memsim_widget.engine.context import Context, Stage, uneven_held_layers
 from memsim_widget.engine.counters.overhead import (
     PERSISTENT_CATEGORIES,
@@ -709,8 +709,8 @@ def reaches_saturation(parts: Iterable[np.ndarray], n: int) -> np.ndarray:
 
 def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Per key of one side, the sums ``MOMENT_TABLE`` asks of it: a moment's groups of this side
-    (``name``); for a moment with two alternatives, the total with each (``name/0``, ``name/1``) and each
-    alternative's own raw bytes (``name:raw0``, ``name:raw1``, one column each), which choose between them."""
+    (``name``); for a moment with two alternatives, the total with each (``name/0``, ``name/1``) and the raw
+    bytes the second's groups hold beyond the first's (``name:gain``, one column), which choose between them."""
     n = next(iter(groups.values())).shape[0]
 
     def total(names: tuple[str, ...]) -> np.ndarray:
@@ -725,8 +725,7 @@ def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[
         first, second = (total(alt) for alt in rule.larger_of)
         out[f"{rule.name}/0"] = held + first
         out[f"{rule.name}/1"] = held + second
-        out[f"{rule.name}:raw0"] = first[:, RAW]
-        out[f"{rule.name}:raw1"] = second[:, RAW]
+        out[f"{rule.name}:gain"] = (second - first)[:, RAW]
     return out
 
 
@@ -777,8 +776,9 @@ def _moment_rows(
             continue
 
         if rule.larger_of:  # the larger of two instants in raw bytes, as the engine's timeline picks it
-            raws = [_added(S.get(f"{rule.name}:raw{j}"), A.get(f"{rule.name}:raw{j}")) for j in (0, 1)]
-            second = first_largest(raws)[1]
+            # (first_largest of the two): the same choice between 0 and second - first, the first's raw bytes
+            # taken from both (exact in int64), so that each side's one column is taken per row, not two
+            second = takes_later(0, _added(S.get(f"{rule.name}:gain"), A.get(f"{rule.name}:gain")))
             a, b = f"{rule.name}/0", f"{rule.name}/1"
             sums = [
                 _added(
