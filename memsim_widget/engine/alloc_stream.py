@@ -21,6 +21,7 @@ from __future__ import annotations
 import marshal
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from hashlib import blake2b
 from typing import Any
@@ -470,6 +471,8 @@ class CardReplay:
     failure: Failure | None = None
     #: the phase of the stream the failure came in ('' when it runs)
     at: str = ""
+    #: the room on which it runs without a failed cudaMalloc: the unlimited replay's peak reserved (0: not known)
+    needed: int = 0
 
     @property
     def reason(self) -> str:
@@ -520,12 +523,13 @@ def card_replay(ctx: Any, stage: Any, capacity: int) -> CardReplay:
     from memsim_widget.engine.frameworks import allocator_conf
 
     conf = allocator_conf(ctx)
-    if conf.per_process_memory_fraction is None and pool_replay(ctx, stage).peak_reserved <= capacity:
-        return CardReplay(max(capacity, 0), True)
+    needed = pool_replay(ctx, stage).peak_reserved
+    if conf.per_process_memory_fraction is None and needed <= capacity:
+        return CardReplay(max(capacity, 0), True, needed=needed)
     from memsim_widget.engine.parts_cache import activations_key, state_groups_key
 
     key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf, capacity)
-    return _card_cached(_Args(key, (ctx, stage, conf, capacity)))
+    return replace(_card_cached(_Args(key, (ctx, stage, conf, capacity))), needed=needed)
 
 
 @lru_cache(maxsize=1024)

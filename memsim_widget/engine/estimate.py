@@ -184,8 +184,15 @@ class Estimate:
         return "" if rep is None else rep.text
 
     def recommended_memory_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
-        """Smallest device memory that holds the peak with ``headroom`` to spare."""
-        return int(self.device_total_bytes / (1 - headroom))
+        """Smallest device memory that holds the peak with ``headroom`` to spare. Under ``reserved_model:
+        replay``, when the replay on the card releases the cache or runs out of memory (its reserved counter is
+        capped at the card), the card whose room holds the unlimited replay's peak reserved (no cudaMalloc
+        fails there) plus what lives outside the allocator."""
+        rep = self.card_replay
+        total = self.device_total_bytes
+        if rep is not None and rep.needed and (rep.cache_releases or not rep.runs):
+            total = max(total, total - self.worst.peak_reserved_bytes + rep.needed)
+        return int(total / (1 - headroom))
 
     def bottleneck(self, top: int = 3) -> dict[str, Any]:
         """The category and the items that dominate the worst rank at its peak, and the moment."""
@@ -440,6 +447,7 @@ class Estimate:
                 "capacity_bytes": rep.capacity,
                 "runs": rep.runs,
                 "cache_releases": rep.cache_releases,
+                "room_without_release_bytes": rep.needed,
                 "oom_cause": f.cause if f else None,
                 "oom_request_bytes": f.request if f else None,
                 "oom_largest_free_bytes": f.largest_free if f else None,

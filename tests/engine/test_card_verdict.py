@@ -137,6 +137,9 @@ def test_the_verdict_follows_the_replay_on_the_card(below):
         assert est.verdict(0.1) == Verdict.DOES_NOT_FIT
     d = est.to_dict(0.0)
     assert (d["verdict_reason"], d["card_replay"]["runs"]) == (rep.reason, rep.runs)
+    # the card to recommend: one whose room holds the unlimited peak (it runs there, the test above)
+    outside = est.device_total_bytes - est.peak_reserved_bytes
+    assert est.recommended_memory_bytes(0.0) == outside + peak
 
 
 def test_two_rooms_show_a_release_and_an_out_of_memory():
