@@ -158,3 +158,18 @@ def test_the_fitted_default_has_no_replay_verdict():
 def test_a_step_the_stream_does_not_model_keeps_the_plain_verdict():
     est = estimate({**BASE, "grad_accum_steps": 2})  # accumulation: the fitted rule
     assert est.card_replay is None and "verdict_reason" not in est.to_dict()
+
+
+def test_the_widget_result_carries_the_replay_verdict_only_under_the_replay():
+    from memsim_widget.widget.result import build_result
+
+    peak = _on_room(0)[1]
+    est, _ = _on_room(peak - 1000 * MiB)
+    r = build_result(est, 0.0)
+    assert (r["verdict"], r["verdict_reason"], r["verdict_text"]) == (
+        est.verdict(0.0),
+        est.verdict_reason,
+        est.verdict_text,
+    )
+    plain = build_result(estimate({**BASE, "reserved_model": "fitted"}), 0.1)
+    assert "verdict_reason" not in plain and "verdict_text" not in plain
