@@ -107,7 +107,7 @@ def on_card_text(on_card: dict[str, Any] | None) -> str:
         on_card["capacity_bytes"],
         on_card["runs"],
         on_card["cache_releases"] if on_card["only_by_releasing_cache"] else 0,
-        on_card["oom_cause"],
-        on_card["oom_request_bytes"] or 0,
-        on_card["oom_largest_free_bytes"] or 0,
+        on_card.get("oom_cause"),
+        on_card.get("oom_request_bytes") or 0,
+        on_card.get("oom_largest_free_bytes") or 0,
     )
