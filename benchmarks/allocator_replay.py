@@ -2,7 +2,7 @@
 
 For each scenario ``benchmarks/gpu_measure.py`` ran on the GPU (torch.compile runs excluded: the trace runs
 eager), trace the same steps (the same number, the same per-step lengths) on fake tensors on the CPU, replay
-the allocations and frees through ``engine/allocator.py`` and compare its peak reserved, and reserved plus
+the allocations and frees through ``engine/counters/allocator.py`` and compare its peak reserved, and reserved plus
 what lives outside the allocator (``overhead.device_items``), with ``max_memory_reserved`` and nvidia-smi.
 Nothing here is fitted: the rows are the test. Also prints the replay's cost per trace.
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_measure import MEASUREMENTS, Measurement, resolved  # noqa: E402
 
 from memsim_widget.catalog.models import resolve_model_config  # noqa: E402
-from memsim_widget.engine.allocator import parse_alloc_conf  # noqa: E402
+from memsim_widget.engine.counters.allocator import parse_alloc_conf  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 ROWS = Path(__file__).resolve().parents[1] / "data" / "measured" / "gpu_h200.csv"
@@ -75,7 +75,7 @@ def replay_cost(sizes: tuple[int, ...] = (100, 1_000, 10_000), repeat: int = 5) 
     The budget of a new estimate is 0.5 ms: what the engine replays must be cached per shape."""
     import random
 
-    from memsim_widget.engine.allocator import alloc, free, replay
+    from memsim_widget.engine.counters.allocator import alloc, free, replay
 
     out = []
     for n in sizes:
@@ -102,7 +102,7 @@ def moment_stream(rank: Any, steps: int = 3) -> list[Any]:
     """An experiment, not the engine's path: the allocations and frees between the engine's moments (each item
     as ``tensors`` equal blocks, freed when a moment no longer holds it, frees before allocations), ``steps``
     times over. Too coarse: docs/allocator.md reports how far its replay is from the trace's."""
-    from memsim_widget.engine.allocator import alloc, free
+    from memsim_widget.engine.counters.allocator import alloc, free
     from memsim_widget.engine.items import Level
 
     events, live, handle = [], {}, 0
@@ -122,8 +122,8 @@ def moment_stream(rank: Any, steps: int = 3) -> list[Any]:
 
 def engine_moments_vs_trace(path: Path) -> None:
     """Print the replay of ``moment_stream`` next to the replayed traces in ``path`` (allocator_replay_h200.json)."""
-    from memsim_widget.engine.allocator import replay
     from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.counters.allocator import replay
 
     traced = {r["name"]: r for r in json.loads(path.read_text())["default"]}
     errs = []
@@ -142,24 +142,24 @@ def engine_moments_vs_trace(path: Path) -> None:
 
 
 def engine_stream(sc: Scenario, steps: int | None = None) -> list[Any]:
-    """The engine's allocation stream of ``sc``'s first stage (``engine/alloc_stream.rank_stream``)."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import STEPS, rank_stream
+    """The engine's allocation stream of ``sc``'s first stage (``engine/counters/alloc_stream.rank_stream``)."""
     from memsim_widget.engine.context import Context
+    from memsim_widget.engine.counters.alloc_stream import STEPS, rank_stream
+    from memsim_widget.engine.rl import objectives
 
     ctx = Context(objectives.training_scenario(sc))
     return rank_stream(ctx, ctx.stages[0], steps or STEPS).events
 
 
 def engine_stream_vs_trace(path: Path) -> None:
-    """Print the engine's reserved (the replay of ``engine/alloc_stream``'s stream) next to the replayed traces
+    """Print the engine's reserved (the replay of ``engine/counters/alloc_stream``'s stream) next to the replayed traces
     in ``path`` and the measured reserved and nvidia-smi, whether a third step changes the replayed peak, and the
     cost of a new shape's replay (stream built and replayed, no cache)."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import rank_stream, replay_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
     from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.rl import objectives
 
     traced = {r["name"]: r for r in json.loads(path.read_text())["default"]}
     rows = measured()
@@ -203,7 +203,7 @@ def engine_stream_vs_trace(path: Path) -> None:
 def large_requests(events: list[Any], marks: list[tuple[int, str]], conf: Any, at_least: int) -> None:
     """Replay ``events`` (``marks``: (event index, phase) pairs) and print each request of ``at_least`` bytes or
     more: its phase, whether it took a cached block or a new segment, and the largest cached block then."""
-    from memsim_widget.engine.allocator import ADDR_BITS, FREE, CachingAllocator
+    from memsim_widget.engine.counters.allocator import ADDR_BITS, FREE, CachingAllocator
 
     a, m, label = CachingAllocator(None, conf), 0, ""
     for n, (handle, size, stream) in enumerate(events):
@@ -228,12 +228,12 @@ def large_requests(events: list[Any], marks: list[tuple[int, str]], conf: Any, a
 
 def compare(name: str, at_least_mib: float = 500) -> None:
     """Trace measurement ``name`` and print the large requests of its traced stream and of the engine's
-    (``engine/alloc_stream``) side by side: where each stream needs a new segment the other serves from its
+    (``engine/counters/alloc_stream``) side by side: where each stream needs a new segment the other serves from its
     cache (docs/allocator.md reads the runs this way)."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import rank_stream
     from memsim_widget.engine.context import Context
+    from memsim_widget.engine.counters.alloc_stream import rank_stream
     from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.rl import objectives
     from memsim_widget.trace.hf import trace_hf
     from memsim_widget.trace.replay import _prepared
     from memsim_widget.trace.traceable import trace_kwargs
@@ -264,7 +264,7 @@ def compare(name: str, at_least_mib: float = 500) -> None:
 def without_forward_transients(tracker: Any, events: list[Any], conf: Any) -> str:
     """The peak reserved of the traced stream less the tensors a forward makes and frees before it ends (the
     engine's stream holds only what each layer saves): the share of a gap the forward's transients make."""
-    from memsim_widget.engine.allocator import replay
+    from memsim_widget.engine.counters.allocator import replay
 
     starts = sorted((mk["seq"], mk["phase"]) for mk in tracker.marks)
     bounds = [seq for seq, _ in starts]
@@ -290,8 +290,8 @@ def without_forward_transients(tracker: Any, events: list[Any], conf: Any) -> st
 
 def stage_layers(sc: Scenario) -> int:
     """The first stage's layer count."""
-    from memsim_widget.engine import objectives
     from memsim_widget.engine.context import Context
+    from memsim_widget.engine.rl import objectives
 
     return Context(objectives.training_scenario(sc)).stages[0].layers
 

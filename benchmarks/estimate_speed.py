@@ -1,11 +1,11 @@
 """Time one ``estimate`` and 10,000 distinct scenarios. Prints the figures.
 
 * ``new scenario``: an estimate the engine has not made (its result cache cleared) of a model whose states and
-  activation terms another scenario already computed (``engine/parts_cache``: they are shared by scenarios that
+  activation terms another scenario already computed (``engine/caches/parts_cache``: they are shared by scenarios that
   differ only in fields they do not read, e.g. the micro-batch for the states, the ZeRO stage for the
-  activations; so are the timeline's state groups and the model rules' check, ``engine/model_rules_cache``):
+  activations; so are the timeline's state groups and the model rules' check, ``engine/caches/model_rules_cache``):
   the case of a widget control moved, a scaling curve or a sweep (target 0.1 ms);
-* ``new shape (replayed)``: the same, with the allocator replay of the step (``engine/alloc_stream``, cached
+* ``new shape (replayed)``: the same, with the allocator replay of the step (``engine/counters/alloc_stream``, cached
   per shape) not cached: a one-GPU step whose shape the engine has not replayed (target 0.5 ms);
 * ``cold``: every cache cleared first, the parts computed too;
 * ``distinct scenarios``: 10,000 different scenarios of 6 models one after another, construction included.
@@ -19,8 +19,9 @@ import itertools
 import statistics
 import time
 
-from memsim_widget.engine import alloc_stream, parts_cache
+from memsim_widget.engine.caches import parts_cache
 from memsim_widget.engine.core import _estimate, estimate
+from memsim_widget.engine.counters import alloc_stream
 from memsim_widget.scenario import Scenario
 
 
@@ -28,7 +29,7 @@ def one_estimate_ms(
     scenario: Scenario, repeats: int = 200, cold: bool = False, new_shape: bool = False
 ) -> float:
     """Median wall time of an estimate not in the result cache (``cold``: no cached part either;
-    ``new_shape``: the parts cached but not the allocator replay, ``engine/alloc_stream``), in ms."""
+    ``new_shape``: the parts cached but not the allocator replay, ``engine/counters/alloc_stream``), in ms."""
     times = []
     for _ in range(repeats):
         _estimate.cache_clear()

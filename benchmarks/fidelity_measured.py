@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memsim_widget.engine import core, overhead
+from memsim_widget.engine import core
+from memsim_widget.engine.counters import overhead
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.engine.frameworks import PROFILES
 from memsim_widget.errors import ScenarioError
@@ -961,7 +962,7 @@ def _replay_section(results: list[dict[str, Any]]) -> list[str]:
         "### Reserved and nvidia-smi by replay (per run and mode)",
         "",
         "The same runs traced on fake tensors (CPU) and their allocations and frees replayed through PyTorch's",
-        "caching allocator (`engine/allocator.py`, docs/allocator.md); nvidia-smi adds the engine's context and",
+        "caching allocator (`engine/counters/allocator.py`, docs/allocator.md); nvidia-smi adds the engine's context and",
         "NCCL figures. `engine` is `memsim estimate` (reserved from the fitted fragmentation constants).",
         "`expandable` replays the trace with `expandable_segments:True` (a prediction: the csv has no such rows;",
         "two were read by hand, in brackets).",
@@ -1228,7 +1229,7 @@ def _fit_section(fits: dict[str, dict[str, Any]] | None) -> list[str]:
         "",
         "## Fitted constants",
         "",
-        "Two constants in `memsim_widget/engine/overhead.py` are fitted; everything else is stated from a source.",
+        "Two constants in `memsim_widget/engine/counters/overhead.py` are fitted; everything else is stated from a source.",
         "Each is the median, over its fit rows, of the value at which the engine reproduces that row exactly",
         "(a row already over-predicted with the constant at 0 counts as 0). Fit rows are the odd ids among rows",
         "that measure reserved or nvidia-smi; all other rows measure the error.",

@@ -82,7 +82,7 @@ LEARNED = [
     "the block's backward starts by all-gathering its output gradient (the collective's output, its wait and "
     "the cat: 3 x T x h). Norms, the residual stream and checkpointed inputs stay at T/tp. The Megatron "
     "profile keeps Korthikanti et al.'s model (fused kernels that save the sharded input and re-gather).",
-    "- **Pipeline stages** (`engine/pipeline.py`): receive buffers per micro-batch and direction, pending "
+    "- **Pipeline stages** (`engine/parallel/pipeline.py`): receive buffers per micro-batch and direction, pending "
     "input-gradient sends, stage outputs (logits on the last stage) kept until their backward, GPipe's last "
     "stage holding every micro-batch's loss, gradients carried only where fewer micro-batches are in flight "
     "than there are; under GPipe the second micro-batch's backward (`backward_next`), which meets every "
@@ -130,7 +130,7 @@ LEARNED = [
     "their concatenation, which a loop that keeps its output holds through the optimizer step (torch 2.13 "
     "`pipelining/stage.py` `forward_one_chunk`, `schedules.py` `_merge_outputs`). The engine holds all m "
     "outputs on the last stage through backward and 2m at the step when `output_lifetime` is `step` "
-    "(`engine/pipeline.returns_outputs`); torchtitan's `return_outputs=False` (every other row) keeps one "
+    "(`engine/parallel/pipeline.returns_outputs`); torchtitan's `return_outputs=False` (every other row) keeps one "
     "until its backward. Before: -5.9% (1F1B) and -4.8% (interleaved), V128k last stage.",
     "- **Pipelines over FSDP2** (the `pp2 x dp2 fsdp` rows: a 4-layer Mistral-7B-shaped model, V32k, 1,024 "
     "tokens, 4 micro-batches). torch 2.13 `pipelining/stage.py` `backward_maybe_with_nosync` turns FSDP2's "

@@ -23,8 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from memsim_widget.engine.gpu_speed import FIT_ROWS, MATMUL_EFFICIENCY  # noqa: E402
-from memsim_widget.engine.step_time import ATTENTION_EFFICIENCY  # noqa: E402
+from memsim_widget.engine.speed.gpu_speed import FIT_ROWS, MATMUL_EFFICIENCY  # noqa: E402
+from memsim_widget.engine.speed.step_time import ATTENTION_EFFICIENCY  # noqa: E402
 from memsim_widget.fidelity_speed import (  # noqa: E402
     ATTENTION_FIT_ROWS,
     DATA,
@@ -373,7 +373,7 @@ def fp8_table() -> str:
     """docs/speed.md's fp8 rows: published, predicted before (Linears at the 16-bit peak) and now."""
     from dataclasses import replace
 
-    from memsim_widget.engine.step_time import step_parts
+    from memsim_widget.engine.speed.step_time import step_parts
     from memsim_widget.fidelity_speed import _model
 
     lines = ["| row | source | model | GPU | GPUs | recipe | published tok/s/GPU | before | error | now | error |",

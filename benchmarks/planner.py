@@ -23,7 +23,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from memsim_widget.engine import parts_cache  # noqa: E402
+from memsim_widget.engine.caches import parts_cache  # noqa: E402
 from memsim_widget.engine.core import _estimate, estimate  # noqa: E402
 from memsim_widget.plan import plan, vector  # noqa: E402
 from memsim_widget.plan.search import base_scenario  # noqa: E402

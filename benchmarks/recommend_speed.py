@@ -12,7 +12,7 @@ import argparse
 import time
 from typing import Any
 
-from memsim_widget.engine import parts_cache
+from memsim_widget.engine.caches import parts_cache
 from memsim_widget.engine.core import _estimate
 from memsim_widget.plan import recommend, vector
 

@@ -35,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import allocator_reference as ref  # noqa: E402
 
-from memsim_widget.engine import alloc_stream, objectives  # noqa: E402
-from memsim_widget.engine.allocator import FREE, AllocatorConf, alloc, free, replay  # noqa: E402
 from memsim_widget.engine.context import Context  # noqa: E402
 from memsim_widget.engine.core import _estimate, estimate  # noqa: E402
+from memsim_widget.engine.counters import alloc_stream  # noqa: E402
+from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, alloc, free, replay  # noqa: E402
 from memsim_widget.engine.frameworks import allocator_conf  # noqa: E402
+from memsim_widget.engine.rl import objectives  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
 CASES: dict[str, dict[str, Any]] = {

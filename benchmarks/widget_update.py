@@ -35,8 +35,8 @@ from memsim_widget.widget import MemSim, build_result, merge
 
 def _clear_cache() -> None:
     """Forget cached estimates (the engine memoises them per scenario), the engine's cached parts (model
-    states and activation terms, ``engine/parts_cache``) and cached scaling curves."""
-    parts = importlib.import_module("memsim_widget.engine.parts_cache") if _has_parts_cache() else None
+    states and activation terms, ``engine/caches/parts_cache``) and cached scaling curves."""
+    parts = importlib.import_module("memsim_widget.engine.caches.parts_cache") if _has_parts_cache() else None
     for fn in (getattr(core, "_estimate", None), parts, getattr(charts, "_scaling_points", None)):
         clear = getattr(fn, "cache_clear", None)
         if clear is not None:
@@ -45,7 +45,7 @@ def _clear_cache() -> None:
 
 def _has_parts_cache() -> bool:
     """Whether this version of the engine caches its parts (older ones, measured for comparison, do not)."""
-    return importlib.util.find_spec("memsim_widget.engine.parts_cache") is not None
+    return importlib.util.find_spec("memsim_widget.engine.caches.parts_cache") is not None
 
 
 def _median_ms(fn: Callable[[int], Any], n: int, cold: bool) -> float:

@@ -4,7 +4,7 @@ Read in ``c10/core/AllocatorConfig.cpp`` (pytorch/pytorch commit 065861fba759888
 ``parseArgs``, ``ConfigTokenizer``/``lexArgs``, ``parseMaxSplitSize``, ``parseRoundUpPower2Divisions``,
 ``parseGarbageCollectionThreshold``) and the headers of torch 2.13.0 (``c10/core/AllocatorConfig.h``,
 ``c10/cuda/CUDAAllocatorConfig.h``: the keys, ``max_non_split_rounding`` 20 MiB by default). A leaf module: the
-scenario's rules check ``allocator_conf`` with it, ``engine/allocator.py`` replays under it.
+scenario's rules check ``allocator_conf`` with it, ``engine/counters/allocator.py`` replays under it.
 """
 
 from __future__ import annotations

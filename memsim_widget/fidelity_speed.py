@@ -2,9 +2,9 @@
 
 ``data/throughput/published.csv`` holds published runs (normalised from the shared development set by
 ``benchmarks/fidelity_speed.py --normalise``), each with the scenario that reproduces it. The only fitted
-constants are ``engine/gpu_speed.MATMUL_EFFICIENCY`` (one per GPU generation) and
-``engine/step_time.ATTENTION_EFFICIENCY``; ``fit_constants`` refits them on the rows in
-``engine/gpu_speed.FIT_ROWS`` alone, so every other row is a held-out check.
+constants are ``engine/speed/gpu_speed.MATMUL_EFFICIENCY`` (one per GPU generation) and
+``engine/speed/step_time.ATTENTION_EFFICIENCY``; ``fit_constants`` refits them on the rows in
+``engine/speed/gpu_speed.FIT_ROWS`` alone, so every other row is a held-out check.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.gpu_speed import FIT_ROWS
-from memsim_widget.engine.step_time import (
+from memsim_widget.engine.speed.gpu_speed import FIT_ROWS
+from memsim_widget.engine.speed.step_time import (
     TimeModel,
     optimizer_step_bytes,
     scenario_columns,
     step_parts,
 )
-from memsim_widget.engine.time_breakdown import context_time_model
+from memsim_widget.engine.speed.time_breakdown import context_time_model
 from memsim_widget.scenario import Scenario
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "throughput" / "published.csv"

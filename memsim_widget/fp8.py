@@ -31,7 +31,7 @@ the engine's rule before the key existed). Two families, each fact with its sour
 
 Speed: only the Linear layers' matmuls run in the narrow dtype; attention (SDPA / FlashAttention), the output
 layer and every elementwise op stay in bf16 (torchtitan's converter filter, TE's ``te.Linear`` scope), so the step
-time runs the Linears at the card's fp8 (fp4) peak and the rest as before (``engine/step_time.py``).
+time runs the Linears at the card's fp8 (fp4) peak and the rest as before (``engine/speed/step_time.py``).
 """
 
 from __future__ import annotations

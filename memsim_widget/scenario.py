@@ -198,7 +198,7 @@ class RLConfig:
     objective's default, ``gpu`` for DPO/KTO/PPO, ``none`` for ORPO and GRPO whose TRL default is beta = 0);
     ``rollout``: the generation engine; ``gpu_memory_utilization``, ``kv_cache``, ``rollout_dtype``,
     ``sleep_mode`` (0 off, 1 offload weights and discard the KV cache, 2 discard both) and ``cuda_graphs``
-    describe a colocated vLLM engine (``engine/rollout.py``).
+    describe a colocated vLLM engine (``engine/rl/rollout.py``).
     """
 
     num_generations: int = 8
@@ -434,8 +434,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "activation_offloading_layers": None,
 }
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
-#: rule of engine/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
-#: step's allocation stream through the caching allocator's rules, engine/alloc_stream.py: median +0.0% on the
+#: rule of engine/counters/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
+#: step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median +0.0% on the
 #: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps without accumulation
 #: only, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
@@ -455,12 +455,12 @@ class Scenario:
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``activation_offloading_layers`` (optional) -- with offloading on, only the first N layers' saved activations
     go to the host (TransformerEngine's ``get_cpu_offload_context``, Megatron-Core ``cpu_offloading_num_layers``;
-    ``engine/timeline.resident_count``): 0 offloads none, the model's layer count every one (as unset);
+    ``engine/step/timeline.resident_count``): 0 offloads none, the model's layer count every one (as unset);
     ``padding`` -- ``max_length`` or ``packed`` (every batch b x seq_len) or ``longest`` (padded per batch:
     shapes change every step, which fragments the caching allocator); ``cuda_lazy_loading`` -- false for
     CUDA 11 / ``CUDA_MODULE_LOADING=EAGER``, whose context is about 1.3 GiB; ``allocator_conf`` (optional) --
     the run's ``PYTORCH_CUDA_ALLOC_CONF`` (e.g. ``"expandable_segments:True,max_split_size_mb:128"``), parsed
-    as PyTorch parses it (``engine/allocator.py``); unset: the framework's launcher default (torchtitan
+    as PyTorch parses it (``engine/counters/allocator.py``); unset: the framework's launcher default (torchtitan
     ``expandable_segments:True``, the others PyTorch's defaults); ``reserved_model`` (optional) -- ``fitted``
     or ``replay``, how the reserved counter is computed (``RESERVED_MODELS``).
 

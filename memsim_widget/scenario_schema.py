@@ -127,7 +127,7 @@ SCHEMA: tuple[Field, ...] = (
           "model's recipe)", optional=True, cli="freeze_vision"),
     Field("ssm_kernel", str, "state-space layers: mamba-ssm's fused kernels or transformers' torch scan "
           "(unset: cuda)", "scenario:SSM_KERNELS", optional=True, cli="ssm_kernel"),
-    Field("allocator_conf", str, "the run's PYTORCH_CUDA_ALLOC_CONF (engine/allocator.py); unset: the "
+    Field("allocator_conf", str, "the run's PYTORCH_CUDA_ALLOC_CONF (engine/counters/allocator.py); unset: the "
           "framework's launcher default", optional=True, cli="allocator_conf"),
     Field("reserved_model", str, "how the reserved counter is computed: fitted (the default: fitted waste rule) or "
           "replay (the step's allocations replayed through the caching allocator; one GPU, slow per new shape)",

@@ -27,7 +27,7 @@ from memsim_widget.catalog.gpus import (
     resolve_gpu,
 )
 from memsim_widget.cost import DEFAULT_PRICE, PRICES, price_note, price_of, set_price, training_cost
-from memsim_widget.engine.gpu_speed import DEFAULT_SPEED, gpu_speed
+from memsim_widget.engine.speed.gpu_speed import DEFAULT_SPEED, gpu_speed
 
 MiB, GiB = 1024**2, 1024**3
 RECORDS = json.loads(CATALOG_FILE.read_text())["gpu"]
@@ -260,9 +260,9 @@ def test_a_job_inside_one_nvlink_domain_gathers_over_nvlink(restore_catalog):
     """Llama 3.1 70B on 64 GB200s, ZeRO-3: inside the NVL72's domain the FSDP gathers run at the NVLink rate; the
     same card with an 8-GPU domain sends them over the network: the
     gather time scales as link / network bandwidth."""
-    from memsim_widget.engine import step_time as st_
     from memsim_widget.engine.context import Context
-    from memsim_widget.engine.time_breakdown import context_time_model
+    from memsim_widget.engine.speed import step_time as st_
+    from memsim_widget.engine.speed.time_breakdown import context_time_model
 
     gb = GPUS["gb200"]
     hgx = dataclasses.replace(gb.speed, nvlink_domain=8)

@@ -211,7 +211,7 @@ class DropoutFacts:
 
 @dataclass(frozen=True)
 class SsmFacts:
-    """State-space (Mamba) layer sizes (engine/activations/ssm.py, engine/hybrid.py, flops.py)."""
+    """State-space (Mamba) layer sizes (engine/activations/ssm.py, engine/activations/hybrid.py, flops.py)."""
 
     #: 1: Mamba (selective scan), 2: Mamba-2 (SSD chunked scan)
     version: int
@@ -234,14 +234,14 @@ class SsmFacts:
     bcdt_norms: bool = False
 
     def __getitem__(self, key: str) -> Any:
-        """``ssm["inner"]``: the mapping reads of engine/activations/ssm.py and engine/hybrid.py's mixer, kept while
+        """``ssm["inner"]``: the mapping reads of engine/activations/ssm.py and engine/activations/hybrid.py's mixer, kept while
         those modules are edited elsewhere (a field that does not exist is still an AttributeError)."""
         return getattr(self, key)
 
 
 @dataclass(frozen=True)
 class HybridFacts:
-    """A stack mixing attention and state-space layers (Jamba; engine/hybrid.py)."""
+    """A stack mixing attention and state-space layers (Jamba; engine/activations/hybrid.py)."""
 
     #: the hybrid's name (``"jamba"``)
     kind: str
@@ -305,7 +305,7 @@ class PatchFacts:
 
 @dataclass(frozen=True)
 class VisionFacts:
-    """A multimodal model's vision tower and projector (engine/vision.py); one subclass per kind adds its own."""
+    """A multimodal model's vision tower and projector (engine/multimodal/tower.py); one subclass per kind adds its own."""
 
     #: which model's vision path: ``"clip"``, ``"llava"``, ``"gemma3"`` (this class), or a subclass's kind
     kind: str
@@ -354,7 +354,7 @@ class VisionFacts:
 
 @dataclass(frozen=True)
 class ClipVision(VisionFacts):
-    """CLIP: the image and text towers side by side, joined by the contrastive head (engine/vision.py)."""
+    """CLIP: the image and text towers side by side, joined by the contrastive head (engine/multimodal/tower.py)."""
 
     output_holds_tower_states: bool = False
     contrastive_head: bool = True
@@ -362,7 +362,7 @@ class ClipVision(VisionFacts):
 
 @dataclass(frozen=True)
 class LlavaVision(VisionFacts):
-    """LLaVA 1.5: a CLIP tower read at ``vision_feature_layer``, a two-Linear projector (engine/vision.py)."""
+    """LLaVA 1.5: a CLIP tower read at ``vision_feature_layer``, a two-Linear projector (engine/multimodal/tower.py)."""
 
     output_holds_feature_layer: bool = True
     graph_keeps_frozen_tower: bool = True
@@ -371,7 +371,7 @@ class LlavaVision(VisionFacts):
 
 @dataclass(frozen=True)
 class Gemma3Vision(VisionFacts):
-    """Gemma 3: a SigLIP tower, pooled rows through a soft-embedding RMSNorm and one matmul (engine/vision.py)."""
+    """Gemma 3: a SigLIP tower, pooled rows through a soft-embedding RMSNorm and one matmul (engine/multimodal/tower.py)."""
 
     projector_layout: str = "norm-linear"
     edge_norm: str = "post_layernorm"
@@ -379,7 +379,7 @@ class Gemma3Vision(VisionFacts):
 
 @dataclass(frozen=True)
 class LlavaNextVision(VisionFacts):
-    """LLaVA-NeXT's anyres tiling: LLaVA's rules on every crop (engine/vision_llava_next.py)."""
+    """LLaVA-NeXT's anyres tiling: LLaVA's rules on every crop (engine/multimodal/llava_next.py)."""
 
     #: crops per image (the base image and its tiles)
     crops_per_image: int = 1
@@ -389,7 +389,7 @@ class LlavaNextVision(VisionFacts):
 
 @dataclass(frozen=True)
 class QwenVision(VisionFacts):
-    """Qwen2(.5)-VL's any-size images and patch merger (engine/vision_qwen.py)."""
+    """Qwen2(.5)-VL's any-size images and patch merger (engine/multimodal/qwen_vl.py)."""
 
     #: input values per patch (channels x temporal patch x patch side^2)
     pixels_per_patch: int = 0
@@ -397,7 +397,7 @@ class QwenVision(VisionFacts):
 
 @dataclass(frozen=True)
 class Llama4Vision(VisionFacts):
-    """Llama 4's pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)."""
+    """Llama 4's pixel-shuffle adapter and one-Linear projector (engine/multimodal/llama4.py)."""
 
     projector_layout: str = "pixel-shuffle"
     output_holds_tower_states: bool = False

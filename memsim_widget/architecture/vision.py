@@ -18,7 +18,7 @@ it:
   Gemma 3's does.
 
 Each returns the tower's parameter groups at the scope the model places them and the tower as an Architecture of
-its own (its layers at scope ``layer``), which engine/vision.py runs the activation rules on.
+its own (its layers at scope ``layer``), which engine/multimodal/tower.py runs the activation rules on.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def clip_vision_tower(
 ) -> tuple[list[ParamGroup], Architecture]:
     """The CLIP vision tower's parameter groups under ``prefix`` (``vision_model.``, LLaVA's
     ``model.vision_tower.``) with ``scope`` (``pre``: before the language model's layers), and the tower as an
-    Architecture of its own (its layers at scope ``layer``) that engine/vision.py runs the activation rules on."""
+    Architecture of its own (its layers at scope ``layer``) that engine/multimodal/tower.py runs the activation rules on."""
     d = CLIP_VISION_DEFAULTS
     h, L, heads, inter = (read_int(cfg, k) for k in TOWER_REQUIRED)
     read_head_dim(cfg, h, heads)

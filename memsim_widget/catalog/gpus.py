@@ -6,7 +6,7 @@ label because the driver keeps some; each record says where its figure comes fro
 and the sources are in gpus.json's "about" and docs/gpus.md). ``context_bytes`` is the CUDA context + kernels
 resident with lazy loading on a recent driver (0.3-0.6 GiB; older generations and CUDA 11 up to 1.3 GiB:
 docs/memory-facts.md#memory-outside-the-tensors).
-engine/gpu_speed.py reads ``GPU.speed`` and cost.py reads ``GPU.price``; a card without them (a custom size, or
+engine/speed/gpu_speed.py reads ``GPU.speed`` and cost.py reads ``GPU.price``; a card without them (a custom size, or
 one registered without them) has them unknown, and the figures made from them say so.
 Add a card with ``register_gpu(GPU(...))``.
 """
@@ -34,7 +34,7 @@ MEMORY_KINDS = ("measured", "measured-sibling", "nvidia-smi", "vendor-spec", "us
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 _LINKS = ("hbm_gb_s", "link_gb_s", "net_gb_s", "pcie_gb_s")
 #: GPUs one NVLink/xGMI domain holds when a record does not say (``speed.nvlink_domain``): a DGX/HGX node of 8.
-#: Collectives over more GPUs than that cross the network (engine/step_time.py).
+#: Collectives over more GPUs than that cross the network (engine/speed/step_time.py).
 DEFAULT_NVLINK_DOMAIN = 8
 
 

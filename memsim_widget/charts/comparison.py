@@ -14,7 +14,7 @@ from memsim_widget.charts import breakdown_spec
 from memsim_widget.charts.parts import CAPACITY_COLOR, SCHEMA
 from memsim_widget.charts.times import time_spec
 from memsim_widget.engine.estimate import Estimate
-from memsim_widget.engine.step_time import TIME_CATEGORIES
+from memsim_widget.engine.speed.step_time import TIME_CATEGORIES
 from memsim_widget.units import GiB
 
 #: Pixels per scenario bar in the memory part (names such as ``method=qlora`` need more than a rank label).

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget.charts import model_label, to_altair
 from memsim_widget.charts.parts import SCHEMA
 from memsim_widget.engine.estimate import Estimate
-from memsim_widget.engine.step_time import TIME_CATEGORIES
+from memsim_widget.engine.speed.step_time import TIME_CATEGORIES
 
 if TYPE_CHECKING:
     import altair as alt

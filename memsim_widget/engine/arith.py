@@ -24,11 +24,13 @@ def _namespace(*xs: Any) -> Any:
     return None
 
 
+#: What the engine's rules pick between: numbers, and lists (groups of one rank's items, engine/step/timeline).
+_PLAIN = _NUMBERS | {list}
+
+
 def where(cond: Any, a: Any, b: Any) -> Any:
     """``a`` where ``cond`` holds, else ``b`` (elementwise for arrays)."""
-    if (
-        cond.__class__ is bool and a.__class__ in _NUMBERS and b.__class__ in _NUMBERS
-    ):  # the engine's hot path
+    if cond.__class__ is bool and a.__class__ in _PLAIN and b.__class__ in _PLAIN:  # the engine's hot path
         return a if cond else b
     xp = _namespace(cond, a, b)
     if xp is None:
@@ -55,3 +57,12 @@ def maximum(a: Any, b: Any) -> Any:
 def negate(x: Any) -> Any:
     """Logical not of a bool or a boolean array (``~`` on a Python bool would give -1 or -2)."""
     return (not x) if _namespace(x) is None else ~x
+
+
+def to_int(x: Any) -> Any:
+    """``int(x)``: truncated toward zero (elementwise for arrays, as int64; the planner's byte figures stay below
+    ``plan/vector.SATURATION_BYTES``, so no value leaves int64)."""
+    if x.__class__ in _NUMBERS:  # the engine's hot path
+        return int(x)
+    xp = _namespace(x)
+    return int(x) if xp is None else xp.astype(x, xp.int64)

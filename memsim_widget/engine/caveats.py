@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU
+from memsim_widget.engine.activations.calibrated import caveat
 from memsim_widget.engine.activations.compiled import compiled_rule_applies
 from memsim_widget.engine.activations.liger import liger_applies, liger_layers_apply
 from memsim_widget.engine.activations.litgpt import litgpt_rule_applies
-from memsim_widget.engine.calibrated import caveat
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
-from memsim_widget.engine.objectives import training_scenario
-from memsim_widget.engine.rollout import engine_items
-from memsim_widget.engine.step_time import DEQUANT_BYTES, OVERLAPPING_FRAMEWORKS, PCIE_EFFICIENCY
+from memsim_widget.engine.rl.objectives import training_scenario
+from memsim_widget.engine.rl.rollout import engine_items
+from memsim_widget.engine.speed.gpu_speed import SPEED_ASSUMED_FROM, speed_known
+from memsim_widget.engine.speed.step_time import DEQUANT_BYTES, OVERLAPPING_FRAMEWORKS, PCIE_EFFICIENCY
 from memsim_widget.scenario import Scenario
 
 
@@ -112,7 +112,7 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             "taken as checkpointed too (not traced; docs/fidelity.md)"
         )
     if obj in ("grpo", "ppo") and scenario.rl_config.rollout != "none":
-        out.append("rollout phase: formula-only, vLLM's documented arithmetic (engine/rollout.py)")
+        out.append("rollout phase: formula-only, vLLM's documented arithmetic (engine/rl/rollout.py)")
         kv = engine_items(Context(training_scenario(scenario)), scenario)["kv"]
         if "refuses to start" in kv.formula:
             out.append("vLLM: gpu_memory_utilization leaves no memory for the KV cache; it would not start")
@@ -217,7 +217,7 @@ TIME_HELD_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm-80gb")
 
 def untraced_time(scenario: Scenario, gpu: GPU | None) -> list[str]:
     """Why a step time (and its MFU, tokens/s) was not held to a published run: the card, QLoRA, offload."""
-    from memsim_widget.engine.gpu_speed import EFFICIENCY_BORROWED, gpu_speed
+    from memsim_widget.engine.speed.gpu_speed import EFFICIENCY_BORROWED, gpu_speed
 
     out = []
     if gpu is not None and gpu.id not in TIME_HELD_GPUS:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 
 from memsim_widget.architecture import Architecture, ParamGroup
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
-from memsim_widget.engine.model_rules_cache import check_once
-from memsim_widget.engine.schedule import in_flight
+from memsim_widget.engine.caches.model_rules_cache import check_once
+from memsim_widget.engine.parallel.schedule import in_flight
 from memsim_widget.errors import ScenarioError
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.optimizers import OPTIMIZERS, OptimizerSpec
@@ -121,7 +122,7 @@ class Context:
         """Parameter stacks that train neither fully nor through adapters: under full training a frozen vision
         tower; under LoRA the tower and projector when ``lora.target_scope`` is ``language`` (under peft's
         ``model`` scope they get adapters wherever a target name matches, as ``get_peft_model`` puts them)."""
-        override = getattr(self, "frozen_override", None)  # a tower's context (engine/vision.py)
+        override = getattr(self, "frozen_override", None)  # a tower's context (engine/multimodal/tower.py)
         if override is not None:
             return override
         unused = (
@@ -174,7 +175,7 @@ class Context:
     @cached_property
     def linear_modules(self) -> list[str]:
         """The Linear modules of the engine's layer stack: a multimodal model's tower and projector have their own
-        rules (engine/vision.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
+        rules (engine/multimodal/tower.py), so their names (CLIP's fc1, out_proj) never count as the language model's."""
         towers = TOWER_STACKS if self.arch.facts.vision is not None else ()
         return sorted({g.module for g in self.arch.params if g.module and g.stack not in towers})
 
@@ -221,12 +222,11 @@ class Context:
         """Layer x micro-batch activation sets a stage holds at its peak: its layers times its micro-batches
         in flight, or, where an interleaved rank's chunks differ in size, the chunks' own layers summed in the
         schedule's order (``interleaved_held_layers``; ``at_loss``: the last stage's peak while a loss runs)."""
-        if self.par.pp_schedule == "interleaved" and self.par.pp > 1:
-            mine = rank_chunks(self.chunks, self.par.pp, stage.index)
-            if len(set(mine)) > 1:
-                m, loss = self.par.pp_microbatches, at_loss and stage.last
-                return interleaved_held_layers(self.par.pp, m, stage.index, mine, loss)
-        return stage.layers * self.in_flight(stage)
+        par = self.par
+        held = uneven_held_layers(
+            par.pp_schedule, par.pp, par.pp_microbatches, stage.index, self.chunks, at_loss
+        )
+        return stage.layers * self.in_flight(stage) if held is None else held
 
     def loss_grad_layers(self, stage: Stage) -> int:
         """Layers of the last stage whose gradients exist at its latest loss backward: on an interleaved rank
@@ -240,7 +240,7 @@ class Context:
         return sum(mine[len(mine) - n :])
 
     def in_flight(self, stage: Stage) -> float:
-        """Micro-batches whose activations a stage holds at once (``engine/schedule.in_flight``)."""
+        """Micro-batches whose activations a stage holds at once (``engine/parallel/schedule.in_flight``)."""
         par = self.par
         return in_flight(par.pp, par.pp_microbatches, par.pp_schedule, par.virtual_stages, stage.index)
 
@@ -277,6 +277,21 @@ def interleaved_loss_grad_chunks(p: int, m: int, v: int) -> int:
     per_round = m // max(1, m // p)
     last = max(j for j in range(m * v) if (j // per_round) % v == 0)
     return len({(j // per_round) % v for j in range(last)})
+
+
+def uneven_held_layers(
+    schedule: str, p: int, m: int, rank: int, chunks: Sequence[int], at_loss: bool = False
+) -> float | None:
+    """The layer x micro-batch sets ``rank`` holds (``interleaved_held_layers``) where it runs an interleaved
+    schedule over chunks that differ in size (``chunks``: the pipeline's, ``rules/pipeline_split``; ``at_loss``:
+    on the last rank, while a loss runs); None elsewhere, where it holds its layers times its micro-batches in
+    flight (``Context.held_layers``; ``plan/vector`` for many candidate stages)."""
+    if schedule != "interleaved" or p == 1:
+        return None
+    mine = rank_chunks(chunks, p, rank)
+    if len(set(mine)) == 1:
+        return None
+    return interleaved_held_layers(p, m, rank, mine, at_loss and rank == p - 1)
 
 
 def interleaved_held_layers(

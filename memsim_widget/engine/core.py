@@ -7,27 +7,28 @@ from functools import lru_cache
 from typing import Any
 
 from memsim_widget.catalog.gpus import ON_REGISTER
-from memsim_widget.engine import objectives, parts_cache
 from memsim_widget.engine.activations import activations
-from memsim_widget.engine.context import Context
-from memsim_widget.engine.estimate import Estimate
-from memsim_widget.engine.items import Level
-from memsim_widget.engine.overhead import (
-    counter_bands,
-    device_items,
-    reserved_item,
-    workspace_items,
-)
-from memsim_widget.engine.parts_cache import (
+from memsim_widget.engine.caches import parts_cache
+from memsim_widget.engine.caches.parts_cache import (
     cached_activation_groups,
     cached_activations,
     cached_model_states,
     cached_state_groups,
     cached_trainable_parameters,
 )
-from memsim_widget.engine.rank_estimate import RankEstimate
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters.overhead import (
+    counter_bands,
+    device_items,
+    reserved_item,
+    workspace_items,
+)
+from memsim_widget.engine.estimate import Estimate
+from memsim_widget.engine.items import Level
+from memsim_widget.engine.rl import objectives
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import offloaded_activations, step_moments
+from memsim_widget.engine.step.rank_estimate import RankEstimate
+from memsim_widget.engine.step.timeline import offloaded_activations, step_moments
 from memsim_widget.scenario import Scenario
 
 
@@ -74,7 +75,7 @@ def _estimate(scenario: Scenario) -> Estimate:
         if rl or not _replayable(ctx):  # a step the allocation stream does not model yet: the fitted rule
             frag = reserved_item(ctx, steady, peak.allocated_bytes, acts, outside)
         else:
-            from memsim_widget.engine.alloc_stream import pool_replay, replayed_item
+            from memsim_widget.engine.counters.alloc_stream import pool_replay, replayed_item
 
             frag = replayed_item(ctx, pool_replay(ctx, stage), peak.allocated_bytes, outside)
         reserved = peak.allocated_bytes + frag.bytes
@@ -106,14 +107,14 @@ def _replayable(ctx: Context) -> bool:
     replay: a default estimate keeps the fitted rule without loading them (~2 ms of every CLI start)."""
     if ctx.scenario.reserved_model != "replay":  # replayable's first condition
         return False
-    from memsim_widget.engine.alloc_stream import replayable
+    from memsim_widget.engine.counters.alloc_stream import replayable
 
     return replayable(ctx)
 
 
 def _clear_replays() -> None:
     """Forget the cached replays, if any was made (``alloc_stream`` is imported on the first)."""
-    stream: Any = sys.modules.get("memsim_widget.engine.alloc_stream")
+    stream: Any = sys.modules.get("memsim_widget.engine.counters.alloc_stream")
     if stream is not None:
         stream.cache_clear()
 

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from memsim_widget.architecture import Architecture
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
-from memsim_widget.engine.calibrated import fit_for
+from memsim_widget.engine.activations.calibrated import fit_for
 from memsim_widget.engine.caveats import memory_caveats, time_caveats
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.items import CATEGORIES
-from memsim_widget.engine.objectives import phase_of, training_scenario
-from memsim_widget.engine.rank_estimate import RankEstimate
-from memsim_widget.engine.rank_roles import rank_role
-from memsim_widget.engine.rollout import separate_group
-from memsim_widget.engine.time_breakdown import StepTime, step_time
+from memsim_widget.engine.parallel.rank_roles import rank_role
+from memsim_widget.engine.rl.objectives import phase_of, training_scenario
+from memsim_widget.engine.rl.rollout import separate_group
+from memsim_widget.engine.speed.time_breakdown import StepTime, step_time
+from memsim_widget.engine.step.rank_estimate import RankEstimate
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.names import Name
 from memsim_widget.scenario import Scenario
@@ -25,7 +25,7 @@ from memsim_widget.units import GiB, fmt_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-    from memsim_widget.engine.alloc_stream import CardReplay
+    from memsim_widget.engine.counters.alloc_stream import CardReplay
 
 #: Default share of device memory kept free: the run-to-run spread (allocator variance between versions and runs)
 #: (docs/memory-facts.md#headroom-and-spread: 454 Megatron runs below 80% never ran out of memory; 10% covers
@@ -127,7 +127,7 @@ class Estimate:
 
     def uncertainty(self) -> dict[str, dict[str, int]]:
         """Low and high bytes of ``peak_allocated_bytes``, ``peak_reserved_bytes`` and ``device_total_bytes``,
-        each on the rank whose figure the headline shows (engine/overhead.counter_bands says how each band is
+        each on the rank whose figure the headline shows (engine/counters/overhead.counter_bands says how each band is
         made)."""
         return {c: band for c in COUNTERS if (band := self.worst_for(c).uncertainty().get(c)) is not None}
 
@@ -161,8 +161,8 @@ class Estimate:
         sc = self.scenario
         if sc.reserved_model != "replay" or sc.objective_name != "sft":
             return None
-        from memsim_widget.engine.alloc_stream import card_replay, replayable
-        from memsim_widget.engine.overhead import reserved_cap
+        from memsim_widget.engine.counters.alloc_stream import card_replay, replayable
+        from memsim_widget.engine.counters.overhead import reserved_cap
 
         ctx = Context(training_scenario(sc))
         if not replayable(ctx):

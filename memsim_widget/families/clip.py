@@ -17,7 +17,7 @@ layers, ``post_layernorm`` (on the CLS row only). ``CLIPModel`` adds ``visual_pr
 ``text_projection`` [proj, h_t] (no bias) and the scalar ``logit_scale``.
 
 The engine's layers are the text tower's (``seq_len`` is the text length, at most max_position_embeddings); the
-vision tower is a second stack (``facts.vision``) whose saved tensors engine/vision.py adds per micro-batch of
+vision tower is a second stack (``facts.vision``) whose saved tensors engine/multimodal/tower.py adds per micro-batch of
 b images. Structural keys of both sub-configs are required (as for every family), the rest default as
 ``CLIPTextConfig`` / ``CLIPVisionConfig`` do.
 """

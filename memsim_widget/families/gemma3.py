@@ -22,7 +22,7 @@ s >= ``sliding_window`` transformers passes a mask to SDPA, with k and v repeate
 ``use_bidirectional_attention`` (EmbeddingGemma) is refused: it masks every layer and halves the window.
 
 A ``gemma3`` config is ``Gemma3ForConditionalGeneration``: SigLIP vision tower, projector, and the language model
-in ``text_config`` (``build_gemma3`` below; its vision side in engine/vision.py).
+in ``text_config`` (``build_gemma3`` below; its vision side in engine/multimodal/tower.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ N = mamba_d_state, R = mamba_dt_rank, ``"auto"`` = ceil(h / 16), K = mamba_d_con
 - MoE layers: ``feed_forward.router.weight`` [E, h], ``feed_forward.experts.gate_up_proj`` [E, 2 I_mlp, h] and
   ``down_proj`` [E, h, I_mlp]; dense layers: ``feed_forward.{gate,up,down}_proj``
 
-What the layers save is engine/hybrid.py's (the attention layers and MLPs by the HF rules, the Mamba mixer with
+What the layers save is engine/activations/hybrid.py's (the attention layers and MLPs by the HF rules, the Mamba mixer with
 its three norms by the state-space terms, ``ssm_kernel`` choosing the scan).
 """
 
@@ -188,7 +188,8 @@ def build_jamba(cfg: Mapping[str, Any]) -> Architecture:
         causal=True,
         extra={
             "hf_class": "JambaForCausalLM",
-            "hybrid": "jamba",  # engine/hybrid.py: attention and Mamba layers averaged over the stack
+            # engine/activations/hybrid.py: attention and Mamba layers averaged over the stack
+            "hybrid": "jamba",
             "ssm": ssm,
             "attention_layers": n_attn,
             "block_period": block_period(cfg),

@@ -215,7 +215,7 @@ def _tower(
 
 def _tower_architecture(family: str, groups: list[ParamGroup], t: Mapping[str, Any], v25: bool, patches: int,
                         **extra: Any) -> Architecture:  # fmt: skip
-    """The tower as an Architecture of its own (its blocks at scope ``layer``) for engine/vision_qwen.py."""
+    """The tower as an Architecture of its own (its blocks at scope ``layer``) for engine/multimodal/qwen_vl.py."""
     e, heads = t["hidden"], t["heads"]
     return Architecture(
         family=family,

@@ -1,7 +1,7 @@
 """``recommend``: the smallest changes that make a scenario fit, and how far it can be pushed.
 
 Each *lever* is one scenario key a user can turn, with its options and what it costs in words
-(the facts the step-time model uses, ``engine/step_time.py``). Combinations are tried by size: every
+(the facts the step-time model uses, ``engine/speed/step_time.py``). Combinations are tried by size: every
 single lever first, then pairs, then triples; the first size with a fitting combination is returned,
 ranked by the modelled slowdown. Every figure comes from ``estimate`` itself.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.engine.time_breakdown import step_time
+from memsim_widget.engine.speed.time_breakdown import step_time
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 from memsim_widget.units import GiB
@@ -63,12 +63,12 @@ class Change:
     before: Estimate
     after: Estimate
     headroom: float
-    #: Modelled step time per token of the original (engine/step_time.py): ``slowdown`` divides by it.
+    #: Modelled step time per token of the original (engine/speed/step_time.py): ``slowdown`` divides by it.
     base_time: float = field(default=1.0, repr=False)
 
     @cached_property
     def slowdown(self) -> float:
-        """Modelled step time per token relative to the original (engine/step_time.py), computed on first use."""
+        """Modelled step time per token relative to the original (engine/speed/step_time.py), computed on first use."""
         return _step_time(self.scenario) / self.base_time
 
     @property
@@ -530,15 +530,15 @@ _RL_LEVERS: tuple[tuple[str, Callable[[Scenario], list[Option]]], ...] = (
 
 def rl_levers(s: Scenario) -> dict[str, list[Option]]:
     """The levers of preference and RL jobs: fewer completions per prompt, where the reference lives, the
-    colocated vLLM engine's budget and sleep mode, a separate rollout GPU group (``engine/objectives.py``,
-    ``engine/rollout.py``)."""
+    colocated vLLM engine's budget and sleep mode, a separate rollout GPU group (``engine/rl/objectives.py``,
+    ``engine/rl/rollout.py``)."""
     out = {name: options(s) for name, options in _RL_LEVERS}
     return {k: v for k, v in out.items() if v}
 
 
 def _step_time(scenario: Scenario) -> float:
-    """Modelled step time per token (``engine/step_time.py``, as ``estimate``) of one scenario."""
-    from memsim_widget.engine.objectives import training_scenario
+    """Modelled step time per token (``engine/speed/step_time.py``, as ``estimate``) of one scenario."""
+    from memsim_widget.engine.rl.objectives import training_scenario
 
     return 1.0 / step_time(Context(training_scenario(scenario))).tokens_per_second_per_gpu
 

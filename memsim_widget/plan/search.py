@@ -1,5 +1,5 @@
 """``plan``: search layouts and knobs for a model on a GPU type, keep what fits, rank by modelled cost, time
-or memory (the step-time model of ``engine/step_time.py``, the same as ``estimate``'s)."""
+or memory (the step-time model of ``engine/speed/step_time.py``, the same as ``estimate``'s)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from memsim_widget.cost import price_note, price_of
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
-from memsim_widget.engine.gpu_speed import SPEED_ASSUMED_FROM, speed_known
+from memsim_widget.engine.speed.gpu_speed import SPEED_ASSUMED_FROM, speed_known
 from memsim_widget.errors import ScenarioError
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.plan.space import Layout, SearchSpace, candidates, gpu_counts, layouts
@@ -514,7 +514,7 @@ class _Lazy:
 
 #: How each ``rank_by`` orders, in words (the JSON's ``ranked_by``).
 RANKED_BY = {
-    "cost": "cost: modelled tokens/s per GPU, higher first (fewest GPU-hours; memsim_widget.engine.step_time)",
+    "cost": "cost: modelled tokens/s per GPU, higher first (fewest GPU-hours; memsim_widget.engine.speed.step_time)",
     "time": "time: modelled tokens/s of the whole job, higher first (fewest wall hours)",
     "memory": "memory: memory per GPU (nvidia-smi), lower first",
 }
@@ -582,7 +582,7 @@ def _sft_base(
         raise ScenarioError(
             "objective",
             f"the layout search models SFT steps only; for a {b.objective_name} run use estimate or recommend "
-            "(engine/objectives.py, engine/rollout.py)",
+            "(engine/rl/objectives.py, engine/rl/rollout.py)",
         )
     return b
 

@@ -21,7 +21,9 @@ from typing import TypeGuard
 import numpy as np
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.gpu_speed import GPUS_PER_NODE  # one NVLink domain: tensor parallelism stays inside
+from memsim_widget.engine.speed.gpu_speed import (
+    GPUS_PER_NODE,  # one NVLink domain: tensor parallelism stays inside
+)
 from memsim_widget.errors import ScenarioError, choice_error
 from memsim_widget.errors import short_repr as _short
 from memsim_widget.optimizers import OPTIMIZERS

@@ -1,5 +1,5 @@
 """The engine's step-time model over the planner's candidate columns, with numpy: the same floats as
-``estimate(plan.scenario(i)).step_time_s`` for every candidate (``engine/step_time.step_parts`` is written
+``estimate(plan.scenario(i)).step_time_s`` for every candidate (``engine/speed/step_time.step_parts`` is written
 once, over scalars or arrays)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.step_time import TIME_CATEGORIES, Ops, optimizer_step_bytes, step_parts
-from memsim_widget.engine.time_breakdown import context_time_model
+from memsim_widget.engine.speed.step_time import TIME_CATEGORIES, Ops, optimizer_step_bytes, step_parts
+from memsim_widget.engine.speed.time_breakdown import context_time_model
 from memsim_widget.optimizers import OPTIMIZERS
 from memsim_widget.scenario import Scenario
 

@@ -5,62 +5,63 @@ Why it is exact: the engine's work splits into parts that depend on few knobs --
 activation terms (``activations``: micro-batch, tp, cp, sequence parallel, checkpointing, loss). Each
 distinct part is computed once, by the engine itself, and reduced to four integer sums per group of
 items (raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer allocated bytes). What
-``engine/timeline`` and ``engine/overhead.reserved_item`` then do with those groups -- scale the terms by
-layers and micro-batches in flight into the named groups of ``engine/moments.MOMENT_TABLE``, add each
-moment's groups, pick the larger of two instants, take the peak moment and the largest allocator pool -- is
-redone here on arrays, reading the same table by group name, with the same integer and float operations. ``tests/plan/test_plan_vector.py`` checks every figure against ``estimate`` byte for byte.
+``engine/step/timeline`` and ``engine/counters/overhead.reserved_item`` then do with those groups is written once, over
+numbers or arrays, and called here on arrays: the state groups (``state_group_table``), the activation groups
+(``activation_group_table``: the terms scaled by layers and micro-batches in flight, through ``RowScaler``),
+each moment's unused-but-reserved bytes (``waste_bytes``) and the reserved counter (``capped_reserved``). What
+is the planner's own is the bookkeeping: one row per candidate stage, each distinct part computed once, the
+moments of ``engine/step/moments.MOMENT_TABLE`` added by group name, the larger of two instants, the peak moment
+and the largest pool taken with the same integer and float operations. ``tests/plan/test_plan_vector.py``
+checks every figure against ``estimate`` byte for byte.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
 
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.context import Context, Stage, interleaved_held_layers
+from memsim_widget.engine.context import Context, Stage, uneven_held_layers
+from memsim_widget.engine.counters.overhead import (
+    NCCL_PER_COMMUNICATOR,
+    PERSISTENT_CATEGORIES,
+    capped_reserved,
+    communicator_count,
+    context_bytes,
+    reserved_cap,
+    waste_bytes,
+    waste_rates,
+    workspace_items,
+)
 from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
 from memsim_widget.engine.items import Item, allocated_of
-from memsim_widget.engine.moments import (
+from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.states import model_states
+from memsim_widget.engine.step.lazy_items import ItemGroup, Label
+from memsim_widget.engine.step.moments import (
     ACTIVATION_GROUPS,
     MOMENT_TABLE,
     MOMENTS,
     OPTIMIZER_STEPS,
     STATE_GROUPS,
 )
-from memsim_widget.engine.overhead import (
-    FRAGMENTATION_PERSISTENT,
-    NCCL_PER_COMMUNICATOR,
-    PERSISTENT_CATEGORIES,
-    communicator_count,
-    context_bytes,
-    waste_rates,
-    workspace_items,
-)
-from memsim_widget.engine.pipeline import (
-    loss_count,
-    next_backward_count,
-    outputs_held_count,
-    pending_send_count,
-    receive_count,
-    through_step_count,
-)
-from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
-from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import (
-    layer0_sets,
-    resident_count,
+from memsim_widget.engine.step.timeline import (
+    ActivationKnobs,
+    StageCounts,
+    activation_group_table,
+    budget_list,
     scaled_term,
     state_group_table,
     state_lists,
 )
 from memsim_widget.precision import PRECISIONS
 from memsim_widget.rules import available_impl
-from memsim_widget.rules.pipeline_split import chunk_layers, rank_chunks, rank_layers
+from memsim_widget.rules.pipeline_split import chunk_layers, rank_layers
 from memsim_widget.scenario import Scenario
 
 #: The knobs a candidate may set, as integer-coded columns (strings index the tuples below).
@@ -73,7 +74,7 @@ COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accu
            "checkpointing", "loss", "optimizer", "offload")  # fmt: skip
 
 #: Group statistics, the columns of every (keys, NSTAT) sum array: raw bytes, allocated bytes, long-lived
-#: allocated bytes (engine/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
+#: allocated bytes (engine/counters/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
 RAW, ALLOC, LONG, LOSS = range(4)
 NSTAT = 4
 STAT_NAMES = ("raw", "alloc", "long", "loss")
@@ -92,15 +93,16 @@ MAX_TENSORS = 2**40
 
 
 def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
-    """The four sums of a list of engine items (each clipped to ``SATURATION_BYTES``)."""
-    raw = alloc = persistent = 0
-    for i in items:
-        a = i.allocated_bytes
-        raw += i.bytes
-        alloc += a
-        if i.category in PERSISTENT_CATEGORIES:
-            persistent += a
-    return min(raw, SATURATION_BYTES), min(alloc, SATURATION_BYTES), min(persistent, SATURATION_BYTES), 0
+    """The four sums of a list of engine items, as the engine's ``ItemGroup`` adds them (the long-lived bytes:
+    those the fitted pool counts so, ``PERSISTENT_CATEGORIES``), each clipped to ``SATURATION_BYTES``."""
+    group = ItemGroup(items)
+    alloc, persistent, _ = group.pool_sums(PERSISTENT_CATEGORIES, set())
+    return (
+        min(group.raw, SATURATION_BYTES),
+        min(alloc, SATURATION_BYTES),
+        min(persistent, SATURATION_BYTES),
+        0,
+    )
 
 
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
@@ -112,7 +114,7 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "chunk_gathered")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
-#: micro-batches (engine/timeline ``grads_carried``).
+#: micro-batches (engine/step/timeline ``grads_carried``).
 STATE_KEY = (
     "tp",
     "ep",
@@ -152,7 +154,7 @@ def state_row(scenario: Scenario, layers: int, first: bool, last: bool) -> State
 @dataclass(frozen=True)
 class StatePart:
     """A ``StateRow`` of one state key (without "carried"), and whether the root is resharded for the loss
-    (engine/timeline: no gathered units while the loss runs)."""
+    (engine/step/timeline: no gathered units while the loss runs)."""
 
     stats: np.ndarray
     outside: int
@@ -201,7 +203,8 @@ def _state_side(
     outside = np.array([part.outside for part in parts], dtype=np.int64)
     resharded = np.array([part.resharded for part in parts], dtype=bool)
     g = {name: stats[inv, j] for j, name in enumerate(STATE_LISTS)}
-    carried = key["carried"][:, None]  # 2: at the loss only loss_grads (engine/timeline state_group_table)
+    # 2: at the loss only loss_grads (engine/step/timeline state_group_table)
+    carried = key["carried"][:, None]
     last = (key["last"] == 1)[:, None]
     overhead = np.broadcast_to(ws[None, :], g["persistent"].shape)
     in_backward = base.optimizer_in_backward
@@ -213,7 +216,7 @@ def _state_side(
 TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "post", "loss_forward",
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
                "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer",
-               "pp_buffer", "pp_output", "pp_logits")  # fmt: skip
+               "pp_buffer", "pp_output", "pp_logits", "bottom_backward")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 
@@ -419,7 +422,8 @@ def _row_sums(a: np.ndarray) -> np.ndarray:
 
 
 def _scaled_rows(table: np.ndarray, factor: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """``_scaled`` where each row has its own term table: ``table`` is (rows, terms, TERM_COLS). A row
+    """``engine/step/timeline.scaled_term`` summed, where each row has its own term table: ``table`` is (rows,
+    terms, TERM_COLS) and each row its own factor and ``first``. A row
     whose bytes reach ``SATURATION_BYTES`` has every statistic set to it (so the overflow shows in any sum
     it enters)."""
     n = factor.shape[0]
@@ -466,7 +470,7 @@ def _stage_rows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(candidate, stage, slot) of the stages that can be a candidate's worst rank: the first, the second, the
     first middle stage that carries gradients (fewer micro-batches in flight than there are, so an earlier
-    one already ran backward: engine/timeline ``grads_carried``) and the last. Middle stages of an even split
+    one already ran backward: engine/step/timeline ``grads_carried``) and the last. Middle stages of an even split
     hold the same states and no more micro-batches in flight than a lower one, so within each group
     (carrying or not) the lowest is the worst; ties go to the lower stage, as ``max`` does. An ``uneven``
     split (``rules/pipeline_split``) has a row for every stage: its middle stages differ in layers. A row's
@@ -524,26 +528,28 @@ def _held_layers(
     base: Scenario, num_layers: int, xp: np.ndarray, xm: np.ndarray, xstage: np.ndarray, layers: np.ndarray,
     f: np.ndarray, at_loss: bool = False,
 ) -> np.ndarray:  # fmt: skip
-    """Layer x micro-batch activation sets per row (engine/context ``Context.held_layers``, ``at_loss``)."""
+    """Layer x micro-batch activation sets per row (engine/context ``Context.held_layers``, ``at_loss``): the
+    stage's layers times its micro-batches in flight, but where ``uneven_held_layers`` says otherwise (looked at
+    once per distinct (pp, micro-batches, stage) of an uneven split)."""
     held = layers * f
     par = base.parallel
-    if par.pp_schedule != "interleaved":
+    rows = np.flatnonzero(uneven_split(base, num_layers, xp))
+    if not rows.size:
         return held
-    memo: dict[tuple[int, int, int], float | None] = {}
-    for i in np.flatnonzero(uneven_split(base, num_layers, xp)).tolist():
-        key = (int(xp[i]), int(xm[i]), int(xstage[i]))
-        if key not in memo:
-            p, m, s = key
-            mine = rank_chunks(_chunks(num_layers, p, par.virtual_stages, par.pp_split), p, s)
-            loss = at_loss and s == p - 1
-            memo[key] = interleaved_held_layers(p, m, s, mine, loss) if len(set(mine)) > 1 else None
-        if memo[key] is not None:
-            held[i] = memo[key]
+    keys, inverse = unique_codes([xp[rows], xm[rows], xstage[rows]])
+    found = [
+        uneven_held_layers(par.pp_schedule, p, m, s, _chunks(num_layers, p, par.virtual_stages, par.pp_split),
+                           at_loss)
+        for p, m, s in keys.tolist()
+    ]  # fmt: skip
+    values = np.array([np.nan if x is None else x for x in found])[inverse]
+    at = ~np.isnan(values)
+    held[rows[at]] = values[at]
     return held
 
 
 def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int) -> np.ndarray:
-    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/schedule ``in_flight``) are fewer than
+    """The lowest stage >= 1 whose micro-batches in flight ``f`` (engine/parallel/schedule ``in_flight``) are fewer than
     ``mb``: 1F1B ``min(m, p - s) < m`` from ``s = p - m + 1``; interleaved ``(w(s) + 1) / v < m`` with
     ``w(s) = (v - 1) r + 2 (p - 1 - s)`` from ``s > p - 1 - (m v - 1 - (v - 1) r) / 2``; never under GPipe."""
     if schedule == "gpipe":
@@ -579,160 +585,122 @@ def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
     return arows
 
 
-def _per_key_groups(akey: np.ndarray, arows: list[ActRow], T: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Activation groups whose factor does not depend on the stage, once per activation key: the last
-    layer's recompute, a layer's backward, layer 0's own saved terms (on the first stage and on others), and
-    the last stage's loss and head terms (factor 1; other stages hold none)."""
-    na = akey.shape[0]
-    ones, zeros = np.ones(na), np.zeros(na)
-    shared = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)[:, None]
-    ckpt = np.isin(akey[:, 4], CKPT_CODES)[:, None]
-    recompute = np.where(ckpt, _scaled_rows(T["recompute"], ones, zeros), 0)
-    lb, ab = (
-        _scaled_rows(T["layer_backward"], ones, zeros),
-        _scaled_rows(T["attention_backward"], ones, zeros),
-    )
-    own_ckpt = recompute + np.where(shared, 0, _scaled_rows(T["kept"], ones, zeros))
-    return {
-        "recompute": recompute,
-        "layer_backward": np.where((ab[:, RAW] > lb[:, RAW])[:, None], ab, lb),
-        "own_first": np.where(ckpt, own_ckpt, _scaled_rows(T["per_layer"], ones, ones)),
-        "own_other": np.where(ckpt, own_ckpt, _scaled_rows(T["per_layer"], ones, zeros)),
-        "loss_backward": _scaled_rows(T["loss_backward"], ones, zeros),
-        "loss_forward": _scaled_rows(T["loss_forward"], ones, zeros),
-        "top_backward": _scaled_rows(T["top_backward"], ones, zeros),
-        "held_logits": _scaled_rows(T["output_logits"], ones, zeros),
-    }
-
-
 def _term_tables(akey: np.ndarray, arows: list[ActRow]) -> dict[str, np.ndarray]:
-    """Each term group's tables of every activation key, padded to one array, plus ``kept`` (what each layer
-    keeps for backward: its checkpointed input under full checkpointing, else every term) and ``recompute``
-    (what recomputing a layer adds: ``recomputed_layer`` where the engine sets it, else every per-layer term)."""
+    """Each term group's tables of every activation key, padded to one array, and those of the ``Scaler`` names
+    ``kept`` and ``recompute`` (``engine/step/timeline.budget_list``)."""
     T = {g: _padded([ar.tables[g] for ar in arows]) for g in TERM_GROUPS}
-    T["kept"] = _padded(
-        [
-            ar.tables["checkpointed_layer" if ck in CKPT_CODES else "per_layer"]
-            for ar, ck in zip(arows, akey[:, 4], strict=True)
-        ]
-    )
-    T["recompute"] = _padded([ar.tables["recomputed_layer"] if ar.tables["recomputed_layer"].shape[0]
-                              else ar.tables["per_layer"] for ar in arows])  # fmt: skip
+    for name in ("kept", "recompute"):
+        T[name] = _padded(
+            [
+                ar.tables[budget_list(name, ck in CKPT_CODES, ar.tables["recomputed_layer"].shape[0] > 0)]
+                for ar, ck in zip(arows, akey[:, 4].tolist(), strict=True)
+            ]
+        )
     return T
 
 
-#: The last ``_key_tables`` answer: (its activation rows, kept so their ids stay theirs; ids and checkpointing
-#: codes; term tables; per-key groups).
-KEY_TABLES: list[Any] = []
+@dataclass
+class KeyTables:
+    """The term tables of a set of activation keys (``_term_tables``), and a term group's sums repeated once
+    per key (``once``: filled as the groups ask)."""
+
+    arows: list[ActRow]  # kept, so that their ids (``ident``) stay theirs
+    ident: tuple[tuple[int, ...], bytes]
+    tables: dict[str, np.ndarray]
+    sums: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+
+    @cached_property
+    def empty(self) -> frozenset[str]:
+        """The term groups with no term (or only zeros) in any key: every sum of them is 0."""
+        return frozenset(g for g, table in self.tables.items() if not table.any())
+
+    def once(self, terms: str, first: int) -> np.ndarray:
+        """The (keys, NSTAT) sums of ``terms`` repeated once per key, ``first`` (0 or 1) of it layer 0."""
+        out = self.sums.get((terms, first))
+        if out is None:
+            na = self.tables[terms].shape[0]
+            out = _scaled_rows(self.tables[terms], np.ones(na), np.full(na, float(first)))
+            self.sums[(terms, first)] = out
+        return out
 
 
-def _key_tables(akey: np.ndarray, arows: list[ActRow]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """``_term_tables`` and ``_per_key_groups`` of the activation keys, remembered for the last set of
-    activation rows (a repeated search on the same keys rebuilds neither)."""
+#: The last ``_key_tables`` answer (a repeated search on the same keys rebuilds nothing).
+KEY_TABLES: list[KeyTables] = []
+
+
+def _key_tables(akey: np.ndarray, arows: list[ActRow]) -> KeyTables:
+    """The ``KeyTables`` of the activation keys, remembered for the last set of activation rows."""
     ident = (tuple(id(ar) for ar in arows), akey[:, 4].tobytes())
-    if KEY_TABLES and KEY_TABLES[1] == ident:
-        return KEY_TABLES[2], KEY_TABLES[3]
-    T = _term_tables(akey, arows)
-    K = _per_key_groups(akey, arows, T)
-    KEY_TABLES[:] = [list(arows), ident, T, K]
-    return T, K
+    if KEY_TABLES and KEY_TABLES[0].ident == ident:
+        return KEY_TABLES[0]
+    KEY_TABLES[:] = [KeyTables(list(arows), ident, _term_tables(akey, arows))]
+    return KEY_TABLES[0]
+
+
+def _is_flag(x: Any) -> bool:
+    """A factor (or ``first``) that is 0 or 1: a Python bool or 0/1, or a boolean column."""
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.bool_
+    return isinstance(x, bool | np.bool_) or (isinstance(x, int) and x in (0, 1))
+
+
+class RowScaler:
+    """The planner's ``Scaler`` (``engine/step/timeline.activation_group_table``): a term group's sums (``NSTAT``
+    columns) per row, each row of activation key ``xa``. A flag factor (and flag ``first``) takes the key's
+    sums repeated once (``KeyTables.once``) where it is set; any other factor scales each distinct (key,
+    factor, first) once (``_scaled_distinct``). Counts come as (rows, 1) columns; labels are not read."""
+
+    def __init__(self, tables: KeyTables, xa: np.ndarray) -> None:
+        self.tables, self.xa, self.n = tables, xa, xa.shape[0]
+
+    @property
+    def none(self) -> np.ndarray:
+        return np.zeros((self.n, NSTAT), dtype=np.int64)
+
+    def __call__(self, terms: str, factor: Any, label: Label = "", first: Any = 0) -> np.ndarray:
+        if terms in self.tables.empty:
+            return self.none
+        if _is_flag(factor) and _is_flag(first):
+            if not isinstance(factor, np.ndarray) and not factor:
+                return self.none
+            once = self.tables.once
+            if isinstance(first, np.ndarray):
+                sums = np.where(first, once(terms, 1)[self.xa], once(terms, 0)[self.xa])
+            else:
+                sums = once(terms, int(first))[self.xa]
+            return np.where(factor, sums, 0) if isinstance(factor, np.ndarray) else sums
+        fac, fst = (np.broadcast_to(np.asarray(x, dtype=np.float64), (self.n, 1)).reshape(self.n)
+                    for x in (factor, first))  # fmt: skip
+        return _scaled_distinct(self.tables.tables[terms], self.xa, fac, fst)
+
+    def raw(self, group: np.ndarray) -> np.ndarray:
+        return group[:, RAW : RAW + 1]
 
 
 def _activation_side(
     base: Scenario, num_layers: int, akey: np.ndarray, arows: list[ActRow], xkey: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """The activation groups of ``moments.ACTIVATION_GROUPS`` per distinct (activation key, pp, stage,
-    micro-batches) row, the micro-batches in flight, and the rows where a term or group reached
-    ``SATURATION_BYTES``."""
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` (``engine/step/timeline.activation_group_table``) per
+    distinct (activation key, pp, stage, micro-batches) row, the micro-batches in flight, and the rows where a
+    term or group reached ``SATURATION_BYTES``."""
     par0 = base.parallel
-    T, K = _key_tables(akey, arows)
     xa, xp, xstage, xm = (xkey[:, j] for j in range(4))
-    xfirst, xlast = xstage == 0, xstage == xp - 1
     layers = stage_layers(base, num_layers, xp, xstage)
-    v = par0.virtual_stages
-    f = in_flight(xp, xm, par0.pp_schedule, v, xstage)
+    f = in_flight(xp, xm, par0.pp_schedule, par0.virtual_stages, xstage)
     held = _held_layers(base, num_layers, xp, xm, xstage, layers, f)
     held_loss = _held_layers(base, num_layers, xp, xm, xstage, layers, f, at_loss=True)
-    nx = xkey.shape[0]
-    zeros = np.zeros(nx)
-
-    def scaled(group: str, factor: np.ndarray | float, first_n: np.ndarray | float = zeros) -> np.ndarray:
-        fac = np.broadcast_to(np.asarray(factor, dtype=np.float64), (nx,))
-        fst = np.broadcast_to(np.asarray(first_n, dtype=np.float64), (nx,))
-        return _scaled_distinct(T[group], xa, fac, fst)
-
-    on_last = xlast[:, None]
-    # engine/pipeline.py: the last stage's losses held at once, the stage's buffers and kept outputs
-    piped = xp > 1
-    n_loss = loss_count(xp, xm, par0.pp_schedule, xlast).astype(np.float64)
-    n_recv = receive_count(xp, xm, v, xfirst, xlast)
-    n_send = pending_send_count(xp, xm, v, xfirst).astype(np.float64)
+    counts = StageCounts(xp[:, None], xm[:, None], layers[:, None], f[:, None], (xstage == 0)[:, None],
+                         (xstage == xp - 1)[:, None], held[:, None], held_loss[:, None], par0.pp_schedule,
+                         par0.virtual_stages)  # fmt: skip
+    # every layer checkpointed: the policy's (the planner sets no checkpoint_every), on a stage of layers
+    ckpt = (np.isin(akey[:, 4], CKPT_CODES)[xa] & (layers > 0))[:, None]
+    shared = np.array([ar.ckpt_input_shared for ar in arows], dtype=bool)[xa][:, None]
     through_step = any(ar.output_through_step for ar in arows)  # output_lifetime "step" (a base key)
-    # engine/pipeline.returns_outputs: the last stage keeps every micro-batch's output, and at the step
-    # their concatenation too
-    n_out = outputs_held_count(xp, xm, f, xlast, n_loss, through_step)
-    n_step = zeros + through_step_count(xp, xm, xlast, through_step)
-    recv = scaled("pp_buffer", n_recv.astype(np.float64))
-    out = np.where(on_last, scaled("pp_logits", n_out), scaled("pp_output", n_out))
-    n_off = base.activation_offloading_layers
-    resident = resident_count(held, base.activation_offloading, n_off)
-    first_n = layer0_sets(xfirst, f, resident, held)
-    resident_loss = resident_count(held, base.activation_offloading, n_off, at_loss=True)
-    first_loss = layer0_sets(xfirst, f, resident_loss, held)
-    fl = layers.astype(np.float64)
-    held_logits = np.where(on_last & ~piped[:, None], K["held_logits"][xa], 0)
-    cache_all = scaled("output_cache", fl)
-    if base.activation_offloading:
-        rest = np.zeros((nx, NSTAT), dtype=np.int64)
-    else:
-        rest = np.where(
-            (f > 1)[:, None],
-            scaled(
-                "kept",
-                np.where(held == layers * f, layers * (f - 1), held - layers),
-                np.where(first_n > 0, first_n - 1, 0.0),
-            ),
-            0,
-        )
-    # GPipe's second backward (engine/pipeline next_backward_count): one micro-batch fewer of each, else none
-    nxt = next_backward_count(xp, xm, par0.pp_schedule).astype(np.float64)
-    f_next = (f - 1) * nxt
-    loss_next = np.maximum(n_loss - 1, 0) * nxt
-    n_out_next = outputs_held_count(xp, xm, f - 1, xlast, n_loss - 1, through_step) * nxt
-    out_next = np.where(on_last, scaled("pp_logits", n_out_next), scaled("pp_output", n_out_next))
-    groups = {
-        "stage_io_next": scaled("pp_buffer", n_recv * nxt) + scaled("pp_buffer", n_send * nxt) + out_next,
-        "pre_next": scaled("pre", np.where(xfirst, f_next, 0.0)) + scaled("inputs", f_next),
-        "saved_next": np.where((nxt > 0)[:, None], rest, 0),
-        "post_next": scaled("post", loss_next),
-        "loss_saved_next": scaled("loss_saved", loss_next),
-        "loss_backward_next": np.where(on_last & (nxt > 0)[:, None], K["loss_backward"][xa], 0),
-        "stage_io": recv + scaled("pp_buffer", n_send) + out,
-        "receive_buffers": recv,
-        "pre": scaled("pre", np.where(xfirst, f, 0.0)) + scaled("inputs", f),
-        "saved": scaled("kept", resident, first_n),
-        "saved_at_loss": scaled("kept", np.minimum(held_loss, resident_loss), first_loss),
-        "post": scaled("post", n_loss),
-        "loss_saved": scaled("loss_saved", n_loss),
-        "loss_forward": np.where(on_last, K["loss_forward"][xa], 0),
-        "cache_per_layer": scaled("cache_per_layer", fl),
-        "loss_backward": np.where(on_last, K["loss_backward"][xa], 0),
-        "held_logits": held_logits,
-        "held_cache_extra": scaled("output_cache_extra", fl),
-        "top_backward": np.where(on_last, K["top_backward"][xa], 0),
-        "recompute": K["recompute"][xa],
-        "layer_backward": K["layer_backward"][xa],
-        "rest": rest,
-        "own": np.where(xfirst[:, None], K["own_first"][xa], K["own_other"][xa]),
-        "cache_but_own": scaled("output_cache", fl - 1) + scaled("output_cache_extra", 1.0),
-        "cache_all": cache_all,
-        "bottom_backward": np.zeros((nx, NSTAT), dtype=np.int64),  # calibrated models only (none planned)
-        "held_through_step": held_logits + scaled("pp_logits", n_step) + cache_all
-        if through_step
-        else np.zeros((nx, NSTAT), dtype=np.int64),
-    }
-    over = reaches_saturation(groups.values(), nx) | reaches_saturation(K.values(), akey.shape[0])[xa]
-    return groups, f, over
+    knobs = ActivationKnobs(
+        ckpt, shared, base.activation_offloading, base.activation_offloading_layers, through_step
+    )
+    groups = activation_group_table(RowScaler(_key_tables(akey, arows), xa), counts, knobs)
+    return groups, f, reaches_saturation(groups.values(), xkey.shape[0])
 
 
 def reaches_saturation(parts: Iterable[np.ndarray], n: int) -> np.ndarray:
@@ -839,33 +807,30 @@ def _moment_rows(
     return out
 
 
+#: Rows per block of ``_peak_and_pool``: a block's temporaries stay in the cache and their memory is reused.
+POOL_ROWS = 1 << 15
+
+
 def _peak_and_pool(
     ctx0: Context, moments: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The peak allocated bytes, its moment, and the largest allocator pool (engine/overhead) per row."""
-    f_t, f_v = waste_rates(ctx0)
-    peak_alloc = moments[0][1].copy()
-    peak_m = np.full(peak_alloc.shape, moments[0][0], dtype=np.int64)
-    pool = peak_alloc.copy()
-    waste, part = np.empty(pool.shape), np.empty(pool.shape)
-    held = np.empty(pool.shape, dtype=np.int64)
-    for j, (k, alloc, pers, loss) in enumerate(moments):
-        if j:
-            higher = alloc > peak_alloc  # the first moment of the largest total wins, as max() picks
-            np.copyto(peak_m, k, where=higher)
-            np.maximum(peak_alloc, alloc, out=peak_alloc)
-        # waste = trunc(FRAGMENTATION_PERSISTENT * pers + f_t * (alloc - pers) [+ f_v * loss]), in place
-        np.multiply(pers, FRAGMENTATION_PERSISTENT, out=waste)
-        np.subtract(alloc, pers, out=held)
-        np.multiply(held, f_t, out=part)
-        waste += part
-        if f_v:  # adding 0.0 changes no sum: skipped when shapes are fixed
-            np.multiply(loss, f_v, out=part)
-            waste += part
-        np.trunc(waste, out=waste)
-        np.copyto(held, waste, casting="unsafe")
-        held += alloc
-        np.maximum(pool, held, out=pool)
+    """The peak allocated bytes, its moment, and the largest allocator pool per row: each moment's allocated
+    bytes and what the allocator holds unused beside them (``engine/counters/overhead.waste_bytes``, the fitted rule of
+    ``reserved_item``), block by block of ``POOL_ROWS`` rows."""
+    rates = waste_rates(ctx0)
+    first = moments[0][1]
+    peak_alloc, pool = first.copy(), first.copy()
+    peak_m = np.full(first.shape, moments[0][0], dtype=np.int64)
+    for start in range(0, first.shape[0], POOL_ROWS):
+        rows = slice(start, start + POOL_ROWS)
+        peak, at, largest = peak_alloc[rows], peak_m[rows], pool[rows]
+        for k, alloc, pers, loss in moments:
+            a = alloc[rows]
+            np.copyto(at, k, where=a > peak)  # the first moment of the largest total wins, as max() picks
+            np.maximum(peak, a, out=peak)
+            held = waste_bytes(a, pers[rows] if pers.ndim else pers, loss[rows] if loss.ndim else loss, rates)
+            held += a
+            np.maximum(largest, held, out=largest)
     return peak_alloc, peak_m, pool
 
 
@@ -918,7 +883,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS}
     ctx0 = Context(base.replace(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
                                           "offload": "none", "sequence_parallel": False, "pp_layers": None}))  # fmt: skip
-    arch, gpu = ctx0.arch, ctx0.gpu
+    arch = ctx0.arch
     par0 = base.parallel
 
     # ----- activation terms per distinct (micro-batch, tp, cp, sp, checkpointing, loss) -----------------
@@ -970,7 +935,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     s_over = s_out >= SATURATION_BYTES
     s_over |= reaches_saturation((*S.values(), *s_parts.values()), s_over.shape[0])
 
-    # ----- the moments (engine/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
+    # ----- the moments (engine/step/moments.MOMENT_TABLE): (allocated, long-lived, loss buffers) per moment ---
     # optimizer_step: per candidate, for the candidate's optimizer (not the base's: a base with optimizer
     # "none" searched over AdamW still steps)
     has_step = np.array([o != "none" for o in optimizers], dtype=bool)[c["optimizer"][cand]]
@@ -981,16 +946,16 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         steps,
     )
 
-    # ----- peak, allocator pool, outside memory (engine/overhead) ---------------------------------------
+    # ----- peak, allocator pool, outside memory (engine/counters/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
-    # one NCCL communicator per parallel dimension above 1 (engine/overhead.device_items)
+    # one NCCL communicator per parallel dimension above 1 (engine/counters/overhead.device_items)
     comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
     outside = context_bytes(ctx0) + comms * NCCL_PER_COMMUNICATOR + s_out[s_idx]
-    cap = gpu.memory_bytes - outside
+    cap = reserved_cap(ctx0, outside)
     oom = np.zeros(cand.shape[0], dtype=bool)
     if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
         pool, oom = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool, cap)
-    reserved = np.maximum(peak_alloc, np.minimum(pool, cap))
+    reserved = capped_reserved(peak_alloc, pool, cap)
     device = reserved + outside
     row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)
     return _worst_ranks(cand, stage, peak_alloc, reserved, device, peak_m, row_over, oom)
@@ -1000,14 +965,14 @@ def _replayed_pools(
     base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
     s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray, cap: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """``pool`` with, on the rows whose candidate ``engine/alloc_stream.replayable`` accepts, the peak reserved
-    of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_replay`` on the row's
-    room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the engine
-    calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
+    """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak
+    reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_replay`` on the
+    row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
+    engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape; one-GPU rows of a pair share the room). Only one-GPU rows without accumulation can be
     accepted: the others are not looked at."""
-    from memsim_widget.engine import objectives
-    from memsim_widget.engine.alloc_stream import card_replay, pool_replay, replayable
+    from memsim_widget.engine.counters.alloc_stream import card_replay, pool_replay, replayable
+    from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
     if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay

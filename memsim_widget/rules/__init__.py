@@ -7,8 +7,8 @@ each rule's message where its control is ``disabled`` (or its values ``refused``
 keeps only the candidates that break no rule. Modules by where a rule is checked: ``parallel`` (the layout
 alone), ``step`` (the step's keys), ``objective`` (the ``rl`` block), ``model`` (against the model),
 ``multimodal`` (against a multimodal model). Rules the engine checks inside its formulas (the family- and
-precision-specific refusals in ``engine/activations.py`` and ``engine/calibrated.py``, the calibrated model's
-objectives in ``engine/objectives.py``) stay there: the planner probes them through the engine.
+precision-specific refusals in ``engine/activations.py`` and ``engine/activations/calibrated.py``, the calibrated model's
+objectives in ``engine/rl/objectives.py``) stay there: the planner probes them through the engine.
 """
 
 from __future__ import annotations

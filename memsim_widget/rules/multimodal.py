@@ -30,7 +30,7 @@ def _no_split(key: str) -> Rule:
     )
 
 
-#: Also checked by ``engine.objectives.check_model``: the engine resolves its Context from the SFT step it runs.
+#: Also checked by ``engine.rl.objectives.check_model``: the engine resolves its Context from the SFT step it runs.
 SFT_ONLY = Rule(
     "multimodal models train sft only",
     "objective",

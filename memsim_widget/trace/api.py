@@ -197,7 +197,7 @@ def trace_report(sc: Scenario, result: Any) -> dict[str, Any]:
         "layout": result.layout,
         "counter": "live tensor bytes on fake tensors (compare with peak_tensor_bytes of memsim estimate)",
         # the three GPU counters of the traced run: its allocations and frees replayed through PyTorch's caching
-        # allocator (engine/allocator.py), nvidia-smi adding the context and NCCL as the engine models them
+        # allocator (engine/counters/allocator.py), nvidia-smi adding the context and NCCL as the engine models them
         "counters": traced_counters(sc, result),
         "simulated": simulated_components(sc, result.rank),
     }

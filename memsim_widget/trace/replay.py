@@ -1,5 +1,5 @@
 """The reserved and nvidia-smi counters of a traced run: its allocations and frees, in order, replayed through
-the caching allocator (``engine/allocator.py``).
+the caching allocator (``engine/counters/allocator.py``).
 
 The tracker records every tensor storage with the sequence numbers of its allocation and its free; sorted,
 they are the stream of requests PyTorch's allocator sees on the GPU. Two things the trace cannot see are added
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.engine.allocator import AllocatorConf, Event, ReplayResult, alloc, free, replay
+from memsim_widget.engine.counters.allocator import AllocatorConf, Event, ReplayResult, alloc, free, replay
 
 
 def allocation_stream(tracker: Any, workspaces: tuple[int, ...] = ()) -> list[Event]:
@@ -43,8 +43,8 @@ def _prepared(
     """(the stream with the cuBLAS workspaces, the bytes outside the allocator, the allocator settings, the
     card's capacity as the engine reads it)."""
     from memsim_widget.engine.context import Context
+    from memsim_widget.engine.counters.overhead import device_items, workspace_items
     from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.overhead import device_items, workspace_items
 
     ctx = Context(sc)
     ws = workspace_items(ctx)[0]
@@ -99,7 +99,7 @@ def traced_counters(sc: Any, result: Any) -> dict[str, Any]:
 
 def on_card_text(on_card: dict[str, Any] | None) -> str:
     """The replay's verdict on the card in words (empty without a replay): ``alloc_stream.card_text``."""
-    from memsim_widget.engine.alloc_stream import card_text
+    from memsim_widget.engine.counters.alloc_stream import card_text
 
     if not on_card:
         return ""

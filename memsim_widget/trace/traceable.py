@@ -138,7 +138,7 @@ TRACEABLE_OBJECTIVES = ("sft", "dpo", "orpo", "kto", "grpo", "ppo")
 
 def _check_objective(sc: Scenario) -> None:
     """Raise ScenarioError for an objective step the tracer does not run (the rollout phase is never traced:
-    it is held to vLLM's documented arithmetic instead, ``engine/rollout.py``)."""
+    it is held to vLLM's documented arithmetic instead, ``engine/rl/rollout.py``)."""
     obj = sc.objective_name
     if obj not in TRACEABLE_OBJECTIVES:
         raise ScenarioError(

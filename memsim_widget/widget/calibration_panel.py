@@ -55,7 +55,7 @@ def pending_fit(sc: Scenario) -> bool:
     """Whether estimating ``sc`` would trace or build a model: a calibrated model not resolved yet
     (``resolves_at_once``), or one whose fit for this recipe is not made yet."""
     from memsim_widget.catalog.models import architecture_for
-    from memsim_widget.engine.calibrated import recipe_key
+    from memsim_widget.engine.activations.calibrated import recipe_key
 
     if not resolves_at_once(sc.model):
         return True

@@ -17,7 +17,7 @@ from _cli_run import run  # noqa: E402
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.gpu_speed import matmul_efficiency
+from memsim_widget.engine.speed.gpu_speed import matmul_efficiency
 from memsim_widget.scenario import Scenario
 
 #: The README's recommend example.

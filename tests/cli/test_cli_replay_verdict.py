@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from memsim_widget.cli import main
-from memsim_widget.engine.alloc_stream import pool_replay
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.counters.alloc_stream import pool_replay
 from memsim_widget.units import GiB
 
 BASE = {"model": "qwen2.5-0.5b", "seq_len": 512, "reserved_model": "replay"}

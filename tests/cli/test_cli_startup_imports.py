@@ -32,8 +32,8 @@ HEAVY = (
 UNUSED_LAYERS = ("plan", "charts", "widget", "app", "trace", "importers", "comparison", "calibrate")
 
 #: The allocation-stream replay and its caching allocator: only a scenario with ``reserved_model: replay`` uses them
-#: (the default keeps the fitted rule, engine/overhead.py).
-REPLAY = ("memsim_widget.engine.alloc_stream", "memsim_widget.engine.allocator")
+#: (the default keeps the fitted rule, engine/counters/overhead.py).
+REPLAY = ("memsim_widget.engine.counters.alloc_stream", "memsim_widget.engine.counters.allocator")
 
 #: Run the CLI as ``memsim`` does, then print what the process loaded and which dataclasses its package modules
 #: defined with the standard decorator (theirs would be ``dataclasses``'s ``__eq__``, compiled from text).

@@ -1,4 +1,4 @@
-"""The caching allocator as it was before its fast path (memsim-widget engine/allocator.py at commit 8cf9259),
+"""The caching allocator as it was before its fast path (memsim-widget engine/counters/allocator.py at commit 8cf9259),
 kept unchanged as the reference the fast simulator is checked against (tests/engine/test_allocator_reference.py,
 benchmarks/replay_speed.py): the same rules written one call per rule, no inlined path.
 

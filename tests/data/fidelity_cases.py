@@ -1178,7 +1178,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             ),
         )
     ),
-    # Jamba: attention and Mamba layers, MoE and dense MLPs (engine/hybrid.py); the torch scan path (grouped_mm
+    # Jamba: attention and Mamba layers, MoE and dense MLPs (engine/activations/hybrid.py); the torch scan path (grouped_mm
     # experts run only in bf16 on a CPU: the fp32 case has dense MLPs only)
     *(
         (f"jamba {label}", {"model": {**JAMBA, **more}, "ssm_kernel": "torch", **keys})
@@ -1237,7 +1237,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
 ]
 
-# ----- multimodal (families/clip.py, llava.py, llava_next.py, qwen2_vl.py; engine/vision*.py) -----------------------------------------
+# ----- multimodal (families/clip.py, llava.py, llava_next.py, qwen2_vl.py; engine/multimodal/) -----------------------------------------
 #: CLIP: 4-layer text tower (77 tokens) and 4-layer ViT-B/16-shaped vision tower at 224px (196 patches + CLS)
 CLIP = {
     "model_type": "clip",

@@ -19,7 +19,7 @@ import fidelity_measured as fm  # noqa: E402
 import gpu_measure as gm  # noqa: E402
 
 from memsim_widget import Scenario, estimate  # noqa: E402
-from memsim_widget.engine import overhead  # noqa: E402
+from memsim_widget.engine.counters import overhead  # noqa: E402
 
 GiB = 2**30
 

@@ -1,16 +1,22 @@
-"""engine/alloc_stream: the allocation stream the engine builds from its own groups and replays for the reserved
+"""engine/counters/alloc_stream: the allocation stream the engine builds from its own groups and replays for the reserved
 counter. These tests hold the stream to what it claims to be: well formed, holding the engine's tensors, in the
 order a PyTorch step runs (checked against the fake-tensor traces in docs/allocator.md)."""
 
 from __future__ import annotations
 
 from memsim_widget import Scenario, estimate
-from memsim_widget.engine import objectives
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, layer_forward_transients
-from memsim_widget.engine.alloc_stream import STEPS, grad_order, pool_replay, rank_stream, replay_stream
-from memsim_widget.engine.allocator import FREE, replay
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters.alloc_stream import (
+    STEPS,
+    grad_order,
+    pool_replay,
+    rank_stream,
+    replay_stream,
+)
+from memsim_widget.engine.counters.allocator import FREE, replay
 from memsim_widget.engine.frameworks import allocator_conf
+from memsim_widget.engine.rl import objectives
 
 LLAMA = {
     "model": "llama-3.2-1b",
@@ -132,7 +138,7 @@ def test_tied_embeddings_sum_their_two_gradients_out_of_place():
 def test_tensor_shares_cut_each_term_exactly():
     """Where a term's tensors differ in size (``shares``), one repeat's shares sum to one and the term's tensors
     are whole repeats of them, so the stream's tensors add up to the term's bytes (within int rounding)."""
-    from memsim_widget.engine.parts_cache import cached_activation_groups
+    from memsim_widget.engine.caches.parts_cache import cached_activation_groups
 
     for d in (
         LLAMA,
@@ -192,7 +198,7 @@ def test_the_replay_is_opt_in_and_the_default_keeps_the_fitted_rule():
 def test_a_card_with_the_same_stream_reuses_the_replay() -> None:
     """The H100 and the H200 build the same stream (the states' shape key differs: it holds the GPU): the second
     card's replay comes from the per-stream cache, its figures those of a replay made afresh."""
-    from memsim_widget.engine import alloc_stream
+    from memsim_widget.engine.counters import alloc_stream
 
     h100, h200 = ({**LLAMA, "gpu": g} for g in ("h100-sxm-80gb", "h200"))
     ctx100, ctx200 = (Context(objectives.training_scenario(Scenario.from_dict(d))) for d in (h100, h200))

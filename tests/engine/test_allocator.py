@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsim_widget.engine.allocator import (
+from memsim_widget.engine.counters.allocator import (
     AllocatorConf,
     CachingAllocator,
     alloc,

@@ -1,4 +1,4 @@
-"""The caching-allocator simulator (engine/allocator.py: ``malloc``/``free`` one call per event, and ``run``'s loop
+"""The caching-allocator simulator (engine/counters/allocator.py: ``malloc``/``free`` one call per event, and ``run``'s loop
 with both inlined, which ``replay`` and ``alloc_stream.replay_stream`` use) against the reference kept in
 tests/data/allocator_reference.py (the simulator before the fast path): after every event the same counters, at
 the end the same blocks at the same addresses, on random streams and on the engine's own streams, under each
@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memsim_widget import Scenario
-from memsim_widget.engine import alloc_stream, objectives
-from memsim_widget.engine.allocator import (
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters import alloc_stream
+from memsim_widget.engine.counters.allocator import (
     ADDR_BITS,
     FREE,
     AllocatorConf,
@@ -27,7 +28,7 @@ from memsim_widget.engine.allocator import (
     parse_alloc_conf,
     replay,
 )
-from memsim_widget.engine.context import Context
+from memsim_widget.engine.rl import objectives
 
 KiB, MiB = 1024, 1024**2
 

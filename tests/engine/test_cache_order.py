@@ -1,6 +1,6 @@
 """An estimate does not depend on which scenarios the process estimated before it.
 
-The engine memoises parts across scenarios (``engine/parts_cache``, ``engine/model_rules_cache``) under keys
+The engine memoises parts across scenarios (``engine/caches/parts_cache``, ``engine/caches/model_rules_cache``) under keys
 that leave out the fields a part never reads. A key missing a field the part does read, or a consumer that
 mutates a shared part, makes a figure depend on the order of the scenarios: these properties estimate a
 sequence of scenarios with warm caches and require each to equal its estimate made with every cache cleared.
@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memsim_widget.engine import parts_cache
+from memsim_widget.engine.caches import parts_cache
 from memsim_widget.engine.core import _estimate, estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from memsim_widget.engine.alloc_stream import (
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.core import estimate
+from memsim_widget.engine.counters.alloc_stream import (
     FRAGMENTATION,
     RELEASES_CACHE,
     RUNS,
@@ -18,9 +20,7 @@ from memsim_widget.engine.alloc_stream import (
     card_outcome,
     pool_replay,
 )
-from memsim_widget.engine.allocator import DEFAULT_CONF, MiB
-from memsim_widget.engine.context import Context
-from memsim_widget.engine.core import estimate
+from memsim_widget.engine.counters.allocator import DEFAULT_CONF, MiB
 from memsim_widget.engine.estimate import Verdict
 from memsim_widget.units import GiB
 

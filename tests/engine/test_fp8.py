@@ -10,8 +10,8 @@ import pytest
 from memsim_widget.architecture import build_architecture
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.step_time import step_parts
-from memsim_widget.engine.time_breakdown import context_time_model
+from memsim_widget.engine.speed.step_time import step_parts
+from memsim_widget.engine.speed.time_breakdown import context_time_model
 from memsim_widget.errors import ScenarioError
 from memsim_widget.fidelity_speed import DATA, _model, load
 from memsim_widget.fp8 import FP8_RECIPES
@@ -104,7 +104,7 @@ def test_published_nvidia_fp8_runs_within_15_percent() -> None:
 
 
 def _cast_seconds(sc: Scenario) -> float:
-    from memsim_widget.engine.time_breakdown import step_time
+    from memsim_widget.engine.speed.time_breakdown import step_time
 
     return next(i.seconds for i in step_time(Context(sc)).items if i.item == "torchao float8 casts")
 

@@ -1,4 +1,4 @@
-"""The ``model`` stage rule check remembered per scenario (``engine/model_rules_cache``): keyed by every field the
+"""The ``model`` stage rule check remembered per scenario (``engine/caches/model_rules_cache``): keyed by every field the
 rules read, and by no other; a scenario that breaks a rule raises every time."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from memsim_widget.engine import model_rules_cache
+from memsim_widget.engine.caches import model_rules_cache
 from memsim_widget.engine.context import Context
 from memsim_widget.errors import ScenarioError
 from memsim_widget.rules import ScenarioView

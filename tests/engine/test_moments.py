@@ -1,4 +1,4 @@
-"""The moment table (``engine/moments``) and the two paths that read it: the engine's timeline and the planner.
+"""The moment table (``engine/step/moments``) and the two paths that read it: the engine's timeline and the planner.
 
 ``tests/plan/test_plan_vector.py`` holds the two paths' figures equal byte for byte; these tests hold them to the same
 table: every group it names is built by both, on one side each, and a moment's totals are its items' sums.
@@ -9,14 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memsim_widget.engine import timeline
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.moments import ACTIVATION_GROUPS, MOMENT_TABLE, MOMENTS, STATE_GROUPS
-from memsim_widget.engine.objectives import training_scenario
-from memsim_widget.engine.overhead import PERSISTENT_CATEGORIES, pool_bytes, workspace_items
+from memsim_widget.engine.counters.overhead import PERSISTENT_CATEGORIES, pool_bytes, workspace_items
+from memsim_widget.engine.rl.objectives import training_scenario
 from memsim_widget.engine.states import model_states
+from memsim_widget.engine.step import timeline
+from memsim_widget.engine.step.moments import ACTIVATION_GROUPS, MOMENT_TABLE, MOMENTS, STATE_GROUPS
 from memsim_widget.plan import vector
 from memsim_widget.scenario import Scenario
 

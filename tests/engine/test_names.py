@@ -9,8 +9,8 @@ import pytest
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.estimate import Verdict
 from memsim_widget.engine.items import CATEGORIES, LEVELS, Category, Item, Level
-from memsim_widget.engine.objectives import Phase, phase_of
-from memsim_widget.engine.step_time import TIME_CATEGORIES, TimeCategory
+from memsim_widget.engine.rl.objectives import Phase, phase_of
+from memsim_widget.engine.speed.step_time import TIME_CATEGORIES, TimeCategory
 
 
 def test_the_sets_keep_their_names_and_order() -> None:

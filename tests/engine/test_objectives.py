@@ -160,7 +160,7 @@ def _items(est, moment):
 
 
 def test_kv_cache_blocks_follow_vllm_paged_attention():
-    from memsim_widget.engine.rollout import BLOCK_SIZE
+    from memsim_widget.engine.rl.rollout import BLOCK_SIZE
 
     est = _grpo(rollout="vllm_colocate", kv_cache="needed", sleep_mode=1)
     a = est.arch
@@ -319,7 +319,7 @@ def test_kv_block_arithmetic_matches_a_vllm_startup_log():
     reserved for KV Cache is 11.12GiB" and "# GPU blocks: 5691": 16-token blocks of 2 x 32 layers x 8 kv heads x
     128 x 2 B per token."""
     from memsim_widget.engine.context import Context
-    from memsim_widget.engine.rollout import BLOCK_SIZE, kv_bytes_per_token
+    from memsim_widget.engine.rl.rollout import BLOCK_SIZE, kv_bytes_per_token
 
     ctx = Context(Scenario.from_dict({"model": "llama-3.1-8b"}))
     per_token = kv_bytes_per_token(ctx)

@@ -89,7 +89,7 @@ def test_dp_x_tp_root_reduce_scatter_output_beside_one_unsharded_root_gradient()
 
 
 def test_a_schedule_that_returns_outputs_keeps_every_micro_batch_logits_and_their_concatenation():
-    from memsim_widget.engine.pipeline import outputs_held, outputs_through_step
+    from memsim_widget.engine.parallel.pipeline import outputs_held, outputs_through_step
 
     data = {"model": "llama-3.1-8b", "parallel": {"pp": 2, "pp_microbatches": 4}}
     ctx = Context(Scenario.from_dict({**data, "output_lifetime": "step"}))

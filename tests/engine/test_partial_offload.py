@@ -1,6 +1,6 @@
 """Partial activation offloading (``activation_offloading_layers``: the first N of L layers to the host).
 
-The rule (``engine/timeline.partial_resident``) is TransformerEngine 2.9's schedule, what Megatron-Core's
+The rule (``engine/step/timeline.partial_resident``) is TransformerEngine 2.9's schedule, what Megatron-Core's
 ``cpu_offloading_num_layers`` runs: while the loss runs the L - N layers not offloaded are on the GPU; from the
 last layer's backward on, layer N-1 is being brought back too (L - N + 1); the host holds the N layers' sets.
 N = 0 moves nothing (no offloading), N = L is every layer (today's torchtune rule, as unset).
@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memsim_widget.cli import main
+from memsim_widget.engine.caches.parts_cache import cached_activation_groups
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.parts_cache import cached_activation_groups
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 

@@ -1,4 +1,4 @@
-"""The engine's part caches (``engine/parts_cache``): keyed by every field that changes a part, and by no other.
+"""The engine's part caches (``engine/caches/parts_cache``): keyed by every field that changes a part, and by no other.
 
 Each cached part is checked three ways: the fields its key leaves out really leave the uncached part unchanged;
 two scenarios differing only in a field the key must hold get different parts through the warm cache; and an
@@ -11,13 +11,13 @@ import dataclasses
 
 import pytest
 
-from memsim_widget.engine import parts_cache
 from memsim_widget.engine.activations import activations
+from memsim_widget.engine.caches import parts_cache
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import _estimate, estimate
-from memsim_widget.engine.overhead import workspace_items
+from memsim_widget.engine.counters.overhead import workspace_items
 from memsim_widget.engine.states import model_states
-from memsim_widget.engine.timeline import state_groups
+from memsim_widget.engine.step.timeline import state_groups
 from memsim_widget.scenario import Scenario
 
 #: Base scenarios reaching the engine's branches: compile, tensor and pipeline parallel, LoRA, a framework with its

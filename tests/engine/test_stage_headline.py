@@ -34,7 +34,7 @@ PIPELINES = st.fixed_dictionaries(
 
 #: A layout whose largest nvidia-smi stage is not the one that allocates the most: under interleaved 1F1B
 #: stage 0 (the embedding, the most micro-batches in flight) allocates the most, while stage 2's allocator
-#: pool (engine/overhead) makes its reserved and nvidia-smi figures the largest.
+#: pool (engine/counters/overhead) makes its reserved and nvidia-smi figures the largest.
 SPLIT = {
     "model": "mistral-7b",
     "precision": "mixed-bf16",

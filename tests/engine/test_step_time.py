@@ -17,16 +17,16 @@ from memsim_widget.architecture import build_architecture
 from memsim_widget.cost import PRICES, TrainingCost, train_tokens, training_cost
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.flops import model_flops
-from memsim_widget.engine.gpu_speed import FIT_ROWS, MATMUL_EFFICIENCY
-from memsim_widget.engine.step_time import (
+from memsim_widget.engine.speed.flops import model_flops
+from memsim_widget.engine.speed.gpu_speed import FIT_ROWS, MATMUL_EFFICIENCY
+from memsim_widget.engine.speed.step_time import (
     ATTENTION_EFFICIENCY,
     TIME_CATEGORIES,
     optimizer_step_bytes,
     scenario_columns,
     step_parts,
 )
-from memsim_widget.engine.time_breakdown import context_time_model
+from memsim_widget.engine.speed.time_breakdown import context_time_model
 from memsim_widget.errors import ScenarioError
 from memsim_widget.fidelity_speed import compare, fit_constants, load, summary
 from memsim_widget.plan import plan

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from memsim_widget.engine.context import Context, interleaved_held_layers, interleaved_loss_grad_chunks
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.schedule import interleaved_in_flight
+from memsim_widget.engine.parallel.schedule import interleaved_in_flight
 from memsim_widget.engine.states import model_states
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario

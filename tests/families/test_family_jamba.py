@@ -13,10 +13,10 @@ import pytest
 from memsim_widget.architecture import build_architecture
 from memsim_widget.catalog.models import PRESETS, architecture_for
 from memsim_widget.engine.activations import activations
+from memsim_widget.engine.activations.hybrid import stack_context
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.flops import model_flops
-from memsim_widget.engine.hybrid import stack_context
+from memsim_widget.engine.speed.flops import model_flops
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 
@@ -145,7 +145,7 @@ def test_attention_terms_count_for_the_attention_layers_only() -> None:
 
 def test_mixer_terms_count_for_the_mamba_layers_and_kernels_differ() -> None:
     """The mixer's terms are 4/6 of one mixer's; the torch path keeps every scan state, the kernels do not."""
-    from memsim_widget.engine.hybrid import jamba_mixer
+    from memsim_widget.engine.activations.hybrid import jamba_mixer
 
     for kernel in ("torch", "cuda"):
         ctx = _ctx(ssm_kernel=kernel)
@@ -170,7 +170,7 @@ def test_under_full_checkpointing_the_recomputed_layer_is_a_whole_mamba_layer() 
     """The layer recomputed for its backward (the lowest, the highest) is a Mamba layer: one whole mixer (not
     4/6 of one) and no attention terms; the rest of the layer (norms, MLP) is the stack's average (traced:
     jamba bf16 ckpt b2 s64 -3.56% with the averaged layer -> +1.56%)."""
-    from memsim_widget.engine.hybrid import jamba_mixer
+    from memsim_widget.engine.activations.hybrid import jamba_mixer
 
     ctx = _ctx(ssm_kernel="torch", activation_checkpointing="full")
     out = activations(ctx)
@@ -187,7 +187,7 @@ def test_lora_mixer_keeps_no_input_of_a_frozen_matmul_and_no_frozen_norm_output(
     """Jamba's mixer under LoRA on in_proj, torch path: no x_proj input copy, no dt_proj input (the dt norm's
     output), no normalised tensor of the three frozen norms, no D-skip u or out_proj input, A once; in_proj's
     adapter keeps its fp32 copy of the input (traced: +5.74% -> +0.08%)."""
-    from memsim_widget.engine.hybrid import jamba_mixer
+    from memsim_widget.engine.activations.hybrid import jamba_mixer
 
     full = _ctx(ssm_kernel="torch")
     lora = _ctx(ssm_kernel="torch", method="lora", lora={"targets": ["in_proj"]})

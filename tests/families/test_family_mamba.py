@@ -11,7 +11,7 @@ import pytest
 from memsim_widget.architecture import build_architecture, unknown_model_type
 from memsim_widget.catalog.models import PRESETS, architecture_for
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.flops import model_flops
+from memsim_widget.engine.speed.flops import model_flops
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
 

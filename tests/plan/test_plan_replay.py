@@ -23,9 +23,9 @@ def _tight_card(base: dict, below: int) -> dict:
     """A custom card whose room for the allocator is ``below`` bytes under the micro-batch-1 candidate's
     unlimited replay peak (MiB multiples: the GiB float is exact): some candidates run only by releasing the
     cache, some run out of memory although the capped reserved counter stays inside the card."""
-    from memsim_widget.engine.alloc_stream import pool_replay
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.counters.alloc_stream import pool_replay
     from memsim_widget.units import GiB
 
     est = estimate(base)

@@ -180,7 +180,7 @@ def test_narrowed_space_keeps_only_the_fixed_choices():
 def test_first_carrying_stage_is_where_in_flight_first_drops_below_the_micro_batches(schedule):
     """The planner's extra middle stage is the lowest stage >= 1 whose in-flight count (the engine's own
     formula) is below the micro-batch count; every such stage can carry gradients, none below it can."""
-    from memsim_widget.engine.schedule import interleaved_in_flight
+    from memsim_widget.engine.parallel.schedule import interleaved_in_flight
     from memsim_widget.plan.vector import _first_carrying_stage
 
     v = 2 if schedule == "interleaved" else 1

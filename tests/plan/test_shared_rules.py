@@ -8,18 +8,35 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsim_widget.engine.arith import maximum, minimum, negate, where
+from memsim_widget.engine.arith import maximum, minimum, negate, to_int, where
+from memsim_widget.engine.counters.overhead import (
+    FRAGMENTATION_EXPANDABLE,
+    FRAGMENTATION_PERSISTENT,
+    FRAGMENTATION_TRANSIENT,
+    FRAGMENTATION_VARIABLE,
+    capped_reserved,
+    communicator_count,
+    group_sizes,
+    waste_bytes,
+)
 from memsim_widget.engine.items import allocated_of
-from memsim_widget.engine.overhead import communicator_count, group_sizes
-from memsim_widget.engine.pipeline import (
+from memsim_widget.engine.parallel.pipeline import (
     loss_count,
     outputs_held_count,
     pending_send_count,
     receive_count,
     through_step_count,
 )
-from memsim_widget.engine.schedule import grads_carried, in_flight, pipeline_carries_grads
-from memsim_widget.engine.timeline import layer0_sets, resident_count, scaled_term
+from memsim_widget.engine.parallel.schedule import grads_carried, in_flight, pipeline_carries_grads
+from memsim_widget.engine.step.moments import ACTIVATION_GROUPS
+from memsim_widget.engine.step.timeline import (
+    ActivationKnobs,
+    StageCounts,
+    activation_group_table,
+    layer0_sets,
+    resident_count,
+    scaled_term,
+)
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 
@@ -30,6 +47,8 @@ def test_on_numbers_the_helpers_are_pythons_own():
     assert where(True, 3, 0.5) == 3 and type(where(True, 3, 0.5)) is int
     assert (negate(True), negate(False)) == (False, True)
     assert negate(np.array([True, False])).tolist() == [False, True]
+    assert (to_int(2.9), to_int(-0.5), type(to_int(3.0))) == (2, 0, int)  # int(): toward zero
+    assert to_int(np.array([2.9, -0.5])).tolist() == [2, 0]
 
 
 @st.composite
@@ -119,3 +138,87 @@ def test_a_scaled_term_and_its_allocation_on_arrays_are_those_on_numbers(terms, 
         b1, t1 = int(b1), max(1, int(t1))
         assert (nb[j], nt[j]) == (b1, t1)
         assert alloc[j] == (allocated_of(b1, t1) if b1 > 0 else 0)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**50), st.integers(0, 2**50), st.integers(0, 2**40), st.integers(0, 2**50)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from(
+        (
+            (FRAGMENTATION_TRANSIENT, 0.0),
+            (FRAGMENTATION_TRANSIENT, FRAGMENTATION_VARIABLE),
+            (FRAGMENTATION_EXPANDABLE, 0.0),
+        )
+    ),
+)
+def test_the_fitted_pool_and_its_cap_on_arrays_are_those_on_numbers(pools, rates):
+    """A moment's unused-but-reserved bytes and the capped reserved counter (engine/counters/overhead): per element of
+    int64 columns, what one rank's Python ints give (the long-lived and loss bytes are parts of the allocated)."""
+    rows = [(a + p + lo, p, lo, cap) for a, p, lo, cap in pools]
+    alloc, pers, loss, cap = (np.array([r[k] for r in rows], dtype=np.int64) for k in range(4))
+    waste = waste_bytes(alloc, pers, loss, rates)
+    assert waste.dtype == np.int64
+    reserved = capped_reserved(alloc, alloc + waste, cap)
+    for j, (a, p, lo, c) in enumerate(rows):
+        w = waste_bytes(a, p, lo, rates)
+        assert type(w) is int and waste[j] == w == int(
+            FRAGMENTATION_PERSISTENT * p + rates[0] * (a - p) + rates[1] * lo
+        )
+        assert reserved[j] == capped_reserved(a, a + w, c) == max(a, min(a + w, c))
+
+
+class SumScaler:
+    """A ``Scaler`` over made-up terms: a group's bytes are its terms' bytes times the factor, less layer 0's
+    share where ``first`` (numbers, or (rows, 1) columns)."""
+
+    none = 0
+
+    def __call__(self, terms, factor, label="", first=0):
+        nbytes = 1000 + 37 * len(terms) + 11 * sum(map(ord, terms)) % 97  # distinct per term group
+        return where(factor > 0, nbytes * factor - 5 * first * (factor > 0), 0)
+
+    def raw(self, group):
+        return group
+
+
+@settings(max_examples=200)
+@given(st.lists(stages(), min_size=1, max_size=12), st.data())
+def test_the_activation_groups_on_columns_are_those_of_each_stage(rows, data):
+    """``activation_group_table`` on (rows, 1) columns gives, row by row, what it gives one stage in numbers:
+    the rule is written over numpy-compatible arithmetic (the planner's byte-exact tests prove the whole)."""
+    flags = [tuple(data.draw(st.booleans()) for _ in range(2)) for _ in rows]  # (ckpt, shared)
+    knobs = {
+        "offloading": data.draw(st.booleans()),
+        "offloaded": data.draw(st.sampled_from([None, 0, 2, 5])),  # every layer, or the first N
+        "through_step": data.draw(st.booleans()),
+    }
+    for schedule in SCHEDULES:
+        sel = [(r, fl) for r, fl in zip(rows, flags, strict=True) if r[3] == schedule]
+        if not sel:
+            continue
+        v = sel[0][0][2]
+        sel = [(r, fl) for r, fl in sel if r[2] == v]
+        layers = data.draw(st.integers(0, 8))
+        one = []
+        for (p, m, _, _, s), (ckpt, shared) in sel:
+            f = in_flight(p, m, schedule, v, s)
+            held = layers * f
+            c = StageCounts(p, m, layers, f, s == 0, s == p - 1, held, held, schedule, v)
+            one.append(
+                activation_group_table(SumScaler(), c, ActivationKnobs(ckpt and layers > 0, shared, **knobs))
+            )
+        p, m, s = (np.array([r[k] for r, _ in sel])[:, None] for k in (0, 1, 4))
+        ckpt, shared = (np.array([fl[k] for _, fl in sel])[:, None] for k in (0, 1))
+        f = in_flight(p, m, schedule, v, s)
+        c = StageCounts(
+            p, m, np.full(p.shape, layers), f, s == 0, s == p - 1, layers * f, layers * f, schedule, v
+        )
+        cols = activation_group_table(SumScaler(), c, ActivationKnobs(ckpt & (layers > 0), shared, **knobs))
+        assert set(cols) == set(ACTIVATION_GROUPS)
+        for name, col in cols.items():
+            got = np.broadcast_to(col, p.shape)[:, 0].tolist()
+            assert got == [g[name] for g in one], (name, schedule)

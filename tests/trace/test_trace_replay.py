@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memsim_widget.engine.allocator import FREE, replay
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters.allocator import FREE, replay
 from memsim_widget.scenario import Scenario
 from memsim_widget.trace.replay import allocation_stream, replay_trace, traced_counters
 

@@ -28,7 +28,7 @@ def test_picking_an_objective_fills_its_knobs_and_the_phase_chart():
     phases = {r["phase"].split(" ")[0] for r in layers[2]["data"]["values"]}
     assert phases == {"training", "rollout"}
     assert set(sim.result.get("caveats", [])) >= {
-        "rollout phase: formula-only, vLLM's documented arithmetic (engine/rollout.py)"
+        "rollout phase: formula-only, vLLM's documented arithmetic (engine/rl/rollout.py)"
     }
 
 

@@ -14,7 +14,9 @@ One module per block or concern:
 - the blocks: ``norms``, ``attention`` (and ``mla``), ``mlp`` (dense and MoE), ``ssm`` (Mamba), ``t5``
   (encoder-decoder blocks), ``linears`` (Linear names, autocast weight copies, LoRA internals);
 - around the layers: ``embeddings``, ``head``, ``loss``, ``output`` (the KV cache and what the loop holds),
-  ``checkpointing``, ``backward`` (transients); ``megatron`` (Korthikanti's Table 2).
+  ``checkpointing``, ``backward`` (transients); ``megatron`` (Korthikanti's Table 2);
+- whole model kinds beside the per-block rules: ``hybrid`` (Jamba's attention and Mamba layers over the stack) and
+  ``calibrated`` (a model fitted from traces).
 """
 
 from __future__ import annotations

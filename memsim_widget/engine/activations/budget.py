@@ -20,7 +20,7 @@ class Term:
     level: Level | str = Level.TENSOR  # a plain name too: the Item made of it converts it
     skip_first: bool = False  # absent in layer 0 (e.g. the first norm when embeddings are frozen)
     first_bytes: float = 0.0  # bytes layer 0 does not hold when ``skip_first``
-    #: each tensor's share of ``bytes`` where they differ (the allocator stream, engine/alloc_stream);
+    #: each tensor's share of ``bytes`` where they differ (the allocator stream, engine/counters/alloc_stream);
     #: empty: ``tensors`` equal tensors
     shares: tuple[float, ...] = ()
 

@@ -93,7 +93,7 @@ def _one_replica(sc: Scenario) -> bool:
     activations; under DDP Dynamo's DDPOptimizer splits the graph at gradient-bucket boundaries and FSDP gathers
     weights around it: untraced, said in the caveats), or a pipeline stage of it (each rank compiles its own
     stage's submodule: untraced, said in the caveats). Not ``world_size``: the activation terms may not read the
-    data-parallel layout (engine/parts_cache.ACTIVATIONS_IGNORE_PARALLEL), nor ``pp``: the planner builds each
+    data-parallel layout (engine/caches/parts_cache.ACTIVATIONS_IGNORE_PARALLEL), nor ``pp``: the planner builds each
     candidate's activation terms at pp = 1 and applies the schedule's micro-batches in flight to them."""
     p = sc.parallel
     return p.tp == p.cp == p.ep == 1

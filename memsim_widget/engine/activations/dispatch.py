@@ -25,14 +25,15 @@ from memsim_widget.units import fmt_int
 def activations(ctx: Context) -> ActivationBudget:
     """Saved and transient activations of one micro-batch on one rank."""
     if ctx.arch.facts.calibration is not None:  # a transformers type no family models: fitted terms
-        from memsim_widget.engine.calibrated import calibrated_activations
+        from memsim_widget.engine.activations.calibrated import calibrated_activations
 
         out = calibrated_activations(ctx)
         stage_io(ctx, out)
         return out
     refuse_untraced(ctx)
-    if ctx.arch.facts.hybrid is not None:  # attention and Mamba layers in one stack (Jamba; engine/hybrid.py)
-        from memsim_widget.engine.hybrid import hybrid_activations
+    # attention and Mamba layers in one stack (Jamba; engine/activations/hybrid.py)
+    if ctx.arch.facts.hybrid is not None:
+        from memsim_widget.engine.activations.hybrid import hybrid_activations
 
         out = hybrid_activations(ctx, hf_activations)
     else:
@@ -49,8 +50,8 @@ def activations(ctx: Context) -> ActivationBudget:
             liger_activations(ctx, out)
     if (
         ctx.arch.facts.vision is not None
-    ):  # a multimodal model's vision tower and projector (engine/vision.py)
-        from memsim_widget.engine.vision import vision_activations
+    ):  # a multimodal model's vision tower and projector (engine/multimodal/tower.py)
+        from memsim_widget.engine.multimodal.tower import vision_activations
 
         vision_activations(ctx, out, hf_activations)
     stage_io(ctx, out)
@@ -58,7 +59,7 @@ def activations(ctx: Context) -> ActivationBudget:
 
 
 def stage_io(ctx: Context, out: ActivationBudget) -> None:
-    """The tensors a pipeline stage exchanges, one micro-batch each (engine/pipeline.py says how many live):
+    """The tensors a pipeline stage exchanges, one micro-batch each (engine/parallel/pipeline.py says how many live):
     hidden states in the residual dtype (fp32 under autocast), logits in the compute dtype."""
     D = Dims(ctx)
     amp = uses_autocast(ctx)

@@ -1,6 +1,6 @@
 """The tensors a decoder layer makes and frees inside its own forward (forward transients): none is saved for
 backward, so they never enter the engine's allocated figures (the saved tensors beside them are larger), but
-the caching allocator's segments are cut by them, so the allocation stream (``engine/alloc_stream``) replays
+the caching allocator's segments are cut by them, so the allocation stream (``engine/counters/alloc_stream``) replays
 them in the order the layer's forward makes and frees them.
 
 Written from the ops of a transformers Llama-style layer (transformers 5.24.0,

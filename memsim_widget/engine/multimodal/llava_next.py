@@ -1,7 +1,7 @@
 """The vision side of LLaVA-NeXT (families/llava_next.py): LLaVA 1.5's tower and projector run on every crop.
 
 Each image is 1 + tiles crops of the tower's input size; the tower and the projector see b x images x crops
-samples, exactly as LLaVA's rules count them (engine/vision.py, on a view of the context whose images are the
+samples, exactly as LLaVA's rules count them (engine/multimodal/tower.py, on a view of the context whose images are the
 crops and whose projector rows are (s/p)^2 per crop). Beside them (each held to a fake-tensor trace,
 docs/fidelity.md):
 

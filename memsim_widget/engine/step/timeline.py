@@ -5,7 +5,7 @@ with large T
 at the start of backward. Optimizer state is created lazily at the first step, so step 1 peaks lower
 than every later step; the steady state (step 2 on) is what we report as the peak.
 
-Which groups of items are live at each moment is the table ``engine/moments.MOMENT_TABLE`` (the planner's
+Which groups of items are live at each moment is the table ``engine/step/moments.MOMENT_TABLE`` (the planner's
 ``plan/vector`` reads it too); this module builds the groups of one rank and the moments from them,
 numbers first: the items and their formulas are built when a breakdown reads them.
 """
@@ -14,26 +14,25 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
-from memsim_widget.engine.arith import maximum, minimum, where
+from memsim_widget.engine.arith import maximum, minimum, negate, where
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
-from memsim_widget.engine.lazy_items import ItemGroup, LazyItem, built
-from memsim_widget.engine.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
-from memsim_widget.engine.pipeline import (
-    loss_micro_batches,
-    next_backward,
-    outputs_held,
-    outputs_held_next,
-    outputs_through_step,
-    pending_sends,
-    receive_buffers,
+from memsim_widget.engine.parallel.pipeline import (
+    loss_count,
+    next_backward_count,
+    outputs_held_count,
+    pending_send_count,
+    receive_count,
+    through_step_count,
 )
-from memsim_widget.engine.schedule import grads_carried, pipeline_carries_grads
+from memsim_widget.engine.parallel.schedule import grads_carried, pipeline_carries_grads
 from memsim_widget.engine.states import StateBudget
+from memsim_widget.engine.step.lazy_items import ItemGroup, Label, LazyItem, built
+from memsim_widget.engine.step.moments import MOMENT_TABLE, MOMENTS, OPTIMIZER_STEPS, MomentRule
 from memsim_widget.units import fmt_int
 
 __all__ = ["MOMENTS", "Moment", "moments", "offloaded_activations", "step_moments"]
@@ -102,17 +101,6 @@ def checkpointed_layers(ctx: Context, stage: Stage) -> int:
     return 0
 
 
-def _mixed_layers(
-    acts: ActivationBudget, n_ckpt: int, n_other: int, micro: float, first: float
-) -> list[LazyItem]:
-    """Saved activations of ``micro`` micro-batches when ``n_ckpt`` of the layers are checkpointed (their inputs)
-    and ``n_other`` keep everything; layer 0 is one of the others (``first`` of them lack its skip terms)."""
-    fl = f" x {micro:g} micro-batches" if micro != 1 else ""
-    return _scaled(acts.checkpointed_layer, n_ckpt * micro, f"{n_ckpt} checkpointed layers{fl}") + _scaled(
-        acts.per_layer, n_other * micro, f"{n_other} layers not checkpointed{fl}", first=first
-    )
-
-
 def offloaded_activations(ctx: Context, stage: Stage, acts: ActivationBudget) -> list[Item]:
     """Saved activations held in pinned host memory under activation offloading (none otherwise)."""
     full = ctx.held_layers(stage)
@@ -165,7 +153,7 @@ class Moment:
 
     def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
         """(allocated, allocated in ``persistent`` categories, allocated loss buffers): what the allocator's
-        pool at this moment is made of (``engine/overhead.reserved_item``)."""
+        pool at this moment is made of (``engine/counters/overhead.reserved_item``)."""
         alloc = long = loss = 0
         for g in self.groups or (ItemGroup(self.items),):
             a, lg, ls = g.pool_sums(persistent, loss_names)
@@ -182,26 +170,6 @@ class Moment:
 
     def __repr__(self) -> str:
         return f"Moment(name={self.name!r}, items={self.items!r})"
-
-
-def _scaled(
-    terms: list[Term],
-    factor: float,
-    label: str,
-    category: Category | str = Category.ACTIVATIONS,
-    first: float = 0,
-) -> list[LazyItem]:
-    """Terms repeated ``factor`` times (layers x micro-batches in flight) as breakdown items (built when read);
-    ``first`` of those repeats are layer 0, which lacks the bytes of ``skip_first`` terms."""
-    if factor <= 0:
-        return []
-    items = []
-    for t in terms:
-        nbytes, tensors = scaled_term(t.bytes, t.first_bytes, t.skip_first, t.tensors, factor, first)
-        items.append(
-            LazyItem(category, t.name, int(nbytes), t.level, max(1, int(tensors)), label, t.formula, t.shares)
-        )
-    return items
 
 
 def scaled_term(
@@ -284,7 +252,7 @@ def state_group_table(
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
         "step_grads": s["step_grads"],
-        # GPipe's second backward (engine/pipeline next_backward_count): gated on the activation side
+        # GPipe's second backward (engine/parallel/pipeline next_backward_count): gated on the activation side
         "grads_next": where(in_backward, none, s["grads"]),
         "gathered_next": s["gathered_next"],
         "prefetched": s["prefetched"],
@@ -315,139 +283,284 @@ def _state_groups(
     return state_group_table(lists, overhead, carried, stage.last, resharded, sc.optimizer_in_backward, [])
 
 
-def _saved_groups(
-    ctx: Context, stage: Stage, acts: ActivationBudget, f: float
-) -> dict[str, list[Item] | list[LazyItem]]:
-    """The saved activations of the layers: all of them on the GPU (``saved``), the other micro-batches'
-    at the bottom of backward (``rest``) and layer 0's own (``own``)."""
-    sc = ctx.scenario
-    Ls = stage.layers
-    n_ckpt = checkpointed_layers(ctx, stage)
-    ckpt = n_ckpt > 0 and n_ckpt == Ls  # every layer checkpointed
-    mixed = 0 < n_ckpt < Ls  # every N-th layer (checkpoint_every > 1)
-    fl = f"{fmt_int(f) if f == int(f) else f'{f:.2f}'} micro-batches"
-    mult = f"{Ls} layers" + (f" x {fl}" if f != 1 else "")
-    kept = acts.checkpointed_layer if ckpt else acts.per_layer
-    held = ctx.held_layers(stage)  # Ls x f, or an interleaved rank's uneven chunks in schedule order
-    if held != Ls * f:
-        mult = f"{held:g} layer x micro-batch sets (chunks of {Ls} layers in the schedule's order)"
-    resident = resident_layers(ctx, stage)
-    first = layer0_sets(stage.first, f, resident, held)
-    n_off = sc.activation_offloading_layers if sc.activation_offloading else None
-    partial = n_off is not None and 0 < n_off < held  # the first n_off layers offloaded (partial_resident)
-    if partial:
-        mult = f"{resident:g} layers on the GPU ({held:g} - {n_off} offloaded to host + 1 brought back)"
-    elif resident < held:  # activation offloading: the rest sits in host memory
-        mult = f"{resident:g} layers on the GPU (the others offloaded to host)"
-    saved_all = _scaled(kept, resident, mult, first=first)
-    if mixed:  # offloading is not combined with checkpoint_every (the scenario refuses it)
-        saved_all = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f, first)
-    # the last layer runs backward first: recomputed if it is checkpointed (with every N, when N divides Ls)
-    last_ckpt = ckpt or (mixed and Ls % (sc.checkpoint_every or 1) == 0)
-    recompute = _scaled(acts.recomputed_layer or acts.per_layer, 1, "1 recomputed layer") if last_ckpt else []
-    rest = (
-        []
-        if sc.activation_offloading
-        else _scaled(
-            kept,
-            Ls * (f - 1) if held == Ls * f else held - Ls,
-            f"{Ls} layers x {f - 1:g} other micro-batches",
-            first=first - 1 if first else 0,
-        )
-        if f > 1
-        else []
+class Scaler(Protocol):
+    """One side's view of a stage's activation groups (``activation_group_table``): ``scale(terms, factor,
+    label, first)`` is a term group of one micro-batch's activations (an ``ActivationBudget`` list by name, or
+    ``kept``: what each layer keeps for backward -- its checkpointed input where every layer is checkpointed,
+    else every term; ``recompute``: what recomputing the last layer adds, ``recomputed_layer`` where set, else
+    every per-layer term) repeated ``factor`` times (a boolean: once or not at all; none at or below 0),
+    ``first`` of the repeats layer 0 (which lacks the bytes of ``skip_first`` terms); ``label`` says what the
+    factor counts (a callable: made only where read); ``raw`` is a group's raw bytes; ``none`` an empty group."""
+
+    @property
+    def none(self) -> Any: ...
+
+    def __call__(self, terms: str, factor: Any, label: Label = "", first: Any = 0) -> Any: ...
+
+    def raw(self, group: Any) -> Any: ...
+
+
+def budget_list(name: str, ckpt: bool, recomputed: bool) -> str:
+    """The ``ActivationBudget`` list a ``Scaler`` term name stands for: ``kept``, ``checkpointed_layer`` where
+    every layer is checkpointed (``ckpt``), else ``per_layer``; ``recompute``, ``recomputed_layer`` where the
+    budget sets it (``recomputed``), else ``per_layer``; any other name, that list."""
+    if name == "kept":
+        return "checkpointed_layer" if ckpt else "per_layer"
+    if name == "recompute":
+        return "recomputed_layer" if recomputed else "per_layer"
+    return name
+
+
+#: Term groups whose items are the temporaries of a backward (the others: saved activations).
+TRANSIENT_TERMS = frozenset(("layer_backward", "attention_backward", "loss_backward", "top_backward",
+                             "bottom_backward"))  # fmt: skip
+
+
+class ItemScaler:
+    """The engine's ``Scaler``: one rank's breakdown items (``LazyItem``: the formula written when read); a
+    group is a list of them, groups are joined by ``+``."""
+
+    def __init__(self, acts: ActivationBudget, ckpt: bool) -> None:
+        self.acts, self.ckpt = acts, ckpt
+
+    @property
+    def none(self) -> list[LazyItem]:
+        return []
+
+    def terms(self, name: str) -> list[Term]:
+        """The terms a ``Scaler`` name stands for (``budget_list``)."""
+        return getattr(self.acts, budget_list(name, self.ckpt, bool(self.acts.recomputed_layer)))
+
+    def __call__(self, terms: str, factor: Any, label: Label = "", first: Any = 0) -> list[LazyItem]:
+        found = self.terms(terms) if factor > 0 else None
+        if not found:
+            return []
+        category = Category.TEMPORARIES if terms in TRANSIENT_TERMS else Category.ACTIVATIONS
+        items = []
+        for t in found:
+            nbytes, tensors = scaled_term(t.bytes, t.first_bytes, t.skip_first, t.tensors, factor, first)
+            items.append(
+                LazyItem(
+                    category, t.name, int(nbytes), t.level, max(1, int(tensors)), label, t.formula, t.shares
+                )
+            )
+        return items
+
+    def raw(self, group: list[LazyItem]) -> int:
+        return sum(i.bytes for i in group)
+
+
+class StageCounts(NamedTuple):
+    """A pipeline stage as its activation groups read it: numbers (one rank, the engine) or (rows, 1) columns
+    (``plan/vector``: a row per candidate stage, so that they broadcast against its (rows, statistics) sums)."""
+
+    p: Any  # pipeline ranks
+    m: Any  # micro-batches of a step through the pipeline
+    layers: Any  # the stage's layers
+    f: Any  # micro-batches in flight (schedule.in_flight)
+    first: Any  # the first stage
+    last: Any  # the last stage
+    held: Any  # layer x micro-batch activation sets held at the peak (Context.held_layers)
+    held_loss: Any  # ... while the loss runs
+    schedule: str  # parallel.pp_schedule
+    v: int  # parallel.virtual_stages
+
+
+class ActivationKnobs(NamedTuple):
+    """What else the activation groups of a stage read (``activation_group_table``); ``ckpt`` and ``shared`` are
+    numbers or columns like ``StageCounts``, the others plain values."""
+
+    ckpt: Any  # every layer of the stage checkpointed (at least one)
+    shared: Any  # the recomputed layer's first norm saves the checkpointed input itself (ckpt_input_shared)
+    offloading: bool  # activation offloading
+    offloaded: int | None  # ... of the first N layers (activation_offloading_layers); None: every layer
+    through_step: bool  # the model output held through the step (ActivationBudget.output_through_step)
+    mixed: tuple[int, int] | None = None  # (checkpointed layers, N) where every N-th is (the engine alone)
+
+
+def _count(x: float) -> str:
+    """A count of micro-batches as the labels write it."""
+    return fmt_int(x) if x == int(x) else f"{x:.2f}"
+
+
+def _saved_label(c: StageCounts, resident: float, offloaded: int | None) -> str:
+    """What the saved activations of every layer on the GPU count (``offloaded``: the first N layers offloaded)."""
+    Ls, f, held = c.layers, c.f, c.held
+    if offloaded is not None and 0 < offloaded < held:  # partial_resident
+        return f"{resident:g} layers on the GPU ({held:g} - {offloaded} offloaded to host + 1 brought back)"
+    if resident < held:  # activation offloading: the rest sits in host memory
+        return f"{resident:g} layers on the GPU (the others offloaded to host)"
+    if held != Ls * f:  # an interleaved rank's uneven chunks in schedule order
+        return f"{held:g} layer x micro-batch sets (chunks of {Ls} layers in the schedule's order)"
+    return f"{Ls} layers" + (f" x {_count(f)} micro-batches" if f != 1 else "")
+
+
+def _mixed_layers(scale: Scaler, n_ckpt: int, n_other: int, micro: float, first: float) -> Any:
+    """Saved activations of ``micro`` micro-batches when ``n_ckpt`` of the layers are checkpointed (their inputs)
+    and ``n_other`` keep everything; layer 0 is one of the others (``first`` of them lack its skip terms)."""
+    fl = f" x {micro:g} micro-batches" if micro != 1 else ""
+    return scale("checkpointed_layer", n_ckpt * micro, f"{n_ckpt} checkpointed layers{fl}") + scale(
+        "per_layer", n_other * micro, f"{n_other} layers not checkpointed{fl}", first=first
     )
-    if mixed and f > 1 and not sc.activation_offloading:
-        rest = _mixed_layers(acts, n_ckpt, Ls - n_ckpt, f - 1, first - 1 if first else 0)
-    if ckpt:  # layer 0 is checkpointed only when every layer is
-        own = recompute if acts.ckpt_input_shared else _scaled(kept, 1, "1 layer") + recompute
+
+
+def _saved_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs, nxt: Any) -> dict[str, Any]:
+    """The saved activations of the layers (``activation_group_table``): all of them on the GPU (``saved``,
+    ``saved_at_loss``), the other micro-batches' at the bottom of backward (``rest``; at GPipe's second backward
+    ``saved_next``, where ``nxt``), layer 0's own (``own``) and the last layer recomputed (``recompute``)."""
+    Ls, f, held = c.layers, c.f, c.held
+    ckpt, offloading, offloaded, mixed = k.ckpt, k.offloading, k.offloaded, k.mixed
+    resident = resident_count(held, offloading, offloaded)
+    first = layer0_sets(c.first, f, resident, held)
+    saved = scale(
+        "kept", resident, lambda: _saved_label(c, resident, offloaded if offloading else None), first
+    )
+    rest_first = where(first > 0, first - 1, 0)
+    if offloading:
+        rest = scale.none
     else:
-        own = _scaled(acts.per_layer, 1, "1 layer", first=1 if stage.first else 0)
-    if Ls == 0:  # a first or last stage of only its embedding or head: no layer runs backward
-        own = recompute = []
-    # an interleaved last rank of uneven chunks holds fewer sets while its loss runs than at its peak
-    held_loss, saved_loss = ctx.held_layers(stage, at_loss=True), saved_all
-    if held_loss < held and not mixed:
-        label = f"{held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
-        saved_loss = _scaled(kept, min(held_loss, resident), label, first=first)
-    elif partial:  # the last offloaded layer is not brought back before the last layer's backward
-        at_loss = resident_layers(ctx, stage, at_loss=True)
-        label = f"{at_loss:g} layers on the GPU ({held:g} - {n_off} offloaded to host)"
-        saved_loss = _scaled(kept, at_loss, label, first=layer0_sets(stage.first, f, at_loss, held))
+        rest = where(
+            f > 1,
+            scale(
+                "kept",
+                where(held == Ls * f, Ls * (f - 1), held - Ls),
+                lambda: f"{Ls} layers x {f - 1:g} other micro-batches",
+                rest_first,
+            ),
+            scale.none,
+        )
+    # while the loss runs, fewer sets than at the peak: an interleaved last rank of uneven chunks, or the first N
+    # layers offloaded with the last of them not yet brought back (partial_resident)
+    resident_loss = resident_count(held, offloading, offloaded, at_loss=True)
+    fewer = (c.held_loss < held) | (resident_loss < resident)
+
+    def loss_label() -> str:
+        if c.held_loss < held:
+            return f"{c.held_loss:g} layer x micro-batch sets while the loss runs (chunks in the schedule's order)"
+        return f"{resident_loss:g} layers on the GPU ({held:g} - {offloaded} offloaded to host)"
+
+    saved_loss = where(
+        fewer,
+        scale(
+            "kept",
+            where(fewer, minimum(c.held_loss, resident_loss), 0),
+            loss_label,
+            layer0_sets(c.first, f, resident_loss, held),
+        ),
+        saved,
+    )
+    # the last layer runs backward first: recomputed if it is checkpointed
+    last_ckpt = ckpt
+    if mixed is not None:  # every N-th layer (offloading is not combined with it: the scenario refuses it)
+        n_ckpt, every = mixed
+        saved = saved_loss = _mixed_layers(scale, n_ckpt, Ls - n_ckpt, f, first)
+        if f > 1 and not offloading:
+            rest = _mixed_layers(scale, n_ckpt, Ls - n_ckpt, f - 1, rest_first)
+        last_ckpt = Ls % every == 0  # with every N, when N divides the layers
+    recompute = scale("recompute", last_ckpt, "1 recomputed layer")
+    # layer 0 is checkpointed only when every layer is; a stage of no layer has none of its own
+    own = where(
+        ckpt,
+        where(k.shared, recompute, scale("kept", ckpt, "1 layer") + recompute),
+        scale("per_layer", (Ls > 0) & negate(ckpt), "1 layer", c.first),
+    )
     # GPipe's second backward: every micro-batch's saved activations but the first's (next_backward_count)
-    saved_next = rest if next_backward(ctx) else []
-    return {"saved": saved_all, "saved_at_loss": saved_loss, "recompute": recompute, "rest": rest, "own": own,
+    saved_next = where(nxt > 0, rest, scale.none)
+    return {"saved": saved, "saved_at_loss": saved_loss, "recompute": recompute, "rest": rest, "own": own,
             "saved_next": saved_next}  # fmt: skip
+
+
+def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) -> dict[str, Any]:
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` of a stage ``c`` under ``k``, made by ``scale``
+    (the engine's items of one rank, or ``plan/vector``'s sums for many candidate stages). The counts hold
+    nothing of a pipeline without one, so ``k.through_step`` stands for ``pipeline.returns_outputs``."""
+    through_step = k.through_step
+    p, m, Ls, f, first, last = c.p, c.m, c.layers, c.f, c.first, c.last
+    n_loss = loss_count(p, m, c.schedule, last)
+    n_recv = receive_count(p, m, c.v, first, last)
+    sends = pending_send_count(p, m, c.v, first)
+    # GPipe's second backward: one micro-batch fewer of each (0: no such moment)
+    nxt = next_backward_count(p, m, c.schedule)
+    n_out = outputs_held_count(p, m, f, last, n_loss, through_step) * 1.0
+    n_out_next = outputs_held_count(p, m, f - 1, last, n_loss - 1, through_step) * nxt * 1.0
+    f_next, loss_next = (f - 1) * nxt, maximum(n_loss - 1, 0) * nxt
+    recv_label, send_label = (
+        "receive buffers: micro-batches x directions",
+        "1 input gradient waiting to be sent",
+    )
+
+    def outputs(n: Any) -> Any:  # the stage outputs the schedule keeps (the last stage's: its logits)
+        def label() -> str:
+            return f"{n:g} micro-batches"
+
+        return scale("pp_logits", where(last, n, 0), label) + scale("pp_output", where(last, 0, n), label)
+
+    def left(n: Any) -> Label:
+        return lambda: f"{_count(n)} micro-batches left"
+
+    def layers_label() -> str:
+        return f"{Ls} layers"
+
+    def loss_label() -> str:
+        return f"{n_loss} micro-batches" if n_loss > 1 else ""
+
+    recv = scale("pp_buffer", n_recv, recv_label)
+    # a layer in backward: the larger of its MLP and its attention transients (the first of equals)
+    mlp, attention = scale("layer_backward", Ls > 0), scale("attention_backward", Ls > 0)
+    # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
+    # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
+    # (a pipeline's loop gets the output only from the schedule, after backward: engine/parallel/pipeline)
+    held_logits = scale("output_logits", last & (p == 1))
+    cache_all = scale("output_cache", Ls, layers_label)
+    # the schedule returns every micro-batch's output: its kept chunks and their concatenation
+    n_step = through_step_count(p, m, last, through_step)
+    returned = scale(
+        "pp_logits", n_step, lambda: f"{n_step} micro-batch outputs (kept chunks and their concatenation)"
+    )
+    groups = {
+        "stage_io_next": scale("pp_buffer", n_recv * nxt, recv_label)
+        + scale("pp_buffer", sends & (nxt > 0), send_label)
+        + outputs(n_out_next),
+        "pre_next": scale("pre", where(first, f_next, 0), left(f_next))
+        + scale("inputs", f_next, left(f_next)),
+        "post_next": scale("post", loss_next, lambda: f"{loss_next} micro-batches left"),
+        "loss_saved_next": scale("loss_saved", loss_next, lambda: f"{loss_next} micro-batches left"),
+        "loss_backward_next": scale("loss_backward", last & (nxt > 0)),
+        "stage_io": recv + scale("pp_buffer", sends, send_label) + outputs(n_out),
+        "receive_buffers": recv,
+        "pre": scale("pre", where(first, f, 0)) + scale("inputs", f),
+        "post": scale("post", n_loss, loss_label),
+        "loss_saved": scale("loss_saved", n_loss, loss_label),
+        "loss_forward": scale("loss_forward", last),
+        "cache_per_layer": scale("cache_per_layer", Ls, layers_label),
+        "loss_backward": scale("loss_backward", last),
+        "held_logits": held_logits,
+        "held_cache_extra": scale("output_cache_extra", Ls, layers_label),
+        "top_backward": scale("top_backward", last),
+        "layer_backward": where(scale.raw(attention) > scale.raw(mlp), attention, mlp),
+        "cache_but_own": scale("output_cache", maximum(Ls - 1, 0), lambda: f"{max(Ls - 1, 0)} layers")
+        + scale("output_cache_extra", Ls > 0, "1 layer"),
+        "cache_all": cache_all,
+        # calibrated models only
+        "bottom_backward": scale("bottom_backward", first),
+        "held_through_step": held_logits + returned + cache_all if through_step else scale.none,
+    }
+    return {**groups, **_saved_group_table(scale, c, k, nxt)}
 
 
 def _activation_groups(
     ctx: Context, stage: Stage, acts: ActivationBudget, f: float
-) -> dict[str, list[Item] | list[LazyItem]]:
-    """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank."""
-    Ls = stage.layers
-    last = 1 if stage.last else 0
-    n_loss = loss_micro_batches(ctx, stage)
-    loss_label = f"{n_loss} micro-batches" if n_loss > 1 else ""
-    # a pipeline stage's receive buffers (kept for the run) and its outputs and pending sends (this step)
-    recv = _scaled(acts.pp_buffer, receive_buffers(ctx, stage), "receive buffers: micro-batches x directions")
-    n_out = outputs_held(ctx, stage, acts.output_through_step)
-    stage_io = (
-        recv
-        + _scaled(acts.pp_buffer, pending_sends(ctx, stage), "1 input gradient waiting to be sent")
-        + _scaled(acts.pp_logits if stage.last else acts.pp_output, n_out, f"{n_out:g} micro-batches")
-    )
-    # a layer in backward: the larger of its MLP and its attention transients
-    layer_bwd = max(
-        _scaled(acts.layer_backward, 1 if Ls else 0, "", "temporaries"),
-        _scaled(acts.attention_backward, 1 if Ls else 0, "", "temporaries"),
-        key=lambda x: sum(i.bytes for i in x),
-    )
-    # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
-    # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
-    # (a pipeline's loop gets the output only from the schedule, after backward: engine/pipeline)
-    held_logits = _scaled(acts.output_logits, last if ctx.par.pp == 1 else 0, "")
-    cache_all = _scaled(acts.output_cache, Ls, f"{Ls} layers")
-    n_step = outputs_through_step(ctx, stage, acts.output_through_step)
-    returned = _scaled(
-        acts.pp_logits, n_step, f"{n_step} micro-batch outputs (kept chunks and their concatenation)"
-    )
-    nxt = next_backward(ctx)  # GPipe's second backward: one micro-batch fewer of each (0: no such moment)
-    n_out_next = outputs_held_next(ctx, stage, acts.output_through_step) * nxt
-    f_next, loss_next = (f - 1) * nxt, (n_loss - 1) * nxt
-    label_next = f"{fmt_int(f_next) if f_next == int(f_next) else f'{f_next:.2f}'} micro-batches left"
-    return {
-        "stage_io_next": _scaled(
-            acts.pp_buffer, receive_buffers(ctx, stage) * nxt, "receive buffers: micro-batches x directions"
-        )
-        + _scaled(acts.pp_buffer, pending_sends(ctx, stage) * nxt, "1 input gradient waiting to be sent")
-        + _scaled(
-            acts.pp_logits if stage.last else acts.pp_output, n_out_next, f"{n_out_next:g} micro-batches"
-        ),
-        "pre_next": _scaled(acts.pre, f_next if stage.first else 0, label_next)
-        + _scaled(acts.inputs, f_next, label_next),
-        "post_next": _scaled(acts.post, loss_next, f"{loss_next} micro-batches left"),
-        "loss_saved_next": _scaled(acts.loss_saved, loss_next, f"{loss_next} micro-batches left"),
-        "loss_backward_next": _scaled(acts.loss_backward, last * nxt, "", "temporaries"),
-        "stage_io": stage_io,
-        "receive_buffers": recv,
-        "pre": _scaled(acts.pre, f if stage.first else 0, "") + _scaled(acts.inputs, f, ""),
-        "post": _scaled(acts.post, n_loss, loss_label),
-        "loss_saved": _scaled(acts.loss_saved, n_loss, loss_label),
-        "loss_forward": _scaled(acts.loss_forward, last, ""),
-        "cache_per_layer": _scaled(acts.cache_per_layer, Ls, f"{Ls} layers"),
-        "loss_backward": _scaled(acts.loss_backward, last, "", "temporaries"),
-        "held_logits": held_logits,
-        "held_cache_extra": _scaled(acts.output_cache_extra, Ls, f"{Ls} layers"),
-        "top_backward": _scaled(acts.top_backward, last, "", "temporaries"),
-        "layer_backward": layer_bwd,
-        "cache_but_own": _scaled(acts.output_cache, max(Ls - 1, 0), f"{max(Ls - 1, 0)} layers")
-        + _scaled(acts.output_cache_extra, min(Ls, 1), "1 layer"),
-        "cache_all": cache_all,
-        # calibrated models only
-        "bottom_backward": _scaled(acts.bottom_backward, 1 if stage.first else 0, "", "temporaries"),
-        "held_through_step": held_logits + returned + cache_all if acts.output_through_step else [],
-        **_saved_groups(ctx, stage, acts, f),
-    }
+) -> dict[str, list[LazyItem]]:
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank (``activation_group_table``)."""
+    sc, par, Ls = ctx.scenario, ctx.par, stage.layers
+    n_ckpt = checkpointed_layers(ctx, stage)
+    ckpt = 0 < n_ckpt == Ls  # every layer checkpointed
+    counts = StageCounts(par.pp, par.pp_microbatches, Ls, f, stage.first, stage.last, ctx.held_layers(stage),
+                         ctx.held_layers(stage, at_loss=True), par.pp_schedule, par.virtual_stages)  # fmt: skip
+    mixed = (n_ckpt, sc.checkpoint_every or 1) if 0 < n_ckpt < Ls else None  # every N-th layer
+    knobs = ActivationKnobs(ckpt, acts.ckpt_input_shared, sc.activation_offloading, sc.activation_offloading_layers,
+                            acts.output_through_step, mixed)  # fmt: skip
+    return activation_group_table(ItemScaler(acts, ckpt), counts, knobs)
 
 
 def _applies(ctx: Context, rule: MomentRule) -> bool:

@@ -14,14 +14,14 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any
 
-from memsim_widget.engine import model_rules_cache
 from memsim_widget.engine.activations import ActivationBudget, activations
+from memsim_widget.engine.caches import model_rules_cache
 from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.counters.overhead import workspace_items
 from memsim_widget.engine.frameworks import fsdp_wraps
-from memsim_widget.engine.lazy_items import ItemGroup
-from memsim_widget.engine.overhead import workspace_items
 from memsim_widget.engine.states import StateBudget, model_states
-from memsim_widget.engine.timeline import activation_groups, state_groups
+from memsim_widget.engine.step.lazy_items import ItemGroup
+from memsim_widget.engine.step.timeline import activation_groups, state_groups
 from memsim_widget.scenario import ParallelConfig, Scenario
 
 #: Scenario fields ``model_states`` (and the ``engine/frameworks`` helpers it calls) never reads.
@@ -47,7 +47,7 @@ STATES_IGNORE = frozenset(
 #: Scenario fields the timeline's model-state groups (``timeline.state_groups`` of ``cached_model_states`` and
 #: ``overhead.workspace_items``) never read: the model states' but the accumulation steps (gradients carried).
 STATE_GROUPS_IGNORE = STATES_IGNORE - {"grad_accum_steps"}
-#: Scenario and ``parallel`` fields ``activations`` (with ``engine/vision`` and ``engine/calibrated``) never
+#: Scenario and ``parallel`` fields ``activations`` (with ``engine/multimodal/tower`` and ``engine/activations/calibrated``) never
 #: reads: the optimizer, and the data-parallel layout of the states.
 ACTIVATIONS_IGNORE = frozenset(
     {

@@ -25,9 +25,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from memsim_widget.engine.activations.budget import ActivationBudget
+from memsim_widget.engine.arith import maximum, minimum, to_int
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import expandable_segments
 from memsim_widget.engine.items import Category, Item, Level
+from memsim_widget.engine.step.lazy_items import ItemGroup
 from memsim_widget.units import GiB, fmt_bytes
 
 MiB = 1024**2
@@ -153,30 +155,32 @@ def waste_rates(ctx: Context) -> tuple[float, float]:
 
 def pool_bytes(ctx: Context, items: Iterable[Item], loss_names: set[str]) -> tuple[int, int]:
     """(allocated, unused-but-reserved) bytes of the caching allocator's pool at one moment."""
-    alloc = persistent = loss = 0
-    for i in items:  # one pass: this runs for every moment of every estimate
-        n = i.allocated_bytes
-        alloc += n
-        if i.category in PERSISTENT_CATEGORIES:
-            persistent += n
-        elif i.item in loss_names:
-            loss += n
-    return alloc, waste_bytes(ctx, alloc, persistent, loss)
+    alloc, persistent, loss = ItemGroup(list(items)).pool_sums(PERSISTENT_CATEGORIES, loss_names)
+    return alloc, waste_bytes(alloc, persistent, loss, waste_rates(ctx))
 
 
-def waste_bytes(
-    ctx: Context, alloc: int, persistent: int, loss: int, rates: tuple[float, float] | None = None
-) -> int:
+def waste_bytes(alloc: Any, persistent: Any, loss: Any, rates: tuple[float, float]) -> Any:
     """Unused-but-reserved bytes of a pool of ``alloc`` allocated bytes, ``persistent`` of them weights and
-    states, ``loss`` of them the loss's T x V buffers; ``rates``: ``waste_rates(ctx)`` already read."""
-    f_transient, f_variable = waste_rates(ctx) if rates is None else rates
-    return int(FRAGMENTATION_PERSISTENT * persistent + f_transient * (alloc - persistent) + f_variable * loss)
+    states, ``loss`` of them the loss's T x V buffers, at ``rates`` (``waste_rates``): ``FRAGMENTATION_PERSISTENT``
+    of the long-lived bytes, the transient rate of the rest, the variable rate of the loss buffers, truncated.
+    Numbers (one moment of one rank) or arrays (``plan/vector``: a moment of many candidate ranks)."""
+    f_transient, f_variable = rates
+    waste = FRAGMENTATION_PERSISTENT * persistent + f_transient * (alloc - persistent)
+    if f_variable:  # adding 0.0 changes no sum: skipped (the planner's arrays are large)
+        waste = waste + f_variable * loss
+    return to_int(waste)
 
 
-def reserved_cap(ctx: Context, outside: int) -> int:
+def reserved_cap(ctx: Context, outside: Any) -> Any:
     """The most the allocator can reserve: the card minus what lives outside it (context, NCCL, paged).
     When a cudaMalloc fails the allocator frees its cached blocks and retries, so reserved stops there."""
     return ctx.gpu.memory_bytes - outside
+
+
+def capped_reserved(peak_allocated: Any, pool: Any, cap: Any) -> Any:
+    """The reserved counter from the allocator's largest pool (the fitted rule's, or a replay's peak
+    reserved): at least the peak allocated, at most the card's room (``reserved_cap``). Numbers or arrays."""
+    return maximum(peak_allocated, minimum(pool, cap))
 
 
 def reserved_item(
@@ -193,12 +197,12 @@ def reserved_item(
     best_alloc, best_waste, best_name = peak_allocated, 0, ""
     for m in moments:
         alloc, persistent, loss = m.pool_sums(PERSISTENT_CATEGORIES, loss_names)  # type: ignore[attr-defined]
-        waste = waste_bytes(ctx, alloc, persistent, loss, rates)
+        waste = waste_bytes(alloc, persistent, loss, rates)
         if alloc + waste > best_alloc + best_waste:
             best_alloc, best_waste, best_name = alloc, waste, m.name  # type: ignore[attr-defined]
     pool = best_alloc + best_waste
     cap = reserved_cap(ctx, outside)
-    reserved = max(peak_allocated, min(pool, cap))
+    reserved = capped_reserved(peak_allocated, pool, cap)
     f_transient, f_variable = rates
     formula = (
         f"largest pool at {best_name}: {fmt_bytes(best_alloc)} allocated + {fmt_bytes(best_waste)} unused "
@@ -216,7 +220,7 @@ def capped_note(cap: int, capped: bool) -> str:
 
 
 def fragmentation_item(nbytes: int, formula: str) -> Item:
-    """The reserved-but-unallocated item, whichever rule (fitted, or the replay of engine/alloc_stream) gave it."""
+    """The reserved-but-unallocated item, whichever rule (fitted, or the replay of engine/counters/alloc_stream) gave it."""
     return Item(
         Category.OVERHEAD,
         "allocator fragmentation (reserved - allocated)",

@@ -7,9 +7,9 @@ A step of one data-parallel replica on the slowest pipeline stage (the last: it 
 ``m`` micro-batches (accumulation x pipeline micro-batches), each taking ``t_mb`` = matmuls forward, backward
 and recomputed at ``peak x efficiency`` plus their GEMM bytes at HBM speed + memory-bound ops at HBM
 bandwidth + tensor/context/expert-parallel collectives + ZeRO-3's gathers not hidden behind compute. Each
-constant below says where its number comes from; ``MATMUL_EFFICIENCY`` (engine/gpu_speed.py, one per GPU
+constant below says where its number comes from; ``MATMUL_EFFICIENCY`` (engine/speed/gpu_speed.py, one per GPU
 generation) and ``ATTENTION_EFFICIENCY`` are the only fitted ones (docs/speed.md: on which rows). The
-breakdown with every formula's numbers filled in is ``engine/time_breakdown.py``. ``step_parts`` is written
+breakdown with every formula's numbers filled in is ``engine/speed/time_breakdown.py``. ``step_parts`` is written
 once over scalars or numpy arrays (``ops``): the engine calls it with Python numbers, ``plan/timing.py`` with
 one array per candidate column, so both give the same floats for the same candidate.
 """
@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from memsim_widget.catalog.gpus import GPU
-from memsim_widget.engine.flops import ModelFlops, model_flops
-from memsim_widget.engine.gpu_speed import GPUSpeed, gpu_speed, matmul_efficiency
+from memsim_widget.engine.speed.flops import ModelFlops, model_flops
+from memsim_widget.engine.speed.gpu_speed import GPUSpeed, gpu_speed, matmul_efficiency
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.names import Name
 from memsim_widget.optimizers import OptimizerSpec

@@ -1,7 +1,7 @@
 """The allocations and frees of a training step, written from the engine's own groups, replayed through the
-caching allocator (``engine/allocator.py``): the ``reserved`` counter without a fitted constant.
+caching allocator (``engine/counters/allocator.py``): the ``reserved`` counter without a fitted constant.
 
-The stream follows the order a PyTorch step runs in (``engine/timeline`` names the groups): weights and the
+The stream follows the order a PyTorch step runs in (``engine/step/timeline`` names the groups): weights and the
 cuBLAS workspaces; per step the inputs, per layer its saved activations (under checkpointing the layer's
 forward runs without saving, so its transients come and go around the checkpointed input), the final norm and
 head, the loss's T x V buffers (forward, saved, backward), the output the loop holds; backward from the top
@@ -11,7 +11,7 @@ freed; the optimizer step (its states made at the first step) and its temporarie
 the same way; docs/allocator.md compares the two.
 
 Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
-key (the state groups' and activation groups' keys of ``engine/parts_cache``, the layers and the allocator
+key (the state groups' and activation groups' keys of ``engine/caches/parts_cache``, the layers and the allocator
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
 (another card) pays only the stream's building.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
-from memsim_widget.engine.allocator import (
+from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
     CachingAllocator,
@@ -356,7 +356,7 @@ def replayable(ctx: Any) -> bool:
     fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), one micro-batch per step,
-    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/overhead`` keeps its fitted
+    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted
     rule (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
@@ -372,8 +372,8 @@ def replayable(ctx: Any) -> bool:
 def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     """The replay of ``stage``'s rank of ``ctx``: its steps' stream built from the engine's cached groups,
     cached by the groups' shape keys, the stage and the allocator settings."""
+    from memsim_widget.engine.caches.parts_cache import activations_key, state_groups_key
     from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.parts_cache import activations_key, state_groups_key
 
     conf = allocator_conf(ctx)
     key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf)
@@ -382,8 +382,8 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
 
 def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
     """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+    from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
-    from memsim_widget.engine.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.states.budget import local_groups
 
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
@@ -422,19 +422,19 @@ def _replay_same_stream(args: _Args) -> PoolReplay:
     return replay_stream(stream, conf)
 
 
-def replayed_reserved(peak_allocated: int, replayed: int, cap: int) -> int:
-    """The reserved counter from a replay's peak: at least the peak allocated, at most the card's room."""
-    return max(peak_allocated, min(replayed, cap))
-
-
 def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) -> Item:
     """Caching-allocator fragmentation from the replay of the step's allocation stream
-    (``engine/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
+    (``engine/counters/alloc_stream``): its peak reserved less the peak allocated, capped by the card."""
+    from memsim_widget.engine.counters.overhead import (
+        capped_note,
+        capped_reserved,
+        fragmentation_item,
+        reserved_cap,
+    )
     from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.overhead import capped_note, fragmentation_item, reserved_cap
 
     cap = reserved_cap(ctx, outside)
-    reserved = replayed_reserved(peak_allocated, rep.peak_reserved, cap)
+    reserved = capped_reserved(peak_allocated, rep.peak_reserved, cap)
     conf = allocator_conf(ctx).text or "PyTorch's defaults"
     cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
     formula = (
@@ -526,7 +526,7 @@ def card_replay(ctx: Any, stage: Any, capacity: int) -> CardReplay:
     needed = pool_replay(ctx, stage).peak_reserved
     if conf.per_process_memory_fraction is None and needed <= capacity:
         return CardReplay(max(capacity, 0), True, needed=needed)
-    from memsim_widget.engine.parts_cache import activations_key, state_groups_key
+    from memsim_widget.engine.caches.parts_cache import activations_key, state_groups_key
 
     key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf, capacity)
     return replace(_card_cached(_Args(key, (ctx, stage, conf, capacity))), needed=needed)

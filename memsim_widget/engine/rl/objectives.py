@@ -43,7 +43,7 @@ from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Category, Item, Level
 from memsim_widget.engine.states import StateBudget, model_states
-from memsim_widget.engine.timeline import Moment
+from memsim_widget.engine.step.timeline import Moment
 from memsim_widget.errors import ScenarioError
 from memsim_widget.names import Name
 from memsim_widget.rules import ScenarioView
@@ -260,7 +260,7 @@ def extra_states(ctx: Context, sc: Scenario, stage: Stage, states: StateBudget) 
             states.host.extend(replace(i, item=i.item + " (offloaded)", level=Level.HOST) for i in items)
         else:
             states.persistent.extend(items)
-    from memsim_widget.engine.rollout import resident_items
+    from memsim_widget.engine.rl.rollout import resident_items
 
     gpu, host = resident_items(ctx, sc)  # a colocated vLLM engine through the training step
     if obj == "ppo":
@@ -550,8 +550,8 @@ def phase_moments(
     step: list[Moment],
 ) -> list[Moment]:
     """The moments an objective adds to the step's: the reference's forward inside it, and the rollout phase's
-    generation and scoring (``engine/rollout.py``)."""
-    from memsim_widget.engine.rollout import rollout_moments
+    generation and scoring (``engine/rl/rollout.py``)."""
+    from memsim_widget.engine.rl.rollout import rollout_moments
 
     out = []
     fwd = next(m for m in step if m.name == "forward_end")

@@ -46,7 +46,7 @@ import math
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.items import Category, Item, Level
 from memsim_widget.engine.states import StateBudget
-from memsim_widget.engine.timeline import Moment
+from memsim_widget.engine.step.timeline import Moment
 from memsim_widget.scenario import Scenario
 from memsim_widget.units import GiB, fmt_int
 

@@ -1,6 +1,6 @@
 """The moments of a training step as one table: which named groups of items are live at each instant.
 
-docs/memory-facts.md#where-the-peak-falls. ``engine/timeline.py`` builds each group's items (the breakdown)
+docs/memory-facts.md#where-the-peak-falls. ``engine/step/timeline.py`` builds each group's items (the breakdown)
 and ``plan/vector.py``
 each group's byte sums for many candidates at once; both read the moments from ``MOMENT_TABLE``, so the
 step is written down once. A group belongs to one side: the model states of a rank (``STATE_GROUPS``: they
@@ -61,7 +61,7 @@ ACTIVATION_GROUPS = (
     "recompute",  # the last layer recomputed for its backward (under checkpointing)
     "layer_backward",  # a layer in backward: the larger of its MLP and its attention transients
     "rest",  # the other micro-batches' saved activations at the bottom of backward
-    # GPipe's second micro-batch's backward (engine/pipeline next_backward_count; empty elsewhere): one
+    # GPipe's second micro-batch's backward (engine/parallel/pipeline next_backward_count; empty elsewhere): one
     # micro-batch fewer of the stage's buffers and outputs, inputs, saved activations, head and loss tensors
     "stage_io_next",
     "pre_next",
@@ -169,7 +169,7 @@ MOMENT_TABLE = (
         ),
     ),
     # GPipe: the second micro-batch's (loss) backward, every gradient made by the first's backward, one
-    # micro-batch fewer held (engine/pipeline next_backward_count; only its model states where it is no moment,
+    # micro-batch fewer held (engine/parallel/pipeline next_backward_count; only its model states where it is no moment,
     # less than backward_end holds)
     MomentRule(
         "backward_next",

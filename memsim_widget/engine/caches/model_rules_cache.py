@@ -3,7 +3,7 @@ scenario fields those rules read, so that a new scenario differing elsewhere is 
 
 The rules read the scenario's keys through ``rules.ScenarioView`` plus the model, its Linear modules, the LoRA
 adapters and the images per sample, all resolved from the scenario. A scenario that passed is remembered by
-every field but an explicit list the rules and those resolutions never read (as ``engine/parts_cache``), so a
+every field but an explicit list the rules and those resolutions never read (as ``engine/caches/parts_cache``), so a
 field added to ``Scenario`` later is part of the key until someone shows the rules do not read it. A scenario
 that breaks a rule is not remembered: it raises every time.
 """

@@ -7,7 +7,8 @@ keeps them for the run; the schedule keeps each stage's output of every micro-ba
 micro-batch's backward (on the last stage: the logits); a non-first stage holds the input gradient of the
 previous micro-batch until it is sent. Under GPipe the last stage runs every micro-batch's loss before the
 first backward, so it holds each one's head and loss tensors; and as backward runs micro-batch by
-micro-batch, the second one starts with every gradient made and one micro-batch fewer held (``next_backward``).
+micro-batch, the second one starts with every gradient made and one micro-batch fewer held
+(``next_backward_count``).
 """
 
 from __future__ import annotations
@@ -68,28 +69,10 @@ def through_step_count(p: Any, m: Any, last: Any, returned: bool) -> Any:
 # ----- one rank of the engine --------------------------------------------------------------------------------
 
 
-def receive_buffers(ctx: Context, stage: Stage) -> int:
-    """Receive buffers of one micro-batch's hidden states (or their gradient) a rank keeps (``receive_count``)."""
-    par = ctx.par
-    return receive_count(par.pp, par.pp_microbatches, par.virtual_stages, stage.first, stage.last)
-
-
-def pending_sends(ctx: Context, stage: Stage) -> int:
-    """Input gradients waiting to be sent to the previous stage (``pending_send_count``)."""
-    par = ctx.par
-    return int(pending_send_count(par.pp, par.pp_microbatches, par.virtual_stages, stage.first))
-
-
 def loss_micro_batches(ctx: Context, stage: Stage) -> int:
     """Micro-batches whose head and loss tensors the last stage holds at once (``loss_count``)."""
     par = ctx.par
     return loss_count(par.pp, par.pp_microbatches, par.pp_schedule, stage.last)
-
-
-def next_backward(ctx: Context) -> int:
-    """1 where the second micro-batch's backward is a moment of its own (``next_backward_count``)."""
-    par = ctx.par
-    return int(next_backward_count(par.pp, par.pp_microbatches, par.pp_schedule))
 
 
 def returns_outputs(ctx: Context, keeps_output: bool) -> bool:
@@ -118,12 +101,3 @@ def outputs_through_step(ctx: Context, stage: Stage, keeps_output: bool) -> int:
     return through_step_count(
         ctx.par.pp, ctx.par.pp_microbatches, stage.last, returns_outputs(ctx, keeps_output)
     )
-
-
-def outputs_held_next(ctx: Context, stage: Stage, keeps_output: bool = False) -> float:
-    """Stage outputs still kept when the second micro-batch's backward starts (``next_backward_count``): one
-    fewer than ``outputs_held``, the first's freed by its backward, unless the schedule returns them."""
-    par, returned = ctx.par, returns_outputs(ctx, keeps_output)
-    n_loss = loss_micro_batches(ctx, stage) - 1
-    f = ctx.in_flight(stage) - 1
-    return float(outputs_held_count(par.pp, par.pp_microbatches, f, stage.last, n_loss, returned))

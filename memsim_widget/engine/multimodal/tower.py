@@ -43,13 +43,14 @@ def vision_activations(
     """Add the vision tower's (and projector's) saved tensors and the pixel inputs to ``out``."""
     v = ctx.arch.facts.vision
     assert v is not None  # the dispatcher calls this for a multimodal model only
-    if isinstance(v, QwenVision):  # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/vision_qwen.py)
-        from memsim_widget.engine.vision_qwen import qwen_vision_activations
+    # Qwen2-VL / Qwen2.5-VL: any image size, the merger (engine/multimodal/qwen_vl.py)
+    if isinstance(v, QwenVision):
+        from memsim_widget.engine.multimodal.qwen_vl import qwen_vision_activations
 
         qwen_vision_activations(ctx, out, hf)
         return
-    if isinstance(v, LlavaNextVision):  # LLaVA's rules on every anyres crop (engine/vision_llava_next.py)
-        from memsim_widget.engine.vision_llava_next import llava_next_activations
+    if isinstance(v, LlavaNextVision):  # LLaVA's rules on every anyres crop (engine/multimodal/llava_next.py)
+        from memsim_widget.engine.multimodal.llava_next import llava_next_activations
 
         llava_next_activations(ctx, out, hf, vision_activations)
         return
@@ -96,8 +97,8 @@ def vision_activations(
     pj = v.projector
     if (
         v.projector_layout == "pixel-shuffle"
-    ):  # Llama 4's pixel-shuffle adapter and one-Linear projector (engine/llama4_vision.py)
-        from memsim_widget.engine.llama4_vision import llama4_adapter_terms
+    ):  # Llama 4's pixel-shuffle adapter and one-Linear projector (engine/multimodal/llama4.py)
+        from memsim_widget.engine.multimodal.llama4 import llama4_adapter_terms
 
         llama4_adapter_terms(ctx, out, trained=trained)
     elif pj and v.projector_layout == "norm-linear":  # Gemma 3
@@ -190,7 +191,7 @@ def _frozen_tower_outputs(ctx: Context, out: ActivationBudget, T: int, r: int) -
     # are gone by the loss) -- alive through the loss, and with output_lifetime "backward"/"step" beyond (the
     # projector's input, saved when it trains, is counted with the projector)
     n_hs = (1 if full else 2) if v.output_holds_feature_layer else 1
-    if v.output_holds_tower_states and n_hs > 0:  # Llama 4: engine/llama4_vision.py
+    if v.output_holds_tower_states and n_hs > 0:  # Llama 4: engine/multimodal/llama4.py
         t = Term(
             "vision tower hidden states held by the model output (image_outputs)",
             n_hs * r * T * h,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from memsim_widget.engine.context import Stage
 from memsim_widget.engine.items import CATEGORIES, Item
-from memsim_widget.engine.objectives import phase_of
-from memsim_widget.engine.timeline import Moment
+from memsim_widget.engine.rl.objectives import phase_of
+from memsim_widget.engine.step.timeline import Moment
 from memsim_widget.fast_dataclass import dataclass
 
 
@@ -22,7 +22,7 @@ class RankEstimate:
     step1_peak_allocated_bytes: int
     params_local: int
     trainable_local: int
-    #: (counter, (low, high)) uncertainty bands of the three GPU counters (engine/overhead.counter_bands)
+    #: (counter, (low, high)) uncertainty bands of the three GPU counters (engine/counters/overhead.counter_bands)
     bands: tuple[tuple[str, tuple[int, int]], ...] = ()
 
     @property
@@ -74,7 +74,7 @@ class RankEstimate:
 
     def phase_peaks(self) -> dict[str, Moment]:
         """The highest moment of each phase (``training``, and ``rollout`` for GRPO/PPO): the rank's peak is
-        the larger of the two (``engine/objectives.phase_of``)."""
+        the larger of the two (``engine/rl/objectives.phase_of``)."""
         out: dict[str, Moment] = {}
         for m in self.moments:
             p = phase_of(m.name)

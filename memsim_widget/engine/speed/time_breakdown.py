@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
-from memsim_widget.engine.step_time import (
+from memsim_widget.engine.speed.step_time import (
     TIME_CATEGORIES,
     TimeCategory,
     TimeModel,
@@ -14,6 +13,7 @@ from memsim_widget.engine.step_time import (
     step_parts,
     time_model,
 )
+from memsim_widget.engine.states.weights import fetched_bytes_per_parameter
 from memsim_widget.fast_dataclass import dataclass
 
 

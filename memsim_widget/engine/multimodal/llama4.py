@@ -1,7 +1,7 @@
 """Llama 4's vision adapter and projector (``Llama4VisionModel.vision_adapter``, ``Llama4MultiModalProjector``):
 what they save for backward, per micro-batch, held to fake-tensor traces (docs/fidelity.md).
 
-After the tower (engine/vision.py runs its layers and ``layernorm_pre`` through the HF encoder rules),
+After the tower (engine/multimodal/tower.py runs its layers and ``layernorm_pre`` through the HF encoder rules),
 ``layernorm_post`` normalises every row (input, mean, rstd saved when the tower trains), the CLS row is dropped (a
 view), and ``pixel_shuffle`` copies the patch grid into N = images x (image/patch)^2 x ratio^2 rows of width
 h / ratio^2 (two ``.contiguous()`` copies, neither saved). Then ``fc1`` saves its input (the shuffled rows), GELU
@@ -24,7 +24,7 @@ from memsim_widget.units import fmt_int
 def llama4_adapter_terms(ctx: Context, out: ActivationBudget, *, trained: bool) -> None:
     """Add the adapter's and projector's saved tensors (``trained``: the tower and adapter train) to ``out``."""
     v = ctx.arch.facts.vision
-    assert isinstance(v, Llama4Vision)  # engine/vision.py calls this for Llama 4 only
+    assert isinstance(v, Llama4Vision)  # engine/multimodal/tower.py calls this for Llama 4 only
     tower, sizes = v.tower, v.adapter
     assert tower.fixed_seq_len is not None  # a tower's sequence is its patches (architecture/vision.py)
     amp = uses_autocast(ctx)

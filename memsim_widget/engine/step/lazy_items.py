@@ -3,9 +3,12 @@ read: the step timeline sums every moment, but only a breakdown or an explanatio
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from memsim_widget.engine.items import Item, allocated_of
+
+#: What a repeat count says (``label x (term formula)``), or a callable writing it when the item is built.
+Label = str | Callable[[], str]
 
 #: Levels whose bytes the caching allocator counts (``Item.allocated_bytes``).
 _COUNTED = ("tensor", "allocator")
@@ -35,7 +38,7 @@ class LazyItem:
         nbytes: int,
         level: str,
         tensors: int,
-        label: str,
+        label: Label,
         formula: str,
         shares: tuple[float, ...] = (),
     ) -> None:
@@ -47,7 +50,8 @@ class LazyItem:
             tensors,
         )
         self._label, self._formula, self._built = label, formula, None
-        self.shares = shares  # each tensor's share of the bytes (engine/alloc_stream), once per repeat
+        # each tensor's share of the bytes (engine/counters/alloc_stream), once per repeat
+        self.shares = shares
         if level not in _COUNTED or nbytes <= 0:  # Item.allocated_bytes, without building the Item
             self.allocated_bytes = 0
         else:
@@ -56,7 +60,8 @@ class LazyItem:
     def build(self) -> Item:
         """The breakdown item (built once)."""
         if self._built is None:
-            note = f"{self._label} x ({self._formula})" if self._label else self._formula
+            label = self._label() if callable(self._label) else self._label
+            note = f"{label} x ({self._formula})" if label else self._formula
             self._built = Item(self.category, self.item, self.bytes, note, self.level, self.tensors)
         return self._built
 
@@ -67,7 +72,7 @@ def built(items: Iterable[Item | LazyItem]) -> tuple[Item, ...]:
 
 
 class ItemGroup:
-    """The items of one named group of the step (``engine/moments``) with their sums, added once however many
+    """The items of one named group of the step (``engine/step/moments``) with their sums, added once however many
     moments hold the group; the items themselves are built when a moment's breakdown is read."""
 
     __slots__ = ("entries", "raw", "tensor", "allocated", "_pool")
@@ -85,7 +90,7 @@ class ItemGroup:
 
     def pool_sums(self, persistent: Collection[str], loss_names: set[str]) -> tuple[int, int, int]:
         """(allocated, allocated in ``persistent`` categories, allocated loss buffers) as
-        ``engine/overhead.pool_bytes`` counts them (kept for equal arguments: every moment holding the group,
+        ``engine/counters/overhead.pool_bytes`` counts them (kept for equal arguments: every moment holding the group,
         and every estimate sharing a cached group, passes the same ones)."""
         pool = self._pool
         if (
