@@ -775,7 +775,8 @@ def _search(
     first = replace(space, offload=("none",)) if staged else space
     cols = _evaluated(b, candidates(b, lays, first, g_seq), space.optimizers)
     if staged:
-        fit_counts = set(cols["num_gpus"][cols["device_total_bytes"] <= limit].tolist())
+        fits = fits_mask(cols["device_total_bytes"], cols["overflow"], cols["oom"], limit)
+        fit_counts = set(cols["num_gpus"][fits].tolist())
         rest = [lay for lay in lays if lay.num_gpus not in fit_counts]
         if rest:
             more = replace(space, offload=tuple(o for o in space.offload if o != "none"))

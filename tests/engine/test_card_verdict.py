@@ -173,3 +173,27 @@ def test_the_widget_result_carries_the_replay_verdict_only_under_the_replay():
     )
     plain = build_result(estimate({**BASE, "reserved_model": "fitted"}), 0.1)
     assert "verdict_reason" not in plain and "verdict_text" not in plain
+
+
+def test_the_scaling_curve_crosses_where_the_replay_runs_out_of_memory():
+    from memsim_widget import charts
+
+    # stop 4's capped total is inside the limit, but its replay on the card ran out of memory
+    totals = [{"x": 1, "bytes": 10}, {"x": 2, "bytes": 20}, {"x": 4, "bytes": 30, "oom": True}]
+    assert charts.crossing(totals, 40) == {"max_fit": 2, "first_over": 4, "at": 4}
+    assert charts.crossing(totals[:2], 40) == {"max_fit": 2, "first_over": None, "at": None}
+
+
+def test_the_widget_scaling_summary_follows_the_replay_verdict():
+    from memsim_widget import charts
+
+    peak = _on_room(0)[1]
+    est, _ = _on_room(peak)  # micro-batch 1 runs; larger ones pass the room
+    data = charts.scaling_data(est, 0.0, axes=("micro_batch_size",))["micro_batch_size"]
+    by_x = {t["x"]: t for t in data["totals"]}
+    fit = data["crosses_capacity"]["max_fit"]
+    assert fit is not None and not by_x[fit].get("oom")
+    for x, t in by_x.items():  # every stop marked oom is one the estimate calls does not fit
+        if t.get("oom"):
+            e = estimate({**est.scenario.to_dict(), "micro_batch_size": x})
+            assert not e.card_replay.runs and e.verdict(0.0) == Verdict.DOES_NOT_FIT
