@@ -1382,7 +1382,11 @@ function renderVerdict(doc, el, result) {
     el.replaceChildren();
     return;
   }
-  const extra = [h(doc, "div", { class: "memsim-bottleneck", text: result.bottleneck?.text ?? "" })];
+  const extra = [];
+  if (result.verdict_text) {
+    extra.push(h(doc, "div", { class: `memsim-verdict-replay memsim-verdict-replay-${result.verdict_reason.replace(/ /g, "-")}`, text: result.verdict_text }));
+  }
+  extra.push(h(doc, "div", { class: "memsim-bottleneck", text: result.bottleneck?.text ?? "" }));
   for (const c of result.caveats ?? []) extra.push(h(doc, "div", { class: "memsim-caveat", text: `caveat: ${c}` }));
   const scaling = scalingText(result.scaling ?? {});
   if (scaling) extra.push(h(doc, "div", { class: "memsim-scaling-summary", text: scaling }));

@@ -142,6 +142,7 @@ def _table(est: Any, headroom: float) -> str:
         *_counter_lines(est),
         f"verdict   {est.verdict(headroom)} ({headroom:.0%} headroom; "
         f"recommended >= {_gib(est.recommended_memory_bytes(headroom))} GiB)",
+        *([f"          {t}"] if (t := est.verdict_text) else []),
         *(f"caveat    {c}" for c in est.caveats),
         f"time      {est.step_time_s:,.3f} s/step, {est.tokens_per_second_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {est.mfu:.1%} (modelled; " + _time_split(est) + ")",

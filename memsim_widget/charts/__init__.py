@@ -211,6 +211,8 @@ def _scaling_points(scenario: Scenario, axis: str, stops: tuple[int, ...]) -> di
                 }
             )
         totals.append({"x": value, "bytes": total, "gib": gib(total)})
+        if (rep := est.card_replay) is not None and not rep.runs:  # reserved_model: replay, out of memory
+            totals[-1]["oom"] = True
     return {
         "axis": axis,
         "stops": list(stops),
@@ -222,10 +224,12 @@ def _scaling_points(scenario: Scenario, axis: str, stops: tuple[int, ...]) -> di
 
 
 def crossing(totals: Sequence[Mapping[str, Any]], limit_bytes: float) -> dict[str, Any]:
-    """Where a total-vs-stop curve crosses ``limit_bytes``: last stop under it, first over, interpolated x."""
+    """Where a total-vs-stop curve crosses ``limit_bytes``: last stop under it, first over, interpolated x. A
+    stop marked ``oom`` (``reserved_model: replay``: its replay on the card runs out of memory,
+    ``Estimate.card_replay``) counts as over whatever its capped total, and is where the curve crosses."""
     under = over = None
     for t in sorted(totals, key=lambda t: t["x"]):
-        if t["bytes"] <= limit_bytes:
+        if t["bytes"] <= limit_bytes and not t.get("oom"):
             if over is None:
                 under = t
         elif over is None:
@@ -235,7 +239,7 @@ def crossing(totals: Sequence[Mapping[str, Any]], limit_bytes: float) -> dict[st
         "first_over": over["x"] if over else None,
         "at": None,
     }
-    if under and over:
+    if under and over and not over.get("oom"):
         span = over["bytes"] - under["bytes"]
         frac = (limit_bytes - under["bytes"]) / span if span else 0.0
         out["at"] = round(under["x"] + frac * (over["x"] - under["x"]), 1)

@@ -25,7 +25,9 @@ from memsim_widget.units import GiB, fmt_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-#: Default share of device memory kept free: allocator variance between versions and runs
+    from memsim_widget.engine.counters.alloc_stream import CardReplay
+
+#: Default share of device memory kept free: the run-to-run spread (allocator variance between versions and runs)
 #: (docs/memory-facts.md#headroom-and-spread: 454 Megatron runs below 80% never ran out of memory; 10% covers
 #: most reports).
 DEFAULT_HEADROOM = 0.10
@@ -33,7 +35,10 @@ DEFAULT_HEADROOM = 0.10
 
 class Verdict(Name):
     """Whether the worst rank fits the GPU: inside ``1 - headroom`` of it, inside the card but within the headroom
-    band, or over the card."""
+    band (the run-to-run spread: the same job's reserved and nvidia-smi figures differ between runs and
+    versions), or over the card. Under ``reserved_model: replay`` the allocator's replay on the card's real
+    capacity decides too (``Estimate.card_replay``): a step that runs out of memory there does not fit, and
+    ``Estimate.verdict_reason`` names why (it runs, runs only by releasing the cache, fragmentation, total)."""
 
     FITS = "fits"
     TIGHT = "tight"
@@ -128,19 +133,66 @@ class Estimate:
 
     # ----- verdict ------------------------------------------------------------------------------
     def fits(self, gpu: GPU | str | dict | None = None, headroom: float = DEFAULT_HEADROOM) -> bool:
-        """True if the worst rank's nvidia-smi total stays under (1 - headroom) of the GPU's memory."""
+        """True if the worst rank's nvidia-smi total stays under (1 - headroom) of the GPU's memory and, under
+        ``reserved_model: replay``, its replay on the card runs (``card_replay``; on another ``gpu``: the total
+        alone)."""
         card = self.gpu if gpu is None else resolve_gpu(gpu)
-        return self.device_total_bytes <= card.memory_bytes * (1 - headroom)
+        if self.device_total_bytes > card.memory_bytes * (1 - headroom):
+            return False
+        rep = self.card_replay if card == self.gpu else None
+        return rep is None or rep.runs
 
     def verdict(self, headroom: float = DEFAULT_HEADROOM) -> Verdict:
-        """``fits``, ``tight`` (inside the card but within the headroom band) or ``does not fit``."""
+        """``fits``, ``tight`` (inside the card but within the headroom band: the run-to-run spread) or ``does
+        not fit`` (over the card, or under ``reserved_model: replay`` out of memory in the replay on it)."""
         if self.fits(headroom=headroom):
             return Verdict.FITS
+        rep = self.card_replay
+        if rep is not None and not rep.runs:
+            return Verdict.DOES_NOT_FIT
         return Verdict.TIGHT if self.device_total_bytes <= self.gpu.memory_bytes else Verdict.DOES_NOT_FIT
 
+    @cached_property
+    def card_replay(self) -> CardReplay | None:
+        """Under ``reserved_model: replay``, on a step the stream models (``alloc_stream.replayable``): the
+        replay of the verdict's rank on the card's real capacity, its memory less what lives outside the
+        allocator (context, NCCL, paged states: ``overhead.reserved_cap``, the split of the
+        nvidia-smi figure); None elsewhere (the fitted rule has no stream to replay)."""
+        sc = self.scenario
+        if sc.reserved_model != "replay" or sc.objective_name != "sft":
+            return None
+        from memsim_widget.engine.counters.alloc_stream import card_replay, replayable
+        from memsim_widget.engine.counters.overhead import reserved_cap
+
+        ctx = Context(training_scenario(sc))
+        if not replayable(ctx):
+            return None
+        r = self.worst
+        return card_replay(ctx, r.stage, reserved_cap(ctx, sum(i.bytes for i in r.device)))
+
+    @property
+    def verdict_reason(self) -> str:
+        """Why the replay on the card gives its verdict (``alloc_stream``: ``runs``, ``releases cache``: runs
+        only because failed cudaMallocs free the cache, slower; ``fragmentation``; ``total``); '' without it."""
+        rep = self.card_replay
+        return "" if rep is None else rep.reason
+
+    @property
+    def verdict_text(self) -> str:
+        """The replay on the card in words ('' without it): the request and the largest free range on OOM."""
+        rep = self.card_replay
+        return "" if rep is None else rep.text
+
     def recommended_memory_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
-        """Smallest device memory that holds the peak with ``headroom`` to spare."""
-        return int(self.device_total_bytes / (1 - headroom))
+        """Smallest device memory that holds the peak with ``headroom`` to spare. Under ``reserved_model:
+        replay``, when the replay on the card releases the cache or runs out of memory (its reserved counter is
+        capped at the card), the card whose room holds the unlimited replay's peak reserved (no cudaMalloc
+        fails there) plus what lives outside the allocator."""
+        rep = self.card_replay
+        total = self.device_total_bytes
+        if rep is not None and rep.needed and (rep.cache_releases or not rep.runs):
+            total = max(total, total - self.worst.peak_reserved_bytes + rep.needed)
+        return int(total / (1 - headroom))
 
     def bottleneck(self, top: int = 3) -> dict[str, Any]:
         """The category and the items that dominate the worst rank at its peak, and the moment."""
@@ -368,6 +420,7 @@ class Estimate:
             "headroom": headroom,
             "fits": self.fits(headroom=headroom),
             "verdict": self.verdict(headroom),
+            **self._card_dict(),
             "recommended_memory_bytes": self.recommended_memory_bytes(headroom),
             "host_bytes": max((r.host_bytes for r in self.ranks), default=0),
             "bottleneck": self.bottleneck(),
@@ -379,6 +432,28 @@ class Estimate:
             "time_caveats": list(self.time_caveats),
             "time_items": self.time_rows(),
             **({"phases": self.phases()} if self.scenario.objective_name != "sft" else {}),
+        }
+
+    def _card_dict(self) -> dict[str, Any]:
+        """``to_dict``'s replay on the card (only under ``reserved_model: replay``: the default is unchanged)."""
+        rep = self.card_replay
+        if rep is None:
+            return {}
+        f = rep.failure
+        return {
+            "verdict_reason": rep.reason,
+            "verdict_text": rep.text,
+            "card_replay": {
+                "capacity_bytes": rep.capacity,
+                "runs": rep.runs,
+                "cache_releases": rep.cache_releases,
+                "room_without_release_bytes": rep.needed,
+                "oom_cause": f.cause if f else None,
+                "oom_request_bytes": f.request if f else None,
+                "oom_largest_free_bytes": f.largest_free if f else None,
+                "oom_free_bytes": f.free_bytes if f else None,
+                "oom_phase": rep.at or None,
+            },
         }
 
     def summary(self) -> str:

@@ -82,7 +82,7 @@ def gpu_scaling(
             "peak_reserved_gib": ev.peak_reserved_bytes / GiB,
             "peak_allocated_gib": ev.peak_allocated_bytes / GiB,
             "peak_phase": ev.peak_phase,
-            "fits": ev.device_total_bytes <= card * (1 - headroom),
+            "fits": ev.fits(card * (1 - headroom)),
         }
     )
 

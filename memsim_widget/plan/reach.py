@@ -36,7 +36,7 @@ from memsim_widget.engine.estimate import DEFAULT_HEADROOM, Estimate
 from memsim_widget.plan.search import Plan, _check_modelled, _evaluated, _sft_base
 from memsim_widget.plan.space import SearchSpace, candidates, layouts
 from memsim_widget.plan.timing import time_columns
-from memsim_widget.plan.vector import CHECKPOINTING, LOSSES, OFFLOADS, evaluate
+from memsim_widget.plan.vector import CHECKPOINTING, LOSSES, OFFLOADS, evaluate, fits_mask
 from memsim_widget.scenario import Scenario
 
 #: What ``reach`` can push: the scenario key, and the candidates' column it sets (None: the base's key).
@@ -134,7 +134,7 @@ def reach(
         sub = {name: col[idx] for name, col in cols.items()}
         sub.update({name: np.full(idx.shape[0], v, dtype=np.int64) for name, v in set_.items()})
         ev = evaluate(base, sub, space.optimizers)
-        return ev.device_total_bytes, (ev.device_total_bytes <= limit) & ~ev.overflow
+        return ev.device_total_bytes, ev.fits(limit)
 
     everyone = np.arange(cols["dp"].shape[0])
     hi = top // step
@@ -212,7 +212,7 @@ def _ranked(
     sub = _evaluated(base, sub, space.optimizers)
     sub.update(time_columns(base, sub, space.optimizers))
     sub["gpu_memory_bytes"] = np.int64(Context(base).gpu.memory_bytes)
-    sub["fits"] = (sub["device_total_bytes"] <= limit) & ~sub["overflow"]
+    sub["fits"] = fits_mask(sub["device_total_bytes"], sub["overflow"], sub["oom"], limit)
     return Plan(base, (int(cols["num_gpus"][0]),), space, headroom, sub, 0.0, None, 1)
 
 

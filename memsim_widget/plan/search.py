@@ -29,6 +29,7 @@ from memsim_widget.plan.vector import (
     OFFLOADS,
     candidate_scenario,
     evaluate,
+    fits_mask,
     unique_codes,
 )
 from memsim_widget.scenario import (
@@ -548,12 +549,14 @@ def _evaluated(
             peak_phase=ev.peak_phase,
             worst_stage=ev.worst_stage,
             overflow=ev.overflow,
+            oom=ev.oom,
         )
     else:
         for k in ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "worst_stage"):
             cols[k] = np.zeros(0, dtype=np.int64)
         cols["peak_phase"] = np.zeros(0, dtype=object)
         cols["overflow"] = np.zeros(0, dtype=bool)
+        cols["oom"] = np.zeros(0, dtype=bool)
     return cols
 
 
@@ -648,7 +651,7 @@ def _all_candidates(
     cols: dict[str, Any] = {key: np.concatenate([c[key] for c in parts]) for key in parts[0]}
     cols["gpu_memory_bytes"] = np.int64(gpu_memory_bytes)
     # a candidate past vector.SATURATION_BYTES (32 PiB) per GPU never fits any card (1 PiB at most)
-    cols["fits"] = (cols["device_total_bytes"] <= limit) & ~cols["overflow"]
+    cols["fits"] = fits_mask(cols["device_total_bytes"], cols["overflow"], cols["oom"], limit)
     return cols
 
 
@@ -772,7 +775,8 @@ def _search(
     first = replace(space, offload=("none",)) if staged else space
     cols = _evaluated(b, candidates(b, lays, first, g_seq), space.optimizers)
     if staged:
-        fit_counts = set(cols["num_gpus"][cols["device_total_bytes"] <= limit].tolist())
+        fits = fits_mask(cols["device_total_bytes"], cols["overflow"], cols["oom"], limit)
+        fit_counts = set(cols["num_gpus"][fits].tolist())
         rest = [lay for lay in lays if lay.num_gpus not in fit_counts]
         if rest:
             more = replace(space, offload=tuple(o for o in space.offload if o != "none"))

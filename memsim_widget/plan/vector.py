@@ -277,10 +277,23 @@ class Evaluation:
     #: than any card): figures reported as ``OVERFLOW_BYTES``, peak moment and worst stage not meaningful;
     #: ``estimate`` of the candidate gives the exact figures.
     overflow: np.ndarray
+    #: Under ``reserved_model: replay``: candidates whose replay on the card runs out of memory
+    #: (``Estimate.card_replay``; they never fit, whatever the headroom). All False under the fitted rule.
+    oom: np.ndarray
 
     @property
     def peak_phase(self) -> np.ndarray:
         return np.array(MOMENTS, dtype=object)[self.peak_moment]
+
+    def fits(self, limit: float) -> np.ndarray:
+        """``Estimate.fits`` per candidate: the device total within ``limit`` (the card less the headroom),
+        not overflowing, and under the replay not out of memory on the card."""
+        return fits_mask(self.device_total_bytes, self.overflow, self.oom, limit)
+
+
+def fits_mask(device: np.ndarray, overflow: np.ndarray, oom: np.ndarray, limit: float) -> np.ndarray:
+    """``Estimate.fits`` on columns (``Evaluation.fits``; a plan's columns hold the same three)."""
+    return (device <= limit) & ~overflow & ~oom
 
 
 def replace_unchecked(obj: Any, **changes: Any) -> Any:
@@ -942,34 +955,39 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
     # ----- peak, allocator pool, outside memory (engine/counters/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
-    if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
-        pool = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool)
     # one NCCL communicator per parallel dimension above 1 (engine/counters/overhead.device_items)
     comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
     outside = outside_bytes(context_bytes(ctx0), comms, s_out[s_idx])
-    reserved = capped_reserved(peak_alloc, pool, reserved_cap(ctx0, outside))
+    cap = reserved_cap(ctx0, outside)
+    oom = np.zeros(cand.shape[0], dtype=bool)
+    if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
+        pool, oom = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool, cap)
+    reserved = capped_reserved(peak_alloc, pool, cap)
     device = reserved + outside
     row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)
-    return _worst_ranks(cand, stage, peak_alloc, reserved, device, peak_m, row_over)
+    return _worst_ranks(cand, stage, peak_alloc, reserved, device, peak_m, row_over, oom)
 
 
 def _replayed_pools(
     base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
-    s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray,
-) -> np.ndarray:  # fmt: skip
-    """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak reserved
-    of ``pool_replay`` for the row's candidate and stage: the functions the engine calls, once per distinct
-    (state key, activation key) pair (the replay's own cache is keyed by the scenario's shape). Only one-GPU
-    rows without accumulation can be accepted: the others are not looked at."""
-    from memsim_widget.engine.counters.alloc_stream import pool_replay, replayable
+    s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray, cap: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak
+    reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_replay`` on the
+    row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
+    engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
+    scenario's shape; one-GPU rows of a pair share the room). Only one-GPU rows without accumulation can be
+    accepted: the others are not looked at."""
+    from memsim_widget.engine.counters.alloc_stream import card_replay, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
+    oom = np.zeros(pool.shape[0], dtype=bool)
     if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay
-        return pool
+        return pool, oom
     one = (c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1) & (c["grad_accum"] == 1)
     rows = np.flatnonzero(one[cand])
     if not rows.size:
-        return pool
+        return pool, oom
     pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]
     uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     out = pool.copy()
@@ -978,13 +996,15 @@ def _replayed_pools(
         ctx = Context(objectives.training_scenario(candidate_scenario(base, optimizers, row)))
         if replayable(ctx):
             at = rows[inverse.reshape(-1) == j]
-            out[at] = min(pool_replay(ctx, ctx.stages[int(stage[r])]).peak_reserved, SATURATION_BYTES)
-    return out
+            st = ctx.stages[int(stage[r])]
+            out[at] = min(pool_replay(ctx, st).peak_reserved, SATURATION_BYTES)
+            oom[at] = not card_replay(ctx, st, int(cap[r])).runs
+    return out, oom
 
 
 def _worst_ranks(
     cand: np.ndarray, stage: np.ndarray, peak_alloc: np.ndarray, reserved: np.ndarray, device: np.ndarray,
-    peak_m: np.ndarray, row_over: np.ndarray,
+    peak_m: np.ndarray, row_over: np.ndarray, oom: np.ndarray,
 ) -> Evaluation:  # fmt: skip
     """Each candidate's headline: per counter the largest figure over its stages (``Estimate.worst_for``);
     the worst rank (peak moment, worst stage) is the one with the largest device total, the first of equals
@@ -1002,4 +1022,5 @@ def _worst_ranks(
         peak_moment=peak_m[pick],
         worst_stage=stage[pick],
         overflow=over,
+        oom=np.logical_or.reduceat(oom, starts),
     )

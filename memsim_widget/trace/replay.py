@@ -98,23 +98,16 @@ def traced_counters(sc: Any, result: Any) -> dict[str, Any]:
 
 
 def on_card_text(on_card: dict[str, Any] | None) -> str:
-    """The replay's verdict on the card in words (empty without a replay)."""
-    from memsim_widget.units import fmt_bytes
+    """The replay's verdict on the card in words (empty without a replay): ``alloc_stream.card_text``."""
+    from memsim_widget.engine.counters.alloc_stream import card_text
 
     if not on_card:
         return ""
-    cap = fmt_bytes(on_card["capacity_bytes"])
-    if on_card["runs"] and on_card["only_by_releasing_cache"]:
-        return (
-            f"replayed on the card ({cap} for PyTorch): runs only because failed cudaMallocs make the allocator "
-            f"free its cache ({on_card['cache_releases']} times a step or more): slower steps"
-        )
-    if on_card["runs"]:
-        return f"replayed on the card ({cap} for PyTorch): runs"
-    req, largest = fmt_bytes(on_card["oom_request_bytes"]), fmt_bytes(on_card["oom_largest_free_bytes"])
-    if on_card["oom_cause"] == "fragmentation":
-        return (
-            f"replayed on the card ({cap} for PyTorch): out of memory from fragmentation: {req} asked, the "
-            f"free bytes would hold it but the largest free range is {largest}"
-        )
-    return f"replayed on the card ({cap} for PyTorch): out of memory: {req} asked, more than is free"
+    return card_text(
+        on_card["capacity_bytes"],
+        on_card["runs"],
+        on_card["cache_releases"] if on_card["only_by_releasing_cache"] else 0,
+        on_card.get("oom_cause"),
+        on_card.get("oom_request_bytes") or 0,
+        on_card.get("oom_largest_free_bytes") or 0,
+    )

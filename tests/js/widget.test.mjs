@@ -135,6 +135,19 @@ describe("render", () => {
     cleanup();
   });
 
+  test("under the replay the verdict panel says what the replay on the card found, nothing without it", () => {
+    const plain = mount();
+    assert.equal(plain.el.querySelectorAll(".memsim-verdict-replay").length, 0);
+    plain.cleanup();
+    const text = "replayed on the card (4.96 GiB for PyTorch): out of memory from fragmentation: 8.31 MiB asked, " +
+      "the free bytes would hold it but the largest free range is 6.00 MiB (at step 1 optimizer step)";
+    const result = { ...fixtureState().result, verdict: "does not fit", verdict_reason: "fragmentation", verdict_text: text };
+    const { q, cleanup } = mount({ result });
+    assert.equal(q(".memsim-verdict .memsim-verdict-replay").textContent, text);
+    assert.ok(q(".memsim-verdict-replay").classList.contains("memsim-verdict-replay-fragmentation"));
+    cleanup();
+  });
+
   test("with several pipeline stages each headline peak names its stage, none with one", () => {
     const plain = mount();
     assert.equal(plain.el.querySelectorAll(".memsim-peak-rank").length, 0);

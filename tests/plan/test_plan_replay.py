@@ -17,3 +17,59 @@ def test_every_candidate_equals_estimate_with_the_replay(conf):
     assert p.mismatches(np.arange(p.evaluated)) == []
     replayed = [i for i in range(p.evaluated) if "replayed" in p.estimate(i).ranks[0].reserved.formula]
     assert replayed  # the one-GPU candidates without accumulation took the replay
+
+
+def _tight_card(base: dict, below: int) -> dict:
+    """A custom card whose room for the allocator is ``below`` bytes under the micro-batch-1 candidate's
+    unlimited replay peak (MiB multiples: the GiB float is exact): some candidates run only by releasing the
+    cache, some run out of memory although the capped reserved counter stays inside the card."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.counters.alloc_stream import pool_replay
+    from memsim_widget.units import GiB
+
+    est = estimate(base)
+    outside = sum(i.bytes for i in est.worst.device)
+    ctx = Context(est.scenario)
+    peak = pool_replay(ctx, ctx.stages[0]).peak_reserved
+    return {"memory_gib": (outside + peak - below) / GiB}
+
+
+def test_the_planner_follows_the_replay_verdict_on_the_card():
+    base = {"model": "qwen2.5-0.5b", "seq_len": 512, "reserved_model": "replay"}
+    gpu = _tight_card(base, 1000 * 2**20)
+    p = plan(base=base, gpu=gpu, gpus=(1,), space=SearchSpace(micro_batch=(1, 2)), top=10, headroom=0.0)
+    assert p.mismatches(np.arange(p.evaluated)) == []  # fits included: the planner's verdict is estimate's
+    oom = np.flatnonzero(p.columns["oom"])
+    assert oom.size and not p.columns["fits"][oom].any()
+    for i in oom[:3]:  # inside the card by the capped counter, out of memory in the replay on it
+        est = p.estimate(int(i))
+        assert est.device_total_bytes <= est.gpu.memory_bytes and est.verdict(0.0) == "does not fit"
+        assert est.verdict_reason in ("fragmentation", "total")
+
+
+def test_the_largest_micro_batch_follows_the_replay_verdict():
+    from dataclasses import replace
+
+    from memsim_widget.plan.reach import reach
+    from memsim_widget.scenario import Scenario
+
+    base = {"model": "qwen2.5-0.5b", "seq_len": 512, "reserved_model": "replay"}
+    sc = Scenario.from_dict({**base, "gpu": _tight_card(base, 0)})  # room: micro-batch 1's unlimited peak
+    space = SearchSpace(optimizers=("adamw",), offload=("none",), checkpointing=("none",))
+    r = reach(sc, "micro_batch_size", space, top=8, headroom=0.0)
+    fitting, capped_inside, oom = {}, {}, {}
+    for k in range(
+        1, 9
+    ):  # every micro-batch by itself: the planner's verdict, the capped counter's, the replay's
+        p = plan(base=sc.to_dict(), gpus=(1,), space=replace(space, micro_batch=(k,)), top=None, headroom=0.0,
+                 widen=False)  # fmt: skip
+        c = p.columns
+        fitting[k] = p.fitting
+        capped_inside[k] = int(((c["device_total_bytes"] <= c["gpu_memory_bytes"]) & ~c["overflow"]).sum())
+        oom[k] = int(c["oom"].sum())
+    assert r is not None and r.estimate.fits(headroom=0.0)
+    assert fitting[r.value] and not fitting.get(r.next_stop, 0)
+    # the replay decides: one stop further the capped counter alone would have called a candidate inside the
+    # card, and its replay on the card runs out of memory
+    assert r.next_stop is not None and capped_inside[r.next_stop] > 0 and oom[r.next_stop] > 0
