@@ -8,11 +8,13 @@ items (raw bytes, allocated bytes, long-lived allocated bytes, loss-buffer alloc
 ``engine/step/timeline`` and ``engine/counters/overhead.reserved_item`` then do with those groups is written once, over
 numbers or arrays, and called here on arrays: the state groups (``state_group_table``), the activation groups
 (``activation_group_table``: the terms scaled by layers and micro-batches in flight, through ``RowScaler``),
-each moment's unused-but-reserved bytes (``waste_bytes``) and the reserved counter (``capped_reserved``). What
-is the planner's own is the bookkeeping: one row per candidate stage, each distinct part computed once, the
-moments of ``engine/step/moments.MOMENT_TABLE`` added by group name, the larger of two instants, the peak moment
-and the largest pool taken with the same integer and float operations. ``tests/plan/test_plan_vector.py``
-checks every figure against ``estimate`` byte for byte.
+each moment's unused-but-reserved bytes (``waste_bytes``), the reserved counter (``capped_reserved``), the bytes
+outside the allocator (``outside_bytes``), the larger of two instants and the peak moment (``engine/arith``
+``first_largest``, ``takes_later``) and the extra middle stage's schedule (``engine/parallel/schedule``
+``first_carrying_stage``). What is the planner's own is the bookkeeping: one row per candidate stage, each distinct
+part computed once, the moments of ``engine/step/moments.MOMENT_TABLE`` added by group name, and the largest pool
+taken with the same integer and float operations. ``tests/plan/test_plan_vector.py`` checks every figure against
+``estimate`` byte for byte.
 """
 
 from __future__ import annotations
