@@ -1166,6 +1166,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {},
                 {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16", **_LORA_IN},
             ),
+            # issue 26: full checkpointing (each Mamba2Block's fp32 output kept; the recomputed gated norm's backward)
+            ("torch bf16 ckpt b2 s512", {}, {"micro_batch_size": 2, "seq_len": 512, **_CKPT}),
+            (
+                "torch fp32 ckpt b2 s256",
+                {},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", **_CKPT},
+            ),
             (
                 "torch V50288 amp-bf16 b2 s256 (the real vocabulary; outputs kept: backward, fp32 logits)",
                 {"vocab_size": 50288},

@@ -243,8 +243,48 @@ def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202
             f"{ec} B x T x ((2I + 2GN + H) + 2 x (I + 2GN)) + {r} B x T x h, I={inner}",
             4,
         )
-    # not modelled beyond the residual gradient: the V64 trace (peak inside the top layer's backward) is -1.4%
-    return Term("Mamba-2 torch path backward: residual gradient", r * T * D.h, f"{r} B x T x h", 1)
+    # traced (full checkpointing, bf16 b2 s512: the peak is inside the recomputed top layer's gated RMSNorm
+    # backward): five fp32 T x I gradients of the norm's chain live at once, while out_proj's input (trained
+    # weights only), one fp32 T x I of the chain and rstd are already freed; out_proj's and the norm's weight
+    # gradients are made; the residual gradient is fp32 when ``residual_in_fp32`` (the block adds in fp32)
+    full = ctx.full_training
+    rg = 4 if ctx.arch.extra.get("residual_in_fp32", False) else r
+    grads = ec * (D.h * inner + inner) if full else 0
+    nbytes = (
+        5 * 4 * T * inner - (ec * T * inner if full else 0) - 4 * T * inner - 4 * T * G + grads + rg * T * D.h
+    )
+    return Term(
+        "Mamba-2 torch path backward: gated RMSNorm's fp32 gradients (net of its freed saved tensors)"
+        + (", out_proj and norm weight gradients" if full else "") + ", residual gradient",
+        nbytes,
+        "(5 - 1) x 4 B x T x I" + (f" - {ec} B x T x I" if full else "") + " - 4 B x T x G"
+        + (f" + {ec} B x (h x I + I)" if full else "") + f" + {rg} B x T x h, I={inner} G={G}",
+        8 if full else 6,
+    )  # fmt: skip
+
+
+def mamba2_checkpointed_inputs(st: HFLayer) -> None:
+    """What each checkpointed ``Mamba2Block`` keeps under full checkpointing: its input, the block's ``hidden_states``
+    argument. HF wraps every ``Mamba2Block`` (a ``GradientCheckpointingLayer``, transformers 5.24
+    ``modeling_layers.py``/``modeling_mamba2.py``) in torch.utils.checkpoint, which keeps only the arguments. With
+    ``residual_in_fp32`` (the default) the block returns ``residual.float() + mixer(...)``, an fp32 tensor, so the
+    inputs of layers 1..L-1 are 4 B x T x h and layer 0's is the embedding's output in the compute dtype (traced,
+    bf16 b2 s512: 3 fp32 and 1 bf16 input live in the top layer's backward). The term is per layer, so it holds the
+    mean of the L inputs: exact with all L alive (the backward's top), high by (4 - e) B x T x h at its end."""
+    ssm, sc, arch = st.ssm, st.sc, st.arch
+    if not ssm or ssm["version"] != 2 or sc.activation_checkpointing != "full":
+        return
+    if not arch.extra.get("residual_in_fp32", False) or st.r == 4:
+        return
+    L, T, h, e = max(arch.num_layers, 1), st.D.Tout, st.D.h, st.r
+    st.out.checkpointed_layer = [
+        Term(
+            "checkpointed layer inputs (fp32 block outputs; layer 0's the embedding's)",
+            (e + (L - 1) * 4) * T * h / L,
+            f"({e} B + {L - 1} x 4 B) / {L} x T x h per layer",
+            1,
+        )
+    ]
 
 
 def ssm_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN201
