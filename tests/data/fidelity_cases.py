@@ -1174,6 +1174,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", **_CKPT},
             ),
             (
+                "torch bf16 lora in_proj ckpt b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, **_LORA_IN, **_CKPT},
+            ),
+            (
                 "torch V50288 amp-bf16 b2 s256 (the real vocabulary; outputs kept: backward, fp32 logits)",
                 {"vocab_size": 50288},
                 {

@@ -243,21 +243,22 @@ def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202
             f"{ec} B x T x ((2I + 2GN + H) + 2 x (I + 2GN)) + {r} B x T x h, I={inner}",
             4,
         )
-    # traced (full checkpointing, bf16 b2 s512: the peak is inside the recomputed top layer's gated RMSNorm
-    # backward): five fp32 T x I gradients of the norm's chain live at once, while out_proj's input (trained
-    # weights only), one fp32 T x I of the chain and rstd are already freed; out_proj's and the norm's weight
-    # gradients are made; the residual gradient is fp32 when ``residual_in_fp32`` (the block adds in fp32)
+    # traced (full checkpointing, bf16 b2 s512, fp32 b2 s256, LoRA on in_proj; the peak is inside the recomputed
+    # top layer's gated RMSNorm backward, the V64 row's too): five fp32 T x I gradients of the norm's chain live
+    # at once. By then what only the weight gradients read is freed once they are made (trained weights only:
+    # out_proj's input, e B x T x I, and the norm's fp32 normalised tensor, 4 B x T x I), and rstd (4 B x T x G)
+    # always; out_proj's and the norm's weight gradients are live; the residual gradient is fp32 when
+    # ``residual_in_fp32`` (the block adds ``residual.float()``)
     full = ctx.full_training
     rg = 4 if ctx.arch.extra.get("residual_in_fp32", False) else r
     grads = ec * (D.h * inner + inner) if full else 0
-    nbytes = (
-        5 * 4 * T * inner - (ec * T * inner if full else 0) - 4 * T * inner - 4 * T * G + grads + rg * T * D.h
-    )
+    freed = (ec + 4) * T * inner if full else 0
     return Term(
-        "Mamba-2 torch path backward: gated RMSNorm's fp32 gradients (net of its freed saved tensors)"
-        + (", out_proj and norm weight gradients" if full else "") + ", residual gradient",
-        nbytes,
-        "(5 - 1) x 4 B x T x I" + (f" - {ec} B x T x I" if full else "") + " - 4 B x T x G"
+        "Mamba-2 torch path backward: gated RMSNorm's five fp32 gradients"
+        + (" (net of out_proj's input and the normalised tensor, freed), out_proj and norm weight gradients"
+           if full else "") + ", residual gradient",
+        5 * 4 * T * inner - freed - 4 * T * G + grads + rg * T * D.h,
+        "5 x 4 B x T x I" + (f" - ({ec} + 4) B x T x I" if full else "") + " - 4 B x T x G"
         + (f" + {ec} B x (h x I + I)" if full else "") + f" + {rg} B x T x h, I={inner} G={G}",
         8 if full else 6,
     )  # fmt: skip
