@@ -269,8 +269,8 @@ def step_stream(
         s.free(grad_out[1:])
         s.mark(f"step {step} backward")
         top = s.items(a["top_backward"])
-        head = s.items(sg["head_grads"])
         top_grads = grads_of(order.top, 1) if order and by_tensor else []
+        head = [] if top_grads else s.items(sg["head_grads"])  # by tensor: the head's are top_grads
         s.free(grad_logits + tanh + top + post)
         layer_grads = []
         for layer in reversed(saved):
