@@ -223,7 +223,10 @@ class _Grads:
             out = s.items(self.sg["grads"], share=share)
         elif self.new:  # one at a time: each freed once added, before the next is made
             for x in part:
-                s.free(s.items([new_gradient(x, self.per)]))
+                size = max(int(x * self.per), 1)
+                if self.per.is_integer():  # the engine's item for it (its bytes the same)
+                    size = new_gradient(x, int(self.per)).bytes
+                s.free(s.alloc(size))
             return []
         else:
             out = [h for x in part for h in s.alloc(max(int(x * self.per), 1))]
@@ -415,14 +418,14 @@ def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
     fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
-    parallelism: no gathered or communicated buffers), one micro-batch per step,
-    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted
-    rule (docs/allocator.md lists what the stream still lacks)."""
+    parallelism: no gathered or communicated buffers), any number of micro-batches per step (gradient
+    accumulation: the later ones add each new gradient in place, ``step_stream``), nothing offloaded, the
+    optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
+    (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.reserved_model == "replay"
         and p.dp * p.tp * p.pp * p.cp * p.ep == 1
-        and sc.grad_accum_steps == 1
         and not sc.activation_offloading
         and p.offload == "none"
         and not sc.optimizer_in_backward
