@@ -34,9 +34,18 @@ def _stream(d: dict, steps: int = STEPS) -> list:
     return rank_stream(ctx, ctx.stages[0], steps).events
 
 
-def test_every_free_follows_its_allocation_once() -> None:
+#: Accumulating steps (3 micro-batches): tied embeddings, full checkpointing, LoRA.
+ACCUMULATING = [
+    {**LLAMA, "grad_accum_steps": 3},
+    {**LLAMA, "grad_accum_steps": 3, "activation_checkpointing": "full"},
+    {**LLAMA, "grad_accum_steps": 3, "method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}},
+]
+
+
+@pytest.mark.parametrize("d", [LLAMA, *ACCUMULATING])
+def test_every_free_follows_its_allocation_once(d: dict) -> None:
     live: set[object] = set()
-    for handle, size, _ in _stream(LLAMA):
+    for handle, size, _ in _stream(d):
         if size == FREE:
             assert handle in live
             live.remove(handle)
@@ -45,11 +54,12 @@ def test_every_free_follows_its_allocation_once() -> None:
             live.add(handle)
 
 
-def test_the_stream_holds_the_engines_tensors() -> None:
+@pytest.mark.parametrize("d", [LLAMA, *ACCUMULATING])
+def test_the_stream_holds_the_engines_tensors(d: dict) -> None:
     """The replayed peak allocated is the engine's peak allocated within 1%: the same items, cut into tensors
     (each rounded to 512 B on its own) and ordered per layer instead of summed per moment."""
-    got = replay(_stream(LLAMA)).peak_allocated
-    want = estimate(Scenario.from_dict(LLAMA)).ranks[0].peak_allocated_bytes
+    got = replay(_stream(d)).peak_allocated
+    want = estimate(Scenario.from_dict(d)).ranks[0].peak_allocated_bytes
     assert abs(got / want - 1) < 0.01
 
 
