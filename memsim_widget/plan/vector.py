@@ -827,19 +827,20 @@ def _peak_and_pool(
     rates = waste_rates(ctx0)
     first = moments[0][1]
     order = np.array([k for k, *_ in moments], dtype=np.int64)  # the moments' indices in MOMENT_TABLE
-    peak_alloc, pool = np.empty_like(first), first.copy()
+    peak_alloc, pool = np.empty_like(first), np.empty_like(first)
     peak_m = np.empty(first.shape, dtype=np.int64)
     for start in range(0, first.shape[0], POOL_ROWS):
         rows = slice(start, start + POOL_ROWS)
         # the first moment of the largest total wins (engine/core: the same function)
         peak_alloc[rows], at = first_largest([alloc[rows] for _, alloc, _, _ in moments])
         peak_m[rows] = order[at]
-        largest = pool[rows]
+        held = [peak_alloc[rows]]  # the peak allocated is a floor (engine/counters/overhead.reserved_item)
         for _, alloc, pers, loss in moments:
             a = alloc[rows]
-            held = waste_bytes(a, pers[rows] if pers.ndim else pers, loss[rows] if loss.ndim else loss, rates)
-            held += a
-            np.maximum(largest, held, out=largest)
+            w = waste_bytes(a, pers[rows] if pers.ndim else pers, loss[rows] if loss.ndim else loss, rates)
+            w += a
+            held.append(w)
+        pool[rows], _ = first_largest(held)
     return peak_alloc, peak_m, pool
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.arith import maximum, minimum, to_int
+from memsim_widget.engine.arith import first_largest, maximum, minimum, to_int
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import expandable_segments
 from memsim_widget.engine.items import Category, Item, Level
@@ -213,13 +213,12 @@ def reserved_item(
     """
     loss_names = acts.loss_buffer_names()
     rates = waste_rates(ctx)  # once: every moment of every estimate reads them
-    best_alloc, best_waste, best_name = peak_allocated, 0, ""
+    held = [(peak_allocated, 0, "")]  # (allocated, unused, moment): the peak allocated is a floor
     for m in moments:
         alloc, persistent, loss = m.pool_sums(PERSISTENT_CATEGORIES, loss_names)  # type: ignore[attr-defined]
-        waste = waste_bytes(alloc, persistent, loss, rates)
-        if alloc + waste > best_alloc + best_waste:
-            best_alloc, best_waste, best_name = alloc, waste, m.name  # type: ignore[attr-defined]
-    pool = best_alloc + best_waste
+        held.append((alloc, waste_bytes(alloc, persistent, loss, rates), m.name))  # type: ignore[attr-defined]
+    pool, at = first_largest([a + w for a, w, _ in held])  # the planner's _peak_and_pool: the same choice
+    best_alloc, best_waste, best_name = held[at]
     cap = reserved_cap(ctx, outside)
     reserved = capped_reserved(peak_allocated, pool, cap)
     f_transient, f_variable = rates
