@@ -123,7 +123,7 @@ def new_gradient(largest: int, grad_b: float, what: str = "") -> Item:
     return Item(
         "gradients",
         "a new gradient before it is added to the accumulated one",
-        largest * grad_b,
+        int(largest * grad_b),
         what or f"largest layer param {fmt_int(largest)} x {grad_b} B",
         "tensor",
         1,
