@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import astuple
 from functools import partial
-from heapq import nlargest
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ import allocator_reference as ref  # noqa: E402
 from memsim_widget.engine.context import Context  # noqa: E402
 from memsim_widget.engine.core import _estimate, estimate  # noqa: E402
 from memsim_widget.engine.counters import alloc_stream  # noqa: E402
-from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, alloc, free, replay  # noqa: E402
+from memsim_widget.engine.counters.allocator import AllocatorConf, alloc, free, replay  # noqa: E402
 from memsim_widget.engine.frameworks import allocator_conf  # noqa: E402
 from memsim_widget.engine.rl import objectives  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
@@ -59,28 +58,6 @@ CASES: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": {"model": "mixtral-8x7b", "seq_len": 4096},
     "70b dp8 zero3": {"model": "llama-3.1-70b", "seq_len": 4096, "parallel": {"dp": 8, "zero": 3}},
 }
-
-
-def reference_replay_stream(
-    stream: alloc_stream.StreamWriter, conf: AllocatorConf
-) -> alloc_stream.PoolReplay:
-    """``alloc_stream.replay_stream`` before the fast path, on the reference simulator."""
-    a = ref.CachingAllocator(None, conf)
-    marks, m, label, at, cached, peak = stream.marks, 0, "", "", (), -1
-    for n, (handle, size, stream_id) in enumerate(stream.events):
-        while m < len(marks) and marks[m][0] <= n:
-            label = marks[m][1]
-            m += 1
-        if size == FREE:
-            a.free(handle)
-            continue
-        a.malloc(handle, size, stream_id)
-        if a.reserved > peak:
-            peak, at = a.reserved, label
-            cached = tuple(nlargest(3, (s for lst in a.free_lists.values() for s, _ in lst[-3:])))
-    return alloc_stream.PoolReplay(
-        a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events)
-    )
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -110,7 +87,7 @@ def new_shape_ms(sc: Scenario, repeats: int) -> tuple[float, float]:
     """(before, after) ms of a new shape's estimate, the two timed in turn (the shared machine's load moves)."""
     fast, before, after = alloc_stream.replay_stream, float("inf"), float("inf")
     for _ in range(repeats):
-        alloc_stream.replay_stream = reference_replay_stream  # type: ignore[assignment]
+        alloc_stream.replay_stream = ref.replay_stream  # type: ignore[assignment]
         try:
             before = min(before, estimate_ms(sc, 1, True))
         finally:
@@ -135,10 +112,10 @@ def scenario_rows(repeats: int) -> None:
         conf = allocator_conf(ctx)
         stream = alloc_stream.rank_stream(ctx, ctx.stages[0])
         n = len(stream.events)
-        if fast(stream, conf) != reference_replay_stream(stream, conf):
+        if fast(stream, conf) != ref.replay_stream(stream, conf):
             raise SystemExit(f"{name}: the fast replay's figures differ from the reference's")
         build = best_ms(partial(alloc_stream.rank_stream, ctx, ctx.stages[0]), repeats)
-        before = best_ms(partial(reference_replay_stream, stream, conf), repeats)
+        before = best_ms(partial(ref.replay_stream, stream, conf), repeats)
         after = best_ms(partial(fast, stream, conf), repeats)
         shape_before, shape_after = new_shape_ms(sc, repeats)
         cached = estimate_ms(sc, repeats * 20, False)

@@ -436,8 +436,8 @@ OPTIONAL_KEYS: dict[str, Any] = {
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
 #: rule of engine/counters/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
 #: step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median +0.0% on the
-#: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps without accumulation
-#: only, the fitted rule elsewhere). docs/allocator.md.
+#: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps only, gradient
+#: accumulation included, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16

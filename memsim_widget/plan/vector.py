@@ -979,7 +979,7 @@ def _replayed_pools(
     reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_replay`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
-    scenario's shape; one-GPU rows of a pair share the room). Only one-GPU rows without accumulation can be
+    scenario's shape; one-GPU rows of a pair share the room). Only one-GPU rows (any accumulation) can be
     accepted: the others are not looked at."""
     from memsim_widget.engine.counters.alloc_stream import card_replay, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
@@ -987,7 +987,7 @@ def _replayed_pools(
     oom = np.zeros(pool.shape[0], dtype=bool)
     if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay
         return pool, oom
-    one = (c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1) & (c["grad_accum"] == 1)
+    one = c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1
     rows = np.flatnonzero(one[cand])
     if not rows.size:
         return pool, oom

@@ -282,35 +282,45 @@ def _train_step(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
     output_lifetime: str,
     forward_ctx: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    grad_accum_steps: int = 1,
 ) -> None:
     """One step, phase by phase: forward (and loss), backward, optimizer step, zero_grad; the model output
-    dies where ``output_lifetime`` says. The forward runs inside ``forward_ctx()`` (activation offloading)."""
-    tracker.set_phase("forward", step)
-    batch = input_factory()
-    tracker.relabel(_tensors_in(batch), "input")
-    with cuda_like_autocast(amp_dtype), forward_ctx():
-        out = model(**batch) if isinstance(batch, dict) else model(*batch)
-    if loss_fn is not None:
-        tracker.set_phase("loss")
-        loss = loss_fn(out, batch)
-    else:
-        loss = _extract_loss(out)
-    if output_lifetime == "trainer":
-        del out
-    tracker.set_phase("backward")
-    loss.backward()
-    del loss
-    if output_lifetime == "backward":
-        del out
+    dies where ``output_lifetime`` says. The forward runs inside ``forward_ctx()`` (activation offloading).
+    ``grad_accum_steps`` micro-batches run forward and backward before the optimizer step, each loss divided
+    by their number (HF Trainer's ``training_step``); from the second on, ``AccumulateGrad`` adds each new
+    gradient to the parameter's ``.grad`` in place."""
+    out: Any = None
+    batch: Any = None
+    for _micro in range(max(grad_accum_steps, 1)):
+        out = batch = None  # the loop drops the previous micro-batch's output and batch as it makes the next
+        tracker.set_phase("forward", step)
+        batch = input_factory()
+        tracker.relabel(_tensors_in(batch), "input")
+        with cuda_like_autocast(amp_dtype), forward_ctx():
+            out = model(**batch) if isinstance(batch, dict) else model(*batch)
+        if loss_fn is not None:
+            tracker.set_phase("loss")
+            loss = loss_fn(out, batch)
+        else:
+            loss = _extract_loss(out)
+        if grad_accum_steps > 1:
+            loss = loss / grad_accum_steps
+        if output_lifetime == "trainer":
+            out = None
+        tracker.set_phase("backward")
+        loss.backward()
+        del loss
+        if output_lifetime == "backward":
+            out = None
     tracker.relabel([p.grad for p in trainable if p.grad is not None], "gradient")
     tracker.set_phase("optimizer_step")
     opt.step()
     tracker.relabel(_tensors_in(list(opt.state.values())), "optimizer_state")
     if output_lifetime == "step":
-        del out
+        out = None
     tracker.set_phase("zero_grad")
     opt.zero_grad(set_to_none=True)
-    del batch
+    del batch, out
 
 
 def _torchtune_savers(
@@ -437,6 +447,7 @@ def trace_training(
     compile_budget: float | None = None,
     activation_offloading: bool = False,
     optimizer_in_backward: bool = False,
+    grad_accum_steps: int = 1,
 ) -> TraceResult:
     """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
 
@@ -450,6 +461,7 @@ def trace_training(
     float): the step runs ``torch.compile``d with Inductor's decompositions and partitioner at that
     ``activation_memory_budget`` (1.0 is torch's default), its fusion emulated (trace/compiled.py).
     ``activation_offloading`` and ``optimizer_in_backward``: torchtune's (trace/torchtune_memory.py).
+    ``grad_accum_steps``: micro-batches per step, each loss scaled (``_train_step``).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -495,7 +507,7 @@ def trace_training(
                     _train_step(
                         tracker, runner, input_factory, opt, trainable, step,
                         amp_dtype=amp_dtype, loss_fn=loss_fn, output_lifetime=output_lifetime,
-                        forward_ctx=forward_ctx,
+                        forward_ctx=forward_ctx, grad_accum_steps=grad_accum_steps,
                     )  # fmt: skip
                 tracker.set_phase("end")
         finally:

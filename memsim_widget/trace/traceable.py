@@ -93,8 +93,12 @@ def check_traceable(sc: Scenario) -> None:
     _check_torchtune_savers(sc)
     _check_model_kernels(sc)
     _check_objective(sc)
-    if sc.grad_accum_steps > 1:
-        raise ScenarioError("grad_accum_steps", "a trace runs single micro-batch steps; set it to 1")
+    if sc.grad_accum_steps > 1 and (
+        sc.parallel.world_size > 1 or sc.compile or sc.objective_name != "sft" or sc.optimizer_in_backward
+    ):  # trace/run._train_step runs the micro-batches of one GPU's eager SFT step
+        raise ScenarioError(
+            "grad_accum_steps", "accumulation is traced for one GPU's eager SFT step only; set it to 1"
+        )
     _check_fp8(sc)
 
 
@@ -212,6 +216,8 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
     for key in ("activation_offloading", "optimizer_in_backward"):  # torchtune's (trace/torchtune_memory.py)
         if getattr(sc, key):
             kw[key] = True
+    if sc.grad_accum_steps > 1:  # micro-batches per step, each loss scaled (trace/run._train_step)
+        kw["grad_accum_steps"] = sc.grad_accum_steps
     if sc.fp8 is not None:  # torchao's float8 Linears (trace/float8.py); check_traceable refuses the rest
         kw["float8"] = sc.fp8.name
     if (

@@ -64,3 +64,19 @@ def test_json_names_the_reason(capsys, tmp_path):
 def test_the_fitted_default_prints_no_replay_line(capsys, tmp_path):
     lines = _lines(capsys, tmp_path, {**BASE, "reserved_model": "fitted", "gpu": _card(1000 * MiB)})
     assert not any("replayed on the card" in line for line in lines)
+
+
+def test_recommend_json_gives_the_same_reason_as_estimate_and_none_under_the_fitted_rule(capsys, tmp_path):
+    """``memsim recommend --json`` names the replay's reason and words for the scenario's verdict (the same as
+    ``memsim estimate --json``), and under the fitted default its JSON has neither key."""
+    for model, expect in (("replay", True), ("fitted", False)):
+        sc = {**BASE, "reserved_model": model, "gpu": _card(1000 * MiB)}
+        path = tmp_path / "s.json"
+        path.write_text(json.dumps(sc))
+        assert main(["recommend", str(path), "--json", "--headroom", "0"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert ("verdict_reason" in d) is expect
+        if expect:
+            est = estimate(sc)
+            assert d["verdict_reason"] == est.verdict_reason and d["verdict_text"] == est.verdict_text
+            assert d["verdict_reason"] in ("fragmentation", "total")

@@ -29,6 +29,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from heapq import nlargest
+from typing import Any
 
 from memsim_widget.alloc_conf import (
     ALLOC_CONF_OPTIONS,
@@ -559,3 +561,27 @@ __all__ = [
     "replay",
     "round_size",
 ]
+
+
+def replay_stream(stream: Any, conf: AllocatorConf) -> Any:
+    """``alloc_stream.replay_stream`` as it was before the fast path, on this reference simulator: the phase looked
+    up at every event, the largest cached blocks taken at every new peak (tests/engine/test_allocator_reference.py
+    and benchmarks/replay_speed.py hold the fast path to it)."""
+    from memsim_widget.engine.counters import alloc_stream
+
+    a = CachingAllocator(None, conf)
+    marks, m, label, at, cached, peak = stream.marks, 0, "", "", (), -1
+    for n, (handle, size, stream_id) in enumerate(stream.events):
+        while m < len(marks) and marks[m][0] <= n:
+            label = marks[m][1]
+            m += 1
+        if size == FREE:
+            a.free(handle)
+            continue
+        a.malloc(handle, size, stream_id)
+        if a.reserved > peak:
+            peak, at = a.reserved, label
+            cached = tuple(nlargest(3, (s for lst in a.free_lists.values() for s, _ in lst[-3:])))
+    return alloc_stream.PoolReplay(
+        a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events)
+    )

@@ -7,7 +7,6 @@ allocator setting."""
 from __future__ import annotations
 
 from dataclasses import astuple
-from heapq import nlargest
 
 import allocator_reference as ref
 import pytest
@@ -158,28 +157,6 @@ def test_a_whole_stream_runs_as_on_the_reference(events, conf, capacity):
     assert astuple(replay(events, capacity, conf)) == astuple(ref.replay(events, capacity, conf))
 
 
-def _reference_replay_stream(
-    stream: alloc_stream.StreamWriter, conf: AllocatorConf
-) -> alloc_stream.PoolReplay:
-    """``replay_stream`` as it was: the phase looked up at every event, the largest cached blocks at every peak."""
-    a = ref.CachingAllocator(None, conf)
-    marks, m, label, at, cached, peak = stream.marks, 0, "", "", (), -1
-    for n, (handle, size, stream_id) in enumerate(stream.events):
-        while m < len(marks) and marks[m][0] <= n:
-            label = marks[m][1]
-            m += 1
-        if size == FREE:
-            a.free(handle)
-            continue
-        a.malloc(handle, size, stream_id)
-        if a.reserved > peak:
-            peak, at = a.reserved, label
-            cached = tuple(nlargest(3, (s for lst in a.free_lists.values() for s, _ in lst[-3:])))
-    return alloc_stream.PoolReplay(
-        a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events)
-    )
-
-
 @pytest.mark.parametrize(
     "scenario",
     [
@@ -197,7 +174,7 @@ def test_the_engines_streams_replay_to_the_same_figures(scenario, conf):
     ctx = Context(objectives.training_scenario(Scenario.from_dict({**scenario, "reserved_model": "replay"})))
     stream = alloc_stream.rank_stream(ctx, ctx.stages[0])
     c = parse_alloc_conf(conf)
-    assert alloc_stream.replay_stream(stream, c) == _reference_replay_stream(stream, c)
+    assert alloc_stream.replay_stream(stream, c) == ref.replay_stream(stream, c)
 
 
 def test_a_block_freed_after_an_unmapped_page_stays_apart_from_it():

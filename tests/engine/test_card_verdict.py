@@ -156,8 +156,12 @@ def test_the_fitted_default_has_no_replay_verdict():
 
 
 def test_a_step_the_stream_does_not_model_keeps_the_plain_verdict():
-    est = estimate({**BASE, "grad_accum_steps": 2})  # accumulation: the fitted rule
+    est = estimate({**BASE, "parallel": {"dp": 2}})  # data parallelism: the fitted rule
     assert est.card_replay is None and "verdict_reason" not in est.to_dict()
+    accumulated = estimate(
+        {**BASE, "grad_accum_steps": 2}
+    )  # accumulation: replayed (alloc_stream.step_stream)
+    assert accumulated.card_replay is not None and accumulated.verdict_reason == "runs"
 
 
 def test_the_widget_result_carries_the_replay_verdict_only_under_the_replay():

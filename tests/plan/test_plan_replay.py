@@ -73,3 +73,22 @@ def test_the_largest_micro_batch_follows_the_replay_verdict():
     # the replay decides: one stop further the capped counter alone would have called a candidate inside the
     # card, and its replay on the card runs out of memory
     assert r.next_stop is not None and capped_inside[r.next_stop] > 0 and oom[r.next_stop] > 0
+
+
+def test_accumulating_candidates_take_the_replay_and_equal_estimate():
+    """A global batch of 4 sequences: the one-GPU candidates run 4, 2 or 1 micro-batches a step, each replayed
+    with its accumulation (``alloc_stream.step_stream``), each equal to ``estimate`` byte for byte."""
+    base = {"model": "qwen2.5-0.5b", "seq_len": 512, "reserved_model": "replay"}
+    p = plan(
+        base=base, gpu="h100-sxm-80gb", gpus=(1, 2), space=SearchSpace(micro_batch=(1, 2, 4)), top=10,
+        global_batch_tokens=4 * 512,
+    )  # fmt: skip
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    accumulated = [
+        i for i in range(p.evaluated)
+        if p.estimate(i).scenario.grad_accum_steps > 1 and p.estimate(i).scenario.parallel.world_size == 1
+    ]  # fmt: skip
+    assert accumulated
+    for i in accumulated:
+        est = p.estimate(i)
+        assert "replayed" in est.ranks[0].reserved.formula

@@ -831,7 +831,7 @@ def test_a_failing_trace_shows_its_error(monkeypatch: pytest.MonkeyPatch) -> Non
         ({"parallel": {"dp": 2, "zero": 2}}, "parallel.zero", "DeepSpeed"),
         ({"precision": "fp8"}, "precision", "cannot be traced"),
         ({"optimizer": "adamw-4bit", "optimizer_impl": "fused"}, "optimizer", "torch.optim"),
-        ({"grad_accum_steps": 4}, "grad_accum_steps", "single micro-batch"),
+        ({"grad_accum_steps": 4, "compile": True}, "grad_accum_steps", "eager SFT step only"),
     ],
 )
 def test_verify_is_disabled_for_untraceable_scenarios(

@@ -40,6 +40,7 @@ from memsim_widget.engine.counters.allocator import (
     replay,
 )
 from memsim_widget.engine.items import Item
+from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
 
@@ -197,6 +198,44 @@ class StreamWriter:
         return next(size for h, size, _ in reversed(self.events) if h == handle and size != FREE)
 
 
+class _Grads:
+    """How a micro-batch's backward writes its gradients: per parameter tensor in backward order (``order``,
+    where the gradients are one item of one tensor per parameter) or each layer's share of the items; from the
+    second micro-batch of a step on (``new``), each is made apart and freed as ``AccumulateGrad`` adds it to the
+    parameter's ``.grad`` in place (``engine/states/gradients.new_gradient``), so none is kept."""
+
+    def __init__(
+        self, s: StreamWriter, sg: dict[str, Sequence[Any]], numels: tuple[int, ...], order: Any
+    ) -> None:
+        g_items = [i for i in sg["grads"] if i.level in _POOLED and i.bytes > 0]
+        self.s, self.sg, self.order = s, sg, order
+        self.by_tensor = bool(
+            order is not None and len(g_items) == 1 and g_items[0].tensors == len(numels) and sum(numels)
+        )
+        self.per = g_items[0].bytes / sum(numels) if self.by_tensor else 0.0
+        self.new = False
+
+    def made(self, part: tuple[int, ...], share: int) -> list[int]:
+        """The gradients of ``part`` (parameter tensors' elements; else a ``share`` of the items): their
+        handles, or none when each new one was added in place and freed."""
+        s = self.s
+        if not self.by_tensor:
+            out = s.items(self.sg["grads"], share=share)
+        elif self.new:  # one at a time: each freed once added, before the next is made
+            for x in part:
+                size = max(int(x * self.per), 1)
+                if self.per.is_integer():  # the engine's item for it (its bytes the same)
+                    size = new_gradient(x, int(self.per)).bytes
+                s.free(s.alloc(size))
+            return []
+        else:
+            out = [h for x in part for h in s.alloc(max(int(x * self.per), 1))]
+        if self.new:
+            s.free(out)
+            return []
+        return out
+
+
 def step_stream(
     ag: dict[str, Sequence[Any]],
     sg: dict[str, Sequence[Any]],
@@ -207,24 +246,16 @@ def step_stream(
     order: GradOrder | None = None,
     replayed: int | None = None,
     earlier: dict[str, Sequence[Any]] | None = None,
+    micro: int = 1,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
     first optimizer step, ``numels`` the rank's parameter tensors' elements, ``order`` the same tensors in the
-    order backward makes their gradients (None: every layer's share of the gradients at once)."""
+    order backward makes their gradients (None: every layer's share of the gradients at once), ``micro`` the
+    micro-batches run forward and backward before each optimizer step (gradient accumulation: the first makes
+    the gradients, the later ones add theirs in place, ``_Grads``)."""
     s = StreamWriter()
-    g_items = [i for i in sg["grads"] if i.level in _POOLED and i.bytes > 0]
-    by_tensor = order is not None and len(g_items) == 1 and g_items[0].tensors == len(numels) and sum(numels)
-    per = g_items[0].bytes / sum(numels) if by_tensor else 0.0
-
-    def grads_of(part: tuple[int, ...], share: int) -> list[int]:
-        if not by_tensor:
-            return s.items(sg["grads"], share=share)
-        out: list[int] = []
-        for x in part:
-            out += s.alloc(max(int(x * per), 1))
-        return out
-
+    grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
     s.items(first, numels)
@@ -232,71 +263,103 @@ def step_stream(
     later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
         a = earlier if step == 1 and earlier is not None else ag
-        s.mark(f"step {step} forward")
-        pre = s.items(a["pre"])
-        fwd = a.get(LAYER_FORWARD, ())
-        hidden = (
-            s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []
-        )  # the embeddings' output
-        saved = []
-        for _ in range(layers if replayed is None else replayed):
-            transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-            if fwd:
-                hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
-                saved.append(kept)
-            else:
-                saved.append(s.items(a["saved"], share=layers))
-            s.free(transient)
-        post = s.items(a["post"])
-        s.free(hidden)  # the last layer's output, once the final norm has read it
-        s.mark(f"step {step} loss")
-        # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
-        capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
-        tanh = s.items(capped)
-        logits, cast = [], []  # cast: the 16-bit logits an upcast loss's backward casts its gradient back to
-        for i in a["loss_forward"]:
-            made = s.items([i])
-            cast += made[:1] if _upcast([i]) and not cast else []
-            logits += made
-        held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-        kept = s.items([i for i in a["loss_saved"] if i not in capped])
-        s.free(logits)
-        s.mark(f"step {step} loss backward")
-        grad_out = s.items(a["loss_backward"])
-        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-        grad_logits = s.alloc(s.size(cast[0])) if cast else []
-        s.free(grad_out[1:])
-        s.mark(f"step {step} backward")
-        top = s.items(a["top_backward"])
-        head = s.items(sg["head_grads"])
-        top_grads = grads_of(order.top, 1) if order and by_tensor else []
-        s.free(grad_logits + tanh + top + post)
-        layer_grads = []
-        for layer in reversed(saved):
-            recomputed = s.items(a["recompute"])
-            transient = s.items(a["layer_backward"])
-            layer_grads.append(grads_of(order.layer if order else (), layers + 2))
-            s.free(transient + recomputed + layer)
-        bottom_grads = grads_of(order.bottom if order else (), layers + 2)
-        k = order.top_pre if order and by_tensor else 0
-        if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
-            emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
-            summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
-            s.free(top_grads[:k] + emb)
-            top_grads = summed + top_grads[k:]
-        s.free(pre)
-        if not a["held_through_step"]:
-            s.free(held)
-            held = []
+        kept: list[int] = []
+        held: list[int] = []
+        for m in range(1, max(micro, 1) + 1):
+            s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
+            grads.new = m > 1
+            label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed)
+            kept = kept or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
             s.per_param(later, params)
         s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
-        # zero_grad(set_to_none=True) drops the gradients in the parameters' order
-        by_layer = [h for hs in reversed(layer_grads) for h in hs]
-        s.free(top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head + held)
+        s.free(kept + held)  # zero_grad(set_to_none=True) drops the gradients in the parameters' order
     return s
+
+
+def micro_batch(
+    s: StreamWriter,
+    a: dict[str, Sequence[Any]],
+    sg: dict[str, Sequence[Any]],
+    layers: int,
+    label: str,
+    grads: _Grads,
+    replayed: int | None = None,
+) -> tuple[list[int], list[int]]:
+    """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
+    keeps, in the parameters' order (none when it adds them in place), and the output the loop holds."""
+    order = grads.order
+    by_tensor = grads.by_tensor
+    s.mark(f"{label} forward")
+    pre = s.items(a["pre"])
+    fwd = a.get(LAYER_FORWARD, ())
+    hidden = s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []  # the embeddings' output
+    saved = []
+    for _ in range(layers if replayed is None else replayed):
+        transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
+        if fwd:
+            hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
+            saved.append(kept)
+        else:
+            saved.append(s.items(a["saved"], share=layers))
+        s.free(transient)
+    post = s.items(a["post"])
+    s.free(hidden)  # the last layer's output, once the final norm has read it
+    s.mark(f"{label} loss")
+    # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
+    capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
+    tanh = s.items(capped)
+    logits, cast = [], []  # cast: the 16-bit logits an upcast loss's backward casts its gradient back to
+    for i in a["loss_forward"]:
+        made = s.items([i])
+        cast += made[:1] if _upcast([i]) and not cast else []
+        logits += made
+    held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
+    kept = s.items([i for i in a["loss_saved"] if i not in capped])
+    s.free(logits)
+    s.mark(f"{label} loss backward")
+    grad_out = s.items(a["loss_backward"])
+    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+    grad_logits = s.alloc(s.size(cast[0])) if cast else []
+    s.free(grad_out[1:])
+    s.mark(f"{label} backward")
+    top = s.items(a["top_backward"])
+    k = order.top_pre if order and by_tensor else 0
+    new, grads.new = (
+        grads.new,
+        False,
+    )  # the tied embeddings' head part waits in autograd's buffer, kept or not
+    top_grads = grads.made(order.top[:k], 1) if k else []
+    grads.new = new
+    top_grads += grads.made(order.top[k:], 1) if order and by_tensor else []
+    # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
+    head = [] if by_tensor or new else s.items(sg["head_grads"])
+    s.free(grad_logits + tanh + top + post)
+    layer_grads = []
+    for layer in reversed(saved):
+        recomputed = s.items(a["recompute"])
+        transient = s.items(a["layer_backward"])
+        layer_grads.append(grads.made(order.layer if order else (), layers + 2))
+        s.free(transient + recomputed + layer)
+    bottom_grads = grads.made(order.bottom if order else (), layers + 2)
+    if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
+        emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+        summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+        s.free(top_grads[:k] + emb)
+        top_grads = summed + top_grads[k:]
+        if new:  # the sum added in place to the accumulated gradient
+            s.free(summed)
+            top_grads = top_grads[k:]
+            k = 0
+    s.free(pre)
+    if not a["held_through_step"]:
+        s.free(held)
+        held = []
+    by_layer = [h for hs in reversed(layer_grads) for h in hs]
+    return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
 
 
 def forward_layer(
@@ -355,14 +418,14 @@ def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
     fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
-    parallelism: no gathered or communicated buffers), one micro-batch per step,
-    nothing offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted
-    rule (docs/allocator.md lists what the stream still lacks)."""
+    parallelism: no gathered or communicated buffers), any number of micro-batches per step (gradient
+    accumulation: the later ones add each new gradient in place, ``step_stream``), nothing offloaded, the
+    optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
+    (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.reserved_model == "replay"
         and p.dp * p.tp * p.pp * p.cp * p.ep == 1
-        and sc.grad_accum_steps == 1
         and not sc.activation_offloading
         and p.offload == "none"
         and not sc.optimizer_in_backward
@@ -398,7 +461,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
-    return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier)
+    micro = ctx.scenario.grad_accum_steps
+    return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
 
 
 @lru_cache(maxsize=4096)

@@ -112,7 +112,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
         b.new_grad = [new_gradient(largest_layer, grad_b)] if largest_layer else []
 
 
-def new_gradient(largest: int, grad_b: int, what: str = "") -> Item:
+def new_gradient(largest: int, grad_b: float, what: str = "") -> Item:
     """A layer's new gradient while an earlier micro-batch's is alive: ``AccumulateGrad`` makes it apart and
     adds it to the parameter's ``.grad`` in place, so the largest layer parameter's new gradient is a
     transient at the top of a backward whose gradients are carried (a pipeline stage's later micro-batches
@@ -123,7 +123,7 @@ def new_gradient(largest: int, grad_b: int, what: str = "") -> Item:
     return Item(
         "gradients",
         "a new gradient before it is added to the accumulated one",
-        largest * grad_b,
+        int(largest * grad_b),
         what or f"largest layer param {fmt_int(largest)} x {grad_b} B",
         "tensor",
         1,
