@@ -11,18 +11,13 @@ Run: python benchmarks/allocator_replay_accum.py [--accum 3] [-k TEXT]
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
 
-SMALL_LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 512,
-    "intermediate_size": 1376,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 32000,
-    "tie_word_embeddings": False,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+from fidelity_cases import LLAMA_H512_V32K as SMALL_LLAMA  # noqa: E402  (the test's case, written once)
+
 BASE = {"micro_batch_size": 2, "seq_len": 512, "precision": "bf16", "reserved_model": "replay"}
 LORA = {"method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}}
 CASES: list[tuple[str, dict[str, Any]]] = [

@@ -9,17 +9,9 @@ import pytest
 
 # The engine-vs-trace case matrices (fidelity_cases, fidelity_parallel_cases) are test data, not in the wheel
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+import fidelity_cases  # noqa: E402
 
-TINY_LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 1000,
-    "tie_word_embeddings": False,
-}
+TINY_LLAMA = fidelity_cases.LLAMA  # h=256, I=688, 8 heads, 4 kv heads, 4 layers, V=1000, untied
 
 
 @pytest.fixture

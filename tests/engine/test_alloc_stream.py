@@ -5,6 +5,7 @@ order a PyTorch step runs (checked against the fake-tensor traces in docs/alloca
 from __future__ import annotations
 
 import pytest
+from fidelity_cases import LLAMA_H512_V32K
 
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, layer_forward_transients
@@ -314,16 +315,7 @@ def test_llama8b_lora_stream_replays_as_its_trace() -> None:
 
 
 #: A 4-layer Llama at a real vocabulary (its T x V loss buffers dominate as in the real models), untied.
-SMALL_LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 512,
-    "intermediate_size": 1376,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 32000,
-    "tie_word_embeddings": False,
-}
+SMALL_LLAMA = LLAMA_H512_V32K
 ACCUM = {**LLAMA, "model": SMALL_LLAMA, "micro_batch_size": 2, "seq_len": 512, "grad_accum_steps": 3}
 
 

@@ -5,6 +5,7 @@ dimensions, not read from the engine.
 
 from __future__ import annotations
 
+import fidelity_cases
 import pytest
 
 from memsim_widget.engine.core import estimate
@@ -14,16 +15,7 @@ from memsim_widget.scenario import Scenario
 from memsim_widget.trace.traceable import trace_kwargs
 
 #: h=256, I=688, 8 heads of d=32 (a*d=256), 4 kv heads (kv*d=128), 4 layers, V=1000.
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 1000,
-    "tie_word_embeddings": False,
-}
+LLAMA = fidelity_cases.LLAMA  # h=256, I=688, 8 heads, 4 kv heads, 4 layers, V=1000, untied
 B, S, H, I, HQ, HKV, HEADS, LAYERS = 2, 256, 256, 688, 256, 128, 8, 4
 T = B * S
 

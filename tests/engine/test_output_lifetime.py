@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import fidelity_cases
 import pytest
 
 from memsim_widget.cli import main
@@ -19,16 +20,7 @@ from memsim_widget.trace.traceable import trace_kwargs
 from memsim_widget.widget.controls import build_options
 
 #: A small Llama: h=256, 8 heads of d=32, 4 kv heads (kv*d = 128), 4 layers, V=1000.
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 1000,
-    "tie_word_embeddings": False,
-}
+LLAMA = fidelity_cases.LLAMA  # h=256, I=688, 8 heads, 4 kv heads, 4 layers, V=1000, untied
 B, S, V, LAYERS, KVD = 2, 128, 1000, 4, 128
 T = B * S
 SMALL = {"model": LLAMA, "micro_batch_size": B, "seq_len": S}
