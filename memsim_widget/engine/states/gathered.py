@@ -71,18 +71,18 @@ def _layer_unit(ctx: Context, groups: list[LocalGroup], per_layer: int, layers: 
     )
 
 
+def _layers_gathered(what: str, n: int, unit: tuple[int, str]) -> Item:
+    """``n`` layers' unsharded parameters alive at once (``unit``: one layer's bytes and their formula)."""
+    return Item("parameters", what, n * unit[0], f"{n} layers x ({unit[1]})", "tensor", 9 * n)
+
+
 def _kept_unsharded(b: StateBudget, unit: tuple[int, str], layers: int) -> None:
     """``reshard_after_forward=False``: each layer's unsharded parameters stay from its forward until its own
     backward has run (FSDP2 skips the post-forward reshard; the post-backward one frees them)."""
     if layers > 1:
         b.kept_unsharded.append(
-            Item(
-                "parameters",
-                "FSDP2 unsharded layers kept for backward (reshard_after_forward=False)",
-                (layers - 1) * unit[0],
-                f"{layers - 1} layers x ({unit[1]})",
-                "tensor",
-                9 * (layers - 1),
+            _layers_gathered(
+                "FSDP2 unsharded layers kept for backward (reshard_after_forward=False)", layers - 1, unit
             )
         )
     b.kept_unsharded_last.append(
@@ -409,13 +409,10 @@ def pipeline_fsdp2(
         )
     if layers > 1:
         b.kept_after_backward = [
-            Item(
-                "parameters",
+            _layers_gathered(
                 "FSDP2 layers kept gathered after their backward (pipeline: reshard_after_backward=False)",
-                (layers - 1) * unit[0],
-                f"{layers - 1} layers x ({unit[1]})",
-                "tensor",
-                9 * (layers - 1),
+                layers - 1,
+                unit,
             )
         ]
     if b.root_regather and not stage.last and layers:
@@ -432,13 +429,10 @@ def pipeline_fsdp2(
     # first, no all-gather left (the new gradients: _pipeline_new_grads)
     b.gathered_next = [
         *[i for i in b.gathered if "root" in i.item],
-        Item(
-            "parameters",
+        _layers_gathered(
             "FSDP2 layers still gathered from the first backward (pipeline: reshard_after_backward=False)",
-            layers * unit[0],
-            f"{layers} layers x ({unit[1]})",
-            "tensor",
-            9 * layers,
+            layers,
+            unit,
         ),
     ]
     # the next layer's all-gather output is prefetched during a layer's backward and freed at its copy-out:
@@ -480,13 +474,8 @@ def _pipeline_final_reduce(
     ]
     if still > 0:
         b.root_reduce.append(
-            Item(
-                "parameters",
-                "FSDP2 layers still gathered at the final reduce-scatter (resharded one by one)",
-                still * unit[0],
-                f"{still} layers x ({unit[1]})",
-                "tensor",
-                9 * still,
+            _layers_gathered(
+                "FSDP2 layers still gathered at the final reduce-scatter (resharded one by one)", still, unit
             )
         )
 
@@ -527,14 +516,7 @@ def _pipeline_new_grads(
     if ctx.par.pp_schedule == "interleaved" and v > 1 and ctx.par.reshard_after_forward and stage.layers:
         kept = stage.layers - stage.layers // v
         b.chunk_gathered = [
-            Item(
-                "parameters",
-                "FSDP2 layers of the rank's other chunks still gathered from their backward (interleaved)",
-                kept * unit[0],
-                f"{kept} layers x ({unit[1]})",
-                "tensor",
-                9 * kept,
-            ),
+            _layers_gathered("FSDP2 layers of the rank's other chunks still gathered from their backward (interleaved)", kept, unit),
             Item("parameters", "FSDP2 unsharded parameters of the chunk's layer (gathered)", unit[0], unit[1],
                  "tensor", 9),
         ]  # fmt: skip
