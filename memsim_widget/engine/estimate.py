@@ -434,6 +434,12 @@ class Estimate:
             **({"phases": self.phases()} if self.scenario.objective_name != "sft" else {}),
         }
 
+    def verdict_why(self) -> dict[str, str]:
+        """``verdict_reason`` and ``verdict_text`` as the JSON outputs carry them (``to_dict``, the widget's result,
+        ``memsim recommend --json``); nothing without a replay on the card, so the fitted default is unchanged."""
+        rep = self.card_replay
+        return {} if rep is None else {"verdict_reason": rep.reason, "verdict_text": rep.text}
+
     def _card_dict(self) -> dict[str, Any]:
         """``to_dict``'s replay on the card (only under ``reserved_model: replay``: the default is unchanged)."""
         rep = self.card_replay
@@ -441,8 +447,7 @@ class Estimate:
             return {}
         f = rep.failure
         return {
-            "verdict_reason": rep.reason,
-            "verdict_text": rep.text,
+            **self.verdict_why(),
             "card_replay": {
                 "capacity_bytes": rep.capacity,
                 "runs": rep.runs,

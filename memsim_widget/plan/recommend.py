@@ -109,20 +109,12 @@ class Change:
             "device_total_bytes_after": self.after.device_total_bytes,
             "fits": self.fits,
             "verdict": self.after.verdict(self.headroom),
-            **_verdict_why(self.after),
+            **self.after.verdict_why(),
             "slowdown": round(self.slowdown, 4),
             "components_before": self.before.components(),
             "components_after": self.after.components(),
             "scenario": self.scenario.to_dict(),
         }
-
-
-def _verdict_why(est: Estimate) -> dict[str, str]:
-    """The replay's reason and words for a verdict (``Estimate.verdict_reason`` / ``verdict_text``), as
-    ``memsim estimate --json`` gives them; nothing under the fitted rule, whose JSON stays as it was."""
-    return (
-        {"verdict_reason": est.verdict_reason, "verdict_text": est.verdict_text} if est.verdict_text else {}
-    )
 
 
 def _set(scenario: Scenario, changes: Mapping[str, Any]) -> Scenario:
@@ -630,7 +622,7 @@ class Recommendation:
             "headroom": self.headroom,
             "fits": self.fits,
             "verdict": self.estimate.verdict(self.headroom),
-            **_verdict_why(self.estimate),
+            **self.estimate.verdict_why(),
             "recommendations": [c.to_dict() for c in self.changes],
             "levers": [c.to_dict() for c in self.singles],
             "max_micro_batch": self.max_micro_batch,

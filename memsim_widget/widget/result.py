@@ -47,11 +47,7 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
     return {
         "verdict": est.verdict(headroom),
         # under reserved_model: replay, the replay on the card: why the verdict (runs, releases cache, ...)
-        **(
-            {"verdict_reason": est.verdict_reason, "verdict_text": est.verdict_text}
-            if est.verdict_text
-            else {}
-        ),
+        **est.verdict_why(),
         "caveats": list(est.caveats),
         "headroom": headroom,
         "model": charts_mod.model_label(est.scenario.model),
