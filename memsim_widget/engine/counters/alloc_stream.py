@@ -13,7 +13,9 @@ the same way; docs/allocator.md compares the two.
 Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
 key (the state groups' and activation groups' keys of ``engine/caches/parts_cache``, the layers and the allocator
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
-(another card) pays only the stream's building.
+(another card) pays only the stream's building. The building writes two layers and copies the second for the
+others (``StreamWriter.repeat``: the same events as writing each, tests/engine/test_replay_paths.py); a shape's
+replay on its card reuses the stream its unlimited replay built.
 """
 
 from __future__ import annotations
@@ -464,7 +466,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), any number of micro-batches per step (gradient
     accumulation: the later ones add each new gradient in place, ``step_stream``), nothing offloaded, the
