@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 from hashlib import blake2b
-from typing import Any
+from typing import Any, cast
 
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
@@ -150,7 +150,7 @@ class StreamWriter:
         ones it freed of the block before: identical layers), handles under ``lowest`` by ``-back`` (tensors of
         earlier layers it frees, taken in reverse); returns the shift per copy."""
         start, h0 = begin
-        block = self.events[start:]
+        block = cast("list[tuple[int, int, int]]", self.events[start:])  # the writer's handles are ints
         d = self.handle - h0
         ev = self.events
         for k in range(1, times + 1):
