@@ -28,6 +28,7 @@ from typing import Any
 
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
+from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -295,7 +296,8 @@ def micro_batch(
     s.mark(f"{label} forward")
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
-    hidden = s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []  # the embeddings' output
+    out = next((size for name, size in fwd if name == OUT), 0)
+    hidden = s.alloc(out) if out else []  # the embeddings' output (compiled: a saved tensor, no transient)
     saved = []
     for _ in range(layers if replayed is None else replayed):
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
@@ -320,11 +322,17 @@ def micro_batch(
     kept = s.items([i for i in a["loss_saved"] if i not in capped])
     s.free(logits)
     s.mark(f"{label} loss backward")
-    grad_out = s.items(a["loss_backward"])
-    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-    grad_logits = s.alloc(s.size(cast[0])) if cast else []
-    s.free(grad_out[1:])
+    tangents: list[
+        int
+    ] = []  # a compiled step's zero gradients of the returned KV cache, freed layer by layer
+    if any(tangent_role(i.item) for i in a["loss_backward"]):
+        tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
+    else:
+        grad_out = s.items(a["loss_backward"])
+        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+        grad_logits = s.alloc(s.size(cast[0])) if cast else []
+        s.free(grad_out[1:])
     s.mark(f"{label} backward")
     top = s.items(a["top_backward"])
     k = order.top_pre if order and by_tensor else 0
@@ -344,6 +352,7 @@ def micro_batch(
         transient = s.items(a["layer_backward"])
         layer_grads.append(grads.made(order.layer if order else (), layers + 2))
         s.free(transient + recomputed + layer)
+        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
     bottom_grads = grads.made(order.bottom if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
         emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
@@ -360,6 +369,24 @@ def micro_batch(
         held = []
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def compiled_loss_backward(
+    s: StreamWriter, items: Sequence[Any], kept: list[int]
+) -> tuple[list[int], list[int]]:
+    """The top of a compiled backward in the traced order (trace/compiled.py; docs/allocator.md): AOTAutograd's zero
+    gradients of the returned KV cache (layer 0's first) and of the logits (``engine/activations/tangents``), the
+    loss's gradient buffer (the fp32 zeros scattered at the labels), freed with what the loss saved (``kept``: the
+    logits and their row statistics); then the logits' gradient (the zero gradient plus the fused log-softmax
+    backward: a new buffer of the logits' size) and the logits' zero gradient freed. The handles of the KV cache's
+    zero gradients (each layer's backward frees its own) and of the logits' gradient."""
+    tangents = s.items([i for i in items if tangent_role(i.item) == CACHE_TANGENTS])
+    zero = s.items([i for i in items if tangent_role(i.item) == LOGITS_TANGENT])
+    buffer = s.items([i for i in items if not tangent_role(i.item)])
+    s.free(buffer + kept)
+    grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
+    s.free(zero)
+    return tangents, grad_logits
 
 
 def forward_layer(
