@@ -5,7 +5,9 @@ For each case of ``COMPILED_CASES`` (tests/data/fidelity_cases.py) that the engi
 (``engine/activations/compiled.compiled_rule_applies``; the activation-budget cases are left out: the engine keeps
 the default budget's figure there): the compiled trace's peak reserved and allocated (``trace/replay.replay_trace``
 of ``trace_config``'s two compiled steps), the engine stream's (``alloc_stream.rank_stream`` + ``replay_stream``)
-and the fitted rule's reserved (``reserved_model: fitted``, the default). Each case traces in a fresh interpreter
+also without the CUDA-only
+scratch a CPU trace cannot see (``rank_stream(traced_only=True)``: flash attention's fp32 dq accumulator), and the
+fitted rule's reserved (``reserved_model: fitted``, the default). Each case traces in a fresh interpreter
 (tests/trace/test_trace_compiled.py says why). Nothing is fitted.
 
 Run: python benchmarks/allocator_replay_compiled.py [-k TEXT ...]   (20 s to 2 minutes a case on one CPU core)
@@ -55,12 +57,14 @@ def compare(d: dict[str, Any]) -> dict[str, Any]:
     traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
     ctx = Context(objectives.training_scenario(sc))
     rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
+    seen = replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx))
     fitted = estimate(Scenario.from_dict({**d, "reserved_model": "fitted"})).ranks[0].peak_reserved_bytes
     return {
         "trace": traced.peak_reserved,
         "trace_alloc": traced.peak_allocated,
         "stream": rep.peak_reserved,
         "stream_alloc": rep.peak_allocated,
+        "stream_traced_only": seen.peak_reserved,
         "fitted": fitted,
         "at": rep.at,
     }
@@ -96,7 +100,8 @@ def main() -> None:
         tr = int(r["trace"])
         print(
             f"{name:60s} reserved trace {tr:,} stream {int(r['stream']):,} ({int(r['stream']) / tr - 1:+.2%}, at "
-            f"{r['at']}), fitted {int(r['fitted']) / tr - 1:+.2%}; allocated trace {int(r['trace_alloc']):,} "
+            f"{r['at']}; without CUDA-only scratch {int(r['stream_traced_only']) / tr - 1:+.2%}), fitted "
+            f"{int(r['fitted']) / tr - 1:+.2%}; allocated trace {int(r['trace_alloc']):,} "
             f"stream {int(r['stream_alloc']):,}",
             flush=True,
         )

@@ -7,9 +7,11 @@ extra outputs), and when the backward frees them (the graph takes its inputs box
 drops each after its last use). What is emulated: Inductor's fusion. A node whose op is pointwise, a view or a
 reduction, is not a graph output and feeds only such nodes is computed inside a fused kernel and never gets a
 buffer; the tracker counts it as 0 bytes (``MemoryTracker.fused``). Every other node (matmuls, attention,
-embedding, scatter, any op Inductor calls as an extern kernel, and what they read) gets its buffer. Inductor's own
-scheduler can still realise a pointwise buffer that several kernels read or inline one the emulation keeps; the
-trace is labelled with the emulation (docs/fidelity.md). The compiler runs inside the tracker's pause
+embedding, scatter, any op Inductor calls as an extern kernel, and what they read) gets its buffer; ``gather`` is a
+loop too (Inductor's lowering inlines what it reads). Inductor's own scheduler can still realise a pointwise buffer
+that several kernels read or inline one the emulation keeps; the trace is labelled with the emulation
+(docs/fidelity.md). ``inductor_passes`` traces two more things Inductor's code does, as an experiment
+(docs/allocator.md, "Compiled steps"). The compiler runs inside the tracker's pause
 (``ignore_compile_internals``); the graphs run with it on.
 """
 

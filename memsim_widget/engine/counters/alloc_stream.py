@@ -470,8 +470,10 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     return _replay_cached(_Args(key, (ctx, stage, conf)))
 
 
-def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
-    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = False) -> StreamWriter:
+    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups;
+    ``traced_only``: without the activation items a fake-tensor trace cannot see (``Level.ALLOCATOR``: CUDA
+    kernels' scratch such as flash attention's fp32 dq accumulator), to compare with a trace's replay."""
     from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
@@ -488,6 +490,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
+    if traced_only:
+        ag = {k: v if k == LAYER_FORWARD else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
 
