@@ -74,8 +74,18 @@ def test_a_compiled_layer_has_its_own_forward_transients_not_eagers() -> None:
         (SAVED, -1),
         ("down", 2 * T * H), ("down", 0),
     )  # fmt: skip
-    # q/k norms save q_proj's and k_proj's outputs (Qwen3), autocast casts around them: none written for those
-    assert layer_forward_transients(_ctx({**COMPILED, "model": "qwen3-0.6b"})) == ()
+    # Qwen3's per-head q/k norms save q_proj's and k_proj's outputs: their fp32 means per head come and go instead
+    # (qwen3-0.6b: 16 heads, 8 KV heads of 128)
+    qwen3 = layer_forward_transients(_ctx({**COMPILED, "model": "qwen3-0.6b"}))
+    assert qwen3[2:8] == (
+        ("qn", 4 * T * 16),
+        ("qn", 0),
+        ("kn", 4 * T * 8),
+        ("kn", 0),
+        ("v", 2 * T * 8 * 128),
+        ("v", 0),
+    )
+    # autocast's casts around them are not written
     assert layer_forward_transients(_ctx({**COMPILED, "precision": "amp-bf16"})) == ()
 
 
