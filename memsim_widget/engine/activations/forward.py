@@ -40,6 +40,7 @@ def applies(ctx: Any) -> bool:
     targets = {ad.base.module for ad in ctx.adapters}
     return (
         sc.framework == "hf"
+        and not sc.compile  # Inductor fuses these ops: no buffer of theirs is allocated
         and sc.precision in ("bf16", "fp16")
         and sc.activation_checkpointing == "none"
         and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
@@ -55,10 +56,70 @@ def applies(ctx: Any) -> bool:
     )
 
 
+def compiled_applies(ctx: Any) -> bool:
+    """Whether ``compiled_layer_forward_transients`` describes the layers of ``ctx``: a compiled step of the traced
+    Llama-layout rule (``compiled.compiled_rule_applies``) in bf16, full training, no checkpointing, two RMSNorms a
+    layer (and per-head q/k norms or none)."""
+    from memsim_widget.engine.activations.compiled import compiled_rule_applies
+    from memsim_widget.engine.activations.compiled_layernorm import layernorm_rule_applies
+
+    a, sc = ctx.arch, ctx.scenario
+    nf = a.facts.norm
+    return (
+        compiled_rule_applies(sc, a)
+        and not layernorm_rule_applies(sc, a)
+        and sc.precision == "bf16"
+        and sc.method == "full"
+        and sc.activation_checkpointing == "none"
+        and (nf.per_layer, nf.post_norms) == (2, False)
+        and nf.qk in (None, "head")
+    )
+
+
+def compiled_layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
+    """The buffers a compiled layer's forward makes and frees (Inductor fuses the pointwise ops, so they are the
+    outputs of the ops it calls as kernels of their own that no saved tensor is: traced on llama-3.2-1b compiled,
+    trace/compiled.py): each RMSNorm's fp32 mean of squares (4 B x T, a reduction's output), q_proj's, k_proj's and
+    v_proj's outputs (the fused RoPE and the KV copies read them), and down_proj's output (the fused residual sum
+    reads it). With per-head q/k norms (Qwen3, traced on its small case) q_proj's and k_proj's outputs are the
+    norms' saved inputs, and each norm's fp32 mean of squares per head (4 B x T x heads) comes and goes instead.
+    The layer's saved tensors (the layer input among them) go where ``SAVED`` says, after the projections'
+    outputs are freed: the trace's RoPE and KV copies take their blocks. Empty where ``compiled_applies`` is
+    false."""
+    if not compiled_applies(ctx):
+        return ()
+    from memsim_widget.engine.activations.dims import Dims
+
+    D = Dims(ctx)
+    T, h, e = D.T, D.h, ctx.recipe.act_bytes
+    proj: tuple[Step, ...] = (
+        ("q", e * T * D.hq), ("k", e * T * D.hkv), ("v", e * T * D.hkv), ("q", 0), ("k", 0), ("v", 0),
+    )  # fmt: skip
+    if ctx.arch.facts.norm.qk == "head":
+        proj = (
+            ("qn", 4 * T * D.a),
+            ("qn", 0),
+            ("kn", 4 * T * D.kv),
+            ("kn", 0),
+            ("v", e * T * D.hkv),
+            ("v", 0),
+        )
+    return (
+        ("mean", 4 * T), ("mean", 0),
+        *proj,
+        ("mean", 4 * T), ("mean", 0),
+        (SAVED, -1),
+        ("down", e * T * h), ("down", 0),
+    )  # fmt: skip
+
+
 def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
-    """The forward transients of one layer of ``ctx`` in order (``Step``), empty where ``applies`` is false.
+    """The forward transients of one layer of ``ctx`` in order (``Step``), empty where ``applies`` is false
+    (a compiled step: ``compiled_layer_forward_transients``).
     T tokens, width h, q width a*d, k/v width kv*d, MLP width I, 2-byte elements; a LoRA Linear with fp32
     adapters on 16-bit weights adds its base output (2 B x T x out) and three fp32 T x out tensors."""
+    if ctx.scenario.compile:
+        return compiled_layer_forward_transients(ctx)
     if not applies(ctx):
         return ()
     from memsim_widget.engine.activations.dims import Dims

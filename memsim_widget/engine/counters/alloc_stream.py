@@ -30,6 +30,7 @@ from typing import Any, cast
 
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
+from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -345,9 +346,14 @@ def micro_batch(
     s.mark(f"{label} forward")
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
-    hidden = s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []  # the embeddings' output
+    out = next((size for name, size in fwd if name == OUT), 0)
+    hidden = s.alloc(out) if out else []  # the embeddings' output (compiled: a saved tensor, no transient)
     saved: list[list[int]] = []
     n = layers if replayed is None else replayed
+    compiled = any(tangent_role(i.item) for i in a["loss_backward"])
+    repeat = (
+        repeat and not compiled
+    )  # a compiled backward frees zero gradients made at its top, layer by layer
     begin = s.here()
     for i in range(min(n, 2) if repeat else n):  # identical layers: the third on are the second's copies
         begin = s.here() if i == 1 else begin
@@ -378,11 +384,17 @@ def micro_batch(
     kept = s.items([i for i in a["loss_saved"] if i not in capped])
     s.free(logits)
     s.mark(f"{label} loss backward")
-    grad_out = s.items(a["loss_backward"])
-    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-    grad_logits = s.alloc(s.size(cast[0])) if cast else []
-    s.free(grad_out[1:])
+    tangents: list[
+        int
+    ] = []  # a compiled step's zero gradients of the returned KV cache, freed layer by layer
+    if compiled:
+        tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
+    else:
+        grad_out = s.items(a["loss_backward"])
+        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+        grad_logits = s.alloc(s.size(cast[0])) if cast else []
+        s.free(grad_out[1:])
     s.mark(f"{label} backward")
     k = order.top_pre if order and by_tensor else 0
     new, grads.new = (
@@ -406,6 +418,7 @@ def micro_batch(
         transient = s.items(a["layer_backward"])
         layer_grads.append(grads.made(order.layer if order else (), layers + 2))
         s.free(transient + recomputed + layer)
+        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
     if copied:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
         db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
         layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
@@ -425,6 +438,24 @@ def micro_batch(
         held = []
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def compiled_loss_backward(
+    s: StreamWriter, items: Sequence[Any], kept: list[int]
+) -> tuple[list[int], list[int]]:
+    """The top of a compiled backward in the traced order (trace/compiled.py; docs/allocator.md): AOTAutograd's zero
+    gradients of the returned KV cache (layer 0's first) and of the logits (``engine/activations/tangents``), the
+    loss's gradient buffer (the fp32 zeros scattered at the labels), freed with what the loss saved (``kept``: the
+    logits and their row statistics); then the logits' gradient (the zero gradient plus the fused log-softmax
+    backward: a new buffer of the logits' size) and the logits' zero gradient freed. The handles of the KV cache's
+    zero gradients (each layer's backward frees its own) and of the logits' gradient."""
+    tangents = s.items([i for i in items if tangent_role(i.item) == CACHE_TANGENTS])
+    zero = s.items([i for i in items if tangent_role(i.item) == LOGITS_TANGENT])
+    buffer = s.items([i for i in items if not tangent_role(i.item)])
+    s.free(buffer + kept)
+    grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
+    s.free(zero)
+    return tangents, grad_logits
 
 
 def forward_layer(
@@ -514,8 +545,10 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     return _replay_cached(_Args(key, (ctx, stage, conf)))
 
 
-def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
-    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = False) -> StreamWriter:
+    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups;
+    ``traced_only``: without the activation items a fake-tensor trace cannot see (``Level.ALLOCATOR``: CUDA
+    kernels' scratch such as flash attention's fp32 dq accumulator), to compare with a trace's replay."""
     from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
@@ -532,6 +565,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
+    if traced_only:
+        ag = {k: v if k == LAYER_FORWARD else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
 
