@@ -8,9 +8,15 @@ Written from the ops of a transformers Llama-style layer (transformers 5.24.0,
 ``LlamaAttention.forward``, ``LlamaMLP.forward``, ``LlamaDecoderLayer.forward``) and of peft's LoRA Linear
 (peft 0.21.2, ``tuners/lora/layer.py`` ``Linear.forward``: ``result = base_layer(x)``, then ``result + lora_B(
 lora_A(dropout(x))) * scaling`` and ``result.to(torch_result_dtype)``), in 16-bit weights; checked against
-fake-tensor traces of llama-3.2-1b and llama-3.1-8b LoRA (benchmarks/allocator_replay.py --compare). Other
-layers (norms or MLPs of other kinds, q/k norms, post-norms, experts, eager attention, autocast, fp32,
-checkpointing, QLoRA) get none: the stream keeps only their saved tensors there.
+fake-tensor traces of llama-3.2-1b and llama-3.1-8b LoRA (benchmarks/allocator_replay.py --compare). Qwen3's
+per-head q/k norms in full training (``models/qwen3/modeling_qwen3.py``: ``Qwen3RMSNorm.forward`` lines 59-64,
+``Qwen3Attention.forward`` lines 245-250: ``q_norm(q_proj(x).view(...))``, then k's, then ``v_proj``, then
+``apply_rotary_pos_emb``), checked op by op against the trace of qwen3-0.6b (b4 x 2048): each norm's fp32
+``pow`` and ``x * rsqrt`` come and go, the projection's output goes once normed, the normed q and k once RoPE
+has read them. The final norm (``model.norm``) is the same RMSNorm: ``final_norm_transients``. Other layers
+(norms or MLPs of other kinds, q/k norms over the projection (OLMo 2) or under LoRA, post-norms, (1 + w) norms,
+experts, eager attention, autocast, fp32, checkpointing, QLoRA) get none: the stream keeps only their saved
+tensors there.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
 
 def applies(ctx: Any) -> bool:
     """Whether ``layer_forward_transients`` describes the layers of ``ctx`` (a Llama-style layer in
-    transformers, 16-bit weights, full fine-tuning or LoRA, no checkpointing)."""
+    transformers, 16-bit weights, full fine-tuning or LoRA, no checkpointing; Qwen3's per-head q/k norms in
+    full training)."""
     a, sc = ctx.arch, ctx.scenario
     nf = a.facts.norm
     targets = {ad.base.module for ad in ctx.adapters}
@@ -45,8 +52,8 @@ def applies(ctx: Any) -> bool:
         and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
-        and (nf.per_layer, nf.qk, nf.weight_fp32, nf.one_plus_weight, nf.post_norms)
-        == (2, None, False, False, False)
+        and (nf.per_layer, nf.weight_fp32, nf.one_plus_weight, nf.post_norms) == (2, False, False, False)
+        and (nf.qk is None or (nf.qk == "head" and sc.method == "full"))  # Qwen3's per-head q/k norms
         and not a.facts.mlp.parallel_attn_mlp
         and not a.facts.ssm
         and a.num_experts == 0
@@ -100,13 +107,25 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
         out.extend([("m2", r * T * width), ("cat", 0)] + ([(embed, r * T * width)] if embed else []))
         out.extend([("m1", 0), ("m2", 0)])
 
+    def qk_norm(src: str, width: int, name: str) -> None:
+        # Qwen3's q_norm / k_norm on the projection's output (full training: the weight trains, so its fp32
+        # input and bf16 cast are saved): x.pow(2), x * rsqrt come and go, the normed ``name`` lives until
+        # RoPE is done with it; the projection's output ``src`` goes once its fp32 copy is made and normed
+        out.extend([("pow", 4 * T * width), ("pow", 0), ("xr", 4 * T * width), (name, r * T * width)])
+        out.extend([("xr", 0), (src, 0)])
+
+    qk = ctx.arch.facts.norm.qk == "head"
     norm("n1", ATTN_IN)
     proj("q_proj", D.hq, "q")
+    if qk:
+        qk_norm("q", D.hq, "qn")
     proj("k_proj", D.hkv, "k")
+    if qk:
+        qk_norm("k", D.hkv, "kn")
     proj("v_proj", D.hkv, "v")
     rope(D.hq, "")
     rope(D.hkv, "ke")
-    out.extend([("q", 0), ("k", 0), ("ke", 0), ("v", 0)])
+    out.extend([("qn" if qk else "q", 0), ("kn" if qk else "k", 0), ("ke", 0), ("v", 0)])
     proj("o_proj", h, "o")
     out.extend([("n1", 0), ("res", r * T * h), ("o", 0)])
     norm("n2", MLP_IN)
@@ -131,3 +150,20 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
         elif name == IN:
             steps.append((name, size))
     return tuple(steps)
+
+
+def final_norm_transients(ctx: Any) -> tuple[Step, ...]:
+    """The final norm's forward (``model.norm``, the layers' RMSNorm: ``LlamaRMSNorm.forward``,
+    ``Qwen3RMSNorm.forward`` lines 59-64) where ``applies``, else empty: ``x.pow(2)`` (fp32 T x h) made and
+    freed, ``x * rsqrt`` (fp32 T x h) alive until its bf16 output is made, ``SAVED`` where its saved tensors
+    (fp32 input, rsqrt, bf16 cast) and the head's input go. The trace makes the fp32 input before ``pow``; the
+    blocks are the same size, so best fit hands out the same ones. Without them the last 32 MiB blocks the
+    layers' transients leave are taken by the final norm and the loss, and on qwen3-0.6b the autograd
+    thread's cuBLAS workspace lands in a cached loss segment for good (benchmarks/allocator_replay.py
+    --compare qwen3-06b-bf16)."""
+    if not applies(ctx):
+        return ()
+    from memsim_widget.engine.activations.dims import Dims
+
+    n = 4 * Dims(ctx).T * ctx.arch.hidden_size
+    return (("pow", n), ("pow", 0), ("xr", n), (SAVED, -1), ("xr", 0))
