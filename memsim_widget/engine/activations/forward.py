@@ -13,10 +13,10 @@ per-head q/k norms in full training (``models/qwen3/modeling_qwen3.py``: ``Qwen3
 ``Qwen3Attention.forward`` lines 245-250: ``q_norm(q_proj(x).view(...))``, then k's, then ``v_proj``, then
 ``apply_rotary_pos_emb``), checked op by op against the trace of qwen3-0.6b (b4 x 2048): each norm's fp32
 ``pow`` and ``x * rsqrt`` come and go, the projection's output goes once normed, the normed q and k once RoPE
-has read them. The final norm (``model.norm``) is the same RMSNorm: ``final_norm_transients``. Other layers
-(norms or MLPs of other kinds, q/k norms over the projection (OLMo 2) or under LoRA, post-norms, (1 + w) norms,
-experts, eager attention, autocast, fp32, checkpointing, QLoRA) get none: the stream keeps only their saved
-tensors there.
+has read them. OLMo 2 in full training (post-norms with fp32 weights, q/k norms over the projection, fp32
+RoPE): ``_olmo2_transients``. The final norm (``model.norm``) is the layers' RMSNorm: ``final_norm_transients``.
+Other layers (norms or MLPs of other kinds, q/k norms under LoRA, (1 + w) norms, experts, eager attention,
+autocast, fp32, checkpointing, QLoRA) get none: the stream keeps only their saved tensors there.
 """
 
 from __future__ import annotations
@@ -39,26 +39,55 @@ _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
 
 
 def applies(ctx: Any) -> bool:
-    """Whether ``layer_forward_transients`` describes the layers of ``ctx`` (a Llama-style layer in
-    transformers, 16-bit weights, full fine-tuning or LoRA, no checkpointing; Qwen3's per-head q/k norms in
-    full training)."""
+    """Whether ``layer_forward_transients`` describes the layers of ``ctx``: a Llama-style layer in
+    transformers, 16-bit weights, full fine-tuning or LoRA, no checkpointing (Qwen3's per-head q/k norms in
+    full training), or an OLMo 2 layer in full training (``_olmo2``)."""
+    return _llama(ctx) or _olmo2(ctx)
+
+
+def _common(ctx: Any) -> bool:
+    """What both layer kinds ask: transformers, 16-bit weights, no checkpointing, RMSNorm, SwiGLU, SDPA."""
     a, sc = ctx.arch, ctx.scenario
-    nf = a.facts.norm
-    targets = {ad.base.module for ad in ctx.adapters}
     return (
         sc.framework == "hf"
         and sc.precision in ("bf16", "fp16")
         and sc.activation_checkpointing == "none"
-        and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
-        and (nf.per_layer, nf.weight_fp32, nf.one_plus_weight, nf.post_norms) == (2, False, False, False)
-        and (nf.qk is None or (nf.qk == "head" and sc.method == "full"))  # Qwen3's per-head q/k norms
+        and a.facts.norm.per_layer == 2
+        and not a.facts.norm.one_plus_weight
         and not a.facts.mlp.parallel_attn_mlp
         and not a.facts.ssm
         and a.num_experts == 0
         and a.attention_kernel(sc.attention) != "eager"
+    )
+
+
+def _llama(ctx: Any) -> bool:
+    """A Llama-style layer (pre-norms, 16-bit norm weights), full or LoRA on its Linears, grouped k/v."""
+    a, sc = ctx.arch, ctx.scenario
+    nf = a.facts.norm
+    targets = {ad.base.module for ad in ctx.adapters}
+    return (
+        _common(ctx)
+        and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
+        and not nf.weight_fp32
+        and not nf.post_norms
+        and (nf.qk is None or (nf.qk == "head" and sc.method == "full"))  # Qwen3's per-head q/k norms
         and 0 < a.num_kv_heads < a.num_heads  # grouped k/v: SDPA's k and v are copies (traced)
+    )
+
+
+def _olmo2(ctx: Any) -> bool:
+    """An OLMo 2 layer (post-norms, fp32 norm weights, q/k norms over the projection) in full training."""
+    nf = ctx.arch.facts.norm
+    return (
+        _common(ctx)
+        and ctx.scenario.method == "full"
+        and nf.post_norms
+        and nf.weight_fp32
+        and nf.qk == "full"
+        and not nf.post_norms_16bit
     )
 
 
@@ -68,6 +97,8 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
     adapters on 16-bit weights adds its base output (2 B x T x out) and three fp32 T x out tensors."""
     if not applies(ctx):
         return ()
+    if _olmo2(ctx):
+        return _olmo2_transients(ctx)
     from memsim_widget.engine.activations.dims import Dims
 
     D = Dims(ctx)
@@ -150,6 +181,48 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
         elif name == IN:
             steps.append((name, size))
     return tuple(steps)
+
+
+def _olmo2_transients(ctx: Any) -> tuple[Step, ...]:
+    """An OLMo 2 layer's forward transients (transformers 5.24.0 ``models/olmo2/modeling_olmo2.py``:
+    ``Olmo2RMSNorm.forward`` lines 60-65 ``(self.weight * x * rsqrt).to(input_dtype)`` with an fp32 weight,
+    ``apply_rotary_pos_emb`` lines 154-177 (bf16 q times fp32 cos: fp32 products and sum, cast back),
+    ``Olmo2Attention.forward`` lines 228-229 ``q_norm(q_proj(x))``, ``Olmo2DecoderLayer.forward`` lines
+    309-316, post-norms on the attention's and the MLP's outputs), full training, checked op by op against
+    the trace of olmo-2-1b (b4 x 1024). Each norm: ``x.pow(2)`` (fp32) comes and goes, ``x * rsqrt`` is saved
+    (the weight trains), ``weight * that`` (fp32) lives until its bf16 cast is made; the projection's (or
+    sublayer's) output goes once normed. RoPE: q and k's fp32 products and sums, bf16 ``neg`` and ``cat``;
+    q's cast is saved by SDPA, k's goes once SDPA's copies are made. The layer's input and the attention's
+    residual sum are Linear inputs, so saved (the engine's "attention input" and "MLP input"): the stream
+    frees the input when the layer returns, as for Llama, and allocates the sum among the saved items."""
+    from memsim_widget.engine.activations.dims import Dims
+
+    D = Dims(ctx)
+    T, h, r = D.T, D.h, 2
+    out: list[Step] = []
+
+    def norm(src: str, width: int, name: str) -> None:
+        out.extend([("pow", 4 * T * width), ("pow", 0), ("wx", 4 * T * width), (name, r * T * width)])
+        out.extend([("wx", 0), (src, 0)])
+
+    def rope(width: int, embed: str) -> None:
+        out.extend([("m1", 4 * T * width), ("neg", r * T * width // 2), ("cat", r * T * width), ("neg", 0)])
+        out.extend([("m2", 4 * T * width), ("cat", 0), (embed, 4 * T * width), ("m1", 0), ("m2", 0)])
+
+    out.append(("q", r * T * D.hq))
+    norm("q", D.hq, "qn")
+    out.append(("k", r * T * D.hkv))
+    norm("k", D.hkv, "kn")
+    out.append(("v", r * T * D.hkv))
+    rope(D.hq, "qa")
+    rope(D.hkv, "ka")
+    out.extend([("ke", r * T * D.hkv), ("qa", 0), ("ka", 0), ("qn", 0), ("kn", 0), ("ke", 0), ("v", 0)])
+    out.append(("o", r * T * h))
+    norm("o", h, "pa")
+    out.extend([(SAVED, -1), ("pa", 0), ("down", r * T * h)])
+    norm("down", h, "pf")
+    out.extend([(OUT, r * T * h), ("pf", 0), (IN, 0)])
+    return tuple(out)
 
 
 def final_norm_transients(ctx: Any) -> tuple[Step, ...]:
