@@ -362,6 +362,23 @@ def test_olmo2_stream_replays_as_its_trace() -> None:
     assert abs(rep.peak_reserved / 25_291_653_120 - 1) < 0.002
 
 
+def test_fp32_llama_keeps_only_the_norms_pow_and_the_16_bit_ops_at_4_bytes() -> None:
+    """fp32 weights (full training): RMSNorm's ``x.to(float32)`` and ``.to(input_dtype)`` are no-ops, so
+    ``weight * (x * rsqrt)`` saves ``x * rsqrt``: each norm makes and frees only ``x.pow(2)``; the
+    projections' outputs and RoPE's products, ``neg`` and ``cat`` are the bf16 layer's at 4 bytes an element
+    (traced on llama-3.2-1b b2 x 512). The final norm likewise."""
+    fp32 = {**LLAMA, "precision": "fp32"}
+    ctx, steps = _forward(fp32)
+    _, bf16 = _forward(LLAMA)
+    T, h = 4 * 1024, 2048
+    assert [n for n, _ in steps].count("xr") == 0
+    assert [s for n, s in steps if n == "pow"] == [4 * T * h, 0] * 2
+    for name in ("q", "k", "v", "m1", "neg", "cat", "ke", "o", "res", "down", OUT):
+        assert [2 * s for n, s in bf16 if n == name] == [s for n, s in steps if n == name]
+    assert final_norm_transients(ctx) == (("pow", 4 * T * h), ("pow", 0), (SAVED, -1))
+    assert _forward({**LORA, "precision": "fp32"})[1] == ()  # LoRA on fp32 weights: not traced
+
+
 def test_the_final_norm_makes_its_fp32_transients_around_its_saved_tensors() -> None:
     """model.norm is the layers' RMSNorm: x.pow(2) comes and goes, x * rsqrt lives while its output is made;
     the final norm's saved tensors and the head's input are allocated in between (two fp32 T x h each)."""

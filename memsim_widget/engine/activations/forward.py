@@ -13,7 +13,9 @@ per-head q/k norms in full training (``models/qwen3/modeling_qwen3.py``: ``Qwen3
 ``Qwen3Attention.forward`` lines 245-250: ``q_norm(q_proj(x).view(...))``, then k's, then ``v_proj``, then
 ``apply_rotary_pos_emb``), checked op by op against the trace of qwen3-0.6b (b4 x 2048): each norm's fp32
 ``pow`` and ``x * rsqrt`` come and go, the projection's output goes once normed, the normed q and k once RoPE
-has read them. OLMo 2 in full training (post-norms with fp32 weights, q/k norms over the projection, fp32
+has read them. fp32 weights in full training (llama-3.2-1b b2 x 512 traced): the same ops at 4 bytes, but
+``x.float()`` and ``.to(input_dtype)`` are no-ops, so each norm saves ``x * rsqrt`` and makes and frees
+only ``x.pow(2)``. OLMo 2 in full training (post-norms with fp32 weights, q/k norms over the projection, fp32
 RoPE): ``_olmo2_transients``. The final norm (``model.norm``) is the layers' RMSNorm: ``final_norm_transients``.
 Other layers (norms or MLPs of other kinds, q/k norms under LoRA, (1 + w) norms, experts, eager attention,
 autocast, fp32, checkpointing, QLoRA) get none: the stream keeps only their saved tensors there.
@@ -46,11 +48,10 @@ def applies(ctx: Any) -> bool:
 
 
 def _common(ctx: Any) -> bool:
-    """What both layer kinds ask: transformers, 16-bit weights, no checkpointing, RMSNorm, SwiGLU, SDPA."""
+    """What both layer kinds ask: transformers, no checkpointing, RMSNorm, SwiGLU, SDPA."""
     a, sc = ctx.arch, ctx.scenario
     return (
         sc.framework == "hf"
-        and sc.precision in ("bf16", "fp16")
         and sc.activation_checkpointing == "none"
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
@@ -71,6 +72,8 @@ def _llama(ctx: Any) -> bool:
     return (
         _common(ctx)
         and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
+        # 16-bit weights, or fp32 weights in full training without q/k norms (traced on llama-3.2-1b)
+        and (sc.precision in ("bf16", "fp16") or (sc.precision, sc.method, nf.qk) == ("fp32", "full", None))
         and not nf.weight_fp32
         and not nf.post_norms
         and (nf.qk is None or (nf.qk == "head" and sc.method == "full"))  # Qwen3's per-head q/k norms
@@ -83,6 +86,7 @@ def _olmo2(ctx: Any) -> bool:
     nf = ctx.arch.facts.norm
     return (
         _common(ctx)
+        and ctx.scenario.precision in ("bf16", "fp16")
         and ctx.scenario.method == "full"
         and nf.post_norms
         and nf.weight_fp32
@@ -102,7 +106,8 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
     from memsim_widget.engine.activations.dims import Dims
 
     D = Dims(ctx)
-    T, h, r = D.T, D.h, 2
+    fp32 = ctx.scenario.precision == "fp32"  # x.float() and .to(input_dtype) are no-ops: x * rsqrt is saved
+    T, h, r = D.T, D.h, 4 if fp32 else 2
     full = ctx.full_training
     targets = {ad.base.module for ad in ctx.adapters}
     cast = ctx.adapter_bytes != r  # fp32 adapters: lora_A saves its own fp32 copy of x, not x
@@ -112,7 +117,10 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
         # x.float() is saved (the engine's RMSNorm term); x.pow(2) and x * rsqrt(var) are not; with a frozen
         # weight (LoRA) weight * x.to(bf16) saves nothing, so the cast and, unless a reader saves it, the
         # normed output come and go; the output lives until the sublayer returns (the decoder layer's variable)
-        out.extend([("pow", 4 * T * h), ("pow", 0), ("xr", 4 * T * h)])
+        out.extend([("pow", 4 * T * h), ("pow", 0)])
+        if fp32:  # weight * x * rsqrt saves x * rsqrt (full training only)
+            return
+        out.append(("xr", 4 * T * h))
         if not full:
             kept = saved_by(readers)  # a reader saves the normed output itself: not a transient
             out.extend([("cvt", r * T * h), ("", 0) if kept else (name, r * T * h), ("cvt", 0)])
@@ -239,4 +247,6 @@ def final_norm_transients(ctx: Any) -> tuple[Step, ...]:
     from memsim_widget.engine.activations.dims import Dims
 
     n = 4 * Dims(ctx).T * ctx.arch.hidden_size
+    if ctx.scenario.precision == "fp32":  # weight * x * rsqrt saves x * rsqrt
+        return (("pow", n), ("pow", 0), (SAVED, -1))
     return (("pow", n), ("pow", 0), ("xr", n), (SAVED, -1), ("xr", 0))
