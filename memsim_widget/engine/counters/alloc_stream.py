@@ -28,7 +28,14 @@ from functools import lru_cache
 from hashlib import blake2b
 from typing import Any, cast
 
-from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
+from memsim_widget.engine.activations.forward import (
+    IN,
+    OUT,
+    SAVED,
+    Step,
+    final_norm_transients,
+    layer_forward_transients,
+)
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
 from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
 from memsim_widget.engine.counters.allocator import (
@@ -59,6 +66,9 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
+#: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
+#: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
+FINAL_NORM = "final_norm_forward"
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -369,7 +379,8 @@ def micro_batch(
         d = s.repeat(begin, n - 2)
         saved += [[h + k * d for h in saved[1]] for k in range(1, n - 1)]
         hidden = [h + (n - 2) * d for h in hidden]
-    post = s.items(a["post"])
+    fin = a.get(FINAL_NORM, ())
+    post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
     s.free(hidden)  # the last layer's output, once the final norm has read it
     s.mark(f"{label} loss")
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
@@ -555,6 +566,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
 
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
+    ag[FINAL_NORM] = final_norm_transients(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
@@ -565,8 +577,10 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
-    if traced_only:
-        ag = {k: v if k == LAYER_FORWARD else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
+        earlier[FINAL_NORM] = final_norm_transients(short)
+    if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
+        steps = (LAYER_FORWARD, FINAL_NORM)
+        ag = {k: v if k in steps else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
 
