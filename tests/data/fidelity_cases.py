@@ -1181,6 +1181,43 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 {},
                 {"micro_batch_size": 2, "seq_len": 512, **_LORA_IN, **_CKPT},
             ),
+            # issue 26: under autocast the peak is the recomputed layer's SSD output; an fp32 stream's norm input is
+            # the checkpointed input (kept once)
+            (
+                "torch amp-bf16 ckpt b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16", **_CKPT},
+            ),
+            (
+                "torch amp-fp16 ckpt b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-fp16", **_CKPT},
+            ),
+            (
+                "torch amp-bf16 ckpt b2 s256 (16 heads of 32, N=24, chunks of 32)",
+                {"num_heads": 16, "head_dim": 32, "state_size": 24, "chunk_size": 32},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "amp-bf16", **_CKPT},
+            ),
+            (
+                "torch amp-bf16 lora in_proj ckpt b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16", **_LORA_IN, **_CKPT},
+            ),
+            (
+                "torch amp-bf16 lora in_proj ckpt b1 s1000 (padded last chunk)",
+                {},
+                {"micro_batch_size": 1, "seq_len": 1000, "precision": "amp-bf16", **_LORA_IN, **_CKPT},
+            ),
+            (
+                "torch fp32 lora in_proj ckpt b2 s256",
+                {},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", **_LORA_IN, **_CKPT},
+            ),
+            (
+                "torch fp32 lora in_proj ckpt b1 s1000 (padded last chunk)",
+                {},
+                {"micro_batch_size": 1, "seq_len": 1000, "precision": "fp32", **_LORA_IN, **_CKPT},
+            ),
             (
                 "torch V50288 amp-bf16 b2 s256 (the real vocabulary; outputs kept: backward, fp32 logits)",
                 {"vocab_size": 50288},

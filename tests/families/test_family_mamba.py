@@ -115,17 +115,9 @@ def test_kernel_path_keeps_one_scan_pair_per_2048_steps() -> None:
         # MambaMixer reads dt_proj.weight (both paths) and x_proj.weight (kernel path) itself: nothing would train
         ({"method": "lora", "lora": {"targets": ["dt_proj"]}, "ssm_kernel": "torch"}, "lora.targets"),
         ({"method": "lora", "lora": {"targets": ["x_proj", "dt_proj"]}}, "lora.targets"),
-        # Mamba-2 checkpointing: traced in bf16/fp32 and LoRA in bf16; autocast -0.93% (LoRA -1.50%), LoRA fp32 +1.52%
+        # Mamba-2 checkpointing: traced in bf16, fp16, fp32 and under autocast, full and LoRA; not FSDP2-style mixed
         (
-            {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "amp-bf16"},
-            "activation_checkpointing",
-        ),
-        (
-            {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "amp-bf16", **_LORA2},
-            "activation_checkpointing",
-        ),
-        (
-            {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "fp32", **_LORA2},
+            {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "mixed-bf16"},
             "activation_checkpointing",
         ),
         ({"activation_checkpointing": "selective-op"}, "activation_checkpointing"),
@@ -155,12 +147,16 @@ def test_untraced_combinations_are_refused(keys: dict[str, Any], field: str) -> 
         {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "fp32"},
         {"model": "mamba2-130m", "activation_checkpointing": "full", **_LORA2},
         {"model": "mamba2-130m", "method": "lora", "lora": {"targets": ["in_proj"]}, "precision": "amp-bf16"},
+        {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "amp-bf16"},
+        {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "amp-fp16"},
+        {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "amp-bf16", **_LORA2},
+        {"model": "mamba2-130m", "activation_checkpointing": "full", "precision": "fp32", **_LORA2},
     ],
     ids=str,
 )
 def test_traced_combinations_are_estimated(keys: dict[str, Any]) -> None:
-    """Autocast, full checkpointing and LoRA in every precision on Mamba, LoRA in fp32 on Mamba-2: held to the
-    traces in docs/fidelity.md (issue 26), so estimated, not refused."""
+    """Autocast, full checkpointing and LoRA in every precision on Mamba and Mamba-2: held to the traces in
+    docs/fidelity.md (issue 26), so estimated, not refused."""
     assert _est(**keys).peak_tensor_bytes > 0
 
 
@@ -443,6 +439,67 @@ def test_checkpointed_mamba2_under_lora_frees_only_rstd_before_the_norms_backwar
     assert bwd == 5 * 4 * T * inner - 4 * T * G + 4 * T * h == 11_526_144
 
 
+#: The SSD's locals live at its output copy (b2 s512 on MAMBA2: T=1024, h=256, I=512, G=2, N=16, H=8, l=64,
+#: c=8, s'=512; in_proj's output 2I + 2GN + H = 1096 wide, the conv's I + 2GN = 576): the trace's listing of
+#: the recomputed layer's tensors alive at the peak and freed before its recompute ends (17 tensors; the conv
+#: bias's 1,152 B bf16 copy is not counted)
+_SSD_LOCALS = (
+    4 * 1024 * 256  # the block norm's fp32 output
+    + 2 * 1024 * (1096 + 576)  # in_proj's output, the conv's SiLU output
+    + 4 * 2 * 512 * (2 * 512 + 2 * 8 + 2 * 8 * 16 + 8 * 64)  # D skip, x dt; A dt, cumsum; C, B x decay; M
+    + 2 * 2 * (512 * 512 + 512 * 16 + 9 * 512 * 16)  # Y_diag, the zero initial state, the recurrence's output
+    + 3 * 4 * 2 * 512 * 512  # Y_off, Y_diag + Y_off, its contiguous copy
+)
+
+
+def _item(items: dict[str, int], start: str) -> int:
+    return next(v for k, v in items.items() if k.startswith(start))
+
+
+def test_checkpointed_mamba2_under_autocast_peaks_at_the_recomputed_ssd_output() -> None:
+    """amp-bf16, full checkpointing, b2 s512: the peak is in the bottom layer's recompute, at the .contiguous()
+    copy of Y_diag + Y_off (traced, op clone), not in the gated norm's backward: the SSD's locals (19,546,112 B)
+    beside what the recompute saved so far, i.e. the layer's saved set less what the gated norm and out_proj
+    save after it (the norm's fp32 chain, rstd, out_proj's bf16 input and weight copy: the trace's 11,804,672 B
+    saved after the peak), with the incoming fp32 residual gradient and its bf16 cast for the mixer's output."""
+    T, h, inner, G = 1024, 256, 512, 2
+    assert _SSD_LOCALS == 19_546_112
+    items = _mamba2_ckpt_terms(precision="amp-bf16")
+    later = 5 * 4 * T * inner + 2 * T * inner + 4 * T * G + 2 * h * inner
+    assert later == 11_804_672
+    ssd = _item(items, "Mamba-2 torch path: the recomputed layer at its SSD output")
+    assert ssd == _SSD_LOCALS - later + (4 + 2) * T * h == 9_314_304
+    # the gated norm's backward (8,643,584 B, as in bf16) is the smaller: not an item then
+    assert not any(k.startswith("Mamba-2 torch path backward") for k in items)
+    # under LoRA the norm and out_proj keep less (no out_proj input, no normalised tensor, no weight copy of
+    # theirs), and the frozen in_proj's bf16 weight copy is live (a frozen Linear's copy is not in the saved set)
+    lora = _mamba2_ckpt_terms(precision="amp-bf16", method="lora", lora={"rank": 8, "targets": ["in_proj"]})
+    ssd_lora = _item(lora, "Mamba-2 torch path: the recomputed layer at its SSD output")
+    assert ssd_lora == _SSD_LOCALS - (4 * 4 * T * inner + 4 * T * G) + 2 * h * 1096 + 6 * T * h == 13_283_328
+
+
+@pytest.mark.parametrize("keys", [{"precision": "amp-bf16"}, {"precision": "fp32", **_LORA2}], ids=str)
+def test_checkpointed_fp32_stream_counts_the_recomputed_norms_input_once(keys: dict[str, Any]) -> None:
+    """With an fp32 residual stream (autocast, fp32) the recomputed block's RMSNorm saves its fp32 input as is,
+    the checkpointed input itself: at the top of backward every layer's input is kept (4 x 4 B x T x h) and the
+    recomputed layer adds the rsqrt only (4 B x T), where it counted the input a second time (traced, LoRA fp32
+    b2 s256: +1.52% -> -0.04%); at the bottom layer 0's input once, as before."""
+    T, h = 1024, 256
+    sc = {"model": _mamba2_model(), "ssm_kernel": "torch", "micro_batch_size": 2, "seq_len": 512}
+    est = estimate(Scenario.from_dict({**sc, "activation_checkpointing": "full", **keys}))
+    for moment, inputs in (("backward_top", 4), ("backward_end", 1)):
+        items = {it.item: it.bytes for it in next(m for m in est.worst.moments if m.name == moment).items}
+        assert items["checkpointed layer inputs"] == inputs * 4 * T * h
+        assert items["RMSNorm rsqrt (its fp32 input is the checkpointed input, kept once)"] == 4 * T
+        assert not any(k.startswith("RMSNorm fp32 inputs") for k in items)
+
+
+def _mamba2_model() -> dict[str, Any]:
+    from fidelity_cases import MAMBA2
+
+    return MAMBA2
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -450,6 +507,13 @@ def test_checkpointed_mamba2_under_lora_frees_only_rstd_before_the_norms_backwar
         "mamba2 torch fp32 ckpt b2 s256",
         "mamba2 torch bf16 lora in_proj ckpt b2 s512",
         "mamba2 torch V64 bf16 b2 s512 (peak in a layer's backward)",
+        "mamba2 torch amp-bf16 ckpt b2 s512",
+        "mamba2 torch amp-fp16 ckpt b2 s512",
+        "mamba2 torch amp-bf16 ckpt b2 s256 (16 heads of 32, N=24, chunks of 32)",
+        "mamba2 torch amp-bf16 lora in_proj ckpt b2 s512",
+        "mamba2 torch amp-bf16 lora in_proj ckpt b1 s1000 (padded last chunk)",
+        "mamba2 torch fp32 lora in_proj ckpt b2 s256",
+        "mamba2 torch fp32 lora in_proj ckpt b1 s1000 (padded last chunk)",
     ],
 )
 @pytest.mark.slow
