@@ -439,6 +439,21 @@ def test_checkpointed_mamba2_under_lora_frees_only_rstd_before_the_norms_backwar
     assert bwd == 5 * 4 * T * inner - 4 * T * G + 4 * T * h == 11_526_144
 
 
+def test_checkpointed_mamba_keeps_fp32_block_outputs_like_mamba2() -> None:
+    """MambaBlock returns residual.float() + mixer(...) under residual_in_fp32 as Mamba2Block does: with full
+    checkpointing in bf16 layers 1..3 keep fp32 inputs (4 B x T x h) and layer 0 the embedding's bf16 output;
+    at the top of backward (LoRA b2 s64, T=128: its peak) the four inputs are 65,536 + 3 x 131,072 B, the
+    activations the trace lists there (-0.51% -> -0.00%; the engine counted 2 B for all)."""
+    from fidelity_cases import MAMBA
+
+    T, h = 128, 256
+    sc = {"model": MAMBA, "ssm_kernel": "torch", "micro_batch_size": 2, "seq_len": 64, **_LORA2}
+    est = estimate(Scenario.from_dict({**sc, "activation_checkpointing": "full"}))
+    top = next(m for m in est.worst.moments if m.name == "backward_top")
+    kept = next(it.bytes for it in top.items if it.item.startswith("checkpointed layer inputs"))
+    assert kept == 2 * T * h + 3 * 4 * T * h == 458_752
+
+
 #: The SSD's locals live at its output copy (b2 s512 on MAMBA2: T=1024, h=256, I=512, G=2, N=16, H=8, l=64,
 #: c=8, s'=512; in_proj's output 2I + 2GN + H = 1096 wide, the conv's I + 2GN = 576): the trace's listing of
 #: the recomputed layer's tensors alive at the peak and freed before its recompute ends (17 tensors; the conv

@@ -312,16 +312,18 @@ def _mamba2_recomputed_ssd(D, ssm, ec, rg, full):  # noqa: ANN001, ANN202
     )  # fmt: skip
 
 
-def mamba2_checkpointed_inputs(st: HFLayer) -> None:
-    """What each checkpointed ``Mamba2Block`` keeps under full checkpointing: its input, the block's ``hidden_states``
-    argument. HF wraps every ``Mamba2Block`` (a ``GradientCheckpointingLayer``, transformers 5.24
-    ``modeling_layers.py``/``modeling_mamba2.py``) in torch.utils.checkpoint, which keeps only the arguments. With
-    ``residual_in_fp32`` (the default) the block returns ``residual.float() + mixer(...)``, an fp32 tensor, so the
-    inputs of layers 1..L-1 are 4 B x T x h and layer 0's is the embedding's output in the compute dtype (traced,
-    bf16 b2 s512: 3 fp32 and 1 bf16 input live in the top layer's backward). The term is per layer, so it holds the
-    mean of the L inputs: exact with all L alive (the backward's top), high by (4 - e) B x T x h at its end."""
+def ssm_checkpointed_inputs(st: HFLayer) -> None:
+    """What each checkpointed ``MambaBlock`` or ``Mamba2Block`` keeps under full checkpointing: its input, the
+    block's ``hidden_states`` argument. HF wraps every block (a ``GradientCheckpointingLayer``, transformers 5.24
+    ``modeling_layers.py``, ``modeling_mamba.py``/``modeling_mamba2.py``) in torch.utils.checkpoint, which keeps
+    only the arguments. With ``residual_in_fp32`` (the default) both blocks return ``residual.float() +
+    mixer(...)``, an fp32 tensor, so the inputs of layers 1..L-1 are 4 B x T x h and layer 0's is the embedding's
+    output in the compute dtype (traced: Mamba-2 bf16 b2 s512, 3 fp32 and 1 bf16 input live in the top layer's
+    backward; Mamba bf16 LoRA b2 s64 -0.51% -> -0.00%). The term is per layer, so it holds the mean of the L
+    inputs: exact with all L alive (the backward's top), high by (4 - e) B x T x h at its end. Not Jamba, whose
+    blocks keep the compute dtype."""
     ssm, sc, arch = st.ssm, st.sc, st.arch
-    if not ssm or ssm["version"] != 2 or sc.activation_checkpointing != "full":
+    if not ssm or arch.facts.hybrid is not None or sc.activation_checkpointing != "full":
         return
     if st.r == 4:
         _norm_input_kept_once(st)
