@@ -349,10 +349,13 @@ def test_compiled_gpt2_under_autocast_saves_fp32_normalised_tensors_and_16_bit_c
     """GPT-2 amp-bf16 compiled, counted from the partitioner's saved set (benchmarks/compiled_saved.py, b2 s512):
     per layer each LayerNorm's fp32 normalised tensor (2 x 4 T h) and 1/(h sigma) (2 x 4 T), the 16-bit casts of
     the LayerNorm outputs c_attn and c_fc read (2 x 2 T h), q, k, v and SDPA's output (4 x 2 T h), the fused c_attn
-    output q views (its k and v thirds, 2 x 2 T h), the logsumexp (4 T a), c_fc's output and the GeLU's (2 x 2 T I)
-    and the four weights' 16-bit casts;
+    output q views (its k and v thirds, 2 x 2 T h), the returned KV cache held with the output (2 x 2 T h), the
+    logsumexp (4 T a), c_fc's output and the GeLU's (2 x 2 T I) and the four weights' 16-bit casts;
     before the layers the fp32 embedding sum (4 T h), after them the final norm's fp32 normalised tensor, its
-    16-bit cast and 1/sigma and the head weight's cast. The KV cache's zero gradients are 16-bit (no RoPE)."""
+    16-bit cast and 1/sigma and the head weight's cast. At the top of backward the larger of the loss's backward (its
+    fp32 buffer and a second copy of the logits) and the head's (the 16-bit logits gradient, the KV cache's 16-bit
+    zero gradients, no RoPE upcasting k, the hidden output's and the head weight's gradients): the head's at V
+    1000, the loss's at GPT-2's 50,257 (both traced to within 0.5%)."""
     from fidelity_cases import GPT2
 
     from memsim_widget.engine.activations import activations
@@ -364,13 +367,19 @@ def test_compiled_gpt2_under_autocast_saves_fp32_normalised_tensors_and_16_bit_c
     T, h, I, a, V, L = 1024, 256, 1024, 8, 1000, 4
     weights = 3 * h * h + h * h + 2 * h * I
     per_layer = (
-        2 * 4 * T * h + 2 * 4 * T + 2 * 2 * T * h + 4 * 2 * T * h + 2 * 2 * T * h + 4 * T * a + 2 * 2 * T * I
-        + 2 * weights
+        2 * 4 * T * h + 2 * 4 * T + 2 * 2 * T * h + 4 * 2 * T * h + 2 * 2 * T * h + 2 * 2 * T * h + 4 * T * a
+        + 2 * 2 * T * I + 2 * weights
     )  # fmt: skip
     assert act.layer_bytes() == per_layer
     assert sum(t.bytes for t in act.pre) == 4 * T * h
     assert sum(t.bytes for t in act.post) == 4 * T * h + 2 * T * h + 4 * T + 2 * V * h
-    assert sum(t.bytes for t in act.loss_backward if "KV cache" in t.name) == L * 2 * 2 * T * h
+    loss_top, head = 4 * T * V + 2 * T * V, 2 * T * V + L * 2 * 2 * T * h + 2 * T * h + 2 * V * h
+    assert head > loss_top and sum(t.bytes for t in act.loss_backward) == head
+    real = {**GPT2, "n_embd": 768, "n_head": 12, "n_layer": 2, "vocab_size": 50257}
+    big = activations(Context(Scenario.from_dict({**sc.to_dict(), "model": real, "micro_batch_size": 4,
+                                                  "seq_len": 1024})))  # fmt: skip
+    T, h, V = 4096, 768, 50257
+    assert sum(t.bytes for t in big.loss_backward) == 4 * T * V + 2 * T * V
     assert not any("untraced" in t.name for t in act.loss_saved + act.loss_backward)
 
 

@@ -124,6 +124,34 @@ def test_the_layernorm_families_compiled_rule_is_within_a_percent_of_the_trace(n
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt2 amp-bf16 sdpa b2 s512 compiled",
+        "gpt2 amp-fp16 sdpa b2 s512 compiled",
+        "gpt2 bf16 hidden dropout b2 s512 compiled",
+        "gpt2 amp-bf16 hidden dropout b2 s512 compiled",
+        "bert amp-bf16 sdpa b4 s256 compiled",
+        "bert amp-fp16 sdpa b4 s256 compiled",
+        "bert bf16 hidden dropout b4 s256 compiled",
+        "bert amp-bf16 hidden dropout b4 s256 compiled",
+        "roberta amp-bf16 sdpa b4 s256 (no dropout) compiled",
+        "bert-base dims L2 V30522 amp-bf16 hidden dropout b8 s512 compiled",
+        "roberta-base dims L2 V50265 bf16 hidden dropout b8 s512 compiled",
+        "gpt2 dims L2 V50257 amp-bf16 hidden dropout b4 s1024 compiled",
+    ],
+)
+def test_the_layernorm_rule_under_autocast_and_dropout_is_within_half_a_percent_of_the_trace(
+    name: str,
+) -> None:
+    """GPT-2, BERT and RoBERTa compiled under autocast (amp-bf16, amp-fp16) and hidden dropout (each dropout's
+    boolean mask saved), small shapes and the real gpt2, bert-base and roberta-base dimensions and vocabularies
+    (GPT-2's top of backward: the loss's fp32 buffer at its real vocabulary, the head's backward at V 1000)."""
+    r = _compare_in_subprocess(name)
+    assert abs(r["error"]) < 0.005, r
+
+
+@pytest.mark.slow
 def test_the_held_back_vit_under_autocast_keeps_eager_layers_above_its_compiled_trace() -> None:
     """ViT amp-bf16 compiled is held back (compiled_layernorm.HELD_BACK: an H200 allocated more than eager): the
     engine keeps eager's layers, which stay above the compiled CPU trace (the rule's saved set is +1.0%)."""

@@ -30,8 +30,12 @@ embedding norm's fp32 normalised tensor and 1/sigma) and the embedding dropout's
 norm's (or the MLM head's) terms, under autocast also the head weights' 16-bit casts. The loss keeps the e-byte
 logits and its fp32 row max and log-sum-exp (GPT-2, BERT: the compiled loss of the Llama-layout decoders); the top
 of backward holds one T x V gradient buffer (fp32 for GPT-2 and under autocast) and the zero gradients AOTAutograd
-makes for the unused logits (and GPT-2's returned KV cache, 16-bit: no RoPE upcasts its k). The layers' backward
-transients stay eager's.
+makes for the unused logits. GPT-2 returns its KV cache, which the loop holds with the output (2 e T h a layer),
+and its top of backward is the larger of two traced instants: the loss's backward (the fp32 T x V buffer beside a
+second copy of the logits) and, once both are freed, the head's (the 16-bit logits gradient, the zero gradients of
+the returned KV cache, 16-bit since no RoPE upcasts k, and of the hidden output, the head weight's gradient); the
+head's is larger at a small vocabulary, the loss's at GPT-2's 50,257. The layers' backward transients stay
+eager's.
 
 Attention dropout runs inside CUDA's fused SDPA kernels, which save their Philox seed and offset instead of a mask
 (``_scaled_dot_product_efficient_attention`` and ``_flash_attention`` return them, torch 2.13
@@ -128,6 +132,8 @@ def layernorm_activations(ctx: Context, out: ActivationBudget, weight_numel: int
         Term("compiled: LayerNorm outputs as the Linears read them", 2 * e * T * h, f"2 x {e} B x T x h", 2),
         Term("compiled: q, k, v and the attention output", 4 * e * T * h, f"4 x {e} B x T x h", 4),
         *([Term("compiled: fused c_attn output kept whole by q, k and v copied", 2 * e * T * h,
+                f"2 x {e} B x T x h", 2),
+           Term("compiled: the returned KV cache (k and v), held with the model's output", 2 * e * T * h,
                 f"2 x {e} B x T x h", 2)] if qkv_extra else []),
         Term("compiled: SDPA logsumexp (fp32)", 4 * T * a, f"4 B x T x heads, heads={a}", 1),
         Term("compiled: GeLU input and output", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
@@ -197,14 +203,18 @@ def _gpt2_ends(ctx: Context, out: ActivationBudget, e: int, r: int) -> None:
         Term("compiled loss: logits", e * T * V, f"{e} B x T x V, V={V}", 1),
         Term("compiled loss: row max, log-sum-exp, label index and mask", 17 * T, "17 B x T", 4),
     ]
+    # traced: the loss's backward (its fp32 buffer beside a second copy of the logits), then the head's backward
+    # (the 16-bit logits gradient, the zero gradients of the returned KV cache and hidden output, the head weight's
+    # gradient) once that copy and the buffer are freed: the larger of the two, the head's at a small vocabulary
+    loss_top = 4 * T * V + e * T * V
+    head = e * T * V + cache + e * T * h + e * V * h
     out.loss_backward[:] = [
-        Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
-        Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
-        *([Term("zero gradients for the returned KV cache (k and v of every layer, 16-bit: no RoPE upcast)", cache,
-                f"2 x {e} B x T x h x {L} layers", 2 * L)] if cache else []),
-        # traced: the peak is the head's backward matmuls, the loss's fp32 gradient and its 16-bit cast still alive
-        Term("compiled head backward: hidden-state gradient and the head weight's gradient",
-             e * T * h + e * V * h, f"{e} B x T x h + {e} B x V x h", 2),
+        Term("compiled loss backward: one fp32 T x V gradient buffer and a second copy of the logits", loss_top,
+             f"4 B x T x V + {e} B x T x V", 2),
+        *([Term("compiled head backward beyond it: the 16-bit logits gradient, the zero gradients of the returned "
+                "KV cache and hidden output, the head weight's gradient", head - loss_top,
+                f"{e} B x T x V + 2 x {e} B x T x h x {L} + {e} B x T x h + {e} B x V x h - ({4 + e} B x T x V)",
+                2 * L + 3)] if head > loss_top else []),
     ]  # fmt: skip
 
 
