@@ -117,7 +117,7 @@ def test_the_engine_equals_the_compiled_trace(name: str) -> None:
 )
 def test_the_layernorm_families_compiled_rule_is_within_a_percent_of_the_trace(name: str) -> None:
     """GPT-2, BERT and ViT compiled (engine/activations/compiled_layernorm.py): the saved set is the trace's; the
-    residual difference is the moment (GPT-2's trace peaks in the head's backward matmul, -0.1%) and eager's layer
+    residual difference is the moment (GPT-2's trace peaks in the head's backward matmul, +0.03%) and eager's layer
     backward transients the rule keeps (ViT +0.4% bf16, +1.0% amp)."""
     r = _compare_in_subprocess(name)
     assert abs(r["error"]) < 0.015, r
