@@ -315,7 +315,9 @@ def _math(q, k, v, mask, p: float, causal: bool, scale: float | None, gqa: bool)
     """The math composite (``attention.cpp``, ``_scaled_dot_product_attention_math``) as CUDA runs it: 16-bit
     q, k, v upcast to fp32, both scaled by sqrt(scale), the mask added in place, ``_safe_softmax``, dropout
     through CUDA's fused ``native_dropout`` (a 1-byte mask; the CPU's composite multiplies by an fp32 noise
-    tensor), the product cast back. A boolean mask becomes additive in q's dtype first (``scaled_dot_product_
+    tensor), the product cast back (and the probabilities, the composite's second output, dropped). Under
+    autocast it runs inside autocast's SDPA kernel, which casts the inputs and excludes autocast: the
+    matmuls stay in fp32. A boolean mask becomes additive in q's dtype first (``scaled_dot_product_
     attention``'s ``convert_boolean_attn_mask``)."""
     origin = q.dtype
     if mask is not None and mask.dtype == torch.bool:
@@ -335,7 +337,9 @@ def _math(q, k, v, mask, p: float, causal: bool, scale: float | None, gqa: bool)
     attn = torch.ops.aten._safe_softmax(attn, -1)
     if p > 0:
         attn = torch.native_dropout(attn, p, True)[0]
-    return torch.matmul(attn, v_acc).to(origin)
+    out = torch.matmul(attn, v_acc).to(origin)
+    attn.to(origin)  # the composite's second output, which scaled_dot_product_attention drops
+    return out
 
 
 # ---------------------------------------------------------------------------------------- the mode
@@ -415,7 +419,8 @@ class CudaKernels(TorchFunctionMode):
         if backend == "efficient" and q.shape[1] == k.shape[1]:
             return _Efficient.apply(q, k, v, _efficient_bias(mask, q, k))[0]
         if backend.startswith("math"):
-            return _math(q, k, v, mask, dropout, causal, scale, gqa)
+            with torch.autocast("cpu", enabled=False):  # autocast's SDPA kernel runs the composite without it
+                return _math(q, k, v, mask, dropout, causal, scale, gqa)
         return func(*args, **kwargs)
 
 

@@ -129,6 +129,20 @@ def test_math_path_drops_out_with_a_one_byte_mask_on_fp32_probabilities() -> Non
     assert not [r for r in recs if r.op == "bernoulli"]
 
 
+def test_math_path_under_autocast_runs_in_fp32_as_autocasts_sdpa_kernel_does() -> None:
+    """Autocast's SDPA kernel casts q, k, v and the mask to bf16 and runs the composite without autocast: the
+    probabilities stay fp32 (a CPU-autocast matmul inside would make them bf16)."""
+    with FakeTensorMode():
+        q, k, v = (torch.empty(1, 2, 64, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        mask = torch.zeros(1, 2, 64, 64, requires_grad=True)
+        tracker = MemoryTracker(mark_saved=True)
+        with tracker, torch.autocast("cpu", dtype=torch.bfloat16), CudaKernels(H200):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1)
+    probs = [(r.dtype, r.saved) for r in tracker.records if r.op == "_safe_softmax"]
+    assert probs == [("float32", True)]
+    assert [r.dtype for r in tracker.records if r.op == "native_dropout"] == ["float32", "bool"]
+
+
 def test_dropout_keeps_a_one_byte_mask() -> None:
     n = 4096
     recs = _traced(lambda x: F.dropout(x, 0.1, True), ((n,), torch.float32))
