@@ -418,10 +418,12 @@ class CudaKernels(TorchFunctionMode):
             return _Flash.apply(q, k, v)[0]
         if backend == "efficient" and q.shape[1] == k.shape[1]:
             return _Efficient.apply(q, k, v, _efficient_bias(mask, q, k))[0]
-        if backend.startswith("math"):
-            with torch.autocast("cpu", enabled=False):  # autocast's SDPA kernel runs the composite without it
+        # autocast's SDPA kernel runs the composite (or the CPU's op) on the cast inputs without autocast
+        with torch.autocast("cpu", enabled=False):
+            if backend.startswith("math"):
                 return _math(q, k, v, mask, dropout, causal, scale, gqa)
-        return func(*args, **kwargs)
+            kw = {"attn_mask": mask, "dropout_p": dropout, "is_causal": causal, "scale": scale}
+            return func(q, k, v, **kw, **({"enable_gqa": True} if gqa else {}))
 
 
 @contextlib.contextmanager

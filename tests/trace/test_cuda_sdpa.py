@@ -143,6 +143,23 @@ def test_math_path_under_autocast_runs_in_fp32_as_autocasts_sdpa_kernel_does() -
     assert [r.dtype for r in tracker.records if r.op == "native_dropout"] == ["float32", "bool"]
 
 
+def test_a_cudnn_call_allocates_what_the_cpu_op_does_under_autocast() -> None:
+    """cuDNN saves what the CPU's fused kernel saves: the call runs the CPU's op on autocast's casts, made once
+    (fp32 q and k, as after Llama's RoPE under autocast)."""
+
+    def run(kernels: bool) -> list[tuple[str, int]]:
+        with FakeTensorMode():
+            q, k = (torch.empty(1, 2, 64, 32, requires_grad=True) for _ in range(2))
+            v = torch.empty(1, 2, 64, 32, dtype=torch.bfloat16, requires_grad=True)
+            tracker = MemoryTracker()
+            mode = CudaKernels(H200) if kernels else torch.autocast("cpu", dtype=torch.bfloat16)
+            with tracker, torch.autocast("cpu", dtype=torch.bfloat16), mode:
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return [(r.op, r.nbytes) for r in tracker.records]
+
+    assert run(True) == run(False)
+
+
 def test_dropout_keeps_a_one_byte_mask() -> None:
     n = 4096
     recs = _traced(lambda x: F.dropout(x, 0.1, True), ((n,), torch.float32))
