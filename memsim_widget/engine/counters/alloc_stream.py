@@ -56,6 +56,11 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
+#: The CUDA streams a rank allocates on, as the replays number them (the caching allocator caches blocks per
+#: stream): the compute stream and FSDP2's communication streams (``FSDPCommContext.lazy_init``, torch 2.13.0
+#: ``distributed/fsdp/_fully_shard/_fsdp_param_group.py``; what each allocates: docs/allocator.md,
+#: "FSDP2's streams"). The all-gather stream itself allocates nothing (the output is made on the copy-in one).
+FSDP_STREAMS = {"compute": 0, "all_gather_copy_in": 1, "reduce_scatter": 2, "all_reduce": 3, "all_gather": 4}
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
