@@ -76,7 +76,7 @@ _FSDP_ROLES = {
     "FSDPParamGroup.wait_for_unshard": "unsharded_parameter",
 }
 #: ``FSDPCommContext``'s streams -> the stream number a storage allocated under them carries
-#: (``engine/counters/alloc_stream.FSDP_STREAMS``); the compute stream, and any stream not listed, is 0.
+#: (``engine/counters/fsdp_stream.FSDP_STREAMS``); the compute stream, and any stream not listed, is 0.
 _COMM_STREAMS = {
     "all_gather_copy_in_stream": "all_gather_copy_in",
     "all_gather_stream": "all_gather",
@@ -125,7 +125,7 @@ def fsdp_streams(tracker: MemoryTracker) -> Iterator[None]:
     requests never serve another's."""
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPCommContext
 
-    from memsim_widget.engine.counters.alloc_stream import FSDP_STREAMS
+    from memsim_widget.engine.counters.fsdp_stream import FSDP_STREAMS
 
     numbers: dict[int, int] = {}
     orig_init, orig_stream = FSDPCommContext.lazy_init, torch.cpu.stream

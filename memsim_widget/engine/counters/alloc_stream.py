@@ -28,6 +28,7 @@ from typing import Any
 
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
+from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -56,11 +57,6 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
-#: The CUDA streams a rank allocates on, as the replays number them (the caching allocator caches blocks per
-#: stream): the compute stream and FSDP2's communication streams (``FSDPCommContext.lazy_init``, torch 2.13.0
-#: ``distributed/fsdp/_fully_shard/_fsdp_param_group.py``; what each allocates: docs/allocator.md,
-#: "FSDP2's streams"). The all-gather stream itself allocates nothing (the output is made on the copy-in one).
-FSDP_STREAMS = {"compute": 0, "all_gather_copy_in": 1, "reduce_scatter": 2, "all_reduce": 3, "all_gather": 4}
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -135,10 +131,10 @@ class StreamWriter:
         """Name the phase the next events belong to."""
         self.marks.append((len(self.events), label))
 
-    def alloc(self, size: int, n: int = 1) -> list[int]:
-        """``n`` allocations of ``size`` bytes each; their handles."""
+    def alloc(self, size: int, n: int = 1, stream: int = 0) -> list[int]:
+        """``n`` allocations of ``size`` bytes each on ``stream``; their handles."""
         h = self.handle
-        self.events += [alloc(h + k + 1, size) for k in range(n)]
+        self.events += [alloc(h + k + 1, size, stream) for k in range(n)]
         self.handle = h + n
         return list(range(h + 1, h + n + 1))
 
@@ -252,14 +248,17 @@ def step_stream(
     replayed: int | None = None,
     earlier: dict[str, Sequence[Any]] | None = None,
     micro: int = 1,
+    fsdp: Any = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
     first optimizer step, ``numels`` the rank's parameter tensors' elements, ``order`` the same tensors in the
     order backward makes their gradients (None: every layer's share of the gradients at once), ``micro`` the
     micro-batches run forward and backward before each optimizer step (gradient accumulation: the first makes
-    the gradients, the later ones add theirs in place, ``_Grads``)."""
+    the gradients, the later ones add theirs in place, ``_Grads``), ``fsdp`` a rank's FSDP2 units
+    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs)."""
     s = StreamWriter()
+    comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
     grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
@@ -274,13 +273,15 @@ def step_stream(
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed)
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, comm)
             kept = kept or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
             s.per_param(later, params)
         s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
         s.free(kept + held)  # zero_grad(set_to_none=True) drops the gradients in the parameters' order
+        if comm is not None:
+            comm.zero_grad()
     return s
 
 
@@ -292,17 +293,24 @@ def micro_batch(
     label: str,
     grads: _Grads,
     replayed: int | None = None,
+    comm: Fsdp2Writer | None = None,
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
-    keeps, in the parameters' order (none when it adds them in place), and the output the loop holds."""
+    keeps, in the parameters' order (none when it adds them in place), and the output the loop holds. Under
+    FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
+    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards)."""
     order = grads.order
     by_tensor = grads.by_tensor
     s.mark(f"{label} forward")
+    if comm is not None:
+        comm.forward_start()
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
     hidden = s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []  # the embeddings' output
     saved = []
     for _ in range(layers if replayed is None else replayed):
+        if comm is not None:
+            comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
         if fwd:
             hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
@@ -310,6 +318,8 @@ def micro_batch(
         else:
             saved.append(s.items(a["saved"], share=layers))
         s.free(transient)
+        if comm is not None:
+            comm.layer_forward_end()
     post = s.items(a["post"])
     s.free(hidden)  # the last layer's output, once the final norm has read it
     s.mark(f"{label} loss")
@@ -324,7 +334,11 @@ def micro_batch(
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
     kept = s.items([i for i in a["loss_saved"] if i not in capped])
     s.free(logits)
+    if comm is not None:
+        comm.forward_end()
     s.mark(f"{label} loss backward")
+    if comm is not None:
+        comm.backward_start(len(saved))
     grad_out = s.items(a["loss_backward"])
     s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
     # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
@@ -332,6 +346,13 @@ def micro_batch(
     s.free(grad_out[1:])
     s.mark(f"{label} backward")
     top = s.items(a["top_backward"])
+    if comm is not None:
+        comm.backward(a, saved, grad_logits + tanh + top + post)
+        s.free(pre)
+        if not a["held_through_step"]:
+            s.free(held)
+            held = []
+        return [], held
     k = order.top_pre if order and by_tensor else 0
     new, grads.new = (
         grads.new,
@@ -430,10 +451,31 @@ def replayable(ctx: Any) -> bool:
     sc, p = ctx.scenario, ctx.par
     return (
         sc.reserved_model == "replay"
-        and p.dp * p.tp * p.pp * p.cp * p.ep == 1
+        and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx))
         and not sc.activation_offloading
         and p.offload == "none"
         and not sc.optimizer_in_backward
+    )
+
+
+def fsdp2_replayable(ctx: Any) -> bool:
+    """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
+    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
+    of untied embeddings, one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
+    precision), not in fp8."""
+    from memsim_widget.engine.frameworks import parameters_fetched_from_host, profile
+
+    sc, p = ctx.scenario, ctx.par
+    return (
+        p.dp > 1
+        and p.zero >= 3
+        and p.tp * p.pp * p.cp * p.ep == 1
+        and profile(ctx).zero3 == "fsdp2"
+        and not parameters_fetched_from_host(ctx)
+        and ctx.full_training
+        and not ctx.arch.tied_embeddings
+        and sc.grad_accum_steps == 1
+        and not sc.fp8_all_gather
     )
 
 
@@ -467,7 +509,10 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
     micro = ctx.scenario.grad_accum_steps
-    return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
+    fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 else None
+    return step_stream(
+        ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro, fsdp=fsdp
+    )
 
 
 @lru_cache(maxsize=4096)
