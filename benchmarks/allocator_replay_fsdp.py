@@ -27,17 +27,36 @@ def _fsdp(dp: int, reshard: bool = True) -> dict[str, Any]:
     return {"parallel": {"dp": dp, "zero": 3, "reshard_after_forward": reshard}}
 
 
-CASES: list[tuple[str, dict[str, Any]]] = [
+OWN: list[tuple[str, dict[str, Any]]] = [
     ("llama L4 h512 V32k dp2", {**BASE, "model": SMALL_LLAMA, **_fsdp(2)}),
     ("llama L4 h512 V32k dp8", {**BASE, "model": SMALL_LLAMA, **_fsdp(8)}),
     ("llama L4 h512 V32k dp4 no reshard", {**BASE, "model": SMALL_LLAMA, **_fsdp(4, False)}),
-    ("llama L4 h512 V32k dp4 ckpt", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), "activation_checkpointing": "full"}),
+    (
+        "llama L4 h512 V32k dp4 ckpt",
+        {**BASE, "model": SMALL_LLAMA, **_fsdp(4), "activation_checkpointing": "full"},
+    ),
     (
         "llama L4 h512 V32k dp4 torchtitan amp",
         {**BASE, "model": SMALL_LLAMA, **_fsdp(4), "precision": "amp-bf16", "framework": "torchtitan"},
     ),
-    ("llama-3.1-8b dp8 b1 s2048", {**BASE, "model": "llama-3.1-8b", "micro_batch_size": 1, "seq_len": 2048, **_fsdp(8)}),
 ]
+
+
+def cases() -> list[tuple[str, dict[str, Any]]]:
+    """This file's cases, then the FSDP2 cases of the multi-GPU fidelity suite (tests/data/
+    fidelity_parallel_cases.py, real vocabularies included) whose rank the engine's stream models."""
+    from fidelity_parallel_cases import CASES
+
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.counters.alloc_stream import replayable
+    from memsim_widget.scenario import Scenario
+
+    out = list(OWN)
+    for name, d, _stage in CASES:
+        d = {**d, "reserved_model": "replay"}
+        if replayable(Context(Scenario.from_dict(d))):
+            out.append((name, d))
+    return out
 
 
 def compare(d: dict[str, Any]) -> dict[str, Any]:
@@ -76,9 +95,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="only the cases whose name contains this")
     args = ap.parse_args()
-    print("| case | trace replay (per stream) | on one stream | engine stream | fitted rule | allocated: trace, stream |")
+    print(
+        "| case | trace replay (per stream) | on one stream | engine stream | fitted rule | allocated: trace, stream |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
-    for name, d in CASES:
+    for name, d in cases():
         if args.k not in name:
             continue
         r = compare(d)

@@ -209,8 +209,8 @@ def test_fsdp_buffers_carry_the_stream_fsdp2_allocates_them_on() -> None:
     """torch 2.13 ``_fsdp_collectives``: the all-gather output (world x a unit's padded shard) on the copy-in
     stream, the reduce-scatter input (the same size) on the compute stream, its output (one shard, the new
     gradient) on the reduce-scatter stream; the unsharded parameters on the compute stream."""
-    from memsim_widget.engine.counters.fsdp_stream import FSDP_STREAMS
     from memsim_widget.engine.counters.allocator import replay
+    from memsim_widget.engine.counters.fsdp_stream import FSDP_STREAMS
     from memsim_widget.trace.replay import allocation_stream
 
     world = 4

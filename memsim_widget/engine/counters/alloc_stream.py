@@ -28,7 +28,6 @@ from typing import Any
 
 from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
-from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -40,6 +39,7 @@ from memsim_widget.engine.counters.allocator import (
     free,
     replay,
 )
+from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.fast_dataclass import dataclass
@@ -322,6 +322,9 @@ def micro_batch(
             comm.layer_forward_end()
     post = s.items(a["post"])
     s.free(hidden)  # the last layer's output, once the final norm has read it
+    outside = comm is not None and comm.u.loss_outside
+    if comm is not None and outside:
+        comm.forward_end()
     s.mark(f"{label} loss")
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
@@ -334,16 +337,18 @@ def micro_batch(
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
     kept = s.items([i for i in a["loss_saved"] if i not in capped])
     s.free(logits)
-    if comm is not None:
+    if comm is not None and not outside:
         comm.forward_end()
     s.mark(f"{label} loss backward")
-    if comm is not None:
+    if comm is not None and not outside:
         comm.backward_start(len(saved))
     grad_out = s.items(a["loss_backward"])
     s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
     # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
     grad_logits = s.alloc(s.size(cast[0])) if cast else []
     s.free(grad_out[1:])
+    if comm is not None and outside:
+        comm.backward_start(len(saved))
     s.mark(f"{label} backward")
     top = s.items(a["top_backward"])
     if comm is not None:
@@ -553,6 +558,11 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
     cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
     formula = (
         f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items"
+        + (
+            " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
+            if ctx.par.dp > 1
+            else ""
+        )
         + (
             f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
             if ctx.scenario.padding == "longest"

@@ -9,13 +9,15 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
   stream and an all-reduce stream (HSDP). The caching allocator caches a block on the stream it was allocated
   on, so a block freed by one stream's requests never serves another's; FSDP2 keeps references until the
   consuming stream has waited (``AllGatherState``, ``ReduceScatterState``) instead of ``record_stream``.
-- ``unshard`` -> ``foreach_all_gather``: in forward and pre-backward, under the copy-in stream, the shards cast
-  to the gathered dtype (mixed precision only; freed once copied in) and the all-gather output (world x the
+- ``unshard`` -> ``foreach_all_gather``: in forward and pre-backward, under the copy-in stream, the unit's
+  shards cast to the gathered dtype (mixed precision only: one buffer, freed once copied in) and the all-gather
+  output (world x the
   unit's padded shard; the copy-in buffer is a view of it).
-- ``wait_for_unshard``: in forward it first frees the previous unit's all-gather output (held in
-  ``all_gather_state`` so the copy-in stream cannot reuse memory still being read), copies out into the
-  unsharded parameters (``foreach_all_gather_copy_out``, on the compute stream, one tensor per parameter),
-  then holds this unit's all-gather output until the next unit's copy-out; in backward it frees it at once.
+- ``wait_for_unshard``: copies out into the unsharded parameters (``foreach_all_gather_copy_out``, on the
+  compute stream, one tensor per parameter); in forward it holds this unit's all-gather output
+  (``all_gather_state``, so the copy-in stream cannot reuse memory still being read) and frees the previous
+  unit's, which its local ``prev_all_gather_state`` keeps until the copy-out is done; in backward it frees
+  the unit's own at once.
   The root's ``_post_forward`` frees the last one held.
 - ``reshard`` frees the unsharded parameters after the unit's forward (``reshard_after_forward=True``; with
   an explicit True the root too, ``_fsdp_state._lazy_init``) and after its backward.
@@ -46,9 +48,11 @@ from memsim_widget.fast_dataclass import dataclass
 #: communication streams (``FSDPCommContext.lazy_init``). The all-gather stream itself allocates nothing (its
 #: output is made under the copy-in stream).
 FSDP_STREAMS = {"compute": 0, "all_gather_copy_in": 1, "reduce_scatter": 2, "all_reduce": 3, "all_gather": 4}
-COMPUTE, COPY_IN, REDUCE_SCATTER = FSDP_STREAMS["compute"], FSDP_STREAMS["all_gather_copy_in"], FSDP_STREAMS[
-    "reduce_scatter"
-]
+COMPUTE, COPY_IN, REDUCE_SCATTER = (
+    FSDP_STREAMS["compute"],
+    FSDP_STREAMS["all_gather_copy_in"],
+    FSDP_STREAMS["reduce_scatter"],
+)
 
 
 def padded_shard(shape: Sequence[int], world: int) -> int:
@@ -77,6 +81,9 @@ class Fsdp2Units:
     sharded: int
     cast: bool
     reshard: bool
+    #: the loop computes the loss on the logits outside the model (torchtitan): the root's post-forward runs
+    #: before the loss, its pre-backward (a hook on the logits) once the loss's backward has made their gradient
+    loss_outside: bool = False
 
 
 class Fsdp2Writer:
@@ -95,7 +102,7 @@ class Fsdp2Writer:
     def _all_gather(self, unit: Sequence[tuple[int, int]]) -> list[int]:
         """``foreach_all_gather`` under the copy-in stream: the cast shards (freed) and the output."""
         s, u = self.s, self.u
-        cast = [h for _, sh in unit for h in s.alloc(sh * u.gathered, 1, COPY_IN)] if u.cast else []
+        cast = s.alloc(sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN) if u.cast else []
         out = s.alloc(u.world * sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN)
         s.free(cast)
         return out
@@ -111,10 +118,11 @@ class Fsdp2Writer:
         self.held = ag
 
     def layer_forward_start(self) -> None:
-        """A layer's pre-forward: its all-gather, the previous output freed, the copy-out."""
+        """A layer's pre-forward: its all-gather, the copy-out, the previous output freed (``wait_for_unshard``
+        drops ``all_gather_state`` first, but its local ``prev_all_gather_state`` holds it until it returns)."""
         ag = self._all_gather(self.u.layer)
-        self.s.free(self.held)
         self.layers.append(self._copy_out(self.u.layer))
+        self.s.free(self.held)
         self.held = ag
 
     def layer_forward_end(self) -> None:
@@ -210,9 +218,11 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
             layer += [t] * max(lg.count // max(stage.layers, 1), 1)
         else:
             (pre if lg.group.scope == "pre" else post).extend([t] * lg.count)
+    from memsim_widget.engine.frameworks import profile
+
     wb = gathered_weight_bytes(ctx)
     grad_b = ctx.recipe.grad_bytes
     return Fsdp2Units(
         tuple(layer), tuple(pre + post), len(pre), world, wb, grad_b, grad_b, wb != ctx.recipe.weight_bytes,
-        ctx.par.reshard_after_forward,
+        ctx.par.reshard_after_forward, profile(ctx).loss_outside_model,
     )  # fmt: skip
