@@ -32,6 +32,10 @@ OWN: list[tuple[str, dict[str, Any]]] = [
     ("llama L4 h512 V32k dp8", {**BASE, "model": SMALL_LLAMA, **_fsdp(8)}),
     ("llama L4 h512 V32k dp4 no reshard", {**BASE, "model": SMALL_LLAMA, **_fsdp(4, False)}),
     (
+        "llama L4 h512 V32k dp4 tied",
+        {**BASE, "model": {**SMALL_LLAMA, "tie_word_embeddings": True}, **_fsdp(4)},
+    ),
+    (
         "llama L4 h512 V32k dp4 ckpt",
         {**BASE, "model": SMALL_LLAMA, **_fsdp(4), "activation_checkpointing": "full"},
     ),

@@ -117,6 +117,31 @@ def test_post_backward_reshards_frees_the_held_input_then_reduce_scatters():
     ]
 
 
+def test_tied_embeddings_sum_their_two_unsharded_gradients_out_of_place():
+    """The head's backward makes the embeddings' gradient at the top (before the final norm's), their own
+    backward a second at the bottom; ``AccumulateGrad`` sums them into a new tensor and frees both, then the
+    root reduce-scatters (its input: world x the padded shards)."""
+    u = Fsdp2Units(((10, 5),), ((8, 4), (3, 2)), 1, 2, 2, 2, 2, False, False, tied=True)
+    s = StreamWriter()
+    w = Fsdp2Writer(s, u)
+    w.root = s.alloc(1)  # the unsharded root, kept from the forward (no resharding)
+    w.backward({"recompute": (), "layer_backward": ()}, [], [])
+    assert _sized(s)[1:] == [
+        ("alloc", 16, COMPUTE),  # the embeddings' gradient from the head
+        ("alloc", 6, COMPUTE),  # the final norm's
+        ("alloc", 16, COMPUTE),  # the embeddings' own backward
+        ("alloc", 16, COMPUTE),  # their sum
+        ("free", 16, COMPUTE),
+        ("free", 16, COMPUTE),
+        ("free", 1, COMPUTE),  # reshard
+        ("alloc", 2 * 6 * 2, COMPUTE),  # reduce-scatter input
+        ("free", 16, COMPUTE),
+        ("free", 6, COMPUTE),
+        ("alloc", 6 * 2, REDUCE_SCATTER),
+        ("free", 2 * 6 * 2, COMPUTE),  # the final callback frees the input still held
+    ]
+
+
 def test_units_read_the_engines_groups():
     ctx = Context(Scenario.from_dict(fsdp(4)))
     u = fsdp2_units(ctx, ctx.stages[0])
@@ -133,7 +158,7 @@ def test_units_read_the_engines_groups():
         (fsdp(4), True),
         (fsdp(8, reshard=False), True),
         (fsdp(4, activation_checkpointing="full"), True),
-        (fsdp(4, model={**LLAMA_H512_V32K, "tie_word_embeddings": True}), False),
+        (fsdp(4, model={**LLAMA_H512_V32K, "tie_word_embeddings": True}), True),
         (fsdp(4, grad_accum_steps=2), False),
         (fsdp(4, method="lora", lora={"rank": 8, "targets": ["q_proj"]}), False),
         ({**BASE, "parallel": {"dp": 4, "zero": 1}}, False),
@@ -185,13 +210,18 @@ def test_blocks_cached_per_stream_raise_the_peak_over_one_stream() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "d",
-    [fsdp(2), fsdp(4, reshard=False), fsdp(4, activation_checkpointing="full")],
-    ids=["dp2", "dp4-no-reshard", "dp4-ckpt"],
+    [
+        fsdp(2),
+        fsdp(4, reshard=False),
+        fsdp(4, activation_checkpointing="full"),
+        fsdp(4, model={**LLAMA_H512_V32K, "tie_word_embeddings": True}),
+    ],
+    ids=["dp2", "dp4-no-reshard", "dp4-ckpt", "dp4-tied"],
 )
 def test_an_fsdp2_rank_replays_as_its_trace(d: dict) -> None:
     """One rank traced with PyTorch's own ``fully_shard`` on fake tensors (``trace/distributed.py``, each
     storage on its stream) and replayed: the engine's stream reaches its peak reserved within 1%
-    (benchmarks/allocator_replay_fsdp.py prints these: +0.00%, -0.24%, +0.00%) and its peak allocated
+    (benchmarks/allocator_replay_fsdp.py prints these: +0.00%, -0.24%, +0.00%, -0.27%) and its peak allocated
     within 0.1%."""
     pytest.importorskip("transformers")
     from memsim_widget.trace.api import trace_scenario

@@ -465,8 +465,8 @@ def replayable(ctx: Any) -> bool:
 
 def fsdp2_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
-    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
-    of untied embeddings, one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
+    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
+    one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
     precision), not in fp8."""
     from memsim_widget.engine.frameworks import parameters_fetched_from_host, profile
 
@@ -478,7 +478,6 @@ def fsdp2_replayable(ctx: Any) -> bool:
         and profile(ctx).zero3 == "fsdp2"
         and not parameters_fetched_from_host(ctx)
         and ctx.full_training
-        and not ctx.arch.tied_embeddings
         and sc.grad_accum_steps == 1
         and not sc.fp8_all_gather
     )

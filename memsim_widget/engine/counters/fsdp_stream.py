@@ -32,7 +32,7 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
 
 Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
 parameters' own dtype (the cast on the post-reduce stream), gradient accumulation without resharding, explicit
-prefetching, tied embeddings (one root tensor used twice) and frozen parameters (``alloc_stream.replayable``
+prefetching and frozen parameters (``alloc_stream.replayable``
 keeps the fitted rule for them).
 """
 
@@ -84,6 +84,9 @@ class Fsdp2Units:
     #: the loop computes the loss on the logits outside the model (torchtitan): the root's post-forward runs
     #: before the loss, its pre-backward (a hook on the logits) once the loss's backward has made their gradient
     loss_outside: bool = False
+    #: the head is the input embeddings (tied): the head's backward makes the embeddings' first gradient at the
+    #: top, their own backward a second at the bottom, which ``AccumulateGrad`` sums out of place
+    tied: bool = False
 
 
 class Fsdp2Writer:
@@ -183,16 +186,21 @@ class Fsdp2Writer:
         unsharded gradients reduce-scattered; the embeddings' gradient last, then the root's
         reduce-scatter."""
         s, u = self.s, self.u
+        head = self.unsharded_grads(u.root[: u.root_pre]) if u.tied else []
         top = self.unsharded_grads(u.root[u.root_pre :])
         s.free(done)
         for i in reversed(range(len(saved))):
             self.layer_backward_start(i)
             recomputed = s.items(a["recompute"])
+            grads = self.unsharded_grads(u.layer[::-1])  # autograd: the MLP's first, the input norm's last
             transient = s.items(a["layer_backward"])
-            grads = self.unsharded_grads(u.layer)
             s.free(transient + recomputed + saved[i])
             self.post_backward(grads)
         bottom = self.unsharded_grads(u.root[: u.root_pre])
+        if u.tied:  # the two summed into a new tensor, both freed
+            summed = self.unsharded_grads(u.root[: u.root_pre])
+            s.free(head + bottom)
+            bottom = summed
         self.post_backward(bottom + top, root=True)
 
     def zero_grad(self) -> None:
@@ -224,5 +232,5 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     grad_b = ctx.recipe.grad_bytes
     return Fsdp2Units(
         tuple(layer), tuple(pre + post), len(pre), world, wb, grad_b, grad_b, wb != ctx.recipe.weight_bytes,
-        ctx.par.reshard_after_forward, profile(ctx).loss_outside_model,
+        ctx.par.reshard_after_forward, profile(ctx).loss_outside_model, ctx.arch.tied_embeddings,
     )  # fmt: skip
