@@ -142,6 +142,18 @@ def test_tied_embeddings_sum_their_two_unsharded_gradients_out_of_place():
     ]
 
 
+def test_a_loss_outside_the_model_runs_after_the_roots_post_forward():
+    """torchtitan computes the loss on the model's output: the root's post-forward reshards the root (the
+    embeddings and the head, V x h each) once the logits exist and before the loop upcasts them to fp32."""
+    ctx = Context(Scenario.from_dict(fsdp(4, precision="amp-bf16", framework="torchtitan")))
+    sized = _sized(rank_stream(ctx, ctx.stages[0]))
+    logits = 2 * 512 * 32000 * 2
+    at = sized.index(("alloc", logits, COMPUTE))
+    upcast = sized.index(("alloc", 2 * logits, COMPUTE), at)
+    v_h = 32000 * 512 * 2  # the unsharded embeddings and head (bf16 under FSDP2 mixed precision)
+    assert sized[at + 1 : upcast].count(("free", v_h, COMPUTE)) == 2
+
+
 def test_units_read_the_engines_groups():
     ctx = Context(Scenario.from_dict(fsdp(4)))
     u = fsdp2_units(ctx, ctx.stages[0])

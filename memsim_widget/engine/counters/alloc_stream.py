@@ -323,17 +323,25 @@ def micro_batch(
     post = s.items(a["post"])
     s.free(hidden)  # the last layer's output, once the final norm has read it
     outside = comm is not None and comm.u.loss_outside
-    if comm is not None and outside:
-        comm.forward_end()
     s.mark(f"{label} loss")
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
     logits, cast = [], []  # cast: the 16-bit logits an upcast loss's backward casts its gradient back to
     for i in a["loss_forward"]:
+        at = len(s.events)
         made = s.items([i])
         cast += made[:1] if _upcast([i]) and not cast else []
+        if comm is not None and outside and not logits and made:
+            # the model returns its logits (the first tensor), then the root's post-forward runs; the loop
+            # upcasts them after
+            rest = s.events[at + 1 :]
+            del s.events[at + 1 :]
+            comm.forward_end()
+            s.events += rest
         logits += made
+    if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
+        comm.forward_end()
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
     kept = s.items([i for i in a["loss_saved"] if i not in capped])
     s.free(logits)
