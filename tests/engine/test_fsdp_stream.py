@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 from fidelity_cases import LLAMA_H512_V32K
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.context import Context
@@ -246,3 +248,48 @@ def test_an_fsdp2_rank_replays_as_its_trace(d: dict) -> None:
     assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
     assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.001
     assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved  # the estimate reads this replay
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layer=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 8)), min_size=1, max_size=5),
+    root=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 8)), min_size=1, max_size=3),
+    world=st.integers(2, 16),
+    layers=st.integers(0, 4),
+    reshard=st.booleans(),
+    tied=st.booleans(),
+    cast=st.booleans(),
+)
+def test_a_micro_batch_leaves_only_the_gradient_shards(
+    layer: list, root: list, world: int, layers: int, reshard: bool, tied: bool, cast: bool
+) -> None:
+    """Whatever the shapes: after a micro-batch's forward and backward every FSDP2 buffer is freed but the
+    reduce-scatter outputs, one per unit on the reduce-scatter stream, each the unit's padded shard in the
+    reduced dtype; ``zero_grad`` frees those too."""
+
+    def unit(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+        return tuple((rows * cols, padded_shard((rows, cols), world)) for rows, cols in shapes)
+
+    u = Fsdp2Units(unit(layer), unit(root), 1, world, 2, 4, 4, cast, reshard, tied=tied)
+    s = StreamWriter()
+    w = Fsdp2Writer(s, u)
+    w.forward_start()
+    for _ in range(layers):
+        w.layer_forward_start()
+        w.layer_forward_end()
+    w.forward_end()
+    w.backward_start(layers)
+    w.backward({"recompute": (), "layer_backward": ()}, [[] for _ in range(layers)], [])
+    live: dict[object, tuple[int, int]] = {}
+    for h, size, stream in s.events:
+        if size == FREE:
+            del live[h]  # a handle freed twice or never allocated fails here
+        else:
+            assert h not in live
+            live[h] = (size, stream)
+    layer_shard = sum(sh for _, sh in u.layer) * 4
+    root_shard = sum(sh for _, sh in u.root) * 4
+    want = [(layer_shard, REDUCE_SCATTER)] * layers + [(root_shard, REDUCE_SCATTER)]
+    assert sorted(live.values()) == sorted(want)
+    w.zero_grad()
+    assert sum(size == FREE for _, size, _ in s.events) * 2 == len(s.events)
