@@ -127,7 +127,7 @@ def test_tied_embeddings_sum_their_two_unsharded_gradients_out_of_place():
     s = StreamWriter()
     w = Fsdp2Writer(s, u)
     w.root = s.alloc(1)  # the unsharded root, kept from the forward (no resharding)
-    w.backward({"recompute": (), "layer_backward": ()}, [], [])
+    w.backward({"recompute": (), "layer_backward": (), "top_backward": ()}, [], [])
     assert _sized(s)[1:] == [
         ("alloc", 16, COMPUTE),  # the embeddings' gradient from the head
         ("alloc", 6, COMPUTE),  # the final norm's
@@ -279,7 +279,7 @@ def test_a_micro_batch_leaves_only_the_gradient_shards(
         w.layer_forward_end()
     w.forward_end()
     w.backward_start(layers)
-    w.backward({"recompute": (), "layer_backward": ()}, [[] for _ in range(layers)], [])
+    w.backward({"recompute": (), "layer_backward": (), "top_backward": ()}, [[] for _ in range(layers)], [])
     live: dict[object, tuple[int, int]] = {}
     for h, size, stream in s.events:
         if size == FREE:

@@ -40,6 +40,7 @@ from memsim_widget.engine.counters.allocator import (
     replay,
 )
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
+from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.fast_dataclass import dataclass
@@ -263,7 +264,11 @@ def step_stream(
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
     s.items(first, numels)
-    s.items(sg["overhead"])
+    late = _autograd_workspaces(sg["overhead"])
+    s.items([i for i in sg["overhead"] if i.item != WORKSPACE_ITEM])
+    for i in sg["overhead"]:
+        if i.item == WORKSPACE_ITEM and i.bytes > 0:  # the forward thread's, at the first forward
+            s.alloc(i.bytes // max(i.tensors, 1), max(i.tensors, 1) - len(late))
     later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
         a = earlier if step == 1 and earlier is not None else ag
@@ -273,7 +278,8 @@ def step_stream(
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, comm)
+            ws = late if step == m == 1 else ()
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, ws, comm)
             kept = kept or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
@@ -285,6 +291,17 @@ def step_stream(
     return s
 
 
+def _autograd_workspaces(overhead: Sequence[Any]) -> list[int]:
+    """The sizes of the cuBLAS workspaces the autograd thread makes at its first matmul
+    (``overhead.AUTOGRAD_HANDLES`` of the workspaces' item; none when the item has a single handle)."""
+    out: list[int] = []
+    for i in overhead:
+        n = max(i.tensors, 1)
+        if i.item == WORKSPACE_ITEM and i.bytes > 0 and n > AUTOGRAD_HANDLES:
+            out += [i.bytes // n] * AUTOGRAD_HANDLES
+    return out
+
+
 def micro_batch(
     s: StreamWriter,
     a: dict[str, Sequence[Any]],
@@ -293,11 +310,13 @@ def micro_batch(
     label: str,
     grads: _Grads,
     replayed: int | None = None,
+    workspaces: Sequence[int] = (),
     comm: Fsdp2Writer | None = None,
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
-    keeps, in the parameters' order (none when it adds them in place), and the output the loop holds. Under
-    FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
+    keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
+    ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's).
+    Under FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
     unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards)."""
     order = grads.order
     by_tensor = grads.by_tensor
@@ -358,9 +377,8 @@ def micro_batch(
     if comm is not None and outside:
         comm.backward_start(len(saved))
     s.mark(f"{label} backward")
-    top = s.items(a["top_backward"])
     if comm is not None:
-        comm.backward(a, saved, grad_logits + tanh + top + post)
+        comm.backward(a, saved, grad_logits + tanh + post, workspaces)
         s.free(pre)
         if not a["held_through_step"]:
             s.free(held)
@@ -374,6 +392,9 @@ def micro_batch(
     top_grads = grads.made(order.top[:k], 1) if k else []
     grads.new = new
     top_grads += grads.made(order.top[k:], 1) if order and by_tensor else []
+    for size in workspaces:  # never freed: among the loss's freed buffers (overhead.AUTOGRAD_HANDLES)
+        s.alloc(size)
+    top = s.items(a["top_backward"])  # the final norm's backward, after the head's matmuls
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     s.free(grad_logits + tanh + top + post)

@@ -179,16 +179,25 @@ class Fsdp2Writer:
             s.free(self.rs_input)
             self.rs_input = []
 
-    def backward(self, a: dict[str, Sequence[Any]], saved: list[list[int]], done: list[int]) -> None:
+    def backward(
+        self,
+        a: dict[str, Sequence[Any]],
+        saved: list[list[int]],
+        done: list[int],
+        workspaces: Sequence[int] = (),
+    ) -> None:
         """A micro-batch's backward from the head down (``alloc_stream.micro_batch``'s order; ``a`` its
-        activation groups, ``saved`` each layer's saved tensors, ``done`` what the head's backward frees): the
-        head's and final norm's unsharded gradients at the top, each layer gathered, its backward, its
-        unsharded gradients reduce-scattered; the embeddings' gradient last, then the root's
+        activation groups, ``saved`` each layer's saved tensors, ``done`` what the head's backward frees,
+        ``workspaces`` the autograd thread's cuBLAS workspaces, made at the head's matmuls): the head's and
+        final norm's unsharded gradients at the top, the final norm's backward, each layer gathered, its
+        backward, its unsharded gradients reduce-scattered; the embeddings' gradient last, then the root's
         reduce-scatter."""
         s, u = self.s, self.u
         head = self.unsharded_grads(u.root[: u.root_pre]) if u.tied else []
         top = self.unsharded_grads(u.root[u.root_pre :])
-        s.free(done)
+        for size in workspaces:  # never freed
+            s.alloc(size)
+        s.free(done + s.items(a["top_backward"]))
         for i in reversed(range(len(saved))):
             self.layer_backward_start(i)
             recomputed = s.items(a["recompute"])
