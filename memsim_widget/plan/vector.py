@@ -976,13 +976,13 @@ def _replayed_pools(
     s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray, cap: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak
-    reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_replay`` on the
+    reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_runs`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape), and once per distinct room among the pair's rows. Only one-GPU rows (any accumulation)
     and FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``) can be accepted: the others
     are not looked at."""
-    from memsim_widget.engine.counters.alloc_stream import card_replay, pool_replay, replayable
+    from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
@@ -1004,7 +1004,7 @@ def _replayed_pools(
             st = ctx.stages[int(stage[r])]
             out[at] = min(pool_replay(ctx, st).peak_reserved, SATURATION_BYTES)
             for room in np.unique(cap[at]):
-                oom[at[cap[at] == room]] = not card_replay(ctx, st, int(room)).runs
+                oom[at[cap[at] == room]] = not card_runs(ctx, st, int(room))
     return out, oom
 
 

@@ -13,7 +13,9 @@ the same way; docs/allocator.md compares the two.
 Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
 key (the state groups' and activation groups' keys of ``engine/caches/parts_cache``, the layers and the allocator
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
-(another card) pays only the stream's building.
+(another card) pays only the stream's building. The building writes two layers and copies the second for the
+others (``StreamWriter.repeat``: the same events as writing each, tests/engine/test_replay_paths.py); a shape's
+replay on its card reuses the stream its unlimited replay built.
 """
 
 from __future__ import annotations
@@ -24,10 +26,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 from hashlib import blake2b
-from typing import Any
+from typing import Any, cast
 
-from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
+from memsim_widget.engine.activations.forward import (
+    IN,
+    OUT,
+    SAVED,
+    Step,
+    final_norm_transients,
+    layer_forward_transients,
+)
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
+from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -36,7 +46,6 @@ from memsim_widget.engine.counters.allocator import (
     Failure,
     ReplayResult,
     alloc,
-    free,
     replay,
 )
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
@@ -58,6 +67,9 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
+#: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
+#: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
+FINAL_NORM = "final_norm_forward"
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -118,6 +130,8 @@ class PoolReplay:
     largest_cached: tuple[int, ...]
     segments: int
     events: int
+    #: the peak of the bytes asked for (sizes before rounding): ``card_runs`` reads it
+    peak_requested: int = 0
 
 
 class StreamWriter:
@@ -135,13 +149,39 @@ class StreamWriter:
     def alloc(self, size: int, n: int = 1, stream: int = 0) -> list[int]:
         """``n`` allocations of ``size`` bytes each on ``stream``; their handles."""
         h = self.handle
+        if n == 1:  # most calls: one tensor
+            self.handle = h + 1
+            self.events.append((h + 1, size, stream))
+            return [h + 1]
         self.events += [alloc(h + k + 1, size, stream) for k in range(n)]
         self.handle = h + n
         return list(range(h + 1, h + n + 1))
 
+    def repeat(self, begin: tuple[int, int], times: int, lowest: int = 0, back: int = 0) -> int:
+        """Write the events from ``begin`` (an event index and the handle counter then, ``here``) to the end
+        ``times`` more times, each copy's handles shifted by the handles the block allocated (its own, and the
+        ones it freed of the block before: identical layers), handles under ``lowest`` by ``-back`` (tensors of
+        earlier layers it frees, taken in reverse); returns the shift per copy."""
+        start, h0 = begin
+        block = cast("list[tuple[int, int, int]]", self.events[start:])  # the writer's handles are ints
+        d = self.handle - h0
+        ev = self.events
+        for k in range(1, times + 1):
+            up, down = k * d, k * back
+            if back:
+                ev += [(h + up if h > lowest else h - down, size, st) for h, size, st in block]
+            else:
+                ev += [(h + up, size, st) for h, size, st in block]
+        self.handle += times * d
+        return d
+
+    def here(self) -> tuple[int, int]:
+        """The next event's index and the handle counter (``repeat``'s ``begin``)."""
+        return len(self.events), self.handle
+
     def free(self, handles: Sequence[int]) -> None:
         """Free ``handles`` in order."""
-        self.events += [free(h) for h in handles]
+        self.events += [(h, FREE, 0) for h in handles]
 
     def items(self, items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
         """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count).
@@ -249,6 +289,7 @@ def step_stream(
     replayed: int | None = None,
     earlier: dict[str, Sequence[Any]] | None = None,
     micro: int = 1,
+    repeat: bool = True,
     fsdp: Any = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
@@ -278,8 +319,8 @@ def step_stream(
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
-            ws = late if step == m == 1 else ()
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, ws, comm)
+            work = late if step == m == 1 else ()
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
             kept = kept or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
@@ -311,6 +352,7 @@ def micro_batch(
     grads: _Grads,
     replayed: int | None = None,
     workspaces: Sequence[int] = (),
+    repeat: bool = True,
     comm: Fsdp2Writer | None = None,
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
@@ -325,9 +367,16 @@ def micro_batch(
         comm.forward_start()
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
-    hidden = s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []  # the embeddings' output
-    saved = []
-    for _ in range(layers if replayed is None else replayed):
+    out = next((size for name, size in fwd if name == OUT), 0)
+    hidden = s.alloc(out) if out else []  # the embeddings' output (compiled: a saved tensor, no transient)
+    saved: list[list[int]] = []
+    n = layers if replayed is None else replayed
+    compiled = any(tangent_role(i.item) for i in a["loss_backward"])
+    # a compiled backward frees zero gradients made at its top, layer by layer; FSDP2's writer follows each layer
+    repeat = repeat and not compiled and comm is None
+    begin = s.here()
+    for i in range(min(n, 2) if repeat else n):  # identical layers: the third on are the second's copies
+        begin = s.here() if i == 1 else begin
         if comm is not None:
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
@@ -339,51 +388,39 @@ def micro_batch(
         s.free(transient)
         if comm is not None:
             comm.layer_forward_end()
-    post = s.items(a["post"])
+    d, copied = 0, repeat and n > 2
+    if copied:  # the second layer freed the first's output: the copies free their predecessor's
+        d = s.repeat(begin, n - 2)
+        saved += [[h + k * d for h in saved[1]] for k in range(1, n - 1)]
+        hidden = [h + (n - 2) * d for h in hidden]
+    fin = a.get(FINAL_NORM, ())
+    post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
     s.free(hidden)  # the last layer's output, once the final norm has read it
     outside = comm is not None and comm.u.loss_outside
     s.mark(f"{label} loss")
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
-    logits, cast = [], []  # cast: the 16-bit logits an upcast loss's backward casts its gradient back to
-    for i in a["loss_forward"]:
-        at = len(s.events)
-        made = s.items([i])
-        cast += made[:1] if _upcast([i]) and not cast else []
-        if comm is not None and outside and not logits and made:
-            # the model returns its logits (the first tensor), then the root's post-forward runs; the loop
-            # upcasts them after
-            rest = s.events[at + 1 :]
-            del s.events[at + 1 :]
-            comm.forward_end()
-            s.events += rest
-        logits += made
-    if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
-        comm.forward_end()
-    held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-    kept = s.items([i for i in a["loss_saved"] if i not in capped])
-    s.free(logits)
-    if comm is not None and not outside:
-        comm.forward_end()
+    cast, held, kept = _loss_forward(s, a, capped, comm)
     s.mark(f"{label} loss backward")
     if comm is not None and not outside:
         comm.backward_start(len(saved))
-    grad_out = s.items(a["loss_backward"])
-    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-    grad_logits = s.alloc(s.size(cast[0])) if cast else []
-    s.free(grad_out[1:])
+    # a compiled step's zero gradients of the returned KV cache, freed layer by layer
+    tangents: list[int] = []
+    if compiled:
+        tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
+    else:
+        grad_out = s.items(a["loss_backward"])
+        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+        grad_logits = s.alloc(s.size(cast[0])) if cast else []
+        s.free(grad_out[1:])
     if comm is not None and outside:
         comm.backward_start(len(saved))
     s.mark(f"{label} backward")
-    if comm is not None:
+    if comm is not None:  # FSDP2: the gradients it keeps are its reduce-scatter outputs
         comm.backward(a, saved, grad_logits + tanh + post, workspaces)
-        s.free(pre)
-        if not a["held_through_step"]:
-            s.free(held)
-            held = []
-        return [], held
+        return [], _inputs_freed(s, a, pre, held)
     k = order.top_pre if order and by_tensor else 0
     new, grads.new = (
         grads.new,
@@ -398,12 +435,18 @@ def micro_batch(
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     s.free(grad_logits + tanh + top + post)
-    layer_grads = []
-    for layer in reversed(saved):
+    layer_grads: list[list[int]] = []
+    begin = s.here()
+    for i, layer in enumerate(saved[::-1][:2] if copied else saved[::-1]):
+        begin = s.here() if i == 1 else begin
         recomputed = s.items(a["recompute"])
         transient = s.items(a["layer_backward"])
         layer_grads.append(grads.made(order.layer if order else (), layers + 2))
         s.free(transient + recomputed + layer)
+        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
+    if copied:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
+        db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
+        layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
     bottom_grads = grads.made(order.bottom if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
         emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
@@ -414,12 +457,68 @@ def micro_batch(
             s.free(summed)
             top_grads = top_grads[k:]
             k = 0
-    s.free(pre)
-    if not a["held_through_step"]:
-        s.free(held)
-        held = []
+    held = _inputs_freed(s, a, pre, held)
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], held: list[int]) -> list[int]:
+    """The end of a micro-batch's backward: its inputs (``pre``) freed, and the output the loop held unless it
+    holds it through the optimizer step; what is still held."""
+    s.free(pre)
+    if a["held_through_step"]:
+        return held
+    s.free(held)
+    return []
+
+
+def _loss_forward(
+    s: StreamWriter, a: dict[str, Sequence[Any]], capped: list[Any], comm: Fsdp2Writer | None
+) -> tuple[list[int], list[int], list[int]]:
+    """The loss's forward (``micro_batch``'s order): the logits and their upcast, the output the loop holds, what
+    the loss saves (but ``capped``, made before), the logits freed; the handles of the 16-bit logits an upcast
+    loss's backward casts its gradient back to, of the held output and of the saved tensors. Under FSDP2
+    (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
+    upcasts its logits (torchtitan), after a loss computed inside it."""
+    outside = comm is not None and comm.u.loss_outside
+    logits: list[int] = []
+    cast: list[int] = []
+    for i in a["loss_forward"]:
+        at = len(s.events)
+        made = s.items([i])
+        cast += made[:1] if _upcast([i]) and not cast else []
+        if comm is not None and outside and not logits and made:  # the model's output (the first tensor)
+            rest = s.events[at + 1 :]
+            del s.events[at + 1 :]
+            comm.forward_end()
+            s.events += rest
+        logits += made
+    if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
+        comm.forward_end()
+    held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
+    kept = s.items([i for i in a["loss_saved"] if i not in capped])
+    s.free(logits)
+    if comm is not None and not outside:
+        comm.forward_end()
+    return cast, held, kept
+
+
+def compiled_loss_backward(
+    s: StreamWriter, items: Sequence[Any], kept: list[int]
+) -> tuple[list[int], list[int]]:
+    """The top of a compiled backward in the traced order (trace/compiled.py; docs/allocator.md): AOTAutograd's zero
+    gradients of the returned KV cache (layer 0's first) and of the logits (``engine/activations/tangents``), the
+    loss's gradient buffer (the fp32 zeros scattered at the labels), freed with what the loss saved (``kept``: the
+    logits and their row statistics); then the logits' gradient (the zero gradient plus the fused log-softmax
+    backward: a new buffer of the logits' size) and the logits' zero gradient freed. The handles of the KV cache's
+    zero gradients (each layer's backward frees its own) and of the logits' gradient."""
+    tangents = s.items([i for i in items if tangent_role(i.item) == CACHE_TANGENTS])
+    zero = s.items([i for i in items if tangent_role(i.item) == LOGITS_TANGENT])
+    buffer = s.items([i for i in items if not tangent_role(i.item)])
+    s.free(buffer + kept)
+    grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
+    s.free(zero)
+    return tangents, grad_logits
 
 
 def forward_layer(
@@ -455,7 +554,13 @@ def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
     j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
     at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
     return PoolReplay(
-        a.peak_reserved, a.peak_allocated, at, a.largest_at_peak(), a.segments, len(stream.events)
+        a.peak_reserved,
+        a.peak_allocated,
+        at,
+        a.largest_at_peak(),
+        a.segments,
+        len(stream.events),
+        a.peak_requested,
     )
 
 
@@ -476,7 +581,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), or an FSDP2 rank with one micro-batch
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``); nothing
@@ -496,7 +601,7 @@ def fsdp2_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
     one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
-    precision), not in fp8."""
+    precision), not in fp8, eager (a compiled step's FSDP2 is not traced here)."""
     from memsim_widget.engine.frameworks import parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
@@ -509,6 +614,7 @@ def fsdp2_replayable(ctx: Any) -> bool:
         and ctx.full_training
         and sc.grad_accum_steps == 1
         and not sc.fp8_all_gather
+        and not sc.compile
     )
 
 
@@ -523,14 +629,17 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     return _replay_cached(_Args(key, (ctx, stage, conf)))
 
 
-def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
-    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = False) -> StreamWriter:
+    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups;
+    ``traced_only``: without the activation items a fake-tensor trace cannot see (``Level.ALLOCATOR``: CUDA
+    kernels' scratch such as flash attention's fp32 dq accumulator), to compare with a trace's replay."""
     from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
 
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
+    ag[FINAL_NORM] = final_norm_transients(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
@@ -541,6 +650,10 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
+        earlier[FINAL_NORM] = final_norm_transients(short)
+    if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
+        steps = (LAYER_FORWARD, FINAL_NORM)
+        ag = {k: v if k in steps else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 else None
     return step_stream(
@@ -551,13 +664,28 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
 @lru_cache(maxsize=4096)
 def _replay_cached(args: _Args) -> PoolReplay:
     ctx, stage, conf = args.args
-    stream = rank_stream(ctx, stage)
+    stream = _built(args.key[:3], ctx, stage)
     return _replay_same_stream(_Args(stream_key(stream, conf), (stream, conf)))
+
+
+#: The streams built last, by shape key (the groups' keys and the stage; the settings do not change a stream):
+#: a shape's replay on its card (``card_replay``), asked right after its unlimited replay, reuses its stream.
+_STREAMS: dict[tuple[Any, ...], StreamWriter] = {}
+_STREAMS_KEPT = 2
+
+
+def _built(key: tuple[Any, ...], ctx: Any, stage: Any) -> StreamWriter:
+    """``rank_stream`` of ``stage``'s rank of ``ctx``, reused while it is among the last built."""
+    stream = _STREAMS.pop(key, None) or rank_stream(ctx, stage)
+    _STREAMS[key] = stream
+    while len(_STREAMS) > _STREAMS_KEPT:
+        del _STREAMS[next(iter(_STREAMS))]
+    return stream
 
 
 def stream_key(stream: StreamWriter, conf: AllocatorConf) -> tuple[Any, ...]:
     """A stream's identity: a 128-bit BLAKE2 digest of its events, its phases and the allocator settings."""
-    return (blake2b(marshal.dumps(stream.events), digest_size=16).digest(), tuple(stream.marks), conf)
+    return (blake2b(marshal.dumps(stream.events, 2), digest_size=16).digest(), tuple(stream.marks), conf)
 
 
 @lru_cache(maxsize=1024)
@@ -684,11 +812,21 @@ def card_replay(ctx: Any, stage: Any, capacity: int) -> CardReplay:
     return replace(_card_cached(_Args(key, (ctx, stage, conf, capacity))), needed=needed)
 
 
+def card_runs(ctx: Any, stage: Any, capacity: int) -> bool:
+    """``card_replay(ctx, stage, capacity).runs``, without the second replay where the first decides it: a step
+    whose bytes asked for peak above the capacity runs out of memory on it (in a replay that runs, at every
+    event requested <= allocated <= reserved <= the capacity, and requested is the same in every replay of the
+    stream). The planner reads only this (``plan/vector._replayed_pools``)."""
+    if pool_replay(ctx, stage).peak_requested > max(capacity, 0):
+        return False
+    return card_replay(ctx, stage, capacity).runs
+
+
 @lru_cache(maxsize=1024)
 def _card_cached(args: _Args) -> CardReplay:
     ctx, stage, conf, capacity = args.args
     args.args = ()
-    return card_outcome(rank_stream(ctx, stage), conf, capacity)
+    return card_outcome(_built(args.key[:3], ctx, stage), conf, capacity)
 
 
 def card_outcome(stream: StreamWriter, conf: AllocatorConf, capacity: int) -> CardReplay:
@@ -710,3 +848,4 @@ def cache_clear() -> None:
     _replay_cached.cache_clear()
     _replay_same_stream.cache_clear()
     _card_cached.cache_clear()
+    _STREAMS.clear()
