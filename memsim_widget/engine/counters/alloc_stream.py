@@ -652,8 +652,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
-        steps = (LAYER_FORWARD, FINAL_NORM)
-        ag = {k: v if k in steps else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
+        per_op = (LAYER_FORWARD, FINAL_NORM)
+        ag = {k: v if k in per_op else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 else None
     return step_stream(
