@@ -335,6 +335,21 @@ def head_copy(ctx: Context, first: bool, last: bool) -> bool:
     return not first or profile(ctx).separate_head
 
 
+def tied_head_grad_numel(ctx: Context, first: bool, last: bool) -> int:
+    """Elements of the tied embedding gradient the head makes at the top of backward (``states/gradients.
+    tied_head_grad``): on a rank holding both ends of the tie (no head copy, ``head_copy``), the embedding trained
+    in full; else 0 (autograd sums the two before any optimizer-in-backward hook runs). Held to traces on the state-space families
+    (``arch.facts.ssm``: Mamba, Mamba-2, Jamba) only: the transformer families' tensor moments do not count it
+    yet (their tied rows are held without it; the allocator stream counts it for every family)."""
+    arch = ctx.arch
+    if not (arch.tied_embeddings and arch.facts.ssm is not None and first and last and ctx.full_training):
+        return 0
+    if head_copy(ctx, first, last):
+        return 0
+    emb = (g for g in arch.params if g.kind == "embedding" and g.stack not in ctx.frozen_stacks)
+    return max((g.numel for g in emb), default=0)
+
+
 def tp_plan(scenario: Scenario) -> str:
     """The tensor-parallel plan: ``parallel.tp_plan``, else the framework's (``FrameworkProfile.tp_plan``)."""
     return scenario.parallel.tp_plan or PROFILES[scenario.framework].tp_plan

@@ -120,7 +120,7 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
                "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads", "step_grads", "kept_after_backward",
                "grads_but_bottom_carried", "gathered_next", "prefetched", "new_grad", "new_grad_next",
-               "chunk_gathered")  # fmt: skip
+               "chunk_gathered", "tied_sum")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
 #: micro-batches (engine/step/timeline ``grads_carried``).

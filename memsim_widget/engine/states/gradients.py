@@ -5,7 +5,13 @@ bucket."""
 from __future__ import annotations
 
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import embedding_split, profile, reduce_bucket_elements, tp_plan
+from memsim_widget.engine.frameworks import (
+    embedding_split,
+    profile,
+    reduce_bucket_elements,
+    tied_head_grad_numel,
+    tp_plan,
+)
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
 from memsim_widget.engine.states.trained import Trained, trainable_scopes
@@ -85,6 +91,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     else:
         b.grads_but_bottom = list(b.grads)
     partial_embedding_grad(ctx, stage, groups, grad_b, b)  # made at the bottom: not in grads_but_bottom
+    tied_head_grad(ctx, stage, groups, grad_b, b)
     _loss_grads(ctx, stage, b)
     if ctx.full_training and not sc.optimizer_in_backward:
         n_post = sum(
@@ -110,6 +117,40 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
             (e for (_, _, e), g in zip(trainable, scopes, strict=False) if g == "layer"), default=0
         )
         b.new_grad = [new_gradient(largest_layer, grad_b)] if largest_layer else []
+
+
+def tied_head_grad(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
+    """A tied embedding gets two gradients: the head's ``mm`` backward makes one at the top of backward, which
+    autograd holds in the weight's input buffer until the embedding's backward makes the other at the bottom and
+    sums them (docs/allocator.md, "Tied embeddings get two gradients"). So from the top of backward to layer 0's
+    backward a V x h gradient the engine's gradient groups did not count is live (traced, Mamba-2 bf16 full
+    checkpointing b1 s1000 tied: -0.82% -> +0.01%, the trace's [V, h] ``mm`` temporary at its peak); at the
+    embedding's backward both stand beside their sum for a moment (``tied_sum``, 2 x V x h beside every
+    gradient; traced at V=32000, op add: -11.70% -> +0.00%). Full size: autograd sums before any reduce-scatter;
+    under accumulation the sum is then added in place to the carried gradient (one V x h more: not counted)."""
+    n = tied_head_grad_numel(ctx, stage.first, stage.last)
+    if not n or not any(g.group.kind == "embedding" for g in groups):
+        return
+    item = Item(
+        "gradients",
+        "the tied embedding's gradient made by the head (held by autograd until the embedding's backward)",
+        n * grad_b,
+        f"{fmt_int(n)} params x {grad_b} B (V x h, made at the top of backward)",
+        "tensor",
+        1,
+    )
+    b.post_grads.append(item)
+    b.grads_but_bottom.append(item)
+    b.tied_sum = [
+        Item(
+            "gradients",
+            "the tied embedding's two gradients (the head's and its own) beside their sum",
+            2 * n * grad_b,
+            f"2 x {fmt_int(n)} params x {grad_b} B (summed out of place at the embedding's backward)",
+            "tensor",
+            2,
+        )
+    ]
 
 
 def new_gradient(largest: int, grad_b: float, what: str = "") -> Item:

@@ -193,6 +193,7 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "step_grads": states.grads,
         "post_grads": states.post_grads,
         "grads_but_bottom": states.grads_but_bottom,
+        "tied_sum": states.tied_sum,
         # ... at the bottom of a backward after the first one of the step (gradients carried)
         "grads_but_bottom_carried": [*states.accumulated_grads, *states.prefetched]
         or states.grads_but_bottom,
@@ -249,6 +250,7 @@ def state_group_table(
         # same lists otherwise)
         "grads_but_bottom": where(carried, s["grads_but_bottom_carried"], s["grads_but_bottom"]),
         "grads": s["grads"],
+        "tied_sum": s["tied_sum"],  # a tied embedding's two gradients beside their sum
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
         "step_grads": s["step_grads"],
