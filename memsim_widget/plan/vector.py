@@ -979,8 +979,9 @@ def _replayed_pools(
     reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_runs`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
-    scenario's shape; one-GPU rows of a pair share the room). Only one-GPU rows (any accumulation) can be
-    accepted: the others are not looked at."""
+    scenario's shape), and once per distinct room among the pair's rows. Only one-GPU rows (any accumulation)
+    and FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``) can be accepted: the others
+    are not looked at."""
     from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
@@ -988,7 +989,8 @@ def _replayed_pools(
     if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay
         return pool, oom
     one = c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1
-    rows = np.flatnonzero(one[cand])
+    fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & (c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1)
+    rows = np.flatnonzero((one | fsdp)[cand])
     if not rows.size:
         return pool, oom
     pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]
@@ -1001,7 +1003,8 @@ def _replayed_pools(
             at = rows[inverse.reshape(-1) == j]
             st = ctx.stages[int(stage[r])]
             out[at] = min(pool_replay(ctx, st).peak_reserved, SATURATION_BYTES)
-            oom[at] = not card_runs(ctx, st, int(cap[r]))
+            for room in np.unique(cap[at]):
+                oom[at[cap[at] == room]] = not card_runs(ctx, st, int(room))
     return out, oom
 
 

@@ -75,16 +75,20 @@ _FSDP_ROLES = {
     "foreach_reduce": "collective",
     "FSDPParamGroup.wait_for_unshard": "unsharded_parameter",
 }
-#: The CUDA stream those storages are allocated on (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:
-#: ``foreach_all_gather`` copies in under the all-gather copy-in stream, ``foreach_reduce`` allocates under the
-#: reduce-scatter stream; the copy-out in ``wait_for_unshard`` runs on the compute stream, 0). The caching
-#: allocator keeps blocks per stream (``trace/replay.py``).
-_FSDP_STREAMS = {"foreach_all_gather": 1, "foreach_reduce": 2}
+#: ``FSDPCommContext``'s streams -> the stream number a storage allocated under them carries
+#: (``engine/counters/fsdp_stream.FSDP_STREAMS``); the compute stream, and any stream not listed, is 0.
+_COMM_STREAMS = {
+    "all_gather_copy_in_stream": "all_gather_copy_in",
+    "all_gather_stream": "all_gather",
+    "reduce_scatter_stream": "reduce_scatter",
+    "all_reduce_stream": "all_reduce",
+}
 
 
 @contextlib.contextmanager
 def fsdp_roles(tracker: MemoryTracker) -> Iterator[None]:
-    """Label the storages FSDP2's all-gather, copy-out and reduce-scatter create while the block runs."""
+    """Label the storages FSDP2's all-gather, copy-out and reduce-scatter create while the block runs, and give
+    each storage the CUDA stream FSDP2 allocates it on (``fsdp_streams``)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
 
     targets = []
@@ -94,21 +98,65 @@ def fsdp_roles(tracker: MemoryTracker) -> Iterator[None]:
         targets.append((owner, name, getattr(owner, name), role))
     try:
         for owner, name, fn, role in targets:
-            setattr(owner, name, _in_role(fn, tracker, role, _FSDP_STREAMS.get(name)))
-        yield
+            setattr(owner, name, _in_role(fn, tracker, role))
+        with fsdp_streams(tracker):
+            yield
     finally:
         for owner, name, fn, _role in targets:
             setattr(owner, name, fn)
 
 
-def _in_role(
-    fn: Callable[..., Any], tracker: MemoryTracker, role: str, stream: int | None = None
-) -> Callable[..., Any]:
-    """``fn`` run inside ``tracker.role_scope(role, stream)``."""
+@contextlib.contextmanager
+def fsdp_streams(tracker: MemoryTracker) -> Iterator[None]:
+    """Storages allocated while FSDP2 has one of its communication streams current carry that stream's number.
+
+    FSDP2 enters its streams through the device module's ``stream`` context (``device_handle.stream(s)``,
+    ``_get_device_handle(device.type)``); on the CPU mesh that is ``torch.cpu.stream``, whose context really
+    switches ``torch.cpu.current_stream()``. So the trace records what a CUDA run allocates on which stream
+    (torch 2.13.0, ``distributed/fsdp/_fully_shard``): ``_fsdp_collectives.foreach_all_gather`` allocates the
+    all-gather output (the copy-in buffer is a view of it) and any cast inputs under the all-gather copy-in
+    stream in forward and pre-backward (``FSDPCommContext.get_all_gather_streams``; else the current one);
+    ``foreach_all_gather_copy_out`` allocates the unsharded parameters on the current (compute) stream;
+    ``foreach_reduce`` allocates the reduce-scatter input on the compute stream (before entering the
+    reduce-scatter stream), the reduce-scatter output (the gradient shard, or its reduce-dtype buffer) on the
+    reduce-scatter stream, and the cast to the parameters' dtype on the post-reduce stream (reduce-scatter, or
+    all-reduce under HSDP). A block returns to the cache of the stream it was allocated on (FSDP2 keeps
+    references until the consuming stream waits instead of ``record_stream``), so blocks freed by one stream's
+    requests never serve another's."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPCommContext
+
+    from memsim_widget.engine.counters.fsdp_stream import FSDP_STREAMS
+
+    numbers: dict[int, int] = {}
+    orig_init, orig_stream = FSDPCommContext.lazy_init, torch.cpu.stream
+
+    def lazy_init(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_init(self, *args, **kwargs)
+        for attr, name in _COMM_STREAMS.items():
+            if hasattr(self, attr):
+                numbers[id(getattr(self, attr))] = FSDP_STREAMS[name]
+        return out
+
+    @contextlib.contextmanager
+    def stream(s: Any) -> Iterator[None]:
+        with orig_stream(s), tracker.role_scope(tracker.scope_role, numbers.get(id(s), 0)):
+            yield
+
+    FSDPCommContext.lazy_init = lazy_init
+    torch.cpu.stream = stream  # pyright: ignore[reportAttributeAccessIssue]
+    try:
+        yield
+    finally:
+        FSDPCommContext.lazy_init = orig_init
+        torch.cpu.stream = orig_stream
+
+
+def _in_role(fn: Callable[..., Any], tracker: MemoryTracker, role: str) -> Callable[..., Any]:
+    """``fn`` run inside ``tracker.role_scope(role)``."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with tracker.role_scope(role, stream):
+        with tracker.role_scope(role):
             return fn(*args, **kwargs)
 
     return wrapped

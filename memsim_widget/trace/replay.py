@@ -10,8 +10,9 @@ what lives outside the allocator (CUDA context, NCCL, paged states: ``overhead.d
 for nvidia-smi.
 
 Streams: each record carries the CUDA stream it is allocated on (``StorageRecord.stream``): FSDP2's all-gather
-buffers on its all-gather copy-in stream, its reduce-scatter buffers on the reduce-scatter stream
-(``trace/distributed.py``), everything else on the compute stream.
+outputs on its all-gather copy-in stream, its reduce-scatter outputs (the gradient shards) on the reduce-scatter
+stream, as FSDP2 enters them (``trace/distributed.fsdp_streams``); everything else, the reduce-scatter inputs
+and the unsharded parameters included, on the compute stream.
 """
 
 from __future__ import annotations

@@ -280,7 +280,7 @@ class MemoryTracker(TorchDispatchMode):
             self._resized(st, rec)
 
     @contextlib.contextmanager
-    def role_scope(self, role: str, stream: int | None = None) -> Iterator[None]:
+    def role_scope(self, role: str | None, stream: int | None = None) -> Iterator[None]:
         """Give storages first seen inside the block ``role`` (unless registered with another) and, if given,
         the CUDA ``stream`` they are allocated on."""
         outer, self.scope_role = self.scope_role, role

@@ -92,3 +92,26 @@ def test_accumulating_candidates_take_the_replay_and_equal_estimate():
     for i in accumulated:
         est = p.estimate(i)
         assert "replayed" in est.ranks[0].reserved.formula
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp2_candidates_take_the_replay_and_equal_estimate(reshard):
+    """Untied embeddings, full training: the candidates sharded with FSDP2 over 2 and 4 GPUs replay their rank's
+    stream with FSDP2's buffers on its streams (``engine/counters/fsdp_stream.py``), each equal to ``estimate``
+    byte for byte; the ZeRO 1/2 candidates keep the fitted rule in both."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay",
+        "parallel": {"reshard_after_forward": reshard},
+    }  # fmt: skip
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=SearchSpace(micro_batch=(1, 2)), top=10)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    replayed = 0
+    for i in range(p.evaluated):
+        est = p.estimate(i)
+        par = est.scenario.parallel
+        fsdp2 = par.dp > 1 and par.zero == 3 and par.tp * par.pp * par.cp * par.ep == 1
+        assert ("replayed" in est.ranks[0].reserved.formula) == (fsdp2 and est.scenario.grad_accum_steps == 1)
+        replayed += fsdp2
+    assert replayed

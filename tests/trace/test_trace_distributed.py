@@ -122,6 +122,8 @@ def _originals() -> dict[str, object]:
         name: getattr(_fsdp_param_group, name) for name in ("foreach_all_gather", "foreach_reduce")
     }
     out["wait_for_unshard"] = _fsdp_param_group.FSDPParamGroup.wait_for_unshard
+    out["lazy_init"] = _fsdp_param_group.FSDPCommContext.lazy_init
+    out["cpu.stream"] = torch.cpu.stream
     out["detect_fake_mode"] = _sharding_prop.detect_fake_mode
     out["resize_"] = torch.UntypedStorage.resize_
     return out
@@ -201,3 +203,31 @@ def test_the_trace_agrees_with_torchs_fsdp_mem_tracker_to_the_byte() -> None:
                         fmt.reset_mod_stats()
             theirs = sum(snap["Total"] for snap in fmt.get_tracker_snapshot("peak").values())
     assert ours == theirs
+
+
+def test_fsdp_buffers_carry_the_stream_fsdp2_allocates_them_on() -> None:
+    """torch 2.13 ``_fsdp_collectives``: the all-gather output (world x a unit's padded shard) on the copy-in
+    stream, the reduce-scatter input (the same size) on the compute stream, its output (one shard, the new
+    gradient) on the reduce-scatter stream; the unsharded parameters on the compute stream."""
+    from memsim_widget.engine.counters.allocator import replay
+    from memsim_widget.engine.counters.fsdp_stream import FSDP_STREAMS
+    from memsim_widget.trace.replay import allocation_stream
+
+    world = 4
+    result = trace_scenario(scenario(dp=world, zero=3))
+    layer, root = llama_shapes(TINY_LLAMA)
+    units = {shard_bytes(layer, world, BF16), shard_bytes(root, world, BF16)}
+    recs = [r for r in result.tracker.records if r.nbytes]
+    by_stream: dict[int, set[int]] = {}
+    for r in recs:
+        if r.role == "collective" or r.stream:
+            by_stream.setdefault(r.stream, set()).add(r.nbytes)
+    assert by_stream[FSDP_STREAMS["all_gather_copy_in"]] == {world * u for u in units}
+    assert by_stream[FSDP_STREAMS["compute"]] == {world * u for u in units}  # the reduce-scatter inputs
+    assert by_stream[FSDP_STREAMS["reduce_scatter"]] == units
+    assert set(by_stream) == {0, 1, 2}
+    assert {r.stream for r in recs if r.role == "unsharded_parameter"} == {0}
+    # Blocks cached per stream: replayed on one stream, the allocator would reuse the freed all-gather outputs
+    events = allocation_stream(result.tracker)
+    one = [(h, size, 0) for h, size, _ in events]
+    assert replay(events).peak_reserved > replay(one).peak_reserved

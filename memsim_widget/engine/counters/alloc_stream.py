@@ -48,6 +48,7 @@ from memsim_widget.engine.counters.allocator import (
     alloc,
     replay,
 )
+from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import new_gradient
@@ -145,14 +146,14 @@ class StreamWriter:
         """Name the phase the next events belong to."""
         self.marks.append((len(self.events), label))
 
-    def alloc(self, size: int, n: int = 1) -> list[int]:
-        """``n`` allocations of ``size`` bytes each; their handles."""
+    def alloc(self, size: int, n: int = 1, stream: int = 0) -> list[int]:
+        """``n`` allocations of ``size`` bytes each on ``stream``; their handles."""
         h = self.handle
         if n == 1:  # most calls: one tensor
             self.handle = h + 1
-            self.events.append((h + 1, size, 0))
+            self.events.append((h + 1, size, stream))
             return [h + 1]
-        self.events += [alloc(h + k + 1, size) for k in range(n)]
+        self.events += [alloc(h + k + 1, size, stream) for k in range(n)]
         self.handle = h + n
         return list(range(h + 1, h + n + 1))
 
@@ -289,14 +290,17 @@ def step_stream(
     earlier: dict[str, Sequence[Any]] | None = None,
     micro: int = 1,
     repeat: bool = True,
+    fsdp: Any = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
     first optimizer step, ``numels`` the rank's parameter tensors' elements, ``order`` the same tensors in the
     order backward makes their gradients (None: every layer's share of the gradients at once), ``micro`` the
     micro-batches run forward and backward before each optimizer step (gradient accumulation: the first makes
-    the gradients, the later ones add theirs in place, ``_Grads``)."""
+    the gradients, the later ones add theirs in place, ``_Grads``), ``fsdp`` a rank's FSDP2 units
+    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs)."""
     s = StreamWriter()
+    comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
     grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
@@ -316,13 +320,15 @@ def step_stream(
             grads.new = m > 1
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
             work = late if step == m == 1 else ()
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat)
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
             kept = kept or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
             s.per_param(later, params)
         s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
         s.free(kept + held)  # zero_grad(set_to_none=True) drops the gradients in the parameters' order
+        if comm is not None:
+            comm.zero_grad()
     return s
 
 
@@ -347,13 +353,18 @@ def micro_batch(
     replayed: int | None = None,
     workspaces: Sequence[int] = (),
     repeat: bool = True,
+    comm: Fsdp2Writer | None = None,
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
     keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
-    ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's)."""
+    ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's).
+    Under FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
+    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards)."""
     order = grads.order
     by_tensor = grads.by_tensor
     s.mark(f"{label} forward")
+    if comm is not None:
+        comm.forward_start()
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
     out = next((size for name, size in fwd if name == OUT), 0)
@@ -361,12 +372,13 @@ def micro_batch(
     saved: list[list[int]] = []
     n = layers if replayed is None else replayed
     compiled = any(tangent_role(i.item) for i in a["loss_backward"])
-    repeat = (
-        repeat and not compiled
-    )  # a compiled backward frees zero gradients made at its top, layer by layer
+    # a compiled backward frees zero gradients made at its top, layer by layer; FSDP2's writer follows each layer
+    repeat = repeat and not compiled and comm is None
     begin = s.here()
     for i in range(min(n, 2) if repeat else n):  # identical layers: the third on are the second's copies
         begin = s.here() if i == 1 else begin
+        if comm is not None:
+            comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
         if fwd:
             hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
@@ -374,6 +386,8 @@ def micro_batch(
         else:
             saved.append(s.items(a["saved"], share=layers))
         s.free(transient)
+        if comm is not None:
+            comm.layer_forward_end()
     d, copied = 0, repeat and n > 2
     if copied:  # the second layer freed the first's output: the copies free their predecessor's
         d = s.repeat(begin, n - 2)
@@ -382,22 +396,17 @@ def micro_batch(
     fin = a.get(FINAL_NORM, ())
     post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
     s.free(hidden)  # the last layer's output, once the final norm has read it
+    outside = comm is not None and comm.u.loss_outside
     s.mark(f"{label} loss")
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
-    logits, cast = [], []  # cast: the 16-bit logits an upcast loss's backward casts its gradient back to
-    for i in a["loss_forward"]:
-        made = s.items([i])
-        cast += made[:1] if _upcast([i]) and not cast else []
-        logits += made
-    held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-    kept = s.items([i for i in a["loss_saved"] if i not in capped])
-    s.free(logits)
+    cast, held, kept = _loss_forward(s, a, capped, comm)
     s.mark(f"{label} loss backward")
-    tangents: list[
-        int
-    ] = []  # a compiled step's zero gradients of the returned KV cache, freed layer by layer
+    if comm is not None and not outside:
+        comm.backward_start(len(saved))
+    # a compiled step's zero gradients of the returned KV cache, freed layer by layer
+    tangents: list[int] = []
     if compiled:
         tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
     else:
@@ -406,7 +415,12 @@ def micro_batch(
         # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
         grad_logits = s.alloc(s.size(cast[0])) if cast else []
         s.free(grad_out[1:])
+    if comm is not None and outside:
+        comm.backward_start(len(saved))
     s.mark(f"{label} backward")
+    if comm is not None:  # FSDP2: the gradients it keeps are its reduce-scatter outputs
+        comm.backward(a, saved, grad_logits + tanh + post, workspaces)
+        return [], _inputs_freed(s, a, pre, held)
     k = order.top_pre if order and by_tensor else 0
     new, grads.new = (
         grads.new,
@@ -443,12 +457,50 @@ def micro_batch(
             s.free(summed)
             top_grads = top_grads[k:]
             k = 0
-    s.free(pre)
-    if not a["held_through_step"]:
-        s.free(held)
-        held = []
+    held = _inputs_freed(s, a, pre, held)
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], held: list[int]) -> list[int]:
+    """The end of a micro-batch's backward: its inputs (``pre``) freed, and the output the loop held unless it
+    holds it through the optimizer step; what is still held."""
+    s.free(pre)
+    if a["held_through_step"]:
+        return held
+    s.free(held)
+    return []
+
+
+def _loss_forward(
+    s: StreamWriter, a: dict[str, Sequence[Any]], capped: list[Any], comm: Fsdp2Writer | None
+) -> tuple[list[int], list[int], list[int]]:
+    """The loss's forward (``micro_batch``'s order): the logits and their upcast, the output the loop holds, what
+    the loss saves (but ``capped``, made before), the logits freed; the handles of the 16-bit logits an upcast
+    loss's backward casts its gradient back to, of the held output and of the saved tensors. Under FSDP2
+    (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
+    upcasts its logits (torchtitan), after a loss computed inside it."""
+    outside = comm is not None and comm.u.loss_outside
+    logits: list[int] = []
+    cast: list[int] = []
+    for i in a["loss_forward"]:
+        at = len(s.events)
+        made = s.items([i])
+        cast += made[:1] if _upcast([i]) and not cast else []
+        if comm is not None and outside and not logits and made:  # the model's output (the first tensor)
+            rest = s.events[at + 1 :]
+            del s.events[at + 1 :]
+            comm.forward_end()
+            s.events += rest
+        logits += made
+    if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
+        comm.forward_end()
+    held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
+    kept = s.items([i for i in a["loss_saved"] if i not in capped])
+    s.free(logits)
+    if comm is not None and not outside:
+        comm.forward_end()
+    return cast, held, kept
 
 
 def compiled_loss_backward(
@@ -530,18 +582,39 @@ class _Args:
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
     fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
-    and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
-    parallelism: no gathered or communicated buffers), any number of micro-batches per step (gradient
-    accumulation: the later ones add each new gradient in place, ``step_stream``), nothing offloaded, the
-    optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
+    and the stream models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
+    later ones add each new gradient in place, ``step_stream``), or an FSDP2 rank with one micro-batch
+    (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``); nothing
+    offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.reserved_model == "replay"
-        and p.dp * p.tp * p.pp * p.cp * p.ep == 1
+        and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx))
         and not sc.activation_offloading
         and p.offload == "none"
         and not sc.optimizer_in_backward
+    )
+
+
+def fsdp2_replayable(ctx: Any) -> bool:
+    """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
+    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
+    one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
+    precision), not in fp8, eager (a compiled step's FSDP2 is not traced here)."""
+    from memsim_widget.engine.frameworks import parameters_fetched_from_host, profile
+
+    sc, p = ctx.scenario, ctx.par
+    return (
+        p.dp > 1
+        and p.zero >= 3
+        and p.tp * p.pp * p.cp * p.ep == 1
+        and profile(ctx).zero3 == "fsdp2"
+        and not parameters_fetched_from_host(ctx)
+        and ctx.full_training
+        and sc.grad_accum_steps == 1
+        and not sc.fp8_all_gather
+        and not sc.compile
     )
 
 
@@ -579,10 +652,13 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
-        steps = (LAYER_FORWARD, FINAL_NORM)
-        ag = {k: v if k in steps else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
+        per_op = (LAYER_FORWARD, FINAL_NORM)
+        ag = {k: v if k in per_op else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
-    return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
+    fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 else None
+    return step_stream(
+        ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro, fsdp=fsdp
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -638,6 +714,11 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
     cached = ", ".join(fmt_bytes(b) for b in rep.largest_cached) or "none"
     formula = (
         f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items"
+        + (
+            " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
+            if ctx.par.dp > 1
+            else ""
+        )
         + (
             f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
             if ctx.scenario.padding == "longest"

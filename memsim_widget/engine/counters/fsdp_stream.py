@@ -1,0 +1,245 @@
+"""What FSDP2 allocates, on which CUDA stream and when it frees it, for the allocation stream of one rank
+(``engine/counters/alloc_stream.py``): ``fully_shard`` on each decoder layer, then on the root (embeddings,
+final norm, head), the layout ``states/gathered.py`` counts and ``trace/distributed.py`` traces.
+
+Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_group.py``,
+``_fsdp_collectives.py``, ``_fsdp_state.py``); restated, nothing copied:
+
+- ``FSDPCommContext.lazy_init`` makes an all-gather copy-in stream, an all-gather stream, a reduce-scatter
+  stream and an all-reduce stream (HSDP). The caching allocator caches a block on the stream it was allocated
+  on, so a block freed by one stream's requests never serves another's; FSDP2 keeps references until the
+  consuming stream has waited (``AllGatherState``, ``ReduceScatterState``) instead of ``record_stream``.
+- ``unshard`` -> ``foreach_all_gather``: in forward and pre-backward, under the copy-in stream, the unit's
+  shards cast to the gathered dtype (mixed precision only: one buffer, freed once copied in) and the all-gather
+  output (world x the
+  unit's padded shard; the copy-in buffer is a view of it).
+- ``wait_for_unshard``: copies out into the unsharded parameters (``foreach_all_gather_copy_out``, on the
+  compute stream, one tensor per parameter); in forward it holds this unit's all-gather output
+  (``all_gather_state``, so the copy-in stream cannot reuse memory still being read) and frees the previous
+  unit's, which its local ``prev_all_gather_state`` keeps until the copy-out is done; in backward it frees
+  the unit's own at once.
+  The root's ``_post_forward`` frees the last one held.
+- ``reshard`` frees the unsharded parameters after the unit's forward (``reshard_after_forward=True``; with
+  an explicit True the root too, ``_fsdp_state._lazy_init``) and after its backward.
+- ``pre_backward`` gathers the unit again (unless still unsharded) and ``_backward_prefetch`` issues the
+  all-gather of the unit that ran before it in forward (``post_forward_order``).
+- ``post_backward``: reshard, then free the oldest reduce-scatter input still held
+  (``reduce_scatter_max_input_buffers`` = 1), then ``foreach_reduce``: the reduce-scatter input (world x the
+  padded shard in ``reduce_dtype``) on the compute stream, the unsharded gradients freed once copied in, the
+  reduce-scatter output (the padded shard) on the reduce-scatter stream: the new gradient shards are views of
+  it, so it lives until ``zero_grad`` frees the unit's last one. The root's runs last (its embedding gradient
+  is made last), from ``_root_post_backward_final_callback``, which then frees the input still held.
+
+Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
+parameters' own dtype (the cast on the post-reduce stream), gradient accumulation without resharding, explicit
+prefetching and frozen parameters (``alloc_stream.replayable``
+keeps the fitted rule for them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+from typing import Any
+
+from memsim_widget.fast_dataclass import dataclass
+
+#: The CUDA streams a rank allocates on, as the replays number them: the compute stream and FSDP2's
+#: communication streams (``FSDPCommContext.lazy_init``). The all-gather stream itself allocates nothing (its
+#: output is made under the copy-in stream).
+FSDP_STREAMS = {"compute": 0, "all_gather_copy_in": 1, "reduce_scatter": 2, "all_reduce": 3, "all_gather": 4}
+COMPUTE, COPY_IN, REDUCE_SCATTER = (
+    FSDP_STREAMS["compute"],
+    FSDP_STREAMS["all_gather_copy_in"],
+    FSDP_STREAMS["reduce_scatter"],
+)
+
+
+def padded_shard(shape: Sequence[int], world: int) -> int:
+    """Elements of one rank's FSDP2 shard of a tensor of ``shape``: dim 0 padded to a multiple of ``world``
+    (``FSDPParam._init_sharded_param``: ``torch.chunk`` then padding to the first chunk's size)."""
+    if not shape:
+        return 1
+    return -(-shape[0] // world) * prod(shape[1:])
+
+
+@dataclass(frozen=True)
+class Fsdp2Units:
+    """A rank's FSDP2 units: each tensor's (elements, padded shard elements) in module order, for one decoder
+    layer and for the root (embeddings first, then final norm and head); ``world`` the shard group's size,
+    ``gathered`` the bytes per element of the unsharded parameters and their gradients, ``reduced`` of the
+    reduce-scatter buffers (``reduce_dtype``), ``cast`` whether the copy-in casts the shards to ``gathered``
+    (mixed precision), ``reshard`` ``reshard_after_forward``."""
+
+    layer: tuple[tuple[int, int], ...]
+    root: tuple[tuple[int, int], ...]
+    #: how many of ``root``'s tensors are the input side (the embeddings: their gradient is made last)
+    root_pre: int
+    world: int
+    gathered: int
+    reduced: int
+    sharded: int
+    cast: bool
+    reshard: bool
+    #: the loop computes the loss on the logits outside the model (torchtitan): the root's post-forward runs
+    #: before the loss, its pre-backward (a hook on the logits) once the loss's backward has made their gradient
+    loss_outside: bool = False
+    #: the head is the input embeddings (tied): the head's backward makes the embeddings' first gradient at the
+    #: top, their own backward a second at the bottom, which ``AccumulateGrad`` sums out of place
+    tied: bool = False
+
+
+class Fsdp2Writer:
+    """Writes FSDP2's buffers into an allocation stream (``alloc_stream.StreamWriter``) at the points of a
+    micro-batch ``alloc_stream.micro_batch`` calls it at; ``Fsdp2Units`` gives the sizes."""
+
+    def __init__(self, s: Any, u: Fsdp2Units) -> None:
+        self.s, self.u = s, u
+        self.held: list[int] = []  # the all-gather output held until the next copy-out (forward)
+        self.prefetched: list[int] = []  # the all-gather output of the unit backward runs next
+        self.root: list[int] = []  # the root's unsharded parameters
+        self.layers: list[list[int]] = []  # the unsharded layers (kept for backward without resharding)
+        self.rs_input: list[int] = []  # the reduce-scatter input still held
+        self.grads: list[int] = []  # reduce-scatter outputs: the gradient shards, layer 0's first, root last
+
+    def _all_gather(self, unit: Sequence[tuple[int, int]]) -> list[int]:
+        """``foreach_all_gather`` under the copy-in stream: the cast shards (freed) and the output."""
+        s, u = self.s, self.u
+        cast = s.alloc(sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN) if u.cast else []
+        out = s.alloc(u.world * sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN)
+        s.free(cast)
+        return out
+
+    def _copy_out(self, unit: Sequence[tuple[int, int]]) -> list[int]:
+        """The unsharded parameters, one tensor each, on the compute stream."""
+        return [h for n, _ in unit for h in self.s.alloc(n * self.u.gathered)]
+
+    def forward_start(self) -> None:
+        """The root's pre-forward: gathered, copied out, its all-gather output held."""
+        ag = self._all_gather(self.u.root)
+        self.root = self._copy_out(self.u.root)
+        self.held = ag
+
+    def layer_forward_start(self) -> None:
+        """A layer's pre-forward: its all-gather, the copy-out, the previous output freed (``wait_for_unshard``
+        drops ``all_gather_state`` first, but its local ``prev_all_gather_state`` holds it until it returns)."""
+        ag = self._all_gather(self.u.layer)
+        self.layers.append(self._copy_out(self.u.layer))
+        self.s.free(self.held)
+        self.held = ag
+
+    def layer_forward_end(self) -> None:
+        """A layer's post-forward: resharded (``reshard_after_forward``)."""
+        if self.u.reshard:
+            self.s.free(self.layers.pop())
+
+    def forward_end(self) -> None:
+        """The root's post-forward (after the loss, computed inside it): resharded, the last output freed."""
+        if self.u.reshard:
+            self.s.free(self.root)
+            self.root = []
+        self.s.free(self.held)
+        self.held = []
+
+    def backward_start(self, layers: int) -> None:
+        """The root's pre-backward (its hook on the loss): gathered again, then the last layer's all-gather
+        prefetched."""
+        if self.u.reshard:
+            ag = self._all_gather(self.u.root)
+            self.root = self._copy_out(self.u.root)
+            self.s.free(ag)
+            if layers:
+                self.prefetched = self._all_gather(self.u.layer)
+
+    def layer_backward_start(self, index: int) -> None:
+        """Layer ``index``'s pre-backward: copied out of its prefetched all-gather (which is freed), the next
+        layer down prefetched."""
+        if not self.u.reshard:
+            return
+        self.layers.append(self._copy_out(self.u.layer))
+        self.s.free(self.prefetched)
+        self.prefetched = self._all_gather(self.u.layer) if index > 0 else []
+
+    def unsharded_grads(self, unit: Sequence[tuple[int, int]]) -> list[int]:
+        """The unsharded gradients autograd makes for ``unit``'s parameters (the gathered dtype)."""
+        return [h for n, _ in unit for h in self.s.alloc(n * self.u.gathered)]
+
+    def post_backward(self, grads: list[int], root: bool = False) -> None:
+        """A unit's post-backward: resharded, the oldest reduce-scatter input freed, the reduce-scatter."""
+        s, u = self.s, self.u
+        s.free(self.root if root else self.layers.pop())
+        s.free(self.rs_input)
+        unit = u.root if root else u.layer
+        shard = sum(sh for _, sh in unit)
+        self.rs_input = s.alloc(u.world * shard * u.reduced)
+        s.free(grads)
+        out = s.alloc(shard * u.sharded, 1, REDUCE_SCATTER)
+        self.grads += out
+        if root:  # the final callback frees the input still held
+            s.free(self.rs_input)
+            self.rs_input = []
+
+    def backward(
+        self,
+        a: dict[str, Sequence[Any]],
+        saved: list[list[int]],
+        done: list[int],
+        workspaces: Sequence[int] = (),
+    ) -> None:
+        """A micro-batch's backward from the head down (``alloc_stream.micro_batch``'s order; ``a`` its
+        activation groups, ``saved`` each layer's saved tensors, ``done`` what the head's backward frees,
+        ``workspaces`` the autograd thread's cuBLAS workspaces, made at the head's matmuls): the head's and
+        final norm's unsharded gradients at the top, the final norm's backward, each layer gathered, its
+        backward, its unsharded gradients reduce-scattered; the embeddings' gradient last, then the root's
+        reduce-scatter."""
+        s, u = self.s, self.u
+        head = self.unsharded_grads(u.root[: u.root_pre]) if u.tied else []
+        top = self.unsharded_grads(u.root[u.root_pre :])
+        for size in workspaces:  # never freed
+            s.alloc(size)
+        s.free(done + s.items(a["top_backward"]))
+        for i in reversed(range(len(saved))):
+            self.layer_backward_start(i)
+            recomputed = s.items(a["recompute"])
+            grads = self.unsharded_grads(u.layer[::-1])  # autograd: the MLP's first, the input norm's last
+            transient = s.items(a["layer_backward"])
+            s.free(transient + recomputed + saved[i])
+            self.post_backward(grads)
+        bottom = self.unsharded_grads(u.root[: u.root_pre])
+        if u.tied:  # the two summed into a new tensor, both freed
+            summed = self.unsharded_grads(u.root[: u.root_pre])
+            s.free(head + bottom)
+            bottom = summed
+        self.post_backward(bottom + top, root=True)
+
+    def zero_grad(self) -> None:
+        """``zero_grad(set_to_none=True)``: each unit's output freed with its last gradient (parameter order:
+        the layers' in turn, the root's with the head's, last)."""
+        self.s.free(self.grads)
+        self.grads = []
+
+
+def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
+    """``Fsdp2Units`` of ``stage``'s rank of ``ctx`` (``states/budget.local_groups``; bytes as
+    ``states/gathered`` counts them: ``frameworks.gathered_weight_bytes``, the recipe's gradient bytes)."""
+    from memsim_widget.engine.frameworks import gathered_weight_bytes
+    from memsim_widget.engine.states.budget import local_groups
+
+    world = ctx.par.dp * ctx.par.cp
+    layer: list[tuple[int, int]] = []
+    pre: list[tuple[int, int]] = []
+    post: list[tuple[int, int]] = []
+    for lg in local_groups(ctx, stage):
+        t = (lg.numel_each, padded_shard(lg.shape, world))
+        if lg.group.scope == "layer":
+            layer += [t] * max(lg.count // max(stage.layers, 1), 1)
+        else:
+            (pre if lg.group.scope == "pre" else post).extend([t] * lg.count)
+    from memsim_widget.engine.frameworks import profile
+
+    wb = gathered_weight_bytes(ctx)
+    grad_b = ctx.recipe.grad_bytes
+    return Fsdp2Units(
+        tuple(layer), tuple(pre + post), len(pre), world, wb, grad_b, grad_b, wb != ctx.recipe.weight_bytes,
+        ctx.par.reshard_after_forward, profile(ctx).loss_outside_model, ctx.arch.tied_embeddings,
+    )  # fmt: skip
