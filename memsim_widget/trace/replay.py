@@ -3,9 +3,11 @@ the caching allocator (``engine/counters/allocator.py``).
 
 The tracker records every tensor storage with the sequence numbers of its allocation and its free; sorted,
 they are the stream of requests PyTorch's allocator sees on the GPU. Two things the trace cannot see are added
-as the engine models them: the cuBLAS workspaces (allocated through the caching allocator at the first matmul,
-``overhead.workspace_items``) and what lives outside the allocator (CUDA context, NCCL, paged states:
-``overhead.device_items``), added to reserved for nvidia-smi.
+as the engine models them: the cuBLAS workspaces (allocated through the caching allocator, one per cuBLAS
+handle and stream, ``overhead.workspace_items``: the forward thread's when the first forward starts, the autograd
+thread's right after the output of the first matmul of the first backward, ``overhead.AUTOGRAD_HANDLES``) and
+what lives outside the allocator (CUDA context, NCCL, paged states: ``overhead.device_items``), added to reserved
+for nvidia-smi.
 
 Streams: each record carries the CUDA stream it is allocated on (``StorageRecord.stream``): FSDP2's all-gather
 buffers on its all-gather copy-in stream, its reduce-scatter buffers on the reduce-scatter stream
@@ -18,21 +20,36 @@ from typing import Any
 
 from memsim_widget.engine.counters.allocator import AllocatorConf, Event, ReplayResult, alloc, free, replay
 
+#: The ATen ops that call cuBLAS (through ``at::cuda::blas``): the first of them on a thread makes that
+#: thread's handle and its workspace (``getCurrentCUDABlasHandle``, after the op has allocated its output).
+CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "addr", "_scaled_mm"})
 
-def allocation_stream(tracker: Any, workspaces: tuple[int, ...] = ()) -> list[Event]:
+
+def allocation_stream(
+    tracker: Any, workspaces: tuple[int, ...] = (), autograd_workspaces: int = 0
+) -> list[Event]:
     """The traced run's allocations and frees in the order they happened (outputs of one op in the order the
-    op returned them), with ``workspaces`` allocated (never freed) when the first forward starts."""
+    op returned them), with ``workspaces`` allocated (never freed): the last ``autograd_workspaces`` of them
+    right after the output of the first cuBLAS op of the first backward (the autograd engine's device thread
+    has its own handle, ``overhead.AUTOGRAD_HANDLES``), the others when the first forward starts."""
     keyed: list[tuple[int, int, int, Event]] = []
+    first_mm: int | None = None
+    backward = tracker.mark_seq(1, "backward")
     for i, rec in enumerate(tracker.records):
         if rec.nbytes <= 0:
             continue
         keyed.append((rec.alloc_seq, 1, i, alloc(i, rec.nbytes, getattr(rec, "stream", 0))))
         if rec.free_seq is not None:
             keyed.append((rec.free_seq, 0, i, free(i)))
+        if backward is not None and rec.alloc_seq >= backward and rec.op in CUBLAS_OPS:
+            first_mm = rec.alloc_seq if first_mm is None else min(first_mm, rec.alloc_seq)
     start = tracker.mark_seq(1, "forward")
     start = 0 if start is None else start
+    split = len(workspaces) - (autograd_workspaces if first_mm is not None else 0)
     for j, n in enumerate(workspaces):
-        keyed.append((start, 0, -1 - j, alloc(("workspace", j), n)))
+        # the autograd thread's after the first backward matmul's output (rank 2 sorts after its allocation)
+        seq, rank = (start, 0) if j < split or first_mm is None else (first_mm, 2)
+        keyed.append((seq, rank, -1 - j, alloc(("workspace", j), n)))
     keyed.sort(key=lambda k: k[:3])
     return [k[3] for k in keyed]
 
@@ -43,13 +60,13 @@ def _prepared(
     """(the stream with the cuBLAS workspaces, the bytes outside the allocator, the allocator settings, the
     card's capacity as the engine reads it)."""
     from memsim_widget.engine.context import Context
-    from memsim_widget.engine.counters.overhead import device_items, workspace_items
+    from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, device_items, workspace_items
     from memsim_widget.engine.frameworks import allocator_conf
 
     ctx = Context(sc)
     ws = workspace_items(ctx)[0]
     per = ws.bytes // max(ws.tensors, 1)
-    events = allocation_stream(tracker, (per,) * ws.tensors)
+    events = allocation_stream(tracker, (per,) * ws.tensors, AUTOGRAD_HANDLES)
     outside = sum(i.bytes for i in device_items(ctx))
     return events, outside, conf or allocator_conf(ctx), ctx.gpu.memory_bytes
 

@@ -443,3 +443,33 @@ def test_an_accumulating_stream_replays_as_its_trace(change: dict) -> None:
     assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
     assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.01
     assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved  # the estimate reads this replay
+
+
+def test_the_autograd_threads_workspace_is_made_at_the_heads_backward(monkeypatch) -> None:
+    """Of the two cuBLAS workspaces (``overhead.CUBLAS_HANDLES``), the forward thread's is made before the
+    first forward and the autograd thread's (``AUTOGRAD_HANDLES``) in step 1's backward, right after the
+    head's gradients, never freed (CublasHandlePool.cpp keeps one per handle and stream)."""
+    from memsim_widget.engine.counters import alloc_stream
+    from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, CUBLAS_HANDLES
+
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(LLAMA)))
+    s = rank_stream(ctx, ctx.stages[0])
+    monkeypatch.setattr(alloc_stream, "AUTOGRAD_HANDLES", 0)  # every workspace at the start, as before
+    at_start = rank_stream(ctx, ctx.stages[0])
+    assert (CUBLAS_HANDLES, AUTOGRAD_HANDLES) == (2, 1)
+    assert sorted(e[1] for e in s.events) == sorted(e[1] for e in at_start.events)  # the same requests
+
+    def before(stream: object, label: str) -> int:
+        n = next(n for n, mark in stream.marks if mark == label)  # type: ignore[attr-defined]
+        return sum(1 for e in stream.events[:n] if e[1] != FREE)  # type: ignore[attr-defined]
+
+    assert before(s, "step 1 forward") == before(at_start, "step 1 forward") - 1
+    assert before(s, "step 2 forward") == before(at_start, "step 2 forward")
+    head = 2 * ctx.arch.vocab_size * ctx.arch.hidden_size  # the tied head's bf16 gradient
+    start = next(n for n, mark in s.marks if mark == "step 1 backward")
+    n = next(n for n in range(start, len(s.events)) if s.events[n][1] == head)
+    freed = {e[0] for e in s.events if e[1] == FREE}
+    ws = ctx.gpu.cublas_workspace_bytes
+    w = next(k for k in range(n, len(s.events)) if s.events[k][1] == ws and s.events[k][0] not in freed)
+    # between them only the head's other gradients (the final norm's weight): allocations, no frees
+    assert 0 < w - n <= 2 and all(e[1] != FREE for e in s.events[n:w])

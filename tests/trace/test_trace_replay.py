@@ -100,3 +100,27 @@ def test_storages_carry_the_stream_of_their_scope_and_are_replayed_on_it():
     # a and c share one 20 MiB segment of stream 0; b needs its own on stream 2
     assert replay(allocation_stream(tracker)).peak_reserved == 40 * MiB
     del a, b, c
+
+
+def test_the_autograd_threads_workspace_follows_the_first_backward_matmul():
+    """The autograd engine runs a CUDA backward on its own thread, whose cuBLAS handle gets its workspace from
+    the caching allocator at its first cuBLAS call (CublasHandlePool.cpp): right after the output of the first
+    matmul of the first backward. The forward thread's comes when the first forward starts."""
+    from memsim_widget.trace.replay import CUBLAS_OPS
+
+    r = _toy_trace()
+    tracker = r.tracker
+    events = allocation_stream(tracker, (7 * MiB, 9 * MiB), autograd_workspaces=1)
+    order = [h for h, size, _ in events if size != FREE]
+    recs = [(i, x) for i, x in enumerate(tracker.records) if x.nbytes > 0]
+    backward = tracker.mark_seq(1, "backward")
+    first_mm = min((x.alloc_seq, i) for i, x in recs if x.alloc_seq >= backward and x.op in CUBLAS_OPS)[1]
+    forward = tracker.mark_seq(1, "forward")
+    before_forward = sum(1 for _, x in recs if x.alloc_seq < forward)
+    assert order.index(("workspace", 0)) == before_forward  # the first allocation of the first forward
+    assert order.index(("workspace", 1)) == order.index(first_mm) + 1
+    sizes = {h: size for h, size, _ in events if size != FREE}
+    assert sizes[("workspace", 0)] == 7 * MiB and sizes[("workspace", 1)] == 9 * MiB
+    # without the split (or without a backward matmul) every workspace comes at the first forward
+    both = [h for h, size, _ in allocation_stream(tracker, (7 * MiB, 9 * MiB)) if size != FREE]
+    assert set(both[before_forward : before_forward + 2]) == {("workspace", 0), ("workspace", 1)}

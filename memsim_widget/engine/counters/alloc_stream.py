@@ -39,6 +39,7 @@ from memsim_widget.engine.counters.allocator import (
     free,
     replay,
 )
+from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.fast_dataclass import dataclass
@@ -262,7 +263,11 @@ def step_stream(
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
     s.items(first, numels)
-    s.items(sg["overhead"])
+    late = _autograd_workspaces(sg["overhead"])
+    s.items([i for i in sg["overhead"] if i.item != WORKSPACE_ITEM])
+    for i in sg["overhead"]:
+        if i.item == WORKSPACE_ITEM and i.bytes > 0:  # the forward thread's, at the first forward
+            s.alloc(i.bytes // max(i.tensors, 1), max(i.tensors, 1) - len(late))
     later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
         a = earlier if step == 1 and earlier is not None else ag
@@ -272,7 +277,7 @@ def step_stream(
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed)
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, late if step == m == 1 else ())
             kept = kept or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
@@ -280,6 +285,17 @@ def step_stream(
         s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
         s.free(kept + held)  # zero_grad(set_to_none=True) drops the gradients in the parameters' order
     return s
+
+
+def _autograd_workspaces(overhead: Sequence[Any]) -> list[int]:
+    """The sizes of the cuBLAS workspaces the autograd thread makes at its first matmul
+    (``overhead.AUTOGRAD_HANDLES`` of the workspaces' item; none when the item has a single handle)."""
+    out: list[int] = []
+    for i in overhead:
+        n = max(i.tensors, 1)
+        if i.item == WORKSPACE_ITEM and i.bytes > 0 and n > AUTOGRAD_HANDLES:
+            out += [i.bytes // n] * AUTOGRAD_HANDLES
+    return out
 
 
 def micro_batch(
@@ -290,9 +306,11 @@ def micro_batch(
     label: str,
     grads: _Grads,
     replayed: int | None = None,
+    workspaces: Sequence[int] = (),
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
-    keeps, in the parameters' order (none when it adds them in place), and the output the loop holds."""
+    keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
+    ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's)."""
     order = grads.order
     by_tensor = grads.by_tensor
     s.mark(f"{label} forward")
@@ -338,7 +356,6 @@ def micro_batch(
     grad_logits = s.alloc(s.size(cast[0])) if cast else []
     s.free(grad_out[1:])
     s.mark(f"{label} backward")
-    top = s.items(a["top_backward"])
     k = order.top_pre if order and by_tensor else 0
     new, grads.new = (
         grads.new,
@@ -347,6 +364,9 @@ def micro_batch(
     top_grads = grads.made(order.top[:k], 1) if k else []
     grads.new = new
     top_grads += grads.made(order.top[k:], 1) if order and by_tensor else []
+    for size in workspaces:  # never freed: among the loss's freed buffers (overhead.AUTOGRAD_HANDLES)
+        s.alloc(size)
+    top = s.items(a["top_backward"])  # the final norm's backward, after the head's matmuls
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     s.free(grad_logits + tanh + top + post)

@@ -46,6 +46,14 @@ NCCL_PER_COMMUNICATOR = int(0.5 * GiB)
 NCCL_BAND_PER_COMMUNICATOR = (int(0.5e9), int(1.6e9))
 #: Workspaces: one per (cuBLAS handle, stream); forward and the autograd thread use separate ones.
 CUBLAS_HANDLES = 2
+#: Of those handles, the ones first used in backward: the autograd engine runs a CUDA backward on its device
+#: thread, whose handle comes from a thread-local pool and gets its workspace from the caching allocator at its
+#: first cuBLAS call, right after the first backward matmul's output (PyTorch aten/src/ATen/cuda/
+#: CublasHandlePool.cpp, ``getCurrentCUDABlasHandle`` -> ``setWorkspaceForHandle`` -> ``getNewWorkspace``;
+#: torch 2.11-2.13). Never freed, it lands among the first step's freed loss buffers (docs/allocator.md).
+AUTOGRAD_HANDLES = 1
+#: The name of the workspaces' item (``workspace_items``), read by the allocation stream.
+WORKSPACE_ITEM = "cuBLAS workspaces"
 #: CUDA context with eager module loading (CUDA 11, or CUDA_MODULE_LOADING=EAGER): 1343 MiB measured on a
 #: V100 after ``torch.ones(1).cuda()`` (transformers docs, model_memory_anatomy.md, 2022).
 EAGER_CONTEXT_BYTES = 1343 * MiB
@@ -80,7 +88,7 @@ def workspace_items(ctx: Context) -> list[Item]:
     return [
         Item(
             Category.OVERHEAD,
-            "cuBLAS workspaces",
+            WORKSPACE_ITEM,
             CUBLAS_HANDLES * ws,
             f"{CUBLAS_HANDLES} handles x {fmt_bytes(ws)} ({ctx.gpu.generation})",
             Level.ALLOCATOR,
