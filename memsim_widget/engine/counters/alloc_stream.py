@@ -57,9 +57,6 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
-#: ... and of a checkpointed layer's forward (the same layer's ops, nothing saved: full checkpointing keeps only its
-#: input; absent or empty: its saved terms allocated and freed at once)
-CKPT_FORWARD = "ckpt_forward"
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -316,18 +313,9 @@ def micro_batch(
     s.mark(f"{label} forward")
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
-    ckpt = () if fwd else a.get(CKPT_FORWARD, ())
-    steps = fwd or ckpt
-    hidden = (
-        s.alloc(next(size for name, size in steps if name == OUT)) if steps else []
-    )  # the embeddings' output
+    hidden = s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []  # the embeddings' output
     saved = []
     for _ in range(layers if replayed is None else replayed):
-        if ckpt:  # a checkpointed layer's forward, op by op, saving nothing: its input is what it keeps
-            inp = hidden
-            hidden, _ = forward_layer(s, ckpt, hidden, (), layers, keep_input=True)
-            saved.append(inp)
-            continue
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
         if fwd:
             hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
@@ -395,12 +383,7 @@ def micro_batch(
 
 
 def forward_layer(
-    s: StreamWriter,
-    steps: Sequence[Step],
-    hidden: list[int],
-    saved: Sequence[Any],
-    layers: int,
-    keep_input: bool = False,
+    s: StreamWriter, steps: Sequence[Step], hidden: list[int], saved: Sequence[Any], layers: int
 ) -> tuple[list[int], list[int]]:
     """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
     in order, its share of the ``saved`` items (``layers`` layers) where it says, its input ``hidden`` freed
@@ -411,8 +394,7 @@ def forward_layer(
         if name == SAVED:
             kept = s.items(saved, share=layers)
         elif name == IN:
-            if not keep_input:
-                s.free(hidden)
+            s.free(hidden)
         elif size > 0:
             live[name] = s.alloc(size)
         else:
@@ -489,7 +471,6 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
 
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
-    ag[CKPT_FORWARD] = _checkpointed_forward(ctx, stage)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
@@ -502,18 +483,6 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
     micro = ctx.scenario.grad_accum_steps
     return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
-
-
-def _checkpointed_forward(ctx: Any, stage: Any) -> tuple[Step, ...]:
-    """The forward ops of a layer under full checkpointing (every layer checkpointed): the layer's forward
-    transients as without checkpointing (``layer_forward_transients``), none of its terms saved."""
-    from memsim_widget.engine.context import Context
-    from memsim_widget.engine.step.timeline import checkpointed_layers
-
-    sc = ctx.scenario
-    if sc.activation_checkpointing != "full" or checkpointed_layers(ctx, stage) != stage.layers:
-        return ()
-    return layer_forward_transients(Context(sc.replace(activation_checkpointing="none")))
 
 
 @lru_cache(maxsize=4096)
