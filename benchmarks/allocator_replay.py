@@ -12,6 +12,9 @@ Run: python benchmarks/allocator_replay.py [-k TEXT] [--json out.json] [--conf e
          (an experiment: a per-layer stream built from the engine's groups, replayed; no trace)
      python benchmarks/allocator_replay.py --compare qwen05b-bf16
          (trace one run; the large requests of its stream and of the engine's: new segment or cached)
+     python benchmarks/allocator_replay.py --update benchmarks/allocator_replay_h200.json [-k a,b]
+         (trace each chosen run once, replay it in both modes, default and expandable_segments:True, and
+          rewrite those runs' entries of the file docs/accuracy.md reads; the others are kept)
 """
 
 from __future__ import annotations
@@ -296,6 +299,55 @@ def stage_layers(sc: Scenario) -> int:
     return Context(objectives.training_scenario(sc)).stages[0].layers
 
 
+EXPANDABLE = "expandable_segments:True"
+
+
+def update(path: Path, names: list[str] | None) -> None:
+    """Trace each chosen eager run once, replay it in both allocator modes and rewrite its entries in ``path``
+    (``{"source", "default": [...], "expandable": [...]}``, in MEASUREMENTS order), keeping the others."""
+    import torch
+    import transformers
+
+    from memsim_widget.trace.hf import trace_hf
+    from memsim_widget.trace.replay import allocation_stream, replay_trace
+    from memsim_widget.trace.traceable import trace_kwargs
+
+    data = json.loads(path.read_text()) if path.exists() else {}
+    modes: dict[str, dict[str, Any]] = {
+        m: {r["name"]: r for r in data.get(m, [])} for m in ("default", "expandable")
+    }
+    rows = measured()
+    for m in MEASUREMENTS:
+        if m.scenario.get("compile") or (names and m.name not in names):
+            continue
+        sc = Scenario.from_dict(resolved(m))
+        t0 = time.perf_counter()
+        r = trace_hf(
+            dict(resolve_model_config(sc.model)), steps=m.steps, lengths=tuple(m.lengths), **trace_kwargs(sc)
+        )
+        trace_s = round(time.perf_counter() - t0, 2)
+        n = len(allocation_stream(r.tracker))
+        for mode, conf in (("default", None), ("expandable", parse_alloc_conf(EXPANDABLE))):
+            t1 = time.perf_counter()
+            res, outside = replay_trace(r.tracker, sc, conf)
+            out = {"name": m.name, "allocated": res.peak_allocated, "reserved": res.peak_reserved,
+                   "nvidia-smi": res.peak_reserved + outside, "events": n, "trace_s": trace_s,
+                   "replay_ms": round((time.perf_counter() - t1) * 1e3, 1)}  # fmt: skip
+            modes[mode][m.name] = out
+        got = rows.get(f"g-{m.name}-reserved")
+        err = f"({modes['default'][m.name]['reserved'] / got - 1:+.2%})" if got else ""
+        print(
+            f"{m.name:<26} reserved {modes['default'][m.name]['reserved'] / 2**30:7.3f} GiB {err}", flush=True
+        )
+    order = [m.name for m in MEASUREMENTS]
+    data = {
+        "source": f"python benchmarks/allocator_replay.py --update (torch {torch.__version__} CPU fake tensors, "
+        f"transformers {transformers.__version__}, {time.strftime('%Y-%m-%d')})",
+        **{mode: sorted(runs.values(), key=lambda r: order.index(r["name"])) for mode, runs in modes.items()},
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cost", action="store_true", help="only print the replay's cost on synthetic streams")
@@ -317,7 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", metavar="TEXT", help="only the scenarios whose name contains TEXT")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--conf", help="replay under this PYTORCH_CUDA_ALLOC_CONF (default: the scenario's)")
+    ap.add_argument(
+        "--update", metavar="JSON", help="trace once, replay in both modes, rewrite these runs here"
+    )
     args = ap.parse_args(argv)
+    if args.update:
+        update(Path(args.update), args.k.split(",") if args.k else None)
+        return 0
     if args.compare:
         compare(args.compare)
         return 0
