@@ -111,7 +111,9 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     # no data parallelism (ZeRO-0: over dp; the planner's state key sees dp only, not cp, there)
     alone = (par.dp if z == 0 else dp) == 1
     solo = one_gpu(ctx)
-    if (par.pp > 1 or solo) and alone and ctx.full_training and not sc.optimizer_in_backward and stage.layers:
+    # one GPU: a layer's new gradients are freed (added in place) before its backward's largest transients
+    # (traced: the top layer's SiLU backward, beside no new gradient), so only a pipeline stage counts one here
+    if par.pp > 1 and alone and ctx.full_training and not sc.optimizer_in_backward and stage.layers:
         scopes = trainable_scopes(ctx, groups)
         largest_layer = max(
             (e for (_, _, e), g in zip(trainable, scopes, strict=False) if g == "layer"), default=0
