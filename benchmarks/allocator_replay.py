@@ -1,12 +1,14 @@
 """The caching-allocator replay of fake-tensor traces against the H200 measurements (data/measured/gpu_h200.csv).
 
-For each scenario ``benchmarks/gpu_measure.py`` ran on the GPU (torch.compile runs excluded: the trace runs
-eager), trace the same steps (the same number, the same per-step lengths) on fake tensors on the CPU, replay
+For each scenario ``benchmarks/gpu_measure.py`` ran on the GPU (torch.compile runs too: the trace runs the compiled
+step, trace/compiled.py), trace the same steps (the same number, the same per-step lengths) on fake tensors on the CPU, replay
 the allocations and frees through ``engine/counters/allocator.py`` and compare its peak reserved, and reserved plus
 what lives outside the allocator (``overhead.device_items``), with ``max_memory_reserved`` and nvidia-smi.
 Nothing here is fitted: the rows are the test. Also prints the replay's cost per trace.
 
 Run: python benchmarks/allocator_replay.py [-k TEXT] [--json out.json] [--conf expandable_segments:True]
+     python benchmarks/allocator_replay.py -k compile [--inductor-passes] --json benchmarks/allocator_replay_h200_compiled.json
+         (the compiled runs; --inductor-passes: Inductor's joint-graph passes and kernel lifetimes, an experiment)
      python benchmarks/allocator_replay.py --cost   (the replay's cost per event, no trace)
      python benchmarks/allocator_replay.py --engine-stream benchmarks/allocator_replay_h200.json
          (an experiment: a per-layer stream built from the engine's groups, replayed; no trace)
@@ -46,8 +48,12 @@ def measured(path: Path = ROWS) -> dict[str, int]:
         return {r["id"]: int(r["measured_bytes"]) for r in csv.DictReader(fh)}
 
 
-def trace_and_replay(m: Measurement, conf_text: str | None = None) -> dict[str, Any]:
-    """Trace ``m``'s steps on fake tensors and replay them: the three counters and the costs."""
+def trace_and_replay(m: Measurement, conf_text: str | None = None, inductor: bool = False) -> dict[str, Any]:
+    """Trace ``m``'s steps on fake tensors and replay them: the three counters and the costs (``inductor``: a
+    compiled step traced under ``trace/compiled.inductor_passes``)."""
+    import contextlib
+
+    from memsim_widget.trace.compiled import inductor_passes
     from memsim_widget.trace.hf import trace_hf
     from memsim_widget.trace.replay import allocation_stream, replay_trace
     from memsim_widget.trace.traceable import trace_kwargs
@@ -55,7 +61,8 @@ def trace_and_replay(m: Measurement, conf_text: str | None = None) -> dict[str, 
     sc = Scenario.from_dict(resolved(m))
     t0 = time.perf_counter()
     kw = trace_kwargs(sc)
-    r = trace_hf(dict(resolve_model_config(sc.model)), steps=m.steps, lengths=tuple(m.lengths), **kw)
+    with inductor_passes() if inductor else contextlib.nullcontext():
+        r = trace_hf(dict(resolve_model_config(sc.model)), steps=m.steps, lengths=tuple(m.lengths), **kw)
     t1 = time.perf_counter()
     conf = parse_alloc_conf(conf_text) if conf_text is not None else None
     res, outside = replay_trace(r.tracker, sc, conf)
@@ -372,6 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--update", metavar="JSON", help="trace once, replay in both modes, rewrite these runs here"
     )
+    ap.add_argument(
+        "--inductor-passes",
+        action="store_true",
+        help="trace compiled steps with Inductor's joint-graph passes and kernel lifetimes (an experiment)",
+    )
     args = ap.parse_args(argv)
     if args.update:
         update(Path(args.update), args.k.split(",") if args.k else None)
@@ -392,9 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = measured()
     out = []
     for m in MEASUREMENTS:
-        if m.scenario.get("compile") or (args.k and args.k not in m.name):
+        if args.k and args.k not in m.name:
             continue
-        r = trace_and_replay(m, args.conf)
+        r = trace_and_replay(m, args.conf, args.inductor_passes)
         for counter in ("allocated", "reserved", "nvidia-smi"):
             got = rows.get(f"g-{m.name}-{counter}")
             r[f"measured_{counter}"] = got

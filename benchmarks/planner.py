@@ -3,6 +3,9 @@
 Prints, on one core (numpy's elementwise work is single-threaded; BLAS threads are pinned to 1):
 * a 70B search over 1-1024 GPUs (powers of two), cold (engine parts not yet cached) and warm;
 * a 70B search on 64 GPUs and an 8B QLoRA search on one RTX 4090;
+* an 8B search on one H100 under ``reserved_model: replay`` (every one-GPU shape's allocator replayed,
+  engine/counters/alloc_stream), cold (no replay cached), beside the same search under the fitted rule, and how
+  many replays it ran (unlimited, and again on the card where ``card_runs`` cannot tell without);
 * the vectorised engine alone on the 1-1024 candidates (candidates per second);
 * ``estimate`` called one candidate at a time on a sample, its per-candidate time, and whether every
   figure agrees with the vectorised path (allocated, reserved, nvidia-smi bytes, peak moment, worst stage).
@@ -49,6 +52,27 @@ def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
     return out, time.perf_counter() - t0
 
 
+def replay_search() -> None:
+    """The 8B search on one H100 with every one-GPU shape replayed, cold, against the fitted rule."""
+    from memsim_widget.engine.counters import alloc_stream
+
+    kw = {"seq_len": 4096}
+    clear_caches()
+    _, fitted = timed(plan, "llama-3.1-8b", "h100-sxm-80gb", 1, **kw)
+    clear_caches()
+    alloc_stream.cache_clear()
+    cpu = time.process_time()
+    p, replayed = timed(plan, "llama-3.1-8b", "h100-sxm-80gb", 1, reserved_model="replay", **kw)
+    cpu = time.process_time() - cpu
+    shapes = alloc_stream._replay_cached.cache_info().misses
+    cards = alloc_stream._card_cached.cache_info().misses
+    print(
+        f"8B, 1 x H100, reserved_model replay: {p.evaluated:,} candidates, {shapes} shapes replayed, {cards} of "
+        f"them again on the card; cold {replayed:.2f} s ({cpu:.2f} s of CPU: the machine is shared), the fitted "
+        f"rule: {fitted:.2f} s"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sample", type=int, default=2000, help="candidates checked one by one with estimate")
@@ -69,6 +93,8 @@ def main() -> None:
     clear_caches()
     pq, coldq = timed(plan, "llama-3.1-8b", "rtx-4090", 1, method="qlora", seq_len=2048)
     print(f"8B QLoRA, 1 x RTX 4090: {pq.evaluated:,} candidates, {pq.fitting} fit; cold {coldq * 1e3:.0f} ms")
+
+    replay_search()
 
     print("\n== the vectorised engine alone ==")
     base = base_scenario(model=BIG["model"], gpu=BIG["gpu"], seq_len=BIG["seq_len"])

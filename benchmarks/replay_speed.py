@@ -1,14 +1,17 @@
 """The caching-allocator replay's cost (``reserved_model: replay``), before and after its fast path, in one run.
 
-"Before" is the simulator kept as the tests' reference (tests/data/allocator_reference.py: the code before the
+For the replay, "before" is the simulator kept as the tests' reference (tests/data/allocator_reference.py: the code before the
 fast path) driven as ``alloc_stream.replay_stream`` was (the phase looked up at every event, the largest cached
 blocks at every new peak); "after" is the engine's own. Both replay the same streams and must give the same
 figures (the benchmark stops if not). Prints, per scenario:
 
 * ``new shape``: ms of an estimate whose parts are cached but whose replay is not (the case of a new micro-batch
-  or sequence length), target 0.5 ms; ``cached shape``: the same with the replay cached (a new card, a new
+  or sequence length), its stream written layer by layer (before) and with its layers copied (after), target
+  0.5 ms; ``cached shape``: the same with the replay cached (a new card, a new
   scenario of the same shape);
-* the stream: its events, ms to build it, ms to replay it (and us per event);
+* the stream: its events, ms to build it (written layer by layer as before, ``step_stream(repeat=False)``, then
+  with its third to last layers copied from the second, ``StreamWriter.repeat``: the same events, checked here),
+  ms to replay it (and us per event);
 * per trace: the replay of a trace-shaped synthetic stream (``allocator_replay.replay_cost``) through
   ``allocator.replay``, before and after.
 
@@ -61,12 +64,13 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of ``repeats`` calls, in ms (the machine is shared: the minimum is the cost)."""
+    """The fastest of ``repeats`` calls, in ms of this process's CPU time (the machine is shared: the minimum
+    of the time it ran is the cost)."""
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(time.process_time() - t)
     return min(times) * 1e3
 
 
@@ -84,14 +88,15 @@ def estimate_ms(sc: Scenario, repeats: int, new_shape: bool) -> float:
 
 
 def new_shape_ms(sc: Scenario, repeats: int) -> tuple[float, float]:
-    """(before, after) ms of a new shape's estimate, the two timed in turn (the shared machine's load moves)."""
-    fast, before, after = alloc_stream.replay_stream, float("inf"), float("inf")
+    """(before, after) ms of a new shape's estimate, the two timed in turn (the shared machine's load moves):
+    before, its stream written layer by layer (``step_stream(repeat=False)``); after, as the engine writes it."""
+    step_stream, before, after = alloc_stream.step_stream, float("inf"), float("inf")
     for _ in range(repeats):
-        alloc_stream.replay_stream = ref.replay_stream  # type: ignore[assignment]
+        alloc_stream.step_stream = partial(step_stream, repeat=False)  # type: ignore[assignment]
         try:
             before = min(before, estimate_ms(sc, 1, True))
         finally:
-            alloc_stream.replay_stream = fast
+            alloc_stream.step_stream = step_stream  # type: ignore[assignment]
         after = min(after, estimate_ms(sc, 1, True))
     return before, after
 
@@ -100,7 +105,8 @@ def scenario_rows(repeats: int) -> None:
     """Per scenario: the estimate's cost before and after, the stream's build and replay costs."""
     fast = alloc_stream.replay_stream
     print(
-        f"{'scenario':<17}{'events':>7}{'build':>8} | replay before -> after (us/event) | new shape before -> after"
+        f"{'scenario':<17}{'events':>7} build before -> after | replay before -> after (us/event) | new shape "
+        "before -> after"
     )
     for name, d in CASES.items():
         sc = Scenario.from_dict({**d, "reserved_model": "replay"})
@@ -114,16 +120,32 @@ def scenario_rows(repeats: int) -> None:
         n = len(stream.events)
         if fast(stream, conf) != ref.replay_stream(stream, conf):
             raise SystemExit(f"{name}: the fast replay's figures differ from the reference's")
+        if plain_stream(ctx).events != stream.events:
+            raise SystemExit(
+                f"{name}: the stream with its layers copied differs from the one written layer by layer"
+            )
+        build_before = best_ms(partial(plain_stream, ctx), repeats)
         build = best_ms(partial(alloc_stream.rank_stream, ctx, ctx.stages[0]), repeats)
         before = best_ms(partial(ref.replay_stream, stream, conf), repeats)
         after = best_ms(partial(fast, stream, conf), repeats)
         shape_before, shape_after = new_shape_ms(sc, repeats)
         cached = estimate_ms(sc, repeats * 20, False)
         print(
-            f"{name:<17}{n:>7}{build:>7.2f}  | {before:7.2f} -> {after:6.2f} ms ({before / n * 1e3:.2f} -> "
+            f"{name:<17}{n:>7} {build_before:6.2f} -> {build:5.2f} ms | {before:7.2f} -> {after:6.2f} ms ({before / n * 1e3:.2f} -> "
             f"{after / n * 1e3:.2f}) | {shape_before:7.2f} -> {shape_after:6.2f} ms (target 0.5); "
             f"cached shape {cached:.3f} ms"
         )
+
+
+def plain_stream(ctx: Context) -> alloc_stream.StreamWriter:
+    """``alloc_stream.rank_stream`` with every layer written by its own loop iteration (the builder before
+    ``StreamWriter.repeat``)."""
+    step_stream = alloc_stream.step_stream
+    alloc_stream.step_stream = partial(step_stream, repeat=False)  # type: ignore[assignment]
+    try:
+        return alloc_stream.rank_stream(ctx, ctx.stages[0])
+    finally:
+        alloc_stream.step_stream = step_stream  # type: ignore[assignment]
 
 
 def trace_shaped(n: int) -> list[Any]:

@@ -335,6 +335,27 @@ def head_copy(ctx: Context, first: bool, last: bool) -> bool:
     return not first or profile(ctx).separate_head
 
 
+def tied_head_grad_numel(ctx: Context, first: bool, last: bool) -> int:
+    """Elements of the tied embedding gradient the head makes at the top of backward (``states/gradients.
+    tied_head_grad``): on a rank holding both ends of the tie (no head copy, ``head_copy``), the embedding trained
+    in full; else 0 (autograd sums the two before any optimizer-in-backward hook runs). Held to traces on the state-space families
+    (``arch.facts.ssm``: Mamba, Mamba-2, Jamba) and, on one GPU with the optimizer stepping after backward, on the
+    transformer families (``states/gradients.one_gpu_backward``, docs/fidelity.md "Gradients at the head and the
+    embeddings"); elsewhere the transformer families' tensor moments do not count it yet (the allocator stream
+    counts it for every family)."""
+    arch = ctx.arch
+    if not (arch.tied_embeddings and first and last and ctx.full_training):
+        return 0
+    p = ctx.par
+    one_gpu = (p.dp if p.zero == 0 else p.dp * p.cp) * p.tp * p.pp * p.ep == 1  # states/gradients.one_gpu
+    if arch.facts.ssm is None and not (one_gpu and not ctx.scenario.optimizer_in_backward):
+        return 0
+    if head_copy(ctx, first, last):
+        return 0
+    emb = (g for g in arch.params if g.kind == "embedding" and g.stack not in ctx.frozen_stacks)
+    return max((g.numel for g in emb), default=0)
+
+
 def tp_plan(scenario: Scenario) -> str:
     """The tensor-parallel plan: ``parallel.tp_plan``, else the framework's (``FrameworkProfile.tp_plan``)."""
     return scenario.parallel.tp_plan or PROFILES[scenario.framework].tp_plan

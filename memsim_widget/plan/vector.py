@@ -120,7 +120,7 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
                "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads", "step_grads", "kept_after_backward",
                "grads_but_bottom_carried", "gathered_next", "prefetched", "new_grad", "new_grad_next",
-               "chunk_gathered", "head_made", "head_made_carried", "tied_head_part", "bottom_new",
+               "chunk_gathered", "tied_sum", "head_made", "head_made_carried", "tied_head_part", "bottom_new",
                "bottom_new_carried")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
@@ -977,12 +977,12 @@ def _replayed_pools(
     s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray, cap: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak
-    reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_replay`` on the
+    reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_runs`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape; one-GPU rows of a pair share the room). Only one-GPU rows (any accumulation) can be
     accepted: the others are not looked at."""
-    from memsim_widget.engine.counters.alloc_stream import card_replay, pool_replay, replayable
+    from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
@@ -1002,7 +1002,7 @@ def _replayed_pools(
             at = rows[inverse.reshape(-1) == j]
             st = ctx.stages[int(stage[r])]
             out[at] = min(pool_replay(ctx, st).peak_reserved, SATURATION_BYTES)
-            oom[at] = not card_replay(ctx, st, int(cap[r])).runs
+            oom[at] = not card_runs(ctx, st, int(cap[r]))
     return out, oom
 
 

@@ -7,9 +7,11 @@ extra outputs), and when the backward frees them (the graph takes its inputs box
 drops each after its last use). What is emulated: Inductor's fusion. A node whose op is pointwise, a view or a
 reduction, is not a graph output and feeds only such nodes is computed inside a fused kernel and never gets a
 buffer; the tracker counts it as 0 bytes (``MemoryTracker.fused``). Every other node (matmuls, attention,
-embedding, scatter, any op Inductor calls as an extern kernel, and what they read) gets its buffer. Inductor's own
-scheduler can still realise a pointwise buffer that several kernels read or inline one the emulation keeps; the
-trace is labelled with the emulation (docs/fidelity.md). The compiler runs inside the tracker's pause
+embedding, scatter, any op Inductor calls as an extern kernel, and what they read) gets its buffer; ``gather`` is a
+loop too (Inductor's lowering inlines what it reads). Inductor's own scheduler can still realise a pointwise buffer
+that several kernels read or inline one the emulation keeps; the trace is labelled with the emulation
+(docs/fidelity.md). ``inductor_passes`` traces two more things Inductor's code does, as an experiment
+(docs/allocator.md, "Compiled steps"). The compiler runs inside the tracker's pause
 (``ignore_compile_internals``); the graphs run with it on.
 """
 
@@ -19,6 +21,7 @@ import contextlib
 import functools
 import operator
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, cast
 
 import torch
@@ -48,11 +51,15 @@ _VIEWS = frozenset(
         "narrow", "view_as_real", "view_as_complex", "unflatten", "flatten",
     }
 )  # fmt: skip
-#: Ops Inductor lowers to fusible loops besides those tagged pointwise: copies, casts and constants.
+#: Ops Inductor lowers to fusible loops besides those tagged pointwise: copies, casts and constants, and ``gather``
+#: (``torch/_inductor/lowering.py`` ``gather``, torch 2.13.0: a ``Pointwise`` whose load of its input is indexed by
+#: the index tensor, so a pointwise chain it reads is inlined: the fp32 log-softmax that nll_loss gathers the
+#: labels' entries from gets no T x V buffer).
 _LOOPS = frozenset(
     {
         "clone", "_to_copy", "convert_element_type", "where", "full", "scalar_tensor", "iota", "arange",
         "zeros_like", "ones_like", "full_like", "empty_like", "cat", "constant_pad_nd", "copy", "lift_fresh_copy",
+        "gather",
     }
 )  # fmt: skip
 
@@ -108,12 +115,35 @@ def fused_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     return {n for n in gm.graph.nodes if n.op == "call_function" and n not in needs and n.users}
 
 
-class _FusingInterpreter(torch.fx.Interpreter):
-    """Runs a partitioned graph node by node, telling the tracker which outputs live inside a fused kernel."""
+def kernel_last_uses(
+    gm: torch.fx.GraphModule, fused: set[torch.fx.Node]
+) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Each node of ``gm`` -> the values to free after it runs, a value living until the last node that reads it
+    directly or through fused nodes: a fused chain is computed by the kernel of the node that consumes it, which reads
+    the chain's inputs then (``torch.fx.Interpreter``'s own map frees them after the fused node, earlier)."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    readers: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+    for n in reversed(nodes):
+        readers[n] = set(n.users).union(*(readers[u] for u in n.users if u in fused))
+    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in nodes:
+        if n.op != "output" and readers[n]:
+            out.setdefault(max(readers[n], key=order.__getitem__), []).append(n)
+    return out
 
-    def __init__(self, gm: torch.fx.GraphModule, fused: set[torch.fx.Node]) -> None:
+
+class _FusingInterpreter(torch.fx.Interpreter):
+    """Runs a partitioned graph node by node, telling the tracker which outputs live inside a fused kernel
+    (``kernel_lifetimes``: each value freed as ``kernel_last_uses`` says)."""
+
+    def __init__(
+        self, gm: torch.fx.GraphModule, fused: set[torch.fx.Node], kernel_lifetimes: bool = False
+    ) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self._fused = fused
+        if kernel_lifetimes:
+            self.user_to_last_uses = kernel_last_uses(gm, fused)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op == "call_function" and n.target in _rng_hops():
@@ -158,26 +188,56 @@ def current_tracker() -> Any:
     return None
 
 
-def _boxed_runner(gm: torch.fx.GraphModule, _example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+def _boxed_runner(
+    gm: torch.fx.GraphModule, _example_inputs: list[torch.Tensor], kernel_lifetimes: bool = False
+) -> Callable[..., Any]:
     """The "compiler" of one partitioned graph: a boxed function (it clears its argument list, so each saved
     tensor is freed after its last use in the backward, as Inductor's wrapper code does)."""
     fused = fused_nodes(gm)
 
     def run(args: list[Any]) -> Any:
-        return _FusingInterpreter(gm, fused).boxed_run(args)
+        return _FusingInterpreter(gm, fused, kernel_lifetimes).boxed_run(args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
 
 
-def compile_backend(memory_budget: float | None = None) -> Callable[..., Any]:
+#: Set by :func:`inductor_passes` for the compiled traces made inside it.
+_INDUCTOR_PASSES: ContextVar[bool] = ContextVar("inductor_passes", default=False)
+
+
+@contextlib.contextmanager
+def inductor_passes() -> Iterator[None]:
+    """Compiled steps traced inside the block follow two more things Inductor's own code does (an experiment, not
+    the default: the engine's compiled rules are held to the default trace; docs/allocator.md gives both against
+    the H200 runs): the partitioner is Inductor's ``partition_fn`` (``torch/_inductor/compile_fx.py``, torch
+    2.13.0), which first runs its joint-graph passes (``fx_passes/joint_graph.py``: among them
+    ``scatter_upon_const_tensor`` turns nll_loss's backward, zeros scattered at the labels, into a pointwise
+    ``where``, so the loss's fp32 T x V gradient buffer is fused away), and each fused chain's inputs stay alive
+    until the kernel that computes the chain runs (``kernel_last_uses``)."""
+    token = _INDUCTOR_PASSES.set(True)
+    try:
+        yield
+    finally:
+        _INDUCTOR_PASSES.reset(token)
+
+
+def compile_backend(memory_budget: float | None = None, inductor: bool = False) -> Callable[..., Any]:
     """The Dynamo backend: AOTAutograd with Inductor's decompositions and min-cut partitioner, each partitioned
-    graph run by ``_boxed_runner``; ``memory_budget`` sets ``activation_memory_budget`` (1.0: the default)."""
+    graph run by ``_boxed_runner``; ``memory_budget`` sets ``activation_memory_budget`` (1.0: the default);
+    ``inductor``: Inductor's partition function and kernel lifetimes (:func:`inductor_passes`)."""
     from importlib import import_module
 
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config as functorch_config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    partition: Callable[..., Any] = functools.partial(
+        min_cut_rematerialization_partition, compiler="inductor"
+    )
+    if inductor:
+        partition = import_module("torch._inductor.compile_fx").partition_fn
+    runner = functools.partial(_boxed_runner, kernel_lifetimes=inductor)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
         patches: dict[str, Any] = {"unlift_effect_tokens": True}
@@ -185,10 +245,10 @@ def compile_backend(memory_budget: float | None = None) -> Callable[..., Any]:
             patches["activation_memory_budget"] = memory_budget
         with functorch_config.patch(patches):
             return aot_autograd(
-                fw_compiler=_boxed_runner,
-                bw_compiler=_boxed_runner,
+                fw_compiler=runner,
+                bw_compiler=runner,
                 decompositions=lambda: import_module("torch._inductor.compile_fx").select_decomp_table(),
-                partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+                partition_fn=partition,
             )(gm, example_inputs)
 
     return backend
@@ -210,7 +270,10 @@ def compiled_model(model: torch.nn.Module, memory_budget: float | None = None) -
             )
             # a compiled Module is an OptimizedModule (a Module); torch.compile's stub says only Callable
             yield cast(
-                torch.nn.Module, torch.compile(model, backend=compile_backend(memory_budget), fullgraph=False)
+                torch.nn.Module,
+                torch.compile(
+                    model, backend=compile_backend(memory_budget, _INDUCTOR_PASSES.get()), fullgraph=False
+                ),
             )
     finally:
         torch._dynamo.reset()

@@ -583,5 +583,5 @@ def replay_stream(stream: Any, conf: AllocatorConf) -> Any:
             peak, at = a.reserved, label
             cached = tuple(nlargest(3, (s for lst in a.free_lists.values() for s, _ in lst[-3:])))
     return alloc_stream.PoolReplay(
-        a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events)
+        a.peak_reserved, a.peak_allocated, at, cached, a.segments, len(stream.events), a.peak_requested
     )

@@ -209,6 +209,11 @@ _SSM_ISSUE26: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("torch amp-bf16 ckpt b2 s64", {}, {**_CKPT, "precision": "amp-bf16"}),
     ("torch fp32 lora in_proj b2 s64", {}, {**_LORA_IN, "precision": "fp32"}),
     ("torch amp-bf16 lora in_proj b2 s64", {}, {**_LORA_IN, "precision": "amp-bf16"}),
+    (
+        "torch V32k tied bf16 ckpt sgd b1 s16 (peak at the tied gradients' sum)",
+        {"tie_word_embeddings": True, "vocab_size": 32000},
+        {**_CKPT, "optimizer": "sgd", "micro_batch_size": 1, "seq_len": 16},
+    ),
     ("torch bf16 lora in_proj ckpt b2 s64", {}, {**_LORA_IN, **_CKPT}),
     ("torch bf16 lora in_proj b1 s128", {}, {**_LORA_IN, "micro_batch_size": 1, "seq_len": 128}),
     (
@@ -1180,6 +1185,64 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 "torch bf16 lora in_proj ckpt b2 s512",
                 {},
                 {"micro_batch_size": 2, "seq_len": 512, **_LORA_IN, **_CKPT},
+            ),
+            # issue 26: under autocast the peak is the recomputed layer's SSD output; an fp32 stream's norm input is
+            # the checkpointed input (kept once)
+            (
+                "torch amp-bf16 ckpt b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16", **_CKPT},
+            ),
+            (
+                "torch amp-fp16 ckpt b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-fp16", **_CKPT},
+            ),
+            (
+                "torch amp-bf16 ckpt b2 s256 (16 heads of 32, N=24, chunks of 32)",
+                {"num_heads": 16, "head_dim": 32, "state_size": 24, "chunk_size": 32},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "amp-bf16", **_CKPT},
+            ),
+            (
+                "torch amp-bf16 lora in_proj ckpt b2 s512",
+                {},
+                {"micro_batch_size": 2, "seq_len": 512, "precision": "amp-bf16", **_LORA_IN, **_CKPT},
+            ),
+            (
+                "torch amp-bf16 lora in_proj ckpt b1 s1000 (padded last chunk)",
+                {},
+                {"micro_batch_size": 1, "seq_len": 1000, "precision": "amp-bf16", **_LORA_IN, **_CKPT},
+            ),
+            (
+                "torch fp32 lora in_proj ckpt b2 s256",
+                {},
+                {"micro_batch_size": 2, "seq_len": 256, "precision": "fp32", **_LORA_IN, **_CKPT},
+            ),
+            (
+                "torch fp32 lora in_proj ckpt b1 s1000 (padded last chunk)",
+                {},
+                {"micro_batch_size": 1, "seq_len": 1000, "precision": "fp32", **_LORA_IN, **_CKPT},
+            ),
+            # issue 26: a tied embedding's gradient made by the head at the top of backward, summed at the bottom
+            (
+                "torch bf16 ckpt b1 s1000 (padded last chunk, tied, K=3, biases)",
+                {"tie_word_embeddings": True, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 1000, **_CKPT},
+            ),
+            (
+                "torch amp-bf16 ckpt b1 s1000 (padded last chunk, tied, K=3, biases)",
+                {"tie_word_embeddings": True, "conv_kernel": 3, "use_bias": True},
+                {"micro_batch_size": 1, "seq_len": 1000, "precision": "amp-bf16", **_CKPT},
+            ),
+            (
+                "torch V32k tied bf16 ckpt b1 s64 (peak at the tied gradients' sum)",
+                {"tie_word_embeddings": True, "vocab_size": 32000},
+                {"micro_batch_size": 1, "seq_len": 64, **_CKPT},
+            ),
+            (
+                "torch V32k tied amp-bf16 sgd b1 s64 (peak at the tied gradients' sum)",
+                {"tie_word_embeddings": True, "vocab_size": 32000},
+                {"micro_batch_size": 1, "seq_len": 64, "precision": "amp-bf16", "optimizer": "sgd"},
             ),
             (
                 "torch V50288 amp-bf16 b2 s256 (the real vocabulary; outputs kept: backward, fp32 logits)",

@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 from memsim_widget.errors import ScenarioError  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
-from memsim_widget.trace.compiled import fused_nodes  # noqa: E402
+from memsim_widget.trace.compiled import fused_nodes, kernel_last_uses  # noqa: E402
 from memsim_widget.trace.traceable import check_traceable, trace_kwargs  # noqa: E402
 
 aten = torch.ops.aten
@@ -43,6 +43,41 @@ def test_only_nodes_inside_a_fused_kernel_get_no_buffer() -> None:
     gm = make_fx(_graph)(torch.randn(8, 8), torch.randn(8, 8))
     names = {n.name for n in fused_nodes(gm)}
     assert names == {"mul", "zeros"}, names
+
+
+def _nll(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    m = aten.amax.default(x, [1], True)  # log_softmax as Inductor's decompositions write it
+    z = aten.sub.Tensor(x, m)
+    lse = aten.log.default(aten.sum.dim_IntList(aten.exp.default(z), [1], True))
+    logp = aten.sub.Tensor(z, lse)  # the T x V log-probabilities
+    return aten.neg.default(aten.gather.default(logp, 1, idx))  # nll_loss's gather of the labels' entries
+
+
+def test_a_gather_inlines_the_log_softmax_it_reads() -> None:
+    """Inductor lowers gather to a pointwise loop with an indirect load (torch/_inductor/lowering.py ``gather``), so
+    the fp32 log-probabilities nll_loss gathers from get no T x V buffer: only the reductions' small outputs do."""
+    gm = make_fx(_nll)(torch.randn(8, 16), torch.zeros(8, 1, dtype=torch.int64))
+    buffered = {n.name for n in gm.graph.nodes if n.op == "call_function"} - {n.name for n in fused_nodes(gm)}
+    assert buffered == {"amax", "sum_1", "neg"}, buffered
+
+
+def _chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    a = aten.mm.default(x, w)  # a buffer
+    b = aten.mul.Tensor(a, 2.0)  # fused: computed inside the kernel that writes ``c``, which reads ``a`` then
+    c = aten.add.Tensor(b, 1.0)  # a buffer (a matmul reads it)
+    return aten.mm.default(c, w)
+
+
+def test_a_fused_chains_inputs_live_until_the_kernel_that_computes_it() -> None:
+    """The interpreter's own map frees ``a`` after the fused ``mul``; the kernel that computes the chain is the
+    one writing ``add``, so under Inductor ``a`` is alive until it runs."""
+    gm = make_fx(_chain)(torch.randn(8, 8), torch.randn(8, 8))
+    nodes = {n.name: n for n in gm.graph.nodes}
+    fused = fused_nodes(gm)
+    assert {n.name for n in fused} == {"mul"}
+    last = {v.name: k.name for k, vs in kernel_last_uses(gm, fused).items() for v in vs}
+    assert last["mm"] == "add" and last["mul"] == "add" and last["add"] == "mm_1"
+    assert torch.fx.Interpreter(gm).user_to_last_uses[nodes["mul"]] == [nodes["mm"]]
 
 
 def _scenario(**keys: object) -> Scenario:

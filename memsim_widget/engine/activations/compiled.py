@@ -42,6 +42,7 @@ from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.compiled_layernorm import layernorm_activations, layernorm_rule_applies
 from memsim_widget.engine.activations.dims import Dims
+from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.scenario import Scenario
@@ -161,8 +162,8 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
     tangents = (2 * L - 1) * e * T * hkv if ctx.arch.facts.attention.use_cache else 0
     out.loss_backward[:] = [
         Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
-        Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
-        *([Term("zero gradients for the returned KV cache (every v, k from layer 1 on)", tangents,
+        Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
+        *([Term(f"zero gradients for the {CACHE_TANGENTS} (every v, k from layer 1 on)", tangents,
                 f"(2 x {L} - 1) x {e} B x T x kv*d", 2 * L - 1)] if tangents else []),
     ]  # fmt: skip
 
@@ -280,9 +281,9 @@ def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int
     cache = (kb + e) * T * hkv * L if _returns_cache(ctx) else 0
     out.loss_backward[:] = [
         Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
-        Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
+        Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
         *(
-            [Term("zero gradients for the returned KV cache (k and v of every layer)", cache,
+            [Term(f"zero gradients for the {CACHE_TANGENTS} (k and v of every layer)", cache,
                   f"({kb} + {e}) B x T x kv*d x {L} layers", 2 * L)]
             if cache else []
         ),
@@ -336,8 +337,8 @@ def compiled_formula(ctx: Context, out: ActivationBudget) -> None:
     cache = (kb + e) * T * hkv * L if _returns_cache(ctx) else 0
     out.loss_backward[:] = [
         Term("compiled loss backward (untraced formula): one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
-        Term("compiled (untraced formula): zero gradients of the unused logits output", e * T * V,
+        Term(f"compiled (untraced formula): zero gradients of the {LOGITS_TANGENT}", e * T * V,
              f"{e} B x T x V", 1),
-        *([Term("compiled (untraced formula): zero gradients of the returned KV cache", cache,
+        *([Term(f"compiled (untraced formula): zero gradients of the {CACHE_TANGENTS}", cache,
                 f"({kb} + {e}) B x T x kv*d x {L} layers", 2 * L)] if cache else []),
     ]  # fmt: skip

@@ -32,6 +32,7 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
+from memsim_widget.engine.activations.tangents import LOGITS_TANGENT
 from memsim_widget.engine.context import Context
 from memsim_widget.scenario import Scenario
 
@@ -162,5 +163,5 @@ def _bert_ends(ctx: Context, out: ActivationBudget, e: int) -> None:
         :
     ] = [  # the MLM loss runs in the logits' dtype (no fp32 upcast): its gradient is e bytes
         Term("compiled loss backward: one T x V gradient buffer", e * T * V, f"{e} B x T x V", 1),
-        Term("zero gradients AOTAutograd makes for the unused logits output", e * T * V, f"{e} B x T x V", 1),
+        Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
     ]

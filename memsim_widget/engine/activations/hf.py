@@ -16,7 +16,7 @@ from memsim_widget.engine.activations.loss import final_hidden_fp32, loss
 from memsim_widget.engine.activations.mlp import mlp
 from memsim_widget.engine.activations.norms import final_norms, layer_norms, qk_norms
 from memsim_widget.engine.activations.output import loop_output, training_kv_cache
-from memsim_widget.engine.activations.ssm import mamba2_checkpointed_inputs, ssm_layer
+from memsim_widget.engine.activations.ssm import ssm_checkpointed_inputs, ssm_layer
 from memsim_widget.engine.activations.t5 import t5_layer
 from memsim_widget.engine.context import Context
 
@@ -49,7 +49,7 @@ def hf_activations(ctx: Context) -> ActivationBudget:
     training_kv_cache(st)
     final_hidden_fp32(st)
     checkpointing(st)
-    mamba2_checkpointed_inputs(st)  # fp32 block outputs kept (engine/activations/ssm.py)
+    ssm_checkpointed_inputs(st)  # fp32 block outputs kept (engine/activations/ssm.py)
     # model-level terms
     embeddings(st)
     final_norms(st)

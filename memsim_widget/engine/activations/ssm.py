@@ -233,7 +233,8 @@ def _mamba2_mixer(D, ssm, put, ec, kernel, frozen=False, amp=False):  # noqa: AN
 
 
 def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202
-    """Transients of one Mamba-2 layer's backward (see ssm_backward)."""
+    """Transients of one Mamba-2 layer's backward (see ssm_backward): the larger of the gated norm's backward and,
+    under full checkpointing with autocast, the recomputed layer's SSD output (``_mamba2_recomputed_ssd``)."""
     T, inner, G, N, H = D.T, ssm["inner"], ssm["groups"], ssm["state_size"], ssm["heads"]
     proj = 2 * inner + 2 * G * N + H
     if ssm_kernel(ctx) == "cuda":
@@ -253,7 +254,7 @@ def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202
     rg = 4 if ctx.arch.extra.get("residual_in_fp32", False) else r
     grads = ec * (D.h * inner + inner) if full else 0
     freed = (ec + 4) * T * inner if full else 0
-    return Term(
+    norm = Term(
         "Mamba-2 torch path backward: gated RMSNorm's five fp32 gradients"
         + (" (net of out_proj's input and the normalised tensor, freed), out_proj and norm weight gradients"
            if full else "") + ", residual gradient",
@@ -262,20 +263,72 @@ def _mamba2_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN202
         + (f" + {ec} B x (h x I + I)" if full else "") + f" + {rg} B x T x h, I={inner} G={G}",
         8 if full else 6,
     )  # fmt: skip
+    if not (uses_autocast(ctx) and ctx.scenario.activation_checkpointing == "full"):
+        return norm
+    ssd = _mamba2_recomputed_ssd(D, ssm, ec, rg, full)
+    return ssd if ssd.bytes > norm.bytes else norm
 
 
-def mamba2_checkpointed_inputs(st: HFLayer) -> None:
-    """What each checkpointed ``Mamba2Block`` keeps under full checkpointing: its input, the block's ``hidden_states``
-    argument. HF wraps every ``Mamba2Block`` (a ``GradientCheckpointingLayer``, transformers 5.24
-    ``modeling_layers.py``/``modeling_mamba2.py``) in torch.utils.checkpoint, which keeps only the arguments. With
-    ``residual_in_fp32`` (the default) the block returns ``residual.float() + mixer(...)``, an fp32 tensor, so the
-    inputs of layers 1..L-1 are 4 B x T x h and layer 0's is the embedding's output in the compute dtype (traced,
-    bf16 b2 s512: 3 fp32 and 1 bf16 input live in the top layer's backward). The term is per layer, so it holds the
-    mean of the L inputs: exact with all L alive (the backward's top), high by (4 - e) B x T x h at its end."""
+def _mamba2_recomputed_ssd(D, ssm, ec, rg, full):  # noqa: ANN001, ANN202
+    """The recomputed Mamba-2 layer at its SSD output, under autocast and full checkpointing (traced, amp-bf16
+    b2 s512: the peak is the ``.contiguous()`` copy of ``Y_diag + Y_off`` in ``mamba2_chunk_scan``, in the bottom
+    layer's recompute for full training, the top layer's under LoRA), as a transient beside the layer's saved set.
+
+    Live there and freed before the recompute ends (Python locals of ``Mamba2Block``, ``Mamba2Mixer`` and
+    ``mamba2_chunk_scan``, transformers 5.24): the block norm's fp32 output (4 B x T x h), in_proj's output and
+    the conv's SiLU output (e B x T x (2I + 2GN + H) and e B x T x (I + 2GN)), the D skip and the padded x dt
+    (2 x 4 B x b x s' x I), the padded A dt and its cumsum (2 x 4 B x b x s' x H), the padded C and B x decay
+    (2 x 4 B x b x s' x H x N), M = G x L in fp32 (4 B x b x H x s' x l), Y_diag, the zero initial state and the
+    recurrence's output in bf16 (e B x b x s' x I, e B x b x I x N, e B x b x (c + 1) x I x N), and Y_off, the
+    fp32 sum and its contiguous copy (3 x 4 B x b x s' x I). Not made yet: the gated norm's saved chain (the
+    saved-set term ``gated RMSNorm``) and, trained, out_proj's 16-bit weight copy (e B x h x I); under LoRA the
+    frozen in_proj's 16-bit weight copy is live (the saved set does not count frozen copies under checkpointing).
+    The gradient coming in: the fp32 residual gradient and its 16-bit cast for the mixer's output."""
+    T, b, s, h = D.T, D.b, D.s, D.h
+    inner, N, H, G, l = ssm["inner"], ssm["state_size"], ssm["heads"], ssm["groups"], ssm["chunk_size"]
+    proj, conv = 2 * inner + 2 * G * N + H, inner + 2 * G * N
+    c = -(-s // l)
+    sp = c * l
+    live = (
+        4 * T * h + ec * T * (proj + conv) + 4 * b * sp * (2 * inner + 2 * H + 2 * H * N + H * l)
+        + ec * b * (sp * inner + inner * N + (c + 1) * inner * N) + 3 * 4 * b * sp * inner
+    )  # fmt: skip
+    chain = 5 - (not full)  # the gated norm's saved set (see _mamba2_mixer, not fp32)
+    later = (
+        chain * 4 * T * inner + (ec * T * inner if full else 0) + 4 * T * G + (ec * h * inner if full else 0)
+    )
+    copy = 0 if full else ec * h * proj
+    return Term(
+        "Mamba-2 torch path: the recomputed layer at its SSD output (autocast): block norm output, in_proj and "
+        "conv outputs, the SSD's fp32 locals and output copies, net of the gated norm's saved set not yet made"
+        + ("" if full else ", frozen in_proj's 16-bit weight copy") + ", residual gradient and its 16-bit cast",
+        live - later + copy + (rg + ec) * T * h,
+        f"4 B x T x h + {ec} B x T x ((2I + 2GN + H) + (I + 2GN)) + 4 B x b x s' x (2I + 2H + 2HN + Hl) + "
+        f"{ec} B x b x (s' x I + I x N + (c + 1) x I x N) + 3 x 4 B x b x s' x I - ({chain} x 4 B x T x I"
+        + (f" + {ec} B x T x I" if full else "") + " + 4 B x T x G"
+        + (f" + {ec} B x h x I" if full else "") + ")" + ("" if full else f" + {ec} B x h x (2I + 2GN + H)")
+        + f" + ({rg} + {ec}) B x T x h, I={inner} G={G} N={N} H={H} l={l} c={c} s'={sp}",
+        18,
+    )  # fmt: skip
+
+
+def ssm_checkpointed_inputs(st: HFLayer) -> None:
+    """What each checkpointed ``MambaBlock`` or ``Mamba2Block`` keeps under full checkpointing: its input, the
+    block's ``hidden_states`` argument. HF wraps every block (a ``GradientCheckpointingLayer``, transformers 5.24
+    ``modeling_layers.py``, ``modeling_mamba.py``/``modeling_mamba2.py``) in torch.utils.checkpoint, which keeps
+    only the arguments. With ``residual_in_fp32`` (the default) both blocks return ``residual.float() +
+    mixer(...)``, an fp32 tensor, so the inputs of layers 1..L-1 are 4 B x T x h and layer 0's is the embedding's
+    output in the compute dtype (traced: Mamba-2 bf16 b2 s512, 3 fp32 and 1 bf16 input live in the top layer's
+    backward; Mamba bf16 LoRA b2 s64 -0.51% -> -0.00%). The term is per layer, so it holds the mean of the L
+    inputs: exact with all L alive (the backward's top), high by (4 - e) B x T x h at its end. Not Jamba, whose
+    blocks keep the compute dtype."""
     ssm, sc, arch = st.ssm, st.sc, st.arch
-    if not ssm or ssm["version"] != 2 or sc.activation_checkpointing != "full":
+    if not ssm or arch.facts.hybrid is not None or sc.activation_checkpointing != "full":
         return
-    if not arch.extra.get("residual_in_fp32", False) or st.r == 4:
+    if st.r == 4:
+        _norm_input_kept_once(st)
+        return
+    if not arch.extra.get("residual_in_fp32", False):
         return
     L, T, h, e = max(arch.num_layers, 1), st.D.Tout, st.D.h, st.r
     st.out.checkpointed_layer = [
@@ -286,6 +339,18 @@ def mamba2_checkpointed_inputs(st: HFLayer) -> None:
             1,
         )
     ]
+
+
+def _norm_input_kept_once(st: HFLayer) -> None:
+    """An fp32 residual stream (fp32, autocast) under full checkpointing: the recomputed block's RMSNorm saves its
+    fp32 input as is, and that input is the checkpointed one. The recomputed layer then adds the rsqrt only, the
+    input counted once among the kept ones (every layer's at the top of backward, layer 0's at its bottom): traced,
+    LoRA on in_proj, whose peak is the top layer's backward, fp32 b2 s256 +1.52% -> -0.04% and amp-bf16 b2 s512
+    with its SSD output (``_mamba2_recomputed_ssd``) -1.50% -> -0.08%; the bottom's figure does not move."""
+    out, T = st.out, st.D.Tout
+    rsqrt = Term("RMSNorm rsqrt (its fp32 input is the checkpointed input, kept once)", 4 * T, "4 B x T", 1)
+    out.ckpt_input_shared = False
+    out.recomputed_layer = [rsqrt if t.name == "RMSNorm fp32 inputs and rsqrt" else t for t in out.per_layer]
 
 
 def ssm_backward(ctx, D, ssm, ec, r):  # noqa: ANN001, ANN201

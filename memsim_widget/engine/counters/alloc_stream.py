@@ -13,7 +13,9 @@ the same way; docs/allocator.md compares the two.
 Cost: a replay is a few thousand events (about 1 us each, benchmarks/replay_speed.py); it is cached per shape
 key (the state groups' and activation groups' keys of ``engine/caches/parts_cache``, the layers and the allocator
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
-(another card) pays only the stream's building.
+(another card) pays only the stream's building. The building writes two layers and copies the second for the
+others (``StreamWriter.repeat``: the same events as writing each, tests/engine/test_replay_paths.py); a shape's
+replay on its card reuses the stream its unlimited replay built.
 """
 
 from __future__ import annotations
@@ -24,10 +26,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 from hashlib import blake2b
-from typing import Any
+from typing import Any, cast
 
-from memsim_widget.engine.activations.forward import IN, OUT, SAVED, Step, layer_forward_transients
+from memsim_widget.engine.activations.forward import (
+    IN,
+    OUT,
+    SAVED,
+    Step,
+    final_norm_transients,
+    layer_forward_transients,
+)
 from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
+from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -36,7 +46,6 @@ from memsim_widget.engine.counters.allocator import (
     Failure,
     ReplayResult,
     alloc,
-    free,
     replay,
 )
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
@@ -57,6 +66,9 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
+#: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
+#: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
+FINAL_NORM = "final_norm_forward"
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -117,6 +129,8 @@ class PoolReplay:
     largest_cached: tuple[int, ...]
     segments: int
     events: int
+    #: the peak of the bytes asked for (sizes before rounding): ``card_runs`` reads it
+    peak_requested: int = 0
 
 
 class StreamWriter:
@@ -134,13 +148,39 @@ class StreamWriter:
     def alloc(self, size: int, n: int = 1) -> list[int]:
         """``n`` allocations of ``size`` bytes each; their handles."""
         h = self.handle
+        if n == 1:  # most calls: one tensor
+            self.handle = h + 1
+            self.events.append((h + 1, size, 0))
+            return [h + 1]
         self.events += [alloc(h + k + 1, size) for k in range(n)]
         self.handle = h + n
         return list(range(h + 1, h + n + 1))
 
+    def repeat(self, begin: tuple[int, int], times: int, lowest: int = 0, back: int = 0) -> int:
+        """Write the events from ``begin`` (an event index and the handle counter then, ``here``) to the end
+        ``times`` more times, each copy's handles shifted by the handles the block allocated (its own, and the
+        ones it freed of the block before: identical layers), handles under ``lowest`` by ``-back`` (tensors of
+        earlier layers it frees, taken in reverse); returns the shift per copy."""
+        start, h0 = begin
+        block = cast("list[tuple[int, int, int]]", self.events[start:])  # the writer's handles are ints
+        d = self.handle - h0
+        ev = self.events
+        for k in range(1, times + 1):
+            up, down = k * d, k * back
+            if back:
+                ev += [(h + up if h > lowest else h - down, size, st) for h, size, st in block]
+            else:
+                ev += [(h + up, size, st) for h, size, st in block]
+        self.handle += times * d
+        return d
+
+    def here(self) -> tuple[int, int]:
+        """The next event's index and the handle counter (``repeat``'s ``begin``)."""
+        return len(self.events), self.handle
+
     def free(self, handles: Sequence[int]) -> None:
         """Free ``handles`` in order."""
-        self.events += [free(h) for h in handles]
+        self.events += [(h, FREE, 0) for h in handles]
 
     def items(self, items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
         """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count).
@@ -248,6 +288,7 @@ def step_stream(
     replayed: int | None = None,
     earlier: dict[str, Sequence[Any]] | None = None,
     micro: int = 1,
+    repeat: bool = True,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -274,7 +315,8 @@ def step_stream(
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, late if step == m == 1 else ())
+            work = late if step == m == 1 else ()
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat)
             kept = kept or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
@@ -304,6 +346,7 @@ def micro_batch(
     grads: _Grads,
     replayed: int | None = None,
     workspaces: Sequence[int] = (),
+    repeat: bool = True,
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
     keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
@@ -313,9 +356,17 @@ def micro_batch(
     s.mark(f"{label} forward")
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
-    hidden = s.alloc(next(size for name, size in fwd if name == OUT)) if fwd else []  # the embeddings' output
-    saved = []
-    for _ in range(layers if replayed is None else replayed):
+    out = next((size for name, size in fwd if name == OUT), 0)
+    hidden = s.alloc(out) if out else []  # the embeddings' output (compiled: a saved tensor, no transient)
+    saved: list[list[int]] = []
+    n = layers if replayed is None else replayed
+    compiled = any(tangent_role(i.item) for i in a["loss_backward"])
+    repeat = (
+        repeat and not compiled
+    )  # a compiled backward frees zero gradients made at its top, layer by layer
+    begin = s.here()
+    for i in range(min(n, 2) if repeat else n):  # identical layers: the third on are the second's copies
+        begin = s.here() if i == 1 else begin
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
         if fwd:
             hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
@@ -323,7 +374,13 @@ def micro_batch(
         else:
             saved.append(s.items(a["saved"], share=layers))
         s.free(transient)
-    post = s.items(a["post"])
+    d, copied = 0, repeat and n > 2
+    if copied:  # the second layer freed the first's output: the copies free their predecessor's
+        d = s.repeat(begin, n - 2)
+        saved += [[h + k * d for h in saved[1]] for k in range(1, n - 1)]
+        hidden = [h + (n - 2) * d for h in hidden]
+    fin = a.get(FINAL_NORM, ())
+    post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
     s.free(hidden)  # the last layer's output, once the final norm has read it
     s.mark(f"{label} loss")
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
@@ -338,11 +395,17 @@ def micro_batch(
     kept = s.items([i for i in a["loss_saved"] if i not in capped])
     s.free(logits)
     s.mark(f"{label} loss backward")
-    grad_out = s.items(a["loss_backward"])
-    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-    grad_logits = s.alloc(s.size(cast[0])) if cast else []
-    s.free(grad_out[1:])
+    tangents: list[
+        int
+    ] = []  # a compiled step's zero gradients of the returned KV cache, freed layer by layer
+    if compiled:
+        tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
+    else:
+        grad_out = s.items(a["loss_backward"])
+        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+        grad_logits = s.alloc(s.size(cast[0])) if cast else []
+        s.free(grad_out[1:])
     s.mark(f"{label} backward")
     k = order.top_pre if order and by_tensor else 0
     new, grads.new = (
@@ -358,12 +421,18 @@ def micro_batch(
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     s.free(grad_logits + tanh + top + post)
-    layer_grads = []
-    for layer in reversed(saved):
+    layer_grads: list[list[int]] = []
+    begin = s.here()
+    for i, layer in enumerate(saved[::-1][:2] if copied else saved[::-1]):
+        begin = s.here() if i == 1 else begin
         recomputed = s.items(a["recompute"])
         transient = s.items(a["layer_backward"])
         layer_grads.append(grads.made(order.layer if order else (), layers + 2))
         s.free(transient + recomputed + layer)
+        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
+    if copied:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
+        db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
+        layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
     bottom_grads = grads.made(order.bottom if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
         emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
@@ -380,6 +449,24 @@ def micro_batch(
         held = []
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def compiled_loss_backward(
+    s: StreamWriter, items: Sequence[Any], kept: list[int]
+) -> tuple[list[int], list[int]]:
+    """The top of a compiled backward in the traced order (trace/compiled.py; docs/allocator.md): AOTAutograd's zero
+    gradients of the returned KV cache (layer 0's first) and of the logits (``engine/activations/tangents``), the
+    loss's gradient buffer (the fp32 zeros scattered at the labels), freed with what the loss saved (``kept``: the
+    logits and their row statistics); then the logits' gradient (the zero gradient plus the fused log-softmax
+    backward: a new buffer of the logits' size) and the logits' zero gradient freed. The handles of the KV cache's
+    zero gradients (each layer's backward frees its own) and of the logits' gradient."""
+    tangents = s.items([i for i in items if tangent_role(i.item) == CACHE_TANGENTS])
+    zero = s.items([i for i in items if tangent_role(i.item) == LOGITS_TANGENT])
+    buffer = s.items([i for i in items if not tangent_role(i.item)])
+    s.free(buffer + kept)
+    grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
+    s.free(zero)
+    return tangents, grad_logits
 
 
 def forward_layer(
@@ -415,7 +502,13 @@ def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
     j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
     at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
     return PoolReplay(
-        a.peak_reserved, a.peak_allocated, at, a.largest_at_peak(), a.segments, len(stream.events)
+        a.peak_reserved,
+        a.peak_allocated,
+        at,
+        a.largest_at_peak(),
+        a.segments,
+        len(stream.events),
+        a.peak_requested,
     )
 
 
@@ -436,7 +529,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 8-14% on three H200 runs and costs 5-50 ms per new shape, docs/allocator.md)
+    fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
     and the stream models its step: one GPU (no data, tensor, context, expert or pipeline
     parallelism: no gathered or communicated buffers), any number of micro-batches per step (gradient
     accumulation: the later ones add each new gradient in place, ``step_stream``), nothing offloaded, the
@@ -463,14 +556,17 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     return _replay_cached(_Args(key, (ctx, stage, conf)))
 
 
-def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
-    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups."""
+def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = False) -> StreamWriter:
+    """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups;
+    ``traced_only``: without the activation items a fake-tensor trace cannot see (``Level.ALLOCATOR``: CUDA
+    kernels' scratch such as flash attention's fp32 dq accumulator), to compare with a trace's replay."""
     from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
 
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
+    ag[FINAL_NORM] = final_norm_transients(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
@@ -481,6 +577,10 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
+        earlier[FINAL_NORM] = final_norm_transients(short)
+    if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
+        steps = (LAYER_FORWARD, FINAL_NORM)
+        ag = {k: v if k in steps else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     return step_stream(ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro)
 
@@ -488,13 +588,28 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS) -> StreamWriter:
 @lru_cache(maxsize=4096)
 def _replay_cached(args: _Args) -> PoolReplay:
     ctx, stage, conf = args.args
-    stream = rank_stream(ctx, stage)
+    stream = _built(args.key[:3], ctx, stage)
     return _replay_same_stream(_Args(stream_key(stream, conf), (stream, conf)))
+
+
+#: The streams built last, by shape key (the groups' keys and the stage; the settings do not change a stream):
+#: a shape's replay on its card (``card_replay``), asked right after its unlimited replay, reuses its stream.
+_STREAMS: dict[tuple[Any, ...], StreamWriter] = {}
+_STREAMS_KEPT = 2
+
+
+def _built(key: tuple[Any, ...], ctx: Any, stage: Any) -> StreamWriter:
+    """``rank_stream`` of ``stage``'s rank of ``ctx``, reused while it is among the last built."""
+    stream = _STREAMS.pop(key, None) or rank_stream(ctx, stage)
+    _STREAMS[key] = stream
+    while len(_STREAMS) > _STREAMS_KEPT:
+        del _STREAMS[next(iter(_STREAMS))]
+    return stream
 
 
 def stream_key(stream: StreamWriter, conf: AllocatorConf) -> tuple[Any, ...]:
     """A stream's identity: a 128-bit BLAKE2 digest of its events, its phases and the allocator settings."""
-    return (blake2b(marshal.dumps(stream.events), digest_size=16).digest(), tuple(stream.marks), conf)
+    return (blake2b(marshal.dumps(stream.events, 2), digest_size=16).digest(), tuple(stream.marks), conf)
 
 
 @lru_cache(maxsize=1024)
@@ -616,11 +731,21 @@ def card_replay(ctx: Any, stage: Any, capacity: int) -> CardReplay:
     return replace(_card_cached(_Args(key, (ctx, stage, conf, capacity))), needed=needed)
 
 
+def card_runs(ctx: Any, stage: Any, capacity: int) -> bool:
+    """``card_replay(ctx, stage, capacity).runs``, without the second replay where the first decides it: a step
+    whose bytes asked for peak above the capacity runs out of memory on it (in a replay that runs, at every
+    event requested <= allocated <= reserved <= the capacity, and requested is the same in every replay of the
+    stream). The planner reads only this (``plan/vector._replayed_pools``)."""
+    if pool_replay(ctx, stage).peak_requested > max(capacity, 0):
+        return False
+    return card_replay(ctx, stage, capacity).runs
+
+
 @lru_cache(maxsize=1024)
 def _card_cached(args: _Args) -> CardReplay:
     ctx, stage, conf, capacity = args.args
     args.args = ()
-    return card_outcome(rank_stream(ctx, stage), conf, capacity)
+    return card_outcome(_built(args.key[:3], ctx, stage), conf, capacity)
 
 
 def card_outcome(stream: StreamWriter, conf: AllocatorConf, capacity: int) -> CardReplay:
@@ -642,3 +767,4 @@ def cache_clear() -> None:
     _replay_cached.cache_clear()
     _replay_same_stream.cache_clear()
     _card_cached.cache_clear()
+    _STREAMS.clear()

@@ -35,6 +35,8 @@ class StateBudget:
     grads: list[Item] = field(default_factory=list)  # all gradients of the step on this rank
     post_grads: list[Item] = field(default_factory=list)  # gradients of the head and final norm
     grads_but_bottom: list[Item] = field(default_factory=list)  # all but layer 0's and the embeddings'
+    # a tied embedding's backward: its own and the head's gradient beside their sum (states/gradients.tied_head_grad)
+    tied_sum: list[Item] = field(default_factory=list)
     # those alive at the last stage's latest loss backward (an interleaved rank: its loss chunk's only)
     loss_grads: list[Item] = field(default_factory=list)
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
     embedding_split,
-    head_copy,
     profile,
     reduce_bucket_elements,
+    tied_head_grad_numel,
     tp_plan,
 )
 from memsim_widget.engine.items import Item
@@ -91,6 +91,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     else:
         b.grads_but_bottom = list(b.grads)
     partial_embedding_grad(ctx, stage, groups, grad_b, b)  # made at the bottom: not in grads_but_bottom
+    tied_head_grad(ctx, stage, groups, grad_b, b)
     _loss_grads(ctx, stage, b)
     if ctx.full_training and not sc.optimizer_in_backward:
         n_post = sum(
@@ -134,16 +135,16 @@ def one_gpu(ctx: Context) -> bool:
 
 
 def one_gpu_backward(ctx: Context, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
-    """The embeddings' and the head's gradients as one GPU's backward makes them (traced, docs/fidelity.md
-    "Gradients at the head and the embeddings"). The head's weight gradient is made at the top beside the
-    logits' gradient; from the second micro-batch of an accumulating step on it is a new tensor beside the
-    accumulated ``.grad`` (``AccumulateGrad`` adds it in place, ``new_gradient``). A head tied to the input
-    embeddings sends its part of their gradient to autograd's input buffer, where it waits until the
-    embedding's backward makes the other part; the buffer sums them out of place (torch 2.13
-    ``autograd/input_buffer.cpp`` ``accumulate``: in place only into a tensor whose last reference it holds,
-    which the head's ``mm`` output is not; a real CPU run allocates the sum too), so the bottom of backward
-    holds both parts and their sum, beside the accumulated ``.grad`` of a later micro-batch. Untied, the
-    embedding's backward makes a new gradient of its own there in a later micro-batch."""
+    """The embeddings' and the head's gradients as one GPU's backward makes them, where an earlier micro-batch's
+    are carried or the head is untied (traced, docs/fidelity.md "Gradients at the head and the embeddings"); a
+    tied head's part and the bottom's two parts beside their sum are ``tied_head_grad``'s. The head's weight
+    gradient is made at the top beside the logits' gradient; from the second micro-batch of an accumulating step
+    on it is a new tensor beside the accumulated ``.grad`` (``AccumulateGrad`` adds it in place,
+    ``new_gradient``). A tied head's part waits in autograd's input buffer until the embedding's backward, which
+    sums the two out of place (torch 2.13 ``autograd/input_buffer.cpp`` ``accumulate``: in place only into a
+    tensor whose last reference it holds; a real CPU run allocates the sum too): in a later micro-batch that
+    part is beside every accumulated gradient from the top to layer 0, and the sum a third V x h tensor beside
+    them at the bottom. Untied, the embedding's backward makes a new gradient of its own there."""
     trained = [g for g in groups if g.group.stack not in ctx.frozen_stacks]
     emb = max(
         (g.numel_each for g in trained if g.group.kind == "embedding" and g.group.scope == "pre"), default=0
@@ -151,16 +152,16 @@ def one_gpu_backward(ctx: Context, groups: list[LocalGroup], grad_b: int, b: Sta
     head = max(
         (g.numel_each for g in trained if g.group.kind == "head" and g.group.scope == "post"), default=0
     )
-    tied = ctx.arch.tied_embeddings and not head_copy(ctx, True, True) and emb > 0
+    tied = tied_head_grad_numel(ctx, True, True) > 0 and bool(b.tied_sum)
     part = _tied_part(emb, grad_b, "the head's part") if tied else None
-    b.tied_head_part = [part] if part else []
-    b.head_made = [*b.post_grads, *b.tied_head_part]
+    b.tied_head_part = (
+        [part] if part else []
+    )  # counted only where gradients are carried (post_grads holds it)
+    b.head_made = list(b.post_grads)
     top = part or (new_gradient(head, grad_b, f"head param {fmt_int(head)} x {grad_b} B") if head else None)
     b.head_made_carried = [*b.grads, *([top] if top else [])]
-    if tied and part:
-        embedding_part = _tied_part(emb, grad_b, "the embedding's part")
-        b.bottom_new = [part, embedding_part]
-        b.bottom_new_carried = [part, embedding_part, _tied_part(emb, grad_b, "their sum (out of place)")]
+    if tied:
+        b.bottom_new_carried = [_tied_part(emb, grad_b, "their sum (out of place)")]
     elif emb:
         b.bottom_new_carried = [new_gradient(emb, grad_b, f"embedding param {fmt_int(emb)} x {grad_b} B")]
     b.grads_at_bottom_carried = list(b.grads)
@@ -176,6 +177,40 @@ def _tied_part(numel: int, grad_b: int, what: str) -> Item:
         "tensor",
         1,
     )
+
+
+def tied_head_grad(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
+    """A tied embedding gets two gradients: the head's ``mm`` backward makes one at the top of backward, which
+    autograd holds in the weight's input buffer until the embedding's backward makes the other at the bottom and
+    sums them (docs/allocator.md, "Tied embeddings get two gradients"). So from the top of backward to layer 0's
+    backward a V x h gradient the engine's gradient groups did not count is live (traced, Mamba-2 bf16 full
+    checkpointing b1 s1000 tied: -0.82% -> +0.01%, the trace's [V, h] ``mm`` temporary at its peak); at the
+    embedding's backward both stand beside their sum for a moment (``tied_sum``, 2 x V x h beside every
+    gradient; traced at V=32000, op add: -11.70% -> +0.00%). Full size: autograd sums before any reduce-scatter;
+    under accumulation the sum is then added in place to the carried gradient (one V x h more: not counted)."""
+    n = tied_head_grad_numel(ctx, stage.first, stage.last)
+    if not n or not any(g.group.kind == "embedding" for g in groups):
+        return
+    item = Item(
+        "gradients",
+        "the tied embedding's gradient made by the head (held by autograd until the embedding's backward)",
+        n * grad_b,
+        f"{fmt_int(n)} params x {grad_b} B (V x h, made at the top of backward)",
+        "tensor",
+        1,
+    )
+    b.post_grads.append(item)
+    b.grads_but_bottom.append(item)
+    b.tied_sum = [
+        Item(
+            "gradients",
+            "the tied embedding's two gradients (the head's and its own) beside their sum",
+            2 * n * grad_b,
+            f"2 x {fmt_int(n)} params x {grad_b} B (summed out of place at the embedding's backward)",
+            "tensor",
+            2,
+        )
+    ]
 
 
 def new_gradient(largest: int, grad_b: float, what: str = "") -> Item:

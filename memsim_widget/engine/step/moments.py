@@ -32,6 +32,7 @@ STATE_GROUPS = (
     "grads_but_root",  # ... beside every gradient but the root unit's own shard (not made yet)
     "grads_but_bottom",  # every gradient but layer 0's and the embeddings'
     "grads",  # every gradient
+    "tied_sum",  # a tied embedding's backward: its gradient and the head's, beside their sum
     "step_persistent",  # parameters and optimizer states at the optimizer step (they exist from step 1 on)
     "step_temps",  # the optimizer step's temporaries (tensor level)
     "step_grads",  # the gradients the optimizer steps (a pipeline over FSDP2: the shards, not the accumulation)
@@ -185,7 +186,7 @@ MOMENT_TABLE = (
         ),
         larger_of=(
             ("grads_but_bottom", "tied_head_part", "own", "layer_backward", "held_logits", "cache_but_own"),
-            ("grads", "bottom_new", "held_logits", "cache_all", "bottom_backward"),
+            ("grads", "tied_sum", "bottom_new", "held_logits", "cache_all", "bottom_backward"),
         ),
     ),
     # GPipe: the second micro-batch's (loss) backward, every gradient made by the first's backward, one

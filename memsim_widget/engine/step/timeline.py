@@ -193,6 +193,7 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "step_grads": states.grads,
         "post_grads": states.post_grads,
         "grads_but_bottom": states.grads_but_bottom,
+        "tied_sum": states.tied_sum,
         # ... at the bottom of a backward after the first one of the step (gradients carried)
         "grads_but_bottom_carried": [*states.accumulated_grads, *states.prefetched]
         or states.grads_at_bottom_carried
@@ -255,6 +256,7 @@ def state_group_table(
         # same lists otherwise)
         "grads_but_bottom": where(carried, s["grads_but_bottom_carried"], s["grads_but_bottom"]),
         "grads": s["grads"],
+        "tied_sum": s["tied_sum"],  # a tied embedding's two gradients beside their sum
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
         "step_grads": s["step_grads"],
@@ -269,7 +271,7 @@ def state_group_table(
         # one GPU (states/gradients.one_gpu_backward): the gradients alive as the head's weight gradient is
         # made, the tied head's part of the embeddings' gradient through backward, the bottom's new tensors
         "head_made": where(carried, s["head_made_carried"], s["head_made"]),
-        "tied_head_part": s["tied_head_part"],
+        "tied_head_part": where(carried, s["tied_head_part"], none),
         "bottom_new": where(carried, s["bottom_new_carried"], s["bottom_new"]),
     }
 

@@ -1,0 +1,111 @@
+"""Compiled steps: the engine's allocation stream replayed against the fake-tensor trace of the same compiled step,
+replayed the same way (docs/allocator.md, "Compiled steps").
+
+For each case of ``COMPILED_CASES`` (tests/data/fidelity_cases.py) that the engine's traced compiled rule covers
+(``engine/activations/compiled.compiled_rule_applies``; the activation-budget cases are left out: the engine keeps
+the default budget's figure there): the compiled trace's peak reserved and allocated (``trace/replay.replay_trace``
+of ``trace_config``'s two compiled steps), the engine stream's (``alloc_stream.rank_stream`` + ``replay_stream``)
+also without the CUDA-only
+scratch a CPU trace cannot see (``rank_stream(traced_only=True)``: flash attention's fp32 dq accumulator), and the
+fitted rule's reserved (``reserved_model: fitted``, the default). Each case traces in a fresh interpreter
+(tests/trace/test_trace_compiled.py says why). Nothing is fitted.
+
+Run: python benchmarks/allocator_replay_compiled.py [-k TEXT ...]   (20 s to 2 minutes a case on one CPU core)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+from fidelity_cases import COMPILED_CASES  # noqa: E402
+
+
+def cases() -> list[tuple[str, dict[str, Any]]]:
+    """The compiled cases the traced rule covers, at torch's default activation memory budget."""
+    from memsim_widget.architecture import build_architecture
+    from memsim_widget.engine.activations.compiled import compiled_rule_applies
+    from memsim_widget.scenario import Scenario
+
+    out = []
+    for name, d in COMPILED_CASES:
+        sc = Scenario.from_dict(d)
+        if "budget" not in name and compiled_rule_applies(sc, build_architecture(sc.model)):
+            out.append((name, d))
+    return out
+
+
+def compare(d: dict[str, Any]) -> dict[str, Any]:
+    """The compiled trace's replay, the engine stream's and the fitted rule's reserved for scenario ``d``."""
+    from memsim_widget import estimate
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.rl import objectives
+    from memsim_widget.scenario import Scenario
+    from memsim_widget.trace.api import trace_config
+    from memsim_widget.trace.replay import replay_trace
+
+    sc = Scenario.from_dict({**d, "reserved_model": "replay"})
+    traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
+    ctx = Context(objectives.training_scenario(sc))
+    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
+    seen = replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx))
+    fitted = estimate(Scenario.from_dict({**d, "reserved_model": "fitted"})).ranks[0].peak_reserved_bytes
+    return {
+        "trace": traced.peak_reserved,
+        "trace_alloc": traced.peak_allocated,
+        "stream": rep.peak_reserved,
+        "stream_alloc": rep.peak_allocated,
+        "stream_traced_only": seen.peak_reserved,
+        "fitted": fitted,
+        "at": rep.at,
+    }
+
+
+def compare_in_subprocess(name: str) -> dict[str, Any]:
+    """``compare`` of case ``name`` in a fresh interpreter."""
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "from allocator_replay_compiled import compare\n"
+        "from fidelity_cases import COMPILED_CASES\n"
+        "print(json.dumps(compare(dict(COMPILED_CASES)[sys.argv[1]])))\n"
+    )
+    paths = [str(ROOT), str(ROOT / "tests" / "data"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", nargs="*", default=[""], help="only cases whose name holds one of these texts")
+    args = ap.parse_args()
+    for name, _ in cases():
+        if not any(k in name for k in args.k):
+            continue
+        r = compare_in_subprocess(name)
+        tr = int(r["trace"])
+        print(
+            f"{name:60s} reserved trace {tr:,} stream {int(r['stream']):,} ({int(r['stream']) / tr - 1:+.2%}, at "
+            f"{r['at']}; without CUDA-only scratch {int(r['stream_traced_only']) / tr - 1:+.2%}), fitted "
+            f"{int(r['fitted']) / tr - 1:+.2%}; allocated trace {int(r['trace_alloc']):,} "
+            f"stream {int(r['stream_alloc']):,}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
