@@ -207,6 +207,9 @@ class DropoutFacts:
 
     #: residual dropout masks per block under ``hidden_dropout`` (2: after attention and after the MLP)
     residual_masks: int = 2
+    #: the dropout after the embeddings where the config names it apart (GPT-2 ``embd_pdrop``, StarCoder2 and
+    #: ModernBERT ``embedding_dropout``); BERT's embeddings use ``hidden_dropout``
+    embedding: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -451,7 +454,7 @@ FACT_KEYS = frozenset(
         "unfused_bias", "autocast_expert_copies", "conv1d",
         "mlp_parts", "mlp_input_modules", "parallel_attn_mlp", "feed_forward_proj",
         "fp32_logits", "loss_upcast", "final_logit_softcapping", "mlm_head", "projection_dim",
-        "residual_dropout_masks",
+        "residual_dropout_masks", "embd_pdrop", "embedding_dropout",
         "hybrid", "layer_block_types", "moe_layer_indices",
         "expert_parallel_error", "lora_all_linear_error", "block_period",
         "coverage", "compiled_recipes", "use_sliding_window",
@@ -464,7 +467,7 @@ FACT_KEYS = frozenset(
 KEPT_KEYS = frozenset(
     {
         "alibi", "attn_temperature_tuning", "bias", "decoder_norms_per_layer", "decoder_sparse_step",
-        "dense_intermediate_size", "embd_pdrop", "embedding_dropout", "embedding_scale", "encoder_causal",
+        "dense_intermediate_size", "embedding_scale", "encoder_causal",
         "experts_dtype_note", "first_k_dense_replace", "fp32_router", "fullatt_block_indexes", "hidden_act",
         "hidden_activation", "layer_norm_eps", "layer_pattern", "local_attention", "logit_scale",
         "max_position_embeddings", "max_window_layers", "meta_build_seconds", "mlp_only_layers", "moe_intermediate_size", "moe_layers",
@@ -586,7 +589,10 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             mlm_head=bool(x("mlm_head")),
             projection_dim=x("projection_dim"),
         ),
-        dropout=DropoutFacts(residual_masks=x("residual_dropout_masks", 2)),
+        dropout=DropoutFacts(
+            residual_masks=x("residual_dropout_masks", 2),
+            embedding=float(x("embd_pdrop") or x("embedding_dropout") or 0.0),
+        ),
         limits=LimitFacts(
             expert_parallel_error=x("expert_parallel_error"),
             lora_all_linear_error=x("lora_all_linear_error"),

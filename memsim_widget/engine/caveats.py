@@ -56,6 +56,9 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
                if scenario.parallel.dp > 1 else "")
             + ("; traced on one GPU: each pipeline stage compiling its own layers is untraced"
                if scenario.parallel.pp > 1 else "")
+            + ("; attention dropout runs inside CUDA's fused SDPA kernel (its Philox seed and offset saved, no "
+               "mask), untraced: on a CPU SDPA falls back to the math kernel, so the traces ran without it"
+               if arch.attention_dropout > 0 else "")
         )  # fmt: skip
     elif scenario.compile:
         out.append(

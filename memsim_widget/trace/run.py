@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .cuda_autocast import cuda_like_autocast, recompute_context
+from .cuda_sdpa import CudaSdpaDevice, cuda_kernels
 from .torch_recipe import make_optimizer, precision_dtypes, probe_optimizer
 from .tracker import ROLES, MemoryTracker
 
@@ -448,6 +449,7 @@ def trace_training(
     activation_offloading: bool = False,
     optimizer_in_backward: bool = False,
     grad_accum_steps: int = 1,
+    sdpa_device: tuple[int, int] | None = None,
 ) -> TraceResult:
     """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
 
@@ -461,7 +463,9 @@ def trace_training(
     float): the step runs ``torch.compile``d with Inductor's decompositions and partitioner at that
     ``activation_memory_budget`` (1.0 is torch's default), its fusion emulated (trace/compiled.py).
     ``activation_offloading`` and ``optimizer_in_backward``: torchtune's (trace/torchtune_memory.py).
-    ``grad_accum_steps``: micro-batches per step, each loss scaled (``_train_step``).
+    ``grad_accum_steps``: micro-batches per step, each loss scaled (``_train_step``). ``sdpa_device`` (a CUDA
+    compute capability): SDPA runs as that CUDA device runs it (trace/cuda_sdpa.py; not under
+    ``compile_budget``: the compiled graph keeps the CPU's op).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -499,6 +503,12 @@ def trace_training(
             with (
                 tracker,
                 instrument(tracker) if instrument else contextlib.nullcontext(),
+                cuda_kernels(
+                    None
+                    if compile_budget is not None or sdpa_device is None
+                    else CudaSdpaDevice(sdpa_device),
+                    notes,
+                ),
                 _maybe_compiled(model, compile_budget, notes) as runner,
             ):
                 tracker.register(params, "parameter")

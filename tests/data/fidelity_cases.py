@@ -1891,6 +1891,49 @@ COMPILED_CASES: list[tuple[str, dict[str, Any]]] = (
     ]
 )
 
+#: GPT-2, BERT and RoBERTa compiled (engine/activations/compiled_layernorm.py) under autocast, with hidden dropout
+#: (GPT-2's resid_pdrop and embd_pdrop, BERT's hidden_dropout_prob as the presets default; attention dropout off:
+#: on a CPU SDPA takes the math kernel for it, on CUDA the fused kernel applies it inside) and with HF's full
+#: checkpointing; small shapes, and the real dimensions and vocabularies of gpt2, bert-base-uncased and roberta-base
+#: (two of their twelve layers) at a realistic length.
+_GPT2_HDROP = {**GPT2, "resid_pdrop": 0.1, "embd_pdrop": 0.1}
+_BERT_HDROP = {**BERT, "hidden_dropout_prob": 0.1}
+_GPT2_L2 = {**PRESETS["gpt2"], "n_layer": 2, "attn_pdrop": 0.0}
+_BERT_BASE_L2 = {**PRESETS["bert-base-uncased"], "num_hidden_layers": 2, "attention_probs_dropout_prob": 0.0}
+_ROBERTA_BASE_L2 = {**PRESETS["roberta-base"], "num_hidden_layers": 2, "attention_probs_dropout_prob": 0.0}
+_G2 = {"micro_batch_size": 2, "seq_len": 512, "compile": True}
+_B4 = {"micro_batch_size": 4, "seq_len": 256, "compile": True}
+COMPILED_CASES += [
+    ("gpt2 amp-bf16 sdpa b2 s512 compiled", {"model": GPT2, **_G2, "precision": "amp-bf16"}),
+    ("gpt2 amp-fp16 sdpa b2 s512 compiled", {"model": GPT2, **_G2, "precision": "amp-fp16"}),
+    ("gpt2 bf16 hidden dropout b2 s512 compiled", {"model": _GPT2_HDROP, **_G2}),
+    ("gpt2 amp-bf16 hidden dropout b2 s512 compiled", {"model": _GPT2_HDROP, **_G2, "precision": "amp-bf16"}),
+    ("gpt2 bf16 ckpt b2 s512 compiled", {"model": GPT2, **_G2, "activation_checkpointing": "full"}),
+    ("bert amp-bf16 sdpa b4 s256 compiled", {"model": BERT, **_B4, "precision": "amp-bf16"}),
+    ("bert amp-fp16 sdpa b4 s256 compiled", {"model": BERT, **_B4, "precision": "amp-fp16"}),
+    ("bert bf16 hidden dropout b4 s256 compiled", {"model": _BERT_HDROP, **_B4}),
+    ("bert amp-bf16 hidden dropout b4 s256 compiled", {"model": _BERT_HDROP, **_B4, "precision": "amp-bf16"}),
+    ("roberta amp-bf16 sdpa b4 s256 (no dropout) compiled", {"model": ROBERTA, **_B4, "precision": "amp-bf16"}),
+    ("bert bf16 ckpt b4 s256 compiled", {"model": BERT, **_B4, "activation_checkpointing": "full"}),
+    (
+        "gpt2 dims L2 V50257 amp-bf16 hidden dropout b4 s1024 compiled",
+        {"model": _GPT2_L2, "micro_batch_size": 4, "seq_len": 1024, "precision": "amp-bf16", "compile": True},
+    ),
+    (
+        "bert-base dims L2 V30522 amp-bf16 hidden dropout b8 s512 compiled",
+        {"model": _BERT_BASE_L2, "micro_batch_size": 8, "seq_len": 512, "precision": "amp-bf16", "compile": True},
+    ),
+    (
+        "roberta-base dims L2 V50265 bf16 hidden dropout b8 s512 compiled",
+        {"model": _ROBERTA_BASE_L2, "micro_batch_size": 8, "seq_len": 512, "compile": True},
+    ),
+    (
+        "gpt2 dims L2 V50257 bf16 hidden dropout ckpt b4 s1024 compiled",
+        {"model": _GPT2_L2, "micro_batch_size": 4, "seq_len": 1024, "activation_checkpointing": "full",
+         "compile": True},
+    ),
+]  # fmt: skip
+
 
 #: litgpt's own step (``framework: "litgpt"``; trace/litgpt.py runs litgpt 0.5.13's GPT, LoRA and chunked loss):
 #: the small Llama and Llama 3.2 1B's dimensions (real vocabulary, two layers; its tied head is a separate tensor in
