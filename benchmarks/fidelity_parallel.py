@@ -171,8 +171,10 @@ KNOWN_GAPS = [
     "from their backward are counted as every layer of the rank but one chunk's, an upper bound there) and "
     "DeepSpeed ZeRO-3 under a pipeline (formula) carry a caveat (`engine/caveats.pipeline_under_caveat`). "
     "The new-gradient transient (`states/gradients.new_gradient`) is counted for pipelines (with FSDP2 or "
-    "no data parallelism), not yet for gradient accumulation on one GPU or under DDP, where "
-    "`AccumulateGrad` adds in place alike (untraced there). GPipe's last stage without FSDP, once under "
+    "no data parallelism) and, for the head's and the embeddings' gradients, for gradient accumulation on "
+    'one GPU (traced: docs/fidelity.md, "Gradients '
+    'at the head and the embeddings"), not under DDP, where `AccumulateGrad` adds in place alike (untraced '
+    "there: the Reducer fails on fake tensors). GPipe's last stage without FSDP, once under "
     "by 7.2% ([2, 2]) and 5.8% ([3, 1]), is modelled and in the table (the `backward_next` rows).",
     "- **torchtitan pipelines without FSDP** (`precision: amp-bf16`, pp > 1, no FSDP, no TP): torchtitan's "
     "`maybe_enable_amp` disables mixed precision there too, but the pipeline tracer autocasts, so the engine "

@@ -339,10 +339,16 @@ def tied_head_grad_numel(ctx: Context, first: bool, last: bool) -> int:
     """Elements of the tied embedding gradient the head makes at the top of backward (``states/gradients.
     tied_head_grad``): on a rank holding both ends of the tie (no head copy, ``head_copy``), the embedding trained
     in full; else 0 (autograd sums the two before any optimizer-in-backward hook runs). Held to traces on the state-space families
-    (``arch.facts.ssm``: Mamba, Mamba-2, Jamba) only: the transformer families' tensor moments do not count it
-    yet (their tied rows are held without it; the allocator stream counts it for every family)."""
+    (``arch.facts.ssm``: Mamba, Mamba-2, Jamba) and, on one GPU with the optimizer stepping after backward, on the
+    transformer families (``states/gradients.one_gpu_backward``, docs/fidelity.md "Gradients at the head and the
+    embeddings"); elsewhere the transformer families' tensor moments do not count it yet (the allocator stream
+    counts it for every family)."""
     arch = ctx.arch
-    if not (arch.tied_embeddings and arch.facts.ssm is not None and first and last and ctx.full_training):
+    if not (arch.tied_embeddings and first and last and ctx.full_training):
+        return 0
+    p = ctx.par
+    one_gpu = (p.dp if p.zero == 0 else p.dp * p.cp) * p.tp * p.pp * p.ep == 1  # states/gradients.one_gpu
+    if arch.facts.ssm is None and not (one_gpu and not ctx.scenario.optimizer_in_backward):
         return 0
     if head_copy(ctx, first, last):
         return 0

@@ -120,7 +120,8 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
                "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads", "step_grads", "kept_after_backward",
                "grads_but_bottom_carried", "gathered_next", "prefetched", "new_grad", "new_grad_next",
-               "chunk_gathered", "tied_sum")  # fmt: skip
+               "chunk_gathered", "tied_sum", "head_made", "head_made_carried", "tied_head_part", "bottom_new",
+               "bottom_new_carried")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
 #: micro-batches (engine/step/timeline ``grads_carried``).
@@ -225,7 +226,7 @@ def _state_side(
 TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "post", "loss_forward",
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
                "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer",
-               "pp_buffer", "pp_output", "pp_logits", "bottom_backward")  # fmt: skip
+               "pp_buffer", "pp_output", "pp_logits", "bottom_backward", "logits_grad")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 

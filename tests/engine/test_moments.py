@@ -37,6 +37,7 @@ def test_every_group_the_table_names_is_on_one_side_and_every_declared_group_is_
     assert MOMENTS == (
         "forward_end",
         "backward_start",
+        "head_backward",
         "backward_regather",
         "backward_top",
         "chunk_regather",

@@ -41,6 +41,8 @@ class ActivationBudget:
     loss_forward: list[Term] = field(default_factory=list)  # logits and their fp32 copy, alive in the loss
     loss_saved: list[Term] = field(default_factory=list)  # saved by the loss until its backward
     loss_backward: list[Term] = field(default_factory=list)  # transients at the start of backward
+    # the logits' gradient in their dtype, alive while the head's backward makes its weight gradient
+    logits_grad: list[Term] = field(default_factory=list)
     layer_backward: list[Term] = field(default_factory=list)  # transients while one layer runs backward
     top_backward: list[Term] = field(default_factory=list)  # transients of the final norm's backward
     attention_backward: list[Term] = field(default_factory=list)  # transients of the attention's backward

@@ -108,6 +108,10 @@ def loss(st: HFLayer) -> None:
         out.loss_backward.append(
             Term("loss backward: two T x V gradient buffers", 2 * le * T * V, f"2 x {le} B x T x V", 2)
         )
+    if sc.loss != "chunked" and not loss_parallel(sc):
+        # the gradient the head's matmuls read, in the logits' dtype (an upcast loss casts it back), freed once
+        # the head's backward has made its weight gradient (traced: the `mm` of lm_head's weight gradient)
+        out.logits_grad.append(Term("logits' gradient (head backward)", le * T * V, f"{le} B x T x V", 1))
     cap = arch.facts.output.final_logit_softcapping
     if cap and sc.loss != "chunked":
         # Gemma 2/3: logits = tanh(logits / cap) x cap; tanh saves its output (compute dtype) until its

@@ -66,6 +66,17 @@ class StateBudget:
     new_grad: list[Item] = field(default_factory=list)
     new_grad_next: list[Item] = field(default_factory=list)
     chunk_gathered: list[Item] = field(default_factory=list)  # ... a chunk's layer and the other chunks'
+    # one GPU (gradients.one_gpu_backward): the gradients alive when the head's weight gradient is made (one
+    # micro-batch a step, and a later one of an accumulating step); the tied head's part of the embeddings'
+    # gradient, waiting in autograd's buffer from the head to the embeddings; the tensors the bottom of
+    # backward makes beside every gradient (one micro-batch, a later one); every gradient at layer 0's backward
+    # of a later micro-batch
+    head_made: list[Item] = field(default_factory=list)
+    head_made_carried: list[Item] = field(default_factory=list)
+    tied_head_part: list[Item] = field(default_factory=list)
+    bottom_new: list[Item] = field(default_factory=list)
+    bottom_new_carried: list[Item] = field(default_factory=list)
+    grads_at_bottom_carried: list[Item] = field(default_factory=list)
     step_temps: list[Item] = field(default_factory=list)
     host: list[Item] = field(default_factory=list)
     grad_bytes_per_layer: float = 0.0

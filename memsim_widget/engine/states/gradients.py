@@ -111,12 +111,72 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
     # no data parallelism (ZeRO-0: over dp; the planner's state key sees dp only, not cp, there)
     alone = (par.dp if z == 0 else dp) == 1
+    solo = one_gpu(ctx)
+    # one GPU: a layer's new gradients are freed (added in place) before its backward's largest transients
+    # (traced: the top layer's SiLU backward, beside no new gradient), so only a pipeline stage counts one here
     if par.pp > 1 and alone and ctx.full_training and not sc.optimizer_in_backward and stage.layers:
         scopes = trainable_scopes(ctx, groups)
         largest_layer = max(
             (e for (_, _, e), g in zip(trainable, scopes, strict=False) if g == "layer"), default=0
         )
         b.new_grad = [new_gradient(largest_layer, grad_b)] if largest_layer else []
+    if solo and ctx.full_training and not sc.optimizer_in_backward:
+        one_gpu_backward(ctx, groups, grad_b, b)
+
+
+def one_gpu(ctx: Context) -> bool:
+    """No data, tensor, pipeline or expert parallelism: one GPU, where ``one_gpu_backward`` was traced
+    (trace/run ``_train_step``, with or without accumulation). Context parallelism without ZeRO counts too (each
+    rank runs the same backward on its share of the sequence; untraced there): the planner's state key sees
+    dp alone under ZeRO-0, not cp."""
+    p = ctx.par
+    dp = p.dp if p.zero == 0 else p.dp * p.cp
+    return dp * p.tp * p.pp * p.ep == 1
+
+
+def one_gpu_backward(ctx: Context, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
+    """The embeddings' and the head's gradients as one GPU's backward makes them, where an earlier micro-batch's
+    are carried or the head is untied (traced, docs/fidelity.md "Gradients at the head and the embeddings"); a
+    tied head's part and the bottom's two parts beside their sum are ``tied_head_grad``'s. The head's weight
+    gradient is made at the top beside the logits' gradient; from the second micro-batch of an accumulating step
+    on it is a new tensor beside the accumulated ``.grad`` (``AccumulateGrad`` adds it in place,
+    ``new_gradient``). A tied head's part waits in autograd's input buffer until the embedding's backward, which
+    sums the two out of place (torch 2.13 ``autograd/input_buffer.cpp`` ``accumulate``: in place only into a
+    tensor whose last reference it holds; a real CPU run allocates the sum too): in a later micro-batch that
+    part is beside every accumulated gradient from the top to layer 0, and the sum a third V x h tensor beside
+    them at the bottom. Untied, the embedding's backward makes a new gradient of its own there."""
+    trained = [g for g in groups if g.group.stack not in ctx.frozen_stacks]
+    emb = max(
+        (g.numel_each for g in trained if g.group.kind == "embedding" and g.group.scope == "pre"), default=0
+    )
+    head = max(
+        (g.numel_each for g in trained if g.group.kind == "head" and g.group.scope == "post"), default=0
+    )
+    tied = tied_head_grad_numel(ctx, True, True) > 0 and bool(b.tied_sum)
+    part = _tied_part(emb, grad_b, "the head's part") if tied else None
+    b.tied_head_part = (
+        [part] if part else []
+    )  # counted only where gradients are carried (post_grads holds it)
+    b.head_made = list(b.post_grads)
+    top = part or (new_gradient(head, grad_b, f"head param {fmt_int(head)} x {grad_b} B") if head else None)
+    b.head_made_carried = [*b.grads, *([top] if top else [])]
+    if tied:
+        b.bottom_new_carried = [_tied_part(emb, grad_b, "their sum (out of place)")]
+    elif emb:
+        b.bottom_new_carried = [new_gradient(emb, grad_b, f"embedding param {fmt_int(emb)} x {grad_b} B")]
+    b.grads_at_bottom_carried = list(b.grads)
+
+
+def _tied_part(numel: int, grad_b: int, what: str) -> Item:
+    """One tensor of the tied embeddings' gradient in autograd's input buffer (``one_gpu_backward``)."""
+    return Item(
+        "gradients",
+        f"tied embeddings' gradient: {what}, in autograd's input buffer",
+        numel * grad_b,
+        f"{fmt_int(numel)} params x {grad_b} B",
+        "tensor",
+        1,
+    )
 
 
 def tied_head_grad(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:

@@ -42,6 +42,9 @@ STATE_GROUPS = (
     "new_grad",  # ... a layer's new gradient beside the carried accumulation, before AccumulateGrad adds it
     "new_grad_next",  # ... the same in GPipe's later backwards
     "chunk_gathered",  # ... an interleaved rank: a chunk's layer gathered, its other chunks' still from backward
+    "head_made",  # one GPU: the gradients alive as the head's weight gradient is made (a later micro-batch: it too)
+    "tied_head_part",  # one GPU: the tied head's part of the embeddings' gradient, in autograd's buffer
+    "bottom_new",  # one GPU: the embeddings' gradient parts (tied) or new gradient (a later micro-batch)
 )
 
 #: Activation groups (``engine/activations.ActivationBudget`` terms times layers and micro-batches).
@@ -75,6 +78,7 @@ ACTIVATION_GROUPS = (
     "cache_all",  # the whole held KV cache
     "bottom_backward",  # the embedding's backward transients (calibrated models only)
     "held_through_step",  # output_lifetime "step": the held output (logits and KV cache) at the step
+    "logits_grad",  # the logits' gradient in their dtype, alive while the head's backward runs (last stage)
 )
 
 #: The condition of a moment that only some steps have: an optimizer that steps after backward.
@@ -112,6 +116,21 @@ MOMENT_TABLE = (
     MomentRule(
         "backward_start", live=(*_COMMON, *_FORWARD, "loss_backward", "held_logits", "held_cache_extra")
     ),
+    # the head's backward: its weight gradient made beside the logits' gradient, the loss's buffers freed, every
+    # saved activation alive (one GPU: states/gradients.one_gpu_backward; empty elsewhere, less than the loss)
+    MomentRule(
+        "head_backward",
+        live=(
+            *_COMMON,
+            "head_made",
+            "pre",
+            "saved_at_loss",
+            "post",
+            "logits_grad",
+            "held_logits",
+            "held_cache_extra",
+        ),
+    ),  # fmt: skip
     # FSDP2's root re-gathered as backward starts (resharded after forward): every saved activation alive
     MomentRule(
         "backward_regather",
@@ -134,6 +153,7 @@ MOMENT_TABLE = (
         live=(
             *_COMMON,
             "head_grads",
+            "tied_head_part",
             "gathered",
             "prefetched",
             "kept_unsharded",
@@ -165,8 +185,8 @@ MOMENT_TABLE = (
             "rest",
         ),
         larger_of=(
-            ("grads_but_bottom", "own", "layer_backward", "held_logits", "cache_but_own"),
-            ("grads", "tied_sum", "held_logits", "cache_all", "bottom_backward"),
+            ("grads_but_bottom", "tied_head_part", "own", "layer_backward", "held_logits", "cache_but_own"),
+            ("grads", "tied_sum", "bottom_new", "held_logits", "cache_all", "bottom_backward"),
         ),
     ),
     # GPipe: the second micro-batch's (loss) backward, every gradient made by the first's backward, one

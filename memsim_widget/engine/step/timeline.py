@@ -196,7 +196,13 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "tied_sum": states.tied_sum,
         # ... at the bottom of a backward after the first one of the step (gradients carried)
         "grads_but_bottom_carried": [*states.accumulated_grads, *states.prefetched]
+        or states.grads_at_bottom_carried
         or states.grads_but_bottom,
+        "head_made": states.head_made,
+        "head_made_carried": states.head_made_carried,
+        "tied_head_part": states.tied_head_part,
+        "bottom_new": states.bottom_new,
+        "bottom_new_carried": states.bottom_new_carried,
         "gathered_next": states.gathered_next,
         "prefetched": states.prefetched,
         "kept_after_backward": states.kept_after_backward,
@@ -262,6 +268,11 @@ def state_group_table(
         "new_grad": where(carried, s["new_grad"], none),
         "new_grad_next": where(in_backward, none, s["new_grad_next"]),
         "chunk_gathered": s["chunk_gathered"],
+        # one GPU (states/gradients.one_gpu_backward): the gradients alive as the head's weight gradient is
+        # made, the tied head's part of the embeddings' gradient through backward, the bottom's new tensors
+        "head_made": where(carried, s["head_made_carried"], s["head_made"]),
+        "tied_head_part": where(carried, s["tied_head_part"], none),
+        "bottom_new": where(carried, s["bottom_new_carried"], s["bottom_new"]),
     }
 
 
@@ -536,6 +547,7 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
         "loss_forward": scale("loss_forward", last),
         "cache_per_layer": scale("cache_per_layer", Ls, layers_label),
         "loss_backward": scale("loss_backward", last),
+        "logits_grad": scale("logits_grad", last),
         "held_logits": held_logits,
         "held_cache_extra": scale("output_cache_extra", Ls, layers_label),
         "top_backward": scale("top_backward", last),
