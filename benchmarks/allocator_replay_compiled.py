@@ -16,9 +16,6 @@ Run: python benchmarks/allocator_replay_compiled.py [-k TEXT ...]   (20 s to 2 m
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
 from fidelity_cases import COMPILED_CASES  # noqa: E402
+from fresh_interpreter import run_json  # noqa: E402
 
 
 def cases() -> list[tuple[str, dict[str, Any]]]:
@@ -71,7 +69,7 @@ def compare(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare_in_subprocess(name: str) -> dict[str, Any]:
-    """``compare`` of case ``name`` in a fresh interpreter."""
+    """``compare`` of case ``name`` in a fresh interpreter (tests/data/fresh_interpreter.py says why)."""
     code = (
         "import json, sys\n"
         f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
@@ -79,14 +77,7 @@ def compare_in_subprocess(name: str) -> dict[str, Any]:
         "from fidelity_cases import COMPILED_CASES\n"
         "print(json.dumps(compare(dict(COMPILED_CASES)[sys.argv[1]])))\n"
     )
-    paths = [str(ROOT), str(ROOT / "tests" / "data"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    out = subprocess.run(
-        [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=ROOT, env=env
-    )
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json(code, name, timeout=None)
 
 
 def main() -> None:

@@ -159,15 +159,10 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str) -> None:
     accumulator: with it the 64-token Llama needs one more 20 MiB segment, +12.5%): within 1%, or one small
     segment on these small models (benchmarks/allocator_replay_compiled.py prints every case; docs/allocator.md
     lists them). Qwen3 is not here: its q/k-norm layers' forward transients are not written (+5.3%)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from fresh_interpreter import run_json
 
     pytest.importorskip("transformers")
-    root = Path(__file__).resolve().parents[2]
-    code = (  # a fresh interpreter: tests/trace/test_trace_compiled.py says why
+    code = (  # a fresh interpreter (fresh_interpreter says why)
         "import json, sys\n"
         "from fidelity_cases import COMPILED_CASES\n"
         "from memsim_widget.scenario import Scenario\n"
@@ -177,13 +172,7 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str) -> None:
         "res, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)\n"
         "print(json.dumps({'reserved': res.peak_reserved, 'allocated': res.peak_allocated}))\n"
     )
-    paths = [str(root), str(root / "tests" / "data"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    out = subprocess.run(
-        [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=root, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    traced = json.loads(out.stdout.strip().splitlines()[-1])
+    traced = run_json(code, name)
     from fidelity_cases import COMPILED_CASES
 
     ctx = _ctx({**dict(COMPILED_CASES)[name], "reserved_model": "replay"})

@@ -3,12 +3,6 @@ tensors, Inductor's fusion emulated by which nodes get a buffer (memsim_widget/t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -227,21 +221,13 @@ def test_compiled_full_checkpointing_traces_and_the_engine_stays_above_it(name: 
 
 
 def _compare_in_subprocess(name: str) -> dict:
-    # Each case traces in a fresh interpreter: after the eager traces of tests/trace (test_fidelity_trace.py and
-    # test_trace.py) and a compiled one in the same process, a compiled trace came out 4.5 MB (5-10%) higher, an
-    # order dependence not yet explained (not Dynamo's caches, reset around every compiled trace; not the
-    # cyclic garbage collector; not AOTAutograd's cache). Run alone, the trace is the same on every run.
-    root = Path(__file__).resolve().parents[2]
+    """``fidelity_cases.compare`` of case ``name`` in a fresh interpreter (``fresh_interpreter`` says why)."""
+    from fresh_interpreter import run_json
+
     code = (
         "import json, sys\n"
         "from fidelity_cases import COMPILED_CASES, compare\n"
         "r = compare(sys.argv[1], dict(COMPILED_CASES)[sys.argv[1]])\n"
         "print(json.dumps({k: r[k] for k in ('engine', 'trace', 'error')}))\n"
     )
-    paths = [str(root), str(root / "tests" / "data"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    out = subprocess.run(
-        [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=root, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json(code, name)
