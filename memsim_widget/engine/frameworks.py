@@ -348,7 +348,10 @@ def tied_head_grad_numel(ctx: Context, first: bool, last: bool) -> int:
         return 0
     p = ctx.par
     one_gpu = (p.dp if p.zero == 0 else p.dp * p.cp) * p.tp * p.pp * p.ep == 1  # states/gradients.one_gpu
-    if arch.facts.ssm is None and not (one_gpu and not ctx.scenario.optimizer_in_backward):
+    eager = (
+        not ctx.scenario.compile
+    )  # a compiled backward sums the two inside its graph (states/gradients.one_gpu)
+    if arch.facts.ssm is None and not (one_gpu and eager and not ctx.scenario.optimizer_in_backward):
         return 0
     if head_copy(ctx, first, last):
         return 0

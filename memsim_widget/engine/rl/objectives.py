@@ -198,6 +198,9 @@ def loss_terms(ctx: Context, sc: Scenario, acts: ActivationBudget) -> Activation
             )
         ]
     out.output_logits = []
+    # the head's backward with the logits' gradient (the SFT step's, ``loss.py``) is untraced under these losses;
+    # their traced peaks are the forward's end and the loss's backward, where the figures agree (docs/fidelity.md)
+    out.logits_grad = []
     if (
         sc.objective_name == "kto"
     ):  # the batch's attention mask, and the KV cache ``outputs`` holds to the loss's end

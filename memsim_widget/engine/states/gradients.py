@@ -131,7 +131,9 @@ def one_gpu(ctx: Context) -> bool:
     dp alone under ZeRO-0, not cp."""
     p = ctx.par
     dp = p.dp if p.zero == 0 else p.dp * p.cp
-    return dp * p.tp * p.pp * p.ep == 1
+    # eager only: a compiled backward is one graph, which sums a tied weight's two gradients inside it (the
+    # compiled GPT-2 trace holds no third V x h tensor)
+    return dp * p.tp * p.pp * p.ep == 1 and not ctx.scenario.compile
 
 
 def one_gpu_backward(ctx: Context, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
