@@ -335,6 +335,18 @@ def head_copy(ctx: Context, first: bool, last: bool) -> bool:
     return not first or profile(ctx).separate_head
 
 
+def one_eager_gpu(ctx: Context) -> bool:
+    """No data, tensor, pipeline or expert parallelism, and an eager backward: where one GPU's head and embedding
+    gradients were traced (``states/gradients.one_gpu_backward``, trace/run ``_train_step``, with or without
+    accumulation). Context parallelism without ZeRO counts too (each rank runs the same backward on its share
+    of the sequence; untraced there): the planner's state key sees dp alone under ZeRO-0, not cp. A compiled
+    backward is one graph, which sums a tied weight's two gradients inside it (the compiled GPT-2 trace holds
+    no third V x h tensor)."""
+    p = ctx.par
+    dp = p.dp if p.zero == 0 else p.dp * p.cp
+    return dp * p.tp * p.pp * p.ep == 1 and not ctx.scenario.compile
+
+
 def tied_head_grad_numel(ctx: Context, first: bool, last: bool) -> int:
     """Elements of the tied embedding gradient the head makes at the top of backward (``states/gradients.
     tied_head_grad``): on a rank holding both ends of the tie (no head copy, ``head_copy``), the embedding trained
@@ -346,12 +358,7 @@ def tied_head_grad_numel(ctx: Context, first: bool, last: bool) -> int:
     arch = ctx.arch
     if not (arch.tied_embeddings and first and last and ctx.full_training):
         return 0
-    p = ctx.par
-    one_gpu = (p.dp if p.zero == 0 else p.dp * p.cp) * p.tp * p.pp * p.ep == 1  # states/gradients.one_gpu
-    eager = (
-        not ctx.scenario.compile
-    )  # a compiled backward sums the two inside its graph (states/gradients.one_gpu)
-    if arch.facts.ssm is None and not (one_gpu and eager and not ctx.scenario.optimizer_in_backward):
+    if arch.facts.ssm is None and not (one_eager_gpu(ctx) and not ctx.scenario.optimizer_in_backward):
         return 0
     if head_copy(ctx, first, last):
         return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
     embedding_split,
+    one_eager_gpu,
     profile,
     reduce_bucket_elements,
     tied_head_grad_numel,
@@ -111,7 +112,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
     # no data parallelism (ZeRO-0: over dp; the planner's state key sees dp only, not cp, there)
     alone = (par.dp if z == 0 else dp) == 1
-    solo = one_gpu(ctx)
+    solo = one_eager_gpu(ctx)
     # one GPU: a layer's new gradients are freed (added in place) before its backward's largest transients
     # (traced: the top layer's SiLU backward, beside no new gradient), so only a pipeline stage counts one here
     if par.pp > 1 and alone and ctx.full_training and not sc.optimizer_in_backward and stage.layers:
@@ -122,18 +123,6 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
         b.new_grad = [new_gradient(largest_layer, grad_b)] if largest_layer else []
     if solo and ctx.full_training and not sc.optimizer_in_backward:
         one_gpu_backward(ctx, groups, grad_b, b)
-
-
-def one_gpu(ctx: Context) -> bool:
-    """No data, tensor, pipeline or expert parallelism: one GPU, where ``one_gpu_backward`` was traced
-    (trace/run ``_train_step``, with or without accumulation). Context parallelism without ZeRO counts too (each
-    rank runs the same backward on its share of the sequence; untraced there): the planner's state key sees
-    dp alone under ZeRO-0, not cp."""
-    p = ctx.par
-    dp = p.dp if p.zero == 0 else p.dp * p.cp
-    # eager only: a compiled backward is one graph, which sums a tied weight's two gradients inside it (the
-    # compiled GPT-2 trace holds no third V x h tensor)
-    return dp * p.tp * p.pp * p.ep == 1 and not ctx.scenario.compile
 
 
 def one_gpu_backward(ctx: Context, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
