@@ -253,6 +253,33 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g)\s*$", re.IGNORECASE)
 CUSTOM_CONTEXT_BYTES = int(0.5 * GiB)
 
 
+#: CUDA compute capability per catalog generation (its data-centre part) and the catalog cards that differ
+#: (NVIDIA's CUDA GPUs list); AMD's generations have none.
+_SM_OF_GENERATION = {
+    "volta": (7, 0),
+    "turing": (7, 5),
+    "ampere": (8, 0),
+    "ada": (8, 9),
+    "hopper": (9, 0),
+    "blackwell": (10, 0),
+}
+_SM_OF_CARD = {
+    "a10": (8, 6),
+    "a40": (8, 6),
+    "rtx-3060": (8, 6),
+    "rtx-3090": (8, 6),
+    "rtx-a6000": (8, 6),
+    "b300": (10, 3),
+    "rtx-5090": (12, 0),
+    "rtx-pro-6000": (12, 0),
+}
+
+
+def compute_capability(gpu: GPU) -> tuple[int, int] | None:
+    """The card's CUDA compute capability (major, minor); None for AMD cards and custom ones."""
+    return _SM_OF_CARD.get(gpu.id) or _SM_OF_GENERATION.get(gpu.generation)
+
+
 def custom_gpu(memory_gib: float, name: str | None = None) -> GPU:
     """A card known only by its memory size (GiB), with Hopper-like context and workspace; its speed and price
     are unknown (``GPU.speed``/``GPU.price`` None)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.catalog.gpus import resolve_gpu
+from memsim_widget.catalog.gpus import compute_capability, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.errors import ScenarioError
@@ -196,33 +196,10 @@ def _check_multi_gpu(sc: Scenario) -> None:
         check_distributed(sc)
 
 
-#: CUDA compute capability per catalog generation (its data-centre part) and the catalog cards that differ
-#: (NVIDIA's CUDA GPUs list); AMD's generations have none.
-_SM_OF_GENERATION = {
-    "volta": (7, 0),
-    "turing": (7, 5),
-    "ampere": (8, 0),
-    "ada": (8, 9),
-    "hopper": (9, 0),
-    "blackwell": (10, 0),
-}
-_SM_OF_CARD = {
-    "a10": (8, 6),
-    "a40": (8, 6),
-    "rtx-3060": (8, 6),
-    "rtx-3090": (8, 6),
-    "rtx-a6000": (8, 6),
-    "b300": (10, 3),
-    "rtx-5090": (12, 0),
-    "rtx-pro-6000": (12, 0),
-}
-
-
 def cuda_sm(sc: Scenario) -> tuple[int, int] | None:
-    """The compute capability of the scenario's card, None when it is not an NVIDIA GPU: the tracer then
-    chooses SDPA's kernel as CUDA does on it (trace/cuda_sdpa.py)."""
-    gpu = resolve_gpu(sc.gpu)
-    return _SM_OF_CARD.get(gpu.id) or _SM_OF_GENERATION.get(gpu.generation)
+    """The compute capability of the scenario's card (``catalog.gpus.compute_capability``), None when it is not an
+    NVIDIA GPU: the tracer then chooses SDPA's kernel as CUDA does on it (trace/cuda_sdpa.py)."""
+    return compute_capability(resolve_gpu(sc.gpu))
 
 
 def trace_kwargs(sc: Scenario) -> dict[str, Any]:
