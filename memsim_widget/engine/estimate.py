@@ -445,6 +445,8 @@ class Estimate:
         rep = self.card_replay
         if rep is None:
             return {}
+        from memsim_widget.engine.counters.allocator import oom_fields  # the replay's module: loaded with it
+
         f = rep.failure
         return {
             **self.verdict_why(),
@@ -453,9 +455,7 @@ class Estimate:
                 "runs": rep.runs,
                 "cache_releases": rep.cache_releases,
                 "room_without_release_bytes": rep.needed,
-                "oom_cause": f.cause if f else None,
-                "oom_request_bytes": f.request if f else None,
-                "oom_largest_free_bytes": f.largest_free if f else None,
+                **oom_fields(f),
                 "oom_free_bytes": f.free_bytes if f else None,
                 "oom_phase": rep.at or None,
             },

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.engine.counters.allocator import AllocatorConf, Event, ReplayResult, alloc, free, replay
+from memsim_widget.engine.counters.allocator import (
+    AllocatorConf,
+    Event,
+    ReplayResult,
+    alloc,
+    free,
+    oom_fields,
+    replay,
+)
 
 #: The ATen ops that call cuBLAS (through ``at::cuda::blas``): the first of them on a thread makes that
 #: thread's handle and its workspace (``getCurrentCUDABlasHandle``, after the op has allocated its output).
@@ -95,7 +103,6 @@ def traced_counters(sc: Any, result: Any) -> dict[str, Any]:
     events, outside, conf, memory = _prepared(tracker, sc, None)
     res = replay(events, conf=conf)
     on_card = replay(events, capacity=max(memory - outside, 0), conf=conf)
-    f = on_card.failure
     return {
         "peak_allocated_bytes": res.peak_allocated,
         "peak_reserved_bytes": res.peak_reserved,
@@ -108,9 +115,7 @@ def traced_counters(sc: Any, result: Any) -> dict[str, Any]:
             "runs": on_card.ok,
             "only_by_releasing_cache": on_card.only_by_releasing_cache,
             "cache_releases": on_card.cache_releases,
-            "oom_cause": f.cause if f else None,
-            "oom_request_bytes": f.request if f else None,
-            "oom_largest_free_bytes": f.largest_free if f else None,
+            **oom_fields(on_card.failure),
         },
     }
 

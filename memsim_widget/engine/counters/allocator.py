@@ -25,6 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import field
+from typing import Any
 
 from memsim_widget.alloc_conf import (
     ALLOC_CONF_OPTIONS,
@@ -129,6 +130,16 @@ class Failure:
     free_bytes: int
     largest_free: int
     cause: str
+
+
+def oom_fields(f: Failure | None) -> dict[str, Any]:
+    """A failed replay's cause, request and largest free block as ``--json`` and the trace's report name them
+    (None each when the replay ran)."""
+    return {
+        "oom_cause": f.cause if f else None,
+        "oom_request_bytes": f.request if f else None,
+        "oom_largest_free_bytes": f.largest_free if f else None,
+    }
 
 
 @dataclass(frozen=True)
