@@ -42,8 +42,10 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def compare(d: dict[str, Any]) -> dict[str, int | str]:
-    """The trace's replay, the engine stream's and the fitted rule's reserved for scenario ``d``."""
+def compare(d: dict[str, Any], traced_only: bool = False) -> dict[str, int | str]:
+    """The trace's replay, the engine stream's and the fitted rule's reserved for scenario ``d`` (under
+    ``reserved_model: replay``); with ``traced_only`` also the stream without the CUDA-only scratch the CPU trace
+    cannot see (``rank_stream(traced_only=True)``, benchmarks/allocator_replay_compiled.py)."""
     from memsim_widget import estimate
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
@@ -53,16 +55,22 @@ def compare(d: dict[str, Any]) -> dict[str, int | str]:
     from memsim_widget.trace.api import trace_config
     from memsim_widget.trace.replay import replay_trace
 
-    sc = Scenario.from_dict(d)
+    sc = Scenario.from_dict({**d, "reserved_model": "replay"})
     traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
     ctx = Context(objectives.training_scenario(sc))
     rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
+    seen = (
+        replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx))
+        if traced_only
+        else None
+    )
     fitted = estimate(Scenario.from_dict({**d, "reserved_model": "fitted"})).ranks[0].peak_reserved_bytes
     return {
         "trace": traced.peak_reserved,
         "trace_alloc": traced.peak_allocated,
         "stream": rep.peak_reserved,
         "stream_alloc": rep.peak_allocated,
+        **({"stream_traced_only": seen.peak_reserved} if seen else {}),
         "fitted": fitted,
         "at": rep.at,
     }

@@ -25,6 +25,9 @@ sys.path.insert(0, str(ROOT / "tests" / "data"))
 from fidelity_cases import COMPILED_CASES  # noqa: E402
 from fresh_interpreter import run_json  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from allocator_replay_accum import compare as accum_compare  # noqa: E402
+
 
 def cases() -> list[tuple[str, dict[str, Any]]]:
     """The compiled cases the traced rule covers, at torch's default activation memory budget."""
@@ -41,31 +44,9 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
 
 
 def compare(d: dict[str, Any]) -> dict[str, Any]:
-    """The compiled trace's replay, the engine stream's and the fitted rule's reserved for scenario ``d``."""
-    from memsim_widget import estimate
-    from memsim_widget.engine.context import Context
-    from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
-    from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.engine.rl import objectives
-    from memsim_widget.scenario import Scenario
-    from memsim_widget.trace.api import trace_config
-    from memsim_widget.trace.replay import replay_trace
-
-    sc = Scenario.from_dict({**d, "reserved_model": "replay"})
-    traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
-    ctx = Context(objectives.training_scenario(sc))
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    seen = replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx))
-    fitted = estimate(Scenario.from_dict({**d, "reserved_model": "fitted"})).ranks[0].peak_reserved_bytes
-    return {
-        "trace": traced.peak_reserved,
-        "trace_alloc": traced.peak_allocated,
-        "stream": rep.peak_reserved,
-        "stream_alloc": rep.peak_allocated,
-        "stream_traced_only": seen.peak_reserved,
-        "fitted": fitted,
-        "at": rep.at,
-    }
+    """The compiled trace's replay, the engine stream's (also without CUDA-only scratch) and the fitted rule's
+    reserved for scenario ``d`` (``allocator_replay_accum.compare``)."""
+    return dict(accum_compare(d, traced_only=True))
 
 
 def compare_in_subprocess(name: str) -> dict[str, Any]:
