@@ -158,7 +158,9 @@ def main() -> None:
         b = e["buckets"]
         wrap = [size for _, size, _ in t["wrap"] if size != FREE]
         print(f"find_unused_parameters={fu}")
-        print(f"  DDP's bucket_sizes at wrap {t['bucket_sizes']}; engine (allocation order) {list(b.initial)}")
+        print(
+            f"  DDP's bucket_sizes at wrap {t['bucket_sizes']}; engine (allocation order) {list(b.initial)}"
+        )
         rebuilt = [size for _, size, _ in t.get("rebuild", []) if size >= 2**20]
         print(f"  buckets traced at the rebuild {rebuilt}; engine {list(b.rebuilt)}")
         print(f"  traced at wrap (allocations in order): {wrap}")
