@@ -74,7 +74,9 @@ def cuda_cross_entropy(
     if input.dtype in _HALF and plain and target.shape != input.shape:
         logp = F.log_softmax(input, 0 if input.dim() == 1 else 1, dtype=input.dtype)
         return F.nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
-    return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    return F.cross_entropy(
+        input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
+    )
 
 
 def _fp32(x: Any) -> Any:

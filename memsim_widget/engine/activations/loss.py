@@ -138,6 +138,10 @@ def autocast_ce_terms(st: HFLayer, T: int, V: int, le: int) -> None:
     the copy and the fp32 gradient are freed). Measured on an H200: roberta-base-amp 15.48 GiB allocated."""
     out = st.out
     out.loss_forward.append(Term("logits", le * T * V, f"{le} B x T x V, V={V}", 1))
-    out.loss_saved.append(Term("log-softmax saved by the loss (logits' dtype)", le * T * V, f"{le} B x T x V", 1))
+    out.loss_saved.append(
+        Term("log-softmax saved by the loss (logits' dtype)", le * T * V, f"{le} B x T x V", 1)
+    )
     out.loss_saved.append(Term(NLL_FP32_COPY, 4 * T * V, "4 B x T x V", 1))
-    out.loss_backward.append(Term("loss backward: nll_loss's fp32 T x V gradient", 4 * T * V, "4 B x T x V", 1))
+    out.loss_backward.append(
+        Term("loss backward: nll_loss's fp32 T x V gradient", 4 * T * V, "4 B x T x V", 1)
+    )

@@ -409,19 +409,8 @@ def micro_batch(
     tangents: list[int] = []
     if compiled:
         tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
-    elif copy:  # CUDA autocast's cross-entropy on 16-bit logits (activations/loss.autocast_ce_terms), in order
-        grad_out = s.items(a["loss_backward"])  # nll_loss's fp32 gradient
-        s.free(copy)  # the fp32 copy nll_loss saved
-        back = s.alloc(s.size(kept[0]))  # the gradient cast back to the log-softmax's 16-bit dtype
-        s.free(grad_out)
-        grad_logits = s.alloc(s.size(kept[0]))  # log-softmax's backward: the logits' gradient
-        s.free(back + kept)
     else:
-        grad_out = s.items(a["loss_backward"])
-        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-        grad_logits = s.alloc(s.size(cast[0])) if cast else []
-        s.free(grad_out[1:])
+        grad_logits = _loss_backward(s, a["loss_backward"], cast, kept, copy)
     if comm is not None and outside:
         comm.backward_start(len(saved))
     s.mark(f"{label} backward")
@@ -511,6 +500,27 @@ def _loss_forward(
     if comm is not None and not outside:
         comm.forward_end()
     return cast, held, kept, copy
+
+
+def _loss_backward(
+    s: StreamWriter, items: Sequence[Any], cast: list[int], kept: list[int], copy: list[int]
+) -> list[int]:
+    """An eager loss's backward from its buffers (``items``) and what its forward saved (``kept``; ``copy``:
+    nll_loss's fp32 copy of a 16-bit log-softmax), freeing them as autograd does; the logits' gradient it leaves
+    (``cast``: the 16-bit logits an upcast loss casts its gradient back to), empty where the stream omits it."""
+    grad_out = s.items(items)
+    if copy:  # CUDA autocast's cross-entropy on 16-bit logits (activations/loss.autocast_ce_terms)
+        s.free(copy)  # nll_loss's fp32 gradient made, the fp32 copy it saved is freed
+        back = s.alloc(s.size(kept[0]))  # the gradient cast back to the log-softmax's 16-bit dtype
+        s.free(grad_out)
+        grad_logits = s.alloc(s.size(kept[0]))  # log-softmax's backward: the logits' gradient
+        s.free(back + kept)
+        return grad_logits
+    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+    grad_logits = s.alloc(s.size(cast[0])) if cast else []
+    s.free(grad_out[1:])
+    return grad_logits
 
 
 def compiled_loss_backward(
