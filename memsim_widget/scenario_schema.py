@@ -121,6 +121,9 @@ SCHEMA: tuple[Field, ...] = (
     Field("output_lifetime", str, "how long the loop holds the model output (scenario.OUTPUT_LIFETIMES); unset: "
           "the framework's own", "scenario:OUTPUT_LIFETIMES", optional=True, cli="output_lifetime",
           widget=_w("outputs kept", "select", "Training")),
+    Field("zero_grad", str, "what zero_grad does to the gradients after the optimizer step: set_to_none frees "
+          "them, zeros keeps them through the next step (PyTorch < 2.0); unset: set_to_none",
+          "scenario:ZERO_GRADS", optional=True, cli="zero_grad"),
     Field("images_per_sample", int, "multimodal models: images per sample (unset: 1)", optional=True,
           cli="images_per_sample"),
     Field("freeze_vision", bool, "multimodal models under full training: the vision tower is frozen (unset: the "

@@ -50,6 +50,7 @@ from memsim_widget.engine.counters.allocator import (
 )
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
+from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.fast_dataclass import dataclass
@@ -291,6 +292,7 @@ def step_stream(
     micro: int = 1,
     repeat: bool = True,
     fsdp: Any = None,
+    kept: bool = False,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -298,7 +300,9 @@ def step_stream(
     order backward makes their gradients (None: every layer's share of the gradients at once), ``micro`` the
     micro-batches run forward and backward before each optimizer step (gradient accumulation: the first makes
     the gradients, the later ones add theirs in place, ``_Grads``), ``fsdp`` a rank's FSDP2 units
-    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs)."""
+    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs), ``kept``
+    the gradients kept as zeros by ``zero_grad`` (``frameworks.grads_kept``): made by the first step's backward
+    and never freed, every later backward adding its gradients in place as an accumulation step does."""
     s = StreamWriter()
     comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
     grads = _Grads(s, sg, numels, order)
@@ -313,20 +317,21 @@ def step_stream(
     later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
         a = earlier if step == 1 and earlier is not None else ag
-        kept: list[int] = []
+        made_grads: list[int] = []
         held: list[int] = []
         for m in range(1, max(micro, 1) + 1):
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
-            grads.new = m > 1
+            grads.new = m > 1 or (kept and step > 1)
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
             work = late if step == m == 1 else ()
             made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
-            kept = kept or made
+            made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
             s.per_param(later, params)
         s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
-        s.free(kept + held)  # zero_grad(set_to_none=True) drops the gradients in the parameters' order
+        # zero_grad(set_to_none=True) drops the gradients in the parameters' order; zeroed in place, they stay
+        s.free(held if kept else made_grads + held)
         if comm is not None:
             comm.zero_grad()
     return s
@@ -621,8 +626,9 @@ def fsdp2_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
     one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
-    precision), not in fp8, eager (a compiled step's FSDP2 is not traced here)."""
-    from memsim_widget.engine.frameworks import parameters_fetched_from_host, profile
+    precision), not in fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by
+    ``zero_grad`` (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled)."""
+    from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
     return (
@@ -635,6 +641,7 @@ def fsdp2_replayable(ctx: Any) -> bool:
         and sc.grad_accum_steps == 1
         and not sc.fp8_all_gather
         and not sc.compile
+        and not grads_kept(sc)
     )
 
 
@@ -677,7 +684,17 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 else None
     return step_stream(
-        ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro, fsdp=fsdp
+        ag,
+        sg,
+        first,
+        numels,
+        stage.layers,
+        steps,
+        order,
+        earlier=earlier,
+        micro=micro,
+        fsdp=fsdp,
+        kept=grads_kept(ctx.scenario),
     )
 
 
