@@ -589,9 +589,9 @@ def replayable(ctx: Any) -> bool:
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
-        sc.reserved_model == "replay"
+        sc.replays_reserved
         and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx))
-        and not sc.activation_offloading
+        and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
         and not sc.optimizer_in_backward
     )
