@@ -434,10 +434,10 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "activation_offloading_layers": None,
 }
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
-#: rule of engine/counters/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
-#: step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median +0.0% on the
-#: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps only, gradient
-#: accumulation included, the fitted rule elsewhere). docs/allocator.md.
+#: rule of engine/counters/overhead.py, two fitted constants, fast and +22% median over the H200 runs) or ``replay`` (a
+#: replay of the step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median
+#: +0.0% on the H200 runs, under on published long runs with variable lengths, 5-50 ms per new shape; the steps the
+#: stream models, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
 #: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch).
 DEFAULT_RESERVED_MODEL = "fitted"
