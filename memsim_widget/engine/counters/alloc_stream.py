@@ -605,18 +605,18 @@ class _Args:
 
 
 def replayable(ctx: Any) -> bool:
-    """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
-    and the stream models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
+    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
+    ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
+    models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), or an FSDP2 rank with one micro-batch
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``); nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
-        sc.reserved_model == "replay"
+        sc.replays_reserved
         and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx))
-        and not sc.activation_offloading
+        and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
         and not sc.optimizer_in_backward
     )
