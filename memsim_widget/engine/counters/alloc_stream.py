@@ -36,7 +36,7 @@ from memsim_widget.engine.activations.forward import (
     final_norm_transients,
     layer_forward_transients,
 )
-from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
+from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
 from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
 from memsim_widget.engine.counters.allocator import (
     FREE,
@@ -420,7 +420,7 @@ def micro_batch(
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
-    cast, held, kept = _loss_forward(s, a, capped, comm)
+    cast, held, kept, copy = _loss_forward(s, a, capped, comm)
     s.mark(f"{label} loss backward")
     if comm is not None and not outside:
         comm.backward_start(len(saved))
@@ -429,11 +429,7 @@ def micro_batch(
     if compiled:
         tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
     else:
-        grad_out = s.items(a["loss_backward"])
-        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-        grad_logits = s.alloc(s.size(cast[0])) if cast else []
-        s.free(grad_out[1:])
+        grad_logits = _loss_backward(s, a["loss_backward"], cast, kept, copy)
     if comm is not None and outside:
         comm.backward_start(len(saved))
     s.mark(f"{label} backward")
@@ -493,10 +489,11 @@ def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], 
 
 def _loss_forward(
     s: StreamWriter, a: dict[str, Sequence[Any]], capped: list[Any], comm: Fsdp2Writer | None
-) -> tuple[list[int], list[int], list[int]]:
+) -> tuple[list[int], list[int], list[int], list[int]]:
     """The loss's forward (``micro_batch``'s order): the logits and their upcast, the output the loop holds, what
     the loss saves (but ``capped``, made before), the logits freed; the handles of the 16-bit logits an upcast
-    loss's backward casts its gradient back to, of the held output and of the saved tensors. Under FSDP2
+    loss's backward casts its gradient back to, of the held output, of the saved tensors and (CUDA autocast's
+    cross-entropy on 16-bit logits) of nll_loss's fp32 copy of the log-softmax, made after them. Under FSDP2
     (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
     upcasts its logits (torchtitan), after a loss computed inside it."""
     outside = comm is not None and comm.u.loss_outside
@@ -515,11 +512,34 @@ def _loss_forward(
     if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
         comm.forward_end()
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-    kept = s.items([i for i in a["loss_saved"] if i not in capped])
+    copies = [i for i in a["loss_saved"] if i.item.startswith(NLL_FP32_COPY)]
+    kept = s.items([i for i in a["loss_saved"] if i not in capped and i not in copies])
+    copy = s.items(copies)
     s.free(logits)
     if comm is not None and not outside:
         comm.forward_end()
-    return cast, held, kept
+    return cast, held, kept, copy
+
+
+def _loss_backward(
+    s: StreamWriter, items: Sequence[Any], cast: list[int], kept: list[int], copy: list[int]
+) -> list[int]:
+    """An eager loss's backward from its buffers (``items``) and what its forward saved (``kept``; ``copy``:
+    nll_loss's fp32 copy of a 16-bit log-softmax), freeing them as autograd does; the logits' gradient it leaves
+    (``cast``: the 16-bit logits an upcast loss casts its gradient back to), empty where the stream omits it."""
+    grad_out = s.items(items)
+    if copy:  # CUDA autocast's cross-entropy on 16-bit logits (activations/loss.autocast_ce_terms)
+        s.free(copy)  # nll_loss's fp32 gradient made, the fp32 copy it saved is freed
+        back = s.alloc(s.size(kept[0]))  # the gradient cast back to the log-softmax's 16-bit dtype
+        s.free(grad_out)
+        grad_logits = s.alloc(s.size(kept[0]))  # log-softmax's backward: the logits' gradient
+        s.free(back + kept)
+        return grad_logits
+    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+    grad_logits = s.alloc(s.size(cast[0])) if cast else []
+    s.free(grad_out[1:])
+    return grad_logits
 
 
 def compiled_loss_backward(
@@ -599,9 +619,9 @@ class _Args:
 
 
 def replayable(ctx: Any) -> bool:
-    """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
-    and the stream models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
+    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
+    ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
+    models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank with one micro-batch
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``); nothing
@@ -609,9 +629,9 @@ def replayable(ctx: Any) -> bool:
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
-        sc.reserved_model == "replay"
+        sc.replays_reserved
         and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx) or ddp_replayable(ctx))
-        and not sc.activation_offloading
+        and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
         and not sc.optimizer_in_backward
     )
