@@ -37,6 +37,8 @@ from memsim_widget.engine.activations.linears import ATTN_IN, MLP_IN, MLP_OUT
 #: 2's loss backward needs a new one (benchmarks/allocator_replay.py --compare llama8b-lora).
 Step = tuple[str, int]
 IN, OUT, SAVED = "in", "out", "saved"
+#: The Linears a Llama-style TP plan shards by rows (``RowwiseParallel``): their outputs are all-reduced.
+_ROWWISE = frozenset({"o_proj", "down_proj"})
 _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 
 
@@ -193,7 +195,9 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
 
     def proj(module: str, width: int, name: str) -> None:
         # peft: the base output, lora_B's fp32 output, * scaling, + the base output (fp32), .to(bf16)
-        if module in targets and cast:
+        if module in _ROWWISE and D.tp > 1:  # TP: the partial sums, their all-reduced clone (counters/tp_stream)
+            out.extend([(f"{name}_partial", r * T * width), (name, r * T * width), (f"{name}_partial", 0)])
+        elif module in targets and cast:
             out.extend([("base", r * T * width), ("B", 4 * T * width), ("scaled", 4 * T * width), ("B", 0)])
             out.extend(
                 [("sum", 4 * T * width), ("scaled", 0), ("base", 0), (name, r * T * width), ("sum", 0)]

@@ -51,6 +51,7 @@ from memsim_widget.engine.counters.allocator import (
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
+from memsim_widget.engine.counters.tp_stream import HEAD_GATHER, gather_logits, head_gather, scatter_gradient
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, new_gradient
@@ -430,6 +431,8 @@ def micro_batch(
         tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
     else:
         grad_logits = _loss_backward(s, a["loss_backward"], cast, kept, copy)
+        if a.get(HEAD_GATHER):  # TP's gathered logits: the gradient cut back to the rank's columns
+            grad_logits = scatter_gradient(s, grad_logits, a[HEAD_GATHER][0])
     if comm is not None and outside:
         comm.backward_start(len(saved))
     s.mark(f"{label} backward")
@@ -499,9 +502,13 @@ def _loss_forward(
     outside = comm is not None and comm.u.loss_outside
     logits: list[int] = []
     cast: list[int] = []
+    gather = a.get(HEAD_GATHER, ())
     for i in a["loss_forward"]:
         at = len(s.events)
         made = s.items([i])
+        if gather and not logits and made:  # TP's head gathers the logits (tp_stream)
+            gather_logits(s, at, gather[0])
+            at += 4  # the logits after the local logits and the gather's output, which are freed then
         cast += made[:1] if _upcast([i]) and not cast else []
         if comm is not None and outside and not logits and made:  # the model's output (the first tensor)
             rest = s.events[at + 1 :]
@@ -702,6 +709,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
     ag[FINAL_NORM] = final_norm_transients(ctx)
+    ag[HEAD_GATHER] = head_gather(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
@@ -713,6 +721,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
+        earlier[HEAD_GATHER] = head_gather(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         per_op = (LAYER_FORWARD, FINAL_NORM)
         ag = {k: v if k in per_op else [i for i in v if i.level != "allocator"] for k, v in ag.items()}

@@ -1,0 +1,68 @@
+"""A tensor-parallel rank's own buffers in the allocation stream (``alloc_stream``): DTensor TP as transformers'
+plan (``tp_plan`` "hf") applies it, one rank of a tp-way group, no sequence parallel, dp = 1.
+
+Read in torch 2.13.0 and restated here (nothing copied):
+
+- Which CUDA stream. The functional collectives DTensor calls (``torch/distributed/_functional_collectives.py``:
+  ``all_reduce``, ``all_gather_tensor``, ``reduce_scatter_tensor``, through ``torch.ops._c10d_functional``)
+  allocate their outputs in ``torch/csrc/distributed/c10d/Functional.cpp``: ``all_reduce`` clones its input
+  (``input.clone(at::MemoryFormat::Contiguous)``) and reduces the clone in place, ``all_gather_into_tensor``
+  makes ``at::empty`` of world x the input; both on the calling thread's current stream, the compute stream
+  (NCCL runs the work on its own stream and records the tensors on it; the caching allocator caches a block
+  on the stream it was allocated on). ``wait_tensor`` returns its input (no allocation on the device; its fake
+  kernel makes a new tensor, which ``trace/tracker.py`` counts as the input, ``_ALIASING_WAITS``). So every TP
+  buffer is on stream 0, as the trace of a TP rank shows.
+- A rowwise Linear (``o_proj``, ``down_proj``: ``RowwiseParallel``, output ``Replicate``): its local matmul
+  makes the partial sums (T x h), the redistribution Partial -> Replicate all-reduces a clone of them, the
+  partial sums are freed once the clone is made, the clone is the layer's output
+  (``engine/activations/forward.layer_forward_transients`` writes the pair).
+- The head under the "hf" plan (``colwise_gather_output``: output ``Replicate`` on the last dimension): the
+  local logits T x V/tp, the all-gather's output (tp x T x V/tp, gathered on dim 0), the logits T x V made by
+  the concatenation that moves the gathered dimension last; the gather's output and the local logits freed
+  then, before the loss upcasts. In backward the logits' gradient is cut back to the rank's columns: a
+  contiguous copy T x V/tp (``clone``), the full gradient freed once it is made.
+
+Held to the fake-tensor trace of one TP rank (``trace/distributed.py``) replayed the same way
+(``python benchmarks/allocator_replay_tp.py``, docs/allocator.md "Tensor parallel ranks").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The key of ``alloc_stream.step_stream``'s activation groups holding the head's gather under the "hf" plan:
+#: (the local logits' bytes, the tp degree); absent or empty: the head makes the logits itself.
+HEAD_GATHER = "head_gather"
+
+
+def head_gather(ctx: Any) -> tuple[int, ...]:
+    """``(tp,)`` when the rank's head gathers the full logits (tp > 1, the vocabulary not split: transformers'
+    ``colwise_gather_output``), else ()."""
+    from memsim_widget.engine.frameworks import vocab_split
+
+    return (ctx.par.tp,) if ctx.par.tp > 1 and not vocab_split(ctx) else ()
+
+
+def gather_logits(s: Any, at: int, tp: int) -> None:
+    """Write the head's gather around the logits the stream ``s`` (``alloc_stream.StreamWriter``) has just
+    allocated as event ``at``: before them the local logits (1/tp of their size) and the all-gather's output
+    (their size), after them both freed, the gather's first (as the trace frees them)."""
+    ev = s.events
+    logits, rest = ev[at], ev[at + 1 :]
+    del ev[at:]
+    size = logits[1]
+    local = s.alloc(max(size // tp, 1))
+    gathered = s.alloc(size)
+    ev.append(logits)
+    s.free(gathered + local)
+    ev += rest
+
+
+def scatter_gradient(s: Any, grad_logits: list[int], tp: int) -> list[int]:
+    """Backward of the gather: the logits' gradient cut to the rank's columns (a contiguous T x V/tp copy), the
+    full gradient freed; the handles of the copy."""
+    if not grad_logits:
+        return grad_logits
+    local = [h for g in grad_logits for h in s.alloc(max(s.size(g) // tp, 1))]
+    s.free(grad_logits)
+    return local
