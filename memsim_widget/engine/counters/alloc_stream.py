@@ -51,7 +51,15 @@ from memsim_widget.engine.counters.allocator import (
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
-from memsim_widget.engine.counters.tp_stream import HEAD_GATHER, gather_logits, head_gather, scatter_gradient
+from memsim_widget.engine.counters.tp_stream import (
+    EMBEDDING_GRAD,
+    HEAD_GATHER,
+    embedding_grad,
+    gather_logits,
+    weights_by_param,
+    head_gather,
+    scatter_gradient,
+)
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, new_gradient
@@ -296,6 +304,7 @@ def step_stream(
     fsdp: Any = None,
     kept: bool = False,
     ddp: DdpBuckets | None = None,
+    per_param: bool = False,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -307,7 +316,9 @@ def step_stream(
     the gradients kept as zeros by ``zero_grad`` (``frameworks.grads_kept``): made by the first step's backward
     and never freed, every later backward adding its gradients in place as an accumulation step does; ``ddp`` a
     DDP rank's buffers (``ddp_stream.DdpBuckets``: the wrap-time broadcast and buckets after the weights, the
-    rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again)."""
+    rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again),
+    ``per_param`` the weights made one tensor at a time in the module's order (``tp_stream.weights_by_param``;
+    a TP rank's)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
@@ -317,7 +328,8 @@ def step_stream(
     grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
-    s.items(first, numels)
+    if not (per_param and weights_by_param(s, first, params)):
+        s.items(first, numels)
     if reducer is not None:
         s.mark("DDP wrap")
         reducer.wrap()
@@ -465,9 +477,10 @@ def micro_batch(
     if copied:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
         db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
         layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
-    bottom_grads = grads.made(order.bottom if order else (), layers + 2)
+    f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
+    bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
-        emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+        emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x) * f)]
         summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
         s.free(top_grads[:k] + emb)
         top_grads = summed + top_grads[k:]
@@ -710,6 +723,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
     ag[FINAL_NORM] = final_norm_transients(ctx)
     ag[HEAD_GATHER] = head_gather(ctx)
+    ag[EMBEDDING_GRAD] = embedding_grad(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
@@ -722,6 +736,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
         earlier[HEAD_GATHER] = head_gather(short)
+        earlier[EMBEDDING_GRAD] = embedding_grad(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         per_op = (LAYER_FORWARD, FINAL_NORM)
         ag = {k: v if k in per_op else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
@@ -741,6 +756,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         fsdp=fsdp,
         kept=grads_kept(ctx.scenario),
         ddp=ddp,
+        per_param=ctx.par.tp > 1,
     )
 
 

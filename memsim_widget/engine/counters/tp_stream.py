@@ -28,11 +28,18 @@ Held to the fake-tensor trace of one TP rank (``trace/distributed.py``) replayed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+#: Item levels the caching allocator serves (``alloc_stream._POOLED``).
+_POOLED = ("tensor", "allocator")
 
 #: The key of ``alloc_stream.step_stream``'s activation groups holding the head's gather under the "hf" plan:
 #: (the local logits' bytes, the tp degree); absent or empty: the head makes the logits itself.
 HEAD_GATHER = "head_gather"
+#: The key of the factor the input embedding's gradient has over its shard: ``(tp,)`` where TP shards the
+#: embedding's vocabulary (``embedding_grad``); absent: 1.
+EMBEDDING_GRAD = "embedding_grad"
 
 
 def head_gather(ctx: Any) -> tuple[int, ...]:
@@ -66,3 +73,33 @@ def scatter_gradient(s: Any, grad_logits: list[int], tp: int) -> list[int]:
     local = [h for g in grad_logits for h in s.alloc(max(s.size(g) // tp, 1))]
     s.free(grad_logits)
     return local
+
+
+def embedding_grad(ctx: Any) -> tuple[int, ...]:
+    """``(tp,)`` where TP shards the input embedding by vocabulary (``frameworks.embedding_split``: torchtitan's
+    ``RowwiseParallel`` embedding, or transformers' plan on a tied one), else ``(1,)``. DTensor's
+    ``embedding_dense_backward`` makes the gradient of the whole V x h table on every rank (traced: 501 MiB on
+    llama-3.2-1b at tp 4, whose shard is 125 MiB); the rank's shard is a slice of it, so untied it holds the
+    whole table's storage until ``zero_grad`` frees it, tied it is freed once added to the head's gradient."""
+    from memsim_widget.engine.frameworks import embedding_split
+
+    return (ctx.par.tp,) if ctx.par.tp > 1 and embedding_split(ctx) else (1,)
+
+
+def weights_by_param(s: Any, first: Sequence[Any], params: tuple[int, ...]) -> bool:
+    """Write the weights ``first`` (the persistent items before the first optimizer step) into ``s`` one tensor
+    at a time in the module's parameter order (``params``, each tensor's elements), as the model is built and
+    DTensor's ``distribute_tensor`` makes each local shard: a layer's q, k, v and o shards, its MLP's, its
+    norms, where the engine's items group them by kind (one size per item). Only where the items are the
+    parameters at one width (their tensors one per parameter, their bytes a whole number per element); False,
+    writing nothing, otherwise."""
+    pooled = [i for i in first if i.level in _POOLED and i.bytes > 0]
+    total = sum(params)
+    if not pooled or not total or sum(max(i.tensors, 1) for i in pooled) != len(params):
+        return False
+    width, rest = divmod(sum(i.bytes for i in pooled), total)
+    if rest:
+        return False
+    for x in params:
+        s.alloc(x * width)
+    return True
