@@ -51,11 +51,21 @@ def applies(ctx: Any) -> bool:
 
 def _common(ctx: Any) -> bool:
     """What both layer kinds ask: transformers, no checkpointing, RMSNorm, SwiGLU, SDPA."""
+    return ctx.scenario.activation_checkpointing == "none" and _layout(ctx)
+
+
+def llama_layout(ctx: Any) -> bool:
+    """A Llama-style layer (``_llama``'s) whatever the checkpointing: the layer a tensor-parallel rank's
+    stream is held for (``engine/counters/tp_stream.tp_replayable``)."""
+    return _layout(ctx) and _llama(ctx, any_checkpointing=True)
+
+
+def _layout(ctx: Any) -> bool:
+    """``_common`` but the checkpointing: transformers, eager, RMSNorm, SwiGLU, SDPA."""
     a, sc = ctx.arch, ctx.scenario
     return (
         sc.framework == "hf"
         and not sc.compile  # Inductor fuses these ops: no buffer of theirs is allocated
-        and sc.activation_checkpointing == "none"
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
         and a.facts.norm.per_layer == 2
@@ -67,13 +77,13 @@ def _common(ctx: Any) -> bool:
     )
 
 
-def _llama(ctx: Any) -> bool:
+def _llama(ctx: Any, any_checkpointing: bool = False) -> bool:
     """A Llama-style layer (pre-norms, 16-bit norm weights), full or LoRA on its Linears, grouped k/v."""
     a, sc = ctx.arch, ctx.scenario
     nf = a.facts.norm
     targets = {ad.base.module for ad in ctx.adapters}
     return (
-        _common(ctx)
+        (_layout(ctx) if any_checkpointing else _common(ctx))
         and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
         # 16-bit weights, or fp32 weights in full training without q/k norms (traced on llama-3.2-1b)
         and (sc.precision in ("bf16", "fp16") or (sc.precision, sc.method, nf.qk) == ("fp32", "full", None))

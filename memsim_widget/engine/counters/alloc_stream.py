@@ -56,6 +56,7 @@ from memsim_widget.engine.counters.tp_stream import (
     HEAD_GATHER,
     embedding_grad,
     gather_logits,
+    tp_replayable,
     weights_by_param,
     head_gather,
     scatter_gradient,
@@ -644,13 +645,20 @@ def replayable(ctx: Any) -> bool:
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank with one micro-batch
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
-    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``); nothing
+    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``) or a
+    tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
+    ``tp_stream``); nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.replays_reserved
-        and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx) or ddp_replayable(ctx))
+        and (
+            p.dp * p.tp * p.pp * p.cp * p.ep == 1
+            or fsdp2_replayable(ctx)
+            or ddp_replayable(ctx)
+            or tp_replayable(ctx)
+        )
         and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
         and not sc.optimizer_in_backward
@@ -821,6 +829,12 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
             )
             if ctx.par.dp > 1
+            else ""
+        )
+        + (
+            " (TP's all-reduced Linear outputs and the head's gathered logits on the compute stream: torch "
+            "2.13's functional collectives, traced on CPU)"
+            if ctx.par.tp > 1
             else ""
         )
         + (

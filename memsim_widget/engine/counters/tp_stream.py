@@ -103,3 +103,26 @@ def weights_by_param(s: Any, first: Sequence[Any], params: tuple[int, ...]) -> b
     for x in params:
         s.alloc(x * width)
     return True
+
+
+def tp_replayable(ctx: Any) -> bool:
+    """Whether the stream models the scenario's TP rank: tp > 1 and no other parallelism (dp = pp = cp = ep =
+    1), transformers' plan (``frameworks.tp_plan`` "hf": the head gathers the logits; torchtitan's loss parallel
+    and Megatron's kernels are not written), with or without sequence parallel, one micro-batch a step, eager,
+    full training of a Llama-style layer whose forward the stream writes (``activations/forward``'s layout,
+    checkpointing none or full): the cases held to the trace of a TP rank within 1%
+    (docs/allocator.md "Tensor parallel ranks")."""
+    from memsim_widget.engine.activations.forward import llama_layout
+    from memsim_widget.engine.frameworks import tp_plan
+
+    p, sc = ctx.par, ctx.scenario
+    return (
+        p.tp > 1
+        and p.dp * p.pp * p.cp * p.ep == 1
+        and tp_plan(sc) == "hf"
+        and sc.grad_accum_steps == 1
+        and not sc.compile
+        and ctx.full_training
+        and sc.activation_checkpointing in ("none", "full")
+        and llama_layout(ctx)
+    )
