@@ -205,7 +205,9 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
 
     def proj(module: str, width: int, name: str) -> None:
         # peft: the base output, lora_B's fp32 output, * scaling, + the base output (fp32), .to(bf16)
-        if module in _ROWWISE and D.tp > 1:  # TP: the partial sums, their all-reduced clone (counters/tp_stream)
+        if (
+            module in _ROWWISE and D.tp > 1
+        ):  # TP: the partial sums, their all-reduced clone (counters/tp_stream)
             out.extend([(f"{name}_partial", r * T * width), (name, r * T * width), (f"{name}_partial", 0)])
         elif module in targets and cast:
             out.extend([("base", r * T * width), ("B", 4 * T * width), ("scaled", 4 * T * width), ("B", 0)])

@@ -56,10 +56,10 @@ from memsim_widget.engine.counters.tp_stream import (
     HEAD_GATHER,
     embedding_grad,
     gather_logits,
-    tp_replayable,
-    weights_by_param,
     head_gather,
     scatter_gradient,
+    tp_replayable,
+    weights_by_param,
 )
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
