@@ -240,10 +240,13 @@ def compile_backend(memory_budget: float | None = None, inductor: bool = False) 
     runner = functools.partial(_boxed_runner, kernel_lifetimes=inductor)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        from .cuda_autocast import cuda_fp32_ops_when_autocast
+
         patches: dict[str, Any] = {"unlift_effect_tokens": True}
         if memory_budget is not None:
             patches["activation_memory_budget"] = memory_budget
-        with functorch_config.patch(patches):
+        # AOTAutograd traces the graph here: under autocast with CUDA's fp32 ops, as the eager trace runs them
+        with functorch_config.patch(patches), cuda_fp32_ops_when_autocast():
             return aot_autograd(
                 fw_compiler=runner,
                 bw_compiler=runner,
