@@ -59,7 +59,7 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
-from memsim_widget.engine.activations.tangents import LOGITS_TANGENT
+from memsim_widget.engine.activations.tangents import LOGITS_TANGENT, LOSS_GRADIENT
 from memsim_widget.engine.context import Context
 from memsim_widget.scenario import Scenario
 
@@ -279,6 +279,6 @@ def _bert_ends(ctx: Context, out: ActivationBudget, e: int, r: int) -> None:
         Term("compiled loss: row max, log-sum-exp (fp32)", 8 * T, "8 B x T", 2),
     ]
     out.loss_backward[:] = [  # nll_loss's gradient: g bytes (fp32 under autocast, else the logits' dtype)
-        Term("compiled loss backward: one T x V gradient buffer", g * T * V, f"{g} B x T x V", 1),
+        Term(f"compiled loss backward: one {LOSS_GRADIENT}", g * T * V, f"{g} B x T x V", 1),
         Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
     ]
