@@ -282,3 +282,20 @@ def test_a_compiled_cross_entropy_under_autocast_follows_cudas_policy(
 def _op_name_of(node: torch.fx.Node) -> str:
     packet = getattr(node.target, "overloadpacket", None)
     return packet.__name__ if packet is not None else ""
+
+
+@pytest.mark.slow
+def test_inductors_passes_trace_a_graph_with_dropout() -> None:
+    """``inductor_passes`` runs Inductor's joint-graph passes, whose random-op pass reads Inductor's fake mode
+    (``fx_passes/replace_random.py``); the backend sets it as ``compile_fx`` does, else a dropout graph fails to
+    compile (as BERT with hidden dropout did)."""
+    from memsim_widget.trace.compiled import compile_backend
+
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(8, 8)
+    model = torch.compile(
+        torch.nn.Sequential(lin, torch.nn.Dropout(0.1)), backend=compile_backend(inductor=True)
+    )
+    model(torch.randn(4, 8)).sum().backward()
+    assert lin.weight.grad is not None
+    torch._dynamo.reset()
