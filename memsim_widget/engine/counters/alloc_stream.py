@@ -62,7 +62,8 @@ STEPS = 2
 #: Batches padded to their longest sample (``padding: "longest"``): the first step replayed is this many times
 #: shorter than the longest, whose step comes last, so the segments the shorter step's T x V buffers left are
 #: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
-#: fitted.
+#: fitted. Over a long run of varying lengths the cache grows further (``batch_lengths`` replays such runs;
+#: docs/allocator.md, "Variable lengths").
 VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
@@ -291,6 +292,7 @@ def step_stream(
     micro: int = 1,
     repeat: bool = True,
     fsdp: Any = None,
+    schedule: Sequence[dict[str, Sequence[Any]]] = (),
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -298,7 +300,10 @@ def step_stream(
     order backward makes their gradients (None: every layer's share of the gradients at once), ``micro`` the
     micro-batches run forward and backward before each optimizer step (gradient accumulation: the first makes
     the gradients, the later ones add theirs in place, ``_Grads``), ``fsdp`` a rank's FSDP2 units
-    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs)."""
+    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs),
+    ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
+    ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
+    first step)."""
     s = StreamWriter()
     comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
     grads = _Grads(s, sg, numels, order)
@@ -316,6 +321,8 @@ def step_stream(
         kept: list[int] = []
         held: list[int] = []
         for m in range(1, max(micro, 1) + 1):
+            if schedule:
+                a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
@@ -720,7 +727,8 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             else ""
         )
         + (
-            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
+            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample; a"
+            " long run of varying lengths can reserve more, docs/allocator.md#variable-lengths)"
             if ctx.scenario.padding == "longest"
             else ""
         )
