@@ -164,6 +164,20 @@ def growth(row_id: str) -> None:
         by_step = run_replay(sc, lengths, on_card=False)[0]
         ks = [k for k in (1, 2, 3, 5, 10, 20, 40, 80, 160, 320) if k <= len(by_step)] + [len(by_step)]
         print(f"  {over:8s} " + " ".join(f"{k}:{by_step[k - 1] / GiB:.2f}" for k in dict.fromkeys(ks)))
+        rise = [(k + 1, (by_step[k] - by_step[k - 1]) / GiB) for k in range(1, len(by_step))]
+        jumps = [(k, g) for k, g in rise if g > 0.25]
+        print("           rises over 0.25 GiB (step: GiB): " + " ".join(f"{k}:+{g:.2f}" for k, g in jumps))
+        print("           micro-batches longer than all before (step: tokens): "
+              + " ".join(f"{k}:{n}" for k, n in new_longest(lengths, max(sc.grad_accum_steps, 1))))  # fmt: skip
+
+
+def new_longest(lengths: tuple[int, ...], micro: int) -> list[tuple[int, int]]:
+    """The micro-batches longer than every one before them: (their optimizer step, their length)."""
+    out: list[tuple[int, int]] = []
+    for i, n in enumerate(lengths):
+        if not out or n > out[-1][1]:
+            out.append((i // micro + 1, n))
+    return out
 
 
 def order_and_accumulation(row_id: str) -> None:
