@@ -31,14 +31,14 @@ from allocator_replay_accum import compare as accum_compare  # noqa: E402
 
 def cases() -> list[tuple[str, dict[str, Any]]]:
     """The compiled cases the traced rule covers, at torch's default activation memory budget."""
-    from memsim_widget.architecture import build_architecture
+    from memsim_widget.catalog.models import resolve_architecture
     from memsim_widget.engine.activations.compiled import compiled_rule_applies
     from memsim_widget.scenario import Scenario
 
     out = []
     for name, d in COMPILED_CASES:
         sc = Scenario.from_dict(d)
-        if "budget" not in name and compiled_rule_applies(sc, build_architecture(sc.model)):
+        if "budget" not in name and compiled_rule_applies(sc, resolve_architecture(sc.model)):
             out.append((name, d))
     return out
 

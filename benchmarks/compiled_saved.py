@@ -29,9 +29,9 @@ from fidelity_cases import CASES, COMPILED_CASES  # noqa: E402
 _GRAPHS: list[torch.fx.GraphModule] = []
 
 
-def _recording_runner(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+def _recording_runner(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **kw: Any) -> Any:
     _GRAPHS.append(gm)
-    return _ORIGINAL(gm, example_inputs)
+    return _ORIGINAL(gm, example_inputs, **kw)
 
 
 _ORIGINAL = compiled._boxed_runner

@@ -131,6 +131,8 @@ def train_steps(sc: Scenario, lengths: Sequence[int], device: str = "cuda",
     ``on_phase(step, phase)`` is called after each forward, backward and optimizer step."""
     import torch
 
+    from memsim_widget.engine.frameworks import grads_kept
+
     model, config, family = build_model(sc, device)
     dev = torch.device(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -168,7 +170,7 @@ def train_steps(sc: Scenario, lengths: Sequence[int], device: str = "cuda",
         if keep == "backward":
             del out
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not grads_kept(sc))  # zero_grad "zeros": torch < 2.0's default
         mark(step, "optimizer step")
         del loss
         if keep == "step":  # a plain for-loop rebinds `out` only at the next forward

@@ -50,6 +50,12 @@ FRAMEWORKS = ("hf", "torchtune", "torchtitan", "megatron", "deepspeed", "litgpt"
 #: How long the training loop holds the model output (logits, any KV cache): dropped before backward (HF
 #: Trainer), until backward ends, or through the optimizer step (a plain ``for`` loop). None: the framework's own.
 OUTPUT_LIFETIMES = ("trainer", "backward", "step")
+#: What ``zero_grad`` does to the gradients after each optimizer step: ``set_to_none`` frees them (the default of
+#: ``torch.optim.Optimizer.zero_grad`` and ``nn.Module.zero_grad`` since PyTorch 2.0, pytorch#92731; HF Trainer's
+#: call since transformers 4.27, transformers#22136); ``zeros`` keeps every ``.grad`` as a zero-filled tensor
+#: through the next step's forward and backward (their default before PyTorch 2.0: HF Trainer's ``model.zero_grad()``
+#: of 2020-2022). None: ``set_to_none``.
+ZERO_GRADS = ("set_to_none", "zeros")
 ADAPTER_DTYPES = ("fp32", "bf16", "fp16")
 #: Where LoRA's target names are matched (``lora.target_scope``): ``model`` -- every module of the model whose name
 #: is a target, as peft's ``get_peft_model`` matches ``target_modules`` (a multimodal model's vision tower and
@@ -411,6 +417,7 @@ DEFAULTS: dict[str, Any] = {
 #: when set, so every scenario saved before such a key existed reads and prints byte for byte the same.
 OPTIONAL_KEYS: dict[str, Any] = {
     "output_lifetime": None,
+    "zero_grad": None,
     "checkpoint_every": None,
     "objective": None,
     "rl": None,
@@ -434,11 +441,13 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "activation_offloading_layers": None,
 }
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
-#: rule of engine/counters/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
-#: step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median +0.0% on the
-#: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps only, gradient
-#: accumulation included, the fitted rule elsewhere). docs/allocator.md.
+#: rule of engine/counters/overhead.py, two fitted constants, fast and +22% median over the H200 runs) or ``replay`` (a
+#: replay of the step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median
+#: +0.0% on the H200 runs, under on published long runs with variable lengths, 5-50 ms per new shape; the steps the
+#: stream models, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
+#: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch).
+DEFAULT_RESERVED_MODEL = "fitted"
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
@@ -469,6 +478,11 @@ class Scenario:
     ``loss.backward()`` returns, ``step`` through ``optimizer.step()`` (``outputs = model(**batch);
     outputs.loss.backward(); optimizer.step()``); None (the default) means the framework's own
     (``engine/frameworks.py``: torchtune ``backward``, the others ``trainer``).
+
+    ``zero_grad`` -- ``set_to_none`` (the default when unset) frees the gradients after each optimizer step;
+    ``zeros`` keeps them as zero-filled tensors through the next step (PyTorch before 2.0, HF Trainer before
+    transformers 4.27), so every gradient is alive at the next step's peak as under gradient accumulation. See
+    ``ZERO_GRADS``.
 
     ``ssm_kernel`` -- for state-space layers only (Mamba): ``cuda`` (mamba-ssm's fused kernels, what a GPU user
     with mamba-ssm and causal-conv1d installed gets; the default when unset) or ``torch`` (transformers'
@@ -521,6 +535,7 @@ class Scenario:
     loss: str = "standard"
     framework: str = "hf"
     output_lifetime: str | None = None
+    zero_grad: str | None = None
     checkpoint_every: int | None = None
     ssm_kernel: str | None = None  # None: "cuda" (see SSM_KERNELS); read by state-space layers only
     fp8_recipe: str | None = (
@@ -600,6 +615,8 @@ class Scenario:
         _choice("framework", self.framework, FRAMEWORKS)
         if self.output_lifetime is not None:
             _choice("output_lifetime", self.output_lifetime, OUTPUT_LIFETIMES)
+        if self.zero_grad is not None:
+            _choice("zero_grad", self.zero_grad, ZERO_GRADS)
         _bool("compile", self.compile)
         _bool("activation_offloading", self.activation_offloading)
         if self.activation_offloading_layers is not None:
@@ -688,6 +705,12 @@ class Scenario:
         return fp8_recipe_for(self.precision, self.fp8_recipe)
 
     @property
+    def replays_reserved(self) -> bool:
+        """Whether the reserved counter comes from the allocator's replay (``reserved_model``, unset:
+        ``DEFAULT_RESERVED_MODEL``); the step must also be one the stream models (``alloc_stream.replayable``)."""
+        return (self.reserved_model or DEFAULT_RESERVED_MODEL) == "replay"
+
+    @property
     def objective_name(self) -> str:
         """The objective, ``sft`` when unset."""
         return self.objective or "sft"
@@ -747,6 +770,7 @@ class Scenario:
             "loss": self.loss,
             "framework": self.framework,
             **({"output_lifetime": self.output_lifetime} if self.output_lifetime is not None else {}),
+            **({"zero_grad": self.zero_grad} if self.zero_grad is not None else {}),
             **({"ssm_kernel": self.ssm_kernel} if self.ssm_kernel is not None else {}),
             **({"fp8_recipe": self.fp8_recipe} if self.fp8_recipe is not None else {}),
             **({"fp8_all_gather": self.fp8_all_gather} if self.fp8_all_gather is not None else {}),

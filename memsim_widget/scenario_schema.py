@@ -121,6 +121,9 @@ SCHEMA: tuple[Field, ...] = (
     Field("output_lifetime", str, "how long the loop holds the model output (scenario.OUTPUT_LIFETIMES); unset: "
           "the framework's own", "scenario:OUTPUT_LIFETIMES", optional=True, cli="output_lifetime",
           widget=_w("outputs kept", "select", "Training")),
+    Field("zero_grad", str, "what zero_grad does to the gradients after the optimizer step: set_to_none frees "
+          "them, zeros keeps them through the next step (PyTorch < 2.0); unset: set_to_none",
+          "scenario:ZERO_GRADS", optional=True, cli="zero_grad"),
     Field("images_per_sample", int, "multimodal models: images per sample (unset: 1)", optional=True,
           cli="images_per_sample"),
     Field("freeze_vision", bool, "multimodal models under full training: the vision tower is frozen (unset: the "
@@ -131,7 +134,8 @@ SCHEMA: tuple[Field, ...] = (
           "framework's launcher default", optional=True, cli="allocator_conf"),
     Field("reserved_model", str, "how the reserved counter is computed: fitted (the default: fitted waste rule) or "
           "replay (the step's allocations replayed through the caching allocator; one GPU, slow per new shape)",
-          "scenario:RESERVED_MODELS", optional=True, cli="reserved_model"),
+          "scenario:RESERVED_MODELS", optional=True, cli="reserved_model",
+          widget=_w("reserved counter", "select", "Hardware")),
     Field("compile", bool, "the step runs under torch.compile", cli="compile",
           widget=_w("torch.compile", "bool", "Training")),
     Field("activation_memory_budget", float, "compile only: Inductor's activation_memory_budget in [0, 1] "

@@ -27,6 +27,7 @@ from memsim_widget.scenario import (
     OUTPUT_LIFETIMES,
     PADDINGS,
     PP_SCHEDULES,
+    ZERO_GRADS,
     Scenario,
 )
 
@@ -134,6 +135,7 @@ SCENARIO = st.fixed_dictionaries(
         "loss": _choices(LOSSES),
         "framework": _choices(FRAMEWORKS),
         "output_lifetime": _choices(OUTPUT_LIFETIMES),
+        "zero_grad": _choices(ZERO_GRADS),
         "images_per_sample": _field(st.sampled_from([0, 1, 2])),
         "freeze_vision": _field(st.booleans()),
         "compile": _field(st.booleans()),

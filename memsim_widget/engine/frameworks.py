@@ -439,6 +439,13 @@ def output_lifetime(scenario: Scenario) -> str:
     return scenario.output_lifetime or PROFILES[scenario.framework].output_lifetime
 
 
+def grads_kept(scenario: Scenario) -> bool:
+    """Whether ``zero_grad`` keeps the gradients as zero-filled tensors through the next step (``zero_grad:
+    zeros``: PyTorch before 2.0, whose ``zero_grad()`` zeroed in place, pytorch#92731; HF Trainer called it so
+    until transformers#22136, v4.27) rather than freeing them (``set_to_none``, the default when unset)."""
+    return scenario.zero_grad == "zeros"
+
+
 def fsdp_wraps(zero: Any, dp: Any, cp: Any) -> Any:
     """Whether FSDP wraps the model as torchtitan decides it: ZeRO-3 over more than one dp x cp rank, or context
     parallelism (which it runs under FSDP). Written with ``&`` and ``|`` so that it takes the planner's numpy

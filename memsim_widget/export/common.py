@@ -144,6 +144,9 @@ def check_common(draft: Draft, *, peft: bool = True) -> None:
                      "(TransformerEngine / Megatron-Core cpu_offloading_num_layers); unset it to offload every layer")  # fmt: skip
     if not sc.cuda_lazy_loading:
         draft.note("cuda_lazy_loading false: run with CUDA_MODULE_LOADING=EAGER (or CUDA 11)")
+    if sc.zero_grad == "zeros":
+        draft.note("zero_grad zeros: call zero_grad(set_to_none=False) after each optimizer step (torch < 2.0's "
+                   "default): the gradients stay allocated through the next step")  # fmt: skip
     if sc.activation_memory_budget is not None:
         draft.note(
             f"activation_memory_budget {sc.activation_memory_budget:g}: set "

@@ -42,7 +42,7 @@ from memsim_widget.engine.counters.overhead import (
     waste_rates,
     workspace_items,
 )
-from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, root_resharded_for_loss
+from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, grads_kept, root_resharded_for_loss
 from memsim_widget.engine.items import Item, allocated_of
 from memsim_widget.engine.parallel.schedule import (
     first_carrying_stage,
@@ -933,8 +933,11 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- model states per distinct (layout, ZeRO, optimizer, offload, stage) ---------------------------
     # per stage key: a pipeline stage with fewer micro-batches in flight than there are
     short = pipeline_carries_grads(xkey[:, 1], xkey[:, 3], f)
-    carried = grads_carried(c["grad_accum"][cand], short[x_row], base.optimizer_in_backward)
-    if par0.pp_schedule == "interleaved":  # engine/context interleaved_loss_grad_chunks: one round, m < 2 pp
+    kept = grads_kept(base)
+    carried = grads_carried(c["grad_accum"][cand], short[x_row], base.optimizer_in_backward, kept)
+    if (
+        par0.pp_schedule == "interleaved" and not kept
+    ):  # engine/context interleaved_loss_grad_chunks: one round, m < 2 pp
         one_round = (xkey[:, 3] < 2 * xkey[:, 1]) & (xkey[:, 2] == xkey[:, 1] - 1)
         carried = np.where(
             carried & (c["grad_accum"] == 1)[cand] & one_round[x_row], 2, carried.astype(np.int64)
@@ -987,7 +990,7 @@ def _replayed_pools(
     from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
-    if base.reserved_model != "replay":  # the default fitted rule: no candidate asks for the replay
+    if not base.replays_reserved:  # the default fitted rule: no candidate asks for the replay
         return pool, oom
     one = c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & (c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1)

@@ -48,6 +48,11 @@ def check_traceable(sc: Scenario) -> None:
             "ssm_kernel", "cuda (mamba-ssm's kernels) cannot run on a CPU: the trace runs transformers' torch "
             "path; set ssm_kernel to 'torch' to trace (and compare) that path",
         )  # fmt: skip
+    if sc.zero_grad == "zeros":
+        raise ScenarioError(
+            "zero_grad", "zeros cannot be traced: the traced steps free the gradients (zero_grad(set_to_none="
+            "True)); unset it to trace",
+        )  # fmt: skip
     if sc.precision not in TRACEABLE_PRECISIONS:
         raise ScenarioError(
             "precision", f"{sc.precision!r} cannot be traced; traceable: {', '.join(TRACEABLE_PRECISIONS)}"

@@ -1934,6 +1934,17 @@ COMPILED_CASES += [
     ),
 ]  # fmt: skip
 
+#: ModernBERT compiled (engine/activations/compiled_modernbert.py): local layers masked (s 512 > the half window),
+#: unmasked (s 48 within it), and modernbert-base's real dimensions and vocabulary.
+COMPILED_CASES += [
+    (f"{name} compiled", {**dict(CASES)[name], "compile": True})
+    for name in (
+        "modernbert bf16 sdpa b2 s512",
+        "modernbert bf16 sdpa b16 s48 (within the half window: no mask)",
+        "modernbert-base bf16 sdpa b2 s1024 (real shape)",
+    )
+]
+
 
 #: litgpt's own step (``framework: "litgpt"``; trace/litgpt.py runs litgpt 0.5.13's GPT, LoRA and chunked loss):
 #: the small Llama and Llama 3.2 1B's dimensions (real vocabulary, two layers; its tied head is a separate tensor in

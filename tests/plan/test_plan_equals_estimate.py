@@ -1,7 +1,7 @@
 """The planner's promise: every candidate it lists equals ``estimate`` of that candidate, byte for byte.
 
 For any base scenario -- an optimizer of ``"none"``, any precision, method, framework, output lifetime,
-attention, loss or schedule, every key the search does not vary -- the allocated, reserved and nvidia-smi
+zero_grad, attention, loss or schedule, every key the search does not vary -- the allocated, reserved and nvidia-smi
 bytes, the peak moment, the worst stage and the fit verdict that ``plan`` lists are those of
 ``estimate(plan.scenario(i))``. Inputs too large for 64-bit figures are refused with a ScenarioError
 naming the argument, or (within the scenario's bounds) never listed as fitting.
@@ -30,6 +30,7 @@ from memsim_widget.scenario import (
     METHODS,
     OUTPUT_LIFETIMES,
     PADDINGS,
+    ZERO_GRADS,
     Scenario,
 )
 
@@ -64,6 +65,7 @@ def bases(draw: st.DrawFn) -> dict:
         "activation_checkpointing": draw(st.sampled_from(ckpt)),  # replaced by the search's
         "framework": framework,
         "output_lifetime": draw(st.sampled_from([None, *OUTPUT_LIFETIMES])),
+        "zero_grad": draw(st.sampled_from([None, *ZERO_GRADS])),
         "attention": draw(st.sampled_from(ATTENTIONS)),
         "loss": draw(st.sampled_from(LOSSES)),
         "seq_len": draw(st.sampled_from([128, 512, 1024])),

@@ -128,6 +128,8 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
         "gemma bf16 lora qv b2 s512 compiled",
         "gemma3_text bf16 sdpa b2 s512 compiled",
         "gemma3_text bf16 lora qv b2 s512 compiled",
+        "modernbert bf16 sdpa b2 s512 compiled",
+        "modernbert bf16 sdpa b16 s48 (within the half window: no mask) compiled",
     ],
 )
 def test_the_engine_equals_the_compiled_trace(name: str) -> None:

@@ -41,6 +41,10 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.compiled_layernorm import layernorm_activations, layernorm_rule_applies
+from memsim_widget.engine.activations.compiled_modernbert import (
+    modernbert_activations,
+    modernbert_rule_applies,
+)
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT
 from memsim_widget.engine.context import Context
@@ -61,8 +65,8 @@ def compiled_rule_applies(sc: Scenario, arch: Architecture) -> bool:
     """The scenario compiles a step the traced rule covers: an HF Llama-layout decoder (``coverage.compiled``),
     bf16 or amp-bf16, full training (or peft's default LoRA on q/v in bf16), no checkpointing, the standard loss, SDPA,
     HF Trainer's output lifetime, one GPU (or its data-parallel replicas: ``_one_replica``); or GPT-2, BERT/RoBERTa
-    or ViT as traced (compiled_layernorm.py)."""
-    if layernorm_rule_applies(sc, arch):
+    or ViT as traced (compiled_layernorm.py), or ModernBERT as traced (compiled_modernbert.py)."""
+    if layernorm_rule_applies(sc, arch) or modernbert_rule_applies(sc, arch):
         return True
     return bool(
         sc.compile
@@ -183,6 +187,9 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     if layernorm_rule_applies(ctx.scenario, ctx.arch):
         compiled_formula(ctx, out)
         layernorm_activations(ctx, out, _layer_weight_numel(ctx))
+        return
+    if modernbert_rule_applies(ctx.scenario, ctx.arch):
+        modernbert_activations(ctx, out)
         return
     D = Dims(ctx)
     T, h, I, hkv, hq, a, V = D.T, D.h, D.I, D.hkv, D.hq, D.a, D.V

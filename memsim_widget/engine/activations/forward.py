@@ -85,7 +85,7 @@ def _llama(ctx: Any) -> bool:
 def compiled_applies(ctx: Any) -> bool:
     """Whether ``compiled_layer_forward_transients`` describes the layers of ``ctx``: a compiled step of the traced
     Llama-layout rule (``compiled.compiled_rule_applies``) in bf16, full training, no checkpointing, two RMSNorms a
-    layer (and per-head q/k norms or none)."""
+    layer (and per-head q/k norms or none); not the LayerNorm families' rules (GPT-2, BERT, ViT, ModernBERT)."""
     from memsim_widget.engine.activations.compiled import compiled_rule_applies
     from memsim_widget.engine.activations.compiled_layernorm import layernorm_rule_applies
 
@@ -94,6 +94,7 @@ def compiled_applies(ctx: Any) -> bool:
     return (
         compiled_rule_applies(sc, a)
         and not layernorm_rule_applies(sc, a)
+        and a.norm == "rmsnorm"
         and sc.precision == "bf16"
         and sc.method == "full"
         and sc.activation_checkpointing == "none"

@@ -32,6 +32,7 @@ MODEL_RULES_IGNORE = frozenset(
         "padding",
         "cuda_lazy_loading",
         "optimizer_in_backward",
+        "zero_grad",
         "gpu",
     }
 )

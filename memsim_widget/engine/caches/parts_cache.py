@@ -35,6 +35,7 @@ STATES_IGNORE = frozenset(
         "attention",
         "loss",
         "output_lifetime",
+        "zero_grad",
         "ssm_kernel",
         "activation_offloading",
         "activation_offloading_layers",
@@ -46,7 +47,7 @@ STATES_IGNORE = frozenset(
 )
 #: Scenario fields the timeline's model-state groups (``timeline.state_groups`` of ``cached_model_states`` and
 #: ``overhead.workspace_items``) never read: the model states' but the accumulation steps (gradients carried).
-STATE_GROUPS_IGNORE = STATES_IGNORE - {"grad_accum_steps"}
+STATE_GROUPS_IGNORE = STATES_IGNORE - {"grad_accum_steps", "zero_grad"}
 #: Scenario and ``parallel`` fields ``activations`` (with ``engine/multimodal/tower`` and ``engine/activations/calibrated``) never
 #: reads: the optimizer, and the data-parallel layout of the states.
 ACTIVATIONS_IGNORE = frozenset(
@@ -54,6 +55,7 @@ ACTIVATIONS_IGNORE = frozenset(
         "optimizer",
         "optimizer_impl",
         "optimizer_in_backward",
+        "zero_grad",
         "grad_accum_steps",
         "gpu",
         "allocator_conf",

@@ -36,7 +36,7 @@ from memsim_widget.engine.activations.forward import (
     final_norm_transients,
     layer_forward_transients,
 )
-from memsim_widget.engine.activations.loss import SOFTCAP_SAVED
+from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
 from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
 from memsim_widget.engine.counters.allocator import (
     FREE,
@@ -50,6 +50,7 @@ from memsim_widget.engine.counters.allocator import (
 )
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
+from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import new_gradient
 from memsim_widget.fast_dataclass import dataclass
@@ -292,6 +293,7 @@ def step_stream(
     micro: int = 1,
     repeat: bool = True,
     fsdp: Any = None,
+    kept: bool = False,
     schedule: Sequence[dict[str, Sequence[Any]]] = (),
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
@@ -300,7 +302,9 @@ def step_stream(
     order backward makes their gradients (None: every layer's share of the gradients at once), ``micro`` the
     micro-batches run forward and backward before each optimizer step (gradient accumulation: the first makes
     the gradients, the later ones add theirs in place, ``_Grads``), ``fsdp`` a rank's FSDP2 units
-    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs),
+    (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs), ``kept``
+    the gradients kept as zeros by ``zero_grad`` (``frameworks.grads_kept``): made by the first step's backward
+    and never freed, every later backward adding its gradients in place as an accumulation step does;
     ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
     ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
     first step)."""
@@ -318,22 +322,23 @@ def step_stream(
     later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
         a = earlier if step == 1 and earlier is not None else ag
-        kept: list[int] = []
+        made_grads: list[int] = []
         held: list[int] = []
         for m in range(1, max(micro, 1) + 1):
             if schedule:
                 a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
-            grads.new = m > 1
+            grads.new = m > 1 or (kept and step > 1)
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
             work = late if step == m == 1 else ()
             made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
-            kept = kept or made
+            made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
         if step == 1:
             s.per_param(later, params)
         s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
-        s.free(kept + held)  # zero_grad(set_to_none=True) drops the gradients in the parameters' order
+        # zero_grad(set_to_none=True) drops the gradients in the parameters' order; zeroed in place, they stay
+        s.free(held if kept else made_grads + held)
         if comm is not None:
             comm.zero_grad()
     return s
@@ -408,7 +413,7 @@ def micro_batch(
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
-    cast, held, kept = _loss_forward(s, a, capped, comm)
+    cast, held, kept, copy = _loss_forward(s, a, capped, comm)
     s.mark(f"{label} loss backward")
     if comm is not None and not outside:
         comm.backward_start(len(saved))
@@ -417,11 +422,7 @@ def micro_batch(
     if compiled:
         tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
     else:
-        grad_out = s.items(a["loss_backward"])
-        s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
-        # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
-        grad_logits = s.alloc(s.size(cast[0])) if cast else []
-        s.free(grad_out[1:])
+        grad_logits = _loss_backward(s, a["loss_backward"], cast, kept, copy)
     if comm is not None and outside:
         comm.backward_start(len(saved))
     s.mark(f"{label} backward")
@@ -481,10 +482,11 @@ def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], 
 
 def _loss_forward(
     s: StreamWriter, a: dict[str, Sequence[Any]], capped: list[Any], comm: Fsdp2Writer | None
-) -> tuple[list[int], list[int], list[int]]:
+) -> tuple[list[int], list[int], list[int], list[int]]:
     """The loss's forward (``micro_batch``'s order): the logits and their upcast, the output the loop holds, what
     the loss saves (but ``capped``, made before), the logits freed; the handles of the 16-bit logits an upcast
-    loss's backward casts its gradient back to, of the held output and of the saved tensors. Under FSDP2
+    loss's backward casts its gradient back to, of the held output, of the saved tensors and (CUDA autocast's
+    cross-entropy on 16-bit logits) of nll_loss's fp32 copy of the log-softmax, made after them. Under FSDP2
     (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
     upcasts its logits (torchtitan), after a loss computed inside it."""
     outside = comm is not None and comm.u.loss_outside
@@ -503,11 +505,34 @@ def _loss_forward(
     if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
         comm.forward_end()
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-    kept = s.items([i for i in a["loss_saved"] if i not in capped])
+    copies = [i for i in a["loss_saved"] if i.item.startswith(NLL_FP32_COPY)]
+    kept = s.items([i for i in a["loss_saved"] if i not in capped and i not in copies])
+    copy = s.items(copies)
     s.free(logits)
     if comm is not None and not outside:
         comm.forward_end()
-    return cast, held, kept
+    return cast, held, kept, copy
+
+
+def _loss_backward(
+    s: StreamWriter, items: Sequence[Any], cast: list[int], kept: list[int], copy: list[int]
+) -> list[int]:
+    """An eager loss's backward from its buffers (``items``) and what its forward saved (``kept``; ``copy``:
+    nll_loss's fp32 copy of a 16-bit log-softmax), freeing them as autograd does; the logits' gradient it leaves
+    (``cast``: the 16-bit logits an upcast loss casts its gradient back to), empty where the stream omits it."""
+    grad_out = s.items(items)
+    if copy:  # CUDA autocast's cross-entropy on 16-bit logits (activations/loss.autocast_ce_terms)
+        s.free(copy)  # nll_loss's fp32 gradient made, the fp32 copy it saved is freed
+        back = s.alloc(s.size(kept[0]))  # the gradient cast back to the log-softmax's 16-bit dtype
+        s.free(grad_out)
+        grad_logits = s.alloc(s.size(kept[0]))  # log-softmax's backward: the logits' gradient
+        s.free(back + kept)
+        return grad_logits
+    s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
+    # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
+    grad_logits = s.alloc(s.size(cast[0])) if cast else []
+    s.free(grad_out[1:])
+    return grad_logits
 
 
 def compiled_loss_backward(
@@ -587,18 +612,18 @@ class _Args:
 
 
 def replayable(ctx: Any) -> bool:
-    """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
-    and the stream models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
+    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
+    ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
+    models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), or an FSDP2 rank with one micro-batch
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``); nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
-        sc.reserved_model == "replay"
+        sc.replays_reserved
         and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx))
-        and not sc.activation_offloading
+        and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
         and not sc.optimizer_in_backward
     )
@@ -608,8 +633,9 @@ def fsdp2_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
     one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
-    precision), not in fp8, eager (a compiled step's FSDP2 is not traced here)."""
-    from memsim_widget.engine.frameworks import parameters_fetched_from_host, profile
+    precision), not in fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by
+    ``zero_grad`` (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled)."""
+    from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
     return (
@@ -622,6 +648,7 @@ def fsdp2_replayable(ctx: Any) -> bool:
         and sc.grad_accum_steps == 1
         and not sc.fp8_all_gather
         and not sc.compile
+        and not grads_kept(sc)
     )
 
 
@@ -664,7 +691,17 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 else None
     return step_stream(
-        ag, sg, first, numels, stage.layers, steps, order, earlier=earlier, micro=micro, fsdp=fsdp
+        ag,
+        sg,
+        first,
+        numels,
+        stage.layers,
+        steps,
+        order,
+        earlier=earlier,
+        micro=micro,
+        fsdp=fsdp,
+        kept=grads_kept(ctx.scenario),
     )
 
 

@@ -29,6 +29,7 @@ from memsim_widget.engine.counters.alloc_stream import (
     step_stream,
 )
 from memsim_widget.engine.counters.allocator import AllocatorConf, CachingAllocator, Failure
+from memsim_widget.engine.frameworks import grads_kept
 
 #: The golden ratio's fractional part: ``k x GOLDEN mod 1`` (k = 1, 2, ...) visits [0, 1) evenly in a fixed,
 #: unsorted order (Weyl's equidistribution), so the lengths it draws have the distribution's shape without a
@@ -105,6 +106,7 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
         steps,
         grad_order(ctx, stage),
         micro=micro,
+        kept=grads_kept(sc),
         schedule=schedule,
     )
 

@@ -41,10 +41,11 @@ def pipeline_carries_grads(p: Any, m: Any, f: Any) -> Any:
     return (p > 1) & (f < m)
 
 
-def grads_carried(grad_accum: Any, pipelined: Any, optimizer_in_backward: bool) -> Any:
-    """Gradients alive through a micro-batch's forward: accumulated over micro-batches (``grad_accum`` > 1) or
-    carried by the pipeline (``pipeline_carries_grads``), unless the optimizer steps inside backward."""
-    return ((grad_accum > 1) | pipelined) & (not optimizer_in_backward)
+def grads_carried(grad_accum: Any, pipelined: Any, optimizer_in_backward: bool, kept: bool = False) -> Any:
+    """Gradients alive through a micro-batch's forward: accumulated over micro-batches (``grad_accum`` > 1),
+    carried by the pipeline (``pipeline_carries_grads``) or ``kept`` by a ``zero_grad`` that zeroes them in place
+    (``frameworks.grads_kept``), unless the optimizer steps inside backward."""
+    return ((grad_accum > 1) | pipelined | kept) & (not optimizer_in_backward)
 
 
 def first_carrying_stage(p: Any, m: Any, schedule: str, v: int) -> Any:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.arith import first_largest, maximum, minimum, negate, where
 from memsim_widget.engine.context import Context, Stage
-from memsim_widget.engine.frameworks import root_resharded_for_loss
+from memsim_widget.engine.frameworks import grads_kept, root_resharded_for_loss
 from memsim_widget.engine.items import Category, Item
 from memsim_widget.engine.parallel.pipeline import (
     loss_count,
@@ -282,16 +282,18 @@ def _state_groups(
     """The model-state groups of ``moments.STATE_GROUPS`` on one rank in the steady state (step 2 on)."""
     sc = ctx.scenario
     pipelined = pipeline_carries_grads(ctx.par.pp, ctx.par.pp_microbatches, f)
-    carried = grads_carried(sc.grad_accum_steps, pipelined, sc.optimizer_in_backward)
+    kept = grads_kept(sc)  # zero_grad zeroes the gradients in place: every one alive from step 2 on
+    carried = grads_carried(sc.grad_accum_steps, pipelined, sc.optimizer_in_backward, kept)
     # carried only where there are gradients: with none, the last stage's head gradients are its post_grads
     carried = bool(carried and states.grads)
     # 2: at the loss of the last stage only the gradients that exist then (an interleaved rank: its loss
-    # chunk's, Context.loss_grad_layers); an earlier accumulation step made every gradient
-    carried = 2 if carried and stage.last and sc.grad_accum_steps == 1 else int(carried)
+    # chunk's, Context.loss_grad_layers); an earlier accumulation step, or a zero_grad that kept them, made
+    # every gradient
+    carried = 2 if carried and stage.last and sc.grad_accum_steps == 1 and not kept else int(carried)
     resharded = root_resharded_for_loss(sc, stage.last)
     lists = state_lists(states)
     # a stage of no layer with one backward a step: the embedding's gradient becomes .grad (none is added)
-    if stage.layers == 0 and ctx.par.pp_microbatches * sc.grad_accum_steps == 1:
+    if stage.layers == 0 and ctx.par.pp_microbatches * sc.grad_accum_steps == 1 and not kept:
         lists["grads_but_bottom"] = lists["grads"]
     return state_group_table(lists, overhead, carried, stage.last, resharded, sc.optimizer_in_backward, [])
 
