@@ -64,7 +64,8 @@ STEPS = 2
 #: Batches padded to their longest sample (``padding: "longest"``): the first step replayed is this many times
 #: shorter than the longest, whose step comes last, so the segments the shorter step's T x V buffers left are
 #: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
-#: fitted.
+#: fitted. Over a long run of varying lengths the cache grows further (``batch_lengths`` replays such runs;
+#: docs/allocator.md, "Variable lengths").
 VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
@@ -295,6 +296,7 @@ def step_stream(
     fsdp: Any = None,
     kept: bool = False,
     ddp: DdpBuckets | None = None,
+    schedule: Sequence[dict[str, Sequence[Any]]] = (),
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -306,7 +308,10 @@ def step_stream(
     the gradients kept as zeros by ``zero_grad`` (``frameworks.grads_kept``): made by the first step's backward
     and never freed, every later backward adding its gradients in place as an accumulation step does; ``ddp`` a
     DDP rank's buffers (``ddp_stream.DdpBuckets``: the wrap-time broadcast and buckets after the weights, the
-    rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again)."""
+    rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again);
+    ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
+    ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
+    first step)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
@@ -331,6 +336,8 @@ def step_stream(
         made_grads: list[int] = []
         held: list[int] = []
         for m in range(1, max(micro, 1) + 1):
+            if schedule:
+                a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1 or (kept and step > 1)
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
@@ -799,7 +806,8 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             else ""
         )
         + (
-            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
+            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample; a"
+            " long run of varying lengths can reserve more, docs/allocator.md#variable-lengths)"
             if ctx.scenario.padding == "longest"
             else ""
         )
