@@ -441,11 +441,13 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "activation_offloading_layers": None,
 }
 #: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
-#: rule of engine/counters/overhead.py, two fitted constants, fast and over on most runs) or ``replay`` (a replay of the
-#: step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median +0.0% on the
-#: H200 runs but under by 8-14% on three of them, and 5-50 ms per new shape; one-GPU steps only, gradient
-#: accumulation included, the fitted rule elsewhere). docs/allocator.md.
+#: rule of engine/counters/overhead.py, two fitted constants, fast and +22% median over the H200 runs) or ``replay`` (a
+#: replay of the step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median
+#: +0.0% on the H200 runs, under on published long runs with variable lengths, 5-50 ms per new shape; the steps the
+#: stream models, the fitted rule elsewhere). docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
+#: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch).
+DEFAULT_RESERVED_MODEL = "fitted"
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
@@ -701,6 +703,12 @@ class Scenario:
     def fp8(self) -> Fp8Recipe | None:
         """The fp8/fp4 recipe the Linear matmuls run (``fp8_recipe``; ``te-delayed`` under ``precision: fp8``)."""
         return fp8_recipe_for(self.precision, self.fp8_recipe)
+
+    @property
+    def replays_reserved(self) -> bool:
+        """Whether the reserved counter comes from the allocator's replay (``reserved_model``, unset:
+        ``DEFAULT_RESERVED_MODEL``); the step must also be one the stream models (``alloc_stream.replayable``)."""
+        return (self.reserved_model or DEFAULT_RESERVED_MODEL) == "replay"
 
     @property
     def objective_name(self) -> str:

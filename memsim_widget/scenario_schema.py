@@ -134,7 +134,8 @@ SCHEMA: tuple[Field, ...] = (
           "framework's launcher default", optional=True, cli="allocator_conf"),
     Field("reserved_model", str, "how the reserved counter is computed: fitted (the default: fitted waste rule) or "
           "replay (the step's allocations replayed through the caching allocator; one GPU, slow per new shape)",
-          "scenario:RESERVED_MODELS", optional=True, cli="reserved_model"),
+          "scenario:RESERVED_MODELS", optional=True, cli="reserved_model",
+          widget=_w("reserved counter", "select", "Hardware")),
     Field("compile", bool, "the step runs under torch.compile", cli="compile",
           widget=_w("torch.compile", "bool", "Training")),
     Field("activation_memory_budget", float, "compile only: Inductor's activation_memory_budget in [0, 1] "

@@ -110,7 +110,7 @@ def _estimate(scenario: Scenario) -> Estimate:
 def _replayable(ctx: Context) -> bool:
     """``alloc_stream.replayable``, its module (and the allocator's) imported only where the scenario asks for the
     replay: a default estimate keeps the fitted rule without loading them (~2 ms of every CLI start)."""
-    if ctx.scenario.reserved_model != "replay":  # replayable's first condition
+    if not ctx.scenario.replays_reserved:  # replayable's first condition
         return False
     from memsim_widget.engine.counters.alloc_stream import replayable
 

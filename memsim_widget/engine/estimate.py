@@ -159,7 +159,7 @@ class Estimate:
         allocator (context, NCCL, paged states: ``overhead.reserved_cap``, the split of the
         nvidia-smi figure); None elsewhere (the fitted rule has no stream to replay)."""
         sc = self.scenario
-        if sc.reserved_model != "replay" or sc.objective_name != "sft":
+        if not sc.replays_reserved or sc.objective_name != "sft":
             return None
         from memsim_widget.engine.counters.alloc_stream import card_replay, replayable
         from memsim_widget.engine.counters.overhead import reserved_cap

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from memsim_widget.scenario import DEFAULT_RESERVED_MODEL
+
 #: Packages no CLI start loads: the widget stack, torch and its model library, the data-frame stack.
 HEAVY = (
     "torch",
@@ -31,8 +33,8 @@ HEAVY = (
 #: traces, launch-config importers, comparisons, calibration from traces).
 UNUSED_LAYERS = ("plan", "charts", "widget", "app", "trace", "importers", "comparison", "calibrate")
 
-#: The allocation-stream replay and its caching allocator: only a scenario with ``reserved_model: replay`` uses them
-#: (the default keeps the fitted rule, engine/counters/overhead.py).
+#: The allocation-stream replay and its caching allocator: a scenario whose reserved model is ``replay`` uses them
+#: (``reserved_model``, unset: ``DEFAULT_RESERVED_MODEL``); the fitted rule (engine/counters/overhead.py) does not.
 REPLAY = ("memsim_widget.engine.counters.alloc_stream", "memsim_widget.engine.counters.allocator")
 
 #: Run the CLI as ``memsim`` does, then print what the process loaded and which dataclasses its package modules
@@ -89,6 +91,14 @@ def test_an_estimate_loads_its_models_family_alone_and_nothing_heavy(args: list[
     assert _families(modules) == {family}
     assert sorted(m for m in HEAVY if m in modules) == []
     assert _layers(modules) == set()
+    assert sorted(m for m in REPLAY if m in modules) == (
+        sorted(REPLAY) if DEFAULT_RESERVED_MODEL == "replay" else []
+    )
+    assert standard == []
+
+
+def test_an_estimate_asking_for_the_fitted_rule_loads_no_allocator() -> None:
+    modules, standard = _loaded("estimate", "--model", "llama-3.2-1b", "--reserved-model", "fitted")
     assert sorted(m for m in REPLAY if m in modules) == []
     assert standard == []
 

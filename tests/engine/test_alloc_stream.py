@@ -25,7 +25,9 @@ from memsim_widget.engine.counters.alloc_stream import (
 )
 from memsim_widget.engine.counters.allocator import FREE, replay
 from memsim_widget.engine.frameworks import allocator_conf
+from memsim_widget.engine.items import Item
 from memsim_widget.engine.rl import objectives
+from memsim_widget.scenario import DEFAULT_RESERVED_MODEL, RESERVED_MODELS
 
 LLAMA = {
     "model": "llama-3.2-1b",
@@ -203,15 +205,24 @@ def test_a_third_step_adds_nothing_here() -> None:
     assert two == three
 
 
-def test_the_replay_is_opt_in_and_the_default_keeps_the_fitted_rule():
-    # the replay is under on five H200 runs and slow per new shape (docs/allocator.md): not the default yet
-    fitted = {k: v for k, v in LLAMA.items() if k != "reserved_model"}
+def _fragmentation_by_model(scenario: dict) -> tuple[Item, dict[str, Item]]:
+    """The fragmentation item of ``scenario`` with ``reserved_model`` unset, and under each reserved model."""
     frag = "allocator fragmentation (reserved - allocated)"
-    default = {i.item: i for i in estimate(Scenario.from_dict(fitted)).ranks[0].items}[frag]
-    replayed = {i.item: i for i in estimate(Scenario.from_dict(LLAMA)).ranks[0].items}[frag]
-    assert default.formula.startswith("largest pool")
-    assert not replayed.formula.startswith("largest pool")
-    assert default.bytes != replayed.bytes
+    unset = {k: v for k, v in scenario.items() if k != "reserved_model"}
+
+    def item(d: dict) -> Item:
+        return {i.item: i for i in estimate(Scenario.from_dict(d)).ranks[0].items}[frag]
+
+    return item(unset), {m: item({**unset, "reserved_model": m}) for m in RESERVED_MODELS}
+
+
+def test_an_unset_reserved_model_is_the_default_one_and_the_two_models_differ():
+    # one constant decides the default (scenario.DEFAULT_RESERVED_MODEL): an unset key gives its figures
+    unset, by = _fragmentation_by_model(LLAMA)
+    assert unset == by[DEFAULT_RESERVED_MODEL]
+    assert by["fitted"].formula.startswith("largest pool")
+    assert "replayed" in by["replay"].formula
+    assert by["fitted"].bytes != by["replay"].bytes
 
 
 def test_a_card_with_the_same_stream_reuses_the_replay() -> None:
@@ -496,13 +507,11 @@ def test_a_later_micro_batch_adds_each_new_gradient_in_place() -> None:
     assert replay(stream.events).peak_allocated >= plain + 2 * ctx.arch.parameters
 
 
-def test_the_default_keeps_the_fitted_rule_under_accumulation() -> None:
-    """``reserved_model`` unset: a step with accumulation keeps the fitted rule (no replay)."""
-    fitted = {k: v for k, v in ACCUM.items() if k != "reserved_model"}
-    frag = "allocator fragmentation (reserved - allocated)"
-    default = {i.item: i for i in estimate(Scenario.from_dict(fitted)).ranks[0].items}[frag]
-    replayed = {i.item: i for i in estimate(Scenario.from_dict(ACCUM)).ranks[0].items}[frag]
-    assert default.formula.startswith("largest pool") and "replayed" in replayed.formula
+def test_an_unset_reserved_model_is_the_default_one_under_accumulation() -> None:
+    """A step with accumulation: an unset ``reserved_model`` gives the default's figures; the replay replays."""
+    unset, by = _fragmentation_by_model(ACCUM)
+    assert unset == by[DEFAULT_RESERVED_MODEL]
+    assert by["fitted"].formula.startswith("largest pool") and "replayed" in by["replay"].formula
 
 
 @pytest.mark.slow

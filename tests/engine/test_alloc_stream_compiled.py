@@ -12,6 +12,7 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
 from memsim_widget.engine.counters.allocator import FREE, replay
 from memsim_widget.engine.frameworks import allocator_conf
+from memsim_widget.scenario import DEFAULT_RESERVED_MODEL, RESERVED_MODELS
 
 #: The H200 run llama1b-bf16-compile (benchmarks/gpu_measure.py): T = 4 x 1024 tokens, h 2048, 8 KV heads of 64,
 #: 16 layers, V 128,256, bf16.
@@ -139,14 +140,16 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
     )
 
 
-def test_compiled_steps_keep_the_fitted_rule_by_default() -> None:
-    """The replay stays opt-in (``reserved_model: replay``) for compiled steps too: the default is the coordinator's
-    to switch (docs/allocator.md)."""
+def test_an_unset_reserved_model_is_the_default_one_for_compiled_steps() -> None:
+    """Compiled steps: an unset ``reserved_model`` gives the default's figures (``DEFAULT_RESERVED_MODEL``)."""
     frag = "allocator fragmentation (reserved - allocated)"
-    fitted = {k: v for k, v in COMPILED.items() if k != "reserved_model"}
-    default = {i.item: i for i in estimate(Scenario.from_dict(fitted)).ranks[0].items}[frag]
-    replayed = {i.item: i for i in estimate(Scenario.from_dict(COMPILED)).ranks[0].items}[frag]
-    assert default.formula.startswith("largest pool") and "replayed" in replayed.formula
+    unset = {k: v for k, v in COMPILED.items() if k != "reserved_model"}
+    by = {
+        m: {i.item: i for i in estimate(Scenario.from_dict(d)).ranks[0].items}[frag]
+        for m, d in (("unset", unset), *((m, {**unset, "reserved_model": m}) for m in RESERVED_MODELS))
+    }
+    assert by["unset"] == by[DEFAULT_RESERVED_MODEL]
+    assert by["fitted"].formula.startswith("largest pool") and "replayed" in by["replay"].formula
 
 
 #: The small pool's segment (``kSmallBuffer``, docs/allocator.md): on these 130-190 MB models one is 1.1-1.6%.

@@ -5,6 +5,9 @@ gradients of an earlier micro-batch are under gradient accumulation (docs/memory
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -13,18 +16,13 @@ from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import ZERO_GRADS, Scenario
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import fidelity_measured as fm  # noqa: E402
+
 #: BertForSequenceClassification(bert-large) as benchmarks/fidelity_measured.py expresses it (BERT_LARGE_CLS):
 #: the transformers docs' 2022 Trainer runs (data/measured/published.csv rows 81-89), fp32, batch 4 x 512.
 BERT_2022 = {
-    "model": {
-        "model_type": "bert",
-        "hidden_size": 1024,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 16,
-        "intermediate_size": 4096,
-        "vocab_size": 2,
-        "max_position_embeddings": 512 + 30522,
-    },
+    "model": fm.BERT_LARGE_CLS,
     "micro_batch_size": 4,
     "seq_len": 512,
     "attention": "eager",

@@ -98,7 +98,8 @@ def test_accumulating_candidates_take_the_replay_and_equal_estimate():
 def test_fsdp2_candidates_take_the_replay_and_equal_estimate(reshard):
     """Untied embeddings, full training: the candidates sharded with FSDP2 over 2 and 4 GPUs replay their rank's
     stream with FSDP2's buffers on its streams (``engine/counters/fsdp_stream.py``), each equal to ``estimate``
-    byte for byte; the ZeRO 1/2 candidates keep the fitted rule in both."""
+    byte for byte; the ZeRO 1/2 candidates keep the fitted rule in both (the ZeRO 0 ones are DDP ranks, replayed
+    with DDP's buckets: ``test_ddp_candidates_take_the_replay_and_equal_estimate``)."""
     from tests.data.fidelity_cases import LLAMA_H512_V32K
 
     base = {
@@ -111,7 +112,32 @@ def test_fsdp2_candidates_take_the_replay_and_equal_estimate(reshard):
     for i in range(p.evaluated):
         est = p.estimate(i)
         par = est.scenario.parallel
-        fsdp2 = par.dp > 1 and par.zero == 3 and par.tp * par.pp * par.cp * par.ep == 1
-        assert ("replayed" in est.ranks[0].reserved.formula) == (fsdp2 and est.scenario.grad_accum_steps == 1)
+        alone = par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1
+        fsdp2 = alone and par.zero == 3 and est.scenario.grad_accum_steps == 1
+        ddp = alone and par.zero == 0
+        assert ("replayed" in est.ranks[0].reserved.formula) == (fsdp2 or ddp)
         replayed += fsdp2
     assert replayed
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
+    """The candidates with DDP over 2 and 4 GPUs (zero 0) replay their rank's stream with DDP's wrap-time
+    broadcast and buckets (``engine/counters/ddp_stream.py``; without checkpointing HF Trainer asks for
+    ``find_unused_parameters``, so no rebuild; with it the buckets are rebuilt at step 2), accumulation
+    included, each equal to ``estimate`` byte for byte."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay",
+        "activation_checkpointing": checkpointing,
+    }  # fmt: skip
+    space = SearchSpace(micro_batch=(1, 2), zero=(0,), checkpointing=(checkpointing,), offload=("none",))
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    pars = [p.estimate(i).scenario.parallel for i in range(p.evaluated)]
+    ddp = [i for i, par in enumerate(pars) if par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1]
+    assert ddp
+    for i in ddp:
+        formula = p.estimate(i).ranks[0].reserved.formula
+        assert "replayed" in formula and "DDP's wrap-time broadcast" in formula

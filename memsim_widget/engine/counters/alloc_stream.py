@@ -53,11 +53,12 @@ from memsim_widget.engine.counters.allocator import (
     alloc,
     replay,
 )
+from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
-from memsim_widget.engine.states.gradients import new_gradient
+from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, new_gradient
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
 
@@ -68,7 +69,8 @@ STEPS = 2
 #: Batches padded to their longest sample (``padding: "longest"``): the first step replayed is this many times
 #: shorter than the longest, whose step comes last, so the segments the shorter step's T x V buffers left are
 #: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
-#: fitted.
+#: fitted. Over a long run of varying lengths the cache grows further (``batch_lengths`` replays such runs;
+#: docs/allocator.md, "Variable lengths").
 VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
@@ -298,6 +300,8 @@ def step_stream(
     repeat: bool = True,
     fsdp: Any = None,
     kept: bool = False,
+    ddp: DdpBuckets | None = None,
+    schedule: Sequence[dict[str, Sequence[Any]]] = (),
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -307,13 +311,25 @@ def step_stream(
     the gradients, the later ones add theirs in place, ``_Grads``), ``fsdp`` a rank's FSDP2 units
     (``fsdp_stream.Fsdp2Units``: its buffers on their streams, the gradients its reduce-scatter outputs), ``kept``
     the gradients kept as zeros by ``zero_grad`` (``frameworks.grads_kept``): made by the first step's backward
-    and never freed, every later backward adding its gradients in place as an accumulation step does."""
+    and never freed, every later backward adding its gradients in place as an accumulation step does; ``ddp`` a
+    DDP rank's buffers (``ddp_stream.DdpBuckets``: the wrap-time broadcast and buckets after the weights, the
+    rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again);
+    ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
+    ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
+    first step)."""
     s = StreamWriter()
+    if ddp is not None:
+        first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
+        sg = {**sg, "persistent": [i for i in sg["persistent"] if i.item != DDP_BUCKETS_ITEM]}
+    reducer = DdpWriter(s, ddp) if ddp is not None else None
     comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
     grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
     s.items(first, numels)
+    if reducer is not None:
+        s.mark("DDP wrap")
+        reducer.wrap()
     late = _autograd_workspaces(sg["overhead"])
     s.items([i for i in sg["overhead"] if i.item != WORKSPACE_ITEM])
     for i in sg["overhead"]:
@@ -325,9 +341,14 @@ def step_stream(
         made_grads: list[int] = []
         held: list[int] = []
         for m in range(1, max(micro, 1) + 1):
+            if schedule:
+                a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1 or (kept and step > 1)
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
+            if reducer is not None and step == 2 and m == 1 and reducer.b.rebuilt:
+                s.mark(f"{label} DDP bucket rebuild")
+                reducer.rebuild()
             work = late if step == m == 1 else ()
             made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
             made_grads = made_grads or made
@@ -613,18 +634,19 @@ class _Args:
 
 
 def replayable(ctx: Any) -> bool:
-    """Whether the scenario asks for the replay (``reserved_model: replay``; the default ``fitted`` keeps the fast
-    fitted rule: the replay is under by 8-14% on three H200 runs and costs 6-50 ms per new shape, docs/allocator.md)
-    and the stream models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
-    later ones add each new gradient in place, ``step_stream``), or an FSDP2 rank with one micro-batch
-    (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``); nothing
+    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
+    ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
+    models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
+    later ones add each new gradient in place, ``step_stream``), an FSDP2 rank with one micro-batch
+    (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
+    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``); nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
-        sc.reserved_model == "replay"
-        and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx))
-        and not sc.activation_offloading
+        sc.replays_reserved
+        and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx) or ddp_replayable(ctx))
+        and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
         and not sc.optimizer_in_backward
     )
@@ -650,6 +672,26 @@ def fsdp2_replayable(ctx: Any) -> bool:
         and not sc.fp8_all_gather
         and not sc.compile
         and not grads_kept(sc)
+    )
+
+
+def ddp_replayable(ctx: Any) -> bool:
+    """Whether the stream models the scenario's DDP rank (``ddp_stream``): data parallelism over dp > 1 ranks
+    without ZeRO under a framework that wraps with torch DDP (``profile.ddp_buckets``: HF Trainer / accelerate),
+    no other parallelism, every parameter training (full training, no frozen stack: the buckets hold the
+    gradients of the parameters that train), eager (a compiled step's DDPOptimizer splits the graph at the
+    buckets: not modelled), any number of micro-batches (``no_sync``)."""
+    from memsim_widget.engine.frameworks import profile
+
+    p = ctx.par
+    return (
+        p.dp > 1
+        and p.zero == 0
+        and p.tp * p.pp * p.cp * p.ep == 1
+        and profile(ctx).ddp_buckets
+        and ctx.full_training
+        and not ctx.frozen_stacks
+        and not ctx.scenario.compile
     )
 
 
@@ -690,7 +732,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         per_op = (LAYER_FORWARD, FINAL_NORM)
         ag = {k: v if k in per_op else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
-    fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 else None
+    fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
+    ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
     return step_stream(
         ag,
         sg,
@@ -703,6 +746,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         micro=micro,
         fsdp=fsdp,
         kept=grads_kept(ctx.scenario),
+        ddp=ddp,
     )
 
 
@@ -760,12 +804,18 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
     formula = (
         f"caching allocator replayed ({conf}) over {STEPS} steps built from the engine's items"
         + (
-            " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
+            (
+                " (DDP's wrap-time broadcast and gradient buckets, rebuilt at step 2: from torch 2.13's source, "
+                "traced on CPU)"
+                if ddp_replayable(ctx)
+                else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
+            )
             if ctx.par.dp > 1
             else ""
         )
         + (
-            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
+            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample; a"
+            " long run of varying lengths can reserve more, docs/allocator.md#variable-lengths)"
             if ctx.scenario.padding == "longest"
             else ""
         )

@@ -7,7 +7,7 @@ kernel scratch; ``reserved`` = allocated + what the caching allocator holds unus
 Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-outside-the-tensors.
 
 Reserved: with ``reserved_model: replay`` and on a step the allocation stream models (``alloc_stream.replayable``:
-one GPU, gradient accumulation included, or an FSDP2 rank; nothing offloaded, the supervised step), the peak of a replay of the step's allocations and
+one GPU, gradient accumulation included, an FSDP2 rank or a DDP rank; nothing offloaded, the supervised step), the peak of a replay of the step's allocations and
 frees through PyTorch's caching allocator (``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to
 the H200 runs). Elsewhere, and by default (``reserved_model: fitted``: the replay is still under on five H200
 runs and slow per new shape), the fitted rule below (``reserved_item``).

@@ -18,6 +18,9 @@ from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_no
 from memsim_widget.engine.states.trained import Trained, trainable_scopes
 from memsim_widget.units import fmt_int
 
+#: The item of DDP's flat gradient buckets (``engine/counters/ddp_stream`` writes their allocations)
+DDP_BUCKETS_ITEM = "DDP gradient buckets"
+
 
 def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained, b: StateBudget) -> None:
     """The gradient items of ``b``, and the per-layer and pre/post gradient bytes the timeline reads."""
@@ -57,7 +60,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
         b.persistent.append(
             Item(
                 "gradients",
-                "DDP gradient buckets",
+                DDP_BUCKETS_ITEM,
                 n_train * grad_b,
                 f"{fmt_int(n_train)} x {grad_b} B (DDP flat buckets, gradient_as_bucket_view=False; "
                 "allocated at wrap time)",

@@ -1,0 +1,83 @@
+"""DDP ranks (HF Trainer: zero 0, dp > 1) under ``reserved_model: replay`` (``engine/counters/ddp_stream.py``)
+beside the fitted rule and the one-GPU replay of the same shape, and what a new shape costs.
+
+    python benchmarks/allocator_replay_ddp.py
+
+Per scenario: peak allocated, reserved by the replay and by the fitted rule (``engine/counters/overhead.py``),
+the one-GPU replay, and the milliseconds of a new shape through ``estimate`` (CPU time of the process, the
+fastest of 3, every cache cleared), for the DDP rank and for one GPU. No GPU row measures DDP yet: these are
+predictions, the bucket layout and what DDP adds held to real DDP on the CPU (benchmarks/ddp_trace.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from memsim_widget.engine.core import estimate
+from memsim_widget.units import GiB
+
+CASES: list[dict[str, Any]] = [
+    {"model": "qwen2.5-0.5b", "precision": "amp-bf16", "micro_batch_size": 4, "seq_len": 1024},
+    {"model": "llama-3.2-1b", "precision": "amp-bf16", "micro_batch_size": 4, "seq_len": 1024},
+    {"model": "llama-3.2-1b", "precision": "bf16", "micro_batch_size": 4, "seq_len": 1024},
+    {
+        "model": "llama-3.2-1b",
+        "precision": "bf16",
+        "micro_batch_size": 4,
+        "seq_len": 1024,
+        "grad_accum_steps": 4,
+    },
+    {"model": "llama-3.2-3b", "precision": "bf16", "micro_batch_size": 2, "seq_len": 2048},
+    {
+        "model": "llama-3.1-8b",
+        "precision": "bf16",
+        "micro_batch_size": 1,
+        "seq_len": 2048,
+        "gpu": "h200-sxm-141gb",
+    },
+]
+
+
+def cold(sc: dict[str, Any]) -> tuple[Any, float]:
+    """``estimate(sc)`` as a new shape (its parts cached, not its replay nor the result): the estimate and its
+    CPU milliseconds, the fastest of 3."""
+    from memsim_widget.engine.core import _estimate
+    from memsim_widget.engine.counters import alloc_stream
+
+    best = float("inf")
+    est = estimate(sc)
+    for _ in range(3):
+        _estimate.cache_clear()
+        alloc_stream.cache_clear()
+        t = time.process_time()
+        est = estimate(sc)
+        best = min(best, time.process_time() - t)
+    return est, best * 1e3
+
+
+def main() -> None:
+    """Print one row per case and checkpointing setting."""
+    print("| scenario | ckpt | allocated | replay | fitted | one GPU replay | new shape: DDP, one GPU |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for case in CASES:
+        for ckpt in ("none", "full"):
+            sc = {"reserved_model": "replay", "activation_checkpointing": ckpt, "parallel": {"dp": 8}, **case}
+            est, ms = cold(sc)
+            one, ms1 = cold({**sc, "parallel": {"dp": 1}})
+            fit = estimate({**sc, "reserved_model": "fitted"}).ranks[0]
+            r = est.ranks[0]
+            assert "DDP" in r.reserved.formula, r.reserved.formula
+            name = f"{case['model']} {case['precision']} {case['micro_batch_size']}x{case['seq_len']}" + (
+                f" accum {case['grad_accum_steps']}" if "grad_accum_steps" in case else ""
+            )
+            print(
+                f"| {name} | {ckpt} | {r.peak_allocated_bytes / GiB:.2f} | {r.peak_reserved_bytes / GiB:.2f} | "
+                f"{fit.peak_reserved_bytes / GiB:.2f} ({fit.peak_reserved_bytes / r.peak_reserved_bytes - 1:+.1%}) | "
+                f"{one.ranks[0].peak_reserved_bytes / GiB:.2f} | {ms:.0f} ms, {ms1:.0f} ms |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Run torch DistributedDataParallel for real on the CPU (gloo, world size 1) under a logging dispatch mode and
+hold the engine's DDP stream (``engine/counters/ddp_stream.py``) to it.
+
+The Reducer's bucket tensors come from C++ ``at::empty`` and the wrap-time broadcast's flat buffers from
+``torch.cat`` (``flatten_dense_tensors``); both pass the dispatcher on the calling thread, so a Python
+``TorchDispatchMode`` sees them (on the CPU the autograd engine runs backward on the calling thread too).
+Frees are read from weak references to each storage, swept before every op. Printed per case:
+
+- the buckets DDP reports at wrap (``_get_ddp_logging_data``'s ``bucket_sizes``) and those the rebuild
+  allocates at the second forward beside ``ddp_stream.rank_buckets`` of the same model as an engine scenario;
+- the storages made between DDP's constructor call and its return, and between the second step's first
+  forward call and the model's first op (the rebuild), in order, beside the stream's;
+- the traced run replayed through the caching allocator with and without the DDP wrapper (the same steps, CPU
+  ops, not CUDA's kernels), and the engine's stream replayed with and without DDP: what DDP adds to reserved.
+
+    python benchmarks/ddp_trace.py            # both find_unused_parameters settings
+
+Needs the ``[trace]`` extra (torch, transformers); no network (the model is built from its config).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+
+from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
+
+from memsim_widget.engine.counters.allocator import FREE, CachingAllocator  # noqa: E402
+
+STEPS = 2
+BATCH, SEQ = 2, 512
+
+
+def traced_run(find_unused: bool | None, port: int) -> dict[str, Any]:
+    """Two training steps of the Llama of ``LLAMA_H512_V32K`` (fp32, AdamW, foreach) wrapped in DDP with
+    ``find_unused`` (None: not wrapped); the allocation events, DDP's own ones and its bucket sizes."""
+    import torch
+    import torch.distributed as dist
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    events: list[tuple[int, int, int]] = []
+    live: dict[int, tuple[Any, int]] = {}
+    counter = [0]
+    marks: dict[str, int] = {}
+
+    def sweep() -> None:
+        for key, (ref, handle) in list(live.items()):
+            if ref.expired():
+                events.append((handle, FREE, 0))
+                del live[key]
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            sweep()
+            marks.setdefault("first op after", len(events))
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (list, tuple)) else [out]:
+                if isinstance(o, torch.Tensor):
+                    st = o.untyped_storage()
+                    key = st.data_ptr()
+                    if st.nbytes() and key not in live and func is not torch.ops.aten.detach.default:
+                        counter[0] += 1
+                        live[key] = (StorageWeakRef(st), counter[0])
+                        events.append((counter[0], st.nbytes(), 0))
+            return out
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.manual_seed(0)
+    cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
+    with torch.device("cpu"):
+        model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False))
+    mode = Log()
+    mode.__enter__()
+    for p in model.parameters():  # the weights, in module order, as the stream writes them first
+        counter[0] += 1
+        live[p.untyped_storage().data_ptr()] = (StorageWeakRef(p.untyped_storage()), counter[0])
+        events.append((counter[0], p.untyped_storage().nbytes(), 0))
+    wrapped: Any = model
+    data: dict[str, Any] = {}
+    if find_unused is not None:
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        at = len(events)
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused)
+        sweep()
+        data["wrap"] = events[at:]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    ids = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ))
+    for step in range(1, STEPS + 1):
+        at = len(events)
+        marks.pop("first op after", None)
+        if step == 2 and find_unused is not None:
+            # the rebuild: between DDP's forward call and the model's first op (the embedding lookup)
+            hook = model.model.embed_tokens.register_forward_pre_hook(
+                lambda *_: marks.__setitem__("rebuild end", len(events))
+            )
+        loss = wrapped(input_ids=ids, labels=ids).loss
+        if step == 2 and find_unused is not None:
+            hook.remove()
+            data["rebuild"] = events[at : marks["rebuild end"]]
+        loss.backward()
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sweep()
+    mode.__exit__(None, None, None)
+    if find_unused is not None:
+        log = wrapped._get_ddp_logging_data()
+        data["bucket_sizes"] = [int(x) for x in str(log.get("bucket_sizes", "")).split(",") if x]
+        dist.destroy_process_group()
+    data["events"] = events
+    return data
+
+
+def replayed(events: list[tuple[int, int, int]]) -> int:
+    """Peak reserved of ``events`` through the caching allocator (PyTorch's defaults)."""
+    a = CachingAllocator(None)
+    a.run(events)
+    return a.peak_reserved
+
+
+def engine(find_unused: bool) -> dict[str, Any]:
+    """The engine's DDP rank of the same model and step (fp32, AdamW foreach), its buckets and replays."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
+    from memsim_widget.engine.counters.ddp_stream import rank_buckets
+    from memsim_widget.engine.frameworks import allocator_conf
+
+    sc = {
+        "model": LLAMA_H512_V32K, "micro_batch_size": BATCH, "seq_len": SEQ, "precision": "fp32",
+        "optimizer": "adamw", "optimizer_impl": "foreach", "reserved_model": "replay",
+        "activation_checkpointing": "none" if find_unused else "full", "parallel": {"dp": 2},
+    }  # fmt: skip
+    out: dict[str, Any] = {}
+    for dp in (2, 1):
+        ctx = Context(estimate({**sc, "parallel": {"dp": dp}}).scenario)
+        st = ctx.stages[0]
+        out[dp] = replay_stream(rank_stream(ctx, st), allocator_conf(ctx)).peak_reserved
+        if dp == 2:
+            b = rank_buckets(ctx, st)
+            out["buckets"] = b
+    return out
+
+
+def main() -> None:
+    """Print the comparison for ``find_unused_parameters`` True (HF Trainer without checkpointing) and False."""
+    plain = traced_run(None, 29611)
+    base = replayed(plain["events"])
+    for k, fu in enumerate((True, False)):
+        t = traced_run(fu, 29612 + k)
+        e = engine(fu)
+        b = e["buckets"]
+        wrap = [size for _, size, _ in t["wrap"] if size != FREE]
+        print(f"find_unused_parameters={fu}")
+        print(
+            f"  DDP's bucket_sizes at wrap {t['bucket_sizes']}; engine (allocation order) {list(b.initial)}"
+        )
+        rebuilt = [size for _, size, _ in t.get("rebuild", []) if size >= 2**20]
+        print(f"  buckets traced at the rebuild {rebuilt}; engine {list(b.rebuilt)}")
+        print(f"  traced at wrap (allocations in order): {wrap}")
+        print(f"  engine at wrap: broadcast {list(b.broadcast)}, buckets {list(b.initial)}, map {b.used_map}")
+        rebuild = [size if size != FREE else "free" for _, size, _ in t.get("rebuild", [])]
+        print(f"  traced at the rebuild: {rebuild}")
+        traced = replayed(t["events"])
+        print(
+            f"  trace replay reserved: DDP {traced:,} B, without {base:,} B, +{traced - base:,}; engine stream: "
+            f"DDP {e[2]:,}, one GPU {e[1]:,}, +{e[2] - e[1]:,}"
+        )
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The allocation stream of a DDP rank (``engine/counters/ddp_stream.py``): torch 2.13's bucket assignment, the
+wrap-time broadcast and buckets, the rebuild at the second step, held to real DDP run on the CPU
+(``benchmarks/ddp_trace.py``)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from fidelity_cases import LLAMA_H512_V32K
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsim_widget import Scenario, estimate
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replayable
+from memsim_widget.engine.counters.allocator import FREE
+from memsim_widget.engine.counters.ddp_stream import (
+    BUCKET_CAP_BYTES,
+    FIRST_BUCKET_BYTES,
+    DdpBuckets,
+    DdpWriter,
+    bucket_assignment,
+    ddp_buckets,
+    layer_use_order,
+    rank_buckets,
+)
+
+MiB = 2**20
+BASE = {"model": LLAMA_H512_V32K, "micro_batch_size": 2, "seq_len": 512, "reserved_model": "replay"}
+
+
+def ddp(checkpointing: str = "none", dp: int = 2, **keys: object) -> dict:
+    """``BASE`` in fp32 with DDP over ``dp`` ranks (HF Trainer: ``find_unused_parameters`` unless checkpointing)."""
+    return {
+        **BASE,
+        "precision": "fp32",
+        "activation_checkpointing": checkpointing,
+        "parallel": {"dp": dp},
+        **keys,
+    }
+
+
+def test_a_bucket_closes_once_it_reaches_its_limit_and_the_limits_advance():
+    # 0.6 + 0.6 MiB reach the 1 MiB first limit; then 25 MiB buckets: 10 + 10 + 10 closes at 30, the rest is open
+    sizes = [6 * MiB // 10, 6 * MiB // 10, 10 * MiB, 10 * MiB, 10 * MiB, 3 * MiB]
+    assert bucket_assignment(sizes, [FIRST_BUCKET_BYTES, BUCKET_CAP_BYTES]) == (
+        2 * (6 * MiB // 10),
+        30 * MiB,
+        3 * MiB,
+    )
+    assert bucket_assignment(sizes, [sys.maxsize]) == (
+        sum(sizes),
+    )  # find_unused_parameters=False: one bucket
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 40 * MiB), min_size=1, max_size=60))
+def test_buckets_hold_every_byte_and_only_the_last_is_under_its_limit(sizes):
+    out = bucket_assignment(sizes, [FIRST_BUCKET_BYTES, BUCKET_CAP_BYTES])
+    assert sum(out) == sum(sizes)
+    limits = [FIRST_BUCKET_BYTES] + [BUCKET_CAP_BYTES] * len(out)
+    assert all(b >= limit for b, limit in zip(out[:-1], limits, strict=False))
+
+
+#: The Llama of ``LLAMA_H512_V32K`` in fp32, its tensors' bytes (4 layers; untied 32000 x 512 embeddings and
+#: head; q and o 512 x 512, k and v 256 x 512 (4 of 8 heads), gate, up and down 1376 x 512, norms 512)
+EMB = 32000 * 512 * 4
+Q, KV, MLP, NORM = 512 * 512 * 4, 256 * 512 * 4, 1376 * 512 * 4, 512 * 4
+LAYER = 2 * Q + 2 * KV + 3 * MLP + 2 * NORM
+
+
+def test_the_buckets_at_wrap_are_the_ones_real_ddp_made():
+    """``find_unused_parameters=True``: module order, the embeddings alone reach the 1 MiB first limit, then
+    25 MiB buckets; allocated in reverse. DDP's ``bucket_sizes`` on the CPU (benchmarks/ddp_trace.py):
+    85,600,256, 26,353,664 and 65,536,000 in that order."""
+    ctx = Context(Scenario.from_dict(ddp()))
+    b = rank_buckets(ctx, ctx.stages[0])
+    # module order: embeddings | layers 0-1 and layer 2's q, k, v, o (reach 25 MiB) | the rest and the head
+    second = 2 * LAYER + 2 * Q + 2 * KV
+    assert second == 26_353_664
+    total = 2 * EMB + 4 * LAYER + NORM
+    assert b.initial == (total - EMB - second, second, EMB) == (85_600_256, 26_353_664, 65_536_000)
+    assert b.rebuilt == ()  # no rebuild with find_unused_parameters
+    assert b.used_map == 4 * (2 + 4 * 9 + 1)  # an int32 per parameter tensor
+    assert b.broadcast == (2 * EMB + 4 * LAYER + NORM,)  # every parameter, under 250 MiB: one flat buffer
+
+
+def test_the_rebuild_assigns_buckets_in_the_order_gradients_became_ready():
+    """Checkpointing: ``find_unused_parameters=False``, one bucket at wrap, rebuilt at the second forward over the
+    ready order: the head alone passes 1 MiB; then the final norm, layers 3 and 2 (each down, up, gate, the
+    post-attention norm, o, v, k, q, the input norm) and layer 1's down and up reach 25 MiB. The rebuild traced
+    on the CPU allocated 65,536,000, 28,846,080 and 83,107,840 bytes."""
+    ctx = Context(Scenario.from_dict(ddp("full")))
+    b = rank_buckets(ctx, ctx.stages[0])
+    total = 2 * EMB + 4 * LAYER + NORM
+    assert b.initial == (total,)
+    second = NORM + 2 * LAYER + 2 * MLP
+    assert b.rebuilt == (EMB, second, total - EMB - second) == (65_536_000, 28_846_080, 83_107_840)
+    assert b.used_map == 0
+
+
+def test_a_layers_norms_run_before_their_block():
+    names = [
+        "a.q_proj",
+        "a.k_proj",
+        "a.mlp.gate_proj",
+        "a.mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    ]
+    assert layer_use_order(names) == [4, 0, 1, 5, 2, 3]
+
+
+def test_tied_embeddings_are_the_last_gradient_ready():
+    ctx = Context(Scenario.from_dict(ddp("full", model="qwen2.5-0.5b", seq_len=256)))
+    b = rank_buckets(ctx, ctx.stages[0])
+    emb = 151936 * 896 * 4
+    assert b.rebuilt[-1] >= emb and b.rebuilt[0] < emb  # the final norm opens the first bucket, not the head
+
+
+def test_ddp_buckets_needs_the_same_tensors_in_both_orders():
+    with pytest.raises(ValueError, match="ready"):
+        ddp_buckets([1, 2], [1, 3], 2, 2, False)
+
+
+def _sized(s: StreamWriter) -> list[int | str]:
+    sizes = {h: size for h, size, _ in s.events if size != FREE}
+    return [size if size != FREE else f"free {sizes[h]}" for h, size, _ in s.events]
+
+
+def test_the_wrap_broadcasts_two_flat_buffers_at_a_time_then_makes_the_buckets():
+    s = StreamWriter()
+    w = DdpWriter(s, DdpBuckets((300, 300, 100), (50, 60), (), 8))
+    w.wrap()
+    assert _sized(s) == [300, 300, "free 300", 100, "free 300", "free 100", 50, 60, 8]
+    w.rebuild()  # no rebuild
+    assert len(s.events) == 9
+
+
+def test_the_rebuild_frees_the_old_buckets_before_making_the_new_ones():
+    s = StreamWriter()
+    w = DdpWriter(s, DdpBuckets((110,), (110,), (10, 100)))
+    w.wrap()
+    w.rebuild()
+    assert _sized(s)[2:] == [110, "free 110", 10, 100]
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_the_stream_writes_the_buckets_once_and_rebuilds_at_step_2(checkpointing):
+    """The buckets' item (``states/gradients``) is written by the DDP writer only: the stream holds the engine's
+    bytes of it once, at wrap, and without ``find_unused_parameters`` the rebuild comes before step 2's
+    forward."""
+    ctx = Context(Scenario.from_dict(ddp(checkpointing)))
+    s = rank_stream(ctx, ctx.stages[0])
+    b = rank_buckets(ctx, ctx.stages[0])
+    labels = [label for _, label in s.marks]
+    assert "DDP wrap" in labels
+    wrap = labels.index("DDP wrap")
+    start, end = s.marks[wrap][0], s.marks[wrap + 1][0]
+    made = [size for _, size, _ in s.events[start:end] if size != FREE]
+    ddp_made = [*b.broadcast, *b.initial, *([b.used_map] if b.used_map else [])]
+    assert (
+        made[: len(ddp_made)] == ddp_made
+    )  # then the forward thread's cuBLAS workspace, at the first forward
+    assert made[len(ddp_made) :] == [32 * MiB]
+    assert ("step 2 DDP bucket rebuild" in labels) == (checkpointing == "full")
+    one = rank_stream(
+        Context(Scenario.from_dict({**ddp(checkpointing), "parallel": {"dp": 1}})), ctx.stages[0]
+    )
+    # beside the one-GPU stream: the broadcast, the buckets, the map and the rebuild only
+    extra = len(b.broadcast) * 2 + len(b.initial) + bool(b.used_map) + (len(b.initial) + len(b.rebuilt))
+    assert len(s.events) - len(one.events) == extra - (0 if b.rebuilt else len(b.initial))
+
+
+@pytest.mark.parametrize(
+    ("d", "ok"),
+    [
+        (ddp(), True),
+        (ddp("full", grad_accum_steps=3), True),
+        ({**ddp(), "parallel": {"dp": 2, "zero": 1}}, False),
+        ({**ddp(), "parallel": {"dp": 2, "tp": 2}}, False),
+        (ddp(method="lora"), False),
+        (ddp(compile=True), False),
+        (ddp(framework="torchtitan"), False),
+    ],
+)
+def test_the_stream_models_plain_ddp_ranks_only(d: dict, ok: bool) -> None:
+    ctx = Context(Scenario.from_dict(d))
+    assert replayable(ctx) == ok
+    formula = estimate(Scenario.from_dict(d)).ranks[0].reserved.formula
+    assert ("DDP's wrap-time broadcast" in formula) == ok
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_ddp_adds_what_it_added_to_the_traced_run(checkpointing):
+    """Real DDP on the CPU (benchmarks/ddp_trace.py, this model at 2 x 512, fp32, two steps): the trace replayed
+    with the wrapper reserves 178,257,920 B more than without, with either ``find_unused_parameters``: the
+    buckets' 177,489,920 B rounded to a 2 MiB multiple, their one segment (the broadcast's freed flat buffer,
+    as large, is where they are cut from). The engine's stream adds the same."""
+    from memsim_widget.engine.counters.alloc_stream import replay_stream
+    from memsim_widget.engine.frameworks import allocator_conf
+
+    peaks = []
+    for dp in (2, 1):
+        ctx = Context(Scenario.from_dict({**ddp(checkpointing), "parallel": {"dp": dp}}))
+        peaks.append(replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx)).peak_reserved)
+    assert peaks[0] - peaks[1] == 178_257_920 == -(-177_489_920 // (2 * MiB)) * 2 * MiB
