@@ -37,7 +37,12 @@ from memsim_widget.engine.activations.forward import (
     layer_forward_transients,
 )
 from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
-from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
+from memsim_widget.engine.activations.tangents import (
+    CACHE_TANGENTS,
+    LOGITS_TANGENT,
+    LOSS_GRADIENT,
+    tangent_role,
+)
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -552,18 +557,21 @@ def _loss_backward(
 def compiled_loss_backward(
     s: StreamWriter, items: Sequence[Any], kept: list[int]
 ) -> tuple[list[int], list[int]]:
-    """The top of a compiled backward in the traced order (trace/compiled.py; docs/allocator.md): AOTAutograd's zero
-    gradients of the returned KV cache (layer 0's first) and of the logits (``engine/activations/tangents``), the
-    loss's gradient buffer (the fp32 zeros scattered at the labels), freed with what the loss saved (``kept``: the
-    logits and their row statistics); then the logits' gradient (the zero gradient plus the fused log-softmax
-    backward: a new buffer of the logits' size) and the logits' zero gradient freed. The handles of the KV cache's
-    zero gradients (each layer's backward frees its own) and of the logits' gradient."""
+    """The top of a compiled backward as Inductor runs it (``engine/activations/tangents``; docs/allocator.md):
+    AOTAutograd's zero gradients of the returned KV cache (layer 0's first) and of the logits; nll_loss's gradient
+    buffer (``LOSS_GRADIENT``) is never made (Inductor's joint-graph pass fuses it), so one kernel writes the logits'
+    gradient (a new buffer of the logits' size) reading the saved logits (``kept``, with their row statistics) and
+    the logits' zero gradient, which are freed after it. A loss-backward buffer of another name (GPT-2's rule) is
+    made first and freed with what the loss saved before the logits' gradient, as the default trace orders it. The
+    handles of the KV cache's zero gradients (each layer's backward frees its own) and of the logits' gradient."""
     tangents = s.items([i for i in items if tangent_role(i.item) == CACHE_TANGENTS])
     zero = s.items([i for i in items if tangent_role(i.item) == LOGITS_TANGENT])
     buffer = s.items([i for i in items if not tangent_role(i.item)])
-    s.free(buffer + kept)
+    fused = any(tangent_role(i.item) == LOSS_GRADIENT for i in items)
+    if not fused:
+        s.free(buffer + kept)
     grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
-    s.free(zero)
+    s.free((buffer + kept if fused else []) + zero)
     return tangents, grad_logits
 
 
