@@ -20,6 +20,7 @@ from fidelity_cases import LLAMA_H512_V32K as SMALL_LLAMA  # noqa: E402  (the te
 BASE = {"micro_batch_size": 2, "seq_len": 512, "precision": "bf16", "reserved_model": "replay"}
 ONE_B = {**BASE, "model": "llama-3.2-1b", "seq_len": 1024}
 SP = {"sequence_parallel": True}
+FSDP = {"dp": 2, "zero": 3}
 
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama L4 h512 V32k tp2", {**BASE, "model": SMALL_LLAMA, "parallel": {"tp": 2}}),
@@ -42,6 +43,29 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama-3.2-1b tp4 2 x 1024", {**ONE_B, "parallel": {"tp": 4}}),
     ("llama-3.2-1b tp2 sp 2 x 1024", {**ONE_B, "parallel": {"tp": 2, **SP}}),
     ("llama-3.2-1b tp4 sp 2 x 1024", {**ONE_B, "parallel": {"tp": 4, **SP}}),
+    ("llama L4 h512 V32k dp2 x tp2 fsdp", {**BASE, "model": SMALL_LLAMA, "parallel": {**FSDP, "tp": 2}}),
+    (
+        "llama L4 h512 V32k dp2 x tp2 fsdp no reshard",
+        {**BASE, "model": SMALL_LLAMA, "parallel": {**FSDP, "tp": 2, "reshard_after_forward": False}},
+    ),
+    (
+        "llama L4 h512 V32k dp4 x tp2 fsdp",
+        {**BASE, "model": SMALL_LLAMA, "parallel": {**FSDP, "dp": 4, "tp": 2}},
+    ),
+    (
+        "llama L4 h512 V32k dp2 x tp4 sp fsdp",
+        {**BASE, "model": SMALL_LLAMA, "parallel": {**FSDP, "tp": 4, **SP}},
+    ),
+    (
+        "llama L4 h512 V32k dp2 x tp2 fsdp tied",
+        {**BASE, "model": {**SMALL_LLAMA, "tie_word_embeddings": True}, "parallel": {**FSDP, "tp": 2}},
+    ),
+    (
+        "llama L4 h512 V32k dp2 x tp2 fsdp ckpt",
+        {**BASE, "model": SMALL_LLAMA, "parallel": {**FSDP, "tp": 2}, "activation_checkpointing": "full"},
+    ),
+    ("llama-3.2-1b dp2 x tp2 fsdp 2 x 1024", {**ONE_B, "parallel": {**FSDP, "tp": 2}}),
+    ("llama-3.2-1b dp2 x tp4 sp fsdp 2 x 1024", {**ONE_B, "parallel": {**FSDP, "tp": 4, **SP}}),
     (
         "llama L4 h512 V32k torchtitan tp2 sp (loss parallel; fitted rule)",
         {**BASE, "model": SMALL_LLAMA, "parallel": {"tp": 2, **SP}, "framework": "torchtitan"},

@@ -661,7 +661,7 @@ def replayable(ctx: Any) -> bool:
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``) or a
     tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
-    ``tp_stream``); nothing
+    ``tp_stream``), alone or under FSDP2 on the dp dimension; nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
@@ -672,6 +672,7 @@ def replayable(ctx: Any) -> bool:
             or fsdp2_replayable(ctx)
             or ddp_replayable(ctx)
             or tp_replayable(ctx)
+            or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
         )
         and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
@@ -679,19 +680,22 @@ def replayable(ctx: Any) -> bool:
     )
 
 
-def fsdp2_replayable(ctx: Any) -> bool:
+def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
     one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
     precision), not in fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by
-    ``zero_grad`` (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled)."""
+    ``zero_grad`` (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``:
+    over TP ranks too (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of
+    them)."""
     from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
     return (
         p.dp > 1
         and p.zero >= 3
-        and p.tp * p.pp * p.cp * p.ep == 1
+        and (p.tp == 1 or with_tp)
+        and p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "fsdp2"
         and not parameters_fetched_from_host(ctx)
         and ctx.full_training

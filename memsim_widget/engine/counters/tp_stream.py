@@ -1,5 +1,6 @@
 """A tensor-parallel rank's own buffers in the allocation stream (``alloc_stream``): DTensor TP as transformers'
-plan (``tp_plan`` "hf") applies it, one rank of a tp-way group, no sequence parallel, dp = 1.
+plan (``tp_plan`` "hf") applies it, one rank of a tp-way group, with or without sequence parallel, alone or
+under FSDP2 on the dp dimension (``fsdp_stream`` writes FSDP2's buffers over the TP shards).
 
 Read in torch 2.13.0 and restated here (nothing copied):
 
@@ -105,9 +106,10 @@ def weights_by_param(s: Any, first: Sequence[Any], params: tuple[int, ...]) -> b
     return True
 
 
-def tp_replayable(ctx: Any) -> bool:
+def tp_replayable(ctx: Any, sharded: bool = False) -> bool:
     """Whether the stream models the scenario's TP rank: tp > 1 and no other parallelism (dp = pp = cp = ep =
-    1), transformers' plan (``frameworks.tp_plan`` "hf": the head gathers the logits; torchtitan's loss parallel
+    1; ``sharded``: any dp, ``alloc_stream.replayable`` asking ``fsdp2_replayable`` of the dp dimension),
+    transformers' plan (``frameworks.tp_plan`` "hf": the head gathers the logits; torchtitan's loss parallel
     and Megatron's kernels are not written), with or without sequence parallel, one micro-batch a step, eager,
     full training of a Llama-style layer whose forward the stream writes (``activations/forward``'s layout,
     checkpointing none or full): the cases held to the trace of a TP rank within 1%
@@ -118,7 +120,8 @@ def tp_replayable(ctx: Any) -> bool:
     p, sc = ctx.par, ctx.scenario
     return (
         p.tp > 1
-        and p.dp * p.pp * p.cp * p.ep == 1
+        and p.pp * p.cp * p.ep == 1
+        and (p.dp == 1 or sharded)
         and tp_plan(sc) == "hf"
         and sc.grad_accum_steps == 1
         and not sc.compile
