@@ -62,6 +62,7 @@ from memsim_widget.engine.counters.tp_stream import (
     embedding_grad,
     gather_logits,
     head_gather,
+    optimizer_groups,
     scatter_gradient,
     tp_replayable,
     weights_by_param,
@@ -228,12 +229,17 @@ class StreamWriter:
                 out += self.alloc(max(int(i.bytes / share / k), 1), k)
         return out
 
-    def per_param(self, items: Sequence[Any], params: tuple[int, ...]) -> list[int]:
+    def per_param(
+        self, items: Sequence[Any], params: tuple[int, ...], of: tuple[int, ...] = (), total: int = 0
+    ) -> list[int]:
         """Allocate the pooled ``items`` that hold k tensors per parameter parameter by parameter, each item's
         in turn (Adam's ``_init_group`` makes ``exp_avg`` then ``exp_avg_sq`` for one parameter before the
         next; a foreach step's ``_foreach_sqrt`` returns its list in parameter order), ``params`` the
-        parameters' elements in that order; other items as ``items`` allocates them, first."""
-        total = sum(params)
+        parameters' elements in that order; other items as ``items`` allocates them, first. ``of``: the
+        parameters the items hold k tensors each of, when ``params`` is part of them (an optimizer group),
+        ``total`` the elements the items' bytes are spread over (default: all of ``of``)."""
+        of = of or params
+        total = total or sum(of)
         split = [
             i
             for i in items
@@ -241,12 +247,11 @@ class StreamWriter:
             and i.bytes > 0
             and total
             and not getattr(i, "shares", ())
-            and max(i.tensors, 1) % len(params) == 0
+            and max(i.tensors, 1) % len(of) == 0
         ]
         out = self.items([i for i in items if i not in split])
         per = [
-            (max(i.tensors, 1) // len(params), i.bytes / (max(i.tensors, 1) // len(params) * total))
-            for i in split
+            (max(i.tensors, 1) // len(of), i.bytes / (max(i.tensors, 1) // len(of) * total)) for i in split
         ]
         for x in params:
             for k, b in per:
@@ -313,6 +318,7 @@ def step_stream(
     ddp: DdpBuckets | None = None,
     schedule: Sequence[dict[str, Sequence[Any]]] = (),
     per_param: bool = False,
+    opt_groups: tuple[tuple[int, ...], ...] = (),
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -328,7 +334,8 @@ def step_stream(
     ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
     ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
     first step); ``per_param`` the weights made one tensor at a time in the module's order
-    (``tp_stream.weights_by_param``; a TP rank's)."""
+    (``tp_stream.weights_by_param``; a TP rank's); ``opt_groups`` the optimizer's parameter groups (indices into
+    the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
@@ -366,9 +373,17 @@ def step_stream(
             made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
             made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
-        if step == 1:
-            s.per_param(later, params)
-        s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
+        if not opt_groups:
+            if step == 1:
+                s.per_param(later, params)
+            s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
+        else:  # the optimizer's groups one after the other (tp_stream.optimizer_groups)
+            parts = [tuple(params[j] for j in g) for g in opt_groups]
+            larger = max(sum(p) for p in parts)  # the item is the larger group's foreach buffer
+            for part in parts:
+                if step == 1:
+                    s.per_param(later, part, params)
+                s.free(s.per_param(sg["step_temps"], part, params, larger)[::-1])
         # zero_grad(set_to_none=True) drops the gradients in the parameters' order; zeroed in place, they stay
         s.free(held if kept else made_grads + held)
         if comm is not None:
@@ -783,6 +798,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         kept=grads_kept(ctx.scenario),
         ddp=ddp,
         per_param=ctx.par.tp > 1,
+        opt_groups=optimizer_groups(ctx, stage) if order.params else (),
     )
 
 

@@ -129,3 +129,34 @@ def tp_replayable(ctx: Any, sharded: bool = False) -> bool:
         and sc.activation_checkpointing in ("none", "full")
         and llama_layout(ctx)
     )
+
+
+def optimizer_groups(ctx: Any, stage: Any) -> tuple[tuple[int, ...], ...]:
+    """The optimizer's parameter groups of a TP rank as indices into the module's parameter order
+    (``alloc_stream.grad_order``'s ``params``), where a foreach optimizer gets one group of DTensors and one of
+    plain tensors (transformers' plan leaves an untied embedding and the norms plain; torch's foreach ops refuse
+    a group that mixes them, so the traced run makes a group per kind in the order their first parameter comes:
+    ``trace/run.param_groups``; the engine's step buffer is the larger group's, ``states/optimizer``): each
+    group makes its states and runs its step in turn. () where the parameters are one group."""
+    from memsim_widget.engine.states.budget import local_groups, tp_split
+
+    p, sc = ctx.par, ctx.scenario
+    fsdp = p.zero >= 3 and p.dp * p.cp > 1  # FSDP2 makes every parameter a DTensor
+    if p.tp == 1 or fsdp or not ctx.full_training or sc.optimizer_impl != "foreach":
+        return ()
+    pre: list[bool] = []
+    layer: list[bool] = []
+    post: list[bool] = []
+    layers = max(stage.layers, 1)
+    for lg in local_groups(ctx, stage):
+        g = lg.group
+        split = tp_split(ctx, g)
+        if g.scope == "layer":
+            layer += [split] * max(lg.count // layers, 1)
+        else:
+            (pre if g.scope == "pre" else post).extend([split] * lg.count)
+    flags = pre + layer * stage.layers + post
+    if all(flags) or not any(flags):
+        return ()
+    order = list(dict.fromkeys(flags))  # the kind of the first parameter first
+    return tuple(tuple(j for j, f in enumerate(flags) if f == kind) for kind in order)
