@@ -984,8 +984,9 @@ def _replayed_pools(
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape), and once per distinct room among the pair's rows. Only one-GPU rows (any accumulation),
-    FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``) and DDP rows (zero 0, no other
-    parallelism: ``alloc_stream.ddp_replayable``) can be accepted: the others are not looked at."""
+    FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero 0, no other
+    parallelism: ``alloc_stream.ddp_replayable``) and TP rows alone or under FSDP2 (``tp_stream.tp_replayable``)
+    can be accepted: the others are not looked at."""
     from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
@@ -996,7 +997,8 @@ def _replayed_pools(
     alone = c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & alone
     ddp = (c["dp"] > 1) & (c["zero"] == 0) & alone
-    rows = np.flatnonzero((one | fsdp | ddp)[cand])
+    tp = (c["tp"] > 1) & (c["pp"] * c["cp"] * c["ep"] == 1)
+    rows = np.flatnonzero((one | fsdp | ddp | tp)[cand])
     if not rows.size:
         return pool, oom
     pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]

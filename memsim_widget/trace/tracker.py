@@ -49,7 +49,19 @@ _EXPLICIT = frozenset(set(Role) - {Role.ACTIVATION, Role.TEMPORARY})
 _PRIM_DEVICE = torch.ops.prim.device.default
 #: The op suffix of a storage in host memory (MemoryTracker.on_host): 0 bytes for good.
 _HOST = " (host)"
+#: The op suffix of a storage that is another's on the device (``MemoryTracker._alias``): 0 bytes for good.
+_ALIAS = " (alias)"
+#: Ops whose fake (Meta) kernel returns a new tensor where the device kernel returns its input. The
+#: functional collectives' ``wait_tensor`` (torch 2.13.0 ``distributed/_functional_collectives.py``:
+#: ``_wait_tensor_meta`` is ``torch.empty_like(self)``) waits on the collective's work and returns the same
+#: tensor on the GPU (``torch/csrc/distributed/c10d/Functional.cpp``, ``c10d::wait_tensor``: ``return
+#: tensor``); DTensor's redistributions and TP's all-reduces call it after every collective.
+_ALIASING_WAITS = frozenset({"wait_tensor"})
 _LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
+
+
+def _keep(*_objs: Any) -> None:
+    """A finalizer's no-op: its arguments stay alive until the finalized object is dropped."""
 
 
 class StorageRecord:
@@ -233,7 +245,7 @@ class MemoryTracker(TorchDispatchMode):
         rec = self._live.get(key)
         if rec is not None:
             # resized in place, outside UntypedStorage.resize_ (a storage on the host stays 0 bytes)
-            if st.nbytes() != rec.nbytes and not rec.op.endswith(_HOST):
+            if st.nbytes() != rec.nbytes and not rec.op.endswith((_HOST, _ALIAS)):
                 rec = self._resized(st, rec)
             if role is not None:
                 rec.role = role
@@ -389,6 +401,8 @@ class MemoryTracker(TorchDispatchMode):
                 self.live_bytes -= rec.nbytes
                 rec.nbytes = 0
                 rec.op = f"{opname} ({self._fusing})"
+        if opname in _ALIASING_WAITS and args and isinstance(out, torch.Tensor):
+            self._alias(args[0], out, self.records[first:])
         self._after_alloc(opname)
         if self._bar is not None and not self.op_count & 255:
             self._bar.update(256)
@@ -396,6 +410,22 @@ class MemoryTracker(TorchDispatchMode):
                 f"step {self.step} {self.phase} {self.live_bytes / 2**20:.0f} MiB", False
             )
         return out
+
+    def _alias(self, source: torch.Tensor, out: torch.Tensor, made: list[StorageRecord]) -> None:
+        """``out`` is ``source`` itself on the device (``_ALIASING_WAITS``): its new fake storage counts 0 bytes
+        and keeps ``source``'s storage alive while it lives, so ``source``'s record ends when the later of the two
+        is dropped."""
+        try:
+            src, dst = _local(source).untyped_storage(), _local(out).untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if src is dst:
+            return
+        for rec in made:
+            self.live_bytes -= rec.nbytes
+            rec.nbytes = 0
+            rec.op = f"{rec.op}{_ALIAS}"
+        weakref.finalize(dst, _keep, src)
 
     def _after_alloc(self, opname: str) -> None:
         """Update peak bookkeeping after an allocation event."""

@@ -115,7 +115,10 @@ def test_fsdp2_candidates_take_the_replay_and_equal_estimate(reshard):
         alone = par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1
         fsdp2 = alone and par.zero == 3 and est.scenario.grad_accum_steps == 1
         ddp = alone and par.zero == 0
-        assert ("replayed" in est.ranks[0].reserved.formula) == (fsdp2 or ddp)
+        sc = est.scenario  # a TP rank alone or under FSDP2, one micro-batch, checkpointing none or full
+        tp = par.tp > 1 and par.pp * par.cp * par.ep == 1 and sc.grad_accum_steps == 1
+        tp = tp and sc.activation_checkpointing in ("none", "full") and (par.dp == 1 or par.zero == 3)
+        assert ("replayed" in est.ranks[0].reserved.formula) == (fsdp2 or ddp or tp)
         replayed += fsdp2
     assert replayed
 
@@ -141,3 +144,25 @@ def test_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
     for i in ddp:
         formula = p.estimate(i).ranks[0].reserved.formula
         assert "replayed" in formula and "DDP's wrap-time broadcast" in formula
+
+
+def test_tp_candidates_take_the_replay_and_equal_estimate():
+    """The candidates with tensor parallelism alone (tp 2 and 4, sequence parallel or not, under transformers'
+    plan) replay their rank's stream with TP's all-reduces and gathered logits (``engine/counters/tp_stream.py``),
+    each equal to ``estimate`` byte for byte; TP with DDP (zero 0) keeps the fitted rule in both."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {"model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay"}
+    space = SearchSpace(micro_batch=(1, 2), zero=(0,), checkpointing=("none",), offload=("none",))
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    tp = []
+    for i in range(p.evaluated):
+        est = p.estimate(i)
+        par = est.scenario.parallel
+        formula = est.ranks[0].reserved.formula
+        if par.tp > 1:
+            alone = par.dp * par.pp * par.cp * par.ep == 1 and est.scenario.grad_accum_steps == 1
+            assert ("replayed" in formula) == alone  # zero 0: dp > 1 is DDP, not written with TP
+            tp += [(par.tp, par.sequence_parallel)] if "replayed" in formula else []
+    assert {(2, False), (2, True), (4, False), (4, True)} <= set(tp)

@@ -37,6 +37,8 @@ from memsim_widget.engine.activations.linears import ATTN_IN, MLP_IN, MLP_OUT
 #: 2's loss backward needs a new one (benchmarks/allocator_replay.py --compare llama8b-lora).
 Step = tuple[str, int]
 IN, OUT, SAVED = "in", "out", "saved"
+#: The Linears a Llama-style TP plan shards by rows (``RowwiseParallel``): their outputs are all-reduced.
+_ROWWISE = frozenset({"o_proj", "down_proj"})
 _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 
 
@@ -49,11 +51,21 @@ def applies(ctx: Any) -> bool:
 
 def _common(ctx: Any) -> bool:
     """What both layer kinds ask: transformers, no checkpointing, RMSNorm, SwiGLU, SDPA."""
+    return ctx.scenario.activation_checkpointing == "none" and _layout(ctx)
+
+
+def llama_layout(ctx: Any) -> bool:
+    """A Llama-style layer (``_llama``'s) whatever the checkpointing: the layer a tensor-parallel rank's
+    stream is held for (``engine/counters/tp_stream.tp_replayable``)."""
+    return _layout(ctx) and _llama(ctx, any_checkpointing=True)
+
+
+def _layout(ctx: Any) -> bool:
+    """``_common`` but the checkpointing: transformers, eager, RMSNorm, SwiGLU, SDPA."""
     a, sc = ctx.arch, ctx.scenario
     return (
         sc.framework == "hf"
         and not sc.compile  # Inductor fuses these ops: no buffer of theirs is allocated
-        and sc.activation_checkpointing == "none"
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
         and a.facts.norm.per_layer == 2
@@ -65,13 +77,13 @@ def _common(ctx: Any) -> bool:
     )
 
 
-def _llama(ctx: Any) -> bool:
+def _llama(ctx: Any, any_checkpointing: bool = False) -> bool:
     """A Llama-style layer (pre-norms, 16-bit norm weights), full or LoRA on its Linears, grouped k/v."""
     a, sc = ctx.arch, ctx.scenario
     nf = a.facts.norm
     targets = {ad.base.module for ad in ctx.adapters}
     return (
-        _common(ctx)
+        (_layout(ctx) if any_checkpointing else _common(ctx))
         and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
         # 16-bit weights, or fp32 weights in full training without q/k norms (traced on llama-3.2-1b)
         and (sc.precision in ("bf16", "fp16") or (sc.precision, sc.method, nf.qk) == ("fp32", "full", None))
@@ -193,7 +205,11 @@ def layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
 
     def proj(module: str, width: int, name: str) -> None:
         # peft: the base output, lora_B's fp32 output, * scaling, + the base output (fp32), .to(bf16)
-        if module in targets and cast:
+        if (
+            module in _ROWWISE and D.tp > 1
+        ):  # TP: the partial sums, their all-reduced clone (counters/tp_stream)
+            out.extend([(f"{name}_partial", r * T * width), (name, r * T * width), (f"{name}_partial", 0)])
+        elif module in targets and cast:
             out.extend([("base", r * T * width), ("B", 4 * T * width), ("scaled", 4 * T * width), ("B", 0)])
             out.extend(
                 [("sum", 4 * T * width), ("scaled", 0), ("base", 0), (name, r * T * width), ("sum", 0)]

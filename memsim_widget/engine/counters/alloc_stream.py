@@ -56,6 +56,17 @@ from memsim_widget.engine.counters.allocator import (
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
+from memsim_widget.engine.counters.tp_stream import (
+    EMBEDDING_GRAD,
+    HEAD_GATHER,
+    embedding_grad,
+    gather_logits,
+    head_gather,
+    optimizer_groups,
+    scatter_gradient,
+    tp_replayable,
+    weights_by_param,
+)
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, new_gradient
@@ -218,12 +229,17 @@ class StreamWriter:
                 out += self.alloc(max(int(i.bytes / share / k), 1), k)
         return out
 
-    def per_param(self, items: Sequence[Any], params: tuple[int, ...]) -> list[int]:
+    def per_param(
+        self, items: Sequence[Any], params: tuple[int, ...], of: tuple[int, ...] = (), total: int = 0
+    ) -> list[int]:
         """Allocate the pooled ``items`` that hold k tensors per parameter parameter by parameter, each item's
         in turn (Adam's ``_init_group`` makes ``exp_avg`` then ``exp_avg_sq`` for one parameter before the
         next; a foreach step's ``_foreach_sqrt`` returns its list in parameter order), ``params`` the
-        parameters' elements in that order; other items as ``items`` allocates them, first."""
-        total = sum(params)
+        parameters' elements in that order; other items as ``items`` allocates them, first. ``of``: the
+        parameters the items hold k tensors each of, when ``params`` is part of them (an optimizer group),
+        ``total`` the elements the items' bytes are spread over (default: all of ``of``)."""
+        of = of or params
+        total = total or sum(of)
         split = [
             i
             for i in items
@@ -231,12 +247,11 @@ class StreamWriter:
             and i.bytes > 0
             and total
             and not getattr(i, "shares", ())
-            and max(i.tensors, 1) % len(params) == 0
+            and max(i.tensors, 1) % len(of) == 0
         ]
         out = self.items([i for i in items if i not in split])
         per = [
-            (max(i.tensors, 1) // len(params), i.bytes / (max(i.tensors, 1) // len(params) * total))
-            for i in split
+            (max(i.tensors, 1) // len(of), i.bytes / (max(i.tensors, 1) // len(of) * total)) for i in split
         ]
         for x in params:
             for k, b in per:
@@ -302,6 +317,8 @@ def step_stream(
     kept: bool = False,
     ddp: DdpBuckets | None = None,
     schedule: Sequence[dict[str, Sequence[Any]]] = (),
+    per_param: bool = False,
+    opt_groups: tuple[tuple[int, ...], ...] = (),
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -316,7 +333,9 @@ def step_stream(
     rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again);
     ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
     ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
-    first step)."""
+    first step); ``per_param`` the weights made one tensor at a time in the module's order
+    (``tp_stream.weights_by_param``; a TP rank's); ``opt_groups`` the optimizer's parameter groups (indices into
+    the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
@@ -326,7 +345,8 @@ def step_stream(
     grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
-    s.items(first, numels)
+    if not (per_param and weights_by_param(s, first, params)):
+        s.items(first, numels)
     if reducer is not None:
         s.mark("DDP wrap")
         reducer.wrap()
@@ -353,9 +373,17 @@ def step_stream(
             made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
             made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
-        if step == 1:
-            s.per_param(later, params)
-        s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
+        if not opt_groups:
+            if step == 1:
+                s.per_param(later, params)
+            s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
+        else:  # the optimizer's groups one after the other (tp_stream.optimizer_groups)
+            parts = [tuple(params[j] for j in g) for g in opt_groups]
+            larger = max(sum(p) for p in parts)  # the item is the larger group's foreach buffer
+            for part in parts:
+                if step == 1:
+                    s.per_param(later, part, params)
+                s.free(s.per_param(sg["step_temps"], part, params, larger)[::-1])
         # zero_grad(set_to_none=True) drops the gradients in the parameters' order; zeroed in place, they stay
         s.free(held if kept else made_grads + held)
         if comm is not None:
@@ -442,6 +470,8 @@ def micro_batch(
         tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
     else:
         grad_logits = _loss_backward(s, a["loss_backward"], cast, kept, copy)
+        if a.get(HEAD_GATHER):  # TP's gathered logits: the gradient cut back to the rank's columns
+            grad_logits = scatter_gradient(s, grad_logits, a[HEAD_GATHER][0])
     if comm is not None and outside:
         comm.backward_start(len(saved))
     s.mark(f"{label} backward")
@@ -474,9 +504,10 @@ def micro_batch(
     if copied:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
         db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
         layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
-    bottom_grads = grads.made(order.bottom if order else (), layers + 2)
+    f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
+    bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
-        emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
+        emb = [h for x in top_grads[:k] for h in s.alloc(s.size(x) * f)]
         summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
         s.free(top_grads[:k] + emb)
         top_grads = summed + top_grads[k:]
@@ -511,9 +542,13 @@ def _loss_forward(
     outside = comm is not None and comm.u.loss_outside
     logits: list[int] = []
     cast: list[int] = []
+    gather = a.get(HEAD_GATHER, ())
     for i in a["loss_forward"]:
         at = len(s.events)
         made = s.items([i])
+        if gather and not logits and made:  # TP's head gathers the logits (tp_stream)
+            gather_logits(s, at, gather[0])
+            at += 4  # the logits after the local logits and the gather's output, which are freed then
         cast += made[:1] if _upcast([i]) and not cast else []
         if comm is not None and outside and not logits and made:  # the model's output (the first tensor)
             rest = s.events[at + 1 :]
@@ -639,32 +674,43 @@ def replayable(ctx: Any) -> bool:
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank with one micro-batch
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
-    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``); nothing
+    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``) or a
+    tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
+    ``tp_stream``), alone or under FSDP2 on the dp dimension; nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.replays_reserved
-        and (p.dp * p.tp * p.pp * p.cp * p.ep == 1 or fsdp2_replayable(ctx) or ddp_replayable(ctx))
+        and (
+            p.dp * p.tp * p.pp * p.cp * p.ep == 1
+            or fsdp2_replayable(ctx)
+            or ddp_replayable(ctx)
+            or tp_replayable(ctx)
+            or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
+        )
         and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
         and not sc.optimizer_in_backward
     )
 
 
-def fsdp2_replayable(ctx: Any) -> bool:
+def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
     one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
     precision), not in fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by
-    ``zero_grad`` (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled)."""
+    ``zero_grad`` (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``:
+    over TP ranks too (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of
+    them)."""
     from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
     return (
         p.dp > 1
         and p.zero >= 3
-        and p.tp * p.pp * p.cp * p.ep == 1
+        and (p.tp == 1 or with_tp)
+        and p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "fsdp2"
         and not parameters_fetched_from_host(ctx)
         and ctx.full_training
@@ -717,6 +763,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
     ag[FINAL_NORM] = final_norm_transients(ctx)
+    ag[HEAD_GATHER] = head_gather(ctx)
+    ag[EMBEDDING_GRAD] = embedding_grad(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
@@ -728,6 +776,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
+        earlier[HEAD_GATHER] = head_gather(short)
+        earlier[EMBEDDING_GRAD] = embedding_grad(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         per_op = (LAYER_FORWARD, FINAL_NORM)
         ag = {k: v if k in per_op else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
@@ -747,6 +797,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         fsdp=fsdp,
         kept=grads_kept(ctx.scenario),
         ddp=ddp,
+        per_param=ctx.par.tp > 1,
+        opt_groups=optimizer_groups(ctx, stage) if order.params else (),
     )
 
 
@@ -811,6 +863,12 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
             )
             if ctx.par.dp > 1
+            else ""
+        )
+        + (
+            " (TP's all-reduced Linear outputs and the head's gathered logits on the compute stream: torch "
+            "2.13's functional collectives, traced on CPU)"
+            if ctx.par.tp > 1
             else ""
         )
         + (
