@@ -87,6 +87,14 @@ class Fsdp2Units:
     #: the head is the input embeddings (tied): the head's backward makes the embeddings' first gradient at the
     #: top, their own backward a second at the bottom, which ``AccumulateGrad`` sums out of place
     tied: bool = False
+    #: under gradient accumulation, the micro-batches before a step's last: reduce-scattered (``"reduce"``) or
+    #: under ``set_requires_gradient_sync(False)`` (``"no_sync"``; ``frameworks.FrameworkProfile``)
+    accumulation: str = "reduce"
+
+    def micro(self, w: Fsdp2Writer, m: int, micro: int) -> None:
+        """Set writer ``w`` for micro-batch ``m`` of ``micro`` in a step."""
+        w.no_sync = self.accumulation == "no_sync" and m < micro
+        w.accumulate = self.accumulation == "reduce" and m > 1
 
 
 class Fsdp2Writer:
@@ -101,6 +109,12 @@ class Fsdp2Writer:
         self.layers: list[list[int]] = []  # the unsharded layers (kept for backward without resharding)
         self.rs_input: list[int] = []  # the reduce-scatter input still held
         self.grads: list[int] = []  # reduce-scatter outputs: the gradient shards, layer 0's first, root last
+        #: a later micro-batch of a step that reduce-scatters every micro-batch: its outputs added to the shards
+        self.accumulate = False
+        #: a micro-batch under ``set_requires_gradient_sync(False)``: no reduce-scatter, the unsharded gradients
+        #: kept on the unsharded parameters (``no_sync``)
+        self.no_sync = False
+        self.unsynced: dict[int, list[int]] = {}  # the kept unsharded gradients, by unit (-1: the root)
 
     def _all_gather(self, unit: Sequence[tuple[int, int]]) -> list[int]:
         """``foreach_all_gather`` under the copy-in stream: the cast shards (freed) and the output."""
@@ -160,21 +174,35 @@ class Fsdp2Writer:
         self.s.free(self.prefetched)
         self.prefetched = self._all_gather(self.u.layer) if index > 0 else []
 
-    def unsharded_grads(self, unit: Sequence[tuple[int, int]]) -> list[int]:
-        """The unsharded gradients autograd makes for ``unit``'s parameters (the gathered dtype)."""
+    def unsharded_grads(self, unit: Sequence[tuple[int, int]], key: int | None = None) -> list[int]:
+        """The unsharded gradients autograd makes for ``unit``'s parameters (the gathered dtype); where an earlier
+        micro-batch under ``no_sync`` kept unit ``key``'s, each new one is added in place and freed
+        (``AccumulateGrad``) and the kept ones are returned."""
+        if key is not None and key in self.unsynced:
+            for n, _ in unit:
+                self.s.free(self.s.alloc(n * self.u.gathered))
+            return self.unsynced.pop(key)
         return [h for n, _ in unit for h in self.s.alloc(n * self.u.gathered)]
 
-    def post_backward(self, grads: list[int], root: bool = False) -> None:
-        """A unit's post-backward: resharded, the oldest reduce-scatter input freed, the reduce-scatter."""
+    def post_backward(self, grads: list[int], root: bool = False, key: int = -1) -> None:
+        """A unit's post-backward: resharded, the oldest reduce-scatter input freed, the reduce-scatter; under
+        ``no_sync`` resharded only, the gradients kept (``FSDPParamGroup.post_backward`` returns before the
+        reduce: ``reduce_grads`` is off)."""
         s, u = self.s, self.u
         s.free(self.root if root else self.layers.pop())
+        if self.no_sync:
+            self.unsynced[key] = grads
+            return
         s.free(self.rs_input)
         unit = u.root if root else u.layer
         shard = sum(sh for _, sh in unit)
         self.rs_input = s.alloc(u.world * shard * u.reduced)
         s.free(grads)
         out = s.alloc(shard * u.sharded, 1, REDUCE_SCATTER)
-        self.grads += out
+        if self.accumulate:  # added to the sharded gradient in place, freed as ``foreach_reduce`` returns
+            s.free(out)
+        else:
+            self.grads += out
         if root:  # the final callback frees the input still held
             s.free(self.rs_input)
             self.rs_input = []
@@ -193,23 +221,31 @@ class Fsdp2Writer:
         backward, its unsharded gradients reduce-scattered; the embeddings' gradient last, then the root's
         reduce-scatter."""
         s, u = self.s, self.u
-        head = self.unsharded_grads(u.root[: u.root_pre]) if u.tied else []
-        top = self.unsharded_grads(u.root[u.root_pre :])
+        kept = self.unsynced.pop(-1, None)  # the root's, kept by an earlier micro-batch under no_sync
+        head = self.unsharded_grads(u.root[: u.root_pre]) if u.tied else []  # waits in autograd's buffer
+        if kept is None:
+            top = self.unsharded_grads(u.root[u.root_pre :])
+        else:  # each new one added in place and freed
+            self.unsynced[-1] = kept[u.root_pre :]
+            top = self.unsharded_grads(u.root[u.root_pre :], -1)
         for size in workspaces:  # never freed
             s.alloc(size)
         s.free(done + s.items(a["top_backward"]))
         for i in reversed(range(len(saved))):
             self.layer_backward_start(i)
             recomputed = s.items(a["recompute"])
-            grads = self.unsharded_grads(u.layer[::-1])  # autograd: the MLP's first, the input norm's last
+            grads = self.unsharded_grads(u.layer[::-1], i)  # autograd: the MLP's first, the input norm's last
             transient = s.items(a["layer_backward"])
             s.free(transient + recomputed + saved[i])
-            self.post_backward(grads)
+            self.post_backward(grads, key=i)
         bottom = self.unsharded_grads(u.root[: u.root_pre])
         if u.tied:  # the two summed into a new tensor, both freed
             summed = self.unsharded_grads(u.root[: u.root_pre])
             s.free(head + bottom)
             bottom = summed
+        if kept is not None:  # the embeddings' (or the sum) added in place and freed
+            s.free(bottom)
+            bottom = kept[: u.root_pre]
         self.post_backward(bottom + top, root=True)
 
     def zero_grad(self) -> None:
@@ -242,4 +278,5 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     return Fsdp2Units(
         tuple(layer), tuple(pre + post), len(pre), world, wb, grad_b, grad_b, wb != ctx.recipe.weight_bytes,
         ctx.par.reshard_after_forward, profile(ctx).loss_outside_model, ctx.arch.tied_embeddings,
+        profile(ctx).fsdp2_accumulation or "reduce",
     )  # fmt: skip
