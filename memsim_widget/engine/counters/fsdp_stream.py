@@ -30,10 +30,16 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
   it, so it lives until ``zero_grad`` frees the unit's last one. The root's runs last (its embedding gradient
   is made last), from ``_root_post_backward_final_callback``, which then frees the input still held.
 
+- Gradient accumulation (``Fsdp2Units.accumulation``, the framework's loop: ``frameworks.FrameworkProfile.
+  fsdp2_accumulation``): under ``set_requires_gradient_sync(False)`` (``"no_sync"``) ``post_backward`` reshards
+  and returns before the reduce, so the unsharded gradients stay on the unsharded parameters and the next
+  micro-batch's are added in place; reduce-scattering every micro-batch (``"reduce"``), ``foreach_reduce`` adds
+  the new output to the sharded gradient (``sharded_param.grad._local_tensor += new_sharded_grad``) and drops it.
+
 Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
-parameters' own dtype (the cast on the post-reduce stream), gradient accumulation without resharding, explicit
-prefetching and frozen parameters (``alloc_stream.replayable``
-keeps the fitted rule for them).
+parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
+gradient accumulation without resharding after backward, explicit prefetching and frozen parameters
+(``alloc_stream.replayable`` keeps the fitted rule for them).
 """
 
 from __future__ import annotations
