@@ -89,6 +89,24 @@ ACCUM: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+_QKVO = {"method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}}
+_ALL = {"method": "lora", "lora": {"rank": 16, "targets": ["all-linear"]}}
+#: LoRA: peft's adapters (fp32) beside the frozen bf16 base in each unit (docs/allocator.md, "FSDP2's streams")
+LORA: list[tuple[str, dict[str, Any]]] = [
+    ("llama L4 h512 V32k dp4 LoRA qkvo", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), **_QKVO}),
+    ("llama L4 h512 V32k dp4 LoRA all-linear", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), **_ALL}),
+    ("llama L4 h512 V32k dp8 LoRA qkvo tied", {**BASE, "model": _TIED, **_fsdp(8), **_QKVO}),
+    ("llama L4 h512 V32k dp4 LoRA all-linear tied", {**BASE, "model": _TIED, **_fsdp(4), **_ALL}),
+    ("llama L4 h512 V32k dp8 LoRA all-linear tied", {**BASE, "model": _TIED, **_fsdp(8), **_ALL}),
+    ("llama L4 h512 V32k dp4 LoRA qkvo no reshard", {**BASE, "model": SMALL_LLAMA, **_fsdp(4, False), **_QKVO}),
+    ("llama L4 h512 V32k dp4 LoRA qkvo a2 hf no_sync", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), **_QKVO,
+                                                          "grad_accum_steps": 2}),
+    ("llama-3.2-1b dp4 b1 s1024 LoRA qkvo", {**_REAL, "reserved_model": "replay", **_fsdp(4), **_QKVO}),
+    ("llama-3.2-1b dp4 b1 s1024 LoRA all-linear ckpt", {**_REAL, "reserved_model": "replay", **_fsdp(4), **_ALL,
+                                                         "activation_checkpointing": "full"}),
+]  # fmt: skip
+
+
 def cases() -> list[tuple[str, dict[str, Any]]]:
     """This file's cases, then the FSDP2 cases of the multi-GPU fidelity suite (tests/data/
     fidelity_parallel_cases.py, real vocabularies included) whose rank the engine's stream models."""
@@ -98,7 +116,7 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     from memsim_widget.engine.counters.alloc_stream import replayable
     from memsim_widget.scenario import Scenario
 
-    out = list(OWN) + ACCUM
+    out = list(OWN) + ACCUM + LORA
     for name, d, _stage in CASES:
         d = {**d, "reserved_model": "replay"}
         if replayable(Context(Scenario.from_dict(d))):

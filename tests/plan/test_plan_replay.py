@@ -162,3 +162,23 @@ def test_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
     for i in ddp:
         formula = p.estimate(i).ranks[0].reserved.formula
         assert "replayed" in formula and "DDP's wrap-time broadcast" in formula
+
+
+def test_lora_fsdp2_candidates_take_the_replay_and_equal_estimate():
+    """LoRA under FSDP2 over 2 and 4 GPUs (the frozen base gathered, only the adapters reduce-scattered:
+    ``fsdp_stream.fsdp2_units``), with and without accumulation: replayed, each equal to ``estimate`` byte for
+    byte."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
+        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
+    }  # fmt: skip
+    space = SearchSpace(micro_batch=(1, 2), zero=(3,), offload=("none",))
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=4 * 512)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    ests = [p.estimate(i) for i in range(p.evaluated)]
+    alone = [e.scenario.parallel.tp * e.scenario.parallel.pp * e.scenario.parallel.cp == 1 for e in ests]
+    sharded = [e for e, a in zip(ests, alone, strict=True) if a and e.scenario.parallel.dp > 1]
+    assert sharded and all("replayed" in e.ranks[0].reserved.formula for e in sharded)
+    assert {e.scenario.grad_accum_steps for e in sharded} != {1}

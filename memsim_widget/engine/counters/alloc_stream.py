@@ -654,12 +654,22 @@ def fsdp2_replayable(ctx: Any) -> bool:
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "fsdp2"
         and not parameters_fetched_from_host(ctx)
-        and ctx.full_training
+        and (ctx.full_training or _fsdp2_lora_modelled(ctx))
         and (sc.grad_accum_steps == 1 or _fsdp2_accumulation_modelled(ctx))
         and not sc.fp8_all_gather
         and not sc.compile
         and not grads_kept(sc)
     )
+
+
+def _fsdp2_lora_modelled(ctx: Any) -> bool:
+    """LoRA on an FSDP2 rank as the stream writes it (``fsdp_stream.fsdp2_units``): peft's adapters inside each
+    unit beside the frozen base, gathered with it, the only tensors with gradients, so the only ones
+    reduce-scattered; no frozen tower (multimodal), the base in the weights' dtype (not QLoRA's NF4), and no
+    FSDP2 mixed precision (its cast of the shards is not written per dtype)."""
+    from memsim_widget.engine.frameworks import profile
+
+    return ctx.scenario.method == "lora" and not ctx.frozen_stacks and not profile(ctx).fsdp_mixed_precision
 
 
 def _fsdp2_accumulation_modelled(ctx: Any) -> bool:

@@ -77,8 +77,8 @@ class Fsdp2Units:
     reduce-scatter buffers (``reduce_dtype``), ``cast`` whether the copy-in casts the shards to ``gathered``
     (mixed precision), ``reshard`` ``reshard_after_forward``."""
 
-    layer: tuple[tuple[int, int], ...]
-    root: tuple[tuple[int, int], ...]
+    layer: tuple[tuple[int, ...], ...]
+    root: tuple[tuple[int, ...], ...]
     #: how many of ``root``'s tensors are the input side (the embeddings: their gradient is made last)
     root_pre: int
     world: int
@@ -122,17 +122,23 @@ class Fsdp2Writer:
         self.no_sync = False
         self.unsynced: dict[int, list[int]] = {}  # the kept unsharded gradients, by unit (-1: the root)
 
-    def _all_gather(self, unit: Sequence[tuple[int, int]]) -> list[int]:
+    def _all_gather(self, unit: Sequence[tuple[int, ...]]) -> list[int]:
         """``foreach_all_gather`` under the copy-in stream: the cast shards (freed) and the output."""
         s, u = self.s, self.u
-        cast = s.alloc(sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN) if u.cast else []
-        out = s.alloc(u.world * sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN)
+        cast = s.alloc(sum(t[1] for t in unit) * u.gathered, 1, COPY_IN) if u.cast else []
+        # mixed dtypes (a frozen bf16 base beside fp32 adapters) gather as bytes (``foreach_all_gather``: uint8)
+        out = s.alloc(u.world * sum(t[1] * self._bytes(t) for t in unit), 1, COPY_IN)
         s.free(cast)
         return out
 
-    def _copy_out(self, unit: Sequence[tuple[int, int]]) -> list[int]:
+    def _copy_out(self, unit: Sequence[tuple[int, ...]]) -> list[int]:
         """The unsharded parameters, one tensor each, on the compute stream."""
-        return [h for n, _ in unit for h in self.s.alloc(n * self.u.gathered)]
+        return [h for t in unit for h in self.s.alloc(t[0] * self._bytes(t))]
+
+    def _bytes(self, t: tuple[int, ...]) -> int:
+        """Bytes per element of tensor ``t`` of a unit: its own (frozen parameters beside adapters), else
+        ``gathered``."""
+        return t[2] if len(t) > 2 else self.u.gathered
 
     def forward_start(self) -> None:
         """The root's pre-forward: gathered, copied out, its all-gather output held."""
@@ -180,15 +186,16 @@ class Fsdp2Writer:
         self.s.free(self.prefetched)
         self.prefetched = self._all_gather(self.u.layer) if index > 0 else []
 
-    def unsharded_grads(self, unit: Sequence[tuple[int, int]], key: int | None = None) -> list[int]:
+    def unsharded_grads(self, unit: Sequence[tuple[int, ...]], key: int | None = None) -> list[int]:
         """The unsharded gradients autograd makes for ``unit``'s parameters (the gathered dtype); where an earlier
         micro-batch under ``no_sync`` kept unit ``key``'s, each new one is added in place and freed
         (``AccumulateGrad``) and the kept ones are returned."""
+        made = [t for t in unit if trains(t)]  # frozen parameters get none
         if key is not None and key in self.unsynced:
-            for n, _ in unit:
-                self.s.free(self.s.alloc(n * self.u.gathered))
+            for t in made:
+                self.s.free(self.s.alloc(t[0] * self._bytes(t)))
             return self.unsynced.pop(key)
-        return [h for n, _ in unit for h in self.s.alloc(n * self.u.gathered)]
+        return [h for t in made for h in self.s.alloc(t[0] * self._bytes(t))]
 
     def post_backward(self, grads: list[int], root: bool = False, key: int = -1) -> None:
         """A unit's post-backward: resharded, the oldest reduce-scatter input freed, the reduce-scatter; under
@@ -200,8 +207,13 @@ class Fsdp2Writer:
             self.unsynced[key] = grads
             return
         s.free(self.rs_input)
+        self.rs_input = []
         unit = u.root if root else u.layer
-        shard = sum(sh for _, sh in unit)
+        shard = sum(t[1] for t in unit if trains(t))
+        if (
+            not shard
+        ):  # nothing trains in the unit: no reduce (``post_backward`` returns once it has recycled)
+            return
         self.rs_input = s.alloc(u.world * shard * u.reduced)
         s.free(grads)
         out = s.alloc(shard * u.sharded, 1, REDUCE_SCATTER)
@@ -261,6 +273,12 @@ class Fsdp2Writer:
         self.grads = []
 
 
+def trains(t: tuple[int, ...]) -> bool:
+    """Whether a unit's tensor ``t`` gets a gradient: (elements, shard) trains, (elements, shard, bytes, trains)
+    says."""
+    return len(t) < 4 or bool(t[3])
+
+
 def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     """``Fsdp2Units`` of ``stage``'s rank of ``ctx`` (``states/budget.local_groups``; bytes as
     ``states/gathered`` counts them: ``frameworks.gathered_weight_bytes``, the recipe's gradient bytes)."""
@@ -268,19 +286,29 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     from memsim_widget.engine.states.budget import local_groups
 
     world = ctx.par.dp * ctx.par.cp
-    layer: list[tuple[int, int]] = []
-    pre: list[tuple[int, int]] = []
-    post: list[tuple[int, int]] = []
-    for lg in local_groups(ctx, stage):
-        t = (lg.numel_each, padded_shard(lg.shape, world))
-        if lg.group.scope == "layer":
-            layer += [t] * max(lg.count // max(stage.layers, 1), 1)
-        else:
-            (pre if lg.group.scope == "pre" else post).extend([t] * lg.count)
-    from memsim_widget.engine.frameworks import profile
-
     wb = gathered_weight_bytes(ctx)
     grad_b = ctx.recipe.grad_bytes
+    adapters = {ad.base.name: ad for ad in ctx.adapters}
+    layer: list[tuple[int, ...]] = []
+    pre: list[tuple[int, ...]] = []
+    post: list[tuple[int, ...]] = []
+    for lg in local_groups(ctx, stage):
+        t: list[tuple[int, ...]] = [(lg.numel_each, padded_shard(lg.shape, world))]
+        if not ctx.full_training:  # LoRA: the base frozen, its adapters (A: r x in, B: out x r) after it
+            t = [(*t[0], wb, 0)]
+            ad = adapters.get(lg.group.name)
+            if ad is not None:
+                ab, r = ctx.adapter_bytes, ad.rank
+                a_shape, b_shape = (r, ad.in_features), (ad.out_features, r)
+                t += [(r * ad.in_features, padded_shard(a_shape, world), ab, 1)]
+                t += [(ad.out_features * r, padded_shard(b_shape, world), ab, 1)]
+                grad_b = ab
+        if lg.group.scope == "layer":
+            layer += t * max(lg.count // max(stage.layers, 1), 1)
+        else:
+            (pre if lg.group.scope == "pre" else post).extend(t * lg.count)
+    from memsim_widget.engine.frameworks import profile
+
     return Fsdp2Units(
         tuple(layer), tuple(pre + post), len(pre), world, wb, grad_b, grad_b, wb != ctx.recipe.weight_bytes,
         ctx.par.reshard_after_forward, profile(ctx).loss_outside_model, ctx.arch.tied_embeddings,
