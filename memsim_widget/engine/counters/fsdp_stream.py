@@ -36,10 +36,14 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
   micro-batch's are added in place; reduce-scattering every micro-batch (``"reduce"``), ``foreach_reduce`` adds
   the new output to the sharded gradient (``sharded_param.grad._local_tensor += new_sharded_grad``) and drops it.
 
+- Frozen parameters (LoRA: peft's adapters beside the frozen base in each unit): every parameter is gathered,
+  as bytes where the dtypes differ (``foreach_all_gather``: uint8); only those with an unsharded gradient are
+  reduce-scattered (``post_backward``'s ``fsdp_params_with_grad``), and a unit without one reduces nothing.
+
 Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
 parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
-gradient accumulation without resharding after backward, explicit prefetching and frozen parameters
-(``alloc_stream.replayable`` keeps the fitted rule for them).
+gradient accumulation without resharding after backward, explicit prefetching, QLoRA's NF4 base and frozen
+towers (``alloc_stream.replayable`` keeps the fitted rule for them).
 """
 
 from __future__ import annotations
