@@ -42,10 +42,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def compare(d: dict[str, Any], traced_only: bool = False) -> dict[str, int | str]:
+def compare(d: dict[str, Any], traced_only: bool = False, inductor: bool = False) -> dict[str, int | str]:
     """The trace's replay, the engine stream's and the fitted rule's reserved for scenario ``d`` (under
     ``reserved_model: replay``); with ``traced_only`` also the stream without the CUDA-only scratch the CPU trace
-    cannot see (``rank_stream(traced_only=True)``, benchmarks/allocator_replay_compiled.py)."""
+    cannot see (``rank_stream(traced_only=True)``, benchmarks/allocator_replay_compiled.py); ``inductor``: a
+    compiled step traced under ``trace/compiled.inductor_passes``."""
+    import contextlib
+
     from memsim_widget import estimate
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
@@ -53,10 +56,12 @@ def compare(d: dict[str, Any], traced_only: bool = False) -> dict[str, int | str
     from memsim_widget.engine.rl import objectives
     from memsim_widget.scenario import Scenario
     from memsim_widget.trace.api import trace_config
+    from memsim_widget.trace.compiled import inductor_passes
     from memsim_widget.trace.replay import replay_trace
 
     sc = Scenario.from_dict({**d, "reserved_model": "replay"})
-    traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
+    with inductor_passes() if inductor else contextlib.nullcontext():
+        traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
     ctx = Context(objectives.training_scenario(sc))
     rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
     seen = (

@@ -10,7 +10,9 @@ scratch a CPU trace cannot see (``rank_stream(traced_only=True)``: flash attenti
 fitted rule's reserved (``reserved_model: fitted``, the default). Each case traces in a fresh interpreter
 (tests/trace/test_trace_compiled.py says why). Nothing is fitted.
 
-Run: python benchmarks/allocator_replay_compiled.py [-k TEXT ...]   (20 s to 2 minutes a case on one CPU core)
+Run: python benchmarks/allocator_replay_compiled.py [-k TEXT ...] [--inductor-passes]   (20 s to 2 minutes a case on
+one CPU core; ``--inductor-passes``: the traces made under ``trace/compiled.inductor_passes``, the order of the
+compiled loss backward the stream follows: docs/allocator.md)
 """
 
 from __future__ import annotations
@@ -43,20 +45,20 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def compare(d: dict[str, Any]) -> dict[str, Any]:
-    """The compiled trace's replay, the engine stream's (also without CUDA-only scratch) and the fitted rule's
-    reserved for scenario ``d`` (``allocator_replay_accum.compare``)."""
-    return dict(accum_compare(d, traced_only=True))
+def compare(d: dict[str, Any], inductor: bool = False) -> dict[str, Any]:
+    """The compiled trace's replay (``inductor``: traced under ``inductor_passes``), the engine stream's (also
+    without CUDA-only scratch) and the fitted rule's reserved for scenario ``d`` (``allocator_replay_accum.compare``)."""
+    return dict(accum_compare(d, traced_only=True, inductor=inductor))
 
 
-def compare_in_subprocess(name: str) -> dict[str, Any]:
+def compare_in_subprocess(name: str, inductor: bool = False) -> dict[str, Any]:
     """``compare`` of case ``name`` in a fresh interpreter (tests/data/fresh_interpreter.py says why)."""
     code = (
         "import json, sys\n"
         f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
         "from allocator_replay_compiled import compare\n"
         "from fidelity_cases import COMPILED_CASES\n"
-        "print(json.dumps(compare(dict(COMPILED_CASES)[sys.argv[1]])))\n"
+        f"print(json.dumps(compare(dict(COMPILED_CASES)[sys.argv[1]], inductor={inductor!r})))\n"
     )
     return run_json(code, name, timeout=None)
 
@@ -64,11 +66,14 @@ def compare_in_subprocess(name: str) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", nargs="*", default=[""], help="only cases whose name holds one of these texts")
+    ap.add_argument(
+        "--inductor-passes", action="store_true", help="trace under trace/compiled.inductor_passes"
+    )
     args = ap.parse_args()
     for name, _ in cases():
         if not any(k in name for k in args.k):
             continue
-        r = compare_in_subprocess(name)
+        r = compare_in_subprocess(name, args.inductor_passes)
         tr = int(r["trace"])
         print(
             f"{name:60s} reserved trace {tr:,} stream {int(r['stream']):,} ({int(r['stream']) / tr - 1:+.2%}, at "

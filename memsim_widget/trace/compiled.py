@@ -240,10 +240,17 @@ def compile_backend(memory_budget: float | None = None, inductor: bool = False) 
     runner = functools.partial(_boxed_runner, kernel_lifetimes=inductor)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        from .cuda_autocast import cuda_fp32_ops_when_autocast
+
         patches: dict[str, Any] = {"unlift_effect_tokens": True}
         if memory_budget is not None:
             patches["activation_memory_budget"] = memory_budget
-        with functorch_config.patch(patches):
+        # AOTAutograd traces the graph here: under autocast with CUDA's fp32 ops, as the eager trace runs them
+        with (
+            functorch_config.patch(patches),
+            cuda_fp32_ops_when_autocast(),
+            _inductor_fake_mode(inductor, example_inputs),
+        ):
             return aot_autograd(
                 fw_compiler=runner,
                 bw_compiler=runner,
@@ -252,6 +259,21 @@ def compile_backend(memory_budget: float | None = None, inductor: bool = False) 
             )(gm, example_inputs)
 
     return backend
+
+
+@contextlib.contextmanager
+def _inductor_fake_mode(inductor: bool, example_inputs: list[torch.Tensor]) -> Iterator[None]:
+    """Inductor's fake mode around AOTAutograd, as ``compile_fx`` sets it (``V.set_fake_mode``, torch 2.13.0): its
+    joint-graph passes read it (``fx_passes/replace_random.py`` ``fuse_seed_creation_pass``, on a graph with dropout)."""
+    if not inductor:
+        yield
+        return
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+    from torch._subclasses import FakeTensorMode
+
+    with V.set_fake_mode(detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)):
+        yield
 
 
 @contextlib.contextmanager

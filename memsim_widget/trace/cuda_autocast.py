@@ -106,6 +106,22 @@ def cuda_fp32_ops_in_recompute(dtype: torch.dtype | None) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def cuda_fp32_ops_when_autocast() -> Iterator[None]:
+    """CUDA's fp32 ops while CPU autocast is on, for a compiled step's AOTAutograd trace (trace/compiled.py).
+
+    Dynamo runs the backend with the torch-function mode stack empty (torch 2.13.0), and traces the mode of
+    :func:`cuda_like_autocast` into its graph only where the model calls a function itself: a ``cross_entropy`` that
+    ``torch.nn.CrossEntropyLoss`` calls (BERT's and RoBERTa's masked-LM loss, transformers 5.24) stays one
+    ``cross_entropy`` node, which AOTAutograd then traces under CPU autocast (its fp32 list: the logits cast to fp32
+    first). With the mode on while AOTAutograd traces, that node runs as CUDA autocast does, as eager's does."""
+    if not torch.is_autocast_enabled("cpu"):
+        yield
+        return
+    with _CudaFp32Ops():
+        yield
+
+
 def recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
     """``context_fn`` for torch.utils.checkpoint: nothing more in the forward (the mode is already on), CUDA's fp32
     ops in the recomputation, which runs inside backward (under the forward's autocast state, which checkpoint

@@ -156,8 +156,12 @@ def test_the_fitted_default_has_no_replay_verdict():
 
 
 def test_a_step_the_stream_does_not_model_keeps_the_plain_verdict():
-    est = estimate({**BASE, "parallel": {"dp": 2}})  # data parallelism: the fitted rule
+    est = estimate(
+        {**BASE, "activation_offloading": True}
+    )  # activations offloaded to the host: the fitted rule
     assert est.card_replay is None and "verdict_reason" not in est.to_dict()
+    ddp = estimate({**BASE, "parallel": {"dp": 2}})  # a DDP rank: replayed (engine/counters/ddp_stream.py)
+    assert ddp.card_replay is not None
     accumulated = estimate(
         {**BASE, "grad_accum_steps": 2}
     )  # accumulation: replayed (alloc_stream.step_stream)

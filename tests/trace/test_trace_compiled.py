@@ -233,3 +233,69 @@ def _compare_in_subprocess(name: str) -> dict:
         "print(json.dumps({k: r[k] for k in ('engine', 'trace', 'error')}))\n"
     )
     return run_json(code, name)
+
+
+class _MaskedLMLoss(torch.nn.Module):
+    """A head and ``torch.nn.CrossEntropyLoss`` called as BERT's and RoBERTa's masked-LM loss calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(8, 11)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.CrossEntropyLoss()(self.head(x).view(-1, 11), y.view(-1))
+
+
+def test_a_compiled_cross_entropy_under_autocast_follows_cudas_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CUDA autocast runs ``cross_entropy`` as a 16-bit log-softmax and an fp32 nll_loss (trace/cuda_autocast.py);
+    CPU autocast casts the logits to fp32 first. Dynamo leaves ``CrossEntropyLoss``'s call one graph node, which
+    AOTAutograd traces with CUDA's fp32 ops (``cuda_fp32_ops_when_autocast``), so the compiled forward rounds the
+    log-probabilities to bf16 before nll_loss's fp32 copy, as eager's trace does; without it no bf16 T x V."""
+    from memsim_widget.trace import compiled
+    from memsim_widget.trace.cuda_autocast import cuda_like_autocast
+
+    graphs: list[torch.fx.GraphModule] = []
+    runner = compiled._boxed_runner
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list, **kw: object) -> object:
+        graphs.append(gm)
+        return runner(gm, example_inputs, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compiled, "_boxed_runner", recording)
+    x, y = torch.randn(6, 8), torch.randint(0, 11, (6,))
+    with compiled.compiled_model(_MaskedLMLoss()) as model, cuda_like_autocast(torch.bfloat16):
+        loss = model(x, y)
+    loss.backward()
+
+    def t_by_v(gm: torch.fx.GraphModule) -> list[torch.dtype]:
+        """The dtypes of the forward's T x V casts, in graph order."""
+        return [n.meta["val"].dtype for n in gm.graph.nodes
+                if _op_name_of(n) == "convert_element_type" and tuple(n.meta["val"].shape) == (6, 11)]  # fmt: skip
+
+    # the logits' fp32 upcast inside log-softmax, its 16-bit result, nll_loss's fp32 copy
+    assert t_by_v(graphs[0]) == [torch.float32, torch.bfloat16, torch.float32], t_by_v(graphs[0])
+    assert loss.dtype == torch.float32
+
+
+def _op_name_of(node: torch.fx.Node) -> str:
+    packet = getattr(node.target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else ""
+
+
+@pytest.mark.slow
+def test_inductors_passes_trace_a_graph_with_dropout() -> None:
+    """``inductor_passes`` runs Inductor's joint-graph passes, whose random-op pass reads Inductor's fake mode
+    (``fx_passes/replace_random.py``); the backend sets it as ``compile_fx`` does, else a dropout graph fails to
+    compile (as BERT with hidden dropout did)."""
+    from memsim_widget.trace.compiled import compile_backend
+
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(8, 8)
+    model = torch.compile(
+        torch.nn.Sequential(lin, torch.nn.Dropout(0.1)), backend=compile_backend(inductor=True)
+    )
+    model(torch.randn(4, 8)).sum().backward()
+    assert lin.weight.grad is not None
+    torch._dynamo.reset()

@@ -46,7 +46,7 @@ from memsim_widget.engine.activations.compiled_modernbert import (
     modernbert_rule_applies,
 )
 from memsim_widget.engine.activations.dims import Dims
-from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT
+from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, LOSS_GRADIENT
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import output_lifetime
 from memsim_widget.scenario import Scenario
@@ -165,7 +165,7 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
     out.post[:] = []
     tangents = (2 * L - 1) * e * T * hkv if ctx.arch.facts.attention.use_cache else 0
     out.loss_backward[:] = [
-        Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
+        Term(f"compiled loss backward: one fp32 {LOSS_GRADIENT}", 4 * T * V, "4 B x T x V", 1),
         Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
         *([Term(f"zero gradients for the {CACHE_TANGENTS} (every v, k from layer 1 on)", tangents,
                 f"(2 x {L} - 1) x {e} B x T x kv*d", 2 * L - 1)] if tangents else []),
@@ -287,7 +287,7 @@ def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int
     # HF turns the KV cache off under checkpointing (use_cache=False)
     cache = (kb + e) * T * hkv * L if _returns_cache(ctx) else 0
     out.loss_backward[:] = [
-        Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
+        Term(f"compiled loss backward: one fp32 {LOSS_GRADIENT}", 4 * T * V, "4 B x T x V", 1),
         Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
         *(
             [Term(f"zero gradients for the {CACHE_TANGENTS} (k and v of every layer)", cache,

@@ -59,7 +59,7 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
-from memsim_widget.engine.activations.tangents import LOGITS_TANGENT
+from memsim_widget.engine.activations.tangents import LOGITS_TANGENT, LOSS_GRADIENT
 from memsim_widget.engine.context import Context
 from memsim_widget.scenario import Scenario
 
@@ -248,8 +248,14 @@ def _bert_ends(ctx: Context, out: ActivationBudget, e: int, r: int) -> None:
     instead; the MLM head's dense output (its erf GeLU and LayerNorm input recomputed) and LayerNorm output and
     statistics (under autocast also the 16-bit cast of the last layer's output the dense reads, and the dense's and
     decoder's weight casts); the loss keeps the e-byte logits and its fp32 row max and log-sum-exp (8 T; no e-byte
-    log-softmax), and the top of backward one T x V buffer (in the logits' dtype; fp32 under autocast, whose
-    cross-entropy runs in fp32) and the logits' zero gradient."""
+    log-softmax), and the top of backward one T x V buffer (in the logits' dtype; fp32 under autocast) and the
+    logits' zero gradient. Under autocast the compiled trace runs the loss as CUDA autocast does (traced:
+    trace/cuda_autocast.py, ``cuda_fp32_ops_when_autocast``): a 16-bit log-softmax (computed in fp32 inside the
+    fused kernel, rounded to 16 bits), then nll_loss on its fp32 copy (CUDA's fp32 list), all fused, so nothing T x V
+    is saved but the logits; the backward's buffer is nll_loss's fp32 gradient (zeros scattered at the labels),
+    fp32 because nll_loss runs in fp32, the whole log-softmax backward fused into the logits' 16-bit gradient. The
+    CPU policy (the logits cast to fp32 first, the loss all fp32) gives the same buffers under Inductor: the compiled
+    cases' peaks did not move when the trace changed policy."""
     D = Dims(ctx)
     T, h, V = D.T, D.h, D.V
     if r == 4:
@@ -266,13 +272,13 @@ def _bert_ends(ctx: Context, out: ActivationBudget, e: int, r: int) -> None:
                            2 * e * T * h + 2 * e * T, f"2 x {e} B x T x h + 2 x {e} B x T", 4)]  # fmt: skip
         out.post[:] = [Term("compiled: MLM head dense output, LayerNorm output and statistics",
                             2 * e * T * h + 2 * e * T, f"2 x {e} B x T x h + 2 x {e} B x T", 4)]  # fmt: skip
-    g = 4 if r == 4 else e  # the loss's gradient dtype
+    g = 4 if r == 4 else e  # nll_loss's gradient dtype (autocast runs nll_loss in fp32 on CUDA and CPU alike)
     out.loss_forward[:] = []
     out.loss_saved[:] = [
         Term("compiled loss: logits", e * T * V, f"{e} B x T x V, V={V}", 1),
         Term("compiled loss: row max, log-sum-exp (fp32)", 8 * T, "8 B x T", 2),
     ]
-    out.loss_backward[:] = [  # the MLM loss's gradient: g bytes (fp32 under autocast, else the logits' dtype)
-        Term("compiled loss backward: one T x V gradient buffer", g * T * V, f"{g} B x T x V", 1),
+    out.loss_backward[:] = [  # nll_loss's gradient: g bytes (fp32 under autocast, else the logits' dtype)
+        Term(f"compiled loss backward: one {LOSS_GRADIENT}", g * T * V, f"{g} B x T x V", 1),
         Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
     ]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
-from memsim_widget.engine.activations.tangents import LOGITS_TANGENT
+from memsim_widget.engine.activations.tangents import LOGITS_TANGENT, LOSS_GRADIENT
 from memsim_widget.engine.context import Context
 from memsim_widget.scenario import Scenario
 
@@ -90,6 +90,6 @@ def modernbert_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled loss: row max, log-sum-exp (fp32)", 8 * T, "8 B x T", 2),
     ]
     out.loss_backward[:] = [
-        Term("compiled loss backward: one fp32 T x V gradient buffer", 4 * T * V, "4 B x T x V", 1),
+        Term(f"compiled loss backward: one fp32 {LOSS_GRADIENT}", 4 * T * V, "4 B x T x V", 1),
         Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
     ]

@@ -37,7 +37,12 @@ from memsim_widget.engine.activations.forward import (
     layer_forward_transients,
 )
 from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
-from memsim_widget.engine.activations.tangents import CACHE_TANGENTS, LOGITS_TANGENT, tangent_role
+from memsim_widget.engine.activations.tangents import (
+    CACHE_TANGENTS,
+    LOGITS_TANGENT,
+    LOSS_GRADIENT,
+    tangent_role,
+)
 from memsim_widget.engine.counters.allocator import (
     FREE,
     AllocatorConf,
@@ -64,7 +69,8 @@ STEPS = 2
 #: Batches padded to their longest sample (``padding: "longest"``): the first step replayed is this many times
 #: shorter than the longest, whose step comes last, so the segments the shorter step's T x V buffers left are
 #: cached when the longest needs larger ones. An assumption (the lengths of real batches are unknown), not
-#: fitted.
+#: fitted. Over a long run of varying lengths the cache grows further (``batch_lengths`` replays such runs;
+#: docs/allocator.md, "Variable lengths").
 VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
@@ -295,6 +301,7 @@ def step_stream(
     fsdp: Any = None,
     kept: bool = False,
     ddp: DdpBuckets | None = None,
+    schedule: Sequence[dict[str, Sequence[Any]]] = (),
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -306,7 +313,10 @@ def step_stream(
     the gradients kept as zeros by ``zero_grad`` (``frameworks.grads_kept``): made by the first step's backward
     and never freed, every later backward adding its gradients in place as an accumulation step does; ``ddp`` a
     DDP rank's buffers (``ddp_stream.DdpBuckets``: the wrap-time broadcast and buckets after the weights, the
-    rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again)."""
+    rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again);
+    ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
+    ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
+    first step)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
@@ -331,6 +341,8 @@ def step_stream(
         made_grads: list[int] = []
         held: list[int] = []
         for m in range(1, max(micro, 1) + 1):
+            if schedule:
+                a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1 or (kept and step > 1)
             if comm is not None:
@@ -547,18 +559,21 @@ def _loss_backward(
 def compiled_loss_backward(
     s: StreamWriter, items: Sequence[Any], kept: list[int]
 ) -> tuple[list[int], list[int]]:
-    """The top of a compiled backward in the traced order (trace/compiled.py; docs/allocator.md): AOTAutograd's zero
-    gradients of the returned KV cache (layer 0's first) and of the logits (``engine/activations/tangents``), the
-    loss's gradient buffer (the fp32 zeros scattered at the labels), freed with what the loss saved (``kept``: the
-    logits and their row statistics); then the logits' gradient (the zero gradient plus the fused log-softmax
-    backward: a new buffer of the logits' size) and the logits' zero gradient freed. The handles of the KV cache's
-    zero gradients (each layer's backward frees its own) and of the logits' gradient."""
+    """The top of a compiled backward as Inductor runs it (``engine/activations/tangents``; docs/allocator.md):
+    AOTAutograd's zero gradients of the returned KV cache (layer 0's first) and of the logits; nll_loss's gradient
+    buffer (``LOSS_GRADIENT``) is never made (Inductor's joint-graph pass fuses it), so one kernel writes the logits'
+    gradient (a new buffer of the logits' size) reading the saved logits (``kept``, with their row statistics) and
+    the logits' zero gradient, which are freed after it. A loss-backward buffer of another name (GPT-2's rule) is
+    made first and freed with what the loss saved before the logits' gradient, as the default trace orders it. The
+    handles of the KV cache's zero gradients (each layer's backward frees its own) and of the logits' gradient."""
     tangents = s.items([i for i in items if tangent_role(i.item) == CACHE_TANGENTS])
     zero = s.items([i for i in items if tangent_role(i.item) == LOGITS_TANGENT])
     buffer = s.items([i for i in items if not tangent_role(i.item)])
-    s.free(buffer + kept)
+    fused = any(tangent_role(i.item) == LOSS_GRADIENT for i in items)
+    if not fused:
+        s.free(buffer + kept)
     grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
-    s.free(zero)
+    s.free((buffer + kept if fused else []) + zero)
     return tangents, grad_logits
 
 
@@ -825,7 +840,8 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             else ""
         )
         + (
-            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample)"
+            f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample; a"
+            " long run of varying lengths can reserve more, docs/allocator.md#variable-lengths)"
             if ctx.scenario.padding == "longest"
             else ""
         )
