@@ -46,6 +46,67 @@ OWN: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+_TIED = {**SMALL_LLAMA, "tie_word_embeddings": True}
+_REAL = {"model": "llama-3.2-1b", "micro_batch_size": 1, "seq_len": 1024, "precision": "bf16"}
+#: gradient accumulation (docs/allocator.md, "FSDP2's streams"): HF Trainer's loop (``no_sync`` on all but the
+#: last micro-batch) and torchtitan's (every micro-batch reduce-scattered), small layers and a real model
+ACCUM: list[tuple[str, dict[str, Any]]] = [
+    (
+        "llama L4 h512 V32k dp4 a3 hf no_sync",
+        {**BASE, "model": SMALL_LLAMA, **_fsdp(4), "grad_accum_steps": 3},
+    ),
+    (
+        "llama L4 h512 V32k dp4 a2 hf no_sync tied",
+        {**BASE, "model": _TIED, **_fsdp(4), "grad_accum_steps": 2},
+    ),
+    (
+        "llama L4 h512 V32k dp4 a2 hf no_sync ckpt",
+        {**BASE, "model": SMALL_LLAMA, **_fsdp(4), "grad_accum_steps": 2, "activation_checkpointing": "full"},
+    ),
+    (
+        "llama L4 h512 V32k dp4 a3 torchtitan",
+        {**BASE, "model": SMALL_LLAMA, **_fsdp(4), "grad_accum_steps": 3, "framework": "torchtitan"},
+    ),
+    (
+        "llama L4 h512 V32k dp4 a3 torchtitan amp",
+        {
+            **BASE,
+            "model": SMALL_LLAMA,
+            **_fsdp(4),
+            "grad_accum_steps": 3,
+            "framework": "torchtitan",
+            "precision": "amp-bf16",
+        },
+    ),  # fmt: skip
+    (
+        "llama-3.2-1b dp4 b1 s1024 a2 hf no_sync",
+        {**_REAL, "reserved_model": "replay", **_fsdp(4), "grad_accum_steps": 2},
+    ),
+    (
+        "llama-3.2-1b dp4 b1 s1024 a2 torchtitan",
+        {**_REAL, "reserved_model": "replay", **_fsdp(4), "grad_accum_steps": 2, "framework": "torchtitan"},
+    ),
+]
+
+
+_QKVO = {"method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}}
+_ALL = {"method": "lora", "lora": {"rank": 16, "targets": ["all-linear"]}}
+#: LoRA: peft's adapters (fp32) beside the frozen bf16 base in each unit (docs/allocator.md, "FSDP2's streams")
+LORA: list[tuple[str, dict[str, Any]]] = [
+    ("llama L4 h512 V32k dp4 LoRA qkvo", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), **_QKVO}),
+    ("llama L4 h512 V32k dp4 LoRA all-linear", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), **_ALL}),
+    ("llama L4 h512 V32k dp8 LoRA qkvo tied", {**BASE, "model": _TIED, **_fsdp(8), **_QKVO}),
+    ("llama L4 h512 V32k dp4 LoRA all-linear tied", {**BASE, "model": _TIED, **_fsdp(4), **_ALL}),
+    ("llama L4 h512 V32k dp8 LoRA all-linear tied", {**BASE, "model": _TIED, **_fsdp(8), **_ALL}),
+    ("llama L4 h512 V32k dp4 LoRA qkvo no reshard", {**BASE, "model": SMALL_LLAMA, **_fsdp(4, False), **_QKVO}),
+    ("llama L4 h512 V32k dp4 LoRA qkvo a2 hf no_sync", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), **_QKVO,
+                                                          "grad_accum_steps": 2}),
+    ("llama-3.2-1b dp4 b1 s1024 LoRA qkvo", {**_REAL, "reserved_model": "replay", **_fsdp(4), **_QKVO}),
+    ("llama-3.2-1b dp4 b1 s1024 LoRA all-linear ckpt", {**_REAL, "reserved_model": "replay", **_fsdp(4), **_ALL,
+                                                         "activation_checkpointing": "full"}),
+]  # fmt: skip
+
+
 def cases() -> list[tuple[str, dict[str, Any]]]:
     """This file's cases, then the FSDP2 cases of the multi-GPU fidelity suite (tests/data/
     fidelity_parallel_cases.py, real vocabularies included) whose rank the engine's stream models."""
@@ -55,7 +116,7 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     from memsim_widget.engine.counters.alloc_stream import replayable
     from memsim_widget.scenario import Scenario
 
-    out = list(OWN)
+    out = list(OWN) + ACCUM + LORA
     for name, d, _stage in CASES:
         d = {**d, "reserved_model": "replay"}
         if replayable(Context(Scenario.from_dict(d))):

@@ -68,6 +68,14 @@ class FrameworkProfile:
     ``separate_head``: the framework holds the LM head as its own tensor even for a model whose checkpoint ties
     it to the input embedding (litgpt: ``convert_hf_checkpoint`` copies ``wte.weight`` into ``lm_head.weight``
     and ``GPT`` never ties them), so the head is a second V x h parameter that trains on its own.
+    ``fsdp2_accumulation``: what FSDP2 does with the gradients of the micro-batches before the last of a step
+    (``grad_accum_steps`` > 1): ``"reduce"`` reduce-scatters every micro-batch and adds each new shard to the
+    sharded gradient (the loop calls nothing between micro-batches: torchtitan's ``train_step``; torch 2.13
+    ``_fully_shard/_fsdp_collectives.foreach_reduce``: ``sharded_param.grad._local_tensor += new_sharded_grad``,
+    the new reduce-scatter output freed once added), ``"no_sync"`` turns the sync off on every micro-batch but
+    the last (``FSDPModule.set_requires_gradient_sync(False)``: the unsharded gradients are kept and accumulated,
+    reduced once; transformers 5.24 ``Trainer`` enters ``accelerator.no_sync``, which accelerate 1.16 runs as
+    ``set_requires_gradient_sync(False)`` on FSDP2), ``""`` not read from the framework's source.
     ``tp_plan``: the tensor-parallel plan at tp > 1 (what ``trace/tp_plan.tp_style_for`` traces):
     ``"hf"`` (the model's transformers ``base_model_tp_plan``: an untied embedding stays replicated, the LM
     head is colwise with its output gathered, so every rank holds the full-vocabulary logits and loss),
@@ -89,6 +97,7 @@ class FrameworkProfile:
     loss_outside_model: bool = False
     bucket_elements: int = 0
     zero3: str = "fsdp2"
+    fsdp2_accumulation: str = ""
     tp_plan: str = "hf"
     separate_head: bool = False
     sources: tuple[str, ...] = ()
@@ -111,6 +120,7 @@ register_profile(
         "backward, step, zero_grad(set_to_none=True)",
         training_kv_cache=True,
         ddp_buckets=True,
+        fsdp2_accumulation="no_sync",
         sources=(
             "docs/fidelity.md: every activation rule checked on fake-tensor traces of transformers 5",
             "transformers Trainer.compute_loss returns the loss only; the outputs die before backward",
@@ -155,10 +165,13 @@ register_profile(
         expandable_segments=True,
         tp_plan="torchtitan",
         loss_outside_model=True,
+        fsdp2_accumulation="reduce",
         sources=(
             "torchtitan parallelize_llama.apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
             "torchtitan run_train.sh: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
             "torchtitan train.py: pred = model(...); loss = loss_fn(pred.float(), labels); del pred",
+            "torchtitan train.py (pytorch/torchtitan 000204a4) train_step: forward_backward_step per micro-batch, "
+            "no set_requires_gradient_sync: FSDP2 reduce-scatters every micro-batch",
         ),
         suggested=MappingProxyType(
             {
@@ -251,6 +264,7 @@ register_profile(
         "linear cross-entropy (no logits), RMSNorm, SwiGLU, RoPE; formula from Liger's source, untraced (Triton)",
         training_kv_cache=True,
         ddp_buckets=True,
+        fsdp2_accumulation="no_sync",  # HF Trainer's loop
         sources=(
             "linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py @00eba634: chunked head, "
             "gradients computed in forward (grad_input, grad_weight), no logits returned",
@@ -271,6 +285,7 @@ register_profile(
         "checkpointing with activation offloading; its fused kernels not modelled (HF's rules); formula, untraced",
         training_kv_cache=True,
         ddp_buckets=True,
+        fsdp2_accumulation="no_sync",  # HF Trainer's loop
         sources=(
             "unslothai/unsloth-zoo unsloth_zoo/gradient_checkpointing.py (first in unsloth/models/_utils.py, "
             "2024-04): Unsloth_Offloaded_Gradient_Checkpointer copies each layer's input to the host "

@@ -269,6 +269,30 @@ def _loss_outside(sc: Scenario) -> bool:
     return PROFILES[sc.framework].loss_outside_model
 
 
+def _micro_sync(sc: Scenario, notes: list[str]) -> Callable[[torch.nn.Module, bool], None] | None:
+    """Under gradient accumulation, what the framework's loop does to FSDP2 before each micro-batch
+    (``FrameworkProfile.fsdp2_accumulation``): nothing (``"reduce"``: every micro-batch reduce-scatters and adds
+    its shard to the sharded gradient), or ``set_requires_gradient_sync(last)`` (``"no_sync"``, accelerate's
+    ``no_sync`` on FSDP2 as HF Trainer enters it: the unsharded gradients accumulate until the last)."""
+    from memsim_widget.engine.frameworks import PROFILES
+
+    if sc.grad_accum_steps == 1 or sc.parallel.zero != 3:
+        return None
+    mode = PROFILES[sc.framework].fsdp2_accumulation
+    if mode != "no_sync":
+        notes.append(f"{sc.grad_accum_steps} micro-batches a step, each reduce-scattered (no no_sync)")
+        return None
+    notes.append(
+        f"{sc.grad_accum_steps} micro-batches a step, set_requires_gradient_sync(False) on all but the last "
+        "(accelerate's no_sync on FSDP2)"
+    )
+
+    def sync(model: torch.nn.Module, last: bool) -> None:
+        model.set_requires_gradient_sync(last)  # pyright: ignore[reportCallIssue,reportAttributeAccessIssue]
+
+    return sync
+
+
 def trace_distributed(
     sc: Scenario,
     *,
@@ -329,6 +353,8 @@ def trace_distributed(
             progress=progress,
             top_n=top_n,
             instrument=fsdp_roles,
+            grad_accum_steps=sc.grad_accum_steps,
+            micro_sync=_micro_sync(sc, notes),
         )
     result.notes[:0] = layout_notes
     result.rank = rank

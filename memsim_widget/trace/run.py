@@ -284,16 +284,21 @@ def _train_step(
     output_lifetime: str,
     forward_ctx: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     grad_accum_steps: int = 1,
+    micro_sync: Callable[[torch.nn.Module, bool], None] | None = None,
 ) -> None:
     """One step, phase by phase: forward (and loss), backward, optimizer step, zero_grad; the model output
     dies where ``output_lifetime`` says. The forward runs inside ``forward_ctx()`` (activation offloading).
     ``grad_accum_steps`` micro-batches run forward and backward before the optimizer step, each loss divided
     by their number (HF Trainer's ``training_step``); from the second on, ``AccumulateGrad`` adds each new
-    gradient to the parameter's ``.grad`` in place."""
+    gradient to the parameter's ``.grad`` in place. ``micro_sync(model, last)`` runs before each micro-batch
+    (FSDP2's gradient sync turned off but on the last: ``trace/distributed.py``)."""
     out: Any = None
     batch: Any = None
-    for _micro in range(max(grad_accum_steps, 1)):
+    n = max(grad_accum_steps, 1)
+    for _micro in range(n):
         out = batch = None  # the loop drops the previous micro-batch's output and batch as it makes the next
+        if micro_sync is not None:
+            micro_sync(model, _micro == n - 1)
         tracker.set_phase("forward", step)
         batch = input_factory()
         tracker.relabel(_tensors_in(batch), "input")
@@ -450,6 +455,7 @@ def trace_training(
     optimizer_in_backward: bool = False,
     grad_accum_steps: int = 1,
     sdpa_device: tuple[int, int] | None = None,
+    micro_sync: Callable[[torch.nn.Module, bool], None] | None = None,
 ) -> TraceResult:
     """Trace ``steps`` training steps of ``model_factory()`` on ``input_factory()`` batches.
 
@@ -463,7 +469,8 @@ def trace_training(
     float): the step runs ``torch.compile``d with Inductor's decompositions and partitioner at that
     ``activation_memory_budget`` (1.0 is torch's default), its fusion emulated (trace/compiled.py).
     ``activation_offloading`` and ``optimizer_in_backward``: torchtune's (trace/torchtune_memory.py).
-    ``grad_accum_steps``: micro-batches per step, each loss scaled (``_train_step``). ``sdpa_device`` (a CUDA
+    ``grad_accum_steps``: micro-batches per step, each loss scaled, ``micro_sync`` run before each
+    (``_train_step``). ``sdpa_device`` (a CUDA
     compute capability): SDPA runs as that CUDA device runs it (trace/cuda_sdpa.py; not under
     ``compile_budget``: the compiled graph keeps the CPU's op).
     """
@@ -517,7 +524,7 @@ def trace_training(
                     _train_step(
                         tracker, runner, input_factory, opt, trainable, step,
                         amp_dtype=amp_dtype, loss_fn=loss_fn, output_lifetime=output_lifetime,
-                        forward_ctx=forward_ctx, grad_accum_steps=grad_accum_steps,
+                        forward_ctx=forward_ctx, grad_accum_steps=grad_accum_steps, micro_sync=micro_sync,
                     )  # fmt: skip
                 tracker.set_phase("end")
         finally:

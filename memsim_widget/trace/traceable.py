@@ -100,12 +100,23 @@ def check_traceable(sc: Scenario) -> None:
     _check_model_kernels(sc)
     _check_objective(sc)
     if sc.grad_accum_steps > 1 and (
-        sc.parallel.world_size > 1 or sc.compile or sc.objective_name != "sft" or sc.optimizer_in_backward
-    ):  # trace/run._train_step runs the micro-batches of one GPU's eager SFT step
+        (sc.parallel.world_size > 1 and not _fsdp2_only(sc))
+        or sc.compile
+        or sc.objective_name != "sft"
+        or sc.optimizer_in_backward
+    ):  # trace/run._train_step runs the micro-batches of one GPU's or one FSDP2 rank's eager SFT step
         raise ScenarioError(
-            "grad_accum_steps", "accumulation is traced for one GPU's eager SFT step only; set it to 1"
-        )
+            "grad_accum_steps", "accumulation is traced for one GPU's or one FSDP2 rank's (dp > 1, zero 3, no "
+            "other parallelism) eager SFT step only; set it to 1",
+        )  # fmt: skip
     _check_fp8(sc)
+
+
+def _fsdp2_only(sc: Scenario) -> bool:
+    """``fully_shard`` over dp > 1 ranks and nothing else (trace/distributed.py runs its micro-batches with the
+    framework's ``fsdp2_accumulation``)."""
+    p = sc.parallel
+    return p.dp > 1 and p.zero == 3 and p.tp * p.pp * p.cp * p.ep == 1
 
 
 def _check_fp8(sc: Scenario) -> None:

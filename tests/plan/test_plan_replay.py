@@ -123,6 +123,27 @@ def test_fsdp2_candidates_take_the_replay_and_equal_estimate(reshard):
     assert replayed
 
 
+@pytest.mark.parametrize("framework", ["hf", "torchtitan"])
+def test_accumulating_fsdp2_candidates_take_the_replay_and_equal_estimate(framework):
+    """A global batch of 8 sequences over 2 and 4 GPUs: the FSDP2 candidates run 1 to 4 micro-batches a step,
+    each replayed with its framework's accumulation (HF Trainer's ``no_sync``, torchtitan's reduce-scatter every
+    micro-batch: ``fsdp_stream.Fsdp2Units.accumulation``), each equal to ``estimate`` byte for byte."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {"model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "framework": framework}
+    space = SearchSpace(micro_batch=(1, 2), zero=(3,), offload=("none",))
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    accumulated = []
+    for i in range(p.evaluated):
+        est = p.estimate(i)
+        par = est.scenario.parallel
+        if par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1 and est.scenario.grad_accum_steps > 1:
+            assert "replayed" in est.ranks[0].reserved.formula
+            accumulated.append(est.scenario.grad_accum_steps)
+    assert len(set(accumulated)) > 1
+
+
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
 def test_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
     """The candidates with DDP over 2 and 4 GPUs (zero 0) replay their rank's stream with DDP's wrap-time
@@ -166,3 +187,23 @@ def test_tp_candidates_take_the_replay_and_equal_estimate():
             assert ("replayed" in formula) == alone  # zero 0: dp > 1 is DDP, not written with TP
             tp += [(par.tp, par.sequence_parallel)] if "replayed" in formula else []
     assert {(2, False), (2, True), (4, False), (4, True)} <= set(tp)
+
+
+def test_lora_fsdp2_candidates_take_the_replay_and_equal_estimate():
+    """LoRA under FSDP2 over 2 and 4 GPUs (the frozen base gathered, only the adapters reduce-scattered:
+    ``fsdp_stream.fsdp2_units``), with and without accumulation: replayed, each equal to ``estimate`` byte for
+    byte."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
+        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
+    }  # fmt: skip
+    space = SearchSpace(micro_batch=(1, 2), zero=(3,), offload=("none",))
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=4 * 512)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    ests = [p.estimate(i) for i in range(p.evaluated)]
+    alone = [e.scenario.parallel.tp * e.scenario.parallel.pp * e.scenario.parallel.cp == 1 for e in ests]
+    sharded = [e for e, a in zip(ests, alone, strict=True) if a and e.scenario.parallel.dp > 1]
+    assert sharded and all("replayed" in e.ranks[0].reserved.formula for e in sharded)
+    assert {e.scenario.grad_accum_steps for e in sharded} != {1}

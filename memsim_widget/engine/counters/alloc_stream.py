@@ -365,6 +365,8 @@ def step_stream(
                 a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
             grads.new = m > 1 or (kept and step > 1)
+            if comm is not None:
+                comm.u.micro(comm, m, micro)
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
             if reducer is not None and step == 2 and m == 1 and reducer.b.rebuilt:
                 s.mark(f"{label} DDP bucket rebuild")
@@ -672,7 +674,7 @@ def replayable(ctx: Any) -> bool:
     """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
     ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
-    later ones add each new gradient in place, ``step_stream``), an FSDP2 rank with one micro-batch
+    later ones add each new gradient in place, ``step_stream``), an FSDP2 rank
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``) or a
     tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
@@ -698,11 +700,11 @@ def replayable(ctx: Any) -> bool:
 def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
-    one micro-batch a step, gathered in the weights' dtype or bf16 (FSDP2 mixed
-    precision), not in fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by
-    ``zero_grad`` (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``:
-    over TP ranks too (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of
-    them)."""
+    one micro-batch a step or several where the framework's accumulation is read
+    (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), not in
+    fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by ``zero_grad``
+    (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
+    (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them)."""
     from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
@@ -713,11 +715,35 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
         and p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "fsdp2"
         and not parameters_fetched_from_host(ctx)
-        and ctx.full_training
-        and sc.grad_accum_steps == 1
+        and (ctx.full_training or _fsdp2_lora_modelled(ctx))
+        and (sc.grad_accum_steps == 1 or _fsdp2_accumulation_modelled(ctx))
         and not sc.fp8_all_gather
         and not sc.compile
         and not grads_kept(sc)
+    )
+
+
+def _fsdp2_lora_modelled(ctx: Any) -> bool:
+    """LoRA on an FSDP2 rank as the stream writes it (``fsdp_stream.fsdp2_units``): peft's adapters inside each
+    unit beside the frozen base, gathered with it, the only tensors with gradients, so the only ones
+    reduce-scattered; no frozen tower (multimodal), the base in the weights' dtype (not QLoRA's NF4), and no
+    FSDP2 mixed precision (its cast of the shards is not written per dtype)."""
+    from memsim_widget.engine.frameworks import profile
+
+    return ctx.scenario.method == "lora" and not ctx.frozen_stacks and not profile(ctx).fsdp_mixed_precision
+
+
+def _fsdp2_accumulation_modelled(ctx: Any) -> bool:
+    """Gradient accumulation on an FSDP2 rank as the stream writes it (``fsdp_stream.Fsdp2Units.accumulation``,
+    held to traces of the framework's loop): every micro-batch reduce-scattered (``"reduce"``: torchtitan), or
+    ``no_sync`` on all but the last with the unsharded gradients in the parameters' dtype (``"no_sync"``: HF
+    Trainer; under FSDP2 mixed precision ``to_accumulated_grad_if_needed`` would keep an fp32 copy instead, not
+    modelled). A framework whose loop was not read (``""``) keeps the fitted rule."""
+    from memsim_widget.engine.frameworks import profile
+
+    prof = profile(ctx)
+    return prof.fsdp2_accumulation == "reduce" or (
+        prof.fsdp2_accumulation == "no_sync" and not prof.fsdp_mixed_precision
     )
 
 

@@ -30,10 +30,20 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
   it, so it lives until ``zero_grad`` frees the unit's last one. The root's runs last (its embedding gradient
   is made last), from ``_root_post_backward_final_callback``, which then frees the input still held.
 
+- Gradient accumulation (``Fsdp2Units.accumulation``, the framework's loop: ``frameworks.FrameworkProfile.
+  fsdp2_accumulation``): under ``set_requires_gradient_sync(False)`` (``"no_sync"``) ``post_backward`` reshards
+  and returns before the reduce, so the unsharded gradients stay on the unsharded parameters and the next
+  micro-batch's are added in place; reduce-scattering every micro-batch (``"reduce"``), ``foreach_reduce`` adds
+  the new output to the sharded gradient (``sharded_param.grad._local_tensor += new_sharded_grad``) and drops it.
+
+- Frozen parameters (LoRA: peft's adapters beside the frozen base in each unit): every parameter is gathered,
+  as bytes where the dtypes differ (``foreach_all_gather``: uint8); only those with an unsharded gradient are
+  reduce-scattered (``post_backward``'s ``fsdp_params_with_grad``), and a unit without one reduces nothing.
+
 Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
-parameters' own dtype (the cast on the post-reduce stream), gradient accumulation without resharding, explicit
-prefetching and frozen parameters (``alloc_stream.replayable``
-keeps the fitted rule for them).
+parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
+gradient accumulation without resharding after backward, explicit prefetching, QLoRA's NF4 base and frozen
+towers (``alloc_stream.replayable`` keeps the fitted rule for them).
 """
 
 from __future__ import annotations
@@ -71,8 +81,8 @@ class Fsdp2Units:
     reduce-scatter buffers (``reduce_dtype``), ``cast`` whether the copy-in casts the shards to ``gathered``
     (mixed precision), ``reshard`` ``reshard_after_forward``."""
 
-    layer: tuple[tuple[int, int], ...]
-    root: tuple[tuple[int, int], ...]
+    layer: tuple[tuple[int, ...], ...]
+    root: tuple[tuple[int, ...], ...]
     #: how many of ``root``'s tensors are the input side (the embeddings: their gradient is made last)
     root_pre: int
     world: int
@@ -87,6 +97,14 @@ class Fsdp2Units:
     #: the head is the input embeddings (tied): the head's backward makes the embeddings' first gradient at the
     #: top, their own backward a second at the bottom, which ``AccumulateGrad`` sums out of place
     tied: bool = False
+    #: under gradient accumulation, the micro-batches before a step's last: reduce-scattered (``"reduce"``) or
+    #: under ``set_requires_gradient_sync(False)`` (``"no_sync"``; ``frameworks.FrameworkProfile``)
+    accumulation: str = "reduce"
+
+    def micro(self, w: Fsdp2Writer, m: int, micro: int) -> None:
+        """Set writer ``w`` for micro-batch ``m`` of ``micro`` in a step."""
+        w.no_sync = self.accumulation == "no_sync" and m < micro
+        w.accumulate = self.accumulation == "reduce" and m > 1
 
 
 class Fsdp2Writer:
@@ -101,18 +119,30 @@ class Fsdp2Writer:
         self.layers: list[list[int]] = []  # the unsharded layers (kept for backward without resharding)
         self.rs_input: list[int] = []  # the reduce-scatter input still held
         self.grads: list[int] = []  # reduce-scatter outputs: the gradient shards, layer 0's first, root last
+        #: a later micro-batch of a step that reduce-scatters every micro-batch: its outputs added to the shards
+        self.accumulate = False
+        #: a micro-batch under ``set_requires_gradient_sync(False)``: no reduce-scatter, the unsharded gradients
+        #: kept on the unsharded parameters (``no_sync``)
+        self.no_sync = False
+        self.unsynced: dict[int, list[int]] = {}  # the kept unsharded gradients, by unit (-1: the root)
 
-    def _all_gather(self, unit: Sequence[tuple[int, int]]) -> list[int]:
+    def _all_gather(self, unit: Sequence[tuple[int, ...]]) -> list[int]:
         """``foreach_all_gather`` under the copy-in stream: the cast shards (freed) and the output."""
         s, u = self.s, self.u
-        cast = s.alloc(sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN) if u.cast else []
-        out = s.alloc(u.world * sum(sh for _, sh in unit) * u.gathered, 1, COPY_IN)
+        cast = s.alloc(sum(t[1] for t in unit) * u.gathered, 1, COPY_IN) if u.cast else []
+        # mixed dtypes (a frozen bf16 base beside fp32 adapters) gather as bytes (``foreach_all_gather``: uint8)
+        out = s.alloc(u.world * sum(t[1] * self._bytes(t) for t in unit), 1, COPY_IN)
         s.free(cast)
         return out
 
-    def _copy_out(self, unit: Sequence[tuple[int, int]]) -> list[int]:
+    def _copy_out(self, unit: Sequence[tuple[int, ...]]) -> list[int]:
         """The unsharded parameters, one tensor each, on the compute stream."""
-        return [h for n, _ in unit for h in self.s.alloc(n * self.u.gathered)]
+        return [h for t in unit for h in self.s.alloc(t[0] * self._bytes(t))]
+
+    def _bytes(self, t: tuple[int, ...]) -> int:
+        """Bytes per element of tensor ``t`` of a unit: its own (frozen parameters beside adapters), else
+        ``gathered``."""
+        return t[2] if len(t) > 2 else self.u.gathered
 
     def forward_start(self) -> None:
         """The root's pre-forward: gathered, copied out, its all-gather output held."""
@@ -160,21 +190,41 @@ class Fsdp2Writer:
         self.s.free(self.prefetched)
         self.prefetched = self._all_gather(self.u.layer) if index > 0 else []
 
-    def unsharded_grads(self, unit: Sequence[tuple[int, int]]) -> list[int]:
-        """The unsharded gradients autograd makes for ``unit``'s parameters (the gathered dtype)."""
-        return [h for n, _ in unit for h in self.s.alloc(n * self.u.gathered)]
+    def unsharded_grads(self, unit: Sequence[tuple[int, ...]], key: int | None = None) -> list[int]:
+        """The unsharded gradients autograd makes for ``unit``'s parameters (the gathered dtype); where an earlier
+        micro-batch under ``no_sync`` kept unit ``key``'s, each new one is added in place and freed
+        (``AccumulateGrad``) and the kept ones are returned."""
+        made = [t for t in unit if trains(t)]  # frozen parameters get none
+        if key is not None and key in self.unsynced:
+            for t in made:
+                self.s.free(self.s.alloc(t[0] * self._bytes(t)))
+            return self.unsynced.pop(key)
+        return [h for t in made for h in self.s.alloc(t[0] * self._bytes(t))]
 
-    def post_backward(self, grads: list[int], root: bool = False) -> None:
-        """A unit's post-backward: resharded, the oldest reduce-scatter input freed, the reduce-scatter."""
+    def post_backward(self, grads: list[int], root: bool = False, key: int = -1) -> None:
+        """A unit's post-backward: resharded, the oldest reduce-scatter input freed, the reduce-scatter; under
+        ``no_sync`` resharded only, the gradients kept (``FSDPParamGroup.post_backward`` returns before the
+        reduce: ``reduce_grads`` is off)."""
         s, u = self.s, self.u
         s.free(self.root if root else self.layers.pop())
+        if self.no_sync:
+            self.unsynced[key] = grads
+            return
         s.free(self.rs_input)
+        self.rs_input = []
         unit = u.root if root else u.layer
-        shard = sum(sh for _, sh in unit)
+        shard = sum(t[1] for t in unit if trains(t))
+        if (
+            not shard
+        ):  # nothing trains in the unit: no reduce (``post_backward`` returns once it has recycled)
+            return
         self.rs_input = s.alloc(u.world * shard * u.reduced)
         s.free(grads)
         out = s.alloc(shard * u.sharded, 1, REDUCE_SCATTER)
-        self.grads += out
+        if self.accumulate:  # added to the sharded gradient in place, freed as ``foreach_reduce`` returns
+            s.free(out)
+        else:
+            self.grads += out
         if root:  # the final callback frees the input still held
             s.free(self.rs_input)
             self.rs_input = []
@@ -193,23 +243,31 @@ class Fsdp2Writer:
         backward, its unsharded gradients reduce-scattered; the embeddings' gradient last, then the root's
         reduce-scatter."""
         s, u = self.s, self.u
-        head = self.unsharded_grads(u.root[: u.root_pre]) if u.tied else []
-        top = self.unsharded_grads(u.root[u.root_pre :])
+        kept = self.unsynced.pop(-1, None)  # the root's, kept by an earlier micro-batch under no_sync
+        head = self.unsharded_grads(u.root[: u.root_pre]) if u.tied else []  # waits in autograd's buffer
+        if kept is None:
+            top = self.unsharded_grads(u.root[u.root_pre :])
+        else:  # each new one added in place and freed
+            self.unsynced[-1] = kept[u.root_pre :]
+            top = self.unsharded_grads(u.root[u.root_pre :], -1)
         for size in workspaces:  # never freed
             s.alloc(size)
         s.free(done + s.items(a["top_backward"]))
         for i in reversed(range(len(saved))):
             self.layer_backward_start(i)
             recomputed = s.items(a["recompute"])
-            grads = self.unsharded_grads(u.layer[::-1])  # autograd: the MLP's first, the input norm's last
+            grads = self.unsharded_grads(u.layer[::-1], i)  # autograd: the MLP's first, the input norm's last
             transient = s.items(a["layer_backward"])
             s.free(transient + recomputed + saved[i])
-            self.post_backward(grads)
+            self.post_backward(grads, key=i)
         bottom = self.unsharded_grads(u.root[: u.root_pre])
         if u.tied:  # the two summed into a new tensor, both freed
             summed = self.unsharded_grads(u.root[: u.root_pre])
             s.free(head + bottom)
             bottom = summed
+        if kept is not None:  # the embeddings' (or the sum) added in place and freed
+            s.free(bottom)
+            bottom = kept[: u.root_pre]
         self.post_backward(bottom + top, root=True)
 
     def zero_grad(self) -> None:
@@ -219,6 +277,12 @@ class Fsdp2Writer:
         self.grads = []
 
 
+def trains(t: tuple[int, ...]) -> bool:
+    """Whether a unit's tensor ``t`` gets a gradient: (elements, shard) trains, (elements, shard, bytes, trains)
+    says."""
+    return len(t) < 4 or bool(t[3])
+
+
 def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     """``Fsdp2Units`` of ``stage``'s rank of ``ctx`` (``states/budget.local_groups``; bytes as
     ``states/gathered`` counts them: ``frameworks.gathered_weight_bytes``, the recipe's gradient bytes)."""
@@ -226,20 +290,31 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     from memsim_widget.engine.states.budget import local_groups
 
     world = ctx.par.dp * ctx.par.cp
-    layer: list[tuple[int, int]] = []
-    pre: list[tuple[int, int]] = []
-    post: list[tuple[int, int]] = []
-    for lg in local_groups(ctx, stage):
-        t = (lg.numel_each, padded_shard(lg.shape, world))
-        if lg.group.scope == "layer":
-            layer += [t] * max(lg.count // max(stage.layers, 1), 1)
-        else:
-            (pre if lg.group.scope == "pre" else post).extend([t] * lg.count)
-    from memsim_widget.engine.frameworks import profile
-
     wb = gathered_weight_bytes(ctx)
     grad_b = ctx.recipe.grad_bytes
+    adapters = {ad.base.name: ad for ad in ctx.adapters}
+    layer: list[tuple[int, ...]] = []
+    pre: list[tuple[int, ...]] = []
+    post: list[tuple[int, ...]] = []
+    for lg in local_groups(ctx, stage):
+        t: list[tuple[int, ...]] = [(lg.numel_each, padded_shard(lg.shape, world))]
+        if not ctx.full_training:  # LoRA: the base frozen, its adapters (A: r x in, B: out x r) after it
+            t = [(*t[0], wb, 0)]
+            ad = adapters.get(lg.group.name)
+            if ad is not None:
+                ab, r = ctx.adapter_bytes, ad.rank
+                a_shape, b_shape = (r, ad.in_features), (ad.out_features, r)
+                t += [(r * ad.in_features, padded_shard(a_shape, world), ab, 1)]
+                t += [(ad.out_features * r, padded_shard(b_shape, world), ab, 1)]
+                grad_b = ab
+        if lg.group.scope == "layer":
+            layer += t * max(lg.count // max(stage.layers, 1), 1)
+        else:
+            (pre if lg.group.scope == "pre" else post).extend(t * lg.count)
+    from memsim_widget.engine.frameworks import profile
+
     return Fsdp2Units(
         tuple(layer), tuple(pre + post), len(pre), world, wb, grad_b, grad_b, wb != ctx.recipe.weight_bytes,
         ctx.par.reshard_after_forward, profile(ctx).loss_outside_model, ctx.arch.tied_embeddings,
+        profile(ctx).fsdp2_accumulation or "reduce",
     )  # fmt: skip

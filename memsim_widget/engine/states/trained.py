@@ -55,13 +55,15 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
             trainable.append(((ad.rank, ad.in_features), cnt, ad.rank * ad.in_features))
             trainable.append(((ad.out_features, ad.rank), cnt, ad.rank * ad.out_features))
         n_ad = sum(c * e for _, c, e in trainable)
+        shard = _adapter_shard(ctx, trainable)
         b.persistent.append(
             Item(
                 "parameters",
                 "LoRA adapter weights",
-                n_ad * a_bytes,
+                (shard or n_ad) * a_bytes,
                 f"{fmt_int(n_ad)} adapter params x {a_bytes} B "
-                f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})",
+                f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})"
+                + (f", FSDP2 shards: {fmt_int(shard)} params on this rank" if shard else ""),
                 "tensor",
                 sum(c for _, c, _ in trainable),
             )
@@ -78,6 +80,19 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
             g.numel for g in groups if g.group.stack not in ctx.frozen_stacks and not tp_split(ctx, g.group)
         )
     return Trained(trainable, grad_b, state_b, master_b, what, unsplit)
+
+
+def _adapter_shard(ctx: Context, trainable: list[tuple[tuple[int, ...], int, int]]) -> int:
+    """Adapter elements on this rank where FSDP2 shards them (``fully_shard`` after peft: each adapter a
+    parameter of its unit, dim 0 padded to the shard group, ``fsdp_stream.padded_shard``); 0 elsewhere."""
+    from memsim_widget.engine.counters.fsdp_stream import padded_shard
+    from memsim_widget.engine.frameworks import profile
+
+    par = ctx.par
+    world = par.dp * par.cp
+    if par.zero < 3 or world == 1 or profile(ctx).zero3 != "fsdp2" or par.tp > 1:
+        return 0
+    return sum(c * padded_shard(shape, world) for shape, c, _ in trainable)
 
 
 def trainable_scopes(ctx: Context, groups: list[LocalGroup]) -> list[str]:
