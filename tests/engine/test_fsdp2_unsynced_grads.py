@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from memsim_widget import estimate
 from memsim_widget.engine.caches import parts_cache
 from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters.alloc_stream import rank_stream
+from memsim_widget.engine.counters.allocator import replay
 from memsim_widget.engine.frameworks import fsdp2_unsynced_grads, unsynced_grads
 from memsim_widget.engine.states import model_states
 from memsim_widget.plan import SearchSpace, plan
@@ -136,3 +138,13 @@ def test_the_planner_equals_estimate_on_accumulating_fsdp2_candidates(framework)
     assert p.mismatches(np.arange(p.evaluated)) == []
     kept = [fsdp2_unsynced_grads(p.estimate(i).scenario) for i in range(p.evaluated)]
     assert any(kept) == (framework == "hf")
+
+
+@pytest.mark.parametrize(("name", "d", "traced"), TRACED, ids=[c[0] for c in TRACED])
+def test_the_states_agree_with_the_allocation_stream_within_one_percent(name, d, traced):
+    """The allocation stream (``fsdp_stream``: the units' unsharded gradients kept by unit, held to the traces
+    within 0.25%) and the states count the same tensors."""
+    ctx = Context(Scenario.from_dict(d))
+    got = replay(rank_stream(ctx, ctx.stages[0]).events).peak_allocated
+    want = estimate(d).ranks[0].peak_allocated_bytes
+    assert abs(got / want - 1) < 0.01, name
