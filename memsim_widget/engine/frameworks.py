@@ -461,6 +461,34 @@ def grads_kept(scenario: Scenario) -> bool:
     return scenario.zero_grad == "zeros"
 
 
+def fsdp2_unsynced_grads(scenario: Scenario) -> bool:
+    """Whether a rank keeps its FSDP2 units' UNSHARDED gradients through the micro-batches of a step
+    (``unsynced_grads`` of the scenario's keys): the one bit of ``grad_accum_steps`` the model states read
+    (``caches/parts_cache.states_key``; the planner's state key "unsynced", ``plan/vector.STATE_KEY``)."""
+    p = scenario.parallel
+    return bool(
+        unsynced_grads(
+            scenario.framework, scenario.optimizer_in_backward, scenario.grad_accum_steps, p.zero, p.dp, p.cp,
+            p.pp, p.offload == "optimizer+params",
+        )
+    )  # fmt: skip
+
+
+def unsynced_grads(
+    framework: str, in_backward: bool, accum: Any, zero: Any, dp: Any, cp: Any, pp: Any, params_on_host: Any
+) -> Any:
+    """Whether FSDP2 keeps each unit's unsharded gradients over the micro-batches: more than one micro-batch
+    (``accum``), a loop that turns the sync off on all but the last (``fsdp2_accumulation == "no_sync"``: HF
+    Trainer), an FSDP2 rank (ZeRO-3 over dp x cp > 1 under ``zero3 == "fsdp2"``, parameters on the GPU), no
+    pipeline (``states/gathered.pipeline_fsdp2`` counts a pipeline's own accumulation) and no optimizer in
+    backward. Written with ``&`` so that it takes the planner's numpy columns as well as one scenario's
+    integers (a plain False where the framework or ``in_backward`` rules it out)."""
+    prof = PROFILES[framework]
+    if prof.fsdp2_accumulation != "no_sync" or prof.zero3 != "fsdp2" or in_backward:
+        return False
+    return (accum > 1) & (zero >= 3) & (dp * cp > 1) & (pp == 1) & ~params_on_host
+
+
 def fsdp_wraps(zero: Any, dp: Any, cp: Any) -> Any:
     """Whether FSDP wraps the model as torchtitan decides it: ZeRO-3 over more than one dp x cp rank, or context
     parallelism (which it runs under FSDP). Written with ``&`` and ``|`` so that it takes the planner's numpy

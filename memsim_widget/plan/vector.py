@@ -42,7 +42,13 @@ from memsim_widget.engine.counters.overhead import (
     waste_rates,
     workspace_items,
 )
-from memsim_widget.engine.frameworks import PROFILES, fsdp_wraps, grads_kept, root_resharded_for_loss
+from memsim_widget.engine.frameworks import (
+    PROFILES,
+    fsdp_wraps,
+    grads_kept,
+    root_resharded_for_loss,
+    unsynced_grads,
+)
 from memsim_widget.engine.items import Item, allocated_of
 from memsim_widget.engine.parallel.schedule import (
     first_carrying_stage,
@@ -124,7 +130,9 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "bottom_new_carried")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
-#: micro-batches (engine/step/timeline ``grads_carried``).
+#: micro-batches (engine/step/timeline ``grads_carried``); "unsynced": more than one micro-batch under a loop whose
+#: FSDP2 keeps the unsharded gradients (``frameworks.fsdp2_unsynced_grads``, the one bit of ``grad_accum_steps``
+#: the states read; the engine decides from it whether the rank is such an FSDP2 rank).
 STATE_KEY = (
     "tp",
     "ep",
@@ -137,6 +145,7 @@ STATE_KEY = (
     "first",
     "last",
     "layers",
+    "unsynced",
     "carried",
 )
 
@@ -182,10 +191,10 @@ def state_parts(
 
 def _state_part(base: Scenario, optimizers: tuple[str, ...], num_layers: int, k: list[int]) -> StatePart:
     """The ``StatePart`` of the state key ``k`` (``STATE_KEY`` without "carried")."""
-    tp, ep, sdp, scp, z, o, off, pk, fk, lk, nl = k
+    tp, ep, sdp, scp, z, o, off, pk, fk, lk, nl, un = k
     sc = candidate_scenario(base, optimizers, {
         "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
-        "grad_accum": 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
+        "grad_accum": 2 if un else 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
         "offload": off}, validate=False)  # fmt: skip
     row = state_row(sc, nl or num_layers // pk, bool(fk), bool(lk))
     return StatePart(row.stats, row.outside, root_resharded_for_loss(sc, bool(lk)))
@@ -847,7 +856,7 @@ def _peak_and_pool(
 
 def _state_key(
     c: dict[str, np.ndarray], cand: np.ndarray, first: np.ndarray, last: np.ndarray, layers: np.ndarray,
-    carried: np.ndarray,
+    unsynced: np.ndarray, carried: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The distinct ``STATE_KEY`` rows (lexicographic) and each row's index among them. ZeRO-0 states see dp
     only through "dp > 1" (DDP buckets); ZeRO >= 1 only through dp * cp (with ep > 1 and ZeRO-0 the key keeps
@@ -867,7 +876,7 @@ def _state_key(
     }
     lkey, l_cand = unique_codes([layout[name] for name in STATE_KEY[:8]])
     rkey, r_row = _row_codes(l_cand, cand, [(first, 2), (last, 2), (layers, int(layers.max(initial=0)) + 1),
-                                            (carried, 3)])  # fmt: skip
+                                            (unsynced[cand], 2), (carried, 3)])  # fmt: skip
     return np.concatenate([lkey[rkey[:, 0]], rkey[:, 1:]], axis=1), r_row
 
 
@@ -942,7 +951,13 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
         carried = np.where(
             carried & (c["grad_accum"] == 1)[cand] & one_round[x_row], 2, carried.astype(np.int64)
         )
-    skey, s_idx = _state_key(c, cand, first, last, layers, carried)
+    # FSDP2 keeping its unsharded gradients over the micro-batches (HF no_sync): a state row of its own
+    unsynced = np.broadcast_to(
+        unsynced_grads(base.framework, base.optimizer_in_backward, c["grad_accum"], c["zero"], c["dp"], c["cp"],
+                       c["pp"], c["offload"] == OFFLOADS.index("optimizer+params")),
+        c["dp"].shape,
+    ).astype(np.int64)  # fmt: skip
+    skey, s_idx = _state_key(c, cand, first, last, layers, unsynced, carried)
     ws = np.array(_item_stats(workspace_items(ctx0)), dtype=np.int64)
     S, s_out = _state_side(base, tuple(optimizers), skey, arch.num_layers, ws)
     s_parts = _moment_parts(S, STATE_GROUPS)

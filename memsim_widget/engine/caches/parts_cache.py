@@ -18,13 +18,14 @@ from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.caches import model_rules_cache
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.counters.overhead import workspace_items
-from memsim_widget.engine.frameworks import fsdp_wraps
+from memsim_widget.engine.frameworks import fsdp2_unsynced_grads, fsdp_wraps
 from memsim_widget.engine.states import StateBudget, model_states
 from memsim_widget.engine.step.lazy_items import ItemGroup
 from memsim_widget.engine.step.timeline import activation_groups, state_groups
 from memsim_widget.scenario import ParallelConfig, Scenario
 
-#: Scenario fields ``model_states`` (and the ``engine/frameworks`` helpers it calls) never reads.
+#: Scenario fields ``model_states`` (and the ``engine/frameworks`` helpers it calls) never reads but through
+#: ``frameworks.fsdp2_unsynced_grads`` (``grad_accum_steps > 1``), which ``states_key`` adds.
 STATES_IGNORE = frozenset(
     {
         "micro_batch_size",
@@ -80,8 +81,9 @@ _acts_parallel_get = attrgetter(*_ACTS_PARALLEL)
 
 
 def states_key(sc: Scenario) -> tuple[Any, ...]:
-    """The fields of ``sc`` a rank's model states depend on."""
-    return _states_get(sc)
+    """The fields of ``sc`` a rank's model states depend on, and the one bit of the ignored
+    ``grad_accum_steps`` they read (``frameworks.fsdp2_unsynced_grads``: unsharded gradients kept)."""
+    return (_states_get(sc), fsdp2_unsynced_grads(sc))
 
 
 def state_groups_key(sc: Scenario) -> tuple[Any, ...]:

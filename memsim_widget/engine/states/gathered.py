@@ -6,6 +6,7 @@ from __future__ import annotations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
     embedding_split,
+    fsdp2_unsynced_grads,
     gathered_weight_bytes,
     megatron_fp8_params,
     parameters_fetched_from_host,
@@ -37,8 +38,31 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
                 layer_largest = max((g.numel_each for g in groups if g.group.scope == "layer"), default=0)
                 pipeline_fsdp2(ctx, stage, b, root, per_layer, grad_b, unit)
                 _pipeline_new_grads(ctx, stage, b, per_layer, grad_b, layer_largest or largest, unit)
+            elif fsdp2_unsynced_grads(ctx.scenario) and b.grads:
+                _unsynced_grads(b, grad_b)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
+
+
+def _unsynced_grads(b: StateBudget, grad_b: int) -> None:
+    """FSDP2 under ``set_requires_gradient_sync(False)`` on every micro-batch but the last (HF Trainer's
+    ``no_sync``: ``frameworks.fsdp2_unsynced_grads``): torch 2.13 ``FSDPParamGroup.post_backward`` reshards and
+    returns before the reduce, so each unit's unsharded gradients stay on its unsharded parameters through the
+    later micro-batches (docs/allocator.md, "FSDP2 with gradient accumulation"). Counted as a pipeline's
+    accumulation (``pipeline_fsdp2``): the rank's trainable elements x the gradient bytes meet every moment that
+    carries gradients; the step still sees the shards (``b.grads``)."""
+    n = b.trainable_local
+    b.accumulated_grads = [
+        Item(
+            "gradients",
+            "FSDP2 unsharded gradients kept over the micro-batches (no_sync: reduce-scatter at the last)",
+            n * grad_b,
+            f"{fmt_int(n)} params x {grad_b} B (no dp shard until the last micro-batch)",
+            "tensor",
+            max(1, b.grads[0].tensors),
+        ),
+        *b.grads[1:],
+    ]
 
 
 #: Bytes of the fp32 scale torchao keeps beside each fp8-gathered weight (``fsdp_post_all_gather``'s metadata).
