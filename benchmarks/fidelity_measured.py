@@ -214,10 +214,13 @@ _BERT = {
     "optimizer_impl": "for-loop",
     "gpu": "v100-16gb",
     "cuda_lazy_loading": False,
+    "zero_grad": "zeros",
 }
 _BERT_NOTE = (
     "BertForSequenceClassification as the engine's BERT with a 2-entry vocabulary (see BERT_LARGE_CLS); "
-    "transformers' own AdamW of 2022 steps tensor by tensor (for-loop); CUDA 11 loads modules eagerly"
+    "transformers' own AdamW of 2022 steps tensor by tensor (for-loop); CUDA 11 loads modules eagerly; "
+    "the 2022 Trainer's model.zero_grad() zeroed the gradients in place (torch < 2.0), so they live through "
+    "the next step"
 )
 _VIT = {
     "model": VIT_H14,
@@ -721,7 +724,11 @@ def constants(**values: float) -> Iterator[None]:
 
 def implied(row: dict[str, str], name: str, hi: float = 20.0) -> float | None:
     """The value of constant ``name`` at which the engine reproduces this row exactly (bisection in [0, hi]):
-    None if the row is over-predicted even with the constant at 0, ``hi`` if under-predicted at ``hi``."""
+    None if the row is over-predicted even with the constant at 0, ``hi`` if under-predicted at ``hi``. The
+    row is predicted by the fitted rule (``reserved_model: fitted``), whose constants these are, whatever the
+    default reserved model."""
+    sc = json.loads(row["scenario_json"])
+    row = {**row, "scenario_json": json.dumps({**sc, "reserved_model": "fitted"})}
 
     def err(x: float) -> float:
         with constants(**{name: x}):

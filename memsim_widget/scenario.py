@@ -440,14 +440,18 @@ OPTIONAL_KEYS: dict[str, Any] = {
     # cpu_offloading_num_layers); unset: every layer (torchtune)
     "activation_offloading_layers": None,
 }
-#: How the estimate computes the reserved counter: ``fitted`` (the default: the allocated bytes plus the waste
-#: rule of engine/counters/overhead.py, two fitted constants, fast and +22% median over the H200 runs) or ``replay`` (a
-#: replay of the step's allocation stream through the caching allocator's rules, engine/counters/alloc_stream.py: median
-#: +0.0% on the H200 runs, under on published long runs with variable lengths, 5-50 ms per new shape; the steps the
-#: stream models, the fitted rule elsewhere). docs/allocator.md.
+#: How the estimate computes the reserved counter: ``replay`` (a replay of the step's allocation stream through the
+#: caching allocator's rules, engine/counters/alloc_stream.py: median +0.0% on the H200 runs; on the steps the stream
+#: models, the fitted rule elsewhere) or ``fitted`` (the allocated bytes plus the waste rule of
+#: engine/counters/overhead.py, two constants fitted on published long runs: +22% median over the H200 runs).
+#: docs/allocator.md.
 RESERVED_MODELS = ("fitted", "replay")
-#: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch).
-DEFAULT_RESERVED_MODEL = "fitted"
+#: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch),
+#: except for batches padded to their longest sample (over a long run their cache ratchets with the lengths and
+#: their order, which a two-step replay cannot know: docs/allocator.md#variable-lengths; the fitted rule was
+#: fitted on such runs) and compiled steps (the compiled stream is under its trace on Qwen3 and under the
+#: compiled ViT-B run, where the fitted rule is over): those keep the fitted rule.
+DEFAULT_RESERVED_MODEL = "replay"
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16
 #: At most this many images per sample (each adds hundreds of tokens to the sequence).
@@ -707,8 +711,11 @@ class Scenario:
     @property
     def replays_reserved(self) -> bool:
         """Whether the reserved counter comes from the allocator's replay (``reserved_model``, unset:
-        ``DEFAULT_RESERVED_MODEL``); the step must also be one the stream models (``alloc_stream.replayable``)."""
-        return (self.reserved_model or DEFAULT_RESERVED_MODEL) == "replay"
+        ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest`` and compiled steps); the step must also be one the
+        stream models (``alloc_stream.replayable``)."""
+        if self.reserved_model is not None:
+            return self.reserved_model == "replay"
+        return DEFAULT_RESERVED_MODEL == "replay" and self.padding != "longest" and not self.compile
 
     @property
     def objective_name(self) -> str:

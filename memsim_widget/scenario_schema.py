@@ -132,8 +132,8 @@ SCHEMA: tuple[Field, ...] = (
           "(unset: cuda)", "scenario:SSM_KERNELS", optional=True, cli="ssm_kernel"),
     Field("allocator_conf", str, "the run's PYTORCH_CUDA_ALLOC_CONF (engine/counters/allocator.py); unset: the "
           "framework's launcher default", optional=True, cli="allocator_conf"),
-    Field("reserved_model", str, "how the reserved counter is computed: fitted (the default: fitted waste rule) or "
-          "replay (the step's allocations replayed through the caching allocator; one GPU, slow per new shape)",
+    Field("reserved_model", str, "how the reserved counter is computed: replay (the step's allocations replayed through "
+          "the caching allocator) or fitted (a fitted waste share); unset: replay (fitted for padding longest and compile)",
           "scenario:RESERVED_MODELS", optional=True, cli="reserved_model",
           widget=_w("reserved counter", "select", "Hardware")),
     Field("compile", bool, "the step runs under torch.compile", cli="compile",

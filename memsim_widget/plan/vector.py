@@ -1006,7 +1006,7 @@ def _replayed_pools(
     from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
-    if not base.replays_reserved:  # the default fitted rule: no candidate asks for the replay
+    if not base.replays_reserved:  # the fitted rule: no candidate asks for the replay
         return pool, oom
     one = c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1
     alone = c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1

@@ -266,9 +266,17 @@ def test_padding_longest_raises_reserved_only() -> None:
     assert var.peak_reserved_bytes > fixed.peak_reserved_bytes
 
 
-def test_torchtitan_expandable_segments_keep_reserved_near_allocated() -> None:
+def test_torchtitan_expandable_segments_keep_reserved_near_allocated_under_the_fitted_rule() -> None:
+    """The fitted rule's expandable-segments share. The replay (the default on an FSDP2 rank) reserves more:
+    each CUDA stream grows its own segment, whose pages stay mapped (docs/allocator.md, FSDP2's streams)."""
     est = estimate(
-        {**BASE, "framework": "torchtitan", "precision": "amp-bf16", "parallel": {"dp": 4, "zero": 3}}
+        {
+            **BASE,
+            "framework": "torchtitan",
+            "precision": "amp-bf16",
+            "parallel": {"dp": 4, "zero": 3},
+            "reserved_model": "fitted",
+        }
     )
     assert est.peak_reserved_bytes <= est.peak_allocated_bytes * 1.03
     amp = estimate({**BASE, "precision": "amp-bf16", "parallel": {"dp": 4, "zero": 3}})

@@ -140,16 +140,19 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
     )
 
 
-def test_an_unset_reserved_model_is_the_default_one_for_compiled_steps() -> None:
-    """Compiled steps: an unset ``reserved_model`` gives the default's figures (``DEFAULT_RESERVED_MODEL``)."""
+def test_compiled_steps_keep_the_fitted_rule_unless_the_replay_is_named() -> None:
+    """An unset ``reserved_model`` replays eager steps but not compiled ones (``Scenario.replays_reserved``: the
+    compiled stream is under its trace on Qwen3 and under the compiled ViT-B run); naming it replays them."""
     frag = "allocator fragmentation (reserved - allocated)"
     unset = {k: v for k, v in COMPILED.items() if k != "reserved_model"}
     by = {
         m: {i.item: i for i in estimate(Scenario.from_dict(d)).ranks[0].items}[frag]
         for m, d in (("unset", unset), *((m, {**unset, "reserved_model": m}) for m in RESERVED_MODELS))
     }
-    assert by["unset"] == by[DEFAULT_RESERVED_MODEL]
+    assert by["unset"] == by["fitted"]
     assert by["fitted"].formula.startswith("largest pool") and "replayed" in by["replay"].formula
+    eager = {k: v for k, v in unset.items() if k != "compile"}
+    assert Scenario.from_dict(eager).replays_reserved == (DEFAULT_RESERVED_MODEL == "replay")
 
 
 #: The small pool's segment (``kSmallBuffer``, docs/allocator.md): on these 130-190 MB models one is 1.1-1.6%.

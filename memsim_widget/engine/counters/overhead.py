@@ -6,11 +6,12 @@ kernel scratch; ``reserved`` = allocated + what the caching allocator holds unus
 = reserved + CUDA context + NCCL buffers + memory allocated outside PyTorch (bitsandbytes' paged states).
 Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-outside-the-tensors.
 
-Reserved: with ``reserved_model: replay`` and on a step the allocation stream models (``alloc_stream.replayable``:
-one GPU, gradient accumulation included, an FSDP2 rank or a DDP rank; nothing offloaded, the supervised step), the peak of a replay of the step's allocations and
-frees through PyTorch's caching allocator (``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to
-the H200 runs). Elsewhere, and by default (``reserved_model: fitted``: the replay is still under on five H200
-runs and slow per new shape), the fitted rule below (``reserved_item``).
+Reserved: by default (``Scenario.replays_reserved``) and on a step the allocation stream models
+(``alloc_stream.replayable``: one GPU, gradient accumulation included, an FSDP2 rank or a DDP rank; nothing offloaded,
+the supervised step), the peak of a replay of the step's allocations and frees through PyTorch's caching allocator
+(``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to the H200 runs). Elsewhere, with
+``reserved_model: fitted`` and for batches padded to their longest sample (a long run's cache ratchets with their
+lengths), the fitted rule below (``reserved_item``).
 
 Constants come in two kinds. *Stated* ones are read from a source and never tuned. *Fitted* ones -- only
 ``FRAGMENTATION_TRANSIENT`` and ``FRAGMENTATION_VARIABLE``, used by the fitted rule alone -- were fitted on the
@@ -72,12 +73,12 @@ VERSION_SPREAD = 0.10
 #: fixed-shape rows that measure reserved or nvidia-smi (BERT-large, transformers docs 2022: ids 81, 83, 85,
 #: 87, 89). Published training runs commonly reserve 5-30% above allocated
 #: (docs/memory-facts.md#caching-allocator).
-FRAGMENTATION_TRANSIENT = 0.44
+FRAGMENTATION_TRANSIENT = 0.339
 #: Extra reserved memory, as a multiple of the loss's T x V buffers, when batches are padded to their
 #: longest sample (``padding: "longest"``): those buffers are the largest blocks of a step (GBs) and change
 #: size every step, so segments cached for one batch cannot serve a longer one. Fitted: median implied
 #: value over the odd-id variable-shape rows (ms-swift, ids 107-121 odd).
-FRAGMENTATION_VARIABLE = 2.1
+FRAGMENTATION_VARIABLE = 2.236
 
 PERSISTENT_CATEGORIES = (Category.PARAMETERS, Category.OPTIMIZER_STATES)
 
