@@ -21,7 +21,9 @@ MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b")
 def test_readme_8b_qlora_on_a_4090_exports_to_the_trainer():
     p = plan("llama-3.1-8b", "rtx-4090", 1, method="qlora", seq_len=2048)
     refused = [i for i in p.ranking.tolist() if p.export_refusal(i, "hf") is not None]
-    assert refused, "some candidates of the plain list need a key the Trainer lacks (chunked loss, per-op ckpt)"
+    assert refused, (
+        "some candidates of the plain list need a key the Trainer lacks (chunked loss, per-op ckpt)"
+    )
     hf = p.for_export("hf")
     assert hf.listed > 0
     for i in hf.ranking.tolist():
