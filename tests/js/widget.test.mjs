@@ -136,9 +136,14 @@ describe("render", () => {
   });
 
   test("under the replay the verdict panel says what the replay on the card found, nothing without it", () => {
-    const plain = mount();
+    // the fixture's default scenario is replayed; the fitted rule sends no verdict_text
+    const fitted = { ...fixtureState().result, verdict_reason: "", verdict_text: "" };
+    const plain = mount({ result: fitted });
     assert.equal(plain.el.querySelectorAll(".memsim-verdict-replay").length, 0);
     plain.cleanup();
+    const runs = mount();
+    assert.equal(runs.q(".memsim-verdict-replay").textContent, fixtureState().result.verdict_text);
+    runs.cleanup();
     const text = "replayed on the card (4.96 GiB for PyTorch): out of memory from fragmentation: 8.31 MiB asked, " +
       "the free bytes would hold it but the largest free range is 6.00 MiB (at step 1 optimizer step)";
     const result = { ...fixtureState().result, verdict: "does not fit", verdict_reason: "fragmentation", verdict_text: text };
