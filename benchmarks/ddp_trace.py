@@ -14,6 +14,8 @@ Frees are read from weak references to each storage, swept before every op. Prin
   ops, not CUDA's kernels), and the engine's stream replayed with and without DDP: what DDP adds to reserved.
 
     python benchmarks/ddp_trace.py            # both find_unused_parameters settings
+    python benchmarks/ddp_trace.py --lora     # peft LoRA (rank 64, every Linear), the base frozen
+    python benchmarks/ddp_trace.py --lora --bf16   # the same over a bf16 base (peft's adapters fp32)
 
 Needs the ``[trace]`` extra (torch, transformers); no network (the model is built from its config).
 """
@@ -33,11 +35,17 @@ from memsim_widget.engine.counters.allocator import FREE, CachingAllocator  # no
 
 STEPS = 2
 BATCH, SEQ = 2, 512
+#: peft's targets for the LoRA case: every Linear of the layers (the engine's ``all-linear``)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+#: the LoRA case's rank: its adapters (9.4 MB) fill the 1 MiB first bucket and a second one
+LORA_RANK = 64
 
 
-def traced_run(find_unused: bool | None, port: int) -> dict[str, Any]:
+def traced_run(find_unused: bool | None, port: int, lora: int = 0, bf16: bool = False) -> dict[str, Any]:
     """Two training steps of the Llama of ``LLAMA_H512_V32K`` (fp32, AdamW, foreach) wrapped in DDP with
-    ``find_unused`` (None: not wrapped); the allocation events, DDP's own ones and its bucket sizes."""
+    ``find_unused`` (None: not wrapped); ``lora``: peft LoRA of that rank on every Linear but the head (fp32
+    adapters, the base frozen; ``bf16``: the base in bf16, peft's adapters fp32 as it casts them by default);
+    the allocation events, DDP's own ones and its bucket sizes."""
     import torch
     import torch.distributed as dist
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -75,6 +83,13 @@ def traced_run(find_unused: bool | None, port: int) -> dict[str, Any]:
     cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
     with torch.device("cpu"):
         model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False))
+        if bf16:
+            model = model.to(torch.bfloat16)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=lora, target_modules=LORA_TARGETS, lora_dropout=0.0))
+    inner = model.get_base_model() if lora else model
     mode = Log()
     mode.__enter__()
     for p in model.parameters():  # the weights, in module order, as the stream writes them first
@@ -82,21 +97,21 @@ def traced_run(find_unused: bool | None, port: int) -> dict[str, Any]:
         live[p.untyped_storage().data_ptr()] = (StorageWeakRef(p.untyped_storage()), counter[0])
         events.append((counter[0], p.untyped_storage().nbytes(), 0))
     wrapped: Any = model
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {"weights": len(events)}
     if find_unused is not None:
         dist.init_process_group("gloo", rank=0, world_size=1)
         at = len(events)
         wrapped = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused)
         sweep()
         data["wrap"] = events[at:]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
     ids = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ))
     for step in range(1, STEPS + 1):
         at = len(events)
         marks.pop("first op after", None)
         if step == 2 and find_unused is not None:
             # the rebuild: between DDP's forward call and the model's first op (the embedding lookup)
-            hook = model.model.embed_tokens.register_forward_pre_hook(
+            hook = inner.model.embed_tokens.register_forward_pre_hook(
                 lambda *_: marks.__setitem__("rebuild end", len(events))
             )
         loss = wrapped(input_ids=ids, labels=ids).loss
@@ -124,8 +139,36 @@ def replayed(events: list[tuple[int, int, int]]) -> int:
     return a.peak_reserved
 
 
-def engine(find_unused: bool) -> dict[str, Any]:
-    """The engine's DDP rank of the same model and step (fp32, AdamW foreach), its buckets and replays."""
+class _Events:
+    """Enough of ``alloc_stream.StreamWriter`` for ``ddp_stream.DdpWriter``: events after handle ``first``."""
+
+    def __init__(self, first: int) -> None:
+        self.events: list[tuple[int, int, int]] = []
+        self.handle = first
+
+    def alloc(self, size: int) -> list[int]:
+        self.handle += 1
+        self.events.append((self.handle, size, 0))
+        return [self.handle]
+
+    def free(self, handles: list[int]) -> None:
+        self.events += [(h, FREE, 0) for h in handles]
+
+
+def with_engine_ddp(run: dict[str, Any], b: Any) -> int:
+    """Peak reserved of the traced run without DDP (``run``) with the engine's DDP buffers (``DdpBuckets``)
+    written right after its weights, as the engine's stream writes them: the engine's DDP on the real steps."""
+    from memsim_widget.engine.counters.ddp_stream import DdpWriter
+
+    events, at = run["events"], run["weights"]
+    w = _Events(max(h for h, _, _ in events))
+    DdpWriter(w, b).wrap()
+    return replayed(events[:at] + w.events + events[at:])
+
+
+def engine(find_unused: bool, lora: int = 0, bf16: bool = False) -> dict[str, Any]:
+    """The engine's DDP rank of the same model and step (fp32, AdamW foreach), its buckets and replays;
+    ``lora``: LoRA of that rank on every Linear (``find_unused`` is then HF Trainer's for a peft model)."""
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
     from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
@@ -137,6 +180,12 @@ def engine(find_unused: bool) -> dict[str, Any]:
         "optimizer": "adamw", "optimizer_impl": "foreach", "reserved_model": "replay",
         "activation_checkpointing": "none" if find_unused else "full", "parallel": {"dp": 2},
     }  # fmt: skip
+    if lora:
+        sc.update(
+            method="lora", lora={"rank": lora, "targets": ["all-linear"]}, activation_checkpointing="none"
+        )
+    if bf16:
+        sc["precision"] = "bf16"
     out: dict[str, Any] = {}
     for dp in (2, 1):
         ctx = Context(estimate({**sc, "parallel": {"dp": dp}}).scenario)
@@ -149,15 +198,18 @@ def engine(find_unused: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Print the comparison for ``find_unused_parameters`` True (HF Trainer without checkpointing) and False."""
-    plain = traced_run(None, 29611)
+    """Print the comparison for ``find_unused_parameters`` True (HF Trainer without checkpointing) and False,
+    and for LoRA (``--lora``: True, HF Trainer's for a peft model, which is no ``PreTrainedModel``)."""
+    lora = LORA_RANK if "--lora" in sys.argv else 0
+    bf16 = "--bf16" in sys.argv
+    plain = traced_run(None, 29611, lora, bf16)
     base = replayed(plain["events"])
-    for k, fu in enumerate((True, False)):
-        t = traced_run(fu, 29612 + k)
-        e = engine(fu)
+    for k, fu in enumerate((True,) if lora else (True, False)):
+        t = traced_run(fu, 29612 + k, lora, bf16)
+        e = engine(fu, lora, bf16)
         b = e["buckets"]
         wrap = [size for _, size, _ in t["wrap"] if size != FREE]
-        print(f"find_unused_parameters={fu}")
+        print(f"find_unused_parameters={fu}" + (f", LoRA rank {lora}" if lora else ""))
         print(
             f"  DDP's bucket_sizes at wrap {t['bucket_sizes']}; engine (allocation order) {list(b.initial)}"
         )
@@ -172,6 +224,9 @@ def main() -> None:
             f"  trace replay reserved: DDP {traced:,} B, without {base:,} B, +{traced - base:,}; engine stream: "
             f"DDP {e[2]:,}, one GPU {e[1]:,}, +{e[2] - e[1]:,}"
         )
+        if not b.rebuilt:  # the rebuild's place in the traced steps is not marked: without one only
+            ours = with_engine_ddp(plain, b)
+            print(f"  traced run without DDP plus the engine's DDP buffers after its weights: {ours:,} B")
         sys.stdout.flush()
 
 

@@ -24,6 +24,7 @@ from memsim_widget.engine.counters.ddp_stream import (
     ddp_buckets,
     layer_use_order,
     rank_buckets,
+    typed_bucket_assignment,
 )
 
 MiB = 2**20
@@ -98,6 +99,64 @@ def test_the_rebuild_assigns_buckets_in_the_order_gradients_became_ready():
     second = NORM + 2 * LAYER + 2 * MLP
     assert b.rebuilt == (EMB, second, total - EMB - second) == (65_536_000, 28_846_080, 83_107_840)
     assert b.used_map == 0
+
+
+#: LoRA of rank 64 on every Linear of the layers (fp32 adapters): A is 64 x in, B out x 64, 4 B each
+R = 64 * 4
+ATTN_AD = 2 * R * 512 + R * (512 + 256) * 2 + R * 512 * 2  # q and o: A and B of 512; k and v: A 512, B 256
+MLP_AD = 3 * R * (512 + 1376)  # gate, up (A 512, B 1376), down (A 1376, B 512)
+LORA = {"method": "lora", "lora": {"rank": 64, "targets": ["all-linear"]}}
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_under_lora_only_the_adapters_are_bucketed_as_real_ddp_did(checkpointing):
+    """DDP buckets the parameters that require a gradient (``_build_params_for_reducer``): peft's adapters,
+    in module order (A then B after each frozen base); layer 0's q, k, v, o adapters (896 KiB) and gate's A
+    (128 KiB) reach the 1 MiB first limit exactly, the rest (under 25 MiB) is one bucket; allocated in reverse.
+    HF Trainer asks a peft model (no ``PreTrainedModel``) for ``find_unused_parameters`` even when
+    checkpointing: no rebuild, an int32 map entry per adapter. The broadcast still syncs every parameter,
+    frozen ones too. Real DDP on the CPU (benchmarks/ddp_trace.py --lora) made buckets of 8,421,376 and
+    1,048,576 B, a 224 B map and a 186,960,128 B flat buffer (with RoPE's 256 B buffer)."""
+    ctx = Context(Scenario.from_dict(ddp(checkpointing, **LORA)))
+    b = rank_buckets(ctx, ctx.stages[0])
+    adapters = 4 * (ATTN_AD + MLP_AD)
+    first = ATTN_AD + R * 512
+    assert first == FIRST_BUCKET_BYTES
+    assert b.initial == (adapters - first, first) == (8_421_376, 1_048_576)
+    assert b.rebuilt == ()
+    assert b.used_map == 4 * (4 * 7 * 2) == 224
+    assert b.broadcast == (2 * EMB + 4 * LAYER + NORM + adapters,) == (186_960_128 - 256,)
+
+
+def test_each_dtype_has_its_own_buckets_sorted_by_their_first_tensor():
+    """``compute_bucket_assignment_by_size``: per dtype, its own limits; then sorted by first tensor index."""
+    tensors = [(6, "bf16"), (2, "fp32"), (5, "bf16"), (9, "fp32"), (1, "bf16"), (4, "fp32")]
+    # bf16: 6 + 5 reaches 10 at tensor 2 -> [0, 2], then 1 open; fp32: 2 + 9 at tensor 3 -> [1, 3], then 4 open
+    assert typed_bucket_assignment(tensors, [10]) == (11, 11, 1, 4)
+    assert typed_bucket_assignment([(n, "") for n, _ in tensors], [10]) == bucket_assignment(
+        [n for n, _ in tensors], [10]
+    )
+
+
+def test_a_bf16_base_and_fp32_adapters_are_broadcast_in_two_flat_buffers():
+    """peft keeps the adapters fp32 over a bf16 base (``autocast_adapter_dtype``): the broadcast's bf16 buffer
+    opens at the embeddings, the fp32 one at layer 0's first adapter, in that order. Traced on the CPU
+    (benchmarks/ddp_trace.py --lora --bf16): 88,745,088 B (RoPE's 128 B buffer with it) and 9,469,952 B."""
+    ctx = Context(Scenario.from_dict(ddp(precision="bf16", **LORA)))
+    b = rank_buckets(ctx, ctx.stages[0])
+    assert (
+        b.broadcast == ((2 * EMB + 4 * LAYER + NORM) // 2, 4 * (ATTN_AD + MLP_AD)) == (88_744_960, 9_469_952)
+    )
+    assert b.initial == (8_421_376, 1_048_576)
+
+
+def test_under_lora_the_stream_writes_the_adapters_buckets_and_its_formula_says_so():
+    ctx = Context(Scenario.from_dict(ddp(**LORA)))
+    s = rank_stream(ctx, ctx.stages[0])
+    wrap = [label for _, label in s.marks].index("DDP wrap")
+    made = [size for _, size, _ in s.events[s.marks[wrap][0] : s.marks[wrap + 1][0]] if size != FREE]
+    assert made[:4] == [186_959_872, 8_421_376, 1_048_576, 224]
+    assert "DDP's wrap-time broadcast" in estimate(Scenario.from_dict(ddp(**LORA))).ranks[0].reserved.formula
 
 
 def test_a_layers_norms_run_before_their_block():
@@ -180,7 +239,12 @@ def test_the_stream_writes_the_buckets_once_and_rebuilds_at_step_2(checkpointing
         (ddp("full", grad_accum_steps=3), True),
         ({**ddp(), "parallel": {"dp": 2, "zero": 1}}, False),
         ({**ddp(), "parallel": {"dp": 2, "tp": 2}}, False),
-        (ddp(method="lora"), False),
+        (ddp(method="lora"), True),  # fp32 adapters beside fp32 weights
+        (ddp("full", method="lora", precision="amp-bf16"), True),  # autocast: the weights fp32
+        (ddp(method="lora", precision="bf16"), True),  # fp32 adapters beside bf16 weights: two dtypes
+        (ddp(method="lora", precision="bf16", lora={"adapter_dtype": "bf16"}), True),
+        (ddp(method="lora", precision="mixed-bf16"), False),  # a base dtype the recipe does not name
+        (ddp(method="qlora"), False),
         (ddp(compile=True), False),
         (ddp(framework="torchtitan"), False),
     ],
@@ -206,3 +270,26 @@ def test_ddp_adds_what_it_added_to_the_traced_run(checkpointing):
         ctx = Context(Scenario.from_dict({**ddp(checkpointing), "parallel": {"dp": dp}}))
         peaks.append(replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx)).peak_reserved)
     assert peaks[0] - peaks[1] == 178_257_920 == -(-177_489_920 // (2 * MiB)) * 2 * MiB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-base"])
+def test_under_lora_the_engines_ddp_buffers_on_the_traced_steps_reserve_what_real_ddp_did(bf16):
+    """Real DDP over a peft LoRA model on the CPU (benchmarks/ddp_trace.py --lora: gloo, world size 1, two
+    steps): its ``bucket_sizes`` are the engine's, and the traced steps without DDP with the engine's DDP buffers
+    written after the weights (as the stream writes them) replay to the traced DDP run's peak reserved byte for
+    byte (a bf16 base too: its two flat buffers). What DDP adds depends on which steps reuse the broadcast's
+    freed segment around the small buckets (fp32: +155,189,248 B on the CPU trace's ops, +8,388,608 B on the
+    engine's CUDA stream), so only this is compared."""
+    pytest.importorskip("peft")
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import ddp_trace
+
+    plain = ddp_trace.traced_run(None, 29631, ddp_trace.LORA_RANK, bf16)
+    real = ddp_trace.traced_run(True, 29632, ddp_trace.LORA_RANK, bf16)
+    ctx = Context(Scenario.from_dict(ddp(**LORA, **({"precision": "bf16"} if bf16 else {}))))
+    b = rank_buckets(ctx, ctx.stages[0])
+    assert tuple(real["bucket_sizes"]) == b.initial
+    assert ddp_trace.with_engine_ddp(plain, b) == ddp_trace.replayed(real["events"])

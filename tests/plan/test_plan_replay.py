@@ -207,3 +207,24 @@ def test_lora_fsdp2_candidates_take_the_replay_and_equal_estimate():
     sharded = [e for e, a in zip(ests, alone, strict=True) if a and e.scenario.parallel.dp > 1]
     assert sharded and all("replayed" in e.ranks[0].reserved.formula for e in sharded)
     assert {e.scenario.grad_accum_steps for e in sharded} != {1}
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_lora_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
+    """LoRA under DDP over 2 and 4 GPUs (zero 0: every parameter broadcast at wrap, only the adapters bucketed,
+    ``ddp_stream.rank_buckets``), with and without accumulation: replayed, each equal to ``estimate`` byte for
+    byte."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
+        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}, "activation_checkpointing": checkpointing,
+    }  # fmt: skip
+    space = SearchSpace(micro_batch=(1, 2), zero=(0,), checkpointing=(checkpointing,), offload=("none",))
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    ests = [p.estimate(i) for i in range(p.evaluated)]
+    pars = [e.scenario.parallel for e in ests]
+    ddp = [e for e, q in zip(ests, pars, strict=True) if q.dp > 1 and q.tp * q.pp * q.cp * q.ep == 1]
+    assert ddp and all("DDP's wrap-time broadcast" in e.ranks[0].reserved.formula for e in ddp)
+    assert {e.scenario.grad_accum_steps for e in ddp} != {1}

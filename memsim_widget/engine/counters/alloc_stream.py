@@ -750,9 +750,9 @@ def _fsdp2_accumulation_modelled(ctx: Any) -> bool:
 def ddp_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DDP rank (``ddp_stream``): data parallelism over dp > 1 ranks
     without ZeRO under a framework that wraps with torch DDP (``profile.ddp_buckets``: HF Trainer / accelerate),
-    no other parallelism, every parameter training (full training, no frozen stack: the buckets hold the
-    gradients of the parameters that train), eager (a compiled step's DDPOptimizer splits the graph at the
-    buckets: not modelled), any number of micro-batches (``no_sync``)."""
+    no other parallelism, full training or LoRA (``_ddp_lora_modelled``), no frozen stack, eager (a compiled
+    step's DDPOptimizer splits the graph at the buckets: not modelled), any number of micro-batches
+    (``no_sync``)."""
     from memsim_widget.engine.frameworks import profile
 
     p = ctx.par
@@ -761,10 +761,18 @@ def ddp_replayable(ctx: Any) -> bool:
         and p.zero == 0
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).ddp_buckets
-        and ctx.full_training
+        and (ctx.full_training or _ddp_lora_modelled(ctx))
         and not ctx.frozen_stacks
         and not ctx.scenario.compile
     )
+
+
+def _ddp_lora_modelled(ctx: Any) -> bool:
+    """LoRA on a DDP rank as ``ddp_stream.rank_buckets`` writes it: peft's adapters the only parameters that
+    require a gradient, so the only ones bucketed; the base weights fp32 (fp32, autocast) or pure bf16 / fp16
+    (``ddp_stream.weight_dtype``: the broadcast's flat buffers are per dtype), not QLoRA's NF4 base."""
+    sc = ctx.scenario
+    return sc.method == "lora" and (ctx.recipe.weight_bytes == 4 or sc.precision in ("bf16", "fp16"))
 
 
 def pool_replay(ctx: Any, stage: Any) -> PoolReplay:

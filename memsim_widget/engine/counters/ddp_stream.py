@@ -22,6 +22,9 @@ nothing copied; held to a CPU run of real DDP (gloo, world size 1) under a loggi
   ``find_unused_parameters=True``, else one bucket of everything (``sys.maxsize``; torch 2.13
   ``compute_bucket_size_limits``). DDP hands the list reversed to the Reducer, whose
   ``initialize_buckets`` allocates each bucket's flat gradient tensor (``at::empty``) in that order.
+- Frozen parameters (LoRA under peft: the base frozen): broadcast all the same, bucketed not at all; the
+  adapters alone fill the buckets. Mixed dtypes (a bf16 base beside fp32 adapters): each dtype's buckets apart,
+  all sorted by the first tensor they hold (``compute_bucket_assignment_by_size``, the broadcast's too).
 - ``find_unused_parameters=True`` also makes an int32 map of the parameters on the device
   (``initialize_local_used_map``).
 - ``gradient_as_bucket_view=False``: autograd makes each ``.grad`` as without DDP; its post-hook copies it into
@@ -37,7 +40,7 @@ nothing copied; held to a CPU run of real DDP (gloo, world size 1) under a loggi
   comes at the first forward after the first synchronised backward (the second step's first micro-batch).
 
 HF Trainer passes ``find_unused_parameters = not gradient checkpointing`` for a ``PreTrainedModel``
-(``ddp_find_unused_parameters`` unset); accelerate leaves ``bucket_cap_mb`` unset at its own default of 25, so
+(``ddp_find_unused_parameters`` unset), True for any other model (a peft ``PeftModel``); accelerate leaves ``bucket_cap_mb`` unset at its own default of 25, so
 DDP keeps its 1 MiB first bucket. Not modelled: buffers in the broadcast (RoPE's few KiB), NCCL's
 ``record_stream`` on the buckets (they are freed only at the rebuild, a step after their last all-reduce), the
 process group's watchdog holding a finished work's tensors, a ``reduce_dtype`` or communication hook other than
@@ -68,17 +71,26 @@ def bucket_assignment(sizes: Sequence[int], limits: Sequence[int]) -> tuple[int,
     """The bytes of each bucket ``compute_bucket_assignment_by_size`` makes of tensors of ``sizes`` bytes (one
     dtype and device) taken in order: a bucket closes once its bytes reach the current limit, and the limit
     then advances along ``limits`` (the last one repeats); the bucket still open at the end comes last."""
-    out: list[int] = []
-    current, i = 0, 0
-    for size in sizes:
-        current += size
-        if current >= limits[i]:
-            out.append(current)
-            current = 0
-            i = min(i + 1, len(limits) - 1)
-    if current:
-        out.append(current)
-    return tuple(out)
+    return typed_bucket_assignment([(size, "") for size in sizes], limits)
+
+
+def typed_bucket_assignment(tensors: Sequence[tuple[int, str]], limits: Sequence[int]) -> tuple[int, ...]:
+    """``bucket_assignment`` of (bytes, dtype) tensors: each dtype's buckets apart, with limits of its own, and
+    all of them sorted by the first tensor they hold (``compute_bucket_assignment_by_size`` without tensor
+    indices: the broadcast, the wrap-time buckets). A frozen bf16 base beside fp32 adapters: two lists."""
+    open_: dict[str, list[int]] = {}  # dtype: [its open bucket's first tensor, bytes]
+    level: dict[str, int] = {}
+    done: list[tuple[int, int]] = []
+    for i, (size, key) in enumerate(tensors):
+        b = open_.setdefault(key, [i, 0])
+        b[1] += size
+        k = level.setdefault(key, 0)
+        if b[1] >= limits[k]:
+            done.append((b[0], b[1]))
+            del open_[key]
+            level[key] = min(k + 1, len(limits) - 1)
+    done += [(first, n) for first, n in open_.values() if n]
+    return tuple(n for _, n in sorted(done))
 
 
 @dataclass(frozen=True)
@@ -94,9 +106,10 @@ class DdpBuckets:
 
 
 def find_unused_parameters(ctx: Any) -> bool:
-    """HF Trainer's ``find_unused_parameters`` for a transformers model with ``ddp_find_unused_parameters``
-    unset: True unless activation checkpointing is on (transformers 5.24 ``Trainer._build_accelerator_args``)."""
-    return ctx.scenario.activation_checkpointing == "none"
+    """HF Trainer's ``find_unused_parameters`` with ``ddp_find_unused_parameters`` unset (transformers 5.24
+    ``Trainer._build_accelerator_args``): for a ``PreTrainedModel``, True unless activation checkpointing is on;
+    for any other model True, and peft's ``PeftModel`` (LoRA, QLoRA) is no ``PreTrainedModel`` (peft 0.21)."""
+    return not ctx.full_training or ctx.scenario.activation_checkpointing == "none"
 
 
 def ddp_buckets(
@@ -106,12 +119,29 @@ def ddp_buckets(
     order and become ready in backward in the order ``ready``; ``weight_bytes`` and ``grad_bytes`` per element."""
     if sorted(params) != sorted(ready):
         raise ValueError("ddp_buckets: ready must hold the same tensors as params")
-    broadcast = bucket_assignment([n * weight_bytes for n in params], [BROADCAST_BUCKET_BYTES])
-    grads = [n * grad_bytes for n in params]
+    return buckets_of(
+        [n * weight_bytes for n in params],
+        [n * grad_bytes for n in params],
+        [n * grad_bytes for n in ready],
+        find_unused,
+    )
+
+
+def buckets_of(
+    weights: Sequence[int | tuple[int, str]], grads: Sequence[int], ready: Sequence[int], find_unused: bool
+) -> DdpBuckets:
+    """``DdpBuckets`` from bytes: ``weights`` every parameter tensor's (frozen ones too: the broadcast syncs them
+    all) in module order, as bytes or (bytes, dtype); ``grads`` the gradients of those that require one in
+    module order (DDP buckets only them, all of one dtype) and ``ready`` the same gradients in the order
+    backward makes them."""
     limits = [FIRST_BUCKET_BYTES, BUCKET_CAP_BYTES]
-    initial = bucket_assignment(grads, limits if find_unused else [sys.maxsize])[::-1]
-    rebuilt = () if find_unused else bucket_assignment([n * grad_bytes for n in ready], limits)
-    return DdpBuckets(broadcast, initial, rebuilt, USED_MAP_BYTES * len(params) if find_unused else 0)
+    typed = [w if isinstance(w, tuple) else (w, "") for w in weights]
+    return DdpBuckets(
+        typed_bucket_assignment(typed, [BROADCAST_BUCKET_BYTES]),
+        bucket_assignment(grads, limits if find_unused else [sys.maxsize])[::-1],
+        () if find_unused else bucket_assignment(ready, limits),
+        USED_MAP_BYTES * len(grads) if find_unused else 0,
+    )
 
 
 class DdpWriter:
@@ -162,26 +192,56 @@ def layer_use_order(names: Sequence[str]) -> list[int]:
     return [i for i, n in enumerate(names) if _INPUT_NORM in n] + order
 
 
+def weight_dtype(ctx: Any) -> str:
+    """The dtype of the base weights: fp32 for a 4-byte recipe (fp32, autocast), else the pure recipe's name."""
+    return "fp32" if ctx.recipe.weight_bytes == 4 else ctx.scenario.precision
+
+
+def _tensors(ctx: Any, lg: Any, adapters: dict[str, Any]) -> list[tuple[int, int, str, bool]]:
+    """One of ``lg``'s parameters as DDP sees it: (elements, bytes per element, dtype, requires grad) of each
+    tensor in module order. Under LoRA the base weight is frozen, and peft's adapter on it (A: r x in, then B:
+    out x r, ``LoraLayer``'s ``lora_A`` registered before ``lora_B``, both after ``base_layer``) trains."""
+    base = (lg.numel_each, ctx.recipe.weight_bytes, weight_dtype(ctx))
+    if ctx.full_training:
+        return [(*base, True)]
+    out = [(*base, False)]
+    ad = adapters.get(lg.group.name)
+    if ad is not None:
+        dt = ctx.scenario.lora.adapter_dtype
+        out += [(ad.rank * ad.in_features, ctx.adapter_bytes, dt, True)]
+        out += [(ad.out_features * ad.rank, ctx.adapter_bytes, dt, True)]
+    return out
+
+
 def rank_buckets(ctx: Any, stage: Any) -> DdpBuckets:
     """``DdpBuckets`` of ``stage``'s DDP rank of ``ctx`` (``states/budget.local_groups``): the parameters in module
     order (embeddings, each layer's, the final norm and head) and in the order backward makes their gradients
     (the head's, the final norm's, each layer's from the top in reverse forward use, ``layer_use_order``, the
-    embeddings' last: a tied embedding's two parts are summed at the bottom)."""
+    embeddings' last: a tied embedding's two parts are summed at the bottom). Under LoRA (``_tensors``) every
+    tensor is broadcast and the adapters alone are bucketed, in module order (``find_unused_parameters``: no
+    rebuild, so no ready order)."""
     from memsim_widget.engine.states.budget import local_groups
 
     groups = local_groups(ctx, stage)
     layers = max(stage.layers, 1)
-    pre = [g.numel_each for g in groups if g.group.scope == "pre" for _ in range(g.count)]
-    post = [g.numel_each for g in groups if g.group.scope == "post" for _ in range(g.count)]
+    adapters = {ad.base.name: ad for ad in ctx.adapters}
+    t = {id(g): _tensors(ctx, g, adapters) for g in groups}
+    pre = [x for g in groups if g.group.scope == "pre" for _ in range(g.count) for x in t[id(g)]]
+    post = [x for g in groups if g.group.scope == "post" for _ in range(g.count) for x in t[id(g)]]
     body = [g for g in groups if g.group.scope == "layer"]
-    layer = [g.numel_each for g in body for _ in range(max(g.count // layers, 1))]
+    layer = [x for g in body for _ in range(max(g.count // layers, 1)) for x in t[id(g)]]
     use = [
-        n
+        x
         for i in layer_use_order([g.group.name for g in body])
-        for n in [body[i].numel_each] * max(body[i].count // layers, 1)
+        for _ in range(max(body[i].count // layers, 1))
+        for x in t[id(body[i])]
     ]
     params = pre + layer * stage.layers + post
     ready = post[::-1] + use[::-1] * stage.layers + pre[::-1]
-    return ddp_buckets(
-        params, ready, ctx.recipe.weight_bytes, ctx.recipe.grad_bytes, find_unused_parameters(ctx)
+    grad_b = ctx.recipe.grad_bytes if ctx.full_training else ctx.adapter_bytes
+    return buckets_of(
+        [(n * b, dt) for n, b, dt, _ in params],
+        [n * grad_b for n, _, _, trains in params if trains],
+        [n * grad_b for n, _, _, trains in ready if trains],
+        find_unused_parameters(ctx),
     )
