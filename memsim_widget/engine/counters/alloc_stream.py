@@ -813,8 +813,9 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier[HEAD_GATHER] = head_gather(short)
         earlier[EMBEDDING_GRAD] = embedding_grad(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
-        per_op = (LAYER_FORWARD, FINAL_NORM)
-        ag = {k: v if k in per_op else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
+        # the per-op transients stay, and the TP facts (counts, not items) pass through
+        kept = (LAYER_FORWARD, FINAL_NORM, HEAD_GATHER, EMBEDDING_GRAD)
+        ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
