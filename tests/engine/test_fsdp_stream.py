@@ -404,17 +404,7 @@ def test_an_accumulating_fsdp2_rank_replays_as_its_trace(d: dict) -> None:
     """One rank traced through the framework's micro-batches (``trace/distributed._micro_sync``: HF Trainer's
     ``no_sync`` as ``set_requires_gradient_sync``, torchtitan's none): the engine's stream reaches its peak
     reserved within 1% (benchmarks/allocator_replay_fsdp.py prints them) and its peak allocated within 0.5%."""
-    pytest.importorskip("transformers")
-    from memsim_widget.trace.api import trace_scenario
-    from memsim_widget.trace.replay import replay_trace
-
-    sc = Scenario.from_dict(d)
-    traced, _ = replay_trace(trace_scenario(sc, progress=False).tracker, sc)
-    ctx = Context(sc)
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
-    assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.005
-    assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved
+    _replays_as_its_trace(d)
 
 
 def test_lora_units_gather_the_frozen_base_and_reduce_only_the_adapters() -> None:
@@ -477,17 +467,7 @@ def test_a_lora_fsdp2_rank_replays_as_its_trace(d: dict) -> None:
     """peft's adapters under ``fully_shard`` (trace/distributed.py: each decoder layer, then the root): the
     engine's stream reaches the trace replay's peak reserved within 1% and its peak allocated within 0.5%
     (benchmarks/allocator_replay_fsdp.py -k LoRA prints these and the rows outside 1%, all over)."""
-    pytest.importorskip("transformers")
-    from memsim_widget.trace.api import trace_scenario
-    from memsim_widget.trace.replay import replay_trace
-
-    sc = Scenario.from_dict(d)
-    traced, _ = replay_trace(trace_scenario(sc, progress=False).tracker, sc)
-    ctx = Context(sc)
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
-    assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.005
-    assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved
+    _replays_as_its_trace(d)
 
 
 def test_fsdp2_shards_the_lora_adapters() -> None:
@@ -501,3 +481,19 @@ def test_fsdp2_shards_the_lora_adapters() -> None:
     assert item.bytes == 4 * 57_344 * 4 // 4
     one = estimate(Scenario.from_dict({**d, "parallel": {"dp": 4, "zero": 0}}))
     assert next(i for i in one.ranks[0].items if i.item == "LoRA adapter weights").bytes == 4 * 57_344 * 4
+
+
+def _replays_as_its_trace(d: dict) -> None:
+    """The rank traced (fake process group) and replayed per stream; the engine's stream within 1% of its peak
+    reserved and 0.5% of its peak allocated, and the estimate's reserved that stream's."""
+    pytest.importorskip("transformers")
+    from memsim_widget.trace.api import trace_scenario
+    from memsim_widget.trace.replay import replay_trace
+
+    sc = Scenario.from_dict(d)
+    traced, _ = replay_trace(trace_scenario(sc, progress=False).tracker, sc)
+    ctx = Context(sc)
+    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
+    assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
+    assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.005
+    assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved
