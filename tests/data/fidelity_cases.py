@@ -1980,6 +1980,10 @@ LITGPT_CASES: list[tuple[str, dict[str, Any]]] = [
 _LITGPT_LORA_FP32 = {**_LITGPT_LORA, "lora": {**_LITGPT_LORA["lora"], "adapter_dtype": "fp32"}}
 LITGPT_CASES += [
     (
+        "litgpt llama amp-bf16 b2 s512",
+        {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt", "precision": "amp-bf16"},
+    ),
+    (
         "litgpt llama amp-bf16 lora qv b2 s512",
         {"model": LLAMA, "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt", "precision": "amp-bf16",
          **_LITGPT_LORA_FP32},

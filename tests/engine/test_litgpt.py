@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 from memsim_widget.engine.activations import activations
+from memsim_widget.engine.activations.loss import NLL_FP32_COPY
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
+from memsim_widget.engine.counters.alloc_stream import FREE, rank_stream
+from memsim_widget.engine.rl import objectives
 from memsim_widget.scenario import Scenario
 
 L32 = {"model": "llama-3.2-1b", "micro_batch_size": 2, "seq_len": 512, "framework": "litgpt"}
@@ -63,7 +66,8 @@ def test_litgpt_holds_a_separate_head_for_a_tied_model() -> None:
 def test_under_autocast_a_frozen_head_is_recast_for_every_lm_head_chunk() -> None:
     """bf16-mixed LoRA: autocast caches a weight's bf16 cast only for a leaf that requires grad, so the frozen head is
     cast again for each 128-token chunk and each copy is saved by its matmul: ceil(s / 128) x 2 B x V x h (s = 1024:
-    8 copies) where HF's single head call keeps one; the loss saves every chunk's fp32 log-softmax."""
+    8 copies) where HF's single head call keeps one; the loss saves every chunk's bf16 log-softmax and nll_loss's
+    fp32 copy of it (CUDA autocast's cross-entropy)."""
     V, h, T = 128256, 2048, 2048
     sc = {
         **L32,
@@ -76,7 +80,54 @@ def test_under_autocast_a_frozen_head_is_recast_for_every_lm_head_chunk() -> Non
     hf = activations(Context(Scenario.from_dict({**sc, "framework": "hf"})))
     head = lambda out: sum(t.bytes for t in out.post if "head" in t.name)  # noqa: E731
     assert head(lit) - head(hf) == (8 - 1) * 2 * V * h
-    assert sum(t.bytes for t in lit.loss_saved) == 4 * T * V
+    assert sum(t.bytes for t in lit.loss_saved) == (2 + 4) * T * V
+
+
+AMP_LORA = {**L32, "seq_len": 1024, "precision": "amp-bf16", **LORA_QV,
+            "lora": {**LORA_QV["lora"], "adapter_dtype": "fp32"}}  # fmt: skip
+
+
+def test_under_autocast_each_chunks_loss_runs_as_cuda_autocast_runs_cross_entropy() -> None:
+    """bf16-mixed: chunked_cross_entropy calls F.cross_entropy once per 128-token chunk on its bf16 logits. CUDA's
+    autocast has no cross_entropy entry (trace/cuda_autocast.py): log_softmax keeps bf16 and nll_loss casts it to
+    fp32; both are saved, per chunk, until backward (8 chunks at s1024: (2 + 4) B x T x V), and nothing else of the
+    loss is alive in forward but the bf16 logits (2 B x T x V). Backward runs one chunk at a time: its start holds
+    that chunk's fp32 nll_loss gradient, 4 B x b x 128 x V (CPU autocast's rule held two fp32 buffers of a chunk
+    beside an fp32 log-softmax of 4 B x T x V)."""
+    T, V, b = 2048, 128256, 2
+    out = activations(Context(Scenario.from_dict(AMP_LORA)))
+    assert sum(t.bytes for t in out.loss_forward) == 2 * T * V
+    assert [(t.bytes, t.tensors) for t in out.loss_saved] == [(2 * T * V, 8), (4 * T * V, 8)]
+    assert out.loss_saved[-1].name.startswith(NLL_FP32_COPY)  # what the allocation stream pairs per chunk
+    assert sum(t.bytes for t in out.loss_backward) == 4 * b * 128 * V
+
+
+def test_the_stream_runs_the_chunked_loss_chunk_by_chunk() -> None:
+    """The allocation stream of that step makes each chunk's bf16 log-softmax then its fp32 copy (as the trace does:
+    2 and 4 B x b x 128 x V, eight times), and in the loss's backward, chunk after chunk, makes nll_loss's fp32
+    gradient, frees the copy, casts the gradient to bf16, frees it, makes the logits' bf16 gradient and frees the
+    cast and the log-softmax: its highest point is the first chunk's fp32 gradient over all that was saved."""
+    V, c = 128256, 2 * 128
+    ctx = Context(objectives.training_scenario(Scenario.from_dict(AMP_LORA)))
+    s = rank_stream(ctx, ctx.stages[0])
+    marks = [k for k, label in s.marks if label in ("step 2 loss", "step 2 loss backward", "step 2 backward")]
+    sizes: dict[int, int] = {}
+    live, trail = 0, []
+    for k, (h, size, _) in enumerate(s.events):
+        if size == FREE:
+            live -= sizes.pop(h)
+        else:
+            sizes[h] = size
+            live += size
+        trail.append((k, size, live))
+    made = [
+        size for k, size, _ in trail[marks[0] : marks[1]] if c * V <= size < 2 * 2048 * V
+    ]  # not the logits
+    assert made == [2 * c * V, 4 * c * V] * 8
+    loss_end = trail[marks[1] - 1][2]
+    back = trail[marks[1] : marks[2]]
+    assert max(x for _, _, x in back) == loss_end + 4 * c * V
+    assert back[-1][2] == loss_end - 8 * (2 + 4) * c * V + 8 * 2 * c * V  # each chunk's bf16 gradient left
 
 
 def test_the_caveat_says_what_the_litgpt_rule_covers() -> None:

@@ -62,16 +62,6 @@ def test_the_step_keeps_the_loops_logits_list_until_the_next_forward() -> None:
     assert step.held is not first
 
 
-#: Known under-prediction (2026-12-06): the trace now runs F.cross_entropy on 16-bit logits by CUDA's autocast
-#: policy (trace/cuda_autocast.py: a 16-bit log-softmax and nll_loss's fp32 copy, both saved), while litgpt's amp
-#: head-and-loss rule (engine/activations/litgpt._amp_head_and_loss) still saves CPU autocast's fp32 log-softmax:
-#: the engine is 1.3% and 4.1% under these traces. strict: the mark fails once the rule follows CUDA.
-_LITGPT_AMP_LOSS = pytest.mark.xfail(
-    strict=True,
-    reason="litgpt's amp loss rule still follows CPU autocast (engine 1.3-4.1% under the CUDA-policy trace)",
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "tolerance"),
@@ -80,12 +70,9 @@ _LITGPT_AMP_LOSS = pytest.mark.xfail(
         ("litgpt llama bf16 lora qv b2 s512", 0.02),  # HF's layer-backward transients kept: over, not under
         ("litgpt llama-3.2-1b dims L2 bf16 b2 s512", 0.001),
         ("litgpt llama-3.2-1b dims L2 bf16 lora qv b2 s1024", 0.01),
-        pytest.param("litgpt llama amp-bf16 lora qv b2 s512", 0.005, marks=_LITGPT_AMP_LOSS),
-        pytest.param(
-            "litgpt llama-3.2-1b dims L2 amp-bf16 lora qv b2 s1024 (frozen head recast per chunk)",
-            0.005,
-            marks=_LITGPT_AMP_LOSS,
-        ),
+        ("litgpt llama amp-bf16 b2 s512", 0.005),  # each chunk's loss as CUDA's autocast runs it
+        ("litgpt llama amp-bf16 lora qv b2 s512", 0.005),
+        ("litgpt llama-3.2-1b dims L2 amp-bf16 lora qv b2 s1024 (frozen head recast per chunk)", 0.005),
     ],
 )
 def test_the_engine_holds_to_the_litgpt_trace(name: str, tolerance: float) -> None:

@@ -23,8 +23,10 @@ Source: litgpt 0.5.13 (pip ``litgpt==0.5.13``), traced by running that code on f
   time: its two e-byte gradient buffers (2 e x B x 128 x V).
 
 Under amp-bf16 (``bf16-mixed``) the layers keep HF's autocast rule but for litgpt's LoRA differences, and the head and
-loss are litgpt's (``_amp_head_and_loss``: a frozen head is recast for every chunk). Other litgpt configurations
-(fp32, LoRA on other weights, checkpointing) keep HF's rules, said in the estimate's caveats (``litgpt_rule_applies``).
+loss are litgpt's (``_amp_head_and_loss``: a frozen head is recast for every chunk; each chunk's cross-entropy as
+CUDA's autocast runs it, a bf16 log-softmax and nll_loss's fp32 copy saved, ``loss.autocast_ce_saved``). Other
+litgpt configurations (fp32, LoRA on other weights, checkpointing) keep HF's rules, said in the estimate's caveats
+(``litgpt_rule_applies``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
+from memsim_widget.engine.activations.loss import autocast_ce_backward, autocast_ce_saved
 from memsim_widget.engine.context import Context
 from memsim_widget.scenario import Scenario
 
@@ -164,9 +167,13 @@ def _amp_head_and_loss(ctx: Context, out: ActivationBudget) -> None:
     """amp-bf16 (``bf16-mixed``): each 128-token chunk runs ``lm_head`` under autocast. Autocast caches the bf16
     cast of a weight only for a leaf that requires grad (torch ``autocast`` cache), so a frozen head (LoRA) is cast
     again for every chunk and each copy is saved by its matmul: chunks x 2 B x V x h, where HF's one call keeps one
-    (traced: Llama 3.2 1B dims, s1024, 8 chunks, 4.2 GB). The loss upcasts each chunk's bf16 logits: every chunk's
-    fp32 log-softmax is saved (4 B x T x V) and backward holds one chunk's two fp32 gradient buffers; the loop holds
-    the bf16 logits."""
+    (traced: Llama 3.2 1B dims, s1024, 8 chunks, 4.2 GB). The loss is ``F.cross_entropy`` on each chunk's bf16
+    logits as CUDA's autocast runs it (``loss.autocast_ce_saved``): every chunk saves its bf16 log-softmax and
+    nll_loss's fp32 copy of it (6 B x T x V over the chunks, all alive until backward); nothing of the loss is
+    transient in forward. Backward runs the chunks one at a time, the last first: its start holds one chunk's fp32
+    nll_loss gradient (``loss.autocast_ce_backward``); each chunk then frees 6 B and leaves a 2 B gradient per
+    logit, so later chunks hold less. The loop holds the bf16 logits throughout. Traced (trace/litgpt.py under
+    trace/cuda_autocast.py, Llama 3.2 1B dims s1024): the peak is the last chunk's ``nll_loss_backward``."""
     D = Dims(ctx)
     T, h, V, s = D.T, D.h, D.V, D.s
     if not V:
@@ -177,18 +184,12 @@ def _amp_head_and_loss(ctx: Context, out: ActivationBudget) -> None:
         _replace_post(out, "head: autocast 16-bit weight copy (frozen head)",
                       Term(f"litgpt frozen head: autocast's bf16 weight copy per lm_head chunk ({chunks})",
                            chunks * 2 * V * h, f"ceil(s / {LITGPT_HEAD_CHUNK}) = {chunks} x 2 B x V x h", chunks))  # fmt: skip
-    chunk = D.b * LITGPT_HEAD_CHUNK
-    out.loss_forward[:] = [
-        Term("litgpt logits (the lm_head chunks) and one chunk's fp32 upcast", 2 * T * V + 4 * chunk * V,
-             f"2 B x T x V + 4 B x b x {LITGPT_HEAD_CHUNK} x V, V={V}", 2)
-    ]  # fmt: skip
-    out.loss_saved[:] = [
-        Term("litgpt chunked_cross_entropy: every chunk's fp32 log-softmax", 4 * T * V, "4 B x T x V", chunks)
-    ]
+    rows = D.b * min(s, LITGPT_HEAD_CHUNK)  # one chunk's tokens (a shorter last chunk runs first: less)
+    out.loss_forward[:] = [Term("litgpt logits (the lm_head chunks)", 2 * T * V, f"2 B x T x V, V={V}", 1)]
+    out.loss_saved[:] = autocast_ce_saved(T, V, 2, chunks, what="litgpt chunked_cross_entropy: ")
     out.loss_backward[:] = [
-        Term(f"litgpt loss backward, one {LITGPT_HEAD_CHUNK}-token chunk: two fp32 gradient buffers",
-             2 * 4 * chunk * V, f"2 x 4 B x b x {LITGPT_HEAD_CHUNK} x V, b={D.b}", 2)
-    ]  # fmt: skip
+        autocast_ce_backward(rows, V, f"b x {min(s, LITGPT_HEAD_CHUNK)}", what="litgpt, one chunk's ")
+    ]
 
 
 def _amp_lora_layer(ctx: Context, out: ActivationBudget) -> None:

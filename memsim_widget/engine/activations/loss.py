@@ -13,7 +13,7 @@ LOSS_CHUNKS = 8
 #: The name of the term of the head's final-logit softcapping (its tanh output, saved until its backward).
 SOFTCAP_SAVED = "final logit softcapping"
 #: The name of the fp32 copy of the 16-bit log-softmax that nll_loss makes and saves under CUDA autocast
-#: (``autocast_ce_terms``); the allocation stream frees it first in backward.
+#: (``autocast_ce_saved``); the allocation stream frees it first in backward.
 NLL_FP32_COPY = "nll_loss's fp32 copy of the log-softmax (CUDA autocast), saved by the loss"
 
 
@@ -130,18 +130,37 @@ def loss(st: HFLayer) -> None:
 
 def autocast_ce_terms(st: HFLayer, T: int, V: int, le: int) -> None:
     """``nn.CrossEntropyLoss`` on 16-bit logits under CUDA autocast (BERT's and RoBERTa's masked-LM loss, T5's,
-    ViT's): CUDA's autocast has no ``cross_entropy_loss`` entry (CPU's casts the logits to fp32 first), so the
-    composite runs ``log_softmax(x, dtype=x.dtype)``, which keeps the 16-bit dtype it is given, and ``nll_loss``,
-    on the fp32 list, casts the log-probabilities to fp32 (PyTorch autocast_mode.cpp / LossNLL.cpp; sources in
-    trace/cuda_autocast.py, which traces it). Saved: the 16-bit log-softmax and the fp32 copy. Backward's start:
-    nll_loss's fp32 gradient beside them (its cast back to 16 bits and log-softmax's 16-bit gradient come once
-    the copy and the fp32 gradient are freed). Measured on an H200: roberta-base-amp 15.48 GiB allocated."""
+    ViT's): the logits while the loss runs, what it saves (``autocast_ce_saved``) and nll_loss's fp32 gradient at
+    backward's start (``autocast_ce_backward``), over all T tokens at once. Measured on an H200: roberta-base-amp
+    15.48 GiB allocated."""
     out = st.out
     out.loss_forward.append(Term("logits", le * T * V, f"{le} B x T x V, V={V}", 1))
-    out.loss_saved.append(
-        Term("log-softmax saved by the loss (logits' dtype)", le * T * V, f"{le} B x T x V", 1)
-    )
-    out.loss_saved.append(Term(NLL_FP32_COPY, 4 * T * V, "4 B x T x V", 1))
-    out.loss_backward.append(
-        Term("loss backward: nll_loss's fp32 T x V gradient", 4 * T * V, "4 B x T x V", 1)
-    )
+    out.loss_saved += autocast_ce_saved(T, V, le)
+    out.loss_backward.append(autocast_ce_backward(T, V))
+
+
+def autocast_ce_saved(T: int, V: int, le: int, calls: int = 1, what: str = "") -> list[Term]:
+    """What ``F.cross_entropy`` on le-byte logits saves under CUDA autocast, over T x V logits in ``calls`` equal
+    calls (litgpt's chunked_cross_entropy: one per lm_head chunk, all saved until backward). CUDA's autocast has no
+    ``cross_entropy_loss`` entry (CPU's casts the logits to fp32 first), so the composite runs
+    ``log_softmax(x, dtype=x.dtype)``, which keeps the 16-bit dtype it is given, and ``nll_loss``, on the fp32
+    list, casts the log-probabilities to fp32 (PyTorch autocast_mode.cpp / LossNLL.cpp; sources in
+    trace/cuda_autocast.py, which traces it). Both are saved: the 16-bit log-softmax by LogSoftmaxBackward, the
+    fp32 copy by NllLossBackward (``NLL_FP32_COPY``, listed last: the allocation stream pairs it with the term
+    before it). Nothing else of the loss outlives its call."""
+    each = f" ({calls} calls)" if calls > 1 else ""
+    return [
+        Term(
+            f"{what}log-softmax saved by the loss (logits' dtype){each}", le * T * V, f"{le} B x T x V", calls
+        ),
+        Term(NLL_FP32_COPY + each, 4 * T * V, "4 B x T x V", calls),
+    ]
+
+
+def autocast_ce_backward(rows: int, V: int, rows_formula: str = "T", what: str = "") -> Term:
+    """The start of that loss's backward for the ``rows`` logits one call covers (the call autograd runs first):
+    nll_loss's fp32 gradient beside everything saved. The call's fp32 copy is freed once that gradient is made, the
+    gradient once cast back to 16 bits, then log-softmax's 16-bit gradient is made and its saved output freed: each
+    later step, and each later call, holds less (traced: trace/cuda_autocast.py; litgpt's chunks, tests/trace)."""
+    return Term(f"{what}loss backward: nll_loss's fp32 {rows_formula} x V gradient", 4 * rows * V,
+                f"4 B x {rows_formula} x V", 1)  # fmt: skip

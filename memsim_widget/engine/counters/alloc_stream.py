@@ -561,29 +561,50 @@ def _loss_forward(
     if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
         comm.forward_end()
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-    copies = [i for i in a["loss_saved"] if i.item.startswith(NLL_FP32_COPY)]
-    kept = s.items([i for i in a["loss_saved"] if i not in capped and i not in copies])
-    copy = s.items(copies)
+    kept, copy = _loss_saved(s, [i for i in a["loss_saved"] if i not in capped])
     s.free(logits)
     if comm is not None and not outside:
         comm.forward_end()
     return cast, held, kept, copy
 
 
+def _loss_saved(s: StreamWriter, saved: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """What the loss saves (``saved``), made as its forward makes it: the handles of the saved tensors and, apart,
+    of nll_loss's fp32 copies of a 16-bit log-softmax (CUDA autocast's cross-entropy on 16-bit logits,
+    activations/loss.autocast_ce_saved). A loss of n calls (litgpt's chunked_cross_entropy: a copy item of n
+    tensors) makes each call's log-softmax (the item listed before the copy) then its copy, call by call."""
+    copies = [i for i in saved if i.item.startswith(NLL_FP32_COPY)]
+    n = max(copies[0].tensors, 1) if copies else 1
+    if n == 1:
+        return s.items([i for i in saved if i not in copies]), s.items(copies)
+    logp = saved[saved.index(copies[0]) - 1]
+    kept: list[int] = []
+    copy: list[int] = []
+    for _ in range(n):
+        kept += s.items([logp], share=n)
+        copy += s.items(copies[:1], share=n)
+    return kept + s.items([i for i in saved if i is not logp and i not in copies]), copy
+
+
 def _loss_backward(
     s: StreamWriter, items: Sequence[Any], cast: list[int], kept: list[int], copy: list[int]
 ) -> list[int]:
     """An eager loss's backward from its buffers (``items``) and what its forward saved (``kept``; ``copy``:
-    nll_loss's fp32 copy of a 16-bit log-softmax), freeing them as autograd does; the logits' gradient it leaves
-    (``cast``: the 16-bit logits an upcast loss casts its gradient back to), empty where the stream omits it."""
-    grad_out = s.items(items)
-    if copy:  # CUDA autocast's cross-entropy on 16-bit logits (activations/loss.autocast_ce_terms)
-        s.free(copy)  # nll_loss's fp32 gradient made, the fp32 copy it saved is freed
-        back = s.alloc(s.size(kept[0]))  # the gradient cast back to the log-softmax's 16-bit dtype
-        s.free(grad_out)
-        grad_logits = s.alloc(s.size(kept[0]))  # log-softmax's backward: the logits' gradient
-        s.free(back + kept)
+    nll_loss's fp32 copies of a 16-bit log-softmax, one per call, each paired with the saved tensor of the same
+    place in ``kept``), freeing them as autograd does; the logits' gradient it leaves (``cast``: the 16-bit logits
+    an upcast loss casts its gradient back to), empty where the stream omits it."""
+    if copy:  # CUDA autocast's cross-entropy on 16-bit logits (activations/loss.autocast_ce_backward)
+        grad_logits: list[int] = []
+        for c, logp in reversed(list(zip(copy, kept, strict=False))):  # the last call's backward first
+            grad_out = s.items(items)  # nll_loss's fp32 gradient of one call
+            s.free([c])  # the fp32 copy it saved is freed
+            back = s.alloc(s.size(logp))  # the gradient cast back to the log-softmax's 16-bit dtype
+            s.free(grad_out)
+            grad_logits += s.alloc(s.size(logp))  # log-softmax's backward: the call's logits' gradient
+            s.free(back + [logp])
+        s.free(kept[len(copy) :])
         return grad_logits
+    grad_out = s.items(items)
     s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
     # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
     grad_logits = s.alloc(s.size(cast[0])) if cast else []
