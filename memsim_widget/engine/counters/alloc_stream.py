@@ -503,27 +503,7 @@ def micro_batch(
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     s.free(grad_logits + tanh + top + post)
-    layer_grads: list[list[int]] = []
-    begin = s.here()
-    bwd = a.get(LAYER_BACKWARD, ())
-    shared: dict[str, list[int]] = {}  # a compiled backward's buffers all layers use
-    for i, layer in enumerate(saved[::-1][:2] if copied else saved[::-1]):
-        begin = s.here() if i == 1 else begin
-        recomputed = s.items(a["recompute"])
-        if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
-            transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
-            part = order.layer if order else ()
-            layer_grads.append(backward_layer(s, bwd, layer, shared, grads, part, layers))
-            layer = []
-        else:
-            transient = s.items(a["layer_backward"])
-            layer_grads.append(grads.made(order.layer if order else (), layers + 2))
-        s.free(transient + recomputed + layer)
-        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
-    s.free([h for hs in shared.values() for h in hs])
-    if copied:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
-        db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
-        layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
+    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, (n, d) if copied else None)
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
@@ -628,6 +608,45 @@ def compiled_loss_backward(
     grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
     s.free((buffer + kept if fused else []) + zero)
     return tangents, grad_logits
+
+
+def _layers_backward(
+    s: StreamWriter,
+    a: dict[str, Sequence[Any]],
+    saved: list[list[int]],
+    grads: _Grads,
+    layers: int,
+    tangents: list[int],
+    copies: tuple[int, int] | None,
+) -> list[list[int]]:
+    """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
+    compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
+    ``saved`` tensors and its k and v zero ``tangents`` freed; ``copies``: (layers, the forward's handle shift)
+    where the third layer on are the second's copies. Each layer's gradients' handles, from the top."""
+    order = grads.order
+    layer_grads: list[list[int]] = []
+    begin = s.here()
+    bwd = a.get(LAYER_BACKWARD, ())
+    shared: dict[str, list[int]] = {}  # a compiled backward's buffers all layers use
+    for i, layer in enumerate(saved[::-1][:2] if copies else saved[::-1]):
+        begin = s.here() if i == 1 else begin
+        recomputed = s.items(a["recompute"])
+        if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
+            transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
+            part = order.layer if order else ()
+            layer_grads.append(backward_layer(s, bwd, layer, shared, grads, part, layers))
+            layer = []
+        else:
+            transient = s.items(a["layer_backward"])
+            layer_grads.append(grads.made(order.layer if order else (), layers + 2))
+        s.free(transient + recomputed + layer)
+        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
+    s.free([h for hs in shared.values() for h in hs])
+    if copies:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
+        n, d = copies
+        db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
+        layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
+    return layer_grads
 
 
 def backward_layer(
