@@ -271,9 +271,12 @@ def _sandwich_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
     if ctx.arch.facts.norm.per_layer != 4 or ctx.arch.facts.norm.post_norms:
         return
     T, h = Dims(ctx).T, ctx.arch.hidden_size
+    total = 2 * e * T * h + 2 * 4 * T
+    # in the trace's order: o_proj's output, its norm's rsqrt, down_proj's output, its norm's rsqrt
+    shares = tuple(x / total for x in (e * T * h, 4 * T) * 2)
     out.per_layer.append(
         Term("compiled: post-norm inputs (o_proj's and down_proj's outputs) and their rsqrt (fp32)",
-             2 * e * T * h + 2 * 4 * T, f"2 x {e} B x T x h + 2 x 4 B x T", 4)
+             total, f"2 x {e} B x T x h + 2 x 4 B x T", 4, shares=shares)
     )  # fmt: skip
 
 

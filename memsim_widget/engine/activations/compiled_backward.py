@@ -78,7 +78,7 @@ def compiled_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
         _grad(8), ("s", 4 * T), ("g2", e * T * h), _saved(1), _saved(5), ("g", 0), ("du", 0), ("dx", 0), ("s", 0),
     )  # fmt: skip
     attn: tuple[Step, ...] = (
-        _grad(3), ("do", e * T * h), ("dq", q), ("dk", kv), ("dv", kv),
+        _grad(3), ("do", q), ("dq", q), ("dk", kv), ("dv", kv),
         *(_saved(i) for i in (9, 6, 8, 7, 10)), ("do", 0),
         *_rope_backward("k", kv), *_rope_backward("q", q),
         ("cv", kv), ("dv", 0), _grad(2), ("xv", e * T * h), ("cv", 0),
