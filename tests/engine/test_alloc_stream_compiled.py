@@ -192,7 +192,8 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
 
 def test_compiled_steps_keep_the_fitted_rule_unless_the_replay_is_named() -> None:
     """An unset ``reserved_model`` replays eager steps but not compiled ones (``Scenario.replays_reserved``: the
-    compiled stream is under its trace on Qwen3 and under the compiled ViT-B run); naming it replays them."""
+    compiled stream is under its trace on autocast, LoRA, OLMo 2 and Gemma 3 compiled layers and under the compiled
+    ViT-B run); naming it replays them."""
     frag = "allocator fragmentation (reserved - allocated)"
     unset = {k: v for k, v in COMPILED.items() if k != "reserved_model"}
     by = {
