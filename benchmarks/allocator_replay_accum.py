@@ -75,7 +75,11 @@ def compare(d: dict[str, Any], traced_only: bool = False, inductor: bool = False
         "trace_alloc": traced.peak_allocated,
         "stream": rep.peak_reserved,
         "stream_alloc": rep.peak_allocated,
-        **({"stream_traced_only": seen.peak_reserved} if seen else {}),
+        **(
+            {"stream_traced_only": seen.peak_reserved, "stream_traced_only_alloc": seen.peak_allocated}
+            if seen
+            else {}
+        ),
         "fitted": fitted,
         "at": rep.at,
     }

@@ -79,7 +79,8 @@ def main() -> None:
             f"{name:60s} reserved trace {tr:,} stream {int(r['stream']):,} ({int(r['stream']) / tr - 1:+.2%}, at "
             f"{r['at']}; without CUDA-only scratch {int(r['stream_traced_only']) / tr - 1:+.2%}), fitted "
             f"{int(r['fitted']) / tr - 1:+.2%}; allocated trace {int(r['trace_alloc']):,} "
-            f"stream {int(r['stream_alloc']):,}",
+            f"stream {int(r['stream_alloc']):,} (without CUDA-only scratch "
+            f"{int(r['stream_traced_only_alloc']) / int(r['trace_alloc']) - 1:+.2%})",
             flush=True,
         )
 

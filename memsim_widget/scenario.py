@@ -449,8 +449,9 @@ RESERVED_MODELS = ("fitted", "replay")
 #: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch),
 #: except for batches padded to their longest sample (over a long run their cache ratchets with the lengths and
 #: their order, which a two-step replay cannot know: docs/allocator.md#variable-lengths; the fitted rule was
-#: fitted on such runs) and compiled steps (the compiled stream is under its trace on Qwen3 and under the
-#: compiled ViT-B run, where the fitted rule is over): those keep the fitted rule.
+#: fitted on such runs) and compiled steps (the compiled stream is under its trace on autocast, LoRA, OLMo 2 and
+#: Gemma 3 compiled layers and under the compiled ViT-B run, where the fitted rule is over): those keep the fitted
+#: rule.
 DEFAULT_RESERVED_MODEL = "replay"
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16

@@ -254,11 +254,14 @@ def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool 
     D = Dims(ctx)
     rows_q, rows_k = (D.a, D.kv) if qk == "head" else (1, 1)
     k_bytes = e * D.T * D.hkv + 4 * D.T * rows_k
+    # the four tensors in the order the trace makes them: q_proj's output, its rsqrt, k_proj's, its rsqrt
+    parts = (e * D.T * D.hq, 4 * D.T * rows_q, e * D.T * D.hkv, 4 * D.T * rows_k)
+    total = sum(parts)
     out.per_layer.append(
-        Term("compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)",
-             e * D.T * D.hq + 4 * D.T * rows_q + k_bytes,
+        Term("compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)", total,
              f"{e} B x T x (a*d + kv*d) + 4 B x T x {rows_q + rows_k}", 4,
-             skip_first=frozen_first_k, first_bytes=k_bytes if frozen_first_k else 0.0)
+             skip_first=frozen_first_k, first_bytes=k_bytes if frozen_first_k else 0.0,
+             shares=tuple(x / total for x in parts))
     )  # fmt: skip
 
 
@@ -268,9 +271,12 @@ def _sandwich_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
     if ctx.arch.facts.norm.per_layer != 4 or ctx.arch.facts.norm.post_norms:
         return
     T, h = Dims(ctx).T, ctx.arch.hidden_size
+    total = 2 * e * T * h + 2 * 4 * T
+    # in the trace's order: o_proj's output, its norm's rsqrt, down_proj's output, its norm's rsqrt
+    shares = tuple(x / total for x in (e * T * h, 4 * T) * 2)
     out.per_layer.append(
         Term("compiled: post-norm inputs (o_proj's and down_proj's outputs) and their rsqrt (fp32)",
-             2 * e * T * h + 2 * 4 * T, f"2 x {e} B x T x h + 2 x 4 B x T", 4)
+             total, f"2 x {e} B x T x h + 2 x 4 B x T", 4, shares=shares)
     )  # fmt: skip
 
 

@@ -28,6 +28,12 @@ from functools import lru_cache
 from hashlib import blake2b
 from typing import Any, cast
 
+from memsim_widget.engine.activations.compiled_backward import (
+    CONSTANT,
+    FREE_SAVED,
+    GRADS,
+    compiled_layer_backward_transients,
+)
 from memsim_widget.engine.activations.forward import (
     IN,
     OUT,
@@ -89,6 +95,9 @@ LAYER_FORWARD = "layer_forward"
 #: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
 #: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
 FINAL_NORM = "final_norm_forward"
+#: The key of a layer's backward buffers (``engine/activations/compiled_backward``; absent or empty: the
+#: ``layer_backward`` items).
+LAYER_BACKWARD = "layer_backward_steps"
 #: Item levels the caching allocator serves (device-level items live outside it).
 _POOLED = ("tensor", "allocator")
 
@@ -494,18 +503,7 @@ def micro_batch(
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     s.free(grad_logits + tanh + top + post)
-    layer_grads: list[list[int]] = []
-    begin = s.here()
-    for i, layer in enumerate(saved[::-1][:2] if copied else saved[::-1]):
-        begin = s.here() if i == 1 else begin
-        recomputed = s.items(a["recompute"])
-        transient = s.items(a["layer_backward"])
-        layer_grads.append(grads.made(order.layer if order else (), layers + 2))
-        s.free(transient + recomputed + layer)
-        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
-    if copied:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
-        db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
-        layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
+    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, (n, d) if copied else None)
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
@@ -631,6 +629,85 @@ def compiled_loss_backward(
     grad_logits = [h for x in zero for h in s.alloc(s.size(x))]
     s.free((buffer + kept if fused else []) + zero)
     return tangents, grad_logits
+
+
+def _layers_backward(
+    s: StreamWriter,
+    a: dict[str, Sequence[Any]],
+    saved: list[list[int]],
+    grads: _Grads,
+    layers: int,
+    tangents: list[int],
+    copies: tuple[int, int] | None,
+) -> list[list[int]]:
+    """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
+    compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
+    ``saved`` tensors and its k and v zero ``tangents`` freed; ``copies``: (layers, the forward's handle shift)
+    where the third layer on are the second's copies. Each layer's gradients' handles, from the top."""
+    order = grads.order
+    layer_grads: list[list[int]] = []
+    begin = s.here()
+    bwd = a.get(LAYER_BACKWARD, ())
+    shared: dict[str, list[int]] = {}  # a compiled backward's buffers all layers use
+    for i, layer in enumerate(saved[::-1][:2] if copies else saved[::-1]):
+        begin = s.here() if i == 1 else begin
+        recomputed = s.items(a["recompute"])
+        if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
+            transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
+            part = order.layer if order else ()
+            layer_grads.append(backward_layer(s, bwd, layer, shared, grads, part, layers))
+            layer = []
+        else:
+            transient = s.items(a["layer_backward"])
+            layer_grads.append(grads.made(order.layer if order else (), layers + 2))
+        s.free(transient + recomputed + layer)
+        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
+    s.free([h for hs in shared.values() for h in hs])
+    if copies:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
+        n, d = copies
+        db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
+        layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
+    return layer_grads
+
+
+def backward_layer(
+    s: StreamWriter,
+    steps: Sequence[Step],
+    saved: list[int],
+    shared: dict[str, list[int]],
+    grads: _Grads,
+    part: tuple[int, ...],
+    layers: int,
+) -> list[int]:
+    """A compiled layer's backward written as ``engine/activations/compiled_backward`` lists it: its buffers
+    allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end),
+    each of the layer's gradients (``grads.made`` of ``part``'s tensor) at its ``GRADS`` step, each ``CONSTANT`` buffer made once into
+    ``shared`` (the caller frees them after the last layer); the gradients' handles."""
+    live: dict[str, list[int]] = {}
+    made: dict[int, list[int]] = {}
+    kept = dict(enumerate(saved))
+    one = grads.by_tensor and bool(part)  # else the layer's share, at the first gradient step
+    for name, size in steps:
+        if name.startswith(GRADS):
+            i = int(name[len(GRADS) :]) if one else -1
+            if i not in made and i < len(part):
+                made[i] = grads.made((part[i],) if one else part, layers + 2)
+        elif name.startswith(FREE_SAVED):
+            s.free([kept.pop(int(name[len(FREE_SAVED) :]))] if int(name[len(FREE_SAVED) :]) in kept else [])
+        elif name.startswith(CONSTANT):
+            if name not in shared:
+                shared[name] = s.alloc(size)
+        elif size > 0:
+            live[name] = s.alloc(size)
+        else:
+            s.free(live.pop(name))
+    s.free(list(kept.values()))  # any the steps do not name
+    for i in range(len(part) if one else 0):  # any the steps do not name
+        if i not in made:
+            made[i] = grads.made((part[i],), layers + 2)
+    if not made:
+        made[-1] = grads.made(part, layers + 2)
+    return [h for i in sorted(made) for h in made[i]]  # in the parameters' order
 
 
 def forward_layer(
@@ -817,6 +894,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
 
     ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
+    ag[LAYER_BACKWARD] = compiled_layer_backward_transients(ctx)
     ag[FINAL_NORM] = final_norm_transients(ctx)
     ag[HEAD_GATHER] = head_gather(ctx)
     ag[EMBEDDING_GRAD] = embedding_grad(ctx)
@@ -830,12 +908,13 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
+        earlier[LAYER_BACKWARD] = compiled_layer_backward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
         earlier[HEAD_GATHER] = head_gather(short)
         earlier[EMBEDDING_GRAD] = embedding_grad(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         # the per-op transients stay, and the TP facts (counts, not items) pass through
-        kept = (LAYER_FORWARD, FINAL_NORM, HEAD_GATHER, EMBEDDING_GRAD)
+        kept = (LAYER_FORWARD, LAYER_BACKWARD, FINAL_NORM, HEAD_GATHER, EMBEDDING_GRAD)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
