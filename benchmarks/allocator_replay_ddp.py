@@ -1,7 +1,10 @@
 """DDP ranks (HF Trainer: zero 0, dp > 1) under ``reserved_model: replay`` (``engine/counters/ddp_stream.py``)
-beside the fitted rule and the one-GPU replay of the same shape, and what a new shape costs.
+beside the fitted rule and the one-GPU replay of the same shape, and what a new shape costs; with ``--zero``,
+DeepSpeed ZeRO-1 and ZeRO-2 ranks (``engine/counters/zero_stream.py``, mixed-bf16, DeepSpeed's defaults) the
+same way.
 
     python benchmarks/allocator_replay_ddp.py
+    python benchmarks/allocator_replay_ddp.py --zero
 
 Per scenario: peak allocated, reserved by the replay and by the fitted rule (``engine/counters/overhead.py``),
 the one-GPU replay, and the milliseconds of a new shape through ``estimate`` (CPU time of the process, the
@@ -11,6 +14,7 @@ predictions, the bucket layout and what DDP adds held to real DDP on the CPU (be
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -56,8 +60,45 @@ def cold(sc: dict[str, Any]) -> tuple[Any, float]:
     return est, best * 1e3
 
 
+#: DeepSpeed ZeRO-1/2 ranks (HF Trainer's DeepSpeed integration), dp 8 on an H100 unless named
+ZERO_CASES: list[dict[str, Any]] = [
+    {"model": "qwen2.5-0.5b", "micro_batch_size": 4, "seq_len": 1024},
+    {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024},
+    {"model": "llama-3.2-3b", "micro_batch_size": 2, "seq_len": 2048},
+    {"model": "llama-3.1-8b", "micro_batch_size": 1, "seq_len": 2048, "gpu": "h200-sxm-141gb"},
+]
+
+
+def main_zero() -> None:
+    """Print one row per ZeRO case, stage and checkpointing setting: allocated, reserved by the replay and by the
+    fitted rule (what ``reserved`` was for these ranks before the stream modelled them), the new shape's cost."""
+    print("| scenario | zero | ckpt | allocated | replay | fitted | new shape |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for case in ZERO_CASES:
+        for zero in (1, 2):
+            for ckpt in ("none", "full"):
+                sc = {
+                    "framework": "deepspeed", "precision": "mixed-bf16", "reserved_model": "replay",
+                    "activation_checkpointing": ckpt, "parallel": {"dp": 8, "zero": zero}, **case,
+                }  # fmt: skip
+                est, ms = cold(sc)
+                fit = estimate({**sc, "reserved_model": "fitted"}).ranks[0]
+                r = est.ranks[0]
+                assert "ZeRO-1/2" in r.reserved.formula, r.reserved.formula
+                name = f"{case['model']} {case['micro_batch_size']}x{case['seq_len']}"
+                print(
+                    f"| {name} | {zero} | {ckpt} | {r.peak_allocated_bytes / GiB:.2f} | "
+                    f"{r.peak_reserved_bytes / GiB:.2f} | {fit.peak_reserved_bytes / GiB:.2f} "
+                    f"({fit.peak_reserved_bytes / r.peak_reserved_bytes - 1:+.1%}) | {ms:.0f} ms |",
+                    flush=True,
+                )
+
+
 def main() -> None:
-    """Print one row per case and checkpointing setting."""
+    """Print one row per case and checkpointing setting (``--zero``: the ZeRO-1/2 cases)."""
+    if "--zero" in sys.argv:
+        main_zero()
+        return
     print("| scenario | ckpt | allocated | replay | fitted | one GPU replay | new shape: DDP, one GPU |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for case in CASES:

@@ -1000,8 +1000,9 @@ def _replayed_pools(
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape), and once per distinct room among the pair's rows. Only one-GPU rows (any accumulation),
     FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero 0, no other
-    parallelism: ``alloc_stream.ddp_replayable``) and TP rows alone or under FSDP2 (``tp_stream.tp_replayable``)
-    can be accepted: the others are not looked at."""
+    parallelism: ``alloc_stream.ddp_replayable``), ZeRO-1/2 rows (no other parallelism:
+    ``alloc_stream.zero12_replayable``) and TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) can be
+    accepted: the others are not looked at."""
     from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
@@ -1011,7 +1012,7 @@ def _replayed_pools(
     one = c["dp"] * c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1
     alone = c["tp"] * c["pp"] * c["cp"] * c["ep"] == 1
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & alone
-    ddp = (c["dp"] > 1) & (c["zero"] == 0) & alone
+    ddp = (c["dp"] > 1) & ((c["zero"] == 0) | (c["zero"] == 1) | (c["zero"] == 2)) & alone  # DDP, ZeRO-1/2
     tp = (c["tp"] > 1) & (c["pp"] * c["cp"] * c["ep"] == 1)
     rows = np.flatnonzero((one | fsdp | ddp | tp)[cand])
     if not rows.size:

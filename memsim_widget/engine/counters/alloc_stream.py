@@ -73,9 +73,11 @@ from memsim_widget.engine.counters.tp_stream import (
     tp_replayable,
     weights_by_param,
 )
+from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter, rank_zero
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import Item
-from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, new_gradient
+from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, ZERO_BUCKET_ITEM, new_gradient
+from memsim_widget.engine.states.optimizer import MASTER_ITEM
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
 
@@ -288,11 +290,17 @@ class _Grads:
         )
         self.per = g_items[0].bytes / sum(numels) if self.by_tensor else 0.0
         self.new = False
+        #: a ZeRO-1/2 rank's hooks (``zero_stream.ZeroWriter``): each gradient made whole, then handed to them
+        self.zero: ZeroWriter | None = None
 
     def made(self, part: tuple[int, ...], share: int) -> list[int]:
         """The gradients of ``part`` (parameter tensors' elements; else a ``share`` of the items): their
         handles, or none when each new one was added in place and freed."""
         s = self.s
+        if self.zero is not None and self.by_tensor:  # DeepSpeed's hook copies each into its ipg buffer
+            for x in part:
+                self.zero.ready(s.alloc(x * self.zero.z.model_bytes))
+            return []
         if not self.by_tensor:
             out = s.items(self.sg["grads"], share=share)
         elif self.new:  # one at a time: each freed once added, before the next is made
@@ -328,6 +336,7 @@ def step_stream(
     schedule: Sequence[dict[str, Sequence[Any]]] = (),
     per_param: bool = False,
     opt_groups: tuple[tuple[int, ...], ...] = (),
+    zero: ZeroRank | None = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -344,7 +353,9 @@ def step_stream(
     ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
     first step); ``per_param`` the weights made one tensor at a time in the module's order
     (``tp_stream.weights_by_param``; a TP rank's); ``opt_groups`` the optimizer's parameter groups (indices into
-    the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``)."""
+    the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``);
+    ``zero`` a DeepSpeed ZeRO-1/2 rank (``zero_stream``: its flat weights and master partition at wrap, its ipg
+    buffer and partition gradients in backward, its step; its items in ``first`` and ``sg`` not written again)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
@@ -354,7 +365,14 @@ def step_stream(
     grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     s.mark("weights")
-    if not (per_param and weights_by_param(s, first, params)):
+    if zero is not None:
+        grads.zero = _zero_wrap(s, zero, first)
+        sg = {
+            **sg,
+            "persistent": [i for i in sg["persistent"] if i.item not in (ZERO_BUCKET_ITEM, MASTER_ITEM)],
+        }
+        repeat = False  # the ipg buffer's fill differs layer by layer
+    elif not (per_param and weights_by_param(s, first, params)):
         s.items(first, numels)
     if reducer is not None:
         s.mark("DDP wrap")
@@ -384,7 +402,11 @@ def step_stream(
             made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
             made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
-        if not opt_groups:
+        if grads.zero is not None:
+            grads.zero.step(
+                step == 1, _per_element(later, numels, zero), _per_element(sg["step_temps"], numels, zero)
+            )
+        elif not opt_groups:
             if step == 1:
                 s.per_param(later, params)
             s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
@@ -400,6 +422,40 @@ def step_stream(
         if comm is not None:
             comm.zero_grad()
     return s
+
+
+def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWriter:
+    """A ZeRO-1/2 rank's weights (each parameter item's tensors, the norms' in the second optimizer group) and
+    DeepSpeed's wrap (``zero_stream.ZeroWriter.wrap``); the other persistent items of ``first`` but the ipg
+    buffer and the engine's master weights, which DeepSpeed's own buffers replace. The hooks' writer."""
+    weights: list[list[int]] = [[] for _ in zero.groups]
+    rest = []
+    for i in first:
+        if i.category == "parameters" and i.level in _POOLED:
+            g = int(i.item == f"{NO_DECAY_KIND} weights") if len(zero.groups) > 1 else 0
+            weights[g] += s.items([i])
+        elif i.item not in (ZERO_BUCKET_ITEM, MASTER_ITEM):
+            rest.append(i)
+    s.items(rest)
+    s.mark("ZeRO wrap")
+    w = ZeroWriter(s, zero)
+    w.wrap(weights)
+    return w
+
+
+def _per_element(items: Sequence[Any], numels: tuple[int, ...], zero: ZeroRank | None) -> list[float]:
+    """Bytes per element of each tensor the pooled ``items`` hold per parameter (an optimizer's states, its step
+    temporaries), from their bytes over the rank's share of the parameters (ZeRO's partitions: the items are
+    sharded over dp)."""
+    total = sum(numels)
+    out: list[float] = []
+    for i in items:
+        n = max(i.tensors, 1)
+        if i.level in _POOLED and i.bytes > 0 and total and n % len(numels) == 0:
+            k = n // len(numels)
+            share = total / (zero.dp if zero else 1)
+            out += [i.bytes / (k * share)] * k
+    return out
 
 
 def _autograd_workspaces(overhead: Sequence[Any]) -> list[int]:
@@ -490,19 +546,17 @@ def micro_batch(
         comm.backward(a, saved, grad_logits + tanh + post, workspaces)
         return [], _inputs_freed(s, a, pre, held)
     k = order.top_pre if order and by_tensor else 0
-    new, grads.new = (
-        grads.new,
-        False,
-    )  # the tied embeddings' head part waits in autograd's buffer, kept or not
-    top_grads = grads.made(order.top[:k], 1) if k else []
-    grads.new = new
-    top_grads += grads.made(order.top[k:], 1) if order and by_tensor else []
+    new, zero = grads.new, grads.zero
+    top_grads = _top_grads(s, grads, order, k) if order and by_tensor else []
     for size in workspaces:  # never freed: among the loss's freed buffers (overhead.AUTOGRAD_HANDLES)
         s.alloc(size)
     top = s.items(a["top_backward"])  # the final norm's backward, after the head's matmuls
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     s.free(grad_logits + tanh + top + post)
+    if zero is not None:  # the head's hook, once its node has dropped the logits' gradient
+        zero.each(top_grads[k:])
+        top_grads = top_grads[:k]
     layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, (n, d) if copied else None)
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
@@ -511,13 +565,31 @@ def micro_batch(
         summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
         s.free(top_grads[:k] + emb)
         top_grads = summed + top_grads[k:]
+        if zero is not None:  # the tied embeddings' gradient complete: DeepSpeed's hook
+            zero.each(summed)
+            top_grads, k = top_grads[k:], 0
         if new:  # the sum added in place to the accumulated gradient
             s.free(summed)
             top_grads = top_grads[k:]
             k = 0
+    if zero is not None:  # after the last gradient: DeepSpeed's epilogue
+        zero.epilogue()
     held = _inputs_freed(s, a, pre, held)
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def _top_grads(s: StreamWriter, grads: _Grads, order: GradOrder, k: int) -> list[int]:
+    """The gradients of the output side (``order.top``; its first ``k`` the tied embeddings, whose head part waits
+    in autograd's buffer, kept or not). Under ZeRO whole, in the model's dtype, their hooks run by the caller:
+    the head's AccumulateGrad runs once the head's node has dropped the logits' gradient, the tied embeddings'
+    once their two parts are summed."""
+    if grads.zero is not None:
+        return [h for x in order.top for h in s.alloc(x * grads.zero.z.model_bytes)]
+    new, grads.new = grads.new, False
+    out = grads.made(order.top[:k], 1) if k else []
+    grads.new = new
+    return out + grads.made(order.top[k:], 1)
 
 
 def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], held: list[int]) -> list[int]:
@@ -774,7 +846,9 @@ def replayable(ctx: Any) -> bool:
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
-    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``) or a
+    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``), a
+    DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
+    gradients, ``zero_stream``) or a
     tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
     ``tp_stream``), alone or under FSDP2 on the dp dimension; nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
@@ -786,6 +860,7 @@ def replayable(ctx: Any) -> bool:
             p.dp * p.tp * p.pp * p.cp * p.ep == 1
             or fsdp2_replayable(ctx)
             or ddp_replayable(ctx)
+            or zero12_replayable(ctx)
             or tp_replayable(ctx)
             or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
         )
@@ -865,6 +940,29 @@ def ddp_replayable(ctx: Any) -> bool:
     )
 
 
+def zero12_replayable(ctx: Any) -> bool:
+    """Whether the stream models the scenario's DeepSpeed ZeRO-1/2 rank (``zero_stream``): zero 1 or 2 over dp > 1
+    ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
+    parallelism, full training of a bf16 model with an fp32 master copy (``mixed-bf16``: DeepSpeed's
+    ``bf16.enabled``), one micro-batch a step (ZeRO-1 reduces only at the accumulation boundary: not written),
+    nothing offloaded, eager."""
+    from memsim_widget.engine.frameworks import profile
+
+    p, sc = ctx.par, ctx.scenario
+    return (
+        p.dp > 1
+        and p.zero in (1, 2)
+        and p.tp * p.pp * p.cp * p.ep == 1
+        and profile(ctx).bucket_elements > 0
+        and ctx.full_training
+        and not ctx.frozen_stacks
+        and sc.precision == "mixed-bf16"
+        and sc.grad_accum_steps == 1
+        and p.offload == "none"
+        and not sc.compile
+    )
+
+
 def _ddp_lora_modelled(ctx: Any) -> bool:
     """LoRA on a DDP rank as ``ddp_stream.rank_buckets`` writes it: peft's adapters the only parameters that
     require a gradient, so the only ones bucketed; the base weights fp32 (fp32, autocast) or pure bf16 / fp16
@@ -934,6 +1032,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         ddp=ddp,
         per_param=ctx.par.tp > 1,
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
+        zero=rank_zero(ctx, stage) if zero12_replayable(ctx) else None,
     )
 
 
@@ -995,6 +1094,10 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 " (DDP's wrap-time broadcast and gradient buckets, rebuilt at step 2: from torch 2.13's source, "
                 "traced on CPU)"
                 if ddp_replayable(ctx)
+                else " (DeepSpeed ZeRO-1/2's flat weights, fp32 master partition, ipg buffer and partition "
+                "gradients: deepspeed 0.19.8's stage_1_and_2.py, traced on CPU at world size 4; overlap_comm and "
+                "HF's 'auto' reduce_bucket_size not modelled)"
+                if zero12_replayable(ctx)
                 else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
             )
             if ctx.par.dp > 1

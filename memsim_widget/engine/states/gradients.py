@@ -20,6 +20,8 @@ from memsim_widget.units import fmt_int
 
 #: The item of DDP's flat gradient buckets (``engine/counters/ddp_stream`` writes their allocations)
 DDP_BUCKETS_ITEM = "DDP gradient buckets"
+#: The item name of DeepSpeed ZeRO-1/2's ipg buffer (``reduce_bucket``; the replay writes it per backward)
+ZERO_BUCKET_ITEM = "DeepSpeed gradient reduce bucket (reduce_bucket_size)"
 
 
 def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained, b: StateBudget) -> None:
@@ -302,16 +304,20 @@ def partial_embedding_grad(
 
 
 def reduce_bucket(ctx: Context, n_train: int, b: StateBudget) -> None:
-    """DeepSpeed ZeRO-1/2's gradient reduce buffer (``reduce_bucket_size`` elements in the weight dtype)."""
+    """DeepSpeed ZeRO-1/2's gradient reduce buffer: ``reduce_bucket_size`` elements in the weight dtype, whatever
+    the number of trainable parameters (deepspeed 0.19.8 ``stage_1_and_2.setup_buckets``: ``torch.empty(
+    int(self.reduce_bucket_size))`` at each backward's first gradient; a CPU run of the real optimizer on a 44M
+    model allocates 1,000,000,000 B, ``benchmarks/zero_trace.py``)."""
     sc, recipe = ctx.scenario, ctx.recipe
-    bucket = min(reduce_bucket_elements(ctx), n_train)
+    bucket = reduce_bucket_elements(ctx) if n_train else 0
     if bucket and not sc.optimizer_in_backward:
         b.persistent.append(
             Item(
                 "gradients",
-                "DeepSpeed gradient reduce bucket (reduce_bucket_size)",
+                ZERO_BUCKET_ITEM,
                 bucket * recipe.weight_bytes,
-                f"min(5e8, {fmt_int(n_train)}) elements x {recipe.weight_bytes} B (ipg_buffer)",
+                f"{fmt_int(bucket)} elements (reduce_bucket_size, for any of the {fmt_int(n_train)} trainable "
+                f"parameters) x {recipe.weight_bytes} B (ipg_buffer, traced on CPU)",
                 "tensor",
                 1,
             )

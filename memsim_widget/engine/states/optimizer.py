@@ -11,6 +11,9 @@ from memsim_widget.engine.states.trained import Trained
 from memsim_widget.optimizers import PAGED_MIN_NUMEL
 from memsim_widget.units import fmt_int
 
+#: The item name of the fp32 master weights (the ZeRO-1/2 replay writes DeepSpeed's own master partition instead)
+MASTER_ITEM = "fp32 master weights"
+
 
 def _sharding(ctx: Context) -> tuple[int, str, str]:
     """The optimizer's ZeRO shard divisor (over dp x cp, stage 1 on), its note, and its level (host when offloaded)."""
@@ -33,7 +36,7 @@ def optimizer_states(ctx: Context, tr: Trained, b: StateBudget) -> None:
         b.persistent.append(
             Item(
                 "optimizer_states",
-                "fp32 master weights",
+                MASTER_ITEM,
                 n_train * master_b // o_div,
                 f"{fmt_int(n_train)} x {master_b} B{o_note}",
                 level,

@@ -1,0 +1,221 @@
+"""Run DeepSpeed's ZeRO-1/2 optimizer for real on the CPU (deepspeed's CPU accelerator, PyTorch's fake process
+group at world size 4, so every collective is a no-op with the right shapes and the rank's partitions are a
+quarter) under a logging dispatch mode, and hold the engine's ZeRO stream (``engine/counters/zero_stream.py``)
+to it.
+
+The model is the 4-layer Llama of ``LLAMA_H512_V32K`` in bf16 (DeepSpeed's ``bf16.enabled``), HF Trainer's two
+optimizer groups (the weights that decay, the norms) on torch AdamW (foreach), two steps of 2 x 512 through
+``engine.backward`` / ``engine.step``; DeepSpeed's defaults for stages 1 and 2 (``contiguous_gradients`` true,
+``overlap_comm`` false, ``reduce_bucket_size`` 5e8) unless ``--bucket N`` / ``--overlap``. Storages are logged
+as the DDP trace does (``benchmarks/ddp_trace.py``: allocation at the op that makes them, free from a weak
+reference swept before each op; meta tensors are not memory). Printed per case: the traced run's peak reserved
+and allocated by replay beside the engine's stream (``rank_stream(traced_only=True)``, as the other layouts'
+comparisons: its cuBLAS workspaces stay, the CPU run has none), and the large allocations of both in order.
+
+    python benchmarks/zero_trace.py               # ZeRO-1 and ZeRO-2, DeepSpeed's defaults
+    python benchmarks/zero_trace.py --bucket 20000000 --overlap   # cases the engine's scenario cannot name
+
+Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+
+from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
+
+from memsim_widget.engine.counters.allocator import FREE, CachingAllocator  # noqa: E402
+
+STEPS = 2
+BATCH, SEQ = 2, 512
+WORLD = 4
+#: DeepSpeed's default ``reduce_bucket_size`` (deepspeed/runtime/zero/config.py)
+BUCKET = 500_000_000
+
+
+def traced_run(zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False) -> dict[str, Any]:
+    """Two steps of the small Llama under DeepSpeed ZeRO-``zero`` as rank 0 of ``world``: the allocation events
+    (handle, bytes or FREE, stream 0) and the event index where each phase begins."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
+    import torch
+    import torch.distributed as dist
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    events: list[tuple[int, int, int]] = []
+    live: dict[int, tuple[Any, int]] = {}
+    counter = [0]
+    phases: list[tuple[int, str]] = []
+
+    def sweep() -> None:
+        for key, (ref, handle) in list(live.items()):
+            if ref.expired():
+                events.append((handle, FREE, 0))
+                del live[key]
+
+    def log(t: Any) -> None:
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if st.nbytes() and t.device.type != "meta" and key not in live:
+            counter[0] += 1
+            live[key] = (StorageWeakRef(st), counter[0])
+            events.append((counter[0], st.nbytes(), 0))
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            sweep()
+            out = func(*args, **(kwargs or {}))
+            if func is not torch.ops.aten.detach.default:
+                for o in out if isinstance(out, (list, tuple)) else [out]:
+                    if isinstance(o, torch.Tensor):
+                        log(o)
+            return out
+
+    def mark(label: str) -> None:
+        sweep()
+        phases.append((len(events), label))
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process")
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        import deepspeed
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
+        model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
+        named = list(model.named_parameters())
+        decay = [p for n, p in named if "norm" not in n and "bias" not in n]
+        rest = [p for n, p in named if "norm" in n or "bias" in n]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.0}, {"params": rest, "weight_decay": 0.0}],
+            lr=1e-4,
+            foreach=True,
+        )
+        config = {
+            "train_micro_batch_size_per_gpu": BATCH,
+            "gradient_accumulation_steps": 1,
+            "bf16": {"enabled": True},
+            "gradient_clipping": 1.0,
+            "zero_optimization": {
+                "stage": zero,
+                "overlap_comm": overlap,
+                "contiguous_gradients": True,
+                "reduce_bucket_size": bucket,
+            },
+        }
+        mode = Log()
+        mode.__enter__()
+        try:
+            for p in model.parameters():  # the weights, in module order, as the stream writes them first
+                log(p)
+            mark("ZeRO wrap")
+            engine, *_ = deepspeed.initialize(
+                model=model, optimizer=opt, config=config, dist_init_required=False
+            )
+            ids = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ))
+            for step in range(1, STEPS + 1):
+                mark(f"step {step} forward")
+                loss = engine(input_ids=ids, labels=ids).loss
+                mark(f"step {step} backward")
+                engine.backward(loss)
+                del loss
+                mark(f"step {step} optimizer step")
+                engine.step()
+            sweep()
+        finally:
+            mode.__exit__(None, None, None)
+    finally:
+        dist.destroy_process_group()
+    return {"events": events, "phases": phases}
+
+
+def traced_apart(
+    zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False
+) -> dict[str, Any]:
+    """``traced_run`` in a fresh process (DeepSpeed keeps its process groups in module globals, so a second run
+    in one process finds the first one's groups destroyed)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(traced_run, zero, world, bucket, overlap).result()
+
+
+def replayed(events: list[tuple[int, int, int]]) -> int:
+    """Peak reserved of ``events`` through the caching allocator (PyTorch's defaults)."""
+    a = CachingAllocator(None)
+    a.run(events)
+    return a.peak_reserved
+
+
+def engine_stream(zero: int, world: int = WORLD, bucket: int = BUCKET) -> Any:
+    """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
+    its ipg buffer (the scenario has no key for it: set on the rank's geometry)."""
+    from dataclasses import replace
+
+    import memsim_widget.engine.counters.alloc_stream as alloc_stream
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.core import estimate
+
+    sc = {
+        "model": LLAMA_H512_V32K, "micro_batch_size": BATCH, "seq_len": SEQ, "precision": "mixed-bf16",
+        "framework": "deepspeed", "optimizer": "adamw", "optimizer_impl": "foreach", "reserved_model": "replay",
+        "parallel": {"dp": world, "zero": zero},
+    }  # fmt: skip
+    ctx = Context(estimate(sc).scenario)
+    own = alloc_stream.rank_zero
+    alloc_stream.rank_zero = lambda c, s: replace(own(c, s), bucket=bucket)
+    try:
+        return alloc_stream.rank_stream(ctx, ctx.stages[0], traced_only=True)
+    finally:
+        alloc_stream.rank_zero = own
+
+
+def _large(events: list[tuple[int, int, int]], at: int = 4 << 20) -> list[int | str]:
+    """The allocations of ``at`` bytes or more in order, and the frees of them ('-' + bytes)."""
+    size = {h: n for h, n, _ in events if n != FREE}
+    out: list[int | str] = []
+    for h, n, _ in events:
+        if size[h] >= at:
+            out.append(n if n != FREE else f"-{size[h]}")
+    return out
+
+
+def main() -> None:
+    """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``)."""
+    from memsim_widget.engine.counters.alloc_stream import replay_stream
+    from memsim_widget.engine.counters.allocator import AllocatorConf
+
+    bucket = int(sys.argv[sys.argv.index("--bucket") + 1]) if "--bucket" in sys.argv else BUCKET
+    overlap = "--overlap" in sys.argv
+    for zero in (1, 2):
+        t = traced_apart(zero, WORLD, bucket, overlap)
+        a = CachingAllocator(None)
+        a.run(t["events"])
+        s = engine_stream(zero, WORLD, bucket)
+        e = replay_stream(s, AllocatorConf())
+        print(
+            f"ZeRO-{zero}, world {WORLD}, reduce_bucket_size {bucket:,}"
+            + (", overlap_comm" if overlap else "")
+        )
+        print(
+            f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B; engine stream: "
+            f"reserved {e.peak_reserved:,} B ({e.peak_reserved / a.peak_reserved - 1:+.2%}), allocated "
+            f"{e.peak_allocated:,} B ({e.peak_allocated / a.peak_allocated - 1:+.2%}), peak at {e.at}"
+        )
+        print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
+        print(f"  engine, >= 4 MiB in order: {_large(s.events)}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

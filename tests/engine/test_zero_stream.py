@@ -1,0 +1,115 @@
+"""DeepSpeed ZeRO-1/2 ranks in the replay (``engine/counters/zero_stream.py``; docs/allocator.md "DeepSpeed
+ZeRO-1/2 ranks"): the partition geometry and buffer sizes of deepspeed 0.19.8's ``stage_1_and_2.py``, and the
+engine's stream held to a CPU run of the real optimizer (``benchmarks/zero_trace.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.core import estimate
+from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.allocator import FREE
+from memsim_widget.engine.counters.zero_stream import ALIGNMENT, partition_slices, rank_zero
+from memsim_widget.engine.frameworks import allocator_conf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
+
+#: the small Llama of benchmarks/zero_trace.py: 44,367,872 decaying parameters, 9 norms of 512 (4,608)
+SCENARIO = {
+    "model": LLAMA_H512_V32K,
+    "micro_batch_size": 2,
+    "seq_len": 512,
+    "precision": "mixed-bf16",
+    "framework": "deepspeed",
+    "optimizer": "adamw",
+    "optimizer_impl": "foreach",
+    "parallel": {"dp": 4, "zero": 2},
+    "reserved_model": "replay",
+}
+
+
+def _ctx(**over: object) -> Context:
+    return Context(estimate({**SCENARIO, **over}).scenario)
+
+
+def test_partition_of_the_small_llama_at_dp4() -> None:
+    """Rank 0's partition of the decaying group: 44,367,872 elements (padded to a multiple of 2 x 4) / 4 =
+    11,091,968, all inside the 16,384,000-element embedding; the norms' group 4,608 / 4 = 1,152 elements over
+    the first three norms (512, 512, 128): the sizes the traced run allocates (44,367,872 B fp32 master,
+    32,771,072 B of bf16 grads_in_partition: the embedding and three norms whole)."""
+    z = rank_zero(_ctx(), _ctx().stages[0])
+    assert sum(z.groups[0]) == 44_367_872 and sum(z.groups[1]) == 4_608
+    assert z.partitions == (11_091_968, 1_152)
+    assert z.slices[0] == ((0, 11_091_968),)
+    assert z.slices[1] == ((0, 512), (1, 512), (2, 128))
+    assert z.grads_in_partition * z.model_bytes == 32_771_072
+
+
+def test_stream_writes_deepspeeds_buffers() -> None:
+    """The wrap's flat bf16 buffer (88,735,744 B), partition clone (22,183,936 B) and fp32 master (44,367,872 B);
+    in each backward the ipg buffer of 5e8 bf16 elements (1,000,000,000 B whatever the model's size), the
+    epilogue's flattened bucket (every gradient: 88,744,960 B) and grads_in_partition; at the step the norm's
+    fp64 cast of the embedding's slice (88,735,744 B)."""
+    ctx = _ctx()
+    s = rank_stream(ctx, ctx.stages[0])
+    sizes = [size for _, size, _ in s.events if size != FREE]
+    for size, count in (
+        (88_735_744, 1 + 2),
+        (22_183_936, 1),
+        (1_000_000_000, 2),
+        (88_744_960, 2),
+        (32_771_072, 2),
+    ):
+        assert sizes.count(size) == count, size
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=12), st.integers(1, 16), st.data())
+def test_partitions_cover_the_flat_buffer(tensors: list[int], dp: int, data: st.DataObject) -> None:
+    """Every rank's partition is the same size, a multiple of 2 elements, and the ranks' slices of the tensors
+    add up to each tensor (the padding lies past the last tensor)."""
+    size, _ = partition_slices(tensors, dp)
+    assert size * dp >= sum(tensors) and (size * dp) % (ALIGNMENT * dp) == 0
+    covered = [0] * len(tensors)
+    for r in range(dp):
+        s, sl = partition_slices(tensors, dp, r)
+        assert s == size and sum(n for _, n in sl) <= size
+        for t, n in sl:
+            covered[t] += n
+    assert covered == tensors
+    r = data.draw(st.integers(0, dp - 1))
+    assert all(n > 0 for _, n in partition_slices(tensors, dp, r)[1])
+
+
+def test_zero12_replays_by_default_and_the_rest_keeps_the_fitted_rule() -> None:
+    """ZeRO-1 and ZeRO-2 ranks of a mixed-bf16 model under DeepSpeed replay; accumulation, pure bf16 (no fp32
+    master: not DeepSpeed's bf16 mode) and offload keep the fitted rule."""
+    base = {k: v for k, v in SCENARIO.items() if k != "reserved_model"}
+    assert replayable(Context(estimate(base).scenario))
+    assert replayable(Context(estimate({**base, "parallel": {"dp": 4, "zero": 1}}).scenario))
+    assert not replayable(Context(estimate({**base, "grad_accum_steps": 2}).scenario))
+    assert not replayable(Context(estimate({**base, "precision": "bf16"}).scenario))
+    off = {**base, "parallel": {"dp": 4, "zero": 2, "offload": "optimizer"}}
+    assert not replayable(Context(estimate(off).scenario))
+    assert "DeepSpeed ZeRO-1/2" in estimate(base).ranks[0].reserved.formula
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [1, 2])
+def test_replays_as_its_cpu_trace(zero: int) -> None:
+    """The engine's stream (traced_only) replays within 1% of the reserved of the real DeepSpeed optimizer run on
+    the CPU (fake process group, world size 4, two steps; benchmarks/zero_trace.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from zero_trace import replayed, traced_apart
+
+    traced = replayed(traced_apart(zero, 4)["events"])
+    ctx = _ctx(parallel={"dp": 4, "zero": zero})
+    ours = replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx)).peak_reserved
+    assert abs(ours / traced - 1) < 0.01, (ours, traced)
