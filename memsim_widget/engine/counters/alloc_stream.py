@@ -364,7 +364,10 @@ def step_stream(
         made_grads: list[int] = []
         held: list[int] = []
         if pipe is not None:  # the schedule's forwards and backwards (pp_stream)
-            made_grads = run_schedule(s, pipe, a, sg, layers, step, grads, late if step == 1 else (), repeat)
+            work = late if step == 1 else ()
+            made_grads = run_schedule(
+                s, pipe, a, sg, layers, step, grads, work, micro_forward, micro_backward, repeat
+            )
         for m in range(1, max(micro, 1) + 1) if pipe is None else ():
             if schedule:
                 a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
@@ -532,7 +535,8 @@ def micro_backward(
 ) -> tuple[list[int], list[int]]:
     """A micro-batch's backward from what its forward left (``micro_batch``'s second half): the gradients it
     made and keeps, and the output the loop holds."""
-    a, label, layers, n, saved, d, copied, comm = fw.a, fw.label, fw.layers, fw.n, fw.saved, fw.d, fw.copied, fw.comm
+    a, label, layers, n, saved, d = fw.a, fw.label, fw.layers, fw.n, fw.saved, fw.d
+    copied, comm = fw.copied, fw.comm
     tanh, post, kept = fw.tanh, fw.post, fw.kept
     order = grads.order
     by_tensor = grads.by_tensor
@@ -759,7 +763,8 @@ def replayable(ctx: Any) -> bool:
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``) or a
     tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
-    ``tp_stream``), alone or under FSDP2 on the dp dimension; nothing
+    ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under GPipe or 1F1B
+    (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
@@ -771,6 +776,7 @@ def replayable(ctx: Any) -> bool:
             or ddp_replayable(ctx)
             or tp_replayable(ctx)
             or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
+            or pp_replayable(ctx)
         )
         and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
@@ -931,7 +937,7 @@ def _micro_batch_groups(ctx: Any, stage: Any) -> dict[str, Sequence[Any]]:
 
     acts = cached_activations(ctx)
     groups: dict[str, Sequence[Any]] = dict(micro_batch_groups(ctx, stage, acts))
-    if not stage.first:  # every stage computes its rotary embeddings (trace/pipeline.StageModule): the first's pre
+    if not stage.first:  # every stage computes its rotary embeddings (trace/pipeline.StageModule)
         groups["pre"] = micro_batch_groups(ctx, replace(stage, first=True), acts)["pre"]
     return groups
 
@@ -1003,6 +1009,12 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             " (TP's all-reduced Linear outputs and the head's gathered logits on the compute stream: torch "
             "2.13's functional collectives, traced on CPU)"
             if ctx.par.tp > 1
+            else ""
+        )
+        + (
+            f" (pipeline {ctx.par.pp_schedule} over {ctx.par.pp_microbatches} micro-batches: the schedule's order, "
+            "receive buffers, kept outputs and input gradients from torch 2.13's pipelining, traced on CPU)"
+            if ctx.par.pp > 1
             else ""
         )
         + (

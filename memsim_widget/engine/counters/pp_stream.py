@@ -27,7 +27,7 @@ the fitted rule (``pp_replayable``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from memsim_widget.fast_dataclass import dataclass
@@ -74,7 +74,7 @@ def pipeline_stage(ctx: Any, stage: Any) -> PipelineStage:
     par = ctx.par
     order = schedule_order(par.pp, par.pp_microbatches, par.pp_schedule, stage.index)
     n = receive_count(par.pp, par.pp_microbatches, 1, stage.first, stage.last)
-    buffer = sum(t.bytes for t in cached_activations(ctx).pp_buffer)  # activations/dispatch.stage_io
+    buffer = int(sum(t.bytes for t in cached_activations(ctx).pp_buffer))  # activations/dispatch.stage_io
     return PipelineStage(order, stage.first, stage.last, buffer, int(n))
 
 
@@ -107,14 +107,14 @@ def run_schedule(
     step: int,
     grads: Any,
     late: Sequence[int],
+    micro_forward: Callable[..., Any],
+    micro_backward: Callable[..., Any],
     repeat: bool = True,
 ) -> list[int]:
     """One schedule step of the stage on ``s`` (``alloc_stream.StreamWriter``): the receive buffers at the first
-    step, each micro-batch's forward and backward in ``pipe.order`` (``alloc_stream.micro_forward`` /
-    ``micro_backward``), the outputs and input gradients held as the schedule holds them; the gradients the
+    step, each micro-batch's forward and backward in ``pipe.order`` (``micro_forward`` / ``micro_backward``:
+    ``alloc_stream``'s, the single-GPU step's halves), the outputs and input gradients held as the schedule holds them; the gradients the
     step's first backward made (the optimizer steps them, ``zero_grad`` frees them)."""
-    from memsim_widget.engine.counters.alloc_stream import micro_backward, micro_forward
-
     if step == 1 and pipe.receives:
         s.mark("step 1 receive buffers")
         s.alloc(pipe.buffer, pipe.receives)  # kept for the run
