@@ -1000,8 +1000,9 @@ def _replayed_pools(
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape), and once per distinct room among the pair's rows. Only one-GPU rows (any accumulation),
     FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero 0, no other
-    parallelism: ``alloc_stream.ddp_replayable``) and TP rows alone or under FSDP2 (``tp_stream.tp_replayable``)
-    can be accepted: the others are not looked at."""
+    parallelism: ``alloc_stream.ddp_replayable``), TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) and
+    pipeline rows without other parallelism (``pp_stream.pp_replayable``) can be accepted: the others are not
+    looked at."""
     from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
@@ -1013,7 +1014,8 @@ def _replayed_pools(
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & alone
     ddp = (c["dp"] > 1) & (c["zero"] == 0) & alone
     tp = (c["tp"] > 1) & (c["pp"] * c["cp"] * c["ep"] == 1)
-    rows = np.flatnonzero((one | fsdp | ddp | tp)[cand])
+    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1)
+    rows = np.flatnonzero((one | fsdp | ddp | tp | pipe)[cand])
     if not rows.size:
         return pool, oom
     pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]
