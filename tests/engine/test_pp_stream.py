@@ -100,22 +100,6 @@ def test_every_free_follows_its_allocation_once(schedule, stage):
             live.add(h)
 
 
-def test_a_later_stage_keeps_one_input_gradient_until_the_next_backward_made_its_own():
-    """The input gradient waits in ``bwd_cache`` and the send ops until the next backward's replace them: the
-    stream holds at most two at once, one after the step's last backward, none after the step."""
-    ctx = Context(Scenario.from_dict(pp("1f1b", 2, 4)))
-    s = rank_stream(ctx, ctx.stages[1])
-    marks = {label: i for i, label in s.marks}
-    first = marks["step 2 micro-batch 1 backward"]
-    # the backward's last allocation is the input gradient (b x s x h bf16); the one before it is freed after
-    grads = [
-        i
-        for i in range(first, marks["step 2 optimizer step"])
-        if s.events[i][1] == B * S * H * 2 and s.events[i + 1][1] == FREE
-    ]
-    assert len(grads) >= 4
-
-
 def test_the_last_stage_holds_each_in_flight_micro_batchs_logits():
     """GPipe's last stage runs every loss before the first backward: every micro-batch's bf16 logits
     (b x s x V x 2) and fp32 log-softmax alive at once."""
