@@ -1014,7 +1014,8 @@ def _replayed_pools(
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & alone
     ddp = (c["dp"] > 1) & (c["zero"] == 0) & alone
     tp = (c["tp"] > 1) & (c["pp"] * c["cp"] * c["ep"] == 1)
-    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1)
+    # pipeline rows replay only when the base names the replay (Scenario.replays_reserved: not by default)
+    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1) & (base.reserved_model == "replay")
     rows = np.flatnonzero((one | fsdp | ddp | tp | pipe)[cand])
     if not rows.size:
         return pool, oom
