@@ -206,3 +206,23 @@ def test_a_stage_replays_within_1_percent_of_its_trace(name, stage, keys):
 def test_stages_still_under_their_trace(name, stage, keys):
     got, traced, _a, _t = _replays(keys, stage)
     assert got >= traced
+
+
+@pytest.mark.parametrize("zero_grad", ["set_to_none", "zeros"])
+def test_a_step_leaves_what_the_step_before_it_left(zero_grad):
+    """After the first step (the optimizer's states made) a step frees all it makes: the same tensors alive at
+    the end of step 1 and of step 2, gradients zeroed in place (``zero_grad: zeros``) kept and added into."""
+    ctx = Context(Scenario.from_dict(pp("1f1b", 4, 8, zero_grad=zero_grad)))
+    s = rank_stream(ctx, ctx.stages[1])
+    end1 = {label: i for i, label in s.marks}["step 2 micro-batch 1 forward"]
+
+    def live(events) -> list[int]:
+        out: dict[int, int] = {}
+        for h, size, _s in events:
+            if size == FREE:
+                del out[h]
+            else:
+                out[h] = size
+        return sorted(out.values())
+
+    assert live(s.events[:end1]) == live(s.events)

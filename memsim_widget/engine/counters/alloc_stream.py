@@ -366,7 +366,7 @@ def step_stream(
         if pipe is not None:  # the schedule's forwards and backwards (pp_stream)
             work = late if step == 1 else ()
             made_grads = run_schedule(
-                s, pipe, a, sg, layers, step, grads, work, micro_forward, micro_backward, repeat
+                s, pipe, a, sg, layers, step, grads, work, micro_forward, micro_backward, repeat, kept
             )
         for m in range(1, max(micro, 1) + 1) if pipe is None else ():
             if schedule:

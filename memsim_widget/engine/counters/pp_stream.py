@@ -110,11 +110,13 @@ def run_schedule(
     micro_forward: Callable[..., Any],
     micro_backward: Callable[..., Any],
     repeat: bool = True,
+    kept: bool = False,
 ) -> list[int]:
     """One schedule step of the stage on ``s`` (``alloc_stream.StreamWriter``): the receive buffers at the first
     step, each micro-batch's forward and backward in ``pipe.order`` (``micro_forward`` / ``micro_backward``:
-    ``alloc_stream``'s, the single-GPU step's halves), the outputs and input gradients held as the schedule holds them; the gradients the
-    step's first backward made (the optimizer steps them, ``zero_grad`` frees them)."""
+    ``alloc_stream``'s, the single-GPU step's halves), the outputs and input gradients held as the schedule
+    holds them; the gradients the step's first backward made (the optimizer steps them, ``zero_grad`` frees
+    them; ``kept``: zeroed in place instead, so every backward after the first step's first adds into them)."""
     if step == 1 and pipe.receives:
         s.mark("step 1 receive buffers")
         s.alloc(pipe.buffer, pipe.receives)  # kept for the run
@@ -133,9 +135,9 @@ def run_schedule(
             forwards[j] = fw
             continue
         fw = forwards.pop(j)
-        grads.new = backwards > 0  # later backwards add into .grad in place
+        grads.new = backwards > 0 or (kept and step > 1)  # later backwards add into .grad in place
         work = late if step == 1 and backwards == 0 else ()
-        made, _held = micro_backward(s, fw, sg, grads, work)
+        made, _held = micro_backward(s, fw, sg, grads, work)  # the loop holds no output past its backward
         made_grads = made_grads or made
         backwards += 1
         if not pipe.first:  # the input gradient, waiting in bwd_cache then the send ops
