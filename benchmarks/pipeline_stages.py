@@ -3,6 +3,12 @@
 Run: python benchmarks/pipeline_stages.py [--json out.json] [--top 8]
 Prints one row per (layout, stage): the engine's peak_tensor_bytes for the stage, the traced peak of that
 rank (memsim_widget.trace.pipeline), the error, the traced phase/op at the peak and the roles alive then.
+
+Run: python benchmarks/pipeline_stages.py --reserved [--seq 1024]
+Prints instead each stage's peak reserved: its trace replayed through the caching allocator (trace/replay.py),
+the fitted rule's and the stage's own stream's (engine/counters/pp_stream.py, reserved_model: replay) against it,
+on the h=512 Llama at a real 32k vocabulary, bf16, GPipe and 1F1B with 2p micro-batches
+(docs/allocator.md#pipeline-stages).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from memsim_widget.trace.pipeline import trace_pipeline
 
 # the engine-vs-trace case matrices are test data (tests/data), not in the wheel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
-from fidelity_cases import LLAMA  # noqa: E402
+from fidelity_cases import LLAMA, LLAMA_H512_V32K  # noqa: E402
 
 LAYOUTS: list[dict[str, Any]] = [
     {"pp": pp, "pp_schedule": sched, "pp_microbatches": m}
@@ -55,12 +61,54 @@ def row(par: dict[str, Any], stage: int, top: int) -> dict[str, Any]:
     }
 
 
+def reserved_rows(seq: int) -> None:
+    """Peak reserved of every stage: its trace replayed, the fitted rule and the stage's stream (GPipe, 1F1B)."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.counters.alloc_stream import pool_replay
+    from memsim_widget.trace.replay import replay_trace
+
+    print("| layout | stage | trace replay (B) | fitted | stream | stream allocated vs trace |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for par in [
+        p for p in LAYOUTS if p["pp_schedule"] != "interleaved" and p["pp_microbatches"] == 2 * p["pp"]
+    ]:
+        d = {
+            "model": LLAMA_H512_V32K,
+            "micro_batch_size": 2,
+            "seq_len": seq,
+            "precision": "bf16",
+            "parallel": par,
+        }
+        fitted = estimate({**d, "reserved_model": "fitted"}).ranks
+        replayed = estimate({**d, "reserved_model": "replay"}).ranks
+        sc = Scenario.from_dict(d)
+        for stage in range(par["pp"]):
+            traced, _ = replay_trace(trace_pipeline(sc, rank=stage).tracker, sc)
+            t = traced.peak_reserved
+            f, r = fitted[stage].peak_reserved_bytes, replayed[stage].peak_reserved_bytes
+            assert "caching allocator replayed" in replayed[stage].reserved.formula
+            ctx = Context(Scenario.from_dict({**d, "reserved_model": "replay"}))
+            a = pool_replay(ctx, ctx.stages[stage]).peak_allocated
+            print(
+                f"| {label(par)} | {stage} | {t:,} | {f / t - 1:+.2%} | {r / t - 1:+.2%} | "
+                f"{a / traced.peak_allocated - 1:+.2%} |",
+                flush=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the table (and optionally write every row, with top tensors, as JSON)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--top", type=int, default=8, help="largest tensors kept per row")
+    ap.add_argument(
+        "--reserved", action="store_true", help="peak reserved: trace replay, fitted rule, stream"
+    )
+    ap.add_argument("--seq", type=int, default=1024, help="tokens a sample with --reserved")
     args = ap.parse_args(argv)
+    if args.reserved:
+        reserved_rows(args.seq)
+        return 0
     rows = []
     print("| layout | stage | engine bytes | trace bytes | error | engine moment | trace phase (op) |")
     print("|---|---:|---:|---:|---:|---|---|")

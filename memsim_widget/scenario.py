@@ -449,9 +449,11 @@ RESERVED_MODELS = ("fitted", "replay")
 #: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch),
 #: except for batches padded to their longest sample (over a long run their cache ratchets with the lengths and
 #: their order, which a two-step replay cannot know: docs/allocator.md#variable-lengths; the fitted rule was
-#: fitted on such runs) and compiled steps (the compiled stream is under its trace on autocast, LoRA, OLMo 2 and
-#: Gemma 3 compiled layers and under the compiled ViT-B run, where the fitted rule is over): those keep the fitted
-#: rule.
+#: fitted on such runs), compiled steps (the compiled stream is under its trace on autocast, LoRA, OLMo 2 and
+#: Gemma 3 compiled layers and under the compiled ViT-B run, where the fitted rule is over) and pipeline stages
+#: (the stage's stream is within 1% of its trace where hidden states fill the large pool, but up to 4.3% under at
+#: 2 x 256 tokens of h=512, where the small pool's 2 MiB segments decide: docs/allocator.md#pipeline-stages):
+#: those keep the fitted rule.
 DEFAULT_RESERVED_MODEL = "replay"
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16
@@ -712,11 +714,16 @@ class Scenario:
     @property
     def replays_reserved(self) -> bool:
         """Whether the reserved counter comes from the allocator's replay (``reserved_model``, unset:
-        ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest`` and compiled steps); the step must also be one the
+        ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest``, compiled steps and pipelines); the step must also be one the
         stream models (``alloc_stream.replayable``)."""
         if self.reserved_model is not None:
             return self.reserved_model == "replay"
-        return DEFAULT_RESERVED_MODEL == "replay" and self.padding != "longest" and not self.compile
+        return (
+            DEFAULT_RESERVED_MODEL == "replay"
+            and self.padding != "longest"
+            and not self.compile
+            and self.parallel.pp == 1
+        )
 
     @property
     def objective_name(self) -> str:

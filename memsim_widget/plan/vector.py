@@ -1001,8 +1001,8 @@ def _replayed_pools(
     scenario's shape), and once per distinct room among the pair's rows. Only one-GPU rows (any accumulation),
     FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero 0, no other
     parallelism: ``alloc_stream.ddp_replayable``), ZeRO-1/2 rows (no other parallelism:
-    ``alloc_stream.zero12_replayable``) and TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) can be
-    accepted: the others are not looked at."""
+    ``alloc_stream.zero12_replayable``), TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) and pipeline
+    rows without other parallelism (``pp_stream.pp_replayable``) can be accepted: the others are not looked at."""
     from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
     from memsim_widget.engine.rl import objectives
 
@@ -1014,7 +1014,9 @@ def _replayed_pools(
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & alone
     ddp = (c["dp"] > 1) & ((c["zero"] == 0) | (c["zero"] == 1) | (c["zero"] == 2)) & alone  # DDP, ZeRO-1/2
     tp = (c["tp"] > 1) & (c["pp"] * c["cp"] * c["ep"] == 1)
-    rows = np.flatnonzero((one | fsdp | ddp | tp)[cand])
+    # pipeline rows replay only when the base names the replay (Scenario.replays_reserved: not by default)
+    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1) & (base.reserved_model == "replay")
+    rows = np.flatnonzero((one | fsdp | ddp | tp | pipe)[cand])
     if not rows.size:
         return pool, oom
     pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]

@@ -62,6 +62,7 @@ from memsim_widget.engine.counters.allocator import (
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
+from memsim_widget.engine.counters.pp_stream import PipelineStage, pipeline_stage, pp_replayable, run_schedule
 from memsim_widget.engine.counters.tp_stream import (
     EMBEDDING_GRAD,
     HEAD_GATHER,
@@ -337,6 +338,7 @@ def step_stream(
     per_param: bool = False,
     opt_groups: tuple[tuple[int, ...], ...] = (),
     zero: ZeroRank | None = None,
+    pipe: PipelineStage | None = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -351,7 +353,8 @@ def step_stream(
     rebuild before the second step's first forward; its item in ``first`` and ``sg`` is not written again);
     ``schedule`` the activation items of every micro-batch in turn (batches of varying lengths: ``steps`` x
     ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
-    first step); ``per_param`` the weights made one tensor at a time in the module's order
+    first step); ``pipe`` a pipeline stage (``pp_stream.PipelineStage``: its micro-batches in the schedule's
+    order, ``ag`` one micro-batch's); ``per_param`` the weights made one tensor at a time in the module's order
     (``tp_stream.weights_by_param``; a TP rank's); ``opt_groups`` the optimizer's parameter groups (indices into
     the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``);
     ``zero`` a DeepSpeed ZeRO-1/2 rank (``zero_stream``: its flat weights and master partition at wrap, its ipg
@@ -387,7 +390,12 @@ def step_stream(
         a = earlier if step == 1 and earlier is not None else ag
         made_grads: list[int] = []
         held: list[int] = []
-        for m in range(1, max(micro, 1) + 1):
+        if pipe is not None:  # the schedule's forwards and backwards (pp_stream)
+            work = late if step == 1 else ()
+            made_grads = run_schedule(
+                s, pipe, a, sg, layers, step, grads, work, micro_forward, micro_backward, repeat, kept
+            )
+        for m in range(1, max(micro, 1) + 1) if pipe is None else ():
             if schedule:
                 a = schedule[((step - 1) * max(micro, 1) + m - 1) % len(schedule)]
             s.free(held)  # an earlier micro-batch's output the loop held: dropped as the next one starts
@@ -486,15 +494,61 @@ def micro_batch(
     ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's).
     Under FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
     unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards)."""
-    order = grads.order
-    by_tensor = grads.by_tensor
+    fw = micro_forward(s, a, layers, label, replayed, repeat, comm)
+    return micro_backward(s, fw, sg, grads, workspaces)
+
+
+@dataclass
+class Forward:
+    """What a micro-batch's forward left for its backward (``micro_forward``): the handles of its inputs, each
+    layer's saved tensors, the head's, the loss's, the output the loop holds, and how the layers were written."""
+
+    a: dict[str, Sequence[Any]]
+    label: str
+    layers: int
+    n: int
+    pre: list[int]
+    saved: list[list[int]]
+    d: int
+    copied: bool
+    compiled: bool
+    post: list[int]
+    tanh: list[int]
+    cast: list[int]
+    held: list[int]
+    kept: list[int]
+    copy: list[int]
+    comm: Fsdp2Writer | None
+    #: the last layer's output when the forward keeps it (a pipeline stage's output, sent on): freed by its backward
+    out: list[int]
+
+
+def micro_forward(
+    s: StreamWriter,
+    a: dict[str, Sequence[Any]],
+    layers: int,
+    label: str,
+    replayed: int | None = None,
+    repeat: bool = True,
+    comm: Fsdp2Writer | None = None,
+    hidden_in: list[int] | None = None,
+    keep_output: bool = False,
+    drop: Sequence[int] = (),
+) -> Forward:
+    """A micro-batch's forward and loss (``micro_batch``'s first half). ``hidden_in``: the layers' input when
+    it is not the embeddings' output (a later pipeline stage's receive buffer: never freed here);
+    ``keep_output``: the model's output (the last layer's, or on a stage with the head its logits) kept for the
+    backward (a pipeline stage's output, ``Forward.out``); ``drop``: handles freed once the head has run."""
     s.mark(f"{label} forward")
     if comm is not None:
         comm.forward_start()
     pre = s.items(a["pre"])
     fwd = a.get(LAYER_FORWARD, ())
     out = next((size for name, size in fwd if name == OUT), 0)
-    hidden = s.alloc(out) if out else []  # the embeddings' output (compiled: a saved tensor, no transient)
+    if hidden_in is not None:
+        hidden: list[int] = []
+    else:  # the embeddings' output (compiled: a saved tensor, no transient)
+        hidden = s.alloc(out) if out else []
     saved: list[list[int]] = []
     n = layers if replayed is None else replayed
     compiled = any(tangent_role(i.item) for i in a["loss_backward"])
@@ -521,22 +575,46 @@ def micro_batch(
         hidden = [h + (n - 2) * d for h in hidden]
     fin = a.get(FINAL_NORM, ())
     post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
-    s.free(hidden)  # the last layer's output, once the final norm has read it
-    outside = comm is not None and comm.u.loss_outside
+    last = bool(a["loss_forward"])
+    kept_out = hidden if keep_output and not last else []
+    if not kept_out:
+        s.free(hidden)  # the last layer's output, once the final norm has read it
     s.mark(f"{label} loss")
+    s.free(drop)
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
-    cast, held, kept, copy = _loss_forward(s, a, capped, comm)
+    cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last)
+    if keep_output and last:  # the logits, the model's output: the first tensor the loss's forward made
+        kept_out, held = held[:1], held[1:]
+    return Forward(a, label, layers, n, pre, saved, d, copied, compiled, post, tanh, cast, held, kept, copy, comm,
+                   kept_out)  # fmt: skip
+
+
+def micro_backward(
+    s: StreamWriter,
+    fw: Forward,
+    sg: dict[str, Sequence[Any]],
+    grads: _Grads,
+    workspaces: Sequence[int] = (),
+) -> tuple[list[int], list[int]]:
+    """A micro-batch's backward from what its forward left (``micro_batch``'s second half): the gradients it
+    made and keeps, and the output the loop holds."""
+    a, label, layers, n, saved, d = fw.a, fw.label, fw.layers, fw.n, fw.saved, fw.d
+    copied, comm = fw.copied, fw.comm
+    tanh, post, kept = fw.tanh, fw.post, fw.kept
+    order = grads.order
+    by_tensor = grads.by_tensor
+    outside = comm is not None and comm.u.loss_outside
     s.mark(f"{label} loss backward")
     if comm is not None and not outside:
         comm.backward_start(len(saved))
     # a compiled step's zero gradients of the returned KV cache, freed layer by layer
     tangents: list[int] = []
-    if compiled:
+    if fw.compiled:
         tangents, grad_logits = compiled_loss_backward(s, a["loss_backward"], kept)
     else:
-        grad_logits = _loss_backward(s, a["loss_backward"], cast, kept, copy)
+        grad_logits = _loss_backward(s, a["loss_backward"], fw.cast, kept, fw.copy)
         if a.get(HEAD_GATHER):  # TP's gathered logits: the gradient cut back to the rank's columns
             grad_logits = scatter_gradient(s, grad_logits, a[HEAD_GATHER][0])
     if comm is not None and outside:
@@ -544,7 +622,7 @@ def micro_batch(
     s.mark(f"{label} backward")
     if comm is not None:  # FSDP2: the gradients it keeps are its reduce-scatter outputs
         comm.backward(a, saved, grad_logits + tanh + post, workspaces)
-        return [], _inputs_freed(s, a, pre, held)
+        return [], _inputs_freed(s, a, fw.pre, fw.held)
     k = order.top_pre if order and by_tensor else 0
     new, zero = grads.new, grads.zero
     top_grads = _top_grads(s, grads, order, k) if order and by_tensor else []
@@ -574,7 +652,7 @@ def micro_batch(
             k = 0
     if zero is not None:  # after the last gradient: DeepSpeed's epilogue
         zero.epilogue()
-    held = _inputs_freed(s, a, pre, held)
+    held = _inputs_freed(s, a, fw.pre, fw.held)
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
 
@@ -603,12 +681,17 @@ def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], 
 
 
 def _loss_forward(
-    s: StreamWriter, a: dict[str, Sequence[Any]], capped: list[Any], comm: Fsdp2Writer | None
+    s: StreamWriter,
+    a: dict[str, Sequence[Any]],
+    capped: list[Any],
+    comm: Fsdp2Writer | None,
+    keep_logits: bool = False,
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """The loss's forward (``micro_batch``'s order): the logits and their upcast, the output the loop holds, what
     the loss saves (but ``capped``, made before), the logits freed; the handles of the 16-bit logits an upcast
     loss's backward casts its gradient back to, of the held output, of the saved tensors and (CUDA autocast's
-    cross-entropy on 16-bit logits) of nll_loss's fp32 copy of the log-softmax, made after them. Under FSDP2
+    cross-entropy on 16-bit logits) of nll_loss's fp32 copy of the log-softmax, made after them (``keep_logits``:
+    the logits, first, among the held output's handles and not freed: a pipeline's output). Under FSDP2
     (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
     upcasts its logits (torchtitan), after a loss computed inside it."""
     outside = comm is not None and comm.u.loss_outside
@@ -632,6 +715,8 @@ def _loss_forward(
         comm.forward_end()
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
     kept, copy = _loss_saved(s, [i for i in a["loss_saved"] if i not in capped])
+    if keep_logits:
+        held, logits = logits[:1] + held, logits[1:]
     s.free(logits)
     if comm is not None and not outside:
         comm.forward_end()
@@ -850,7 +935,8 @@ def replayable(ctx: Any) -> bool:
     DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
     gradients, ``zero_stream``) or a
     tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
-    ``tp_stream``), alone or under FSDP2 on the dp dimension; nothing
+    ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under GPipe or 1F1B
+    (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); nothing
     offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
     (docs/allocator.md lists what the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
@@ -863,6 +949,7 @@ def replayable(ctx: Any) -> bool:
             or zero12_replayable(ctx)
             or tp_replayable(ctx)
             or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
+            or pp_replayable(ctx)
         )
         and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
         and p.offload == "none"
@@ -990,10 +1077,15 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
 
-    ag: dict[str, Sequence[Any]] = {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+    pipe = pipeline_stage(ctx, stage) if pp_replayable(ctx) else None
+    ag: dict[str, Sequence[Any]] = (
+        {k: g.entries for k, g in cached_activation_groups(ctx, stage).items()}
+        if pipe is None
+        else _micro_batch_groups(ctx, stage)
+    )
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
     ag[LAYER_BACKWARD] = compiled_layer_backward_transients(ctx)
-    ag[FINAL_NORM] = final_norm_transients(ctx)
+    ag[FINAL_NORM] = final_norm_transients(ctx) if stage.last else ()
     ag[HEAD_GATHER] = head_gather(ctx)
     ag[EMBEDDING_GRAD] = embedding_grad(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
@@ -1033,7 +1125,20 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         per_param=ctx.par.tp > 1,
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
         zero=rank_zero(ctx, stage) if zero12_replayable(ctx) else None,
+        pipe=pipe,
     )
+
+
+def _micro_batch_groups(ctx: Any, stage: Any) -> dict[str, Sequence[Any]]:
+    """One micro-batch's activation groups of a pipeline stage (``timeline.micro_batch_groups``)."""
+    from memsim_widget.engine.caches.parts_cache import cached_activations
+    from memsim_widget.engine.step.timeline import micro_batch_groups
+
+    acts = cached_activations(ctx)
+    groups: dict[str, Sequence[Any]] = dict(micro_batch_groups(ctx, stage, acts))
+    if not stage.first:  # every stage computes its rotary embeddings (trace/pipeline.StageModule)
+        groups["pre"] = micro_batch_groups(ctx, replace(stage, first=True), acts)["pre"]
+    return groups
 
 
 @lru_cache(maxsize=4096)
@@ -1107,6 +1212,12 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             " (TP's all-reduced Linear outputs and the head's gathered logits on the compute stream: torch "
             "2.13's functional collectives, traced on CPU)"
             if ctx.par.tp > 1
+            else ""
+        )
+        + (
+            f" (pipeline {ctx.par.pp_schedule} over {ctx.par.pp_microbatches} micro-batches: the schedule's order, "
+            "receive buffers, kept outputs and input gradients from torch 2.13's pipelining, traced on CPU)"
+            if ctx.par.pp > 1
             else ""
         )
         + (

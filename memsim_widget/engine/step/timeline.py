@@ -565,18 +565,30 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
 
 
 def _activation_groups(
-    ctx: Context, stage: Stage, acts: ActivationBudget, f: float
+    ctx: Context, stage: Stage, acts: ActivationBudget, f: float, one: bool = False
 ) -> dict[str, list[LazyItem]]:
-    """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank (``activation_group_table``)."""
+    """The activation groups of ``moments.ACTIVATION_GROUPS`` on one rank (``activation_group_table``);
+    ``one``: of one micro-batch of the stage, as if no pipeline ran it (``micro_batch_groups``)."""
     sc, par, Ls = ctx.scenario, ctx.par, stage.layers
     n_ckpt = checkpointed_layers(ctx, stage)
     ckpt = 0 < n_ckpt == Ls  # every layer checkpointed
-    counts = StageCounts(par.pp, par.pp_microbatches, Ls, f, stage.first, stage.last, ctx.held_layers(stage),
-                         ctx.held_layers(stage, at_loss=True), par.pp_schedule, par.virtual_stages)  # fmt: skip
+    if one:
+        counts = StageCounts(1, 1, Ls, 1.0, stage.first, stage.last, Ls, Ls, par.pp_schedule, 1)
+    else:
+        counts = StageCounts(par.pp, par.pp_microbatches, Ls, f, stage.first, stage.last, ctx.held_layers(stage),
+                             ctx.held_layers(stage, at_loss=True), par.pp_schedule, par.virtual_stages)  # fmt: skip
     mixed = (n_ckpt, sc.checkpoint_every or 1) if 0 < n_ckpt < Ls else None  # every N-th layer
     knobs = ActivationKnobs(ckpt, acts.ckpt_input_shared, sc.activation_offloading, sc.activation_offloading_layers,
                             acts.output_through_step, mixed)  # fmt: skip
     return activation_group_table(ItemScaler(acts, ckpt), counts, knobs)
+
+
+def micro_batch_groups(ctx: Context, stage: Stage, acts: ActivationBudget) -> dict[str, list[LazyItem]]:
+    """The activation groups of one micro-batch of a pipeline stage, its ends (the first stage's embeddings,
+    the last's head and loss) kept and none of the pipeline's counts (its micro-batches in flight, receive
+    buffers, kept outputs, pending sends): the allocation stream writes those as the schedule makes them
+    (``engine/counters/pp_stream``)."""
+    return _activation_groups(ctx, stage, acts, 1.0, one=True)
 
 
 def _applies(ctx: Context, rule: MomentRule) -> bool:

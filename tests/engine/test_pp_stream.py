@@ -1,0 +1,228 @@
+"""A pipeline stage's allocation stream (``engine/counters/pp_stream.py``): the schedule's order, the buffers the
+schedule keeps, and the stage's replay against the fake-tensor trace of the same rank (torch 2.13 pipelining)."""
+
+from __future__ import annotations
+
+import pytest
+from fidelity_cases import LLAMA_H512_V32K
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsim_widget import Scenario, estimate
+from memsim_widget.engine.context import Context
+from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.allocator import FREE
+from memsim_widget.engine.counters.pp_stream import BACKWARD, FORWARD, pp_replayable, schedule_order
+from memsim_widget.engine.frameworks import allocator_conf
+from memsim_widget.engine.parallel.schedule import in_flight
+
+B, S, H = 2, 256, 512  # LLAMA_H512_V32K's hidden size
+
+
+def pp(schedule: str = "1f1b", p: int = 2, m: int = 4, **keys: object) -> dict:
+    """A bf16 pipeline of the 4-layer h=512 Llama at a real (32k) vocabulary."""
+    return {
+        "model": LLAMA_H512_V32K,
+        "micro_batch_size": B,
+        "seq_len": S,
+        "precision": "bf16",
+        "parallel": {"pp": p, "pp_schedule": schedule, "pp_microbatches": m},
+        **keys,
+    }
+
+
+def test_1f1b_warms_up_p_minus_stage_forwards_then_alternates():
+    """torch 2.13 ``Schedule1F1B._step_microbatches``: ``min(m, p - stage)`` forwards, then 1B1F, then the rest."""
+    F, Bk = FORWARD, BACKWARD
+    assert schedule_order(4, 8, "1f1b", 1) == (
+        (F, 0), (F, 1), (F, 2), (Bk, 0), (F, 3), (Bk, 1), (F, 4), (Bk, 2), (F, 5), (Bk, 3), (F, 6), (Bk, 4),
+        (F, 7), (Bk, 5), (Bk, 6), (Bk, 7),
+    )  # fmt: skip
+    assert schedule_order(2, 4, "1f1b", 1)[:4] == ((F, 0), (Bk, 0), (F, 1), (Bk, 1))  # the last stage: 1F1B
+    assert schedule_order(2, 3, "gpipe", 0) == ((F, 0), (F, 1), (F, 2), (Bk, 0), (Bk, 1), (Bk, 2))
+
+
+@settings(max_examples=300)
+@given(
+    p=st.integers(2, 8),
+    m=st.integers(1, 16),
+    schedule=st.sampled_from(["1f1b", "gpipe"]),
+    data=st.data(),
+)
+def test_the_order_holds_the_engines_micro_batches_in_flight(p, m, schedule, data):
+    """Every micro-batch runs forward once, then backward once, in micro-batch order; the most forwards whose
+    backward has not run is the engine's ``in_flight`` (the count its fitted figures scale by)."""
+    stage = data.draw(st.integers(0, p - 1))
+    order = schedule_order(p, m, schedule, stage)
+    assert [j for k, j in order if k == FORWARD] == list(range(m))
+    assert [j for k, j in order if k == BACKWARD] == list(range(m))
+    live = most = 0
+    for kind, j in order:
+        if kind == FORWARD:
+            live += 1
+            most = max(most, live)
+        else:
+            assert (FORWARD, j) in order[: order.index((BACKWARD, j))]
+            live -= 1
+    assert most == in_flight(p, m, schedule, 1, stage)
+
+
+def _allocs(events) -> list[int]:
+    return [size for _h, size, _s in events if size != FREE]
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "stage", "buffers"), [(2, 4, 0, 4), (2, 4, 1, 4), (4, 8, 1, 16), (4, 8, 3, 8)]
+)
+def test_receive_buffers_one_per_micro_batch_and_direction_made_once(p, m, stage, buffers):
+    """One b x s x h bf16 buffer per micro-batch for each direction the stage receives (the first stage no
+    hidden states, the last no gradients), made at the first step and never freed."""
+    ctx = Context(Scenario.from_dict(pp("1f1b", p, m)))
+    s = rank_stream(ctx, ctx.stages[stage])
+    at = dict((label, i) for i, label in s.marks)["step 1 receive buffers"]
+    made = s.events[at : at + buffers]
+    assert [size for _h, size, _s in made] == [B * S * H * 2] * buffers
+    assert s.events[at + buffers][1] != B * S * H * 2 or buffers == 0
+    freed = {h for h, size, _s in s.events if size == FREE}
+    assert not freed & {h for h, _size, _s in made}
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_free_follows_its_allocation_once(schedule, stage):
+    ctx = Context(Scenario.from_dict(pp(schedule, 4, 8)))
+    live: set[int] = set()
+    for h, size, _s in rank_stream(ctx, ctx.stages[stage]).events:
+        if size == FREE:
+            live.remove(h)
+        else:
+            assert h not in live
+            live.add(h)
+
+
+def test_the_last_stage_holds_each_in_flight_micro_batchs_logits():
+    """GPipe's last stage runs every loss before the first backward: every micro-batch's bf16 logits
+    (b x s x V x 2) and fp32 log-softmax alive at once."""
+    m = 4
+    ctx = Context(Scenario.from_dict(pp("gpipe", 2, m)))
+    s = rank_stream(ctx, ctx.stages[1])
+    marks = {label: i for i, label in s.marks}
+
+    def live_at(label: str) -> list[int]:
+        live: dict[int, int] = {}
+        for h, size, _s in s.events[: marks[label]]:
+            if size == FREE:
+                live.pop(h)
+            else:
+                live[h] = size
+        return list(live.values())
+
+    before, sizes = live_at("step 2 micro-batch 1 forward"), live_at("step 2 micro-batch 1 loss backward")
+    # the logits the schedule keeps (the head's weight and its Adam states are as large: there before)
+    assert sizes.count(B * S * 32000 * 2) - before.count(B * S * 32000 * 2) == m
+    assert sizes.count(B * S * 32000 * 4) - before.count(B * S * 32000 * 4) == m  # each loss's log-softmax
+
+
+@pytest.mark.parametrize(
+    ("keys", "replays"),
+    [
+        ({"reserved_model": "replay"}, True),
+        ({}, False),  # the default keeps the fitted rule for pipelines (Scenario.replays_reserved)
+        (
+            {
+                "reserved_model": "replay",
+                "parallel": {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2},
+            },
+            False,
+        ),
+        ({"reserved_model": "replay", "parallel": {"pp": 2, "dp": 2, "zero": 3}}, False),
+        ({"reserved_model": "replay", "grad_accum_steps": 2}, False),
+    ],
+)
+def test_which_pipeline_ranks_replay(keys, replays):
+    d = pp()
+    d = {**d, **keys, "parallel": {**d["parallel"], **keys.get("parallel", {})}}  # type: ignore[dict-item]
+    ctx = Context(Scenario.from_dict(d))
+    assert replayable(ctx) is replays
+    est = estimate(ctx.scenario)
+    assert all(("caching allocator replayed" in r.reserved.formula) is replays for r in est.ranks)
+
+
+def test_the_estimate_reserves_the_stages_replay():
+    sc = Scenario.from_dict(pp("1f1b", 4, 8, reserved_model="replay"))
+    ctx = Context(sc)
+    assert pp_replayable(ctx)
+    for r, stage in zip(estimate(sc).ranks, ctx.stages, strict=True):
+        assert (
+            r.peak_reserved_bytes == replay_stream(rank_stream(ctx, stage), allocator_conf(ctx)).peak_reserved
+        )
+
+
+#: (layout, stage, keys): where the stage's hidden states (2 x 1,024 tokens x h 512 x 2 B = 2 MiB) fill the large
+#: pool, as a real model's do
+TRACED = [
+    ("pp2 1f1b m4", 0, pp("1f1b", 2, 4, seq_len=1024)),
+    ("pp2 1f1b m4", 1, pp("1f1b", 2, 4, seq_len=1024)),
+    ("pp2 gpipe m4", 1, pp("gpipe", 2, 4, seq_len=1024)),
+    ("pp4 1f1b m8", 1, pp("1f1b", 4, 8, seq_len=1024)),
+    ("pp4 1f1b m8", 3, pp("1f1b", 4, 8, seq_len=1024)),
+    ("pp4 gpipe m8", 2, pp("gpipe", 4, 8, seq_len=1024)),
+]
+#: under their trace by more than 1%: a cached 32 MiB segment (the embeddings' gradient's) split by the
+#: layers' blocks in one replay and not the other (docs/allocator.md#pipeline-stages)
+UNDER = [
+    ("pp2 gpipe m4", 0, pp("gpipe", 2, 4, seq_len=1024)),
+    ("pp4 1f1b m8 s256", 1, pp("1f1b", 4, 8)),
+]
+
+
+def _replays(keys: dict, stage: int) -> tuple[int, int, int, int]:
+    """(stream peak reserved, trace peak reserved, stream peak allocated, trace peak allocated)."""
+    pytest.importorskip("transformers")
+    from memsim_widget.trace.pipeline import trace_pipeline
+    from memsim_widget.trace.replay import replay_trace
+
+    sc = Scenario.from_dict(keys)
+    traced, _ = replay_trace(trace_pipeline(sc, rank=stage).tracker, sc)
+    ctx = Context(sc)
+    rep = replay_stream(rank_stream(ctx, ctx.stages[stage]), allocator_conf(ctx))
+    return rep.peak_reserved, traced.peak_reserved, rep.peak_allocated, traced.peak_allocated
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "stage", "keys"), TRACED, ids=[f"{n} stage {s}" for n, s, _ in TRACED])
+def test_a_stage_replays_within_1_percent_of_its_trace(name, stage, keys):
+    """The stage's stream against the fake-tensor trace of the same rank under the real schedule, both replayed
+    through the same allocator: peak reserved within 1% (the fitted rule: -1.5% .. +31% on these), peak
+    allocated within 3.1% (over on stages without the head: the layers' backward transients as items)."""
+    got, traced, alloc, traced_alloc = _replays(keys, stage)
+    assert abs(got - traced) <= 0.01 * traced
+    assert abs(alloc - traced_alloc) <= 0.031 * traced_alloc
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="under the trace by 1.7% and 4.1%: docs/allocator.md#pipeline-stages")
+@pytest.mark.parametrize(("name", "stage", "keys"), UNDER, ids=[f"{n} stage {s}" for n, s, _ in UNDER])
+def test_stages_still_under_their_trace(name, stage, keys):
+    got, traced, _a, _t = _replays(keys, stage)
+    assert got >= traced
+
+
+@pytest.mark.parametrize("zero_grad", ["set_to_none", "zeros"])
+def test_a_step_leaves_what_the_step_before_it_left(zero_grad):
+    """After the first step (the optimizer's states made) a step frees all it makes: the same tensors alive at
+    the end of step 1 and of step 2, gradients zeroed in place (``zero_grad: zeros``) kept and added into."""
+    ctx = Context(Scenario.from_dict(pp("1f1b", 4, 8, zero_grad=zero_grad)))
+    s = rank_stream(ctx, ctx.stages[1])
+    end1 = {label: i for i, label in s.marks}["step 2 micro-batch 1 forward"]
+
+    def live(events) -> list[int]:
+        out: dict[int, int] = {}
+        for h, size, _s in events:
+            if size == FREE:
+                del out[h]
+            else:
+                out[h] = size
+        return sorted(out.values())
+
+    assert live(s.events[:end1]) == live(s.events)
