@@ -4,6 +4,8 @@ so every candidate, listed or not, equals ``estimate`` of that candidate byte fo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -193,16 +195,7 @@ def test_lora_fsdp2_candidates_take_the_replay_and_equal_estimate():
     """LoRA under FSDP2 over 2 and 4 GPUs (the frozen base gathered, only the adapters reduce-scattered:
     ``fsdp_stream.fsdp2_units``), with and without accumulation: replayed, each equal to ``estimate`` byte for
     byte."""
-    from tests.data.fidelity_cases import LLAMA_H512_V32K
-
-    base = {
-        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
-        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
-    }  # fmt: skip
-    space = SearchSpace(micro_batch=(1, 2), zero=(3,), offload=("none",))
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=4 * 512)
-    assert p.mismatches(np.arange(p.evaluated)) == []
-    ests = [p.estimate(i) for i in range(p.evaluated)]
+    ests = _lora_candidates(zero=3, sequences=4)
     alone = [e.scenario.parallel.tp * e.scenario.parallel.pp * e.scenario.parallel.cp == 1 for e in ests]
     sharded = [e for e, a in zip(ests, alone, strict=True) if a and e.scenario.parallel.dp > 1]
     assert sharded and all("replayed" in e.ranks[0].reserved.formula for e in sharded)
@@ -214,17 +207,29 @@ def test_lora_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
     """LoRA under DDP over 2 and 4 GPUs (zero 0: every parameter broadcast at wrap, only the adapters bucketed,
     ``ddp_stream.rank_buckets``), with and without accumulation: replayed, each equal to ``estimate`` byte for
     byte."""
-    from tests.data.fidelity_cases import LLAMA_H512_V32K
-
-    base = {
-        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
-        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}, "activation_checkpointing": checkpointing,
-    }  # fmt: skip
-    space = SearchSpace(micro_batch=(1, 2), zero=(0,), checkpointing=(checkpointing,), offload=("none",))
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
-    assert p.mismatches(np.arange(p.evaluated)) == []
-    ests = [p.estimate(i) for i in range(p.evaluated)]
+    ests = _lora_candidates(zero=0, sequences=8, checkpointing=checkpointing)
     pars = [e.scenario.parallel for e in ests]
     ddp = [e for e, q in zip(ests, pars, strict=True) if q.dp > 1 and q.tp * q.pp * q.cp * q.ep == 1]
     assert ddp and all("DDP's wrap-time broadcast" in e.ranks[0].reserved.formula for e in ddp)
     assert {e.scenario.grad_accum_steps for e in ddp} != {1}
+
+
+def _lora_candidates(zero: int, sequences: int, checkpointing: str | None = None) -> list:
+    """The planner's candidates for LoRA r16 on q_proj and v_proj of the small Llama at 512 tokens on 2 and 4
+    H100s under ``zero`` (a global batch of ``sequences``; ``checkpointing`` fixed, or every setting the planner
+    tries), after checking that each equals ``estimate`` byte for byte (``mismatches``): their estimates."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
+        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
+    }  # fmt: skip
+    space = SearchSpace(micro_batch=(1, 2), zero=(zero,), offload=("none",))
+    if checkpointing is not None:
+        base["activation_checkpointing"] = checkpointing
+        space = dataclasses.replace(space, checkpointing=(checkpointing,))
+    p = plan(
+        base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=sequences * 512
+    )
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    return [p.estimate(i) for i in range(p.evaluated)]
