@@ -672,7 +672,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
-    ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
+    ``DEFAULT_RESERVED_MODEL``, the fitted rule for padding longest and compiled steps) and the stream
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
