@@ -68,7 +68,7 @@ from memsim_widget.engine.counters.tp_stream import (
     weights_by_param,
 )
 from memsim_widget.engine.frameworks import grads_kept
-from memsim_widget.engine.items import Item
+from memsim_widget.engine.items import ALLOCATED_LEVELS, Item
 from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, new_gradient
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
@@ -89,8 +89,8 @@ LAYER_FORWARD = "layer_forward"
 #: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
 #: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
 FINAL_NORM = "final_norm_forward"
-#: Item levels the caching allocator serves (device-level items live outside it).
-_POOLED = ("tensor", "allocator")
+#: Item levels the caching allocator serves (device-level items live outside it): those it counts as allocated.
+_POOLED = ALLOCATED_LEVELS
 
 
 @dataclass(frozen=True)
@@ -699,8 +699,8 @@ def replayable(ctx: Any) -> bool:
 
 def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
-    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
-    one micro-batch a step or several where the framework's accumulation is read
+    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
+    or LoRA (``_fsdp2_lora_modelled``), one micro-batch a step or several where the framework's accumulation is read
     (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), not in
     fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by ``zero_grad``
     (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
