@@ -275,26 +275,11 @@ def test_a_micro_batch_leaves_only_the_gradient_shards(
         return tuple((rows * cols, padded_shard((rows, cols), world)) for rows, cols in shapes)
 
     u = Fsdp2Units(unit(layer), unit(root), 1, world, 2, 4, 4, cast, reshard, tied=tied)
-    s = StreamWriter()
-    w = Fsdp2Writer(s, u)
-    w.forward_start()
-    for _ in range(layers):
-        w.layer_forward_start()
-        w.layer_forward_end()
-    w.forward_end()
-    w.backward_start(layers)
-    w.backward({"recompute": (), "layer_backward": (), "top_backward": ()}, [[] for _ in range(layers)], [])
-    live: dict[object, tuple[int, int]] = {}
-    for h, size, stream in s.events:
-        if size == FREE:
-            del live[h]  # a handle freed twice or never allocated fails here
-        else:
-            assert h not in live
-            live[h] = (size, stream)
+    s, w = _micro_batches(u, layers, [(False, False)])
     layer_shard = sum(sh for _, sh in u.layer) * 4
     root_shard = sum(sh for _, sh in u.root) * 4
     want = [(layer_shard, REDUCE_SCATTER)] * layers + [(root_shard, REDUCE_SCATTER)]
-    assert sorted(live.values()) == sorted(want)
+    assert _live(s) == sorted(want)
     w.zero_grad()
     assert sum(size == FREE for _, size, _ in s.events) * 2 == len(s.events)
 
@@ -320,6 +305,8 @@ def _micro_batches(
 
 
 def _live(s: StreamWriter) -> list[tuple[int, int]]:
+    """The (bytes, stream) of the buffers still allocated at the end of ``s``, sorted; each handle allocated
+    once and freed at most once."""
     live: dict[object, tuple[int, int]] = {}
     for h, size, stream in s.events:
         if size == FREE:
