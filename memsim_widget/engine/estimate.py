@@ -437,7 +437,7 @@ class Estimate:
 
     def verdict_why(self) -> dict[str, str]:
         """``verdict_reason`` and ``verdict_text`` as the JSON outputs carry them (``to_dict``, the widget's result,
-        ``memsim recommend --json``); nothing without a replay on the card, so the fitted default is unchanged."""
+        ``memsim recommend --json``); nothing without a replay on the card, so the fitted rule's output is unchanged."""
         rep = self.card_replay
         return {} if rep is None else {"verdict_reason": rep.reason, "verdict_text": rep.text}
 
