@@ -3,12 +3,11 @@ replayed the same way (docs/allocator.md, "Compiled steps").
 
 For each case of ``COMPILED_CASES`` (tests/data/fidelity_cases.py) that the engine's traced compiled rule covers
 (``engine/activations/compiled.compiled_rule_applies``; the activation-budget cases are left out: the engine keeps
-the default budget's figure there): the compiled trace's peak reserved and allocated (``trace/replay.replay_trace``
-of ``trace_config``'s two compiled steps), the engine stream's (``alloc_stream.rank_stream`` + ``replay_stream``)
-also without the CUDA-only
-scratch a CPU trace cannot see (``rank_stream(traced_only=True)``: flash attention's fp32 dq accumulator), and the
-fitted rule's reserved (``reserved_model: fitted``, the default). Each case traces in a fresh interpreter
-(tests/trace/test_trace_compiled.py says why). Nothing is fitted.
+the default budget's figure there): the compiled trace's peak reserved and allocated (its two compiled steps
+replayed), the engine stream's (``alloc_stream.rank_stream`` + ``replay_stream``) also without the CUDA-only scratch
+a CPU trace cannot see (``rank_stream(traced_only=True)``: flash attention's fp32 dq accumulator), and the fitted
+rule's reserved (``reserved_model: fitted``, a compiled step's default): ``tests/data/stream_vs_trace.figures``.
+Each case traces in a fresh interpreter (tests/trace/test_trace_compiled.py says why). Nothing is fitted.
 
 Run: python benchmarks/allocator_replay_compiled.py [-k TEXT ...] [--inductor-passes]   (20 s to 2 minutes a case on
 one CPU core; ``--inductor-passes``: the traces made under ``trace/compiled.inductor_passes``, the order of the
@@ -25,10 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
 from fidelity_cases import COMPILED_CASES  # noqa: E402
-from fresh_interpreter import run_json  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from allocator_replay_accum import compare as accum_compare  # noqa: E402
+from stream_vs_trace import compiled_figures  # noqa: E402  (the comparison the tests hold, written once)
 
 
 def cases() -> list[tuple[str, dict[str, Any]]]:
@@ -45,24 +41,6 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def compare(d: dict[str, Any], inductor: bool = False) -> dict[str, Any]:
-    """The compiled trace's replay (``inductor``: traced under ``inductor_passes``), the engine stream's (also
-    without CUDA-only scratch) and the fitted rule's reserved for scenario ``d`` (``allocator_replay_accum.compare``)."""
-    return dict(accum_compare(d, traced_only=True, inductor=inductor))
-
-
-def compare_in_subprocess(name: str, inductor: bool = False) -> dict[str, Any]:
-    """``compare`` of case ``name`` in a fresh interpreter (tests/data/fresh_interpreter.py says why)."""
-    code = (
-        "import json, sys\n"
-        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
-        "from allocator_replay_compiled import compare\n"
-        "from fidelity_cases import COMPILED_CASES\n"
-        f"print(json.dumps(compare(dict(COMPILED_CASES)[sys.argv[1]], inductor={inductor!r})))\n"
-    )
-    return run_json(code, name, timeout=None)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", nargs="*", default=[""], help="only cases whose name holds one of these texts")
@@ -73,14 +51,14 @@ def main() -> None:
     for name, _ in cases():
         if not any(k in name for k in args.k):
             continue
-        r = compare_in_subprocess(name, args.inductor_passes)
+        r = compiled_figures(name, args.inductor_passes, timeout=None)
         tr = int(r["trace"])
         print(
             f"{name:60s} reserved trace {tr:,} stream {int(r['stream']):,} ({int(r['stream']) / tr - 1:+.2%}, at "
             f"{r['at']}; without CUDA-only scratch {int(r['stream_traced_only']) / tr - 1:+.2%}), fitted "
-            f"{int(r['fitted']) / tr - 1:+.2%}; allocated trace {int(r['trace_alloc']):,} "
-            f"stream {int(r['stream_alloc']):,} (without CUDA-only scratch "
-            f"{int(r['stream_traced_only_alloc']) / int(r['trace_alloc']) - 1:+.2%})",
+            f"{int(r['fitted']) / tr - 1:+.2%}; allocated trace {int(r['trace_allocated']):,} "
+            f"stream {int(r['stream_allocated']):,} (without CUDA-only scratch "
+            f"{int(r['stream_traced_only_allocated']) / int(r['trace_allocated']) - 1:+.2%})",
             flush=True,
         )
 

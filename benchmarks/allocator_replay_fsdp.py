@@ -4,8 +4,9 @@ their CUDA streams) replayed against the fake-tensor trace of one rank of the sa
 FSDP2 allocates it on), replayed the same way (docs/allocator.md, "FSDP2's streams").
 
 For each case: the trace's peak reserved per stream and on one stream (what the replay gave before the trace
-carried streams), the engine stream's, and the fitted rule's reserved (``reserved_model`` unset: what the
-estimate gives FSDP2 ranks without the replay). Nothing is fitted.
+carried streams), the engine stream's, and the fitted rule's reserved (``reserved_model: fitted``: what the
+estimate gave FSDP2 ranks before the replay covered them); the figures are ``tests/data/stream_vs_trace.figures``.
+Nothing is fitted.
 
 Run: python benchmarks/allocator_replay_fsdp.py [-k TEXT]
 """
@@ -19,8 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
 from fidelity_cases import LLAMA_H512_V32K as SMALL_LLAMA  # noqa: E402  (the test's case, written once)
-
-BASE = {"micro_batch_size": 2, "seq_len": 512, "precision": "bf16", "reserved_model": "replay"}
+from stream_vs_trace import BASE, change, figures  # noqa: E402  (the comparison the tests hold, written once)
 
 
 def _fsdp(dp: int, reshard: bool = True) -> dict[str, Any]:
@@ -108,8 +108,9 @@ LORA: list[tuple[str, dict[str, Any]]] = [
 
 
 def cases() -> list[tuple[str, dict[str, Any]]]:
-    """This file's cases, then the FSDP2 cases of the multi-GPU fidelity suite (tests/data/
-    fidelity_parallel_cases.py, real vocabularies included) whose rank the engine's stream models."""
+    """This file's cases (each one the engine's stream models), then the cases of the multi-GPU fidelity suite
+    (tests/data/fidelity_parallel_cases.py, real vocabularies included) whose rank the engine's stream models:
+    its FSDP2 ranks, and its DDP and tensor-parallel ones since those entered the replay."""
     from fidelity_parallel_cases import CASES
 
     from memsim_widget.engine.context import Context
@@ -117,43 +118,13 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     from memsim_widget.scenario import Scenario
 
     out = list(OWN) + ACCUM + LORA
+    for name, d in out:
+        assert replayable(Context(Scenario.from_dict(d))), name
     for name, d, _stage in CASES:
         d = {**d, "reserved_model": "replay"}
         if replayable(Context(Scenario.from_dict(d))):
             out.append((name, d))
     return out
-
-
-def compare(d: dict[str, Any]) -> dict[str, Any]:
-    """The trace's replay (per stream and on one stream), the engine stream's and the fitted rule's reserved
-    for scenario ``d``."""
-    from memsim_widget import estimate
-    from memsim_widget.engine.context import Context
-    from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream, replayable
-    from memsim_widget.engine.counters.allocator import replay
-    from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.scenario import Scenario
-    from memsim_widget.trace.api import trace_scenario
-    from memsim_widget.trace.replay import _prepared
-
-    sc = Scenario.from_dict(d)
-    result = trace_scenario(sc, progress=False)
-    events, _outside, conf, _ = _prepared(result.tracker, sc, None)
-    traced = replay(events, conf=conf)
-    one = replay([(h, size, 0) for h, size, _ in events], conf=conf)
-    ctx = Context(sc)
-    assert replayable(ctx), d
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    fitted = estimate(Scenario.from_dict({**d, "reserved_model": "fitted"})).ranks[0]
-    return {
-        "trace": traced.peak_reserved,
-        "trace_allocated": traced.peak_allocated,
-        "one_stream": one.peak_reserved,
-        "stream": rep.peak_reserved,
-        "stream_allocated": rep.peak_allocated,
-        "at": rep.at,
-        "fitted": fitted.peak_reserved_bytes,
-    }
 
 
 def main() -> None:
@@ -167,15 +138,11 @@ def main() -> None:
     for name, d in cases():
         if args.k not in name:
             continue
-        r = compare(d)
-        t = r["trace"]
-
-        def pct(x: int, t: int = t) -> str:
-            return f"{(x - t) / t:+.2%}"
-
+        r = figures(d)
+        t, ta = r["trace"], r["trace_allocated"]
         print(
-            f"| {name} | {t:,} B | {pct(r['one_stream'])} | {pct(r['stream'])} | {pct(r['fitted'])} | "
-            f"{r['trace_allocated']:,}, {(r['stream_allocated'] - r['trace_allocated']) / r['trace_allocated']:+.2%} |",
+            f"| {name} | {t:,} B | {change(r['one_stream'], t)} | {change(r['stream'], t)} | "
+            f"{change(r['fitted'], t)} | {ta:,}, {change(r['stream_allocated'], ta)} |",
             flush=True,
         )
 

@@ -1194,8 +1194,8 @@ BERT_ONE_MICRO_BATCH = ("81", "84", "86", "88")
 
 
 def _bert_zero_grad(by_id: dict[str, dict[str, Any]]) -> list[str]:
-    """The BERT rows' replay with and without ``zero_grad: zeros`` (the 2022 Trainer's ``model.zero_grad()`` on
-    torch < 2.0 kept every gradient): the rows stay as published (the fitted constants are fitted on them)."""
+    """The BERT rows' replay as marked (``zero_grad: zeros``: the 2022 Trainer's ``model.zero_grad()`` on torch
+    < 2.0 kept every gradient) and with ``set_to_none`` (what the row would give unmarked)."""
     rows = [by_id[rid]["row"] for rid in BERT_ONE_MICRO_BATCH if rid in by_id]
     if not rows:
         return []
@@ -1207,15 +1207,15 @@ def _bert_zero_grad(by_id: dict[str, dict[str, Any]]) -> list[str]:
             _pct(
                 core.estimate({**spec, "reserved_model": "replay", **kept}).device_total_bytes / measured - 1
             )
-            for kept in ({}, {"zero_grad": "zeros"})
+            for kept in ({"zero_grad": "set_to_none"}, {"zero_grad": "zeros"})
         ]
         cells.append(f"{row['id']} {errs[0]} -> {errs[1]}")
     return [
         "- The Trainer of these rows (January 2022: before transformers 4.27) called `model.zero_grad()`, which on torch",
         "  < 2.0 zeroes the gradients in place, so every gradient is alive through the next step's forward",
         "  (docs/memory-facts.md#the-training-loop). With one micro-batch a step, nvidia-smi by replay with",
-        f"  `zero_grad: zeros` instead of the default: {', '.join(cells)}. The rows keep the default: the fitted",
-        "  constants are fitted on the odd ones (row 81 would move FRAGMENTATION_TRANSIENT from 0.44 to 0.34).",
+        f"  `zero_grad: set_to_none` -> `zeros` (as the rows are marked): {', '.join(cells)}. The fitted constants",
+        "  are fitted on the odd rows as marked.",
     ]
 
 

@@ -432,7 +432,7 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "fp8_all_gather": None,
     # PYTORCH_CUDA_ALLOC_CONF of the run (unset: the framework's launcher default, engine/frameworks.py)
     "allocator_conf": None,
-    # how the reserved counter is computed (RESERVED_MODELS; unset: "fitted")
+    # how the reserved counter is computed (RESERVED_MODELS; unset: DEFAULT_RESERVED_MODEL, Scenario.replays_reserved)
     "reserved_model": None,
     # compile: true only: torch._functorch.config.activation_memory_budget (unset: torch's default, 1.0)
     "activation_memory_budget": None,
@@ -478,7 +478,8 @@ class Scenario:
     the run's ``PYTORCH_CUDA_ALLOC_CONF`` (e.g. ``"expandable_segments:True,max_split_size_mb:128"``), parsed
     as PyTorch parses it (``engine/counters/allocator.py``); unset: the framework's launcher default (torchtitan
     ``expandable_segments:True``, the others PyTorch's defaults); ``reserved_model`` (optional) -- ``fitted``
-    or ``replay``, how the reserved counter is computed (``RESERVED_MODELS``).
+    or ``replay``, how the reserved counter is computed (``RESERVED_MODELS``; unset: ``DEFAULT_RESERVED_MODEL``
+    but the fitted rule for ``padding: longest`` and compiled steps, ``replays_reserved``).
 
     ``output_lifetime`` -- how long the loop keeps the model output (logits and any KV cache the model
     returns): ``trainer`` drops it before backward (HF Trainer keeps only the loss), ``backward`` until
@@ -557,7 +558,7 @@ class Scenario:
     padding: str = "max_length"
     cuda_lazy_loading: bool = True
     allocator_conf: str | None = None
-    reserved_model: str | None = None  # None: "fitted" (RESERVED_MODELS)
+    reserved_model: str | None = None  # None: DEFAULT_RESERVED_MODEL (see replays_reserved)
     activation_memory_budget: float | None = None  # compile only; None: torch's default (1.0)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"

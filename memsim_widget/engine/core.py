@@ -108,8 +108,9 @@ def _estimate(scenario: Scenario) -> Estimate:
 
 
 def _replayable(ctx: Context) -> bool:
-    """``alloc_stream.replayable``, its module (and the allocator's) imported only where the scenario asks for the
-    replay: a default estimate keeps the fitted rule without loading them (~2 ms of every CLI start)."""
+    """``alloc_stream.replayable``, its module (and the allocator's) imported only where the scenario's reserved
+    model is the replay (``Scenario.replays_reserved``): an estimate under the fitted rule does not load them
+    (~2 ms of a CLI start)."""
     if not ctx.scenario.replays_reserved:  # replayable's first condition
         return False
     from memsim_widget.engine.counters.alloc_stream import replayable

@@ -36,8 +36,8 @@ DEFAULT_HEADROOM = 0.10
 class Verdict(Name):
     """Whether the worst rank fits the GPU: inside ``1 - headroom`` of it, inside the card but within the headroom
     band (the run-to-run spread: the same job's reserved and nvidia-smi figures differ between runs and
-    versions), or over the card. Under ``reserved_model: replay`` the allocator's replay on the card's real
-    capacity decides too (``Estimate.card_replay``): a step that runs out of memory there does not fit, and
+    versions), or over the card. Where the reserved counter is replayed (``Scenario.replays_reserved``, the
+    default) the allocator's replay on the card's real capacity decides too (``Estimate.card_replay``): a step that runs out of memory there does not fit, and
     ``Estimate.verdict_reason`` names why (it runs, runs only by releasing the cache, fragmentation, total)."""
 
     FITS = "fits"
@@ -133,8 +133,8 @@ class Estimate:
 
     # ----- verdict ------------------------------------------------------------------------------
     def fits(self, gpu: GPU | str | dict | None = None, headroom: float = DEFAULT_HEADROOM) -> bool:
-        """True if the worst rank's nvidia-smi total stays under (1 - headroom) of the GPU's memory and, under
-        ``reserved_model: replay``, its replay on the card runs (``card_replay``; on another ``gpu``: the total
+        """True if the worst rank's nvidia-smi total stays under (1 - headroom) of the GPU's memory and, where
+        the reserved counter is replayed, its replay on the card runs (``card_replay``; on another ``gpu``: the total
         alone)."""
         card = self.gpu if gpu is None else resolve_gpu(gpu)
         if self.device_total_bytes > card.memory_bytes * (1 - headroom):
@@ -144,7 +144,7 @@ class Estimate:
 
     def verdict(self, headroom: float = DEFAULT_HEADROOM) -> Verdict:
         """``fits``, ``tight`` (inside the card but within the headroom band: the run-to-run spread) or ``does
-        not fit`` (over the card, or under ``reserved_model: replay`` out of memory in the replay on it)."""
+        not fit`` (over the card, or, where the reserved counter is replayed, out of memory in the replay on it)."""
         if self.fits(headroom=headroom):
             return Verdict.FITS
         rep = self.card_replay
@@ -154,7 +154,8 @@ class Estimate:
 
     @cached_property
     def card_replay(self) -> CardReplay | None:
-        """Under ``reserved_model: replay``, on a step the stream models (``alloc_stream.replayable``): the
+        """Where the reserved counter is replayed (``Scenario.replays_reserved``) on a step the stream models
+        (``alloc_stream.replayable``): the
         replay of the verdict's rank on the card's real capacity, its memory less what lives outside the
         allocator (context, NCCL, paged states: ``overhead.reserved_cap``, the split of the
         nvidia-smi figure); None elsewhere (the fitted rule has no stream to replay)."""
@@ -184,8 +185,8 @@ class Estimate:
         return "" if rep is None else rep.text
 
     def recommended_memory_bytes(self, headroom: float = DEFAULT_HEADROOM) -> int:
-        """Smallest device memory that holds the peak with ``headroom`` to spare. Under ``reserved_model:
-        replay``, when the replay on the card releases the cache or runs out of memory (its reserved counter is
+        """Smallest device memory that holds the peak with ``headroom`` to spare. Where the reserved counter is
+        replayed, when the replay on the card releases the cache or runs out of memory (its reserved counter is
         capped at the card), the card whose room holds the unlimited replay's peak reserved (no cudaMalloc
         fails there) plus what lives outside the allocator."""
         rep = self.card_replay
@@ -436,12 +437,13 @@ class Estimate:
 
     def verdict_why(self) -> dict[str, str]:
         """``verdict_reason`` and ``verdict_text`` as the JSON outputs carry them (``to_dict``, the widget's result,
-        ``memsim recommend --json``); nothing without a replay on the card, so the fitted default is unchanged."""
+        ``memsim recommend --json``); nothing without a replay on the card, so the fitted rule's output is unchanged."""
         rep = self.card_replay
         return {} if rep is None else {"verdict_reason": rep.reason, "verdict_text": rep.text}
 
     def _card_dict(self) -> dict[str, Any]:
-        """``to_dict``'s replay on the card (only under ``reserved_model: replay``: the default is unchanged)."""
+        """``to_dict``'s replay on the card (only where the reserved counter is replayed: the fitted rule's dict
+        has none of these keys)."""
         rep = self.card_replay
         if rep is None:
             return {}

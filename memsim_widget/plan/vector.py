@@ -289,7 +289,7 @@ class Evaluation:
     #: than any card): figures reported as ``OVERFLOW_BYTES``, peak moment and worst stage not meaningful;
     #: ``estimate`` of the candidate gives the exact figures.
     overflow: np.ndarray
-    #: Under ``reserved_model: replay``: candidates whose replay on the card runs out of memory
+    #: Where the reserved counter is replayed: candidates whose replay on the card runs out of memory
     #: (``Estimate.card_replay``; they never fit, whatever the headroom). All False under the fitted rule.
     oom: np.ndarray
 

@@ -541,16 +541,16 @@ def test_an_accumulating_stream_replays_as_its_trace(change: dict) -> None:
     step, each loss scaled) replayed through the allocator: the engine's stream reaches its peak reserved
     within 1% (docs/allocator.md lists the figures), and the peak allocated within 1%."""
     pytest.importorskip("transformers")
-    from memsim_widget.trace.api import trace_config
-    from memsim_widget.trace.replay import replay_trace
+    from stream_vs_trace import stream_and_trace
 
-    sc = Scenario.from_dict({**ACCUM, **change})
-    traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
-    ctx = Context(objectives.training_scenario(sc))
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
-    assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.01
-    assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved  # the estimate reads this replay
+    r = stream_and_trace({**ACCUM, **change})
+    assert abs(r.stream.peak_reserved / r.traced.peak_reserved - 1) < 0.01
+    assert abs(r.stream.peak_allocated / r.traced.peak_allocated - 1) < 0.01
+    # the estimate reads this replay
+    assert (
+        estimate(Scenario.from_dict({**ACCUM, **change})).ranks[0].peak_reserved_bytes
+        == r.stream.peak_reserved
+    )
 
 
 def test_the_autograd_threads_workspace_is_made_at_the_heads_backward(monkeypatch) -> None:

@@ -236,28 +236,12 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: boo
     GPT-2 is not here since its compiled rule holds the returned KV cache with the output (traced,
     docs/fidelity.md): its stream is two small segments over its trace (165.7 vs 161.5 MB, +2.6%), not found
     yet."""
-    from fresh_interpreter import run_json
-
     pytest.importorskip("transformers")
-    code = (  # a fresh interpreter (fresh_interpreter says why)
-        "import json, sys\n"
-        "from fidelity_cases import COMPILED_CASES\n"
-        "from memsim_widget.scenario import Scenario\n"
-        "from memsim_widget.trace.api import trace_config\n"
-        "from memsim_widget.trace.compiled import inductor_passes\n"
-        "from memsim_widget.trace.replay import replay_trace\n"
-        "sc = Scenario.from_dict({**dict(COMPILED_CASES)[sys.argv[1]], 'reserved_model': 'replay'})\n"
-        "with inductor_passes():\n"
-        "    res, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)\n"
-        "print(json.dumps({'reserved': res.peak_reserved, 'allocated': res.peak_allocated}))\n"
-    )
-    traced = run_json(code, name)
-    from fidelity_cases import COMPILED_CASES
+    from stream_vs_trace import compiled_figures
 
-    ctx = _ctx({**dict(COMPILED_CASES)[name], "reserved_model": "replay"})
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx))
+    r = compiled_figures(name, inductor=True)  # the trace and the stream without CUDA-only scratch
     if covered:
-        assert 0 <= rep.peak_reserved / traced["reserved"] - 1 < 0.01
-        assert -0.0002 < rep.peak_allocated / traced["allocated"] - 1 < 0.01
+        assert 0 <= r["stream_traced_only"] / r["trace"] - 1 < 0.01
+        assert -0.0002 < r["stream_traced_only_allocated"] / r["trace_allocated"] - 1 < 0.01
         return
-    assert abs(rep.peak_reserved - traced["reserved"]) <= max(0.01 * traced["reserved"], 2 * SMALL_SEGMENT)
+    assert abs(r["stream_traced_only"] - r["trace"]) <= max(0.01 * r["trace"], 2 * SMALL_SEGMENT)

@@ -86,8 +86,10 @@ def test_dropping_the_long_samples_keeps_the_rest_of_the_distribution() -> None:
 def test_bad_arguments_name_what_they_allow() -> None:
     with pytest.raises(ValueError, match="over: 'cut'"):
         length_schedule(4, 2048, 3234.4, 2547.5, over="cut")
-    with pytest.raises(ValueError, match="longest >= 1"):
+    with pytest.raises(ValueError, match="longest: 0, must be >= 1"):
         length_schedule(4, 0, 3234.4, 2547.5)
+    with pytest.raises(ValueError, match="sd: -1.0, must be > 0"):
+        length_schedule(4, 2048, 3234.4, -1.0)
     ctx = Context(
         Scenario.from_dict({"model": "gpt2", "seq_len": 512, "grad_accum_steps": 2, "padding": "longest"})
     )

@@ -2,8 +2,8 @@
 step's stream replayed on the card's real capacity (its memory less what lives outside the allocator) runs,
 runs only because a failed cudaMalloc made the allocator release its cache and retry (PyTorch's ``malloc``:
 ``release_cached_blocks`` then retry, docs/allocator.md), or runs out of memory from fragmentation (the bytes
-not allocated would hold the request, no single free range does) or from the total. The default (``fitted``)
-has no replay and its estimate keeps its keys."""
+not allocated would hold the request, no single free range does) or from the total. The fitted rule
+(``reserved_model: fitted``) has no replay and its estimate keeps its keys."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_two_rooms_show_a_release_and_an_out_of_memory():
     assert RELEASES_CACHE in reasons and reasons & {FRAGMENTATION, TOTAL}
 
 
-def test_the_fitted_default_has_no_replay_verdict():
+def test_the_fitted_rule_has_no_replay_verdict():
     est = estimate({**BASE, "reserved_model": "fitted"})
     assert est.card_replay is None and est.verdict_reason == "" and est.verdict_text == ""
     d = est.to_dict()

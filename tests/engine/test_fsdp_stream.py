@@ -16,7 +16,6 @@ from memsim_widget.engine.context import Context
 from memsim_widget.engine.counters.alloc_stream import (
     StreamWriter,
     rank_stream,
-    replay_stream,
     replayable,
 )
 from memsim_widget.engine.counters.allocator import FREE, replay
@@ -29,7 +28,6 @@ from memsim_widget.engine.counters.fsdp_stream import (
     fsdp2_units,
     padded_shard,
 )
-from memsim_widget.engine.frameworks import allocator_conf
 
 BASE = {"model": LLAMA_H512_V32K, "micro_batch_size": 2, "seq_len": 512, "reserved_model": "replay"}
 
@@ -253,17 +251,7 @@ def test_an_fsdp2_rank_replays_as_its_trace(d: dict) -> None:
     storage on its stream) and replayed: the engine's stream reaches its peak reserved within 1%
     (benchmarks/allocator_replay_fsdp.py prints these: +0.00%, -0.21%, +0.00%, -0.24%) and its peak allocated
     within 0.1%."""
-    pytest.importorskip("transformers")
-    from memsim_widget.trace.api import trace_scenario
-    from memsim_widget.trace.replay import replay_trace
-
-    sc = Scenario.from_dict(d)
-    traced, _ = replay_trace(trace_scenario(sc, progress=False).tracker, sc)
-    ctx = Context(sc)
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
-    assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.001
-    assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved  # the estimate reads this replay
+    _replays_as_its_trace(d, allocated_within=0.001)
 
 
 @settings(max_examples=60, deadline=None)
@@ -287,26 +275,11 @@ def test_a_micro_batch_leaves_only_the_gradient_shards(
         return tuple((rows * cols, padded_shard((rows, cols), world)) for rows, cols in shapes)
 
     u = Fsdp2Units(unit(layer), unit(root), 1, world, 2, 4, 4, cast, reshard, tied=tied)
-    s = StreamWriter()
-    w = Fsdp2Writer(s, u)
-    w.forward_start()
-    for _ in range(layers):
-        w.layer_forward_start()
-        w.layer_forward_end()
-    w.forward_end()
-    w.backward_start(layers)
-    w.backward({"recompute": (), "layer_backward": (), "top_backward": ()}, [[] for _ in range(layers)], [])
-    live: dict[object, tuple[int, int]] = {}
-    for h, size, stream in s.events:
-        if size == FREE:
-            del live[h]  # a handle freed twice or never allocated fails here
-        else:
-            assert h not in live
-            live[h] = (size, stream)
+    s, w = _micro_batches(u, layers, [(False, False)])
     layer_shard = sum(sh for _, sh in u.layer) * 4
     root_shard = sum(sh for _, sh in u.root) * 4
     want = [(layer_shard, REDUCE_SCATTER)] * layers + [(root_shard, REDUCE_SCATTER)]
-    assert sorted(live.values()) == sorted(want)
+    assert _live(s) == sorted(want)
     w.zero_grad()
     assert sum(size == FREE for _, size, _ in s.events) * 2 == len(s.events)
 
@@ -332,6 +305,8 @@ def _micro_batches(
 
 
 def _live(s: StreamWriter) -> list[tuple[int, int]]:
+    """The (bytes, stream) of the buffers still allocated at the end of ``s``, sorted; each handle allocated
+    once and freed at most once."""
     live: dict[object, tuple[int, int]] = {}
     for h, size, stream in s.events:
         if size == FREE:
@@ -483,17 +458,14 @@ def test_fsdp2_shards_the_lora_adapters() -> None:
     assert next(i for i in one.ranks[0].items if i.item == "LoRA adapter weights").bytes == 4 * 57_344 * 4
 
 
-def _replays_as_its_trace(d: dict) -> None:
-    """The rank traced (fake process group) and replayed per stream; the engine's stream within 1% of its peak
-    reserved and 0.5% of its peak allocated, and the estimate's reserved that stream's."""
+def _replays_as_its_trace(d: dict, allocated_within: float = 0.005) -> None:
+    """The rank traced (fake process group) and replayed per stream (``stream_vs_trace``); the engine's stream
+    within 1% of its peak reserved and ``allocated_within`` of its peak allocated, and the estimate's reserved
+    that stream's."""
     pytest.importorskip("transformers")
-    from memsim_widget.trace.api import trace_scenario
-    from memsim_widget.trace.replay import replay_trace
+    from stream_vs_trace import stream_and_trace
 
-    sc = Scenario.from_dict(d)
-    traced, _ = replay_trace(trace_scenario(sc, progress=False).tracker, sc)
-    ctx = Context(sc)
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    assert abs(rep.peak_reserved / traced.peak_reserved - 1) < 0.01
-    assert abs(rep.peak_allocated / traced.peak_allocated - 1) < 0.005
-    assert estimate(sc).ranks[0].peak_reserved_bytes == rep.peak_reserved
+    r = stream_and_trace(d)
+    assert abs(r.stream.peak_reserved / r.traced.peak_reserved - 1) < 0.01
+    assert abs(r.stream.peak_allocated / r.traced.peak_allocated - 1) < allocated_within
+    assert estimate(Scenario.from_dict(d)).ranks[0].peak_reserved_bytes == r.stream.peak_reserved

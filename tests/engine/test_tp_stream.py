@@ -12,7 +12,7 @@ from fidelity_parallel_cases import QWEN25_V152K
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.activations.forward import layer_forward_transients
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import rank_stream, replayable
 from memsim_widget.engine.counters.allocator import FREE
 
 BASE = {"model": LLAMA_H512_V32K, "micro_batch_size": 2, "seq_len": 512, "precision": "bf16"}
@@ -122,22 +122,17 @@ def test_the_stream_holds_the_traced_tp_rank_within_1_percent(name, keys):
     plan on a fake process group) replayed through the same allocator: peak reserved within 1%, peak allocated
     within 0.1%. Before the stream wrote TP's buffers it was -4.9% (tp2) .. -2.9% (tp4) under; the trace's
     ``wait_tensor`` copies (its fake kernel's ``empty_like``) had made the trace 8.8% over what a GPU holds."""
-    from memsim_widget.engine.counters.allocator import replay
-    from memsim_widget.engine.frameworks import allocator_conf
-    from memsim_widget.trace.api import trace_scenario
-    from memsim_widget.trace.replay import _prepared
+    from stream_vs_trace import stream_and_trace
 
-    ctx = ctx_of(**keys)
-    result = trace_scenario(ctx.scenario, progress=False)
-    waits = [r for r in result.tracker.records if r.op.startswith("wait_tensor")]
-    assert waits and all(r.nbytes == 0 for r in waits)  # wait_tensor returns its input on the device
-    events, _outside, conf, _ = _prepared(result.tracker, ctx.scenario, None)
-    fsdp = ctx.par.dp > 1  # FSDP2's all-gather and reduce-scatter buffers on their streams; TP's on stream 0
-    assert ({st for _h, size, st in events if size != FREE} == {0}) != fsdp
-    traced = replay(events, conf=conf)
-    rep = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
-    assert abs(rep.peak_reserved - traced.peak_reserved) <= 0.01 * traced.peak_reserved
-    assert abs(rep.peak_allocated - traced.peak_allocated) <= 0.001 * traced.peak_allocated
+    r = stream_and_trace({**BASE, "reserved_model": "replay", **keys})
+    waits = [rec for rec in r.tracker.records if rec.op.startswith("wait_tensor")]
+    assert waits and all(rec.nbytes == 0 for rec in waits)  # wait_tensor returns its input on the device
+    fsdp = (
+        r.ctx.par.dp > 1
+    )  # FSDP2's all-gather and reduce-scatter buffers on their streams; TP's on stream 0
+    assert ({st for _h, size, st in r.events if size != FREE} == {0}) != fsdp
+    assert abs(r.stream.peak_reserved - r.traced.peak_reserved) <= 0.01 * r.traced.peak_reserved
+    assert abs(r.stream.peak_allocated - r.traced.peak_allocated) <= 0.001 * r.traced.peak_allocated
 
 
 def test_a_foreach_optimizer_steps_the_plain_and_the_dtensor_groups_in_turn():

@@ -19,19 +19,9 @@ from memsim_widget.scenario import ZERO_GRADS, Scenario
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import fidelity_measured as fm  # noqa: E402
 
-#: BertForSequenceClassification(bert-large) as benchmarks/fidelity_measured.py expresses it (BERT_LARGE_CLS):
-#: the transformers docs' 2022 Trainer runs (data/measured/published.csv rows 81-89), fp32, batch 4 x 512.
-BERT_2022 = {
-    "model": fm.BERT_LARGE_CLS,
-    "micro_batch_size": 4,
-    "seq_len": 512,
-    "attention": "eager",
-    "precision": "fp32",
-    "optimizer": "adamw",
-    "optimizer_impl": "for-loop",
-    "gpu": "v100-16gb",
-    "cuda_lazy_loading": False,
-}
+#: BertForSequenceClassification(bert-large) as benchmarks/fidelity_measured.py expresses the transformers docs'
+#: 2022 Trainer run of data/measured/published.csv row 81 (fp32, batch 4 x 512), ``zero_grad`` unset.
+BERT_2022 = {k: v for k, v in fm.ROWS[81].scenario.items() if k != "zero_grad"}  # type: ignore[union-attr]
 BERT_PARAMETERS = 335_145_986
 #: The head's and final norm's parameters: their gradients are made at the top of backward, before its peak,
 #: whether or not zero_grad kept the others (the estimate's "gradients of the head and final norm" item).

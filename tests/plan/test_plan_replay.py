@@ -4,10 +4,13 @@ so every candidate, listed or not, equals ``estimate`` of that candidate byte fo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from memsim_widget.plan import SearchSpace, plan
+from memsim_widget.scenario import ParallelConfig
 
 
 @pytest.mark.parametrize("conf", [None, "expandable_segments:True"])
@@ -106,13 +109,10 @@ def test_fsdp2_candidates_take_the_replay_and_equal_estimate(reshard):
         "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay",
         "parallel": {"reshard_after_forward": reshard},
     }  # fmt: skip
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=SearchSpace(micro_batch=(1, 2)), top=10)
-    assert p.mismatches(np.arange(p.evaluated)) == []
     replayed = 0
-    for i in range(p.evaluated):
-        est = p.estimate(i)
+    for est in _checked(base, SearchSpace(micro_batch=(1, 2))):
         par = est.scenario.parallel
-        alone = par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1
+        alone = _data_parallel_alone(par)
         fsdp2 = alone and par.zero == 3 and est.scenario.grad_accum_steps == 1
         ddp = alone and par.zero == 0
         sc = est.scenario  # a TP rank alone or under FSDP2, one micro-batch, checkpointing none or full
@@ -134,13 +134,9 @@ def test_accumulating_fsdp2_candidates_take_the_replay_and_equal_estimate(framew
 
     base = {"model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "framework": framework}
     space = SearchSpace(micro_batch=(1, 2), zero=(3,), offload=("none",))
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
-    assert p.mismatches(np.arange(p.evaluated)) == []
     accumulated = []
-    for i in range(p.evaluated):
-        est = p.estimate(i)
-        par = est.scenario.parallel
-        if par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1 and est.scenario.grad_accum_steps > 1:
+    for est in _checked(base, space, sequences=8):
+        if _data_parallel_alone(est.scenario.parallel) and est.scenario.grad_accum_steps > 1:
             assert "replayed" in est.ranks[0].reserved.formula
             accumulated.append(est.scenario.grad_accum_steps)
     assert len(set(accumulated)) > 1
@@ -159,13 +155,10 @@ def test_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
         "activation_checkpointing": checkpointing,
     }  # fmt: skip
     space = SearchSpace(micro_batch=(1, 2), zero=(0,), checkpointing=(checkpointing,), offload=("none",))
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
-    assert p.mismatches(np.arange(p.evaluated)) == []
-    pars = [p.estimate(i).scenario.parallel for i in range(p.evaluated)]
-    ddp = [i for i, par in enumerate(pars) if par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1]
+    ddp = [e for e in _checked(base, space, sequences=8) if _data_parallel_alone(e.scenario.parallel)]
     assert ddp
-    for i in ddp:
-        formula = p.estimate(i).ranks[0].reserved.formula
+    for est in ddp:
+        formula = est.ranks[0].reserved.formula
         assert "replayed" in formula and "DDP's wrap-time broadcast" in formula
 
 
@@ -202,11 +195,8 @@ def test_tp_candidates_take_the_replay_and_equal_estimate():
 
     base = {"model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay"}
     space = SearchSpace(micro_batch=(1, 2), zero=(0,), checkpointing=("none",), offload=("none",))
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10)
-    assert p.mismatches(np.arange(p.evaluated)) == []
     tp = []
-    for i in range(p.evaluated):
-        est = p.estimate(i)
+    for est in _checked(base, space):
         par = est.scenario.parallel
         formula = est.ranks[0].reserved.formula
         if par.tp > 1:
@@ -220,18 +210,7 @@ def test_lora_fsdp2_candidates_take_the_replay_and_equal_estimate():
     """LoRA under FSDP2 over 2 and 4 GPUs (the frozen base gathered, only the adapters reduce-scattered:
     ``fsdp_stream.fsdp2_units``), with and without accumulation: replayed, each equal to ``estimate`` byte for
     byte."""
-    from tests.data.fidelity_cases import LLAMA_H512_V32K
-
-    base = {
-        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
-        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
-    }  # fmt: skip
-    space = SearchSpace(micro_batch=(1, 2), zero=(3,), offload=("none",))
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=4 * 512)
-    assert p.mismatches(np.arange(p.evaluated)) == []
-    ests = [p.estimate(i) for i in range(p.evaluated)]
-    alone = [e.scenario.parallel.tp * e.scenario.parallel.pp * e.scenario.parallel.cp == 1 for e in ests]
-    sharded = [e for e, a in zip(ests, alone, strict=True) if a and e.scenario.parallel.dp > 1]
+    sharded = [e for e in _lora_candidates(zero=3, sequences=4) if _data_parallel_alone(e.scenario.parallel)]
     assert sharded and all("replayed" in e.ranks[0].reserved.formula for e in sharded)
     assert {e.scenario.grad_accum_steps for e in sharded} != {1}
 
@@ -241,17 +220,39 @@ def test_lora_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
     """LoRA under DDP over 2 and 4 GPUs (zero 0: every parameter broadcast at wrap, only the adapters bucketed,
     ``ddp_stream.rank_buckets``), with and without accumulation: replayed, each equal to ``estimate`` byte for
     byte."""
+    ests = _lora_candidates(zero=0, sequences=8, checkpointing=checkpointing)
+    ddp = [e for e in ests if _data_parallel_alone(e.scenario.parallel)]
+    assert ddp and all("DDP's wrap-time broadcast" in e.ranks[0].reserved.formula for e in ddp)
+    assert {e.scenario.grad_accum_steps for e in ddp} != {1}
+
+
+def _lora_candidates(zero: int, sequences: int, checkpointing: str | None = None) -> list:
+    """The planner's candidates for LoRA r16 on q_proj and v_proj of the small Llama at 512 tokens on 2 and 4
+    H100s under ``zero`` (a global batch of ``sequences``; ``checkpointing`` fixed, or every setting the planner
+    tries), each checked equal to ``estimate`` (``_checked``): their estimates."""
     from tests.data.fidelity_cases import LLAMA_H512_V32K
 
     base = {
         "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
-        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}, "activation_checkpointing": checkpointing,
+        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
     }  # fmt: skip
-    space = SearchSpace(micro_batch=(1, 2), zero=(0,), checkpointing=(checkpointing,), offload=("none",))
-    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
+    space = SearchSpace(micro_batch=(1, 2), zero=(zero,), offload=("none",))
+    if checkpointing is not None:
+        base["activation_checkpointing"] = checkpointing
+        space = dataclasses.replace(space, checkpointing=(checkpointing,))
+    return _checked(base, space, sequences=sequences)
+
+
+def _checked(base: dict, space: SearchSpace, sequences: int | None = None) -> list:
+    """The planner's candidates for ``base`` on 2 and 4 H100s (a global batch of ``sequences`` of the base's
+    length, or the planner's default), after checking that each equals ``estimate`` byte for byte
+    (``mismatches``): their estimates."""
+    tokens = {"global_batch_tokens": sequences * base["seq_len"]} if sequences else {}
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, **tokens)
     assert p.mismatches(np.arange(p.evaluated)) == []
-    ests = [p.estimate(i) for i in range(p.evaluated)]
-    pars = [e.scenario.parallel for e in ests]
-    ddp = [e for e, q in zip(ests, pars, strict=True) if q.dp > 1 and q.tp * q.pp * q.cp * q.ep == 1]
-    assert ddp and all("DDP's wrap-time broadcast" in e.ranks[0].reserved.formula for e in ddp)
-    assert {e.scenario.grad_accum_steps for e in ddp} != {1}
+    return [p.estimate(i) for i in range(p.evaluated)]
+
+
+def _data_parallel_alone(par: ParallelConfig) -> bool:
+    """More than one data-parallel rank and no other parallelism (a DDP or FSDP2 rank alone)."""
+    return par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1

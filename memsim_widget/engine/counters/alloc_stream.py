@@ -76,7 +76,7 @@ from memsim_widget.engine.counters.tp_stream import (
 )
 from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter, rank_zero
 from memsim_widget.engine.frameworks import grads_kept
-from memsim_widget.engine.items import Item
+from memsim_widget.engine.items import ALLOCATED_LEVELS, Item
 from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, ZERO_BUCKET_ITEM, new_gradient
 from memsim_widget.engine.states.optimizer import MASTER_ITEM
 from memsim_widget.fast_dataclass import dataclass
@@ -101,8 +101,8 @@ FINAL_NORM = "final_norm_forward"
 #: The key of a layer's backward buffers (``engine/activations/compiled_backward``; absent or empty: the
 #: ``layer_backward`` items).
 LAYER_BACKWARD = "layer_backward_steps"
-#: Item levels the caching allocator serves (device-level items live outside it).
-_POOLED = ("tensor", "allocator")
+#: Item levels the caching allocator serves (device-level items live outside it): those it counts as allocated.
+_POOLED = ALLOCATED_LEVELS
 
 
 @dataclass(frozen=True)
@@ -927,7 +927,7 @@ class _Args:
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
-    ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
+    ``DEFAULT_RESERVED_MODEL``, the fitted rule for padding longest and compiled steps) and the stream
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
@@ -959,8 +959,8 @@ def replayable(ctx: Any) -> bool:
 
 def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
-    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training,
-    one micro-batch a step or several where the framework's accumulation is read
+    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
+    or LoRA (``_fsdp2_lora_modelled``), one micro-batch a step or several where the framework's accumulation is read
     (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), not in
     fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by ``zero_grad``
     (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too

@@ -52,8 +52,15 @@ def length_schedule(
     under ``longest``); each batch is padded to its longest of ``per_batch`` samples."""
     if over not in (TRUNCATE, DELETE):
         raise ValueError(f"over: {over!r} is not one of {TRUNCATE!r}, {DELETE!r}")
-    if n < 0 or longest < 1 or mean <= 0 or sd <= 0 or per_batch < 1:
-        raise ValueError("length_schedule: n >= 0, longest >= 1, mean > 0, sd > 0 and per_batch >= 1")
+    for field, value, ok, allowed in (
+        ("n", n, n >= 0, ">= 0"),
+        ("longest", longest, longest >= 1, ">= 1"),
+        ("mean", mean, mean > 0, "> 0"),
+        ("sd", sd, sd > 0, "> 0"),
+        ("per_batch", per_batch, per_batch >= 1, ">= 1"),
+    ):
+        if not ok:
+            raise ValueError(f"{field}: {value!r}, must be {allowed}")
     s2 = math.log(1 + (sd / mean) ** 2)
     dist = NormalDist(math.log(mean) - s2 / 2, math.sqrt(s2))
     kept = dist.cdf(math.log(longest)) if over == DELETE else 1.0

@@ -112,21 +112,6 @@ def find_unused_parameters(ctx: Any) -> bool:
     return not ctx.full_training or ctx.scenario.activation_checkpointing == "none"
 
 
-def ddp_buckets(
-    params: Sequence[int], ready: Sequence[int], weight_bytes: int, grad_bytes: int, find_unused: bool
-) -> DdpBuckets:
-    """``DdpBuckets`` of a model whose parameter tensors (every one trains) have ``params`` elements in module
-    order and become ready in backward in the order ``ready``; ``weight_bytes`` and ``grad_bytes`` per element."""
-    if sorted(params) != sorted(ready):
-        raise ValueError("ddp_buckets: ready must hold the same tensors as params")
-    return buckets_of(
-        [n * weight_bytes for n in params],
-        [n * grad_bytes for n in params],
-        [n * grad_bytes for n in ready],
-        find_unused,
-    )
-
-
 def buckets_of(
     weights: Sequence[int | tuple[int, str]], grads: Sequence[int], ready: Sequence[int], find_unused: bool
 ) -> DdpBuckets:

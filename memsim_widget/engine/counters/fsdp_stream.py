@@ -75,11 +75,13 @@ def padded_shard(shape: Sequence[int], world: int) -> int:
 
 @dataclass(frozen=True)
 class Fsdp2Units:
-    """A rank's FSDP2 units: each tensor's (elements, padded shard elements) in module order, for one decoder
-    layer and for the root (embeddings first, then final norm and head); ``world`` the shard group's size,
-    ``gathered`` the bytes per element of the unsharded parameters and their gradients, ``reduced`` of the
-    reduce-scatter buffers (``reduce_dtype``), ``cast`` whether the copy-in casts the shards to ``gathered``
-    (mixed precision), ``reshard`` ``reshard_after_forward``."""
+    """A rank's FSDP2 units: each tensor's (elements, padded shard elements) in module order, or under LoRA
+    (elements, padded shard elements, bytes per element, trains: 0 for the frozen base, 1 for peft's adapters;
+    ``trains``), for one decoder layer and for the root (embeddings first, then final norm and head); ``world``
+    the shard group's size, ``gathered`` the bytes per element of the unsharded parameters and their gradients
+    (of the tensors without bytes of their own), ``reduced`` of the reduce-scatter buffers (``reduce_dtype``),
+    ``cast`` whether the copy-in casts the shards to ``gathered`` (mixed precision), ``reshard``
+    ``reshard_after_forward``."""
 
     layer: tuple[tuple[int, ...], ...]
     root: tuple[tuple[int, ...], ...]

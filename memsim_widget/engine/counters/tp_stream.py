@@ -32,11 +32,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-#: Item levels the caching allocator serves (``alloc_stream._POOLED``).
-_POOLED = ("tensor", "allocator")
+from memsim_widget.engine.items import ALLOCATED_LEVELS
 
 #: The key of ``alloc_stream.step_stream``'s activation groups holding the head's gather under the "hf" plan:
-#: (the local logits' bytes, the tp degree); absent or empty: the head makes the logits itself.
+#: ``(tp,)`` (``head_gather``); absent or empty: the head makes the logits itself.
 HEAD_GATHER = "head_gather"
 #: The key of the factor the input embedding's gradient has over its shard: ``(tp,)`` where TP shards the
 #: embedding's vocabulary (``embedding_grad``); absent: 1.
@@ -94,7 +93,7 @@ def weights_by_param(s: Any, first: Sequence[Any], params: tuple[int, ...]) -> b
     norms, where the engine's items group them by kind (one size per item). Only where the items are the
     parameters at one width (their tensors one per parameter, their bytes a whole number per element); False,
     writing nothing, otherwise."""
-    pooled = [i for i in first if i.level in _POOLED and i.bytes > 0]
+    pooled = [i for i in first if i.level in ALLOCATED_LEVELS and i.bytes > 0]
     total = sum(params)
     if not pooled or not total or sum(max(i.tensors, 1) for i in pooled) != len(params):
         return False
