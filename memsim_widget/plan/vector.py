@@ -999,8 +999,8 @@ def _replayed_pools(
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape), and once per distinct room among the pair's rows; where the stream's requested bytes
-    alone exceed every room of the pair (``alloc_stream.stream_asks``), neither is replayed. Only one-GPU rows (any accumulation),
-    FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero 0, no other
+    alone exceed every room of the pair (``alloc_stream.stream_asks``), neither is replayed. Only one-GPU rows
+    (any accumulation), FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero 0, no other
     parallelism: ``alloc_stream.ddp_replayable``) and TP rows alone or under FSDP2 (``tp_stream.tp_replayable``)
     can be accepted: the others are not looked at."""
     from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable, stream_asks

@@ -15,7 +15,8 @@ key (the state groups' and activation groups' keys of ``engine/caches/parts_cach
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
 (another card) pays only the stream's building. The building writes two layers and copies the second for the
 others (``StreamWriter.repeat``: the same events as writing each, tests/engine/test_replay_paths.py); a shape's
-replay on its card reuses the stream its unlimited replay built.
+replay on its card reuses the stream its unlimited replay built. Whether a shape runs on a card whose room its
+stream's requested bytes exceed is known without a replay (``asks``: out of memory), which the planner reads.
 """
 
 from __future__ import annotations
