@@ -5,7 +5,8 @@ Prints, on one core (numpy's elementwise work is single-threaded; BLAS threads a
 * a 70B search on 64 GPUs and an 8B QLoRA search on one RTX 4090;
 * an 8B search on one H100 under ``reserved_model: replay`` (every one-GPU shape's allocator replayed,
   engine/counters/alloc_stream), cold (no replay cached), beside the same search under the fitted rule, and how
-  many replays it ran (unlimited, and again on the card where ``card_runs`` cannot tell without);
+  many streams it built, how many it replayed (a stream whose requested bytes exceed the room is not: out
+  of memory, ``alloc_stream.stream_asks``) and how many again on the card where ``card_runs`` cannot tell;
 * the vectorised engine alone on the 1-1024 candidates (candidates per second);
 * ``estimate`` called one candidate at a time on a sample, its per-candidate time, and whether every
   figure agrees with the vectorised path (allocated, reserved, nvidia-smi bytes, peak moment, worst stage).
@@ -66,8 +67,10 @@ def replay_search() -> None:
     cpu = time.process_time() - cpu
     shapes = alloc_stream._replay_cached.cache_info().misses
     cards = alloc_stream._card_cached.cache_info().misses
+    asked = alloc_stream._asks_cached.cache_info().misses
     print(
-        f"8B, 1 x H100, reserved_model replay: {p.evaluated:,} candidates, {shapes} shapes replayed, {cards} of "
+        f"8B, 1 x H100, reserved_model replay: {p.evaluated:,} candidates, {asked} shapes' streams built, "
+        f"{shapes} replayed (the others out of memory by their requested bytes alone), {cards} of "
         f"them again on the card; cold {replayed:.2f} s ({cpu:.2f} s of CPU: the machine is shared), the fitted "
         f"rule: {fitted:.2f} s"
     )

@@ -16,6 +16,11 @@ figures (the benchmark stops if not). Prints, per scenario:
   ``allocator.replay``, before and after.
 
 * with ``--trace RUN ...``: a measured run traced on fake tensors (torch needed), its stream's replays.
+* per scenario, whether its layers could be fast-forwarded (replay a few layer copies, extrapolate the rest):
+  per copied section (``StreamWriter.repeat``: forward and backward of each step), in how many of its copies
+  the allocator's cached blocks (sizes per stream and pool) came out as after the copy before, and how many
+  cached blocks it held before its copies and after. An exact fast-forward needs the state to repeat (up to
+  an address shift): where the cached blocks differ from one copy to the next, the state does not.
 
 Run: python benchmarks/replay_speed.py [--repeats 5] [--trace llama1b-bf16 qwen05b-bf16]
 """
@@ -212,12 +217,55 @@ def real_trace_rows(names: list[str], repeats: int) -> None:
         )
 
 
+def copied_sections(ctx: Context) -> tuple[alloc_stream.StreamWriter, list[tuple[int, int, int]]]:
+    """``rank_stream`` and its copied sections: (first event of the copied block, its events, its copies)."""
+    sections: list[tuple[int, int, int]] = []
+    repeat = alloc_stream.StreamWriter.repeat
+
+    def recorded(self: alloc_stream.StreamWriter, begin: tuple[int, int], times: int, **kw: int) -> int:
+        n = len(self.events)
+        sections.append((begin[0], n - begin[0], times))
+        return repeat(self, begin, times, **kw)
+
+    alloc_stream.StreamWriter.repeat = recorded  # type: ignore[method-assign]
+    try:
+        return alloc_stream.rank_stream(ctx, ctx.stages[0]), sections
+    finally:
+        alloc_stream.StreamWriter.repeat = repeat  # type: ignore[method-assign]
+
+
+def layer_rows() -> None:
+    """Per scenario and copied section: the copies after which the cached blocks repeat the copy before's."""
+    from memsim_widget.engine.counters.allocator import ADDR_BITS, CachingAllocator
+
+    def cached(a: CachingAllocator) -> tuple[Any, ...]:
+        return tuple(sorted((k, tuple(e >> ADDR_BITS for e in v)) for k, v in a.free_lists.items() if v))
+
+    for name, d in CASES.items():
+        ctx = Context(objectives.training_scenario(Scenario.from_dict({**d, "reserved_model": "replay"})))
+        if not alloc_stream.replayable(ctx):
+            continue
+        stream, sections = copied_sections(ctx)
+        a, at, rows = CachingAllocator(None, allocator_conf(ctx)), 0, []
+        for start, length, times in sections:
+            a.run(stream.events[at : start + length])
+            at, before, same = start + length, cached(a), 0
+            blocks = sum(map(len, a.free_lists.values()))
+            for _ in range(times):
+                a.run(stream.events[at : at + length])
+                at, now = at + length, cached(a)
+                same, before = same + (now == before), now
+            rows.append(f"{same}/{times} ({blocks} -> {sum(map(len, a.free_lists.values()))} cached)")
+        print(f"layer copies whose cached blocks repeat, {name}: " + ("; ".join(rows) or "no copied layers"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--trace", nargs="*", default=[], metavar="RUN", help="also trace these measured runs")
     args = ap.parse_args(argv)
     scenario_rows(args.repeats)
+    layer_rows()
     trace_rows(args.repeats)
     real_trace_rows(args.trace, args.repeats)
     return 0

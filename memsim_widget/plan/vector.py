@@ -998,12 +998,13 @@ def _replayed_pools(
     reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_runs`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
-    scenario's shape), and once per distinct room among the pair's rows. Only one-GPU rows (any accumulation),
-    FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero 0, no other
-    parallelism: ``alloc_stream.ddp_replayable``), ZeRO-1/2 rows (no other parallelism:
+    scenario's shape), and once per distinct room among the pair's rows; where the stream's requested bytes
+    alone exceed every room of the pair (``alloc_stream.stream_asks``), neither is replayed. Only one-GPU rows
+    (any accumulation), FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero
+    0, no other parallelism: ``alloc_stream.ddp_replayable``), ZeRO-1/2 rows (no other parallelism:
     ``alloc_stream.zero12_replayable``), TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) and pipeline
     rows without other parallelism (``pp_stream.pp_replayable``) can be accepted: the others are not looked at."""
-    from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable
+    from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable, stream_asks
     from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
@@ -1028,6 +1029,13 @@ def _replayed_pools(
         if replayable(ctx):
             at = rows[inverse.reshape(-1) == j]
             st = ctx.stages[int(stage[r])]
+            asks, bound = stream_asks(ctx, st), SATURATION_BYTES
+            if asks.peak_requested > max(int(cap[at].max()), 0) and (asks.reserved_bound or bound) < bound:
+                # every room too small by the requested bytes alone (``card_runs``' first test), and the peak
+                # reserved between the requested peak and the bound: each row's reserved is its room and none
+                # saturates, as with the replay's figure, so no replay
+                out[at], oom[at] = asks.peak_requested, True
+                continue
             out[at] = min(pool_replay(ctx, st).peak_reserved, SATURATION_BYTES)
             for room in np.unique(cap[at]):
                 oom[at[cap[at] == room]] = not card_runs(ctx, st, int(room))

@@ -6,7 +6,9 @@
   the fast path): ``replay_stream`` (every field of ``PoolReplay``), ``card_outcome`` and ``allocator.replay`` on a
   card (every field of ``ReplayResult``, the failure included);
 - ``card_runs`` (the planner's: no second replay when the requested bytes peak above the room) is
-  ``card_replay(...).runs``.
+  ``card_replay(...).runs``;
+- ``alloc_stream.asks`` (read off the events, no allocator) has the replay's requested peak, and its bound is at
+  least the replay's peak reserved (the planner's rows decided without a replay, tests/plan/test_plan_replay.py).
 
 On every fidelity scenario (tests/data/fidelity_cases.py), the H200 runs' scenarios (benchmarks/gpu_measure.py,
 real sizes: ``slow``) and random scenarios (hypothesis)."""
@@ -63,6 +65,10 @@ def _check(ctx: Context, conf: AllocatorConf, fractions: tuple[float, ...]) -> N
     assert stream.events == plain.events and stream.marks == plain.marks
     rep = alloc_stream.replay_stream(stream, conf)
     assert astuple(rep) == astuple(ref.replay_stream(stream, conf))
+    asks = alloc_stream.asks(stream, conf)
+    assert asks.peak_requested == rep.peak_requested
+    assert (asks.reserved_bound is None) == conf.expandable_segments
+    assert asks.reserved_bound is None or asks.reserved_bound >= rep.peak_reserved
     for f in fractions:
         cap = int(rep.peak_reserved * f)
         assert astuple(replay(stream.events, cap, conf)) == astuple(ref.replay(stream.events, cap, conf))
@@ -137,6 +143,9 @@ def test_card_runs_skips_the_second_replay_only_when_the_requested_bytes_exceed_
     assert 0 < rep.peak_requested <= rep.peak_allocated <= rep.peak_reserved
     assert not alloc_stream.card_runs(ctx, stage, rep.peak_requested - 1)
     assert alloc_stream._card_cached.cache_info().currsize == 0
+    alloc_stream.cache_clear()  # decided from the stream alone: not even the unlimited replay
+    assert not alloc_stream.card_runs(ctx, stage, rep.peak_requested - 1)
+    assert alloc_stream._replay_cached.cache_info().currsize == 0
     alloc_stream.card_runs(ctx, stage, rep.peak_requested)
     assert alloc_stream._card_cached.cache_info().currsize == 1
 
@@ -161,3 +170,37 @@ def test_a_shapes_card_replay_reuses_its_stream() -> None:
     finally:
         alloc_stream.rank_stream = rank_stream  # type: ignore[assignment]
     assert len(built) == 1
+
+
+KiB, MiB = 1024, 1024**2
+GC = "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9"
+SIZES = st.one_of(
+    st.integers(-1, 4 * KiB),
+    st.integers(1, 2 * MiB),
+    st.integers(1, 64 * MiB),
+    st.sampled_from([512, 10 * MiB]),
+)
+
+
+@st.composite
+def raw_streams(draw: st.DrawFn) -> alloc_stream.StreamWriter:
+    """Events as ``allocator.replay`` takes them, odd ones included: sizes of 0, frees of handles never
+    allocated or already freed, a live handle allocated again (its first block stays allocated), 3 streams."""
+    s = alloc_stream.StreamWriter()
+    for _ in range(draw(st.integers(0, 80))):
+        h = draw(st.integers(0, 12))
+        size = draw(SIZES)
+        s.events.append((h, size, draw(st.integers(0, 2))) if size != -1 else (h, -1, 0))
+    return s
+
+
+@settings(max_examples=400, deadline=None)
+@given(raw_streams(), st.sampled_from([*CONFS, "roundup_power2_divisions:[256:1,>:8]", GC]))
+def test_a_streams_asks_bound_its_unlimited_replay(stream: alloc_stream.StreamWriter, conf: str) -> None:
+    """The requested peak counted off the events is the reference replay's, its reserved bound at least the
+    reference's peak reserved (under expandable segments no bound is claimed)."""
+    c = parse_alloc_conf(conf)
+    want = ref.replay(stream.events, None, c)
+    got = alloc_stream.asks(stream, c)
+    assert got.peak_requested == want.peak_requested
+    assert got.reserved_bound is None or got.reserved_bound >= want.peak_reserved

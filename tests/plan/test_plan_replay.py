@@ -51,6 +51,36 @@ def test_the_planner_follows_the_replay_verdict_on_the_card():
         assert est.verdict_reason in ("fragmentation", "total")
 
 
+def test_candidates_whose_requested_bytes_exceed_the_room_need_no_replay():
+    """A card whose room is under micro-batch 1's requested peak: every one-GPU candidate of the base's optimizer
+    and checkpointing asks for more bytes than the room at some event, so the planner calls each out of memory from its stream alone
+    (``alloc_stream.stream_asks``) without replaying it, and still equals ``estimate`` (which replays)."""
+    from memsim_widget.engine.context import Context
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.engine.counters import alloc_stream
+    from memsim_widget.units import GiB
+
+    MiB = 2**20
+
+    base = {"model": "qwen2.5-0.5b", "seq_len": 512, "reserved_model": "replay"}
+    est = estimate(base)
+    outside = sum(i.bytes for i in est.worst.device)
+    ctx = Context(est.scenario)
+    rep = alloc_stream.pool_replay(ctx, ctx.stages[0])
+    room = (outside + rep.peak_requested) // MiB * MiB - MiB  # MiB multiples: the GiB float is exact
+    assert rep.peak_requested > room - outside >= 0
+    alloc_stream.cache_clear()
+    # the base's optimizer and checkpointing: a larger micro-batch only asks for more
+    space = SearchSpace(micro_batch=(1, 2), optimizers=("adamw",), offload=("none",), checkpointing=("none",))
+    p = plan(
+        base=base, gpu={"memory_gib": room / GiB}, gpus=(1,), space=space, top=None, headroom=0.0, widen=False
+    )
+    assert alloc_stream._replay_cached.cache_info().currsize == 0  # no candidate replayed
+    assert alloc_stream._asks_cached.cache_info().currsize > 1
+    assert p.columns["oom"].all() and p.fitting == 0
+    assert p.mismatches(np.arange(p.evaluated)) == []
+
+
 def test_the_largest_micro_batch_follows_the_replay_verdict():
     from dataclasses import replace
 

@@ -15,7 +15,8 @@ key (the state groups' and activation groups' keys of ``engine/caches/parts_cach
 settings), so only a new shape pays it, and per stream, so a new shape whose stream is one already replayed
 (another card) pays only the stream's building. The building writes two layers and copies the second for the
 others (``StreamWriter.repeat``: the same events as writing each, tests/engine/test_replay_paths.py); a shape's
-replay on its card reuses the stream its unlimited replay built.
+replay on its card reuses the stream its unlimited replay built. Whether a shape runs on a card whose room its
+stream's requested bytes exceed is known without a replay (``asks``: out of memory), which the planner reads.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from functools import lru_cache
 from hashlib import blake2b
 from typing import Any, cast
 
+from memsim_widget.alloc_conf import LARGE_BUFFER
 from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
@@ -51,6 +53,7 @@ from memsim_widget.engine.activations.tangents import (
 )
 from memsim_widget.engine.counters.allocator import (
     FREE,
+    MIN_BLOCK,
     AllocatorConf,
     CachingAllocator,
     Event,
@@ -910,6 +913,60 @@ def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
     )
 
 
+@dataclass(frozen=True)
+class StreamAsks:
+    """What an unlimited replay of a stream asks for, read off its events without the allocator (``asks``)."""
+
+    #: the peak of the bytes requested: ``PoolReplay.peak_requested`` (a request counts from its allocation to
+    #: its free, whatever block serves it)
+    peak_requested: int
+    #: a bound on its peak reserved (None under expandable segments, which map pages instead of segments)
+    reserved_bound: int | None
+
+
+def asks(stream: StreamWriter, conf: AllocatorConf) -> StreamAsks:
+    """``StreamAsks`` of ``stream``: the requested bytes' peak, counted as ``CachingAllocator`` counts them (a
+    handle allocated again replaces the first in ``live``: only the second is subtracted at its free), and a
+    bound on reserved. On an unlimited card nothing is released (a release follows a failed cudaMalloc, garbage
+    collection needs a memory fraction of a capacity), so reserved is at most the segments the allocations
+    would make each: ``allocation_size(round_size(n))`` <= 2 n + 512 B + 20 MiB (``round_size`` at most
+    doubles, or adds under 512 B; a new segment adds at most 20 MiB)."""
+    req: dict[Any, int] = {}
+    requested = peak = total = count = 0
+    for h, size, _ in stream.events:
+        if size == FREE:
+            n = req.pop(h, None)
+            if n is not None:
+                requested -= n
+        elif size > 0:
+            req[h] = size
+            requested += size
+            total += size
+            count += 1
+            if requested > peak:
+                peak = requested
+    bound = None if conf.expandable_segments else 2 * total + count * (MIN_BLOCK + LARGE_BUFFER)
+    return StreamAsks(peak, bound)
+
+
+def stream_asks(ctx: Any, stage: Any) -> StreamAsks:
+    """``asks`` of ``stage``'s rank of ``ctx`` (its stream reused while among the last built), cached per shape as
+    ``pool_replay`` is: where the requested bytes alone exceed a card's room, the planner needs no replay."""
+    from memsim_widget.engine.caches.parts_cache import activations_key, state_groups_key
+    from memsim_widget.engine.frameworks import allocator_conf
+
+    conf = allocator_conf(ctx)
+    key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf)
+    return _asks_cached(_Args(key, (ctx, stage, conf)))
+
+
+@lru_cache(maxsize=4096)
+def _asks_cached(args: _Args) -> StreamAsks:
+    ctx, stage, conf = args.args
+    args.args = ()
+    return asks(_built(args.key[:3], ctx, stage), conf)
+
+
 class _Args:
     """The replay's inputs, compared by ``key`` alone (the cache computes from the first it sees)."""
 
@@ -1319,7 +1376,7 @@ def card_runs(ctx: Any, stage: Any, capacity: int) -> bool:
     whose bytes asked for peak above the capacity runs out of memory on it (in a replay that runs, at every
     event requested <= allocated <= reserved <= the capacity, and requested is the same in every replay of the
     stream). The planner reads only this (``plan/vector._replayed_pools``)."""
-    if pool_replay(ctx, stage).peak_requested > max(capacity, 0):
+    if stream_asks(ctx, stage).peak_requested > max(capacity, 0):
         return False
     return card_replay(ctx, stage, capacity).runs
 
@@ -1350,4 +1407,5 @@ def cache_clear() -> None:
     _replay_cached.cache_clear()
     _replay_same_stream.cache_clear()
     _card_cached.cache_clear()
+    _asks_cached.cache_clear()
     _STREAMS.clear()
