@@ -55,6 +55,12 @@ from memsim_widget.engine.counters.allocator import (
 )
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
+from memsim_widget.engine.counters.offload_stream import (
+    InBackwardGrads,
+    Offloader,
+    copy_stream,
+    savers_replayable,
+)
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.counters.tp_stream import (
     EMBEDDING_GRAD,
@@ -280,9 +286,10 @@ class _Grads:
         self.per = g_items[0].bytes / sum(numels) if self.by_tensor else 0.0
         self.new = False
 
-    def made(self, part: tuple[int, ...], share: int) -> list[int]:
+    def made(self, part: tuple[int, ...], share: int, hold: bool = False) -> list[int]:
         """The gradients of ``part`` (parameter tensors' elements; else a ``share`` of the items): their
-        handles, or none when each new one was added in place and freed."""
+        handles, or none when each new one was added in place and freed (``hold``: the tied head part, which
+        ``micro_batch`` makes with ``new`` off; ``offload_stream.InBackwardGrads`` reads it)."""
         s = self.s
         if not self.by_tensor:
             out = s.items(self.sg["grads"], share=share)
@@ -319,6 +326,8 @@ def step_stream(
     schedule: Sequence[dict[str, Sequence[Any]]] = (),
     per_param: bool = False,
     opt_groups: tuple[tuple[int, ...], ...] = (),
+    in_backward: bool = False,
+    offload: int | None = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -335,15 +344,21 @@ def step_stream(
     ``micro`` entries, micro-batch ``j`` of the stream reads entry ``j``; empty: ``ag``, and ``earlier`` on the
     first step); ``per_param`` the weights made one tensor at a time in the module's order
     (``tp_stream.weights_by_param``; a TP rank's); ``opt_groups`` the optimizer's parameter groups (indices into
-    the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``)."""
+    the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``);
+    ``in_backward`` each parameter stepped by its hook in backward (``offload_stream.InBackwardGrads``: no step
+    after backward); ``offload`` the stream offloaded layers' saved tensors are brought back on
+    (``offload_stream.Offloader``; None: not offloaded)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
         sg = {**sg, "persistent": [i for i in sg["persistent"] if i.item != DDP_BUCKETS_ITEM]}
     reducer = DdpWriter(s, ddp) if ddp is not None else None
     comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
-    grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
+    later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
+    inb = InBackwardGrads(s, sg, order, later, params) if in_backward else None
+    grads = inb or _Grads(s, sg, numels, order)
+    off = Offloader(s, offload) if offload is not None else None
     s.mark("weights")
     if not (per_param and weights_by_param(s, first, params)):
         s.items(first, numels)
@@ -355,8 +370,9 @@ def step_stream(
     for i in sg["overhead"]:
         if i.item == WORKSPACE_ITEM and i.bytes > 0:  # the forward thread's, at the first forward
             s.alloc(i.bytes // max(i.tensors, 1), max(i.tensors, 1) - len(late))
-    later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
+        if inb is not None:
+            inb.first = step == 1
         a = earlier if step == 1 and earlier is not None else ag
         made_grads: list[int] = []
         held: list[int] = []
@@ -372,10 +388,12 @@ def step_stream(
                 s.mark(f"{label} DDP bucket rebuild")
                 reducer.rebuild()
             work = late if step == m == 1 else ()
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm, off)
             made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
-        if not opt_groups:
+        if inb is not None:  # every parameter stepped in backward
+            pass
+        elif not opt_groups:
             if step == 1:
                 s.per_param(later, params)
             s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
@@ -410,23 +428,29 @@ def micro_batch(
     sg: dict[str, Sequence[Any]],
     layers: int,
     label: str,
-    grads: _Grads,
+    grads: _Grads | InBackwardGrads,
     replayed: int | None = None,
     workspaces: Sequence[int] = (),
     repeat: bool = True,
     comm: Fsdp2Writer | None = None,
+    off: Offloader | None = None,
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
     keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
     ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's).
     Under FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
-    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards)."""
+    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards). Offloaded
+    (``off``): each layer's saved items are one layer's (the engine's resident layer), freed as its forward ends
+    and brought back as its backward begins."""
     order = grads.order
     by_tensor = grads.by_tensor
     s.mark(f"{label} forward")
     if comm is not None:
         comm.forward_start()
     pre = s.items(a["pre"])
+    share = layers if off is None else 1  # offloaded: the saved group is the one layer on the GPU
+    if off is not None:
+        off.start()
     fwd = a.get(LAYER_FORWARD, ())
     out = next((size for name, size in fwd if name == OUT), 0)
     hidden = s.alloc(out) if out else []  # the embeddings' output (compiled: a saved tensor, no transient)
@@ -442,10 +466,10 @@ def micro_batch(
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
         if fwd:
-            hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
-            saved.append(kept)
+            hidden, kept = forward_layer(s, fwd, hidden, a["saved"], share)
         else:
-            saved.append(s.items(a["saved"], share=layers))
+            kept = s.items(a["saved"], share=share)
+        saved.append(kept if off is None else off.away(kept))
         s.free(transient)
         if comm is not None:
             comm.layer_forward_end()
@@ -485,7 +509,7 @@ def micro_batch(
         grads.new,
         False,
     )  # the tied embeddings' head part waits in autograd's buffer, kept or not
-    top_grads = grads.made(order.top[:k], 1) if k else []
+    top_grads = grads.made(order.top[:k], 1, hold=True) if k else []
     grads.new = new
     top_grads += grads.made(order.top[k:], 1) if order and by_tensor else []
     for size in workspaces:  # never freed: among the loss's freed buffers (overhead.AUTOGRAD_HANDLES)
@@ -498,6 +522,7 @@ def micro_batch(
     begin = s.here()
     for i, layer in enumerate(saved[::-1][:2] if copied else saved[::-1]):
         begin = s.here() if i == 1 else begin
+        layer = layer if off is None else off.back(len(saved) - 1 - i)
         recomputed = s.items(a["recompute"])
         transient = s.items(a["layer_backward"])
         layer_grads.append(grads.made(order.layer if order else (), layers + 2))
@@ -513,7 +538,14 @@ def micro_batch(
         summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
         s.free(top_grads[:k] + emb)
         top_grads = summed + top_grads[k:]
-        if new:  # the sum added in place to the accumulated gradient
+        if isinstance(
+            grads, InBackwardGrads
+        ):  # the tied weight's hook: stepped once the two parts are summed
+            for h, x in zip(summed, order.top[:k], strict=True):
+                grads.step([h], x)
+            top_grads = top_grads[k:]
+            k = 0
+        elif new:  # the sum added in place to the accumulated gradient
             s.free(summed)
             top_grads = top_grads[k:]
             k = 0
@@ -671,16 +703,17 @@ class _Args:
 
 
 def replayable(ctx: Any) -> bool:
-    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
-    ``DEFAULT_RESERVED_MODEL``; docs/allocator.md says why the default is still the fitted rule) and the stream
+    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``; unset,
+    ``DEFAULT_RESERVED_MODEL``, the replay, but for ``padding: longest`` and compiled steps) and the stream
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``) or a
     tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
-    ``tp_stream``), alone or under FSDP2 on the dp dimension; nothing
-    offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
-    (docs/allocator.md lists what the stream still lacks)."""
+    ``tp_stream``), alone or under FSDP2 on the dp dimension; on one GPU activation offloading of every layer and
+    the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or optimizer offload.
+    Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what the stream still
+    lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.replays_reserved
@@ -691,9 +724,8 @@ def replayable(ctx: Any) -> bool:
             or tp_replayable(ctx)
             or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
         )
-        and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
+        and savers_replayable(ctx)
         and p.offload == "none"
-        and not sc.optimizer_in_backward
     )
 
 
@@ -819,6 +851,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
+    sc = ctx.scenario
+    offloaded = sc.activation_offloading and sc.activation_offloading_layers != 0
     return step_stream(
         ag,
         sg,
@@ -834,6 +868,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         ddp=ddp,
         per_param=ctx.par.tp > 1,
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
+        in_backward=sc.optimizer_in_backward,
+        offload=copy_stream(ctx) if offloaded else None,
     )
 
 
