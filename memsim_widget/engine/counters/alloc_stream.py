@@ -59,6 +59,7 @@ from memsim_widget.engine.counters.offload_stream import (
     InBackwardGrads,
     Offloader,
     copy_stream,
+    savers_note,
     savers_replayable,
 )
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
@@ -439,18 +440,14 @@ def micro_batch(
     keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
     ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's).
     Under FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
-    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards). Offloaded
-    (``off``): each layer's saved items are one layer's (the engine's resident layer), freed as its forward ends
-    and brought back as its backward begins."""
+    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards); ``off``: offloaded."""
     order = grads.order
     by_tensor = grads.by_tensor
     s.mark(f"{label} forward")
     if comm is not None:
         comm.forward_start()
     pre = s.items(a["pre"])
-    share = layers if off is None else 1  # offloaded: the saved group is the one layer on the GPU
-    if off is not None:
-        off.start()
+    share = layers if off is None else off.start()  # offloaded: the saved group is the one layer on the GPU
     fwd = a.get(LAYER_FORWARD, ())
     out = next((size for name, size in fwd if name == OUT), 0)
     hidden = s.alloc(out) if out else []  # the embeddings' output (compiled: a saved tensor, no transient)
@@ -465,11 +462,8 @@ def micro_batch(
         if comm is not None:
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-        if fwd:
-            hidden, kept = forward_layer(s, fwd, hidden, a["saved"], share)
-        else:
-            kept = s.items(a["saved"], share=share)
-        saved.append(kept if off is None else off.away(kept))
+        hidden, kept = _layer_saved(s, fwd, hidden, a["saved"], share, off)
+        saved.append(kept)
         s.free(transient)
         if comm is not None:
             comm.layer_forward_end()
@@ -538,20 +532,32 @@ def micro_batch(
         summed = [h for x in top_grads[:k] for h in s.alloc(s.size(x))]
         s.free(top_grads[:k] + emb)
         top_grads = summed + top_grads[k:]
-        if isinstance(
-            grads, InBackwardGrads
-        ):  # the tied weight's hook: stepped once the two parts are summed
-            for h, x in zip(summed, order.top[:k], strict=True):
-                grads.step([h], x)
-            top_grads = top_grads[k:]
-            k = 0
-        elif new:  # the sum added in place to the accumulated gradient
+        if isinstance(grads, InBackwardGrads):  # the tied weight's hook, once its two parts are summed
+            new = grads.hook(order.top[:k])
+        if new:  # added in place to the accumulated gradient, or stepped by its hook: dropped
             s.free(summed)
             top_grads = top_grads[k:]
             k = 0
     held = _inputs_freed(s, a, pre, held)
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def _layer_saved(
+    s: StreamWriter,
+    fwd: Sequence[Step],
+    hidden: list[int],
+    saved: Sequence[Any],
+    share: int,
+    off: Offloader | None,
+) -> tuple[list[int], list[int]]:
+    """A layer's forward (``forward_layer`` where its transients are listed, else its ``share`` of the ``saved``
+    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``)."""
+    if fwd:
+        hidden, kept = forward_layer(s, fwd, hidden, saved, share)
+    else:
+        kept = s.items(saved, share=share)
+    return hidden, kept if off is None else off.away(kept)
 
 
 def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], held: list[int]) -> list[int]:
@@ -942,6 +948,7 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             if ctx.par.tp > 1
             else ""
         )
+        + savers_note(ctx)
         + (
             f" (step 1 at 1/{VARIABLE_DIVISOR} of the longest length: batches padded to their longest sample; a"
             " long run of varying lengths can reserve more, docs/allocator.md#variable-lengths)"

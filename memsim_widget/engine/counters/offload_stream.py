@@ -58,6 +58,20 @@ def savers_replayable(ctx: Any) -> bool:
     )
 
 
+def savers_note(ctx: Any) -> str:
+    """What the replay's formula says of the savers it wrote (empty: none on)."""
+    sc = ctx.scenario
+    out = []
+    if sc.optimizer_in_backward:
+        out.append("each parameter stepped in its post-accumulate-grad hook, its gradient freed after it")
+    if sc.activation_offloading and sc.activation_offloading_layers != 0:
+        where = "the compute stream" if copy_stream(ctx) == 0 else "torchtune's copy stream"
+        out.append(f"each layer's saved tensors offloaded after its forward, brought back on {where}")
+    unsloth = copy_stream(ctx) == 0 and len(out) == 1 and not sc.optimizer_in_backward
+    source = "Unsloth's checkpointer as read, untraced" if unsloth else "torchtune v0.6.1, traced on CPU"
+    return f" ({'; '.join(out)}: {source})" if out else ""
+
+
 def offload_replayable(ctx: Any) -> bool:
     """Whether the stream writes the scenario's activation offloading: every layer offloaded (torchtune's
     ``OffloadActivations``, Unsloth's offloaded checkpointing; ``activation_offloading_layers`` unset or all
@@ -89,9 +103,11 @@ class Offloader:
         self.s, self.stream = s, stream
         self.sizes: list[list[int]] = []  # per layer written in forward, bottom first
 
-    def start(self) -> None:
-        """A micro-batch's forward begins: no layer offloaded yet."""
+    def start(self) -> int:
+        """A micro-batch's forward begins: no layer offloaded yet. The share of the saved items each layer makes:
+        all of them (the engine's saved group is the one layer it keeps on the GPU)."""
         self.sizes = []
+        return 1
 
     def away(self, kept: list[int]) -> list[int]:
         """Free ``kept`` (a layer's saved tensors, offloaded) and keep their sizes; what stays on the GPU: none."""
@@ -145,14 +161,22 @@ class InBackwardGrads:
         return []
 
     def step(self, grad: list[int], x: int) -> None:
-        """The hook of a parameter of ``x`` elements whose gradient ``grad`` is complete: its states at the first
-        step, its step's temporaries made and freed, then the gradient dropped."""
+        """The hook of a parameter of ``x`` elements whose gradient ``grad`` is complete (``hook``), then the
+        gradient dropped (``zero_grad(set_to_none=True)``)."""
+        self.hook((x,))
+        self.s.free(grad)
+
+    def hook(self, part: tuple[int, ...]) -> bool:
+        """The optimizer steps of the parameters of ``part`` (elements each) in turn, their gradients complete: at
+        the first step their states, each step's temporaries made and freed. True: the caller drops the
+        gradients (a tied weight's summed gradient)."""
         s = self.s
-        if self.first and self.states:
-            s.per_param(self.states, (x,), self.params)
-        temps = [h for b in self.temps for h in s.alloc(max(int(x * b), 1))]
-        s.free(temps[::-1])
-        s.free(grad)
+        for x in part:
+            if self.first and self.states:
+                s.per_param(self.states, (x,), self.params)
+            temps = [h for b in self.temps for h in s.alloc(max(int(x * b), 1))]
+            s.free(temps[::-1])
+        return True
 
     def _grad(self, x: int) -> int:
         return max(int(x * self.per), 1)
