@@ -170,3 +170,36 @@ def test_stepping_in_backward_adds_no_error_to_the_step(name: str) -> None:
     with_hooks = _trace_error({**d, "optimizer_in_backward": True})
     without = _trace_error({**d, "optimizer_in_backward": False})
     assert abs(with_hooks - without) < 0.005
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"optimizer_in_backward": True},
+        {"optimizer_in_backward": True, "model": {**WIDE["model"], "tie_word_embeddings": True}},
+        {"activation_offloading": True},
+        {"activation_offloading": True, "activation_checkpointing": "full", "optimizer_in_backward": True},
+        {
+            "activation_offloading": True,
+            "grad_accum_steps": 3,
+            "model": {**WIDE["model"], "num_hidden_layers": 7},
+        },
+        {
+            "optimizer_in_backward": True,
+            "method": "lora",
+            "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
+        },
+    ],
+)
+def test_every_free_follows_its_allocation_once(change: dict) -> None:
+    """The savers' streams are well formed, the layers the stream copies included (four and seven layers): each
+    handle allocated once before it is freed, freed at most once."""
+    ctx = _ctx({**WIDE, **change})
+    live: set[object] = set()
+    for handle, size, _ in rank_stream(ctx, ctx.stages[0]).events:
+        if size == FREE:
+            assert handle in live
+            live.remove(handle)
+        else:
+            assert handle not in live
+            live.add(handle)
