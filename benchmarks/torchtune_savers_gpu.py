@@ -8,7 +8,9 @@ they only name NF4Tensor and TiedLinear) around a transformers Llama step built 
 torchtune's device utilities). The head is wrapped in ``NoOpManager`` from its pre-hook until the forward returns,
 as trace/torchtune_memory.py does (torchtune's recipes compute the loss outside the context).
 
-Prints, per scenario, ``torch.cuda.max_memory_allocated`` over steps 2-3 and the engine's allocated peak.
+Prints, per scenario, ``torch.cuda.max_memory_allocated`` over steps 2-3 and the engine's allocated peak, and
+``max_memory_reserved`` beside the engine's reserved (the replay of its stream, engine/counters/offload_stream.py;
+the reserved columns untested on a GPU so far).
 Needs CUDA and transformers (not torchao, bitsandbytes or torchtune installed):
     python benchmarks/torchtune_savers_gpu.py --wheel .cache/torchtune/torchtune-0.6.1-py3-none-any.whl
 """
@@ -75,8 +77,8 @@ def torchtune_offloading(wheel: Path) -> types.ModuleType:
     return module
 
 
-def run(sc: Scenario, tt: types.ModuleType, steps: int = 3) -> int:
-    """Max allocated bytes over steps 2 on."""
+def run(sc: Scenario, tt: types.ModuleType, steps: int = 3) -> tuple[int, int]:
+    """Max allocated and max reserved bytes over steps 2 on (reserved: the cache step 1 left counts)."""
     import torch
 
     model, _config, _family = build_model(sc, "cuda")  # HF checkpointing on with "full", as the trace runs it
@@ -123,7 +125,7 @@ def run(sc: Scenario, tt: types.ModuleType, steps: int = 3) -> int:
             opt.step()
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated()
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
 def sc_vocab(sc: Scenario) -> int:
@@ -147,10 +149,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and name not in args.only:
             continue
         sc = Scenario.from_dict({**data, "gpu": "h100-sxm-80gb"})
-        predicted = estimate(sc).peak_allocated_bytes
-        measured = run(sc, tt)
+        est = estimate(sc)
+        predicted, reserved = est.peak_allocated_bytes, est.peak_reserved_bytes
+        measured, measured_reserved = run(sc, tt)
         print(f"{name:<26} measured {measured / GiB:7.3f} GiB  engine {predicted / GiB:7.3f} GiB  "
-              f"error {predicted / measured - 1:+.2%}", flush=True)  # fmt: skip
+              f"error {predicted / measured - 1:+.2%}  reserved: measured {measured_reserved / GiB:7.3f} GiB  "
+              f"engine {reserved / GiB:7.3f} GiB  error {reserved / measured_reserved - 1:+.2%}",
+              flush=True)  # fmt: skip
         torch.cuda.empty_cache()
     return 0
 

@@ -13,6 +13,11 @@ v0.6.1 (what each piece keeps on the GPU is what decides the peak; the streams o
   at the start of backward is used in place. In backward a tensor brought back stays in a backward stash until
   the hook of the *next* autograd node that brings one back has run, and the rest is dropped at the end of
   backward. Smaller tensors, parameters and buffers stay on the GPU as saved.
+- The copies brought back are made under ``torch.cuda.stream(self.s1)`` (``unpack_tensor_with_streams``): the
+  caching allocator takes their blocks from the copy stream's own pool, and a block freed there serves only that
+  stream again. Here they carry ``engine/counters/offload_stream.TORCHTUNE_COPY_STREAM`` (``trace/replay.py``
+  replays each stream's pool apart). Not reproduced: the ``record_stream(s0)`` torchtune calls when a node's
+  output is a view of a tensor it brought back (the block then waits for the compute stream's work).
 - ``get_act_offloading_ctx_manager`` wraps the output head in ``NoOpManager`` (its saved tensors stay on the
   GPU), and the recipes compute the loss outside the context: here the head's pre-hook opens a no-op hook that
   stays until the model's forward returns (transformers computes the loss inside ``forward``).
@@ -30,6 +35,8 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+
+from memsim_widget.engine.counters.offload_stream import TORCHTUNE_COPY_STREAM
 
 from .tracker import MemoryTracker
 
@@ -87,8 +94,9 @@ class OffloadedActivations(saved_tensors_hooks):
                 self.node = node
                 prev = list(self.bwd_stash)
             brought_back = tid not in self.fwd_stash
-            if brought_back:
-                t = torch.empty_like(t)  # the copy back to the GPU
+            if brought_back:  # the copy back to the GPU, made on torchtune's copy stream
+                with tracker.role_scope(tracker.scope_role, stream=TORCHTUNE_COPY_STREAM):
+                    t = torch.empty_like(t)
                 self.bwd_stash[tid] = t
             else:
                 t = self.fwd_stash[tid]

@@ -156,10 +156,12 @@ def test_the_fitted_rule_has_no_replay_verdict():
 
 
 def test_a_step_the_stream_does_not_model_keeps_the_plain_verdict():
-    est = estimate(
-        {**BASE, "activation_offloading": True}
-    )  # activations offloaded to the host: the fitted rule
+    est = estimate(  # the first two layers offloaded (TransformerEngine's schedule): the fitted rule
+        {**BASE, "activation_offloading": True, "activation_offloading_layers": 2}
+    )
     assert est.card_replay is None and "verdict_reason" not in est.to_dict()
+    every = estimate({**BASE, "activation_offloading": True})  # every layer (torchtune): offload_stream.py
+    assert every.card_replay is not None and every.verdict_reason == "runs"
     ddp = estimate({**BASE, "parallel": {"dp": 2}})  # a DDP rank: replayed (engine/counters/ddp_stream.py)
     assert ddp.card_replay is not None
     accumulated = estimate(

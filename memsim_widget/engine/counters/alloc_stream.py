@@ -64,6 +64,13 @@ from memsim_widget.engine.counters.allocator import (
 )
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
+from memsim_widget.engine.counters.offload_stream import (
+    InBackwardGrads,
+    Offloader,
+    copy_stream,
+    savers_note,
+    savers_replayable,
+)
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.counters.pp_stream import PipelineStage, pipeline_stage, pp_replayable, run_schedule
 from memsim_widget.engine.counters.tp_stream import (
@@ -297,9 +304,10 @@ class _Grads:
         #: a ZeRO-1/2 rank's hooks (``zero_stream.ZeroWriter``): each gradient made whole, then handed to them
         self.zero: ZeroWriter | None = None
 
-    def made(self, part: tuple[int, ...], share: int) -> list[int]:
+    def made(self, part: tuple[int, ...], share: int, hold: bool = False) -> list[int]:
         """The gradients of ``part`` (parameter tensors' elements; else a ``share`` of the items): their
-        handles, or none when each new one was added in place and freed."""
+        handles, or none when each new one was added in place and freed (``hold``: the tied head part, which
+        ``micro_batch`` makes with ``new`` off; ``offload_stream.InBackwardGrads`` reads it)."""
         s = self.s
         if self.zero is not None and self.by_tensor:  # DeepSpeed's hook copies each into its ipg buffer
             for x in part:
@@ -342,6 +350,8 @@ def step_stream(
     opt_groups: tuple[tuple[int, ...], ...] = (),
     zero: ZeroRank | None = None,
     pipe: PipelineStage | None = None,
+    in_backward: bool = False,
+    offload: int | None = None,
 ) -> StreamWriter:
     """The stream of ``steps`` steps of a rank with ``layers`` layers: ``ag``/``sg`` the activation and state
     groups' items (``moments.ACTIVATION_GROUPS``, ``STATE_GROUPS``), ``first`` the persistent items before the
@@ -361,15 +371,21 @@ def step_stream(
     (``tp_stream.weights_by_param``; a TP rank's); ``opt_groups`` the optimizer's parameter groups (indices into
     the parameters' order), each making its states and stepping in turn (``tp_stream.optimizer_groups``);
     ``zero`` a DeepSpeed ZeRO-1/2 rank (``zero_stream``: its flat weights and master partition at wrap, its ipg
-    buffer and partition gradients in backward, its step; its items in ``first`` and ``sg`` not written again)."""
+    buffer and partition gradients in backward, its step; its items in ``first`` and ``sg`` not written again);
+    ``in_backward`` each parameter stepped by its hook in backward (``offload_stream.InBackwardGrads``: no step
+    after backward); ``offload`` the stream offloaded layers' saved tensors are brought back on
+    (``offload_stream.Offloader``; None: not offloaded)."""
     s = StreamWriter()
     if ddp is not None:
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
         sg = {**sg, "persistent": [i for i in sg["persistent"] if i.item != DDP_BUCKETS_ITEM]}
     reducer = DdpWriter(s, ddp) if ddp is not None else None
     comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
-    grads = _Grads(s, sg, numels, order)
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
+    later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
+    inb = InBackwardGrads(s, sg, order, later, params) if in_backward else None
+    grads = inb or _Grads(s, sg, numels, order)
+    off = Offloader(s, offload) if offload is not None else None
     s.mark("weights")
     if zero is not None:
         grads.zero = _zero_wrap(s, zero, first)
@@ -388,8 +404,9 @@ def step_stream(
     for i in sg["overhead"]:
         if i.item == WORKSPACE_ITEM and i.bytes > 0:  # the forward thread's, at the first forward
             s.alloc(i.bytes // max(i.tensors, 1), max(i.tensors, 1) - len(late))
-    later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     for step in range(1, steps + 1):
+        if inb is not None:
+            inb.first = step == 1
         a = earlier if step == 1 and earlier is not None else ag
         made_grads: list[int] = []
         held: list[int] = []
@@ -410,10 +427,12 @@ def step_stream(
                 s.mark(f"{label} DDP bucket rebuild")
                 reducer.rebuild()
             work = late if step == m == 1 else ()
-            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm)
+            made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm, off)
             made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
-        if grads.zero is not None:
+        if inb is not None:  # every parameter stepped in backward
+            pass
+        elif grads.zero is not None:
             grads.zero.step(
                 step == 1, _per_element(later, numels, zero), _per_element(sg["step_temps"], numels, zero)
             )
@@ -486,18 +505,19 @@ def micro_batch(
     sg: dict[str, Sequence[Any]],
     layers: int,
     label: str,
-    grads: _Grads,
+    grads: _Grads | InBackwardGrads,
     replayed: int | None = None,
     workspaces: Sequence[int] = (),
     repeat: bool = True,
     comm: Fsdp2Writer | None = None,
+    off: Offloader | None = None,
 ) -> tuple[list[int], list[int]]:
     """One micro-batch's forward, loss and backward (``step_stream``'s order): the gradients it made and
     keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
     ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's).
     Under FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
-    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards)."""
-    fw = micro_forward(s, a, layers, label, replayed, repeat, comm)
+    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards); ``off``: offloaded."""
+    fw = micro_forward(s, a, layers, label, replayed, repeat, comm, off=off)
     return micro_backward(s, fw, sg, grads, workspaces)
 
 
@@ -522,6 +542,8 @@ class Forward:
     kept: list[int]
     copy: list[int]
     comm: Fsdp2Writer | None
+    #: the offloader of the layers' saved tensors (``offload_stream.Offloader``), None when not offloaded
+    off: Offloader | None
     #: the last layer's output when the forward keeps it (a pipeline stage's output, sent on): freed by its backward
     out: list[int]
 
@@ -537,15 +559,17 @@ def micro_forward(
     hidden_in: list[int] | None = None,
     keep_output: bool = False,
     drop: Sequence[int] = (),
+    off: Offloader | None = None,
 ) -> Forward:
     """A micro-batch's forward and loss (``micro_batch``'s first half). ``hidden_in``: the layers' input when
     it is not the embeddings' output (a later pipeline stage's receive buffer: never freed here);
     ``keep_output``: the model's output (the last layer's, or on a stage with the head its logits) kept for the
-    backward (a pipeline stage's output, ``Forward.out``); ``drop``: handles freed once the head has run."""
+    backward (a pipeline stage's output, ``Forward.out``); ``drop``: handles freed once the head has run; ``off``: the layers' saved tensors offloaded."""
     s.mark(f"{label} forward")
     if comm is not None:
         comm.forward_start()
     pre = s.items(a["pre"])
+    share = layers if off is None else off.start()  # offloaded: the saved group is the one layer on the GPU
     fwd = a.get(LAYER_FORWARD, ())
     out = next((size for name, size in fwd if name == OUT), 0)
     if hidden_in is not None:
@@ -563,11 +587,8 @@ def micro_forward(
         if comm is not None:
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-        if fwd:
-            hidden, kept = forward_layer(s, fwd, hidden, a["saved"], layers)
-            saved.append(kept)
-        else:
-            saved.append(s.items(a["saved"], share=layers))
+        hidden, kept = _layer_saved(s, fwd, hidden, a["saved"], share, off)
+        saved.append(kept)
         s.free(transient)
         if comm is not None:
             comm.layer_forward_end()
@@ -591,14 +612,14 @@ def micro_forward(
     if keep_output and last:  # the logits, the model's output: the first tensor the loss's forward made
         kept_out, held = held[:1], held[1:]
     return Forward(a, label, layers, n, pre, saved, d, copied, compiled, post, tanh, cast, held, kept, copy, comm,
-                   kept_out)  # fmt: skip
+                   off, kept_out)  # fmt: skip
 
 
 def micro_backward(
     s: StreamWriter,
     fw: Forward,
     sg: dict[str, Sequence[Any]],
-    grads: _Grads,
+    grads: _Grads | InBackwardGrads,
     workspaces: Sequence[int] = (),
 ) -> tuple[list[int], list[int]]:
     """A micro-batch's backward from what its forward left (``micro_batch``'s second half): the gradients it
@@ -638,7 +659,7 @@ def micro_backward(
     if zero is not None:  # the head's hook, once its node has dropped the logits' gradient
         zero.each(top_grads[k:])
         top_grads = top_grads[:k]
-    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, (n, d) if copied else None)
+    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, (n, d) if copied else None, fw.off)
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
@@ -649,7 +670,9 @@ def micro_backward(
         if zero is not None:  # the tied embeddings' gradient complete: DeepSpeed's hook
             zero.each(summed)
             top_grads, k = top_grads[k:], 0
-        if new:  # the sum added in place to the accumulated gradient
+        if isinstance(grads, InBackwardGrads):  # the tied weight's hook, once its two parts are summed
+            new = grads.hook(order.top[:k])
+        if new:  # added in place to the accumulated gradient, or stepped by its hook: dropped
             s.free(summed)
             top_grads = top_grads[k:]
             k = 0
@@ -660,7 +683,7 @@ def micro_backward(
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
 
 
-def _top_grads(s: StreamWriter, grads: _Grads, order: GradOrder, k: int) -> list[int]:
+def _top_grads(s: StreamWriter, grads: _Grads | InBackwardGrads, order: GradOrder, k: int) -> list[int]:
     """The gradients of the output side (``order.top``; its first ``k`` the tied embeddings, whose head part waits
     in autograd's buffer, kept or not). Under ZeRO whole, in the model's dtype, their hooks run by the caller:
     the head's AccumulateGrad runs once the head's node has dropped the logits' gradient, the tied embeddings'
@@ -668,9 +691,26 @@ def _top_grads(s: StreamWriter, grads: _Grads, order: GradOrder, k: int) -> list
     if grads.zero is not None:
         return [h for x in order.top for h in s.alloc(x * grads.zero.z.model_bytes)]
     new, grads.new = grads.new, False
-    out = grads.made(order.top[:k], 1) if k else []
+    out = grads.made(order.top[:k], 1, hold=True) if k else []
     grads.new = new
     return out + grads.made(order.top[k:], 1)
+
+
+def _layer_saved(
+    s: StreamWriter,
+    fwd: Sequence[Step],
+    hidden: list[int],
+    saved: Sequence[Any],
+    share: int,
+    off: Offloader | None,
+) -> tuple[list[int], list[int]]:
+    """A layer's forward (``forward_layer`` where its transients are listed, else its ``share`` of the ``saved``
+    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``)."""
+    if fwd:
+        hidden, kept = forward_layer(s, fwd, hidden, saved, share)
+    else:
+        kept = s.items(saved, share=share)
+    return hidden, kept if off is None else off.away(kept)
 
 
 def _inputs_freed(s: StreamWriter, a: dict[str, Sequence[Any]], pre: list[int], held: list[int]) -> list[int]:
@@ -795,15 +835,17 @@ def _layers_backward(
     s: StreamWriter,
     a: dict[str, Sequence[Any]],
     saved: list[list[int]],
-    grads: _Grads,
+    grads: _Grads | InBackwardGrads,
     layers: int,
     tangents: list[int],
     copies: tuple[int, int] | None,
+    off: Offloader | None = None,
 ) -> list[list[int]]:
     """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
     compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
     ``saved`` tensors and its k and v zero ``tangents`` freed; ``copies``: (layers, the forward's handle shift)
-    where the third layer on are the second's copies. Each layer's gradients' handles, from the top."""
+    where the third layer on are the second's copies; ``off``: the saved tensors brought back from the host
+    first. Each layer's gradients' handles, from the top."""
     order = grads.order
     layer_grads: list[list[int]] = []
     begin = s.here()
@@ -811,6 +853,7 @@ def _layers_backward(
     shared: dict[str, list[int]] = {}  # a compiled backward's buffers all layers use
     for i, layer in enumerate(saved[::-1][:2] if copies else saved[::-1]):
         begin = s.here() if i == 1 else begin
+        layer = layer if off is None else off.back(len(saved) - 1 - i)
         recomputed = s.items(a["recompute"])
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
@@ -835,7 +878,7 @@ def backward_layer(
     steps: Sequence[Step],
     saved: list[int],
     shared: dict[str, list[int]],
-    grads: _Grads,
+    grads: _Grads | InBackwardGrads,
     part: tuple[int, ...],
     layers: int,
 ) -> list[int]:
@@ -983,8 +1026,8 @@ class _Args:
 
 
 def replayable(ctx: Any) -> bool:
-    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``, unset
-    ``DEFAULT_RESERVED_MODEL``, the fitted rule for padding longest and compiled steps) and the stream
+    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``; unset,
+    ``DEFAULT_RESERVED_MODEL``, the replay, but for ``padding: longest``, compiled steps and pipeline stages) and the stream
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``step_stream``), an FSDP2 rank
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
@@ -993,9 +1036,10 @@ def replayable(ctx: Any) -> bool:
     gradients, ``zero_stream``) or a
     tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
     ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under GPipe or 1F1B
-    (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); nothing
-    offloaded, the optimizer stepping after backward. Elsewhere ``engine/counters/overhead`` keeps its fitted rule
-    (docs/allocator.md lists what the stream still lacks)."""
+    (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation offloading of
+    every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
+    optimizer offload. Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what
+    the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.replays_reserved
@@ -1008,9 +1052,8 @@ def replayable(ctx: Any) -> bool:
             or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
             or pp_replayable(ctx)
         )
-        and not (sc.activation_offloading and sc.activation_offloading_layers != 0)  # 0 layers: none
+        and savers_replayable(ctx)
         and p.offload == "none"
-        and not sc.optimizer_in_backward
     )
 
 
@@ -1166,6 +1209,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
+    sc = ctx.scenario
+    offloaded = sc.activation_offloading and sc.activation_offloading_layers != 0
     return step_stream(
         ag,
         sg,
@@ -1183,6 +1228,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
         zero=rank_zero(ctx, stage) if zero12_replayable(ctx) else None,
         pipe=pipe,
+        in_backward=sc.optimizer_in_backward,
+        offload=copy_stream(ctx) if offloaded else None,
     )
 
 
@@ -1271,6 +1318,7 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             if ctx.par.tp > 1
             else ""
         )
+        + savers_note(ctx)
         + (
             f" (pipeline {ctx.par.pp_schedule} over {ctx.par.pp_microbatches} micro-batches: the schedule's order, "
             "receive buffers, kept outputs and input gradients from torch 2.13's pipelining, traced on CPU)"
