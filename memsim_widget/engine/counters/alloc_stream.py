@@ -430,28 +430,44 @@ def step_stream(
             made, held = micro_batch(s, a, sg, layers, label, grads, replayed, work, repeat, comm, off)
             made_grads = made_grads or made
         s.mark(f"step {step} optimizer step")
-        if inb is not None:  # every parameter stepped in backward
-            pass
-        elif grads.zero is not None:
-            grads.zero.step(
-                step == 1, _per_element(later, numels, zero), _per_element(sg["step_temps"], numels, zero)
-            )
-        elif not opt_groups:
-            if step == 1:
-                s.per_param(later, params)
-            s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
-        else:  # the optimizer's groups one after the other (tp_stream.optimizer_groups)
-            parts = [tuple(params[j] for j in g) for g in opt_groups]
-            larger = max(sum(p) for p in parts)  # the item is the larger group's foreach buffer
-            for part in parts:
-                if step == 1:
-                    s.per_param(later, part, params)
-                s.free(s.per_param(sg["step_temps"], part, params, larger)[::-1])
+        if inb is None:  # else every parameter was stepped in backward
+            _optimizer_step(s, grads, sg, step, later, numels, params, opt_groups, zero)
         # zero_grad(set_to_none=True) drops the gradients in the parameters' order; zeroed in place, they stay
         s.free(held if kept else made_grads + held)
         if comm is not None:
             comm.zero_grad()
     return s
+
+
+def _optimizer_step(
+    s: StreamWriter,
+    grads: _Grads | InBackwardGrads,
+    sg: dict[str, Sequence[Any]],
+    step: int,
+    later: Sequence[Any],
+    numels: tuple[int, ...],
+    params: tuple[int, ...],
+    opt_groups: tuple[tuple[int, ...], ...],
+    zero: ZeroRank | None,
+) -> None:
+    """The optimizer's step after backward (``step_stream``'s): its states made at the first step (``later``),
+    its foreach temporaries made and freed last first; a ZeRO-1/2 rank's on its flat partition
+    (``zero_stream.ZeroWriter.step``), a TP rank's per parameter group (``tp_stream.optimizer_groups``)."""
+    if grads.zero is not None:
+        grads.zero.step(
+            step == 1, _per_element(later, numels, zero), _per_element(sg["step_temps"], numels, zero)
+        )
+    elif not opt_groups:
+        if step == 1:
+            s.per_param(later, params)
+        s.free(s.per_param(sg["step_temps"], params)[::-1])  # the foreach step's lists, freed last first
+    else:  # the optimizer's groups one after the other (tp_stream.optimizer_groups)
+        parts = [tuple(params[j] for j in g) for g in opt_groups]
+        larger = max(sum(p) for p in parts)  # the item is the larger group's foreach buffer
+        for part in parts:
+            if step == 1:
+                s.per_param(later, part, params)
+            s.free(s.per_param(sg["step_temps"], part, params, larger)[::-1])
 
 
 def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWriter:
