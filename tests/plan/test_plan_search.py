@@ -147,7 +147,7 @@ def test_every_candidate_respects_the_architecture(model):
 # ----- global batch --------------------------------------------------------------------------------------
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     sequences=st.sampled_from([1, 3, 8, 12, 48, 64, 96]),
     gpus=st.sampled_from([1, 4, (1, 8), [6, 12]]),

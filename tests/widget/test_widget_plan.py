@@ -52,8 +52,9 @@ def make(*args: Any, **kwargs: Any) -> MemSim:
     return MemSim(*args, charts_js=False, **kwargs)
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 10) -> None:
-    """Poll until ``cond()`` holds (fails after ``timeout`` seconds)."""
+def wait_for(cond: Callable[[], bool], timeout: float = 120) -> None:
+    """Poll until ``cond()`` holds (fails after ``timeout`` seconds: a guard against a hang, not a timing; a
+    search on a loaded two-core machine can take tens of seconds)."""
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out"
