@@ -982,33 +982,35 @@ def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
 
 def _run_micro_batches(a: CachingAllocator, stream: StreamWriter) -> None:
     """``a.run(stream.events)``, the same figures, faster under gradient accumulation: where a step's
-    micro-batches 3 to M are copies of each other (the same events, each copy's own handles, those after the
-    second micro-batch began, shifted by the handles one allocates: checked event by event) and the allocator is
-    in the same state at the start of the third and of the fourth (reserved, the segments, the cached blocks and
-    the live blocks by address, the copies' live handles by their place after the handle counter), every later
-    copy replays as the third did: nothing new is cached and no counter rises past its peak, so they are skipped
-    and the live copies' handles moved to the last one's. Elsewhere (other
-    settings than the fast path's, expandable segments, copies that differ) every event is replayed."""
+    micro-batches from the third on (to the last, or the one before: FSDP2's last differs) are copies of each
+    other (the same events, each copy's own handles, those after the second micro-batch began, shifted by the
+    handles one allocates: checked event by event) and the allocator is in the same state at the start of the
+    third and of the fourth (reserved, the segments, the cached blocks and the live blocks by address, the
+    copies' live handles by their place after the handle counter), every later copy replays as the third did:
+    nothing new is cached and no counter rises past its peak, so they are skipped and the live copies' handles
+    moved to the last one's. Elsewhere (other settings than the fast path's, expandable segments, copies that
+    differ, a state that changed) every event is replayed."""
     ev = stream.events
     pos = 0
     for bounds in stream.micro_bounds if a._fast and not a._expandable else ():
         copies = len(bounds) - 1  # micro-batches 2..M
         if copies < 3 or bounds[0][0] < pos:
             continue
-        # the third micro-batch on (the second frees the first's output, which is not a copy's)
+        # the third micro-batch on (the second frees the first's output, which is not a copy's), as far as the
+        # copies go (the last micro-batch may differ: FSDP2 reduce-scatters after it)
         lo, d = bounds[0][1], bounds[2][1] - bounds[1][1]
         n = bounds[2][0] - bounds[1][0]
-        if any(
-            bounds[k + 1][0] - bounds[k][0] != n or bounds[k + 1][1] - bounds[k][1] != d
-            for k in range(1, copies)
-        ):
-            continue
         third = ev[bounds[1][0] : bounds[2][0]]
-        if any(
-            ev[bounds[k][0] : bounds[k + 1][0]]
-            != [(h + (k - 1) * d if h > lo else h, z, st) for h, z, st in third]
-            for k in range(2, copies)
-        ):
+        last = 1  # copies 1..last (of 0..copies-1) are the third micro-batch's
+        for k in range(2, copies):
+            if bounds[k + 1][0] - bounds[k][0] != n or bounds[k + 1][1] - bounds[k][1] != d:
+                break
+            if ev[bounds[k][0] : bounds[k + 1][0]] != [
+                (h + (k - 1) * d if h > lo else h, z, st) for h, z, st in third
+            ]:
+                break
+            last = k
+        if last < 2:
             continue
         _run_from(a, ev, pos, bounds[1][0])
         before = _state(a, lo, bounds[1][1])
@@ -1016,9 +1018,9 @@ def _run_micro_batches(a: CachingAllocator, stream: StreamWriter) -> None:
         pos = bounds[2][0]
         if _state(a, lo, bounds[2][1]) != before:
             continue
-        shift = (copies - 2) * d  # the third copy's trajectory, copies - 2 more times: skipped
+        shift = (last - 1) * d  # the third's trajectory, last - 1 more times: skipped
         a.live = {h + shift if h > lo else h: b for h, b in a.live.items()}
-        pos = bounds[-1][0]
+        pos = bounds[last + 1][0]
     _run_from(a, ev, pos, len(ev))
 
 
