@@ -13,7 +13,7 @@ and allocated by replay beside the engine's stream (``rank_stream(traced_only=Tr
 comparisons: its cuBLAS workspaces stay, the CPU run has none), and the large allocations of both in order.
 
     python benchmarks/zero_trace.py               # ZeRO-1 and ZeRO-2, DeepSpeed's defaults
-    python benchmarks/zero_trace.py --bucket 20000000 --overlap   # cases the engine's scenario cannot name
+    python benchmarks/zero_trace.py --bucket 20000000 --overlap   # parallel.reduce_bucket_size, overlap_comm
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
 """
@@ -157,11 +157,9 @@ def replayed(events: list[tuple[int, int, int]]) -> int:
     return a.peak_reserved
 
 
-def engine_stream(zero: int, world: int = WORLD, bucket: int = BUCKET) -> Any:
+def engine_stream(zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False) -> Any:
     """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
-    its ipg buffer (the scenario has no key for it: set on the rank's geometry)."""
-    from dataclasses import replace
-
+    its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``)."""
     import memsim_widget.engine.counters.alloc_stream as alloc_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
@@ -169,15 +167,10 @@ def engine_stream(zero: int, world: int = WORLD, bucket: int = BUCKET) -> Any:
     sc = {
         "model": LLAMA_H512_V32K, "micro_batch_size": BATCH, "seq_len": SEQ, "precision": "mixed-bf16",
         "framework": "deepspeed", "optimizer": "adamw", "optimizer_impl": "foreach", "reserved_model": "replay",
-        "parallel": {"dp": world, "zero": zero},
+        "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap},
     }  # fmt: skip
     ctx = Context(estimate(sc).scenario)
-    own = alloc_stream.rank_zero
-    alloc_stream.rank_zero = lambda c, s: replace(own(c, s), bucket=bucket)
-    try:
-        return alloc_stream.rank_stream(ctx, ctx.stages[0], traced_only=True)
-    finally:
-        alloc_stream.rank_zero = own
+    return alloc_stream.rank_stream(ctx, ctx.stages[0], traced_only=True)
 
 
 def _large(events: list[tuple[int, int, int]], at: int = 4 << 20) -> list[int | str]:
@@ -201,7 +194,7 @@ def main() -> None:
         t = traced_apart(zero, WORLD, bucket, overlap)
         a = CachingAllocator(None)
         a.run(t["events"])
-        s = engine_stream(zero, WORLD, bucket)
+        s = engine_stream(zero, WORLD, bucket, overlap)
         e = replay_stream(s, AllocatorConf())
         print(
             f"ZeRO-{zero}, world {WORLD}, reduce_bucket_size {bucket:,}"

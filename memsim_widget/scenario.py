@@ -144,6 +144,24 @@ def _bool(field_name: str, value: Any) -> bool:
     return value
 
 
+#: At most 2**40 elements in DeepSpeed's reduce bucket (``parallel.reduce_bucket_size``): 2 TB of bf16, more than
+#: any GPU holds.
+MAX_BUCKET_ELEMENTS = 2**40
+
+
+def check_reduce_bucket_size(value: Any) -> int | str:
+    """``parallel.reduce_bucket_size``: a whole number of elements (>= 1; ``5e8`` as DeepSpeed configs write it is
+    taken), or "auto" (HF / accelerate: hidden_size x hidden_size, resolved by the engine)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ScenarioError(
+            "parallel.reduce_bucket_size",
+            f'must be a whole number of elements or "auto", got {_short(value)}',
+        )
+    return _int("parallel.reduce_bucket_size", value, maximum=MAX_BUCKET_ELEMENTS)
+
+
 def _choice(field_name: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str:
     if value not in allowed:
         raise choice_error(field_name, value, allowed)
@@ -260,6 +278,17 @@ class RLConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+#: The ``parallel`` keys echoed only when set (None: the framework's default).
+OPTIONAL_PARALLEL = (
+    "pp_layers",
+    "pp_split",
+    "tp_plan",
+    "loss_parallel",
+    "overlap_comm",
+    "reduce_bucket_size",
+)
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """The parallel layout: degrees, ZeRO stage, pipeline schedule and offload."""
@@ -296,6 +325,14 @@ class ParallelConfig:
     #: The cross-entropy on vocab-sharded logits (torch ``loss_parallel()``; None: on under the torchtitan and
     #: megatron plans, off under "hf", whose head gathers the full logits).
     loss_parallel: bool | None = None
+    #: DeepSpeed ZeRO-1/2's ``zero_optimization.overlap_comm`` (None: DeepSpeed's default, false): true keeps a
+    #: second ipg buffer of ``reduce_bucket_size`` elements to fill while the first is reduced
+    #: (``engine/counters/zero_stream.py``). Read only under a DeepSpeed ZeRO-1/2 layout.
+    overlap_comm: bool | None = None
+    #: DeepSpeed ZeRO-1/2's ``zero_optimization.reduce_bucket_size`` in elements, or "auto" (HF Trainer and
+    #: accelerate fill it with hidden_size x hidden_size; None: DeepSpeed's default, 5e8). Read only under a
+    #: DeepSpeed ZeRO-1/2 layout (``engine/frameworks.reduce_bucket_elements``).
+    reduce_bucket_size: int | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -332,6 +369,10 @@ class ParallelConfig:
             _choice("parallel.tp_plan", self.tp_plan, TP_PLANS)
         if self.loss_parallel is not None:
             _bool("parallel.loss_parallel", self.loss_parallel)
+        if self.overlap_comm is not None:
+            _bool("parallel.overlap_comm", self.overlap_comm)
+        if self.reduce_bucket_size is not None:
+            object.__setattr__(self, "reduce_bucket_size", check_reduce_bucket_size(self.reduce_bucket_size))
         check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
@@ -378,10 +419,11 @@ class ParallelConfig:
         return max(1, self.tp // over)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``pp_layers`` (as a list), ``pp_split``, ``tp_plan`` and ``loss_parallel`` only when
-        set, so scenarios that leave them to their defaults read and print as before the keys existed."""
+        """Every field; ``pp_layers`` (as a list), ``pp_split``, ``tp_plan``, ``loss_parallel``, ``overlap_comm``
+        and ``reduce_bucket_size`` only when set, so scenarios that leave them to their defaults read and print as
+        before the keys existed."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("pp_layers", "pp_split", "tp_plan", "loss_parallel"):  # optional: echoed only when set
+        for key in OPTIONAL_PARALLEL:  # optional: echoed only when set
             if out[key] is None:
                 del out[key]
         if "pp_layers" in out:

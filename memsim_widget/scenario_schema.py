@@ -186,6 +186,10 @@ SCHEMA: tuple[Field, ...] = (
           optional=True),
     Field("parallel.loss_parallel", bool, "the cross-entropy on vocab-sharded logits (unset: the plan's)",
           optional=True),
+    Field("parallel.overlap_comm", bool, "DeepSpeed ZeRO-1/2 overlap_comm: a second reduce bucket to fill while "
+          "the first is reduced (unset: DeepSpeed's default, false)", optional=True),
+    Field("parallel.reduce_bucket_size", int, "DeepSpeed ZeRO-1/2 reduce_bucket_size in elements, or \"auto\" "
+          "(HF / accelerate: hidden_size x hidden_size; unset: DeepSpeed's default, 5e8)", optional=True),
     Field("objective", str, "what the step optimises: SFT, a preference loss or an online RL loss (unset: sft)",
           "scenario:OBJECTIVES", optional=True, cli="objective", widget=_w("objective", "select", "Objective")),
     Field("rl.num_generations", int, "GRPO: completions per prompt (G)", cli="num_generations",

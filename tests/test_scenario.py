@@ -119,6 +119,20 @@ def test_partial_nested_dicts_take_defaults():
     assert s.lora.rank == 64 and s.lora.targets == ("q_proj", "v_proj")
 
 
+def test_deepspeed_bucket_keys_echo_only_when_set():
+    """``parallel.overlap_comm`` and ``reduce_bucket_size`` (unset: DeepSpeed's defaults) are left out of the
+    echo when unset; set, they round-trip (5e8 as JSON writes it is the whole number)."""
+    assert "overlap_comm" not in Scenario().to_dict()["parallel"]
+    assert "reduce_bucket_size" not in Scenario().to_dict()["parallel"]
+    s = Scenario.from_dict(
+        {"parallel": {"dp": 2, "zero": 2, "overlap_comm": True, "reduce_bucket_size": 5e8}}
+    )
+    assert s.parallel.reduce_bucket_size == 500_000_000 and isinstance(s.parallel.reduce_bucket_size, int)
+    assert Scenario.from_json(s.to_json()) == s
+    auto = s.replace(parallel={"reduce_bucket_size": "auto"})
+    assert Scenario.from_json(auto.to_json()).parallel.reduce_bucket_size == "auto"
+
+
 def test_replace_merges_nested_dicts():
     s = Scenario().replace(parallel={"dp": 4}, micro_batch_size=8)
     assert s.parallel.dp == 4 and s.micro_batch_size == 8 and s.parallel.zero == 0
@@ -146,6 +160,12 @@ def test_replace_merges_nested_dicts():
         ({"compile": True, "activation_memory_budget": "half"}, "activation_memory_budget", "[0, 1]"),
         ({"compile": True, "activation_memory_budget": True}, "activation_memory_budget", "[0, 1]"),
         ({"activation_memory_budget": 0.5}, "activation_memory_budget", "compile to true"),
+        ({"parallel": {"overlap_comm": "yes"}}, "parallel.overlap_comm", "true or false"),
+        ({"parallel": {"reduce_bucket_size": "big"}}, "parallel.reduce_bucket_size", '"auto"'),
+        ({"parallel": {"reduce_bucket_size": True}}, "parallel.reduce_bucket_size", '"auto"'),
+        ({"parallel": {"reduce_bucket_size": 0}}, "parallel.reduce_bucket_size", ">= 1"),
+        ({"parallel": {"reduce_bucket_size": 2.5}}, "parallel.reduce_bucket_size", "integer"),
+        ({"parallel": {"reduce_bucket_size": 2**41}}, "parallel.reduce_bucket_size", "<="),
     ],
 )
 def test_bad_input_names_the_field(data, field, words):

@@ -556,11 +556,28 @@ def expandable_segments(ctx: Context) -> bool:
 
 
 def reduce_bucket_elements(ctx: Context) -> int:
-    """Elements of DeepSpeed's persistent ZeRO-1/2 gradient reduce buffer on this rank (0 if none)."""
+    """Elements of each of DeepSpeed's ZeRO-1/2 gradient reduce (ipg) buffers on this rank (0 if none):
+    ``parallel.reduce_bucket_size``, unset DeepSpeed's default (5e8, ``deepspeed/runtime/zero/config.py``), "auto"
+    hidden_size x hidden_size as HF Trainer fills it (transformers 5.24.0
+    ``integrations/deepspeed.py``, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``: the model config's
+    ``hidden_size``, else its text config's) and accelerate does (accelerate 1.16.0 ``accelerator.py``,
+    ``Accelerator._prepare_deepspeed``)."""
     par = ctx.par
-    if par.zero not in (1, 2) or par.dp * par.cp == 1:
+    if par.zero not in (1, 2) or par.dp * par.cp == 1 or not profile(ctx).bucket_elements:
         return 0
-    return profile(ctx).bucket_elements
+    size = par.reduce_bucket_size
+    if size is None:
+        return profile(ctx).bucket_elements
+    if size == "auto":
+        return ctx.arch.hidden_size * ctx.arch.hidden_size
+    return int(size)
+
+
+def reduce_buffers(ctx: Context) -> int:
+    """How many ipg buffers of ``reduce_bucket_elements`` DeepSpeed ZeRO-1/2 keeps through a backward: two under
+    ``overlap_comm`` (deepspeed 0.19.8 ``stage_1_and_2.setup_buckets``: a second ``torch.empty(reduce_bucket_size)``
+    to fill while the first is reduced, both cleared by ``_release_ipg_buffers``), else one."""
+    return 2 if ctx.par.overlap_comm else 1
 
 
 def parameters_fetched_from_host(ctx: Context) -> bool:

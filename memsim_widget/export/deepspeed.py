@@ -89,15 +89,18 @@ def _precision(draft: Draft) -> dict[str, Any]:
 
 
 def _zero(draft: Draft) -> dict[str, Any]:
-    """``zero_optimization``: stage, offload devices, and the bucket sizes memsim assumed (DeepSpeed's defaults)."""
+    """``zero_optimization``: stage, offload devices, and the bucket sizes memsim assumed: ZeRO-1/2's
+    ``reduce_bucket_size`` and ``overlap_comm`` as the scenario says them (``parallel.*``; unset, DeepSpeed's
+    defaults; "auto" written as "auto", for HF Trainer / accelerate to fill), the rest DeepSpeed's defaults."""
     p = draft.scenario.parallel
     zero: dict[str, Any] = {"stage": p.zero}
     if p.zero in (1, 2):
+        bucket = DEEPSPEED_BUCKET_ELEMENTS if p.reduce_bucket_size is None else p.reduce_bucket_size
         zero.update(
-            reduce_bucket_size=DEEPSPEED_BUCKET_ELEMENTS,
+            reduce_bucket_size=bucket,
             allgather_bucket_size=DEEPSPEED_BUCKET_ELEMENTS,
             contiguous_gradients=True,
-            overlap_comm=False,
+            overlap_comm=bool(p.overlap_comm),
         )
     if p.zero == 3:
         zero.update(

@@ -1,5 +1,6 @@
 """DeepSpeed config JSON -> scenario keys: ZeRO stage and offload, precision, micro-batch, accumulation, AutoTP,
-optimizer; bucket sizes and DeepSpeed's own activation checkpointing, which memsim does not vary, are listed.
+optimizer, and ZeRO-1/2's ``overlap_comm`` and ``reduce_bucket_size``; the other bucket sizes and DeepSpeed's own
+activation checkpointing, which memsim does not vary, are listed.
 
 Keys and defaults as DeepSpeed 0.19.8 reads them (deepspeed/runtime/config.py, runtime/zero/config.py
 ``DeepSpeedZeroConfig``, runtime/precision_config.py; https://www.deepspeed.ai/docs/config-json/): no
@@ -24,6 +25,7 @@ from memsim_widget.importers.common import (
     get_int,
     get_str,
 )
+from memsim_widget.scenario import MAX_BUCKET_ELEMENTS
 
 #: DeepSpeed 0.19.8 defaults of the ZeRO sizes memsim holds at these values (runtime/zero/config.py); a file
 #: setting another value is listed as unread (memsim's prediction assumes the default).
@@ -144,16 +146,37 @@ def _zero(reading: Reading, path: Path, data: dict[str, Any]) -> None:
     if "nvme" in (dig(zero, "offload_optimizer.device"), dig(zero, "offload_param.device")):
         reading.miss("parallel.offload", f"{path.name}: zero_optimization.offload_*.device", "nvme read as "
                      "'cpu' (both leave the GPU); host memory is not modelled", keep=True)  # fmt: skip
+    if stage in (1, 2):
+        _buckets(reading, path, data)
     for key, default in ZERO_SIZES.items():
         value = dig(zero, key)
-        if value is None or value == default:
+        if value is None or value == default or (key in ZERO12_READ and stage in (1, 2)):
             continue
         why = ("'auto': the HF integration sets it from the model's hidden size" if value == "auto"
                else f"{value!r} differs from DeepSpeed's default {default:,}")  # fmt: skip
         reading.miss(f"zero_optimization.{key}", path.name, why + "; memsim assumed the default")
-    if get_bool(path, data, "zero_optimization.overlap_comm", False) and stage in (1, 2):
-        reading.miss("zero_optimization.overlap_comm", path.name, "true doubles the reduce buckets in DeepSpeed; "
-                     "memsim assumed false")  # fmt: skip
+
+
+#: The ZeRO sizes a ZeRO-1/2 rank reads into the scenario (``_buckets``), not listed as held at the default.
+ZERO12_READ = frozenset({"reduce_bucket_size"})
+
+
+def _buckets(reading: Reading, path: Path, data: dict[str, Any]) -> None:
+    """ZeRO-1/2's ``overlap_comm`` (two reduce buckets) and ``reduce_bucket_size`` (elements; "auto" kept: the
+    engine resolves it as HF Trainer and accelerate do, hidden_size x hidden_size), when the file sets them to
+    other than DeepSpeed's defaults (false, 5e8: the scenario's unset keys, so a config memsim wrote reads back
+    to the scenario it came from)."""
+    if get_bool(path, data, "zero_optimization.overlap_comm", False):
+        reading.set("parallel.overlap_comm", True)
+    key = "zero_optimization.reduce_bucket_size"
+    if dig(data, key) == "auto":
+        reading.set("parallel.reduce_bucket_size", "auto")
+        return
+    size = get_int(path, data, key)
+    if size is not None and size != DEEPSPEED_BUCKET_ELEMENTS:
+        if size > MAX_BUCKET_ELEMENTS:
+            raise file_error(path, key, f"must be at most {MAX_BUCKET_ELEMENTS:,} elements, got {size:,}")
+        reading.set("parallel.reduce_bucket_size", size)
 
 
 def _optimizer(reading: Reading, path: Path, data: dict[str, Any]) -> None:

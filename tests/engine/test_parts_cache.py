@@ -66,6 +66,8 @@ ACTIVATIONS_IGNORED = {
     "parallel.zero": {"parallel": {"dp": 4, "zero": 3}},
     "parallel.offload": {"parallel": {"dp": 4, "zero": 3, "offload": "optimizer+params"}},
     "parallel.reshard_after_forward": {"parallel": {"dp": 4, "zero": 3, "reshard_after_forward": False}},
+    "parallel.overlap_comm": {"parallel": {"dp": 4, "zero": 2, "overlap_comm": True}},
+    "parallel.reduce_bucket_size": {"parallel": {"dp": 4, "zero": 2, "reduce_bucket_size": "auto"}},
 }
 
 

@@ -54,9 +54,12 @@ EXPECTED: dict[tuple[str, ...], dict[str, Any]] = {
     },
     ("accelerate/deepspeed.yaml", "accelerate/zero_stage1_config.json"): {
         "parallel.dp": 2, "parallel.zero": 1, "precision": "mixed-fp16", "optimizer": "adamw",
-        "optimizer_impl": "foreach", "framework": "deepspeed",
+        "optimizer_impl": "foreach", "framework": "deepspeed", "parallel.overlap_comm": True,
+        "parallel.reduce_bucket_size": "auto",
     },
-    ("deepspeed/ds_z2_offload_config.json",): {"parallel.zero": 2, "parallel.offload": "optimizer"},
+    ("deepspeed/ds_z2_offload_config.json",): {
+        "parallel.zero": 2, "parallel.offload": "optimizer",  # overlap_comm false, 5e8: the defaults, unset
+    },
     ("hf/zephyr-sft-qlora.yaml",): {
         "model": "mistral-7b", "method": "qlora", "lora.rank": 16, "lora.alpha": 16, "seq_len": 2048,
         "micro_batch_size": 4, "grad_accum_steps": 2, "activation_checkpointing": "full", "precision": "bf16",

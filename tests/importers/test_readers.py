@@ -134,6 +134,26 @@ def test_an_unknown_model_is_listed_not_guessed(tmp_path: Path) -> None:
         ("ax.yaml", "base_model: x\nadapter: ia3\n", "ax.yaml: adapter"),
         ("ds_config.json", '{"zero_optimization": {"stage": 5}}', "ds_config.json: zero_optimization.stage"),
         ("ds_config.json", '{"zero_optimization": {"stage": 2', "ds_config.json"),
+        (
+            "ds_config.json",
+            '{"zero_optimization": {"stage": 2, "overlap_comm": "yes"}}',
+            "ds_config.json: zero_optimization.overlap_comm",
+        ),
+        (
+            "ds_config.json",
+            '{"zero_optimization": {"stage": 1, "reduce_bucket_size": 0}}',
+            "ds_config.json: zero_optimization.reduce_bucket_size",
+        ),
+        (
+            "ds_config.json",
+            '{"zero_optimization": {"stage": 2, "reduce_bucket_size": "big"}}',
+            "ds_config.json: zero_optimization.reduce_bucket_size",
+        ),
+        (
+            "ds_config.json",
+            '{"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e13}}',
+            "ds_config.json: zero_optimization.reduce_bucket_size",
+        ),
         ("acc.yaml", "distributed_type: TPU\n", "acc.yaml: distributed_type"),
         ("lf.yaml", "stage: rm\ntemplate: x\n", "lf.yaml: stage"),
         ("job.toml", "[training]\nseq_len = 'long'\n", "job.toml: training.seq_len"),
@@ -150,6 +170,27 @@ def test_bad_input_is_one_error_naming_the_file_and_key(
         import_config(path)
     assert err.value.field == field
     assert "\n" not in str(err.value)
+
+
+def test_zero12_reads_overlap_comm_and_reduce_bucket_size(tmp_path: Path) -> None:
+    """ZeRO-1/2's overlap_comm and reduce_bucket_size become scenario keys (JSON's 2.5e8 a whole number of
+    elements, "auto" kept for the engine: hidden_size x hidden_size; DeepSpeed's defaults leave them unset), not
+    unread settings; under ZeRO-3 the bucket size stays listed as held at the default."""
+    ds = {"zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 2.5e8}}
+    imported = import_config(_write(tmp_path, "ds.json", json.dumps(ds)))
+    p = imported.scenario.parallel
+    assert (p.overlap_comm, p.reduce_bucket_size) == (True, 250_000_000)
+    assert not any("reduce_bucket_size" in u or "overlap_comm" in u for u in imported.unread)
+    ds["zero_optimization"] = {"stage": 1, "reduce_bucket_size": "auto"}
+    p = import_config(_write(tmp_path, "ds.json", json.dumps(ds))).scenario.parallel
+    assert (p.overlap_comm, p.reduce_bucket_size) == (None, "auto")
+    ds["zero_optimization"] = {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": False}
+    p = import_config(_write(tmp_path, "ds.json", json.dumps(ds))).scenario.parallel
+    assert (p.overlap_comm, p.reduce_bucket_size) == (None, None)  # DeepSpeed's defaults: the unset keys
+    ds["zero_optimization"] = {"stage": 3, "reduce_bucket_size": "auto", "overlap_comm": True}
+    imported = import_config(_write(tmp_path, "ds.json", json.dumps(ds)))
+    assert imported.scenario.parallel.reduce_bucket_size is None
+    assert any("reduce_bucket_size" in u for u in imported.unread)
 
 
 def test_the_cli_prints_the_scenario_and_lists_the_unread_settings(

@@ -50,6 +50,12 @@ BASES = [
         "seq_len": 1024,
     },
     {"model": "llama-3.1-8b", "framework": "deepspeed", "parallel": {"pp_schedule": "gpipe"}},
+    # ZeRO-1/2's two reduce buffers of hidden x hidden elements (parallel.overlap_comm, reduce_bucket_size "auto")
+    {
+        "model": "llama-3.2-1b",
+        "framework": "deepspeed",
+        "parallel": {"overlap_comm": True, "reduce_bucket_size": "auto"},
+    },
     {"model": "llama-3.1-8b", "parallel": {"pp_schedule": "interleaved", "virtual_stages": 2}},
     {"model": "llama-3.1-8b", "optimizer_in_backward": True},
     {"model": "mixtral-8x7b", "seq_len": 1024},

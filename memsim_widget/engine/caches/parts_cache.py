@@ -63,7 +63,9 @@ ACTIVATIONS_IGNORE = frozenset(
         "reserved_model",
     }
 )
-ACTIVATIONS_IGNORE_PARALLEL = frozenset({"dp", "zero", "offload", "reshard_after_forward"})
+ACTIVATIONS_IGNORE_PARALLEL = frozenset(
+    {"dp", "zero", "offload", "reshard_after_forward", "overlap_comm", "reduce_bucket_size"}
+)
 
 _STATES_FIELDS = tuple(f.name for f in fields(Scenario) if f.name not in STATES_IGNORE)
 _STATE_GROUPS_FIELDS = tuple(f.name for f in fields(Scenario) if f.name not in STATE_GROUPS_IGNORE)

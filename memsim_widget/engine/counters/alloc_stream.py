@@ -1393,8 +1393,8 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 "traced on CPU)"
                 if ddp_replayable(ctx)
                 else " (DeepSpeed ZeRO-1/2's flat weights, fp32 master partition, ipg buffer and partition "
-                "gradients: deepspeed 0.19.8's stage_1_and_2.py, traced on CPU at world size 4; overlap_comm and "
-                "HF's 'auto' reduce_bucket_size not modelled)"
+                "gradients: deepspeed 0.19.8's stage_1_and_2.py, traced on CPU at world size 4, with "
+                "overlap_comm's second ipg buffer; its reduction stream not modelled)"
                 if zero12_replayable(ctx)
                 else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
             )

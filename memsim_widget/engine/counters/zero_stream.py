@@ -1,8 +1,9 @@
 """What a DeepSpeed ZeRO-1 or ZeRO-2 rank allocates and frees, and when, for the allocation stream
 (``engine/counters/alloc_stream.py``): ``DeepSpeedZeroOptimizer`` as HF Trainer / accelerate run it with a bf16
 model (``bf16.enabled``, ``data_types.grad_accum_dtype`` unset, so the gradients stay in bf16), no offload, one
-micro-batch a step, DeepSpeed's defaults for stages 1 and 2 (``contiguous_gradients`` true, ``overlap_comm``
-false, ``reduce_scatter`` and ``use_multi_rank_bucket_allreduce`` true, ``reduce_bucket_size`` 5e8 elements).
+micro-batch a step, DeepSpeed's defaults for stages 1 and 2 (``contiguous_gradients``, ``reduce_scatter`` and
+``use_multi_rank_bucket_allreduce`` true) but ``overlap_comm`` and ``reduce_bucket_size`` (default false and 5e8
+elements), which the scenario says (``parallel.overlap_comm``, ``parallel.reduce_bucket_size``).
 
 Source: deepspeed 0.19.8, ``deepspeed/runtime/zero/stage_1_and_2.py`` (``__init__``,
 ``initialize_optimizer_states``, ``setup_buckets``, ``reduce_independent_p_g_buckets_and_remove_grads``,
@@ -28,7 +29,10 @@ fake process group at world size 4, ``benchmarks/zero_trace.py``, docs/allocator
   partition into ``grads_in_partition``, made at the first such copy: the full size of every parameter that
   overlaps the partition. A gradient over ``reduce_bucket_size`` elements is not copied: it waits as it is
   until the next reduce and is freed once copied. After the last gradient (``independent_gradient_partition_
-  epilogue``) what is left is reduced the same way and the ipg buffer is freed.
+  epilogue``) what is left is reduced the same way and the ipg buffer is freed. Under ``overlap_comm``
+  ``setup_buckets`` makes a second ipg buffer of the same size right after the first (double buffering: the
+  hook fills one while the other is reduced, ``bucket.index`` swapped after each reduce) and
+  ``_release_ipg_buffers`` frees both; a CPU run allocates the two back to back and frees them together.
 - **Step**: the gradient norm casts each partition slice of a gradient to fp64 (``runtime/zero/utils.
   get_norm_dtype``: fp64 where ``accelerator/abstract_accelerator.is_fp64_supported``, true on CUDA) one at a
   time; per group the partition's slices are flattened (a copy when there are several) and cast to an fp32
@@ -37,9 +41,10 @@ fake process group at world size 4, ``benchmarks/zero_trace.py``, docs/allocator
   The all-gather of the updated partitions writes into the flat buffers in place.
 
 ZeRO-1 with one micro-batch runs the same hooks and buffers (the gradients of the parameters outside the
-partition stay views of the ipg buffer until the epilogue drops them). Not modelled: ``overlap_comm`` (a
-second ipg buffer and a reduction stream), gradient accumulation (ZeRO-1 reduces only at the boundary),
-``reduce_bucket_size`` other than the default (HF's ``"auto"``: hidden x hidden), fp16's loss scaler, offload.
+partition stay views of the ipg buffer until the epilogue drops them). Not modelled: ``overlap_comm``'s
+reduction stream (on a GPU the flattened bucket is made on DeepSpeed's ``reduction_stream``, a pool of its own in
+the caching allocator; a CPU trace has one stream, so it stays on the compute stream here, untraced), gradient
+accumulation (ZeRO-1 reduces only at the boundary), fp16's loss scaler, offload.
 """
 
 from __future__ import annotations
@@ -62,8 +67,8 @@ MASTER_BYTES = 4
 class ZeroRank:
     """A ZeRO-1/2 rank's geometry: each optimizer group's parameter tensors (elements, module order) and the
     rank's partition (elements) of it; the order backward makes the gradients (group index, tensor index);
-    the slices of each tensor in the rank's partition; the bytes per element of the model (and gradients) and
-    the ipg buffer's elements."""
+    the slices of each tensor in the rank's partition; the bytes per element of the model (and gradients), the
+    ipg buffer's elements and how many ipg buffers (two under ``overlap_comm``)."""
 
     groups: tuple[tuple[int, ...], ...]
     partitions: tuple[int, ...]
@@ -73,6 +78,7 @@ class ZeroRank:
     dp: int
     model_bytes: int = 2
     bucket: int = DEEPSPEED_BUCKET_ELEMENTS
+    buffers: int = 1
 
     @property
     def in_partition(self) -> frozenset[tuple[int, int]]:
@@ -111,9 +117,11 @@ def zero_rank(
     dp: int,
     model_bytes: int = 2,
     rank: int = 0,
+    bucket: int = DEEPSPEED_BUCKET_ELEMENTS,
+    buffers: int = 1,
 ) -> ZeroRank:
     """``ZeroRank`` of ``rank`` of ``dp`` for optimizer groups of ``groups`` tensors, gradients ready in the
-    order ``ready``."""
+    order ``ready``, ``buffers`` ipg buffers of ``bucket`` elements."""
     parts = [partition_slices(g, dp, rank) for g in groups]
     return ZeroRank(
         tuple(tuple(g) for g in groups),
@@ -122,6 +130,8 @@ def zero_rank(
         tuple(s for _, s in parts),
         dp,
         model_bytes,
+        bucket,
+        buffers,
     )
 
 
@@ -153,15 +163,15 @@ class ZeroWriter:
         s.free([h for p in z.partitions for h in s.alloc(p * MASTER_BYTES)])
 
     def ready(self, handle: list[int]) -> None:
-        """DeepSpeed's hook on the next gradient of ``z.ready`` (just made, ``handle``): the ipg buffer at the
-        first, a reduce when the gradient would overflow it, then the gradient copied in and freed (one over
+        """DeepSpeed's hook on the next gradient of ``z.ready`` (just made, ``handle``): the ipg buffer (both
+        under ``overlap_comm``) at the first, a reduce when the gradient would overflow it, then the gradient copied in and freed (one over
         the buffer's size waits for the next reduce)."""
         s, z = self.s, self.z
         g, t = z.ready[self.next]
         self.next += 1
         n = z.groups[g][t]
         if not self.ipg:
-            self.ipg = s.alloc(z.bucket * z.model_bytes)
+            self.ipg = [h for _ in range(z.buffers) for h in s.alloc(z.bucket * z.model_bytes)]
         if self.elements + n > z.bucket:
             self.reduce()
         self.pending.append((g, t))
@@ -188,7 +198,7 @@ class ZeroWriter:
         self.held, self.pending, self.elements = [], [], 0
 
     def epilogue(self) -> None:
-        """``independent_gradient_partition_epilogue``: the rest reduced, the ipg buffer freed."""
+        """``independent_gradient_partition_epilogue``: the rest reduced, the ipg buffers freed."""
         self.reduce()
         self.s.free(self.ipg)
         self.ipg, self.next = [], 0
@@ -227,6 +237,7 @@ def rank_zero(ctx: Any, stage: Any) -> ZeroRank:
     two optimizer groups (the weights that decay, then the norms), each in module order (the embeddings, each
     layer's, the final norm and head), the gradients ready in backward order (the output side, each layer's
     from the top, the embeddings last: a tied embedding's hook fires once its two parts are summed)."""
+    from memsim_widget.engine.frameworks import reduce_bucket_elements, reduce_buffers
     from memsim_widget.engine.states.budget import local_groups
 
     layers = max(stage.layers, 1)
@@ -255,4 +266,6 @@ def rank_zero(ctx: Any, stage: Any) -> ZeroRank:
     kept = [g for g in groups if g]
     if not groups[0]:
         ready = [(0, t) for _, t in ready]
-    return zero_rank(kept, ready, ctx.par.dp, ctx.recipe.weight_bytes)
+    return zero_rank(
+        kept, ready, ctx.par.dp, ctx.recipe.weight_bytes, 0, reduce_bucket_elements(ctx), reduce_buffers(ctx)
+    )

@@ -10,6 +10,7 @@ from memsim_widget.engine.frameworks import (
     one_eager_gpu,
     profile,
     reduce_bucket_elements,
+    reduce_buffers,
     tied_head_grad_numel,
     tp_plan,
 )
@@ -307,16 +308,19 @@ def reduce_bucket(ctx: Context, n_train: int, b: StateBudget) -> None:
     """DeepSpeed ZeRO-1/2's gradient reduce buffer: ``reduce_bucket_size`` elements in the weight dtype, whatever
     the number of trainable parameters (deepspeed 0.19.8 ``stage_1_and_2.setup_buckets``: ``torch.empty(
     int(self.reduce_bucket_size))`` at each backward's first gradient; a CPU run of the real optimizer on a 44M
-    model allocates 1,000,000,000 B, ``benchmarks/zero_trace.py``)."""
+    model allocates 1,000,000,000 B, ``benchmarks/zero_trace.py``); two of them under ``overlap_comm``
+    (``reduce_buffers``; traced the same way: 2 x 1,000,000,000 B)."""
     sc, recipe = ctx.scenario, ctx.recipe
     bucket = reduce_bucket_elements(ctx) if n_train else 0
     if bucket and not sc.optimizer_in_backward:
+        k = reduce_buffers(ctx)
+        two = f"{k} buffers (overlap_comm) x " if k > 1 else ""
         b.persistent.append(
             Item(
                 "gradients",
                 ZERO_BUCKET_ITEM,
-                bucket * recipe.weight_bytes,
-                f"{fmt_int(bucket)} elements (reduce_bucket_size, for any of the {fmt_int(n_train)} trainable "
+                k * bucket * recipe.weight_bytes,
+                f"{two}{fmt_int(bucket)} elements (reduce_bucket_size, for any of the {fmt_int(n_train)} trainable "
                 f"parameters) x {recipe.weight_bytes} B (ipg_buffer, traced on CPU)",
                 "tensor",
                 1,
