@@ -7,45 +7,39 @@ from __future__ import annotations
 from dataclasses import astuple
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.counters import alloc_stream
-from memsim_widget.engine.counters.allocator import CachingAllocator
 from memsim_widget.engine.frameworks import allocator_conf
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
-
-
-def _every_event(stream: alloc_stream.StreamWriter, conf: Any) -> tuple[Any, ...]:
-    """``replay_stream``'s figures from one ``run`` over all the events (no skip)."""
-    a = CachingAllocator(None, conf)
-    a.run(stream.events)
-    j = alloc_stream.bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
-    at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
-    return (
-        a.peak_reserved,
-        a.peak_allocated,
-        at,
-        a.largest_at_peak(),
-        a.segments,
-        len(stream.events),
-        a.peak_requested,
-    )
 
 
 def _both(d: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...], alloc_stream.StreamWriter]:
     ctx = Context(Scenario.from_dict({**d, "reserved_model": "replay"}))
     stream = alloc_stream.rank_stream(ctx, ctx.stages[0])
     conf = allocator_conf(ctx)
-    return astuple(alloc_stream.replay_stream(stream, conf)), _every_event(stream, conf), stream
+    skipped = alloc_stream.replay_stream(stream, conf)
+    return astuple(skipped), astuple(alloc_stream.replay_stream(stream, conf, every_event=True)), stream
 
 
-def test_a_long_accumulation_is_skipped_and_replays_the_same() -> None:
+def test_a_long_accumulation_is_skipped_and_replays_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    replayed: list[int] = []
+    run_from = alloc_stream._run_from
+    monkeypatch.setattr(
+        alloc_stream,
+        "_run_from",
+        lambda a, ev, start, end: (replayed.append(max(end - start, 0)), run_from(a, ev, start, end)),
+    )
     got, want, stream = _both({"model": "qwen2.5-0.5b", "seq_len": 1024, "grad_accum_steps": 16})
     assert got == want
     assert [len(b) for b in stream.micro_bounds] == [16, 16]  # micro-batches 2..16 and the end, per step
+    per_micro_batch = stream.micro_bounds[0][2][0] - stream.micro_bounds[0][1][0]
+    # each step replays its first three micro-batches and skips the 13 after: events of 26 micro-batches unread
+    assert len(stream.events) - sum(replayed) == 26 * per_micro_batch
 
 
 @settings(max_examples=25, deadline=None)

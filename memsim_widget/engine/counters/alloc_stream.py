@@ -962,11 +962,15 @@ def _upcast(loss_forward: Sequence[Any]) -> bool:
     return any(len(getattr(i, "shares", ())) == 2 and i.bytes > 0 for i in loss_forward)
 
 
-def replay_stream(stream: StreamWriter, conf: AllocatorConf) -> PoolReplay:
+def replay_stream(stream: StreamWriter, conf: AllocatorConf, every_event: bool = False) -> PoolReplay:
     """Replay ``stream`` on an unlimited card: the peaks, where reserved peaked and what was cached then (the
-    phase of the allocation after which reserved last rose, ``CachingAllocator.run``'s ``peak_event``)."""
+    phase of the allocation after which reserved last rose, ``CachingAllocator.run``'s ``peak_event``).
+    ``every_event``: no micro-batch skipped (``_run_micro_batches``; the same figures, the tests hold them)."""
     a = CachingAllocator(None, conf)
-    _run_micro_batches(a, stream)
+    if every_event:
+        a.run(stream.events)
+    else:
+        _run_micro_batches(a, stream)
     j = bisect_right([n for n, _ in stream.marks], a.peak_event) - 1
     at = stream.marks[j][1] if j >= 0 and a.peak_event >= 0 else ""
     return PoolReplay(
