@@ -995,6 +995,7 @@ def _run_micro_batches(a: CachingAllocator, stream: StreamWriter) -> None:
     moved to the last one's. Elsewhere (other settings than the fast path's, expandable segments, copies that
     differ, a state that changed) every event is replayed."""
     ev = stream.events
+    ints = cast("list[tuple[int, int, int]]", ev)  # the writer's handles are ints
     pos = 0
     for bounds in stream.micro_bounds if a._fast and not a._expandable else ():
         copies = len(bounds) - 1  # micro-batches 2..M
@@ -1004,7 +1005,7 @@ def _run_micro_batches(a: CachingAllocator, stream: StreamWriter) -> None:
         # copies go (the last micro-batch may differ: FSDP2 reduce-scatters after it)
         lo, d = bounds[0][1], bounds[2][1] - bounds[1][1]
         n = bounds[2][0] - bounds[1][0]
-        third = ev[bounds[1][0] : bounds[2][0]]
+        third = ints[bounds[1][0] : bounds[2][0]]
         last = 1  # copies 1..last (of 0..copies-1) are the third micro-batch's
         for k in range(2, copies):
             if bounds[k + 1][0] - bounds[k][0] != n or bounds[k + 1][1] - bounds[k][1] != d:
@@ -1023,7 +1024,8 @@ def _run_micro_batches(a: CachingAllocator, stream: StreamWriter) -> None:
         if _state(a, lo, bounds[2][1]) != before:
             continue
         shift = (last - 1) * d  # the third's trajectory, last - 1 more times: skipped
-        a.live = {h + shift if h > lo else h: b for h, b in a.live.items()}
+        live = cast("dict[int, Any]", a.live)
+        a.live = {h + shift if h > lo else h: b for h, b in live.items()}
         pos = bounds[last + 1][0]
     _run_from(a, ev, pos, len(ev))
 
@@ -1043,7 +1045,8 @@ def _state(a: CachingAllocator, lo: int, here: int) -> tuple[Any, ...]:
     blocks by address with their handles (a copy's handles, above ``lo``, counted from the handle counter
     ``here``)."""
     live = sorted(
-        ((h - here, 1) if h > lo else (h, 0), b.addr, b.size, b.req, b.key) for h, b in a.live.items()
+        ((h - here, 1) if h > lo else (h, 0), b.addr, b.size, b.req, b.key)
+        for h, b in cast("dict[int, Any]", a.live).items()
     )
     free = sorted((k, tuple(v)) for k, v in a.free_lists.items() if v)
     return a.reserved, a.segments, a._next_addr, a.allocated, a.requested, live, free
