@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.counters import alloc_stream
+from memsim_widget.engine.counters.allocator import CachingAllocator
 from memsim_widget.engine.frameworks import allocator_conf
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
@@ -28,10 +29,10 @@ def _both(d: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...], alloc_st
 
 def test_a_long_accumulation_is_skipped_and_replays_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     replayed: list[int] = []
-    run_from = alloc_stream._run_from
+    run_from = CachingAllocator.run_from
     monkeypatch.setattr(
-        alloc_stream,
-        "_run_from",
+        CachingAllocator,
+        "run_from",
         lambda a, ev, start, end: (replayed.append(max(end - start, 0)), run_from(a, ev, start, end)),
     )
     got, want, stream = _both({"model": "qwen2.5-0.5b", "seq_len": 1024, "grad_accum_steps": 16})

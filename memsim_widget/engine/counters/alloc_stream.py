@@ -997,7 +997,7 @@ def _run_micro_batches(a: CachingAllocator, stream: StreamWriter) -> None:
     ev = stream.events
     ints = cast("list[tuple[int, int, int]]", ev)  # the writer's handles are ints
     pos = 0
-    for bounds in stream.micro_bounds if a._fast and not a._expandable else ():
+    for bounds in stream.micro_bounds if a.skippable else ():
         copies = len(bounds) - 1  # micro-batches 2..M
         if copies < 3 or bounds[0][0] < pos:
             continue
@@ -1017,39 +1017,16 @@ def _run_micro_batches(a: CachingAllocator, stream: StreamWriter) -> None:
             last = k
         if last < 2:
             continue
-        _run_from(a, ev, pos, bounds[1][0])
-        before = _state(a, lo, bounds[1][1])
-        _run_from(a, ev, bounds[1][0], bounds[2][0])
+        a.run_from(ev, pos, bounds[1][0])
+        before = a.state(lo, bounds[1][1])
+        a.run_from(ev, bounds[1][0], bounds[2][0])
         pos = bounds[2][0]
-        if _state(a, lo, bounds[2][1]) != before:
+        if a.state(lo, bounds[2][1]) != before:
             continue
         shift = (last - 1) * d  # the third's trajectory, last - 1 more times: skipped
-        live = cast("dict[int, Any]", a.live)
-        a.live = {h + shift if h > lo else h: b for h, b in live.items()}
+        a.shift_live(lo, shift)
         pos = bounds[last + 1][0]
-    _run_from(a, ev, pos, len(ev))
-
-
-def _run_from(a: CachingAllocator, ev: list[Event], start: int, end: int) -> None:
-    """Replay ``ev[start:end]``, ``a.peak_event`` kept as an index into the whole of ``ev``."""
-    if end <= start:
-        return
-    seen = a._seen
-    a.run(ev[start:end])
-    if a._seen > seen:
-        a.peak_event += start
-
-
-def _state(a: CachingAllocator, lo: int, here: int) -> tuple[Any, ...]:
-    """The allocator's state as the next copy sees it: reserved, its segments, the cached blocks, and the live
-    blocks by address with their handles (a copy's handles, above ``lo``, counted from the handle counter
-    ``here``)."""
-    live = sorted(
-        ((h - here, 1) if h > lo else (h, 0), b.addr, b.size, b.req, b.key)
-        for h, b in cast("dict[int, Any]", a.live).items()
-    )
-    free = sorted((k, tuple(v)) for k, v in a.free_lists.items() if v)
-    return a.reserved, a.segments, a._next_addr, a.allocated, a.requested, live, free
+    a.run_from(ev, pos, len(ev))
 
 
 @dataclass(frozen=True)

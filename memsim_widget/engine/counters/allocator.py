@@ -25,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import field
-from typing import Any
+from typing import Any, cast
 
 from memsim_widget.alloc_conf import (
     ALLOC_CONF_OPTIONS,
@@ -319,6 +319,38 @@ class CachingAllocator:
         self.allocated, self.requested = allocated, requested
         self.peak_allocated, self.peak_requested, self._seen = peak_a, peak_q, seen
         return n, None
+
+    @property
+    def skippable(self) -> bool:
+        """Whether a replay may skip repeated events by comparing ``state`` (the fast path's settings, fixed
+        segments: not under expandable segments, whose pages map and unmap)."""
+        return self._fast and not self._expandable
+
+    def run_from(self, events: list[Event], start: int, end: int) -> None:
+        """``run`` over ``events[start:end]``, ``peak_event`` kept as an index into the whole of ``events``."""
+        if end <= start:
+            return
+        seen = self._seen
+        self.run(events[start:end])
+        if self._seen > seen:
+            self.peak_event += start
+
+    def state(self, lo: int, here: int) -> tuple[Any, ...]:
+        """What decides the next events' replay: reserved, the segments, the cached blocks, and the live blocks by
+        address with their handles (int handles above ``lo`` counted from the handle counter ``here``: a copy
+        of a repeated block of events, ``alloc_stream._run_micro_batches``)."""
+        live = sorted(
+            ((h - here, 1) if h > lo else (h, 0), b.addr, b.size, b.req, b.key)
+            for h, b in cast("dict[int, _Block]", self.live).items()
+        )
+        free = sorted((k, tuple(v)) for k, v in self.free_lists.items() if v)
+        return self.reserved, self.segments, self._next_addr, self.allocated, self.requested, live, free
+
+    def shift_live(self, lo: int, shift: int) -> None:
+        """Move the live int handles above ``lo`` by ``shift`` (repeated events skipped: the live blocks are the
+        last copy's)."""
+        live = cast("dict[int, _Block]", self.live)
+        self.live = {h + shift if h > lo else h: b for h, b in live.items()}
 
     def largest_at_peak(self, n: int = 3) -> tuple[int, ...]:
         """The sizes of the ``n`` largest cached blocks when reserved last rose (``run``'s ``peak_tails``)."""
