@@ -540,7 +540,8 @@ def micro_batch(
     keeps, in the parameters' order (none when it adds them in place), and the output the loop holds.
     ``workspaces``: the autograd thread's cuBLAS workspaces, made at the first backward matmul (the head's).
     Under FSDP2 (``comm``) its buffers come at the hooks FSDP2 runs them in and the gradients it makes are the
-    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards); ``off``: offloaded."""
+    unsharded ones, reduce-scattered per unit (``fsdp_stream.Fsdp2Writer`` keeps the shards); ``off``: the
+    layers' saved tensors offloaded."""
     fw = micro_forward(s, a, layers, label, replayed, repeat, comm, off=off)
     return micro_backward(s, fw, sg, grads, workspaces)
 
@@ -588,7 +589,8 @@ def micro_forward(
     """A micro-batch's forward and loss (``micro_batch``'s first half). ``hidden_in``: the layers' input when
     it is not the embeddings' output (a later pipeline stage's receive buffer: never freed here);
     ``keep_output``: the model's output (the last layer's, or on a stage with the head its logits) kept for the
-    backward (a pipeline stage's output, ``Forward.out``); ``drop``: handles freed once the head has run; ``off``: the layers' saved tensors offloaded."""
+    backward (a pipeline stage's output, ``Forward.out``); ``drop``: handles freed once the head has run;
+    ``off``: the layers' saved tensors offloaded."""
     s.mark(f"{label} forward")
     if comm is not None:
         comm.forward_start()
