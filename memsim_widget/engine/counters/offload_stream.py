@@ -36,11 +36,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memsim_widget.engine.items import ALLOCATED_LEVELS
+
 #: The stream number the copies torchtune's ``OffloadActivations`` brings back are allocated on (its ``s1``);
 #: past ``fsdp_stream.FSDP_STREAMS``' numbers so no replay mixes the two.
 TORCHTUNE_COPY_STREAM = 8
-#: Item levels the caching allocator serves (``alloc_stream._POOLED``).
-_POOLED = ("tensor", "allocator")
+#: Item levels the caching allocator serves (``items.ALLOCATED_LEVELS``, as ``alloc_stream._POOLED``).
+_POOLED = ALLOCATED_LEVELS
 
 
 def savers_replayable(ctx: Any) -> bool:
