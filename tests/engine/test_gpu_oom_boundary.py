@@ -113,9 +113,10 @@ def test_predicted_max_is_the_largest_that_the_engine_says_fits() -> None:
     cap = 24 * GiB
     best = obc.predicted_max(sc, "micro_batch_size", "room", cap, "rtx-4090", "h100-sxm-80gb")
     assert best is not None and best >= 1
-    fits = lambda b: obc.predicted_fits(
-        sc.replace(micro_batch_size=b), "room", cap, "rtx-4090", "h100-sxm-80gb"
-    )  # noqa: E731
+
+    def fits(b: int) -> bool:
+        return obc.predicted_fits(sc.replace(micro_batch_size=b), "room", cap, "rtx-4090", "h100-sxm-80gb")
+
     assert fits(best) and not fits(best + 1)
     # and on the room card the reserved replay sits under the cap at the boundary, over it one past
     gid = obc.room_gpu("h100-sxm-80gb", cap + obc._outside(sc))
@@ -200,3 +201,12 @@ def test_cpu_smoke_runs_the_whole_loop_and_finds_the_simulated_boundary(tmp_path
     # resumed: every search already exact, nothing probed again, the rows kept
     assert gob.main([*args, "--budget", "300", "--resume"]) == 0
     assert len(obc.read_rows([tmp_path / "oom_boundary_l40s.csv"])) == 2
+
+
+# ----- benchmarks/fidelity_measured.py reads no boundary file as a measured row --------------------------------
+def test_measured_rows_leave_the_boundary_csvs_to_their_comparator(tmp_path: Path) -> None:
+    import fidelity_measured as fm
+
+    (tmp_path / "oom_boundary_rtx-4090.csv").write_text(",".join(obc.COLUMNS) + "\n")
+    fm.write_csv([dict.fromkeys(fm.COLUMNS, "x")], tmp_path / "gpu_x.csv")
+    assert [r["id"] for r in fm.load_rows(tmp_path)] == ["x"]

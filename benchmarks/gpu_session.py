@@ -1,0 +1,196 @@
+"""UNTESTED ON GPU. One lent GPU session's measurements for the open issues, in priority order, inside ~9.5 minutes
+(a session has 15 minutes of device time, 10 per command): everything goes under one output directory, each
+stage's output is flushed as it goes, and progress is printed.
+
+Stages (the time a stage leaves unused flows to the next; ``--only`` picks some):
+  1. oom        benchmarks/gpu_oom_boundary.py: the OOM boundary under emulated 24/40/48/80 GB cards
+                -> OUT/measured/oom_boundary_<card>.csv (issue 22 item 5b; the most valuable)
+  2. snapshots  benchmarks/gpu_snapshots.py: allocator snapshots of step 3 -> OUT/snapshots/<name>.json (5a)
+  3. expandable benchmarks/gpu_measure.py --alloc-conf expandable_segments:True, the most telling scenarios first
+                -> OUT/measured/gpu_<host>_expandable.csv (5b)
+  4. parallel   benchmarks/gpu_measure_parallel.py: one FSDP2 / TP rank under the fake process group
+                -> OUT/parallel.jsonl (5c)
+Also OUT/env.json (device, total_memory, versions, nvidia-smi) and OUT/session.log (all output).
+
+Run on the device (the repository root as working directory; memsim_widget importable from it):
+    python benchmarks/gpu_session.py --out "$OUT"
+    python benchmarks/gpu_session.py --out "$OUT" --only oom --total 400
+    python benchmarks/gpu_session.py --cpu-smoke --out /tmp/s     # every stage's --cpu-smoke, small budgets
+Afterwards, on any machine: copy OUT/measured/*.csv to data/measured/, OUT/snapshots to data/measured/snapshots,
+then ``python benchmarks/oom_boundary_compare.py`` and ``python benchmarks/gpu_snapshots.py --compare
+data/measured/snapshots`` (docs/gpu-session.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+#: The whole session: 9.5 minutes, leaving room in a 10-minute command for start-up and the copy back.
+TOTAL_SECONDS = 570
+#: The expandable-segments rerun, most telling first (variable lengths, checkpointing, LoRA, the loss buffers).
+EXPANDABLE_FIRST = ("qwen05b-bf16-longest", "llama1b-bf16", "llama1b-bf16-ckpt", "llama1b-lora", "qwen05b-bf16",
+                    "gpt2m-amp-eager", "llama8b-bf16-fused", "llama8b-lora", "llama1b-bf16-fused", "llama1b-amp")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One script run: its name, nominal seconds, and its command for an output directory and a budget."""
+
+    name: str
+    seconds: int
+
+    def command(self, out: Path, budget: float, host: str, smoke: bool) -> list[str]:
+        py, b = sys.executable, str(int(budget))
+        s = ["--cpu-smoke"] if smoke else []
+        if self.name == "oom":
+            cards = ["--cards", "rtx-4090", "l40s", "--only", "smoke-full"] if smoke else []
+            return [py, str(BENCH / "gpu_oom_boundary.py"), "--out-dir", str(out / "measured"), "--budget", b,
+                    *cards, *s]  # fmt: skip
+        if self.name == "snapshots":
+            only = ["--only", "smoke-tiny"] if smoke else []
+            return [
+                py,
+                str(BENCH / "gpu_snapshots.py"),
+                "--out-dir",
+                str(out / "snapshots"),
+                "--budget",
+                b,
+                *only,
+                *s,
+            ]
+        if self.name == "expandable":
+            only = EXPANDABLE_FIRST[:2] if smoke else EXPANDABLE_FIRST
+            return [py, str(BENCH / "gpu_measure.py"), "--alloc-conf", "expandable_segments:True", "--only", *only,
+                    "--out", str(out / "measured" / f"gpu_{host}_expandable.csv"), "--budget", b, *s]  # fmt: skip
+        if smoke:  # the parallel ranks need CUDA; on CPU their list only
+            return [py, str(BENCH / "gpu_measure_parallel.py"), "--list"]
+        return [py, str(BENCH / "gpu_measure_parallel.py"), "--out", str(out / "parallel.jsonl")]
+
+
+STAGES = (Stage("oom", 290), Stage("snapshots", 110), Stage("expandable", 110), Stage("parallel", 60))
+
+
+def environment(out: Path, smoke: bool) -> str:
+    """Write OUT/env.json; the host card's catalog id (the expandable rows' file name)."""
+    import torch
+
+    from memsim_widget.catalog.gpus import canonical_gpu_id
+
+    env: dict[str, object] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                              "cuda": str(torch.version.cuda), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
+    host = "cpu"
+    if torch.cuda.is_available() and not smoke:
+        p = torch.cuda.get_device_properties(0)
+        host = canonical_gpu_id(p.name) or "gpu"
+        env.update(device=p.name, total_memory=int(p.total_memory), catalog_id=host)
+        try:
+            env["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi"], capture_output=True, text=True, timeout=20
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            env["nvidia_smi"] = "unavailable"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "env.json").write_text(json.dumps(env, indent=1))
+    return host
+
+
+def run_stage(cmd: list[str], seconds: float, log: Path) -> int:
+    """Run one stage in its own process group, its output printed and logged; killed (the group) past
+    ``seconds``. Its exit status (124 when killed)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                env=env, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + seconds
+        killer = _Killer(proc, deadline)
+        killer.start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            fh.write(line)
+            fh.flush()
+        proc.wait()
+        killer.stop()
+    return 124 if killer.killed else proc.returncode
+
+
+class _Killer:
+    """Kill a process group at a deadline (a thread: the stage's output is read meanwhile)."""
+
+    def __init__(self, proc: subprocess.Popen, deadline: float) -> None:
+        import threading
+
+        self.proc, self.deadline, self.killed = proc, deadline, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        if not self._stop.wait(max(self.deadline - time.monotonic(), 0)) and self.proc.poll() is None:
+            self.killed = True
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_session_out")))
+    ap.add_argument("--total", type=float, default=TOTAL_SECONDS, help="seconds for every stage together")
+    ap.add_argument("--only", nargs="*", choices=[s.name for s in STAGES])
+    ap.add_argument("--cpu-smoke", action="store_true", help="every stage's --cpu-smoke (no GPU needed)")
+    args = ap.parse_args(argv)
+    if not args.cpu_smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(
+                "gpu_session: no CUDA device (--cpu-smoke runs every stage's logic on CPU)", file=sys.stderr
+            )
+            return 2
+    start = time.monotonic()
+    host = environment(args.out, args.cpu_smoke)
+    stages = [s for s in STAGES if not args.only or s.name in args.only]
+    nominal = sum(s.seconds for s in stages)
+    log, status = args.out / "session.log", {}
+    for i, s in enumerate(stages):
+        left = args.total - (time.monotonic() - start)
+        later = sum(x.seconds for x in stages[i + 1 :]) * args.total / nominal
+        budget = max(left - later, 0)  # its share, plus whatever the stages before it left unused
+        if budget < 20:
+            print(f"== {s.name}: skipped, {budget:.0f} s left for it", flush=True)
+            status[s.name] = "skipped"
+            continue
+        print(f"== {s.name}: budget {budget:.0f} s (session at {time.monotonic() - start:.0f} s)", flush=True)
+        # the script keeps inside its --budget; the process group is killed 20 s past it
+        rc = run_stage(s.command(args.out, budget - 20, host, args.cpu_smoke), budget, log)
+        status[s.name] = f"exit {rc}"
+        print(f"== {s.name}: exit {rc} at {time.monotonic() - start:.0f} s", flush=True)
+    (args.out / "status.json").write_text(json.dumps(status, indent=1))
+    print(
+        f"gpu_session: done in {time.monotonic() - start:.0f} s: {status}; outputs under {args.out}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
