@@ -19,8 +19,9 @@ probes. Memory is assumed to grow with the micro-batch and the sequence. A probe
 weights, nothing downloaded), runs three steps through ``memsim_widget.measure.train_steps`` (the code path of
 ``memsim measure``), then frees everything: ``gc.collect``, the cuBLAS workspaces cleared, ``empty_cache``, peak
 stats reset, so the next probe starts from an empty allocator as a fresh process would (checked: a probe that
-leaves memory allocated is noted in the row). Each scenario runs in a subprocess of its own (a crash loses one
-scenario), under a share of the time budget; rows are written after every search.
+leaves memory allocated is noted in the row). The scenarios run in one subprocess (torch, transformers and CUDA
+start once), each under an equal share of the time left; a crash gives up the scenario it was on and another
+subprocess takes the rest. Rows are written after every search.
 
 Run on a machine with one CUDA GPU (about 8 minutes by default):
     python benchmarks/gpu_oom_boundary.py --out-dir data/measured
@@ -41,6 +42,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -321,10 +323,6 @@ def run_case(case: Case, cards: list[str], deadline: float, device: str, smoke: 
     probes than long sequences); each row passed to ``emit``."""
     import torch
 
-    from memsim_widget import measure
-
-    if case.scenario.get("method") == "qlora":
-        measure.build_model = qlora_build  # the child only: train_steps builds through this name
     host = host_info(device, smoke)
     base = Scenario.from_dict({**case.scenario, "gpu": host["gpu"]})
     warm, _ = probe_runs(case, base.replace(micro_batch_size=1, seq_len=min(base.seq_len, 256)), device)
@@ -374,6 +372,7 @@ def one_search(case: Case, sc: Scenario, dim: str, card: str, cap: int, host_gpu
         s = search(runs, None if pred is None else pred // u, 1, hi, lambda: time.time() < deadline)
     except Exception as exc:  # a crash other than an OOM: the row says so, the next search goes on
         cleanup(device)
+        healthy(device)  # unless CUDA itself is broken: then the process ends, and the parent starts another
         return {"status": "error", "probes": 0, "seconds": round(time.time() - t0, 1),
                 "note": f"{note}; {type(exc).__name__}: {str(exc)[:300]}"}  # fmt: skip
     if dirty:
@@ -383,7 +382,42 @@ def one_search(case: Case, sc: Scenario, dim: str, card: str, cap: int, host_gpu
             "seconds": round(time.time() - t0, 1), "note": note}  # fmt: skip
 
 
-# ----- the parent: a subprocess per scenario, rows to CSV ----------------------------------------------------
+def healthy(device: str) -> None:
+    """Raise if the CUDA context no longer works (a sticky error: every later probe would fail)."""
+    if device == "cuda":
+        import torch
+
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+
+
+def child(cases: list[Case], cards: list[str], end: float, device: str, smoke: bool,
+          skip: set[tuple[str, str, str]], emit: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+    """The cases in order, each under an equal share of the time left to ``end`` (time a case leaves unused
+    flows to the ones after); a ``{"done": name}`` line after each."""
+    from memsim_widget import measure
+
+    build = measure.build_model
+    for i, case in enumerate(cases):
+        deadline = time.time() + max(end - time.time(), 0) / (len(cases) - i)
+        if case.needs:
+            try:
+                __import__(case.needs)
+            except ImportError:
+                emit({"done": case.name, "why": f"skipped: {case.needs} does not import"})
+                continue
+        if case.scenario.get("method") == "qlora":
+            measure.build_model = qlora_build  # train_steps builds through this name
+        try:
+            run_case(
+                case, cards, deadline, device, smoke, {(c, d) for n, c, d in skip if n == case.name}, emit
+            )
+        finally:
+            measure.build_model = build
+        emit({"done": case.name})
+
+
+# ----- the parent: the cases in a subprocess (another after a crash), rows to CSV ----------------------------------------------------
 def csv_path(out_dir: Path, card: str) -> Path:
     return out_dir / f"oom_boundary_{card}.csv"
 
@@ -407,58 +441,81 @@ def write_rows(out_dir: Path, card: str, rows: list[dict[str, Any]]) -> None:
             w.writerow({c: r.get(c, "") for c in obc.COLUMNS})
 
 
-def run_child(case: Case, cards: list[str], deadline: float, smoke: bool, skip: list[str],
-              on_row: Callable[[dict[str, Any]], None]) -> str:  # fmt: skip
-    """Run ``case`` in a subprocess, passing each row it prints to ``on_row``; killed past the deadline."""
-    cmd = [sys.executable, __file__, "--child", case.name, "--deadline", str(deadline), "--cards", *cards]
+def run_child(cases: list[Case], cards: list[str], end: float, smoke: bool, skip: list[str],
+              on_row: Callable[[dict[str, Any]], None]) -> tuple[list[str], str]:  # fmt: skip
+    """Run ``cases`` in one subprocess (imports and CUDA start once), passing each row it prints to ``on_row``;
+    killed a minute past ``end`` (a probe may overrun it). The cases it finished, and its error ('' if none)."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        *[c.name for c in cases],
+        "--deadline",
+        str(end),
+        "--cards",
+        *cards,
+    ]
     cmd += ["--cpu-smoke"] if smoke else []
     cmd += [a for k in skip for a in ("--skip", k)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    timer = threading.Timer(
-        max(deadline - time.time(), 0) + 60, proc.kill
-    )  # a probe may overrun the deadline
-    timer.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{"):
-                on_row(json.loads(line))
-        err = proc.stderr.read() if proc.stderr else ""
-        proc.wait()
-    finally:
-        timer.cancel()
-    return "" if proc.returncode == 0 else f"exit {proc.returncode}: {err.strip()[-1500:]}"
+    done: list[str] = []
+    with tempfile.TemporaryFile(
+        "w+"
+    ) as err:  # a file, not a pipe: warnings can never fill it and block the child
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
+        timer = threading.Timer(max(end - time.time(), 0) + 60, proc.kill)
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if not line.startswith("{"):
+                    continue
+                r = json.loads(line)
+                if "done" in r:
+                    done.append(r["done"])
+                    if "why" in r:
+                        print(f"{r['done']}: {r['why']}", flush=True)
+                else:
+                    on_row(r)
+            proc.wait()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        text = err.read()
+    return done, "" if proc.returncode == 0 else f"exit {proc.returncode}: {text.strip()[-1500:]}"
 
 
 def parent(
     cases: list[Case], cards: list[str], out_dir: Path, budget: float, smoke: bool, resume: bool
 ) -> int:
-    """Each case in a subprocess under its share of the budget; rows written per card as they come."""
+    """The cases in a subprocess (after a crash, the case it was on is given up and another subprocess takes
+    the rest), the time shared equally among them; rows written per card as they come."""
     start = time.time()
+    end = start + budget
     rows = read_existing(out_dir, cards) if resume else {c: [] for c in cards}
     done = {
         (r["scenario"], r["card"], r["dim"]) for rs in rows.values() for r in rs if r["status"] == "exact"
     }
     for c in cards:  # a resumed row that is not exact is searched again
         rows[c] = [r for r in rows[c] if (r["scenario"], r["card"], r["dim"]) in done]
-    for i, case in enumerate(cases):
-        left = budget - (time.time() - start)
-        if left < 15:
-            print(f"{case.name}: skipped, {left:.0f} s left of the budget", flush=True)
-            continue
-        deadline = time.time() + left / (len(cases) - i)  # unused time flows to the cases after
-        skip = [f"{card}|{dim}" for card in cards for dim in DIMS if (case.name, card, dim) in done]
+    skip = ["|".join(k) for k in sorted(done)]
 
-        def on_row(r: dict[str, Any]) -> None:
-            rows[r["card"]].append(r)
-            write_rows(out_dir, r["card"], rows[r["card"]])
-            print(f"{r['scenario']:<26}{r['card']:<15}{r['dim']:<17} max {r.get('measured_max') or '-':>6}  "
-                  f"oom {r.get('first_oom') or '-':>6}  start {r.get('start') or '-':>6}  {r['status']:<9}"
-                  f"{r['probes']:>3} probes {r['seconds']:>6} s", flush=True)  # fmt: skip
+    def on_row(r: dict[str, Any]) -> None:
+        rows[r["card"]].append(r)
+        write_rows(out_dir, r["card"], rows[r["card"]])
+        print(f"{r['scenario']:<26}{r['card']:<15}{r['dim']:<17} max {r.get('measured_max') or '-':>6}  "
+              f"oom {r.get('first_oom') or '-':>6}  start {r.get('start') or '-':>6}  {r['status']:<9}"
+              f"{r['probes']:>3} probes {r['seconds']:>6} s  ({time.time() - start:.0f} s)", flush=True)  # fmt: skip
 
-        err = run_child(case, cards, deadline, smoke, skip, on_row)
+    left = list(cases)
+    while left and end - time.time() > 15:
+        finished, err = run_child(left, cards, end, smoke, skip, on_row)
         if err:
-            print(f"{case.name}: {err}", flush=True)
+            stuck = next((c.name for c in left if c.name not in finished), None)
+            print(f"{stuck}: {err}", flush=True)
+            finished.append(str(stuck))  # given up: not retried
+        left = [c for c in left if c.name not in finished]
+    for c in left:
+        print(f"{c.name}: skipped, out of time", flush=True)
     for c in cards:
         write_rows(out_dir, c, rows[c])
     n = sum(len(v) for v in rows.values())
@@ -477,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cpu-smoke", action="store_true", help="tiny model on CPU, OOM simulated at a known limit"
     )
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--skip", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -498,17 +555,12 @@ def main(argv: list[str] | None = None) -> int:
                   "logic on CPU)", file=sys.stderr)  # fmt: skip
             return 2
     if args.child:
-        (case,) = [c for c in pool if c.name == args.child]
-        if case.needs:
-            try:
-                __import__(case.needs)
-            except ImportError:
-                print(f"{case.name}: skipped, {case.needs} does not import", file=sys.stderr)
-                return 0
+        chosen = [c for name in args.child for c in pool if c.name == name]
         skip = {tuple(k.split("|")) for k in args.skip}
         emit = lambda r: print(json.dumps(r), flush=True)  # noqa: E731
-        run_case(case, args.cards, args.deadline, "cpu" if args.cpu_smoke else "cuda", args.cpu_smoke,
-                 skip, emit)  # type: ignore[arg-type]  # fmt: skip
+        child(
+            chosen, args.cards, args.deadline, "cpu" if args.cpu_smoke else "cuda", args.cpu_smoke, skip, emit
+        )  # type: ignore[arg-type]
         return 0
     return parent(cases, args.cards, args.out_dir, args.budget, args.cpu_smoke, args.resume)
 

@@ -210,3 +210,28 @@ def test_measured_rows_leave_the_boundary_csvs_to_their_comparator(tmp_path: Pat
     (tmp_path / "oom_boundary_rtx-4090.csv").write_text(",".join(obc.COLUMNS) + "\n")
     fm.write_csv([dict.fromkeys(fm.COLUMNS, "x")], tmp_path / "gpu_x.csv")
     assert [r["id"] for r in fm.load_rows(tmp_path)] == ["x"]
+
+
+def test_after_a_crash_the_case_is_given_up_and_a_new_subprocess_takes_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[str]] = []
+
+    def fake_child(cases, cards, end, smoke, skip, on_row):  # type: ignore[no-untyped-def]
+        names = [c.name for c in cases]
+        calls.append(names)
+        finished = []
+        for n in names:
+            if n == "llama1b-lora":  # this case kills its subprocess half-way
+                return finished, "exit -9: killed"
+            on_row({"id": f"{n}|rtx-4090|micro_batch_size", "scenario": n, "card": "rtx-4090",
+                    "dim": "micro_batch_size", "status": "exact", "measured_max": 3, "probes": 2, "seconds": 1})  # fmt: skip
+            finished.append(n)
+        return finished, ""
+
+    monkeypatch.setattr(gob, "run_child", fake_child)
+    cases = [c for c in gob.CASES if c.name in ("llama1b-bf16", "qwen05b-bf16", "llama1b-lora")]
+    assert gob.parent(cases, ["rtx-4090"], tmp_path, 100, smoke=True, resume=False) == 0
+    assert calls == [["llama1b-bf16", "llama1b-lora", "qwen05b-bf16"], ["qwen05b-bf16"]]
+    rows = obc.read_rows([tmp_path / "oom_boundary_rtx-4090.csv"])
+    assert [r["scenario"] for r in rows] == ["llama1b-bf16", "qwen05b-bf16"]
