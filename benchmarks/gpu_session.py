@@ -72,9 +72,15 @@ class Stage:
             only = EXPANDABLE_FIRST[:2] if smoke else EXPANDABLE_FIRST
             return [py, str(BENCH / "gpu_measure.py"), "--alloc-conf", "expandable_segments:True", "--only", *only,
                     "--out", str(out / "measured" / f"gpu_{host}_expandable.csv"), "--budget", b, *s]  # fmt: skip
-        if smoke:  # the parallel ranks need CUDA; on CPU their list only
-            return [py, str(BENCH / "gpu_measure_parallel.py"), "--list"]
-        return [py, str(BENCH / "gpu_measure_parallel.py"), "--out", str(out / "parallel.jsonl")]
+        return [
+            py,
+            str(BENCH / "gpu_measure_parallel.py"),
+            "--out",
+            str(out / "parallel.jsonl"),
+            "--budget",
+            b,
+            *s,
+        ]
 
 
 STAGES = (Stage("oom", 290), Stage("snapshots", 110), Stage("expandable", 110), Stage("parallel", 60))
