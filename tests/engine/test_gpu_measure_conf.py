@@ -83,4 +83,6 @@ def test_cpu_smoke_session_runs_its_stages_and_writes_under_out(tmp_path: Path) 
     status = json.loads((tmp_path / "status.json").read_text())
     assert status == {"snapshots": "exit 0", "parallel": "exit 0"}
     assert (tmp_path / "snapshots" / "smoke-tiny.json").exists() and (tmp_path / "env.json").exists()
-    assert "fsdp2" in (tmp_path / "session.log").read_text()
+    assert "fsdp2 dp8 bf16" in (tmp_path / "session.log").read_text()
+    ranks = [json.loads(x) for x in (tmp_path / "parallel.jsonl").read_text().splitlines()]
+    assert len(ranks) == 6 and all("error" not in r for r in ranks)  # every layout ran (CPU, a tiny model)
