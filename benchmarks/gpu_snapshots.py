@@ -10,13 +10,13 @@ stream, pool, allocated / active / requested bytes, expandable), the peak and cu
 counters, and step 3's allocator events counted (alloc, free, segment_alloc / segment_free sizes, map / unmap,
 oom).
 
-On CPU (``--compare DIR``): each summary's scenario is traced on fake tensors (``memsim_widget.trace``, two steps),
+On CPU (``--compare DIR``): each summary's scenario is traced on fake tensors (``memsim_widget.trace``),
 its allocations and frees replayed through ``engine/counters/allocator.py`` as ``memsim trace`` replays them
 (``trace/replay.py``: cuBLAS workspaces added, the scenario's allocator settings), and the replay's segments at
-the end of the trace (after the optimizer step, as the snapshot) are set beside the GPU's per (stream, pool),
-largest first: equal sizes, and the peak reserved of both. The trace ends after step 2 and the snapshot after
-step 3: both are the steady state (the optimizer states exist from step 1's optimizer step). GPU streams are
-CUDA stream handles; a single-GPU step runs on the default stream (0), the replay's stream 0.
+the end of the trace are set beside the GPU's per (stream, pool), largest first: equal sizes, and the peak
+reserved of both. The trace runs the GPU run's three steps at the same sequence lengths (``lengths`` in the
+summary), so both end right after step 3's optimizer step. GPU streams are CUDA stream handles; a single-GPU
+step runs on the default stream (0), the replay's stream 0.
 
 Run:
     python benchmarks/gpu_snapshots.py --out-dir data/measured/snapshots        # GPU, ~2 minutes
@@ -84,9 +84,14 @@ SNAPSHOTS: tuple[Snap, ...] = tuple(
 
 _TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip
-_SMOKE = {"smoke-tiny": gm.Measurement("smoke-tiny", {"model": _TINY, "gpu": "h100-sxm-80gb", "precision": "fp32",
-                                                      "micro_batch_size": 2, "seq_len": 64})}  # fmt: skip
-SMOKE_SNAPSHOTS = (Snap("smoke-tiny"), Snap("smoke-tiny", EXPANDABLE))
+_TINY_SC = {"model": _TINY, "gpu": "h100-sxm-80gb", "precision": "fp32", "micro_batch_size": 2, "seq_len": 64}
+_SMOKE = {
+    "smoke-tiny": gm.Measurement("smoke-tiny", _TINY_SC),
+    "smoke-tiny-longest": gm.Measurement(
+        "smoke-tiny-longest", {**_TINY_SC, "padding": "longest"}, lengths=(16, 64, 40)
+    ),
+}
+SMOKE_SNAPSHOTS = (Snap("smoke-tiny"), Snap("smoke-tiny-longest", EXPANDABLE))
 
 
 # ----- the summary of a snapshot ------------------------------------------------------------------------------
@@ -153,27 +158,37 @@ def take(snap: Snap, device: str) -> dict[str, Any]:
                 "allocated_at_snapshot": int(torch.cuda.memory_allocated()),
             }
 
-    measure.train_steps(sc, m.step_lengths()[:3] if len(m.step_lengths()) >= 3 else m.step_lengths(), device,
-                        on_phase)  # fmt: skip
+    lengths = steps(m)
+    measure.train_steps(sc, lengths, device, on_phase)
     if device != "cuda":  # --cpu-smoke: the snapshot a GPU would give, built from the replay of the CPU trace
-        rep = replayed(snap.scenario())
+        rep = replayed(snap.scenario(), lengths)
         out["snapshot"] = {"segments": rep["segments_torch"], "device_traces": [[]]}
         out["counters"] = {"peak_reserved": rep["peak_reserved"], "peak_allocated": rep["peak_allocated"],
                            "reserved_at_snapshot": rep["reserved_at_end"], "allocated_at_snapshot": rep["allocated_at_end"]}  # fmt: skip
     env = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (smoke: snapshot from the replay)",
            "torch": torch.__version__, "alloc_conf_env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}  # fmt: skip
-    return summary(snap, out["snapshot"], out["counters"], env)
+    return {**summary(snap, out["snapshot"], out["counters"], env), "lengths": lengths}
+
+
+def steps(m: gm.Measurement) -> list[int]:
+    """The three steps' sequence lengths (a variable-length measurement's first three, its longest among them)."""
+    lengths = m.step_lengths()[:3]
+    assert len(lengths) == 3 and max(lengths) == max(m.step_lengths()), m.name
+    return lengths
 
 
 # ----- on CPU: the replay of the trace --------------------------------------------------------------------------
-def replayed(sc: Scenario) -> dict[str, Any]:
-    """The CPU trace of ``sc`` replayed through the engine's allocator: its segments at the end (in the snapshot's
-    own format, ``segments_torch``) and its counters."""
+def replayed(sc: Scenario, lengths: list[int]) -> dict[str, Any]:
+    """The CPU trace of ``sc`` over the GPU run's steps (one per entry of ``lengths``) replayed through the engine's
+    allocator: its segments at the end (in the snapshot's own format, ``segments_torch``) and its counters."""
+    from memsim_widget.catalog.models import resolve_model_config
     from memsim_widget.engine.counters.allocator import CachingAllocator
-    from memsim_widget.trace.api import trace_scenario
+    from memsim_widget.trace.hf import trace_hf
     from memsim_widget.trace.replay import _prepared
+    from memsim_widget.trace.traceable import check_traceable, trace_kwargs
 
-    result = trace_scenario(sc)
+    check_traceable(sc)
+    result = trace_hf(dict(resolve_model_config(sc.model)), **{**trace_kwargs(sc), "lengths": tuple(lengths)})
     events, _outside, conf, _memory = _prepared(result.tracker, sc, None)
     a = CachingAllocator(None, conf)
     _n, failure = a.run(events)
@@ -226,7 +241,7 @@ def compare_dir(path: Path) -> list[dict[str, Any]]:
     out = []
     for f in sorted(path.glob("*.json")):
         gpu = json.loads(f.read_text())
-        c = compare(gpu, replayed(Scenario.from_dict(gpu["scenario"])))
+        c = compare(gpu, replayed(Scenario.from_dict(gpu["scenario"]), gpu["lengths"]))
         out.append(c)
         err = c["peak_reserved_error"]
         print(f"{c['name']:<30} segments {c['segments_equal']}/{c['segments_paired']} equal "
