@@ -287,6 +287,12 @@ environment = measure.environment
 require_cuda = measure.require_cuda
 
 
+def on_local_card(m: Measurement) -> Measurement:
+    """``m`` with its scenario on the card it ran on (the scenarios name the H200; an H100 run is an H100's row)."""
+    gpu = measure.local_gpu(Scenario.from_dict(m.scenario)).gpu
+    return replace(m, scenario={**m.scenario, "gpu": gpu if isinstance(gpu, str) else dict(gpu)})
+
+
 def child_args(args: argparse.Namespace) -> list[str]:
     """The options a subprocess needs to find its (tagged, smoke) measurement among the chosen."""
     out = ["--alloc-conf", args.alloc_conf] if args.alloc_conf else []
@@ -365,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             continue
-        rows += rows_for(m, reading, env)
+        rows += rows_for(m if args.cpu_smoke else on_local_card(m), reading, env)
         write_csv(rows, Path(args.out))  # after each one: a run cut short keeps what it measured
         print(
             f"{m.name:<24} allocated {reading['allocated'] / GiB:7.2f} reserved {reading['reserved'] / GiB:7.2f} "

@@ -18,14 +18,17 @@ Run on the device (the repository root as working directory; memsim_widget impor
     python benchmarks/gpu_session.py --cpu-smoke --out /tmp/s     # every stage's --cpu-smoke, small budgets
 Afterwards, on any machine: copy OUT/measured/*.csv to data/measured/, OUT/snapshots to data/measured/snapshots,
 then ``python benchmarks/oom_boundary_compare.py`` and ``python benchmarks/gpu_snapshots.py --compare
-data/measured/snapshots`` (docs/gpu-session.md).
+data/measured/snapshots`` (docs/allocator.md, "Held to a real GPU"). A later session skips what data/measured
+already holds (boundary rows that are exact, snapshots and expandable rows present) and measures the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,9 +40,47 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 #: The whole session: 9.5 minutes, leaving room in a 10-minute command for start-up and the copy back.
 TOTAL_SECONDS = 570
-#: The expandable-segments rerun, most telling first (variable lengths, checkpointing, LoRA, the loss buffers).
+#: The expandable-segments rerun, most telling first (variable lengths, checkpointing, LoRA, the loss buffers);
+#: then every other measurement of gpu_measure.py (``expandable_order``).
 EXPANDABLE_FIRST = ("qwen05b-bf16-longest", "llama1b-bf16", "llama1b-bf16-ckpt", "llama1b-lora", "qwen05b-bf16",
                     "gpt2m-amp-eager", "llama8b-bf16-fused", "llama8b-lora", "llama1b-bf16-fused", "llama1b-amp")  # fmt: skip
+#: Where a session's results are committed; a later session skips what is there (``pending``).
+DATA = ROOT / "data" / "measured"
+
+
+def expandable_order() -> list[str]:
+    """Every gpu_measure.py measurement, ``EXPANDABLE_FIRST`` first."""
+    sys.path.insert(0, str(BENCH))
+    import gpu_measure
+
+    rest = [m.name for m in gpu_measure.MEASUREMENTS if m.name not in EXPANDABLE_FIRST]
+    return [*EXPANDABLE_FIRST, *rest]
+
+
+def pending(stage: str, data: Path = DATA) -> list[str]:
+    """What a stage still has to measure, given the results committed under ``data`` (all of it at first)."""
+    if stage == "snapshots":
+        sys.path.insert(0, str(BENCH))
+        import gpu_snapshots
+
+        done = {p.stem for p in (data / "snapshots").glob("*.json")}
+        return [s.name for s in gpu_snapshots.SNAPSHOTS if s.name not in done]
+    if stage == "expandable":
+        ids = set()
+        for p in data.glob("gpu_*_expandable.csv"):
+            with open(p, newline="") as f:
+                ids |= {r["id"] for r in csv.DictReader(f)}
+        return [n for n in expandable_order() if f"g-{n}-expandable-reserved" not in ids]
+    return []
+
+
+def seed_boundary(out: Path, data: Path = DATA) -> None:
+    """Copy the committed boundary CSVs into ``out/measured`` so that ``--resume`` searches only the rest."""
+    (out / "measured").mkdir(parents=True, exist_ok=True)
+    for p in data.glob("oom_boundary_*.csv"):
+        target = out / "measured" / p.name
+        if not target.exists():
+            shutil.copyfile(p, target)
 
 
 @dataclass(frozen=True)
@@ -49,27 +90,26 @@ class Stage:
     name: str
     seconds: int
 
-    def command(self, out: Path, budget: float, host: str, smoke: bool) -> list[str]:
+    def command(
+        self, out: Path, budget: float, host: str, smoke: bool, data: Path = DATA
+    ) -> list[str] | None:
+        """The stage's command line; None when the committed data leaves it nothing to do."""
         py, b = sys.executable, str(int(budget))
         s = ["--cpu-smoke"] if smoke else []
-        if self.name == "oom":
-            cards = ["--cards", "rtx-4090", "l40s", "--only", "smoke-full"] if smoke else []
+        if self.name == "oom":  # resumed from the committed rows (seed_boundary): exact rows are not redone
+            cards = ["--cards", "rtx-4090", "l40s", "--only", "smoke-full"] if smoke else ["--resume"]
             return [py, str(BENCH / "gpu_oom_boundary.py"), "--out-dir", str(out / "measured"), "--budget", b,
                     *cards, *s]  # fmt: skip
         if self.name == "snapshots":
-            only = ["--only", "smoke-tiny"] if smoke else []
-            return [
-                py,
-                str(BENCH / "gpu_snapshots.py"),
-                "--out-dir",
-                str(out / "snapshots"),
-                "--budget",
-                b,
-                *only,
-                *s,
-            ]
+            only = ["smoke-tiny"] if smoke else pending("snapshots", data)
+            if not only:
+                return None
+            return [py, str(BENCH / "gpu_snapshots.py"), "--out-dir", str(out / "snapshots"), "--budget", b,
+                    "--only", *only, *s]  # fmt: skip
         if self.name == "expandable":
-            only = EXPANDABLE_FIRST[:2] if smoke else EXPANDABLE_FIRST
+            only = EXPANDABLE_FIRST[:2] if smoke else pending("expandable", data)
+            if not only:
+                return None
             return [py, str(BENCH / "gpu_measure.py"), "--alloc-conf", "expandable_segments:True", "--only", *only,
                     "--out", str(out / "measured" / f"gpu_{host}_expandable.csv"), "--budget", b, *s]  # fmt: skip
         return [
@@ -174,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     start = time.monotonic()
     host = environment(args.out, args.cpu_smoke)
+    if not args.cpu_smoke:
+        seed_boundary(args.out)
     stages = [s for s in STAGES if not args.only or s.name in args.only]
     nominal = sum(s.seconds for s in stages)
     log, status = args.out / "session.log", {}
@@ -185,9 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {s.name}: skipped, {budget:.0f} s left for it", flush=True)
             status[s.name] = "skipped"
             continue
+        cmd = s.command(args.out, budget - 20, host, args.cpu_smoke)
+        if cmd is None:
+            print(f"== {s.name}: nothing left to measure (data/measured holds it)", flush=True)
+            status[s.name] = "done before"
+            continue
         print(f"== {s.name}: budget {budget:.0f} s (session at {time.monotonic() - start:.0f} s)", flush=True)
         # the script keeps inside its --budget; the process group is killed 20 s past it
-        rc = run_stage(s.command(args.out, budget - 20, host, args.cpu_smoke), budget, log)
+        rc = run_stage(cmd, budget, log)
         status[s.name] = f"exit {rc}"
         print(f"== {s.name}: exit {rc} at {time.monotonic() - start:.0f} s", flush=True)
     (args.out / "status.json").write_text(json.dumps(status, indent=1))

@@ -86,3 +86,33 @@ def test_cpu_smoke_session_runs_its_stages_and_writes_under_out(tmp_path: Path) 
     assert "fsdp2 dp8 bf16" in (tmp_path / "session.log").read_text()
     ranks = [json.loads(x) for x in (tmp_path / "parallel.jsonl").read_text().splitlines()]
     assert len(ranks) == 6 and all("error" not in r for r in ranks)  # every layout ran (CPU, a tiny model)
+
+
+def test_rows_name_the_card_they_ran_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    m = next(x for x in gm.MEASUREMENTS if x.name == "llama1b-bf16")
+    assert m.scenario["gpu"] == "h200" and gm.on_local_card(m).scenario["gpu"] == "h100-sxm-80gb"
+
+
+def test_a_later_session_measures_only_what_the_committed_data_lacks(tmp_path: Path) -> None:
+    import gpu_snapshots
+
+    assert gsess.pending("snapshots", tmp_path) == [s.name for s in gpu_snapshots.SNAPSHOTS]
+    (tmp_path / "snapshots").mkdir()
+    (tmp_path / "snapshots" / "llama1b-bf16.json").write_text("{}")
+    assert "llama1b-bf16" not in gsess.pending("snapshots", tmp_path)
+    order = gsess.expandable_order()
+    assert order[: len(gsess.EXPANDABLE_FIRST)] == list(gsess.EXPANDABLE_FIRST)
+    assert sorted(order) == sorted(m.name for m in gm.MEASUREMENTS)  # all 27, each once
+    rows = gm.rows_for(
+        gm.under_conf(gm.MEASUREMENTS[0], EXP), {"allocated": 1, "reserved": 2, "device": 3}, {}
+    )
+    gm.write_csv(rows, tmp_path / "gpu_h100-sxm-80gb_expandable.csv")
+    assert gsess.pending("expandable", tmp_path) == [n for n in order if n != gm.MEASUREMENTS[0].name]
+    (tmp_path / "oom_boundary_rtx-4090.csv").write_text("committed rows\n")
+    gsess.seed_boundary(tmp_path / "out", tmp_path)
+    assert (tmp_path / "out" / "measured" / "oom_boundary_rtx-4090.csv").read_text() == "committed rows\n"
+    cmd = gsess.STAGES[0].command(tmp_path / "out", 100, "h100-sxm-80gb", smoke=False, data=tmp_path)
+    assert cmd is not None and "--resume" in cmd
