@@ -53,6 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oom_boundary_compare as obc  # noqa: E402
 
+from memsim_widget import measure  # noqa: E402
 from memsim_widget.catalog.gpus import resolve_gpu  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
 
@@ -132,6 +133,8 @@ CASES: tuple[Case, ...] = (
     ),  # fmt: skip
 )
 
+#: measure's model builder as imported: ``qlora_build`` stands in for it while a QLoRA case runs, and builds on it.
+BASE_BUILD = measure.build_model
 #: ``--cpu-smoke``: a tiny model, and an OOM raised when a probe's tokens (micro-batch x longest step) exceed
 #: ``SMOKE_TOKENS_PER_GIB`` per whole GiB of the cap, so the boundary is known in advance.
 SMOKE_MODEL = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -152,6 +155,17 @@ SMOKE_CASES: tuple[Case, ...] = (
             "lora": {"rank": 4, "targets": ["q_proj", "v_proj"]},
         },
         variable=True,
+    ),  # fmt: skip
+    Case(
+        "smoke-qlora",
+        {
+            "model": SMOKE_MODEL,
+            "micro_batch_size": 1,
+            "seq_len": 64,
+            "method": "qlora",
+            "lora": {"rank": 4, "targets": ["q_proj", "v_proj"]},
+        },
+        needs="bitsandbytes",
     ),  # fmt: skip
 )
 #: ``--cpu-smoke``'s host: what a CPU reports instead of a GPU.
@@ -271,9 +285,7 @@ def qlora_build(sc: Scenario, device: str = "cuda") -> tuple[Any, Any, str]:
     import peft
     import torch
 
-    from memsim_widget import measure
-
-    model, config, family = measure.build_model(sc.replace(method="full"), device)
+    model, config, family = BASE_BUILD(sc.replace(method="full"), device)
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
             if isinstance(child, torch.nn.Linear) and "lm_head" not in f"{name}.{child_name}":
@@ -308,13 +320,16 @@ def host_info(device: str, smoke: bool) -> dict[str, Any]:
 
 
 def context_bytes(device: str, smoke: bool) -> int:
-    """What lives outside the allocator now (after a warm-up probe): device used memory less reserved."""
+    """What lives outside the allocator now (after a warm-up probe): this process's used memory less reserved."""
     if smoke:
         return int(SMOKE_HOST["context"])
     import torch
 
-    free, total = torch.cuda.mem_get_info()
-    return int(total - free - torch.cuda.memory_reserved())
+    from memsim_widget.measure import device_used_bytes
+
+    torch.cuda.synchronize()
+    # this process's used memory per nvidia-smi (another process's context is not ours), else total - free
+    return int(device_used_bytes(torch) - torch.cuda.memory_reserved())
 
 
 def run_case(case: Case, cards: list[str], deadline: float, device: str, smoke: bool,

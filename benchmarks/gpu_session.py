@@ -126,6 +126,15 @@ class Stage:
 STAGES = (Stage("oom", 290), Stage("snapshots", 110), Stage("expandable", 110), Stage("parallel", 60))
 
 
+#: Run in a subprocess: the session's own process never creates a CUDA context (it would sit on the GPU beside
+#: every measurement).
+_DEVICE_INFO = """
+import json, torch
+p = torch.cuda.get_device_properties(0)
+print(json.dumps({"device": p.name, "total_memory": int(p.total_memory), "cuda": str(torch.version.cuda)}))
+"""
+
+
 def environment(out: Path, smoke: bool) -> str:
     """Write OUT/env.json; the host card's catalog id (the expandable rows' file name)."""
     import torch
@@ -133,12 +142,18 @@ def environment(out: Path, smoke: bool) -> str:
     from memsim_widget.catalog.gpus import canonical_gpu_id
 
     env: dict[str, object] = {"python": sys.version.split()[0], "torch": torch.__version__,
-                              "cuda": str(torch.version.cuda), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
+                              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
     host = "cpu"
-    if torch.cuda.is_available() and not smoke:
-        p = torch.cuda.get_device_properties(0)
-        host = canonical_gpu_id(p.name) or "gpu"
-        env.update(device=p.name, total_memory=int(p.total_memory), catalog_id=host)
+    if not smoke:
+        try:
+            info = subprocess.run(
+                [sys.executable, "-c", _DEVICE_INFO], capture_output=True, text=True, timeout=120
+            )
+            env.update(json.loads(info.stdout.strip().splitlines()[-1]))
+            host = canonical_gpu_id(str(env["device"])) or "gpu"
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            env["device"] = "unknown (the device query failed)"
+        env["catalog_id"] = host
         try:
             env["nvidia_smi"] = subprocess.run(
                 ["nvidia-smi"], capture_output=True, text=True, timeout=20

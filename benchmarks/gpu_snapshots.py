@@ -76,11 +76,12 @@ class Snap:
         return Scenario.from_dict(d)
 
 
-SNAPSHOTS: tuple[Snap, ...] = tuple(
-    Snap(n)
-    for n in ("llama1b-bf16", "llama1b-bf16-ckpt", "llama1b-lora", "qwen05b-bf16", "qwen05b-bf16-longest",
-              "gpt2m-amp-eager", "llama1b-bf16-fused", "qwen3-06b-bf16", "phi15-bf16")
-) + (Snap("llama1b-bf16", EXPANDABLE), Snap("qwen05b-bf16-longest", EXPANDABLE))  # fmt: skip
+#: Each default-allocator scenario next to its expandable-segments twin first: the most telling pairs.
+SNAPSHOTS: tuple[Snap, ...] = (
+    Snap("llama1b-bf16"), Snap("llama1b-bf16", EXPANDABLE), Snap("qwen05b-bf16-longest"),
+    Snap("qwen05b-bf16-longest", EXPANDABLE), Snap("llama1b-bf16-ckpt"), Snap("llama1b-lora"), Snap("qwen05b-bf16"),
+    Snap("gpt2m-amp-eager"), Snap("llama1b-bf16-fused"), Snap("qwen3-06b-bf16"), Snap("phi15-bf16"),
+)  # fmt: skip
 
 _TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip

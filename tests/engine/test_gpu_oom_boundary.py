@@ -235,3 +235,33 @@ def test_after_a_crash_the_case_is_given_up_and_a_new_subprocess_takes_the_rest(
     assert calls == [["llama1b-bf16", "llama1b-lora", "qwen05b-bf16"], ["qwen05b-bf16"]]
     rows = obc.read_rows([tmp_path / "oom_boundary_rtx-4090.csv"])
     assert [r["scenario"] for r in rows] == ["llama1b-bf16", "qwen05b-bf16"]
+
+
+def test_a_case_whose_library_is_missing_is_skipped_and_said_so() -> None:
+    try:
+        import bitsandbytes  # noqa: F401
+
+        pytest.skip("bitsandbytes imports here")
+    except ImportError:
+        pass
+    out: list[dict] = []
+    qlora = [c for c in gob.SMOKE_CASES if c.needs == "bitsandbytes"]
+    gob.child(qlora, ["rtx-4090"], 0.0, "cpu", True, set(), out.append)
+    assert out == [{"done": "smoke-qlora", "why": "skipped: bitsandbytes does not import"}]
+
+
+@pytest.mark.slow
+def test_the_qlora_builder_quantises_every_linear_but_the_head_and_trains() -> None:
+    pytest.importorskip("bitsandbytes")
+    from memsim_widget import measure
+
+    case = next(c for c in gob.SMOKE_CASES if c.needs == "bitsandbytes")
+    sc = Scenario.from_dict(case.scenario)
+    model, _, _ = gob.qlora_build(sc, "cpu")
+    kinds = {type(m).__name__ for n, m in model.named_modules() if n.endswith(("k_proj", "down_proj"))}
+    assert kinds == {"Linear4bit"} and type(model.base_model.model.lm_head).__name__ == "Linear"
+    try:  # three steps through measure's loop, the builder standing in as in the child
+        measure.build_model = gob.qlora_build
+        assert gob.probe_runs(case, sc, "cpu") == (True, 0)
+    finally:
+        measure.build_model = gob.BASE_BUILD
