@@ -340,6 +340,8 @@ def run_case(case: Case, cards: list[str], deadline: float, device: str, smoke: 
 
     host = host_info(device, smoke)
     base = Scenario.from_dict({**case.scenario, "gpu": host["gpu"]})
+    if device == "cuda":  # the warm-up runs uncapped: the last case's cap is lifted (1.0: no limit)
+        torch.cuda.set_per_process_memory_fraction(1.0)
     warm, _ = probe_runs(case, base.replace(micro_batch_size=1, seq_len=min(base.seq_len, 256)), device)
     ctx = context_bytes(device, smoke)
     for dim, card in [(d, c) for d in case.dims for c in cards]:
