@@ -265,3 +265,71 @@ def test_the_qlora_builder_quantises_every_linear_but_the_head_and_trains() -> N
         assert gob.probe_runs(case, sc, "cpu") == (True, 0)
     finally:
         measure.build_model = gob.BASE_BUILD
+
+
+# ----- the CUDA branch, with torch.cuda stood in for ---------------------------------------------------------
+class FakeCuda:
+    """torch.cuda as the boundary search uses it: a fraction cap on a fake allocator whose step needs
+    ``PER_TOKEN`` bytes per token (micro-batch x the longest step), and the calls recorded."""
+
+    TOTAL = 85045477376  # an H100 80GB's total_memory
+    CONTEXT = 600 * 2**20
+    PER_TOKEN = 2**20
+
+    def __init__(self) -> None:
+        self.fractions: list[float] = []
+
+    def fits(self, sc: Scenario, lengths: list[int]) -> bool:
+        cap = self.fractions[-1] * self.TOTAL if self.fractions and self.fractions[-1] < 1 else self.TOTAL
+        return sc.micro_batch_size * max(lengths) * self.PER_TOKEN <= cap
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import torch
+
+        from memsim_widget import measure
+
+        def train_steps(sc: Scenario, lengths: list[int], device: str, on_phase=None) -> None:  # type: ignore[no-untyped-def]
+            assert device == "cuda"
+            if not self.fits(sc, lengths):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+
+        monkeypatch.setattr(measure, "train_steps", train_steps)
+        monkeypatch.setattr(measure, "device_used_bytes", lambda t: self.CONTEXT)
+        for name, fn in {
+            "set_per_process_memory_fraction": self.fractions.append,
+            "synchronize": lambda *a: None,
+            "empty_cache": lambda: None,
+            "reset_peak_memory_stats": lambda *a: None,
+            "memory_allocated": lambda *a: 0,
+            "memory_reserved": lambda *a: 0,
+            "get_device_name": lambda *a: "NVIDIA H100 80GB HBM3",
+            "get_device_properties": lambda *a: type("P", (), {"total_memory": self.TOTAL})(),
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+
+def test_the_cuda_branch_caps_each_card_and_finds_the_fake_allocators_boundary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    rows: list[dict] = []
+    case = next(c for c in gob.CASES if c.name == "qwen05b-bf16-longest")
+    cards = ["rtx-4090", "h100-sxm-80gb"]
+    gob.run_case(case, cards, time.time() + 120, "cuda", False, set(), rows.append)
+    assert fake.fractions[0] == 1.0  # the warm-up ran uncapped
+    assert [(r["dim"], r["card"]) for r in rows] == [(d, c) for d in gob.DIMS for c in cards]
+    for r in rows:
+        cap = resolve_gpu(r["card"]).memory_bytes - FakeCuda.CONTEXT
+        assert (int(r["cap_bytes"]), int(r["context_bytes"]), r["host_gpu"]) == (
+            cap,
+            FakeCuda.CONTEXT,
+            "h100-sxm-80gb",
+        )
+        assert float(r["fraction"]) == pytest.approx(cap / FakeCuda.TOTAL, abs=1e-6)
+        tokens = int(cap // FakeCuda.PER_TOKEN)  # the fake allocator's boundary
+        want = tokens // 1024 if r["dim"] == "micro_batch_size" else tokens // obc.SEQ_STEP * obc.SEQ_STEP
+        assert (r["status"], int(r["measured_max"])) == ("exact", want), r
+        assert r["start"] != ""  # searched from the engine's prediction

@@ -71,3 +71,46 @@ def test_cpu_smoke_runs_both_halves_and_the_replay_matches_itself(tmp_path: Path
     assert len(rows) == 2
     for r in rows:
         assert r["segments_equal"] == r["segments_paired"] > 0 and r["peak_reserved_error"] == 0
+
+
+def test_the_cuda_branch_records_step_3_only_and_keeps_its_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from memsim_widget import measure
+
+    calls: list[tuple] = []
+    snapshot = {"segments": [_seg(20 * MiB, allocated=MiB)],
+                "device_traces": [[{"action": "alloc", "size": MiB}, {"action": "segment_alloc", "size": 20 * MiB}]]}  # fmt: skip
+
+    def train_steps(sc, lengths, device, on_phase):  # type: ignore[no-untyped-def]
+        calls.append(("steps", tuple(lengths), device))
+        for step in (1, 2, 3):
+            for phase in ("forward", "backward", "optimizer step"):
+                on_phase(step, phase)
+
+    monkeypatch.setattr(measure, "train_steps", train_steps)
+    monkeypatch.setattr(
+        torch.cuda.memory, "_record_memory_history", lambda *a, **k: calls.append(("record", k))
+    )
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: calls.append(("snapshot",)) or snapshot)
+    for name, value in {"synchronize": None, "max_memory_reserved": 30 * MiB, "max_memory_allocated": 25 * MiB,
+                        "memory_reserved": 20 * MiB, "memory_allocated": MiB, "get_device_name": "NVIDIA H100"}.items():  # fmt: skip
+        monkeypatch.setattr(torch.cuda, name, lambda *a, v=value: v)
+    snap = next(s for s in gs.SNAPSHOTS if s.measurement == "qwen05b-bf16-longest" and s.alloc_conf)
+    got = gs.take(snap, "cuda")
+    # recording starts after step 2's optimizer step and stops after step 3's snapshot
+    assert [c[0] for c in calls] == ["steps", "record", "snapshot", "record"]
+    assert calls[0] == ("steps", (512, 2048, 1280), "cuda") and calls[-1][1] == {"enabled": None}
+    assert (got["peak_reserved"], got["reserved_at_snapshot"], got["lengths"]) == (
+        30 * MiB,
+        20 * MiB,
+        [512, 2048, 1280],
+    )
+    assert (
+        got["name"] == "qwen05b-bf16-longest-expandable"
+        and got["scenario"]["allocator_conf"] == gs.EXPANDABLE
+    )
+    assert got["segments"][0]["size"] == 20 * MiB and got["step3_events"]["counts"] == {
+        "alloc": 1,
+        "segment_alloc": 1,
+    }
