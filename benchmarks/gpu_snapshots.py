@@ -144,10 +144,10 @@ def take(snap: Snap, device: str) -> dict[str, Any]:
         if phase != "optimizer step" or device != "cuda":
             return
         if step == 2:
-            try:
+            try:  # no stack frames: cheap enough not to slow step 3
                 torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None, stacks="python")
-            except TypeError:  # older signature
-                torch.cuda.memory._record_memory_history(enabled=True, max_entries=2_000_000)
+            except (TypeError, RuntimeError, ValueError):  # another signature or combination: the defaults
+                torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         elif step == 3:
             torch.cuda.synchronize()
             out["snapshot"] = torch.cuda.memory._snapshot()
