@@ -135,14 +135,27 @@ print(json.dumps({"device": p.name, "total_memory": int(p.total_memory), "cuda":
 """
 
 
+def _version(name: str) -> str:
+    """An installed package's version, or 'missing'."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "missing"
+
+
 def environment(out: Path, smoke: bool) -> str:
     """Write OUT/env.json; the host card's catalog id (the expandable rows' file name)."""
     import torch
 
     from memsim_widget.catalog.gpus import canonical_gpu_id
 
+    import transformers
+
     env: dict[str, object] = {"python": sys.version.split()[0], "torch": torch.__version__,
-                              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
+                              "transformers": transformers.__version__, "bitsandbytes": _version("bitsandbytes"),
+                              "peft": _version("peft"), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
     host = "cpu"
     if not smoke:
         try:
@@ -163,6 +176,24 @@ def environment(out: Path, smoke: bool) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "env.json").write_text(json.dumps(env, indent=1))
     return host
+
+
+#: What every stage imports; bitsandbytes is optional (the QLoRA case is skipped without it).
+NEEDED = ("torch", "transformers", "peft", "memsim_widget.measure", "memsim_widget.trace.hf")
+
+
+def preflight() -> str:
+    """'' when every module the stages import is there, else one line naming the missing ones (so that a
+    session's minutes are not spent on stages that would all fail at their first import)."""
+    import importlib
+
+    missing = []
+    for name in NEEDED:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing.append(f"{name} ({exc})")
+    return "cannot import " + "; ".join(missing) if missing else ""
 
 
 def run_stage(cmd: list[str], seconds: float, log: Path) -> int:
@@ -227,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                 "gpu_session: no CUDA device (--cpu-smoke runs every stage's logic on CPU)", file=sys.stderr
             )
             return 2
+    missing = preflight()
+    if missing:
+        print(f"gpu_session: {missing}", file=sys.stderr)
+        return 2
     start = time.monotonic()
     host = environment(args.out, args.cpu_smoke)
     if not args.cpu_smoke:

@@ -116,3 +116,14 @@ def test_a_later_session_measures_only_what_the_committed_data_lacks(tmp_path: P
     assert (tmp_path / "out" / "measured" / "oom_boundary_rtx-4090.csv").read_text() == "committed rows\n"
     cmd = gsess.STAGES[0].command(tmp_path / "out", 100, "h100-sxm-80gb", smoke=False, data=tmp_path)
     assert cmd is not None and "--resume" in cmd
+
+
+def test_the_session_refuses_to_start_without_what_its_stages_import(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert gsess.preflight() == ""
+    monkeypatch.setattr(gsess, "NEEDED", (*gsess.NEEDED, "no_such_module_here"))
+    assert gsess.main(["--cpu-smoke", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_module_here" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "status.json").exists()  # nothing ran
