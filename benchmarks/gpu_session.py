@@ -148,10 +148,9 @@ def _version(name: str) -> str:
 def environment(out: Path, smoke: bool) -> str:
     """Write OUT/env.json; the host card's catalog id (the expandable rows' file name)."""
     import torch
+    import transformers
 
     from memsim_widget.catalog.gpus import canonical_gpu_id
-
-    import transformers
 
     env: dict[str, object] = {"python": sys.version.split()[0], "torch": torch.__version__,
                               "transformers": transformers.__version__, "bitsandbytes": _version("bitsandbytes"),
