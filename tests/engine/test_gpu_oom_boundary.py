@@ -164,6 +164,22 @@ def test_the_comparator_scores_equal_below_above_and_the_bar(tmp_path: Path) -> 
     assert (s["share_equal"], s["met"]) == (0.8, False)
 
 
+def test_rows_whose_boundary_is_known_without_a_bracket_are_scored_too() -> None:
+    sc = Scenario.from_dict({"model": "qwen2.5-0.5b", "gpu": "h100-sxm-80gb", "seq_len": 1024})
+    base = dict.fromkeys(obc.COLUMNS, "")
+    base.update(scenario="synthetic", dim="micro_batch_size", card="rtx-4090", card_id="rtx-4090",
+                host_gpu="h100-sxm-80gb", scenario_json=json.dumps(sc.to_dict()))  # fmt: skip
+    # nothing ran on a 1 GiB room (SYNTHETIC): the engine must say nothing fits either, else it is above
+    tiny = obc.compare_row({**base, "cap_bytes": str(GiB), "hi": "4096", "status": "none_fit"}, "room")
+    assert (tiny["predicted"], tiny["verdict"]) == (None, "equal")
+    roomy = {**base, "cap_bytes": str(70 * GiB), "hi": "2", "measured_max": "2", "status": "at_top"}
+    assert obc.compare_row(roomy, "room")["verdict"] == "equal"  # the engine reaches the top too
+    over = {**base, "cap_bytes": str(70 * GiB), "hi": "4096", "status": "none_fit"}
+    assert obc.compare_row(over, "room")["verdict"] == "above"
+    cut = {**base, "cap_bytes": str(70 * GiB), "hi": "4096", "measured_max": "3", "status": "bracket"}
+    assert obc.compare_row(cut, "room")["verdict"] == "not scored"
+
+
 def test_the_comparator_refuses_another_csv_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -333,3 +349,10 @@ def test_the_cuda_branch_caps_each_card_and_finds_the_fake_allocators_boundary(
         want = tokens // 1024 if r["dim"] == "micro_batch_size" else tokens // obc.SEQ_STEP * obc.SEQ_STEP
         assert (r["status"], int(r["measured_max"])) == ("exact", want), r
         assert r["start"] != ""  # searched from the engine's prediction
+
+
+def test_a_room_card_leaves_the_hosts_printed_name_to_the_host() -> None:
+    from memsim_widget.catalog.gpus import canonical_gpu_id
+
+    obc.room_gpu("h100-sxm-80gb", 30 * GiB)
+    assert canonical_gpu_id("NVIDIA H100 80GB HBM3") == "h100-sxm-80gb"
