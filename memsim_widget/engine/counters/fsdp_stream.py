@@ -43,7 +43,8 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
 Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
 parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
 gradient accumulation without resharding after backward, explicit prefetching, QLoRA's NF4 base and frozen
-towers (``alloc_stream.replayable`` keeps the fitted rule for them).
+towers, CPU offload (``alloc_stream.replayable`` keeps the fitted rule for them; docs/allocator.md, "FSDP2's
+streams", says why each of QLoRA, HSDP and CPU offload is not traced).
 """
 
 from __future__ import annotations
