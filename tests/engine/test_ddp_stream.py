@@ -187,6 +187,27 @@ def test_a_broadcast_bucket_of_one_tensor_allocates_no_flat_buffer_but_holds_its
     assert _sized(s) == [100, "free 100", 50, "free 50"]
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 400 * MiB), st.sampled_from(["bf16", "fp32", "uint8"])),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_broadcast_copies_every_tensor_once_but_the_lone_ones(tensors):
+    """Each broadcast bucket is a flat copy of its tensors or, alone in its bucket, the tensor itself: the flat
+    buffers and the lone tensors add up to every tensor's bytes, one entry per bucket, and a flat buffer holds
+    at least two tensors so it is never smaller than the smallest tensor twice over."""
+    flat = broadcast_buffers(tensors)
+    buckets = typed_bucket_assignment(tensors, [250 * MiB])
+    assert len(flat) == len(buckets)
+    lone = [n for n, f in zip(buckets, flat, strict=True) if f == 0]
+    assert sum(flat) + sum(lone) == sum(n for n, _ in tensors)
+    assert all(f == n for n, f in zip(buckets, flat, strict=True) if f)
+    assert all(f >= 2 * min(n for n, _ in tensors) for f in flat if f)
+
+
 def test_under_lora_the_stream_writes_the_adapters_buckets_and_its_formula_says_so():
     ctx = Context(Scenario.from_dict(ddp(**LORA)))
     s = rank_stream(ctx, ctx.stages[0])
