@@ -11,7 +11,9 @@ live outside that cap. On the emulated card they would take part of its capacity
 reported capacity (the catalog's ``memory_bytes``, what ``total_memory`` reports) less this host's context as
 measured after a warm-up step (device used memory less reserved): ``cap_bytes``, and ``fraction = cap_bytes /
 total_memory``. Both are written with each row; the comparator's default mode asks the engine about exactly that
-allocator room (the context cancels), its ``card`` mode about the emulated card itself.
+allocator room (the context cancels), its ``card`` mode about the emulated card itself. Where the emulated card
+is as large as the host (80 GB on an H100), kernels loaded after the warm-up can make the device itself, not the
+cap, the limit by a few hundred MiB: those rows' ``cap_bytes`` may overstate the room.
 
 The search. Each (scenario, card, dimension) starts at the engine's own prediction for that room and moves by
 doubling steps (up while it runs, down while it fails), then bisects; with a right prediction it costs two
