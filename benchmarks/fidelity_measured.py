@@ -585,8 +585,12 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def load_rows(data_dir: Path = DATA_DIR) -> list[dict[str, str]]:
-    """Every measured row of ``data_dir/*.csv`` (the published set first, then GPU runs)."""
-    files = sorted(data_dir.glob("*.csv"), key=lambda p: (p.name != PUBLISHED.name, p.name))
+    """Every measured row of ``data_dir/*.csv`` (the published set first, then GPU runs); the OOM-boundary
+    files (``oom_boundary_*.csv``, another format) are read by ``benchmarks/oom_boundary_compare.py``."""
+    files = sorted(
+        (p for p in data_dir.glob("*.csv") if not p.name.startswith("oom_boundary_")),
+        key=lambda p: (p.name != PUBLISHED.name, p.name),
+    )
     return [r for p in files for r in read_csv(p)]
 
 
