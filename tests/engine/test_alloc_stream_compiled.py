@@ -196,19 +196,23 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
         ({}, True),
         ({"model": "qwen3-0.6b"}, True),
         ({"precision": "amp-bf16"}, False),
-        ({"method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}}, False),
+        ({"method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}}, True),
+        (
+            {"model": "qwen3-0.6b", "method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}},
+            False,
+        ),
         ({"model": "olmo-2-1b"}, False),
         ({"model": "gemma-3-1b"}, False),
         ({"model": "vit-base-patch16-224", "micro_batch_size": 64, "precision": "amp-bf16"}, False),
     ],
-    ids=["llama", "qwen3", "amp", "lora", "olmo2", "gemma3", "vit"],
+    ids=["llama", "qwen3", "amp", "lora", "qwen3-lora", "olmo2", "gemma3", "vit"],
 )
 def test_compiled_steps_replay_by_default_where_the_stream_is_held_to_its_trace(
     change: dict, held: bool
 ) -> None:
     """An unset ``reserved_model`` replays a compiled step only where its stream writes the compiled layers' own
     buffers and replays as its compiled trace within 1% (``alloc_stream.compiled_stream_held``: bf16 full training
-    of the Llama layout); the others keep the fitted rule (their streams are under their traces, the compiled ViT-B
+    of the Llama layout, and peft's LoRA on q and v without q/k norms); the others keep the fitted rule (their streams are under their traces, the compiled ViT-B
     H200 run under its replay); naming the replay replays every one, naming the fitted rule none."""
     frag = "allocator fragmentation (reserved - allocated)"
     unset = {**{k: v for k, v in COMPILED.items() if k != "reserved_model"}, **change}
@@ -233,6 +237,10 @@ SMALL_SEGMENT = 2 << 20
         ("gemma bf16 sdpa b2 s512 compiled", True),
         ("llama V64 bf16 b4 s512 compiled", True),
         ("qwen3 bf16 sdpa b2 s512 compiled", True),
+        ("llama bf16 lora qv b2 s512 compiled", True),
+        ("qwen2 bf16 lora qv b2 s512 compiled", True),
+        ("gemma bf16 lora qv b2 s512 compiled", True),
+        ("llama V64 bf16 lora qv b4 s512 (peak in a layer's backward) compiled", True),
         ("llama amp-bf16 sdpa b2 s512 compiled", False),
         ("olmo2 bf16 sdpa b2 s512 compiled", False),
     ],
@@ -243,9 +251,10 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: boo
     two steps replayed, against the engine's stream without the CUDA-only scratch the CPU trace cannot see (flash
     attention's fp32 dq accumulator: with it the 64-token Llama needs one more 20 MiB segment). Where the layers'
     compiled forward and backward buffers are written (``covered``: bf16 full training of the Llama layout,
-    ``forward.compiled_applies``; engine/activations/compiled_backward.py) the peak reserved and allocated are
-    within 1% and never under (on these four: reserved to the byte, allocated +0.24% on Qwen3 and under by at
-    most 16 KB, 0.01%, elsewhere: the allocated bar allows that much); elsewhere the layers' backward holds eager's
+    ``forward.compiled_applies``, engine/activations/compiled_backward.py; peft's LoRA on q and v of that layout
+    without q/k norms, ``compiled_lora_steps``) the peak reserved and allocated are within 1% and never under (on
+    these eight: reserved to the byte, allocated +0.24% on Qwen3, +0.01% on the 64-token Llama's LoRA, and under by
+    at most 16 KB, 0.01%, elsewhere: the allocated bar allows that much); elsewhere the layers' backward holds eager's
     items and the stream is within 1% or two small segments (llama amp-bf16 -2.2%, OLMo 2 -1.3%:
     benchmarks/allocator_replay_compiled.py --inductor-passes prints every case; docs/allocator.md lists them).
     GPT-2 is not here since its compiled rule holds the returned KV cache with the output (traced,

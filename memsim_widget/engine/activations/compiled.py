@@ -147,18 +147,29 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
     q/k norms' inputs and rsqrts, but layer 0's k norm's); nothing after the layers (the final norm and head are
     frozen). The zero gradients of the returned KV cache exist only
     for what needs a gradient: every v, and k from layer 1 on (layer 0's k reads the frozen embedding through a
-    frozen k_proj)."""
+    frozen k_proj). The terms are listed in the order the compiled forward makes them (trace/compiled.py under
+    ``inductor_passes``, llama LoRA q,v b2 s512), one term per run of tensors made together, so the allocation
+    stream writes them in that order (``compiled_lora_steps``): the residual stream a layer saves is its output
+    (the next layer's input; the last layer's, the final norm's), where the trace makes it; layer 0's input, the
+    frozen embedding's output, is freed in its forward (no gradient flows to it)."""
     D = Dims(ctx)
     T, h, I, hkv, a, V = D.T, D.h, D.I, D.hkv, D.a, D.V
     e, r, L = ctx.recipe.act_bytes, ctx.scenario.lora.rank, ctx.arch.num_layers
     out.per_layer[:] = [
-        Term("compiled LoRA: residual stream in and after attention", 2 * e * T * h, f"2 x {e} B x T x h (h={h})", 2),
+        Term("compiled LoRA: attention norm rsqrt (fp32)", 4 * T, "4 B x T", 1),
         Term("compiled LoRA: attention norm output cast to fp32 for lora_A", 4 * T * h, "4 B x T x h", 1),
-        Term("compiled LoRA: lora_A outputs of q and v (fp32)", 2 * 4 * T * r, f"2 x 4 B x T x r, r={r}", 2),
-        Term("compiled LoRA: q after RoPE, attention output", 2 * e * T * D.hq, f"2 x {e} B x T x a*d", 2),
-        Term("compiled LoRA: k after RoPE and v (KV width)", 2 * e * T * hkv, f"2 x {e} B x T x kv*d, kv*d={hkv}", 2),
-        Term("compiled LoRA: SDPA logsumexp (fp32), RMSNorm rsqrt", 4 * T * a + 8 * T, "4 B x T x heads + 8 B x T", 3),
+        Term("compiled LoRA: lora_A output of q (fp32)", 4 * T * r, f"4 B x T x r, r={r}", 1),
+        Term("compiled LoRA: lora_A output of v (fp32)", 4 * T * r, f"4 B x T x r, r={r}", 1),
+        Term("compiled LoRA: v (KV width)", e * T * hkv, f"{e} B x T x kv*d, kv*d={hkv}", 1),
+        Term("compiled LoRA: q after RoPE", e * T * D.hq, f"{e} B x T x a*d", 1),
+        Term("compiled LoRA: k after RoPE (KV width)", e * T * hkv, f"{e} B x T x kv*d", 1),
+        Term("compiled LoRA: attention output, SDPA logsumexp (fp32)", e * T * D.hq + 4 * T * a,
+             f"{e} B x T x a*d + 4 B x T x heads", 2, shares=_shares(e * T * D.hq, 4 * T * a)),
+        Term("compiled LoRA: residual stream after attention", e * T * h, f"{e} B x T x h (h={h})", 1),
+        Term("compiled LoRA: MLP norm rsqrt (fp32)", 4 * T, "4 B x T", 1),
         Term("compiled LoRA: gate and up outputs", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
+        Term("compiled LoRA: residual stream the layer outputs (the next layer's or the final norm's input)",
+             e * T * h, f"{e} B x T x h", 1),
     ]  # fmt: skip
     _qk_norms(ctx, out, e, frozen_first_k=True)
     _sandwich_norms(ctx, out, e)
@@ -170,6 +181,12 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
         *([Term(f"zero gradients for the {CACHE_TANGENTS} (every v, k from layer 1 on)", tangents,
                 f"(2 x {L} - 1) x {e} B x T x kv*d", 2 * L - 1)] if tangents else []),
     ]  # fmt: skip
+
+
+def _shares(*parts: float) -> tuple[float, ...]:
+    """Each tensor's share of a term's bytes (``Term.shares``)."""
+    total = sum(parts)
+    return tuple(x / total for x in parts)
 
 
 def _layer_weight_numel(ctx: Context) -> int:

@@ -34,7 +34,12 @@ from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
     GRADS,
-    compiled_layer_backward_transients,
+)
+from memsim_widget.engine.activations.compiled_lora_steps import (
+    bottom_layer_backward_steps,
+    compiled_lora_applies,
+    layer_backward_steps,
+    layer_forward_steps,
 )
 from memsim_widget.engine.activations.forward import (
     IN,
@@ -43,7 +48,6 @@ from memsim_widget.engine.activations.forward import (
     Step,
     compiled_applies,
     final_norm_transients,
-    layer_forward_transients,
 )
 from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
 from memsim_widget.engine.activations.tangents import (
@@ -112,6 +116,10 @@ FINAL_NORM = "final_norm_forward"
 #: The key of a layer's backward buffers (``engine/activations/compiled_backward``; absent or empty: the
 #: ``layer_backward`` items).
 LAYER_BACKWARD = "layer_backward_steps"
+#: The key of the bottom layer's backward buffers where they differ from the others' (``compiled_backward.
+#: compiled_lora_steps.bottom_layer_backward_steps``: a compiled LoRA layer 0 reads the frozen embedding and makes no input
+#: gradient; absent or empty: ``LAYER_BACKWARD``'s).
+BOTTOM_LAYER_BACKWARD = "bottom_layer_backward_steps"
 #: Item levels the caching allocator serves (device-level items live outside it): those it counts as allocated.
 _POOLED = ALLOCATED_LEVELS
 
@@ -877,6 +885,7 @@ def _layers_backward(
     layer_grads: list[list[int]] = []
     begin = s.here()
     bwd = a.get(LAYER_BACKWARD, ())
+    bottom = a.get(BOTTOM_LAYER_BACKWARD, ()) or bwd
     shared: dict[str, list[int]] = {}  # a compiled backward's buffers all layers use
     for i, layer in enumerate(saved[::-1][:2] if copies else saved[::-1]):
         begin = s.here() if i == 1 else begin
@@ -885,7 +894,8 @@ def _layers_backward(
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
-            layer_grads.append(backward_layer(s, bwd, layer, shared, grads, part, layers))
+            steps = bottom if i == len(saved) - 1 and not copies else bwd
+            layer_grads.append(backward_layer(s, steps, layer, shared, grads, part, layers))
             layer = []
         else:
             transient = s.items(a["layer_backward"])
@@ -944,13 +954,17 @@ def forward_layer(
     s: StreamWriter, steps: Sequence[Step], hidden: list[int], saved: Sequence[Any], layers: int
 ) -> tuple[list[int], list[int]]:
     """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
-    in order, its share of the ``saved`` items (``layers`` layers) where it says, its input ``hidden`` freed
+    in order, its share of the ``saved`` items (``layers`` layers) where it says (all at once, or term by term),
+    its input ``hidden`` freed
     when it returns; the handles of its output and of its saved tensors."""
     live: dict[str, list[int]] = {}
     kept: list[int] = []
+    at = 0  # the saved terms made so far: (SAVED, n) makes the next n, (SAVED, -1) the rest
     for name, size in steps:
         if name == SAVED:
-            kept = s.items(saved, share=layers)
+            n = len(saved) - at if size < 0 else size
+            kept += s.items(saved[at : at + n], share=layers)
+            at += n
         elif name == IN:
             s.free(hidden)
         elif size > 0:
@@ -1147,7 +1161,9 @@ def compiled_stream_held(ctx: Any) -> bool:
     -3.5%: benchmarks/allocator_replay_compiled.py --inductor-passes), and the LayerNorm families' compiled ViT-B
     H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace does not show: docs/allocator.md)."""
     sc = ctx.scenario
-    return not sc.compile or sc.reserved_model == "replay" or compiled_applies(ctx)
+    return (
+        not sc.compile or sc.reserved_model == "replay" or compiled_applies(ctx) or compiled_lora_applies(ctx)
+    )
 
 
 def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
@@ -1276,8 +1292,9 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         if pipe is None
         else _micro_batch_groups(ctx, stage)
     )
-    ag[LAYER_FORWARD] = layer_forward_transients(ctx)
-    ag[LAYER_BACKWARD] = compiled_layer_backward_transients(ctx)
+    ag[LAYER_FORWARD] = layer_forward_steps(ctx)
+    ag[LAYER_BACKWARD] = layer_backward_steps(ctx)
+    ag[BOTTOM_LAYER_BACKWARD] = bottom_layer_backward_steps(ctx)
     ag[FINAL_NORM] = final_norm_transients(ctx) if stage.last else ()
     ag[HEAD_GATHER] = head_gather(ctx)
     ag[EMBEDDING_GRAD] = embedding_grad(ctx)
@@ -1290,14 +1307,15 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     if ctx.scenario.padding == "longest":  # the loss buffers change size every step: a shorter one first
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
-        earlier[LAYER_FORWARD] = layer_forward_transients(short)
-        earlier[LAYER_BACKWARD] = compiled_layer_backward_transients(short)
+        earlier[LAYER_FORWARD] = layer_forward_steps(short)
+        earlier[LAYER_BACKWARD] = layer_backward_steps(short)
+        earlier[BOTTOM_LAYER_BACKWARD] = bottom_layer_backward_steps(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
         earlier[HEAD_GATHER] = head_gather(short)
         earlier[EMBEDDING_GRAD] = embedding_grad(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         # the per-op transients stay, and the TP facts (counts, not items) pass through
-        kept = (LAYER_FORWARD, LAYER_BACKWARD, FINAL_NORM, HEAD_GATHER, EMBEDDING_GRAD)
+        kept = (LAYER_FORWARD, LAYER_BACKWARD, BOTTOM_LAYER_BACKWARD, FINAL_NORM, HEAD_GATHER, EMBEDDING_GRAD)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
