@@ -224,6 +224,8 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     ]  # fmt: skip
     _qk_norms(ctx, out, e)
     _sandwich_norms(ctx, out, e)
+    if olmo2_layout(ctx):
+        _olmo2_terms(ctx, out, e)
     if (
         amp
     ):  # autocast's 16-bit weight casts become graph values the partitioner saves for the backward's matmuls
@@ -258,6 +260,47 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     _loss_backward(ctx, out, T, V, hkv, e, 4 if amp else e)
     if not ctx.full_training:
         _lora_qv_activations(ctx, out)
+
+
+def olmo2_layout(ctx: Context) -> bool:
+    """A compiled OLMo 2 layer (post-norms, q/k norms over the whole projection) in bf16 full training, no
+    checkpointing: its terms are listed in the trace's order (``_olmo2_terms``; the allocation stream's steps,
+    ``compiled_olmo2_steps``)."""
+    sc, nf = ctx.scenario, ctx.arch.facts.norm
+    return bool(
+        nf.post_norms
+        and nf.qk == "full"
+        and nf.per_layer == 2
+        and sc.precision == "bf16"
+        and sc.method == "full"
+        and sc.activation_checkpointing == "none"
+    )
+
+
+def _olmo2_terms(ctx: Context, out: ActivationBudget, e: int) -> None:
+    """OLMo 2's compiled layer terms (the same tensors as the Llama layout's with its q/k norms, traced), one term
+    per run of tensors the compiled forward makes together, in its order (trace/compiled.py under
+    ``inductor_passes``): the layer's input, q_proj's output and its norm's rsqrt, k_proj's and its rsqrt, v, q and
+    k after RoPE, the attention output and logsumexp, o_proj's output (the norm after attention reads it) and its
+    rsqrt, the residual after attention, gate's and up's outputs and their product, down_proj's output (the norm
+    after the MLP reads it) and its rsqrt."""
+    D = Dims(ctx)
+    T, h, I, hq, hkv, a = D.T, D.h, D.I, D.hq, D.hkv, D.a
+    rsqrt = Term("compiled: a norm's rsqrt (fp32)", 4 * T, "4 B x T", 1)
+    out.per_layer[:] = [
+        Term("compiled: residual stream at the layer's input, q_proj's output (q's norm input)", e * T * (h + hq),
+             f"{e} B x T x (h + a*d)", 2, shares=_shares(h, hq)),
+        rsqrt,
+        Term("compiled: k_proj's output (k's norm input)", e * T * hkv, f"{e} B x T x kv*d", 1),
+        rsqrt,
+        Term("compiled: v, q and k after RoPE, the attention output and logsumexp, o_proj's output",
+             e * T * (2 * hkv + 2 * hq + h) + 4 * T * a, f"{e} B x T x (2 kv*d + 2 a*d + h) + 4 B x T x heads", 6,
+             shares=_shares(e * hkv, e * hq, e * hkv, e * hq, 4 * a, e * h)),
+        rsqrt,
+        Term("compiled: residual after attention, gate's and up's outputs and their product, down_proj's output",
+             e * T * (2 * h + 3 * I), f"{e} B x T x (2 h + 3 I)", 5, shares=_shares(h, I, I, I, h)),
+        rsqrt,
+    ]  # fmt: skip
 
 
 def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool = False) -> None:

@@ -28,13 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.engine.activations.compiled_backward import (
-    FREE_SAVED,
-    GRADS,
-    _rope_backward,
-    compiled_layer_backward_transients,
-)
-from memsim_widget.engine.activations.forward import SAVED, Step, layer_forward_transients
+from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, GRADS, _rope_backward
+from memsim_widget.engine.activations.forward import SAVED, Step
 
 
 def compiled_lora_applies(ctx: Any) -> bool:
@@ -125,23 +120,3 @@ def compiled_lora_backward(ctx: Any, bottom: bool = False) -> tuple[Step, ...]:
         ("xaq", 0), ("xq", 0), ("s", 0), ("g3", 0),
     )  # fmt: skip
     return mlp + attn + end
-
-
-def layer_forward_steps(ctx: Any) -> tuple[Step, ...]:
-    """A layer's forward steps as the allocation stream writes them: a compiled LoRA layer's
-    (``compiled_lora_forward``), else ``forward.layer_forward_transients``."""
-    return compiled_lora_forward(ctx) if compiled_lora_applies(ctx) else layer_forward_transients(ctx)
-
-
-def layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
-    """A layer's backward steps (``compiled_lora_backward``, else ``compiled_backward.
-    compiled_layer_backward_transients``; empty: the eager ``layer_backward`` items)."""
-    return (
-        compiled_lora_backward(ctx) if compiled_lora_applies(ctx) else compiled_layer_backward_transients(ctx)
-    )
-
-
-def bottom_layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
-    """The bottom layer's backward steps where they differ from ``layer_backward_steps``' (a compiled LoRA layer
-    0: ``compiled_lora_backward(bottom=True)``); empty elsewhere."""
-    return compiled_lora_backward(ctx, bottom=True) if compiled_lora_applies(ctx) else ()

@@ -82,7 +82,7 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
     number of optimizer steps of ``grad_accum_steps`` micro-batches each): ``alloc_stream.rank_stream``'s
     stream with each micro-batch's activation items at its own length (``step_stream``'s ``schedule``); one
     set of items per distinct length."""
-    from memsim_widget.engine.activations.compiled_lora_steps import (
+    from memsim_widget.engine.activations.compiled_steps import (
         bottom_layer_backward_steps,
         layer_backward_steps,
         layer_forward_steps,
