@@ -202,19 +202,20 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
             False,
         ),
         ({"model": "olmo-2-1b"}, True),
+        ({"model": "gemma-3-1b", "seq_len": 512}, True),
         ({"model": "gemma-3-1b"}, False),
         ({"model": "vit-base-patch16-224", "micro_batch_size": 64, "precision": "amp-bf16"}, False),
     ],
-    ids=["llama", "qwen3", "amp", "lora", "qwen3-lora", "olmo2", "gemma3", "vit"],
+    ids=["llama", "qwen3", "amp", "lora", "qwen3-lora", "olmo2", "gemma3", "gemma3-masked-window", "vit"],
 )
 def test_compiled_steps_replay_by_default_where_the_stream_is_held_to_its_trace(
     change: dict, held: bool
 ) -> None:
     """An unset ``reserved_model`` replays a compiled step only where its stream writes the compiled layers' own
     buffers and replays as its compiled trace within 1% (``alloc_stream.compiled_stream_held``: bf16 full training
-    of the Llama layout, peft's LoRA on q and v without q/k norms, OLMo 2); the others keep the fitted rule (their
-    streams are under their traces, the compiled ViT-B H200 run under its replay); naming the replay replays every
-    one, naming the fitted rule none."""
+    of the Llama layout, peft's LoRA on q and v without q/k norms, OLMo 2, Gemma 3); the others keep the fitted rule
+    (their streams are under their traces, the compiled ViT-B H200 run under its replay); naming the replay
+    replays every one, naming the fitted rule none."""
     frag = "allocator fragmentation (reserved - allocated)"
     unset = {**{k: v for k, v in COMPILED.items() if k != "reserved_model"}, **change}
     by = {
@@ -244,6 +245,7 @@ SMALL_SEGMENT = 2 << 20
         ("llama V64 bf16 lora qv b4 s512 (peak in a layer's backward) compiled", True),
         ("llama amp-bf16 sdpa b2 s512 compiled", False),
         ("olmo2 bf16 sdpa b2 s512 compiled", True),
+        ("gemma3_text bf16 sdpa b2 s512 compiled", True),
     ],
 )
 def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: bool) -> None:
@@ -253,10 +255,11 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: boo
     attention's fp32 dq accumulator: with it the 64-token Llama needs one more 20 MiB segment). Where the layers'
     compiled forward and backward buffers are written (``covered``: bf16 full training of the Llama layout,
     ``forward.compiled_applies``, engine/activations/compiled_backward.py; peft's LoRA on q and v of that layout
-    without q/k norms, ``compiled_lora_steps``; OLMo 2, ``compiled_olmo2_steps``) the peak reserved and allocated
-    are within 1% and never under (on these nine: reserved to the byte, allocated +0.24% on Qwen3, +0.01% on the
-    64-token Llama's LoRA, and under by at most 32 KB, 0.02%, elsewhere: the loss backward's fp32 row sums and
-    scalars, not written; the allocated bar allows that much); elsewhere the layers' backward holds eager's items
+    without q/k norms, ``compiled_lora_steps``; OLMo 2 and Gemma 3, ``compiled_olmo2_steps``,
+    ``compiled_gemma3_steps``) the peak reserved and allocated are within 1% and never under (on these ten:
+    reserved to the byte, allocated +0.24% on Qwen3, +0.01% on the 64-token Llama's LoRA, and under by at most
+    32 KB, 0.02%, elsewhere: the loss backward's fp32 row sums and scalars, not written; the allocated bar allows
+    that much); elsewhere the layers' backward holds eager's items
     and the stream is within 1% or two small segments (llama amp-bf16 -2.2%:
     benchmarks/allocator_replay_compiled.py --inductor-passes prints every case; docs/allocator.md lists them).
     GPT-2 is not here since its compiled rule holds the returned KV cache with the output (traced,

@@ -226,6 +226,8 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     _sandwich_norms(ctx, out, e)
     if olmo2_layout(ctx):
         _olmo2_terms(ctx, out, e)
+    if gemma3_layout(ctx):
+        _gemma3_terms(ctx, out, e)
     if (
         amp
     ):  # autocast's 16-bit weight casts become graph values the partitioner saves for the backward's matmuls
@@ -244,7 +246,7 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     out.pre[:] = []  # RoPE's cos/sin are recomputed
     out.post[:] = [
         Term("compiled: last down_proj output and final norm output, its rsqrt", 2 * e * T * h + 4 * T,
-             f"2 x {e} B x T x h + 4 B x T", 3),
+             f"2 x {e} B x T x h + 4 B x T", 3, shares=_shares(e * h, e * h, 4)),
         *([Term("compiled autocast: 16-bit copy of the output layer's weight", 2 * V * h, "2 B x V x h", 1)]
           if amp else []),
     ]  # fmt: skip
@@ -298,6 +300,50 @@ def _olmo2_terms(ctx: Context, out: ActivationBudget, e: int) -> None:
              shares=_shares(e * hkv, e * hq, e * hkv, e * hq, 4 * a, e * h)),
         rsqrt,
         Term("compiled: residual after attention, gate's and up's outputs and their product, down_proj's output",
+             e * T * (2 * h + 3 * I), f"{e} B x T x (2 h + 3 I)", 5, shares=_shares(h, I, I, I, h)),
+        rsqrt,
+    ]  # fmt: skip
+
+
+def gemma3_layout(ctx: Context) -> bool:
+    """A compiled Gemma 3 layer (four norms: before and after attention and the MLP; q/k norms per head) in bf16
+    full training, no checkpointing: its terms are listed in the trace's order (``_gemma3_terms``; the allocation
+    stream's steps, ``compiled_gemma3_steps``)."""
+    sc, nf = ctx.scenario, ctx.arch.facts.norm
+    return bool(
+        nf.per_layer == 4
+        and not nf.post_norms
+        and nf.qk == "head"
+        and sc.precision == "bf16"
+        and sc.method == "full"
+        and sc.activation_checkpointing == "none"
+    )
+
+
+def _gemma3_terms(ctx: Context, out: ActivationBudget, e: int) -> None:
+    """Gemma 3's compiled layer terms (the same tensors as the Llama layout's with its q/k and sandwich norms,
+    traced), one term per run of tensors the compiled forward makes together, in its order (trace/compiled.py
+    under ``inductor_passes``): the layer's input; its norm's rsqrt; that norm's output, q_proj's, k_proj's and
+    v_proj's outputs; q's and k's norm rsqrts (per head); q and k after RoPE, the attention output and logsumexp,
+    o_proj's output; its norm's rsqrt; the residual after attention; its norm's rsqrt; that norm's output, gate's
+    and up's outputs and their product, down_proj's output; its norm's rsqrt."""
+    D = Dims(ctx)
+    T, h, I, hq, hkv, a, kv = D.T, D.h, D.I, D.hq, D.hkv, D.a, D.kv
+    rsqrt = Term("compiled: a norm's rsqrt (fp32)", 4 * T, "4 B x T", 1)
+    out.per_layer[:] = [
+        Term("compiled: residual stream at the layer's input", e * T * h, f"{e} B x T x h", 1),
+        rsqrt,
+        Term("compiled: the input norm's output, q_proj's, k_proj's and v_proj's outputs",
+             e * T * (h + hq + 2 * hkv), f"{e} B x T x (h + a*d + 2 kv*d)", 4, shares=_shares(h, hq, hkv, hkv)),
+        Term("compiled: q's norm rsqrt per head (fp32)", 4 * T * a, "4 B x T x heads", 1),
+        Term("compiled: k's norm rsqrt per head (fp32)", 4 * T * kv, "4 B x T x kv heads", 1),
+        Term("compiled: q and k after RoPE, the attention output and logsumexp, o_proj's output",
+             e * T * (2 * hq + hkv + h) + 4 * T * a, f"{e} B x T x (2 a*d + kv*d + h) + 4 B x T x heads", 5,
+             shares=_shares(e * hq, e * hkv, e * hq, 4 * a, e * h)),
+        rsqrt,
+        Term("compiled: residual after attention", e * T * h, f"{e} B x T x h", 1),
+        rsqrt,
+        Term("compiled: the MLP norm's output, gate's and up's outputs and their product, down_proj's output",
              e * T * (2 * h + 3 * I), f"{e} B x T x (2 h + 3 I)", 5, shares=_shares(h, I, I, I, h)),
         rsqrt,
     ]  # fmt: skip

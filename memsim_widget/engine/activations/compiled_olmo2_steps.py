@@ -29,6 +29,9 @@ from memsim_widget.engine.activations.forward import SAVED, Step
 #: The prefix of a backward step that allocates a buffer kept until the bottom layer's backward is done (freed
 #: with the ``CONSTANT`` buffers): a term of the residual gradient Inductor never sums per layer.
 KEEP = "keep "
+#: The prefix of a backward step that keeps one of the layer's saved tensors (by its place, as ``FREE_SAVED``)
+#: until the bottom layer's backward is done: what the unreduced residual gradient's kernel at the bottom reads.
+KEEP_SAVED = "keep saved "
 
 
 def compiled_olmo2_applies(ctx: Any) -> bool:

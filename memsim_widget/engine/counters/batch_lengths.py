@@ -24,6 +24,7 @@ from typing import Any
 from memsim_widget.engine.counters.alloc_stream import (
     BOTTOM_LAYER_BACKWARD,
     FINAL_NORM,
+    KEPT_TOP,
     LAYER_BACKWARD,
     LAYER_FORWARD,
     StreamWriter,
@@ -84,6 +85,7 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
     set of items per distinct length."""
     from memsim_widget.engine.activations.compiled_steps import (
         bottom_layer_backward_steps,
+        kept_top,
         layer_backward_steps,
         layer_forward_steps,
     )
@@ -105,6 +107,7 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
         a[LAYER_FORWARD] = layer_forward_steps(c)
         a[LAYER_BACKWARD] = layer_backward_steps(c)
         a[BOTTOM_LAYER_BACKWARD] = bottom_layer_backward_steps(c)
+        a[KEPT_TOP] = kept_top(c)
         a[FINAL_NORM] = final_norm_transients(c)
         by_length[n] = a
     groups, step1 = cached_state_groups(ctx, stage)
