@@ -38,6 +38,8 @@ hidden-state gradient: not traced moment by moment (the compiled traces peak at 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.compiled_layernorm import layernorm_activations, layernorm_rule_applies
@@ -246,10 +248,16 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     out.pre[:] = []  # RoPE's cos/sin are recomputed
     out.post[:] = [
         Term("compiled: last down_proj output and final norm output, its rsqrt", 2 * e * T * h + 4 * T,
-             f"2 x {e} B x T x h + 4 B x T", 3, shares=_shares(e * h, e * h, 4)),
+             f"2 x {e} B x T x h + 4 B x T", 3),
         *([Term("compiled autocast: 16-bit copy of the output layer's weight", 2 * V * h, "2 B x V x h", 1)]
           if amp else []),
     ]  # fmt: skip
+    if gemma3_layout(
+        ctx
+    ):  # the last layer's output, the final norm's output and its rsqrt cut by their sizes
+        # (the Llama layout's stream keeps equal thirds: cut by size, the 64-token Llama's is one small segment
+        # under its trace, not found; Gemma 3's is one over with thirds)
+        out.post[0] = replace(out.post[0], shares=_shares(e * h, e * h, 4))
     # the final norm's backward runs fused: its output gradient is the one buffer (eager keeps an fp32 chain)
     out.top_backward[:] = [
         Term("compiled: final norm backward: the hidden-state gradient", r * T * h, f"{r} B x T x h", 1)
