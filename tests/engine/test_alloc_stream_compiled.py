@@ -205,8 +205,20 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
         ({"model": "gemma-3-1b", "seq_len": 512}, True),
         ({"model": "gemma-3-1b"}, False),
         ({"model": "vit-base-patch16-224", "micro_batch_size": 64, "precision": "amp-bf16"}, False),
+        ({"activation_offloading": True}, False),
     ],
-    ids=["llama", "qwen3", "amp", "lora", "qwen3-lora", "olmo2", "gemma3", "gemma3-masked-window", "vit"],
+    ids=[
+        "llama",
+        "qwen3",
+        "amp",
+        "lora",
+        "qwen3-lora",
+        "olmo2",
+        "gemma3",
+        "gemma3-masked-window",
+        "vit",
+        "offload",
+    ],
 )
 def test_compiled_steps_replay_by_default_where_the_stream_is_held_to_its_trace(
     change: dict, held: bool
@@ -214,8 +226,8 @@ def test_compiled_steps_replay_by_default_where_the_stream_is_held_to_its_trace(
     """An unset ``reserved_model`` replays a compiled step only where its stream writes the compiled layers' own
     buffers and replays as its compiled trace within 1% (``alloc_stream.compiled_stream_held``: bf16 full training
     of the Llama layout, peft's LoRA on q and v without q/k norms, OLMo 2, Gemma 3); the others keep the fitted rule
-    (their streams are under their traces, the compiled ViT-B H200 run under its replay); naming the replay
-    replays every one, naming the fitted rule none."""
+    (their streams are under their traces, the compiled ViT-B H200 run under its replay; no compiled trace has
+    activation offloading); naming the replay replays every one, naming the fitted rule none."""
     frag = "allocator fragmentation (reserved - allocated)"
     unset = {**{k: v for k, v in COMPILED.items() if k != "reserved_model"}, **change}
     by = {

@@ -1175,9 +1175,13 @@ def compiled_stream_held(ctx: Any) -> bool:
     fitted rule is +22.5% and +19.9%). Elsewhere the fitted rule stays: the other compiled layers keep eager's
     backward items and are under their traces (autocast -2.2% to -7.6%, Qwen3's and Gemma 3's LoRA -2.4% and
     -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes), and the LayerNorm families' compiled ViT-B
-    H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace does not show: docs/allocator.md)."""
+    H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace does not show: docs/allocator.md), and so
+    does a compiled step with activation offloading or the optimizer in backward (no compiled trace of them)."""
     sc = ctx.scenario
-    return not sc.compile or sc.reserved_model == "replay" or compiled_steps_written(ctx)
+    if not sc.compile or sc.reserved_model == "replay":
+        return True
+    savers = sc.activation_offloading or sc.optimizer_in_backward
+    return not savers and compiled_steps_written(ctx)
 
 
 def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
