@@ -1144,7 +1144,12 @@ def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
         "  now has a rule traced on the compiled step (Inductor's partitioner; docs/fidelity.md), nothing fitted",
         "  to these runs; the ViT (autocast) gets the untraced formula (eager's layers) and its caveat: traced",
         "  compiled at the run's shape, the partitioner saves nothing eager does not (9% under eager), so the",
-        "  GPU's +15% is a CUDA-only path, not explained yet.",
+        "  GPU's +15% is a CUDA-only path, not explained yet. Reserved and nvidia-smi of the compiled Llama",
+        f"  ({e('g-llama1b-bf16-compile-reserved')}, {e('g-llama1b-bf16-compile-nvidia-smi')}) come from the"
+        " replay of its compiled stream, held to the compiled trace",
+        "  within 1% (`alloc_stream.compiled_stream_held`;",
+        "  the fitted rule gave +22.5% and +19.9%); the ViT keeps the fitted rule: its compiled stream is not held",
+        "  to a trace, and its replay is 12.6% under this run's reserved (docs/allocator.md, compiled steps).",
         "- **Reserved** is a model of the caching allocator: weights and states plus 1%, everything else plus",
         "  44% (fitted on published BERT rows), and with variable batch lengths 2.1 x the loss buffers (fitted on",
         "  ms-swift rows). On these runs the allocator held between 0.5% and 84% of the churning memory unused,",
