@@ -19,6 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
 from fidelity_cases import LLAMA_H512_V32K as SMALL_LLAMA  # noqa: E402  (the test's case, written once)
 from stream_vs_trace import BASE, change, figures  # noqa: E402  (the comparison the tests hold, written once)
+from torchtitan_tp_cases import TORCHTITAN_TP_CASES  # noqa: E402  (torchtitan's plan: the test's cases)
 
 ONE_B = {**BASE, "model": "llama-3.2-1b", "seq_len": 1024}
 SP = {"sequence_parallel": True}
@@ -68,11 +69,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     ("llama-3.2-1b dp2 x tp2 fsdp 2 x 1024", {**ONE_B, "parallel": {**FSDP, "tp": 2}}),
     ("llama-3.2-1b dp2 x tp4 sp fsdp 2 x 1024", {**ONE_B, "parallel": {**FSDP, "tp": 4, **SP}}),
-    (
-        "llama L4 h512 V32k torchtitan tp2 sp (loss parallel; fitted rule)",
-        {**BASE, "model": SMALL_LLAMA, "parallel": {"tp": 2, **SP}, "framework": "torchtitan"},
-    ),
-]
+] + [(f"torchtitan plan: {name}", {**BASE, **keys}) for name, keys in TORCHTITAN_TP_CASES]
 
 
 def main() -> None:
