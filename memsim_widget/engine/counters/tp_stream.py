@@ -1,6 +1,8 @@
 """A tensor-parallel rank's own buffers in the allocation stream (``alloc_stream``): DTensor TP as transformers'
-plan (``tp_plan`` "hf") applies it, one rank of a tp-way group, with or without sequence parallel, alone or
-under FSDP2 on the dp dimension (``fsdp_stream`` writes FSDP2's buffers over the TP shards).
+plan (``tp_plan`` "hf") or torchtitan's (``tp_plan`` "torchtitan": pytorch/torchtitan
+``torchtitan/models/llama3/infra/parallelize.py`` ``apply_tp``, commit 018740b7) applies it, one rank of a tp-way
+group, with or without sequence parallel, alone or under FSDP2 on the dp dimension (``fsdp_stream`` writes
+FSDP2's buffers over the TP shards).
 
 Read in torch 2.13.0 and restated here (nothing copied):
 
@@ -22,6 +24,13 @@ Read in torch 2.13.0 and restated here (nothing copied):
   the concatenation that moves the gathered dimension last; the gather's output and the local logits freed
   then, before the loss upcasts. In backward the logits' gradient is cut back to the rank's columns: a
   contiguous copy T x V/tp (``clone``), the full gradient freed once it is made.
+
+- torchtitan's plan: its layers are transformers' plan with sequence parallel (``SequenceParallel`` norms,
+  ``PrepareModuleInput`` Shard(1) -> Replicate, rowwise outputs Shard(1)); its embedding ``RowwiseParallel``
+  (vocab-sharded, untied: the whole table's Partial gradient, ``whole_table_grads``); its head keeps the
+  logits vocab-sharded under loss parallel (nothing gathered; the loss's buffers are the engine's loss items at
+  V/tp), else gathers them as above. ``SequenceParallel`` makes the norms' weights Replicate DTensors
+  (``torch/distributed/tensor/parallel/style.py``, ``_replicate_module_fn``): ``optimizer_groups``.
 
 Held to the fake-tensor trace of one TP rank (``trace/distributed.py``) replayed the same way
 (``python benchmarks/allocator_replay_tp.py``, docs/allocator.md "Tensor parallel ranks").
