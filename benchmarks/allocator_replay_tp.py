@@ -71,6 +71,28 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama-3.2-1b dp2 x tp4 sp fsdp 2 x 1024", {**ONE_B, "parallel": {**FSDP, "tp": 4, **SP}}),
 ] + [(f"torchtitan plan: {name}", {**BASE, **keys}) for name, keys in TORCHTITAN_TP_CASES]
 
+#: A shape whose layers, not the loss, decide the peak (h 2048, V 8000, 2 x 2048 tokens): outside the held set, the
+#: TP stream of either plan is 2-3% under its trace here (docs/allocator.md "Tensor parallel ranks").
+WIDE = {**SMALL_LLAMA, "hidden_size": 2048, "intermediate_size": 5504, "num_attention_heads": 16}
+WIDE = {**BASE, "model": {**WIDE, "num_key_value_heads": 8, "vocab_size": 8000}, "seq_len": 2048}
+CASES += [
+    ("wide h2048 V8k one GPU (not held)", WIDE),
+    ("wide h2048 V8k tp2 (not held)", {**WIDE, "parallel": {"tp": 2}}),
+    ("wide h2048 V8k tp2 sp (not held)", {**WIDE, "parallel": {"tp": 2, **SP}}),
+    (
+        "torchtitan plan: wide h2048 V8k tp2 sp (not held)",
+        {**WIDE, "framework": "torchtitan", "parallel": {"tp": 2, **SP}},
+    ),
+    (
+        "torchtitan plan: wide h2048 V8k tp4 sp (not held)",
+        {**WIDE, "framework": "torchtitan", "parallel": {"tp": 4, **SP}},
+    ),
+    (
+        "torchtitan plan: wide h2048 V8k dp2 x tp2 sp (not held)",
+        {**WIDE, "framework": "torchtitan", "parallel": {"tp": 2, **SP, **FSDP}},
+    ),
+]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
