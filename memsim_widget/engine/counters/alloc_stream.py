@@ -1112,9 +1112,9 @@ def replayable(ctx: Any) -> bool:
     DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
     gradients, ``zero_stream``) or a
     tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
-    vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under GPipe or 1F1B
-    (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation offloading of
-    every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
+    vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
+    GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
+    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
     optimizer offload. Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what
     the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par

@@ -176,6 +176,14 @@ def tp_note(ctx: Any) -> str:
     )
 
 
+def _sequence_parallel_norm(g: Any) -> bool:
+    """A norm the traced plans wrap in ``SequenceParallel`` under sequence parallel (the layers' two and the final
+    one: ``trace/tp_plan._layer_plan``, ``_root_plan``), which makes its weight a Replicate DTensor (torch 2.13
+    ``tensor/parallel/style.py`` ``SequenceParallel._replicate_module_fn``); not Qwen3's per-head q/k norms,
+    which the plans leave plain."""
+    return g.kind == "norm" and not g.name.endswith(("q_norm.weight", "k_norm.weight"))
+
+
 def optimizer_groups(ctx: Any, stage: Any) -> tuple[tuple[int, ...], ...]:
     """The optimizer's parameter groups of a TP rank as indices into the module's parameter order
     (``alloc_stream.grad_order``'s ``params``), where a foreach optimizer gets one group of DTensors and one of
@@ -193,10 +201,10 @@ def optimizer_groups(ctx: Any, stage: Any) -> tuple[tuple[int, ...], ...]:
     layer: list[bool] = []
     post: list[bool] = []
     layers = max(stage.layers, 1)
-    sp = p.sequence_parallel  # SequenceParallel makes the norms' weights Replicate DTensors
+    sp = p.sequence_parallel
     for lg in local_groups(ctx, stage):
         g = lg.group
-        split = tp_split(ctx, g) or (sp and g.kind == "norm")
+        split = tp_split(ctx, g) or (sp and _sequence_parallel_norm(g))
         if g.scope == "layer":
             layer += [split] * max(lg.count // layers, 1)
         else:
