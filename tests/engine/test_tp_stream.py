@@ -320,3 +320,19 @@ def test_the_stream_holds_torchtitans_traced_tp_rank_within_1_percent(name, keys
     assert replayable(r.ctx)
     assert abs(r.stream.peak_reserved - r.traced.peak_reserved) <= 0.01 * r.traced.peak_reserved
     assert abs(r.stream.peak_allocated - r.traced.peak_allocated) <= 0.001 * r.traced.peak_allocated
+
+
+def test_under_fsdp2_the_partial_table_gradient_comes_before_its_shard_and_goes_once_it_exists():
+    """torchtitan's untied vocab-sharded embedding under FSDP2: at the bottom of backward DTensor makes the
+    Partial gradient of the whole table (tp shards' worth, the gathered bf16), FSDP2 redistributes it to the
+    parameter's Shard(0) (a V/tp x h copy), and the full one is freed right after (traced: ``clone`` after
+    ``embedding_dense_backward``, then its free; ``states/gathered._root_grads_made``). Transformers' plan
+    (the untied embedding replicated: its unsharded gradient is the whole table itself) writes no such pair."""
+    ctx = ctx_of(parallel={"tp": 2, "dp": 2, "zero": 3}, **TITAN)
+    ev = _between(rank_stream(ctx, ctx.stages[0]), "step 1 backward", "step 1 optimizer step")
+    full, shard = 2 * V * H, 2 * V * H // 2  # bf16: 32,768,000 and 16,384,000 B
+    at = ev.index(full)
+    assert ev[at : at + 3] == [full, shard, -full]
+    hf = ctx_of(parallel={"tp": 2, "dp": 2, "zero": 3})
+    plain = _between(rank_stream(hf, hf.stages[0]), "step 1 backward", "step 1 optimizer step")
+    assert not any(plain[i : i + 3] == [full, shard, -full] for i in range(len(plain)))
