@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from fidelity_cases import LLAMA_H512_V32K
 from fidelity_parallel_cases import QWEN25_V152K
+from torchtitan_tp_cases import TORCHTITAN_TP_CASES
 
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.activations.forward import layer_forward_transients
@@ -77,7 +78,31 @@ def test_a_tied_embedding_sharded_by_vocabulary_gets_the_whole_tables_gradient()
         ({"parallel": {"tp": 2}}, True),
         ({"parallel": {"tp": 4, "sequence_parallel": True}}, True),
         ({"parallel": {"tp": 2}, "activation_checkpointing": "full"}, True),
-        ({"parallel": {"tp": 2}, "framework": "torchtitan"}, False),  # loss parallel: not written
+        ({"parallel": {"tp": 2}, "framework": "torchtitan"}, True),  # loss parallel
+        ({"parallel": {"tp": 2, "sequence_parallel": True}, "framework": "torchtitan"}, True),
+        (
+            {
+                "parallel": {"tp": 2, "sequence_parallel": True, "loss_parallel": False},
+                "framework": "torchtitan",
+            },
+            True,
+        ),
+        (
+            {"parallel": {"tp": 2, "sequence_parallel": True, "tp_plan": "torchtitan"}},
+            True,
+        ),  # HF Trainer's loop
+        (  # torchtitan's recipe: FSDP2 mixed precision gathers bf16 weights, the layer is the bf16 one
+            {
+                "parallel": {"tp": 2, "dp": 2, "zero": 3, "sequence_parallel": True},
+                "framework": "torchtitan",
+                "precision": "amp-bf16",
+            },
+            True,
+        ),  # fmt: skip
+        # without FSDP torchtitan computes amp-bf16 in fp32 (frameworks.no_mixed_precision): not traced so
+        ({"parallel": {"tp": 2}, "framework": "torchtitan", "precision": "amp-bf16"}, False),
+        ({"parallel": {"tp": 2}, "framework": "torchtitan", "activation_checkpointing": "selective"}, False),
+        ({"parallel": {"tp": 2}, "framework": "megatron"}, False),
         ({"parallel": {"tp": 2, "dp": 2, "zero": 3}}, True),  # TP x FSDP2
         ({"parallel": {"tp": 2, "dp": 2, "zero": 3}, "grad_accum_steps": 2}, False),
         ({"parallel": {"tp": 2, "dp": 2, "zero": 2}}, False),  # TP x ZeRO 2: not written
@@ -176,3 +201,138 @@ def test_the_step_buffers_of_each_group_are_freed_before_the_next_groups_are_mad
     emb = next(i for i, (size, _) in enumerate(made) if size == 2 * V * H)
     head = next(i for i, (size, _) in enumerate(made) if size == 2 * V * H // 2)
     assert emb < head and not any(sizes[h] == 2 * V * H for h in made[head][1])
+
+
+# ----- torchtitan's plan (``apply_tp``: vocab-sharded embedding, loss parallel, sequence parallel) ------------
+TITAN = {"framework": "torchtitan"}
+
+
+def _between(stream, first: str, last: str) -> list[int]:
+    """The signed sizes (negative: a free) of the events from mark ``first`` to mark ``last``."""
+    at = {label: n for n, label in stream.marks}
+    return [size for _h, size in _allocs(stream)[at[first] : at[last]]]
+
+
+def test_loss_parallel_keeps_the_logits_and_the_loss_vocab_sharded():
+    """torchtitan's head under loss parallel (``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``)
+    makes the rank's T x V/tp logits and nothing gathers them: its loss (``pred.float()``, log-softmax) and the
+    loss's backward (the fp32 gradient, cast back to bf16) are the one-GPU loss's at V/tp, in the order the trace
+    of a loss-parallel rank makes and frees them (the logits freed once the loss is computed: ``del pred``)."""
+    ctx = ctx_of(parallel={"tp": 2}, **TITAN)
+    stream = rank_stream(ctx, ctx.stages[0])
+    lo = 2 * T * V // 2  # the local bf16 logits, 32,768,000 B
+    big = [x for x in _between(stream, "step 1 loss", "step 1 backward") if abs(x) >= 1 << 20]
+    assert big == [lo, 2 * lo, 2 * lo, -lo, -2 * lo, 2 * lo, -2 * lo, -2 * lo, lo]
+    assert max(size for _h, size, _ in stream.events) == 2 * lo  # nothing at the full vocabulary's fp32 size
+
+
+def test_an_untied_vocab_sharded_embedding_holds_the_whole_tables_gradient_through_the_step():
+    """torchtitan's embedding is ``RowwiseParallel`` (Shard(0) by vocabulary) and untied: DTensor's
+    ``embedding_dense_backward`` makes the Partial gradient of the whole V x h table, one tensor, kept as the
+    shard's ``.grad`` until ``zero_grad`` (traced). The engine's items count it as the shard's gradient plus an
+    item of (tp - 1) shards; the stream writes it as the one tensor it is (``whole_table_grads``), the same
+    bytes, while the optimizer's states of the embedding stay shard-sized."""
+    from memsim_widget.engine.caches.parts_cache import cached_state_groups
+    from memsim_widget.engine.counters.tp_stream import whole_table_grads
+    from memsim_widget.engine.states.gradients import PARTIAL_EMBEDDING_ITEM
+
+    for tp in (2, 4):
+        ctx = ctx_of(parallel={"tp": tp}, **TITAN)
+        groups, _ = cached_state_groups(ctx, ctx.stages[0])
+        items = groups["grads"].entries
+        extra = [i for i in items if i.item == PARTIAL_EMBEDDING_ITEM]
+        assert [i.bytes for i in extra] == [(tp - 1) * 2 * V * H // tp]
+        numels = (1,) * (9 * 4 + 3)  # 9 tensors a layer, the embedding, the final norm, the head
+        kept = whole_table_grads(ctx, {"grads": items}, numels)["grads"]
+        assert extra[0] not in kept and len(kept) == len(items) - 1
+        stream = rank_stream(ctx, ctx.stages[0])
+        for step in (1, 2):
+            backward = _between(stream, f"step {step} backward", f"step {step} optimizer step")
+            assert backward.count(2 * V * H) == 1  # the whole table, 32,768,000 B
+            after = f"step {step + 1} forward" if step == 1 else None
+            rest = _between(stream, f"step {step} optimizer step", after) if after else None
+            if rest is not None:
+                assert -2 * V * H in rest  # freed at zero_grad, after the step
+                assert rest.count(2 * V * H // tp) >= 2  # the embedding's two Adam states: the shard's size
+
+
+def test_a_replicated_or_tied_embedding_keeps_its_gradient_items():
+    """``whole_table_grads`` changes nothing where no Partial item exists: transformers' plan (the untied
+    embedding replicated, tied it is sharded with the head and its gradient freed once summed), FSDP2 (it
+    redistributes the gradient)."""
+    from memsim_widget.engine.caches.parts_cache import cached_state_groups
+    from memsim_widget.engine.counters.tp_stream import whole_table_grads
+
+    for keys in (
+        {"parallel": {"tp": 2}},
+        {"parallel": {"tp": 2}, "model": {**LLAMA_H512_V32K, "tie_word_embeddings": True}},
+        {"parallel": {"tp": 2, "dp": 2, "zero": 3}, **TITAN},
+    ):
+        ctx = ctx_of(**keys)
+        sg = {k: g.entries for k, g in cached_state_groups(ctx, ctx.stages[0])[0].items()}
+        assert whole_table_grads(ctx, sg, (1,) * 39) is sg
+
+
+def test_sequence_parallel_norms_are_dtensors_in_the_optimizers_groups():
+    """``SequenceParallel`` makes the norms' weights Replicate DTensors (torch 2.13
+    ``tensor/parallel/style.py`` ``SequenceParallel._replicate_module_fn``). Under torchtitan's plan with it every
+    parameter is a DTensor (the embedding sharded too): one foreach group. Without it the 9 norms are plain: a
+    group of their own. Under transformers' plan with it the untied embedding alone is plain: it comes first."""
+    from memsim_widget.engine.counters.alloc_stream import grad_order
+    from memsim_widget.engine.counters.tp_stream import optimizer_groups
+
+    sp = ctx_of(parallel={"tp": 2, "sequence_parallel": True}, **TITAN)
+    assert optimizer_groups(sp, sp.stages[0]) == ()
+    plain_norms = ctx_of(parallel={"tp": 2}, **TITAN)
+    params = grad_order(plain_norms, plain_norms.stages[0]).params
+    sharded, plain = optimizer_groups(plain_norms, plain_norms.stages[0])
+    assert sorted(params[j] for j in plain) == [H] * 9 and params[sharded[0]] == V * H // 2
+    hf_sp = ctx_of(parallel={"tp": 2, "sequence_parallel": True})
+    emb, rest = optimizer_groups(hf_sp, hf_sp.stages[0])
+    assert emb == (0,) and grad_order(hf_sp, hf_sp.stages[0]).params[0] == V * H  # replicated, plain
+    assert len(rest) == len(params) - 1
+
+
+def test_the_formula_names_the_vocab_sharded_loss_under_loss_parallel():
+    """The replayed reserved says what the stream wrote of the head: kept sharded (loss parallel) or gathered."""
+    lp = estimate(ctx_of(parallel={"tp": 2}, **TITAN).scenario).ranks[0].reserved.formula
+    assert "the vocab-sharded logits and loss (loss parallel)" in lp and "gathered logits" not in lp
+    no = (
+        estimate(ctx_of(parallel={"tp": 2, "loss_parallel": False}, **TITAN).scenario)
+        .ranks[0]
+        .reserved.formula
+    )
+    assert "the head's gathered logits" in no
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "keys"), TORCHTITAN_TP_CASES, ids=[n for n, _ in TORCHTITAN_TP_CASES])
+def test_the_stream_holds_torchtitans_traced_tp_rank_within_1_percent(name, keys):
+    """torchtitan's plan on one rank (``trace/tp_plan.py`` "torchtitan" on a fake process group; torchtitan's
+    ``expandable_segments:True`` unless the loop is HF Trainer's) against the engine's stream, both replayed
+    through the same allocator: peak reserved within 1%, peak allocated within 0.1%. Before the stream wrote the
+    whole-table embedding gradient as one tensor and torchtitan's layer, the small Llama at tp 2 with SP was
+    +2.93% (docs/allocator.md "Tensor parallel ranks")."""
+    from stream_vs_trace import BASE as STREAM_BASE
+    from stream_vs_trace import stream_and_trace
+
+    r = stream_and_trace({**STREAM_BASE, "reserved_model": "replay", **keys})
+    assert replayable(r.ctx)
+    assert abs(r.stream.peak_reserved - r.traced.peak_reserved) <= 0.01 * r.traced.peak_reserved
+    assert abs(r.stream.peak_allocated - r.traced.peak_allocated) <= 0.001 * r.traced.peak_allocated
+
+
+def test_under_fsdp2_the_partial_table_gradient_comes_before_its_shard_and_goes_once_it_exists():
+    """torchtitan's untied vocab-sharded embedding under FSDP2: at the bottom of backward DTensor makes the
+    Partial gradient of the whole table (tp shards' worth, the gathered bf16), FSDP2 redistributes it to the
+    parameter's Shard(0) (a V/tp x h copy), and the full one is freed right after (traced: ``clone`` after
+    ``embedding_dense_backward``, then its free; ``states/gathered._root_grads_made``). Transformers' plan
+    (the untied embedding replicated: its unsharded gradient is the whole table itself) writes no such pair."""
+    ctx = ctx_of(parallel={"tp": 2, "dp": 2, "zero": 3}, **TITAN)
+    ev = _between(rank_stream(ctx, ctx.stages[0]), "step 1 backward", "step 1 optimizer step")
+    full, shard = 2 * V * H, 2 * V * H // 2  # bf16: 32,768,000 and 16,384,000 B
+    at = ev.index(full)
+    assert ev[at : at + 3] == [full, shard, -full]
+    hf = ctx_of(parallel={"tp": 2, "dp": 2, "zero": 3})
+    plain = _between(rank_stream(hf, hf.stages[0]), "step 1 backward", "step 1 optimizer step")
+    assert not any(plain[i : i + 3] == [full, shard, -full] for i in range(len(plain)))

@@ -236,6 +236,27 @@ def test_tp_candidates_take_the_replay_and_equal_estimate():
     assert {(2, False), (2, True), (4, False), (4, True)} <= set(tp)
 
 
+def test_torchtitan_tp_candidates_take_the_replay_and_equal_estimate():
+    """torchtitan's loop and plan (loss parallel, the vocab-sharded embedding; ``expandable_segments:True``):
+    the candidates with TP alone or under FSDP2 (one micro-batch, bf16) replay their rank's stream
+    (``tp_stream.tp_replayable`` accepts torchtitan's plan), each equal to ``estimate`` byte for byte; TP with
+    DDP (zero 0) keeps the fitted rule in both."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {"model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "framework": "torchtitan"}
+    space = SearchSpace(micro_batch=(1, 2), zero=(0, 3), checkpointing=("none",), offload=("none",))
+    tp = []
+    for est in _checked(base, space):
+        par, sc = est.scenario.parallel, est.scenario
+        if par.tp > 1:
+            replays = (
+                par.pp * par.cp * par.ep == 1 and sc.grad_accum_steps == 1 and (par.dp == 1 or par.zero == 3)
+            )
+            assert ("replayed" in est.ranks[0].reserved.formula) == replays
+            tp += [(par.tp, par.dp)] if replays else []
+    assert {(2, 1), (4, 1), (2, 2)} <= set(tp)
+
+
 def test_lora_fsdp2_candidates_take_the_replay_and_equal_estimate():
     """LoRA under FSDP2 over 2 and 4 GPUs (the frozen base gathered, only the adapters reduce-scattered:
     ``fsdp_stream.fsdp2_units``), with and without accumulation: replayed, each equal to ``estimate`` byte for

@@ -66,7 +66,9 @@ def _layout(ctx: Any) -> bool:
     """``_common`` but the checkpointing: transformers, eager, RMSNorm, SwiGLU, SDPA."""
     a, sc = ctx.arch, ctx.scenario
     return (
-        sc.framework == "hf"
+        # torchtitan's TP rank: its trace builds transformers' layer too (trace/distributed._model_factory),
+        # held under tensor parallelism (counters/tp_stream.tp_replayable)
+        (sc.framework == "hf" or (sc.framework == "torchtitan" and ctx.par.tp > 1))
         and not sc.compile  # Inductor fuses these ops: no buffer of theirs is allocated
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
@@ -88,11 +90,32 @@ def _llama(ctx: Any, any_checkpointing: bool = False) -> bool:
         (_layout(ctx) if any_checkpointing else _common(ctx))
         and (sc.method == "full" or (sc.method == "lora" and targets <= _LLAMA_MODULES))
         # 16-bit weights, or fp32 weights in full training without q/k norms (traced on llama-3.2-1b)
-        and (sc.precision in ("bf16", "fp16") or (sc.precision, sc.method, nf.qk) == ("fp32", "full", None))
+        and (
+            sc.precision in ("bf16", "fp16")
+            or (sc.precision, sc.method, nf.qk) == ("fp32", "full", None)
+            or _bf16_under_fsdp2_mixed_precision(ctx)
+        )
         and not nf.weight_fp32
         and not nf.post_norms
         and (nf.qk is None or (nf.qk == "head" and sc.method == "full"))  # Qwen3's per-head q/k norms
         and 0 < a.num_kv_heads < a.num_heads  # grouped k/v: SDPA's k and v are copies (traced)
+    )
+
+
+def _bf16_under_fsdp2_mixed_precision(ctx: Any) -> bool:
+    """torchtitan's amp-bf16 on a TP rank under FSDP2: ``MixedPrecisionPolicy(param_dtype=bf16)`` gathers bf16
+    weights and no autocast runs (``frameworks.uses_autocast``), so the layer's ops are the bf16 layer's (traced,
+    tests/engine/test_tp_stream.py). Without FSDP torchtitan computes such a recipe in fp32
+    (``frameworks.no_mixed_precision``): not this layout."""
+    from memsim_widget.engine.frameworks import fsdp_wraps, profile
+
+    p, sc = ctx.par, ctx.scenario
+    return (
+        sc.framework == "torchtitan"
+        and p.tp > 1
+        and sc.precision == "amp-bf16"
+        and profile(ctx).fsdp_mixed_precision
+        and bool(fsdp_wraps(p.zero, p.dp, p.cp))
     )
 
 

@@ -87,8 +87,10 @@ from memsim_widget.engine.counters.tp_stream import (
     head_gather,
     optimizer_groups,
     scatter_gradient,
+    tp_note,
     tp_replayable,
     weights_by_param,
+    whole_table_grads,
 )
 from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter, rank_zero
 from memsim_widget.engine.frameworks import grads_kept
@@ -1140,10 +1142,10 @@ def replayable(ctx: Any) -> bool:
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``), a
     DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
     gradients, ``zero_stream``) or a
-    tensor-parallel rank under transformers' plan (``tp_replayable``: its all-reduces and gathered logits,
-    ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under GPipe or 1F1B
-    (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation offloading of
-    every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
+    tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
+    vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
+    GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
+    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
     optimizer offload. Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what
     the stream still lacks)."""
     sc, p = ctx.scenario, ctx.par
@@ -1321,8 +1323,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     ag[HEAD_GATHER] = head_gather(ctx)
     ag[EMBEDDING_GRAD] = embedding_grad(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
-    sg = {k: g.entries for k, g in groups.items()}
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
+    sg = whole_table_grads(ctx, {k: g.entries for k, g in groups.items()}, numels)
     first = step1.entries if step1 is not None else sg["persistent"]
     order = grad_order(ctx, stage)
     earlier: dict[str, Sequence[Any]] | None = None
@@ -1447,12 +1449,7 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             if ctx.par.dp > 1
             else ""
         )
-        + (
-            " (TP's all-reduced Linear outputs and the head's gathered logits on the compute stream: torch "
-            "2.13's functional collectives, traced on CPU)"
-            if ctx.par.tp > 1
-            else ""
-        )
+        + tp_note(ctx)
         + savers_note(ctx)
         + (
             f" (pipeline {ctx.par.pp_schedule} over {ctx.par.pp_microbatches} micro-batches: the schedule's order, "

@@ -263,7 +263,9 @@ class Fsdp2Writer:
             transient = s.items(a["layer_backward"])
             s.free(transient + recomputed + saved[i])
             self.post_backward(grads, key=i)
+        full = self.partial_embedding_grads(a)
         bottom = self.unsharded_grads(u.root[: u.root_pre])
+        s.free(full)
         if u.tied:  # the two summed into a new tensor, both freed
             summed = self.unsharded_grads(u.root[: u.root_pre])
             s.free(head + bottom)
@@ -272,6 +274,18 @@ class Fsdp2Writer:
             s.free(bottom)
             bottom = kept[: u.root_pre]
         self.post_backward(bottom + top, root=True)
+
+    def partial_embedding_grads(self, a: dict[str, Sequence[Any]]) -> list[int]:
+        """An untied embedding TP shards by vocabulary (torchtitan's plan, ``tp_stream.EMBEDDING_GRAD``): DTensor's
+        ``embedding_dense_backward`` makes the Partial gradient of the whole table (tp shards' worth) before
+        FSDP2's ``_get_grad_inner_tensor`` redistributes it to the parameter's Shard(0), the unsharded gradient
+        written next; the full one is freed once that copy exists (traced; ``states/gathered._root_grads_made``).
+        Its handles, or none."""
+        u = self.u
+        f = 1 if u.tied else a.get("embedding_grad", (1,))[0]
+        if f == 1:
+            return []
+        return [h for t in u.root[: u.root_pre] if trains(t) for h in self.s.alloc(t[0] * self._bytes(t) * f)]
 
     def zero_grad(self) -> None:
         """``zero_grad(set_to_none=True)``: each unit's output freed with its last gradient (parameter order:

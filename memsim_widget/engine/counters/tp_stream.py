@@ -1,6 +1,8 @@
 """A tensor-parallel rank's own buffers in the allocation stream (``alloc_stream``): DTensor TP as transformers'
-plan (``tp_plan`` "hf") applies it, one rank of a tp-way group, with or without sequence parallel, alone or
-under FSDP2 on the dp dimension (``fsdp_stream`` writes FSDP2's buffers over the TP shards).
+plan (``tp_plan`` "hf") or torchtitan's (``tp_plan`` "torchtitan": pytorch/torchtitan
+``torchtitan/models/llama3/infra/parallelize.py`` ``apply_tp``, commit 018740b7) applies it, one rank of a tp-way
+group, with or without sequence parallel, alone or under FSDP2 on the dp dimension (``fsdp_stream`` writes
+FSDP2's buffers over the TP shards).
 
 Read in torch 2.13.0 and restated here (nothing copied):
 
@@ -22,6 +24,13 @@ Read in torch 2.13.0 and restated here (nothing copied):
   the concatenation that moves the gathered dimension last; the gather's output and the local logits freed
   then, before the loss upcasts. In backward the logits' gradient is cut back to the rank's columns: a
   contiguous copy T x V/tp (``clone``), the full gradient freed once it is made.
+
+- torchtitan's plan: its layers are transformers' plan with sequence parallel (``SequenceParallel`` norms,
+  ``PrepareModuleInput`` Shard(1) -> Replicate, rowwise outputs Shard(1)); its embedding ``RowwiseParallel``
+  (vocab-sharded, untied: the whole table's Partial gradient, ``whole_table_grads``); its head keeps the
+  logits vocab-sharded under loss parallel (nothing gathered; the loss's buffers are the engine's loss items at
+  V/tp), else gathers them as above. ``SequenceParallel`` makes the norms' weights Replicate DTensors
+  (``torch/distributed/tensor/parallel/style.py``, ``_replicate_module_fn``): ``optimizer_groups``.
 
 Held to the fake-tensor trace of one TP rank (``trace/distributed.py``) replayed the same way
 (``python benchmarks/allocator_replay_tp.py``, docs/allocator.md "Tensor parallel ranks").
@@ -86,6 +95,25 @@ def embedding_grad(ctx: Any) -> tuple[int, ...]:
     return (ctx.par.tp,) if ctx.par.tp > 1 and embedding_split(ctx) else (1,)
 
 
+def whole_table_grads(ctx: Any, sg: dict[str, Sequence[Any]], numels: tuple[int, ...]) -> dict[str, Any]:
+    """The state groups ``sg`` as the stream writes them for a rank whose untied embedding TP shards by
+    vocabulary without FSDP (torchtitan's ``RowwiseParallel`` embedding): the gradients item beyond the shard
+    (``states/gradients.PARTIAL_EMBEDDING_ITEM``, ``(tp - 1)`` shards) left out, so that the gradients are one
+    tensor per parameter and the stream writes the embedding's as the whole V x h table it is
+    (``EMBEDDING_GRAD``: ``embedding_dense_backward``'s Partial output, one tensor, ``tp`` shards: traced); the
+    same bytes. ``sg`` unchanged where the rest is not one item of one tensor per parameter."""
+    from memsim_widget.engine.states.gradients import PARTIAL_EMBEDDING_ITEM
+
+    grads = sg.get("grads", ())
+    rest = [i for i in grads if i.item != PARTIAL_EMBEDDING_ITEM]
+    pooled = [i for i in rest if i.level in ALLOCATED_LEVELS and i.bytes > 0]
+    if len(rest) == len(grads) or embedding_grad(ctx) == (1,):
+        return sg
+    if len(pooled) != 1 or pooled[0].tensors != len(numels):
+        return sg
+    return {**sg, "grads": rest}
+
+
 def weights_by_param(s: Any, first: Sequence[Any], params: tuple[int, ...]) -> bool:
     """Write the weights ``first`` (the persistent items before the first optimizer step) into ``s`` one tensor
     at a time in the module's parameter order (``params``, each tensor's elements), as the model is built and
@@ -108,11 +136,12 @@ def weights_by_param(s: Any, first: Sequence[Any], params: tuple[int, ...]) -> b
 def tp_replayable(ctx: Any, sharded: bool = False) -> bool:
     """Whether the stream models the scenario's TP rank: tp > 1 and no other parallelism (dp = pp = cp = ep =
     1; ``sharded``: any dp, ``alloc_stream.replayable`` asking ``fsdp2_replayable`` of the dp dimension),
-    transformers' plan (``frameworks.tp_plan`` "hf": the head gathers the logits; torchtitan's loss parallel
-    and Megatron's kernels are not written), with or without sequence parallel, one micro-batch a step, eager,
-    full training of a Llama-style layer whose forward the stream writes (``activations/forward``'s layout,
-    checkpointing none or full): the cases held to the trace of a TP rank within 1%
-    (docs/allocator.md "Tensor parallel ranks")."""
+    transformers' plan (``frameworks.tp_plan`` "hf": the head gathers the logits) or torchtitan's ("torchtitan",
+    ``apply_tp``: the embedding vocab-sharded, the logits kept sharded under loss parallel, else gathered), with or
+    without sequence parallel, one micro-batch a step, eager, full training of a Llama-style layer whose
+    forward the stream writes (``activations/forward``'s layout, checkpointing none or full; Megatron's kernels
+    are not written): the cases held to the trace of a TP rank within 1% (docs/allocator.md "Tensor parallel
+    ranks")."""
     from memsim_widget.engine.activations.forward import llama_layout
     from memsim_widget.engine.frameworks import tp_plan
 
@@ -121,13 +150,38 @@ def tp_replayable(ctx: Any, sharded: bool = False) -> bool:
         p.tp > 1
         and p.pp * p.cp * p.ep == 1
         and (p.dp == 1 or sharded)
-        and tp_plan(sc) == "hf"
+        and tp_plan(sc) in ("hf", "torchtitan")
         and sc.grad_accum_steps == 1
         and not sc.compile
         and ctx.full_training
         and sc.activation_checkpointing in ("none", "full")
         and llama_layout(ctx)
     )
+
+
+def tp_note(ctx: Any) -> str:
+    """What the replayed reserved's formula says of a TP rank's buffers (``alloc_stream.replayed_item``)."""
+    from memsim_widget.engine.frameworks import loss_parallel
+
+    if ctx.par.tp == 1:
+        return ""
+    head = (
+        "the vocab-sharded logits and loss (loss parallel)"
+        if loss_parallel(ctx.scenario)
+        else "the head's gathered logits"
+    )
+    return (
+        f" (TP's all-reduced Linear outputs and {head} on the compute stream: torch 2.13's functional "
+        "collectives, traced on CPU)"
+    )
+
+
+def _sequence_parallel_norm(g: Any) -> bool:
+    """A norm the traced plans wrap in ``SequenceParallel`` under sequence parallel (the layers' two and the final
+    one: ``trace/tp_plan._layer_plan``, ``_root_plan``), which makes its weight a Replicate DTensor (torch 2.13
+    ``tensor/parallel/style.py`` ``SequenceParallel._replicate_module_fn``); not Qwen3's per-head q/k norms,
+    which the plans leave plain."""
+    return g.kind == "norm" and not g.name.endswith(("q_norm.weight", "k_norm.weight"))
 
 
 def optimizer_groups(ctx: Any, stage: Any) -> tuple[tuple[int, ...], ...]:
@@ -147,9 +201,10 @@ def optimizer_groups(ctx: Any, stage: Any) -> tuple[tuple[int, ...], ...]:
     layer: list[bool] = []
     post: list[bool] = []
     layers = max(stage.layers, 1)
+    sp = p.sequence_parallel
     for lg in local_groups(ctx, stage):
         g = lg.group
-        split = tp_split(ctx, g)
+        split = tp_split(ctx, g) or (sp and _sequence_parallel_norm(g))
         if g.scope == "layer":
             layer += [split] * max(lg.count // layers, 1)
         else:

@@ -23,6 +23,9 @@ from memsim_widget.units import fmt_int
 DDP_BUCKETS_ITEM = "DDP gradient buckets"
 #: The item name of DeepSpeed ZeRO-1/2's ipg buffer (``reduce_bucket``; the replay writes it per backward)
 ZERO_BUCKET_ITEM = "DeepSpeed gradient reduce bucket (reduce_bucket_size)"
+#: The item of a vocab-sharded untied embedding's gradient beyond its shard (``partial_embedding_grad``): the
+#: allocation stream writes the whole table's gradient as one tensor instead (``tp_stream.EMBEDDING_GRAD``).
+PARTIAL_EMBEDDING_ITEM = "embedding gradient as a Partial DTensor (full vocabulary on every tp rank)"
 
 
 def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained, b: StateBudget) -> None:
@@ -295,7 +298,7 @@ def partial_embedding_grad(
         b.grads.append(
             Item(
                 "gradients",
-                "embedding gradient as a Partial DTensor (full vocabulary on every tp rank)",
+                PARTIAL_EMBEDDING_ITEM,
                 local * (par.tp - 1) * grad_b,
                 f"{fmt_int(local)} params x ({par.tp} - 1) x {grad_b} B (beyond the Shard(0) share)",
                 "tensor",
