@@ -45,6 +45,12 @@ from memsim_widget.engine.activations.forward import (
     layer_forward_transients,
 )
 from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
+from memsim_widget.engine.activations.norm_backward import (
+    HEAD_DONE,
+    final_norm_backward_transients,
+    layer_norm_backward_transients,
+)
+from memsim_widget.engine.activations.norm_backward import SAVED_COUNT as NORM_SAVED
 from memsim_widget.engine.activations.tangents import (
     CACHE_TANGENTS,
     LOGITS_TANGENT,
@@ -111,6 +117,12 @@ FINAL_NORM = "final_norm_forward"
 #: The key of a layer's backward buffers (``engine/activations/compiled_backward``; absent or empty: the
 #: ``layer_backward`` items).
 LAYER_BACKWARD = "layer_backward_steps"
+#: The key of the final norm's backward buffers, op by op (``engine/activations/norm_backward``; absent or empty:
+#: the ``top_backward`` items).
+FINAL_NORM_BACKWARD = "final_norm_backward"
+#: The key of one of a layer's two RMSNorms' backward buffers, op by op (``engine/activations/norm_backward``;
+#: absent or empty: none beside the ``layer_backward`` items).
+LAYER_NORM_BACKWARD = "layer_norm_backward"
 #: Item levels the caching allocator serves (device-level items live outside it): those it counts as allocated.
 _POOLED = ALLOCATED_LEVELS
 
@@ -678,10 +690,10 @@ def micro_backward(
     top_grads = _top_grads(s, grads, order, k) if order and by_tensor else []
     for size in workspaces:  # never freed: among the loss's freed buffers (overhead.AUTOGRAD_HANDLES)
         s.alloc(size)
-    top = s.items(a["top_backward"])  # the final norm's backward, after the head's matmuls
+    top, post = _final_norm_backward(s, a, post, grad_logits + tanh)  # after the head's matmuls
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
-    s.free(grad_logits + tanh + top + post)
+    s.free(top + post)
     if zero is not None:  # the head's hook, once its node has dropped the logits' gradient
         zero.each(top_grads[k:])
         top_grads = top_grads[:k]
@@ -707,6 +719,38 @@ def micro_backward(
     held = _inputs_freed(s, a, fw.pre, fw.held)
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def _final_norm_backward(
+    s: StreamWriter, a: dict[str, Sequence[Any]], post: list[int], head_read: list[int]
+) -> tuple[list[int], list[int]]:
+    """The final norm's backward: op by op where ``a[FINAL_NORM_BACKWARD]`` lists it (``activations/
+    norm_backward``: its buffers made and freed in order, ``post``'s saved tensors freed where it says,
+    ``head_read`` (the logits' gradient) at ``HEAD_DONE``), else the ``top_backward`` items. (What the caller
+    frees next, in order: ``head_read`` and the items, or the buffers still alive; the saved tensors alive.)"""
+    steps = a.get(FINAL_NORM_BACKWARD, ())
+    if not steps or len(post) != NORM_SAVED:
+        return head_read + s.items(a["top_backward"]), post
+    kept = dict(enumerate(post))
+    return _run_steps(s, steps, kept, head_read), list(kept.values())
+
+
+def _run_steps(
+    s: StreamWriter, steps: Sequence[Step], kept: dict[int, int], head_read: Sequence[int] = ()
+) -> list[int]:
+    """Write ``steps`` (name, bytes: bytes > 0 allocates ``name``, 0 frees it; ``FREE_SAVED`` + i frees ``kept``'s
+    i-th and drops it; ``HEAD_DONE`` frees ``head_read``): the handles still alive after them."""
+    live: dict[str, list[int]] = {}
+    for name, size in steps:
+        if name == HEAD_DONE:
+            s.free(head_read)
+        elif name.startswith(FREE_SAVED):
+            s.free([kept.pop(int(name[len(FREE_SAVED) :]))])
+        elif size > 0:
+            live[name] = s.alloc(size)
+        else:
+            s.free(live.pop(name))
+    return [h for hs in live.values() for h in hs]
 
 
 def _top_grads(s: StreamWriter, grads: _Grads | InBackwardGrads, order: GradOrder, k: int) -> list[int]:
@@ -889,6 +933,10 @@ def _layers_backward(
         else:
             transient = s.items(a["layer_backward"])
             layer_grads.append(grads.made(order.layer if order else (), layers + 2))
+            for _ in range(
+                2
+            ):  # its two RMSNorms' backward op by op (activations/norm_backward), where listed
+                transient += _run_steps(s, a.get(LAYER_NORM_BACKWARD, ()), {})
         s.free(transient + recomputed + layer)
         s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
     s.free([h for hs in shared.values() for h in hs])
@@ -1261,6 +1309,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
     ag[LAYER_BACKWARD] = compiled_layer_backward_transients(ctx)
     ag[FINAL_NORM] = final_norm_transients(ctx) if stage.last else ()
+    ag[FINAL_NORM_BACKWARD] = final_norm_backward_transients(ctx) if stage.last else ()
+    ag[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(ctx)
     ag[HEAD_GATHER] = head_gather(ctx)
     ag[EMBEDDING_GRAD] = embedding_grad(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
@@ -1275,11 +1325,21 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
         earlier[LAYER_BACKWARD] = compiled_layer_backward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
+        earlier[FINAL_NORM_BACKWARD] = final_norm_backward_transients(short)
+        earlier[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(short)
         earlier[HEAD_GATHER] = head_gather(short)
         earlier[EMBEDDING_GRAD] = embedding_grad(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         # the per-op transients stay, and the TP facts (counts, not items) pass through
-        kept = (LAYER_FORWARD, LAYER_BACKWARD, FINAL_NORM, HEAD_GATHER, EMBEDDING_GRAD)
+        kept = (
+            LAYER_FORWARD,
+            LAYER_BACKWARD,
+            FINAL_NORM,
+            FINAL_NORM_BACKWARD,
+            LAYER_NORM_BACKWARD,
+            HEAD_GATHER,
+        )
+        kept += (EMBEDDING_GRAD,)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None

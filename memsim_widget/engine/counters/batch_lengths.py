@@ -23,8 +23,10 @@ from typing import Any
 
 from memsim_widget.engine.counters.alloc_stream import (
     FINAL_NORM,
+    FINAL_NORM_BACKWARD,
     LAYER_BACKWARD,
     LAYER_FORWARD,
+    LAYER_NORM_BACKWARD,
     StreamWriter,
     grad_order,
     step_stream,
@@ -83,6 +85,10 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
     set of items per distinct length."""
     from memsim_widget.engine.activations.compiled_backward import compiled_layer_backward_transients
     from memsim_widget.engine.activations.forward import final_norm_transients, layer_forward_transients
+    from memsim_widget.engine.activations.norm_backward import (
+        final_norm_backward_transients,
+        layer_norm_backward_transients,
+    )
     from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
@@ -100,6 +106,8 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
         a[LAYER_FORWARD] = layer_forward_transients(c)
         a[LAYER_BACKWARD] = compiled_layer_backward_transients(c)
         a[FINAL_NORM] = final_norm_transients(c)
+        a[FINAL_NORM_BACKWARD] = final_norm_backward_transients(c)
+        a[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(c)
         by_length[n] = a
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}
