@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memsim_widget.engine.activations.compiled_backward import FREE_SAVED
+from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, GRADS
 from memsim_widget.engine.activations.forward import Step, llama_layout
 
 #: The tensors the stream's final norm and head keep for backward, in the order ``final_norm_transients`` makes
@@ -51,9 +51,11 @@ def final_norm_backward_transients(ctx: Any) -> tuple[Step, ...]:
 
 
 def layer_norm_backward_transients(ctx: Any) -> tuple[Step, ...]:
-    """One of a layer's two RMSNorms' backward (``input_layernorm``, ``post_attention_layernorm``), where
-    ``final_norm_backward_transients`` writes the final norm's, else empty: ``_rmsnorm``'s steps, the saved tensors
-    left to the layer's end (where the stream frees the layer's), the gradient arriving freed by the layer."""
+    """One of a layer's two RMSNorms' backward (``input_layernorm``, ``post_attention_layernorm``) for the layers
+    whose backward is not written op by op (``eager_layer_backward_transients``: LoRA, Qwen3's q/k norms, a TP
+    rank), where ``final_norm_backward_transients`` writes the final norm's, else empty: ``_rmsnorm``'s steps, the
+    saved tensors left to the layer's end (where the stream frees the layer's). The stream writes them once the
+    layer's gradient items are released (autograd runs a norm's backward after the MLP's or the attention's)."""
     if not _applies(ctx):
         return ()
     return _rmsnorm(ctx, "", ())
@@ -72,13 +74,17 @@ def _bytes(ctx: Any) -> tuple[int, int, int]:
     return 2 * T * h, 4 * T * h, 4 * T  # bf16 or fp16 weights (``_applies``)
 
 
-def _rmsnorm(ctx: Any, arriving: str, saved: tuple[int, ...]) -> tuple[Step, ...]:
+def _rmsnorm(
+    ctx: Any, arriving: str, saved: tuple[int, ...], grad: int | None = None, keep: bool = False
+) -> tuple[Step, ...]:
     """An RMSNorm's backward from the gradient of its output: the weight's mul backward (e T h each; the product
     with ``x`` only where the weight trains: not under LoRA), the cast up (4 T h), ``x * rsqrt``'s two products
     (4 T h) and the row sum (4 T), rsqrt's three T x 1 buffers, mean's ``div`` and pow's three fp32 T x h
     buffers, their ``add`` and the cast back to the layers' dtype (e T h). ``arriving``: the step name of the
     output's gradient, freed once the weight's backward has read it ('' : not the norm's to free); ``saved``:
-    the 16-bit cast, the rsqrt and the fp32 input, freed where autograd releases them (empty: not freed here)."""
+    the 16-bit cast, the rsqrt and the fp32 input, freed where autograd releases them (empty: not freed here);
+    ``grad``: the weight's place among the layer's parameters, its gradient made after ``grad * x`` (None: made
+    elsewhere); ``keep``: the gradient it leaves (``down``) not freed (the layer's residual add frees it)."""
     x, f, t = _bytes(ctx)
     trains = ctx.scenario.method == "full"  # LoRA freezes the norm's weight: no grad * x
     free = [(FREE_SAVED + str(i), 0) for i in saved] or [("", 0)] * 3
@@ -86,7 +92,9 @@ def _rmsnorm(ctx: Any, arriving: str, saved: tuple[int, ...]) -> tuple[Step, ...
         step
         for step in (
             ("gx", x),  # weight * x: grad * weight
-            *((("gw", x), ("gw", 0)) if trains else ()),  # grad * x, summed into the weight's gradient
+            *((("gw", x),) if trains else ()),  # grad * x, summed into the weight's gradient
+            (GRADS + str(grad), 0) if trains and grad is not None else ("", 0),
+            ("gw", 0) if trains else ("", 0),
             (arriving, 0),
             free[0],  # the 16-bit cast
             ("up", f),  # x.to(dtype)'s backward: the gradient cast up to fp32
@@ -117,7 +125,80 @@ def _rmsnorm(ctx: Any, arriving: str, saved: tuple[int, ...]) -> tuple[Step, ...
             ("pm2", 0),
             ("down", x),  # x.to(float32)'s backward: the gradient cast back
             ("add", 0),
-            ("down", 0),
+            ("", 0) if keep else ("down", 0),
         )
         if step[0]
     )
+
+
+#: The places of a Llama layer's saved tensors among the stream's (its ``saved`` items' tensors in order,
+#: ``StreamWriter.items``): the two norms' fp32 inputs and rsqrts, their 16-bit casts, the attention's and the MLP's
+#: input (the norms' outputs), SDPA's q, k, v, its output and logsumexp, gate's, up's and act's outputs, down's input.
+IN_FP32, IN_RSQRT, POST_FP32, POST_RSQRT, IN_CAST, POST_CAST, ATTN_IN, MLP_IN = range(8)
+SDPA_Q, SDPA_K, SDPA_V, SDPA_OUT, SDPA_LSE, GATE, UP, ACT, DOWN_IN = range(8, 17)
+#: The layer's parameters as ``compiled_backward.GRADS`` numbers them.
+Q, K, V, O, GATE_W, UP_W, DOWN_W, IN_NORM_W, POST_NORM_W = range(9)
+
+
+def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
+    """A Llama layer's eager backward op by op (``forward.llama_layout``, no q/k norms, one GPU or a pipeline stage,
+    full training of 16-bit weights, every layer checkpointed or none: a checkpointed layer's saved tensors are
+    its recompute's, the same tensors in the same order), in the ``compiled_backward`` step format the stream's
+    ``backward_layer`` writes: each buffer made and freed, each saved tensor freed and each parameter's gradient
+    made where autograd does, from the top (the gradient arriving from above, made at the start and freed at the
+    residual add that consumes it: the step before freed its copy). Read op by op from the trace of the 4-layer
+    Llama (b2 s512 bf16): the MLP (down's input gradient, SwiGLU's two products and ``silu_backward``, up's and
+    gate's input gradients summed), the norm after attention (``_rmsnorm``), the residual add; o_proj's input
+    gradient, SDPA's dq, dk, dv, RoPE's backward for k then q (``rotate_half``: a product, the negated half, two
+    ``slice_backward`` outputs, their sum, the second product and the sum with SDPA's), v's, k's and q's
+    projections (k's and q's gradients made contiguous by a ``clone``), the input norm, the residual add. Else
+    empty (the ``layer_backward`` items)."""
+    sc, p = ctx.scenario, ctx.par
+    ckpt = sc.activation_checkpointing
+    if (
+        not llama_layout(ctx)
+        or not (ckpt == "none" or (ckpt == "full" and sc.checkpoint_every in (None, 1)))
+        or sc.method != "full"
+        or sc.precision == "fp32"
+        or ctx.arch.facts.norm.qk is not None
+        or p.tp * p.cp * p.ep > 1
+    ):
+        return ()
+    from memsim_widget.engine.activations.dims import Dims
+
+    D = Dims(ctx)
+    e = 2  # bf16 or fp16 weights
+    x, i, q, kv = e * D.T * ctx.arch.hidden_size, e * D.T * D.I, e * D.T * D.hq, e * D.T * D.hkv
+
+    def free(*names: str) -> tuple[Step, ...]:
+        return tuple((n, 0) for n in names)
+
+    def saved(*places: int) -> tuple[Step, ...]:
+        return tuple((FREE_SAVED + str(p), 0) for p in places)
+
+    def grad(w: int) -> Step:
+        return (GRADS + str(w), 0)
+
+    def rope(n: str, size: int, sdpa: str) -> tuple[Step, ...]:
+        return (
+            (n + "m", size), (n + "n", size // 2), (n + "s1", size), *free(n + "n"), (n + "s2", size),
+            *free(n + "m"), (n + "a", size), *free(n + "s1", n + "s2"), (n + "m2", size), *free(sdpa),
+            (n + "g", size), *free(n + "a", n + "m2"),
+        )  # fmt: skip
+
+    return (
+        ("gout", x),  # the gradient arriving from above
+        grad(DOWN_W), ("dd", i), *saved(DOWN_IN), ("gu", i), ("ga", i), *free("dd"), *saved(UP, ACT),
+        grad(UP_W), ("upin", x), *free("gu"), ("sb", i), *free("ga"), *saved(GATE),
+        grad(GATE_W), ("gatein", x), *free("sb"), *saved(MLP_IN), ("sum", x), *free("upin", "gatein"),
+        *_rmsnorm(ctx, "sum", (POST_CAST, POST_RSQRT, POST_FP32), POST_NORM_W, keep=True),
+        ("res", x), *free("down", "gout"),
+        grad(O), ("oin", x), ("dq", q), ("dk", kv), ("dv", kv), *free("oin"),
+        *saved(SDPA_K, SDPA_Q, SDPA_V, SDPA_LSE, SDPA_OUT),
+        *rope("k", kv, "dk"), *rope("q", q, "dq"),
+        grad(V), ("vin", x), *free("dv"), ("kc", kv), *free("kg"), grad(K), ("kin", x), *free("kc"),
+        ("s1", x), *free("vin", "kin"), ("qc", q), *free("qg"), grad(Q), ("qin", x), *free("qc"),
+        *saved(ATTN_IN), ("s2", x), *free("s1", "qin"),
+        *_rmsnorm(ctx, "s2", (IN_CAST, IN_RSQRT, IN_FP32), IN_NORM_W, keep=True),
+        ("res2", x), *free("res", "down", "res2"),  # the layer's input gradient: the next layer's arriving one
+    )  # fmt: skip

@@ -47,6 +47,7 @@ from memsim_widget.engine.activations.forward import (
 from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
 from memsim_widget.engine.activations.norm_backward import (
     HEAD_DONE,
+    eager_layer_backward_transients,
     final_norm_backward_transients,
     layer_norm_backward_transients,
 )
@@ -928,15 +929,16 @@ def _layers_backward(
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
-            layer_grads.append(backward_layer(s, bwd, layer, shared, grads, part, layers))
-            layer = []
+            # a checkpointed layer's saved tensors are its recompute's (activations/norm_backward); its input last
+            own = recomputed or layer
+            layer_grads.append(backward_layer(s, bwd, own, shared, grads, part, layers))
+            layer, recomputed = ([], []) if own is layer else (layer, [])
         else:
             transient = s.items(a["layer_backward"])
             layer_grads.append(grads.made(order.layer if order else (), layers + 2))
-            for _ in range(
-                2
-            ):  # its two RMSNorms' backward op by op (activations/norm_backward), where listed
-                transient += _run_steps(s, a.get(LAYER_NORM_BACKWARD, ()), {})
+            if a.get(LAYER_NORM_BACKWARD):  # the gradients' items released, its two norms' backward op by op
+                s.free(transient)
+                transient = [h for _ in range(2) for h in _run_steps(s, a[LAYER_NORM_BACKWARD], {})]
         s.free(transient + recomputed + layer)
         s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
     s.free([h for hs in shared.values() for h in hs])
@@ -1307,7 +1309,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         else _micro_batch_groups(ctx, stage)
     )
     ag[LAYER_FORWARD] = layer_forward_transients(ctx)
-    ag[LAYER_BACKWARD] = compiled_layer_backward_transients(ctx)
+    ag[LAYER_BACKWARD] = compiled_layer_backward_transients(ctx) or eager_layer_backward_transients(ctx)
     ag[FINAL_NORM] = final_norm_transients(ctx) if stage.last else ()
     ag[FINAL_NORM_BACKWARD] = final_norm_backward_transients(ctx) if stage.last else ()
     ag[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(ctx)
@@ -1323,7 +1325,9 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
         earlier[LAYER_FORWARD] = layer_forward_transients(short)
-        earlier[LAYER_BACKWARD] = compiled_layer_backward_transients(short)
+        earlier[LAYER_BACKWARD] = compiled_layer_backward_transients(
+            short
+        ) or eager_layer_backward_transients(short)
         earlier[FINAL_NORM] = final_norm_transients(short)
         earlier[FINAL_NORM_BACKWARD] = final_norm_backward_transients(short)
         earlier[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(short)

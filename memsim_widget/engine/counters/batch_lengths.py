@@ -86,6 +86,7 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
     from memsim_widget.engine.activations.compiled_backward import compiled_layer_backward_transients
     from memsim_widget.engine.activations.forward import final_norm_transients, layer_forward_transients
     from memsim_widget.engine.activations.norm_backward import (
+        eager_layer_backward_transients,
         final_norm_backward_transients,
         layer_norm_backward_transients,
     )
@@ -104,7 +105,7 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
             k: list(g.entries) for k, g in cached_activation_groups(c, stage).items()
         }
         a[LAYER_FORWARD] = layer_forward_transients(c)
-        a[LAYER_BACKWARD] = compiled_layer_backward_transients(c)
+        a[LAYER_BACKWARD] = compiled_layer_backward_transients(c) or eager_layer_backward_transients(c)
         a[FINAL_NORM] = final_norm_transients(c)
         a[FINAL_NORM_BACKWARD] = final_norm_backward_transients(c)
         a[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(c)
