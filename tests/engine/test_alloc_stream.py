@@ -497,7 +497,7 @@ def test_a_later_micro_batch_adds_each_new_gradient_in_place() -> None:
             a[1] for a, b in zip(events, events[1:], strict=False) if a[1] != FREE and b == (a[0], FREE, a[2])
         ]
 
-    # a layer's in the order autograd makes them (activations/norm_backward.eager_layer_backward_transients):
+    # a layer's in the order autograd makes them (activations/eager_steps.eager_layer_backward_transients):
     # down, up, gate, the norm after attention, o, v, k, q, the input norm; beside them the final norm's backward
     # makes and frees its weight's ``grad * x`` (2 B x T x h) after the head's gradients
     gw = (2 * 512 * ctx.arch.hidden_size,)  # T x h elements

@@ -36,6 +36,14 @@ from memsim_widget.engine.activations.compiled_backward import (
     GRADS,
     compiled_layer_backward_transients,
 )
+from memsim_widget.engine.activations.eager_steps import (
+    HEAD_DONE,
+    eager_layer_backward_transients,
+    final_norm_backward_transients,
+    layer_norm_backward_transients,
+    rotary_transients,
+)
+from memsim_widget.engine.activations.eager_steps import SAVED_COUNT as NORM_SAVED
 from memsim_widget.engine.activations.forward import (
     IN,
     OUT,
@@ -45,13 +53,6 @@ from memsim_widget.engine.activations.forward import (
     layer_forward_transients,
 )
 from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
-from memsim_widget.engine.activations.norm_backward import (
-    HEAD_DONE,
-    eager_layer_backward_transients,
-    final_norm_backward_transients,
-    layer_norm_backward_transients,
-)
-from memsim_widget.engine.activations.norm_backward import SAVED_COUNT as NORM_SAVED
 from memsim_widget.engine.activations.tangents import (
     CACHE_TANGENTS,
     LOGITS_TANGENT,
@@ -118,12 +119,15 @@ FINAL_NORM = "final_norm_forward"
 #: The key of a layer's backward buffers (``engine/activations/compiled_backward``; absent or empty: the
 #: ``layer_backward`` items).
 LAYER_BACKWARD = "layer_backward_steps"
-#: The key of the final norm's backward buffers, op by op (``engine/activations/norm_backward``; absent or empty:
+#: The key of the final norm's backward buffers, op by op (``engine/activations/eager_steps``; absent or empty:
 #: the ``top_backward`` items).
 FINAL_NORM_BACKWARD = "final_norm_backward"
-#: The key of one of a layer's two RMSNorms' backward buffers, op by op (``engine/activations/norm_backward``;
+#: The key of one of a layer's two RMSNorms' backward buffers, op by op (``engine/activations/eager_steps``;
 #: absent or empty: none beside the ``layer_backward`` items).
 LAYER_NORM_BACKWARD = "layer_norm_backward"
+#: The key of the rotary embedding's forward buffers (``engine/activations/eager_steps.rotary_transients``; absent or
+#: empty: the ``pre`` items alone).
+ROTARY_FORWARD = "rotary_forward"
 #: Item levels the caching allocator serves (device-level items live outside it): those it counts as allocated.
 _POOLED = ALLOCATED_LEVELS
 
@@ -607,7 +611,8 @@ def micro_forward(
     s.mark(f"{label} forward")
     if comm is not None:
         comm.forward_start()
-    pre = s.items(a["pre"])
+    rotary = a.get(ROTARY_FORWARD, ())  # the positions kept until the layers have run, the rotary embedding's
+    positions, pre = forward_layer(s, rotary, [], a["pre"], 1) if rotary else ([], s.items(a["pre"]))
     share = layers if off is None else off.start()  # offloaded: the saved group is the one layer on the GPU
     fwd = a.get(LAYER_FORWARD, ())
     out = next((size for name, size in fwd if name == OUT), 0)
@@ -638,6 +643,7 @@ def micro_forward(
         hidden = [h + (n - 2) * d for h in hidden]
     fin = a.get(FINAL_NORM, ())
     post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
+    s.free(positions)
     last = bool(a["loss_forward"])
     kept_out = hidden if keep_output and not last else []
     if not kept_out:
@@ -725,10 +731,10 @@ def micro_backward(
 def _final_norm_backward(
     s: StreamWriter, a: dict[str, Sequence[Any]], post: list[int], head_read: list[int]
 ) -> tuple[list[int], list[int]]:
-    """The final norm's backward: op by op where ``a[FINAL_NORM_BACKWARD]`` lists it (``activations/
-    norm_backward``: its buffers made and freed in order, ``post``'s saved tensors freed where it says,
-    ``head_read`` (the logits' gradient) at ``HEAD_DONE``), else the ``top_backward`` items. (What the caller
-    frees next, in order: ``head_read`` and the items, or the buffers still alive; the saved tensors alive.)"""
+    """The final norm's backward: op by op where ``a[FINAL_NORM_BACKWARD]`` lists it (``activations/eager_steps``:
+    its buffers made and freed in order, ``post``'s saved tensors freed where it says, ``head_read`` (the logits'
+    gradient) at ``HEAD_DONE``), else the ``top_backward`` items. (What the caller frees next, in order:
+    ``head_read`` and the items, or the buffers still alive; the saved tensors alive.)"""
     steps = a.get(FINAL_NORM_BACKWARD, ())
     if not steps or len(post) != NORM_SAVED:
         return head_read + s.items(a["top_backward"]), post
@@ -929,7 +935,7 @@ def _layers_backward(
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
-            # a checkpointed layer's saved tensors are its recompute's (activations/norm_backward); its input last
+            # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
             layer_grads.append(backward_layer(s, bwd, own, shared, grads, part, layers))
             layer, recomputed = ([], []) if own is layer else (layer, [])
@@ -1313,6 +1319,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     ag[FINAL_NORM] = final_norm_transients(ctx) if stage.last else ()
     ag[FINAL_NORM_BACKWARD] = final_norm_backward_transients(ctx) if stage.last else ()
     ag[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(ctx)
+    ag[ROTARY_FORWARD] = rotary_transients(ctx)
     ag[HEAD_GATHER] = head_gather(ctx)
     ag[EMBEDDING_GRAD] = embedding_grad(ctx)
     groups, step1 = cached_state_groups(ctx, stage)
@@ -1331,6 +1338,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier[FINAL_NORM] = final_norm_transients(short)
         earlier[FINAL_NORM_BACKWARD] = final_norm_backward_transients(short)
         earlier[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(short)
+        earlier[ROTARY_FORWARD] = rotary_transients(short)
         earlier[HEAD_GATHER] = head_gather(short)
         earlier[EMBEDDING_GRAD] = embedding_grad(short)
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
@@ -1343,7 +1351,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
             LAYER_NORM_BACKWARD,
             HEAD_GATHER,
         )
-        kept += (EMBEDDING_GRAD,)
+        kept += (EMBEDDING_GRAD, ROTARY_FORWARD)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None

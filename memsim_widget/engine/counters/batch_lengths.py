@@ -27,6 +27,7 @@ from memsim_widget.engine.counters.alloc_stream import (
     LAYER_BACKWARD,
     LAYER_FORWARD,
     LAYER_NORM_BACKWARD,
+    ROTARY_FORWARD,
     StreamWriter,
     grad_order,
     step_stream,
@@ -84,12 +85,13 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
     stream with each micro-batch's activation items at its own length (``step_stream``'s ``schedule``); one
     set of items per distinct length."""
     from memsim_widget.engine.activations.compiled_backward import compiled_layer_backward_transients
-    from memsim_widget.engine.activations.forward import final_norm_transients, layer_forward_transients
-    from memsim_widget.engine.activations.norm_backward import (
+    from memsim_widget.engine.activations.eager_steps import (
         eager_layer_backward_transients,
         final_norm_backward_transients,
         layer_norm_backward_transients,
+        rotary_transients,
     )
+    from memsim_widget.engine.activations.forward import final_norm_transients, layer_forward_transients
     from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
@@ -109,6 +111,7 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
         a[FINAL_NORM] = final_norm_transients(c)
         a[FINAL_NORM_BACKWARD] = final_norm_backward_transients(c)
         a[LAYER_NORM_BACKWARD] = layer_norm_backward_transients(c)
+        a[ROTARY_FORWARD] = rotary_transients(c)
         by_length[n] = a
     groups, step1 = cached_state_groups(ctx, stage)
     sg = {k: g.entries for k, g in groups.items()}

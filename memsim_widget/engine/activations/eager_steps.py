@@ -1,20 +1,23 @@
-"""The final RMSNorm's backward as eager autograd runs it, op by op: the buffers it makes and frees, and where it
-frees the tensors the norm and the head saved.
+"""The buffers an eager Llama-layout step makes and frees that ``forward.py`` does not list, op by op: the rotary
+embedding's at each forward, the final RMSNorm's backward, and a layer's backward (its norms' included).
 
-None of them is saved, so they do not enter the engine's allocated figures (the budget keeps its ``final RMSNorm
-backward (fp32)`` term), but they cut the caching allocator's segments, so the allocation stream
-(``engine/counters/alloc_stream``) replays them in place of that term. At h <= 512 every one of them is 1 MiB or
-less (the small pool, 2 MiB segments): the term's four equal tensors of 6 B x T x h went to the large pool, and
-the step's small pool was two to three segments short of the fake-tensor trace's (the 4-layer h 256 Llama at 2 x
-512 tokens: 48 against 52 MiB; ``python benchmarks/allocator_replay_small_pool.py``).
+None of them is saved, so they do not enter the engine's allocated figures (the budget keeps its terms: ``final
+RMSNorm backward (fp32)``, the layer's ``activation gradients``), but they cut the caching allocator's segments,
+so the allocation stream (``engine/counters/alloc_stream``) replays them in place of those terms. At h <= 512
+most of them are 1 MiB or less (the small pool, 2 MiB segments): the final norm's term, four equal tensors of
+6 B x T x h, went to the large pool, and the layers' three T x I gradients stayed alive for the whole layer, so
+the step's small pool was two to three segments short of the fake-tensor trace's (the 4-layer h 256 Llama at
+2 x 512 tokens: 48 against 52 MiB, -2.56% reserved; checkpointed -4.84%).
 
-Read from transformers 5.24.0 ``models/llama/modeling_llama.py`` ``LlamaRMSNorm.forward`` (``x.to(float32)``,
-``variance = x.pow(2).mean(-1, keepdim=True)``, ``x * torch.rsqrt(variance + eps)``, ``weight * x.to(dtype)``)
-and torch 2.13.0's derivative formulas (``tools/autograd/derivatives.yaml``: ``mul`` -> ``grad * other`` and
-``grad * self``, ``_to_copy`` -> a cast back, ``rsqrt`` -> ``-0.5 * grad * result.pow(3)``, ``mean`` -> ``grad.
-expand(...) / n``, ``pow`` -> ``pow_backward``: ``grad * (exponent * self.pow(exponent - 1))``; autograd sums the
-two gradients of ``x`` with an ``add``), and held op by op to the fake-tensor trace of the 4-layer Llama (b2 s512
-bf16, ``tests/data/fidelity_cases.LLAMA``) in the order it lists them.
+Read from transformers 5.24.0 ``models/llama/modeling_llama.py`` (``LlamaRotaryEmbedding.forward``,
+``LlamaRMSNorm.forward``: ``x.to(float32)``, ``variance = x.pow(2).mean(-1, keepdim=True)``, ``x *
+torch.rsqrt(variance + eps)``, ``weight * x.to(dtype)``; ``rotate_half``, ``LlamaMLP.forward``) and torch 2.13.0's
+derivative formulas (``tools/autograd/derivatives.yaml``: ``mul`` -> ``grad * other`` and ``grad * self``,
+``_to_copy`` -> a cast back, ``rsqrt`` -> ``-0.5 * grad * result.pow(3)``, ``mean`` -> ``grad.expand(...) / n``,
+``pow`` -> ``pow_backward``: ``grad * (exponent * self.pow(exponent - 1))``, ``silu`` -> ``silu_backward``, ``cat``
+and ``slice`` -> ``slice_backward``; autograd sums a tensor's gradients with an ``add``), and held op by op to the
+fake-tensor trace of the 4-layer Llama (b2 s512 bf16, ``tests/data/fidelity_cases.LLAMA``) in the order it lists
+them (``tests/data/stream_vs_trace.py`` replays both).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, GRADS
-from memsim_widget.engine.activations.forward import Step, llama_layout
+from memsim_widget.engine.activations.forward import OUT, SAVED, Step, llama_layout
 
 #: The tensors the stream's final norm and head keep for backward, in the order ``final_norm_transients`` makes
 #: them (the ``post`` items: the norm's fp32 input, its rsqrt, its 16-bit cast, the head's input): a step
@@ -201,4 +204,25 @@ def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
         *saved(ATTN_IN), ("s2", x), *free("s1", "qin"),
         *_rmsnorm(ctx, "s2", (IN_CAST, IN_RSQRT, IN_FP32), IN_NORM_W, keep=True),
         ("res2", x), *free("res", "down", "res2"),  # the layer's input gradient: the next layer's arriving one
+    )  # fmt: skip
+
+
+def rotary_transients(ctx: Any) -> tuple[Step, ...]:
+    """The rotary embedding's forward at the start of each model forward (``LlamaRotaryEmbedding.forward`` on
+    position ids of one row: ``inv_freq @ position_ids.float()``, ``cat``, ``cos`` and ``sin`` each times
+    ``attention_scaling``, cast to the layers' dtype) on a Llama-style layout in 16-bit weights, else empty: the
+    positions (``arange``, int64, alive until the layers have run: the ``forward.OUT`` of these steps), their
+    fp32 copy, the fp32 frequencies (s x d/2), ``cat`` (s x d) and the four fp32 s x d products, ``forward.SAVED``
+    where the 16-bit cos and sin are made, then the fp32 buffers freed. A pipeline stage runs it every
+    micro-batch (``trace/pipeline.StageModule``), while the earlier micro-batches' tensors are alive."""
+    if not _applies(ctx):
+        return ()
+    from memsim_widget.engine.activations.dims import Dims
+
+    s, d = ctx.scenario.seq_len, Dims(ctx).d
+    f = 4 * s * d
+    return (
+        (OUT, 8 * s), ("pos", 4 * s), ("freqs", 2 * s * d), ("pos", 0), ("emb", f), ("cos", f), ("cs", f),
+        ("cos", 0), ("sin", f), ("sn", f), ("sin", 0), (SAVED, -1), ("freqs", 0), ("emb", 0), ("cs", 0),
+        ("sn", 0),
     )  # fmt: skip
