@@ -586,3 +586,34 @@ def test_the_autograd_threads_workspace_is_made_at_the_heads_backward(monkeypatc
     w = next(k for k in range(n, len(s.events)) if s.events[k][1] == ws and s.events[k][0] not in freed)
     # between them only the head's other gradients (the final norm's weight): allocations, no frees
     assert 0 < w - n <= 2 and all(e[1] != FREE for e in s.events[n:w])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llama bf16 sdpa b2 s512",  # -2.56% before the eager step's buffers (activations/eager_steps)
+        "llama bf16 ckpt b2 s512",  # -4.84%
+        "llama bf16 lora qv bf16 b2 s512",  # -2.99%
+        "mistral bf16 lora all-linear b2 s512",  # -1.11%
+        "llama bf16 ckpt offload b2 s512",  # -4.76% (torchtune's offloading)
+        "llama bf16 ckpt offload opt-in-bwd b2 s512",  # -3.33%
+    ],
+)
+def test_a_tiny_models_small_pool_replays_as_its_trace(name: str) -> None:
+    """The 4-layer h 256 Llama (every activation in the small pool, where one 2 MiB segment is 1-2% of reserved):
+    the one-GPU stream reaches its trace's peak reserved to the byte (docs/allocator.md, "The small pool on tiny
+    models")."""
+    pytest.importorskip("transformers")
+    from fidelity_cases import CASES, TORCHTUNE_CASES
+
+    from memsim_widget.trace.api import trace_config
+    from memsim_widget.trace.replay import replay_trace
+
+    sc = Scenario.from_dict({**{**dict(CASES), **dict(TORCHTUNE_CASES)}[name], "reserved_model": "replay"})
+    traced, _ = replay_trace(trace_config(sc, progress=False).tracker, sc)
+    ctx = Context(objectives.training_scenario(sc))
+    assert (
+        replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx)).peak_reserved
+        == traced.peak_reserved
+    )

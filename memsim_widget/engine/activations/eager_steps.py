@@ -65,8 +65,11 @@ def layer_norm_backward_transients(ctx: Any) -> tuple[Step, ...]:
 
 
 def _applies(ctx: Any) -> bool:
-    """A Llama-style layout (``forward.llama_layout``, any checkpointing) in 16-bit weights."""
-    return llama_layout(ctx) and ctx.scenario.precision != "fp32"
+    """A Llama-style layout (``forward.llama_layout``, any checkpointing) in 16-bit weights, on one GPU or a
+    pipeline stage: the data- and tensor-parallel streams (DDP, ZeRO, FSDP2, TP) keep their items, held to their
+    own traces (tests/engine/test_*_stream.py) and not yet compared with these steps."""
+    p = ctx.par
+    return llama_layout(ctx) and ctx.scenario.precision != "fp32" and p.dp * p.tp * p.cp * p.ep == 1
 
 
 def _bytes(ctx: Any) -> tuple[int, int, int]:
@@ -156,15 +159,13 @@ def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
     ``slice_backward`` outputs, their sum, the second product and the sum with SDPA's), v's, k's and q's
     projections (k's and q's gradients made contiguous by a ``clone``), the input norm, the residual add. Else
     empty (the ``layer_backward`` items)."""
-    sc, p = ctx.scenario, ctx.par
+    sc = ctx.scenario
     ckpt = sc.activation_checkpointing
     if (
-        not llama_layout(ctx)
+        not _applies(ctx)
         or not (ckpt == "none" or (ckpt == "full" and sc.checkpoint_every in (None, 1)))
         or sc.method != "full"
-        or sc.precision == "fp32"
         or ctx.arch.facts.norm.qk is not None
-        or p.tp * p.cp * p.ep > 1
     ):
         return ()
     from memsim_widget.engine.activations.dims import Dims
