@@ -649,11 +649,12 @@ def micro_forward(
     if not kept_out:
         s.free(hidden)  # the last layer's output, once the final norm has read it
     s.mark(f"{label} loss")
-    s.free(drop)
+    if not last:  # the stage's output is the last layer's: made, so the loop's earlier one is dropped
+        s.free(drop)
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
-    cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last)
+    cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last, drop if last else ())
     if keep_output and last:  # the logits, the model's output: the first tensor the loss's forward made
         kept_out, held = held[:1], held[1:]
     return Forward(a, label, layers, n, pre, saved, d, copied, compiled, post, tanh, cast, held, kept, copy, comm,
@@ -806,6 +807,7 @@ def _loss_forward(
     capped: list[Any],
     comm: Fsdp2Writer | None,
     keep_logits: bool = False,
+    drop: Sequence[int] = (),
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """The loss's forward (``micro_batch``'s order): the logits and their upcast, the output the loop holds, what
     the loss saves (but ``capped``, made before), the logits freed; the handles of the 16-bit logits an upcast
@@ -813,7 +815,9 @@ def _loss_forward(
     cross-entropy on 16-bit logits) of nll_loss's fp32 copy of the log-softmax, made after them (``keep_logits``:
     the logits, first, among the held output's handles and not freed: a pipeline's output). Under FSDP2
     (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
-    upcasts its logits (torchtitan), after a loss computed inside it."""
+    upcasts its logits (torchtitan), after a loss computed inside it. ``drop``: freed once the logits are made (a
+    pipeline's last stage: the schedule loop's earlier output, released as ``forward_one_chunk`` returns the new
+    one, before the loss upcasts it; traced)."""
     outside = comm is not None and comm.u.loss_outside
     logits: list[int] = []
     cast: list[int] = []
@@ -830,9 +834,16 @@ def _loss_forward(
             del s.events[at + 1 :]
             comm.forward_end()
             s.events += rest
+        if drop and not logits and made:  # after the logits, before their upcast
+            rest = s.events[at + 1 :]
+            del s.events[at + 1 :]
+            s.free(drop)
+            s.events += rest
+            drop = ()
         logits += made
     if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
         comm.forward_end()
+    s.free(drop)
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
     kept, copy = _loss_saved(s, [i for i in a["loss_saved"] if i not in capped])
     if keep_logits:
