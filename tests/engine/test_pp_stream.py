@@ -213,7 +213,7 @@ def test_a_stage_replays_within_1_percent_of_its_trace(name, stage, keys):
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    strict=True, reason="under the trace by 1.74%, 1.37%, 1.43%: docs/allocator.md#pipeline-stages"
+    strict=True, reason="under the trace by 1.74%, 1.37%, 1.43%, 2.94%: docs/allocator.md#pipeline-stages"
 )
 @pytest.mark.parametrize(("name", "stage", "keys"), UNDER, ids=[f"{n} stage {s}" for n, s, _ in UNDER])
 def test_stages_still_under_their_trace(name, stage, keys):
