@@ -167,12 +167,23 @@ TRACED = [
     ("pp4 1f1b m8", 1, pp("1f1b", 4, 8, seq_len=1024)),
     ("pp4 1f1b m8", 3, pp("1f1b", 4, 8, seq_len=1024)),
     ("pp4 gpipe m8", 2, pp("gpipe", 4, 8, seq_len=1024)),
+    # 2 x 256 tokens (hidden states of 512 KiB: the small pool's 2 MiB segments decide): 1.8% to 4.2% under
+    # before the stream wrote the eager step's rotary, norm and layer backward buffers (activations/eager_steps)
+    ("pp2 1f1b m4 s256", 0, pp("1f1b", 2, 4)),
+    ("pp2 gpipe m4 s256", 0, pp("gpipe", 2, 4)),
+    ("pp4 gpipe m8 s256", 0, pp("gpipe", 4, 8)),
+    # -15.25% while the stream dropped the loop's earlier logits before the new head ran (the trace: after)
+    ("pp4 1f1b m8 s512", 3, pp("1f1b", 4, 8, seq_len=512)),
 ]
-#: under their trace by more than 1%: a cached 32 MiB segment (the embeddings' gradient's) split by the
-#: layers' blocks in one replay and not the other (docs/allocator.md#pipeline-stages)
+#: under their trace by more than 1% (docs/allocator.md#pipeline-stages): GPipe's first stage at 2 x 1,024 and 512, a
+#: cached 32 MiB segment (the embeddings' gradient's) split by the layers' blocks in one replay and not the
+#: other; 1F1B's middle stages at 2 x 256, one small segment (the layers' forward writes its saved tensors at
+#: one place, the trace op by op)
 UNDER = [
     ("pp2 gpipe m4", 0, pp("gpipe", 2, 4, seq_len=1024)),
     ("pp4 1f1b m8 s256", 1, pp("1f1b", 4, 8)),
+    ("pp4 1f1b m8 s256", 2, pp("1f1b", 4, 8)),
+    ("pp2 gpipe m4 s512", 0, pp("gpipe", 2, 4, seq_len=512)),
 ]
 
 
@@ -201,7 +212,9 @@ def test_a_stage_replays_within_1_percent_of_its_trace(name, stage, keys):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="under the trace by 1.7% and 4.1%: docs/allocator.md#pipeline-stages")
+@pytest.mark.xfail(
+    strict=True, reason="under the trace by 1.74%, 1.37%, 1.43%, 2.94%: docs/allocator.md#pipeline-stages"
+)
 @pytest.mark.parametrize(("name", "stage", "keys"), UNDER, ids=[f"{n} stage {s}" for n, s, _ in UNDER])
 def test_stages_still_under_their_trace(name, stage, keys):
     got, traced, _a, _t = _replays(keys, stage)

@@ -43,6 +43,14 @@ from memsim_widget.engine.activations.compiled_steps import (
     layer_backward_steps,
     layer_forward_steps,
 )
+from memsim_widget.engine.activations.eager_steps import (
+    HEAD_DONE,
+    eager_layer_backward_transients,
+    final_norm_backward_transients,
+    layer_norm_backward_transients,
+    rotary_transients,
+)
+from memsim_widget.engine.activations.eager_steps import SAVED_COUNT as NORM_SAVED
 from memsim_widget.engine.activations.forward import (
     IN,
     OUT,
@@ -128,6 +136,15 @@ BOTTOM_LAYER_BACKWARD = "bottom_layer_backward_steps"
 #: summed per layer, the kernel at the bottom reads the head's input gradient, the last layer's output and the
 #: final norm's rsqrt; absent or empty: all freed before the layers).
 KEPT_TOP = "kept_top"
+#: The key of the final norm's backward buffers, op by op (``engine/activations/eager_steps``; absent or empty:
+#: the ``top_backward`` items).
+FINAL_NORM_BACKWARD = "final_norm_backward"
+#: The key of one of a layer's two RMSNorms' backward buffers, op by op (``engine/activations/eager_steps``;
+#: absent or empty: none beside the ``layer_backward`` items).
+LAYER_NORM_BACKWARD = "layer_norm_backward"
+#: The key of the rotary embedding's forward buffers (``engine/activations/eager_steps.rotary_transients``; absent or
+#: empty: the ``pre`` items alone).
+ROTARY_FORWARD = "rotary_forward"
 #: Item levels the caching allocator serves (device-level items live outside it): those it counts as allocated.
 _POOLED = ALLOCATED_LEVELS
 
@@ -611,7 +628,8 @@ def micro_forward(
     s.mark(f"{label} forward")
     if comm is not None:
         comm.forward_start()
-    pre = s.items(a["pre"])
+    rotary = a.get(ROTARY_FORWARD, ())  # the positions kept until the layers have run, the rotary embedding's
+    positions, pre = forward_layer(s, rotary, [], a["pre"], 1) if rotary else ([], s.items(a["pre"]))
     share = layers if off is None else off.start()  # offloaded: the saved group is the one layer on the GPU
     fwd = a.get(LAYER_FORWARD, ())
     out = next((size for name, size in fwd if name == OUT), 0)
@@ -642,16 +660,18 @@ def micro_forward(
         hidden = [h + (n - 2) * d for h in hidden]
     fin = a.get(FINAL_NORM, ())
     post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
+    s.free(positions)
     last = bool(a["loss_forward"])
     kept_out = hidden if keep_output and not last else []
     if not kept_out:
         s.free(hidden)  # the last layer's output, once the final norm has read it
     s.mark(f"{label} loss")
-    s.free(drop)
+    if not last:  # the stage's output is the last layer's: made, so the loop's earlier one is dropped
+        s.free(drop)
     # the head's softcapping runs before the loss: its tanh output comes before the logits' upcast
     capped = [i for i in a["loss_saved"] if i.item.startswith(SOFTCAP_SAVED)]
     tanh = s.items(capped)
-    cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last)
+    cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last, drop if last else ())
     if keep_output and last:  # the logits, the model's output: the first tensor the loss's forward made
         kept_out, held = held[:1], held[1:]
     return Forward(a, label, layers, n, pre, saved, d, copied, compiled, post, tanh, cast, held, kept, copy, comm,
@@ -695,12 +715,15 @@ def micro_backward(
     top_grads = _top_grads(s, grads, order, k) if order and by_tensor else []
     for size in workspaces:  # never freed: among the loss's freed buffers (overhead.AUTOGRAD_HANDLES)
         s.alloc(size)
-    top = s.items(a["top_backward"])  # the final norm's backward, after the head's matmuls
+    top, post = _final_norm_backward(s, a, post, grad_logits + tanh)  # after the head's matmuls
     # by tensor the head's are top_grads; under accumulation the state groups' head_grads are the carried ones
     head = [] if by_tensor or new else s.items(sg["head_grads"])
     ends = top + post
-    kept_top = [ends[i] for i in a.get(KEPT_TOP, ()) if i < len(ends)]  # read by the bottom's kernel
-    s.free(grad_logits + tanh + [h for h in ends if h not in kept_top])
+    keep = a.get(KEPT_TOP, ())
+    if keep:  # a compiled step's top (no op-by-op final norm): head_read, then the top_backward items
+        ends = top[len(grad_logits) + len(tanh) :] + post
+    kept_top = [ends[i] for i in keep if i < len(ends)]  # read by the bottom's kernel
+    s.free([h for h in top + post if h not in kept_top])
     if zero is not None:  # the head's hook, once its node has dropped the logits' gradient
         zero.each(top_grads[k:])
         top_grads = top_grads[:k]
@@ -727,6 +750,38 @@ def micro_backward(
     held = _inputs_freed(s, a, fw.pre, fw.held)
     by_layer = [h for hs in reversed(layer_grads) for h in hs]
     return top_grads[:k] + bottom_grads + by_layer + top_grads[k:] + head, held
+
+
+def _final_norm_backward(
+    s: StreamWriter, a: dict[str, Sequence[Any]], post: list[int], head_read: list[int]
+) -> tuple[list[int], list[int]]:
+    """The final norm's backward: op by op where ``a[FINAL_NORM_BACKWARD]`` lists it (``activations/eager_steps``:
+    its buffers made and freed in order, ``post``'s saved tensors freed where it says, ``head_read`` (the logits'
+    gradient) at ``HEAD_DONE``), else the ``top_backward`` items. (What the caller frees next, in order:
+    ``head_read`` and the items, or the buffers still alive; the saved tensors alive.)"""
+    steps = a.get(FINAL_NORM_BACKWARD, ())
+    if not steps or len(post) != NORM_SAVED:
+        return head_read + s.items(a["top_backward"]), post
+    kept = dict(enumerate(post))
+    return _run_steps(s, steps, kept, head_read), list(kept.values())
+
+
+def _run_steps(
+    s: StreamWriter, steps: Sequence[Step], kept: dict[int, int], head_read: Sequence[int] = ()
+) -> list[int]:
+    """Write ``steps`` (name, bytes: bytes > 0 allocates ``name``, 0 frees it; ``FREE_SAVED`` + i frees ``kept``'s
+    i-th and drops it; ``HEAD_DONE`` frees ``head_read``): the handles still alive after them."""
+    live: dict[str, list[int]] = {}
+    for name, size in steps:
+        if name == HEAD_DONE:
+            s.free(head_read)
+        elif name.startswith(FREE_SAVED):
+            s.free([kept.pop(int(name[len(FREE_SAVED) :]))])
+        elif size > 0:
+            live[name] = s.alloc(size)
+        else:
+            s.free(live.pop(name))
+    return [h for hs in live.values() for h in hs]
 
 
 def _top_grads(s: StreamWriter, grads: _Grads | InBackwardGrads, order: GradOrder, k: int) -> list[int]:
@@ -775,6 +830,7 @@ def _loss_forward(
     capped: list[Any],
     comm: Fsdp2Writer | None,
     keep_logits: bool = False,
+    drop: Sequence[int] = (),
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """The loss's forward (``micro_batch``'s order): the logits and their upcast, the output the loop holds, what
     the loss saves (but ``capped``, made before), the logits freed; the handles of the 16-bit logits an upcast
@@ -782,7 +838,9 @@ def _loss_forward(
     cross-entropy on 16-bit logits) of nll_loss's fp32 copy of the log-softmax, made after them (``keep_logits``:
     the logits, first, among the held output's handles and not freed: a pipeline's output). Under FSDP2
     (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
-    upcasts its logits (torchtitan), after a loss computed inside it."""
+    upcasts its logits (torchtitan), after a loss computed inside it. ``drop``: freed once the logits are made (a
+    pipeline's last stage: the schedule loop's earlier output, released as ``forward_one_chunk`` returns the new
+    one, before the loss upcasts it; traced)."""
     outside = comm is not None and comm.u.loss_outside
     logits: list[int] = []
     cast: list[int] = []
@@ -799,9 +857,16 @@ def _loss_forward(
             del s.events[at + 1 :]
             comm.forward_end()
             s.events += rest
+        if drop and not logits and made:  # after the logits, before their upcast
+            rest = s.events[at + 1 :]
+            del s.events[at + 1 :]
+            s.free(drop)
+            s.events += rest
+            drop = ()
         logits += made
     if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
         comm.forward_end()
+    s.free(drop)
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
     kept, copy = _loss_saved(s, [i for i in a["loss_saved"] if i not in capped])
     if keep_logits:
@@ -906,11 +971,16 @@ def _layers_backward(
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
             steps = bottom if i == len(saved) - 1 and not copies else bwd
-            layer_grads.append(backward_layer(s, steps, layer, shared, grads, part, layers))
-            layer = []
+            # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
+            own = recomputed or layer
+            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers))
+            layer, recomputed = ([], []) if own is layer else (layer, [])
         else:
             transient = s.items(a["layer_backward"])
             layer_grads.append(grads.made(order.layer if order else (), layers + 2))
+            if a.get(LAYER_NORM_BACKWARD):  # the gradients' items released, its two norms' backward op by op
+                s.free(transient)
+                transient = [h for _ in range(2) for h in _run_steps(s, a[LAYER_NORM_BACKWARD], {})]
         s.free(transient + recomputed + layer)
         s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
     s.free([h for hs in shared.values() for h in hs])
@@ -1301,6 +1371,25 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
     return _replay_cached(_Args(key, (ctx, stage, conf)))
 
 
+def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
+    """The stream's per-op lists of one shape, by key (read by ``rank_stream`` and ``batch_lengths``): a layer's
+    forward and backward (a compiled layout's own, else the eager steps, else the items), the bottom layer's, the
+    top tensors a compiled backward keeps, the final norm's forward and backward (on the last stage only), the
+    layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient."""
+    return {
+        LAYER_FORWARD: layer_forward_steps(ctx),
+        LAYER_BACKWARD: layer_backward_steps(ctx) or eager_layer_backward_transients(ctx),
+        BOTTOM_LAYER_BACKWARD: bottom_layer_backward_steps(ctx),
+        KEPT_TOP: kept_top(ctx),
+        FINAL_NORM: final_norm_transients(ctx) if last else (),
+        FINAL_NORM_BACKWARD: final_norm_backward_transients(ctx) if last else (),
+        LAYER_NORM_BACKWARD: layer_norm_backward_transients(ctx),
+        ROTARY_FORWARD: rotary_transients(ctx),
+        HEAD_GATHER: head_gather(ctx),
+        EMBEDDING_GRAD: embedding_grad(ctx),
+    }
+
+
 def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = False) -> StreamWriter:
     """The stream of ``steps`` steps of ``stage``'s rank of ``ctx``, from the engine's cached groups;
     ``traced_only``: without the activation items a fake-tensor trace cannot see (``Level.ALLOCATOR``: CUDA
@@ -1315,13 +1404,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         if pipe is None
         else _micro_batch_groups(ctx, stage)
     )
-    ag[LAYER_FORWARD] = layer_forward_steps(ctx)
-    ag[LAYER_BACKWARD] = layer_backward_steps(ctx)
-    ag[BOTTOM_LAYER_BACKWARD] = bottom_layer_backward_steps(ctx)
-    ag[KEPT_TOP] = kept_top(ctx)
-    ag[FINAL_NORM] = final_norm_transients(ctx) if stage.last else ()
-    ag[HEAD_GATHER] = head_gather(ctx)
-    ag[EMBEDDING_GRAD] = embedding_grad(ctx)
+    ag.update(layer_steps(ctx, stage.last))
     groups, step1 = cached_state_groups(ctx, stage)
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
     sg = whole_table_grads(ctx, {k: g.entries for k, g in groups.items()}, numels)
@@ -1331,17 +1414,11 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     if ctx.scenario.padding == "longest":  # the loss buffers change size every step: a shorter one first
         short = Context(ctx.scenario.replace(seq_len=max(ctx.scenario.seq_len // VARIABLE_DIVISOR, 1)))
         earlier = {k: list(g.entries) for k, g in cached_activation_groups(short, stage).items()}
-        earlier[LAYER_FORWARD] = layer_forward_steps(short)
-        earlier[LAYER_BACKWARD] = layer_backward_steps(short)
-        earlier[BOTTOM_LAYER_BACKWARD] = bottom_layer_backward_steps(short)
-        earlier[KEPT_TOP] = kept_top(short)
-        earlier[FINAL_NORM] = final_norm_transients(short)
-        earlier[HEAD_GATHER] = head_gather(short)
-        earlier[EMBEDDING_GRAD] = embedding_grad(short)
+        earlier.update(layer_steps(short))
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         # the per-op transients stay, and the TP facts (counts, not items) pass through
         kept = (LAYER_FORWARD, LAYER_BACKWARD, BOTTOM_LAYER_BACKWARD, KEPT_TOP, FINAL_NORM, HEAD_GATHER)
-        kept += (EMBEDDING_GRAD,)
+        kept += (FINAL_NORM_BACKWARD, LAYER_NORM_BACKWARD, EMBEDDING_GRAD, ROTARY_FORWARD)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
