@@ -193,9 +193,9 @@ def test_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
 
 
 def test_zero12_candidates_take_the_replay_and_equal_estimate():
-    """Under DeepSpeed (mixed-bf16) the ZeRO-1 and ZeRO-2 candidates over 2 and 4 GPUs with one micro-batch a step
-    and no other parallelism replay their rank's stream with DeepSpeed's buffers (``engine/counters/zero_stream.py``), each equal to
-    ``estimate`` byte for byte; the accumulating ones keep the fitted rule."""
+    """Under DeepSpeed (mixed-bf16) the ZeRO-1 and ZeRO-2 candidates over 2 and 4 GPUs with no other parallelism
+    replay their rank's stream with DeepSpeed's buffers (``engine/counters/zero_stream.py``), each equal to
+    ``estimate`` byte for byte, the accumulating ones too (held to CPU traces of DeepSpeed's accumulation)."""
     from tests.data.fidelity_cases import LLAMA_H512_V32K
 
     base = {
@@ -212,9 +212,8 @@ def test_zero12_candidates_take_the_replay_and_equal_estimate():
     ]  # no other parallelism
     assert {e.scenario.parallel.zero for e in zero} == {1, 2}
     for e in zero:
-        replayed = "DeepSpeed ZeRO-1/2" in e.ranks[0].reserved.formula
-        assert replayed == (e.scenario.grad_accum_steps == 1)
-    assert any(e.scenario.grad_accum_steps == 1 for e in zero)
+        assert "DeepSpeed ZeRO-1/2" in e.ranks[0].reserved.formula
+    assert {e.scenario.grad_accum_steps > 1 for e in zero} == {True, False}
 
 
 def test_tp_candidates_take_the_replay_and_equal_estimate():

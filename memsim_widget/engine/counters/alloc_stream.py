@@ -428,6 +428,8 @@ def step_stream(
             grads.new = m > 1 or (kept and step > 1)
             if comm is not None:
                 comm.u.micro(comm, m, micro)
+            if grads.zero is not None:
+                grads.zero.micro(m, max(micro, 1))
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
             if reducer is not None and step == 2 and m == 1 and reducer.b.rebuilt:
                 s.mark(f"{label} DDP bucket rebuild")
@@ -1206,8 +1208,8 @@ def zero12_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-1/2 rank (``zero_stream``): zero 1 or 2 over dp > 1
     ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
     parallelism, full training of a bf16 model with an fp32 master copy (``mixed-bf16``: DeepSpeed's
-    ``bf16.enabled``), one micro-batch a step (ZeRO-1 reduces only at the accumulation boundary: not written),
-    nothing offloaded, eager."""
+    ``bf16.enabled``), any number of micro-batches a step (``ZeroWriter.micro``: ZeRO-1 keeps the gradients
+    until the boundary, ZeRO-2 reduces each micro-batch's), nothing offloaded, eager."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1219,7 +1221,6 @@ def zero12_replayable(ctx: Any) -> bool:
         and ctx.full_training
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
-        and sc.grad_accum_steps == 1
         and p.offload == "none"
         and not sc.compile
     )
@@ -1380,7 +1381,7 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 if ddp_replayable(ctx)
                 else " (DeepSpeed ZeRO-1/2's flat weights, fp32 master partition, ipg buffer and partition "
                 "gradients: deepspeed 0.19.8's stage_1_and_2.py, traced on CPU at world size 4, with "
-                "overlap_comm's second ipg buffer; its reduction stream not modelled)"
+                "overlap_comm's second ipg buffer and gradient accumulation; its reduction stream not modelled)"
                 if zero12_replayable(ctx)
                 else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
             )
