@@ -1,7 +1,9 @@
-"""Run DeepSpeed's ZeRO-1/2 optimizer for real on the CPU (deepspeed's CPU accelerator, PyTorch's fake process
-group at world size 4, so every collective is a no-op with the right shapes and the rank's partitions are a
-quarter) under a logging dispatch mode, and hold the engine's ZeRO stream (``engine/counters/zero_stream.py``)
-to it.
+"""Run DeepSpeed's ZeRO-1/2 or ZeRO-3 optimizer for real on the CPU (deepspeed's CPU accelerator, PyTorch's fake
+process group at world size 4, so every collective is a no-op with the right shapes and the rank's partitions are
+a quarter) under a logging dispatch mode, and hold the engine's ZeRO streams (``engine/counters/zero_stream.py``,
+``zero3_stream.py``) to it. Under ZeRO-3 the model is built under ``deepspeed.zero.Init`` in bf16, as HF's
+``from_pretrained`` does (each weight partitioned as it is made), and DeepSpeed's stage-3 defaults stay
+(``overlap_comm`` true, prefetch 5e7, persistence 1e5, live and reuse 1e9 elements).
 
 The model is the 4-layer Llama of ``LLAMA_H512_V32K`` in bf16 (DeepSpeed's ``bf16.enabled``), HF Trainer's two
 optimizer groups (the weights that decay, the norms) on torch AdamW (foreach), two steps of 2 x 512 through
@@ -10,12 +12,13 @@ optimizer groups (the weights that decay, the norms) on torch AdamW (foreach), t
 as the DDP trace does (``benchmarks/ddp_trace.py``: allocation at the op that makes them, free from a weak
 reference swept before each op; meta tensors are not memory). Printed per case: the traced run's peak reserved
 and allocated by replay beside the engine's stream (``rank_stream(traced_only=True)``, as the other layouts'
-comparisons: its cuBLAS workspaces stay, the CPU run has none), and the large allocations of both in order.
+comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without the workspaces
+(``without_workspaces``), and the large allocations of both in order.
 
     python benchmarks/zero_trace.py               # ZeRO-1 and ZeRO-2, DeepSpeed's defaults
     python benchmarks/zero_trace.py --bucket 20000000 --overlap   # parallel.reduce_bucket_size, overlap_comm
     python benchmarks/zero_trace.py --accum 2 --bucket 20000000   # gradient accumulation
-    python benchmarks/zero_trace.py --stage 3     # ZeRO-3 (stage3.py): the trace alone (the engine stays fitted)
+    python benchmarks/zero_trace.py --stage 3 [--world 2] [--bucket 20000000]   # ZeRO-3 (stage3.py)
     python benchmarks/zero_trace.py --lora 16     # peft LoRA on every Linear: the trace alone
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
@@ -101,37 +104,47 @@ def traced_run(
 
         torch.manual_seed(0)
         cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
-        model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
-        if lora:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model, LoraConfig(r=lora, target_modules=LORA_TARGETS, lora_dropout=0.0))
-            model = model.to(torch.bfloat16)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        decay = [p for n, p in named if "norm" not in n and "bias" not in n]
-        rest = [p for n, p in named if "norm" in n or "bias" in n]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.0}, {"params": rest, "weight_decay": 0.0}],
-            lr=1e-4,
-            foreach=True,
-        )
+        zero_cfg: dict[str, Any] = {"stage": zero, "contiguous_gradients": True, "reduce_bucket_size": bucket}
+        if zero < 3 or overlap:  # ZeRO-3's default is true: left to DeepSpeed
+            zero_cfg["overlap_comm"] = overlap
         config = {
             "train_micro_batch_size_per_gpu": BATCH,
             "gradient_accumulation_steps": accum,
             "bf16": {"enabled": True},
             "gradient_clipping": 1.0,
-            "zero_optimization": {
-                "stage": zero,
-                "overlap_comm": overlap,
-                "contiguous_gradients": True,
-                "reduce_bucket_size": bucket,
-            },
+            "zero_optimization": zero_cfg,
         }
+        if zero < 3:
+            model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
+            if lora:
+                from peft import LoraConfig, get_peft_model
+
+                config_lora = LoraConfig(r=lora, target_modules=LORA_TARGETS, lora_dropout=0.0)
+                model = get_peft_model(model, config_lora).to(torch.bfloat16)
         mode = Log()
         mode.__enter__()
         try:
-            for p in model.parameters():  # the weights, in module order, as the stream writes them first
-                log(p)
+            if zero == 3:  # as HF's from_pretrained(dtype=bf16) under ZeRO-3: each weight made in bf16 (its
+                # default dtype while the model is built), then partitioned
+                mark("weights")
+                default = torch.get_default_dtype()
+                torch.set_default_dtype(torch.bfloat16)
+                try:
+                    with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch.bfloat16):
+                        model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False))
+                finally:
+                    torch.set_default_dtype(default)
+            else:
+                for p in model.parameters():  # the weights, in module order, as the stream writes them first
+                    log(p)
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            decay = [p for n, p in named if "norm" not in n and "bias" not in n]
+            rest = [p for n, p in named if "norm" in n or "bias" in n]
+            opt = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": 0.0}, {"params": rest, "weight_decay": 0.0}],
+                lr=1e-4,
+                foreach=True,
+            )
             mark("ZeRO wrap")
             engine, *_ = deepspeed.initialize(
                 model=model, optimizer=opt, config=config, dist_init_required=False
@@ -249,7 +262,8 @@ def _large(events: list[tuple[int, int, int]], at: int = 4 << 20) -> list[int | 
 
 def main() -> None:
     """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``, ``--accum
-    N``; ``--stage 3`` or ``--lora R``: the trace alone, the engine keeps its fitted rule there)."""
+    N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: the trace alone (the engine keeps its fitted
+    rule there)."""
     from memsim_widget.engine.counters.alloc_stream import replay_stream
     from memsim_widget.engine.counters.allocator import AllocatorConf
 
@@ -262,23 +276,24 @@ def main() -> None:
         arg("--lora", 0),
         arg("--stage", 0),
     )
+    world = arg("--world", WORLD)
     overlap = "--overlap" in sys.argv
     for zero in (stage,) if stage else (1, 2):
-        t = traced_apart(zero, WORLD, bucket, overlap, accum, lora)
+        t = traced_apart(zero, world, bucket, overlap, accum, lora)
         a = CachingAllocator(None)
         a.run(t["events"])
         print(
-            f"ZeRO-{zero}, world {WORLD}, reduce_bucket_size {bucket:,}"
+            f"ZeRO-{zero}, world {world}, reduce_bucket_size {bucket:,}"
             + (", overlap_comm" if overlap else "")
             + (f", {accum} micro-batches a step" if accum > 1 else "")
             + (f", LoRA rank {lora}" if lora else "")
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
-        if zero == 3 or lora:
+        if lora:
             continue
         for cpu in (False, True):
-            s = engine_stream(zero, WORLD, bucket, overlap, accum, cpu)
+            s = engine_stream(zero, world, bucket, overlap, accum, cpu)
             e = replay_stream(s, AllocatorConf())
             print(
                 "  engine stream" + (" without the cuBLAS workspaces" if cpu else "") + f": reserved "
