@@ -47,10 +47,12 @@ partition stay views of the ipg buffer until the epilogue drops them).
   micro-batch): ZeRO-2 (``partition_gradients``) reduces every micro-batch as above, and from the second on
   ``copy_grads_in_partition`` finds ``grads_in_partition`` reset and makes a new one (the accumulated gradients,
   views of the old one, are added in and re-pointed), so the old one lives until that micro-batch's epilogue.
-  ZeRO-1 reduces only at the boundary (``reduce_ready_partitions_and_remove_grads``): before it the hook makes
-  the ipg buffer at the first gradient and keeps every gradient as it is, whole, and no epilogue frees the
-  buffer; each later micro-batch's new gradient is added in place and freed; at the boundary the kept ones go
-  through the hook as above. Traced at 2 and 3 micro-batches (``zero_trace.py --accum N``).
+  ZeRO-1 reduces only at the boundary: its hook (``process_gradients``) makes the ipg buffer at the first
+  gradient but reduces nothing without ``overlap_comm``, and the engine's ``allreduce_gradients`` calls
+  ``reduce_gradients`` only after the boundary's backward; so before it every gradient stays whole and nothing
+  frees the buffer; each later micro-batch's new gradient is added in place and freed; at the boundary the kept
+  ones are reduced as above (``reduce_gradients`` walks the groups' parameters; here in backward order, the same
+  buffers). Traced at 2 and 3 micro-batches (``zero_trace.py --accum N``).
 
 Not modelled: ``overlap_comm``'s reduction stream (on a GPU the flattened bucket is made on DeepSpeed's
 ``reduction_stream``, a pool of its own in the caching allocator; a CPU trace has one stream, so it stays on the
