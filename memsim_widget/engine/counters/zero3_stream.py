@@ -115,19 +115,24 @@ class Zero3Units:
         """Elements of tensor ``p``'s partition (``ds_tensor``)."""
         return -(-self.numels[p] // self.dp)
 
+    def parts(self) -> tuple[int, ...]:
+        """Every tensor's partition elements, in module order."""
+        return tuple(-(-n // self.dp) for n in self.numels)
+
     def sub_groups(self) -> list[list[int]]:
         """The optimizer's sub groups (``_create_fp16_sub_groups``: a group split where its partitions reach
         ``sub_group_size`` elements)."""
+        parts = self.parts()
         out: list[list[int]] = []
         for g in self.groups:
-            if sum(self.part(p) for p in g) <= self.sub_group:
+            if sum(parts[p] for p in g) <= self.sub_group:
                 out.append(list(g))
                 continue
             cur: list[int] = []
             size = 0
             for p in g:
                 cur.append(p)
-                size += self.part(p)
+                size += parts[p]
                 if size >= self.sub_group or p == g[-1]:
                     out.append(cur)
                     cur, size = [], 0
@@ -144,6 +149,8 @@ class Zero3Writer:
     def __init__(self, s: Any, u: Zero3Units) -> None:
         self.s, self.u = s, u
         self.numels = u.numels
+        self.parts = u.parts()
+        self.subs = u.sub_groups()
         self.units = u.units
         nu = len(self.units)
         #: the step's module order: the units forward, then backward
@@ -171,12 +178,12 @@ class Zero3Writer:
         parts = []
         for p, n in enumerate(self.numels):
             whole = s.alloc(n * u.model_bytes)
-            parts += s.alloc(u.part(p) * u.model_bytes)
+            parts += s.alloc(self.parts[p] * u.model_bytes)
             s.free(whole)
-        total = sum(u.part(p) for p in range(len(self.numels)))
+        total = sum(self.parts)
         s.alloc(total * u.model_bytes)  # fp16_partitioned_groups_flat
         s.free(parts)
-        subs = [sum(u.part(p) for p in g) for g in u.sub_groups()]
+        subs = [sum(self.parts[p] for p in g) for g in self.subs]
         for n in subs:  # the fp32 master partition, and a copy made and dropped
             s.alloc(n * MASTER_BYTES)
             s.free(s.alloc(n * MASTER_BYTES))
@@ -194,12 +201,12 @@ class Zero3Writer:
         partitions (several tensors), the fp32 gradient, the states (``first`` step; bytes per element of each)
         and the temporaries (bytes per element, freed last first), the fp32 gradient freed."""
         s, u = self.s, self.u
-        subs = u.sub_groups()
+        subs = self.subs
         for g in subs:
             for p in g:
-                s.free(s.alloc(u.part(p) * NORM_BYTES))
+                s.free(s.alloc(self.parts[p] * NORM_BYTES))
         for g in subs:
-            n = sum(u.part(p) for p in g)
+            n = sum(self.parts[p] for p in g)
             flat = s.alloc(n * u.model_bytes) if len(g) > 1 else []
             grad = s.alloc(n * MASTER_BYTES)
             s.free(flat)
@@ -220,7 +227,7 @@ class Zero3Writer:
 
     def _padded(self, p: int) -> int:
         """Elements of a sequential all-gather's buffer for tensor ``p``."""
-        return self.u.part(p) * self.u.dp
+        return self.parts[p] * self.u.dp
 
     def _fetch(self, unit: int | None) -> None:
         """``fetch_sub_module`` of the next module in order (``unit`` None: the root, no parameters of its own)."""
@@ -278,7 +285,7 @@ class Zero3Writer:
         if len(chosen) == 1:  # a single parameter: gathered as a fetch is
             self.data[chosen[0]] = self.s.alloc(self._padded(chosen[0]) * u.model_bytes)
             return
-        flat = self.s.alloc(sum(u.part(p) for p in chosen) * u.dp * u.model_bytes)
+        flat = self.s.alloc(sum(self.parts[p] for p in chosen) * u.dp * u.model_bytes)
         g = flat[0]
         self.flats[g] = (flat, set(chosen), False)
         for p in chosen:
@@ -416,7 +423,7 @@ def rest_of(first: Sequence[Any]) -> list[Any]:
 def per_element(items: Sequence[Any], u: Zero3Units) -> list[float]:
     """Bytes per partition element of each tensor the pooled ``items`` hold per parameter (an optimizer's states,
     its step temporaries): their bytes over the rank's partitions."""
-    total = sum(u.part(p) for p in range(len(u.numels)))
+    total = sum(u.parts())
     n_params = len(u.numels)
     out: list[float] = []
     for i in items:
