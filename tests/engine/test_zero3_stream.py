@@ -198,14 +198,17 @@ def test_persistent_parameters_are_gathered_once() -> None:
 
 
 def test_zero3_replays_by_default_under_deepspeed_and_the_rest_keeps_the_fitted_rule() -> None:
-    """A ZeRO-3 rank under DeepSpeed (mixed-bf16, eager, no checkpointing, one micro-batch, untied) replays its
-    DeepSpeed stream; accumulation, checkpointing, LoRA, offload and pure bf16 keep the fitted rule; FSDP2's ZeRO-3
-    (HF's default framework) keeps its own stream."""
+    """A ZeRO-3 rank under DeepSpeed (mixed-bf16, eager, no checkpointing, untied) replays its DeepSpeed stream,
+    with accumulation too; checkpointing, LoRA, offload and pure bf16 keep the fitted rule; FSDP2's ZeRO-3 (HF's
+    default framework) keeps its own stream."""
     base = {k: v for k, v in SCENARIO.items() if k != "reserved_model"}
-    r = estimate(base).ranks[0]
-    assert replayable(Context(estimate(base).scenario)) and "DeepSpeed ZeRO-3" in r.reserved.formula
+    for over in ({}, {"grad_accum_steps": 3}):
+        r = estimate({**base, **over}).ranks[0]
+        assert (
+            replayable(Context(estimate({**base, **over}).scenario))
+            and "DeepSpeed ZeRO-3" in r.reserved.formula
+        )
     for over in (
-        {"grad_accum_steps": 2},
         {"activation_checkpointing": "full"},
         {"method": "lora"},
         {"precision": "bf16"},
@@ -234,20 +237,40 @@ def test_the_reduce_bucket_item_counts_zero3s_ipg_bucket() -> None:
     assert bucket(framework="hf") == 0
 
 
+def test_every_forward_after_the_first_prefetches() -> None:
+    """The coordinator resets at every forward (``reset_step`` in the root's forward pre-hook) and its trace is
+    complete from the second on: over 2 micro-batches the first step's second micro-batch already prefetches the
+    whole model in one coalesced gather (88,735,744 B), the first does not."""
+    ctx = _ctx(grad_accum_steps=2)
+    s = rank_stream(ctx, ctx.stages[0])
+    size = {h: n for h, n, _ in s.events if n != FREE}
+    at = dict(s.marks)
+    phase, flats = "", []
+    for i, (h, n, _) in enumerate(s.events):
+        phase = " ".join(at[i].split()[:5]) if i in at else phase
+        if n == 88_735_744 and size[h] == n:
+            flats.append(phase)
+    assert flats == [
+        "step 1 micro-batch 2 forward",
+        "step 2 micro-batch 1 forward",
+        "step 2 micro-batch 2 forward",
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bucket", [500_000_000, 20_000_000])
-def test_replays_as_its_cpu_trace(bucket: int) -> None:
+@pytest.mark.parametrize(("bucket", "accum"), [(500_000_000, 1), (20_000_000, 1), (500_000_000, 2)])
+def test_replays_as_its_cpu_trace(bucket: int, accum: int) -> None:
     """The engine's stream without the cuBLAS workspaces (a CPU run makes none: ``zero_trace.without_workspaces``)
     replays within 1% of the real ZeRO-3 optimizer's CPU run (fake process group, world size 4, two steps,
     built under ``zero.Init`` as HF's from_pretrained does; benchmarks/zero_trace.py --stage 3), reserved and
-    allocated, at DeepSpeed's default and a 20,000,000-element reduce_bucket_size. Before this stream the
-    fitted rule was -51.2% reserved, -56.2% allocated (no ipg bucket, no prefetch)."""
+    allocated, at DeepSpeed's default and a 20,000,000-element reduce_bucket_size, and over 2 micro-batches. Before
+    this stream the fitted rule was -51.2% reserved, -56.2% allocated (no ipg bucket, no prefetch)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from zero_trace import engine_stream, traced_apart
 
-    t = traced_apart(3, 4, bucket)
+    t = traced_apart(3, 4, bucket, accum=accum)
     a = CachingAllocator(None)
     a.run(t["events"])
-    ours = replay_stream(engine_stream(3, 4, bucket, cpu=True), AllocatorConf())
+    ours = replay_stream(engine_stream(3, 4, bucket, accum=accum, cpu=True), AllocatorConf())
     assert abs(ours.peak_reserved / a.peak_reserved - 1) < 0.01, (ours.peak_reserved, a.peak_reserved)
     assert abs(ours.peak_allocated / a.peak_allocated - 1) < 0.01, (ours.peak_allocated, a.peak_allocated)

@@ -217,10 +217,9 @@ def test_zero12_candidates_take_the_replay_and_equal_estimate():
 
 
 def test_zero3_deepspeed_candidates_take_the_replay_and_equal_estimate():
-    """Under DeepSpeed (mixed-bf16, untied, no checkpointing) the ZeRO-3 candidates over 2 and 4 GPUs with one
-    micro-batch a step and no other parallelism replay their rank's DeepSpeed stream
-    (``engine/counters/zero3_stream.py``), each equal to ``estimate`` byte for byte; the accumulating ones keep
-    the fitted rule."""
+    """Under DeepSpeed (mixed-bf16, untied, no checkpointing) the ZeRO-3 candidates over 2 and 4 GPUs with no other
+    parallelism replay their rank's DeepSpeed stream (``engine/counters/zero3_stream.py``), each equal to
+    ``estimate`` byte for byte, the accumulating ones too."""
     from tests.data.fidelity_cases import LLAMA_H512_V32K
 
     base = {
@@ -238,9 +237,8 @@ def test_zero3_deepspeed_candidates_take_the_replay_and_equal_estimate():
     ]
     assert zero
     for e in zero:
-        replayed = "DeepSpeed ZeRO-3" in e.ranks[0].reserved.formula
-        assert replayed == (e.scenario.grad_accum_steps == 1)
-    assert any(e.scenario.grad_accum_steps == 1 for e in zero)
+        assert "DeepSpeed ZeRO-3" in e.ranks[0].reserved.formula
+    assert {e.scenario.grad_accum_steps > 1 for e in zero} == {True, False}
 
 
 def test_tp_candidates_take_the_replay_and_equal_estimate():

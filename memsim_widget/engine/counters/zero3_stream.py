@@ -1,6 +1,7 @@
 """What a DeepSpeed ZeRO-3 rank allocates and frees, and when, for the allocation stream
 (``engine/counters/alloc_stream.py``): ``DeepSpeedZeroOptimizer_Stage3`` as HF Trainer / accelerate run it with a
-bf16 model (``bf16.enabled``), full training, one micro-batch a step, no offload, DeepSpeed's stage-3 defaults
+bf16 model (``bf16.enabled``), full training, any number of micro-batches a step, no offload, DeepSpeed's stage-3
+defaults
 (``runtime/zero/config.py``: ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` and
 ``stage3_max_reuse_distance`` 1e9, ``stage3_param_persistence_threshold`` 1e5 elements, ``sub_group_size`` 1e9,
 ``contiguous_gradients``, ``reduce_scatter`` and ``overlap_comm`` true) but ``reduce_bucket_size``
@@ -27,14 +28,17 @@ Restated, nothing copied; held to a CPU run of the real optimizer (PyTorch's fak
 - **Fetch and release** (the coordinator, per module: a decoder layer's Linears here written at the layer's
   start and end): a module's parameters not available are all-gathered one at a time (``_all_gather_sequential``:
   a ``ceil(numel / dp) x dp``-element buffer, the parameter a view of it); on the first step (the trace is being
-  recorded) every module's parameters are released after it; from the second on, a fetch first prefetches the
+  recorded: ``reset_step`` runs at every forward's start, so the first forward records and every later one, the
+  next micro-batch's or step's, finds it complete) every module's parameters are released after it; from the
+  second on, a fetch first prefetches the
   parameters the recorded order needs next, up to ``stage3_prefetch_bucket_size`` elements (and
   ``stage3_max_live_parameters`` live), in one coalesced all-gather: a flat buffer of their partitions x dp, each
   parameter copied out of it (``torch.cat`` of its parts) when the first of them is waited on, the flat buffer freed
   once the last of them has been fetched; and a release keeps a parameter fetched for a later module or used
   again within ``stage3_max_reuse_distance`` elements of parameters. The step's first fetch is the root module's,
   which has no parameters of its own: it prefetches from the start.
-- **Backward**: each gradient (bf16, whole) copied into the ipg bucket and freed (``contiguous_gradients``); when
+- **Backward** (every micro-batch; ``partition_grads`` adds a later micro-batch's partitions in place): each
+  gradient (bf16, whole) copied into the ipg bucket and freed (``contiguous_gradients``); when
   the next would overflow it, and after the last, ``__reduce_and_partition_ipg_grads`` reduce-scatters the bucket
   (a flat copy of its gradients, each padded to a multiple of dp, freed; none for a lone gradient that divides
   by dp: ``runtime/comm/coalesced_collectives.reduce_scatter_coalesced``) into the gradient partitions' buffer.
@@ -47,7 +51,7 @@ Not modelled: ``overlap_comm``'s ``reduce_and_partition_stream`` and the all-gat
 flat copy and the gathers are made on streams of their own, pools of their own in the caching allocator; a CPU trace
 has one stream, so they stay on the compute stream here, untraced), module-level fetches inside a layer (a layer's
 Linears are fetched together at its start, so up to one layer's parameters more are live than DeepSpeed's
-one-module-at-a-time), activation checkpointing's re-fetches, tied embeddings, accumulation, LoRA, offload.
+one-module-at-a-time), activation checkpointing's re-fetches, tied embeddings, LoRA, offload.
 """
 
 from __future__ import annotations
@@ -139,7 +143,7 @@ class Zero3Units:
         return [g for g in out if g]
 
     def micro(self, w: Zero3Writer, m: int, micro: int) -> None:
-        """One micro-batch a step only (``alloc_stream.zero3_replayable``): nothing to set."""
+        """Nothing to set per micro-batch: every micro-batch reduces, the coordinator resets at each forward."""
 
 
 class Zero3Writer:
@@ -159,7 +163,8 @@ class Zero3Writer:
         self.data: dict[int, list[int]] = {}  # a gathered parameter's storage
         self.inflight: dict[int, int] = {}  # a prefetched parameter not yet fetched: its coalesced gather
         self.flats: dict[int, tuple[list[int], set[int], bool]] = {}  # gather: (flat, params left, copied)
-        self.recorded = False  # the coordinator's trace is complete (from the second step on)
+        self.recorded = False  # the coordinator's trace is complete (from the second forward on)
+        self.forwards = 0
         self.at = 0  # the step's next position in ``order``
         self.queue: deque[tuple[int, int]] = deque()
         self.fetched_for: dict[int, int] = {}
@@ -215,11 +220,13 @@ class Zero3Writer:
                     s.alloc(max(int(n * b), 1))
             s.free([h for b in temps for h in s.alloc(max(int(n * b), 1))][::-1])
             s.free(grad)
-        self._reset()
 
     def _reset(self) -> None:
-        """The coordinator's ``reset_step``: the order recorded, the queue rebuilt."""
-        self.recorded, self.at = True, 0
+        """The coordinator's ``reset_step``, at every forward's start (the root module's forward pre-hook): the
+        first forward records the module order, from the second on (the next micro-batch or step) it is complete;
+        the prefetch queue rebuilt, the live count zeroed."""
+        self.forwards += 1
+        self.recorded, self.at, self.live = self.forwards > 1, 0, 0
         self.queue = deque((p, k) for k, unit in enumerate(self.order) for p in self.units[unit])
         self.fetched_for = {}
 
@@ -312,7 +319,8 @@ class Zero3Writer:
     # -- alloc_stream's hook points ------------------------------------------------------------------------------
 
     def forward_start(self) -> None:
-        """The model's first modules: the root's fetch (its prefetch), the embeddings'."""
+        """The model's first modules: the coordinator's reset, the root's fetch (its prefetch), the embeddings'."""
+        self._reset()
         if self.recorded:
             self._fetch(None)
         self._fetch(0)
