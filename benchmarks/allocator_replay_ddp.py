@@ -5,6 +5,7 @@ same way.
 
     python benchmarks/allocator_replay_ddp.py
     python benchmarks/allocator_replay_ddp.py --zero
+    python benchmarks/allocator_replay_ddp.py --qlora
 
 Per scenario: peak allocated, reserved by the replay and by the fitted rule (``engine/counters/overhead.py``),
 the one-GPU replay, and the milliseconds of a new shape through ``estimate`` (CPU time of the process, the
@@ -94,10 +95,47 @@ def main_zero() -> None:
                 )
 
 
+#: QLoRA DDP ranks (HF Trainer over bitsandbytes NF4, LoRA r16 on every Linear, bf16), dp 4 on an H100:
+#: (model, micro-batch, length, activation checkpointing)
+QLORA_CASES: list[tuple[str, int, int, str]] = [
+    ("llama-3.2-1b", 4, 1024, "none"),
+    ("llama-3.2-1b", 4, 1024, "full"),
+    ("llama-3.1-8b", 1, 2048, "none"),
+    ("llama-3.1-8b", 2, 2048, "full"),
+    ("qwen2.5-7b", 1, 4096, "full"),
+]
+
+
+def main_qlora() -> None:
+    """Print one row per QLoRA DDP case: allocated, reserved by the replay and by the fitted rule (what it was
+    before the stream took QLoRA DDP ranks), the same shape's one-GPU replay."""
+    print("| scenario | ckpt | allocated | replay | fitted | one GPU, replay |")
+    print("|---|---|---:|---:|---:|---:|")
+    for model, b, length, ckpt in QLORA_CASES:
+        sc = {
+            "model": model, "method": "qlora", "precision": "bf16", "micro_batch_size": b, "seq_len": length,
+            "activation_checkpointing": ckpt, "lora": {"rank": 16, "targets": ["all-linear"]},
+            "gpu": "h100-sxm-80gb", "parallel": {"dp": 4}, "reserved_model": "replay",
+        }  # fmt: skip
+        r = estimate(sc).ranks[0]
+        fit = estimate({**sc, "reserved_model": "fitted"}).ranks[0].peak_reserved_bytes
+        one = estimate({**sc, "parallel": {"dp": 1}}).ranks[0].peak_reserved_bytes
+        assert "DDP's wrap-time broadcast" in r.reserved.formula, r.reserved.formula
+        print(
+            f"| {model} QLoRA {b} x {length} dp4 | {ckpt} | {r.peak_allocated_bytes / GiB:.2f} | "
+            f"{r.peak_reserved_bytes / GiB:.2f} | {fit / GiB:.2f} ({fit / r.peak_reserved_bytes - 1:+.1%}) | "
+            f"{one / GiB:.2f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
-    """Print one row per case and checkpointing setting (``--zero``: the ZeRO-1/2 cases)."""
+    """Print one row per case and checkpointing setting (``--zero``: the ZeRO-1/2 cases; ``--qlora``: QLoRA)."""
     if "--zero" in sys.argv:
         main_zero()
+        return
+    if "--qlora" in sys.argv:
+        main_qlora()
         return
     print("| scenario | ckpt | allocated | replay | fitted | one GPU replay | new shape: DDP, one GPU |")
     print("|---|---|---:|---:|---:|---:|---:|")

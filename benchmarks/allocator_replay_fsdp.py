@@ -107,10 +107,26 @@ LORA: list[tuple[str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+_TT_QKVO = {
+    "framework": "torchtune",
+    "lora": {"rank": 16, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"], "adapter_dtype": "bf16"},
+}
+#: torchtune's QLoRA (torchao NF4 on the LoRA-wrapped Linears) beside its LoRA over a bf16 base: traced, not
+#: replayed by default (docs/allocator.md, "FSDP2's streams": the stream is ~7% over under both)
+TORCHTUNE: list[tuple[str, dict[str, Any]]] = [
+    (f"llama L4 h512 V32k dp4 torchtune {m} qkvo", {**BASE, "model": SMALL_LLAMA, **_fsdp(4), **_TT_QKVO, "method": m})
+    for m in ("qlora", "lora")
+] + [
+    (f"llama-3.2-1b dp4 b1 s1024 torchtune {m} qkvo", {**_REAL, **_fsdp(4), **_TT_QKVO, "method": m})
+    for m in ("qlora", "lora")
+]  # fmt: skip
+
+
 def cases() -> list[tuple[str, dict[str, Any]]]:
     """This file's cases (each one the engine's stream models), then the cases of the multi-GPU fidelity suite
     (tests/data/fidelity_parallel_cases.py, real vocabularies included) whose rank the engine's stream models:
-    its FSDP2 ranks, and its DDP and tensor-parallel ones since those entered the replay."""
+    its FSDP2 ranks, and its DDP and tensor-parallel ones since those entered the replay; last torchtune's
+    QLoRA and LoRA ranks (``TORCHTUNE``: traced, the QLoRA one not replayed by default)."""
     from fidelity_parallel_cases import CASES
 
     from memsim_widget.engine.context import Context
@@ -124,7 +140,7 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
         d = {**d, "reserved_model": "replay"}
         if replayable(Context(Scenario.from_dict(d))):
             out.append((name, d))
-    return out
+    return out + TORCHTUNE
 
 
 def main() -> None:

@@ -16,6 +16,9 @@ Frees are read from weak references to each storage, swept before every op. Prin
     python benchmarks/ddp_trace.py            # both find_unused_parameters settings
     python benchmarks/ddp_trace.py --lora     # peft LoRA (rank 64, every Linear), the base frozen
     python benchmarks/ddp_trace.py --lora --bf16   # the same over a bf16 base (peft's adapters fp32)
+    python benchmarks/ddp_trace.py --qlora    # QLoRA: the layers' Linears bitsandbytes NF4 (bf16 compute)
+
+``--qlora`` needs bitsandbytes (0.50.2 runs its 4-bit layers on the CPU with real tensors; ``scripts/dev``).
 
 Needs the ``[trace]`` extra (torch, transformers); no network (the model is built from its config).
 """
@@ -41,11 +44,53 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LORA_RANK = 64
 
 
-def traced_run(find_unused: bool | None, port: int, lora: int = 0, bf16: bool = False) -> dict[str, Any]:
+def quantise(model: Any) -> list[Any]:
+    """QLoRA's base as transformers' bitsandbytes integration makes it (``load_in_4bit``, NF4, double
+    quantisation, bf16 compute, uint8 storage): every Linear of the decoder layers replaced by a
+    ``bitsandbytes.nn.Linear4bit`` whose ``Params4bit`` is quantised by ``.to("cpu")``, the head and embeddings
+    left in bf16 (``llm_int8_skip_modules``); ``is_loaded_in_4bit`` set so that peft wraps them with its
+    ``lora.bnb.Linear4bit``. Returns the quantisation states' tensors (absmax, nested absmax and codes: no
+    parameters, so DDP never sees them)."""
+    import bitsandbytes as bnb
+    import torch
+
+    states: dict[int, Any] = {}
+    for layer in model.model.layers:
+        for mod in list(layer.modules()):
+            for name, child in list(mod.named_children()):
+                if not isinstance(child, torch.nn.Linear):
+                    continue
+                q = bnb.nn.Linear4bit(
+                    child.in_features, child.out_features, bias=child.bias is not None,
+                    compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4",
+                    quant_storage=torch.uint8,
+                )  # fmt: skip
+                q.weight = bnb.nn.Params4bit(
+                    child.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4"
+                )
+                q = q.to("cpu")
+                setattr(mod, name, q)
+                qs = q.weight.quant_state
+                for t in (qs.absmax, qs.code, qs.state2.absmax, qs.state2.code, qs.offset):
+                    states.setdefault(t.untyped_storage().data_ptr(), t)
+    model.is_loaded_in_4bit = True
+    return list(states.values())
+
+
+def traced_run(
+    find_unused: bool | None,
+    port: int,
+    lora: int = 0,
+    bf16: bool = False,
+    qlora: bool = False,
+    model_config: dict[str, Any] | None = None,
+    seq: int = SEQ,
+) -> dict[str, Any]:
     """Two training steps of the Llama of ``LLAMA_H512_V32K`` (fp32, AdamW, foreach) wrapped in DDP with
     ``find_unused`` (None: not wrapped); ``lora``: peft LoRA of that rank on every Linear but the head (fp32
-    adapters, the base frozen; ``bf16``: the base in bf16, peft's adapters fp32 as it casts them by default);
-    the allocation events, DDP's own ones and its bucket sizes."""
+    adapters, the base frozen; ``bf16``: the base in bf16, peft's adapters fp32 as it casts them by default;
+    ``qlora``: the layers' Linears in NF4 besides, ``quantise``; ``model_config``: another Llama config,
+    ``seq``: another length); the allocation events, DDP's own ones and its bucket sizes."""
     import torch
     import torch.distributed as dist
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -80,11 +125,12 @@ def traced_run(find_unused: bool | None, port: int, lora: int = 0, bf16: bool = 
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.manual_seed(0)
-    cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
+    cfg = {k: v for k, v in (model_config or LLAMA_H512_V32K).items() if k != "model_type"}
     with torch.device("cpu"):
         model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False))
-        if bf16:
+        if bf16 or qlora:
             model = model.to(torch.bfloat16)
+        quant_states = quantise(model) if qlora else []
         if lora:
             from peft import LoraConfig, get_peft_model
 
@@ -92,7 +138,7 @@ def traced_run(find_unused: bool | None, port: int, lora: int = 0, bf16: bool = 
     inner = model.get_base_model() if lora else model
     mode = Log()
     mode.__enter__()
-    for p in model.parameters():  # the weights, in module order, as the stream writes them first
+    for p in [*model.parameters(), *quant_states]:  # the weights in module order, as the stream writes them
         counter[0] += 1
         live[p.untyped_storage().data_ptr()] = (StorageWeakRef(p.untyped_storage()), counter[0])
         events.append((counter[0], p.untyped_storage().nbytes(), 0))
@@ -105,7 +151,7 @@ def traced_run(find_unused: bool | None, port: int, lora: int = 0, bf16: bool = 
         sweep()
         data["wrap"] = events[at:]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-    ids = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ))
+    ids = torch.randint(0, cfg["vocab_size"], (BATCH, seq))
     for step in range(1, STEPS + 1):
         at = len(events)
         marks.pop("first op after", None)
@@ -166,9 +212,10 @@ def with_engine_ddp(run: dict[str, Any], b: Any) -> int:
     return replayed(events[:at] + w.events + events[at:])
 
 
-def engine(find_unused: bool, lora: int = 0, bf16: bool = False) -> dict[str, Any]:
+def engine(find_unused: bool, lora: int = 0, bf16: bool = False, qlora: bool = False) -> dict[str, Any]:
     """The engine's DDP rank of the same model and step (fp32, AdamW foreach), its buckets and replays;
-    ``lora``: LoRA of that rank on every Linear (``find_unused`` is then HF Trainer's for a peft model)."""
+    ``lora``: LoRA of that rank on every Linear (``find_unused`` is then HF Trainer's for a peft model);
+    ``qlora``: method qlora (a bf16 model)."""
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
     from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
@@ -184,8 +231,10 @@ def engine(find_unused: bool, lora: int = 0, bf16: bool = False) -> dict[str, An
         sc.update(
             method="lora", lora={"rank": lora, "targets": ["all-linear"]}, activation_checkpointing="none"
         )
-    if bf16:
+    if bf16 or qlora:
         sc["precision"] = "bf16"
+    if qlora:
+        sc["method"] = "qlora"
     out: dict[str, Any] = {}
     for dp in (2, 1):
         ctx = Context(estimate({**sc, "parallel": {"dp": dp}}).scenario)
@@ -200,16 +249,18 @@ def engine(find_unused: bool, lora: int = 0, bf16: bool = False) -> dict[str, An
 def main() -> None:
     """Print the comparison for ``find_unused_parameters`` True (HF Trainer without checkpointing) and False,
     and for LoRA (``--lora``: True, HF Trainer's for a peft model, which is no ``PreTrainedModel``)."""
-    lora = LORA_RANK if "--lora" in sys.argv else 0
+    qlora = "--qlora" in sys.argv
+    lora = LORA_RANK if "--lora" in sys.argv or qlora else 0
     bf16 = "--bf16" in sys.argv
-    plain = traced_run(None, 29611, lora, bf16)
+    plain = traced_run(None, 29611, lora, bf16, qlora)
     base = replayed(plain["events"])
     for k, fu in enumerate((True,) if lora else (True, False)):
-        t = traced_run(fu, 29612 + k, lora, bf16)
-        e = engine(fu, lora, bf16)
+        t = traced_run(fu, 29612 + k, lora, bf16, qlora)
+        e = engine(fu, lora, bf16, qlora)
         b = e["buckets"]
         wrap = [size for _, size, _ in t["wrap"] if size != FREE]
-        print(f"find_unused_parameters={fu}" + (f", LoRA rank {lora}" if lora else ""))
+        kind = "QLoRA" if qlora else "LoRA"
+        print(f"find_unused_parameters={fu}" + (f", {kind} rank {lora}" if lora else ""))
         print(
             f"  DDP's bucket_sizes at wrap {t['bucket_sizes']}; engine (allocation order) {list(b.initial)}"
         )

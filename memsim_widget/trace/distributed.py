@@ -252,6 +252,8 @@ def _model_factory(
             if lora:
                 model = apply_lora(model, lora, notes)
         fakeify_meta(model)
+        if sc.method == "qlora":
+            nf4_base(model, notes)
         parallelize(model, mesh, sc, notes, reshard_after_forward=reshard_after_forward)
         if _loss_outside(sc):  # the loop computes the loss on the logits (torchtitan train.py)
             from .tp_plan import _drop_labels
@@ -260,6 +262,24 @@ def _model_factory(
         return model
 
     return make
+
+
+def nf4_base(model: torch.nn.Module, notes: list[str]) -> None:
+    """QLoRA as torchtune makes it: the weight of each LoRA-wrapped Linear (peft's ``base_layer``) becomes a
+    frozen torchao ``NF4Tensor`` (``to_nf4``: 64-element blocks, 256-block scaler groups; torchao 0.18.0
+    ``quantization/quantize_/workflows/nf4/nf4_tensor.py``), which runs under FakeTensorMode, computes
+    ``F.linear`` through ``linear_nf4`` (dequantised per call) and hands FSDP2 its three inner tensors to
+    all-gather (``fsdp_pre_all_gather``: int8 scalers, fp32 factors, uint8 codes). The other Linears (the
+    head) stay in the model's dtype (torchtune: only LoRALinear holds NF4)."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    n = 0
+    for module in model.modules():
+        base = getattr(module, "base_layer", None)
+        if isinstance(base, torch.nn.Linear) and hasattr(module, "lora_A"):
+            base.weight = torch.nn.Parameter(to_nf4(base.weight.detach()), requires_grad=False)
+            n += 1
+    notes.append(f"QLoRA: {n} LoRA-wrapped Linear weights as torchao NF4Tensor (torchtune's QLoRA)")
 
 
 def _loss_outside(sc: Scenario) -> bool:

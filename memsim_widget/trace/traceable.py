@@ -35,8 +35,11 @@ def check_traceable(sc: Scenario) -> None:
     from memsim_widget.engine.core import estimate
 
     estimate(sc)
-    if sc.method == "qlora":
-        raise ScenarioError("method", "qlora cannot be traced: bitsandbytes' 4-bit kernels need CUDA")
+    if sc.method == "qlora" and not torchao_qlora(sc):
+        raise ScenarioError(
+            "method", "qlora is traced only as torchtune shards it (torchao's NF4Tensor under FSDP2: framework "
+            "torchtune, zero 3, dp > 1): bitsandbytes' 4-bit Params4bit cannot wrap a fake tensor",
+        )  # fmt: skip
     if sc.framework in ("liger", "unsloth"):
         raise ScenarioError("framework", f"{sc.framework} cannot be traced: its Triton kernels need a GPU")
     if sc.framework == "litgpt" and (sc.parallel.world_size > 1 or sc.parallel.ep > 1):
@@ -135,6 +138,23 @@ def _check_fp8(sc: Scenario) -> None:
             "fp8_recipe", "torchao's float8 is traced for one GPU's eager full-training SFT step only: set dp, tp, "
             "pp, cp and ep to 1, method full, objective sft and compile false",
         )  # fmt: skip
+
+
+def torchao_qlora(sc: Scenario) -> bool:
+    """Whether the scenario's QLoRA is torchtune's under FSDP2, which the distributed trace runs
+    (``distributed.nf4_base``): torchao's ``NF4Tensor`` on the LoRA-wrapped Linears (``qlora_quantises``
+    "targets"), sharded by ``fully_shard`` over dp > 1 ranks, no other parallelism."""
+    from memsim_widget.engine.frameworks import PROFILES
+
+    p = sc.parallel
+    return (
+        sc.method == "qlora"
+        and PROFILES[sc.framework].qlora_quantises == "targets"
+        and PROFILES[sc.framework].zero3 == "fsdp2"
+        and p.zero == 3
+        and p.dp > 1
+        and p.tp * p.pp * p.cp * p.ep == 1
+    )
 
 
 def _check_torchtune_savers(sc: Scenario) -> None:

@@ -147,6 +147,21 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) else t
 
 
+#: torchao wrappers holding their memory in several inner tensors: ``NF4Tensor`` (torchao 0.18.0,
+#: ``__tensor_flatten__``: its codes, scalers, factors, scaler mean and 16-entry lookup table).
+_TORCHAO_MULTI = {
+    "NF4Tensor": ("quantized_scalers", "quantization_factor", "quantized_data", "scaler_mean", "nf4"),
+}
+
+
+def _parts(t: torch.Tensor) -> list[torch.Tensor]:
+    """The inner tensors holding the memory of a multi-tensor torchao wrapper (``_TORCHAO_MULTI``; a DTensor's
+    local one), else none."""
+    t = _local(t)
+    names = _TORCHAO_MULTI.get(type(t).__name__, ())
+    return [x for x in (getattr(t, n, None) for n in names) if isinstance(x, torch.Tensor)]
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     """Short dtype name, e.g. 'bfloat16'."""
     return str(dtype).removeprefix("torch.")
@@ -235,7 +250,12 @@ class MemoryTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------------ registration
     def _register(self, t: torch.Tensor, op: str, role: str | None = None) -> StorageRecord | None:
-        """Register the storage of ``t`` (a DTensor's local shard) if unseen; return its record."""
+        """Register the storage of ``t`` (a DTensor's local shard; a torchao NF4 wrapper's inner tensors) if
+        unseen; return its record (the first inner tensor's)."""
+        parts = _parts(t)
+        if parts:
+            recs = [self._register(x, op, role) for x in parts]
+            return recs[0]
         t = _local(t)
         try:
             st = t.untyped_storage()
@@ -380,14 +400,15 @@ class MemoryTracker(TorchDispatchMode):
         live = self._live
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):
-                try:
-                    k = id(_local(a).untyped_storage())
-                except (RuntimeError, NotImplementedError):
-                    continue
-                if k not in live:
-                    self.untracked_inputs += 1
-                    self.seq += 1
-                    self._register(a, "<untracked input>", "input")
+                for x in _parts(a) or [a]:  # an NF4 wrapper's inner tensors, each tracked on its own
+                    try:
+                        k = id(_local(x).untyped_storage())
+                    except (RuntimeError, NotImplementedError):
+                        continue
+                    if k not in live:
+                        self.untracked_inputs += 1
+                        self.seq += 1
+                        self._register(x, "<untracked input>", "input")
         out = func(*args, **kwargs)
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         opname = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else name

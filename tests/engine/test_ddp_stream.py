@@ -20,6 +20,7 @@ from memsim_widget.engine.counters.ddp_stream import (
     FIRST_BUCKET_BYTES,
     DdpBuckets,
     DdpWriter,
+    broadcast_buffers,
     bucket_assignment,
     layer_use_order,
     rank_buckets,
@@ -149,6 +150,64 @@ def test_a_bf16_base_and_fp32_adapters_are_broadcast_in_two_flat_buffers():
     assert b.initial == (8_421_376, 1_048_576)
 
 
+#: QLoRA over the same layers (bf16 compute): each Linear of a layer quantised, bitsandbytes' ``Params4bit``
+#: holding ceil(n / 2) uint8 NF4 codes; q 512 x 512, k and v 256 x 512, o 512 x 512, gate, up, down 1376 x 512
+LAYER_LINEARS = 2 * 512 * 512 + 2 * 256 * 512 + 3 * 1376 * 512
+QLORA = {"method": "qlora", "precision": "bf16", "lora": {"rank": 64, "targets": ["all-linear"]}}
+
+
+def test_under_qlora_the_nf4_codes_are_broadcast_in_a_uint8_flat_buffer_of_their_own():
+    """DDP's broadcast syncs every parameter, frozen ones too, per dtype (``compute_bucket_assignment_by_size``):
+    the bf16 buffer opens at the embeddings and holds what bitsandbytes leaves unquantised (embeddings, norms,
+    head), the uint8 one opens at layer 0's q_proj (its packed NF4 codes, half a byte per weight; the absmax
+    and code of its ``QuantState`` are no parameters), the fp32 one at its first adapter; the buckets are the
+    adapters' as under LoRA. Real DDP over bitsandbytes 0.50.2's Linear4bit on the CPU
+    (benchmarks/ddp_trace.py --qlora) made flat buffers of 65,545,344 B (RoPE's 128 B buffer with it),
+    5,799,936 B and 9,469,952 B, then buckets of 8,421,376 and 1,048,576 B and a 224 B map."""
+    ctx = Context(Scenario.from_dict(ddp(**QLORA)))
+    b = rank_buckets(ctx, ctx.stages[0])
+    unquantised = 2 * 32000 * 512 + (2 * 4 + 1) * 512  # embeddings, head; two norms per layer, the final one
+    assert b.broadcast == (2 * unquantised, 4 * LAYER_LINEARS // 2, 4 * (ATTN_AD + MLP_AD))
+    assert b.broadcast == (65_545_344 - 128, 5_799_936, 9_469_952)
+    assert b.initial == (8_421_376, 1_048_576)
+    assert b.rebuilt == ()
+    assert b.used_map == 224
+
+
+def test_a_broadcast_bucket_of_one_tensor_allocates_no_flat_buffer_but_holds_its_place_in_flight():
+    """``flatten_dense_tensors`` views a lone tensor instead of concatenating (``tensor_flatten.h``): an embedding
+    of 250 MiB or more fills a broadcast bucket alone and is sent as itself, yet its ``BroadcastWork`` is one of
+    the two in flight, so the next real buffer waits for it, not for the one before."""
+    big = 300 * MiB
+    tensors = [(big, "bf16"), (MiB, "uint8"), (MiB, "bf16"), (MiB, "uint8"), (big, "bf16"), (MiB, "fp32")]
+    # bf16: the embedding alone (a view), then a MiB and the head together; uint8: two; fp32: one (a view too)
+    assert broadcast_buffers(tensors) == (0, 2 * MiB, big + MiB, 0)
+    s = StreamWriter()
+    DdpWriter(s, DdpBuckets((100, 0, 50), (), ())).wrap()
+    assert _sized(s) == [100, "free 100", 50, "free 50"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 400 * MiB), st.sampled_from(["bf16", "fp32", "uint8"])),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_broadcast_copies_every_tensor_once_but_the_lone_ones(tensors):
+    """Each broadcast bucket is a flat copy of its tensors or, alone in its bucket, the tensor itself: the flat
+    buffers and the lone tensors add up to every tensor's bytes, one entry per bucket, and a flat buffer holds
+    at least two tensors so it is never smaller than the smallest tensor twice over."""
+    flat = broadcast_buffers(tensors)
+    buckets = typed_bucket_assignment(tensors, [250 * MiB])
+    assert len(flat) == len(buckets)
+    lone = [n for n, f in zip(buckets, flat, strict=True) if f == 0]
+    assert sum(flat) + sum(lone) == sum(n for n, _ in tensors)
+    assert all(f == n for n, f in zip(buckets, flat, strict=True) if f)
+    assert all(f >= 2 * min(n for n, _ in tensors) for f in flat if f)
+
+
 def test_under_lora_the_stream_writes_the_adapters_buckets_and_its_formula_says_so():
     ctx = Context(Scenario.from_dict(ddp(**LORA)))
     s = rank_stream(ctx, ctx.stages[0])
@@ -238,7 +297,9 @@ def test_the_stream_writes_the_buckets_once_and_rebuilds_at_step_2(checkpointing
         (ddp(method="lora", precision="bf16"), True),  # fp32 adapters beside bf16 weights: two dtypes
         (ddp(method="lora", precision="bf16", lora={"adapter_dtype": "bf16"}), True),
         (ddp(method="lora", precision="mixed-bf16"), False),  # a base dtype the recipe does not name
-        (ddp(method="qlora"), False),
+        (ddp(**QLORA), True),  # NF4 codes (uint8) beside a bf16 rest and fp32 adapters: three dtypes
+        (ddp(method="qlora"), True),  # the rest fp32
+        ({**ddp(**QLORA), "precision": "mixed-bf16"}, False),  # a base dtype the recipe does not name
         (ddp(compile=True), False),
         (ddp(framework="torchtitan"), False),
     ],
@@ -286,4 +347,38 @@ def test_under_lora_the_engines_ddp_buffers_on_the_traced_steps_reserve_what_rea
     ctx = Context(Scenario.from_dict(ddp(**LORA, **({"precision": "bf16"} if bf16 else {}))))
     b = rank_buckets(ctx, ctx.stages[0])
     assert tuple(real["bucket_sizes"]) == b.initial
+    assert ddp_trace.with_engine_ddp(plain, b) == ddp_trace.replayed(real["events"])
+
+
+#: Qwen2.5-0.5B's vocabulary and width on two layers, untied: its bf16 embedding (272 MB) fills a broadcast
+#: bucket alone (``broadcast_buffers``)
+QWEN_V152K_L2 = {
+    **LLAMA_H512_V32K, "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "num_hidden_layers": 2,
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [None, QWEN_V152K_L2], ids=["llama-h512-v32k", "qwen-v152k-l2"])
+def test_under_qlora_the_engines_ddp_buffers_on_the_traced_steps_reserve_what_real_ddp_did(model):
+    """Real DDP over a peft QLoRA model on the CPU (benchmarks/ddp_trace.py --qlora: bitsandbytes 0.50.2's NF4
+    Linear4bit with real tensors, gloo, world size 1, two steps): its ``bucket_sizes`` are the engine's, its
+    flat buffers the engine's (the bf16 one with RoPE's 128 B buffer; none for a lone embedding), and the
+    traced steps without DDP with the engine's DDP buffers written after the weights replay to the traced DDP
+    run's peak reserved byte for byte (3,074,424,832 B for the Qwen-vocabulary one: 260,047,872 B less than
+    when the stream wrote a flat copy of the lone embedding)."""
+    pytest.importorskip("bitsandbytes")
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import ddp_trace
+
+    plain = ddp_trace.traced_run(None, 29641, ddp_trace.LORA_RANK, qlora=True, model_config=model)
+    real = ddp_trace.traced_run(True, 29642, ddp_trace.LORA_RANK, qlora=True, model_config=model)
+    ctx = Context(Scenario.from_dict(ddp(**QLORA, **({"model": model} if model else {}))))
+    b = rank_buckets(ctx, ctx.stages[0])
+    assert tuple(real["bucket_sizes"]) == b.initial
+    made = [n for n in b.broadcast if n]
+    flat = [size for _, size, _ in real["wrap"] if size >= MiB][: len(made)]
+    assert flat == [n + 128 if n == b.broadcast[0] else n for n in made]
     assert ddp_trace.with_engine_ddp(plain, b) == ddp_trace.replayed(real["events"])

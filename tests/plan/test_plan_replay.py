@@ -280,15 +280,31 @@ def test_lora_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
     assert {e.scenario.grad_accum_steps for e in ddp} != {1}
 
 
-def _lora_candidates(zero: int, sequences: int, checkpointing: str | None = None) -> list:
-    """The planner's candidates for LoRA r16 on q_proj and v_proj of the small Llama at 512 tokens on 2 and 4
-    H100s under ``zero`` (a global batch of ``sequences``; ``checkpointing`` fixed, or every setting the planner
-    tries), each checked equal to ``estimate`` (``_checked``): their estimates."""
+def test_qlora_ddp_candidates_take_the_replay_and_equal_estimate():
+    """QLoRA under DDP over 2 and 4 GPUs (its NF4 codes broadcast as uint8 beside the bf16 rest, only the
+    adapters bucketed: ``ddp_stream._tensors``), with and without accumulation: replayed, each equal to
+    ``estimate`` byte for byte; its FSDP2 candidates keep the fitted rule (``alloc_stream.fsdp2_replayable``)."""
+    ests = _lora_candidates(zero=0, sequences=8, checkpointing="none", method="qlora")
+    ddp = [e for e in ests if _data_parallel_alone(e.scenario.parallel)]
+    assert ddp and all("DDP's wrap-time broadcast" in e.ranks[0].reserved.formula for e in ddp)
+    assert {e.scenario.grad_accum_steps for e in ddp} != {1}
+    sharded = _lora_candidates(zero=3, sequences=4, checkpointing="none", method="qlora")
+    assert not any("replayed" in e.ranks[0].reserved.formula for e in sharded if e.scenario.parallel.dp > 1)
+
+
+def _lora_candidates(
+    zero: int, sequences: int, checkpointing: str | None = None, method: str = "lora"
+) -> list:
+    """The planner's candidates for LoRA (``method``: or QLoRA, bf16) r16 on q_proj and v_proj of the small
+    Llama at 512 tokens on 2 and 4 H100s under ``zero`` (a global batch of ``sequences``; ``checkpointing``
+    fixed, or every setting the planner tries), each checked equal to ``estimate`` (``_checked``): their
+    estimates."""
     from tests.data.fidelity_cases import LLAMA_H512_V32K
 
     base = {
-        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": "lora",
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "method": method,
         "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
+        **({"precision": "bf16"} if method == "qlora" else {}),
     }  # fmt: skip
     space = SearchSpace(micro_batch=(1, 2), zero=(zero,), offload=("none",))
     if checkpointing is not None:

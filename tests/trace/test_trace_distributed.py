@@ -105,6 +105,34 @@ def test_untraceable_layouts_name_their_field(parallel: dict, field: str) -> Non
     assert info.value.field == field
 
 
+@pytest.mark.parametrize(
+    ("framework", "parallel", "traced"),
+    [
+        ("torchtune", {"dp": 4, "zero": 3}, True),  # torchao's NF4Tensor under FSDP2
+        ("torchtune", {"dp": 1}, False),  # one GPU: not this trace
+        ("hf", {"dp": 4, "zero": 3}, False),  # bitsandbytes' Params4bit cannot wrap a fake tensor
+        ("torchtune", {"dp": 4, "zero": 0}, False),
+    ],
+)
+def test_qlora_is_traced_only_as_torchtune_shards_it(framework: str, parallel: dict, traced: bool) -> None:
+    from memsim_widget.trace.traceable import check_traceable, torchao_qlora
+
+    sc = Scenario.from_dict(
+        {
+            "model": TINY_LLAMA,
+            "method": "qlora",
+            "precision": "bf16",
+            "framework": framework,
+            "parallel": parallel,
+        }
+    )
+    assert torchao_qlora(sc) == traced
+    if not traced:
+        with pytest.raises(ScenarioError) as info:
+            check_traceable(sc)
+        assert info.value.field == "method"
+
+
 def test_expert_parallelism_is_refused() -> None:
     mixtral = {**TINY_LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
     sc = Scenario.from_dict({"model": mixtral, "parallel": {"dp": 2, "ep": 2, "zero": 3}})

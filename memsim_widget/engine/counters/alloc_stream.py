@@ -1212,7 +1212,7 @@ def _fsdp2_accumulation_modelled(ctx: Any) -> bool:
 def ddp_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DDP rank (``ddp_stream``): data parallelism over dp > 1 ranks
     without ZeRO under a framework that wraps with torch DDP (``profile.ddp_buckets``: HF Trainer / accelerate),
-    no other parallelism, full training or LoRA (``_ddp_lora_modelled``), no frozen stack, eager (a compiled
+    no other parallelism, full training, LoRA or QLoRA (``_ddp_lora_modelled``), no frozen stack, eager (a compiled
     step's DDPOptimizer splits the graph at the buckets: not modelled), any number of micro-batches
     (``no_sync``)."""
     from memsim_widget.engine.frameworks import profile
@@ -1278,9 +1278,12 @@ def zero3_replayable(ctx: Any) -> bool:
 def _ddp_lora_modelled(ctx: Any) -> bool:
     """LoRA on a DDP rank as ``ddp_stream.rank_buckets`` writes it: peft's adapters the only parameters that
     require a gradient, so the only ones bucketed; the base weights fp32 (fp32, autocast) or pure bf16 / fp16
-    (``ddp_stream.weight_dtype``: the broadcast's flat buffers are per dtype), not QLoRA's NF4 base."""
+    (``ddp_stream.weight_dtype``: the broadcast's flat buffers are per dtype); under QLoRA the NF4 base is
+    broadcast as its uint8 codes (``ddp_stream._tensors``)."""
     sc = ctx.scenario
-    return sc.method == "lora" and (ctx.recipe.weight_bytes == 4 or sc.precision in ("bf16", "fp16"))
+    return sc.method in ("lora", "qlora") and (
+        ctx.recipe.weight_bytes == 4 or sc.precision in ("bf16", "fp16")
+    )
 
 
 def pool_replay(ctx: Any, stage: Any) -> PoolReplay:

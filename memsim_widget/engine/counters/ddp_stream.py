@@ -14,7 +14,8 @@ nothing copied; held to a CPU run of real DDP (gloo, world size 1) under a loggi
 - At wrap time ``_sync_module_states`` broadcasts every parameter (and buffer) from rank 0: C++
   ``broadcast_coalesced`` groups them in module order into flat buffers of at least 250 MiB
   (``broadcast_bucket_size``; a bucket closes once it reaches the cap), at most two in flight: the third flat
-  buffer is made once the first is unflattened back and freed. At world size 1 too.
+  buffer is made once the first is unflattened back and freed. At world size 1 too. A bucket of one tensor
+  (an embedding of 250 MiB or more) is broadcast as a view of it: no flat buffer (``broadcast_buffers``).
 - Then the Reducer: ``compute_bucket_assignment_by_size`` walks the parameters that require a gradient in module
   order (``named_modules``, shared ones once) and closes a bucket once its bytes reach the current limit,
   the limits advancing along a list (the last repeats); per dtype and device. The limits at wrap time:
@@ -78,26 +79,41 @@ def typed_bucket_assignment(tensors: Sequence[tuple[int, str]], limits: Sequence
     """``bucket_assignment`` of (bytes, dtype) tensors: each dtype's buckets apart, with limits of its own, and
     all of them sorted by the first tensor they hold (``compute_bucket_assignment_by_size`` without tensor
     indices: the broadcast, the wrap-time buckets). A frozen bf16 base beside fp32 adapters: two lists."""
-    open_: dict[str, list[int]] = {}  # dtype: [its open bucket's first tensor, bytes]
+    return tuple(n for n, _ in _typed_buckets(tensors, limits))
+
+
+def broadcast_buffers(tensors: Sequence[tuple[int, str]]) -> tuple[int, ...]:
+    """The flat buffers the wrap-time broadcast allocates for (bytes, dtype) tensors in module order: its buckets
+    (``typed_bucket_assignment`` at ``BROADCAST_BUCKET_BYTES``), 0 for those holding one tensor, which
+    ``flatten_dense_tensors`` returns as a view of that tensor (``torch/csrc/utils/tensor_flatten.h``: a single
+    tensor is ``contiguous().view(-1)``, no ``cat``), as an embedding of 250 MiB or more is; such a bucket still
+    takes one of the two in-flight places (``DdpWriter.wrap``)."""
+    return tuple(n if count > 1 else 0 for n, count in _typed_buckets(tensors, [BROADCAST_BUCKET_BYTES]))
+
+
+def _typed_buckets(tensors: Sequence[tuple[int, str]], limits: Sequence[int]) -> list[tuple[int, int]]:
+    """``typed_bucket_assignment``'s buckets as (bytes, tensors held)."""
+    open_: dict[str, list[int]] = {}  # dtype: [its open bucket's first tensor, bytes, tensors]
     level: dict[str, int] = {}
-    done: list[tuple[int, int]] = []
+    done: list[tuple[int, int, int]] = []
     for i, (size, key) in enumerate(tensors):
-        b = open_.setdefault(key, [i, 0])
+        b = open_.setdefault(key, [i, 0, 0])
         b[1] += size
+        b[2] += 1
         k = level.setdefault(key, 0)
         if b[1] >= limits[k]:
-            done.append((b[0], b[1]))
+            done.append((b[0], b[1], b[2]))
             del open_[key]
             level[key] = min(k + 1, len(limits) - 1)
-    done += [(first, n) for first, n in open_.values() if n]
-    return tuple(n for _, n in sorted(done))
+    done += [(first, n, count) for first, n, count in open_.values() if n]
+    return [(n, count) for _, n, count in sorted(done)]
 
 
 @dataclass(frozen=True)
 class DdpBuckets:
-    """A DDP rank's buffers: the wrap-time broadcast's flat buffers (module order), the buckets allocated at
-    wrap time (in allocation order), the buckets the rebuild allocates (none: no rebuild) and the bytes of the
-    used-parameter map (0 without ``find_unused_parameters``)."""
+    """A DDP rank's buffers: the wrap-time broadcast's flat buffers (module order; 0: a bucket of one tensor,
+    no buffer), the buckets allocated at wrap time (in allocation order), the buckets the rebuild allocates
+    (none: no rebuild) and the bytes of the used-parameter map (0 without ``find_unused_parameters``)."""
 
     broadcast: tuple[int, ...]
     initial: tuple[int, ...]
@@ -122,7 +138,7 @@ def buckets_of(
     limits = [FIRST_BUCKET_BYTES, BUCKET_CAP_BYTES]
     typed = [w if isinstance(w, tuple) else (w, "") for w in weights]
     return DdpBuckets(
-        typed_bucket_assignment(typed, [BROADCAST_BUCKET_BYTES]),
+        broadcast_buffers(typed),
         bucket_assignment(grads, limits if find_unused else [sys.maxsize])[::-1],
         () if find_unused else bucket_assignment(ready, limits),
         USED_MAP_BYTES * len(grads) if find_unused else 0,
@@ -142,10 +158,10 @@ class DdpWriter:
         buckets and its used-parameter map."""
         s = self.s
         in_flight: list[list[int]] = []
-        for size in self.b.broadcast:
+        for size in self.b.broadcast:  # 0: a bucket of one tensor, broadcast as a view of it
             if len(in_flight) >= BROADCAST_IN_FLIGHT:
                 s.free(in_flight.pop(0))
-            in_flight.append(s.alloc(size))
+            in_flight.append(s.alloc(size) if size else [])
         for h in in_flight:
             s.free(h)
         self.buckets = [h for size in self.b.initial for h in s.alloc(size)]
@@ -185,11 +201,18 @@ def weight_dtype(ctx: Any) -> str:
 def _tensors(ctx: Any, lg: Any, adapters: dict[str, Any]) -> list[tuple[int, int, str, bool]]:
     """One of ``lg``'s parameters as DDP sees it: (elements, bytes per element, dtype, requires grad) of each
     tensor in module order. Under LoRA the base weight is frozen, and peft's adapter on it (A: r x in, then B:
-    out x r, ``LoraLayer``'s ``lora_A`` registered before ``lora_B``, both after ``base_layer``) trains."""
-    base = (lg.numel_each, ctx.recipe.weight_bytes, weight_dtype(ctx))
+    out x r, ``LoraLayer``'s ``lora_A`` registered before ``lora_B``, both after ``base_layer``) trains. Under
+    QLoRA a quantised base weight is bitsandbytes' ``Params4bit``: its packed NF4 codes, ceil(n / 2) uint8
+    (``functional.quantize_4bit``, ``quant_storage`` uint8, bitsandbytes 0.50.2), all DDP broadcasts; its
+    absmax and code live on the ``QuantState``, no parameter or buffer, so neither is broadcast."""
+    from memsim_widget.engine.states.weights import stored_in_nf4
+
+    n, b, dt = lg.numel_each, ctx.recipe.weight_bytes, weight_dtype(ctx)
+    if stored_in_nf4(ctx, lg.group.kind, lg.group.module, lg.shape):
+        n, b, dt = -(-n // 2), 1, "uint8"
     if ctx.full_training:
-        return [(*base, True)]
-    out = [(*base, False)]
+        return [(n, b, dt, True)]
+    out = [(n, b, dt, False)]
     ad = adapters.get(lg.group.name)
     if ad is not None:
         dt = ctx.scenario.lora.adapter_dtype

@@ -43,7 +43,8 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
 Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
 parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
 gradient accumulation without resharding after backward, explicit prefetching, QLoRA's NF4 base and frozen
-towers (``alloc_stream.replayable`` keeps the fitted rule for them).
+towers, CPU offload (``alloc_stream.replayable`` keeps the fitted rule for them; docs/allocator.md, "FSDP2's
+streams", says why each of QLoRA, HSDP and CPU offload is not traced).
 """
 
 from __future__ import annotations
@@ -285,11 +286,25 @@ def trains(t: tuple[int, ...]) -> bool:
     return len(t) < 4 or bool(t[3])
 
 
+#: torchao's NF4 layout (``to_nf4`` defaults): elements per scaler block and scaler blocks per factor
+NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
+
+
+def nf4_parts(n: int, world: int) -> list[tuple[int, ...]]:
+    """A frozen NF4 weight of ``n`` elements as FSDP2 gathers it (torchao 0.18.0 ``NF4Tensor.fsdp_pre_all_gather``:
+    three all-gather inputs, each sharded along dim 0 by ``world``): its int8 scalers (one per 64-element
+    block), fp32 factors (one per 256 scalers) and uint8 codes (two per byte), as (elements, shard, bytes, 0)."""
+    scalers = n // NF4_BLOCK
+    parts = ((scalers, 1), (scalers // NF4_SCALER_BLOCK, 4), (n // 2, 1))
+    return [(k, -(-k // world), b, 0) for k, b in parts]
+
+
 def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     """``Fsdp2Units`` of ``stage``'s rank of ``ctx`` (``states/budget.local_groups``; bytes as
     ``states/gathered`` counts them: ``frameworks.gathered_weight_bytes``, the recipe's gradient bytes)."""
     from memsim_widget.engine.frameworks import gathered_weight_bytes
     from memsim_widget.engine.states.budget import local_groups
+    from memsim_widget.engine.states.weights import stored_in_nf4
 
     world = ctx.par.dp * ctx.par.cp
     wb = gathered_weight_bytes(ctx)
@@ -300,8 +315,11 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     post: list[tuple[int, ...]] = []
     for lg in local_groups(ctx, stage):
         t: list[tuple[int, ...]] = [(lg.numel_each, padded_shard(lg.shape, world))]
-        if not ctx.full_training:  # LoRA: the base frozen, its adapters (A: r x in, B: out x r) after it
+        if stored_in_nf4(ctx, lg.group.kind, lg.group.module, lg.shape):
+            t = nf4_parts(lg.numel_each, world)
+        elif not ctx.full_training:  # LoRA: the base frozen, its adapters (A: r x in, B: out x r) after it
             t = [(*t[0], wb, 0)]
+        if not ctx.full_training:
             ad = adapters.get(lg.group.name)
             if ad is not None:
                 ab, r = ctx.adapter_bytes, ad.rank
