@@ -8,23 +8,33 @@ which ``benchmarks/fidelity_measured.py`` compares with the engine.
 Run on a machine with a CUDA GPU (about 5 minutes on one H100/H200, under 10 by design):
     python benchmarks/gpu_measure.py --out data/measured/gpu_h200.csv
     python benchmarks/gpu_measure.py --list            # the scenarios and their time budget (no GPU needed)
-Without CUDA it exits at once with status 2 and says so.
+    python benchmarks/gpu_measure.py --alloc-conf expandable_segments:True --out data/measured/gpu_h100_exp.csv
+        # the same scenarios under another PYTORCH_CUDA_ALLOC_CONF (set in each subprocess's environment): the
+        # rows' ids carry a tag (``g-<name>-expandable-<counter>``) and their scenario the setting as
+        # ``allocator_conf``, so benchmarks/fidelity_measured.py compares them with the engine's mode for it
+        # (UNTESTED ON GPU, issue 22 item 5b)
+    python benchmarks/gpu_measure.py --cpu-smoke --out /tmp/x.csv   # the loop on CPU: tiny model, zero counters
+Without CUDA (and without --cpu-smoke) it exits at once with status 2 and says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from memsim_widget import measure
+from memsim_widget.alloc_conf import parse_alloc_conf
 from memsim_widget.catalog.models import resolve_model_config
+from memsim_widget.errors import ScenarioError
 from memsim_widget.measure import write_csv
 from memsim_widget.scenario import Scenario
 
@@ -211,6 +221,34 @@ FAMILIES = (  # the most telling first: a run cut short keeps what it measured
 MEASUREMENTS = MEASUREMENTS + FAMILIES
 
 
+#: ``--cpu-smoke``: a tiny model in place of each chosen measurement's, on CPU (the counters read 0).
+SMOKE_MODEL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip
+
+
+def smoke(m: Measurement) -> Measurement:
+    """``m`` with the tiny model and short sequences (``--cpu-smoke``)."""
+    sc = {**m.scenario, "model": SMOKE_MODEL, "seq_len": 64, "compile": False}
+    return replace(m, scenario=sc, lengths=tuple(min(64, n) for n in m.lengths[:3]) if m.lengths else ())
+
+
+def conf_tag(conf: str) -> str:
+    """The id tag of rows measured under the allocator setting ``conf`` ('' for the default)."""
+    if not conf:
+        return ""
+    if conf.replace(" ", "") == "expandable_segments:True":
+        return "expandable"
+    return re.sub(r"[^a-z0-9]+", "-", conf.lower()).strip("-")
+
+
+def under_conf(m: Measurement, conf: str) -> Measurement:
+    """``m`` measured under PYTORCH_CUDA_ALLOC_CONF=``conf``: tagged name and note, ``allocator_conf`` set."""
+    if not conf:
+        return m
+    return replace(m, name=f"{m.name}-{conf_tag(conf)}", scenario={**m.scenario, "allocator_conf": conf},
+                   note=f"{m.note}; PYTORCH_CUDA_ALLOC_CONF={conf}".lstrip("; "))  # fmt: skip
+
+
 def budget_seconds(measurements: Iterable[Measurement] = MEASUREMENTS) -> int:
     """Seconds the run may take: the subprocess budgets plus 10 s of start-up each."""
     return sum(m.seconds + 10 for m in measurements)
@@ -234,14 +272,32 @@ def train_steps(m: Measurement, device: str = "cuda") -> None:
     measure.train_steps(Scenario.from_dict(m.scenario), m.step_lengths(), device)
 
 
-def run_one(m: Measurement) -> dict[str, Any]:
-    """Train the measurement's scenario for a few steps on CUDA and read the three counters."""
+def run_one(m: Measurement, cpu_smoke: bool = False) -> dict[str, Any]:
+    """Train the measurement's scenario for a few steps on CUDA and read the three counters (with the allocator
+    setting the subprocess saw). ``cpu_smoke``: the steps on CPU, the counters 0."""
+    seen = {"alloc_conf_env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    if cpu_smoke:
+        measure.train_steps(Scenario.from_dict(m.scenario), m.step_lengths(), "cpu")
+        return {"allocated": 0, "reserved": 0, "device": 0, **seen}
     reading = measure.run(Scenario.from_dict(m.scenario), m.step_lengths(), history=False)
-    return {k: reading[k] for k in ("allocated", "reserved", "device")}
+    return {**{k: reading[k] for k in ("allocated", "reserved", "device")}, **seen}
 
 
 environment = measure.environment
 require_cuda = measure.require_cuda
+
+
+def on_local_card(m: Measurement) -> Measurement:
+    """``m`` with its scenario on the card it ran on (the scenarios name the H200; an H100 run is an H100's row)."""
+    gpu = measure.local_gpu(Scenario.from_dict(m.scenario)).gpu
+    return replace(m, scenario={**m.scenario, "gpu": gpu if isinstance(gpu, str) else dict(gpu)})
+
+
+def child_args(args: argparse.Namespace) -> list[str]:
+    """The options a subprocess needs to find its (tagged, smoke) measurement among the chosen."""
+    out = ["--alloc-conf", args.alloc_conf] if args.alloc_conf else []
+    out += ["--only", *args.only] if args.only else ["--group", args.group]
+    return out + (["--cpu-smoke"] if args.cpu_smoke else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,36 +309,54 @@ def main(argv: list[str] | None = None) -> int:
         "--group", default="core", help="which group to run (core, families); each fits the budget"
     )
     ap.add_argument("--list", action="store_true", help="list the measurements and their time budget")
+    ap.add_argument(
+        "--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF for every measurement (rows tagged)"
+    )
+    ap.add_argument("--budget", type=float, default=BUDGET_SECONDS, help="seconds for the whole run")
+    ap.add_argument("--cpu-smoke", action="store_true", help="the loop on CPU with a tiny model (counters 0)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.alloc_conf:
+        try:
+            parse_alloc_conf(args.alloc_conf, "--alloc-conf")
+        except ScenarioError as e:
+            print(f"gpu_measure: {e}", file=sys.stderr)
+            return 2
     chosen = [m for m in MEASUREMENTS if (m.name in args.only if args.only else m.group == args.group)]
+    if args.only:  # in the order given: a run cut short by its budget keeps the first ones
+        chosen.sort(key=lambda m: args.only.index(m.name))
+    if args.cpu_smoke:
+        chosen = [smoke(m) for m in chosen]
+    chosen = [under_conf(m, args.alloc_conf) for m in chosen]
     if args.list:
         for m in chosen:
             print(f"{m.name:<24} {m.seconds:>4} s  {json.dumps(m.scenario)}")
         print(f"budget {budget_seconds(chosen)} s (limit {BUDGET_SECONDS} s)")
         return 0
-    reason = require_cuda()
+    reason = None if args.cpu_smoke else require_cuda()
     if reason:
         print(f"gpu_measure: {reason}", file=sys.stderr)
         return 2
     if args.child:
-        (m,) = [x for x in MEASUREMENTS if x.name == args.child]
-        print(json.dumps(run_one(m)))
+        (m,) = [x for x in chosen if x.name == args.child]
+        print(json.dumps(run_one(m, args.cpu_smoke)))
         return 0
     env, rows, start = environment(), [], time.monotonic()
+    child_env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": args.alloc_conf} if args.alloc_conf else None
     for m in chosen:
-        left = BUDGET_SECONDS - (time.monotonic() - start)
+        left = args.budget - (time.monotonic() - start)
         if left < m.seconds:
             print(f"{m.name}: skipped, {left:.0f} s left of the budget", flush=True)
             continue
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
-                [sys.executable, __file__, "--child", m.name],
+                [sys.executable, __file__, "--child", m.name, *child_args(args)],
                 capture_output=True,
                 text=True,
                 timeout=min(left, m.seconds * 3),
                 cwd=ROOT,
+                env=child_env,
             )
         except subprocess.TimeoutExpired:
             print(f"{m.name}: timed out", flush=True)
@@ -291,7 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name}: failed\n{proc.stderr[-2000:]}", flush=True)
             continue
         reading = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows += rows_for(m, reading, env)
+        if reading["alloc_conf_env"] != args.alloc_conf:  # the rows would be tagged with a setting not used
+            print(
+                f"{m.name}: the subprocess saw PYTORCH_CUDA_ALLOC_CONF={reading['alloc_conf_env']!r}",
+                flush=True,
+            )
+            continue
+        rows += rows_for(m if args.cpu_smoke else on_local_card(m), reading, env)
         write_csv(rows, Path(args.out))  # after each one: a run cut short keeps what it measured
         print(
             f"{m.name:<24} allocated {reading['allocated'] / GiB:7.2f} reserved {reading['reserved'] / GiB:7.2f} "

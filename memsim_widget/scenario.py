@@ -491,8 +491,8 @@ RESERVED_MODELS = ("fitted", "replay")
 #: The reserved model of a scenario that names none (``Scenario.replays_reserved`` reads it; one place to switch),
 #: except for batches padded to their longest sample (over a long run their cache ratchets with the lengths and
 #: their order, which a two-step replay cannot know: docs/allocator.md#variable-lengths; the fitted rule was
-#: fitted on such runs), compiled steps (the compiled stream is under its trace on autocast, LoRA, OLMo 2 and
-#: Gemma 3 compiled layers and under the compiled ViT-B run, where the fitted rule is over) and pipeline stages
+#: fitted on such runs), compiled steps whose stream is not held to its compiled trace
+#: (``alloc_stream.compiled_stream_held`` says which, and why) and pipeline stages
 #: (the stage's stream is within 1% of its trace where hidden states fill the large pool, but up to 4.3% under at
 #: 2 x 256 tokens of h=512, where the small pool's 2 MiB segments decide: docs/allocator.md#pipeline-stages):
 #: those keep the fitted rule.
@@ -521,7 +521,8 @@ class Scenario:
     as PyTorch parses it (``engine/counters/allocator.py``); unset: the framework's launcher default (torchtitan
     ``expandable_segments:True``, the others PyTorch's defaults); ``reserved_model`` (optional) -- ``fitted``
     or ``replay``, how the reserved counter is computed (``RESERVED_MODELS``; unset: ``DEFAULT_RESERVED_MODEL``
-    but the fitted rule for ``padding: longest`` and compiled steps, ``replays_reserved``).
+    but the fitted rule for ``padding: longest``, ``replays_reserved``, and compiled steps whose stream is not held
+    to its trace, ``alloc_stream.compiled_stream_held``).
 
     ``output_lifetime`` -- how long the loop keeps the model output (logits and any KV cache the model
     returns): ``trainer`` drops it before backward (HF Trainer keeps only the loss), ``backward`` until
@@ -757,16 +758,12 @@ class Scenario:
     @property
     def replays_reserved(self) -> bool:
         """Whether the reserved counter comes from the allocator's replay (``reserved_model``, unset:
-        ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest``, compiled steps and pipelines); the step must also be one the
-        stream models (``alloc_stream.replayable``)."""
+        ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest`` and pipelines); the step must also be one the
+        stream models (``alloc_stream.replayable``: a compiled step by default only where its stream is held to its
+        compiled trace, ``alloc_stream.compiled_stream_held``)."""
         if self.reserved_model is not None:
             return self.reserved_model == "replay"
-        return (
-            DEFAULT_RESERVED_MODEL == "replay"
-            and self.padding != "longest"
-            and not self.compile
-            and self.parallel.pp == 1
-        )
+        return DEFAULT_RESERVED_MODEL == "replay" and self.padding != "longest" and self.parallel.pp == 1
 
     @property
     def objective_name(self) -> str:

@@ -190,20 +190,53 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
     )
 
 
-def test_compiled_steps_keep_the_fitted_rule_unless_the_replay_is_named() -> None:
-    """An unset ``reserved_model`` replays eager steps but not compiled ones (``Scenario.replays_reserved``: the
-    compiled stream is under its trace on autocast, LoRA, OLMo 2 and Gemma 3 compiled layers and under the compiled
-    ViT-B run); naming it replays them."""
+@pytest.mark.parametrize(
+    ("change", "held"),
+    [
+        ({}, True),
+        ({"model": "qwen3-0.6b"}, True),
+        ({"precision": "amp-bf16"}, False),
+        ({"method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}}, True),
+        (
+            {"model": "qwen3-0.6b", "method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}},
+            False,
+        ),
+        ({"model": "olmo-2-1b"}, True),
+        ({"model": "gemma-3-1b", "seq_len": 512}, True),
+        ({"model": "gemma-3-1b"}, False),
+        ({"model": "vit-base-patch16-224", "micro_batch_size": 64, "precision": "amp-bf16"}, False),
+        ({"activation_offloading": True}, False),
+    ],
+    ids=[
+        "llama",
+        "qwen3",
+        "amp",
+        "lora",
+        "qwen3-lora",
+        "olmo2",
+        "gemma3",
+        "gemma3-masked-window",
+        "vit",
+        "offload",
+    ],
+)
+def test_compiled_steps_replay_by_default_where_the_stream_is_held_to_its_trace(
+    change: dict, held: bool
+) -> None:
+    """An unset ``reserved_model`` replays a compiled step only where its stream writes the compiled layers' own
+    buffers and replays as its compiled trace within 1% (``alloc_stream.compiled_stream_held``: bf16 full training
+    of the Llama layout, peft's LoRA on q and v without q/k norms, OLMo 2, Gemma 3); the others keep the fitted rule
+    (their streams are under their traces, the compiled ViT-B H200 run under its replay; no compiled trace has
+    activation offloading); naming the replay replays every one, naming the fitted rule none."""
     frag = "allocator fragmentation (reserved - allocated)"
-    unset = {k: v for k, v in COMPILED.items() if k != "reserved_model"}
+    unset = {**{k: v for k, v in COMPILED.items() if k != "reserved_model"}, **change}
     by = {
         m: {i.item: i for i in estimate(Scenario.from_dict(d)).ranks[0].items}[frag]
         for m, d in (("unset", unset), *((m, {**unset, "reserved_model": m}) for m in RESERVED_MODELS))
     }
-    assert by["unset"] == by["fitted"]
+    assert by["unset"] == by["replay" if held else "fitted"]
     assert by["fitted"].formula.startswith("largest pool") and "replayed" in by["replay"].formula
-    eager = {k: v for k, v in unset.items() if k != "compile"}
-    assert Scenario.from_dict(eager).replays_reserved == (DEFAULT_RESERVED_MODEL == "replay")
+    assert Scenario.from_dict(unset).replays_reserved == (DEFAULT_RESERVED_MODEL == "replay")
 
 
 #: The small pool's segment (``kSmallBuffer``, docs/allocator.md): on these 130-190 MB models one is 1.1-1.6%.
@@ -218,8 +251,13 @@ SMALL_SEGMENT = 2 << 20
         ("gemma bf16 sdpa b2 s512 compiled", True),
         ("llama V64 bf16 b4 s512 compiled", True),
         ("qwen3 bf16 sdpa b2 s512 compiled", True),
+        ("llama bf16 lora qv b2 s512 compiled", True),
+        ("qwen2 bf16 lora qv b2 s512 compiled", True),
+        ("gemma bf16 lora qv b2 s512 compiled", True),
+        ("llama V64 bf16 lora qv b4 s512 (peak in a layer's backward) compiled", True),
         ("llama amp-bf16 sdpa b2 s512 compiled", False),
-        ("olmo2 bf16 sdpa b2 s512 compiled", False),
+        ("olmo2 bf16 sdpa b2 s512 compiled", True),
+        ("gemma3_text bf16 sdpa b2 s512 compiled", True),
     ],
 )
 def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: bool) -> None:
@@ -228,10 +266,13 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: boo
     two steps replayed, against the engine's stream without the CUDA-only scratch the CPU trace cannot see (flash
     attention's fp32 dq accumulator: with it the 64-token Llama needs one more 20 MiB segment). Where the layers'
     compiled forward and backward buffers are written (``covered``: bf16 full training of the Llama layout,
-    ``forward.compiled_applies``; engine/activations/compiled_backward.py) the peak reserved and allocated are
-    within 1% and never under (on these four: reserved to the byte, allocated +0.24% on Qwen3 and under by at
-    most 16 KB, 0.01%, elsewhere: the allocated bar allows that much); elsewhere the layers' backward holds eager's
-    items and the stream is within 1% or two small segments (llama amp-bf16 -2.2%, OLMo 2 -1.3%:
+    ``forward.compiled_applies``, engine/activations/compiled_backward.py; peft's LoRA on q and v of that layout
+    without q/k norms, ``compiled_lora_steps``; OLMo 2 and Gemma 3, ``compiled_olmo2_steps``,
+    ``compiled_gemma3_steps``) the peak reserved and allocated are within 1% and never under (on these ten:
+    reserved to the byte, allocated +0.24% on Qwen3, +0.01% on the 64-token Llama's LoRA, and under by at most
+    32 KB, 0.02%, elsewhere: the loss backward's fp32 row sums and scalars, not written; the allocated bar allows
+    that much); elsewhere the layers' backward holds eager's items
+    and the stream is within 1% or two small segments (llama amp-bf16 -2.2%:
     benchmarks/allocator_replay_compiled.py --inductor-passes prints every case; docs/allocator.md lists them).
     GPT-2 is not here since its compiled rule holds the returned KV cache with the output (traced,
     docs/fidelity.md): its stream is two small segments over its trace (165.7 vs 161.5 MB, +2.6%), not found
@@ -242,6 +283,6 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: boo
     r = compiled_figures(name, inductor=True)  # the trace and the stream without CUDA-only scratch
     if covered:
         assert 0 <= r["stream_traced_only"] / r["trace"] - 1 < 0.01
-        assert -0.0002 < r["stream_traced_only_allocated"] / r["trace_allocated"] - 1 < 0.01
+        assert -0.0003 < r["stream_traced_only_allocated"] / r["trace_allocated"] - 1 < 0.01
         return
     assert abs(r["stream_traced_only"] - r["trace"]) <= max(0.01 * r["trace"], 2 * SMALL_SEGMENT)

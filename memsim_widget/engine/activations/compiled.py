@@ -38,6 +38,8 @@ hidden-state gradient: not traced moment by moment (the compiled traces peak at 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.compiled_layernorm import layernorm_activations, layernorm_rule_applies
@@ -147,18 +149,29 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
     q/k norms' inputs and rsqrts, but layer 0's k norm's); nothing after the layers (the final norm and head are
     frozen). The zero gradients of the returned KV cache exist only
     for what needs a gradient: every v, and k from layer 1 on (layer 0's k reads the frozen embedding through a
-    frozen k_proj)."""
+    frozen k_proj). The terms are listed in the order the compiled forward makes them (trace/compiled.py under
+    ``inductor_passes``, llama LoRA q,v b2 s512), one term per run of tensors made together, so the allocation
+    stream writes them in that order (``compiled_lora_steps``): the residual stream a layer saves is its output
+    (the next layer's input; the last layer's, the final norm's), where the trace makes it; layer 0's input, the
+    frozen embedding's output, is freed in its forward (no gradient flows to it)."""
     D = Dims(ctx)
     T, h, I, hkv, a, V = D.T, D.h, D.I, D.hkv, D.a, D.V
     e, r, L = ctx.recipe.act_bytes, ctx.scenario.lora.rank, ctx.arch.num_layers
     out.per_layer[:] = [
-        Term("compiled LoRA: residual stream in and after attention", 2 * e * T * h, f"2 x {e} B x T x h (h={h})", 2),
+        Term("compiled LoRA: attention norm rsqrt (fp32)", 4 * T, "4 B x T", 1),
         Term("compiled LoRA: attention norm output cast to fp32 for lora_A", 4 * T * h, "4 B x T x h", 1),
-        Term("compiled LoRA: lora_A outputs of q and v (fp32)", 2 * 4 * T * r, f"2 x 4 B x T x r, r={r}", 2),
-        Term("compiled LoRA: q after RoPE, attention output", 2 * e * T * D.hq, f"2 x {e} B x T x a*d", 2),
-        Term("compiled LoRA: k after RoPE and v (KV width)", 2 * e * T * hkv, f"2 x {e} B x T x kv*d, kv*d={hkv}", 2),
-        Term("compiled LoRA: SDPA logsumexp (fp32), RMSNorm rsqrt", 4 * T * a + 8 * T, "4 B x T x heads + 8 B x T", 3),
+        Term("compiled LoRA: lora_A output of q (fp32)", 4 * T * r, f"4 B x T x r, r={r}", 1),
+        Term("compiled LoRA: lora_A output of v (fp32)", 4 * T * r, f"4 B x T x r, r={r}", 1),
+        Term("compiled LoRA: v (KV width)", e * T * hkv, f"{e} B x T x kv*d, kv*d={hkv}", 1),
+        Term("compiled LoRA: q after RoPE", e * T * D.hq, f"{e} B x T x a*d", 1),
+        Term("compiled LoRA: k after RoPE (KV width)", e * T * hkv, f"{e} B x T x kv*d", 1),
+        Term("compiled LoRA: attention output, SDPA logsumexp (fp32)", e * T * D.hq + 4 * T * a,
+             f"{e} B x T x a*d + 4 B x T x heads", 2, shares=_shares(e * T * D.hq, 4 * T * a)),
+        Term("compiled LoRA: residual stream after attention", e * T * h, f"{e} B x T x h (h={h})", 1),
+        Term("compiled LoRA: MLP norm rsqrt (fp32)", 4 * T, "4 B x T", 1),
         Term("compiled LoRA: gate and up outputs", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
+        Term("compiled LoRA: residual stream the layer outputs (the next layer's or the final norm's input)",
+             e * T * h, f"{e} B x T x h", 1),
     ]  # fmt: skip
     _qk_norms(ctx, out, e, frozen_first_k=True)
     _sandwich_norms(ctx, out, e)
@@ -170,6 +183,12 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
         *([Term(f"zero gradients for the {CACHE_TANGENTS} (every v, k from layer 1 on)", tangents,
                 f"(2 x {L} - 1) x {e} B x T x kv*d", 2 * L - 1)] if tangents else []),
     ]  # fmt: skip
+
+
+def _shares(*parts: float) -> tuple[float, ...]:
+    """Each tensor's share of a term's bytes (``Term.shares``)."""
+    total = sum(parts)
+    return tuple(x / total for x in parts)
 
 
 def _layer_weight_numel(ctx: Context) -> int:
@@ -207,6 +226,10 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     ]  # fmt: skip
     _qk_norms(ctx, out, e)
     _sandwich_norms(ctx, out, e)
+    if olmo2_layout(ctx):
+        _olmo2_terms(ctx, out, e)
+    if gemma3_layout(ctx):
+        _gemma3_terms(ctx, out, e)
     if (
         amp
     ):  # autocast's 16-bit weight casts become graph values the partitioner saves for the backward's matmuls
@@ -229,6 +252,12 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         *([Term("compiled autocast: 16-bit copy of the output layer's weight", 2 * V * h, "2 B x V x h", 1)]
           if amp else []),
     ]  # fmt: skip
+    if gemma3_layout(
+        ctx
+    ):  # the last layer's output, the final norm's output and its rsqrt cut by their sizes
+        # (the Llama layout's stream keeps equal thirds: cut by size, the 64-token Llama's is one small segment
+        # under its trace, not found; Gemma 3's is one over with thirds)
+        out.post[0] = replace(out.post[0], shares=_shares(e * h, e * h, 4))
     # the final norm's backward runs fused: its output gradient is the one buffer (eager keeps an fp32 chain)
     out.top_backward[:] = [
         Term("compiled: final norm backward: the hidden-state gradient", r * T * h, f"{r} B x T x h", 1)
@@ -241,6 +270,91 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     _loss_backward(ctx, out, T, V, hkv, e, 4 if amp else e)
     if not ctx.full_training:
         _lora_qv_activations(ctx, out)
+
+
+def olmo2_layout(ctx: Context) -> bool:
+    """A compiled OLMo 2 layer (post-norms, q/k norms over the whole projection) in bf16 full training, no
+    checkpointing: its terms are listed in the trace's order (``_olmo2_terms``; the allocation stream's steps,
+    ``compiled_olmo2_steps``)."""
+    sc, nf = ctx.scenario, ctx.arch.facts.norm
+    return bool(
+        nf.post_norms
+        and nf.qk == "full"
+        and nf.per_layer == 2
+        and sc.precision == "bf16"
+        and sc.method == "full"
+        and sc.activation_checkpointing == "none"
+    )
+
+
+def _olmo2_terms(ctx: Context, out: ActivationBudget, e: int) -> None:
+    """OLMo 2's compiled layer terms (the same tensors as the Llama layout's with its q/k norms, traced), one term
+    per run of tensors the compiled forward makes together, in its order (trace/compiled.py under
+    ``inductor_passes``): the layer's input, q_proj's output and its norm's rsqrt, k_proj's and its rsqrt, v, q and
+    k after RoPE, the attention output and logsumexp, o_proj's output (the norm after attention reads it) and its
+    rsqrt, the residual after attention, gate's and up's outputs and their product, down_proj's output (the norm
+    after the MLP reads it) and its rsqrt."""
+    D = Dims(ctx)
+    T, h, I, hq, hkv, a = D.T, D.h, D.I, D.hq, D.hkv, D.a
+    rsqrt = Term("compiled: a norm's rsqrt (fp32)", 4 * T, "4 B x T", 1)
+    out.per_layer[:] = [
+        Term("compiled: residual stream at the layer's input, q_proj's output (q's norm input)", e * T * (h + hq),
+             f"{e} B x T x (h + a*d)", 2, shares=_shares(h, hq)),
+        rsqrt,
+        Term("compiled: k_proj's output (k's norm input)", e * T * hkv, f"{e} B x T x kv*d", 1),
+        rsqrt,
+        Term("compiled: v, q and k after RoPE, the attention output and logsumexp, o_proj's output",
+             e * T * (2 * hkv + 2 * hq + h) + 4 * T * a, f"{e} B x T x (2 kv*d + 2 a*d + h) + 4 B x T x heads", 6,
+             shares=_shares(e * hkv, e * hq, e * hkv, e * hq, 4 * a, e * h)),
+        rsqrt,
+        Term("compiled: residual after attention, gate's and up's outputs and their product, down_proj's output",
+             e * T * (2 * h + 3 * I), f"{e} B x T x (2 h + 3 I)", 5, shares=_shares(h, I, I, I, h)),
+        rsqrt,
+    ]  # fmt: skip
+
+
+def gemma3_layout(ctx: Context) -> bool:
+    """A compiled Gemma 3 layer (four norms: before and after attention and the MLP; q/k norms per head) in bf16
+    full training, no checkpointing: its terms are listed in the trace's order (``_gemma3_terms``; the allocation
+    stream's steps, ``compiled_gemma3_steps``)."""
+    sc, nf = ctx.scenario, ctx.arch.facts.norm
+    return bool(
+        nf.per_layer == 4
+        and not nf.post_norms
+        and nf.qk == "head"
+        and sc.precision == "bf16"
+        and sc.method == "full"
+        and sc.activation_checkpointing == "none"
+    )
+
+
+def _gemma3_terms(ctx: Context, out: ActivationBudget, e: int) -> None:
+    """Gemma 3's compiled layer terms (the same tensors as the Llama layout's with its q/k and sandwich norms,
+    traced), one term per run of tensors the compiled forward makes together, in its order (trace/compiled.py
+    under ``inductor_passes``): the layer's input; its norm's rsqrt; that norm's output, q_proj's, k_proj's and
+    v_proj's outputs; q's and k's norm rsqrts (per head); q and k after RoPE, the attention output and logsumexp,
+    o_proj's output; its norm's rsqrt; the residual after attention; its norm's rsqrt; that norm's output, gate's
+    and up's outputs and their product, down_proj's output; its norm's rsqrt."""
+    D = Dims(ctx)
+    T, h, I, hq, hkv, a, kv = D.T, D.h, D.I, D.hq, D.hkv, D.a, D.kv
+    rsqrt = Term("compiled: a norm's rsqrt (fp32)", 4 * T, "4 B x T", 1)
+    out.per_layer[:] = [
+        Term("compiled: residual stream at the layer's input", e * T * h, f"{e} B x T x h", 1),
+        rsqrt,
+        Term("compiled: the input norm's output, q_proj's, k_proj's and v_proj's outputs",
+             e * T * (h + hq + 2 * hkv), f"{e} B x T x (h + a*d + 2 kv*d)", 4, shares=_shares(h, hq, hkv, hkv)),
+        Term("compiled: q's norm rsqrt per head (fp32)", 4 * T * a, "4 B x T x heads", 1),
+        Term("compiled: k's norm rsqrt per head (fp32)", 4 * T * kv, "4 B x T x kv heads", 1),
+        Term("compiled: q and k after RoPE, the attention output and logsumexp, o_proj's output",
+             e * T * (2 * hq + hkv + h) + 4 * T * a, f"{e} B x T x (2 a*d + kv*d + h) + 4 B x T x heads", 5,
+             shares=_shares(e * hq, e * hkv, e * hq, 4 * a, e * h)),
+        rsqrt,
+        Term("compiled: residual after attention", e * T * h, f"{e} B x T x h", 1),
+        rsqrt,
+        Term("compiled: the MLP norm's output, gate's and up's outputs and their product, down_proj's output",
+             e * T * (2 * h + 3 * I), f"{e} B x T x (2 h + 3 I)", 5, shares=_shares(h, I, I, I, h)),
+        rsqrt,
+    ]  # fmt: skip
 
 
 def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool = False) -> None:

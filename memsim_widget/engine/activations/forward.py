@@ -32,7 +32,9 @@ from memsim_widget.engine.activations.linears import ATTN_IN, MLP_IN, MLP_OUT
 #: its output, alive until the next layer returns; ``SAVED`` (bytes -1) is where the layer's saved tensors
 #: are allocated: after the MLP's norm, where gate, act and up make the largest of them (the attention's, a
 #: smaller share, come earlier in the real forward; the stream writes the layer's saved items at one place).
-#: Where they go decides which cached blocks the last layer's saved tensors find: on llama-3.1-8b LoRA the
+#: (``(SAVED, n)``, n > 0: the next n of the layer's saved terms, where a compiled layer makes them one run at a
+#: time: engine/activations/compiled_lora_steps.py.) Where they go decides which cached blocks the last layer's
+#: saved tensors find: on llama-3.1-8b LoRA the
 #: trace puts the last layer's up_proj output and the final norm's input into a cached loss segment, so step
 #: 2's loss backward needs a new one (benchmarks/allocator_replay.py --compare llama8b-lora).
 Step = tuple[str, int]

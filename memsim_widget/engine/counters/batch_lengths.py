@@ -22,7 +22,9 @@ from statistics import NormalDist
 from typing import Any
 
 from memsim_widget.engine.counters.alloc_stream import (
+    BOTTOM_LAYER_BACKWARD,
     FINAL_NORM,
+    KEPT_TOP,
     LAYER_BACKWARD,
     LAYER_FORWARD,
     StreamWriter,
@@ -81,8 +83,13 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
     number of optimizer steps of ``grad_accum_steps`` micro-batches each): ``alloc_stream.rank_stream``'s
     stream with each micro-batch's activation items at its own length (``step_stream``'s ``schedule``); one
     set of items per distinct length."""
-    from memsim_widget.engine.activations.compiled_backward import compiled_layer_backward_transients
-    from memsim_widget.engine.activations.forward import final_norm_transients, layer_forward_transients
+    from memsim_widget.engine.activations.compiled_steps import (
+        bottom_layer_backward_steps,
+        kept_top,
+        layer_backward_steps,
+        layer_forward_steps,
+    )
+    from memsim_widget.engine.activations.forward import final_norm_transients
     from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.states.budget import local_groups
@@ -97,8 +104,10 @@ def lengths_stream(ctx: Any, stage: Any, lengths: Sequence[int]) -> StreamWriter
         a: dict[str, Sequence[Any]] = {
             k: list(g.entries) for k, g in cached_activation_groups(c, stage).items()
         }
-        a[LAYER_FORWARD] = layer_forward_transients(c)
-        a[LAYER_BACKWARD] = compiled_layer_backward_transients(c)
+        a[LAYER_FORWARD] = layer_forward_steps(c)
+        a[LAYER_BACKWARD] = layer_backward_steps(c)
+        a[BOTTOM_LAYER_BACKWARD] = bottom_layer_backward_steps(c)
+        a[KEPT_TOP] = kept_top(c)
         a[FINAL_NORM] = final_norm_transients(c)
         by_length[n] = a
     groups, step1 = cached_state_groups(ctx, stage)

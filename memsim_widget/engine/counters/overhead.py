@@ -13,7 +13,8 @@ pipeline stage when ``reserved_model: replay`` names it; no parameter or optimiz
 the peak of a replay of the step's allocations and frees through PyTorch's caching allocator
 (``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to the H200 runs). Elsewhere, with
 ``reserved_model: fitted``, for batches padded to their longest sample (a long run's cache ratchets with their
-lengths) and for compiled steps, the fitted rule below (``reserved_item``).
+lengths) and for compiled steps whose stream is not held to its trace (``alloc_stream.compiled_stream_held``), the
+fitted rule below (``reserved_item``).
 
 Constants come in two kinds. *Stated* ones are read from a source and never tuned. *Fitted* ones -- only
 ``FRAGMENTATION_TRANSIENT`` and ``FRAGMENTATION_VARIABLE``, used by the fitted rule alone -- were fitted on the
