@@ -1,7 +1,9 @@
-"""Run DeepSpeed's ZeRO-1/2 optimizer for real on the CPU (deepspeed's CPU accelerator, PyTorch's fake process
-group at world size 4, so every collective is a no-op with the right shapes and the rank's partitions are a
-quarter) under a logging dispatch mode, and hold the engine's ZeRO stream (``engine/counters/zero_stream.py``)
-to it.
+"""Run DeepSpeed's ZeRO-1/2 or ZeRO-3 optimizer for real on the CPU (deepspeed's CPU accelerator, PyTorch's fake
+process group at world size 4, so every collective is a no-op with the right shapes and the rank's partitions are
+a quarter) under a logging dispatch mode, and hold the engine's ZeRO streams (``engine/counters/zero_stream.py``,
+``zero3_stream.py``) to it. Under ZeRO-3 the model is built under ``deepspeed.zero.Init`` in bf16, as HF's
+``from_pretrained`` does (each weight partitioned as it is made), and DeepSpeed's stage-3 defaults stay
+(``overlap_comm`` true, prefetch 5e7, persistence 1e5, live and reuse 1e9 elements).
 
 The model is the 4-layer Llama of ``LLAMA_H512_V32K`` in bf16 (DeepSpeed's ``bf16.enabled``), HF Trainer's two
 optimizer groups (the weights that decay, the norms) on torch AdamW (foreach), two steps of 2 x 512 through
@@ -10,10 +12,14 @@ optimizer groups (the weights that decay, the norms) on torch AdamW (foreach), t
 as the DDP trace does (``benchmarks/ddp_trace.py``: allocation at the op that makes them, free from a weak
 reference swept before each op; meta tensors are not memory). Printed per case: the traced run's peak reserved
 and allocated by replay beside the engine's stream (``rank_stream(traced_only=True)``, as the other layouts'
-comparisons: its cuBLAS workspaces stay, the CPU run has none), and the large allocations of both in order.
+comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without the workspaces
+(``without_workspaces``), and the large allocations of both in order.
 
     python benchmarks/zero_trace.py               # ZeRO-1 and ZeRO-2, DeepSpeed's defaults
     python benchmarks/zero_trace.py --bucket 20000000 --overlap   # parallel.reduce_bucket_size, overlap_comm
+    python benchmarks/zero_trace.py --accum 2 --bucket 20000000   # gradient accumulation
+    python benchmarks/zero_trace.py --stage 3 [--world 2] [--bucket 20000000]   # ZeRO-3 (stage3.py)
+    python benchmarks/zero_trace.py --lora 16     # peft LoRA on every Linear: the trace alone
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
 """
@@ -36,11 +42,18 @@ BATCH, SEQ = 2, 512
 WORLD = 4
 #: DeepSpeed's default ``reduce_bucket_size`` (deepspeed/runtime/zero/config.py)
 BUCKET = 500_000_000
+#: peft's targets for the LoRA case: every Linear of the layers (the engine's ``all-linear``)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def traced_run(zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False) -> dict[str, Any]:
-    """Two steps of the small Llama under DeepSpeed ZeRO-``zero`` as rank 0 of ``world``: the allocation events
-    (handle, bytes or FREE, stream 0) and the event index where each phase begins."""
+def traced_run(
+    zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False, accum: int = 1, lora: int = 0
+) -> dict[str, Any]:
+    """Two steps of the small Llama under DeepSpeed ZeRO-``zero`` as rank 0 of ``world`` (``accum`` micro-batches
+    a step through ``engine.backward`` / ``engine.step`` each, DeepSpeed's ``gradient_accumulation_steps``;
+    ``lora``: peft LoRA of that rank on every Linear of the layers, its adapters in the model's bf16, the base
+    frozen): the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase
+    begins."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
     import torch
@@ -91,45 +104,62 @@ def traced_run(zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: boo
 
         torch.manual_seed(0)
         cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
-        model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
-        named = list(model.named_parameters())
-        decay = [p for n, p in named if "norm" not in n and "bias" not in n]
-        rest = [p for n, p in named if "norm" in n or "bias" in n]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.0}, {"params": rest, "weight_decay": 0.0}],
-            lr=1e-4,
-            foreach=True,
-        )
+        zero_cfg: dict[str, Any] = {"stage": zero, "contiguous_gradients": True, "reduce_bucket_size": bucket}
+        if zero < 3 or overlap:  # ZeRO-3's default is true: left to DeepSpeed
+            zero_cfg["overlap_comm"] = overlap
         config = {
             "train_micro_batch_size_per_gpu": BATCH,
-            "gradient_accumulation_steps": 1,
+            "gradient_accumulation_steps": accum,
             "bf16": {"enabled": True},
             "gradient_clipping": 1.0,
-            "zero_optimization": {
-                "stage": zero,
-                "overlap_comm": overlap,
-                "contiguous_gradients": True,
-                "reduce_bucket_size": bucket,
-            },
+            "zero_optimization": zero_cfg,
         }
+        if zero < 3:
+            model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
+            if lora:
+                from peft import LoraConfig, get_peft_model
+
+                config_lora = LoraConfig(r=lora, target_modules=LORA_TARGETS, lora_dropout=0.0)
+                model = get_peft_model(model, config_lora).to(torch.bfloat16)
         mode = Log()
         mode.__enter__()
         try:
-            for p in model.parameters():  # the weights, in module order, as the stream writes them first
-                log(p)
+            if zero == 3:  # as HF's from_pretrained(dtype=bf16) under ZeRO-3: each weight made in bf16 (its
+                # default dtype while the model is built), then partitioned
+                mark("weights")
+                default = torch.get_default_dtype()
+                torch.set_default_dtype(torch.bfloat16)
+                try:
+                    with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch.bfloat16):
+                        model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False))
+                finally:
+                    torch.set_default_dtype(default)
+            else:
+                for p in model.parameters():  # the weights, in module order, as the stream writes them first
+                    log(p)
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            decay = [p for n, p in named if "norm" not in n and "bias" not in n]
+            rest = [p for n, p in named if "norm" in n or "bias" in n]
+            opt = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": 0.0}, {"params": rest, "weight_decay": 0.0}],
+                lr=1e-4,
+                foreach=True,
+            )
             mark("ZeRO wrap")
             engine, *_ = deepspeed.initialize(
                 model=model, optimizer=opt, config=config, dist_init_required=False
             )
             ids = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ))
             for step in range(1, STEPS + 1):
-                mark(f"step {step} forward")
-                loss = engine(input_ids=ids, labels=ids).loss
-                mark(f"step {step} backward")
-                engine.backward(loss)
-                del loss
-                mark(f"step {step} optimizer step")
-                engine.step()
+                for micro in range(accum):
+                    at = f"step {step}" + (f" micro-batch {micro + 1}" if accum > 1 else "")
+                    mark(f"{at} forward")
+                    loss = engine(input_ids=ids, labels=ids).loss
+                    mark(f"{at} backward")
+                    engine.backward(loss)
+                    del loss
+                    mark(f"{at} optimizer step")
+                    engine.step()
             sweep()
         finally:
             mode.__exit__(None, None, None)
@@ -139,7 +169,7 @@ def traced_run(zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: boo
 
 
 def traced_apart(
-    zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False
+    zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False, accum: int = 1, lora: int = 0
 ) -> dict[str, Any]:
     """``traced_run`` in a fresh process (DeepSpeed keeps its process groups in module globals, so a second run
     in one process finds the first one's groups destroyed)."""
@@ -147,7 +177,7 @@ def traced_apart(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(traced_run, zero, world, bucket, overlap).result()
+        return pool.submit(traced_run, zero, world, bucket, overlap, accum, lora).result()
 
 
 def replayed(events: list[tuple[int, int, int]]) -> int:
@@ -157,9 +187,17 @@ def replayed(events: list[tuple[int, int, int]]) -> int:
     return a.peak_reserved
 
 
-def engine_stream(zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False) -> Any:
+def engine_stream(
+    zero: int,
+    world: int = WORLD,
+    bucket: int = BUCKET,
+    overlap: bool = False,
+    accum: int = 1,
+    cpu: bool = False,
+) -> Any:
     """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
-    its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``)."""
+    its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``),
+    ``accum`` micro-batches a step; ``cpu``: without the cuBLAS workspaces too (``without_workspaces``)."""
     import memsim_widget.engine.counters.alloc_stream as alloc_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
@@ -167,10 +205,49 @@ def engine_stream(zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: 
     sc = {
         "model": LLAMA_H512_V32K, "micro_batch_size": BATCH, "seq_len": SEQ, "precision": "mixed-bf16",
         "framework": "deepspeed", "optimizer": "adamw", "optimizer_impl": "foreach", "reserved_model": "replay",
+        "grad_accum_steps": accum,
         "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap},
     }  # fmt: skip
     ctx = Context(estimate(sc).scenario)
-    return alloc_stream.rank_stream(ctx, ctx.stages[0], traced_only=True)
+    stream = alloc_stream.rank_stream(ctx, ctx.stages[0], traced_only=True)
+    return without_workspaces(stream, ctx) if cpu else stream
+
+
+def without_workspaces(stream: Any, ctx: Any) -> Any:
+    """``stream`` less the cuBLAS workspaces (``overhead.WORKSPACE_ITEM``: the forward thread's and the autograd
+    thread's, made at their first matmul and never freed), which a CPU run never makes: the first allocations of
+    the item's size, as many as it has tensors, and nothing else. Used where the workspaces, not a ZeRO buffer,
+    decide the comparison (a small ipg buffer under accumulation: the kept gradients and the two workspaces
+    outgrow the cached blocks that a 1 GB ipg buffer leaves)."""
+    from memsim_widget.engine.counters.alloc_stream import StreamWriter
+    from memsim_widget.engine.counters.overhead import WORKSPACE_ITEM
+
+    sg = {i.item: i for i in _overhead_items(ctx)}
+    ws = sg.get(WORKSPACE_ITEM)
+    if ws is None or ws.bytes <= 0:
+        return stream
+    size, left = ws.bytes // max(ws.tensors, 1), max(ws.tensors, 1)
+    drop: set[int] = set()
+    for h, n, _ in stream.events:
+        if n == size and left:
+            drop.add(h)
+            left -= 1
+    out = StreamWriter()
+    at = [0]  # the new index of each old event
+    for e in stream.events:
+        at.append(at[-1] + (e[0] not in drop))
+        if e[0] not in drop:
+            out.events.append(e)
+    out.marks = [(at[i], label) for i, label in stream.marks]
+    return out
+
+
+def _overhead_items(ctx: Any) -> list[Any]:
+    """The rank's overhead items (``cached_state_groups``' ``overhead`` group)."""
+    from memsim_widget.engine.caches.parts_cache import cached_state_groups
+
+    groups, _ = cached_state_groups(ctx, ctx.stages[0])
+    return list(groups["overhead"].entries)
 
 
 def _large(events: list[tuple[int, int, int]], at: int = 4 << 20) -> list[int | str]:
@@ -184,28 +261,45 @@ def _large(events: list[tuple[int, int, int]], at: int = 4 << 20) -> list[int | 
 
 
 def main() -> None:
-    """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``)."""
+    """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``, ``--accum
+    N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: the trace alone (the engine keeps its fitted
+    rule there)."""
     from memsim_widget.engine.counters.alloc_stream import replay_stream
     from memsim_widget.engine.counters.allocator import AllocatorConf
 
-    bucket = int(sys.argv[sys.argv.index("--bucket") + 1]) if "--bucket" in sys.argv else BUCKET
+    def arg(flag: str, default: int) -> int:
+        return int(sys.argv[sys.argv.index(flag) + 1]) if flag in sys.argv else default
+
+    bucket, accum, lora, stage = (
+        arg("--bucket", BUCKET),
+        arg("--accum", 1),
+        arg("--lora", 0),
+        arg("--stage", 0),
+    )
+    world = arg("--world", WORLD)
     overlap = "--overlap" in sys.argv
-    for zero in (1, 2):
-        t = traced_apart(zero, WORLD, bucket, overlap)
+    for zero in (stage,) if stage else (1, 2):
+        t = traced_apart(zero, world, bucket, overlap, accum, lora)
         a = CachingAllocator(None)
         a.run(t["events"])
-        s = engine_stream(zero, WORLD, bucket, overlap)
-        e = replay_stream(s, AllocatorConf())
         print(
-            f"ZeRO-{zero}, world {WORLD}, reduce_bucket_size {bucket:,}"
+            f"ZeRO-{zero}, world {world}, reduce_bucket_size {bucket:,}"
             + (", overlap_comm" if overlap else "")
+            + (f", {accum} micro-batches a step" if accum > 1 else "")
+            + (f", LoRA rank {lora}" if lora else "")
         )
-        print(
-            f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B; engine stream: "
-            f"reserved {e.peak_reserved:,} B ({e.peak_reserved / a.peak_reserved - 1:+.2%}), allocated "
-            f"{e.peak_allocated:,} B ({e.peak_allocated / a.peak_allocated - 1:+.2%}), peak at {e.at}"
-        )
+        print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
+        if lora:
+            continue
+        for cpu in (False, True):
+            s = engine_stream(zero, world, bucket, overlap, accum, cpu)
+            e = replay_stream(s, AllocatorConf())
+            print(
+                "  engine stream" + (" without the cuBLAS workspaces" if cpu else "") + f": reserved "
+                f"{e.peak_reserved:,} B ({e.peak_reserved / a.peak_reserved - 1:+.2%}), allocated "
+                f"{e.peak_allocated:,} B ({e.peak_allocated / a.peak_allocated - 1:+.2%}), peak at {e.at}"
+            )
         print(f"  engine, >= 4 MiB in order: {_large(s.events)}")
         sys.stdout.flush()
 

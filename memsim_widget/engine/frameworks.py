@@ -556,14 +556,18 @@ def expandable_segments(ctx: Context) -> bool:
 
 
 def reduce_bucket_elements(ctx: Context) -> int:
-    """Elements of each of DeepSpeed's ZeRO-1/2 gradient reduce (ipg) buffers on this rank (0 if none):
+    """Elements of each of DeepSpeed's ZeRO-1/2 gradient reduce (ipg) buffers on this rank (0 if none), or of its
+    ZeRO-3 ipg bucket (deepspeed 0.19.8 ``stage3.py``: ``bucket.buffer``, ``torch.empty(reduce_bucket_size)`` made
+    at ``__init__`` and kept; traced on CPU, ``benchmarks/zero_trace.py --stage 3``):
     ``parallel.reduce_bucket_size``, unset DeepSpeed's default (5e8, ``deepspeed/runtime/zero/config.py``), "auto"
     hidden_size x hidden_size as HF Trainer fills it (transformers 5.24.0
     ``integrations/deepspeed.py``, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``: the model config's
     ``hidden_size``, else its text config's) and accelerate does (accelerate 1.16.0 ``accelerator.py``,
     ``Accelerator._prepare_deepspeed``)."""
     par = ctx.par
-    if par.zero not in (1, 2) or par.dp * par.cp == 1 or not profile(ctx).bucket_elements:
+    if par.zero not in (1, 2, 3) or par.dp * par.cp == 1 or not profile(ctx).bucket_elements:
+        return 0
+    if par.zero == 3 and profile(ctx).zero3 != "deepspeed":
         return 0
     size = par.reduce_bucket_size
     if size is None:
@@ -576,8 +580,9 @@ def reduce_bucket_elements(ctx: Context) -> int:
 def reduce_buffers(ctx: Context) -> int:
     """How many ipg buffers of ``reduce_bucket_elements`` DeepSpeed ZeRO-1/2 keeps through a backward: two under
     ``overlap_comm`` (deepspeed 0.19.8 ``stage_1_and_2.setup_buckets``: a second ``torch.empty(reduce_bucket_size)``
-    to fill while the first is reduced, both cleared by ``_release_ipg_buffers``), else one."""
-    return 2 if ctx.par.overlap_comm else 1
+    to fill while the first is reduced, both cleared by ``_release_ipg_buffers``), else one; ZeRO-3 keeps one
+    whatever ``overlap_comm`` (``stage3.py``: one bucket per communication dtype)."""
+    return 2 if ctx.par.overlap_comm and ctx.par.zero in (1, 2) else 1
 
 
 def parameters_fetched_from_host(ctx: Context) -> bool:

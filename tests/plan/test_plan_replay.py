@@ -193,9 +193,9 @@ def test_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
 
 
 def test_zero12_candidates_take_the_replay_and_equal_estimate():
-    """Under DeepSpeed (mixed-bf16) the ZeRO-1 and ZeRO-2 candidates over 2 and 4 GPUs with one micro-batch a step
-    and no other parallelism replay their rank's stream with DeepSpeed's buffers (``engine/counters/zero_stream.py``), each equal to
-    ``estimate`` byte for byte; the accumulating ones keep the fitted rule."""
+    """Under DeepSpeed (mixed-bf16) the ZeRO-1 and ZeRO-2 candidates over 2 and 4 GPUs with no other parallelism
+    replay their rank's stream with DeepSpeed's buffers (``engine/counters/zero_stream.py``), each equal to
+    ``estimate`` byte for byte, the accumulating ones too (held to CPU traces of DeepSpeed's accumulation)."""
     from tests.data.fidelity_cases import LLAMA_H512_V32K
 
     base = {
@@ -212,9 +212,33 @@ def test_zero12_candidates_take_the_replay_and_equal_estimate():
     ]  # no other parallelism
     assert {e.scenario.parallel.zero for e in zero} == {1, 2}
     for e in zero:
-        replayed = "DeepSpeed ZeRO-1/2" in e.ranks[0].reserved.formula
-        assert replayed == (e.scenario.grad_accum_steps == 1)
-    assert any(e.scenario.grad_accum_steps == 1 for e in zero)
+        assert "DeepSpeed ZeRO-1/2" in e.ranks[0].reserved.formula
+    assert {e.scenario.grad_accum_steps > 1 for e in zero} == {True, False}
+
+
+def test_zero3_deepspeed_candidates_take_the_replay_and_equal_estimate():
+    """Under DeepSpeed (mixed-bf16, untied, no checkpointing) the ZeRO-3 candidates over 2 and 4 GPUs with no other
+    parallelism replay their rank's DeepSpeed stream (``engine/counters/zero3_stream.py``), each equal to
+    ``estimate`` byte for byte, the accumulating ones too."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {
+        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "framework": "deepspeed",
+        "precision": "mixed-bf16",
+    }  # fmt: skip
+    space = SearchSpace(micro_batch=(1, 2), zero=(3,), checkpointing=("none",), offload=("none",))
+    p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
+    assert p.mismatches(np.arange(p.evaluated)) == []
+    zero = [p.estimate(i) for i in range(p.evaluated)]
+    zero = [
+        e
+        for e in zero
+        if (q := e.scenario.parallel).dp > 1 and q.zero == 3 and q.tp * q.pp * q.cp * q.ep == 1
+    ]
+    assert zero
+    for e in zero:
+        assert "DeepSpeed ZeRO-3" in e.ranks[0].reserved.formula
+    assert {e.scenario.grad_accum_steps > 1 for e in zero} == {True, False}
 
 
 def test_tp_candidates_take_the_replay_and_equal_estimate():

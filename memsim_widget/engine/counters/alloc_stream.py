@@ -77,7 +77,7 @@ from memsim_widget.engine.counters.allocator import (
     replay,
 )
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
-from memsim_widget.engine.counters.fsdp_stream import Fsdp2Writer, fsdp2_units
+from memsim_widget.engine.counters.fsdp_stream import Fsdp2Units, Fsdp2Writer, fsdp2_units
 from memsim_widget.engine.counters.offload_stream import (
     InBackwardGrads,
     Offloader,
@@ -99,6 +99,13 @@ from memsim_widget.engine.counters.tp_stream import (
     tp_replayable,
     weights_by_param,
     whole_table_grads,
+)
+from memsim_widget.engine.counters.zero3_stream import (
+    Zero3Units,
+    Zero3Writer,
+    per_element,
+    rest_of,
+    zero3_units,
 )
 from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter, rank_zero
 from memsim_widget.engine.frameworks import grads_kept
@@ -417,7 +424,10 @@ def step_stream(
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
         sg = {**sg, "persistent": [i for i in sg["persistent"] if i.item != DDP_BUCKETS_ITEM]}
     reducer = DdpWriter(s, ddp) if ddp is not None else None
-    comm = Fsdp2Writer(s, fsdp) if fsdp is not None else None
+    z3 = Zero3Writer(s, fsdp) if isinstance(fsdp, Zero3Units) else None
+    comm: Any = (
+        z3 if z3 is not None else Fsdp2Writer(s, cast("Fsdp2Units", fsdp)) if fsdp is not None else None
+    )
     params = order.params if order and sorted(order.params) == sorted(numels) else numels
     later = [i for i in sg["persistent"] if i not in first]  # optimizer states, made by the first step
     inb = InBackwardGrads(s, sg, order, later, params) if in_backward else None
@@ -431,6 +441,8 @@ def step_stream(
             "persistent": [i for i in sg["persistent"] if i.item not in (ZERO_BUCKET_ITEM, MASTER_ITEM)],
         }
         repeat = False  # the ipg buffer's fill differs layer by layer
+    elif z3 is not None:  # DeepSpeed's partitions and buffers in place of the engine's
+        _zero3_wrap(s, z3, first)
     elif not (per_param and weights_by_param(s, first, params)):
         s.items(first, numels)
     if reducer is not None:
@@ -462,6 +474,8 @@ def step_stream(
             grads.new = m > 1 or (kept and step > 1)
             if comm is not None:
                 comm.u.micro(comm, m, micro)
+            if grads.zero is not None:
+                grads.zero.micro(m, max(micro, 1))
             label = f"step {step}" + (f" micro-batch {m}" if micro > 1 else "")
             if reducer is not None and step == 2 and m == 1 and reducer.b.rebuilt:
                 s.mark(f"{label} DDP bucket rebuild")
@@ -473,7 +487,7 @@ def step_stream(
             s.micro_bounds.append([*bounds, s.here()])
         s.mark(f"step {step} optimizer step")
         if inb is None:  # else every parameter was stepped in backward
-            _optimizer_step(s, grads, sg, step, later, numels, params, opt_groups, zero)
+            _optimizer_step(s, grads, sg, step, later, numels, params, opt_groups, zero, z3)
         # zero_grad(set_to_none=True) drops the gradients in the parameters' order; zeroed in place, they stay
         s.free(held if kept else made_grads + held)
         if comm is not None:
@@ -491,11 +505,15 @@ def _optimizer_step(
     params: tuple[int, ...],
     opt_groups: tuple[tuple[int, ...], ...],
     zero: ZeroRank | None,
+    z3: Zero3Writer | None = None,
 ) -> None:
     """The optimizer's step after backward (``step_stream``'s): its states made at the first step (``later``),
     its foreach temporaries made and freed last first; a ZeRO-1/2 rank's on its flat partition
-    (``zero_stream.ZeroWriter.step``), a TP rank's per parameter group (``tp_stream.optimizer_groups``)."""
-    if grads.zero is not None:
+    (``zero_stream.ZeroWriter.step``), a ZeRO-3 rank's on its sub groups' flat partitions
+    (``zero3_stream.Zero3Writer.step``), a TP rank's per parameter group (``tp_stream.optimizer_groups``)."""
+    if z3 is not None:
+        z3.step(step == 1, per_element(later, z3.u), per_element(sg["step_temps"], z3.u))
+    elif grads.zero is not None:
         grads.zero.step(
             step == 1, _per_element(later, numels, zero), _per_element(sg["step_temps"], numels, zero)
         )
@@ -529,6 +547,14 @@ def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWri
     w = ZeroWriter(s, zero)
     w.wrap(weights)
     return w
+
+
+def _zero3_wrap(s: StreamWriter, z3: Zero3Writer, first: Sequence[Any]) -> None:
+    """A ZeRO-3 rank's wrap (``zero3_stream.Zero3Writer.wrap``: its weights, partitions and buffers), after the
+    persistent items of ``first`` it does not replace (``zero3_stream.rest_of``)."""
+    s.items(rest_of(first))
+    s.mark("ZeRO-3 wrap")
+    z3.wrap()
 
 
 def _per_element(items: Sequence[Any], numels: tuple[int, ...], zero: ZeroRank | None) -> list[float]:
@@ -1226,6 +1252,7 @@ def replayable(ctx: Any) -> bool:
             or fsdp2_replayable(ctx)
             or ddp_replayable(ctx)
             or zero12_replayable(ctx)
+            or zero3_replayable(ctx)
             or tp_replayable(ctx)
             or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
             or pp_replayable(ctx)
@@ -1330,8 +1357,8 @@ def zero12_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-1/2 rank (``zero_stream``): zero 1 or 2 over dp > 1
     ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
     parallelism, full training of a bf16 model with an fp32 master copy (``mixed-bf16``: DeepSpeed's
-    ``bf16.enabled``), one micro-batch a step (ZeRO-1 reduces only at the accumulation boundary: not written),
-    nothing offloaded, eager."""
+    ``bf16.enabled``), any number of micro-batches a step (``ZeroWriter.micro``: ZeRO-1 keeps the gradients
+    until the boundary, ZeRO-2 reduces each micro-batch's), nothing offloaded, eager."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1343,7 +1370,30 @@ def zero12_replayable(ctx: Any) -> bool:
         and ctx.full_training
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
-        and sc.grad_accum_steps == 1
+        and p.offload == "none"
+        and not sc.compile
+    )
+
+
+def zero3_replayable(ctx: Any) -> bool:
+    """Whether the stream models the scenario's DeepSpeed ZeRO-3 rank (``zero3_stream``): zero 3 over dp > 1 ranks
+    under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
+    bf16 model with an fp32 master copy (``mixed-bf16``), untied embeddings, no activation checkpointing (its
+    recompute fetches again: not written), any number of micro-batches a step (the coordinator resets at every
+    forward), nothing offloaded, eager."""
+    from memsim_widget.engine.frameworks import profile
+
+    p, sc = ctx.par, ctx.scenario
+    return (
+        p.dp > 1
+        and p.zero >= 3
+        and p.tp * p.pp * p.cp * p.ep == 1
+        and profile(ctx).zero3 == "deepspeed"
+        and ctx.full_training
+        and not ctx.frozen_stacks
+        and not ctx.arch.tied_embeddings
+        and sc.precision == "mixed-bf16"
+        and sc.activation_checkpointing == "none"
         and p.offload == "none"
         and not sc.compile
     )
@@ -1421,7 +1471,11 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         kept += (FINAL_NORM_BACKWARD, LAYER_NORM_BACKWARD, EMBEDDING_GRAD, ROTARY_FORWARD)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
-    fsdp = fsdp2_units(ctx, stage) if ctx.par.dp > 1 and ctx.par.zero >= 3 else None
+    fsdp: Any = None
+    if zero3_replayable(ctx):
+        fsdp = zero3_units(ctx, stage)
+    elif ctx.par.dp > 1 and ctx.par.zero >= 3:
+        fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
     sc = ctx.scenario
     offloaded = sc.activation_offloading and sc.activation_offloading_layers != 0
@@ -1519,8 +1573,12 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 if ddp_replayable(ctx)
                 else " (DeepSpeed ZeRO-1/2's flat weights, fp32 master partition, ipg buffer and partition "
                 "gradients: deepspeed 0.19.8's stage_1_and_2.py, traced on CPU at world size 4, with "
-                "overlap_comm's second ipg buffer; its reduction stream not modelled)"
+                "overlap_comm's second ipg buffer and gradient accumulation; its reduction stream not modelled)"
                 if zero12_replayable(ctx)
+                else " (DeepSpeed ZeRO-3's partitions, ipg bucket, gradient partitions and its coordinator's "
+                "gathers, prefetches and releases: deepspeed 0.19.8's stage3.py and partitioned_param_coordinator.py, "
+                "traced on CPU at world size 4; its all-gather and reduce streams not modelled)"
+                if zero3_replayable(ctx)
                 else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
             )
             if ctx.par.dp > 1

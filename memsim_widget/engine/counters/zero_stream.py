@@ -1,7 +1,7 @@
 """What a DeepSpeed ZeRO-1 or ZeRO-2 rank allocates and frees, and when, for the allocation stream
 (``engine/counters/alloc_stream.py``): ``DeepSpeedZeroOptimizer`` as HF Trainer / accelerate run it with a bf16
-model (``bf16.enabled``, ``data_types.grad_accum_dtype`` unset, so the gradients stay in bf16), no offload, one
-micro-batch a step, DeepSpeed's defaults for stages 1 and 2 (``contiguous_gradients``, ``reduce_scatter`` and
+model (``bf16.enabled``, ``data_types.grad_accum_dtype`` unset, so the gradients stay in bf16), no offload, any
+number of micro-batches a step (``gradient_accumulation_steps``), DeepSpeed's defaults for stages 1 and 2 (``contiguous_gradients``, ``reduce_scatter`` and
 ``use_multi_rank_bucket_allreduce`` true) but ``overlap_comm`` and ``reduce_bucket_size`` (default false and 5e8
 elements), which the scenario says (``parallel.overlap_comm``, ``parallel.reduce_bucket_size``).
 
@@ -41,10 +41,24 @@ fake process group at world size 4, ``benchmarks/zero_trace.py``, docs/allocator
   The all-gather of the updated partitions writes into the flat buffers in place.
 
 ZeRO-1 with one micro-batch runs the same hooks and buffers (the gradients of the parameters outside the
-partition stay views of the ipg buffer until the epilogue drops them). Not modelled: ``overlap_comm``'s
-reduction stream (on a GPU the flattened bucket is made on DeepSpeed's ``reduction_stream``, a pool of its own in
-the caching allocator; a CPU trace has one stream, so it stays on the compute stream here, untraced), gradient
-accumulation (ZeRO-1 reduces only at the boundary), fp16's loss scaler, offload.
+partition stay views of the ipg buffer until the epilogue drops them).
+
+- **Gradient accumulation** (``ZeroWriter.micro``; ``is_gradient_accumulation_boundary`` true on the step's last
+  micro-batch): ZeRO-2 (``partition_gradients``) reduces every micro-batch as above, and from the second on
+  ``copy_grads_in_partition`` finds ``grads_in_partition`` reset and makes a new one (the accumulated gradients,
+  views of the old one, are added in and re-pointed), so the old one lives until that micro-batch's epilogue.
+  ZeRO-1 reduces only at the boundary: its hook (``process_gradients``) makes the ipg buffer at the first
+  gradient but reduces nothing without ``overlap_comm``, and the engine's ``allreduce_gradients`` calls
+  ``reduce_gradients`` only after the boundary's backward; so before it every gradient stays whole and nothing
+  frees the buffer; each later micro-batch's new gradient is added in place and freed; at the boundary the kept
+  ones are reduced as above (``reduce_gradients`` walks the groups' parameters; here in backward order, the same
+  buffers). Traced at 2 and 3 micro-batches (``zero_trace.py --accum N``).
+
+Not modelled: ``overlap_comm``'s reduction stream (on a GPU the flattened bucket is made on DeepSpeed's
+``reduction_stream``, a pool of its own in the caching allocator; a CPU trace has one stream, so it stays on the
+compute stream here, untraced), fp16's loss scaler, offload, LoRA (peft's adapters the only flat group: the
+engine's LoRA step under DeepSpeed keeps the fitted rule, docs/allocator.md) and ZeRO-3 (``stage3.py``, another
+optimizer).
 """
 
 from __future__ import annotations
@@ -79,6 +93,8 @@ class ZeroRank:
     model_bytes: int = 2
     bucket: int = DEEPSPEED_BUCKET_ELEMENTS
     buffers: int = 1
+    #: ZeRO-2 (``partition_gradients``): every micro-batch's hooks reduce; ZeRO-1 reduces only at the boundary
+    partition_grads: bool = True
 
     @property
     def in_partition(self) -> frozenset[tuple[int, int]]:
@@ -119,9 +135,10 @@ def zero_rank(
     rank: int = 0,
     bucket: int = DEEPSPEED_BUCKET_ELEMENTS,
     buffers: int = 1,
+    partition_grads: bool = True,
 ) -> ZeroRank:
     """``ZeroRank`` of ``rank`` of ``dp`` for optimizer groups of ``groups`` tensors, gradients ready in the
-    order ``ready``, ``buffers`` ipg buffers of ``bucket`` elements."""
+    order ``ready``, ``buffers`` ipg buffers of ``bucket`` elements, ZeRO-2 (``partition_grads``) or ZeRO-1."""
     parts = [partition_slices(g, dp, rank) for g in groups]
     return ZeroRank(
         tuple(tuple(g) for g in groups),
@@ -132,6 +149,7 @@ def zero_rank(
         model_bytes,
         bucket,
         buffers,
+        partition_grads,
     )
 
 
@@ -148,6 +166,15 @@ class ZeroWriter:
         self.elements = 0
         self.pending: list[tuple[int, int]] = []  # the (group, tensor) pairs in the bucket
         self.next = 0  # the next entry of z.ready
+        self.first = True  # the step's first micro-batch
+        self.boundary = True  # the step's last micro-batch (``is_gradient_accumulation_boundary``)
+        self.kept: list[list[int]] = []  # ZeRO-1: the gradients kept as they are until the boundary
+        self.stale: list[int] = []  # ZeRO-2: an earlier micro-batch's grads_in_partition, until the epilogue
+        self.fresh = False  # grads_in_partition made in this micro-batch
+
+    def micro(self, m: int, micro: int) -> None:
+        """Micro-batch ``m`` of ``micro`` a step begins (gradient accumulation)."""
+        self.first, self.boundary, self.fresh = m == 1, m == micro, False
 
     def wrap(self, weights: Sequence[Sequence[int]]) -> None:
         """``DeepSpeedZeroOptimizer.__init__``: per group the flat bf16 buffer (the group's weights, handles
@@ -164,14 +191,25 @@ class ZeroWriter:
 
     def ready(self, handle: list[int]) -> None:
         """DeepSpeed's hook on the next gradient of ``z.ready`` (just made, ``handle``): the ipg buffer (both
-        under ``overlap_comm``) at the first, a reduce when the gradient would overflow it, then the gradient copied in and freed (one over
-        the buffer's size waits for the next reduce)."""
+        under ``overlap_comm``) at the first, a reduce when the gradient would overflow it, then the gradient
+        copied in and freed (one over the buffer's size waits for the next reduce). ZeRO-1 keeps it before the
+        accumulation boundary; a later micro-batch's is added in place to the kept one and freed."""
         s, z = self.s, self.z
         g, t = z.ready[self.next]
-        self.next += 1
         n = z.groups[g][t]
         if not self.ipg:
             self.ipg = [h for _ in range(z.buffers) for h in s.alloc(z.bucket * z.model_bytes)]
+        if not z.partition_grads and not self.boundary:  # ZeRO-1 before the boundary: kept, not reduced
+            if self.first:
+                self.kept.append(handle)
+            else:
+                s.free(handle)  # added in place to the kept one
+            self.next += 1
+            return
+        if not z.partition_grads and not self.first:  # the new one added in place; the kept one reduced
+            s.free(handle)
+            handle = self.kept[self.next]
+        self.next += 1
         if self.elements + n > z.bucket:
             self.reduce()
         self.pending.append((g, t))
@@ -192,16 +230,22 @@ class ZeroWriter:
         s, z = self.s, self.z
         if self.elements:
             s.free(s.alloc(self.elements * z.model_bytes))
+        if self.gip and not self.fresh:  # ZeRO-2's later micro-batch copies into a new one
+            self.stale, self.gip = self.gip, []
         if not self.gip and any(p in z.in_partition for p in self.pending):
-            self.gip = s.alloc(z.grads_in_partition * z.model_bytes)
+            self.gip, self.fresh = s.alloc(z.grads_in_partition * z.model_bytes), True
         s.free(self.held)
         self.held, self.pending, self.elements = [], [], 0
 
     def epilogue(self) -> None:
-        """``independent_gradient_partition_epilogue``: the rest reduced, the ipg buffers freed."""
+        """``independent_gradient_partition_epilogue``: the rest reduced, the ipg buffers freed (then an earlier
+        micro-batch's grads_in_partition); ZeRO-1 before the boundary keeps its ipg buffer and reduces nothing."""
+        self.next = 0
+        if not self.z.partition_grads and not self.boundary:
+            return
         self.reduce()
-        self.s.free(self.ipg)
-        self.ipg, self.next = [], 0
+        self.s.free(self.ipg + self.stale)
+        self.ipg, self.stale, self.kept = [], [], []
 
     def step(self, first: bool, states: Sequence[float], temps: Sequence[float]) -> None:
         """``DeepSpeedZeroOptimizer.step``: the norm's fp64 casts, then per group the flattened slices, the fp32
@@ -267,5 +311,12 @@ def rank_zero(ctx: Any, stage: Any) -> ZeroRank:
     if not groups[0]:
         ready = [(0, t) for _, t in ready]
     return zero_rank(
-        kept, ready, ctx.par.dp, ctx.recipe.weight_bytes, 0, reduce_bucket_elements(ctx), reduce_buffers(ctx)
+        kept,
+        ready,
+        ctx.par.dp,
+        ctx.recipe.weight_bytes,
+        0,
+        reduce_bucket_elements(ctx),
+        reduce_buffers(ctx),
+        ctx.par.zero >= 2,
     )

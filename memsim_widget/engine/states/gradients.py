@@ -312,7 +312,8 @@ def reduce_bucket(ctx: Context, n_train: int, b: StateBudget) -> None:
     the number of trainable parameters (deepspeed 0.19.8 ``stage_1_and_2.setup_buckets``: ``torch.empty(
     int(self.reduce_bucket_size))`` at each backward's first gradient; a CPU run of the real optimizer on a 44M
     model allocates 1,000,000,000 B, ``benchmarks/zero_trace.py``); two of them under ``overlap_comm``
-    (``reduce_buffers``; traced the same way: 2 x 1,000,000,000 B)."""
+    (``reduce_buffers``; traced the same way: 2 x 1,000,000,000 B). ZeRO-3's ipg bucket, one, made at
+    ``__init__`` and kept (``stage3.py``; traced the same way, ``zero_trace.py --stage 3``)."""
     sc, recipe = ctx.scenario, ctx.recipe
     bucket = reduce_bucket_elements(ctx) if n_train else 0
     if bucket and not sc.optimizer_in_backward:
