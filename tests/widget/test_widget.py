@@ -827,7 +827,7 @@ def test_a_failing_trace_shows_its_error(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize(
     ("changes", "field", "words"),
     [
-        ({"method": "qlora"}, "method", "CUDA"),
+        ({"method": "qlora"}, "method", "fake tensor"),
         ({"parallel": {"dp": 2, "zero": 2}}, "parallel.zero", "DeepSpeed"),
         ({"precision": "fp8"}, "precision", "cannot be traced"),
         ({"optimizer": "adamw-4bit", "optimizer_impl": "fused"}, "optimizer", "torch.optim"),
