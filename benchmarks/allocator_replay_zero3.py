@@ -19,13 +19,17 @@ from typing import Any
 from memsim_widget.engine.core import estimate
 from memsim_widget.units import GiB
 
-#: untied models (a tied embedding keeps the fitted rule), dp 8 on an H100 unless named
+#: dp 8 on an H100 unless named; the last three: full activation checkpointing, tied embeddings (Llama 3.2's,
+#: Qwen 2.5's small models), both
 CASES: list[dict[str, Any]] = [
     {"model": "llama-3.1-8b", "micro_batch_size": 1, "seq_len": 2048},
     {"model": "llama-3.1-8b", "micro_batch_size": 1, "seq_len": 4096},
     {"model": "llama-3.1-8b", "micro_batch_size": 1, "seq_len": 2048, "grad_accum_steps": 4},
     {"model": "qwen2.5-7b", "micro_batch_size": 1, "seq_len": 4096},
     {"model": "llama-3.1-8b", "micro_batch_size": 1, "seq_len": 2048, "gpu": "h200-sxm-141gb", "dp": 2},
+    {"model": "llama-3.1-8b", "micro_batch_size": 4, "seq_len": 4096, "activation_checkpointing": "full"},
+    {"model": "llama-3.2-3b", "micro_batch_size": 2, "seq_len": 4096},
+    {"model": "qwen2.5-1.5b", "micro_batch_size": 4, "seq_len": 4096, "activation_checkpointing": "full"},
 ]
 
 
@@ -61,6 +65,7 @@ def main() -> None:
         r = est.ranks[0]
         assert "DeepSpeed ZeRO-3" in r.reserved.formula, r.reserved.formula
         accum = f" x{case['grad_accum_steps']}" if case.get("grad_accum_steps", 1) > 1 else ""
+        accum += ", ckpt" if case.get("activation_checkpointing") == "full" else ""
         name = (
             f"{case['model']} {case['micro_batch_size']}x{case['seq_len']}{accum}, dp {sc['parallel']['dp']}"
         )

@@ -19,6 +19,8 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
     python benchmarks/zero_trace.py --bucket 20000000 --overlap   # parallel.reduce_bucket_size, overlap_comm
     python benchmarks/zero_trace.py --accum 2 --bucket 20000000   # gradient accumulation
     python benchmarks/zero_trace.py --stage 3 [--world 2] [--bucket 20000000]   # ZeRO-3 (stage3.py)
+    python benchmarks/zero_trace.py --stage 3 --ckpt [--batch 4 --seq 512]   # full gradient checkpointing
+    python benchmarks/zero_trace.py --stage 3 --tied   # tie_word_embeddings
     python benchmarks/zero_trace.py --lora 16     # peft LoRA on every Linear: the trace alone
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
@@ -47,12 +49,23 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def traced_run(
-    zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False, accum: int = 1, lora: int = 0
+    zero: int,
+    world: int = WORLD,
+    bucket: int = BUCKET,
+    overlap: bool = False,
+    accum: int = 1,
+    lora: int = 0,
+    ckpt: bool = False,
+    tied: bool = False,
+    batch: int = BATCH,
+    seq: int = SEQ,
 ) -> dict[str, Any]:
     """Two steps of the small Llama under DeepSpeed ZeRO-``zero`` as rank 0 of ``world`` (``accum`` micro-batches
     a step through ``engine.backward`` / ``engine.step`` each, DeepSpeed's ``gradient_accumulation_steps``;
     ``lora``: peft LoRA of that rank on every Linear of the layers, its adapters in the model's bf16, the base
-    frozen): the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase
+    frozen; ``ckpt``: HF gradient checkpointing on every layer, as HF Trainer enables it (``use_reentrant`` False);
+    ``tied``: the head shares the embeddings' weight, ``tie_word_embeddings``; ``batch`` x ``seq`` tokens a
+    micro-batch): the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase
     begins."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
@@ -104,11 +117,12 @@ def traced_run(
 
         torch.manual_seed(0)
         cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
+        cfg["tie_word_embeddings"] = tied
         zero_cfg: dict[str, Any] = {"stage": zero, "contiguous_gradients": True, "reduce_bucket_size": bucket}
         if zero < 3 or overlap:  # ZeRO-3's default is true: left to DeepSpeed
             zero_cfg["overlap_comm"] = overlap
         config = {
-            "train_micro_batch_size_per_gpu": BATCH,
+            "train_micro_batch_size_per_gpu": batch,
             "gradient_accumulation_steps": accum,
             "bf16": {"enabled": True},
             "gradient_clipping": 1.0,
@@ -134,6 +148,8 @@ def traced_run(
                         model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False))
                 finally:
                     torch.set_default_dtype(default)
+                if ckpt:
+                    model.gradient_checkpointing_enable()
             else:
                 for p in model.parameters():  # the weights, in module order, as the stream writes them first
                     log(p)
@@ -149,7 +165,7 @@ def traced_run(
             engine, *_ = deepspeed.initialize(
                 model=model, optimizer=opt, config=config, dist_init_required=False
             )
-            ids = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ))
+            ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
             for step in range(1, STEPS + 1):
                 for micro in range(accum):
                     at = f"step {step}" + (f" micro-batch {micro + 1}" if accum > 1 else "")
@@ -169,7 +185,7 @@ def traced_run(
 
 
 def traced_apart(
-    zero: int, world: int = WORLD, bucket: int = BUCKET, overlap: bool = False, accum: int = 1, lora: int = 0
+    zero: int, world: int = WORLD, bucket: int = BUCKET, *args: Any, **kw: Any
 ) -> dict[str, Any]:
     """``traced_run`` in a fresh process (DeepSpeed keeps its process groups in module globals, so a second run
     in one process finds the first one's groups destroyed)."""
@@ -177,7 +193,7 @@ def traced_apart(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(traced_run, zero, world, bucket, overlap, accum, lora).result()
+        return pool.submit(traced_run, zero, world, bucket, *args, **kw).result()
 
 
 def replayed(events: list[tuple[int, int, int]]) -> int:
@@ -194,16 +210,22 @@ def engine_stream(
     overlap: bool = False,
     accum: int = 1,
     cpu: bool = False,
+    ckpt: bool = False,
+    tied: bool = False,
+    batch: int = BATCH,
+    seq: int = SEQ,
 ) -> Any:
     """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
     its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``),
-    ``accum`` micro-batches a step; ``cpu``: without the cuBLAS workspaces too (``without_workspaces``)."""
+    ``accum`` micro-batches a step; ``cpu``: without the cuBLAS workspaces too (``without_workspaces``); ``ckpt``,
+    ``tied``, ``batch``, ``seq`` as ``traced_run``'s."""
     import memsim_widget.engine.counters.alloc_stream as alloc_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
 
     sc = {
-        "model": LLAMA_H512_V32K, "micro_batch_size": BATCH, "seq_len": SEQ, "precision": "mixed-bf16",
+        "model": {**LLAMA_H512_V32K, "tie_word_embeddings": tied}, "micro_batch_size": batch, "seq_len": seq,
+        "precision": "mixed-bf16", "activation_checkpointing": "full" if ckpt else "none",
         "framework": "deepspeed", "optimizer": "adamw", "optimizer_impl": "foreach", "reserved_model": "replay",
         "grad_accum_steps": accum,
         "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap},
@@ -278,8 +300,10 @@ def main() -> None:
     )
     world = arg("--world", WORLD)
     overlap = "--overlap" in sys.argv
+    shape = {"ckpt": "--ckpt" in sys.argv, "tied": "--tied" in sys.argv}
+    shape.update(batch=arg("--batch", BATCH), seq=arg("--seq", SEQ))
     for zero in (stage,) if stage else (1, 2):
-        t = traced_apart(zero, world, bucket, overlap, accum, lora)
+        t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape)
         a = CachingAllocator(None)
         a.run(t["events"])
         print(
@@ -287,13 +311,16 @@ def main() -> None:
             + (", overlap_comm" if overlap else "")
             + (f", {accum} micro-batches a step" if accum > 1 else "")
             + (f", LoRA rank {lora}" if lora else "")
+            + (", full checkpointing" if shape["ckpt"] else "")
+            + (", tied embeddings" if shape["tied"] else "")
+            + f", {shape['batch']} x {shape['seq']}"
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
         if lora:
             continue
         for cpu in (False, True):
-            s = engine_stream(zero, world, bucket, overlap, accum, cpu)
+            s = engine_stream(zero, world, bucket, overlap, accum, cpu, **shape)
             e = replay_stream(s, AllocatorConf())
             print(
                 "  engine stream" + (" without the cuBLAS workspaces" if cpu else "") + f": reserved "

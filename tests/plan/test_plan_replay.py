@@ -216,17 +216,18 @@ def test_zero12_candidates_take_the_replay_and_equal_estimate():
     assert {e.scenario.grad_accum_steps > 1 for e in zero} == {True, False}
 
 
-def test_zero3_deepspeed_candidates_take_the_replay_and_equal_estimate():
-    """Under DeepSpeed (mixed-bf16, untied, no checkpointing) the ZeRO-3 candidates over 2 and 4 GPUs with no other
-    parallelism replay their rank's DeepSpeed stream (``engine/counters/zero3_stream.py``), each equal to
-    ``estimate`` byte for byte, the accumulating ones too."""
+@pytest.mark.parametrize(("tied", "checkpointing"), [(False, "none"), (True, "full")])
+def test_zero3_deepspeed_candidates_take_the_replay_and_equal_estimate(tied: bool, checkpointing: str):
+    """Under DeepSpeed (mixed-bf16) the ZeRO-3 candidates over 2 and 4 GPUs with no other parallelism replay their
+    rank's DeepSpeed stream (``engine/counters/zero3_stream.py``), each equal to ``estimate`` byte for byte, the
+    accumulating ones too; tied embeddings under full checkpointing as well."""
     from tests.data.fidelity_cases import LLAMA_H512_V32K
 
     base = {
-        "model": LLAMA_H512_V32K, "seq_len": 512, "reserved_model": "replay", "framework": "deepspeed",
+        "model": {**LLAMA_H512_V32K, "tie_word_embeddings": tied}, "seq_len": 512, "reserved_model": "replay", "framework": "deepspeed",
         "precision": "mixed-bf16",
     }  # fmt: skip
-    space = SearchSpace(micro_batch=(1, 2), zero=(3,), checkpointing=("none",), offload=("none",))
+    space = SearchSpace(micro_batch=(1, 2), zero=(3,), checkpointing=(checkpointing,), offload=("none",))
     p = plan(base=base, gpu="h100-sxm-80gb", gpus=(2, 4), space=space, top=10, global_batch_tokens=8 * 512)
     assert p.mismatches(np.arange(p.evaluated)) == []
     zero = [p.estimate(i) for i in range(p.evaluated)]

@@ -1378,9 +1378,9 @@ def zero12_replayable(ctx: Any) -> bool:
 def zero3_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-3 rank (``zero3_stream``): zero 3 over dp > 1 ranks
     under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
-    bf16 model with an fp32 master copy (``mixed-bf16``), untied embeddings, no activation checkpointing (its
-    recompute fetches again: not written), any number of micro-batches a step (the coordinator resets at every
-    forward), nothing offloaded, eager."""
+    bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
+    checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
+    resets at every forward), nothing offloaded, eager."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1391,9 +1391,8 @@ def zero3_replayable(ctx: Any) -> bool:
         and profile(ctx).zero3 == "deepspeed"
         and ctx.full_training
         and not ctx.frozen_stacks
-        and not ctx.arch.tied_embeddings
         and sc.precision == "mixed-bf16"
-        and sc.activation_checkpointing == "none"
+        and sc.activation_checkpointing in ("none", "full")
         and p.offload == "none"
         and not sc.compile
     )

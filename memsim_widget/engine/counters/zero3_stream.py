@@ -12,7 +12,9 @@ Source: deepspeed 0.19.8, ``deepspeed/runtime/zero/stage3.py`` (``__init__``, ``
 ``__add_grad_to_ipg_bucket``, ``__reduce_and_partition_ipg_grads``, ``partition_grads``, ``_create_fp16_sub_groups``,
 ``step``, ``_get_norm_groups``, ``get_grad_norm_direct``, ``_prepare_fp32_grad_for_sub_group``),
 ``runtime/zero/partitioned_param_coordinator.py`` (``fetch_sub_module``, ``release_sub_module``,
-``__params_to_release``, ``__all_gather_params``) and ``runtime/zero/partition_parameters.py``
+``__params_to_release``, ``__all_gather_params``), ``runtime/zero/parameter_offload.py`` (``setup_zero_stage3_hooks``,
+``pre_sub_module_forward_function``: the fetches are module forward hooks, so a checkpointed layer's recompute
+fetches again) and ``runtime/zero/partition_parameters.py``
 (``_all_gather_sequential``, ``_all_gather_coalesced``, ``AllGatherCoalescedHandle.wait``, ``_partition_param``).
 Restated, nothing copied; held to a CPU run of the real optimizer (PyTorch's fake process group at world size 4,
 ``benchmarks/zero_trace.py --stage 3``, docs/allocator.md "DeepSpeed ZeRO-3 ranks"):
@@ -42,6 +44,12 @@ Restated, nothing copied; held to a CPU run of the real optimizer (PyTorch's fak
   the next would overflow it, and after the last, ``__reduce_and_partition_ipg_grads`` reduce-scatters the bucket
   (a flat copy of its gradients, each padded to a multiple of dp, freed; none for a lone gradient that divides
   by dp: ``runtime/comm/coalesced_collectives.reduce_scatter_coalesced``) into the gradient partitions' buffer.
+- **Checkpointing** (HF's full gradient checkpointing, non-reentrant): a layer's recompute runs its forward in
+  the backward, the hooks fetching its parameters and releasing them after it, before its backward fetches them
+  again; the first step records the recompute in the order like any module, so later steps keep them gathered
+  (reuse distance). **Tied embeddings**: the head's weight is the embeddings' parameter, gathered again for the
+  head (the first step released it after the embeddings); its gradient is the head's part (held) and the
+  embeddings' part, summed out of place by autograd before the parameter's one hook.
 - **Step**: the gradient norm casts each parameter's gradient partition to fp64 one at a time
   (``get_grad_norm_direct``, ``get_norm_dtype``); per sub group the partitions flattened (a bf16 copy when there are
   several) and cast to an fp32 gradient (the copy freed), the inner optimizer's states (first step) and
@@ -51,7 +59,7 @@ Not modelled: ``overlap_comm``'s ``reduce_and_partition_stream`` and the all-gat
 flat copy and the gathers are made on streams of their own, pools of their own in the caching allocator; a CPU trace
 has one stream, so they stay on the compute stream here, untraced), module-level fetches inside a layer (a layer's
 Linears are fetched together at its start, so up to one layer's parameters more are live than DeepSpeed's
-one-module-at-a-time), activation checkpointing's re-fetches, tied embeddings, LoRA, offload.
+one-module-at-a-time), LoRA, offload.
 """
 
 from __future__ import annotations
@@ -100,6 +108,12 @@ class Zero3Units:
     #: the head module's post-forward runs as soon as it has made the logits, its pre-backward once the loss's
     #: backward has made their gradient (``alloc_stream``'s hook points for a root outside the loss)
     loss_outside: bool = True
+    #: full activation checkpointing: each layer's recompute runs its forward again in the backward, the
+    #: coordinator fetching (and after it releasing) the layer's parameters once more before its backward
+    recompute: bool = False
+    #: tied embeddings: the head's weight is the embeddings' (tensor 0), gathered again for the head and its
+    #: gradient the sum of the head's and the embeddings' parts, hooked once
+    tied: bool = False
 
     @property
     def numels(self) -> tuple[int, ...]:
@@ -113,7 +127,7 @@ class Zero3Units:
         out = [tuple(range(n))]
         out += [tuple(range(n + i * k, n + (i + 1) * k)) for i in range(self.layers)]
         at = n + self.layers * k
-        return (*out, tuple(range(at, at + len(self.post))))
+        return (*out, tuple(range(at, at + len(self.post))) + ((0,) if self.tied else ()))
 
     def part(self, p: int) -> int:
         """Elements of tensor ``p``'s partition (``ds_tensor``)."""
@@ -157,8 +171,10 @@ class Zero3Writer:
         self.subs = u.sub_groups()
         self.units = u.units
         nu = len(self.units)
-        #: the step's module order: the units forward, then backward
-        self.order = list(range(nu)) + list(range(nu - 1, -1, -1))
+        #: the step's module order: the units forward, then backward (a checkpointed layer twice: its recompute's
+        #: forward, then its backward)
+        back = [x for i in range(nu - 1, -1, -1) for x in ([i, i] if u.recompute and 0 < i < nu - 1 else [i])]
+        self.order = list(range(nu)) + back
         self.persistent = {p for p, n in enumerate(self.numels) if n <= u.persist}
         self.data: dict[int, list[int]] = {}  # a gathered parameter's storage
         self.inflight: dict[int, int] = {}  # a prefetched parameter not yet fetched: its coalesced gather
@@ -358,6 +374,12 @@ class Zero3Writer:
         """The unit's gradients as autograd makes them (last module first), whole, in the model's dtype."""
         return [(p, self.s.alloc(self.numels[p] * self.u.model_bytes)) for p in reversed(self.units[unit])]
 
+    def _recompute(self, unit: int) -> None:
+        """A checkpointed layer's recompute: its forward's fetch and release, before its backward's fetch."""
+        if self.u.recompute:
+            self._fetch(unit)
+            self._release(unit)
+
     def _hook(self, grads: Sequence[tuple[int, list[int]]]) -> None:
         """``reduce_independent_p_g_buckets_and_remove_grads`` on each: a reduce when it would overflow the
         bucket, then copied in and freed (one over the bucket's size waits for the next reduce)."""
@@ -397,12 +419,17 @@ class Zero3Writer:
         s = self.s
         last = len(self.units) - 1
         top = self._grads(last)
+        head = [
+            x for p, h in top if self.u.tied and p == 0 for x in h
+        ]  # the tied weight's head part, summed later
+        top = [(p, h) for p, h in top if not (self.u.tied and p == 0)]
         for size in workspaces:  # never freed
             s.alloc(size)
         s.free(done + s.items(a["top_backward"]))
         self._hook(top)
         self._release(last)
         for i in reversed(range(len(saved))):
+            self._recompute(i + 1)
             self._fetch(i + 1)
             recomputed = s.items(a["recompute"])
             grads = self._grads(i + 1)
@@ -411,7 +438,12 @@ class Zero3Writer:
             self._hook(grads)
             self._release(i + 1)
         self._fetch(0)
-        self._hook(self._grads(0))
+        bottom = self._grads(0)
+        if head:  # the tied weight: its two parts summed out of place, the hook on the sum
+            summed = s.alloc(self.numels[0] * self.u.model_bytes)
+            s.free(head + bottom[-1][1])
+            bottom[-1] = (0, summed)
+        self._hook(bottom)
         self._release(0)
         self._reduce()
 
@@ -472,4 +504,6 @@ def zero3_units(ctx: Any, stage: Any) -> Zero3Units:
         ctx.par.dp,
         ctx.recipe.weight_bytes,
         reduce_bucket_elements(ctx),
+        recompute=ctx.scenario.activation_checkpointing == "full",
+        tied=ctx.arch.tied_embeddings and not any(lg.group.kind == "head" for lg in local_groups(ctx, stage)),
     )
