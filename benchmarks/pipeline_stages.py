@@ -7,6 +7,8 @@ rank (memsim_widget.trace.pipeline), the error, the traced phase/op at the peak 
 Run: python benchmarks/pipeline_stages.py --reserved [--seq 1024]
 Prints instead each stage's peak reserved: its trace replayed through the caching allocator (trace/replay.py),
 the fitted rule's and the stage's own stream's (engine/counters/pp_stream.py, reserved_model: replay) against it,
+and the stream's without the CUDA-only scratch a CPU trace cannot see (``rank_stream(traced_only=True)``: flash
+attention's fp32 dq accumulator), the like-for-like comparison,
 on the h=512 Llama at a real 32k vocabulary, bf16, GPipe and 1F1B with 2p micro-batches
 (docs/allocator.md#pipeline-stages).
 """
@@ -64,11 +66,14 @@ def row(par: dict[str, Any], stage: int, top: int) -> dict[str, Any]:
 def reserved_rows(seq: int) -> None:
     """Peak reserved of every stage: its trace replayed, the fitted rule and the stage's stream (GPipe, 1F1B)."""
     from memsim_widget.engine.context import Context
-    from memsim_widget.engine.counters.alloc_stream import pool_replay
+    from memsim_widget.engine.counters.alloc_stream import pool_replay, rank_stream, replay_stream
+    from memsim_widget.engine.frameworks import allocator_conf
     from memsim_widget.trace.replay import replay_trace
 
-    print("| layout | stage | trace replay (B) | fitted | stream | stream allocated vs trace |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| layout | stage | trace replay (B) | fitted | stream | traced ops only | stream allocated vs trace |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for par in [
         p for p in LAYOUTS if p["pp_schedule"] != "interleaved" and p["pp_microbatches"] == 2 * p["pp"]
     ]:
@@ -89,8 +94,10 @@ def reserved_rows(seq: int) -> None:
             assert "caching allocator replayed" in replayed[stage].reserved.formula
             ctx = Context(Scenario.from_dict({**d, "reserved_model": "replay"}))
             a = pool_replay(ctx, ctx.stages[stage]).peak_allocated
+            seen = replay_stream(rank_stream(ctx, ctx.stages[stage], traced_only=True), allocator_conf(ctx))
             print(
                 f"| {label(par)} | {stage} | {t:,} | {f / t - 1:+.2%} | {r / t - 1:+.2%} | "
+                f"{seen.peak_reserved / t - 1:+.2%} | "
                 f"{a / traced.peak_allocated - 1:+.2%} |",
                 flush=True,
             )

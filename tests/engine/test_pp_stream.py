@@ -174,21 +174,28 @@ TRACED = [
     ("pp4 gpipe m8 s256", 0, pp("gpipe", 4, 8)),
     # -15.25% while the stream dropped the loop's earlier logits before the new head ran (the trace: after)
     ("pp4 1f1b m8 s512", 3, pp("1f1b", 4, 8, seq_len=512)),
-]
-#: under their trace by more than 1% (docs/allocator.md#pipeline-stages): GPipe's first stage at 2 x 1,024 and 512, a
-#: cached 32 MiB segment (the embeddings' gradient's) split by the layers' blocks in one replay and not the
-#: other; 1F1B's middle stages at 2 x 256, one small segment (the layers' forward writes its saved tensors at
-#: one place, the trace op by op)
-UNDER = [
-    ("pp2 gpipe m4", 0, pp("gpipe", 2, 4, seq_len=1024)),
+    # -1.37% and -1.43% while the layers' forward made their saved tensors at one place (the trace: op by op,
+    # eager_steps.eager_layer_forward_transients); +1.02% and +1.19% at 2 x 512 with the forward op by op while
+    # the top layer's backward allocated the gradient a middle stage reads from its receive buffer in place
     ("pp4 1f1b m8 s256", 1, pp("1f1b", 4, 8)),
     ("pp4 1f1b m8 s256", 2, pp("1f1b", 4, 8)),
+    ("pp4 1f1b m8 s512", 1, pp("1f1b", 4, 8, seq_len=512)),
+    ("pp4 1f1b m8 s512", 2, pp("1f1b", 4, 8, seq_len=512)),
+]
+#: under their trace by more than 1% (docs/allocator.md#pipeline-stages): GPipe's first stage at 2 x 1,024 and 512.
+#: Without flash attention's fp32 dq accumulator (CUDA's scratch, which a CPU trace cannot see:
+#: ``rank_stream(traced_only=True)``) the stream replays to the trace's reserved exactly
+#: (``test_gpipe_first_stage_is_its_trace_without_cuda_scratch``); with it the 2 MiB blocks land so that the
+#: embeddings' gradient in step 2 finds room in a cached 32 MiB segment where the trace cudaMallocs one more
+UNDER = [
+    ("pp2 gpipe m4", 0, pp("gpipe", 2, 4, seq_len=1024)),
     ("pp2 gpipe m4 s512", 0, pp("gpipe", 2, 4, seq_len=512)),
 ]
 
 
-def _replays(keys: dict, stage: int) -> tuple[int, int, int, int]:
-    """(stream peak reserved, trace peak reserved, stream peak allocated, trace peak allocated)."""
+def _replays(keys: dict, stage: int, traced_only: bool = False) -> tuple[int, int, int, int]:
+    """(stream peak reserved, trace peak reserved, stream peak allocated, trace peak allocated); ``traced_only``:
+    the stream without the CUDA-only scratch a CPU trace cannot see."""
     pytest.importorskip("transformers")
     from memsim_widget.trace.pipeline import trace_pipeline
     from memsim_widget.trace.replay import replay_trace
@@ -196,7 +203,7 @@ def _replays(keys: dict, stage: int) -> tuple[int, int, int, int]:
     sc = Scenario.from_dict(keys)
     traced, _ = replay_trace(trace_pipeline(sc, rank=stage).tracker, sc)
     ctx = Context(sc)
-    rep = replay_stream(rank_stream(ctx, ctx.stages[stage]), allocator_conf(ctx))
+    rep = replay_stream(rank_stream(ctx, ctx.stages[stage], traced_only=traced_only), allocator_conf(ctx))
     return rep.peak_reserved, traced.peak_reserved, rep.peak_allocated, traced.peak_allocated
 
 
@@ -212,13 +219,50 @@ def test_a_stage_replays_within_1_percent_of_its_trace(name, stage, keys):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True, reason="under the trace by 1.74%, 1.37%, 1.43%, 2.94%: docs/allocator.md#pipeline-stages"
-)
+@pytest.mark.xfail(strict=True, reason="under the trace by 1.74%, 2.52%: docs/allocator.md#pipeline-stages")
 @pytest.mark.parametrize(("name", "stage", "keys"), UNDER, ids=[f"{n} stage {s}" for n, s, _ in UNDER])
 def test_stages_still_under_their_trace(name, stage, keys):
     got, traced, _a, _t = _replays(keys, stage)
     assert got >= traced
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "stage", "keys"), UNDER, ids=[f"{n} stage {s}" for n, s, _ in UNDER])
+def test_gpipe_first_stage_is_its_trace_without_cuda_scratch(name, stage, keys):
+    """The stages still under: the stream less flash attention's dq accumulator (what the CPU trace lacks) is
+    the trace to the byte in both counters' peaks reserved."""
+    got, traced, _a, _t = _replays(keys, stage, traced_only=True)
+    assert got == traced
+
+
+def test_a_layer_forward_makes_each_saved_tensor_once_where_its_op_runs():
+    """The eager layer forward (``eager_steps.eager_layer_forward_transients``) makes each of the 17 saved
+    tensors the layer backward frees (``FREE_SAVED`` 0..16) once; the stream writes them in the items' order."""
+    from memsim_widget.engine.activations.eager_steps import eager_layer_forward_transients
+    from memsim_widget.engine.activations.forward import SAVED_AT
+
+    ctx = Context(Scenario.from_dict(pp("1f1b", 4, 8)))
+    places = [
+        int(n[len(SAVED_AT) :]) for n, _ in eager_layer_forward_transients(ctx) if n.startswith(SAVED_AT)
+    ]
+    assert sorted(places) == list(range(17))
+    assert places[:4] == [0, 1, 4, 6]  # the input norm: fp32 input, rsqrt, its cast, the attention's input
+
+
+def test_a_later_stage_reads_the_received_gradient_in_place():
+    """A stage without the head starts its top layer's backward from the received gradient (torch 2.13
+    ``stage.py`` ``backward_one_chunk``: ``stage_backward`` of the stage's output with the received gradient as
+    its grad): after flash attention's fp32 dq accumulator (4 T h) the first buffers are down_proj's weight
+    gradient (h x I x 2 B) and its input gradient (T x I x 2 B), no T x h gradient made for it (the eager layer
+    backward's ``ARRIVING``, which the layers below read)."""
+    from memsim_widget.engine.activations.eager_steps import ARRIVING, eager_layer_backward_transients
+
+    ctx = Context(Scenario.from_dict(pp("1f1b", 2, 4)))
+    assert (ARRIVING, 2 * B * S * H) in eager_layer_backward_transients(ctx)
+    s = rank_stream(ctx, ctx.stages[0])
+    at = dict((label, i) for i, label in s.marks)["step 2 micro-batch 1 backward"]
+    T, I = B * S, 1376  # LLAMA_H512_V32K's MLP width
+    assert _allocs(s.events[at : at + 4])[:3] == [4 * T * H, H * I * 2, 2 * T * I]
 
 
 @pytest.mark.parametrize("zero_grad", ["set_to_none", "zeros"])

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, GRADS
-from memsim_widget.engine.activations.forward import OUT, SAVED, Step, llama_layout
+from memsim_widget.engine.activations.forward import IN, OUT, SAVED, SAVED_AT, Step, llama_layout
 
 #: The tensors the stream's final norm and head keep for backward, in the order ``final_norm_transients`` makes
 #: them (the ``post`` items: the norm's fp32 input, its rsqrt, its 16-bit cast, the head's input): a step
@@ -143,6 +143,10 @@ def _rmsnorm(
 #: input (the norms' outputs), SDPA's q, k, v, its output and logsumexp, gate's, up's and act's outputs, down's input.
 IN_FP32, IN_RSQRT, POST_FP32, POST_RSQRT, IN_CAST, POST_CAST, ATTN_IN, MLP_IN = range(8)
 SDPA_Q, SDPA_K, SDPA_V, SDPA_OUT, SDPA_LSE, GATE, UP, ACT, DOWN_IN = range(8, 17)
+#: The step name of the gradient arriving at a layer's backward from above: a later pipeline stage's top layer
+#: reads its receive buffer in place (torch 2.13 ``stage.py`` ``backward_one_chunk``: ``stage_backward`` of the
+#: output with the received gradient), so the stream drops it there (``alloc_stream._layers_backward``).
+ARRIVING = "gout"
 #: The layer's parameters as ``compiled_backward.GRADS`` numbers them.
 Q, K, V, O, GATE_W, UP_W, DOWN_W, IN_NORM_W, POST_NORM_W = range(9)
 
@@ -192,12 +196,12 @@ def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
         )  # fmt: skip
 
     return (
-        ("gout", x),  # the gradient arriving from above
+        (ARRIVING, x),  # the gradient arriving from above
         grad(DOWN_W), ("dd", i), *saved(DOWN_IN), ("gu", i), ("ga", i), *free("dd"), *saved(UP, ACT),
         grad(UP_W), ("upin", x), *free("gu"), ("sb", i), *free("ga"), *saved(GATE),
         grad(GATE_W), ("gatein", x), *free("sb"), *saved(MLP_IN), ("sum", x), *free("upin", "gatein"),
         *_rmsnorm(ctx, "sum", (POST_CAST, POST_RSQRT, POST_FP32), POST_NORM_W, keep=True),
-        ("res", x), *free("down", "gout"),
+        ("res", x), *free("down", ARRIVING),
         grad(O), ("oin", x), ("dq", q), ("dk", kv), ("dv", kv), *free("oin"),
         *saved(SDPA_K, SDPA_Q, SDPA_V, SDPA_LSE, SDPA_OUT),
         *rope("k", kv, "dk"), *rope("q", q, "dq"),
@@ -206,6 +210,55 @@ def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
         *saved(ATTN_IN), ("s2", x), *free("s1", "qin"),
         *_rmsnorm(ctx, "s2", (IN_CAST, IN_RSQRT, IN_FP32), IN_NORM_W, keep=True),
         ("res2", x), *free("res", "down", "res2"),  # the layer's input gradient: the next layer's arriving one
+    )  # fmt: skip
+
+
+def eager_layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
+    """A Llama layer's eager forward op by op on a pipeline stage where ``eager_layer_backward_transients``
+    writes its backward (no activation checkpointing), each saved tensor made by the op that saves it
+    (``SAVED_AT``, at the places the backward frees them from) instead of all at once after the second norm
+    (``forward.layer_forward_transients``, which one GPU and the other layouts keep: on one GPU these steps move
+    llama-3.1-8b b1 x 2048's reserved by -0.64%, not yet held to its measured runs). Each RMSNorm (transformers
+    5.24.0 ``LlamaRMSNorm.forward``): ``x.to(float32)``
+    (saved), ``x.pow(2)`` and its ``mean`` (fp32 T x 1, freed last), ``+ eps`` then ``rsqrt`` (saved), ``x *
+    rsqrt`` (fp32, freed once cast), ``.to(bf16)`` (saved) and ``weight *`` it (saved: the projections' input);
+    the attention (``LlamaAttention.forward``): q, k, v projections (v saved by SDPA as made; q, k freed after
+    RoPE), ``apply_rotary_pos_emb`` per ``rotate_half`` (``q * cos``, the negated half, ``cat``, ``* sin``, their
+    sum saved by SDPA), SDPA's output and logsumexp, o_proj's output freed at the residual add; the MLP
+    (``LlamaMLP.forward``): gate's output, ``silu``, up's, their product (all saved), down's output freed at the
+    residual add. Held op by op to the fake-tensor trace of a pipeline stage of the h 512 Llama
+    (tests/engine/test_pp_stream.py). Else empty (``forward.layer_forward_transients``)."""
+    if ctx.par.pp == 1 or ctx.scenario.activation_checkpointing != "none":
+        return ()
+    if not eager_layer_backward_transients(ctx):
+        return ()
+    from memsim_widget.engine.activations.dims import Dims
+
+    D = Dims(ctx)
+    x, f, t = _bytes(ctx)
+    q, kv = 2 * D.T * D.hq, 2 * D.T * D.hkv  # bf16 or fp16 weights (``_applies``)
+
+    def at(*places: int) -> tuple[Step, ...]:
+        return tuple((SAVED_AT + str(p), 0) for p in places)
+
+    def norm(fp32: int, rsqrt: int, cast: int, normed: int) -> tuple[Step, ...]:
+        return (
+            *at(fp32), ("pow", f), ("mean", t), ("pow", 0), ("eps", t), *at(rsqrt), ("eps", 0), ("xr", f),
+            *at(cast, normed), ("xr", 0), ("mean", 0),
+        )  # fmt: skip
+
+    def rope(size: int, embed: int) -> tuple[Step, ...]:
+        return (
+            ("m1", size), ("neg", size // 2), ("cat", size), ("neg", 0), ("m2", size), ("cat", 0), *at(embed),
+            ("m1", 0), ("m2", 0),
+        )  # fmt: skip
+
+    return (
+        *norm(IN_FP32, IN_RSQRT, IN_CAST, ATTN_IN),
+        ("q", q), ("k", kv), *at(SDPA_V), *rope(q, SDPA_Q), *rope(kv, SDPA_K), ("q", 0), ("k", 0),
+        *at(SDPA_OUT, SDPA_LSE), ("o", x), ("res", x), ("o", 0),
+        *norm(POST_FP32, POST_RSQRT, POST_CAST, MLP_IN),
+        *at(GATE, ACT, UP, DOWN_IN), ("down", x), (OUT, x), ("down", 0), ("res", 0), (IN, 0),
     )  # fmt: skip
 
 

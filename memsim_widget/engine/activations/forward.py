@@ -39,6 +39,9 @@ from memsim_widget.engine.activations.linears import ATTN_IN, MLP_IN, MLP_OUT
 #: 2's loss backward needs a new one (benchmarks/allocator_replay.py --compare llama8b-lora).
 Step = tuple[str, int]
 IN, OUT, SAVED = "in", "out", "saved"
+#: ``SAVED_AT + str(p)``: the layer's saved tensor at place ``p`` (its ``saved`` items' tensors in order,
+#: ``alloc_stream.StreamWriter.items``) made here, where the op that saves it runs (``eager_steps``)
+SAVED_AT = "saved at "
 #: The Linears a Llama-style TP plan shards by rows (``RowwiseParallel``): their outputs are all-reduced.
 _ROWWISE = frozenset({"o_proj", "down_proj"})
 _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})

@@ -44,8 +44,10 @@ from memsim_widget.engine.activations.compiled_steps import (
     layer_forward_steps,
 )
 from memsim_widget.engine.activations.eager_steps import (
+    ARRIVING,
     HEAD_DONE,
     eager_layer_backward_transients,
+    eager_layer_forward_transients,
     final_norm_backward_transients,
     layer_norm_backward_transients,
     rotary_transients,
@@ -55,6 +57,7 @@ from memsim_widget.engine.activations.forward import (
     IN,
     OUT,
     SAVED,
+    SAVED_AT,
     Step,
     final_norm_transients,
 )
@@ -216,6 +219,34 @@ class PoolReplay:
     peak_requested: int = 0
 
 
+def tensor_sizes(items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
+    """The bytes of each tensor of ``1/share`` of the pooled ``items``, in order (``StreamWriter.items``).
+    Per-tensor sizes: the item's own ``shares`` of its bytes where it has them (repeated over its tensors),
+    else proportional to the parameter tensors' elements when the item has k tensors per parameter (gradients,
+    optimizer states and their step temporaries), else ``bytes / tensors`` each."""
+    out: list[int] = []
+    total = sum(numels)
+    for i in items:
+        if i.level not in _POOLED or i.bytes <= 0:
+            continue
+        n = max(i.tensors, 1)
+        k = max(n // share, 1)
+        shares = getattr(i, "shares", ())
+        if shares and k % len(shares) == 0:
+            part = i.bytes / share / (k // len(shares))
+            for _ in range(k // len(shares)):
+                for x in shares:
+                    out.append(max(int(part * x), 1))
+        elif share == 1 and numels and n % len(numels) == 0 and total:
+            per = i.bytes / (n // len(numels) * total)
+            for _ in range(n // len(numels)):
+                for x in numels:
+                    out.append(max(int(x * per), 1))
+        else:
+            out += [max(int(i.bytes / share / k), 1)] * k
+    return out
+
+
 class StreamWriter:
     """An allocation stream being written: handles numbered in allocation order, phases marked."""
 
@@ -269,30 +300,11 @@ class StreamWriter:
         self.events += [(h, FREE, 0) for h in handles]
 
     def items(self, items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
-        """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count).
-        Per-tensor sizes: the item's own ``shares`` of its bytes where it has them (repeated over its
-        tensors), else proportional to the parameter tensors' elements when the item has k tensors per
-        parameter (gradients, optimizer states and their step temporaries), else ``bytes / tensors`` each."""
+        """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count), one
+        handle per tensor of ``tensor_sizes``."""
         out: list[int] = []
-        total = sum(numels)
-        for i in items:
-            if i.level not in _POOLED or i.bytes <= 0:
-                continue
-            n = max(i.tensors, 1)
-            k = max(n // share, 1)
-            shares = getattr(i, "shares", ())
-            if shares and k % len(shares) == 0:
-                part = i.bytes / share / (k // len(shares))
-                for _ in range(k // len(shares)):
-                    for x in shares:
-                        out += self.alloc(max(int(part * x), 1))
-            elif share == 1 and numels and n % len(numels) == 0 and total:
-                per = i.bytes / (n // len(numels) * total)
-                for _ in range(n // len(numels)):
-                    for x in numels:
-                        out += self.alloc(max(int(x * per), 1))
-            else:
-                out += self.alloc(max(int(i.bytes / share / k), 1), k)
+        for size in tensor_sizes(items, numels, share):
+            out += self.alloc(size)
         return out
 
     def per_param(
@@ -753,7 +765,9 @@ def micro_backward(
     if zero is not None:  # the head's hook, once its node has dropped the logits' gradient
         zero.each(top_grads[k:])
         top_grads = top_grads[:k]
-    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, (n, d) if copied else None, fw.off)
+    received = not a["loss_forward"]  # a pipeline stage without the head: its output's gradient is received
+    copies = (n, d) if copied else None
+    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, copies, fw.off, received)
     s.free(kept_top)
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
@@ -977,12 +991,14 @@ def _layers_backward(
     tangents: list[int],
     copies: tuple[int, int] | None,
     off: Offloader | None = None,
+    received: bool = False,
 ) -> list[list[int]]:
     """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
     compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
     ``saved`` tensors and its k and v zero ``tangents`` freed; ``copies``: (layers, the forward's handle shift)
     where the third layer on are the second's copies; ``off``: the saved tensors brought back from the host
-    first. Each layer's gradients' handles, from the top."""
+    first; ``received``: the top layer's arriving gradient is a pipeline stage's receive buffer, read in place
+    (``eager_steps.ARRIVING`` not written for it). Each layer's gradients' handles, from the top."""
     order = grads.order
     layer_grads: list[list[int]] = []
     begin = s.here()
@@ -997,6 +1013,8 @@ def _layers_backward(
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
             steps = bottom if i == len(saved) - 1 and not copies else bwd
+            if received and i == 0:
+                steps = [st for st in steps if st[0] != ARRIVING]
             # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
             layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers))
@@ -1073,18 +1091,24 @@ def forward_layer(
     live: dict[str, list[int]] = {}
     kept: list[int] = []
     at = 0  # the saved terms made so far: (SAVED, n) makes the next n, (SAVED, -1) the rest
+    sizes: list[int] = []
+    placed: dict[int, int] = {}  # SAVED_AT + p: the saved tensor at place p, made op by op
     for name, size in steps:
         if name == SAVED:
             n = len(saved) - at if size < 0 else size
             kept += s.items(saved[at : at + n], share=layers)
             at += n
+        elif name.startswith(SAVED_AT):
+            sizes = sizes or tensor_sizes(saved, share=layers)
+            p = int(name[len(SAVED_AT) :])
+            placed[p] = s.alloc(sizes[p])[0]
         elif name == IN:
             s.free(hidden)
         elif size > 0:
             live[name] = s.alloc(size)
         else:
             s.free(live.pop(name))
-    return live.pop(OUT, []), kept
+    return live.pop(OUT, []), kept + [placed[p] for p in sorted(placed)]
 
 
 def _upcast(loss_forward: Sequence[Any]) -> bool:
@@ -1426,7 +1450,7 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     top tensors a compiled backward keeps, the final norm's forward and backward (on the last stage only), the
     layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient."""
     return {
-        LAYER_FORWARD: layer_forward_steps(ctx),
+        LAYER_FORWARD: eager_layer_forward_transients(ctx) or layer_forward_steps(ctx),
         LAYER_BACKWARD: layer_backward_steps(ctx) or eager_layer_backward_transients(ctx),
         BOTTOM_LAYER_BACKWARD: bottom_layer_backward_steps(ctx),
         KEPT_TOP: kept_top(ctx),
