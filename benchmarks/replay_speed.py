@@ -22,13 +22,23 @@ figures (the benchmark stops if not). Prints, per scenario:
   cached blocks it held before its copies and after. An exact fast-forward needs the state to repeat (up to
   an address shift): where the cached blocks differ from one copy to the next, the state does not.
 
-Run: python benchmarks/replay_speed.py [--repeats 5] [--trace llama1b-bf16 qwen05b-bf16]
+* with ``--vs REV``: this tree against git revision ``REV`` (``git archive`` into a temporary folder, imported
+  with ``PYTHONPATH``), each timed in fresh processes taken in turn, ``--rounds`` times (the machine is shared:
+  the best of each counts): a new shape's estimate (``VS_CASES``: its replay not cached), the stream's replay
+  alone, and ``plan("llama-3.1-8b", "h100-80gb", 8)`` cold; prints REV's ms, this tree's, and their ratio.
+  Both must give the same figures (the benchmark stops if not).
+
+Run: python benchmarks/replay_speed.py [--repeats 5] [--trace llama1b-bf16 qwen05b-bf16] [--vs 62ae549]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import astuple
@@ -259,11 +269,96 @@ def layer_rows() -> None:
         print(f"layer copies whose cached blocks repeat, {name}: " + ("; ".join(rows) or "no copied layers"))
 
 
+#: ``--vs``'s new shapes: one GPU 8B, torchtitan FSDP2 on 8 GPUs (expandable segments), one GPU 0.5B with 16
+#: micro-batches per step.
+VS_CASES: dict[str, dict[str, Any]] = {
+    "8B b4 s2048": {"model": "llama-3.1-8b", "seq_len": 2048, "micro_batch_size": 4},
+    "8B FSDP2 dp8": {
+        "model": "llama-3.1-8b",
+        "seq_len": 4096,
+        "framework": "torchtitan",
+        "parallel": {"dp": 8, "zero": 3},
+    },
+    "0.5B x16 micro": {"model": "qwen2.5-0.5b", "seq_len": 2048, "grad_accum_steps": 16},
+}
+
+
+def vs_child(repeats: int) -> dict[str, Any]:
+    """One process's timings (ms) and figures for ``--vs``: per ``VS_CASES`` scenario a new shape's estimate
+    and its stream's replay alone, then the 8-GPU plan, cold."""
+    from memsim_widget.engine.caches import parts_cache
+    from memsim_widget.engine.counters.allocator import CachingAllocator
+    from memsim_widget.plan import plan
+
+    out: dict[str, Any] = {}
+    for name, d in VS_CASES.items():
+        sc = Scenario.from_dict({**d, "reserved_model": "replay"})
+        ctx = Context(objectives.training_scenario(sc))
+        conf, stream = allocator_conf(ctx), alloc_stream.rank_stream(ctx, ctx.stages[0])
+
+        def run(events: list[Any] = stream.events, conf: AllocatorConf = conf) -> CachingAllocator:
+            a = CachingAllocator(None, conf)
+            a.run(events)
+            return a
+
+        a = run()
+        r = estimate(sc)
+        out[f"estimate {name}"] = estimate_ms(sc, repeats, True)
+        out[f"replay {name}"] = best_ms(run, repeats)
+        out[f"figures {name}"] = [a.peak_reserved, a.peak_allocated, a.peak_event, repr(r)]
+    _estimate.cache_clear()
+    parts_cache.cache_clear()
+    alloc_stream.cache_clear()
+    t = time.process_time()
+    p = plan("llama-3.1-8b", "h100-80gb", 8)
+    out["plan 8B on 8 x H100"] = (time.process_time() - t) * 1e3
+    out["figures plan"] = {k: v.tolist() for k, v in sorted(p.columns.items())}
+    import memsim_widget
+
+    out["where"] = memsim_widget.__file__
+    return out
+
+
+def vs_rows(rev: str, rounds: int, repeats: int) -> None:
+    """``--vs``: REV's tree and this one, each in fresh processes taken in turn, the best of ``rounds``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        best: dict[str, dict[str, Any]] = {rev: {}, "this tree": {}}
+        for _ in range(rounds):
+            for label, path in ((rev, tmp), ("this tree", str(ROOT))):
+                env = {**os.environ, "PYTHONPATH": path}
+                cmd = [sys.executable, __file__, "--vs-child", "--repeats", str(repeats)]
+                got = json.loads(
+                    subprocess.run(cmd, env=env, capture_output=True, check=True, text=True).stdout
+                )
+                if not got.pop("where").startswith(path):
+                    raise SystemExit(f"{label}: memsim_widget was not imported from {path}")
+                for k, v in got.items():
+                    best[label][k] = min(best[label].get(k, v), v) if not k.startswith("figures") else v
+    old, new = best[rev], best["this tree"]
+    for k in old:
+        if k.startswith("figures"):
+            if old[k] != new[k]:
+                raise SystemExit(f"{k[8:]}: this tree's figures differ from {rev}'s")
+            continue
+        print(f"{k:<28} {rev}: {old[k]:9.2f} ms  this tree: {new[k]:9.2f} ms  ratio {old[k] / new[k]:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--trace", nargs="*", default=[], metavar="RUN", help="also trace these measured runs")
+    ap.add_argument("--vs", metavar="REV", help="time this tree against git revision REV, nothing else")
+    ap.add_argument("--rounds", type=int, default=3, help="--vs: processes per tree, taken in turn")
+    ap.add_argument("--vs-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.vs_child:
+        print(json.dumps(vs_child(args.repeats)))
+        return 0
+    if args.vs:
+        vs_rows(args.vs, args.rounds, args.repeats)
+        return 0
     scenario_rows(args.repeats)
     layer_rows()
     trace_rows(args.repeats)

@@ -271,11 +271,21 @@ class CachingAllocator:
                 key = (stream, small)
                 lst = lists.get(key)
                 block = None
-                if exp:
-                    block = self._get_free_block(key, rounded)
-                elif lst:
+                if lst:  # ``_get_free_block`` inlined (no max_split_size here)
                     i = bisect_left(lst, rounded << ADDR_BITS)
-                    if i < len(lst):
+                    end = len(lst)
+                    if i < end:
+                        if exp:  # the size it can grow to: the unmapped range after it counts
+                            b = blocks[lst[i] & ADDR_MASK]
+                            x = b.next
+                            grow = b.size + (x.size if x is not None and not x.mapped else 0)
+                            while i + 1 < end:
+                                b = blocks[lst[i + 1] & ADDR_MASK]
+                                x = b.next
+                                g = b.size + (x.size if x is not None and not x.mapped else 0)
+                                if g >= grow:
+                                    break
+                                i, grow = i + 1, g
                         block = blocks.pop(lst.pop(i) & ADDR_MASK)
                 if block is None:
                     block = self._alloc_block(key, rounded)
@@ -431,14 +441,17 @@ class CachingAllocator:
         if i == len(lst):
             return None
         if self.conf.expandable_segments:  # size it can grow to: the unmapped range after it counts
-            blocks = self.free_blocks
-
-            def grow(j: int) -> int:
-                b = blocks[lst[j] & ADDR_MASK]
-                return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
-
-            while i + 1 < len(lst) and grow(i + 1) < grow(i):
-                i += 1
+            blocks, end = self.free_blocks, len(lst)
+            b = blocks[lst[i] & ADDR_MASK]
+            x = b.next
+            grow = b.size + (x.size if x is not None and not x.mapped else 0)
+            while i + 1 < end:
+                b = blocks[lst[i + 1] & ADDR_MASK]
+                x = b.next
+                g = b.size + (x.size if x is not None and not x.mapped else 0)
+                if g >= grow:
+                    break
+                i, grow = i + 1, g
         bsize = lst[i] >> ADDR_BITS
         ms = self.conf.max_split_size
         if ms is not None:
