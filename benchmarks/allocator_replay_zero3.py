@@ -13,8 +13,9 @@ optimizer run on the CPU (``benchmarks/zero_trace.py --stage 3``).
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+from allocator_replay_ddp import cold  # the same cold-estimate timing
 
 from memsim_widget.engine.core import estimate
 from memsim_widget.units import GiB
@@ -31,23 +32,6 @@ CASES: list[dict[str, Any]] = [
     {"model": "llama-3.2-3b", "micro_batch_size": 2, "seq_len": 4096},
     {"model": "qwen2.5-1.5b", "micro_batch_size": 4, "seq_len": 4096, "activation_checkpointing": "full"},
 ]
-
-
-def cold(sc: dict[str, Any]) -> tuple[Any, float]:
-    """``estimate(sc)`` as a new shape (its parts cached, not its replay nor the result): the estimate and its
-    CPU milliseconds, the fastest of 3."""
-    from memsim_widget.engine.core import _estimate
-    from memsim_widget.engine.counters import alloc_stream
-
-    best = float("inf")
-    est = estimate(sc)
-    for _ in range(3):
-        _estimate.cache_clear()
-        alloc_stream.cache_clear()
-        t = time.process_time()
-        est = estimate(sc)
-        best = min(best, time.process_time() - t)
-    return est, best * 1e3
 
 
 def main() -> None:
