@@ -493,9 +493,9 @@ RESERVED_MODELS = ("fitted", "replay")
 #: their order, which a two-step replay cannot know: docs/allocator.md#variable-lengths; the fitted rule was
 #: fitted on such runs), compiled steps whose stream is not held to its compiled trace
 #: (``alloc_stream.compiled_stream_held`` says which, and why) and pipeline stages
-#: (the stage's stream is within 1% of its trace on 32 of 36 traced stages, but 1.4-2.9% under on four: GPipe's
-#: first stage at 2 x 512 and 2 x 1,024 tokens of h=512, 1F1B's middle ones at 2 x 256:
-#: docs/allocator.md#pipeline-stages): those keep the fitted rule.
+#: (the stage's stream is within 1% of its trace on 34 of 36 traced stages, but GPipe's first stage is 2.5% and
+#: 1.7% under at 2 x 512 and 2 x 1,024 tokens of h=512, from flash attention's CUDA-only scratch that the CPU trace
+#: lacks: docs/allocator.md#pipeline-stages): those keep the fitted rule.
 DEFAULT_RESERVED_MODEL = "replay"
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16
