@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,21 @@ from memsim_widget import Scenario, estimate  # noqa: E402
 from memsim_widget.catalog.gpus import resolve_gpu  # noqa: E402
 
 GiB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def _catalog_restored() -> Iterator[None]:
+    """The comparator registers capped copies of the host's card (``room_gpu``): each test leaves the catalog as
+    it found it, so a later test in the same process lists only the catalog's cards."""
+    from memsim_widget.catalog.gpus import GPUS, register_gpu
+
+    before = set(GPUS)
+    yield
+    for gid in [g for g in GPUS if g not in before]:
+        del GPUS[gid]
+    register_gpu(
+        GPUS["h100-sxm-80gb"]
+    )  # rebuilds the printed-name table and drops the engine's cached figures
 
 
 # ----- the search ---------------------------------------------------------------------------------------------
