@@ -1,10 +1,13 @@
 """A layer's forward and backward steps as the allocation stream (``engine/counters/alloc_stream``) writes them,
-one place choosing among the per-layout lists: a compiled LoRA layer's (``compiled_lora_steps``), a compiled OLMo 2
-layer's (``compiled_olmo2_steps``), a compiled Gemma 3 layer's (``compiled_gemma3_steps``), else the Llama layout's (``forward.layer_forward_transients``,
-``compiled_backward.compiled_layer_backward_transients``)."""
+one table (``WRITERS``) choosing among the per-layout lists: a compiled LoRA layer's (``compiled_lora_steps``), a
+compiled OLMo 2 layer's (``compiled_olmo2_steps``), a compiled Gemma 3 layer's (``compiled_gemma3_steps``), the
+Llama layout's in bf16 full training (``forward.layer_forward_transients``, ``compiled_backward.
+compiled_layer_backward_transients``), read in one place (``writer``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.engine.activations.compiled_backward import compiled_layer_backward_transients
@@ -23,35 +26,63 @@ from memsim_widget.engine.activations.compiled_olmo2_steps import (
     compiled_olmo2_backward,
     compiled_olmo2_forward,
 )
-from memsim_widget.engine.activations.forward import Step, layer_forward_transients
+from memsim_widget.engine.activations.forward import Step, compiled_applies, layer_forward_transients
+
+Steps = Callable[[Any], tuple[Step, ...]]
+
+
+def _none(ctx: Any) -> tuple[Step, ...]:
+    """No steps of its own: the layer's ``backward`` ones."""
+    return ()
+
+
+def _lora_bottom(ctx: Any) -> tuple[Step, ...]:
+    """A compiled LoRA layer 0's backward (``compiled_lora_backward(bottom=True)``)."""
+    return compiled_lora_backward(ctx, bottom=True)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One compiled layout's steps: whether they describe the layers of a context (``applies``), a layer's forward
+    and backward steps (``forward``, ``backward``), the bottom layer's backward where it differs (``bottom``;
+    empty: ``backward``'s) and ``kept_top`` (``kept_top``'s places)."""
+
+    applies: Callable[[Any], bool]
+    forward: Steps
+    backward: Steps
+    bottom: Steps = _none
+    kept_top: tuple[int, ...] = ()
+
+
+#: The compiled layouts whose layers' own buffers the stream writes, the first that applies chosen; the last (the
+#: Llama layout's) also writes what is not covered (its writers give eager's forward steps, or none, there).
+WRITERS: tuple[Writer, ...] = (
+    Writer(compiled_lora_applies, compiled_lora_forward, compiled_lora_backward, _lora_bottom),
+    Writer(compiled_olmo2_applies, compiled_olmo2_forward, compiled_olmo2_backward),
+    Writer(compiled_gemma3_applies, compiled_gemma3_forward, compiled_gemma3_backward, kept_top=(0, 1, 3)),
+    Writer(compiled_applies, layer_forward_transients, compiled_layer_backward_transients),
+)
+
+
+def writer(ctx: Any) -> Writer:
+    """The steps' writer of ``ctx``'s layers: the first of ``WRITERS`` that applies, else the last."""
+    return next((w for w in WRITERS if w.applies(ctx)), WRITERS[-1])
 
 
 def layer_forward_steps(ctx: Any) -> tuple[Step, ...]:
     """A layer's forward steps (``forward.Step``)."""
-    if compiled_lora_applies(ctx):
-        return compiled_lora_forward(ctx)
-    if compiled_olmo2_applies(ctx):
-        return compiled_olmo2_forward(ctx)
-    if compiled_gemma3_applies(ctx):
-        return compiled_gemma3_forward(ctx)
-    return layer_forward_transients(ctx)
+    return writer(ctx).forward(ctx)
 
 
 def layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
     """A layer's backward steps (empty: the eager ``layer_backward`` items)."""
-    if compiled_lora_applies(ctx):
-        return compiled_lora_backward(ctx)
-    if compiled_olmo2_applies(ctx):
-        return compiled_olmo2_backward(ctx)
-    if compiled_gemma3_applies(ctx):
-        return compiled_gemma3_backward(ctx)
-    return compiled_layer_backward_transients(ctx)
+    return writer(ctx).backward(ctx)
 
 
 def bottom_layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
     """The bottom layer's backward steps where they differ from ``layer_backward_steps``' (a compiled LoRA layer
     0: ``compiled_lora_backward(bottom=True)``); empty elsewhere."""
-    return compiled_lora_backward(ctx, bottom=True) if compiled_lora_applies(ctx) else ()
+    return writer(ctx).bottom(ctx)
 
 
 def kept_top(ctx: Any) -> tuple[int, ...]:
@@ -62,18 +93,11 @@ def kept_top(ctx: Any) -> tuple[int, ...]:
     keeps them too, but its stream replays the trace's peak reserved to the byte without (one small segment over
     with them, +1.33%: the order in which the trace frees the bottom's buffers is not followed), so they are not
     kept there."""
-    return (0, 1, 3) if compiled_gemma3_applies(ctx) else ()
+    return writer(ctx).kept_top
 
 
 def compiled_steps_written(ctx: Any) -> bool:
     """A compiled step whose layers' own forward and backward buffers are written (``compiled_stream_held`` in
-    alloc_stream reads it): bf16 full training of the Llama layout (``forward.compiled_applies``), its LoRA on q
-    and v, OLMo 2."""
-    from memsim_widget.engine.activations.forward import compiled_applies
-
-    return (
-        compiled_applies(ctx)
-        or compiled_lora_applies(ctx)
-        or compiled_olmo2_applies(ctx)
-        or compiled_gemma3_applies(ctx)
-    )
+    alloc_stream reads it): one of ``WRITERS`` applies (bf16 full training of the Llama layout, its LoRA on q and
+    v without q/k norms, OLMo 2, Gemma 3)."""
+    return any(w.applies(ctx) for w in WRITERS)
