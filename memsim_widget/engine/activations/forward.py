@@ -42,6 +42,9 @@ IN, OUT, SAVED = "in", "out", "saved"
 #: ``SAVED_AT + str(p)``: the layer's saved tensor at place ``p`` (its ``saved`` items' tensors in order,
 #: ``alloc_stream.StreamWriter.items``) made here, where the op that saves it runs (``eager_steps``)
 SAVED_AT = "saved at "
+#: ``HELD + name``: a buffer the layer's forward makes and the model's output holds until the forward ends (a
+#: compiled autocast layer's fp32 k, the returned KV cache's: ``compiled_amp_steps``)
+HELD = "held "
 #: The Linears a Llama-style TP plan shards by rows (``RowwiseParallel``): their outputs are all-reduced.
 _ROWWISE = frozenset({"o_proj", "down_proj"})
 _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})

@@ -34,6 +34,7 @@ from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
     GRADS,
+    TANGENT,
 )
 from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAVED
 from memsim_widget.engine.activations.compiled_steps import (
@@ -54,6 +55,7 @@ from memsim_widget.engine.activations.eager_steps import (
 )
 from memsim_widget.engine.activations.eager_steps import SAVED_COUNT as NORM_SAVED
 from memsim_widget.engine.activations.forward import (
+    HELD,
     IN,
     OUT,
     SAVED,
@@ -676,6 +678,9 @@ def micro_forward(
     else:  # the embeddings' output (compiled: a saved tensor, no transient)
         hidden = s.alloc(out) if out else []
     saved: list[list[int]] = []
+    cache: list[
+        int
+    ] = []  # the layers' HELD buffers (the returned KV cache's fp32 k): freed as the forward ends
     n = layers if replayed is None else replayed
     compiled = any(tangent_role(i.item) for i in a["loss_backward"])
     # a compiled backward frees zero gradients made at its top, layer by layer; FSDP2's writer follows each layer
@@ -686,7 +691,7 @@ def micro_forward(
         if comm is not None:
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-        hidden, kept = _layer_saved(s, fwd, hidden, a["saved"], share, off)
+        hidden, kept = _layer_saved(s, fwd, hidden, a["saved"], share, off, cache)
         saved.append(kept)
         s.free(transient)
         if comm is not None:
@@ -712,6 +717,7 @@ def micro_forward(
     cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last, drop if last else ())
     if keep_output and last:  # the logits, the model's output: the first tensor the loss's forward made
         kept_out, held = held[:1], held[1:]
+    s.free(cache[::-1])
     return Forward(a, label, layers, n, pre, saved, d, copied, compiled, post, tanh, cast, held, kept, copy, comm,
                    off, kept_out)  # fmt: skip
 
@@ -844,11 +850,13 @@ def _layer_saved(
     saved: Sequence[Any],
     share: int,
     off: Offloader | None,
+    held: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward (``forward_layer`` where its transients are listed, else its ``share`` of the ``saved``
-    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``)."""
+    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``); its ``HELD``
+    buffers added to ``held``."""
     if fwd:
-        hidden, kept = forward_layer(s, fwd, hidden, saved, share)
+        hidden, kept = forward_layer(s, fwd, hidden, saved, share, held)
     else:
         kept = s.items(saved, share=share)
     return hidden, kept if off is None else off.away(kept)
@@ -1009,6 +1017,7 @@ def _layers_backward(
         begin = s.here() if i == 1 else begin
         layer = layer if off is None else off.back(len(saved) - 1 - i)
         recomputed = s.items(a["recompute"])
+        mine: list[int] = []
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
@@ -1017,7 +1026,10 @@ def _layers_backward(
                 steps = [st for st in steps if st[0] != ARRIVING]
             # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
-            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers))
+            mine = [
+                tangents.pop() for _ in range(min(2, len(tangents)))
+            ]  # the layer's k and v zero gradients
+            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers, mine))
             layer, recomputed = ([], []) if own is layer else (layer, [])
         else:
             transient = s.items(a["layer_backward"])
@@ -1026,7 +1038,8 @@ def _layers_backward(
                 s.free(transient)
                 transient = [h for _ in range(2) for h in _run_steps(s, a[LAYER_NORM_BACKWARD], {})]
         s.free(transient + recomputed + layer)
-        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
+        # the layer's k and v zero gradients (a compiled layer's: those its steps did not free)
+        s.free(mine if bwd else [tangents.pop() for _ in range(min(2, len(tangents)))])
     s.free([h for hs in shared.values() for h in hs])
     if copies:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
         n, d = copies
@@ -1043,9 +1056,11 @@ def backward_layer(
     grads: _Grads | InBackwardGrads,
     part: tuple[int, ...],
     layers: int,
+    tangents: list[int] | None = None,
 ) -> list[int]:
     """A compiled layer's backward written as ``engine/activations/compiled_backward`` lists it: its buffers
-    allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end),
+    allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end), its
+    KV cache's zero gradients (``tangents``: k's, v's) freed from the last where ``TANGENT`` says,
     each of the layer's gradients (``grads.made`` of ``part``'s tensor) at its ``GRADS`` step, each ``CONSTANT`` buffer made once into
     ``shared`` (the caller frees them after the last layer); the gradients' handles."""
     live: dict[str, list[int]] = {}
@@ -1053,7 +1068,9 @@ def backward_layer(
     kept = dict(enumerate(saved))
     one = grads.by_tensor and bool(part)  # else the layer's share, at the first gradient step
     for name, size in steps:
-        if name.startswith(GRADS):
+        if name == TANGENT:
+            s.free([tangents.pop()] if tangents else [])
+        elif name.startswith(GRADS):
             i = int(name[len(GRADS) :]) if one else -1
             if i not in made and i < len(part):
                 made[i] = grads.made((part[i],) if one else part, layers + 2)
@@ -1082,12 +1099,18 @@ def backward_layer(
 
 
 def forward_layer(
-    s: StreamWriter, steps: Sequence[Step], hidden: list[int], saved: Sequence[Any], layers: int
+    s: StreamWriter,
+    steps: Sequence[Step],
+    hidden: list[int],
+    saved: Sequence[Any],
+    layers: int,
+    held: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
     in order, its share of the ``saved`` items (``layers`` layers) where it says (all at once, or term by term),
     its input ``hidden`` freed
-    when it returns; the handles of its output and of its saved tensors."""
+    when it returns, its ``HELD`` buffers added to ``held`` (freed by the caller when the forward ends); the
+    handles of its output and of its saved tensors."""
     live: dict[str, list[int]] = {}
     kept: list[int] = []
     at = 0  # the saved terms made so far: (SAVED, n) makes the next n, (SAVED, -1) the rest
@@ -1104,6 +1127,8 @@ def forward_layer(
             placed[p] = s.alloc(sizes[p])[0]
         elif name == IN:
             s.free(hidden)
+        elif name.startswith(HELD) and held is not None:
+            held += s.alloc(size)
         elif size > 0:
             live[name] = s.alloc(size)
         else:
