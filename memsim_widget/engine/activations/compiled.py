@@ -273,9 +273,13 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     if amp_layout(
         ctx
     ):  # the last layer's output is the fp32 residual; the final norm's backward writes a row sum
-        out.post[0] = Term("compiled autocast: last layer's output (fp32), final norm output, its rsqrt",
-                           (r + e) * T * h + 4 * T, f"({r} + {e}) B x T x h + 4 B x T", 3,
-                           shares=_shares(r * h, e * h, 4))  # fmt: skip
+        # in the trace's order: the last layer's output, the norm's rsqrt, the head's weight copy, the norm's output
+        out.post[:] = [
+            Term("compiled autocast: last layer's output (fp32)", r * T * h, f"{r} B x T x h", 1),
+            Term("compiled autocast: the final norm's rsqrt", 4 * T, "4 B x T", 1),
+            out.post[1],
+            Term("compiled autocast: the final norm's output", e * T * h, f"{e} B x T x h", 1),
+        ]  # fmt: skip
         out.top_backward[:] = [
             Term("compiled autocast: the head's input gradient (16-bit), the final norm's row sum (fp32)",
                  e * T * h + 4 * T, f"{e} B x T x h + 4 B x T", 2, shares=_shares(e * h, 4))
@@ -324,12 +328,12 @@ def _amp_terms(ctx: Context, out: ActivationBudget) -> None:
     e, r = 2, 4
     head = ctx.arch.facts.norm.qk == "head"
     rsqrt = Term("compiled: a norm's rsqrt (fp32)", 4 * T, "4 B x T", 1)
-    qn = [Term("compiled autocast: q_proj's output (q's norm input), its rsqrt per head (fp32)",
-               e * T * hq + 4 * T * a, f"{e} B x T x a*d + 4 B x T x heads", 2,
-               shares=_shares(e * T * hq, 4 * T * a))] if head else []  # fmt: skip
-    kn = [Term("compiled autocast: k_proj's output (k's norm input), its rsqrt per head (fp32)",
-               e * T * hkv + 4 * T * kv, f"{e} B x T x kv*d + 4 B x T x kv heads", 2,
-               shares=_shares(e * T * hkv, 4 * T * kv))] if head else []  # fmt: skip
+    qn = [Term("compiled autocast: q_proj's output (q's norm input)", e * T * hq, f"{e} B x T x a*d", 1),
+          Term("compiled autocast: q's norm rsqrt per head (fp32)", 4 * T * a, "4 B x T x heads", 1),
+          ] if head else []  # fmt: skip
+    kn = [Term("compiled autocast: k_proj's output (k's norm input)", e * T * hkv, f"{e} B x T x kv*d", 1),
+          Term("compiled autocast: k's norm rsqrt per head (fp32)", 4 * T * kv, "4 B x T x kv heads", 1),
+          ] if head else []  # fmt: skip
     out.per_layer[:] = [
         Term("compiled autocast: residual stream at the layer's input (fp32)", r * T * h, f"{r} B x T x h", 1),
         rsqrt,

@@ -41,6 +41,8 @@ FREE_SAVED = "saved "
 #: trace frees each once the copy of dv or dk its weight gradient reads is made); those not named are freed when
 #: the layer is done.
 TANGENT = "tangent"
+#: The prefix of a step that frees a ``CONSTANT`` buffer (by its step's name) where the bottom layer last reads it.
+RELEASE = "release "
 #: The prefix of a step that allocates a buffer shared by every layer's backward: made where the top layer first
 #: reaches it, freed once the bottom layer is done.
 CONSTANT = "constant "

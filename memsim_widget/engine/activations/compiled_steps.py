@@ -13,6 +13,9 @@ from typing import Any
 from memsim_widget.engine.activations.compiled_amp_steps import (
     compiled_amp_applies,
     compiled_amp_backward,
+    compiled_amp_bottom,
+    compiled_amp_final,
+    compiled_amp_first,
     compiled_amp_forward,
 )
 from memsim_widget.engine.activations.compiled_backward import compiled_layer_backward_transients
@@ -57,6 +60,12 @@ class Writer:
     backward: Steps
     bottom: Steps = _none
     kept_top: tuple[int, ...] = ()
+    #: layer 0's forward where it differs (empty: ``forward``'s)
+    first: Steps = _none
+    #: the buffers kept to the bottom are freed in the trace's order (``alloc_stream._bottom_freed``)
+    bottom_order: bool = False
+    #: the final norm's forward (empty: ``forward.final_norm_transients``')
+    final: Steps = _none
     #: the stream is held to its compiled traces within 1% on reserved (``compiled_steps_written``)
     held: bool = True
 
@@ -67,9 +76,16 @@ WRITERS: tuple[Writer, ...] = (
     Writer(compiled_lora_applies, compiled_lora_forward, compiled_lora_backward, _lora_bottom),
     Writer(compiled_olmo2_applies, compiled_olmo2_forward, compiled_olmo2_backward),
     Writer(compiled_gemma3_applies, compiled_gemma3_forward, compiled_gemma3_backward, kept_top=(0, 1, 3)),
-    # autocast: one small segment over its traces (Llama +1.09%, Qwen2 +1.11%, the 64-token Llama +0.98%), not held
     Writer(
-        compiled_amp_applies, compiled_amp_forward, compiled_amp_backward, kept_top=(0, 1, 2, 4), held=False
+        compiled_amp_applies,
+        compiled_amp_forward,
+        compiled_amp_backward,
+        bottom=compiled_amp_bottom,
+        kept_top=(0, 1, 2, 3),
+        first=compiled_amp_first,
+        bottom_order=True,
+        final=compiled_amp_final,
+        held=False,
     ),
     Writer(compiled_applies, layer_forward_transients, compiled_layer_backward_transients),
 )
@@ -83,6 +99,17 @@ def writer(ctx: Any) -> Writer:
 def layer_forward_steps(ctx: Any) -> tuple[Step, ...]:
     """A layer's forward steps (``forward.Step``)."""
     return writer(ctx).forward(ctx)
+
+
+def first_layer_forward_steps(ctx: Any) -> tuple[Step, ...]:
+    """Layer 0's forward steps where they differ from ``layer_forward_steps``' (a compiled autocast layer 0 saves
+    o_proj's 16-bit output instead of the fp32 residual after attention); empty elsewhere."""
+    return writer(ctx).first(ctx)
+
+
+def final_norm_steps(ctx: Any) -> tuple[Step, ...]:
+    """The final norm's forward steps of a compiled layout that lists them (autocast's); empty elsewhere."""
+    return writer(ctx).final(ctx)
 
 
 def layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
@@ -107,6 +134,12 @@ def kept_top(ctx: Any) -> tuple[int, ...]:
     with them, +1.33%: the order in which the trace frees the bottom's buffers is not followed), so they are not
     kept there."""
     return writer(ctx).kept_top
+
+
+def bottom_order(ctx: Any) -> tuple[int, ...]:
+    """``(1,)`` where the buffers a compiled backward keeps to the bottom are freed in the trace's order
+    (``Writer.bottom_order``: autocast's), empty elsewhere (a tuple: the stream's groups are sequences)."""
+    return (1,) if writer(ctx).bottom_order else ()
 
 
 def compiled_steps_written(ctx: Any) -> bool:
