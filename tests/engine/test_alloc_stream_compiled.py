@@ -256,6 +256,9 @@ SMALL_SEGMENT = 2 << 20
         ("gemma bf16 lora qv b2 s512 compiled", True),
         ("llama V64 bf16 lora qv b4 s512 (peak in a layer's backward) compiled", True),
         ("llama amp-bf16 sdpa b2 s512 compiled", False),
+        ("qwen2 amp-bf16 sdpa b2 s512 compiled", False),
+        ("llama V64 amp-bf16 b4 s512 compiled", False),
+        ("qwen3 amp-bf16 sdpa b2 s512 compiled", False),
         ("olmo2 bf16 sdpa b2 s512 compiled", True),
         ("gemma3_text bf16 sdpa b2 s512 compiled", True),
     ],
@@ -271,8 +274,9 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: boo
     ``compiled_gemma3_steps``) the peak reserved and allocated are within 1% and never under (on these ten:
     reserved to the byte, allocated +0.24% on Qwen3, +0.01% on the 64-token Llama's LoRA, and under by at most
     32 KB, 0.02%, elsewhere: the loss backward's fp32 row sums and scalars, not written; the allocated bar allows
-    that much); elsewhere the layers' backward holds eager's items
-    and the stream is within 1% or two small segments (llama amp-bf16 -2.2%:
+    that much); elsewhere the stream is within 1% or two small segments (autocast, whose layers are written,
+    engine/activations/compiled_amp_steps.py, event for event as the trace: Llama -1.09%, Qwen2 and the 64-token
+    Llama +0.00%, Qwen3 -0.76%, the parameters' tensors at setup the difference;
     benchmarks/allocator_replay_compiled.py --inductor-passes prints every case; docs/allocator.md lists them).
     GPT-2 is not here since its compiled rule holds the returned KV cache with the output (traced,
     docs/fidelity.md): its stream is two small segments over its trace (165.7 vs 161.5 MB, +2.6%), not found
