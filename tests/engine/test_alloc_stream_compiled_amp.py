@@ -85,7 +85,11 @@ def test_a_compiled_autocast_layers_backward_is_its_traces() -> None:
         -262144, 131072, -65536, 524288, -524288, -524288, -524288, 131072, -524288, 524288, -131072, -524288,
         262144, -131072, 1024, 4096,
     ]  # fmt: skip
-    assert trace[:3] == [2 * T * H, 2 * H * I, -2 * T * I]  # the MLP's 16-bit gradient, down's weight gradient
+    assert trace[:3] == [
+        2 * T * H,
+        2 * H * I,
+        -2 * T * I,
+    ]  # the MLP's 16-bit gradient, down's weight gradient
     assert _holds(trace, _signed(_ctx(LLAMA_AMP), "step 2 backward"))
 
 
@@ -95,7 +99,9 @@ def test_a_compiled_autocast_layers_backward_frees_what_it_makes(model: str) -> 
     kept to the bottom (``KEEP``: five input gradients, two row sums); each saved tensor is freed or kept once; each
     parameter's gradient is made once (Qwen2's q/k/v biases and Qwen3's q/k norms among them); the KV cache's two
     zero gradients are freed in it."""
-    ctx = Context(Scenario.from_dict({"model": model, "precision": "amp-bf16", "compile": True, "seq_len": 256}))
+    ctx = Context(
+        Scenario.from_dict({"model": model, "precision": "amp-bf16", "compile": True, "seq_len": 256})
+    )
     assert compiled_amp_applies(ctx)
     steps = compiled_amp_backward(ctx)
     live: dict[str, int] = {}
@@ -112,7 +118,9 @@ def test_a_compiled_autocast_layers_backward_frees_what_it_makes(model: str) -> 
             del live[name]
     assert live == {}
     assert len(kept) == 7
-    assert sorted(int(n[len(GRADS) :]) for n, _ in steps if n.startswith(GRADS)) == sorted(params(ctx).values())
+    assert sorted(int(n[len(GRADS) :]) for n, _ in steps if n.startswith(GRADS)) == sorted(
+        params(ctx).values()
+    )
     freed = [n[len(FREE_SAVED) :] for n, _ in steps if n.startswith(FREE_SAVED)]
     freed += [n[len(KEEP_SAVED) :] for n, _ in steps if n.startswith(KEEP_SAVED)]
     assert sorted(map(int, freed)) == sorted(places(ctx).values())
@@ -123,7 +131,9 @@ def test_qwen3s_autocast_rope_backward_runs_in_fp32() -> None:
     """With Qwen3's q/k norms (an fp32 weight times a 16-bit input) RoPE's backward runs in fp32: its product and
     scatters are 4 B x T x kv*d for k (qwen3-0.6b at b1 x 256: 8 KV heads of 128), the Llama layout's 2 B."""
     for model, width in (("qwen3-0.6b", 4), ("llama-3.2-1b", 2)):
-        ctx = Context(Scenario.from_dict({"model": model, "precision": "amp-bf16", "compile": True, "seq_len": 256}))
+        ctx = Context(
+            Scenario.from_dict({"model": model, "precision": "amp-bf16", "compile": True, "seq_len": 256})
+        )
         kv = 8 * (128 if model == "qwen3-0.6b" else 64)
         assert (f"{CONSTANT}k", width * 256 * kv) in compiled_amp_backward(ctx)
 
@@ -139,9 +149,24 @@ def test_layer_0_saves_o_projs_16_bit_output_and_the_cache_holds_an_fp32_k() -> 
     assert [s for s in other if s[0].startswith(HELD)] == [(f"{HELD}kf", 4 * T * KV)]
 
 
-def test_compiled_autocast_does_not_replay_by_default_yet() -> None:
-    """The autocast stream is written but not held to its traces within 1% (the small Llama's is one 2 MiB small
-    segment under, -1.09%: the engine's parameter tensors at setup, averaged per group, not the layers), so an unset
-    ``reserved_model`` keeps the fitted rule there."""
+def test_compiled_autocast_replays_by_default_with_its_weights_in_module_order() -> None:
+    """The autocast stream is held to its traces (reserved to the byte on the small Llama, Qwen2, the 64-token Llama
+    and Qwen3, tests/engine/test_alloc_stream_compiled.py), so an unset ``reserved_model`` replays it; it writes the
+    weights one tensor at a time in the module's order, as the model is built (grouped by kind, one size per
+    group, the small Llama's stream was one 2 MiB small segment under its trace)."""
+    from memsim_widget.engine.activations.compiled_steps import weights_in_module_order
+
     ctx = _ctx(LLAMA_AMP)
-    assert compiled_amp_applies(ctx) and not compiled_steps_written(ctx)
+    assert compiled_amp_applies(ctx) and compiled_steps_written(ctx) and weights_in_module_order(ctx)
+    setup = _signed(ctx, "weights")
+    # the embedding (V x h), then layer 0's q, k, v, o, gate, up, down and its two norms, in fp32
+    assert setup[:10] == [
+        4 * 1000 * H,
+        4 * H * H,
+        4 * KV * H,
+        4 * KV * H,
+        4 * H * H,
+        *[4 * I * H] * 3,
+        4 * H,
+        4 * H,
+    ]

@@ -47,6 +47,7 @@ from memsim_widget.engine.activations.compiled_steps import (
     kept_top,
     layer_backward_steps,
     layer_forward_steps,
+    weights_in_module_order,
 )
 from memsim_widget.engine.activations.eager_steps import (
     ARRIVING,
@@ -1601,7 +1602,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         fsdp=fsdp,
         kept=grads_kept(ctx.scenario),
         ddp=ddp,
-        per_param=ctx.par.tp > 1,
+        per_param=ctx.par.tp > 1 or weights_in_module_order(ctx),
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
         zero=rank_zero(ctx, stage) if zero12_replayable(ctx) else None,
         pipe=pipe,
