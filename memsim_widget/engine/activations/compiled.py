@@ -20,7 +20,11 @@ Llama, Mistral, Qwen2, Gemma, Gemma 3, Qwen3 and OLMo 2 decoders (RMSNorm, SwiGL
   its pre-norms, save their inputs (o_proj's and down_proj's outputs, 2 e T h) and rsqrts;
 - after the layers: the last layer's down_proj output and the final norm's output (2 e T h), its rsqrt (4 T);
 - under autocast (amp-bf16: the residual stream is fp32, r = 4 instead of e) the 16-bit casts of every Linear weight,
-  which the partitioner saves for the backward's matmuls (2 B per weight; the output layer's too);
+  which the partitioner saves for the backward's matmuls (2 B per weight; the output layer's too); the Llama
+  layout's terms in the trace's order (``_amp_terms``: layer 0 saves o_proj's 16-bit output where the others save
+  the fp32 residual after attention, the last layer's output is fp32, RoPE's fp32 k lives until the forward ends,
+  the final norm's backward leaves the head's 16-bit input gradient and a row sum: traced on the small Llama and
+  on Qwen3, whose h = 256 is not 2 kv*d = 1024);
 - the loss: the e-byte logits (e T V), not the fp32 log-softmax eager keeps: the row max and log-sum-exp (2 x 4 T),
   the labels' int64 gather index and valid mask (9 T), recomputing the softmax in backward.
 

@@ -14,6 +14,16 @@ gradient is a pointwise sum Inductor computes inside the kernels that read it, s
 (the layer's input, the residual after attention, their rsqrts) live until the bottom (``KEEP``, ``KEEP_SAVED``).
 Each weight gradient is made in 16 bits (a T-sized matmul's output) and cast to the fp32 parameter's gradient;
 each 16-bit weight copy is freed once its input gradient is made; the norms' weight gradients are fp32 sums.
+
+Where the trace differs layer by layer, the stream follows it: layer 0 saves o_proj's 16-bit output for the
+residual after attention (``compiled_amp_first``); the bottom layer frees RoPE's two shared zero buffers at their
+last use and the kernel at the bottom writes an fp32 sum of the residual gradient (``compiled_amp_bottom``), then
+frees what was kept in the trace's order (``alloc_stream._bottom_freed``); down_proj's output is freed after the
+next layer's input (``LATER``); the final norm's fp32 mean comes and goes around its rsqrt (``compiled_amp_final``).
+Qwen2's q/k/v biases' 16-bit copies live around their matmuls, and their gradients are 16-bit sums cast to fp32;
+Qwen3's q/k norms save their inputs and rsqrts, and RoPE's backward runs in fp32 after them. With the weights
+written one tensor at a time in the module's order (``compiled_steps.weights_in_module_order``) the stream
+replays the traces' peak reserved to the byte on the small Llama, Qwen2, the 64-token Llama and Qwen3.
 """
 
 from __future__ import annotations

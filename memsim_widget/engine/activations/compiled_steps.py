@@ -1,7 +1,7 @@
 """A layer's forward and backward steps as the allocation stream (``engine/counters/alloc_stream``) writes them,
 one table (``WRITERS``) choosing among the per-layout lists: a compiled LoRA layer's (``compiled_lora_steps``), a
-compiled OLMo 2 layer's (``compiled_olmo2_steps``), a compiled Gemma 3 layer's (``compiled_gemma3_steps``), the
-Llama layout's in bf16 full training (``forward.layer_forward_transients``, ``compiled_backward.
+compiled OLMo 2 layer's (``compiled_olmo2_steps``), a compiled Gemma 3 layer's (``compiled_gemma3_steps``), a
+compiled autocast layer's (``compiled_amp_steps``), the Llama layout's in bf16 full training (``forward.layer_forward_transients``, ``compiled_backward.
 compiled_layer_backward_transients``), read in one place (``writer``)."""
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
 
 def bottom_layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
     """The bottom layer's backward steps where they differ from ``layer_backward_steps``' (a compiled LoRA layer
-    0: ``compiled_lora_backward(bottom=True)``); empty elsewhere."""
+    0: ``compiled_lora_backward(bottom=True)``; a compiled autocast layer 0: ``compiled_amp_bottom``); empty
+    elsewhere."""
     return writer(ctx).bottom(ctx)
 
 
@@ -153,7 +154,7 @@ def weights_in_module_order(ctx: Any) -> bool:
 
 
 def compiled_steps_written(ctx: Any) -> bool:
-    """A compiled step whose layers' own forward and backward buffers are written (``compiled_stream_held`` in
-    alloc_stream reads it): one of ``WRITERS`` applies (bf16 full training of the Llama layout, its LoRA on q and
-    v without q/k norms, OLMo 2, Gemma 3)."""
+    """A compiled step whose layers' own forward and backward buffers are written and held to their traces within
+    1% (``compiled_stream_held`` in alloc_stream reads it): one of ``WRITERS`` applies (bf16 full training of the
+    Llama layout and its autocast, its LoRA on q and v without q/k norms, OLMo 2, Gemma 3)."""
     return any(w.held and w.applies(ctx) for w in WRITERS)

@@ -1369,14 +1369,15 @@ def compiled_stream_held(ctx: Any) -> bool:
     a named ``replay``: yes): where the stream writes the compiled layers' own forward and backward buffers and is
     held to the compiled fake-tensor trace (``trace/compiled.inductor_passes``) within 1% on reserved
     (``compiled_steps.compiled_steps_written``: bf16 full training of the Llama layout, Llama, Mistral, Qwen2,
-    Gemma, Qwen3; peft's LoRA on q and v of that layout without q/k norms; OLMo 2 and Gemma 3 in bf16 full
-    training; their traces' peak reserved to the byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/
-    test_alloc_stream_compiled.py; the H200 run llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the
-    fitted rule is +22.5% and +19.9%). Elsewhere the fitted rule stays: the other compiled layers keep eager's
-    backward items and are under their traces (autocast -2.2% to -7.6%, Qwen3's and Gemma 3's LoRA -2.4% and
-    -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes), and the LayerNorm families' compiled ViT-B
-    H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace does not show: docs/allocator.md), and so
-    does a compiled step with activation offloading or the optimizer in backward (no compiled trace of them)."""
+    Gemma, Qwen3, and its autocast (amp-bf16: Llama, Qwen2, Qwen3; ``compiled_amp_steps``); peft's LoRA on q and v
+    of that layout without q/k norms; OLMo 2 and Gemma 3 in bf16 full training; their traces' peak reserved to the
+    byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/test_alloc_stream_compiled.py; the H200 run
+    llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the fitted rule is +22.5% and +19.9%).
+    Elsewhere the fitted rule stays: the other compiled layers keep eager's backward items and are under their
+    traces (Qwen3's and Gemma 3's LoRA -2.4% and -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes),
+    and the LayerNorm families' compiled ViT-B H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace
+    does not show: docs/allocator.md), and so does a compiled step with activation offloading or the optimizer in
+    backward (no compiled trace of them)."""
     sc = ctx.scenario
     if not sc.compile or sc.reserved_model == "replay":
         return True
