@@ -1,13 +1,14 @@
 """What a DeepSpeed ZeRO rank keeps on the GPU when its optimizer is offloaded to the host, for the allocation
-stream (``engine/counters/alloc_stream.py``): ZeRO-1/2 with ``offload_optimizer: {device: cpu}`` (the scenario's
-``parallel.offload: optimizer``), the rest as ``zero_stream`` writes it (a bf16 model, full training, any number
-of micro-batches a step, DeepSpeed's stage-1/2 defaults but ``overlap_comm`` and ``reduce_bucket_size``).
+stream (``engine/counters/alloc_stream.py``): ZeRO-1/2 and ZeRO-3 with ``offload_optimizer: {device: cpu}`` (the
+scenario's ``parallel.offload: optimizer``), the rest as ``zero_stream`` and ``zero3_stream`` write it (a bf16
+model, full training, any number of micro-batches a step, DeepSpeed's defaults but the scenario's keys).
 
 The scenario's ``parallel.offload`` (``plan/vector.OFFLOADS``) is ``none``, ``optimizer`` (DeepSpeed's
 ``offload_optimizer``: the fp32 master copy, the optimizer's states and step on the host) or ``optimizer+params``
 (``offload_param`` too, ZeRO-3 alone: the parameters' partitions on the host between uses); the engine's counted
 items put the master weights and states at level ``host`` for either (``states/optimizer._sharding``), and the
-weights too for ``optimizer+params`` (``states/weights._placement``).
+weights too for ``optimizer+params`` (``states/weights._placement``); its gradients stay on the GPU
+(``states/gradients``), which DeepSpeed keeps on the host (below): the allocated figure over-counts there.
 
 Source: deepspeed 0.19.8, ``deepspeed/runtime/zero/stage_1_and_2.py`` with ``cpu_offload`` (``self.device`` is
 'cpu'). Restated, nothing copied; held to a CPU run of the real optimizer (``benchmarks/zero_trace.py
@@ -36,12 +37,41 @@ there instead, host memory either way). What the GPU holds, and when:
   bf16 staging copy copied into the GPU partition in place (``bit16_partitions[partition_id].data.copy_``), the
   all-gather in place: nothing allocated on the GPU.
 
+ZeRO-3 (``stage3.py`` with ``offload_optimizer``, ``self.device`` 'cpu'; the parameters stay on the GPU):
+
+- **Wrap**: the parameters' partitions and their flat buffer on the GPU, as without offload; the fp32 partitions
+  (``_create_fp32_partitions``: the flat bf16 cast to fp32 on the host, then cloned), the zero gradients of
+  ``initialize_optimizer_states`` (kept as the fp32 partitions' ``.grad``) and ``grad_partitions_flat_buffer`` (the
+  gradient partitions) all on the host; the ipg bucket, the hooks' gather pass and the persisted parameters on
+  the GPU.
+- **Backward**: the coordinator's fetches and releases and the ipg bucket as without offload; at each
+  ``__reduce_and_partition_ipg_grads``, while the reduce-scatter's flat copy lives, ``partition_grads`` takes the
+  bucket's parameters in ``ds_id`` order: the gradient partition copied into the host's buffer and brought back
+  to the GPU (``grad_buffer.to(grad_partition.device)``; a later micro-batch adds into that copy and copies it
+  back), the previous parameter's copy dropped as the next one's is made; at the accumulation boundary its norm
+  (``_constant_buffered_norm2``: fp64 casts of parts of at most 2.5e8 elements, one at a time) and its fp32 cast
+  copied into the host's fp32 gradient (``_offload_grad_partition_at_boundary``), each made and freed.
+- **Step**: the norm from the kept scalars, the host's step, the fp32 partitions copied into the GPU's bf16 ones in
+  place (``_reassign_or_swap_out_partitioned_parameters``): nothing allocated on the GPU. A copy between host and
+  GPU with a dtype change converts on the CPU side (PyTorch ``aten/src/ATen/native/cuda/Copy.cu``,
+  ``copy_kernel_cuda``), so no GPU temporary in any of these.
+
+Not written, ``offload_param`` (``optimizer+params``, the fitted rule stays): each parameter's partition on the
+host (``partition_parameters.py``, ``_partition_param`` to the ``remote_device``; ``param_groups_fp16_flat_cpu_
+memory`` in place of the GPU's flat buffer), and each fetch copying the partitions to the GPU first
+(``_allgather_params_coalesced``' ``ds_tensor.to(device)`` list, concatenated into the gathered buffer;
+``_all_gather_sequential`` passing the copy to the all-gather, where NCCL keeps it until the work completes,
+which a fake process group does not show). The param swapper is NVMe offload only (not modelled).
+
 Tracing it on a CPU (where host and GPU memory are the same memory): the trace logs every storage as the other
 ZeRO traces do and leaves out the host's by identity (``zero_trace._host_side``: the buffers DeepSpeed makes on
 ``self.device`` = 'cpu', whatever the inner optimizer's ``step`` makes, and the accumulation's host buffers).
-The only allocation of the GPU's that a CPU run would not make is a cross-device copy between host and device
-tensors of one dtype (a no-op there); in this path every such copy is ``copy_`` into a buffer made before
-(``dest_tensor.copy_``, ``dest_buffer.copy_``, ``bit16_partitions[...].data.copy_``), so none is missed.
+ZeRO-3's ``_create_fp32_partitions`` and ``initialize_optimizer_states`` under offload make host tensors only,
+transients too, so whatever they allocate is the host's. The one allocation of the GPU's that a CPU run would
+not make is a host tensor's ``.to(device)`` (a no-op between two CPU tensors): the trace makes it return a copy
+(``zero_trace._host_copies``), ZeRO-3's gradient partition brought back; ZeRO-1/2's copies are all ``copy_``
+into buffers made before (``dest_tensor.copy_``, ``dest_buffer.copy_``, ``bit16_partitions[...].data.copy_``),
+and its trace is the same either way.
 
 Not written: the fp64 norm scalars (8 B each, one per parameter overlapping the partition, 512 B blocks of the
 small pool until the step) and the few one-element tensors of the norm's all-reduce.
