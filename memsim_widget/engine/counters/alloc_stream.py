@@ -1271,8 +1271,9 @@ def replayable(ctx: Any) -> bool:
     tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
     vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
     GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
-    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
-    optimizer offload but a ZeRO-1/2 rank's ``offload_optimizer`` (``zero_offload_stream``: the GPU's side of it).
+    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter
+    offload (``optimizer+params``), and optimizer offload (``optimizer``) only on a DeepSpeed ZeRO-1/2 or ZeRO-3 rank
+    (DeepSpeed's ``offload_optimizer``: ``zero_offload_stream`` writes the GPU's side of it, held to CPU traces).
     Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what the stream still
     lacks)."""
     sc, p = ctx.scenario, ctx.par
