@@ -1513,7 +1513,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
     sc = ctx.scenario
-    offloaded = sc.activation_offloading and sc.activation_offloading_layers != 0
+    offloaded = sc.offloads_activations
     return step_stream(
         ag,
         sg,
