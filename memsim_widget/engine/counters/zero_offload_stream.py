@@ -74,7 +74,10 @@ into buffers made before (``dest_tensor.copy_``, ``dest_buffer.copy_``, ``bit16_
 and its trace is the same either way.
 
 Not written: the fp64 norm scalars (8 B each, one per parameter overlapping the partition, 512 B blocks of the
-small pool until the step) and the few one-element tensors of the norm's all-reduce.
+small pool until the step) and the few one-element tensors of the norm's all-reduce; the streams (on a GPU
+ZeRO-3's copies and casts run under ``reduce_and_partition_stream``, ZeRO-1/2's under ``reduction_stream`` with
+``overlap_comm``: pools of their own; kept on the compute stream here, as ``zero_stream`` and ``zero3_stream`` keep
+those streams' buffers, untraced).
 """
 
 from __future__ import annotations
