@@ -128,10 +128,19 @@ from memsim_widget.engine.counters.zero_offload_stream import (
 from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import ALLOCATED_LEVELS, Item
-from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, ZERO_BUCKET_ITEM, new_gradient
+from memsim_widget.engine.states.gradients import (
+    DDP_BUCKETS_ITEM,
+    OFFLOAD_STAGING_ITEM,
+    ZERO_BUCKET_ITEM,
+    new_gradient,
+)
 from memsim_widget.engine.states.optimizer import MASTER_ITEM
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_bytes
+
+#: The persistent items a ZeRO-1/2 rank's wrap replaces with DeepSpeed's own buffers (``zero_stream``,
+#: ``zero_offload_stream``): the ipg buffer, the master weights, the offload staging buffer
+ZERO_WRITTEN = (ZERO_BUCKET_ITEM, MASTER_ITEM, OFFLOAD_STAGING_ITEM)
 
 #: Steps replayed: the first makes the optimizer states; the second shows what the cache left by a whole step
 #: serves. A third step reached the same peak reserved on every H200 run (benchmarks/allocator_replay.py
@@ -471,7 +480,7 @@ def step_stream(
         grads.zero = _zero_wrap(s, zero, first)
         sg = {
             **sg,
-            "persistent": [i for i in sg["persistent"] if i.item not in (ZERO_BUCKET_ITEM, MASTER_ITEM)],
+            "persistent": [i for i in sg["persistent"] if i.item not in ZERO_WRITTEN],
         }
         repeat = False  # the ipg buffer's fill differs layer by layer
     elif z3 is not None:  # DeepSpeed's partitions and buffers in place of the engine's
@@ -573,7 +582,7 @@ def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWri
         if i.category == "parameters" and i.level in _POOLED:
             g = int(i.item == f"{NO_DECAY_KIND} weights") if len(zero.groups) > 1 else 0
             weights[g] += s.items([i])
-        elif i.item not in (ZERO_BUCKET_ITEM, MASTER_ITEM):
+        elif i.item not in ZERO_WRITTEN:
             rest.append(i)
     s.items(rest)
     s.mark("ZeRO wrap")
@@ -1573,6 +1582,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     groups, step1 = cached_state_groups(ctx, stage)
     numels = tuple(lg.numel_each for lg in local_groups(ctx, stage) for _ in range(lg.count))
     sg = whole_table_grads(ctx, {k: g.entries for k, g in groups.items()}, numels)
+    sg = _host_grads_shape(ctx, stage, sg)
     first = step1.entries if step1 is not None else sg["persistent"]
     order = grad_order(ctx, stage)
     earlier: dict[str, Sequence[Any]] | None = None
@@ -1622,6 +1632,20 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         in_backward=sc.optimizer_in_backward,
         offload=copy_stream(ctx) if offloaded else None,
     )
+
+
+def _host_grads_shape(ctx: Any, stage: Any, sg: dict[str, Any]) -> dict[str, Any]:
+    """``sg`` with the gradients item the ZeRO writers read the parameters' tensors from (``_Grads.by_tensor``)
+    where the items keep DeepSpeed's gradient partition on the host (``states/gradients.grads_on_host``): the
+    host item as the one tensor-level item of one tensor per parameter, as without offload; the writers make
+    DeepSpeed's own buffers from it (``zero_offload_stream``), never the item itself."""
+    from memsim_widget.engine.caches.parts_cache import cached_model_states
+    from memsim_widget.engine.states.gradients import HOST_GRADS_ITEM, grads_on_host
+
+    if not grads_on_host(ctx):
+        return sg
+    host = [i for i in cached_model_states(ctx, stage).host if i.item == HOST_GRADS_ITEM]
+    return {**sg, "grads": [replace(i, level="tensor") for i in host]}
 
 
 def _micro_batch_groups(ctx: Any, stage: Any) -> dict[str, Sequence[Any]]:

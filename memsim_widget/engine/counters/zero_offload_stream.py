@@ -7,8 +7,9 @@ The scenario's ``parallel.offload`` (``plan/vector.OFFLOADS``) is ``none``, ``op
 ``offload_optimizer``: the fp32 master copy, the optimizer's states and step on the host) or ``optimizer+params``
 (``offload_param`` too, ZeRO-3 alone: the parameters' partitions on the host between uses); the engine's counted
 items put the master weights and states at level ``host`` for either (``states/optimizer._sharding``), and the
-weights too for ``optimizer+params`` (``states/weights._placement``); its gradients stay on the GPU
-(``states/gradients``), which DeepSpeed keeps on the host (below): the allocated figure over-counts there.
+weights too for ``optimizer+params`` (``states/weights._placement``); under ``optimizer`` the ZeRO-2/3 gradient
+partition too, which DeepSpeed keeps on the host (below; ``states/gradients.grads_on_host``), and ZeRO-1/2's
+staging buffer is a GPU item (``states/gradients.offload_staging``), which the wrap here writes in its place.
 
 Source: deepspeed 0.19.8, ``deepspeed/runtime/zero/stage_1_and_2.py`` with ``cpu_offload`` (``self.device`` is
 'cpu'). Restated, nothing copied; held to a CPU run of the real optimizer (``benchmarks/zero_trace.py
