@@ -61,17 +61,46 @@ def test_a_compiled_autocast_layer_keeps_its_input_gradients_row_sums_and_residu
     assert [t.bytes for t in acts.kept_top_backward] == [2 * T * H + 4 * T + 4 * T * H + 4 * T]
 
 
-def test_only_the_compiled_autocast_layout_holds_them() -> None:
-    """Eager, compiled bf16 and the compiled OLMo 2 and Gemma 3 layouts keep their terms (their estimates peak
-    over their traces at the loss's backward)."""
+def test_olmo2_and_gemma3_keep_their_input_gradients_to_the_bottom_too() -> None:
+    """Their compiled bf16 streams keep each layer's five input gradients (2 B T h) to the bottom; Gemma 3 also its
+    two row sums (4 B T), its input and residual after attention (2 B T h) and their rsqrts, and from the top the
+    final norm's input gradient, the last layer's output and the final norm's rsqrt (2 x 2 B T h + 4 B T); OLMo 2's
+    stream keeps nothing of the top (compiled_steps.kept_top)."""
+    olmo2 = activations(Context(_sc("olmo2 bf16 sdpa b2 s512 compiled")))
+    assert [t.bytes for t in olmo2.kept_backward] == [5 * 2 * T * H]
+    assert olmo2.kept_top_backward == []
+    gemma3 = activations(Context(_sc("gemma3_text bf16 sdpa b2 s512 compiled")))
+    assert [t.bytes for t in gemma3.kept_backward] == [7 * 2 * T * H + 4 * 4 * T]
+    assert [t.bytes for t in gemma3.kept_top_backward] == [2 * 2 * T * H + 4 * T]
+
+
+def test_layouts_whose_backward_keeps_nothing_to_the_bottom_hold_none() -> None:
+    """Eager, the compiled bf16 Llama layout (Qwen3's too) and its compiled LoRA keep their terms."""
     for d in (
         dict(COMPILED_CASES)["llama bf16 sdpa b2 s512 compiled"],
+        dict(COMPILED_CASES)["qwen3 bf16 sdpa b2 s512 compiled"],
+        dict(COMPILED_CASES)["llama bf16 lora qv b2 s512 compiled"],
         {**dict(COMPILED_CASES)[LLAMA_AMP], "compile": False},
-        dict(COMPILED_CASES)["olmo2 bf16 sdpa b2 s512 compiled"],
-        dict(COMPILED_CASES)["gemma3_text bf16 sdpa b2 s512 compiled"],
     ):
         acts = activations(Context(Scenario.from_dict(d)))
         assert acts.kept_backward == acts.cache_tangent_layer == acts.kept_top_backward == []
+        assert acts.bottom_layer_backward == []
+
+
+@pytest.mark.parametrize(
+    "name", ["olmo2 bf16 sdpa b2 s512 compiled", "gemma3_text bf16 sdpa b2 s512 compiled"]
+)
+def test_olmo2_and_gemma3_at_a_64_token_vocabulary_follow_their_streams(name: str) -> None:
+    """With a 64-token vocabulary the loss is small and their streams peak in the top layer's backward: the
+    estimate is within 0.3% of the stream, not under by more than that (before: Gemma 3 -1.49%, OLMo 2 +0.69%)."""
+    from memsim_widget.engine.rl import objectives
+
+    d = {**dict(COMPILED_CASES)[name], "micro_batch_size": 4, "reserved_model": "replay"}
+    sc = Scenario.from_dict({**d, "model": {**d["model"], "vocab_size": 64}})
+    ctx = Context(objectives.training_scenario(sc))
+    stream = replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx))
+    err = estimate(sc).peak_allocated_bytes / stream.peak_allocated - 1
+    assert -0.003 <= err < 0.003, err
 
 
 @pytest.mark.parametrize("name", AMP_CASES)

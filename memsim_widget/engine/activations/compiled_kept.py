@@ -1,5 +1,7 @@
-"""What a compiled autocast backward holds beyond a layer's saved tensors, for the engine's moments, read from the
-steps the allocation stream writes (``compiled_steps.writer``: ``compiled_amp_steps``), so the two agree.
+"""What a compiled backward holds beyond a layer's saved tensors where its residual gradient is summed at the bottom
+(the stream's layer steps keep buffers there, ``KEEP``: the autocast Llama layout's ``compiled_amp_steps``, OLMo 2's
+and Gemma 3's), for the engine's moments, read from the steps the allocation stream writes (``compiled_steps.
+writer``) so the two agree.
 
 The compiled autocast traces (trace/compiled.py under ``inductor_passes``; ``python benchmarks/
 allocator_replay_compiled.py --inductor-passes -k amp``) peak in the backward of the top layer (Qwen3: RoPE's fp32
@@ -12,12 +14,15 @@ are alive:
   its steps starting with the shared buffers made at the top);
 - every layer's zero gradients of the returned KV cache (``cache_tangent_layer``: AOTAutograd makes them at the
   loss's backward, each layer's backward frees its own);
-- what the top of the backward keeps until the bottom (``kept_top_backward``: the head's 16-bit input gradient,
-  the final norm's row sum, the last layer's fp32 output and the final norm's rsqrt, ``compiled_steps.kept_top``).
+- what the top of the backward keeps until the bottom (``kept_top_backward``: ``compiled_steps.kept_top``'s; under
+  autocast the head's 16-bit input gradient, the final norm's row sum, the last layer's fp32 output and the final
+  norm's rsqrt).
 
 At the bottom layer's backward each layer above has left what it keeps to the bottom (``kept_backward``: its input
 gradients, row sums and saved tensors the kernel at the bottom reads: the ``KEEP`` and ``KEEP_SAVED`` steps), and
-the layer's own zero gradients are still alive.
+the layer's own zero gradients are still alive. A layer's gradients made before its peak are counted in its term
+(the moments' state side holds none of them at the top, nor the bottom layer's at the bottom); under gradient
+accumulation they are also among the carried gradients (over by at most one layer's gradients).
 """
 
 from __future__ import annotations
@@ -26,11 +31,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
-from memsim_widget.engine.activations.compiled_amp_steps import compiled_amp_applies
 from memsim_widget.engine.activations.compiled_backward import CONSTANT, FREE_SAVED, GRADS, RELEASE, TANGENT
 from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAVED
 from memsim_widget.engine.activations.compiled_steps import writer
-from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.activations.forward import Step
 from memsim_widget.engine.activations.tangents import CACHE_TANGENTS
 
@@ -118,42 +121,52 @@ def _constants(steps: Sequence[Step]) -> dict[str, int]:
     return {n: s for n, s in steps if n.startswith(CONSTANT)}
 
 
+def _tangents(ctx: Any, out: ActivationBudget) -> tuple[float, ...]:
+    """One layer's KV-cache zero gradients, v's then k's (the order the steps free them), from the loss's backward
+    term that makes every layer's (``compiled._loss_backward``: its shares v, k; none: equal halves)."""
+    t = next((t for t in out.loss_backward if CACHE_TANGENTS in t.name), None)
+    if t is None:
+        return ()
+    per = t.bytes / max(ctx.arch.num_layers, 1)
+    return tuple(per * x for x in t.shares[:2]) if len(t.shares) >= 2 else (per / 2, per / 2)
+
+
 def compiled_backward_kept(ctx: Any, out: ActivationBudget) -> None:
-    """Set the compiled autocast layout's backward terms of ``out`` (the module docstring): ``layer_backward``,
-    ``cache_tangent_layer``, ``kept_backward`` and ``kept_top_backward``; nothing elsewhere."""
-    if not compiled_amp_applies(ctx):
-        return
+    """Set the backward terms of ``out`` (the module docstring): ``layer_backward``, ``bottom_layer_backward``,
+    ``cache_tangent_layer``, ``kept_backward`` and ``kept_top_backward``, where the compiled layout's stream steps
+    keep buffers to the bottom (``KEEP``: autocast's, ``compiled_amp_steps``); nothing elsewhere."""
     w = writer(ctx)
-    D = Dims(ctx)
-    T, h, e = D.T, D.h, 2
+    if not w.applies(ctx):
+        return
+    steps, bottom = w.backward(ctx), w.bottom(ctx) or w.backward(ctx)
+    if not any(n.startswith(KEEP) for n, _ in steps):
+        return
     saved = saved_tensor_bytes(out.per_layer)
     grads = layer_grad_bytes(ctx)
-    tangents = (e * T * D.hkv, 4 * T * D.hkv)  # v's, then k's (RoPE's fp32 k): the order the steps free them
-    steps, bottom = w.backward(ctx), w.bottom(ctx) or w.backward(ctx)
+    tangents = _tangents(ctx, out)
     top = backward_peak(steps, saved, grads, tangents)
     low = backward_peak(bottom, saved, grads, tangents, _constants(steps))
     kept = kept_to_bottom(steps, saved)
     out.layer_backward[:] = [
-        Term("compiled autocast: a layer's backward (its buffers, gradients made and kept, RoPE's shared zero "
-             "buffers made, less what it frees)", top, "peak over compiled_amp_steps' layer backward", 1),
+        Term("compiled: a layer's backward (its buffers, gradients made and kept, RoPE's shared zero buffers made, "
+             "less what it frees)", top, "peak over the stream's layer backward steps", 1),
     ]  # fmt: skip
     out.bottom_layer_backward[:] = [
-        Term("compiled autocast: the bottom layer's backward (RoPE's shared zero buffers from the top, its "
-             "buffers, gradients made and kept, less what it frees)", low,
-             "peak over compiled_amp_steps' bottom layer backward", 1),
+        Term("compiled: the bottom layer's backward (RoPE's shared zero buffers from the top, its buffers, "
+             "gradients made and kept, less what it frees)", low, "peak over the stream's bottom layer steps", 1),
     ]  # fmt: skip
     out.cache_tangent_layer[:] = [
-        Term(f"compiled autocast: one layer's zero gradients of the {CACHE_TANGENTS}", sum(tangents),
-             f"(2 + 4) B x T x kv*d, kv*d={D.hkv}", 2),
-    ]  # fmt: skip
+        Term(f"compiled: one layer's zero gradients of the {CACHE_TANGENTS}", sum(tangents),
+             "its v's and k's (the loss backward's term / layers)", len(tangents)),
+    ] if tangents else []  # fmt: skip
     out.kept_backward[:] = [
-        Term("compiled autocast: kept to the bottom by a layer's backward (input gradients, row sums, the inputs "
-             "and residuals the bottom's kernel reads)", kept, "KEEP and KEEP_SAVED steps of compiled_amp_steps",
+        Term("compiled: kept to the bottom by a layer's backward (input gradients, row sums, the inputs and "
+             "residuals the bottom's kernel reads)", kept, "KEEP and KEEP_SAVED steps",
              sum(1 for n, _ in steps if n.startswith(KEEP))),
     ]  # fmt: skip
     ends = saved_tensor_bytes([*out.top_backward, *out.post])  # the stream's order (alloc_stream KEPT_TOP)
     out.kept_top_backward[:] = [
-        Term("compiled autocast: kept from the top to the bottom (the head's input gradient, the final norm's row "
-             "sum, the last layer's fp32 output, the final norm's rsqrt)", sum(ends[i] for i in w.kept_top),
-             f"{e} B x T x h + 4 B x T + 4 B x T x h + 4 B x T (h={h})", len(w.kept_top)),
-    ]  # fmt: skip
+        Term("compiled: kept from the top to the bottom (compiled_steps.kept_top: autocast's the head's input "
+             "gradient, the final norm's row sum, the last layer's fp32 output, the final norm's rsqrt)",
+             sum(ends[i] for i in w.kept_top), "the top_backward and post tensors kept_top names", len(w.kept_top)),
+    ] if w.kept_top else []  # fmt: skip
