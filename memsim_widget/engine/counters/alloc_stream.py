@@ -117,9 +117,15 @@ from memsim_widget.engine.counters.zero3_stream import (
     Zero3Writer,
     per_element,
     rest_of,
-    zero3_units,
 )
-from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter, rank_zero
+from memsim_widget.engine.counters.zero_offload_stream import (
+    zero3_rank,
+    zero3_writer,
+    zero12_rank,
+    zero_offload_note,
+    zero_writer,
+)
+from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import ALLOCATED_LEVELS, Item
 from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, ZERO_BUCKET_ITEM, new_gradient
@@ -451,7 +457,7 @@ def step_stream(
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
         sg = {**sg, "persistent": [i for i in sg["persistent"] if i.item != DDP_BUCKETS_ITEM]}
     reducer = DdpWriter(s, ddp) if ddp is not None else None
-    z3 = Zero3Writer(s, fsdp) if isinstance(fsdp, Zero3Units) else None
+    z3 = zero3_writer(s, fsdp) if isinstance(fsdp, Zero3Units) else None
     comm: Any = (
         z3 if z3 is not None else Fsdp2Writer(s, cast("Fsdp2Units", fsdp)) if fsdp is not None else None
     )
@@ -571,7 +577,7 @@ def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWri
             rest.append(i)
     s.items(rest)
     s.mark("ZeRO wrap")
-    w = ZeroWriter(s, zero)
+    w = zero_writer(s, zero)  # zero_offload_stream.ZeroOffloadWriter when its optimizer is on the host
     w.wrap(weights)
     return w
 
@@ -1342,9 +1348,11 @@ def replayable(ctx: Any) -> bool:
     tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
     vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
     GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
-    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
-    optimizer offload. Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what
-    the stream still lacks)."""
+    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter
+    offload (``optimizer+params``), and optimizer offload (``optimizer``) only on a DeepSpeed ZeRO-1/2 or ZeRO-3 rank
+    (DeepSpeed's ``offload_optimizer``: ``zero_offload_stream`` writes the GPU's side of it, held to CPU traces).
+    Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what the stream still
+    lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.replays_reserved
@@ -1359,7 +1367,7 @@ def replayable(ctx: Any) -> bool:
             or pp_replayable(ctx)
         )
         and savers_replayable(ctx)
-        and p.offload == "none"
+        and (p.offload == "none" or zero12_replayable(ctx) or zero3_replayable(ctx))
         and compiled_stream_held(ctx)
     )
 
@@ -1460,7 +1468,9 @@ def zero12_replayable(ctx: Any) -> bool:
     ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
     parallelism, full training of a bf16 model with an fp32 master copy (``mixed-bf16``: DeepSpeed's
     ``bf16.enabled``), any number of micro-batches a step (``ZeroWriter.micro``: ZeRO-1 keeps the gradients
-    until the boundary, ZeRO-2 reduces each micro-batch's), nothing offloaded, eager."""
+    until the boundary, ZeRO-2 reduces each micro-batch's), nothing offloaded or the optimizer to the host
+    (``parallel.offload: optimizer``, DeepSpeed's ``offload_optimizer``: ``zero_offload_stream``, held to its
+    CPU trace), eager."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1472,7 +1482,7 @@ def zero12_replayable(ctx: Any) -> bool:
         and ctx.full_training
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
-        and p.offload == "none"
+        and p.offload in ("none", "optimizer")
         and not sc.compile
     )
 
@@ -1482,7 +1492,9 @@ def zero3_replayable(ctx: Any) -> bool:
     under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
     bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
     checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
-    resets at every forward), nothing offloaded, eager."""
+    resets at every forward), nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``,
+    DeepSpeed's ``offload_optimizer``, the parameters on the GPU: ``zero_offload_stream``, held to its CPU trace;
+    ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1495,7 +1507,7 @@ def zero3_replayable(ctx: Any) -> bool:
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
         and sc.activation_checkpointing in ("none", "full")
-        and p.offload == "none"
+        and p.offload in ("none", "optimizer")
         and not sc.compile
     )
 
@@ -1584,7 +1596,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     micro = ctx.scenario.grad_accum_steps
     fsdp: Any = None
     if zero3_replayable(ctx):
-        fsdp = zero3_units(ctx, stage)
+        fsdp = zero3_rank(ctx, stage)
     elif ctx.par.dp > 1 and ctx.par.zero >= 3:
         fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
@@ -1605,7 +1617,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         ddp=ddp,
         per_param=ctx.par.tp > 1 or weights_in_module_order(ctx),
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
-        zero=rank_zero(ctx, stage) if zero12_replayable(ctx) else None,
+        zero=zero12_rank(ctx, stage) if zero12_replayable(ctx) else None,
         pipe=pipe,
         in_backward=sc.optimizer_in_backward,
         offload=copy_stream(ctx) if offloaded else None,
@@ -1696,6 +1708,7 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             else ""
         )
         + tp_note(ctx)
+        + zero_offload_note(ctx)
         + savers_note(ctx)
         + (
             f" (pipeline {ctx.par.pp_schedule} over {ctx.par.pp_microbatches} micro-batches: the schedule's order, "
