@@ -35,8 +35,9 @@ At the top of backward the loss's backward fills one fp32 T x V buffer (zeros an
 fused buffer) and AOTAutograd materialises zero gradients for the outputs the loss does not use: the logits
 (e T V) and, with HF's training KV cache, each layer's k and v (2 e T kv d). With these the engine equals the
 compiled trace to the byte on the small Llama and Llama 3.2 1B (b4 s1024) and is 3.5% over the H200 run's
-``max_memory_allocated``. The layers' backward transients stay eager's and the final norm's backward holds one
-hidden-state gradient: not traced moment by moment (the compiled traces peak at the loss's backward, also with a
+``max_memory_allocated``. The layers' backward transients stay eager's (but under autocast in the Llama layout:
+``compiled_kept``, read from the stream's steps) and the final norm's backward holds one hidden-state gradient: not
+traced moment by moment (the compiled traces peak at the loss's backward, also with a
 64-token vocabulary, where the engine is 0.02% over).
 """
 
