@@ -7,7 +7,6 @@ compiled_layer_backward_transients``), read in one place (``writer``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from memsim_widget.engine.activations.compiled_amp_steps import (
@@ -35,6 +34,7 @@ from memsim_widget.engine.activations.compiled_olmo2_steps import (
     compiled_olmo2_forward,
 )
 from memsim_widget.engine.activations.forward import Step, compiled_applies, layer_forward_transients
+from memsim_widget.fast_dataclass import dataclass
 
 Steps = Callable[[Any], tuple[Step, ...]]
 
