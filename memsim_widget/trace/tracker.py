@@ -59,16 +59,15 @@ _ALIAS = " (alias)"
 #: tensor``); DTensor's redistributions and TP's all-reduces call it after every collective.
 _ALIASING_WAITS = frozenset({"wait_tensor"})
 _LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
-#: The cyclic collector's thresholds inside a trace (``MemoryTracker.__enter__``): CPython's defaults for the two
-#: young generations (700 allocations, 10 young collections), and no automatic collection of the oldest one.
-#: Dynamo leaves the first step's model output (a GPT-2's logits, loss and returned KV cache) referenced by its
-#: tracing objects, a reference cycle it promotes to the oldest generation (``run_gc_after_compile``: ``gc.collect(1)``
-#: while the cycle is still reachable, torch 2.13.0 ``_dynamo/convert_frame.py``), so those tensors live until the
-#: next full collection. When that ran depended on every allocation the process had made (the engine's estimate
-#: first, ``CI=true``): it came during the first step's backward or after the traced steps, and a compiled GPT-2 b2
-#: s512 trace read 105.6 or 111.8 MB (docs/trace.md, "Garbage collection"). A trace takes the case where it does not
-#: run during the steps, as in a training process whose older generation is large: the same bytes on every run.
-GC_THRESHOLDS = (700, 10, 1 << 30)
+#: The cyclic garbage collector inside a trace (``MemoryTracker``): it collects what the process made before, then
+#: runs no automatic collection; at each phase mark it collects the two young generations (``gc.collect(1)``), so a
+#: cycle dropped in a phase is freed at the phase's end, and one in the oldest generation lives to the end of the
+#: trace. Dynamo leaves the first step's model output (GPT-2's logits, loss and returned KV cache) in such a cycle of
+#: its tracing objects, which its own ``gc.collect(1)`` after each compile moves to the oldest generation while it is
+#: still reachable (``run_gc_after_compile``, torch 2.13.0 ``_dynamo/convert_frame.py``). With automatic collections,
+#: when the next one came depended on every allocation the process had made (the engine's estimate first,
+#: ``CI=true``): a compiled GPT-2 b2 s512 trace read 105.6 or 111.8 MB (docs/trace.md, "Garbage collection").
+YOUNG_GENERATIONS = 1
 
 
 def _keep(*_objs: Any) -> None:
@@ -215,7 +214,7 @@ class MemoryTracker(TorchDispatchMode):
         self.scope_role: str | None = None
         self.scope_stream = 0
         self._orig_resize: Any = None
-        self._gc_outer: tuple[int, ...] | None = None  # the collector's thresholds before __enter__
+        self._gc_outer: bool | None = None  # whether automatic collection was on before __enter__; None outside
         self._closed = False
         self._names: dict[int, str] = {}
         self._module_stack: list[str] = []
@@ -379,7 +378,10 @@ class MemoryTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------------ phases
     def set_phase(self, phase: str, step: int | None = None) -> None:
-        """Enter a new phase (and optionally a new step); records a mark with the live bytes."""
+        """Enter a new phase (and optionally a new step); records a mark with the live bytes. Inside the tracker's
+        context, the cyclic garbage dropped in the phase ending is freed first (``YOUNG_GENERATIONS``)."""
+        if self._gc_outer is not None:
+            gc.collect(YOUNG_GENERATIONS)
         self.phase = phase
         if step is not None:
             self.step = step
@@ -497,11 +499,11 @@ class MemoryTracker(TorchDispatchMode):
 
     def __enter__(self):  # noqa: ANN204
         """Enter dispatch mode, install module hooks and the saved-tensor hook; collect the garbage made before the
-        trace and set the collector's thresholds to ``GC_THRESHOLDS`` until exit (what ran before in the process then
-        changes no free's timing)."""
-        self._gc_outer = gc.get_threshold()
+        trace and turn automatic collection off until exit (``YOUNG_GENERATIONS``: what ran before in the process
+        then changes no free's timing)."""
+        self._gc_outer = gc.isenabled()
         gc.collect()
-        gc.set_threshold(*GC_THRESHOLDS)
+        gc.disable()
         if self._track_modules:
             from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -551,9 +553,9 @@ class MemoryTracker(TorchDispatchMode):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self._gc_outer is not None:
-            gc.set_threshold(*self._gc_outer)
-            self._gc_outer = None
+        if self._gc_outer:
+            gc.enable()
+        self._gc_outer = None
 
     def close(self) -> None:
         """Stop reacting to later frees (records stay readable)."""

@@ -1,6 +1,6 @@
-"""A trace is the same whatever the process ran before it: the cyclic garbage collector's full collections, whose
-timing depends on every allocation the process made, never free a tensor in the middle of a trace
-(``tracker.GC_THRESHOLDS``; docs/trace.md, "Garbage collection")."""
+"""A trace is the same whatever the process ran before it: the cyclic garbage collector runs no automatic
+collection inside a trace, whose timing would depend on every allocation the process made; the garbage dropped in
+a phase is collected at the phase's end (``tracker.YOUNG_GENERATIONS``; docs/trace.md, "Garbage collection")."""
 
 from __future__ import annotations
 
@@ -12,79 +12,81 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memsim_widget.trace.tracker import GC_THRESHOLDS, MemoryTracker  # noqa: E402
+from memsim_widget.trace.tracker import MemoryTracker  # noqa: E402
 
 
 @pytest.fixture
-def thresholds() -> Iterator[None]:
-    """Leave the collector's thresholds as the test found them."""
-    outer = gc.get_threshold()
+def collector() -> Iterator[None]:
+    """Leave the collector's thresholds and switch as the test found them."""
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
     try:
         yield
     finally:
-        gc.set_threshold(*outer)
+        gc.set_threshold(*thresholds)
+        (gc.enable if enabled else gc.disable)()
 
 
-def test_inside_a_trace_the_collector_runs_no_full_collection_by_itself(thresholds: None) -> None:
-    # a caller's: a full collection as soon as the old generation has grown by a quarter
-    gc.set_threshold(100, 1, 1)
+def test_inside_a_trace_the_collector_runs_no_automatic_collection(collector: None) -> None:
+    gc.enable()
     with MemoryTracker(track_modules=False):
-        assert gc.get_threshold() == GC_THRESHOLDS
-        assert GC_THRESHOLDS[:2] == (700, 10)  # CPython's defaults for the young generations
-    assert gc.get_threshold() == (100, 1, 1)
-
-
-def test_nested_trackers_restore_the_thresholds_in_order(thresholds: None) -> None:
-    gc.set_threshold(500, 5, 5)
+        assert not gc.isenabled()
+        with MemoryTracker(track_modules=False):  # a nested tracker leaves it off for the outer one
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
     with MemoryTracker(track_modules=False):
-        gc.set_threshold(300, 3, 3)  # code inside the trace changes them; the inner tracker puts them back
-        with MemoryTracker(track_modules=False):
-            assert gc.get_threshold() == GC_THRESHOLDS
-        assert gc.get_threshold() == (300, 3, 3)
-    assert gc.get_threshold() == (500, 5, 5)
+        pass
+    assert not gc.isenabled()  # a caller's choice is kept
 
 
-def _full_collections(log: list[int]) -> Any:
-    def cb(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and info["generation"] == 2:
-            log.append(1)
+def _cycle_holding(tracker: MemoryTracker) -> tuple[list[Any], Any]:
+    """A reference cycle holding a tensor made by one op (one tracked 4 KiB storage), and its record."""
+    x = torch.ones(1024) * 2
+    cycle: list[Any] = [x]
+    cycle.append(cycle)
+    return cycle, tracker.records[-1]
 
-    return cb
+
+def _churn() -> None:
+    """More allocations than make CPython's collector (thresholds 700, 10, 10) run each generation by itself."""
+    keep = [[] for _ in range(len(gc.get_objects()))]  # the old generation more than doubled
+    for i in range(200):
+        _ = [[j] for j in range(700 + i)]
+    del keep
 
 
-def test_a_tensor_in_old_cyclic_garbage_lives_to_the_end_of_the_trace(thresholds: None) -> None:
-    """What Dynamo does to the first step's output (``tracker.GC_THRESHOLDS``): a reference cycle holds the tensor,
-    it is promoted to the oldest generation while reachable (``gc.collect(1)``), then dropped. The process then
-    makes as many long-lived objects as a compile does, which with the caller's thresholds starts a full collection
-    (seen without the trace's thresholds: the tensor was freed mid-trace); inside the trace none runs, so the
-    tensor's storage lives until the trace ends, on every run."""
+def test_cyclic_garbage_dropped_in_a_phase_is_freed_at_its_end(collector: None) -> None:
+    gc.set_threshold(10, 1, 1)  # a caller's: a collection every few allocations
+    gc.enable()
+    with MemoryTracker(track_modules=False) as tracker:
+        tracker.set_phase("forward", 1)
+        cycle, rec = _cycle_holding(tracker)
+        del cycle
+        _churn()
+        assert rec.free_seq is None  # no collection by itself inside the phase
+        tracker.set_phase("backward")
+        assert rec.free_seq == tracker.marks[-1]["seq"] - 1  # freed right before the next phase's mark
+    tracker.close()
+
+
+def test_old_cyclic_garbage_lives_to_the_end_of_the_trace(collector: None) -> None:
+    """What Dynamo does to the first compiled step's output: a reference cycle holds the tensor, its own
+    ``gc.collect(1)`` after the compile moves it to the oldest generation while still reachable, then it is dropped.
+    With the collector on, the churn after it starts a full collection that frees it (before the fix: at seq 5,
+    within the phase); inside a trace it lives to the end."""
     gc.set_threshold(100, 1, 1)
-    log: list[int] = []
-    cb = _full_collections(log)
-    try:
-        with MemoryTracker(track_modules=False) as tracker:
-            gc.callbacks.append(cb)  # after the tracker's own full collection of what was there before
-            x = torch.ones(1024) * 2  # one op: one tracked 4 KiB storage
-            cycle: list[Any] = [x]
-            cycle.append(cycle)
-            # Dynamo's run_gc_after_compile, while the cycle is reachable: now in the oldest generation
-            gc.collect(1)
-            del x, cycle
-            survivors = [[] for _ in range(len(gc.get_objects()))]  # the old generation more than doubled
-            # young collections, each ticking the oldest generation's count
-            churn = [[i] for i in range(20_000)]
-            del churn
-            tracker.set_phase("end")
-            rec = next(r for r in tracker.records if r.op == "mul")
-            assert rec.free_seq is None
-            del survivors
-            gc.callbacks.remove(cb)
-        tracker.close()
-    finally:
-        if cb in gc.callbacks:
-            gc.callbacks.remove(cb)
-    assert not log, "a full collection ran inside the trace"
-    assert rec.nbytes == 4096
+    gc.enable()
+    with MemoryTracker(track_modules=False) as tracker:
+        tracker.set_phase("forward", 1)
+        cycle, rec = _cycle_holding(tracker)
+        gc.collect(1)  # Dynamo's run_gc_after_compile, while the cycle is reachable
+        del cycle
+        _churn()
+        tracker.set_phase("backward")
+        tracker.set_phase("end")
+        assert rec.free_seq is None
+    tracker.close()
 
 
 @pytest.mark.slow
@@ -92,24 +94,26 @@ def test_a_compiled_trace_after_the_estimate_under_ci_equals_a_fresh_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The clean-clone CI failure (CI=true, the engine's estimate first, then the trace in the same process: a
-    compiled GPT-2 b2 s512 under autocast read 105.6 MB instead of 111.8 MB: a full collection in the first step's
-    backward freed the first step's output Dynamo's garbage held), and the collector's thresholds set to start full
-    collections often: the trace reads the bytes, phase by phase, of a trace in a fresh interpreter."""
+    compiled GPT-2 b2 s512 under autocast read 105.6 MB instead of 111.8 MB, a full collection in the first step's
+    backward having freed the first step's output that Dynamo's garbage held), with the collector's thresholds set
+    to collect often, and after an eager trace and another compiled one in the same process (8 KiB more when only
+    full collections were held back): the bytes of each phase equal a trace in a fresh interpreter."""
     from fresh_interpreter import run_json
 
-    name = "gpt2 amp-bf16 sdpa b2 s512 compiled"
     code = (
         "import gc, json, sys\n"
-        "from fidelity_cases import COMPILED_CASES, Scenario, estimate\n"
+        "from fidelity_cases import CASES, COMPILED_CASES, Scenario, estimate\n"
         "from memsim_widget.trace.api import trace_config\n"
-        "sc = Scenario.from_dict(dict(COMPILED_CASES)[sys.argv[1]])\n"
-        "if sys.argv[2] == 'after':\n"
+        "sc = Scenario.from_dict(dict(COMPILED_CASES)['gpt2 amp-bf16 sdpa b2 s512 compiled'])\n"
+        "if sys.argv[1] == 'after':\n"
         "    estimate(sc)\n"
         "    gc.set_threshold(100, 2, 2)\n"
+        "    trace_config(Scenario.from_dict(dict(CASES)['gpt2 bf16 sdpa b2 s512']))\n"
+        "    trace_config(Scenario.from_dict(dict(COMPILED_CASES)['gpt2 bf16 sdpa b2 s512 compiled']))\n"
         "tr = trace_config(sc)\n"
         "print(json.dumps({'peak': tr.peak_bytes, 'phases': tr.phase_peaks}))\n"
     )
-    fresh = run_json(code, name, "fresh")
+    fresh = run_json(code, "fresh")
     monkeypatch.setenv("CI", "true")
-    after = run_json(code, name, "after")
+    after = run_json(code, "after")
     assert after == fresh
