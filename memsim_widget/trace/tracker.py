@@ -214,7 +214,7 @@ class MemoryTracker(TorchDispatchMode):
         self.scope_role: str | None = None
         self.scope_stream = 0
         self._orig_resize: Any = None
-        self._gc_outer: bool | None = None  # whether automatic collection was on before __enter__; None outside
+        self._gc_outer: bool | None = None  # automatic collection on before __enter__; None: not entered
         self._closed = False
         self._names: dict[int, str] = {}
         self._module_stack: list[str] = []
