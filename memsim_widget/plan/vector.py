@@ -235,7 +235,8 @@ def _state_side(
 TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "post", "loss_forward",
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
                "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer",
-               "pp_buffer", "pp_output", "pp_logits", "bottom_backward", "logits_grad")  # fmt: skip
+               "pp_buffer", "pp_output", "pp_logits", "bottom_backward", "logits_grad", "cache_tangent_layer",
+               "kept_backward", "kept_top_backward", "bottom_layer_backward")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 

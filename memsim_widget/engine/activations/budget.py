@@ -49,6 +49,15 @@ class ActivationBudget:
     bottom_backward: list[Term] = field(
         default_factory=list
     )  # transients of the embedding's backward (calibrated)
+    # a compiled autocast backward (activations/compiled_kept): per layer the KV cache's zero gradients, alive
+    # until the layer's backward; per layer what its backward keeps until the bottom layer is done; what the top
+    # of the backward keeps until then
+    cache_tangent_layer: list[Term] = field(default_factory=list)
+    bottom_layer_backward: list[Term] = field(
+        default_factory=list
+    )  # the bottom layer's (empty: layer_backward)
+    kept_backward: list[Term] = field(default_factory=list)
+    kept_top_backward: list[Term] = field(default_factory=list)
     inputs: list[Term] = field(default_factory=list)
     # the model output the loop still holds after the loss (output_lifetime "backward" or "step"):
     output_logits: list[Term] = field(default_factory=list)  # its logits (last stage)

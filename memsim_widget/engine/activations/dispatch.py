@@ -11,6 +11,7 @@ from memsim_widget.engine.activations.compiled import (
     compiled_formula_applies,
     compiled_rule_applies,
 )
+from memsim_widget.engine.activations.compiled_kept import compiled_backward_kept
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.activations.hf import hf_activations
 from memsim_widget.engine.activations.liger import liger_activations, liger_applies
@@ -42,6 +43,7 @@ def activations(ctx: Context) -> ActivationBudget:
         )
         if compiled_rule_applies(ctx.scenario, ctx.arch):  # torch.compile's saved set (traced)
             compiled_activations(ctx, out)
+            compiled_backward_kept(ctx, out)  # a compiled autocast backward, from the stream's steps
         elif compiled_formula_applies(ctx.scenario, ctx.arch):  # the rest of compile: a formula, untraced
             compiled_formula(ctx, out)
         if litgpt_rule_applies(ctx.scenario, ctx.arch):  # litgpt's own modules and chunked loss (traced)

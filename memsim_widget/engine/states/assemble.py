@@ -6,7 +6,7 @@ from __future__ import annotations
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.states.budget import StateBudget, local_groups
 from memsim_widget.engine.states.gathered import gathered_units
-from memsim_widget.engine.states.gradients import gradients, reduce_bucket
+from memsim_widget.engine.states.gradients import gradients, offload_staging, reduce_bucket
 from memsim_widget.engine.states.optimizer import optimizer_states, step_temporaries
 from memsim_widget.engine.states.trained import trained
 from memsim_widget.engine.states.weights import weights
@@ -24,6 +24,7 @@ def model_states(ctx: Context, stage: Stage) -> StateBudget:
     optimizer_states(ctx, tr, b)
     step_temporaries(ctx, tr, b)
     reduce_bucket(ctx, tr.n, b)
+    offload_staging(ctx, tr, b)
     gathered_units(ctx, stage, groups, tr.grad_b, b)
     if ctx.par.offload != "none":  # the offloaded states are host memory too
         b.host.extend(i for i in b.persistent + b.step_temps if i.level == "host")

@@ -26,6 +26,31 @@ ZERO_BUCKET_ITEM = "DeepSpeed gradient reduce bucket (reduce_bucket_size)"
 #: The item of a vocab-sharded untied embedding's gradient beyond its shard (``partial_embedding_grad``): the
 #: allocation stream writes the whole table's gradient as one tensor instead (``tp_stream.EMBEDDING_GRAD``).
 PARTIAL_EMBEDDING_ITEM = "embedding gradient as a Partial DTensor (full vocabulary on every tp rank)"
+#: The item of the rank's gradient partition that DeepSpeed keeps on the host under ``offload_optimizer``
+HOST_GRADS_ITEM = "gradients (this rank's partition, on the host: DeepSpeed offload_optimizer)"
+#: The item of DeepSpeed ZeRO-1/2's GPU staging buffer under ``offload_optimizer``
+OFFLOAD_STAGING_ITEM = "DeepSpeed offload staging buffer (temp_grad_buffer_for_gpu_offload)"
+
+
+def grads_on_host(ctx: Context) -> bool:
+    """DeepSpeed ZeRO-2/3 with ``offload_optimizer`` (``parallel.offload: optimizer``) keeps the rank's gradient
+    partition on the host, not on the GPU (deepspeed 0.19.8): ZeRO-1/2 (``stage_1_and_2.py``,
+    ``copy_grads_in_partition``' ``cpu_offload`` branch) makes no ``grads_in_partition``: each reduced slice of the
+    partition is cast and copied into the fp32 gradient of the host's master partition (and, between accumulation
+    boundaries, added into a host buffer through ``temp_grad_buffer_for_gpu_offload``); ZeRO-3 (``stage3.py``)
+    makes ``grad_partitions_flat_buffer`` on ``self.device``, the host. What stays on the GPU is transient: each
+    parameter's bf16 ``.grad`` until the hook copies it into the ipg bucket (``reduce_bucket``, kept), the
+    bucket's flat copy and the slices' casts (``engine/counters/zero_offload_stream`` writes them; traced on CPU).
+    ZeRO-1's gradients stay whole on the GPU until its reduce (its items are not partitions) and
+    ``optimizer+params`` (``offload_param`` too) keeps the fitted rule (its rows in docs/accuracy.md are measured
+    on one GPU); the optimizer stepping in backward keeps its one gradient on the GPU."""
+    par = ctx.par
+    return (
+        par.offload == "optimizer"
+        and par.zero >= 2
+        and profile(ctx).bucket_elements > 0
+        and not ctx.scenario.optimizer_in_backward
+    )
 
 
 def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained, b: StateBudget) -> None:
@@ -37,6 +62,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     n_train, tensors_train = tr.n, tr.tensors
     g_div = dp if z >= 2 else 1
     grad_total = n_train * grad_b // g_div
+    on_host = grads_on_host(ctx)
     if sc.optimizer_in_backward:
         largest = max(e for _, _, e in trainable)
         b.grads.append(
@@ -47,6 +73,18 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 f"largest param {fmt_int(largest)} x {grad_b} B",
                 "tensor",
                 1,
+            )
+        )
+    elif on_host:  # DeepSpeed offload_optimizer: the partition on the host, nothing of it kept on the GPU
+        b.host.append(
+            Item(
+                "gradients",
+                HOST_GRADS_ITEM,
+                grad_total,
+                f"{fmt_int(n_train)} {what} x {grad_b} B{shard_note(g_div, f'ZeRO-{z} dp shard')} (the fp32 "
+                "gradient of the host's master partition)",
+                "host",
+                tensors_train,
             )
         )
     else:
@@ -77,9 +115,9 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     layer_train = sum(
         c * e for (_, c, e), g in zip(trainable, trainable_scopes(ctx, groups), strict=False) if g == "layer"
     )
-    b.grad_bytes_per_layer = layer_train * grad_b / g_div / max(stage.layers, 1)
-    b.pre_post_grad_bytes = max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
-    if not sc.optimizer_in_backward and ctx.full_training:
+    b.grad_bytes_per_layer = 0.0 if on_host else layer_train * grad_b / g_div / max(stage.layers, 1)
+    b.pre_post_grad_bytes = 0 if on_host else max(0, grad_total - int(b.grad_bytes_per_layer * stage.layers))
+    if not sc.optimizer_in_backward and ctx.full_training and not on_host:
         n_pre = sum(
             g.numel for g in groups if g.group.scope == "pre" and g.group.stack not in ctx.frozen_stacks
         )
@@ -103,7 +141,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
     partial_embedding_grad(ctx, stage, groups, grad_b, b)  # made at the bottom: not in grads_but_bottom
     tied_head_grad(ctx, stage, groups, grad_b, b)
     _loss_grads(ctx, stage, b)
-    if ctx.full_training and not sc.optimizer_in_backward:
+    if ctx.full_training and not sc.optimizer_in_backward and not on_host:
         n_post = sum(
             g.numel for g in groups if g.group.scope == "post" and g.group.stack not in ctx.frozen_stacks
         )
@@ -252,7 +290,7 @@ def _loss_grads(ctx: Context, stage: Stage, b: StateBudget) -> None:
     chunks run every backward after its last loss (``Context.loss_grad_layers``), all but those chunks'
     layers' gradients; every gradient otherwise."""
     missing = stage.layers - ctx.loss_grad_layers(stage)
-    if missing <= 0 or not b.grads or ctx.scenario.optimizer_in_backward:
+    if missing <= 0 or not b.grads or ctx.scenario.optimizer_in_backward or grads_on_host(ctx):
         b.loss_grads = list(b.grads)
         return
     g = b.grads[0]
@@ -330,3 +368,27 @@ def reduce_bucket(ctx: Context, n_train: int, b: StateBudget) -> None:
                 1,
             )
         )
+
+
+def offload_staging(ctx: Context, tr: Trained, b: StateBudget) -> None:
+    """DeepSpeed ZeRO-1/2 under ``offload_optimizer`` keeps ``temp_grad_buffer_for_gpu_offload`` on the GPU for
+    good: the largest trainable parameter's elements in the model's dtype, made at ``__init__`` (deepspeed 0.19.8
+    ``stage_1_and_2.py``; the accumulation copies the host's gradient back through it). Written by the stream too
+    (``zero_offload_stream.ZeroOffloadWriter.wrap``, traced on CPU)."""
+    par = ctx.par
+    if not (par.offload == "optimizer" and par.zero in (1, 2) and profile(ctx).bucket_elements > 0):
+        return
+    if ctx.scenario.optimizer_in_backward or not tr.n:
+        return
+    largest = max(e for _, _, e in tr.entries)
+    wb = ctx.recipe.weight_bytes if ctx.full_training else tr.grad_b
+    b.persistent.append(
+        Item(
+            "gradients",
+            OFFLOAD_STAGING_ITEM,
+            largest * wb,
+            f"largest trainable param {fmt_int(largest)} x {wb} B (kept from the wrap)",
+            "tensor",
+            1,
+        )
+    )

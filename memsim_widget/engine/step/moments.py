@@ -77,6 +77,11 @@ ACTIVATION_GROUPS = (
     "cache_but_own",  # the held KV cache less layer 0's own part
     "cache_all",  # the whole held KV cache
     "bottom_backward",  # the embedding's backward transients (calibrated models only)
+    "bottom_layer",  # the bottom layer in backward (compiled autocast: its own steps' peak; else layer_backward)
+    "tangents_top",  # compiled autocast: every layer's KV-cache zero gradients (the top layer's backward)
+    "tangents_own",  # ... the bottom layer's own (its backward)
+    "kept_above",  # ... what the layers above the bottom one keep to the bottom
+    "kept_top",  # ... what the top of the backward keeps to the bottom (last stage)
     "held_through_step",  # output_lifetime "step": the held output (logits and KV cache) at the step
     "logits_grad",  # the logits' gradient in their dtype, alive while the head's backward runs (last stage)
 )
@@ -161,8 +166,8 @@ MOMENT_TABLE = (
             "pre",
             "saved",
         ),
-        larger_of=(("top_backward",), ("recompute", "layer_backward", "new_grad")),
-        after=("held_logits", "held_cache_extra"),
+        larger_of=(("top_backward",), ("recompute", "layer_backward", "new_grad", "kept_top")),
+        after=("held_logits", "held_cache_extra", "tangents_top"),
     ),
     # an interleaved rank over FSDP2: one chunk's layer gathered (its forward, or the top of its backward,
     # with the all-gather output) while the rank's other chunks are still gathered from their backward,
@@ -185,7 +190,17 @@ MOMENT_TABLE = (
             "rest",
         ),
         larger_of=(
-            ("grads_but_bottom", "tied_head_part", "own", "layer_backward", "held_logits", "cache_but_own"),
+            (
+                "grads_but_bottom",
+                "tied_head_part",
+                "own",
+                "bottom_layer",
+                "held_logits",
+                "cache_but_own",
+                "tangents_own",
+                "kept_above",
+                "kept_top",
+            ),
             ("grads", "tied_sum", "bottom_new", "held_logits", "cache_all", "bottom_backward"),
         ),
     ),

@@ -328,7 +328,8 @@ def budget_list(name: str, ckpt: bool, recomputed: bool) -> str:
 
 #: Term groups whose items are the temporaries of a backward (the others: saved activations).
 TRANSIENT_TERMS = frozenset(("layer_backward", "attention_backward", "loss_backward", "top_backward",
-                             "bottom_backward"))  # fmt: skip
+                             "bottom_backward", "cache_tangent_layer", "kept_backward", "kept_top_backward",
+                             "bottom_layer_backward"))  # fmt: skip
 
 
 class ItemScaler:
@@ -522,6 +523,8 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
     recv = scale("pp_buffer", n_recv, recv_label)
     # a layer in backward: the larger of its MLP and its attention transients (the first of equals)
     mlp, attention = scale("layer_backward", Ls > 0), scale("attention_backward", Ls > 0)
+    layer = where(scale.raw(attention) > scale.raw(mlp), attention, mlp)
+    bottom = scale("bottom_layer_backward", Ls > 0)  # a compiled autocast bottom layer's own (else the same)
     # the model output the loop still holds (output_lifetime "backward"/"step"): its logits, and the part of
     # its KV cache that the layers' saved activations do not hold anyway (all of it once they are freed)
     # (a pipeline's loop gets the output only from the schedule, after backward: engine/parallel/pipeline)
@@ -553,12 +556,20 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
         "held_logits": held_logits,
         "held_cache_extra": scale("output_cache_extra", Ls, layers_label),
         "top_backward": scale("top_backward", last),
-        "layer_backward": where(scale.raw(attention) > scale.raw(mlp), attention, mlp),
+        "layer_backward": layer,
+        "bottom_layer": where(scale.raw(bottom) > 0, bottom, layer),
         "cache_but_own": scale("output_cache", maximum(Ls - 1, 0), lambda: f"{max(Ls - 1, 0)} layers")
         + scale("output_cache_extra", Ls > 0, "1 layer"),
         "cache_all": cache_all,
         # calibrated models only
         "bottom_backward": scale("bottom_backward", first),
+        # a compiled autocast backward (activations/compiled_kept): every layer's KV-cache zero gradients at the
+        # top layer's backward, the bottom layer's own at its backward; what the layers above and the top keep
+        # to the bottom
+        "tangents_top": scale("cache_tangent_layer", Ls, layers_label),
+        "tangents_own": scale("cache_tangent_layer", Ls > 0, "1 layer"),
+        "kept_above": scale("kept_backward", maximum(Ls - 1, 0), lambda: f"{max(Ls - 1, 0)} layers above"),
+        "kept_top": scale("kept_top_backward", last),
         "held_through_step": held_logits + returned + cache_all if through_step else scale.none,
     }
     return {**groups, **_saved_group_table(scale, c, k, nxt)}
