@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 import sys
 import weakref
@@ -58,6 +59,15 @@ _ALIAS = " (alias)"
 #: tensor``); DTensor's redistributions and TP's all-reduces call it after every collective.
 _ALIASING_WAITS = frozenset({"wait_tensor"})
 _LAYER_RE = re.compile(r"\.(?:layers|layer|h|block|blocks)\.(\d+)(?:\.|$)")
+#: The cyclic garbage collector inside a trace (``MemoryTracker``): it collects what the process made before, then
+#: runs no automatic collection; at each phase mark it collects the two young generations (``gc.collect(1)``), so a
+#: cycle dropped in a phase is freed at the phase's end, and one in the oldest generation lives to the end of the
+#: trace. Dynamo leaves the first step's model output (GPT-2's logits, loss and returned KV cache) in such a cycle of
+#: its tracing objects, which its own ``gc.collect(1)`` after each compile moves to the oldest generation while it is
+#: still reachable (``run_gc_after_compile``, torch 2.13.0 ``_dynamo/convert_frame.py``). With automatic collections,
+#: when the next one came depended on every allocation the process had made (the engine's estimate first,
+#: ``CI=true``): a compiled GPT-2 b2 s512 trace read 105.6 or 111.8 MB (docs/trace.md, "Garbage collection").
+YOUNG_GENERATIONS = 1
 
 
 def _keep(*_objs: Any) -> None:
@@ -204,6 +214,7 @@ class MemoryTracker(TorchDispatchMode):
         self.scope_role: str | None = None
         self.scope_stream = 0
         self._orig_resize: Any = None
+        self._gc_outer: bool | None = None  # automatic collection on before __enter__; None: not entered
         self._closed = False
         self._names: dict[int, str] = {}
         self._module_stack: list[str] = []
@@ -367,7 +378,10 @@ class MemoryTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------------ phases
     def set_phase(self, phase: str, step: int | None = None) -> None:
-        """Enter a new phase (and optionally a new step); records a mark with the live bytes."""
+        """Enter a new phase (and optionally a new step); records a mark with the live bytes. Inside the tracker's
+        context, the cyclic garbage dropped in the phase ending is freed first (``YOUNG_GENERATIONS``)."""
+        if self._gc_outer is not None:
+            gc.collect(YOUNG_GENERATIONS)
         self.phase = phase
         if step is not None:
             self.step = step
@@ -484,7 +498,12 @@ class MemoryTracker(TorchDispatchMode):
             self._module_stack.pop()
 
     def __enter__(self):  # noqa: ANN204
-        """Enter dispatch mode, install module hooks and the saved-tensor hook."""
+        """Enter dispatch mode, install module hooks and the saved-tensor hook; collect the garbage made before the
+        trace and turn automatic collection off until exit (``YOUNG_GENERATIONS``: what ran before in the process
+        then changes no free's timing)."""
+        self._gc_outer = gc.isenabled()
+        gc.collect()
+        gc.disable()
         if self._track_modules:
             from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -534,6 +553,9 @@ class MemoryTracker(TorchDispatchMode):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if self._gc_outer:
+            gc.enable()
+        self._gc_outer = None
 
     def close(self) -> None:
         """Stop reacting to later frees (records stay readable)."""

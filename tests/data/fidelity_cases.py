@@ -2070,13 +2070,10 @@ def compare(name: str, data: dict[str, Any]) -> dict[str, Any]:
     from memsim_widget.trace.api import trace_config
 
     sc = Scenario.from_dict(data)
-    # the trace first, in a process that has run nothing else: found 2026-12-06, a compiled GPT-2 trace under
-    # autocast read 105.6 MB instead of 111.8 MB when the engine had run first in the same process with CI=true
-    # in the environment (not otherwise; cause not found, suspected: the tracker keys storages by id())
+    est = estimate(sc)
     t0 = time.perf_counter()
     tr = trace_config(sc)
     secs = time.perf_counter() - t0
-    est = estimate(sc)
     err = (est.peak_tensor_bytes - tr.peak_bytes) / tr.peak_bytes
     moment = max(est.worst.moments, key=lambda m: m.tensor_bytes).name
     return {

@@ -1,9 +1,12 @@
 """Run a snippet in a fresh Python interpreter and read the JSON object it prints last.
 
-Compiled traces run one per interpreter: after eager traces and another compiled one in the same process, a
-compiled trace came out 4.5 MB (5-10%) higher, an order dependence not yet explained (not Dynamo's caches, reset
-around every compiled trace; not the cyclic garbage collector; not AOTAutograd's cache). Run alone, a trace is the
-same on every run. The snippet sees the repository and ``tests/data`` (``fidelity_cases``) on its path.
+Compiled traces run one per interpreter, which keeps Dynamo's and Inductor's process-wide state out of the test
+process. An order dependence seen earlier (after eager traces and another compiled one in the same process, a
+compiled trace came out 4.5 MB higher) was not reproduced on 2026-12-06, but one of its kind was found: Dynamo's
+garbage holds the first step's output until a full collection, whose timing depended on what the process had run
+(docs/trace.md, "Garbage collection"); a trace now runs no automatic collection
+(``memsim_widget.trace.tracker.YOUNG_GENERATIONS``). The snippet sees the repository and ``tests/data``
+(``fidelity_cases``) on its path.
 """
 
 from __future__ import annotations
