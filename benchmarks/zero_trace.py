@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ WORLD = 4
 BUCKET = 500_000_000
 #: peft's targets for the LoRA case: every Linear of the layers (the engine's ``all-linear``)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+#: ``--targets``: the two target sets traced (LLaMA-Factory's default ``q_proj,v_proj`` and ``all-linear``)
+TARGET_SETS = {"qv": ["q_proj", "v_proj"], "all": LORA_TARGETS}
 
 
 def traced_run(
@@ -59,11 +62,16 @@ def traced_run(
     tied: bool = False,
     batch: int = BATCH,
     seq: int = SEQ,
+    targets: tuple[str, ...] = tuple(LORA_TARGETS),
+    adapter_dtype: str = "fp32",
 ) -> dict[str, Any]:
     """Two steps of the small Llama under DeepSpeed ZeRO-``zero`` as rank 0 of ``world`` (``accum`` micro-batches
     a step through ``engine.backward`` / ``engine.step`` each, DeepSpeed's ``gradient_accumulation_steps``;
-    ``lora``: peft LoRA of that rank on every Linear of the layers, its adapters in the model's bf16, the base
-    frozen; ``ckpt``: HF gradient checkpointing on every layer, as HF Trainer enables it (``use_reentrant`` False);
+    ``lora``: peft LoRA of that rank on the Linears ``targets``, the base frozen, its adapters made in
+    ``adapter_dtype`` (peft's ``autocast_adapter_dtype``: fp32 by default; ZeRO-1/2's engine casts every
+    parameter to bf16 at ``deepspeed.initialize``, ``_cast_module_mixed_precision``), under ZeRO-3 made after
+    the base's ``zero.Init`` as HF's ``from_pretrained`` then ``get_peft_model`` do, so partitioned by
+    ``deepspeed.initialize`` (``parameter_offload._convert_to_zero_parameters``); ``ckpt``: HF gradient checkpointing on every layer, as HF Trainer enables it (``use_reentrant`` False);
     ``tied``: the head shares the embeddings' weight, ``tie_word_embeddings``; ``batch`` x ``seq`` tokens a
     micro-batch): the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase
     begins."""
@@ -131,10 +139,7 @@ def traced_run(
         if zero < 3:
             model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
             if lora:
-                from peft import LoraConfig, get_peft_model
-
-                config_lora = LoraConfig(r=lora, target_modules=LORA_TARGETS, lora_dropout=0.0)
-                model = get_peft_model(model, config_lora).to(torch.bfloat16)
+                model = _peft(model, lora, targets, adapter_dtype)
         mode = Log()
         mode.__enter__()
         try:
@@ -150,6 +155,9 @@ def traced_run(
                     torch.set_default_dtype(default)
                 if ckpt:
                     model.gradient_checkpointing_enable()
+                if lora:
+                    mark("LoRA adapters")
+                    model = _peft(model, lora, targets, adapter_dtype)
             else:
                 for p in model.parameters():  # the weights, in module order, as the stream writes them first
                     log(p)
@@ -184,6 +192,15 @@ def traced_run(
     return {"events": events, "phases": phases}
 
 
+def _peft(model: Any, rank: int, targets: Sequence[str], adapter_dtype: str) -> Any:
+    """peft's LoRA of ``rank`` on ``targets`` (no dropout, so no dropout mask), adapters in ``adapter_dtype``
+    (``autocast_adapter_dtype``: peft upcasts bf16 adapters to fp32 unless told not to)."""
+    from peft import LoraConfig, get_peft_model
+
+    config_lora = LoraConfig(r=rank, target_modules=list(targets), lora_dropout=0.0)
+    return get_peft_model(model, config_lora, autocast_adapter_dtype=adapter_dtype == "fp32")
+
+
 def traced_apart(
     zero: int, world: int = WORLD, bucket: int = BUCKET, *args: Any, **kw: Any
 ) -> dict[str, Any]:
@@ -214,11 +231,15 @@ def engine_stream(
     tied: bool = False,
     batch: int = BATCH,
     seq: int = SEQ,
+    lora: int = 0,
+    targets: tuple[str, ...] = tuple(LORA_TARGETS),
+    adapter_dtype: str = "fp32",
 ) -> Any:
     """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
     its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``),
     ``accum`` micro-batches a step; ``cpu``: without the cuBLAS workspaces too (``without_workspaces``); ``ckpt``,
-    ``tied``, ``batch``, ``seq`` as ``traced_run``'s."""
+    ``tied``, ``batch``, ``seq``, ``lora``, ``targets``, ``adapter_dtype`` as ``traced_run``'s (the engine's
+    ``method: lora``, ``lora.rank``, ``lora.targets``, ``lora.adapter_dtype``)."""
     import memsim_widget.engine.counters.alloc_stream as alloc_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
@@ -230,6 +251,9 @@ def engine_stream(
         "grad_accum_steps": accum,
         "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap},
     }  # fmt: skip
+    if lora:
+        sc["method"] = "lora"
+        sc["lora"] = {"rank": lora, "targets": list(targets), "adapter_dtype": adapter_dtype}
     ctx = Context(estimate(sc).scenario)
     stream = alloc_stream.rank_stream(ctx, ctx.stages[0], traced_only=True)
     return without_workspaces(stream, ctx) if cpu else stream

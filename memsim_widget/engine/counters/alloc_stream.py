@@ -110,6 +110,7 @@ from memsim_widget.engine.counters.zero3_stream import (
     rest_of,
     zero3_units,
 )
+from memsim_widget.engine.counters.zero_lora import ADAPTER_ITEM, lora_cast, lora_zero12
 from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter, rank_zero
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import ALLOCATED_LEVELS, Item
@@ -545,17 +546,24 @@ def _optimizer_step(
 def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWriter:
     """A ZeRO-1/2 rank's weights (each parameter item's tensors, the norms' in the second optimizer group) and
     DeepSpeed's wrap (``zero_stream.ZeroWriter.wrap``); the other persistent items of ``first`` but the ipg
-    buffer and the engine's master weights, which DeepSpeed's own buffers replace. The hooks' writer."""
+    buffer and the engine's master weights, which DeepSpeed's own buffers replace. Under LoRA
+    (``ZeroRank.cast_from``) the frozen base's items stay and the adapters are written one tensor each, cast
+    to the model's dtype at the wrap (``zero_lora.lora_cast``). The hooks' writer."""
     weights: list[list[int]] = [[] for _ in zero.groups]
     rest = []
     for i in first:
-        if i.category == "parameters" and i.level in _POOLED:
+        if zero.cast_from and i.category == "parameters":  # LoRA: the frozen base stays; the adapters below
+            rest += [] if i.item == ADAPTER_ITEM else [i]
+        elif i.category == "parameters" and i.level in _POOLED:
             g = int(i.item == f"{NO_DECAY_KIND} weights") if len(zero.groups) > 1 else 0
             weights[g] += s.items([i])
         elif i.item not in (ZERO_BUCKET_ITEM, MASTER_ITEM):
             rest.append(i)
     s.items(rest)
+    made = [s.alloc(n * zero.cast_from) for g in zero.groups for n in g] if zero.cast_from else []
     s.mark("ZeRO wrap")
+    if made:  # ``_cast_module_mixed_precision``: each adapter not in the model's dtype copied to it
+        weights = [lora_cast(s, zero, made)]
     w = ZeroWriter(s, zero)
     w.wrap(weights)
     return w
@@ -1261,7 +1269,8 @@ def replayable(ctx: Any) -> bool:
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``), a
     DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
-    gradients, ``zero_stream``) or a
+    gradients, ``zero_stream``; under peft's LoRA the adapters alone, beside the frozen base, ``zero_lora``), a
+    DeepSpeed ZeRO-3 rank (``zero3_replayable``: full training; LoRA keeps the fitted rule) or a
     tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
     vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
     GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
@@ -1380,8 +1389,8 @@ def ddp_replayable(ctx: Any) -> bool:
 def zero12_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-1/2 rank (``zero_stream``): zero 1 or 2 over dp > 1
     ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
-    parallelism, full training of a bf16 model with an fp32 master copy (``mixed-bf16``: DeepSpeed's
-    ``bf16.enabled``), any number of micro-batches a step (``ZeroWriter.micro``: ZeRO-1 keeps the gradients
+    parallelism, full training or peft's LoRA (``zero_lora_modelled``) of a bf16 model with an fp32 master copy
+    (``mixed-bf16``: DeepSpeed's ``bf16.enabled``), any number of micro-batches a step (``ZeroWriter.micro``: ZeRO-1 keeps the gradients
     until the boundary, ZeRO-2 reduces each micro-batch's), nothing offloaded, eager."""
     from memsim_widget.engine.frameworks import profile
 
@@ -1391,7 +1400,7 @@ def zero12_replayable(ctx: Any) -> bool:
         and p.zero in (1, 2)
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).bucket_elements > 0
-        and ctx.full_training
+        and (ctx.full_training or zero_lora_modelled(ctx))
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
         and p.offload == "none"
@@ -1420,6 +1429,15 @@ def zero3_replayable(ctx: Any) -> bool:
         and p.offload == "none"
         and not sc.compile
     )
+
+
+def zero_lora_modelled(ctx: Any) -> bool:
+    """LoRA on a DeepSpeed ZeRO-1/2 rank as ``zero_lora`` writes it: peft's LoRA (not QLoRA's NF4 base), its
+    adapters in any dtype (DeepSpeed casts them to the model's bf16 at the wrap), the only flat group. Held to
+    the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.38%, without the cuBLAS
+    workspaces a CPU run lacks), all-linear +1.75% (the engine's activations count peft's fp32 input copies of
+    fp32 adapters, which the cast removes); the fitted rule was +29% to +34% over the same runs."""
+    return ctx.scenario.method == "lora"
 
 
 def _ddp_lora_modelled(ctx: Any) -> bool:
@@ -1500,6 +1518,9 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     elif ctx.par.dp > 1 and ctx.par.zero >= 3:
         fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
+    zero = rank_zero(ctx, stage) if zero12_replayable(ctx) else None
+    if zero is not None and not ctx.full_training:  # the adapters alone have gradients (zero_lora)
+        numels, order, zero = lora_zero12(ctx, stage)
     sc = ctx.scenario
     offloaded = sc.activation_offloading and sc.activation_offloading_layers != 0
     return step_stream(
@@ -1517,7 +1538,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         ddp=ddp,
         per_param=ctx.par.tp > 1,
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
-        zero=rank_zero(ctx, stage) if zero12_replayable(ctx) else None,
+        zero=zero,
         pipe=pipe,
         in_backward=sc.optimizer_in_backward,
         offload=copy_stream(ctx) if offloaded else None,
