@@ -21,7 +21,8 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
     python benchmarks/zero_trace.py --stage 3 [--world 2] [--bucket 20000000]   # ZeRO-3 (stage3.py)
     python benchmarks/zero_trace.py --stage 3 --ckpt [--batch 4 --seq 512]   # full gradient checkpointing
     python benchmarks/zero_trace.py --stage 3 --tied   # tie_word_embeddings
-    python benchmarks/zero_trace.py --lora 16     # peft LoRA on every Linear: the trace alone
+    python benchmarks/zero_trace.py --lora 16 [--targets qv|all] [--adapter fp32|bf16]   # peft LoRA
+    python benchmarks/zero_trace.py --stage 3 --lora 16 --targets qv   # ZeRO-3 under LoRA: the trace alone
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
 """
@@ -308,8 +309,9 @@ def _large(events: list[tuple[int, int, int]], at: int = 4 << 20) -> list[int | 
 
 def main() -> None:
     """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``, ``--accum
-    N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: the trace alone (the engine keeps its fitted
-    rule there)."""
+    N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: peft's LoRA of rank R on ``--targets`` (``qv``:
+    q_proj, v_proj; ``all``: every Linear of the layers, the default), its adapters made in ``--adapter`` (fp32,
+    peft's default, or bf16); under ZeRO-3 the trace alone (the engine keeps its fitted rule there)."""
     from memsim_widget.engine.counters.alloc_stream import replay_stream
     from memsim_widget.engine.counters.allocator import AllocatorConf
 
@@ -324,27 +326,32 @@ def main() -> None:
     )
     world = arg("--world", WORLD)
     overlap = "--overlap" in sys.argv
-    shape = {"ckpt": "--ckpt" in sys.argv, "tied": "--tied" in sys.argv}
+    shape: dict[str, Any] = {"ckpt": "--ckpt" in sys.argv, "tied": "--tied" in sys.argv}
     shape.update(batch=arg("--batch", BATCH), seq=arg("--seq", SEQ))
+    peft: dict[str, Any] = {}
+    if lora:
+        names = sys.argv[sys.argv.index("--targets") + 1] if "--targets" in sys.argv else "all"
+        dtype = sys.argv[sys.argv.index("--adapter") + 1] if "--adapter" in sys.argv else "fp32"
+        peft = {"targets": tuple(TARGET_SETS[names]), "adapter_dtype": dtype}
     for zero in (stage,) if stage else (1, 2):
-        t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape)
+        t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape, **peft)
         a = CachingAllocator(None)
         a.run(t["events"])
         print(
             f"ZeRO-{zero}, world {world}, reduce_bucket_size {bucket:,}"
             + (", overlap_comm" if overlap else "")
             + (f", {accum} micro-batches a step" if accum > 1 else "")
-            + (f", LoRA rank {lora}" if lora else "")
+            + (f", LoRA rank {lora} on {','.join(peft['targets'])} ({peft['adapter_dtype']})" if lora else "")
             + (", full checkpointing" if shape["ckpt"] else "")
             + (", tied embeddings" if shape["tied"] else "")
             + f", {shape['batch']} x {shape['seq']}"
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
-        if lora:
+        if lora and zero == 3:  # the engine keeps its fitted rule there
             continue
         for cpu in (False, True):
-            s = engine_stream(zero, world, bucket, overlap, accum, cpu, **shape)
+            s = engine_stream(zero, world, bucket, overlap, accum, cpu, **shape, lora=lora, **peft)
             e = replay_stream(s, AllocatorConf())
             print(
                 "  engine stream" + (" without the cuBLAS workspaces" if cpu else "") + f": reserved "

@@ -16,17 +16,21 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
   (``autocast_adapter_dtype``, the default) are copied to bf16 one by one in module order, each fp32 one freed.
   Only the adapters' gradients are made (autograd's ``AccumulateGrad`` runs for parameters that require one),
   in backward order: the output side, each layer's from the top in reverse forward use, the input side.
-- **ZeRO-3** (read, not written yet: ``zero3_replayable`` keeps the fitted rule under LoRA): HF's
+- **ZeRO-3** (written by ``lora_zero3_units``, not the default replay: ``alloc_stream.zero3_lora_modelled``): HF's
   ``from_pretrained`` partitions the base under ``zero.Init`` and peft adds the adapters after it as ordinary
   tensors, which ``deepspeed.initialize`` partitions (``runtime/zero/parameter_offload.py``,
-  ``DeepSpeedZeRoOffload._convert_to_zero_parameters``); the engine does not cast them (a ``zero.Init`` model:
-  ``_cast_module_mixed_precision`` skips it), so peft's fp32 adapters stay fp32 and their flat buffer
-  (``fp16_partitioned_groups_flat``) is fp32 too; ``create_reduce_and_remove_grad_hooks`` gathers only the
-  adapters; the frozen base keeps its per-parameter partitions and is gathered and released as a full model's;
-  the adapters, under ``stage3_param_persistence_threshold`` elements at these ranks, are persisted (traced:
-  ``benchmarks/zero_trace.py --stage 3 --lora 16``).
+  ``DeepSpeedZeRoOffload._convert_to_zero_parameters``, before ``mark_persistent_parameters``: the adapters,
+  under ``stage3_param_persistence_threshold`` elements at these ranks, persist); the engine does not cast a
+  ``zero.Init`` model (``_cast_module_mixed_precision`` skips it), so peft's fp32 adapters would stay fp32 with
+  an fp32 flat buffer (not written: bf16 adapters only). ``stage3.py`` (``_create_fp16_partitions_with_
+  defragmentation``, ``_setup_for_real_optimizer``: the optimizer's parameters, the adapters, alone) flattens the
+  adapters' partitions into ``fp16_partitioned_groups_flat`` and the gradient partitions' buffer, with masters
+  and states for them alone; ``create_reduce_and_remove_grad_hooks`` gathers only them; the frozen base keeps
+  its per-parameter partitions (``ds_tensor``) and is gathered and released as a full model's. Autograd never
+  reaches a frozen embedding, so its module has no backward: the coordinator's recorded order has it in the
+  forward alone, released after it and not fetched again (``Zero3Units.bottom_backward``).
 
-Not modelled (the fitted rule stays): ZeRO-3 (above), QLoRA under DeepSpeed, a frozen stack. The engine's
+Not modelled (the fitted rule stays): ZeRO-3's reserved (above), QLoRA under DeepSpeed, a frozen stack. The engine's
 activations still count peft's fp32 input copies of fp32 adapters (``activations/layer.py``), which
 DeepSpeed's cast removes under ZeRO-1/2: +1.75% on reserved for all-linear LoRA against its trace.
 """
@@ -64,19 +68,18 @@ def adapter_tensors(ctx: Any, stage: Any) -> tuple[list[int], list[int], list[in
     return pre, [t for _, ab in body for t in ab], post, use[::-1]
 
 
-def lora_zero12(ctx: Any, stage: Any) -> tuple[tuple[int, ...], Any, Any]:
+def lora_zero12(ctx: Any, stage: Any) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], Any]:
     """A ZeRO-1/2 rank under LoRA as ``alloc_stream.step_stream`` takes it: the adapters' tensors in module order
-    (the only parameters with gradients, so ``numels``), their ``GradOrder`` (the output side's on top, each
-    layer's, the input side's at the bottom) and the ``ZeroRank`` of one optimizer group of them (HF Trainer's
-    no-decay group is empty: the norms are frozen), the adapters made in ``lora.adapter_dtype`` and cast to the
-    model's dtype at the wrap (``ZeroRank.cast_from``)."""
-    from memsim_widget.engine.counters.alloc_stream import GradOrder
+    (the only parameters with gradients, so ``numels``), the fields of their ``alloc_stream.GradOrder`` (the output
+    side's on top, one layer's in backward order, the input side's at the bottom, the module order) and the
+    ``ZeroRank`` of one optimizer group of them (HF Trainer's no-decay group is empty: the norms are frozen), the
+    adapters made in ``lora.adapter_dtype`` and cast to the model's dtype at the wrap (``ZeroRank.cast_from``)."""
     from memsim_widget.engine.counters.zero_stream import zero_rank
     from memsim_widget.engine.frameworks import reduce_bucket_elements, reduce_buffers
 
     pre, layer, post, back = adapter_tensors(ctx, stage)
     module = pre + layer * stage.layers + post
-    order = GradOrder(tuple(post[::-1]), tuple(layer[j] for j in back), tuple(pre[::-1]), 0, tuple(module))
+    order = (tuple(post[::-1]), tuple(layer[j] for j in back), tuple(pre[::-1]), tuple(module))
     at = len(pre) + stage.layers * len(layer)  # the output side's first
     ready = [at + j for j in range(len(post) - 1, -1, -1)]
     for k in range(stage.layers - 1, -1, -1):
@@ -106,3 +109,34 @@ def lora_cast(s: Any, z: Any, made: list[list[int]]) -> list[int]:
         out += s.alloc(n * z.model_bytes)
         s.free(old)
     return out
+
+
+def lora_zero3_units(ctx: Any, stage: Any) -> Any:
+    """``zero3_stream.Zero3Units`` of ``stage``'s ZeRO-3 rank under LoRA: every tensor in module order, each
+    targeted Linear's base then its adapters (A, then B), the one optimizer group the adapters (HF Trainer's
+    no-decay group is empty once the norms are frozen): the coordinator gathers and releases the base and the
+    adapters alike, the writer makes gradients, flat buffers and masters for the group alone."""
+    from memsim_widget.engine.counters.zero3_stream import zero3_units
+    from memsim_widget.engine.states.budget import local_groups
+
+    full = zero3_units(ctx, stage)
+    adapters = {ad.base.name: ad for ad in ctx.adapters}
+    layers = max(stage.layers, 1)
+    sides: dict[str, list[tuple[int, bool]]] = {"pre": [], "layer": [], "post": []}
+    for lg in local_groups(ctx, stage):
+        ad = adapters.get(lg.group.name)
+        one = [(lg.numel_each, False)]
+        if ad is not None:
+            one += [(ad.rank * ad.in_features, True), (ad.out_features * ad.rank, True)]
+        count = max(lg.count // layers, 1) if lg.group.scope == "layer" else lg.count
+        sides[lg.group.scope if lg.group.scope in sides else "post"] += one * count
+    module = sides["pre"] + sides["layer"] * stage.layers + sides["post"]
+    group = tuple(i for i, (_, trains) in enumerate(module) if trains)
+    return replace(
+        full,
+        pre=tuple(n for n, _ in sides["pre"]),
+        layer=tuple(n for n, _ in sides["layer"]),
+        post=tuple(n for n, _ in sides["post"]),
+        groups=(group,) if group else (),
+        bottom_backward=any(trains for _, trains in sides["pre"]) or full.tied,
+    )
