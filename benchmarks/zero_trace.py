@@ -22,7 +22,7 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
     python benchmarks/zero_trace.py --stage 3 --ckpt [--batch 4 --seq 512]   # full gradient checkpointing
     python benchmarks/zero_trace.py --stage 3 --tied   # tie_word_embeddings
     python benchmarks/zero_trace.py --lora 16 [--targets qv|all] [--adapter fp32|bf16]   # peft LoRA
-    python benchmarks/zero_trace.py --stage 3 --lora 16 --targets qv   # ZeRO-3 under LoRA: the trace alone
+    python benchmarks/zero_trace.py --stage 3 --lora 16 --targets qv --adapter bf16   # ZeRO-3 under LoRA
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
 """
@@ -311,7 +311,8 @@ def main() -> None:
     """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``, ``--accum
     N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: peft's LoRA of rank R on ``--targets`` (``qv``:
     q_proj, v_proj; ``all``: every Linear of the layers, the default), its adapters made in ``--adapter`` (fp32,
-    peft's default, or bf16); under ZeRO-3 the trace alone (the engine keeps its fitted rule there)."""
+    peft's default, or bf16); under ZeRO-3 the engine's stream for bf16 adapters only (it keeps its fitted
+    reserved there: ``alloc_stream.zero3_lora_modelled``)."""
     from memsim_widget.engine.counters.alloc_stream import replay_stream
     from memsim_widget.engine.counters.allocator import AllocatorConf
 
@@ -348,7 +349,7 @@ def main() -> None:
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
-        if lora and zero == 3:  # the engine keeps its fitted rule there
+        if lora and zero == 3 and peft["adapter_dtype"] != "bf16":  # fp32 adapters under ZeRO-3: not written
             continue
         for cpu in (False, True):
             s = engine_stream(zero, world, bucket, overlap, accum, cpu, **shape, lora=lora, **peft)
