@@ -1632,7 +1632,13 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 if ddp_replayable(ctx)
                 else " (DeepSpeed ZeRO-1/2's flat weights, fp32 master partition, ipg buffer and partition "
                 "gradients: deepspeed 0.19.8's stage_1_and_2.py, traced on CPU at world size 4, with "
-                "overlap_comm's second ipg buffer and gradient accumulation; its reduction stream not modelled)"
+                "overlap_comm's second ipg buffer and gradient accumulation"
+                + (
+                    "; under LoRA the adapters' alone, cast to bf16, beside the frozen base, traced with peft"
+                    if not ctx.full_training
+                    else ""
+                )
+                + "; its reduction stream not modelled)"
                 if zero12_replayable(ctx)
                 else " (DeepSpeed ZeRO-3's partitions, ipg bucket, gradient partitions and its coordinator's "
                 "gathers, prefetches and releases: deepspeed 0.19.8's stage3.py and partitioned_param_coordinator.py, "
