@@ -1537,7 +1537,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         numels, (top, layer, bottom, params), zero = lora_zero12(ctx, stage)
         order = GradOrder(top, layer, bottom, 0, params)
     sc = ctx.scenario
-    offloaded = sc.activation_offloading and sc.activation_offloading_layers != 0
+    offloaded = sc.offloads_activations
     return step_stream(
         ag,
         sg,
