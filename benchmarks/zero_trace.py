@@ -21,6 +21,7 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
     python benchmarks/zero_trace.py --stage 3 [--world 2] [--bucket 20000000]   # ZeRO-3 (stage3.py)
     python benchmarks/zero_trace.py --stage 3 --ckpt [--batch 4 --seq 512]   # full gradient checkpointing
     python benchmarks/zero_trace.py --stage 3 --tied   # tie_word_embeddings
+    python benchmarks/zero_trace.py --stage 3 --eager | --selective   # eager attention; its core recomputed
     python benchmarks/zero_trace.py --lora 16 [--targets qv|all] [--adapter fp32|bf16]   # peft LoRA
     python benchmarks/zero_trace.py --stage 3 --lora 16 --targets qv --adapter bf16   # ZeRO-3 under LoRA
 
@@ -65,6 +66,8 @@ def traced_run(
     seq: int = SEQ,
     targets: tuple[str, ...] = tuple(LORA_TARGETS),
     adapter_dtype: str = "fp32",
+    attention: str = "sdpa",
+    selective: bool = False,
 ) -> dict[str, Any]:
     """Two steps of the small Llama under DeepSpeed ZeRO-``zero`` as rank 0 of ``world`` (``accum`` micro-batches
     a step through ``engine.backward`` / ``engine.step`` each, DeepSpeed's ``gradient_accumulation_steps``;
@@ -74,7 +77,9 @@ def traced_run(
     the base's ``zero.Init`` as HF's ``from_pretrained`` then ``get_peft_model`` do, so partitioned by
     ``deepspeed.initialize`` (``parameter_offload._convert_to_zero_parameters``); ``ckpt``: HF gradient checkpointing on every layer, as HF Trainer enables it (``use_reentrant`` False);
     ``tied``: the head shares the embeddings' weight, ``tie_word_embeddings``; ``batch`` x ``seq`` tokens a
-    micro-batch): the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase
+    micro-batch; ``attention`` transformers' implementation, ``sdpa`` or ``eager``; ``selective``: Megatron's
+    selective recompute, the attention core (eager's scores, softmax and context) under a non-reentrant
+    ``torch.utils.checkpoint`` of its own, ``_selective_attention``): the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase
     begins."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
@@ -127,6 +132,7 @@ def traced_run(
         torch.manual_seed(0)
         cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
         cfg["tie_word_embeddings"] = tied
+        cfg["attn_implementation"] = _selective_attention() if selective else attention
         zero_cfg: dict[str, Any] = {"stage": zero, "contiguous_gradients": True, "reduce_bucket_size": bucket}
         if zero < 3 or overlap:  # ZeRO-3's default is true: left to DeepSpeed
             zero_cfg["overlap_comm"] = overlap
@@ -193,6 +199,21 @@ def traced_run(
     return {"events": events, "phases": phases}
 
 
+def _selective_attention() -> str:
+    """Register transformers' eager attention core run under a non-reentrant checkpoint (what Megatron's selective
+    recompute keeps out of the saved tensors: the scores, softmax and context, recomputed in the backward; the
+    core has no parameters) and return its name for ``attn_implementation``."""
+    import torch.utils.checkpoint as ckpt
+    from transformers import AttentionInterface
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    def core(module: Any, *args: Any, **kw: Any) -> Any:
+        return ckpt.checkpoint(eager_attention_forward, module, *args, use_reentrant=False, **kw)
+
+    AttentionInterface.register("memsim_selective", core)
+    return "memsim_selective"
+
+
 def _peft(model: Any, rank: int, targets: Sequence[str], adapter_dtype: str) -> Any:
     """peft's LoRA of ``rank`` on ``targets`` (no dropout, so no dropout mask), adapters in ``adapter_dtype``
     (``autocast_adapter_dtype``: peft upcasts bf16 adapters to fp32 unless told not to)."""
@@ -235,12 +256,15 @@ def engine_stream(
     lora: int = 0,
     targets: tuple[str, ...] = tuple(LORA_TARGETS),
     adapter_dtype: str = "fp32",
+    attention: str = "sdpa",
+    selective: bool = False,
 ) -> Any:
     """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
     its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``),
     ``accum`` micro-batches a step; ``cpu``: without the cuBLAS workspaces too (``without_workspaces``); ``ckpt``,
-    ``tied``, ``batch``, ``seq``, ``lora``, ``targets``, ``adapter_dtype`` as ``traced_run``'s (the engine's
-    ``method: lora``, ``lora.rank``, ``lora.targets``, ``lora.adapter_dtype``)."""
+    ``tied``, ``batch``, ``seq``, ``lora``, ``targets``, ``adapter_dtype``, ``attention``, ``selective`` as
+    ``traced_run``'s (the engine's ``method: lora``, ``lora.rank``, ``lora.targets``, ``lora.adapter_dtype``,
+    ``attention``, ``activation_checkpointing: selective``, whose attention is eager)."""
     import memsim_widget.engine.counters.alloc_stream as alloc_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
@@ -252,6 +276,9 @@ def engine_stream(
         "grad_accum_steps": accum,
         "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap},
     }  # fmt: skip
+    sc["attention"] = "eager" if selective else attention
+    if selective:
+        sc["activation_checkpointing"] = "selective"
     if lora:
         sc["method"] = "lora"
         sc["lora"] = {"rank": lora, "targets": list(targets), "adapter_dtype": adapter_dtype}
@@ -328,6 +355,7 @@ def main() -> None:
     world = arg("--world", WORLD)
     overlap = "--overlap" in sys.argv
     shape: dict[str, Any] = {"ckpt": "--ckpt" in sys.argv, "tied": "--tied" in sys.argv}
+    shape.update(attention="eager" if "--eager" in sys.argv else "sdpa", selective="--selective" in sys.argv)
     shape.update(batch=arg("--batch", BATCH), seq=arg("--seq", SEQ))
     peft: dict[str, Any] = {}
     if lora:
@@ -345,11 +373,17 @@ def main() -> None:
             + (f", LoRA rank {lora} on {','.join(peft['targets'])} ({peft['adapter_dtype']})" if lora else "")
             + (", full checkpointing" if shape["ckpt"] else "")
             + (", tied embeddings" if shape["tied"] else "")
+            + (", eager attention" if shape["attention"] == "eager" else "")
+            + (", selective recompute of the attention core" if shape["selective"] else "")
             + f", {shape['batch']} x {shape['seq']}"
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
         if lora and zero == 3 and peft["adapter_dtype"] != "bf16":  # fp32 adapters under ZeRO-3: not written
+            continue
+        if shape[
+            "selective"
+        ]:  # the engine's ZeRO-3 stream does not take selective checkpointing: the trace alone
             continue
         for cpu in (False, True):
             s = engine_stream(zero, world, bucket, overlap, accum, cpu, **shape, lora=lora, **peft)
