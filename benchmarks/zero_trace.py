@@ -24,6 +24,8 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
     python benchmarks/zero_trace.py --stage 3 --eager | --selective   # eager attention; its core recomputed
     python benchmarks/zero_trace.py --lora 16 [--targets qv|all] [--adapter fp32|bf16]   # peft LoRA
     python benchmarks/zero_trace.py --stage 3 --lora 16 --targets qv --adapter bf16   # ZeRO-3 under LoRA
+    python benchmarks/zero_trace.py --offload optimizer [--accum 2 --bucket 20000000]   # offload_optimizer
+    python benchmarks/zero_trace.py --stage 3 --offload optimizer+params   # offload_param too (ZeRO-3)
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
 """
@@ -64,6 +66,7 @@ def traced_run(
     tied: bool = False,
     batch: int = BATCH,
     seq: int = SEQ,
+    offload: str = "none",
     targets: tuple[str, ...] = tuple(LORA_TARGETS),
     adapter_dtype: str = "fp32",
     attention: str = "sdpa",
@@ -77,10 +80,13 @@ def traced_run(
     the base's ``zero.Init`` as HF's ``from_pretrained`` then ``get_peft_model`` do, so partitioned by
     ``deepspeed.initialize`` (``parameter_offload._convert_to_zero_parameters``); ``ckpt``: HF gradient checkpointing on every layer, as HF Trainer enables it (``use_reentrant`` False);
     ``tied``: the head shares the embeddings' weight, ``tie_word_embeddings``; ``batch`` x ``seq`` tokens a
-    micro-batch; ``attention`` transformers' implementation, ``sdpa`` or ``eager``; ``selective``: Megatron's
-    selective recompute, the attention core (eager's scores, softmax and context) under a non-reentrant
-    ``torch.utils.checkpoint`` of its own, ``_selective_attention``): the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase
-    begins."""
+    micro-batch; ``offload``: ``optimizer`` (``offload_optimizer`` to the cpu) or ``optimizer+params``
+    (``offload_param`` too, ZeRO-3), DeepSpeed's torch-optimizer path (``zero_force_ds_cpu_optimizer`` false);
+    ``attention`` transformers' implementation, ``sdpa`` or ``eager``; ``selective``: Megatron's selective
+    recompute, the attention core (eager's scores, softmax and context) under a non-reentrant
+    ``torch.utils.checkpoint`` of its own, ``_selective_attention``): the allocation events (handle, bytes or
+    FREE, stream 0) and the event index where each phase begins; under offload the GPU's alone (``host_handles``:
+    the host's left out, ``host`` their events)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
     import torch
@@ -92,6 +98,8 @@ def traced_run(
     events: list[tuple[int, int, int]] = []
     live: dict[int, tuple[Any, int]] = {}
     counter = [0]
+    host: set[int] = set()  # the handles of host memory (offload)
+    on_host = [False]  # inside the inner optimizer's step: every storage it makes is the host's
     phases: list[tuple[int, str]] = []
 
     def sweep() -> None:
@@ -107,6 +115,8 @@ def traced_run(
             counter[0] += 1
             live[key] = (StorageWeakRef(st), counter[0])
             events.append((counter[0], st.nbytes(), 0))
+            if on_host[0]:
+                host.add(counter[0])
 
     class Log(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
@@ -122,6 +132,8 @@ def traced_run(
         sweep()
         phases.append((len(events), label))
 
+    if offload != "none":
+        _host_copies(on_host, lambda t: _handle(t, live) in host)
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised in this process")
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
@@ -136,6 +148,10 @@ def traced_run(
         zero_cfg: dict[str, Any] = {"stage": zero, "contiguous_gradients": True, "reduce_bucket_size": bucket}
         if zero < 3 or overlap:  # ZeRO-3's default is true: left to DeepSpeed
             zero_cfg["overlap_comm"] = overlap
+        if offload != "none":  # unpinned: the CPU accelerator's pin_memory is a no-op either way
+            zero_cfg["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+            if offload == "optimizer+params":
+                zero_cfg["offload_param"] = {"device": "cpu", "pin_memory": False}
         config = {
             "train_micro_batch_size_per_gpu": batch,
             "gradient_accumulation_steps": accum,
@@ -143,6 +159,8 @@ def traced_run(
             "gradient_clipping": 1.0,
             "zero_optimization": zero_cfg,
         }
+        if offload != "none":  # torch's AdamW on the host's fp32 partitions (no DeepSpeedCPUAdam op build)
+            config["zero_force_ds_cpu_optimizer"] = False
         if zero < 3:
             model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
             if lora:
@@ -180,6 +198,8 @@ def traced_run(
             engine, *_ = deepspeed.initialize(
                 model=model, optimizer=opt, config=config, dist_init_required=False
             )
+            if offload != "none":
+                _host_side(engine.optimizer, opt, on_host, lambda t: _handle(t, live), host)
             ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
             for step in range(1, STEPS + 1):
                 for micro in range(accum):
@@ -189,6 +209,8 @@ def traced_run(
                     mark(f"{at} backward")
                     engine.backward(loss)
                     del loss
+                    if offload != "none":
+                        _host_buffers(engine.optimizer, lambda t: _handle(t, live), host)
                     mark(f"{at} optimizer step")
                     engine.step()
             sweep()
@@ -196,6 +218,13 @@ def traced_run(
             mode.__exit__(None, None, None)
     finally:
         dist.destroy_process_group()
+    if host:  # the GPU's events alone; the phases' indices moved to match
+        at = [0]
+        for e in events:
+            at.append(at[-1] + (e[0] not in host))
+        phases = [(at[i], label) for i, label in phases]
+        kept = [e for e in events if e[0] not in host]
+        return {"events": kept, "phases": phases, "host": [e for e in events if e[0] in host]}
     return {"events": events, "phases": phases}
 
 
@@ -221,6 +250,92 @@ def _peft(model: Any, rank: int, targets: Sequence[str], adapter_dtype: str) -> 
 
     config_lora = LoraConfig(r=rank, target_modules=list(targets), lora_dropout=0.0)
     return get_peft_model(model, config_lora, autocast_adapter_dtype=adapter_dtype == "fp32")
+
+
+def _host_copies(on_host: list[bool], is_host: Any) -> None:
+    """Make a CPU run allocate what a GPU run does when DeepSpeed moves host memory to the device or makes it there
+    (this process only: ``traced_apart`` runs each trace in a fresh one). ZeRO-3's ``_create_fp32_partitions`` and
+    ``initialize_optimizer_states`` under ``offload_optimizer`` make only host tensors (``self.device`` is 'cpu':
+    the fp32 partitions, their cast, the zero gradients), transients too, so they run with ``on_host`` set; and a
+    host tensor's ``.to(device)`` (``stage3.partition_grads``: ``grad_buffer.to(grad_partition.device)``, the
+    gradient partition brought back to the GPU), a no-op between two CPU tensors, returns a copy, the GPU's."""
+    import torch
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    for name in ("_create_fp32_partitions", "initialize_optimizer_states"):
+        method = getattr(Stage3, name)
+
+        def host_only(self: Any, *a: Any, _m: Any = method, **k: Any) -> Any:
+            on_host[0] = bool(self.offload_optimizer)
+            try:
+                return _m(self, *a, **k)
+            finally:
+                on_host[0] = False
+
+        setattr(Stage3, name, host_only)
+    to = torch.Tensor.to
+
+    def device_copy(self: Any, *a: Any, **k: Any) -> Any:
+        out = to(self, *a, **k)
+        moved = "device" in k or any(isinstance(x, (str, torch.device)) for x in a)
+        if moved and out is self and not on_host[0] and is_host(self):
+            return out.clone()
+        return out
+
+    torch.Tensor.to = device_copy  # type: ignore[method-assign]
+
+
+def _handle(t: Any, live: dict[int, tuple[Any, int]]) -> int | None:
+    """The trace's handle of tensor ``t``'s storage (None when not logged)."""
+    got = live.get(t.untyped_storage().data_ptr())
+    return got[1] if got else None
+
+
+def _host_side(zopt: Any, inner: Any, on_host: list[bool], handle: Any, host: set[int]) -> None:
+    """Under offload, tell the host's storages apart from the GPU's on a CPU run, where both are CPU memory: the
+    buffers DeepSpeed makes on ``self.device`` = 'cpu' (``stage_1_and_2.py`` ``__init__``,
+    ``initialize_optimizer_states``: the fp32 master partitions and their gradients, the bit16 staging copies,
+    ``temp_grad_buffer_for_cpu_offload``; ``stage3.py``: the same names for its sub groups) by identity once
+    wrapped, and whatever the inner optimizer's ``step`` makes (its states and temporaries, on the host's
+    partitions) by wrapping it; the gradients kept on the host for accumulation (``accumulated_grads_in_cpu``)
+    after each backward (``_host_buffers``)."""
+    step = inner.step
+
+    def host_step(*a: Any, **k: Any) -> Any:
+        on_host[0] = True
+        try:
+            return step(*a, **k)
+        finally:
+            on_host[0] = False
+
+    inner.step = host_step
+    _host_buffers(zopt, handle, host)
+
+
+def _host_buffers(zopt: Any, handle: Any, host: set[int]) -> None:
+    """Add to ``host`` the handles of ``zopt``'s host buffers (``_host_side``)."""
+    import torch
+
+    found: list[Any] = []
+    for name in (
+        "single_partition_of_fp32_groups",
+        "fp32_partitioned_groups_flat",
+        "param_buffer_of_bit16_for_cpu_offload_groups",
+        "param_groups_fp16_flat_cpu_memory",
+    ):
+        for t in getattr(zopt, name, None) or []:
+            found += [t, getattr(t, "grad", None)]
+    found.append(getattr(zopt, "temp_grad_buffer_for_cpu_offload", None))
+    if getattr(zopt, "offload_optimizer", False):  # ZeRO-3: the gradient partitions on self.device, the host
+        found.append(getattr(zopt, "grad_partitions_flat_buffer", None))
+    if getattr(zopt, "offload_param", False):  # ZeRO-3: each parameter's partition (ds_tensor) on the host
+        found += [getattr(p, "ds_tensor", None) for g in getattr(zopt, "fp16_groups", []) for p in g]
+    found += list((getattr(zopt, "accumulated_grads_in_cpu", None) or {}).values())
+    for t in found:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            h = handle(t)
+            if h is not None:
+                host.add(h)
 
 
 def traced_apart(
@@ -253,6 +368,7 @@ def engine_stream(
     tied: bool = False,
     batch: int = BATCH,
     seq: int = SEQ,
+    offload: str = "none",
     lora: int = 0,
     targets: tuple[str, ...] = tuple(LORA_TARGETS),
     adapter_dtype: str = "fp32",
@@ -262,9 +378,10 @@ def engine_stream(
     """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
     its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``),
     ``accum`` micro-batches a step; ``cpu``: without the cuBLAS workspaces too (``without_workspaces``); ``ckpt``,
-    ``tied``, ``batch``, ``seq``, ``lora``, ``targets``, ``adapter_dtype``, ``attention``, ``selective`` as
-    ``traced_run``'s (the engine's ``method: lora``, ``lora.rank``, ``lora.targets``, ``lora.adapter_dtype``,
-    ``attention``, ``activation_checkpointing: selective``, whose attention is eager)."""
+    ``tied``, ``batch``, ``seq``, ``offload``, ``lora``, ``targets``, ``adapter_dtype``, ``attention``,
+    ``selective`` as ``traced_run``'s (``parallel.offload``; the engine's ``method: lora``, ``lora.rank``,
+    ``lora.targets``, ``lora.adapter_dtype``, ``attention``, ``activation_checkpointing: selective``, whose
+    attention is eager)."""
     import memsim_widget.engine.counters.alloc_stream as alloc_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
@@ -274,7 +391,8 @@ def engine_stream(
         "precision": "mixed-bf16", "activation_checkpointing": "full" if ckpt else "none",
         "framework": "deepspeed", "optimizer": "adamw", "optimizer_impl": "foreach", "reserved_model": "replay",
         "grad_accum_steps": accum,
-        "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap},
+        "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap,
+                     "offload": offload},
     }  # fmt: skip
     sc["attention"] = "eager" if selective else attention
     if selective:
@@ -357,13 +475,14 @@ def main() -> None:
     shape: dict[str, Any] = {"ckpt": "--ckpt" in sys.argv, "tied": "--tied" in sys.argv}
     shape.update(attention="eager" if "--eager" in sys.argv else "sdpa", selective="--selective" in sys.argv)
     shape.update(batch=arg("--batch", BATCH), seq=arg("--seq", SEQ))
+    offload = sys.argv[sys.argv.index("--offload") + 1] if "--offload" in sys.argv else "none"
     peft: dict[str, Any] = {}
     if lora:
         names = sys.argv[sys.argv.index("--targets") + 1] if "--targets" in sys.argv else "all"
         dtype = sys.argv[sys.argv.index("--adapter") + 1] if "--adapter" in sys.argv else "fp32"
         peft = {"targets": tuple(TARGET_SETS[names]), "adapter_dtype": dtype}
     for zero in (stage,) if stage else (1, 2):
-        t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape, **peft)
+        t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape, offload=offload, **peft)
         a = CachingAllocator(None)
         a.run(t["events"])
         print(
@@ -376,17 +495,18 @@ def main() -> None:
             + (", eager attention" if shape["attention"] == "eager" else "")
             + (", selective recompute of the attention core" if shape["selective"] else "")
             + f", {shape['batch']} x {shape['seq']}"
+            + (f", offload {offload} (the GPU's allocations)" if offload != "none" else "")
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
         if lora and zero == 3 and peft["adapter_dtype"] != "bf16":  # fp32 adapters under ZeRO-3: not written
             continue
-        if shape[
-            "selective"
-        ]:  # the engine's ZeRO-3 stream does not take selective checkpointing: the trace alone
+        if shape["selective"]:  # the engine's ZeRO-3 stream takes no selective checkpointing: the trace alone
             continue
         for cpu in (False, True):
-            s = engine_stream(zero, world, bucket, overlap, accum, cpu, **shape, lora=lora, **peft)
+            s = engine_stream(
+                zero, world, bucket, overlap, accum, cpu, **shape, offload=offload, lora=lora, **peft
+            )
             e = replay_stream(s, AllocatorConf())
             print(
                 "  engine stream" + (" without the cuBLAS workspaces" if cpu else "") + f": reserved "

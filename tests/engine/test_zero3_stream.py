@@ -209,8 +209,9 @@ def test_persistent_parameters_are_gathered_once() -> None:
 
 def test_zero3_replays_by_default_under_deepspeed_and_the_rest_keeps_the_fitted_rule() -> None:
     """A ZeRO-3 rank under DeepSpeed (mixed-bf16, eager) replays its DeepSpeed stream, with accumulation, full
-    checkpointing and tied embeddings too; selective checkpointing, LoRA, offload and pure bf16 keep the fitted
-    rule; FSDP2's ZeRO-3 (HF's default framework) keeps its own stream."""
+    checkpointing and tied embeddings too; selective checkpointing, LoRA, parameter offload (``optimizer+params``:
+    ``offload: optimizer`` replays, test_zero_offload_stream.py) and pure bf16 keep the fitted rule; FSDP2's ZeRO-3
+    (HF's default framework) keeps its own stream."""
     base = {k: v for k, v in SCENARIO.items() if k != "reserved_model"}
     tied = {"model": {**LLAMA_H512_V32K, "tie_word_embeddings": True}}
     for over in ({}, {"grad_accum_steps": 3}, {"activation_checkpointing": "full"}, tied):
@@ -223,7 +224,7 @@ def test_zero3_replays_by_default_under_deepspeed_and_the_rest_keeps_the_fitted_
         {"activation_checkpointing": "selective"},
         {"method": "lora"},
         {"precision": "bf16"},
-        {"parallel": {"dp": 4, "zero": 3, "offload": "optimizer"}},
+        {"parallel": {"dp": 4, "zero": 3, "offload": "optimizer+params"}},
     ):
         ctx = Context(estimate({**base, **over}).scenario)
         assert "DeepSpeed ZeRO-3" not in estimate({**base, **over}).ranks[0].reserved.formula, over

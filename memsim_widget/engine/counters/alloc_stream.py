@@ -34,14 +34,20 @@ from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
     GRADS,
+    RELEASE,
+    TANGENT,
 )
-from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAVED
+from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAVED, LATE
 from memsim_widget.engine.activations.compiled_steps import (
     bottom_layer_backward_steps,
+    bottom_order,
     compiled_steps_written,
+    final_norm_steps,
+    first_layer_forward_steps,
     kept_top,
     layer_backward_steps,
     layer_forward_steps,
+    weights_in_module_order,
 )
 from memsim_widget.engine.activations.eager_steps import (
     ARRIVING,
@@ -54,10 +60,13 @@ from memsim_widget.engine.activations.eager_steps import (
 )
 from memsim_widget.engine.activations.eager_steps import SAVED_COUNT as NORM_SAVED
 from memsim_widget.engine.activations.forward import (
+    HELD,
     IN,
+    LATER,
     OUT,
     SAVED,
     SAVED_AT,
+    SAVED_BYTES,
     Step,
     final_norm_transients,
 )
@@ -108,10 +117,16 @@ from memsim_widget.engine.counters.zero3_stream import (
     Zero3Writer,
     per_element,
     rest_of,
-    zero3_units,
 )
 from memsim_widget.engine.counters.zero_lora import ADAPTER_ITEM, lora_cast, lora_zero3_units, lora_zero12
-from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter, rank_zero
+from memsim_widget.engine.counters.zero_offload_stream import (
+    zero3_rank,
+    zero3_writer,
+    zero12_rank,
+    zero_offload_note,
+    zero_writer,
+)
+from memsim_widget.engine.counters.zero_stream import NO_DECAY_KIND, ZeroRank, ZeroWriter
 from memsim_widget.engine.frameworks import grads_kept
 from memsim_widget.engine.items import ALLOCATED_LEVELS, Item
 from memsim_widget.engine.states.gradients import DDP_BUCKETS_ITEM, ZERO_BUCKET_ITEM, new_gradient
@@ -132,6 +147,12 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
+#: The key of a flag (``compiled_steps.bottom_order``): the buffers a compiled backward keeps to the bottom are
+#: freed in the trace's order (``_bottom_freed``); absent or empty: in the order they were made.
+BOTTOM_ORDER = "bottom_order"
+#: The key of the bottom layer's forward steps where they differ from the others' (``compiled_steps.
+#: first_layer_forward_steps``; absent or empty: ``LAYER_FORWARD``'s).
+FIRST_LAYER_FORWARD = "first_layer_forward"
 #: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
 #: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
 FINAL_NORM = "final_norm_forward"
@@ -437,7 +458,7 @@ def step_stream(
         first = [i for i in first if i.item != DDP_BUCKETS_ITEM]
         sg = {**sg, "persistent": [i for i in sg["persistent"] if i.item != DDP_BUCKETS_ITEM]}
     reducer = DdpWriter(s, ddp) if ddp is not None else None
-    z3 = Zero3Writer(s, fsdp) if isinstance(fsdp, Zero3Units) else None
+    z3 = zero3_writer(s, fsdp) if isinstance(fsdp, Zero3Units) else None
     comm: Any = (
         z3 if z3 is not None else Fsdp2Writer(s, cast("Fsdp2Units", fsdp)) if fsdp is not None else None
     )
@@ -564,7 +585,7 @@ def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWri
     s.mark("ZeRO wrap")
     if made:  # ``_cast_module_mixed_precision``: each adapter not in the model's dtype copied to it
         weights = [lora_cast(s, zero, made)]
-    w = ZeroWriter(s, zero)
+    w = zero_writer(s, zero)  # zero_offload_stream.ZeroOffloadWriter when its optimizer is on the host
     w.wrap(weights)
     return w
 
@@ -684,6 +705,10 @@ def micro_forward(
     else:  # the embeddings' output (compiled: a saved tensor, no transient)
         hidden = s.alloc(out) if out else []
     saved: list[list[int]] = []
+    # the layers' HELD buffers (the returned KV cache's fp32 k): freed as the forward ends; a layer's LATER
+    # buffers: freed after the next saved term (the next layer's input or the final norm's)
+    cache: list[int] = []
+    pending: list[int] = []
     n = layers if replayed is None else replayed
     compiled = any(tangent_role(i.item) for i in a["loss_backward"])
     # a compiled backward frees zero gradients made at its top, layer by layer; FSDP2's writer follows each layer
@@ -694,7 +719,8 @@ def micro_forward(
         if comm is not None:
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-        hidden, kept = _layer_saved(s, fwd, hidden, a["saved"], share, off)
+        steps = (a.get(FIRST_LAYER_FORWARD) or fwd) if i == 0 else fwd
+        hidden, kept = _layer_saved(s, steps, hidden, a["saved"], share, off, cache, pending)
         saved.append(kept)
         s.free(transient)
         if comm is not None:
@@ -705,7 +731,15 @@ def micro_forward(
         saved += [[h + k * d for h in saved[1]] for k in range(1, n - 1)]
         hidden = [h + (n - 2) * d for h in hidden]
     fin = a.get(FINAL_NORM, ())
+    at = len(s.events)
     post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
+    if (
+        pending
+    ):  # a LATER buffer: freed once the final norm's first saved tensor (the last layer's output) is made
+        rest = s.events[at + 1 :]
+        del s.events[at + 1 :]
+        s.free(pending)
+        s.events += rest
     s.free(positions)
     last = bool(a["loss_forward"])
     kept_out = hidden if keep_output and not last else []
@@ -720,6 +754,7 @@ def micro_forward(
     cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last, drop if last else ())
     if keep_output and last:  # the logits, the model's output: the first tensor the loss's forward made
         kept_out, held = held[:1], held[1:]
+    s.free(cache[::-1])
     return Forward(a, label, layers, n, pre, saved, d, copied, compiled, post, tanh, cast, held, kept, copy, comm,
                    off, kept_out)  # fmt: skip
 
@@ -775,8 +810,10 @@ def micro_backward(
         top_grads = top_grads[:k]
     received = not a["loss_forward"]  # a pipeline stage without the head: its output's gradient is received
     copies = (n, d) if copied else None
-    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, copies, fw.off, received)
-    s.free(kept_top)
+    top_n = sum(1 for i in keep if i < len(ends) - len(post))  # of the kept, the top's gradients
+    bottom = (kept_top[:top_n], kept_top[top_n:]) if a.get(BOTTOM_ORDER) else None
+    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom)
+    s.free(kept_top if bottom is None else [])
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
@@ -852,11 +889,14 @@ def _layer_saved(
     saved: Sequence[Any],
     share: int,
     off: Offloader | None,
+    held: list[int] | None = None,
+    pending: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward (``forward_layer`` where its transients are listed, else its ``share`` of the ``saved``
-    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``)."""
+    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``); its ``HELD``
+    buffers added to ``held``, its ``LATER`` ones to ``pending``."""
     if fwd:
-        hidden, kept = forward_layer(s, fwd, hidden, saved, share)
+        hidden, kept = forward_layer(s, fwd, hidden, saved, share, held, pending)
     else:
         kept = s.items(saved, share=share)
     return hidden, kept if off is None else off.away(kept)
@@ -1000,13 +1040,16 @@ def _layers_backward(
     copies: tuple[int, int] | None,
     off: Offloader | None = None,
     received: bool = False,
+    at_bottom: tuple[list[int], list[int]] | None = None,
 ) -> list[list[int]]:
     """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
     compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
     ``saved`` tensors and its k and v zero ``tangents`` freed; ``copies``: (layers, the forward's handle shift)
     where the third layer on are the second's copies; ``off``: the saved tensors brought back from the host
     first; ``received``: the top layer's arriving gradient is a pipeline stage's receive buffer, read in place
-    (``eager_steps.ARRIVING`` not written for it). Each layer's gradients' handles, from the top."""
+    (``eager_steps.ARRIVING`` not written for it); ``at_bottom``: the top's kept gradients and saved tensors
+    (``KEPT_TOP``), freed with the buffers kept to the bottom in the trace's order (``_bottom_freed``). Each
+    layer's gradients' handles, from the top."""
     order = grads.order
     layer_grads: list[list[int]] = []
     begin = s.here()
@@ -1017,6 +1060,7 @@ def _layers_backward(
         begin = s.here() if i == 1 else begin
         layer = layer if off is None else off.back(len(saved) - 1 - i)
         recomputed = s.items(a["recompute"])
+        mine: list[int] = []
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
@@ -1025,7 +1069,10 @@ def _layers_backward(
                 steps = [st for st in steps if st[0] != ARRIVING]
             # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
-            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers))
+            mine = [
+                tangents.pop() for _ in range(min(2, len(tangents)))
+            ]  # the layer's k and v zero gradients
+            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers, mine))
             layer, recomputed = ([], []) if own is layer else (layer, [])
         else:
             transient = s.items(a["layer_backward"])
@@ -1034,13 +1081,28 @@ def _layers_backward(
                 s.free(transient)
                 transient = [h for _ in range(2) for h in _run_steps(s, a[LAYER_NORM_BACKWARD], {})]
         s.free(transient + recomputed + layer)
-        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
-    s.free([h for hs in shared.values() for h in hs])
+        # the layer's k and v zero gradients (a compiled layer's: those its steps did not free)
+        s.free(mine if bwd else [tangents.pop() for _ in range(min(2, len(tangents)))])
+    s.free(_bottom_freed(shared, at_bottom) if at_bottom else [h for hs in shared.values() for h in hs])
     if copies:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
         n, d = copies
         db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
         layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
     return layer_grads
+
+
+def _bottom_freed(shared: dict[str, list[int]], bottom: tuple[list[int], list[int]]) -> list[int]:
+    """The buffers kept to the bottom (``shared``, in the order the layers made them, and the top's ``bottom``:
+    gradients, saved tensors) in the order the kernel at the bottom frees them (a compiled autocast trace): the
+    shared buffers first, then the saved tensors from the bottom layer's up (each layer's ``KEEP_SAVED`` steps are
+    listed last first) and the top's, then the gradients from the top's down, and among them, where the layer kept
+    it, each saved tensor kept ``LATE``."""
+    keys = list(shared)
+    kept = [k for k in keys if k.startswith(KEEP_SAVED) and LATE not in k]
+    grads = [k for k in keys if k.startswith(KEEP) and k not in kept]
+    rest = [k for k in keys if not k.startswith(KEEP)]
+    saved = [h for k in kept[::-1] for h in shared[k]] + bottom[1]
+    return [h for k in rest for h in shared[k]] + saved + bottom[0] + [h for k in grads for h in shared[k]]
 
 
 def backward_layer(
@@ -1051,9 +1113,11 @@ def backward_layer(
     grads: _Grads | InBackwardGrads,
     part: tuple[int, ...],
     layers: int,
+    tangents: list[int] | None = None,
 ) -> list[int]:
     """A compiled layer's backward written as ``engine/activations/compiled_backward`` lists it: its buffers
-    allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end),
+    allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end), its
+    KV cache's zero gradients (``tangents``: k's, v's) freed from the last where ``TANGENT`` says,
     each of the layer's gradients (``grads.made`` of ``part``'s tensor) at its ``GRADS`` step, each ``CONSTANT`` buffer made once into
     ``shared`` (the caller frees them after the last layer); the gradients' handles."""
     live: dict[str, list[int]] = {}
@@ -1061,17 +1125,21 @@ def backward_layer(
     kept = dict(enumerate(saved))
     one = grads.by_tensor and bool(part)  # else the layer's share, at the first gradient step
     for name, size in steps:
-        if name.startswith(GRADS):
+        if name == TANGENT:
+            s.free([tangents.pop()] if tangents else [])
+        elif name.startswith(GRADS):
             i = int(name[len(GRADS) :]) if one else -1
             if i not in made and i < len(part):
                 made[i] = grads.made((part[i],) if one else part, layers + 2)
         elif name.startswith(FREE_SAVED):
             s.free([kept.pop(int(name[len(FREE_SAVED) :]))] if int(name[len(FREE_SAVED) :]) in kept else [])
+        elif name.startswith(RELEASE):
+            s.free(shared.pop(name[len(RELEASE) :], []))
         elif name.startswith(CONSTANT):
             if name not in shared:
                 shared[name] = s.alloc(size)
         elif name.startswith(KEEP_SAVED):  # a saved tensor kept to the bottom
-            i = int(name[len(KEEP_SAVED) :])
+            i = int(name[len(KEEP_SAVED) :].split()[0])
             if i in kept:
                 shared[f"{name} {len(shared)}"] = [kept.pop(i)]
         elif name.startswith(KEEP):  # kept to the bottom: freed with the shared buffers
@@ -1090,28 +1158,43 @@ def backward_layer(
 
 
 def forward_layer(
-    s: StreamWriter, steps: Sequence[Step], hidden: list[int], saved: Sequence[Any], layers: int
+    s: StreamWriter,
+    steps: Sequence[Step],
+    hidden: list[int],
+    saved: Sequence[Any],
+    layers: int,
+    held: list[int] | None = None,
+    pending: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
     in order, its share of the ``saved`` items (``layers`` layers) where it says (all at once, or term by term),
     its input ``hidden`` freed
-    when it returns; the handles of its output and of its saved tensors."""
+    when it returns, its ``HELD`` buffers added to ``held`` (freed by the caller when the forward ends), its
+    ``LATER`` ones to ``pending`` (freed after the next saved term, here or in the next layer); the handles of its
+    output and of its saved tensors."""
     live: dict[str, list[int]] = {}
     kept: list[int] = []
     at = 0  # the saved terms made so far: (SAVED, n) makes the next n, (SAVED, -1) the rest
     sizes: list[int] = []
     placed: dict[int, int] = {}  # SAVED_AT + p: the saved tensor at place p, made op by op
     for name, size in steps:
-        if name == SAVED:
+        if name in (SAVED, SAVED_BYTES):
             n = len(saved) - at if size < 0 else size
-            kept += s.items(saved[at : at + n], share=layers)
-            at += n
+            kept += s.alloc(size) if name == SAVED_BYTES else s.items(saved[at : at + n], share=layers)
+            at += 1 if name == SAVED_BYTES else n
+            if pending:
+                s.free(pending)
+                pending.clear()
+        elif name.startswith(LATER) and pending is not None:
+            pending += live.pop(name[len(LATER) :])
         elif name.startswith(SAVED_AT):
             sizes = sizes or tensor_sizes(saved, share=layers)
             p = int(name[len(SAVED_AT) :])
             placed[p] = s.alloc(sizes[p])[0]
         elif name == IN:
             s.free(hidden)
+        elif name.startswith(HELD) and held is not None:
+            held += s.alloc(size)
         elif size > 0:
             live[name] = s.alloc(size)
         else:
@@ -1274,9 +1357,11 @@ def replayable(ctx: Any) -> bool:
     tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
     vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
     GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
-    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter or
-    optimizer offload. Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what
-    the stream still lacks)."""
+    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter
+    offload (``optimizer+params``), and optimizer offload (``optimizer``) only on a DeepSpeed ZeRO-1/2 or ZeRO-3 rank
+    (DeepSpeed's ``offload_optimizer``: ``zero_offload_stream`` writes the GPU's side of it, held to CPU traces).
+    Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what the stream still
+    lacks)."""
     sc, p = ctx.scenario, ctx.par
     return (
         sc.replays_reserved
@@ -1291,7 +1376,7 @@ def replayable(ctx: Any) -> bool:
             or pp_replayable(ctx)
         )
         and savers_replayable(ctx)
-        and p.offload == "none"
+        and (p.offload == "none" or zero12_replayable(ctx) or zero3_replayable(ctx))
         and compiled_stream_held(ctx)
     )
 
@@ -1301,14 +1386,15 @@ def compiled_stream_held(ctx: Any) -> bool:
     a named ``replay``: yes): where the stream writes the compiled layers' own forward and backward buffers and is
     held to the compiled fake-tensor trace (``trace/compiled.inductor_passes``) within 1% on reserved
     (``compiled_steps.compiled_steps_written``: bf16 full training of the Llama layout, Llama, Mistral, Qwen2,
-    Gemma, Qwen3; peft's LoRA on q and v of that layout without q/k norms; OLMo 2 and Gemma 3 in bf16 full
-    training; their traces' peak reserved to the byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/
-    test_alloc_stream_compiled.py; the H200 run llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the
-    fitted rule is +22.5% and +19.9%). Elsewhere the fitted rule stays: the other compiled layers keep eager's
-    backward items and are under their traces (autocast -2.2% to -7.6%, Qwen3's and Gemma 3's LoRA -2.4% and
-    -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes), and the LayerNorm families' compiled ViT-B
-    H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace does not show: docs/allocator.md), and so
-    does a compiled step with activation offloading or the optimizer in backward (no compiled trace of them)."""
+    Gemma, Qwen3, and its autocast (amp-bf16: Llama, Qwen2, Qwen3; ``compiled_amp_steps``); peft's LoRA on q and v
+    of that layout without q/k norms; OLMo 2 and Gemma 3 in bf16 full training; their traces' peak reserved to the
+    byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/test_alloc_stream_compiled.py; the H200 run
+    llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the fitted rule is +22.5% and +19.9%).
+    Elsewhere the fitted rule stays: the other compiled layers keep eager's backward items and are under their
+    traces (Qwen3's and Gemma 3's LoRA -2.4% and -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes),
+    and the LayerNorm families' compiled ViT-B H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace
+    does not show: docs/allocator.md), and so does a compiled step with activation offloading or the optimizer in
+    backward (no compiled trace of them)."""
     sc = ctx.scenario
     if not sc.compile or sc.reserved_model == "replay":
         return True
@@ -1389,9 +1475,11 @@ def ddp_replayable(ctx: Any) -> bool:
 def zero12_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-1/2 rank (``zero_stream``): zero 1 or 2 over dp > 1
     ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
-    parallelism, full training or peft's LoRA (``zero_lora_modelled``) of a bf16 model with an fp32 master copy
-    (``mixed-bf16``: DeepSpeed's ``bf16.enabled``), any number of micro-batches a step (``ZeroWriter.micro``: ZeRO-1 keeps the gradients
-    until the boundary, ZeRO-2 reduces each micro-batch's), nothing offloaded, eager."""
+    parallelism, full training or peft's LoRA (``zero_lora_modelled``, nothing offloaded) of a bf16 model with an
+    fp32 master copy (``mixed-bf16``: DeepSpeed's ``bf16.enabled``), any number of micro-batches a step
+    (``ZeroWriter.micro``: ZeRO-1 keeps the gradients until the boundary, ZeRO-2 reduces each micro-batch's),
+    nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``, DeepSpeed's
+    ``offload_optimizer``: ``zero_offload_stream``, held to its CPU trace), eager."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1403,7 +1491,7 @@ def zero12_replayable(ctx: Any) -> bool:
         and (ctx.full_training or zero_lora_modelled(ctx))
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
-        and p.offload == "none"
+        and p.offload in ("none", "optimizer")
         and not sc.compile
     )
 
@@ -1413,8 +1501,10 @@ def zero3_replayable(ctx: Any, lora: bool = False) -> bool:
     under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
     bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
     checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
-    resets at every forward), nothing offloaded, eager. ``lora``: the same rank under peft's LoRA instead of full
-    training (``zero3_lora_modelled``: written, not replayed)."""
+    resets at every forward), nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``,
+    DeepSpeed's ``offload_optimizer``, the parameters on the GPU: ``zero_offload_stream``, held to its CPU trace;
+    ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager. ``lora``: the same rank under peft's
+    LoRA instead of full training (``zero3_lora_modelled``: written, not replayed)."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1427,29 +1517,30 @@ def zero3_replayable(ctx: Any, lora: bool = False) -> bool:
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
         and sc.activation_checkpointing in ("none", "full")
-        and p.offload == "none"
+        and p.offload in ("none", "optimizer")
         and not sc.compile
     )
 
 
 def zero_lora_modelled(ctx: Any) -> bool:
-    """LoRA on a DeepSpeed ZeRO-1/2 rank as ``zero_lora`` writes it: peft's LoRA (not QLoRA's NF4 base), its
-    adapters in any dtype (DeepSpeed casts them to the model's bf16 at the wrap), the only flat group. Held to
+    """LoRA on a DeepSpeed ZeRO-1/2 rank as ``zero_lora`` writes it: peft's LoRA (not QLoRA's NF4 base), nothing
+    offloaded (not traced together), its adapters in any dtype (DeepSpeed casts them to the model's bf16 at the wrap), the only flat group. Held to
     the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.38%, without the cuBLAS
     workspaces a CPU run lacks), all-linear +1.75% (the engine's activations count peft's fp32 input copies of
     fp32 adapters, which the cast removes); the fitted rule was +29% to +34% over the same runs."""
-    return ctx.scenario.method == "lora"
+    return ctx.scenario.method == "lora" and ctx.par.offload == "none"
 
 
 def zero3_lora_modelled(ctx: Any) -> bool:
-    """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, its adapters in
-    the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under ``zero.Init``, a second
+    """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, nothing offloaded,
+    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under ``zero.Init``, a second
     dtype in the flat buffers, not written). Written (``rank_stream``), not replayed: held to the real
     optimizer's CPU runs (benchmarks/zero_trace.py --stage 3 --lora 16) on allocated within 1.1%, not on
     reserved (-7.7% to +6.4% without the cuBLAS workspaces: whether the run opens one more 131 MB segment for
     the loss's fp32 buffers in the second backward), so ``reserved`` keeps the fitted rule (+19.7% to +29.5%
     over the same runs)."""
-    return ctx.scenario.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes
+    sc = ctx.scenario
+    return sc.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes and ctx.par.offload == "none"
 
 
 def _ddp_lora_modelled(ctx: Any) -> bool:
@@ -1481,10 +1572,12 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient."""
     return {
         LAYER_FORWARD: eager_layer_forward_transients(ctx) or layer_forward_steps(ctx),
+        FIRST_LAYER_FORWARD: first_layer_forward_steps(ctx),
+        BOTTOM_ORDER: bottom_order(ctx),
         LAYER_BACKWARD: layer_backward_steps(ctx) or eager_layer_backward_transients(ctx),
         BOTTOM_LAYER_BACKWARD: bottom_layer_backward_steps(ctx),
         KEPT_TOP: kept_top(ctx),
-        FINAL_NORM: final_norm_transients(ctx) if last else (),
+        FINAL_NORM: (final_norm_transients(ctx) or final_norm_steps(ctx)) if last else (),
         FINAL_NORM_BACKWARD: final_norm_backward_transients(ctx) if last else (),
         LAYER_NORM_BACKWARD: layer_norm_backward_transients(ctx),
         ROTARY_FORWARD: rotary_transients(ctx),
@@ -1520,19 +1613,27 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier.update(layer_steps(short))
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         # the per-op transients stay, and the TP facts (counts, not items) pass through
-        kept = (LAYER_FORWARD, LAYER_BACKWARD, BOTTOM_LAYER_BACKWARD, KEPT_TOP, FINAL_NORM, HEAD_GATHER)
+        kept = (
+            LAYER_FORWARD,
+            FIRST_LAYER_FORWARD,
+            LAYER_BACKWARD,
+            BOTTOM_LAYER_BACKWARD,
+            KEPT_TOP,
+            FINAL_NORM,
+        )
+        kept += (HEAD_GATHER, BOTTOM_ORDER)
         kept += (FINAL_NORM_BACKWARD, LAYER_NORM_BACKWARD, EMBEDDING_GRAD, ROTARY_FORWARD)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp: Any = None
     if zero3_replayable(ctx):
-        fsdp = zero3_units(ctx, stage)
+        fsdp = zero3_rank(ctx, stage)
     elif zero3_replayable(ctx, lora=True):  # DeepSpeed's ZeRO-3 under LoRA: written, not the default replay
         fsdp = lora_zero3_units(ctx, stage)
     elif ctx.par.dp > 1 and ctx.par.zero >= 3:
         fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
-    zero = rank_zero(ctx, stage) if zero12_replayable(ctx) else None
+    zero = zero12_rank(ctx, stage) if zero12_replayable(ctx) else None
     if zero is not None and not ctx.full_training:  # the adapters alone have gradients (zero_lora)
         numels, (top, layer, bottom, params), zero = lora_zero12(ctx, stage)
         order = GradOrder(top, layer, bottom, 0, params)
@@ -1551,7 +1652,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         fsdp=fsdp,
         kept=grads_kept(ctx.scenario),
         ddp=ddp,
-        per_param=ctx.par.tp > 1,
+        per_param=ctx.par.tp > 1 or weights_in_module_order(ctx),
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
         zero=zero,
         pipe=pipe,
@@ -1650,6 +1751,7 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
             else ""
         )
         + tp_note(ctx)
+        + zero_offload_note(ctx)
         + savers_note(ctx)
         + (
             f" (pipeline {ctx.par.pp_schedule} over {ctx.par.pp_microbatches} micro-batches: the schedule's order, "
