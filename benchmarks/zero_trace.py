@@ -21,7 +21,9 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
     python benchmarks/zero_trace.py --stage 3 [--world 2] [--bucket 20000000]   # ZeRO-3 (stage3.py)
     python benchmarks/zero_trace.py --stage 3 --ckpt [--batch 4 --seq 512]   # full gradient checkpointing
     python benchmarks/zero_trace.py --stage 3 --tied   # tie_word_embeddings
-    python benchmarks/zero_trace.py --lora 16     # peft LoRA on every Linear: the trace alone
+    python benchmarks/zero_trace.py --stage 3 --eager | --selective   # eager attention; its core recomputed
+    python benchmarks/zero_trace.py --lora 16 [--targets qv|all] [--adapter fp32|bf16]   # peft LoRA
+    python benchmarks/zero_trace.py --stage 3 --lora 16 --targets qv --adapter bf16   # ZeRO-3 under LoRA
     python benchmarks/zero_trace.py --offload optimizer [--accum 2 --bucket 20000000]   # offload_optimizer
     python benchmarks/zero_trace.py --stage 3 --offload optimizer+params   # offload_param too (ZeRO-3)
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,8 @@ WORLD = 4
 BUCKET = 500_000_000
 #: peft's targets for the LoRA case: every Linear of the layers (the engine's ``all-linear``)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+#: ``--targets``: the two target sets traced (LLaMA-Factory's default ``q_proj,v_proj`` and ``all-linear``)
+TARGET_SETS = {"qv": ["q_proj", "v_proj"], "all": LORA_TARGETS}
 
 
 def traced_run(
@@ -62,16 +67,26 @@ def traced_run(
     batch: int = BATCH,
     seq: int = SEQ,
     offload: str = "none",
+    targets: tuple[str, ...] = tuple(LORA_TARGETS),
+    adapter_dtype: str = "fp32",
+    attention: str = "sdpa",
+    selective: bool = False,
 ) -> dict[str, Any]:
     """Two steps of the small Llama under DeepSpeed ZeRO-``zero`` as rank 0 of ``world`` (``accum`` micro-batches
     a step through ``engine.backward`` / ``engine.step`` each, DeepSpeed's ``gradient_accumulation_steps``;
-    ``lora``: peft LoRA of that rank on every Linear of the layers, its adapters in the model's bf16, the base
-    frozen; ``ckpt``: HF gradient checkpointing on every layer, as HF Trainer enables it (``use_reentrant`` False);
+    ``lora``: peft LoRA of that rank on the Linears ``targets``, the base frozen, its adapters made in
+    ``adapter_dtype`` (peft's ``autocast_adapter_dtype``: fp32 by default; ZeRO-1/2's engine casts every
+    parameter to bf16 at ``deepspeed.initialize``, ``_cast_module_mixed_precision``), under ZeRO-3 made after
+    the base's ``zero.Init`` as HF's ``from_pretrained`` then ``get_peft_model`` do, so partitioned by
+    ``deepspeed.initialize`` (``parameter_offload._convert_to_zero_parameters``); ``ckpt``: HF gradient checkpointing on every layer, as HF Trainer enables it (``use_reentrant`` False);
     ``tied``: the head shares the embeddings' weight, ``tie_word_embeddings``; ``batch`` x ``seq`` tokens a
     micro-batch; ``offload``: ``optimizer`` (``offload_optimizer`` to the cpu) or ``optimizer+params``
-    (``offload_param`` too, ZeRO-3), DeepSpeed's torch-optimizer path (``zero_force_ds_cpu_optimizer`` false)):
-    the allocation events (handle, bytes or FREE, stream 0) and the event index where each phase begins; under
-    offload the GPU's alone (``host_handles``: the host's left out, ``host`` their events)."""
+    (``offload_param`` too, ZeRO-3), DeepSpeed's torch-optimizer path (``zero_force_ds_cpu_optimizer`` false);
+    ``attention`` transformers' implementation, ``sdpa`` or ``eager``; ``selective``: Megatron's selective
+    recompute, the attention core (eager's scores, softmax and context) under a non-reentrant
+    ``torch.utils.checkpoint`` of its own, ``_selective_attention``): the allocation events (handle, bytes or
+    FREE, stream 0) and the event index where each phase begins; under offload the GPU's alone (``host_handles``:
+    the host's left out, ``host`` their events)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
     import torch
@@ -129,6 +144,7 @@ def traced_run(
         torch.manual_seed(0)
         cfg = {k: v for k, v in LLAMA_H512_V32K.items() if k != "model_type"}
         cfg["tie_word_embeddings"] = tied
+        cfg["attn_implementation"] = _selective_attention() if selective else attention
         zero_cfg: dict[str, Any] = {"stage": zero, "contiguous_gradients": True, "reduce_bucket_size": bucket}
         if zero < 3 or overlap:  # ZeRO-3's default is true: left to DeepSpeed
             zero_cfg["overlap_comm"] = overlap
@@ -148,10 +164,7 @@ def traced_run(
         if zero < 3:
             model = LlamaForCausalLM(LlamaConfig(**cfg, use_cache=False)).to(torch.bfloat16)
             if lora:
-                from peft import LoraConfig, get_peft_model
-
-                config_lora = LoraConfig(r=lora, target_modules=LORA_TARGETS, lora_dropout=0.0)
-                model = get_peft_model(model, config_lora).to(torch.bfloat16)
+                model = _peft(model, lora, targets, adapter_dtype)
         mode = Log()
         mode.__enter__()
         try:
@@ -167,6 +180,9 @@ def traced_run(
                     torch.set_default_dtype(default)
                 if ckpt:
                     model.gradient_checkpointing_enable()
+                if lora:
+                    mark("LoRA adapters")
+                    model = _peft(model, lora, targets, adapter_dtype)
             else:
                 for p in model.parameters():  # the weights, in module order, as the stream writes them first
                     log(p)
@@ -210,6 +226,30 @@ def traced_run(
         kept = [e for e in events if e[0] not in host]
         return {"events": kept, "phases": phases, "host": [e for e in events if e[0] in host]}
     return {"events": events, "phases": phases}
+
+
+def _selective_attention() -> str:
+    """Register transformers' eager attention core run under a non-reentrant checkpoint (what Megatron's selective
+    recompute keeps out of the saved tensors: the scores, softmax and context, recomputed in the backward; the
+    core has no parameters) and return its name for ``attn_implementation``."""
+    import torch.utils.checkpoint as ckpt
+    from transformers import AttentionInterface
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    def core(module: Any, *args: Any, **kw: Any) -> Any:
+        return ckpt.checkpoint(eager_attention_forward, module, *args, use_reentrant=False, **kw)
+
+    AttentionInterface.register("memsim_selective", core)
+    return "memsim_selective"
+
+
+def _peft(model: Any, rank: int, targets: Sequence[str], adapter_dtype: str) -> Any:
+    """peft's LoRA of ``rank`` on ``targets`` (no dropout, so no dropout mask), adapters in ``adapter_dtype``
+    (``autocast_adapter_dtype``: peft upcasts bf16 adapters to fp32 unless told not to)."""
+    from peft import LoraConfig, get_peft_model
+
+    config_lora = LoraConfig(r=rank, target_modules=list(targets), lora_dropout=0.0)
+    return get_peft_model(model, config_lora, autocast_adapter_dtype=adapter_dtype == "fp32")
 
 
 def _host_copies(on_host: list[bool], is_host: Any) -> None:
@@ -329,11 +369,19 @@ def engine_stream(
     batch: int = BATCH,
     seq: int = SEQ,
     offload: str = "none",
+    lora: int = 0,
+    targets: tuple[str, ...] = tuple(LORA_TARGETS),
+    adapter_dtype: str = "fp32",
+    attention: str = "sdpa",
+    selective: bool = False,
 ) -> Any:
     """The engine's stream of the same rank (``traced_only``: what a CPU trace can see), ``bucket`` elements in
     its ipg buffer, ``overlap`` its ``overlap_comm`` (``parallel.reduce_bucket_size``, ``parallel.overlap_comm``),
     ``accum`` micro-batches a step; ``cpu``: without the cuBLAS workspaces too (``without_workspaces``); ``ckpt``,
-    ``tied``, ``batch``, ``seq``, ``offload`` as ``traced_run``'s (``parallel.offload``)."""
+    ``tied``, ``batch``, ``seq``, ``offload``, ``lora``, ``targets``, ``adapter_dtype``, ``attention``,
+    ``selective`` as ``traced_run``'s (``parallel.offload``; the engine's ``method: lora``, ``lora.rank``,
+    ``lora.targets``, ``lora.adapter_dtype``, ``attention``, ``activation_checkpointing: selective``, whose
+    attention is eager)."""
     import memsim_widget.engine.counters.alloc_stream as alloc_stream
     from memsim_widget.engine.context import Context
     from memsim_widget.engine.core import estimate
@@ -346,6 +394,12 @@ def engine_stream(
         "parallel": {"dp": world, "zero": zero, "reduce_bucket_size": bucket, "overlap_comm": overlap,
                      "offload": offload},
     }  # fmt: skip
+    sc["attention"] = "eager" if selective else attention
+    if selective:
+        sc["activation_checkpointing"] = "selective"
+    if lora:
+        sc["method"] = "lora"
+        sc["lora"] = {"rank": lora, "targets": list(targets), "adapter_dtype": adapter_dtype}
     ctx = Context(estimate(sc).scenario)
     stream = alloc_stream.rank_stream(ctx, ctx.stages[0], traced_only=True)
     return without_workspaces(stream, ctx) if cpu else stream
@@ -400,8 +454,10 @@ def _large(events: list[tuple[int, int, int]], at: int = 4 << 20) -> list[int | 
 
 def main() -> None:
     """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``, ``--accum
-    N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: the trace alone (the engine keeps its fitted
-    rule there)."""
+    N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: peft's LoRA of rank R on ``--targets`` (``qv``:
+    q_proj, v_proj; ``all``: every Linear of the layers, the default), its adapters made in ``--adapter`` (fp32,
+    peft's default, or bf16); under ZeRO-3 the engine's stream for bf16 adapters only (it keeps its fitted
+    reserved there: ``alloc_stream.zero3_lora_modelled``)."""
     from memsim_widget.engine.counters.alloc_stream import replay_stream
     from memsim_widget.engine.counters.allocator import AllocatorConf
 
@@ -416,29 +472,41 @@ def main() -> None:
     )
     world = arg("--world", WORLD)
     overlap = "--overlap" in sys.argv
-    shape = {"ckpt": "--ckpt" in sys.argv, "tied": "--tied" in sys.argv}
+    shape: dict[str, Any] = {"ckpt": "--ckpt" in sys.argv, "tied": "--tied" in sys.argv}
+    shape.update(attention="eager" if "--eager" in sys.argv else "sdpa", selective="--selective" in sys.argv)
     shape.update(batch=arg("--batch", BATCH), seq=arg("--seq", SEQ))
     offload = sys.argv[sys.argv.index("--offload") + 1] if "--offload" in sys.argv else "none"
+    peft: dict[str, Any] = {}
+    if lora:
+        names = sys.argv[sys.argv.index("--targets") + 1] if "--targets" in sys.argv else "all"
+        dtype = sys.argv[sys.argv.index("--adapter") + 1] if "--adapter" in sys.argv else "fp32"
+        peft = {"targets": tuple(TARGET_SETS[names]), "adapter_dtype": dtype}
     for zero in (stage,) if stage else (1, 2):
-        t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape, offload=offload)
+        t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape, offload=offload, **peft)
         a = CachingAllocator(None)
         a.run(t["events"])
         print(
             f"ZeRO-{zero}, world {world}, reduce_bucket_size {bucket:,}"
             + (", overlap_comm" if overlap else "")
             + (f", {accum} micro-batches a step" if accum > 1 else "")
-            + (f", LoRA rank {lora}" if lora else "")
+            + (f", LoRA rank {lora} on {','.join(peft['targets'])} ({peft['adapter_dtype']})" if lora else "")
             + (", full checkpointing" if shape["ckpt"] else "")
             + (", tied embeddings" if shape["tied"] else "")
+            + (", eager attention" if shape["attention"] == "eager" else "")
+            + (", selective recompute of the attention core" if shape["selective"] else "")
             + f", {shape['batch']} x {shape['seq']}"
             + (f", offload {offload} (the GPU's allocations)" if offload != "none" else "")
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
-        if lora:
+        if lora and zero == 3 and peft["adapter_dtype"] != "bf16":  # fp32 adapters under ZeRO-3: not written
+            continue
+        if shape["selective"]:  # the engine's ZeRO-3 stream takes no selective checkpointing: the trace alone
             continue
         for cpu in (False, True):
-            s = engine_stream(zero, world, bucket, overlap, accum, cpu, **shape, offload=offload)
+            s = engine_stream(
+                zero, world, bucket, overlap, accum, cpu, **shape, offload=offload, lora=lora, **peft
+            )
             e = replay_stream(s, AllocatorConf())
             print(
                 "  engine stream" + (" without the cuBLAS workspaces" if cpu else "") + f": reserved "

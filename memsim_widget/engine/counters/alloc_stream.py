@@ -118,6 +118,7 @@ from memsim_widget.engine.counters.zero3_stream import (
     per_element,
     rest_of,
 )
+from memsim_widget.engine.counters.zero_lora import ADAPTER_ITEM, lora_cast, lora_zero3_units, lora_zero12
 from memsim_widget.engine.counters.zero_offload_stream import (
     zero3_rank,
     zero3_writer,
@@ -575,17 +576,24 @@ def _optimizer_step(
 def _zero_wrap(s: StreamWriter, zero: ZeroRank, first: Sequence[Any]) -> ZeroWriter:
     """A ZeRO-1/2 rank's weights (each parameter item's tensors, the norms' in the second optimizer group) and
     DeepSpeed's wrap (``zero_stream.ZeroWriter.wrap``); the other persistent items of ``first`` but the ipg
-    buffer and the engine's master weights, which DeepSpeed's own buffers replace. The hooks' writer."""
+    buffer and the engine's master weights, which DeepSpeed's own buffers replace. Under LoRA
+    (``ZeroRank.cast_from``) the frozen base's items stay and the adapters are written one tensor each, cast
+    to the model's dtype at the wrap (``zero_lora.lora_cast``). The hooks' writer."""
     weights: list[list[int]] = [[] for _ in zero.groups]
     rest = []
     for i in first:
-        if i.category == "parameters" and i.level in _POOLED:
+        if zero.cast_from and i.category == "parameters":  # LoRA: the frozen base stays; the adapters below
+            rest += [] if i.item == ADAPTER_ITEM else [i]
+        elif i.category == "parameters" and i.level in _POOLED:
             g = int(i.item == f"{NO_DECAY_KIND} weights") if len(zero.groups) > 1 else 0
             weights[g] += s.items([i])
         elif i.item not in ZERO_WRITTEN:
             rest.append(i)
     s.items(rest)
+    made = [s.alloc(n * zero.cast_from) for g in zero.groups for n in g] if zero.cast_from else []
     s.mark("ZeRO wrap")
+    if made:  # ``_cast_module_mixed_precision``: each adapter not in the model's dtype copied to it
+        weights = [lora_cast(s, zero, made)]
     w = zero_writer(s, zero)  # zero_offload_stream.ZeroOffloadWriter when its optimizer is on the host
     w.wrap(weights)
     return w
@@ -1353,7 +1361,8 @@ def replayable(ctx: Any) -> bool:
     (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``), a
     DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
-    gradients, ``zero_stream``) or a
+    gradients, ``zero_stream``; under peft's LoRA the adapters alone, beside the frozen base, ``zero_lora``), a
+    DeepSpeed ZeRO-3 rank (``zero3_replayable``: full training; LoRA keeps the fitted rule) or a
     tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
     vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
     GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
@@ -1475,11 +1484,11 @@ def ddp_replayable(ctx: Any) -> bool:
 def zero12_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-1/2 rank (``zero_stream``): zero 1 or 2 over dp > 1
     ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
-    parallelism, full training of a bf16 model with an fp32 master copy (``mixed-bf16``: DeepSpeed's
-    ``bf16.enabled``), any number of micro-batches a step (``ZeroWriter.micro``: ZeRO-1 keeps the gradients
-    until the boundary, ZeRO-2 reduces each micro-batch's), nothing offloaded or the optimizer to the host
-    (``parallel.offload: optimizer``, DeepSpeed's ``offload_optimizer``: ``zero_offload_stream``, held to its
-    CPU trace), eager."""
+    parallelism, full training or peft's LoRA (``zero_lora_modelled``, nothing offloaded) of a bf16 model with an
+    fp32 master copy (``mixed-bf16``: DeepSpeed's ``bf16.enabled``), any number of micro-batches a step
+    (``ZeroWriter.micro``: ZeRO-1 keeps the gradients until the boundary, ZeRO-2 reduces each micro-batch's),
+    nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``, DeepSpeed's
+    ``offload_optimizer``: ``zero_offload_stream``, held to its CPU trace), eager."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1488,7 +1497,7 @@ def zero12_replayable(ctx: Any) -> bool:
         and p.zero in (1, 2)
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).bucket_elements > 0
-        and ctx.full_training
+        and (ctx.full_training or zero_lora_modelled(ctx))
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
         and p.offload in ("none", "optimizer")
@@ -1496,14 +1505,15 @@ def zero12_replayable(ctx: Any) -> bool:
     )
 
 
-def zero3_replayable(ctx: Any) -> bool:
+def zero3_replayable(ctx: Any, lora: bool = False) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-3 rank (``zero3_stream``): zero 3 over dp > 1 ranks
     under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
     bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
     checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
     resets at every forward), nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``,
     DeepSpeed's ``offload_optimizer``, the parameters on the GPU: ``zero_offload_stream``, held to its CPU trace;
-    ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager."""
+    ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager. ``lora``: the same rank under peft's
+    LoRA instead of full training (``zero3_lora_modelled``: written, not replayed)."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -1512,13 +1522,34 @@ def zero3_replayable(ctx: Any) -> bool:
         and p.zero >= 3
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "deepspeed"
-        and ctx.full_training
+        and (zero3_lora_modelled(ctx) if lora else ctx.full_training)
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
         and sc.activation_checkpointing in ("none", "full")
         and p.offload in ("none", "optimizer")
         and not sc.compile
     )
+
+
+def zero_lora_modelled(ctx: Any) -> bool:
+    """LoRA on a DeepSpeed ZeRO-1/2 rank as ``zero_lora`` writes it: peft's LoRA (not QLoRA's NF4 base), nothing
+    offloaded (not traced together), its adapters in any dtype (DeepSpeed casts them to the model's bf16 at the wrap), the only flat group. Held to
+    the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.38%, without the cuBLAS
+    workspaces a CPU run lacks), all-linear +1.75% (the engine's activations count peft's fp32 input copies of
+    fp32 adapters, which the cast removes); the fitted rule was +29% to +34% over the same runs."""
+    return ctx.scenario.method == "lora" and ctx.par.offload == "none"
+
+
+def zero3_lora_modelled(ctx: Any) -> bool:
+    """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, nothing offloaded,
+    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under ``zero.Init``, a second
+    dtype in the flat buffers, not written). Written (``rank_stream``), not replayed: held to the real
+    optimizer's CPU runs (benchmarks/zero_trace.py --stage 3 --lora 16) on allocated within 1.1%, not on
+    reserved (-7.7% to +6.4% without the cuBLAS workspaces: whether the run opens one more 131 MB segment for
+    the loss's fp32 buffers in the second backward), so ``reserved`` keeps the fitted rule (+19.7% to +29.5%
+    over the same runs)."""
+    sc = ctx.scenario
+    return sc.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes and ctx.par.offload == "none"
 
 
 def _ddp_lora_modelled(ctx: Any) -> bool:
@@ -1607,9 +1638,15 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
     fsdp: Any = None
     if zero3_replayable(ctx):
         fsdp = zero3_rank(ctx, stage)
+    elif zero3_replayable(ctx, lora=True):  # DeepSpeed's ZeRO-3 under LoRA: written, not the default replay
+        fsdp = lora_zero3_units(ctx, stage)
     elif ctx.par.dp > 1 and ctx.par.zero >= 3:
         fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
+    zero = zero12_rank(ctx, stage) if zero12_replayable(ctx) else None
+    if zero is not None and not ctx.full_training:  # the adapters alone have gradients (zero_lora)
+        numels, (top, layer, bottom, params), zero = lora_zero12(ctx, stage)
+        order = GradOrder(top, layer, bottom, 0, params)
     sc = ctx.scenario
     offloaded = sc.offloads_activations
     return step_stream(
@@ -1627,7 +1664,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         ddp=ddp,
         per_param=ctx.par.tp > 1 or weights_in_module_order(ctx),
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
-        zero=zero12_rank(ctx, stage) if zero12_replayable(ctx) else None,
+        zero=zero,
         pipe=pipe,
         in_backward=sc.optimizer_in_backward,
         offload=copy_stream(ctx) if offloaded else None,
@@ -1720,7 +1757,13 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 if ddp_replayable(ctx)
                 else " (DeepSpeed ZeRO-1/2's flat weights, fp32 master partition, ipg buffer and partition "
                 "gradients: deepspeed 0.19.8's stage_1_and_2.py, traced on CPU at world size 4, with "
-                "overlap_comm's second ipg buffer and gradient accumulation; its reduction stream not modelled)"
+                "overlap_comm's second ipg buffer and gradient accumulation"
+                + (
+                    "; under LoRA the adapters' alone, cast to bf16, beside the frozen base, traced with peft"
+                    if not ctx.full_training
+                    else ""
+                )
+                + "; its reduction stream not modelled)"
                 if zero12_replayable(ctx)
                 else " (DeepSpeed ZeRO-3's partitions, ipg bucket, gradient partitions and its coordinator's "
                 "gathers, prefetches and releases: deepspeed 0.19.8's stage3.py and partitioned_param_coordinator.py, "

@@ -59,7 +59,8 @@ Not modelled: ``overlap_comm``'s ``reduce_and_partition_stream`` and the all-gat
 flat copy and the gathers are made on streams of their own, pools of their own in the caching allocator; a CPU trace
 has one stream, so they stay on the compute stream here, untraced), module-level fetches inside a layer (a layer's
 Linears are fetched together at its start, so up to one layer's parameters more are live than DeepSpeed's
-one-module-at-a-time), LoRA, offload.
+one-module-at-a-time), offload. peft's LoRA (the adapters the only trained tensors, the frozen base partitioned
+and gathered all the same) runs this writer on ``zero_lora.lora_zero3_units``: written, not the default replay.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ class Zero3Units:
     #: tied embeddings: the head's weight is the embeddings' (tensor 0), gathered again for the head and its
     #: gradient the sum of the head's and the embeddings' parts, hooked once
     tied: bool = False
+    #: the input side's modules run a backward (their parameters train, or a tied head's gradient reaches them);
+    #: under LoRA with a frozen embedding autograd never reaches it, so the coordinator's recorded order has it in
+    #: the forward alone: released after it (nothing used again) and not fetched in the backward
+    bottom_backward: bool = True
 
     @property
     def numels(self) -> tuple[int, ...]:
@@ -136,6 +141,13 @@ class Zero3Units:
     def parts(self) -> tuple[int, ...]:
         """Every tensor's partition elements, in module order."""
         return tuple(-(-n // self.dp) for n in self.numels)
+
+    @property
+    def trained(self) -> frozenset[int]:
+        """The tensors the optimizer holds (indices into ``numels``): every one in full training, peft's adapters
+        under LoRA (``zero_lora.lora_zero3_units``: the frozen base is partitioned and gathered all the same,
+        but has no flat buffer, gradient, master or state)."""
+        return frozenset(p for g in self.groups for p in g)
 
     def sub_groups(self) -> list[list[int]]:
         """The optimizer's sub groups (``_create_fp16_sub_groups``: a group split where its partitions reach
@@ -174,6 +186,7 @@ class Zero3Writer:
         #: the step's module order: the units forward, then backward (a checkpointed layer twice: its recompute's
         #: forward, then its backward)
         back = [x for i in range(nu - 1, -1, -1) for x in ([i, i] if u.recompute and 0 < i < nu - 1 else [i])]
+        back = back if u.bottom_backward else back[:-1]
         self.order = list(range(nu)) + back
         self.persistent = {p for p, n in enumerate(self.numels) if n <= u.persist}
         self.data: dict[int, list[int]] = {}  # a gathered parameter's storage
@@ -196,12 +209,14 @@ class Zero3Writer:
         then its partition (the whole freed), the partitions flattened, the fp32 masters, the ipg bucket and
         gradient partitions, the hooks' gather pass and the persisted parameters."""
         s, u = self.s, self.u
+        trained = u.trained
         parts = []
         for p, n in enumerate(self.numels):
             whole = s.alloc(n * u.model_bytes)
-            parts += s.alloc(self.parts[p] * u.model_bytes)
+            part = s.alloc(self.parts[p] * u.model_bytes)
+            parts += part if p in trained else []  # a frozen one keeps its own partition (LoRA's base)
             s.free(whole)
-        total = sum(self.parts)
+        total = sum(self.parts[p] for p in trained)
         s.alloc(total * u.model_bytes)  # fp16_partitioned_groups_flat
         s.free(parts)
         subs = [sum(self.parts[p] for p in g) for g in self.subs]
@@ -212,9 +227,9 @@ class Zero3Writer:
         s.alloc(u.bucket * u.model_bytes)  # the ipg bucket, kept
         s.alloc(total * u.model_bytes)  # grad_partitions_flat_buffer, kept
         for p in range(len(self.numels)):  # create_reduce_and_remove_grad_hooks: all_gather, then partition
-            if p not in self.persistent:
+            if p not in self.persistent and p in trained:
                 s.free(s.alloc(self._padded(p) * u.model_bytes))
-        for p in sorted(self.persistent):
+        for p in sorted(self.persistent & trained):  # a frozen one is gathered at its first fetch
             self.data[p] = s.alloc(self.numels[p] * u.model_bytes)
 
     def step(self, first: bool, states: Sequence[float], temps: Sequence[float]) -> None:
@@ -372,7 +387,9 @@ class Zero3Writer:
 
     def _grads(self, unit: int) -> list[tuple[int, list[int]]]:
         """The unit's gradients as autograd makes them (last module first), whole, in the model's dtype."""
-        return [(p, self.s.alloc(self.numels[p] * self.u.model_bytes)) for p in reversed(self.units[unit])]
+        trained = self.u.trained
+        units = [p for p in reversed(self.units[unit]) if p in trained]  # frozen ones get none
+        return [(p, self.s.alloc(self.numels[p] * self.u.model_bytes)) for p in units]
 
     def _recompute(self, unit: int) -> None:
         """A checkpointed layer's recompute: its forward's fetch and release, before its backward's fetch."""
@@ -437,14 +454,15 @@ class Zero3Writer:
             s.free(transient + recomputed + saved[i])
             self._hook(grads)
             self._release(i + 1)
-        self._fetch(0)
-        bottom = self._grads(0)
-        if head:  # the tied weight: its two parts summed out of place, the hook on the sum
-            summed = s.alloc(self.numels[0] * self.u.model_bytes)
-            s.free(head + bottom[-1][1])
-            bottom[-1] = (0, summed)
-        self._hook(bottom)
-        self._release(0)
+        if self.u.bottom_backward:
+            self._fetch(0)
+            bottom = self._grads(0)
+            if head:  # the tied weight: its two parts summed out of place, the hook on the sum
+                summed = s.alloc(self.numels[0] * self.u.model_bytes)
+                s.free(head + bottom[-1][1])
+                bottom[-1] = (0, summed)
+            self._hook(bottom)
+            self._release(0)
         self._reduce()
 
     def zero_grad(self) -> None:
@@ -463,8 +481,9 @@ def rest_of(first: Sequence[Any]) -> list[Any]:
 def per_element(items: Sequence[Any], u: Zero3Units) -> list[float]:
     """Bytes per partition element of each tensor the pooled ``items`` hold per parameter (an optimizer's states,
     its step temporaries): their bytes over the rank's partitions."""
-    total = sum(u.parts())
-    n_params = len(u.numels)
+    trained = u.trained
+    total = sum(n for p, n in enumerate(u.parts()) if p in trained)
+    n_params = len(trained)
     out: list[float] = []
     for i in items:
         n = max(i.tensors, 1)

@@ -56,9 +56,9 @@ partition stay views of the ipg buffer until the epilogue drops them).
 
 Not modelled: ``overlap_comm``'s reduction stream (on a GPU the flattened bucket is made on DeepSpeed's
 ``reduction_stream``, a pool of its own in the caching allocator; a CPU trace has one stream, so it stays on the
-compute stream here, untraced), fp16's loss scaler, offload, LoRA (peft's adapters the only flat group: the
-engine's LoRA step under DeepSpeed keeps the fitted rule, docs/allocator.md) and ZeRO-3 (``stage3.py``, another
-optimizer).
+compute stream here, untraced), fp16's loss scaler, offload and ZeRO-3 (``stage3.py``, another optimizer).
+peft's LoRA (the adapters the only flat group, the frozen base left as it is) runs these writers on the
+adapters: ``zero_lora.py``.
 """
 
 from __future__ import annotations
@@ -95,6 +95,9 @@ class ZeroRank:
     buffers: int = 1
     #: ZeRO-2 (``partition_gradients``): every micro-batch's hooks reduce; ZeRO-1 reduces only at the boundary
     partition_grads: bool = True
+    #: LoRA (``zero_lora.lora_zero12``): the groups are peft's adapters beside a frozen base, made in this many
+    #: bytes per element and cast to the model's at the wrap; 0: full training
+    cast_from: int = 0
 
     @property
     def in_partition(self) -> frozenset[tuple[int, int]]:
