@@ -1315,10 +1315,10 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by ``zero_grad``
     (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
     (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them). Under HSDP
-    (``parallel.dp_shard``) the units shard over the shard group, as the stream writes them, where no
-    micro-batch after the first reduces (one micro-batch a step, or ``no_sync``): FSDP2's all-reduce keeps the
-    reduce-scatter output that is the gradient already (``fsdp_stream``'s docstring); a later micro-batch's held
-    all-reduce output is not written (the fitted rule)."""
+    (``parallel.dp_shard``) the units shard over the shard group, as the stream writes them: FSDP2's all-reduce
+    keeps the reduce-scatter output that is the gradient already (``fsdp_stream``'s docstring); under an
+    accumulation that reduces every micro-batch a later micro-batch's held all-reduce output is not written (a
+    caveat says so: ``caveats.hybrid_caveat``; a CPU trace of a 2 x 4 mesh peaked where it is not held)."""
     from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
@@ -1326,7 +1326,6 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
         p.dp > 1
         and p.zero >= 3
         and p.shard_degree > 1
-        and (p.dp_replicate == 1 or sc.grad_accum_steps == 1 or profile(ctx).fsdp2_accumulation == "no_sync")
         and (p.tp == 1 or with_tp)
         and p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "fsdp2"

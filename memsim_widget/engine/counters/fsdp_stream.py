@@ -47,8 +47,8 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
   the output -- already the gradient shards' storage -- until the group's next ``post_backward`` or
   ``finalize_backward``: the same allocations as FSDP2 over the shard group alone. Under gradient
   accumulation that reduces every micro-batch (``"reduce"``) the held output of a later micro-batch is a
-  buffer of its own (the gradient already exists and takes ``+=``), kept to the end of that backward:
-  ``alloc_stream.fsdp2_replayable`` leaves that case to the fitted rule.
+  buffer of its own (the gradient already exists and takes ``+=``), kept to the end of that backward: not
+  written (up to one more gradient shard late in backward; ``caveats.hybrid_caveat`` says so).
 
 Not modelled here: a ``reduce_dtype`` other than the
 parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
