@@ -1003,11 +1003,13 @@ def _replay_section(results: list[dict[str, Any]]) -> list[str]:
         "",
         "The same runs traced on fake tensors (CPU) and their allocations and frees replayed through PyTorch's",
         "caching allocator (`engine/counters/allocator.py`, docs/allocator.md); nvidia-smi adds the engine's context and",
-        "NCCL figures. `engine` is `memsim estimate` (reserved from the fitted fragmentation constants).",
+        "NCCL figures. `engine` is `memsim estimate` (reserved by the replay of its own stream where",
+        "`alloc_stream.replayable` holds, else the fitted constants).",
         "`expandable` replays the trace with `expandable_segments:True` (a prediction: the csv has no such rows;",
         "two were read by hand, in brackets).",
         "",
-        "`engine replay` is `memsim estimate` with `reserved_model: replay` (the engine's own stream, replayed).",
+        "`engine replay` is `memsim estimate` with `reserved_model: replay` (the engine's own stream replayed, also",
+        "where the default keeps the fitted rule).",
         "",
         "| run | reserved measured | engine | error | replay | error | engine replay | expandable | nvidia-smi measured |"
         " engine | error | replay | error | engine replay |",
@@ -1053,6 +1055,18 @@ def _replay_section(results: list[dict[str, Any]]) -> list[str]:
         "loss buffers (docs/allocator.md).",
     ]
     return lines
+
+
+def _expandable_gib(by_id: dict[str, dict[str, Any]], rid: str) -> str:
+    """The engine's reserved GiB for run ``rid`` under ``expandable_segments:True`` ("n/a" without the run)."""
+    if rid not in by_id:
+        return "n/a"
+    d = json.loads(by_id[rid]["row"]["scenario_json"])
+    return _gib(
+        core.estimate(
+            Scenario.from_dict({**d, "allocator_conf": "expandable_segments:True"})
+        ).peak_reserved_bytes
+    )
 
 
 def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
@@ -1150,22 +1164,23 @@ def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
         "  within 1% (`alloc_stream.compiled_stream_held`;",
         "  the fitted rule gave +22.5% and +19.9%); the ViT keeps the fitted rule: its compiled stream is not held",
         "  to a trace, and its replay is 12.6% under this run's reserved (docs/allocator.md, compiled steps).",
-        "- **Reserved** is a model of the caching allocator: weights and states plus 1%, everything else plus",
-        "  44% (fitted on published BERT rows), and with variable batch lengths 2.1 x the loss buffers (fitted on",
-        "  ms-swift rows). On these runs the allocator held between 0.5% and 84% of the churning memory unused,",
-        "  depending on the order of allocations rather than on their size: the fixed 44% over-predicts most runs",
-        "  (safe), and under-predicts the fully checkpointed one "
-        f"({e('g-llama1b-bf16-ckpt-reserved')}), where recomputation",
-        "  in backward leaves the most holes. The variable-length term over-predicts",
-        f"  ({e('g-qwen05b-bf16-longest-reserved')}): PyTorch 2.11 reused the fixed-length run's segments. A",
-        "  replay of the traced allocation sequence through the allocator's rules (below: within 0.2% on most",
-        "  runs) does not yet feed the engine, whose figure still comes from the constants; until it does, plan",
-        "  on the allocated figure plus the headroom, read reserved as a band, and use Verify for the replay.",
+        "- **Reserved** comes from a replay: the engine writes its step as a stream of allocations and frees",
+        "  (per layer in forward and backward, the loss, the optimizer step) and runs it through PyTorch's caching",
+        "  allocator's rules (`engine/counters/allocator.py`, docs/allocator.md). Where the stream does not model",
+        "  the step (`alloc_stream.replayable`) a fitted rule stays: weights and states plus 1%, everything else",
+        f"  plus {overhead.FRAGMENTATION_TRANSIENT:.0%} (fitted on published BERT rows), and with variable batch lengths"
+        f" {overhead.FRAGMENTATION_VARIABLE:.1f} x the loss buffers (fitted",
+        "  on ms-swift rows). Of these runs only qwen05b-bf16-longest (padding to the longest sample) and the",
+        "  compiled ViT keep it; the variable-length term over-predicts the first",
+        f"  ({e('g-qwen05b-bf16-longest-reserved')}: PyTorch 2.11 reused the fixed-length run's segments; the",
+        "  replay of the engine's stream for it is in the table below, not the default because the ms-swift rows'",
+        "  longer varying lengths are not held to it).",
         "- **Expandable segments** (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, the scenario key",
         "  `allocator_conf`; the torchtitan profile's default) were read on two runs, not scored: llama1b-bf16-ckpt",
         "  reserved 16.13 GiB (18.44 without), llama1b-bf16 20.60 GiB (19.88 without), allocated unchanged. The",
-        "  replay below gives 16.13 and 20.58 GiB; the engine's 2% rule for expandable segments would",
-        "  under-predict both: a known gap of the engine, not of the replay.",
+        "  replay of the trace gives 16.13 and 20.58 GiB, `memsim estimate` with the key "
+        f"{_expandable_gib(by_id, 'g-llama1b-bf16-ckpt-reserved')} and {_expandable_gib(by_id, 'g-llama1b-bf16-reserved')}"
+        " GiB.",
         *_replay_section(results),
     ]
     return lines
@@ -1376,9 +1391,9 @@ def _profiles_section() -> list[str]:
         "with parameter offload gathers each unit on the GPU also at dp=1; reserved is the largest pool over the",
         "step's moments, capped by the card; `cuda_lazy_loading: false` uses the eager-loading context;",
         "`activation_offloading` keeps two layers of saved activations on the GPU and reports the rest as host",
-        "memory. `compile` is recorded but changes no rule: the compiled ViT-H rows agree with the eager rules",
-        "within 3%, so there is no measured basis yet for one (`benchmarks/gpu_measure.py` runs eager/compiled",
-        "pairs).",
+        "memory. `compile` has its own rules where a compiled step was traced (the Llama layout, its LoRA, OLMo 2,",
+        "Gemma 3: Inductor's partitioner on fake tensors, docs/fidelity.md); elsewhere eager's rules with a caveat.",
+        "The compiled ViT-H rows agree with the eager rules within 3%.",
     ]
     return out
 

@@ -31,7 +31,7 @@ import csv
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from memsim_widget.catalog.gpus import GPUS, register_gpu, resolve_gpu
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.errors import ScenarioError
-from memsim_widget.plan.recommend import MAX_MICRO_BATCH, MAX_SEQ_LEN
+from memsim_widget.plan.recommend import MAX_MICRO_BATCH, MAX_SEQ_LEN, largest_passing
 from memsim_widget.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,26 +95,6 @@ def predicted_fits(sc: Scenario, mode: str, cap_bytes: int, card_id: str, host_g
         return False
 
 
-def largest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
-    """The largest n in [lo, hi] with fits(n), memory growing with n (doubling from lo, then bisection)."""
-    if not fits(lo):
-        return None
-    good = n = lo
-    bad = None
-    while n < hi:
-        n = min(n * 2, hi)
-        if not fits(n):
-            bad = n
-            break
-        good = n
-    if bad is None:
-        return good
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits(mid) else (good, mid)
-    return good
-
-
 def units(dim: str) -> int:
     """Tokens (or samples) per probed unit of ``dim``."""
     return SEQ_STEP if dim == "seq_len" else 1
@@ -133,7 +113,7 @@ def predicted_max(sc: Scenario, dim: str, mode: str, cap_bytes: int, card_id: st
     """The engine's largest ``dim`` (micro-batch, or sequence in multiples of ``SEQ_STEP``) that runs; None when
     even the smallest does not."""
     u = units(dim)
-    best = largest(lambda k: predicted_fits(sc.replace(**{dim: k * u}), mode, cap_bytes, card_id, host_gpu),
+    best = largest_passing(lambda k: predicted_fits(sc.replace(**{dim: k * u}), mode, cap_bytes, card_id, host_gpu),
                    1, hi if hi is not None else top(sc, dim))  # fmt: skip
     return None if best is None else best * u
 

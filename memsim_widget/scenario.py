@@ -783,6 +783,12 @@ class Scenario:
         return fp8_recipe_for(self.precision, self.fp8_recipe)
 
     @property
+    def offloads_activations(self) -> bool:
+        """Whether any layer's saved activations are offloaded (``activation_offloading`` on and
+        ``activation_offloading_layers`` unset, meaning every layer, or at least one)."""
+        return self.activation_offloading and self.activation_offloading_layers != 0
+
+    @property
     def replays_reserved(self) -> bool:
         """Whether the reserved counter comes from the allocator's replay (``reserved_model``, unset:
         ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest`` and pipelines); the step must also be one the

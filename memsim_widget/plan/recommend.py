@@ -675,7 +675,7 @@ def _reach(scenario: Scenario, key: str, headroom: float) -> Reach | None:
         return None
 
 
-def _largest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
+def largest_passing(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
     """The largest n in [lo, hi] with fits(n), assuming memory grows with n (doubling, then bisection)."""
     if not fits(lo):
         return None
@@ -700,7 +700,7 @@ def _largest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
 def _smallest(fits: Callable[[int], bool], lo: int, hi: int) -> int | None:
     """The smallest n in [lo, hi] with fits(n), assuming memory shrinks as n grows: one past the largest
     that does not fit (the same doubling, then bisection)."""
-    failing = _largest(lambda n: not fits(n), lo, hi)
+    failing = largest_passing(lambda n: not fits(n), lo, hi)
     if failing is None:
         return lo
     return failing + 1 if failing < hi else None
@@ -897,7 +897,7 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
             fixed = rec.changes[0].scenario
             rec.with_first_fix = {
                 "change": rec.changes[0].label,
-                "max_micro_batch": _largest(
+                "max_micro_batch": largest_passing(
                     lambda b: _fits(fixed.replace(micro_batch_size=b), headroom), 1, MAX_MICRO_BATCH
                 ),
             }
@@ -905,7 +905,7 @@ def recommend(scenario: Scenario | Mapping[str, Any], headroom: float = DEFAULT_
             rec.bound = _bound(search, keep if rec.changes else {**keep, **job})
 
     ctx = Context(scenario)
-    rec.max_micro_batch = _largest(
+    rec.max_micro_batch = largest_passing(
         lambda b: _fits(scenario.replace(micro_batch_size=b), headroom), 1, MAX_MICRO_BATCH
     )
     rec.max_micro_batch_searched = _reach(scenario, "micro_batch_size", headroom)
@@ -949,7 +949,7 @@ def _max_seq_len(scenario: Scenario, table: int | None, headroom: float) -> int 
     lo = scenario.rl_config.completion_len // step + 1 if scenario.objective_name in ("grpo", "ppo") else 1
     if lo > top // step:
         return None
-    best = _largest(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), lo, top // step)
+    best = largest_passing(lambda k: _fits(scenario.replace(seq_len=k * step), headroom), lo, top // step)
     longest = best * step if best else None
     # a bound between two steps (a 200-row table): the bound itself when everything below it fits
     at_bound = bool(top % step) and top % scenario.parallel.cp == 0 and longest in (None, top // step * step)

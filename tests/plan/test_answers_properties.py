@@ -31,10 +31,10 @@ from memsim_widget.plan.recommend import (
     MAX_MICRO_BATCH,
     PLANNER_GAIN,
     _fits,
-    _largest,
     _max_seq_len,
     _reach,
     _step_time,
+    largest_passing,
     planner_space,
 )
 from memsim_widget.scenario import Scenario
@@ -216,4 +216,4 @@ def test_the_largest_on_the_same_gpus_is_the_planners_largest(base):
 
 def _max_micro_batch(sc: Scenario) -> int | None:
     """The scenario's own layout's largest micro-batch, as recommend finds it."""
-    return _largest(lambda b: _fits(sc.replace(micro_batch_size=b), 0.1), 1, MAX_MICRO_BATCH)
+    return largest_passing(lambda b: _fits(sc.replace(micro_batch_size=b), 0.1), 1, MAX_MICRO_BATCH)

@@ -20,7 +20,11 @@ Llama, Mistral, Qwen2, Gemma, Gemma 3, Qwen3 and OLMo 2 decoders (RMSNorm, SwiGL
   its pre-norms, save their inputs (o_proj's and down_proj's outputs, 2 e T h) and rsqrts;
 - after the layers: the last layer's down_proj output and the final norm's output (2 e T h), its rsqrt (4 T);
 - under autocast (amp-bf16: the residual stream is fp32, r = 4 instead of e) the 16-bit casts of every Linear weight,
-  which the partitioner saves for the backward's matmuls (2 B per weight; the output layer's too);
+  which the partitioner saves for the backward's matmuls (2 B per weight; the output layer's too); the Llama
+  layout's terms in the trace's order (``_amp_terms``: layer 0 saves o_proj's 16-bit output where the others save
+  the fp32 residual after attention, the last layer's output is fp32, RoPE's fp32 k lives until the forward ends,
+  the final norm's backward leaves the head's 16-bit input gradient and a row sum: traced on the small Llama and
+  on Qwen3, whose h = 256 is not 2 kv*d = 1024);
 - the loss: the e-byte logits (e T V), not the fp32 log-softmax eager keeps: the row max and log-sum-exp (2 x 4 T),
   the labels' int64 gather index and valid mask (9 T), recomputing the softmax in backward.
 
@@ -230,7 +234,9 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         _olmo2_terms(ctx, out, e)
     if gemma3_layout(ctx):
         _gemma3_terms(ctx, out, e)
-    if (
+    if amp_layout(ctx):  # the terms in the trace's order, its weight casts among them
+        _amp_terms(ctx, out)
+    elif (
         amp
     ):  # autocast's 16-bit weight casts become graph values the partitioner saves for the backward's matmuls
         n = _layer_weight_numel(ctx)
@@ -244,7 +250,13 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
         else []
     )
     out.recomputed_layer[:] = list(out.per_layer) if ckpt else []
-    out.cache_per_layer[:] = []  # the cache's k and v are the saved copies above
+    # the cache's k and v are the saved copies above; under autocast the cache's k is RoPE's fp32 output, held
+    # until the forward ends (the layer saves its 16-bit copy)
+    out.cache_per_layer[:] = (
+        [Term("compiled autocast: the KV cache's fp32 k (forward only)", 4 * T * hkv, "4 B x T x kv*d", 1)]
+        if amp_layout(ctx)
+        else []
+    )
     out.pre[:] = []  # RoPE's cos/sin are recomputed
     out.post[:] = [
         Term("compiled: last down_proj output and final norm output, its rsqrt", 2 * e * T * h + 4 * T,
@@ -262,6 +274,20 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     out.top_backward[:] = [
         Term("compiled: final norm backward: the hidden-state gradient", r * T * h, f"{r} B x T x h", 1)
     ]
+    if amp_layout(
+        ctx
+    ):  # the last layer's output is the fp32 residual; the final norm's backward writes a row sum
+        # in the trace's order: the last layer's output, the norm's rsqrt, the head's weight copy, the norm's output
+        out.post[:] = [
+            Term("compiled autocast: last layer's output (fp32)", r * T * h, f"{r} B x T x h", 1),
+            Term("compiled autocast: the final norm's rsqrt", 4 * T, "4 B x T", 1),
+            out.post[1],
+            Term("compiled autocast: the final norm's output", e * T * h, f"{e} B x T x h", 1),
+        ]  # fmt: skip
+        out.top_backward[:] = [
+            Term("compiled autocast: the head's input gradient (16-bit), the final norm's row sum (fp32)",
+                 e * T * h + 4 * T, f"{e} B x T x h + 4 B x T", 2, shares=_shares(e * h, 4))
+        ]  # fmt: skip
     out.loss_forward[:] = []
     out.loss_saved[:] = [
         Term("compiled loss: logits", e * T * V, f"{e} B x T x V, V={V}", 1),
@@ -270,6 +296,71 @@ def compiled_activations(ctx: Context, out: ActivationBudget) -> None:
     _loss_backward(ctx, out, T, V, hkv, e, 4 if amp else e)
     if not ctx.full_training:
         _lora_qv_activations(ctx, out)
+
+
+def amp_layout(ctx: Context) -> bool:
+    """A compiled Llama-layout layer under autocast (amp-bf16; two RMSNorms a layer, per-head q/k norms or none),
+    full training, no checkpointing: its terms are listed in the trace's order (``_amp_terms``; the allocation
+    stream's steps, ``compiled_amp_steps``)."""
+    sc, a = ctx.scenario, ctx.arch
+    nf = a.facts.norm
+    return bool(
+        sc.compile
+        and sc.precision == "amp-bf16"
+        and sc.method == "full"
+        and sc.activation_checkpointing == "none"
+        and a.norm == "rmsnorm"
+        and not layernorm_rule_applies(sc, a)
+        and (nf.per_layer, nf.post_norms) == (2, False)
+        and nf.qk in (None, "head")
+    )
+
+
+def _amp_terms(ctx: Context, out: ActivationBudget) -> None:
+    """A compiled autocast layer's terms (traced: trace/compiled.py under ``inductor_passes``, ``llama amp-bf16
+    sdpa b2 s512``, ``qwen3 amp-bf16 sdpa b2 s512``), one term per run of tensors the compiled forward makes
+    together, in its order: the fp32 residual stream at the layer's input; the input norm's rsqrt; q_proj's 16-bit
+    weight copy and the norm's 16-bit output; (Qwen3: q_proj's output, q's norm input, and its rsqrt per head)
+    k_proj's weight copy; (Qwen3: k_proj's output and its rsqrt) v_proj's weight copy and v; k and q after RoPE
+    in 16 bits; the attention output, the logsumexp and o_proj's weight copy; the fp32 residual after attention
+    (layer 0 saves o_proj's 16-bit output instead: the residual sum is recomputed from the embedding's output,
+    which it saves anyway); the MLP norm's rsqrt; gate_proj's weight copy, the MLP norm's output, gate's output,
+    up_proj's weight copy, up's output, their product, down_proj's weight copy. RoPE's fp32 k (the KV cache's k)
+    lives until the forward ends (``cache_per_layer``)."""
+    D = Dims(ctx)
+    T, h, I, hq, hkv, a, kv = D.T, D.h, D.I, D.hq, D.hkv, D.a, D.kv
+    e, r = 2, 4
+    head = ctx.arch.facts.norm.qk == "head"
+    rsqrt = Term("compiled: a norm's rsqrt (fp32)", 4 * T, "4 B x T", 1)
+    qn = [Term("compiled autocast: q_proj's output (q's norm input)", e * T * hq, f"{e} B x T x a*d", 1),
+          Term("compiled autocast: q's norm rsqrt per head (fp32)", 4 * T * a, "4 B x T x heads", 1),
+          ] if head else []  # fmt: skip
+    kn = [Term("compiled autocast: k_proj's output (k's norm input)", e * T * hkv, f"{e} B x T x kv*d", 1),
+          Term("compiled autocast: k's norm rsqrt per head (fp32)", 4 * T * kv, "4 B x T x kv heads", 1),
+          ] if head else []  # fmt: skip
+    out.per_layer[:] = [
+        Term("compiled autocast: residual stream at the layer's input (fp32)", r * T * h, f"{r} B x T x h", 1),
+        rsqrt,
+        Term("compiled autocast: q_proj's 16-bit weight, the input norm's output", e * h * hq + e * T * h,
+             f"{e} B x h x a*d + {e} B x T x h", 2, shares=_shares(h * hq, T * h)),
+        *qn,
+        Term("compiled autocast: k_proj's 16-bit weight", e * h * hkv, f"{e} B x h x kv*d", 1),
+        *kn,
+        Term("compiled autocast: v_proj's 16-bit weight, v", e * h * hkv + e * T * hkv,
+             f"{e} B x h x kv*d + {e} B x T x kv*d", 2, shares=_shares(h * hkv, T * hkv)),
+        Term("compiled autocast: k and q after RoPE", e * T * (hkv + hq), f"{e} B x T x (kv*d + a*d)", 2,
+             shares=_shares(hkv, hq)),
+        Term("compiled autocast: attention output, SDPA logsumexp (fp32), o_proj's 16-bit weight",
+             e * T * hq + 4 * T * a + e * hq * h, f"{e} B x T x a*d + 4 B x T x heads + {e} B x a*d x h", 3,
+             shares=_shares(e * T * hq, 4 * T * a, e * hq * h)),
+        Term("compiled autocast: residual after attention (fp32; layer 0: o_proj's 16-bit output)", r * T * h,
+             f"{r} B x T x h (layer 0: {e} B x T x h)", 1, skip_first=True, first_bytes=(r - e) * T * h),
+        rsqrt,
+        Term("compiled autocast: gate_proj's weight, the MLP norm's output, gate's output, up_proj's weight, up's "
+             "output, their product, down_proj's weight", 3 * e * h * I + e * T * h + 3 * e * T * I,
+             f"3 x {e} B x h x I + {e} B x T x h + 3 x {e} B x T x I", 7,
+             shares=_shares(h * I, T * h, T * I, h * I, T * I, T * I, h * I)),
+    ]  # fmt: skip
 
 
 def olmo2_layout(ctx: Context) -> bool:
@@ -411,7 +502,8 @@ def _loss_backward(ctx: Context, out: ActivationBudget, T: int, V: int, hkv: int
         Term(f"zero gradients AOTAutograd makes for the {LOGITS_TANGENT}", e * T * V, f"{e} B x T x V", 1),
         *(
             [Term(f"zero gradients for the {CACHE_TANGENTS} (k and v of every layer)", cache,
-                  f"({kb} + {e}) B x T x kv*d x {L} layers", 2 * L)]
+                  f"({kb} + {e}) B x T x kv*d x {L} layers", 2 * L,
+                  shares=_shares(e, kb) if kb != e else ())]  # per layer v's, then k's (fp32 under autocast)
             if cache else []
         ),
     ]  # fmt: skip

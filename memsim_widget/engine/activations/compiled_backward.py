@@ -37,6 +37,12 @@ GRADS = "grad "
 #: attention output, 8 k after RoPE, 9 v, 10 SDPA's logsumexp, 11 to 13 gate's, up's and their product, then
 #: Qwen3's q and k norm inputs and rsqrts (14 to 17: q, its rsqrt, k, its rsqrt).
 FREE_SAVED = "saved "
+#: The step that frees the layer's next zero gradient of the returned KV cache (its v's, then its k's: the
+#: trace frees each once the copy of dv or dk its weight gradient reads is made); those not named are freed when
+#: the layer is done.
+TANGENT = "tangent"
+#: The prefix of a step that frees a ``CONSTANT`` buffer (by its step's name) where the bottom layer last reads it.
+RELEASE = "release "
 #: The prefix of a step that allocates a buffer shared by every layer's backward: made where the top layer first
 #: reaches it, freed once the bottom layer is done.
 CONSTANT = "constant "

@@ -32,6 +32,9 @@ KEEP = "keep "
 #: The prefix of a backward step that keeps one of the layer's saved tensors (by its place, as ``FREE_SAVED``)
 #: until the bottom layer's backward is done: what the unreduced residual gradient's kernel at the bottom reads.
 KEEP_SAVED = "keep saved "
+#: The suffix of a ``KEEP_SAVED`` step whose tensor the kernel at the bottom frees among the kept gradients, where
+#: the step stands (``alloc_stream._bottom_freed``; a compiled autocast layer 0's o_proj output).
+LATE = " late"
 
 
 def compiled_olmo2_applies(ctx: Any) -> bool:

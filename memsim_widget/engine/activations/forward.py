@@ -42,6 +42,15 @@ IN, OUT, SAVED = "in", "out", "saved"
 #: ``SAVED_AT + str(p)``: the layer's saved tensor at place ``p`` (its ``saved`` items' tensors in order,
 #: ``alloc_stream.StreamWriter.items``) made here, where the op that saves it runs (``eager_steps``)
 SAVED_AT = "saved at "
+#: ``HELD + name``: a buffer the layer's forward makes and the model's output holds until the forward ends (a
+#: compiled autocast layer's fp32 k, the returned KV cache's: ``compiled_amp_steps``)
+HELD = "held "
+#: ``(SAVED_BYTES, n)``: the layer's next saved term made as one tensor of ``n`` bytes (a term whose size differs
+#: in layer 0, ``Term.first_bytes``: each layer's own, not the layers' mean)
+SAVED_BYTES = "saved bytes"
+#: ``(LATER + name, 0)``: the live buffer ``name`` freed once the next saved term is made (the next layer's input,
+#: or the final norm's: the fused kernel that writes the residual sum frees down_proj's output after it)
+LATER = "later "
 #: The Linears a Llama-style TP plan shards by rows (``RowwiseParallel``): their outputs are all-reduced.
 _ROWWISE = frozenset({"o_proj", "down_proj"})
 _LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})

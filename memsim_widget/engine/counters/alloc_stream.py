@@ -34,14 +34,20 @@ from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
     GRADS,
+    RELEASE,
+    TANGENT,
 )
-from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAVED
+from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAVED, LATE
 from memsim_widget.engine.activations.compiled_steps import (
     bottom_layer_backward_steps,
+    bottom_order,
     compiled_steps_written,
+    final_norm_steps,
+    first_layer_forward_steps,
     kept_top,
     layer_backward_steps,
     layer_forward_steps,
+    weights_in_module_order,
 )
 from memsim_widget.engine.activations.eager_steps import (
     ARRIVING,
@@ -54,10 +60,13 @@ from memsim_widget.engine.activations.eager_steps import (
 )
 from memsim_widget.engine.activations.eager_steps import SAVED_COUNT as NORM_SAVED
 from memsim_widget.engine.activations.forward import (
+    HELD,
     IN,
+    LATER,
     OUT,
     SAVED,
     SAVED_AT,
+    SAVED_BYTES,
     Step,
     final_norm_transients,
 )
@@ -131,6 +140,12 @@ VARIABLE_DIVISOR = 2
 #: The key of ``step_stream``'s activation groups holding a layer's forward transients
 #: (``engine/activations/forward.layer_forward_transients``; absent or empty: none).
 LAYER_FORWARD = "layer_forward"
+#: The key of a flag (``compiled_steps.bottom_order``): the buffers a compiled backward keeps to the bottom are
+#: freed in the trace's order (``_bottom_freed``); absent or empty: in the order they were made.
+BOTTOM_ORDER = "bottom_order"
+#: The key of the bottom layer's forward steps where they differ from the others' (``compiled_steps.
+#: first_layer_forward_steps``; absent or empty: ``LAYER_FORWARD``'s).
+FIRST_LAYER_FORWARD = "first_layer_forward"
 #: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
 #: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
 FINAL_NORM = "final_norm_forward"
@@ -676,6 +691,10 @@ def micro_forward(
     else:  # the embeddings' output (compiled: a saved tensor, no transient)
         hidden = s.alloc(out) if out else []
     saved: list[list[int]] = []
+    # the layers' HELD buffers (the returned KV cache's fp32 k): freed as the forward ends; a layer's LATER
+    # buffers: freed after the next saved term (the next layer's input or the final norm's)
+    cache: list[int] = []
+    pending: list[int] = []
     n = layers if replayed is None else replayed
     compiled = any(tangent_role(i.item) for i in a["loss_backward"])
     # a compiled backward frees zero gradients made at its top, layer by layer; FSDP2's writer follows each layer
@@ -686,7 +705,8 @@ def micro_forward(
         if comm is not None:
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
-        hidden, kept = _layer_saved(s, fwd, hidden, a["saved"], share, off)
+        steps = (a.get(FIRST_LAYER_FORWARD) or fwd) if i == 0 else fwd
+        hidden, kept = _layer_saved(s, steps, hidden, a["saved"], share, off, cache, pending)
         saved.append(kept)
         s.free(transient)
         if comm is not None:
@@ -697,7 +717,15 @@ def micro_forward(
         saved += [[h + k * d for h in saved[1]] for k in range(1, n - 1)]
         hidden = [h + (n - 2) * d for h in hidden]
     fin = a.get(FINAL_NORM, ())
+    at = len(s.events)
     post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
+    if (
+        pending
+    ):  # a LATER buffer: freed once the final norm's first saved tensor (the last layer's output) is made
+        rest = s.events[at + 1 :]
+        del s.events[at + 1 :]
+        s.free(pending)
+        s.events += rest
     s.free(positions)
     last = bool(a["loss_forward"])
     kept_out = hidden if keep_output and not last else []
@@ -712,6 +740,7 @@ def micro_forward(
     cast, held, kept, copy = _loss_forward(s, a, capped, comm, keep_output and last, drop if last else ())
     if keep_output and last:  # the logits, the model's output: the first tensor the loss's forward made
         kept_out, held = held[:1], held[1:]
+    s.free(cache[::-1])
     return Forward(a, label, layers, n, pre, saved, d, copied, compiled, post, tanh, cast, held, kept, copy, comm,
                    off, kept_out)  # fmt: skip
 
@@ -767,8 +796,10 @@ def micro_backward(
         top_grads = top_grads[:k]
     received = not a["loss_forward"]  # a pipeline stage without the head: its output's gradient is received
     copies = (n, d) if copied else None
-    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, copies, fw.off, received)
-    s.free(kept_top)
+    top_n = sum(1 for i in keep if i < len(ends) - len(post))  # of the kept, the top's gradients
+    bottom = (kept_top[:top_n], kept_top[top_n:]) if a.get(BOTTOM_ORDER) else None
+    layer_grads = _layers_backward(s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom)
+    s.free(kept_top if bottom is None else [])
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
@@ -844,11 +875,14 @@ def _layer_saved(
     saved: Sequence[Any],
     share: int,
     off: Offloader | None,
+    held: list[int] | None = None,
+    pending: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward (``forward_layer`` where its transients are listed, else its ``share`` of the ``saved``
-    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``)."""
+    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``); its ``HELD``
+    buffers added to ``held``, its ``LATER`` ones to ``pending``."""
     if fwd:
-        hidden, kept = forward_layer(s, fwd, hidden, saved, share)
+        hidden, kept = forward_layer(s, fwd, hidden, saved, share, held, pending)
     else:
         kept = s.items(saved, share=share)
     return hidden, kept if off is None else off.away(kept)
@@ -992,13 +1026,16 @@ def _layers_backward(
     copies: tuple[int, int] | None,
     off: Offloader | None = None,
     received: bool = False,
+    at_bottom: tuple[list[int], list[int]] | None = None,
 ) -> list[list[int]]:
     """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
     compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
     ``saved`` tensors and its k and v zero ``tangents`` freed; ``copies``: (layers, the forward's handle shift)
     where the third layer on are the second's copies; ``off``: the saved tensors brought back from the host
     first; ``received``: the top layer's arriving gradient is a pipeline stage's receive buffer, read in place
-    (``eager_steps.ARRIVING`` not written for it). Each layer's gradients' handles, from the top."""
+    (``eager_steps.ARRIVING`` not written for it); ``at_bottom``: the top's kept gradients and saved tensors
+    (``KEPT_TOP``), freed with the buffers kept to the bottom in the trace's order (``_bottom_freed``). Each
+    layer's gradients' handles, from the top."""
     order = grads.order
     layer_grads: list[list[int]] = []
     begin = s.here()
@@ -1009,6 +1046,7 @@ def _layers_backward(
         begin = s.here() if i == 1 else begin
         layer = layer if off is None else off.back(len(saved) - 1 - i)
         recomputed = s.items(a["recompute"])
+        mine: list[int] = []
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
             transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
@@ -1017,7 +1055,10 @@ def _layers_backward(
                 steps = [st for st in steps if st[0] != ARRIVING]
             # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
-            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers))
+            mine = [
+                tangents.pop() for _ in range(min(2, len(tangents)))
+            ]  # the layer's k and v zero gradients
+            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers, mine))
             layer, recomputed = ([], []) if own is layer else (layer, [])
         else:
             transient = s.items(a["layer_backward"])
@@ -1026,13 +1067,28 @@ def _layers_backward(
                 s.free(transient)
                 transient = [h for _ in range(2) for h in _run_steps(s, a[LAYER_NORM_BACKWARD], {})]
         s.free(transient + recomputed + layer)
-        s.free([tangents.pop() for _ in range(min(2, len(tangents)))])  # the layer's k and v zero gradients
-    s.free([h for hs in shared.values() for h in hs])
+        # the layer's k and v zero gradients (a compiled layer's: those its steps did not free)
+        s.free(mine if bwd else [tangents.pop() for _ in range(min(2, len(tangents)))])
+    s.free(_bottom_freed(shared, at_bottom) if at_bottom else [h for hs in shared.values() for h in hs])
     if copies:  # the copies free the saved tensors of the layer below: handles allocated d earlier each
         n, d = copies
         db = s.repeat(begin, n - 2, lowest=begin[1], back=d)
         layer_grads += [[h + k * db for h in layer_grads[1]] for k in range(1, n - 1)]
     return layer_grads
+
+
+def _bottom_freed(shared: dict[str, list[int]], bottom: tuple[list[int], list[int]]) -> list[int]:
+    """The buffers kept to the bottom (``shared``, in the order the layers made them, and the top's ``bottom``:
+    gradients, saved tensors) in the order the kernel at the bottom frees them (a compiled autocast trace): the
+    shared buffers first, then the saved tensors from the bottom layer's up (each layer's ``KEEP_SAVED`` steps are
+    listed last first) and the top's, then the gradients from the top's down, and among them, where the layer kept
+    it, each saved tensor kept ``LATE``."""
+    keys = list(shared)
+    kept = [k for k in keys if k.startswith(KEEP_SAVED) and LATE not in k]
+    grads = [k for k in keys if k.startswith(KEEP) and k not in kept]
+    rest = [k for k in keys if not k.startswith(KEEP)]
+    saved = [h for k in kept[::-1] for h in shared[k]] + bottom[1]
+    return [h for k in rest for h in shared[k]] + saved + bottom[0] + [h for k in grads for h in shared[k]]
 
 
 def backward_layer(
@@ -1043,9 +1099,11 @@ def backward_layer(
     grads: _Grads | InBackwardGrads,
     part: tuple[int, ...],
     layers: int,
+    tangents: list[int] | None = None,
 ) -> list[int]:
     """A compiled layer's backward written as ``engine/activations/compiled_backward`` lists it: its buffers
-    allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end),
+    allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end), its
+    KV cache's zero gradients (``tangents``: k's, v's) freed from the last where ``TANGENT`` says,
     each of the layer's gradients (``grads.made`` of ``part``'s tensor) at its ``GRADS`` step, each ``CONSTANT`` buffer made once into
     ``shared`` (the caller frees them after the last layer); the gradients' handles."""
     live: dict[str, list[int]] = {}
@@ -1053,17 +1111,21 @@ def backward_layer(
     kept = dict(enumerate(saved))
     one = grads.by_tensor and bool(part)  # else the layer's share, at the first gradient step
     for name, size in steps:
-        if name.startswith(GRADS):
+        if name == TANGENT:
+            s.free([tangents.pop()] if tangents else [])
+        elif name.startswith(GRADS):
             i = int(name[len(GRADS) :]) if one else -1
             if i not in made and i < len(part):
                 made[i] = grads.made((part[i],) if one else part, layers + 2)
         elif name.startswith(FREE_SAVED):
             s.free([kept.pop(int(name[len(FREE_SAVED) :]))] if int(name[len(FREE_SAVED) :]) in kept else [])
+        elif name.startswith(RELEASE):
+            s.free(shared.pop(name[len(RELEASE) :], []))
         elif name.startswith(CONSTANT):
             if name not in shared:
                 shared[name] = s.alloc(size)
         elif name.startswith(KEEP_SAVED):  # a saved tensor kept to the bottom
-            i = int(name[len(KEEP_SAVED) :])
+            i = int(name[len(KEEP_SAVED) :].split()[0])
             if i in kept:
                 shared[f"{name} {len(shared)}"] = [kept.pop(i)]
         elif name.startswith(KEEP):  # kept to the bottom: freed with the shared buffers
@@ -1082,28 +1144,43 @@ def backward_layer(
 
 
 def forward_layer(
-    s: StreamWriter, steps: Sequence[Step], hidden: list[int], saved: Sequence[Any], layers: int
+    s: StreamWriter,
+    steps: Sequence[Step],
+    hidden: list[int],
+    saved: Sequence[Any],
+    layers: int,
+    held: list[int] | None = None,
+    pending: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
     in order, its share of the ``saved`` items (``layers`` layers) where it says (all at once, or term by term),
     its input ``hidden`` freed
-    when it returns; the handles of its output and of its saved tensors."""
+    when it returns, its ``HELD`` buffers added to ``held`` (freed by the caller when the forward ends), its
+    ``LATER`` ones to ``pending`` (freed after the next saved term, here or in the next layer); the handles of its
+    output and of its saved tensors."""
     live: dict[str, list[int]] = {}
     kept: list[int] = []
     at = 0  # the saved terms made so far: (SAVED, n) makes the next n, (SAVED, -1) the rest
     sizes: list[int] = []
     placed: dict[int, int] = {}  # SAVED_AT + p: the saved tensor at place p, made op by op
     for name, size in steps:
-        if name == SAVED:
+        if name in (SAVED, SAVED_BYTES):
             n = len(saved) - at if size < 0 else size
-            kept += s.items(saved[at : at + n], share=layers)
-            at += n
+            kept += s.alloc(size) if name == SAVED_BYTES else s.items(saved[at : at + n], share=layers)
+            at += 1 if name == SAVED_BYTES else n
+            if pending:
+                s.free(pending)
+                pending.clear()
+        elif name.startswith(LATER) and pending is not None:
+            pending += live.pop(name[len(LATER) :])
         elif name.startswith(SAVED_AT):
             sizes = sizes or tensor_sizes(saved, share=layers)
             p = int(name[len(SAVED_AT) :])
             placed[p] = s.alloc(sizes[p])[0]
         elif name == IN:
             s.free(hidden)
+        elif name.startswith(HELD) and held is not None:
+            held += s.alloc(size)
         elif size > 0:
             live[name] = s.alloc(size)
         else:
@@ -1292,14 +1369,15 @@ def compiled_stream_held(ctx: Any) -> bool:
     a named ``replay``: yes): where the stream writes the compiled layers' own forward and backward buffers and is
     held to the compiled fake-tensor trace (``trace/compiled.inductor_passes``) within 1% on reserved
     (``compiled_steps.compiled_steps_written``: bf16 full training of the Llama layout, Llama, Mistral, Qwen2,
-    Gemma, Qwen3; peft's LoRA on q and v of that layout without q/k norms; OLMo 2 and Gemma 3 in bf16 full
-    training; their traces' peak reserved to the byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/
-    test_alloc_stream_compiled.py; the H200 run llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the
-    fitted rule is +22.5% and +19.9%). Elsewhere the fitted rule stays: the other compiled layers keep eager's
-    backward items and are under their traces (autocast -2.2% to -7.6%, Qwen3's and Gemma 3's LoRA -2.4% and
-    -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes), and the LayerNorm families' compiled ViT-B
-    H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace does not show: docs/allocator.md), and so
-    does a compiled step with activation offloading or the optimizer in backward (no compiled trace of them)."""
+    Gemma, Qwen3, and its autocast (amp-bf16: Llama, Qwen2, Qwen3; ``compiled_amp_steps``); peft's LoRA on q and v
+    of that layout without q/k norms; OLMo 2 and Gemma 3 in bf16 full training; their traces' peak reserved to the
+    byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/test_alloc_stream_compiled.py; the H200 run
+    llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the fitted rule is +22.5% and +19.9%).
+    Elsewhere the fitted rule stays: the other compiled layers keep eager's backward items and are under their
+    traces (Qwen3's and Gemma 3's LoRA -2.4% and -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes),
+    and the LayerNorm families' compiled ViT-B H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace
+    does not show: docs/allocator.md), and so does a compiled step with activation offloading or the optimizer in
+    backward (no compiled trace of them)."""
     sc = ctx.scenario
     if not sc.compile or sc.reserved_model == "replay":
         return True
@@ -1458,10 +1536,12 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient."""
     return {
         LAYER_FORWARD: eager_layer_forward_transients(ctx) or layer_forward_steps(ctx),
+        FIRST_LAYER_FORWARD: first_layer_forward_steps(ctx),
+        BOTTOM_ORDER: bottom_order(ctx),
         LAYER_BACKWARD: layer_backward_steps(ctx) or eager_layer_backward_transients(ctx),
         BOTTOM_LAYER_BACKWARD: bottom_layer_backward_steps(ctx),
         KEPT_TOP: kept_top(ctx),
-        FINAL_NORM: final_norm_transients(ctx) if last else (),
+        FINAL_NORM: (final_norm_transients(ctx) or final_norm_steps(ctx)) if last else (),
         FINAL_NORM_BACKWARD: final_norm_backward_transients(ctx) if last else (),
         LAYER_NORM_BACKWARD: layer_norm_backward_transients(ctx),
         ROTARY_FORWARD: rotary_transients(ctx),
@@ -1497,7 +1577,15 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         earlier.update(layer_steps(short))
     if traced_only:  # the stream's per-op transients are traced facts; leave out only what CUDA alone makes
         # the per-op transients stay, and the TP facts (counts, not items) pass through
-        kept = (LAYER_FORWARD, LAYER_BACKWARD, BOTTOM_LAYER_BACKWARD, KEPT_TOP, FINAL_NORM, HEAD_GATHER)
+        kept = (
+            LAYER_FORWARD,
+            FIRST_LAYER_FORWARD,
+            LAYER_BACKWARD,
+            BOTTOM_LAYER_BACKWARD,
+            KEPT_TOP,
+            FINAL_NORM,
+        )
+        kept += (HEAD_GATHER, BOTTOM_ORDER)
         kept += (FINAL_NORM_BACKWARD, LAYER_NORM_BACKWARD, EMBEDDING_GRAD, ROTARY_FORWARD)
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
@@ -1508,7 +1596,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
     sc = ctx.scenario
-    offloaded = sc.activation_offloading and sc.activation_offloading_layers != 0
+    offloaded = sc.offloads_activations
     return step_stream(
         ag,
         sg,
@@ -1522,7 +1610,7 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         fsdp=fsdp,
         kept=grads_kept(ctx.scenario),
         ddp=ddp,
-        per_param=ctx.par.tp > 1,
+        per_param=ctx.par.tp > 1 or weights_in_module_order(ctx),
         opt_groups=optimizer_groups(ctx, stage) if order.params else (),
         zero=rank_zero(ctx, stage) if zero12_replayable(ctx) else None,
         pipe=pipe,

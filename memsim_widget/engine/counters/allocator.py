@@ -227,7 +227,8 @@ class CachingAllocator:
     def run(self, events: Iterable[Event]) -> tuple[int, Failure | None]:
         """Replay ``events`` in order up to the first allocation that fails: (the events replayed, that failure
         with its index). Sets ``peak_event`` and ``peak_tails``. Under the fast path's settings, ``malloc`` and
-        ``free`` inlined in one loop (the same steps, local counters; expandable segments' best fit called)."""
+        ``free`` inlined in one loop (the same steps, local counters; ``_get_free_block``'s best fit too, expandable
+        segments' included: a change to one is a change to both, held equal by tests/engine/test_allocator_reference.py)."""
         if not self._fast:
             return self._run_calls(events)
         lists, blocks, live = self.free_lists, self.free_blocks, self.live
@@ -275,7 +276,7 @@ class CachingAllocator:
                     i = bisect_left(lst, rounded << ADDR_BITS)
                     end = len(lst)
                     if i < end:
-                        if exp:  # the size it can grow to: the unmapped range after it counts
+                        if exp:  # as ``_get_free_block``: the size it can grow to, the unmapped range after it counts
                             b = blocks[lst[i] & ADDR_MASK]
                             x = b.next
                             grow = b.size + (x.size if x is not None and not x.mapped else 0)

@@ -50,7 +50,7 @@ def savers_replayable(ctx: Any) -> bool:
     offloading (``offload_replayable``; 0 layers offloaded is none) and the optimizer in backward
     (``in_backward_replayable``) as they are on."""
     sc, p = ctx.scenario, ctx.par
-    offloading = sc.activation_offloading and sc.activation_offloading_layers != 0
+    offloading = sc.offloads_activations
     if not (offloading or sc.optimizer_in_backward):
         return True
     return (
@@ -66,7 +66,7 @@ def savers_note(ctx: Any) -> str:
     out = []
     if sc.optimizer_in_backward:
         out.append("each parameter stepped in its post-accumulate-grad hook, its gradient freed after it")
-    if sc.activation_offloading and sc.activation_offloading_layers != 0:
+    if sc.offloads_activations:
         where = "the compute stream" if copy_stream(ctx) == 0 else "torchtune's copy stream"
         out.append(f"each layer's saved tensors offloaded after its forward, brought back on {where}")
     unsloth = copy_stream(ctx) == 0 and len(out) == 1 and not sc.optimizer_in_backward
