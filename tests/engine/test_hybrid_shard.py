@@ -133,13 +133,22 @@ def test_hsdp_under_reduce_every_micro_batch_says_what_it_does_not_count() -> No
 
 
 @pytest.mark.slow
-def test_a_cpu_trace_of_hsdp_2x4_matches_the_engine_and_fsdp_over_4() -> None:
-    """PyTorch's own FSDP2 on a (replicate 2, shard 4) CPU mesh: the traced peak equals dp 4's and the engine's
-    within 0.1%."""
+@pytest.mark.parametrize(
+    ("hsdp", "shard"),
+    [
+        ({"dp": 8, "dp_shard": 4, "zero": 3}, {"dp": 4, "zero": 3}),
+        ({"dp": 4, "dp_shard": 2, "tp": 2, "zero": 3}, {"dp": 2, "tp": 2, "zero": 3}),  # 2-D dp mesh x tp
+    ],
+)
+def test_a_cpu_trace_of_hsdp_matches_the_engine_and_fsdp_over_the_shard_group(
+    hsdp: dict, shard: dict
+) -> None:
+    """PyTorch's own FSDP2 on a (replicate, shard) CPU mesh (x tp): the traced peak equals that of FSDP2 over
+    the shard group alone, and the engine's within 0.1%."""
     from fidelity_cases import LLAMA
     from fidelity_parallel_cases import _case, compare
 
-    hsdp = compare(*_case("llama bf16 hsdp 2x4", LLAMA, {"dp": 8, "dp_shard": 4, "zero": 3}))
-    four = compare(*_case("llama bf16 fsdp dp4", LLAMA, {"dp": 4, "zero": 3}))
-    assert hsdp["trace"] == four["trace"]
-    assert abs(hsdp["error"]) < 0.001
+    got = compare(*_case("llama bf16 hsdp", LLAMA, hsdp))
+    alone = compare(*_case("llama bf16 fsdp", LLAMA, shard))
+    assert got["trace"] == alone["trace"]
+    assert abs(got["error"]) < 0.001
