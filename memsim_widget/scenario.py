@@ -286,6 +286,7 @@ OPTIONAL_PARALLEL = (
     "loss_parallel",
     "overlap_comm",
     "reduce_bucket_size",
+    "dp_shard",
 )
 
 
@@ -333,6 +334,14 @@ class ParallelConfig:
     #: accelerate fill it with hidden_size x hidden_size; None: DeepSpeed's default, 5e8). Read only under a
     #: DeepSpeed ZeRO-1/2 layout (``engine/frameworks.reduce_bucket_elements``).
     reduce_bucket_size: int | str | None = None
+    #: The ZeRO/FSDP sharding degree within ``dp`` (None: shard over every data-parallel rank): hybrid sharding,
+    #: the states sharded over groups of ``dp_shard`` ranks and replicated over ``dp / dp_shard`` such groups --
+    #: torchtitan's ``data_parallel_shard_degree`` x ``data_parallel_replicate_degree`` (FSDP2 ``fully_shard``
+    #: on a 2-D mesh, HSDP), FSDP1 / accelerate ``HYBRID_SHARD`` and ``_HYBRID_SHARD_ZERO2`` (one node's GPUs),
+    #: DeepSpeed MiCS (``mics_shard_size``). It must divide ``dp``; with ``cp`` the shard group is dp_shard x cp
+    #: (``shard_degree``). Read only under ZeRO >= 1; the replicas' extra all-reduce and communicator are the
+    #: engine's (``engine/states/gathered.py``, ``engine/counters/overhead.py``).
+    dp_shard: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -373,6 +382,14 @@ class ParallelConfig:
             _bool("parallel.overlap_comm", self.overlap_comm)
         if self.reduce_bucket_size is not None:
             object.__setattr__(self, "reduce_bucket_size", check_reduce_bucket_size(self.reduce_bucket_size))
+        if self.dp_shard is not None:
+            object.__setattr__(self, "dp_shard", _int("parallel.dp_shard", self.dp_shard, maximum=MAX_GPUS))
+            if self.dp % self.dp_shard:
+                raise ScenarioError(
+                    "parallel.dp_shard",
+                    f"must divide parallel.dp (the shard groups tile the data-parallel ranks): dp = {self.dp}, "
+                    f"got {self.dp_shard}",
+                )
         check("parallel", ScenarioView(parallel=self))
         if self.world_size > MAX_GPUS:
             raise ScenarioError(
@@ -406,6 +423,16 @@ class ParallelConfig:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
+    def shard_degree(self) -> int:
+        """The ranks ZeRO/FSDP shards the states over: dp_shard x cp (hybrid sharding), else dp x cp."""
+        return (self.dp if self.dp_shard is None else self.dp_shard) * self.cp
+
+    @property
+    def dp_replicate(self) -> int:
+        """The replicas of each shard group (hybrid sharding: dp / dp_shard; 1 when the states shard over all dp)."""
+        return 1 if self.dp_shard is None else self.dp // self.dp_shard
+
+    @property
     def expert_tp(self) -> int:
         """How many ways the tensor-parallel group splits each expert (expert TP).
 
@@ -419,8 +446,8 @@ class ParallelConfig:
         return max(1, self.tp // over)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``pp_layers`` (as a list), ``pp_split``, ``tp_plan``, ``loss_parallel``, ``overlap_comm``
-        and ``reduce_bucket_size`` only when set, so scenarios that leave them to their defaults read and print as
+        """Every field; ``pp_layers`` (as a list), ``pp_split``, ``tp_plan``, ``loss_parallel``, ``overlap_comm``,
+        ``reduce_bucket_size`` and ``dp_shard`` only when set, so scenarios that leave them to their defaults read and print as
         before the keys existed."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in OPTIONAL_PARALLEL:  # optional: echoed only when set

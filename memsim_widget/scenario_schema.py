@@ -164,8 +164,12 @@ SCHEMA: tuple[Field, ...] = (
         ("cp", "context-parallel degree"),
         ("ep", "expert-parallel degree"),
     )),
-    Field("parallel.zero", int, "the ZeRO stage (3: FSDP full shard), sharded over dp x cp",
+    Field("parallel.zero", int, "the ZeRO stage (3: FSDP full shard), sharded over dp x cp (dp_shard x cp under hybrid "
+          "sharding)",
           "scenario:ZERO_STAGES", cli="zero", widget=_w("ZeRO stage", "select", "Parallel")),
+    Field("parallel.dp_shard", int, "hybrid sharding (HSDP, HYBRID_SHARD, MiCS): ZeRO shards over groups of "
+          "dp_shard data-parallel ranks, replicated dp / dp_shard times; must divide dp (unset: shard over all dp)",
+          optional=True, cli="dp_shard"),
     Field("parallel.sequence_parallel", bool, "Megatron sequence parallelism over the tp group",
           widget=_w("sequence parallel", "bool", "Parallel")),
     Field("parallel.reshard_after_forward", bool, "FSDP2 reshards each unit after its forward (ZeRO-3 only)",

@@ -54,10 +54,13 @@ def config(draft: Draft) -> dict[str, Any]:
         cfg["deepspeed_config"] = {"deepspeed_config_file": deepspeed.FILE}
     elif cfg["distributed_type"] == "FSDP":
         cfg["fsdp_config"] = _fsdp(draft)
-    if (p.tp > 1 or p.cp > 1) and cfg["distributed_type"] != "DEEPSPEED":  # DeepSpeed: AutoTP in its own file
+    hsdp = p.zero == 3 and p.dp_replicate > 1  # FSDP2 on a replicate x shard mesh
+    if (p.tp > 1 or p.cp > 1 or hsdp) and cfg[
+        "distributed_type"
+    ] != "DEEPSPEED":  # DeepSpeed: AutoTP in its file
         cfg["parallelism_config"] = {
-            "parallelism_config_dp_replicate_size": p.dp if p.zero == 0 else 1,
-            "parallelism_config_dp_shard_size": p.dp if p.zero == 3 else 1,
+            "parallelism_config_dp_replicate_size": p.dp if p.zero == 0 else p.dp_replicate,
+            "parallelism_config_dp_shard_size": p.dp // p.dp_replicate if p.zero == 3 else 1,
             "parallelism_config_tp_size": p.tp,
             "parallelism_config_cp_size": p.cp,
         }

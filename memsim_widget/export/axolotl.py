@@ -111,6 +111,9 @@ def _layout(draft: Draft, cfg: dict[str, Any]) -> None:
             "state_dict_type": "SHARDED_STATE_DICT",
             "activation_checkpointing": sc.activation_checkpointing == "full",
         }
+    if _fsdp_on(draft) and p.dp_replicate > 1:  # FSDP2 HSDP (axolotl 0.19 dp_shard_size / dp_replicate_size)
+        cfg["dp_shard_size"] = p.dp // p.dp_replicate
+        cfg["dp_replicate_size"] = p.dp_replicate
     if p.tp > 1:
         cfg["tensor_parallel_size"] = p.tp
     if p.cp > 1:

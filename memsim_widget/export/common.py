@@ -120,11 +120,33 @@ def lora_targets(sc: Scenario) -> list[str] | str:
     return "all-linear" if targets == ["all-linear"] else targets
 
 
+#: The formats whose FSDP2 writes hybrid sharding (``parallel.dp_shard``): a replicate x shard mesh.
+HYBRID_FORMATS = ("torchtitan", "accelerate", "axolotl")
+
+
+def hybrid(sc: Scenario) -> bool:
+    """The scenario shards over groups of ``dp_shard`` ranks, replicated (ZeRO >= 1, more than one replica)."""
+    return sc.parallel.zero >= 1 and sc.parallel.dp_replicate > 1
+
+
+def check_hybrid(draft: Draft, deepspeed: bool) -> None:
+    """Refuse hybrid sharding where the format cannot write it: outside ``HYBRID_FORMATS``, under DeepSpeed
+    (0.19.8 removed MiCS, ``runtime/config.py``; ZeRO++ hpZ keeps a second copy, not the same memory), and at
+    ZeRO-1/2 (FSDP2's HSDP is ZeRO-3's)."""
+    sc = draft.scenario
+    if not hybrid(sc):
+        return
+    if deepspeed or draft.fmt not in HYBRID_FORMATS or sc.parallel.zero != 3:
+        raise refuse("parallel.dp_shard", draft.fmt, "no key here shards over groups within dp (hybrid sharding "
+                     "is FSDP2's HSDP at zero 3: export torchtitan, accelerate or axolotl without DeepSpeed)")  # fmt: skip
+
+
 def check_common(draft: Draft, *, peft: bool = True) -> None:
     """Refusals and notes that hold for every format: fp8 recipes, a count of offloaded layers, CUDA lazy
     loading, output lifetime, and
     (``peft``: the adapters come from PEFT) an adapter dtype other than PEFT's fp32 upcast."""
     sc = draft.scenario
+    check_hybrid(draft, sc.framework == "deepspeed" or sc.parallel.zero in (1, 2))
     if sc.precision == "fp8":
         raise refuse("precision", draft.fmt, "'fp8' is TransformerEngine's recipe; no key here selects it")
     fp8 = sc.fp8

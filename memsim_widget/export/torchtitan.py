@@ -80,8 +80,8 @@ def fields(draft: Draft) -> dict[str, Any]:
         # memsim models the eager step; torchtitan 0.3 captures it in CUDA graphs by default and then zeroes the
         # gradients in place (trainer.py: zero_grad(set_to_none=disable_cuda_graphs)), keeping them all step
         "training.disable_cuda_graphs": True,
-        "parallelism.data_parallel_replicate_degree": p.dp if p.zero == 0 else 1,
-        "parallelism.data_parallel_shard_degree": p.dp if p.zero == 3 else 1,
+        "parallelism.data_parallel_replicate_degree": p.dp if p.zero == 0 else p.dp_replicate,
+        "parallelism.data_parallel_shard_degree": p.dp // p.dp_replicate if p.zero == 3 else 1,
         "parallelism.fsdp_reshard_after_forward": "always" if p.reshard_after_forward else "never",
         "parallelism.tensor_parallel_degree": p.tp,
         "parallelism.enable_sequence_parallel": p.sequence_parallel,

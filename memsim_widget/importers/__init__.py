@@ -312,12 +312,28 @@ def scenario_dict(
         data, _nest({k: v for k, v in reading.values.items() if k.split(".")[0] in _SCENARIO_ROOTS})
     )
     data = _merge(data, overrides or {})
+    _unknown_dp_shard(reading, data, overrides or {})
     opt = data.get("optimizer")
     if (
         isinstance(opt, str) and opt in OPTIMIZERS
     ):  # an optimizer of one kernel (bitsandbytes') gets that kernel
         data["optimizer_impl"] = available_impl(opt, data.get("optimizer_impl", DEFAULTS["optimizer_impl"]))
     return data
+
+
+def _unknown_dp_shard(reading: Reading, data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """A shard degree read (``parallel.dp_shard``: MiCS, a node's GPUs) where no file nor flag says the
+    data-parallel size it must divide: dropped (the scenario's one GPU shards nothing) and listed."""
+    par = data.get("parallel")
+    if not isinstance(par, dict) or par.get("dp_shard") is None:
+        return
+    given = "parallel.dp" in reading.values or "dp" in (overrides.get("parallel") or {})
+    dp = par.get("dp", 1)
+    if not given and isinstance(dp, int) and isinstance(par["dp_shard"], int) and dp % par["dp_shard"]:
+        reading.miss("parallel.dp_shard", "parallel.dp", f"shard groups of {par['dp_shard']} need the data-parallel "
+                     "size, which the launch sets: dropped; pass --dp (a multiple of it) and --dp-shard",
+                     keep=True)  # fmt: skip
+        del par["dp_shard"]
 
 
 def unread_lines(

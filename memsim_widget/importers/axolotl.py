@@ -171,8 +171,13 @@ def _layout(
         reading.set("parallel.tp", get_int(path, data, "tensor_parallel_size", 1))
     reading.set("parallel.cp", get_int(path, data, "context_parallel_size", 1))
     shard = get_int(path, data, "dp_shard_size")
+    rep = get_int(path, data, "dp_replicate_size", 1)
     if shard is not None:
-        reading.set("parallel.dp", shard)
+        reading.set("parallel.dp", shard * rep)
+        if (
+            rep > 1 and shard > 1 and reading.values.get("parallel.zero") == 3
+        ):  # FSDP2 HSDP (replicate x shard)
+            reading.set("parallel.dp_shard", shard)
     else:
         reading.miss("parallel.dp", path.name, "the launch (axolotl train --num-processes N) sets the GPU count; "
                      "memsim assumed one data-parallel rank (pass --dp)")  # fmt: skip

@@ -148,6 +148,8 @@ def _zero(reading: Reading, path: Path, data: dict[str, Any]) -> None:
                      "'cpu' (both leave the GPU); host memory is not modelled", keep=True)  # fmt: skip
     if stage in (1, 2):
         _buckets(reading, path, data)
+    if stage == 3:
+        _zero3_groups(reading, path, data)
     for key, default in ZERO_SIZES.items():
         value = dig(zero, key)
         if value is None or value == default or (key in ZERO12_READ and stage in (1, 2)):
@@ -155,6 +157,25 @@ def _zero(reading: Reading, path: Path, data: dict[str, Any]) -> None:
         why = ("'auto': the HF integration sets it from the model's hidden size" if value == "auto"
                else f"{value!r} differs from DeepSpeed's default {default:,}")  # fmt: skip
         reading.miss(f"zero_optimization.{key}", path.name, why + "; memsim assumed the default")
+
+
+def _zero3_groups(reading: Reading, path: Path, data: dict[str, Any]) -> None:
+    """ZeRO-3 over sub-groups: MiCS' ``mics_shard_size`` (the states sharded over groups of that many ranks,
+    replicated across them: ``parallel.dp_shard``; DeepSpeed 0.19.8 removed MiCS and refuses the key,
+    ``runtime/config.py`` ``_REMOVED_ZERO_CONFIG_KEYS``, so it is read for the releases before), and ZeRO++ hpZ's
+    ``zero_hpz_partition_size`` (a secondary copy of the weights partitioned within groups of that many ranks,
+    beside the primary partition over every rank: not modelled, listed)."""
+    mics = get_int(path, data, "zero_optimization.mics_shard_size", -1, minimum=-1)
+    if mics > 0:
+        reading.set("parallel.dp_shard", mics)
+        reading.miss("zero_optimization.mics_shard_size", path.name, "MiCS read as ZeRO-3 "
+                     "sharded over groups of mics_shard_size ranks (its hierarchical all-gather buffers are not "
+                     "modelled); DeepSpeed 0.19.8 refuses the key (MiCS removed)", keep=True)  # fmt: skip
+    hpz = get_int(path, data, "zero_optimization.zero_hpz_partition_size", 1, minimum=0)
+    if hpz > 1:
+        reading.miss("zero_optimization.zero_hpz_partition_size", path.name, f"ZeRO++ hpZ keeps a secondary copy "
+                     f"of the weights partitioned over groups of {hpz} ranks (about the weights' bytes / {hpz} more on "
+                     "each GPU): not modelled, the estimate is below the run's")  # fmt: skip
 
 
 #: The ZeRO sizes a ZeRO-1/2 rank reads into the scenario (``_buckets``), not listed as held at the default.

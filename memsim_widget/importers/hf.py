@@ -146,9 +146,9 @@ def _fsdp(reading: Reading, path: Path, data: dict[str, Any]) -> None:
         raise file_error(path, "fsdp", f"{opts!r} names no sharding strategy (full_shard, shard_grad_op)")
     reading.set("parallel.zero", 3 if words & {"full_shard", "hybrid_shard"} else 2)
     if words & {"hybrid_shard", "hybrid_shard_zero2"}:
-        reading.miss(
-            "parallel", f"{path.name}: fsdp", "hybrid sharding read as sharding over every GPU", keep=True
-        )
+        reading.miss("parallel.dp_shard", f"{path.name}: fsdp", "hybrid sharding shards within a node, whose GPU "
+                     "count is the launch's: read as sharding over every GPU (pass --dp-shard GPUS_PER_NODE)",
+                     keep=True)  # fmt: skip
     offload = "offload" in words or get_bool(path, data, "fsdp_config.cpu_offload", False)
     reading.set("parallel.offload", "optimizer+params" if offload else "none")
     reshard = get_bool(path, data, "fsdp_config.reshard_after_forward", True)

@@ -381,16 +381,17 @@ def _parallel(reading: Reading, path: Path, cfg: dict[str, Any], where: str) -> 
     dp = 0
     if shard == -1:
         reading.set("parallel.zero", 3)
-        reading.miss("parallel.dp", where, "data_parallel_shard_degree -1 (the default): every GPU left over shards; "
-                     "the launch sets the count (pass --dp)")  # fmt: skip
+        hsdp = (
+            f" (x data_parallel_replicate_degree {rep}: HSDP, pass --dp-shard GPUs/{rep})" if rep > 1 else ""
+        )
+        reading.miss("parallel.dp", where, "data_parallel_shard_degree -1 (the default): every GPU left over shards"
+                     f"{hsdp}; the launch sets the count (pass --dp)")  # fmt: skip
     else:
         dp = max(rep, 1) * max(shard, 1)
         reading.set("parallel.dp", dp)
         reading.set("parallel.zero", 3 if shard > 1 else 0)
-        if shard > 1 and rep > 1:
-            reading.miss(
-                "parallel", where, "HSDP (replicate x shard) read as sharding over every data-parallel GPU"
-            )
+        if shard > 1 and rep > 1:  # HSDP: fully_shard over the (dp_replicate, dp_shard) mesh
+            reading.set("parallel.dp_shard", shard)
     reading.set("parallel.tp", max(g["tensor_parallel"], 1))
     reading.set("parallel.cp", max(g["context_parallel"], 1))
     reading.set("parallel.ep", max(g["expert_parallel"], 1))

@@ -40,7 +40,8 @@ def gpu_scaling(
     """Memory per GPU (nvidia-smi, allocated, reserved) for each GPU count and ZeRO stage.
 
     Counts that the scenario's ``tp x pp x cp`` does not divide are skipped; optimizer offload is kept
-    only where the ZeRO stage allows it.
+    only where the ZeRO stage allows it. Under hybrid sharding (``parallel.dp_shard``) the ZeRO lines keep the
+    shard group and add replicas (counts whose dp the shard degree does not divide are left out of them).
     """
     import pandas as pd
 
@@ -55,11 +56,14 @@ def gpu_scaling(
     if not counts:
         raise ScenarioError("gpus", f"no GPU count in {gpus!r} is a multiple of tp*pp*cp = {other}")
     rows = []
+    shard = par.dp_shard or 0
     for n in counts:
         dp = n // other
         for z in zero:
             if z and dp * par.cp == 1:
                 continue  # one replica: nothing to shard
+            if z and shard and dp % shard:
+                continue  # hybrid sharding: replicas of the scenario's shard group only
             off = par.offload if z else "none"
             if off == "optimizer+params" and z != 3:
                 off = "optimizer"
@@ -70,6 +74,7 @@ def gpu_scaling(
     cols["dp"] = np.array([r[1] for r in rows])
     cols["zero"] = np.array([r[2] for r in rows])
     cols["offload"] = np.array([r[3] for r in rows])
+    cols["dp_shard"] = np.where(cols["zero"] > 0, shard, 0)
     ev = evaluate(scenario, cols, (scenario.optimizer,))
     card = Context(scenario).gpu.memory_bytes
     return pd.DataFrame(

@@ -9,6 +9,7 @@ ranked by the modelled slowdown. Every figure comes from ``estimate`` itself.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -308,11 +309,14 @@ def _layout(s: Scenario) -> list[Option]:
     par = s.parallel
     if not (par.dp % 2 == 0 and par.tp * 2 <= 8):
         return []
+    change: dict[str, Any] = {"parallel.tp": par.tp * 2, "parallel.dp": par.dp // 2}
+    if par.dp_shard is not None:  # hybrid sharding: the shard group kept where it still tiles dp
+        change["parallel.dp_shard"] = math.gcd(par.dp_shard, par.dp // 2)
     return [
         Option(
             "layout",
             f"tensor parallel tp={par.tp * 2} (dp={par.dp // 2})",
-            {"parallel.tp": par.tp * 2, "parallel.dp": par.dp // 2},
+            change,
             "weights and activations split over twice the GPUs; tensor-parallel all-reduces every layer",
         )
     ]
@@ -954,7 +958,9 @@ def _max_seq_len(scenario: Scenario, table: int | None, headroom: float) -> int 
 
 def _why_no_gpu_count(scenario: Scenario, headroom: float) -> str:
     """Why more data-parallel GPUs cannot make ``scenario`` fit: what stays on every GPU however wide."""
-    wide = estimate(scenario.replace(parallel={"dp": MAX_DP, "zero": 3, "offload": "none", "ep": 1}))
+    wide = estimate(
+        scenario.replace(parallel={"dp": MAX_DP, "dp_shard": None, "zero": 3, "offload": "none", "ep": 1})
+    )
     comps = wide.components()
     biggest = max(comps, key=comps.get)  # type: ignore[arg-type]
     return (
@@ -982,6 +988,9 @@ def _min_gpus(scenario: Scenario, headroom: float) -> dict[str, Any] | None:
         return scenario.replace(
             parallel={
                 "dp": dp,
+                # hybrid sharding: the largest shard group within the scenario's that tiles dp (never sharding
+                # over more ranks than the user's job does)
+                "dp_shard": None if par.dp_shard is None else math.gcd(par.dp_shard, dp),
                 "tp": tp,
                 "pp": pp,
                 "zero": z,

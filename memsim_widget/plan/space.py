@@ -168,6 +168,7 @@ def layouts(base: Scenario, counts: Sequence[int], space: SearchSpace) -> list[L
                                 sequence_parallel=False,
                                 pp_layers=None,  # the split of base.parallel.pp_split (rules/pipeline_split)
                                 pp_microbatches=max(pp, par.pp_microbatches),
+                                dp_shard=None,  # the search shards over every dp rank (plan.vector.COLUMNS)
                             ),
                         )
                         try:
@@ -200,7 +201,7 @@ def refused_checkpointing(base: Scenario) -> list[int]:
     from memsim_widget.engine.activations import activations
 
     one = replace_unchecked(base.parallel, dp=1, tp=1, pp=1, cp=1, ep=1, zero=0, offload="none",
-                            sequence_parallel=False, pp_microbatches=1, pp_layers=None)  # fmt: skip
+                            sequence_parallel=False, pp_microbatches=1, pp_layers=None, dp_shard=None)  # fmt: skip
     out = []
     for code, mode in enumerate(CHECKPOINTING):
         sc = replace_unchecked(base, activation_checkpointing=mode, checkpoint_every=None, parallel=one)
@@ -265,6 +266,7 @@ def candidates(
             ep=np.full(k, lay.ep),
             grad_accum=np.where(lay.pp > 1, 1, acc),
             pp_microbatches=np.where(lay.pp > 1, acc, 1),
+            dp_shard=np.zeros(k, dtype=np.int64),
         )
         parts.append(part)
     names = (*COLUMNS, "num_gpus")

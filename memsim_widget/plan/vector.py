@@ -85,8 +85,11 @@ CHECKPOINTING = ("none", "selective", "full", "selective-op")
 CKPT_CODES = (2, 3)
 LOSSES = ("standard", "chunked")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+#: ``dp_shard``: hybrid sharding's shard degree within dp (``ParallelConfig.dp_shard``; 0: unset, shard over all dp).
+#: The search leaves it 0 (HSDP never lowers memory per GPU, and the time model does not price its node-local
+#: collectives); it carries a scenario's own (``scenario_columns``, ``gpu_scaling``).
 COLUMNS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "micro_batch", "grad_accum", "pp_microbatches",
-           "checkpointing", "loss", "optimizer", "offload")  # fmt: skip
+           "checkpointing", "loss", "optimizer", "offload", "dp_shard")  # fmt: skip
 
 #: Group statistics, the columns of every (keys, NSTAT) sum array: raw bytes, allocated bytes, long-lived
 #: allocated bytes (engine/counters/overhead ``PERSISTENT_CATEGORIES``), loss-buffer allocated bytes.
@@ -138,6 +141,7 @@ STATE_KEY = (
     "ep",
     "dp",
     "cp",
+    "dp_shard",
     "zero",
     "optimizer",
     "offload",
@@ -191,9 +195,9 @@ def state_parts(
 
 def _state_part(base: Scenario, optimizers: tuple[str, ...], num_layers: int, k: list[int]) -> StatePart:
     """The ``StatePart`` of the state key ``k`` (``STATE_KEY`` without "carried")."""
-    tp, ep, sdp, scp, z, o, off, pk, fk, lk, nl, un = k
+    tp, ep, sdp, scp, sds, z, o, off, pk, fk, lk, nl, un = k
     sc = candidate_scenario(base, optimizers, {
-        "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
+        "dp": sdp, "tp": tp, "pp": pk, "cp": scp, "dp_shard": sds, "ep": ep, "zero": z, "sp": 0, "micro_batch": 1,
         "grad_accum": 2 if un else 1, "pp_microbatches": max(pk, 1), "checkpointing": 0, "loss": 0, "optimizer": o,
         "offload": off}, validate=False)  # fmt: skip
     row = state_row(sc, nl or num_layers // pk, bool(fk), bool(lk))
@@ -338,6 +342,7 @@ def scenario_columns(scenario: Scenario, optimizers: Sequence[str] | None = None
         "loss": LOSSES.index(scenario.loss),
         "optimizer": opts.index(scenario.optimizer),
         "offload": OFFLOADS.index(par.offload),
+        "dp_shard": par.dp_shard or 0,
     }
 
 
@@ -367,6 +372,7 @@ def candidate_scenario(
         "sequence_parallel": bool(row["sp"]),
         "pp_microbatches": int(row["pp_microbatches"]),
         "offload": OFFLOADS[int(row["offload"])],
+        "dp_shard": int(row["dp_shard"]) or None if "dp_shard" in row else None,
         "pp_layers": None,  # the split of base.parallel.pp_split (rules/pipeline_split)
     }
     if not validate:
@@ -863,19 +869,21 @@ def _state_key(
     only through "dp > 1" (DDP buckets); ZeRO >= 1 only through dp * cp (with ep > 1 and ZeRO-0 the key keeps
     dp and cp as they are: ep must divide dp * cp). The layout columns lead the key and are the candidate's,
     so they are made distinct per candidate first and the rows add only their stage columns."""
-    zero = c["zero"]
+    zero, ds = c["zero"], c["dp_shard"]
     plain = (zero == 0) & (c["ep"] == 1)
     layout = {
         "tp": c["tp"],
         "ep": c["ep"],
         "dp": np.where(plain, np.minimum(c["dp"], 2), np.where(zero == 0, c["dp"], c["dp"] * c["cp"])),
         "cp": np.where((zero == 0) & ~plain, c["cp"], 1),
+        # hybrid sharding under ZeRO >= 1: the shard group (dp_shard x cp) within dp x cp; 0 where all dp shards
+        "dp_shard": np.where((zero == 0) | (ds == 0) | (ds == c["dp"]), 0, ds * c["cp"]),
         "zero": zero,
         "optimizer": c["optimizer"],
         "offload": c["offload"],
         "pp": c["pp"],
     }
-    lkey, l_cand = unique_codes([layout[name] for name in STATE_KEY[:8]])
+    lkey, l_cand = unique_codes([layout[name] for name in STATE_KEY[:9]])
     rkey, r_row = _row_codes(l_cand, cand, [(first, 2), (last, 2), (layers, int(layers.max(initial=0)) + 1),
                                             (unsynced[cand], 2), (carried, 3)])  # fmt: skip
     return np.concatenate([lkey[rkey[:, 0]], rkey[:, 1:]], axis=1), r_row
@@ -901,8 +909,11 @@ def _row_codes(
 
 def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequence[str]) -> Evaluation:
     """Evaluate every candidate (one per index of the ``COLUMNS`` arrays) on ``base``'s other keys."""
-    c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS}
-    ctx0 = Context(base.replace(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
+    c = {k: np.asarray(cols[k], dtype=np.int64) for k in COLUMNS if k != "dp_shard"}
+    c["dp_shard"] = (
+        np.asarray(cols["dp_shard"], dtype=np.int64) if "dp_shard" in cols else np.zeros_like(c["dp"])
+    )
+    ctx0 = Context(base.replace(parallel={"dp": 1, "dp_shard": None, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0,
                                           "offload": "none", "sequence_parallel": False, "pp_layers": None}))  # fmt: skip
     arch = ctx0.arch
     par0 = base.parallel
@@ -979,7 +990,9 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ----- peak, allocator pool, outside memory (engine/counters/overhead) ---------------------------------------
     peak_alloc, peak_m, pool = _peak_and_pool(ctx0, moments)
     # one NCCL communicator per parallel dimension above 1 (engine/counters/overhead.device_items)
-    comms = communicator_count(c["dp"], c["tp"], c["pp"], c["cp"], c["ep"])[cand]
+    comms = communicator_count(
+        c["dp"], c["tp"], c["pp"], c["cp"], c["ep"], np.where(c["zero"] > 0, c["dp_shard"], 0)
+    )[cand]
     outside = outside_bytes(context_bytes(ctx0), comms, s_out[s_idx])
     cap = reserved_cap(ctx0, outside)
     oom = np.zeros(cand.shape[0], dtype=bool)

@@ -209,7 +209,7 @@ def parallelize(
         _apply_tp(model, mesh, sc, notes)
     if par.dp == 1:
         return
-    dp_mesh = mesh["dp"]
+    dp_mesh = mesh[HSDP_DIMS] if hybrid(sc) else mesh["dp"]
     if par.zero == 3:
         from torch.distributed.fsdp import fully_shard
 
@@ -223,8 +223,13 @@ def parallelize(
         for layer in decoder_layers(model):
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
+        over = (
+            f"a {par.dp_replicate} x {par.dp_shard} (replicate x shard) mesh: HSDP"
+            if hybrid(sc)
+            else f"dp={par.dp}"
+        )
         notes.append(
-            f"FSDP2 fully_shard on each decoder layer then the root over dp={par.dp}, "
+            f"FSDP2 fully_shard on each decoder layer then the root over {over}, "
             f"reshard_after_forward={reshard_after_forward}"
         )
     else:
@@ -234,6 +239,29 @@ def parallelize(
             replicate(layer, mesh=dp_mesh)
         replicate(model, mesh=dp_mesh)
         notes.append(REPLICATE_NOTE)
+
+
+#: The data-parallel mesh dimensions of HSDP (torchtitan's names): replicas outer, the shard group inner.
+HSDP_DIMS = ("dp_replicate", "dp_shard")
+
+
+def hybrid(sc: Scenario) -> bool:
+    """FSDP2 on a replicate x shard mesh (``parallel.dp_shard`` under zero 3, replicas > 1)."""
+    return sc.parallel.zero == 3 and sc.parallel.dp_replicate > 1
+
+
+def mesh_shape(sc: Scenario, shape: dict[str, int]) -> dict[str, int]:
+    """The trace's mesh: the job's, with dp split into replicate x shard under HSDP (``hybrid``)."""
+    if not hybrid(sc):
+        return shape
+    par = sc.parallel
+    out: dict[str, int] = {}
+    for k, v in shape.items():
+        if k == "dp":
+            out.update({HSDP_DIMS[0]: par.dp_replicate, HSDP_DIMS[1]: par.dp // par.dp_replicate})
+        else:
+            out[k] = v
+    return out
 
 
 # ----- the trace -------------------------------------------------------------------------------------
@@ -357,7 +385,7 @@ def trace_distributed(
         real_mode_shims(True, notes),
         tp_context,
     ):
-        mesh = cpu_mesh({k: v for k, v in shape.items() if k != "pp"})
+        mesh = cpu_mesh({k: v for k, v in mesh_shape(sc, shape).items() if k != "pp"})
         result = trace_training(
             _model_factory(sc, cfg, mesh, layout_notes, reshard_after_forward),
             inputs,

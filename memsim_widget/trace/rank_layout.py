@@ -58,6 +58,12 @@ def check_distributed(sc: Scenario) -> None:
         )
     if par.cp > 1:
         raise ScenarioError("parallel.cp", CP_REFUSAL)
+    if par.zero == 3 and par.dp_replicate > 1 and (par.shard_degree == 1 or par.pp > 1):
+        raise ScenarioError(
+            "parallel.dp_shard",
+            "HSDP is traced with a shard group of 2 or more ranks and no pipeline (dp_shard 1 or pp > 1: not "
+            "traced); leave dp_shard unset or raise it",
+        )
     if par.tp > 1 and not _has_tp_plan():
         raise ScenarioError("parallel.tp", "tensor-parallel tracing is not available (no trace/tp_plan.py)")
 
@@ -84,7 +90,12 @@ def rank_role(sc: Scenario, rank: int) -> str:
     parts = []
     if par.dp > 1:
         kind = "FSDP shard" if par.zero == 3 else "replica"
-        parts.append(f"{kind} {coords['dp']} of {par.dp}" + (" (replicate)" if par.zero != 3 else ""))
+        hsdp = (
+            f", HSDP: {par.dp_replicate} replicas of {par.dp_shard}"
+            if par.zero == 3 and par.dp_replicate > 1
+            else ""
+        )
+        parts.append(f"{kind} {coords['dp']} of {par.dp}" + (" (replicate)" if par.zero != 3 else hsdp))
     if par.cp > 1:
         parts.append(f"context-parallel rank {coords['cp']} of {par.cp}")
     if par.tp > 1:

@@ -68,6 +68,7 @@ ACTIVATIONS_IGNORED = {
     "parallel.reshard_after_forward": {"parallel": {"dp": 4, "zero": 3, "reshard_after_forward": False}},
     "parallel.overlap_comm": {"parallel": {"dp": 4, "zero": 2, "overlap_comm": True}},
     "parallel.reduce_bucket_size": {"parallel": {"dp": 4, "zero": 2, "reduce_bucket_size": "auto"}},
+    "parallel.dp_shard": {"parallel": {"dp": 4, "zero": 3, "dp_shard": 2}},
 }
 
 

@@ -93,6 +93,8 @@ def knobs(draw: st.DrawFn, base: Scenario) -> dict[str, int]:
         "loss": draw(st.sampled_from([0, 1])),
         "optimizer": draw(st.sampled_from([0, 1, 2])),
         "offload": offload,
+        # hybrid sharding (0: unset): a shard group within dp, under any ZeRO stage (ZeRO-0 ignores it)
+        "dp_shard": draw(st.sampled_from([0, *(d for d in (1, 2, 4) if dp % d == 0 and d < dp)])),
     }
 
 

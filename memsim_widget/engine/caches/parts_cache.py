@@ -64,7 +64,7 @@ ACTIVATIONS_IGNORE = frozenset(
     }
 )
 ACTIVATIONS_IGNORE_PARALLEL = frozenset(
-    {"dp", "zero", "offload", "reshard_after_forward", "overlap_comm", "reduce_bucket_size"}
+    {"dp", "dp_shard", "zero", "offload", "reshard_after_forward", "overlap_comm", "reduce_bucket_size"}
 )
 
 _STATES_FIELDS = tuple(f.name for f in fields(Scenario) if f.name not in STATES_IGNORE)

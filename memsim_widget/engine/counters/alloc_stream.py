@@ -1418,13 +1418,18 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), not in
     fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by ``zero_grad``
     (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
-    (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them)."""
+    (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them). Under HSDP
+    (``parallel.dp_shard``) the units shard over the shard group, as the stream writes them: FSDP2's all-reduce
+    keeps the reduce-scatter output that is the gradient already (``fsdp_stream``'s docstring); under an
+    accumulation that reduces every micro-batch a later micro-batch's held all-reduce output is not written (a
+    caveat says so: ``caveats.hybrid_caveat``; a CPU trace of a 2 x 4 mesh peaked where it is not held)."""
     from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
 
     sc, p = ctx.scenario, ctx.par
     return (
         p.dp > 1
         and p.zero >= 3
+        and p.shard_degree > 1
         and (p.tp == 1 or with_tp)
         and p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "fsdp2"
@@ -1495,6 +1500,7 @@ def zero12_replayable(ctx: Any) -> bool:
     return (
         p.dp > 1
         and p.zero in (1, 2)
+        and p.dp_replicate == 1  # DeepSpeed ZeRO-1/2 shards over every dp rank (no hybrid written)
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).bucket_elements > 0
         and (ctx.full_training or zero_lora_modelled(ctx))
@@ -1520,6 +1526,7 @@ def zero3_replayable(ctx: Any, lora: bool = False) -> bool:
     return (
         p.dp > 1
         and p.zero >= 3
+        and p.dp_replicate == 1  # MiCS' sub-group partitions and hierarchical all-gather: not written
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "deepspeed"
         and (zero3_lora_modelled(ctx) if lora else ctx.full_training)

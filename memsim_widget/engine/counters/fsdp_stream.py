@@ -40,11 +40,21 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
   as bytes where the dtypes differ (``foreach_all_gather``: uint8); only those with an unsharded gradient are
   reduce-scattered (``post_backward``'s ``fsdp_params_with_grad``), and a unit without one reduces nothing.
 
-Not modelled here: HSDP's all-reduce stream (replicate x shard meshes), a ``reduce_dtype`` other than the
+- HSDP (``fully_shard`` on a replicate x shard mesh, ``parallel.dp_shard``): the units are sharded over the
+  shard group (``world`` = dp_shard x cp) and ``foreach_reduce`` all-reduces each reduce-scatter output in
+  place across the replicas on the all-reduce stream, which becomes the post-reduce stream; with ``reduce_dtype``
+  the parameters' own nothing is allocated there (no cast), and ``FSDPParamGroup._all_reduce_state`` holds
+  the output -- already the gradient shards' storage -- until the group's next ``post_backward`` or
+  ``finalize_backward``: the same allocations as FSDP2 over the shard group alone. Under gradient
+  accumulation that reduces every micro-batch (``"reduce"``) the held output of a later micro-batch is a
+  buffer of its own (the gradient already exists and takes ``+=``), kept to the end of that backward: not
+  written (up to one more gradient shard late in backward; ``caveats.hybrid_caveat`` says so).
+
+Not modelled here: a ``reduce_dtype`` other than the
 parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
 gradient accumulation without resharding after backward, explicit prefetching, QLoRA's NF4 base and frozen
 towers, CPU offload (``alloc_stream.replayable`` keeps the fitted rule for them; docs/allocator.md, "FSDP2's
-streams", says why each of QLoRA, HSDP and CPU offload is not traced).
+streams", says why each of QLoRA and CPU offload is not traced).
 """
 
 from __future__ import annotations
@@ -320,7 +330,7 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     from memsim_widget.engine.states.budget import local_groups
     from memsim_widget.engine.states.weights import stored_in_nf4
 
-    world = ctx.par.dp * ctx.par.cp
+    world = ctx.par.shard_degree  # HSDP: each unit is sharded over its shard group only
     wb = gathered_weight_bytes(ctx)
     grad_b = ctx.recipe.grad_bytes
     adapters = {ad.base.name: ad for ad in ctx.adapters}

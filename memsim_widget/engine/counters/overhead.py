@@ -102,21 +102,32 @@ def workspace_items(ctx: Context) -> list[Item]:
     ]
 
 
-def group_sizes(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any) -> dict[str, Any]:
-    """The process groups a rank talks through and their ranks (data parallelism spans dp x cp ranks); numbers
-    or arrays (``plan/vector`` counts the communicators of many layouts at once)."""
-    return {"dp": dp * cp, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
+def group_sizes(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any, dp_shard: Any = 0) -> dict[str, Any]:
+    """The process groups a rank talks through and their ranks; numbers or arrays (``plan/vector`` counts the
+    communicators of many layouts at once). Data parallelism spans dp x cp ranks; under hybrid sharding
+    (``dp_shard``, 0 or None: unset) the "dp" group is the shard group (dp_shard x cp: all-gathers and
+    reduce-scatters) and "dp_replicate" joins the dp / dp_shard replicas of a shard (FSDP2's HSDP all-reduce
+    of each reduce-scattered gradient: torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_collectives.py``
+    ``foreach_reduce``, ``all_reduce_group``; FSDP1's ``HYBRID_SHARD`` builds the same two groups,
+    ``fsdp/_init_utils.py`` ``_init_intra_and_inter_node_groups``)."""
+    if isinstance(dp_shard, int) or dp_shard is None:
+        shard = dp_shard or dp
+    else:  # a column: 0 where unset
+        shard = dp_shard + (dp_shard == 0) * dp
+    return {"dp": shard * cp, "dp_replicate": dp // shard, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
 
 
-def communicator_count(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any) -> Any:
+def communicator_count(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any, dp_shard: Any = 0) -> Any:
     """NCCL communicators a rank holds: one per process group of more than one rank (``group_sizes``)."""
-    return sum(((size > 1) * 1 for size in group_sizes(dp, tp, pp, cp, ep).values()), start=0)
+    return sum(((size > 1) * 1 for size in group_sizes(dp, tp, pp, cp, ep, dp_shard).values()), start=0)
 
 
 def communicators(ctx: Context) -> list[str]:
-    """Process groups with more than one rank that this rank talks through (``group_sizes``)."""
+    """Process groups with more than one rank that this rank talks through (``group_sizes``; ``dp_shard`` only
+    under ZeRO >= 1, where something is sharded)."""
     p = ctx.par
-    return [name for name, size in group_sizes(p.dp, p.tp, p.pp, p.cp, p.ep).items() if size > 1]
+    shard = p.dp_shard if p.zero else None
+    return [name for name, size in group_sizes(p.dp, p.tp, p.pp, p.cp, p.ep, shard).items() if size > 1]
 
 
 def context_bytes(ctx: Context) -> int:

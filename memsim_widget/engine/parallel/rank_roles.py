@@ -57,8 +57,14 @@ def split_words(scenario: Scenario) -> list[str]:
     group = par.dp * par.cp
     if group > 1:
         shard = ZERO_SHARDS.get(par.zero)
+        hybrid = par.dp_replicate > 1
+        over = (
+            f"dp_shard x cp = {par.shard_degree}, {par.dp_replicate} replicas"
+            if hybrid
+            else f"dp x cp = {group}"
+        )
         words.append(
-            f"1/{group} of the {shard} (ZeRO-{par.zero} over dp x cp = {group})"
+            f"1/{par.shard_degree} of the {shard} (ZeRO-{par.zero} over {over})"
             if shard
             else f"a full replica of the states (data parallel, dp={par.dp})"
         )

@@ -11,6 +11,7 @@ from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import embedding_split, head_copy
 from memsim_widget.engine.items import Item
 from memsim_widget.fast_dataclass import dataclass
+from memsim_widget.scenario import ParallelConfig
 
 
 @dataclass
@@ -128,6 +129,14 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
             )
         )
     return out
+
+
+def shard_why(par: ParallelConfig, stage: str) -> str:
+    """The words of a ZeRO shard note: "ZeRO-3 dp shard", or under hybrid sharding the shard group and its
+    replicas ("ZeRO-3 shard group, dp_shard 4 x 2 replicas")."""
+    if par.dp_replicate > 1:
+        return f"{stage} shard group, dp_shard {par.dp_shard} x {par.dp_replicate} replicas"
+    return f"{stage} dp shard"
 
 
 def shard_note(divisor: int, why: str) -> str:

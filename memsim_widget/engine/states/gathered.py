@@ -22,10 +22,10 @@ from memsim_widget.units import fmt_int
 def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
     """The gathered units of ZeRO-3 / FSDP when parameters are sharded (or fetched from the host)."""
     par = ctx.par
-    dp = par.dp * par.cp
+    shard = par.shard_degree  # hybrid sharding: the shard group, not every data-parallel rank
     z = par.zero
     fetched = parameters_fetched_from_host(ctx)
-    if z >= 3 and (dp > 1 or fetched):
+    if z >= 3 and (par.dp * par.cp > 1 or fetched):
         per_layer = sum(g.numel for g in groups if g.group.scope == "layer") // max(stage.layers, 1)
         root = sum(g.numel for g in groups if g.group.scope != "layer")
         largest = max((g.numel_each for g in groups if g.group.scope != "layer"), default=0)
@@ -41,7 +41,7 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
             elif fsdp2_unsynced_grads(ctx.scenario) and b.grads:
                 _unsynced_grads(b, grad_b)
         else:
-            _deepspeed_units(ctx, b, per_layer, root, grad_b, dp, fetched)
+            _deepspeed_units(ctx, b, per_layer, root, grad_b, shard, fetched)
 
 
 def _unsynced_grads(b: StateBudget, grad_b: int) -> None:
@@ -264,7 +264,7 @@ def _root_reduce(ctx: Context, b: StateBudget, root: int, grad_b: int, wb: int, 
     the root's new gradient shard does not exist yet (torch ``distributed/fsdp/_fully_shard/
     _fsdp_param_group.py`` ``post_backward`` and ``_fsdp_collectives.py`` ``foreach_reduce``, torch 2.13;
     traced: docs/fidelity-parallel.md)."""
-    dp = ctx.par.dp * ctx.par.cp
+    dp = ctx.par.shard_degree
     b.root_reduce += [
         Item(
             "gradients",
@@ -392,7 +392,7 @@ def pipeline_fsdp2(
       the reduce input and its shard beside the accumulation and every layer still gathered.
 
     The optimizer step sees the shards (``b.grads``, unchanged)."""
-    g_div = ctx.par.dp * ctx.par.cp if ctx.par.zero >= 2 else 1
+    g_div = ctx.par.shard_degree if ctx.par.zero >= 2 else 1
     wb = gathered_weight_bytes(ctx)
     n = b.trainable_local
     layers = stage.layers

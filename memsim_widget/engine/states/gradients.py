@@ -15,7 +15,7 @@ from memsim_widget.engine.frameworks import (
     tp_plan,
 )
 from memsim_widget.engine.items import Item
-from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
+from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note, shard_why
 from memsim_widget.engine.states.trained import Trained, trainable_scopes
 from memsim_widget.units import fmt_int
 
@@ -56,7 +56,9 @@ def grads_on_host(ctx: Context) -> bool:
 def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained, b: StateBudget) -> None:
     """The gradient items of ``b``, and the per-layer and pre/post gradient bytes the timeline reads."""
     sc, par = ctx.scenario, ctx.par
-    dp = par.dp * par.cp  # ZeRO/FSDP shard over the data-parallel (and context-parallel) group
+    dp = (
+        par.shard_degree
+    )  # ZeRO/FSDP shard over the data-parallel (and context-parallel) group, or dp_shard x cp
     z = par.zero
     trainable, grad_b, what = tr.entries, tr.grad_b, tr.what
     n_train, tensors_train = tr.n, tr.tensors
@@ -93,7 +95,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 "gradients",
                 "gradients",
                 grad_total,
-                f"{fmt_int(n_train)} {what} x {grad_b} B{shard_note(g_div, 'ZeRO-2 dp shard')}",
+                f"{fmt_int(n_train)} {what} x {grad_b} B{shard_note(g_div, shard_why(par, 'ZeRO-2'))}",
                 "tensor",
                 tensors_train,
             )
@@ -129,7 +131,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
                 "gradients (all but the bottom layer's and the embeddings', still to come)",
                 max(0, grad_total - missing),
                 f"{fmt_int(n_train)} params x {grad_b} B - 1 layer - embeddings"
-                f"{shard_note(g_div, 'ZeRO-2 dp shard')}",
+                f"{shard_note(g_div, shard_why(par, 'ZeRO-2'))}",
                 "tensor",
                 max(1, tensors_train - 10),
             ),
@@ -158,7 +160,7 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
             )
     b.largest_grad_bytes = max(e for _, _, e in trainable) * grad_b
     # no data parallelism (ZeRO-0: over dp; the planner's state key sees dp only, not cp, there)
-    alone = (par.dp if z == 0 else dp) == 1
+    alone = (par.dp if z == 0 else par.dp * par.cp) == 1
     solo = one_eager_gpu(ctx)
     # one GPU: a layer's new gradients are freed (added in place) before its backward's largest transients
     # (traced: the top layer's SiLU backward, beside no new gradient), so only a pipeline stage counts one here

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.items import Item
-from memsim_widget.engine.states.budget import StateBudget, shard_note
+from memsim_widget.engine.states.budget import StateBudget, shard_note, shard_why
 from memsim_widget.engine.states.trained import Trained
 from memsim_widget.optimizers import PAGED_MIN_NUMEL
 from memsim_widget.units import fmt_int
@@ -16,11 +16,11 @@ MASTER_ITEM = "fp32 master weights"
 
 
 def _sharding(ctx: Context) -> tuple[int, str, str]:
-    """The optimizer's ZeRO shard divisor (over dp x cp, stage 1 on), its note, and its level (host when offloaded)."""
+    """The optimizer's ZeRO shard divisor (over dp x cp, or dp_shard x cp; stage 1 on), its note, and its level (host when offloaded)."""
     par = ctx.par
     z = par.zero
-    o_div = par.dp * par.cp if z >= 1 else 1
-    o_note = shard_note(o_div, f"ZeRO-{z} dp shard")
+    o_div = par.shard_degree if z >= 1 else 1
+    o_note = shard_note(o_div, shard_why(par, f"ZeRO-{z}"))
     level = "host" if par.offload != "none" else "tensor"
     return o_div, o_note, level
 

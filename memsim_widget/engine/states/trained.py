@@ -89,8 +89,8 @@ def _adapter_shard(ctx: Context, trainable: list[tuple[tuple[int, ...], int, int
     from memsim_widget.engine.frameworks import profile
 
     par = ctx.par
-    world = par.dp * par.cp
-    if par.zero < 3 or world == 1 or profile(ctx).zero3 != "fsdp2" or par.tp > 1:
+    world = par.shard_degree
+    if par.zero < 3 or par.dp * par.cp == 1 or profile(ctx).zero3 != "fsdp2" or par.tp > 1:
         return 0
     return sum(c * padded_shard(shape, world) for shape, c, _ in trainable)
 

@@ -9,7 +9,7 @@ from collections import defaultdict
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.frameworks import megatron_fp8_params, quantises_module
 from memsim_widget.engine.items import Item
-from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note
+from memsim_widget.engine.states.budget import LocalGroup, StateBudget, shard_note, shard_why
 from memsim_widget.fp8 import SCALED_TENSORS_PER_GEMM
 from memsim_widget.units import fmt_int
 
@@ -63,13 +63,13 @@ def fetched_bytes_per_parameter(ctx: Context) -> float:
 
 
 def _placement(ctx: Context) -> tuple[int, str, str, str]:
-    """How the weights sit on this rank: the ZeRO-3 shard divisor (over dp x cp) and its note, the level (host
+    """How the weights sit on this rank: the ZeRO-3 shard divisor (over dp x cp, or dp_shard x cp) and its note, the level (host
     when parameters are offloaded) and the tensor-parallel note."""
     par = ctx.par
     w_div = (
-        par.dp * par.cp if par.zero >= 3 else 1
-    )  # ZeRO/FSDP shard over the data- (and context-) parallel group
-    w_note = shard_note(w_div, "ZeRO-3 dp shard")
+        par.shard_degree if par.zero >= 3 else 1
+    )  # ZeRO/FSDP shard over the data- (and context-) parallel group, or dp_shard x cp
+    w_note = shard_note(w_div, shard_why(par, "ZeRO-3"))
     weight_level = "host" if par.offload == "optimizer+params" else "tensor"
     tp_note = f" (tp={par.tp} split)" if par.tp > 1 else ""
     return w_div, w_note, weight_level, tp_note
