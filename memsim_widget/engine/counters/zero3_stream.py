@@ -1,6 +1,6 @@
 """What a DeepSpeed ZeRO-3 rank allocates and frees, and when, for the allocation stream
 (``engine/counters/alloc_stream.py``): ``DeepSpeedZeroOptimizer_Stage3`` as HF Trainer / accelerate run it with a
-bf16 model (``bf16.enabled``), full training, any number of micro-batches a step, no offload, DeepSpeed's stage-3
+bf16 model (``bf16.enabled``), full training, any number of micro-batches a step, no offload (see below), DeepSpeed's stage-3
 defaults
 (``runtime/zero/config.py``: ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` and
 ``stage3_max_reuse_distance`` 1e9, ``stage3_param_persistence_threshold`` 1e5 elements, ``sub_group_size`` 1e9,
@@ -59,7 +59,8 @@ Not modelled: ``overlap_comm``'s ``reduce_and_partition_stream`` and the all-gat
 flat copy and the gathers are made on streams of their own, pools of their own in the caching allocator; a CPU trace
 has one stream, so they stay on the compute stream here, untraced), module-level fetches inside a layer (a layer's
 Linears are fetched together at its start, so up to one layer's parameters more are live than DeepSpeed's
-one-module-at-a-time), offload. peft's LoRA (the adapters the only trained tensors, the frozen base partitioned
+one-module-at-a-time), parameter offload (``offload_optimizer`` is ``zero_offload_stream.py``'s, on these writers).
+peft's LoRA (the adapters the only trained tensors, the frozen base partitioned
 and gathered all the same) runs this writer on ``zero_lora.lora_zero3_units``: written, not the default replay.
 """
 

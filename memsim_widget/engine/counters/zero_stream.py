@@ -1,6 +1,6 @@
 """What a DeepSpeed ZeRO-1 or ZeRO-2 rank allocates and frees, and when, for the allocation stream
 (``engine/counters/alloc_stream.py``): ``DeepSpeedZeroOptimizer`` as HF Trainer / accelerate run it with a bf16
-model (``bf16.enabled``, ``data_types.grad_accum_dtype`` unset, so the gradients stay in bf16), no offload, any
+model (``bf16.enabled``, ``data_types.grad_accum_dtype`` unset, so the gradients stay in bf16), no offload (see below), any
 number of micro-batches a step (``gradient_accumulation_steps``), DeepSpeed's defaults for stages 1 and 2 (``contiguous_gradients``, ``reduce_scatter`` and
 ``use_multi_rank_bucket_allreduce`` true) but ``overlap_comm`` and ``reduce_bucket_size`` (default false and 5e8
 elements), which the scenario says (``parallel.overlap_comm``, ``parallel.reduce_bucket_size``).
@@ -56,7 +56,8 @@ partition stay views of the ipg buffer until the epilogue drops them).
 
 Not modelled: ``overlap_comm``'s reduction stream (on a GPU the flattened bucket is made on DeepSpeed's
 ``reduction_stream``, a pool of its own in the caching allocator; a CPU trace has one stream, so it stays on the
-compute stream here, untraced), fp16's loss scaler, offload and ZeRO-3 (``stage3.py``, another optimizer).
+compute stream here, untraced), fp16's loss scaler and ZeRO-3 (``stage3.py``, another optimizer);
+``offload_optimizer`` is ``zero_offload_stream.py``'s, on these writers.
 peft's LoRA (the adapters the only flat group, the frozen base left as it is) runs these writers on the
 adapters: ``zero_lora.py``.
 """
