@@ -71,9 +71,9 @@ def test_the_planner_builds_exactly_the_table_groups_on_each_side():
     xkey = np.array([[0, 1, 0, 1]])  # the first (and only) stage of the one activation key
     groups, _, _ = vector._activation_side(base, 16, akey, vector._act_rows(base, akey), xkey)
     assert set(groups) == set(ACTIVATION_GROUPS)
-    skey = np.array(
-        [[1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0]]
-    )  # ... first, last, an even split, synced, not carried
+    # one GPU, adamw, no ZeRO or offload; first and last stage, an even split, synced, not carried (0: unset)
+    ones = {"tp", "ep", "dp", "cp", "pp", "first", "last"}
+    skey = np.array([[int(name in ones) for name in vector.STATE_KEY]])
     ws = np.zeros(vector.NSTAT, dtype=np.int64)
     states, _ = vector._state_side(base, ("adamw",), skey, 16, ws)
     assert tuple(states) == STATE_GROUPS
