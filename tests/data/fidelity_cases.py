@@ -27,6 +27,17 @@ LLAMA = {"model_type": "llama", **SMALL}
 #: The same Llama at h=512, I=1376 and a real vocabulary (V=32,000: its T x V loss buffers dominate as in the real
 #: models); the allocator-replay cases (tests/engine/test_alloc_stream.py, benchmarks/allocator_replay_accum.py).
 LLAMA_H512_V32K = {**LLAMA, "hidden_size": 512, "intermediate_size": 1376, "vocab_size": 32000}
+#: The small Llama as ``benchmarks/zero_trace.py`` runs it under DeepSpeed (2 x 512, mixed-bf16, foreach AdamW, 4
+#: ranks): the tests of the ZeRO streams add their stage, offload, LoRA and ``reserved_model``.
+DEEPSPEED_SMALL_LLAMA = {
+    "model": LLAMA_H512_V32K,
+    "micro_batch_size": 2,
+    "seq_len": 512,
+    "precision": "mixed-bf16",
+    "framework": "deepspeed",
+    "optimizer": "adamw",
+    "optimizer_impl": "foreach",
+}
 MISTRAL = {"model_type": "mistral", **SMALL, "sliding_window": None}
 QWEN2 = {"model_type": "qwen2", **SMALL, "tie_word_embeddings": True}
 MIXTRAL = {"model_type": "mixtral", **SMALL, "num_local_experts": 4, "num_experts_per_tok": 2}

@@ -19,18 +19,12 @@ from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, Caching
 from memsim_widget.engine.counters.zero3_stream import Zero3Units, Zero3Writer, zero3_units
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
+from fidelity_cases import DEEPSPEED_SMALL_LLAMA, LLAMA_H512_V32K  # noqa: E402
 
 #: the small Llama of benchmarks/zero_trace.py under ZeRO-3 at dp 4: 44,367,872 parameters in Linears and
 #: embeddings, 9 norms of 512 (persistent: under 1e5 elements)
 SCENARIO = {
-    "model": LLAMA_H512_V32K,
-    "micro_batch_size": 2,
-    "seq_len": 512,
-    "precision": "mixed-bf16",
-    "framework": "deepspeed",
-    "optimizer": "adamw",
-    "optimizer_impl": "foreach",
+    **DEEPSPEED_SMALL_LLAMA,
     "parallel": {"dp": 4, "zero": 3},
     "reserved_model": "replay",
 }

@@ -19,18 +19,12 @@ from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, Caching
 from memsim_widget.engine.counters.zero_lora import lora_zero3_units, lora_zero12
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
+from fidelity_cases import DEEPSPEED_SMALL_LLAMA  # noqa: E402
 
 #: the small Llama of benchmarks/zero_trace.py under LoRA r 16 on q and v (LLaMA-Factory's default targets):
 #: per layer q's A and B 16 x 512 and 512 x 16 (8,192 elements each), v's A 16 x 512 and B 256 x 16 (4,096)
 SCENARIO = {
-    "model": LLAMA_H512_V32K,
-    "micro_batch_size": 2,
-    "seq_len": 512,
-    "precision": "mixed-bf16",
-    "framework": "deepspeed",
-    "optimizer": "adamw",
-    "optimizer_impl": "foreach",
+    **DEEPSPEED_SMALL_LLAMA,
     "method": "lora",
     "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
     "parallel": {"dp": 4, "zero": 2},

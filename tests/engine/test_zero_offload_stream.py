@@ -28,20 +28,14 @@ from memsim_widget.engine.counters.zero_stream import zero_rank
 from memsim_widget.engine.states.gradients import HOST_GRADS_ITEM, OFFLOAD_STAGING_ITEM, ZERO_BUCKET_ITEM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
+from fidelity_cases import DEEPSPEED_SMALL_LLAMA  # noqa: E402
 
 #: a reduce_bucket_size under the model's gradients (several reduces a backward)
 BUCKET_SMALL = 20_000_000
 #: the small Llama of benchmarks/zero_trace.py: 44,367,872 decaying parameters (the embedding and the head
 #: 16,384,000 each), 9 norms of 512
 SCENARIO = {
-    "model": LLAMA_H512_V32K,
-    "micro_batch_size": 2,
-    "seq_len": 512,
-    "precision": "mixed-bf16",
-    "framework": "deepspeed",
-    "optimizer": "adamw",
-    "optimizer_impl": "foreach",
+    **DEEPSPEED_SMALL_LLAMA,
     "parallel": {"dp": 4, "zero": 2, "offload": "optimizer"},
 }
 
