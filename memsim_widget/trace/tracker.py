@@ -504,24 +504,32 @@ class MemoryTracker(TorchDispatchMode):
         self._gc_outer = gc.isenabled()
         gc.collect()
         gc.disable()
-        if self._track_modules:
-            from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        try:
+            if self._track_modules:
+                from torch.nn.modules.module import (
+                    register_module_forward_hook,
+                    register_module_forward_pre_hook,
+                )
 
-            self._hook_handles = [
-                register_module_forward_pre_hook(self._pre_hook),
-                register_module_forward_hook(self._post_hook, always_call=True),
-            ]
+                self._hook_handles = [
+                    register_module_forward_pre_hook(self._pre_hook),
+                    register_module_forward_hook(self._post_hook, always_call=True),
+                ]
 
-        if self._mark_saved:
+            if self._mark_saved:
 
-            def _pack(t: torch.Tensor) -> torch.Tensor:
-                self.mark_saved(t)
-                return t.detach()  # no grad_fn: avoids a reference cycle that would delay frees
+                def _pack(t: torch.Tensor) -> torch.Tensor:
+                    self.mark_saved(t)
+                    return t.detach()  # no grad_fn: avoids a reference cycle that would delay frees
 
-            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(_pack, lambda t: t)
-            self._saved_hooks.__enter__()
-        self._follow_resize()
-        return super().__enter__()
+                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(_pack, lambda t: t)
+                self._saved_hooks.__enter__()
+            self._follow_resize()
+            return super().__enter__()
+        except BaseException:  # a failed start leaves the caller's collector as it was
+            if self._gc_outer:
+                gc.enable()
+            raise
 
     def _follow_resize(self) -> None:
         """Wrap ``UntypedStorage.resize_`` (not an aten op, so dispatch never sees it) to follow resizes.

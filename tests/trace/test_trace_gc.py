@@ -40,6 +40,17 @@ def test_inside_a_trace_the_collector_runs_no_automatic_collection(collector: No
     assert not gc.isenabled()  # a caller's choice is kept
 
 
+def test_a_trace_that_fails_to_start_leaves_the_collector_on(collector: None, monkeypatch: Any) -> None:
+    def broken(self: MemoryTracker) -> None:
+        raise RuntimeError("resize hook")
+
+    gc.enable()
+    monkeypatch.setattr(MemoryTracker, "_follow_resize", broken)
+    with pytest.raises(RuntimeError, match="resize hook"), MemoryTracker(track_modules=False):
+        pass
+    assert gc.isenabled()
+
+
 def _cycle_holding(tracker: MemoryTracker) -> tuple[list[Any], Any]:
     """A reference cycle holding a tensor made by one op (one tracked 4 KiB storage), and its record."""
     x = torch.ones(1024) * 2
