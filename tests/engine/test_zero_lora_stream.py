@@ -112,6 +112,18 @@ def test_deepspeed_runs_peft_adapters_in_bf16_and_hf_in_fp32() -> None:
         assert "fp32 master weights" not in peft
 
 
+def test_the_activation_cache_tells_zero_3_from_zero_2_on_one_rank() -> None:
+    """The activations' cache leaves the data-parallel layout out of its key, but DeepSpeed's cast depends on the
+    stage: on one rank (dp 1, no FSDP wrap to tell them apart) ZeRO-2's adapters are bf16 and ZeRO-3's
+    (``zero.Init``) fp32, whichever is estimated first."""
+    one = {"parallel": {"dp": 1, "zero": 2}}
+    three = {"parallel": {"dp": 1, "zero": 3}}
+    for first, second in ((one, three), (three, one)):
+        a, b = _items(first), _items(second)
+        assert ("attention input: LoRA input copies" in a) == (first is three)
+        assert ("attention input: LoRA input copies" in b) == (second is three)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     st.sampled_from([1, 2]),
