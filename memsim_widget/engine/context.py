@@ -23,6 +23,25 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: Parameter stacks of a multimodal model's vision side (tower, its unused layers, projector).
 TOWER_STACKS = ("vision", "vision_unused", "projector")
 _HEAD_MODULES = {"lm_head", "classifier", "cls", "decoder", "head"}
+#: The precisions memsim writes as DeepSpeed's ``bf16.enabled`` / ``fp16.enabled`` (``export/deepspeed._precision``)
+DEEPSPEED_16BIT = ("mixed-bf16", "bf16", "mixed-fp16")
+
+
+def deepspeed_casts_adapters(scenario: Scenario) -> bool:
+    """Whether DeepSpeed's engine casts peft's adapters to the model's 16-bit dtype at ``deepspeed.initialize``
+    (deepspeed 0.19.8 ``runtime/engine.py``: ``_configure_distributed_model`` under ``bf16.enabled`` or
+    ``fp16.enabled`` calls ``_cast_module_mixed_precision``, which sets ``p.data = p.data.to(param_dtype)`` for
+    every floating parameter not in it, whatever dtype peft made it in; a ``zero.Init`` model, HF's
+    ``from_pretrained`` under ZeRO-3, is skipped): LoRA or QLoRA under the ``deepspeed`` framework, ZeRO 0-2,
+    a precision in ``DEEPSPEED_16BIT``. The adapters then run, save and train in that dtype
+    (``Context.adapter_bytes``); ``lora.adapter_dtype`` only names what peft makes before the cast
+    (``Context.peft_adapter_bytes``, the ZeRO-1/2 stream's ``zero_lora``)."""
+    return (
+        scenario.method != "full"
+        and scenario.framework == "deepspeed"
+        and scenario.precision in DEEPSPEED_16BIT
+        and scenario.parallel.zero < 3
+    )
 
 
 @dataclass(frozen=True)
@@ -203,8 +222,17 @@ class Context:
         return tuple(out)
 
     @property
-    def adapter_bytes(self) -> int:
+    def peft_adapter_bytes(self) -> int:
+        """Bytes per element of the adapters as peft makes them (``lora.adapter_dtype``)."""
         return DTYPE_BYTES[self.scenario.lora.adapter_dtype]
+
+    @property
+    def adapter_bytes(self) -> int:
+        """Bytes per element of the adapters as they train: the model's 16-bit dtype where DeepSpeed casts them
+        at its wrap (``deepspeed_casts_adapters``), else as peft makes them."""
+        if deepspeed_casts_adapters(self.scenario):
+            return self.recipe.weight_bytes
+        return self.peft_adapter_bytes
 
     @cached_property
     def chunks(self) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ import numpy as np
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.arith import first_largest, takes_later
-from memsim_widget.engine.context import Context, Stage, uneven_held_layers
+from memsim_widget.engine.context import Context, Stage, deepspeed_casts_adapters, uneven_held_layers
 from memsim_widget.engine.counters.overhead import (
     PERSISTENT_CATEGORIES,
     capped_reserved,
@@ -585,14 +585,16 @@ def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int)
 
 def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
     """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss[, EP factor taken
-    from the TP group[, FSDP on]]) key: an expert's width depends on ``ParallelConfig.expert_tp``, which an
-    ``ep`` of that factor times the data-parallel ranks reproduces; whether FSDP is on decides torchtitan's
-    compute dtype under TP (engine/frameworks ``no_mixed_precision``), reproduced by dp = 2 with ZeRO-3."""
+    from the TP group[, FSDP on[, DeepSpeed's adapters uncast]]]) key: an expert's width depends on
+    ``ParallelConfig.expert_tp``, which an ``ep`` of that factor times the data-parallel ranks reproduces; whether
+    FSDP is on decides torchtitan's compute dtype under TP (engine/frameworks ``no_mixed_precision``), reproduced
+    by dp = 2 with ZeRO-3; ZeRO-3 leaves DeepSpeed's LoRA adapters in peft's dtype
+    (``context.deepspeed_casts_adapters``), reproduced by ZeRO-3 on dp = 1 (no FSDP wrap)."""
     arows = []
     for row in akey.tolist():
         b, tp, cp, sp, ck, lo = row[:6]
         over = row[6] if len(row) > 6 else 1
-        dp, zero = (2, 3) if len(row) > 7 and row[7] else (1, 0)
+        dp, zero = (2, 3) if len(row) > 7 and row[7] else (1, 3 if len(row) > 8 and row[8] else 0)
         sc = replace_unchecked(
             base,
             micro_batch_size=b,
@@ -925,8 +927,12 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     titan_amp = PROFILES[base.framework].fsdp_mixed_precision and PRECISIONS[base.precision].autocast
     fsdp = fsdp_wraps(c["zero"], c["dp"], c["cp"])
     fsdp_on = (fsdp & (c["tp"] > 1)).astype(np.int64) if titan_amp else np.zeros_like(over)
+    # ZeRO-3, where DeepSpeed would cast the LoRA adapters at ZeRO 0-2 (context.deepspeed_casts_adapters): its
+    # zero.Init model is not cast, so the adapters keep peft's dtype
+    casts = deepspeed_casts_adapters(replace_unchecked(base, parallel=replace_unchecked(par0, zero=0)))
+    uncast = (c["zero"] >= 3).astype(np.int64) if casts else np.zeros_like(over)
     akey, a_cand = unique_codes(
-        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on]
+        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on, uncast]
     )
     arows = _act_rows(base, akey)
 

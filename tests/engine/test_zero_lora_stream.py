@@ -84,30 +84,72 @@ def test_lora_zero12_replays_by_default_and_qlora_keeps_the_fitted_rule() -> Non
     assert not replayable(Context(estimate({**base, "method": "qlora"}).scenario))
 
 
+def _items(over: dict) -> dict[str, object]:
+    """The rank's items by name for an all-linear LoRA of rank 16 on the small Llama (b 2 x s 512: T = 1,024)."""
+    sc = {**SCENARIO, "lora": {"rank": 16, "targets": ["all-linear"]}, **over}
+    return {i.item: i for i in estimate(sc).ranks[0].items}
+
+
+def test_deepspeed_runs_peft_adapters_in_bf16_and_hf_in_fp32() -> None:
+    """DeepSpeed's wrap casts peft's fp32 adapters to bf16 (deepspeed 0.19.8 ``_cast_module_mixed_precision``), so
+    under ZeRO-1/2 the adapters keep no fp32 copy of their input: the attention input is saved once in bf16 (4
+    layers x 2 B x 1,024 x 512 = 4,194,304 B), the 591,872 adapter elements are 2 B each with a 4 B master
+    partition (a quarter at dp 4). Under HF's Trainer (no cast) and ZeRO-3 (``zero.Init``: no cast) q, k and v's
+    adapters each save an fp32 copy: 4 layers x 3 x 4 B x 1,024 x 512 = 25,165,824 B, the weights 4 B, no master."""
+    for zero in (1, 2):
+        ds = _items({"parallel": {"dp": 4, "zero": zero}})
+        assert not any(name.endswith("LoRA input copies") for name in ds)
+        assert ds["attention input: LoRA input"].bytes == 4_194_304
+        assert ds["LoRA adapter weights"].bytes == 591_872 * 2
+        assert ds["fp32 master weights"].bytes == 591_872 * 4 // 4
+        ds_bf16 = _items({"parallel": {"dp": 4, "zero": zero}, "lora": {"rank": 16, "targets": ["all-linear"],
+                                                                       "adapter_dtype": "bf16"}})  # fmt: skip
+        assert {k: i.bytes for k, i in ds_bf16.items()} == {k: i.bytes for k, i in ds.items()}
+    for over in ({"framework": "hf", "parallel": {"dp": 4, "zero": 0}}, {"parallel": {"dp": 4, "zero": 3}}):
+        peft = _items(over)
+        assert peft["attention input: LoRA input copies"].bytes == 25_165_824
+        assert peft["LoRA adapter weights"].bytes == 591_872 * 4
+        assert "fp32 master weights" not in peft
+
+
+def test_the_activation_cache_tells_zero_3_from_zero_2_on_one_rank() -> None:
+    """The activations' cache leaves the data-parallel layout out of its key, but DeepSpeed's cast depends on the
+    stage: on one rank (dp 1, no FSDP wrap to tell them apart) ZeRO-2's adapters are bf16 and ZeRO-3's
+    (``zero.Init``) fp32, whichever is estimated first."""
+    one = {"parallel": {"dp": 1, "zero": 2}}
+    three = {"parallel": {"dp": 1, "zero": 3}}
+    for first, second in ((one, three), (three, one)):
+        a, b = _items(first), _items(second)
+        assert ("attention input: LoRA input copies" in a) == (first is three)
+        assert ("attention input: LoRA input copies" in b) == (second is three)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     st.sampled_from([1, 2]),
     st.sampled_from([2, 4, 8]),
     st.sampled_from([4, 16, 64]),
     st.sampled_from([256, 512, 1024]),
+    st.sampled_from([["q_proj", "v_proj"], ["all-linear"]]),
 )
-def test_lora_on_q_and_v_reserves_no_more_than_full_training(zero: int, dp: int, rank: int, seq: int) -> None:
-    """At the same shape a q,v LoRA rank's replay reserves no more than the full-training rank's: its flat
-    buffers, masters, states and gradients are the adapters' (a small fraction of the base) beside the same
-    frozen bf16 weights. (All-linear LoRA is left out: the engine's activations count peft's fp32 input copies
-    of fp32 adapters, which DeepSpeed's bf16 cast removes, and at dp 8 they outgrow full training's sharded
-    states on this small model; docs/allocator.md.)"""
+def test_lora_reserves_no_more_than_full_training(
+    zero: int, dp: int, rank: int, seq: int, targets: list
+) -> None:
+    """At the same shape a LoRA rank's replay (q,v or all-linear) reserves no more than the full-training rank's:
+    its flat buffers, masters, states and gradients are the adapters' (a small fraction of the base) beside the
+    same frozen bf16 weights, and its activations save no fp32 copy of an adapter's input (DeepSpeed casts
+    peft's fp32 adapters to bf16 at the wrap: ``context.deepspeed_casts_adapters``)."""
     par = {"dp": dp, "zero": zero}
-    lora = {"rank": rank, "targets": ["q_proj", "v_proj"]}
+    lora = {"rank": rank, "targets": targets}
     full = estimate({**SCENARIO, "method": "full", "seq_len": seq, "parallel": par}).ranks[0]
     low = estimate({**SCENARIO, "lora": lora, "seq_len": seq, "parallel": par}).ranks[0]
     assert low.peak_reserved_bytes <= full.peak_reserved_bytes
 
 
 #: (zero, world, targets, bound): the traced shapes (benchmarks/zero_trace.py --lora 16 --targets qv|all, peft's
-#: fp32 adapters). q,v is held within 1%; all-linear within 2%, over: the engine's activations count peft's fp32
-#: input copies of fp32 adapters (activations/layer.py), which DeepSpeed's bf16 cast removes (measured +1.75%;
-#: -1.63% with the engine's adapters in bf16, whose activations are the trace's to 0.05% of allocated)
+#: fp32 adapters, which the engine runs in bf16 as DeepSpeed's cast leaves them). q,v is held within 1%
+#: (-0.13%); all-linear within 2%: measured -1.63% on reserved at ZeRO-2 world 4 and ZeRO-1 world 2, though
+#: allocated is the trace's to 0.1% (+0.05%, -0.10%); what the allocator caches differently is not found yet
 TRACED = [
     (2, 4, "qv", 0.01),
     (1, 4, "qv", 0.01),
@@ -123,7 +165,7 @@ def test_lora_replays_as_its_cpu_trace(zero: int, world: int, targets: str, boun
     """The engine's stream without the cuBLAS workspaces, which a CPU run never makes (``zero_trace.
     without_workspaces``: the peak is in the forward, where the two 32 MiB workspaces add on top: +1.66% with
     them for ZeRO-2 q,v at world 4), within ``bound`` of the reserved of DeepSpeed's real optimizer run on the
-    CPU on a peft model (fake process group, two steps; measured -0.38% for q,v; the fitted rule was +30.8% over
+    CPU on a peft model (fake process group, two steps; measured -0.13% for q,v; the fitted rule was +30.8% over
     the same run)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from zero_trace import BUCKET, TARGET_SETS, engine_stream, traced_apart

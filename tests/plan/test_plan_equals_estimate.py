@@ -268,3 +268,22 @@ def test_a_compiled_base_lists_pipelines_at_their_estimate():
     p = plan(base=base, gpu="rtx-4090", gpus=(1, 2), space=space, top=15)
     assert any(int(p.columns["pp"][i]) == 2 for i in p.ranking[: p.top])
     assert p.mismatches() == []
+
+
+def test_deepspeed_lora_candidates_at_every_zero_stage_equal_estimate():
+    """DeepSpeed casts peft's fp32 adapters to bf16 at ZeRO 0-2 but not at ZeRO-3 (``zero.Init``:
+    ``context.deepspeed_casts_adapters``), so a ZeRO-3 candidate's activations keep the adapters' fp32 input
+    copies and a ZeRO-2 one's do not: the planner's activation rows tell them apart as ``estimate`` does."""
+    base = {"model": "llama-3.2-1b", "framework": "deepspeed", "precision": "mixed-bf16", "method": "lora",
+            "lora": {"rank": 16, "targets": ["all-linear"]}, "optimizer": "adamw", "seq_len": 1024}  # fmt: skip
+    p = plan(
+        base=base,
+        gpu="h100-sxm-80gb",
+        gpus=(1, 4),
+        space=SearchSpace(zero=(2, 3), micro_batch=(1,)),
+        top=None,
+    )
+    zero = np.array([p.scenario(int(i)).parallel.zero for i in range(p.evaluated)])
+    assert set(zero.tolist()) == {2, 3}
+    sample = np.concatenate([np.flatnonzero(zero == 2)[:8], np.flatnonzero(zero == 3)[:8]])
+    assert p.mismatches(sample) == []

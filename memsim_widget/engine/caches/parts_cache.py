@@ -16,7 +16,7 @@ from typing import Any
 
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.caches import model_rules_cache
-from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.context import Context, Stage, deepspeed_casts_adapters
 from memsim_widget.engine.counters.overhead import workspace_items
 from memsim_widget.engine.frameworks import fsdp2_unsynced_grads, fsdp_wraps
 from memsim_widget.engine.states import StateBudget, model_states
@@ -97,9 +97,11 @@ def activations_key(sc: Scenario) -> tuple[Any, ...]:
     """The fields of ``sc`` one micro-batch's activation terms depend on, and the two facts they read from the
     left-out ``dp``/``zero``: whether FSDP shards the weights (it decides torchtitan's compute dtype under TP:
     ``frameworks.no_mixed_precision``) and the expert TP degree (``ParallelConfig.expert_tp``: an expert's
-    width, ``dp x cp`` deciding how much of ``ep`` folds over the TP group)."""
+    width, ``dp x cp`` deciding how much of ``ep`` folds over the TP group), and from ``zero`` whether DeepSpeed
+    casts the LoRA adapters (``context.deepspeed_casts_adapters``: not at ZeRO-3)."""
     p = sc.parallel
-    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp), p.expert_tp)
+    cast = deepspeed_casts_adapters(sc)
+    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp), p.expert_tp, cast)
 
 
 class _Keyed:

@@ -30,9 +30,10 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
   reaches a frozen embedding, so its module has no backward: the coordinator's recorded order has it in the
   forward alone, released after it and not fetched again (``Zero3Units.bottom_backward``).
 
-Not modelled (the fitted rule stays): ZeRO-3's reserved (above), QLoRA under DeepSpeed, a frozen stack. The engine's
-activations still count peft's fp32 input copies of fp32 adapters (``activations/layer.py``), which
-DeepSpeed's cast removes under ZeRO-1/2: +1.75% on reserved for all-linear LoRA against its trace.
+The engine's activations and states run the adapters in the dtype the cast leaves them
+(``context.deepspeed_casts_adapters``, ``Context.adapter_bytes``: no fp32 copy of an adapter's input); only the
+wrap here writes them as peft makes them (``Context.peft_adapter_bytes``) and the cast. Not modelled (the fitted
+rule stays): ZeRO-3's reserved (above), QLoRA under DeepSpeed, a frozen stack.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def lora_zero12(ctx: Any, stage: Any) -> tuple[tuple[int, ...], tuple[tuple[int,
     (the only parameters with gradients, so ``numels``), the fields of their ``alloc_stream.GradOrder`` (the output
     side's on top, one layer's in backward order, the input side's at the bottom, the module order) and the
     ``ZeroRank`` of one optimizer group of them (HF Trainer's no-decay group is empty: the norms are frozen), the
-    adapters made in ``lora.adapter_dtype`` and cast to the model's dtype at the wrap (``ZeroRank.cast_from``)."""
+    adapters made in ``lora.adapter_dtype`` (``Context.peft_adapter_bytes``) and cast to the model's dtype at the
+    wrap (``ZeroRank.cast_from``)."""
     from memsim_widget.engine.counters.zero_stream import zero_rank
     from memsim_widget.engine.frameworks import reduce_bucket_elements, reduce_buffers
 
@@ -95,7 +97,7 @@ def lora_zero12(ctx: Any, stage: Any) -> tuple[tuple[int, ...], tuple[tuple[int,
         reduce_buffers(ctx),
         ctx.par.zero >= 2,
     )
-    return tuple(module), order, replace(z, cast_from=ctx.adapter_bytes)
+    return tuple(module), order, replace(z, cast_from=ctx.peft_adapter_bytes)
 
 
 def lora_cast(s: Any, z: Any, made: list[list[int]]) -> list[int]:

@@ -4,11 +4,17 @@ master copy."""
 
 from __future__ import annotations
 
-from memsim_widget.engine.context import Context, Stage
+from memsim_widget.engine.context import Context, Stage, deepspeed_casts_adapters
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget, tp_split
 from memsim_widget.fast_dataclass import dataclass
 from memsim_widget.units import fmt_int
+
+#: The adapter weights' formula note where DeepSpeed casts them (``context.deepspeed_casts_adapters``)
+_DEEPSPEED_CAST = (
+    ", cast from peft's {} to the model's 16-bit dtype by DeepSpeed's engine at the wrap "
+    "(deepspeed 0.19.8 runtime/engine.py _cast_module_mixed_precision, whatever lora.adapter_dtype says)"
+)
 
 
 @dataclass
@@ -47,7 +53,7 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
         grad_b, state_b, master_b = recipe.grad_bytes, recipe.state_bytes, recipe.master_bytes
         what = "params"
     else:
-        a_bytes = ctx.adapter_bytes
+        a_bytes, cast = ctx.adapter_bytes, deepspeed_casts_adapters(sc)
         frac = stage.layers / ctx.arch.num_layers
         trainable = []
         for ad in ctx.adapters:
@@ -63,6 +69,7 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
                 (shard or n_ad) * a_bytes,
                 f"{fmt_int(n_ad)} adapter params x {a_bytes} B "
                 f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})"
+                + (_DEEPSPEED_CAST.format(sc.lora.adapter_dtype) if cast else "")
                 + (f", FSDP2 shards: {fmt_int(shard)} params on this rank" if shard else ""),
                 "tensor",
                 sum(c for _, c, _ in trainable),
@@ -70,7 +77,8 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
         )
         grad_b = a_bytes
         state_b = 4 if recipe.master_bytes else a_bytes
-        master_b = 0
+        # DeepSpeed's optimizer keeps an fp32 master (partition) of the cast adapters, as of a full model's weights
+        master_b = recipe.master_bytes if cast else 0
         what = "adapter params"
     unsplit = 0
     par = ctx.par
