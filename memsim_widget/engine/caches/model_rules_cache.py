@@ -10,6 +10,7 @@ that breaks a rule is not remembered: it raises every time.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import fields
@@ -48,6 +49,8 @@ _PARALLEL = attrgetter(*(f.name for f in fields(ParallelConfig) if f.name not in
 CACHE_SIZE = 4096
 
 _passed: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+#: Guards ``_passed``: the widget estimates on a worker thread while the kernel's thread may estimate too.
+_LOCK = threading.Lock()
 
 
 def model_rules_key(sc: Scenario) -> tuple[Any, ...]:
@@ -58,15 +61,18 @@ def model_rules_key(sc: Scenario) -> tuple[Any, ...]:
 def check_once(sc: Scenario, check: Callable[[], None]) -> None:
     """Run ``check`` (which raises on a broken rule) unless a scenario with the same ``model_rules_key`` passed."""
     key = model_rules_key(sc)
-    if key in _passed:
-        _passed.move_to_end(key)
-        return
+    with _LOCK:
+        if key in _passed:
+            _passed.move_to_end(key)
+            return
     check()
-    _passed[key] = None
-    if len(_passed) > CACHE_SIZE:
-        _passed.popitem(last=False)
+    with _LOCK:
+        _passed[key] = None
+        while len(_passed) > CACHE_SIZE:
+            _passed.popitem(last=False)
 
 
 def cache_clear() -> None:
     """Forget every scenario that passed (benchmarks measuring a cold engine)."""
-    _passed.clear()
+    with _LOCK:
+        _passed.clear()

@@ -22,6 +22,7 @@ stream's requested bytes exceed is known without a replay (``asks``: out of memo
 from __future__ import annotations
 
 import marshal
+import threading
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
@@ -1717,12 +1718,20 @@ _STREAMS: dict[tuple[Any, ...], StreamWriter] = {}
 _STREAMS_KEPT = 2
 
 
+#: Guards ``_STREAMS``: the widget estimates on a worker thread while the kernel's thread may estimate too.
+_STREAMS_LOCK = threading.Lock()
+
+
 def _built(key: tuple[Any, ...], ctx: Any, stage: Any) -> StreamWriter:
     """``rank_stream`` of ``stage``'s rank of ``ctx``, reused while it is among the last built."""
-    stream = _STREAMS.pop(key, None) or rank_stream(ctx, stage)
-    _STREAMS[key] = stream
-    while len(_STREAMS) > _STREAMS_KEPT:
-        del _STREAMS[next(iter(_STREAMS))]
+    with _STREAMS_LOCK:
+        stream = _STREAMS.pop(key, None)
+    if stream is None:
+        stream = rank_stream(ctx, stage)
+    with _STREAMS_LOCK:
+        _STREAMS[key] = stream
+        while len(_STREAMS) > _STREAMS_KEPT:
+            del _STREAMS[next(iter(_STREAMS))]
     return stream
 
 
@@ -1921,4 +1930,5 @@ def cache_clear() -> None:
     _replay_same_stream.cache_clear()
     _card_cached.cache_clear()
     _asks_cached.cache_clear()
-    _STREAMS.clear()
+    with _STREAMS_LOCK:
+        _STREAMS.clear()
