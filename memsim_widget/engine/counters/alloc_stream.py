@@ -743,9 +743,8 @@ def micro_forward(
     fin = a.get(FINAL_NORM, ())
     at = len(s.events)
     post = forward_layer(s, fin, [], a["post"], 1)[1] if fin else s.items(a["post"])
-    if (
-        pending
-    ):  # a LATER buffer: freed once the final norm's first saved tensor (the last layer's output) is made
+    # a LATER buffer: freed once the final norm's first saved tensor (the last layer's output) is made
+    if pending:
         rest = s.events[at + 1 :]
         del s.events[at + 1 :]
         s.free(pending)
@@ -1079,9 +1078,8 @@ def _layers_backward(
                 steps = [st for st in steps if st[0] != ARRIVING]
             # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
-            mine = [
-                tangents.pop() for _ in range(min(2, len(tangents)))
-            ]  # the layer's k and v zero gradients
+            # the layer's k and v zero gradients
+            mine = [tangents.pop() for _ in range(min(2, len(tangents)))]
             layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers, mine))
             layer, recomputed = ([], []) if own is layer else (layer, [])
         else:

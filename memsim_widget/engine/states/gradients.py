@@ -56,9 +56,8 @@ def grads_on_host(ctx: Context) -> bool:
 def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained, b: StateBudget) -> None:
     """The gradient items of ``b``, and the per-layer and pre/post gradient bytes the timeline reads."""
     sc, par = ctx.scenario, ctx.par
-    dp = (
-        par.shard_degree
-    )  # ZeRO/FSDP shard over the data-parallel (and context-parallel) group, or dp_shard x cp
+    # ZeRO/FSDP shard over the data-parallel (and context-parallel) group, or dp_shard x cp
+    dp = par.shard_degree
     z = par.zero
     trainable, grad_b, what = tr.entries, tr.grad_b, tr.what
     n_train, tensors_train = tr.n, tr.tensors
