@@ -220,18 +220,28 @@ class Zero3Writer:
         total = sum(self.parts[p] for p in trained)
         s.alloc(total * u.model_bytes)  # fp16_partitioned_groups_flat
         s.free(parts)
-        subs = [sum(self.parts[p] for p in g) for g in self.subs]
-        for n in subs:  # the fp32 master partition, and a copy made and dropped
-            s.alloc(n * MASTER_BYTES)
-            s.free(s.alloc(n * MASTER_BYTES))
-        s.free([h for n in subs for h in s.alloc(n * MASTER_BYTES)])  # initialize_optimizer_states
+        self._masters()
         s.alloc(u.bucket * u.model_bytes)  # the ipg bucket, kept
-        s.alloc(total * u.model_bytes)  # grad_partitions_flat_buffer, kept
+        self._grad_partitions(total)
         for p in range(len(self.numels)):  # create_reduce_and_remove_grad_hooks: all_gather, then partition
             if p not in self.persistent and p in trained:
                 s.free(s.alloc(self._padded(p) * u.model_bytes))
         for p in sorted(self.persistent & trained):  # a frozen one is gathered at its first fetch
             self.data[p] = s.alloc(self.numels[p] * u.model_bytes)
+
+    def _masters(self) -> None:
+        """The fp32 master partition of each sub group and a copy made and dropped, then
+        ``initialize_optimizer_states``' zero gradients made and freed (the host's under ``offload_optimizer``)."""
+        s = self.s
+        subs = [sum(self.parts[p] for p in g) for g in self.subs]
+        for n in subs:
+            s.alloc(n * MASTER_BYTES)
+            s.free(s.alloc(n * MASTER_BYTES))
+        s.free([h for n in subs for h in s.alloc(n * MASTER_BYTES)])
+
+    def _grad_partitions(self, total: int) -> None:
+        """``grad_partitions_flat_buffer``, kept (the host's under ``offload_optimizer``)."""
+        self.s.alloc(total * self.u.model_bytes)
 
     def step(self, first: bool, states: Sequence[float], temps: Sequence[float]) -> None:
         """``step``: the norm's fp64 casts of each gradient partition, then per sub group the flattened bf16

@@ -190,24 +190,12 @@ class Zero3OffloadWriter(Zero3Writer):
         super().__init__(s, u)
         self.boundary = True  # the step's last micro-batch (``is_gradient_accumulation_boundary``)
 
-    def wrap(self) -> None:
-        """``deepspeed.initialize``: each weight whole then its partition (the whole freed), the partitions
-        flattened, the ipg bucket (kept), the hooks' gather pass and the persisted parameters; the fp32 partitions,
-        zero gradients and the gradient partitions' buffer are the host's."""
-        s, u = self.s, self.u
-        parts = []
-        for p, n in enumerate(self.numels):
-            whole = s.alloc(n * u.model_bytes)
-            parts += s.alloc(self.parts[p] * u.model_bytes)
-            s.free(whole)
-        s.alloc(sum(self.parts) * u.model_bytes)  # fp16_partitioned_groups_flat
-        s.free(parts)
-        s.alloc(u.bucket * u.model_bytes)  # the ipg bucket, kept
-        for p in range(len(self.numels)):  # create_reduce_and_remove_grad_hooks: all_gather, then partition
-            if p not in self.persistent:
-                s.free(s.alloc(self._padded(p) * u.model_bytes))
-        for p in sorted(self.persistent):
-            self.data[p] = s.alloc(self.numels[p] * u.model_bytes)
+    def _masters(self) -> None:
+        """None on the GPU: the fp32 partitions and ``initialize_optimizer_states``' zero gradients are the host's
+        (``_create_fp32_partitions`` on ``self.device``)."""
+
+    def _grad_partitions(self, total: int) -> None:
+        """None on the GPU: ``grad_partitions_flat_buffer`` is made on the host."""
 
     def step(self, first: bool, states: Sequence[float], temps: Sequence[float]) -> None:
         """The step runs on the host: nothing on the GPU (the updated partitions copied into the flat buffer in
