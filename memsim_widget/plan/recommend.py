@@ -201,9 +201,10 @@ def _optimizer(s: Scenario) -> list[Option]:
 
 
 def _zero(s: Scenario) -> list[Option]:
-    """Each ZeRO stage above the current one, when there are data-parallel (or context) ranks to shard over."""
+    """Each ZeRO stage above the current one, when there are data-parallel (or context) ranks to shard over (the
+    shard group under hybrid sharding: ``ParallelConfig.shard_degree``)."""
     par = s.parallel
-    shard = par.dp * par.cp
+    shard = par.shard_degree
     if shard <= 1:
         return []
     words = {
