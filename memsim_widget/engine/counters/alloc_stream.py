@@ -1563,8 +1563,8 @@ def zero3_replayable(ctx: Any) -> bool:
 def zero_lora_modelled(ctx: Any) -> bool:
     """LoRA on a DeepSpeed ZeRO-1/2 rank as ``zero_lora`` writes it: peft's LoRA (not QLoRA's NF4 base), nothing
     offloaded (not traced together), its adapters in any dtype (DeepSpeed casts them to the model's bf16 at the wrap), the only flat group. Held to
-    the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.13%, without the cuBLAS
-    workspaces a CPU run lacks), all-linear -1.63% (allocated +0.05%; the activations run the adapters in bf16 as
+    the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.25%, without the cuBLAS
+    workspaces a CPU run lacks), all-linear -1.75% and -0.38% (allocated +0.01%; the activations run the adapters in bf16 as
     the cast leaves them, ``context.deepspeed_casts_adapters``); the fitted rule was +29% to +34% over the same runs."""
     return ctx.scenario.method == "lora" and ctx.par.offload == "none"
 
