@@ -176,7 +176,8 @@ BOTTOM_LAYER_BACKWARD = "bottom_layer_backward_steps"
 #: The key of the places, among the top's backward tensors and then the ``post`` ones, of those a compiled
 #: backward keeps until the bottom layer is done (``compiled_steps.kept_top``: where the residual gradient is never
 #: summed per layer, the kernel at the bottom reads the head's input gradient, the last layer's output and the
-#: final norm's rsqrt; absent or empty: all freed before the layers).
+#: final norm's rsqrt; freed with the buffers the layers keep, where a layer's ``RELEASE`` + ``KEEP`` step frees them
+#: (a compiled Gemma 3 LoRA layer 0) or after the bottom layer; absent or empty: all freed before the layers).
 KEPT_TOP = "kept_top"
 #: The key of the final norm's backward buffers, op by op (``engine/activations/eager_steps``; absent or empty:
 #: the ``top_backward`` items).
