@@ -30,7 +30,7 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
 
 The tests compare the engine's streams with recorded traces (``tests/data/zero_traces``: one gzip'd JSON a case,
-its events, phases and host events, with the versions of deepspeed, torch, transformers and peft it ran under;
+its events, phases and host events, with the versions of deepspeed, torch, transformers (peft: LoRA) it ran under;
 ``recorded`` refuses another version's) and run DeepSpeed for real once per kind of run (ZeRO-1/2, ZeRO-3,
 offload, LoRA), asserting the fresh run is its recording event for event. After an upgrade of any of them:
 
@@ -358,7 +358,8 @@ def traced_apart(
         return pool.submit(traced_run, zero, world, bucket, *args, **kw).result()
 
 
-#: the packages whose code a trace runs, pinned in each recording (``recorded`` refuses another version's)
+#: the packages whose code a trace runs, pinned in each recording (``recorded`` refuses another version's); peft
+#: only where the run makes LoRA adapters
 PINNED = ("deepspeed", "torch", "transformers", "peft")
 #: where the tests' recorded traces live, from the repository's root
 RECORDING_FOLDER = "tests/data/zero_traces"
@@ -367,11 +368,13 @@ RECORDINGS = Path(__file__).resolve().parents[1] / RECORDING_FOLDER
 RECORD_ONE = f"python benchmarks/zero_trace.py --record {RECORDING_FOLDER} --stage N ..."
 
 
-def versions() -> dict[str, str]:
-    """The installed versions of ``PINNED`` (package metadata: nothing is imported)."""
+def versions(call: dict[str, Any]) -> dict[str, str]:
+    """The installed versions of the ``PINNED`` packages that the run of ``call`` imports (package metadata: no
+    import), without a local label (torch's ``+cpu``: the build, not the version)."""
     from importlib.metadata import version
 
-    return {name: version(name) for name in PINNED}
+    names = [n for n in PINNED if n != "peft" or call.get("lora")]
+    return {name: version(name).split("+")[0] for name in names}
 
 
 def trace_call(zero: int, world: int = WORLD, bucket: int = BUCKET, *args: Any, **kw: Any) -> dict[str, Any]:
@@ -408,7 +411,7 @@ def write_recording(folder: Path, call: dict[str, Any], trace: dict[str, Any]) -
     import gzip
     import json
 
-    body = {"versions": versions(), "call": call, **{k: trace[k] for k in sorted(trace)}}
+    body = {"versions": versions(call), "call": call, **{k: trace[k] for k in sorted(trace)}}
     text = json.dumps(body, separators=(",", ":")).encode()
     path = Path(folder) / recording_name(call)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -452,7 +455,7 @@ def difference(fresh: dict[str, Any], kept: dict[str, Any]) -> str:
 
 
 class StaleRecording(RuntimeError):
-    """A recorded trace made under other versions of ``PINNED`` than those installed."""
+    """A recorded trace made under other versions of the ``PINNED`` packages than those installed."""
 
 
 def recorded(zero: int, world: int = WORLD, bucket: int = BUCKET, *args: Any, **kw: Any) -> dict[str, Any]:
@@ -466,9 +469,9 @@ def recorded(zero: int, world: int = WORLD, bucket: int = BUCKET, *args: Any, **
     if not path.exists():
         raise FileNotFoundError(f"no recorded trace {path.name}: add it with {RECORD_ONE}")
     body = _read(path)
-    if body["versions"] != versions():
+    if body["versions"] != versions(call):
         raise StaleRecording(
-            f"{path.name} was recorded under {body['versions']}, not the installed {versions()}: {again}"
+            f"{path.name} was recorded under {body['versions']}, not the installed {versions(call)}: {again}"
         )
     if body["call"] != call:
         raise StaleRecording(f"{path.name} records {body['call']}, not {call}")
