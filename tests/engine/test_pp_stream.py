@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
 from memsim_widget.engine.counters.allocator import FREE
 from memsim_widget.engine.counters.pp_stream import BACKWARD, FORWARD, pp_replayable, schedule_order
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.frameworks import allocator_conf
 from memsim_widget.engine.parallel.schedule import in_flight
 

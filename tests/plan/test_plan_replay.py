@@ -305,7 +305,7 @@ def test_lora_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
 def test_qlora_ddp_candidates_take_the_replay_and_equal_estimate():
     """QLoRA under DDP over 2 and 4 GPUs (its NF4 codes broadcast as uint8 beside the bf16 rest, only the
     adapters bucketed: ``ddp_stream._tensors``), with and without accumulation: replayed, each equal to
-    ``estimate`` byte for byte; its FSDP2 candidates keep the fitted rule (``alloc_stream.fsdp2_replayable``)."""
+    ``estimate`` byte for byte; its FSDP2 candidates keep the fitted rule (``replayable.fsdp2_replayable``)."""
     ests = _lora_candidates(zero=0, sequences=8, checkpointing="none", method="qlora")
     ddp = [e for e in ests if _data_parallel_alone(e.scenario.parallel)]
     assert ddp and all("DDP's wrap-time broadcast" in e.ranks[0].reserved.formula for e in ddp)
