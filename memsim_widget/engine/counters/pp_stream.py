@@ -137,16 +137,19 @@ def run_schedule(
         fw = forwards.pop(j)
         grads.new = backwards > 0 or (kept and step > 1)  # later backwards add into .grad in place
         work = late if step == 1 and backwards == 0 else ()
-        made, _held = micro_backward(s, fw, sg, grads, work)  # the loop holds no output past its backward
+        grad_in: list[int] = []  # the bottom layer's input gradient: the stage's, which it sends
+        # the loop holds no output past its backward
+        made, _held = micro_backward(s, fw, sg, grads, work, None if pipe.first else grad_in)
         made_grads = made_grads or made
         backwards += 1
-        if not pipe.first:  # the input gradient, waiting in bwd_cache then the send ops
+        if not pipe.first and not grad_in:  # the layers' backward not op by op: made here
             grad_in = s.alloc(pipe.buffer)
-            s.free(sending)
-            sending = grad_in
         if fw.out is loop_output:  # still the loop's output: freed when the next forward returns
             done = fw.out
         else:  # popped from the forward cache
             s.free(fw.out)
+        if not pipe.first:  # the input gradient, waiting in bwd_cache then the send ops
+            s.free(sending)
+            sending = grad_in
     s.free(sending + done)
     return made_grads
