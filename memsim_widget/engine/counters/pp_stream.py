@@ -15,9 +15,13 @@ Read from torch 2.13's ``torch/distributed/pipelining`` (``schedules.py``: ``Sch
   starts from the received gradient (no head, no loss);
 - a stage's output of each micro-batch stays in its forward cache until that micro-batch's backward has run; the
   last stage's (its logits) is also the schedule loop's ``output`` until the next forward returns;
-- a later stage's input gradient stays in ``bwd_cache`` and then in the send ops until the next backward's send
-  ops replace them (the fake process group's sends complete at once: on a GPU a send still in flight holds it
-  longer);
+- a later stage's input gradient, its bottom layer's (``backward_one_chunk``: ``stage_backward`` returns the
+  gradient autograd made for the stage's input, no copy), stays in ``bwd_cache`` and then in the send ops until
+  the next backward's send ops replace them, after that micro-batch's output is popped from the forward cache
+  (the fake process group's sends complete at once: on a GPU a send still in flight holds it longer);
+- only the first stage holds token ids and only the last labels (``PipelineSchedule.step`` splits the step's into
+  micro-batch views): a middle stage's micro-batch has its rotary embeddings alone
+  (``alloc_stream._micro_batch_groups``);
 - every backward after a step's first adds its gradients into ``.grad`` in place (``_Grads.new``), as gradient
   accumulation does; the optimizer step and ``zero_grad`` follow as on one GPU.
 
