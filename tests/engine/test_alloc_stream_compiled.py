@@ -139,6 +139,49 @@ def test_a_compiled_layers_backward_frees_what_it_makes() -> None:
     assert compiled_layer_backward_transients(_ctx({**COMPILED, "precision": "amp-bf16"})) == ()
 
 
+def test_a_compiled_lora_layer_with_qk_norms_saves_q_after_its_adapter_and_layer_0_no_k_norm() -> None:
+    """peft adds the adapter's output to q_proj's before Qwen3's q norm reads it (transformers 5.24.0
+    ``Qwen3Attention.forward``), so the compiled layer saves that 16-bit sum (2 B x T x a*d), q's rsqrt per head,
+    k_proj's output and k's rsqrt, each its own bytes; layer 0's k norm needs no gradient (frozen k_proj over the
+    frozen embedding): it saves neither, and k_proj's output lives until RoPE has read it (qwen3-0.6b: 16 heads,
+    8 KV heads of 128)."""
+    from memsim_widget.engine.activations.compiled_steps import first_layer_forward_steps, layer_forward_steps
+    from memsim_widget.engine.activations.forward import SAVED_AT
+
+    ctx = _ctx({**COMPILED, "model": "qwen3-0.6b", "method": "lora"})
+    q, qr, k, kr = 2 * T * 16 * 128, 4 * T * 16, 2 * T * 8 * 128, 4 * T * 8
+    own = [size for name, size in layer_forward_steps(ctx) if name.startswith(SAVED_AT)]
+    first = first_layer_forward_steps(ctx)
+    assert own == [q, qr, k, kr]
+    assert [size for name, size in first if name.startswith(SAVED_AT)] == [q, qr]
+    assert first.index(("kb", 0)) > first.index(("kb", k))
+
+
+def test_a_compiled_gemma3_lora_backward_keeps_the_residual_gradients_terms_to_layer_0() -> None:
+    """Gemma 3's residual gradient is never summed per layer (its full step's): under LoRA each layer keeps its
+    input gradients (five 16-bit, lora_A's two fp32), its two pre-norms' row sums, its residual and output and their
+    rsqrts; layer 0 frees them all once its norm after attention has written o_proj's output gradient (the
+    embedding is frozen: no gradient flows below it), before its attention's backward."""
+    from memsim_widget.engine.activations.compiled_backward import RELEASE
+    from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAVED
+    from memsim_widget.engine.activations.compiled_steps import (
+        bottom_layer_backward_steps,
+        kept_top,
+        layer_backward_steps,
+    )
+
+    ctx = _ctx({**COMPILED, "model": "gemma-3-1b", "seq_len": 512, "method": "lora"})
+    h, e, t = 1152, 2, 4 * 512
+    steps, bottom = layer_backward_steps(ctx), bottom_layer_backward_steps(ctx)
+    kept = sorted(size for name, size in steps if name.startswith(KEEP) and not name.startswith(KEEP_SAVED))
+    assert kept == sorted([e * t * h] * 5 + [4 * t * h] * 2 + [4 * t] * 2)
+    assert sum(1 for name, _ in steps if name.startswith(KEEP_SAVED)) == 4
+    release = bottom.index((f"{RELEASE}{KEEP}", 0))
+    assert (f"{RELEASE}{KEEP}", 0) not in steps
+    assert bottom.index(("g2", e * t * h)) < release < bottom.index(("do", e * t * 4 * 256))
+    assert kept_top(ctx) == (0,)  # the head's input gradient
+
+
 @pytest.mark.parametrize(
     ("change", "top"),
     [
@@ -148,8 +191,10 @@ def test_a_compiled_layers_backward_frees_what_it_makes() -> None:
         ({"model": "olmo-2-1b"}, True),
         ({"precision": "amp-bf16"}, True),
         ({"method": "lora"}, True),
+        ({"model": "qwen3-0.6b", "method": "lora"}, True),
+        ({"model": "gemma-3-1b", "micro_batch_size": 8, "seq_len": 512, "method": "lora"}, True),
     ],
-    ids=["llama", "qwen3", "gemma3", "olmo2", "amp", "lora"],
+    ids=["llama", "qwen3", "gemma3", "olmo2", "amp", "lora", "qwen3-lora", "gemma3-lora"],
 )
 def test_the_compiled_stream_holds_the_engines_tensors(change: dict, top: bool) -> None:
     """The replayed peak allocated is the engine's within 1%: the same compiled items, cut into tensors and
@@ -200,7 +245,16 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
         ({"method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}}, True),
         (
             {"model": "qwen3-0.6b", "method": "lora", "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]}},
-            False,
+            True,
+        ),
+        (
+            {
+                "model": "gemma-3-1b",
+                "seq_len": 512,
+                "method": "lora",
+                "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
+            },
+            True,
         ),
         ({"model": "olmo-2-1b"}, True),
         ({"model": "gemma-3-1b", "seq_len": 512}, True),
@@ -215,6 +269,7 @@ def test_the_compiled_llama_stream_replays_as_its_compiled_trace() -> None:
         "qwen3-amp",
         "lora",
         "qwen3-lora",
+        "gemma3-lora",
         "olmo2",
         "gemma3",
         "gemma3-masked-window",
@@ -227,8 +282,8 @@ def test_compiled_steps_replay_by_default_where_the_stream_is_held_to_its_trace(
 ) -> None:
     """An unset ``reserved_model`` replays a compiled step only where its stream writes the compiled layers' own
     buffers and replays as its compiled trace within 1% (``alloc_stream.compiled_stream_held``: bf16 full training
-    of the Llama layout and its autocast, peft's LoRA on q and v without q/k norms, OLMo 2, Gemma 3); the others keep
-    the fitted rule
+    of the Llama layout and its autocast, peft's LoRA on q and v of that layout, Qwen3 and Gemma 3, OLMo 2, Gemma 3);
+    the others keep the fitted rule
     (their streams are under their traces, the compiled ViT-B H200 run under its replay; no compiled trace has
     activation offloading); naming the replay replays every one, naming the fitted rule none."""
     frag = "allocator fragmentation (reserved - allocated)"
@@ -264,6 +319,8 @@ SMALL_SEGMENT = 2 << 20
         ("qwen3 amp-bf16 sdpa b2 s512 compiled", True),
         ("olmo2 bf16 sdpa b2 s512 compiled", True),
         ("gemma3_text bf16 sdpa b2 s512 compiled", True),
+        ("qwen3 bf16 lora qv b2 s512 compiled", True),
+        ("gemma3_text bf16 lora qv b2 s512 compiled", True),
     ],
 )
 def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: bool) -> None:
@@ -272,11 +329,12 @@ def test_a_compiled_stream_replays_as_its_compiled_trace(name: str, covered: boo
     two steps replayed, against the engine's stream without the CUDA-only scratch the CPU trace cannot see (flash
     attention's fp32 dq accumulator: with it the 64-token Llama needs one more 20 MiB segment). Where the layers'
     compiled forward and backward buffers are written (``covered``: bf16 full training of the Llama layout,
-    ``forward.compiled_applies``, engine/activations/compiled_backward.py; peft's LoRA on q and v of that layout
-    without q/k norms, ``compiled_lora_steps``; OLMo 2 and Gemma 3, ``compiled_olmo2_steps``,
-    ``compiled_gemma3_steps``) the peak reserved and allocated are within 1% and never under (on these ten:
-    reserved to the byte, allocated +0.24% on Qwen3, +0.01% on the 64-token Llama's LoRA, and under by at most
-    32 KB, 0.02%, elsewhere: the loss backward's fp32 row sums and scalars, not written; the allocated bar allows
+    ``forward.compiled_applies``, engine/activations/compiled_backward.py; peft's LoRA on q and v of that layout,
+    Qwen3's and Gemma 3's, ``compiled_lora_steps``; OLMo 2 and Gemma 3, ``compiled_olmo2_steps``,
+    ``compiled_gemma3_steps``) the peak reserved and allocated are within 1% and never under (on these twelve:
+    reserved to the byte, allocated +0.24% on Qwen3, +0.01% on the 64-token Llama's LoRA, +0.00% on Qwen3's LoRA,
+    and under by at most 32 KB, 0.02%, elsewhere: the loss backward's fp32 row sums and scalars, not written; the
+    allocated bar allows
     that much; autocast, ``compiled_amp_steps``: Llama, Qwen2, the 64-token Llama and Qwen3 reserved to the byte,
     allocated -0.01% to +0.20%, Qwen3's tied head's weight gradient held in fp32 where the trace holds it in 16
     bits); elsewhere the stream is within 1% or two small segments (benchmarks/allocator_replay_compiled.py

@@ -158,7 +158,8 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
     ``inductor_passes``, llama LoRA q,v b2 s512), one term per run of tensors made together, so the allocation
     stream writes them in that order (``compiled_lora_steps``): the residual stream a layer saves is its output
     (the next layer's input; the last layer's, the final norm's), where the trace makes it; layer 0's input, the
-    frozen embedding's output, is freed in its forward (no gradient flows to it)."""
+    frozen embedding's output, is freed in its forward (no gradient flows to it). Gemma 3's post-norm tensors come
+    before the q/k norms' (the stream's places, ``compiled_lora_steps.places``)."""
     D = Dims(ctx)
     T, h, I, hkv, a, V = D.T, D.h, D.I, D.hkv, D.a, D.V
     e, r, L = ctx.recipe.act_bytes, ctx.scenario.lora.rank, ctx.arch.num_layers
@@ -178,8 +179,10 @@ def _lora_qv_activations(ctx: Context, out: ActivationBudget) -> None:
         Term("compiled LoRA: residual stream the layer outputs (the next layer's or the final norm's input)",
              e * T * h, f"{e} B x T x h", 1),
     ]  # fmt: skip
-    _qk_norms(ctx, out, e, frozen_first_k=True)
+    # Gemma 3's post-norms before the q/k norms: k's, which layer 0 does not save, are the layer's last tensors,
+    # so layer 0's others keep the places of the layers above (``compiled_lora_steps.places``)
     _sandwich_norms(ctx, out, e)
+    _qk_norms(ctx, out, e, frozen_first_k=True)
     out.post[:] = []
     tangents = (2 * L - 1) * e * T * hkv if ctx.arch.facts.attention.use_cache else 0
     out.loss_backward[:] = [
@@ -457,11 +460,9 @@ def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool 
     qk = ctx.arch.facts.norm.qk
     if qk not in ("head", "full"):
         return
-    D = Dims(ctx)
-    rows_q, rows_k = (D.a, D.kv) if qk == "head" else (1, 1)
-    k_bytes = e * D.T * D.hkv + 4 * D.T * rows_k
-    # the four tensors in the order the trace makes them: q_proj's output, its rsqrt, k_proj's, its rsqrt
-    parts = (e * D.T * D.hq, 4 * D.T * rows_q, e * D.T * D.hkv, 4 * D.T * rows_k)
+    rows_q, rows_k = (Dims(ctx).a, Dims(ctx).kv) if qk == "head" else (1, 1)
+    parts = qk_norm_tensors(ctx, e)
+    k_bytes = parts[2] + parts[3]
     total = sum(parts)
     out.per_layer.append(
         Term("compiled: q/k norm inputs (q_proj and k_proj outputs) and their rsqrt (fp32)", total,
@@ -471,15 +472,30 @@ def _qk_norms(ctx: Context, out: ActivationBudget, e: int, frozen_first_k: bool 
     )  # fmt: skip
 
 
+def qk_norm_tensors(ctx: Context, e: int) -> tuple[int, int, int, int]:
+    """The bytes of the four tensors the q/k norms save per layer, in the order the trace makes them: q_proj's
+    output (e B x T x a*d), its fp32 rsqrt (one per row: per head, or per token for OLMo 2's whole-projection
+    norm), k_proj's output, its rsqrt (``_qk_norms``' term; the compiled LoRA stream's places)."""
+    D = Dims(ctx)
+    rows_q, rows_k = (D.a, D.kv) if ctx.arch.facts.norm.qk == "head" else (1, 1)
+    return e * D.T * D.hq, 4 * D.T * rows_q, e * D.T * D.hkv, 4 * D.T * rows_k
+
+
+def sandwich_norm_tensors(ctx: Context, e: int) -> tuple[int, int, int, int]:
+    """The bytes of the four tensors Gemma 3's norms after attention and the MLP save per layer, in the trace's
+    order: o_proj's output (e B x T x h), its norm's fp32 rsqrt (4 B x T), down_proj's output, its rsqrt."""
+    T, h = Dims(ctx).T, ctx.arch.hidden_size
+    return e * T * h, 4 * T, e * T * h, 4 * T
+
+
 def _sandwich_norms(ctx: Context, out: ActivationBudget, e: int) -> None:
     """Gemma 3's norms after attention and after the MLP, besides the pre-norms (4 per layer; traced): each saves
     its input, o_proj's and down_proj's outputs (e T h), and its fp32 rsqrt."""
     if ctx.arch.facts.norm.per_layer != 4 or ctx.arch.facts.norm.post_norms:
         return
-    T, h = Dims(ctx).T, ctx.arch.hidden_size
-    total = 2 * e * T * h + 2 * 4 * T
-    # in the trace's order: o_proj's output, its norm's rsqrt, down_proj's output, its norm's rsqrt
-    shares = tuple(x / total for x in (e * T * h, 4 * T) * 2)
+    parts = sandwich_norm_tensors(ctx, e)
+    total = sum(parts)
+    shares = tuple(x / total for x in parts)
     out.per_layer.append(
         Term("compiled: post-norm inputs (o_proj's and down_proj's outputs) and their rsqrt (fp32)",
              total, f"2 x {e} B x T x h + 2 x 4 B x T", 4, shares=shares)

@@ -75,11 +75,10 @@ def compiled_olmo2_forward(ctx: Any) -> tuple[Step, ...]:
 
 
 def _norm_backward(w: int, param: int, T: int, grad: str, n: int, frees: tuple[int, ...]) -> tuple[Step, ...]:
-    """A norm's backward: its weight's fp32 gradient sum (``w`` bytes), the 16-bit gradient, its row sum, the
-    gradient of its input (``grad``, ``n`` bytes), its rsqrt and input freed."""
-    return (
-        ("w", w), _grad(param), ("w", 0), ("s", 4 * T), (grad, n), *(_free(i) for i in frees), ("s", 0),
-    )  # fmt: skip
+    """A norm's backward: its weight's fp32 gradient sum (``w`` bytes; 0: a frozen weight, LoRA's, none), the
+    16-bit gradient, its row sum, the gradient of its input (``grad``, ``n`` bytes), its rsqrt and input freed."""
+    weight: tuple[Step, ...] = (("w", w), _grad(param), ("w", 0)) if w else ()
+    return (*weight, ("s", 4 * T), (grad, n), *(_free(i) for i in frees), ("s", 0))
 
 
 def compiled_olmo2_backward(ctx: Any) -> tuple[Step, ...]:

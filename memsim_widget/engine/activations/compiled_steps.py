@@ -26,7 +26,9 @@ from memsim_widget.engine.activations.compiled_gemma3_steps import (
 from memsim_widget.engine.activations.compiled_lora_steps import (
     compiled_lora_applies,
     compiled_lora_backward,
+    compiled_lora_first,
     compiled_lora_forward,
+    compiled_lora_gemma3_applies,
 )
 from memsim_widget.engine.activations.compiled_olmo2_steps import (
     compiled_olmo2_applies,
@@ -76,7 +78,21 @@ class Writer:
 #: The compiled layouts whose layers' own buffers the stream writes, the first that applies chosen; the last (the
 #: Llama layout's) also writes what is not covered (its writers give eager's forward steps, or none, there).
 WRITERS: tuple[Writer, ...] = (
-    Writer(compiled_lora_applies, compiled_lora_forward, compiled_lora_backward, _lora_bottom),
+    Writer(
+        compiled_lora_gemma3_applies,
+        compiled_lora_forward,
+        compiled_lora_backward,
+        _lora_bottom,
+        kept_top=(0,),
+        first=compiled_lora_first,
+    ),
+    Writer(
+        compiled_lora_applies,
+        compiled_lora_forward,
+        compiled_lora_backward,
+        _lora_bottom,
+        first=compiled_lora_first,
+    ),
     Writer(compiled_olmo2_applies, compiled_olmo2_forward, compiled_olmo2_backward),
     Writer(compiled_gemma3_applies, compiled_gemma3_forward, compiled_gemma3_backward, kept_top=(0, 1, 3)),
     Writer(
@@ -156,5 +172,5 @@ def weights_in_module_order(ctx: Any) -> bool:
 def compiled_steps_written(ctx: Any) -> bool:
     """A compiled step whose layers' own forward and backward buffers are written and held to their traces within
     1% (``compiled_stream_held`` in alloc_stream reads it): one of ``WRITERS`` applies (bf16 full training of the
-    Llama layout and its autocast, its LoRA on q and v without q/k norms, OLMo 2, Gemma 3)."""
+    Llama layout and its autocast, its LoRA on q and v, Qwen3's and Gemma 3's too, OLMo 2, Gemma 3)."""
     return any(w.held and w.applies(ctx) for w in WRITERS)

@@ -40,7 +40,9 @@ from memsim_widget.engine.activations.linears import ATTN_IN, MLP_IN, MLP_OUT
 Step = tuple[str, int]
 IN, OUT, SAVED = "in", "out", "saved"
 #: ``SAVED_AT + str(p)``: the layer's saved tensor at place ``p`` (its ``saved`` items' tensors in order,
-#: ``alloc_stream.StreamWriter.items``) made here, where the op that saves it runs (``eager_steps``)
+#: ``alloc_stream.StreamWriter.items``) made here, where the op that saves it runs (``eager_steps``); with bytes
+#: > 0, that tensor's own bytes in this layer (a term whose layer 0 differs, ``Term.first_bytes``: not the layers'
+#: mean; a place layer 0 does not make is left out of its steps: ``compiled_lora_steps``)
 SAVED_AT = "saved at "
 #: ``HELD + name``: a buffer the layer's forward makes and the model's output holds until the forward ends (a
 #: compiled autocast layer's fp32 k, the returned KV cache's: ``compiled_amp_steps``)

@@ -178,7 +178,8 @@ BOTTOM_LAYER_BACKWARD = "bottom_layer_backward_steps"
 #: The key of the places, among the top's backward tensors and then the ``post`` ones, of those a compiled
 #: backward keeps until the bottom layer is done (``compiled_steps.kept_top``: where the residual gradient is never
 #: summed per layer, the kernel at the bottom reads the head's input gradient, the last layer's output and the
-#: final norm's rsqrt; absent or empty: all freed before the layers).
+#: final norm's rsqrt; freed with the buffers the layers keep, where a layer's ``RELEASE`` + ``KEEP`` step frees them
+#: (a compiled Gemma 3 LoRA layer 0) or after the bottom layer; absent or empty: all freed before the layers).
 KEPT_TOP = "kept_top"
 #: The key of the final norm's backward buffers, op by op (``engine/activations/eager_steps``; absent or empty:
 #: the ``top_backward`` items).
@@ -825,10 +826,10 @@ def micro_backward(
     copies = (n, d) if copied else None
     top_n = sum(1 for i in keep if i < len(ends) - len(post))  # of the kept, the top's gradients
     bottom = (kept_top[:top_n], kept_top[top_n:]) if a.get(BOTTOM_ORDER) else None
+    at_top = kept_top if bottom is None else []
     layer_grads = _layers_backward(
-        s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom, handed
+        s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom, at_top, handed
     )
-    s.free(kept_top if bottom is None else [])
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
     if k:  # tied embeddings: their backward's gradient, summed out of place with the head's (traced)
@@ -1056,6 +1057,7 @@ def _layers_backward(
     off: Offloader | None = None,
     received: bool = False,
     at_bottom: tuple[list[int], list[int]] | None = None,
+    kept: Sequence[int] = (),
     handed: list[int] | None = None,
 ) -> list[list[int]]:
     """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
@@ -1064,15 +1066,19 @@ def _layers_backward(
     where the third layer on are the second's copies; ``off``: the saved tensors brought back from the host
     first; ``received``: the top layer's arriving gradient is a pipeline stage's receive buffer, read in place
     (``eager_steps.ARRIVING`` not written for it); ``at_bottom``: the top's kept gradients and saved tensors
-    (``KEPT_TOP``), freed with the buffers kept to the bottom in the trace's order (``_bottom_freed``);
-    ``handed``: gets the bottom layer's input gradient (``INPUT_GRADIENT``), not freed, where the layers are
-    written one by one (no ``copies``). Each layer's gradients' handles, from the top."""
+    (``KEPT_TOP``), freed with the buffers kept to the bottom in the trace's order (``_bottom_freed``); ``kept``:
+    the top's kept buffers freed with those kept to the bottom, where a layer's steps free them (``RELEASE`` +
+    ``KEEP``) or after the bottom layer; ``handed``: gets the bottom layer's input gradient (``INPUT_GRADIENT``),
+    not freed, where the layers are written one by one (no ``copies``). Each layer's gradients' handles, from the
+    top."""
     order = grads.order
     layer_grads: list[list[int]] = []
     begin = s.here()
     bwd = a.get(LAYER_BACKWARD, ())
     bottom = a.get(BOTTOM_LAYER_BACKWARD, ()) or bwd
-    shared: dict[str, list[int]] = {}  # a compiled backward's buffers all layers use
+    shared: dict[str, list[int]] = (
+        {f"{KEEP}top": list(kept)} if kept else {}
+    )  # a compiled backward's buffers all layers use
     for i, layer in enumerate(saved[::-1][:2] if copies else saved[::-1]):
         begin = s.here() if i == 1 else begin
         layer = layer if off is None else off.back(len(saved) - 1 - i)
@@ -1163,6 +1169,8 @@ def backward_layer(
                 made[i] = grads.made((part[i],) if one else part, layers + 2)
         elif name.startswith(FREE_SAVED):
             s.free([kept.pop(int(name[len(FREE_SAVED) :]))] if int(name[len(FREE_SAVED) :]) in kept else [])
+        elif name == f"{RELEASE}{KEEP}":  # the kernel at the bottom has run: what was kept for it freed
+            s.free([h for k in [k for k in shared if k.startswith(KEEP)] for h in shared.pop(k)])
         elif name.startswith(RELEASE):
             s.free(shared.pop(name[len(RELEASE) :], []))
         elif name.startswith(CONSTANT):
@@ -1220,9 +1228,10 @@ def forward_layer(
         elif name.startswith(LATER) and pending is not None:
             pending += live.pop(name[len(LATER) :])
         elif name.startswith(SAVED_AT):
-            sizes = sizes or tensor_sizes(saved, share=layers)
             p = int(name[len(SAVED_AT) :])
-            placed[p] = s.alloc(sizes[p])[0]
+            if size <= 0:
+                sizes = sizes or tensor_sizes(saved, share=layers)
+            placed[p] = s.alloc(size if size > 0 else sizes[p])[0]
         elif name == IN:
             s.free(hidden)
         elif name.startswith(HELD) and held is not None:
@@ -1419,11 +1428,11 @@ def compiled_stream_held(ctx: Any) -> bool:
     held to the compiled fake-tensor trace (``trace/compiled.inductor_passes``) within 1% on reserved
     (``compiled_steps.compiled_steps_written``: bf16 full training of the Llama layout, Llama, Mistral, Qwen2,
     Gemma, Qwen3, and its autocast (amp-bf16: Llama, Qwen2, Qwen3; ``compiled_amp_steps``); peft's LoRA on q and v
-    of that layout without q/k norms; OLMo 2 and Gemma 3 in bf16 full training; their traces' peak reserved to the
-    byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/test_alloc_stream_compiled.py; the H200 run
-    llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the fitted rule is +22.5% and +19.9%).
-    Elsewhere the fitted rule stays: the other compiled layers keep eager's backward items and are under their
-    traces (Qwen3's and Gemma 3's LoRA -2.4% and -3.0%: benchmarks/allocator_replay_compiled.py --inductor-passes),
+    of that layout, Qwen3's and Gemma 3's (``compiled_lora_steps``); OLMo 2 and Gemma 3 in bf16 full training;
+    their traces' peak reserved to the byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/
+    test_alloc_stream_compiled.py; the H200 run llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the
+    fitted rule is +22.5% and +19.9%). Elsewhere the fitted rule stays: the other compiled layers keep eager's
+    backward items and are under their traces (benchmarks/allocator_replay_compiled.py --inductor-passes),
     and the LayerNorm families' compiled ViT-B H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace
     does not show: docs/allocator.md), and so does a compiled step with activation offloading or the optimizer in
     backward (no compiled trace of them)."""
