@@ -1037,8 +1037,7 @@ def _replayed_pools(
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & alone
     ddp = (c["dp"] > 1) & ((c["zero"] == 0) | (c["zero"] == 1) | (c["zero"] == 2)) & alone  # DDP, ZeRO-1/2
     tp = (c["tp"] > 1) & (c["pp"] * c["cp"] * c["ep"] == 1)
-    # pipeline rows replay only when the base names the replay (Scenario.replays_reserved: not by default)
-    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1) & (base.reserved_model == "replay")
+    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1)
     rows = np.flatnonzero((one | fsdp | ddp | tp | pipe)[cand])
     if not rows.size:
         return pool, oom

@@ -54,7 +54,9 @@ from memsim_widget.engine.activations.compiled_steps import (
 )
 from memsim_widget.engine.activations.eager_steps import (
     ARRIVING,
+    CUDA_SCRATCH,
     HEAD_DONE,
+    INPUT_GRADIENT,
     eager_layer_backward_transients,
     eager_layer_forward_transients,
     final_norm_backward_transients,
@@ -773,9 +775,11 @@ def micro_backward(
     sg: dict[str, Sequence[Any]],
     grads: _Grads | InBackwardGrads,
     workspaces: Sequence[int] = (),
+    handed: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A micro-batch's backward from what its forward left (``micro_batch``'s second half): the gradients it
-    made and keeps, and the output the loop holds."""
+    made and keeps, and the output the loop holds. ``handed``: gets the bottom layer's input gradient, not freed
+    (a later pipeline stage's, which it sends; left empty where the layers' backward is not op by op)."""
     a, label, layers, n, saved, d = fw.a, fw.label, fw.layers, fw.n, fw.saved, fw.d
     copied, comm = fw.copied, fw.comm
     tanh, post, kept = fw.tanh, fw.post, fw.kept
@@ -822,7 +826,7 @@ def micro_backward(
     bottom = (kept_top[:top_n], kept_top[top_n:]) if a.get(BOTTOM_ORDER) else None
     at_top = kept_top if bottom is None else []
     layer_grads = _layers_backward(
-        s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom, at_top
+        s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom, at_top, handed
     )
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
@@ -1052,6 +1056,7 @@ def _layers_backward(
     received: bool = False,
     at_bottom: tuple[list[int], list[int]] | None = None,
     kept: Sequence[int] = (),
+    handed: list[int] | None = None,
 ) -> list[list[int]]:
     """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
     compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
@@ -1061,7 +1066,9 @@ def _layers_backward(
     (``eager_steps.ARRIVING`` not written for it); ``at_bottom``: the top's kept gradients and saved tensors
     (``KEPT_TOP``), freed with the buffers kept to the bottom in the trace's order (``_bottom_freed``); ``kept``:
     the top's kept buffers freed with those kept to the bottom, where a layer's steps free them (``RELEASE`` +
-    ``KEEP``) or after the bottom layer. Each layer's gradients' handles, from the top."""
+    ``KEEP``) or after the bottom layer; ``handed``: gets the bottom layer's input gradient (``INPUT_GRADIENT``),
+    not freed, where the layers are written one by one (no ``copies``). Each layer's gradients' handles, from the
+    top."""
     order = grads.order
     layer_grads: list[list[int]] = []
     begin = s.here()
@@ -1076,16 +1083,24 @@ def _layers_backward(
         recomputed = s.items(a["recompute"])
         mine: list[int] = []
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
-            transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
             steps = bottom if i == len(saved) - 1 and not copies else bwd
             if received and i == 0:
                 steps = [st for st in steps if st[0] != ARRIVING]
+            cuda = [x for x in a["layer_backward"] if x.level == "allocator"]
+            # made where SDPA's kernel runs (eager_steps.CUDA_SCRATCH); a compiled layer's: for the whole layer
+            at_kernel = any(st[0] == CUDA_SCRATCH for st in steps)
+            transient = [] if at_kernel else s.items(cuda)
             # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
             # the layer's k and v zero gradients
             mine = [tangents.pop() for _ in range(min(2, len(tangents)))]
-            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers, mine))
+            out = handed if i == len(saved) - 1 and not copies else None
+            layer_grads.append(
+                backward_layer(
+                    s, steps, own, shared, grads, part, layers, mine, cuda if at_kernel else (), out
+                )
+            )
             layer, recomputed = ([], []) if own is layer else (layer, [])
         else:
             transient = s.items(a["layer_backward"])
@@ -1127,12 +1142,16 @@ def backward_layer(
     part: tuple[int, ...],
     layers: int,
     tangents: list[int] | None = None,
+    scratch: Sequence[Any] = (),
+    handed: list[int] | None = None,
 ) -> list[int]:
     """A compiled layer's backward written as ``engine/activations/compiled_backward`` lists it: its buffers
     allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end), its
     KV cache's zero gradients (``tangents``: k's, v's) freed from the last where ``TANGENT`` says,
     each of the layer's gradients (``grads.made`` of ``part``'s tensor) at its ``GRADS`` step, each ``CONSTANT`` buffer made once into
-    ``shared`` (the caller frees them after the last layer); the gradients' handles."""
+    ``shared`` (the caller frees them after the last layer), the ``scratch`` items (CUDA's) made and freed at the
+    ``CUDA_SCRATCH`` step (``eager_steps``), the layer's input gradient added to ``handed`` instead of freed;
+    the gradients' handles."""
     live: dict[str, list[int]] = {}
     made: dict[int, list[int]] = {}
     kept = dict(enumerate(saved))
@@ -1140,6 +1159,8 @@ def backward_layer(
     for name, size in steps:
         if name == TANGENT:
             s.free([tangents.pop()] if tangents else [])
+        elif name == CUDA_SCRATCH:  # alive only while SDPA's backward kernel runs
+            s.free(s.items(scratch))
         elif name.startswith(GRADS):
             i = int(name[len(GRADS) :]) if one else -1
             if i not in made and i < len(part):
@@ -1161,6 +1182,8 @@ def backward_layer(
             shared[f"{name} {len(shared)}"] = s.alloc(size)
         elif size > 0:
             live[name] = s.alloc(size)
+        elif name == INPUT_GRADIENT and handed is not None:
+            handed += live.pop(name)
         else:
             s.free(live.pop(name))
     s.free(list(kept.values()))  # any the steps do not name
@@ -1489,7 +1512,11 @@ def _micro_batch_groups(ctx: Any, stage: Any) -> dict[str, Sequence[Any]]:
     acts = cached_activations(ctx)
     groups: dict[str, Sequence[Any]] = dict(micro_batch_groups(ctx, stage, acts))
     if not stage.first:  # every stage computes its rotary embeddings (trace/pipeline.StageModule)
-        groups["pre"] = micro_batch_groups(ctx, replace(stage, first=True), acts)["pre"]
+        own = list(groups.get("pre", ()))  # a later stage's: the step's inputs alone
+        first = micro_batch_groups(ctx, replace(stage, first=True), acts)["pre"]
+        # the first stage's "pre" is its own terms, then the inputs (timeline.activation_group_table): a middle
+        # stage holds no token ids and no labels
+        groups["pre"] = list(first[: len(first) - len(own)]) + (own if stage.last else [])
     return groups
 
 

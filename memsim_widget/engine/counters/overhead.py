@@ -9,7 +9,7 @@ Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-ou
 Reserved: by default (``Scenario.replays_reserved``) and on a step the allocation stream models
 (``replayable.replayable``: one GPU, gradient accumulation included, an FSDP2, DDP, DeepSpeed ZeRO-1/2 or
 tensor-parallel rank; on one GPU the optimizer in backward and activation offloading too, ``offload_stream``; a
-pipeline stage when ``reserved_model: replay`` names it; no parameter offload, and optimizer offload only on a
+GPipe or 1F1B pipeline stage, ``pp_stream``; no parameter offload, and optimizer offload only on a
 DeepSpeed ZeRO rank, ``zero_offload_stream``; the supervised step),
 the peak of a replay of the step's allocations and frees through PyTorch's caching allocator
 (``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to the H200 runs). Elsewhere, with

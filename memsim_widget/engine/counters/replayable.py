@@ -20,7 +20,7 @@ from memsim_widget.engine.counters.tp_stream import tp_replayable
 
 def replayable(ctx: Any) -> bool:
     """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``; unset,
-    ``DEFAULT_RESERVED_MODEL``, the replay, but for ``padding: longest`` and pipeline stages, and compiled steps but
+    ``DEFAULT_RESERVED_MODEL``, the replay, but for ``padding: longest``, and compiled steps but
     where ``compiled_stream_held``) and the stream
     models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
     later ones add each new gradient in place, ``alloc_stream.step_stream``), an FSDP2 rank
