@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replay_stream
 from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, CachingAllocator
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.counters.zero3_stream import Zero3Units, Zero3Writer, zero3_units
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replay_stream
 from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, CachingAllocator
 from memsim_widget.engine.counters.overhead import WORKSPACE_ITEM
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.counters.zero_offload_stream import (
     NORM_PART,
     ZeroOffloadWriter,

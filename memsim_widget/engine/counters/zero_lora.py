@@ -16,7 +16,7 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
   (``autocast_adapter_dtype``, the default) are copied to bf16 one by one in module order, each fp32 one freed.
   Only the adapters' gradients are made (autograd's ``AccumulateGrad`` runs for parameters that require one),
   in backward order: the output side, each layer's from the top in reverse forward use, the input side.
-- **ZeRO-3** (written by ``lora_zero3_units``, not the default replay: ``alloc_stream.zero3_lora_modelled``): HF's
+- **ZeRO-3** (written by ``lora_zero3_units``, not the default replay: ``replayable.zero3_lora_modelled``): HF's
   ``from_pretrained`` partitions the base under ``zero.Init`` and peft adds the adapters after it as ordinary
   tensors, which ``deepspeed.initialize`` partitions (``runtime/zero/parameter_offload.py``,
   ``DeepSpeedZeRoOffload._convert_to_zero_parameters``, before ``mark_persistent_parameters``: the adapters,
