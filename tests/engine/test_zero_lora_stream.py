@@ -160,25 +160,44 @@ TRACED = [
 ]
 
 
-@pytest.mark.slow
+def _zero_trace() -> None:
+    """Put benchmarks/ (``zero_trace``: the real runs and their recordings) on the import path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
 @pytest.mark.parametrize(("zero", "world", "targets", "bound"), TRACED)
 def test_lora_replays_as_its_cpu_trace(zero: int, world: int, targets: str, bound: float) -> None:
     """The engine's stream without the cuBLAS workspaces, which a CPU run never makes (``zero_trace.
     without_workspaces``: the peak is in the forward, where the two 32 MiB workspaces add on top: +1.66% with
     them for ZeRO-2 q,v at world 4), within ``bound`` of the reserved of DeepSpeed's real optimizer run on the
     CPU on a peft model (fake process group, two steps; measured -0.13% for q,v; the fitted rule was +30.8% over
-    the same run)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from zero_trace import BUCKET, TARGET_SETS, engine_stream, traced_apart
+    the same run; its recorded trace, ``test_the_recorded_traces_are_deepspeeds``)."""
+    _zero_trace()
+    from zero_trace import BUCKET, TARGET_SETS, engine_stream, recorded
 
     names = tuple(TARGET_SETS[targets])
-    t = traced_apart(zero, world, BUCKET, False, 1, 16, targets=names)
+    t = recorded(zero, world, BUCKET, False, 1, 16, targets=names)
     a = CachingAllocator(None)
     a.run(t["events"])
     ours = replay_stream(
         engine_stream(zero, world, BUCKET, False, 1, cpu=True, lora=16, targets=names), AllocatorConf()
     )
     assert abs(ours.peak_reserved / a.peak_reserved - 1) < bound, (ours.peak_reserved, a.peak_reserved)
+
+
+@pytest.mark.slow
+def test_the_recorded_traces_are_deepspeeds() -> None:
+    """The LoRA tests here read recorded runs (tests/data/zero_traces, refused under other versions of deepspeed,
+    torch, transformers or peft than recorded); one, ZeRO-3 at world 4 with bf16 adapters on q and v (peft's
+    model made after the base's ``zero.Init``, partitioned by ``deepspeed.initialize``), is run again here, the
+    real optimizer on the CPU, and must be its recording event for event."""
+    _zero_trace()
+    from zero_trace import BUCKET, TARGET_SETS, difference, recorded, traced_apart
+
+    args = (3, 4, BUCKET, False, 1, 16)
+    peft = {"targets": tuple(TARGET_SETS["qv"]), "adapter_dtype": "bf16"}
+    gap = difference(traced_apart(*args, **peft), recorded(*args, **peft))
+    assert not gap, gap
 
 
 #: ZeRO-3 under LoRA: bf16 adapters (peft's fp32 ones stay fp32 under ``zero.Init``: not written)
@@ -248,18 +267,17 @@ def test_zero3_lora_keeps_the_fitted_reserved() -> None:
     assert "ZeRO-3 wrap" in [label for _, label in rank_stream(ctx, ctx.stages[0]).marks]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("world", "targets"), [(4, "qv"), (2, "all")])
 def test_zero3_lora_allocates_as_its_cpu_trace(world: int, targets: str) -> None:
     """The engine's ZeRO-3 stream under LoRA (bf16 adapters) without the cuBLAS workspaces: peak allocated within
     1.5% of DeepSpeed's real run on the CPU (measured -1.06% at world 4 q,v, +0.09% at world 2 all-linear; each
     step's phases within 0.3 MB from the second step on). Reserved is not held (-7.7% to +6.4%, docs/allocator.md),
-    so the replay is not the default."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from zero_trace import BUCKET, TARGET_SETS, engine_stream, traced_apart
+    so the replay is not the default. The runs' recorded traces."""
+    _zero_trace()
+    from zero_trace import BUCKET, TARGET_SETS, engine_stream, recorded
 
     names = tuple(TARGET_SETS[targets])
-    t = traced_apart(3, world, BUCKET, False, 1, 16, targets=names, adapter_dtype="bf16")
+    t = recorded(3, world, BUCKET, False, 1, 16, targets=names, adapter_dtype="bf16")
     a = CachingAllocator(None)
     a.run(t["events"])
     s = engine_stream(3, world, BUCKET, False, 1, cpu=True, lora=16, targets=names, adapter_dtype="bf16")
