@@ -6,7 +6,7 @@ For each case of ``COMPILED_CASES`` (tests/data/fidelity_cases.py) that the engi
 the default budget's figure there): the compiled trace's peak reserved and allocated (its two compiled steps
 replayed), the engine stream's (``alloc_stream.rank_stream`` + ``replay_stream``) also without the CUDA-only scratch
 a CPU trace cannot see (``rank_stream(traced_only=True)``: flash attention's fp32 dq accumulator), and the fitted
-rule's reserved (``reserved_model: fitted``, the default of the compiled steps ``alloc_stream.compiled_stream_held``
+rule's reserved (``reserved_model: fitted``, the default of the compiled steps ``replayable.compiled_stream_held``
 does not hold): ``tests/data/stream_vs_trace.figures``.
 Each case traces in a fresh interpreter (tests/trace/test_trace_compiled.py says why). Nothing is fitted.
 

@@ -130,7 +130,7 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     from fidelity_parallel_cases import CASES
 
     from memsim_widget.engine.context import Context
-    from memsim_widget.engine.counters.alloc_stream import replayable
+    from memsim_widget.engine.counters.replayable import replayable
     from memsim_widget.scenario import Scenario
 
     out = list(OWN) + ACCUM + LORA

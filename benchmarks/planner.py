@@ -55,7 +55,7 @@ def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
 
 def replay_search() -> None:
     """The 8B search on one H100 with every one-GPU shape replayed, cold, against the fitted rule."""
-    from memsim_widget.engine.counters import alloc_stream
+    from memsim_widget.engine.counters import alloc_stream, card_replay
 
     kw = {"seq_len": 4096}
     clear_caches()
@@ -66,7 +66,7 @@ def replay_search() -> None:
     p, replayed = timed(plan, "llama-3.1-8b", "h100-sxm-80gb", 1, reserved_model="replay", **kw)
     cpu = time.process_time() - cpu
     shapes = alloc_stream._replay_cached.cache_info().misses
-    cards = alloc_stream._card_cached.cache_info().misses
+    cards = card_replay._card_cached.cache_info().misses
     asked = alloc_stream._asks_cached.cache_info().misses
     print(
         f"8B, 1 x H100, reserved_model replay: {p.evaluated:,} candidates, {asked} shapes' streams built, "

@@ -56,6 +56,7 @@ from memsim_widget.engine.context import Context  # noqa: E402
 from memsim_widget.engine.core import _estimate, estimate  # noqa: E402
 from memsim_widget.engine.counters import alloc_stream  # noqa: E402
 from memsim_widget.engine.counters.allocator import AllocatorConf, alloc, free, replay  # noqa: E402
+from memsim_widget.engine.counters.replayable import replayable  # noqa: E402
 from memsim_widget.engine.frameworks import allocator_conf  # noqa: E402
 from memsim_widget.engine.rl import objectives  # noqa: E402
 from memsim_widget.scenario import Scenario  # noqa: E402
@@ -126,7 +127,7 @@ def scenario_rows(repeats: int) -> None:
     for name, d in CASES.items():
         sc = Scenario.from_dict({**d, "reserved_model": "replay"})
         ctx = Context(objectives.training_scenario(sc))
-        if not alloc_stream.replayable(ctx):
+        if not replayable(ctx):
             print(f"{name:<17} not replayed (the fitted rule: the stream models one GPU): "
                   f"estimate {estimate_ms(sc, repeats, True):.3f} ms")  # fmt: skip
             continue
@@ -253,7 +254,7 @@ def layer_rows() -> None:
 
     for name, d in CASES.items():
         ctx = Context(objectives.training_scenario(Scenario.from_dict({**d, "reserved_model": "replay"})))
-        if not alloc_stream.replayable(ctx):
+        if not replayable(ctx):
             continue
         stream, sections = copied_sections(ctx)
         a, at, rows = CachingAllocator(None, allocator_conf(ctx)), 0, []

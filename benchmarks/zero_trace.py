@@ -28,6 +28,14 @@ comparisons: its cuBLAS workspaces stay, the CPU run has none), the same without
     python benchmarks/zero_trace.py --stage 3 --offload optimizer+params   # offload_param too (ZeRO-3)
 
 Needs deepspeed (0.19.8 here), torch and transformers; no network. About a minute per case on 2 cores.
+
+The tests compare the engine's streams with recorded traces (``tests/data/zero_traces``: one gzip'd JSON a case,
+its events, phases and host events, with the versions of deepspeed, torch, transformers (peft: LoRA) it ran under;
+``recorded`` refuses another version's) and run DeepSpeed for real once per kind of run (ZeRO-1/2, ZeRO-3,
+offload, LoRA), asserting the fresh run is its recording event for event. After an upgrade of any of them:
+
+    python benchmarks/zero_trace.py --record tests/data/zero_traces   # every recording there, run again
+    python benchmarks/zero_trace.py --record tests/data/zero_traces --stage 3 --tied   # one more case
 """
 
 from __future__ import annotations
@@ -350,6 +358,126 @@ def traced_apart(
         return pool.submit(traced_run, zero, world, bucket, *args, **kw).result()
 
 
+#: the packages whose code a trace runs, pinned in each recording (``recorded`` refuses another version's); peft
+#: only where the run makes LoRA adapters
+PINNED = ("deepspeed", "torch", "transformers", "peft")
+#: where the tests' recorded traces live, from the repository's root
+RECORDING_FOLDER = "tests/data/zero_traces"
+RECORDINGS = Path(__file__).resolve().parents[1] / RECORDING_FOLDER
+#: the command that records one more case (the flags of the case, as above)
+RECORD_ONE = f"python benchmarks/zero_trace.py --record {RECORDING_FOLDER} --stage N ..."
+
+
+def versions(call: dict[str, Any]) -> dict[str, str]:
+    """The installed versions of the ``PINNED`` packages that the run of ``call`` imports (package metadata: no
+    import), without a local label (torch's ``+cpu``: the build, not the version)."""
+    from importlib.metadata import version
+
+    names = [n for n in PINNED if n != "peft" or call.get("lora")]
+    return {name: version(name).split("+")[0] for name in names}
+
+
+def trace_call(zero: int, world: int = WORLD, bucket: int = BUCKET, *args: Any, **kw: Any) -> dict[str, Any]:
+    """``traced_run``'s arguments as keywords, those left at their default dropped (tuples as lists): the key of
+    a recording, the same however the call spells them."""
+    import inspect
+
+    sig = inspect.signature(traced_run)
+    bound = sig.bind(zero, world, bucket, *args, **kw)
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        value, default = (
+            list(v) if isinstance(v, (tuple, list)) else v for v in (value, sig.parameters[name].default)
+        )
+        if value != default:
+            out[name] = value
+    return out
+
+
+def recording_name(call: dict[str, Any]) -> str:
+    """The file of a recorded trace: its arguments in ``traced_run``'s order (target sets by their
+    ``TARGET_SETS`` name), e.g. ``zero3-bucket20000000-accum2.json.gz``."""
+    parts = []
+    for name, value in call.items():
+        if name == "targets":
+            value = next((k for k, v in TARGET_SETS.items() if v == list(value)), "-".join(value))
+        parts.append(name if value is True else f"{name}{value}".replace("+", "-"))
+    return "-".join(parts) + ".json.gz"
+
+
+def write_recording(folder: Path, call: dict[str, Any], trace: dict[str, Any]) -> Path:
+    """Write ``trace`` (``traced_run(**call)``'s result) to ``folder`` as gzip'd JSON, with the versions it ran
+    under; byte for byte the same for the same trace (no time stamp in the gzip header, keys in order)."""
+    import gzip
+    import json
+
+    body = {"versions": versions(call), "call": call, **{k: trace[k] for k in sorted(trace)}}
+    text = json.dumps(body, separators=(",", ":")).encode()
+    path = Path(folder) / recording_name(call)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(text, 9, mtime=0))
+    return path
+
+
+def _read(path: Path) -> dict[str, Any]:
+    import gzip
+    import json
+
+    return json.loads(gzip.decompress(Path(path).read_bytes()))
+
+
+def record(folder: Path, calls: Sequence[dict[str, Any]]) -> None:
+    """Run each of ``calls`` (``trace_call``'s keywords) in a fresh process and write its recording to
+    ``folder``, printing the file, the run's seconds and its number of events."""
+    import time
+
+    for call in calls:
+        began = time.perf_counter()
+        trace = traced_apart(**call)
+        path = write_recording(folder, call, trace)
+        print(f"{path}: {time.perf_counter() - began:.0f} s, {len(trace['events']):,} events", flush=True)
+
+
+def difference(fresh: dict[str, Any], kept: dict[str, Any]) -> str:
+    """Where a fresh run's trace (``traced_apart``) parts from its recording (``recorded``): '' when they are the
+    same, event for event (handles, bytes, streams), phase for phase and host event for host event."""
+    if sorted(fresh) != sorted(kept):
+        return f"the fresh run has {sorted(fresh)}, the recording {sorted(kept)}"
+    for key in sorted(fresh):
+        a, b = [tuple(e) for e in fresh[key]], [tuple(e) for e in kept[key]]
+        if a != b:
+            i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            return (
+                f"{key} differ from entry {i} ({len(a):,} fresh, {len(b):,} recorded): "
+                f"fresh {a[i : i + 3]}, recorded {b[i : i + 3]}"
+            )
+    return ""
+
+
+class StaleRecording(RuntimeError):
+    """A recorded trace made under other versions of the ``PINNED`` packages than those installed."""
+
+
+def recorded(zero: int, world: int = WORLD, bucket: int = BUCKET, *args: Any, **kw: Any) -> dict[str, Any]:
+    """The recorded trace of ``traced_apart(zero, world, bucket, *args, **kw)`` (``RECORDINGS``): its events,
+    phases and host events as lists of tuples, as the run returns them. Refuses (``StaleRecording``) a recording
+    made under other versions of deepspeed, torch, transformers or peft than the installed ones, and a missing
+    one (FileNotFoundError), naming the command that writes them."""
+    call = trace_call(zero, world, bucket, *args, **kw)
+    path = RECORDINGS / recording_name(call)
+    again = f"python benchmarks/zero_trace.py --record {RECORDING_FOLDER} writes them again"
+    if not path.exists():
+        raise FileNotFoundError(f"no recorded trace {path.name}: add it with {RECORD_ONE}")
+    body = _read(path)
+    if body["versions"] != versions(call):
+        raise StaleRecording(
+            f"{path.name} was recorded under {body['versions']}, not the installed {versions(call)}: {again}"
+        )
+    if body["call"] != call:
+        raise StaleRecording(f"{path.name} records {body['call']}, not {call}")
+    return {k: [tuple(e) for e in v] for k, v in body.items() if k not in ("versions", "call")}
+
+
 def replayed(events: list[tuple[int, int, int]]) -> int:
     """Peak reserved of ``events`` through the caching allocator (PyTorch's defaults)."""
     a = CachingAllocator(None)
@@ -457,7 +585,7 @@ def main() -> None:
     N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: peft's LoRA of rank R on ``--targets`` (``qv``:
     q_proj, v_proj; ``all``: every Linear of the layers, the default), its adapters made in ``--adapter`` (fp32,
     peft's default, or bf16); under ZeRO-3 the engine's stream for bf16 adapters only (peft's fp32 ones under
-    ``zero.Init`` are not written: ``alloc_stream.zero3_lora_modelled``)."""
+    ``zero.Init`` are not written: ``replayable.zero3_lora_modelled``)."""
     from memsim_widget.engine.counters.alloc_stream import replay_stream
     from memsim_widget.engine.counters.allocator import AllocatorConf
 
@@ -481,6 +609,17 @@ def main() -> None:
         names = sys.argv[sys.argv.index("--targets") + 1] if "--targets" in sys.argv else "all"
         dtype = sys.argv[sys.argv.index("--adapter") + 1] if "--adapter" in sys.argv else "fp32"
         peft = {"targets": tuple(TARGET_SETS[names]), "adapter_dtype": dtype}
+    if "--record" in sys.argv:
+        folder = Path(sys.argv[sys.argv.index("--record") + 1])
+        if len(sys.argv) == 3:  # every recording already in the folder, run again
+            calls = [_read(p)["call"] for p in sorted(folder.glob("*.json.gz"))]
+        else:
+            calls = [
+                trace_call(zero, world, bucket, overlap, accum, lora, **shape, offload=offload, **peft)
+                for zero in ((stage,) if stage else (1, 2))
+            ]
+        record(folder, calls)
+        return
     for zero in (stage,) if stage else (1, 2):
         t = traced_apart(zero, world, bucket, overlap, accum, lora, **shape, offload=offload, **peft)
         a = CachingAllocator(None)

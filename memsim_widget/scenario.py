@@ -519,10 +519,9 @@ RESERVED_MODELS = ("fitted", "replay")
 #: except for batches padded to their longest sample (over a long run their cache ratchets with the lengths and
 #: their order, which a two-step replay cannot know: docs/allocator.md#variable-lengths; the fitted rule was
 #: fitted on such runs), compiled steps whose stream is not held to its compiled trace
-#: (``alloc_stream.compiled_stream_held`` says which, and why) and pipeline stages
-#: (the stage's stream is within 1% of its trace on 34 of 36 traced stages, but GPipe's first stage is 2.5% and
-#: 1.7% under at 2 x 512 and 2 x 1,024 tokens of h=512, from flash attention's CUDA-only scratch that the CPU trace
-#: lacks: docs/allocator.md#pipeline-stages): those keep the fitted rule.
+#: (``replayable.compiled_stream_held`` says which, and why): those keep the fitted rule. Pipeline stages replay
+#: by default since 2026-12-06 (a GPipe or 1F1B stage's stream is within 1% of its trace on all 36 traced stages,
+#: none under: docs/allocator.md#pipeline-stages).
 DEFAULT_RESERVED_MODEL = "replay"
 #: At most this many layers offloaded (``activation_offloading_layers``; the model check bounds it by its layers).
 MAX_LAYERS = 2**16
@@ -549,7 +548,7 @@ class Scenario:
     ``expandable_segments:True``, the others PyTorch's defaults); ``reserved_model`` (optional) -- ``fitted``
     or ``replay``, how the reserved counter is computed (``RESERVED_MODELS``; unset: ``DEFAULT_RESERVED_MODEL``
     but the fitted rule for ``padding: longest``, ``replays_reserved``, and compiled steps whose stream is not held
-    to its trace, ``alloc_stream.compiled_stream_held``).
+    to its trace, ``replayable.compiled_stream_held``).
 
     ``output_lifetime`` -- how long the loop keeps the model output (logits and any KV cache the model
     returns): ``trainer`` drops it before backward (HF Trainer keeps only the loss), ``backward`` until
@@ -791,12 +790,12 @@ class Scenario:
     @property
     def replays_reserved(self) -> bool:
         """Whether the reserved counter comes from the allocator's replay (``reserved_model``, unset:
-        ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest`` and pipelines); the step must also be one the
-        stream models (``alloc_stream.replayable``: a compiled step by default only where its stream is held to its
-        compiled trace, ``alloc_stream.compiled_stream_held``)."""
+        ``DEFAULT_RESERVED_MODEL`` but for ``padding: longest``); the step must also be one the
+        stream models (``replayable.replayable``: a compiled step by default only where its stream is held to its
+        compiled trace, ``replayable.compiled_stream_held``)."""
         if self.reserved_model is not None:
             return self.reserved_model == "replay"
-        return DEFAULT_RESERVED_MODEL == "replay" and self.padding != "longest" and self.parallel.pp == 1
+        return DEFAULT_RESERVED_MODEL == "replay" and self.padding != "longest"
 
     @property
     def objective_name(self) -> str:

@@ -108,12 +108,12 @@ def _estimate(scenario: Scenario) -> Estimate:
 
 
 def _replayable(ctx: Context) -> bool:
-    """``alloc_stream.replayable``, its module (and the allocator's) imported only where the scenario's reserved
-    model is the replay (``Scenario.replays_reserved``): an estimate under the fitted rule does not load them
-    (~2 ms of a CLI start)."""
+    """``replayable.replayable``, its module imported only where the scenario's reserved model is the replay
+    (``Scenario.replays_reserved``): an estimate under the fitted rule does not load it, and the stream's module
+    and the allocator's (~2 ms of a CLI start) load only where the stream models the step."""
     if not ctx.scenario.replays_reserved:  # replayable's first condition
         return False
-    from memsim_widget.engine.counters.alloc_stream import replayable
+    from memsim_widget.engine.counters.replayable import replayable
 
     return replayable(ctx)
 

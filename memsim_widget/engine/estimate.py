@@ -25,7 +25,7 @@ from memsim_widget.units import GiB, fmt_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-    from memsim_widget.engine.counters.alloc_stream import CardReplay
+    from memsim_widget.engine.counters.card_replay import CardReplay
 
 #: Default share of device memory kept free: the run-to-run spread (allocator variance between versions and runs)
 #: (docs/memory-facts.md#headroom-and-spread: 454 Megatron runs below 80% never ran out of memory; 10% covers
@@ -155,19 +155,21 @@ class Estimate:
     @cached_property
     def card_replay(self) -> CardReplay | None:
         """Where the reserved counter is replayed (``Scenario.replays_reserved``) on a step the stream models
-        (``alloc_stream.replayable``): the
+        (``replayable.replayable``): the
         replay of the verdict's rank on the card's real capacity, its memory less what lives outside the
         allocator (context, NCCL, paged states: ``overhead.reserved_cap``, the split of the
         nvidia-smi figure); None elsewhere (the fitted rule has no stream to replay)."""
         sc = self.scenario
         if not sc.replays_reserved or sc.objective_name != "sft":
             return None
-        from memsim_widget.engine.counters.alloc_stream import card_replay, replayable
-        from memsim_widget.engine.counters.overhead import reserved_cap
+        from memsim_widget.engine.counters.replayable import replayable
 
         ctx = Context(training_scenario(sc))
-        if not replayable(ctx):
+        if not replayable(ctx):  # decided without importing the stream and the allocator
             return None
+        from memsim_widget.engine.counters.card_replay import card_replay
+        from memsim_widget.engine.counters.overhead import reserved_cap
+
         r = self.worst
         return card_replay(ctx, r.stage, reserved_cap(ctx, sum(i.bytes for i in r.device)))
 

@@ -1023,17 +1023,19 @@ def _replayed_pools(
     base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
     s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray, cap: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """``pool`` with, on the rows whose candidate ``engine/counters/alloc_stream.replayable`` accepts, the peak
+    """``pool`` with, on the rows whose candidate ``engine/counters/replayable.replayable`` accepts, the peak
     reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_runs`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape), and once per distinct room among the pair's rows; where the stream's requested bytes
     alone exceed every room of the pair (``alloc_stream.stream_asks``), neither is replayed. Only one-GPU rows
-    (any accumulation), FSDP2 rows without other parallelism (``alloc_stream.fsdp2_replayable``), DDP rows (zero
-    0, no other parallelism: ``alloc_stream.ddp_replayable``), ZeRO-1/2 rows (no other parallelism:
-    ``alloc_stream.zero12_replayable``), TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) and pipeline
+    (any accumulation), FSDP2 rows without other parallelism (``replayable.fsdp2_replayable``), DDP rows (zero
+    0, no other parallelism: ``replayable.ddp_replayable``), ZeRO-1/2 rows (no other parallelism:
+    ``replayable.zero12_replayable``), TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) and pipeline
     rows without other parallelism (``pp_stream.pp_replayable``) can be accepted: the others are not looked at."""
-    from memsim_widget.engine.counters.alloc_stream import card_runs, pool_replay, replayable, stream_asks
+    from memsim_widget.engine.counters.alloc_stream import pool_replay, stream_asks
+    from memsim_widget.engine.counters.card_replay import card_runs
+    from memsim_widget.engine.counters.replayable import replayable
     from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
@@ -1044,8 +1046,7 @@ def _replayed_pools(
     fsdp = (c["dp"] > 1) & (c["zero"] >= 3) & alone
     ddp = (c["dp"] > 1) & ((c["zero"] == 0) | (c["zero"] == 1) | (c["zero"] == 2)) & alone  # DDP, ZeRO-1/2
     tp = (c["tp"] > 1) & (c["pp"] * c["cp"] * c["ep"] == 1)
-    # pipeline rows replay only when the base names the replay (Scenario.replays_reserved: not by default)
-    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1) & (base.reserved_model == "replay")
+    pipe = (c["pp"] > 1) & (c["dp"] * c["tp"] * c["cp"] * c["ep"] == 1)
     rows = np.flatnonzero((one | fsdp | ddp | tp | pipe)[cand])
     if not rows.size:
         return pool, oom

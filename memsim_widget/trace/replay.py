@@ -121,8 +121,8 @@ def traced_counters(sc: Any, result: Any) -> dict[str, Any]:
 
 
 def on_card_text(on_card: dict[str, Any] | None) -> str:
-    """The replay's verdict on the card in words (empty without a replay): ``alloc_stream.card_text``."""
-    from memsim_widget.engine.counters.alloc_stream import card_text
+    """The replay's verdict on the card in words (empty without a replay): ``card_replay.card_text``."""
+    from memsim_widget.engine.counters.card_replay import card_text
 
     if not on_card:
         return ""

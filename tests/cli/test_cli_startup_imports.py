@@ -33,9 +33,16 @@ HEAVY = (
 #: traces, launch-config importers, comparisons, calibration from traces).
 UNUSED_LAYERS = ("plan", "charts", "widget", "app", "trace", "importers", "comparison", "calibrate")
 
-#: The allocation-stream replay and its caching allocator: a scenario whose reserved model is ``replay`` uses them
-#: (``reserved_model``, unset: ``DEFAULT_RESERVED_MODEL``); the fitted rule (engine/counters/overhead.py) does not.
-REPLAY = ("memsim_widget.engine.counters.alloc_stream", "memsim_widget.engine.counters.allocator")
+#: The allocation-stream replay, its caching allocator and the replay on the card: a scenario whose reserved model is
+#: ``replay`` (``reserved_model``, unset: ``DEFAULT_RESERVED_MODEL``) on a step the stream models uses them; the
+#: fitted rule (engine/counters/overhead.py) does not.
+REPLAY = (
+    "memsim_widget.engine.counters.alloc_stream",
+    "memsim_widget.engine.counters.allocator",
+    "memsim_widget.engine.counters.card_replay",
+)
+#: Whether the stream models the step: asked wherever the reserved model is ``replay``, without loading ``REPLAY``.
+PREDICATES = "memsim_widget.engine.counters.replayable"
 
 #: Run the CLI as ``memsim`` does, then print what the process loaded and which dataclasses its package modules
 #: defined with the standard decorator (theirs would be ``dataclasses``'s ``__eq__``, compiled from text).
@@ -100,12 +107,25 @@ def test_an_estimate_loads_its_models_family_alone_and_nothing_heavy(args: list[
 def test_an_estimate_asking_for_the_fitted_rule_loads_no_allocator() -> None:
     modules, standard = _loaded("estimate", "--model", "llama-3.2-1b", "--reserved-model", "fitted")
     assert sorted(m for m in REPLAY if m in modules) == []
+    assert PREDICATES not in modules
     assert standard == []
 
 
 def test_an_estimate_asking_for_the_replay_loads_the_allocator() -> None:
     modules, standard = _loaded("estimate", "--model", "llama-3.2-1b", "--reserved-model", "replay")
     assert sorted(m for m in REPLAY if m in modules) == sorted(REPLAY)
+    assert PREDICATES in modules
+    assert standard == []
+
+
+def test_the_replay_asked_of_a_step_the_stream_does_not_model_loads_no_allocator() -> None:
+    """Context parallelism keeps the fitted rule (``replayable.replayable``): deciding so loads the predicates
+    alone, not the stream's writers nor the allocator."""
+    modules, standard = _loaded(
+        "estimate", "--model", "llama-3.2-1b", "--reserved-model", "replay", "--cp", "2"
+    )
+    assert PREDICATES in modules
+    assert sorted(m for m in REPLAY if m in modules) == []
     assert standard == []
 
 

@@ -281,7 +281,7 @@ def test_compiled_steps_replay_by_default_where_the_stream_is_held_to_its_trace(
     change: dict, held: bool
 ) -> None:
     """An unset ``reserved_model`` replays a compiled step only where its stream writes the compiled layers' own
-    buffers and replays as its compiled trace within 1% (``alloc_stream.compiled_stream_held``: bf16 full training
+    buffers and replays as its compiled trace within 1% (``replayable.compiled_stream_held``: bf16 full training
     of the Llama layout and its autocast, peft's LoRA on q and v of that layout, Qwen3 and Gemma 3, OLMo 2, Gemma 3);
     the others keep the fitted rule
     (their streams are under their traces, the compiled ViT-B H200 run under its replay; no compiled trace has

@@ -1,4 +1,4 @@
-"""The verdict under ``reserved_model: replay`` (``alloc_stream.card_replay``, ``Estimate.verdict_reason``): the
+"""The verdict under ``reserved_model: replay`` (``card_replay.card_replay``, ``Estimate.verdict_reason``): the
 step's stream replayed on the card's real capacity (its memory less what lives outside the allocator) runs,
 runs only because a failed cudaMalloc made the allocator release its cache and retry (PyTorch's ``malloc``:
 ``release_cached_blocks`` then retry, docs/allocator.md), or runs out of memory from fragmentation (the bytes
@@ -11,16 +11,9 @@ import pytest
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.counters.alloc_stream import (
-    FRAGMENTATION,
-    RELEASES_CACHE,
-    RUNS,
-    TOTAL,
-    StreamWriter,
-    card_outcome,
-    pool_replay,
-)
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, pool_replay
 from memsim_widget.engine.counters.allocator import DEFAULT_CONF, MiB
+from memsim_widget.engine.counters.card_replay import FRAGMENTATION, RELEASES_CACHE, RUNS, TOTAL, card_outcome
 from memsim_widget.engine.estimate import Verdict
 from memsim_widget.units import GiB
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream
 from memsim_widget.engine.counters.allocator import FREE
 from memsim_widget.engine.counters.ddp_stream import (
     BUCKET_CAP_BYTES,
@@ -26,6 +26,7 @@ from memsim_widget.engine.counters.ddp_stream import (
     rank_buckets,
     typed_bucket_assignment,
 )
+from memsim_widget.engine.counters.replayable import replayable
 
 MiB = 2**20
 BASE = {"model": LLAMA_H512_V32K, "micro_batch_size": 2, "seq_len": 512, "reserved_model": "replay"}

@@ -8,6 +8,7 @@ from fidelity_cases import LLAMA
 
 from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, GRADS
 from memsim_widget.engine.activations.eager_steps import (
+    CUDA_SCRATCH,
     HEAD_DONE,
     SAVED_COUNT,
     eager_layer_backward_transients,
@@ -34,7 +35,7 @@ def _balanced(steps) -> tuple[list[str], list[str]]:
     live: set[str] = set()
     special = []
     for name, size in steps:
-        if name.startswith((FREE_SAVED, GRADS)) or name in (HEAD_DONE, SAVED):
+        if name.startswith((FREE_SAVED, GRADS)) or name in (HEAD_DONE, SAVED, CUDA_SCRATCH):
             special.append(name)
         elif size > 0:
             assert name not in live
@@ -52,6 +53,7 @@ def test_a_layer_frees_each_saved_tensor_and_makes_each_gradient_once():
     freed = [int(n[len(FREE_SAVED) :]) for n in special if n.startswith(FREE_SAVED)]
     assert sorted(freed) == list(range(17))
     assert [int(n[len(GRADS) :]) for n in special if n.startswith(GRADS)] == [6, 5, 4, 8, 3, 2, 1, 0, 7]
+    assert special.count(CUDA_SCRATCH) == 1  # SDPA's backward kernel: its CUDA scratch made and freed there
 
 
 def test_the_layer_buffers_are_the_traced_sizes():

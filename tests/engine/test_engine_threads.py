@@ -60,7 +60,7 @@ def test_the_last_streams_built_are_shared_safely(busy_switching: None, monkeypa
     def work(t: int) -> None:
         for k in range(ROUNDS):
             key = (t, k % 5)
-            assert alloc_stream._built(key, key, None) == key  # each key's own stream, built or reused
+            assert alloc_stream.built_stream(key, key, None) == key  # each key's own stream, built or reused
 
     assert _on_threads(work) == []
     assert len(alloc_stream._STREAMS) <= alloc_stream._STREAMS_KEPT

@@ -13,11 +13,7 @@ from hypothesis import strategies as st
 
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.counters.alloc_stream import (
-    StreamWriter,
-    rank_stream,
-    replayable,
-)
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream
 from memsim_widget.engine.counters.allocator import FREE, replay
 from memsim_widget.engine.counters.fsdp_stream import (
     COMPUTE,
@@ -29,6 +25,7 @@ from memsim_widget.engine.counters.fsdp_stream import (
     nf4_parts,
     padded_shard,
 )
+from memsim_widget.engine.counters.replayable import replayable
 
 BASE = {"model": LLAMA_H512_V32K, "micro_batch_size": 2, "seq_len": 512, "reserved_model": "replay"}
 

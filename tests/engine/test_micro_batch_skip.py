@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.counters import alloc_stream
 from memsim_widget.engine.counters.allocator import CachingAllocator
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.frameworks import allocator_conf
 from memsim_widget.errors import ScenarioError
 from memsim_widget.scenario import Scenario
@@ -76,7 +77,7 @@ def test_skipping_identical_micro_batches_changes_no_figure(
         ScenarioError
     ):  # a combination the scenario refuses (GPT-2 has no q_proj for LoRA's default targets)
         return
-    if not alloc_stream.replayable(ctx):
+    if not replayable(ctx):
         return
     got, want, _ = _both(d)
     assert got == want

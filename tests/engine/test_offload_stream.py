@@ -9,14 +9,10 @@ from fidelity_cases import LLAMA, TORCHTUNE_CASES
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.caches.parts_cache import cached_activation_groups
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.counters.alloc_stream import (
-    StreamWriter,
-    rank_stream,
-    replay_stream,
-    replayable,
-)
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replay_stream
 from memsim_widget.engine.counters.allocator import FREE, replay
 from memsim_widget.engine.counters.offload_stream import TORCHTUNE_COPY_STREAM, InBackwardGrads
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.frameworks import allocator_conf
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.rl import objectives

@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 from memsim_widget import Scenario
 from memsim_widget.engine.caches.parts_cache import cached_activation_groups, cached_state_groups
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.counters import alloc_stream
+from memsim_widget.engine.counters import alloc_stream, card_replay
 from memsim_widget.engine.counters.allocator import AllocatorConf, parse_alloc_conf, replay
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.rl import objectives
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -72,7 +73,7 @@ def _check(ctx: Context, conf: AllocatorConf, fractions: tuple[float, ...]) -> N
     for f in fractions:
         cap = int(rep.peak_reserved * f)
         assert astuple(replay(stream.events, cap, conf)) == astuple(ref.replay(stream.events, cap, conf))
-        card = alloc_stream.card_outcome(stream, conf, cap)
+        card = card_replay.card_outcome(stream, conf, cap)
         want = ref.replay(stream.events, cap, conf)
         got = (card.runs, card.cache_releases, card.failure and astuple(card.failure))
         assert got == (want.ok, want.cache_releases, want.failure and astuple(want.failure))
@@ -83,7 +84,7 @@ def _check(ctx: Context, conf: AllocatorConf, fractions: tuple[float, ...]) -> N
 )
 def test_fidelity_scenarios_replay_as_the_reference(name: str, d: dict[str, Any]) -> None:
     ctx = _ctx(d)
-    if alloc_stream.replayable(ctx):
+    if replayable(ctx):
         _check(ctx, AllocatorConf(), (0.7,))
 
 
@@ -91,7 +92,7 @@ def test_fidelity_scenarios_replay_as_the_reference(name: str, d: dict[str, Any]
 @pytest.mark.parametrize("m", gm.MEASUREMENTS, ids=lambda m: m.name)
 def test_h200_scenarios_replay_as_the_reference(m: gm.Measurement) -> None:
     ctx = _ctx(gm.resolved(m))
-    if alloc_stream.replayable(ctx):
+    if replayable(ctx):
         _check(ctx, AllocatorConf(), (0.6, 0.9))
         _check(ctx, parse_alloc_conf("expandable_segments:True"), (0.9,))
 
@@ -122,7 +123,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 @given(scenarios(), st.floats(0.05, 1.2))
 def test_random_scenarios_replay_as_the_reference(d: dict[str, Any], fraction: float) -> None:
     ctx = _ctx(d)
-    if not alloc_stream.replayable(ctx):
+    if not replayable(ctx):
         return
     from memsim_widget.engine.frameworks import allocator_conf
 
@@ -130,7 +131,7 @@ def test_random_scenarios_replay_as_the_reference(d: dict[str, Any], fraction: f
     alloc_stream.cache_clear()
     stage = ctx.stages[0]
     cap = int(alloc_stream.pool_replay(ctx, stage).peak_reserved * fraction)
-    assert alloc_stream.card_runs(ctx, stage, cap) == alloc_stream.card_replay(ctx, stage, cap).runs
+    assert card_replay.card_runs(ctx, stage, cap) == card_replay.card_replay(ctx, stage, cap).runs
 
 
 def test_card_runs_skips_the_second_replay_only_when_the_requested_bytes_exceed_the_room() -> None:
@@ -141,13 +142,13 @@ def test_card_runs_skips_the_second_replay_only_when_the_requested_bytes_exceed_
     alloc_stream.cache_clear()
     rep = alloc_stream.pool_replay(ctx, stage)
     assert 0 < rep.peak_requested <= rep.peak_allocated <= rep.peak_reserved
-    assert not alloc_stream.card_runs(ctx, stage, rep.peak_requested - 1)
-    assert alloc_stream._card_cached.cache_info().currsize == 0
+    assert not card_replay.card_runs(ctx, stage, rep.peak_requested - 1)
+    assert card_replay._card_cached.cache_info().currsize == 0
     alloc_stream.cache_clear()  # decided from the stream alone: not even the unlimited replay
-    assert not alloc_stream.card_runs(ctx, stage, rep.peak_requested - 1)
+    assert not card_replay.card_runs(ctx, stage, rep.peak_requested - 1)
     assert alloc_stream._replay_cached.cache_info().currsize == 0
-    alloc_stream.card_runs(ctx, stage, rep.peak_requested)
-    assert alloc_stream._card_cached.cache_info().currsize == 1
+    card_replay.card_runs(ctx, stage, rep.peak_requested)
+    assert card_replay._card_cached.cache_info().currsize == 1
 
 
 def test_a_shapes_card_replay_reuses_its_stream() -> None:
@@ -166,7 +167,7 @@ def test_a_shapes_card_replay_reuses_its_stream() -> None:
     alloc_stream.rank_stream = counted  # type: ignore[assignment]
     try:
         need = alloc_stream.pool_replay(ctx, stage).peak_reserved
-        alloc_stream.card_replay(ctx, stage, need // 2)
+        card_replay.card_replay(ctx, stage, need // 2)
     finally:
         alloc_stream.rank_stream = rank_stream  # type: ignore[assignment]
     assert len(built) == 1

@@ -13,8 +13,9 @@ from torchtitan_tp_cases import TORCHTITAN_TP_CASES
 from memsim_widget import Scenario, estimate
 from memsim_widget.engine.activations.forward import layer_forward_transients
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.counters.alloc_stream import rank_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import rank_stream
 from memsim_widget.engine.counters.allocator import FREE
+from memsim_widget.engine.counters.replayable import replayable
 
 BASE = {"model": LLAMA_H512_V32K, "micro_batch_size": 2, "seq_len": 512, "precision": "bf16"}
 T, H, V = 2 * 512, 512, 32000  # tokens, width, vocabulary of BASE

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import StreamWriter, rank_stream, replay_stream
 from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, CachingAllocator
 from memsim_widget.engine.counters.overhead import WORKSPACE_ITEM
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.counters.zero_offload_stream import (
     NORM_PART,
     ZeroOffloadWriter,
@@ -148,11 +149,17 @@ def test_norm_parts_are_deepspeeds_buffer_size() -> None:
     assert NORM_PART == 250_000_000
 
 
-def _trace_vs_stream(zero: int, accum: int, bucket: int, allocated: bool = True, **shape: bool) -> None:
+def _zero_trace() -> None:
+    """Put benchmarks/ (``zero_trace``: the real runs and their recordings) on the import path."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from zero_trace import engine_stream, traced_apart
 
-    t = traced_apart(zero, 4, bucket, False, accum, offload="optimizer", **shape)
+
+def _trace_vs_stream(zero: int, accum: int, bucket: int, allocated: bool = True, **shape: bool) -> None:
+    """The engine's stream without the workspaces against the run's recorded trace (its GPU's events)."""
+    _zero_trace()
+    from zero_trace import engine_stream, recorded
+
+    t = recorded(zero, 4, bucket, False, accum, offload="optimizer", **shape)
     a = CachingAllocator(None)
     a.run(t["events"])
     ours = replay_stream(
@@ -163,7 +170,6 @@ def _trace_vs_stream(zero: int, accum: int, bucket: int, allocated: bool = True,
         assert abs(ours.peak_allocated / a.peak_allocated - 1) < 0.01, (ours.peak_allocated, a.peak_allocated)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("zero", "accum", "bucket"),
     [(1, 1, 500_000_000), (2, 1, 500_000_000), (1, 2, BUCKET_SMALL), (2, 2, BUCKET_SMALL)],
@@ -175,11 +181,11 @@ def test_zero12_offload_replays_as_its_cpu_trace(zero: int, accum: int, bucket: 
     -0.50% / +0.12% (ZeRO-1) and -0.60% / +0.00% (ZeRO-2) at two micro-batches of the small bucket. ZeRO-1 at one
     micro-batch: reserved -0.25%, allocated -1.0% (the 8 MiB more the ZeRO-1 trace holds than ZeRO-2's, without
     offload too: docs/allocator.md), so only reserved is held there. The fitted rule was +27.8% to +35.2%
-    reserved against these traces (docs/allocator.md)."""
+    reserved against these traces (docs/allocator.md). The runs' recorded traces
+    (``test_the_recorded_traces_are_deepspeeds``)."""
     _trace_vs_stream(zero, accum, bucket, allocated=(zero, accum) != (1, 1))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("accum", "bucket", "shape"),
     [(1, 500_000_000, {}), (2, BUCKET_SMALL, {}), (1, 500_000_000, {"ckpt": True, "tied": True})],
@@ -247,17 +253,16 @@ def test_plan_equals_estimate_under_optimizer_offload() -> None:
     assert p.mismatches(list(range(p.evaluated))) == []
 
 
-@pytest.mark.slow
 def test_zero2_offload_items_hold_what_the_trace_holds_on_the_gpu() -> None:
     """ZeRO-2 with ``offload_optimizer`` at two micro-batches of the small bucket: the items' allocated peak
     (without the cuBLAS workspaces, which a CPU run never makes) is the trace's GPU-side allocated within 1% but
     for the ipg buffer, which the items hold from the loss's backward (their peak) and DeepSpeed makes at the first
     gradient (``setup_buckets``): measured -0.73% (+1.19% with the gradient partition on the GPU and no staging
-    buffer, before)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from zero_trace import traced_apart
+    buffer, before; the run's recorded trace)."""
+    _zero_trace()
+    from zero_trace import recorded
 
-    t = traced_apart(2, 4, BUCKET_SMALL, False, 2, offload="optimizer")
+    t = recorded(2, 4, BUCKET_SMALL, False, 2, offload="optimizer")
     a = CachingAllocator(None)
     a.run(t["events"])
     sc = {
@@ -269,3 +274,18 @@ def test_zero2_offload_items_hold_what_the_trace_holds_on_the_gpu() -> None:
     drop = {WORKSPACE_ITEM, ZERO_BUCKET_ITEM}
     items = r.peak_allocated_bytes - sum(i.allocated_bytes for i in r.peak.items if i.item in drop)
     assert abs(items / a.peak_allocated - 1) < 0.01, (items, a.peak_allocated)
+
+
+@pytest.mark.slow
+def test_the_recorded_traces_are_deepspeeds() -> None:
+    """The tests above read recorded runs (tests/data/zero_traces, refused under other versions of deepspeed,
+    torch, transformers or peft than recorded); one, ZeRO-3 with ``offload_optimizer``, full checkpointing and
+    tied embeddings (the host's storages told apart, ``zero_trace._host_side``, and its copies back to the GPU,
+    ``_host_copies``), is run again here, the real optimizer on the CPU, and must be its recording event for
+    event, the host's events too."""
+    _zero_trace()
+    from zero_trace import difference, recorded, traced_apart
+
+    case = {"offload": "optimizer", "ckpt": True, "tied": True}
+    gap = difference(traced_apart(3, 4, 500_000_000, **case), recorded(3, 4, 500_000_000, **case))
+    assert not gap, gap

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
-from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream, replayable
+from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
 from memsim_widget.engine.counters.allocator import FREE, AllocatorConf, CachingAllocator
+from memsim_widget.engine.counters.replayable import replayable
 from memsim_widget.engine.counters.zero_stream import ALIGNMENT, partition_slices, rank_zero
 from memsim_widget.engine.frameworks import allocator_conf
 
@@ -179,24 +180,28 @@ def test_zero12_replays_by_default_and_the_rest_keeps_the_fitted_rule() -> None:
     assert "DeepSpeed ZeRO-1/2" in estimate(base).ranks[0].reserved.formula
 
 
-@pytest.mark.slow
+def _zero_trace() -> None:
+    """Put benchmarks/ (``zero_trace``: the real runs and their recordings) on the import path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
 @pytest.mark.parametrize(("zero", "overlap"), [(1, False), (2, False), (1, True), (2, True)])
 def test_replays_as_its_cpu_trace(zero: int, overlap: bool) -> None:
     """The engine's stream (traced_only) replays within 1% of the reserved of the real DeepSpeed optimizer run on
-    the CPU (fake process group, world size 4, two steps; benchmarks/zero_trace.py), with DeepSpeed's defaults
+    the CPU (fake process group, world size 4, two steps; benchmarks/zero_trace.py; its recorded trace, held to a
+    fresh run by ``test_the_recorded_traces_are_deepspeeds``), with DeepSpeed's defaults
     and with ``overlap_comm`` (two ipg buffers: -36.2% before the stream wrote the second one). Its large pool
     is the trace's to the byte; both are 4 MiB under in the small pool (two 2 MiB segments: the trace keeps three
     more 1 MiB activations at forward's end, not a ZeRO buffer, docs/allocator.md)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from zero_trace import BUCKET, replayed, traced_apart
+    _zero_trace()
+    from zero_trace import BUCKET, recorded, replayed
 
-    traced = replayed(traced_apart(zero, 4, BUCKET, overlap)["events"])
+    traced = replayed(recorded(zero, 4, BUCKET, overlap)["events"])
     ctx = _ctx(parallel={"dp": 4, "zero": zero, "overlap_comm": overlap})
     ours = replay_stream(rank_stream(ctx, ctx.stages[0], traced_only=True), allocator_conf(ctx)).peak_reserved
     assert abs(ours / traced - 1) < 0.01, (ours, traced)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("zero", "accum", "bucket"), [(1, 2, BUCKET_SMALL), (2, 2, BUCKET_SMALL), (1, 2, 0), (2, 3, 0)]
 )
@@ -206,14 +211,50 @@ def test_accumulation_replays_as_its_cpu_trace(zero: int, accum: int, bucket: in
     (``zero_trace.without_workspaces``: with them ZeRO-1 at the small bucket is +14.1% over, the two 32 MiB
     workspaces outgrowing the cached blocks), replays within 1% of the real optimizer's CPU run, reserved and
     allocated (measured -0.46% / -0.01% for ZeRO-1 at the small bucket; -7.5% before the stream kept ZeRO-1's
-    gradients and ipg buffer to the boundary at the default bucket)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from zero_trace import BUCKET, engine_stream, traced_apart
+    gradients and ipg buffer to the boundary at the default bucket). The runs' recorded traces."""
+    _zero_trace()
+    from zero_trace import BUCKET, engine_stream, recorded
 
     size = bucket or BUCKET
-    t = traced_apart(zero, 4, size, False, accum)
+    t = recorded(zero, 4, size, False, accum)
     a = CachingAllocator(None)
     a.run(t["events"])
     ours = replay_stream(engine_stream(zero, 4, size, False, accum, cpu=True), AllocatorConf())
     assert abs(ours.peak_reserved / a.peak_reserved - 1) < 0.01, (ours.peak_reserved, a.peak_reserved)
     assert abs(ours.peak_allocated / a.peak_allocated - 1) < 0.01, (ours.peak_allocated, a.peak_allocated)
+
+
+@pytest.mark.slow
+def test_the_recorded_traces_are_deepspeeds() -> None:
+    """The tests above read recorded runs (tests/data/zero_traces, ``zero_trace.recorded``: refused under other
+    versions of deepspeed, torch, transformers or peft than recorded); one of them, ZeRO-2 over two
+    micro-batches of the small bucket (several reduces a backward, a new grads_in_partition each micro-batch), is
+    run again here, the real optimizer on the CPU, and must be its recording event for event."""
+    _zero_trace()
+    from zero_trace import difference, recorded, traced_apart
+
+    args = (2, 4, BUCKET_SMALL, False, 2)
+    gap = difference(traced_apart(*args), recorded(*args))
+    assert not gap, gap
+
+
+def test_a_recording_of_other_versions_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded trace is read only under the versions of deepspeed, torch, transformers and peft it ran under:
+    the same recording claiming another deepspeed is refused with the versions and the command that records it
+    again; a case never recorded names the command that records it."""
+    import gzip
+    import json
+
+    _zero_trace()
+    import zero_trace
+
+    name = zero_trace.recording_name(zero_trace.trace_call(1))
+    body = json.loads(gzip.decompress((zero_trace.RECORDINGS / name).read_bytes()))
+    assert zero_trace.recorded(1)["events"][0] == tuple(body["events"][0])
+    body["versions"]["deepspeed"] = "0.19.7"
+    (tmp_path / name).write_bytes(gzip.compress(json.dumps(body).encode()))
+    monkeypatch.setattr(zero_trace, "RECORDINGS", tmp_path)
+    with pytest.raises(zero_trace.StaleRecording, match=r"0\.19\.7.*--record tests/data/zero_traces"):
+        zero_trace.recorded(1)
+    with pytest.raises(FileNotFoundError, match="--record tests/data/zero_traces --stage"):
+        zero_trace.recorded(1, 4, 123)

@@ -305,7 +305,7 @@ def test_lora_ddp_candidates_take_the_replay_and_equal_estimate(checkpointing):
 def test_qlora_ddp_candidates_take_the_replay_and_equal_estimate():
     """QLoRA under DDP over 2 and 4 GPUs (its NF4 codes broadcast as uint8 beside the bf16 rest, only the
     adapters bucketed: ``ddp_stream._tensors``), with and without accumulation: replayed, each equal to
-    ``estimate`` byte for byte; its FSDP2 candidates keep the fitted rule (``alloc_stream.fsdp2_replayable``)."""
+    ``estimate`` byte for byte; its FSDP2 candidates keep the fitted rule (``replayable.fsdp2_replayable``)."""
     ests = _lora_candidates(zero=0, sequences=8, checkpointing="none", method="qlora")
     ddp = [e for e in ests if _data_parallel_alone(e.scenario.parallel)]
     assert ddp and all("DDP's wrap-time broadcast" in e.ranks[0].reserved.formula for e in ddp)
@@ -348,3 +348,20 @@ def _checked(base: dict, space: SearchSpace, sequences: int | None = None) -> li
 def _data_parallel_alone(par: ParallelConfig) -> bool:
     """More than one data-parallel rank and no other parallelism (a DDP or FSDP2 rank alone)."""
     return par.dp > 1 and par.tp * par.pp * par.cp * par.ep == 1
+
+
+def test_pipeline_candidates_replay_by_default_and_equal_estimate():
+    """No ``reserved_model`` named: the GPipe and 1F1B candidates without other parallelism replay their stage's
+    stream (``pp_stream``; the default since every traced stage came within 1% of its trace), each equal to
+    ``estimate`` byte for byte; the interleaved ones keep the fitted rule."""
+    from tests.data.fidelity_cases import LLAMA_H512_V32K
+
+    base = {"model": LLAMA_H512_V32K, "seq_len": 512}
+    space = SearchSpace(micro_batch=(1, 2), tp=(1,), cp=(1,), ep=(1,), zero=(0,), offload=("none",))
+    piped = [e for e in _checked(base, space) if e.scenario.parallel.pp > 1 and e.scenario.parallel.dp == 1]
+    assert piped
+    for est in piped:
+        par, sc = est.scenario.parallel, est.scenario
+        replays = par.pp_schedule in ("gpipe", "1f1b") and sc.grad_accum_steps == 1
+        assert all(("replayed" in r.reserved.formula) == replays for r in est.ranks)
+    assert any("replayed" in e.ranks[0].reserved.formula for e in piped)

@@ -22,6 +22,12 @@ from memsim_widget.plan import SearchSpace, plan
 from memsim_widget.plan.space import GPUS_PER_NODE, gpu_counts, layouts
 from memsim_widget.scenario import Scenario
 
+#: The searches below test which candidates a plan holds, how it ranks them and when it offloads: none of that
+#: reads how reserved is modelled, so they price reserved by the fitted rule (about 100x faster on a 70B search
+#: than the allocator's replay). The replay's figures in plans are held to ``estimate`` by
+#: tests/plan/test_plan_replay.py and tests/plan/test_plan_equals_estimate.py.
+FAST = {"reserved_model": "fitted"}
+
 # ----- gpu_counts ----------------------------------------------------------------------------------------
 
 
@@ -123,7 +129,15 @@ def test_layouts_are_exactly_the_factorisations_the_engine_accepts(model, counts
 @pytest.mark.parametrize("model", ["llama-3.1-70b", "qwen2.5-0.5b", "mixtral-8x7b"])
 def test_every_candidate_respects_the_architecture(model):
     arch = architecture_for(model)
-    p = plan(model, "h100-sxm-80gb", (8, 64), seq_len=4096, space=SearchSpace(tp=(1, 2, 4, 8, 16)), top=None)
+    p = plan(
+        model,
+        "h100-sxm-80gb",
+        (8, 64),
+        seq_len=4096,
+        space=SearchSpace(tp=(1, 2, 4, 8, 16)),
+        top=None,
+        **FAST,
+    )
     c = p.columns
     assert p.evaluated > 0
     tp, pp, cp, dp, ep = (c[k] for k in ("tp", "pp", "cp", "dp", "ep"))
@@ -155,7 +169,7 @@ def test_every_candidate_respects_the_architecture(model):
 )
 def test_the_global_batch_is_kept_by_every_candidate(sequences, gpus, seq_len):
     tokens = sequences * seq_len
-    p = plan("qwen2.5-0.5b", "a100-80gb", gpus, seq_len=seq_len, global_batch_tokens=tokens, top=None)
+    p = plan("qwen2.5-0.5b", "a100-80gb", gpus, seq_len=seq_len, global_batch_tokens=tokens, top=None, **FAST)
     c = p.columns
     accum = np.where(c["pp"] > 1, c["pp_microbatches"], c["grad_accum"])
     assert np.all(c["dp"] * c["micro_batch"] * accum * seq_len == tokens)
@@ -197,7 +211,7 @@ def test_global_batch_errors_name_the_field():
     ],
 )
 def test_offload_is_tried_only_where_nothing_fits_without_it(model, gpu, gpus, offload):
-    p = plan(model, gpu, gpus, seq_len=2048, space=SearchSpace(offload=offload), top=None)
+    p = plan(model, gpu, gpus, seq_len=2048, space=SearchSpace(offload=offload), top=None, **FAST)
     c = p.columns
     without = c["offload"] == 0
     tried, needed = set(), set()
@@ -239,7 +253,7 @@ def test_a_space_without_the_none_option_offloads_everywhere():
 
 @pytest.fixture(scope="module")
 def plan_70b():
-    return plan("llama-3.1-70b", "h100-sxm-80gb", (16, 64), seq_len=4096, top=None)
+    return plan("llama-3.1-70b", "h100-sxm-80gb", (16, 64), seq_len=4096, top=None, **FAST)
 
 
 def test_only_fitting_candidates_are_ranked(plan_70b):
@@ -317,7 +331,7 @@ def test_to_dict_is_json_and_each_candidate_is_its_own_estimate():
 
 
 def test_nothing_fits_is_an_answer_not_an_error():
-    p = plan("llama-3.1-405b", "rtx-4090", (1, 4), seq_len=8192)
+    p = plan("llama-3.1-405b", "rtx-4090", (1, 4), seq_len=8192, **FAST)
     assert p.evaluated > 0 and p.fitting == 0 and p.best() is None
     data = json.loads(json.dumps(p.to_dict()))
     assert data["candidates"] == [] and data["fitting"] == 0
@@ -333,8 +347,8 @@ def test_headroom_is_checked():
 
 def test_more_headroom_never_lets_more_fit():
     space = SearchSpace(offload=("none",))  # the same candidates at both headrooms (no offload stage)
-    loose = plan("llama-3.1-8b", "a100-40gb", (1, 8), seq_len=4096, space=space, headroom=0.0)
-    tight = plan("llama-3.1-8b", "a100-40gb", (1, 8), seq_len=4096, space=space, headroom=0.25)
+    loose = plan("llama-3.1-8b", "a100-40gb", (1, 8), seq_len=4096, space=space, headroom=0.0, **FAST)
+    tight = plan("llama-3.1-8b", "a100-40gb", (1, 8), seq_len=4096, space=space, headroom=0.25, **FAST)
     assert np.array_equal(loose.columns["device_total_bytes"], tight.columns["device_total_bytes"])
     assert 0 < tight.fitting < loose.fitting
     assert np.all(loose.columns["fits"][tight.columns["fits"]])

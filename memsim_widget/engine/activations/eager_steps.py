@@ -147,6 +147,20 @@ SDPA_Q, SDPA_K, SDPA_V, SDPA_OUT, SDPA_LSE, GATE, UP, ACT, DOWN_IN = range(8, 17
 #: reads its receive buffer in place (torch 2.13 ``stage.py`` ``backward_one_chunk``: ``stage_backward`` of the
 #: output with the received gradient), so the stream drops it there (``alloc_stream._layers_backward``).
 ARRIVING = "gout"
+#: The step name of a layer's input gradient (the residual add of its two branches' gradients, made last): the
+#: next layer's arriving gradient; on a later pipeline stage the bottom layer's is the gradient the stage sends,
+#: kept in ``bwd_cache`` and the send ops instead of freed (``alloc_stream.backward_layer``'s ``handed``).
+INPUT_GRADIENT = "res2"
+#: The step of a layer's backward where SDPA's CUDA kernel runs, once it has made dq, dk and dv: the stream makes
+#: the layer's CUDA-only scratch there (the ``layer_backward`` items of level ``allocator``: flash attention's fp32
+#: dq accumulator) and frees it at once (``alloc_stream.backward_layer``). Read in torch 2.13.0
+#: ``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp`` ``mha_bwd``: the gradients dq, dk and dv
+#: are made first, then ``softmax_d`` and the fp32 ``dq_accum``, which live only while the kernel runs and are
+#: released when ``mha_bwd`` returns, before autograd drops the output's gradient it read (``trace/cuda_sdpa.py``
+#: ``_Flash.backward`` emulates the same order). Until 2026-12-06 the stream made the scratch at the start of the
+#: layer's backward and kept it to the layer's end: a GPipe first stage at pp 2 and 2 x 512 tokens replayed 2.52%
+#: under its trace (the trace with CUDA's flash kernel, sm80: the same reserved as the CPU op's).
+CUDA_SCRATCH = "cuda scratch"
 #: The layer's parameters as ``compiled_backward.GRADS`` numbers them.
 Q, K, V, O, GATE_W, UP_W, DOWN_W, IN_NORM_W, POST_NORM_W = range(9)
 
@@ -202,14 +216,15 @@ def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
         grad(GATE_W), ("gatein", x), *free("sb"), *saved(MLP_IN), ("sum", x), *free("upin", "gatein"),
         *_rmsnorm(ctx, "sum", (POST_CAST, POST_RSQRT, POST_FP32), POST_NORM_W, keep=True),
         ("res", x), *free("down", ARRIVING),
-        grad(O), ("oin", x), ("dq", q), ("dk", kv), ("dv", kv), *free("oin"),
+        grad(O), ("oin", x), ("dq", q), ("dk", kv), ("dv", kv), (CUDA_SCRATCH, 0), *free("oin"),
         *saved(SDPA_K, SDPA_Q, SDPA_V, SDPA_LSE, SDPA_OUT),
         *rope("k", kv, "dk"), *rope("q", q, "dq"),
         grad(V), ("vin", x), *free("dv"), ("kc", kv), *free("kg"), grad(K), ("kin", x), *free("kc"),
         ("s1", x), *free("vin", "kin"), ("qc", q), *free("qg"), grad(Q), ("qin", x), *free("qc"),
         *saved(ATTN_IN), ("s2", x), *free("s1", "qin"),
         *_rmsnorm(ctx, "s2", (IN_CAST, IN_RSQRT, IN_FP32), IN_NORM_W, keep=True),
-        ("res2", x), *free("res", "down", "res2"),  # the layer's input gradient: the next layer's arriving one
+        # the layer's input gradient: the next layer's arriving one (a later pipeline stage's bottom layer: sent)
+        (INPUT_GRADIENT, x), *free("res", "down", INPUT_GRADIENT),
     )  # fmt: skip
 
 

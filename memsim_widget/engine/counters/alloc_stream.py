@@ -17,6 +17,9 @@ settings), so only a new shape pays it, and per stream, so a new shape whose str
 others (``StreamWriter.repeat``: the same events as writing each, tests/engine/test_replay_paths.py); a shape's
 replay on its card reuses the stream its unlimited replay built. Whether a shape runs on a card whose room its
 stream's requested bytes exceed is known without a replay (``asks``: out of memory), which the planner reads.
+
+Whether the stream models a step at all is decided in ``engine/counters/replayable`` (without importing this
+module); the replay on a card's real capacity, the verdict's, lives in ``engine/counters/card_replay``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import marshal
 import threading
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from hashlib import blake2b
@@ -42,7 +45,6 @@ from memsim_widget.engine.activations.compiled_olmo2_steps import KEEP, KEEP_SAV
 from memsim_widget.engine.activations.compiled_steps import (
     bottom_layer_backward_steps,
     bottom_order,
-    compiled_steps_written,
     final_norm_steps,
     first_layer_forward_steps,
     kept_top,
@@ -52,7 +54,9 @@ from memsim_widget.engine.activations.compiled_steps import (
 )
 from memsim_widget.engine.activations.eager_steps import (
     ARRIVING,
+    CUDA_SCRATCH,
     HEAD_DONE,
+    INPUT_GRADIENT,
     eager_layer_backward_transients,
     eager_layer_forward_transients,
     final_norm_backward_transients,
@@ -84,10 +88,7 @@ from memsim_widget.engine.counters.allocator import (
     AllocatorConf,
     CachingAllocator,
     Event,
-    Failure,
-    ReplayResult,
     alloc,
-    replay,
 )
 from memsim_widget.engine.counters.ddp_stream import DdpBuckets, DdpWriter, rank_buckets
 from memsim_widget.engine.counters.fsdp_stream import Fsdp2Units, Fsdp2Writer, fsdp2_units
@@ -96,10 +97,10 @@ from memsim_widget.engine.counters.offload_stream import (
     Offloader,
     copy_stream,
     savers_note,
-    savers_replayable,
 )
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.counters.pp_stream import PipelineStage, pipeline_stage, pp_replayable, run_schedule
+from memsim_widget.engine.counters.replayable import ddp_replayable, zero3_replayable, zero12_replayable
 from memsim_widget.engine.counters.tp_stream import (
     EMBEDDING_GRAD,
     HEAD_GATHER,
@@ -109,7 +110,6 @@ from memsim_widget.engine.counters.tp_stream import (
     optimizer_groups,
     scatter_gradient,
     tp_note,
-    tp_replayable,
     weights_by_param,
     whole_table_grads,
 )
@@ -248,7 +248,7 @@ class PoolReplay:
     largest_cached: tuple[int, ...]
     segments: int
     events: int
-    #: the peak of the bytes asked for (sizes before rounding): ``card_runs`` reads it
+    #: the peak of the bytes asked for (sizes before rounding): ``card_replay.card_runs`` reads it
     peak_requested: int = 0
 
 
@@ -791,9 +791,11 @@ def micro_backward(
     sg: dict[str, Sequence[Any]],
     grads: _Grads | InBackwardGrads,
     workspaces: Sequence[int] = (),
+    handed: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A micro-batch's backward from what its forward left (``micro_batch``'s second half): the gradients it
-    made and keeps, and the output the loop holds."""
+    made and keeps, and the output the loop holds. ``handed``: gets the bottom layer's input gradient, not freed
+    (a later pipeline stage's, which it sends; left empty where the layers' backward is not op by op)."""
     a, label, layers, n, saved, d = fw.a, fw.label, fw.layers, fw.n, fw.saved, fw.d
     copied, comm = fw.copied, fw.comm
     tanh, post, kept = fw.tanh, fw.post, fw.kept
@@ -840,7 +842,7 @@ def micro_backward(
     bottom = (kept_top[:top_n], kept_top[top_n:]) if a.get(BOTTOM_ORDER) else None
     at_top = kept_top if bottom is None else []
     layer_grads = _layers_backward(
-        s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom, at_top
+        s, a, saved, grads, layers, tangents, copies, fw.off, received, bottom, at_top, handed
     )
     f = a.get(EMBEDDING_GRAD, (1,))[0] if by_tensor else 1  # TP: the vocab-sharded embedding's full gradient
     bottom_grads = grads.made(tuple(x * f for x in order.bottom) if order else (), layers + 2)
@@ -1071,6 +1073,7 @@ def _layers_backward(
     received: bool = False,
     at_bottom: tuple[list[int], list[int]] | None = None,
     kept: Sequence[int] = (),
+    handed: list[int] | None = None,
 ) -> list[list[int]]:
     """The layers' backward from the top (``micro_batch``'s): per layer the recompute, its backward buffers (a
     compiled layer's op by op, ``backward_layer``; else the ``layer_backward`` items) and its gradients, its
@@ -1080,7 +1083,9 @@ def _layers_backward(
     (``eager_steps.ARRIVING`` not written for it); ``at_bottom``: the top's kept gradients and saved tensors
     (``KEPT_TOP``), freed with the buffers kept to the bottom in the trace's order (``_bottom_freed``); ``kept``:
     the top's kept buffers freed with those kept to the bottom, where a layer's steps free them (``RELEASE`` +
-    ``KEEP``) or after the bottom layer. Each layer's gradients' handles, from the top."""
+    ``KEEP``) or after the bottom layer; ``handed``: gets the bottom layer's input gradient (``INPUT_GRADIENT``),
+    not freed, where the layers are written one by one (no ``copies``). Each layer's gradients' handles, from the
+    top."""
     order = grads.order
     layer_grads: list[list[int]] = []
     begin = s.here()
@@ -1095,16 +1100,24 @@ def _layers_backward(
         recomputed = s.items(a["recompute"])
         mine: list[int] = []
         if bwd:  # its own buffers, op by op; of the items only CUDA's scratch
-            transient = s.items([x for x in a["layer_backward"] if x.level == "allocator"])
             part = order.layer if order else ()
             steps = bottom if i == len(saved) - 1 and not copies else bwd
             if received and i == 0:
                 steps = [st for st in steps if st[0] != ARRIVING]
+            cuda = [x for x in a["layer_backward"] if x.level == "allocator"]
+            # made where SDPA's kernel runs (eager_steps.CUDA_SCRATCH); a compiled layer's: for the whole layer
+            at_kernel = any(st[0] == CUDA_SCRATCH for st in steps)
+            transient = [] if at_kernel else s.items(cuda)
             # a checkpointed layer's saved tensors are its recompute's (activations/eager_steps); its input last
             own = recomputed or layer
             # the layer's k and v zero gradients
             mine = [tangents.pop() for _ in range(min(2, len(tangents)))]
-            layer_grads.append(backward_layer(s, steps, own, shared, grads, part, layers, mine))
+            out = handed if i == len(saved) - 1 and not copies else None
+            layer_grads.append(
+                backward_layer(
+                    s, steps, own, shared, grads, part, layers, mine, cuda if at_kernel else (), out
+                )
+            )
             layer, recomputed = ([], []) if own is layer else (layer, [])
         else:
             transient = s.items(a["layer_backward"])
@@ -1146,12 +1159,16 @@ def backward_layer(
     part: tuple[int, ...],
     layers: int,
     tangents: list[int] | None = None,
+    scratch: Sequence[Any] = (),
+    handed: list[int] | None = None,
 ) -> list[int]:
     """A compiled layer's backward written as ``engine/activations/compiled_backward`` lists it: its buffers
     allocated and freed in order, its ``saved`` tensors freed where ``FREE_SAVED`` says (the rest at the end), its
     KV cache's zero gradients (``tangents``: k's, v's) freed from the last where ``TANGENT`` says,
     each of the layer's gradients (``grads.made`` of ``part``'s tensor) at its ``GRADS`` step, each ``CONSTANT`` buffer made once into
-    ``shared`` (the caller frees them after the last layer); the gradients' handles."""
+    ``shared`` (the caller frees them after the last layer), the ``scratch`` items (CUDA's) made and freed at the
+    ``CUDA_SCRATCH`` step (``eager_steps``), the layer's input gradient added to ``handed`` instead of freed;
+    the gradients' handles."""
     live: dict[str, list[int]] = {}
     made: dict[int, list[int]] = {}
     kept = dict(enumerate(saved))
@@ -1159,6 +1176,8 @@ def backward_layer(
     for name, size in steps:
         if name == TANGENT:
             s.free([tangents.pop()] if tangents else [])
+        elif name == CUDA_SCRATCH:  # alive only while SDPA's backward kernel runs
+            s.free(s.items(scratch))
         elif name.startswith(GRADS):
             i = int(name[len(GRADS) :]) if one else -1
             if i not in made and i < len(part):
@@ -1180,6 +1199,8 @@ def backward_layer(
             shared[f"{name} {len(shared)}"] = s.alloc(size)
         elif size > 0:
             live[name] = s.alloc(size)
+        elif name == INPUT_GRADIENT and handed is not None:
+            handed += live.pop(name)
         else:
             s.free(live.pop(name))
     s.free(list(kept.values()))  # any the steps do not name
@@ -1359,17 +1380,17 @@ def stream_asks(ctx: Any, stage: Any) -> StreamAsks:
 
     conf = allocator_conf(ctx)
     key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf)
-    return _asks_cached(_Args(key, (ctx, stage, conf)))
+    return _asks_cached(ReplayArgs(key, (ctx, stage, conf)))
 
 
 @lru_cache(maxsize=4096)
-def _asks_cached(args: _Args) -> StreamAsks:
+def _asks_cached(args: ReplayArgs) -> StreamAsks:
     ctx, stage, conf = args.args
     args.args = ()
-    return asks(_built(args.key[:3], ctx, stage), conf)
+    return asks(built_stream(args.key[:3], ctx, stage), conf)
 
 
-class _Args:
+class ReplayArgs:
     """The replay's inputs, compared by ``key`` alone (the cache computes from the first it sees)."""
 
     __slots__ = ("args", "key")
@@ -1381,226 +1402,7 @@ class _Args:
         return hash(self.key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Args) and self.key == other.key
-
-
-def replayable(ctx: Any) -> bool:
-    """Whether the scenario's reserved model is the replay (``Scenario.replays_reserved``: ``reserved_model``; unset,
-    ``DEFAULT_RESERVED_MODEL``, the replay, but for ``padding: longest`` and pipeline stages, and compiled steps but
-    where ``compiled_stream_held``) and the stream
-    models its step: one GPU, any number of micro-batches per step (gradient accumulation: the
-    later ones add each new gradient in place, ``step_stream``), an FSDP2 rank
-    (``fsdp2_replayable``: its gathered and communicated buffers on their CUDA streams, ``fsdp_stream``) or a DDP
-    rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``), a
-    DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
-    gradients, ``zero_stream``; under peft's LoRA the adapters alone, beside the frozen base, ``zero_lora``), a
-    DeepSpeed ZeRO-3 rank (``zero3_replayable``: full training or peft's LoRA, ``zero_lora``) or a
-    tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
-    vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
-    GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
-    offloading of every layer and the optimizer in backward too (``offload_stream.savers_replayable``); no parameter
-    offload (``optimizer+params``), and optimizer offload (``optimizer``) only on a DeepSpeed ZeRO-1/2 or ZeRO-3 rank
-    (DeepSpeed's ``offload_optimizer``: ``zero_offload_stream`` writes the GPU's side of it, held to CPU traces).
-    Elsewhere ``engine/counters/overhead`` keeps its fitted rule (docs/allocator.md lists what the stream still
-    lacks)."""
-    sc, p = ctx.scenario, ctx.par
-    return (
-        sc.replays_reserved
-        and (
-            p.dp * p.tp * p.pp * p.cp * p.ep == 1
-            or fsdp2_replayable(ctx)
-            or ddp_replayable(ctx)
-            or zero12_replayable(ctx)
-            or zero3_replayable(ctx)
-            or tp_replayable(ctx)
-            or (tp_replayable(ctx, sharded=True) and fsdp2_replayable(ctx, with_tp=True))
-            or pp_replayable(ctx)
-        )
-        and savers_replayable(ctx)
-        and (p.offload == "none" or zero12_replayable(ctx) or zero3_replayable(ctx))
-        and compiled_stream_held(ctx)
-    )
-
-
-def compiled_stream_held(ctx: Any) -> bool:
-    """Whether a compiled step's reserved counter replays when no ``reserved_model`` is named (an eager step: yes;
-    a named ``replay``: yes): where the stream writes the compiled layers' own forward and backward buffers and is
-    held to the compiled fake-tensor trace (``trace/compiled.inductor_passes``) within 1% on reserved
-    (``compiled_steps.compiled_steps_written``: bf16 full training of the Llama layout, Llama, Mistral, Qwen2,
-    Gemma, Qwen3, and its autocast (amp-bf16: Llama, Qwen2, Qwen3; ``compiled_amp_steps``); peft's LoRA on q and v
-    of that layout, Qwen3's and Gemma 3's (``compiled_lora_steps``); OLMo 2 and Gemma 3 in bf16 full training;
-    their traces' peak reserved to the byte, llama-3.2-1b at b4 x 1024 +0.52%: tests/engine/
-    test_alloc_stream_compiled.py; the H200 run llama1b-bf16-compile: reserved +3.7%, nvidia-smi +2.1%, where the
-    fitted rule is +22.5% and +19.9%). Elsewhere the fitted rule stays: the other compiled layers keep eager's
-    backward items and are under their traces (benchmarks/allocator_replay_compiled.py --inductor-passes),
-    and the LayerNorm families' compiled ViT-B H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace
-    does not show: docs/allocator.md), and so does a compiled step with activation offloading or the optimizer in
-    backward (no compiled trace of them)."""
-    sc = ctx.scenario
-    if not sc.compile or sc.reserved_model == "replay":
-        return True
-    savers = sc.activation_offloading or sc.optimizer_in_backward
-    return not savers and compiled_steps_written(ctx)
-
-
-def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
-    """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
-    (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
-    or LoRA (``_fsdp2_lora_modelled``), one micro-batch a step or several where the framework's accumulation is read
-    (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), not in
-    fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by ``zero_grad``
-    (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
-    (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them). Under HSDP
-    (``parallel.dp_shard``) the units shard over the shard group, as the stream writes them: FSDP2's all-reduce
-    keeps the reduce-scatter output that is the gradient already (``fsdp_stream``'s docstring); under an
-    accumulation that reduces every micro-batch a later micro-batch's held all-reduce output is not written (a
-    caveat says so: ``caveats.hybrid_caveat``; a CPU trace of a 2 x 4 mesh peaked where it is not held)."""
-    from memsim_widget.engine.frameworks import grads_kept, parameters_fetched_from_host, profile
-
-    sc, p = ctx.scenario, ctx.par
-    return (
-        p.dp > 1
-        and p.zero >= 3
-        and p.shard_degree > 1
-        and (p.tp == 1 or with_tp)
-        and p.pp * p.cp * p.ep == 1
-        and profile(ctx).zero3 == "fsdp2"
-        and not parameters_fetched_from_host(ctx)
-        and (ctx.full_training or _fsdp2_lora_modelled(ctx))
-        and (sc.grad_accum_steps == 1 or _fsdp2_accumulation_modelled(ctx))
-        and not sc.fp8_all_gather
-        and not sc.compile
-        and not grads_kept(sc)
-    )
-
-
-def _fsdp2_lora_modelled(ctx: Any) -> bool:
-    """LoRA on an FSDP2 rank as the stream writes it (``fsdp_stream.fsdp2_units``): peft's adapters inside each
-    unit beside the frozen base, gathered with it, the only tensors with gradients, so the only ones
-    reduce-scattered; no frozen tower (multimodal), the base in the weights' dtype (not QLoRA's NF4), and no
-    FSDP2 mixed precision (its cast of the shards is not written per dtype)."""
-    from memsim_widget.engine.frameworks import profile
-
-    return ctx.scenario.method == "lora" and not ctx.frozen_stacks and not profile(ctx).fsdp_mixed_precision
-
-
-def _fsdp2_accumulation_modelled(ctx: Any) -> bool:
-    """Gradient accumulation on an FSDP2 rank as the stream writes it (``fsdp_stream.Fsdp2Units.accumulation``,
-    held to traces of the framework's loop): every micro-batch reduce-scattered (``"reduce"``: torchtitan), or
-    ``no_sync`` on all but the last with the unsharded gradients in the parameters' dtype (``"no_sync"``: HF
-    Trainer; under FSDP2 mixed precision ``to_accumulated_grad_if_needed`` would keep an fp32 copy instead, not
-    modelled). A framework whose loop was not read (``""``) keeps the fitted rule."""
-    from memsim_widget.engine.frameworks import profile
-
-    prof = profile(ctx)
-    return prof.fsdp2_accumulation == "reduce" or (
-        prof.fsdp2_accumulation == "no_sync" and not prof.fsdp_mixed_precision
-    )
-
-
-def ddp_replayable(ctx: Any) -> bool:
-    """Whether the stream models the scenario's DDP rank (``ddp_stream``): data parallelism over dp > 1 ranks
-    without ZeRO under a framework that wraps with torch DDP (``profile.ddp_buckets``: HF Trainer / accelerate),
-    no other parallelism, full training, LoRA or QLoRA (``_ddp_lora_modelled``), no frozen stack, eager (a compiled
-    step's DDPOptimizer splits the graph at the buckets: not modelled), any number of micro-batches
-    (``no_sync``)."""
-    from memsim_widget.engine.frameworks import profile
-
-    p = ctx.par
-    return (
-        p.dp > 1
-        and p.zero == 0
-        and p.tp * p.pp * p.cp * p.ep == 1
-        and profile(ctx).ddp_buckets
-        and (ctx.full_training or _ddp_lora_modelled(ctx))
-        and not ctx.frozen_stacks
-        and not ctx.scenario.compile
-    )
-
-
-def zero12_replayable(ctx: Any) -> bool:
-    """Whether the stream models the scenario's DeepSpeed ZeRO-1/2 rank (``zero_stream``): zero 1 or 2 over dp > 1
-    ranks under the framework whose ZeRO is DeepSpeed's (``profile.bucket_elements``: its ipg buffer), no other
-    parallelism, full training or peft's LoRA (``zero_lora_modelled``, nothing offloaded) of a bf16 model with an
-    fp32 master copy (``mixed-bf16``: DeepSpeed's ``bf16.enabled``), any number of micro-batches a step
-    (``ZeroWriter.micro``: ZeRO-1 keeps the gradients until the boundary, ZeRO-2 reduces each micro-batch's),
-    nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``, DeepSpeed's
-    ``offload_optimizer``: ``zero_offload_stream``, held to its CPU trace), eager."""
-    from memsim_widget.engine.frameworks import profile
-
-    p, sc = ctx.par, ctx.scenario
-    return (
-        p.dp > 1
-        and p.zero in (1, 2)
-        and p.dp_replicate == 1  # DeepSpeed ZeRO-1/2 shards over every dp rank (no hybrid written)
-        and p.tp * p.pp * p.cp * p.ep == 1
-        and profile(ctx).bucket_elements > 0
-        and (ctx.full_training or zero_lora_modelled(ctx))
-        and not ctx.frozen_stacks
-        and sc.precision == "mixed-bf16"
-        and p.offload in ("none", "optimizer")
-        and not sc.compile
-    )
-
-
-def zero3_replayable(ctx: Any) -> bool:
-    """Whether the stream models the scenario's DeepSpeed ZeRO-3 rank (``zero3_stream``): zero 3 over dp > 1 ranks
-    under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
-    bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
-    checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
-    resets at every forward), nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``,
-    DeepSpeed's ``offload_optimizer``, the parameters on the GPU: ``zero_offload_stream``, held to its CPU trace;
-    ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager; or the same rank under peft's LoRA
-    instead of full training (``zero3_lora_modelled``, nothing offloaded)."""
-    from memsim_widget.engine.frameworks import profile
-
-    p, sc = ctx.par, ctx.scenario
-    return (
-        p.dp > 1
-        and p.zero >= 3
-        and p.dp_replicate == 1  # MiCS' sub-group partitions and hierarchical all-gather: not written
-        and p.tp * p.pp * p.cp * p.ep == 1
-        and profile(ctx).zero3 == "deepspeed"
-        and (ctx.full_training or zero3_lora_modelled(ctx))
-        and not ctx.frozen_stacks
-        and sc.precision == "mixed-bf16"
-        and sc.activation_checkpointing in ("none", "full")
-        and p.offload in ("none", "optimizer")
-        and not sc.compile
-    )
-
-
-def zero_lora_modelled(ctx: Any) -> bool:
-    """LoRA on a DeepSpeed ZeRO-1/2 rank as ``zero_lora`` writes it: peft's LoRA (not QLoRA's NF4 base), nothing
-    offloaded (not traced together), its adapters in any dtype (DeepSpeed casts them to the model's bf16 at the wrap), the only flat group. Held to
-    the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.25%, without the cuBLAS
-    workspaces a CPU run lacks), all-linear -1.75% and -0.38% (allocated +0.01%; the activations run the adapters in bf16 as
-    the cast leaves them, ``context.deepspeed_casts_adapters``); the fitted rule was +29% to +34% over the same runs."""
-    return ctx.scenario.method == "lora" and ctx.par.offload == "none"
-
-
-def zero3_lora_modelled(ctx: Any) -> bool:
-    """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, nothing offloaded,
-    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under
-    ``zero.Init``, a second dtype in the flat buffers, not written), every Linear keeping its input
-    (``context.deepspeed_zero3_linear``). Held to the real optimizer's CPU runs (benchmarks/zero_trace.py --stage 3
-    --lora 16 --adapter bf16, q,v and all-linear at worlds 2 and 4): reserved -0.24% to -0.38% without the cuBLAS
-    workspaces a CPU run lacks, allocated +0.07% to +0.08%; it was -7.7% to +6.4% on reserved (a 131 MB loss
-    segment more or less) before the final norm's fp32 input and the layers' norm inputs kept their sizes, and the
-    fitted rule is +21.0% to +29.6% over the same runs."""
-    sc = ctx.scenario
-    return sc.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes and ctx.par.offload == "none"
-
-
-def _ddp_lora_modelled(ctx: Any) -> bool:
-    """LoRA on a DDP rank as ``ddp_stream.rank_buckets`` writes it: peft's adapters the only parameters that
-    require a gradient, so the only ones bucketed; the base weights fp32 (fp32, autocast) or pure bf16 / fp16
-    (``ddp_stream.weight_dtype``: the broadcast's flat buffers are per dtype); under QLoRA the NF4 base is
-    broadcast as its uint8 codes (``ddp_stream._tensors``)."""
-    sc = ctx.scenario
-    return sc.method in ("lora", "qlora") and (
-        ctx.recipe.weight_bytes == 4 or sc.precision in ("bf16", "fp16")
-    )
+        return isinstance(other, ReplayArgs) and self.key == other.key
 
 
 def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
@@ -1611,7 +1413,7 @@ def pool_replay(ctx: Any, stage: Any) -> PoolReplay:
 
     conf = allocator_conf(ctx)
     key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf)
-    return _replay_cached(_Args(key, (ctx, stage, conf)))
+    return _replay_cached(ReplayArgs(key, (ctx, stage, conf)))
 
 
 def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
@@ -1731,19 +1533,24 @@ def _micro_batch_groups(ctx: Any, stage: Any) -> dict[str, Sequence[Any]]:
     acts = cached_activations(ctx)
     groups: dict[str, Sequence[Any]] = dict(micro_batch_groups(ctx, stage, acts))
     if not stage.first:  # every stage computes its rotary embeddings (trace/pipeline.StageModule)
-        groups["pre"] = micro_batch_groups(ctx, replace(stage, first=True), acts)["pre"]
+        own = list(groups.get("pre", ()))  # a later stage's: the step's inputs alone
+        first = micro_batch_groups(ctx, replace(stage, first=True), acts)["pre"]
+        # the first stage's "pre" is its own terms, then the inputs (timeline.activation_group_table): a middle
+        # stage holds no token ids and no labels
+        groups["pre"] = list(first[: len(first) - len(own)]) + (own if stage.last else [])
     return groups
 
 
 @lru_cache(maxsize=4096)
-def _replay_cached(args: _Args) -> PoolReplay:
+def _replay_cached(args: ReplayArgs) -> PoolReplay:
     ctx, stage, conf = args.args
-    stream = _built(args.key[:3], ctx, stage)
-    return _replay_same_stream(_Args(stream_key(stream, conf), (stream, conf)))
+    stream = built_stream(args.key[:3], ctx, stage)
+    return _replay_same_stream(ReplayArgs(stream_key(stream, conf), (stream, conf)))
 
 
 #: The streams built last, by shape key (the groups' keys and the stage; the settings do not change a stream):
-#: a shape's replay on its card (``card_replay``), asked right after its unlimited replay, reuses its stream.
+#: a shape's replay on its card (``card_replay.card_replay``), asked right after its unlimited replay, reuses its
+#: stream.
 _STREAMS: dict[tuple[Any, ...], StreamWriter] = {}
 _STREAMS_KEPT = 2
 
@@ -1752,7 +1559,7 @@ _STREAMS_KEPT = 2
 _STREAMS_LOCK = threading.Lock()
 
 
-def _built(key: tuple[Any, ...], ctx: Any, stage: Any) -> StreamWriter:
+def built_stream(key: tuple[Any, ...], ctx: Any, stage: Any) -> StreamWriter:
     """``rank_stream`` of ``stage``'s rank of ``ctx``, reused while it is among the last built."""
     with _STREAMS_LOCK:
         stream = _STREAMS.pop(key, None)
@@ -1771,7 +1578,7 @@ def stream_key(stream: StreamWriter, conf: AllocatorConf) -> tuple[Any, ...]:
 
 
 @lru_cache(maxsize=1024)
-def _replay_same_stream(args: _Args) -> PoolReplay:
+def _replay_same_stream(args: ReplayArgs) -> PoolReplay:
     """The replay of a stream, cached by ``stream_key``: shapes whose keys differ in fields the stream does not
     read (another card of the same workspace sizes: the states' key holds the GPU) replay it once."""
     stream, conf = args.args
@@ -1849,123 +1656,17 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
     return fragmentation_item(reserved - peak_allocated, formula)
 
 
-#: ``CardReplay.reason``: the replay on the card ran without a failed cudaMalloc; ran only because failed
-#: cudaMallocs made the allocator free its cache and retry (``malloc``'s ``release_cached_blocks``, docs/allocator.md);
-#: ran out of memory although the bytes not allocated would hold the request (no single free range does); ran
-#: out of memory because they would not.
-RUNS, RELEASES_CACHE, FRAGMENTATION, TOTAL = "runs", "releases cache", "fragmentation", "total"
-
-
-@dataclass(frozen=True)
-class CardReplay:
-    """The replay of a rank's steps on the card's real capacity (its memory as the driver reports it less what
-    lives outside the allocator: context, NCCL, paged states; the split nvidia-smi's figure is made of):
-    whether every allocation succeeded, how many times only a release of the cache let it, and the failure."""
-
-    capacity: int
-    runs: bool
-    cache_releases: int = 0
-    #: the out-of-memory request (rounded bytes), the largest free range then, the free bytes, the cause
-    failure: Failure | None = None
-    #: the phase of the stream the failure came in ('' when it runs)
-    at: str = ""
-    #: the room on which it runs without a failed cudaMalloc: the unlimited replay's peak reserved (0: not known)
-    needed: int = 0
-
-    @property
-    def reason(self) -> str:
-        """``RUNS``, ``RELEASES_CACHE``, ``FRAGMENTATION`` or ``TOTAL``."""
-        if self.runs:
-            return RELEASES_CACHE if self.cache_releases else RUNS
-        assert self.failure is not None
-        return FRAGMENTATION if self.failure.cause == "fragmentation" else TOTAL
-
-    @property
-    def text(self) -> str:
-        """The outcome in words."""
-        f = self.failure
-        return card_text(
-            self.capacity,
-            self.runs,
-            self.cache_releases,
-            f.cause if f else None,
-            f.request if f else 0,
-            f.largest_free if f else 0,
-        ) + (f" (at {self.at})" if self.at else "")
-
-
-def card_text(capacity: int, runs: bool, releases: int, cause: str | None, request: int, largest: int) -> str:
-    """A replay on a card in words: it runs, runs only by releasing the cache (slower steps), or runs out of
-    memory from fragmentation (naming the request and the largest free range) or from the total."""
-    cap = fmt_bytes(capacity)
-    if runs and releases:
-        return (
-            f"replayed on the card ({cap} for PyTorch): runs only because failed cudaMallocs make the allocator "
-            f"free its cache ({releases} times a step or more): slower steps"
-        )
-    if runs:
-        return f"replayed on the card ({cap} for PyTorch): runs"
-    req, big = fmt_bytes(request), fmt_bytes(largest)
-    if cause == "fragmentation":
-        return (
-            f"replayed on the card ({cap} for PyTorch): out of memory from fragmentation: {req} asked, the "
-            f"free bytes would hold it but the largest free range is {big}"
-        )
-    return f"replayed on the card ({cap} for PyTorch): out of memory: {req} asked, more than is free"
-
-
-def card_replay(ctx: Any, stage: Any, capacity: int) -> CardReplay:
-    """The replay of ``stage``'s rank of ``ctx`` on ``capacity`` bytes (``overhead.reserved_cap``). A stream
-    whose unlimited replay peaks at or under the capacity never fails a cudaMalloc, so it runs as replayed
-    (unless a memory fraction lowers the limit); else the stream is replayed again on the capacity, cached."""
-    from memsim_widget.engine.frameworks import allocator_conf
-
-    conf = allocator_conf(ctx)
-    needed = pool_replay(ctx, stage).peak_reserved
-    if conf.per_process_memory_fraction is None and needed <= capacity:
-        return CardReplay(max(capacity, 0), True, needed=needed)
-    from memsim_widget.engine.caches.parts_cache import activations_key, state_groups_key
-
-    key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf, capacity)
-    return replace(_card_cached(_Args(key, (ctx, stage, conf, capacity))), needed=needed)
-
-
-def card_runs(ctx: Any, stage: Any, capacity: int) -> bool:
-    """``card_replay(ctx, stage, capacity).runs``, without the second replay where the first decides it: a step
-    whose bytes asked for peak above the capacity runs out of memory on it (in a replay that runs, at every
-    event requested <= allocated <= reserved <= the capacity, and requested is the same in every replay of the
-    stream). The planner reads only this (``plan/vector._replayed_pools``)."""
-    if stream_asks(ctx, stage).peak_requested > max(capacity, 0):
-        return False
-    return card_replay(ctx, stage, capacity).runs
-
-
-@lru_cache(maxsize=1024)
-def _card_cached(args: _Args) -> CardReplay:
-    ctx, stage, conf, capacity = args.args
-    args.args = ()
-    return card_outcome(_built(args.key[:3], ctx, stage), conf, capacity)
-
-
-def card_outcome(stream: StreamWriter, conf: AllocatorConf, capacity: int) -> CardReplay:
-    """``stream`` replayed on ``capacity`` bytes (``allocator.replay``: a failed cudaMalloc releases the cache
-    and retries, then fails): whether it runs, the releases that let it, the failure and its phase."""
-    res: ReplayResult = replay(stream.events, max(capacity, 0), conf)
-    f = res.failure
-    return CardReplay(max(capacity, 0), res.ok, res.cache_releases, f, phase_of(stream, f.event) if f else "")
-
-
-def phase_of(stream: StreamWriter, event: int) -> str:
-    """The phase ``stream``'s event ``event`` belongs to (``StreamWriter.mark``)."""
-    j = bisect_right([n for n, _ in stream.marks], event) - 1
-    return stream.marks[j][1] if j >= 0 else ""
+#: The caches of the modules built on these replays (``card_replay``'s, added at its import): ``cache_clear`` empties
+#: them too, without this module importing theirs.
+CLEARED_TOO: list[Callable[[], None]] = []
 
 
 def cache_clear() -> None:
-    """Forget every cached replay (benchmarks measuring a cold engine)."""
+    """Forget every cached replay (benchmarks measuring a cold engine), those on a card's capacity too."""
     _replay_cached.cache_clear()
     _replay_same_stream.cache_clear()
-    _card_cached.cache_clear()
     _asks_cached.cache_clear()
+    for clear in CLEARED_TOO:
+        clear()
     with _STREAMS_LOCK:
         _STREAMS.clear()

@@ -53,7 +53,7 @@ Source: torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/`` (``_fsdp_param_gr
 Not modelled here: a ``reduce_dtype`` other than the
 parameters' own dtype (the cast on the post-reduce stream; under ``no_sync`` the fp32 accumulated copy),
 gradient accumulation without resharding after backward, explicit prefetching, QLoRA's NF4 base and frozen
-towers, CPU offload (``alloc_stream.replayable`` keeps the fitted rule for them; docs/allocator.md, "FSDP2's
+towers, CPU offload (``replayable.replayable`` keeps the fitted rule for them; docs/allocator.md, "FSDP2's
 streams", says why each of QLoRA and CPU offload is not traced).
 """
 

@@ -7,14 +7,14 @@ kernel scratch; ``reserved`` = allocated + what the caching allocator holds unus
 Facts and sources: docs/memory-facts.md#counters, #caching-allocator, #memory-outside-the-tensors.
 
 Reserved: by default (``Scenario.replays_reserved``) and on a step the allocation stream models
-(``alloc_stream.replayable``: one GPU, gradient accumulation included, an FSDP2, DDP, DeepSpeed ZeRO-1/2 or
+(``replayable.replayable``: one GPU, gradient accumulation included, an FSDP2, DDP, DeepSpeed ZeRO-1/2 or
 tensor-parallel rank; on one GPU the optimizer in backward and activation offloading too, ``offload_stream``; a
-pipeline stage when ``reserved_model: replay`` names it; no parameter offload, and optimizer offload only on a
+GPipe or 1F1B pipeline stage, ``pp_stream``; no parameter offload, and optimizer offload only on a
 DeepSpeed ZeRO rank, ``zero_offload_stream``; the supervised step),
 the peak of a replay of the step's allocations and frees through PyTorch's caching allocator
 (``alloc_stream.replayed_item``; no fitted constant: docs/allocator.md holds it to the H200 runs). Elsewhere, with
 ``reserved_model: fitted``, for batches padded to their longest sample (a long run's cache ratchets with their
-lengths) and for compiled steps whose stream is not held to its trace (``alloc_stream.compiled_stream_held``), the
+lengths) and for compiled steps whose stream is not held to its trace (``replayable.compiled_stream_held``), the
 fitted rule below (``reserved_item``).
 
 Constants come in two kinds. *Stated* ones are read from a source and never tuned. *Fitted* ones -- only

@@ -15,9 +15,13 @@ Read from torch 2.13's ``torch/distributed/pipelining`` (``schedules.py``: ``Sch
   starts from the received gradient (no head, no loss);
 - a stage's output of each micro-batch stays in its forward cache until that micro-batch's backward has run; the
   last stage's (its logits) is also the schedule loop's ``output`` until the next forward returns;
-- a later stage's input gradient stays in ``bwd_cache`` and then in the send ops until the next backward's send
-  ops replace them (the fake process group's sends complete at once: on a GPU a send still in flight holds it
-  longer);
+- a later stage's input gradient, its bottom layer's (``backward_one_chunk``: ``stage_backward`` returns the
+  gradient autograd made for the stage's input, no copy), stays in ``bwd_cache`` and then in the send ops until
+  the next backward's send ops replace them, after that micro-batch's output is popped from the forward cache
+  (the fake process group's sends complete at once: on a GPU a send still in flight holds it longer);
+- only the first stage holds token ids and only the last labels (``PipelineSchedule.step`` splits the step's into
+  micro-batch views): a middle stage's micro-batch has its rotary embeddings alone
+  (``alloc_stream._micro_batch_groups``);
 - every backward after a step's first adds its gradients into ``.grad`` in place (``_Grads.new``), as gradient
   accumulation does; the optimizer step and ``zero_grad`` follow as on one GPU.
 
@@ -137,16 +141,19 @@ def run_schedule(
         fw = forwards.pop(j)
         grads.new = backwards > 0 or (kept and step > 1)  # later backwards add into .grad in place
         work = late if step == 1 and backwards == 0 else ()
-        made, _held = micro_backward(s, fw, sg, grads, work)  # the loop holds no output past its backward
+        grad_in: list[int] = []  # the bottom layer's input gradient: the stage's, which it sends
+        # the loop holds no output past its backward
+        made, _held = micro_backward(s, fw, sg, grads, work, None if pipe.first else grad_in)
         made_grads = made_grads or made
         backwards += 1
-        if not pipe.first:  # the input gradient, waiting in bwd_cache then the send ops
+        if not pipe.first and not grad_in:  # the layers' backward not op by op: made here
             grad_in = s.alloc(pipe.buffer)
-            s.free(sending)
-            sending = grad_in
         if fw.out is loop_output:  # still the loop's output: freed when the next forward returns
             done = fw.out
         else:  # popped from the forward cache
             s.free(fw.out)
+        if not pipe.first:  # the input gradient, waiting in bwd_cache then the send ops
+            s.free(sending)
+            sending = grad_in
     s.free(sending + done)
     return made_grads

@@ -135,7 +135,7 @@ def weights_by_param(s: Any, first: Sequence[Any], params: tuple[int, ...]) -> b
 
 def tp_replayable(ctx: Any, sharded: bool = False) -> bool:
     """Whether the stream models the scenario's TP rank: tp > 1 and no other parallelism (dp = pp = cp = ep =
-    1; ``sharded``: any dp, ``alloc_stream.replayable`` asking ``fsdp2_replayable`` of the dp dimension),
+    1; ``sharded``: any dp, ``replayable.replayable`` asking ``fsdp2_replayable`` of the dp dimension),
     transformers' plan (``frameworks.tp_plan`` "hf": the head gathers the logits) or torchtitan's ("torchtitan",
     ``apply_tp``: the embedding vocab-sharded, the logits kept sharded under loss parallel, else gathered), with or
     without sequence parallel, one micro-batch a step, eager, full training of a Llama-style layer whose

@@ -17,7 +17,7 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
   Only the adapters' gradients are made (autograd's ``AccumulateGrad`` runs for parameters that require one),
   in backward order: the output side, each layer's from the top in reverse forward use, the input side.
 - **ZeRO-3** (written by ``lora_zero3_units``, replayed by default with bf16 adapters:
-  ``alloc_stream.zero3_lora_modelled``): HF's
+  ``replayable.zero3_lora_modelled``): HF's
   ``from_pretrained`` partitions the base under ``zero.Init`` and peft adds the adapters after it as ordinary
   tensors, which ``deepspeed.initialize`` partitions (``runtime/zero/parameter_offload.py``,
   ``DeepSpeedZeRoOffload._convert_to_zero_parameters``, before ``mark_persistent_parameters``: the adapters,
