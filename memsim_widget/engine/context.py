@@ -44,6 +44,20 @@ def deepspeed_casts_adapters(scenario: Scenario) -> bool:
     )
 
 
+def deepspeed_zero3_linear(scenario: Scenario) -> bool:
+    """Whether every Linear of a LoRA (or QLoRA) model saves its input, frozen or not: under DeepSpeed's ZeRO-3
+    (the ``deepspeed`` framework, ``parallel.zero`` 3, any dp) ``zero.Init``, which HF's ``from_pretrained``
+    builds the model under, and ``deepspeed.initialize``'s own ``Init(module=...)`` both replace
+    ``torch.nn.functional.linear`` for the rest of the process by ``zero3_linear_wrap`` (deepspeed 0.19.8
+    ``runtime/zero/partition_parameters.py``, ``_enable_mem_efficient_linear``, under the stage-3 default
+    ``memory_efficient_linear`` true). Its autograd Function (``runtime/zero/linear.py``,
+    ``LinearFunctionForZeroStage3.setup_context``) saves the input, weight and bias whatever needs a gradient,
+    where torch's own linear keeps the input only for a weight that trains: a frozen base Linear whose input
+    needs a gradient (any Linear after the first adapter) keeps that input too, as does the frozen head.
+    Nothing changes in full training, where every Linear keeps its input anyway."""
+    return scenario.method != "full" and scenario.framework == "deepspeed" and scenario.parallel.zero >= 3
+
+
 @dataclass(frozen=True)
 class Adapter:
     """One LoRA adapter pair on ``count`` copies of a targeted Linear (``A``: r x in, ``B``: out x r)."""

@@ -29,7 +29,13 @@ import numpy as np
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
 from memsim_widget.engine.arith import first_largest, takes_later
-from memsim_widget.engine.context import Context, Stage, deepspeed_casts_adapters, uneven_held_layers
+from memsim_widget.engine.context import (
+    Context,
+    Stage,
+    deepspeed_casts_adapters,
+    deepspeed_zero3_linear,
+    uneven_held_layers,
+)
 from memsim_widget.engine.counters.overhead import (
     PERSISTENT_CATEGORIES,
     capped_reserved,
@@ -589,7 +595,8 @@ def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
     ``ParallelConfig.expert_tp``, which an ``ep`` of that factor times the data-parallel ranks reproduces; whether
     FSDP is on decides torchtitan's compute dtype under TP (engine/frameworks ``no_mixed_precision``), reproduced
     by dp = 2 with ZeRO-3; ZeRO-3 leaves DeepSpeed's LoRA adapters in peft's dtype
-    (``context.deepspeed_casts_adapters``), reproduced by ZeRO-3 on dp = 1 (no FSDP wrap)."""
+    (``context.deepspeed_casts_adapters``) and has every Linear keep its input (``context.deepspeed_zero3_linear``),
+    reproduced by ZeRO-3 on dp = 1 (no FSDP wrap)."""
     arows = []
     for row in akey.tolist():
         b, tp, cp, sp, ck, lo = row[:6]
@@ -928,8 +935,10 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     fsdp = fsdp_wraps(c["zero"], c["dp"], c["cp"])
     fsdp_on = (fsdp & (c["tp"] > 1)).astype(np.int64) if titan_amp else np.zeros_like(over)
     # ZeRO-3, where DeepSpeed would cast the LoRA adapters at ZeRO 0-2 (context.deepspeed_casts_adapters): its
-    # zero.Init model is not cast, so the adapters keep peft's dtype
+    # zero.Init model is not cast, so the adapters keep peft's dtype; and its linear keeps every Linear's input
+    # (context.deepspeed_zero3_linear)
     casts = deepspeed_casts_adapters(replace_unchecked(base, parallel=replace_unchecked(par0, zero=0)))
+    casts = casts or deepspeed_zero3_linear(replace_unchecked(base, parallel=replace_unchecked(par0, zero=3)))
     uncast = (c["zero"] >= 3).astype(np.int64) if casts else np.zeros_like(over)
     akey, a_cand = unique_codes(
         [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on, uncast]

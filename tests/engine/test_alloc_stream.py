@@ -53,14 +53,20 @@ ACCUMULATING = [
 
 @pytest.mark.parametrize("d", [LLAMA, *ACCUMULATING])
 def test_every_free_follows_its_allocation_once(d: dict) -> None:
+    """Every handle is allocated once and freed at most once, after it; every allocation has bytes but, under
+    LoRA, the empty requests of layer 0's first norm (its fp32 input and rsqrt: nothing before the first adapter
+    needs a gradient), which keep every layer's handles alike for the copied layers (``tensor_sizes``)."""
     live: set[object] = set()
+    empty = 0
     for handle, size, _ in _stream(d):
         if size == FREE:
             assert handle in live
             live.remove(handle)
         else:
-            assert handle not in live and size > 0
+            assert handle not in live and size >= 0
+            empty += size == 0
             live.add(handle)
+    assert (empty > 0) == (d.get("method") == "lora")
 
 
 @pytest.mark.parametrize("d", [LLAMA, *ACCUMULATING])

@@ -4,7 +4,7 @@ some models hand it, and the fused projection outputs its views keep alive (Deep
 from __future__ import annotations
 
 from memsim_widget.engine.activations.layer import HFLayer
-from memsim_widget.engine.activations.linears import ATTN_OUT
+from memsim_widget.engine.activations.linears import ATTN_IN, ATTN_OUT
 from memsim_widget.engine.activations.mla import mla_attention
 from memsim_widget.units import fmt_int
 
@@ -73,7 +73,7 @@ def _math_fallback(st: HFLayer, attn_out: frozenset[str]) -> None:
         scores = b * a_loc * s * D.s_full
         add("attention probabilities (fp32, math SDPA)", 4 * scores,
             f"4 B x b x a x s x s, b={b} a={a_loc} s={s}", 1)  # fmt: skip
-    consumers(attn_out, hq, T, ec, "attention output (b, s, a*d) copy")
+    consumers(attn_out, hq, T, ec, "attention output (b, s, a*d) copy", upstream=ATTN_IN)
 
 
 def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
@@ -133,7 +133,7 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
                 shares=(sm / (sm + extra), extra / (sm + extra)) if extra else (),
             )
     st.ao_from = len(st.L)
-    consumers(attn_out, hq, T, ec, "attention output")
+    consumers(attn_out, hq, T, ec, "attention output", upstream=ATTN_IN)
     st.ao_to = len(st.L)
 
 
@@ -224,4 +224,4 @@ def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:
     # and the transpose to (b, s, a*d) is a copy, which the out-projection saves (traced: GPT-NeoX, Phi)
     copied = af.sdpa_output_copy
     label = "attention output" + (" (b, s, a*d) copy" if copied else "")
-    consumers(attn_out, hq, T, ec, label, already_saved=not copied)
+    consumers(attn_out, hq, T, ec, label, already_saved=not copied, upstream=ATTN_IN)

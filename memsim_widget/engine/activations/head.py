@@ -40,3 +40,5 @@ def head(st: HFLayer) -> None:
             )
         else:
             out.post.append(Term("head input", nout * T * h, f"{nout} B x T x h", 1))
+    elif V and st.zero3_linear:  # DeepSpeed ZeRO-3's linear keeps a frozen head's input too (layer.HFLayer)
+        out.post.append(Term("head input (DeepSpeed ZeRO-3 linear)", nout * T * h, f"{nout} B x T x h", 1))

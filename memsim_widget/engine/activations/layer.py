@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
-from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import effective_recipe, profile, uses_autocast
+from memsim_widget.engine.context import Context, deepspeed_zero3_linear
+from memsim_widget.engine.frameworks import effective_recipe, profile, quantises_module, uses_autocast
 
 
 class HFLayer:
@@ -32,6 +32,9 @@ class HFLayer:
         self.frozen_first = (
             not self.full and sc.activation_checkpointing in ("none", "selective") and not ctx.vision_grad
         )
+        # DeepSpeed ZeRO-3's linear keeps every Linear's input, a frozen one's too (16-bit runs: autocast not
+        # traced there)
+        self.zero3_linear = not self.full and not self.amp and deepspeed_zero3_linear(sc)
         self.gemma = arch.facts.norm.one_plus_weight
         # CohereLayerNorm computes x - mean twice: two fp32 centred copies saved (traced)
         self.cw = 8 if arch.facts.norm.centred_copy else 4
@@ -79,8 +82,11 @@ class HFLayer:
         dtype: int,
         label: str,
         already_saved: bool = False,
+        upstream: frozenset[str] | None = None,
     ) -> None:
-        """What the Linears reading one tensor (rows x width, ``dtype`` bytes) keep of it."""
+        """What the Linears reading one tensor (rows x width, ``dtype`` bytes) keep of it. ``upstream``: the
+        Linears of the same layer before it whose adapters make it need a gradient in layer 0 under LoRA (None:
+        it needs one there too), for a frozen Linear's input kept under DeepSpeed ZeRO-3 (``frozen_input``)."""
         add, amp, ab = self.add, self.amp, self.ab
         present = sorted(role & self.modules)
         if self.full:
@@ -97,6 +103,8 @@ class HFLayer:
             return
         hit = [m for m in present if m in self.targets]
         if not hit:
+            if not already_saved:
+                self.frozen_input(present, width, rows, dtype, label, upstream)
             return
         if amp or ab != dtype:
             cb = 2 if amp else ab
@@ -106,5 +114,33 @@ class HFLayer:
                 f"{len(hit)} adapters x {cb} B x T x {width}",
                 len(hit),
             )
+            if not already_saved:  # the adapters read their own copy; the frozen base keeps the input itself
+                self.frozen_input(present, width, rows, dtype, label, upstream)
         elif not already_saved:
             add(f"{label}: LoRA input", dtype * rows * width, f"{dtype} B x T x {width}", 1)
+
+    def frozen_input(
+        self,
+        present: list[str],
+        width: int,
+        rows: int,
+        dtype: int,
+        label: str,
+        upstream: frozenset[str] | None,
+    ) -> None:
+        """Under DeepSpeed ZeRO-3 (``zero3_linear``: ``context.deepspeed_zero3_linear``) a frozen Linear
+        reading the tensor keeps it for backward whenever it needs a gradient (the base of an adapter's Linear
+        is frozen too; bitsandbytes' 4-bit Linears run their own autograd Function, not the replaced linear):
+        in layer 0 only where an adapter of ``upstream`` comes before it."""
+        qlora = self.sc.method == "qlora"
+        if not self.zero3_linear or all(qlora and quantises_module(self.ctx, m) for m in present):
+            return
+        n = dtype * rows * width
+        free0 = self.frozen_first and upstream is not None and not (upstream & self.targets)
+        self.add(
+            f"{label}: frozen Linear input (DeepSpeed ZeRO-3 linear)",
+            n,
+            f"{dtype} B x T x {width}" + ("; none in layer 0 (no gradient there)" if free0 else ""),
+            1,
+            first_bytes=n if free0 else 0,
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.activations.layer import HFLayer
-from memsim_widget.engine.activations.linears import MLP_IN, MLP_OUT
+from memsim_widget.engine.activations.linears import ATTN_IN, ATTN_OUT, MLP_IN, MLP_OUT
 
 
 def gelu_tanh_autocast(ec: int, kf: str, I: int) -> tuple[int, str]:
@@ -68,7 +68,7 @@ def mlp(st: HFLayer) -> None:
             n_act,
             first_bytes=per_elem * Tm * I if mlp_free0 else 0,
         )
-        consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input")
+        consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input", upstream=ATTN_IN | ATTN_OUT | MLP_IN)
     if moe and not parts:
         E = arch.num_experts
         # frozen router and experts (LoRA): no logits (the router's input is saved only for its weight) and

@@ -70,12 +70,12 @@ def layer_norms(st: HFLayer) -> None:
     # under sequence parallel the block's input is all-gathered to the full sequence first (DTensor
     # PrepareModuleInput Shard(1) -> Replicate); the Linears save that gathered tensor (traced)
     st.ssm_from = len(st.L)  # state-space layers have neither of the next two Linear inputs
-    consumers(ATTN_IN, h, T, nout, "attention input")
+    consumers(ATTN_IN, h, T, nout, "attention input", upstream=frozenset())
     # Phi: one norm's output feeds q, k, v and fc1; saved once when the attention side saved it already
     shared_in = arch.facts.mlp.parallel_attn_mlp and (full or bool(ATTN_IN & modules & targets))
     # BERT-style encoders name three Linears "dense": the one reading the attention block's norm is named by the family
     mlp_in = MLP_IN | frozenset(arch.facts.mlp.input_modules)
-    consumers(mlp_in, h, T, nout, "MLP input", already_saved=shared_in)
+    consumers(mlp_in, h, T, nout, "MLP input", already_saved=shared_in, upstream=ATTN_IN | ATTN_OUT)
 
 
 def qk_norms(st: HFLayer) -> None:
@@ -155,9 +155,16 @@ def final_norms(st: HFLayer) -> None:
                 "4 B x T x h + 4 B x T"
                 + (f" + {fnb} B x T x h" if full else "")
                 + (" + 4 B x h" if onep else ""),
-                3,
-                # its fp32 input, the rsqrt, the normalised tensor (one share per tensor where there are three)
-                shares=(cw * Tout * h / fn, 4 * Tout / fn, fnb * Tout * h / fn) if full and not onep else (),
+                3 if full or onep else 2,
+                # its fp32 input, the rsqrt, the normalised tensor: one share per tensor. Under LoRA the frozen
+                # weight's product (transformers 5.24.0 LlamaRMSNorm.forward: weight * x.to(dtype)) keeps no
+                # normalised tensor (torch 2.13 derivatives.yaml, mul: each factor is saved for the other's
+                # gradient only): two tensors, the fp32 input (4 B x T x h, a large-pool block) and the rsqrt,
+                # where an even split of three made requests of under 1 MiB on the small Llama (docs/allocator.md,
+                # "LoRA under ZeRO-3"); Gemma's fp32 (1 + w) is the third there, its sizes not split
+                shares=_final_shares(cw * Tout * h, 4 * Tout, fnb * Tout * h if full else 0, fn)
+                if not onep
+                else (),
             )
         )
     else:
@@ -181,3 +188,9 @@ def final_norms(st: HFLayer) -> None:
                 3,
             )
         )
+
+
+def _final_shares(inp: float, rsqrt: float, normed: float, total: float) -> tuple[float, ...]:
+    """The final RMSNorm's shares of its bytes ``total``: its fp32 input, the rsqrt and, where the weight trains,
+    the normalised tensor (``normed`` 0: none saved)."""
+    return tuple(x / total for x in (inp, rsqrt, normed) if x)

@@ -16,7 +16,7 @@ from typing import Any
 
 from memsim_widget.engine.activations import ActivationBudget, activations
 from memsim_widget.engine.caches import model_rules_cache
-from memsim_widget.engine.context import Context, Stage, deepspeed_casts_adapters
+from memsim_widget.engine.context import Context, Stage, deepspeed_casts_adapters, deepspeed_zero3_linear
 from memsim_widget.engine.counters.overhead import workspace_items
 from memsim_widget.engine.frameworks import fsdp2_unsynced_grads, fsdp_wraps
 from memsim_widget.engine.states import StateBudget, model_states
@@ -98,10 +98,11 @@ def activations_key(sc: Scenario) -> tuple[Any, ...]:
     left-out ``dp``/``zero``: whether FSDP shards the weights (it decides torchtitan's compute dtype under TP:
     ``frameworks.no_mixed_precision``) and the expert TP degree (``ParallelConfig.expert_tp``: an expert's
     width, ``dp x cp`` deciding how much of ``ep`` folds over the TP group), and from ``zero`` whether DeepSpeed
-    casts the LoRA adapters (``context.deepspeed_casts_adapters``: not at ZeRO-3)."""
+    casts the LoRA adapters (``context.deepspeed_casts_adapters``: not at ZeRO-3) and whether its ZeRO-3 linear
+    keeps every Linear's input (``context.deepspeed_zero3_linear``)."""
     p = sc.parallel
-    cast = deepspeed_casts_adapters(sc)
-    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp), p.expert_tp, cast)
+    cast, z3 = deepspeed_casts_adapters(sc), deepspeed_zero3_linear(sc)
+    return (_acts_get(sc), _acts_parallel_get(p), fsdp_wraps(p.zero, p.dp, p.cp), p.expert_tp, cast, z3)
 
 
 class _Keyed:

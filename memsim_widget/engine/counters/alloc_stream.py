@@ -252,11 +252,15 @@ class PoolReplay:
     peak_requested: int = 0
 
 
-def tensor_sizes(items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
-    """The bytes of each tensor of ``1/share`` of the pooled ``items``, in order (``StreamWriter.items``).
-    Per-tensor sizes: the item's own ``shares`` of its bytes where it has them (repeated over its tensors),
-    else proportional to the parameter tensors' elements when the item has k tensors per parameter (gradients,
-    optimizer states and their step temporaries), else ``bytes / tensors`` each."""
+def tensor_sizes(
+    items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1, first: bool = False
+) -> list[int]:
+    """The bytes of each tensor of ``1/share`` of the pooled ``items``, in order (``StreamWriter.items``; ``first``:
+    layer 0's share). Per-tensor sizes: the item's own ``shares`` of its bytes where it has them (repeated over
+    its tensors; where layer 0 lacks whole cycles of them, ``LazyItem.cut``, its share has the cycles it keeps and
+    the others theirs, each cycle its true size), else proportional to the parameter tensors' elements when the
+    item has k tensors per parameter (gradients, optimizer states and their step temporaries), else
+    ``bytes / tensors`` each."""
     out: list[int] = []
     total = sum(numels)
     for i in items:
@@ -265,7 +269,17 @@ def tensor_sizes(items: Sequence[Any], numels: tuple[int, ...] = (), share: int 
         n = max(i.tensors, 1)
         k = max(n // share, 1)
         shares = getattr(i, "shares", ())
-        if shares and k % len(shares) == 0:
+        cut, sets = getattr(i, "cut", (0, 0))
+        if cut and k % len(shares) == 0 and (share == 1 or sets == 1) and n - cut * sets > 0:
+            # layer 0's missing tensors (its first ones: the first norm's) as empty requests, which the allocator
+            # skips as PyTorch does a 0-byte tensor's: every layer keeps its handles (``StreamWriter.repeat``)
+            cycle = i.bytes / ((n - cut * sets) // len(shares))
+            empty = cut * sets if share == 1 else (cut if first else 0)
+            out += [0] * empty
+            for _ in range((n if share == 1 else k) // len(shares) - empty // len(shares)):
+                for x in shares:
+                    out.append(max(int(cycle * x), 1))
+        elif shares and k % len(shares) == 0:
             part = i.bytes / share / (k // len(shares))
             for _ in range(k // len(shares)):
                 for x in shares:
@@ -332,11 +346,13 @@ class StreamWriter:
         """Free ``handles`` in order."""
         self.events += [(h, FREE, 0) for h in handles]
 
-    def items(self, items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1) -> list[int]:
-        """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count), one
-        handle per tensor of ``tensor_sizes``."""
+    def items(
+        self, items: Sequence[Any], numels: tuple[int, ...] = (), share: int = 1, first: bool = False
+    ) -> list[int]:
+        """Allocate ``1/share`` of each pooled item (a layer's share when ``share`` is the layer count; ``first``:
+        layer 0's), one handle per tensor of ``tensor_sizes``."""
         out: list[int] = []
-        for size in tensor_sizes(items, numels, share):
+        for size in tensor_sizes(items, numels, share, first):
             out += self.alloc(size)
         return out
 
@@ -731,7 +747,7 @@ def micro_forward(
             comm.layer_forward_start()
         transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
         steps = (a.get(FIRST_LAYER_FORWARD) or fwd) if i == 0 else fwd
-        hidden, kept = _layer_saved(s, steps, hidden, a["saved"], share, off, cache, pending)
+        hidden, kept = _layer_saved(s, steps, hidden, a["saved"], share, off, cache, pending, i == 0)
         saved.append(kept)
         s.free(transient)
         if comm is not None:
@@ -905,14 +921,15 @@ def _layer_saved(
     off: Offloader | None,
     held: list[int] | None = None,
     pending: list[int] | None = None,
+    first: bool = False,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward (``forward_layer`` where its transients are listed, else its ``share`` of the ``saved``
-    items): its output and the saved tensors it leaves on the GPU (none when offloaded: ``off``); its ``HELD``
-    buffers added to ``held``, its ``LATER`` ones to ``pending``."""
+    items; ``first``: layer 0's): its output and the saved tensors it leaves on the GPU (none when offloaded:
+    ``off``); its ``HELD`` buffers added to ``held``, its ``LATER`` ones to ``pending``."""
     if fwd:
-        hidden, kept = forward_layer(s, fwd, hidden, saved, share, held, pending)
+        hidden, kept = forward_layer(s, fwd, hidden, saved, share, held, pending, first)
     else:
-        kept = s.items(saved, share=share)
+        kept = s.items(saved, share=share, first=first)
     return hidden, kept if off is None else off.away(kept)
 
 
@@ -1203,9 +1220,11 @@ def forward_layer(
     layers: int,
     held: list[int] | None = None,
     pending: list[int] | None = None,
+    first: bool = False,
 ) -> tuple[list[int], list[int]]:
     """A layer's forward written as ``engine/activations/forward`` lists it: its transients allocated and freed
-    in order, its share of the ``saved`` items (``layers`` layers) where it says (all at once, or term by term),
+    in order, its share of the ``saved`` items (``layers`` layers; ``first``: layer 0's) where it says (all at
+    once, or term by term),
     its input ``hidden`` freed
     when it returns, its ``HELD`` buffers added to ``held`` (freed by the caller when the forward ends), its
     ``LATER`` ones to ``pending`` (freed after the next saved term, here or in the next layer); the handles of its
@@ -1218,7 +1237,11 @@ def forward_layer(
     for name, size in steps:
         if name in (SAVED, SAVED_BYTES):
             n = len(saved) - at if size < 0 else size
-            kept += s.alloc(size) if name == SAVED_BYTES else s.items(saved[at : at + n], share=layers)
+            kept += (
+                s.alloc(size)
+                if name == SAVED_BYTES
+                else s.items(saved[at : at + n], share=layers, first=first)
+            )
             at += 1 if name == SAVED_BYTES else n
             if pending:
                 s.free(pending)
@@ -1228,7 +1251,7 @@ def forward_layer(
         elif name.startswith(SAVED_AT):
             p = int(name[len(SAVED_AT) :])
             if size <= 0:
-                sizes = sizes or tensor_sizes(saved, share=layers)
+                sizes = sizes or tensor_sizes(saved, share=layers, first=first)
             placed[p] = s.alloc(size if size > 0 else sizes[p])[0]
         elif name == IN:
             s.free(hidden)
@@ -1455,10 +1478,8 @@ def rank_stream(ctx: Any, stage: Any, steps: int = STEPS, traced_only: bool = Fa
         ag = {k: v if k in kept else [i for i in v if i.level != "allocator"] for k, v in ag.items()}
     micro = ctx.scenario.grad_accum_steps
     fsdp: Any = None
-    if zero3_replayable(ctx):
-        fsdp = zero3_rank(ctx, stage)
-    elif zero3_replayable(ctx, lora=True):  # DeepSpeed's ZeRO-3 under LoRA: written, not the default replay
-        fsdp = lora_zero3_units(ctx, stage)
+    if zero3_replayable(ctx):  # under LoRA the adapters alone train (zero_lora)
+        fsdp = zero3_rank(ctx, stage) if ctx.full_training else lora_zero3_units(ctx, stage)
     elif ctx.par.dp > 1 and ctx.par.zero >= 3:
         fsdp = fsdp2_units(ctx, stage)
     ddp = rank_buckets(ctx, stage) if ddp_replayable(ctx) else None
@@ -1599,7 +1620,14 @@ def replayed_item(ctx: Any, rep: PoolReplay, peak_allocated: int, outside: int) 
                 if zero12_replayable(ctx)
                 else " (DeepSpeed ZeRO-3's partitions, ipg bucket, gradient partitions and its coordinator's "
                 "gathers, prefetches and releases: deepspeed 0.19.8's stage3.py and partitioned_param_coordinator.py, "
-                "traced on CPU at world size 4; its all-gather and reduce streams not modelled)"
+                "traced on CPU at world size 4"
+                + (
+                    "; under LoRA the adapters' alone beside the frozen base, every Linear keeping its input "
+                    "(its zero3 linear), traced with peft"
+                    if not ctx.full_training
+                    else ""
+                )
+                + "; its all-gather and reduce streams not modelled)"
                 if zero3_replayable(ctx)
                 else " (FSDP2's all-gather and reduce-scatter buffers cached on their own CUDA streams)"
             )

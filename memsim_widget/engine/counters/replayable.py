@@ -28,7 +28,7 @@ def replayable(ctx: Any) -> bool:
     rank (``ddp_replayable``: its wrap-time broadcast and gradient buckets and their rebuild, ``ddp_stream``), a
     DeepSpeed ZeRO-1/2 rank (``zero12_replayable``: its flat weights, master partition, ipg buffer and partition
     gradients, ``zero_stream``; under peft's LoRA the adapters alone, beside the frozen base, ``zero_lora``), a
-    DeepSpeed ZeRO-3 rank (``zero3_replayable``: full training; LoRA keeps the fitted rule) or a
+    DeepSpeed ZeRO-3 rank (``zero3_replayable``: full training or peft's LoRA, ``zero_lora``) or a
     tensor-parallel rank under transformers' or torchtitan's plan (``tp_replayable``: its all-reduces, gathered or
     vocab-sharded logits, ``tp_stream``), alone or under FSDP2 on the dp dimension, or a pipeline stage under
     GPipe or 1F1B (``pp_stream.pp_replayable``: its micro-batches in the schedule's order); on one GPU activation
@@ -177,15 +177,15 @@ def zero12_replayable(ctx: Any) -> bool:
     )
 
 
-def zero3_replayable(ctx: Any, lora: bool = False) -> bool:
+def zero3_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-3 rank (``zero3_stream``): zero 3 over dp > 1 ranks
     under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
     bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
     checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
     resets at every forward), nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``,
     DeepSpeed's ``offload_optimizer``, the parameters on the GPU: ``zero_offload_stream``, held to its CPU trace;
-    ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager. ``lora``: the same rank under peft's
-    LoRA instead of full training (``zero3_lora_modelled``: written, not replayed)."""
+    ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager; or the same rank under peft's LoRA
+    instead of full training (``zero3_lora_modelled``, nothing offloaded)."""
     from memsim_widget.engine.frameworks import profile
 
     p, sc = ctx.par, ctx.scenario
@@ -195,7 +195,7 @@ def zero3_replayable(ctx: Any, lora: bool = False) -> bool:
         and p.dp_replicate == 1  # MiCS' sub-group partitions and hierarchical all-gather: not written
         and p.tp * p.pp * p.cp * p.ep == 1
         and profile(ctx).zero3 == "deepspeed"
-        and (zero3_lora_modelled(ctx) if lora else ctx.full_training)
+        and (ctx.full_training or zero3_lora_modelled(ctx))
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
         and sc.activation_checkpointing in ("none", "full")
@@ -207,20 +207,21 @@ def zero3_replayable(ctx: Any, lora: bool = False) -> bool:
 def zero_lora_modelled(ctx: Any) -> bool:
     """LoRA on a DeepSpeed ZeRO-1/2 rank as ``zero_lora`` writes it: peft's LoRA (not QLoRA's NF4 base), nothing
     offloaded (not traced together), its adapters in any dtype (DeepSpeed casts them to the model's bf16 at the wrap), the only flat group. Held to
-    the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.13%, without the cuBLAS
-    workspaces a CPU run lacks), all-linear -1.63% (allocated +0.05%; the activations run the adapters in bf16 as
+    the real optimizer's CPU run (benchmarks/zero_trace.py --lora 16): q,v within 1% (-0.25%, without the cuBLAS
+    workspaces a CPU run lacks), all-linear -1.75% and -0.38% (allocated +0.01%; the activations run the adapters in bf16 as
     the cast leaves them, ``context.deepspeed_casts_adapters``); the fitted rule was +29% to +34% over the same runs."""
     return ctx.scenario.method == "lora" and ctx.par.offload == "none"
 
 
 def zero3_lora_modelled(ctx: Any) -> bool:
     """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, nothing offloaded,
-    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under ``zero.Init``, a second
-    dtype in the flat buffers, not written). Written (``alloc_stream.rank_stream``), not replayed: held to the real
-    optimizer's CPU runs (benchmarks/zero_trace.py --stage 3 --lora 16) on allocated within 1.1%, not on
-    reserved (-7.7% to +6.4% without the cuBLAS workspaces: whether the run opens one more 131 MB segment for
-    the loss's fp32 buffers in the second backward), so ``reserved`` keeps the fitted rule (+19.7% to +29.5%
-    over the same runs)."""
+    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under
+    ``zero.Init``, a second dtype in the flat buffers, not written), every Linear keeping its input
+    (``context.deepspeed_zero3_linear``). Held to the real optimizer's CPU runs (benchmarks/zero_trace.py --stage 3
+    --lora 16 --adapter bf16, q,v and all-linear at worlds 2 and 4): reserved -0.24% to -0.38% without the cuBLAS
+    workspaces a CPU run lacks, allocated +0.07% to +0.08%; it was -7.7% to +6.4% on reserved (a 131 MB loss
+    segment more or less) before the final norm's fp32 input and the layers' norm inputs kept their sizes, and the
+    fitted rule is +21.0% to +29.6% over the same runs."""
     sc = ctx.scenario
     return sc.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes and ctx.par.offload == "none"
 

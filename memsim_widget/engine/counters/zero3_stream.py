@@ -61,7 +61,7 @@ has one stream, so they stay on the compute stream here, untraced), module-level
 Linears are fetched together at its start, so up to one layer's parameters more are live than DeepSpeed's
 one-module-at-a-time), parameter offload (``offload_optimizer`` is ``zero_offload_stream.py``'s, on these writers).
 peft's LoRA (the adapters the only trained tensors, the frozen base partitioned
-and gathered all the same) runs this writer on ``zero_lora.lora_zero3_units``: written, not the default replay.
+and gathered all the same) runs this writer on ``zero_lora.lora_zero3_units`` (bf16 adapters; replayed by default).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
   (``autocast_adapter_dtype``, the default) are copied to bf16 one by one in module order, each fp32 one freed.
   Only the adapters' gradients are made (autograd's ``AccumulateGrad`` runs for parameters that require one),
   in backward order: the output side, each layer's from the top in reverse forward use, the input side.
-- **ZeRO-3** (written by ``lora_zero3_units``, not the default replay: ``replayable.zero3_lora_modelled``): HF's
+- **ZeRO-3** (written by ``lora_zero3_units``, replayed by default with bf16 adapters:
+  ``replayable.zero3_lora_modelled``): HF's
   ``from_pretrained`` partitions the base under ``zero.Init`` and peft adds the adapters after it as ordinary
   tensors, which ``deepspeed.initialize`` partitions (``runtime/zero/parameter_offload.py``,
   ``DeepSpeedZeRoOffload._convert_to_zero_parameters``, before ``mark_persistent_parameters``: the adapters,
@@ -28,12 +29,14 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
   and states for them alone; ``create_reduce_and_remove_grad_hooks`` gathers only them; the frozen base keeps
   its per-parameter partitions (``ds_tensor``) and is gathered and released as a full model's. Autograd never
   reaches a frozen embedding, so its module has no backward: the coordinator's recorded order has it in the
-  forward alone, released after it and not fetched again (``Zero3Units.bottom_backward``).
+  forward alone, released after it and not fetched again (``Zero3Units.bottom_backward``). ZeRO-3's replaced
+  ``F.linear`` keeps every Linear's input, a frozen one's too (``context.deepspeed_zero3_linear``): an activation
+  rule (``activations/layer.HFLayer.frozen_input``), not this module's.
 
 The engine's activations and states run the adapters in the dtype the cast leaves them
 (``context.deepspeed_casts_adapters``, ``Context.adapter_bytes``: no fp32 copy of an adapter's input); only the
 wrap here writes them as peft makes them (``Context.peft_adapter_bytes``) and the cast. Not modelled (the fitted
-rule stays): ZeRO-3's reserved (above), QLoRA under DeepSpeed, a frozen stack.
+rule stays): ZeRO-3 with peft's fp32 adapters (above), QLoRA under DeepSpeed, a frozen stack.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ class LazyItem:
         "_formula",
         "_built",
         "shares",
+        "cut",
     )
 
     def __init__(
@@ -41,6 +42,7 @@ class LazyItem:
         label: Label,
         formula: str,
         shares: tuple[float, ...] = (),
+        cut: tuple[int, int] = (0, 0),
     ) -> None:
         self.category, self.item, self.bytes, self.level, self.tensors = (
             category,
@@ -52,6 +54,9 @@ class LazyItem:
         self._label, self._formula, self._built = label, formula, None
         # each tensor's share of the bytes (engine/counters/alloc_stream), once per repeat
         self.shares = shares
+        # (the tensors layer 0's set lacks, layer 0's sets among the repeats): its per-tensor sizes stay the
+        # shares' where layer 0 lacks whole cycles of them (``timeline.layer0_cut``)
+        self.cut = cut
         if level not in _COUNTED or nbytes <= 0:  # Item.allocated_bytes, without building the Item
             self.allocated_bytes = 0
         else:

@@ -172,6 +172,23 @@ class Moment:
         return f"Moment(name={self.name!r}, items={self.items!r})"
 
 
+def layer0_cut(t: Term, first: Any) -> tuple[int, int]:
+    """(the tensors layer 0 lacks in each of its sets, its sets) of a term with per-tensor ``shares`` whose
+    ``first_bytes`` are whole cycles of them (an RMSNorm's fp32 input and rsqrt under LoRA: layer 0's first norm
+    saves nothing), else (0, 0): the allocation stream then writes layer 0's set with the cycles it has and every
+    other layer's whole (``alloc_stream.tensor_sizes``) where an even split over the layers made each tensor
+    smaller than any the run makes (7 norms' bytes over 8 norms' tensors)."""
+    k = len(t.shares)
+    if not (t.skip_first and k and t.first_bytes > 0 and t.bytes > 0 and first == int(first) and first > 0):
+        return (0, 0)
+    cycles = t.tensors // k
+    missing = t.first_bytes * cycles / t.bytes
+    m = round(missing)
+    if m < 1 or m > cycles or abs(missing - m) > 1e-9:
+        return (0, 0)
+    return (m * k, int(first))
+
+
 def scaled_term(
     nbytes: Any, first_bytes: Any, skip_first: Any, tensors: Any, factor: Any, first: Any
 ) -> tuple:
@@ -355,9 +372,18 @@ class ItemScaler:
         items = []
         for t in found:
             nbytes, tensors = scaled_term(t.bytes, t.first_bytes, t.skip_first, t.tensors, factor, first)
+            cut = layer0_cut(t, first)
             items.append(
                 LazyItem(
-                    category, t.name, int(nbytes), t.level, max(1, int(tensors)), label, t.formula, t.shares
+                    category,
+                    t.name,
+                    int(nbytes),
+                    t.level,
+                    max(1, int(tensors)),
+                    label,
+                    t.formula,
+                    t.shares,
+                    cut,
                 )
             )
         return items
