@@ -591,7 +591,7 @@ def _first_carrying_stage(pp: np.ndarray, mb: np.ndarray, schedule: str, v: int)
 
 def _act_rows(base: Scenario, akey: np.ndarray) -> list[ActRow]:
     """The activation terms of each distinct (micro-batch, tp, cp, sp, checkpointing, loss[, EP factor taken
-    from the TP group[, FSDP on[, DeepSpeed's adapters uncast]]]) key: an expert's width depends on
+    from the TP group[, FSDP on[, a DeepSpeed ZeRO-3 rank's activations]]]) key: an expert's width depends on
     ``ParallelConfig.expert_tp``, which an ``ep`` of that factor times the data-parallel ranks reproduces; whether
     FSDP is on decides torchtitan's compute dtype under TP (engine/frameworks ``no_mixed_precision``), reproduced
     by dp = 2 with ZeRO-3; ZeRO-3 leaves DeepSpeed's LoRA adapters in peft's dtype
@@ -937,11 +937,12 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     # ZeRO-3, where DeepSpeed would cast the LoRA adapters at ZeRO 0-2 (context.deepspeed_casts_adapters): its
     # zero.Init model is not cast, so the adapters keep peft's dtype; and its linear keeps every Linear's input
     # (context.deepspeed_zero3_linear)
-    casts = deepspeed_casts_adapters(replace_unchecked(base, parallel=replace_unchecked(par0, zero=0)))
-    casts = casts or deepspeed_zero3_linear(replace_unchecked(base, parallel=replace_unchecked(par0, zero=3)))
-    uncast = (c["zero"] >= 3).astype(np.int64) if casts else np.zeros_like(over)
+    zero3_differs = deepspeed_casts_adapters(
+        replace_unchecked(base, parallel=replace_unchecked(par0, zero=0))
+    ) or deepspeed_zero3_linear(replace_unchecked(base, parallel=replace_unchecked(par0, zero=3)))
+    zero3 = (c["zero"] >= 3).astype(np.int64) if zero3_differs else np.zeros_like(over)
     akey, a_cand = unique_codes(
-        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on, uncast]
+        [c["micro_batch"], c["tp"], c["cp"], c["sp"], c["checkpointing"], c["loss"], over, fsdp_on, zero3]
     )
     arows = _act_rows(base, akey)
 

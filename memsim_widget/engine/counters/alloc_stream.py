@@ -1091,9 +1091,8 @@ def _layers_backward(
     begin = s.here()
     bwd = a.get(LAYER_BACKWARD, ())
     bottom = a.get(BOTTOM_LAYER_BACKWARD, ()) or bwd
-    shared: dict[str, list[int]] = (
-        {f"{KEEP}top": list(kept)} if kept else {}
-    )  # a compiled backward's buffers all layers use
+    # a compiled backward's buffers all layers use
+    shared: dict[str, list[int]] = {f"{KEEP}top": list(kept)} if kept else {}
     for i, layer in enumerate(saved[::-1][:2] if copies else saved[::-1]):
         begin = s.here() if i == 1 else begin
         layer = layer if off is None else off.back(len(saved) - 1 - i)
@@ -1185,7 +1184,8 @@ def backward_layer(
         elif name.startswith(FREE_SAVED):
             s.free([kept.pop(int(name[len(FREE_SAVED) :]))] if int(name[len(FREE_SAVED) :]) in kept else [])
         elif name == f"{RELEASE}{KEEP}":  # the kernel at the bottom has run: what was kept for it freed
-            s.free([h for k in [k for k in shared if k.startswith(KEEP)] for h in shared.pop(k)])
+            for k in [k for k in shared if k.startswith(KEEP)]:
+                s.free(shared.pop(k))
         elif name.startswith(RELEASE):
             s.free(shared.pop(name[len(RELEASE) :], []))
         elif name.startswith(CONSTANT):
