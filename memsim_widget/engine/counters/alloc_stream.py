@@ -34,6 +34,7 @@ from hashlib import blake2b
 from typing import Any, cast
 
 from memsim_widget.alloc_conf import LARGE_BUFFER
+from memsim_widget.engine.activations import eager_core_steps
 from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
@@ -1420,12 +1421,19 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     """The stream's per-op lists of one shape, by key (read by ``rank_stream`` and ``batch_lengths``): a layer's
     forward and backward (a compiled layout's own, else the eager steps, else the items), the bottom layer's, the
     top tensors a compiled backward keeps, the final norm's forward and backward (on the last stage only), the
-    layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient."""
+    layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient. A DeepSpeed
+    ZeRO-3 rank's eager-attention layer op by op (``activations/eager_core_steps``: held to its CPU trace; the
+    other data-parallel streams keep the items, not compared with these steps)."""
+    core = zero3_replayable(ctx) and eager_core_steps.applies(ctx)
     return {
-        LAYER_FORWARD: eager_layer_forward_transients(ctx) or layer_forward_steps(ctx),
+        LAYER_FORWARD: (eager_core_steps.layer_forward(ctx) if core else ())
+        or eager_layer_forward_transients(ctx)
+        or layer_forward_steps(ctx),
         FIRST_LAYER_FORWARD: first_layer_forward_steps(ctx),
         BOTTOM_ORDER: bottom_order(ctx),
-        LAYER_BACKWARD: layer_backward_steps(ctx) or eager_layer_backward_transients(ctx),
+        LAYER_BACKWARD: layer_backward_steps(ctx)
+        or eager_layer_backward_transients(ctx)
+        or (eager_core_steps.layer_backward_steps(ctx) if core else ()),
         BOTTOM_LAYER_BACKWARD: bottom_layer_backward_steps(ctx),
         KEPT_TOP: kept_top(ctx),
         FINAL_NORM: (final_norm_transients(ctx) or final_norm_steps(ctx)) if last else (),
