@@ -34,7 +34,10 @@ from typing import Any
 
 from memsim_widget.engine.activations.compiled_backward import FREE_SAVED
 from memsim_widget.engine.activations.eager_steps import (
+    ACT,
     ATTN_IN,
+    DOWN_IN,
+    GATE,
     IN_CAST,
     IN_FP32,
     IN_RSQRT,
@@ -42,6 +45,7 @@ from memsim_widget.engine.activations.eager_steps import (
     POST_CAST,
     POST_FP32,
     POST_RSQRT,
+    UP,
     layer_backward,
     norm_forward,
     rope_forward,
@@ -51,17 +55,20 @@ from memsim_widget.engine.activations.forward import IN, OUT, SAVED_AT, Step
 #: The places of an eager Llama layer's saved tensors among the stream's (its ``saved`` items' tensors in order,
 #: ``alloc_stream.StreamWriter.items``), after the norms' eight (``eager_steps.IN_FP32`` .. ``MLP_IN``): the
 #: query's copy, ``repeat_kv``'s k and v, the fp32 probabilities, their 16-bit cast, o_proj's input (the context
-#: made contiguous), gate's, up's and act's outputs, down's input. One more than SDPA's (its output and
-#: logsumexp are two, the softmax, its cast and the context three): the MLP's places move by ``SHIFT``.
-Q, K, V, PROBS, PROBS_CAST, CONTEXT, GATE, UP, ACT, DOWN_IN = range(8, 18)
-SHIFT = 1
+#: made contiguous), then the MLP's (gate's, up's and act's outputs, down's input): one more than SDPA's (its
+#: output and logsumexp are two, the softmax, its cast and the context three), so the MLP's places move by
+#: ``SHIFT``. Under selective checkpointing the checkpoint's inputs (q and k after RoPE, v) at ``Q``, ``K``,
+#: ``V``, then o_proj's input (``SELECTIVE_CONTEXT``): one fewer than SDPA's.
+Q, K, V, PROBS, PROBS_CAST, CONTEXT = range(8, 14)
+SELECTIVE_CONTEXT = 11
+SHIFT, SELECTIVE_SHIFT = 1, -1
 
 
 def applies(ctx: Any) -> bool:
     """A transformers Llama-style layer (two RMSNorms of 16-bit weights, SwiGLU, grouped k/v, no q/k norms) with
     eager attention, as HF builds it under HF's Trainer or DeepSpeed's engine, its activations 16-bit (a bf16 or
     fp16 model, or DeepSpeed's ``mixed-bf16``: the model cast to bf16, no autocast), full training, no
-    checkpointing, not compiled, a causal additive mask and no dropout, the softmax in fp32 cast back (Llama's):
+    checkpointing or Megatron's selective one (the core under a non-reentrant checkpoint of its own), not compiled, a causal additive mask and no dropout, the softmax in fp32 cast back (Llama's):
     the layer these steps describe. Where the stream uses them is ``alloc_stream.layer_steps``' choice (a
     DeepSpeed ZeRO-3 rank)."""
     a, sc = ctx.arch, ctx.scenario
@@ -72,7 +79,7 @@ def applies(ctx: Any) -> bool:
         and a.attention_kernel(sc.attention) == "eager"
         and ctx.recipe.act_bytes == 2
         and sc.method == "full"
-        and sc.activation_checkpointing == "none"
+        and sc.activation_checkpointing in ("none", "selective")
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
         and (nf.per_layer, nf.qk, nf.one_plus_weight, nf.weight_fp32, nf.post_norms)
@@ -95,50 +102,97 @@ def _sizes(ctx: Any) -> tuple[int, int, int, int]:
     return e * D.T * D.h, e * D.T * D.hq, e * D.T * D.hkv, e * D.b * D.a * D.s * D.s_full
 
 
-def core_forward(ctx: Any) -> tuple[Step, ...]:
-    """The eager attention core's forward (``eager_attention_forward``), its saved tensors at their places."""
+def _selective(ctx: Any) -> bool:
+    return bool(ctx.scenario.activation_checkpointing == "selective")
+
+
+def _places(ctx: Any) -> tuple[int, int, int, int, int]:
+    """o_proj's saved input and the MLP's four (gate's, act's, up's outputs, down's input) in the order the
+    forward makes them."""
+    s = SELECTIVE_SHIFT if _selective(ctx) else SHIFT
+    return (SELECTIVE_CONTEXT if _selective(ctx) else CONTEXT), *(p + s for p in (GATE, ACT, UP, DOWN_IN))
+
+
+def _scores(ctx: Any, forward: bool) -> tuple[Step, ...]:
+    """The core up to the probabilities' 16-bit cast under selective checkpointing, nothing saved: ``repeat_kv``'s
+    k and v, the query's copy (freed once the scores are made in the forward, which saves nothing; kept for the
+    backward in the recompute), the scores, scaled, masked, the fp32 copy, the probabilities and their cast."""
     _, q, _, ss = _sizes(ctx)
+    return (
+        ("kr", q), ("vr", q), ("qc", q), ("s1", ss), *((("qc", 0),) if forward else ()), ("s2", ss), ("s1", 0),
+        ("s3", ss), ("s2", 0), ("f", 2 * ss), ("sm", 2 * ss), ("f", 0), ("cast", ss), ("s3", 0),
+    )  # fmt: skip
+
+
+def core_forward(ctx: Any) -> tuple[Step, ...]:
+    """The eager attention core's forward (``eager_attention_forward``), its saved tensors at their places; under
+    selective checkpointing ``_scores`` saving nothing, the probabilities freed once cast, the cast alive (the
+    attention returns it: the decoder layer drops it as it returns), o_proj's saved input."""
+    _, q, _, ss = _sizes(ctx)
+    context = _places(ctx)[0]
 
     def at(*places: int) -> tuple[Step, ...]:
         return tuple((SAVED_AT + str(p), 0) for p in places)
 
+    if _selective(ctx):
+        return (
+            *_scores(ctx, True), ("sm", 0), ("ctx", q), *at(context), ("kr", 0), ("vr", 0), ("ctx", 0),
+        )  # fmt: skip
     return (
         *at(K, V, Q), ("s1", ss), ("s2", ss), ("s1", 0), ("s3", ss), ("s2", 0), ("f", 2 * ss), *at(PROBS),
-        ("f", 0), *at(PROBS_CAST), ("s3", 0), ("ctx", q), *at(CONTEXT), ("ctx", 0),
+        ("f", 0), *at(PROBS_CAST), ("s3", 0), ("ctx", q), *at(context), ("ctx", 0),
     )  # fmt: skip
 
 
 def layer_forward(ctx: Any) -> tuple[Step, ...]:
     """An eager Llama layer's forward op by op (``forward.Step``s, saved tensors by place), where ``applies``;
-    else empty."""
+    else empty. Under selective checkpointing the checkpoint saves its inputs (v as made, q and k after RoPE:
+    their own sizes, k/v-sized for k and v, where the engine's item counts k and v repeated)."""
     if not applies(ctx):
         return ()
     x, q, kv, _ = _sizes(ctx)
+    mlp = _places(ctx)[1:]
 
     def at(*places: int) -> tuple[Step, ...]:
         return tuple((SAVED_AT + str(p), 0) for p in places)
 
+    sel = _selective(ctx)
+    v, qe, ke = (((SAVED_AT + str(V), kv),), at(Q), ((SAVED_AT + str(K), kv),)) if sel else (
+        (("v", kv),), (("qe", q),), (("ke", kv),))  # fmt: skip
+    freed = ("cast",) if sel else ("v", "qe", "ke")
     return (
         *norm_forward(ctx, IN_FP32, IN_RSQRT, IN_CAST, ATTN_IN),
-        ("q", q), ("k", kv), ("v", kv), *rope_forward(q, (("qe", q),)), *rope_forward(kv, (("ke", kv),)),
-        ("q", 0), ("k", 0), *core_forward(ctx), ("o", x), ("v", 0), ("qe", 0), ("ke", 0), ("res", x), ("o", 0),
+        ("q", q), ("k", kv), *v, *rope_forward(q, qe), *rope_forward(kv, ke),
+        ("q", 0), ("k", 0), *core_forward(ctx), ("o", x), *(() if sel else ((n, 0) for n in freed)),
+        ("res", x), ("o", 0),
         *norm_forward(ctx, POST_FP32, POST_RSQRT, POST_CAST, MLP_IN),
-        *at(GATE, ACT, UP, DOWN_IN), ("down", x), (OUT, x), ("down", 0), ("res", 0), (IN, 0),
+        *at(*mlp), ("down", x), (OUT, x), ("down", 0), *(((n, 0) for n in freed) if sel else ()),
+        ("res", 0), (IN, 0),
     )  # fmt: skip
 
 
 def core_backward(ctx: Any) -> tuple[Step, ...]:
     """The eager attention core's backward from o_proj's input gradient (``oin``, freed here) to the gradients
-    of q (``dq``), k and v (``dk``, ``dv``) that RoPE's and the projections' backward read."""
+    of q (``dq``), k and v (``dk``, ``dv``) that RoPE's and the projections' backward read. Under selective
+    checkpointing the checkpoint's recompute (``_scores``, stopped once the last tensor the backward needs is
+    saved: torch 2.13.0 ``utils/checkpoint.py``'s early stop, so the context is not made again) runs when the
+    context's matmul unpacks its saved tensors, after o_proj's input gradient is made contiguous; its tensors
+    are freed where the eager layer's saved ones are, and the checkpoint's inputs once the scores' matmul has
+    run."""
     _, q, kv, ss = _sizes(ctx)
 
     def saved(*places: int) -> tuple[Step, ...]:
         return tuple((FREE_SAVED + str(p), 0) for p in places)
 
+    sel = _selective(ctx)
+    probs, cast, vr, qk = (
+        (("sm", 0),), (("cast", 0),), (("vr", 0),), (*saved(K, Q, V), ("kr", 0), ("qc", 0))
+    ) if sel else (saved(PROBS), saved(PROBS_CAST), saved(V), saved(Q, K))  # fmt: skip
     return (
-        *saved(CONTEXT), ("gc", q), ("oin", 0), ("dvr", q), ("gp", ss), *saved(V, PROBS_CAST), ("gc", 0),
-        ("g32", 2 * ss), ("gp", 0), ("gs", 2 * ss), *saved(PROBS), ("g32", 0), ("g16", ss), ("gs", 0),
-        ("gm", ss), ("g16", 0), ("dkr", q), ("dq", q), *saved(Q, K), ("gm", 0),
+        *saved(_places(ctx)[0]), ("gc", q), ("oin", 0), *(_scores(ctx, False) if sel else ()),
+        ("dvr", q), ("gp", ss), *vr, *cast, ("gc", 0),
+        ("g32", 2 * ss), ("gp", 0), ("gs", 2 * ss), *probs, ("g32", 0), ("g16", ss), ("gs", 0),
+        ("gm", ss), ("g16", 0), ("dkr", q), ("dq", q), *qk, ("gm", 0),
         ("dv", kv), ("dvr", 0), ("dk", kv), ("dkr", 0),
     )  # fmt: skip
 
@@ -148,4 +202,4 @@ def layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
     ``applies``; else empty."""
     if not applies(ctx):
         return ()
-    return layer_backward(ctx, core_backward(ctx), SHIFT)
+    return layer_backward(ctx, core_backward(ctx), SELECTIVE_SHIFT if _selective(ctx) else SHIFT)

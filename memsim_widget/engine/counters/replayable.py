@@ -198,10 +198,19 @@ def zero3_replayable(ctx: Any) -> bool:
         and (ctx.full_training or zero3_lora_modelled(ctx))
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
-        and sc.activation_checkpointing in ("none", "full")
+        and (sc.activation_checkpointing in ("none", "full") or _selective_core_written(ctx))
         and p.offload in ("none", "optimizer")
         and not sc.compile
     )
+
+
+def _selective_core_written(ctx: Any) -> bool:
+    """Megatron's selective checkpointing on an eager-attention Llama layer whose core the stream writes op by op,
+    its recompute in the backward (``activations/eager_core_steps``): the core touches no parameter, so the
+    coordinator fetches nothing for it."""
+    from memsim_widget.engine.activations import eager_core_steps
+
+    return ctx.scenario.activation_checkpointing == "selective" and eager_core_steps.applies(ctx)
 
 
 def zero_lora_modelled(ctx: Any) -> bool:
