@@ -367,7 +367,7 @@ def test_eager_attention_and_its_selective_recompute_replay_as_their_cpu_traces(
     CPU run (benchmarks/zero_trace.py --stage 3; recorded traces): the engine's stream without the cuBLAS workspaces
     replays within 1% reserved and 0.5% allocated, the eager core's T x T transients written op by op
     (``activations/eager_core_steps``). Measured: eager -0.32% / -0.08% (+5.22% / -0.11% when the layer was the
-    engine's items), selective -0.11% / -0.06% (refused before, FSDP2's stream in its place)."""
+    engine's items), selective -0.11% / -0.06% (refused before: FSDP2's stream, +0.44% / -2.19%)."""
     _zero_trace()
     from zero_trace import engine_stream, recorded
 

@@ -26,6 +26,10 @@ trace of that rank (``tests/data/zero_traces/zero3-attentioneager.json.gz``), in
   the probabilities' gradients, the cast's backward to fp32, ``_softmax_backward_data`` (fp32), the cast back to
   16 bits, the scaling's product, the query's and the repeated key's gradients, each repeated gradient summed to
   the k/v heads; each saved tensor freed where its node has run.
+
+Under Megatron's selective checkpointing (the core under a non-reentrant ``torch.utils.checkpoint`` of its own,
+``benchmarks/zero_trace.py --selective``, held to ``zero3-selective.json.gz``) the forward makes the same core
+saving only the checkpoint's inputs and o_proj's input, and the backward recomputes it (``core_backward``).
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ def _sizes(ctx: Any) -> tuple[int, int, int, int]:
 
 
 def _selective(ctx: Any) -> bool:
+    """Megatron's selective checkpointing: the core under a checkpoint of its own."""
     return bool(ctx.scenario.activation_checkpointing == "selective")
 
 
@@ -110,7 +115,7 @@ def _places(ctx: Any) -> tuple[int, int, int, int, int]:
     """o_proj's saved input and the MLP's four (gate's, act's, up's outputs, down's input) in the order the
     forward makes them."""
     s = SELECTIVE_SHIFT if _selective(ctx) else SHIFT
-    return (SELECTIVE_CONTEXT if _selective(ctx) else CONTEXT), *(p + s for p in (GATE, ACT, UP, DOWN_IN))
+    return (SELECTIVE_CONTEXT if _selective(ctx) else CONTEXT), GATE + s, ACT + s, UP + s, DOWN_IN + s
 
 
 def _scores(ctx: Any, forward: bool) -> tuple[Step, ...]:

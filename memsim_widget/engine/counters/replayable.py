@@ -181,7 +181,9 @@ def zero3_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-3 rank (``zero3_stream``): zero 3 over dp > 1 ranks
     under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
     bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
-    checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
+    checkpointing, or selective checkpointing of an eager attention core (``_selective_core_written``: the core's
+    recompute written op by op, held to its CPU trace within 0.2%; over SDPA not written), any number of
+    micro-batches a step (the coordinator
     resets at every forward), nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``,
     DeepSpeed's ``offload_optimizer``, the parameters on the GPU: ``zero_offload_stream``, held to its CPU trace;
     ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager; or the same rank under peft's LoRA

@@ -47,7 +47,9 @@ Restated, nothing copied; held to a CPU run of the real optimizer (PyTorch's fak
 - **Checkpointing** (HF's full gradient checkpointing, non-reentrant): a layer's recompute runs its forward in
   the backward, the hooks fetching its parameters and releasing them after it, before its backward fetches them
   again; the first step records the recompute in the order like any module, so later steps keep them gathered
-  (reuse distance). **Tied embeddings**: the head's weight is the embeddings' parameter, gathered again for the
+  (reuse distance). Megatron's selective checkpointing (an eager attention core under a checkpoint of its own)
+  recomputes no parameter's module: the coordinator fetches nothing for it, the layer's steps write the recompute
+  (``activations/eager_core_steps``; ``_layer_backward``). **Tied embeddings**: the head's weight is the embeddings' parameter, gathered again for the
   head (the first step released it after the embeddings); its gradient is the head's part (held) and the
   embeddings' part, summed out of place by autograd before the parameter's one hook.
 - **Step**: the gradient norm casts each parameter's gradient partition to fp64 one at a time
