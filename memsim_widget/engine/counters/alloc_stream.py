@@ -39,6 +39,7 @@ from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
     GRADS,
+    LAYER_BACKWARD,
     RELEASE,
     TANGENT,
 )
@@ -167,9 +168,6 @@ FIRST_LAYER_FORWARD = "first_layer_forward"
 #: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
 #: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
 FINAL_NORM = "final_norm_forward"
-#: The key of a layer's backward buffers (``engine/activations/compiled_backward``; absent or empty: the
-#: ``layer_backward`` items).
-LAYER_BACKWARD = "layer_backward_steps"
 #: The key of the bottom layer's backward buffers where they differ from the others' (``compiled_backward.
 #: compiled_lora_steps.bottom_layer_backward_steps``: a compiled LoRA layer 0 reads the frozen embedding and makes no input
 #: gradient; absent or empty: ``LAYER_BACKWARD``'s).

@@ -479,12 +479,11 @@ class Zero3Writer:
         self._reduce()
 
     def _layer_backward(self, a: dict[str, Sequence[Any]], saved: list[int]) -> list[int]:
-        """A layer's backward buffers: op by op where ``a`` lists its steps (``alloc_stream.LAYER_BACKWARD``: an
+        """A layer's backward buffers: op by op where ``a`` lists its steps (``compiled_backward.LAYER_BACKWARD``: an
         eager-attention layer, ``activations/eager_core_steps``; each buffer made and freed in order, each saved
         tensor freed, and dropped from ``saved``, where its ``FREE_SAVED`` step says; the gradients stay this
         writer's, made at the layer's start), else the ``layer_backward`` items. The handles still alive."""
-        from memsim_widget.engine.activations.compiled_backward import FREE_SAVED
-        from memsim_widget.engine.counters.alloc_stream import LAYER_BACKWARD
+        from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, LAYER_BACKWARD
 
         s = self.s
         steps = a.get(LAYER_BACKWARD, ())
