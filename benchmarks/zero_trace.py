@@ -239,15 +239,20 @@ def traced_run(
 def _selective_attention() -> str:
     """Register transformers' eager attention core run under a non-reentrant checkpoint (what Megatron's selective
     recompute keeps out of the saved tensors: the scores, softmax and context, recomputed in the backward; the
-    core has no parameters) and return its name for ``attn_implementation``."""
+    core has no parameters) and return its name for ``attn_implementation``; with eager's causal mask (transformers
+    5.24.0 ``masking_utils._preprocess_mask_arguments`` gives an implementation it has no mask function for no
+    mask at all: until 2026-12-06 the recording's attention was not causal, without eager's additive mask and its
+    sum)."""
     import torch.utils.checkpoint as ckpt
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     def core(module: Any, *args: Any, **kw: Any) -> Any:
         return ckpt.checkpoint(eager_attention_forward, module, *args, use_reentrant=False, **kw)
 
     AttentionInterface.register("memsim_selective", core)
+    AttentionMaskInterface.register("memsim_selective", eager_mask)
     return "memsim_selective"
 
 
@@ -639,8 +644,6 @@ def main() -> None:
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
         if lora and zero == 3 and peft["adapter_dtype"] != "bf16":  # fp32 adapters under ZeRO-3: not written
-            continue
-        if shape["selective"]:  # the engine's ZeRO-3 stream takes no selective checkpointing: the trace alone
             continue
         for cpu in (False, True):
             s = engine_stream(

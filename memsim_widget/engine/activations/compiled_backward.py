@@ -31,6 +31,9 @@ from memsim_widget.engine.activations.forward import Step, compiled_applies
 #: down_proj 6, the input norm 7, the norm after attention 8, Qwen3's q_norm 9 and k_norm 10); where gradients
 #: are not written tensor by tensor the first such step makes the layer's share.
 GRADS = "grad "
+#: The key of a layer's backward steps in the stream's activation groups (``alloc_stream.layer_steps``; absent or
+#: empty: the ``layer_backward`` items), read by the stream and the ZeRO-3 writer (``zero3_stream``).
+LAYER_BACKWARD = "layer_backward_steps"
 #: The prefix of a step that frees one of the layer's saved tensors, by its place among them (``compiled.
 #: compiled_activations``' per-layer terms in order, each term's tensors in turn): 0 and 1 the residual stream at
 #: the input and after attention, 2 and 3 the norms' outputs, 4 and 5 their rsqrts, 6 q after RoPE, 7 the

@@ -190,8 +190,25 @@ def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
     from memsim_widget.engine.activations.dims import Dims
 
     D = Dims(ctx)
+    q, kv = 2 * D.T * D.hq, 2 * D.T * D.hkv  # bf16 or fp16 weights (``_applies``)
+    sdpa = (
+        ("dq", q), ("dk", kv), ("dv", kv), (CUDA_SCRATCH, 0), ("oin", 0),
+        *((FREE_SAVED + str(p), 0) for p in (SDPA_K, SDPA_Q, SDPA_V, SDPA_LSE, SDPA_OUT)),
+    )  # fmt: skip
+    return layer_backward(ctx, sdpa)
+
+
+def layer_backward(ctx: Any, attention: tuple[Step, ...], shift: int = 0) -> tuple[Step, ...]:
+    """``eager_layer_backward_transients``' steps with ``attention`` between o_proj's input gradient (``oin``,
+    which it frees) and RoPE's backward: the attention kernel's backward, leaving the gradients of q (``dq``),
+    k and v (``dk``, ``dv``: k/v-sized) and freeing its saved tensors; ``shift``: how many more saved tensors
+    the attention keeps than SDPA's five (the MLP's places move by as many)."""
+    from memsim_widget.engine.activations.dims import Dims
+
+    D = Dims(ctx)
     e = 2  # bf16 or fp16 weights
     x, i, q, kv = e * D.T * ctx.arch.hidden_size, e * D.T * D.I, e * D.T * D.hq, e * D.T * D.hkv
+    down_in, up, act, gate = (p + shift for p in (DOWN_IN, UP, ACT, GATE))
 
     def free(*names: str) -> tuple[Step, ...]:
         return tuple((n, 0) for n in names)
@@ -211,13 +228,12 @@ def eager_layer_backward_transients(ctx: Any) -> tuple[Step, ...]:
 
     return (
         (ARRIVING, x),  # the gradient arriving from above
-        grad(DOWN_W), ("dd", i), *saved(DOWN_IN), ("gu", i), ("ga", i), *free("dd"), *saved(UP, ACT),
-        grad(UP_W), ("upin", x), *free("gu"), ("sb", i), *free("ga"), *saved(GATE),
+        grad(DOWN_W), ("dd", i), *saved(down_in), ("gu", i), ("ga", i), *free("dd"), *saved(up, act),
+        grad(UP_W), ("upin", x), *free("gu"), ("sb", i), *free("ga"), *saved(gate),
         grad(GATE_W), ("gatein", x), *free("sb"), *saved(MLP_IN), ("sum", x), *free("upin", "gatein"),
         *_rmsnorm(ctx, "sum", (POST_CAST, POST_RSQRT, POST_FP32), POST_NORM_W, keep=True),
         ("res", x), *free("down", ARRIVING),
-        grad(O), ("oin", x), ("dq", q), ("dk", kv), ("dv", kv), (CUDA_SCRATCH, 0), *free("oin"),
-        *saved(SDPA_K, SDPA_Q, SDPA_V, SDPA_LSE, SDPA_OUT),
+        grad(O), ("oin", x), *attention,
         *rope("k", kv, "dk"), *rope("q", q, "dq"),
         grad(V), ("vin", x), *free("dv"), ("kc", kv), *free("kg"), grad(K), ("kin", x), *free("kc"),
         ("s1", x), *free("vin", "kin"), ("qc", q), *free("qg"), grad(Q), ("qin", x), *free("qc"),
@@ -250,30 +266,40 @@ def eager_layer_forward_transients(ctx: Any) -> tuple[Step, ...]:
     from memsim_widget.engine.activations.dims import Dims
 
     D = Dims(ctx)
-    x, f, t = _bytes(ctx)
+    x = _bytes(ctx)[0]
     q, kv = 2 * D.T * D.hq, 2 * D.T * D.hkv  # bf16 or fp16 weights (``_applies``)
 
     def at(*places: int) -> tuple[Step, ...]:
         return tuple((SAVED_AT + str(p), 0) for p in places)
 
-    def norm(fp32: int, rsqrt: int, cast: int, normed: int) -> tuple[Step, ...]:
-        return (
-            *at(fp32), ("pow", f), ("mean", t), ("pow", 0), ("eps", t), *at(rsqrt), ("eps", 0), ("xr", f),
-            *at(cast, normed), ("xr", 0), ("mean", 0),
-        )  # fmt: skip
-
-    def rope(size: int, embed: int) -> tuple[Step, ...]:
-        return (
-            ("m1", size), ("neg", size // 2), ("cat", size), ("neg", 0), ("m2", size), ("cat", 0), *at(embed),
-            ("m1", 0), ("m2", 0),
-        )  # fmt: skip
-
     return (
-        *norm(IN_FP32, IN_RSQRT, IN_CAST, ATTN_IN),
-        ("q", q), ("k", kv), *at(SDPA_V), *rope(q, SDPA_Q), *rope(kv, SDPA_K), ("q", 0), ("k", 0),
-        *at(SDPA_OUT, SDPA_LSE), ("o", x), ("res", x), ("o", 0),
-        *norm(POST_FP32, POST_RSQRT, POST_CAST, MLP_IN),
+        *norm_forward(ctx, IN_FP32, IN_RSQRT, IN_CAST, ATTN_IN),
+        ("q", q), ("k", kv), *at(SDPA_V), *rope_forward(q, at(SDPA_Q)), *rope_forward(kv, at(SDPA_K)),
+        ("q", 0), ("k", 0), *at(SDPA_OUT, SDPA_LSE), ("o", x), ("res", x), ("o", 0),
+        *norm_forward(ctx, POST_FP32, POST_RSQRT, POST_CAST, MLP_IN),
         *at(GATE, ACT, UP, DOWN_IN), ("down", x), (OUT, x), ("down", 0), ("res", 0), (IN, 0),
+    )  # fmt: skip
+
+
+def norm_forward(ctx: Any, fp32: int, rsqrt: int, cast: int, normed: int) -> tuple[Step, ...]:
+    """An RMSNorm's forward (transformers 5.24.0 ``LlamaRMSNorm.forward``) with its saved tensors at their places:
+    ``x.to(float32)`` (``fp32``), ``x.pow(2)`` and its ``mean`` (fp32 T x 1, freed last), ``+ eps`` then ``rsqrt``
+    (``rsqrt``), ``x * rsqrt`` (fp32, freed once cast), ``.to(bf16)`` (``cast``) and ``weight *`` it
+    (``normed``)."""
+    _, f, t = _bytes(ctx)
+    at = [(SAVED_AT + str(p), 0) for p in (fp32, rsqrt, cast, normed)]
+    return (
+        at[0], ("pow", f), ("mean", t), ("pow", 0), ("eps", t), at[1], ("eps", 0), ("xr", f), at[2], at[3],
+        ("xr", 0), ("mean", 0),
+    )  # fmt: skip
+
+
+def rope_forward(size: int, embed: tuple[Step, ...]) -> tuple[Step, ...]:
+    """``apply_rotary_pos_emb`` of q or k (``size`` bytes) per ``rotate_half``: ``x * cos``, the negated half,
+    ``cat``, ``* sin``, then ``embed`` where their sum is made (a saved tensor, or a transient)."""
+    return (
+        ("m1", size), ("neg", size // 2), ("cat", size), ("neg", 0), ("m2", size), ("cat", 0), *embed,
+        ("m1", 0), ("m2", 0),
     )  # fmt: skip
 
 

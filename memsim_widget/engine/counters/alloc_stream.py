@@ -34,10 +34,12 @@ from hashlib import blake2b
 from typing import Any, cast
 
 from memsim_widget.alloc_conf import LARGE_BUFFER
+from memsim_widget.engine.activations import eager_core_steps
 from memsim_widget.engine.activations.compiled_backward import (
     CONSTANT,
     FREE_SAVED,
     GRADS,
+    LAYER_BACKWARD,
     RELEASE,
     TANGENT,
 )
@@ -166,9 +168,6 @@ FIRST_LAYER_FORWARD = "first_layer_forward"
 #: The key of the final norm's forward transients, its saved tensors and the head's input at ``SAVED``
 #: (``engine/activations/forward.final_norm_transients``; absent or empty: the ``post`` items alone).
 FINAL_NORM = "final_norm_forward"
-#: The key of a layer's backward buffers (``engine/activations/compiled_backward``; absent or empty: the
-#: ``layer_backward`` items).
-LAYER_BACKWARD = "layer_backward_steps"
 #: The key of the bottom layer's backward buffers where they differ from the others' (``compiled_backward.
 #: compiled_lora_steps.bottom_layer_backward_steps``: a compiled LoRA layer 0 reads the frozen embedding and makes no input
 #: gradient; absent or empty: ``LAYER_BACKWARD``'s).
@@ -1420,12 +1419,19 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     """The stream's per-op lists of one shape, by key (read by ``rank_stream`` and ``batch_lengths``): a layer's
     forward and backward (a compiled layout's own, else the eager steps, else the items), the bottom layer's, the
     top tensors a compiled backward keeps, the final norm's forward and backward (on the last stage only), the
-    layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient."""
+    layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient. A DeepSpeed
+    ZeRO-3 rank's eager-attention layer op by op (``activations/eager_core_steps``: held to its CPU trace; the
+    other data-parallel streams keep the items, not compared with these steps)."""
+    core = zero3_replayable(ctx) and eager_core_steps.applies(ctx)
     return {
-        LAYER_FORWARD: eager_layer_forward_transients(ctx) or layer_forward_steps(ctx),
+        LAYER_FORWARD: (eager_core_steps.layer_forward(ctx) if core else ())
+        or eager_layer_forward_transients(ctx)
+        or layer_forward_steps(ctx),
         FIRST_LAYER_FORWARD: first_layer_forward_steps(ctx),
         BOTTOM_ORDER: bottom_order(ctx),
-        LAYER_BACKWARD: layer_backward_steps(ctx) or eager_layer_backward_transients(ctx),
+        LAYER_BACKWARD: layer_backward_steps(ctx)
+        or eager_layer_backward_transients(ctx)
+        or (eager_core_steps.layer_backward_steps(ctx) if core else ()),
         BOTTOM_LAYER_BACKWARD: bottom_layer_backward_steps(ctx),
         KEPT_TOP: kept_top(ctx),
         FINAL_NORM: (final_norm_transients(ctx) or final_norm_steps(ctx)) if last else (),

@@ -181,7 +181,9 @@ def zero3_replayable(ctx: Any) -> bool:
     """Whether the stream models the scenario's DeepSpeed ZeRO-3 rank (``zero3_stream``): zero 3 over dp > 1 ranks
     under the framework whose ZeRO-3 is DeepSpeed's (``profile.zero3``), no other parallelism, full training of a
     bf16 model with an fp32 master copy (``mixed-bf16``), tied or untied embeddings, no or full activation
-    checkpointing (selective's partial recompute: not written), any number of micro-batches a step (the coordinator
+    checkpointing, or selective checkpointing of an eager attention core (``_selective_core_written``: the core's
+    recompute written op by op, held to its CPU trace within 0.2%; over SDPA not written), any number of
+    micro-batches a step (the coordinator
     resets at every forward), nothing offloaded or the optimizer to the host (``parallel.offload: optimizer``,
     DeepSpeed's ``offload_optimizer``, the parameters on the GPU: ``zero_offload_stream``, held to its CPU trace;
     ``optimizer+params``' ``offload_param`` keeps the fitted rule), eager; or the same rank under peft's LoRA
@@ -198,10 +200,19 @@ def zero3_replayable(ctx: Any) -> bool:
         and (ctx.full_training or zero3_lora_modelled(ctx))
         and not ctx.frozen_stacks
         and sc.precision == "mixed-bf16"
-        and sc.activation_checkpointing in ("none", "full")
+        and (sc.activation_checkpointing in ("none", "full") or _selective_core_written(ctx))
         and p.offload in ("none", "optimizer")
         and not sc.compile
     )
+
+
+def _selective_core_written(ctx: Any) -> bool:
+    """Megatron's selective checkpointing on an eager-attention Llama layer whose core the stream writes op by op,
+    its recompute in the backward (``activations/eager_core_steps``): the core touches no parameter, so the
+    coordinator fetches nothing for it."""
+    from memsim_widget.engine.activations import eager_core_steps
+
+    return ctx.scenario.activation_checkpointing == "selective" and eager_core_steps.applies(ctx)
 
 
 def zero_lora_modelled(ctx: Any) -> bool:

@@ -47,7 +47,9 @@ Restated, nothing copied; held to a CPU run of the real optimizer (PyTorch's fak
 - **Checkpointing** (HF's full gradient checkpointing, non-reentrant): a layer's recompute runs its forward in
   the backward, the hooks fetching its parameters and releasing them after it, before its backward fetches them
   again; the first step records the recompute in the order like any module, so later steps keep them gathered
-  (reuse distance). **Tied embeddings**: the head's weight is the embeddings' parameter, gathered again for the
+  (reuse distance). Megatron's selective checkpointing (an eager attention core under a checkpoint of its own)
+  recomputes no parameter's module: the coordinator fetches nothing for it, the layer's steps write the recompute
+  (``activations/eager_core_steps``; ``_layer_backward``). **Tied embeddings**: the head's weight is the embeddings' parameter, gathered again for the
   head (the first step released it after the embeddings); its gradient is the head's part (held) and the
   embeddings' part, summed out of place by autograd before the parameter's one hook.
 - **Step**: the gradient norm casts each parameter's gradient partition to fp64 one at a time
@@ -461,7 +463,7 @@ class Zero3Writer:
             self._fetch(i + 1)
             recomputed = s.items(a["recompute"])
             grads = self._grads(i + 1)
-            transient = s.items(a["layer_backward"])
+            transient = self._layer_backward(a, saved[i])
             s.free(transient + recomputed + saved[i])
             self._hook(grads)
             self._release(i + 1)
@@ -475,6 +477,31 @@ class Zero3Writer:
             self._hook(bottom)
             self._release(0)
         self._reduce()
+
+    def _layer_backward(self, a: dict[str, Sequence[Any]], saved: list[int]) -> list[int]:
+        """A layer's backward buffers: op by op where ``a`` lists its steps (``compiled_backward.LAYER_BACKWARD``: an
+        eager-attention layer, ``activations/eager_core_steps``; each buffer made and freed in order, each saved
+        tensor freed, and dropped from ``saved``, where its ``FREE_SAVED`` step says; the gradients stay this
+        writer's, made at the layer's start), else the ``layer_backward`` items. The handles still alive."""
+        from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, LAYER_BACKWARD
+
+        s = self.s
+        steps = a.get(LAYER_BACKWARD, ())
+        if not steps:
+            return s.items(a["layer_backward"])
+        kept = dict(enumerate(saved))
+        live: dict[str, list[int]] = {}
+        for name, size in steps:
+            if name.startswith(FREE_SAVED):
+                s.free([kept.pop(int(name[len(FREE_SAVED) :]))])
+            elif size > 0:
+                live[name] = s.alloc(size)
+            elif name in live:  # a gradient or CUDA-scratch step names nothing made here
+                s.free(live.pop(name))
+        saved[:] = kept.values()
+        return [h for hs in live.values() for h in hs] + s.items(
+            [x for x in a["layer_backward"] if x.level == "allocator"]
+        )
 
     def zero_grad(self) -> None:
         """The gradients live in the partitions' buffer: nothing to free."""
