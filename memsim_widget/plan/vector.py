@@ -1013,7 +1013,7 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
     cap = reserved_cap(ctx0, outside)
     oom = np.zeros(cand.shape[0], dtype=bool)
     if base.objective_name == "sft":  # the engine's replay of the step's allocation stream, per shape
-        pool, oom = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool, cap)
+        pool, oom = _replayed_pools(base, optimizers, c, cand, stage, s_idx, x_row, pool, cap, peak_alloc)
     reserved = capped_reserved(peak_alloc, pool, cap)
     device = reserved + outside
     row_over = x_over[x_row] | s_over[s_idx] | (pool >= SATURATION_BYTES) | (device >= SATURATION_BYTES)
@@ -1022,14 +1022,17 @@ def evaluate(base: Scenario, cols: Mapping[str, np.ndarray], optimizers: Sequenc
 
 def _replayed_pools(
     base: Scenario, optimizers: Sequence[str], c: dict[str, np.ndarray], cand: np.ndarray, stage: np.ndarray,
-    s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray, cap: np.ndarray,
+    s_idx: np.ndarray, x_row: np.ndarray, pool: np.ndarray, cap: np.ndarray, peak_alloc: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``pool`` with, on the rows whose candidate ``engine/counters/replayable.replayable`` accepts, the peak
     reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_runs`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
     scenario's shape), and once per distinct room among the pair's rows; where the stream's requested bytes
-    alone exceed every room of the pair (``alloc_stream.stream_asks``), neither is replayed. Only one-GPU rows
+    alone exceed every room of the pair (``alloc_stream.stream_asks``), neither is replayed; and where the peak
+    allocated alone exceeds every room of the pair no stream is built: reserved is then the peak allocated whatever
+    the pool (``capped_reserved``: at least the peak allocated, the pool capped by the room) and the device total
+    is over the card, so the row does not fit whatever a replay would say (``fits_mask``). Only one-GPU rows
     (any accumulation), FSDP2 rows without other parallelism (``replayable.fsdp2_replayable``), DDP rows (zero
     0, no other parallelism: ``replayable.ddp_replayable``), ZeRO-1/2 rows (no other parallelism:
     ``replayable.zero12_replayable``), TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) and pipeline
@@ -1054,11 +1057,17 @@ def _replayed_pools(
     pair = s_idx[rows].astype(np.int64) * (int(x_row.max()) + 1) + x_row[rows]
     uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     out = pool.copy()
+    inverse = inverse.reshape(-1)
     for j, r in enumerate(rows[first]):
+        at = rows[inverse == j]
+        if (peak_alloc[at] > cap[at]).all() and int(peak_alloc[at].max()) < SATURATION_BYTES // 8:
+            # the pool changes neither reserved (the peak allocated) nor the verdict; a replay's pool would stay
+            # under saturation too (at most about twice the requested bytes, ``StreamAsks.reserved_bound``)
+            out[at], oom[at] = peak_alloc[at], True
+            continue
         row = {k: int(v[cand[r]]) for k, v in c.items()}
         ctx = Context(objectives.training_scenario(candidate_scenario(base, optimizers, row)))
         if replayable(ctx):
-            at = rows[inverse.reshape(-1) == j]
             st = ctx.stages[int(stage[r])]
             asks, bound = stream_asks(ctx, st), SATURATION_BYTES
             if asks.peak_requested > max(int(cap[at].max()), 0) and (asks.reserved_bound or bound) < bound:
