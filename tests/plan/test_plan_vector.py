@@ -174,6 +174,24 @@ def test_candidates_that_do_not_fit_agree_too():
         assert bool(p.columns["fits"][i]) == est.fits(headroom=p.headroom)
 
 
+def test_a_candidate_whose_allocated_alone_is_over_the_card_builds_no_stream(monkeypatch):
+    """A 70B full fine-tune on one 24 GB card: every candidate's peak allocated is over the card's room, so the
+    planner writes no allocation stream for any (its reserved is the peak allocated whatever a replay gives), and
+    its figures are still the estimate's."""
+    from memsim_widget.engine.counters import alloc_stream
+
+    built = []
+    real = alloc_stream.rank_stream
+    monkeypatch.setattr(alloc_stream, "rank_stream", lambda *a: built.append(a) or real(*a))
+    p = plan("llama-3.1-70b", "rtx-4090", 1, seq_len=2048, method="full", top=None, widen=False)
+    assert p.evaluated and p.fitting == 0 and not built
+    for i in range(0, p.evaluated, max(p.evaluated // 8, 1)):
+        est = p.estimate(i)
+        assert int(p.columns["peak_reserved_bytes"][i]) == est.peak_reserved_bytes
+        assert int(p.columns["device_total_bytes"][i]) == est.device_total_bytes
+        assert not est.fits(headroom=p.headroom)
+
+
 def test_narrowed_space_keeps_only_the_fixed_choices():
     space = SearchSpace(checkpointing=("full",), optimizers=("adamw",), zero=(3,), micro_batch=(1,))
     p = plan("llama-3.1-8b", "a100-80gb", 8, seq_len=4096, space=space, top=None)
