@@ -614,10 +614,11 @@ def zero3_lora_modelled(ctx: Context) -> bool:
 
 def deepspeed_zero3_coordinated(ctx: Context) -> bool:
     """Whether a DeepSpeed ZeRO-3 rank's items read its gathered parameters off the coordinator that writes its
-    stream (``counters/zero3_gathered``, ``states/gathered._deepspeed_coordinator``): the ranks ``zero3_stream`` writes (``replayable.zero3_replayable``) whatever
-    their activation checkpointing, compilation and micro-batches (the planner's state rows are built without
-    them: ``plan/vector``), partitioned over dp x cp (DeepSpeed's sequence-parallel ranks share the partition
-    group; the stream writes none); any other keeps ``_deepspeed_units``' formula."""
+    stream (``counters/zero3_gathered``, ``states/gathered._deepspeed_coordinator``): the ranks ``zero3_stream``
+    writes (``replayable.zero3_replayable``) whatever their activation checkpointing, compilation and
+    micro-batches (the planner's state rows are built without them: ``plan/vector``), partitioned over dp x cp
+    (the states see dp x cp alone; the stream writes no cp > 1 rank); any other keeps
+    ``states/gathered._deepspeed_units``' formula."""
     p = ctx.par
     return (
         p.dp * p.cp > 1  # the states see dp x cp alone (the planner's state rows fold cp into dp)

@@ -124,6 +124,8 @@ def _zero_trace() -> Any:
         {"tied": True},
         {"tied": True, "seq": 256},
         {"offload": "optimizer"},
+        {"bucket": 20_000_000, "accum": 2, "offload": "optimizer"},
+        {"ckpt": True, "tied": True, "offload": "optimizer"},
         {"lora": 16, "targets": ("q_proj", "v_proj"), "adapter_dtype": "bf16"},
         {"lora": 16, "world": 2, "adapter_dtype": "bf16"},
     ],

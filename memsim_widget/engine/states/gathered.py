@@ -3,6 +3,8 @@ FSDP2's (traced, docs/fidelity-parallel.md) and DeepSpeed's (formula only)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
     deepspeed_zero3_coordinated,
@@ -18,6 +20,9 @@ from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget
 from memsim_widget.engine.states.gradients import ZERO3_GRAD_PARTITIONS_ITEM, new_gradient
 from memsim_widget.units import fmt_int
+
+if TYPE_CHECKING:
+    from memsim_widget.engine.counters.zero3_stream import Zero3Units
 
 
 def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
@@ -368,7 +373,7 @@ def _deepspeed_coordinator(ctx: Context, stage: Stage, b: StateBudget, per_layer
         _grad_partitions(b, u)
 
 
-def _grad_partitions(b: StateBudget, u: object) -> None:
+def _grad_partitions(b: StateBudget, u: Zero3Units) -> None:
     """ZeRO-3's gradients on the GPU (``stage3.py``, deepspeed 0.19.8): each parameter's gradient is copied into
     the ipg bucket and reduce-scattered into ``grad_partitions_flat_buffer`` (bf16, made at ``__init__``, kept;
     ``partition_grads`` adds a later micro-batch's in place), so the rank's gradients are that buffer at every
@@ -377,8 +382,8 @@ def _grad_partitions(b: StateBudget, u: object) -> None:
     partition), so the step's gradients (``step_grads``) are the largest sub group's in fp32, and the inner
     optimizer's temporaries that sub group's (``step_temps_sub``; the stream reads the whole ``step_temps`` per
     partition element, ``zero3_stream.per_element``)."""
-    n = sum(u.part(p) for p in u.trained)  # type: ignore[attr-defined]
-    mb = u.model_bytes  # type: ignore[attr-defined]
+    n = sum(u.part(p) for p in u.trained)
+    mb = u.model_bytes
     b.persistent.append(
         Item("gradients", ZERO3_GRAD_PARTITIONS_ITEM, n * mb,
              f"{fmt_int(n)} trained partition elements x {mb} B (kept from the wrap)", "tensor", 1)
@@ -388,14 +393,14 @@ def _grad_partitions(b: StateBudget, u: object) -> None:
                     "0 B beyond grad_partitions_flat_buffer", "tensor", 0)  # fmt: skip
         b.accumulated_grads = [held]
         b.grads_but_bottom = [held]
-        subs = [sum(u.part(p) for p in g) for g in u.sub_groups()]  # type: ignore[attr-defined]
+        subs = [sum(u.part(p) for p in g) for g in u.sub_groups()]
         big = max(subs, default=0)
         b.grads = [
             Item("gradients", "ZeRO-3 fp32 gradient of the sub group being stepped (the largest)", big * 4,
                  f"{fmt_int(big)} partition elements (largest of {len(subs)} sub groups, sub_group_size) x 4 B",
                  "tensor", 1)
         ]  # fmt: skip
-        total, n_params = sum(subs), len(u.trained)  # type: ignore[attr-defined]
+        total, n_params = sum(subs), len(u.trained)
         b.step_temps_sub = [
             Item(i.category, i.item, i.bytes * big // total, f"{i.formula}; one sub group's: {fmt_int(big)} of "
                  f"{fmt_int(total)} partition elements", i.level, max(i.tensors // max(n_params, 1), 1))
