@@ -72,8 +72,10 @@ def _gathered(w: Any, size: dict[Any, int]) -> tuple[int, int]:
 @lru_cache(maxsize=256)
 def zero3_gathered(u: Any) -> Zero3Gathered:
     """The gathered bytes of the ZeRO-3 rank of units ``u`` (``zero3_stream.Zero3Units`` or ``zero_lora``'s; an
-    offloaded rank's coordinator is the same): its writer run on a bare stream through a first step (the recording one) and a second
-    step's forward and backward, no activation written; checkpointed layers' recomputes as ``u`` says."""
+    offloaded rank's coordinator is the same): its writer run on a bare stream through the wrap and a step whose
+    trace is recorded (the first forward's reset counted, whose step leaves gathered only what the wrap left:
+    every release of a recording step frees), its forward and backward, no activation written; checkpointed
+    layers' recomputes as ``u`` says."""
     from memsim_widget.engine.counters.zero3_stream import Zero3Writer
 
     s = _Bare()
@@ -94,19 +96,17 @@ def zero3_gathered(u: Any) -> Zero3Gathered:
         sizes()
         seen.append(_gathered(w, size))
 
-    at_loss = (0, 0)
-    for step in (1, 2):
-        w.forward_start()
-        for _ in range(u.layers):
-            w.layer_forward_start()
-            w.layer_forward_end()
-        s.alloc(0)  # the logits, which the head's post-forward comes after
-        w.forward_end()
-        sizes()
-        at_loss = _gathered(w, size)
-        if step == 2:
-            w._fetch = watched
-        w.backward_start(u.layers)
-        w.backward(none, [[] for _ in range(u.layers)], [])
+    w._reset()  # the recording forward's
+    w.forward_start()
+    for _ in range(u.layers):
+        w.layer_forward_start()
+        w.layer_forward_end()
+    s.alloc(0)  # the logits, which the head's post-forward comes after
+    w.forward_end()
+    sizes()
+    at_loss = _gathered(w, size)
+    w._fetch = watched
+    w.backward_start(u.layers)
+    w.backward(none, [[] for _ in range(u.layers)], [])
     top = max(seen, default=(0, 0))
     return Zero3Gathered(at_loss[0], at_loss[1], top[0], top[1])

@@ -382,7 +382,8 @@ def _grad_partitions(b: StateBudget, u: Zero3Units) -> None:
     partition), so the step's gradients (``step_grads``) are the largest sub group's in fp32, and the inner
     optimizer's temporaries that sub group's (``step_temps_sub``; the stream reads the whole ``step_temps`` per
     partition element, ``zero3_stream.per_element``)."""
-    n = sum(u.part(p) for p in u.trained)
+    parts, trained = u.parts(), u.trained
+    n = sum(parts[p] for p in trained)
     mb = u.model_bytes
     b.persistent.append(
         Item("gradients", ZERO3_GRAD_PARTITIONS_ITEM, n * mb,
@@ -393,14 +394,14 @@ def _grad_partitions(b: StateBudget, u: Zero3Units) -> None:
                     "0 B beyond grad_partitions_flat_buffer", "tensor", 0)  # fmt: skip
         b.accumulated_grads = [held]
         b.grads_but_bottom = [held]
-        subs = [sum(u.part(p) for p in g) for g in u.sub_groups()]
+        subs = [sum(parts[p] for p in g) for g in u.sub_groups()]
         big = max(subs, default=0)
         b.grads = [
             Item("gradients", "ZeRO-3 fp32 gradient of the sub group being stepped (the largest)", big * 4,
                  f"{fmt_int(big)} partition elements (largest of {len(subs)} sub groups, sub_group_size) x 4 B",
                  "tensor", 1)
         ]  # fmt: skip
-        total, n_params = sum(subs), len(u.trained)
+        total, n_params = sum(subs), len(trained)
         b.step_temps_sub = [
             Item(i.category, i.item, i.bytes * big // total, f"{i.formula}; one sub group's: {fmt_int(big)} of "
                  f"{fmt_int(total)} partition elements", i.level, max(i.tensors // max(n_params, 1), 1))
