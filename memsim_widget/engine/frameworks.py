@@ -597,3 +597,37 @@ def megatron_fp8_params(ctx: Context) -> bool:
     (``memsim_widget/fp8.py``, ``MEGATRON_FP8_PARAM_RECIPES``)."""
     sc = ctx.scenario
     return bool(sc.fp8_all_gather) and sc.framework == "megatron" and ctx.par.zero >= 3
+
+
+def zero3_lora_modelled(ctx: Context) -> bool:
+    """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, nothing offloaded,
+    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under
+    ``zero.Init``, a second dtype in the flat buffers, not written), every Linear keeping its input
+    (``context.deepspeed_zero3_linear``). Held to the real optimizer's CPU runs (benchmarks/zero_trace.py --stage 3
+    --lora 16 --adapter bf16, q,v and all-linear at worlds 2 and 4): reserved -0.24% to -0.38% without the cuBLAS
+    workspaces a CPU run lacks, allocated +0.07% to +0.08%; it was -7.7% to +6.4% on reserved (a 131 MB loss
+    segment more or less) before the final norm's fp32 input and the layers' norm inputs kept their sizes, and the
+    fitted rule is +21.0% to +29.6% over the same runs."""
+    sc = ctx.scenario
+    return sc.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes and ctx.par.offload == "none"
+
+
+def deepspeed_zero3_coordinated(ctx: Context) -> bool:
+    """Whether a DeepSpeed ZeRO-3 rank's items read its gathered parameters off the coordinator that writes its
+    stream (``counters/zero3_gathered``, ``states/gathered._deepspeed_coordinator``): the ranks ``zero3_stream``
+    writes (``replayable.zero3_replayable``) whatever their activation checkpointing, compilation and
+    micro-batches (the planner's state rows are built without them: ``plan/vector``), partitioned over dp x cp
+    (the states see dp x cp alone; the stream writes no cp > 1 rank); any other keeps
+    ``states/gathered._deepspeed_units``' formula."""
+    p = ctx.par
+    return (
+        p.dp * p.cp > 1  # the states see dp x cp alone (the planner's state rows fold cp into dp)
+        and p.dp_replicate == 1
+        and p.tp * p.pp * p.ep == 1
+        and profile(ctx).zero3 == "deepspeed"
+        and (ctx.full_training or zero3_lora_modelled(ctx))
+        and not ctx.frozen_stacks
+        and ctx.scenario.precision == "mixed-bf16"
+        and p.offload in ("none", "optimizer")
+        and gathered_weight_bytes(ctx) == ctx.recipe.weight_bytes
+    )

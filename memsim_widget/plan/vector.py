@@ -131,8 +131,8 @@ def _item_stats(items: Sequence[Item]) -> tuple[int, int, int, int]:
 
 # ----- model states: one engine call per distinct (layout, ZeRO, optimizer, offload, stage) ----------------
 #: The ``StateBudget`` lists a state row reduces to sums (``step_temps``: the tensor-level ones).
-STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_grads",
-               "step_temps_all", "step_temps", "kept_unsharded", "kept_unsharded_last", "root_reduce",
+STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathered", "gathered_loss", "gathered_grads",
+               "step_temps_all", "step_temps", "step_temps_sub", "kept_unsharded", "kept_unsharded_last", "root_reduce",
                "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads", "step_grads", "kept_after_backward",
                "grads_but_bottom_carried", "gathered_next", "prefetched", "new_grad", "new_grad_next",
                "chunk_gathered", "tied_sum", "head_made", "head_made_carried", "tied_head_part", "bottom_new",

@@ -16,7 +16,13 @@ from memsim_widget.engine.counters.overhead import PERSISTENT_CATEGORIES, pool_b
 from memsim_widget.engine.rl.objectives import training_scenario
 from memsim_widget.engine.states import model_states
 from memsim_widget.engine.step import timeline
-from memsim_widget.engine.step.moments import ACTIVATION_GROUPS, MOMENT_TABLE, MOMENTS, STATE_GROUPS
+from memsim_widget.engine.step.moments import (
+    ACTIVATION_GROUPS,
+    MOMENT_TABLE,
+    MOMENTS,
+    STATE_GROUPS,
+    STREAM_GROUPS,
+)
 from memsim_widget.plan import vector
 from memsim_widget.scenario import Scenario
 
@@ -33,7 +39,9 @@ SCENARIOS = [
 def test_every_group_the_table_names_is_on_one_side_and_every_declared_group_is_used():
     named = {g for rule in MOMENT_TABLE for g in rule.groups}
     assert not set(STATE_GROUPS) & set(ACTIVATION_GROUPS)
-    assert named == set(STATE_GROUPS) | set(ACTIVATION_GROUPS)
+    # but the groups built for the allocation streams alone (the step's temporaries, per parameter)
+    assert set(STREAM_GROUPS) <= set(STATE_GROUPS) and not set(STREAM_GROUPS) & named
+    assert named == (set(STATE_GROUPS) - set(STREAM_GROUPS)) | set(ACTIVATION_GROUPS)
     assert MOMENTS == (
         "forward_end",
         "backward_start",

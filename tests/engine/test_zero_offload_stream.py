@@ -26,7 +26,12 @@ from memsim_widget.engine.counters.zero_offload_stream import (
     zero12_rank,
 )
 from memsim_widget.engine.counters.zero_stream import zero_rank
-from memsim_widget.engine.states.gradients import HOST_GRADS_ITEM, OFFLOAD_STAGING_ITEM, ZERO_BUCKET_ITEM
+from memsim_widget.engine.states.gradients import (
+    HOST_GRADS_ITEM,
+    OFFLOAD_STAGING_ITEM,
+    ZERO3_GRAD_PARTITIONS_ITEM,
+    ZERO_BUCKET_ITEM,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from fidelity_cases import DEEPSPEED_SMALL_LLAMA  # noqa: E402
@@ -209,13 +214,18 @@ def test_offloaded_gradient_partition_is_host_memory(zero: int) -> None:
     ``grads_in_partition``, ZeRO-3's ``grad_partitions_flat_buffer`` is on ``self.device``): 44,372,480 trainable
     parameters x 4 B (the fp32 gradient of the host's master partition) / dp 4 = 44,372,480 B among the host's
     items, and no moment holds a gradient item but DeepSpeed's buffers and ZeRO-3's unsharded layer; without
-    offload the partition is the GPU's (the item ``gradients``, the same bytes)."""
+    offload the partition is the GPU's (the item ``gradients``, the same bytes; ZeRO-3's, its bf16 buffer
+    ``grad_partitions_flat_buffer`` at every moment)."""
     r = _rank(zero)
     assert [i.bytes for i in r.host if i.item == HOST_GRADS_ITEM] == [44_372_480]
     on_gpu = {i.item for m in r.moments for i in m.items if i.category == "gradients"}
     assert on_gpu <= {ZERO_BUCKET_ITEM, OFFLOAD_STAGING_ITEM, "ZeRO-3 unsharded gradients of one layer"}
     kept = _rank(zero, offload="none")
     assert not any(i.item == HOST_GRADS_ITEM for i in kept.host)
+    if zero == 3:  # ZeRO-3's GPU buffer: the bf16 partitions (11,093,120 x 2 B), at every moment
+        held = {sum(i.bytes for i in m.items if i.item == ZERO3_GRAD_PARTITIONS_ITEM) for m in kept.moments}
+        assert held == {22_186_240}
+        return
     assert {i.bytes for m in kept.moments for i in m.items if i.item == "gradients"} == {44_372_480}
 
 

@@ -16,6 +16,7 @@ from memsim_widget.engine.activations.compiled_steps import compiled_steps_writt
 from memsim_widget.engine.counters.offload_stream import savers_replayable
 from memsim_widget.engine.counters.pp_stream import pp_replayable
 from memsim_widget.engine.counters.tp_stream import tp_replayable
+from memsim_widget.engine.frameworks import zero3_lora_modelled
 
 
 def replayable(ctx: Any) -> bool:
@@ -222,19 +223,6 @@ def zero_lora_modelled(ctx: Any) -> bool:
     workspaces a CPU run lacks), all-linear -1.75% and -0.38% (allocated +0.01%; the activations run the adapters in bf16 as
     the cast leaves them, ``context.deepspeed_casts_adapters``); the fitted rule was +29% to +34% over the same runs."""
     return ctx.scenario.method == "lora" and ctx.par.offload == "none"
-
-
-def zero3_lora_modelled(ctx: Any) -> bool:
-    """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, nothing offloaded,
-    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under
-    ``zero.Init``, a second dtype in the flat buffers, not written), every Linear keeping its input
-    (``context.deepspeed_zero3_linear``). Held to the real optimizer's CPU runs (benchmarks/zero_trace.py --stage 3
-    --lora 16 --adapter bf16, q,v and all-linear at worlds 2 and 4): reserved -0.24% to -0.38% without the cuBLAS
-    workspaces a CPU run lacks, allocated +0.07% to +0.08%; it was -7.7% to +6.4% on reserved (a 131 MB loss
-    segment more or less) before the final norm's fp32 input and the layers' norm inputs kept their sizes, and the
-    fitted rule is +21.0% to +29.6% over the same runs."""
-    sc = ctx.scenario
-    return sc.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes and ctx.par.offload == "none"
 
 
 def _ddp_lora_modelled(ctx: Any) -> bool:

@@ -509,11 +509,12 @@ class Zero3Writer:
 
 def rest_of(first: Sequence[Any]) -> list[Any]:
     """The persistent items of ``first`` the ZeRO-3 wrap does not replace: all but the parameters, the engine's
-    master weights and its reduce bucket (``Zero3Writer.wrap`` writes DeepSpeed's own)."""
-    from memsim_widget.engine.states.gradients import ZERO_BUCKET_ITEM
+    master weights, its reduce bucket and gradient partitions (``Zero3Writer.wrap`` writes DeepSpeed's own)."""
+    from memsim_widget.engine.states.gradients import ZERO3_GRAD_PARTITIONS_ITEM, ZERO_BUCKET_ITEM
     from memsim_widget.engine.states.optimizer import MASTER_ITEM
 
-    return [i for i in first if i.category != "parameters" and i.item not in (MASTER_ITEM, ZERO_BUCKET_ITEM)]
+    written = (MASTER_ITEM, ZERO_BUCKET_ITEM, ZERO3_GRAD_PARTITIONS_ITEM)
+    return [i for i in first if i.category != "parameters" and i.item not in written]
 
 
 def per_element(items: Sequence[Any], u: Zero3Units) -> list[float]:

@@ -41,6 +41,8 @@ class StateBudget:
     # those alive at the last stage's latest loss backward (an interleaved rank: its loss chunk's only)
     loss_grads: list[Item] = field(default_factory=list)
     gathered: list[Item] = field(default_factory=list)  # ZeRO-3 gathered units (forward/backward)
+    # ... while the loss runs, where it differs (DeepSpeed's coordinator: frameworks.deepspeed_zero3_coordinated)
+    gathered_loss: list[Item] = field(default_factory=list)
     gathered_grads: list[Item] = field(default_factory=list)  # ZeRO-3 unsharded grads of a unit (backward)
     # FSDP2's reduce-scatter of the root unit (last in backward): its unsharded gradients and the reduce
     # input, beside every gradient but the root's own shard (empty without FSDP2 on a root)
@@ -79,6 +81,9 @@ class StateBudget:
     bottom_new_carried: list[Item] = field(default_factory=list)
     grads_at_bottom_carried: list[Item] = field(default_factory=list)
     step_temps: list[Item] = field(default_factory=list)
+    # ... as the step's moment meets them where it steps apart (DeepSpeed ZeRO-3: the inner optimizer on one sub
+    # group's flat partition at a time, states/gathered._grad_partitions); empty: ``step_temps``
+    step_temps_sub: list[Item] = field(default_factory=list)
     host: list[Item] = field(default_factory=list)
     grad_bytes_per_layer: float = 0.0
     pre_post_grad_bytes: int = 0

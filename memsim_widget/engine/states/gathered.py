@@ -3,8 +3,11 @@ FSDP2's (traced, docs/fidelity-parallel.md) and DeepSpeed's (formula only)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
+    deepspeed_zero3_coordinated,
     embedding_split,
     fsdp2_unsynced_grads,
     gathered_weight_bytes,
@@ -15,8 +18,11 @@ from memsim_widget.engine.frameworks import (
 )
 from memsim_widget.engine.items import Item
 from memsim_widget.engine.states.budget import LocalGroup, StateBudget
-from memsim_widget.engine.states.gradients import new_gradient
+from memsim_widget.engine.states.gradients import ZERO3_GRAD_PARTITIONS_ITEM, new_gradient
 from memsim_widget.units import fmt_int
+
+if TYPE_CHECKING:
+    from memsim_widget.engine.counters.zero3_stream import Zero3Units
 
 
 def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:
@@ -40,6 +46,8 @@ def gathered_units(ctx: Context, stage: Stage, groups: list[LocalGroup], grad_b:
                 _pipeline_new_grads(ctx, stage, b, per_layer, grad_b, layer_largest or largest, unit)
             elif fsdp2_unsynced_grads(ctx.scenario) and b.grads:
                 _unsynced_grads(b, grad_b)
+        elif not fetched and deepspeed_zero3_coordinated(ctx):
+            _deepspeed_coordinator(ctx, stage, b, per_layer, grad_b)
         else:
             _deepspeed_units(ctx, b, per_layer, root, grad_b, shard, fetched)
 
@@ -318,6 +326,87 @@ def _root_reduce(ctx: Context, b: StateBudget, root: int, grad_b: int, wb: int, 
             max(1, b.grads[0].tensors - 3) if b.grads else 1,
         ),
     ]
+
+
+def _deepspeed_coordinator(ctx: Context, stage: Stage, b: StateBudget, per_layer: int, grad_b: int) -> None:
+    """A DeepSpeed ZeRO-3 rank's gathered parameters as its coordinator holds them (``counters/zero3_gathered``;
+    deepspeed 0.19.8 ``partitioned_param_coordinator.py``, ``parameter_offload.py``): at the loss, what it kept
+    for reuse (the head's, with a real vocabulary; the whole model, a small one), the persistent ones and the
+    prefetch in flight (``gathered_loss``: the embeddings, freed after their forward, are not among them); in
+    backward, the most it holds at once (``gathered``); each a whole buffer beside its partition. Read without
+    checkpointing's recomputes (a recompute only puts a layer's reuse further away: never fewer gathered). And
+    ZeRO-3's bf16 gradient partitions (``stage3.py``: ``grad_partitions_flat_buffer``, made at ``__init__`` on
+    the GPU unless ``offload_optimizer`` puts it on the host), kept: the trained partitions x the model's
+    bytes. The unsharded gradients of a layer stay as ``_deepspeed_units`` counts them."""
+    from dataclasses import replace
+
+    from memsim_widget.engine.counters.zero3_gathered import zero3_gathered
+    from memsim_widget.engine.counters.zero3_stream import zero3_units
+    from memsim_widget.engine.counters.zero_lora import lora_zero3_units
+
+    # the coordinator is the same with the optimizer offloaded (zero_offload_stream's writer: host buffers alone)
+    u = zero3_units(ctx, stage) if ctx.full_training else lora_zero3_units(ctx, stage)
+    u = replace(u, recompute=False, dp=ctx.par.shard_degree)
+    g = zero3_gathered(u)
+    what = "(kept for reuse, persistent and prefetched; whole, beside the partitions)"
+    b.gathered_loss.append(
+        Item("parameters", "ZeRO-3 parameters gathered while the loss runs (DeepSpeed's coordinator)", g.at_loss,
+             f"{g.at_loss_tensors} gathered buffers {what}", "tensor", max(g.at_loss_tensors, 1))
+    )  # fmt: skip
+    b.gathered.append(
+        Item("parameters", "ZeRO-3 parameters gathered in backward, the most at once (DeepSpeed's coordinator)",
+             g.in_backward, f"{g.in_backward_tensors} gathered buffers {what}", "tensor",
+             max(g.in_backward_tensors, 1))
+    )  # fmt: skip
+    if ctx.full_training:
+        b.gathered_grads.append(
+            Item(
+                "gradients",
+                "ZeRO-3 unsharded gradients of one layer",
+                per_layer * grad_b,
+                f"{fmt_int(per_layer)} x {grad_b} B",
+                "tensor",
+                1,
+            )
+        )
+    if ctx.par.offload == "none" and not ctx.scenario.optimizer_in_backward:
+        _grad_partitions(b, u)
+
+
+def _grad_partitions(b: StateBudget, u: Zero3Units) -> None:
+    """ZeRO-3's gradients on the GPU (``stage3.py``, deepspeed 0.19.8): each parameter's gradient is copied into
+    the ipg bucket and reduce-scattered into ``grad_partitions_flat_buffer`` (bf16, made at ``__init__``, kept;
+    ``partition_grads`` adds a later micro-batch's in place), so the rank's gradients are that buffer at every
+    moment (persistent) and nothing more is carried or accumulated; the fp32 gradient is made per sub group by
+    the step (``_prepare_fp32_grad_for_sub_group``, freed before the next: ``sub_group_size`` splits a group's
+    partition), so the step's gradients (``step_grads``) are the largest sub group's in fp32, and the inner
+    optimizer's temporaries that sub group's (``step_temps_sub``; the stream reads the whole ``step_temps`` per
+    partition element, ``zero3_stream.per_element``)."""
+    parts, trained = u.parts(), u.trained
+    n = sum(parts[p] for p in trained)
+    mb = u.model_bytes
+    b.persistent.append(
+        Item("gradients", ZERO3_GRAD_PARTITIONS_ITEM, n * mb,
+             f"{fmt_int(n)} trained partition elements x {mb} B (kept from the wrap)", "tensor", 1)
+    )  # fmt: skip
+    if b.grads:
+        held = Item("gradients", "gradients (in ZeRO-3's partition buffer: counted with the persistent items)", 0,
+                    "0 B beyond grad_partitions_flat_buffer", "tensor", 0)  # fmt: skip
+        b.accumulated_grads = [held]
+        b.grads_but_bottom = [held]
+        subs = [sum(parts[p] for p in g) for g in u.sub_groups()]
+        big = max(subs, default=0)
+        b.grads = [
+            Item("gradients", "ZeRO-3 fp32 gradient of the sub group being stepped (the largest)", big * 4,
+                 f"{fmt_int(big)} partition elements (largest of {len(subs)} sub groups, sub_group_size) x 4 B",
+                 "tensor", 1)
+        ]  # fmt: skip
+        total, n_params = sum(subs), len(trained)
+        b.step_temps_sub = [
+            Item(i.category, i.item, i.bytes * big // total, f"{i.formula}; one sub group's: {fmt_int(big)} of "
+                 f"{fmt_int(total)} partition elements", i.level, max(i.tensors // max(n_params, 1), 1))
+            for i in b.step_temps if total
+        ]  # fmt: skip
 
 
 def _deepspeed_units(

@@ -28,6 +28,9 @@ ZERO_BUCKET_ITEM = "DeepSpeed gradient reduce bucket (reduce_bucket_size)"
 PARTIAL_EMBEDDING_ITEM = "embedding gradient as a Partial DTensor (full vocabulary on every tp rank)"
 #: The item of the rank's gradient partition that DeepSpeed keeps on the host under ``offload_optimizer``
 HOST_GRADS_ITEM = "gradients (this rank's partition, on the host: DeepSpeed offload_optimizer)"
+#: The item of ZeRO-3's bf16 gradient partitions (``grad_partitions_flat_buffer``), kept from the wrap
+#: (``states/gathered._grad_partitions``; ``zero3_stream.Zero3Writer.wrap`` writes it)
+ZERO3_GRAD_PARTITIONS_ITEM = "DeepSpeed ZeRO-3 gradient partitions (grad_partitions_flat_buffer)"
 #: The item of DeepSpeed ZeRO-1/2's GPU staging buffer under ``offload_optimizer``
 OFFLOAD_STAGING_ITEM = "DeepSpeed offload staging buffer (temp_grad_buffer_for_gpu_offload)"
 

@@ -62,6 +62,9 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
             trainable.append(((ad.out_features, ad.rank), cnt, ad.rank * ad.out_features))
         n_ad = sum(c * e for _, c, e in trainable)
         shard = _adapter_shard(ctx, trainable)
+        partitioned = _deepspeed_partitions_adapters(ctx)
+        if partitioned:  # ZeRO-3's flat bf16 partition of the adapters (ceil(numel / dp) each)
+            shard = sum(c * -(-e // ctx.par.shard_degree) for _, c, e in trainable)
         b.persistent.append(
             Item(
                 "parameters",
@@ -70,7 +73,11 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
                 f"{fmt_int(n_ad)} adapter params x {a_bytes} B "
                 f"(rank {sc.lora.rank}, targets {','.join(sc.lora.targets)})"
                 + (_DEEPSPEED_CAST.format(sc.lora.adapter_dtype) if cast else "")
-                + (f", FSDP2 shards: {fmt_int(shard)} params on this rank" if shard else ""),
+                + (
+                    f", {'ZeRO-3 partitions' if partitioned else 'FSDP2 shards'}: {fmt_int(shard)} params on this rank"
+                    if shard
+                    else ""
+                ),
                 "tensor",
                 sum(c for _, c, _ in trainable),
             )
@@ -78,7 +85,8 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
         grad_b = a_bytes
         state_b = 4 if recipe.master_bytes else a_bytes
         # DeepSpeed's optimizer keeps an fp32 master (partition) of the cast adapters, as of a full model's weights
-        master_b = recipe.master_bytes if cast else 0
+        # ... and of ZeRO-3's partitioned bf16 adapters (stage3.py ``_create_fp32_partitions``)
+        master_b = recipe.master_bytes if cast or partitioned else 0
         what = "adapter params"
     unsplit = 0
     par = ctx.par
@@ -88,6 +96,17 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
             g.numel for g in groups if g.group.stack not in ctx.frozen_stacks and not tp_split(ctx, g.group)
         )
     return Trained(trainable, grad_b, state_b, master_b, what, unsplit)
+
+
+def _deepspeed_partitions_adapters(ctx: Context) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions peft's adapters like any parameter of a ``zero.Init`` model (deepspeed
+    0.19.8 ``stage3.py``: each trained parameter's ``ceil(numel / dp)``-element partition in the flat bf16 buffer,
+    ``fp16_partitioned_groups_flat``, and its fp32 master partition): the ZeRO-3 LoRA rank whose items read its
+    coordinator (``frameworks.deepspeed_zero3_coordinated``: bf16 adapters, ``zero_lora.lora_zero3_units``, held
+    to the CPU traces through the stream)."""
+    from memsim_widget.engine.frameworks import deepspeed_zero3_coordinated
+
+    return not ctx.full_training and ctx.par.zero >= 3 and deepspeed_zero3_coordinated(ctx)
 
 
 def _adapter_shard(ctx: Context, trainable: list[tuple[tuple[int, ...], int, int]]) -> int:

@@ -17,7 +17,7 @@ STATE_GROUPS = (
     "persistent",  # parameters and optimizer states held for the run (step 1: no optimizer states yet)
     "overhead",  # cuBLAS workspaces and other allocator-level buffers held for the run
     "grads_carried",  # gradients an earlier micro-batch already accumulated (grad accumulation, 1F1B)
-    "gathered_at_loss",  # the FSDP2 units held gathered while the loss runs (none if the root resharded)
+    "gathered_at_loss",  # the units held gathered while the loss runs (FSDP2: none if the root resharded)
     "kept_unsharded",  # FSDP without reshard after forward: every layer stays gathered until its backward
     "kept_unsharded_last",  # ... and the last stage's head and final norm
     "head_grads",  # at the top of backward: the carried gradients, else the head's (on the last stage)
@@ -34,7 +34,8 @@ STATE_GROUPS = (
     "grads",  # every gradient
     "tied_sum",  # a tied embedding's backward: its gradient and the head's, beside their sum
     "step_persistent",  # parameters and optimizer states at the optimizer step (they exist from step 1 on)
-    "step_temps",  # the optimizer step's temporaries (tensor level)
+    "step_temps",  # the optimizer step's temporaries (tensor level; the allocation streams read them)
+    "step_temps_sub",  # ... as the step's moment meets them (DeepSpeed ZeRO-3: one sub group's; else the same)
     "step_grads",  # the gradients the optimizer steps (a pipeline over FSDP2: the shards, not the accumulation)
     "grads_next",  # GPipe's second backward: every gradient, made by the first (none with optimizer-in-backward)
     "gathered_next",  # ... over FSDP2: the root and every layer still gathered from the first backward
@@ -46,6 +47,11 @@ STATE_GROUPS = (
     "tied_head_part",  # one GPU: the tied head's part of the embeddings' gradient, in autograd's buffer
     "bottom_new",  # one GPU: the embeddings' gradient parts (tied) or new gradient (a later micro-batch)
 )
+
+#: State groups no moment reads, built for the allocation streams: the step's temporaries as the optimizer's
+#: items count them, which a stream spreads per parameter or per partition element (``alloc_stream``,
+#: ``zero3_stream.per_element``); the step's moment reads ``step_temps_sub``.
+STREAM_GROUPS = ("step_temps",)
 
 #: Activation groups (``engine/activations.ActivationBudget`` terms times layers and micro-batches).
 ACTIVATION_GROUPS = (
@@ -243,7 +249,7 @@ MOMENT_TABLE = (
             "overhead",
             "receive_buffers",
             "step_grads",
-            "step_temps",
+            "step_temps_sub",
             "held_through_step",
         ),
         only_if=OPTIMIZER_STEPS,

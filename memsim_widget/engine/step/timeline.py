@@ -227,9 +227,11 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "new_grad_next": states.new_grad_next,
         "chunk_gathered": states.chunk_gathered,
         "gathered": states.gathered,
+        "gathered_loss": states.gathered_loss or states.gathered,
         "gathered_grads": states.gathered_grads,
         "step_temps_all": states.step_temps,
         "step_temps": [i for i in states.step_temps if i.level == "tensor"],
+        "step_temps_sub": [i for i in states.step_temps_sub or states.step_temps if i.level == "tensor"],
         "kept_unsharded": states.kept_unsharded,
         "kept_unsharded_last": states.kept_unsharded_last,
         "root_reduce": states.root_reduce,
@@ -254,8 +256,9 @@ def state_group_table(
         "overhead": overhead,
         # carried 2: the last stage's loss moments meet only the gradients that exist then (loss_grads)
         "grads_carried": where(carried == 2, s["loss_grads"], grads_in_fwd),
-        # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it)
-        "gathered_at_loss": where(resharded, none, s["gathered"]),
+        # the units FSDP2 holds gathered while the loss runs (none when the root resharded before it); DeepSpeed's
+        # coordinator, what it keeps for reuse and has prefetched (frameworks.deepspeed_zero3_coordinated)
+        "gathered_at_loss": where(resharded, none, s["gathered_loss"]),
         "kept_unsharded": s["kept_unsharded"],  # every layer, without reshard after forward
         "kept_unsharded_last": s["kept_unsharded_last"],
         # only the head's gradients made at the top of backward (beside those carried)
@@ -276,6 +279,7 @@ def state_group_table(
         "tied_sum": s["tied_sum"],  # a tied embedding's two gradients beside their sum
         "step_persistent": s["persistent"],  # the steady state: optimizer states exist
         "step_temps": s["step_temps"],
+        "step_temps_sub": s["step_temps_sub"],
         "step_grads": s["step_grads"],
         # GPipe's second backward (engine/parallel/pipeline next_backward_count): gated on the activation side
         "grads_next": where(in_backward, none, s["grads"]),
