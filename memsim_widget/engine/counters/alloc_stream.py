@@ -102,7 +102,12 @@ from memsim_widget.engine.counters.offload_stream import (
 )
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.counters.pp_stream import PipelineStage, pipeline_stage, pp_replayable, run_schedule
-from memsim_widget.engine.counters.replayable import ddp_replayable, zero3_replayable, zero12_replayable
+from memsim_widget.engine.counters.replayable import (
+    ddp_replayable,
+    fsdp2_replayable,
+    zero3_replayable,
+    zero12_replayable,
+)
 from memsim_widget.engine.counters.tp_stream import (
     EMBEDDING_GRAD,
     HEAD_GATHER,
@@ -1422,7 +1427,9 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient. A DeepSpeed
     ZeRO-3 rank's eager-attention layer op by op (``activations/eager_core_steps``: held to its CPU trace; the
     other data-parallel streams keep the items, not compared with these steps)."""
-    core = zero3_replayable(ctx) and eager_core_steps.applies(ctx)
+    core = (
+        zero3_replayable(ctx) or (fsdp2_replayable(ctx) and ctx.full_training)
+    ) and eager_core_steps.applies(ctx)
     return {
         LAYER_FORWARD: (eager_core_steps.layer_forward(ctx) if core else ())
         or eager_layer_forward_transients(ctx)

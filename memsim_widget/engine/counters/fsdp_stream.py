@@ -270,7 +270,7 @@ class Fsdp2Writer:
             self.layer_backward_start(i)
             recomputed = s.items(a["recompute"])
             grads = self.unsharded_grads(u.layer[::-1], i)  # autograd: the MLP's first, the input norm's last
-            transient = s.items(a["layer_backward"])
+            transient = layer_backward_buffers(s, a, saved[i])
             s.free(transient + recomputed + saved[i])
             self.post_backward(grads, key=i)
         full = self.partial_embedding_grads(a)
@@ -302,6 +302,33 @@ class Fsdp2Writer:
         the layers' in turn, the root's with the head's, last)."""
         self.s.free(self.grads)
         self.grads = []
+
+
+def layer_backward_buffers(s: Any, a: dict[str, Sequence[Any]], saved: list[int]) -> list[int]:
+    """A layer's backward buffers on a sharded rank (``Fsdp2Writer``'s and ``zero3_stream.Zero3Writer``'s, whose
+    gradients are their own, made at the layer's start): op by op where ``a`` lists the layer's steps
+    (``compiled_backward.LAYER_BACKWARD``: an eager-attention layer, ``activations/eager_core_steps``; each
+    buffer made and freed in order, each saved tensor freed, and dropped from ``saved``, where its ``FREE_SAVED``
+    step says; a gradient step names nothing made here), else the ``layer_backward`` items. The handles still
+    alive, CUDA's scratch items among them."""
+    from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, LAYER_BACKWARD
+
+    steps = a.get(LAYER_BACKWARD, ())
+    if not steps:
+        return s.items(a["layer_backward"])
+    kept = dict(enumerate(saved))
+    live: dict[str, list[int]] = {}
+    for name, size in steps:
+        if name.startswith(FREE_SAVED):
+            s.free([kept.pop(int(name[len(FREE_SAVED) :]))])
+        elif size > 0:
+            live[name] = s.alloc(size)
+        elif name in live:  # a gradient or CUDA-scratch step names nothing made here
+            s.free(live.pop(name))
+    saved[:] = kept.values()
+    return [h for hs in live.values() for h in hs] + s.items(
+        [x for x in a["layer_backward"] if x.level == "allocator"]
+    )
 
 
 def trains(t: tuple[int, ...]) -> bool:
