@@ -131,7 +131,8 @@ def change(x: int, base: int) -> str:
 #: allocation stream, handles renumbered in order of first use, with the torch and transformers versions it ran
 #: under), so that a test holds the engine's stream to it without tracing (``recorded_events``);
 #: ``benchmarks/allocator_replay_fsdp.py --record`` writes them. Eager attention (the T x T scores) on an FSDP2
-#: and a DDP rank of the small Llama with the real 32k vocabulary, without and with full checkpointing.
+#: and a DDP rank of the small Llama with the real 32k vocabulary, without and with full checkpointing; on the
+#: FSDP2 rank Megatron's selective checkpointing too (``_selective_traced``).
 RECORDED: dict[str, dict[str, Any]] = {
     f"{kind}-dp4-eager{'-ckpt' if ckpt else ''}": {
         **BASE,
@@ -142,6 +143,14 @@ RECORDED: dict[str, dict[str, Any]] = {
     }
     for kind in ("fsdp2", "ddp")
     for ckpt in (False, True)
+} | {
+    "fsdp2-dp4-eager-selective": {
+        **BASE,
+        "model": "llama-h512-v32k",
+        "parallel": {"dp": 4, "zero": 3},
+        "attention": "eager",
+        "activation_checkpointing": "selective",
+    }
 }
 
 
@@ -167,7 +176,11 @@ def write_recorded(name: str) -> Any:
     import torch
     import transformers
 
-    r = stream_and_trace(recorded_scenario(name))
+    d = recorded_scenario(name)
+    with (
+        _selective_traced() if d.get("activation_checkpointing") == "selective" else contextlib.nullcontext()
+    ):
+        r = stream_and_trace({**d, "activation_checkpointing": "none"} if "selective" in name else d)
     ids: dict[int, int] = {}
     events = [[ids.setdefault(h, len(ids)), size, st] for h, size, st in r.events]
     body = {
@@ -179,6 +192,34 @@ def write_recorded(name: str) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(json.dumps(body, separators=(",", ":")).encode(), 9, mtime=0))
     return path
+
+
+@contextlib.contextmanager
+def _selective_traced() -> Any:
+    """HF's models have no Megatron selective checkpointing to trace (``trace_scenario`` refuses it): while this
+    runs, the traced model's attention is ``benchmarks/zero_trace._selective_attention``'s (eager's core under a
+    non-reentrant checkpoint of its own, with eager's causal mask), so a trace without checkpointing is the
+    selective one."""
+    import sys
+    from pathlib import Path
+
+    import memsim_widget.trace.distributed as dist
+    import memsim_widget.trace.hf as hf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from zero_trace import _selective_attention
+
+    core, build = _selective_attention(), hf.build_hf_model
+
+    def selective(cfg: Any, dtype: Any, attention: str) -> Any:
+        cfg._attn_implementation = core
+        return build(cfg, dtype, core)
+
+    hf.build_hf_model = dist.build_hf_model = selective  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        hf.build_hf_model = dist.build_hf_model = build  # type: ignore[assignment]
 
 
 def recorded_events(name: str) -> list[Event]:

@@ -526,16 +526,21 @@ def _replays_as_its_trace(d: dict, allocated_within: float = 0.005) -> None:
 
 @pytest.mark.parametrize(
     ("name", "traced"),
-    [("fsdp2-dp4-eager", (1_111_490_560, 805_390_336)), ("fsdp2-dp4-eager-ckpt", (935_329_792, 612_554_752))],
+    [
+        ("fsdp2-dp4-eager", (1_111_490_560, 805_390_336)),
+        ("fsdp2-dp4-eager-ckpt", (935_329_792, 612_554_752)),
+        ("fsdp2-dp4-eager-selective", (1_021_313_024, 701_323_264)),
+    ],
 )
 def test_eager_attention_on_an_fsdp2_rank_replays_as_its_recorded_trace(name: str, traced: tuple) -> None:
     """transformers' eager attention (the T x T scores, softmax and context) on an FSDP2 rank of the small Llama
-    with its 32k vocabulary (dp 4, 2 x 512 tokens, without and with full checkpointing;
-    ``stream_vs_trace.RECORDED``, traced by ``benchmarks/allocator_replay_fsdp.py --record``): the engine's stream,
-    the layer written op by op (``activations/eager_core_steps``, as on a ZeRO-3 rank; checkpointed, its forward
-    saving nothing and its recompute), replays within 1% reserved and 0.5% allocated of the recorded trace.
-    Measured -0.75% / -0.00% and +0.00% / -0.17% (-3.96% / -0.09% and -1.57% / -0.30% when the layer, its
-    checkpointed forward and its recompute were the engine's items)."""
+    with its 32k vocabulary (dp 4, 2 x 512 tokens, without checkpointing, with full checkpointing and with
+    Megatron's selective one of the eager core; ``stream_vs_trace.RECORDED``, traced by
+    ``benchmarks/allocator_replay_fsdp.py --record``): the engine's stream, the layer written op by op
+    (``activations/eager_core_steps``, as on a ZeRO-3 rank; fully checkpointed, its forward saving nothing and its
+    recompute; selective, the core's recompute), replays within 1% reserved and 0.5% allocated of the recorded
+    trace. Measured -0.75% / -0.00%, +0.00% / -0.17% and -0.21% / -0.15% (-3.96% / -0.09%, -1.57% / -0.30% and
+    -3.69% / +0.23% when they were the engine's items)."""
     from stream_vs_trace import recorded_figures
 
     t, ours = recorded_figures(name)

@@ -1,7 +1,9 @@
 """A Llama layer with transformers' eager attention, op by op: its forward and backward as
 ``engine/activations/eager_steps`` writes an SDPA layer's, with the eager attention core (the T x T scores,
 softmax and context) in place of SDPA's kernel, for the allocation stream of a DeepSpeed ZeRO-3 rank
-(``engine/counters/zero3_stream``; ``alloc_stream.layer_steps`` decides where these steps are used).
+(``engine/counters/zero3_stream``) and of an FSDP2 rank (``fsdp_stream``; there under full checkpointing too:
+``checkpointed_forward``, ``recompute_steps``, held to ``tests/data/stream_traces/fsdp2-dp4-eager-ckpt.json.gz``);
+``alloc_stream.layer_steps`` decides where these steps are used.
 
 The core's T x T buffers (b x a x s x s: 8 MiB in bf16 and 16 MiB in fp32 for the 4-layer h 512 Llama at 2 x 512)
 are the largest a layer makes; written as the engine's items (all of a layer's saved tensors at once, the

@@ -1427,8 +1427,9 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     forward and backward (a compiled layout's own, else the eager steps, else the items), the bottom layer's, the
     top tensors a compiled backward keeps, the final norm's forward and backward (on the last stage only), the
     layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient. A DeepSpeed
-    ZeRO-3 rank's eager-attention layer op by op (``activations/eager_core_steps``: held to its CPU trace; the
-    other data-parallel streams keep the items, not compared with these steps)."""
+    ZeRO-3 rank's and an FSDP2 rank's eager-attention layer op by op (``activations/eager_core_steps``: held to
+    their CPU traces; on an FSDP2 rank under full checkpointing too, its recompute at ``LAYER_RECOMPUTE``); the
+    DDP and ZeRO-1/2 streams keep the items (DDP's held to its traces within 1% so)."""
     fsdp2 = fsdp2_replayable(ctx) and ctx.full_training
     core = (zero3_replayable(ctx) or fsdp2) and eager_core_steps.applies(ctx)
     full = fsdp2 and eager_core_steps.applies_full(ctx)  # its recompute written by FSDP2's writer alone
