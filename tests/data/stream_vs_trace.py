@@ -181,7 +181,7 @@ def write_recorded(name: str) -> Any:
         _selective_traced() if d.get("activation_checkpointing") == "selective" else contextlib.nullcontext()
     ):
         r = stream_and_trace({**d, "activation_checkpointing": "none"} if "selective" in name else d)
-    ids: dict[int, int] = {}
+    ids: dict[object, int] = {}
     events = [[ids.setdefault(h, len(ids)), size, st] for h, size, st in r.events]
     body = {
         "scenario": RECORDED[name],
@@ -207,7 +207,7 @@ def _selective_traced() -> Any:
     import memsim_widget.trace.hf as hf
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from zero_trace import _selective_attention
+    from zero_trace import _selective_attention  # pyright: ignore[reportMissingImports]
 
     core, build = _selective_attention(), hf.build_hf_model
 
