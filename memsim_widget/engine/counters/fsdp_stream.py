@@ -316,9 +316,8 @@ def layer_recompute(s: Any, a: dict[str, Sequence[Any]], saved: list[int]) -> tu
     if not steps:
         return s.items(a["recompute"]), saved
     live: dict[str, list[int]] = {}
-    placed: dict[
-        int, list[int]
-    ] = {}  # its saved tensors, each made with its size where its SAVED_AT step says
+    # its saved tensors, each made with its size where its SAVED_AT step says
+    placed: dict[int, list[int]] = {}
     for name, size in steps:
         if name.startswith(SAVED_AT):
             placed[int(name[len(SAVED_AT) :])] = s.alloc(size)
