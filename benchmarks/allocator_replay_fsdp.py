@@ -8,7 +8,9 @@ carried streams), the engine stream's, and the fitted rule's reserved (``reserve
 estimate gave FSDP2 ranks before the replay covered them); the figures are ``tests/data/stream_vs_trace.figures``.
 Nothing is fitted.
 
-Run: python benchmarks/allocator_replay_fsdp.py [-k TEXT]
+Run: python benchmarks/allocator_replay_fsdp.py [-k TEXT]; ``--record`` traces the cases the tests read as
+recordings (``stream_vs_trace.RECORDED``: eager attention on FSDP2 and DDP ranks) and writes them to
+tests/data/stream_traces/, then prints each recording's replay beside the engine's stream.
 """
 
 from __future__ import annotations
@@ -143,10 +145,32 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     return out + TORCHTUNE
 
 
+def record() -> None:
+    """Write each of ``RECORDED``'s recordings and print its replay beside the engine's stream."""
+    from stream_vs_trace import RECORDED, recorded_figures, write_recorded
+
+    print("| recording | bytes | trace reserved | engine stream | trace allocated | engine stream |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in RECORDED:
+        path = write_recorded(name)
+        t, s = recorded_figures(name)
+        print(
+            f"| {name} | {path.stat().st_size:,} | {t.peak_reserved:,} B | {change(s.peak_reserved, t.peak_reserved)} "
+            f"| {t.peak_allocated:,} B | {change(s.peak_allocated, t.peak_allocated)} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="only the cases whose name contains this")
+    ap.add_argument(
+        "--record", action="store_true", help="write the recordings the tests read, then print them"
+    )
     args = ap.parse_args()
+    if args.record:
+        record()
+        return
     print(
         "| case | trace replay (per stream) | on one stream | engine stream | fitted rule | allocated: trace, stream |"
     )

@@ -125,3 +125,124 @@ def compiled_figures(name: str, inductor: bool = False, timeout: float | None = 
 def change(x: int, base: int) -> str:
     """``x`` against ``base`` as the benchmarks print it: a signed percentage, two decimals."""
     return f"{(x - base) / base:+.2%}"
+
+
+#: Scenarios whose traced rank is kept as a recording (``tests/data/stream_traces/<name>.json.gz``: the trace's
+#: allocation stream, handles renumbered in order of first use, with the torch and transformers versions it ran
+#: under), so that a test holds the engine's stream to it without tracing (``recorded_events``);
+#: ``benchmarks/allocator_replay_fsdp.py --record`` writes them. Eager attention (the T x T scores) on an FSDP2
+#: and a DDP rank of the small Llama with the real 32k vocabulary, without and with full checkpointing; on the
+#: FSDP2 rank Megatron's selective checkpointing too (``_selective_traced``).
+RECORDED: dict[str, dict[str, Any]] = {
+    f"{kind}-dp4-eager{'-ckpt' if ckpt else ''}": {
+        **BASE,
+        "model": "llama-h512-v32k",
+        "parallel": {"dp": 4, **({"zero": 3} if kind == "fsdp2" else {})},
+        "attention": "eager",
+        **({"activation_checkpointing": "full"} if ckpt else {}),
+    }
+    for kind in ("fsdp2", "ddp")
+    for ckpt in (False, True)
+} | {
+    "fsdp2-dp4-eager-selective": {
+        **BASE,
+        "model": "llama-h512-v32k",
+        "parallel": {"dp": 4, "zero": 3},
+        "attention": "eager",
+        "activation_checkpointing": "selective",
+    }
+}
+
+
+def recorded_scenario(name: str) -> dict[str, Any]:
+    """``RECORDED[name]`` with its model's config (``fidelity_cases.LLAMA_H512_V32K``)."""
+    from fidelity_cases import LLAMA_H512_V32K
+
+    return {**RECORDED[name], "model": LLAMA_H512_V32K}
+
+
+def _recording(name: str) -> Any:
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "stream_traces" / f"{name}.json.gz"
+
+
+def write_recorded(name: str) -> Any:
+    """Trace ``RECORDED[name]`` and write its allocation stream (``stream_and_trace``'s events, the cuBLAS
+    workspaces included) as gzip'd JSON, byte for byte the same for the same trace; its path."""
+    import gzip
+    import json
+
+    import torch
+    import transformers
+
+    d = recorded_scenario(name)
+    with (
+        _selective_traced() if d.get("activation_checkpointing") == "selective" else contextlib.nullcontext()
+    ):
+        r = stream_and_trace({**d, "activation_checkpointing": "none"} if "selective" in name else d)
+    ids: dict[object, int] = {}
+    events = [[ids.setdefault(h, len(ids)), size, st] for h, size, st in r.events]
+    body = {
+        "scenario": RECORDED[name],
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "events": events,
+    }
+    path = _recording(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(json.dumps(body, separators=(",", ":")).encode(), 9, mtime=0))
+    return path
+
+
+@contextlib.contextmanager
+def _selective_traced() -> Any:
+    """HF's models have no Megatron selective checkpointing to trace (``trace_scenario`` refuses it): while this
+    runs, the traced model's attention is ``benchmarks/zero_trace._selective_attention``'s (eager's core under a
+    non-reentrant checkpoint of its own, with eager's causal mask), so a trace without checkpointing is the
+    selective one."""
+    import sys
+    from pathlib import Path
+
+    import memsim_widget.trace.distributed as dist
+    import memsim_widget.trace.hf as hf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from zero_trace import _selective_attention  # pyright: ignore[reportMissingImports]
+
+    core, build = _selective_attention(), hf.build_hf_model
+
+    def selective(cfg: Any, dtype: Any, attention: str) -> Any:
+        cfg._attn_implementation = core
+        return build(cfg, dtype, core)
+
+    hf.build_hf_model = dist.build_hf_model = selective  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        hf.build_hf_model = dist.build_hf_model = build  # type: ignore[assignment]
+
+
+def recorded_events(name: str) -> list[Event]:
+    """The recorded allocation stream of ``RECORDED[name]`` (``write_recorded``): (handle, bytes, CUDA stream)."""
+    import gzip
+    import json
+
+    body = json.loads(gzip.decompress(_recording(name).read_bytes()))
+    assert body["scenario"] == RECORDED[name], f"{name}: recorded for another scenario: rerun --record"
+    return [(h, size, st) for h, size, st in body["events"]]
+
+
+def recorded_figures(name: str) -> tuple[ReplayResult, PoolReplay]:
+    """The recorded trace of ``RECORDED[name]`` replayed (per CUDA stream, the scenario's allocator settings) and
+    the engine's stream of the same step (``stream_and_trace``'s, without tracing)."""
+    from memsim_widget.engine.counters.alloc_stream import rank_stream, replay_stream
+    from memsim_widget.engine.counters.allocator import replay
+    from memsim_widget.engine.frameworks import allocator_conf
+    from memsim_widget.engine.rl import objectives
+    from memsim_widget.scenario import Scenario
+
+    sc = Scenario.from_dict({**recorded_scenario(name), "reserved_model": "replay"})
+    conf = allocator_conf(Context(sc))
+    ctx = Context(objectives.training_scenario(sc))
+    stream = replay_stream(rank_stream(ctx, ctx.stages[0]), allocator_conf(ctx))
+    return replay(recorded_events(name), conf=conf), stream

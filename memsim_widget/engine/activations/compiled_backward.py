@@ -34,6 +34,10 @@ GRADS = "grad "
 #: The key of a layer's backward steps in the stream's activation groups (``alloc_stream.layer_steps``; absent or
 #: empty: the ``layer_backward`` items), read by the stream and the ZeRO-3 writer (``zero3_stream``).
 LAYER_BACKWARD = "layer_backward_steps"
+#: The key of a fully checkpointed layer's recompute steps (``activations/eager_core_steps.recompute_steps``: its
+#: saved tensors at their places; absent or empty: the ``recompute`` items), read by the stream's forward (where
+#: they are, the checkpointed forward is its own steps: no ``recompute`` items) and FSDP2's writer.
+LAYER_RECOMPUTE = "layer_recompute_steps"
 #: The prefix of a step that frees one of the layer's saved tensors, by its place among them (``compiled.
 #: compiled_activations``' per-layer terms in order, each term's tensors in turn): 0 and 1 the residual stream at
 #: the input and after attention, 2 and 3 the norms' outputs, 4 and 5 their rsqrts, 6 q after RoPE, 7 the

@@ -1,7 +1,9 @@
 """A Llama layer with transformers' eager attention, op by op: its forward and backward as
 ``engine/activations/eager_steps`` writes an SDPA layer's, with the eager attention core (the T x T scores,
 softmax and context) in place of SDPA's kernel, for the allocation stream of a DeepSpeed ZeRO-3 rank
-(``engine/counters/zero3_stream``; ``alloc_stream.layer_steps`` decides where these steps are used).
+(``engine/counters/zero3_stream``) and of an FSDP2 rank (``fsdp_stream``; there under full checkpointing too:
+``checkpointed_forward``, ``recompute_steps``, held to ``tests/data/stream_traces/fsdp2-dp4-eager-ckpt.json.gz``);
+``alloc_stream.layer_steps`` decides where these steps are used.
 
 The core's T x T buffers (b x a x s x s: 8 MiB in bf16 and 16 MiB in fp32 for the 4-layer h 512 Llama at 2 x 512)
 are the largest a layer makes; written as the engine's items (all of a layer's saved tensors at once, the
@@ -69,12 +71,25 @@ SHIFT, SELECTIVE_SHIFT = 1, -1
 
 
 def applies(ctx: Any) -> bool:
+    """A transformers Llama-style layer (``_layer``) without checkpointing or under Megatron's selective one (the
+    core under a non-reentrant checkpoint of its own): the layer these steps describe. Where the stream uses them
+    is ``alloc_stream.layer_steps``' choice (a DeepSpeed ZeRO-3 or an FSDP2 rank)."""
+    return _layer(ctx) and ctx.scenario.activation_checkpointing in ("none", "selective")
+
+
+def applies_full(ctx: Any) -> bool:
+    """The same layer under full checkpointing of every layer (HF's, non-reentrant): its forward saving nothing
+    but its input (``checkpointed_forward``), its recompute in the backward (``recompute_steps``) and the
+    unchecked layer's backward (``checkpointed_backward``)."""
+    sc = ctx.scenario
+    return _layer(ctx) and sc.activation_checkpointing == "full" and sc.checkpoint_every in (None, 1)
+
+
+def _layer(ctx: Any) -> bool:
     """A transformers Llama-style layer (two RMSNorms of 16-bit weights, SwiGLU, grouped k/v, no q/k norms) with
     eager attention, as HF builds it under HF's Trainer or DeepSpeed's engine, its activations 16-bit (a bf16 or
-    fp16 model, or DeepSpeed's ``mixed-bf16``: the model cast to bf16, no autocast), full training, no
-    checkpointing or Megatron's selective one (the core under a non-reentrant checkpoint of its own), not compiled, a causal additive mask and no dropout, the softmax in fp32 cast back (Llama's):
-    the layer these steps describe. Where the stream uses them is ``alloc_stream.layer_steps``' choice (a
-    DeepSpeed ZeRO-3 rank)."""
+    fp16 model, or DeepSpeed's ``mixed-bf16``: the model cast to bf16, no autocast), full training, not compiled,
+    a causal additive mask and no dropout, the softmax in fp32 cast back (Llama's)."""
     a, sc = ctx.arch, ctx.scenario
     af, nf = a.facts.attention, a.facts.norm
     return (
@@ -83,7 +98,6 @@ def applies(ctx: Any) -> bool:
         and a.attention_kernel(sc.attention) == "eager"
         and ctx.recipe.act_bytes == 2
         and sc.method == "full"
-        and sc.activation_checkpointing in ("none", "selective")
         and a.norm == "rmsnorm"
         and a.mlp_activation == "swiglu"
         and (nf.per_layer, nf.qk, nf.one_plus_weight, nf.weight_fp32, nf.post_norms)
@@ -153,8 +167,11 @@ def layer_forward(ctx: Any) -> tuple[Step, ...]:
     """An eager Llama layer's forward op by op (``forward.Step``s, saved tensors by place), where ``applies``;
     else empty. Under selective checkpointing the checkpoint saves its inputs (v as made, q and k after RoPE:
     their own sizes, k/v-sized for k and v, where the engine's item counts k and v repeated)."""
-    if not applies(ctx):
-        return ()
+    return _forward(ctx) if applies(ctx) else ()
+
+
+def _forward(ctx: Any) -> tuple[Step, ...]:
+    """``layer_forward``'s steps (under full checkpointing: the unchecked layer's, which the recompute repeats)."""
     x, q, kv, _ = _sizes(ctx)
     mlp = _places(ctx)[1:]
 
@@ -208,3 +225,87 @@ def layer_backward_steps(ctx: Any) -> tuple[Step, ...]:
     if not applies(ctx):
         return ()
     return layer_backward(ctx, core_backward(ctx), SELECTIVE_SHIFT if _selective(ctx) else SHIFT)
+
+
+def _place_sizes(ctx: Any) -> dict[int, int]:
+    """The bytes of the unchecked layer's saved tensors by place (the norms' as ``eager_steps.norm_forward`` makes
+    them; q's copy and ``repeat_kv``'s k and v query-sized)."""
+    from memsim_widget.engine.activations.dims import Dims
+    from memsim_widget.engine.activations.eager_steps import POST_CAST, POST_FP32, POST_RSQRT
+
+    D = Dims(ctx)
+    x, q, _, ss = _sizes(ctx)
+    f, r, i = 2 * x, 4 * D.T, 2 * D.T * D.I
+    sizes = {IN_FP32: f, POST_FP32: f, IN_RSQRT: r, POST_RSQRT: r, IN_CAST: x, POST_CAST: x, ATTN_IN: x}
+    sizes |= {MLP_IN: x, Q: q, K: q, V: q, PROBS: 2 * ss, PROBS_CAST: ss, CONTEXT: q}
+    return sizes | {p + SHIFT: i for p in (GATE, ACT, UP, DOWN_IN)}
+
+
+def recompute_steps(ctx: Any) -> tuple[Step, ...]:
+    """A fully checkpointed layer's recompute in the backward (torch 2.13.0 ``utils/checkpoint.py``,
+    non-reentrant): the unchecked layer's forward (``_forward``), each saved tensor at its place with its own size,
+    stopped once the last one is made (the checkpoint's early stop: down's projection and the residual add are not
+    run again), the transients still alive then freed; the input is the checkpoint's (no ``IN``). Where
+    ``applies_full``; else empty."""
+    if not applies_full(ctx):
+        return ()
+    sizes = _place_sizes(ctx)
+    steps = [st for st in _forward(ctx) if st[0] != IN]
+    last = max(k for k, (name, _) in enumerate(steps) if name.startswith(SAVED_AT))
+    out: list[Step] = []
+    live: list[str] = []
+    for name, size in steps[: last + 1]:
+        if name.startswith(SAVED_AT):
+            out.append((name, sizes[int(name[len(SAVED_AT) :])]))
+            continue
+        out.append((name, size))
+        if size > 0:
+            live.append(name)
+        elif name in live:
+            live.remove(name)
+    return (*out, *((n, 0) for n in live))
+
+
+def checkpointed_backward(ctx: Any) -> tuple[Step, ...]:
+    """A fully checkpointed layer's backward once ``recompute_steps`` has run: the unchecked layer's
+    (``eager_steps.layer_backward`` with ``core_backward``) on the recomputed tensors. Where ``applies_full``."""
+    return layer_backward(ctx, core_backward(ctx), SHIFT) if applies_full(ctx) else ()
+
+
+def checkpointed_forward(ctx: Any) -> tuple[Step, ...]:
+    """A fully checkpointed layer's forward (HF's non-reentrant ``checkpoint``: nothing saved but its input, the
+    checkpoint's saved term, made as the layer starts while its input is freed), each tensor freed where Python
+    drops its last reference (transformers 5.24.0 ``LlamaDecoderLayer.forward``, ``LlamaAttention.forward``,
+    ``eager_attention_forward``, ``LlamaRMSNorm.forward``, ``LlamaMLP.forward``): each norm's fp32 input and rsqrt
+    once ``x * rsqrt`` is made, its 16-bit cast once the weight's product is, ``x * rsqrt`` and the mean as it
+    returns; the input norm's output alive until the attention returns; the core's scores, each freed as the
+    next is made, its fp32 probabilities once cast and the masked scores after (one statement), the cast (the
+    attention's returned weights) to the layer's end, ``repeat_kv``'s k and v as the core returns, the context
+    once made contiguous and that copy once o_proj has run, q, k, v after RoPE to the attention's return; the
+    MLP's gate output once ``silu`` has run, ``silu``'s and up's once multiplied, their product once down has run,
+    the post norm's output as the MLP returns. Where ``applies_full``; else empty."""
+    if not applies_full(ctx):
+        return ()
+    from memsim_widget.engine.activations.dims import Dims
+    from memsim_widget.engine.activations.forward import SAVED
+
+    x, q, kv, ss = _sizes(ctx)
+    f, r, i = 2 * x, 4 * Dims(ctx).T, 2 * Dims(ctx).T * Dims(ctx).I
+
+    def norm(n: str) -> tuple[Step, ...]:
+        return (
+            ("fp", f), ("pow", f), ("mean", r), ("pow", 0), ("eps", r), ("rs", r), ("eps", 0), ("xr", f),
+            ("fp", 0), ("rs", 0), ("cast16", x), (n, x), ("cast16", 0), ("xr", 0), ("mean", 0),
+        )  # fmt: skip
+
+    return (
+        (SAVED, -1), (IN, 0), *norm("ain"),
+        ("q", q), ("k", kv), ("v", kv), *rope_forward(q, (("qe", q),)), *rope_forward(kv, (("ke", kv),)),
+        ("q", 0), ("k", 0), ("kr", q), ("vr", q), ("qc", q), ("s1", ss), ("qc", 0), ("s2", ss), ("s1", 0),
+        ("s3", ss), ("s2", 0), ("f", 2 * ss), ("sm", 2 * ss), ("f", 0), ("cast", ss), ("sm", 0), ("s3", 0),
+        ("ctx", q), ("ctxc", q), ("ctx", 0),
+        ("kr", 0), ("vr", 0), ("o", x), ("ctxc", 0), ("v", 0), ("qe", 0), ("ke", 0), ("ain", 0),
+        ("res", x), ("o", 0), *norm("min"),
+        ("g", i), ("a", i), ("g", 0), ("u", i), ("p", i), ("a", 0), ("u", 0), ("down", x), ("p", 0), ("min", 0),
+        (OUT, x), ("down", 0), ("cast", 0), ("res", 0),
+    )  # fmt: skip

@@ -40,6 +40,7 @@ from memsim_widget.engine.activations.compiled_backward import (
     FREE_SAVED,
     GRADS,
     LAYER_BACKWARD,
+    LAYER_RECOMPUTE,
     RELEASE,
     TANGENT,
 )
@@ -102,7 +103,12 @@ from memsim_widget.engine.counters.offload_stream import (
 )
 from memsim_widget.engine.counters.overhead import AUTOGRAD_HANDLES, WORKSPACE_ITEM
 from memsim_widget.engine.counters.pp_stream import PipelineStage, pipeline_stage, pp_replayable, run_schedule
-from memsim_widget.engine.counters.replayable import ddp_replayable, zero3_replayable, zero12_replayable
+from memsim_widget.engine.counters.replayable import (
+    ddp_replayable,
+    fsdp2_replayable,
+    zero3_replayable,
+    zero12_replayable,
+)
 from memsim_widget.engine.counters.tp_stream import (
     EMBEDDING_GRAD,
     HEAD_GATHER,
@@ -744,7 +750,8 @@ def micro_forward(
         begin = s.here() if i == 1 else begin
         if comm is not None:
             comm.layer_forward_start()
-        transient = s.items(a["recompute"])  # a checkpointed layer's forward: dropped but its input
+        # a checkpointed layer's forward: dropped but its input (written op by op where its recompute is)
+        transient = [] if a.get(LAYER_RECOMPUTE) else s.items(a["recompute"])
         steps = (a.get(FIRST_LAYER_FORWARD) or fwd) if i == 0 else fwd
         hidden, kept = _layer_saved(s, steps, hidden, a["saved"], share, off, cache, pending, i == 0)
         saved.append(kept)
@@ -1420,18 +1427,24 @@ def layer_steps(ctx: Any, last: bool = True) -> dict[str, Sequence[Any]]:
     forward and backward (a compiled layout's own, else the eager steps, else the items), the bottom layer's, the
     top tensors a compiled backward keeps, the final norm's forward and backward (on the last stage only), the
     layers' norms' backward, the rotary buffers, TP's gathered head and the full embedding gradient. A DeepSpeed
-    ZeRO-3 rank's eager-attention layer op by op (``activations/eager_core_steps``: held to its CPU trace; the
-    other data-parallel streams keep the items, not compared with these steps)."""
-    core = zero3_replayable(ctx) and eager_core_steps.applies(ctx)
+    ZeRO-3 rank's and an FSDP2 rank's eager-attention layer op by op (``activations/eager_core_steps``: held to
+    their CPU traces; on an FSDP2 rank under full checkpointing too, its recompute at ``LAYER_RECOMPUTE``); the
+    DDP and ZeRO-1/2 streams keep the items (DDP's held to its traces within 1% so)."""
+    fsdp2 = fsdp2_replayable(ctx) and ctx.full_training
+    core = (zero3_replayable(ctx) or fsdp2) and eager_core_steps.applies(ctx)
+    full = fsdp2 and eager_core_steps.applies_full(ctx)  # its recompute written by FSDP2's writer alone
     return {
         LAYER_FORWARD: (eager_core_steps.layer_forward(ctx) if core else ())
+        or (eager_core_steps.checkpointed_forward(ctx) if full else ())
         or eager_layer_forward_transients(ctx)
         or layer_forward_steps(ctx),
         FIRST_LAYER_FORWARD: first_layer_forward_steps(ctx),
         BOTTOM_ORDER: bottom_order(ctx),
         LAYER_BACKWARD: layer_backward_steps(ctx)
         or eager_layer_backward_transients(ctx)
-        or (eager_core_steps.layer_backward_steps(ctx) if core else ()),
+        or (eager_core_steps.layer_backward_steps(ctx) if core else ())
+        or (eager_core_steps.checkpointed_backward(ctx) if full else ()),
+        LAYER_RECOMPUTE: eager_core_steps.recompute_steps(ctx) if full else (),
         BOTTOM_LAYER_BACKWARD: bottom_layer_backward_steps(ctx),
         KEPT_TOP: kept_top(ctx),
         FINAL_NORM: (final_norm_transients(ctx) or final_norm_steps(ctx)) if last else (),

@@ -268,10 +268,10 @@ class Fsdp2Writer:
         s.free(done + s.items(a["top_backward"]))
         for i in reversed(range(len(saved))):
             self.layer_backward_start(i)
-            recomputed = s.items(a["recompute"])
+            recomputed, own = layer_recompute(s, a, saved[i])
             grads = self.unsharded_grads(u.layer[::-1], i)  # autograd: the MLP's first, the input norm's last
-            transient = s.items(a["layer_backward"])
-            s.free(transient + recomputed + saved[i])
+            transient = layer_backward_buffers(s, a, own)
+            s.free(transient + recomputed + saved[i] + ([] if own is saved[i] else own))
             self.post_backward(grads, key=i)
         full = self.partial_embedding_grads(a)
         bottom = self.unsharded_grads(u.root[: u.root_pre])
@@ -302,6 +302,57 @@ class Fsdp2Writer:
         the layers' in turn, the root's with the head's, last)."""
         self.s.free(self.grads)
         self.grads = []
+
+
+def layer_recompute(s: Any, a: dict[str, Sequence[Any]], saved: list[int]) -> tuple[list[int], list[int]]:
+    """A checkpointed layer's recompute before its backward: op by op where ``a`` lists its steps
+    (``compiled_backward.LAYER_RECOMPUTE``: an eager-attention layer, ``activations/eager_core_steps``), else the
+    ``recompute`` items: (what is freed with the layer's buffers, the saved tensors its backward frees by place:
+    the recomputed ones, else the layer's ``saved``)."""
+    from memsim_widget.engine.activations.compiled_backward import LAYER_RECOMPUTE
+    from memsim_widget.engine.activations.forward import SAVED_AT
+
+    steps = a.get(LAYER_RECOMPUTE, ())
+    if not steps:
+        return s.items(a["recompute"]), saved
+    live: dict[str, list[int]] = {}
+    # its saved tensors, each made with its size where its SAVED_AT step says
+    placed: dict[int, list[int]] = {}
+    for name, size in steps:
+        if name.startswith(SAVED_AT):
+            placed[int(name[len(SAVED_AT) :])] = s.alloc(size)
+        elif size > 0:
+            live[name] = s.alloc(size)
+        else:
+            s.free(live.pop(name))
+    return [h for hs in live.values() for h in hs], [h for p in sorted(placed) for h in placed[p]]
+
+
+def layer_backward_buffers(s: Any, a: dict[str, Sequence[Any]], saved: list[int]) -> list[int]:
+    """A layer's backward buffers on a sharded rank (``Fsdp2Writer``'s and ``zero3_stream.Zero3Writer``'s, whose
+    gradients are their own, made at the layer's start): op by op where ``a`` lists the layer's steps
+    (``compiled_backward.LAYER_BACKWARD``: an eager-attention layer, ``activations/eager_core_steps``; each
+    buffer made and freed in order, each saved tensor freed, and dropped from ``saved``, where its ``FREE_SAVED``
+    step says; a gradient step names nothing made here), else the ``layer_backward`` items. The handles still
+    alive, CUDA's scratch items among them."""
+    from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, LAYER_BACKWARD
+
+    steps = a.get(LAYER_BACKWARD, ())
+    if not steps:
+        return s.items(a["layer_backward"])
+    kept = dict(enumerate(saved))
+    live: dict[str, list[int]] = {}
+    for name, size in steps:
+        if name.startswith(FREE_SAVED):
+            s.free([kept.pop(int(name[len(FREE_SAVED) :]))])
+        elif size > 0:
+            live[name] = s.alloc(size)
+        elif name in live:  # a gradient or CUDA-scratch step names nothing made here
+            s.free(live.pop(name))
+    saved[:] = kept.values()
+    return [h for hs in live.values() for h in hs] + s.items(
+        [x for x in a["layer_backward"] if x.level == "allocator"]
+    )
 
 
 def trains(t: tuple[int, ...]) -> bool:

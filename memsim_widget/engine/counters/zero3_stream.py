@@ -479,29 +479,11 @@ class Zero3Writer:
         self._reduce()
 
     def _layer_backward(self, a: dict[str, Sequence[Any]], saved: list[int]) -> list[int]:
-        """A layer's backward buffers: op by op where ``a`` lists its steps (``compiled_backward.LAYER_BACKWARD``: an
-        eager-attention layer, ``activations/eager_core_steps``; each buffer made and freed in order, each saved
-        tensor freed, and dropped from ``saved``, where its ``FREE_SAVED`` step says; the gradients stay this
-        writer's, made at the layer's start), else the ``layer_backward`` items. The handles still alive."""
-        from memsim_widget.engine.activations.compiled_backward import FREE_SAVED, LAYER_BACKWARD
+        """A layer's backward buffers (``fsdp_stream.layer_backward_buffers``: op by op for an eager-attention
+        layer, else the ``layer_backward`` items); the gradients stay this writer's, made at the layer's start."""
+        from memsim_widget.engine.counters.fsdp_stream import layer_backward_buffers
 
-        s = self.s
-        steps = a.get(LAYER_BACKWARD, ())
-        if not steps:
-            return s.items(a["layer_backward"])
-        kept = dict(enumerate(saved))
-        live: dict[str, list[int]] = {}
-        for name, size in steps:
-            if name.startswith(FREE_SAVED):
-                s.free([kept.pop(int(name[len(FREE_SAVED) :]))])
-            elif size > 0:
-                live[name] = s.alloc(size)
-            elif name in live:  # a gradient or CUDA-scratch step names nothing made here
-                s.free(live.pop(name))
-        saved[:] = kept.values()
-        return [h for hs in live.values() for h in hs] + s.items(
-            [x for x in a["layer_backward"] if x.level == "allocator"]
-        )
+        return layer_backward_buffers(self.s, a, saved)
 
     def zero_grad(self) -> None:
         """The gradients live in the partitions' buffer: nothing to free."""
