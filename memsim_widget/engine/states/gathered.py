@@ -359,16 +359,7 @@ def _deepspeed_coordinator(ctx: Context, stage: Stage, b: StateBudget, per_layer
              max(g.in_backward_tensors, 1))
     )  # fmt: skip
     if ctx.full_training:
-        b.gathered_grads.append(
-            Item(
-                "gradients",
-                "ZeRO-3 unsharded gradients of one layer",
-                per_layer * grad_b,
-                f"{fmt_int(per_layer)} x {grad_b} B",
-                "tensor",
-                1,
-            )
-        )
+        b.gathered_grads.append(_layer_gradients(per_layer, grad_b))
     if ctx.par.offload == "none" and not ctx.scenario.optimizer_in_backward:
         _grad_partitions(b, u)
 
@@ -443,16 +434,7 @@ def _deepspeed_units(
             )
         )
     if ctx.full_training:
-        b.gathered_grads.append(
-            Item(
-                "gradients",
-                "ZeRO-3 unsharded gradients of one layer",
-                per_layer * grad_b,
-                f"{fmt_int(per_layer)} x {grad_b} B",
-                "tensor",
-                1,
-            )
-        )
+        b.gathered_grads.append(_layer_gradients(per_layer, grad_b))
 
 
 def pipeline_fsdp2(
@@ -633,3 +615,15 @@ def _pipeline_new_grads(
             Item("parameters", "FSDP2 unsharded parameters of the chunk's layer (gathered)", unit[0], unit[1],
                  "tensor", 9),
         ]  # fmt: skip
+
+
+def _layer_gradients(per_layer: int, grad_b: int) -> Item:
+    """One layer's unsharded gradients under ZeRO-3 (made in its backward, reduce-scattered after it)."""
+    return Item(
+        "gradients",
+        "ZeRO-3 unsharded gradients of one layer",
+        per_layer * grad_b,
+        f"{fmt_int(per_layer)} x {grad_b} B",
+        "tensor",
+        1,
+    )
