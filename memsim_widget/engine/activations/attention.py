@@ -3,9 +3,11 @@ some models hand it, and the fused projection outputs its views keep alive (Deep
 
 from __future__ import annotations
 
+from memsim_widget.engine.activations.budget import Term
 from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.activations.linears import ATTN_IN, ATTN_OUT
 from memsim_widget.engine.activations.mla import mla_attention
+from memsim_widget.engine.activations.output import rope_bytes
 from memsim_widget.units import fmt_int
 
 
@@ -78,7 +80,15 @@ def _math_fallback(st: HFLayer, attn_out: frozenset[str]) -> None:
 
 def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
     """Eager attention: q, k, v (k, v repeated), the softmax and its cast (or with dropout its mask and output),
-    Gemma 2's softcapping tanh, GPT-OSS's sinks; records which terms are the attention output."""
+    Gemma 2's softcapping tanh, GPT-OSS's sinks; records which terms are the attention output.
+
+    Under Megatron's selective recompute the core (transformers 5.24.0 ``models/llama/modeling_llama.py``
+    ``eager_attention_forward``: ``repeat_kv``, the scores, the softmax, the product with v) runs under a
+    non-reentrant ``torch.utils.checkpoint`` (torch 2.13.0 ``torch/utils/checkpoint.py``), which saves the core's
+    inputs as they come: q and k after RoPE and v, k and v at their own kv heads (``repeat_kv`` runs inside). The
+    repeated copies and the s x s tensors come back only in one layer's backward, when the recompute runs
+    (``st.recomputed``, counted by backward.attention_backward). Traced on fake tensors with the core checkpointed
+    (``tests/engine/test_selective_gqa.py``)."""
     arch, sc, D, add, consumers = st.arch, st.sc, st.D, st.add, st.consumers
     T, b, s, hq, hkv, a_loc, ec = D.T, D.b, D.s, D.hq, D.hkv, D.a, st.ec
     # "(eager: ...)" on the attention terms when the model class has no SDPA path (Gemma 2) and SDPA was asked for
@@ -88,53 +98,96 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
     # after it, a view: the probabilities stay whole), and max-subtraction keeps its int64 argmax per row
     sinks = arch.facts.attention.sinks
     # Falcon multi-query broadcasts its one k/v head in the matmuls: a stride-0 view when b = 1 (traced)
-    ekv = hkv if arch.facts.attention.sdpa_math_fallback and b == 1 else hq
-    add(
-        "attention q, k, v (k, v repeated to all heads)" + why,
-        ec * T * (hq + 2 * ekv),
-        f"{ec} B x T x (a*d + 2 x {ekv})",
-        3,
-    )
-    if sc.activation_checkpointing != "selective":
-        scores = b * a_loc * s * (D.s_full + sinks)
-        if arch.facts.attention.logit_softcapping:
-            # Gemma 2: scores / cap -> tanh -> x cap; tanh saves its output for backward (the divisions
-            # and products by a Python scalar save nothing)
-            add(
-                "attention logit softcapping: tanh output",
-                ec * scores,
-                f"{ec} B x b x a x s x s, b={b} a={a_loc} s={s}",
-                1,
-            )
-        sm = 4 if softmax_fp32 else ec
-        if sinks:
-            add(
-                "attention sinks: max indices",
-                8 * b * a_loc * s,
-                f"8 B x b x a x s, b={b} a={a_loc} s={s}",
-            )
-        if arch.attention_dropout > 0:
-            add(
-                "attention softmax, dropout mask and output",
-                scores * (sm + 1 + ec),
-                f"b x a x s x s x ({sm} + 1 + {ec}) B, b={b} a={a_loc} s={s}",
-                3,
-                shares=(sm / (sm + 1 + ec), 1 / (sm + 1 + ec), ec / (sm + 1 + ec)),
-            )
-        else:
-            extra = ec if sm != ec else 0
-            add(
-                "attention softmax"
-                + (" (fp32) and its 16-bit cast" if extra else "")
-                + (" (+ sink column)" if sinks else ""),
-                scores * (sm + extra),
-                f"b x a x s x {'(s + 1)' if sinks else 's'} x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
-                2 if extra else 1,
-                shares=(sm / (sm + extra), extra / (sm + extra)) if extra else (),
-            )
+    rkv = hkv if arch.facts.attention.sdpa_math_fallback and b == 1 else hq
+    if sc.activation_checkpointing == "selective":
+        _selective_inputs(st, rkv, why)
+    else:
+        add(
+            "attention q, k, v (k, v repeated to all heads)" + why,
+            ec * T * (hq + 2 * rkv),
+            f"{ec} B x T x (a*d + 2 x {rkv})",
+            3,
+        )
+    selective = sc.activation_checkpointing == "selective"
+
+    def recompute(name: str, nbytes: float, *_: object, **__: object) -> None:  # noqa: ARG001
+        st.recomputed += nbytes
+
+    core = recompute if selective else add
+
+    scores = b * a_loc * s * (D.s_full + sinks)
+    if arch.facts.attention.logit_softcapping:
+        # Gemma 2: scores / cap -> tanh -> x cap; tanh saves its output for backward (the divisions
+        # and products by a Python scalar save nothing)
+        core(
+            "attention logit softcapping: tanh output",
+            ec * scores,
+            f"{ec} B x b x a x s x s, b={b} a={a_loc} s={s}",
+            1,
+        )
+    sm = 4 if softmax_fp32 else ec
+    if sinks:
+        core(
+            "attention sinks: max indices",
+            8 * b * a_loc * s,
+            f"8 B x b x a x s, b={b} a={a_loc} s={s}",
+        )
+    if arch.attention_dropout > 0:
+        core(
+            "attention softmax, dropout mask and output",
+            scores * (sm + 1 + ec),
+            f"b x a x s x s x ({sm} + 1 + {ec}) B, b={b} a={a_loc} s={s}",
+            3,
+            shares=(sm / (sm + 1 + ec), 1 / (sm + 1 + ec), ec / (sm + 1 + ec)),
+        )
+    else:
+        extra = ec if sm != ec else 0
+        core(
+            "attention softmax"
+            + (" (fp32) and its 16-bit cast" if extra else "")
+            + (" (+ sink column)" if sinks else ""),
+            scores * (sm + extra),
+            f"b x a x s x {'(s + 1)' if sinks else 's'} x ({sm} + {extra}) B, b={b} a={a_loc} s={s}",
+            2 if extra else 1,
+            shares=(sm / (sm + extra), extra / (sm + extra)) if extra else (),
+        )
     st.ao_from = len(st.L)
     consumers(attn_out, hq, T, ec, "attention output", upstream=ATTN_IN)
     st.ao_to = len(st.L)
+
+
+def _selective_inputs(st: HFLayer, rkv: int, why: str) -> None:
+    """What the checkpointed eager core saves (its inputs: q and k as RoPE returns them, fp32 under autocast; v
+    at kv width), and in ``st.recomputed`` what its recompute makes again beside them before the s x s tensors:
+    ``repeat_kv``'s copies of k and v (none with one query head per kv head) and, under autocast, the 16-bit
+    casts of q and the repeated k its matmul saves."""
+    D, ec = st.D, st.ec
+    T, hq, hkv = D.T, D.hq, D.hkv
+    qk = rope_bytes(st)
+    st.add(
+        "attention q, k, v saved by the checkpointed core (k, v at kv width)" + why,
+        qk * T * (hq + hkv) + ec * T * hkv,
+        f"{qk} B x T x (a*d + kv*d) + {ec} B x T x kv*d",
+        3,
+        shares=(qk * hq / (qk * (hq + hkv) + ec * hkv),
+                qk * hkv / (qk * (hq + hkv) + ec * hkv), ec * hkv / (qk * (hq + hkv) + ec * hkv)),
+    )  # fmt: skip
+    if st.arch.causal:
+        # the model's one additive causal mask (transformers 5.24.0 masking_utils.eager_mask: b x 1 x s x s in the
+        # model's dtype, fp32 weights under autocast), an input of every checkpointed core: saved until layer 0's
+        # backward (a model-level tensor: counted once, beside the rotary tables)
+        st.out.pre.append(
+            Term(
+                "eager causal mask saved by the checkpointed cores",
+                st.r * D.b * D.s * D.s_full,
+                f"{st.r} B x b x s x s, b={D.b} s={D.s}",
+            )
+        )
+    repeated = rkv != hkv
+    cast = qk != ec
+    st.recomputed = (
+        ec * T * ((hq if cast else 0) + (rkv if cast or repeated else 0) + (rkv if repeated else 0))
+    )
 
 
 def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:

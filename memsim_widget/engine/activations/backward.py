@@ -31,11 +31,13 @@ def attention_backward(st: HFLayer) -> None:
     T, h, b, s, hq, hkv, a_loc = D.T, D.h, D.b, D.s, D.hq, D.hkv, D.a
     softmax_fp32, t5_sm, ao_from, ao_to = st.softmax_fp32, st.t5_sm, st.ao_from, st.ao_to
     mlp_from, mlp_to = st.mlp_from, st.mlp_to
-    if eager and sc.activation_checkpointing != "selective":
+    if eager:
         # softmax backward: the gradient of the probabilities and of the scores, s x s per head (measured:
-        # about 6 B x b a s^2 in bf16 with the fp32 softmax)
+        # about 6 B x b a s^2 in bf16 with the fp32 softmax). Under selective recompute the layer's core has
+        # just run again (torch 2.13.0 torch/utils/checkpoint.py, non-reentrant: the recompute is triggered by the
+        # core's first saved tensor its backward reads): its repeated k, v and its softmax are alive beside them
         sm_b = 4 if softmax_fp32 else ec
-        tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full
+        tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full + st.recomputed
         # by then o_proj's input is released and, in a sequential block, the MLP has run its backward: what they
         # saved is gone (every saved tensor of the layer is still counted at this moment). A parallel MLP (NeoX,
         # Phi, Cohere) runs its backward after the attention's, so its tensors are still there (traced)
@@ -43,9 +45,13 @@ def attention_backward(st: HFLayer) -> None:
         freed = sum(t.bytes for t in L[ao_from:ao_to] + mlp_done)
         out.attention_backward.append(
             Term(
-                "attention softmax backward (s x s gradients), less the layer's MLP and o_proj input freed",
+                "attention softmax backward (s x s gradients)"
+                + (", the core's recomputed tensors" if st.recomputed else "")
+                + ", less the layer's MLP and o_proj input freed",
                 max(tau_attn - freed, 0),
-                f"({sm_b} + {ec}) B x b x a x s x s - {fmt_int(freed)} B",
+                f"({sm_b} + {ec}) B x b x a x s x s"
+                + (f" + {fmt_int(st.recomputed)} B recomputed" if st.recomputed else "")
+                + f" - {fmt_int(freed)} B",
                 2,
             )
         )

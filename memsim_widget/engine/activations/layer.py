@@ -51,6 +51,7 @@ class HFLayer:
         self.masked_frac = 0.0  # layers whose SDPA gets an explicit mask (k, v repeated)
         self.ao_from = self.ao_to = 0  # the eager attention-output term(s) in L (freed before its backward)
         self.softmax_fp32 = False
+        self.recomputed = 0.0  # selective: what the eager core's recompute makes again in one layer (bytes)
         self.Tm, self.I = self.D.T, self.D.I  # rows and width of the (largest) MLP part
         self.mlp_from = self.mlp_to = 0
         self.t5_sm: tuple[float, str] = (0, "")

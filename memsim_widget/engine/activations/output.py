@@ -8,6 +8,14 @@ from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.frameworks import output_lifetime
 
 
+def rope_bytes(st: HFLayer) -> int:
+    """Bytes of a q or k element after RoPE (the cache's k): fp32 after autocast's fp32 RoPE, else the compute
+    dtype (OLMo 2's RoPE casts q and k back to their input dtype)."""
+    if st.arch.facts.position.rope_keeps_dtype:
+        return st.ec
+    return 4 if st.amp and st.arch.position == "rope" else st.ec
+
+
 def training_kv_cache(st: HFLayer) -> None:
     """The part of the training KV cache the layer does not save anyway (per layer, until the loss)."""
     arch, sc, prof, out, amp, ec, eager = st.arch, st.sc, st.prof, st.out, st.amp, st.ec, st.eager
@@ -15,9 +23,7 @@ def training_kv_cache(st: HFLayer) -> None:
     # It holds each layer's k and v (after RoPE) until the outputs are dropped. Under SDPA these are the
     # tensors SDPA saves anyway, except autocast's fp32 k (SDPA saves a 16-bit cast); eager saves
     # repeated copies instead, so the cache is extra.
-    kb = 4 if amp and arch.position == "rope" else ec  # the cache's k: fp32 after autocast's fp32 RoPE
-    if arch.facts.position.rope_keeps_dtype:  # OLMo 2's RoPE casts q and k back to their input dtype
-        kb = ec
+    kb = rope_bytes(st)
     kv_cache = (
         prof.training_kv_cache
         and arch.causal
@@ -25,7 +31,9 @@ def training_kv_cache(st: HFLayer) -> None:
         and sc.activation_checkpointing not in ("full", "selective-op")
     )
     if kv_cache:
-        gqa = arch.num_kv_heads < arch.num_heads  # eager saves repeated copies; with MHA the cache tensors
+        # eager saves repeated copies; with MHA the cache tensors, and under Megatron's selective recompute the
+        # checkpointed core's inputs, are the very k and v saved (attention._eager)
+        gqa = arch.num_kv_heads < arch.num_heads and sc.activation_checkpointing != "selective"
         # Falcon's unfused bias under autocast makes v fp32 too (the fused projection's output is promoted; traced)
         fp32_kv = 2 if arch.facts.linear.unfused_bias else 1
         extra = (
