@@ -608,10 +608,8 @@ def zero3_lora_modelled(ctx: Context) -> bool:
     (``context.deepspeed_zero3_linear``). Held to the real optimizer's CPU runs (benchmarks/zero_trace.py --stage 3
     --lora 16 [--adapter bf16], q,v at world 4 and all-linear at world 2), without the cuBLAS workspaces a CPU run
     lacks: bf16 adapters reserved -0.24% to -0.38%, allocated +0.07% to +0.08%; fp32 adapters reserved -0.25% and
-    -0.23%, allocated +0.05% and -0.03% (the fitted rule before). Not written: the writer keeps the fp32
-    adapters' own tensors (made whole, partitions, gathers, gradients) at the model's bytes
-    (``Zero3Units.model_bytes``) where the traces make them fp32 (a q_proj A whole 32,768 B, not 16,384 B); the
-    rank-16 adapters are a fraction of a percent of these peaks, so a large rank's is untraced."""
+    -0.11%, allocated +0.07% and +0.10% (the fitted rule before), their own tensors fp32 and the ipg bucket and
+    gradient partitions' buffer bf16 as the runs make them (``Zero3Units.train_bytes``)."""
     sc = ctx.scenario
     return (
         sc.method == "lora"

@@ -96,7 +96,10 @@ def test_deepspeed_runs_peft_adapters_in_bf16_and_hf_in_fp32() -> None:
     under ZeRO-1/2 the adapters keep no fp32 copy of their input: the attention input is saved once in bf16 (4
     layers x 2 B x 1,024 x 512 = 4,194,304 B), the 591,872 adapter elements are 2 B each with a 4 B master
     partition (a quarter at dp 4). Under HF's Trainer (no cast) and ZeRO-3 (``zero.Init``: no cast) q, k and v's
-    adapters each save an fp32 copy: 4 layers x 3 x 4 B x 1,024 x 512 = 25,165,824 B, the weights 4 B, no master."""
+    adapters each save an fp32 copy: 4 layers x 3 x 4 B x 1,024 x 512 = 25,165,824 B, the weights 4 B; HF keeps
+    no master, ZeRO-3 a quarter of them at dp 4 (147,968 elements) with an fp32 master partition the same size
+    (``_create_fp32_partitions``' clone of an fp32 partition: the recorded wrap makes the 114,688 B flat buffer
+    then a 114,688 B master at world 4 q,v, no second copy)."""
     for zero in (1, 2):
         ds = _items({"parallel": {"dp": 4, "zero": zero}})
         assert not any(name.endswith("LoRA input copies") for name in ds)
@@ -106,11 +109,15 @@ def test_deepspeed_runs_peft_adapters_in_bf16_and_hf_in_fp32() -> None:
         ds_bf16 = _items({"parallel": {"dp": 4, "zero": zero}, "lora": {"rank": 16, "targets": ["all-linear"],
                                                                        "adapter_dtype": "bf16"}})  # fmt: skip
         assert {k: i.bytes for k, i in ds_bf16.items()} == {k: i.bytes for k, i in ds.items()}
-    for over in ({"framework": "hf", "parallel": {"dp": 4, "zero": 0}}, {"parallel": {"dp": 4, "zero": 3}}):
-        peft = _items(over)
+    hf, z3 = (
+        _items({"framework": "hf", "parallel": {"dp": 4, "zero": 0}}),
+        _items({"parallel": {"dp": 4, "zero": 3}}),
+    )
+    for peft in (hf, z3):
         assert peft["attention input: LoRA input copies"].bytes == 25_165_824
-        assert peft["LoRA adapter weights"].bytes == 591_872 * 4
-        assert "fp32 master weights" not in peft
+    assert hf["LoRA adapter weights"].bytes == 591_872 * 4
+    assert "fp32 master weights" not in hf
+    assert z3["LoRA adapter weights"].bytes == z3["fp32 master weights"].bytes == 591_872 // 4 * 4
 
 
 def test_the_activation_cache_tells_zero_3_from_zero_2_on_one_rank() -> None:
@@ -331,9 +338,10 @@ def test_zero3_lora_replays_as_its_cpu_trace(world: int, targets: str, adapter: 
     adapters: reserved -0.24% at world 4 q,v, -0.38% at world 2 all-linear (-1.54% and +6.41% before the final
     norm's 2 MiB fp32 input, the layers' norm inputs and the frozen Linears' inputs kept by DeepSpeed's linear),
     allocated +0.07%, +0.08% (-1.06% and +0.09% before); the fitted rule is +21.9% and +29.6% over these runs.
-    peft's fp32 adapters (uncast under ``zero.Init``; each adapter's input cast to fp32 in peft's forward):
-    reserved -0.25% and -0.23%, allocated +0.05% and -0.03%; +6.21% and -0.90%, +1.02% and +0.92% before they
-    were written as ZeRO-3 (``zero3_lora_modelled`` refused them)."""
+    peft's fp32 adapters (uncast under ``zero.Init``; their partitions, flat buffer, gathers and gradients fp32,
+    each adapter's input cast to fp32 in peft's forward): reserved -0.25% and -0.11%, allocated +0.07% and +0.10%;
+    +6.21% and -0.90%, +1.02% and +0.92% before they were written as ZeRO-3 (``zero3_lora_modelled`` refused
+    them)."""
     _zero_trace()
     from zero_trace import BUCKET, TARGET_SETS, engine_stream, recorded
 
