@@ -589,8 +589,7 @@ def main() -> None:
     """Print the traced and the engine's replay for ZeRO-1 and ZeRO-2 (``--bucket N``, ``--overlap``, ``--accum
     N``), or ZeRO-3 (``--stage 3``, ``--world N``); ``--lora R``: peft's LoRA of rank R on ``--targets`` (``qv``:
     q_proj, v_proj; ``all``: every Linear of the layers, the default), its adapters made in ``--adapter`` (fp32,
-    peft's default, or bf16); under ZeRO-3 the engine's stream for bf16 adapters only (peft's fp32 ones under
-    ``zero.Init`` are not written: ``replayable.zero3_lora_modelled``)."""
+    peft's default, or bf16), both written by the engine's ZeRO-3 stream (``zero3_lora_modelled``)."""
     from memsim_widget.engine.counters.alloc_stream import replay_stream
     from memsim_widget.engine.counters.allocator import AllocatorConf
 
@@ -643,8 +642,6 @@ def main() -> None:
         )
         print(f"  trace replay: reserved {a.peak_reserved:,} B, allocated {a.peak_allocated:,} B")
         print(f"  traced, >= 4 MiB in order: {_large(t['events'])}")
-        if lora and zero == 3 and peft["adapter_dtype"] != "bf16":  # fp32 adapters under ZeRO-3: not written
-            continue
         for cpu in (False, True):
             s = engine_stream(
                 zero, world, bucket, overlap, accum, cpu, **shape, offload=offload, lora=lora, **peft

@@ -601,15 +601,21 @@ def megatron_fp8_params(ctx: Context) -> bool:
 
 def zero3_lora_modelled(ctx: Context) -> bool:
     """LoRA on a DeepSpeed ZeRO-3 rank as ``zero_lora.lora_zero3_units`` writes it: peft's LoRA, nothing offloaded,
-    its adapters in the model's dtype (``lora.adapter_dtype`` bf16; peft's fp32 adapters stay fp32 under
-    ``zero.Init``, a second dtype in the flat buffers, not written), every Linear keeping its input
+    its adapters in the model's dtype (``lora.adapter_dtype`` bf16) or in fp32 (peft's default,
+    ``autocast_adapter_dtype``: ``zero.Init``'s model is not cast, deepspeed 0.19.8 ``runtime/engine.py``
+    ``_cast_module_mixed_precision``, so they stay fp32 and peft 0.21.2 ``lora/layer.py`` ``Linear.forward`` casts
+    each adapter's input to fp32: the activations' ``Context.adapter_bytes``), every Linear keeping its input
     (``context.deepspeed_zero3_linear``). Held to the real optimizer's CPU runs (benchmarks/zero_trace.py --stage 3
-    --lora 16 --adapter bf16, q,v and all-linear at worlds 2 and 4): reserved -0.24% to -0.38% without the cuBLAS
-    workspaces a CPU run lacks, allocated +0.07% to +0.08%; it was -7.7% to +6.4% on reserved (a 131 MB loss
-    segment more or less) before the final norm's fp32 input and the layers' norm inputs kept their sizes, and the
-    fitted rule is +21.0% to +29.6% over the same runs."""
+    --lora 16 [--adapter bf16], q,v at world 4 and all-linear at world 2), without the cuBLAS workspaces a CPU run
+    lacks: bf16 adapters reserved -0.24% to -0.38%, allocated +0.07% to +0.08%; fp32 adapters reserved -0.25% and
+    -0.11%, allocated +0.07% and +0.10% (the fitted rule before), their own tensors fp32 and the ipg bucket and
+    gradient partitions' buffer bf16 as the runs make them (``Zero3Units.train_bytes``)."""
     sc = ctx.scenario
-    return sc.method == "lora" and ctx.adapter_bytes == ctx.recipe.weight_bytes and ctx.par.offload == "none"
+    return (
+        sc.method == "lora"
+        and ctx.adapter_bytes in (ctx.recipe.weight_bytes, 4)  # the model's dtype, or peft's fp32 adapters
+        and ctx.par.offload == "none"
+    )
 
 
 def deepspeed_zero3_coordinated(ctx: Context) -> bool:

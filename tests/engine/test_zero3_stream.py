@@ -204,14 +204,22 @@ def test_persistent_parameters_are_gathered_once() -> None:
 
 def test_zero3_replays_by_default_under_deepspeed_and_the_rest_keeps_the_fitted_rule() -> None:
     """A ZeRO-3 rank under DeepSpeed (mixed-bf16, eager) replays its DeepSpeed stream, with accumulation, full
-    checkpointing and tied embeddings too, and selective checkpointing of an eager attention core
-    (``eager_core_steps``); selective checkpointing over SDPA, LoRA, parameter offload (``optimizer+params``:
+    checkpointing and tied embeddings too, selective checkpointing of an eager attention core
+    (``eager_core_steps``) and peft's LoRA with its default fp32 adapters (``zero3_lora_modelled``); selective
+    checkpointing over SDPA, LoRA with the optimizer offloaded, parameter offload (``optimizer+params``:
     ``offload: optimizer`` replays, test_zero_offload_stream.py) and pure bf16 keep the fitted rule; FSDP2's ZeRO-3
     (HF's default framework) keeps its own stream."""
     base = {k: v for k, v in SCENARIO.items() if k != "reserved_model"}
     tied = {"model": {**LLAMA_H512_V32K, "tie_word_embeddings": True}}
     selective = {"activation_checkpointing": "selective", "attention": "eager"}
-    for over in ({}, {"grad_accum_steps": 3}, {"activation_checkpointing": "full"}, tied, selective):
+    for over in (
+        {},
+        {"grad_accum_steps": 3},
+        {"activation_checkpointing": "full"},
+        tied,
+        selective,
+        {"method": "lora"},
+    ):
         r = estimate({**base, **over}).ranks[0]
         assert (
             replayable(Context(estimate({**base, **over}).scenario))
@@ -219,7 +227,7 @@ def test_zero3_replays_by_default_under_deepspeed_and_the_rest_keeps_the_fitted_
         )
     for over in (
         {"activation_checkpointing": "selective", "attention": "sdpa"},
-        {"method": "lora"},
+        {"method": "lora", "parallel": {"dp": 4, "zero": 3, "offload": "optimizer"}},
         {"precision": "bf16"},
         {"parallel": {"dp": 4, "zero": 3, "offload": "optimizer+params"}},
     ):

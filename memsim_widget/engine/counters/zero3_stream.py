@@ -122,6 +122,10 @@ class Zero3Units:
     #: under LoRA with a frozen embedding autograd never reaches it, so the coordinator's recorded order has it in
     #: the forward alone: released after it (nothing used again) and not fetched in the backward
     bottom_backward: bool = True
+    #: bytes per element of the trained tensors where they differ from the model's (0: the model's): peft's fp32
+    #: adapters, left fp32 under ``zero.Init`` (``zero_lora.lora_zero3_units``); their partitions, flat buffer,
+    #: gathers and gradients are fp32, the ipg bucket and the gradient partitions' buffer stay the model's
+    train_bytes: int = 0
 
     @property
     def numels(self) -> tuple[int, ...]:
@@ -144,6 +148,11 @@ class Zero3Units:
     def parts(self) -> tuple[int, ...]:
         """Every tensor's partition elements, in module order."""
         return tuple(-(-n // self.dp) for n in self.numels)
+
+    def bytes_each(self) -> tuple[int, ...]:
+        """Every tensor's bytes per element, in module order: a trained one's ``train_bytes`` if set."""
+        trained, tb = self.trained, self.train_bytes or self.model_bytes
+        return tuple(tb if p in trained else self.model_bytes for p in range(len(self.numels)))
 
     @property
     def trained(self) -> frozenset[int]:
@@ -183,6 +192,7 @@ class Zero3Writer:
         self.s, self.u = s, u
         self.numels = u.numels
         self.parts = u.parts()
+        self.pb = u.bytes_each()  # each tensor's bytes per element
         self.subs = u.sub_groups()
         self.units = u.units
         nu = len(self.units)
@@ -215,30 +225,34 @@ class Zero3Writer:
         trained = u.trained
         parts = []
         for p, n in enumerate(self.numels):
-            whole = s.alloc(n * u.model_bytes)
-            part = s.alloc(self.parts[p] * u.model_bytes)
+            whole = s.alloc(n * self.pb[p])
+            part = s.alloc(self.parts[p] * self.pb[p])
             parts += part if p in trained else []  # a frozen one keeps its own partition (LoRA's base)
             s.free(whole)
         total = sum(self.parts[p] for p in trained)
-        s.alloc(total * u.model_bytes)  # fp16_partitioned_groups_flat
+        s.alloc(total * (u.train_bytes or u.model_bytes))  # fp16_partitioned_groups_flat
         s.free(parts)
         self._masters()
         s.alloc(u.bucket * u.model_bytes)  # the ipg bucket, kept
         self._grad_partitions(total)
         for p in range(len(self.numels)):  # create_reduce_and_remove_grad_hooks: all_gather, then partition
             if p not in self.persistent and p in trained:
-                s.free(s.alloc(self._padded(p) * u.model_bytes))
+                s.free(s.alloc(self._padded(p) * self.pb[p]))
         for p in sorted(self.persistent & trained):  # a frozen one is gathered at its first fetch
-            self.data[p] = s.alloc(self.numels[p] * u.model_bytes)
+            self.data[p] = s.alloc(self.numels[p] * self.pb[p])
 
     def _masters(self) -> None:
         """The fp32 master partition of each sub group and a copy made and dropped, then
         ``initialize_optimizer_states``' zero gradients made and freed (the host's under ``offload_optimizer``)."""
         s = self.s
         subs = [sum(self.parts[p] for p in g) for g in self.subs]
+        cast = (
+            self.u.train_bytes or self.u.model_bytes
+        ) != MASTER_BYTES  # fp32 partitions: the clone is the master
         for n in subs:
             s.alloc(n * MASTER_BYTES)
-            s.free(s.alloc(n * MASTER_BYTES))
+            if cast:
+                s.free(s.alloc(n * MASTER_BYTES))
         s.free([h for n in subs for h in s.alloc(n * MASTER_BYTES)])
 
     def _grad_partitions(self, total: int) -> None:
@@ -282,13 +296,13 @@ class Zero3Writer:
 
     def _fetch(self, unit: int | None) -> None:
         """``fetch_sub_module`` of the next module in order (``unit`` None: the root, no parameters of its own)."""
-        s, u = self.s, self.u
+        s = self.s
         params = [] if unit is None else list(self.units[unit])
         for p in params:
             if p in self.inflight:  # the coalesced gather's copies made at the first wait
                 self._copy_out(self.inflight[p])
             elif p not in self.data:
-                self.data[p] = s.alloc(self._padded(p) * u.model_bytes)
+                self.data[p] = s.alloc(self._padded(p) * self.pb[p])
                 self.live += self.numels[p]
         for p in params:
             if p in self.inflight:
@@ -308,7 +322,7 @@ class Zero3Writer:
         flat, left, copied = self.flats[g]
         if not copied:
             for p in sorted(left):
-                self.data[p] = self.s.alloc(self.numels[p] * self.u.model_bytes)
+                self.data[p] = self.s.alloc(self.numels[p] * self.pb[p])
             self.flats[g] = (flat, left, True)
 
     def _prefetch(self, params: Sequence[int]) -> None:
@@ -334,9 +348,9 @@ class Zero3Writer:
             return
         self.live += numel
         if len(chosen) == 1:  # a single parameter: gathered as a fetch is
-            self.data[chosen[0]] = self.s.alloc(self._padded(chosen[0]) * u.model_bytes)
+            self.data[chosen[0]] = self.s.alloc(self._padded(chosen[0]) * self.pb[chosen[0]])
             return
-        flat = self.s.alloc(sum(self.parts[p] for p in chosen) * u.dp * u.model_bytes)
+        flat = self.s.alloc(sum(self.parts[p] * self.pb[p] for p in chosen) * u.dp)
         g = flat[0]
         self.flats[g] = (flat, set(chosen), False)
         for p in chosen:
@@ -402,7 +416,7 @@ class Zero3Writer:
         """The unit's gradients as autograd makes them (last module first), whole, in the model's dtype."""
         trained = self.u.trained
         units = [p for p in reversed(self.units[unit]) if p in trained]  # frozen ones get none
-        return [(p, self.s.alloc(self.numels[p] * self.u.model_bytes)) for p in units]
+        return [(p, self.s.alloc(self.numels[p] * self.pb[p])) for p in units]
 
     def _recompute(self, unit: int) -> None:
         """A checkpointed layer's recompute: its forward's fetch and release, before its backward's fetch."""

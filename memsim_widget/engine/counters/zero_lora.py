@@ -22,8 +22,9 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
   tensors, which ``deepspeed.initialize`` partitions (``runtime/zero/parameter_offload.py``,
   ``DeepSpeedZeRoOffload._convert_to_zero_parameters``, before ``mark_persistent_parameters``: the adapters,
   under ``stage3_param_persistence_threshold`` elements at these ranks, persist); the engine does not cast a
-  ``zero.Init`` model (``_cast_module_mixed_precision`` skips it), so peft's fp32 adapters would stay fp32 with
-  an fp32 flat buffer (not written: bf16 adapters only). ``stage3.py`` (``_create_fp16_partitions_with_
+  ``zero.Init`` model (``_cast_module_mixed_precision`` skips it), so peft's fp32 adapters stay fp32: their partitions,
+  flat buffer, gathers and gradients fp32, their master the fp32 partitions' clone alone, the ipg bucket and the
+  gradient partitions' buffer bf16 (``Zero3Units.train_bytes``; held to ``--adapter fp32`` runs). ``stage3.py`` (``_create_fp16_partitions_with_
   defragmentation``, ``_setup_for_real_optimizer``: the optimizer's parameters, the adapters, alone) flattens the
   adapters' partitions into ``fp16_partitioned_groups_flat`` and the gradient partitions' buffer, with masters
   and states for them alone; ``create_reduce_and_remove_grad_hooks`` gathers only them; the frozen base keeps
@@ -36,7 +37,7 @@ model (``benchmarks/zero_trace.py --lora 16 --targets qv|all``, PyTorch's fake p
 The engine's activations and states run the adapters in the dtype the cast leaves them
 (``context.deepspeed_casts_adapters``, ``Context.adapter_bytes``: no fp32 copy of an adapter's input); only the
 wrap here writes them as peft makes them (``Context.peft_adapter_bytes``) and the cast. Not modelled (the fitted
-rule stays): ZeRO-3 with peft's fp32 adapters (above), QLoRA under DeepSpeed, a frozen stack.
+rule stays): QLoRA under DeepSpeed, LoRA with the optimizer offloaded under ZeRO-3, a frozen stack.
 """
 
 from __future__ import annotations
@@ -144,4 +145,5 @@ def lora_zero3_units(ctx: Any, stage: Any) -> Any:
         post=tuple(n for n, _ in sides["post"]),
         groups=(group,) if group else (),
         bottom_backward=any(trains for _, trains in sides["pre"]) or full.tied,
+        train_bytes=ctx.adapter_bytes,
     )
