@@ -28,7 +28,7 @@ import numpy as np
 
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.activations.budget import ActivationBudget
-from memsim_widget.engine.arith import first_largest, takes_later
+from memsim_widget.engine.arith import first_largest
 from memsim_widget.engine.context import (
     Context,
     Stage,
@@ -136,7 +136,7 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads", "step_grads", "kept_after_backward",
                "grads_but_bottom_carried", "gathered_next", "prefetched", "new_grad", "new_grad_next",
                "chunk_gathered", "tied_sum", "head_made", "head_made_carried", "tied_head_part", "bottom_new",
-               "bottom_new_carried")  # fmt: skip
+               "bottom_new_carried", "top_layer_made")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
 #: micro-batches (engine/step/timeline ``grads_carried``); "unsynced": more than one micro-batch under a loop whose
@@ -750,8 +750,9 @@ def reaches_saturation(parts: Iterable[np.ndarray], n: int) -> np.ndarray:
 
 def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Per key of one side, the sums ``MOMENT_TABLE`` asks of it: a moment's groups of this side
-    (``name``); for a moment with two alternatives, the total with each (``name/0``, ``name/1``) and the raw
-    bytes the second's groups hold beyond the first's (``name:gain``, one column), which choose between them."""
+    (``name``); for a moment with alternatives, the total with each (``name/0``, ``name/1``, ...) and the raw
+    bytes each later one's groups hold beyond the first's (``name:gain1``, ... one column each), which choose
+    between them."""
     n = next(iter(groups.values())).shape[0]
 
     def total(names: tuple[str, ...]) -> np.ndarray:
@@ -763,10 +764,11 @@ def _moment_parts(groups: dict[str, np.ndarray], side: tuple[str, ...]) -> dict[
         if not rule.larger_of:
             out[rule.name] = held
             continue
-        first, second = (total(alt) for alt in rule.larger_of)
-        out[f"{rule.name}/0"] = held + first
-        out[f"{rule.name}/1"] = held + second
-        out[f"{rule.name}:gain"] = (second - first)[:, RAW]
+        alts = [total(alt) for alt in rule.larger_of]
+        for j, alt in enumerate(alts):
+            out[f"{rule.name}/{j}"] = held + alt
+            if j:
+                out[f"{rule.name}:gain{j}"] = (alt - alts[0])[:, RAW]
     return out
 
 
@@ -789,13 +791,16 @@ class SideColumns:
         col = self.columns.get(name)
         return 0 if col is None else col.take(self.rows)
 
-    def choose(self, first: str, second: str, at: np.ndarray | bool) -> np.ndarray | int:
-        """Per row, column ``second`` where ``at`` is set, else ``first`` (0 where this side carries neither):
-        one take from the two columns laid end to end."""
-        a, b = self.columns.get(first), self.columns.get(second)
-        if a is None or b is None:
-            return 0 if a is None and b is None else np.where(at, self.get(second), self.get(first))
-        return np.concatenate([a, b]).take(self.rows + at * a.shape[0])
+    def choose(self, names: list[str], at: np.ndarray | int) -> np.ndarray | int:
+        """Per row, the column ``names[at]`` (0 where this side carries none of them): one take from the
+        columns laid end to end (a column this side lacks reads 0)."""
+        cols = [self.columns.get(name) for name in names]
+        present = [c for c in cols if c is not None]
+        if not present:
+            return 0
+        n = present[0].shape[0]
+        laid = np.concatenate([np.zeros(n, present[0].dtype) if c is None else c for c in cols])
+        return laid.take(self.rows + at * n)
 
 
 def _added(s: np.ndarray | int, a: np.ndarray | int) -> np.ndarray:
@@ -816,15 +821,18 @@ def _moment_rows(
         if rule.only_if == OPTIMIZER_STEPS and steps is None:
             continue
 
-        if rule.larger_of:  # the larger of two instants in raw bytes, as the engine's timeline picks it
-            # (first_largest of the two): the same choice between 0 and second - first, the first's raw bytes
-            # taken from both (exact in int64), so that each side's one column is taken per row, not two
-            second = takes_later(0, _added(S.get(f"{rule.name}:gain"), A.get(f"{rule.name}:gain")))
-            a, b = f"{rule.name}/0", f"{rule.name}/1"
+        if rule.larger_of:  # the largest instant in raw bytes, as the engine's timeline picks it
+            # (first_largest of them): the same choice among 0 and each later one less the first, the first's
+            # raw bytes taken from all (exact in int64), so that each side's gain columns are taken per row
+            gains = [
+                _added(S.get(f"{rule.name}:gain{j}"), A.get(f"{rule.name}:gain{j}"))
+                for j in range(1, len(rule.larger_of))
+            ]
+            at = np.asarray(first_largest([np.zeros_like(gains[0]), *gains])[1], dtype=np.int64)
+            keys = [f"{rule.name}/{j}" for j in range(len(rule.larger_of))]
             sums = [
                 _added(
-                    S.choose(f"{a}.{name}", f"{b}.{name}", second),
-                    A.choose(f"{a}.{name}", f"{b}.{name}", second),
+                    S.choose([f"{k}.{name}" for k in keys], at), A.choose([f"{k}.{name}" for k in keys], at)
                 )
                 for name in ("alloc", "long", "loss")
             ]

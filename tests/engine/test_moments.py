@@ -55,8 +55,8 @@ def test_every_group_the_table_names_is_on_one_side_and_every_declared_group_is_
         "root_reduce_scatter",
         "optimizer_step",
     )
-    # the planner compares two instants: a moment has none or two alternatives
-    assert all(len(rule.larger_of) in (0, 2) for rule in MOMENT_TABLE)
+    # a moment with alternatives compares two instants or more (the planner picks among any number)
+    assert all(len(rule.larger_of) != 1 for rule in MOMENT_TABLE)
 
 
 @pytest.mark.parametrize("data", SCENARIOS[:4], ids=range(4))

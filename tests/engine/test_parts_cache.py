@@ -40,7 +40,7 @@ STATES_IGNORED = {
     "grad_accum_steps": {"grad_accum_steps": 8},
     "activation_checkpointing": {"activation_checkpointing": "full"},
     "checkpoint_every": {"activation_checkpointing": "full", "checkpoint_every": 2},
-    "attention": {"attention": "eager"},
+    # (``attention`` is read: one GPU's eager core meets the top layer's gradients, gradients._top_layer_made)
     "loss": {"loss": "chunked"},
     "output_lifetime": {"output_lifetime": "step"},
     "zero_grad": {"zero_grad": "zeros"},

@@ -25,7 +25,8 @@ from memsim_widget.engine.step.timeline import activation_groups, state_groups
 from memsim_widget.scenario import ParallelConfig, Scenario
 
 #: Scenario fields ``model_states`` (and the ``engine/frameworks`` helpers it calls) never reads but through
-#: ``frameworks.fsdp2_unsynced_grads`` (``grad_accum_steps > 1``), which ``states_key`` adds.
+#: ``frameworks.fsdp2_unsynced_grads`` (``grad_accum_steps > 1``), which ``states_key`` adds. ``attention`` is
+#: read: one GPU's eager core meets the top layer's gradients (``states/gradients._top_layer_made``).
 STATES_IGNORE = frozenset(
     {
         "micro_batch_size",
@@ -33,7 +34,6 @@ STATES_IGNORE = frozenset(
         "grad_accum_steps",
         "activation_checkpointing",
         "checkpoint_every",
-        "attention",
         "loss",
         "output_lifetime",
         "zero_grad",

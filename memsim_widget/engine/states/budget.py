@@ -76,6 +76,8 @@ class StateBudget:
     # of a later micro-batch
     head_made: list[Item] = field(default_factory=list)
     head_made_carried: list[Item] = field(default_factory=list)
+    #: one GPU, eager attention: the top layer's gradients made before its attention's backward runs
+    top_layer_made: list[Item] = field(default_factory=list)
     tied_head_part: list[Item] = field(default_factory=list)
     bottom_new: list[Item] = field(default_factory=list)
     bottom_new_carried: list[Item] = field(default_factory=list)

@@ -207,6 +207,48 @@ def one_gpu_backward(ctx: Context, groups: list[LocalGroup], grad_b: int, b: Sta
     elif emb:
         b.bottom_new_carried = [new_gradient(emb, grad_b, f"embedding param {fmt_int(emb)} x {grad_b} B")]
     b.grads_at_bottom_carried = list(b.grads)
+    b.top_layer_made = _top_layer_made(ctx, groups, grad_b)
+
+
+def _top_layer_made(ctx: Context, groups: list[LocalGroup], grad_b: int) -> list[Item]:
+    """The top layer's weight gradients that exist when its eager attention runs its softmax backward: torch
+    2.13.0 runs the layer's backward in reverse of its forward (``torch/csrc/autograd/engine.cpp`` takes the
+    ready node of the highest sequence number first), so the MLP's, the output projection's (the attention
+    weights split along their input, ``tp_dim`` 1) and every norm's but the layer's first are made by then
+    (traced: Llama h256 bf16 b2 s256, gradient bytes at ``_softmax_backward_data`` 1,700,864 = the head's and
+    final norm's 512,512 + this layer's 1,188,352). Only a sequential block of one stack with the eager core;
+    elsewhere (a parallel MLP runs its backward after the attention's; a fused kernel's backward is no larger
+    than the MLP's) none is counted."""
+    from memsim_widget.engine.activations.mlp import parallel_mlp
+
+    arch = ctx.arch
+    layer = [g for g in groups if g.group.scope == "layer"]
+    stacks = {g.group.stack for g in layer}
+    eager = arch.attention_kernel(ctx.scenario.attention) == "eager"
+    if not layer or len(stacks) != 1 or stacks & set(ctx.frozen_stacks) or not eager or parallel_mlp(arch):
+        return []
+    # the block's norms (a q/k norm inside the attention is differentiated after its core)
+    norms = [g for g in layer if g.group.kind == "norm" and "attn" not in g.group.name]
+    made = [
+        g
+        for g in layer
+        if (g.group.kind == "mlp" and not g.group.expert)
+        or (g.group.kind == "attention" and g.group.tp_dim == 1)
+        or (g in norms and g is not norms[0])
+    ]
+    n = sum(g.numel_each for g in made)
+    if not n:
+        return []
+    return [
+        Item(
+            "gradients",
+            "gradients of the top layer made before its attention's backward (o_proj, MLP, norms but the first)",
+            n * grad_b,
+            f"{fmt_int(n)} params x {grad_b} B",
+            "tensor",
+            len(made),
+        )
+    ]
 
 
 def _tied_part(numel: int, grad_b: int, what: str) -> Item:

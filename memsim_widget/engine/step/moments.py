@@ -46,6 +46,7 @@ STATE_GROUPS = (
     "head_made",  # one GPU: the gradients alive as the head's weight gradient is made (a later micro-batch: it too)
     "tied_head_part",  # one GPU: the tied head's part of the embeddings' gradient, in autograd's buffer
     "bottom_new",  # one GPU: the embeddings' gradient parts (tied) or new gradient (a later micro-batch)
+    "top_layer_made",  # one GPU, eager attention: the top layer's gradients made before its attention's backward
 )
 
 #: State groups no moment reads, built for the allocation streams: the step's temporaries as the optimizer's
@@ -70,6 +71,7 @@ ACTIVATION_GROUPS = (
     "top_backward",  # the final norm's backward transients (last stage)
     "recompute",  # the last layer recomputed for its backward (under checkpointing)
     "layer_backward",  # a layer in backward: the larger of its MLP and its attention transients
+    "attention_in_backward",  # ... its attention's transients alone
     "rest",  # the other micro-batches' saved activations at the bottom of backward
     # GPipe's second micro-batch's backward (engine/parallel/pipeline next_backward_count; empty elsewhere): one
     # micro-batch fewer of the stage's buffers and outputs, inputs, saved activations, head and loss tensors
@@ -98,8 +100,8 @@ OPTIMIZER_STEPS = "optimizer_steps"
 
 @dataclass(frozen=True)
 class MomentRule:
-    """One instant of the step: the groups ``live`` throughout, then the larger (in raw bytes; the first of
-    equals) of the ``larger_of`` alternatives (two instants close together), then the groups ``after``.
+    """One instant of the step: the groups ``live`` throughout, then the largest (in raw bytes; the first of
+    equals) of the ``larger_of`` alternatives (instants close together), then the groups ``after``.
     ``only_if`` names a condition the step must meet (``OPTIMIZER_STEPS``), empty for every step."""
 
     name: str
@@ -158,7 +160,9 @@ MOMENT_TABLE = (
         ),
     ),  # fmt: skip
     # the top of backward: the final norm's backward, or the last layer's (recomputed first under
-    # checkpointing), with every other saved activation alive and only the head's gradients made so far
+    # checkpointing), or its attention's backward, by when (one GPU, eager attention) the layer's o_proj, MLP
+    # and post-attention norm gradients are made (torch 2.13.0 runs the layer's backward in reverse of its
+    # forward); every other saved activation alive and only the head's gradients made so far
     MomentRule(
         "backward_top",
         live=(
@@ -172,7 +176,11 @@ MOMENT_TABLE = (
             "pre",
             "saved",
         ),
-        larger_of=(("top_backward",), ("recompute", "layer_backward", "new_grad", "kept_top")),
+        larger_of=(
+            ("top_backward",),
+            ("recompute", "layer_backward", "new_grad", "kept_top"),
+            ("recompute", "attention_in_backward", "top_layer_made", "new_grad", "kept_top"),
+        ),
         after=("held_logits", "held_cache_extra", "tangents_top"),
     ),
     # an interleaved rank over FSDP2: one chunk's layer gathered (its forward, or the top of its backward,

@@ -219,6 +219,7 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "head_made_carried": states.head_made_carried,
         "tied_head_part": states.tied_head_part,
         "bottom_new": states.bottom_new,
+        "top_layer_made": states.top_layer_made,
         "bottom_new_carried": states.bottom_new_carried,
         "gathered_next": states.gathered_next,
         "prefetched": states.prefetched,
@@ -294,6 +295,8 @@ def state_group_table(
         "head_made": where(carried, s["head_made_carried"], s["head_made"]),
         "tied_head_part": where(carried, s["tied_head_part"], none),
         "bottom_new": where(carried, s["bottom_new_carried"], s["bottom_new"]),
+        # ... and the top layer's gradients made before its attention's backward (carried: counted already)
+        "top_layer_made": where(carried, none, s["top_layer_made"]),
     }
 
 
@@ -587,6 +590,7 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
         "held_cache_extra": scale("output_cache_extra", Ls, layers_label),
         "top_backward": scale("top_backward", last),
         "layer_backward": layer,
+        "attention_in_backward": attention,
         "bottom_layer": where(scale.raw(bottom) > 0, bottom, layer),
         "cache_but_own": scale("output_cache", maximum(Ls - 1, 0), lambda: f"{max(Ls - 1, 0)} layers")
         + scale("output_cache_extra", Ls > 0, "1 layer"),
