@@ -131,12 +131,14 @@ def test_lora_never_needs_more_than_full_training(model, prec, opt, ckpt, attn, 
 def test_checkpointing_never_needs_more_than_none(model, prec, opt, attn, b, log_s):
     """Up to one layer input: while layer 0 is recomputed its checkpointed (16-bit) input is still held, so
     when the peak sits at the end of backward (gradients dominate) full checkpointing can exceed no
-    checkpointing by exactly that tensor (seen in traces)."""
+    checkpointing by exactly that tensor (seen in traces). Selective recompute of the eager core likewise holds
+    the checkpoint's inputs beside the recomputed core in layer 0's backward: under GQA its unrepeated k and v,
+    which no checkpointing never keeps (it saves the repeated copies), at most a layer input's bytes."""
     kw = base(model, prec, opt, "none", attn, micro_batch_size=b, seq_len=2**log_s)
     none = total(kw)
     sc = Scenario.from_dict({**kw, "activation_checkpointing": "full"})
     one_input = 4 * b * 2**log_s * estimate(sc).arch.hidden_size
-    assert total({**kw, "activation_checkpointing": "selective"}) <= none
+    assert total({**kw, "activation_checkpointing": "selective"}) <= none + one_input
     assert total({**kw, "activation_checkpointing": "full"}) <= none + one_input
 
 
