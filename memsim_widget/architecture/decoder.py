@@ -25,6 +25,7 @@ from memsim_widget.architecture.layers import (
     linear_params,
     norm_params,
 )
+from memsim_widget.architecture.moe import routed_experts
 from memsim_widget.architecture.types import Architecture, ParamGroup
 from memsim_widget.errors import ScenarioError
 
@@ -49,23 +50,15 @@ def _attention_params(
 
 
 def _mixtral_experts(L: int, h: int, inter: int, n_exp: int) -> list[ParamGroup]:
-    """Mixtral's router + per-expert w1 (gate), w3 (up), w2 (down), grouped over layers * experts."""
+    """Mixtral's router and routed experts as transformers 5.24.0 holds them (``models/mixtral/modeling_mixtral.py``
+    ``MixtralSparseMoeBlock``: ``mlp.gate`` a [E, h] router, ``mlp.experts`` ``MixtralExperts`` with
+    ``gate_up_proj`` [E, 2I, h] and ``down_proj`` [E, h, I], plain parameters, w1 and w3 of the checkpoint fused
+    into ``gate_up_proj``), per expert over layers * experts (``moe.routed_experts``)."""
     p = "model.layers.*."
     groups = linear_params(
         p + "block_sparse_moe.gate", "router", n_exp, h, bias=False, parallel=None, module="gate", count=L
     )
-    e = p + "block_sparse_moe.experts.*."
-    LE = L * n_exp
-    groups += linear_params(
-        e + "w1", "experts", inter, h, bias=False, parallel="col", module="w1", count=LE, expert=True
-    )
-    groups += linear_params(
-        e + "w3", "experts", inter, h, bias=False, parallel="col", module="w3", count=LE, expert=True
-    )
-    groups += linear_params(
-        e + "w2", "experts", h, inter, bias=False, parallel="row", module="w2", count=LE, expert=True
-    )
-    return groups
+    return groups + routed_experts(p + "mlp.experts.", L, n_exp, inter, h)
 
 
 def _gated_mlp(L: int, h: int, inter: int, *, fused: bool, mlp_bias: bool) -> list[ParamGroup]:

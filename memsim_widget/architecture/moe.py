@@ -3,7 +3,8 @@
 transformers 5 stores each MoE layer's routed experts fused, as ``experts.gate_up_proj`` [E, 2I, h] and
 ``experts.down_proj`` [E, h, I] (plain ``nn.Parameter`` s, not ``nn.Linear``: LoRA cannot target them), and
 the router as a ``weight`` [E, h] parameter. The Architecture lists one tensor per expert (``count = MoE
-layers x E``) so that expert parallelism divides the count, with the same element count as the fused tensors.
+layers x E``) so that expert parallelism divides the count, with the same element count as the fused tensors;
+a rank holds them fused again, one [E/ep, ...] tensor per MoE layer (``engine/states/budget.fused_experts``).
 
 ``mlp_parts`` describes, for the engine's activations, which MLP each layer runs: a list of dicts with
 ``name``, ``layers`` (how many layers run it), ``rows`` (tokens it processes per token: top-k for routed

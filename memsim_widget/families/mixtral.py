@@ -29,11 +29,10 @@ MIXTRAL_DEFAULTS: dict[str, Any] = {
 
 @register_family("mixtral")
 def build_mixtral(cfg: Mapping[str, Any]) -> Architecture:
-    """Mixtral as ``MixtralForCausalLM``: per-layer router [E, h] and E SwiGLU experts (w1, w3, w2).
-
-    Experts are listed one tensor per expert (``count = layers * experts``, the checkpoint layout);
-    transformers 5 stores them fused as ``experts.gate_up_proj`` [E, 2I, h] and ``experts.down_proj``
-    [E, h, I], which has the same element count.
+    """Mixtral as ``MixtralForCausalLM``: per-layer router [E, h] and E SwiGLU experts, listed per expert
+    (``count = layers * experts``) as transformers 5 fuses them: ``mlp.experts.gate_up_proj`` [E, 2I, h] (the
+    checkpoint's w1 and w3) and ``mlp.experts.down_proj`` [E, h, I] (w2); a rank holds one fused tensor of each
+    per layer (``engine/states/budget.fused_experts``).
     """
     return build_decoder(
         cfg,

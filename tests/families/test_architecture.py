@@ -194,13 +194,14 @@ def test_family_specific_facts() -> None:
     """Spot checks of per-family facts the engine relies on."""
     mixtral = architecture_for("mixtral-8x7b")
     assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.is_moe) == (8, 2, True)
-    w1 = group(mixtral, "experts.*.w1.weight")
-    assert (w1.shape, w1.count, w1.expert, w1.kind, w1.module) == (
-        (14336, 4096),
+    # transformers 5's MixtralExperts: w1 and w3 fused into gate_up_proj [E, 2I, h], plain parameters (no Linear)
+    gate_up = group(mixtral, "experts.gate_up_proj")
+    assert (gate_up.shape, gate_up.count, gate_up.expert, gate_up.kind, gate_up.module) == (
+        (2 * 14336, 4096),
         32 * 8,
         True,
         "experts",
-        "w1",
+        None,
     )
     router = group(mixtral, "block_sparse_moe.gate.weight")
     assert (router.kind, router.shape, router.tp_dim) == ("router", (8, 4096), None)

@@ -101,6 +101,20 @@ def tp_split(ctx: Context, g: ParamGroup) -> bool:
     return g.tp_dim is not None and ways > 1 and (g.kind != "embedding" or embedding_split(ctx))
 
 
+def fused_experts(count: int, shape: list[int], experts: int, ep: int) -> tuple[int, list[int]]:
+    """A routed-experts group's ``count`` tensors of ``shape`` (MoE layers x ``experts`` on the stage, one tensor
+    per expert as the Architecture lists them) as the rank holds them: one fused tensor per MoE layer of its
+    ``experts / ep`` experts, [E/ep, *shape]. transformers 5.24.0 stores a layer's routed experts as one
+    ``nn.Parameter`` per projection (``models/qwen3_moe/modeling_qwen3_moe.py`` ``Qwen3MoeExperts``:
+    ``gate_up_proj`` [E, 2I, h], ``down_proj`` [E, h, I]; ``models/mixtral/modeling_mixtral.py`` the same), so its
+    gradient, optimizer states and their step temporaries are one tensor each, not E. Where the count is not
+    whole layers of experts (a pipeline stage cutting the MoE layers unevenly), per expert, ``ep`` dividing the
+    count."""
+    if experts and count % experts == 0 and experts % ep == 0:
+        return count // experts, [experts // ep, *shape]
+    return count // ep, shape
+
+
 def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
     """The parameter groups held by ``stage``, split by tensor and expert parallelism."""
     arch, par = ctx.arch, ctx.par
@@ -112,12 +126,12 @@ def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
             count = g.count if stage.first else 0
         else:
             count = g.count if stage.last else 0
-        if g.expert and par.ep > 1:
-            count //= par.ep
         shape = list(g.shape)
         if tp_split(ctx, g) and g.tp_dim is not None:  # tp_split holds only with a tp_dim
             ways = par.expert_tp if g.expert else par.tp  # EP folded over the TP group: whole experts
             shape[g.tp_dim] = -(-shape[g.tp_dim] // ways)
+        if g.expert:
+            count, shape = fused_experts(count, shape, arch.num_experts, par.ep)
         if count:
             out.append(LocalGroup(g, count, math.prod(shape), tuple(shape)))
     # Tied input/output embeddings with pp > 1 (the last stage keeps its own copy for the head), or a framework
