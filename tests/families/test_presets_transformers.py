@@ -291,13 +291,14 @@ SMALL_FAMILIES = [
 
 
 def _torch_shapes(model: torch.nn.Module, arch: Architecture) -> Counter[tuple[int, ...]]:
-    """Multiset of parameter shapes, with transformers 5's fused expert tensors split per expert."""
+    """Multiset of parameter shapes, with transformers 5's fused expert tensors split per expert as
+    ``architecture/moe.routed_experts`` lists them."""
     shapes: Counter[tuple[int, ...]] = Counter()
     for name, p in model.named_parameters():
         shape = tuple(p.shape)
-        if name.endswith("experts.gate_up_proj"):  # [E, 2I, h] -> 2E x [I, h] (w1 and w3)
+        if name.endswith("experts.gate_up_proj"):  # [E, 2I, h] -> E x [2I, h] (w1 and w3 together)
             e, two_i, h = shape
-            shapes[(two_i // 2, h)] += 2 * e
+            shapes[(two_i, h)] += e
         elif name.endswith("experts.down_proj"):  # [E, h, I] -> E x [h, I] (w2)
             e, h, i = shape
             shapes[(h, i)] += e
