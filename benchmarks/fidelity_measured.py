@@ -1157,8 +1157,10 @@ def _gpu_section(results: list[dict[str, Any]]) -> list[str]:
         "  the compiled ViT allocated 15% more than eager, the compiled Llama 23% less. The Llama layout in bf16",
         "  now has a rule traced on the compiled step (Inductor's partitioner; docs/fidelity.md), nothing fitted",
         "  to these runs; the ViT (autocast) gets the untraced formula (eager's layers) and its caveat: traced",
-        "  compiled at the run's shape, the partitioner saves nothing eager does not (9% under eager), so the",
-        "  GPU's +15% is a CUDA-only path, not explained yet. Reserved and nvidia-smi of the compiled Llama",
+        "  compiled at the run's shape on the CPU, the partitioner saves nothing eager does not (9% under eager);",
+        "  the GPU's +15% is transformers 5.17's mask under compile (last-dim stride 0), which sends CUDA's SDPA",
+        "  to its math kernel: fp32 s x s probabilities saved per layer (traced on fake CUDA tensors, its rule held",
+        "  back: +1.2% here, docs/fidelity.md). Reserved and nvidia-smi of the compiled Llama",
         f"  ({e('g-llama1b-bf16-compile-reserved')}, {e('g-llama1b-bf16-compile-nvidia-smi')}) come from the"
         " replay of its compiled stream, held to the compiled trace",
         "  within 1% (`replayable.compiled_stream_held`;",

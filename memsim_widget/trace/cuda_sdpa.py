@@ -96,9 +96,15 @@ def _heads_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> b
     return gqa and k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0
 
 
-def _dense_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ignore_singleton: bool) -> bool:
-    """4-D inputs, nonzero sequence lengths, last dims contiguous."""
+def _dense_ok(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, ignore_singleton: bool
+) -> bool:
+    """4-D inputs, nonzero sequence lengths, last dims contiguous, the mask's too
+    (``check_last_dim_stride_equals_1_dense``: on CUDA a mask whose last dim has stride != 1, e.g. an expanded
+    (b, 1, s, 1) column, fails every fused kernel; the CPU's check skips the mask)."""
     if not (q.dim() == k.dim() == v.dim() == 4) or q.shape[2] == 0 or k.shape[2] == 0:
+        return False
+    if mask is not None and mask.stride(-1) != 1:
         return False
     last = all(t.stride(-1) == 1 for t in (q, k, v))
     return last or (ignore_singleton and q.shape[-1] == 1)
@@ -123,7 +129,7 @@ def _cudnn_ok(q, k, v, mask, dropout: float, gqa: bool, grad: bool, dev: CudaSdp
         return False
     if dropout * 16 != math.floor(dropout * 16) or not _mask_shape_ok(q, k, mask):
         return False
-    if not _dense_ok(q, k, v, True) or not _heads_ok(q, k, v, True):
+    if not _dense_ok(q, k, v, mask, True) or not _heads_ok(q, k, v, True):
         return False
     b, h, s_q, d_qk = q.shape
     s_k, d_v = k.shape[2], v.shape[3]
@@ -156,10 +162,10 @@ def _flash_ok(
         return False
     if q.dtype not in _HALF or not (k.dtype == v.dtype == q.dtype):
         return False
-    return _heads_ok(q, k, v, gqa) and _dense_ok(q, k, v, True)
+    return _heads_ok(q, k, v, gqa) and _dense_ok(q, k, v, mask, True)
 
 
-def _efficient_ok(q, k, v, gqa: bool, dev: CudaSdpaDevice) -> bool:  # noqa: ANN001
+def _efficient_ok(q, k, v, mask, gqa: bool, dev: CudaSdpaDevice) -> bool:  # noqa: ANN001
     """``can_use_mem_efficient_attention`` (dense inputs; the caching allocator's bases are 256-byte aligned)."""
     if not _in(dev.sm, (5, 0), (12, 1)) or not (q.dim() == k.dim() == v.dim() == 4):
         return False
@@ -171,7 +177,7 @@ def _efficient_ok(q, k, v, gqa: bool, dev: CudaSdpaDevice) -> bool:  # noqa: ANN
         return False
     if dev.sm[0] >= 8 and any(t.storage_offset() % align for t in (q, k, v)):
         return False
-    if not _dense_ok(q, k, v, False) or not _heads_ok(q, k, v, gqa):
+    if not _dense_ok(q, k, v, mask, False) or not _heads_ok(q, k, v, gqa):
         return False
     allowed = (
         (torch.float16, torch.float32, torch.bfloat16) if dev.sm[0] >= 8 else (torch.float16, torch.float32)
@@ -198,7 +204,7 @@ def select_backend(
             return name
         if name == "flash" and _flash_ok(q, k, v, mask, dropout, causal, gqa, grad, dev):
             return name
-        if name == "efficient" and _efficient_ok(q, k, v, gqa, dev):
+        if name == "efficient" and _efficient_ok(q, k, v, mask, gqa, dev):
             return name
         if name == "math":
             return name

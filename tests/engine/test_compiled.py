@@ -280,6 +280,39 @@ def test_compiled_vit_under_autocast_saves_one_16_bit_cast_per_layernorm_and_fp3
     assert eager.layer_bytes() - act.layer_bytes() == 2 * 2 * T * h + 2 * 8 * T - 2 * 4 * T
 
 
+def test_compiled_vit_on_cudas_math_sdpa_saves_fp32_probabilities_instead_of_the_logsumexp() -> None:
+    """ViT amp-bf16 compiled on CUDA under transformers 5.17 (compiled_layernorm.CUDA_MATH_SDPA, traced on fake CUDA
+    tensors: tests/trace/test_trace_fake_cuda.py): its all-visible mask has last-dim stride 0, CUDA's fused kernels
+    refuse it, and the math composite's fp32 probabilities (4 b a s^2) replace the logsumexp (4 T a) in every layer;
+    one layer saves its scores with their row max, sum and mask row instead (9 T a more), and one layer's attention
+    backward holds the fp32 gradients of probabilities and scores (8 b a s^2). Held back from the engine's default
+    (HELD_BACK: which transformers runs is not in the scenario)."""
+    from fidelity_cases import CASES
+
+    from memsim_widget.engine.activations import activations
+    from memsim_widget.engine.activations.compiled_layernorm import (
+        CUDA_MATH_SDPA,
+        HELD_BACK,
+        layernorm_activations,
+    )
+    from memsim_widget.engine.context import Context
+
+    data = {**dict(CASES)["vit amp-bf16 sdpa b8 (no dropout)"], "compile": True}
+    b, s, a, h, I = 8, 197, 8, 256, 1024
+    T = b * s
+    weights = 4 * h * h + 2 * h * I
+    assert ("vit", "amp-bf16") in CUDA_MATH_SDPA and ("amp-bf16", "full") in HELD_BACK["vit"]
+    fused, math = (activations(Context(Scenario.from_dict(data))) for _ in range(2))
+    layernorm_activations(Context(Scenario.from_dict(data)), fused, weights)
+    layernorm_activations(Context(Scenario.from_dict(data)), math, weights, math_sdpa=True)
+    assert math.layer_bytes() - fused.layer_bytes() == 4 * b * a * s * s - 4 * T * a
+    assert sum(t.bytes for t in math.post) - sum(t.bytes for t in fused.post) == 9 * T * a
+    assert [t.bytes for t in math.attention_backward] == [8 * b * a * s * s]
+    # the default engine keeps eager's layers for this pair (held back)
+    eager = activations(Context(Scenario.from_dict({**data, "compile": False})))
+    assert activations(Context(Scenario.from_dict(data))).layer_bytes() == eager.layer_bytes()
+
+
 def test_gpt2_bert_and_vit_compiled_say_traced_and_their_untraced_variants_say_formula() -> None:
     """The traced pairs (GPT-2, BERT and RoBERTa in bf16, amp-bf16 and amp-fp16, with hidden dropout or without;
     GPT-2 in bf16 with full checkpointing; ViT in bf16 without dropout) carry the traced caveat; an untraced

@@ -53,6 +53,19 @@ def test_select_backend_follows_cudas_filters(case: dict, dev: CudaSdpaDevice, e
     assert got == expected
 
 
+@pytest.mark.parametrize("dev", [H200, A100])
+def test_a_mask_whose_last_dim_is_not_contiguous_fails_every_fused_kernel(dev: CudaSdpaDevice) -> None:
+    """``check_last_dim_stride_equals_1_dense`` (torch 2.13.0 ``ATen/native/transformers/sdp_utils_cpp.h``): on CUDA
+    the mask's last dim must have stride 1 too. transformers 5.17's all-visible bidirectional mask under compile is
+    an expand of a (1, 1, s, 1) column (stride 0): cuDNN and the efficient kernel refuse it, flash takes no mask, so
+    CUDA runs the math path; the same mask made contiguous takes a fused kernel."""
+    q, k, v = _qkv()
+    column = torch.ones(1, 1, q.shape[2], 1, dtype=torch.bool).expand(q.shape[0], 1, q.shape[2], k.shape[2])
+    assert column.stride(-1) == 0
+    assert select_backend(q, k, v, column, 0.0, False, False, dev) == "math"
+    assert select_backend(q, k, v, column.contiguous(), 0.0, False, False, dev) != "math"
+
+
 def test_flash_head_dim_limits_on_sm86_training() -> None:
     """sm86-89 and sm120: flash trains head dims up to 192, or above 224 without dropout."""
     q, k, v = (x.requires_grad_() for x in _qkv(d=256))
