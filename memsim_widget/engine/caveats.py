@@ -18,6 +18,29 @@ from memsim_widget.engine.speed.step_time import DEQUANT_BYTES, OVERLAPPING_FRAM
 from memsim_widget.scenario import Scenario
 
 
+def _compiled_math_sdpa_note(scenario: Scenario, arch: Architecture) -> str:
+    """The compiled encoders whose SDPA runs CUDA's math kernel under transformers before 5.24 (its stride-0
+    mask under compile, traced on fake CUDA tensors: ``compiled_layernorm.CUDA_MATH_SDPA``), with what it adds:
+    the fp32 probabilities each layer saves, 4 B x b x heads x s x s. Empty where it does not apply."""
+    from memsim_widget.engine.activations.compiled_layernorm import CUDA_MATH_SDPA
+
+    if (arch.family, scenario.precision) not in CUDA_MATH_SDPA:
+        return ""
+    b, s, heads, layers = (
+        scenario.micro_batch_size,
+        Context(scenario).seq_len,
+        arch.num_heads,
+        arch.num_layers,
+    )
+    extra = 4 * b * heads * s * s * layers
+    return (
+        f"; with transformers before 5.24 a compiled {arch.family} sends CUDA's SDPA to its math kernel (a "
+        f"stride-0 mask built under compile): about {extra / 2**30:.2f} GiB more allocated, the fp32 attention "
+        f"probabilities each layer saves (4 B x b x heads x s x s x layers = 4 x {b} x {heads} x {s} x {s} x "
+        f"{layers}; the H200's ViT-B run on transformers 5.17: +15% over eager, docs/fidelity.md)"
+    )
+
+
 def pipeline_under_caveat(scenario: Scenario) -> str:
     """The pipeline-over-FSDP layouts not checked against a trace (the fidelity suite's held-out fake-tensor
     traces: a 4-layer Mistral-7B-shaped model at a 32k vocabulary, 1,024 tokens, pp 2 x dp 2, 4 micro-batches,
@@ -95,9 +118,9 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
         out.append(
             "compile: untraced for this scenario, a formula (docs/fidelity.md): the layers keep eager's saved "
             "tensors (no compiled trace saved more: 0-48% less on decoders) "
-            "and a causal LM's loss is the compiled loss traced on Llama-layout decoders; on an H200 the compiled "
-            "ViT-B in amp-bf16 allocated 15% more than eager, unexplained (docs/fidelity.md); the trace (memsim trace, Verify) runs "
-            "the compiled step with Inductor's partitioner"
+            "and a causal LM's loss is the compiled loss traced on Llama-layout decoders; the trace (memsim trace, "
+            "Verify) runs the compiled step with Inductor's partitioner"
+            + _compiled_math_sdpa_note(scenario, arch)
         )
     budget = scenario.activation_memory_budget
     if budget is not None and budget < 1:

@@ -486,3 +486,19 @@ def test_compiled_modernbert_counts_the_partitioners_saved_set_and_says_traced()
     for other in ({"precision": "amp-bf16"}, {"activation_checkpointing": "full"}):
         caveats = estimate(Scenario.from_dict({**sc.to_dict(), **other})).caveats
         assert any(c.startswith("compile: untraced for this scenario, a formula") for c in caveats), other
+
+
+def test_a_compiled_vit_under_autocast_says_what_transformers_before_5_24_adds_on_cuda() -> None:
+    """The caveat of a compiled ViT in amp-bf16 names the fp32 probabilities CUDA's math SDPA saves under
+    transformers 5.17's compile mask (traced on fake CUDA tensors), filled in: 4 B x b x heads x s x s per layer;
+    in bf16 (not listed in ``CUDA_MATH_SDPA``) there is no such note."""
+    from memsim_widget.engine.core import estimate
+    from memsim_widget.scenario import Scenario
+
+    base = {"model": "vit-base-patch16-224", "micro_batch_size": 64, "compile": True}
+    amp = estimate(Scenario.from_dict({**base, "precision": "amp-bf16"}))
+    note = next(c for c in amp.caveats if c.startswith("compile:"))
+    assert f"about {4 * 64 * 12 * 197 * 197 * 12 / 2**30:.2f} GiB more allocated" in note
+    assert "4 x 64 x 12 x 197 x 197 x 12" in note
+    bf16 = estimate(Scenario.from_dict({**base, "precision": "bf16"}))
+    assert not any("math kernel" in c for c in bf16.caveats)
