@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from typing import Any
 
 from memsim_widget.engine.caches import parts_cache
 from memsim_widget.engine.core import _estimate, estimate
@@ -85,9 +86,31 @@ def many(n: int = 10_000) -> tuple[float, int]:
     return time.perf_counter() - t0, count
 
 
+#: The shapes timed one by one: the widget's usual one-GPU models, a LoRA, FSDP2 and DeepSpeed ZeRO-3 on 8 GPUs
+#: (issue 22: a new shape's estimate under 0.5 ms), then the large ones.
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.2-1b": {"model": "llama-3.2-1b", "seq_len": 2048},
+    "llama-3.1-8b": {"model": "llama-3.1-8b", "seq_len": 4096},
+    "qwen2.5-7b LoRA": {
+        "model": "qwen2.5-7b",
+        "seq_len": 4096,
+        "method": "lora",
+        "lora": {"targets": ["all-linear"]},
+    },
+    "8B FSDP2 dp8": {
+        "model": "llama-3.1-8b",
+        "seq_len": 4096,
+        "framework": "torchtitan",
+        "parallel": {"dp": 8, "zero": 3},
+    },
+    "8B ZeRO-3 dp8": {"model": "llama-3.1-8b", "seq_len": 4096, "parallel": {"dp": 8, "zero": 3}},
+    "llama-3.1-405b": {"model": "llama-3.1-405b", "seq_len": 4096},
+    "mixtral-8x7b": {"model": "mixtral-8x7b", "seq_len": 4096},
+}
+
 if __name__ == "__main__":
-    for name in ("llama-3.1-8b", "llama-3.1-405b", "mixtral-8x7b"):
-        sc = Scenario(model=name, seq_len=4096)
+    for name, d in SHAPES.items():
+        sc = Scenario.from_dict(d)
         new, cold = one_estimate_ms(sc), one_estimate_ms(sc, cold=True, repeats=20)
         shape = one_estimate_ms(sc.replace(reserved_model="replay"), new_shape=True, repeats=20)
         print(
