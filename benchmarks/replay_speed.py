@@ -16,6 +16,7 @@ figures (the benchmark stops if not). Prints, per scenario:
   ``allocator.replay``, before and after.
 
 * with ``--trace RUN ...``: a measured run traced on fake tensors (torch needed), its stream's replays.
+* per scenario, its events and the segments made per kind of phase (forward, loss, backward, optimizer step);
 * per scenario, whether its layers could be fast-forwarded (replay a few layer copies, extrapolate the rest):
   per copied section (``StreamWriter.repeat``: forward and backward of each step), in how many of its copies
   the allocator's cached blocks (sizes per stream and pool) came out as after the copy before, and how many
@@ -270,6 +271,31 @@ def layer_rows() -> None:
         print(f"layer copies whose cached blocks repeat, {name}: " + ("; ".join(rows) or "no copied layers"))
 
 
+def phase_rows() -> None:
+    """Per scenario: the share of its stream's events per kind of phase (forward, loss, backward, optimizer step,
+    the rest) and the segments each makes (added 2026-12-07: backward is most events and makes few segments)."""
+    from memsim_widget.engine.counters.allocator import CachingAllocator
+
+    for name, d in CASES.items():
+        ctx = Context(objectives.training_scenario(Scenario.from_dict({**d, "reserved_model": "replay"})))
+        if not replayable(ctx):
+            continue
+        stream = alloc_stream.rank_stream(ctx, ctx.stages[0])
+        a, kinds = CachingAllocator(None, allocator_conf(ctx)), {}
+        marks = [*stream.marks, (len(stream.events), "")]
+        for (start, label), (end, _) in zip(marks, marks[1:], strict=False):
+            kind = next((k for k in ("backward", "forward", "loss", "optimizer") if k in label), "other")
+            segments = a.segments
+            a.run(stream.events[start:end])
+            events, made = kinds.get(kind, (0, 0))
+            kinds[kind] = (events + end - start, made + a.segments - segments)
+        n = len(stream.events)
+        print(
+            f"phases, {name}: "
+            + ", ".join(f"{k} {e / n:.0%} of {n} events ({m} segments)" for k, (e, m) in kinds.items())
+        )
+
+
 #: ``--vs``'s new shapes: one GPU 8B, torchtitan FSDP2 on 8 GPUs (expandable segments), one GPU 0.5B with 16
 #: micro-batches per step.
 VS_CASES: dict[str, dict[str, Any]] = {
@@ -361,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         vs_rows(args.vs, args.rounds, args.repeats)
         return 0
     scenario_rows(args.repeats)
+    phase_rows()
     layer_rows()
     trace_rows(args.repeats)
     real_trace_rows(args.trace, args.repeats)

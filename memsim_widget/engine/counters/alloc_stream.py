@@ -306,6 +306,8 @@ class StreamWriter:
         self.events: list[Event] = []
         self.marks: list[tuple[int, str]] = []
         self.handle = 0
+        #: the bytes of handle ``h`` at ``sizes[h - 1]`` (``size``: handles are numbered in allocation order)
+        self.sizes: list[int] = []
         #: per step, ``here()`` at the start of its micro-batches 2 to M and after the last: where the replay may
         #: find them copies of each other (``replay_stream``; nothing is assumed, each copy is checked)
         self.micro_bounds: list[list[tuple[int, int]]] = []
@@ -320,8 +322,10 @@ class StreamWriter:
         if n == 1:  # most calls: one tensor
             self.handle = h + 1
             self.events.append((h + 1, size, stream))
+            self.sizes.append(size)
             return [h + 1]
         self.events += [alloc(h + k + 1, size, stream) for k in range(n)]
+        self.sizes += [size] * max(n, 0)
         self.handle = h + n
         return list(range(h + 1, h + n + 1))
 
@@ -341,6 +345,7 @@ class StreamWriter:
             else:
                 ev += [(h + up, size, st) for h, size, st in block]
         self.handle += times * d
+        self.sizes += self.sizes[h0 : h0 + d] * times  # each copy allocates the block's handles, in order
         return d
 
     def here(self) -> tuple[int, int]:
@@ -391,7 +396,10 @@ class StreamWriter:
         return out
 
     def size(self, handle: int) -> int:
-        """The bytes ``handle`` was allocated with (handles are numbered in allocation order)."""
+        """The bytes ``handle`` was allocated with (handles are numbered in allocation order; where events were
+        written past ``alloc`` and ``repeat``, found among them)."""
+        if len(self.sizes) == self.handle:
+            return self.sizes[handle - 1]
         return next(size for h, size, _ in reversed(self.events) if h == handle and size != FREE)
 
 

@@ -100,7 +100,7 @@ def _addr(t: tuple[int, object]) -> int:
 class _Block:
     """A range of a segment: allocated, cached (free) or, in an expandable segment, unmapped."""
 
-    __slots__ = ("addr", "size", "key", "allocated", "prev", "next", "mapped", "seg", "gc_base", "req")
+    __slots__ = ("addr", "size", "key", "allocated", "prev", "next", "mapped", "seg", "gc_base", "req", "fl")
 
     def __init__(self, addr: int, size: int, key: tuple[int, bool], seg: int, mapped: bool = True) -> None:
         self.addr = addr
@@ -113,6 +113,7 @@ class _Block:
         self.seg = seg  # segment id; expandable segments are negative
         self.gc_base = 0
         self.req = 0  # the bytes asked for, while allocated
+        self.fl: list[int] | None = None  # ``run``: its stream and pool's free list, once looked up
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
@@ -235,6 +236,9 @@ class CachingAllocator:
         conf, plain, exp = self.conf, self._plain_round, self._expandable
         allocated, requested, seen, n = self.allocated, self.requested, self._seen, 0
         peak_a, peak_q = self.peak_allocated, self.peak_requested
+        made = (
+            self.reserved > seen
+        )  # reserved may have risen past ``seen``: after a segment or pages are made
         for n, (handle, size, stream) in enumerate(events, 1):  # noqa: B007
             if size == FREE:  # ``free``
                 b = live.pop(handle, None)
@@ -243,9 +247,9 @@ class CachingAllocator:
                 b.allocated = False
                 allocated -= b.size
                 requested -= b.req
-                lst = lists.get(b.key)
+                lst = b.fl
                 if lst is None:
-                    lst = lists[b.key] = []
+                    lst = b.fl = lists.setdefault(b.key, [])
                 p = b.prev
                 if p is not None and not p.allocated and p.mapped:  # unmapped ranges stay apart
                     del lst[bisect_left(lst, p.size << ADDR_BITS | p.addr)]
@@ -289,6 +293,7 @@ class CachingAllocator:
                                 i, grow = i + 1, g
                         block = blocks.pop(lst.pop(i) & ADDR_MASK)
                 if block is None:
+                    made = True
                     block = self._alloc_block(key, rounded)
                     if block is None:
                         self._release_cached()
@@ -310,9 +315,9 @@ class CachingAllocator:
                         x.prev = r
                     block.next = r
                     block.size = rounded
-                    lst = lists.get(key)  # ``_alloc_block`` may have made it (expandable segments)
-                    if lst is None:
-                        lst = lists[key] = []
+                    lst = r.fl = block.fl
+                    if lst is None:  # ``_alloc_block`` may have made it (expandable segments)
+                        lst = r.fl = lists.setdefault(key, [])
                     insort(lst, rest << ADDR_BITS | r.addr)
                     blocks[r.addr] = r
                 block.allocated = True
@@ -324,8 +329,8 @@ class CachingAllocator:
                     peak_a = allocated
                 if requested > peak_q:
                     peak_q = requested
-            if self.reserved > seen:
-                seen, self.peak_event = self.reserved, n - 1
+            if made and self.reserved > seen:
+                made, seen, self.peak_event = False, self.reserved, n - 1
                 self.peak_tails = [lst[-3:] for lst in lists.values()]
         self.allocated, self.requested = allocated, requested
         self.peak_allocated, self.peak_requested, self._seen = peak_a, peak_q, seen
@@ -472,13 +477,15 @@ class CachingAllocator:
                 return None
             return self._expand(key, size)
         seg_size = allocation_size(size)
-        if not self._room(seg_size):
+        if (self.capacity is not None or self.allowed is not None) and not self._room(seg_size):
             return None
         block = _Block(self._next_addr, seg_size, key, self._next_seg)
         self._next_addr += seg_size
         self._next_seg += 1
         self.segments += 1
-        self._set_reserved(seg_size)
+        self.reserved += seg_size  # ``_set_reserved``
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
         return block
 
     # -- releasing the cache --
@@ -606,18 +613,14 @@ class CachingAllocator:
     def _find_expandable(self, key: tuple[int, bool], size: int) -> _Block:
         """``find_expandable_block``: walk the unmapped ranges by address (with a free block just before),
         else open a new segment for the stream and pool."""
-
-        def room(b: _Block | None) -> bool:
-            total = 0
-            while total < size and b is not None and not b.allocated:
-                total += b.size
-                b = b.next
-            return total >= size
-
         for _, c in self.unmapped.get(key, []):
             if c.prev is not None and not c.prev.allocated:
                 c = c.prev
-            if room(c):
+            total, b = 0, c  # the free run from ``c`` holds ``size``
+            while total < size and b is not None and not b.allocated:
+                total += b.size
+                b = b.next
+            if total >= size:
                 return c
         span = -(-(2 * (self.capacity or (1 << 48)) + size) // LARGE_BUFFER) * LARGE_BUFFER
         self._next_addr = -(-self._next_addr // LARGE_BUFFER) * LARGE_BUFFER  # page-aligned for both pools
@@ -630,9 +633,9 @@ class CachingAllocator:
 
     def _map(self, b: _Block, size: int) -> bool:
         """``map_block``: map whole pages over the first ``size`` bytes of unmapped ``b``."""
-        page = self._page(b.key)
+        page = SMALL_BUFFER if b.key[1] else LARGE_BUFFER  # ``_page``
         mapped = -(-size // page) * page
-        if not self._room(mapped):
+        if (self.capacity is not None or self.allowed is not None) and not self._room(mapped):
             return False
         self._unmapped_remove(b)
         b.mapped = True
