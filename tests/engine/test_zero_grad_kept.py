@@ -38,13 +38,13 @@ SCENARIOS = [
 def test_the_kept_gradients_add_every_gradient_but_the_heads_to_the_peak(mode):
     """fp32 BERT-large: at the top of backward (its eager attention's softmax backward in the top layer)
     set_to_none holds the head's and final norm's gradients and those the top layer made before its attention's
-    backward (engine/states/gradients._top_layer_made: the output projection, the MLP and the block's norms but
-    the first: h = 1,024, I = 4,096, (h + 1) h + 2 h I + I + h + 2 h); with them kept, all 335,145,986
-    parameters' gradients: 4 B x (335,145,986 - 1,051,650 - that layer's) more live tensor bytes at the same
-    moment. (BERT's norms both follow its attention, so its first is made by then too: 2,048 parameters the rule
-    leaves out, noted in the stop 38 closing note.)"""
+    backward (engine/states/gradients._top_layer_made: the output projection's weight and bias, the MLP and the
+    block's norms after the attention, both of BERT's post-norm LayerNorms: h = 1,024, I = 4,096,
+    (h + 1) h + 2 h I + I + h + 2 x 2 h);
+    with them kept, all 335,145,986 parameters' gradients: 4 B x (335,145,986 - 1,051,650 - that layer's) more
+    live tensor bytes at the same moment."""
     h, inter = 1024, 4096
-    top_layer_made = (h + 1) * h + 2 * h * inter + inter + h + 2 * h
+    top_layer_made = (h + 1) * h + 2 * h * inter + inter + h + 2 * 2 * h
     none = estimate({**BERT_2022, "reserved_model": mode})
     kept = estimate({**BERT_2022, "reserved_model": mode, "zero_grad": "zeros"})
     assert none.trainable_parameters == BERT_PARAMETERS

@@ -216,7 +216,8 @@ def _top_layer_made(ctx: Context, groups: list[LocalGroup], grad_b: int) -> list
     ready node of the highest sequence number first), so the MLP's, the output projection's (the attention
     weights split along their input, ``tp_dim`` 1) and every norm's but the layer's first are made by then
     (traced: Llama h256 bf16 b2 s256, gradient bytes at ``_softmax_backward_data`` 1,700,864 = the head's and
-    final norm's 512,512 + this layer's 1,188,352). Only a sequential block of one stack with the eager core;
+    final norm's 512,512 + this layer's 1,188,352); in a post-norm block (BERT: ``first_after_attention``) both
+    norms follow the attention, so both are made. Only a sequential block of one stack with the eager core;
     elsewhere (a parallel MLP runs its backward after the attention's; a fused kernel's backward is no larger
     than the MLP's) none is counted."""
     from memsim_widget.engine.activations.mlp import parallel_mlp
@@ -229,12 +230,17 @@ def _top_layer_made(ctx: Context, groups: list[LocalGroup], grad_b: int) -> list
         return []
     # the block's norms (a q/k norm inside the attention is differentiated after its core)
     norms = [g for g in layer if g.group.kind == "norm" and "attn" not in g.group.name]
+    # the first norm module (weight and bias) runs before the attention, unless the block is post-norm (its first
+    # norm reads the attention's output, so its backward runs before the core's too)
+    first = "" if arch.facts.norm.first_after_attention or not norms else _module(norms[0].group.name)
+    # the output projection: its weight split along its input (``tp_dim`` 1) and its bias, in the same module
+    out_proj = {_module(g.group.name) for g in layer if g.group.kind == "attention" and g.group.tp_dim == 1}
     made = [
         g
         for g in layer
         if (g.group.kind == "mlp" and not g.group.expert)
-        or (g.group.kind == "attention" and g.group.tp_dim == 1)
-        or (g in norms and g is not norms[0])
+        or (g.group.kind == "attention" and _module(g.group.name) in out_proj)
+        or (g in norms and _module(g.group.name) != first)
     ]
     n = sum(g.numel_each for g in made)
     if not n:
@@ -242,13 +248,18 @@ def _top_layer_made(ctx: Context, groups: list[LocalGroup], grad_b: int) -> list
     return [
         Item(
             "gradients",
-            "gradients of the top layer made before its attention's backward (o_proj, MLP, norms but the first)",
+            "gradients of the top layer made before its attention's backward (o_proj, MLP, the norms after it)",
             n * grad_b,
             f"{fmt_int(n)} params x {grad_b} B",
             "tensor",
             len(made),
         )
     ]
+
+
+def _module(name: str) -> str:
+    """A parameter's module: its name without the last component (``...LayerNorm.bias`` -> ``...LayerNorm``)."""
+    return name.rpartition(".")[0]
 
 
 def _tied_part(numel: int, grad_b: int, what: str) -> Item:
