@@ -6,7 +6,7 @@ gradients, AdamW states and foreach temporaries are a few large tensors, as the 
 from __future__ import annotations
 
 import pytest
-from fidelity_cases import SMALL
+from fidelity_cases import QWEN3_MOE_MIXED, SMALL
 
 from memsim_widget import Scenario
 from memsim_widget.engine.caches.parts_cache import cached_activation_groups
@@ -140,7 +140,10 @@ def test_a_moe_layer_saves_its_fused_gate_up_output_and_its_down_output_as_the_t
     reserved (now 0.00%)."""
     d = {**TRAIN, "model": qwen3_moe(64), **LORA}
     rows, h, I, T, E = 2048, 512, 256, 1024, 64
-    assert _layer_tensors(d, "routed experts: activation internals (swiglu)") == [2 * rows * 2 * I, 2 * rows * I]
+    assert _layer_tensors(d, "routed experts: activation internals (swiglu)") == [
+        2 * rows * 2 * I,
+        2 * rows * I,
+    ]
     assert _layer_tensors(d, "routed experts: router (softmax) and routed token copies") == [
         4 * T * E,  # fp32 probabilities
         2 * rows * h,  # the down output, kept by the routing-weight multiply
@@ -169,3 +172,17 @@ def test_mixtrals_experts_take_no_lora_target() -> None:
         "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
     }
     assert Context(Scenario.from_dict(ok)).arch.facts.limits.lora_expert_targets == ("w1", "w2", "w3")
+
+
+def test_a_hybrid_stacks_layers_make_each_groups_gradients_once() -> None:
+    """Qwen3-MoE of 4 layers with its experts at layer 1 alone (sparse step 2, mlp_only_layers [3]): 32 experts of
+    I=128 (gate_up [32, 256, 256], down [32, 256, 128]) in one layer, the dense MLP (688) in three. Each layer's
+    backward makes a quarter of the experts' elements and three quarters of the dense MLP's, so that the step
+    makes every gradient once: whole tensors per layer, it made the fused experts' four times (16.0 M elements for
+    6.0 M)."""
+    ctx = Context(Scenario.from_dict({**TRAIN, "model": QWEN3_MOE_MIXED}))
+    stage = ctx.stages[0]
+    order = grad_order(ctx, stage)
+    total = sum(lg.numel for lg in local_groups(ctx, stage))
+    assert sum(order.top) + stage.layers * sum(order.layer) + sum(order.bottom) == total
+    assert 32 * 256 * 256 // 4 in order.layer and 688 * 256 * 3 // 4 in order.layer
