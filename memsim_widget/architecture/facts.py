@@ -262,6 +262,12 @@ class LimitFacts:
     expert_parallel_error: str | None = None
     #: why ``all-linear`` LoRA is refused, None: allowed
     lora_all_linear_error: str | None = None
+    #: the LoRA target names peft 0.21.2 turns into ``target_parameters`` on this model's fused routed experts
+    #: (``utils/transformers_weight_conversion.py`` ``_MOE_TARGET_MODULE_MAPPING``: Mixtral's w1/w3 -> gate_up_proj,
+    #: w2 -> down_proj; Qwen3-MoE's gate_proj/up_proj -> gate_up_proj, down_proj -> down_proj), refused
+    #: (rules/model.py): no Linear carries them in transformers 5.24 and the engine does not model peft's
+    #: ``ParamWrapper``, which makes the merged weight W + B A of a layer's experts on every forward
+    lora_expert_targets: tuple[str, ...] = ()
     #: layers per repeating block a pipeline stage must hold a multiple of (Jamba's period)
     block_period: int = 1
 
@@ -456,7 +462,7 @@ FACT_KEYS = frozenset(
         "fp32_logits", "loss_upcast", "final_logit_softcapping", "mlm_head", "projection_dim",
         "residual_dropout_masks", "embd_pdrop", "embedding_dropout",
         "hybrid", "layer_block_types", "moe_layer_indices",
-        "expert_parallel_error", "lora_all_linear_error", "block_period",
+        "expert_parallel_error", "lora_all_linear_error", "lora_expert_targets", "block_period",
         "coverage", "compiled_recipes", "use_sliding_window",
         "num_channels", "image_size", "patch_size", "num_patches", "grid", "window_size",
         "ssm", "vision", "calibration",
@@ -596,6 +602,7 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
         limits=LimitFacts(
             expert_parallel_error=x("expert_parallel_error"),
             lora_all_linear_error=x("lora_all_linear_error"),
+            lora_expert_targets=tuple(x("lora_expert_targets") or ()),
             block_period=x("block_period", 1),
         ),
         coverage=RuleCoverage(

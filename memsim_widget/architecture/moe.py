@@ -1,7 +1,7 @@
 """Shared pieces of the mixture-of-experts families (mixtral aside: qwen3_moe, deepseek_v2/v3, gpt_oss, llama4).
 
 transformers 5 stores each MoE layer's routed experts fused, as ``experts.gate_up_proj`` [E, 2I, h] and
-``experts.down_proj`` [E, h, I] (plain ``nn.Parameter`` s, not ``nn.Linear``: LoRA cannot target them), and
+``experts.down_proj`` [E, h, I] (plain ``nn.Parameter`` s, not ``nn.Linear``: no LoRA Linear adapter), and
 the router as a ``weight`` [E, h] parameter. The Architecture lists one tensor per expert (``count = MoE
 layers x E``) so that expert parallelism divides the count, with the same element count as the fused tensors;
 a rank holds them fused again, one [E/ep, ...] tensor per MoE layer (``engine/states/budget.fused_experts``).
@@ -19,6 +19,15 @@ from typing import Any
 from memsim_widget.architecture.layers import linear_params
 from memsim_widget.architecture.types import ParamGroup
 from memsim_widget.errors import ScenarioError
+
+#: Why ``all-linear`` LoRA is refused on a model whose fused experts peft 0.21.2 adapts as parameters (Mixtral,
+#: Qwen3-MoE: ``LimitFacts.lora_expert_targets``): with a string ``target_modules`` it adds the experts' transformers
+#: 4 names, then maps them onto ``gate_up_proj``, ``down_proj`` and the router's ``gate.weight``
+#: (``utils/transformers_weight_conversion.py`` ``_resolve_string_target_modules``; held on tiny models on CPU)
+EXPERTS_ALL_LINEAR_ERROR = (
+    "'all-linear' makes peft 0.21.2 adapt the fused routed experts (gate_up_proj, down_proj) through "
+    "target_parameters, which the engine does not model; name the Linear modules (e.g. q_proj, k_proj, v_proj, o_proj)"
+)
 
 
 def moe_layer_flags(n_layers: int, is_moe: Any) -> list[bool]:

@@ -38,6 +38,7 @@ from memsim_widget.architecture.layers import (
     norm_params,
 )
 from memsim_widget.architecture.moe import (
+    EXPERTS_ALL_LINEAR_ERROR,
     check_top_k,
     dense_mlp,
     layer_indices,
@@ -137,6 +138,9 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
             "qk_norm": "head",  # q_norm / k_norm: one RMSNorm per head over d (engine/activations/norms.py)
             "mlp_parts": mlp_parts(n_dense, inter, n_moe, top_k, i_moe, E),
             "moe_layers": n_moe,
+            # transformers 4's expert Linears, fused in 5 (architecture/facts.LimitFacts)
+            "lora_expert_targets": ("gate_proj", "up_proj", "down_proj") if n_moe else (),
+            "lora_all_linear_error": EXPERTS_ALL_LINEAR_ERROR if n_moe else None,
             "dense_intermediate_size": inter,
             "moe_intermediate_size": i_moe,
             "norm_topk_prob": read_bool(cfg, "norm_topk_prob", d_["norm_topk_prob"]),

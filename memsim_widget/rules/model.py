@@ -106,6 +106,13 @@ def _unknown_targets(v: View) -> bool:
     return any(t not in v["linear_modules"] and t != "all-linear" for t in targets)
 
 
+def _expert_targets(v: View) -> list[str]:
+    """The LoRA targets peft maps onto the model's fused routed experts (``LimitFacts.lora_expert_targets``)."""
+    targets = v["lora.targets"]
+    names = v["arch"].facts.limits.lora_expert_targets
+    return [t for t in targets if t in names] if isinstance(targets, list | tuple) else []
+
+
 def _known_targets(v: View) -> list[str]:
     return [t for t in v["lora.targets"] if t in v["linear_modules"] or t == "all-linear"] or ["all-linear"]
 
@@ -234,6 +241,17 @@ RULES: tuple[Rule, ...] = (
         broken=_unknown_targets,
         message="LoRA targets that name no Linear module of this model are dropped",
         reset=_known_targets,
+    ),
+    Rule(
+        "LoRA targets no fused expert",
+        "lora.targets",
+        "model",
+        broken=lambda v: v["method"] != "full" and bool(_expert_targets(v)),
+        message=lambda v: (
+            f"{_expert_targets(v)} are this model's routed experts, fused parameters in transformers 5.24 that "
+            "peft adapts through target_parameters (not modelled); allowed: "
+            f"{', '.join(sorted({g.module for g in v['arch'].params if g.module}))}"
+        ),
     ),
     Rule(
         "LoRA targets match a module",

@@ -29,6 +29,48 @@ ACT_SAVED = {"swiglu": 3, "geglu": 3, "gelu_tanh": 4, "gelu": 1, "relu": 1, "qui
 ACT_SAVED_PART = {"clamped-swiglu": 6}
 
 
+def fused_gate_up(act: str, n_act: int) -> tuple[int, tuple[float, ...]]:
+    """The tensors and their shares a routed expert's activation saves per ``k x T x I``: transformers 5.24.0
+    holds a layer's experts' gate and up projections as one ``gate_up_proj`` (``integrations/moe.py``
+    ``grouped_mm_experts_forward``, ``models/qwen3_moe/modeling_qwen3_moe.py`` ``Qwen3MoeExperts``), so a gated
+    activation's gate and up are two views of one [rows, 2 I] output, saved beside act(gate) [rows, I]: two
+    tensors of 2/3 and 1/3 (traced on Qwen3-MoE and Mixtral, full and LoRA); other activations as ``n_act``
+    equal tensors."""
+    if act in ("swiglu", "geglu") and n_act == 3:
+        return 2, (2 / 3, 1 / 3)
+    return n_act, ()
+
+
+def _shares(pieces: list[float]) -> tuple[int, tuple[float, ...]]:
+    """The tensors of a term made of ``pieces`` (bytes each; empty ones left out) and their shares."""
+    kept = [x for x in pieces if x > 0]
+    total = sum(kept)
+    return len(kept), tuple(x / total for x in kept)
+
+
+def grouped_mm_book(full: bool) -> int:
+    """Bytes per routed row of grouped_mm's bookkeeping that a MoE layer keeps for backward (transformers 5.24.0
+    ``integrations/moe.py``): the top-k indices, the sort permutation, the token index (perm // k), the inverse
+    permutation and routing-weight copies, 40 B in all (traced on Qwen3-MoE and Mixtral); frozen experts (LoRA)
+    one int64 index less, 32 B (traced on GPT-OSS; Qwen3-MoE and Mixtral keep 40 there too, not yet followed)."""
+    return 40 if full else 32
+
+
+def router_pieces(kind: str, ec: int, T: int, E: int, k: int, fp32_in: int) -> list[int]:
+    """The tensors a router of ``kind`` saves (``mlp_parts``' router bytes, one entry per tensor): softmax its
+    fp32 probabilities (its 16-bit logits are not kept: transformers 5.24.0 ``Qwen3MoeTopKRouter`` and
+    ``MixtralTopKRouter``, traced full and LoRA), sigmoid the fp32 input copy, the fp32 sigmoid and the group mask,
+    softmax-fp32 the fp32 input copy and the probabilities, topk-softmax the softmax over the k top logits and
+    its gathered copy, topk-sigmoid the fp32 sigmoid over E and the top-k indices."""
+    return {
+        "softmax": [4 * T * E],
+        "sigmoid": [fp32_in, 4 * T * E, T * E],
+        "softmax-fp32": [fp32_in, 4 * T * E],
+        "topk-softmax": [ec * T * k, ec * T * k],
+        "topk-sigmoid": [4 * T * E, 8 * T * k],
+    }[kind]
+
+
 def parallel_mlp(arch: Architecture) -> bool:
     """The MLP reads a norm of the layer input, beside attention (Phi; GPT-NeoX's parallel residual)."""
     f = arch.facts
@@ -61,24 +103,30 @@ def mlp(st: HFLayer) -> None:
         per_elem, formula = n_act * ab_, f"{n_act} x {ab_} B x {kf}, I={I}"
         if amp and arch.mlp_activation == "gelu_tanh" and ab_ == ec:
             per_elem, formula = gelu_tanh_autocast(ec, kf, I)
+        tensors, shares = fused_gate_up(arch.mlp_activation, n_act) if moe else (n_act, ())
         add(
             f"MLP activation internals ({arch.mlp_activation})",
             per_elem * Tm * I,
             formula + ("; none in layer 0 (frozen embeddings)" if mlp_free0 else ""),
-            n_act,
+            tensors,
             first_bytes=per_elem * Tm * I if mlp_free0 else 0,
+            shares=shares,
         )
         consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input", upstream=ATTN_IN | ATTN_OUT | MLP_IN)
     if moe and not parts:
         E = arch.num_experts
-        # frozen router and experts (LoRA): no logits (the router's input is saved only for its weight) and
-        # no gathered input rows, only the fp32 probabilities and the down output (traced on Mixtral)
-        lg, cp = (ec, 2) if full else (0, 1)
+        # the router's fp32 probabilities (no logits: ``router_pieces``), the routed copies (the gathered input rows
+        # and the down output; frozen experts under LoRA: the down output alone, traced on Mixtral) and grouped_mm's
+        # int64 indices (``grouped_mm_book``), a tensor each
+        cp, book = (2 if full else 1), grouped_mm_book(full)
+        pieces = [*router_pieces("softmax", ec, T, E, arch.experts_per_token, 0), *[ec * Tm * h] * cp]
+        tensors, shares = _shares([*pieces, *[8 * Tm] * (book // 8)])
         add(
-            "MoE router logits, probabilities and routed token copies",
-            (lg + 4) * T * E + cp * ec * Tm * h,
-            f"({lg} + 4) B x T x E + {cp} x {ec} B x k x T x h, E={E}",
-            3,
+            "MoE router probabilities, routed token copies and indices",
+            4 * T * E + cp * ec * Tm * h + book * Tm,
+            f"4 B x T x E + {cp} x {ec} B x k x T x h + {book} B x k x T, E={E}",
+            tensors,
+            shares=shares,
         )
     mlp_to = len(L)
     st.Tm, st.I, st.mlp_from, st.mlp_to = Tm, I, mlp_from, mlp_to
@@ -93,8 +141,8 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
     alike): the gathered input rows, the gate_up output, act(gate) and the product (saved by down_proj),
     and the down output kept by the routing-weight multiply -- k rows per token in all (frozen experts under
     LoRA: no gathered rows, no down_proj input). A part's ``activation`` (GPT-OSS ``"clamped-swiglu"``)
-    overrides the model's for its internals. Its router saves, for ``"softmax"`` (Mixtral, Qwen3-MoE)
-    the logits and the fp32 probabilities over E; for ``"sigmoid"`` (DeepSeek-V3) the fp32 copy of its
+    overrides the model's for its internals. Its router saves, for ``"softmax"`` (Qwen3-MoE) the fp32
+    probabilities over E; for ``"sigmoid"`` (DeepSeek-V3) the fp32 copy of its
     input, the fp32 logits' sigmoid and the group mask; for ``"softmax-fp32"`` (DeepSeek-V2) the fp32 input
     copy and the fp32 probabilities; for ``"topk-softmax"`` (GPT-OSS) the softmax over its k top logits
     and the gathered copy; for ``"topk-sigmoid"`` (Llama 4) the fp32 sigmoid over all E (non-chosen logits set
@@ -111,11 +159,13 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
         name, share = part.name, f"{part.layers}/{layers} layers"
         act = arch.mlp_activation if part.activation is None else part.activation
         n_act = ACT_SAVED_PART.get(act, ACT_SAVED.get(act, 3))
+        tensors, shares = fused_gate_up(act, n_act) if part.experts else (n_act, ())
         add(
             f"{name}: activation internals ({act})",
             frac * n_act * ec * rows * width,
             f"{share} x {n_act} x {ec} B x {part.rows} x T x {width}",
-            n_act,
+            tensors,
+            shares=shares,
         )
         if rows * width > worst[0] * worst[1]:
             worst = (rows, width)
@@ -131,27 +181,24 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
             )
         kind = part.router
         # grouped_mm keeps per routed row the gathered input and the down output (2 copies), plus its
-        # bookkeeping: the top-k indices, the sort permutation, the token index (perm // k), the inverse
-        # permutation and routing-weight copies (40 B in all, traced on Qwen3-MoE); frozen experts (LoRA) keep no
-        # gathered input and one int64 index less (32 B; traced on GPT-OSS). Llama 4 (``dispatch: dense``)
+        # bookkeeping (``grouped_mm_book``); frozen experts (LoRA) keep no gathered input. Llama 4 (``dispatch: dense``)
         # keeps the repeated input (residual dtype: fp32 under autocast, where bmm saves a 16-bit cast of the
         # scaled copy), the score-scaled copy (none when the experts are frozen) and the score column.
         dense = part.dispatch == "dense"
         copies = 2 if full else 1
         rb = (r or ec) if dense else ec
-        book = ec if dense else (40 if full else 32)
+        book = ec if dense else grouped_mm_book(full)
         routed = (rb + (copies - 1) * ec) * rows * h + book * rows
         k = part.rows if part.top_k is None else part.top_k
         # DeepSeek's fp32 router keeps its fp32 input copy only for its own weight's gradient (none under LoRA)
         fp32_in = 4 * T * h if full else 0
-        router = {
-            "softmax": (ec + 4) * T * E,
-            "sigmoid": fp32_in + 5 * T * E,
-            "softmax-fp32": fp32_in + 4 * T * E,
-            "topk-softmax": 2 * ec * T * k,  # GPT-OSS: softmax over the k top logits, its gathered copy
-            # Llama 4: the fp32 sigmoid of the -inf-filled logits and the top-k indices
-            "topk-sigmoid": 4 * T * E + 8 * T * k,
-        }[kind]
+        # a tensor each: the router's (``router_pieces``), the routed copies and grouped_mm's bookkeeping (its
+        # int64 index tensors, 8 B per row each; Llama 4: the score column)
+        saved = router_pieces(kind, ec, T, E, k, fp32_in)
+        router = sum(saved)
+        pieces = [*saved, rb * rows * h, *[ec * rows * h] * (copies - 1)]
+        pieces += [book * rows] if dense else [8 * rows] * (book // 8)
+        tensors, shares = _shares(pieces)
         add(
             f"{name}: router ({kind}) and routed token copies",
             frac * (router + routed),
@@ -159,6 +206,7 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
             + (f" + {ec}" if copies > 1 else "")
             + ") B x k x T x h + "
             + (f"{ec} B x E x T scores)" if dense else f"{book} B x k x T indices)"),
-            3,
+            tensors,
+            shares=shares,
         )
     return worst

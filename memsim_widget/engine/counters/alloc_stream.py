@@ -216,8 +216,9 @@ class GradOrder:
 
 
 def grad_order(ctx: Any, stage: Any) -> GradOrder:
-    """``GradOrder`` of ``stage``'s rank (``engine/states.local_groups``)."""
-    from memsim_widget.engine.states.budget import local_groups
+    """``GradOrder`` of ``stage``'s rank (``engine/states.local_groups``; a layer's share of each group:
+    ``states/budget.per_layer_tensors``)."""
+    from memsim_widget.engine.states.budget import local_groups, per_layer_tensors
 
     top: list[int] = []
     layer: list[int] = []
@@ -229,7 +230,7 @@ def grad_order(ctx: Any, stage: Any) -> GradOrder:
     for lg in local_groups(ctx, stage):
         g = lg.group
         if g.scope == "layer":
-            layer += [lg.numel_each] * max(lg.count // max(stage.layers, 1), 1)
+            layer += per_layer_tensors(lg.numel_each, lg.count, max(stage.layers, 1))
             even = even and lg.count % max(stage.layers, 1) == 0
         elif g.scope == "pre":
             (top if tied and g.kind == "embedding" else bottom).extend([lg.numel_each] * lg.count)

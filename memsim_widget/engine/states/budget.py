@@ -115,6 +115,16 @@ def fused_experts(count: int, shape: list[int], experts: int, ep: int) -> tuple[
     return count // ep, shape
 
 
+def per_layer_tensors(numel: int, count: int, layers: int) -> list[int]:
+    """One layer's share of a layer group's ``count`` tensors of ``numel`` elements over ``layers`` layers: its
+    whole tensors, and where the count is not a multiple of the layers (a hybrid stack: MoE at every other layer,
+    Mamba at three of four, a dense first layer) the rest spread over the layers as one tensor of that share, so
+    that the layers hold the group's elements, not a whole tensor each (the fused experts of two MoE layers of
+    four were written as four)."""
+    whole, rest = divmod(count, layers)
+    return [numel] * whole + ([numel * rest // layers] if rest else [])
+
+
 def local_groups(ctx: Context, stage: Stage) -> list[LocalGroup]:
     """The parameter groups held by ``stage``, split by tensor and expert parallelism."""
     arch, par = ctx.arch, ctx.par
