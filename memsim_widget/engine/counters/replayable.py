@@ -138,7 +138,10 @@ def ddp_replayable(ctx: Any) -> bool:
     without ZeRO under a framework that wraps with torch DDP (``profile.ddp_buckets``: HF Trainer / accelerate),
     no other parallelism, full training, LoRA or QLoRA (``_ddp_lora_modelled``), no frozen stack, eager (a compiled
     step's DDPOptimizer splits the graph at the buckets: not modelled), any number of micro-batches
-    (``no_sync``)."""
+    (``no_sync``). Not over TP ranks: torch 2.13 DDP takes a TP-sharded module (a 1-D ``device_mesh`` sliced from
+    a larger one: ``tensor/parallel/ddp._pre_dp_module_transform``), but no modelled framework wraps one so
+    (transformers 5.24 puts FSDP2 beside TP, accelerate 1.16 skips DDP under TP, torchtitan 018740b7 refuses
+    DDP with another dimension: docs/allocator.md "Tensor parallel ranks")."""
     from memsim_widget.engine.frameworks import profile
 
     p = ctx.par
