@@ -63,6 +63,23 @@ def pipeline_under_caveat(scenario: Scenario) -> str:
     )  # fmt: skip
 
 
+def tp_ddp_caveat(scenario: Scenario) -> str:
+    """TP beside plain data parallelism (tp > 1, dp > 1, no ZeRO) under a framework that wraps with torch DDP (HF
+    Trainer / accelerate): the figures count DDP's buckets of the rank's TP shards, as torch 2.13's DDP over a
+    device mesh would hold them (``tensor/parallel/ddp.py``), but transformers 5.24 shards the data-parallel
+    dimension beside TP with FSDP2 (``distributed/fsdp.py``) and accelerate 1.16 skips the DDP wrap under TP
+    (docs/allocator.md, Tensor parallel ranks). Empty elsewhere."""
+    p = scenario.parallel
+    if not (p.tp > 1 and p.dp > 1 and p.zero == 0 and PROFILES[scenario.framework].ddp_buckets):
+        return ""
+    return (
+        f"tp {p.tp} x dp {p.dp} without ZeRO under {scenario.framework}: transformers 5.24 and accelerate 1.16 do "
+        "not wrap a tensor-parallel model in DDP (they shard data parallelism beside TP with FSDP2: parallel.zero "
+        "3); these figures count DDP's gradient buckets of this rank's TP shards, as torch's DDP over a device mesh "
+        "would hold them, untraced, with the fitted reserved rule (docs/allocator.md)"
+    )
+
+
 def hybrid_caveat(scenario: Scenario) -> str:
     """Hybrid sharding (``parallel.dp_shard``) where the figures miss a buffer: FSDP2's HSDP all-reduce output of a
     later micro-batch, held by ``FSDPParamGroup._all_reduce_state`` until that backward ends when every
@@ -98,6 +115,9 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
         out.append(hybrid_miss)
     if arch.facts.calibration is not None:
         out.append(caveat(arch, scenario))
+    tp_ddp = tp_ddp_caveat(scenario)
+    if tp_ddp:
+        out.append(tp_ddp)
     pipeline_miss = pipeline_under_caveat(scenario)
     if pipeline_miss:
         out.append(pipeline_miss)

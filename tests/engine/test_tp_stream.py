@@ -337,3 +337,19 @@ def test_under_fsdp2_the_partial_table_gradient_comes_before_its_shard_and_goes_
     hf = ctx_of(parallel={"tp": 2, "dp": 2, "zero": 3})
     plain = _between(rank_stream(hf, hf.stages[0]), "step 1 backward", "step 1 optimizer step")
     assert not any(plain[i : i + 3] == [full, shard, -full] for i in range(len(plain)))
+
+
+@pytest.mark.parametrize(
+    ("framework", "zero", "said"),
+    [("hf", 0, True), ("liger", 0, True), ("hf", 3, False), ("torchtitan", 0, False)],
+)
+def test_tp_beside_plain_ddp_under_the_hf_loop_says_that_stack_shards_instead(framework, zero, said):
+    """tp 2 x dp 2 without ZeRO under a framework that wraps with torch DDP (HF Trainer / accelerate): the figures
+    count DDP's buckets of the TP shards, which transformers 5.24 and accelerate 1.16 never make (they put FSDP2
+    beside TP); the caveat says so and names the way out. Under ZeRO 3 or another framework it is not said."""
+    sc = Scenario.from_dict({"model": LLAMA_H512_V32K, "framework": framework,
+                             "parallel": {"tp": 2, "dp": 2, "zero": zero}})  # fmt: skip
+    notes = [c for c in estimate(sc).caveats if c.startswith("tp 2 x dp 2 without ZeRO")]
+    assert bool(notes) == said
+    if said:
+        assert "parallel.zero 3" in notes[0] and framework in notes[0]
