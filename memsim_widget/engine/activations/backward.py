@@ -35,7 +35,8 @@ def attention_backward(st: HFLayer) -> None:
         # softmax backward: the gradient of the probabilities and of the scores, s x s per head (measured:
         # about 6 B x b a s^2 in bf16 with the fp32 softmax). Under selective recompute the layer's core has
         # just run again (torch 2.13.0 torch/utils/checkpoint.py, non-reentrant: the recompute is triggered by the
-        # core's first saved tensor its backward reads): its repeated k, v and its softmax are alive beside them
+        # core's first saved tensor its backward reads): its softmax and the q and k its scores' product reads
+        # are alive beside them
         sm_b = 4 if softmax_fp32 else ec
         tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full + st.recomputed
         # by then o_proj's input is released and, in a sequential block, the MLP has run its backward: what they
@@ -43,15 +44,19 @@ def attention_backward(st: HFLayer) -> None:
         # Phi, Cohere) runs its backward after the attention's, so its tensors are still there (traced)
         mlp_done = L[mlp_from:mlp_to] if not parallel_mlp(arch) else []
         freed = sum(t.bytes for t in L[ao_from:ao_to] + mlp_done)
+        late, held = _pre_norm_late(st)
         out.attention_backward.append(
             Term(
                 "attention softmax backward (s x s gradients)"
                 + (", the core's recomputed tensors" if st.recomputed else "")
-                + ", less the layer's MLP and o_proj input freed",
-                max(tau_attn - freed, 0),
+                + (", the residual's and v's gradients" if held else "")
+                + ", less the layer's MLP and o_proj input freed"
+                + (" and the post-attention norm's" if late else ""),
+                max(tau_attn + held - freed - late, 0),
                 f"({sm_b} + {ec}) B x b x a x s x s"
                 + (f" + {fmt_int(st.recomputed)} B recomputed" if st.recomputed else "")
-                + f" - {fmt_int(freed)} B",
+                + (f" + {fmt_int(held)} B ({r} B x T x h + {ec} B x T x a*d)" if held else "")
+                + f" - {fmt_int(freed + late)} B",
                 2,
             )
         )
@@ -96,6 +101,40 @@ def attention_backward(st: HFLayer) -> None:
                 3,
             )
         )
+
+
+def _pre_norm_late(st: HFLayer) -> tuple[float, float]:
+    """A sequential pre-norm block (two norms, the second before the MLP) at its eager softmax's backward: what
+    the layer still counts that the MLP side's backward has released, and the gradients held beside the s x s
+    ones. torch 2.13.0 runs a layer's backward in reverse of its forward (``torch/csrc/autograd/engine.cpp``),
+    so the MLP's Linears, then the post-attention norm, ran theirs first: the norm's saved tensors (its fp32
+    input, rsqrt, normalised tensor), the MLP input the gate and up projections kept, and under autocast the
+    16-bit copies of the MLP's and o_proj's weights are released; so is ``repeat_kv``'s copy of v the
+    forward saved (the probabilities' product with v ran its backward first; recomputed under selective, where
+    ``st.recomputed`` leaves it out). Held: the residual stream's gradient (r B x T x h, the layer output's
+    plus the MLP branch's) and the product's gradient of v at every head (e B x T x a*d, summed over the
+    repeats only later). Traced on Llama h256 (bf16, amp-bf16, fp32 Qwen2; GQA and MHA; with and without the
+    core checkpointed): at ``_softmax_backward_data`` the trace's live bytes are the engine's less its small
+    tensors (``tests/engine/test_selective_gqa.py``). Post-norm (BERT, OLMo 2), sandwich-norm (Gemma 2/3, GLM-4)
+    and parallel blocks keep the rule before it."""
+    arch, D, L, ec, r = st.arch, st.D, st.L, st.ec, st.r
+    nf = arch.facts.norm
+    sequential_pre_norm = (
+        nf.per_layer == 2
+        and not nf.post_norms
+        and not nf.first_after_attention
+        and not parallel_mlp(arch)
+        and not arch.facts.coverage.encoder_decoder
+    )
+    if not sequential_pre_norm:
+        return 0.0, 0.0
+    v_repeat = 0
+    if st.sc.activation_checkpointing != "selective" and D.hkv != D.hq:
+        v_repeat = ec * D.T * D.hq  # the forward's repeat of v, saved by its product with the probabilities
+    mlp_input = sum(t.bytes for t in L[st.mi_from : st.mi_to])
+    late = st.late_norm + mlp_input + st.late_copies + v_repeat
+    held = r * D.T * D.h + ec * D.T * D.hq
+    return late, held
 
 
 def layer_backward(st: HFLayer) -> None:

@@ -49,8 +49,10 @@ def layer_norms(st: HFLayer) -> None:
                 f"{norms} norms x {nb} B x T x h" + (f" ({n16} of them {ec} B)" if n16 and ec != nb else ""),
                 norms,
             )
+        st.late_norm = per_norm + (nb * Tout * h if full else 0)
     else:
         per_norm = r * Tout * h + 8 * Tout
+        st.late_norm = per_norm
         parallel_branches = parallel_mlp(arch)
         # norms reading one tensor save it once (GPT-NeoX's parallel residual: both norms read the layer input)
         shared = norms - nf.inputs
@@ -75,7 +77,9 @@ def layer_norms(st: HFLayer) -> None:
     shared_in = arch.facts.mlp.parallel_attn_mlp and (full or bool(ATTN_IN & modules & targets))
     # BERT-style encoders name three Linears "dense": the one reading the attention block's norm is named by the family
     mlp_in = MLP_IN | frozenset(arch.facts.mlp.input_modules)
+    st.mi_from = len(st.L)
     consumers(mlp_in, h, T, nout, "MLP input", already_saved=shared_in, upstream=ATTN_IN | ATTN_OUT)
+    st.mi_to = len(st.L)
 
 
 def qk_norms(st: HFLayer) -> None:
