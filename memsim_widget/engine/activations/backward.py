@@ -44,14 +44,14 @@ def attention_backward(st: HFLayer) -> None:
         # Phi, Cohere) runs its backward after the attention's, so its tensors are still there (traced)
         mlp_done = L[mlp_from:mlp_to] if not parallel_mlp(arch) else []
         freed = sum(t.bytes for t in L[ao_from:ao_to] + mlp_done)
-        late, held = _pre_norm_late(st)
+        late, held = _mlp_side_released(st)
         out.attention_backward.append(
             Term(
                 "attention softmax backward (s x s gradients)"
                 + (", the core's recomputed tensors" if st.recomputed else "")
                 + (", the residual's and v's gradients" if held else "")
                 + ", less the layer's MLP and o_proj input freed"
-                + (" and the post-attention norm's" if late else ""),
+                + (" and the norms after it" if late else ""),
                 max(tau_attn + held - freed - late, 0),
                 f"({sm_b} + {ec}) B x b x a x s x s"
                 + (f" + {fmt_int(st.recomputed)} B recomputed" if st.recomputed else "")
@@ -103,30 +103,24 @@ def attention_backward(st: HFLayer) -> None:
         )
 
 
-def _pre_norm_late(st: HFLayer) -> tuple[float, float]:
-    """A sequential pre-norm block (two norms, the second before the MLP) at its eager softmax's backward: what
-    the layer still counts that the MLP side's backward has released, and the gradients held beside the s x s
-    ones. torch 2.13.0 runs a layer's backward in reverse of its forward (``torch/csrc/autograd/engine.cpp``),
-    so the MLP's Linears, then the post-attention norm, ran theirs first: the norm's saved tensors (its fp32
-    input, rsqrt, normalised tensor), the MLP input the gate and up projections kept, and under autocast the
-    16-bit copies of the MLP's and o_proj's weights are released; so is ``repeat_kv``'s copy of v the
-    forward saved (the probabilities' product with v ran its backward first; recomputed under selective, where
-    ``st.recomputed`` leaves it out). Held: the residual stream's gradient (r B x T x h, the layer output's
-    plus the MLP branch's) and the product's gradient of v at every head (e B x T x a*d, summed over the
-    repeats only later). Traced on Llama h256 (bf16, amp-bf16, fp32 Qwen2; GQA and MHA; with and without the
-    core checkpointed): at ``_softmax_backward_data`` the trace's live bytes are the engine's less its small
-    tensors (``tests/engine/test_selective_gqa.py``). Post-norm (BERT, OLMo 2), sandwich-norm (Gemma 2/3, GLM-4)
-    and parallel blocks keep the rule before it."""
+def _mlp_side_released(st: HFLayer) -> tuple[float, float]:
+    """A sequential block at its eager softmax's backward: what the layer still counts that the MLP side's
+    backward has released, and the gradients held beside the s x s ones. torch 2.13.0 runs a layer's backward in
+    reverse of its forward (``torch/csrc/autograd/engine.cpp``), so the MLP's Linears and every norm after the
+    attention core ran theirs first: those norms' saved tensors (``st.late_norm``: a pre-norm block's MLP norm,
+    Gemma 2/3's and GLM-4's post-norms too, both of OLMo 2's and BERT's), the MLP input the gate and up
+    projections kept, under autocast the 16-bit copies of the MLP's and o_proj's weights, and ``repeat_kv``'s
+    copy of v the forward saved (the probabilities' product with v ran its backward first; recomputed under
+    selective, where ``st.recomputed`` leaves it out) are released. Held: the residual stream's gradient
+    (r B x T x h) and the product's gradient of v at every head (e B x T x a*d, summed over the repeats only
+    later). Traced at ``_softmax_backward_data``: Llama h256 bf16, amp-bf16, fp32 Qwen2, GQA and MHA, with and
+    without the core checkpointed, StarCoder2 fp32 and Gemma 2 bf16 b2 s512 meet the trace's live bytes less its
+    small tensors (``tests/engine/test_selective_gqa.py``, ``tests/families/test_family_gemma3.py``). Where the
+    released bytes exceed the s x s ones (small s in fp32, GPT-2's 16-bit softmax) the term stops at zero and the
+    moment stays over its trace. Parallel blocks (NeoX, Phi, Cohere, Falcon: their MLP runs its backward after the
+    attention's) and T5 keep the rule before it."""
     arch, D, L, ec, r = st.arch, st.D, st.L, st.ec, st.r
-    nf = arch.facts.norm
-    sequential_pre_norm = (
-        nf.per_layer == 2
-        and not nf.post_norms
-        and not nf.first_after_attention
-        and not parallel_mlp(arch)
-        and not arch.facts.coverage.encoder_decoder
-    )
-    if not sequential_pre_norm:
+    if parallel_mlp(arch) or arch.facts.coverage.encoder_decoder:
         return 0.0, 0.0
     v_repeat = 0
     if st.sc.activation_checkpointing != "selective" and D.hkv != D.hq:
