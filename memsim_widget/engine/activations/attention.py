@@ -158,9 +158,14 @@ def _eager(st: HFLayer, attn_out: frozenset[str]) -> None:
 
 def _selective_inputs(st: HFLayer, rkv: int, why: str) -> None:
     """What the checkpointed eager core saves (its inputs: q and k as RoPE returns them, fp32 under autocast; v
-    at kv width), and in ``st.recomputed`` what its recompute makes again beside them before the s x s tensors:
-    ``repeat_kv``'s copies of k and v (none with one query head per kv head) and, under autocast, the 16-bit
-    casts of q and the repeated k its matmul saves."""
+    at kv width), and in ``st.recomputed`` what its recompute holds beside them, the s x s tensors aside, when
+    the softmax runs backward: the batched product's contiguous copy of q (RoPE's output keeps the per-head
+    transposed layout of q_proj's view, so ``matmul`` copies it to fold the heads into the batch; under autocast
+    the copy of its 16-bit cast, the cast itself released), and k as the product reads it, ``repeat_kv``'s copy
+    or its 16-bit cast (none when k is used as saved: one query head per kv head, no cast). ``repeat_kv``'s copy
+    of v and its fp32 repeat of k under autocast are released by then (the probabilities' product with v ran its
+    backward first; the cast is what the product saved). Traced, Llama h256 b2 s256: bf16 GQA 2 x 2 B x T x a*d,
+    MHA 2 B x T x a*d, amp-bf16 GQA 2 x 2 B x T x a*d (``tests/engine/test_selective_gqa.py``)."""
     D, ec = st.D, st.ec
     T, hq, hkv = D.T, D.hq, D.hkv
     qk = rope_bytes(st)
@@ -185,9 +190,7 @@ def _selective_inputs(st: HFLayer, rkv: int, why: str) -> None:
         )
     repeated = rkv != hkv
     cast = qk != ec
-    st.recomputed = (
-        ec * T * ((hq if cast else 0) + (rkv if cast or repeated else 0) + (rkv if repeated else 0))
-    )
+    st.recomputed = ec * T * (hq + (rkv if cast or repeated else 0))
 
 
 def _sdpa(st: HFLayer, attn_out: frozenset[str]) -> None:

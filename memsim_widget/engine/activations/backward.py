@@ -35,7 +35,8 @@ def attention_backward(st: HFLayer) -> None:
         # softmax backward: the gradient of the probabilities and of the scores, s x s per head (measured:
         # about 6 B x b a s^2 in bf16 with the fp32 softmax). Under selective recompute the layer's core has
         # just run again (torch 2.13.0 torch/utils/checkpoint.py, non-reentrant: the recompute is triggered by the
-        # core's first saved tensor its backward reads): its repeated k, v and its softmax are alive beside them
+        # core's first saved tensor its backward reads): its softmax and the q and k its scores' product reads
+        # are alive beside them
         sm_b = 4 if softmax_fp32 else ec
         tau_attn = (sm_b + ec) * b * a_loc * s * D.s_full + st.recomputed
         # by then o_proj's input is released and, in a sequential block, the MLP has run its backward: what they
@@ -43,15 +44,19 @@ def attention_backward(st: HFLayer) -> None:
         # Phi, Cohere) runs its backward after the attention's, so its tensors are still there (traced)
         mlp_done = L[mlp_from:mlp_to] if not parallel_mlp(arch) else []
         freed = sum(t.bytes for t in L[ao_from:ao_to] + mlp_done)
+        late, held = _mlp_side_released(st)
         out.attention_backward.append(
             Term(
                 "attention softmax backward (s x s gradients)"
                 + (", the core's recomputed tensors" if st.recomputed else "")
-                + ", less the layer's MLP and o_proj input freed",
-                max(tau_attn - freed, 0),
+                + (", the residual's and v's gradients" if held else "")
+                + ", less the layer's MLP and o_proj input freed"
+                + (" and the norms after it" if late else ""),
+                max(tau_attn + held - freed - late, 0),
                 f"({sm_b} + {ec}) B x b x a x s x s"
                 + (f" + {fmt_int(st.recomputed)} B recomputed" if st.recomputed else "")
-                + f" - {fmt_int(freed)} B",
+                + (f" + {fmt_int(held)} B ({r} B x T x h + {ec} B x T x a*d)" if held else "")
+                + f" - {fmt_int(freed + late)} B",
                 2,
             )
         )
@@ -96,6 +101,34 @@ def attention_backward(st: HFLayer) -> None:
                 3,
             )
         )
+
+
+def _mlp_side_released(st: HFLayer) -> tuple[float, float]:
+    """A sequential block at its eager softmax's backward: what the layer still counts that the MLP side's
+    backward has released, and the gradients held beside the s x s ones. torch 2.13.0 runs a layer's backward in
+    reverse of its forward (``torch/csrc/autograd/engine.cpp``), so the MLP's Linears and every norm after the
+    attention core ran theirs first: those norms' saved tensors (``st.late_norm``: a pre-norm block's MLP norm,
+    Gemma 2/3's and GLM-4's post-norms too, both of OLMo 2's and BERT's), the MLP input the gate and up
+    projections kept, under autocast the 16-bit copies of the MLP's and o_proj's weights, and ``repeat_kv``'s
+    copy of v the forward saved (the probabilities' product with v ran its backward first; recomputed under
+    selective, where ``st.recomputed`` leaves it out) are released. Held: the residual stream's gradient
+    (r B x T x h) and the product's gradient of v at every head (e B x T x a*d, summed over the repeats only
+    later). Traced at ``_softmax_backward_data``: Llama h256 bf16, amp-bf16, fp32 Qwen2, GQA and MHA, with and
+    without the core checkpointed, StarCoder2 fp32 and Gemma 2 bf16 b2 s512 meet the trace's live bytes less its
+    small tensors (``tests/engine/test_selective_gqa.py``, ``tests/families/test_family_gemma3.py``). Where the
+    released bytes exceed the s x s ones (small s in fp32, GPT-2's 16-bit softmax) the term stops at zero and the
+    moment stays over its trace. Parallel blocks (NeoX, Phi, Cohere, Falcon: their MLP runs its backward after the
+    attention's) and T5 keep the rule before it."""
+    arch, D, L, ec, r = st.arch, st.D, st.L, st.ec, st.r
+    if parallel_mlp(arch) or arch.facts.coverage.encoder_decoder:
+        return 0.0, 0.0
+    v_repeat = 0
+    if st.sc.activation_checkpointing != "selective" and D.hkv != D.hq:
+        v_repeat = ec * D.T * D.hq  # the forward's repeat of v, saved by its product with the probabilities
+    mlp_input = sum(t.bytes for t in L[st.mi_from : st.mi_to])
+    late = st.late_norm + mlp_input + st.late_copies + v_repeat
+    held = r * D.T * D.h + ec * D.T * D.hq
+    return late, held
 
 
 def layer_backward(st: HFLayer) -> None:

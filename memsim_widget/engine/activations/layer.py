@@ -54,6 +54,12 @@ class HFLayer:
         self.recomputed = 0.0  # selective: what the eager core's recompute makes again in one layer (bytes)
         self.Tm, self.I = self.D.T, self.D.I  # rows and width of the (largest) MLP part
         self.mlp_from = self.mlp_to = 0
+        # what a sequential block's MLP side saves beside the MLP's own terms, released by its backward before
+        # the attention's (backward.attention_backward): the saved bytes of the norms after the attention core,
+        # the MLP input's terms in L, the autocast 16-bit copies of the MLP's and o_proj's weights
+        self.late_norm = 0.0
+        self.mi_from = self.mi_to = 0
+        self.late_copies = 0.0
         self.t5_sm: tuple[float, str] = (0, "")
         self.kv_cache = False
         self.kb = self.ec  # the training KV cache's k bytes

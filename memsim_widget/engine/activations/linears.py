@@ -50,6 +50,16 @@ def autocast_weight_copies(st: HFLayer) -> None:
         ) // max(arch.num_layers, 1)
         wl //= D.tp
         add("autocast 16-bit weight copies", 2 * wl, f"2 B x {fmt_int(wl)} Linear weights per layer", 7)
+        # the MLP's and the output projection's (split along its input, ``tp_dim`` 1) copies: their Linears'
+        # backward releases them before the attention's (backward.attention_backward)
+        late = sum(
+            g.numel
+            for g in arch.params
+            if g.scope == "layer"
+            and g.module
+            and ((g.kind == "mlp" and not g.expert) or (g.kind == "attention" and g.tp_dim == 1))
+        )
+        st.late_copies = 2 * (late // max(arch.num_layers, 1) // D.tp)
     elif amp and sc.activation_checkpointing != "full":
         # A frozen Linear gets no autocast cache entry (only trained fp32 leaves are cached), but the matmul
         # it runs keeps the 16-bit weight it was given for the input's gradient: one copy per frozen Linear

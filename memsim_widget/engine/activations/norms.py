@@ -40,17 +40,20 @@ def layer_norms(st: HFLayer) -> None:
         )
         # Gemma and OLMo 2 multiply by the weight in fp32: the normalised tensor they save is fp32
         nb = 4 if gemma or nf.weight_fp32 else r
+        # GLM-4's post-norms read 16-bit projection outputs: their normalised tensor is cast back to 16 bits
+        n16 = nf.post_norms_16bit if nb == r and not gemma else 0
         if full:
-            # GLM-4's post-norms read 16-bit projection outputs: their normalised tensor is cast back to 16 bits
-            n16 = nf.post_norms_16bit if nb == r and not gemma else 0
             add(
                 "RMSNorm normalised tensors",
                 ((norms - n16) * nb + n16 * ec) * Tout * h,
                 f"{norms} norms x {nb} B x T x h" + (f" ({n16} of them {ec} B)" if n16 and ec != nb else ""),
                 norms,
             )
+        late = _late_norms(st)  # the norms after the attention core (GLM-4's two 16-bit ones among them)
+        st.late_norm = late * per_norm + (((late - n16) * nb + n16 * ec) * Tout * h if full else 0)
     else:
         per_norm = r * Tout * h + 8 * Tout
+        st.late_norm = _late_norms(st) * per_norm
         parallel_branches = parallel_mlp(arch)
         # norms reading one tensor save it once (GPT-NeoX's parallel residual: both norms read the layer input)
         shared = norms - nf.inputs
@@ -75,7 +78,17 @@ def layer_norms(st: HFLayer) -> None:
     shared_in = arch.facts.mlp.parallel_attn_mlp and (full or bool(ATTN_IN & modules & targets))
     # BERT-style encoders name three Linears "dense": the one reading the attention block's norm is named by the family
     mlp_in = MLP_IN | frozenset(arch.facts.mlp.input_modules)
+    st.mi_from = len(st.L)
     consumers(mlp_in, h, T, nout, "MLP input", already_saved=shared_in, upstream=ATTN_IN | ATTN_OUT)
+    st.mi_to = len(st.L)
+
+
+def _late_norms(st: HFLayer) -> int:
+    """The block's norms after its attention core (differentiated before it): all but the input norm in a
+    pre-norm block (Llama 1, Gemma 2/3 and GLM-4 3: their post-norms and the MLP's pre-norm), all of them where the
+    first norm reads the attention's output (OLMo 2's post-norms, BERT's post-norm block)."""
+    nf = st.arch.facts.norm
+    return nf.per_layer - (0 if nf.post_norms or nf.first_after_attention else 1)
 
 
 def qk_norms(st: HFLayer) -> None:
