@@ -17,7 +17,6 @@ for a front-end edit's job).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 #: computing it failed: the summary then says why, under ``error``).
 ScalingView = tuple[dict[str, Any], dict[str, Any] | None]
 #: Publish a job's view (under the widget's lock): ``MemSim._show_scaling``.
-Publish = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
+Publish = Callable[[dict[str, Any], dict[str, Any] | None], None]
 
 
 def compute_view(est: Estimate, headroom: float, cancelled: Callable[[], bool] | None = None) -> ScalingView:
@@ -54,8 +53,6 @@ class ScalingController:
         self.host = host
         self._publish = publish
         self._slot: JobSlot[ScalingView] = JobSlot(host._lock, "memsim-scaling")
-        #: Milliseconds the last background view took (None before the first).
-        self.last_ms: float | None = None
 
     @property
     def job(self) -> BackgroundJob[ScalingView] | None:
@@ -74,12 +71,9 @@ class ScalingController:
         self.supersede()
         if not defer or charts_mod.scaling_cached(est):
             return compute_view(est, headroom)
-        t0 = time.perf_counter()
 
         def work(job: BackgroundJob[ScalingView]) -> ScalingView:
-            view = compute_view(est, headroom, job.cancel_event.is_set)
-            self.last_ms = round((time.perf_counter() - t0) * 1000, 1)
-            return view
+            return compute_view(est, headroom, job.cancel_event.is_set)
 
         self._slot.start(work, self._finish, subject=(est, headroom))
         return None

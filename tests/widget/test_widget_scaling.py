@@ -84,7 +84,7 @@ def test_a_control_change_returns_before_the_scaling_job_and_the_job_publishes_t
     edit(sim, precision="fp32")  # a new shape at every stop of both curves
     assert gate.entered.acquire(timeout=10), "the job started"
     # The write has returned while the job waits: the rest of the result is the new estimate's already.
-    assert not gate.release.is_set() and not sim.wait_scaling(0)
+    assert not gate.release.is_set() and not sim.wait_scaling(0) and sim._scaling.pending
     est = estimate(sim.scenario)
     assert sim.scenario.precision == "fp32" and sim.result["peaks"][0]["bytes"] == est.device_total_bytes
     assert sim.result["verdict"] == est.verdict(sim.headroom) and len(sim.result["rows"]) == len(est.rows())
@@ -93,7 +93,7 @@ def test_a_control_change_returns_before_the_scaling_job_and_the_job_publishes_t
     assert sim.result["scaling"] == SCALING_PENDING
     assert sim.charts["scaling"] == old_chart
     gate.release.set()
-    assert sim.wait_scaling(30)
+    assert sim.wait_scaling(30) and not sim._scaling.pending
     summary, spec = expected(sim)
     assert sim.result["scaling"] == summary and sim.charts["scaling"] == spec
     assert summary != old_summary  # fp32 fits fewer: the old numbers would have been wrong
