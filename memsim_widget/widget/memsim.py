@@ -330,7 +330,11 @@ class MemSim(anywidget.AnyWidget):
                     self._show_calibrating(data)
                     return None
                 self._calibration.supersede()
-                est = ready if ready is not None and ready.scenario == sc else run_estimate(sc)
+                if ready is not None and ready.scenario == sc:
+                    est = ready
+                else:
+                    self._scaling.pause()  # its job would compete with this estimate (resumed if rejected)
+                    est = run_estimate(sc)
             except ScenarioError as exc:
                 self._reject(data, exc)
                 return exc
@@ -372,6 +376,9 @@ class MemSim(anywidget.AnyWidget):
             self._trace.update()
             self._fit.update()
             self._layouts.update()
+            view = self._scaling.resume(self._estimate, self.headroom)  # the last result's, if paused
+            if view is not None:
+                self._show_scaling(*view)
 
     def _show_calibrating(self, data: dict[str, Any]) -> None:
         """Show the input being calibrated in the controls, over the last valid result (no error)."""

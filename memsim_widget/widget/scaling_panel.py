@@ -10,7 +10,8 @@ the view is built in place, in a millisecond; otherwise a ``BackgroundJob`` comp
 is ``SCALING_PENDING`` (the front end shows the previous chart marked "updating", and no largest micro-batch
 or sequence: the previous scenario's would be wrong for this one). When the job ends, its view is published if
 its estimate and headroom are still the widget's; a later edit supersedes it (the job stops at its next stop,
-``charts.ScalingCancelled``, and publishes nothing). Python's own ``set`` / ``scenario =`` and the constructor
+``charts.ScalingCancelled``, and publishes nothing; it is paused as soon as the edit's estimate starts, and
+restarted if that edit is rejected). Python's own ``set`` / ``scenario =`` and the constructor
 compute the view in place, as before: the traits are complete when they return (``MemSim.wait_scaling`` waits
 for a front-end edit's job).
 """
@@ -77,6 +78,21 @@ class ScalingController:
 
         self._slot.start(work, self._finish, subject=(est, headroom))
         return None
+
+    def pause(self) -> None:
+        """A new estimate is computed in the kernel's thread (under the lock): a pending job stops at its next
+        stop rather than compete with it for the interpreter; ``resume`` restarts it if that edit is rejected."""
+        job = self._slot.job
+        if job is not None and job.running():
+            job.cancel()
+
+    def resume(self, est: Estimate, headroom: float) -> ScalingView | None:
+        """The edit that paused the pending job was rejected (under the lock): the view of ``est``, still shown,
+        is wanted again: built here when memoised by now, else by a new job (None, as ``view``)."""
+        job = self._slot.job
+        if job is None or not job.cancelled:
+            return None
+        return self.view(est, headroom, defer=True)
 
     def supersede(self) -> None:
         """A newer estimate or headroom is shown (under the lock): a pending job stops and publishes nothing."""

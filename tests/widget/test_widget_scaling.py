@@ -20,6 +20,7 @@ from memsim_widget import charts
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.estimate import Estimate
 from memsim_widget.widget import SCALING_PENDING, MemSim, merge, scaling_panel, scaling_summary
+from memsim_widget.widget import memsim as memsim_module
 
 MODEL = "llama-3.2-1b"
 
@@ -160,15 +161,42 @@ def test_python_set_computes_the_view_in_place(gate: Gate) -> None:
     assert sim.result["scaling"] == summary and sim.charts["scaling"] == spec
 
 
-def test_a_rejected_edit_while_pending_keeps_the_job_of_the_last_valid_scenario(gate: Gate) -> None:
+def test_the_next_edit_pauses_a_pending_job_before_its_estimate(
+    gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job would compete with the kernel's estimate for the interpreter: it is told to stop first."""
     sim = fresh_widget()
     edit(sim, precision="fp32")
     assert gate.entered.acquire(timeout=10)
-    edit(sim, parallel={"tp": 3})  # 32 heads do not split over 3
+    first = sim._scaling.job
+    seen: list[bool] = []
+
+    def run(sc: Any) -> Estimate:
+        seen.append(first is not None and first.cancelled)
+        return estimate(sc)
+
+    monkeypatch.setattr(memsim_module, "run_estimate", run)
+    edit(sim, precision="fp32", seq_len=4096)
+    assert seen == [True]
+    gate.release.set()
+    assert sim.wait_scaling(30) and sim.result["scaling"] == expected(sim)[0]
+
+
+def test_a_rejected_edit_while_pending_still_publishes_the_last_valid_view(gate: Gate) -> None:
+    sim = fresh_widget()
+    edit(sim, precision="fp32")
+    assert gate.entered.acquire(timeout=10)
+    first = sim._scaling.job
+    edit(
+        sim, parallel={"tp": 3}
+    )  # 32 heads do not split over 3: refused by the estimate, which paused the job
     assert sim.error_field == "parallel.tp" and sim.result["scaling"] == SCALING_PENDING
+    second = sim._scaling.job  # resumed: a new job for the estimate still shown
+    assert first is not None and first.cancelled and second is not None and second is not first
     gate.release.set()
     assert sim.wait_scaling(30)
     assert sim.scenario.precision == "fp32" and sim.result["scaling"] == expected(sim)[0]
+    assert gate.calls == [sim.scenario, sim.scenario]
 
 
 def test_a_failed_view_says_why_and_the_next_edit_recovers(gate: Gate) -> None:
