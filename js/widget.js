@@ -278,6 +278,21 @@ function createChartBlocks(doc, names = ["breakdown", "scaling", "time", "phases
   }
   return { els, blocks, buttons };
 }
+function createScalingNote(doc, block) {
+  const note = h(doc, "div", {
+    class: "memsim-scaling-updating",
+    role: "status",
+    hidden: "",
+    text: "updating for the new scenario… (the chart shown is the previous one)"
+  });
+  block.prepend(note);
+  return note;
+}
+function showScalingPending(block, note, result) {
+  const pending = Boolean(result?.scaling?.pending);
+  block.classList.toggle("memsim-updating", pending);
+  note.hidden = !pending;
+}
 function showChartBlocks(blocks, specs, optional = ["phases"]) {
   for (const name of optional) if (blocks[name]) blocks[name].hidden = !specs?.[name];
 }
@@ -1367,7 +1382,10 @@ function peakList(doc, peaks, staged) {
     ])
   ));
 }
+var SCALING_PENDING_TEXT = "largest micro-batch and longest sequence that fit: updating…";
 function scalingText(s) {
+  if (s.pending) return SCALING_PENDING_TEXT;
+  if (s.error) return `how it scales: ${s.error}`;
   const parts = [];
   const mb = s.micro_batch_size;
   if (mb) {
@@ -1389,7 +1407,10 @@ function renderVerdict(doc, el, result) {
   extra.push(h(doc, "div", { class: "memsim-bottleneck", text: result.bottleneck?.text ?? "" }));
   for (const c of result.caveats ?? []) extra.push(h(doc, "div", { class: "memsim-caveat", text: `caveat: ${c}` }));
   const scaling = scalingText(result.scaling ?? {});
-  if (scaling) extra.push(h(doc, "div", { class: "memsim-scaling-summary", text: scaling }));
+  if (scaling) {
+    const cls = `memsim-scaling-summary${result.scaling?.pending ? " memsim-scaling-pending" : ""}`;
+    extra.push(h(doc, "div", { class: cls, text: scaling }));
+  }
   el.className = `memsim-verdict memsim-verdict-${result.verdict.replace(/ /g, "-")}`;
   el.replaceChildren(verdictHead(doc, result), peakList(doc, result.peaks, (result.per_rank ?? []).length > 1), ...extra);
 }
@@ -1447,6 +1468,7 @@ function createOutput(doc) {
     measure: createMeasurePanel(doc)
   };
   parts.trace.root.append(parts.measure.root);
+  parts.scalingNote = createScalingNote(doc, parts.charts.blocks.scaling);
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error,
     parts.calibrating,
@@ -1490,7 +1512,11 @@ function render({ model, el }) {
     showCalibration(out.calibrating, model);
     markStale();
   };
-  const showResult = () => renderResult(doc, out.result, readTrait(model, "result") ?? {});
+  const showResult = () => {
+    const result = readTrait(model, "result") ?? {};
+    renderResult(doc, out.result, result);
+    showScalingPending(out.charts.blocks.scaling, out.scalingNote, result);
+  };
   wireCompare(ctx, out.compare);
   onModel("scenario_data", syncAll);
   const fit = wireFit(ctx, out.fit);

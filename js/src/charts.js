@@ -172,6 +172,22 @@ export function createChartBlocks(doc, names = ["breakdown", "scaling", "time", 
   return { els, blocks, buttons };
 }
 
+/** The "updating" line of the scaling chart's block, first in it (hidden). */
+export function createScalingNote(doc, block) {
+  const note = h(doc, "div", { class: "memsim-scaling-updating", role: "status", hidden: "",
+    text: "updating for the new scenario… (the chart shown is the previous one)" });
+  block.prepend(note);
+  return note;
+}
+
+/** While Python computes the scaling view in the background (`result.scaling.pending`), the previous chart
+ * stays, dimmed, under the "updating" line; the new chart replaces it when published. */
+export function showScalingPending(block, note, result) {
+  const pending = Boolean(result?.scaling?.pending);
+  block.classList.toggle("memsim-updating", pending);
+  note.hidden = !pending;
+}
+
 /** Hide the block of a chart that Python did not send (`phases` for SFT). */
 export function showChartBlocks(blocks, specs, optional = ["phases"]) {
   for (const name of optional) if (blocks[name]) blocks[name].hidden = !specs?.[name];

@@ -16,7 +16,9 @@
 // The shipped file is js/widget.js, bundled from these sources by esbuild (`scripts/dev build-js`).
 
 import { createCalibrationLine, isCalibrating, showCalibration } from "./calibration.js";
-import { createChartBlocks, drawCharts, showChartBlocks, wireImageButtons } from "./charts.js";
+import {
+  createChartBlocks, createScalingNote, drawCharts, showChartBlocks, showScalingPending, wireImageButtons,
+} from "./charts.js";
 import { createComparePanel, wireCompare } from "./compare.js";
 import { controlsPanel } from "./controls.js";
 import { h, mark } from "./dom.js";
@@ -44,6 +46,7 @@ function createOutput(doc) {
     measure: createMeasurePanel(doc),
   };
   parts.trace.root.append(parts.measure.root); // the Verify panel offers the GPU measurement
+  parts.scalingNote = createScalingNote(doc, parts.charts.blocks.scaling);
   parts.root = h(doc, "div", { class: "memsim-output" }, [
     parts.error, parts.calibrating, parts.result.verdict, parts.fit.root, parts.compare.root, ...Object.values(parts.charts.blocks),
     parts.trace.root, parts.result.details, parts.json.root, parts.export.root, parts.import.root,
@@ -82,7 +85,11 @@ export function render({ model, el }) {
     showCalibration(out.calibrating, model);
     markStale();
   };
-  const showResult = () => renderResult(doc, out.result, readTrait(model, "result") ?? {});
+  const showResult = () => {
+    const result = readTrait(model, "result") ?? {};
+    renderResult(doc, out.result, result);
+    showScalingPending(out.charts.blocks.scaling, out.scalingNote, result);
+  };
   // Charts draw after the verdict and table are painted, one per frame: embedding a chart takes tens of
   // milliseconds (the scaling view over a hundred), and the new result should not wait for it on screen.
   wireCompare(ctx, out.compare);

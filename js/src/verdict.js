@@ -29,8 +29,14 @@ function peakList(doc, peaks, staged) {
   ));
 }
 
-/** The scaling summary in words: the largest micro-batch and longest sequence that fit ('' for none). */
-function scalingText(s) {
+/** What the scaling summary says while Python computes the new scenario's scaling view in the background. */
+export const SCALING_PENDING_TEXT = "largest micro-batch and longest sequence that fit: updating…";
+
+/** The scaling summary in words: the largest micro-batch and longest sequence that fit ('' for none);
+ * `pending` (computed in the background): no number, the previous scenario's would be wrong. */
+export function scalingText(s) {
+  if (s.pending) return SCALING_PENDING_TEXT;
+  if (s.error) return `how it scales: ${s.error}`;
   const parts = [];
   const mb = s.micro_batch_size;
   if (mb) {
@@ -56,7 +62,10 @@ export function renderVerdict(doc, el, result) {
   extra.push(h(doc, "div", { class: "memsim-bottleneck", text: result.bottleneck?.text ?? "" }));
   for (const c of result.caveats ?? []) extra.push(h(doc, "div", { class: "memsim-caveat", text: `caveat: ${c}` }));
   const scaling = scalingText(result.scaling ?? {});
-  if (scaling) extra.push(h(doc, "div", { class: "memsim-scaling-summary", text: scaling }));
+  if (scaling) {
+    const cls = `memsim-scaling-summary${result.scaling?.pending ? " memsim-scaling-pending" : ""}`;
+    extra.push(h(doc, "div", { class: cls, text: scaling }));
+  }
   el.className = `memsim-verdict memsim-verdict-${result.verdict.replace(/ /g, "-")}`;
   el.replaceChildren(verdictHead(doc, result), peakList(doc, result.peaks, (result.per_rank ?? []).length > 1), ...extra);
 }

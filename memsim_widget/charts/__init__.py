@@ -7,9 +7,10 @@ Sizes are GiB (2**30 bytes), the unit ``nvidia-smi`` and PyTorch's memory summar
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memsim_widget.charts.parts import (  # noqa: F401
@@ -170,27 +171,90 @@ def breakdown_spec(
 
 
 # ----- how it scales ------------------------------------------------------------------------------------
-def scaling_points(scenario: Scenario, axis: str, stops: Sequence[int]) -> dict[str, Any]:
+#: Scaling curves kept (``_scaling_points``): one per scenario with an axis factored out.
+SCALING_CACHE = 512
+
+
+class ScalingCancelled(Exception):
+    """A scaling curve's computation stopped because its ``cancelled()`` said so (a superseded widget job)."""
+
+
+def _curve_key(scenario: Scenario, axis: str, stops: Sequence[int]) -> Scenario:
+    """The scenario a curve is memoised under: ``axis`` moved to the first stop, so every value of the axis
+    shares the curve (the scenario itself when that first stop is invalid: a GRPO completion longer than it)."""
+    try:
+        return scenario.replace(**{axis: stops[0]})
+    except ScenarioError:
+        return scenario
+
+
+def scaling_points(
+    scenario: Scenario, axis: str, stops: Sequence[int], cancelled: Callable[[], bool] | None = None
+) -> dict[str, Any]:
     """Estimate ``scenario`` with ``axis`` at each stop: per-category GiB, totals, and skipped invalid stops.
 
     Memoised on the scenario with ``axis`` factored out, so moving the slider of that axis reuses the curve.
-    The returned dict is shared: copy before changing it.
+    The returned dict is shared: copy before changing it. ``cancelled`` is asked before each stop not memoised
+    yet; when it says True, ``ScalingCancelled`` is raised and nothing is memoised.
     """
-    try:
-        key = scenario.replace(**{axis: stops[0]})
-    except ScenarioError:  # the first stop is invalid for this scenario (a GRPO completion longer than it)
-        key = scenario
-    return _scaling_points(key, axis, tuple(stops))
+    return _scaling_points(_curve_key(scenario, axis, stops), axis, tuple(stops), cancelled)
 
 
-@functools.lru_cache(maxsize=512)
-def _scaling_points(scenario: Scenario, axis: str, stops: tuple[int, ...]) -> dict[str, Any]:
-    """``scaling_points`` for a scenario whose ``axis`` sits at the first stop (the cache key)."""
+class _CurveMemo:
+    """The memo of ``scaling_points`` (least recently used dropped beyond ``SCALING_CACHE``), thread-safe: the
+    widget computes curves in a background job while the kernel may ask for them. Unlike ``functools.lru_cache``
+    it answers whether a curve is memoised without computing it (``peek``), so the widget publishes a memoised
+    scaling view at once and sends only new ones to the background."""
+
+    def __init__(self, maxsize: int) -> None:
+        """An empty memo of at most ``maxsize`` curves."""
+        self.maxsize = maxsize
+        self._curves: OrderedDict[tuple[Scenario, str, tuple[int, ...]], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def peek(self, scenario: Scenario, axis: str, stops: tuple[int, ...]) -> dict[str, Any] | None:
+        """The memoised curve of a key scenario (``_curve_key``), None when it is not memoised."""
+        key = (scenario, axis, stops)
+        with self._lock:
+            curve = self._curves.get(key)
+            if curve is not None:
+                self._curves.move_to_end(key)
+            return curve
+
+    def __call__(
+        self,
+        scenario: Scenario,
+        axis: str,
+        stops: tuple[int, ...],
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
+        """The curve of a key scenario (``_curve_key``): memoised, else computed outside the memo's lock."""
+        curve = self.peek(scenario, axis, stops)
+        if curve is None:
+            curve = _curve(scenario, axis, stops, cancelled)
+            with self._lock:
+                curve = self._curves.setdefault((scenario, axis, stops), curve)  # a racing twin's stays
+                while len(self._curves) > self.maxsize:
+                    self._curves.popitem(last=False)
+        return curve
+
+    def cache_clear(self) -> None:
+        """Forget every curve (benchmarks measure cold updates)."""
+        with self._lock:
+            self._curves.clear()
+
+
+def _curve(
+    scenario: Scenario, axis: str, stops: tuple[int, ...], cancelled: Callable[[], bool] | None
+) -> dict[str, Any]:
+    """``scaling_points`` for a scenario whose ``axis`` sits at the first stop, computed."""
     points: list[dict[str, Any]] = []
     totals: list[dict[str, Any]] = []
     invalid: list[dict[str, Any]] = []
     capacity = None
     for value in stops:
+        if cancelled is not None and cancelled():
+            raise ScalingCancelled(f"{axis} curve cancelled at {value}")
         try:
             est = run_estimate(scenario.replace(**{axis: value}))
         except ScenarioError as exc:
@@ -223,6 +287,10 @@ def _scaling_points(scenario: Scenario, axis: str, stops: tuple[int, ...]) -> di
     }
 
 
+#: The memo of ``scaling_points`` (``_scaling_points.cache_clear()`` forgets it).
+_scaling_points = _CurveMemo(SCALING_CACHE)
+
+
 def crossing(totals: Sequence[Mapping[str, Any]], limit_bytes: float) -> dict[str, Any]:
     """Where a total-vs-stop curve crosses ``limit_bytes``: last stop under it, first over, interpolated x. A
     stop marked ``oom`` (``reserved_model: replay``: its replay on the card runs out of memory,
@@ -248,18 +316,39 @@ def crossing(totals: Sequence[Mapping[str, Any]], limit_bytes: float) -> dict[st
     return out
 
 
+def _axis_stops(axis: str) -> tuple[int, ...]:
+    """The stops of a "how it scales" axis."""
+    return MICRO_BATCH_STOPS if axis == "micro_batch_size" else SEQ_LEN_STOPS
+
+
+def scaling_cached(est: Estimate, axes: Sequence[str] = ("micro_batch_size", "seq_len")) -> bool:
+    """Whether ``scaling_data(est)`` would estimate nothing: every axis' curve is memoised (or the axis fixed)."""
+    for axis in axes:
+        if axis == "seq_len" and est.arch.fixed_seq_len:
+            continue
+        stops = _axis_stops(axis)
+        if _scaling_points.peek(_curve_key(est.scenario, axis, stops), axis, stops) is None:
+            return False
+    return True
+
+
 def scaling_data(
-    est: Estimate, headroom: float = DEFAULT_HEADROOM, axes: Sequence[str] = ("micro_batch_size", "seq_len")
+    est: Estimate,
+    headroom: float = DEFAULT_HEADROOM,
+    axes: Sequence[str] = ("micro_batch_size", "seq_len"),
+    cancelled: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-    """The "how it scales" data of an estimate along each axis, with the current point and capacity crossings."""
+    """The "how it scales" data of an estimate along each axis, with the current point and capacity crossings.
+
+    ``cancelled``: asked before each stop estimated (``scaling_points``); ``ScalingCancelled`` when it says so.
+    """
     out: dict[str, Any] = {}
     cap = est.gpu.memory_bytes
     for axis in axes:
         if axis == "seq_len" and est.arch.fixed_seq_len:
             out[axis] = {"axis": axis, "fixed": est.arch.fixed_seq_len}
             continue
-        stops = MICRO_BATCH_STOPS if axis == "micro_batch_size" else SEQ_LEN_STOPS
-        data = dict(scaling_points(est.scenario, axis, stops))
+        data = dict(scaling_points(est.scenario, axis, _axis_stops(axis), cancelled))
         data["current"] = {
             "x": getattr(est.scenario, axis),
             "gib": gib(est.device_total_bytes),

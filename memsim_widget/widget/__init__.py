@@ -25,8 +25,8 @@ Modules:
   one controller per panel and delegates the panels' methods to them;
 * ``host``: ``WidgetHost``, what a panel may use of the widget (``MemSim`` implements it; no panel imports
   ``memsim``);
-* ``background``: ``BackgroundJob`` and ``JobSlot``, the background run of a trace, recommendations or a layout
-  search (work outside the lock, publish under it unless superseded);
+* ``background``: ``BackgroundJob`` and ``JobSlot``, the background run of a trace, recommendations, a layout
+  search, a calibration or a scaling view (work outside the lock, publish under it unless superseded);
 * ``assets``: the front-end files and the vega-embed bundle;
 * ``scenario_edits``: scenario dicts as the controls edit them (dotted keys, diff, merge, defaults);
 * ``controls``: which controls apply (``normalize``, ``disabled_controls``: readers of ``memsim_widget.rules``)
@@ -40,6 +40,8 @@ Modules:
   written by ``memsim_widget.export`` on an ``{"type": "export", "format": F}`` message.
 * ``calibration_panel``: a calibrated model's first estimate of a recipe (a dozen tiny traces) run as a background
   job off the update of a front-end edit, with its ``calibration`` trait ("calibrating..." in place).
+* ``scaling_panel``: the "how it scales" chart and summary of a front-end edit (up to 22 more estimates) run as a
+  background job when not memoised: ``result["scaling"]`` says pending meanwhile (``MemSim.wait_scaling``).
 
 The names below are re-exported here; a test that replaces a function (``run_trace``, ``plan_recommend``,
 ``plan_search``) or a constant patches the module that looks it up, not this package.
@@ -61,7 +63,7 @@ from memsim_widget.widget.layouts_panel import (
     plan_search,
 )
 from memsim_widget.widget.memsim import MemSim
-from memsim_widget.widget.result import build_result
+from memsim_widget.widget.result import SCALING_PENDING, build_result, scaling_summary
 from memsim_widget.widget.scenario_edits import changed_keys, flatten, merge
 from memsim_widget.widget.trace_panel import TRACE_POLL_S, build_trace_view
 from memsim_widget.widget.trace_runner import (
@@ -80,6 +82,7 @@ __all__ = [
     "LAYOUT_POINTS",
     "LAYOUT_ROWS",
     "LAYOUT_SEARCHED",
+    "SCALING_PENDING",
     "TRACE_EXTRA",
     "TRACE_POLL_S",
     "TRACE_STEPS",
@@ -103,6 +106,7 @@ __all__ = [
     "plan_recommend",
     "plan_search",
     "run_trace",
+    "scaling_summary",
     "trace_check",
     "vega_bundle",
 ]

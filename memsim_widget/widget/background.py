@@ -1,4 +1,5 @@
-"""Background work of the widget's panels: "Verify with trace", "Make it fit"'s recommendations and its layouts.
+"""Background work of the widget's panels: "Verify with trace", "Make it fit"'s recommendations and its layouts,
+a calibrated model's first estimate and the "how it scales" view of a front-end edit.
 
 Each of them runs the same way: a daemon thread does the slow part outside the widget's lock, then publishes
 its outcome under the lock, unless a newer job of the same panel superseded it. A ``BackgroundJob`` is one such

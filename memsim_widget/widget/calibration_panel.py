@@ -126,7 +126,8 @@ class CalibrationController:
         state = host._trait("calibration")
         if error is None:
             host._publish("calibration", {**state, "state": "done", "seconds": seconds})
-            host._submit(data, relative=False, explicit=explicit, ready=est)  # not estimated again here
+            # not estimated again here; the scaling view in its own job: the lock is not held for it
+            host._submit(data, relative=False, explicit=explicit, ready=est, defer_scaling=True)
             return
         exc = error if isinstance(error, ScenarioError) else ScenarioError("model", error_text(error))
         host._publish("calibration", {**state, "state": "error", "error": str(exc), "seconds": seconds})

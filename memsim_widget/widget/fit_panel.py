@@ -276,7 +276,7 @@ class FitController:
             except ScenarioError as exc:
                 self.update(error=str(exc))
                 return
-            exc = host._submit(target.to_dict(), relative=False)
+            exc = host._submit(target.to_dict(), relative=False, defer_scaling=True)
             if exc is not None:
                 self.update(error=f"could not apply it: {exc}")
 

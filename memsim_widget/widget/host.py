@@ -87,9 +87,11 @@ class WidgetHost(Protocol):
         relative: bool = True,
         explicit: frozenset[str] = frozenset(),
         ready: Any = None,
+        defer_scaling: bool | None = None,
     ) -> ScenarioError | None:
         """Apply a scenario dict as an edit does; the ScenarioError that rejected it, None when it was valid.
-        ``ready``: the scenario's estimate, already computed (a background calibration's)."""
+        ``ready``: the scenario's estimate, already computed (a background calibration's); ``defer_scaling``:
+        the scaling view is left to a background job (``scaling_panel``), as for an edit from the front end."""
         ...
 
     def _reject(self, data: dict[str, Any], exc: ScenarioError) -> None:

@@ -233,7 +233,7 @@ class LayoutsController:
             if isinstance(cand, bool) or not isinstance(cand, int) or not 0 <= cand < p.evaluated:
                 self.update(error=f"no candidate {cand!r}")
                 return
-            exc = host._submit(p.scenario(cand).to_dict(), relative=False)
+            exc = host._submit(p.scenario(cand).to_dict(), relative=False, defer_scaling=True)
             self.update(error=f"could not apply it: {exc}" if exc is not None else "")
 
     def search(self, gpus: int | tuple[int, int] | list[int] | None, kwargs: Mapping[str, Any]) -> Plan:

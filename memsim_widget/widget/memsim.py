@@ -36,7 +36,8 @@ from memsim_widget.widget.fit_panel import FitController, fit_target
 from memsim_widget.widget.host import PanelTrait, WidgetHost
 from memsim_widget.widget.import_panel import ImportController, MeasureController
 from memsim_widget.widget.layouts_panel import LayoutsController
-from memsim_widget.widget.result import build_result
+from memsim_widget.widget.result import SCALING_PENDING, build_result
+from memsim_widget.widget.scaling_panel import ScalingController
 from memsim_widget.widget.scenario_edits import (
     as_typed,
     changed_keys,
@@ -80,9 +81,12 @@ class MemSim(anywidget.AnyWidget):
     #: control, presets, GPUs, slider stops, and which controls/values are disabled.
     #: (``options``, ``result`` and ``charts`` are dicts in Python and reach the browser as JSON text.)
     options = traitlets.Dict().tag(sync=True, to_json=_json_text)
-    #: The last valid result: verdict, peaks with counters, bottleneck, per-rank bytes, breakdown rows.
+    #: The last valid result: verdict, peaks with counters, bottleneck, per-rank bytes, breakdown rows, and the
+    #: scaling summary (``scaling``: largest micro-batch / sequence that fit; ``{"pending": True}`` while a
+    #: front-end edit's scaling view is computed in the background, ``scaling_panel``).
     result = traitlets.Dict().tag(sync=True, to_json=_json_text)
-    #: Vega-Lite specs: ``breakdown``, ``scaling`` and ``time`` (where a step's modelled time goes).
+    #: Vega-Lite specs: ``breakdown``, ``scaling`` and ``time`` (where a step's modelled time goes). While
+    #: ``result["scaling"]`` is pending, ``scaling`` is still the previous scenario's chart (shown as updating).
     charts = traitlets.Dict().tag(sync=True, to_json=_json_text)
     #: ``"<field>: <message>"`` of the last rejected scenario, '' when the scenario is valid.
     error = traitlets.Unicode("").tag(sync=True)
@@ -174,6 +178,7 @@ class MemSim(anywidget.AnyWidget):
         self._calibration = CalibrationController(host)
         self._import = ImportController(host)
         self._measure = MeasureController(host)
+        self._scaling = ScalingController(host, self._show_scaling)
         #: Front-end message type -> its handler (``_on_front_msg``).
         self._handlers: dict[str, Handler] = {
             "verify": self._trace.verify_msg,
@@ -216,7 +221,7 @@ class MemSim(anywidget.AnyWidget):
         """A new headroom changes the verdict and the charts' band."""
         if not self._busy and hasattr(self, "_estimate"):
             with self._lock, self.hold_sync():
-                self._refresh()
+                self._refresh(defer=True)
                 self._follow_plan()
 
     @traitlets.observe("fit_open")
@@ -270,6 +275,7 @@ class MemSim(anywidget.AnyWidget):
         explicit: frozenset[str] = frozenset(),
         background: bool = False,
         ready: Estimate | None = None,
+        defer_scaling: bool | None = None,
     ) -> ScenarioError | None:
         """Apply a scenario dict; returns the ScenarioError that rejected it (None when it was valid).
 
@@ -280,9 +286,12 @@ class MemSim(anywidget.AnyWidget):
         a calibrated model's first estimate of a recipe runs as a background job (``calibration_panel``) instead of
         blocking here; None is returned and the estimate is published when it is done. ``ready``: that job's
         estimate, used when it is of the same scenario (not computed again in the kernel's thread).
+        ``defer_scaling`` (default: ``background``): the scaling chart and summary not memoised yet are computed
+        by a background job (``scaling_panel``), published when done; meanwhile ``result["scaling"]`` is pending.
         """
         with self._lock:
-            return self._apply(data, relative, explicit, background, ready)
+            defer = background if defer_scaling is None else defer_scaling
+            return self._apply(data, relative, explicit, background, ready, defer)
 
     def _apply(
         self,
@@ -291,6 +300,7 @@ class MemSim(anywidget.AnyWidget):
         explicit: frozenset[str],
         background: bool = False,
         ready: Estimate | None = None,
+        defer_scaling: bool = False,
     ) -> ScenarioError | None:
         """``_submit`` without the lock."""
         t0 = time.perf_counter()
@@ -320,7 +330,11 @@ class MemSim(anywidget.AnyWidget):
                     self._show_calibrating(data)
                     return None
                 self._calibration.supersede()
-                est = ready if ready is not None and ready.scenario == sc else run_estimate(sc)
+                if ready is not None and ready.scenario == sc:
+                    est = ready
+                else:
+                    self._scaling.pause()  # its job would compete with this estimate (resumed if rejected)
+                    est = run_estimate(sc)
             except ScenarioError as exc:
                 self._reject(data, exc)
                 return exc
@@ -334,7 +348,7 @@ class MemSim(anywidget.AnyWidget):
                 self.error = ""
                 self.error_field = ""
                 self.options = build_options(self._valid, est.arch)  # resolved for sc already
-                self._refresh()
+                self._refresh(defer_scaling)
                 self._trace.update()
                 self._follow_plan()
             return None
@@ -362,6 +376,9 @@ class MemSim(anywidget.AnyWidget):
             self._trace.update()
             self._fit.update()
             self._layouts.update()
+            view = self._scaling.resume(self._estimate, self.headroom)  # the last result's, if paused
+            if view is not None:
+                self._show_scaling(*view)
 
     def _show_calibrating(self, data: dict[str, Any]) -> None:
         """Show the input being calibrated in the controls, over the last valid result (no error)."""
@@ -373,26 +390,38 @@ class MemSim(anywidget.AnyWidget):
             self.error_field = ""
             self.options = build_options(shown)
 
-    @staticmethod
-    def _derived(est: Estimate, headroom: float) -> dict[str, Any]:
-        """``result`` and ``charts`` of an estimate at a headroom."""
-        scaling = charts_mod.scaling_data(est, headroom)
+    def _derived(self, est: Estimate, headroom: float, defer: bool = False) -> dict[str, Any]:
+        """``result`` and ``charts`` of an estimate at a headroom. ``defer``: a scaling view not memoised is left
+        to a background job (``scaling_panel``): the summary is then pending and the chart the previous one."""
+        view = self._scaling.view(est, headroom, defer)
+        summary, scaling = view if view is not None else (SCALING_PENDING, self.charts.get("scaling"))
         return {
-            "result": build_result(est, headroom, scaling),
+            "result": {**build_result(est, headroom), "scaling": dict(summary)},
             "charts": {
                 "breakdown": charts_mod.breakdown_spec(est, headroom),
-                "scaling": charts_mod.scaling_spec(scaling, headroom, est.gpu.name),
+                **({"scaling": scaling} if scaling is not None else {}),
                 "time": time_spec(est),
                 # GRPO/PPO/DPO: the rollout and training phases side by side (none for SFT)
                 **({"phases": phase_spec(est, headroom)} if est.scenario.objective_name != "sft" else {}),
             },
         }
 
-    def _refresh(self) -> None:
-        """Recompute result and charts from the current estimate and headroom."""
-        for name, value in self._derived(self._estimate, self.headroom).items():
+    def _refresh(self, defer: bool = False) -> None:
+        """Recompute result and charts from the current estimate and headroom (``defer``: see ``_derived``)."""
+        for name, value in self._derived(self._estimate, self.headroom, defer).items():
             setattr(self, name, value)
         self._compare_panel.update()
+
+    def _show_scaling(self, summary: dict[str, Any], spec: dict[str, Any] | None) -> None:
+        """Publish a background job's scaling view of the current estimate and headroom (under the lock)."""
+        charts = dict(self.charts)
+        if spec is None:  # computing it failed: the summary says why
+            charts.pop("scaling", None)
+        else:
+            charts["scaling"] = spec
+        with self.hold_sync():
+            self.charts = charts
+            self.result = {**self.result, "scaling": summary}
 
     # ----- front-end messages, following changes, closing -----------------------------------------------
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
@@ -427,7 +456,9 @@ class MemSim(anywidget.AnyWidget):
         """Close the widget (a running trace is cancelled)."""
         if "_lock" in self.__dict__:
             self.cancel_verify()
-            self._closed = True
+            with self._lock:
+                self._closed = True
+                self._scaling.supersede()
         super().close()
 
     # ----- what the panels use of the widget (``host.WidgetHost``) --------------------------------------
@@ -519,6 +550,13 @@ class MemSim(anywidget.AnyWidget):
         """Wait until a background calibration (a front-end edit to a model calibrated from traces) is published;
         False if it is still running after ``timeout`` seconds. True at once when none runs."""
         job = self._calibration.job
+        return job is None or job.done.wait(timeout)
+
+    def wait_scaling(self, timeout: float | None = None) -> bool:
+        """Wait until the scaling chart and summary of a front-end edit, computed in the background
+        (``scaling_panel``), are published; False if still computing after ``timeout`` seconds. True at once when
+        none is pending (Python's ``set`` and ``scenario =`` compute them in place)."""
+        job = self._scaling.job
         return job is None or job.done.wait(timeout)
 
     def cancel_verify(self) -> bool:

@@ -25,8 +25,33 @@ def _peak(est: Estimate, key: str, label: str) -> dict[str, Any]:
     }
 
 
+#: ``result["scaling"]`` while the scaling view of the scenario shown is computed in the background
+#: (``scaling_panel``): no largest micro-batch or sequence is shown until it is published.
+SCALING_PENDING: dict[str, Any] = {"pending": True}
+
+
+def scaling_summary(scaling: Mapping[str, Any]) -> dict[str, Any]:
+    """``result["scaling"]`` of ``charts.scaling_data``: per axis the largest stop that fits the headroom
+    (``max_fit``), where the total exceeds the GPU (``exceeds_at``) and the invalid stops; or the fixed length."""
+    summary: dict[str, Any] = {}
+    for axis, d in scaling.items():
+        if "crosses_capacity" in d:
+            summary[axis] = {
+                "max_fit": d["crosses_headroom"]["max_fit"],
+                "exceeds_at": d["crosses_capacity"]["at"],
+                "invalid": [i["value"] for i in d["invalid"]],
+            }
+        elif d.get("fixed"):
+            summary[axis] = {"fixed": d["fixed"]}
+    return summary
+
+
 def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``result`` trait: verdict, peaks with their counters, bottleneck, per-rank bytes and the breakdown."""
+    """The ``result`` trait: verdict, peaks with their counters, bottleneck, per-rank bytes and the breakdown.
+
+    ``scaling``: the estimate's ``charts.scaling_data`` for the summary (``scaling_summary``); without it the
+    summary is empty (the widget puts ``SCALING_PENDING`` there while a background job computes it).
+    """
     cap = est.gpu.memory_bytes
     b = est.bottleneck()
     top = b["items"][0] if b["items"] else None
@@ -34,16 +59,6 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
         f"{b['category']} dominate {b['rank']} at {b['moment']}: {fmt_bytes(b['bytes'])} ({b['share']:.0%})"
         + (f"; largest item {top['item']} = {top['formula']}" if top else "")
     )
-    summary_scaling = {}
-    for axis, d in (scaling or {}).items():
-        if "crosses_capacity" in d:
-            summary_scaling[axis] = {
-                "max_fit": d["crosses_headroom"]["max_fit"],
-                "exceeds_at": d["crosses_capacity"]["at"],
-                "invalid": [i["value"] for i in d["invalid"]],
-            }
-        elif d.get("fixed"):
-            summary_scaling[axis] = {"fixed": d["fixed"]}
     return {
         "verdict": est.verdict(headroom),
         # under reserved_model: replay, the replay on the card: why the verdict (runs, releases cache, ...)
@@ -83,6 +98,6 @@ def build_result(est: Estimate, headroom: float, scaling: Mapping[str, Any] | No
             for r in est.ranks
         ],
         "rows": [{**row, "gib": round(row["gib"], 4)} for row in est.rows()],
-        "scaling": summary_scaling,
+        "scaling": scaling_summary(scaling or {}),
         "summary": est.summary(),
     }

@@ -3,7 +3,8 @@
 Starts ``jupyter lab`` on 127.0.0.1, opens a fresh copy of ``notebooks/quickstart.ipynb``, runs every cell
 with the app's command, waits for the widget and its Vega charts (SVG marks), then moves the micro-batch
 slider and the precision dropdown with arrow keys and checks that the kernel received both values, that the
-verdict and the chart were redrawn from the new result, that JupyterLab did not steal the keys, and that no
+verdict and the chart were redrawn from the new result (the scaling chart and its summary too, once the kernel's
+background job has published them), that JupyterLab did not steal the keys, and that no
 request left 127.0.0.1. A second test, on the same page, switches the widget to a tiny llama, clicks "Verify
 with trace" and waits for the traced-vs-simulated comparison and the timeline chart, then marks them stale
 with the slider. Screenshots and the server log go to ``artifacts/browser/`` (git-ignored).
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from jlab import (
@@ -60,6 +62,25 @@ def _wait_changed(page, js: str, arg: str, before: str, what: str, timeout_ms: i
     now = page.evaluate(js, arg)
     assert now != before, what
     return now
+
+
+def _scaling_follows(page: Any, areas_before: str) -> str:
+    """The scaling view of the new scenario, computed in the background (``widget/scaling_panel``), arrives: the
+    chart is redrawn, the "updating" line is gone and the summary names the kernel's largest micro-batch and
+    sequence (never the previous scenario's). Returns the chart's new fingerprint."""
+    scaling = kernel_json(page, "(sim.wait_scaling(60), sim.result['scaling'])")
+    assert scaling[0], "the scaling view was published in the kernel"
+    summary = scaling[1]
+    areas = _wait_changed(
+        page, CHART_JS, AREAS, areas_before, "scaling chart redrawn after the change", 60_000
+    )
+    page.wait_for_selector(".memsim-block-scaling:not(.memsim-updating)", timeout=30_000)
+    assert page.locator(".memsim-scaling-updating").is_hidden()
+    text = page.inner_text(".memsim-scaling-summary")
+    mb, seq = summary["micro_batch_size"]["max_fit"], summary["seq_len"]["max_fit"]
+    assert f"largest micro-batch that fits: {'none' if mb is None else mb}" in text, text
+    assert f"longest sequence that fits: {'none' if seq is None else seq}" in text, text
+    return areas
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +129,7 @@ def test_quickstart_widget_in_jupyterlab_with_the_keyboard(quickstart: SimpleNam
     assert page.inner_text(".memsim-verdict-word").strip().lower() == state["verdict"]
     verdict0 = page.inner_text(".memsim-verdict")
     chart0 = page.evaluate(CHART_JS, BARS)
+    areas0 = page.evaluate(CHART_JS, AREAS)
 
     # Micro-batch slider: focus it, one arrow key (towards a larger batch unless at the last stop).
     stops, i = state["stops"], state["stops"].index(state["mb"])
@@ -125,6 +147,7 @@ def test_quickstart_widget_in_jupyterlab_with_the_keyboard(quickstart: SimpleNam
     assert page.inner_text(".memsim-ctl-micro_batch_size ~ output") == str(want_mb)
     chart1 = _wait_changed(page, CHART_JS, BARS, chart0, "breakdown chart redrawn after the slider moved")
     assert kernel_json(page, "sim.scenario.micro_batch_size") == want_mb
+    areas1 = _scaling_follows(page, areas0)
 
     # Precision dropdown: focus it, one arrow key to a neighbouring option whose memory differs (bf16 and
     # fp16 weigh the same, so the verdict would not change).
@@ -144,7 +167,7 @@ def test_quickstart_widget_in_jupyterlab_with_the_keyboard(quickstart: SimpleNam
         "verdict redrawn after the precision changed",
     )
     _wait_changed(page, CHART_JS, BARS, chart1, "breakdown chart redrawn after the precision changed")
-    page.wait_for_selector(AREAS, timeout=30_000)
+    _scaling_follows(page, areas1)
 
     # Python received both values, and the page shows Python's result for them.
     after = kernel_json(

@@ -41,6 +41,7 @@ from memsim_widget.widget import (
     disabled_controls,
     merge,
     normalize,
+    scaling_summary,
     trace_check,
     trace_panel,
     trace_runner,
@@ -87,6 +88,10 @@ def check_consistent(sim: MemSim) -> None:
     assert cap_rule["data"]["values"][0]["gib"] == pytest.approx(est.gpu.memory_bytes / GiB, abs=1e-3)
     bars = next(lay for lay in sim.charts["breakdown"]["layer"] if lay["mark"]["type"] == "bar")
     assert {r["rank"] for r in bars["data"]["values"]} == {r.label for r in est.ranks}
+    if not res["scaling"].get("pending"):  # a front-end edit's scaling view is published when its job ends
+        scaling = charts_mod.scaling_data(est, sim.headroom)
+        assert res["scaling"] == scaling_summary(scaling)
+        assert sim.charts["scaling"] == charts_mod.scaling_spec(scaling, sim.headroom, est.gpu.name)
 
 
 # ----- construction, API, repr ---------------------------------------------------------------------------
@@ -518,8 +523,10 @@ class WidgetMachine(RuleBasedStateMachine):
             self.last_valid = (self.sim.result, self.sim.charts, self.sim.scenario)
 
     def _ui_write(self, changes: dict[str, Any]) -> None:
-        """What the front end does: write the whole scenario dict with one control moved."""
+        """What the front end does: write the whole scenario dict with one control moved (its scaling view,
+        computed in the background, waited for)."""
         self.sim.scenario_data = merge(self.sim.scenario_data, changes)
+        assert self.sim.wait_scaling(60)
         self._after(self.sim.error == "")
 
     def _py_set(self, changes: dict[str, Any]) -> None:
@@ -562,6 +569,7 @@ class WidgetMachine(RuleBasedStateMachine):
     def move_headroom(self, headroom: float) -> None:
         """Move the headroom slider."""
         self.sim.headroom = headroom
+        assert self.sim.wait_scaling(60)
         if self.sim.error == "":
             self._after(True)
         else:  # the displayed result follows the headroom even while an input is rejected

@@ -33,7 +33,7 @@ def _recovers(sim: MemSim, good: dict[str, Any]) -> None:
     sim.scenario_data = {**good, "micro_batch_size": 2}
     assert sim.error == "" and sim.scenario.micro_batch_size == 2
     sim.scenario_data = good
-    assert sim.error == ""
+    assert sim.error == "" and sim.wait_scaling(30)
 
 
 @pytest.mark.parametrize(

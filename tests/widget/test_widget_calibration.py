@@ -70,6 +70,7 @@ def test_a_front_end_edit_that_would_trace_returns_at_once_and_publishes_when_do
     assert sim.wait_calibration(10)
     assert sim.calibration["state"] == "done" and stub.calls == [SLOW]
     assert sim.scenario.model == SLOW and sim.error == ""
+    assert sim.wait_scaling(30)  # its scaling view has a job of its own (``scaling_panel``)
     fresh = MemSim(sim.scenario, charts_js=False)  # what a widget opened on the new scenario shows
     assert sim.result == fresh.result and sim.charts == fresh.charts and sim.result != before
 
