@@ -248,9 +248,9 @@ RULES: tuple[Rule, ...] = (
         "model",
         broken=lambda v: v["method"] != "full" and bool(_expert_targets(v)),
         message=lambda v: (
-            f"{_expert_targets(v)} are this model's routed experts, fused parameters in transformers 5.24 that "
+            f"{_expert_targets(v)} name this model's routed experts, fused parameters in transformers 5.24 that "
             "peft adapts through target_parameters (not modelled); allowed: "
-            f"{', '.join(sorted({g.module for g in v['arch'].params if g.module}))}"
+            f"{', '.join(sorted({g.module for g in v['arch'].params if g.module} - set(v['arch'].facts.limits.lora_expert_targets)))}"
         ),
     ),
     Rule(

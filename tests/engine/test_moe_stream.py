@@ -186,3 +186,20 @@ def test_a_hybrid_stacks_layers_make_each_groups_gradients_once() -> None:
     total = sum(lg.numel for lg in local_groups(ctx, stage))
     assert sum(order.top) + stage.layers * sum(order.layer) + sum(order.bottom) == total
     assert 32 * 256 * 256 // 4 in order.layer and 688 * 256 * 3 // 4 in order.layer
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v2-lite"])
+def test_deepseeks_expert_names_take_no_lora_target_either(model: str) -> None:
+    """transformers 5.24 converts DeepSeek-V2/V3 checkpoints as Qwen2-MoE (``_MODEL_TO_CONVERSION_PATTERN``), so
+    peft 0.21.2 maps ``gate_proj``/``up_proj``/``down_proj`` and ``all-linear`` onto the fused routed experts there
+    too: refused with the field, the allowed list leaving the expert names out; the attention's Linears are kept."""
+    for t in (["kv_b_proj", "gate_proj"], ["all-linear"]):
+        with pytest.raises(ScenarioError) as err:
+            Context(Scenario.from_dict({"model": model, "method": "lora", "lora": {"targets": t}}))
+        assert err.value.field == "lora.targets"
+    with pytest.raises(ScenarioError) as err:
+        Context(Scenario.from_dict({"model": model, "method": "lora", "lora": {"targets": ["up_proj"]}}))
+    allowed = err.value.message.split("allowed:")[1].replace(",", " ").split()
+    assert "kv_b_proj" in allowed and not {"gate_proj", "up_proj", "down_proj"} & set(allowed)
+    ok = Context(Scenario.from_dict({"model": model, "method": "lora", "lora": {"targets": ["kv_b_proj"]}}))
+    assert ok.arch.facts.limits.lora_expert_targets == ("gate_proj", "up_proj", "down_proj")
