@@ -22,22 +22,19 @@ def _compiled_math_sdpa_note(scenario: Scenario, arch: Architecture) -> str:
     """The compiled encoders whose SDPA runs CUDA's math kernel under transformers before 5.24 (its stride-0
     mask under compile, traced on fake CUDA tensors: ``compiled_layernorm.CUDA_MATH_SDPA``), with what it adds:
     the fp32 probabilities each layer saves, 4 B x b x heads x s x s. Empty where it does not apply."""
-    from memsim_widget.engine.activations.compiled_layernorm import CUDA_MATH_SDPA
+    from memsim_widget.engine.activations.compiled_layernorm import CUDA_MATH_SDPA, attention_softmax_term
+    from memsim_widget.engine.activations.dims import Dims
 
     if (arch.family, scenario.precision) not in CUDA_MATH_SDPA:
         return ""
-    b, s, heads, layers = (
-        scenario.micro_batch_size,
-        Context(scenario).seq_len,
-        arch.num_heads,
-        arch.num_layers,
-    )
-    extra = 4 * b * heads * s * s * layers
+    ctx = Context(scenario)
+    D, layers = Dims(ctx), arch.num_layers
+    extra = attention_softmax_term(ctx, D.a, math_sdpa=True).bytes * layers
     return (
         f"; with transformers before 5.24 a compiled {arch.family} sends CUDA's SDPA to its math kernel (a "
         f"stride-0 mask built under compile): about {extra / 2**30:.2f} GiB more allocated, the fp32 attention "
-        f"probabilities each layer saves (4 B x b x heads x s x s x layers = 4 x {b} x {heads} x {s} x {s} x "
-        f"{layers}; the H200's ViT-B run on transformers 5.17: +15% over eager, docs/fidelity.md)"
+        f"probabilities each layer saves (4 B x b x heads x s x s x layers = 4 x {D.b} x {D.a} x {D.s} x "
+        f"{D.s_full} x {layers}; the H200's ViT-B run on transformers 5.17: +15% over eager, docs/fidelity.md)"
     )
 
 

@@ -96,9 +96,7 @@ class ScalingController:
 
     def supersede(self) -> None:
         """A newer estimate or headroom is shown (under the lock): a pending job stops and publishes nothing."""
-        job = self._slot.job
-        if job is not None and job.running():
-            job.cancel()
+        self.pause()
         self._slot.job = None
 
     def _finish(

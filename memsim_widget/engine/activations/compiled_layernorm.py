@@ -180,7 +180,7 @@ def layernorm_activations(
                 f"2 x {e} B x T x h", 2),
            *([Term("compiled: the returned KV cache (k and v), held with the model's output", 2 * e * T * h,
                    f"2 x {e} B x T x h", 2)] if not ckpt else [])] if qkv_extra else []),
-        _attention_softmax_term(ctx, a, math_sdpa),
+        attention_softmax_term(ctx, a, math_sdpa),
         Term("compiled: GeLU input and output", 2 * e * T * I, f"2 x {e} B x T x I, I={I}", 2),
         Term("compiled: LayerNorm statistics", stats[0], stats[1], 2 if amp else 4),
     ]  # fmt: skip
@@ -210,7 +210,7 @@ def layernorm_activations(
         _math_sdpa_ends(ctx, out)
 
 
-def _attention_softmax_term(ctx: Context, a: int, math_sdpa: bool) -> Term:
+def attention_softmax_term(ctx: Context, a: int, math_sdpa: bool) -> Term:
     """What the partitioner saves of SDPA's softmax per layer: the fused kernel's fp32 logsumexp (4 T a), or under
     CUDA's math composite (``CUDA_MATH_SDPA``) the fp32 probabilities, b x heads x s x s."""
     D = Dims(ctx)

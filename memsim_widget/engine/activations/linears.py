@@ -3,6 +3,7 @@ LoRA targets by leaf name), autocast's 16-bit weight copies and the LoRA adapter
 
 from __future__ import annotations
 
+from memsim_widget.architecture import ParamGroup
 from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.frameworks import quantises_module
 from memsim_widget.units import fmt_int
@@ -34,6 +35,13 @@ MLP_IN = frozenset(
 MLP_OUT = frozenset({"down_proj", "c_proj", "fc2", "wo", "w2", "dense_4h_to_h", "Wo"})  # ModernBERT: Wo twice
 
 
+def before_attention_core(g: ParamGroup) -> bool:
+    """Whether a layer's weight runs its backward before the attention core's in a sequential block: the MLP's
+    (routed experts aside) and the output projection's (split along its input, ``tp_dim`` 1). torch 2.13.0 runs a
+    layer's backward in reverse of its forward (``torch/csrc/autograd/engine.cpp``)."""
+    return (g.kind == "mlp" and not g.expert) or (g.kind == "attention" and g.tp_dim == 1)
+
+
 def autocast_weight_copies(st: HFLayer) -> None:
     """Autocast's 16-bit copies of the layer's Linear weights: every trained weight's (cached until the forward
     and the loss end), and under LoRA the copy each frozen Linear's matmul keeps for its input's gradient."""
@@ -53,11 +61,7 @@ def autocast_weight_copies(st: HFLayer) -> None:
         # the MLP's and the output projection's (split along its input, ``tp_dim`` 1) copies: their Linears'
         # backward releases them before the attention's (backward.attention_backward)
         late = sum(
-            g.numel
-            for g in arch.params
-            if g.scope == "layer"
-            and g.module
-            and ((g.kind == "mlp" and not g.expert) or (g.kind == "attention" and g.tp_dim == 1))
+            g.numel for g in arch.params if g.scope == "layer" and g.module and before_attention_core(g)
         )
         st.late_copies = 2 * (late // max(arch.num_layers, 1) // D.tp)
     elif amp and sc.activation_checkpointing != "full":

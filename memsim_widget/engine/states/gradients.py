@@ -220,6 +220,7 @@ def _top_layer_made(ctx: Context, groups: list[LocalGroup], grad_b: int) -> list
     norms follow the attention, so both are made. Only a sequential block of one stack with the eager core;
     elsewhere (a parallel MLP runs its backward after the attention's; a fused kernel's backward is no larger
     than the MLP's) none is counted."""
+    from memsim_widget.engine.activations.linears import before_attention_core
     from memsim_widget.engine.activations.mlp import parallel_mlp
 
     arch = ctx.arch
@@ -238,7 +239,7 @@ def _top_layer_made(ctx: Context, groups: list[LocalGroup], grad_b: int) -> list
     made = [
         g
         for g in layer
-        if (g.group.kind == "mlp" and not g.group.expert)
+        if before_attention_core(g.group)
         or (g.group.kind == "attention" and _module(g.group.name) in out_proj)
         or (g in norms and _module(g.group.name) != first)
     ]
