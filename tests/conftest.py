@@ -24,3 +24,30 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if config.getoption("markexpr") == "not slow":
         return "slow real-trace tests left out: `pytest -m ''` or `scripts/dev test` runs them"
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One directory per test session for ``fresh_interpreter``'s snippet results, made by the controlling
+    process before the xdist workers start (they inherit the variable), removed when the session ends."""
+    import os
+    import tempfile
+
+    from fresh_interpreter import RESULTS_ENV
+
+    if hasattr(config, "workerinput") or os.environ.get(RESULTS_ENV):
+        return
+    path = tempfile.mkdtemp(prefix="memsim-snippets-")
+    os.environ[RESULTS_ENV] = path
+    config._memsim_snippets = path  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import os
+    import shutil
+
+    from fresh_interpreter import RESULTS_ENV
+
+    path = getattr(config, "_memsim_snippets", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(RESULTS_ENV, None)

@@ -109,7 +109,7 @@ def test_the_global_batch_is_kept(capsys):
     tokens = 64 * 4096
     data = run_json(
         capsys,
-        *["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--gpus", "8-16", "--seq-len", "4096"],
+        *["plan", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--gpus", "8", "--seq-len", "4096"],
         *["--global-batch-tokens", str(tokens), "--top", "30"],
     )
     assert data["global_batch_tokens"] == tokens
