@@ -1036,8 +1036,10 @@ def _replayed_pools(
     reserved of ``pool_replay`` for the row's candidate and stage, and per row whether ``card_runs`` on the
     row's room ``cap`` (the card less what lives outside the allocator) runs out of memory: the functions the
     engine calls, once per distinct (state key, activation key) pair (the replay's own cache is keyed by the
-    scenario's shape), and once per distinct room among the pair's rows; where the stream's requested bytes
-    alone exceed every room of the pair (``alloc_stream.stream_asks``), neither is replayed; and where the peak
+    scenario's shape), and once per distinct room among the pair's rows (not on a room the unlimited replay never
+    outgrew: ``card_replay.runs_as_replayed``); where the stream's requested bytes alone exceed every room of the pair
+    (``alloc_stream.stream_asks``, read only where a row's peak allocated is over the pair's smallest room: the
+    requested bytes are at most the allocated ones), neither is replayed; and where the peak
     allocated alone exceeds every room of the pair no stream is built: reserved is then the peak allocated whatever
     the pool (``capped_reserved``: at least the peak allocated, the pool capped by the room) and the device total
     is over the card, so the row does not fit whatever a replay would say (``fits_mask``). Only one-GPU rows
@@ -1046,8 +1048,9 @@ def _replayed_pools(
     ``replayable.zero12_replayable``), TP rows alone or under FSDP2 (``tp_stream.tp_replayable``) and pipeline
     rows without other parallelism (``pp_stream.pp_replayable``) can be accepted: the others are not looked at."""
     from memsim_widget.engine.counters.alloc_stream import pool_replay, stream_asks
-    from memsim_widget.engine.counters.card_replay import card_runs
+    from memsim_widget.engine.counters.card_replay import card_runs, runs_as_replayed
     from memsim_widget.engine.counters.replayable import replayable
+    from memsim_widget.engine.frameworks import allocator_conf
     from memsim_widget.engine.rl import objectives
 
     oom = np.zeros(pool.shape[0], dtype=bool)
@@ -1077,16 +1080,24 @@ def _replayed_pools(
         ctx = Context(objectives.training_scenario(candidate_scenario(base, optimizers, row)))
         if replayable(ctx):
             st = ctx.stages[int(stage[r])]
-            asks, bound = stream_asks(ctx, st), SATURATION_BYTES
-            if asks.peak_requested > max(int(cap[at].max()), 0) and (asks.reserved_bound or bound) < bound:
-                # every room too small by the requested bytes alone (``card_runs``' first test), and the peak
-                # reserved between the requested peak and the bound: each row's reserved is its room and none
-                # saturates, as with the replay's figure, so no replay
-                out[at], oom[at] = asks.peak_requested, True
-                continue
-            out[at] = min(pool_replay(ctx, st).peak_reserved, SATURATION_BYTES)
+            # the requested bytes never exceed the allocated ones, so where no row's peak allocated is over the
+            # smallest room of the pair they cannot exceed every room: the stream's requests are not read
+            if int(peak_alloc[at].max()) > int(cap[at].min()):
+                asks, bound = stream_asks(ctx, st), SATURATION_BYTES
+                if (
+                    asks.peak_requested > max(int(cap[at].max()), 0)
+                    and (asks.reserved_bound or bound) < bound
+                ):
+                    # every room too small by the requested bytes alone (``card_runs``' first test), and the
+                    # peak reserved between the requested peak and the bound: each row's reserved is its room
+                    # and none saturates, as with the replay's figure, so no replay
+                    out[at], oom[at] = asks.peak_requested, True
+                    continue
+            needed, conf = pool_replay(ctx, st).peak_reserved, allocator_conf(ctx)
+            out[at] = min(needed, SATURATION_BYTES)
             for room in np.unique(cap[at]):
-                oom[at[cap[at] == room]] = not card_runs(ctx, st, int(room))
+                runs = runs_as_replayed(conf, needed, int(room)) or card_runs(ctx, st, int(room))
+                oom[at[cap[at] == room]] = not runs
     return out, oom
 
 

@@ -99,12 +99,19 @@ def card_replay(ctx: Any, stage: Any, capacity: int) -> CardReplay:
 
     conf = allocator_conf(ctx)
     needed = pool_replay(ctx, stage).peak_reserved
-    if conf.per_process_memory_fraction is None and needed <= capacity:
+    if runs_as_replayed(conf, needed, capacity):
         return CardReplay(max(capacity, 0), True, needed=needed)
     from memsim_widget.engine.caches.parts_cache import activations_key, state_groups_key
 
     key = (state_groups_key(ctx.scenario), activations_key(ctx.scenario), stage, conf, capacity)
     return replace(_card_cached(ReplayArgs(key, (ctx, stage, conf, capacity))), needed=needed)
+
+
+def runs_as_replayed(conf: AllocatorConf, needed: int, capacity: int) -> bool:
+    """Whether a stream whose unlimited replay peaks at ``needed`` reserved bytes runs on ``capacity`` without a
+    second replay: it never asks cudaMalloc past the capacity, so none fails (unless a memory fraction lowers the
+    limit below the capacity)."""
+    return conf.per_process_memory_fraction is None and needed <= capacity
 
 
 def card_runs(ctx: Any, stage: Any, capacity: int) -> bool:
