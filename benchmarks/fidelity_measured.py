@@ -72,13 +72,10 @@ GPU_EXPLAINED_ALLOCATED: dict[str, str] = {
 #: miss is explained above (its replay replays the same missing tensors). tests/engine/test_accuracy_replay.py.
 GPU_TARGET_REPLAY_MEDIAN = 0.03
 GPU_TARGET_REPLAY_UNDER = -0.03
-#: Replayed counters under the bar for a stated cause other than an allocated miss (run-counter -> why).
-GPU_EXPLAINED_REPLAY: dict[str, str] = {
-    "vitb-amp-nvidia-smi": "reserved is -0.5%; nvidia-smi adds the catalog's 512 MiB Hopper context, and every H200 "
-    "run shows about 0.74 GiB between nvidia-smi and max_memory_reserved: on this 6 GiB run that gap is -3.9%. "
-    "No public reading of a Hopper context plus the kernels a step loads was found (what is known: "
-    "docs/memory-facts.md#memory-outside-the-tensors); not refitted on the test set",
-}
+#: Replayed counters under the bar for a stated cause other than an allocated miss (run-counter -> why). Empty
+#: since the Hopper cards' context comes from public readings of a training step's memory outside PyTorch
+#: (docs/memory-facts.md#memory-outside-the-tensors); vitb-amp-nvidia-smi was -3.9% with the former 512 MiB.
+GPU_EXPLAINED_REPLAY: dict[str, str] = {}
 
 #: Bytes per unit as the sources use them (GB = 1e9, GiB = 2^30).
 UNIT_BYTES = {"B": 1, "MB": 10**6, "GB": 10**9, "MiB": 2**20, "GiB": 2**30}
@@ -1046,8 +1043,8 @@ def _replay_section(results: list[dict[str, Any]]) -> list[str]:
         f"Engine replay over the same runs: reserved median {_pct(med(e_res_eng))} (worst under "
         f"{_pct(min(e_res_eng))}), nvidia-smi median {_pct(med(e_smi_eng))} (worst under {_pct(min(e_smi_eng))}); "
         f"issue #22's bar: median within {GPU_TARGET_REPLAY_MEDIAN:.0%}, no run under by more than "
-        f"{-GPU_TARGET_REPLAY_UNDER:.0%} but a run whose allocated miss is explained above and "
-        + "; ".join(f"{k}: {why}" for k, why in GPU_EXPLAINED_REPLAY.items())
+        f"{-GPU_TARGET_REPLAY_UNDER:.0%} but a run whose allocated miss is explained above"
+        + "".join(f"; {k}: {why}" for k, why in GPU_EXPLAINED_REPLAY.items())
         + " (tests/engine/test_accuracy_replay.py).",
         "The traces run SDPA and dropout as CUDA does (`trace/cuda_sdpa.py`), and a cross-entropy on 16-bit logits",
         "under autocast as CUDA's autocast does (`trace/cuda_autocast.py`: roberta-base-amp was +9.8% allocated).",

@@ -83,6 +83,42 @@ def test_headline_capacities_are_the_measured_ones():
     assert GPUS["h800"].memory_bytes == GPUS["h100-sxm-80gb"].memory_bytes  # same board
 
 
+#: Public readings of a Hopper training step's memory outside PyTorch: PyTorch's OOM message in a single process
+#: without NCCL prints the process's device memory in use, what PyTorch allocated, and what it reserved but left
+#: unallocated; the first less the other two is the CUDA context with the kernels loaded so far
+#: (docs/memory-facts.md#memory-outside-the-tensors, [ETU-h200] and [FTS-h100pcie]).
+HOPPER_OOM_READINGS = {
+    "h200": ((139.75, GiB), (138.59, GiB), (508.12, MiB)),  # LoRA on a 7B Mistral, first step's forward
+    "h100-pcie-80gb": ((79.13, GiB), (77.91, GiB), (648.28, MiB)),  # a 538M-parameter MoE in fp32
+}
+
+
+@pytest.mark.parametrize("gid", sorted(HOPPER_OOM_READINGS))
+def test_a_hopper_context_is_its_public_reading_to_the_hundredth_gib(gid):
+    """The messages print GiB to two decimals, so the catalog takes the reading rounded to 0.01 GiB (the H200:
+    139.75 - 138.59 - 0.496 = 0.664 -> 0.66 GiB; the H100 PCIe, 18 SMs fewer: 0.587 -> 0.59 GiB)."""
+    (used, u), (allocated, a), (unallocated, n) = HOPPER_OOM_READINGS[gid]
+    outside = used * u - allocated * a - unallocated * n
+    assert GPUS[gid].context_bytes == int(round(outside / GiB, 2) * GiB)
+
+
+def test_hopper_cards_with_the_h200s_132_sms_take_its_context():
+    """The H100 SXM, the H800 (the same board) and the GH200's 96 GB H100 have the H200's 132 SMs; the H100 PCIe
+    (114 SMs) reads less. The H20 (78 SMs) has no public reading and keeps the lazy-loading band's 0.5 GiB."""
+    for gid in ("h100-sxm-80gb", "h800", "h100-96gb"):
+        assert GPUS[gid].context_bytes == GPUS["h200"].context_bytes
+    assert GPUS["h100-pcie-80gb"].context_bytes < GPUS["h200"].context_bytes
+    assert GPUS["h20"].context_bytes == 512 * MiB
+
+
+def test_a_custom_card_takes_the_default_cards_context():
+    """A card known by its size alone is estimated as the default H100 SXM would be outside the allocator, so a
+    custom card sized from the default card's estimate holds the same room for the allocator."""
+    from memsim_widget.catalog.gpus import custom_gpu
+
+    assert custom_gpu(48).context_bytes == GPUS["h100-sxm-80gb"].context_bytes == int(0.66 * GiB)
+
+
 @pytest.mark.parametrize("rec", RECORDS, ids=CATALOG_IDS)
 def test_every_printed_name_resolves_to_its_card(rec):
     for name in rec["names"]:

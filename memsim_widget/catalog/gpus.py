@@ -4,8 +4,8 @@ context, workspace, speeds, price), and a custom card from a memory size.
 ``memory_bytes`` is what ``torch.cuda.get_device_properties().total_memory`` reports, a little less than the
 label because the driver keeps some; each record says where its figure comes from (``MemorySource``; the kinds
 and the sources are in gpus.json's "about" and docs/gpus.md). ``context_bytes`` is the CUDA context + kernels
-resident with lazy loading on a recent driver (0.3-0.6 GiB; older generations and CUDA 11 up to 1.3 GiB:
-docs/memory-facts.md#memory-outside-the-tensors).
+resident with lazy loading on a recent driver (0.3-0.6 GiB; the Hopper cards 0.59-0.66 GiB from public readings of a
+training step; older generations and CUDA 11 up to 1.3 GiB: docs/memory-facts.md#memory-outside-the-tensors).
 engine/speed/gpu_speed.py reads ``GPU.speed`` and cost.py reads ``GPU.price``; a card without them (a custom size, or
 one registered without them) has them unknown, and the figures made from them say so.
 Add a card with ``register_gpu(GPU(...))``.
@@ -249,8 +249,8 @@ def load_catalog(path: Path = CATALOG_FILE) -> list[GPU]:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g)\s*$", re.IGNORECASE)
 
 
-#: A custom card's CUDA context: a Hopper's (0.5 GiB).
-CUSTOM_CONTEXT_BYTES = int(0.5 * GiB)
+#: The catalog card whose CUDA context a custom card takes: the default card, a 132-SM Hopper (0.66 GiB).
+CUSTOM_CONTEXT_OF = "h100-sxm-80gb"
 
 
 #: CUDA compute capability per catalog generation (its data-centre part) and the catalog cards that differ
@@ -297,7 +297,13 @@ def custom_gpu(memory_gib: float, name: str | None = None) -> GPU:
     label = name or f"custom {memory_gib:g} GiB"
     user = MemorySource("user", "the size given (GiB as typed)")
     return GPU(
-        "custom", label, int(memory_gib * GiB), "custom", CUSTOM_CONTEXT_BYTES, 32 * MiB, memory_source=user
+        "custom",
+        label,
+        int(memory_gib * GiB),
+        "custom",
+        GPUS[CUSTOM_CONTEXT_OF].context_bytes,
+        32 * MiB,
+        memory_source=user,
     )
 
 
