@@ -14,20 +14,53 @@ experts, 1 otherwise), ``width`` (its intermediate size) and, for routed experts
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from memsim_widget.architecture.layers import linear_params
 from memsim_widget.architecture.types import ParamGroup
 from memsim_widget.errors import ScenarioError
 
-#: Why ``all-linear`` LoRA is refused on a model whose fused experts peft 0.21.2 adapts as parameters (Mixtral,
-#: Qwen3-MoE: ``LimitFacts.lora_expert_targets``): with a string ``target_modules`` it adds the experts' transformers
-#: 4 names, then maps them onto ``gate_up_proj``, ``down_proj`` and the router's ``gate.weight``
-#: (``utils/transformers_weight_conversion.py`` ``_resolve_string_target_modules``; held on tiny models on CPU)
-EXPERTS_ALL_LINEAR_ERROR = (
-    "'all-linear' makes peft 0.21.2 adapt the fused routed experts (gate_up_proj, down_proj) through "
-    "target_parameters, which the engine does not model; name the Linear modules (e.g. q_proj, k_proj, v_proj, o_proj)"
-)
+#: peft 0.21.2's names for the checkpoint's expert Linears and the fused transformers 5 parameter each becomes a
+#: ``target_parameters`` entry of (``utils/transformers_weight_conversion.py`` ``_MOE_TARGET_MODULE_MAPPING``,
+#: Mixtral's and the Qwen2-MoE pattern that Qwen3-MoE and DeepSeek-V2/V3 follow); names fused into one parameter
+#: must be targeted together, and the fused adapter's rank (and alpha) is the LoRA rank times their number
+#: (``_MOE_FUSED_TARGETS``, ``rank_pattern``)
+PEFT_EXPERT_PARAMETERS: dict[str, str] = {
+    "w1": "gate_up_proj",
+    "w3": "gate_up_proj",
+    "w2": "down_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+    "down_proj": "down_proj",
+    "gate": "gate.weight",
+}
+
+
+def expert_lora_ranks(targets: Iterable[str], names: Iterable[str]) -> dict[str, int]:
+    """The fused expert parameters LoRA ``targets`` adapt on a model whose expert names are ``names``
+    (``LimitFacts.lora_expert_targets``), each with its rank multiple (2 for gate_up_proj from two names)."""
+    names = tuple(names)
+    hit = {t for t in targets if t in names}
+    out: dict[str, int] = {}
+    for fused in dict.fromkeys(PEFT_EXPERT_PARAMETERS[n] for n in names):
+        parts = [n for n in names if PEFT_EXPERT_PARAMETERS[n] == fused]
+        if hit.issuperset(parts):
+            out[fused] = len(parts)
+    return out
+
+
+def expert_lora_missing(targets: Iterable[str], names: Iterable[str]) -> list[tuple[str, str]]:
+    """(targeted name, the name it must come with) where ``targets`` name one part of a fused parameter only
+    (peft raises: "Cannot convert PEFT target(s) ... without also targeting ...")."""
+    names = tuple(names)
+    hit = {t for t in targets if t in names}
+    out = []
+    for n in sorted(hit):
+        for m in names:
+            if m != n and m not in hit and PEFT_EXPERT_PARAMETERS[m] == PEFT_EXPERT_PARAMETERS[n]:
+                out.append((n, m))
+    return out
 
 
 def moe_layer_flags(n_layers: int, is_moe: Any) -> list[bool]:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from functools import cached_property
 
 from memsim_widget.architecture import Architecture, ParamGroup
+from memsim_widget.architecture.moe import expert_lora_ranks
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.caches.model_rules_cache import check_once
@@ -220,13 +221,33 @@ class Context:
         targets = set(self.scenario.lora.targets)
         out = []
         frozen = self.frozen_stacks
+        # peft moves the checkpoint's expert names to ``target_parameters`` on the fused experts (a Linear of
+        # the same name, a dense layer's or a shared expert's, then gets none; traced on Qwen3-MoE and DeepSeek)
+        # (``all-linear`` adds them all, the router's ``gate`` too: ``_resolve_string_target_modules``)
+        expert_names = self.arch.facts.limits.lora_expert_targets
+        named = targets | set(expert_names) if "all-linear" in targets else targets
+        experts = expert_lora_ranks(named, expert_names)
+        rank = self.scenario.lora.rank
         for g in self.arch.params:
+            fused = (
+                g.name.rsplit(".", 1)[-1]
+                if g.kind == "experts"
+                else "gate.weight"
+                if g.kind == "router"
+                else ""
+            )
+            if experts and fused and len(g.shape) == 2:
+                if (
+                    fused in experts
+                ):  # [out, in] per expert: lora_A [r' E, in], lora_B [out, r' E] (router: E = 1)
+                    out.append(Adapter(g, g.shape[1], g.shape[0], rank * experts[fused]))
+                continue
             if not g.module or len(g.shape) != 2 or g.kind == "embedding" or g.stack in frozen:
                 continue
             hit = g.module in targets or (
                 "all-linear" in targets and g.module not in _HEAD_MODULES and g.kind != "head"
             )
-            if not hit:
+            if not hit or g.module in expert_names:
                 continue
             if self.arch.facts.linear.conv1d:
                 fan_in, fan_out = g.shape

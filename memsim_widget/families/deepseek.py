@@ -43,7 +43,6 @@ from memsim_widget.architecture.layers import (
     norm_params,
 )
 from memsim_widget.architecture.moe import (
-    EXPERTS_ALL_LINEAR_ERROR,
     check_top_k,
     dense_mlp,
     routed_experts,
@@ -307,8 +306,7 @@ def _build(cfg: Mapping[str, Any], *, v3: bool) -> Architecture:
             "moe_layers": n_moe,
             # peft 0.21.2 maps deepseek_v2/v3 as qwen2_moe (transformers 5.24 ``_MODEL_TO_CONVERSION_PATTERN``): the
             # expert names land on the fused experts through target_parameters (architecture/moe.py)
-            "lora_expert_targets": ("gate_proj", "up_proj", "down_proj") if n_moe else (),
-            "lora_all_linear_error": EXPERTS_ALL_LINEAR_ERROR if n_moe else None,
+            "lora_expert_targets": ("gate_proj", "up_proj", "down_proj", "gate") if n_moe else (),
             "first_k_dense_replace": moe.first_dense,
             "dense_intermediate_size": moe.inter,
             "moe_intermediate_size": moe.i_moe,

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from memsim_widget.architecture.decoder import build_decoder
-from memsim_widget.architecture.moe import EXPERTS_ALL_LINEAR_ERROR
 from memsim_widget.architecture.types import Architecture, register_family
 
 #: transformers 5.24 ``MixtralConfig`` defaults (structural keys stay required: ``REQUIRED_KEYS``).
@@ -45,7 +44,6 @@ def build_mixtral(cfg: Mapping[str, Any]) -> Architecture:
             "sliding_window": cfg.get("sliding_window", MIXTRAL_DEFAULTS["sliding_window"]),
             "router_aux_loss_coef": cfg.get("router_aux_loss_coef", MIXTRAL_DEFAULTS["router_aux_loss_coef"]),
             # the checkpoint's expert Linears, fused in transformers 5 (architecture/facts.LimitFacts)
-            "lora_expert_targets": ("w1", "w2", "w3"),
-            "lora_all_linear_error": EXPERTS_ALL_LINEAR_ERROR,
+            "lora_expert_targets": ("w1", "w2", "w3", "gate"),
         },
     )

@@ -38,7 +38,6 @@ from memsim_widget.architecture.layers import (
     norm_params,
 )
 from memsim_widget.architecture.moe import (
-    EXPERTS_ALL_LINEAR_ERROR,
     check_top_k,
     dense_mlp,
     layer_indices,
@@ -139,8 +138,7 @@ def build_qwen3_moe(cfg: Mapping[str, Any]) -> Architecture:
             "mlp_parts": mlp_parts(n_dense, inter, n_moe, top_k, i_moe, E),
             "moe_layers": n_moe,
             # transformers 4's expert Linears, fused in 5 (architecture/facts.LimitFacts)
-            "lora_expert_targets": ("gate_proj", "up_proj", "down_proj") if n_moe else (),
-            "lora_all_linear_error": EXPERTS_ALL_LINEAR_ERROR if n_moe else None,
+            "lora_expert_targets": ("gate_proj", "up_proj", "down_proj", "gate") if n_moe else (),
             "dense_intermediate_size": inter,
             "moe_intermediate_size": i_moe,
             "norm_topk_prob": read_bool(cfg, "norm_topk_prob", d_["norm_topk_prob"]),

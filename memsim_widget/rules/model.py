@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memsim_widget.architecture.moe import expert_lora_missing
 from memsim_widget.optimizers import OPTIMIZER_IMPLS, OPTIMIZERS
 from memsim_widget.rules.pipeline_split import (
     EMBEDDING_WEIGHT,
@@ -103,14 +104,47 @@ def _unknown_targets(v: View) -> bool:
     targets = v["lora.targets"]
     if v["method"] == "full" or not isinstance(targets, list | tuple) or not targets:
         return False
-    return any(t not in v["linear_modules"] and t != "all-linear" for t in targets)
+    experts = v["arch"].facts.limits.lora_expert_targets
+    return any(t not in v["linear_modules"] and t != "all-linear" and t not in experts for t in targets)
 
 
 def _expert_targets(v: View) -> list[str]:
     """The LoRA targets peft maps onto the model's fused routed experts (``LimitFacts.lora_expert_targets``)."""
     targets = v["lora.targets"]
     names = v["arch"].facts.limits.lora_expert_targets
-    return [t for t in targets if t in names] if isinstance(targets, list | tuple) else []
+    if not isinstance(targets, list | tuple):
+        return []
+    return list(names) if "all-linear" in targets else [t for t in targets if t in names]
+
+
+def _expert_missing(v: View) -> list[tuple[str, str]]:
+    """Expert target names given without the names peft fuses them with (``architecture/moe.expert_lora_missing``)."""
+    targets = v["lora.targets"]
+    if not isinstance(targets, list | tuple):
+        return []
+    return expert_lora_missing(targets, v["arch"].facts.limits.lora_expert_targets)
+
+
+#: The precisions LoRA on fused experts is traced in (peft's merged weight takes the parameter's dtype; under autocast
+#: or a mixed recipe the grouped_mm would save cast copies no trace has shown).
+EXPERT_LORA_PRECISIONS = ("bf16",)
+
+
+def _expert_lora_untraced(v: View) -> Any:
+    """LoRA on fused experts outside what was traced: another precision, QLoRA, tensor/expert/context
+    parallelism, checkpointing other than none or full, compile, a framework other than transformers'."""
+    p = v["precision"]
+    ckpt = v["activation_checkpointing"]
+    return (
+        (p != "bf16")
+        | (v["method"] == "qlora")
+        | (v["parallel.tp"] > 1)
+        | (v["parallel.ep"] > 1)
+        | (v["parallel.cp"] > 1)
+        | ((ckpt != "none") & (ckpt != "full"))
+        | bool(v["compile"])
+        | (v["framework"] != "hf")
+    )
 
 
 def _known_targets(v: View) -> list[str]:
@@ -243,13 +277,24 @@ RULES: tuple[Rule, ...] = (
         reset=_known_targets,
     ),
     Rule(
-        "LoRA targets no fused expert",
+        "fused expert targets come whole",
         "lora.targets",
         "model",
-        broken=lambda v: v["method"] != "full" and bool(_expert_targets(v)),
+        broken=lambda v: v["method"] != "full" and bool(_expert_missing(v)),
         message=lambda v: (
-            f"{_expert_targets(v)} name this model's routed experts, fused parameters in transformers 5.24 that "
-            "peft adapts through target_parameters (not modelled); allowed: "
+            "; ".join(f"{a} needs {b} too" for a, b in _expert_missing(v))
+            + ": peft 0.21.2 adapts them as one fused parameter of the experts (gate_up_proj)"
+        ),
+    ),
+    Rule(
+        "LoRA on fused experts as traced",
+        "lora.targets",
+        "model",
+        broken=lambda v: (v["method"] != "full") & bool(_expert_targets(v)) & _expert_lora_untraced(v),
+        message=lambda v: (
+            f"{_expert_targets(v)} adapt the fused routed experts (peft's target_parameters), modelled as traced: "
+            f"precision {' / '.join(EXPERT_LORA_PRECISIONS)}, LoRA (not QLoRA), tp, ep and cp 1, checkpointing none "
+            "or full, no compile, framework hf; otherwise name the Linear modules only: "
             f"{', '.join(sorted({g.module for g in v['arch'].params if g.module} - set(v['arch'].facts.limits.lora_expert_targets)))}"
         ),
     ),

@@ -992,6 +992,75 @@ CASES: list[tuple[str, dict[str, Any]]] = [
             "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]},
         },
     ),
+    # LoRA on the fused routed experts: peft 0.21.2 maps the checkpoint's expert names onto target_parameters
+    # (gate_up_proj at twice the rank, down_proj) and saves each layer's merged weight W + B A (engine mlp.expert_lora)
+    *(
+        (
+            f"{family} {prec} lora experts {label} b2 s512",
+            {
+                "model": model,
+                "micro_batch_size": 2,
+                "seq_len": 512,
+                "precision": prec,
+                "method": "lora",
+                "lora": {"rank": 8, "targets": targets},
+                **extra,
+            },
+        )
+        for family, prec, label, model, targets, extra in (
+            (
+                "qwen3_moe",
+                "bf16",
+                "q v gate up down",
+                QWEN3_MOE,
+                ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"],
+                {},
+            ),
+            ("qwen3_moe", "bf16", "q v down", QWEN3_MOE, ["q_proj", "v_proj", "down_proj"], {}),
+            (
+                "qwen3_moe",
+                "bf16",
+                "q v gate up down, ckpt full",
+                QWEN3_MOE,
+                ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"],
+                {"activation_checkpointing": "full"},
+            ),
+            (
+                "qwen3_moe",
+                "bf16",
+                "gate up down (mlp_only_layers: its dense MLP loses them)",
+                QWEN3_MOE_MIXED,
+                ["q_proj", "gate_proj", "up_proj", "down_proj"],
+                {},
+            ),
+            ("qwen3_moe", "bf16", "all-linear (the router too)", QWEN3_MOE, ["all-linear"], {}),
+            ("qwen3_moe", "bf16", "all-linear (mlp_only_layers)", QWEN3_MOE_MIXED, ["all-linear"], {}),
+            ("mixtral", "bf16", "q v w1 w2 w3", MIXTRAL, ["q_proj", "v_proj", "w1", "w2", "w3"], {}),
+            ("mixtral", "bf16", "all-linear (the router too)", MIXTRAL, ["all-linear"], {}),
+            (
+                "mixtral",
+                "bf16",
+                "q v w1 w2 w3, bf16 adapters",
+                MIXTRAL,
+                ["q_proj", "v_proj", "w1", "w2", "w3"],
+                {
+                    "lora": {
+                        "rank": 8,
+                        "targets": ["q_proj", "v_proj", "w1", "w2", "w3"],
+                        "adapter_dtype": "bf16",
+                    }
+                },
+            ),
+            (
+                "deepseek_v3",
+                "bf16",
+                "o gate up down (shared experts lose them)",
+                DEEPSEEK_V3,
+                ["o_proj", "gate_proj", "up_proj", "down_proj"],
+                {},
+            ),
+        )
+    ),
     # DeepSeek MLA (q/kv latents, rope/nope split), routed + shared experts, one dense first layer. SDPA rows
     # use v_head_dim = qk_head_dim: with d_v != d_qk the CPU trace falls back to the math kernel (which
     # keeps the s x s probabilities), where CUDA runs the memory-efficient one; eager keeps the real split

@@ -154,6 +154,19 @@ def layer_backward(st: HFLayer) -> None:
             shares=tuple(x / (n_ti * ec * Tm * I + r * T * h) for x in (ec * Tm * I,) * n_ti + (r * T * h,)),
         )
     )
+    # grouped_mm's backward makes the merged expert weight's gradient, one adapted parameter at a time
+    adapted = [ad for n, ad in st.expert_adapters.items() if n != "gate.weight"]
+    merged = max((ad.in_features * ad.out_features for ad in adapted), default=0)
+    if merged:
+        wb = st.recipe.weight_bytes
+        out.layer_backward.append(
+            Term(
+                "LoRA on the fused experts: the merged weight's gradient",
+                wb * arch.num_experts * merged / D.etp,
+                f"{wb} B x E x out x in, E={arch.num_experts} (the largest adapted parameter)",
+                1,
+            )
+        )
     if arch.norm == "rmsnorm":
         out.top_backward.append(Term("final RMSNorm backward (fp32)", 24 * Tout * h, "24 B x T x h", 4))
     else:

@@ -25,6 +25,13 @@ class HFLayer:
         self.full = ctx.full_training
         self.ab = ctx.adapter_bytes
         self.targets = {ad.base.module for ad in ctx.adapters}
+        #: the MoE parameters peft adapts through ``target_parameters`` (``gate_up_proj``, ``down_proj``, the
+        #: router's ``gate.weight``) -> their adapter
+        self.expert_adapters = {
+            ("gate.weight" if ad.base.kind == "router" else ad.base.name.rsplit(".", 1)[-1]): ad
+            for ad in ctx.adapters
+            if ad.base.kind in ("experts", "router")
+        }
         self.modules = set(ctx.linear_modules)
         self.out = ActivationBudget()
         self.L = self.out.per_layer

@@ -97,7 +97,13 @@ def lora_internals(st: HFLayer) -> None:
     """Each adapter's A output, saved by its B (per layer, averaged over the layers)."""
     arch, ctx, ab, Tout, add, full = st.arch, st.ctx, st.ab, st.D.Tout, st.add, st.full
     if not full:
-        per_layer = [ad for ad in ctx.adapters if ad.base.scope == "layer"]
+        # (an adapter on fused experts or the router folds into the weight: no A output per token,
+        # ``mlp.expert_lora``)
+        per_layer = [
+            ad
+            for ad in ctx.adapters
+            if ad.base.scope == "layer" and ad.base.kind not in ("experts", "router")
+        ]
         layers = max(arch.num_layers, 1)
         mid = sum(ad.rank * ad.base.count for ad in per_layer) / layers
         add(

@@ -71,6 +71,41 @@ def router_pieces(kind: str, ec: int, T: int, E: int, k: int, fp32_in: int) -> l
     }[kind]
 
 
+def expert_lora(st: HFLayer, frac: float = 1.0, share: str = "") -> tuple[bool, bool]:
+    """LoRA on the fused routed experts and the router (peft 0.21.2 ``ParamWrapper``, ``tuners/lora/layer.py``):
+    each forward folds the adapter into the parameter under ``parametrize.cached()``, the experts' as
+    ``baddbmm(W, B, A)`` (``_LoraFactorsProxy``), the router's as ``W + B A`` (``_LoraParameterProxy``), and the
+    matmul saves that merged weight for backward, beside the experts' adapter factors cast to the weight's dtype
+    where they differ (fp32 adapters on a 16-bit model). The merged weight needs a gradient, so the matmul also
+    saves its input: grouped_mm its gathered rows (gate_up) or the activation product (down), the router the
+    norm's output (traced on Qwen3-MoE, Mixtral and DeepSeek-V3). Adds those terms; returns (gate_up adapted,
+    down adapted), whose inputs the caller counts."""
+    ads = st.expert_adapters
+    if not ads:
+        return False, False
+    wb, ec, T, h = st.recipe.weight_bytes, st.ec, st.D.T, st.D.h
+    E = st.arch.num_experts
+    routed = [ad for name, ad in ads.items() if name != "gate.weight"]
+    merged = sum(E * ad.in_features * ad.out_features for ad in routed) / st.D.etp
+    casts = sum(E * ad.rank * (ad.in_features + ad.out_features) for ad in routed) if st.ab != wb else 0
+    router = "gate.weight" in ads
+    names = " + ".join(sorted(ads))
+    pre = f"{share} x " if share else ""
+    st.add(
+        f"LoRA on the fused experts: merged weights W + B A ({names})"
+        + (", adapters cast" if casts else "")
+        + (", the router's input" if router else ""),
+        frac * (wb * (merged + casts) + (wb * E * h + ec * T * h if router else 0)),
+        pre
+        + f"({wb} B x E x out x in per adapted expert parameter, E={E}"
+        + (f" + {wb} B x E x r' x (in + out) adapter casts" if casts else "")
+        + (f" + {wb} B x E x h router + {ec} B x T x h its input" if router else "")
+        + ")",
+        len(routed) * (3 if casts else 1) + (2 if router else 0),
+    )
+    return "gate_up_proj" in ads, "down_proj" in ads
+
+
 def parallel_mlp(arch: Architecture) -> bool:
     """The MLP reads a norm of the layer input, beside attention (Phi; GPT-NeoX's parallel residual)."""
     f = arch.facts
@@ -86,7 +121,7 @@ def mlp(st: HFLayer) -> None:
     moe = arch.is_moe
     parts = arch.facts.mlp.parts  # dense + MoE layers, shared experts (architecture/moe.py)
     if parts:
-        Tm, I = mlp_parts(arch, D, parts, add, consumers, full, ec, r)
+        Tm, I = mlp_parts(arch, D, parts, add, consumers, full, ec, r, st)
     else:
         if moe:  # every MLP is an expert's
             I = arch.intermediate_size // D.etp
@@ -115,10 +150,17 @@ def mlp(st: HFLayer) -> None:
         consumers(MLP_OUT, I, Tm, ec, "MLP down-projection input", upstream=ATTN_IN | ATTN_OUT | MLP_IN)
     if moe and not parts:
         E = arch.num_experts
+        up_lora, down_lora = expert_lora(st)
+        if down_lora:  # the merged down weight's gradient reads its input
+            add(
+                "routed experts: down-projection input (LoRA on the experts)",
+                ec * Tm * I,
+                f"{ec} B x k x T x I",
+            )
         # the router's fp32 probabilities (no logits: ``router_pieces``), the routed copies (the gathered input rows
         # and the down output; frozen experts under LoRA: the down output alone, traced on Mixtral) and grouped_mm's
         # int64 indices (``grouped_mm_book``), a tensor each
-        cp, book = (2 if full else 1), grouped_mm_book(full)
+        cp, book = (2 if full or up_lora else 1), grouped_mm_book(full)
         pieces = [*router_pieces("softmax", ec, T, E, arch.experts_per_token, 0), *[ec * Tm * h] * cp]
         tensors, shares = _shares([*pieces, *[8 * Tm] * (book // 8)])
         add(
@@ -132,7 +174,7 @@ def mlp(st: HFLayer) -> None:
     st.Tm, st.I, st.mlp_from, st.mlp_to = Tm, I, mlp_from, mlp_to
 
 
-def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001, ANN201
+def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None, st=None):  # noqa: ANN001, ANN201
     """MLP terms of families whose layers run different MLPs (dense first layers, MoE every n-th layer) or
     a shared expert beside the routed ones (``arch.facts.mlp.parts``, architecture/moe.py). Per-layer bytes
     are the average over the layers; returns (rows, width) of the largest part for the backward transients.
@@ -173,7 +215,8 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
         if not E:
             consumers(MLP_OUT, width, rows * frac, ec, f"{name}: down-projection input")
             continue
-        if full:
+        up_lora, down_lora = expert_lora(st, frac, share) if st is not None else (False, False)
+        if full or down_lora:
             add(
                 f"{name}: down-projection input",
                 frac * ec * rows * width,
@@ -185,7 +228,7 @@ def mlp_parts(arch, D, parts, add, consumers, full, ec, r=None):  # noqa: ANN001
         # keeps the repeated input (residual dtype: fp32 under autocast, where bmm saves a 16-bit cast of the
         # scaled copy), the score-scaled copy (none when the experts are frozen) and the score column.
         dense = part.dispatch == "dense"
-        copies = 2 if full else 1
+        copies = 2 if full or up_lora else 1
         rb = (r or ec) if dense else ec
         book = ec if dense else grouped_mm_book(full)
         routed = (rb + (copies - 1) * ec) * rows * h + book * rows
