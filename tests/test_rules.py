@@ -100,9 +100,15 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "seq_len of a fixed-sequence model": {"model": "vit-base-patch16-224"},
     "LoRA targets the model lacks are dropped": {"method": "lora", "lora": {"targets": ["q_proj", "wq"]}},
     "LoRA targets match a module": {"method": "lora", "lora": {"targets": ["wq"]}},
-    "LoRA targets no fused expert": {
+    "fused expert targets come whole": {
         "model": "mixtral-8x7b",
         "method": "lora",
+        "lora": {"targets": ["q_proj", "w1"]},
+    },
+    "LoRA on fused experts as traced": {
+        "model": "mixtral-8x7b",
+        "method": "lora",
+        "precision": "amp-bf16",
         "lora": {"targets": ["q_proj", "w1", "w3"]},
     },
     "all-linear where peft can wrap every Linear": {

@@ -262,11 +262,11 @@ class LimitFacts:
     expert_parallel_error: str | None = None
     #: why ``all-linear`` LoRA is refused, None: allowed
     lora_all_linear_error: str | None = None
-    #: the LoRA target names peft 0.21.2 turns into ``target_parameters`` on this model's fused routed experts
-    #: (``utils/transformers_weight_conversion.py`` ``_MOE_TARGET_MODULE_MAPPING``: Mixtral's w1/w3 -> gate_up_proj,
-    #: w2 -> down_proj; Qwen3-MoE's gate_proj/up_proj -> gate_up_proj, down_proj -> down_proj), refused
-    #: (rules/model.py): no Linear carries them in transformers 5.24 and the engine does not model peft's
-    #: ``ParamWrapper``, which makes the merged weight W + B A of a layer's experts on every forward
+    #: the LoRA target names peft 0.21.2 turns into ``target_parameters`` on this model's fused routed experts and
+    #: router (``utils/transformers_weight_conversion.py`` ``_MOE_TARGET_MODULE_MAPPING``: Mixtral's w1/w3 ->
+    #: gate_up_proj, w2 -> down_proj; Qwen3-MoE's gate_proj/up_proj -> gate_up_proj, down_proj -> down_proj; gate ->
+    #: gate.weight; ``architecture/moe.PEFT_EXPERT_PARAMETERS``): peft's ``ParamWrapper`` makes the merged weight
+    #: W + B A on every forward (``engine/activations/mlp.expert_lora``), and no Linear of those names gets one
     lora_expert_targets: tuple[str, ...] = ()
     #: layers per repeating block a pipeline stage must hold a multiple of (Jamba's period)
     block_period: int = 1

@@ -13,7 +13,6 @@ from memsim_widget.engine.caches.parts_cache import cached_activation_groups
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.counters.alloc_stream import grad_order, tensor_sizes
 from memsim_widget.engine.states.budget import local_groups
-from memsim_widget.errors import ScenarioError
 
 #: Two MoE layers of h=512 with the real 32k vocabulary (its loss buffers), bf16 full training with foreach AdamW
 TRAIN = {
@@ -151,29 +150,6 @@ def test_a_moe_layer_saves_its_fused_gate_up_output_and_its_down_output_as_the_t
     ]
 
 
-def test_mixtrals_experts_take_no_lora_target() -> None:
-    """peft 0.21.2 maps the checkpoint's expert names (Mixtral w1/w3/w2, Qwen3-MoE gate_proj/up_proj/down_proj)
-    and ``all-linear`` onto the fused ``gate_up_proj``/``down_proj`` parameters (``target_parameters``): the engine
-    refuses them with the field and what it allows, where it dropped w1/w3 silently beside q_proj."""
-    for model, targets in (
-        (mixtral(8), ["q_proj", "v_proj", "w1", "w3"]),
-        (qwen3_moe(8), ["q_proj", "gate_proj"]),
-    ):
-        for t in (targets, ["all-linear"]):
-            d = {**TRAIN, "model": model, "method": "lora", "lora": {"rank": 16, "targets": t}}
-            with pytest.raises(ScenarioError) as err:
-                Context(Scenario.from_dict(d))
-            assert err.value.field == "lora.targets"
-            assert "q_proj" in err.value.message
-    ok = {
-        **TRAIN,
-        "model": mixtral(8),
-        "method": "lora",
-        "lora": {"rank": 16, "targets": ["q_proj", "v_proj"]},
-    }
-    assert Context(Scenario.from_dict(ok)).arch.facts.limits.lora_expert_targets == ("w1", "w2", "w3")
-
-
 def test_a_hybrid_stacks_layers_make_each_groups_gradients_once() -> None:
     """Qwen3-MoE of 4 layers with its experts at layer 1 alone (sparse step 2, mlp_only_layers [3]): 32 experts of
     I=128 (gate_up [32, 256, 256], down [32, 256, 128]) in one layer, the dense MLP (688) in three. Each layer's
@@ -186,20 +162,3 @@ def test_a_hybrid_stacks_layers_make_each_groups_gradients_once() -> None:
     total = sum(lg.numel for lg in local_groups(ctx, stage))
     assert sum(order.top) + stage.layers * sum(order.layer) + sum(order.bottom) == total
     assert 32 * 256 * 256 // 4 in order.layer and 688 * 256 * 3 // 4 in order.layer
-
-
-@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v2-lite"])
-def test_deepseeks_expert_names_take_no_lora_target_either(model: str) -> None:
-    """transformers 5.24 converts DeepSeek-V2/V3 checkpoints as Qwen2-MoE (``_MODEL_TO_CONVERSION_PATTERN``), so
-    peft 0.21.2 maps ``gate_proj``/``up_proj``/``down_proj`` and ``all-linear`` onto the fused routed experts there
-    too: refused with the field, the allowed list leaving the expert names out; the attention's Linears are kept."""
-    for t in (["kv_b_proj", "gate_proj"], ["all-linear"]):
-        with pytest.raises(ScenarioError) as err:
-            Context(Scenario.from_dict({"model": model, "method": "lora", "lora": {"targets": t}}))
-        assert err.value.field == "lora.targets"
-    with pytest.raises(ScenarioError) as err:
-        Context(Scenario.from_dict({"model": model, "method": "lora", "lora": {"targets": ["up_proj"]}}))
-    allowed = err.value.message.split("allowed:")[1].replace(",", " ").split()
-    assert "kv_b_proj" in allowed and not {"gate_proj", "up_proj", "down_proj"} & set(allowed)
-    ok = Context(Scenario.from_dict({"model": model, "method": "lora", "lora": {"targets": ["kv_b_proj"]}}))
-    assert ok.arch.facts.limits.lora_expert_targets == ("gate_proj", "up_proj", "down_proj")

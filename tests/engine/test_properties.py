@@ -121,7 +121,7 @@ def test_lora_never_needs_more_than_full_training(model, prec, opt, ckpt, attn, 
     kw = base(model, prec, opt, ckpt, attn, seq_len=2**log_s)
     full = total(kw)
     adapter = "fp32" if prec in ("fp32", "amp-bf16") else "bf16"
-    # Mixtral's all-linear would reach its fused experts (refused, rules/model.py): its attention Linears there
+    # Mixtral's all-linear reaches its fused experts, refused outside bf16 (rules/model.py): its attention Linears
     every = ["q_proj", "k_proj", "v_proj", "o_proj"] if model == "mixtral-8x7b" else ["all-linear"]
     lora = {"rank": rank, "targets": every, "adapter_dtype": adapter}
     assert total({**kw, "method": "lora", "lora": lora}) <= full

@@ -115,7 +115,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         "allocator_conf": draw(st.sampled_from(CONFS)),
     }
     if draw(st.booleans()):
-        # Mixtral's all-linear would reach its fused experts (refused: rules/model.py): its attention Linears
+        # Mixtral's all-linear reaches its fused experts, refused outside bf16 (rules/model.py): its attention Linears
         targets = ["q_proj", "k_proj", "v_proj", "o_proj"] if d["model"] is fc.MIXTRAL else ["all-linear"]
         d |= {"method": "lora", "lora": {"rank": 8, "targets": targets}}
     return d

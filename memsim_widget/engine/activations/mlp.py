@@ -91,6 +91,13 @@ def expert_lora(st: HFLayer, frac: float = 1.0, share: str = "") -> tuple[bool, 
     router = "gate.weight" in ads
     names = " + ".join(sorted(ads))
     pre = f"{share} x " if share else ""
+    # a tensor each: the merged weights, each factor's cast, the merged router and its input
+    pieces: list[float] = [wb * E * ad.in_features * ad.out_features / st.D.etp for ad in routed]
+    if casts:
+        pieces += [wb * E * ad.rank * n for ad in routed for n in (ad.in_features, ad.out_features)]
+    if router:
+        pieces += [wb * E * h, ec * T * h]
+    tensors, shares = _shares(pieces)
     st.add(
         f"LoRA on the fused experts: merged weights W + B A ({names})"
         + (", adapters cast" if casts else "")
@@ -101,7 +108,8 @@ def expert_lora(st: HFLayer, frac: float = 1.0, share: str = "") -> tuple[bool, 
         + (f" + {wb} B x E x r' x (in + out) adapter casts" if casts else "")
         + (f" + {wb} B x E x h router + {ec} B x T x h its input" if router else "")
         + ")",
-        len(routed) * (3 if casts else 1) + (2 if router else 0),
+        tensors,
+        shares=shares,
     )
     return "gate_up_proj" in ads, "down_proj" in ads
 

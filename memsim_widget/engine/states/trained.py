@@ -56,10 +56,15 @@ def trained(ctx: Context, stage: Stage, groups: list[LocalGroup], b: StateBudget
         a_bytes, cast = ctx.adapter_bytes, deepspeed_casts_adapters(sc)
         frac = stage.layers / ctx.arch.num_layers
         trainable = []
+        E = ctx.arch.num_experts
         for ad in ctx.adapters:
             cnt = max(1, round(ad.base.count * frac)) if ad.base.scope == "layer" else ad.base.count
-            trainable.append(((ad.rank, ad.in_features), cnt, ad.rank * ad.in_features))
-            trainable.append(((ad.out_features, ad.rank), cnt, ad.rank * ad.out_features))
+            # peft's adapter on a layer's fused experts is one pair over all of them: lora_A [r E, in] and
+            # lora_B [out, r E] (``ParamWrapper.update_layer``), not E pairs
+            n = E if ad.base.expert and E and cnt % E == 0 else 1
+            r = ad.rank * n
+            trainable.append(((r, ad.in_features), cnt // n, r * ad.in_features))
+            trainable.append(((ad.out_features, r), cnt // n, r * ad.out_features))
         n_ad = sum(c * e for _, c, e in trainable)
         shard = _adapter_shard(ctx, trainable)
         partitioned = _deepspeed_partitions_adapters(ctx)
