@@ -28,7 +28,6 @@ MODEL_RULES_IGNORE = frozenset(
         "loss",
         "output_lifetime",
         "ssm_kernel",
-        "compile",
         "activation_offloading",
         "padding",
         "cuda_lazy_loading",
