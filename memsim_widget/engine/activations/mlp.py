@@ -86,11 +86,7 @@ def expert_lora(st: HFLayer, frac: float = 1.0, share: str = "") -> tuple[bool, 
     wb, ec, T, h = st.recipe.weight_bytes, st.ec, st.D.T, st.D.h
     E = st.arch.num_experts
     routed = [ad for name, ad in ads.items() if name != "gate.weight"]
-    merged = sum(E * ad.in_features * ad.out_features for ad in routed) / st.D.etp
-    casts = sum(E * ad.rank * (ad.in_features + ad.out_features) for ad in routed) if st.ab != wb else 0
-    router = "gate.weight" in ads
-    names = " + ".join(sorted(ads))
-    pre = f"{share} x " if share else ""
+    casts, router = st.ab != wb, "gate.weight" in ads
     # a tensor each: the merged weights, each factor's cast, the merged router and its input
     pieces: list[float] = [wb * E * ad.in_features * ad.out_features / st.D.etp for ad in routed]
     if casts:
@@ -99,11 +95,11 @@ def expert_lora(st: HFLayer, frac: float = 1.0, share: str = "") -> tuple[bool, 
         pieces += [wb * E * h, ec * T * h]
     tensors, shares = _shares(pieces)
     st.add(
-        f"LoRA on the fused experts: merged weights W + B A ({names})"
+        f"LoRA on the fused experts: merged weights W + B A ({' + '.join(sorted(ads))})"
         + (", adapters cast" if casts else "")
         + (", the router's input" if router else ""),
-        frac * (wb * (merged + casts) + (wb * E * h + ec * T * h if router else 0)),
-        pre
+        frac * sum(pieces),
+        (f"{share} x " if share else "")
         + f"({wb} B x E x out x in per adapted expert parameter, E={E}"
         + (f" + {wb} B x E x r' x (in + out) adapter casts" if casts else "")
         + (f" + {wb} B x E x h router + {ec} B x T x h its input" if router else "")
