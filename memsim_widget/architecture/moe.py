@@ -50,6 +50,14 @@ def expert_lora_ranks(targets: Iterable[str], names: Iterable[str]) -> dict[str,
     return out
 
 
+def peft_parameter(g: ParamGroup) -> str:
+    """The ``target_parameters`` name peft gives a MoE parameter group (a fused expert tensor's own name, the
+    router's ``gate.weight``; ``PEFT_EXPERT_PARAMETERS``' values), "" for any other group."""
+    if g.kind == "experts":
+        return g.name.rsplit(".", 1)[-1]
+    return "gate.weight" if g.kind == "router" else ""
+
+
 def expert_lora_missing(targets: Iterable[str], names: Iterable[str]) -> list[tuple[str, str]]:
     """(targeted name, the name it must come with) where ``targets`` name one part of a fused parameter only
     (peft raises: "Cannot convert PEFT target(s) ... without also targeting ...")."""

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from functools import cached_property
 
 from memsim_widget.architecture import Architecture, ParamGroup
-from memsim_widget.architecture.moe import expert_lora_ranks
+from memsim_widget.architecture.moe import expert_lora_ranks, peft_parameter
 from memsim_widget.catalog.gpus import GPU, resolve_gpu
 from memsim_widget.catalog.models import architecture_for
 from memsim_widget.engine.caches.model_rules_cache import check_once
@@ -229,17 +229,10 @@ class Context:
         experts = expert_lora_ranks(named, expert_names)
         rank = self.scenario.lora.rank
         for g in self.arch.params:
-            fused = (
-                g.name.rsplit(".", 1)[-1]
-                if g.kind == "experts"
-                else "gate.weight"
-                if g.kind == "router"
-                else ""
-            )
+            fused = peft_parameter(g)
             if experts and fused and len(g.shape) == 2:
-                if (
-                    fused in experts
-                ):  # [out, in] per expert: lora_A [r' E, in], lora_B [out, r' E] (router: E = 1)
+                # [out, in] per expert: lora_A [r' E, in], lora_B [out, r' E] (the router: E = 1)
+                if fused in experts:
                     out.append(Adapter(g, g.shape[1], g.shape[0], rank * experts[fused]))
                 continue
             if not g.module or len(g.shape) != 2 or g.kind == "embedding" or g.stack in frozen:

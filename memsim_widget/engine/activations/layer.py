@@ -3,6 +3,7 @@ ways a rule adds a term (``add``, and ``consumers`` for what the Linears reading
 
 from __future__ import annotations
 
+from memsim_widget.architecture.moe import peft_parameter
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
 from memsim_widget.engine.activations.dims import Dims
 from memsim_widget.engine.context import Context, deepspeed_zero3_linear
@@ -27,11 +28,7 @@ class HFLayer:
         self.targets = {ad.base.module for ad in ctx.adapters}
         #: the MoE parameters peft adapts through ``target_parameters`` (``gate_up_proj``, ``down_proj``, the
         #: router's ``gate.weight``) -> their adapter
-        self.expert_adapters = {
-            ("gate.weight" if ad.base.kind == "router" else ad.base.name.rsplit(".", 1)[-1]): ad
-            for ad in ctx.adapters
-            if ad.base.kind in ("experts", "router")
-        }
+        self.expert_adapters = {peft_parameter(ad.base): ad for ad in ctx.adapters if peft_parameter(ad.base)}
         self.modules = set(ctx.linear_modules)
         self.out = ActivationBudget()
         self.L = self.out.per_layer
