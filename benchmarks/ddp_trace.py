@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
 
-from cpu_products import fp32_product, products  # noqa: E402
+import cpu_products  # noqa: E402
 from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
 
 from memsim_widget.engine.counters.allocator import FREE, CachingAllocator  # noqa: E402
@@ -99,7 +99,6 @@ def traced_run(
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    fp32_products = products()
     events: list[tuple[int, int, int]] = []
     live: dict[int, tuple[Any, int]] = {}
     counter = [0]
@@ -115,9 +114,7 @@ def traced_run(
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
             sweep()
             marks.setdefault("first op after", len(events))
-            out = fp32_product(func, args, kwargs or {}) if func in fp32_products else None
-            if out is None:
-                out = func(*args, **(kwargs or {}))
+            out = cpu_products.call(func, args, kwargs or {})
             for o in out if isinstance(out, (list, tuple)) else [out]:
                 if isinstance(o, torch.Tensor):
                     st = o.untyped_storage()

@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
 
-from cpu_products import fp32_product, products  # noqa: E402
+import cpu_products  # noqa: E402
 from fidelity_cases import LLAMA_H512_V32K  # noqa: E402
 
 from memsim_widget.engine.counters.allocator import FREE, CachingAllocator  # noqa: E402
@@ -127,14 +127,10 @@ def traced_run(
             if on_host[0]:
                 host.add(counter[0])
 
-    fp32_products = products()
-
     class Log(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
             sweep()
-            out = fp32_product(func, args, kwargs or {}) if func in fp32_products else None
-            if out is None:
-                out = func(*args, **(kwargs or {}))
+            out = cpu_products.call(func, args, kwargs or {})
             if func is not torch.ops.aten.detach.default:
                 for o in out if isinstance(out, (list, tuple)) else [out]:
                     if isinstance(o, torch.Tensor):
