@@ -21,11 +21,11 @@ probes. Memory is assumed to grow with the micro-batch and the sequence. A probe
 weights, nothing downloaded), runs three steps through ``memsim_widget.measure.train_steps`` (the code path of
 ``memsim measure``), then frees everything: ``gc.collect``, the cuBLAS workspaces cleared, ``empty_cache``, peak
 stats reset, so the next probe starts from an empty allocator as a fresh process would (checked: a probe that
-leaves memory allocated is noted in the row). What was alive after a case's warm-up probe (torch's, transformers'
-and peft's modules, imported by then) is frozen out of the collector during its searches (``frozen_heap``): a full collection
-then scans only what the probes made (on a 2-core CPU the smoke's collections took 37 s of 64, a third of a
-second each over the imported modules). The scenarios run in one subprocess (torch, transformers and CUDA
-start once), each under an equal share of the time left; a crash gives up the scenario it was on and another
+leaves memory allocated is noted in the row). What was alive after a case's warm-up probe (torch's,
+transformers' and peft's modules, imported by then) is frozen out of the collector during its searches
+(``frozen_heap``): a full collection then scans only what the probes made (on a 2-core CPU the smoke's
+collections took 37 s of 64, a third of a second each over the imported modules). The scenarios run in one
+subprocess (torch, transformers and CUDA start once), each under an equal share of the time left; a crash gives up the scenario it was on and another
 subprocess takes the rest. Rows are written after every search.
 
 Run on a machine with one CUDA GPU (about 8 minutes by default):
@@ -365,9 +365,8 @@ def run_case(case: Case, cards: list[str], deadline: float, device: str, smoke: 
         torch.cuda.set_per_process_memory_fraction(1.0)
     warm, _ = probe_runs(case, base.replace(micro_batch_size=1, seq_len=min(base.seq_len, 256)), device)
     ctx = context_bytes(device, smoke)
-    with (
-        frozen_heap()
-    ):  # after the warm-up: the modules its model, loss and optimizer imported are frozen too
+    # after the warm-up: the modules its model, loss and optimizer imported are frozen too
+    with frozen_heap():
         for dim, card in [(d, c) for d in case.dims for c in cards]:
             if (card, dim) in skip:
                 continue

@@ -9,9 +9,9 @@ garbage holds the first step's output until a full collection, whose timing depe
 (``fidelity_cases``) on its path.
 
 "Fresh" is a fork: each test process keeps one server that has imported torch, transformers, Dynamo, Inductor and
-the trace modules (``PRELOAD``: imports only, nothing traced or compiled; then frozen out of the garbage collector, ``gc.freeze``,
-so the full collection a trace starts with walks only what the child made) and forks a child per snippet, so a
-snippet starts with every module loaded and no state any other snippet made (a new interpreter spent about 3.5 s
+the trace modules (``PRELOAD``: imports only, nothing traced or compiled; then frozen out of the garbage
+collector, ``gc.freeze``, so the full collection a trace starts with walks only what the child made) and forks
+a child per snippet, so a snippet starts with every module loaded and no state any other snippet made (a new interpreter spent about 3.5 s
 importing and 4.5 s more in its first compile's lazy imports before each trace: 12 s a case became 6 s). Where
 fork is missing it runs in a new interpreter as before; where the snippet's environment differs from the
 server's in a variable the preloaded modules read on import (``IMPORT_TIME_ENV``), a new server starts under it.
