@@ -246,7 +246,7 @@ TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "pos
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
                "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer",
                "pp_buffer", "pp_output", "pp_logits", "bottom_backward", "logits_grad", "cache_tangent_layer",
-               "kept_backward", "kept_top_backward", "bottom_layer_backward")  # fmt: skip
+               "kept_backward", "kept_top_backward", "bottom_layer_backward", "forward_top")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 

@@ -211,3 +211,65 @@ def test_t5_feed_forward_saves_relu_once_and_the_gelu_new_chain_when_gated():
     gated = _t5_terms(model={"feed_forward_proj": "gated-gelu"})
     assert _term(gated, "feed-forward activation internals") == 6 * 2 * T * I
     assert _term(gated, "feed-forward wo input") == 2 * T * I
+
+
+def _t5_forward_top(**kw) -> dict[str, float]:
+    sc = Scenario.from_dict(
+        {"model": {**T5_SMALL, **kw.pop("model", {})}, "micro_batch_size": 2, "seq_len": 512, **kw}
+    )
+    return {t.name: t.bytes for t in activations(Context(sc)).forward_top}
+
+
+T5_LORA = {"method": "lora", "lora": {"rank": 8, "targets": ["q", "v"]}}
+
+
+def test_t5_forward_top_under_autocast_lora_is_the_last_wo_matmul_beside_what_the_decoder_stack_holds():
+    b, s, h, I, a = 2, 512, 256, 1024, 8
+    T = b * s
+    top = _t5_forward_top(precision="amp-bf16", **T5_LORA)
+    # held to the decoder's end: the fp32 position bias (1, a, s, s), the fp32 encoder output (nothing saves it:
+    # autocast's k/v copies are saved instead), the frozen fp32 decoder embeddings, the int64 decoder input ids
+    assert _term(top, "decoder position bias") == 4 * a * s * s
+    assert _term(top, "encoder output") == 4 * T * h
+    assert _term(top, "decoder embeddings") == 4 * T * h
+    assert _term(top, "decoder input ids") == 8 * T
+    # the frozen wo: the norm's fp32 output, wo's fp32 input copy and autocast's bf16 cast, the bf16 output
+    assert _term(top, "last decoder block's wo matmul") == 4 * T * h + 4 * T * I + 2 * T * I + 2 * T * h
+    assert len(top) == 5
+
+
+def test_t5_forward_top_in_bf16_lora_is_the_decoder_final_norm():
+    b, s, h, a = 2, 512, 256, 8
+    T = b * s
+    top = _t5_forward_top(**T5_LORA)
+    assert _term(top, "decoder position bias") == 2 * a * s * s
+    assert _term(top, "encoder output") == 2 * T * h
+    assert _term(top, "decoder embeddings") == 2 * T * h
+    # saved: fp32 input copy, rsqrt, the bf16 input; then the variance, x * rsqrt (fp32) and its bf16 cast
+    saved = 4 * T * h + 4 * T + 2 * T * h
+    assert _term(top, "decoder final T5LayerNorm") == saved + 4 * T + 4 * T * h + 2 * T * h
+    assert not any(k.startswith("last decoder block's wo") for k in top)
+
+
+def test_t5_forward_top_in_full_training_holds_no_saved_tensor_twice_and_none_under_checkpointing():
+    top = _t5_forward_top()
+    # the trained embeddings are saved by block 0's first norm, the encoder output by every cross-attention k/v
+    assert not any(k.startswith(("decoder embeddings", "encoder output")) for k in top)
+    assert _term(top, "decoder position bias") == 2 * 8 * 512 * 512
+    assert _t5_forward_top(activation_checkpointing="full") == {}
+
+
+def test_t5_forward_end_takes_the_forward_top_only_where_it_outgrows_the_head_and_loss():
+    def forward_end(**kw) -> set[str]:
+        sc = Scenario.from_dict(
+            {"model": {**T5_SMALL, **kw.pop("model", {})}, "micro_batch_size": 2, "seq_len": 512, **kw}
+        )
+        m = next(m for m in estimate(sc).worst.moments if m.name == "forward_end")
+        return {i.item for i in m.items}
+
+    small = forward_end(precision="amp-bf16", **T5_LORA)  # V = 1000: the loss is smaller than wo's copies
+    assert any(i.startswith("last decoder block's wo matmul") for i in small)
+    assert not any(i.startswith("logits") for i in small)
+    real = forward_end(precision="amp-bf16", model={"vocab_size": 32128}, **T5_LORA)  # t5's vocabulary
+    assert any(i.startswith("logits") for i in real)
+    assert not any(i.startswith("decoder position bias") for i in real)

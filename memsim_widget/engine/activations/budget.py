@@ -39,6 +39,9 @@ class ActivationBudget:
     pre: list[Term] = field(default_factory=list)  # before the layers (first stage)
     post: list[Term] = field(default_factory=list)  # final norm, loss's saved log-softmax (last stage)
     loss_forward: list[Term] = field(default_factory=list)  # logits and their fp32 copy, alive in the loss
+    # the top of the forward, the head and loss not run yet: what the stack's forward holds to its end and the
+    # last layers' own transients at their largest instant (T5: engine/activations/t5._forward_top)
+    forward_top: list[Term] = field(default_factory=list)
     loss_saved: list[Term] = field(default_factory=list)  # saved by the loss until its backward
     loss_backward: list[Term] = field(default_factory=list)  # transients at the start of backward
     # the logits' gradient in their dtype, alive while the head's backward makes its weight gradient

@@ -59,6 +59,8 @@ def t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # n
     _linears(t)
     _attention(t)
     ff = _feed_forward(t)
+    if stacks is None and t.sc.activation_checkpointing == "none":
+        _forward_top(t)
     return _dropout_final_norm_and_backward(t, per_norm, ff)
 
 
@@ -90,6 +92,7 @@ class _T5Blocks:
         self.frozen0 = not self.full and sc.activation_checkpointing in ("none", "selective")
         self.share = f"({ne} encoder x {{e}} + {nd} decoder x {{d}}) / {n} layers"
         self.grad_bias = self.full  # relative_attention_bias trains: position_bias needs a gradient
+        self.enc_saved = False  # the encoder output is itself saved (by every cross-attention k/v): _linears
 
     def avg(
         self, name: str, enc: float, dec: float, formula: str, tensors: int = 1, first: float = 0.0
@@ -133,6 +136,7 @@ def _linears(t: _T5Blocks) -> None:
         out.pre.append(
             Term("encoder output, read by every cross-attention k/v", ec * T * h, f"{ec} B x T x h", 1)
         )
+        t.enc_saved = True
     elif hit:
         cb = 2 if amp else ctx.adapter_bytes
         add(
@@ -291,3 +295,48 @@ def _dropout_final_norm_and_backward(t: _T5Blocks, per_norm: float, ff: float) -
             "(the block's feed-forward, cross-attention, their norms, o's input)",
         )
     return 0, ""
+
+
+def _forward_top(t: _T5Blocks) -> None:
+    """The top of the forward (``forward_top``): what the decoder stack holds until it returns, beside the larger of
+    two instants of its last ops (each with what it makes that nothing saved counts yet); where it is larger than
+    the head's and the loss's forward (V small beside I, e.g. the fidelity shapes), ``forward_end`` takes it.
+
+    Held (transformers 5.24.0 ``models/t5/modeling_t5.py``): the decoder's position bias, the embedding's
+    (q, k, a) output (``compute_bias`` lines 278-279, in the weights' dtype) that ``T5Stack.forward`` passes to
+    every block (line 741) until it returns; the encoder output (``hidden_states``, line 1027) unless saved; the
+    decoder's embeddings (line 683, alive as ``inputs_embeds`` until line 745) when block 0's first norm saves
+    nothing (frozen embeddings); ``_shift_right``'s int64 decoder input ids (line 1031, ``new_zeros``, 8 B x T).
+    Instants: (a) the decoder's final ``T5LayerNorm`` (lines 66-73) at its last op: what it saves, the variance
+    (4 B x T), ``x * rsqrt`` (4 B x T x h) and its 16-bit cast (16-bit weights) or the fp32 ``weight * x``;
+    (b) under autocast, the last block's ``wo`` matmul (``T5DenseActDense.forward`` lines 92-94 and the gated
+    one's 120-123: the fp32 weight makes ``.to(fp32)`` a 4 B x T x I copy, autocast casts it back for ``mm``,
+    a 2 B x T x I copy saved only when ``wo`` trains), with the feed-forward norm's fp32 output
+    (``T5LayerFF.forward`` line 139: ``wi`` saves its own 16-bit copy) and the 2 B x T x h matmul output."""
+    ctx, D, out, r, ec, amp, full, frozen0 = t.ctx, t.D, t.out, t.r, t.ec, t.amp, t.full, t.frozen0
+    T, h, I, a, s = D.T, D.h, D.I, D.a, D.s
+    pb = ctx.recipe.weight_bytes
+    held = [Term("decoder position bias (1, a, s, s), held by the decoder stack", pb * a * s * D.s_full,
+                 f"{pb} B x a x s x s", 1)]  # fmt: skip
+    if not t.enc_saved:
+        held.append(Term("encoder output, held by the model's forward", r * T * h, f"{r} B x T x h", 1))
+    if frozen0:
+        held.append(Term("decoder embeddings (inputs_embeds), held by the decoder stack", pb * T * h,
+                         f"{pb} B x T x h", 1))  # fmt: skip
+    held.append(Term("decoder input ids (_shift_right of the labels, int64)", 8 * T, "8 B x T", 1))
+    # (a) the final norm: its saved tensors (as a block's, _norms) with the variance, x * rsqrt and its output
+    w16 = r != 4  # 16-bit norm weights: x * rsqrt is cast to them before the weight multiplies
+    saved = 4 * T * h + 4 * T + (r * T * h if w16 else 0)
+    norm = saved + 4 * T + 4 * T * h + (ec if w16 else 4) * T * h
+    fnorm = (f"4 B x T x h + 4 B x T{f' + {r} B x T x h' if w16 else ''} saved, 4 B x T variance, 4 B x T x h "
+             f"x * rsqrt, {ec if w16 else 4} B x T x h output")  # fmt: skip
+    top = Term("decoder final T5LayerNorm at its last op", norm, fnorm, 4 if w16 else 3)
+    if amp:
+        # (b) the last block's wo under autocast: the norm's fp32 output, the fp32 and 16-bit copies, the output
+        wo_in = bool(full or (MLP_OUT & set(ctx.linear_modules) & t.targets))
+        ff = r * T * h + 4 * T * I + (0 if wo_in else 2 * T * I) + 2 * T * h
+        if ff > norm:
+            f = f"{r} B x T x h norm output + 4 B x T x I{'' if wo_in else ' + 2 B x T x I'} + 2 B x T x h, I={I}"
+            top = Term("last decoder block's wo matmul under autocast: the fp32 input copy and its cast", ff, f,
+                       3 if wo_in else 4)  # fmt: skip
+    out.forward_top.extend([*held, top])

@@ -64,6 +64,7 @@ ACTIVATION_GROUPS = (
     "post",  # the final norm's and head's saved tensors
     "loss_saved",  # what the loss keeps for its backward
     "loss_forward",  # the loss's forward transients (last stage)
+    "forward_top",  # the top of the forward: the last layers' own transients and what the stack holds (last stage)
     "cache_per_layer",  # the model output's KV cache built during forward
     "loss_backward",  # the loss's backward transients (last stage)
     "held_logits",  # the model output's logits the training loop still holds
@@ -119,12 +120,21 @@ class MomentRule:
 
 #: Held at every moment but the optimizer step (which holds the receive buffers only).
 _COMMON = ("persistent", "overhead", "stage_io")
-_FORWARD = ("grads_carried", "gathered_at_loss", "kept_unsharded", "kept_unsharded_last", "pre", "saved_at_loss",
-            "post", "loss_saved")  # fmt: skip
+_FORWARD_LAYERS = ("grads_carried", "gathered_at_loss", "kept_unsharded", "kept_unsharded_last", "pre",
+                   "saved_at_loss")  # fmt: skip
+_FORWARD = (*_FORWARD_LAYERS, "post", "loss_saved")
 
 MOMENT_TABLE = (
-    # the end of forward: every saved activation and the loss's forward
-    MomentRule("forward_end", live=(*_COMMON, *_FORWARD, "loss_forward", "cache_per_layer")),
+    # the end of forward: every saved activation and the loss's forward, or (where larger, T5: engine/activations/
+    # t5._forward_top) the top of the forward, the last layers' own transients before the head and loss run
+    MomentRule(
+        "forward_end",
+        live=(*_COMMON, *_FORWARD_LAYERS),
+        larger_of=(
+            ("post", "loss_saved", "loss_forward", "cache_per_layer"),
+            ("forward_top", "cache_per_layer"),
+        ),
+    ),
     # the loss's backward, the output the loop holds alive beside it
     MomentRule(
         "backward_start", live=(*_COMMON, *_FORWARD, "loss_backward", "held_logits", "held_cache_extra")

@@ -583,6 +583,7 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
         "post": scale("post", n_loss, loss_label),
         "loss_saved": scale("loss_saved", n_loss, loss_label),
         "loss_forward": scale("loss_forward", last),
+        "forward_top": scale("forward_top", last),
         "cache_per_layer": scale("cache_per_layer", Ls, layers_label),
         "loss_backward": scale("loss_backward", last),
         "logits_grad": scale("logits_grad", last),
