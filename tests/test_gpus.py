@@ -349,12 +349,15 @@ def test_the_docs_build_writes_every_record_into_docs_gpus_md():
 
 def test_the_plan_states_what_it_assumes_for_a_card_without_speed_or_price():
     from memsim_widget.plan.search import plan
+    from memsim_widget.plan.space import SearchSpace
 
-    known = plan("llama-3.2-1b", "h100-sxm-80gb", 8, top=1)
+    # what a plan assumes is the card's (its speeds, its price), whatever knobs it searches: a narrow space
+    space = SearchSpace(tp=(1, 2), pp=(1,), cp=(1,), zero=(0, 3), micro_batch=(1, 4), checkpointing=("none",))
+    known = plan("llama-3.2-1b", "h100-sxm-80gb", 8, top=1, space=space)
     assert known.assumptions == [] and "2025" in known.price_source
-    new = plan("llama-3.2-1b", "b300", 8, top=1)  # speeds known, no price
+    new = plan("llama-3.2-1b", "b300", 8, top=1, space=space)  # speeds known, no price
     assert new.assumptions == [f"NVIDIA B300 288GB: price {price_note('b300')}"]
     assert new.to_dict(top=1)["assumptions"] == new.assumptions
-    custom = plan("llama-3.2-1b", {"memory_gib": 48}, 8, top=1)
+    custom = plan("llama-3.2-1b", {"memory_gib": 48}, 8, top=1, space=space)
     assert any("speeds unknown" in a for a in custom.assumptions)
-    assert plan("llama-3.2-1b", "b300", 8, top=1, price=7.0).assumptions == []
+    assert plan("llama-3.2-1b", "b300", 8, top=1, price=7.0, space=space).assumptions == []

@@ -82,6 +82,8 @@ def test_plan_qlora_on_one_4090(capsys):
 
 def test_gpu_ranges_lists_top_and_headroom(capsys):
     base = ["plan", "--model", "qwen2.5-0.5b", "--gpu", "rtx-4090", "--seq-len", "1024"]
+    # the counts and headroom are read whatever knobs are searched: a narrow space
+    base += ["--micro-batch", "1,4", "--zero", "0,3", "--pp", "1", "--cp", "1", "--checkpointing", "none"]
     assert run_json(capsys, *base, "--gpus", "3-16", "--top", "1")["gpu_counts"] == [3, 4, 8, 16]
     data = run_json(capsys, *base, "--gpus", "6,2", "--top", "4", "--headroom", "0.3")
     assert data["gpu_counts"] == [2, 6] and data["headroom"] == 0.3 and len(data["candidates"]) == 4
