@@ -136,7 +136,7 @@ STATE_LISTS = ("persistent", "grads", "post_grads", "grads_but_bottom", "gathere
                "grads_but_root", "root_regather", "root_reduce_out", "root_made", "loss_grads", "step_grads", "kept_after_backward",
                "grads_but_bottom_carried", "gathered_next", "prefetched", "new_grad", "new_grad_next",
                "chunk_gathered", "tied_sum", "head_made", "head_made_carried", "tied_head_part", "bottom_new",
-               "bottom_new_carried", "top_layer_made")  # fmt: skip
+               "bottom_new_carried", "top_layer_made", "top_down_new", "top_down_made")  # fmt: skip
 #: The columns of a state key: the layout, ZeRO stage, optimizer, offload, pipeline position, the stage's layers
 #: where the split is uneven (0: even, num_layers / pp), and whether gradients are carried between
 #: micro-batches (engine/step/timeline ``grads_carried``); "unsynced": more than one micro-batch under a loop whose
@@ -246,7 +246,8 @@ TERM_GROUPS = ("per_layer", "checkpointed_layer", "cache_per_layer", "pre", "pos
                "loss_saved", "loss_backward", "layer_backward", "top_backward", "attention_backward",
                "inputs", "output_logits", "output_cache", "output_cache_extra", "recomputed_layer",
                "pp_buffer", "pp_output", "pp_logits", "bottom_backward", "logits_grad", "cache_tangent_layer",
-               "kept_backward", "kept_top_backward", "bottom_layer_backward", "forward_top")  # fmt: skip
+               "kept_backward", "kept_top_backward", "bottom_layer_backward", "forward_top",
+               "mlp_out_backward")  # fmt: skip
 #: Term table columns: bytes, first_bytes, skip_first, tensors, counted (tensor/allocator level), loss.
 TERM_COLS = 6
 

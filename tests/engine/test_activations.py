@@ -273,3 +273,40 @@ def test_t5_forward_end_takes_the_forward_top_only_where_it_outgrows_the_head_an
     real = forward_end(precision="amp-bf16", model={"vocab_size": 32128}, **T5_LORA)  # t5's vocabulary
     assert any(i.startswith("logits") for i in real)
     assert not any(i.startswith("decoder position bias") for i in real)
+
+
+def _t5_cache(**kw) -> dict[str, float]:
+    sc = Scenario.from_dict(
+        {"model": {**T5_SMALL, **kw.pop("model", {})}, "micro_batch_size": 2, "seq_len": 512, **kw}
+    )
+    return {t.name: t.bytes for t in activations(Context(sc)).cache_per_layer}
+
+
+def test_t5_decoder_self_attention_cache_is_extra_where_the_math_path_saves_fp32_copies():
+    T, hq, n_dec, n = 2 * 512, 8 * 32, 4, 8
+    # the EncoderDecoderCache's k and v of every decoder block (torch.cat copies), 16-bit, per layer of 8
+    cache = _term(_t5_cache(), "decoder self-attention KV cache")
+    assert cache * n == 2 * 2 * T * hq * n_dec
+    assert _term(_t5_cache(precision="amp-bf16"), "decoder self-attention KV cache") == cache
+    # the fused kernel (a frozen bias) and eager attention save the cache's own k and v; fp32 not traced
+    assert _t5_cache(**T5_LORA) == {}
+    assert _t5_cache(attention="eager") == {}
+    assert _t5_cache(precision="fp32") == {}
+    assert _t5_cache(activation_checkpointing="full") == {}
+
+
+def test_t5_forward_top_under_autocast_full_training_is_the_last_decoder_softmax_less_what_follows_it():
+    b, s, h, I, a, hq = 2, 512, 256, 1024, 8, 256
+    T = b * s
+    top = _t5_forward_top(precision="amp-bf16")
+    # made by the softmax: fp32 scores, the fp32 bias + mask and its bf16 cast, fp32 q and k and the scaled q,
+    # q's bf16 projection, the norm's fp32 output
+    made = 4 * b * a * s * s + (4 + 2) * a * s * s + 3 * 4 * T * hq + 2 * T * hq + 4 * T * h
+    # saved by the block after it: the cross-attention's q input, k/v encoder copies and fused SDPA, the o inputs
+    # of both attentions, the feed-forward's input, ReLU output (and wo's cast), two norms, the weight copies
+    norm = 4 * T * h + 4 * T + 4 * T * h
+    weights = 2 * (h * hq + 4 * h * hq + 2 * h * I)
+    later = 2 * T * h + 2 * 2 * T * h + 2 * T * 4 * hq + 4 * b * a * s + 2 * 2 * T * hq + 2 * T * h
+    later += (2 + 2) * T * I + 2 * norm + weights
+    assert _term(top, "last decoder block's self-attention softmax") == made - later
+    assert not any(k.startswith(("last decoder block's wo", "decoder final")) for k in top)

@@ -144,16 +144,20 @@ def layer_backward(st: HFLayer) -> None:
         n_ti += 1  # Phi: gelu_new's pointwise chain holds one more T x I gradient in its backward (traced)
     if arch.mlp_activation == "quick_gelu":
         n_ti += 1  # CLIP: x * sigmoid(1.702 x) -- the product's two input gradients beside fc2's (traced)
+    # by then the down projection's backward has released the 16-bit weight copy autocast gave its matmul
+    copy = _down_copy(st)
     out.layer_backward.append(
         Term(
-            "activation gradients of the layer in backward",
-            n_ti * ec * Tm * I + r * T * h,
-            f"{n_ti} x {ec} B x T x I + {r} B x T x h",
+            "activation gradients of the layer in backward"
+            + (", less the down projection's released 16-bit weight copy" if copy else ""),
+            n_ti * ec * Tm * I + r * T * h - copy,
+            f"{n_ti} x {ec} B x T x I + {r} B x T x h" + (f" - {fmt_int(copy)} B" if copy else ""),
             n_ti + 1,
             # the MLP's T x I gradients (differentiated first), then the layer input's
             shares=tuple(x / (n_ti * ec * Tm * I + r * T * h) for x in (ec * Tm * I,) * n_ti + (r * T * h,)),
         )
     )
+    mlp_out_backward(st)
     # grouped_mm's backward makes the merged expert weight's gradient, one adapted parameter at a time
     adapted = [ad for n, ad in st.expert_adapters.items() if n != "gate.weight"]
     merged = max((ad.in_features * ad.out_features for ad in adapted), default=0)
@@ -183,6 +187,7 @@ def layer_backward(st: HFLayer) -> None:
         )
     if st.ssm:
         out.layer_backward[:] = [ssm_backward(st.ctx, D, st.ssm, ec, r)]
+        out.mlp_out_backward.clear()
     if sc.method == "qlora":
         biggest = max(
             (g.numel_each for g in arch.params if g.module and g.kind not in ("head", "embedding")), default=0
@@ -195,3 +200,41 @@ def layer_backward(st: HFLayer) -> None:
                 1,
             )
         )
+
+
+def _down_copy(st: HFLayer) -> float:
+    """Bytes of the 16-bit copy of the MLP down projection's weight that autocast gave its matmul, which the
+    matmul saved for its input's gradient (``autocast_weight_copies``: every trained weight's, or a frozen one's
+    where the layer's copies are counted); 0 without autocast or a dense down projection, or compiled (its graph's
+    backward frees what its partitioner saved on its own schedule)."""
+    arch, sc = st.arch, st.sc
+    if not st.amp or not (st.full or sc.activation_checkpointing != "full") or arch.num_experts or sc.compile:
+        return 0.0
+    n = sum(g.numel for g in arch.params if g.scope == "layer" and g.module in MLP_OUT and not g.expert)
+    return 2 * (n // max(arch.num_layers, 1) // st.D.tp)
+
+
+def mlp_out_backward(st: HFLayer) -> None:
+    """A layer's transients as its MLP down projection's backward (``addmm``'s: ``mm``, ``mm``, ``sum``) ends, the
+    first of the layer's (torch 2.13.0 runs a layer's backward in reverse of its forward, ``torch/csrc/autograd/
+    engine.cpp``): the residual gradient (r B x T x h), under autocast its 16-bit copy that the down projection's
+    16-bit output receives (``validate_outputs`` casts a gradient to its input's dtype, ``torch/csrc/autograd/
+    engine.cpp``), and the product's input gradient (e B x T x I); the down projection's input and weight copy are
+    still saved, its weight gradient is the state side's (``states/gradients._top_down``). Larger than
+    ``layer_backward``'s later instant where one T x I gradient follows (GELU) under autocast: ViT h256 amp-bf16
+    b8 traced at the bias gradient's ``sum``, 5,648,384 B of activation gradients (1 x 2 B x T x I + 4 B x T x h
+    + 2 B x T x h, T = 1576). Dense layers of an eager transformer block (a state-space layer, MoE, compiled: none)."""
+    arch, D, ec, r = st.arch, st.D, st.ec, st.r
+    if st.ssm or arch.num_experts or st.sc.compile:
+        return
+    T, h = D.T, D.h
+    cast = ec * T * h if st.amp else 0
+    st.out.mlp_out_backward.append(
+        Term(
+            "activation gradients at the down projection's backward"
+            + (" (the residual gradient's 16-bit copy too)" if cast else ""),
+            ec * st.Tm * st.I + r * T * h + cast,
+            f"{ec} B x T x I + {r} B x T x h" + (f" + {ec} B x T x h" if cast else ""),
+            3 if cast else 2,
+        )
+    )

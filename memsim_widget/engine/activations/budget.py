@@ -47,6 +47,8 @@ class ActivationBudget:
     # the logits' gradient in their dtype, alive while the head's backward makes its weight gradient
     logits_grad: list[Term] = field(default_factory=list)
     layer_backward: list[Term] = field(default_factory=list)  # transients while one layer runs backward
+    # ... at the end of its MLP down projection's backward (activations/backward.mlp_out_backward)
+    mlp_out_backward: list[Term] = field(default_factory=list)
     top_backward: list[Term] = field(default_factory=list)  # transients of the final norm's backward
     attention_backward: list[Term] = field(default_factory=list)  # transients of the attention's backward
     bottom_backward: list[Term] = field(

@@ -3,6 +3,8 @@ the rotary cos/sin tables and Falcon's ALiBi bias (BERT's embedding LayerNorm is
 
 from __future__ import annotations
 
+from typing import Any
+
 from memsim_widget.engine.activations.budget import Term
 from memsim_widget.engine.activations.layer import HFLayer
 
@@ -53,13 +55,26 @@ def embeddings(st: HFLayer) -> None:
         C, img = patches.num_channels, patches.image_size
         px = b * C * img * img
         pb = recipe.weight_bytes
+        # a trained patch conv under autocast: ``convolution``'s backward saves the 16-bit weight autocast gave it
+        # as well as the 16-bit input (torch 2.13.0 tools/autograd/derivatives.yaml saves input and weight;
+        # traced ViT h256 amp-bf16: the (256, 3, 16, 16) bf16 ``_to_copy``, 393,216 B, alive to the top of backward)
+        conv_w = patch_conv_copy(arch, patches) if amp and st.full and not st.sc.compile else 0
         out.inputs.append(
             Term(
-                "pixel values and labels" + (" (+ autocast 16-bit copy)" if amp else ""),
-                px * pb + (2 * px if amp else 0) + 8 * b,
-                f"b x {C} x {img} x {img} x ({pb}{' + 2' if amp else ''}) B + 8 B x b",
-                2,
+                "pixel values and labels"
+                + (" (+ autocast 16-bit copy)" if amp else "")
+                + (", the patch conv's 16-bit weight copy" if conv_w else ""),
+                px * pb + (2 * px if amp else 0) + 8 * b + conv_w,
+                f"b x {C} x {img} x {img} x ({pb}{' + 2' if amp else ''}) B + 8 B x b"
+                + (f" + 2 B x {arch.hidden_size} x {C} x {patches.patch_size}^2" if conv_w else ""),
+                3 if conv_w else 2,
             )
         )
     else:
         out.inputs.append(Term("input ids and labels", 16 * b * ctx.seq_len, "2 x 8 B x b x s (int64)", 2))
+
+
+def patch_conv_copy(arch: Any, patches: Any) -> int:
+    """Bytes of autocast's 16-bit copy of a patch conv's weight (hidden x channels x patch x patch), which the
+    conv saves for its input's gradient."""
+    return 2 * arch.hidden_size * patches.num_channels * patches.patch_size**2

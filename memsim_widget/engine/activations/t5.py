@@ -25,7 +25,65 @@ def t5_layer(st: HFLayer) -> None:
         out.recomputed_layer = [
             Term("recomputed decoder block", dec, f"{fmt_int(dec)} B (one decoder block)", 1)
         ]
+    elif out.forward_top:
+        _decoder_cache_and_softmax_top(st)
     st.mlp_from = st.ao_from = st.ao_to = st.mlp_to = 0
+
+
+def _decoder_cache_and_softmax_top(st: HFLayer) -> None:
+    """Where the decoder's self-attention runs SDPA's math path (the position bias trains) in 16 bits: the decoder's
+    self-attention KV cache (``cache_per_layer``) and, under autocast, the top of the forward at the last decoder
+    block's softmax (``forward_top``'s instant where larger than the final norm's and ``wo``'s).
+
+    The cache: ``T5Attention.forward`` (transformers 5.24.0 ``models/t5/modeling_t5.py`` line 331) stores each
+    decoder block's k and v in the model output's ``EncoderDecoderCache`` (``DynamicLayer.update``'s ``torch.cat``
+    copies them), which the math path does not save (it saves fp32 copies): 2 x 2 B x T x a*d per decoder block,
+    held until the outputs are dropped. The softmax: the last decoder block's self-attention has made, beside what
+    its earlier ops saved, the fp32 scores (``bmm``, 4 B x b x a x s x s), the position bias plus causal mask
+    (4 B x a x s x s) and autocast's 16-bit cast of it, the fp32 copies of q and k and the scaled q (3 x 4 B x T x
+    a*d), q's 16-bit projection and the norm's fp32 output (4 B x T x h, held by ``T5LayerSelfAttention``, line
+    395); what the block saves after it (its o, cross-attention and feed-forward sub-layers, their norms and
+    autocast weight copies) does not exist yet. Traced (t5 h256 amp-bf16 b2 s512, full training) at
+    ``_safe_softmax``."""
+    ctx, D, out, L, ec, amp = st.ctx, st.D, st.out, st.L, st.ec, st.amp
+    arch = ctx.arch
+    if not ctx.full_training or st.eager or ec != 2:
+        return
+    T, h, hq, a, s, b = D.T, D.h, D.hq, D.a, D.s, D.b
+    nd, n = arch.decoder_layers, max(arch.num_layers, 1)
+    out.cache_per_layer.append(
+        Term("decoder self-attention KV cache (EncoderDecoderCache), held by the model output",
+             2 * ec * T * hq * nd / n, f"{nd}/{n} layers x 2 x {ec} B x T x a*d", 2)
+    )  # fmt: skip
+    if not amp:
+        return
+    # one decoder block's saved tensors (the rules on one decoder block, as under checkpointing)
+    kept = list(L)
+    del L[:]
+    t5_blocks(ctx, D, st.add, st.consumers, ActivationBudget(), st.r, ec, amp, st.eager, stacks=(0, 1))
+    block = [(t.name, t.bytes) for t in L]
+    L[:] = kept
+    later_sub = sum(
+        v for k, v in block if k.startswith(("cross-attention", "feed-forward", "attention output"))
+    )
+    norms = sum(v for k, v in block if k.startswith("T5LayerNorm"))  # its three norms; the first ran
+    self_qkv = ("layer.0.SelfAttention.q.", "layer.0.SelfAttention.k.", "layer.0.SelfAttention.v.")
+    later_w = sum(
+        g.numel // max(g.count, 1)
+        for g in arch.params
+        if g.scope == "layer" and g.stack == "decoder" and g.module and not any(x in g.name for x in self_qkv)
+    )
+    later = later_sub + 2 * norms / 3 + 2 * later_w
+    made = 4 * b * a * s * D.s_full + (4 + 2) * a * s * D.s_full + 3 * 4 * T * hq + ec * T * hq + 4 * T * h
+    top = Term(
+        "last decoder block's self-attention softmax (math SDPA), less what the block saves after it",
+        made - later,
+        f"4 B x b x a x s x s + (4 + 2) B x a x s x s + 3 x 4 B x T x a*d + {ec} B x T x a*d + 4 B x T x h "
+        f"- {fmt_int(later)} B saved after it",
+        6,
+    )
+    if top.bytes > out.forward_top[-1].bytes:
+        out.forward_top[-1] = top
 
 
 def t5_blocks(ctx, D, add, consumers, out, r, ec, amp, eager, stacks=None):  # noqa: ANN001, ANN201

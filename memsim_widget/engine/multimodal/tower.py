@@ -32,6 +32,7 @@ from typing import Any
 
 from memsim_widget.architecture.facts import LlavaNextVision, QwenVision, VisionFacts
 from memsim_widget.engine.activations.budget import ActivationBudget, Term
+from memsim_widget.engine.activations.embeddings import patch_conv_copy
 from memsim_widget.engine.context import Context, tower_context
 from memsim_widget.engine.frameworks import output_lifetime, uses_autocast
 from memsim_widget.units import fmt_int
@@ -71,13 +72,17 @@ def vision_activations(
     if v.contrastive_head:
         out.inputs[:] = [Term("input ids", 8 * b * sc.seq_len, "8 B x b x s (int64)", 1)]
     if n_img:
+        # the trained patch conv under autocast saves its 16-bit input and weight (embeddings.patch_conv_copy)
+        conv_w = patch_conv_copy(tower, v.patches) if amp and trained and v.patches.patch_size else 0
         out.inputs.append(
             Term(
                 "pixel values"
-                + (" (+ autocast 16-bit copy saved by the trained patch conv)" if amp and trained else ""),
-                px * pb + (2 * px if amp and trained else 0),
-                f"b x images={bi} x {C} x {img} x {img} x ({pb}{' + 2' if amp and trained else ''}) B",
-                2 if amp and trained else 1,
+                + (" (+ autocast 16-bit copy saved by the trained patch conv" if amp and trained else "")
+                + (", and its 16-bit weight copy)" if conv_w else ")" if amp and trained else ""),
+                px * pb + (2 * px if amp and trained else 0) + conv_w,
+                f"b x images={bi} x {C} x {img} x {img} x ({pb}{' + 2' if amp and trained else ''}) B"
+                + (f" + 2 B x {tower.hidden_size} x {C} x {v.patches.patch_size}^2" if conv_w else ""),
+                (2 if amp and trained else 1) + (1 if conv_w else 0),
             )
         )
     if not n_img:
@@ -106,7 +111,7 @@ def vision_activations(
     elif pj:
         _llava_projector(ctx, out, bi, pj, adapters, amp, pb)
     if v.contrastive_head:
-        _clip_head(ctx, out, trained, r, h)
+        _clip_head(ctx, out, trained, r, h, T)
 
 
 def _tower(ctx: Context, out: ActivationBudget, tb: ActivationBudget, T: int, trained: bool, r: int) -> None:
@@ -246,19 +251,40 @@ def _llava_projector(
         )
 
 
-def _clip_head(ctx: Context, out: ActivationBudget, trained: bool, r: int, h: int) -> None:
-    """CLIP's contrastive head: pooled rows, projections, normalised embeddings and the b x b logits."""
+def _clip_head(ctx: Context, out: ActivationBudget, trained: bool, r: int, h: int, T: int) -> None:
+    """CLIP's contrastive head: pooled rows, projections, normalised embeddings and the b x b logits. The vision
+    side's saved tensors live until the vision tower's backward (``pre``): ``CLIPModel.forward`` runs the vision
+    tower first (transformers 5.24 ``models/clip/modeling_clip.py`` 783-794), so autograd, which takes the ready
+    node of the highest sequence number first (torch 2.13.0 ``torch/csrc/autograd/engine.cpp``), runs the whole
+    text tower's backward before ``visual_projection``'s. ``post_layernorm`` saves its input, the view
+    ``last_hidden_state[:, 0, :]`` (lines 640-641), which keeps the tower's whole last hidden state (r B x T x h)
+    alive; under autocast ``visual_projection`` keeps its 16-bit weight copy. Traced (h256 b8 s77) at the text
+    tower's top layer's backward: the vision layer 3 output, post_layernorm's mean and rstd, the projection's
+    input and (amp-bf16) its (64, 256) weight copy."""
     b, ec = ctx.scenario.micro_batch_size, ctx.recipe.act_bytes
     ht = ctx.arch.hidden_size
     proj = ctx.arch.facts.output.projection_dim
     assert proj is not None  # CLIP declares its projection width
-    nb = (r * b * h + 8 * b if trained else 0) + ec * b * (h + ht) + 3 * ec * b * proj + 3 * 4 * b * b
+    copy = 2 * proj * h if uses_autocast(ctx) and ctx.full_training else 0
+    vision = (r * T * h + 8 * b if trained else 0) + ec * b * h + copy
+    out.pre.append(
+        Term(
+            "contrastive head, vision side: post_layernorm's input (a view of the last hidden state), mean and "
+            "rstd, visual_projection's input" + (" and 16-bit weight copy" if copy else ""),
+            vision,
+            (f"{r} B x T x h + 8 B x b + " if trained else "")
+            + f"{ec} B x b x h"
+            + (f" + 2 B x {proj} x {h}" if copy else "")
+            + f", T={fmt_int(T)}, b={b}",
+            (3 if trained else 0) + 1 + (1 if copy else 0),
+        )
+    )
     out.post.append(
         Term(
-            "contrastive head: post_layernorm, projections' inputs, normalised embeddings, b x b logits",
-            nb,
-            f"a few {ec} B x b x (h_v + h_t + proj) rows and 4 B x b x b, b={b}",
-            8,
+            "contrastive head, text side: text_projection's input, normalised embeddings, b x b logits",
+            ec * b * ht + 3 * ec * b * proj + 3 * 4 * b * b,
+            f"{ec} B x b x (h_t + 3 x proj) and 3 x 4 B x b x b, b={b}",
+            7,
         )
     )
 

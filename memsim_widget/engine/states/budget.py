@@ -78,6 +78,10 @@ class StateBudget:
     head_made_carried: list[Item] = field(default_factory=list)
     #: one GPU, eager attention: the top layer's gradients made before its attention's backward runs
     top_layer_made: list[Item] = field(default_factory=list)
+    #: one GPU: the top layer's MLP down projection's weight and bias gradients, as its matmul makes them (the
+    #: compute dtype: ``top_down_new``) and as its ``.grad`` once made (the gradient's dtype: ``top_down_made``)
+    top_down_new: list[Item] = field(default_factory=list)
+    top_down_made: list[Item] = field(default_factory=list)
     tied_head_part: list[Item] = field(default_factory=list)
     bottom_new: list[Item] = field(default_factory=list)
     bottom_new_carried: list[Item] = field(default_factory=list)

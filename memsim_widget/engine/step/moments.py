@@ -47,6 +47,8 @@ STATE_GROUPS = (
     "tied_head_part",  # one GPU: the tied head's part of the embeddings' gradient, in autograd's buffer
     "bottom_new",  # one GPU: the embeddings' gradient parts (tied) or new gradient (a later micro-batch)
     "top_layer_made",  # one GPU, eager attention: the top layer's gradients made before its attention's backward
+    "top_down_new",  # one GPU: the top layer's down projection's weight gradient as its matmul makes it
+    "top_down_made",  # ... and as its .grad, made (none where gradients are carried: added in place)
 )
 
 #: State groups no moment reads, built for the allocation streams: the step's temporaries as the optimizer's
@@ -72,6 +74,7 @@ ACTIVATION_GROUPS = (
     "top_backward",  # the final norm's backward transients (last stage)
     "recompute",  # the last layer recomputed for its backward (under checkpointing)
     "layer_backward",  # a layer in backward: the larger of its MLP and its attention transients
+    "mlp_out_backward",  # ... as its MLP down projection's backward ends (the layer's first)
     "attention_in_backward",  # ... its attention's transients alone
     "rest",  # the other micro-batches' saved activations at the bottom of backward
     # GPipe's second micro-batch's backward (engine/parallel/pipeline next_backward_count; empty elsewhere): one
@@ -170,9 +173,11 @@ MOMENT_TABLE = (
         ),
     ),  # fmt: skip
     # the top of backward: the final norm's backward, or the last layer's (recomputed first under
-    # checkpointing), or its attention's backward, by when (one GPU, eager attention) the layer's o_proj, MLP
-    # and post-attention norm gradients are made (torch 2.13.0 runs the layer's backward in reverse of its
-    # forward); every other saved activation alive and only the head's gradients made so far
+    # checkpointing): as its down projection's backward ends (that matmul's weight gradient just made, one GPU),
+    # or later, the down projection's gradient made (one GPU), or its attention's backward, by when (one GPU,
+    # eager attention) the layer's o_proj, MLP and post-attention norm gradients are made (torch 2.13.0 runs the
+    # layer's backward in reverse of its forward); every other saved activation alive and only the head's
+    # gradients made so far
     MomentRule(
         "backward_top",
         live=(
@@ -188,8 +193,9 @@ MOMENT_TABLE = (
         ),
         larger_of=(
             ("top_backward",),
-            ("recompute", "layer_backward", "new_grad", "kept_top"),
+            ("recompute", "layer_backward", "new_grad", "kept_top", "top_down_made"),
             ("recompute", "attention_in_backward", "top_layer_made", "new_grad", "kept_top"),
+            ("recompute", "mlp_out_backward", "new_grad", "kept_top", "top_down_new"),
         ),
         after=("held_logits", "held_cache_extra", "tangents_top"),
     ),

@@ -220,6 +220,8 @@ def state_lists(states: StateBudget) -> dict[str, list[Item]]:
         "tied_head_part": states.tied_head_part,
         "bottom_new": states.bottom_new,
         "top_layer_made": states.top_layer_made,
+        "top_down_new": states.top_down_new,
+        "top_down_made": states.top_down_made,
         "bottom_new_carried": states.bottom_new_carried,
         "gathered_next": states.gathered_next,
         "prefetched": states.prefetched,
@@ -297,6 +299,10 @@ def state_group_table(
         "bottom_new": where(carried, s["bottom_new_carried"], s["bottom_new"]),
         # ... and the top layer's gradients made before its attention's backward (carried: counted already)
         "top_layer_made": where(carried, none, s["top_layer_made"]),
+        # ... and the top layer's down projection's weight gradient: its matmul's output, then its .grad (carried:
+        # added in place to the carried one and freed)
+        "top_down_new": s["top_down_new"],
+        "top_down_made": where(carried, none, s["top_down_made"]),
     }
 
 
@@ -353,7 +359,7 @@ def budget_list(name: str, ckpt: bool, recomputed: bool) -> str:
 #: Term groups whose items are the temporaries of a backward (the others: saved activations).
 TRANSIENT_TERMS = frozenset(("layer_backward", "attention_backward", "loss_backward", "top_backward",
                              "bottom_backward", "cache_tangent_layer", "kept_backward", "kept_top_backward",
-                             "bottom_layer_backward"))  # fmt: skip
+                             "bottom_layer_backward", "mlp_out_backward"))  # fmt: skip
 
 
 class ItemScaler:
@@ -592,6 +598,7 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
         "top_backward": scale("top_backward", last),
         "layer_backward": layer,
         "attention_in_backward": attention,
+        "mlp_out_backward": scale("mlp_out_backward", Ls > 0),
         "bottom_layer": where(scale.raw(bottom) > 0, bottom, layer),
         "cache_but_own": scale("output_cache", maximum(Ls - 1, 0), lambda: f"{max(Ls - 1, 0)} layers")
         + scale("output_cache_extra", Ls > 0, "1 layer"),
