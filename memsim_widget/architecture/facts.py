@@ -86,6 +86,9 @@ class AttentionFacts:
     sdpa_math_fallback: bool = False
     #: the fused qkv output stays alive through the v view (ModernBERT's Wqkv)
     fused_qkv_kept: bool = False
+    #: ... only where no KV cache copies v first (GPT-NeoX's query_key_value: under checkpointing HF turns the
+    #: cache off, so SDPA's v is a chunk of the fused output)
+    fused_qkv_kept_without_cache: bool = False
     #: the fused query_key_value output stays alive through the v view (Falcon's multi-head ALiBi layer)
     sdpa_fused_qkv_view: bool = False
     #: an explicit boolean mask cast to a float bias per call, saved by SDPA (Falcon)
@@ -452,7 +455,8 @@ FACT_KEYS = frozenset(
         "norm_one_plus_weight", "post_norms", "post_norms_16bit", "first_norm_after_attention", "qk_norm",
         "qk_norm_layers", "qk_layernorm", "embedding_norm", "final_norm",
         "sdpa", "attention_note", "attention_output_modules", "softmax_in_compute_dtype", "softmax_compute_dtype",
-        "eager_softmax_dtype", "mla", "sdpa_math_fallback", "fused_qkv_kept", "sdpa_fused_qkv_view",
+        "eager_softmax_dtype", "mla", "sdpa_math_fallback", "fused_qkv_kept",
+        "fused_qkv_kept_without_cache", "sdpa_fused_qkv_view",
         "sdpa_float_mask", "sdpa_output_copy", "sdpa_sliding_mask", "sliding_layers", "sliding_window",
         "layer_types", "attention_sinks", "attn_logit_softcapping", "attention_chunk_size", "chunked_layers",
         "use_cache", "attention_layers",
@@ -555,6 +559,7 @@ def model_facts(extra: Mapping[str, Any], model: str) -> ModelFacts:
             mla=None if not x("mla") else MlaFacts(**x("mla")),
             sdpa_math_fallback=bool(x("sdpa_math_fallback")),
             fused_qkv_kept=bool(x("fused_qkv_kept")),
+            fused_qkv_kept_without_cache=bool(x("fused_qkv_kept_without_cache")),
             sdpa_fused_qkv_view=bool(x("sdpa_fused_qkv_view")),
             sdpa_float_mask=bool(x("sdpa_float_mask")),
             sdpa_output_copy=bool(x("sdpa_output_copy")),

@@ -122,6 +122,7 @@ def build_gpt_neox(cfg: Mapping[str, Any]) -> Architecture:
             # residual; q comes out of torch.cat (partial rotary), so SDPA's output is copied for ``dense``
             "norm_inputs": 1 if parallel else 2,
             "sdpa_output_copy": True,
+            "fused_qkv_kept_without_cache": True,  # v is a chunk of query_key_value's output (attention.py)
             "attention_output_modules": ("dense",),
         },
     )

@@ -7,7 +7,7 @@ from memsim_widget.engine.activations.budget import Term
 from memsim_widget.engine.activations.layer import HFLayer
 from memsim_widget.engine.activations.linears import ATTN_IN, ATTN_OUT
 from memsim_widget.engine.activations.mla import mla_attention
-from memsim_widget.engine.activations.output import rope_bytes
+from memsim_widget.engine.activations.output import builds_kv_cache, rope_bytes
 from memsim_widget.units import fmt_int
 
 
@@ -34,7 +34,13 @@ def attention(st: HFLayer) -> None:
     else:
         _sdpa(st, attn_out)
 
-    if af.fused_qkv_kept and not mla and not eager:
+    # GPT-NeoX alike once no KV cache copies v (transformers 5.24 ``modeling_gpt_neox.py``
+    # ``GPTNeoXAttention.forward``: ``qkv.chunk(3, dim=-1)``, then ``layer_past.update`` only with a cache, whose
+    # ``DynamicLayer.update`` ``torch.cat``s k and v into new tensors, ``cache_utils.py``): under checkpointing
+    # the recomputed layer keeps the whole query_key_value output (traced: GPT-NeoX h256 ckpt b2 s512, layer 0's
+    # recompute holds the (T, 3h) addmm output beside the two torch.cat copies of q and k)
+    kept = af.fused_qkv_kept or (af.fused_qkv_kept_without_cache and not builds_kv_cache(st))
+    if kept and not mla and not eager:
         # ModernBERT: q and k leave Wqkv's [q | k | v] output through RoPE (new tensors), but v goes to SDPA as a
         # view of it, so the whole output stays saved: its q and k thirds on top of the tensors above (traced;
         # eager's matmul saves a contiguous copy of v instead and the output is freed)

@@ -14,8 +14,17 @@ def checkpointing(st: HFLayer) -> None:
     """The checkpointed layer's terms under ``full`` and ``selective-op`` (``selective`` keeps the layer whole)."""
     ctx, sc, D, out, r, Tout, h = st.ctx, st.sc, st.D, st.out, st.r, st.D.Tout, st.D.h
     amp, ec, eager = st.amp, st.ec, st.eager
-    # an fp32 residual stream (fp32, autocast) is saved by the first norm as is: no separate copy
-    out.ckpt_input_shared = r == 4
+    # an fp32 residual stream (fp32, autocast) is saved by the first norm as is: no separate copy; so is any
+    # stream by a pre-norm block's LayerNorm (``native_layer_norm`` saves its input, torch 2.13.0
+    # ``tools/autograd/derivatives.yaml``; traced: GPT-NeoX h256 bf16 ckpt, layer 0's recompute holds the
+    # embedding output once)
+    nf = st.arch.facts.norm
+    pre_layernorm = (
+        st.arch.norm == "layernorm"
+        and not (nf.first_after_attention or nf.post_norms or st.frozen_first)
+        and nf.first_layer == nf.per_layer
+    )
+    out.ckpt_input_shared = r == 4 or pre_layernorm
     if sc.activation_checkpointing in ("full", "selective-op"):
         out.checkpointed_layer = [
             Term("checkpointed layer inputs", r * Tout * h, f"{r} B x T x h per layer", 1)

@@ -16,20 +16,27 @@ def rope_bytes(st: HFLayer) -> int:
     return 4 if st.amp and st.arch.position == "rope" else st.ec
 
 
+def builds_kv_cache(st: HFLayer) -> bool:
+    """Whether the training forward builds a KV cache: the framework's model returns one (HF: ``use_cache`` on)
+    for a causal model, which HF turns off under gradient checkpointing (the tracer's torchtitan-style
+    ``selective-op`` too)."""
+    return (
+        st.prof.training_kv_cache
+        and st.arch.causal
+        and st.arch.facts.attention.use_cache
+        and st.sc.activation_checkpointing not in ("full", "selective-op")
+    )
+
+
 def training_kv_cache(st: HFLayer) -> None:
     """The part of the training KV cache the layer does not save anyway (per layer, until the loss)."""
-    arch, sc, prof, out, amp, ec, eager = st.arch, st.sc, st.prof, st.out, st.amp, st.ec, st.eager
+    arch, sc, out, amp, ec, eager = st.arch, st.sc, st.out, st.amp, st.ec, st.eager
     T, hkv, masked_frac = st.D.T, st.D.hkv, st.masked_frac
     # It holds each layer's k and v (after RoPE) until the outputs are dropped. Under SDPA these are the
     # tensors SDPA saves anyway, except autocast's fp32 k (SDPA saves a 16-bit cast); eager saves
     # repeated copies instead, so the cache is extra.
     kb = rope_bytes(st)
-    kv_cache = (
-        prof.training_kv_cache
-        and arch.causal
-        and arch.facts.attention.use_cache
-        and sc.activation_checkpointing not in ("full", "selective-op")
-    )
+    kv_cache = builds_kv_cache(st)
     if kv_cache:
         # eager saves repeated copies; with MHA the cache tensors, and under Megatron's selective recompute the
         # checkpointed core's inputs, are the very k and v saved (attention._eager)

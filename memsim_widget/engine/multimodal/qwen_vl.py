@@ -17,8 +17,11 @@ docs/fidelity.md):
 - the inputs: pixel values (T_v x C t p p), the (3, b, s) int64 M-RoPE positions and the (T_v, 2) patch
   positions (Qwen2.5-VL: the window order too).
 
-Known misses: the tower's own backward transients; the patch and M-RoPE positions are held for the whole step
-(as the trace's batch holds them) where the model frees its own after the forward.
+Known misses: the tower's own backward (a frozen tower's too under checkpointing: HF's
+``enable_input_require_grads`` hooks the tower's patch embedding, transformers 5.24 ``modeling_utils.py``, so its
+checkpointed blocks recompute and run backward after the language model's, every other gradient made -- the
+trace's peak in Qwen2.5-VL's frozen-tower case); the patch and M-RoPE positions are held for the whole step (as the
+trace's batch holds them) where the model frees its own after the forward.
 """
 
 from __future__ import annotations

@@ -125,15 +125,17 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
         n_pre = sum(
             g.numel for g in groups if g.group.scope == "pre" and g.group.stack not in ctx.frozen_stacks
         )
-        missing = int(b.grad_bytes_per_layer) + n_pre * grad_b // g_div
+        made = bottom_made_first(ctx, groups) * grad_b
+        missing = int(b.grad_bytes_per_layer) - made + n_pre * grad_b // g_div
         b.grads_but_bottom = [
             *b.grads[1:],
             Item(
                 "gradients",
                 "gradients (all but the bottom layer's and the embeddings', still to come)",
                 max(0, grad_total - missing),
-                f"{fmt_int(n_train)} params x {grad_b} B - 1 layer - embeddings"
-                f"{shard_note(g_div, shard_why(par, 'ZeRO-2'))}",
+                f"{fmt_int(n_train)} params x {grad_b} B - 1 layer"
+                + (f" + its MLP output projection's {fmt_int(made)} B" if made else "")
+                + f" - embeddings{shard_note(g_div, shard_why(par, 'ZeRO-2'))}",
                 "tensor",
                 max(1, tensors_train - 10),
             ),
@@ -174,6 +176,38 @@ def gradients(ctx: Context, stage: Stage, groups: list[LocalGroup], tr: Trained,
         b.new_grad = [new_gradient(largest_layer, grad_b)] if largest_layer else []
     if solo and ctx.full_training and not sc.optimizer_in_backward:
         one_gpu_backward(ctx, groups, grad_b, b)
+
+
+def bottom_made_first(ctx: Context, groups: list[LocalGroup]) -> int:
+    """Elements of the bottom layer's gradients made before its MLP's backward peaks: its output projection's
+    weight and bias (``down_proj``, ``dense_4h_to_h``: the MLP's Linear split along its input, ``tp_dim`` 1).
+    torch 2.13.0 runs a layer's backward in reverse of its forward (``torch/csrc/autograd/engine.cpp`` takes the
+    ready node of the highest sequence number first), so the projection's ``MmBackward0``/``AddmmBackward0``
+    makes both of its gradients before the activation's backward runs (traced at layer 0's SwiGLU ``mul`` /
+    ``gelu_backward``: Llama h256 I688 gradients 352,256 B = 2 B x h x I above the rest, GPT-NeoX 524,800 B =
+    2 B x (h x 4h + h)). One GPU (``one_eager_gpu``), one dense stack of layers; a post-norm block's output norm
+    (made before the MLP's backward too) and MoE layers (whose experts' order varies) are not counted, nor the
+    state-space families' (their layer backward carries the gradients made before the scan, ``ssm.py``)."""
+    layer = [g for g in groups if g.group.scope == "layer"]
+    if (
+        not one_eager_gpu(ctx)
+        or len({g.group.stack for g in layer}) != 1
+        or any(g.group.expert for g in layer)
+        or any(g.group.stack in ctx.frozen_stacks for g in layer)
+        or ctx.arch.facts.norm.first_after_attention
+        or ctx.arch.facts.ssm is not None
+    ):
+        return 0
+    n = 0
+    for i, g in enumerate(layer):
+        grp = g.group
+        if grp.kind != "mlp" or not grp.module or grp.tp_dim != 1 or len(grp.shape) != 2:
+            continue
+        n += g.numel_each
+        nxt = layer[i + 1].group if i + 1 < len(layer) else None
+        if nxt is not None and nxt.module is None and nxt.kind == "mlp" and nxt.shape == grp.shape[:1]:
+            n += layer[i + 1].numel_each  # its bias, made by the same AddmmBackward0
+    return n
 
 
 def one_gpu_backward(ctx: Context, groups: list[LocalGroup], grad_b: int, b: StateBudget) -> None:

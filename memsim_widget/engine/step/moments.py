@@ -95,6 +95,7 @@ ACTIVATION_GROUPS = (
     "kept_above",  # ... what the layers above the bottom one keep to the bottom
     "kept_top",  # ... what the top of the backward keeps to the bottom (last stage)
     "held_through_step",  # output_lifetime "step": the held output (logits and KV cache) at the step
+    "batch_through_step",  # the batch the loop holds through the optimizer step (its last micro-batch's inputs)
     "logits_grad",  # the logits' gradient in their dtype, alive while the head's backward runs (last stage)
 )
 
@@ -265,7 +266,10 @@ MOMENT_TABLE = (
         live=(*_COMMON, "grads_but_root", "held_logits"),
         larger_of=(("root_reduce",), ("root_reduce_out",)),
     ),
-    # the optimizer step: states, gradients and the step's temporaries; activations freed
+    # the optimizer step: states, gradients and the step's temporaries; activations freed, but for the batch the
+    # loop still holds (traced: the "input" role at the step; transformers 5.24 ``trainer.py`` keeps the step's
+    # ``batch_samples`` referenced through ``self.optimizer.step()``, every accumulated micro-batch of it: one
+    # counted, as the backward moments count one)
     MomentRule(
         "optimizer_step",
         live=(
@@ -275,6 +279,7 @@ MOMENT_TABLE = (
             "step_grads",
             "step_temps_sub",
             "held_through_step",
+            "batch_through_step",
         ),
         only_if=OPTIMIZER_STEPS,
     ),

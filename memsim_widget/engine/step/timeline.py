@@ -613,6 +613,7 @@ def activation_group_table(scale: Scaler, c: StageCounts, k: ActivationKnobs) ->
         "kept_above": scale("kept_backward", maximum(Ls - 1, 0), lambda: f"{max(Ls - 1, 0)} layers above"),
         "kept_top": scale("kept_top_backward", last),
         "held_through_step": held_logits + returned + cache_all if through_step else scale.none,
+        "batch_through_step": scale("inputs", 1, "the loop's last micro-batch"),
     }
     return {**groups, **_saved_group_table(scale, c, k, nxt)}
 
