@@ -50,7 +50,9 @@ def test_the_tied_embeddings_bottom_holds_both_parts_and_in_a_later_micro_batch_
 @pytest.mark.parametrize("accum", [1, 3])
 def test_the_tied_heads_part_is_alive_through_backward(accum: int):
     """From the head's backward to the embedding's the head's part of the tied gradient is alive: beside the
-    head's and final norm's gradients (one micro-batch a step), beside every accumulated one (a later one)."""
+    head's and final norm's gradients (one micro-batch a step), beside every accumulated one (a later one); at
+    the top of backward also the top layer's down projection's weight gradient (Llama: no bias), made as its
+    matmul's backward ends (tests/engine/test_top_layer_mlp_backward.py)."""
     top = _moment({**TIED, "grad_accum_steps": accum}, "backward_top")
     name = (
         "the tied embedding's gradient made by the head (held by autograd until the embedding's backward)"
@@ -58,7 +60,9 @@ def test_the_tied_heads_part_is_alive_through_backward(accum: int):
         else "tied embeddings' gradient: the head's part, in autograd's input buffer"
     )
     assert top[name] == VH
-    assert sum(v for k, v in top.items() if "gradient" in k) == VH + (1024 if accum == 1 else 55_976_960)
+    down = LLAMA_H512_V32K["intermediate_size"] * H * 2
+    weights = sum(v for k, v in top.items() if "gradient" in k and not k.startswith("activation"))
+    assert weights == VH + (1024 if accum == 1 else 55_976_960) + down
 
 
 def test_a_later_micro_batch_makes_the_heads_and_the_embeddings_new_gradients():
