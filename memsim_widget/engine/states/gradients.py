@@ -300,12 +300,14 @@ def _top_down(ctx: Context, groups: list[LocalGroup], grad_b: int) -> tuple[list
     its backward ends), then the ``.grad`` it becomes (under autocast the fp32 cast ``_to_copy``'s backward makes;
     with gradients carried, added in place and gone). Traced on ViT and CLIP h256 (one GPU): bf16 the fc2 weight
     and bias gradients (524,800 B) at the bias's ``sum``; amp-bf16 the same in bf16 at ViT's ``sum``, their fp32
-    ``.grad`` (1,049,600 B) at CLIP's quick_gelu ``mul``. One stack (the main model's) of dense layers."""
+    ``.grad`` (1,049,600 B) at CLIP's quick_gelu ``mul``. One stack (the main model's) of dense layers; not the
+    state-space families' (their layer backward carries the gradients made before the scan, ``ssm.py``: counted
+    here too, Jamba's dense-MLP rows went past their traces by 1.2-1.4%)."""
     from memsim_widget.engine.activations.linears import MLP_OUT
 
     arch = ctx.arch
     layer = [g for g in groups if g.group.scope == "layer" and g.group.stack not in ctx.frozen_stacks]
-    if arch.num_experts or len({g.group.stack for g in layer}) != 1:
+    if arch.num_experts or arch.facts.ssm is not None or len({g.group.stack for g in layer}) != 1:
         return [], []
     down = {_module(g.group.name) for g in layer if g.group.module in MLP_OUT and not g.group.expert}
     made = [g for g in layer if _module(g.group.name) in down]
