@@ -17,10 +17,12 @@ def checkpointing(st: HFLayer) -> None:
     # an fp32 residual stream (fp32, autocast) is saved by the first norm as is: no separate copy; so is any
     # stream by a pre-norm block's LayerNorm (``native_layer_norm`` saves its input, torch 2.13.0
     # ``tools/autograd/derivatives.yaml``; traced: GPT-NeoX h256 bf16 ckpt, layer 0's recompute holds the
-    # embedding output once)
+    # embedding output once); not under compile, whose fused graph the compiled rules hold to their own traces
+    # (GPT-2 compiled with full checkpointing: its trace holds the copy, the engine stays above it)
     nf = st.arch.facts.norm
     pre_layernorm = (
         st.arch.norm == "layernorm"
+        and not sc.compile
         and not (nf.first_after_attention or nf.post_norms or st.frozen_first)
         and nf.first_layer == nf.per_layer
     )
