@@ -8,44 +8,14 @@ CLIP at h 256, I 1024, 8 heads (the fidelity suite's), b 8.
 
 from __future__ import annotations
 
+from fidelity_cases import CLIP, VIT  # the traced cases' shapes (tests/data)
+
 from memsim_widget.engine.activations import activations
 from memsim_widget.engine.context import Context
 from memsim_widget.engine.core import estimate
 from memsim_widget.engine.states import model_states
 from memsim_widget.scenario import Scenario
 
-VIT = {
-    "model_type": "vit",
-    "hidden_size": 256,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "intermediate_size": 1024,
-    "image_size": 224,
-    "patch_size": 16,
-    "num_labels": 10,
-    "hidden_dropout_prob": 0.0,
-    "attention_probs_dropout_prob": 0.0,
-}
-CLIP = {
-    "model_type": "clip",
-    "projection_dim": 64,
-    "text_config": {
-        "hidden_size": 256,
-        "intermediate_size": 1024,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "vocab_size": 1000,
-        "max_position_embeddings": 77,
-    },
-    "vision_config": {
-        "hidden_size": 256,
-        "intermediate_size": 1024,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "image_size": 224,
-        "patch_size": 16,
-    },
-}
 b, h, I = 8, 256, 1024
 T_VIT = b * 197  # 196 patches and the CLS token per image
 DOWN = I * h + h  # fc2's weight and bias
