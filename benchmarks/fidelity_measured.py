@@ -1362,8 +1362,8 @@ def _fit_section(fits: dict[str, dict[str, Any]] | None) -> list[str]:
         "  reserved memory as a multiple of the loss's T x V buffers, the largest blocks of a step, whose size",
         "  changes every step.",
         "",
-        "Stated (not fitted): `FRAGMENTATION_PERSISTENT` 0.01, `FRAGMENTATION_EXPANDABLE` 0.02 (docs/memory-facts.md#caching-allocator:",
-        "a few percent with expandable segments), `EAGER_CONTEXT_BYTES` 1343 MiB (measured by the transformers docs on the",
+        "Stated (not fitted): `FRAGMENTATION_PERSISTENT` 0.01 (with expandable segments the transient rate is",
+        "`FRAGMENTATION_TRANSIENT` too, without the variable term: docs/allocator.md), `EAGER_CONTEXT_BYTES` 1343 MiB (measured by the transformers docs on the",
         "V100 of rows 81-89, after `torch.ones(1).cuda()`), `NCCL_PER_COMMUNICATOR` 0.5 GiB (nccl#864),",
         "`VERSION_SPREAD` 10% (the width of the allocated band; PR #961's 20.2 vs 22.3 GB).",
     ]

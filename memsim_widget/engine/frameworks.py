@@ -60,7 +60,9 @@ class FrameworkProfile:
     gathered unit in bf16, and the modules compute in bf16 throughout (no autocast copies, no fp32
     residual stream) -- torchtitan's ``apply_fsdp``.
     ``expandable_segments``: the launcher sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
-    (torchtitan's ``run_train.sh``), so reserved stays within a few percent of allocated.
+    (torchtitan's ``run_train.sh``): the replay grows one segment per stream (engine/counters/allocator.py);
+    blocks freed inside it stay mapped, so reserved is still well above allocated where a step's largest
+    requests outgrow the free blocks (docs/allocator.md, "The fitted rule under expandable segments").
     ``bucket_elements``: a persistent gradient reduce buffer of this many elements (weight dtype) under
     ZeRO-1/2 with dp > 1 (DeepSpeed's ``reduce_bucket_size``, default 5e8).
     ``zero3``: who implements ZeRO-3: ``"fsdp2"`` (PyTorch ``fully_shard``, traced: docs/fidelity-parallel.md)
@@ -81,6 +83,10 @@ class FrameworkProfile:
     head is colwise with its output gathered, so every rank holds the full-vocabulary logits and loss),
     ``"torchtitan"`` (vocab-sharded embedding, loss parallel: logits and loss at V/tp) or ``"megatron"``
     (vocab-parallel embedding and cross-entropy).
+    ``compiles_blocks``: ``compile`` means the framework's own code compiles each transformer block apart on its own
+    model (torchtitan ``apply_compile``: ``torch.compile`` per ``TransformerBlock``, FSDP2's hooks and the loss left
+    eager), not transformers' modelling code under a whole-model compile (whose compiled mask sends CUDA's SDPA to
+    the math kernel on ViT-B: docs/allocator.md, "Compiled steps"); read by ``replayable.compiled_as_eager``.
     """
 
     name: str
@@ -100,6 +106,7 @@ class FrameworkProfile:
     fsdp2_accumulation: str = ""
     tp_plan: str = "hf"
     separate_head: bool = False
+    compiles_blocks: bool = False
     sources: tuple[str, ...] = ()
     suggested: Mapping[str, Any] = field(default_factory=dict)
 
@@ -166,12 +173,14 @@ register_profile(
         tp_plan="torchtitan",
         loss_outside_model=True,
         fsdp2_accumulation="reduce",
+        compiles_blocks=True,
         sources=(
             "torchtitan parallelize_llama.apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
             "torchtitan run_train.sh: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
             "torchtitan train.py: pred = model(...); loss = loss_fn(pred.float(), labels); del pred",
             "torchtitan train.py (pytorch/torchtitan 000204a4) train_step: forward_backward_step per micro-batch, "
             "no set_requires_gradient_sync: FSDP2 reduce-scatters every micro-batch",
+            "torchtitan parallelize_llama.apply_compile: torch.compile on each TransformerBlock, fullgraph",
         ),
         suggested=MappingProxyType(
             {

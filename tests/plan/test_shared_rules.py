@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from memsim_widget.engine.arith import first_largest, maximum, minimum, negate, to_int, where
 from memsim_widget.engine.counters.overhead import (
-    FRAGMENTATION_EXPANDABLE,
     FRAGMENTATION_PERSISTENT,
     FRAGMENTATION_TRANSIENT,
     FRAGMENTATION_VARIABLE,
@@ -164,7 +163,7 @@ def test_a_scaled_term_and_its_allocation_on_arrays_are_those_on_numbers(terms, 
         (
             (FRAGMENTATION_TRANSIENT, 0.0),
             (FRAGMENTATION_TRANSIENT, FRAGMENTATION_VARIABLE),
-            (FRAGMENTATION_EXPANDABLE, 0.0),
+            (0.02, 0.0),
         )
     ),
 )

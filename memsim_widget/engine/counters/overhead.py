@@ -42,9 +42,6 @@ MiB = 1024**2
 # ----- stated constants ----------------------------------------------------------------------------------
 #: Reserved-but-unallocated share of long-lived memory (weights, states): 2 MiB segment rounding.
 FRAGMENTATION_PERSISTENT = 0.01
-#: Reserved-but-unallocated share of churning memory with ``expandable_segments:True`` (docs/memory-facts.md
-#: #caching-allocator: a few percent); also removes the variable-shape term.
-FRAGMENTATION_EXPANDABLE = 0.02
 #: NCCL buffers and proxy state per communicator, outside the caching allocator (nccl#864: 0.5-1.6 GB).
 NCCL_PER_COMMUNICATOR = int(0.5 * GiB)
 #: The band of NCCL memory per communicator (nccl#864: about 0.5 GB each, 1.6 GB seen with one).
@@ -189,9 +186,15 @@ def device_items(ctx: Context) -> list[Item]:
 
 
 def waste_rates(ctx: Context) -> tuple[float, float]:
-    """(share of churning memory, multiple of the loss buffers) the allocator holds unused."""
+    """(share of churning memory, multiple of the loss buffers) the allocator holds unused. With
+    ``expandable_segments:True`` the churning share is the same ``FRAGMENTATION_TRANSIENT``: a segment that grows
+    keeps the freed pages inside it mapped, so a request larger than every free block still maps new pages; the
+    replay (``engine/counters/allocator``, expandable mode) of torchtitan's FSDP2 steps leaves 10-15 GiB unused
+    beside 25-66 GiB allocated, and torchtitan's published eager FSDP rows are within 2% of that replay
+    (docs/allocator.md, "The fitted rule under expandable segments"). The variable-shape term is dropped: a
+    growing segment serves a longer batch's buffers from the pages a shorter one freed."""
     if expandable_segments(ctx):
-        return FRAGMENTATION_EXPANDABLE, 0.0
+        return FRAGMENTATION_TRANSIENT, 0.0
     variable = FRAGMENTATION_VARIABLE if ctx.scenario.padding == "longest" else 0.0
     return FRAGMENTATION_TRANSIENT, variable
 
@@ -232,7 +235,7 @@ def reserved_item(
     """Caching-allocator fragmentation: the largest pool over the step's moments, minus the peak allocated.
 
     Each moment's pool is its allocated bytes plus ``FRAGMENTATION_PERSISTENT`` of weights and states,
-    ``FRAGMENTATION_TRANSIENT`` of everything else (``FRAGMENTATION_EXPANDABLE`` with expandable segments)
+    ``FRAGMENTATION_TRANSIENT`` of everything else (with expandable segments too: ``waste_rates``)
     and, with variable batch shapes, ``FRAGMENTATION_VARIABLE`` x the loss's T x V buffers; capped by the card.
     """
     loss_names = acts.loss_buffer_names()

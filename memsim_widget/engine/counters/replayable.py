@@ -75,7 +75,31 @@ def compiled_stream_held(ctx: Any) -> bool:
     if not sc.compile or sc.reserved_model == "replay":
         return True
     savers = sc.activation_offloading or sc.optimizer_in_backward
-    return not savers and compiled_steps_written(ctx)
+    return not savers and (compiled_steps_written(ctx) or compiled_as_eager(ctx))
+
+
+def compiled_as_eager(ctx: Any) -> bool:
+    """A compiled step every term of which is eager's, on one GPU or a plain FSDP2 rank, under a framework that
+    compiles its own blocks (``FrameworkProfile.compiles_blocks``: torchtitan; transformers' compiled ViT-B ran
+    12.6% over its replay on the H200, a CUDA-only gap in its mask, so HF's compiled steps keep the fitted rule): no
+    traced compiled rule
+    (``compiled.compiled_rule_applies``) and no compiled loss terms (``compiled.compiled_loss_formula_applies``:
+    HF's loop only), so the engine's allocated figure is eager's (the untraced formula, said in a caveat) and the
+    stream of those items is eager's stream: its replay is the reserved counter of the same figures (torchtitan,
+    which compiles each block apart and leaves FSDP2's hooks and the loss eager). Not under tensor parallelism
+    (compiled DTensor collectives and async TP hold their buffers otherwise: untraced) nor a pipeline. Against
+    torchtitan's published compiled FSDP rows (held out, nothing fitted) the replay is 5-8% over where the fitted
+    rule was 8-12% under (docs/allocator.md, "Compiled FSDP2 ranks")."""
+    from memsim_widget.engine.activations.compiled import compiled_loss_formula_applies, compiled_rule_applies
+    from memsim_widget.engine.frameworks import profile
+
+    p = ctx.par
+    return (
+        profile(ctx).compiles_blocks
+        and p.tp * p.pp * p.cp * p.ep == 1
+        and not compiled_rule_applies(ctx.scenario, ctx.arch)
+        and not compiled_loss_formula_applies(ctx)
+    )
 
 
 def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
@@ -83,7 +107,7 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
     or LoRA (``_fsdp2_lora_modelled``), one micro-batch a step or several where the framework's accumulation is read
     (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), not in
-    fp8, eager (a compiled step's FSDP2 is not traced here), its gradients freed by ``zero_grad``
+    fp8, eager or compiled with eager's terms (``compiled_as_eager``), its gradients freed by ``zero_grad``
     (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
     (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them). Under HSDP
     (``parallel.dp_shard``) the units shard over the shard group, as the stream writes them: FSDP2's all-reduce
@@ -104,7 +128,7 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
         and (ctx.full_training or _fsdp2_lora_modelled(ctx))
         and (sc.grad_accum_steps == 1 or _fsdp2_accumulation_modelled(ctx))
         and not sc.fp8_all_gather
-        and not sc.compile
+        and (not sc.compile or (not with_tp and compiled_as_eager(ctx)))
         and not grads_kept(sc)
     )
 
