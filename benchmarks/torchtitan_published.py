@@ -2,7 +2,7 @@
 
 Run: python benchmarks/torchtitan_published.py
 
-Source: pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md`` (commit 31a17bfdb70bab6f62a13d21816a5339b911d6e3;
+Sources: pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md`` (commit 31a17bfdb70bab6f62a13d21816a5339b911d6e3;
 the runs used torchtitan 9dec370, torch 1963fc8 and torchao eab345c of December 2024) on H100s with 96 GB of HBM2e
 (the catalog's ``h100-96gb``). Its "Memory(GiB)" is torchtitan's logged ``max_reserved`` (``torch.cuda.
 memory_stats()["reserved_bytes.all.peak"]``: torchtitan ``utils.py``/``metrics.py`` of that commit), the largest over
@@ -11,7 +11,8 @@ script; the torchtitan profile's default, engine/frameworks.py). Each row's scen
 table's caption and ``train_configs/llama3_*.toml`` at 9dec370: seq_len 8192 unless the table says, AdamW, FSDP2
 with bf16 parameters and fp32 reduction (``amp-bf16`` here), ``selective`` checkpointing per op (the 8B config's
 ``selective_ac_option = 'op'``), Float8 as torchao's tensorwise recipe; the pipeline rows' local batch is split into
-as many micro-batches as pipeline stages (the default of ``pipeline_parallel_microbatches`` then).
+as many micro-batches as pipeline stages (the default of ``pipeline_parallel_microbatches`` then). Two later rows
+from ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`` (June 2025, H200) follow (``_h200``).
 
 Prints per row: the measured reserved, the engine's reserved, the error, and which rule gave it (``replay``: the
 caching allocator replayed over the engine's own stream; ``fitted``: ``engine/counters/overhead``'s rule where the
@@ -83,6 +84,15 @@ def _pp(batch: int, seq: int, schedule: str) -> dict[str, Any]:
     }
 
 
+def _h200(gpus: int) -> dict[str, Any]:
+    """The June 2025 H200 rows (``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md``, torchtitan e7c0cae, torch
+    2.8.0a0): Llama 3.1 8B on FSDP over 32 or 64 H200s, local batch 2 x 8192, per-op selective checkpointing,
+    compiled, Float8 with FSDP's fp8 all-gather. That torchtitan compiles its loss too (``components/loss.py``
+    ``build_cross_entropy_loss``: ``torch.compile(loss_fn)`` under ``training.compile``), which the engine does not
+    model: it keeps the eager loss's fp32 T x V buffers (docs/allocator.md)."""
+    return {**FP8, "fp8_all_gather": True, "gpu": "h200", "parallel": {"dp": gpus, "zero": 3}, "num_gpus": gpus}
+
+
 #: (table and row, measured GiB, the row's keys over ``BASE``).
 ROWS: list[tuple[str, float, dict[str, Any]]] = [
     ("T1 FSDP", 82.4, FSDP8),
@@ -110,6 +120,8 @@ ROWS: list[tuple[str, float, dict[str, Any]]] = [
     ("T5 405B 1F1B", 82.5, _pp(32, 8192, "1f1b")),
     ("T5 405B interleaved 1F1B", 72.7, _pp(32, 8192, "interleaved")),
     ("T6 405B CP 1, 32k", 75.3, _pp(8, 32768, "1f1b")),
+    ("2025 H200 8B FSDP 32 + compile + Float8", 47.96, _h200(32)),
+    ("2025 H200 8B FSDP 64 + compile + Float8", 46.97, _h200(64)),
 ]
 
 

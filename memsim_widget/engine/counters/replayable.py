@@ -70,7 +70,8 @@ def compiled_stream_held(ctx: Any) -> bool:
     backward items and are under their traces (benchmarks/allocator_replay_compiled.py --inductor-passes),
     and the LayerNorm families' compiled ViT-B H200 run is 12.6% under its replay (a CUDA-only gap the CPU trace
     does not show: docs/allocator.md), and so does a compiled step with activation offloading or the optimizer in
-    backward (no compiled trace of them)."""
+    backward (no compiled trace of them); but a compiled step whose terms are all eager's replays
+    (``compiled_as_eager``: torchtitan's)."""
     sc = ctx.scenario
     if not sc.compile or sc.reserved_model == "replay":
         return True
@@ -79,17 +80,15 @@ def compiled_stream_held(ctx: Any) -> bool:
 
 
 def compiled_as_eager(ctx: Any) -> bool:
-    """A compiled step every term of which is eager's, on one GPU or a plain FSDP2 rank, under a framework that
-    compiles its own blocks (``FrameworkProfile.compiles_blocks``: torchtitan; transformers' compiled ViT-B ran
-    12.6% over its replay on the H200, a CUDA-only gap in its mask, so HF's compiled steps keep the fitted rule): no
-    traced compiled rule
-    (``compiled.compiled_rule_applies``) and no compiled loss terms (``compiled.compiled_loss_formula_applies``:
-    HF's loop only), so the engine's allocated figure is eager's (the untraced formula, said in a caveat) and the
-    stream of those items is eager's stream: its replay is the reserved counter of the same figures (torchtitan,
-    which compiles each block apart and leaves FSDP2's hooks and the loss eager). Not under tensor parallelism
-    (compiled DTensor collectives and async TP hold their buffers otherwise: untraced) nor a pipeline. Against
-    torchtitan's published compiled FSDP rows (held out, nothing fitted) the replay is 5-8% over where the fitted
-    rule was 8-12% under (docs/allocator.md, "Compiled FSDP2 ranks")."""
+    """A compiled step every term of which is eager's, so that its stream is eager's stream and the replay gives the
+    reserved counter of the same figures as the allocated one: the framework compiles its own blocks
+    (``FrameworkProfile.compiles_blocks``: torchtitan compiles each block apart and leaves FSDP2's hooks and the loss
+    eager), no traced compiled rule applies (``compiled.compiled_rule_applies``) nor HF's compiled loss terms
+    (``compiled.compiled_loss_formula_applies``), on one GPU or a plain FSDP2 rank. Not transformers' compiled
+    steps (its compiled ViT-B ran 12.6% above its replay on the H200: a CUDA-only gap in its mask), not under
+    tensor parallelism (compiled DTensor collectives and async TP hold their buffers otherwise: untraced), not a
+    pipeline. Against torchtitan's published compiled FSDP rows (held out, nothing fitted) the replay is 5-8% over
+    where the fitted rule was 8-12% under (docs/allocator.md, "Compiled FSDP2 ranks")."""
     from memsim_widget.engine.activations.compiled import compiled_loss_formula_applies, compiled_rule_applies
     from memsim_widget.engine.frameworks import profile
 
