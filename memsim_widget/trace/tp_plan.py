@@ -240,14 +240,53 @@ def loss_parallel_loss(out: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor
     )
 
 
+#: The functions of torch 2.13.0 ``distributed/tensor/parallel/loss.py`` that compute loss parallel's
+#: cross-entropy on the local shards, called by its DTensor handlers from inside the op's dispatch.
+_LOCAL_LOSS_KERNELS = ("_log_softmax", "_nll_loss_forward", "_nll_loss_and_log_softmax_backward")
+
+
 @contextlib.contextmanager
 def loss_context(loss_parallel: bool) -> Iterator[None]:
     """torch's ``loss_parallel()`` around the whole step when loss parallel is on (it must cover the loss and
-    its backward; it only changes DTensor's cross-entropy ops, so covering the forward too changes nothing)."""
+    its backward; it only changes DTensor's cross-entropy ops, so covering the forward too changes nothing),
+    with its local kernels seen by the tracker (``local_loss_kernels_seen``)."""
     from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 
-    with torch_loss_parallel() if loss_parallel else contextlib.nullcontext():
+    if not loss_parallel:
         yield
+        return
+    with torch_loss_parallel(), local_loss_kernels_seen():
+        yield
+
+
+@contextlib.contextmanager
+def local_loss_kernels_seen() -> Iterator[None]:
+    """Run loss parallel's local kernels (``_LOCAL_LOSS_KERNELS``) with the dispatching tracker pushed again
+    (``MemoryTracker.inside_dispatch``): DTensor's handlers call them inside the dispatch of ``_log_softmax``,
+    ``nll_loss_forward`` and ``nll_loss_backward``, where the tracker sees only each op's output, not the
+    T x V/tp temporaries they make on the way (``x - x_max``, ``exp``, ``zeros_like``, ...)."""
+    import torch.distributed.tensor.parallel.loss as lp
+
+    from .tracker import MemoryTracker
+
+    def seen(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            tracker = MemoryTracker.dispatching
+            if tracker is None:
+                return fn(*args, **kwargs)
+            with tracker.inside_dispatch():
+                return fn(*args, **kwargs)
+
+        return run
+
+    originals = {name: getattr(lp, name) for name in _LOCAL_LOSS_KERNELS}
+    for name, fn in originals.items():
+        setattr(lp, name, seen(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(lp, name, fn)
 
 
 @contextlib.contextmanager

@@ -185,6 +185,10 @@ class MemoryTracker(TorchDispatchMode):
     any moment (in particular the peak) can be rebuilt afterwards from the records.
     """
 
+    #: The tracker whose ``__torch_dispatch__`` is running an op (None outside any): what a handler the op runs
+    #: re-enters with ``inside_dispatch`` (trace/tp_plan.py, ``loss_context``).
+    dispatching: MemoryTracker | None = None
+
     def __init__(
         self,
         root: torch.nn.Module | None = None,
@@ -258,6 +262,23 @@ class MemoryTracker(TorchDispatchMode):
             yield
         finally:
             self._fusing = outer
+
+    @contextlib.contextmanager
+    def inside_dispatch(self) -> Iterator[None]:
+        """Make the ops run in the block reach the tracker although it is dispatching an op itself.
+
+        A dispatch mode is off while its own ``__torch_dispatch__`` runs the op (torch 2.13.0
+        ``utils/_python_dispatch.py``, ``_pop_mode_temporarily``), so the local ops a DTensor handler runs inside
+        that op (``distributed/tensor/parallel/loss.py``'s loss-parallel kernels) are never seen; pushed again for
+        the block (without ``__enter__``'s hooks), the tracker counts them. Only for code on plain tensors: an op
+        on a DTensor inside the block would dispatch through the tracker again."""
+        from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+        _push_mode(self)
+        try:
+            yield
+        finally:
+            _pop_mode()
 
     # ------------------------------------------------------------------ registration
     def _register(self, t: torch.Tensor, op: str, role: str | None = None) -> StorageRecord | None:
@@ -423,7 +444,11 @@ class MemoryTracker(TorchDispatchMode):
                         self.untracked_inputs += 1
                         self.seq += 1
                         self._register(x, "<untracked input>", "input")
-        out = func(*args, **kwargs)
+        outer, MemoryTracker.dispatching = MemoryTracker.dispatching, self
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            MemoryTracker.dispatching = outer
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         opname = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else name
         self.seq += 1

@@ -42,6 +42,12 @@ LLAMA_V256K = {  # a 256k vocabulary at Gemma 3 12B's ratio (h 3840, V 262,208) 
     "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 262208,
     "tie_word_embeddings": False,
 }  # fmt: skip
+#: Llama 3.1 70B's widths (h 8192, I 28672, 64 heads, 8 kv heads, V 128,256) at 2 of its 80 layers: torchtitan's
+#: Table 4 shape (16 x 8192 tokens, full checkpointing) where the loss-parallel loss decides the peak.
+LLAMA31_70B_L2 = {
+    "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 2,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+}  # fmt: skip
 _REAL: dict[str, Any] = {"micro_batch_size": 1, "seq_len": 1024}
 
 
@@ -231,6 +237,15 @@ def _real_vocab_cases() -> list[tuple[str, dict, int]]:
             LLAMA3_V128K,
             {"dp": 2, "tp": 2, "zero": 3, **sp},
             **tt,
+        ),
+        _real(
+            "Llama 3.1 70B widths L2 torchtitan dp2 x tp8 sp loss-parallel full ckpt b16 s8192",
+            LLAMA31_70B_L2,
+            {"dp": 2, "tp": 8, "zero": 3, **sp},
+            **tt,
+            micro_batch_size=16,
+            seq_len=8192,
+            activation_checkpointing="full",
         ),
         _real("V152k qwen2.5 bf16 tp2 (hf plan)", QWEN25_V152K, {"tp": 2}),
         _real(

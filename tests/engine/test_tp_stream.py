@@ -216,15 +216,46 @@ def _between(stream, first: str, last: str) -> list[int]:
 
 def test_loss_parallel_keeps_the_logits_and_the_loss_vocab_sharded():
     """torchtitan's head under loss parallel (``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``)
-    makes the rank's T x V/tp logits and nothing gathers them: its loss (``pred.float()``, log-softmax) and the
-    loss's backward (the fp32 gradient, cast back to bf16) are the one-GPU loss's at V/tp, in the order the trace
-    of a loss-parallel rank makes and frees them (the logits freed once the loss is computed: ``del pred``)."""
+    makes the rank's T x V/tp logits and nothing gathers them; the loss runs torch's loss-parallel kernels on
+    them (torch 2.13.0 ``tensor/parallel/loss.py``), in the order the trace of a loss-parallel rank makes and frees
+    them: ``pred.float()``; ``_log_softmax``'s ``x - x_max``, the saved log-softmax made while it lives (its
+    ``exp``, summed and freed before, takes the same block); the upcast and the logits freed (``del pred``).
+    Backward, ``_nll_loss_and_log_softmax_backward``: ``zeros_like``, ``exp``, their sum (the exp freed), the
+    product (the sum and the zeros freed), the log-softmax freed, the gradient cast back to bf16, the fp32 one
+    freed."""
     ctx = ctx_of(parallel={"tp": 2}, **TITAN)
     stream = rank_stream(ctx, ctx.stages[0])
     lo = 2 * T * V // 2  # the local bf16 logits, 32,768,000 B
+    fp = 2 * lo  # an fp32 T x V/tp
     big = [x for x in _between(stream, "step 1 loss", "step 1 backward") if abs(x) >= 1 << 20]
-    assert big == [lo, 2 * lo, 2 * lo, -lo, -2 * lo, 2 * lo, -2 * lo, -2 * lo, lo]
+    forward = [lo, fp, fp, fp, -fp, -lo, -fp]
+    backward = [fp, fp, fp, -fp, fp, -fp, -fp, -fp, lo, -fp]
+    assert big == forward + backward
     assert max(size for _h, size, _ in stream.events) == 2 * lo  # nothing at the full vocabulary's fp32 size
+
+
+def test_loss_parallel_at_llama_70b_widths_peaks_in_the_loss_backward():
+    """Llama 3.1 70B as torchtitan's Table 4 runs it (FSDP 32 x TP 8, sequence and loss parallel, 16 x 8192
+    tokens, full checkpointing): the rank's logits are 131,072 tokens x 128,256 / 8 columns. The loss's forward
+    holds the bf16 logits, their fp32 upcast, ``x - x_max`` and the saved log-softmax (2 + 3 x 4 B a logit); its
+    backward holds the log-softmax with ``zeros_like``, ``exp`` and their sum (4 x 4 B a logit), the step's
+    peak (torch 2.13.0 ``tensor/parallel/loss.py``; traced at two layers: benchmarks/fidelity_parallel.py)."""
+    sc = {
+        "model": "llama-3.1-70b", "micro_batch_size": 16, "seq_len": 8192, "precision": "amp-bf16",
+        "activation_checkpointing": "full", "framework": "torchtitan", "gpu": "h100-96gb",
+        "parallel": {"dp": 32, "tp": 8, "zero": 3, "sequence_parallel": True},
+    }  # fmt: skip
+    rank = estimate(Scenario.from_dict(sc)).ranks[0]
+    moments = {m.name: m for m in rank.moments}
+    logit = 16 * 8192 * (128256 // 8)  # 2,101,346,304 local logits
+    loss_items = ("logits", "loss-parallel", "fp32 log-softmax")
+
+    def loss_bytes(name: str) -> int:
+        return sum(i.bytes for i in moments[name].items if i.item.startswith(loss_items))
+
+    assert loss_bytes("forward_end") == (2 + 3 * 4) * logit
+    assert loss_bytes("backward_start") == 4 * 4 * logit  # 33,621,540,864 B
+    assert max(rank.moments, key=lambda m: m.tensor_bytes).name == "backward_start"
 
 
 def test_an_untied_vocab_sharded_embedding_holds_the_whole_tables_gradient_through_the_step():

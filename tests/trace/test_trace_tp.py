@@ -168,3 +168,21 @@ def test_mixtral_packed_expert_plan_is_refused() -> None:
     with pytest.raises(ScenarioError) as err:
         trace_scenario(scenario(MIXTRAL, parallel={"tp": 2}), rank=0)
     assert err.value.field == "parallel.tp" and "packed_colwise" in str(err.value)
+
+
+def test_loss_parallel_kernels_temporaries_are_traced() -> None:
+    """torch's loss-parallel kernels run inside DTensor's dispatch, where a dispatch mode is off
+    (``tp_plan.local_loss_kernels_seen`` pushes the tracker back): the trace sees ``_log_softmax``'s
+    ``x - x_max`` and its ``exp``, and in backward ``zeros_like``, ``exp`` and their sum alive at once with the
+    saved log-softmax: four fp32 T x V/tp (torch 2.13.0 ``tensor/parallel/loss.py``)."""
+    tp = 2
+    result = trace_scenario(scenario(framework="torchtitan", parallel={"tp": tp}), rank=0)
+    tracker = result.tracker
+    big = [r for r in tracker.records if r.step == 2 and tuple(r.shape) == (B * S, V // tp)]
+    assert all(r.nbytes == B * S * (V // tp) * FP32 for r in big if str(r.dtype) == "torch.float32")
+    made = [(r.phase, r.op) for r in big]
+    assert [op for phase, op in made if phase == "loss"] == ["_to_copy", "sub", "exp", "sub"]
+    assert [op for phase, op in made if phase == "backward"][:4] == ["zeros_like", "exp", "add", "mul"]
+    add = next(r for r in big if r.phase == "backward" and r.op == "add")
+    alive = {(r.phase, r.op) for r in tracker.alive_at(add.alloc_seq) if r in big}
+    assert alive == {("loss", "sub"), ("backward", "zeros_like"), ("backward", "exp"), ("backward", "add")}

@@ -15,6 +15,11 @@ SOFTCAP_SAVED = "final logit softcapping"
 #: The name of the fp32 copy of the 16-bit log-softmax that nll_loss makes and saves under CUDA autocast
 #: (``autocast_ce_saved``); the allocation stream frees it first in backward.
 NLL_FP32_COPY = "nll_loss's fp32 copy of the log-softmax (CUDA autocast), saved by the loss"
+#: The name of loss parallel's backward buffers (``loss_parallel_terms``); the allocation stream makes and frees
+#: them in the kernel's order.
+LOSS_PARALLEL_BACKWARD = "loss-parallel backward"
+#: The name of loss parallel's ``x - x_max`` (``loss_parallel_terms``), freed as soon as the log-softmax is made.
+LOSS_PARALLEL_SHIFTED = "loss-parallel log-softmax's shifted logits (x - max)"
 
 
 def V_final_fp32(arch: object) -> bool:  # noqa: N802
@@ -94,15 +99,8 @@ def loss(st: HFLayer) -> None:
             )
         )
         out.loss_saved.append(Term("fp32 log-softmax saved by the loss", 4 * T * V, "4 B x T x V", 1))
-        if loss_parallel(sc):  # DTensor's fused nll + log-softmax backward: one buffer (traced)
-            out.loss_backward.append(
-                Term(
-                    "loss-parallel backward: one fp32 T x V/tp gradient buffer",
-                    4 * T * V,
-                    "4 B x T x V",
-                    1,
-                )
-            )
+        if loss_parallel(sc):
+            loss_parallel_terms(st, T, V)
         else:
             out.loss_backward.append(
                 Term("loss backward: two fp32 T x V gradient buffers", 8 * T * V, "2 x 4 B x T x V", 2)
@@ -164,3 +162,29 @@ def autocast_ce_backward(rows: int, V: int, rows_formula: str = "T", what: str =
     later step, and each later call, holds less (traced: trace/cuda_autocast.py; litgpt's chunks, tests/trace)."""
     return Term(f"{what}loss backward: nll_loss's fp32 {rows_formula} x V gradient", 4 * rows * V,
                 f"4 B x {rows_formula} x V", 1)  # fmt: skip
+
+
+def loss_parallel_terms(st: HFLayer, T: int, V: int) -> None:
+    """Loss parallel's cross-entropy on the rank's V/tp columns (``V``): the local kernels DTensor's handlers run
+    (torch 2.13.0 ``distributed/tensor/parallel/loss.py``; the same kernels in its 2024 ``torch.distributed._tensor``
+    version).
+
+    ``_log_softmax`` makes ``shifted = x - x_max`` and ``torch.exp(shifted)`` (freed once summed), then
+    ``result = shifted - shifted_logsumexp`` (the saved log-softmax) while ``shifted`` is alive: one fp32
+    T x V/tp beyond the logits, their upcast and the result. ``_nll_loss_and_log_softmax_backward`` makes
+    ``grad_input = torch.zeros_like(x)`` and returns ``(grad_input + torch.exp(x)) * grad_output``: the exp
+    and the sum, then the sum and the product, with ``grad_input`` and the saved log-softmax ``x``: three fp32
+    T x V/tp beyond ``x`` (traced: ``trace/tp_plan.local_loss_kernels_seen``)."""
+    st.out.loss_forward.append(
+        Term(f"{LOSS_PARALLEL_SHIFTED}, freed as it returns", 4 * T * V, "4 B x T x V", 1)
+    )
+    st.out.loss_backward += [
+        Term(f"{LOSS_PARALLEL_BACKWARD}: grad_input = zeros_like(log-softmax)", 4 * T * V, "4 B x T x V", 1),
+        Term(
+            f"{LOSS_PARALLEL_BACKWARD}: exp(log-softmax) and grad_input + exp, then the sum and its product "
+            "with the loss's gradient (the returned gradient)",
+            8 * T * V,
+            "2 x 4 B x T x V",
+            2,
+        ),
+    ]

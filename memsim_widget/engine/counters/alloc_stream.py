@@ -78,7 +78,12 @@ from memsim_widget.engine.activations.forward import (
     Step,
     final_norm_transients,
 )
-from memsim_widget.engine.activations.loss import NLL_FP32_COPY, SOFTCAP_SAVED
+from memsim_widget.engine.activations.loss import (
+    LOSS_PARALLEL_BACKWARD,
+    LOSS_PARALLEL_SHIFTED,
+    NLL_FP32_COPY,
+    SOFTCAP_SAVED,
+)
 from memsim_widget.engine.activations.tangents import (
     CACHE_TANGENTS,
     LOGITS_TANGENT,
@@ -974,9 +979,11 @@ def _loss_forward(
     (``comm``) the root's post-forward runs once the model has returned: before a loss computed outside the model
     upcasts its logits (torchtitan), after a loss computed inside it. ``drop``: freed once the logits are made (a
     pipeline's last stage: the schedule loop's earlier output, released as ``forward_one_chunk`` returns the new
-    one, before the loss upcasts it; traced)."""
+    one, before the loss upcasts it; traced). Loss parallel's shifted logits: freed once the log-softmax is made
+    (activations/loss.loss_parallel_terms)."""
     outside = comm is not None and comm.u.loss_outside
     logits: list[int] = []
+    shifted: list[int] = []
     cast: list[int] = []
     gather = a.get(HEAD_GATHER, ())
     for i in a["loss_forward"]:
@@ -997,12 +1004,16 @@ def _loss_forward(
             s.free(drop)
             s.events += rest
             drop = ()
-        logits += made
+        if i.item.startswith(LOSS_PARALLEL_SHIFTED):  # freed once the saved log-softmax is made
+            shifted += made
+        else:
+            logits += made
     if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
         comm.forward_end()
     s.free(drop)
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
     kept, copy = _loss_saved(s, [i for i in a["loss_saved"] if i not in capped])
+    s.free(shifted)
     if keep_logits:
         held, logits = logits[:1] + held, logits[1:]
     s.free(logits)
@@ -1047,11 +1058,29 @@ def _loss_backward(
             s.free(back + [logp])
         s.free(kept[len(copy) :])
         return grad_logits
+    if items and items[0].item.startswith(LOSS_PARALLEL_BACKWARD):
+        return _loss_parallel_backward(s, items, cast, kept)
     grad_out = s.items(items)
     s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
     # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
     grad_logits = s.alloc(s.size(cast[0])) if cast else []
     s.free(grad_out[1:])
+    return grad_logits
+
+
+def _loss_parallel_backward(
+    s: StreamWriter, items: Sequence[Any], cast: list[int], kept: list[int]
+) -> list[int]:
+    """Loss parallel's fused nll + log-softmax backward (activations/loss.loss_parallel_terms): ``grad_input =
+    zeros_like(x)``, ``exp(x)``, their sum (the exp freed), the sum times the loss's gradient (the sum and
+    ``grad_input`` freed as the kernel returns); the saved log-softmax freed once log-softmax's node has run,
+    then the gradient cast back to the logits' dtype (``cast``) and the fp32 one freed."""
+    zeros, exp, total = s.items(items)
+    s.free([exp])
+    grad = s.alloc(s.size(total))
+    s.free([total, zeros] + kept)
+    grad_logits = s.alloc(s.size(cast[0])) if cast else []
+    s.free(grad)
     return grad_logits
 
 
