@@ -90,7 +90,13 @@ def _h200(gpus: int) -> dict[str, Any]:
     compiled, Float8 with FSDP's fp8 all-gather. That torchtitan compiles its loss too (``components/loss.py``
     ``build_cross_entropy_loss``: ``torch.compile(loss_fn)`` under ``training.compile``), which the engine does not
     model: it keeps the eager loss's fp32 T x V buffers (docs/allocator.md)."""
-    return {**FP8, "fp8_all_gather": True, "gpu": "h200", "parallel": {"dp": gpus, "zero": 3}, "num_gpus": gpus}
+    return {
+        **FP8,
+        "fp8_all_gather": True,
+        "gpu": "h200",
+        "parallel": {"dp": gpus, "zero": 3},
+        "num_gpus": gpus,
+    }
 
 
 #: (table and row, measured GiB, the row's keys over ``BASE``).
