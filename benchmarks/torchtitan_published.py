@@ -132,11 +132,9 @@ ROWS: list[tuple[str, float, dict[str, Any]]] = [
 
 
 def rule(est: Any) -> str:
-    """Which rule gave the reserved counter: the replay or the fitted rule (read off the fragmentation item)."""
-    for item in est.worst.items:
-        if item.item.startswith("allocator fragmentation"):
-            return "replay" if "replayed" in item.formula else "fitted"
-    return "none"
+    """Which rule gave the reserved counter: the replay or the fitted rule (read off the worst rank's reserved
+    item, whose formula names the replay)."""
+    return "replay" if "replayed" in est.worst.reserved.formula else "fitted"
 
 
 def main() -> None:

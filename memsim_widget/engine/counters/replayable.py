@@ -127,7 +127,7 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
         and (ctx.full_training or _fsdp2_lora_modelled(ctx))
         and (sc.grad_accum_steps == 1 or _fsdp2_accumulation_modelled(ctx))
         and not sc.fp8_all_gather
-        and (not sc.compile or (not with_tp and compiled_as_eager(ctx)))
+        and (not sc.compile or compiled_as_eager(ctx))  # no TP rank: it asks tp == 1
         and not grads_kept(sc)
     )
 
