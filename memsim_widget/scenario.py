@@ -505,6 +505,9 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "reserved_model": None,
     # compile: true only: torch._functorch.config.activation_memory_budget (unset: torch's default, 1.0)
     "activation_memory_budget": None,
+    # compile: true only, a loop that computes the loss outside the model (torchtitan): the loss compiled apart
+    # (unset: the framework's default, engine/frameworks.py FrameworkProfile.compiles_loss)
+    "compile_loss": None,
     # activation_offloading: true only: offload the first N layers (TransformerEngine / Megatron-Core's
     # cpu_offloading_num_layers); unset: every layer (torchtune)
     "activation_offloading_layers": None,
@@ -535,7 +538,10 @@ class Scenario:
 
     Runtime keys (defaults reproduce the plain eager HF loop): ``compile`` -- the step runs under
     ``torch.compile`` (Inductor's partitioner: a traced rule per family, else an untraced formula;
-    engine/activations/compiled.py); ``activation_offloading`` --
+    engine/activations/compiled.py); ``compile_loss`` (optional, compile only) -- where the loop computes the loss
+    outside the model (torchtitan), whether its loss function is compiled on its own too (torchtitan's
+    ``compile.components`` holds ``"loss"``; unset: the framework's, ``FrameworkProfile.compiles_loss``);
+    ``activation_offloading`` --
     saved activations go to pinned host memory as forward proceeds (torchtune ``OffloadActivations``);
     ``activation_offloading_layers`` (optional) -- with offloading on, only the first N layers' saved activations
     go to the host (TransformerEngine's ``get_cpu_offload_context``, Megatron-Core ``cpu_offloading_num_layers``;
@@ -629,6 +635,7 @@ class Scenario:
     allocator_conf: str | None = None
     reserved_model: str | None = None  # None: DEFAULT_RESERVED_MODEL (see replays_reserved)
     activation_memory_budget: float | None = None  # compile only; None: torch's default (1.0)
+    compile_loss: bool | None = None  # compile only; None: the framework's (FrameworkProfile.compiles_loss)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gpu: str | FrozenDict = "h100-sxm-80gb"
     objective: str | None = None
@@ -722,6 +729,8 @@ class Scenario:
                 "activation_memory_budget",
                 check_memory_budget(self.activation_memory_budget, self.compile),
             )
+        if self.compile_loss is not None:
+            _bool("compile_loss", self.compile_loss)
         check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()
 
@@ -879,6 +888,7 @@ class Scenario:
                 if self.activation_memory_budget is not None
                 else {}
             ),
+            **({"compile_loss": self.compile_loss} if self.compile_loss is not None else {}),
             "parallel": self.parallel.to_dict(),
             "gpu": _thaw(self.gpu),
             "num_gpus": self.parallel.world_size,

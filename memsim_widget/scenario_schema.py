@@ -140,6 +140,9 @@ SCHEMA: tuple[Field, ...] = (
           widget=_w("torch.compile", "bool", "Training")),
     Field("activation_memory_budget", float, "compile only: Inductor's activation_memory_budget in [0, 1] "
           "(unset: torch's default, 1)", optional=True, cli="activation_memory_budget"),
+    Field("compile_loss", bool, "compile only, a loop that computes the loss outside the model (torchtitan): the "
+          "loss function compiled apart too (torchtitan's compile.components; unset: the framework's default)",
+          optional=True, cli="compile_loss"),
     Field("activation_offloading", bool, "saved activations go to pinned host memory (torchtune: every layer)",
           cli="activation_offloading", widget=_w("activation offloading", "bool", "Training")),
     Field("activation_offloading_layers", int, "with activation offloading, offload the first N layers only "

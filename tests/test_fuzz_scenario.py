@@ -140,6 +140,7 @@ SCENARIO = st.fixed_dictionaries(
         "freeze_vision": _field(st.booleans()),
         "compile": _field(st.booleans()),
         "activation_memory_budget": _field(st.sampled_from([None, 0.0, 0.5, 1, 1.5])),
+        "compile_loss": _field(st.sampled_from([None, True, False, "no"])),
         "activation_offloading": _field(st.booleans()),
         "activation_offloading_layers": _field(st.sampled_from([None, -1, 0, 3, 10_000, 1.5, "4"])),
         "padding": _choices(PADDINGS),

@@ -104,6 +104,27 @@ def hybrid_caveat(scenario: Scenario) -> str:
     return ""
 
 
+def _loss_apart_note(scenario: Scenario) -> str:
+    """Under a loop that computes the loss outside the model (torchtitan), what the compiled step's loss is:
+    compiled apart (traced alone), eager by ``compile_loss`` false, or eager under loss parallel."""
+    from memsim_widget.engine.frameworks import PROFILES, loss_compiled_apart, loss_parallel
+
+    if not PROFILES[scenario.framework].loss_outside_model:
+        return ""
+    if loss_compiled_apart(scenario):
+        return (
+            "; the loop's loss is compiled apart: traced alone (trace/compiled.trace_compiled_loss), its saved "
+            "logits and one fp32 T x V buffer in its backward, which Inductor's joint-graph pass removes on the "
+            "GPU (the reserved replay follows Inductor)"
+        )
+    if loss_parallel(scenario) and scenario.compile_loss is not False:
+        return (
+            "; the loop's loss under loss parallel keeps eager's kernels' buffers (DTensor's cross-entropy "
+            "compiled is untraced: likely fewer)"
+        )
+    return "; the loop's loss runs eager (compile_loss false)"
+
+
 def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
     """What the memory figures do not model for this scenario (``Estimate.caveats``)."""
     out = []
@@ -138,6 +159,7 @@ def memory_caveats(scenario: Scenario, arch: Architecture) -> tuple[str, ...]:
             "and a causal LM's loss is the compiled loss traced on Llama-layout decoders; the trace (memsim trace, "
             "Verify) runs the compiled step with Inductor's partitioner"
             + _compiled_math_sdpa_note(scenario, arch)
+            + _loss_apart_note(scenario)
         )
     budget = scenario.activation_memory_budget
     if budget is not None and budget < 1:

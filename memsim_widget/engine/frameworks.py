@@ -87,6 +87,11 @@ class FrameworkProfile:
     model (torchtitan ``apply_compile``: ``torch.compile`` per ``TransformerBlock``, FSDP2's hooks and the loss left
     eager), not transformers' modelling code under a whole-model compile (whose compiled mask sends CUDA's SDPA to
     the math kernel on ViT-B: docs/allocator.md, "Compiled steps"); read by ``replayable.compiled_as_eager``.
+    ``compiles_loss``: under ``compile`` the loop's loss function, computed outside the model
+    (``loss_outside_model``), is compiled on its own too, unless the scenario's ``compile_loss`` says otherwise
+    (torchtitan ``components/loss.py`` ``build_cross_entropy_loss``: ``torch.compile(loss_fn)`` under
+    ``training.compile`` since 2025, today ``compile.components = ["model", "loss"]``; torchtitan of December 2024,
+    9dec370, left it eager); read by ``loss_compiled_apart``.
     """
 
     name: str
@@ -107,6 +112,7 @@ class FrameworkProfile:
     tp_plan: str = "hf"
     separate_head: bool = False
     compiles_blocks: bool = False
+    compiles_loss: bool = False
     sources: tuple[str, ...] = ()
     suggested: Mapping[str, Any] = field(default_factory=dict)
 
@@ -174,6 +180,7 @@ register_profile(
         loss_outside_model=True,
         fsdp2_accumulation="reduce",
         compiles_blocks=True,
+        compiles_loss=True,
         sources=(
             "torchtitan parallelize_llama.apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
             "torchtitan run_train.sh: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -181,6 +188,8 @@ register_profile(
             "torchtitan train.py (pytorch/torchtitan 000204a4) train_step: forward_backward_step per micro-batch, "
             "no set_requires_gradient_sync: FSDP2 reduce-scatters every micro-batch",
             "torchtitan parallelize_llama.apply_compile: torch.compile on each TransformerBlock, fullgraph",
+            "torchtitan components/loss.py (e7c0cae, June 2025) build_cross_entropy_loss: "
+            "loss_fn = torch.compile(cross_entropy_loss) when training.compile",
         ),
         suggested=MappingProxyType(
             {
@@ -439,6 +448,18 @@ def loss_parallel(scenario: Scenario) -> bool:
     logits outside the model (``loss_parallel()`` context, torchtitan ``train.py``); DTensor plans only
     (Megatron's vocab-parallel cross-entropy is its own kernel)."""
     return vocab_parallel_loss(scenario) and tp_plan(scenario) == "torchtitan"
+
+
+def loss_compiled_apart(scenario: Scenario) -> bool:
+    """Whether the loop's loss, computed outside the model, runs as its own compiled graph
+    (``FrameworkProfile.compiles_loss``, or the scenario's ``compile_loss``): a compiled step of a framework whose
+    loop computes the loss (torchtitan), not under loss parallel (DTensor's cross-entropy compiled: untraced; the
+    eager loss-parallel kernels' buffers are counted, a caveat says so)."""
+    if not scenario.compile:
+        return False
+    prof = PROFILES[scenario.framework]
+    wanted = prof.compiles_loss if scenario.compile_loss is None else scenario.compile_loss
+    return bool(wanted and prof.loss_outside_model and not loss_parallel(scenario))
 
 
 def root_resharded_for_loss(scenario: Scenario, last: bool) -> bool:

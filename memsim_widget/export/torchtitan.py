@@ -91,6 +91,8 @@ def fields(draft: Draft) -> dict[str, Any]:
         "compile.enable": sc.compile,
         "optimizer.implementation": sc.optimizer_impl,
     }
+    if sc.compile and sc.compile_loss is not None:  # unset: torchtitan's default, ["model", "loss"]
+        out["compile.components"] = ["model", "loss"] if sc.compile_loss else ["model"]
     if p.pp > 1:
         out.update(_pipeline(draft))
     return out

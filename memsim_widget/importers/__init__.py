@@ -297,7 +297,7 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 _SCENARIO_ROOTS = {"model", "method", "lora", "precision", "optimizer", "optimizer_impl", "optimizer_in_backward",
                    "micro_batch_size", "seq_len", "grad_accum_steps", "activation_checkpointing", "checkpoint_every",
                    "attention", "loss", "framework", "compile", "activation_offloading", "padding", "parallel",
-                   "gpu", "objective", "rl", "fp8_recipe", "fp8_all_gather"}  # fmt: skip
+                   "gpu", "objective", "rl", "fp8_recipe", "fp8_all_gather", "compile_loss"}  # fmt: skip
 
 
 def scenario_dict(

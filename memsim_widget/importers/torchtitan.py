@@ -278,7 +278,9 @@ def read_fields(reading: Reading, path: Path, cfg: dict[str, Any], where: str, *
     if dig(cfg, "training.dtype") is None:
         reading.miss("precision", where, "training.dtype not set: read as float32 weights under bf16 FSDP mixed "
                      "precision (torchtitan's defaults)", keep=True)  # fmt: skip
-    reading.set("compile", bool(get_bool(path, cfg, "compile.enable", False)))
+    compiled = bool(get_bool(path, cfg, "compile.enable", False))
+    reading.set("compile", compiled)
+    _compile_components(reading, path, cfg, compiled)
     _optimizer(reading, path, cfg, where)
     _checkpointing(reading, path, cfg, where)
     loss = dig(cfg, "loss")
@@ -289,6 +291,17 @@ def read_fields(reading: Reading, path: Path, cfg: dict[str, Any], where: str, *
                      "default, which keeps the gradients allocated; memsim models the eager step (less memory)",
                      keep=True)  # fmt: skip
     _float8(reading, cfg, where)
+
+
+def _compile_components(reading: Reading, path: Path, cfg: dict[str, Any], compiled: bool) -> None:
+    """``compile.components`` (torchtitan ``config/configs.py``: ``["model", "loss"]`` by default) ->
+    ``compile_loss``: whether the loss function is compiled apart too; unset, the profile's default (compiled)."""
+    components = dig(cfg, "compile.components")
+    if components is None or not compiled:
+        return
+    if not isinstance(components, list) or not all(c in ("model", "loss") for c in components):
+        raise file_error(path, "compile.components", f"must be a list of 'model' and 'loss', got {components!r}")
+    reading.set("compile_loss", "loss" in components)
 
 
 def _float8(reading: Reading, cfg: dict[str, Any], where: str) -> None:

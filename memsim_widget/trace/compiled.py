@@ -299,3 +299,48 @@ def compiled_model(model: torch.nn.Module, memory_budget: float | None = None) -
             )
     finally:
         torch._dynamo.reset()
+
+
+def _loop_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss a framework's loop computes on the model's logits: torchtitan's ``cross_entropy_loss``
+    (``components/loss.py`` at e7c0cae, June 2025: the logits flattened, upcast to fp32, mean cross-entropy)."""
+    return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def trace_compiled_loss(
+    batch: int, seq_len: int, vocab: int, dtype: torch.dtype = torch.bfloat16, inductor: bool = False
+) -> dict[str, int]:
+    """The loop's loss compiled on its own (``torch.compile(loss_fn)``, :func:`compile_backend`) on fake
+    ``batch`` x ``seq_len`` x ``vocab`` logits in ``dtype``, traced: the bytes the forward saves (the logits
+    included, which the loop then drops: ``del pred``), the peak above the logits' gradient's inputs during the
+    backward, and the gradient it returns. ``inductor``: Inductor's joint-graph passes and kernel lifetimes
+    (:func:`inductor_passes`). Read by tests/trace/test_trace_compiled_loss.py against
+    ``engine/activations/loss.compiled_apart_terms``."""
+    import torch._dynamo
+    from torch._subclasses import FakeTensorMode
+
+    from .tracker import MemoryTracker
+
+    torch._dynamo.reset()
+    try:
+        loss_fn = torch.compile(_loop_loss, backend=compile_backend(None, inductor), fullgraph=True)
+        with FakeTensorMode():
+            labels = torch.randint(0, vocab, (batch, seq_len))
+            tracker = MemoryTracker(track_modules=False)
+            with tracker:
+                tracker.set_phase("forward")
+                pred = torch.empty(batch, seq_len, vocab, dtype=dtype).requires_grad_()
+                before = tracker.live_bytes
+                loss = loss_fn(pred, labels)
+                saved = tracker.live_bytes - before + pred.untyped_storage().nbytes()
+                start = tracker.live_bytes
+                tracker.set_phase("backward")
+                grad = torch.autograd.grad(loss, pred)[0]
+                peak = tracker.phase_peaks[(0, "backward")] - start
+                return {
+                    "saved": saved - loss.untyped_storage().nbytes(),
+                    "backward_peak": peak + saved,
+                    "gradient": grad.untyped_storage().nbytes(),
+                }
+    finally:
+        torch._dynamo.reset()

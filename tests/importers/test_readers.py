@@ -311,3 +311,19 @@ def test_torchtitan_s_float8_converter_reads_as_its_fp8_recipe(tmp_path: Path) -
     assert any("fp8_all_gather" in u and "tensorwise" in u for u in result.unread)
     text = text.replace('recipe_name = "rowwise"\n', "")  # torchao gathers tensorwise weights in fp8
     assert import_config(_write(tmp_path, "ag.toml", text)).scenario.fp8_all_gather is True
+
+
+def test_torchtitan_s_compile_components_say_whether_the_loss_is_compiled(tmp_path: Path) -> None:
+    """``compile.components`` (torchtitan's ``["model", "loss"]`` by default) is ``compile_loss``; unlisted, the
+    torchtitan profile's default (its loss compiled); a component torchtitan does not have is one line naming it."""
+    base = (Path(__file__).parent.parent / "data" / "configs" / "torchtitan" / "llama3_8b.toml").read_text()
+    on = base.replace("compile = false", "compile = true")
+    assert import_config(_write(tmp_path, "on.toml", on)).scenario.compile_loss is None
+    table = base + '\n[compile]\nenable = true\ncomponents = ["model"]\n'  # torchtitan's [compile] since mid-2025
+    sc = import_config(_write(tmp_path, "model.toml", table)).scenario
+    assert sc.compile and sc.compile_loss is False
+    both = table.replace('["model"]', '["model", "loss"]')
+    assert import_config(_write(tmp_path, "both.toml", both)).scenario.compile_loss is True
+    assert import_config(_write(tmp_path, "off.toml", table.replace("true", "false"))).scenario.compile_loss is None
+    with pytest.raises(ScenarioError, match=r"compile.components: must be a list of 'model' and 'loss'"):
+        import_config(_write(tmp_path, "bad.toml", table.replace('["model"]', '["optimizer"]')))

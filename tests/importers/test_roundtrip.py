@@ -85,6 +85,7 @@ EXTRAS: dict[str, list[dict[str, Any]]] = {
         {"parallel": {"pp": 2, "pp_microbatches": 4, "pp_schedule": "gpipe"}},
         {"parallel": {"pp": 2, "pp_microbatches": 4, "pp_schedule": "interleaved", "virtual_stages": 2}},
         {"activation_checkpointing": "selective-op", "loss": "chunked", "compile": True, "optimizer_impl": "fused"},
+        {"compile": True, "compile_loss": False},  # compile.components = ["model"]
         {"model": "qwen3-30b-a3b", "parallel": {"dp": 8, "zero": 3, "ep": 8}},
     ],
     "deepspeed": [{"parallel": {"dp": 2, "zero": 1, "tp": 2}, "precision": "mixed-bf16"},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from memsim_widget.engine.activations.budget import Term
 from memsim_widget.engine.activations.layer import HFLayer
-from memsim_widget.engine.frameworks import loss_parallel
+from memsim_widget.engine.frameworks import loss_compiled_apart, loss_parallel
 
 #: Chunks of the fused linear + cross-entropy loss (torchtune / Liger style) when loss="chunked".
 LOSS_CHUNKS = 8
@@ -18,6 +18,9 @@ NLL_FP32_COPY = "nll_loss's fp32 copy of the log-softmax (CUDA autocast), saved 
 #: The name of loss parallel's backward buffers (``loss_parallel_terms``); the allocation stream makes and frees
 #: them in the kernel's order.
 LOSS_PARALLEL_BACKWARD = "loss-parallel backward"
+#: The name of the terms of a loss function compiled apart from the model (``compiled_apart_terms``); the
+#: allocation stream finds the logits it saves and its backward buffer by it.
+COMPILED_APART = "loss compiled apart"
 #: The name of loss parallel's ``x - x_max`` (``loss_parallel_terms``), freed as soon as the log-softmax is made.
 LOSS_PARALLEL_SHIFTED = "loss-parallel log-softmax's shifted logits (x - max)"
 
@@ -86,6 +89,8 @@ def loss(st: HFLayer) -> None:
         )
     elif autocast_ce:
         autocast_ce_terms(st, T, V, le)
+    elif upcast_loss and loss_compiled_apart(sc):
+        compiled_apart_terms(st, T, V, le)
     elif upcast_loss:
         # HF causal LMs (ForCausalLMLoss): logits = lm_head(h) in the compute dtype; the loss upcasts them
         # (.float()) and log_softmax saves its fp32 output. The trainer drops the logits before backward.
@@ -124,6 +129,28 @@ def loss(st: HFLayer) -> None:
             Term(f"{SOFTCAP_SAVED} ({cap:g}): tanh output", le * T * V, f"{le} B x T x V", 1)
         )
     st.le, st.upcast_loss = le, upcast_loss
+
+
+def compiled_apart_terms(st: HFLayer, T: int, V: int, le: int) -> None:
+    """The loop's loss function compiled on its own (torchtitan: ``torch.compile(cross_entropy_loss)``, which
+    upcasts the model's le-byte logits and runs ``F.cross_entropy``; ``frameworks.loss_compiled_apart``), as a
+    fake-tensor trace of that function through Dynamo, AOTAutograd and the min-cut partitioner shows it
+    (``trace/compiled.trace_compiled_loss``, tests/trace/test_trace_compiled_loss.py): the upcast, log-softmax and
+    gather run fused, so the forward makes no T x V buffer; the graph saves its input, the logits (which the loop's
+    ``del pred`` then no longer frees), with each row's max and log-sum-exp (fp32) and the labels' index (int64).
+    Its backward makes nll_loss's fp32 gradient (zeros scattered at the labels) and, fused, the logits' gradient in
+    their dtype (``logits_grad``). Inductor's joint-graph pass ``scatter_upon_const_tensor`` fuses the fp32
+    buffer away on the GPU (docs/allocator.md, "Compiled steps"): the allocated counter keeps it, as the engine's
+    compiled rules keep the default trace's; the allocation stream follows Inductor."""
+    st.out.loss_saved += [
+        Term(f"{COMPILED_APART}: the logits it saves", le * T * V, f"{le} B x T x V, V={V}", 1),
+        Term(f"{COMPILED_APART}: row max, log-sum-exp (fp32) and the labels' index (int64)", 16 * T,
+             "(4 + 4 + 8) B x T", 3),
+    ]  # fmt: skip
+    st.out.loss_backward.append(
+        Term(f"{COMPILED_APART}: backward's fp32 T x V gradient (zeros scattered at the labels)", 4 * T * V,
+             "4 B x T x V", 1)
+    )  # fmt: skip
 
 
 def autocast_ce_terms(st: HFLayer, T: int, V: int, le: int) -> None:

@@ -44,6 +44,7 @@ STATES_IGNORE = frozenset(
         "cuda_lazy_loading",
         "allocator_conf",
         "reserved_model",
+        "compile_loss",
     }
 )
 #: Scenario fields the timeline's model-state groups (``timeline.state_groups`` of ``cached_model_states`` and

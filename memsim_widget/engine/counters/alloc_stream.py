@@ -79,6 +79,7 @@ from memsim_widget.engine.activations.forward import (
     final_norm_transients,
 )
 from memsim_widget.engine.activations.loss import (
+    COMPILED_APART,
     LOSS_PARALLEL_BACKWARD,
     LOSS_PARALLEL_SHIFTED,
     NLL_FP32_COPY,
@@ -1008,11 +1009,21 @@ def _loss_forward(
             shifted += made
         else:
             logits += made
-    if comm is not None and outside and not logits:  # no logits made: the post-forward still runs
+    saved = [i for i in a["loss_saved"] if i not in capped]
+    apart = bool(saved) and saved[0].item.startswith(COMPILED_APART)  # the logits: saved by a compiled loss
+    if (
+        comm is not None and outside and not logits and not apart
+    ):  # no logits made: the post-forward still runs
         comm.forward_end()
     s.free(drop)
     held = s.items(a["held_logits"]) + s.items(a["held_cache_extra"])
-    kept, copy = _loss_saved(s, [i for i in a["loss_saved"] if i not in capped])
+    at = len(s.events)
+    kept, copy = _loss_saved(s, saved)
+    if comm is not None and outside and apart:  # the model has returned its logits: the root's post-forward
+        rest = s.events[at + 1 :]
+        del s.events[at + 1 :]
+        comm.forward_end()
+        s.events += rest
     s.free(shifted)
     if keep_logits:
         held, logits = logits[:1] + held, logits[1:]
@@ -1060,6 +1071,13 @@ def _loss_backward(
         return grad_logits
     if items and items[0].item.startswith(LOSS_PARALLEL_BACKWARD):
         return _loss_parallel_backward(s, items, cast, kept)
+    if items and items[0].item.startswith(COMPILED_APART):
+        # a loss compiled apart (activations/loss.compiled_apart_terms): Inductor's joint-graph pass fuses nll_loss's
+        # fp32 buffer into the kernel that writes the logits' gradient, which reads the saved logits (alive until
+        # it has run: codegen/wrapper.py frees a buffer after its last kernel)
+        grad_logits = s.alloc(s.size(kept[0]))
+        s.free(kept)
+        return grad_logits
     grad_out = s.items(items)
     s.free(grad_out[:1] + kept)  # nll_loss's gradient, then the saved log-softmax
     # an upcast loss: the logits' gradient cast back to their dtype while log-softmax's is alive
