@@ -300,7 +300,9 @@ def _compile_components(reading: Reading, path: Path, cfg: dict[str, Any], compi
     if components is None or not compiled:
         return
     if not isinstance(components, list) or not all(c in ("model", "loss") for c in components):
-        raise file_error(path, "compile.components", f"must be a list of 'model' and 'loss', got {components!r}")
+        raise file_error(
+            path, "compile.components", f"must be a list of 'model' and 'loss', got {components!r}"
+        )
     reading.set("compile_loss", "loss" in components)
 
 

@@ -283,12 +283,17 @@ def test_reserved_holds_allocated_and_frees_return_to_the_cache(events, conf):
 
 @settings(max_examples=100, deadline=None)
 @given(streams(), confs)
-def test_a_card_of_the_peak_runs_without_releasing_and_one_smaller_than_allocated_fails(events, conf):
+def test_a_card_of_the_peak_runs_without_releasing_and_one_smaller_than_requested_fails(events, conf):
+    """A card of the free run's peak reserved runs it unchanged; one below its peak allocated runs only by
+    releasing cached blocks (a block over ``max_split_size`` is handed out whole, so after a release the same
+    requests can hold fewer allocated bytes: hypothesis found such a stream), and one below the bytes requested at
+    once never runs."""
     free_run = replay(events, conf=conf)
     exact = replay(events, capacity=free_run.peak_reserved, conf=conf)
     assert exact.ok and exact.cache_releases == 0 and exact.peak_reserved == free_run.peak_reserved
     small = replay(events, capacity=free_run.peak_allocated - 512, conf=conf)
-    assert not small.ok
+    assert not small.ok or small.cache_releases > 0
+    assert not replay(events, capacity=free_run.peak_requested - 1, conf=conf).ok
 
 
 @settings(max_examples=100, deadline=None)

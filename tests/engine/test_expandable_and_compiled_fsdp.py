@@ -122,3 +122,14 @@ def test_torchtitan_compiled_fsdp_rows_not_under(name):
     measured, est = _row(name)
     assert tt.rule(est) == "replay"
     assert est.peak_reserved_bytes / 2**30 >= measured
+
+
+@pytest.mark.parametrize(
+    "name", ["2025 H200 8B FSDP 32 + compile + Float8", "2025 H200 8B FSDP 64 + compile + Float8"]
+)
+def test_torchtitan_june_2025_rows_replay_within_5_percent_and_not_under(name):
+    """torchtitan of June 2025 compiles its loss apart and gathers the float8 weights in fp8 (held out): both
+    modelled, the rows replay (+3.4% and +1.8% measured; +60% with the eager loss, +27% by the fitted rule)."""
+    measured, est = _row(name)
+    assert tt.rule(est) == "replay"
+    assert 0 <= est.peak_reserved_bytes / 2**30 / measured - 1 < 0.05

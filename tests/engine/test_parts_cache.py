@@ -28,6 +28,7 @@ BASES = [
     {"model": "llama-3.2-1b", "seq_len": 1024, "parallel": {"tp": 2, "pp": 2, "pp_microbatches": 4}},
     {"model": "llama-3.2-1b", "method": "lora", "seq_len": 512},
     {"model": "llama-3.2-1b", "framework": "torchtitan", "parallel": {"dp": 2, "zero": 3}},
+    {"model": "llama-3.2-1b", "framework": "torchtitan", "compile": True},  # its loss compiled apart
     {"model": "mixtral-8x7b", "seq_len": 256, "parallel": {"dp": 2, "ep": 2, "zero": 1}},
     {"model": "llava-1.5-7b", "seq_len": 256, "method": "lora"},
     {"model": "mamba-130m", "seq_len": 256},
@@ -51,6 +52,7 @@ STATES_IGNORED = {
     "cuda_lazy_loading": {"cuda_lazy_loading": False},
     "allocator_conf": {"allocator_conf": "expandable_segments:True,max_split_size_mb:128"},
     "reserved_model": {"reserved_model": "replay"},
+    "compile_loss": {"compile_loss": False},
 }
 #: A different value for every field the activations key leaves out.
 ACTIVATIONS_IGNORED = {

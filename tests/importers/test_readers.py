@@ -319,11 +319,16 @@ def test_torchtitan_s_compile_components_say_whether_the_loss_is_compiled(tmp_pa
     base = (Path(__file__).parent.parent / "data" / "configs" / "torchtitan" / "llama3_8b.toml").read_text()
     on = base.replace("compile = false", "compile = true")
     assert import_config(_write(tmp_path, "on.toml", on)).scenario.compile_loss is None
-    table = base + '\n[compile]\nenable = true\ncomponents = ["model"]\n'  # torchtitan's [compile] since mid-2025
+    table = (
+        base + '\n[compile]\nenable = true\ncomponents = ["model"]\n'
+    )  # torchtitan's [compile] since mid-2025
     sc = import_config(_write(tmp_path, "model.toml", table)).scenario
     assert sc.compile and sc.compile_loss is False
     both = table.replace('["model"]', '["model", "loss"]')
     assert import_config(_write(tmp_path, "both.toml", both)).scenario.compile_loss is True
-    assert import_config(_write(tmp_path, "off.toml", table.replace("true", "false"))).scenario.compile_loss is None
+    assert (
+        import_config(_write(tmp_path, "off.toml", table.replace("true", "false"))).scenario.compile_loss
+        is None
+    )
     with pytest.raises(ScenarioError, match=r"compile.components: must be a list of 'model' and 'loss'"):
         import_config(_write(tmp_path, "bad.toml", table.replace('["model"]', '["optimizer"]')))

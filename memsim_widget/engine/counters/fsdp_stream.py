@@ -113,6 +113,9 @@ class Fsdp2Units:
     #: under gradient accumulation, the micro-batches before a step's last: reduce-scattered (``"reduce"``) or
     #: under ``set_requires_gradient_sync(False)`` (``"no_sync"``; ``frameworks.FrameworkProfile``)
     accumulation: str = "reduce"
+    #: under ``fp8_all_gather`` the bytes per element of the sharded weights torchao casts to fp8 before each
+    #: all-gather (0: no tensor is gathered in fp8; ``Fsdp2Writer._fp8_casts``)
+    fp8_shard_bytes: int = 0
 
     def micro(self, w: Fsdp2Writer, m: int, micro: int) -> None:
         """Set writer ``w`` for micro-batch ``m`` of ``micro`` in a step."""
@@ -142,10 +145,31 @@ class Fsdp2Writer:
     def _all_gather(self, unit: Sequence[tuple[int, ...]]) -> list[int]:
         """``foreach_all_gather`` under the copy-in stream: the cast shards (freed) and the output."""
         s, u = self.s, self.u
-        cast = s.alloc(sum(t[1] for t in unit) * u.gathered, 1, COPY_IN) if u.cast else []
+        fp8 = self._fp8_casts([t for t in unit if in_fp8(t)])
+        cast = s.alloc(sum(t[1] for t in unit if not in_fp8(t)) * u.gathered, 1, COPY_IN) if u.cast else []
         # mixed dtypes (a frozen bf16 base beside fp32 adapters) gather as bytes (``foreach_all_gather``: uint8)
         out = s.alloc(u.world * sum(t[1] * self._bytes(t) for t in unit), 1, COPY_IN)
-        s.free(cast)
+        s.free(cast + fp8)
+        return out
+
+    def _fp8_casts(self, weights: Sequence[tuple[int, ...]]) -> list[int]:
+        """torchao's ``fsdp_pre_all_gather`` of each fp8-gathered weight shard, on the copy-in stream: its amax
+        (``abs`` of the shard, freed once reduced), then ``hp_tensor_and_scale_to_float8``: the shard upcast to fp32
+        (none when it is fp32), times the scale, freed upcast, clamped, cast to fp8; the fp8 shards (returned)
+        live until copied into the all-gather input. Source: torchao 0.18.0 ``float8/fsdp_utils.py``,
+        ``float8/float8_scaling_utils.py`` ``hp_tensor_to_float8_dynamic``, ``float8/float8_utils.py``
+        ``tensor_to_amax``, ``to_fp8_saturated``; traced (benchmarks/fp8_all_gather.py, the same order)."""
+        s, sb = self.s, self.u.fp8_shard_bytes
+        out: list[int] = []
+        for t in weights:
+            n = t[1]
+            s.free(s.alloc(n * sb, 1, COPY_IN))  # abs, reduced to the amax
+            up = s.alloc(n * 4, 1, COPY_IN) if sb != 4 else []
+            scaled = s.alloc(n * 4, 1, COPY_IN)
+            s.free(up)
+            clamped = s.alloc(n * 4, 1, COPY_IN)
+            out += s.alloc(n, 1, COPY_IN)
+            s.free(scaled + clamped)
         return out
 
     def _copy_out(self, unit: Sequence[tuple[int, ...]]) -> list[int]:
@@ -153,9 +177,14 @@ class Fsdp2Writer:
         return [h for t in unit for h in self.s.alloc(t[0] * self._bytes(t))]
 
     def _bytes(self, t: tuple[int, ...]) -> int:
-        """Bytes per element of tensor ``t`` of a unit: its own (frozen parameters beside adapters), else
-        ``gathered``."""
+        """Bytes per element of tensor ``t`` of a unit: its own (frozen parameters beside adapters, fp8-gathered
+        weights), else ``gathered``."""
         return t[2] if len(t) > 2 else self.u.gathered
+
+    def _grad_bytes(self, t: tuple[int, ...]) -> int:
+        """Bytes per element of tensor ``t``'s unsharded gradient: its own (an fp8-gathered weight's is in
+        ``gathered``), else the tensor's."""
+        return t[4] if len(t) > 4 else self._bytes(t)
 
     def forward_start(self) -> None:
         """The root's pre-forward: gathered, copied out, its all-gather output held."""
@@ -210,9 +239,9 @@ class Fsdp2Writer:
         made = [t for t in unit if trains(t)]  # frozen parameters get none
         if key is not None and key in self.unsynced:
             for t in made:
-                self.s.free(self.s.alloc(t[0] * self._bytes(t)))
+                self.s.free(self.s.alloc(t[0] * self._grad_bytes(t)))
             return self.unsynced.pop(key)
-        return [h for t in made for h in self.s.alloc(t[0] * self._bytes(t))]
+        return [h for t in made for h in self.s.alloc(t[0] * self._grad_bytes(t))]
 
     def post_backward(self, grads: list[int], root: bool = False, key: int = -1) -> None:
         """A unit's post-backward: resharded, the oldest reduce-scatter input freed, the reduce-scatter; under
@@ -355,6 +384,12 @@ def layer_backward_buffers(s: Any, a: dict[str, Sequence[Any]], saved: list[int]
     )
 
 
+def in_fp8(t: tuple[int, ...]) -> bool:
+    """Whether a unit's tensor ``t`` is gathered in fp8 (elements, shard, 1, trains, gradient bytes: torchao's
+    float8 weights under ``fp8_all_gather``)."""
+    return len(t) > 4
+
+
 def trains(t: tuple[int, ...]) -> bool:
     """Whether a unit's tensor ``t`` gets a gradient: (elements, shard) trains, (elements, shard, bytes, trains)
     says."""
@@ -379,10 +414,12 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     ``states/gathered`` counts them: ``frameworks.gathered_weight_bytes``, the recipe's gradient bytes)."""
     from memsim_widget.engine.frameworks import gathered_weight_bytes
     from memsim_widget.engine.states.budget import local_groups
+    from memsim_widget.engine.states.gathered import fp8_gathered
     from memsim_widget.engine.states.weights import stored_in_nf4
 
     world = ctx.par.shard_degree  # HSDP: each unit is sharded over its shard group only
     wb = gathered_weight_bytes(ctx)
+    fp8 = fp8_gathered(ctx)
     grad_b = ctx.recipe.grad_bytes
     adapters = {ad.base.name: ad for ad in ctx.adapters}
     layer: list[tuple[int, ...]] = []
@@ -394,6 +431,8 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
             t = nf4_parts(lg.numel_each, world)
         elif not ctx.full_training:  # LoRA: the base frozen, its adapters (A: r x in, B: out x r) after it
             t = [(*t[0], wb, 0)]
+        elif fp8 and lg.group.scope == "layer" and lg.group.module and lg.group.kind != "embedding":
+            t = [(*t[0], 1, 1, wb)]  # gathered in fp8, its unsharded gradient in the gathered dtype
         if not ctx.full_training:
             ad = adapters.get(lg.group.name)
             if ad is not None:
@@ -411,5 +450,5 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     return Fsdp2Units(
         tuple(layer), tuple(pre + post), len(pre), world, wb, grad_b, grad_b, wb != ctx.recipe.weight_bytes,
         ctx.par.reshard_after_forward, profile(ctx).loss_outside_model, ctx.arch.tied_embeddings,
-        profile(ctx).fsdp2_accumulation or "reduce",
+        profile(ctx).fsdp2_accumulation or "reduce", ctx.recipe.weight_bytes if fp8 else 0,
     )  # fmt: skip

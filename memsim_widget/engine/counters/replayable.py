@@ -105,8 +105,8 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     """Whether the stream models the scenario's FSDP2 rank (``fsdp_stream``): ``fully_shard`` over dp > 1 ranks
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
     or LoRA (``_fsdp2_lora_modelled``), one micro-batch a step or several where the framework's accumulation is read
-    (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), not in
-    fp8, eager or compiled with eager's terms (``compiled_as_eager``), its gradients freed by ``zero_grad``
+    (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), or the
+    Linear weights in fp8 as torchao gathers them (``fp8_all_gather``, ``Fsdp2Writer._fp8_casts``; not with TP), eager or compiled with eager's terms (``compiled_as_eager``), its gradients freed by ``zero_grad``
     (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
     (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them). Under HSDP
     (``parallel.dp_shard``) the units shard over the shard group, as the stream writes them: FSDP2's all-reduce
@@ -126,7 +126,7 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
         and not parameters_fetched_from_host(ctx)
         and (ctx.full_training or _fsdp2_lora_modelled(ctx))
         and (sc.grad_accum_steps == 1 or _fsdp2_accumulation_modelled(ctx))
-        and not sc.fp8_all_gather
+        and not (sc.fp8_all_gather and p.tp > 1)  # torchao's float8 TP styles: not written
         and (not sc.compile or compiled_as_eager(ctx))  # no TP rank: it asks tp == 1
         and not grads_kept(sc)
     )
