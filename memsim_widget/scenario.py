@@ -729,8 +729,13 @@ class Scenario:
                 "activation_memory_budget",
                 check_memory_budget(self.activation_memory_budget, self.compile),
             )
-        if self.compile_loss is not None:
+        if self.compile_loss is not None:  # the framework's side: engine/frameworks.check_compile_loss
             _bool("compile_loss", self.compile_loss)
+            if not self.compile:
+                raise ScenarioError(
+                    "compile_loss",
+                    "says whether torch.compile covers the loss: set compile to true, or unset it",
+                )
         check("scenario", ScenarioView(self))  # the rules among these keys (rules/step.py)
         self._check_objective()
 

@@ -161,7 +161,6 @@ def test_replace_merges_nested_dicts():
         ({"compile": True, "activation_memory_budget": True}, "activation_memory_budget", "[0, 1]"),
         ({"activation_memory_budget": 0.5}, "activation_memory_budget", "compile to true"),
         ({"framework": "torchtitan", "compile_loss": True}, "compile_loss", "compile to true"),
-        ({"compile": True, "compile_loss": False}, "compile_loss", "outside the model"),
         ({"parallel": {"overlap_comm": "yes"}}, "parallel.overlap_comm", "true or false"),
         ({"parallel": {"reduce_bucket_size": "big"}}, "parallel.reduce_bucket_size", '"auto"'),
         ({"parallel": {"reduce_bucket_size": True}}, "parallel.reduce_bucket_size", '"auto"'),

@@ -432,6 +432,17 @@ def check_tp_plan(scenario: Scenario) -> None:
         raise ScenarioError("parallel.loss_parallel", "Megatron's cross-entropy is always vocab-parallel")
 
 
+def check_compile_loss(scenario: Scenario) -> None:
+    """Refuse ``compile_loss`` under a framework whose model computes its own loss (transformers: the loss is part
+    of the model's compiled graph, so there is no loss function to compile apart)."""
+    if scenario.compile_loss is not None and not PROFILES[scenario.framework].loss_outside_model:
+        raise ScenarioError(
+            "compile_loss",
+            "applies where the loop computes the loss outside the model (framework torchtitan); under "
+            f"{scenario.framework} the loss is part of the model's compiled graph: unset it",
+        )
+
+
 def vocab_split(ctx: Context) -> bool:
     """Whether tensor parallelism splits the vocabulary of the logits and the loss (``vocab_parallel_loss``)."""
     return vocab_parallel_loss(ctx.scenario)
@@ -619,6 +630,12 @@ def parameters_fetched_from_host(ctx: Context) -> bool:
     """ZeRO-3 with parameter offload copies each unit to the GPU to compute it, even on a single rank
     (DeepSpeed offload_param, FSDP CPUOffload)."""
     return ctx.par.zero >= 3 and ctx.par.offload == "optimizer+params"
+
+
+def fp8_gathered(ctx: Context) -> bool:
+    """FSDP2 gathers the layers' Linear weights in fp8 (``fp8_all_gather``: torchao's float8 weights), not
+    Megatron FSDP's fp8 parameters (their transposes: ``megatron_fp8_params``)."""
+    return bool(ctx.scenario.fp8_all_gather) and not megatron_fp8_params(ctx)
 
 
 def megatron_fp8_params(ctx: Context) -> bool:

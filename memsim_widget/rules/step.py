@@ -7,17 +7,6 @@ from memsim_widget.alloc_conf import alloc_conf_error
 from memsim_widget.rules.rule import Rule, inert
 
 NO_STEP = "no optimizer step"
-
-
-def _loss_apart(framework: str) -> bool:
-    """The framework's loop computes the loss outside the model (``FrameworkProfile.loss_outside_model``), so
-    that its loss can be compiled apart (``compile_loss``)."""
-    from memsim_widget.engine.frameworks import PROFILES
-
-    prof = PROFILES.get(framework)
-    return bool(prof and prof.loss_outside_model)
-
-
 LORA_ONLY = "LoRA settings apply to method lora or qlora"
 
 RULES: tuple[Rule, ...] = (
@@ -95,27 +84,6 @@ RULES: tuple[Rule, ...] = (
         False,
         resets=True,
     ),  # fmt: skip
-    Rule(
-        "compile_loss needs compile",
-        "compile_loss",
-        "scenario",
-        broken=lambda v: (v["compile_loss"] is not None) & (v["compile"] is not True),
-        message="says whether torch.compile covers the loss: set compile to true, or unset it",
-        reset=lambda v: None,
-        disabled=lambda v: v["compile"] is not True,
-    ),
-    Rule(
-        "compile_loss needs a loss outside the model",
-        "compile_loss",
-        "scenario",
-        broken=lambda v: (v["compile_loss"] is not None) & (not _loss_apart(v["framework"])),
-        message=lambda v: (
-            "applies where the loop computes the loss outside the model (framework torchtitan); under "
-            f"{v['framework']} the loss is part of the model's compiled graph: unset it"
-        ),
-        reset=lambda v: None,
-        disabled=lambda v: not _loss_apart(v["framework"]),
-    ),
     inert("optimizer_impl needs a step", "optimizer_impl", lambda v: v["optimizer"] == "none", NO_STEP),
     inert(
         "output_lifetime under Megatron",

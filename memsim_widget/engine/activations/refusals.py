@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memsim_widget.architecture import Architecture
 from memsim_widget.engine.context import Context
-from memsim_widget.engine.frameworks import check_tp_plan, profile, uses_autocast
+from memsim_widget.engine.frameworks import check_compile_loss, check_tp_plan, profile, uses_autocast
 from memsim_widget.errors import ScenarioError
 from memsim_widget.rules import check
 from memsim_widget.rules.model import SSM_WHY
@@ -16,6 +16,7 @@ def refuse_untraced(ctx: Context) -> None:
     guess)."""
     arch, sc = ctx.arch, ctx.scenario
     check_tp_plan(sc)
+    check_compile_loss(sc)
     if arch.facts.ssm is not None:
         refuse_ssm(ctx)
     if arch.facts.coverage.encoder_decoder and sc.activation_checkpointing == "selective-op":

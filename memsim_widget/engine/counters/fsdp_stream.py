@@ -412,9 +412,8 @@ def nf4_parts(n: int, world: int) -> list[tuple[int, ...]]:
 def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     """``Fsdp2Units`` of ``stage``'s rank of ``ctx`` (``states/budget.local_groups``; bytes as
     ``states/gathered`` counts them: ``frameworks.gathered_weight_bytes``, the recipe's gradient bytes)."""
-    from memsim_widget.engine.frameworks import gathered_weight_bytes
+    from memsim_widget.engine.frameworks import fp8_gathered, gathered_weight_bytes
     from memsim_widget.engine.states.budget import local_groups
-    from memsim_widget.engine.states.gathered import fp8_gathered
     from memsim_widget.engine.states.weights import stored_in_nf4
 
     world = ctx.par.shard_degree  # HSDP: each unit is sharded over its shard group only

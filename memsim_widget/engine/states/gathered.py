@@ -77,12 +77,6 @@ def _unsynced_grads(b: StateBudget, grad_b: int) -> None:
 FP8_SCALE_BYTES = 4
 
 
-def fp8_gathered(ctx: Context) -> bool:
-    """FSDP2 gathers the layers' Linear weights in fp8 (``fp8_all_gather``: torchao's float8 weights), not
-    Megatron FSDP's fp8 parameters (their transposes: ``frameworks.megatron_fp8_params``)."""
-    return bool(ctx.scenario.fp8_all_gather) and not megatron_fp8_params(ctx)
-
-
 def _layer_unit(ctx: Context, groups: list[LocalGroup], per_layer: int, layers: int) -> tuple[int, str]:
     """Bytes and formula of one layer's FSDP2 unit while gathered: ``per_layer`` x the gathered dtype, or under
     ``fp8_all_gather`` its Linear weights in fp8 (1 B, plus a 4 B fp32 scale each) and the rest (norms) as before.
