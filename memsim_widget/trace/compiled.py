@@ -344,3 +344,34 @@ def trace_compiled_loss(
                 }
     finally:
         torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def compiled_blocks(model: torch.nn.Module, memory_budget: float | None = None) -> Iterator[torch.nn.Module]:
+    """``model`` with each decoder layer compiled apart in place (``Module.compile`` with :func:`compile_backend`),
+    the rest eager: torchtitan's ``apply_compile`` (``torch.compile`` on each ``TransformerBlock``)."""
+    import torch._dynamo
+
+    from .checkpointing import decoder_layers
+
+    torch._dynamo.reset()
+    try:
+        for layer in decoder_layers(model):
+            layer.compile(backend=compile_backend(memory_budget, _INDUCTOR_PASSES.get()), fullgraph=False)
+        yield model
+    finally:
+        torch._dynamo.reset()
+
+
+def compiled_loop_loss() -> Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]:
+    """The loop's loss compiled apart (:func:`_loop_loss` under ``torch.compile``), on the model's logits and the
+    batch's labels shifted by one as transformers' causal-LM loss shifts them (``-100`` at the end): torchtitan's
+    ``loss_fn(pred, labels)`` with ``training.compile`` (the model called without labels: ``run.drop_labels``)."""
+    loss_fn = torch.compile(_loop_loss, backend=compile_backend(None, _INDUCTOR_PASSES.get()), fullgraph=True)
+
+    def run(out: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = out.logits if hasattr(out, "logits") else out
+        labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+        return loss_fn(logits, labels)
+
+    return run

@@ -284,9 +284,9 @@ def _model_factory(
             nf4_base(model, notes)
         parallelize(model, mesh, sc, notes, reshard_after_forward=reshard_after_forward)
         if _loss_outside(sc):  # the loop computes the loss on the logits (torchtitan train.py)
-            from .tp_plan import _drop_labels
+            from .run import drop_labels
 
-            model.register_forward_pre_hook(_drop_labels, with_kwargs=True)
+            model.register_forward_pre_hook(drop_labels, with_kwargs=True)
         return model
 
     return make

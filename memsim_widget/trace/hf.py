@@ -11,7 +11,7 @@ import torch
 from memsim_widget.architecture.vision import PROJECTOR_MODULES, VISION_MODULES
 
 from .float8 import import_torchao_quietly
-from .run import TraceResult, trace_training
+from .run import TraceResult, drop_labels, trace_training
 from .torch_recipe import precision_dtypes
 
 #: transformers' torchao quantizer and peft's LoRA dispatch import torchao whenever it is installed (scripts/dev
@@ -278,6 +278,7 @@ def trace_hf(
     steps: int = 2,
     fake: bool = True,
     lengths: tuple[int, ...] = (),
+    compile_loss: bool = False,
     **kwargs: Any,
 ) -> TraceResult:
     """Trace HF-style training of a transformers model built from ``config`` (a dict with ``model_type``).
@@ -289,10 +290,9 @@ def trace_hf(
     or every-N full checkpointing; the KV cache is off, as under HF's own checkpointing). ``vision`` (multimodal
     models): {"images": per sample, "freeze": the vision tower's parameters frozen}. ``float8``: torchao's
     float8 training recipe ("tensorwise" or "rowwise", trace/float8.py) on every Linear but the head. Extra keyword
-    arguments go to
-    :func:`trace_training` (e.g. ``output_lifetime``, ``mark_saved``, ``top_n``, ``progress``). ``lengths``: one
-    sequence length per step (batches padded to their longest sample vary per step); sets ``steps``.
-    """
+    arguments go to :func:`trace_training` (``output_lifetime``, ``top_n``, ...). ``compile_loss``: the loop
+    computes the loss on the logits, compiled apart (torchtitan; ``compiled.compiled_loop_loss``). ``lengths``: one
+    sequence length per step (batches padded to their longest sample vary per step); sets ``steps``."""
     notes: list[str] = []
     if qlora:
         raise NotImplementedError(
@@ -339,6 +339,8 @@ def trace_hf(
 
                 n = apply_layer_checkpointing(model, *layer_checkpointing)
                 notes.append(f"layer checkpointing {layer_checkpointing}: {n} blocks wrapped")
+            if compile_loss:  # the loop computes the loss on the logits (torchtitan train.py)
+                model.register_forward_pre_hook(drop_labels, with_kwargs=True)
         return model
 
     fam = _family(cfg.model_type)
@@ -362,6 +364,7 @@ def trace_hf(
             input_factory(cfg, micro_batch_size, n, input_dtype, images, image) for n in lengths or (seq_len,)
         ]
         calls = iter(range(1 << 62))
+        kwargs |= {"loss_fn": _loop_loss(notes)} if compile_loss else {}
         return trace_training(
             model_factory,
             (lambda: makers[next(calls) % len(makers)]()) if lengths else makers[0],
@@ -376,6 +379,14 @@ def trace_hf(
             cast_model=False,
             **kwargs,
         )
+
+
+def _loop_loss(notes: list[str]) -> Any:
+    """The loss the loop computes on the logits, compiled apart (torchtitan's ``loss_fn``)."""
+    from .compiled import compiled_loop_loss
+
+    notes.append("the loss computed on the logits by the loop, compiled apart (torchtitan's loss_fn)")
+    return compiled_loop_loss()
 
 
 def apply_lora(

@@ -255,13 +255,31 @@ def _role_hooks(
     return hooks
 
 
+def drop_labels(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: call the HF model without labels, so that it returns logits and computes no loss (the
+    loop computes it: loss parallel, torchtitan's ``loss_fn``)."""
+    return args, {k: v for k, v in kwargs.items() if k != "labels"}
+
+
 @contextlib.contextmanager
-def _maybe_compiled(model: torch.nn.Module, budget: float | None, notes: list[str]) -> Any:
-    """``model`` itself, or compiled (trace/compiled.py) when ``budget`` is a float."""
+def _maybe_compiled(
+    model: torch.nn.Module, budget: float | None, notes: list[str], blocks: bool = False
+) -> Any:
+    """``model`` itself, or compiled (trace/compiled.py) when ``budget`` is a float: whole, or ``blocks``: each
+    decoder layer apart (torchtitan's ``apply_compile``)."""
     if budget is None:
         yield model
         return
-    from .compiled import compiled_model
+    from .compiled import compiled_blocks, compiled_model
+
+    if blocks:
+        notes.append(
+            f"torch.compile on each decoder layer apart (torchtitan's apply_compile), the rest eager; Inductor's "
+            f"decompositions and min-cut partitioner (activation_memory_budget {budget:g}), its fusion emulated"
+        )
+        with compiled_blocks(model, budget) as compiled:
+            yield compiled
+        return
 
     notes.append(
         f"torch.compile: Inductor's decompositions and min-cut partitioner (activation_memory_budget {budget:g}), "
@@ -451,6 +469,7 @@ def trace_training(
     cast_model: bool = True,
     instrument: Callable[[MemoryTracker], contextlib.AbstractContextManager] | None = None,
     compile_budget: float | None = None,
+    compile_blocks: bool = False,
     activation_offloading: bool = False,
     optimizer_in_backward: bool = False,
     grad_accum_steps: int = 1,
@@ -467,7 +486,8 @@ def trace_training(
     all floating tensors to the precision's dtype). ``instrument(tracker)`` is a context entered around the
     steps, inside the tracker (e.g. to give FSDP's communication buffers their role). ``compile_budget`` (a
     float): the step runs ``torch.compile``d with Inductor's decompositions and partitioner at that
-    ``activation_memory_budget`` (1.0 is torch's default), its fusion emulated (trace/compiled.py).
+    ``activation_memory_budget`` (1.0 is torch's default), its fusion emulated (trace/compiled.py);
+    ``compile_blocks``: each decoder layer compiled apart, the rest eager (torchtitan's ``apply_compile``).
     ``activation_offloading`` and ``optimizer_in_backward``: torchtune's (trace/torchtune_memory.py).
     ``grad_accum_steps``: micro-batches per step, each loss scaled, ``micro_sync`` run before each
     (``_train_step``). ``sdpa_device`` (a CUDA
@@ -516,7 +536,7 @@ def trace_training(
                     else CudaSdpaDevice(sdpa_device),
                     notes,
                 ),
-                _maybe_compiled(model, compile_budget, notes) as runner,
+                _maybe_compiled(model, compile_budget, notes, compile_blocks) as runner,
             ):
                 tracker.register(params, "parameter")
                 tracker.register(list(model.buffers()), "buffer")

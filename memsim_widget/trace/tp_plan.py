@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from memsim_widget.errors import ScenarioError
+from memsim_widget.trace.run import drop_labels
 
 TP_STYLES = ("hf", "torchtitan")
 
@@ -197,16 +198,11 @@ def apply_tensor_parallel(
         model.lm_head.weight = model.model.embed_tokens.weight
         notes.append("tied embeddings: embedding vocab-sharded like the LM head (Shard(0)); one parameter")
     if loss_parallel:
-        model.register_forward_pre_hook(_drop_labels, with_kwargs=True)
+        model.register_forward_pre_hook(drop_labels, with_kwargs=True)
         notes.append("loss parallel: Shard(-1) logits, cross-entropy under torch's loss_parallel()")
     elif style == "hf":
         notes.append("LM head colwise_gather_output: full logits all-gathered on every rank")
     return notes
-
-
-def _drop_labels(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Forward pre-hook: call the HF model without labels, so that it returns logits and computes no loss."""
-    return args, {k: v for k, v in kwargs.items() if k != "labels"}
 
 
 def tp_inputs(

@@ -269,6 +269,11 @@ def trace_kwargs(sc: Scenario) -> dict[str, Any]:
     ):  # torch.compile: Inductor's partitioner at the scenario's budget, torch's default 1.0 unset
         b = sc.activation_memory_budget
         kw["compile_budget"] = 1.0 if b is None else b
+        from memsim_widget.engine.frameworks import PROFILES, loss_compiled_apart
+
+        if PROFILES[sc.framework].compiles_blocks:  # torchtitan: each block apart, its loss apart or eager
+            kw["compile_blocks"] = True
+            kw["compile_loss"] = loss_compiled_apart(sc)
     if sc.activation_checkpointing == "selective-op" or (sc.checkpoint_every or 1) > 1:
         kw["layer_checkpointing"] = (sc.activation_checkpointing, sc.checkpoint_every or 1)
     if sc.method != "full":
