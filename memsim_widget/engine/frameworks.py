@@ -638,6 +638,12 @@ def fp8_gathered(ctx: Context) -> bool:
     return bool(ctx.scenario.fp8_all_gather) and not megatron_fp8_params(ctx)
 
 
+def fp8_linear_weight(scope: str, module: str | None, kind: str) -> bool:
+    """A parameter group that ``fp8_all_gather`` gathers in fp8: a decoder layer's Linear weight (torchao's
+    ``convert_to_float8_training`` swaps the layers' ``nn.Linear``s; norms and embeddings stay as they are)."""
+    return scope == "layer" and bool(module) and kind != "embedding"
+
+
 def megatron_fp8_params(ctx: Context) -> bool:
     """Megatron FSDP with fp8 parameters (``fp8_all_gather`` under ``framework: megatron``, ZeRO-3): the weights
     are TransformerEngine fp8 tensors gathered per unit, so no whole-model fp8 weight cache is kept beside them

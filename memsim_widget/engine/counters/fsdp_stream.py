@@ -412,7 +412,7 @@ def nf4_parts(n: int, world: int) -> list[tuple[int, ...]]:
 def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
     """``Fsdp2Units`` of ``stage``'s rank of ``ctx`` (``states/budget.local_groups``; bytes as
     ``states/gathered`` counts them: ``frameworks.gathered_weight_bytes``, the recipe's gradient bytes)."""
-    from memsim_widget.engine.frameworks import fp8_gathered, gathered_weight_bytes
+    from memsim_widget.engine.frameworks import fp8_gathered, fp8_linear_weight, gathered_weight_bytes
     from memsim_widget.engine.states.budget import local_groups
     from memsim_widget.engine.states.weights import stored_in_nf4
 
@@ -430,7 +430,7 @@ def fsdp2_units(ctx: Any, stage: Any) -> Fsdp2Units:
             t = nf4_parts(lg.numel_each, world)
         elif not ctx.full_training:  # LoRA: the base frozen, its adapters (A: r x in, B: out x r) after it
             t = [(*t[0], wb, 0)]
-        elif fp8 and lg.group.scope == "layer" and lg.group.module and lg.group.kind != "embedding":
+        elif fp8 and fp8_linear_weight(lg.group.scope, lg.group.module, lg.group.kind):
             t = [(*t[0], 1, 1, wb)]  # gathered in fp8, its unsharded gradient in the gathered dtype
         if not ctx.full_training:
             ad = adapters.get(lg.group.name)

@@ -106,7 +106,8 @@ def fsdp2_replayable(ctx: Any, with_tp: bool = False) -> bool:
     (zero 3 under a framework whose ZeRO-3 is FSDP2, parameters on the GPU), no other parallelism, full training
     or LoRA (``_fsdp2_lora_modelled``), one micro-batch a step or several where the framework's accumulation is read
     (``_fsdp2_accumulation_modelled``), gathered in the weights' dtype or bf16 (FSDP2 mixed precision), or the
-    Linear weights in fp8 as torchao gathers them (``fp8_all_gather``, ``Fsdp2Writer._fp8_casts``; not with TP), eager or compiled with eager's terms (``compiled_as_eager``), its gradients freed by ``zero_grad``
+    Linear weights in fp8 as torchao gathers them (``fp8_all_gather``, ``Fsdp2Writer._fp8_casts``; not with TP),
+    eager or compiled with eager's terms (``compiled_as_eager``), its gradients freed by ``zero_grad``
     (``frameworks.grads_kept``: FSDP2's kept sharded gradients are not modelled); ``with_tp``: over TP ranks too
     (FSDP2 on the dp dimension of a dp x tp mesh, ``replayable`` asks ``tp_replayable`` of them). Under HSDP
     (``parallel.dp_shard``) the units shard over the shard group, as the stream writes them: FSDP2's all-reduce

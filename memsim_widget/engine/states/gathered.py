@@ -9,6 +9,7 @@ from memsim_widget.engine.context import Context, Stage
 from memsim_widget.engine.frameworks import (
     deepspeed_zero3_coordinated,
     embedding_split,
+    fp8_linear_weight,
     fsdp2_unsynced_grads,
     gathered_weight_bytes,
     megatron_fp8_params,
@@ -88,7 +89,7 @@ def _layer_unit(ctx: Context, groups: list[LocalGroup], per_layer: int, layers: 
     wb = gathered_weight_bytes(ctx)
     if not ctx.scenario.fp8_all_gather:
         return per_layer * wb, f"{fmt_int(per_layer)} params/layer x {wb} B"
-    lin = [g for g in groups if g.group.scope == "layer" and g.group.module and g.group.kind != "embedding"]
+    lin = [g for g in groups if fp8_linear_weight(g.group.scope, g.group.module, g.group.kind)]
     n = sum(g.numel for g in lin) // max(layers, 1)
     tensors = sum(g.count for g in lin) // max(layers, 1)
     rest = per_layer - n
