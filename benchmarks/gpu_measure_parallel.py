@@ -94,9 +94,10 @@ def measure(name: str, steps: int = 3, smoke: bool = False) -> dict[str, Any]:
         notes: list[str] = []
         parallelize(model, mesh, sc, notes, reshard_after_forward=par.reshard_after_forward)
         if loss_fn is None and _loss_outside(sc):
-            from memsim_widget.trace.tp_plan import _drop_labels, loss_parallel_loss
+            from memsim_widget.trace.run import drop_labels
+            from memsim_widget.trace.tp_plan import loss_parallel_loss
 
-            model.register_forward_pre_hook(_drop_labels, with_kwargs=True)
+            model.register_forward_pre_hook(drop_labels, with_kwargs=True)
             loss_fn = loss_parallel_loss
         # a foreach optimizer refuses a group mixing DTensors and plain tensors (a TP plan leaves the norms plain)
         params = param_groups([p for p in model.parameters() if p.requires_grad])
